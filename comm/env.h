@@ -1,0 +1,38 @@
+// comm/env.h: who am I in the job? Detects rank, world size and the rendezvous address from the launcher's
+// environment: dprun/torchrun variables, Open MPI's OMPI_COMM_WORLD_*, or Slurm's SLURM_*.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace dpt::comm {
+
+enum class Launcher { None, Dprun, OpenMPI, Slurm };  // None: a single process started by hand
+const char* launcher_name(Launcher l);
+
+struct DistEnv {
+  Launcher launcher = Launcher::None;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  int restart_count = 0;  // DPT_RESTART_COUNT
+  bool mpi_available = false;  // launched so that MPI_Init will find its peers (mpirun, or srun with PMI)
+};
+
+using EnvMap = std::map<std::string, std::string>;
+
+// Pure function over a recorded environment; throws ConfigError on inconsistent or malformed values
+// (e.g. RANK >= WORLD_SIZE, a non-numeric port), naming the variable.
+DistEnv detect_env(const EnvMap& env);
+// The current process's environment.
+EnvMap process_env();
+
+// Expands a Slurm hostlist expression: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5.
+std::vector<std::string> expand_hostlist(const std::string& expr);
+
+}  // namespace dpt::comm

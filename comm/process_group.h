@@ -1,0 +1,82 @@
+// comm/process_group.h: the ProcessGroup interface (collectives returning Work handles) that every backend
+// implements, and the options structs they take.
+//
+// Semantics (CPU backends, this issue): a collective runs on tensors in host memory; it may complete before
+// it returns (Gloo and MPI do), and the returned Work then reports completed(). Callers must still call
+// wait() before reading the output or reusing the input, because a later backend (NCCL) enqueues the
+// operation on its own stream and wait() is where the caller's stream is ordered after it.
+//
+// All ranks must issue the same collectives in the same order with the same counts and dtypes. An
+// operation a backend does not implement throws UnsupportedError("backend X does not support Y").
+// Nothing outside comm/ names NCCL, MPI or Gloo: callers pick a backend by name through init_process_group.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace dpt::comm {
+
+enum class ReduceOp { Sum, Avg, Max };
+const char* reduce_op_name(ReduceOp op);
+
+// Default collective timeout; a collective that takes longer fails with TimeoutError where the backend
+// can tell (Gloo can; MPI cannot, and there the launcher's teardown is the guard).
+inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(5);
+inline constexpr std::chrono::milliseconds kNoTimeout{-1};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks until the operation is done; throws the operation's error, or TimeoutError after `timeout`.
+  virtual void wait(std::chrono::milliseconds timeout = kNoTimeout) = 0;
+  virtual bool completed() const = 0;
+};
+
+// A Work for operations that finished (or failed) before returning.
+class CompletedWork : public Work {
+ public:
+  void wait(std::chrono::milliseconds = kNoTimeout) override {}
+  bool completed() const override { return true; }
+};
+
+struct AllreduceOptions {
+  ReduceOp op = ReduceOp::Sum;
+};
+struct BroadcastOptions {
+  int root = 0;
+};
+
+class ProcessGroup {
+ public:
+  ProcessGroup(int rank, int size) : rank_(rank), size_(size) {}
+  virtual ~ProcessGroup() = default;
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  virtual std::string backend() const = 0;  // "gloo", "mpi", ...
+
+  // In place: every rank ends with op over all ranks' `tensor`. Avg divides the sum by size() (integer
+  // tensors: Avg is not supported). Supported dtypes: F32, F64, I32, I64.
+  virtual std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {});
+  // In place: every rank ends with the root's `tensor`.
+  virtual std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {});
+  // `output` holds size() * input.numel() elements: rank r's input at offset r * input.numel().
+  virtual std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output);
+  // `input` holds size() * output.numel() elements; rank r gets op over all ranks of chunk r.
+  virtual std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {});
+  virtual std::shared_ptr<Work> barrier();
+
+ protected:
+  [[noreturn]] void unsupported(const char* op) const;
+
+ private:
+  int rank_;
+  int size_;
+};
+
+}  // namespace dpt::comm

@@ -1,0 +1,34 @@
+// core/logging.cpp: spdlog set-up with the rank in every line.
+#include "core/logging.h"
+
+#include <cstdlib>
+
+#include "core/check.h"
+
+namespace dpt {
+
+spdlog::level::level_enum parse_log_level(const std::string& name) {
+  auto lvl = spdlog::level::from_str(name);
+  // from_str maps unknown names to "off"; only accept "off" when asked for by name.
+  if (lvl == spdlog::level::off && name != "off") {
+    DPT_THROW(ConfigError, "unknown log level '{}'; valid: trace, debug, info, warn, error, critical, off", name);
+  }
+  return lvl;
+}
+
+void init_logging(int rank, int world_size, const std::string& level) {
+  set_error_rank(rank);
+  std::string lvl = level;
+  if (lvl.empty()) {
+    const char* env = std::getenv("DPT_LOG_LEVEL");
+    lvl = env ? env : "info";
+  }
+  spdlog::set_level(parse_log_level(lvl));
+  if (world_size > 1) {
+    spdlog::set_pattern(fmt::format("[%H:%M:%S.%e] [rank {}/{}] [%^%l%$] %v", rank, world_size));
+  } else {
+    spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
+  }
+}
+
+}  // namespace dpt

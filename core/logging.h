@@ -1,0 +1,21 @@
+// core/logging.h: spdlog set-up with the rank in every line.
+//
+// Convention (STYLE.md): rank 0 prints summaries; nothing prints per step per rank unless asked. After
+// init_logging(), use spdlog::info/warn/error directly.
+#pragma once
+
+#include <spdlog/spdlog.h>
+
+#include <string>
+
+namespace dpt {
+
+// Sets the default logger's pattern to "[time] [rank R/W] [level] message" (no rank part when world is 1
+// and rank 0), its level from `level` (trace, debug, info, warn, error; or DPT_LOG_LEVEL when empty), and
+// records the rank for error messages.
+void init_logging(int rank, int world_size, const std::string& level = "");
+
+// Parses a level name; throws ConfigError listing the valid names when unknown.
+spdlog::level::level_enum parse_log_level(const std::string& name);
+
+}  // namespace dpt

@@ -1,0 +1,104 @@
+// core/tensor.cpp: DType helpers, Storage allocation, Tensor views.
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace dpt {
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::F64: return 8;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+    case DType::U8: return 1;
+  }
+  return 0;
+}
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+    case DType::U8: return "uint8";
+  }
+  return "?";
+}
+
+std::string Device::str() const { return is_cpu() ? "cpu" : fmt::format("cuda:{}", index); }
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  if (!device.is_cpu()) {
+    DPT_THROW(UnsupportedError, "device {} is not supported by this build", device.str());
+  }
+  constexpr size_t kAlign = 64;
+  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  data_ = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
+  if (!data_) throw std::bad_alloc();
+}
+
+Storage::~Storage() { std::free(data_); }
+
+size_t numel_of(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) {
+    DPT_CHECK_GE(d, 0);
+    n *= static_cast<size_t>(d);
+  }
+  return n;
+}
+
+Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
+  Tensor t;
+  t.numel_ = numel_of(shape);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(t.numel_ * dtype_size(dtype), device);
+  return t;
+}
+
+Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Device device) {
+  Tensor t = empty(std::move(shape), dtype, device);
+  t.zero_();
+  return t;
+}
+
+Tensor Tensor::view(size_t elem_offset, std::vector<int64_t> shape) const {
+  DPT_CHECK(defined(), "view of an undefined tensor");
+  Tensor t;
+  t.numel_ = numel_of(shape);
+  DPT_CHECK_LE(elem_offset + t.numel_, numel_);
+  t.storage_ = storage_;
+  t.dtype_ = dtype_;
+  t.byte_offset_ = byte_offset_ + elem_offset * dtype_size(dtype_);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+int64_t Tensor::dim(size_t i) const {
+  DPT_CHECK_LT(i, shape_.size());
+  return shape_[i];
+}
+
+void Tensor::zero_() {
+  if (numel_ == 0) return;
+  DPT_CHECK(device().is_cpu(), "zero_ on {} needs the GPU kernels", device().str());
+  std::memset(raw(), 0, bytes());
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  DPT_CHECK(src.dtype() == dtype_, "copy {} into {}", dtype_name(src.dtype()), dtype_name(dtype_));
+  DPT_CHECK_EQ(src.numel(), numel_);
+  if (numel_ == 0) return;
+  DPT_CHECK(device().is_cpu() && src.device().is_cpu(), "copy between {} and {} needs the GPU path",
+            src.device().str(), device().str());
+  std::memmove(raw(), src.raw(), bytes());
+}
+
+std::string Tensor::shape_str() const { return fmt::format("[{}]", fmt::join(shape_, ", ")); }
+
+}  // namespace dpt

@@ -1,0 +1,104 @@
+// core/tensor.h: the shared vocabulary for data: DType, Device, Storage (owned bytes on a device) and Tensor
+// (a typed, shaped, contiguous window onto a Storage).
+//
+// Tensors are cheap handles: copying one shares the storage. view() makes a tensor over part of another's
+// storage; that is how layers hold their weights inside the model's one flat parameter buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+
+namespace dpt {
+
+enum class DType : uint8_t { F32, F64, I32, I64, U8 };
+
+size_t dtype_size(DType t);
+const char* dtype_name(DType t);  // "float32", "float64", "int32", "int64", "uint8"
+
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::F32; }
+template <> constexpr DType dtype_of<double>() { return DType::F64; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
+
+struct Device {
+  enum class Kind : uint8_t { CPU, CUDA };
+  Kind kind = Kind::CPU;
+  int index = 0;
+
+  static Device cpu() { return {}; }
+  static Device cuda(int index) { return {Kind::CUDA, index}; }
+  bool is_cpu() const { return kind == Kind::CPU; }
+  bool is_cuda() const { return kind == Kind::CUDA; }
+  std::string str() const;  // "cpu" or "cuda:N"
+  bool operator==(const Device&) const = default;
+};
+
+// Owned, aligned bytes on one device. CPU memory is 64-byte aligned.
+class Storage {
+ public:
+  Storage(size_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+
+  static Tensor empty(std::vector<int64_t> shape, DType dtype = DType::F32, Device device = Device::cpu());
+  static Tensor zeros(std::vector<int64_t> shape, DType dtype = DType::F32, Device device = Device::cpu());
+
+  // A tensor over `shape` elements of this one's storage, starting `elem_offset` elements in.
+  Tensor view(size_t elem_offset, std::vector<int64_t> shape) const;
+  // The same elements, another shape (numel must match).
+  Tensor reshape(std::vector<int64_t> shape) const { return view(0, std::move(shape)); }
+
+  bool defined() const { return storage_ != nullptr; }
+  DType dtype() const { return dtype_; }
+  Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t dim(size_t i) const;
+  size_t ndim() const { return shape_.size(); }
+  size_t numel() const { return numel_; }
+  size_t bytes() const { return numel_ * dtype_size(dtype_); }
+
+  void* raw() const { return storage_ ? static_cast<char*>(storage_->data()) + byte_offset_ : nullptr; }
+  template <class T>
+  T* data() const {
+    DPT_CHECK(dtype_of<T>() == dtype_, "tensor is {}, accessed as {}", dtype_name(dtype_), dtype_name(dtype_of<T>()));
+    return static_cast<T*>(raw());
+  }
+
+  void zero_();                       // CPU only for now
+  void copy_from(const Tensor& src);  // same dtype and numel; CPU only for now
+  std::string shape_str() const;      // "[64, 784]"
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  size_t byte_offset_ = 0;
+  std::vector<int64_t> shape_;
+  size_t numel_ = 0;
+  DType dtype_ = DType::F32;
+};
+
+size_t numel_of(const std::vector<int64_t>& shape);
+
+}  // namespace dpt

@@ -1,0 +1,34 @@
+// tests/unit/core/test_tensor.cpp: Tensor views share storage; checks throw typed errors with both values.
+#include <catch2/catch.hpp>
+
+#include "core/check.h"
+#include "core/tensor.h"
+
+using namespace dpt;
+
+TEST_CASE("tensor views share the flat buffer", "[core]") {
+  Tensor flat = Tensor::zeros({10});
+  Tensor w = flat.view(2, {2, 3});
+  REQUIRE(w.numel() == 6);
+  REQUIRE(w.shape_str() == "[2, 3]");
+  w.data<float>()[0] = 5.0f;
+  w.data<float>()[5] = 7.0f;
+  REQUIRE(flat.data<float>()[2] == 5.0f);
+  REQUIRE(flat.data<float>()[7] == 7.0f);
+  REQUIRE_THROWS_AS(flat.view(5, {6}), InternalError);      // past the end
+  REQUIRE_THROWS_AS(flat.data<int32_t>(), InternalError);   // wrong dtype
+  Tensor empty = Tensor::zeros({0, 4});
+  REQUIRE(empty.numel() == 0);
+}
+
+TEST_CASE("DPT_CHECK_EQ reports both values and the location", "[core]") {
+  int a = 3, b = 4;
+  try {
+    DPT_CHECK_EQ(a, b);
+    FAIL("no throw");
+  } catch (const InternalError& e) {
+    std::string msg = e.what();
+    REQUIRE_THAT(msg, Catch::Contains("a == b") && Catch::Contains("(3 vs 4)") && Catch::Contains("test_tensor.cpp:"));
+  }
+  REQUIRE_THROWS_WITH([&] { DPT_CHECK(a > b, "a={}", a); }(), Catch::Contains("a > b: a=3"));
+}
