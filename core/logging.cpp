@@ -24,7 +24,10 @@ void init_logging(int rank, int world_size, const std::string& level) {
     lvl = env ? env : "info";
   }
   spdlog::set_level(parse_log_level(lvl));
-  if (world_size > 1) {
+  // Under dprun's output prefixing each line already carries "[rank R] ": don't say it twice.
+  const char* prefixed = std::getenv("DPT_RANK_PREFIXED");
+  const bool show_rank = world_size > 1 && !(prefixed && std::string(prefixed) == "1");
+  if (show_rank) {
     spdlog::set_pattern(fmt::format("[%H:%M:%S.%e] [rank {}/{}] [%^%l%$] %v", rank, world_size));
   } else {
     spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");

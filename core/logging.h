@@ -10,8 +10,8 @@
 
 namespace dpt {
 
-// Sets the default logger's pattern to "[time] [rank R/W] [level] message" (no rank part when world is 1
-// and rank 0), its level from `level` (trace, debug, info, warn, error; or DPT_LOG_LEVEL when empty), and
+// Sets the default logger's pattern to "[time] [rank R/W] [level] message" (no rank part when world is 1,
+// or when DPT_RANK_PREFIXED=1: dprun then prefixes each line itself), its level from `level` (trace, debug, info, warn, error; or DPT_LOG_LEVEL when empty), and
 // records the rank for error messages.
 void init_logging(int rank, int world_size, const std::string& level = "");
 

@@ -1,1 +1,101 @@
-// placeholder: being written
+// data/loader.cpp: Loader: one producer thread, a bounded queue of prepared batches, in-order delivery.
+#include "data/loader.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/check.h"
+
+namespace dpt::data {
+
+Batch allocate_batch(size_t size, size_t feature_count) {
+  Batch batch;
+  batch.features = Tensor::empty({static_cast<int64_t>(size), static_cast<int64_t>(feature_count)}, DType::F32);
+  batch.labels = Tensor::empty({static_cast<int64_t>(size)}, DType::I32);
+  batch.size = size;
+  return batch;
+}
+
+Loader::Loader(const Dataset& dataset, std::vector<size_t> indices, LoaderOptions opts, size_t start_batch)
+    : dataset_(dataset), indices_(std::move(indices)), opts_(opts), start_batch_(start_batch) {
+  if (opts_.batch_size == 0) DPT_THROW(ConfigError, "loader: batch_size must be >= 1, got 0");
+  if (opts_.prefetch == 0) DPT_THROW(ConfigError, "loader: prefetch must be >= 1, got 0");
+  const size_t n = indices_.size();
+  num_batches_ = opts_.drop_last ? n / opts_.batch_size : (n + opts_.batch_size - 1) / opts_.batch_size;
+  if (start_batch_ > num_batches_) {
+    DPT_THROW(ConfigError, "loader: cannot resume at batch {} of an epoch of {} batches ({} examples, batch size {})",
+              start_batch_, num_batches_, n, opts_.batch_size);
+  }
+  const size_t size = dataset_.size();
+  for (size_t i = 0; i < n; ++i) {
+    DPT_CHECK(indices_[i] < size, "index {} at position {} is past the end of {} ({} examples)", indices_[i], i,
+              dataset_.name(), size);
+  }
+  producer_ = std::thread([this] { produce(); });
+}
+
+Loader::~Loader() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_.store(true);
+  }
+  space_.notify_all();
+  if (producer_.joinable()) producer_.join();
+}
+
+bool Loader::fill(Batch& batch, size_t batch_index) const {
+  const size_t features = dataset_.feature_count();
+  const size_t first = batch_index * opts_.batch_size;
+  float* x = batch.features.data<float>();
+  int32_t* y = batch.labels.data<int32_t>();
+  for (size_t k = 0; k < batch.size; ++k) {
+    if (stop_.load(std::memory_order_relaxed)) return false;
+    y[k] = dataset_.get(indices_[first + k], x + k * features);
+  }
+  return true;
+}
+
+void Loader::produce() {
+  try {
+    for (size_t b = start_batch_; b < num_batches_; ++b) {
+      const size_t size = std::min(opts_.batch_size, indices_.size() - b * opts_.batch_size);
+      Batch batch = allocate_batch(size, dataset_.feature_count());
+      batch.index = b;
+      if (!fill(batch, b)) break;
+      std::unique_lock<std::mutex> lock(mu_);
+      space_.wait(lock, [this] { return stop_.load() || queue_.size() < opts_.prefetch; });
+      if (stop_.load()) break;
+      queue_.push_back(std::move(batch));
+      lock.unlock();
+      ready_.notify_one();
+    }
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    producer_done_ = true;
+  }
+  ready_.notify_all();
+}
+
+std::optional<Batch> Loader::next() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (queue_.empty() && !producer_done_) {
+    const auto start = std::chrono::steady_clock::now();
+    ready_.wait(lock, [this] { return !queue_.empty() || producer_done_; });
+    wait_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  if (!queue_.empty()) {
+    Batch batch = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    space_.notify_one();
+    return batch;
+  }
+  if (error_) std::rethrow_exception(error_);
+  return std::nullopt;
+}
+
+}  // namespace dpt::data

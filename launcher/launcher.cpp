@@ -1,1 +1,124 @@
-// placeholder: being written
+// launcher/launcher.cpp: dprun's options: validation, the defaults it chooses (master address and port) and
+// the environment each rank gets. launch() itself is in job.cpp.
+#include "launcher/launcher.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "core/check.h"
+#include "launcher/process.h"
+
+extern char** environ;
+
+namespace dpt::launcher {
+
+namespace {
+constexpr double kMaxGracePeriodS = 24 * 3600.0;
+constexpr int kMaxPort = 65535;
+}  // namespace
+
+void validate(const Options& opts) {
+  if (opts.nproc_per_node < 1) {
+    DPT_THROW(ConfigError, "--nproc-per-node must be at least 1 (got {})", opts.nproc_per_node);
+  }
+  if (opts.nnodes < 1) DPT_THROW(ConfigError, "--nnodes must be at least 1 (got {})", opts.nnodes);
+  if (opts.node_rank < 0 || opts.node_rank >= opts.nnodes) {
+    DPT_THROW(ConfigError, "--node-rank must be in 0..{} with --nnodes {} (got {})", opts.nnodes - 1, opts.nnodes,
+              opts.node_rank);
+  }
+  if (static_cast<std::int64_t>(opts.nproc_per_node) * opts.nnodes > INT32_MAX) {
+    DPT_THROW(ConfigError, "--nproc-per-node {} x --nnodes {} is too large a world", opts.nproc_per_node,
+              opts.nnodes);
+  }
+  if (opts.master_addr && opts.master_addr->empty()) DPT_THROW(ConfigError, "--master-addr must not be empty");
+  if (opts.nnodes > 1 && !opts.master_addr) {
+    DPT_THROW(ConfigError, "--nnodes {} needs --master-addr: the address of node 0, reachable from every node",
+              opts.nnodes);
+  }
+  if (opts.master_port && (*opts.master_port < 1 || *opts.master_port > kMaxPort)) {
+    DPT_THROW(ConfigError, "--master-port must be in 1..{} (got {})", kMaxPort, *opts.master_port);
+  }
+  if (!(opts.grace_period_s >= 0 && opts.grace_period_s <= kMaxGracePeriodS)) {  // also rejects NaN
+    DPT_THROW(ConfigError, "--grace-period must be between 0 and {} seconds (got {})", kMaxGracePeriodS,
+              opts.grace_period_s);
+  }
+  if (opts.command.empty()) {
+    DPT_THROW(ConfigError, "no program to run: give it after '--', as in: dprun --nproc-per-node 2 -- ./train --lr 0.1");
+  }
+  if (opts.command[0].empty()) DPT_THROW(ConfigError, "the program name after '--' is empty");
+}
+
+Options resolve(Options opts) {
+  validate(opts);
+  if (!opts.master_addr) opts.master_addr = kLoopbackAddr;  // validate() ensured nnodes == 1
+  if (!opts.master_port) opts.master_port = opts.nnodes > 1 ? kDefaultMultiNodePort : find_free_port();
+  return opts;
+}
+
+int find_free_port(const std::string& addr) {
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = 0;  // the kernel picks a free one
+  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
+    DPT_THROW(ConfigError, "find_free_port: '{}' is not an IPv4 address", addr);
+  }
+  Fd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (sock.get() < 0) DPT_THROW(CommError, "finding a free port: socket failed: {}", std::strerror(errno));
+  if (::bind(sock.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
+    DPT_THROW(CommError, "finding a free port: bind to {}:0 failed: {}", addr, std::strerror(errno));
+  }
+  socklen_t len = sizeof sa;
+  if (::getsockname(sock.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
+    DPT_THROW(CommError, "finding a free port: getsockname failed: {}", std::strerror(errno));
+  }
+  // Closing a socket that never listened leaves no TIME_WAIT behind: the port is free for rank 0 at once.
+  return ntohs(sa.sin_port);
+}
+
+Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited) {
+  using namespace std::string_literals;
+  DPT_CHECK(opts.master_addr && opts.master_port, "rank_environment needs resolved options (call resolve)");
+  DPT_CHECK(local_rank >= 0 && local_rank < opts.nproc_per_node, "local rank {} of {}", local_rank,
+            opts.nproc_per_node);
+  Environment env = inherited;
+  env["RANK"] = std::to_string(global_rank(opts, local_rank));
+  env["LOCAL_RANK"] = std::to_string(local_rank);
+  env["WORLD_SIZE"] = std::to_string(opts.nnodes * opts.nproc_per_node);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(opts.nproc_per_node);
+  env["NODE_RANK"] = std::to_string(opts.node_rank);
+  env["GROUP_RANK"] = std::to_string(opts.node_rank);  // torchrun's name for the node rank
+  env["MASTER_ADDR"] = *opts.master_addr;
+  env["MASTER_PORT"] = std::to_string(*opts.master_port);
+  // std::string values ("0"s): assigning a char literal trips GCC 12's false -Wrestrict (GCC PR 105329).
+  env["DPT_RESTART_COUNT"] = "0"s;  // dprun does not restart failed jobs (yet)
+  // N ranks each starting one OpenMP thread per core would oversubscribe the machine N times (torchrun does
+  // the same); a value the user set is theirs.
+  env.try_emplace("OMP_NUM_THREADS", "1"s);
+  // With prefixes, the trainer leaves the rank out of its own log lines; with log files it must keep it.
+  if (opts.log_dir.empty()) {
+    env["DPT_RANK_PREFIXED"] = "1"s;
+  } else {
+    env.erase("DPT_RANK_PREFIXED");
+  }
+  return env;
+}
+
+Environment current_environment() {
+  Environment env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string_view entry(*e);
+    auto eq = entry.find('=');
+    if (eq == std::string_view::npos || eq == 0) continue;
+    env.try_emplace(std::string(entry.substr(0, eq)), std::string(entry.substr(eq + 1)));  // first one wins, as getenv
+  }
+  return env;
+}
+
+}  // namespace dpt::launcher

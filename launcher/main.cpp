@@ -1,1 +1,147 @@
-// placeholder: being written
+// launcher/main.cpp: dprun's command line: parses the options into launcher::Options, runs the job and turns
+// the outcome into the exit code (the job's, 2 for a command-line error, 1 for dprun's own failure).
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "launcher/launcher.h"
+
+namespace {
+
+using dpt::launcher::Options;
+
+constexpr int kUsageExitCode = 2;
+constexpr const char* kUsage = "dprun [OPTIONS] -- PROGRAM [ARGS...]";
+
+constexpr const char* kDescription =
+    "dprun: start PROGRAM once per rank on this node, give each rank its place in the job through the\n"
+    "environment (the same variables as torchrun), relay their output, and stop them all when one fails.";
+
+constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
+  RANK                     node_rank * nproc_per_node + local_rank
+  LOCAL_RANK               0 .. nproc_per_node - 1
+  WORLD_SIZE               nnodes * nproc_per_node
+  LOCAL_WORLD_SIZE         nproc_per_node
+  NODE_RANK, GROUP_RANK    --node-rank
+  MASTER_ADDR, MASTER_PORT --master-addr, --master-port (defaults above)
+  DPT_RESTART_COUNT        0
+  OMP_NUM_THREADS          1, unless it is set already (dprun says so on stderr when it sets it)
+  DPT_RANK_PREFIXED        1 when dprun prefixes the output (no --log-dir)
+Standard input of every rank is /dev/null. torchrun's spellings (--nproc_per_node ...) work too.
+
+Output: without --log-dir each line a rank writes to stdout (stderr) is printed on dprun's stdout
+(stderr) as "[rank R] line"; with --log-dir, rank R's stdout and stderr both go to DIR/rank_R.log,
+without prefixes. dprun's own messages go to stderr and start with "dprun: ".
+
+Teardown: each rank runs in its own process group and is SIGKILLed if dprun dies, even by kill -9.
+When a rank exits non-zero or is killed by a signal, dprun names it, sends SIGTERM to every rank's
+process group, SIGKILL after --grace-period seconds to any rank still running, and exits with that
+rank's exit code (128 + N when killed by signal N). A program that cannot be started counts as a rank
+that exited with 127. SIGINT, SIGTERM and SIGHUP sent to dprun are forwarded to every rank the same
+way (a second one skips the grace period), and dprun exits with 128 + N.
+
+Exit status: 0 when every rank exited 0; the failed rank's code as above; 2 for a command-line error;
+1 when dprun itself failed.
+
+Examples:
+  dprun --nproc-per-node 4 -- build/trainer/dptrain --config configs/fmnist_mlp.toml
+  dprun --nproc-per-node 2 --log-dir logs -- sh -c 'echo "rank $RANK of $WORLD_SIZE"'
+  # two nodes with 8 ranks each; run on both, with --node-rank 0 on 10.0.0.1 and 1 on the other:
+  dprun --nproc-per-node 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 -- dptrain --config c.toml)";
+
+// Usage line that shows where the program goes.
+class Formatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override { return fmt::format("Usage: {}\n", kUsage); }
+};
+
+// torchrun spells its options with underscores (--nproc_per_node); accept those too, without cluttering --help.
+std::string dashed(std::string arg) {
+  if (!arg.starts_with("--")) return arg;
+  std::size_t end = std::min(arg.find('='), arg.size());
+  std::replace(arg.begin(), arg.begin() + static_cast<std::ptrdiff_t>(end), '_', '-');
+  return arg;
+}
+
+int usage_error(const std::string& msg) {
+  fmt::print(stderr, "dprun: error: {}\nusage: {}\nRun 'dprun --help' for the options.\n", msg, kUsage);
+  return kUsageExitCode;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Everything after the first "--" belongs to the program, untouched (it may have a --help of its own).
+  std::vector<std::string> ours;
+  Options opts;
+  bool saw_separator = false;
+  for (int i = 1; i < argc; ++i) {
+    if (saw_separator) {
+      opts.command.emplace_back(argv[i]);
+    } else if (std::string(argv[i]) == "--") {
+      saw_separator = true;
+    } else {
+      ours.push_back(dashed(argv[i]));
+    }
+  }
+
+  CLI::App app(kDescription, "dprun");
+  auto formatter = std::make_shared<Formatter>();
+  formatter->column_width(22);
+  app.formatter(formatter);
+  app.footer(kFooter);
+  app.allow_extras();  // leftovers are reported below, with a hint where the program goes
+  std::string master_addr;
+  int master_port = 0;
+  app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node (default 1)")->type_name("N");
+  app.add_option("--nnodes", opts.nnodes, "nodes in the job, each running a dprun (default 1)")->type_name("M");
+  app.add_option("--node-rank", opts.node_rank, "this node's index, 0 .. M-1 (default 0)")->type_name("R");
+  auto* addr_opt = app.add_option("--master-addr", master_addr,
+                                  "address of node 0, reachable from every node\n"
+                                  "(default 127.0.0.1; required with --nnodes > 1)")
+                       ->type_name("ADDR");
+  auto* port_opt = app.add_option("--master-port", master_port,
+                                  "rendezvous port on the master, 1..65535 (default: a\n"
+                                  "port found free on 127.0.0.1; 29500 with --nnodes > 1)")
+                       ->type_name("PORT");
+  app.add_option("--log-dir", opts.log_dir, "write rank R's output to DIR/rank_R.log (DIR is created)\n"
+                                            "instead of printing it with [rank R] prefixes")
+      ->type_name("DIR");
+  app.add_option("--grace-period", opts.grace_period_s, "seconds from SIGTERM to SIGKILL at teardown (default 5)")
+      ->type_name("SEC");
+
+  try {
+    std::reverse(ours.begin(), ours.end());  // CLI11 takes a vector in reverse order
+    app.parse(ours);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    return usage_error(e.what());
+  }
+  std::vector<std::string> extras = app.remaining();
+  if (!extras.empty()) {
+    if (extras[0].starts_with("-")) return usage_error(fmt::format("unknown option {}", extras[0]));
+    return usage_error(fmt::format("unexpected argument '{}': options go before '--', the program after it", extras[0]));
+  }
+  if (addr_opt->count() > 0) opts.master_addr = master_addr;
+  if (port_opt->count() > 0) opts.master_port = master_port;
+
+  try {
+    dpt::launcher::validate(opts);
+  } catch (const dpt::ConfigError& e) {
+    return usage_error(e.what());
+  }
+  try {
+    return dpt::launcher::launch(opts);
+  } catch (const dpt::ConfigError& e) {
+    return usage_error(e.what());
+  } catch (const dpt::Error& e) {
+    fmt::print(stderr, "dprun: error: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,1 +1,221 @@
-// placeholder: being written
+// trainer/checkpoint.cpp: atomic checkpoint writing, validation and selection.
+#include "trainer/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "core/check.h"
+
+namespace dpt::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "state.json";
+constexpr const char* kCompleteFile = "COMPLETE";
+constexpr const char* kPrefix = "step-";
+constexpr int kFormatVersion = 1;
+
+void fsync_path(const fs::path& p) {
+  int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) DPT_THROW(CheckpointError, "open {} to fsync: {}", p.string(), std::strerror(errno));
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  if (rc != 0) DPT_THROW(CheckpointError, "fsync {}: {}", p.string(), std::strerror(err));
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  if (!in) DPT_THROW(CheckpointError, "{}: missing or unreadable", p.string());
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void write_file_synced(const fs::path& p, const std::string& content) {
+  {
+    std::ofstream out(p, std::ios::binary | std::ios::trunc);
+    out << content;
+    out.flush();
+    if (!out) DPT_THROW(CheckpointError, "writing {}: {}", p.string(), std::strerror(errno));
+  }
+  fsync_path(p);
+}
+
+std::string file_crc(const fs::path& p) {
+  std::string s = read_file(p);
+  return fmt::format("{:08x}", crc32_of(s.data(), s.size()));
+}
+
+std::optional<int64_t> step_of(const std::string& dirname) {
+  if (!dirname.starts_with(kPrefix)) return std::nullopt;
+  std::string digits = dirname.substr(std::strlen(kPrefix));
+  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
+  return std::stoll(digits);
+}
+
+json state_to_json(const TrainState& s) {
+  return {{"format_version", kFormatVersion}, {"step", s.step}, {"epoch", s.epoch},
+          {"batch_in_epoch", s.batch_in_epoch}, {"world_size", s.world_size}, {"batch_size", s.batch_size},
+          {"rng", s.rng}, {"config_hash", s.config_hash}, {"config", s.config_toml}};
+}
+
+TrainState state_from_json(const std::string& text, const std::string& path) {
+  try {
+    json j = json::parse(text);
+    if (j.at("format_version").get<int>() != kFormatVersion)
+      DPT_THROW(CheckpointError, "{}: format version {} (this dptrain reads {})", path, j.at("format_version").dump(),
+                kFormatVersion);
+    TrainState s;
+    s.step = j.at("step").get<int64_t>();
+    s.epoch = j.at("epoch").get<int64_t>();
+    s.batch_in_epoch = j.at("batch_in_epoch").get<int64_t>();
+    s.world_size = j.at("world_size").get<int64_t>();
+    s.batch_size = j.at("batch_size").get<int64_t>();
+    s.rng = j.at("rng").get<std::string>();
+    s.config_hash = j.at("config_hash").get<std::string>();
+    s.config_toml = j.at("config").get<std::string>();
+    return s;
+  } catch (const json::exception& e) {
+    DPT_THROW(CheckpointError, "{}: malformed training state: {}", path, e.what());
+  }
+}
+
+}  // namespace
+
+CheckpointManager::CheckpointManager(std::string dir, int64_t keep) : dir_(std::move(dir)), keep_(keep) {
+  DPT_CHECK_GE(keep_, 1);
+}
+
+std::string CheckpointManager::path_for_step(int64_t step) const {
+  return (fs::path(dir_) / fmt::format("{}{:08d}", kPrefix, step)).string();
+}
+
+std::string CheckpointManager::save(const std::vector<NamedTensor>& model, const std::vector<NamedTensor>& optimizer,
+                                    const TrainState& state) const {
+  try {
+    return save_unchecked(model, optimizer, state);
+  } catch (const fs::filesystem_error& e) {
+    DPT_THROW(CheckpointError, "writing checkpoint step {} in {}: {}", state.step, dir_, e.what());
+  }
+}
+
+std::string CheckpointManager::save_unchecked(const std::vector<NamedTensor>& model,
+                                              const std::vector<NamedTensor>& optimizer,
+                                              const TrainState& state) const {
+  const fs::path dir(dir_);
+  const fs::path final_path = path_for_step(state.step);
+  const fs::path tmp = dir / fmt::format(".tmp-{}", final_path.filename().string());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) DPT_THROW(CheckpointError, "cannot create checkpoint directory {}: {}", dir_, ec.message());
+  fs::remove_all(tmp, ec);  // a leftover of a crashed write
+  if (!fs::create_directory(tmp, ec) || ec)
+    DPT_THROW(CheckpointError, "cannot create {}: {}", tmp.string(), ec ? ec.message() : "exists");
+
+  write_safetensors((tmp / kModelFile).string(), model, {{"format", "pt"}, {"step", std::to_string(state.step)}});
+  write_safetensors((tmp / kOptimFile).string(), optimizer, {{"step", std::to_string(state.step)}});
+  write_file_synced(tmp / kStateFile, state_to_json(state).dump(2));
+  fsync_path(tmp);
+
+  // Replace a checkpoint of the same step (a rerun) only once the new one is whole.
+  if (fs::exists(final_path)) {
+    const fs::path old = dir / fmt::format(".old-{}", final_path.filename().string());
+    fs::remove_all(old, ec);
+    fs::rename(final_path, old);
+    fs::rename(tmp, final_path);
+    fs::remove_all(old, ec);
+  } else {
+    fs::rename(tmp, final_path);
+  }
+  fsync_path(dir);
+
+  json mark = {{"step", state.step},
+                   {"files", {{kModelFile, file_crc(final_path / kModelFile)},
+                              {kOptimFile, file_crc(final_path / kOptimFile)},
+                              {kStateFile, file_crc(final_path / kStateFile)}}}};
+  write_file_synced(final_path / ".COMPLETE.tmp", mark.dump(2));
+  fs::rename(final_path / ".COMPLETE.tmp", final_path / kCompleteFile);
+  fsync_path(final_path);
+
+  auto all = complete();
+  for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) fs::remove_all(all[i], ec);
+  return final_path.string();
+}
+
+std::vector<std::string> CheckpointManager::complete() const {
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return {};
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    auto step = step_of(e.path().filename().string());
+    if (step && e.is_directory() && fs::exists(e.path() / kCompleteFile)) found.emplace_back(*step, e.path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [s, p] : found) out.push_back(std::move(p));
+  return out;
+}
+
+LoadedCheckpoint CheckpointManager::load(const std::string& path) {
+  const fs::path p(path);
+  if (!fs::is_directory(p)) DPT_THROW(CheckpointError, "{}: not a checkpoint directory", path);
+  if (!fs::exists(p / kCompleteFile))
+    DPT_THROW(CheckpointError, "{}: not marked COMPLETE (its write was interrupted)", path);
+  json mark;
+  try {
+    mark = json::parse(read_file(p / kCompleteFile));
+    for (auto& [file, crc] : mark.at("files").items()) {
+      std::string actual = file_crc(p / file);
+      if (actual != crc.get<std::string>())
+        DPT_THROW(CheckpointError, "{}: CRC32 {} but COMPLETE records {}: truncated or corrupted",
+                  (p / file).string(), actual, crc.get<std::string>());
+    }
+  } catch (const json::exception& e) {
+    DPT_THROW(CheckpointError, "{}: malformed: {}", (p / kCompleteFile).string(), e.what());
+  }
+  LoadedCheckpoint c;
+  c.path = path;
+  c.state = state_from_json(read_file(p / kStateFile), (p / kStateFile).string());
+  c.model = read_safetensors((p / kModelFile).string());
+  c.optimizer = read_safetensors((p / kOptimFile).string());
+  return c;
+}
+
+std::optional<LoadedCheckpoint> CheckpointManager::load_latest() const {
+  auto all = complete();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      return load(*it);
+    } catch (const CheckpointError& e) {
+      spdlog::warn("skipping invalid checkpoint: {}", e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+size_t CheckpointManager::remove_all() const {
+  size_t n = 0;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return 0;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (step_of(name) || name.starts_with(".tmp-") || name.starts_with(".old-")) {
+      fs::remove_all(e.path(), ec);
+      n += step_of(name).has_value();
+    }
+  }
+  return n;
+}
+
+}  // namespace dpt::trainer

@@ -1,1 +1,329 @@
-// placeholder: being written
+// trainer/config.cpp: the config schema (one table: key, type, default, help, check) and the TOML reader.
+#include "trainer/config.h"
+
+#include <toml++/toml.h>
+
+#include <algorithm>
+#include <functional>
+#include <sstream>
+
+#include "core/check.h"
+
+namespace dpt::trainer {
+namespace {
+
+// ---- value conversion per C++ type ------------------------------------------------------------------
+
+template <class T> struct Kind;
+
+template <> struct Kind<int64_t> {
+  static constexpr const char* name = "integer";
+  static std::optional<int64_t> read(const toml::node& n) { return n.is_integer() ? n.value<int64_t>() : std::nullopt; }
+  static std::string show(int64_t v) { return std::to_string(v); }
+};
+template <> struct Kind<double> {
+  static constexpr const char* name = "float";
+  static std::optional<double> read(const toml::node& n) {
+    if (n.is_floating_point() || n.is_integer()) return n.value<double>();
+    return std::nullopt;
+  }
+  static std::string show(double v) {
+    std::string s = fmt::format("{}", v);
+    if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // stay a TOML float
+    return s;
+  }
+};
+template <> struct Kind<bool> {
+  static constexpr const char* name = "boolean";
+  static std::optional<bool> read(const toml::node& n) { return n.is_boolean() ? n.value<bool>() : std::nullopt; }
+  static std::string show(bool v) { return v ? "true" : "false"; }
+};
+template <> struct Kind<std::string> {
+  static constexpr const char* name = "string";
+  static std::optional<std::string> read(const toml::node& n) {
+    return n.is_string() ? n.value<std::string>() : std::nullopt;
+  }
+  static std::string show(const std::string& v) {
+    std::ostringstream os;
+    os << toml::value<std::string>(v);  // quoted and escaped as TOML
+    return os.str();
+  }
+};
+template <> struct Kind<std::vector<int64_t>> {
+  static constexpr const char* name = "array of integers";
+  static std::optional<std::vector<int64_t>> read(const toml::node& n) {
+    const toml::array* a = n.as_array();
+    if (!a) return std::nullopt;
+    std::vector<int64_t> out;
+    for (const auto& e : *a) {
+      if (!e.is_integer()) return std::nullopt;
+      out.push_back(*e.value<int64_t>());
+    }
+    return out;
+  }
+  static std::string show(const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+};
+
+std::string describe(const toml::node& n) {
+  std::ostringstream os;
+  n.visit([&](const auto& v) { os << v; });
+  std::string s = os.str();
+  const char* type = n.is_string() ? "string" : n.is_integer() ? "integer" : n.is_floating_point() ? "float"
+                     : n.is_boolean() ? "boolean" : n.is_array() ? "array" : n.is_table() ? "table" : "value";
+  return fmt::format("{} {}", type, s);
+}
+
+// ---- the schema ---------------------------------------------------------------------------------------
+
+struct Field {
+  std::string key, type, help;
+  std::function<std::string(const Config&)> show;
+  // Sets the value from a TOML node; returns false when the node has the wrong type.
+  std::function<bool(Config&, const toml::node&)> set;
+  // Returns "" when the value is valid, else what is wrong with it.
+  std::function<std::string(const Config&)> check;
+};
+
+template <class T>
+using Check = std::function<std::string(const T&)>;
+
+template <class S, class T>
+Field field(std::string key, S Config::*section, T S::*member, std::string help, Check<T> check = {}) {
+  Field f;
+  f.key = std::move(key);
+  f.type = Kind<T>::name;
+  f.help = std::move(help);
+  f.show = [=](const Config& c) { return Kind<T>::show(c.*section.*member); };
+  f.set = [=](Config& c, const toml::node& n) {
+    auto v = Kind<T>::read(n);
+    if (!v) return false;
+    c.*section.*member = std::move(*v);
+    return true;
+  };
+  f.check = [=](const Config& c) { return check ? check(c.*section.*member) : std::string{}; };
+  return f;
+}
+
+template <class T>
+Check<T> at_least(T lo) {
+  return [lo](const T& v) { return v >= lo ? "" : fmt::format("must be >= {}", lo); };
+}
+Check<double> positive() {
+  return [](const double& v) { return v > 0 ? "" : std::string("must be > 0"); };
+}
+Check<double> in_range(double lo_incl, double hi_excl) {
+  return [=](const double& v) {
+    return v >= lo_incl && v < hi_excl ? "" : fmt::format("must be in [{}, {})", lo_incl, hi_excl);
+  };
+}
+Check<std::string> one_of(std::vector<std::string> choices) {
+  return [choices](const std::string& v) {
+    return std::find(choices.begin(), choices.end(), v) != choices.end()
+               ? ""
+               : fmt::format("must be one of: {}", fmt::join(choices, ", "));
+  };
+}
+
+const std::vector<Field>& schema() {
+  using C = Config;
+  static const std::vector<Field> fields = {
+      field("train.epochs", &C::train, &TrainConfig::epochs, "passes over the training set", at_least<int64_t>(1)),
+      field("train.batch_size", &C::train, &TrainConfig::batch_size, "examples per step PER RANK (global = this x world size)", at_least<int64_t>(1)),
+      field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw", one_of({"sgd", "adamw"})),
+      field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
+      field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
+      field("train.nesterov", &C::train, &TrainConfig::nesterov, "SGD Nesterov momentum"),
+      field("train.weight_decay", &C::train, &TrainConfig::weight_decay, "L2 penalty (SGD) or decoupled decay (AdamW)", at_least(0.0)),
+      field("train.beta1", &C::train, &TrainConfig::beta1, "AdamW beta1", in_range(0.0, 1.0)),
+      field("train.beta2", &C::train, &TrainConfig::beta2, "AdamW beta2", in_range(0.0, 1.0)),
+      field("train.eps", &C::train, &TrainConfig::eps, "AdamW epsilon", positive()),
+      field("train.schedule", &C::train, &TrainConfig::schedule, "constant | step (x gamma every step_size epochs) | cosine (to min_lr, per step)", one_of({"constant", "step", "cosine"})),
+      field("train.warmup_epochs", &C::train, &TrainConfig::warmup_epochs, "linear warm-up from 0, in epochs (fractions allowed)", at_least(0.0)),
+      field("train.step_size", &C::train, &TrainConfig::step_size, "epochs between decays (schedule = step)", at_least<int64_t>(1)),
+      field("train.gamma", &C::train, &TrainConfig::gamma, "decay factor (schedule = step)", positive()),
+      field("train.min_lr", &C::train, &TrainConfig::min_lr, "final learning rate (schedule = cosine)", at_least(0.0)),
+      field("train.seed", &C::train, &TrainConfig::seed, "seed of the initialisation and of the data order", at_least<int64_t>(0)),
+      field("train.drop_last", &C::train, &TrainConfig::drop_last, "drop the tail instead of padding shards, and the last partial batch"),
+      field("train.max_steps", &C::train, &TrainConfig::max_steps, "stop after this many optimizer steps (0: no limit)", at_least<int64_t>(0)),
+      field("train.eval_batch_size", &C::train, &TrainConfig::eval_batch_size, "batch size for evaluation", at_least<int64_t>(1)),
+      field("train.progress_interval_s", &C::train, &TrainConfig::progress_interval_s, "seconds between rank 0's progress lines within an epoch", positive()),
+      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | synthetic", one_of({"fashion-mnist", "synthetic"})),
+      field("data.dir", &C::data, &DataConfig::dir, "directory of the IDX .gz files"),
+      field("data.train_limit", &C::data, &DataConfig::train_limit, "use only the first N training examples (0: all)", at_least<int64_t>(0)),
+      field("data.test_limit", &C::data, &DataConfig::test_limit, "use only the first N test examples (0: all)", at_least<int64_t>(0)),
+      field("data.prefetch", &C::data, &DataConfig::prefetch, "batches the loader thread prepares ahead", at_least<int64_t>(1)),
+      field("data.synthetic_train_size", &C::data, &DataConfig::synthetic_train_size, "training examples (dataset = synthetic)", at_least<int64_t>(1)),
+      field("data.synthetic_test_size", &C::data, &DataConfig::synthetic_test_size, "test examples (dataset = synthetic)", at_least<int64_t>(1)),
+      field("model.name", &C::model, &ModelConfig::name, "mlp", one_of({"mlp"})),
+      field("model.hidden", &C::model, &ModelConfig::hidden, "hidden layer widths of the MLP", Check<std::vector<int64_t>>([](const std::vector<int64_t>& v) {
+              return std::all_of(v.begin(), v.end(), [](int64_t w) { return w >= 1; }) ? "" : std::string("widths must be >= 1");
+            })),
+      field("dist.backend", &C::dist, &DistConfig::backend, "auto (mpi under mpirun/srun with MPI, else gloo) | gloo | mpi", one_of({"auto", "gloo", "mpi"})),
+      field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", positive()),
+      field("checkpoint.dir", &C::checkpoint, &CheckpointConfig::dir, "where rank 0 writes checkpoints (step-NNNNNNNN/)", Check<std::string>([](const std::string& s) { return s.empty() ? "must not be empty" : ""; })),
+      field("checkpoint.keep", &C::checkpoint, &CheckpointConfig::keep, "keep the newest K checkpoints", at_least<int64_t>(1)),
+      field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: never at epoch ends)", at_least<int64_t>(0)),
+      field("checkpoint.every_steps", &C::checkpoint, &CheckpointConfig::every_steps, "also write one every N optimizer steps (0: off)", at_least<int64_t>(0)),
+      field("log.level", &C::log, &LogConfig::level, "trace | debug | info | warn | error", one_of({"trace", "debug", "info", "warn", "error"})),
+  };
+  return fields;
+}
+
+const Field* find_field(std::string_view key) {
+  for (const auto& f : schema())
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+[[noreturn]] void unknown_key(const std::string& key, const std::string& where) {
+  const Field* best = nullptr;
+  size_t best_d = 4;  // suggest only close names
+  std::vector<std::string> keys;
+  for (const auto& f : schema()) {
+    keys.push_back(f.key);
+    size_t d = edit_distance(key, f.key);
+    if (d < best_d) best_d = d, best = &f;
+  }
+  DPT_THROW(ConfigError, "{}unknown config key '{}'{}; valid keys: {}", where, key,
+            best ? fmt::format(" (did you mean '{}'?)", best->key) : "", fmt::join(keys, ", "));
+}
+
+void set_field(Config& c, const Field& f, const toml::node& n, const std::string& where) {
+  if (!f.set(c, n)) DPT_THROW(ConfigError, "{}{}: expected {}, got {}", where, f.key, f.type, describe(n));
+}
+
+std::string where_of(const toml::node& n) {
+  const auto& src = n.source();
+  if (src.path && src.begin.line) return fmt::format("{}:{}: ", *src.path, src.begin.line);
+  return "";
+}
+
+// Applies every leaf of `table` (nested tables and dotted keys both work) to the config.
+void apply_table(Config& c, const toml::table& table, const std::string& prefix) {
+  for (auto&& [k, v] : table) {
+    std::string key = prefix.empty() ? std::string(k.str()) : prefix + "." + std::string(k.str());
+    if (const toml::table* sub = v.as_table()) {
+      apply_table(c, *sub, key);
+      continue;
+    }
+    const Field* f = find_field(key);
+    if (!f) unknown_key(key, where_of(v));
+    set_field(c, *f, v, where_of(v));
+  }
+}
+
+toml::table parse_toml(const std::string& text, const std::string& source) {
+  try {
+    return toml::parse(text, source);
+  } catch (const toml::parse_error& e) {
+    DPT_THROW(ConfigError, "{}:{}:{}: {}", source, e.source().begin.line, e.source().begin.column, e.description());
+  }
+}
+
+void apply_override(Config& c, const std::string& item) {
+  auto eq = item.find('=');
+  if (eq == std::string::npos || eq == 0)
+    DPT_THROW(ConfigError, "override '{}' is not key=value (e.g. train.lr=0.1)", item);
+  std::string key = item.substr(0, eq), value = item.substr(eq + 1);
+  const Field* f = find_field(key);
+  if (!f) unknown_key(key, "");
+  const std::string where = fmt::format("override '{}': ", item);
+  toml::table t;
+  bool parsed = true;
+  try {
+    t = toml::parse("v = " + value);
+  } catch (const toml::parse_error&) {
+    parsed = false;
+  }
+  if (f->type == std::string(Kind<std::string>::name) && (!parsed || !t["v"].is_string())) {
+    // Bare words are strings: dist.backend=gloo.
+    set_field(c, *f, toml::value<std::string>(value), where);
+    return;
+  }
+  if (!parsed) DPT_THROW(ConfigError, "{}{}: expected {}, got '{}'", where, f->key, f->type, value);
+  set_field(c, *f, *t.get("v"), where);
+}
+
+void validate(const Config& c, const std::string& source) {
+  for (const auto& f : schema()) {
+    std::string problem = f.check(c);
+    if (!problem.empty())
+      DPT_THROW(ConfigError, "{}{} = {}: {}", source.empty() ? "" : source + ": ", f.key, f.show(c), problem);
+  }
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& source_name) {
+  Config c;
+  apply_table(c, parse_toml(toml_text, source_name), "");
+  validate(c, source_name);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c;
+  if (!path.empty()) {
+    toml::table t;
+    try {
+      t = toml::parse_file(path);
+    } catch (const toml::parse_error& e) {
+      const auto& src = e.source();
+      if (src.begin.line == 0 && src.begin.column == 0)  // file-level problem (missing, unreadable)
+        DPT_THROW(ConfigError, "config file '{}': {}", path, e.description());
+      DPT_THROW(ConfigError, "{}:{}:{}: {}", path, src.begin.line, src.begin.column, e.description());
+    }
+    apply_table(c, t, "");
+  }
+  for (const auto& o : overrides) apply_override(c, o);
+  validate(c, path);
+  return c;
+}
+
+std::string to_toml(const Config& c) {
+  std::string out, section;
+  for (const auto& f : schema()) {
+    auto dot = f.key.find('.');
+    std::string sec = f.key.substr(0, dot);
+    if (sec != section) {
+      out += fmt::format("{}[{}]\n", out.empty() ? "" : "\n", sec);
+      section = sec;
+    }
+    out += fmt::format("{} = {}\n", f.key.substr(dot + 1), f.show(c));
+  }
+  return out;
+}
+
+std::string config_hash(const Config& c) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+  for (unsigned char ch : to_toml(c)) h = (h ^ ch) * 1099511628211ull;
+  return fmt::format("{:016x}", h);
+}
+
+std::string config_keys_help() {
+  Config defaults;
+  size_t w = 0, tw = 0, dw = 0;
+  for (const auto& f : schema()) {
+    w = std::max(w, f.key.size());
+    tw = std::max(tw, f.type.size());
+    dw = std::max(dw, f.show(defaults).size());
+  }
+  std::string out;
+  for (const auto& f : schema())
+    out += fmt::format("  {:<{}}  {:<{}}  {:<{}}  {}\n", f.key, w, f.type, tw, f.show(defaults), dw, f.help);
+  return out;
+}
+
+}  // namespace dpt::trainer

@@ -1,1 +1,167 @@
-// placeholder: being written
+// trainer/safetensors.cpp: safetensors reader and writer with per-tensor CRC32.
+#include "trainer/safetensors.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+
+namespace dpt::trainer {
+namespace {
+
+using json = nlohmann::json;
+
+// Headers larger than this are malformed, not big: ours are a few KB.
+constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+
+const char* st_dtype(DType t) {
+  switch (t) {
+    case DType::F32: return "F32";
+    case DType::F64: return "F64";
+    case DType::I32: return "I32";
+    case DType::I64: return "I64";
+    case DType::U8: return "U8";
+  }
+  return "?";
+}
+
+std::optional<DType> parse_st_dtype(const std::string& s) {
+  for (DType t : {DType::F32, DType::F64, DType::I32, DType::I64, DType::U8})
+    if (s == st_dtype(t)) return t;
+  return std::nullopt;
+}
+
+void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) DPT_THROW(CheckpointError, "writing {}: {}", path, std::strerror(errno));
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+uint32_t crc32_of(const void* data, size_t bytes) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  const Bytef* p = static_cast<const Bytef*>(data);
+  while (bytes > 0) {  // zlib takes uInt lengths
+    uInt chunk = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));
+    crc = crc32(crc, p, chunk);
+    p += chunk;
+    bytes -= chunk;
+  }
+  return static_cast<uint32_t>(crc);
+}
+
+const Tensor* SafetensorsFile::find(const std::string& name) const {
+  for (const auto& nt : tensors)
+    if (nt.name == name) return &nt.tensor;
+  return nullptr;
+}
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       std::map<std::string, std::string> metadata) {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const auto& nt : tensors) {
+    DPT_CHECK(nt.tensor.device().is_cpu(), "{}: copy {} to the host before writing", path, nt.name);
+    DPT_CHECK(nt.name != "__metadata__" && !header.contains(nt.name), "{}: bad or repeated tensor name {}", path, nt.name);
+    header[nt.name] = {{"dtype", st_dtype(nt.tensor.dtype())},
+                       {"shape", nt.tensor.shape()},
+                       {"data_offsets", {offset, offset + nt.tensor.bytes()}}};
+    metadata["crc32:" + nt.name] = fmt::format("{:08x}", crc32_of(nt.tensor.raw(), nt.tensor.bytes()));
+    offset += nt.tensor.bytes();
+  }
+  header["__metadata__"] = metadata;
+  std::string h = header.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');  // align the data to 8 bytes, as the reference writer does
+  const uint64_t hlen = h.size();
+  uint8_t len_le[8];
+  for (int i = 0; i < 8; ++i) len_le[i] = static_cast<uint8_t>(hlen >> (8 * i));
+
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) DPT_THROW(CheckpointError, "cannot create {}: {}", path, std::strerror(errno));
+  try {
+    write_all(fd, len_le, 8, path);
+    write_all(fd, h.data(), h.size(), path);
+    for (const auto& nt : tensors) write_all(fd, nt.tensor.raw(), nt.tensor.bytes(), path);
+    if (::fsync(fd) != 0) DPT_THROW(CheckpointError, "fsync {}: {}", path, std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (::close(fd) != 0) DPT_THROW(CheckpointError, "closing {}: {}", path, std::strerror(errno));
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) DPT_THROW(CheckpointError, "{}: cannot open: {}", path, std::strerror(errno));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const uint64_t size = bytes.size();
+  if (size < 8) DPT_THROW(CheckpointError, "{}: truncated: {} bytes, a safetensors file has at least 8", path, size);
+  uint64_t hlen = 0;
+  for (int i = 7; i >= 0; --i) hlen = (hlen << 8) | static_cast<uint8_t>(bytes[i]);
+  if (hlen > kMaxHeaderBytes || 8 + hlen > size)
+    DPT_THROW(CheckpointError, "{}: header length {} does not fit in the file ({} bytes): truncated or not safetensors",
+              path, hlen, size);
+  json header;
+  try {
+    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<int64_t>(hlen));
+  } catch (const json::exception& e) {
+    DPT_THROW(CheckpointError, "{}: header is not valid JSON: {}", path, e.what());
+  }
+  if (!header.is_object()) DPT_THROW(CheckpointError, "{}: header is not a JSON object", path);
+
+  SafetensorsFile out;
+  const uint64_t data_size = size - 8 - hlen;
+  const char* data = bytes.data() + 8 + hlen;
+  struct Entry { uint64_t begin, end; NamedTensor nt; };
+  std::vector<Entry> entries;
+  try {
+    if (header.contains("__metadata__"))
+      for (auto& [k, v] : header["__metadata__"].items()) out.metadata[k] = v.get<std::string>();
+    for (auto& [name, info] : header.items()) {
+      if (name == "__metadata__") continue;
+      auto dtype = parse_st_dtype(info.at("dtype").get<std::string>());
+      if (!dtype) DPT_THROW(CheckpointError, "{}: tensor {} has unsupported dtype {}", path, name, info.at("dtype").dump());
+      auto shape = info.at("shape").get<std::vector<int64_t>>();
+      auto offs = info.at("data_offsets").get<std::vector<uint64_t>>();
+      if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size)
+        DPT_THROW(CheckpointError, "{}: tensor {} byte range {} lies outside the {} data bytes (truncated?)", path, name,
+                  info.at("data_offsets").dump(), data_size);
+      Tensor t = Tensor::empty(shape, *dtype);
+      if (t.bytes() != offs[1] - offs[0])
+        DPT_THROW(CheckpointError, "{}: tensor {} shape {} needs {} bytes, its range holds {}", path, name,
+                  t.shape_str(), t.bytes(), offs[1] - offs[0]);
+      std::memcpy(t.raw(), data + offs[0], t.bytes());
+      auto crc = out.metadata.find("crc32:" + name);
+      if (crc != out.metadata.end()) {
+        std::string actual = fmt::format("{:08x}", crc32_of(t.raw(), t.bytes()));
+        if (actual != crc->second)
+          DPT_THROW(CheckpointError, "{}: tensor {} is corrupted: CRC32 {} but the header says {}", path, name, actual,
+                    crc->second);
+      }
+      entries.push_back({offs[0], offs[1], {name, std::move(t)}});
+    }
+  } catch (const json::exception& e) {
+    DPT_THROW(CheckpointError, "{}: malformed header: {}", path, e.what());
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
+  for (size_t i = 1; i < entries.size(); ++i)
+    if (entries[i].begin < entries[i - 1].end)
+      DPT_THROW(CheckpointError, "{}: tensors {} and {} overlap", path, entries[i - 1].nt.name, entries[i].nt.name);
+  for (auto& e : entries) out.tensors.push_back(std::move(e.nt));  // in file order
+  return out;
+}
+
+}  // namespace dpt::trainer

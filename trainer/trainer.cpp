@@ -1,1 +1,286 @@
-// placeholder: being written
+// trainer/trainer.cpp: the training loop.
+#include "trainer/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+
+#include "data/idx.h"
+#include "data/loader.h"
+#include "data/sampler.h"
+#include "data/subset.h"
+#include "data/synthetic.h"
+#include "models/model.h"
+#include "trainer/checkpoint.h"
+#include "trainer/optimizer.h"
+#include "trainer/reducer.h"
+#include "trainer/schedule.h"
+
+namespace dpt::trainer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Fault injection for tests of failure handling and resume: DPT_DEBUG_FAIL_AT_STEP=N makes rank
+// DPT_DEBUG_FAIL_RANK (default 0) throw once it has finished optimizer step N.
+struct FailureInjection {
+  int64_t step = -1;
+  int rank = 0;
+  static FailureInjection from_env() {
+    FailureInjection f;
+    if (const char* s = std::getenv("DPT_DEBUG_FAIL_AT_STEP")) f.step = std::atoll(s);
+    if (const char* r = std::getenv("DPT_DEBUG_FAIL_RANK")) f.rank = std::atoi(r);
+    return f;
+  }
+};
+
+struct Datasets {
+  std::unique_ptr<data::Dataset> train, test;
+};
+
+Datasets make_datasets(const DataConfig& d, uint64_t seed) {
+  Datasets ds;
+  if (d.dataset == "fashion-mnist") {
+    ds.train = data::load_fashion_mnist(d.dir, true, static_cast<size_t>(d.train_limit));
+    ds.test = data::load_fashion_mnist(d.dir, false, static_cast<size_t>(d.test_limit));
+  } else {
+    // One synthetic set split in two: the same labelling function, disjoint examples.
+    const auto n_train = static_cast<size_t>(d.synthetic_train_size), n_test = static_cast<size_t>(d.synthetic_test_size);
+    auto all = std::make_shared<data::SyntheticDataset>(n_train + n_test, 784, 10, seed);
+    ds.train = std::make_unique<data::Subset>(all, 0, n_train);
+    ds.test = std::make_unique<data::Subset>(all, n_train, n_test);
+  }
+  return ds;
+}
+
+struct EvalResult {
+  double loss = 0, acc = 0;
+};
+
+// Loss and accuracy over the whole test set: each rank evaluates its exact shard, the sums are reduced.
+EvalResult evaluate(models::Model& model, const data::Dataset& test, const TrainConfig& t, comm::ProcessGroup& pg) {
+  data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.eval_batch_size), .drop_last = false, .prefetch = 2};
+  data::Loader loader(test, data::eval_shard(test.size(), pg.rank(), pg.size()), lo);
+  models::SoftmaxCrossEntropy loss;
+  Tensor sums = Tensor::zeros({3}, DType::F64);  // loss sum, correct, count
+  double* s = sums.data<double>();
+  while (auto batch = loader.next()) {
+    auto r = loss.forward(model.forward(batch->features), batch->labels, model.kernels());
+    s[0] += r.loss_sum;
+    s[1] += static_cast<double>(r.correct);
+    s[2] += static_cast<double>(r.count);
+  }
+  pg.allreduce(sums, {.op = comm::ReduceOp::Sum})->wait();
+  DPT_CHECK_GT(s[2], 0.0);
+  return {s[0] / s[2], s[1] / s[2]};
+}
+
+void copy_named(const std::vector<NamedTensor>& into, const SafetensorsFile& from, const std::string& what,
+                const std::string& path) {
+  if (from.tensors.size() != into.size())
+    DPT_THROW(CheckpointError, "{}: {} has {} tensors, this run expects {} (model or optimizer config changed?)", path,
+              what, from.tensors.size(), into.size());
+  for (const auto& nt : into) {
+    const Tensor* src = from.find(nt.name);
+    if (!src) DPT_THROW(CheckpointError, "{}: {} lacks tensor {} (model or optimizer config changed?)", path, what, nt.name);
+    if (src->shape() != nt.tensor.shape() || src->dtype() != nt.tensor.dtype())
+      DPT_THROW(CheckpointError, "{}: {} has {} {} {}, this model expects {} {}", path, what, nt.name,
+                dtype_name(src->dtype()), src->shape_str(), dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
+    Tensor dst = nt.tensor;
+    dst.copy_from(*src);
+  }
+}
+
+std::vector<NamedTensor> model_tensors(const models::Model& m) {
+  std::vector<NamedTensor> out;
+  for (const auto& np : m.named_params()) out.push_back({np.name, np.param});
+  return out;
+}
+
+}  // namespace
+
+RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  const bool lead = rank == 0;
+  const TrainConfig& t = cfg.train;
+  RunResult result;
+
+  Datasets ds = make_datasets(cfg.data, static_cast<uint64_t>(t.seed));
+  if (lead)
+    spdlog::info("data: {} train / {} test examples ({}), {} per rank per step, {} global", ds.train->size(),
+                 ds.test->size(), ds.train->name(), t.batch_size, t.batch_size * world);
+
+  std::mt19937_64 rng(static_cast<uint64_t>(t.seed));
+  auto model = models::make_mlp(static_cast<int64_t>(ds.train->feature_count()), cfg.model.hidden,
+                                ds.train->num_classes());
+  model->init(rng());
+  Optimizer optimizer(t, *model);
+  if (lead) spdlog::info("model: {} on {}", model->summary(), model->device().str());
+
+  // ---- resume ----------------------------------------------------------------------------------------
+  CheckpointManager ckpt(cfg.checkpoint.dir, cfg.checkpoint.keep);
+  TrainState start;
+  std::optional<LoadedCheckpoint> loaded;
+  if (opts.resume == "never") {
+    if (lead) {
+      size_t n = ckpt.remove_all();
+      if (n) spdlog::warn("--resume never: deleted {} checkpoint(s) of an earlier run in {}", n, ckpt.dir());
+    }
+  } else if (lead) {
+    loaded = opts.resume == "auto" ? ckpt.load_latest() : CheckpointManager::load(opts.resume);
+  }
+  // Rank 0 chooses; everyone loads the same checkpoint (each rank reads it itself).
+  Tensor chosen = Tensor::empty({1}, DType::I64);
+  chosen.data<int64_t>()[0] = loaded ? loaded->state.step : -1;
+  pg.broadcast(chosen)->wait();
+  const int64_t chosen_step = chosen.data<int64_t>()[0];
+  if (chosen_step >= 0 && !lead)
+    loaded = CheckpointManager::load(opts.resume == "auto" ? ckpt.path_for_step(chosen_step) : opts.resume);
+  if (loaded) {
+    DPT_CHECK_EQ(loaded->state.step, chosen_step);
+    copy_named(model_tensors(*model), loaded->model, "model.safetensors", loaded->path);
+    copy_named(optimizer.state(), loaded->optimizer, "optimizer.safetensors", loaded->path);
+    start = loaded->state;
+    optimizer.set_steps(start.step);
+    std::istringstream(start.rng) >> rng;
+    if (start.batch_in_epoch > 0 && (start.world_size != world || start.batch_size != t.batch_size))
+      DPT_THROW(ConfigError,
+                "{} stopped mid-epoch with {} ranks x batch {}; resuming mid-epoch needs the same (now {} x {}). "
+                "Resume from a checkpoint at an epoch end, or run with the same world size and train.batch_size.",
+                loaded->path, start.world_size, start.batch_size, world, t.batch_size);
+    if (lead) {
+      spdlog::info("resumed from {} (step {}, epoch {}, batch {})", loaded->path, start.step, start.epoch + 1,
+                   start.batch_in_epoch);
+      if (start.config_hash != config_hash(cfg))
+        spdlog::warn("the config differs from the checkpoint's (hash {} vs {}); continuing with the new one",
+                     config_hash(cfg), start.config_hash);
+    }
+    result.resumed_from_step = start.step;
+    loaded.reset();  // free the host copies
+  }
+  // Every rank starts from rank 0's parameters (identical already; this makes it a guarantee).
+  pg.broadcast(model->params())->wait();
+
+  // ---- the loop ---------------------------------------------------------------------------------------
+  data::DistributedSampler sampler({.dataset_size = ds.train->size(), .rank = rank, .world_size = world,
+                                    .seed = static_cast<uint64_t>(t.seed), .shuffle = true, .drop_last = t.drop_last});
+  const data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.batch_size), .drop_last = t.drop_last,
+                               .prefetch = static_cast<size_t>(cfg.data.prefetch)};
+  const int64_t spe = t.drop_last ? static_cast<int64_t>(sampler.num_samples() / lo.batch_size)
+                                  : static_cast<int64_t>((sampler.num_samples() + lo.batch_size - 1) / lo.batch_size);
+  if (spe == 0)
+    DPT_THROW(ConfigError, "no full batch: {} examples per rank, train.batch_size {} and train.drop_last = true",
+              sampler.num_samples(), t.batch_size);
+  int64_t total_steps = spe * t.epochs;
+  if (t.max_steps > 0) total_steps = std::min(total_steps, t.max_steps);
+
+  Reducer reducer(pg, model->grads());
+  models::SoftmaxCrossEntropy loss;
+  int64_t step = start.step;
+  int64_t last_saved = -1;
+  auto save = [&](int64_t epoch, int64_t next_batch) {
+    if (!lead || last_saved == step) return;
+    TrainState st{.step = step, .epoch = epoch, .batch_in_epoch = next_batch, .world_size = world,
+                  .batch_size = t.batch_size, .rng = "", .config_toml = to_toml(cfg), .config_hash = config_hash(cfg)};
+    std::ostringstream os;
+    os << rng;
+    st.rng = os.str();
+    auto t0 = Clock::now();
+    result.last_checkpoint = ckpt.save(model_tensors(*model), optimizer.state(), st);
+    last_saved = step;
+    spdlog::info("checkpoint {} ({:.2f} s)", result.last_checkpoint, seconds_since(t0));
+  };
+
+  const FailureInjection inject = FailureInjection::from_env();
+  bool stopped = false;
+  for (int64_t epoch = start.epoch; epoch < t.epochs && !stopped; ++epoch) {
+    const size_t first_batch = epoch == start.epoch ? static_cast<size_t>(start.batch_in_epoch) : 0;
+    data::Loader loader(*ds.train, sampler.indices(epoch), lo, first_batch);
+    DPT_CHECK_EQ(static_cast<int64_t>(loader.num_batches()), spe);
+    double loss_sum = 0, compute_s = 0, comm_s = 0;
+    int64_t seen = 0;
+    const auto epoch_t0 = Clock::now();
+    auto progress_t = epoch_t0;
+    double lr = 0;
+    while (true) {
+      std::optional<data::Batch> batch = loader.next();
+      if (!batch) break;
+      const auto t0 = Clock::now();
+      lr = lr_at(t, step, spe, total_steps);
+      model->zero_grad();
+      auto r = loss.forward_backward(model->forward(batch->features), batch->labels, model->kernels());
+      model->backward(loss.grad());
+      const auto t1 = Clock::now();
+      reducer.reduce();
+      const auto t2 = Clock::now();
+      optimizer.step(lr);
+      compute_s += std::chrono::duration<double>(t1 - t0).count() + seconds_since(t2);
+      comm_s += std::chrono::duration<double>(t2 - t1).count();
+      loss_sum += r.loss_sum;
+      seen += r.count;
+      ++step;
+      const int64_t next_batch = static_cast<int64_t>(batch->index) + 1;
+      const bool epoch_done = next_batch == spe;
+      if (lead && seconds_since(progress_t) >= t.progress_interval_s) {
+        progress_t = Clock::now();
+        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} samples/s {:.0f}", epoch + 1, t.epochs,
+                     next_batch, spe, loss_sum / static_cast<double>(seen), lr,
+                     static_cast<double>(seen) * world / seconds_since(epoch_t0));
+      }
+      if (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0 && !epoch_done)
+        save(epoch, next_batch);
+      if (step == inject.step && rank == inject.rank)
+        DPT_THROW(InternalError, "injected failure after step {} (DPT_DEBUG_FAIL_AT_STEP)", step);
+      if (t.max_steps > 0 && step >= t.max_steps) {
+        stopped = true;
+        save(epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : next_batch);
+        break;
+      }
+    }
+    const double epoch_s = seconds_since(epoch_t0);
+    const double data_s = loader.wait_seconds();
+
+    // Training loss averaged over every rank's examples.
+    Tensor tl = Tensor::empty({2}, DType::F64);
+    tl.data<double>()[0] = loss_sum;
+    tl.data<double>()[1] = static_cast<double>(seen);
+    pg.allreduce(tl, {.op = comm::ReduceOp::Sum})->wait();
+    const double global_seen = tl.data<double>()[1];
+    EvalResult ev = evaluate(*model, *ds.test, t, pg);
+    EpochStats es{.epoch = epoch + 1, .train_loss = global_seen > 0 ? tl.data<double>()[0] / global_seen : 0.0,
+                  .test_loss = ev.loss, .test_acc = ev.acc,
+                  .samples_per_s = epoch_s > 0 ? global_seen / epoch_s : 0.0,
+                  .compute_s = compute_s, .comm_s = comm_s, .data_s = data_s};
+    result.epochs.push_back(es);
+    result.final_test_acc = ev.acc;
+    result.final_test_loss = ev.loss;
+    if (lead) {
+      spdlog::info("epoch {}/{} loss {:.4f} test_loss {:.4f} test_acc {:.4f} samples/s {:.0f} lr {:.4g} "
+                   "time {:.2f}s (compute {:.2f}s comm {:.2f}s data wait {:.2f}s)",
+                   es.epoch, t.epochs, es.train_loss, es.test_loss, es.test_acc, es.samples_per_s, lr, epoch_s,
+                   compute_s, comm_s, data_s);
+      if (stopped) spdlog::info("stopped at step {} (train.max_steps = {})", step, t.max_steps);
+    }
+    const bool last_epoch = epoch + 1 == t.epochs;
+    if (!stopped && (last_epoch || (cfg.checkpoint.every_epochs > 0 && (epoch + 1) % cfg.checkpoint.every_epochs == 0)))
+      save(epoch + 1, 0);
+  }
+
+  if (result.epochs.empty()) {
+    // Nothing left to train (resumed at the end): report where the model stands.
+    EvalResult ev = evaluate(*model, *ds.test, t, pg);
+    result.final_test_acc = ev.acc;
+    result.final_test_loss = ev.loss;
+    if (lead)
+      spdlog::info("training already complete at step {} (epoch {}/{}): test_loss {:.4f} test_acc {:.4f}", step,
+                   start.epoch, t.epochs, ev.loss, ev.acc);
+  }
+  result.steps = step;
+  return result;
+}
+
+}  // namespace dpt::trainer

@@ -1,0 +1,78 @@
+// data/loader.h: batches of one epoch, prepared by a background thread ahead of the training step.
+//
+// The producer thread fills up to `prefetch` batches into a bounded queue (mutex + two condition
+// variables); next() takes them in order. An exception thrown while producing (from Dataset::get, say) is
+// carried over and rethrown by next() once the batches before it have been handed out. Destroying a Loader
+// stops and joins the producer wherever it is.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "core/tensor.h"
+#include "data/dataset.h"
+
+namespace dpt::data {
+
+struct Batch {
+  Tensor features;  // [size, feature_count] F32
+  Tensor labels;    // [size] I32
+  size_t size = 0;
+  size_t index = 0;  // batch number within this epoch
+};
+
+struct LoaderOptions {
+  size_t batch_size = 64;
+  bool drop_last = false;  // drop the final partial batch
+  size_t prefetch = 2;     // batches prepared ahead (>= 1)
+};
+
+// The one place batch memory is allocated (plain host memory today; pinned host buffers with the GPU path).
+Batch allocate_batch(size_t size, size_t feature_count);
+
+class Loader {
+ public:
+  // Iterates `indices` (this rank's order for one epoch) in batches, starting at batch `start_batch`
+  // (resume). `dataset` must outlive the Loader. Throws ConfigError for batch_size or prefetch 0 or a
+  // start_batch past num_batches(), InternalError for an index past the end of the data set.
+  Loader(const Dataset& dataset, std::vector<size_t> indices, LoaderOptions opts, size_t start_batch = 0);
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  size_t num_batches() const { return num_batches_; }  // total in the epoch, including skipped ones
+  // Blocks until the next batch is ready; nullopt at the end; rethrows an exception from the producer.
+  std::optional<Batch> next();
+  // Total time next() spent blocked waiting for the producer (the data-wait metric). Consumer thread only.
+  double wait_seconds() const { return wait_seconds_; }
+
+ private:
+  void produce();
+  bool fill(Batch& batch, size_t batch_index) const;  // false when stopped half way
+
+  const Dataset& dataset_;
+  std::vector<size_t> indices_;
+  LoaderOptions opts_;
+  size_t num_batches_ = 0;
+  size_t start_batch_ = 0;
+
+  std::mutex mu_;
+  std::condition_variable ready_;  // a batch was queued, or the producer finished
+  std::condition_variable space_;  // a batch was taken, or stop was asked
+  std::deque<Batch> queue_;
+  bool producer_done_ = false;
+  std::exception_ptr error_;
+  std::atomic<bool> stop_{false};
+  double wait_seconds_ = 0.0;
+
+  std::thread producer_;  // last: started once everything above exists
+};
+
+}  // namespace dpt::data

@@ -1,0 +1,353 @@
+// launcher/job.cpp: launch(): spawn the ranks, relay their output, watch them, tear the job down.
+//
+// One thread, one poll loop over a signalfd (SIGCHLD and the stop signals) and the ranks' output pipes.
+// Ranks that end are observed with waitid(WNOWAIT) and reaped only at the very end: a zombie keeps its pid,
+// hence its process group id, reserved, so signalling a rank's group can never hit an unrelated process.
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+
+#include "core/check.h"
+#include "launcher/launcher.h"
+#include "launcher/output.h"
+#include "launcher/process.h"
+
+namespace dpt::launcher {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// dprun's own messages: one line on stderr, best effort.
+void note(std::string_view msg) { (void)write_fully(STDERR_FILENO, fmt::format("dprun: {}\n", msg)); }
+
+bool is_loopback(const std::string& addr) {
+  return addr.starts_with("127.") || addr == "localhost" || addr == "::1";
+}
+
+// With fd 0, 1 or 2 closed, the pipes and files opened below could land on them and be clobbered by the
+// child's dup2 calls; /dev/null fills the gaps.
+void ensure_standard_fds() {
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    int got = ::open("/dev/null", O_RDWR);  // the lowest free fd: this one
+    if (got < 0) DPT_THROW(IoError, "opening /dev/null failed: {}", std::strerror(errno));
+    if (got != fd) {
+      ::close(got);
+      DPT_THROW(InternalError, "fd {} was closed, but /dev/null opened as fd {}", fd, got);
+    }
+  }
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
+}
+
+struct Rank {
+  int local = 0;
+  int global = 0;
+  pid_t pid = -1;            // also its process group id
+  bool ended = false;        // seen ended (a zombie until reaped)
+  bool reaped = false;
+  ExitStatus status;
+  std::string log_path;      // with --log-dir
+  std::unique_ptr<RankStream> out, err;  // without --log-dir
+};
+
+class Job {
+ public:
+  Job(const Options& opts, Environment inherited)
+      : opts_(opts), inherited_(std::move(inherited)), stdout_(STDOUT_FILENO, "stdout"), stderr_(STDERR_FILENO, "stderr") {}
+
+  // The safety net: whatever happened (an exception included), nothing dprun started outlives it.
+  ~Job() {
+    for (Rank& r : ranks_) {
+      if (r.pid <= 0 || r.reaped) continue;
+      try {
+        (void)signal_group(r.pid, SIGKILL);
+        reap(r.pid);
+      } catch (...) {  // nothing more to do in a destructor; PR_SET_PDEATHSIG remains as the last resort
+      }
+    }
+  }
+
+  int run() {
+    announce();
+    open_stdin();
+    ranks_.reserve(static_cast<std::size_t>(opts_.nproc_per_node));
+    for (int local = 0; local < opts_.nproc_per_node && phase_ == Phase::kRunning; ++local) start(local);
+    monitor();
+    finish();
+    return exit_code_;
+  }
+
+ private:
+  enum class Phase { kRunning, kStopping, kKilling };
+
+  void announce() {
+    int world = opts_.nnodes * opts_.nproc_per_node;
+    int first = global_rank(opts_, 0);
+    int last = global_rank(opts_, opts_.nproc_per_node - 1);
+    std::string master = fmt::format("{}:{}", *opts_.master_addr, *opts_.master_port);
+    if (opts_.nnodes == 1) {
+      note(fmt::format("starting {} rank{} (world size {}), master {}", world, world == 1 ? "" : "s", world, master));
+    } else {
+      note(fmt::format("node {} of {}: starting ranks {}..{} of world size {}, master {}", opts_.node_rank,
+                       opts_.nnodes, first, last, world, master));
+    }
+    if (!opts_.log_dir.empty()) {
+      std::error_code ec;
+      std::filesystem::create_directories(opts_.log_dir, ec);
+      if (ec) DPT_THROW(IoError, "cannot create --log-dir {}: {}", opts_.log_dir, ec.message());
+      note(fmt::format("writing each rank's stdout and stderr to {}/rank_{}.log{}", opts_.log_dir, first,
+                       first == last ? "" : fmt::format(" .. rank_{}.log", last)));
+    }
+  }
+
+  void open_stdin() {
+    // Ranks run in their own process groups, in the background of the terminal: one reading the terminal
+    // would be stopped by SIGTTIN and hang the job. They read end-of-file instead.
+    devnull_ = Fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (devnull_.get() < 0) DPT_THROW(IoError, "opening /dev/null failed: {}", std::strerror(errno));
+  }
+
+  void start(int local) {
+    Rank& r = ranks_.emplace_back();
+    r.local = local;
+    r.global = global_rank(opts_, local);
+
+    ChildSpec spec;
+    spec.argv = opts_.command;
+    for (const auto& [name, value] : rank_environment(opts_, local, inherited_)) spec.env.push_back(name + "=" + value);
+    spec.stdin_fd = devnull_.get();
+
+    Fd log;
+    Pipe out, err;
+    if (!opts_.log_dir.empty()) {
+      r.log_path = fmt::format("{}/rank_{}.log", opts_.log_dir, r.global);
+      log = Fd(::open(r.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (log.get() < 0) DPT_THROW(IoError, "cannot open {}: {}", r.log_path, std::strerror(errno));
+      spec.stdout_fd = spec.stderr_fd = log.get();
+    } else {
+      out = make_pipe();
+      err = make_pipe();
+      spec.stdout_fd = out.write.get();
+      spec.stderr_fd = err.write.get();
+    }
+
+    Spawned s = spawn(spec, signals_);
+    r.pid = s.pid;
+    if (!opts_.log_dir.empty()) {
+      log.reset();
+    } else {
+      // Only the child holds the write ends now, so end of file means it (and all it started) is done.
+      out.write.reset();
+      err.write.reset();
+      std::string prefix = fmt::format("[rank {}] ", r.global);
+      r.out = std::make_unique<RankStream>(nonblocking(std::move(out.read)), prefix, stdout_);
+      r.err = std::make_unique<RankStream>(nonblocking(std::move(err.read)), prefix, stderr_);
+    }
+    if (!s.error.empty()) {
+      r.ended = r.reaped = true;
+      r.status = ExitStatus{false, kExecFailedCode, false};
+      fail({&r}, {s.error + fmt::format(" (exit code {})", kExecFailedCode)});
+    }
+  }
+
+  static int nonblocking(Fd fd) {
+    int flags = ::fcntl(fd.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(fd.get(), F_SETFL, flags | O_NONBLOCK) < 0) {
+      DPT_THROW(IoError, "fcntl(O_NONBLOCK) on a rank's pipe failed: {}", std::strerror(errno));
+    }
+    return fd.release();
+  }
+
+  bool all_ended() const {
+    return std::all_of(ranks_.begin(), ranks_.end(), [](const Rank& r) { return r.ended; });
+  }
+
+  void monitor() {
+    std::vector<pollfd> fds;
+    std::vector<RankStream*> streams;  // streams[i] goes with fds[i + 1]
+    while (!all_ended()) {
+      fds.assign(1, pollfd{signals_.fd(), POLLIN, 0});
+      streams.clear();
+      for (Rank& r : ranks_) {
+        for (RankStream* s : {r.out.get(), r.err.get()}) {
+          if (s && s->open()) {
+            fds.push_back(pollfd{s->fd(), POLLIN, 0});
+            streams.push_back(s);
+          }
+        }
+      }
+      int timeout_ms = -1;
+      if (phase_ == Phase::kStopping) {
+        auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+        timeout_ms = static_cast<int>(std::clamp<decltype(left)>(left, 0, 1000 * 1000));
+      }
+      int n = ::poll(fds.data(), fds.size(), timeout_ms);
+      if (n < 0 && errno != EINTR) DPT_THROW(IoError, "poll failed: {}", std::strerror(errno));
+      if (n > 0) {
+        // Output first, so a rank's last words come before dprun's line about its end.
+        for (std::size_t i = 1; i < fds.size(); ++i) {
+          if (fds[i].revents != 0) streams[i - 1]->pump();
+        }
+        if (fds[0].revents != 0) handle_signals();
+      }
+      if (phase_ == Phase::kStopping && Clock::now() >= deadline_) kill_remaining();
+    }
+  }
+
+  void handle_signals() {
+    bool child_ended = false;
+    for (int sig : signals_.take()) {
+      if (sig == SIGCHLD) {
+        child_ended = true;
+      } else {
+        on_stop_signal(sig);
+      }
+    }
+    if (child_ended) check_ranks();
+  }
+
+  // Signals coalesce: one SIGCHLD may stand for several ranks, so every running rank is asked.
+  void check_ranks() {
+    std::vector<Rank*> failed;
+    std::vector<std::string> why;
+    for (Rank& r : ranks_) {
+      if (r.ended) continue;
+      std::optional<ExitStatus> st = peek_exit(r.pid);
+      if (!st) continue;
+      r.ended = true;
+      r.status = *st;
+      for (RankStream* s : {r.out.get(), r.err.get()}) {
+        if (s) s->pump();
+      }
+      if (!st->ok()) {
+        failed.push_back(&r);
+        why.push_back(st->describe() + (r.log_path.empty() ? "" : fmt::format("; see {}", r.log_path)));
+      }
+    }
+    if (!failed.empty()) fail(failed, why);
+  }
+
+  // Ranks ended badly on their own. The first failure names the culprits and starts the teardown; ranks that
+  // end while it is under way were most likely stopped by it and are not reported.
+  void fail(const std::vector<Rank*>& failed, const std::vector<std::string>& why) {
+    if (phase_ != Phase::kRunning) return;
+    for (std::size_t i = 0; i < failed.size(); ++i) {
+      const Rank& r = *failed[i];
+      note(fmt::format("rank {} (pid {}) {}", r.global, r.pid, why[i]));
+    }
+    exit_code_ = failed.front()->status.exit_code();
+    begin_stop(SIGTERM, /*received=*/false);
+  }
+
+  void on_stop_signal(int sig) {
+    if (phase_ == Phase::kRunning) {
+      exit_code_ = 128 + sig;
+      begin_stop(sig, /*received=*/true);
+    } else if (phase_ == Phase::kStopping) {
+      note(fmt::format("received {} again: not waiting for the grace period", signal_name(sig)));
+      kill_remaining();
+    }
+  }
+
+  // Sends `sig` to every rank's process group (a rank that has ended may have left processes behind in
+  // it), then gives the ranks the grace period before SIGKILL. `received`: dprun was sent `sig` itself.
+  void begin_stop(int sig, bool received) {
+    phase_ = Phase::kStopping;
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(opts_.grace_period_s));
+    std::string why = received ? fmt::format("received {}", signal_name(sig)) : "stopping the other ranks";
+    std::vector<int> running = running_ranks();
+    if (!running.empty()) {
+      note(fmt::format("{}: sending {} to {}; SIGKILL after {} s to any still running", why, signal_name(sig),
+                       join_ranks(running), opts_.grace_period_s));
+    } else if (received) {
+      note(why);
+    }
+    signal_all(sig);
+  }
+
+  void kill_remaining() {
+    phase_ = Phase::kKilling;
+    std::vector<int> running = running_ranks();
+    if (!running.empty()) note(fmt::format("sending SIGKILL to {}", join_ranks(running)));
+    signal_all(SIGKILL);
+  }
+
+  std::vector<int> running_ranks() const {
+    std::vector<int> out;
+    for (const Rank& r : ranks_) {
+      if (!r.ended) out.push_back(r.global);
+    }
+    return out;
+  }
+
+  void signal_all(int sig) {
+    for (const Rank& r : ranks_) {
+      if (r.reaped) continue;
+      int err = signal_group(r.pid, sig);
+      // ESRCH: the group is empty. (A group holding only the zombie rank takes the signal without complaint.)
+      if (err != 0 && err != ESRCH) {
+        note(fmt::format("cannot send {} to rank {} (process group {}): {}", signal_name(sig), r.global, r.pid,
+                         std::strerror(err)));
+      }
+    }
+  }
+
+  void finish() {
+    // Every rank has ended. Relay what is left in the pipes without waiting for a grandchild that may hold
+    // one open, then make sure such leftovers do not outlive the job: SIGTERM after a clean run, SIGKILL after
+    // a teardown (they have had their SIGTERM).
+    for (Rank& r : ranks_) {
+      if (r.out) r.out->finish();
+      if (r.err) r.err->finish();
+    }
+    signal_all(phase_ == Phase::kRunning ? SIGTERM : SIGKILL);
+    for (Rank& r : ranks_) {
+      if (r.reaped) continue;
+      reap(r.pid);
+      r.reaped = true;
+    }
+  }
+
+  const Options opts_;
+  Environment inherited_;
+  SignalCatcher signals_;  // before any fork: a signal arriving during the spawning stays pending
+  OutputSink stdout_, stderr_;
+  Fd devnull_;
+  std::vector<Rank> ranks_;
+  Phase phase_ = Phase::kRunning;
+  Clock::time_point deadline_{};
+  int exit_code_ = 0;
+};
+
+}  // namespace
+
+int launch(const Options& given) {
+  Options opts = resolve(given);
+  ensure_standard_fds();
+  Environment inherited = current_environment();
+  if (!inherited.contains("OMP_NUM_THREADS")) {
+    note("setting OMP_NUM_THREADS=1 for every rank, so that the ranks do not overload the machine; set it "
+         "yourself to tune it");
+  }
+  if (opts.nnodes > 1 && is_loopback(*opts.master_addr)) {
+    note(fmt::format("warning: --master-addr {} is a loopback address: the other nodes cannot reach it unless "
+                     "all {} nodes run on this machine",
+                     *opts.master_addr, opts.nnodes));
+  }
+  Job job(opts, std::move(inherited));
+  return job.run();
+}
+
+}  // namespace dpt::launcher

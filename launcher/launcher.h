@@ -1,0 +1,66 @@
+// launcher/launcher.h: dprun's logic as a library: the options, the environment each rank gets, and
+// launch(), which spawns the ranks, relays their output, watches them and tears the job down.
+//
+// The contract with the ranks is torchrun's (DESIGN.md, "Environment contract"): RANK, LOCAL_RANK, WORLD_SIZE,
+// LOCAL_WORLD_SIZE, NODE_RANK (alias GROUP_RANK), MASTER_ADDR, MASTER_PORT, DPT_RESTART_COUNT, and
+// OMP_NUM_THREADS=1 unless the user set it.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dpt::launcher {
+
+inline constexpr const char* kLoopbackAddr = "127.0.0.1";
+inline constexpr int kDefaultMultiNodePort = 29500;  // torchrun's default: every node must agree on it
+inline constexpr double kDefaultGracePeriodS = 5.0;  // SIGTERM -> SIGKILL
+inline constexpr int kExecFailedCode = 127;          // what a shell reports for "command not found"
+
+// What the user asked for. Fields left unset are chosen by resolve().
+struct Options {
+  int nproc_per_node = 1;                  // ranks on this node
+  int nnodes = 1;                          // nodes in the job
+  int node_rank = 0;                       // this node's index, 0 <= node_rank < nnodes
+  std::optional<std::string> master_addr;  // unset: 127.0.0.1 (single node only)
+  std::optional<int> master_port;          // unset: a free port (single node) or kDefaultMultiNodePort
+  std::string log_dir;                     // empty: relay output with "[rank R] " prefixes
+  double grace_period_s = kDefaultGracePeriodS;
+  std::vector<std::string> command;        // the program and its arguments
+};
+
+// The environment as name -> value. Order does not matter to exec.
+using Environment = std::map<std::string, std::string>;
+
+// Throws ConfigError with a one-line message naming the option when the options cannot describe a job.
+void validate(const Options& opts);
+
+// Fills in master_addr and master_port (finding a free port when single-node). Validates first.
+Options resolve(Options opts);
+
+// A TCP port on `addr` that nothing was bound to a moment ago: binds port 0, reads the port, closes.
+// Throws CommError when the socket calls fail.
+int find_free_port(const std::string& addr = kLoopbackAddr);
+
+// The full environment of one rank: `inherited` with the launcher's variables set on top. `opts` must be
+// resolved. Pure: the same inputs give the same environment.
+Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited);
+
+// The global rank of local rank `local_rank` on this node.
+inline int global_rank(const Options& opts, int local_rank) { return opts.node_rank * opts.nproc_per_node + local_rank; }
+
+// This process's environment (environ) as a map.
+Environment current_environment();
+
+// Runs the job to completion and returns the exit code dprun should exit with: 0 when every rank exited 0;
+// else the first failed rank's exit code (128 + signal when it was killed); 128 + signal when dprun itself
+// was told to stop by SIGINT, SIGTERM or SIGHUP. Never exits the process; throws dpt::Error on a failure of
+// its own (after killing whatever it had started).
+//
+// Call it from a single-threaded process: it takes SIGCHLD, SIGINT, SIGTERM and SIGHUP through a signalfd by
+// blocking them in the calling thread only (another thread would receive them instead), and the ranks'
+// PR_SET_PDEATHSIG fires when the thread that forked them ends. The signal state is restored on return.
+int launch(const Options& opts);
+
+}  // namespace dpt::launcher

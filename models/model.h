@@ -1,0 +1,59 @@
+// models/model.h: Model: a sequence of layers over one flat parameter buffer and one flat gradient buffer.
+//
+// Parameters are laid out in layer order ("layers.0.weight", "layers.0.bias", "layers.2.weight", ...: the
+// names PyTorch gives an nn.Sequential held as `layers`, so checkpoints load into the equivalent torch
+// module). The Reducer, the optimizer and the checkpoint each see params()/grads() as one contiguous array.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/kernels.h"
+#include "models/layers.h"
+
+namespace dpt::models {
+
+struct NamedParam {
+  std::string name;  // "layers.0.weight"
+  Tensor param;      // view into params()
+  Tensor grad;       // view into grads()
+  size_t offset = 0;  // element offset in the flat buffers
+};
+
+class Model {
+ public:
+  // `names[i]` is layer i's prefix ("layers.0"). Allocates the flat buffers on `device`.
+  Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string> names, Device device);
+
+  // Deterministic initialisation from the seed (same seed, same parameters, on every rank and machine).
+  void init(uint64_t seed);
+  const Tensor& forward(const Tensor& x);
+  void backward(const Tensor& dlogits);
+  void zero_grad();
+
+  Tensor& params() { return params_; }
+  Tensor& grads() { return grads_; }
+  const Tensor& params() const { return params_; }
+  const std::vector<NamedParam>& named_params() const { return named_; }
+  size_t num_params() const { return params_.numel(); }
+  Device device() const { return device_; }
+  Kernels& kernels() const { return *kernels_; }
+  std::string summary() const;  // "mlp: Linear+ReLU(784->512) ... , 669706 parameters"
+
+ private:
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::string> names_;
+  Device device_;
+  Kernels* kernels_;
+  Tensor params_, grads_;
+  std::vector<NamedParam> named_;
+};
+
+// MLP: in -> hidden[0] -> ReLU -> ... -> classes. Layer names follow nn.Sequential(Linear, ReLU, ...).
+std::unique_ptr<Model> make_mlp(int64_t in_features, const std::vector<int64_t>& hidden, int64_t classes,
+                                Device device = Device::cpu());
+
+}  // namespace dpt::models

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# tests/integration/dprun_cli.sh: dprun's command line: --help names every option, variable and the teardown;
+# mistakes give a one-line error plus the usage and exit code 2, and start nothing.
+set -u -o pipefail
+
+DPRUN=${DPT_BUILD_DIR:?DPT_BUILD_DIR is not set}/launcher/dprun
+WORK=$(mktemp -d /tmp/dprun_cli.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in out err; do [ -f "$WORK/$f" ] && { echo "--- dprun $f:"; head -c 4000 "$WORK/$f"; }; done
+  exit 1
+}
+[ -x "$DPRUN" ] || fail "no dprun at $DPRUN"
+
+run() {
+  timeout -k 5 30 "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null
+  RC=$?
+}
+
+run --help
+[ "$RC" = 0 ] || fail "--help exited $RC"
+for word in --nproc-per-node --nnodes --node-rank --master-addr --master-port --log-dir --grace-period \
+            RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK MASTER_ADDR MASTER_PORT \
+            DPT_RESTART_COUNT OMP_NUM_THREADS DPT_RANK_PREFIXED SIGTERM SIGKILL 29500 Examples; do
+  grep -q -- "$word" "$WORK/out" || fail "--help does not mention $word"
+done
+echo "ok: --help"
+
+# expect_usage_error NEEDLE ARGS...: exit 2, "dprun: error: ...NEEDLE..." and the usage line on stderr.
+expect_usage_error() {
+  local needle=$1
+  shift
+  run "$@"
+  [ "$RC" = 2 ] || fail "dprun $*: exited $RC, expected 2"
+  grep -q "^dprun: error: .*$needle" "$WORK/err" || fail "dprun $*: no error mentioning '$needle'"
+  grep -q '^usage: dprun \[OPTIONS\] -- PROGRAM \[ARGS...\]$' "$WORK/err" || fail "dprun $*: no usage line"
+  grep -q 'starting' "$WORK/err" && fail "dprun $*: started ranks despite the error"
+  [ -s "$WORK/out" ] && fail "dprun $*: printed on stdout"
+  return 0
+}
+expect_usage_error "no program to run" --nproc-per-node 2
+expect_usage_error "no program to run" --nproc-per-node 2 --
+expect_usage_error "unexpected argument 'true'" --nproc-per-node 2 true
+expect_usage_error "unknown option --bogus" --bogus -- true
+expect_usage_error "--nproc-per-node must be at least 1 (got 0)" --nproc-per-node 0 -- true
+expect_usage_error "nproc-per-node" --nproc-per-node two -- true
+expect_usage_error "--node-rank must be in 0..1 with --nnodes 2 (got 2)" --nnodes 2 --node-rank 2 --master-addr 10.0.0.1 -- true
+expect_usage_error "--node-rank" --node-rank -1 -- true
+expect_usage_error "--nnodes 2 needs --master-addr" --nnodes 2 --node-rank 1 -- true
+expect_usage_error "--master-port must be in 1..65535 (got 0)" --master-port 0 -- true
+expect_usage_error "--master-port must be in 1..65535 (got 65536)" --master-port 65536 -- true
+expect_usage_error "--grace-period" --grace-period -1 -- true
+echo "ok: usage errors"
+
+# torchrun's spellings work; the program's own options after -- are left alone.
+run --nproc_per_node=2 --master_port 29561 -- sh -c 'echo "$WORLD_SIZE $MASTER_PORT $*"' prog --help -- x
+[ "$RC" = 0 ] || fail "torchrun spellings: exited $RC"
+[ "$(grep -c '^\[rank [01]\] 2 29561 --help -- x$' "$WORK/out")" = 2 ] || fail "torchrun spellings or program arguments"
+echo "ok: --nproc_per_node, arguments after --"
+echo "PASS"

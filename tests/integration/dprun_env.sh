@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# tests/integration/dprun_env.sh: dprun gives every rank its torchrun variables, relays output with
+# "[rank R] " prefixes (whole lines, unfinished last lines too), or writes rank_R.log files with --log-dir.
+set -u -o pipefail
+
+DPRUN=${DPT_BUILD_DIR:?DPT_BUILD_DIR is not set}/launcher/dprun
+WORK=$(mktemp -d /tmp/dprun_env.XXXXXX)
+cleanup() { rm -rf "$WORK"; }
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*"
+  for f in out err; do [ -f "$WORK/$f" ] && { echo "--- dprun $f:"; head -c 4000 "$WORK/$f"; }; done
+  exit 1
+}
+[ -x "$DPRUN" ] || fail "no dprun at $DPRUN"
+
+# Runs dprun with a time limit, stdout to $WORK/out, stderr to $WORK/err; sets RC.
+run() {
+  timeout -k 5 60 "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null
+  RC=$?
+}
+
+# 1. Three ranks print their variables; output lines carry their rank's prefix.
+run --nproc-per-node 3 -- sh -c '
+  echo "env RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE NODE_RANK=$NODE_RANK GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
+  echo "more RESTART=$DPT_RESTART_COUNT PREFIXED=$DPT_RANK_PREFIXED"
+  echo "stderr of $RANK" >&2
+  printf "unfinished-$RANK"'
+[ "$RC" = 0 ] || fail "3 ranks: dprun exited $RC"
+for r in 0 1 2; do
+  grep -Eqx "\[rank $r\] env RANK=$r LOCAL_RANK=$r WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 NODE_RANK=0 GROUP_RANK=0 MASTER_ADDR=127\.0\.0\.1 MASTER_PORT=[0-9]+" "$WORK/out" \
+    || fail "rank $r: variables line missing or wrong"
+  grep -qx "\[rank $r\] more RESTART=0 PREFIXED=1" "$WORK/out" || fail "rank $r: DPT_RESTART_COUNT/DPT_RANK_PREFIXED"
+  grep -qx "\[rank $r\] unfinished-$r" "$WORK/out" || fail "rank $r: unfinished last line not flushed with its prefix"
+  grep -qx "\[rank $r\] stderr of $r" "$WORK/err" || fail "rank $r: stderr line missing from dprun's stderr"
+done
+[ "$(wc -l <"$WORK/out")" = 9 ] || fail "expected 9 stdout lines"
+grep -vq '^\[rank [0-2]\] ' "$WORK/out" && fail "a stdout line without a rank prefix"
+ports=$(grep -o 'MASTER_PORT=[0-9]*' "$WORK/out" | sort -u)
+[ "$(echo "$ports" | wc -l)" = 1 ] || fail "ranks saw different ports: $ports"
+port=${ports#MASTER_PORT=}
+{ [ "$port" -ge 1 ] && [ "$port" -le 65535 ]; } || fail "port $port out of range"
+grep -q "master 127.0.0.1:$port" "$WORK/err" || fail "dprun did not announce master 127.0.0.1:$port"
+echo "ok: 3 ranks, prefixed output, one port ($port)"
+
+# 2. Lines never interleave: 3 ranks x 300 lines of 3000 characters, written as fast as they can.
+run --nproc-per-node 3 -- sh -c 'line=$(printf "%03000d" 0 | tr 0 "$RANK"); i=0
+  while [ $i -lt 300 ]; do echo "$line"; i=$((i + 1)); done'
+[ "$RC" = 0 ] || fail "interleaving: dprun exited $RC"
+[ "$(wc -l <"$WORK/out")" = 900 ] || fail "interleaving: expected 900 lines, got $(wc -l <"$WORK/out")"
+# Each line must be "[rank R] " followed by exactly 3000 copies of R.
+bad=$(awk '{ r = substr($0, 7, 1); body = substr($0, 10); rest = body; gsub(r, "", rest)
+             if (substr($0, 1, 9) != "[rank " r "] " || r !~ /^[0-2]$/ || length(body) != 3000 || rest != "") n++ }
+           END { print n + 0 }' "$WORK/out")
+[ "$bad" = 0 ] || fail "interleaving: $bad mixed or cut lines"
+echo "ok: 900 long lines, none mixed"
+
+# 3. OMP_NUM_THREADS: 1 when unset (said once on stderr), the user's value otherwise.
+timeout -k 5 60 env -u OMP_NUM_THREADS "$DPRUN" --nproc-per-node 2 -- sh -c 'echo "omp=$OMP_NUM_THREADS"' \
+  >"$WORK/out" 2>"$WORK/err" </dev/null
+[ $? = 0 ] || fail "omp unset: dprun failed"
+[ "$(grep -c '^\[rank [01]\] omp=1$' "$WORK/out")" = 2 ] || fail "omp unset: ranks did not get OMP_NUM_THREADS=1"
+[ "$(grep -c 'OMP_NUM_THREADS=1' "$WORK/err")" = 1 ] || fail "omp unset: dprun should say once that it set it"
+OMP_NUM_THREADS=4 run --nproc-per-node 2 -- sh -c 'echo "omp=$OMP_NUM_THREADS"'
+[ "$RC" = 0 ] || fail "omp=4: dprun failed"
+[ "$(grep -c '^\[rank [01]\] omp=4$' "$WORK/out")" = 2 ] || fail "omp=4: the user's value was not kept"
+grep -q OMP_NUM_THREADS "$WORK/err" && fail "omp=4: dprun should not mention OMP_NUM_THREADS"
+echo "ok: OMP_NUM_THREADS"
+
+# 4. A node of a two-node job (both "nodes" on this machine): global ranks 2, 3 of 4; the given port.
+run --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29555 -- \
+  sh -c 'echo "RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE GROUP_RANK=$GROUP_RANK NODE_RANK=$NODE_RANK PORT=$MASTER_PORT"'
+[ "$RC" = 0 ] || fail "two nodes: dprun exited $RC"
+for l in 0 1; do
+  grep -qx "\[rank $((2 + l))\] RANK=$((2 + l)) LOCAL_RANK=$l WORLD_SIZE=4 GROUP_RANK=1 NODE_RANK=1 PORT=29555" "$WORK/out" \
+    || fail "two nodes: local rank $l"
+done
+grep -q "loopback" "$WORK/err" || fail "two nodes on 127.0.0.1: expected a warning"
+echo "ok: node 1 of 2"
+
+# 5. Standard input is /dev/null: a rank reading it gets end of file instead of hanging the job.
+echo "from the terminal" | timeout -k 5 60 "$DPRUN" --nproc-per-node 2 -- sh -c 'cat; echo "read done"' \
+  >"$WORK/out" 2>"$WORK/err"
+[ $? = 0 ] || fail "stdin: dprun failed"
+grep -q "from the terminal" "$WORK/out" && fail "stdin: a rank read dprun's stdin"
+[ "$(grep -c 'read done' "$WORK/out")" = 2 ] || fail "stdin: ranks did not finish"
+echo "ok: stdin is /dev/null"
+
+# 6. --log-dir: rank_R.log with stdout and stderr together, no prefixes; dprun says where they are.
+run --nproc-per-node 3 --log-dir "$WORK/logs/run1" -- sh -c 'echo "out $RANK/$WORLD_SIZE prefixed=${DPT_RANK_PREFIXED:-unset}"; echo "err $RANK" >&2'
+[ "$RC" = 0 ] || fail "log-dir: dprun exited $RC"
+[ -s "$WORK/out" ] && fail "log-dir: dprun printed rank output on stdout"
+grep -q "$WORK/logs/run1/rank_0.log" "$WORK/err" || fail "log-dir: dprun did not say where the logs are"
+for r in 0 1 2; do
+  f="$WORK/logs/run1/rank_$r.log"
+  [ -f "$f" ] || fail "log-dir: no $f"
+  [ "$(cat "$f")" = "$(printf 'out %s/3 prefixed=unset\nerr %s' "$r" "$r")" ] || { cat "$f"; fail "log-dir: $f content"; }
+done
+[ "$(ls "$WORK/logs/run1" | wc -l)" = 3 ] || fail "log-dir: expected exactly 3 files"
+echo "ok: --log-dir"
+echo "PASS"

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# tests/integration/dprun_failure.sh: when a rank fails, dprun names it and how it ended, tears the other
+# ranks down (their whole process groups; SIGKILL after the grace period for one that ignores SIGTERM) and
+# exits with the rank's code. A program that cannot be started is a failed rank with code 127.
+set -u -o pipefail
+
+DPRUN=${DPT_BUILD_DIR:?DPT_BUILD_DIR is not set}/launcher/dprun
+WORK=$(mktemp -d /tmp/dprun_failure.XXXXXX)
+# The sleepers run `sleep $SLEEP_FOR`: a number unique to this run, so pgrep finds only ours. It reaches the
+# ranks through the environment, so dprun's own command line does not match.
+export SLEEP_FOR="1000.$$$RANDOM"
+cleanup() {
+  pkill -KILL -f "sleep $SLEEP_FOR" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*"
+  for f in out err; do [ -f "$WORK/$f" ] && { echo "--- dprun $f:"; head -c 4000 "$WORK/$f"; }; done
+  pgrep -af "sleep $SLEEP_FOR" && echo "(sleepers left, killed by the cleanup)"
+  exit 1
+}
+[ -x "$DPRUN" ] || fail "no dprun at $DPRUN"
+
+now() { echo "$EPOCHREALTIME"; }
+# elapsed START: seconds since START, with decimals.
+elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'; }
+# less A B: A < B for decimal numbers.
+less() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
+
+# Runs dprun with a time limit, stdout to $WORK/out, stderr to $WORK/err; sets RC and TOOK (seconds).
+run() {
+  local t0
+  t0=$(now)
+  timeout -k 5 60 "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null
+  RC=$?
+  TOOK=$(elapsed "$t0")
+}
+
+no_sleepers() {
+  if pgrep -f "sleep $SLEEP_FOR" >/dev/null; then fail "$1: sleepers left behind after dprun exited"; fi
+}
+
+# 1. Rank 1 exits 3 after a moment; rank 0 sleeps as the rank itself (exec), rank 2 in a child of the rank
+#    (so only the SIGTERM to the process group reaches it).
+run --nproc-per-node 3 -- sh -c '
+  case $RANK in
+    1) sleep 0.5; echo "rank one gives up" >&2; exit 3 ;;
+    2) sleep $SLEEP_FOR & wait ;;
+    *) exec sleep $SLEEP_FOR ;;
+  esac'
+[ "$RC" = 3 ] || fail "exit 3: dprun exited $RC, expected 3"
+less "$TOOK" 10 || fail "exit 3: dprun took $TOOK s"
+grep -Eq '^dprun: rank 1 \(pid [0-9]+\) exited with code 3$' "$WORK/err" || fail "exit 3: no line naming rank 1 and code 3"
+grep -q '^\[rank 1\] rank one gives up$' "$WORK/err" || fail "exit 3: rank 1's last words lost"
+last_words=$(grep -n 'rank one gives up' "$WORK/err" | cut -d: -f1)
+named=$(grep -n 'exited with code 3' "$WORK/err" | cut -d: -f1)
+[ "$last_words" -lt "$named" ] || fail "exit 3: rank 1's last words should come before dprun's line about it"
+grep -q 'SIGTERM to ranks 0, 2' "$WORK/err" || fail "exit 3: no line about stopping ranks 0 and 2"
+[ "$(grep -c 'exited with code\|was killed' "$WORK/err")" = 1 ] || fail "exit 3: ranks stopped by the teardown should not be reported as failures"
+no_sleepers "exit 3"
+echo "ok: rank 1 exited 3 -> dprun exited 3 in $TOOK s, sleepers gone"
+
+# 2. A rank killed by SIGKILL is named with the signal; dprun exits 128 + 9.
+run --nproc-per-node 3 -- sh -c 'if [ "$RANK" = 2 ]; then sleep 0.3; kill -KILL $$; fi; exec sleep $SLEEP_FOR'
+[ "$RC" = 137 ] || fail "SIGKILL: dprun exited $RC, expected 137"
+grep -Eq '^dprun: rank 2 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\)$' "$WORK/err" || fail "SIGKILL: rank 2 not named with the signal"
+no_sleepers "SIGKILL"
+echo "ok: rank 2 killed by SIGKILL -> dprun exited 137"
+
+# 3. A rank that ignores SIGTERM is SIGKILLed once the grace period (1 s) is over.
+run --nproc-per-node 3 --grace-period 1 -- sh -c '
+  case $RANK in
+    1) sleep 0.5; exit 3 ;;
+    0) trap "" TERM; exec sleep $SLEEP_FOR ;;
+    *) exec sleep $SLEEP_FOR ;;
+  esac'
+[ "$RC" = 3 ] || fail "grace: dprun exited $RC, expected 3"
+less 1.4 "$TOOK" || fail "grace: dprun took only $TOOK s: it did not wait the grace period"
+less "$TOOK" 10 || fail "grace: dprun took $TOOK s"
+grep -q 'sending SIGKILL to rank 0$' "$WORK/err" || fail "grace: no SIGKILL for rank 0"
+no_sleepers "grace"
+echo "ok: a rank ignoring SIGTERM was SIGKILLed after the grace period ($TOOK s)"
+
+# 4. With --log-dir the failure line points at the rank's log.
+run --nproc-per-node 2 --log-dir "$WORK/logs" -- sh -c 'if [ "$RANK" = 1 ]; then echo "bad input" >&2; exit 5; fi; exec sleep $SLEEP_FOR'
+[ "$RC" = 5 ] || fail "log-dir: dprun exited $RC, expected 5"
+grep -q "exited with code 5; see $WORK/logs/rank_1.log" "$WORK/err" || fail "log-dir: failure line does not point at the log"
+grep -qx "bad input" "$WORK/logs/rank_1.log" || fail "log-dir: rank 1's stderr not in its log"
+no_sleepers "log-dir"
+echo "ok: failure with --log-dir"
+
+# 5. A program that cannot be started: a clear message with its name and the reason, exit 127.
+run --nproc-per-node 2 -- "dpt-no-such-program-$$" --arg
+[ "$RC" = 127 ] || fail "not found: dprun exited $RC, expected 127"
+grep -Eq "^dprun: rank 0 \(pid [0-9]+\) cannot run 'dpt-no-such-program-$$': No such file or directory \(exit code 127\)$" "$WORK/err" \
+  || fail "not found: no clear message"
+printf 'echo "should not run"\n' >"$WORK/not_executable"
+chmod 644 "$WORK/not_executable"
+run --nproc-per-node 1 -- "$WORK/not_executable"
+[ "$RC" = 127 ] || fail "not executable: dprun exited $RC, expected 127"
+grep -q "cannot run '$WORK/not_executable': Permission denied" "$WORK/err" || fail "not executable: no clear message"
+echo "ok: program not found / not executable -> 127 with a clear message"
+
+# 6. Every rank exiting 0 -> 0, even when they finish at different times.
+run --nproc-per-node 3 -- sh -c 'sleep "0.$RANK"'
+[ "$RC" = 0 ] || fail "success: dprun exited $RC"
+grep -q 'exited with code' "$WORK/err" && fail "success: dprun reported a failure"
+echo "ok: all ranks exit 0 -> 0"
+echo "PASS"

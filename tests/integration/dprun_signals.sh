@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# tests/integration/dprun_signals.sh: SIGTERM and SIGINT sent to dprun reach every rank and dprun exits
+# 128 + signal; a second one skips the grace period; SIGKILL of dprun still takes the ranks with it
+# (PR_SET_PDEATHSIG), leaving no orphan.
+set -u -o pipefail
+
+DPRUN=${DPT_BUILD_DIR:?DPT_BUILD_DIR is not set}/launcher/dprun
+WORK=$(mktemp -d /tmp/dprun_signals.XXXXXX)
+# The ranks run `sleep $SLEEP_FOR`: a number unique to this run, so pgrep finds only ours. It reaches them
+# through the environment, so dprun's own command line does not match.
+export SLEEP_FOR="1000.$$$RANDOM"
+DPID=
+cleanup() {
+  [ -n "$DPID" ] && kill -KILL "$DPID" 2>/dev/null
+  pkill -KILL -f "sleep $SLEEP_FOR" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*"
+  for f in out err; do [ -f "$WORK/$f" ] && { echo "--- dprun $f:"; head -c 4000 "$WORK/$f"; }; done
+  pgrep -af "sleep $SLEEP_FOR" && echo "(sleepers left, killed by the cleanup)"
+  exit 1
+}
+[ -x "$DPRUN" ] || fail "no dprun at $DPRUN"
+
+sleepers() { pgrep -f "sleep $SLEEP_FOR" | wc -l; }
+
+# wait_for N WHAT: waits up to 10 s until N sleepers run.
+wait_for() {
+  for _ in $(seq 100); do
+    [ "$(sleepers)" = "$1" ] && return 0
+    sleep 0.1
+  done
+  fail "$2: expected $1 sleepers, have $(sleepers)"
+}
+
+# wait_exit WHAT: waits up to 15 s for dprun to exit; sets RC.
+wait_exit() {
+  for _ in $(seq 150); do
+    kill -0 "$DPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$DPID" 2>/dev/null && fail "$1: dprun still running after 15 s"
+  wait "$DPID"
+  RC=$?
+  DPID=
+}
+
+# start ARGS...: dprun in the background, in its own process group (job control on), so that SIGINT is not
+# ignored the way a plain `cmd &` of a script would have it.
+start() {
+  set -m
+  "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null &
+  DPID=$!
+  set +m
+}
+
+# 1. SIGTERM to dprun: forwarded to the ranks, dprun exits 143, no rank left.
+start --nproc-per-node 3 -- sh -c 'exec sleep $SLEEP_FOR'
+wait_for 3 "SIGTERM"
+kill -TERM "$DPID"
+wait_exit "SIGTERM"
+[ "$RC" = 143 ] || fail "SIGTERM: dprun exited $RC, expected 143"
+grep -q 'received SIGTERM: sending SIGTERM to ranks 0, 1, 2' "$WORK/err" || fail "SIGTERM: no line about forwarding it"
+grep -q 'exited with code\|was killed by' "$WORK/err" && fail "SIGTERM: ranks stopped on request reported as failures"
+[ "$(sleepers)" = 0 ] || fail "SIGTERM: ranks left behind"
+echo "ok: SIGTERM -> 143, ranks gone"
+
+# 2. SIGINT (Ctrl-C) is forwarded as SIGINT: the ranks see it and report which signal they got. Their
+#    background sleepers ignore SIGINT (sh does that for `&` commands): dprun kills what is left in the ranks'
+#    process groups once the ranks have ended.
+start --nproc-per-node 2 -- sh -c 'trap "echo got INT; exit 7" INT; sleep $SLEEP_FOR & wait'
+wait_for 2 "SIGINT"
+kill -INT "$DPID"
+wait_exit "SIGINT"
+[ "$RC" = 130 ] || fail "SIGINT: dprun exited $RC, expected 130"
+[ "$(grep -c '^\[rank [01]\] got INT$' "$WORK/out")" = 2 ] || fail "SIGINT: the ranks did not get SIGINT"
+wait_for 0 "SIGINT: leftovers in the ranks' groups"
+echo "ok: SIGINT forwarded -> 130"
+
+# 3. Ranks ignoring SIGTERM with a long grace period: a second SIGTERM kills them at once.
+start --nproc-per-node 2 --grace-period 300 -- sh -c 'trap "" TERM; exec sleep $SLEEP_FOR'
+wait_for 2 "second SIGTERM"
+kill -TERM "$DPID"
+sleep 0.5
+kill -0 "$DPID" 2>/dev/null || fail "second SIGTERM: dprun did not wait for the ranks ignoring SIGTERM"
+[ "$(sleepers)" = 2 ] || fail "second SIGTERM: the ranks should still be in their grace period"
+kill -TERM "$DPID"
+wait_exit "second SIGTERM"
+[ "$RC" = 143 ] || fail "second SIGTERM: dprun exited $RC, expected 143"
+grep -q 'received SIGTERM again' "$WORK/err" || fail "second SIGTERM: not reported"
+[ "$(sleepers)" = 0 ] || fail "second SIGTERM: ranks left behind"
+echo "ok: a second SIGTERM skips the grace period"
+
+# 4. SIGKILL to dprun: it cannot clean up, yet the ranks die with it (PR_SET_PDEATHSIG).
+start --nproc-per-node 3 -- sh -c 'exec sleep $SLEEP_FOR'
+wait_for 3 "SIGKILL"
+exec 3>&2 2>/dev/null  # bash reports the killed job on its stderr
+kill -KILL "$DPID"
+wait "$DPID"
+exec 2>&3 3>&-
+DPID=
+for _ in $(seq 30); do
+  [ "$(sleepers)" = 0 ] && break
+  sleep 0.1
+done
+[ "$(sleepers)" = 0 ] || fail "SIGKILL: ranks outlived dprun by 3 s"
+echo "ok: kill -9 of dprun takes the ranks with it"
+echo "PASS"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# dptrain's command line tells the truth: --help lists every config key; bad keys, bad values and a
+# missing data set fail (exit 2 for usage, 1 for a missing data set) with a message that says what to do.
+source "$(dirname "$0")/lib/common.bash"
+
+help=$("$DPTRAIN" --help)
+for key in train.epochs train.batch_size train.lr train.seed model.hidden dist.backend checkpoint.dir checkpoint.keep; do
+  echo "$help" | grep -q "$key" || fail "--help does not list $key"
+done
+
+expect_error() {  # expect_error CODE PATTERN ARGS...
+  local code=$1 pattern=$2 out rc
+  shift 2
+  set +e
+  out=$("$DPTRAIN" "$@" 2>&1)
+  rc=$?
+  set -e
+  [ $rc -eq "$code" ] || { echo "$out"; fail "dptrain $* exited $rc, expected $code"; }
+  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "dptrain $*: message lacks '$pattern'"; }
+}
+expect_error 2 "did you mean 'train.lr'" --config "$CONFIG" train.lrr=0.1
+expect_error 2 "train.epochs: expected integer" --config "$CONFIG" train.epochs=two
+expect_error 2 "must be one of: auto, gloo, mpi" --config "$CONFIG" dist.backend=tcp
+expect_error 1 "apt-get install dataset-fashion-mnist" --config "$CONFIG" data.dir="$WORK/nothing" checkpoint.dir="$WORK/c"
+expect_error 2 "File does not exist" --config "$WORK/missing.toml"
+
+toml=$("$DPTRAIN" --config "$CONFIG" --print-config train.lr=0.125 model.hidden=[64])
+echo "$toml" | grep -q "^lr = 0.125$" || fail "--print-config lacks the override"
+echo "$toml" | grep -q "^hidden = \[64\]$" || fail "--print-config lacks model.hidden"
+echo "PASS"

@@ -1,0 +1,82 @@
+"""tests/integration/lib/ckpt.py: reads dptrain checkpoints with numpy alone (the safetensors format is
+8-byte little-endian header length, JSON header, raw bytes), so it is also the interop check that our
+files are plain safetensors. Commands:
+  ckpt.py compare DIR_A DIR_B ATOL          max |a-b| over model tensors; exit 1 if above ATOL
+  ckpt.py differ DIR_A DIR_B MIN            exit 1 unless some tensor differs by more than MIN
+  ckpt.py accuracy DIR DATA_DIR LIMIT       test accuracy of the checkpoint's MLP, computed in numpy
+"""
+import gzip
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+DTYPES = {"F32": np.float32, "F64": np.float64, "I32": np.int32, "I64": np.int64, "U8": np.uint8}
+
+
+def load(path):
+    with open(path, "rb") as f:
+        data = f.read()
+    (hlen,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8 : 8 + hlen])
+    body = data[8 + hlen :]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        out[name] = np.frombuffer(body[b:e], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
+    return out
+
+
+def model_of(ckpt_dir):
+    return load(os.path.join(ckpt_dir, "model.safetensors"))
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = struct.unpack(">" + "I" * ndim, data[4 : 4 + 4 * ndim])
+    return np.frombuffer(data[4 + 4 * ndim :], dtype=np.uint8).reshape(dims)
+
+
+def accuracy(ckpt_dir, data_dir, limit):
+    w = model_of(ckpt_dir)
+    x = read_idx(os.path.join(data_dir, "t10k-images-idx3-ubyte.gz")).reshape(-1, 784)[:limit]
+    y = read_idx(os.path.join(data_dir, "t10k-labels-idx1-ubyte.gz"))[:limit]
+    h = (x.astype(np.float64) / 255.0 - 0.2860) / 0.3530
+    layers = sorted({int(k.split(".")[1]) for k in w})
+    for i, idx in enumerate(layers):
+        h = h @ w[f"layers.{idx}.weight"].T.astype(np.float64) + w[f"layers.{idx}.bias"]
+        if i + 1 < len(layers):
+            h = np.maximum(h, 0)
+    return float((h.argmax(axis=1) == y).mean())
+
+
+def max_diff(a_dir, b_dir):
+    a, b = model_of(a_dir), model_of(b_dir)
+    assert a.keys() == b.keys(), f"different tensors: {sorted(a)} vs {sorted(b)}"
+    return max(float(np.abs(a[k].astype(np.float64) - b[k]).max()) for k in a)
+
+
+def main():
+    cmd = sys.argv[1]
+    if cmd == "compare":
+        d = max_diff(sys.argv[2], sys.argv[3])
+        print(f"max |a-b| = {d:.3g} (tolerance {sys.argv[4]})")
+        sys.exit(0 if d <= float(sys.argv[4]) else 1)
+    if cmd == "differ":
+        d = max_diff(sys.argv[2], sys.argv[3])
+        print(f"max |a-b| = {d:.3g} (must exceed {sys.argv[4]})")
+        sys.exit(0 if d > float(sys.argv[4]) else 1)
+    if cmd == "accuracy":
+        print(f"{accuracy(sys.argv[2], sys.argv[3], int(sys.argv[4])):.4f}")
+        return
+    sys.exit(f"unknown command {cmd}")
+
+
+if __name__ == "__main__":
+    main()

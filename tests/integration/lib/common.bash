@@ -1,0 +1,45 @@
+# tests/integration/lib/common.bash: shared set-up for the integration scripts (sourced, not a test).
+# Gives: $DPRUN, $DPTRAIN, $PY (Debian's python3 with numpy), $WORK (a private temp dir, removed on exit
+# together with any process still running from it), fail, the SMALL config, and $MPIRUN.
+set -euo pipefail
+: "${DPT_BUILD_DIR:?run through ctest (DPT_BUILD_DIR unset)}" "${DPT_SOURCE_DIR:?run through ctest}"
+DPRUN=$DPT_BUILD_DIR/launcher/dprun
+DPTRAIN=$DPT_BUILD_DIR/trainer/dptrain
+PY=/usr/bin/python3
+CKPT_PY=$DPT_SOURCE_DIR/tests/integration/lib/ckpt.py
+CONFIG=$DPT_SOURCE_DIR/configs/fmnist_mlp.toml
+WORK=$(mktemp -d /tmp/dpt_it.XXXXXX)
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+MPIRUN=("${MPIEXEC:-mpirun}" --oversubscribe --bind-to none)
+# A short run on real data: a subset of Fashion-MNIST, no progress lines.
+SMALL=(data.train_limit=4000 data.test_limit=2000 train.epochs=2 train.progress_interval_s=1000)
+
+cleanup() {
+  local rc=$?
+  # Anything still running with our work dir in its command line is ours: leave nothing behind.
+  pkill -KILL -f "$WORK" 2>/dev/null || true
+  rm -rf "$WORK"
+  exit $rc
+}
+trap cleanup EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# no_processes_left PATTERN: fails if any process matching PATTERN (other than this shell's) remains.
+no_processes_left() {
+  local left
+  sleep 0.5
+  left=$(pgrep -af "$1" | grep -v -e "pgrep" -e "$$" || true)
+  [ -z "$left" ] || fail "processes left behind: $left"
+}
+
+# metric NAME TEXT: the value after NAME on the last epoch line of TEXT.
+metric() {
+  echo "$2" | grep -E "epoch [0-9]+/[0-9]+ loss" | tail -1 | grep -oP "$1 \K[0-9.e+-]+"
+}
+
+# float_ge A B: A >= B
+float_ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# A failing rank brings the job down within seconds, with no process left behind: a rank that throws
+# (under dprun and under mpirun), and a rank killed with SIGKILL mid-run (under dprun).
+source "$(dirname "$0")/lib/common.bash"
+LONG=(data.train_limit=20000 data.test_limit=500 train.epochs=50 train.batch_size=16 train.progress_interval_s=1000)
+
+# 1. rank 1 throws after step 5 -> dprun exits non-zero, names rank 1.
+start=$(date +%s)
+set +e
+out=$(DPT_DEBUG_FAIL_AT_STEP=5 DPT_DEBUG_FAIL_RANK=1 timeout 60 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" \
+  --config "$CONFIG" "${LONG[@]}" checkpoint.dir="$WORK/a" 2>&1)
+rc=$?
+set -e
+echo "$out"
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "dprun exit code $rc (0: failure missed; 124: hung)"
+echo "$out" | grep -q "rank 1" || fail "dprun did not name rank 1"
+echo "$out" | grep -q "injected failure" || fail "the rank's own error is missing"
+[ $(( $(date +%s) - start )) -lt 45 ] || fail "teardown took too long"
+no_processes_left "$WORK/a"
+
+# 2. the same under mpirun.
+set +e
+out=$(DPT_DEBUG_FAIL_AT_STEP=5 DPT_DEBUG_FAIL_RANK=1 timeout 60 "${MPIRUN[@]}" -np 2 "$DPTRAIN" \
+  --config "$CONFIG" "${LONG[@]}" checkpoint.dir="$WORK/b" 2>&1)
+rc=$?
+set -e
+echo "$out" | tail -20
+[ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "mpirun exit code $rc (0: failure missed; 124: hung)"
+no_processes_left "$WORK/b"
+
+# 3. SIGKILL one rank of a running job.
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${LONG[@]}" checkpoint.dir="$WORK/c" \
+  > "$WORK/c.log" 2>&1 &
+dprun_pid=$!
+for _ in $(seq 100); do
+  grep -q "model:" "$WORK/c.log" 2>/dev/null && break
+  sleep 0.2
+done
+victim=$(pgrep -f "dptrain.*$WORK/c" | tail -1)
+[ -n "$victim" ] || fail "no rank to kill"
+kill -KILL "$victim"
+set +e
+timeout 30 tail --pid="$dprun_pid" -f /dev/null
+wait "$dprun_pid"
+rc=$?
+set -e
+cat "$WORK/c.log"
+[ $rc -ne 0 ] || fail "dprun exited 0 after a rank was killed"
+grep -q "signal 9" "$WORK/c.log" || fail "dprun did not report the SIGKILL"
+no_processes_left "$WORK/c"
+echo "PASS"

@@ -1,0 +1,177 @@
+// tests/unit/launcher/test_launcher.cpp: dprun's options: validation, defaults, each rank's environment,
+// the free-port finder.
+#include <catch2/catch.hpp>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "core/check.h"
+#include "launcher/launcher.h"
+
+using namespace dpt;
+using namespace dpt::launcher;
+
+namespace {
+Options single(int nproc) {
+  Options o;
+  o.nproc_per_node = nproc;
+  o.command = {"prog", "--flag"};
+  return o;
+}
+
+Options multi(int nproc, int nnodes, int node_rank) {
+  Options o = single(nproc);
+  o.nnodes = nnodes;
+  o.node_rank = node_rank;
+  o.master_addr = "10.1.2.3";
+  return o;
+}
+
+// Validation fails with a ConfigError whose message contains `needle`.
+void require_invalid(const Options& o, const std::string& needle) {
+  try {
+    validate(o);
+    FAIL("validate did not throw; expected: " << needle);
+  } catch (const ConfigError& e) {
+    REQUIRE_THAT(e.what(), Catch::Contains(needle));
+  }
+}
+}  // namespace
+
+TEST_CASE("single-node environment: ranks 0..N-1 of N on a port found free", "[launcher]") {
+  Options o = resolve(single(3));
+  REQUIRE(o.master_addr == std::string(kLoopbackAddr));
+  REQUIRE(o.master_port.has_value());
+  REQUIRE(*o.master_port >= 1);
+  REQUIRE(*o.master_port <= 65535);
+  Environment inherited{{"PATH", "/usr/bin"}, {"HOME", "/root"}};
+  for (int local = 0; local < 3; ++local) {
+    Environment env = rank_environment(o, local, inherited);
+    CHECK(env.at("RANK") == std::to_string(local));
+    CHECK(env.at("LOCAL_RANK") == std::to_string(local));
+    CHECK(env.at("WORLD_SIZE") == "3");
+    CHECK(env.at("LOCAL_WORLD_SIZE") == "3");
+    CHECK(env.at("NODE_RANK") == "0");
+    CHECK(env.at("GROUP_RANK") == "0");
+    CHECK(env.at("MASTER_ADDR") == "127.0.0.1");
+    CHECK(env.at("MASTER_PORT") == std::to_string(*o.master_port));
+    CHECK(env.at("DPT_RESTART_COUNT") == "0");
+    CHECK(env.at("OMP_NUM_THREADS") == "1");
+    CHECK(env.at("DPT_RANK_PREFIXED") == "1");
+    CHECK(env.at("PATH") == "/usr/bin");  // the rest is inherited
+    CHECK(env.at("HOME") == "/root");
+    CHECK(env.size() == inherited.size() + 11);
+  }
+  REQUIRE_THROWS_AS(rank_environment(o, 3, inherited), InternalError);
+  REQUIRE_THROWS_AS(rank_environment(o, -1, inherited), InternalError);
+  REQUIRE_THROWS_AS(rank_environment(single(3), 0, inherited), InternalError);  // not resolved
+}
+
+TEST_CASE("multi-node environment: global ranks, world size, node rank and default port 29500", "[launcher]") {
+  // 3 nodes x 2 ranks; node 1 holds global ranks 2 and 3; node 2 holds 4 and 5.
+  for (int node = 0; node < 3; ++node) {
+    Options o = resolve(multi(2, 3, node));
+    REQUIRE(o.master_port == kDefaultMultiNodePort);
+    for (int local = 0; local < 2; ++local) {
+      Environment env = rank_environment(o, local, {});
+      CHECK(env.at("RANK") == std::to_string(node * 2 + local));
+      CHECK(global_rank(o, local) == node * 2 + local);
+      CHECK(env.at("LOCAL_RANK") == std::to_string(local));
+      CHECK(env.at("WORLD_SIZE") == "6");
+      CHECK(env.at("LOCAL_WORLD_SIZE") == "2");
+      CHECK(env.at("NODE_RANK") == std::to_string(node));
+      CHECK(env.at("GROUP_RANK") == std::to_string(node));
+      CHECK(env.at("MASTER_ADDR") == "10.1.2.3");
+      CHECK(env.at("MASTER_PORT") == "29500");
+    }
+  }
+  Options given = multi(1, 2, 1);
+  given.master_port = 1234;
+  REQUIRE(resolve(given).master_port == 1234);
+  Options one = single(1);
+  one.master_port = 4321;
+  REQUIRE(rank_environment(resolve(one), 0, {}).at("MASTER_PORT") == "4321");
+}
+
+TEST_CASE("environment: a user's OMP_NUM_THREADS is kept, log files mean no DPT_RANK_PREFIXED", "[launcher]") {
+  Options o = resolve(single(2));
+  Environment inherited{{"OMP_NUM_THREADS", "8"}, {"RANK", "99"}, {"DPT_RANK_PREFIXED", "1"}};
+  Environment env = rank_environment(o, 1, inherited);
+  CHECK(env.at("OMP_NUM_THREADS") == "8");
+  CHECK(env.at("RANK") == "1");  // dprun's variables win over inherited ones
+  CHECK(env.at("DPT_RANK_PREFIXED") == "1");
+
+  o.log_dir = "/tmp/logs";
+  env = rank_environment(o, 1, inherited);
+  CHECK(env.count("DPT_RANK_PREFIXED") == 0);
+  CHECK(env.at("OMP_NUM_THREADS") == "8");
+}
+
+TEST_CASE("validation: clear one-line errors naming the option", "[launcher]") {
+  REQUIRE_NOTHROW(validate(single(1)));
+  REQUIRE_NOTHROW(validate(multi(4, 2, 1)));
+  require_invalid(single(0), "--nproc-per-node must be at least 1 (got 0)");
+  require_invalid(single(-2), "--nproc-per-node");
+
+  Options o = multi(2, 0, 0);
+  require_invalid(o, "--nnodes must be at least 1 (got 0)");
+  require_invalid(multi(2, 2, 2), "--node-rank must be in 0..1 with --nnodes 2 (got 2)");
+  require_invalid(multi(2, 2, -1), "--node-rank");
+  o = single(2);
+  o.node_rank = 1;  // one node: only node 0
+  require_invalid(o, "--node-rank must be in 0..0");
+
+  o = multi(2, 2, 0);
+  o.master_addr.reset();
+  require_invalid(o, "--nnodes 2 needs --master-addr");
+  o.master_addr = "";
+  require_invalid(o, "--master-addr must not be empty");
+
+  for (int bad : {0, -1, 65536, 100000}) {
+    o = single(1);
+    o.master_port = bad;
+    require_invalid(o, fmt::format("--master-port must be in 1..65535 (got {})", bad));
+  }
+  for (int good : {1, 65535}) {
+    o = single(1);
+    o.master_port = good;
+    REQUIRE_NOTHROW(validate(o));
+  }
+
+  o = single(1);
+  o.grace_period_s = -1;
+  require_invalid(o, "--grace-period");
+  o.grace_period_s = 0;
+  REQUIRE_NOTHROW(validate(o));
+
+  o = single(1);
+  o.command.clear();
+  require_invalid(o, "no program to run");
+  o.command = {""};
+  require_invalid(o, "program name");
+
+  require_invalid(multi(1 << 20, 1 << 12, 0), "too large");
+  REQUIRE_THROWS_AS(resolve(single(0)), ConfigError);  // resolve validates first
+}
+
+TEST_CASE("find_free_port returns a port that can be bound at once", "[launcher]") {
+  for (int i = 0; i < 3; ++i) {
+    int port = find_free_port();
+    REQUIRE(port >= 1);
+    REQUIRE(port <= 65535);
+    int sock = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(sock >= 0);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(static_cast<uint16_t>(port));
+    REQUIRE(::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr) == 1);
+    int rc = ::bind(sock, reinterpret_cast<const sockaddr*>(&sa), sizeof sa);
+    int listened = rc == 0 ? ::listen(sock, 1) : -1;
+    ::close(sock);
+    REQUIRE(rc == 0);
+    REQUIRE(listened == 0);
+  }
+  REQUIRE_THROWS_AS(find_free_port("not-an-address"), ConfigError);
+}

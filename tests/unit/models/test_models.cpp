@@ -1,0 +1,163 @@
+// tests/unit/models/test_models.cpp: layer and model gradients against finite differences; the loss and the
+// optimizer updates against closed forms; the CPU GEMM against a naive loop.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <random>
+
+#include "models/model.h"
+
+using namespace dpt;
+using namespace dpt::models;
+
+namespace {
+
+Tensor random_tensor(std::vector<int64_t> shape, std::mt19937_64& rng, float scale = 1.0f) {
+  Tensor t = Tensor::empty(std::move(shape));
+  for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = uniform(rng, -scale, scale);
+  return t;
+}
+
+Tensor labels_tensor(std::vector<int32_t> v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::I32);
+  std::copy(v.begin(), v.end(), t.data<int32_t>());
+  return t;
+}
+
+double model_loss(Model& m, const Tensor& x, const Tensor& y) {
+  SoftmaxCrossEntropy loss;
+  auto r = loss.forward(m.forward(x), y, m.kernels());
+  return r.loss_sum / static_cast<double>(r.count);
+}
+
+}  // namespace
+
+TEST_CASE("gemm matches a naive loop for every transpose combination and odd sizes", "[models]") {
+  std::mt19937_64 rng(1);
+  Kernels& k = kernels_for(Device::cpu());
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      const int64_t M = 5, N = 7, K = 3;
+      Tensor A = ta ? random_tensor({K, M}, rng) : random_tensor({M, K}, rng);
+      Tensor B = tb ? random_tensor({N, K}, rng) : random_tensor({K, N}, rng);
+      Tensor C = random_tensor({M, N}, rng);
+      Tensor C0 = Tensor::empty({M, N});
+      C0.copy_from(C);
+      k.gemm(ta, tb, M, N, K, 2.0f, A.data<float>(), ta ? M : K, B.data<float>(), tb ? K : N, 0.5f, C.data<float>(), N);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < N; ++j) {
+          double s = 0;
+          for (int64_t p = 0; p < K; ++p) {
+            float a = ta ? A.data<float>()[p * M + i] : A.data<float>()[i * K + p];
+            float b = tb ? B.data<float>()[j * K + p] : B.data<float>()[p * N + j];
+            s += double(a) * b;
+          }
+          REQUIRE(C.data<float>()[i * N + j] == Approx(2.0 * s + 0.5 * C0.data<float>()[i * N + j]).margin(1e-5));
+        }
+    }
+}
+
+TEST_CASE("softmax cross-entropy: closed form for uniform logits and known gradient", "[models]") {
+  Kernels& k = kernels_for(Device::cpu());
+  SoftmaxCrossEntropy loss;
+  Tensor logits = Tensor::zeros({2, 4});
+  logits.data<float>()[4 + 2] = 1.0f;  // second row predicts class 2
+  auto r = loss.forward_backward(logits, labels_tensor({3, 2}), k);
+  const double row1 = std::log(3.0 + std::exp(1.0)) - 1.0;
+  REQUIRE(r.loss_sum == Approx(std::log(4.0) + row1).epsilon(1e-6));
+  REQUIRE(r.correct == 1);  // row 0 ties: argmax is class 0, label 3: a miss; row 1 is a hit
+  // d(mean loss)/dz = (softmax - onehot) / rows
+  REQUIRE(loss.grad().data<float>()[3] == Approx((0.25 - 1.0) / 2).epsilon(1e-6));
+  REQUIRE(loss.grad().data<float>()[0] == Approx(0.25 / 2).epsilon(1e-6));
+  REQUIRE_THROWS_AS(loss.forward(logits, labels_tensor({4, 0}), k), InternalError);  // label out of range
+}
+
+TEST_CASE("MLP gradients match central finite differences", "[models]") {
+  std::mt19937_64 rng(7);
+  auto model = make_mlp(6, {5, 4}, 3);
+  model->init(11);
+  Tensor x = random_tensor({4, 6}, rng, 2.0f);
+  Tensor y = labels_tensor({0, 2, 1, 2});
+
+  model->zero_grad();
+  SoftmaxCrossEntropy loss;
+  loss.forward_backward(model->forward(x), y, model->kernels());
+  model->backward(loss.grad());
+  // Backward accumulates: a second pass doubles the gradient.
+  std::vector<float> analytic(model->grads().data<float>(), model->grads().data<float>() + model->num_params());
+  loss.forward_backward(model->forward(x), y, model->kernels());
+  model->backward(loss.grad());
+  for (size_t i = 0; i < analytic.size(); ++i) REQUIRE(model->grads().data<float>()[i] == Approx(2 * analytic[i]));
+
+  float* p = model->params().data<float>();
+  const float eps = 1e-2f;
+  int checked = 0;
+  for (size_t i = 0; i < model->num_params(); ++i) {
+    const float saved = p[i];
+    p[i] = saved + eps;
+    const double lp = model_loss(*model, x, y);
+    p[i] = saved - eps;
+    const double lm = model_loss(*model, x, y);
+    p[i] = saved;
+    const double numeric = (lp - lm) / (2.0 * eps);
+    INFO("parameter " << i << " analytic " << analytic[i] << " numeric " << numeric);
+    REQUIRE(analytic[i] == Approx(numeric).margin(2e-4).epsilon(2e-2));
+    ++checked;
+  }
+  REQUIRE(checked == 6 * 5 + 5 + 5 * 4 + 4 + 4 * 3 + 3);
+}
+
+TEST_CASE("parameters live in one flat buffer under PyTorch's names", "[models]") {
+  auto model = make_mlp(784, {512, 512}, 10);
+  REQUIRE(model->num_params() == 784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10);
+  const auto& np = model->named_params();
+  REQUIRE(np.size() == 6);
+  REQUIRE(np[0].name == "layers.0.weight");
+  REQUIRE(np[0].param.shape() == std::vector<int64_t>{512, 784});
+  REQUIRE(np[3].name == "layers.2.bias");
+  REQUIRE(np[5].name == "layers.4.bias");
+  REQUIRE(np[5].offset + np[5].param.numel() == model->num_params());
+  REQUIRE(np[2].param.raw() == static_cast<void*>(model->params().data<float>() + np[2].offset));
+  // Same seed, same init; another seed, another init.
+  auto a = make_mlp(8, {4}, 3), b = make_mlp(8, {4}, 3), c = make_mlp(8, {4}, 3);
+  a->init(5);
+  b->init(5);
+  c->init(6);
+  REQUIRE(std::equal(a->params().data<float>(), a->params().data<float>() + a->num_params(), b->params().data<float>()));
+  REQUIRE_FALSE(std::equal(a->params().data<float>(), a->params().data<float>() + a->num_params(), c->params().data<float>()));
+  // PyTorch's bound for Linear(in, out): 1/sqrt(in); in = 8 for layers.0, 4 for layers.2.
+  for (const auto& np : a->named_params()) {
+    const float bound = 1.0f / std::sqrt(np.name.starts_with("layers.0") ? 8.0f : 4.0f);
+    for (size_t i = 0; i < np.param.numel(); ++i) REQUIRE(std::abs(np.param.data<float>()[i]) <= bound);
+  }
+}
+
+TEST_CASE("SGD with momentum, weight decay and nesterov follows PyTorch's update", "[models]") {
+  Kernels& k = kernels_for(Device::cpu());
+  float p = 1.0f, buf = 0.0f;
+  const float g1 = 0.5f, g2 = -0.25f;
+  SgdParams sp{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = false, .first_step = true};
+  k.sgd_update(&p, &g1, &buf, 1, sp);
+  // step 1: g = 0.5 + 0.01*1 = 0.51; buf = 0.51; p = 1 - 0.051
+  REQUIRE(buf == Approx(0.51f));
+  REQUIRE(p == Approx(0.949f));
+  sp.first_step = false;
+  k.sgd_update(&p, &g2, &buf, 1, sp);
+  const float g = -0.25f + 0.01f * 0.949f, b = 0.9f * 0.51f + g;
+  REQUIRE(buf == Approx(b));
+  REQUIRE(p == Approx(0.949f - 0.1f * b));
+  float q = 1.0f, qb = 0.0f;
+  SgdParams nes{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.0f, .nesterov = true, .first_step = true};
+  k.sgd_update(&q, &g1, &qb, 1, nes);
+  REQUIRE(q == Approx(1.0f - 0.1f * (0.5f + 0.9f * 0.5f)));
+}
+
+TEST_CASE("AdamW first step moves each parameter by lr against the gradient's sign", "[models]") {
+  Kernels& k = kernels_for(Device::cpu());
+  float p[2] = {1.0f, -2.0f}, g[2] = {0.3f, -4.0f}, m[2] = {0, 0}, v[2] = {0, 0};
+  AdamWParams ap{.lr = 0.01f, .weight_decay = 0.1f, .step = 1};
+  k.adamw_update(p, g, m, v, 2, ap);
+  // Bias-corrected m/sqrt(v) = sign(g) on step 1 (eps aside); decoupled decay multiplies by 1 - lr*wd.
+  REQUIRE(p[0] == Approx(1.0f * (1 - 0.001f) - 0.01f).epsilon(1e-5));
+  REQUIRE(p[1] == Approx(-2.0f * (1 - 0.001f) + 0.01f).epsilon(1e-5));
+}

@@ -1,0 +1,96 @@
+// tests/unit/trainer/test_config.cpp: config parsing, overrides, validation messages, the effective config
+// round trip, and the learning-rate schedules.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include "core/check.h"
+#include "trainer/config.h"
+#include "trainer/schedule.h"
+
+using namespace dpt;
+using namespace dpt::trainer;
+
+namespace {
+std::string write_temp(const std::string& name, const std::string& text) {
+  auto p = std::filesystem::temp_directory_path() / ("dpt_test_" + name);
+  std::ofstream(p) << text;
+  return p.string();
+}
+}  // namespace
+
+TEST_CASE("the shipped configs parse", "[config]") {
+  for (const auto& e : std::filesystem::directory_iterator(std::string(DPT_SOURCE_DIR) + "/configs")) {
+    INFO(e.path());
+    REQUIRE_NOTHROW(load_config(e.path().string(), {}));
+  }
+  Config c = load_config(std::string(DPT_SOURCE_DIR) + "/configs/fmnist_mlp.toml", {});
+  REQUIRE(c.model.hidden == std::vector<int64_t>{512, 512});
+  REQUIRE(c.data.dataset == "fashion-mnist");
+}
+
+TEST_CASE("file values and key=value overrides, in that order", "[config]") {
+  auto path = write_temp("a.toml", "[train]\nlr = 0.2\nepochs = 3\n[model]\nhidden = [64]\n");
+  Config c = load_config(path, {"train.lr=0.5", "dist.backend=gloo", "model.hidden=[32, 16]", "train.nesterov=true",
+                                "train.momentum=0"});
+  REQUIRE(c.train.lr == 0.5);
+  REQUIRE(c.train.epochs == 3);
+  REQUIRE(c.dist.backend == "gloo");
+  REQUIRE(c.model.hidden == std::vector<int64_t>{32, 16});
+  REQUIRE(c.train.nesterov);
+  REQUIRE(c.train.momentum == 0.0);  // an integer is accepted for a float key
+  REQUIRE(load_config("", {"checkpoint.dir=\"/tmp/x y\""}).checkpoint.dir == "/tmp/x y");
+  REQUIRE(load_config("", {"checkpoint.dir=runs/a"}).checkpoint.dir == "runs/a");
+  // Dotted keys in the file work like sections.
+  REQUIRE(load_config(write_temp("b.toml", "train.lr = 0.3\n"), {}).train.lr == 0.3);
+}
+
+TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[config]") {
+  REQUIRE_THROWS_WITH(load_config("", {"train.lrr=0.1"}),
+                      Catch::Contains("unknown config key 'train.lrr'") && Catch::Contains("did you mean 'train.lr'") &&
+                          Catch::Contains("valid keys: train.epochs"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("c.toml", "[train]\nbatchsize = 3\n"), {}),
+                      Catch::Contains("dpt_test_c.toml:2") && Catch::Contains("'train.batchsize'"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.epochs=2.5"}), Catch::Contains("train.epochs: expected integer, got float 2.5"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr=fast"}), Catch::Contains("train.lr: expected float, got 'fast'"));
+  REQUIRE_THROWS_WITH(load_config("", {"model.hidden=[1.5]"}), Catch::Contains("expected array of integers"));
+  REQUIRE_THROWS_WITH(load_config("", {"dist.backend=nccl2"}), Catch::Contains("must be one of: auto, gloo, mpi"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.batch_size=0"}), Catch::Contains("train.batch_size = 0: must be >= 1"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr"}), Catch::Contains("is not key=value"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("d.toml", "[train\nlr=1"), {}), Catch::Contains("dpt_test_d.toml:1"));
+  REQUIRE_THROWS_AS(load_config("/nonexistent/x.toml", {}), ConfigError);
+}
+
+TEST_CASE("the effective config round-trips through TOML and hashes stably", "[config]") {
+  Config c = load_config("", {"train.lr=0.125", "model.hidden=[7]", "checkpoint.dir=a\"b"});
+  Config back = parse_config(to_toml(c), "round-trip");
+  REQUIRE(to_toml(back) == to_toml(c));
+  REQUIRE(config_hash(back) == config_hash(c));
+  REQUIRE(config_hash(c) != config_hash(Config{}));
+  REQUIRE(back.checkpoint.dir == "a\"b");
+  REQUIRE_THAT(config_keys_help(), Catch::Contains("train.batch_size") && Catch::Contains("PER RANK"));
+}
+
+TEST_CASE("learning-rate schedules", "[config]") {
+  TrainConfig t;
+  t.lr = 1.0;
+  t.schedule = "constant";
+  REQUIRE(lr_at(t, 123, 10, 1000) == 1.0);
+  t.schedule = "step";
+  t.step_size = 2;
+  t.gamma = 0.5;
+  REQUIRE(lr_at(t, 19, 10, 100) == 1.0);   // epoch 1
+  REQUIRE(lr_at(t, 20, 10, 100) == 0.5);   // epoch 2
+  REQUIRE(lr_at(t, 45, 10, 100) == 0.25);  // epoch 4
+  t.schedule = "cosine";
+  t.min_lr = 0.1;
+  REQUIRE(lr_at(t, 0, 10, 100) == Approx(1.0));
+  REQUIRE(lr_at(t, 50, 10, 100) == Approx(0.55));
+  REQUIRE(lr_at(t, 100, 10, 100) == Approx(0.1));
+  t.warmup_epochs = 1;
+  REQUIRE(lr_at(t, 0, 10, 100) == Approx(0.1));  // (0 + 1) / 10 of the peak
+  REQUIRE(lr_at(t, 9, 10, 100) == Approx(1.0));
+  REQUIRE(lr_at(t, 10, 10, 100) == Approx(1.0));  // cosine starts after the warm-up
+}

@@ -1,0 +1,68 @@
+// trainer/checkpoint.h: atomic checkpoints, written by rank 0, loadable by every rank.
+//
+// Layout: DIR/step-00000469/ holding model.safetensors (weights, PyTorch names), optimizer.safetensors
+// (momentum / Adam moments, per parameter), state.json (step, epoch, sampler position, RNG, effective
+// config) and COMPLETE (the CRC32 of each of those files). A checkpoint is written under a temporary name,
+// every file fsynced, renamed into place, and only then marked COMPLETE (itself written and renamed
+// atomically). Loading checks the mark, every file's CRC and every tensor's CRC: a checkpoint is either whole
+// and valid or it is skipped with a warning, and resume falls back to the previous one.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "trainer/safetensors.h"
+
+namespace dpt::trainer {
+
+struct TrainState {
+  int64_t step = 0;            // optimizer steps done
+  int64_t epoch = 0;           // the epoch to continue (0-based); == epochs when training is finished
+  int64_t batch_in_epoch = 0;  // the next batch of that epoch (the sampler position)
+  int64_t world_size = 1;
+  int64_t batch_size = 0;      // per rank
+  std::string rng;             // the trainer's RNG state (std::mt19937_64 text form)
+  std::string config_toml;     // the effective config
+  std::string config_hash;
+};
+
+struct LoadedCheckpoint {
+  std::string path;
+  SafetensorsFile model;
+  SafetensorsFile optimizer;
+  TrainState state;
+};
+
+class CheckpointManager {
+ public:
+  CheckpointManager(std::string dir, int64_t keep);
+
+  // Rank 0 only. Writes step-<state.step>, then deletes all but the newest `keep` complete checkpoints.
+  // Returns the checkpoint's path.
+  std::string save(const std::vector<NamedTensor>& model, const std::vector<NamedTensor>& optimizer,
+                   const TrainState& state) const;
+
+  // Paths of the checkpoints marked COMPLETE, oldest first (not yet validated).
+  std::vector<std::string> complete() const;
+  // The newest checkpoint that loads and validates; invalid ones are skipped with a warning naming what is
+  // wrong. nullopt when there is none.
+  std::optional<LoadedCheckpoint> load_latest() const;
+  // Deletes every checkpoint (and leftover temporary directory) in dir; returns how many were removed.
+  size_t remove_all() const;
+
+  std::string path_for_step(int64_t step) const;
+  const std::string& dir() const { return dir_; }
+
+  // Loads and validates one checkpoint directory; throws CheckpointError naming the file and the problem.
+  static LoadedCheckpoint load(const std::string& path);
+
+ private:
+  std::string save_unchecked(const std::vector<NamedTensor>& model, const std::vector<NamedTensor>& optimizer,
+                             const TrainState& state) const;
+  std::string dir_;
+  int64_t keep_;
+};
+
+}  // namespace dpt::trainer

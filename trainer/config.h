@@ -1,0 +1,90 @@
+// trainer/config.h: the experiment configuration: typed structs with defaults, read from a TOML file plus
+// `key=value` overrides, validated once, printed by rank 0, stored in checkpoints.
+//
+// Every key is defined once, in the schema in config.cpp (key, type, default, help, check): the parser, the
+// validation, the printed effective config and `dptrain --help` all come from that one table, so the help
+// cannot drift from the parser.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpt::trainer {
+
+struct TrainConfig {
+  int64_t epochs = 10;
+  int64_t batch_size = 64;  // per rank
+  std::string optimizer = "sgd";
+  double lr = 0.05;
+  double momentum = 0.9;
+  bool nesterov = false;
+  double weight_decay = 0.0;
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
+  std::string schedule = "cosine";                // constant | step | cosine
+  double warmup_epochs = 0.0;
+  int64_t step_size = 3;  // epochs between decays (schedule = step)
+  double gamma = 0.1;     // decay factor (schedule = step)
+  double min_lr = 0.0;    // floor of the cosine schedule
+  int64_t seed = 42;
+  bool drop_last = false;
+  int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
+  int64_t eval_batch_size = 1000;
+  double progress_interval_s = 10.0;
+};
+
+struct DataConfig {
+  std::string dataset = "fashion-mnist";  // fashion-mnist | synthetic
+  std::string dir = "/usr/share/datasets/fashion-mnist";
+  int64_t train_limit = 0;  // use only the first N training examples (0: all)
+  int64_t test_limit = 0;
+  int64_t prefetch = 4;     // batches the loader prepares ahead
+  int64_t synthetic_train_size = 8192;
+  int64_t synthetic_test_size = 2048;
+};
+
+struct ModelConfig {
+  std::string name = "mlp";
+  std::vector<int64_t> hidden = {512, 512};
+};
+
+struct DistConfig {
+  std::string backend = "auto";  // auto | gloo | mpi
+  double timeout_s = 300.0;
+};
+
+struct CheckpointConfig {
+  std::string dir = "checkpoints";
+  int64_t keep = 3;
+  int64_t every_epochs = 1;
+  int64_t every_steps = 0;  // also every N optimizer steps (0: only at epoch ends)
+};
+
+struct LogConfig {
+  std::string level = "info";
+};
+
+struct Config {
+  TrainConfig train;
+  DataConfig data;
+  ModelConfig model;
+  DistConfig dist;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+};
+
+// Reads `path` (empty: defaults only), applies `overrides` ("train.lr=0.1", "model.hidden=[256,256]",
+// "dist.backend=gloo"), validates. Throws ConfigError naming the file/line, key and the problem; unknown
+// keys list the valid ones.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides);
+// Parses a config from TOML text (for checkpoints and tests); same checks.
+Config parse_config(const std::string& toml_text, const std::string& source_name);
+
+// The effective config as TOML, every key, in schema order.
+std::string to_toml(const Config& c);
+// A short stable hash of to_toml(c), hex.
+std::string config_hash(const Config& c);
+// Help text listing every key: "  train.lr  float  0.05  learning rate (peak when a schedule is used)".
+std::string config_keys_help();
+
+}  // namespace dpt::trainer

@@ -1,0 +1,32 @@
+// trainer/safetensors.h: read and write the safetensors format (8-byte little-endian header length, a JSON
+// header naming each tensor's dtype, shape and byte range, then the raw bytes), readable by PyTorch's and
+// numpy's safetensors loaders. We add a CRC32 of every tensor to the header's __metadata__ as
+// "crc32:<name>" and check it on read, so a flipped byte is caught, not trained on.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "trainer/optimizer.h"  // NamedTensor
+
+namespace dpt::trainer {
+
+// Writes the file and fsyncs it. Tensors must be on the CPU and contiguous.
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       std::map<std::string, std::string> metadata = {});
+
+struct SafetensorsFile {
+  std::vector<NamedTensor> tensors;  // in file order
+  std::map<std::string, std::string> metadata;
+  const Tensor* find(const std::string& name) const;
+};
+
+// Reads and validates: header size within the file, valid JSON, known dtypes, shapes matching byte ranges,
+// ranges inside the data and not overlapping, every tensor's CRC32 (when present). Throws CheckpointError
+// naming the file and what is wrong.
+SafetensorsFile read_safetensors(const std::string& path);
+
+uint32_t crc32_of(const void* data, size_t bytes);
+
+}  // namespace dpt::trainer

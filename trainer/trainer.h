@@ -1,0 +1,38 @@
+// trainer/trainer.h: the training loop: data, model, gradient averaging, optimizer, evaluation,
+// checkpoints and resume, for one rank of a process group.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "trainer/config.h"
+
+namespace dpt::trainer {
+
+struct RunOptions {
+  // auto: continue from the newest valid checkpoint in checkpoint.dir, if any; never: start fresh, deleting
+  // the checkpoints already in checkpoint.dir; any other value: the path of one checkpoint to continue from.
+  std::string resume = "auto";
+};
+
+struct EpochStats {
+  int64_t epoch = 0;  // 1-based, as printed
+  double train_loss = 0, test_loss = 0, test_acc = 0;
+  double samples_per_s = 0;
+  double compute_s = 0, comm_s = 0, data_s = 0;  // rank 0's split of the epoch's step time
+};
+
+struct RunResult {
+  std::vector<EpochStats> epochs;  // the epochs run by this invocation
+  int64_t steps = 0;               // optimizer steps done in total (including those before a resume)
+  int64_t resumed_from_step = -1;  // -1: started fresh
+  double final_test_acc = 0, final_test_loss = 0;
+  std::string last_checkpoint;     // rank 0: the last checkpoint written
+};
+
+// Runs on every rank of `pg` with the same config. Throws on any error (a failed rank; its peers then fail
+// their next collective or are torn down by the launcher).
+RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg);
+
+}  // namespace dpt::trainer
