@@ -1,1 +1,338 @@
-// placeholder: being written
+// comm/env.cpp: detect_env (dprun/torchrun, Open MPI, Slurm or a single process) over a recorded
+// environment, and expand_hostlist for Slurm's compressed node lists.
+#include "comm/env.h"
+
+#include <charconv>
+#include <cstdint>
+#include <optional>
+
+#include "core/check.h"
+
+extern char** environ;  // POSIX: the process environment
+
+namespace dpt::comm {
+
+namespace {
+
+constexpr int kDefaultMasterPort = 29500;
+constexpr const char* kDefaultMasterAddr = "127.0.0.1";
+
+const std::string* find(const EnvMap& env, const std::string& name) {
+  auto it = env.find(name);
+  return it == env.end() ? nullptr : &it->second;
+}
+
+bool has(const EnvMap& env, const std::string& name) { return find(env, name) != nullptr; }
+
+// The whole text must be a (possibly negative) decimal integer that fits in int.
+int parse_int(const std::string& name, const std::string& text) {
+  int v = 0;
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size()) {
+    DPT_THROW(ConfigError, "environment variable {}='{}' is not an integer", name, text);
+  }
+  return v;
+}
+
+int require_int(const EnvMap& env, const std::string& name) {
+  const std::string* v = find(env, name);
+  if (!v) DPT_THROW(ConfigError, "environment variable {} is not set", name);
+  return parse_int(name, *v);
+}
+
+std::optional<int> optional_int(const EnvMap& env, const std::string& name) {
+  const std::string* v = find(env, name);
+  if (!v) return std::nullopt;
+  return parse_int(name, *v);
+}
+
+// Master address and port from MASTER_ADDR / MASTER_PORT, falling back to the given defaults.
+void read_master(const EnvMap& env, DistEnv& d, const std::string& default_addr, int default_port = kDefaultMasterPort) {
+  const std::string* addr = find(env, "MASTER_ADDR");
+  d.master_addr = addr ? *addr : default_addr;
+  if (d.master_addr.empty()) DPT_THROW(ConfigError, "environment variable MASTER_ADDR is set but empty");
+  d.master_port = optional_int(env, "MASTER_PORT").value_or(default_port);
+  if (d.master_port < 1 || d.master_port > 65535) {
+    DPT_THROW(ConfigError, "environment variable MASTER_PORT={} is out of range 1..65535", d.master_port);
+  }
+}
+
+// "2(x3),1" -> 2 2 2 1: Slurm's per-node task counts (SLURM_STEP_TASKS_PER_NODE and friends).
+std::vector<int> expand_tasks_per_node(const std::string& name, const std::string& text) {
+  std::vector<int> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    int repeat = 1;
+    size_t paren = item.find('(');
+    if (paren != std::string::npos) {
+      if (item.size() < paren + 4 || item.compare(paren, 2, "(x") != 0 || item.back() != ')') {
+        DPT_THROW(ConfigError, "environment variable {}='{}' is malformed near '{}'", name, text, item);
+      }
+      repeat = parse_int(name, item.substr(paren + 2, item.size() - paren - 3));
+      item = item.substr(0, paren);
+    }
+    int count = parse_int(name, item);
+    if (count < 1 || repeat < 1) {
+      DPT_THROW(ConfigError, "environment variable {}='{}' has a count below 1", name, text);
+    }
+    out.insert(out.end(), static_cast<size_t>(repeat), count);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+void validate(DistEnv& d, const char* rank_var, const char* world_var, const char* local_rank_var,
+              const char* local_world_var) {
+  if (d.world_size < 1) {
+    DPT_THROW(ConfigError, "environment variable {}={} must be at least 1", world_var, d.world_size);
+  }
+  if (d.rank < 0 || d.rank >= d.world_size) {
+    DPT_THROW(ConfigError, "environment variable {}={} is out of range for {}={} (0 <= rank < world size)",
+              rank_var, d.rank, world_var, d.world_size);
+  }
+  if (d.local_world_size < 1 || d.local_world_size > d.world_size) {
+    DPT_THROW(ConfigError, "environment variable {}={} is out of range 1..{} ({})", local_world_var,
+              d.local_world_size, d.world_size, world_var);
+  }
+  if (d.local_rank < 0 || d.local_rank >= d.local_world_size) {
+    DPT_THROW(ConfigError, "environment variable {}={} is out of range for {}={} (0 <= local rank < local world)",
+              local_rank_var, d.local_rank, local_world_var, d.local_world_size);
+  }
+  if (d.node_rank < 0) DPT_THROW(ConfigError, "node rank {} is negative", d.node_rank);
+  if (d.restart_count < 0) {
+    DPT_THROW(ConfigError, "environment variable DPT_RESTART_COUNT={} is negative", d.restart_count);
+  }
+}
+
+DistEnv detect_dprun(const EnvMap& env) {
+  DistEnv d;
+  d.launcher = Launcher::Dprun;
+  d.rank = require_int(env, "RANK");
+  d.world_size = require_int(env, "WORLD_SIZE");
+  // Started by hand with only RANK and WORLD_SIZE: assume one node.
+  d.local_rank = optional_int(env, "LOCAL_RANK").value_or(d.rank);
+  d.local_world_size = optional_int(env, "LOCAL_WORLD_SIZE").value_or(d.world_size);
+  if (has(env, "NODE_RANK")) {
+    d.node_rank = require_int(env, "NODE_RANK");
+    if (d.node_rank < 0) DPT_THROW(ConfigError, "environment variable NODE_RANK={} is negative", d.node_rank);
+  } else if (has(env, "GROUP_RANK")) {
+    d.node_rank = require_int(env, "GROUP_RANK");
+    if (d.node_rank < 0) DPT_THROW(ConfigError, "environment variable GROUP_RANK={} is negative", d.node_rank);
+  }
+  read_master(env, d, kDefaultMasterAddr);
+  d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
+  validate(d, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  return d;
+}
+
+DistEnv detect_openmpi(const EnvMap& env) {
+  DistEnv d;
+  d.launcher = Launcher::OpenMPI;
+  d.mpi_available = true;
+  d.rank = require_int(env, "OMPI_COMM_WORLD_RANK");
+  d.world_size = require_int(env, "OMPI_COMM_WORLD_SIZE");
+  d.local_rank = optional_int(env, "OMPI_COMM_WORLD_LOCAL_RANK").value_or(d.rank);
+  d.local_world_size = optional_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE").value_or(d.world_size);
+  // Open MPI has no "index of my node" variable: OMPI_COMM_WORLD_NODE_RANK is this process's rank among the
+  // processes on its node (equal to LOCAL_RANK for one job), not the node's index. The node index below is
+  // exact for mpirun's default by-slot mapping with the same number of ranks on every node.
+  if (d.local_world_size > 0) d.node_rank = d.rank / d.local_world_size;
+  read_master(env, d, kDefaultMasterAddr);
+  d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
+  validate(d, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+           "OMPI_COMM_WORLD_LOCAL_SIZE");
+  return d;
+}
+
+DistEnv detect_slurm(const EnvMap& env) {
+  DistEnv d;
+  d.launcher = Launcher::Slurm;
+  d.rank = require_int(env, "SLURM_PROCID");
+  d.world_size = require_int(env, "SLURM_NTASKS");
+  d.local_rank = optional_int(env, "SLURM_LOCALID").value_or(0);
+  d.node_rank = optional_int(env, "SLURM_NODEID").value_or(0);
+  if (d.node_rank < 0) DPT_THROW(ConfigError, "environment variable SLURM_NODEID={} is negative", d.node_rank);
+
+  // Tasks on this node: "2(x3),1" lists them per node, so pick this node's entry.
+  const char* local_var = "SLURM_NTASKS_PER_NODE";
+  d.local_world_size = 1;
+  for (const char* name : {"SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+    if (const std::string* v = find(env, name)) {
+      auto counts = expand_tasks_per_node(name, *v);
+      size_t node = static_cast<size_t>(d.node_rank);
+      d.local_world_size = node < counts.size() ? counts[node] : counts.front();
+      local_var = name;
+      break;
+    }
+  }
+
+  std::string master = kDefaultMasterAddr;
+  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    const std::string* v = find(env, name);
+    if (!v || v->empty()) continue;
+    std::vector<std::string> hosts;
+    try {
+      hosts = expand_hostlist(*v);
+    } catch (const ConfigError& e) {
+      DPT_THROW(ConfigError, "environment variable {}: {}", name, e.what());
+    }
+    if (!hosts.empty()) master = hosts.front();
+    break;
+  }
+  // Without MASTER_PORT, derive the port from the job id: two jobs sharing a node then rarely collide, and
+  // every rank of one job computes the same port.
+  // (The last four digits: job ids can exceed an int.)
+  int port = kDefaultMasterPort;
+  if (const std::string* job = find(env, "SLURM_JOB_ID"); job && !job->empty()) {
+    const std::string tail = job->substr(job->size() > 4 ? job->size() - 4 : 0);
+    port = 20000 + parse_int("SLURM_JOB_ID", tail);
+  }
+  read_master(env, d, master, port);
+  d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
+  // srun starts MPI programs only with a PMI plugin (--mpi=pmix or pmi2), which sets these.
+  d.mpi_available = has(env, "PMIX_RANK") || has(env, "PMI_RANK");
+  validate(d, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", local_var);
+  return d;
+}
+
+// ---- hostlists -------------------------------------------------------------------------------------------
+
+[[noreturn]] void bad_hostlist(const std::string& expr, const std::string& why) {
+  DPT_THROW(ConfigError, "malformed Slurm hostlist '{}': {}", expr, why);
+}
+
+bool all_digits(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (c < '0' || c > '9') return false;
+  }
+  return true;
+}
+
+// "01-03,07" -> 01 02 03 07 (the width of a zero-padded low bound is kept).
+std::vector<std::string> expand_ranges(const std::string& expr, const std::string& body) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  for (;;) {
+    size_t comma = body.find(',', pos);
+    std::string item = body.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t dash = item.find('-');
+    std::string lo = item.substr(0, dash);
+    std::string hi = dash == std::string::npos ? lo : item.substr(dash + 1);
+    if (!all_digits(lo) || !all_digits(hi) || lo.size() > 9 || hi.size() > 9) {
+      bad_hostlist(expr, fmt::format("'{}' is not a number or a range like 01-04", item));
+    }
+    long a = std::stol(lo);
+    long b = std::stol(hi);
+    if (a > b) bad_hostlist(expr, fmt::format("range '{}' runs backwards", item));
+    if (b - a > 100000) bad_hostlist(expr, fmt::format("range '{}' is implausibly long", item));
+    size_t width = lo.size();
+    for (long i = a; i <= b; ++i) {
+      std::string n = std::to_string(i);
+      if (n.size() < width) n.insert(0, width - n.size(), '0');
+      out.push_back(std::move(n));
+    }
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// One host expression without top-level commas: "rack[1-2]-n[01-02]" -> the product of its brackets.
+void expand_one(const std::string& expr, const std::string& item, std::vector<std::string>& out) {
+  std::vector<std::string> partial{""};
+  size_t pos = 0;
+  while (pos < item.size()) {
+    size_t open = item.find('[', pos);
+    size_t stray = item.find(']', pos);
+    if (stray != std::string::npos && (open == std::string::npos || stray < open)) {
+      bad_hostlist(expr, "']' without '['");
+    }
+    std::string literal = item.substr(pos, open == std::string::npos ? std::string::npos : open - pos);
+    for (auto& p : partial) p += literal;
+    if (open == std::string::npos) break;
+    size_t close = item.find(']', open);
+    if (close == std::string::npos) bad_hostlist(expr, "'[' without ']'");
+    std::string body = item.substr(open + 1, close - open - 1);
+    if (body.find('[') != std::string::npos) bad_hostlist(expr, "nested '['");
+    if (body.empty()) bad_hostlist(expr, "empty '[]'");
+    auto values = expand_ranges(expr, body);
+    std::vector<std::string> next;
+    next.reserve(partial.size() * values.size());
+    for (const auto& p : partial) {
+      for (const auto& v : values) next.push_back(p + v);
+    }
+    partial = std::move(next);
+    pos = close + 1;
+  }
+  for (auto& p : partial) {
+    if (p.empty()) bad_hostlist(expr, "empty host name");
+    out.push_back(std::move(p));
+  }
+}
+
+}  // namespace
+
+const char* launcher_name(Launcher l) {
+  switch (l) {
+    case Launcher::None: return "none";
+    case Launcher::Dprun: return "dprun";
+    case Launcher::OpenMPI: return "openmpi";
+    case Launcher::Slurm: return "slurm";
+  }
+  return "?";
+}
+
+DistEnv detect_env(const EnvMap& env) {
+  if (has(env, "RANK") && has(env, "WORLD_SIZE")) return detect_dprun(env);
+  if (has(env, "OMPI_COMM_WORLD_SIZE")) return detect_openmpi(env);
+  if (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS")) return detect_slurm(env);
+  DistEnv d;  // a single process started by hand
+  d.launcher = Launcher::None;
+  read_master(env, d, kDefaultMasterAddr);
+  d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
+  validate(d, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  return d;
+}
+
+EnvMap process_env() {
+  EnvMap env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string kv(*e);
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos) continue;
+    env.emplace(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return env;
+}
+
+std::vector<std::string> expand_hostlist(const std::string& expr) {
+  std::vector<std::string> out;
+  if (expr.empty()) return out;
+  // Split at commas outside brackets: "a[1,3],b" -> "a[1,3]" and "b".
+  int depth = 0;
+  size_t start = 0;
+  for (size_t i = 0; i <= expr.size(); ++i) {
+    char c = i < expr.size() ? expr[i] : ',';
+    if (c == '[') {
+      ++depth;
+    } else if (c == ']') {
+      --depth;
+      if (depth < 0) bad_hostlist(expr, "']' without '['");
+    } else if (c == ',' && depth == 0) {
+      std::string item = expr.substr(start, i - start);
+      if (item.empty()) bad_hostlist(expr, "empty host name");
+      expand_one(expr, item, out);
+      start = i + 1;
+    } else if (c == ' ' || c == '\t' || c == '\n') {
+      bad_hostlist(expr, "whitespace");
+    }
+  }
+  if (depth != 0) bad_hostlist(expr, "'[' without ']'");
+  return out;
+}
+
+}  // namespace dpt::comm

@@ -1,1 +1,298 @@
-// placeholder: being written
+// comm/gloo_backend.cpp: GlooProcessGroup: rendezvous through our Store (an adapter to Gloo's Store), the
+// choice of the local address Gloo listens on, and the collectives, with Gloo's exceptions turned into
+// CommError/TimeoutError that name the operation and the rank.
+#include "comm/gloo_backend.h"
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/common/logging.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cstring>
+#include <system_error>
+
+#include "comm/collective_checks.h"
+#include "core/check.h"
+
+namespace dpt::comm {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+// Gloo has no "wait forever" for collectives (0 means "time out at once" there), so ours becomes a year.
+constexpr milliseconds kGlooForever = std::chrono::hours(24 * 365);
+milliseconds to_gloo_timeout(milliseconds t) { return t.count() < 0 ? kGlooForever : std::max(t, milliseconds(1)); }
+
+// Gloo's rendezvous::Store over ours: Gloo writes each rank's addresses under "0", "1", ...
+class StoreAdapter : public gloo::rendezvous::Store {
+ public:
+  StoreAdapter(comm::Store& store, milliseconds timeout) : store_(store), timeout_(timeout) {}
+
+  void set(const std::string& key, const std::vector<char>& data) override {
+    store_.set(key, std::vector<uint8_t>(data.begin(), data.end()));
+  }
+  std::vector<char> get(const std::string& key) override {
+    store_.wait({key}, timeout_);
+    auto v = store_.get(key);
+    return {v.begin(), v.end()};
+  }
+  void wait(const std::vector<std::string>& keys) override { store_.wait(keys, timeout_); }
+  void wait(const std::vector<std::string>& keys, const milliseconds& timeout) override {
+    // Gloo passes its kNoTimeout (0) for "no timeout"; ours is negative.
+    store_.wait(keys, timeout == gloo::kNoTimeout ? kNoTimeout : timeout);
+  }
+
+ private:
+  comm::Store& store_;
+  milliseconds timeout_;
+};
+
+bool mentions_timeout(const std::string& msg) {
+  std::string lower(msg);
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
+}
+
+// Runs f, turning whatever Gloo throws into CommError (TimeoutError when Gloo says it timed out), prefixed
+// with `what` ("gloo allreduce on rank 1 of 3").
+template <class F>
+void call_gloo(const std::string& what, F&& f) {
+  try {
+    f();
+  } catch (const TimeoutError& e) {  // from our store, during rendezvous
+    throw TimeoutError(fmt::format("{} failed: {}", what, e.what()));
+  } catch (const Error&) {
+    throw;
+  } catch (const gloo::IoException& e) {
+    std::string msg = fmt::format("{}{} failed: {}", ::dpt::detail::rank_prefix(), what, e.what());
+    if (mentions_timeout(e.what())) throw TimeoutError(msg + " (a peer did not take part in time)");
+    throw CommError(msg + " (a peer exited or the network failed)");
+  } catch (const gloo::Exception& e) {
+    std::string msg = fmt::format("{}{} failed: {}", ::dpt::detail::rank_prefix(), what, e.what());
+    if (mentions_timeout(e.what())) throw TimeoutError(msg);
+    throw CommError(msg);
+  } catch (const gloo::EnforceNotMet& e) {
+    throw CommError(fmt::format("{}{} failed a Gloo check: {}", ::dpt::detail::rank_prefix(), what, e.what()));
+  } catch (const std::exception& e) {
+    throw CommError(fmt::format("{}{} failed: {}", ::dpt::detail::rank_prefix(), what, e.what()));
+  }
+}
+
+using ReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <class T>
+void gloo_allreduce(const std::shared_ptr<gloo::Context>& ctx, Tensor& t, ReduceOp op, uint32_t tag,
+                    milliseconds timeout) {
+  gloo::AllreduceOptions o(ctx);
+  o.setOutput(t.data<T>(), t.numel());
+  // Avg is Sum here, divided afterwards.
+  o.setReduceFunction(op == ReduceOp::Max ? static_cast<ReduceFn>(&gloo::max<T>) : static_cast<ReduceFn>(&gloo::sum<T>));
+  o.setTag(tag);
+  o.setTimeout(timeout);
+  gloo::allreduce(o);
+}
+
+std::string errno_text(int err) { return std::generic_category().message(err); }
+
+// The loopback address to listen on when `sa` is a loopback address ("127.0.0.1" or "::1"), else "".
+std::string loopback_of(const sockaddr* sa) {
+  if (sa->sa_family == AF_INET) {
+    auto* in = reinterpret_cast<const sockaddr_in*>(sa);
+    return (ntohl(in->sin_addr.s_addr) >> 24) == 127 ? "127.0.0.1" : "";
+  }
+  if (sa->sa_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<const sockaddr_in6*>(sa);
+    if (IN6_IS_ADDR_LOOPBACK(&in6->sin6_addr)) return "::1";
+    if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && in6->sin6_addr.s6_addr[12] == 127) return "127.0.0.1";
+  }
+  return "";
+}
+
+}  // namespace
+
+GlooBind gloo_bind(const std::string& master_addr, const std::string& iface_list) {
+  // GLOO_SOCKET_IFNAME may list several interfaces ("eth0,eth1"); one device is enough for us.
+  std::string iface = iface_list.substr(0, iface_list.find(','));
+
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  int rc = ::getaddrinfo(master_addr.c_str(), "29500", &hints, &res);
+  if (rc != 0) {
+    if (!iface.empty()) return {"", iface};
+    DPT_THROW(CommError, "cannot resolve MASTER_ADDR '{}' to choose the interface for Gloo: {} (set GLOO_SOCKET_IFNAME)",
+              master_addr, rc == EAI_SYSTEM ? errno_text(errno) : std::string(::gai_strerror(rc)));
+  }
+  std::unique_ptr<addrinfo, void (*)(addrinfo*)> guard(res, ::freeaddrinfo);
+  // Loopback master: a single-node job; listen on loopback too, whatever interfaces the host has.
+  if (std::string lo = loopback_of(res->ai_addr); !lo.empty()) return {lo, ""};
+  if (!iface.empty()) return {"", iface};
+
+  // Ask the kernel which local address it would send from: connecting a UDP socket sends nothing.
+  std::string last_error;
+  for (addrinfo* ai = res; ai != nullptr; ai = ai->ai_next) {
+    int fd = ::socket(ai->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      last_error = fmt::format("socket: {}", errno_text(errno));
+      continue;
+    }
+    sockaddr_storage local{};
+    socklen_t len = sizeof(local);
+    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+      last_error = fmt::format("connect: {}", errno_text(errno));
+    } else if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0) {
+      last_error = fmt::format("getsockname: {}", errno_text(errno));
+    } else {
+      char host[NI_MAXHOST];
+      int gi = ::getnameinfo(reinterpret_cast<sockaddr*>(&local), len, host, sizeof(host), nullptr, 0, NI_NUMERICHOST);
+      if (gi == 0) {
+        ::close(fd);
+        return {host, ""};
+      }
+      last_error = fmt::format("getnameinfo: {}", ::gai_strerror(gi));
+    }
+    ::close(fd);
+  }
+  DPT_THROW(CommError, "cannot find the local address that routes to MASTER_ADDR '{}' for Gloo: {} (set GLOO_SOCKET_IFNAME)",
+            master_addr, last_error);
+}
+
+GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size, const GlooOptions& opts)
+    : ProcessGroup(rank, size), store_(std::move(store)), timeout_(opts.timeout) {
+  DPT_CHECK(store_ != nullptr, "GlooProcessGroup needs a store");
+  DPT_CHECK(size >= 1 && rank >= 0 && rank < size, "rank {} of {}", rank, size);
+
+  GlooBind bind = gloo_bind(opts.master_addr, opts.iface);
+  bind_description_ = bind.iface.empty() ? bind.hostname : "interface " + bind.iface;
+  gloo::transport::tcp::attr attr;
+  attr.hostname = bind.hostname;
+  attr.iface = bind.iface;
+  std::shared_ptr<gloo::transport::Device> device;
+  call_gloo(fmt::format("gloo: listening on {} (rank {} of {})", bind_description_, rank, size),
+            [&] { device = gloo::transport::tcp::CreateDevice(attr); });
+
+  auto ctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  ctx->setTimeout(to_gloo_timeout(timeout_));
+  StoreAdapter adapter(*store_, timeout_);
+  try {
+    call_gloo(fmt::format("gloo rendezvous on rank {} of {}", rank, size), [&] { ctx->connectFullMesh(adapter, device); });
+  } catch (const TimeoutError& e) {
+    // Gloo keys each rank's addresses by its rank number: a missing key is a rank that never arrived.
+    throw TimeoutError(fmt::format("{} (the key ending in /N is rank N's: did every rank start, with the same "
+                                   "MASTER_ADDR, MASTER_PORT and WORLD_SIZE?)",
+                                   e.what()));
+  }
+  context_ = std::move(ctx);
+  // Everyone is connected when this returns; from here the store is no longer read.
+  barrier();
+}
+
+GlooProcessGroup::~GlooProcessGroup() = default;
+
+std::chrono::milliseconds GlooProcessGroup::timeout() const {
+  std::lock_guard lock(mu_);
+  return timeout_;
+}
+
+void GlooProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
+  std::lock_guard lock(mu_);
+  timeout_ = timeout;
+}
+
+template <class F>
+void GlooProcessGroup::run(const char* op, F&& f) {
+  std::lock_guard lock(mu_);
+  if (!broken_.empty()) {
+    DPT_THROW(CommError, "gloo {} on rank {} of {}: the group is unusable after an earlier failure: {}", op, rank(),
+              size(), broken_);
+  }
+  try {
+    call_gloo(fmt::format("gloo {} on rank {} of {}", op, rank(), size()), std::forward<F>(f));
+  } catch (const CommError& e) {
+    broken_ = e.what();
+    throw;
+  }
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
+  detail::check_host_tensor(backend(), "allreduce", tensor);
+  detail::check_reduce_dtype(backend(), "allreduce", tensor, opts.op);
+  if (tensor.numel() > 0) {
+    run("allreduce", [&] {
+      uint32_t tag = next_tag();
+      milliseconds t = to_gloo_timeout(timeout_);
+      switch (tensor.dtype()) {
+        case DType::F32: gloo_allreduce<float>(context_, tensor, opts.op, tag, t); break;
+        case DType::F64: gloo_allreduce<double>(context_, tensor, opts.op, tag, t); break;
+        case DType::I32: gloo_allreduce<int32_t>(context_, tensor, opts.op, tag, t); break;
+        case DType::I64: gloo_allreduce<int64_t>(context_, tensor, opts.op, tag, t); break;
+        case DType::U8: DPT_CHECK(false, "uint8 allreduce passed the dtype check");
+      }
+    });
+    if (opts.op == ReduceOp::Avg) detail::divide_in_place(tensor, size());
+  }
+  return std::make_shared<CompletedWork>();
+}
+
+std::shared_ptr<Work> GlooProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
+  detail::check_host_tensor(backend(), "broadcast", tensor);
+  detail::check_root(backend(), opts.root, size());
+  if (tensor.numel() > 0) {
+    run("broadcast", [&] {
+      gloo::BroadcastOptions o(context_);
+      // Bytes: broadcast does not care about the element type. The root sends from its output (in place).
+      o.setOutput(static_cast<uint8_t*>(tensor.raw()), tensor.bytes());
+      o.setRoot(opts.root);
+      o.setTag(next_tag());
+      o.setTimeout(to_gloo_timeout(timeout_));
+      gloo::broadcast(o);
+    });
+  }
+  return std::make_shared<CompletedWork>();
+}
+
+std::shared_ptr<Work> GlooProcessGroup::allgather(const Tensor& input, Tensor& output) {
+  detail::check_host_tensor(backend(), "allgather", input);
+  detail::check_host_tensor(backend(), "allgather", output);
+  detail::check_allgather_shapes(backend(), input, output, size());
+  if (input.numel() > 0) {
+    run("allgather", [&] {
+      gloo::AllgatherOptions o(context_);
+      auto* out = static_cast<uint8_t*>(output.raw());
+      auto* in = static_cast<uint8_t*>(input.raw());
+      // In place when the input already sits in this rank's slot of the output: Gloo then skips the copy.
+      if (in != out + static_cast<size_t>(rank()) * input.bytes()) o.setInput(in, input.bytes());
+      o.setOutput(out, output.bytes());
+      o.setTag(next_tag());
+      o.setTimeout(to_gloo_timeout(timeout_));
+      gloo::allgather(o);
+    });
+  }
+  return std::make_shared<CompletedWork>();
+}
+
+std::shared_ptr<Work> GlooProcessGroup::barrier() {
+  run("barrier", [&] {
+    gloo::BarrierOptions o(context_);
+    o.setTag(next_tag());
+    o.setTimeout(to_gloo_timeout(timeout_));
+    gloo::barrier(o);
+  });
+  return std::make_shared<CompletedWork>();
+}
+
+}  // namespace dpt::comm

@@ -1,1 +1,572 @@
-// placeholder: being written
+// comm/tcp_store.cpp: TcpStore over POSIX sockets: the server (an accept thread and one thread per
+// connection, sharing one map under a mutex) and the client (one socket, one request at a time).
+#include "comm/tcp_store.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <list>
+#include <map>
+#include <system_error>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "core/check.h"
+
+namespace dpt::comm {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+enum class Cmd : uint8_t { Set = 1, Get = 2, Add = 3, Wait = 4 };
+enum class Status : uint8_t { Ok = 0, NotFound = 1, Timeout = 2, Error = 3 };
+
+// Refuse absurd lengths from a confused peer instead of trying to allocate them.
+constexpr uint32_t kMaxKeyBytes = 64 * 1024;
+constexpr uint64_t kMaxValueBytes = uint64_t{1} << 31;
+constexpr uint32_t kMaxKeys = 1 << 20;
+
+std::string errno_text(int err) { return std::generic_category().message(err); }
+
+// ---- byte buffers ----------------------------------------------------------------------------------------
+
+class Writer {
+ public:
+  template <class T>
+  Writer& put(T v) {
+    static_assert(std::is_trivially_copyable_v<T>);
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    buf_.insert(buf_.end(), p, p + sizeof(T));
+    return *this;
+  }
+  Writer& str(const std::string& s) {
+    put(static_cast<uint32_t>(s.size()));
+    buf_.insert(buf_.end(), s.begin(), s.end());
+    return *this;
+  }
+  Writer& value(const std::vector<uint8_t>& v) {
+    put(static_cast<uint64_t>(v.size()));
+    buf_.insert(buf_.end(), v.begin(), v.end());
+    return *this;
+  }
+  Writer& keys(const std::vector<std::string>& ks) {
+    put(static_cast<uint32_t>(ks.size()));
+    for (const auto& k : ks) str(k);
+    return *this;
+  }
+  const std::vector<uint8_t>& bytes() const { return buf_; }
+
+ private:
+  std::vector<uint8_t> buf_;
+};
+
+// Sends everything; returns 0 or the errno that stopped it. MSG_NOSIGNAL: a closed peer is an error, not SIGPIPE.
+int send_all(int fd, const void* data, size_t n) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return 0;
+}
+
+// Receives exactly n bytes; returns 0, the errno, or ECONNRESET when the peer closed the connection.
+int recv_all(int fd, void* data, size_t n) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (n > 0) {
+    ssize_t k = ::recv(fd, p, n, 0);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return errno;
+    }
+    if (k == 0) return ECONNRESET;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return 0;
+}
+
+// Reads typed fields off a socket; the first failure sticks (err) and later reads do nothing.
+class Reader {
+ public:
+  explicit Reader(int fd) : fd_(fd) {}
+  template <class T>
+  T get() {
+    T v{};
+    if (err == 0) err = recv_all(fd_, &v, sizeof(T));
+    return v;
+  }
+  std::string str() {
+    auto n = get<uint32_t>();
+    if (err == 0 && n > kMaxKeyBytes) err = EPROTO;
+    std::string s(err == 0 ? n : 0, '\0');
+    if (err == 0 && n > 0) err = recv_all(fd_, s.data(), n);
+    return s;
+  }
+  std::vector<uint8_t> value() {
+    auto n = get<uint64_t>();
+    if (err == 0 && n > kMaxValueBytes) err = EPROTO;
+    std::vector<uint8_t> v(err == 0 ? n : 0);
+    if (err == 0 && n > 0) err = recv_all(fd_, v.data(), n);
+    return v;
+  }
+  std::vector<std::string> keys() {
+    auto n = get<uint32_t>();
+    if (err == 0 && n > kMaxKeys) err = EPROTO;
+    std::vector<std::string> ks;
+    for (uint32_t i = 0; err == 0 && i < n; ++i) ks.push_back(str());
+    return ks;
+  }
+  int err = 0;
+
+ private:
+  int fd_;
+};
+
+void set_nodelay(int fd) {
+  int one = 1;
+  // Best effort: without it small requests wait for Nagle, which is slow but not wrong.
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// Binds a listening socket on every interface (IPv6 dual-stack when the host has IPv6, else IPv4).
+// Returns the fd; throws CommError naming the port.
+int listen_any(int port, int* actual_port) {
+  auto fail = [&](const char* what, int err) {
+    if (err == EADDRINUSE) {
+      DPT_THROW(CommError,
+                "cannot host the TcpStore on port {}: address in use (another job, or an earlier run still "
+                "holding it? choose another MASTER_PORT)",
+                port);
+    }
+    DPT_THROW(CommError, "cannot host the TcpStore on port {}: {} failed: {}", port, what, errno_text(err));
+  };
+  int one = 1;
+  int zero = 0;
+
+  // IPv6 first: with IPV6_V6ONLY off one socket also accepts IPv4 clients.
+  int fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    sockaddr_in6 a{};
+    a.sin6_family = AF_INET6;
+    a.sin6_addr = in6addr_any;
+    a.sin6_port = htons(static_cast<uint16_t>(port));
+    if (::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) == 0 &&
+        ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)) == 0 &&
+        ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 && ::listen(fd, 512) == 0) {
+      socklen_t len = sizeof(a);
+      if (::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+        int err = errno;
+        ::close(fd);
+        fail("getsockname", err);
+      }
+      *actual_port = ntohs(a.sin6_port);
+      return fd;
+    }
+    int err = errno;
+    ::close(fd);
+    if (err == EADDRINUSE) fail("bind", err);
+    // Other failures (IPv6 disabled on this host): fall back to IPv4.
+  }
+
+  fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) fail("socket", errno);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_ANY);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const char* step = nullptr;
+  if (::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0) {
+    step = "setsockopt(SO_REUSEADDR)";
+  } else if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    step = "bind";
+  } else if (::listen(fd, 512) != 0) {
+    step = "listen";
+  }
+  socklen_t len = sizeof(a);
+  if (!step && ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) step = "getsockname";
+  if (step) {
+    int err = errno;
+    ::close(fd);
+    fail(step, err);
+  }
+  *actual_port = ntohs(a.sin_port);
+  return fd;
+}
+
+}  // namespace
+
+// ---- server ----------------------------------------------------------------------------------------------
+
+class TcpStore::Server {
+ public:
+  explicit Server(int port) {
+    listen_fd_ = listen_any(port, &port_);
+    if (::pipe2(wake_, O_CLOEXEC) != 0) {
+      int err = errno;
+      ::close(listen_fd_);
+      DPT_THROW(CommError, "TcpStore server on port {}: pipe2 failed: {}", port_, errno_text(err));
+    }
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+
+  ~Server() {
+    {
+      std::lock_guard lock(mu_);
+      stopping_ = true;
+    }
+    cv_.notify_all();  // wakes handlers blocked in WAIT
+    char c = 1;
+    while (::write(wake_[1], &c, 1) < 0 && errno == EINTR) {
+    }
+    acceptor_.join();
+    // Handlers blocked in recv/send wake up when their socket is shut down.
+    for (auto& conn : conns_) ::shutdown(conn->fd, SHUT_RDWR);
+    for (auto& conn : conns_) {
+      conn->thread.join();
+      ::close(conn->fd);
+    }
+    ::close(listen_fd_);
+    ::close(wake_[0]);
+    ::close(wake_[1]);
+  }
+
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  struct Conn {
+    int fd = -1;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+
+  void accept_loop() {
+    for (;;) {
+      pollfd pfds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      int n = ::poll(pfds, 2, -1);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        spdlog::error("TcpStore server on port {}: poll failed: {}; no longer accepting", port_, errno_text(errno));
+        return;
+      }
+      if (pfds[1].revents != 0) return;  // destructor asked us to stop
+      if (pfds[0].revents == 0) continue;
+      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        // Transient (a client gave up, fd limit): keep serving the others.
+        if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) {
+          spdlog::warn("TcpStore server on port {}: accept failed: {}", port_, errno_text(errno));
+          std::this_thread::sleep_for(milliseconds(10));
+        }
+        continue;
+      }
+      set_nodelay(fd);
+      reap_finished();
+      auto conn = std::make_unique<Conn>();
+      conn->fd = fd;
+      Conn* c = conn.get();
+      conn->thread = std::thread([this, c] {
+        serve(c->fd);
+        c->done = true;
+      });
+      conns_.push_back(std::move(conn));
+    }
+  }
+
+  // Joins handlers whose client went away (only the acceptor thread touches conns_ until the destructor).
+  void reap_finished() {
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if ((*it)->done) {
+        (*it)->thread.join();
+        ::close((*it)->fd);
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // One client's requests, in order, until it disconnects or the server stops.
+  void serve(int fd) {
+    for (;;) {
+      Reader in(fd);
+      auto cmd = static_cast<Cmd>(in.get<uint8_t>());
+      if (in.err) return;
+      Writer out;
+      switch (cmd) {
+        case Cmd::Set: {
+          std::string key = in.str();
+          std::vector<uint8_t> value = in.value();
+          if (in.err) return;
+          {
+            std::lock_guard lock(mu_);
+            data_[key] = std::move(value);
+          }
+          cv_.notify_all();
+          out.put(Status::Ok);
+          break;
+        }
+        case Cmd::Get: {
+          std::string key = in.str();
+          if (in.err) return;
+          std::lock_guard lock(mu_);
+          auto it = data_.find(key);
+          if (it == data_.end()) {
+            out.put(Status::NotFound);
+          } else {
+            out.put(Status::Ok).value(it->second);
+          }
+          break;
+        }
+        case Cmd::Add: {
+          std::string key = in.str();
+          auto delta = in.get<int64_t>();
+          if (in.err) return;
+          try {
+            int64_t v = 0;
+            {
+              std::lock_guard lock(mu_);
+              auto it = data_.find(key);
+              if (it != data_.end()) v = detail::parse_counter(key, it->second);
+              v += delta;
+              data_[key] = detail::format_counter(v);
+            }
+            cv_.notify_all();
+            out.put(Status::Ok).put(v);
+          } catch (const Error& e) {
+            out.put(Status::Error).str(e.what());
+          }
+          break;
+        }
+        case Cmd::Wait: {
+          auto timeout_ms = in.get<int64_t>();
+          std::vector<std::string> keys = in.keys();
+          if (in.err) return;
+          std::unique_lock lock(mu_);
+          auto ready = [&] {
+            if (stopping_) return true;
+            return std::all_of(keys.begin(), keys.end(), [&](const std::string& k) { return data_.count(k) > 0; });
+          };
+          if (timeout_ms < 0) {
+            cv_.wait(lock, ready);
+          } else {
+            cv_.wait_for(lock, milliseconds(timeout_ms), ready);
+          }
+          if (stopping_) return;
+          std::vector<std::string> missing;
+          for (const auto& k : keys) {
+            if (!data_.count(k)) missing.push_back(k);
+          }
+          if (missing.empty()) {
+            out.put(Status::Ok);
+          } else {
+            out.put(Status::Timeout).keys(missing);
+          }
+          break;
+        }
+        default:
+          return;  // not our protocol: drop the connection
+      }
+      if (send_all(fd, out.bytes().data(), out.bytes().size()) != 0) return;
+    }
+  }
+
+  int listen_fd_ = -1;
+  int port_ = 0;
+  int wake_[2] = {-1, -1};
+  std::thread acceptor_;
+  std::list<std::unique_ptr<Conn>> conns_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopping_ = false;
+  std::map<std::string, std::vector<uint8_t>> data_;
+};
+
+// ---- client ----------------------------------------------------------------------------------------------
+
+TcpStore::TcpStore(const TcpStoreOptions& opts) : Store(opts.timeout), host_(opts.host), port_(opts.port) {
+  if (opts.port < 0 || opts.port > 65535 || (opts.port == 0 && !opts.is_server)) {
+    DPT_THROW(ConfigError, "TcpStore port {} is out of range 1..65535", opts.port);
+  }
+  if (opts.is_server) {
+    server_ = std::make_unique<Server>(opts.port);
+    port_ = server_->port();
+  }
+  connect_with_retry();
+}
+
+TcpStore::TcpStore(std::string host, int port, bool is_server, std::chrono::milliseconds timeout)
+    : TcpStore(TcpStoreOptions{std::move(host), port, is_server, timeout}) {}
+
+TcpStore::~TcpStore() {
+  if (fd_ >= 0) ::close(fd_);
+  server_.reset();
+}
+
+std::string TcpStore::where() const { return fmt::format("the TcpStore at {}:{}", host_, port_); }
+
+void TcpStore::connect_with_retry() {
+  const auto timeout = Store::timeout();
+  const auto start = Clock::now();
+  auto remaining = [&]() -> milliseconds {
+    if (timeout.count() < 0) return milliseconds(60'000);
+    return std::max(milliseconds(0), timeout - std::chrono::duration_cast<milliseconds>(Clock::now() - start));
+  };
+  const std::string port_str = std::to_string(port_);
+  std::string last_error = "no attempt made";
+  milliseconds backoff(10);
+
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int rc = ::getaddrinfo(host_.c_str(), port_str.c_str(), &hints, &res);
+    if (rc != 0) {
+      last_error = fmt::format("cannot resolve '{}': {}", host_,
+                               rc == EAI_SYSTEM ? errno_text(errno) : std::string(::gai_strerror(rc)));
+    }
+    for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
+      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+      if (fd < 0) {
+        last_error = fmt::format("socket: {}", errno_text(errno));
+        continue;
+      }
+      int err = 0;
+      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        err = errno;
+        if (err == EINPROGRESS) {
+          // Bounded wait per attempt: a dropped SYN should not eat the whole timeout in one try.
+          pollfd pfd{fd, POLLOUT, 0};
+          int wait_ms = static_cast<int>(std::min<int64_t>(remaining().count(), 5000));
+          int n = ::poll(&pfd, 1, wait_ms);
+          if (n == 0) {
+            err = ETIMEDOUT;
+          } else if (n < 0) {
+            err = errno;
+          } else {
+            socklen_t len = sizeof(err);
+            if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+          }
+        }
+      }
+      if (err == 0) {
+        int flags = ::fcntl(fd, F_GETFL);
+        if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+          err = errno;
+        }
+      }
+      if (err != 0) {
+        last_error = errno_text(err);
+        ::close(fd);
+        continue;
+      }
+      set_nodelay(fd);
+      fd_ = fd;
+    }
+    if (res) ::freeaddrinfo(res);
+    if (fd_ >= 0) return;
+
+    milliseconds left = remaining();
+    if (left.count() <= 0) {
+      DPT_THROW(TimeoutError,
+                "could not reach the TcpStore at {}:{} after {} ({}): is rank 0 running, is MASTER_ADDR right?",
+                host_, port_, detail::format_duration(timeout), last_error);
+    }
+    std::this_thread::sleep_for(std::min(backoff, left));
+    backoff = std::min(backoff * 2, milliseconds(1000));
+  }
+}
+
+void TcpStore::lost_connection(const std::string& what, int err) {
+  DPT_THROW(CommError, "lost the connection to {} during {}: {} (did rank 0 exit?)", where(), what,
+            err == EPROTO ? "unexpected reply" : errno_text(err));
+}
+
+namespace {
+// Sends a whole request; returns 0 or the errno.
+int send_request(int fd, const Writer& req) { return send_all(fd, req.bytes().data(), req.bytes().size()); }
+}  // namespace
+
+void TcpStore::do_set(const std::string& key, const std::vector<uint8_t>& value) {
+  std::lock_guard lock(mu_);
+  Writer req;
+  req.put(Cmd::Set).str(key).value(value);
+  if (int err = send_request(fd_, req)) lost_connection(fmt::format("set('{}')", key), err);
+  Reader in(fd_);
+  auto status = in.get<Status>();
+  if (in.err || status != Status::Ok) lost_connection(fmt::format("set('{}')", key), in.err ? in.err : EPROTO);
+}
+
+std::vector<uint8_t> TcpStore::do_get(const std::string& key) {
+  std::lock_guard lock(mu_);
+  Writer req;
+  req.put(Cmd::Get).str(key);
+  if (int err = send_request(fd_, req)) lost_connection(fmt::format("get('{}')", key), err);
+  Reader in(fd_);
+  auto status = in.get<Status>();
+  if (in.err) lost_connection(fmt::format("get('{}')", key), in.err);
+  if (status == Status::NotFound) DPT_THROW(CommError, "store key '{}' is not set in {}", key, where());
+  auto value = in.value();
+  if (in.err || status != Status::Ok) lost_connection(fmt::format("get('{}')", key), in.err ? in.err : EPROTO);
+  return value;
+}
+
+int64_t TcpStore::do_add(const std::string& key, int64_t delta) {
+  std::lock_guard lock(mu_);
+  Writer req;
+  req.put(Cmd::Add).str(key).put(delta);
+  if (int err = send_request(fd_, req)) lost_connection(fmt::format("add('{}')", key), err);
+  Reader in(fd_);
+  auto status = in.get<Status>();
+  if (in.err) lost_connection(fmt::format("add('{}')", key), in.err);
+  if (status == Status::Error) {
+    std::string msg = in.str();
+    if (in.err) lost_connection(fmt::format("add('{}')", key), in.err);
+    throw CommError(msg);
+  }
+  auto v = in.get<int64_t>();
+  if (in.err || status != Status::Ok) lost_connection(fmt::format("add('{}')", key), in.err ? in.err : EPROTO);
+  return v;
+}
+
+void TcpStore::do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
+  std::lock_guard lock(mu_);
+  Writer req;
+  req.put(Cmd::Wait).put(static_cast<int64_t>(timeout.count() < 0 ? -1 : timeout.count())).keys(keys);
+  if (int err = send_request(fd_, req)) lost_connection("wait", err);
+  Reader in(fd_);
+  auto status = in.get<Status>();
+  if (in.err) lost_connection("wait", in.err);
+  if (status == Status::Timeout) {
+    auto missing = in.keys();
+    if (in.err) lost_connection("wait", in.err);
+    detail::throw_wait_timeout(missing, timeout, where());
+  }
+  if (status != Status::Ok) lost_connection("wait", EPROTO);
+}
+
+}  // namespace dpt::comm

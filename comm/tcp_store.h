@@ -1,0 +1,63 @@
+// comm/tcp_store.h: TcpStore, the Store every rank reaches over TCP. Rank 0 (is_server) also hosts the
+// server (an accept thread and one thread per client, sharing one key-value map); every rank, rank 0
+// included, talks to it as a client.
+//
+// Wire protocol, in the host's byte order (every rank runs the same build on the same architecture):
+//   request  = u8 command, then per command: SET key value | GET key | ADD key i64 | WAIT i64 timeout_ms keys
+//   strings  = u32 length + bytes; values = u64 length + bytes; key lists = u32 count + strings
+//   reply    = u8 status (OK, NOT_FOUND, TIMEOUT, ERROR) + the command's result (value, i64, missing keys, text)
+// WAIT is answered by the server when all keys exist or the timeout passed, so a waiting client costs no polling.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "comm/store.h"
+
+namespace dpt::comm {
+
+struct TcpStoreOptions {
+  std::string host = "127.0.0.1";  // where clients connect (the server listens on all interfaces)
+  int port = 29500;                // with is_server, 0 picks a free port: read it back with TcpStore::port()
+  bool is_server = false;
+  // How long a client keeps retrying to connect, and the default for get() and wait(keys).
+  std::chrono::milliseconds timeout = kDefaultStoreTimeout;
+};
+
+class TcpStore : public Store {
+ public:
+  // Starts the server first when is_server (CommError naming the port when it cannot listen), then
+  // connects, retrying with backoff until the timeout (TimeoutError naming HOST:PORT).
+  explicit TcpStore(const TcpStoreOptions& opts);
+  TcpStore(std::string host, int port, bool is_server,
+           std::chrono::milliseconds timeout = kDefaultStoreTimeout);
+  // Stops the server (if hosted here) without waiting for clients: their blocked calls fail with CommError.
+  ~TcpStore() override;
+
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }  // the real port, also when 0 was asked for
+  bool is_server() const { return server_ != nullptr; }
+
+  class Server;  // defined in tcp_store.cpp
+
+ protected:
+  void do_set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> do_get(const std::string& key) override;
+  int64_t do_add(const std::string& key, int64_t delta) override;
+  void do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+
+ private:
+  void connect_with_retry();
+  std::string where() const;  // "the TcpStore at HOST:PORT"
+  [[noreturn]] void lost_connection(const std::string& what, int err);
+
+  std::string host_;
+  int port_;
+  std::unique_ptr<Server> server_;
+  std::mutex mu_;  // one request at a time on the client socket
+  int fd_ = -1;
+};
+
+}  // namespace dpt::comm

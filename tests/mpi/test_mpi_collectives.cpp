@@ -1,0 +1,246 @@
+// tests/mpi/test_mpi_collectives.cpp: run under mpirun (-np 2, -np 3). Detects the Open MPI environment,
+// checks that backend "auto" resolves to mpi, runs every collective against closed-form values, then builds a
+// gloo group in the same processes (rendezvous port chosen by rank 0, broadcast over MPI) and checks that the
+// two backends agree. Exits non-zero on any failure, printing what differed.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "comm/env.h"
+#include "comm/init.h"
+#include "core/check.h"
+#include "core/logging.h"
+
+using namespace dpt;
+using namespace dpt::comm;
+
+namespace {
+
+int g_failures = 0;
+int g_rank = -1;
+
+template <class... A>
+void fail(fmt::format_string<A...> f, A&&... args) {
+  ++g_failures;
+  if (g_failures <= 20) {
+    std::fprintf(stderr, "[rank %d] FAILED: %s\n", g_rank, fmt::format(f, std::forward<A>(args)...).c_str());
+  }
+}
+
+template <class T>
+Tensor filled(size_t n, const std::function<T(size_t)>& f) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(n)}, dtype_of<T>());
+  for (size_t i = 0; i < n; ++i) t.data<T>()[i] = f(i);
+  return t;
+}
+
+template <class T>
+void expect(const std::string& what, const Tensor& t, const std::function<T(size_t)>& want) {
+  for (size_t i = 0; i < t.numel(); ++i) {
+    if (t.data<T>()[i] != want(i)) {
+      fail("{}: element {} is {}, expected {}", what, i, t.data<T>()[i], want(i));
+      return;
+    }
+  }
+}
+
+template <class T>
+void check_allreduce(ProcessGroup& pg, size_t n) {
+  const int r = pg.rank();
+  const int w = pg.size();
+  const auto S = static_cast<T>(w * (w + 1) / 2);
+  const std::string tag = fmt::format("{} {} n={}", pg.backend(), dtype_name(dtype_of<T>()), n);
+  Tensor t = filled<T>(n, [&](size_t i) { return static_cast<T>((r + 1) * static_cast<T>(i + 1)); });
+  pg.allreduce(t, {ReduceOp::Sum})->wait();
+  expect<T>("allreduce sum " + tag, t, [&](size_t i) { return static_cast<T>(S * static_cast<T>(i + 1)); });
+
+  t = filled<T>(n, [&](size_t i) {
+    T v = static_cast<T>((r + 1) * static_cast<T>(i + 1));
+    return i % 2 == 0 ? static_cast<T>(-v) : v;
+  });
+  pg.allreduce(t, {ReduceOp::Max})->wait();
+  expect<T>("allreduce max " + tag, t, [&](size_t i) {
+    return i % 2 == 0 ? static_cast<T>(-static_cast<T>(i + 1)) : static_cast<T>(w * static_cast<T>(i + 1));
+  });
+
+  if constexpr (std::is_floating_point_v<T>) {
+    t = filled<T>(n, [&](size_t i) { return static_cast<T>((r + 1) * static_cast<T>(i + 1)); });
+    pg.allreduce(t, {ReduceOp::Avg})->wait();
+    expect<T>("allreduce avg " + tag, t,
+              [&](size_t i) { return static_cast<T>(S * static_cast<T>(i + 1)) / static_cast<T>(w); });
+  } else {
+    Tensor a = filled<T>(1, [](size_t) { return T{0}; });
+    try {
+      pg.allreduce(a, {ReduceOp::Avg});
+      fail("{}: integer avg did not throw", tag);
+    } catch (const UnsupportedError&) {
+    }
+    if constexpr (sizeof(T) == 8) {
+      t = filled<T>(n, [&](size_t i) { return static_cast<T>((int64_t{r} + 1) << 40) + static_cast<T>(i); });
+      pg.allreduce(t)->wait();
+      expect<T>("allreduce sum past 32 bits " + tag, t, [&](size_t i) {
+        return static_cast<T>(static_cast<int64_t>(S) << 40) + static_cast<T>(w) * static_cast<T>(i);
+      });
+    }
+  }
+}
+
+void check_collectives(ProcessGroup& pg) {
+  const int r = pg.rank();
+  const int w = pg.size();
+  for (size_t n : {size_t{0}, size_t{1}, size_t{4}, size_t{100}, size_t{1001}}) {
+    check_allreduce<float>(pg, n);
+    check_allreduce<double>(pg, n);
+    check_allreduce<int32_t>(pg, n);
+    check_allreduce<int64_t>(pg, n);
+
+    for (int root : {0, w - 1}) {
+      Tensor t = filled<float>(n, [&](size_t i) { return static_cast<float>(r * 10000 + static_cast<int>(i)); });
+      pg.broadcast(t, {root})->wait();
+      expect<float>(fmt::format("{} broadcast root {} n={}", pg.backend(), root, n), t,
+                    [&](size_t i) { return static_cast<float>(root * 10000 + static_cast<int>(i)); });
+    }
+
+    const size_t d = n ? n : 1;
+    Tensor in = filled<int32_t>(n, [&](size_t i) { return r * 100000 + static_cast<int32_t>(i); });
+    Tensor out = Tensor::zeros({static_cast<int64_t>(n * static_cast<size_t>(w))}, DType::I32);
+    pg.allgather(in, out)->wait();
+    expect<int32_t>(fmt::format("{} allgather n={}", pg.backend(), n), out, [&](size_t j) {
+      return static_cast<int32_t>(j / d) * 100000 + static_cast<int32_t>(j % d);
+    });
+    Tensor out2 = Tensor::zeros({static_cast<int64_t>(n * static_cast<size_t>(w))}, DType::F64);
+    Tensor slot = out2.view(static_cast<size_t>(r) * n, {static_cast<int64_t>(n)});
+    for (size_t i = 0; i < n; ++i) slot.data<double>()[i] = r + 0.25 * static_cast<double>(i);
+    pg.allgather(slot, out2)->wait();
+    expect<double>(fmt::format("{} allgather in place n={}", pg.backend(), n), out2, [&](size_t j) {
+      return static_cast<double>(j / d) + 0.25 * static_cast<double>(j % d);
+    });
+  }
+  pg.barrier()->wait();
+
+  try {
+    Tensor a = Tensor::zeros({static_cast<int64_t>(w)});
+    Tensor b = Tensor::zeros({1});
+    pg.reduce_scatter(a, b);
+    fail("{}: reduce_scatter did not throw", pg.backend());
+  } catch (const UnsupportedError& e) {
+    std::string want = fmt::format("backend {} does not support reduce_scatter", pg.backend());
+    if (std::string(e.what()).find(want) == std::string::npos) fail("reduce_scatter said '{}'", e.what());
+  }
+}
+
+// Data only this rank has (a hash of rank and index), integer-valued so that sums are exact in any order.
+Tensor rank_data(int rank, size_t n) {
+  return filled<double>(n, [&](size_t i) {
+    uint64_t x = (static_cast<uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 31;
+    return static_cast<double>(static_cast<int64_t>(x % 2001) - 1000);
+  });
+}
+
+// The two backends give the same answers to the same questions.
+void check_agreement(ProcessGroup& a, ProcessGroup& b) {
+  const size_t n = 777;
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg}) {
+    Tensor x = rank_data(a.rank(), n);
+    Tensor y = rank_data(b.rank(), n);
+    a.allreduce(x, {op})->wait();
+    b.allreduce(y, {op})->wait();
+    for (size_t i = 0; i < n; ++i) {
+      if (x.data<double>()[i] != y.data<double>()[i]) {
+        fail("allreduce {}: {} gives {} but {} gives {} at element {}", reduce_op_name(op), a.backend(),
+             x.data<double>()[i], b.backend(), y.data<double>()[i], i);
+        break;
+      }
+    }
+  }
+  Tensor in = rank_data(a.rank(), n);
+  Tensor ga = Tensor::zeros({static_cast<int64_t>(n * static_cast<size_t>(a.size()))}, DType::F64);
+  Tensor gb = Tensor::zeros({static_cast<int64_t>(n * static_cast<size_t>(a.size()))}, DType::F64);
+  a.allgather(in, ga)->wait();
+  b.allgather(in, gb)->wait();
+  for (size_t i = 0; i < ga.numel(); ++i) {
+    if (ga.data<double>()[i] != gb.data<double>()[i]) {
+      fail("allgather: {} and {} differ at element {}", a.backend(), b.backend(), i);
+      break;
+    }
+  }
+}
+
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  DPT_CHECK(fd >= 0, "socket: {}", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  DPT_CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "bind: {}", std::strerror(errno));
+  DPT_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0, "getsockname: {}", std::strerror(errno));
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+int run() {
+  DistEnv env = detect_env(process_env());
+  g_rank = env.rank;
+  init_logging(env.rank, env.world_size);
+  if (env.launcher != Launcher::OpenMPI) fail("launcher is {}, expected openmpi (run me under mpirun)", launcher_name(env.launcher));
+  if (!env.mpi_available) fail("mpi_available is false under mpirun");
+  if (resolve_backend("auto", env) != "mpi") fail("backend auto resolves to {}", resolve_backend("auto", env));
+
+  auto mpi = init_process_group(env, {"auto", std::chrono::seconds(60)});
+  if (mpi->backend() != "mpi") fail("init_process_group(auto) built backend {}", mpi->backend());
+  if (mpi->rank() != env.rank || mpi->size() != env.world_size) {
+    fail("mpi group is rank {} of {}, the environment says {} of {}", mpi->rank(), mpi->size(), env.rank, env.world_size);
+  }
+  check_collectives(*mpi);
+
+  // Gloo in the same processes: under mpirun there is no MASTER_PORT, so rank 0 picks a free one and tells the
+  // others over MPI.
+  Tensor port = Tensor::zeros({1}, DType::I32);
+  if (env.rank == 0) port.data<int32_t>()[0] = free_port();
+  mpi->broadcast(port)->wait();
+  DistEnv genv = env;
+  genv.master_addr = "127.0.0.1";
+  genv.master_port = port.data<int32_t>()[0];
+  auto gloo = init_process_group(genv, {"gloo", std::chrono::seconds(60)});
+  if (gloo->backend() != "gloo") fail("init_process_group(gloo) built backend {}", gloo->backend());
+  check_collectives(*gloo);
+  check_agreement(*mpi, *gloo);
+
+  // Every rank's verdict, so that all of them exit with the same code.
+  Tensor bad = Tensor::zeros({1}, DType::I32);
+  bad.data<int32_t>()[0] = g_failures;
+  mpi->allreduce(bad)->wait();
+  gloo->barrier()->wait();
+  gloo.reset();
+  mpi->barrier()->wait();
+  mpi.reset();  // MPI_Finalize
+  int total = bad.data<int32_t>()[0];
+  if (env.rank == 0) {
+    if (total == 0) {
+      std::printf("test_mpi_collectives: all checks passed on %d ranks (mpi and gloo)\n", env.world_size);
+    } else {
+      std::printf("test_mpi_collectives: %d failures across %d ranks\n", total, env.world_size);
+    }
+  }
+  return total == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main() {
+  try {
+    return run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[rank %d] test_mpi_collectives: %s\n", g_rank, e.what());
+    return 1;
+  }
+}

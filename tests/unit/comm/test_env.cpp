@@ -1,0 +1,242 @@
+// tests/unit/comm/test_env.cpp: detect_env over recorded environments (dprun/torchrun, Open MPI, Slurm,
+// none), the rejection of malformed values, and expand_hostlist.
+#include <catch2/catch.hpp>
+
+#include "comm/env.h"
+#include "core/check.h"
+
+using namespace dpt;
+using namespace dpt::comm;
+using Catch::Matchers::Contains;
+
+namespace {
+// What torchrun/dprun set for rank 5 of 8 (4 per node, node 1).
+EnvMap dprun_env() {
+  return {{"RANK", "5"},           {"LOCAL_RANK", "1"},          {"WORLD_SIZE", "8"},
+          {"LOCAL_WORLD_SIZE", "4"}, {"NODE_RANK", "1"},           {"MASTER_ADDR", "10.1.2.3"},
+          {"MASTER_PORT", "29501"}, {"DPT_RESTART_COUNT", "2"},   {"OMP_NUM_THREADS", "1"}};
+}
+// What mpirun -np 6 sets for rank 4 on the second of two nodes (3 per node), recorded from Open MPI 4.1.
+EnvMap ompi_env() {
+  return {{"OMPI_COMM_WORLD_RANK", "4"},       {"OMPI_COMM_WORLD_SIZE", "6"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "1"},
+          {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}, {"OMPI_COMM_WORLD_NODE_RANK", "1"}, {"PMIX_RANK", "4"},
+          {"OMPI_UNIVERSE_SIZE", "6"}};
+}
+// srun -N 4 --ntasks-per-node=2: task 3 (second task of the second node).
+EnvMap slurm_env() {
+  return {{"SLURM_PROCID", "3"},      {"SLURM_NTASKS", "8"},  {"SLURM_LOCALID", "1"},
+          {"SLURM_NODEID", "1"},      {"SLURM_STEP_NODELIST", "node[01-03,07]"},
+          {"SLURM_JOB_NODELIST", "other[1-9]"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x4)"},
+          {"SLURM_JOB_ID", "1234"}};
+}
+}  // namespace
+
+TEST_CASE("detect_env: dprun/torchrun variables", "[env]") {
+  DistEnv d = detect_env(dprun_env());
+  CHECK(d.launcher == Launcher::Dprun);
+  CHECK(std::string(launcher_name(d.launcher)) == "dprun");
+  CHECK(d.rank == 5);
+  CHECK(d.world_size == 8);
+  CHECK(d.local_rank == 1);
+  CHECK(d.local_world_size == 4);
+  CHECK(d.node_rank == 1);
+  CHECK(d.master_addr == "10.1.2.3");
+  CHECK(d.master_port == 29501);
+  CHECK(d.restart_count == 2);
+  CHECK_FALSE(d.mpi_available);
+}
+
+TEST_CASE("detect_env: GROUP_RANK stands in for NODE_RANK, and defaults for the optional variables", "[env]") {
+  EnvMap e = {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}};
+  DistEnv d = detect_env(e);
+  CHECK(d.node_rank == 1);
+  CHECK(d.master_addr == "127.0.0.1");
+  CHECK(d.master_port == 29500);
+  CHECK(d.restart_count == 0);
+
+  // Only RANK and WORLD_SIZE: one node, local = global.
+  DistEnv m = detect_env({{"RANK", "1"}, {"WORLD_SIZE", "3"}});
+  CHECK(m.launcher == Launcher::Dprun);
+  CHECK(m.local_rank == 1);
+  CHECK(m.local_world_size == 3);
+  CHECK(m.node_rank == 0);
+}
+
+TEST_CASE("detect_env: dprun variables win over Open MPI and Slurm ones", "[env]") {
+  EnvMap e = dprun_env();
+  for (const auto& kv : ompi_env()) e.insert(kv);
+  for (const auto& kv : slurm_env()) e.insert(kv);
+  CHECK(detect_env(e).launcher == Launcher::Dprun);
+  EnvMap o = ompi_env();
+  for (const auto& kv : slurm_env()) o.insert(kv);
+  CHECK(detect_env(o).launcher == Launcher::OpenMPI);
+}
+
+TEST_CASE("detect_env: Open MPI variables", "[env]") {
+  DistEnv d = detect_env(ompi_env());
+  CHECK(d.launcher == Launcher::OpenMPI);
+  CHECK(d.rank == 4);
+  CHECK(d.world_size == 6);
+  CHECK(d.local_rank == 1);
+  CHECK(d.local_world_size == 3);
+  // OMPI_COMM_WORLD_NODE_RANK is the rank within the node (1 here), not the node's index (1 = 4 / 3).
+  CHECK(d.node_rank == 1);
+  CHECK(d.mpi_available);
+  CHECK(d.master_addr == "127.0.0.1");
+  CHECK(d.master_port == 29500);
+
+  EnvMap e = ompi_env();
+  e["OMPI_COMM_WORLD_RANK"] = "0";
+  e["OMPI_COMM_WORLD_LOCAL_RANK"] = "0";
+  e["OMPI_COMM_WORLD_NODE_RANK"] = "0";
+  e["MASTER_ADDR"] = "head";
+  e["MASTER_PORT"] = "31000";
+  DistEnv r0 = detect_env(e);
+  CHECK(r0.node_rank == 0);
+  CHECK(r0.master_addr == "head");
+  CHECK(r0.master_port == 31000);
+}
+
+TEST_CASE("detect_env: Slurm variables", "[env]") {
+  DistEnv d = detect_env(slurm_env());
+  CHECK(d.launcher == Launcher::Slurm);
+  CHECK(d.rank == 3);
+  CHECK(d.world_size == 8);
+  CHECK(d.local_rank == 1);
+  CHECK(d.local_world_size == 2);
+  CHECK(d.node_rank == 1);
+  CHECK(d.master_addr == "node01");  // first host of the step's list, not of the job's
+  CHECK(d.master_port == 21234);     // 20000 + SLURM_JOB_ID % 10000
+  CHECK_FALSE(d.mpi_available);
+
+  EnvMap j = slurm_env();
+  j["SLURM_JOB_ID"] = "98765123456";  // larger than an int
+  CHECK(detect_env(j).master_port == 20000 + 3456);  // derived from the job id: jobs on one node differ
+  j["MASTER_PORT"] = "29999";
+  CHECK(detect_env(j).master_port == 29999);
+
+  EnvMap e = slurm_env();
+  e.erase("SLURM_STEP_NODELIST");
+  CHECK(detect_env(e).master_addr == "other1");
+  e["MASTER_ADDR"] = "explicit";
+  CHECK(detect_env(e).master_addr == "explicit");
+
+  e = slurm_env();
+  e["PMIX_RANK"] = "3";
+  CHECK(detect_env(e).mpi_available);
+  e.erase("PMIX_RANK");
+  e["PMI_RANK"] = "3";
+  CHECK(detect_env(e).mpi_available);
+
+  // Uneven nodes: "3(x2),2": node 2 runs 2 tasks.
+  e = slurm_env();
+  e["SLURM_NTASKS"] = "8";
+  e["SLURM_STEP_TASKS_PER_NODE"] = "3(x2),2";
+  e["SLURM_NODEID"] = "2";
+  e["SLURM_PROCID"] = "7";
+  e["SLURM_LOCALID"] = "1";
+  CHECK(detect_env(e).local_world_size == 2);
+  e["SLURM_NODEID"] = "0";
+  e["SLURM_PROCID"] = "2";
+  e["SLURM_LOCALID"] = "2";
+  CHECK(detect_env(e).local_world_size == 3);
+  // SLURM_NTASKS_PER_NODE comes first.
+  e["SLURM_NTASKS_PER_NODE"] = "4";
+  CHECK(detect_env(e).local_world_size == 4);
+}
+
+TEST_CASE("detect_env: nothing set means a single process", "[env]") {
+  DistEnv d = detect_env({{"HOME", "/root"}, {"PATH", "/usr/bin"}});
+  CHECK(d.launcher == Launcher::None);
+  CHECK(d.rank == 0);
+  CHECK(d.world_size == 1);
+  CHECK(d.local_rank == 0);
+  CHECK(d.local_world_size == 1);
+  CHECK_FALSE(d.mpi_available);
+  // Slurm needs both variables; one alone is not a Slurm task.
+  CHECK(detect_env({{"SLURM_PROCID", "0"}}).launcher == Launcher::None);
+}
+
+TEST_CASE("detect_env: malformed values are rejected, naming the variable", "[env]") {
+  auto rejects = [](EnvMap e, const std::string& needle) {
+    INFO("expecting an error mentioning " << needle);
+    CHECK_THROWS_MATCHES(detect_env(e), ConfigError, Catch::Matchers::Predicate<ConfigError>(
+                                                         [&](const ConfigError& err) {
+                                                           return std::string(err.what()).find(needle) !=
+                                                                  std::string::npos;
+                                                         },
+                                                         "message mentions " + needle));
+  };
+  EnvMap e = dprun_env();
+  e["RANK"] = "abc";
+  rejects(e, "RANK='abc'");
+  e["RANK"] = "5x";
+  rejects(e, "RANK='5x'");
+  e["RANK"] = "";
+  rejects(e, "RANK=''");
+  e["RANK"] = "8";
+  rejects(e, "RANK=8");
+  e["RANK"] = "-1";
+  rejects(e, "RANK=-1");
+  e = dprun_env();
+  e["WORLD_SIZE"] = "0";
+  rejects(e, "WORLD_SIZE=0");
+  e = dprun_env();
+  e["WORLD_SIZE"] = "99999999999999999999";
+  rejects(e, "WORLD_SIZE='99999999999999999999'");
+  e = dprun_env();
+  e["MASTER_PORT"] = "70000";
+  rejects(e, "MASTER_PORT=70000");
+  e["MASTER_PORT"] = "0";
+  rejects(e, "MASTER_PORT=0");
+  e["MASTER_PORT"] = "http";
+  rejects(e, "MASTER_PORT='http'");
+  e = dprun_env();
+  e["LOCAL_RANK"] = "4";
+  rejects(e, "LOCAL_RANK=4");
+  e = dprun_env();
+  e["DPT_RESTART_COUNT"] = "-2";
+  rejects(e, "DPT_RESTART_COUNT=-2");
+  e = dprun_env();
+  e["NODE_RANK"] = "one";
+  rejects(e, "NODE_RANK='one'");
+
+  EnvMap o = ompi_env();
+  o["OMPI_COMM_WORLD_RANK"] = "6";
+  rejects(o, "OMPI_COMM_WORLD_RANK=6");
+  o = ompi_env();
+  o.erase("OMPI_COMM_WORLD_RANK");
+  rejects(o, "OMPI_COMM_WORLD_RANK is not set");
+
+  EnvMap s = slurm_env();
+  s["SLURM_STEP_NODELIST"] = "node[01-03";
+  rejects(s, "SLURM_STEP_NODELIST");
+  s = slurm_env();
+  s["SLURM_STEP_TASKS_PER_NODE"] = "2(x";
+  rejects(s, "SLURM_STEP_TASKS_PER_NODE");
+  s = slurm_env();
+  s["SLURM_PROCID"] = "8";
+  rejects(s, "SLURM_PROCID=8");
+}
+
+TEST_CASE("expand_hostlist", "[env]") {
+  using V = std::vector<std::string>;
+  CHECK(expand_hostlist("") == V{});
+  CHECK(expand_hostlist("gpu5") == V{"gpu5"});
+  CHECK(expand_hostlist("a,b") == V{"a", "b"});
+  CHECK(expand_hostlist("node[01-03,07]") == V{"node01", "node02", "node03", "node07"});
+  CHECK(expand_hostlist("node[01-03,07],gpu5") == V{"node01", "node02", "node03", "node07", "gpu5"});
+  CHECK(expand_hostlist("n[8-11]") == V{"n8", "n9", "n10", "n11"});
+  CHECK(expand_hostlist("n[098-101]") == V{"n098", "n099", "n100", "n101"});
+  CHECK(expand_hostlist("n[5]") == V{"n5"});
+  CHECK(expand_hostlist("rack[1-2]-n[1-2]") == V{"rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"});
+  CHECK(expand_hostlist("a[1-2].ib,b") == V{"a1.ib", "a2.ib", "b"});
+  CHECK(expand_hostlist("10.0.0.1") == V{"10.0.0.1"});
+
+  for (const char* bad : {"node[01-03", "node01-03]", "node[]", "node[3-1]", "node[a-b]", "node[1-2-3]", "a,,b",
+                          ",a", "a,", "n[1[2]]", "n[1,]", "a b"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(expand_hostlist(bad), ConfigError);
+  }
+  CHECK_THROWS_WITH(expand_hostlist("node[01-03"), Contains("node[01-03") && Contains("'[' without ']'"));
+}

@@ -1,0 +1,289 @@
+// tests/unit/comm/test_gloo.cpp: GlooProcessGroup with ranks as threads meeting through a TcpStore: every
+// collective for world sizes 1, 2, 3 and element counts {0, 1, 4, 100, 1001} against closed-form values;
+// argument errors; reduce_scatter unsupported; a collective one rank never joins times out instead of hanging.
+#include <catch2/catch.hpp>
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "comm/gloo_backend.h"
+#include "comm/tcp_store.h"
+#include "core/check.h"
+
+using namespace dpt;
+using namespace dpt::comm;
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+
+namespace {
+
+constexpr size_t kCounts[] = {0, 1, 4, 100, 1001};
+
+// Failures seen by the rank threads (Catch2's assertions are not thread-safe), reported by the main thread.
+class Failures {
+ public:
+  template <class... A>
+  void add(fmt::format_string<A...> f, A&&... args) {
+    std::lock_guard lock(mu_);
+    if (list_.size() < 20) list_.push_back(fmt::format(f, std::forward<A>(args)...));
+    ++count_;
+  }
+  std::string report() const {
+    return count_ == 0 ? "" : fmt::format("{} failures, first ones:\n  {}", count_, fmt::join(list_, "\n  "));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::string> list_;
+  size_t count_ = 0;
+};
+
+// Runs fn(group) on `size` threads, each a rank with its own TcpStore client (rank 0 hosts the server on a
+// free port). Returns what the threads threw, one line per rank.
+std::string run_ranks(int size, const std::function<void(GlooProcessGroup&)>& fn,
+                      std::chrono::milliseconds timeout = 30s) {
+  std::promise<int> port_promise;
+  std::shared_future<int> port = port_promise.get_future().share();
+  std::vector<std::string> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        std::shared_ptr<TcpStore> store;
+        if (r == 0) {
+          try {
+            store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, timeout});
+          } catch (...) {
+            port_promise.set_exception(std::current_exception());
+            throw;
+          }
+          port_promise.set_value(store->port());
+        } else {
+          store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", port.get(), false, timeout});
+        }
+        GlooOptions opts;
+        opts.timeout = timeout;
+        GlooProcessGroup pg(store, r, size, opts);
+        fn(pg);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = fmt::format("rank {}: {}", r, e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::string all;
+  for (const auto& e : errors) {
+    if (!e.empty()) all += e + "\n";
+  }
+  return all;
+}
+
+template <class T>
+Tensor filled(size_t n, const std::function<T(size_t)>& f) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(n)}, dtype_of<T>());
+  T* p = t.data<T>();
+  for (size_t i = 0; i < n; ++i) p[i] = f(i);
+  return t;
+}
+
+template <class T>
+void expect_equal(Failures& fails, const std::string& what, const Tensor& t, const std::function<T(size_t)>& want) {
+  const T* p = t.data<T>();
+  for (size_t i = 0; i < t.numel(); ++i) {
+    if (p[i] != want(i)) {
+      fails.add("{}: element {} is {}, expected {}", what, i, p[i], want(i));
+      return;  // one line per tensor is enough
+    }
+  }
+}
+
+// Sum, Avg and Max of closed-form contributions, for one dtype.
+template <class T>
+void check_allreduce(GlooProcessGroup& pg, Failures& fails, size_t n) {
+  const int r = pg.rank();
+  const int w = pg.size();
+  const auto S = static_cast<T>(w * (w + 1) / 2);  // sum over ranks of (rank + 1)
+  const std::string tag = fmt::format("{} n={} rank {} of {}", dtype_name(dtype_of<T>()), n, r, w);
+
+  // Sum: rank r contributes (r+1)*(i+1).
+  Tensor t = filled<T>(n, [&](size_t i) { return static_cast<T>((r + 1) * static_cast<T>(i + 1)); });
+  pg.allreduce(t, {ReduceOp::Sum})->wait();
+  expect_equal<T>(fails, "sum " + tag, t, [&](size_t i) { return static_cast<T>(S * static_cast<T>(i + 1)); });
+
+  // Max: (r+1)*(i+1), negated on even i: the max is w*(i+1) on odd i and -(i+1) on even i.
+  t = filled<T>(n, [&](size_t i) {
+    T v = static_cast<T>((r + 1) * static_cast<T>(i + 1));
+    return i % 2 == 0 ? static_cast<T>(-v) : v;
+  });
+  pg.allreduce(t, {ReduceOp::Max})->wait();
+  expect_equal<T>(fails, "max " + tag, t, [&](size_t i) {
+    return i % 2 == 0 ? static_cast<T>(-static_cast<T>(i + 1)) : static_cast<T>(w * static_cast<T>(i + 1));
+  });
+
+  if constexpr (std::is_floating_point_v<T>) {
+    // Avg: the sum divided by the world size.
+    t = filled<T>(n, [&](size_t i) { return static_cast<T>((r + 1) * static_cast<T>(i + 1)); });
+    pg.allreduce(t, {ReduceOp::Avg})->wait();
+    expect_equal<T>(fails, "avg " + tag, t,
+                    [&](size_t i) { return static_cast<T>(S * static_cast<T>(i + 1)) / static_cast<T>(w); });
+  } else {
+    // Values past 32 bits keep their high part (int64) across the wire.
+    if constexpr (sizeof(T) == 8) {
+      t = filled<T>(n, [&](size_t i) { return static_cast<T>((int64_t{r} + 1) << 40) + static_cast<T>(i); });
+      pg.allreduce(t, {ReduceOp::Sum})->wait();
+      expect_equal<T>(fails, "sum64 " + tag, t, [&](size_t i) {
+        return static_cast<T>(static_cast<int64_t>(S) << 40) + static_cast<T>(w) * static_cast<T>(i);
+      });
+    }
+  }
+}
+
+void check_all_collectives(GlooProcessGroup& pg, Failures& fails, std::atomic<int>& arrived) {
+  const int r = pg.rank();
+  const int w = pg.size();
+  if (pg.backend() != "gloo") fails.add("backend() is '{}'", pg.backend());
+
+  for (size_t n : kCounts) {
+    check_allreduce<float>(pg, fails, n);
+    check_allreduce<double>(pg, fails, n);
+    check_allreduce<int32_t>(pg, fails, n);
+    check_allreduce<int64_t>(pg, fails, n);
+
+    // Broadcast from the first and the last rank: rank r holds r*10000 + i.
+    for (int root : {0, w - 1}) {
+      Tensor t = filled<float>(n, [&](size_t i) { return static_cast<float>(r * 10000 + static_cast<int>(i)); });
+      pg.broadcast(t, {root})->wait();
+      expect_equal<float>(fails, fmt::format("broadcast root {} n={} rank {}", root, n, r), t,
+                          [&](size_t i) { return static_cast<float>(root * 10000 + static_cast<int>(i)); });
+      Tensor l = filled<int64_t>(n, [&](size_t i) { return (int64_t{r} << 33) + static_cast<int64_t>(i); });
+      pg.broadcast(l, {root})->wait();
+      expect_equal<int64_t>(fails, fmt::format("broadcast int64 root {} n={} rank {}", root, n, r), l,
+                            [&](size_t i) { return (int64_t{root} << 33) + static_cast<int64_t>(i); });
+    }
+
+    // Allgather: rank r contributes r*100000 + i; slot q of the output holds rank q's.
+    Tensor in = filled<int32_t>(n, [&](size_t i) { return r * 100000 + static_cast<int32_t>(i); });
+    Tensor out = Tensor::zeros({static_cast<int64_t>(n * static_cast<size_t>(w))}, DType::I32);
+    pg.allgather(in, out)->wait();
+    expect_equal<int32_t>(fails, fmt::format("allgather n={} rank {}", n, r), out, [&](size_t j) {
+      return static_cast<int32_t>(j / (n ? n : 1)) * 100000 + static_cast<int32_t>(j % (n ? n : 1));
+    });
+    // In place: the input is this rank's slot of the output.
+    Tensor out2 = Tensor::zeros({static_cast<int64_t>(n * static_cast<size_t>(w))}, DType::F64);
+    Tensor slot = out2.view(static_cast<size_t>(r) * n, {static_cast<int64_t>(n)});
+    for (size_t i = 0; i < n; ++i) slot.data<double>()[i] = r + 0.25 * static_cast<double>(i);
+    pg.allgather(slot, out2)->wait();
+    expect_equal<double>(fails, fmt::format("allgather in place n={} rank {}", n, r), out2, [&](size_t j) {
+      return static_cast<double>(j / (n ? n : 1)) + 0.25 * static_cast<double>(j % (n ? n : 1));
+    });
+  }
+
+  // Barrier: nobody leaves before everyone arrived.
+  arrived.fetch_add(1);
+  pg.barrier()->wait();
+  if (arrived.load() != w) fails.add("rank {} left the barrier with {} of {} arrived", r, arrived.load(), w);
+  pg.barrier()->wait();  // nobody touches `arrived` again before all have checked it
+
+  // A multi-dimensional tensor is reduced as its flat elements.
+  Tensor m = filled<float>(12, [&](size_t i) { return static_cast<float>(i) * static_cast<float>(r + 1); }).reshape({3, 4});
+  pg.allreduce(m)->wait();
+  expect_equal<float>(fails, fmt::format("2-d sum rank {}", r), m,
+                      [&](size_t i) { return static_cast<float>(i) * static_cast<float>(w * (w + 1) / 2); });
+
+  // reduce_scatter is not there; saying so does not break the group.
+  try {
+    Tensor a = Tensor::zeros({static_cast<int64_t>(w)});
+    Tensor b = Tensor::zeros({1});
+    pg.reduce_scatter(a, b);
+    fails.add("rank {}: reduce_scatter did not throw", r);
+  } catch (const UnsupportedError& e) {
+    if (std::string(e.what()).find("backend gloo does not support reduce_scatter") == std::string::npos) {
+      fails.add("rank {}: reduce_scatter said '{}'", r, e.what());
+    }
+  }
+  pg.barrier()->wait();
+}
+
+}  // namespace
+
+TEST_CASE("gloo: every collective against closed-form values, world sizes 1, 2, 3", "[gloo][multirank]") {
+  const int size = GENERATE(1, 2, 3);
+  INFO("world size " << size);
+  Failures fails;
+  std::atomic<int> arrived{0};
+  std::string errors = run_ranks(size, [&](GlooProcessGroup& pg) { check_all_collectives(pg, fails, arrived); });
+  CHECK(errors == "");
+  CHECK(fails.report() == "");
+}
+
+TEST_CASE("gloo: argument errors are reported before any communication", "[gloo]") {
+  auto store = std::make_shared<HashStore>(5s);
+  GlooProcessGroup pg(store, 0, 1);
+  CHECK(pg.rank() == 0);
+  CHECK(pg.size() == 1);
+
+  Tensor ints = Tensor::zeros({4}, DType::I64);
+  CHECK_THROWS_MATCHES(pg.allreduce(ints, {ReduceOp::Avg}), UnsupportedError,
+                       Catch::Matchers::Predicate<UnsupportedError>([](const UnsupportedError& e) {
+                         std::string m = e.what();
+                         return m.find("avg") != std::string::npos && m.find("int64") != std::string::npos;
+                       }));
+  Tensor bytes = Tensor::zeros({4}, DType::U8);
+  CHECK_THROWS_WITH(pg.allreduce(bytes), Contains("backend gloo does not support allreduce") && Contains("uint8"));
+  Tensor small = Tensor::zeros({3});
+  Tensor in = Tensor::zeros({2});
+  CHECK_THROWS_AS(pg.allgather(in, small), InternalError);
+  Tensor t = Tensor::zeros({3});
+  CHECK_THROWS_AS(pg.broadcast(t, {1}), InternalError);
+  CHECK_THROWS_WITH(pg.reduce_scatter(t, t), Contains("backend gloo does not support reduce_scatter"));
+  // The group still works after rejected arguments.
+  t.data<float>()[1] = 2.5f;
+  pg.allreduce(t, {ReduceOp::Avg})->wait();
+  CHECK(t.data<float>()[1] == 2.5f);
+  auto work = pg.barrier();
+  CHECK(work->completed());
+  work->wait(0ms);
+}
+
+TEST_CASE("gloo: a collective that one rank never joins times out instead of hanging", "[gloo][multirank]") {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  std::string outcome;
+  double seconds = -1;
+  std::string after;
+  std::string errors = run_ranks(2, [&](GlooProcessGroup& pg) {
+    if (pg.rank() != 0) {
+      done.wait();  // stays away from the allreduce until rank 0 gave up
+      return;
+    }
+    pg.set_timeout(500ms);
+    Tensor t = Tensor::zeros({100});
+    auto start = std::chrono::steady_clock::now();
+    try {
+      pg.allreduce(t);
+      outcome = "returned";
+    } catch (const TimeoutError& e) {
+      outcome = std::string("TimeoutError: ") + e.what();
+    } catch (const CommError& e) {
+      outcome = std::string("CommError: ") + e.what();
+    }
+    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // The group refuses further work rather than running on a transport in an unknown state.
+    try {
+      pg.barrier();
+      after = "barrier returned";
+    } catch (const CommError& e) {
+      after = e.what();
+    }
+    rank0_done.set_value();
+  });
+  INFO(outcome);
+  CHECK(errors == "");
+  CHECK_THAT(outcome, Contains("Error: ") && Contains("allreduce") && Contains("rank 0 of 2"));
+  CHECK(seconds >= 0.4);
+  CHECK(seconds < 5.0);
+  CHECK_THAT(after, Contains("unusable"));
+}

@@ -1,0 +1,112 @@
+// tests/unit/comm/test_init.cpp: resolve_backend, and init_process_group for gloo (one process; two ranks
+// as threads rendezvousing through the TcpStore that rank 0 hosts; a peer that never comes).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
+
+#include "comm/init.h"
+#include "core/check.h"
+
+using namespace dpt;
+using namespace dpt::comm;
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+
+namespace {
+int unused_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+}  // namespace
+
+TEST_CASE("resolve_backend", "[init]") {
+  DistEnv plain;
+  DistEnv mpi;
+  mpi.mpi_available = true;
+  CHECK(resolve_backend("auto", plain) == "gloo");
+  CHECK(resolve_backend("auto", mpi) == "mpi");
+  CHECK(resolve_backend("gloo", mpi) == "gloo");
+  CHECK(resolve_backend("mpi", plain) == "mpi");
+  CHECK(resolve_backend("GLOO", plain) == "gloo");
+  CHECK_THROWS_MATCHES(resolve_backend("tcp", plain), ConfigError,
+                       Catch::Matchers::Predicate<ConfigError>([](const ConfigError& e) {
+                         std::string m = e.what();
+                         return m.find("'tcp'") != std::string::npos && m.find("auto, gloo, mpi") != std::string::npos;
+                       }));
+  CHECK_THROWS_AS(resolve_backend("nccl", plain), UnsupportedError);
+}
+
+TEST_CASE("init_process_group: a single process needs no server", "[init]") {
+  DistEnv env;  // launcher None, world 1
+  env.master_port = 1;  // nothing may listen (or connect) there: a single process uses an in-process store
+  auto pg = init_process_group(env, {"auto", 5s});
+  CHECK(pg->backend() == "gloo");
+  CHECK(pg->size() == 1);
+  Tensor t = Tensor::zeros({3});
+  t.data<float>()[2] = 7.0f;
+  pg->allreduce(t, {ReduceOp::Avg})->wait();
+  CHECK(t.data<float>()[2] == 7.0f);
+}
+
+TEST_CASE("init_process_group: two ranks meet through rank 0's TcpStore", "[init][multirank]") {
+  const int port = unused_port();
+  const int restart = GENERATE(0, 3);
+  std::vector<std::string> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        DistEnv env;
+        env.launcher = Launcher::Dprun;
+        env.rank = r;
+        env.world_size = 2;
+        env.local_rank = r;
+        env.local_world_size = 2;
+        env.master_addr = "127.0.0.1";
+        env.master_port = port;
+        env.restart_count = restart;
+        auto pg = init_process_group(env, {"gloo", 20s});
+        Tensor t = Tensor::empty({5}, DType::I64);
+        for (int i = 0; i < 5; ++i) t.data<int64_t>()[i] = (r + 1) * 10 + i;
+        pg->allreduce(t)->wait();
+        results[static_cast<size_t>(r)] = fmt::format("{}", fmt::join(t.data<int64_t>(), t.data<int64_t>() + 5, ","));
+      } catch (const std::exception& e) {
+        results[static_cast<size_t>(r)] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(results[0] == "30,32,34,36,38");
+  CHECK(results[1] == "30,32,34,36,38");
+}
+
+TEST_CASE("init_process_group: a rank whose peer never comes fails naming the wait", "[init]") {
+  DistEnv env;
+  env.launcher = Launcher::Dprun;
+  env.rank = 0;
+  env.world_size = 2;
+  env.local_world_size = 2;
+  env.master_port = unused_port();
+  auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(init_process_group(env, {"gloo", 500ms}), TimeoutError);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+
+  // Rank 1 with no rank 0: the store is unreachable, and the message names the address.
+  env.rank = 1;
+  env.local_rank = 1;
+  CHECK_THROWS_WITH(init_process_group(env, {"gloo", 300ms}),
+                    Contains(fmt::format("127.0.0.1:{}", env.master_port)) && Contains("could not reach"));
+}
