@@ -20,6 +20,15 @@ int64_t parse_counter(const std::string& key, const std::vector<uint8_t>& value)
   return v;
 }
 
+int64_t add_counter(std::map<std::string, std::vector<uint8_t>>& data, const std::string& key, int64_t delta) {
+  int64_t v = 0;
+  auto it = data.find(key);
+  if (it != data.end()) v = parse_counter(key, it->second);
+  v += delta;
+  data[key] = format_counter(v);
+  return v;
+}
+
 std::vector<uint8_t> format_counter(int64_t value) {
   std::string s = std::to_string(value);
   return {s.begin(), s.end()};
@@ -82,10 +91,7 @@ int64_t HashStore::do_add(const std::string& key, int64_t delta) {
   int64_t v = 0;
   {
     std::lock_guard lock(mu_);
-    auto it = data_.find(key);
-    if (it != data_.end()) v = detail::parse_counter(key, it->second);
-    v += delta;
-    data_[key] = detail::format_counter(v);
+    v = detail::add_counter(data_, key, delta);
   }
   cv_.notify_all();
   return v;

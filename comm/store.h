@@ -101,6 +101,9 @@ namespace detail {
 // Shared by the stores: the counter add() keeps as decimal text, and the TimeoutError message.
 int64_t parse_counter(const std::string& key, const std::vector<uint8_t>& value);
 std::vector<uint8_t> format_counter(int64_t value);
+// The add operation on a key-value map (the caller holds its lock): adds delta to the counter stored at key
+// (0 when absent), stores the result and returns it.
+int64_t add_counter(std::map<std::string, std::vector<uint8_t>>& data, const std::string& key, int64_t delta);
 [[noreturn]] void throw_wait_timeout(const std::vector<std::string>& missing, std::chrono::milliseconds timeout,
                                      const std::string& where);
 std::string format_duration(std::chrono::milliseconds d);  // "200 ms", "30 s"

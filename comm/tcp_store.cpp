@@ -348,10 +348,7 @@ class TcpStore::Server {
             int64_t v = 0;
             {
               std::lock_guard lock(mu_);
-              auto it = data_.find(key);
-              if (it != data_.end()) v = detail::parse_counter(key, it->second);
-              v += delta;
-              data_[key] = detail::format_counter(v);
+              v = detail::add_counter(data_, key, delta);
             }
             cv_.notify_all();
             out.put(Status::Ok).put(v);

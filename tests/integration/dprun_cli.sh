@@ -1,22 +1,7 @@
 #!/usr/bin/env bash
 # tests/integration/dprun_cli.sh: dprun's command line: --help names every option, variable and the teardown;
 # mistakes give a one-line error plus the usage and exit code 2, and start nothing.
-set -u -o pipefail
-
-DPRUN=${DPT_BUILD_DIR:?DPT_BUILD_DIR is not set}/launcher/dprun
-WORK=$(mktemp -d /tmp/dprun_cli.XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in out err; do [ -f "$WORK/$f" ] && { echo "--- dprun $f:"; head -c 4000 "$WORK/$f"; }; done
-  exit 1
-}
-[ -x "$DPRUN" ] || fail "no dprun at $DPRUN"
-
-run() {
-  timeout -k 5 30 "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null
-  RC=$?
-}
+source "$(dirname "$0")/lib/dprun.bash"
 
 run --help
 [ "$RC" = 0 ] || fail "--help exited $RC"

@@ -1,25 +1,7 @@
 #!/usr/bin/env bash
 # tests/integration/dprun_env.sh: dprun gives every rank its torchrun variables, relays output with
 # "[rank R] " prefixes (whole lines, unfinished last lines too), or writes rank_R.log files with --log-dir.
-set -u -o pipefail
-
-DPRUN=${DPT_BUILD_DIR:?DPT_BUILD_DIR is not set}/launcher/dprun
-WORK=$(mktemp -d /tmp/dprun_env.XXXXXX)
-cleanup() { rm -rf "$WORK"; }
-trap cleanup EXIT
-
-fail() {
-  echo "FAIL: $*"
-  for f in out err; do [ -f "$WORK/$f" ] && { echo "--- dprun $f:"; head -c 4000 "$WORK/$f"; }; done
-  exit 1
-}
-[ -x "$DPRUN" ] || fail "no dprun at $DPRUN"
-
-# Runs dprun with a time limit, stdout to $WORK/out, stderr to $WORK/err; sets RC.
-run() {
-  timeout -k 5 60 "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null
-  RC=$?
-}
+source "$(dirname "$0")/lib/dprun.bash"
 
 # 1. Three ranks print their variables; output lines carry their rank's prefix.
 run --nproc-per-node 3 -- sh -c '

@@ -2,41 +2,7 @@
 # tests/integration/dprun_failure.sh: when a rank fails, dprun names it and how it ended, tears the other
 # ranks down (their whole process groups; SIGKILL after the grace period for one that ignores SIGTERM) and
 # exits with the rank's code. A program that cannot be started is a failed rank with code 127.
-set -u -o pipefail
-
-DPRUN=${DPT_BUILD_DIR:?DPT_BUILD_DIR is not set}/launcher/dprun
-WORK=$(mktemp -d /tmp/dprun_failure.XXXXXX)
-# The sleepers run `sleep $SLEEP_FOR`: a number unique to this run, so pgrep finds only ours. It reaches the
-# ranks through the environment, so dprun's own command line does not match.
-export SLEEP_FOR="1000.$$$RANDOM"
-cleanup() {
-  pkill -KILL -f "sleep $SLEEP_FOR" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "FAIL: $*"
-  for f in out err; do [ -f "$WORK/$f" ] && { echo "--- dprun $f:"; head -c 4000 "$WORK/$f"; }; done
-  pgrep -af "sleep $SLEEP_FOR" && echo "(sleepers left, killed by the cleanup)"
-  exit 1
-}
-[ -x "$DPRUN" ] || fail "no dprun at $DPRUN"
-
-now() { echo "$EPOCHREALTIME"; }
-# elapsed START: seconds since START, with decimals.
-elapsed() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }'; }
-# less A B: A < B for decimal numbers.
-less() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a < b) }'; }
-
-# Runs dprun with a time limit, stdout to $WORK/out, stderr to $WORK/err; sets RC and TOOK (seconds).
-run() {
-  local t0
-  t0=$(now)
-  timeout -k 5 60 "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null
-  RC=$?
-  TOOK=$(elapsed "$t0")
-}
+source "$(dirname "$0")/lib/dprun.bash"
 
 no_sleepers() {
   if pgrep -f "sleep $SLEEP_FOR" >/dev/null; then fail "$1: sleepers left behind after dprun exited"; fi

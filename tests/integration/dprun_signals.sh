@@ -2,28 +2,7 @@
 # tests/integration/dprun_signals.sh: SIGTERM and SIGINT sent to dprun reach every rank and dprun exits
 # 128 + signal; a second one skips the grace period; SIGKILL of dprun still takes the ranks with it
 # (PR_SET_PDEATHSIG), leaving no orphan.
-set -u -o pipefail
-
-DPRUN=${DPT_BUILD_DIR:?DPT_BUILD_DIR is not set}/launcher/dprun
-WORK=$(mktemp -d /tmp/dprun_signals.XXXXXX)
-# The ranks run `sleep $SLEEP_FOR`: a number unique to this run, so pgrep finds only ours. It reaches them
-# through the environment, so dprun's own command line does not match.
-export SLEEP_FOR="1000.$$$RANDOM"
-DPID=
-cleanup() {
-  [ -n "$DPID" ] && kill -KILL "$DPID" 2>/dev/null
-  pkill -KILL -f "sleep $SLEEP_FOR" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-fail() {
-  echo "FAIL: $*"
-  for f in out err; do [ -f "$WORK/$f" ] && { echo "--- dprun $f:"; head -c 4000 "$WORK/$f"; }; done
-  pgrep -af "sleep $SLEEP_FOR" && echo "(sleepers left, killed by the cleanup)"
-  exit 1
-}
-[ -x "$DPRUN" ] || fail "no dprun at $DPRUN"
+source "$(dirname "$0")/lib/dprun.bash"
 
 sleepers() { pgrep -f "sleep $SLEEP_FOR" | wc -l; }
 
