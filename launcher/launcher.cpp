@@ -62,26 +62,6 @@ Options resolve(Options opts) {
   return opts;
 }
 
-int find_free_port(const std::string& addr) {
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = 0;  // the kernel picks a free one
-  if (::inet_pton(AF_INET, addr.c_str(), &sa.sin_addr) != 1) {
-    DPT_THROW(ConfigError, "find_free_port: '{}' is not an IPv4 address", addr);
-  }
-  Fd sock(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (sock.get() < 0) DPT_THROW(CommError, "finding a free port: socket failed: {}", std::strerror(errno));
-  if (::bind(sock.get(), reinterpret_cast<const sockaddr*>(&sa), sizeof sa) != 0) {
-    DPT_THROW(CommError, "finding a free port: bind to {}:0 failed: {}", addr, std::strerror(errno));
-  }
-  socklen_t len = sizeof sa;
-  if (::getsockname(sock.get(), reinterpret_cast<sockaddr*>(&sa), &len) != 0) {
-    DPT_THROW(CommError, "finding a free port: getsockname failed: {}", std::strerror(errno));
-  }
-  // Closing a socket that never listened leaves no TIME_WAIT behind: the port is free for rank 0 at once.
-  return ntohs(sa.sin_port);
-}
-
 Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited) {
   using namespace std::string_literals;
   DPT_CHECK(opts.master_addr && opts.master_port, "rank_environment needs resolved options (call resolve)");

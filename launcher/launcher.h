@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "core/net.h"  // find_free_port, used for the single-node master port
+
 namespace dpt::launcher {
 
 inline constexpr const char* kLoopbackAddr = "127.0.0.1";
@@ -39,9 +41,6 @@ void validate(const Options& opts);
 // Fills in master_addr and master_port (finding a free port when single-node). Validates first.
 Options resolve(Options opts);
 
-// A TCP port on `addr` that nothing was bound to a moment ago: binds port 0, reads the port, closes.
-// Throws CommError when the socket calls fail.
-int find_free_port(const std::string& addr = kLoopbackAddr);
 
 // The full environment of one rank: `inherited` with the launcher's variables set on top. `opts` must be
 // resolved. Pure: the same inputs give the same environment.

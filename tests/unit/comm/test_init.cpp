@@ -1,14 +1,11 @@
 // tests/unit/comm/test_init.cpp: resolve_backend, and init_process_group for gloo (one process; two ranks
 // as threads rendezvousing through the TcpStore that rank 0 hosts; a peer that never comes).
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 
+#include "core/net.h"
 #include "comm/init.h"
 #include "core/check.h"
 
@@ -16,21 +13,6 @@ using namespace dpt;
 using namespace dpt::comm;
 using namespace std::chrono_literals;
 using Catch::Matchers::Contains;
-
-namespace {
-int unused_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-}  // namespace
 
 TEST_CASE("resolve_backend", "[init]") {
   DistEnv plain;
@@ -62,7 +44,7 @@ TEST_CASE("init_process_group: a single process needs no server", "[init]") {
 }
 
 TEST_CASE("init_process_group: two ranks meet through rank 0's TcpStore", "[init][multirank]") {
-  const int port = unused_port();
+  const int port = find_free_port();
   const int restart = GENERATE(0, 3);
   std::vector<std::string> results(2);
   std::vector<std::thread> threads;
@@ -99,7 +81,7 @@ TEST_CASE("init_process_group: a rank whose peer never comes fails naming the wa
   env.rank = 0;
   env.world_size = 2;
   env.local_world_size = 2;
-  env.master_port = unused_port();
+  env.master_port = find_free_port();
   auto start = std::chrono::steady_clock::now();
   CHECK_THROWS_AS(init_process_group(env, {"gloo", 500ms}), TimeoutError);
   CHECK(std::chrono::steady_clock::now() - start < 5s);

@@ -1,15 +1,12 @@
 // tests/unit/comm/test_tcp_store.cpp: TcpStore (and HashStore, PrefixStore): set/get/add, waiting for keys
 // set later, timeouts naming the keys, a client with no server, and a server that shuts down promptly.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <future>
 #include <thread>
 
+#include "core/net.h"
 #include "comm/process_group.h"  // kNoTimeout
 #include "comm/store.h"
 #include "comm/tcp_store.h"
@@ -22,21 +19,6 @@ using Catch::Matchers::Contains;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// A port nobody listens on (bound to port 0, read back, closed): for the "no server" test.
-int unused_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 std::shared_ptr<TcpStore> server(std::chrono::milliseconds timeout = 10s) {
   // Port 0: the server picks a free port, so tests running in parallel never collide.
@@ -155,7 +137,7 @@ TEST_CASE("TcpStore: wait and get time out naming the missing key", "[store]") {
 }
 
 TEST_CASE("TcpStore: a client with no server fails after its timeout naming the address", "[store]") {
-  int port = unused_port();
+  int port = find_free_port();
   auto start = Clock::now();
   std::string expected = "127.0.0.1:" + std::to_string(port);
   CHECK_THROWS_MATCHES(TcpStore("127.0.0.1", port, false, 300ms), TimeoutError,
@@ -169,7 +151,7 @@ TEST_CASE("TcpStore: a client with no server fails after its timeout naming the 
 }
 
 TEST_CASE("TcpStore: a client that starts before the server connects once it is up", "[store]") {
-  int port = unused_port();
+  int port = find_free_port();
   std::shared_ptr<TcpStore> srv;
   std::thread starter([&] {
     std::this_thread::sleep_for(300ms);

@@ -1,11 +1,5 @@
-// tests/unit/launcher/test_launcher.cpp: dprun's options: validation, defaults, each rank's environment,
-// the free-port finder.
+// tests/unit/launcher/test_launcher.cpp: dprun's options: validation, defaults, each rank's environment.
 #include <catch2/catch.hpp>
-
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "core/check.h"
 #include "launcher/launcher.h"
@@ -154,24 +148,4 @@ TEST_CASE("validation: clear one-line errors naming the option", "[launcher]") {
 
   require_invalid(multi(1 << 20, 1 << 12, 0), "too large");
   REQUIRE_THROWS_AS(resolve(single(0)), ConfigError);  // resolve validates first
-}
-
-TEST_CASE("find_free_port returns a port that can be bound at once", "[launcher]") {
-  for (int i = 0; i < 3; ++i) {
-    int port = find_free_port();
-    REQUIRE(port >= 1);
-    REQUIRE(port <= 65535);
-    int sock = ::socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(sock >= 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(port));
-    REQUIRE(::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr) == 1);
-    int rc = ::bind(sock, reinterpret_cast<const sockaddr*>(&sa), sizeof sa);
-    int listened = rc == 0 ? ::listen(sock, 1) : -1;
-    ::close(sock);
-    REQUIRE(rc == 0);
-    REQUIRE(listened == 0);
-  }
-  REQUIRE_THROWS_AS(find_free_port("not-an-address"), ConfigError);
 }
