@@ -63,10 +63,10 @@ std::string location(const char* file, int line);
 #define DPT_CHECK_GT(a, b) DPT_CHECK_OP_(a, b, >)
 #define DPT_CHECK_GE(a, b) DPT_CHECK_OP_(a, b, >=)
 
-// DPT_THROW(ErrorType, fmt, args...): throw a typed error with the rank prefix and no file:line (for user
-// errors such as a bad config value, where the location in our source would only be noise).
-#define DPT_THROW(ErrorType, ...)                                                         \
-  throw ErrorType(::dpt::detail::rank_prefix() + fmt::format(__VA_ARGS__))
+// DPT_THROW(ErrorType, fmt, args...): throw a typed error with neither rank nor file:line: for user errors
+// such as a bad config value, where the location in our source would only be noise. The rank is in the log
+// line main() prints it on (the log pattern, or dprun's "[rank R]" prefix).
+#define DPT_THROW(ErrorType, ...) throw ErrorType(fmt::format(__VA_ARGS__))
 
 namespace dpt::detail {
 std::string rank_prefix();

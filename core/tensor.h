@@ -101,4 +101,10 @@ class Tensor {
 
 size_t numel_of(const std::vector<int64_t>& shape);
 
+// A tensor with its name, as checkpoints and optimizer state list them ("layers.0.weight").
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;
+};
+
 }  // namespace dpt

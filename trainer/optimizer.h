@@ -13,11 +13,6 @@
 
 namespace dpt::trainer {
 
-struct NamedTensor {
-  std::string name;
-  Tensor tensor;
-};
-
 class Optimizer {
  public:
   Optimizer(const TrainConfig& cfg, models::Model& model);

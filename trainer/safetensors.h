@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/optimizer.h"  // NamedTensor
+#include "core/tensor.h"
 
 namespace dpt::trainer {
 
