@@ -12,7 +12,7 @@ PKGS=(
   catch2                             # unit tests
   libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   dataset-fashion-mnist              # the default data set (/usr/share/datasets/fashion-mnist)
-  python3-torch python3-numpy        # reference only: benchmarks and safetensors interop check
+  python3-numpy                      # tests only: reads our safetensors checkpoints with numpy alone
 )
 
 missing=()
