@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
+#include <cstdio>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -59,14 +61,18 @@ std::string file_crc(const fs::path& p) {
 
 std::optional<int64_t> step_of(const std::string& dirname) {
   if (!dirname.starts_with(kPrefix)) return std::nullopt;
-  std::string digits = dirname.substr(std::strlen(kPrefix));
-  if (digits.empty() || !std::all_of(digits.begin(), digits.end(), ::isdigit)) return std::nullopt;
-  return std::stoll(digits);
+  const char* first = dirname.data() + std::strlen(kPrefix);
+  const char* last = dirname.data() + dirname.size();
+  int64_t step = 0;
+  auto [end, ec] = std::from_chars(first, last, step);
+  if (first == last || ec != std::errc{} || end != last || step < 0) return std::nullopt;
+  return step;
 }
 
 json state_to_json(const TrainState& s) {
   return {{"format_version", kFormatVersion}, {"step", s.step}, {"epoch", s.epoch},
           {"batch_in_epoch", s.batch_in_epoch}, {"world_size", s.world_size}, {"batch_size", s.batch_size},
+          {"seed", s.seed}, {"dataset_size", s.dataset_size}, {"drop_last", s.drop_last},
           {"rng", s.rng}, {"config_hash", s.config_hash}, {"config", s.config_toml}};
 }
 
@@ -82,6 +88,9 @@ TrainState state_from_json(const std::string& text, const std::string& path) {
     s.batch_in_epoch = j.at("batch_in_epoch").get<int64_t>();
     s.world_size = j.at("world_size").get<int64_t>();
     s.batch_size = j.at("batch_size").get<int64_t>();
+    s.seed = j.at("seed").get<int64_t>();
+    s.dataset_size = j.at("dataset_size").get<int64_t>();
+    s.drop_last = j.at("drop_last").get<bool>();
     s.rng = j.at("rng").get<std::string>();
     s.config_hash = j.at("config_hash").get<std::string>();
     s.config_toml = j.at("config").get<std::string>();
@@ -126,30 +135,33 @@ std::string CheckpointManager::save_unchecked(const std::vector<NamedTensor>& mo
   write_safetensors((tmp / kModelFile).string(), model, {{"format", "pt"}, {"step", std::to_string(state.step)}});
   write_safetensors((tmp / kOptimFile).string(), optimizer, {{"step", std::to_string(state.step)}});
   write_file_synced(tmp / kStateFile, state_to_json(state).dump(2));
+  // The mark goes in last, still under the temporary name: the directory then appears under its final
+  // name whole, in one rename, or not at all.
+  json mark = {{"step", state.step},
+               {"files", {{kModelFile, file_crc(tmp / kModelFile)},
+                          {kOptimFile, file_crc(tmp / kOptimFile)},
+                          {kStateFile, file_crc(tmp / kStateFile)}}}};
+  write_file_synced(tmp / kCompleteFile, mark.dump(2));
   fsync_path(tmp);
 
-  // Replace a checkpoint of the same step (a rerun) only once the new one is whole.
   if (fs::exists(final_path)) {
-    const fs::path old = dir / fmt::format(".old-{}", final_path.filename().string());
-    fs::remove_all(old, ec);
-    fs::rename(final_path, old);
-    fs::rename(tmp, final_path);
-    fs::remove_all(old, ec);
+    // A checkpoint of this step exists (a rerun reached it again): swap the two atomically, so a crash
+    // leaves one whole checkpoint of this step under the final name, never none.
+    if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) != 0)
+      DPT_THROW(CheckpointError, "replacing {}: {}", final_path.string(), std::strerror(errno));
+    fs::remove_all(tmp, ec);  // now the old one
   } else {
     fs::rename(tmp, final_path);
   }
   fsync_path(dir);
 
-  json mark = {{"step", state.step},
-                   {"files", {{kModelFile, file_crc(final_path / kModelFile)},
-                              {kOptimFile, file_crc(final_path / kOptimFile)},
-                              {kStateFile, file_crc(final_path / kStateFile)}}}};
-  write_file_synced(final_path / ".COMPLETE.tmp", mark.dump(2));
-  fs::rename(final_path / ".COMPLETE.tmp", final_path / kCompleteFile);
-  fsync_path(final_path);
-
   auto all = complete();
-  for (size_t i = 0; i + static_cast<size_t>(keep_) < all.size(); ++i) fs::remove_all(all[i], ec);
+  size_t excess = all.size() > static_cast<size_t>(keep_) ? all.size() - static_cast<size_t>(keep_) : 0;
+  for (size_t i = 0; i < all.size() && excess > 0; ++i) {
+    if (fs::path(all[i]) == final_path) continue;  // never the one just written
+    fs::remove_all(all[i], ec);
+    --excess;
+  }
   return final_path.string();
 }
 
@@ -159,7 +171,8 @@ std::vector<std::string> CheckpointManager::complete() const {
   if (!fs::is_directory(dir_, ec)) return {};
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     auto step = step_of(e.path().filename().string());
-    if (step && e.is_directory() && fs::exists(e.path() / kCompleteFile)) found.emplace_back(*step, e.path().string());
+    std::error_code ec2;
+    if (step && e.is_directory(ec2) && fs::exists(e.path() / kCompleteFile, ec2)) found.emplace_back(*step, e.path().string());
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> out;
@@ -167,7 +180,7 @@ std::vector<std::string> CheckpointManager::complete() const {
   return out;
 }
 
-LoadedCheckpoint CheckpointManager::load(const std::string& path) {
+LoadedCheckpoint CheckpointManager::load_unchecked(const std::string& path) {
   const fs::path p(path);
   if (!fs::is_directory(p)) DPT_THROW(CheckpointError, "{}: not a checkpoint directory", path);
   if (!fs::exists(p / kCompleteFile))
@@ -187,9 +200,23 @@ LoadedCheckpoint CheckpointManager::load(const std::string& path) {
   LoadedCheckpoint c;
   c.path = path;
   c.state = state_from_json(read_file(p / kStateFile), (p / kStateFile).string());
+  if (auto named = step_of(p.filename().string()); named && *named != c.state.step)
+    DPT_THROW(CheckpointError, "{}: the directory name says step {}, its state.json says step {}", path, *named,
+              c.state.step);
   c.model = read_safetensors((p / kModelFile).string());
   c.optimizer = read_safetensors((p / kOptimFile).string());
   return c;
+}
+
+LoadedCheckpoint CheckpointManager::load(const std::string& path) {
+  try {
+    return load_unchecked(path);
+  } catch (const CheckpointError&) {
+    throw;
+  } catch (const std::exception& e) {
+    // Anything else that goes wrong reading it (permissions, a malformed tensor) makes it invalid too.
+    DPT_THROW(CheckpointError, "{}: cannot be read: {}", path, e.what());
+  }
 }
 
 std::optional<LoadedCheckpoint> CheckpointManager::load_latest() const {
@@ -202,6 +229,24 @@ std::optional<LoadedCheckpoint> CheckpointManager::load_latest() const {
     }
   }
   return std::nullopt;
+}
+
+size_t CheckpointManager::set_aside_after(int64_t step, const std::string& reason) const {
+  size_t n = 0;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return 0;
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    auto s = step_of(name);
+    if (!s || *s <= step) continue;
+    fs::path to = e.path().parent_path() / fmt::format("{}-{}", reason, name);
+    fs::remove_all(to, ec);
+    fs::rename(e.path(), to, ec);
+    if (ec) DPT_THROW(CheckpointError, "cannot move {} aside to {}: {}", e.path().string(), to.string(), ec.message());
+    spdlog::warn("moved {} aside to {}: the run continues from step {}", e.path().string(), to.string(), step);
+    ++n;
+  }
+  return n;
 }
 
 size_t CheckpointManager::remove_all() const {

@@ -3,9 +3,10 @@
 // Layout: DIR/step-00000469/ holding model.safetensors (weights, PyTorch names), optimizer.safetensors
 // (momentum / Adam moments, per parameter), state.json (step, epoch, sampler position, RNG, effective
 // config) and COMPLETE (the CRC32 of each of those files). A checkpoint is written under a temporary name,
-// every file fsynced, renamed into place, and only then marked COMPLETE (itself written and renamed
-// atomically). Loading checks the mark, every file's CRC and every tensor's CRC: a checkpoint is either whole
-// and valid or it is skipped with a warning, and resume falls back to the previous one.
+// every file fsynced, marked COMPLETE last, and then renamed into place in one step (an existing checkpoint
+// of the same step is swapped out atomically). Loading checks the mark, every file's CRC and every tensor's
+// CRC: a checkpoint is either whole and valid or it is skipped with a warning, and resume falls back to the
+// previous one.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,10 @@ struct TrainState {
   int64_t batch_in_epoch = 0;  // the next batch of that epoch (the sampler position)
   int64_t world_size = 1;
   int64_t batch_size = 0;      // per rank
+  // What the sampler position means: a mid-epoch resume needs the same order and shard geometry.
+  int64_t seed = 0;
+  int64_t dataset_size = 0;
+  bool drop_last = false;
   std::string rng;             // the trainer's RNG state (std::mt19937_64 text form)
   std::string config_toml;     // the effective config
   std::string config_hash;
@@ -51,6 +56,10 @@ class CheckpointManager {
   std::optional<LoadedCheckpoint> load_latest() const;
   // Deletes every checkpoint (and leftover temporary directory) in dir; returns how many were removed.
   size_t remove_all() const;
+  // Renames every checkpoint newer than `step` (complete or not) to "<reason>-step-N", so that a run
+  // continuing from `step` is not overtaken by checkpoints of the run it abandons: they keep their data
+  // but are never loaded or pruned. Returns how many were moved.
+  size_t set_aside_after(int64_t step, const std::string& reason) const;
 
   std::string path_for_step(int64_t step) const;
   const std::string& dir() const { return dir_; }
@@ -59,6 +68,7 @@ class CheckpointManager {
   static LoadedCheckpoint load(const std::string& path);
 
  private:
+  static LoadedCheckpoint load_unchecked(const std::string& path);
   std::string save_unchecked(const std::vector<NamedTensor>& model, const std::vector<NamedTensor>& optimizer,
                              const TrainState& state) const;
   std::string dir_;

@@ -159,7 +159,9 @@ const std::vector<Field>& schema() {
               return std::all_of(v.begin(), v.end(), [](int64_t w) { return w >= 1; }) ? "" : std::string("widths must be >= 1");
             })),
       field("dist.backend", &C::dist, &DistConfig::backend, "auto (mpi under mpirun/srun with MPI, else gloo) | gloo | mpi", one_of({"auto", "gloo", "mpi"})),
-      field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", positive()),
+      field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", Check<double>([](const double& v) {
+              return v > 0 && v <= 1e7 ? "" : std::string("must be in (0, 10000000] seconds");
+            })),
       field("checkpoint.dir", &C::checkpoint, &CheckpointConfig::dir, "where rank 0 writes checkpoints (step-NNNNNNNN/)", Check<std::string>([](const std::string& s) { return s.empty() ? "must not be empty" : ""; })),
       field("checkpoint.keep", &C::checkpoint, &CheckpointConfig::keep, "keep the newest K checkpoints", at_least<int64_t>(1)),
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: never at epoch ends)", at_least<int64_t>(0)),

@@ -132,6 +132,10 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     }
   } else if (lead) {
     loaded = opts.resume == "auto" ? ckpt.load_latest() : CheckpointManager::load(opts.resume);
+    // Checkpoints newer than the one we continue from (invalid ones skipped by auto, or those of the run
+    // that --resume PATH abandons) must neither be loaded by a later --resume auto nor outrank the new
+    // run's checkpoints when pruning: keep them, under another name.
+    ckpt.set_aside_after(loaded ? loaded->state.step : -1, opts.resume == "auto" ? "invalid" : "abandoned");
   }
   // Rank 0 chooses; everyone loads the same checkpoint (each rank reads it itself).
   Tensor chosen = Tensor::empty({1}, DType::I64);
@@ -147,11 +151,15 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     start = loaded->state;
     optimizer.set_steps(start.step);
     std::istringstream(start.rng) >> rng;
-    if (start.batch_in_epoch > 0 && (start.world_size != world || start.batch_size != t.batch_size))
+    if (start.batch_in_epoch > 0 &&
+        (start.world_size != world || start.batch_size != t.batch_size || start.seed != t.seed ||
+         start.dataset_size != static_cast<int64_t>(ds.train->size()) || start.drop_last != t.drop_last))
       DPT_THROW(ConfigError,
-                "{} stopped mid-epoch with {} ranks x batch {}; resuming mid-epoch needs the same (now {} x {}). "
-                "Resume from a checkpoint at an epoch end, or run with the same world size and train.batch_size.",
-                loaded->path, start.world_size, start.batch_size, world, t.batch_size);
+                "{} stopped mid-epoch (batch {}) with {} ranks x batch {}, seed {}, {} examples, drop_last {}; "
+                "continuing mid-epoch needs the same data order (now {} x {}, seed {}, {} examples, drop_last {}). "
+                "Resume from a checkpoint at an epoch end, or restore those settings.",
+                loaded->path, start.batch_in_epoch, start.world_size, start.batch_size, start.seed,
+                start.dataset_size, start.drop_last, world, t.batch_size, t.seed, ds.train->size(), t.drop_last);
     if (lead) {
       spdlog::info("resumed from {} (step {}, epoch {}, batch {})", loaded->path, start.step, start.epoch + 1,
                    start.batch_in_epoch);
@@ -185,7 +193,8 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   auto save = [&](int64_t epoch, int64_t next_batch) {
     if (!lead || last_saved == step) return;
     TrainState st{.step = step, .epoch = epoch, .batch_in_epoch = next_batch, .world_size = world,
-                  .batch_size = t.batch_size, .rng = "", .config_toml = to_toml(cfg), .config_hash = config_hash(cfg)};
+                  .batch_size = t.batch_size, .seed = t.seed, .dataset_size = static_cast<int64_t>(ds.train->size()),
+                  .drop_last = t.drop_last, .rng = "", .config_toml = to_toml(cfg), .config_hash = config_hash(cfg)};
     std::ostringstream os;
     os << rng;
     st.rng = os.str();
@@ -196,7 +205,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   };
 
   const FailureInjection inject = FailureInjection::from_env();
-  bool stopped = false;
+  bool stopped = t.max_steps > 0 && step >= t.max_steps;  // resumed at or past the limit: nothing to do
   for (int64_t epoch = start.epoch; epoch < t.epochs && !stopped; ++epoch) {
     const size_t first_batch = epoch == start.epoch ? static_cast<size_t>(start.batch_in_epoch) : 0;
     data::Loader loader(*ds.train, sampler.indices(epoch), lo, first_batch);
@@ -210,7 +219,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       std::optional<data::Batch> batch = loader.next();
       if (!batch) break;
       const auto t0 = Clock::now();
-      lr = lr_at(t, step, spe, total_steps);
+      // The schedule follows the position in this run's epochs, not the raw step count: after a resume at
+      // an epoch end with another world size, steps per epoch differ from the checkpoint's run.
+      lr = lr_at(t, epoch * spe + static_cast<int64_t>(batch->index), spe, total_steps);
       model->zero_grad();
       auto r = loss.forward_backward(model->forward(batch->features), batch->labels, model->kernels());
       model->backward(loss.grad());
@@ -266,8 +277,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       if (stopped) spdlog::info("stopped at step {} (train.max_steps = {})", step, t.max_steps);
     }
     const bool last_epoch = epoch + 1 == t.epochs;
-    if (!stopped && (last_epoch || (cfg.checkpoint.every_epochs > 0 && (epoch + 1) % cfg.checkpoint.every_epochs == 0)))
-      save(epoch + 1, 0);
+    const bool epoch_due = cfg.checkpoint.every_epochs > 0 && (epoch + 1) % cfg.checkpoint.every_epochs == 0;
+    const bool step_due = cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0;
+    if (!stopped && (last_epoch || epoch_due || step_due)) save(epoch + 1, 0);
   }
 
   if (result.epochs.empty()) {
@@ -275,9 +287,13 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     EvalResult ev = evaluate(*model, *ds.test, t, pg);
     result.final_test_acc = ev.acc;
     result.final_test_loss = ev.loss;
-    if (lead)
-      spdlog::info("training already complete at step {} (epoch {}/{}): test_loss {:.4f} test_acc {:.4f}", step,
-                   start.epoch, t.epochs, ev.loss, ev.acc);
+    if (lead) {
+      const std::string why = t.max_steps > 0 && step >= t.max_steps
+                                  ? fmt::format("train.max_steps = {} already reached", t.max_steps)
+                                  : fmt::format("epoch {}/{}", start.epoch, t.epochs);
+      spdlog::info("training already complete at step {} ({}): test_loss {:.4f} test_acc {:.4f}", step, why,
+                   ev.loss, ev.acc);
+    }
   }
   result.steps = step;
   return result;

@@ -129,3 +129,38 @@ TEST_CASE("a truncated, corrupted or unfinished checkpoint is rejected and resum
   REQUIRE(m.remove_all() == 4);
   REQUIRE(m.complete().empty());
 }
+
+TEST_CASE("rewriting a step swaps atomically; pruning spares the new one; set_aside keeps newer ones", "[checkpoint]") {
+  auto dir = fresh_dir("rewrite");
+  CheckpointManager m(dir.string(), 1);
+  m.save({{"w", filled({4}, 0)}}, {}, state_at(40));
+  m.save({{"w", filled({4}, 10)}}, {}, state_at(40));  // the same step again: replaced whole
+  REQUIRE(CheckpointManager::load(m.path_for_step(40)).model.find("w")->data<float>()[0] == 10.0f);
+  REQUIRE(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 1);  // no .tmp or old copy
+
+  m.save({{"w", filled({4}, 20)}}, {}, state_at(20));  // an older step: keep = 1 must not delete it
+  REQUIRE(fs::exists(fs::path(m.path_for_step(20)) / "COMPLETE"));
+
+  CheckpointManager k(dir.string(), 5);
+  k.save({{"w", filled({4}, 30)}}, {}, state_at(30));
+  REQUIRE(k.set_aside_after(20, "abandoned") == 1);  // step 30 (40 was pruned above)
+  REQUIRE(fs::exists(dir / "abandoned-step-00000030" / "COMPLETE"));
+  REQUIRE(k.complete().size() == 1);
+  REQUIRE(k.load_latest()->state.step == 20);
+}
+
+TEST_CASE("odd directories are skipped, not fatal; a renamed checkpoint is caught", "[checkpoint]") {
+  auto dir = fresh_dir("odd");
+  CheckpointManager m(dir.string(), 5);
+  m.save({{"w", filled({4}, 0)}}, {}, state_at(7));
+  fs::create_directories(dir / "step-99999999999999999999999");  // does not fit in int64
+  std::ofstream(dir / "step-99999999999999999999999" / "COMPLETE") << "{}";
+  fs::create_directories(dir / "step-0000x");
+  REQUIRE(m.complete().size() == 1);
+  REQUIRE(m.load_latest()->state.step == 7);
+
+  fs::copy(m.path_for_step(7), m.path_for_step(8), fs::copy_options::recursive);  // state.json still says 7
+  REQUIRE_THROWS_WITH(CheckpointManager::load(m.path_for_step(8)),
+                      Catch::Contains("directory name says step 8, its state.json says step 7"));
+  REQUIRE(m.load_latest()->state.step == 7);  // 8 skipped with a warning
+}

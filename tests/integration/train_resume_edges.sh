@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Resume edge cases: checkpoints every N steps also at epoch ends; continuing from an older checkpoint on
+# another world size (the schedule follows the new run's epochs; the abandoned run's newer checkpoints are
+# set aside, not loaded later); rerunning a run that reached train.max_steps trains nothing.
+source "$(dirname "$0")/lib/common.bash"
+COMMON=(data.train_limit=1200 data.test_limit=500 train.epochs=3 train.batch_size=32 checkpoint.keep=5
+        train.progress_interval_s=1000)
+# 2 ranks: 600 examples each, 19 batches per epoch (the last one of 24). 1 rank: 38 batches per epoch.
+
+# 1. every_steps = 19 with 19 steps per epoch: the saves fall on epoch ends and must still happen.
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.every_epochs=0 \
+  checkpoint.every_steps=19 checkpoint.dir="$WORK/a" > "$WORK/a.log" 2>&1 || { cat "$WORK/a.log"; fail "run a failed"; }
+for s in 19 38 57; do
+  [ -f "$WORK/a/step-000000$s/COMPLETE" ] || { ls "$WORK/a"; fail "no checkpoint at step $s"; }
+done
+
+# 2. Continue from step 19 (the end of epoch 1) on ONE rank: epochs 2 and 3 take 38 steps each.
+out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/a" --resume "$WORK/a/step-00000019" 2>&1) \
+  || { echo "$out"; fail "resume on one rank failed"; }
+echo "$out"
+echo "$out" | grep -q "resumed from .*step-00000019 (step 19, epoch 2, batch 0)" || fail "did not resume from step 19"
+[ -d "$WORK/a/abandoned-step-00000057" ] || fail "the abandoned run's step 57 was not set aside"
+[ -f "$WORK/a/step-00000095/COMPLETE" ] || { ls "$WORK/a"; fail "no checkpoint at step 95 (19 + 2 x 38)"; }
+# Cosine over 3 x 38 steps: at the last step of epoch 2 (position 75 of 114) lr = 0.05/2 (1 + cos(pi 75/114)).
+lr=$(echo "$out" | grep "epoch 2/3 loss" | grep -oP "lr \K[0-9.e+-]+")
+awk -v lr="$lr" 'BEGIN { exit !(lr > 0.0125 && lr < 0.0137) }' || fail "lr at the end of epoch 2 is $lr, expected 0.0131"
+out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/a" 2>&1)
+echo "$out" | grep -q "training already complete at step 95" || { echo "$out"; fail "auto resume did not pick step 95"; }
+
+# 3. A run stopped by train.max_steps, run again, trains no further.
+for _ in 1 2; do
+  "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" train.max_steps=5 checkpoint.dir="$WORK/c" > "$WORK/c.log" 2>&1 \
+    || { cat "$WORK/c.log"; fail "max_steps run failed"; }
+done
+grep -q "train.max_steps = 5 already reached" "$WORK/c.log" || { cat "$WORK/c.log"; fail "second run did not stop at once"; }
+[ ! -e "$WORK/c/step-00000006" ] || fail "the rerun trained a sixth step"
+echo "PASS"
