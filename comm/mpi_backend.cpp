@@ -50,15 +50,16 @@ MpiLifetime& lifetime() {
   return l;
 }
 
-MPI_Datatype mpi_reduce_type(DType d) {
+// The MPI type of one element, so counts are element counts (not bytes) and reach INT_MAX elements.
+MPI_Datatype mpi_type(DType d) {
   switch (d) {
     case DType::F32: return MPI_FLOAT;
     case DType::F64: return MPI_DOUBLE;
     case DType::I32: return MPI_INT32_T;
     case DType::I64: return MPI_INT64_T;
-    case DType::U8: break;
+    case DType::U8: return MPI_UINT8_T;
   }
-  DPT_CHECK(false, "no MPI reduction type for {}", dtype_name(d));
+  DPT_CHECK(false, "no MPI type for {}", dtype_name(d));
   return MPI_DATATYPE_NULL;
 }
 
@@ -161,7 +162,7 @@ std::shared_ptr<Work> MpiProcessGroup::allreduce(Tensor& tensor, const Allreduce
     int count = mpi_count("allreduce", tensor.numel());
     MPI_Op op = opts.op == ReduceOp::Max ? MPI_MAX : MPI_SUM;  // Avg: Sum, divided below
     run("allreduce", [&] {
-      DPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.raw(), count, mpi_reduce_type(tensor.dtype()), op, impl_->comm));
+      DPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.raw(), count, mpi_type(tensor.dtype()), op, impl_->comm));
     });
     if (opts.op == ReduceOp::Avg) detail::divide_in_place(tensor, size());
   }
@@ -172,8 +173,10 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast(Tensor& tensor, const Broadcast
   detail::check_host_tensor(backend(), "broadcast", tensor);
   detail::check_root(backend(), opts.root, size());
   if (tensor.numel() > 0) {
-    int bytes = mpi_count("broadcast", tensor.bytes());
-    run("broadcast", [&] { DPT_MPI_CHECK(MPI_Bcast(tensor.raw(), bytes, MPI_BYTE, opts.root, impl_->comm)); });
+    int count = mpi_count("broadcast", tensor.numel());
+    run("broadcast", [&] {
+      DPT_MPI_CHECK(MPI_Bcast(tensor.raw(), count, mpi_type(tensor.dtype()), opts.root, impl_->comm));
+    });
   }
   return std::make_shared<CompletedWork>();
 }
@@ -183,14 +186,15 @@ std::shared_ptr<Work> MpiProcessGroup::allgather(const Tensor& input, Tensor& ou
   detail::check_host_tensor(backend(), "allgather", output);
   detail::check_allgather_shapes(backend(), input, output, size());
   if (input.numel() > 0) {
-    int bytes = mpi_count("allgather", input.bytes());
-    mpi_count("allgather", output.bytes());
+    int count = mpi_count("allgather", input.numel());
+    mpi_count("allgather", output.numel());
+    MPI_Datatype type = mpi_type(input.dtype());
     auto* out = static_cast<char*>(output.raw());
     const void* in = input.raw();
     // Already in this rank's slot of the output: MPI_IN_PLACE (MPI forbids overlapping send and receive buffers).
     if (in == out + static_cast<size_t>(rank()) * input.bytes()) in = MPI_IN_PLACE;
     run("allgather", [&] {
-      DPT_MPI_CHECK(MPI_Allgather(in, bytes, MPI_BYTE, out, bytes, MPI_BYTE, impl_->comm));
+      DPT_MPI_CHECK(MPI_Allgather(in, count, type, out, count, type, impl_->comm));
     });
   }
   return std::make_shared<CompletedWork>();
