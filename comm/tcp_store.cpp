@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <condition_variable>
 #include <cstring>
 #include <list>
@@ -41,6 +42,35 @@ constexpr uint64_t kMaxValueBytes = uint64_t{1} << 31;
 constexpr uint32_t kMaxKeys = 1 << 20;
 
 std::string errno_text(int err) { return std::generic_category().message(err); }
+
+// A client request's deadline. Not set: wait forever.
+class Deadline {
+ public:
+  // budget < 0: forever. Absurdly large budgets are forever too (and would overflow the clock).
+  explicit Deadline(milliseconds budget)
+      : forever_(budget.count() < 0 || budget > std::chrono::hours(24 * 365)),
+        at_(forever_ ? Clock::time_point::max() : Clock::now() + budget) {}
+  // The poll() timeout: -1 for forever, else the remaining milliseconds rounded up (0 once past).
+  int poll_ms() const {
+    if (forever_) return -1;
+    auto left = std::chrono::ceil<milliseconds>(at_ - Clock::now()).count();
+    return static_cast<int>(std::clamp<int64_t>(left, 0, INT_MAX));
+  }
+
+ private:
+  bool forever_;
+  Clock::time_point at_;
+};
+
+// What the client I/O returns when the deadline passed (errno values are positive).
+constexpr int kDeadlinePassed = -1;
+
+// How much longer than the wait's own timeout a client waits for the server's reply to WAIT: the server
+// answers a timed-out wait itself, so only the reply's trip (and a busy rank 0) needs covering.
+milliseconds wait_reply_budget(milliseconds timeout) {
+  if (timeout.count() < 0 || timeout > std::chrono::hours(24 * 365)) return milliseconds(-1);  // forever
+  return timeout + std::clamp<milliseconds>(timeout, std::chrono::seconds(1), std::chrono::seconds(5));
+}
 
 // ---- byte buffers ----------------------------------------------------------------------------------------
 
@@ -105,28 +135,75 @@ int recv_all(int fd, void* data, size_t n) {
   return 0;
 }
 
-// Reads typed fields off a socket; the first failure sticks (err) and later reads do nothing.
+// Waits until fd is ready for `events` or the deadline passes; returns 0, kDeadlinePassed or the errno.
+int poll_until(int fd, short events, const Deadline& deadline) {
+  for (;;) {
+    pollfd pfd{fd, events, 0};
+    int n = ::poll(&pfd, 1, deadline.poll_ms());
+    if (n > 0) return 0;  // ready, or an error/hangup the next send/recv reports
+    if (n == 0) return kDeadlinePassed;
+    if (errno != EINTR) return errno;
+  }
+}
+
+// The client's send_all and recv_all: each chunk waits (poll) no later than the deadline. Return 0,
+// kDeadlinePassed or the errno (ECONNRESET when the peer closed the connection).
+int send_all(int fd, const void* data, size_t n, const Deadline& deadline) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    ssize_t k = ::send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
+      if (int err = poll_until(fd, POLLOUT, deadline)) return err;
+      continue;
+    }
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return 0;
+}
+
+int recv_all(int fd, void* data, size_t n, const Deadline& deadline) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (n > 0) {
+    ssize_t k = ::recv(fd, p, n, MSG_DONTWAIT);
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return errno;
+      if (int err = poll_until(fd, POLLIN, deadline)) return err;
+      continue;
+    }
+    if (k == 0) return ECONNRESET;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return 0;
+}
+
+// Reads typed fields off a socket; the first failure sticks (err) and later reads do nothing. With a
+// deadline (the client) no read waits past it; without one (the server) reads block.
 class Reader {
  public:
-  explicit Reader(int fd) : fd_(fd) {}
+  explicit Reader(int fd, const Deadline* deadline = nullptr) : fd_(fd), deadline_(deadline) {}
   template <class T>
   T get() {
     T v{};
-    if (err == 0) err = recv_all(fd_, &v, sizeof(T));
+    if (err == 0) err = read(&v, sizeof(T));
     return v;
   }
   std::string str() {
     auto n = get<uint32_t>();
     if (err == 0 && n > kMaxKeyBytes) err = EPROTO;
     std::string s(err == 0 ? n : 0, '\0');
-    if (err == 0 && n > 0) err = recv_all(fd_, s.data(), n);
+    if (err == 0 && n > 0) err = read(s.data(), n);
     return s;
   }
   std::vector<uint8_t> value() {
     auto n = get<uint64_t>();
     if (err == 0 && n > kMaxValueBytes) err = EPROTO;
     std::vector<uint8_t> v(err == 0 ? n : 0);
-    if (err == 0 && n > 0) err = recv_all(fd_, v.data(), n);
+    if (err == 0 && n > 0) err = read(v.data(), n);
     return v;
   }
   std::vector<std::string> keys() {
@@ -139,13 +216,39 @@ class Reader {
   int err = 0;
 
  private:
+  int read(void* data, size_t n) { return deadline_ ? recv_all(fd_, data, n, *deadline_) : recv_all(fd_, data, n); }
   int fd_;
+  const Deadline* deadline_;
 };
 
 void set_nodelay(int fd) {
   int one = 1;
   // Best effort: without it small requests wait for Nagle, which is slow but not wrong.
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+// TCP keepalive: a peer whose host died (or vanished from the network) fails the connection after about
+// 2 minutes of silence (60 s idle, then 6 probes 10 s apart) instead of never. Best effort, like nodelay.
+// A peer whose host is alive but whose process is stuck still answers probes: the request deadlines cover that.
+void set_keepalive(int fd) {
+  int one = 1;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+#if defined(TCP_KEEPIDLE) && defined(TCP_KEEPINTVL) && defined(TCP_KEEPCNT)
+  int idle_s = 60;
+  int interval_s = 10;
+  int count = 6;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval_s, sizeof(interval_s));
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
+#endif
+}
+
+// "'a', 'b'", shortened for long key lists (a message, not a dump).
+std::string describe_keys(const std::vector<std::string>& keys) {
+  constexpr size_t kShown = 3;
+  if (keys.size() <= kShown) return fmt::format("'{}'", fmt::join(keys, "', '"));
+  std::vector<std::string> head(keys.begin(), keys.begin() + kShown);
+  return fmt::format("'{}', ... ({} keys)", fmt::join(head, "', '"), keys.size());
 }
 
 // Binds a listening socket on every interface (IPv6 dual-stack when the host has IPv6, else IPv4).
@@ -283,6 +386,7 @@ class TcpStore::Server {
         continue;
       }
       set_nodelay(fd);
+      set_keepalive(fd);  // a handler whose client's host died ends instead of blocking forever
       reap_finished();
       auto conn = std::make_unique<Conn>();
       conn->fd = fd;
@@ -482,6 +586,7 @@ void TcpStore::connect_with_retry() {
         continue;
       }
       set_nodelay(fd);
+      set_keepalive(fd);
       fd_ = fd;
     }
     if (res) ::freeaddrinfo(res);
@@ -498,72 +603,113 @@ void TcpStore::connect_with_retry() {
   }
 }
 
-void TcpStore::lost_connection(const std::string& what, int err) {
-  DPT_THROW(CommError, "lost the connection to {} during {}: {} (did rank 0 exit?)", where(), what,
-            err == EPROTO ? "unexpected reply" : errno_text(err));
+void TcpStore::ensure_usable(const std::string& what) const {
+  if (!broken_.empty()) {
+    DPT_THROW(CommError,
+              "cannot {}: the connection to {} is unusable after an earlier failure ({}); it is not reconnected "
+              "mid-protocol: create a new TcpStore",
+              what, where(), broken_);
+  }
+}
+
+void TcpStore::fail(const std::string& what, int err, std::chrono::milliseconds budget) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  if (err == kDeadlinePassed) {
+    broken_ = fmt::format("no reply to {} within {}", what, detail::format_duration(budget));
+    DPT_THROW(TimeoutError,
+              "no reply from {} to {} within {} (is rank 0 alive? its host may be frozen or overloaded); this "
+              "client's connection is now unusable",
+              where(), what, detail::format_duration(budget));
+  }
+  if (err == EPROTO) {
+    broken_ = fmt::format("unexpected reply to {}", what);
+    DPT_THROW(CommError, "unexpected reply from {} to {} (protocol error); this client's connection is now unusable",
+              where(), what);
+  }
+  broken_ = fmt::format("lost the connection during {}: {}", what, errno_text(err));
+  DPT_THROW(CommError, "lost the connection to {} during {}: {} (did rank 0 exit?)", where(), what, errno_text(err));
 }
 
 namespace {
-// Sends a whole request; returns 0 or the errno.
-int send_request(int fd, const Writer& req) { return send_all(fd, req.bytes().data(), req.bytes().size()); }
+// Sends a whole request; returns 0, kDeadlinePassed or the errno.
+int send_request(int fd, const Writer& req, const Deadline& deadline) {
+  return send_all(fd, req.bytes().data(), req.bytes().size(), deadline);
+}
 }  // namespace
 
 void TcpStore::do_set(const std::string& key, const std::vector<uint8_t>& value) {
   std::lock_guard lock(mu_);
+  const std::string what = fmt::format("set('{}')", key);
+  ensure_usable(what);
+  const milliseconds budget = timeout();
+  const Deadline deadline(budget);
   Writer req;
   req.put(Cmd::Set).str(key).value(value);
-  if (int err = send_request(fd_, req)) lost_connection(fmt::format("set('{}')", key), err);
-  Reader in(fd_);
+  if (int err = send_request(fd_, req, deadline)) fail(what, err, budget);
+  Reader in(fd_, &deadline);
   auto status = in.get<Status>();
-  if (in.err || status != Status::Ok) lost_connection(fmt::format("set('{}')", key), in.err ? in.err : EPROTO);
+  if (in.err || status != Status::Ok) fail(what, in.err ? in.err : EPROTO, budget);
 }
 
 std::vector<uint8_t> TcpStore::do_get(const std::string& key) {
   std::lock_guard lock(mu_);
+  const std::string what = fmt::format("get('{}')", key);
+  ensure_usable(what);
+  const milliseconds budget = timeout();
+  const Deadline deadline(budget);
   Writer req;
   req.put(Cmd::Get).str(key);
-  if (int err = send_request(fd_, req)) lost_connection(fmt::format("get('{}')", key), err);
-  Reader in(fd_);
+  if (int err = send_request(fd_, req, deadline)) fail(what, err, budget);
+  Reader in(fd_, &deadline);
   auto status = in.get<Status>();
-  if (in.err) lost_connection(fmt::format("get('{}')", key), in.err);
+  if (in.err) fail(what, in.err, budget);
   if (status == Status::NotFound) DPT_THROW(CommError, "store key '{}' is not set in {}", key, where());
   auto value = in.value();
-  if (in.err || status != Status::Ok) lost_connection(fmt::format("get('{}')", key), in.err ? in.err : EPROTO);
+  if (in.err || status != Status::Ok) fail(what, in.err ? in.err : EPROTO, budget);
   return value;
 }
 
 int64_t TcpStore::do_add(const std::string& key, int64_t delta) {
   std::lock_guard lock(mu_);
+  const std::string what = fmt::format("add('{}')", key);
+  ensure_usable(what);
+  const milliseconds budget = timeout();
+  const Deadline deadline(budget);
   Writer req;
   req.put(Cmd::Add).str(key).put(delta);
-  if (int err = send_request(fd_, req)) lost_connection(fmt::format("add('{}')", key), err);
-  Reader in(fd_);
+  if (int err = send_request(fd_, req, deadline)) fail(what, err, budget);
+  Reader in(fd_, &deadline);
   auto status = in.get<Status>();
-  if (in.err) lost_connection(fmt::format("add('{}')", key), in.err);
+  if (in.err) fail(what, in.err, budget);
   if (status == Status::Error) {
     std::string msg = in.str();
-    if (in.err) lost_connection(fmt::format("add('{}')", key), in.err);
-    throw CommError(msg);
+    if (in.err) fail(what, in.err, budget);
+    throw CommError(msg);  // the server's answer, read whole: the connection stays usable
   }
   auto v = in.get<int64_t>();
-  if (in.err || status != Status::Ok) lost_connection(fmt::format("add('{}')", key), in.err ? in.err : EPROTO);
+  if (in.err || status != Status::Ok) fail(what, in.err ? in.err : EPROTO, budget);
   return v;
 }
 
 void TcpStore::do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   std::lock_guard lock(mu_);
+  const std::string what = fmt::format("wait({})", describe_keys(keys));
+  ensure_usable(what);
+  const milliseconds budget = wait_reply_budget(timeout);
+  const Deadline deadline(budget);
   Writer req;
   req.put(Cmd::Wait).put(static_cast<int64_t>(timeout.count() < 0 ? -1 : timeout.count())).keys(keys);
-  if (int err = send_request(fd_, req)) lost_connection("wait", err);
-  Reader in(fd_);
+  if (int err = send_request(fd_, req, deadline)) fail(what, err, budget);
+  Reader in(fd_, &deadline);
   auto status = in.get<Status>();
-  if (in.err) lost_connection("wait", in.err);
+  if (in.err) fail(what, in.err, budget);
   if (status == Status::Timeout) {
     auto missing = in.keys();
-    if (in.err) lost_connection("wait", in.err);
+    if (in.err) fail(what, in.err, budget);
     detail::throw_wait_timeout(missing, timeout, where());
   }
-  if (status != Status::Ok) lost_connection("wait", EPROTO);
+  if (status != Status::Ok) fail(what, EPROTO, budget);
 }
 
 }  // namespace dpt::comm

@@ -7,6 +7,14 @@
 //   strings  = u32 length + bytes; values = u64 length + bytes; key lists = u32 count + strings
 //   reply    = u8 status (OK, NOT_FOUND, TIMEOUT, ERROR) + the command's result (value, i64, missing keys, text)
 // WAIT is answered by the server when all keys exist or the timeout passed, so a waiting client costs no polling.
+//
+// Every client request has a deadline: set/add (and the GET that follows get()'s WAIT) the store's timeout,
+// wait the wait's own timeout plus a margin for the server's TIMEOUT reply to arrive; a negative timeout waits
+// forever. Past the deadline the call throws TimeoutError naming the address and the operation. Client
+// sockets use TCP keepalive, so a peer whose host died is noticed even during an endless wait.
+// After a timeout, a malformed reply or a lost connection the client is broken: its socket is closed (unread
+// bytes would make the next reply misread) and every later call fails at once with CommError saying why.
+// It does not reconnect: make a new TcpStore.
 #pragma once
 
 #include <chrono>
@@ -51,13 +59,18 @@ class TcpStore : public Store {
  private:
   void connect_with_retry();
   std::string where() const;  // "the TcpStore at HOST:PORT"
-  [[noreturn]] void lost_connection(const std::string& what, int err);
+  // CommError when an earlier failure left the connection unusable (mu_ held).
+  void ensure_usable(const std::string& what) const;
+  // Marks the connection broken (closes the socket) and throws: TimeoutError when the request's deadline
+  // (budget after it started) passed, else CommError for the lost connection or the malformed reply (mu_ held).
+  [[noreturn]] void fail(const std::string& what, int err, std::chrono::milliseconds budget);
 
   std::string host_;
   int port_;
   std::unique_ptr<Server> server_;
   std::mutex mu_;  // one request at a time on the client socket
   int fd_ = -1;
+  std::string broken_;  // why the connection is unusable; empty while it works (guarded by mu_)
 };
 
 }  // namespace dpt::comm

@@ -1,10 +1,18 @@
 // tests/unit/comm/test_tcp_store.cpp: TcpStore (and HashStore, PrefixStore): set/get/add, waiting for keys
-// set later, timeouts naming the keys, a client with no server, and a server that shuts down promptly.
+// set later, timeouts naming the keys, a client with no server, and a server that shuts down promptly; a
+// server that never answers or answers garbage: the client times out or fails, then refuses further calls.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstring>
 #include <future>
 #include <thread>
+#include <vector>
 
 #include "core/net.h"
 #include "comm/process_group.h"  // kNoTimeout
@@ -30,6 +38,70 @@ std::shared_ptr<TcpStore> client(const TcpStore& srv, std::chrono::milliseconds 
 }
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A plain listening socket on a free port that accepts connections and never answers on its own (a rank 0
+// whose host froze); send() writes raw bytes to the last connection it accepted.
+class FakeServer {
+ public:
+  FakeServer() : port_(find_free_port()) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd_ >= 0);
+    int one = 1;
+    ::setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port_));
+    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(::listen(fd_, 16) == 0);
+  }
+  ~FakeServer() {
+    for (int c : conns_) ::close(c);
+    ::close(fd_);
+  }
+  FakeServer(const FakeServer&) = delete;
+  FakeServer& operator=(const FakeServer&) = delete;
+
+  int port() const { return port_; }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  // Accepts the connection a TcpStore client just made (the kernel queued it), and keeps it open.
+  void accept_one() {
+    int c = ::accept(fd_, nullptr, nullptr);
+    REQUIRE(c >= 0);
+    conns_.push_back(c);
+  }
+  void send(const std::vector<uint8_t>& bytes) {
+    REQUIRE(!conns_.empty());
+    REQUIRE(::send(conns_.back(), bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+  }
+
+ private:
+  int port_;
+  int fd_ = -1;
+  std::vector<int> conns_;
+};
+
+// Matches a CommError that is not a TimeoutError and whose message contains every fragment.
+Catch::Matchers::Generic::PredicateMatcher<CommError> comm_error_with(std::vector<std::string> fragments) {
+  return Catch::Matchers::Predicate<CommError>([fragments](const CommError& e) {
+    if (dynamic_cast<const TimeoutError*>(&e) != nullptr) return false;
+    std::string m = e.what();
+    for (const auto& f : fragments) {
+      if (m.find(f) == std::string::npos) return false;
+    }
+    return true;
+  });
+}
+
+Catch::Matchers::Generic::PredicateMatcher<TimeoutError> timeout_with(std::vector<std::string> fragments) {
+  return Catch::Matchers::Predicate<TimeoutError>([fragments](const TimeoutError& e) {
+    std::string m = e.what();
+    for (const auto& f : fragments) {
+      if (m.find(f) == std::string::npos) return false;
+    }
+    return true;
+  });
+}
 
 }  // namespace
 
@@ -224,4 +296,55 @@ TEST_CASE("HashStore and PrefixStore", "[store]") {
   PrefixStore p("dpt/restart1", srv);
   p.set("x", std::string("y"));
   CHECK(client(*srv)->get_string("dpt/restart1/x") == "y");
+}
+
+TEST_CASE("TcpStore: a server that never answers: requests time out, then the client refuses further calls",
+          "[store]") {
+  FakeServer fake;
+
+  SECTION("set") {
+    TcpStore cli("127.0.0.1", fake.port(), false, 300ms);
+    fake.accept_one();
+    auto start = Clock::now();
+    CHECK_THROWS_MATCHES(cli.set("k", std::string("v")), TimeoutError,
+                         timeout_with({"no reply", fake.address(), "set('k')", "300 ms"}));
+    double waited = seconds_since(start);
+    CHECK(waited >= 0.29);
+    CHECK(waited < 5.0);
+    // The next call fails at once: the connection may hold the late reply.
+    start = Clock::now();
+    CHECK_THROWS_MATCHES(cli.add("n", 1), CommError, comm_error_with({"unusable", fake.address(), "set('k')"}));
+    CHECK(seconds_since(start) < 0.5);
+  }
+
+  SECTION("get (its wait gets a margin for the server's reply)") {
+    TcpStore cli("127.0.0.1", fake.port(), false, 300ms);
+    fake.accept_one();
+    auto start = Clock::now();
+    CHECK_THROWS_MATCHES(cli.get("k"), TimeoutError, timeout_with({"no reply", fake.address(), "'k'"}));
+    double waited = seconds_since(start);
+    CHECK(waited >= 0.29);
+    CHECK(waited < 5.0);
+    start = Clock::now();
+    CHECK_THROWS_MATCHES(cli.get("k"), CommError, comm_error_with({"unusable", fake.address()}));
+    CHECK_THROWS_MATCHES(cli.set("k", std::string("v")), CommError, comm_error_with({"unusable"}));
+    CHECK(seconds_since(start) < 0.5);
+  }
+}
+
+TEST_CASE("TcpStore: a malformed reply breaks the connection instead of misreading the next reply", "[store]") {
+  FakeServer fake;
+  TcpStore cli("127.0.0.1", fake.port(), false, 2s);
+  fake.accept_one();
+  // An ERROR reply (status 3, see tcp_store.h) whose text claims 1 MiB: longer than the client accepts.
+  std::vector<uint8_t> reply = {3};
+  uint32_t len = 1u << 20;
+  const auto* p = reinterpret_cast<const uint8_t*>(&len);
+  reply.insert(reply.end(), p, p + sizeof(len));
+  reply.resize(reply.size() + 64, 'x');
+  fake.send(reply);
+  auto start = Clock::now();
+  CHECK_THROWS_MATCHES(cli.add("n", 1), CommError, comm_error_with({"unexpected reply", fake.address(), "add('n')"}));
+  CHECK_THROWS_MATCHES(cli.get("n"), CommError, comm_error_with({"unusable", "unexpected reply to add('n')"}));
+  CHECK(seconds_since(start) < 1.0);
 }
