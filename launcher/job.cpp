@@ -1,6 +1,7 @@
 // launcher/job.cpp: launch(): spawn the ranks, relay their output, watch them, tear the job down.
 //
-// One thread, one poll loop over a signalfd (SIGCHLD and the stop signals) and the ranks' output pipes.
+// One thread, one poll loop over a signalfd (SIGCHLD and the stop signals) and the ranks' output pipes; each
+// wake-up serves the signals first and reads each ready pipe at most once, so no rank can starve the loop.
 // Ranks that end are observed with waitid(WNOWAIT) and reaped only at the very end: a zombie keeps its pid,
 // hence its process group id, reserved, so signalling a rank's group can never hit an unrelated process.
 #include <fcntl.h>
@@ -195,11 +196,14 @@ class Job {
       int n = ::poll(fds.data(), fds.size(), timeout_ms);
       if (n < 0 && errno != EINTR) DPT_THROW(IoError, "poll failed: {}", std::strerror(errno));
       if (n > 0) {
-        // Output first, so a rank's last words come before dprun's line about its end.
+        // Signals first: they are served on every wake-up however busy the pipes are. (A rank's last words
+        // still come before dprun's line about its end: check_ranks drains its pipes before that line.)
+        if (fds[0].revents != 0) handle_signals();
+        // Then one bounded read per ready pipe, so a rank that writes without pause cannot starve the loop.
+        // A stream closed by handle_signals is skipped by pump().
         for (std::size_t i = 1; i < fds.size(); ++i) {
           if (fds[i].revents != 0) streams[i - 1]->pump();
         }
-        if (fds[0].revents != 0) handle_signals();
       }
       if (phase_ == Phase::kStopping && Clock::now() >= deadline_) kill_remaining();
     }
@@ -228,7 +232,7 @@ class Job {
       r.ended = true;
       r.status = *st;
       for (RankStream* s : {r.out.get(), r.err.get()}) {
-        if (s) s->pump();
+        if (s) s->drain();  // its last words, before the line about its end
       }
       if (!st->ok()) {
         failed.push_back(&r);

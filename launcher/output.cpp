@@ -2,6 +2,7 @@
 #include "launcher/output.h"
 
 #include <fmt/format.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,43 +90,57 @@ RankStream::~RankStream() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-void RankStream::pump() {
-  if (fd_ < 0) return;
-  std::array<char, 64 * 1024> buf;
-  std::string out;
+void RankStream::relay() {
+  sink_.write(out_);
+  out_.clear();
+  // Usually about 1.5 reads' worth; a read of many short lines can make it ten times that.
+  if (out_.capacity() > 4 * kReadChunkBytes) std::string().swap(out_);
+}
+
+std::size_t RankStream::read_once() {
+  std::array<char, kReadChunkBytes> buf;
   for (;;) {
     ssize_t n = ::read(fd_, buf.data(), buf.size());
     if (n > 0) {
-      prefixer_.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)), out);
-      if (out.size() >= buf.size()) {  // keep memory bounded while a chatty rank fills the pipe
-        sink_.write(out);
-        out.clear();
-      }
-      continue;
+      prefixer_.feed(std::string_view(buf.data(), static_cast<std::size_t>(n)), out_);
+      relay();
+      return static_cast<std::size_t>(n);
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-    if (n < 0) {
-      int err = errno;
-      sink_.write(out);
-      DPT_THROW(IoError, "reading a rank's output pipe failed: {}", std::strerror(err));
-    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return 0;
+    if (n < 0) DPT_THROW(IoError, "reading a rank's output pipe failed: {}", std::strerror(errno));
     // n == 0: the writer closed its end (the rank and everything it started are done with it).
-    prefixer_.flush(out);
+    prefixer_.flush(out_);
+    relay();
     ::close(fd_);
     fd_ = -1;
-    break;
+    return 0;
   }
-  sink_.write(out);
+}
+
+void RankStream::pump() {
+  if (fd_ >= 0) (void)read_once();
+}
+
+void RankStream::drain() {
+  if (fd_ < 0) return;
+  int held = 0;
+  if (::ioctl(fd_, FIONREAD, &held) != 0) {
+    DPT_THROW(IoError, "ioctl(FIONREAD) on a rank's output pipe failed: {}", std::strerror(errno));
+  }
+  // At least one read, so that an empty pipe whose writer is gone is seen at end of file and closed.
+  for (std::size_t left = static_cast<std::size_t>(std::max(held, 0));;) {
+    std::size_t n = read_once();
+    if (n == 0 || n >= left) break;
+    left -= n;
+  }
 }
 
 void RankStream::finish() {
+  drain();
   if (fd_ < 0) return;
-  pump();
-  if (fd_ < 0) return;
-  std::string out;
-  prefixer_.flush(out);
-  sink_.write(out);
+  prefixer_.flush(out_);
+  relay();
   ::close(fd_);
   fd_ = -1;
 }

@@ -45,6 +45,9 @@ class OutputSink {
   bool broken_ = false;
 };
 
+// The most one read() of a rank's pipe takes in.
+inline constexpr std::size_t kReadChunkBytes = 64 * 1024;
+
 // The read end of one rank's stdout or stderr pipe, relayed to a sink through a LinePrefixer.
 class RankStream {
  public:
@@ -55,17 +58,31 @@ class RankStream {
 
   int fd() const { return fd_; }
   bool open() const { return fd_ >= 0; }
-  // Reads whatever the pipe holds now (non-blocking) and relays the complete lines. At end of file it flushes
-  // the unfinished line and closes the pipe. Throws IoError when read() fails.
+  // One non-blocking read() of at most kReadChunkBytes; relays the complete lines. At end of file it flushes
+  // the unfinished line and closes the pipe. Bounded on purpose: a rank that writes without pause must not
+  // keep the caller's poll loop from its signals and the other ranks. Throws IoError when read() fails.
   void pump();
-  // Flushes the unfinished line and closes the pipe, whether or not the writer is done (used at the end,
-  // when a grandchild may still hold the pipe open).
+  // Relays everything the pipe holds at the moment of the call (a rank that has ended: all it wrote), and
+  // no more, so a process still writing to the pipe (a leftover child of the rank) cannot keep it busy.
+  // Closes the pipe if it sees end of file. Throws IoError.
+  void drain();
+  // drain(), then flushes the unfinished line and closes the pipe, whether or not the writer is done (used
+  // at the end, when a grandchild may still hold the pipe open).
   void finish();
 
  private:
+  // One read() (retried after EINTR), relayed to the sink; returns the number of bytes read, 0 when the pipe
+  // is empty for now or at end of file (then the unfinished line is flushed and the pipe closed).
+  std::size_t read_once();
+  // Writes out_ to the sink and empties it, letting go of its memory when an odd read made it big.
+  void relay();
+
   int fd_;
   LinePrefixer prefixer_;
   OutputSink& sink_;
+  // The prefixed lines of one read, kept between reads so a busy pipe does not allocate (and fault in fresh
+  // pages) on every read. Always empty between calls.
+  std::string out_;
 };
 
 // Writes all of `bytes` to `fd`, retrying after EINTR and short writes. Returns 0 or the errno of the failure.

@@ -1,8 +1,24 @@
 #!/usr/bin/env bash
 # tests/integration/dprun_failure.sh: when a rank fails, dprun names it and how it ended, tears the other
 # ranks down (their whole process groups; SIGKILL after the grace period for one that ignores SIGTERM) and
-# exits with the rank's code. A program that cannot be started is a failed rank with code 127.
+# exits with the rank's code, also while another rank floods its output. A program that cannot be started is a
+# failed rank with code 127.
 source "$(dirname "$0")/lib/dprun.bash"
+
+# Ranks flooding their stdout run `exec yes dpt-flood-$SLEEP_FOR`, found by that marker; none may outlive the script.
+trap 'cleanup; pkill -KILL -f "dpt-flood-$SLEEP_FOR" 2>/dev/null' EXIT
+no_flooders() {
+  if pgrep -f "dpt-flood-$SLEEP_FOR" >/dev/null; then fail "$1: flooding processes left behind after dprun exited"; fi
+}
+# run_flood ARGS...: like run, but dprun's stdout goes to /dev/null (a flood would fill the disk).
+run_flood() {
+  local t0
+  t0=$(now)
+  rm -f "$WORK/out"
+  timeout -k 5 60 "$DPRUN" "$@" >/dev/null 2>"$WORK/err" </dev/null
+  RC=$?
+  TOOK=$(elapsed "$t0")
+}
 
 no_sleepers() {
   if pgrep -f "sleep $SLEEP_FOR" >/dev/null; then fail "$1: sleepers left behind after dprun exited"; fi
@@ -74,4 +90,27 @@ run --nproc-per-node 3 -- sh -c 'sleep "0.$RANK"'
 [ "$RC" = 0 ] || fail "success: dprun exited $RC"
 grep -q 'exited with code' "$WORK/err" && fail "success: dprun reported a failure"
 echo "ok: all ranks exit 0 -> 0"
+
+# 7. A rank flooding its stdout does not hide another rank's failure: rank 1 exits 3 after 0.5 s while rank 0
+#    writes without pause; dprun notices, stops rank 0 and exits 3 within a few seconds.
+run_flood --nproc-per-node 2 --grace-period 1 -- sh -c '
+  if [ "$RANK" = 1 ]; then sleep 0.5; echo "rank one gives up" >&2; exit 3; fi
+  exec yes dpt-flood-$SLEEP_FOR'
+[ "$RC" = 3 ] || fail "flood: dprun exited $RC, expected 3"
+less "$TOOK" 5 || fail "flood: dprun took $TOOK s to notice rank 1's failure"
+grep -Eq '^dprun: rank 1 \(pid [0-9]+\) exited with code 3$' "$WORK/err" || fail "flood: no line naming rank 1 and code 3"
+grep -q '^\[rank 1\] rank one gives up$' "$WORK/err" || fail "flood: rank 1's last words lost"
+grep -q 'SIGTERM to rank 0;' "$WORK/err" || fail "flood: no line about stopping rank 0"
+no_flooders "flood"
+echo "ok: rank 1 exited 3 while rank 0 flooded -> dprun exited 3 in $TOOK s"
+
+# 8. A rank that exits 0 leaving a child that floods the rank's stdout: dprun relays what the rank wrote,
+#    does not wait for the child to stop writing, and ends it (SIGTERM to the rank's group).
+run_flood --nproc-per-node 1 -- sh -c 'yes dpt-flood-$SLEEP_FOR & echo "rank done" >&2; sleep 0.5; exit 0'
+[ "$RC" = 0 ] || fail "leftover flood: dprun exited $RC, expected 0"
+less "$TOOK" 5 || fail "leftover flood: dprun took $TOOK s"
+grep -qx '\[rank 0\] rank done' "$WORK/err" || fail "leftover flood: the rank's output lost"
+sleep 0.3  # the SIGTERM to the leftover is asynchronous
+no_flooders "leftover flood"
+echo "ok: a leftover child flooding the pipe does not hold dprun up ($TOOK s)"
 echo "PASS"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tests/integration/dprun_signals.sh: SIGTERM and SIGINT sent to dprun reach every rank and dprun exits
-# 128 + signal; a second one skips the grace period; SIGKILL of dprun still takes the ranks with it
-# (PR_SET_PDEATHSIG), leaving no orphan.
+# 128 + signal; a second one skips the grace period; a rank flooding its output does not delay them; SIGKILL
+# of dprun still takes the ranks with it (PR_SET_PDEATHSIG), leaving no orphan.
 source "$(dirname "$0")/lib/dprun.bash"
 
 sleepers() { pgrep -f "sleep $SLEEP_FOR" | wc -l; }
@@ -28,13 +28,17 @@ wait_exit() {
 }
 
 # start ARGS...: dprun in the background, in its own process group (job control on), so that SIGINT is not
-# ignored the way a plain `cmd &` of a script would have it.
+# ignored the way a plain `cmd &` of a script would have it. Its stdout goes to $STDOUT ($WORK/out unless set).
 start() {
   set -m
-  "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null &
+  "$DPRUN" "$@" >"${STDOUT:-$WORK/out}" 2>"$WORK/err" </dev/null &
   DPID=$!
   set +m
 }
+
+# Ranks flooding their stdout run `exec yes dpt-flood-$SLEEP_FOR`, found by that marker; none may outlive the script.
+trap 'cleanup; pkill -KILL -f "dpt-flood-$SLEEP_FOR" 2>/dev/null' EXIT
+flooders() { pgrep -f "dpt-flood-$SLEEP_FOR" | wc -l; }
 
 # 1. SIGTERM to dprun: forwarded to the ranks, dprun exits 143, no rank left.
 start --nproc-per-node 3 -- sh -c 'exec sleep $SLEEP_FOR'
@@ -73,7 +77,26 @@ grep -q 'received SIGTERM again' "$WORK/err" || fail "second SIGTERM: not report
 [ "$(sleepers)" = 0 ] || fail "second SIGTERM: ranks left behind"
 echo "ok: a second SIGTERM skips the grace period"
 
-# 4. SIGKILL to dprun: it cannot clean up, yet the ranks die with it (PR_SET_PDEATHSIG).
+# 4. A rank writing without pause (dprun's stdout to /dev/null, so dprun relays as fast as it can) must not
+#    keep dprun from its signals: SIGINT stops the job within a few seconds.
+STDOUT=/dev/null start --grace-period 1 -- sh -c 'exec yes dpt-flood-$SLEEP_FOR'
+for _ in $(seq 100); do
+  [ "$(flooders)" = 1 ] && break
+  sleep 0.1
+done
+[ "$(flooders)" = 1 ] || fail "flood: the flooding rank did not start"
+sleep 0.5  # well into the flood
+t0=$(now)
+kill -INT "$DPID"
+wait_exit "flood"
+took=$(elapsed "$t0")
+[ "$RC" = 130 ] || fail "flood: dprun exited $RC, expected 130"
+less "$took" 5 || fail "flood: dprun took $took s to act on SIGINT"
+grep -q 'received SIGINT: sending SIGINT to rank 0' "$WORK/err" || fail "flood: no line about forwarding SIGINT"
+[ "$(flooders)" = 0 ] || fail "flood: the flooding rank was left behind"
+echo "ok: SIGINT stops a job whose rank floods its stdout ($took s)"
+
+# 5. SIGKILL to dprun: it cannot clean up, yet the ranks die with it (PR_SET_PDEATHSIG).
 start --nproc-per-node 3 -- sh -c 'exec sleep $SLEEP_FOR'
 wait_for 3 "SIGKILL"
 exec 3>&2 2>/dev/null  # bash reports the killed job on its stderr
