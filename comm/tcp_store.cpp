@@ -632,9 +632,13 @@ void TcpStore::fail(const std::string& what, int err, std::chrono::milliseconds 
 }
 
 namespace {
-// Sends a whole request; returns 0, kDeadlinePassed or the errno.
-int send_request(int fd, const Writer& req, const Deadline& deadline) {
-  return send_all(fd, req.bytes().data(), req.bytes().size(), deadline);
+// Sends the whole request and reads the reply's status into *status, both bounded by the deadline `in`
+// reads with. Returns 0, or the errno / kDeadlinePassed for TcpStore::fail; the caller reads the rest of
+// the reply from `in`.
+int exchange(int fd, const Writer& req, Reader& in, const Deadline& deadline, Status* status) {
+  if (int err = send_all(fd, req.bytes().data(), req.bytes().size(), deadline)) return err;
+  *status = in.get<Status>();
+  return in.err;
 }
 }  // namespace
 
@@ -646,10 +650,10 @@ void TcpStore::do_set(const std::string& key, const std::vector<uint8_t>& value)
   const Deadline deadline(budget);
   Writer req;
   req.put(Cmd::Set).str(key).value(value);
-  if (int err = send_request(fd_, req, deadline)) fail(what, err, budget);
   Reader in(fd_, &deadline);
-  auto status = in.get<Status>();
-  if (in.err || status != Status::Ok) fail(what, in.err ? in.err : EPROTO, budget);
+  Status status{};
+  if (int err = exchange(fd_, req, in, deadline, &status)) fail(what, err, budget);
+  if (status != Status::Ok) fail(what, EPROTO, budget);
 }
 
 std::vector<uint8_t> TcpStore::do_get(const std::string& key) {
@@ -660,10 +664,9 @@ std::vector<uint8_t> TcpStore::do_get(const std::string& key) {
   const Deadline deadline(budget);
   Writer req;
   req.put(Cmd::Get).str(key);
-  if (int err = send_request(fd_, req, deadline)) fail(what, err, budget);
   Reader in(fd_, &deadline);
-  auto status = in.get<Status>();
-  if (in.err) fail(what, in.err, budget);
+  Status status{};
+  if (int err = exchange(fd_, req, in, deadline, &status)) fail(what, err, budget);
   if (status == Status::NotFound) DPT_THROW(CommError, "store key '{}' is not set in {}", key, where());
   auto value = in.value();
   if (in.err || status != Status::Ok) fail(what, in.err ? in.err : EPROTO, budget);
@@ -678,10 +681,9 @@ int64_t TcpStore::do_add(const std::string& key, int64_t delta) {
   const Deadline deadline(budget);
   Writer req;
   req.put(Cmd::Add).str(key).put(delta);
-  if (int err = send_request(fd_, req, deadline)) fail(what, err, budget);
   Reader in(fd_, &deadline);
-  auto status = in.get<Status>();
-  if (in.err) fail(what, in.err, budget);
+  Status status{};
+  if (int err = exchange(fd_, req, in, deadline, &status)) fail(what, err, budget);
   if (status == Status::Error) {
     std::string msg = in.str();
     if (in.err) fail(what, in.err, budget);
@@ -700,10 +702,9 @@ void TcpStore::do_wait(const std::vector<std::string>& keys, std::chrono::millis
   const Deadline deadline(budget);
   Writer req;
   req.put(Cmd::Wait).put(static_cast<int64_t>(timeout.count() < 0 ? -1 : timeout.count())).keys(keys);
-  if (int err = send_request(fd_, req, deadline)) fail(what, err, budget);
   Reader in(fd_, &deadline);
-  auto status = in.get<Status>();
-  if (in.err) fail(what, in.err, budget);
+  Status status{};
+  if (int err = exchange(fd_, req, in, deadline, &status)) fail(what, err, budget);
   if (status == Status::Timeout) {
     auto missing = in.keys();
     if (in.err) fail(what, in.err, budget);
