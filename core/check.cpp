@@ -30,8 +30,10 @@ std::string location(const char* file, int line) {
   return fmt::format("{}:{}", f, line);
 }
 
-void throw_check(const char* file, int line, const std::string& what) {
-  throw InternalError(fmt::format("{}{} ({})", rank_prefix(), what, location(file, line)));
+std::string located(const char* file, int line, const std::string& what) {
+  return fmt::format("{}{} ({})", rank_prefix(), what, location(file, line));
 }
+
+void throw_check(const char* file, int line, const std::string& what) { throw InternalError(located(file, line, what)); }
 }  // namespace detail
 }  // namespace dpt

@@ -26,6 +26,7 @@ class TimeoutError : public CommError { using CommError::CommError; };
 class UnsupportedError : public Error { using Error::Error; };  // "backend X does not support Y"
 class CheckpointError : public IoError { using IoError::IoError; };
 class InternalError : public Error { using Error::Error; };     // a DPT_CHECK that should never fail did
+class DeviceError : public Error { using Error::Error; };       // CUDA / cuBLAS: the library's own message
 
 // The rank reported in error messages; set once by init_logging(), -1 before.
 int error_rank();
@@ -33,6 +34,8 @@ void set_error_rank(int rank);
 
 namespace detail {
 [[noreturn]] void throw_check(const char* file, int line, const std::string& what);
+// "[rank R] <what> (file:line)": the message of a failed library call (CUDA, cuBLAS, NCCL, MPI).
+std::string located(const char* file, int line, const std::string& what);
 std::string location(const char* file, int line);
 }  // namespace detail
 

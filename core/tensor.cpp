@@ -31,9 +31,17 @@ const char* dtype_name(DType t) {
 
 std::string Device::str() const { return is_cpu() ? "cpu" : fmt::format("cuda:{}", index); }
 
-Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  if (!device.is_cpu()) {
-    DPT_THROW(UnsupportedError, "device {} is not supported by this build", device.str());
+Storage::Storage(size_t bytes, Device device, bool pinned) : bytes_(bytes), device_(device), pinned_(pinned) {
+  if (device.is_cuda()) {
+    DPT_CHECK(!pinned, "pinned applies to host memory, not {}", device.str());
+    if (!cuda::built()) DPT_THROW(UnsupportedError, "device {} is not supported by this build (no CUDA)", device.str());
+    cuda::set_device(device.index);
+    data_ = cuda::malloc_device(bytes);
+    return;
+  }
+  if (pinned) {
+    data_ = cuda::malloc_pinned(bytes);
+    return;
   }
   constexpr size_t kAlign = 64;
   size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
@@ -41,7 +49,14 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   if (!data_) throw std::bad_alloc();
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+  if (device_.is_cuda())
+    cuda::free_device(data_);
+  else if (pinned_)
+    cuda::free_pinned(data_);
+  else
+    std::free(data_);
+}
 
 size_t numel_of(const std::vector<int64_t>& shape) {
   size_t n = 1;
@@ -67,6 +82,15 @@ Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Device device) {
   return t;
 }
 
+Tensor Tensor::empty_pinned(std::vector<int64_t> shape, DType dtype) {
+  Tensor t;
+  t.numel_ = numel_of(shape);
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(t.numel_ * dtype_size(dtype), Device::cpu(), cuda::device_count() > 0);
+  return t;
+}
+
 Tensor Tensor::view(size_t elem_offset, std::vector<int64_t> shape) const {
   DPT_CHECK(defined(), "view of an undefined tensor");
   Tensor t;
@@ -84,19 +108,29 @@ int64_t Tensor::dim(size_t i) const {
   return shape_[i];
 }
 
-void Tensor::zero_() {
+void Tensor::zero_(StreamHandle stream) {
   if (numel_ == 0) return;
-  DPT_CHECK(device().is_cpu(), "zero_ on {} needs the GPU kernels", device().str());
-  std::memset(raw(), 0, bytes());
+  if (device().is_cuda())
+    cuda::memset_zero(raw(), bytes(), stream);
+  else
+    std::memset(raw(), 0, bytes());
 }
 
-void Tensor::copy_from(const Tensor& src) {
+void Tensor::copy_from(const Tensor& src, StreamHandle stream) {
   DPT_CHECK(src.dtype() == dtype_, "copy {} into {}", dtype_name(src.dtype()), dtype_name(dtype_));
   DPT_CHECK_EQ(src.numel(), numel_);
   if (numel_ == 0) return;
-  DPT_CHECK(device().is_cpu() && src.device().is_cpu(), "copy between {} and {} needs the GPU path",
-            src.device().str(), device().str());
-  std::memmove(raw(), src.raw(), bytes());
+  if (device().is_cpu() && src.device().is_cpu())
+    std::memmove(raw(), src.raw(), bytes());
+  else
+    cuda::memcpy(raw(), src.raw(), bytes(), stream);
+}
+
+Tensor Tensor::to(Device device) const {
+  if (this->device() == device) return *this;
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
+  return t;
 }
 
 std::string Tensor::shape_str() const { return fmt::format("[{}]", fmt::join(shape_, ", ")); }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cuda.h"
 
 namespace dpt {
 
@@ -41,10 +42,11 @@ struct Device {
   bool operator==(const Device&) const = default;
 };
 
-// Owned, aligned bytes on one device. CPU memory is 64-byte aligned.
+// Owned, aligned bytes on one device. CPU memory is 64-byte aligned; `pinned` CPU memory is page-locked
+// (cudaMallocHost), so copies from it to a GPU run asynchronously; it needs a CUDA build and device.
 class Storage {
  public:
-  Storage(size_t bytes, Device device);
+  Storage(size_t bytes, Device device, bool pinned = false);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -52,11 +54,13 @@ class Storage {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  bool pinned() const { return pinned_; }
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
+  bool pinned_ = false;
 };
 
 class Tensor {
@@ -65,6 +69,8 @@ class Tensor {
 
   static Tensor empty(std::vector<int64_t> shape, DType dtype = DType::F32, Device device = Device::cpu());
   static Tensor zeros(std::vector<int64_t> shape, DType dtype = DType::F32, Device device = Device::cpu());
+  // Host memory, page-locked when a CUDA device exists (plain host memory otherwise).
+  static Tensor empty_pinned(std::vector<int64_t> shape, DType dtype = DType::F32);
 
   // A tensor over `shape` elements of this one's storage, starting `elem_offset` elements in.
   Tensor view(size_t elem_offset, std::vector<int64_t> shape) const;
@@ -74,6 +80,7 @@ class Tensor {
   bool defined() const { return storage_ != nullptr; }
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
+  bool pinned() const { return storage_ && storage_->pinned(); }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t dim(size_t i) const;
   size_t ndim() const { return shape_.size(); }
@@ -87,8 +94,13 @@ class Tensor {
     return static_cast<T*>(raw());
   }
 
-  void zero_();                       // CPU only for now
-  void copy_from(const Tensor& src);  // same dtype and numel; CPU only for now
+  // On a CUDA tensor both run on `stream`, asynchronously; with no stream they are synchronous (the device
+  // is synchronised around them: for set-up and checkpoints, not the step).
+  void zero_(StreamHandle stream = nullptr);
+  // Same dtype and numel, any devices (host<->device, device<->device, host<->host).
+  void copy_from(const Tensor& src, StreamHandle stream = nullptr);
+  // A copy on `device` (synchronous); the same tensor when it is already there.
+  Tensor to(Device device) const;
   std::string shape_str() const;      // "[64, 784]"
 
  private:

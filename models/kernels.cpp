@@ -1,14 +1,31 @@
 // models/kernels.cpp: kernels_for(device): the kernel set for a device.
 #include "models/kernels.h"
 
+#include <map>
+#include <memory>
+#include <mutex>
+
 #include "models/kernels/cpu/cpu_kernels.h"
+#ifdef DPT_WITH_CUDA
+#include "models/kernels/cuda/cuda_kernels.h"
+#endif
 
 namespace dpt::models {
 
 Kernels& kernels_for(Device device) {
   static CpuKernels cpu;  // stateless
   if (device.is_cpu()) return cpu;
-  DPT_THROW(UnsupportedError, "no kernels for device {} in this build", device.str());
+#ifdef DPT_WITH_CUDA
+  // One set (stream + cuBLAS handle) per device, created on first use and kept for the process.
+  static std::mutex mu;
+  static std::map<int, std::unique_ptr<Kernels>> sets;
+  std::lock_guard<std::mutex> lock(mu);
+  auto& set = sets[device.index];
+  if (!set) set = make_cuda_kernels(device.index);
+  return *set;
+#else
+  DPT_THROW(UnsupportedError, "no kernels for device {}: this dptrain was built without CUDA", device.str());
+#endif
 }
 
 }  // namespace dpt::models

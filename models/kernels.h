@@ -3,37 +3,25 @@
 // OpenBLAS) is here; the CUDA set (cuBLAS + .cu) implements the same interface for the GPU issue. Layers
 // never branch on the device; they call kernels_for(device).
 //
-// Matrices are row-major. Counts are element counts, not bytes.
+// Matrices are row-major. Counts are element counts, not bytes. Pointers point into memory of the kernel
+// set's device. A CUDA kernel set runs everything on its stream(), asynchronously to the host; results
+// that come back to the host (sum_squares) synchronise that stream.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "core/tensor.h"
+#include "models/kernels/kernel_params.h"
 
 namespace dpt::models {
-
-struct SgdParams {
-  float lr = 0.1f;
-  float momentum = 0.0f;
-  float weight_decay = 0.0f;
-  bool nesterov = false;
-  bool first_step = false;  // momentum buffer is initialised to the gradient on the first step (as PyTorch)
-};
-
-struct AdamWParams {
-  float lr = 1e-3f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  float weight_decay = 0.01f;
-  int64_t step = 1;  // 1-based, for bias correction
-};
 
 class Kernels {
  public:
   virtual ~Kernels() = default;
   virtual Device device() const = 0;
+  // The stream every kernel of this set runs on (nullptr on the CPU, where kernels run before returning).
+  virtual StreamHandle stream() const { return nullptr; }
 
   // C[M,N] = alpha * op(A) * op(B) + beta * C, with op(X) = X or X^T; lda/ldb/ldc are row strides.
   virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -45,15 +33,17 @@ class Kernels {
   // dx = dy * (y > 0); dx may alias dy.
   virtual void relu_backward(const float* y, const float* dy, float* dx, size_t n) = 0;
   // Mean softmax cross-entropy over `rows` examples of `cols` classes. Writes d(mean loss)/d(logits) to
-  // dlogits when non-null. Returns the summed (not mean) loss; *correct gets the number of argmax hits.
-  virtual double softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows,
-                              int64_t cols, int64_t* correct) = 0;
+  // dlogits when non-null. Accumulates into stats (2 doubles on the device): stats[0] += the summed (not
+  // mean) loss, stats[1] += the number of argmax hits; so a step needs no host synchronisation. A label
+  // outside [0, cols) throws on the CPU; on the GPU it makes that row's loss NaN.
+  virtual void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
+                            double* stats) = 0;
   // One optimizer update over n parameters.
   virtual void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, const SgdParams& p) = 0;
   virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) = 0;
   // x *= alpha
   virtual void scale(float* x, size_t n, float alpha) = 0;
-  // Sum of squares, accumulated in double.
+  // Sum of squares, accumulated in double; returned to the host (on the GPU: waits for the stream).
   virtual double sum_squares(const float* x, size_t n) = 0;
 };
 

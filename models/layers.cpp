@@ -72,16 +72,25 @@ const Tensor& Linear::backward(const Tensor& dy, Kernels& k) {
   return dx_;
 }
 
-LossResult SoftmaxCrossEntropy::run(const Tensor& logits, const Tensor& labels, Kernels& k, bool backward) {
+void SoftmaxCrossEntropy::accumulate(const Tensor& logits, const Tensor& labels, Kernels& k, Tensor& stats,
+                                     bool backward) {
   DPT_CHECK(logits.ndim() == 2, "logits must be [batch, classes], got {}", logits.shape_str());
   const int64_t rows = logits.dim(0), cols = logits.dim(1);
   DPT_CHECK_EQ(labels.numel(), static_cast<size_t>(rows));
+  DPT_CHECK(labels.device() == logits.device() && stats.device() == logits.device(),
+            "logits on {}, labels on {}, stats on {}", logits.device().str(), labels.device().str(), stats.device().str());
+  DPT_CHECK_EQ(stats.numel(), 2u);
   float* d = nullptr;
   if (backward) d = ensure_shape(dlogits_, {rows, cols}, logits.device()).data<float>();
-  LossResult r;
-  r.count = rows;
-  r.loss_sum = k.softmax_xent(logits.data<float>(), labels.data<int32_t>(), d, rows, cols, &r.correct);
-  return r;
+  k.softmax_xent(logits.data<float>(), labels.data<int32_t>(), d, rows, cols, stats.data<double>());
+}
+
+LossResult SoftmaxCrossEntropy::run(const Tensor& logits, const Tensor& labels, Kernels& k, bool backward) {
+  ensure_shape(stats_, {2}, logits.device(), DType::F64).zero_(k.stream());
+  accumulate(logits, labels, k, stats_, backward);
+  const Tensor host = stats_.to(Device::cpu());  // synchronous
+  const double* s = host.data<double>();
+  return {.loss_sum = s[0], .correct = static_cast<int64_t>(s[1]), .count = logits.dim(0)};
 }
 
 LossResult SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& labels, Kernels& k) {

@@ -69,16 +69,20 @@ struct LossResult {
   int64_t count = 0;
 };
 
-// Mean softmax cross-entropy over a batch. forward_backward() also leaves d(mean loss)/d(logits) in grad().
+// Mean softmax cross-entropy over a batch. The backward variants also leave d(mean loss)/d(logits) in grad().
 class SoftmaxCrossEntropy {
  public:
+  // The training step's form: no host synchronisation. `stats` (F64 [2], on the logits' device) gets
+  // stats[0] += summed loss, stats[1] += correct predictions.
+  void accumulate(const Tensor& logits, const Tensor& labels, Kernels& k, Tensor& stats, bool backward);
+  // Synchronous forms returning the batch's result to the host.
   LossResult forward(const Tensor& logits, const Tensor& labels, Kernels& k);
   LossResult forward_backward(const Tensor& logits, const Tensor& labels, Kernels& k);
   const Tensor& grad() const { return dlogits_; }
 
  private:
   LossResult run(const Tensor& logits, const Tensor& labels, Kernels& k, bool backward);
-  Tensor dlogits_;
+  Tensor dlogits_, stats_;
 };
 
 // (Re)allocates `t` when its shape differs from `shape`; returns it.

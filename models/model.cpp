@@ -4,13 +4,21 @@
 namespace dpt::models {
 
 Model::Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string> names, Device device)
-    : layers_(std::move(layers)), names_(std::move(names)), device_(device), kernels_(&kernels_for(device)) {
+    : layers_(std::move(layers)), names_(std::move(names)) {
   DPT_CHECK_EQ(layers_.size(), names_.size());
   size_t total = 0;
   for (const auto& layer : layers_)
     for (const auto& spec : layer->param_specs()) total += numel_of(spec.shape);
-  params_ = Tensor::zeros({static_cast<int64_t>(total)}, DType::F32, device);
-  grads_ = Tensor::zeros({static_cast<int64_t>(total)}, DType::F32, device);
+  allocate(Device::cpu(), static_cast<int64_t>(total));
+  if (device != Device::cpu()) to(device);
+}
+
+void Model::allocate(Device device, int64_t total) {
+  device_ = device;
+  kernels_ = &kernels_for(device);
+  params_ = Tensor::zeros({total}, DType::F32, device);
+  grads_ = Tensor::zeros({total}, DType::F32, device);
+  named_.clear();
   size_t offset = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
     std::vector<Tensor> p, g;
@@ -26,9 +34,20 @@ Model::Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string
   }
 }
 
+void Model::to(Device device) {
+  if (device == device_) return;
+  const Tensor old = params_;
+  allocate(device, static_cast<int64_t>(old.numel()));
+  params_.copy_from(old);
+}
+
 void Model::init(uint64_t seed) {
+  // Initialisation draws on the host (the same numbers on every machine), then moves to the device.
+  const Device device = device_;
+  to(Device::cpu());
   std::mt19937_64 rng(seed);
   for (auto& layer : layers_) layer->init_params(rng);
+  to(device);
 }
 
 const Tensor& Model::forward(const Tensor& x) {
@@ -48,7 +67,7 @@ void Model::backward(const Tensor& dlogits) {
   }
 }
 
-void Model::zero_grad() { grads_.zero_(); }
+void Model::zero_grad() { grads_.zero_(kernels_->stream()); }
 
 std::string Model::summary() const {
   std::string s;

@@ -33,6 +33,8 @@ class Model {
   const Tensor& forward(const Tensor& x);
   void backward(const Tensor& dlogits);
   void zero_grad();
+  // Moves parameters to `device` (gradients start at zero there); layers are rebound to the new buffers.
+  void to(Device device);
 
   Tensor& params() { return params_; }
   Tensor& grads() { return grads_; }
@@ -47,9 +49,11 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::string> names_;
   Device device_;
-  Kernels* kernels_;
+  Kernels* kernels_ = nullptr;
   Tensor params_, grads_;
   std::vector<NamedParam> named_;
+
+  void allocate(Device device, int64_t total);  // flat buffers on `device`, views bound into the layers
 };
 
 // MLP: in -> hidden[0] -> ReLU -> ... -> classes. Layer names follow nn.Sequential(Linear, ReLU, ...).

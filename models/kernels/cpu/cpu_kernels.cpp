@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "models/kernels/elementwise.h"
+
 namespace dpt::models {
 
 void CpuKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -26,9 +28,9 @@ void CpuKernels::bias_act(const float* x, const float* bias, float* y, int64_t r
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
     if (relu) {
-      for (int64_t c = 0; c < cols; ++c) yr[c] = std::max(xr[c] + bias[c], 0.0f);
+      for (int64_t c = 0; c < cols; ++c) yr[c] = elementwise::bias_act(xr[c], bias[c], true);
     } else {
-      for (int64_t c = 0; c < cols; ++c) yr[c] = xr[c] + bias[c];
+      for (int64_t c = 0; c < cols; ++c) yr[c] = elementwise::bias_act(xr[c], bias[c], false);
     }
   }
 }
@@ -41,11 +43,11 @@ void CpuKernels::bias_grad_accumulate(const float* dy, float* db, int64_t rows, 
 }
 
 void CpuKernels::relu_backward(const float* y, const float* dy, float* dx, size_t n) {
-  for (size_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  for (size_t i = 0; i < n; ++i) dx[i] = elementwise::relu_backward(y[i], dy[i]);
 }
 
-double CpuKernels::softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows,
-                                int64_t cols, int64_t* correct) {
+void CpuKernels::softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
+                              double* stats) {
   double loss = 0.0;
   int64_t hits = 0;
   const float inv_rows = rows > 0 ? 1.0f / static_cast<float>(rows) : 0.0f;
@@ -74,37 +76,17 @@ double CpuKernels::softmax_xent(const float* logits, const int32_t* labels, floa
       }
     }
   }
-  if (correct) *correct = hits;
-  return loss;
+  stats[0] += loss;
+  stats[1] += static_cast<double>(hits);
 }
 
 void CpuKernels::sgd_update(float* param, const float* grad, float* buf, size_t n, const SgdParams& p) {
-  // PyTorch's SGD: g += wd * p; buf = momentum * buf + g (buf = g on the first step); p -= lr * (nesterov ?
-  // g + momentum * buf : buf).
-  for (size_t i = 0; i < n; ++i) {
-    float g = grad[i] + p.weight_decay * param[i];
-    if (p.momentum != 0.0f) {
-      const float b = p.first_step ? g : p.momentum * buf[i] + g;
-      buf[i] = b;
-      g = p.nesterov ? g + p.momentum * b : b;
-    }
-    param[i] -= p.lr * g;
-  }
+  for (size_t i = 0; i < n; ++i) elementwise::sgd(param[i], grad[i], buf ? buf + i : nullptr, p);
 }
 
 void CpuKernels::adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) {
-  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
-  const float step_size = static_cast<float>(p.lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float decay = 1.0f - p.lr * p.weight_decay;
-  for (size_t i = 0; i < n; ++i) {
-    const float g = grad[i];
-    m[i] = p.beta1 * m[i] + (1.0f - p.beta1) * g;
-    v[i] = p.beta2 * v[i] + (1.0f - p.beta2) * g * g;
-    const float denom = std::sqrt(v[i]) * inv_sqrt_bc2 + p.eps;
-    param[i] = param[i] * decay - step_size * m[i] / denom;
-  }
+  const elementwise::AdamWStep s = elementwise::adamw_step(p);
+  for (size_t i = 0; i < n; ++i) elementwise::adamw(param[i], grad[i], m[i], v[i], s);
 }
 
 void CpuKernels::scale(float* x, size_t n, float alpha) {

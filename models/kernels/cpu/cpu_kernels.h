@@ -14,8 +14,8 @@ class CpuKernels final : public Kernels {
   void bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu) override;
   void bias_grad_accumulate(const float* dy, float* db, int64_t rows, int64_t cols) override;
   void relu_backward(const float* y, const float* dy, float* dx, size_t n) override;
-  double softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
-                      int64_t* correct) override;
+  void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
+                    double* stats) override;
   void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, const SgdParams& p) override;
   void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) override;
   void scale(float* x, size_t n, float alpha) override;

@@ -1,0 +1,164 @@
+// core/cuda.cpp: devices, streams, events, memory and copies through the CUDA runtime; in a CPU-only build
+// (no DPT_WITH_CUDA) the same functions report no device and throw UnsupportedError when used.
+#include "core/cuda.h"
+
+#include "core/check.h"
+
+#ifdef DPT_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "core/cuda_check.h"
+#endif
+
+namespace dpt::cuda {
+
+#ifdef DPT_WITH_CUDA
+
+namespace {
+// cudaGetDeviceCount once: without a driver it fails (cudaErrorNoDevice, cudaErrorInsufficientDriver),
+// which here means "no GPU", not an error.
+struct Probe {
+  int count = 0;
+  std::string why;
+  Probe() {
+    const cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+      count = 0;
+      why = fmt::format("{}: {}", cudaGetErrorName(e), cudaGetErrorString(e));
+      (void)cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    } else if (count == 0) {
+      why = "no CUDA device visible";
+    }
+  }
+};
+const Probe& probe() {
+  static const Probe p;
+  return p;
+}
+}  // namespace
+
+bool built() { return true; }
+int device_count() { return probe().count; }
+std::string unavailable_reason() { return probe().why; }
+
+std::string device_description(int index) {
+  cudaDeviceProp prop{};
+  DPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return fmt::format("{}, {:.1f} GiB, compute capability {}.{}", prop.name,
+                     static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), prop.major, prop.minor);
+}
+
+void set_device(int index) { DPT_CUDA_CHECK(cudaSetDevice(index)); }
+int current_device() {
+  int d = 0;
+  DPT_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+void device_synchronize() { DPT_CUDA_CHECK(cudaDeviceSynchronize()); }
+
+Stream::Stream() { DPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+Stream::~Stream() {
+  if (stream_) (void)cudaStreamDestroy(stream_);
+}
+void Stream::synchronize() const { DPT_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+Event::Event(bool timing) {
+  DPT_CUDA_CHECK(cudaEventCreateWithFlags(&event_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
+Event::~Event() {
+  if (event_) (void)cudaEventDestroy(event_);
+}
+void Event::record(StreamHandle stream) { DPT_CUDA_CHECK(cudaEventRecord(event_, stream)); }
+void Event::block(StreamHandle stream) const { DPT_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
+bool Event::query() const {
+  const cudaError_t e = cudaEventQuery(event_);
+  if (e == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  DPT_CUDA_CHECK(e);
+  return true;
+}
+void Event::synchronize() const { DPT_CUDA_CHECK(cudaEventSynchronize(event_)); }
+float Event::elapsed_ms_since(const Event& start) const {
+  float ms = 0;
+  DPT_CUDA_CHECK(cudaEventElapsedTime(&ms, start.event_, event_));
+  return ms;
+}
+
+void* malloc_device(size_t bytes) {
+  void* p = nullptr;
+  DPT_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 256 : bytes));
+  return p;
+}
+void free_device(void* p) noexcept {
+  if (p) (void)cudaFree(p);
+}
+void* malloc_pinned(size_t bytes) {
+  void* p = nullptr;
+  DPT_CUDA_CHECK(cudaMallocHost(&p, bytes == 0 ? 64 : bytes));
+  return p;
+}
+void free_pinned(void* p) noexcept {
+  if (p) (void)cudaFreeHost(p);
+}
+
+void memcpy(void* dst, const void* src, size_t bytes, StreamHandle stream) {
+  if (bytes == 0) return;
+  if (stream) {
+    DPT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    return;
+  }
+  // No stream: the caller wants the bytes now, and ordered after everything already enqueued anywhere.
+  DPT_CUDA_CHECK(cudaDeviceSynchronize());
+  DPT_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  DPT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void memset_zero(void* dst, size_t bytes, StreamHandle stream) {
+  if (bytes == 0) return;
+  if (stream) {
+    DPT_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream));
+    return;
+  }
+  DPT_CUDA_CHECK(cudaDeviceSynchronize());
+  DPT_CUDA_CHECK(cudaMemset(dst, 0, bytes));
+  DPT_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+#else  // CPU-only build
+
+namespace {
+[[noreturn]] void no_cuda(const char* what) {
+  DPT_THROW(UnsupportedError, "{} needs CUDA, and this dptrain was built without it (no nvcc or NCCL at configure time)",
+            what);
+}
+}  // namespace
+
+bool built() { return false; }
+int device_count() { return 0; }
+std::string unavailable_reason() { return "this dptrain was built without CUDA"; }
+std::string device_description(int) { no_cuda("device_description"); }
+void set_device(int) { no_cuda("set_device"); }
+int current_device() { no_cuda("current_device"); }
+void device_synchronize() { no_cuda("device_synchronize"); }
+Stream::Stream() { no_cuda("a CUDA stream"); }
+Stream::~Stream() = default;
+void Stream::synchronize() const { no_cuda("a CUDA stream"); }
+Event::Event(bool) { no_cuda("a CUDA event"); }
+Event::~Event() = default;
+void Event::record(StreamHandle) { no_cuda("a CUDA event"); }
+void Event::block(StreamHandle) const { no_cuda("a CUDA event"); }
+bool Event::query() const { no_cuda("a CUDA event"); }
+void Event::synchronize() const { no_cuda("a CUDA event"); }
+float Event::elapsed_ms_since(const Event&) const { no_cuda("a CUDA event"); }
+void* malloc_device(size_t) { no_cuda("device memory"); }
+void free_device(void*) noexcept {}
+void* malloc_pinned(size_t) { no_cuda("pinned memory"); }
+void free_pinned(void*) noexcept {}
+void memcpy(void*, const void*, size_t, StreamHandle) { no_cuda("a device copy"); }
+void memset_zero(void*, size_t, StreamHandle) { no_cuda("a device memset"); }
+
+#endif
+
+}  // namespace dpt::cuda

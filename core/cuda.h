@@ -1,0 +1,82 @@
+// core/cuda.h: the CUDA runtime as the rest of dptrain sees it: device discovery, streams, events, device
+// and pinned host memory, asynchronous copies. No CUDA header is included here, so every layer can use it
+// in a CPU-only build, where device_count() is 0 and everything else throws UnsupportedError.
+//
+// Streams are created non-blocking (they never synchronise implicitly with the legacy default stream):
+// every kernel, copy and collective is put on an explicit stream, and one stream waits for another through
+// an Event (Event::block), never through a host synchronisation on the hot path.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+// The runtime's own opaque types: cudaStream_t is CUstream_st*, cudaEvent_t is CUevent_st*.
+struct CUstream_st;
+struct CUevent_st;
+
+namespace dpt {
+
+// A CUDA stream handle (cudaStream_t); nullptr means "no stream": host work, or a blocking fallback.
+using StreamHandle = CUstream_st*;
+
+namespace cuda {
+
+// Whether this build has the GPU path (nvcc and NCCL were found at configure time).
+bool built();
+// Number of usable CUDA devices: 0 in a CPU-only build, without a driver, or without a device. Never throws.
+int device_count();
+// Why device_count() is 0 ("built without CUDA", "CUDA driver version is insufficient ...", ...); empty
+// when devices exist.
+std::string unavailable_reason();
+// Device `index`'s name and memory, for the start-up log ("NVIDIA H100 80GB HBM3, 79.1 GiB").
+std::string device_description(int index);
+
+void set_device(int index);
+int current_device();
+void device_synchronize();
+
+// An owned, non-blocking stream on the current device.
+class Stream {
+ public:
+  Stream();
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  StreamHandle get() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  StreamHandle stream_ = nullptr;
+};
+
+// An owned event. `timing` events can measure elapsed time; others are cheaper (ordering only).
+class Event {
+ public:
+  explicit Event(bool timing = false);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void record(StreamHandle stream);
+  // Work enqueued on `stream` after this call starts only once the recorded work is done. No host wait.
+  void block(StreamHandle stream) const;
+  bool query() const;  // the recorded work is done (true if never recorded)
+  void synchronize() const;
+  // Milliseconds from `start` to this event; both recorded, timing, and complete.
+  float elapsed_ms_since(const Event& start) const;
+
+ private:
+  CUevent_st* event_ = nullptr;
+};
+
+void* malloc_device(size_t bytes);
+void free_device(void* p) noexcept;
+// Page-locked host memory: the source of truly asynchronous host-to-device copies.
+void* malloc_pinned(size_t bytes);
+void free_pinned(void* p) noexcept;
+// cudaMemcpyAsync with the direction inferred from the pointers (unified addressing). On a null stream
+// the copy is synchronous: the device is synchronised before and after.
+void memcpy(void* dst, const void* src, size_t bytes, StreamHandle stream);
+void memset_zero(void* dst, size_t bytes, StreamHandle stream);
+
+}  // namespace cuda
+}  // namespace dpt

@@ -1,0 +1,59 @@
+// models/kernels/elementwise.h: the per-element arithmetic of the optimizer updates, written once and
+// compiled into both kernel sets: the CPU loops (g++) and the CUDA kernels (nvcc, as __host__ __device__).
+// So the two sets differ only in how they walk the elements, and the CPU tests check this arithmetic.
+#pragma once
+
+#include <cmath>
+
+#include "models/kernels/kernel_params.h"
+
+#if defined(__CUDACC__)
+#define DPT_HD __host__ __device__ __forceinline__
+#else
+#define DPT_HD inline
+#endif
+
+namespace dpt::models::elementwise {
+
+// PyTorch's SGD: g += wd * p; buf = momentum * buf + g (buf = g on the first step);
+// p -= lr * (nesterov ? g + momentum * buf : buf). `buf` is untouched without momentum.
+DPT_HD void sgd(float& param, float grad, float* buf, const SgdParams& p) {
+  float g = grad + p.weight_decay * param;
+  if (p.momentum != 0.0f) {
+    const float b = p.first_step ? g : p.momentum * *buf + g;
+    *buf = b;
+    g = p.nesterov ? g + p.momentum * b : b;
+  }
+  param -= p.lr * g;
+}
+
+// The per-step constants of AdamW's update (bias corrections), computed once on the host.
+struct AdamWStep {
+  float beta1, beta2, eps;
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float decay;         // 1 - lr * weight_decay (decoupled weight decay)
+};
+
+inline AdamWStep adamw_step(const AdamWParams& p) {
+  const double bc1 = 1.0 - std::pow(static_cast<double>(p.beta1), static_cast<double>(p.step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(p.beta2), static_cast<double>(p.step));
+  return {p.beta1, p.beta2, p.eps, static_cast<float>(p.lr / bc1), static_cast<float>(1.0 / std::sqrt(bc2)),
+          1.0f - p.lr * p.weight_decay};
+}
+
+DPT_HD void adamw(float& param, float g, float& m, float& v, const AdamWStep& s) {
+  m = s.beta1 * m + (1.0f - s.beta1) * g;
+  v = s.beta2 * v + (1.0f - s.beta2) * g * g;
+  const float denom = sqrtf(v) * s.inv_sqrt_bc2 + s.eps;
+  param = param * s.decay - s.step_size * m / denom;
+}
+
+DPT_HD float bias_act(float x, float bias, bool relu) {
+  const float y = x + bias;
+  return relu ? (y > 0.0f ? y : 0.0f) : y;
+}
+
+DPT_HD float relu_backward(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
+
+}  // namespace dpt::models::elementwise
