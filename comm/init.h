@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -11,14 +12,21 @@
 namespace dpt::comm {
 
 struct InitOptions {
-  std::string backend = "auto";  // auto | gloo | mpi
+  std::string backend = "auto";  // auto | gloo | mpi | nccl
   std::chrono::milliseconds timeout = kDefaultTimeout;  // rendezvous and collectives
+  Device device = Device::cpu();  // this rank's device: nccl needs cuda; gloo and mpi stage GPU tensors
+  // nccl: called after the watchdog aborted the communicator (a collective failed or timed out).
+  std::function<void(const std::string&)> on_fatal;
 };
 
-// The backend "auto" resolves to for this environment: "mpi" when env.mpi_available, else "gloo".
-std::string resolve_backend(const std::string& requested, const DistEnv& env);
+// The backend for this environment and device. auto: "nccl" on a GPU when every local rank has a GPU of
+// its own (device_count >= LOCAL_WORLD_SIZE), else "mpi" when env.mpi_available, else "gloo". An explicit
+// nccl on the CPU, in a CPU-only build, or with ranks sharing a GPU is refused with the reason and the fix.
+std::string resolve_backend(const std::string& requested, const DistEnv& env, Device device = Device::cpu(),
+                            int device_count = 0);
 
-// Rendezvous (through a TcpStore hosted by rank 0 for gloo; MPI_Init for mpi) and build the group.
+// Rendezvous (through a TcpStore hosted by rank 0 for gloo and nccl, MPI_Init for mpi; under mpirun, nccl
+// passes its unique id by MPI broadcast) and build the group.
 // Throws ConfigError for an unknown backend name (listing the valid ones) and CommError/TimeoutError when
 // peers cannot be reached, naming the address.
 std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, const InitOptions& opts = {});

@@ -1,10 +1,16 @@
 // comm/process_group.h: the ProcessGroup interface (collectives returning Work handles) that every backend
 // implements, and the options structs they take.
 //
-// Semantics (CPU backends, this issue): a collective runs on tensors in host memory; it may complete before
-// it returns (Gloo and MPI do), and the returned Work then reports completed(). Callers must still call
-// wait() before reading the output or reusing the input, because a later backend (NCCL) enqueues the
-// operation on its own stream and wait() is where the caller's stream is ordered after it.
+// Stream semantics. A collective's options name `stream`: the CUDA stream that produced the tensor and
+// will consume the result (nullptr for host tensors, or "synchronise the device" for device ones).
+//  - NCCL enqueues the operation on the group's own communication stream, after an event recorded on
+//    `stream`, and returns at once. work->block(stream) orders later work on `stream` after the operation
+//    without blocking the host (a watchdog thread enforces the timeout and aborts the communicator on an
+//    error or timeout); work->wait() blocks the host until it is done.
+//  - Gloo and MPI run on host memory and complete before they return; given a GPU tensor, they stage it
+//    through pinned host memory (wait for `stream`, copy out, reduce, copy back on `stream`), which is
+//    how several ranks share one GPU. Their Work is complete; wait() and block() return at once.
+// Callers call wait() or block() before reading the output or reusing the input, whatever the backend.
 //
 // All ranks must issue the same collectives in the same order with the same counts and dtypes. An
 // operation a backend does not implement throws UnsupportedError("backend X does not support Y").
@@ -32,6 +38,9 @@ class Work {
   virtual ~Work() = default;
   // Blocks until the operation is done; throws the operation's error, or TimeoutError after `timeout`.
   virtual void wait(std::chrono::milliseconds timeout = kNoTimeout) = 0;
+  // Work enqueued on `stream` after this call runs after the operation; the host does not wait. Throws the
+  // operation's error if it is already known.
+  virtual void block(StreamHandle stream) { wait(); }
   virtual bool completed() const = 0;
 };
 
@@ -44,9 +53,11 @@ class CompletedWork : public Work {
 
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::Sum;
+  StreamHandle stream = nullptr;  // see "Stream semantics" above
 };
 struct BroadcastOptions {
   int root = 0;
+  StreamHandle stream = nullptr;
 };
 
 class ProcessGroup {

@@ -55,6 +55,12 @@ int current_device() {
   return d;
 }
 void device_synchronize() { DPT_CUDA_CHECK(cudaDeviceSynchronize()); }
+void stream_synchronize(StreamHandle stream) {
+  if (stream)
+    DPT_CUDA_CHECK(cudaStreamSynchronize(stream));
+  else
+    DPT_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 Stream::Stream() { DPT_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
 Stream::~Stream() {
@@ -142,6 +148,7 @@ std::string device_description(int) { no_cuda("device_description"); }
 void set_device(int) { no_cuda("set_device"); }
 int current_device() { no_cuda("current_device"); }
 void device_synchronize() { no_cuda("device_synchronize"); }
+void stream_synchronize(StreamHandle) { no_cuda("stream_synchronize"); }
 Stream::Stream() { no_cuda("a CUDA stream"); }
 Stream::~Stream() = default;
 void Stream::synchronize() const { no_cuda("a CUDA stream"); }

@@ -34,6 +34,8 @@ std::string device_description(int index);
 void set_device(int index);
 int current_device();
 void device_synchronize();
+// Waits for everything enqueued on `stream`; on a null stream, for the whole device.
+void stream_synchronize(StreamHandle stream);
 
 // An owned, non-blocking stream on the current device.
 class Stream {

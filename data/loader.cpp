@@ -8,12 +8,23 @@
 
 namespace dpt::data {
 
-Batch allocate_batch(size_t size, size_t feature_count) {
+Batch allocate_batch(size_t size, size_t feature_count, size_t capacity, bool pinned) {
+  capacity = std::max(capacity, size);
+  const auto rows = static_cast<int64_t>(capacity), cols = static_cast<int64_t>(feature_count);
   Batch batch;
-  batch.features = Tensor::empty({static_cast<int64_t>(size), static_cast<int64_t>(feature_count)}, DType::F32);
-  batch.labels = Tensor::empty({static_cast<int64_t>(size)}, DType::I32);
+  batch.features_buffer = pinned ? Tensor::empty_pinned({rows, cols}) : Tensor::empty({rows, cols});
+  batch.labels_buffer = pinned ? Tensor::empty_pinned({rows}, DType::I32) : Tensor::empty({rows}, DType::I32);
+  batch.features = batch.features_buffer.view(0, {static_cast<int64_t>(size), cols});
+  batch.labels = batch.labels_buffer.view(0, {static_cast<int64_t>(size)});
   batch.size = size;
   return batch;
+}
+
+void Loader::recycle(Batch&& batch) {
+  if (!batch.features_buffer.defined() || batch.features_buffer.dim(0) != static_cast<int64_t>(opts_.batch_size))
+    return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (free_.size() < opts_.prefetch + 4) free_.push_back(std::move(batch));
 }
 
 Loader::Loader(const Dataset& dataset, std::vector<size_t> indices, LoaderOptions opts, size_t start_batch)
@@ -59,7 +70,21 @@ void Loader::produce() {
   try {
     for (size_t b = start_batch_; b < num_batches_; ++b) {
       const size_t size = std::min(opts_.batch_size, indices_.size() - b * opts_.batch_size);
-      Batch batch = allocate_batch(size, dataset_.feature_count());
+      Batch batch;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (!free_.empty()) {
+          batch = std::move(free_.back());
+          free_.pop_back();
+        }
+      }
+      if (batch.features_buffer.defined()) {
+        batch.features = batch.features_buffer.view(0, {static_cast<int64_t>(size), batch.features_buffer.dim(1)});
+        batch.labels = batch.labels_buffer.view(0, {static_cast<int64_t>(size)});
+        batch.size = size;
+      } else {
+        batch = allocate_batch(size, dataset_.feature_count(), opts_.batch_size, opts_.pin_memory);
+      }
       batch.index = b;
       if (!fill(batch, b)) break;
       std::unique_lock<std::mutex> lock(mu_);

@@ -26,16 +26,22 @@ struct Batch {
   Tensor labels;    // [size] I32
   size_t size = 0;
   size_t index = 0;  // batch number within this epoch
+  // The full-capacity buffers `features` and `labels` are views of (a last partial batch is shorter), kept
+  // so the Loader can reuse them (Loader::recycle).
+  Tensor features_buffer, labels_buffer;
 };
 
 struct LoaderOptions {
   size_t batch_size = 64;
   bool drop_last = false;  // drop the final partial batch
   size_t prefetch = 2;     // batches prepared ahead (>= 1)
+  // Batches in page-locked host memory, so their copies to the GPU run asynchronously (PyTorch's
+  // pin_memory). Pinned allocations are slow: hand batches back with recycle() to reuse them.
+  bool pin_memory = false;
 };
 
-// The one place batch memory is allocated (plain host memory today; pinned host buffers with the GPU path).
-Batch allocate_batch(size_t size, size_t feature_count);
+// The one place batch memory is allocated: `capacity` rows, viewed as `size` rows; pinned when asked.
+Batch allocate_batch(size_t size, size_t feature_count, size_t capacity = 0, bool pinned = false);
 
 class Loader {
  public:
@@ -52,6 +58,9 @@ class Loader {
   std::optional<Batch> next();
   // Total time next() spent blocked waiting for the producer (the data-wait metric). Consumer thread only.
   double wait_seconds() const { return wait_seconds_; }
+  // Gives a batch's buffers back for the producer to fill again (the consumer is done with them: for a GPU,
+  // its copy to the device has finished). Batches not recycled are simply freed.
+  void recycle(Batch&& batch);
 
  private:
   void produce();
@@ -67,6 +76,7 @@ class Loader {
   std::condition_variable ready_;  // a batch was queued, or the producer finished
   std::condition_variable space_;  // a batch was taken, or stop was asked
   std::deque<Batch> queue_;
+  std::vector<Batch> free_;  // recycled buffers, reused by the producer
   bool producer_done_ = false;
   std::exception_ptr error_;
   std::atomic<bool> stop_{false};

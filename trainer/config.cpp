@@ -129,6 +129,7 @@ const std::vector<Field>& schema() {
   static const std::vector<Field> fields = {
       field("train.epochs", &C::train, &TrainConfig::epochs, "passes over the training set", at_least<int64_t>(1)),
       field("train.batch_size", &C::train, &TrainConfig::batch_size, "examples per step PER RANK (global = this x world size)", at_least<int64_t>(1)),
+      field("train.device", &C::train, &TrainConfig::device, "auto (cuda:LOCAL_RANK when GPUs exist, else cpu with a warning) | cpu | cuda (error without a GPU)", one_of({"auto", "cpu", "cuda"})),
       field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw", one_of({"sgd", "adamw"})),
       field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
@@ -158,7 +159,7 @@ const std::vector<Field>& schema() {
       field("model.hidden", &C::model, &ModelConfig::hidden, "hidden layer widths of the MLP", Check<std::vector<int64_t>>([](const std::vector<int64_t>& v) {
               return std::all_of(v.begin(), v.end(), [](int64_t w) { return w >= 1; }) ? "" : std::string("widths must be >= 1");
             })),
-      field("dist.backend", &C::dist, &DistConfig::backend, "auto (mpi under mpirun/srun with MPI, else gloo) | gloo | mpi", one_of({"auto", "gloo", "mpi"})),
+      field("dist.backend", &C::dist, &DistConfig::backend, "auto (nccl with a GPU per rank, else mpi under mpirun, else gloo) | gloo | mpi | nccl", one_of({"auto", "gloo", "mpi", "nccl"})),
       field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", Check<double>([](const double& v) {
               return v > 0 && v <= 1e7 ? "" : std::string("must be in (0, 10000000] seconds");
             })),

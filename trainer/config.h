@@ -15,6 +15,7 @@ namespace dpt::trainer {
 struct TrainConfig {
   int64_t epochs = 10;
   int64_t batch_size = 64;  // per rank
+  std::string device = "auto";  // auto | cpu | cuda
   std::string optimizer = "sgd";
   double lr = 0.05;
   double momentum = 0.9;
@@ -49,7 +50,7 @@ struct ModelConfig {
 };
 
 struct DistConfig {
-  std::string backend = "auto";  // auto | gloo | mpi
+  std::string backend = "auto";  // auto | gloo | mpi | nccl
   double timeout_s = 300.0;
 };
 

@@ -9,6 +9,7 @@
 #include "comm/env.h"
 #include "comm/init.h"
 #include "core/check.h"
+#include "core/cuda.h"
 #include "core/logging.h"
 #include "trainer/config.h"
 #include "trainer/trainer.h"
@@ -81,9 +82,20 @@ int main(int argc, char** argv) {
       spdlog::info("dptrain: {} rank(s) via {}; config {} (hash {}):\n{}", env.world_size,
                    comm::launcher_name(env.launcher), config_path.empty() ? "<defaults>" : config_path,
                    trainer::config_hash(cfg), trainer::to_toml(cfg));
+    // The device first: "cuda if available else cpu", one GPU per local rank; the backend follows from it.
+    const Device device = trainer::choose_device(cfg.train.device, env.local_rank, cuda::device_count(),
+                                                 cuda::unavailable_reason());
+    if (device.is_cuda()) {
+      cuda::set_device(device.index);
+      spdlog::info("device {}: {}", device.str(), cuda::device_description(device.index));
+    } else if (cfg.train.device == "auto" && env.rank == 0) {
+      spdlog::warn("no GPU ({}): training on the CPU", cuda::unavailable_reason());
+    }
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
-    auto pg = comm::init_process_group(env, {.backend = cfg.dist.backend, .timeout = timeout});
-    auto result = trainer::train(cfg, {.resume = resume}, *pg);
+    auto pg = comm::init_process_group(
+        env, {.backend = cfg.dist.backend, .timeout = timeout, .device = device,
+              .on_fatal = [](const std::string& why) { die(kExitError, "collective failed: " + why); }});
+    auto result = trainer::train(cfg, {.resume = resume, .device = device}, *pg);
     if (env.rank == 0)
       spdlog::info("done: {} steps, test_acc {:.4f}, test_loss {:.4f}{}", result.steps, result.final_test_acc,
                    result.final_test_loss,

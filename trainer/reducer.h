@@ -10,13 +10,17 @@ namespace dpt::trainer {
 
 class Reducer {
  public:
-  Reducer(comm::ProcessGroup& pg, Tensor grads) : pg_(pg), grads_(std::move(grads)) {}
-  // Blocks until every rank holds the average gradient. A no-op on one rank.
+  // `stream`: the compute stream that produces the gradients and runs the optimizer (nullptr on the CPU).
+  Reducer(comm::ProcessGroup& pg, Tensor grads, StreamHandle stream = nullptr)
+      : pg_(pg), grads_(std::move(grads)), stream_(stream) {}
+  // Every rank ends with the average gradient: on the CPU when this returns; on a GPU, for work enqueued on
+  // the stream after this returns (the host does not wait). A no-op on one rank.
   void reduce();
 
  private:
   comm::ProcessGroup& pg_;
   Tensor grads_;
+  StreamHandle stream_;
 };
 
 }  // namespace dpt::trainer

@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdlib>
 #include <random>
@@ -15,6 +17,7 @@
 #include "data/synthetic.h"
 #include "models/model.h"
 #include "trainer/checkpoint.h"
+#include "trainer/feeder.h"
 #include "trainer/optimizer.h"
 #include "trainer/reducer.h"
 #include "trainer/schedule.h"
@@ -63,21 +66,89 @@ struct EvalResult {
 
 // Loss and accuracy over the whole test set: each rank evaluates its exact shard, the sums are reduced.
 EvalResult evaluate(models::Model& model, const data::Dataset& test, const TrainConfig& t, comm::ProcessGroup& pg) {
-  data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.eval_batch_size), .drop_last = false, .prefetch = 2};
+  const Device device = model.device();
+  data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.eval_batch_size), .drop_last = false, .prefetch = 2,
+                         .pin_memory = device.is_cuda()};
   data::Loader loader(test, data::eval_shard(test.size(), pg.rank(), pg.size()), lo);
+  Feeder feeder(device, model.kernels().stream());
   models::SoftmaxCrossEntropy loss;
-  Tensor sums = Tensor::zeros({3}, DType::F64);  // loss sum, correct, count
-  double* s = sums.data<double>();
-  while (auto batch = loader.next()) {
-    auto r = loss.forward(model.forward(batch->features), batch->labels, model.kernels());
-    s[0] += r.loss_sum;
-    s[1] += static_cast<double>(r.correct);
-    s[2] += static_cast<double>(r.count);
+  Tensor stats = Tensor::zeros({2}, DType::F64, device);  // loss sum, correct: accumulated on the device
+  double count = 0;
+  while (auto host = loader.next()) {
+    const data::Batch& batch = feeder.put(std::move(*host), loader);
+    loss.accumulate(model.forward(batch.features), batch.labels, model.kernels(), stats, /*backward=*/false);
+    feeder.step_done();
+    count += static_cast<double>(batch.size);
   }
+  feeder.release(loader);
+  Tensor sums = Tensor::empty({3}, DType::F64);
+  const Tensor host_stats = stats.to(Device::cpu());
+  double* s = sums.data<double>();
+  s[0] = host_stats.data<double>()[0];
+  s[1] = host_stats.data<double>()[1];
+  s[2] = count;
   pg.allreduce(sums, {.op = comm::ReduceOp::Sum})->wait();
   DPT_CHECK_GT(s[2], 0.0);
   return {s[0] / s[2], s[1] / s[2]};
 }
+
+// Where a step's time goes. CPU: host clocks around the phases. GPU: CUDA events on the compute stream,
+// read two steps later (when they are long complete), so timing never makes the host wait for the GPU.
+class StepTimer {
+ public:
+  explicit StepTimer(const models::Model& model) : stream_(model.kernels().stream()) {
+    if (model.device().is_cuda())
+      for (auto& e : events_)
+        for (auto& ev : e.ev) ev = std::make_unique<cuda::Event>(/*timing=*/true);
+  }
+  // Marks: step start, backward done (comm starts), comm done (optimizer starts), step end.
+  void mark(int phase) {
+    if (!stream_) {
+      host_[phase] = Clock::now();
+      if (phase == 3) {
+        compute_s_ += std::chrono::duration<double>(host_[1] - host_[0]).count() +
+                      std::chrono::duration<double>(host_[3] - host_[2]).count();
+        comm_s_ += std::chrono::duration<double>(host_[2] - host_[1]).count();
+      }
+      return;
+    }
+    Slot& s = events_[step_ % 2];
+    if (phase == 0 && s.recorded) collect(s);
+    s.ev[phase]->record(stream_);
+    if (phase == 3) {
+      s.recorded = true;
+      ++step_;
+    }
+  }
+  // The totals so far (GPU: waits for the last steps' events).
+  double compute_s() { flush(); return compute_s_; }
+  double comm_s() { flush(); return comm_s_; }
+  void reset() {
+    flush();
+    compute_s_ = comm_s_ = 0;
+  }
+
+ private:
+  struct Slot {
+    std::array<std::unique_ptr<cuda::Event>, 4> ev;
+    bool recorded = false;
+  };
+  void collect(Slot& s) {
+    s.ev[3]->synchronize();
+    compute_s_ += (s.ev[1]->elapsed_ms_since(*s.ev[0]) + s.ev[3]->elapsed_ms_since(*s.ev[2])) / 1000.0;
+    comm_s_ += s.ev[2]->elapsed_ms_since(*s.ev[1]) / 1000.0;
+    s.recorded = false;
+  }
+  void flush() {
+    for (auto& s : events_)
+      if (s.recorded) collect(s);
+  }
+  StreamHandle stream_;
+  std::array<Clock::time_point, 4> host_{};
+  std::array<Slot, 2> events_;
+  size_t step_ = 0;
+  double compute_s_ = 0, comm_s_ = 0;
+};
 
 void copy_named(const std::vector<NamedTensor>& into, const SafetensorsFile& from, const std::string& what,
                 const std::string& path) {
@@ -101,7 +172,24 @@ std::vector<NamedTensor> model_tensors(const models::Model& m) {
   return out;
 }
 
+// Host copies of device tensors, for the checkpoint writer (host tensors pass through).
+std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
+  for (auto& nt : tensors) nt.tensor = nt.tensor.to(Device::cpu());
+  return tensors;
+}
+
 }  // namespace
+
+Device choose_device(const std::string& requested, int local_rank, int device_count, const std::string& why_none) {
+  if (requested == "cpu") return Device::cpu();
+  if (requested != "auto" && requested != "cuda")
+    DPT_THROW(ConfigError, "train.device = '{}': must be one of auto, cpu, cuda", requested);
+  if (device_count > 0) return Device::cuda(std::max(local_rank, 0) % device_count);
+  if (requested == "cuda")
+    DPT_THROW(ConfigError, "train.device = cuda, but there is no usable GPU ({}); use train.device = auto or cpu",
+              why_none);
+  return Device::cpu();
+}
 
 RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg) {
   const int rank = pg.rank(), world = pg.size();
@@ -115,9 +203,11 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
                  ds.test->size(), ds.train->name(), t.batch_size, t.batch_size * world);
 
   std::mt19937_64 rng(static_cast<uint64_t>(t.seed));
+  const Device device = opts.device;
   auto model = models::make_mlp(static_cast<int64_t>(ds.train->feature_count()), cfg.model.hidden,
-                                ds.train->num_classes());
+                                ds.train->num_classes(), device);
   model->init(rng());
+  const StreamHandle stream = model->kernels().stream();  // the compute stream (nullptr on the CPU)
   Optimizer optimizer(t, *model);
   if (lead) spdlog::info("model: {} on {}", model->summary(), model->device().str());
 
@@ -171,13 +261,13 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     loaded.reset();  // free the host copies
   }
   // Every rank starts from rank 0's parameters (identical already; this makes it a guarantee).
-  pg.broadcast(model->params())->wait();
+  pg.broadcast(model->params(), {.root = 0, .stream = stream})->wait();
 
   // ---- the loop ---------------------------------------------------------------------------------------
   data::DistributedSampler sampler({.dataset_size = ds.train->size(), .rank = rank, .world_size = world,
                                     .seed = static_cast<uint64_t>(t.seed), .shuffle = true, .drop_last = t.drop_last});
   const data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.batch_size), .drop_last = t.drop_last,
-                               .prefetch = static_cast<size_t>(cfg.data.prefetch)};
+                               .prefetch = static_cast<size_t>(cfg.data.prefetch), .pin_memory = device.is_cuda()};
   const int64_t spe = t.drop_last ? static_cast<int64_t>(sampler.num_samples() / lo.batch_size)
                                   : static_cast<int64_t>((sampler.num_samples() + lo.batch_size - 1) / lo.batch_size);
   if (spe == 0)
@@ -186,8 +276,10 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   int64_t total_steps = spe * t.epochs;
   if (t.max_steps > 0) total_steps = std::min(total_steps, t.max_steps);
 
-  Reducer reducer(pg, model->grads());
+  Reducer reducer(pg, model->grads(), stream);
   models::SoftmaxCrossEntropy loss;
+  Feeder feeder(device, stream);
+  StepTimer timer(*model);
   int64_t step = start.step;
   int64_t last_saved = -1;
   auto save = [&](int64_t epoch, int64_t next_batch) {
@@ -199,7 +291,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     os << rng;
     st.rng = os.str();
     auto t0 = Clock::now();
-    result.last_checkpoint = ckpt.save(model_tensors(*model), optimizer.state(), st);
+    result.last_checkpoint = ckpt.save(on_host(model_tensors(*model)), on_host(optimizer.state()), st);
     last_saved = step;
     spdlog::info("checkpoint {} ({:.2f} s)", result.last_checkpoint, seconds_since(t0));
   };
@@ -210,36 +302,38 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     const size_t first_batch = epoch == start.epoch ? static_cast<size_t>(start.batch_in_epoch) : 0;
     data::Loader loader(*ds.train, sampler.indices(epoch), lo, first_batch);
     DPT_CHECK_EQ(static_cast<int64_t>(loader.num_batches()), spe);
-    double loss_sum = 0, compute_s = 0, comm_s = 0;
+    Tensor stats = Tensor::zeros({2}, DType::F64, device);  // summed loss, correct: on the device, no sync per step
+    auto loss_so_far = [&] { return stats.to(Device::cpu()).data<double>()[0]; };
+    timer.reset();
     int64_t seen = 0;
     const auto epoch_t0 = Clock::now();
     auto progress_t = epoch_t0;
     double lr = 0;
     while (true) {
-      std::optional<data::Batch> batch = loader.next();
-      if (!batch) break;
-      const auto t0 = Clock::now();
+      std::optional<data::Batch> host_batch = loader.next();
+      if (!host_batch) break;
+      const data::Batch& batch = feeder.put(std::move(*host_batch), loader);
+      timer.mark(0);
       // The schedule follows the position in this run's epochs, not the raw step count: after a resume at
       // an epoch end with another world size, steps per epoch differ from the checkpoint's run.
-      lr = lr_at(t, epoch * spe + static_cast<int64_t>(batch->index), spe, total_steps);
+      lr = lr_at(t, epoch * spe + static_cast<int64_t>(batch.index), spe, total_steps);
       model->zero_grad();
-      auto r = loss.forward_backward(model->forward(batch->features), batch->labels, model->kernels());
+      loss.accumulate(model->forward(batch.features), batch.labels, model->kernels(), stats, /*backward=*/true);
       model->backward(loss.grad());
-      const auto t1 = Clock::now();
+      timer.mark(1);
       reducer.reduce();
-      const auto t2 = Clock::now();
+      timer.mark(2);
       optimizer.step(lr);
-      compute_s += std::chrono::duration<double>(t1 - t0).count() + seconds_since(t2);
-      comm_s += std::chrono::duration<double>(t2 - t1).count();
-      loss_sum += r.loss_sum;
-      seen += r.count;
+      timer.mark(3);
+      feeder.step_done();
+      seen += static_cast<int64_t>(batch.size);
       ++step;
-      const int64_t next_batch = static_cast<int64_t>(batch->index) + 1;
+      const int64_t next_batch = static_cast<int64_t>(batch.index) + 1;
       const bool epoch_done = next_batch == spe;
       if (lead && seconds_since(progress_t) >= t.progress_interval_s) {
         progress_t = Clock::now();
         spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} samples/s {:.0f}", epoch + 1, t.epochs,
-                     next_batch, spe, loss_sum / static_cast<double>(seen), lr,
+                     next_batch, spe, loss_so_far() / static_cast<double>(seen), lr,
                      static_cast<double>(seen) * world / seconds_since(epoch_t0));
       }
       if (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0 && !epoch_done)
@@ -252,6 +346,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
         break;
       }
     }
+    feeder.release(loader);
+    const double loss_sum = loss_so_far();  // waits for the epoch's last step
+    const double compute_s = timer.compute_s(), comm_s = timer.comm_s();
     const double epoch_s = seconds_since(epoch_t0);
     const double data_s = loader.wait_seconds();
 

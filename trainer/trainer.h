@@ -14,13 +14,22 @@ struct RunOptions {
   // auto: continue from the newest valid checkpoint in checkpoint.dir, if any; never: start fresh, deleting
   // the checkpoints already in checkpoint.dir; any other value: the path of one checkpoint to continue from.
   std::string resume = "auto";
+  // Where this rank trains (choose_device()); a CUDA device must be current already.
+  Device device = Device::cpu();
 };
+
+// The device of train.device = auto | cpu | cuda for the rank with LOCAL_RANK `local_rank`, given
+// `device_count` GPUs: auto means cuda:(local_rank mod device_count) when there are GPUs, else cpu; cuda
+// without a GPU is a ConfigError quoting `why_none` (cuda::unavailable_reason()).
+Device choose_device(const std::string& requested, int local_rank, int device_count, const std::string& why_none);
 
 struct EpochStats {
   int64_t epoch = 0;  // 1-based, as printed
   double train_loss = 0, test_loss = 0, test_acc = 0;
   double samples_per_s = 0;
-  double compute_s = 0, comm_s = 0, data_s = 0;  // rank 0's split of the epoch's step time
+  // Rank 0's split of the epoch's step time. On a GPU, compute and comm come from CUDA events (device time);
+  // data wait is host time blocked on the Loader.
+  double compute_s = 0, comm_s = 0, data_s = 0;
 };
 
 struct RunResult {

@@ -20,9 +20,22 @@ expect_error() {  # expect_error CODE PATTERN ARGS...
 }
 expect_error 2 "did you mean 'train.lr'" --config "$CONFIG" train.lrr=0.1
 expect_error 2 "train.epochs: expected integer" --config "$CONFIG" train.epochs=two
-expect_error 2 "must be one of: auto, gloo, mpi" --config "$CONFIG" dist.backend=tcp
+expect_error 2 "must be one of: auto, gloo, mpi, nccl" --config "$CONFIG" dist.backend=tcp
+expect_error 2 "must be one of: auto, cpu, cuda" --config "$CONFIG" train.device=gpu
 expect_error 1 "apt-get install dataset-fashion-mnist" --config "$CONFIG" data.dir="$WORK/nothing" checkpoint.dir="$WORK/c"
 expect_error 2 "File does not exist" --config "$WORK/missing.toml"
+
+# Without a GPU (this machine and CI): asking for one is a clear usage error; auto trains on the CPU and
+# says so once. (On a GPU machine, scripts/gpu-check.sh covers the GPU side.)
+if ! nvidia-smi -L >/dev/null 2>&1; then
+  small=(--config "$CONFIG" "${SMALL[@]}" checkpoint.dir="$WORK/dev" --resume never)
+  expect_error 2 "train.device = cuda, but there is no usable GPU" "${small[@]}" train.device=cuda
+  expect_error 2 "dist.backend = nccl needs a GPU\|backend nccl needs CUDA" "${small[@]}" dist.backend=nccl
+  out=$("$DPTRAIN" "${small[@]}" train.max_steps=2 2>&1) || { echo "$out"; fail "auto device run failed"; }
+  [ "$(echo "$out" | grep -c "no GPU (.*): training on the CPU")" -eq 1 ] || { echo "$out"; fail "auto without a GPU: expected one warning"; }
+  out=$("$DPTRAIN" "${small[@]}" train.max_steps=2 train.device=cpu 2>&1) || { echo "$out"; fail "cpu run failed"; }
+  ! echo "$out" | grep -q "no GPU" || { echo "$out"; fail "train.device = cpu should not warn"; }
+fi
 
 toml=$("$DPTRAIN" --config "$CONFIG" --print-config train.lr=0.125 model.hidden=[64])
 echo "$toml" | grep -q "^lr = 0.125$" || fail "--print-config lacks the override"

@@ -8,6 +8,7 @@
 #include "core/net.h"
 #include "comm/init.h"
 #include "core/check.h"
+#include "core/cuda.h"
 
 using namespace dpt;
 using namespace dpt::comm;
@@ -28,7 +29,11 @@ TEST_CASE("resolve_backend", "[init]") {
                          std::string m = e.what();
                          return m.find("'tcp'") != std::string::npos && m.find("auto, gloo, mpi") != std::string::npos;
                        }));
-  CHECK_THROWS_AS(resolve_backend("nccl", plain), UnsupportedError);
+  if (!cuda::built()) {
+    CHECK_THROWS_AS(resolve_backend("nccl", plain), UnsupportedError);
+  } else {
+    CHECK_THROWS_WITH(resolve_backend("nccl", plain), Contains("needs a GPU") && Contains("this rank runs on cpu"));
+  }
 }
 
 TEST_CASE("init_process_group: a single process needs no server", "[init]") {
@@ -91,4 +96,29 @@ TEST_CASE("init_process_group: a rank whose peer never comes fails naming the wa
   env.local_rank = 1;
   CHECK_THROWS_WITH(init_process_group(env, {"gloo", 300ms}),
                     Contains(fmt::format("127.0.0.1:{}", env.master_port)) && Contains("could not reach"));
+}
+
+TEST_CASE("resolve_backend on GPUs: nccl when each local rank has one, else a host backend", "[init]") {
+  DistEnv two;  // two ranks on this node
+  two.world_size = 2;
+  two.local_world_size = 2;
+  DistEnv two_mpi = two;
+  two_mpi.mpi_available = true;
+  const Device gpu = Device::cuda(0);
+  // CPU ranks never get nccl from auto.
+  CHECK(resolve_backend("auto", two, Device::cpu(), 8) == "gloo");
+  // Two ranks sharing one GPU: NCCL refuses that, so auto picks the host backend (which stages GPU tensors).
+  CHECK(resolve_backend("auto", two, gpu, 1) == "gloo");
+  CHECK(resolve_backend("auto", two_mpi, gpu, 1) == "mpi");
+  CHECK(resolve_backend("gloo", two, gpu, 2) == "gloo");
+  if (cuda::built()) {
+    CHECK(resolve_backend("auto", two, gpu, 2) == "nccl");
+    CHECK(resolve_backend("auto", two_mpi, gpu, 4) == "nccl");
+    CHECK(resolve_backend("NCCL", two, gpu, 2) == "nccl");
+    CHECK_THROWS_WITH(resolve_backend("nccl", two, gpu, 1),
+                      Contains("2 ranks on this node share 1 GPU(s)") && Contains("gloo or mpi"));
+  } else {
+    CHECK(resolve_backend("auto", two, gpu, 2) == "gloo");
+    CHECK_THROWS_WITH(resolve_backend("nccl", two, gpu, 2), Contains("built without"));
+  }
 }

@@ -1,0 +1,322 @@
+// comm/nccl_backend.cpp: NcclProcessGroup: NCCL collectives on a communication stream, Work handles over
+// CUDA events, and the watchdog that aborts the communicator on error or timeout. Built with DPT_WITH_CUDA.
+#include "comm/nccl_backend.h"
+
+#include <nccl.h>
+#include <spdlog/spdlog.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "comm/collective_checks.h"
+#include "core/cuda.h"
+#include "core/cuda_check.h"
+
+// NCCL's own message, plus the communicator's last error detail when there is one.
+#define DPT_NCCL_CHECK(expr, comm)                                                                         \
+  do {                                                                                                     \
+    const ncclResult_t dpt_r_ = (expr);                                                                    \
+    if (dpt_r_ != ncclSuccess) {                                                                           \
+      const char* dpt_last_ = ncclGetLastError(comm);                                                      \
+      throw ::dpt::CommError(::dpt::detail::located(                                                       \
+          __FILE__, __LINE__,                                                                              \
+          fmt::format("NCCL error in {}: {}{}{}", #expr, ncclGetErrorString(dpt_r_),                       \
+                      dpt_last_ && *dpt_last_ ? ": " : "", dpt_last_ ? dpt_last_ : "")));                  \
+    }                                                                                                      \
+  } while (0)
+
+namespace dpt::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+ncclDataType_t nccl_type(DType d) {
+  switch (d) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U8: return ncclUint8;
+  }
+  DPT_THROW(UnsupportedError, "backend nccl does not support dtype {}", dtype_name(d));
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Avg: return ncclAvg;
+    case ReduceOp::Max: return ncclMax;
+  }
+  DPT_THROW(UnsupportedError, "backend nccl does not support reduce op {}", reduce_op_name(op));
+}
+
+}  // namespace
+
+std::string nccl_unique_id() {
+  ncclUniqueId id;
+  DPT_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+  return std::string(id.internal, sizeof(id.internal));
+}
+
+std::string nccl_version() {
+  int v = 0;
+  DPT_NCCL_CHECK(ncclGetVersion(&v), nullptr);
+  return fmt::format("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100);
+}
+
+struct NcclProcessGroup::Impl {
+  int rank = 0, device = 0;
+  std::chrono::milliseconds timeout;
+  std::function<void(const std::string&)> on_fatal;
+  std::shared_ptr<void> keep_alive;
+  std::unique_ptr<cuda::Stream> stream;
+
+  std::mutex mu;  // NCCL calls on comm, abort, and `broken`
+  ncclComm_t comm = nullptr;
+  std::string broken;  // why the communicator was aborted; empty while healthy
+
+  struct Pending {
+    std::shared_ptr<cuda::Event> done;
+    Clock::time_point deadline;
+    std::string what;
+  };
+  std::mutex wmu;  // the watchdog's list
+  std::condition_variable wcv;
+  std::deque<Pending> pending;
+  bool stop = false;
+  std::thread watchdog;
+
+  void throw_if_broken() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!broken.empty()) throw CommError(fmt::format("[rank {}] nccl process group is unusable: {}", rank, broken));
+  }
+
+  // Aborts the communicator once (so peers and our own stream stop waiting on it) and reports why.
+  void abort(const std::string& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!broken.empty()) return;
+      broken = why;
+      if (comm) {
+        (void)ncclCommAbort(comm);
+        comm = nullptr;
+      }
+    }
+    spdlog::error("nccl: {}; communicator aborted", why);
+    if (on_fatal) on_fatal(why);
+  }
+
+  // An asynchronous NCCL error (a peer failed, a network error), or "" while healthy.
+  std::string async_error() {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!comm) return "";
+    ncclResult_t r = ncclSuccess;
+    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess || (r != ncclSuccess && r != ncclInProgress)) {
+      const char* last = ncclGetLastError(comm);
+      return fmt::format("asynchronous NCCL error: {}{}{}", ncclGetErrorString(r), last && *last ? ": " : "",
+                         last ? last : "");
+    }
+    return "";
+  }
+
+  void watch() {
+    try {
+      cuda::set_device(device);  // event queries from this thread
+      std::unique_lock<std::mutex> lock(wmu);
+      while (!stop) {
+        wcv.wait_for(lock, std::chrono::milliseconds(100));
+        while (!pending.empty() && pending.front().done->query()) pending.pop_front();
+        if (pending.empty()) continue;
+        const Pending oldest = pending.front();
+        lock.unlock();
+        std::string why = async_error();
+        if (why.empty() && timeout.count() >= 0 && Clock::now() > oldest.deadline)
+          why = fmt::format("{} did not finish within dist.timeout_s = {:.0f} s (a peer died or stopped calling it?)",
+                            oldest.what, std::chrono::duration<double>(timeout).count());
+        if (!why.empty()) abort(why);
+        lock.lock();
+        if (!why.empty()) pending.clear();
+      }
+    } catch (const std::exception& e) {
+      abort(fmt::format("watchdog failed: {}", e.what()));
+    }
+  }
+
+  void track(const std::shared_ptr<cuda::Event>& done, const std::string& what) {
+    std::lock_guard<std::mutex> lock(wmu);
+    pending.push_back({done, Clock::now() + (timeout.count() >= 0 ? timeout : std::chrono::hours(24 * 365)), what});
+  }
+};
+
+namespace {
+
+class NcclWork final : public Work {
+ public:
+  NcclWork(std::shared_ptr<NcclProcessGroup::Impl> impl, std::shared_ptr<cuda::Event> done, std::vector<Tensor> keep,
+           std::string what)
+      : impl_(std::move(impl)), done_(std::move(done)), keep_(std::move(keep)), what_(std::move(what)) {}
+
+  void wait(std::chrono::milliseconds timeout) override {
+    const auto limit = timeout.count() >= 0 ? timeout : impl_->timeout;
+    const auto start = Clock::now();
+    while (!done_->query()) {
+      if (std::string why = impl_->async_error(); !why.empty()) impl_->abort(why);
+      impl_->throw_if_broken();
+      if (limit.count() >= 0 && Clock::now() - start > limit) {
+        impl_->abort(fmt::format("{} did not finish within {:.0f} s", what_, std::chrono::duration<double>(limit).count()));
+        throw TimeoutError(fmt::format("[rank {}] nccl {} timed out after {:.0f} s", impl_->rank, what_,
+                                       std::chrono::duration<double>(limit).count()));
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+    impl_->throw_if_broken();
+  }
+
+  void block(StreamHandle stream) override {
+    impl_->throw_if_broken();
+    if (stream)
+      done_->block(stream);
+    else
+      wait(kNoTimeout);
+  }
+
+  bool completed() const override { return done_->query(); }
+
+ private:
+  std::shared_ptr<NcclProcessGroup::Impl> impl_;
+  std::shared_ptr<cuda::Event> done_;
+  std::vector<Tensor> keep_;  // the tensors stay allocated until the Work is dropped
+  std::string what_;
+};
+
+void check_device_tensor(const NcclProcessGroup::Impl& impl, const char* op, const Tensor& t) {
+  if (!t.device().is_cuda() || t.device().index != impl.device)
+    DPT_THROW(UnsupportedError, "backend nccl does not support {} on {} tensors: this rank's device is cuda:{}", op,
+              t.device().str(), impl.device);
+}
+
+// Orders the communication stream after the caller's stream (or the whole device when none is named), runs
+// `call` under the lock, records completion and hands it to the watchdog.
+template <class F>
+std::shared_ptr<Work> enqueue(const std::shared_ptr<NcclProcessGroup::Impl>& impl, const std::string& what,
+                              StreamHandle caller, std::vector<Tensor> keep, F&& call) {
+  impl->throw_if_broken();
+  cuda::set_device(impl->device);
+  const StreamHandle comm_stream = impl->stream->get();
+  if (caller) {
+    cuda::Event ready;  // destroyed at once; the runtime keeps it until the wait is resolved
+    ready.record(caller);
+    ready.block(comm_stream);
+  } else {
+    cuda::device_synchronize();
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl->mu);
+    if (!impl->broken.empty())
+      throw CommError(fmt::format("[rank {}] nccl process group is unusable: {}", impl->rank, impl->broken));
+    call(impl->comm, comm_stream);
+  }
+  auto done = std::make_shared<cuda::Event>();
+  done->record(comm_stream);
+  impl->track(done, what);
+  return std::make_shared<NcclWork>(impl, std::move(done), std::move(keep), what);
+}
+
+}  // namespace
+
+NcclProcessGroup::NcclProcessGroup(int rank, int size, int device, const std::string& unique_id,
+                                   const NcclOptions& opts, std::shared_ptr<void> keep_alive)
+    : ProcessGroup(rank, size), impl_(std::make_shared<Impl>()) {
+  DPT_CHECK_EQ(unique_id.size(), sizeof(ncclUniqueId::internal));
+  impl_->rank = rank;
+  impl_->device = device;
+  impl_->timeout = opts.timeout;
+  impl_->on_fatal = opts.on_fatal;
+  impl_->keep_alive = std::move(keep_alive);
+  cuda::set_device(device);
+  impl_->stream = std::make_unique<cuda::Stream>();
+  ncclUniqueId id;
+  std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
+  DPT_NCCL_CHECK(ncclCommInitRank(&impl_->comm, size, id, rank), nullptr);
+  impl_->watchdog = std::thread([impl = impl_.get()] { impl->watch(); });
+}
+
+NcclProcessGroup::~NcclProcessGroup() {
+  {
+    std::lock_guard<std::mutex> lock(impl_->wmu);
+    impl_->stop = true;
+  }
+  impl_->wcv.notify_all();
+  if (impl_->watchdog.joinable()) impl_->watchdog.join();
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->comm) {
+    // Outstanding collectives finish first; then the communicator goes. Errors here are not worth a throw.
+    (void)cudaStreamSynchronize(impl_->stream->get());
+    (void)ncclCommDestroy(impl_->comm);
+    impl_->comm = nullptr;
+  }
+}
+
+std::shared_ptr<Work> NcclProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
+  check_device_tensor(*impl_, "allreduce", tensor);
+  detail::check_reduce_dtype(backend(), "allreduce", tensor, opts.op);
+  const std::string what = fmt::format("allreduce({}) of {} {}", reduce_op_name(opts.op), tensor.numel(),
+                                       dtype_name(tensor.dtype()));
+  return enqueue(impl_, what, opts.stream, {tensor}, [&](ncclComm_t comm, StreamHandle s) {
+    DPT_NCCL_CHECK(ncclAllReduce(tensor.raw(), tensor.raw(), tensor.numel(), nccl_type(tensor.dtype()),
+                                 nccl_op(opts.op), comm, s),
+                   comm);
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
+  check_device_tensor(*impl_, "broadcast", tensor);
+  detail::check_root(backend(), opts.root, size());
+  const std::string what = fmt::format("broadcast from rank {} of {} {}", opts.root, tensor.numel(),
+                                       dtype_name(tensor.dtype()));
+  return enqueue(impl_, what, opts.stream, {tensor}, [&](ncclComm_t comm, StreamHandle s) {
+    DPT_NCCL_CHECK(ncclBroadcast(tensor.raw(), tensor.raw(), tensor.numel(), nccl_type(tensor.dtype()), opts.root,
+                                 comm, s),
+                   comm);
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::allgather(const Tensor& input, Tensor& output) {
+  check_device_tensor(*impl_, "allgather", input);
+  check_device_tensor(*impl_, "allgather", output);
+  detail::check_allgather_shapes(backend(), input, output, size());
+  const std::string what = fmt::format("allgather of {} {}", input.numel(), dtype_name(input.dtype()));
+  return enqueue(impl_, what, nullptr, {input, output}, [&](ncclComm_t comm, StreamHandle s) {
+    DPT_NCCL_CHECK(ncclAllGather(input.raw(), output.raw(), input.numel(), nccl_type(input.dtype()), comm, s), comm);
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
+                                                       const AllreduceOptions& opts) {
+  check_device_tensor(*impl_, "reduce_scatter", input);
+  check_device_tensor(*impl_, "reduce_scatter", output);
+  detail::check_reduce_dtype(backend(), "reduce_scatter", output, opts.op);
+  detail::check_allgather_shapes(backend(), output, input, size());  // input = size() chunks of output's size
+  const std::string what = fmt::format("reduce_scatter({}) of {} {}", reduce_op_name(opts.op), input.numel(),
+                                       dtype_name(input.dtype()));
+  return enqueue(impl_, what, opts.stream, {input, output}, [&](ncclComm_t comm, StreamHandle s) {
+    DPT_NCCL_CHECK(ncclReduceScatter(input.raw(), output.raw(), output.numel(), nccl_type(output.dtype()),
+                                     nccl_op(opts.op), comm, s),
+                   comm);
+  });
+}
+
+std::shared_ptr<Work> NcclProcessGroup::barrier() {
+  // NCCL has no barrier: a one-element all-reduce that the host waits for.
+  Tensor one = Tensor::zeros({1}, DType::F32, Device::cuda(impl_->device));
+  auto work = enqueue(impl_, "barrier", nullptr, {one}, [&](ncclComm_t comm, StreamHandle s) {
+    DPT_NCCL_CHECK(ncclAllReduce(one.raw(), one.raw(), 1, ncclFloat32, ncclSum, comm, s), comm);
+  });
+  work->wait(kNoTimeout);
+  return work;
+}
+
+}  // namespace dpt::comm

@@ -1,0 +1,66 @@
+// comm/staging.cpp: HostStagedGroup: GPU tensors through pinned host buffers for the host backends.
+#include "comm/staging.h"
+
+#include "core/cuda.h"
+
+namespace dpt::comm {
+
+HostStagedGroup::HostStagedGroup(std::unique_ptr<ProcessGroup> inner)
+    : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
+
+Tensor HostStagedGroup::host_buffer(const Tensor& like, int slot) {
+  Tensor& buf = buffers_[{slot, like.dtype()}];
+  if (!buf.defined() || buf.numel() < like.numel())
+    buf = Tensor::empty_pinned({static_cast<int64_t>(std::max<size_t>(like.numel(), 1))}, like.dtype());
+  return buf.view(0, like.shape());
+}
+
+Tensor HostStagedGroup::stage_in(const Tensor& device, StreamHandle stream, int slot) {
+  // The previous copy back may still be reading a buffer we are about to overwrite.
+  if (pending_valid_) {
+    cuda::stream_synchronize(pending_);
+    pending_valid_ = false;
+  }
+  Tensor host = host_buffer(device, slot);
+  host.copy_from(device, stream);
+  cuda::stream_synchronize(stream);
+  return host;
+}
+
+void HostStagedGroup::stage_out(Tensor& device, const Tensor& host, StreamHandle stream) {
+  device.copy_from(host, stream);
+  pending_ = stream;
+  pending_valid_ = stream != nullptr;
+}
+
+std::shared_ptr<Work> HostStagedGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
+  if (!tensor.device().is_cuda()) return inner_->allreduce(tensor, opts);
+  Tensor host = stage_in(tensor, opts.stream, 0);
+  inner_->allreduce(host, {.op = opts.op})->wait();
+  stage_out(tensor, host, opts.stream);
+  return std::make_shared<CompletedWork>();
+}
+
+std::shared_ptr<Work> HostStagedGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
+  if (!tensor.device().is_cuda()) return inner_->broadcast(tensor, opts);
+  Tensor host = stage_in(tensor, opts.stream, 0);
+  inner_->broadcast(host, {.root = opts.root})->wait();
+  stage_out(tensor, host, opts.stream);
+  return std::make_shared<CompletedWork>();
+}
+
+std::shared_ptr<Work> HostStagedGroup::allgather(const Tensor& input, Tensor& output) {
+  if (!input.device().is_cuda() && !output.device().is_cuda()) return inner_->allgather(input, output);
+  const Tensor in = input.device().is_cuda() ? stage_in(input, nullptr, 0) : input;
+  Tensor out = output.device().is_cuda() ? host_buffer(output, 1) : output;
+  inner_->allgather(in, out)->wait();
+  if (output.device().is_cuda()) stage_out(output, out, nullptr);
+  return std::make_shared<CompletedWork>();
+}
+
+std::shared_ptr<Work> HostStagedGroup::reduce_scatter(const Tensor& input, Tensor& output,
+                                                      const AllreduceOptions& opts) {
+  return inner_->reduce_scatter(input, output, opts);  // host backends: unsupported, with their own message
+}
+
+}  // namespace dpt::comm

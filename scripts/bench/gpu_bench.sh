@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# GPU training throughput: dptrain (1 rank, CUDA, NCCL) against the PyTorch reference (torch_mlp.py, the same
+# MLP, data, optimizer and per-step host-to-device batch copies), at batch 64 and 1024, 2 epochs each;
+# samples/s of the LAST epoch (the first includes warm-up). Prints a markdown table, also written to
+# $OUT/gpu-bench.md when OUT is set. Targets: dptrain/PyTorch >= 2 at batch 64, >= 1 at batch 1024.
+#
+# Run on the GPU machine from the repository root; scripts/gpu-check.sh run calls it (step "bench") with:
+#   DPTRAIN          dptrain to run (default .gpu-bundle/bin/dptrain, else $DPT_BUILD_DIR/trainer/dptrain)
+#   DPT_LIB_PATH     LD_LIBRARY_PATH for dptrain only (default: `scripts/gpu-check.sh libpath` when the
+#                    bundle is there); python3 keeps the machine's libraries
+#   BENCH_DATA       Fashion-MNIST folder (default .gpu-bundle/data, else /usr/share/datasets/fashion-mnist)
+#   BENCH_CONFIG     default .gpu-bundle/configs/fmnist_mlp.toml, else configs/fmnist_mlp.toml
+#   BENCH_BATCHES    default "64 1024";  BENCH_EPOCHS  default 2;  BENCH_RUN_TIMEOUT_S  per run, default 120
+#   BENCH_LOG_DIR    each run's output (default $OUT/gpu-bench-logs, else /tmp/gpu-bench)
+#   BENCH_STRICT=1   exit 2 when a target is missed (default: only reported)
+# Exit status: 0 when every run gave its number, 1 otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+BUNDLE=.gpu-bundle
+if [ -z "${DPTRAIN:-}" ]; then
+  DPTRAIN=$BUNDLE/bin/dptrain
+  [ -x "$DPTRAIN" ] || DPTRAIN=${DPT_BUILD_DIR:-build}/trainer/dptrain
+fi
+if [ -z "${DPT_LIB_PATH+set}" ]; then
+  if [ -f "$BUNDLE/payload.tar.xz" ]; then
+    DPT_LIB_PATH=$(bash scripts/gpu-check.sh libpath)
+  else
+    DPT_LIB_PATH=${LD_LIBRARY_PATH:-}
+  fi
+fi
+first_dir() { for d in "$@"; do [ -e "$d" ] && { echo "$d"; return; }; done; echo "$1"; }
+DATA=${BENCH_DATA:-$(first_dir "$BUNDLE/data" /usr/share/datasets/fashion-mnist)}
+CONFIG=${BENCH_CONFIG:-$(first_dir "$BUNDLE/configs/fmnist_mlp.toml" configs/fmnist_mlp.toml)}
+read -r -a BATCHES <<<"${BENCH_BATCHES:-64 1024}"
+EPOCHS=${BENCH_EPOCHS:-2}
+RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-120}
+LOG_DIR=${BENCH_LOG_DIR:-${OUT:+$OUT/gpu-bench-logs}}
+LOG_DIR=${LOG_DIR:-/tmp/gpu-bench}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$LOG_DIR"
+
+# The samples/s of the last epoch line. dptrain: "... epoch 2/2 loss ... samples/s X ..."; torch_mlp.py:
+# "epoch 2 samples/s X ...".
+last_samples() {
+  grep -E "$2" "$1" | tail -1 | awk '{ for (i = 1; i < NF; i++) if ($i == "samples/s") { print $(i + 1); exit } }'
+}
+
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+echo "gpu_bench: ${gpu:-unknown GPU}, $EPOCHS epochs per run, samples/s of the last epoch; logs in $LOG_DIR"
+
+rows=()
+ok=0
+declare -A RATIO=()
+for b in "${BATCHES[@]}"; do
+  dlog=$LOG_DIR/dptrain_b$b.log
+  tlog=$LOG_DIR/torch_b$b.log
+  echo "batch $b: dptrain ..."
+  rc=0
+  timeout -k 10 "$RUN_TIMEOUT" env LD_LIBRARY_PATH="$DPT_LIB_PATH" "$DPTRAIN" --config "$CONFIG" \
+    train.device=cuda dist.backend=nccl "train.batch_size=$b" "train.epochs=$EPOCHS" train.eval_batch_size=1024 \
+    "data.dir=$DATA" "checkpoint.dir=/tmp/gc/bench_b$b" --resume never >"$dlog" 2>&1 </dev/null || rc=$?
+  d=$(last_samples "$dlog" 'epoch [0-9]+/[0-9]+ loss [0-9]' || true)
+  ((rc == 0)) || { echo "  dptrain exit $rc (see $dlog):"; tail -n 5 "$dlog" | sed 's/^/  | /'; d=""; }
+  echo "batch $b: PyTorch ..."
+  rc=0
+  timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" scripts/bench/torch_mlp.py --data "$DATA" --batch-size "$b" \
+    --epochs "$EPOCHS" --device cuda >"$tlog" 2>&1 </dev/null || rc=$?
+  t=$(last_samples "$tlog" '^epoch [0-9]+ samples/s' || true)
+  ((rc == 0)) || { echo "  torch_mlp.py exit $rc (see $tlog):"; tail -n 5 "$tlog" | sed 's/^/  | /'; t=""; }
+  if [ -n "$d" ] && [ -n "$t" ]; then
+    r=$(awk -v d="$d" -v t="$t" 'BEGIN { printf "%.2f", d / t }')
+    RATIO[$b]=$r
+  else
+    r="n/a"
+    ok=1
+  fi
+  rows+=("| $b | ${d:-failed} | ${t:-failed} | $r |")
+done
+
+# target_note BATCH MIN: "ratio >= MIN at batch BATCH: met (R)", "... NOT met (R)" or "... no result".
+target_note() {
+  local r=${RATIO[$1]:-}
+  if [ -z "$r" ]; then
+    echo "ratio >= $2 at batch $1: no result"
+  elif awk -v r="$r" -v m="$2" 'BEGIN { exit !(r >= m) }'; then
+    echo "ratio >= $2 at batch $1: met ($r)"
+  else
+    echo "ratio >= $2 at batch $1: NOT met ($r)"
+  fi
+}
+t64=$(target_note 64 2)
+t1024=$(target_note 1024 1)
+missed=0
+[[ $t64 != *"NOT met"* && $t1024 != *"NOT met"* ]] || missed=1
+
+table=$(
+  echo "| batch | dptrain samples/s | PyTorch samples/s | ratio |"
+  echo "|---|---|---|---|"
+  printf '%s\n' "${rows[@]}"
+)
+targets="targets: $t64; $t1024"
+echo
+echo "$table"
+echo
+echo "$targets"
+if [ -n "${OUT:-}" ]; then
+  {
+    echo "# GPU benchmark: dptrain vs PyTorch"
+    echo
+    echo "${gpu:-unknown GPU}; MLP 784-512-512-10, SGD momentum, Fashion-MNIST; 1 process; samples/s of epoch $EPOCHS of $EPOCHS;"
+    echo "strict FP32 on both sides (TF32 off in PyTorch); $(date -u +%Y-%m-%dT%H:%M:%SZ)."
+    echo
+    echo "$table"
+    echo
+    echo "$targets"
+  } >"$OUT/gpu-bench.md"
+  echo "written to $OUT/gpu-bench.md"
+fi
+((ok == 0)) || exit 1
+if [ "${BENCH_STRICT:-0}" = 1 ] && ((missed)); then exit 2; fi
+exit 0

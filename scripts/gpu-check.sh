@@ -1,0 +1,575 @@
+#!/usr/bin/env bash
+# The GPU check: dptrain's GPU path, run on a lent GPU machine that has a GPU, the CUDA toolkit and
+# PyTorch, but none of our Debian packages and no internet. See docs/DEVELOPERS.md.
+#
+#   scripts/gpu-check.sh bundle    HERE (the build machine): build, then make .gpu-bundle/ (< 60 MiB):
+#                                  payload.tar.xz (bin/: dptrain, dprun, the test programs; lib/: the shared
+#                                  libraries they need that the GPU machine lacks), data/ (Fashion-MNIST),
+#                                  configs/, BUNDLE_INFO. Idempotent.
+#   scripts/gpu-check.sh run       THERE, from the repository root, with .gpu-bundle carried: unpack, run the
+#                                  GPU unit tests, the other unit tests, short trainings (1 rank NCCL, 1 rank
+#                                  CPU, compared; 2 ranks over gloo sharing the GPU) and the benchmark, then
+#                                  print a PASS/FAIL table. Exit status non-zero when any step failed. Logs:
+#                                  $OUT/gpu-check.log (everything) and $OUT/gpu-check/ (one log per step);
+#                                  /tmp/gpu-check/ when OUT is unset.
+#   scripts/gpu-check.sh unpack    unpack the payload into .gpu-bundle/{bin,lib} (run does it itself; for trying
+#                                  the bundle here; `bundle` removes them again so the carried folder stays small)
+#   scripts/gpu-check.sh libpath   print the LD_LIBRARY_PATH the bundled programs need on this machine
+#
+# Environment: DPT_BUILD_DIR (default build), DPT_SKIP_BUILD=1 (bundle what is built), GPU_CHECK_BUDGET_S
+# (run: seconds for all the steps, default 480), GPU_CHECK_LOSS_TOL / GPU_CHECK_ACC_TOL (default 0.01),
+# GPU_CHECK_NO_LINKS=1 (run: make no temporary links, see make_compat_links).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd -P)
+BUNDLE=.gpu-bundle
+MAX_BUNDLE_MIB=60
+FMNIST_DIR=/usr/share/datasets/fashion-mnist
+FMNIST_FILES=(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz)
+
+die() { echo "gpu-check: error: $*" >&2; exit 1; }
+
+# --------------------------------------------------------------------------------------------------------
+# bundle (build machine)
+# --------------------------------------------------------------------------------------------------------
+
+# What to do with a shared library ldd names, by its name: glibc (never carried: it must be the machine's
+# own, with its loader), driver (libcuda, libnvidia-*: always the machine's), cuda (CUDA's big libraries: the
+# machine's toolkit or PyTorch's NVIDIA wheels provide them), compat (libstdc++, libgcc_s: the machine's
+# are newer; carried in lib/compat/, used only when the machine's turn out too old), carry (the rest).
+lib_class() {
+  local base=${1%%.so*}
+  case $base in
+    linux-vdso | linux-gate | ld-linux* | libc | libm | libmvec | libpthread | libdl | librt | libresolv | \
+      libutil | libanl | libnsl | libBrokenLocale | libnss_* | libthread_db | libc_malloc_debug) echo glibc ;;
+    libcuda | libnvidia-* | libnvcuvid) echo driver ;;
+    libcudart | libcublas | libcublasLt | libnccl | libnvrtc* | libnvJitLink | libcurand | libcusparse* | \
+      libcusolver* | libcufft* | libnvToolsExt | libnvtx* | libcupti) echo cuda ;;
+    libstdc++ | libgcc_s) echo compat ;;
+    *) echo carry ;;
+  esac
+}
+
+bundle() {
+  local build_dir=${DPT_BUILD_DIR:-build}
+  if [ "${DPT_SKIP_BUILD:-0}" = 1 ]; then
+    echo "gpu-check: DPT_SKIP_BUILD=1: bundling what is in $build_dir"
+  else
+    bash scripts/build.sh
+  fi
+  if [ ! -x "$build_dir/trainer/dptrain" ] || [ ! -x "$build_dir/launcher/dprun" ]; then
+    die "$build_dir/trainer/dptrain or $build_dir/launcher/dprun is missing: did the build fail?"
+  fi
+  local f
+  for f in "${FMNIST_FILES[@]}"; do
+    [ -f "$FMNIST_DIR/$f" ] || die "$FMNIST_DIR/$f is missing (apt-get install dataset-fashion-mnist)"
+  done
+
+  # The programs: dptrain, dprun and every test executable in the build tree.
+  local bins=("$build_dir/trainer/dptrain" "$build_dir/launcher/dprun")
+  while IFS= read -r f; do bins+=("$f"); done < <(
+    find "$build_dir" -name CMakeFiles -prune -o -type f -perm -u+x \( -name 'unit_*' -o -name 'mpi_*' \) -print |
+      sort)
+  local dups
+  dups=$(for f in "${bins[@]}"; do basename "$f"; done | sort | uniq -d)
+  [ -z "$dups" ] || die "two programs with the same name in $build_dir: $dups"
+
+  STAGE=$(mktemp -d)
+  trap 'rm -rf "$STAGE"' EXIT
+  mkdir -p "$STAGE/bin" "$STAGE/lib/compat"
+  cp -p "${bins[@]}" "$STAGE/bin/"
+
+  # The shared libraries: ldd lists the whole closure. Copy each (dereferenced) under its soname.
+  local -A carried=() compat=() cuda=()
+  local name path line missing=()
+  for f in "${bins[@]}"; do
+    while read -r name path; do
+      case $(lib_class "$name") in
+        glibc | driver) ;;  # the machine's own
+        cuda) cuda[$name]=1 ;;
+        compat) [ "$path" != "not" ] && compat[$name]=$path ;;
+        carry)
+          if [ "$path" = "not" ]; then missing+=("$name (needed by $(basename "$f"))"); else carried[$name]=$path; fi ;;
+      esac
+    done < <(ldd "$f" | awk '$2 == "=>" { print $1, $3; next } $1 ~ /^\// { n = split($1, p, "/"); print p[n], $1 }')
+  done
+  ((${#missing[@]} == 0)) || die "ldd finds no ${missing[*]}"
+  for name in "${!carried[@]}"; do cp -L "${carried[$name]}" "$STAGE/lib/$name"; done
+  for name in "${!compat[@]}"; do cp -L "${compat[$name]}" "$STAGE/lib/compat/$name"; done
+  chmod -R u+w "$STAGE"
+
+  # What the machine's glibc / libstdc++ must provide, for the check on the other side.
+  local glibc_need glibcxx_need
+  glibc_need=$(objdump -T "$STAGE"/bin/* "$STAGE"/lib/*.so* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+  glibcxx_need=$(objdump -T "$STAGE"/bin/* "$STAGE"/lib/*.so* 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)
+
+  # The payload: a reproducible tar (sorted, fixed owners and times), xz-compressed (OpenBLAS alone is
+  # 36 MB, 4 MB compressed: uncompressed, programs + libraries + data would not fit the carry limit).
+  # Compressed again only when the tar changed.
+  mkdir -p "$BUNDLE"
+  rm -rf "${BUNDLE:?}/bin" "${BUNDLE:?}/lib" "$BUNDLE/.unpacked"  # left by `unpack`: not to be carried
+  local tarfile="$STAGE/payload.tar" sha
+  tar -C "$STAGE" --sort=name --mtime=@0 --owner=0 --group=0 --numeric-owner -cf "$tarfile" bin lib
+  sha=$(sha256sum "$tarfile" | cut -d' ' -f1)
+  if [ -f "$BUNDLE/payload.tar.xz" ] && [ "$(cat "$BUNDLE/payload.sha256" 2>/dev/null)" = "$sha" ]; then
+    echo "gpu-check: payload unchanged"
+  else
+    echo "gpu-check: compressing the payload (xz, ~30 s on 2 cores)"
+    xz -6 -T0 -c "$tarfile" >"$BUNDLE/payload.tar.xz.tmp"
+    mv "$BUNDLE/payload.tar.xz.tmp" "$BUNDLE/payload.tar.xz"
+    echo "$sha" >"$BUNDLE/payload.sha256"
+  fi
+
+  mkdir -p "$BUNDLE/data" "$BUNDLE/configs"
+  for f in "${FMNIST_FILES[@]}"; do
+    cmp -s "$FMNIST_DIR/$f" "$BUNDLE/data/$f" || cp "$FMNIST_DIR/$f" "$BUNDLE/data/$f"
+  done
+  rm -f "$BUNDLE"/configs/*
+  cp configs/*.toml "$BUNDLE/configs/"
+
+  local source_dir cuda_build=no
+  source_dir=$(sed -n 's/^dptrain_SOURCE_DIR:STATIC=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
+  if [ -x "$STAGE/bin/unit_gpu" ] || [ -n "${cuda[libnccl.so.2]:-}" ]; then cuda_build=yes; fi
+  {
+    echo "# Written by scripts/gpu-check.sh bundle; read by scripts/gpu-check.sh run."
+    echo "created=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    echo "git_head=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "git_changed_files=$(git status --porcelain 2>/dev/null | wc -l)"
+    echo "build_dir=$build_dir"
+    echo "source_dir=$source_dir"
+    echo "cuda_build=$cuda_build"
+    echo "programs=$(cd "$STAGE/bin" && echo *)"
+    echo "libs=$(printf '%s\n' "${!carried[@]}" | sort | tr '\n' ' ')"
+    echo "compat_libs=$(printf '%s\n' "${!compat[@]}" | sort | tr '\n' ' ')"
+    echo "machine_cuda_libs=$(printf '%s\n' "${!cuda[@]}" | sort | tr '\n' ' ')"
+    echo "glibc_needed=${glibc_need#GLIBC_}"
+    echo "glibcxx_needed=${glibcxx_need#GLIBCXX_}"
+    echo "payload_sha256=$sha"
+  } >"$BUNDLE/BUNDLE_INFO"
+
+  # Summary and the size limit (the device tool carries 64 MiB at most).
+  local bytes mib
+  bytes=$(du -sb "$BUNDLE" | cut -f1)
+  mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
+  echo
+  echo "gpu-check: $BUNDLE ready"
+  echo "  programs      : $(cd "$STAGE/bin" && echo *)"
+  echo "  libraries     : ${#carried[@]} carried ($(du -sh "$STAGE/lib" | cut -f1) uncompressed, compat/ included): $(printf '%s\n' "${!carried[@]}" | sort | tr '\n' ' ')"
+  echo "  compat (used only if the machine's are older): $(printf '%s\n' "${!compat[@]}" | sort | tr '\n' ' ')"
+  local from_machine="${!cuda[*]}"
+  echo "  from the GPU machine: ${from_machine:-no CUDA library} (and the driver, glibc)"
+  echo "  needs glibc >= ${glibc_need#GLIBC_}, libstdc++ with ${glibcxx_need:-nothing}"
+  echo "  payload       : $(du -h "$BUNDLE/payload.tar.xz" | cut -f1) ($(du -h "$tarfile" | cut -f1) uncompressed)"
+  echo "  data          : $(du -sh "$BUNDLE/data" | cut -f1) (${FMNIST_FILES[*]})"
+  echo "  configs       : $(cd "$BUNDLE/configs" && echo *)"
+  [ "$cuda_build" = yes ] || echo "  WARNING: CPU-only build (no unit_gpu, no NCCL): the GPU steps will fail there"
+  echo "  total         : $mib MiB (limit $MAX_BUNDLE_MIB MiB)"
+  if ((bytes > MAX_BUNDLE_MIB * 1048576)); then
+    die "$BUNDLE is $mib MiB, over the $MAX_BUNDLE_MIB MiB limit"
+  fi
+  echo "Carry it: run(command='bash scripts/gpu-check.sh run', carry=['$BUNDLE'])"
+}
+
+# --------------------------------------------------------------------------------------------------------
+# unpack / libpath (GPU machine)
+# --------------------------------------------------------------------------------------------------------
+
+info_get() { sed -n "s/^$1=//p" "$BUNDLE/BUNDLE_INFO" 2>/dev/null | head -1; }
+
+# Unpacks the payload into .gpu-bundle/{bin,lib} (into $TMPDIR when .gpu-bundle is not writable), once per
+# payload. Sets B_DIR, B_BIN, B_LIB.
+unpack_bundle() {
+  if [ ! -f "$BUNDLE/payload.tar.xz" ] || [ ! -f "$BUNDLE/payload.sha256" ]; then
+    die "no $BUNDLE/payload.tar.xz: run 'bash scripts/gpu-check.sh bundle' on the build machine and carry $BUNDLE"
+  fi
+  local sha
+  sha=$(cat "$BUNDLE/payload.sha256")
+  B_DIR=$BUNDLE
+  if ! { touch "$BUNDLE/.write-test" && rm -f "$BUNDLE/.write-test"; } 2>/dev/null; then
+    B_DIR=${TMPDIR:-/tmp}/dpt-gpu-bundle
+  fi
+  B_BIN=$B_DIR/bin
+  B_LIB=$B_DIR/lib
+  if [ -d "$B_BIN" ] && [ "$(cat "$B_DIR/.unpacked" 2>/dev/null)" = "$sha" ]; then return 0; fi
+  rm -rf "$B_BIN" "$B_LIB"
+  mkdir -p "$B_DIR"
+  if command -v xz >/dev/null 2>&1; then
+    tar -C "$B_DIR" -xJf "$BUNDLE/payload.tar.xz"
+  else  # no xz program: Python's tarfile reads xz too
+    python3 -c 'import sys, tarfile
+kw = {"filter": "fully_trusted"} if hasattr(tarfile, "data_filter") else {}
+tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2], **kw)' "$BUNDLE/payload.tar.xz" "$B_DIR"
+  fi
+  echo "$sha" >"$B_DIR/.unpacked"
+}
+
+# The machine's CUDA library folders, one a line, best first: the toolkit's, then the NVIDIA wheels next to
+# PyTorch (CUDA 12 wheels: nvidia/{cublas,cuda_runtime,nccl}/lib; CUDA 13 wheels: nvidia/cu13/lib, and
+# nvidia/nccl/lib for NCCL). Only folders holding cuBLAS, NCCL or the CUDA runtime.
+cuda_lib_dirs() {
+  {
+    local d
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+      [ -d "$d" ] && echo "$d"
+    done
+    if command -v python3 >/dev/null 2>&1; then
+      python3 - <<'EOF' 2>/dev/null || true
+import glob, importlib, os
+want = ("libcublas.so", "libcublasLt.so", "libnccl.so", "libcudart.so")
+roots = []
+for mod in ("nvidia", "nvidia.cu13", "nvidia.nccl", "nvidia.cublas", "nvidia.cuda_runtime"):
+    try:
+        m = importlib.import_module(mod)
+    except Exception:
+        continue
+    for p in list(getattr(m, "__path__", [])) or [os.path.dirname(m.__file__ or "")]:
+        roots += [p] + sorted(glob.glob(os.path.join(p, "*")))
+for r in roots:
+    lib = os.path.join(r, "lib")
+    if os.path.isdir(lib) and any(n.startswith(w) for n in os.listdir(lib) for w in want):
+        print(lib)
+EOF
+    fi
+  } | while read -r d; do
+    [ -d "$d" ] && readlink -f "$d"
+  done | awk '!seen[$0]++'
+}
+
+# Sets DPT_LD: the LD_LIBRARY_PATH of the bundled programs (bundle lib/, lib/compat/ only when the machine's
+# libstdc++ is too old, the CUDA folders). Only our programs get it: python3 (PyTorch) and nvidia-smi keep
+# the machine's own libraries.
+setup_libpath() {
+  local cuda_dirs base probe_err
+  cuda_dirs=$(cuda_lib_dirs | paste -sd: -)
+  base=$ROOT/$B_LIB${cuda_dirs:+:$cuda_dirs}
+  DPT_LD=$base
+  USING_COMPAT=no
+  probe_err=$(mktemp)
+  if ! env LD_LIBRARY_PATH="$base" "$B_BIN/dptrain" --help >/dev/null 2>"$probe_err" &&
+    grep -qE 'GLIBCXX_|CXXABI_|GCC_[0-9]' "$probe_err"; then
+    DPT_LD=$ROOT/$B_LIB:$ROOT/$B_LIB/compat${cuda_dirs:+:$cuda_dirs}
+    USING_COMPAT=yes
+  fi
+  rm -f "$probe_err"
+}
+
+# --------------------------------------------------------------------------------------------------------
+# run (GPU machine)
+# --------------------------------------------------------------------------------------------------------
+
+LOG_ROOT=${OUT:-/tmp/gpu-check}
+STEP_DIR=$LOG_ROOT/gpu-check
+MAIN_LOG=$LOG_ROOT/gpu-check.log
+WORK=/tmp/gc
+LOSS_TOL=${GPU_CHECK_LOSS_TOL:-0.01}
+ACC_TOL=${GPU_CHECK_ACC_TOL:-0.01}
+STEP_NAMES=()
+STEP_RESULTS=()
+STEP_SECONDS=()
+STEP_NOTES=()
+NOTE=""
+LINKS_MADE=()
+
+log() { printf '%s\n' "$*" | tee -a "$MAIN_LOG"; }
+
+# run_timed LOGFILE LIMIT_S CMD...: runs CMD, its output appended to LOGFILE, under LIMIT_S seconds or what is
+# left of the budget if less. Returns CMD's exit status (124: timed out; also when no time was left).
+run_timed() {
+  local logfile=$1 limit=$2 left rc=0
+  shift 2
+  left=$((DEADLINE - $(date +%s) - 10))
+  if ((left < 15)); then
+    echo "not started: the budget (GPU_CHECK_BUDGET_S=$BUDGET) is spent" >>"$logfile"
+    return 124
+  fi
+  ((limit <= left)) || limit=$left
+  echo "\$ $* (timeout ${limit}s)" >>"$logfile"
+  timeout -k 10 "$limit" "$@" >>"$logfile" 2>&1 </dev/null || rc=$?
+  ((rc != 124 && rc != 137)) || echo "TIMED OUT after ${limit}s" >>"$logfile"
+  echo "exit status $rc" >>"$logfile"
+  return "$rc"
+}
+
+# run_step NAME FUNCTION [ARGS...]: runs one step; FUNCTION gets its log file first and sets NOTE. A failed
+# step is recorded (and its log's tail shown), never fatal.
+run_step() {
+  local name=$1 fn=$2 start result
+  shift 2
+  local logfile=$STEP_DIR/$name.log
+  : >"$logfile"
+  NOTE=""
+  start=$(date +%s)
+  log ""
+  log "==== $name"
+  if "$fn" "$logfile" "$@"; then result=PASS; else result=FAIL; fi
+  local took=$(($(date +%s) - start))
+  {
+    echo "---- $name: output ($logfile)"
+    cat "$logfile"
+    echo "---- $name: end"
+  } >>"$MAIN_LOG"
+  if [ "$result" = FAIL ]; then
+    echo "     last lines of $logfile:"
+    tail -n 25 "$logfile" | sed 's/^/     | /'
+  fi
+  log "==== $name: $result (${took}s) $NOTE"
+  STEP_NAMES+=("$name")
+  STEP_RESULTS+=("$result")
+  STEP_SECONDS+=("$took")
+  STEP_NOTES+=("$NOTE")
+}
+
+# Parsing dptrain's output. An epoch line: "... epoch 1/1 loss 0.5123 test_loss 0.4567 test_acc 0.8345
+# samples/s 123456 lr ..."; a progress line: "... epoch 1/1 step 10/938 loss 1.2345 lr ... samples/s ...".
+last_epoch_line() { grep -E 'epoch [0-9]+/[0-9]+ loss [0-9]' "$1" | tail -1 || true; }
+field() { awk -v k="$2" '{ for (i = 1; i < NF; i++) if ($i == k) { print $(i + 1); exit } }' <<<"$1"; }
+progress_losses() {  # "STEP LOSS" per progress line
+  grep -oE 'step [0-9]+/[0-9]+ loss [-0-9.eE+]+' "$1" | awk '{ split($2, s, "/"); print s[1], $4 }' || true
+}
+absdiff_below() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < t) }'; }
+catch2_summary() { grep -E 'All tests passed|test cases:|No tests ran' "$1" | tail -1 || true; }
+
+# -- the steps ------------------------------------------------------------------------------------------
+
+step_unit_gpu() {
+  local logfile=$1 rc=0
+  if [ ! -x "$B_BIN/unit_gpu" ]; then
+    NOTE="unit_gpu is not in the bundle: the bundle was built without CUDA (cuda_build=$(info_get cuda_build))"
+    return 1
+  fi
+  run_timed "$logfile" 120 "${UNIT_ENV[@]}" "$B_BIN/unit_gpu" || rc=$?
+  case $rc in
+    0) NOTE=$(catch2_summary "$logfile") ;;
+    77)
+      NOTE="exit 77: unit_gpu found NO usable GPU on a machine that must have one (driver? see nvidia-smi above)"
+      log "!!!!!!!! unit_gpu: NO GPU FOUND (exit 77) !!!!!!!!"
+      ;;
+    124 | 137) NOTE="timed out" ;;
+    *) NOTE="exit $rc: $(catch2_summary "$logfile")" ;;
+  esac
+  return $((rc != 0))
+}
+
+step_unit() {
+  local logfile=$1 exe=$2 rc=0
+  run_timed "$logfile" 60 "${UNIT_ENV[@]}" "$B_BIN/$exe" || rc=$?
+  NOTE=$(catch2_summary "$logfile")
+  ((rc != 124 && rc != 137)) || NOTE="timed out"
+  ((rc == 0)) || NOTE="exit $rc: $NOTE"
+  return $((rc != 0))
+}
+
+# One training run of 1 epoch; sets NOTE from its epoch line. Progress on every step (for the comparison).
+train_1rank() {
+  local logfile=$1 device=$2 backend=$3 ckpt=$4 limit=$5 rc=0 line
+  run_timed "$logfile" "$limit" "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" \
+    "train.device=$device" "dist.backend=$backend" "data.dir=$BUNDLE/data" train.epochs=1 \
+    train.progress_interval_s=0.001 "checkpoint.dir=$ckpt" --resume never || rc=$?
+  line=$(last_epoch_line "$logfile")
+  if ((rc != 0)); then
+    NOTE="exit $rc"
+    return 1
+  fi
+  if [ -z "$line" ]; then
+    NOTE="no epoch line in the output"
+    return 1
+  fi
+  NOTE="loss $(field "$line" loss) test_acc $(field "$line" test_acc) samples/s $(field "$line" samples/s)"
+}
+
+step_train_gpu() { train_1rank "$1" cuda nccl "$WORK/nccl1" 120; }
+step_train_cpu() { train_1rank "$1" cpu gloo "$WORK/cpu1" 150; }
+
+# GPU against CPU: the epoch's mean loss and the test accuracy within the tolerances, and the loss at the
+# first step both runs printed (nearly equal: differences grow with the steps, from summation order).
+step_compare() {
+  local logfile=$1 g c gl cl ga ca ok=0 step sl_g sl_c
+  g=$(last_epoch_line "$STEP_DIR/train_cuda_nccl_1rank.log")
+  c=$(last_epoch_line "$STEP_DIR/train_cpu_1rank.log")
+  if [ -z "$g" ] || [ -z "$c" ]; then
+    NOTE="needs the epoch lines of both runs (train_cuda_nccl_1rank, train_cpu_1rank)"
+    return 1
+  fi
+  gl=$(field "$g" loss) cl=$(field "$c" loss) ga=$(field "$g" test_acc) ca=$(field "$c" test_acc)
+  {
+    echo "epoch line, GPU: $g"
+    echo "epoch line, CPU: $c"
+  } >>"$logfile"
+  local first
+  first=$(join <(progress_losses "$STEP_DIR/train_cuda_nccl_1rank.log" | sort -k1,1) \
+    <(progress_losses "$STEP_DIR/train_cpu_1rank.log" | sort -k1,1) | sort -n | head -1)
+  if [ -n "$first" ]; then
+    read -r step sl_g sl_c <<<"$first"
+    echo "first common progress step $step: loss GPU $sl_g CPU $sl_c" >>"$logfile"
+    absdiff_below "$sl_g" "$sl_c" "$LOSS_TOL" || ok=1
+    NOTE="step $step loss $sl_g/$sl_c; "
+  else
+    echo "no progress step printed by both runs: comparing the epoch lines only" >>"$logfile"
+  fi
+  absdiff_below "$gl" "$cl" "$LOSS_TOL" || ok=1
+  absdiff_below "$ga" "$ca" "$ACC_TOL" || ok=1
+  NOTE+="epoch loss $gl/$cl, test_acc $ga/$ca (GPU/CPU; tolerances $LOSS_TOL, $ACC_TOL)"
+  echo "$NOTE" >>"$logfile"
+  return "$ok"
+}
+
+step_train_gloo2() {
+  local logfile=$1 rc=0 line acc
+  run_timed "$logfile" 150 "${DPT_ENV[@]}" "$B_BIN/dprun" --nproc-per-node 2 -- \
+    "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" train.device=cuda dist.backend=gloo \
+    "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/gloo2" --resume never || rc=$?
+  line=$(last_epoch_line "$logfile")
+  acc=$(field "$line" test_acc)
+  NOTE="exit $rc, test_acc ${acc:-none} (must be > 0.8)"
+  ((rc == 0)) && [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a > 0.8) }'
+}
+
+step_bench() {
+  local logfile=$1 rc=0 left per_run
+  left=$((DEADLINE - $(date +%s) - 20))
+  per_run=$((left / 4))
+  ((per_run <= 120)) || per_run=120
+  run_timed "$logfile" 300 env OUT="${OUT:-}" DPTRAIN="$B_BIN/dptrain" DPT_LIB_PATH="$DPT_LD" \
+    BENCH_DATA="$BUNDLE/data" BENCH_CONFIG="$BUNDLE/configs/fmnist_mlp.toml" BENCH_LOG_DIR="$STEP_DIR/bench" \
+    BENCH_RUN_TIMEOUT_S="$per_run" bash scripts/bench/gpu_bench.sh || rc=$?
+  grep -E '^\||^targets|^ *(batch|ratio) ' "$logfile" | tee -a "$MAIN_LOG" || true
+  NOTE=$(grep -E '^targets' "$logfile" | tail -1 || true)
+  ((rc == 0)) || NOTE="exit $rc ${NOTE}"
+  return $((rc != 0))
+}
+
+# -- set-up and summary ---------------------------------------------------------------------------------
+
+# The unit tests look for the source tree where it was built (DPT_SOURCE_DIR, compiled in: the shipped
+# configs) and for the data set in /usr/share/datasets/fashion-mnist (skipped when absent). Where these paths
+# do not exist here, point them at this checkout for the run: symbolic links, removed at exit, with any
+# folder made for them. GPU_CHECK_NO_LINKS=1: none (then test_config fails unless the paths match).
+make_link() {
+  local target=$1 link=$2 top d
+  if [ -e "$link" ] || [ -L "$link" ]; then return 0; fi
+  top=$(dirname "$link")
+  d=$top
+  while [ ! -e "$d" ]; do top=$d d=$(dirname "$d"); done
+  [ -e "$top" ] && top=""  # every parent existed
+  if ! { mkdir -p "$(dirname "$link")" && ln -s "$target" "$link"; }; then
+    log "could not make the temporary link $link"
+    return 0
+  fi
+  LINKS_MADE+=("$link|$top")
+  log "temporary link (removed at exit): $link -> $target"
+}
+
+remove_links() {
+  local entry link top d
+  for entry in "${LINKS_MADE[@]}"; do
+    link=${entry%%|*} top=${entry#*|}
+    rm -f "$link"
+    if [ -n "$top" ]; then  # remove the folders made for it, bottom up, up to the top one
+      d=$(dirname "$link")
+      while rmdir "$d" 2>/dev/null && [ "$d" != "$top" ]; do d=$(dirname "$d"); done
+    fi
+  done
+}
+
+make_compat_links() {
+  [ "${GPU_CHECK_NO_LINKS:-0}" != 1 ] || return 0
+  local src
+  src=$(info_get source_dir)
+  if [ -n "$src" ] && [ "$src" != "$ROOT" ]; then make_link "$ROOT" "$src"; fi
+  make_link "$ROOT/$BUNDLE/data" "$FMNIST_DIR"
+}
+
+header() {
+  log "gpu-check run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) in $ROOT, budget ${BUDGET}s"
+  log "bundle: $(info_get created), commit $(info_get git_head) (+$(info_get git_changed_files) changed files), cuda_build=$(info_get cuda_build)"
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi -L 2>&1 | tee -a "$MAIN_LOG" || true
+    log "driver: $(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>&1 | head -1)"
+  else
+    log "WARNING: no nvidia-smi here"
+  fi
+  local have need
+  have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
+  need=$(info_get glibc_needed)
+  log "glibc: ${have:-unknown} (bundle needs >= ${need:-?}); libstdc++ from $([ "$USING_COMPAT" = yes ] && echo "the bundle (the machine's is too old)" || echo "the machine")"
+  if [ -n "$have" ] && [ -n "$need" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then
+    log "WARNING: this glibc ($have) is older than the bundle needs ($need): the programs will not start"
+  fi
+  log "programs: $B_BIN ($(cd "$B_BIN" && echo *))"
+  log "LD_LIBRARY_PATH for them: $DPT_LD"
+  local nf
+  nf=$(env LD_LIBRARY_PATH="$DPT_LD" ldd "$B_BIN/dptrain" 2>&1 | grep 'not found' || true)
+  [ -z "$nf" ] || log "WARNING: dptrain's libraries not found: $(echo "$nf" | awk '{ print $1 }' | tr '\n' ' ')"
+  log "logs: $MAIN_LOG, one per step in $STEP_DIR/"
+}
+
+summary() {
+  local i failed=0 table
+  table=$(
+    echo "| step | result | time | note |"
+    echo "|---|---|---|---|"
+    for i in "${!STEP_NAMES[@]}"; do
+      echo "| ${STEP_NAMES[$i]} | ${STEP_RESULTS[$i]} | ${STEP_SECONDS[$i]}s | ${STEP_NOTES[$i]} |"
+    done
+  )
+  for i in "${!STEP_RESULTS[@]}"; do [ "${STEP_RESULTS[$i]}" = PASS ] || failed=$((failed + 1)); done
+  log ""
+  log "==== summary ($(($(date +%s) - START))s)"
+  log "$table"
+  echo "$table" >"$LOG_ROOT/gpu-check-summary.md"
+  if ((failed)); then
+    log "gpu-check: $failed of ${#STEP_NAMES[@]} steps FAILED"
+    return 1
+  fi
+  log "gpu-check: all ${#STEP_NAMES[@]} steps passed"
+}
+
+run_all() {
+  BUDGET=${GPU_CHECK_BUDGET_S:-480}
+  START=$(date +%s)
+  DEADLINE=$((START + BUDGET))
+  mkdir -p "$STEP_DIR" "$WORK"
+  : >"$MAIN_LOG"
+  unpack_bundle
+  setup_libpath
+  DPT_ENV=(env "LD_LIBRARY_PATH=$DPT_LD")
+  UNIT_ENV=("${DPT_ENV[@]}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1)  # as under ctest
+  header
+  trap remove_links EXIT
+  make_compat_links
+
+  run_step unit_gpu step_unit_gpu
+  local t units=()
+  for t in unit_core unit_models unit_comm unit_data unit_trainer unit_launcher; do
+    [ -x "$B_BIN/$t" ] && units+=("$t")
+  done
+  for t in "$B_BIN"/unit_*; do  # any other unit test program, in name order
+    t=$(basename "$t")
+    [[ $t == unit_gpu || " ${units[*]} " == *" $t "* ]] || units+=("$t")
+  done
+  for t in "${units[@]}"; do run_step "$t" step_unit "$t"; done
+  run_step train_cuda_nccl_1rank step_train_gpu
+  run_step train_cpu_1rank step_train_cpu
+  run_step compare_gpu_cpu step_compare
+  run_step train_cuda_gloo_2rank step_train_gloo2
+  run_step bench step_bench
+  summary
+}
+
+case ${1:-} in
+  bundle) bundle ;;
+  run) run_all ;;
+  unpack)
+    unpack_bundle
+    echo "unpacked into $B_BIN and $B_LIB; try: LD_LIBRARY_PATH=$(setup_libpath && echo "$DPT_LD") $B_BIN/dptrain --help"
+    ;;
+  libpath)
+    unpack_bundle
+    setup_libpath
+    echo "$DPT_LD"
+    ;;
+  *)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    exit 2
+    ;;
+esac

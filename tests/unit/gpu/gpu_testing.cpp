@@ -1,0 +1,83 @@
+// tests/unit/gpu/gpu_testing.cpp: the [gpu] tests' shared helpers (see gpu_testing.h).
+#include "gpu_testing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace dpt::gpu_test {
+
+Device gpu() { return Device::cuda(0); }
+
+Tensor random_floats(std::vector<int64_t> shape, std::mt19937& rng, float lo, float hi) {
+  Tensor t = Tensor::empty(std::move(shape));
+  std::uniform_real_distribution<float> dist(lo, hi);
+  float* p = t.data<float>();
+  for (size_t i = 0; i < t.numel(); ++i) p[i] = dist(rng);
+  return t;
+}
+
+Tensor filled(std::vector<int64_t> shape, float value) {
+  Tensor t = Tensor::empty(std::move(shape));
+  float* p = t.data<float>();
+  for (size_t i = 0; i < t.numel(); ++i) p[i] = value;
+  return t;
+}
+
+Tensor random_bytes(std::vector<int64_t> shape, DType dtype, std::mt19937& rng) {
+  Tensor t = Tensor::empty(std::move(shape), dtype);
+  std::uniform_int_distribution<int> dist(0, 255);
+  auto* p = static_cast<unsigned char*>(t.raw());
+  for (size_t i = 0; i < t.bytes(); ++i) p[i] = static_cast<unsigned char>(dist(rng));
+  return t;
+}
+
+Tensor copy_to(const Tensor& t, Device device) {
+  Tensor out = Tensor::empty(t.shape(), t.dtype(), device);
+  out.copy_from(t);  // no stream: synchronous, after everything already queued on the device
+  return out;
+}
+
+Tensor nan_on_device(std::vector<int64_t> shape) {
+  return to_device(filled(std::move(shape), std::numeric_limits<float>::quiet_NaN()));
+}
+
+Diff compare(const float* got, const float* want, size_t n, double abs, double rel, const double* scale) {
+  Diff d;
+  d.n = n;
+  double diff2 = 0.0, want2 = 0.0;
+  for (size_t i = 0; i < n; ++i) {
+    const double g = got[i], w = want[i];
+    const double e = std::abs(g - w);
+    if (!std::isfinite(g)) ++d.nonfinite;
+    const double allowed = abs + rel * (scale ? scale[i] : std::abs(w));
+    if (std::isfinite(e) && e > 0.0) d.max_ratio = std::max(d.max_ratio, allowed > 0.0 ? e / allowed : std::numeric_limits<double>::infinity());
+    if (!(e <= allowed)) {  // negated, so that NaN counts as bad
+      if (d.bad++ == 0) {
+        d.first_bad = i;
+        d.got_first_bad = got[i];
+        d.want_first_bad = want[i];
+      }
+    }
+    if (std::isfinite(e) && e > d.max_abs) d.max_abs = e;
+    diff2 += (g - w) * (g - w);
+    want2 += w * w;
+  }
+  d.rel_l2 = want2 > 0.0 ? std::sqrt(diff2 / want2) : std::sqrt(diff2);
+  return d;
+}
+
+std::ostream& operator<<(std::ostream& os, const Diff& d) {
+  // fmt prints the shortest representation that reads back exactly: a one-ulp difference stays visible.
+  os << fmt::format("n {}, bad {}", d.n, d.bad);
+  if (d.bad) os << fmt::format(" (first at {}: got {}, want {})", d.first_bad, d.got_first_bad, d.want_first_bad);
+  return os << fmt::format(", non-finite {}, max |diff| {} ({:.3g} of the tolerance), relative L2 {}", d.nonfinite,
+                           d.max_abs, d.max_ratio, d.rel_l2);
+}
+
+double rel_err(double got, double want) {
+  const double e = std::abs(got - want);
+  return want != 0.0 ? e / std::abs(want) : e;
+}
+
+}  // namespace dpt::gpu_test

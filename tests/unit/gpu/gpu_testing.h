@@ -1,0 +1,64 @@
+// tests/unit/gpu/gpu_testing.h: what the [gpu] tests share: the device under test, random host tensors from a
+// fixed-seed std::mt19937, explicit synchronous copies between host and device, NaN-poisoned output buffers,
+// and a comparison that says where two float arrays differ.
+//
+// Synchronisation: every CUDA kernel runs asynchronously on its kernel set's stream. to_host() copies with no
+// stream, which synchronises the whole device before the copy (core/cuda.cpp: cuda::memcpy), so the kernels
+// queued before it have finished when it returns. The tests read device results only through to_host().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <ostream>
+#include <random>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace dpt::gpu_test {
+
+// The device the [gpu] tests run on.
+Device gpu();
+
+// A host F32 tensor of uniform draws in [lo, hi).
+Tensor random_floats(std::vector<int64_t> shape, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f);
+// A host F32 tensor with every element `value`.
+Tensor filled(std::vector<int64_t> shape, float value);
+// A host tensor of `dtype` whose bytes are random (for copies, where only the bytes matter).
+Tensor random_bytes(std::vector<int64_t> shape, DType dtype, std::mt19937& rng);
+
+// A new tensor on `device` holding a copy of `t`; synchronous (complete when it returns). Unlike
+// Tensor::to, it always copies, even when `t` is already on `device`.
+Tensor copy_to(const Tensor& t, Device device);
+inline Tensor to_device(const Tensor& host) { return copy_to(host, gpu()); }
+inline Tensor to_host(const Tensor& t) { return copy_to(t, Device::cpu()); }
+// An F32 device tensor whose every element is NaN: an element a kernel should have written but did not stays
+// NaN, and fails any comparison.
+Tensor nan_on_device(std::vector<int64_t> shape);
+
+// How `got` differs from `want` (n elements each). Element i is bad unless |got - want| <= abs + rel * s_i, where
+// s_i is scale[i] when given (the magnitude the error of a sum scales with: the sum of its terms' absolute
+// values), else |want[i]|. NaN in `got` is always bad.
+struct Diff {
+  size_t n = 0;
+  size_t bad = 0;          // elements outside the tolerance given to compare()
+  size_t first_bad = 0;    // index of the first one
+  float got_first_bad = 0, want_first_bad = 0;
+  size_t nonfinite = 0;    // NaN or infinite elements of `got`
+  double max_abs = 0;      // largest finite |got - want|
+  double max_ratio = 0;    // largest finite |got - want| / allowed: how close to the tolerance (bad above 1)
+  double rel_l2 = 0;       // ||got - want|| / ||want|| (||got - want|| when want is all zeros); NaN if got has one
+};
+Diff compare(const float* got, const float* want, size_t n, double abs = 0.0, double rel = 0.0,
+             const double* scale = nullptr);
+inline Diff compare(const Tensor& got, const Tensor& want, double abs = 0.0, double rel = 0.0) {
+  DPT_CHECK(got.device().is_cpu() && want.device().is_cpu(), "compare host tensors");
+  DPT_CHECK_EQ(got.numel(), want.numel());
+  return compare(got.data<float>(), want.data<float>(), got.numel(), abs, rel);
+}
+std::ostream& operator<<(std::ostream& os, const Diff& d);
+
+// |got - want| / |want| for doubles, |got - want| when want is 0.
+double rel_err(double got, double want);
+
+}  // namespace dpt::gpu_test

@@ -1,0 +1,473 @@
+// tests/unit/gpu/test_cuda_kernels.cpp: the CUDA kernel set against the CPU kernel set, operation by operation,
+// on random inputs from fixed seeds and odd sizes (0 and 1 where the operation allows them). Outputs that a
+// kernel writes (rather than accumulates into) start as NaN on the device, so an element it skips fails.
+// Each test states its tolerance and why; "exact" means the same float operations in the same order.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gpu_testing.h"
+#include "models/kernels.h"
+
+using namespace dpt;
+using namespace dpt::models;
+using namespace dpt::gpu_test;
+
+namespace {
+
+Kernels& cpu_kernels() { return kernels_for(Device::cpu()); }
+Kernels& gpu_kernels() { return kernels_for(gpu()); }
+
+Tensor doubles(std::vector<double> v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::F64);
+  std::copy(v.begin(), v.end(), t.data<double>());
+  return t;
+}
+
+// Multiples of 1/16 in [-1, 1]: sums of up to 2^20 of them are exact in float (they stay multiples of 1/16
+// below 2^20), so every summation order gives the same bits.
+Tensor sixteenths(std::vector<int64_t> shape, std::mt19937& rng) {
+  Tensor t = Tensor::empty(std::move(shape));
+  std::uniform_int_distribution<int> dist(-16, 16);
+  for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(dist(rng)) / 16.0f;
+  return t;
+}
+
+// Softmax inputs whose row maxima are unique (the largest logit is 0.5 above the rest), so the argmax and the
+// hit count cannot depend on rounding. Labels are the argmax in every other row, a random class elsewhere.
+struct XentInputs {
+  Tensor logits, labels;
+};
+XentInputs xent_inputs(int64_t rows, int64_t cols, std::mt19937& rng) {
+  XentInputs in{random_floats({rows, cols}, rng, -4.0f, 4.0f), Tensor::empty({rows}, DType::I32)};
+  std::uniform_int_distribution<int32_t> cls(0, static_cast<int32_t>(cols - 1));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* z = in.logits.data<float>() + r * cols;
+    const int32_t top = cls(rng);
+    float zmax = z[0];
+    for (int64_t c = 1; c < cols; ++c) zmax = std::max(zmax, z[c]);
+    z[top] = zmax + 0.5f;
+    in.labels.data<int32_t>()[r] = r % 2 == 0 ? top : cls(rng);
+  }
+  return in;
+}
+
+}  // namespace
+
+// ---- gemm ----------------------------------------------------------------------------------------------------
+
+// Tolerance: each element within 1e-5 of the magnitude its rounding error scales with,
+// s = |alpha| sum_k |op(A)_ik op(B)_kj| + |beta C_ij| (K = 130 float products accumulate at most ~K * 2^-24 = 8e-6
+// of s, and in practice ~sqrt(K) * 2^-24); and, over the matrix, ||gpu - cpu|| / ||cpu|| < 1e-5. The relative
+// norm is skipped for a 1x1 result, where one cancelling sum makes ||cpu|| arbitrarily small. cuBLAS runs
+// in pedantic FP32 (no TF32), so it rounds like any FP32 BLAS, in another order.
+TEST_CASE("cuda gemm matches the CPU gemm for all transposes and odd shapes, alpha and beta not 0 or 1", "[gpu][kernels]") {
+  const bool ta = GENERATE(false, true);
+  const bool tb = GENERATE(false, true);
+  const int64_t M = GENERATE(as<int64_t>{}, 1, 7, 33, 130);
+  const int64_t N = GENERATE(as<int64_t>{}, 1, 7, 33, 130);
+  const int64_t K = GENERATE(as<int64_t>{}, 1, 7, 33, 130);
+  CAPTURE(ta, tb, M, N, K);
+  std::mt19937 rng(1);
+  // Row-major: op(A) is [M, K], so A is stored [M, K] (lda = K) or, transposed, [K, M] (lda = M); B likewise.
+  const Tensor A = ta ? random_floats({K, M}, rng) : random_floats({M, K}, rng);
+  const Tensor B = tb ? random_floats({N, K}, rng) : random_floats({K, N}, rng);
+  const Tensor C = random_floats({M, N}, rng);
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldc = N;
+  const float alpha = 0.7f, beta = 0.3f;
+
+  Tensor want = copy_to(C, Device::cpu());
+  cpu_kernels().gemm(ta, tb, M, N, K, alpha, A.data<float>(), lda, B.data<float>(), ldb, beta, want.data<float>(), ldc);
+  const Tensor dA = to_device(A), dB = to_device(B);
+  Tensor dC = to_device(C);
+  gpu_kernels().gemm(ta, tb, M, N, K, alpha, dA.data<float>(), lda, dB.data<float>(), ldb, beta, dC.data<float>(), ldc);
+  const Tensor got = to_host(dC);
+
+  std::vector<double> scale(static_cast<size_t>(M * N));
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0.0;
+      for (int64_t p = 0; p < K; ++p) {
+        const float a = ta ? A.data<float>()[p * lda + i] : A.data<float>()[i * lda + p];
+        const float b = tb ? B.data<float>()[j * ldb + p] : B.data<float>()[p * ldb + j];
+        s += std::abs(static_cast<double>(a) * b);
+      }
+      scale[static_cast<size_t>(i * N + j)] = alpha * s + beta * std::abs(C.data<float>()[i * ldc + j]);
+    }
+  const Diff d = compare(got.data<float>(), want.data<float>(), got.numel(), 0.0, 1e-5, scale.data());
+  INFO(d);
+  REQUIRE(d.nonfinite == 0);
+  REQUIRE(d.bad == 0);
+  if (M * N > 1) REQUIRE(d.rel_l2 < 1e-5);
+}
+
+// Row strides longer than the rows (a sub-matrix of a wider buffer): the padding of C must stay untouched, and
+// beta = 0 must not read C (it starts as NaN: BLAS semantics, which the layers rely on for fresh buffers).
+TEST_CASE("cuda gemm honours lda/ldb/ldc longer than the rows, and beta = 0 ignores C", "[gpu][kernels]") {
+  const bool ta = GENERATE(false, true);
+  const bool tb = GENERATE(false, true);
+  const float beta = GENERATE(0.0f, 0.3f);
+  CAPTURE(ta, tb, beta);
+  const int64_t M = 7, N = 33, K = 130;
+  const int64_t lda = (ta ? M : K) + 5, ldb = (tb ? K : N) + 3, ldc = N + 2;
+  std::mt19937 rng(2);
+  const Tensor A = random_floats({ta ? K : M, lda}, rng);
+  const Tensor B = random_floats({tb ? N : K, ldb}, rng);
+  Tensor C = random_floats({M, ldc}, rng);
+  constexpr float kPad = 12345.0f;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < ldc; ++j)
+      if (j >= N) C.data<float>()[i * ldc + j] = kPad;
+      else if (beta == 0.0f) C.data<float>()[i * ldc + j] = nan;
+
+  Tensor want = copy_to(C, Device::cpu());
+  cpu_kernels().gemm(ta, tb, M, N, K, 0.7f, A.data<float>(), lda, B.data<float>(), ldb, beta, want.data<float>(), ldc);
+  const Tensor dA = to_device(A), dB = to_device(B);
+  Tensor dC = to_device(C);
+  gpu_kernels().gemm(ta, tb, M, N, K, 0.7f, dA.data<float>(), lda, dB.data<float>(), ldb, beta, dC.data<float>(), ldc);
+  const Tensor got = to_host(dC);
+
+  size_t pad_changed = 0;
+  std::vector<float> g, w;  // the M x N result, without the padding
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const float x = got.data<float>()[i * ldc + j];
+      if (j >= N) {
+        pad_changed += x != kPad;
+      } else {
+        g.push_back(x);
+        w.push_back(want.data<float>()[i * ldc + j]);
+      }
+    }
+  REQUIRE(pad_changed == 0);
+  const Diff d = compare(g.data(), w.data(), g.size());
+  INFO(d);
+  REQUIRE(d.nonfinite == 0);
+  REQUIRE(d.rel_l2 < 1e-5);  // 231 elements, K = 130: see the test above
+}
+
+TEST_CASE("cuda gemm with M = 0 or N = 0 is a no-op", "[gpu][kernels]") {
+  const Tensor A = to_device(filled({4}, 1.0f)), B = to_device(filled({4}, 1.0f));
+  Tensor C = to_device(filled({4}, 5.0f));
+  gpu_kernels().gemm(false, false, 0, 2, 2, 1.0f, A.data<float>(), 2, B.data<float>(), 2, 0.0f, C.data<float>(), 2);
+  gpu_kernels().gemm(false, false, 2, 0, 2, 1.0f, A.data<float>(), 2, B.data<float>(), 1, 0.0f, C.data<float>(), 1);
+  const Diff d = compare(to_host(C), filled({4}, 5.0f));
+  INFO(d);
+  REQUIRE(d.bad == 0);
+}
+
+// ---- bias_act, bias_grad_accumulate, relu_backward -----------------------------------------------------------
+
+// Exact: one float addition and one comparison per element, the same code (elementwise::bias_act) on both sides.
+TEST_CASE("cuda bias_act matches the CPU exactly, with and without relu, out of place and in place", "[gpu][kernels]") {
+  const int64_t rows = GENERATE(as<int64_t>{}, 0, 1, 7, 64, 129);
+  const int64_t cols = GENERATE(as<int64_t>{}, 1, 7, 64, 129);
+  const bool relu = GENERATE(false, true);
+  CAPTURE(rows, cols, relu);
+  std::mt19937 rng(3);
+  const Tensor x = random_floats({rows, cols}, rng), bias = random_floats({cols}, rng);
+  Tensor want = Tensor::empty({rows, cols});
+  cpu_kernels().bias_act(x.data<float>(), bias.data<float>(), want.data<float>(), rows, cols, relu);
+  Tensor dx = to_device(x);
+  const Tensor dbias = to_device(bias);
+
+  SECTION("out of place, into a NaN-filled output") {
+    Tensor dy = nan_on_device({rows, cols});
+    gpu_kernels().bias_act(dx.data<float>(), dbias.data<float>(), dy.data<float>(), rows, cols, relu);
+    const Diff d = compare(to_host(dy), want);
+    INFO(d);
+    REQUIRE(d.bad == 0);
+    // The input is untouched.
+    REQUIRE(compare(to_host(dx), x).bad == 0);
+  }
+  SECTION("in place (x == y)") {
+    gpu_kernels().bias_act(dx.data<float>(), dbias.data<float>(), dx.data<float>(), rows, cols, relu);
+    const Diff d = compare(to_host(dx), want);
+    INFO(d);
+    REQUIRE(d.bad == 0);
+  }
+}
+
+// db[c] += sum_r dy[r, c]. The GPU sums each column in 32 row-strided partials, then the partials; the CPU
+// row by row. Random floats: within 1e-6 of s_c = |db[c]| + sum_r |dy[r, c]| (the sums' rounding error is
+// ~sqrt(rows) * 2^-24 of s_c, ~2e-6 of it at worst realistic for 1000 rows... in practice 100x below 1e-6).
+// Multiples of 1/16: every partial sum is exact, so the two must agree bit for bit; that also shows every row
+// of every column counted exactly once.
+TEST_CASE("cuda bias_grad_accumulate adds the column sums into db like the CPU", "[gpu][kernels]") {
+  const int64_t rows = GENERATE(as<int64_t>{}, 0, 1, 7, 33, 1000);
+  const int64_t cols = GENERATE(as<int64_t>{}, 1, 31, 33, 512);
+  CAPTURE(rows, cols);
+  std::mt19937 rng(4);
+
+  SECTION("random floats, accumulating into a nonzero db") {
+    const Tensor dy = random_floats({rows, cols}, rng), db0 = random_floats({cols}, rng);
+    Tensor want = copy_to(db0, Device::cpu());
+    cpu_kernels().bias_grad_accumulate(dy.data<float>(), want.data<float>(), rows, cols);
+    const Tensor ddy = to_device(dy);
+    Tensor ddb = to_device(db0);
+    gpu_kernels().bias_grad_accumulate(ddy.data<float>(), ddb.data<float>(), rows, cols);
+    std::vector<double> scale(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols; ++c) {
+      double s = std::abs(db0.data<float>()[c]);
+      for (int64_t r = 0; r < rows; ++r) s += std::abs(dy.data<float>()[r * cols + c]);
+      scale[static_cast<size_t>(c)] = s;
+    }
+    const Tensor got = to_host(ddb);
+    const Diff d = compare(got.data<float>(), want.data<float>(), got.numel(), 0.0, 1e-6, scale.data());
+    INFO(d);
+    REQUIRE(d.bad == 0);
+  }
+  SECTION("multiples of 1/16: exact in any order") {
+    const Tensor dy = sixteenths({rows, cols}, rng), db0 = sixteenths({cols}, rng);
+    Tensor want = copy_to(db0, Device::cpu());
+    cpu_kernels().bias_grad_accumulate(dy.data<float>(), want.data<float>(), rows, cols);
+    const Tensor ddy = to_device(dy);
+    Tensor ddb = to_device(db0);
+    gpu_kernels().bias_grad_accumulate(ddy.data<float>(), ddb.data<float>(), rows, cols);
+    const Diff d = compare(to_host(ddb), want);
+    INFO(d);
+    REQUIRE(d.bad == 0);
+  }
+}
+
+// Exact: a comparison and a select per element. Every fifth y is exactly 0 (the boundary: y > 0 is false).
+TEST_CASE("cuda relu_backward matches the CPU exactly, also with dx aliasing dy", "[gpu][kernels]") {
+  const size_t n = GENERATE(as<size_t>{}, 0, 1, 7, 1000, 100003);
+  CAPTURE(n);
+  std::mt19937 rng(5);
+  const auto len = static_cast<int64_t>(n);
+  Tensor y = random_floats({len}, rng);
+  for (size_t i = 0; i < n; i += 5) y.data<float>()[i] = 0.0f;
+  const Tensor dy = random_floats({len}, rng);
+  Tensor want = Tensor::empty({len});
+  cpu_kernels().relu_backward(y.data<float>(), dy.data<float>(), want.data<float>(), n);
+  const Tensor dev_y = to_device(y);
+  Tensor dev_dy = to_device(dy);
+
+  SECTION("into a NaN-filled dx") {
+    Tensor dx = nan_on_device({len});
+    gpu_kernels().relu_backward(dev_y.data<float>(), dev_dy.data<float>(), dx.data<float>(), n);
+    const Diff d = compare(to_host(dx), want);
+    INFO(d);
+    REQUIRE(d.bad == 0);
+  }
+  SECTION("in place: dx == dy") {
+    gpu_kernels().relu_backward(dev_y.data<float>(), dev_dy.data<float>(), dev_dy.data<float>(), n);
+    const Diff d = compare(to_host(dev_dy), want);
+    INFO(d);
+    REQUIRE(d.bad == 0);
+  }
+}
+
+// ---- softmax cross-entropy -----------------------------------------------------------------------------------
+
+// The GPU computes each row's loss in float (one warp per row), the CPU in double; the batch sums are doubles on
+// both. Tolerances: the loss sum within 1e-5 relative (a row's float loss is off by ~1e-6 at most, against a
+// sum >= the starting 1.5); the hit count exactly (unique maxima, see xent_inputs); dlogits within 1e-6
+// absolute (p = exp(z - max - log_sum) carries log_sum's float error, a few 1e-7 relative; |dlogit| <= 1).
+// stats start at {1.5, 2}: the kernel must add to them, not overwrite them.
+TEST_CASE("cuda softmax_xent matches the CPU: loss sum, hits, dlogits; stats accumulate", "[gpu][kernels]") {
+  const int64_t rows = GENERATE(as<int64_t>{}, 0, 1, 7, 64, 1000);
+  const int64_t cols = GENERATE(as<int64_t>{}, 1, 10, 33, 100);
+  const bool with_grad = GENERATE(false, true);
+  CAPTURE(rows, cols, with_grad);
+  std::mt19937 rng(6);
+  const XentInputs in = xent_inputs(rows, cols, rng);
+  const Tensor stats0 = doubles({1.5, 2.0});
+
+  Tensor want_stats = copy_to(stats0, Device::cpu());
+  Tensor want_d = Tensor::empty({rows, cols});
+  cpu_kernels().softmax_xent(in.logits.data<float>(), in.labels.data<int32_t>(),
+                             with_grad ? want_d.data<float>() : nullptr, rows, cols, want_stats.data<double>());
+
+  const Tensor logits = to_device(in.logits), labels = to_device(in.labels);
+  Tensor stats = to_device(stats0);
+  Tensor dlogits = nan_on_device({rows, cols});
+  gpu_kernels().softmax_xent(logits.data<float>(), labels.data<int32_t>(), with_grad ? dlogits.data<float>() : nullptr,
+                             rows, cols, stats.data<double>());
+  const Tensor got_stats = to_host(stats);
+  const double* got = got_stats.data<double>();
+  const double* want = want_stats.data<double>();
+  INFO("loss sum: gpu " << got[0] << ", cpu " << want[0] << "; hits + 2: gpu " << got[1] << ", cpu " << want[1]);
+  REQUIRE(rel_err(got[0], want[0]) < 1e-5);
+  REQUIRE(got[1] == want[1]);
+  if (with_grad) {
+    const Diff d = compare(to_host(dlogits), want_d, 1e-6);
+    INFO("dlogits: " << d);
+    REQUIRE(d.bad == 0);
+  }
+}
+
+TEST_CASE("cuda softmax_xent: a label out of range makes the loss NaN (the CPU throws)", "[gpu][kernels]") {
+  const int32_t bad_label = GENERATE(-1, 10, 1000);
+  CAPTURE(bad_label);
+  const int64_t rows = 7, cols = 10;
+  std::mt19937 rng(7);
+  XentInputs in = xent_inputs(rows, cols, rng);
+  in.labels.data<int32_t>()[3] = bad_label;
+
+  Tensor host_stats = doubles({1.5, 2.0});
+  REQUIRE_THROWS_AS(cpu_kernels().softmax_xent(in.logits.data<float>(), in.labels.data<int32_t>(), nullptr, rows, cols,
+                                               host_stats.data<double>()),
+                    InternalError);
+
+  const Tensor logits = to_device(in.logits), labels = to_device(in.labels);
+  Tensor stats = to_device(doubles({1.5, 2.0}));
+  Tensor dlogits = nan_on_device({rows, cols});
+  gpu_kernels().softmax_xent(logits.data<float>(), labels.data<int32_t>(), dlogits.data<float>(), rows, cols,
+                             stats.data<double>());
+  const Tensor got = to_host(stats);
+  INFO("stats: " << got.data<double>()[0] << ", " << got.data<double>()[1]);
+  REQUIRE(std::isnan(got.data<double>()[0]));
+}
+
+// ---- optimizer updates ---------------------------------------------------------------------------------------
+
+// The per-element arithmetic is shared (elementwise.h), but nvcc contracts a * b + c into one fused multiply-add
+// and g++ (x86-64, no -mfma) does not, so the two differ by a few roundings of values of magnitude <= ~4.
+// Tolerance: |gpu - cpu| <= 1e-6 + 1e-6 * |cpu| for parameters and momentum buffers, after each of 3 steps.
+TEST_CASE("cuda sgd_update matches the CPU: momentum 0 and 0.9, nesterov, weight decay, first step", "[gpu][kernels]") {
+  const size_t n = GENERATE(as<size_t>{}, 1, 1000, 100003);
+  const float momentum = GENERATE(0.0f, 0.9f);
+  const bool nesterov = GENERATE(false, true);
+  const float weight_decay = GENERATE(0.0f, 1e-2f);
+  const bool first_step = GENERATE(true, false);
+  CAPTURE(n, momentum, nesterov, weight_decay, first_step);
+  std::mt19937 rng(8);
+  const auto len = static_cast<int64_t>(n);
+  Tensor param = random_floats({len}, rng), buf = random_floats({len}, rng);  // buf matters unless first_step
+  Tensor dparam = to_device(param), dbuf = to_device(buf);
+  float* hb = momentum != 0.0f ? buf.data<float>() : nullptr;  // no momentum: no buffer at all
+  float* db = momentum != 0.0f ? dbuf.data<float>() : nullptr;
+  SgdParams sp{.lr = 0.1f, .momentum = momentum, .weight_decay = weight_decay, .nesterov = nesterov,
+               .first_step = first_step};
+  for (int step = 0; step < 3; ++step) {
+    CAPTURE(step);
+    const Tensor grad = random_floats({len}, rng);
+    const Tensor dgrad = to_device(grad);
+    cpu_kernels().sgd_update(param.data<float>(), grad.data<float>(), hb, n, sp);
+    gpu_kernels().sgd_update(dparam.data<float>(), dgrad.data<float>(), db, n, sp);
+    const Diff dp = compare(to_host(dparam), param, 1e-6, 1e-6);
+    INFO("param: " << dp);
+    REQUIRE(dp.bad == 0);
+    if (momentum != 0.0f) {
+      const Diff dm = compare(to_host(dbuf), buf, 1e-6, 1e-6);
+      INFO("momentum buffer: " << dm);
+      REQUIRE(dm.bad == 0);
+    }
+    sp.first_step = false;
+  }
+}
+
+// Ten steps, so the bias corrections change (step 1: m / sqrt(v) is sign(g); step 10: a mix). Tolerance as for
+// SGD (fused multiply-adds on the GPU): parameters and m within 1e-6 + 1e-6 |cpu|; v (a sum of squares, no
+// cancellation) within 1e-5 relative.
+TEST_CASE("cuda adamw_update matches the CPU from step 1 to step 10", "[gpu][kernels]") {
+  const size_t n = GENERATE(as<size_t>{}, 1, 1000, 100003);
+  CAPTURE(n);
+  std::mt19937 rng(9);
+  const auto len = static_cast<int64_t>(n);
+  Tensor param = random_floats({len}, rng), m = filled({len}, 0.0f), v = filled({len}, 0.0f);
+  Tensor dparam = to_device(param), dm = to_device(m), dv = to_device(v);
+  AdamWParams ap{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 1};
+  for (int64_t step = 1; step <= 10; ++step) {
+    CAPTURE(step);
+    ap.step = step;
+    const Tensor grad = random_floats({len}, rng);
+    const Tensor dgrad = to_device(grad);
+    cpu_kernels().adamw_update(param.data<float>(), grad.data<float>(), m.data<float>(), v.data<float>(), n, ap);
+    gpu_kernels().adamw_update(dparam.data<float>(), dgrad.data<float>(), dm.data<float>(), dv.data<float>(), n, ap);
+    const Diff d_param = compare(to_host(dparam), param, 1e-6, 1e-6);
+    const Diff d_m = compare(to_host(dm), m, 1e-6, 1e-6);
+    const Diff d_v = compare(to_host(dv), v, 0.0, 1e-5);
+    INFO("param: " << d_param << "\nm: " << d_m << "\nv: " << d_v);
+    REQUIRE(d_param.bad == 0);
+    REQUIRE(d_m.bad == 0);
+    REQUIRE(d_v.bad == 0);
+  }
+}
+
+// ---- scale, sum_squares --------------------------------------------------------------------------------------
+
+TEST_CASE("cuda scale matches the CPU exactly (one rounded product per element)", "[gpu][kernels]") {
+  const size_t n = GENERATE(as<size_t>{}, 0, 1, 1000, (1u << 20) + 3);
+  CAPTURE(n);
+  std::mt19937 rng(10);
+  const Tensor x = random_floats({static_cast<int64_t>(n)}, rng);
+  Tensor want = copy_to(x, Device::cpu());
+  cpu_kernels().scale(want.data<float>(), n, 0.37f);
+  Tensor dx = to_device(x);
+  gpu_kernels().scale(dx.data<float>(), n, 0.37f);
+  const Diff d = compare(to_host(dx), want);
+  INFO(d);
+  REQUIRE(d.bad == 0);
+}
+
+// Both accumulate exact double products (a float squared fits in a double); only the order of the additions
+// differs (the CPU sequentially, the GPU in 65536 strided partials then a tree). Sequential rounding of n
+// positive terms drifts by ~2^-53 * sqrt(n / 3) relative (6.5e-14 for n = 2^20) and by at most n * 2^-53
+// (1.2e-10): the tolerance, 1e-12, is 15 standard deviations of the expected difference. Values that are all
+// 0.5 make every partial sum exact: then the result is n / 4 exactly, whatever the order.
+TEST_CASE("cuda sum_squares matches the CPU and returns (not accumulates) the sum", "[gpu][kernels]") {
+  const size_t n = GENERATE(as<size_t>{}, 0, 1, 1000, (1u << 20) + 3);
+  CAPTURE(n);
+  std::mt19937 rng(11);
+  const auto len = static_cast<int64_t>(n);
+  const Tensor x = random_floats({len}, rng);
+  const double want = cpu_kernels().sum_squares(x.data<float>(), n);
+  const Tensor dx = to_device(x);
+  const double got = gpu_kernels().sum_squares(dx.data<float>(), n);
+  INFO("gpu " << got << ", cpu " << want);
+  if (n == 0) {
+    REQUIRE(got == 0.0);
+    REQUIRE(want == 0.0);
+  } else {
+    REQUIRE(rel_err(got, want) < 1e-12);
+  }
+  REQUIRE(gpu_kernels().sum_squares(dx.data<float>(), n) == got);  // a second call: the same, not twice
+
+  const Tensor halves = to_device(filled({len}, 0.5f));
+  REQUIRE(gpu_kernels().sum_squares(halves.data<float>(), n) == 0.25 * static_cast<double>(n));
+}
+
+// ---- determinism ---------------------------------------------------------------------------------------------
+
+// The loss statistics and the bias gradients are reduced in a fixed order, without atomics, so a rerun on the
+// same inputs gives the same bits (what makes two ranks, or two runs, agree).
+TEST_CASE("cuda softmax_xent, bias_grad_accumulate and sum_squares are bitwise deterministic", "[gpu][kernels]") {
+  std::mt19937 rng(12);
+  Kernels& k = gpu_kernels();
+
+  const int64_t rows = 1000, cols = 100;
+  const XentInputs in = xent_inputs(rows, cols, rng);
+  const Tensor logits = to_device(in.logits), labels = to_device(in.labels);
+  Tensor stats[2], dlogits[2];
+  for (int run = 0; run < 2; ++run) {
+    stats[run] = to_device(doubles({1.5, 2.0}));
+    dlogits[run] = nan_on_device({rows, cols});
+    k.softmax_xent(logits.data<float>(), labels.data<int32_t>(), dlogits[run].data<float>(), rows, cols,
+                   stats[run].data<double>());
+  }
+  const Tensor s0 = to_host(stats[0]), s1 = to_host(stats[1]);
+  REQUIRE(std::memcmp(s0.raw(), s1.raw(), s0.bytes()) == 0);
+  const Tensor d0 = to_host(dlogits[0]), d1 = to_host(dlogits[1]);
+  REQUIRE(std::memcmp(d0.raw(), d1.raw(), d0.bytes()) == 0);
+
+  const int64_t grad_rows = 1000, grad_cols = 512;
+  const Tensor dy = to_device(random_floats({grad_rows, grad_cols}, rng));
+  const Tensor db0 = random_floats({grad_cols}, rng);
+  Tensor db[2] = {to_device(db0), to_device(db0)};
+  for (Tensor& t : db) k.bias_grad_accumulate(dy.data<float>(), t.data<float>(), grad_rows, grad_cols);
+  const Tensor b0 = to_host(db[0]), b1 = to_host(db[1]);
+  REQUIRE(std::memcmp(b0.raw(), b1.raw(), b0.bytes()) == 0);
+
+  const Tensor x = to_device(random_floats({(1 << 20) + 3}, rng));
+  const double first = k.sum_squares(x.data<float>(), x.numel());
+  REQUIRE(k.sum_squares(x.data<float>(), x.numel()) == first);
+}
