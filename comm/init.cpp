@@ -30,7 +30,7 @@ std::string resolve_backend(const std::string& requested, const DistEnv& env, De
   if (name == "gloo" || name == "mpi") return name;
   if (name == "nccl") {
     if (!cuda::built())
-      DPT_THROW(UnsupportedError, "backend nccl needs CUDA, and this dptrain was built without it; use gloo or mpi");
+      DPT_THROW(ConfigError, "backend nccl needs CUDA, and this dptrain was built without it; use gloo or mpi");
     if (!device.is_cuda())
       DPT_THROW(ConfigError, "dist.backend = nccl needs a GPU, and this rank runs on {}{}; use dist.backend = auto, gloo "
                 "or mpi", device.str(), device_count == 0 ? " (" + cuda::unavailable_reason() + ")" : "");

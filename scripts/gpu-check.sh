@@ -17,7 +17,7 @@
 #   scripts/gpu-check.sh libpath   print the LD_LIBRARY_PATH the bundled programs need on this machine
 #
 # Environment: DPT_BUILD_DIR (default build), DPT_SKIP_BUILD=1 (bundle what is built), GPU_CHECK_BUDGET_S
-# (run: seconds for all the steps, default 480), GPU_CHECK_LOSS_TOL / GPU_CHECK_ACC_TOL (default 0.01),
+# (run: seconds for all the steps, default 450; the run ends within ~8 minutes), GPU_CHECK_LOSS_TOL / GPU_CHECK_ACC_TOL (default 0.01),
 # GPU_CHECK_NO_LINKS=1 (run: make no temporary links, see make_compat_links).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -268,24 +268,30 @@ STEP_RESULTS=()
 STEP_SECONDS=()
 STEP_NOTES=()
 NOTE=""
+RUN_STATUS=""
 LINKS_MADE=()
 
 log() { printf '%s\n' "$*" | tee -a "$MAIN_LOG"; }
 
 # run_timed LOGFILE LIMIT_S CMD...: runs CMD, its output appended to LOGFILE, under LIMIT_S seconds or what is
-# left of the budget if less. Returns CMD's exit status (124: timed out; also when no time was left).
+# left of the budget if less. Returns CMD's exit status (124: timed out; also when no time was left, and
+# then RUN_STATUS says which).
 run_timed() {
   local logfile=$1 limit=$2 left rc=0
   shift 2
   left=$((DEADLINE - $(date +%s) - 10))
   if ((left < 15)); then
-    echo "not started: the budget (GPU_CHECK_BUDGET_S=$BUDGET) is spent" >>"$logfile"
+    RUN_STATUS="not started: the budget (GPU_CHECK_BUDGET_S=$BUDGET) is spent"
+    echo "$RUN_STATUS" >>"$logfile"
     return 124
   fi
   ((limit <= left)) || limit=$left
   echo "\$ $* (timeout ${limit}s)" >>"$logfile"
   timeout -k 10 "$limit" "$@" >>"$logfile" 2>&1 </dev/null || rc=$?
-  ((rc != 124 && rc != 137)) || echo "TIMED OUT after ${limit}s" >>"$logfile"
+  if ((rc == 124 || rc == 137)); then
+    RUN_STATUS="TIMED OUT after ${limit}s"
+    echo "$RUN_STATUS" >>"$logfile"
+  fi
   echo "exit status $rc" >>"$logfile"
   return "$rc"
 }
@@ -298,10 +304,12 @@ run_step() {
   local logfile=$STEP_DIR/$name.log
   : >"$logfile"
   NOTE=""
+  RUN_STATUS=""
   start=$(date +%s)
   log ""
   log "==== $name"
   if "$fn" "$logfile" "$@"; then result=PASS; else result=FAIL; fi
+  [ -z "$RUN_STATUS" ] || NOTE="$RUN_STATUS; $NOTE"
   local took=$(($(date +%s) - start))
   {
     echo "---- $name: output ($logfile)"
@@ -327,6 +335,10 @@ progress_losses() {  # "STEP LOSS" per progress line
   grep -oE 'step [0-9]+/[0-9]+ loss [-0-9.eE+]+' "$1" | awk '{ split($2, s, "/"); print s[1], $4 }' || true
 }
 absdiff_below() { awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < t) }'; }
+first_error() {  # ": " and the first error line of a log, shortened, when there is one
+  grep -m1 -E '\[(error|critical)\]|error:|Error' "$1" | sed -E 's/^(\[rank [0-9]+\] )?\[[0-9:.]+\] //' |
+    cut -c1-160 | sed 's/^/: /; s/|/\//g' || true
+}
 catch2_summary() { grep -E 'All tests passed|test cases:|No tests ran' "$1" | tail -1 || true; }
 
 # -- the steps ------------------------------------------------------------------------------------------
@@ -344,7 +356,7 @@ step_unit_gpu() {
       NOTE="exit 77: unit_gpu found NO usable GPU on a machine that must have one (driver? see nvidia-smi above)"
       log "!!!!!!!! unit_gpu: NO GPU FOUND (exit 77) !!!!!!!!"
       ;;
-    124 | 137) NOTE="timed out" ;;
+    124 | 137) ;;  # RUN_STATUS says it
     *) NOTE="exit $rc: $(catch2_summary "$logfile")" ;;
   esac
   return $((rc != 0))
@@ -354,7 +366,6 @@ step_unit() {
   local logfile=$1 exe=$2 rc=0
   run_timed "$logfile" 60 "${UNIT_ENV[@]}" "$B_BIN/$exe" || rc=$?
   NOTE=$(catch2_summary "$logfile")
-  ((rc != 124 && rc != 137)) || NOTE="timed out"
   ((rc == 0)) || NOTE="exit $rc: $NOTE"
   return $((rc != 0))
 }
@@ -367,7 +378,7 @@ train_1rank() {
     train.progress_interval_s=0.001 "checkpoint.dir=$ckpt" --resume never || rc=$?
   line=$(last_epoch_line "$logfile")
   if ((rc != 0)); then
-    NOTE="exit $rc"
+    NOTE="exit $rc$(first_error "$logfile")"
     return 1
   fi
   if [ -z "$line" ]; then
@@ -421,6 +432,7 @@ step_train_gloo2() {
   line=$(last_epoch_line "$logfile")
   acc=$(field "$line" test_acc)
   NOTE="exit $rc, test_acc ${acc:-none} (must be > 0.8)"
+  ((rc == 0)) || NOTE+=$(first_error "$logfile")
   ((rc == 0)) && [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a > 0.8) }'
 }
 
@@ -525,7 +537,7 @@ summary() {
 }
 
 run_all() {
-  BUDGET=${GPU_CHECK_BUDGET_S:-480}
+  BUDGET=${GPU_CHECK_BUDGET_S:-450}
   START=$(date +%s)
   DEADLINE=$((START + BUDGET))
   mkdir -p "$STEP_DIR" "$WORK"

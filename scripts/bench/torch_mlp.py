@@ -96,8 +96,8 @@ def main():
     x_test, y_test = load(args.data, False)
     n, batch = x_train.shape[0], args.batch_size
     # The epoch's shuffled copy, pinned so that the per-step host-to-device copies are asynchronous.
-    xs = torch.empty_like(x_train, pin_memory=cuda)
-    ys = torch.empty_like(y_train, pin_memory=cuda)
+    xs = torch.empty(x_train.shape, dtype=x_train.dtype, pin_memory=cuda)
+    ys = torch.empty(y_train.shape, dtype=y_train.dtype, pin_memory=cuda)
     x_test, y_test = x_test.to(dev), y_test.to(dev)
 
     model = mlp([int(h) for h in args.hidden.split(",") if h]).to(dev)
@@ -119,6 +119,8 @@ def main():
         perm = torch.randperm(n, generator=gen)
         torch.index_select(x_train, 0, perm, out=xs)
         torch.index_select(y_train, 0, perm, out=ys)
+        if cuda and not (xs.is_pinned() and ys.is_pinned()):  # out= keeps the storage; never seen otherwise
+            xs, ys = xs.pin_memory(), ys.pin_memory()
         model.train()
         loss_sum = torch.zeros((), device=dev)
         seen = steps = 0

@@ -30,7 +30,7 @@ TEST_CASE("resolve_backend", "[init]") {
                          return m.find("'tcp'") != std::string::npos && m.find("auto, gloo, mpi") != std::string::npos;
                        }));
   if (!cuda::built()) {
-    CHECK_THROWS_AS(resolve_backend("nccl", plain), UnsupportedError);
+    CHECK_THROWS_AS(resolve_backend("nccl", plain), ConfigError);
   } else {
     CHECK_THROWS_WITH(resolve_backend("nccl", plain), Contains("needs a GPU") && Contains("this rank runs on cpu"));
   }

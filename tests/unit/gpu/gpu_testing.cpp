@@ -51,7 +51,8 @@ Diff compare(const float* got, const float* want, size_t n, double abs, double r
     const double e = std::abs(g - w);
     if (!std::isfinite(g)) ++d.nonfinite;
     const double allowed = abs + rel * (scale ? scale[i] : std::abs(w));
-    if (std::isfinite(e) && e > 0.0) d.max_ratio = std::max(d.max_ratio, allowed > 0.0 ? e / allowed : std::numeric_limits<double>::infinity());
+    if (std::isfinite(e) && e > 0.0)
+      d.max_ratio = std::max(d.max_ratio, allowed > 0.0 ? e / allowed : std::numeric_limits<double>::infinity());
     if (!(e <= allowed)) {  // negated, so that NaN counts as bad
       if (d.bad++ == 0) {
         d.first_bad = i;
