@@ -260,7 +260,19 @@ NcclProcessGroup::~NcclProcessGroup() {
   }
 }
 
+// Host tensors (the trainer's small bookkeeping reductions: loss sums, the resume step) take a round trip
+// through the device: copied over, reduced, copied back before the call returns.
+template <class F>
+std::shared_ptr<Work> via_device(int device, Tensor& host, F&& collective) {
+  Tensor on_device = host.to(Device::cuda(device));
+  collective(on_device)->wait(kNoTimeout);
+  host.copy_from(on_device);
+  return std::make_shared<CompletedWork>();
+}
+
 std::shared_ptr<Work> NcclProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
+  if (tensor.device().is_cpu())
+    return via_device(impl_->device, tensor, [&](Tensor& t) { return allreduce(t, {.op = opts.op}); });
   check_device_tensor(*impl_, "allreduce", tensor);
   detail::check_reduce_dtype(backend(), "allreduce", tensor, opts.op);
   const std::string what = fmt::format("allreduce({}) of {} {}", reduce_op_name(opts.op), tensor.numel(),
@@ -273,6 +285,8 @@ std::shared_ptr<Work> NcclProcessGroup::allreduce(Tensor& tensor, const Allreduc
 }
 
 std::shared_ptr<Work> NcclProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
+  if (tensor.device().is_cpu())
+    return via_device(impl_->device, tensor, [&](Tensor& t) { return broadcast(t, {.root = opts.root}); });
   check_device_tensor(*impl_, "broadcast", tensor);
   detail::check_root(backend(), opts.root, size());
   const std::string what = fmt::format("broadcast from rank {} of {} {}", opts.root, tensor.numel(),

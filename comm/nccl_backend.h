@@ -9,6 +9,9 @@
 // so nothing waits on it forever, records why, and calls NcclOptions::on_fatal (main() ends the process
 // there, so the launcher tears the job down). Every later call throws CommError with that reason. Errors
 // carry NCCL's own message and the rank.
+//
+// allreduce and broadcast also take host tensors, for small bookkeeping values: they go to the device and
+// back, and the call returns when they are done. The other collectives need tensors on this rank's GPU.
 #pragma once
 
 #include <chrono>

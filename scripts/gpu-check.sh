@@ -174,7 +174,7 @@ bundle() {
 # unpack / libpath (GPU machine)
 # --------------------------------------------------------------------------------------------------------
 
-info_get() { sed -n "s/^$1=//p" "$BUNDLE/BUNDLE_INFO" 2>/dev/null | head -1; }
+info_get() { sed -n "s/^$1=//p" "$BUNDLE/BUNDLE_INFO" 2>/dev/null | head -1 || true; }
 
 # Unpacks the payload into .gpu-bundle/{bin,lib} (into $TMPDIR when .gpu-bundle is not writable), once per
 # payload. Sets B_DIR, B_BIN, B_LIB.
@@ -231,7 +231,7 @@ for r in roots:
 EOF
     fi
   } | while read -r d; do
-    [ -d "$d" ] && readlink -f "$d"
+    if [ -d "$d" ]; then readlink -f "$d"; fi
   done | awk '!seen[$0]++'
 }
 
@@ -492,7 +492,7 @@ make_compat_links() {
 }
 
 header() {
-  log "gpu-check run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on $(hostname) in $ROOT, budget ${BUDGET}s"
+  log "gpu-check run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on ${HOSTNAME:-?} in $ROOT, budget ${BUDGET}s"
   log "bundle: $(info_get created), commit $(info_get git_head) (+$(info_get git_changed_files) changed files), cuda_build=$(info_get cuda_build)"
   if command -v nvidia-smi >/dev/null 2>&1; then
     nvidia-smi -L 2>&1 | tee -a "$MAIN_LOG" || true
@@ -501,7 +501,7 @@ header() {
     log "WARNING: no nvidia-smi here"
   fi
   local have need
-  have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
+  have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }' || true)
   need=$(info_get glibc_needed)
   log "glibc: ${have:-unknown} (bundle needs >= ${need:-?}); libstdc++ from $([ "$USING_COMPAT" = yes ] && echo "the bundle (the machine's is too old)" || echo "the machine")"
   if [ -n "$have" ] && [ -n "$need" ] && [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -1)" != "$need" ]; then

@@ -3,7 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <algorithm>
 #include <numeric>
+#include <set>
 #include <thread>
 
 #include "core/check.h"
@@ -271,4 +273,32 @@ TEST_CASE("SyntheticDataset is deterministic, in range and learnable", "[data][s
   REQUIRE_THROWS_AS(SyntheticDataset(10, 0, 2, 1), ConfigError);
   REQUIRE_THROWS_AS(SyntheticDataset(10, 4, 0, 1), ConfigError);
   REQUIRE_THROWS_AS(a.get(1000, xa.data()), InternalError);
+}
+
+TEST_CASE("recycled batches are refilled in place, partial last batches included", "[data][loader]") {
+  SyntheticDataset ds(37, 5, 4, 7);
+  std::vector<size_t> order(37);
+  std::iota(order.begin(), order.end(), 0);
+  std::reverse(order.begin(), order.end());
+  // pin_memory asks for page-locked buffers; without a GPU they are plain host memory, with the same reuse.
+  Loader loader(ds, order, {.batch_size = 8, .drop_last = false, .prefetch = 1, .pin_memory = true});
+  std::set<const void*> buffers;
+  std::vector<float> expect(5);
+  size_t seen = 0;
+  while (auto batch = loader.next()) {
+    REQUIRE(batch->features.dim(0) == static_cast<int64_t>(batch->size));
+    REQUIRE(batch->features_buffer.dim(0) == 8);  // full capacity, even for the last batch of 5
+    REQUIRE(batch->features.raw() == batch->features_buffer.raw());
+    for (size_t k = 0; k < batch->size; ++k) {
+      const int32_t label = ds.get(order[seen + k], expect.data());
+      REQUIRE(batch->labels.data<int32_t>()[k] == label);
+      for (size_t f = 0; f < 5; ++f) REQUIRE(batch->features.data<float>()[k * 5 + f] == expect[f]);
+    }
+    seen += batch->size;
+    buffers.insert(batch->features_buffer.raw());
+    loader.recycle(std::move(*batch));
+  }
+  REQUIRE(seen == 37);
+  // 5 batches through at most prefetch + 2 live buffers (queued, being filled, handed out): reuse happened.
+  REQUIRE(buffers.size() <= 3);
 }

@@ -1,0 +1,164 @@
+// tests/unit/gpu/test_cuda_comm.cpp: collectives on GPU tensors. NCCL with one rank (one GPU admits one NCCL
+// rank): allreduce Sum/Avg/Max, broadcast, allgather, reduce_scatter, barrier, host tensors through the
+// device, stream ordering through Work::block, wrong-device errors. Gloo with two ranks as threads sharing the
+// GPU through HostStagedGroup: device tensors staged through pinned memory, closed-form results.
+#include <catch2/catch.hpp>
+
+#include <future>
+#include <thread>
+
+#include "comm/gloo_backend.h"
+#include "comm/nccl_backend.h"
+#include "comm/staging.h"
+#include "comm/tcp_store.h"
+#include "core/check.h"
+#include "core/cuda.h"
+#include "gpu_testing.h"
+
+using namespace dpt;
+using namespace dpt::comm;
+using namespace dpt::gpu_test;
+using namespace std::chrono_literals;
+using Catch::Matchers::Contains;
+
+namespace {
+
+// rank r's element i: r + i / 4 (exact in float), so sums and maxima have closed forms.
+Tensor ramp(size_t n, int rank) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(n)});
+  for (size_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(rank) + static_cast<float>(i) / 4.0f;
+  return t;
+}
+
+std::unique_ptr<NcclProcessGroup> nccl_world1() {
+  return std::make_unique<NcclProcessGroup>(0, 1, gpu().index, nccl_unique_id(), NcclOptions{.timeout = 60s});
+}
+
+}  // namespace
+
+TEST_CASE("nccl, one rank: collectives on device tensors", "[gpu][nccl]") {
+  auto pg = nccl_world1();
+  REQUIRE(pg->backend() == "nccl");
+  for (size_t n : {size_t{1}, size_t{4}, size_t{1001}, size_t{1} << 20}) {
+    INFO("n = " << n);
+    const Tensor host = ramp(n, 0);
+    for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+      Tensor d = to_device(host);
+      pg->allreduce(d, {.op = op})->wait();
+      auto diff = compare(to_host(d), host);  // one rank: every op is the identity
+      REQUIRE(diff.bad == 0);
+    }
+    Tensor b = to_device(host);
+    pg->broadcast(b, {.root = 0})->wait();
+    REQUIRE(compare(to_host(b), host).bad == 0);
+    Tensor out = nan_on_device({static_cast<int64_t>(n)});
+    pg->allgather(to_device(host), out)->wait();
+    REQUIRE(compare(to_host(out), host).bad == 0);
+    Tensor rs = nan_on_device({static_cast<int64_t>(n)});
+    pg->reduce_scatter(to_device(host), rs, {.op = ReduceOp::Sum})->wait();
+    REQUIRE(compare(to_host(rs), host).bad == 0);
+  }
+  pg->barrier()->wait();
+}
+
+TEST_CASE("nccl: host tensors go through the device; block() orders a stream without a host wait", "[gpu][nccl]") {
+  auto pg = nccl_world1();
+  Tensor sums = Tensor::empty({3}, DType::F64);
+  sums.data<double>()[0] = 1.5;
+  sums.data<double>()[1] = -2;
+  sums.data<double>()[2] = 1e300;
+  pg->allreduce(sums, {.op = ReduceOp::Sum})->wait();
+  REQUIRE(sums.data<double>()[0] == 1.5);
+  REQUIRE(sums.data<double>()[2] == 1e300);
+  Tensor step = Tensor::empty({1}, DType::I64);
+  step.data<int64_t>()[0] = 12345678901;
+  pg->broadcast(step)->wait();
+  REQUIRE(step.data<int64_t>()[0] == 12345678901);
+
+  // The caller's stream produces the tensor, the collective runs after it, and a copy enqueued on the stream
+  // after block() sees the result: ordering by events only.
+  cuda::Stream stream;
+  std::mt19937 rng(5);
+  const Tensor host = random_floats({4096}, rng);
+  Tensor d = Tensor::empty({4096}, DType::F32, gpu());
+  d.copy_from(host, stream.get());
+  auto work = pg->allreduce(d, {.op = ReduceOp::Avg, .stream = stream.get()});
+  work->block(stream.get());
+  Tensor back = Tensor::empty_pinned({4096});
+  back.copy_from(d, stream.get());
+  stream.synchronize();
+  REQUIRE(work->completed());
+  REQUIRE(compare(back, host).bad == 0);
+}
+
+TEST_CASE("nccl refuses tensors of another device and integer averages", "[gpu][nccl]") {
+  auto pg = nccl_world1();
+  Tensor ints = Tensor::zeros({4}, DType::I32, gpu());
+  CHECK_THROWS_AS(pg->allreduce(ints, {.op = ReduceOp::Avg}), UnsupportedError);
+  Tensor host_in = Tensor::zeros({4});
+  Tensor dev_out = Tensor::zeros({4}, DType::F32, gpu());
+  CHECK_THROWS_WITH(pg->allgather(host_in, dev_out), Contains("backend nccl does not support allgather on cpu"));
+}
+
+TEST_CASE("gloo with two ranks sharing the GPU: device tensors staged through pinned memory", "[gpu][gloo]") {
+  constexpr int kWorld = 2;
+  std::promise<int> port_promise;
+  std::shared_future<int> port = port_promise.get_future().share();
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        cuda::set_device(gpu().index);  // current device is per thread
+        std::shared_ptr<TcpStore> store;
+        if (r == 0) {
+          store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, 30s});
+          port_promise.set_value(store->port());
+        } else {
+          store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", port.get(), false, 30s});
+        }
+        HostStagedGroup pg(std::make_unique<GlooProcessGroup>(store, r, kWorld, GlooOptions{.timeout = 30s}));
+        cuda::Stream stream;
+        for (size_t n : {size_t{1}, size_t{100}, size_t{100003}}) {
+          // Sum: element i is (0 + 1) + 2 * i / 4; Avg halves it; Max is rank 1's.
+          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+            Tensor d = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, gpu());
+            d.copy_from(ramp(n, r), stream.get());
+            pg.allreduce(d, {.op = op, .stream = stream.get()})->block(stream.get());
+            Tensor back = Tensor::empty({static_cast<int64_t>(n)});
+            back.copy_from(d, stream.get());
+            stream.synchronize();
+            for (size_t i = 0; i < n; ++i) {
+              const float sum = 1.0f + 2.0f * static_cast<float>(i) / 4.0f;
+              const float want = op == ReduceOp::Sum ? sum : op == ReduceOp::Avg ? sum / 2 : 1.0f + static_cast<float>(i) / 4.0f;
+              if (back.data<float>()[i] != want)
+                throw std::runtime_error(fmt::format("{} n {} element {}: {} != {}", reduce_op_name(op), n, i,
+                                                     back.data<float>()[i], want));
+            }
+          }
+          Tensor b = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, gpu());
+          b.copy_from(ramp(n, r));
+          pg.broadcast(b, {.root = 1})->wait();
+          const Tensor bh = b.to(Device::cpu());
+          for (size_t i = 0; i < n; ++i)
+            if (bh.data<float>()[i] != 1.0f + static_cast<float>(i) / 4.0f)
+              throw std::runtime_error(fmt::format("broadcast n {} element {}", n, i));
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = e.what();
+        if (r == 0) {
+          try {
+            port_promise.set_exception(std::current_exception());
+          } catch (...) {
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r);
+    CHECK(errors[static_cast<size_t>(r)].empty());
+    if (!errors[static_cast<size_t>(r)].empty()) WARN(errors[static_cast<size_t>(r)]);
+  }
+}
