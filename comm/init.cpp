@@ -34,10 +34,8 @@ std::string resolve_backend(const std::string& requested, const DistEnv& env, De
     if (!device.is_cuda())
       DPT_THROW(ConfigError, "dist.backend = nccl needs a GPU, and this rank runs on {}{}; use dist.backend = auto, gloo "
                 "or mpi", device.str(), device_count == 0 ? " (" + cuda::unavailable_reason() + ")" : "");
-    if (!gpu_each)
-      DPT_THROW(ConfigError, "dist.backend = nccl: {} ranks on this node share {} GPU(s), and NCCL needs a GPU per "
-                "rank; use dist.backend = gloo or mpi (they stage GPU tensors through host memory), or fewer ranks "
-                "per node", env.local_world_size, device_count);
+    // Fewer visible GPUs than local ranks is fine when each rank sees only its own (CUDA_VISIBLE_DEVICES per
+    // rank, Slurm --gpus-per-task); if two ranks do land on one GPU, NCCL itself refuses with its message.
     return name;
   }
   DPT_THROW(ConfigError, "unknown backend '{}'; valid: auto, gloo, mpi, nccl", requested);
@@ -126,7 +124,12 @@ std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, const InitO
 #endif
   auto pg = init_host_backend(backend, env, opts);
   if (!opts.device.is_cuda()) return pg;
-  if (env.rank == 0) spdlog::info("process group: {} stages GPU tensors through pinned host memory", backend);
+  if (env.rank == 0)
+    spdlog::info("process group: {} stages GPU tensors through pinned host memory{}", backend,
+                 opts.backend == "auto" ? fmt::format(" ({} local ranks, {} visible GPU(s); if each rank has a GPU of "
+                                                      "its own, dist.backend = nccl is faster)",
+                                                      env.local_world_size, cuda::device_count())
+                                        : "");
   return std::make_unique<HostStagedGroup>(std::move(pg));
 }
 

@@ -20,8 +20,9 @@ struct InitOptions {
 };
 
 // The backend for this environment and device. auto: "nccl" on a GPU when every local rank has a GPU of
-// its own (device_count >= LOCAL_WORLD_SIZE), else "mpi" when env.mpi_available, else "gloo". An explicit
-// nccl on the CPU, in a CPU-only build, or with ranks sharing a GPU is refused with the reason and the fix.
+// its own (device_count >= LOCAL_WORLD_SIZE), else "mpi" when env.mpi_available, else "gloo" (which stage
+// GPU tensors through host memory). An explicit nccl on the CPU or in a CPU-only build is refused with the
+// reason and the fix; with fewer visible GPUs than local ranks it is allowed (each rank may see only its own).
 std::string resolve_backend(const std::string& requested, const DistEnv& env, Device device = Device::cpu(),
                             int device_count = 0);
 

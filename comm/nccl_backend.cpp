@@ -33,6 +33,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+std::string nccl_message(ncclResult_t r, ncclComm_t comm) {
+  const char* last = ncclGetLastError(comm);
+  return fmt::format("{}{}{}", ncclGetErrorString(r), last && *last ? ": " : "", last ? last : "");
+}
+
 ncclDataType_t nccl_type(DType d) {
   switch (d) {
     case DType::F32: return ncclFloat32;
@@ -82,6 +87,7 @@ struct NcclProcessGroup::Impl {
     std::shared_ptr<cuda::Event> done;
     Clock::time_point deadline;
     std::string what;
+    std::vector<Tensor> keep;  // the operation's tensors stay allocated until it has completed
   };
   std::mutex wmu;  // the watchdog's list
   std::condition_variable wcv;
@@ -114,12 +120,44 @@ struct NcclProcessGroup::Impl {
     std::lock_guard<std::mutex> lock(mu);
     if (!comm) return "";
     ncclResult_t r = ncclSuccess;
-    if (ncclCommGetAsyncError(comm, &r) != ncclSuccess || (r != ncclSuccess && r != ncclInProgress)) {
-      const char* last = ncclGetLastError(comm);
-      return fmt::format("asynchronous NCCL error: {}{}{}", ncclGetErrorString(r), last && *last ? ": " : "",
-                         last ? last : "");
-    }
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) return fmt::format("ncclCommGetAsyncError failed: {}", nccl_message(q, comm));
+    if (r != ncclSuccess && r != ncclInProgress) return fmt::format("asynchronous NCCL error: {}", nccl_message(r, comm));
     return "";
+  }
+
+  // The communicator is non-blocking: a call may return ncclInProgress, and nothing else may be called on it
+  // until ncclCommGetAsyncError says it finished. Polls outside the lock, so the watchdog can abort meanwhile;
+  // throws (aborting) on an error or when `deadline` passes.
+  void settle(ncclResult_t r, const std::string& what, Clock::time_point deadline) {
+    while (r == ncclInProgress) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+      std::unique_lock<std::mutex> lock(mu);
+      if (!comm) break;  // aborted meanwhile
+      const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+      if (q != ncclSuccess) r = q;
+      lock.unlock();
+      if (r == ncclInProgress && Clock::now() > deadline) {
+        const std::string why = fmt::format("{} did not start within dist.timeout_s = {:.0f} s", what,
+                                            std::chrono::duration<double>(timeout).count());
+        abort(why);
+        throw TimeoutError(fmt::format("[rank {}] nccl: {}", rank, why));
+      }
+    }
+    if (r != ncclSuccess && r != ncclInProgress) {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        why = fmt::format("{} failed: {}", what, nccl_message(r, comm));
+      }
+      abort(why);
+      throw CommError(fmt::format("[rank {}] nccl: {}", rank, why));
+    }
+    throw_if_broken();
+  }
+
+  Clock::time_point deadline_from_now() const {
+    return Clock::now() + (timeout.count() >= 0 ? timeout : std::chrono::hours(24 * 365));
   }
 
   void watch() {
@@ -145,9 +183,9 @@ struct NcclProcessGroup::Impl {
     }
   }
 
-  void track(const std::shared_ptr<cuda::Event>& done, const std::string& what) {
+  void track(const std::shared_ptr<cuda::Event>& done, const std::string& what, std::vector<Tensor> keep) {
     std::lock_guard<std::mutex> lock(wmu);
-    pending.push_back({done, Clock::now() + (timeout.count() >= 0 ? timeout : std::chrono::hours(24 * 365)), what});
+    pending.push_back({done, deadline_from_now(), what, std::move(keep)});
   }
 };
 
@@ -155,9 +193,8 @@ namespace {
 
 class NcclWork final : public Work {
  public:
-  NcclWork(std::shared_ptr<NcclProcessGroup::Impl> impl, std::shared_ptr<cuda::Event> done, std::vector<Tensor> keep,
-           std::string what)
-      : impl_(std::move(impl)), done_(std::move(done)), keep_(std::move(keep)), what_(std::move(what)) {}
+  NcclWork(std::shared_ptr<NcclProcessGroup::Impl> impl, std::shared_ptr<cuda::Event> done, std::string what)
+      : impl_(std::move(impl)), done_(std::move(done)), what_(std::move(what)) {}
 
   void wait(std::chrono::milliseconds timeout) override {
     const auto limit = timeout.count() >= 0 ? timeout : impl_->timeout;
@@ -188,7 +225,6 @@ class NcclWork final : public Work {
  private:
   std::shared_ptr<NcclProcessGroup::Impl> impl_;
   std::shared_ptr<cuda::Event> done_;
-  std::vector<Tensor> keep_;  // the tensors stay allocated until the Work is dropped
   std::string what_;
 };
 
@@ -213,16 +249,18 @@ std::shared_ptr<Work> enqueue(const std::shared_ptr<NcclProcessGroup::Impl>& imp
   } else {
     cuda::device_synchronize();
   }
+  ncclResult_t r;
   {
     std::lock_guard<std::mutex> lock(impl->mu);
     if (!impl->broken.empty())
       throw CommError(fmt::format("[rank {}] nccl process group is unusable: {}", impl->rank, impl->broken));
-    call(impl->comm, comm_stream);
+    r = call(impl->comm, comm_stream);
   }
+  impl->settle(r, what, impl->deadline_from_now());
   auto done = std::make_shared<cuda::Event>();
   done->record(comm_stream);
-  impl->track(done, what);
-  return std::make_shared<NcclWork>(impl, std::move(done), std::move(keep), what);
+  impl->track(done, what, std::move(keep));
+  return std::make_shared<NcclWork>(impl, std::move(done), what);
 }
 
 }  // namespace
@@ -240,7 +278,20 @@ NcclProcessGroup::NcclProcessGroup(int rank, int size, int device, const std::st
   impl_->stream = std::make_unique<cuda::Stream>();
   ncclUniqueId id;
   std::memcpy(id.internal, unique_id.data(), sizeof(id.internal));
-  DPT_NCCL_CHECK(ncclCommInitRank(&impl_->comm, size, id, rank), nullptr);
+  // Non-blocking: no NCCL call can then block the host for ever (init waiting for a peer that died, a
+  // collective setting up connections), so the deadline and the watchdog can always abort.
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclResult_t r;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    r = ncclCommInitRankConfig(&impl_->comm, size, id, rank, &config);
+    if (r != ncclSuccess && r != ncclInProgress)
+      throw CommError(::dpt::detail::located(__FILE__, __LINE__,
+                                      fmt::format("ncclCommInitRankConfig (rank {} of {}, cuda:{}) failed: {}", rank,
+                                                  size, device, nccl_message(r, impl_->comm))));
+  }
+  impl_->settle(r, fmt::format("joining the communicator (rank {} of {})", rank, size), impl_->deadline_from_now());
   impl_->watchdog = std::thread([impl = impl_.get()] { impl->watch(); });
 }
 
@@ -251,12 +302,28 @@ NcclProcessGroup::~NcclProcessGroup() {
   }
   impl_->wcv.notify_all();
   if (impl_->watchdog.joinable()) impl_->watchdog.join();
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->comm) {
-    // Outstanding collectives finish first; then the communicator goes. Errors here are not worth a throw.
-    (void)cudaStreamSynchronize(impl_->stream->get());
-    (void)ncclCommDestroy(impl_->comm);
+  try {
+    // Outstanding collectives get until the timeout to finish; then the communicator is finalised and
+    // destroyed. If they do not finish (a peer is gone), it is aborted instead: never a hang on the way out.
+    cuda::Event last;
+    last.record(impl_->stream->get());
+    const auto deadline = impl_->deadline_from_now();
+    while (!last.query() && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    std::unique_lock<std::mutex> lock(impl_->mu);
+    if (!impl_->comm) return;
+    if (!last.query()) {
+      lock.unlock();
+      impl_->abort("collectives still running when the process group was destroyed");
+      return;
+    }
+    ncclResult_t r = ncclCommFinalize(impl_->comm);
+    lock.unlock();
+    impl_->settle(r, "finalising the communicator", impl_->deadline_from_now());
+    lock.lock();
+    if (impl_->comm) (void)ncclCommDestroy(impl_->comm);
     impl_->comm = nullptr;
+  } catch (const std::exception& e) {
+    spdlog::warn("nccl: shutting down the communicator: {}", e.what());
   }
 }
 
@@ -278,9 +345,7 @@ std::shared_ptr<Work> NcclProcessGroup::allreduce(Tensor& tensor, const Allreduc
   const std::string what = fmt::format("allreduce({}) of {} {}", reduce_op_name(opts.op), tensor.numel(),
                                        dtype_name(tensor.dtype()));
   return enqueue(impl_, what, opts.stream, {tensor}, [&](ncclComm_t comm, StreamHandle s) {
-    DPT_NCCL_CHECK(ncclAllReduce(tensor.raw(), tensor.raw(), tensor.numel(), nccl_type(tensor.dtype()),
-                                 nccl_op(opts.op), comm, s),
-                   comm);
+    return ncclAllReduce(tensor.raw(), tensor.raw(), tensor.numel(), nccl_type(tensor.dtype()), nccl_op(opts.op), comm, s);
   });
 }
 
@@ -292,9 +357,7 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast(Tensor& tensor, const Broadcas
   const std::string what = fmt::format("broadcast from rank {} of {} {}", opts.root, tensor.numel(),
                                        dtype_name(tensor.dtype()));
   return enqueue(impl_, what, opts.stream, {tensor}, [&](ncclComm_t comm, StreamHandle s) {
-    DPT_NCCL_CHECK(ncclBroadcast(tensor.raw(), tensor.raw(), tensor.numel(), nccl_type(tensor.dtype()), opts.root,
-                                 comm, s),
-                   comm);
+    return ncclBroadcast(tensor.raw(), tensor.raw(), tensor.numel(), nccl_type(tensor.dtype()), opts.root, comm, s);
   });
 }
 
@@ -304,7 +367,7 @@ std::shared_ptr<Work> NcclProcessGroup::allgather(const Tensor& input, Tensor& o
   detail::check_allgather_shapes(backend(), input, output, size());
   const std::string what = fmt::format("allgather of {} {}", input.numel(), dtype_name(input.dtype()));
   return enqueue(impl_, what, nullptr, {input, output}, [&](ncclComm_t comm, StreamHandle s) {
-    DPT_NCCL_CHECK(ncclAllGather(input.raw(), output.raw(), input.numel(), nccl_type(input.dtype()), comm, s), comm);
+    return ncclAllGather(input.raw(), output.raw(), input.numel(), nccl_type(input.dtype()), comm, s);
   });
 }
 
@@ -317,9 +380,8 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& input, Tens
   const std::string what = fmt::format("reduce_scatter({}) of {} {}", reduce_op_name(opts.op), input.numel(),
                                        dtype_name(input.dtype()));
   return enqueue(impl_, what, opts.stream, {input, output}, [&](ncclComm_t comm, StreamHandle s) {
-    DPT_NCCL_CHECK(ncclReduceScatter(input.raw(), output.raw(), output.numel(), nccl_type(output.dtype()),
-                                     nccl_op(opts.op), comm, s),
-                   comm);
+    return ncclReduceScatter(input.raw(), output.raw(), output.numel(), nccl_type(output.dtype()), nccl_op(opts.op),
+                             comm, s);
   });
 }
 
@@ -327,7 +389,7 @@ std::shared_ptr<Work> NcclProcessGroup::barrier() {
   // NCCL has no barrier: a one-element all-reduce that the host waits for.
   Tensor one = Tensor::zeros({1}, DType::F32, Device::cuda(impl_->device));
   auto work = enqueue(impl_, "barrier", nullptr, {one}, [&](ncclComm_t comm, StreamHandle s) {
-    DPT_NCCL_CHECK(ncclAllReduce(one.raw(), one.raw(), 1, ncclFloat32, ncclSum, comm, s), comm);
+    return ncclAllReduce(one.raw(), one.raw(), 1, ncclFloat32, ncclSum, comm, s);
   });
   work->wait(kNoTimeout);
   return work;

@@ -4,6 +4,26 @@
 #include "core/cuda.h"
 
 namespace dpt::comm {
+namespace {
+
+// The copy back to the device, still running on a stream: an event after it.
+class StagedWork final : public Work {
+ public:
+  explicit StagedWork(StreamHandle stream) { copied_.record(stream); }
+  void wait(std::chrono::milliseconds) override { copied_.synchronize(); }
+  void block(StreamHandle stream) override {
+    if (stream)
+      copied_.block(stream);
+    else
+      copied_.synchronize();
+  }
+  bool completed() const override { return copied_.query(); }
+
+ private:
+  cuda::Event copied_;
+};
+
+}  // namespace
 
 HostStagedGroup::HostStagedGroup(std::unique_ptr<ProcessGroup> inner)
     : ProcessGroup(inner->rank(), inner->size()), inner_(std::move(inner)) {}
@@ -27,26 +47,26 @@ Tensor HostStagedGroup::stage_in(const Tensor& device, StreamHandle stream, int 
   return host;
 }
 
-void HostStagedGroup::stage_out(Tensor& device, const Tensor& host, StreamHandle stream) {
-  device.copy_from(host, stream);
+std::shared_ptr<Work> HostStagedGroup::stage_out(Tensor& device, const Tensor& host, StreamHandle stream) {
+  device.copy_from(host, stream);  // synchronous without a stream
   pending_ = stream;
   pending_valid_ = stream != nullptr;
+  if (!stream) return std::make_shared<CompletedWork>();
+  return std::make_shared<StagedWork>(stream);
 }
 
 std::shared_ptr<Work> HostStagedGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
   if (!tensor.device().is_cuda()) return inner_->allreduce(tensor, opts);
   Tensor host = stage_in(tensor, opts.stream, 0);
   inner_->allreduce(host, {.op = opts.op})->wait();
-  stage_out(tensor, host, opts.stream);
-  return std::make_shared<CompletedWork>();
+  return stage_out(tensor, host, opts.stream);
 }
 
 std::shared_ptr<Work> HostStagedGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
   if (!tensor.device().is_cuda()) return inner_->broadcast(tensor, opts);
   Tensor host = stage_in(tensor, opts.stream, 0);
   inner_->broadcast(host, {.root = opts.root})->wait();
-  stage_out(tensor, host, opts.stream);
-  return std::make_shared<CompletedWork>();
+  return stage_out(tensor, host, opts.stream);
 }
 
 std::shared_ptr<Work> HostStagedGroup::allgather(const Tensor& input, Tensor& output) {
@@ -54,7 +74,7 @@ std::shared_ptr<Work> HostStagedGroup::allgather(const Tensor& input, Tensor& ou
   const Tensor in = input.device().is_cuda() ? stage_in(input, nullptr, 0) : input;
   Tensor out = output.device().is_cuda() ? host_buffer(output, 1) : output;
   inner_->allgather(in, out)->wait();
-  if (output.device().is_cuda()) stage_out(output, out, nullptr);
+  if (output.device().is_cuda()) return stage_out(output, out, nullptr);
   return std::make_shared<CompletedWork>();
 }
 

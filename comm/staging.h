@@ -2,8 +2,9 @@
 // through pinned host memory. This is how several ranks share one GPU (NCCL refuses two ranks on a device).
 //
 // For a GPU tensor a collective waits for opts.stream, copies the tensor to a pinned buffer, runs the inner
-// backend's collective on it, and copies the result back on opts.stream (asynchronously: later work on that
-// stream sees it). Host tensors go straight to the inner group. Nothing outside comm/ needs to know.
+// backend's collective on it, and copies the result back on opts.stream, asynchronously; the Work holds an
+// event after that copy: wait() waits for it, block(s) orders stream s after it. Host tensors go straight to
+// the inner group. Nothing outside comm/ needs to know.
 #pragma once
 
 #include <map>
@@ -31,8 +32,8 @@ class HostStagedGroup final : public ProcessGroup {
   Tensor host_buffer(const Tensor& like, int slot);
   // Copies `device` into a host buffer after `stream`'s work, waiting for the copy.
   Tensor stage_in(const Tensor& device, StreamHandle stream, int slot);
-  // Copies the host result back on `stream` (asynchronously when a stream is given).
-  void stage_out(Tensor& device, const Tensor& host, StreamHandle stream);
+  // Copies the host result back on `stream` (asynchronously when a stream is given); the Work follows it.
+  std::shared_ptr<Work> stage_out(Tensor& device, const Tensor& host, StreamHandle stream);
 
   std::unique_ptr<ProcessGroup> inner_;
   std::map<std::pair<int, DType>, Tensor> buffers_;  // grown, never shrunk: pinned allocations are slow

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "core/check.h"
+#include "core/cuda.h"
 
 namespace dpt::data {
 
@@ -42,6 +43,9 @@ Loader::Loader(const Dataset& dataset, std::vector<size_t> indices, LoaderOption
     DPT_CHECK(indices_[i] < size, "index {} at position {} is past the end of {} ({} examples)", indices_[i], i,
               dataset_.name(), size);
   }
+  // The current CUDA device is per thread: pinned allocations on the producer thread must use the consumer's
+  // device, or every rank would open a context on GPU 0.
+  if (opts_.pin_memory && cuda::device_count() > 0) device_ = cuda::current_device();
   producer_ = std::thread([this] { produce(); });
 }
 
@@ -59,15 +63,21 @@ bool Loader::fill(Batch& batch, size_t batch_index) const {
   const size_t first = batch_index * opts_.batch_size;
   float* x = batch.features.data<float>();
   int32_t* y = batch.labels.data<int32_t>();
+  const auto classes = static_cast<int32_t>(dataset_.num_classes());
   for (size_t k = 0; k < batch.size; ++k) {
     if (stop_.load(std::memory_order_relaxed)) return false;
     y[k] = dataset_.get(indices_[first + k], x + k * features);
+    // Checked here, for every device: a GPU loss kernel cannot throw, it would only train to NaN.
+    if (y[k] < 0 || y[k] >= classes)
+      DPT_THROW(IoError, "{}: example {} has label {}, outside [0, {})", dataset_.name(), indices_[first + k], y[k],
+                classes);
   }
   return true;
 }
 
 void Loader::produce() {
   try {
+    if (device_ >= 0) cuda::set_device(device_);
     for (size_t b = start_batch_; b < num_batches_; ++b) {
       const size_t size = std::min(opts_.batch_size, indices_.size() - b * opts_.batch_size);
       Batch batch;

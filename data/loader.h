@@ -71,6 +71,7 @@ class Loader {
   LoaderOptions opts_;
   size_t num_batches_ = 0;
   size_t start_batch_ = 0;
+  int device_ = -1;  // pin_memory on a GPU: the CUDA device the producer thread allocates for
 
   std::mutex mu_;
   std::condition_variable ready_;  // a batch was queued, or the producer finished

@@ -16,11 +16,13 @@ Kernels& kernels_for(Device device) {
   static CpuKernels cpu;  // stateless
   if (device.is_cpu()) return cpu;
 #ifdef DPT_WITH_CUDA
-  // One set (stream + cuBLAS handle) per device, created on first use and kept for the process.
+  // One set (stream + cuBLAS handle) per device, created on first use and kept for the process. Never
+  // destroyed: tearing down cuBLAS and streams during static destruction, after the CUDA runtime may have
+  // unloaded, is a known crash at exit; the process's end releases them.
   static std::mutex mu;
-  static std::map<int, std::unique_ptr<Kernels>> sets;
+  static auto* sets = new std::map<int, std::unique_ptr<Kernels>>();
   std::lock_guard<std::mutex> lock(mu);
-  auto& set = sets[device.index];
+  auto& set = (*sets)[device.index];
   if (!set) set = make_cuda_kernels(device.index);
   return *set;
 #else

@@ -93,7 +93,8 @@ EvalResult evaluate(models::Model& model, const data::Dataset& test, const Train
 }
 
 // Where a step's time goes. CPU: host clocks around the phases. GPU: CUDA events on the compute stream,
-// read two steps later (when they are long complete), so timing never makes the host wait for the GPU.
+// read two steps later: the host waits for step N-2's last event, so it runs at most two steps ahead of
+// the GPU (enough to overlap the next batch's copy with the current step).
 class StepTimer {
  public:
   explicit StepTimer(const models::Model& model) : stream_(model.kernels().stream()) {

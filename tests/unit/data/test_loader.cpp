@@ -58,6 +58,20 @@ class SlowDataset : public CountingDataset {
   }
 };
 
+// Example `bad` carries label `label` (out of range for 7 classes).
+class BadLabelDataset : public CountingDataset {
+ public:
+  BadLabelDataset(size_t n, size_t bad, int32_t label) : CountingDataset(n), bad_(bad), label_(label) {}
+  int32_t get(size_t index, float* x) const override {
+    const int32_t y = CountingDataset::get(index, x);
+    return index == bad_ ? label_ : y;
+  }
+
+ private:
+  size_t bad_;
+  int32_t label_;
+};
+
 std::vector<size_t> reversed(size_t n) {
   std::vector<size_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = n - 1 - i;
@@ -301,4 +315,20 @@ TEST_CASE("recycled batches are refilled in place, partial last batches included
   REQUIRE(seen == 37);
   // 5 batches through at most prefetch + 2 live buffers (queued, being filled, handed out): reuse happened.
   REQUIRE(buffers.size() <= 3);
+}
+
+TEST_CASE("a label outside [0, classes) is an IoError naming the example, on every device", "[data][loader]") {
+  for (int32_t label : {-1, 7, 1000}) {
+    BadLabelDataset ds(20, 13, label);
+    Loader loader(ds, reversed(20), {.batch_size = 4, .drop_last = false, .prefetch = 2});
+    size_t batches = 0;
+    try {
+      while (loader.next()) ++batches;
+      FAIL("no error for label " << label);
+    } catch (const IoError& e) {
+      REQUIRE_THAT(e.what(), Catch::Matchers::Contains("example 13 has label " + std::to_string(label)) &&
+                                 Catch::Matchers::Contains("outside [0, 7)"));
+    }
+    REQUIRE(batches == 1);  // example 13 sits in the second batch of the reversed order (19..16, 15..12)
+  }
 }
