@@ -43,6 +43,7 @@ class NcclProcessGroup final : public ProcessGroup {
   ~NcclProcessGroup() override;
 
   std::string backend() const override { return "nccl"; }
+  bool asynchronous() const override { return true; }
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) override;
   std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output) override;

@@ -70,6 +70,10 @@ class ProcessGroup {
   int rank() const { return rank_; }
   int size() const { return size_; }
   virtual std::string backend() const = 0;  // "gloo", "mpi", ...
+  // True when collectives return before they complete (their Work finishes later, on the device): the
+  // caller can go on computing meanwhile. False when they complete before returning (host backends): the
+  // caller overlaps them by calling from another thread.
+  virtual bool asynchronous() const { return false; }
 
   // In place: every rank ends with op over all ranks' `tensor`. Avg divides the sum by size() (integer
   // tensors: Avg is not supported). Supported dtypes: F32, F64, I32, I64.

@@ -19,8 +19,10 @@ void Model::allocate(Device device, int64_t total) {
   params_ = Tensor::zeros({total}, DType::F32, device);
   grads_ = Tensor::zeros({total}, DType::F32, device);
   named_.clear();
+  layer_params_.clear();
   size_t offset = 0;
   for (size_t i = 0; i < layers_.size(); ++i) {
+    layer_params_.emplace_back(named_.size(), named_.size() + layers_[i]->param_specs().size());
     std::vector<Tensor> p, g;
     for (const auto& spec : layers_[i]->param_specs()) {
       NamedParam np{names_[i] + "." + spec.name, params_.view(offset, spec.shape), grads_.view(offset, spec.shape),
@@ -56,10 +58,12 @@ const Tensor& Model::forward(const Tensor& x) {
   return *h;
 }
 
-void Model::backward(const Tensor& dlogits) {
+void Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
   const Tensor* d = &dlogits;
   for (size_t i = layers_.size(); i-- > 0;) {
     d = &layers_[i]->backward(*d, *kernels_);
+    const auto [first, end] = layer_params_[i];
+    if (grads_ready && first != end) grads_ready(first, end);
     if (!d->defined()) {
       DPT_CHECK_EQ(i, 0u);  // only the first layer may skip its input gradient
       break;

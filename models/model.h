@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,7 +32,10 @@ class Model {
   // Deterministic initialisation from the seed (same seed, same parameters, on every rank and machine).
   void init(uint64_t seed);
   const Tensor& forward(const Tensor& x);
-  void backward(const Tensor& dlogits);
+  // `grads_ready(first, end)` is called as soon as backward has finished the gradients of named_params()
+  // [first, end) (one layer's), last layer first: the hook a bucketed all-reduce starts from.
+  using GradsReady = std::function<void(size_t first, size_t end)>;
+  void backward(const Tensor& dlogits, const GradsReady& grads_ready = {});
   void zero_grad();
   // Moves parameters to `device` (gradients start at zero there); layers are rebound to the new buffers.
   void to(Device device);
@@ -52,6 +56,7 @@ class Model {
   Kernels* kernels_ = nullptr;
   Tensor params_, grads_;
   std::vector<NamedParam> named_;
+  std::vector<std::pair<size_t, size_t>> layer_params_;  // layer i's range in named_
 
   void allocate(Device device, int64_t total);  // flat buffers on `device`, views bound into the layers
 };

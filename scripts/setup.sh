@@ -1,7 +1,24 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dptrain needs to build, test and run, when any is missing. Idempotent:
 # when everything is present it only checks and returns.
+#   --bench  also install Debian's PyTorch (python3-torch, for /usr/bin/python3), the reference of
+#            scripts/bench/train_bench.sh; about 230 MB installed with libtorch. CI does not pass it.
 set -euo pipefail
+
+BENCH=0
+for arg in "$@"; do
+  case $arg in
+    --bench) BENCH=1 ;;
+    -h | --help)
+      echo "usage: $0 [--bench]   (--bench: also python3-torch for scripts/bench/train_bench.sh)"
+      exit 0
+      ;;
+    *)
+      echo "setup: unknown argument '$arg' (usage: $0 [--bench])" >&2
+      exit 2
+      ;;
+  esac
+done
 
 PKGS=(
   build-essential cmake pkg-config
@@ -14,6 +31,7 @@ PKGS=(
   dataset-fashion-mnist              # the default data set (/usr/share/datasets/fashion-mnist)
   python3-numpy                      # tests only: reads our safetensors checkpoints with numpy alone
 )
+((BENCH == 0)) || PKGS+=(python3-torch) # the PyTorch DDP reference of the CPU training benchmark
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -146,6 +146,8 @@ const std::vector<Field>& schema() {
       field("train.seed", &C::train, &TrainConfig::seed, "seed of the initialisation and of the data order", at_least<int64_t>(0)),
       field("train.drop_last", &C::train, &TrainConfig::drop_last, "drop the tail instead of padding shards, and the last partial batch"),
       field("train.max_steps", &C::train, &TrainConfig::max_steps, "stop after this many optimizer steps (0: no limit)", at_least<int64_t>(0)),
+      field("train.accum_steps", &C::train, &TrainConfig::accum_steps, "micro-batches per optimizer step (gradient accumulation; no communication on the first K-1)", at_least<int64_t>(1)),
+      field("train.clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, "clip the global gradient L2 norm (after averaging) to this; 0: off", at_least(0.0)),
       field("train.eval_batch_size", &C::train, &TrainConfig::eval_batch_size, "batch size for evaluation", at_least<int64_t>(1)),
       field("train.progress_interval_s", &C::train, &TrainConfig::progress_interval_s, "seconds between rank 0's progress lines within an epoch", positive()),
       field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | synthetic", one_of({"fashion-mnist", "synthetic"})),
@@ -163,6 +165,10 @@ const std::vector<Field>& schema() {
       field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", Check<double>([](const double& v) {
               return v > 0 && v <= 1e7 ? "" : std::string("must be in (0, 10000000] seconds");
             })),
+      field("dist.bucket_cap_mb", &C::dist, &DistConfig::bucket_cap_mb, "gradient bucket size in MB (reverse parameter order; the first bucket at most 1 MB)", Check<double>([](const double& v) {
+              return v > 0 && v <= 1e6 ? "" : std::string("must be in (0, 1000000] MB");
+            })),
+      field("dist.overlap", &C::dist, &DistConfig::overlap, "all-reduce each bucket as soon as backward has produced it (false: one all-reduce after backward)"),
       field("checkpoint.dir", &C::checkpoint, &CheckpointConfig::dir, "where rank 0 writes checkpoints (step-NNNNNNNN/)", Check<std::string>([](const std::string& s) { return s.empty() ? "must not be empty" : ""; })),
       field("checkpoint.keep", &C::checkpoint, &CheckpointConfig::keep, "keep the newest K checkpoints", at_least<int64_t>(1)),
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: never at epoch ends)", at_least<int64_t>(0)),

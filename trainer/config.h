@@ -30,6 +30,8 @@ struct TrainConfig {
   int64_t seed = 42;
   bool drop_last = false;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
+  int64_t accum_steps = 1;      // micro-batches per optimizer step (gradient accumulation)
+  double clip_grad_norm = 0.0;  // clip the global gradient L2 norm to this (0: off)
   int64_t eval_batch_size = 1000;
   double progress_interval_s = 10.0;
 };
@@ -52,6 +54,8 @@ struct ModelConfig {
 struct DistConfig {
   std::string backend = "auto";  // auto | gloo | mpi | nccl
   double timeout_s = 300.0;
+  double bucket_cap_mb = 25.0;  // gradient bucket size (the first bucket is at most 1 MB)
+  bool overlap = true;          // all-reduce buckets while backward runs (false: one all-reduce after it)
 };
 
 struct CheckpointConfig {

@@ -1,11 +1,144 @@
-// trainer/reducer.cpp: gradient averaging.
+// trainer/reducer.cpp: bucket assignment, and the bucketed all-reduce overlapping backward.
 #include "trainer/reducer.h"
+
+#include <algorithm>
+
+#include "core/cuda.h"
 
 namespace dpt::trainer {
 
-void Reducer::reduce() {
-  if (pg_.size() == 1) return;
-  pg_.allreduce(grads_, {.op = comm::ReduceOp::Avg, .stream = stream_})->block(stream_);
+std::vector<Bucket> assign_buckets(const std::vector<size_t>& sizes, size_t cap_bytes, size_t first_cap_bytes,
+                                   size_t elem_bytes) {
+  DPT_CHECK(cap_bytes > 0 && first_cap_bytes > 0 && elem_bytes > 0, "bucket caps {} and {}, element {} bytes",
+            cap_bytes, first_cap_bytes, elem_bytes);
+  std::vector<size_t> offsets(sizes.size() + 1, 0);
+  for (size_t i = 0; i < sizes.size(); ++i) offsets[i + 1] = offsets[i] + sizes[i];
+  std::vector<Bucket> out;
+  size_t end = sizes.size();  // the bucket being filled holds parameters [i, end)
+  size_t bytes = 0;
+  for (size_t i = sizes.size(); i-- > 0;) {
+    const size_t cap = out.empty() ? first_cap_bytes : cap_bytes;
+    const size_t b = sizes[i] * elem_bytes;
+    if (end != i + 1 && bytes > 0 && bytes + b > cap) {  // close the bucket [i + 1, end)
+      out.push_back({offsets[i + 1], offsets[end] - offsets[i + 1], i + 1, end});
+      end = i + 1;
+      bytes = 0;
+    }
+    bytes += b;
+  }
+  if (end > 0) out.push_back({0, offsets[end], 0, end});
+  return out;
+}
+
+Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stream, const ReducerOptions& opts)
+    : pg_(pg), grads_(model.grads()), stream_(stream), opts_(opts) {
+  std::vector<size_t> sizes;
+  for (const auto& np : model.named_params()) sizes.push_back(np.param.numel());
+  buckets_ = assign_buckets(sizes, opts_.bucket_cap_bytes, std::min(opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes));
+  bucket_of_param_.assign(sizes.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    views_.push_back(grads_.view(buckets_[b].offset, {static_cast<int64_t>(buckets_[b].count)}));
+    for (size_t p = buckets_[b].first_param; p < buckets_[b].end_param; ++p) bucket_of_param_[p] = b;
+  }
+  missing_.assign(buckets_.size(), 0);
+  if (pg_.size() > 1 && opts_.overlap && !pg_.asynchronous()) {
+    const int device = stream_ ? cuda::current_device() : -1;
+    comm_thread_ = std::thread([this, device] { comm_loop(device); });
+  }
+}
+
+Reducer::~Reducer() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (comm_thread_.joinable()) comm_thread_.join();
+}
+
+void Reducer::comm_loop(int cuda_device) {
+  try {
+    if (cuda_device >= 0) cuda::set_device(cuda_device);  // staging GPU buckets from this thread
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(mu_);
+    error_ = std::current_exception();
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    if (stop_) return;
+    const size_t b = queue_.front();
+    queue_.pop_front();
+    const bool failed = error_ != nullptr;
+    lock.unlock();
+    // After a failure nothing more is sent: the step is lost, and finish() reports the first error.
+    std::exception_ptr err;
+    if (!failed) {
+      try {
+        pg_.allreduce(views_[b], {.op = comm::ReduceOp::Avg, .stream = stream_})->wait();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    lock.lock();
+    if (err && !error_) error_ = err;
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
+void Reducer::begin(bool sync) {
+  sync_ = sync;
+  active_ = sync && pg_.size() > 1;
+  next_launch_ = 0;
+  for (size_t b = 0; b < buckets_.size(); ++b) missing_[b] = buckets_[b].end_param - buckets_[b].first_param;
+  works_.clear();
+  std::lock_guard<std::mutex> lock(mu_);
+  queue_.clear();
+  launched_ = done_ = 0;
+}
+
+void Reducer::grads_ready(size_t first_param, size_t end_param) {
+  if (!active_ || !opts_.overlap) return;
+  for (size_t p = first_param; p < end_param; ++p) {
+    size_t& m = missing_[bucket_of_param_[p]];
+    DPT_CHECK_GT(m, 0u);  // a parameter reported twice in one backward
+    --m;
+  }
+  while (next_launch_ < buckets_.size() && missing_[next_launch_] == 0) launch(next_launch_++);
+}
+
+void Reducer::launch(size_t bucket) {
+  if (pg_.asynchronous()) {
+    works_.push_back(pg_.allreduce(views_[bucket], {.op = comm::ReduceOp::Avg, .stream = stream_}));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(bucket);
+    ++launched_;
+  }
+  cv_.notify_all();
+}
+
+void Reducer::finish() {
+  if (!active_) return;
+  active_ = false;
+  if (!opts_.overlap) {
+    pg_.allreduce(grads_, {.op = comm::ReduceOp::Avg, .stream = stream_})->block(stream_);
+    return;
+  }
+  // Buckets backward never completed (parameters without gradients) go now, still in order.
+  while (next_launch_ < buckets_.size()) launch(next_launch_++);
+  for (auto& w : works_) w->block(stream_);
+  works_.clear();
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_ == launched_; });
+  if (error_) {
+    std::exception_ptr e = error_;
+    error_ = nullptr;  // the group itself stays broken; the caller decides
+    std::rethrow_exception(e);
+  }
 }
 
 }  // namespace dpt::trainer

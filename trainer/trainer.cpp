@@ -2,10 +2,12 @@
 #include "trainer/trainer.h"
 
 #include <spdlog/spdlog.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <sstream>
@@ -30,13 +32,17 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // Fault injection for tests of failure handling and resume: DPT_DEBUG_FAIL_AT_STEP=N makes rank
 // DPT_DEBUG_FAIL_RANK (default 0) throw once it has finished optimizer step N.
+// DPT_DEBUG_DIVERGE_RANK=R makes rank R nudge one parameter after its first step, so that the replica
+// check has something to find (tests only).
 struct FailureInjection {
   int64_t step = -1;
   int rank = 0;
+  int diverge_rank = -1;
   static FailureInjection from_env() {
     FailureInjection f;
     if (const char* s = std::getenv("DPT_DEBUG_FAIL_AT_STEP")) f.step = std::atoll(s);
     if (const char* r = std::getenv("DPT_DEBUG_FAIL_RANK")) f.rank = std::atoi(r);
+    if (const char* d = std::getenv("DPT_DEBUG_DIVERGE_RANK")) f.diverge_rank = std::atoi(d);
     return f;
   }
 };
@@ -179,6 +185,39 @@ std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
   return tensors;
 }
 
+// Clips the global L2 norm of the (averaged, so identical on every rank) gradients to max_norm, as
+// torch.nn.utils.clip_grad_norm_: scaled by max_norm / (norm + 1e-6) when that is below 1. Returns the norm.
+double clip_gradients(models::Model& model, double max_norm) {
+  auto& k = model.kernels();
+  float* g = model.grads().data<float>();
+  const double norm = std::sqrt(k.sum_squares(g, model.num_params()));
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) k.scale(g, model.num_params(), static_cast<float>(coef));
+  return norm;
+}
+
+// DDP's promise, checked once an epoch: every rank holds bit-identical parameters (a CRC32 of them,
+// compared through a Max all-reduce of it and of its negation).
+void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch) {
+  if (pg.size() == 1) return;
+  const Tensor host = model.params().to(Device::cpu());
+  const auto crc = static_cast<int64_t>(
+      crc32(0L, static_cast<const Bytef*>(host.raw()), static_cast<uInt>(host.bytes())));
+  Tensor c = Tensor::empty({2}, DType::I64);
+  c.data<int64_t>()[0] = crc;
+  c.data<int64_t>()[1] = -crc;
+  pg.allreduce(c, {.op = comm::ReduceOp::Max})->wait();
+  if (c.data<int64_t>()[0] != -c.data<int64_t>()[1])
+    DPT_THROW(InternalError, "[rank {}] parameters differ between ranks after epoch {} (CRC32 {:08x} here)",
+              pg.rank(), epoch, static_cast<uint32_t>(crc));
+}
+
+std::string bucket_summary(const std::vector<Bucket>& buckets) {
+  std::vector<std::string> parts;
+  for (const auto& b : buckets) parts.push_back(fmt::format("{:.2f} MB", static_cast<double>(b.count) * 4 / 1e6));
+  return fmt::format("sizes {} (last layers first)", fmt::join(parts, ", "));
+}
+
 }  // namespace
 
 Device choose_device(const std::string& requested, int local_rank, int device_count, const std::string& why_none) {
@@ -242,6 +281,11 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     start = loaded->state;
     optimizer.set_steps(start.step);
     std::istringstream(start.rng) >> rng;
+    if (start.batch_in_epoch % t.accum_steps != 0)
+      DPT_THROW(ConfigError,
+                "{} stopped mid-epoch at batch {}, which does not start an optimizer step of train.accum_steps = {} "
+                "micro-batches; resume with the accum_steps it was written with, or from a checkpoint at an epoch end",
+                loaded->path, start.batch_in_epoch, t.accum_steps);
     if (start.batch_in_epoch > 0 &&
         (start.world_size != world || start.batch_size != t.batch_size || start.seed != t.seed ||
          start.dataset_size != static_cast<int64_t>(ds.train->size()) || start.drop_last != t.drop_last))
@@ -274,10 +318,20 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   if (spe == 0)
     DPT_THROW(ConfigError, "no full batch: {} examples per rank, train.batch_size {} and train.drop_last = true",
               sampler.num_samples(), t.batch_size);
-  int64_t total_steps = spe * t.epochs;
+  // With gradient accumulation an optimizer step takes K = train.accum_steps batches (fewer at an epoch's
+  // end); the schedule, max_steps and every_steps count optimizer steps.
+  const int64_t K = t.accum_steps;
+  const int64_t steps_per_epoch = (spe + K - 1) / K;
+  int64_t total_steps = steps_per_epoch * t.epochs;
   if (t.max_steps > 0) total_steps = std::min(total_steps, t.max_steps);
 
-  Reducer reducer(pg, model->grads(), stream);
+  Reducer reducer(pg, *model, stream,
+                  {.bucket_cap_bytes = static_cast<size_t>(cfg.dist.bucket_cap_mb * 1024 * 1024),
+                   .first_bucket_cap_bytes = size_t{1} << 20,
+                   .overlap = cfg.dist.overlap});
+  if (lead && world > 1)
+    spdlog::info("reducer: {} bucket(s) of gradients{}, {}", reducer.buckets().size(),
+                 cfg.dist.overlap ? " all-reduced during backward" : "", bucket_summary(reducer.buckets()));
   models::SoftmaxCrossEntropy loss;
   Feeder feeder(device, stream);
   StepTimer timer(*model);
@@ -309,36 +363,54 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     int64_t seen = 0;
     const auto epoch_t0 = Clock::now();
     auto progress_t = epoch_t0;
-    double lr = 0;
+    double lr = 0, grad_norm = 0;
     while (true) {
       std::optional<data::Batch> host_batch = loader.next();
       if (!host_batch) break;
       const data::Batch& batch = feeder.put(std::move(*host_batch), loader);
-      timer.mark(0);
-      // The schedule follows the position in this run's epochs, not the raw step count: after a resume at
-      // an epoch end with another world size, steps per epoch differ from the checkpoint's run.
-      lr = lr_at(t, epoch * spe + static_cast<int64_t>(batch.index), spe, total_steps);
-      model->zero_grad();
+      const auto b = static_cast<int64_t>(batch.index);
+      const int64_t group_first = b / K * K;  // this optimizer step's micro-batches: [group_first, + group_size)
+      const int64_t group_size = std::min(K, spe - group_first);
+      const bool last_micro = b == group_first + group_size - 1;
+      if (b == group_first) {
+        timer.mark(0);
+        // The schedule follows the position in this run's epochs, not the raw step count: after a resume at
+        // an epoch end with another world size, steps per epoch differ from the checkpoint's run.
+        lr = lr_at(t, epoch * steps_per_epoch + b / K, steps_per_epoch, total_steps);
+        model->zero_grad();
+      }
       loss.accumulate(model->forward(batch.features), batch.labels, model->kernels(), stats, /*backward=*/true);
-      model->backward(loss.grad());
-      timer.mark(1);
-      reducer.reduce();
-      timer.mark(2);
-      optimizer.step(lr);
-      timer.mark(3);
+      // Each micro-batch's loss is a mean over its batch; the step's is the mean over all of them.
+      if (group_size > 1) model->kernels().scale(loss.grad().data<float>(), loss.grad().numel(), 1.0f / group_size);
+      reducer.begin(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
+      model->backward(loss.grad(), [&](size_t first, size_t end) { reducer.grads_ready(first, end); });
       feeder.step_done();
       seen += static_cast<int64_t>(batch.size);
+      if (!last_micro) continue;
+      timer.mark(1);
+      reducer.finish();
+      timer.mark(2);
+      if (t.clip_grad_norm > 0) grad_norm = clip_gradients(*model, t.clip_grad_norm);
+      optimizer.step(lr);
+      timer.mark(3);
       ++step;
       const int64_t next_batch = static_cast<int64_t>(batch.index) + 1;
       const bool epoch_done = next_batch == spe;
       if (lead && seconds_since(progress_t) >= t.progress_interval_s) {
         progress_t = Clock::now();
-        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g} samples/s {:.0f}", epoch + 1, t.epochs,
+        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g}{} samples/s {:.0f}", epoch + 1, t.epochs,
                      next_batch, spe, loss_so_far() / static_cast<double>(seen), lr,
+                     t.clip_grad_norm > 0 ? fmt::format(" grad_norm {:.4g}", grad_norm) : "",
                      static_cast<double>(seen) * world / seconds_since(epoch_t0));
       }
       if (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0 && !epoch_done)
         save(epoch, next_batch);
+      if (step == 1 && rank == inject.diverge_rank) {
+        Tensor first = model->params().view(0, {1});
+        Tensor nudged = first.to(Device::cpu());
+        nudged.data<float>()[0] += 1e-3f;
+        first.copy_from(nudged);
+      }
       if (step == inject.step && rank == inject.rank)
         DPT_THROW(InternalError, "injected failure after step {} (DPT_DEBUG_FAIL_AT_STEP)", step);
       if (t.max_steps > 0 && step >= t.max_steps) {
@@ -359,6 +431,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     tl.data<double>()[1] = static_cast<double>(seen);
     pg.allreduce(tl, {.op = comm::ReduceOp::Sum})->wait();
     const double global_seen = tl.data<double>()[1];
+    check_replicas(*model, pg, epoch + 1);
     EvalResult ev = evaluate(*model, *ds.test, t, pg);
     EpochStats es{.epoch = epoch + 1, .train_loss = global_seen > 0 ? tl.data<double>()[0] / global_seen : 0.0,
                   .test_loss = ev.loss, .test_acc = ev.acc,
