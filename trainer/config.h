@@ -55,7 +55,8 @@ struct DistConfig {
   std::string backend = "auto";  // auto | gloo | mpi | nccl
   double timeout_s = 300.0;
   double bucket_cap_mb = 25.0;  // gradient bucket size (the first bucket is at most 1 MB)
-  bool overlap = true;          // all-reduce buckets while backward runs (false: one all-reduce after it)
+  std::string overlap = "auto";  // true: all-reduce buckets while backward runs; false: one all-reduce after
+                                 // it; auto: true with NCCL or a spare core per rank (overlap_enabled)
 };
 
 struct CheckpointConfig {

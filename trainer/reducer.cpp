@@ -30,6 +30,14 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& sizes, size_t cap_
   return out;
 }
 
+bool overlap_enabled(const std::string& setting, bool asynchronous_group, int cores, int local_ranks,
+                     int threads_per_rank) {
+  if (setting == "true") return true;
+  if (setting == "false") return false;
+  DPT_CHECK(setting == "auto", "dist.overlap = '{}'", setting);
+  return asynchronous_group || cores >= local_ranks * (std::max(threads_per_rank, 1) + 1);
+}
+
 Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stream, const ReducerOptions& opts)
     : pg_(pg), grads_(model.grads()), stream_(stream), opts_(opts) {
   std::vector<size_t> sizes;
