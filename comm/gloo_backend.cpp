@@ -3,8 +3,11 @@
 // CommError/TimeoutError that name the operation and the rank.
 #include "comm/gloo_backend.h"
 
+#include <limits>
+
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
+#include <gloo/allreduce_ring.h>
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
@@ -211,6 +214,7 @@ std::chrono::milliseconds GlooProcessGroup::timeout() const {
 void GlooProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
   std::lock_guard lock(mu_);
   timeout_ = timeout;
+  if (context_) context_->setTimeout(to_gloo_timeout(timeout));  // the persistent rings use the context's
 }
 
 template <class F>
@@ -231,7 +235,20 @@ void GlooProcessGroup::run(const char* op, F&& f) {
 std::shared_ptr<Work> GlooProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
   detail::check_host_tensor(backend(), "allreduce", tensor);
   detail::check_reduce_dtype(backend(), "allreduce", tensor, opts.op);
-  if (tensor.numel() > 0) {
+  // Gloo's persistent AllreduceRing passes the data around the ring, each rank summing in its own order: with
+  // two ranks that is a + b against b + a, the same bits; with more the ranks' results could differ in the
+  // last bit, and replicas would drift apart (dptrain's replica check caught it). So two ranks only.
+  if (tensor.numel() > 0 && opts.persistent && size() == 2 && tensor.dtype() == DType::F32 &&
+      opts.op != ReduceOp::Max && tensor.numel() <= static_cast<size_t>(std::numeric_limits<int>::max())) {
+    run("allreduce", [&] {
+      auto& ring = rings_[{tensor.raw(), tensor.numel()}];
+      if (!ring)
+        ring = std::make_unique<gloo::AllreduceRing<float>>(context_, std::vector<float*>{tensor.data<float>()},
+                                                            static_cast<int>(tensor.numel()));
+      ring->run();
+    });
+    if (opts.op == ReduceOp::Avg) detail::divide_in_place(tensor, size());
+  } else if (tensor.numel() > 0) {
     run("allreduce", [&] {
       uint32_t tag = next_tag();
       milliseconds t = to_gloo_timeout(timeout_);

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -16,6 +17,7 @@
 #include "comm/store.h"
 
 namespace gloo {
+class Algorithm;
 class Context;
 }
 
@@ -71,6 +73,9 @@ class GlooProcessGroup : public ProcessGroup {
   mutable std::mutex mu_;  // one collective at a time: Gloo ops on a context must not interleave
   uint32_t tag_ = 0;
   std::string broken_;  // why the group is unusable, after a failed collective
+  // Persistent float sum rings (two ranks), one per (buffer, count): created on first use, in the same order
+  // on every rank (the contract of AllreduceOptions::persistent).
+  std::map<std::pair<void*, size_t>, std::unique_ptr<gloo::Algorithm>> rings_;
 };
 
 }  // namespace dpt::comm

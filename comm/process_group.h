@@ -54,6 +54,10 @@ class CompletedWork : public Work {
 struct AllreduceOptions {
   ReduceOp op = ReduceOp::Sum;
   StreamHandle stream = nullptr;  // see "Stream semantics" above
+  // The caller reuses this tensor's memory for every call for the group's lifetime (the gradient buckets),
+  // and every rank makes its persistent calls in the same order: a backend may then keep per-buffer state
+  // (Gloo keeps a ring with its buffers registered, faster than setting up each call).
+  bool persistent = false;
 };
 struct BroadcastOptions {
   int root = 0;

@@ -170,7 +170,7 @@ const std::vector<Field>& schema() {
       field("dist.bucket_cap_mb", &C::dist, &DistConfig::bucket_cap_mb, "gradient bucket size in MB (reverse parameter order; the first bucket at most 1 MB)", Check<double>([](const double& v) {
               return v > 0 && v <= 1e6 ? "" : std::string("must be in (0, 1000000] MB");
             })),
-      field("dist.overlap", &C::dist, &DistConfig::overlap, "true: all-reduce each bucket as soon as backward has produced it; false: one all-reduce after backward; auto: true on GPUs (NCCL) and where each rank has a spare core for the communication thread", one_of({"auto", "true", "false"})),
+      field("dist.overlap", &C::dist, &DistConfig::overlap, "all-reduce each bucket as soon as backward has produced it (false: one all-reduce after backward)"),
       field("checkpoint.dir", &C::checkpoint, &CheckpointConfig::dir, "where rank 0 writes checkpoints (step-NNNNNNNN/)", Check<std::string>([](const std::string& s) { return s.empty() ? "must not be empty" : ""; })),
       field("checkpoint.keep", &C::checkpoint, &CheckpointConfig::keep, "keep the newest K checkpoints", at_least<int64_t>(1)),
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: never at epoch ends)", at_least<int64_t>(0)),

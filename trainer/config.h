@@ -55,8 +55,7 @@ struct DistConfig {
   std::string backend = "auto";  // auto | gloo | mpi | nccl
   double timeout_s = 300.0;
   double bucket_cap_mb = 25.0;  // gradient bucket size (the first bucket is at most 1 MB)
-  std::string overlap = "auto";  // true: all-reduce buckets while backward runs; false: one all-reduce after
-                                 // it; auto: true with NCCL or a spare core per rank (overlap_enabled)
+  bool overlap = true;          // all-reduce buckets while backward runs (false: one all-reduce after it)
 };
 
 struct CheckpointConfig {

@@ -103,7 +103,7 @@ int main(int argc, char** argv) {
     auto pg = comm::init_process_group(
         env, {.backend = cfg.dist.backend, .timeout = timeout, .device = device,
               .on_fatal = [](const std::string& why) { die(kExitError, "collective failed: " + why); }});
-    auto result = trainer::train(cfg, {.resume = resume, .device = device, .local_world_size = env.local_world_size}, *pg);
+    auto result = trainer::train(cfg, {.resume = resume, .device = device}, *pg);
     if (env.rank == 0)
       spdlog::info("done: {} steps, test_acc {:.4f}, test_loss {:.4f}{}", result.steps, result.final_test_acc,
                    result.final_test_loss,

@@ -30,14 +30,6 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& sizes, size_t cap_
   return out;
 }
 
-bool overlap_enabled(const std::string& setting, bool asynchronous_group, int cores, int local_ranks,
-                     int threads_per_rank) {
-  if (setting == "true") return true;
-  if (setting == "false") return false;
-  DPT_CHECK(setting == "auto", "dist.overlap = '{}'", setting);
-  return asynchronous_group || cores >= local_ranks * (std::max(threads_per_rank, 1) + 1);
-}
-
 Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stream, const ReducerOptions& opts)
     : pg_(pg), grads_(model.grads()), stream_(stream), opts_(opts) {
   std::vector<size_t> sizes;
@@ -83,7 +75,7 @@ void Reducer::comm_loop(int cuda_device) {
     std::exception_ptr err;
     if (!failed) {
       try {
-        pg_.allreduce(views_[b], {.op = comm::ReduceOp::Avg, .stream = stream_})->wait();
+        pg_.allreduce(views_[b], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true})->wait();
       } catch (...) {
         err = std::current_exception();
       }
@@ -118,7 +110,7 @@ void Reducer::grads_ready(size_t first_param, size_t end_param) {
 
 void Reducer::launch(size_t bucket) {
   if (pg_.asynchronous()) {
-    works_.push_back(pg_.allreduce(views_[bucket], {.op = comm::ReduceOp::Avg, .stream = stream_}));
+    works_.push_back(pg_.allreduce(views_[bucket], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true}));
     return;
   }
   {
@@ -133,7 +125,7 @@ void Reducer::finish() {
   if (!active_) return;
   active_ = false;
   if (!opts_.overlap) {
-    pg_.allreduce(grads_, {.op = comm::ReduceOp::Avg, .stream = stream_})->block(stream_);
+    pg_.allreduce(grads_, {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true})->block(stream_);
     return;
   }
   // Buckets backward never completed (parameters without gradients) go now, still in order.

@@ -39,13 +39,6 @@ struct Bucket {
 std::vector<Bucket> assign_buckets(const std::vector<size_t>& sizes, size_t cap_bytes, size_t first_cap_bytes,
                                    size_t elem_bytes = sizeof(float));
 
-// dist.overlap: "true", "false", or "auto": overlap when the group is asynchronous (NCCL: the GPU computes
-// while the network moves data), or when the node has a core free for each rank's communication thread
-// (cores >= local_ranks * (threads_per_rank + 1)). On a host whose cores are all busy computing, the
-// communication thread only takes turns with compute, and measured slower (docs/benchmarks.md).
-bool overlap_enabled(const std::string& setting, bool asynchronous_group, int cores, int local_ranks,
-                     int threads_per_rank);
-
 struct ReducerOptions {
   size_t bucket_cap_bytes = size_t{25} << 20;
   size_t first_bucket_cap_bytes = size_t{1} << 20;

@@ -11,9 +11,6 @@
 #include <cstdlib>
 #include <random>
 #include <sstream>
-#include <thread>
-
-#include <sched.h>
 
 #include "data/idx.h"
 #include "data/loader.h"
@@ -215,21 +212,6 @@ void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t 
               pg.rank(), epoch, static_cast<uint32_t>(crc));
 }
 
-// Cores this process may run on (its affinity mask), for dist.overlap = auto.
-int usable_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-}
-
-// Compute threads per rank: OpenBLAS's, else OpenMP's setting (dprun sets OMP_NUM_THREADS=1), else 1.
-int threads_per_rank() {
-  for (const char* var : {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"})
-    if (const char* v = std::getenv(var); v && std::atoi(v) > 0) return std::atoi(v);
-  return 1;
-}
-
 std::string bucket_summary(const std::vector<Bucket>& buckets) {
   std::vector<std::string> parts;
   for (const auto& b : buckets) parts.push_back(fmt::format("{:.2f} MB", static_cast<double>(b.count) * 4 / 1e6));
@@ -343,21 +325,14 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   int64_t total_steps = steps_per_epoch * t.epochs;
   if (t.max_steps > 0) total_steps = std::min(total_steps, t.max_steps);
 
-  const int cores = usable_cores(), threads = threads_per_rank();
-  const bool overlap = overlap_enabled(cfg.dist.overlap, pg.asynchronous(), cores, opts.local_world_size, threads);
   Reducer reducer(pg, *model, stream,
                   {.bucket_cap_bytes = static_cast<size_t>(cfg.dist.bucket_cap_mb * 1024 * 1024),
                    .first_bucket_cap_bytes = size_t{1} << 20,
-                   .overlap = overlap});
+                   .overlap = cfg.dist.overlap});
   if (lead && world > 1)
-    spdlog::info("reducer: {} bucket(s) of gradients{}, {}{}", reducer.buckets().size(),
-                 overlap ? " all-reduced during backward" : ", all-reduced after backward",
-                 bucket_summary(reducer.buckets()),
-                 cfg.dist.overlap != "auto" ? ""
-                 : overlap ? " (dist.overlap = auto)"
-                           : fmt::format(" (dist.overlap = auto: {} core(s) for {} local rank(s) x {} thread(s) leave "
-                                         "none free for a communication thread)",
-                                         cores, opts.local_world_size, threads));
+    spdlog::info("reducer: {} bucket(s) of gradients{}, {}", reducer.buckets().size(),
+                 cfg.dist.overlap ? " all-reduced during backward" : ", all-reduced after backward",
+                 bucket_summary(reducer.buckets()));
   models::SoftmaxCrossEntropy loss;
   Feeder feeder(device, stream);
   StepTimer timer(*model);

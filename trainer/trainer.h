@@ -16,7 +16,6 @@ struct RunOptions {
   std::string resume = "auto";
   // Where this rank trains (choose_device()); a CUDA device must be current already.
   Device device = Device::cpu();
-  int local_world_size = 1;  // ranks on this node (LOCAL_WORLD_SIZE): for dist.overlap = auto
 };
 
 // The device of train.device = auto | cpu | cuda for the rank with LOCAL_RANK `local_rank`, given

@@ -96,9 +96,9 @@ wait_idle() {
 # ---- the configurations -----------------------------------------------------------------------------------
 DPT_ARGS=(--config "$CONFIG" train.epochs=1 train.device=cpu --resume never)
 IDS=(dpt_gloo_1 dpt_gloo_2 dpt_mpi_2)
-((OVERLAP)) && IDS+=(dpt_gloo_2_overlap dpt_gloo_2_nooverlap dpt_mpi_2_overlap dpt_mpi_2_nooverlap)
+((OVERLAP)) && IDS+=(dpt_gloo_2_nooverlap dpt_mpi_2_nooverlap)
 IDS+=(torch_1 torch_2 torch_ps_1 torch_ps_2)
-declare -A PROGRAM=([dpt_gloo_1]=dptrain [dpt_gloo_2]="dptrain (defaults)" [dpt_mpi_2]="dptrain (defaults)"
+declare -A PROGRAM=([dpt_gloo_1]=dptrain [dpt_gloo_2]="dptrain (overlap on, the default)" [dpt_mpi_2]="dptrain (overlap on, the default)"
   [dpt_gloo_2_overlap]="dptrain, dist.overlap=true" [dpt_mpi_2_overlap]="dptrain, dist.overlap=true"
   [dpt_gloo_2_nooverlap]="dptrain, dist.overlap=false" [dpt_mpi_2_nooverlap]="dptrain, dist.overlap=false"
   [torch_1]="PyTorch DDP" [torch_2]="PyTorch DDP"
@@ -264,7 +264,7 @@ if meets "$r2" 2.5; then t_ratio="met"; else t_ratio="NOT met"; missed=1; fi
 overlap_note() { # BACKEND: "off s / on s = ratio (target >= 2: ...)"
   local on off r t
   # shellcheck disable=SC2086
-  on=$(median ${COMM[dpt_${1}_2_overlap]:-})
+  on=$(median ${COMM[dpt_${1}_2]:-})
   # shellcheck disable=SC2086
   off=$(median ${COMM[dpt_${1}_2_nooverlap]:-})
   if [ -n "$on" ] && [ -n "$off" ] && awk -v v="$on" 'BEGIN { exit !(v <= 0) }'; then

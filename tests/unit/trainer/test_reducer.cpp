@@ -11,7 +11,6 @@
 using namespace dpt;
 using dpt::trainer::assign_buckets;
 using dpt::trainer::Bucket;
-using dpt::trainer::overlap_enabled;
 
 namespace {
 
@@ -81,13 +80,3 @@ TEST_CASE("assign_buckets: edge cases", "[reducer]") {
   CHECK_THROWS_AS(assign_buckets(mlp, 0, 1), InternalError);
 }
 
-TEST_CASE("dist.overlap = auto: on for asynchronous groups, or with a spare core per rank", "[reducer]") {
-  CHECK(overlap_enabled("true", false, 1, 8, 1));
-  CHECK_FALSE(overlap_enabled("false", true, 64, 1, 1));
-  CHECK(overlap_enabled("auto", true, 1, 8, 1));    // NCCL: the GPU computes while the network works
-  CHECK_FALSE(overlap_enabled("auto", false, 2, 2, 1));  // this CI machine: 2 cores, 2 ranks, 1 thread each
-  CHECK(overlap_enabled("auto", false, 4, 2, 1));
-  CHECK_FALSE(overlap_enabled("auto", false, 4, 2, 2));
-  CHECK(overlap_enabled("auto", false, 2, 1, 0));   // a thread count of 0 counts as 1
-  CHECK_THROWS_AS(overlap_enabled("maybe", false, 2, 1, 1), InternalError);
-}
