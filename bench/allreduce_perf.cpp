@@ -68,18 +68,7 @@ struct Options {
   ReduceOp reduce_op() const { return kOps.at(op); }
 };
 
-[[noreturn]] void die(int code, const std::string& what) {
-  // Single entry, no destructors: a process group mid-collective must not be finalized politely (MPI_Finalize
-  // can block on peers that wait for us); the launcher or the peers' failing collectives end the job.
-  static std::atomic<bool> dying{false};
-  if (dying.exchange(true)) {
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the first caller ends the process
-  }
-  spdlog::error("{}", what);
-  spdlog::default_logger()->flush();
-  std::fflush(stdout);
-  std::_Exit(code);
-}
+[[noreturn]] void die(int code, const std::string& what) { dpt::exit_with_error(code, what); }
 
 // Calls f.template operator()<T>() with T the C++ type of `dtype`.
 template <class F>

@@ -1,7 +1,11 @@
 // core/logging.cpp: spdlog set-up with the rank in every line.
 #include "core/logging.h"
 
+#include <atomic>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
+#include <thread>
 
 #include "core/check.h"
 
@@ -32,6 +36,23 @@ void init_logging(int rank, int world_size, const std::string& level) {
   } else {
     spdlog::set_pattern("[%H:%M:%S.%e] [%^%l%$] %v");
   }
+}
+
+}  // namespace dpt
+
+namespace dpt {
+
+void exit_with_error(int code, const std::string& what) {
+  static std::atomic<bool> dying{false};
+  if (dying.exchange(true)) {
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the first caller ends the process
+  }
+  // No spdlog::shutdown(): another thread may be logging; flushing is enough before _Exit.
+  spdlog::error("{}", what);
+  spdlog::default_logger()->flush();
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
 }
 
 }  // namespace dpt

@@ -18,4 +18,10 @@ void init_logging(int rank, int world_size, const std::string& level = "");
 // Parses a level name; throws ConfigError listing the valid names when unknown.
 spdlog::level::level_enum parse_log_level(const std::string& name);
 
+// For main() alone (library code throws): logs `what` as an error, flushes, and ends the process with `code`
+// at once, without destructors: a process group mid-collective must not be finalized politely
+// (MPI_Finalize can block on peers that wait for us); the launcher or the peers' failing collectives end
+// the job. Single entry: a second caller (the NCCL watchdog thread, say) waits for the first to finish.
+[[noreturn]] void exit_with_error(int code, const std::string& what);
+
 }  // namespace dpt

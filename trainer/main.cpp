@@ -3,10 +3,8 @@
 // and the process exits non-zero at once, so the launcher (dprun, mpirun, srun) tears the job down.
 #include <CLI/CLI.hpp>
 
-#include <atomic>
 #include <chrono>
 #include <cstdlib>
-#include <thread>
 #include <iostream>
 
 #include "comm/env.h"
@@ -22,19 +20,7 @@ namespace {
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
 
-[[noreturn]] void die(int code, const std::string& what) {
-  // Single entry: the NCCL watchdog thread may call this while the main thread does too. No
-  // spdlog::shutdown(): another thread may be logging; flushing is enough before _Exit.
-  static std::atomic<bool> dying{false};
-  if (dying.exchange(true)) {
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the first caller ends the process
-  }
-  spdlog::error("{}", what);
-  spdlog::default_logger()->flush();
-  // No destructors: a process group mid-collective must not be finalized politely (MPI_Finalize can block
-  // on peers that wait for us); the launcher or the peers' failing collectives bring the job down.
-  std::_Exit(code);
-}
+[[noreturn]] void die(int code, const std::string& what) { dpt::exit_with_error(code, what); }
 }  // namespace
 
 int main(int argc, char** argv) {
