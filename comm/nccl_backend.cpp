@@ -101,7 +101,7 @@ struct NcclProcessGroup::Impl {
   }
 
   // Aborts the communicator once (so peers and our own stream stop waiting on it) and reports why.
-  void abort(const std::string& why) {
+  void abort_comm(const std::string& why) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!broken.empty()) return;
@@ -140,7 +140,7 @@ struct NcclProcessGroup::Impl {
       if (r == ncclInProgress && Clock::now() > deadline) {
         const std::string why = fmt::format("{} did not start within dist.timeout_s = {:.0f} s", what,
                                             std::chrono::duration<double>(timeout).count());
-        abort(why);
+        abort_comm(why);
         throw TimeoutError(fmt::format("[rank {}] nccl: {}", rank, why));
       }
     }
@@ -150,7 +150,7 @@ struct NcclProcessGroup::Impl {
         std::lock_guard<std::mutex> lock(mu);
         why = fmt::format("{} failed: {}", what, nccl_message(r, comm));
       }
-      abort(why);
+      abort_comm(why);
       throw CommError(fmt::format("[rank {}] nccl: {}", rank, why));
     }
     throw_if_broken();
@@ -174,12 +174,12 @@ struct NcclProcessGroup::Impl {
         if (why.empty() && timeout.count() >= 0 && Clock::now() > oldest.deadline)
           why = fmt::format("{} did not finish within dist.timeout_s = {:.0f} s (a peer died or stopped calling it?)",
                             oldest.what, std::chrono::duration<double>(timeout).count());
-        if (!why.empty()) abort(why);
+        if (!why.empty()) abort_comm(why);
         lock.lock();
         if (!why.empty()) pending.clear();
       }
     } catch (const std::exception& e) {
-      abort(fmt::format("watchdog failed: {}", e.what()));
+      abort_comm(fmt::format("watchdog failed: {}", e.what()));
     }
   }
 
@@ -200,10 +200,10 @@ class NcclWork final : public Work {
     const auto limit = timeout.count() >= 0 ? timeout : impl_->timeout;
     const auto start = Clock::now();
     while (!done_->query()) {
-      if (std::string why = impl_->async_error(); !why.empty()) impl_->abort(why);
+      if (std::string why = impl_->async_error(); !why.empty()) impl_->abort_comm(why);
       impl_->throw_if_broken();
       if (limit.count() >= 0 && Clock::now() - start > limit) {
-        impl_->abort(fmt::format("{} did not finish within {:.0f} s", what_, std::chrono::duration<double>(limit).count()));
+        impl_->abort_comm(fmt::format("{} did not finish within {:.0f} s", what_, std::chrono::duration<double>(limit).count()));
         throw TimeoutError(fmt::format("[rank {}] nccl {} timed out after {:.0f} s", impl_->rank, what_,
                                        std::chrono::duration<double>(limit).count()));
       }
@@ -313,7 +313,7 @@ NcclProcessGroup::~NcclProcessGroup() {
     if (!impl_->comm) return;
     if (!last.query()) {
       lock.unlock();
-      impl_->abort("collectives still running when the process group was destroyed");
+      impl_->abort_comm("collectives still running when the process group was destroyed");
       return;
     }
     ncclResult_t r = ncclCommFinalize(impl_->comm);
