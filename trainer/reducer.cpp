@@ -88,7 +88,6 @@ void Reducer::comm_loop(int cuda_device) {
 }
 
 void Reducer::begin(bool sync) {
-  sync_ = sync;
   active_ = sync && pg_.size() > 1;
   next_launch_ = 0;
   for (size_t b = 0; b < buckets_.size(); ++b) missing_[b] = buckets_[b].end_param - buckets_[b].first_param;

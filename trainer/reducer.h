@@ -77,7 +77,6 @@ class Reducer {
   std::vector<size_t> bucket_of_param_;
   std::vector<size_t> missing_;             // per bucket: parameters whose gradients are not ready yet
   size_t next_launch_ = 0;
-  bool sync_ = true;
   bool active_ = false;                     // communicating this step (world > 1 and sync)
   std::vector<std::shared_ptr<comm::Work>> works_;  // asynchronous group: launched this step
 
