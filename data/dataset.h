@@ -1,7 +1,10 @@
 // data/dataset.h: the Dataset interface: a fixed number of (features, label) examples with random access.
 //
-// Features are float32, already normalised, flattened to feature_count() values (an image is C*H*W).
-// Implementations keep their data in memory; get() must be safe to call from several threads at once.
+// Features are float32, already normalised, flattened to feature_count() values (an image is C*H*W, in
+// that order: channels outermost, as PyTorch's NCHW). sample_shape() says how they fold: {C, H, W} for an
+// image, {F} for a plain vector. get() must be safe to call from several threads at once.
+// Random training transforms (crops, flips) are drawn from (seed, epoch, index), so every rank and every run
+// sees the same augmented example: set_epoch(e) is called before an epoch's batches are read.
 #pragma once
 
 #include <cstddef>
@@ -18,6 +21,11 @@ class Dataset {
   virtual size_t feature_count() const = 0;
   virtual int num_classes() const = 0;
   virtual std::string name() const = 0;
+  // How the features of one example fold: {C, H, W} for images; the default is the flat {feature_count()}.
+  virtual std::vector<int64_t> sample_shape() const { return {static_cast<int64_t>(feature_count())}; }
+  // The epoch whose random transforms get() applies (no effect on data sets without random transforms).
+  // Called between epochs, never while get() runs.
+  virtual void set_epoch(int64_t epoch) {}
   // Writes feature_count() floats to `features` and returns the label of example `index` (< size()).
   virtual int32_t get(size_t index, float* features) const = 0;
 };

@@ -45,6 +45,9 @@ class ImageClassDataset : public Dataset {
   size_t feature_count() const override { return height_ * width_; }
   int num_classes() const override { return num_classes_; }
   std::string name() const override { return name_; }
+  std::vector<int64_t> sample_shape() const override {
+    return {1, static_cast<int64_t>(height_), static_cast<int64_t>(width_)};
+  }
   int32_t get(size_t index, float* features) const override;
 
   size_t height() const { return height_; }

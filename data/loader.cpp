@@ -1,4 +1,5 @@
-// data/loader.cpp: Loader: one producer thread, a bounded queue of prepared batches, in-order delivery.
+// data/loader.cpp: Loader: one producer thread (plus optional helpers filling rows), a bounded queue of
+// prepared batches, in-order delivery.
 #include "data/loader.h"
 
 #include <algorithm>
@@ -32,6 +33,7 @@ Loader::Loader(const Dataset& dataset, std::vector<size_t> indices, LoaderOption
     : dataset_(dataset), indices_(std::move(indices)), opts_(opts), start_batch_(start_batch) {
   if (opts_.batch_size == 0) DPT_THROW(ConfigError, "loader: batch_size must be >= 1, got 0");
   if (opts_.prefetch == 0) DPT_THROW(ConfigError, "loader: prefetch must be >= 1, got 0");
+  if (opts_.workers == 0) DPT_THROW(ConfigError, "loader: workers must be >= 1, got 0");
   const size_t n = indices_.size();
   num_batches_ = opts_.drop_last ? n / opts_.batch_size : (n + opts_.batch_size - 1) / opts_.batch_size;
   if (start_batch_ > num_batches_) {
@@ -46,6 +48,17 @@ Loader::Loader(const Dataset& dataset, std::vector<size_t> indices, LoaderOption
   // The current CUDA device is per thread: pinned allocations on the producer thread must use the consumer's
   // device, or every rank would open a context on GPU 0.
   if (opts_.pin_memory && cuda::device_count() > 0) device_ = cuda::current_device();
+  try {
+    for (size_t w = 1; w < opts_.workers; ++w) helpers_.emplace_back([this] { helper_loop(); });
+  } catch (...) {  // could not start a thread: stop those that did start
+    {
+      std::lock_guard<std::mutex> lock(job_mu_);
+      helpers_exit_ = true;
+    }
+    job_ready_.notify_all();
+    for (auto& t : helpers_) t.join();
+    throw;
+  }
   producer_ = std::thread([this] { produce(); });
 }
 
@@ -55,24 +68,89 @@ Loader::~Loader() {
     stop_.store(true);
   }
   space_.notify_all();
-  if (producer_.joinable()) producer_.join();
+  if (producer_.joinable()) producer_.join();  // its helpers see stop_ and finish their rows first
+  {
+    std::lock_guard<std::mutex> lock(job_mu_);
+    helpers_exit_ = true;
+  }
+  job_ready_.notify_all();
+  for (auto& t : helpers_) t.join();
 }
 
-bool Loader::fill(Batch& batch, size_t batch_index) const {
+void Loader::fill_row(Batch& batch, size_t first, size_t k) const {
   const size_t features = dataset_.feature_count();
-  const size_t first = batch_index * opts_.batch_size;
-  float* x = batch.features.data<float>();
-  int32_t* y = batch.labels.data<int32_t>();
+  int32_t& y = batch.labels.data<int32_t>()[k];
+  y = dataset_.get(indices_[first + k], batch.features.data<float>() + k * features);
+  // Checked here, for every device: a GPU loss kernel cannot throw, it would only train to NaN.
   const auto classes = static_cast<int32_t>(dataset_.num_classes());
-  for (size_t k = 0; k < batch.size; ++k) {
-    if (stop_.load(std::memory_order_relaxed)) return false;
-    y[k] = dataset_.get(indices_[first + k], x + k * features);
-    // Checked here, for every device: a GPU loss kernel cannot throw, it would only train to NaN.
-    if (y[k] < 0 || y[k] >= classes)
-      DPT_THROW(IoError, "{}: example {} has label {}, outside [0, {})", dataset_.name(), indices_[first + k], y[k],
-                classes);
+  if (y < 0 || y >= classes)
+    DPT_THROW(IoError, "{}: example {} has label {}, outside [0, {})", dataset_.name(), indices_[first + k], y, classes);
+}
+
+bool Loader::fill(Batch& batch, size_t batch_index) {
+  const size_t first = batch_index * opts_.batch_size;
+  if (helpers_.empty()) {
+    for (size_t k = 0; k < batch.size; ++k) {
+      if (stop_.load(std::memory_order_relaxed)) return false;
+      fill_row(batch, first, k);
+    }
+    return true;
   }
-  return true;
+  {
+    std::lock_guard<std::mutex> lock(job_mu_);
+    job_.batch = &batch;
+    job_.first = first;
+    job_.next.store(0);
+    job_.failed.store(false);
+    job_.helpers_done = 0;
+    job_.error = nullptr;
+    ++job_.generation;
+  }
+  job_ready_.notify_all();
+  fill_rows();
+  std::unique_lock<std::mutex> lock(job_mu_);
+  job_done_.wait(lock, [this] { return job_.helpers_done == helpers_.size(); });
+  if (job_.error) std::rethrow_exception(job_.error);
+  return !stop_.load();
+}
+
+void Loader::fill_rows() {
+  Batch& batch = *job_.batch;
+  for (;;) {
+    if (stop_.load(std::memory_order_relaxed) || job_.failed.load(std::memory_order_relaxed)) return;
+    // Rows are claimed in increasing order, so when row k fails every earlier row is already claimed and
+    // will be filled (or fail too): the earliest failure is the one a single worker would have met.
+    const size_t k = job_.next.fetch_add(1);
+    if (k >= batch.size) return;
+    try {
+      fill_row(batch, job_.first, k);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(job_mu_);
+      if (!job_.error || k < job_.error_row) {
+        job_.error = std::current_exception();
+        job_.error_row = k;
+      }
+      job_.failed.store(true);
+    }
+  }
+}
+
+void Loader::helper_loop() {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(job_mu_);
+      job_ready_.wait(lock, [&] { return helpers_exit_ || job_.generation != seen; });
+      if (helpers_exit_) return;
+      seen = job_.generation;
+    }
+    fill_rows();
+    {
+      std::lock_guard<std::mutex> lock(job_mu_);
+      ++job_.helpers_done;
+    }
+    job_done_.notify_all();
+  }
 }
 
 void Loader::produce() {

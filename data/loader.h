@@ -1,9 +1,12 @@
 // data/loader.h: batches of one epoch, prepared by a background thread ahead of the training step.
 //
 // The producer thread fills up to `prefetch` batches into a bounded queue (mutex + two condition
-// variables); next() takes them in order. An exception thrown while producing (from Dataset::get, say) is
-// carried over and rethrown by next() once the batches before it have been handed out. Destroying a Loader
-// stops and joins the producer wherever it is.
+// variables); next() takes them in order. With `workers` > 1, workers - 1 helper threads (created once, with
+// the Loader) fill each batch's rows together with the producer, each claiming the next row from an atomic
+// counter: images decode in parallel, and row k still holds example k. An exception thrown while producing
+// (from Dataset::get, say) is carried over and rethrown by next() once the batches before it have been
+// handed out; with several workers, the one of the batch's earliest failing row, as with one. Destroying a
+// Loader stops and joins the producer and the helpers wherever they are.
 #pragma once
 
 #include <atomic>
@@ -38,6 +41,9 @@ struct LoaderOptions {
   // Batches in page-locked host memory, so their copies to the GPU run asynchronously (PyTorch's
   // pin_memory). Pinned allocations are slow: hand batches back with recycle() to reuse them.
   bool pin_memory = false;
+  // Threads calling Dataset::get for a batch (>= 1): the producer and workers - 1 helpers. 1: the producer
+  // alone. More pay where get() is costly (decoding images), not for in-memory data.
+  size_t workers = 1;
 };
 
 // The one place batch memory is allocated: `capacity` rows, viewed as `size` rows; pinned when asked.
@@ -46,8 +52,8 @@ Batch allocate_batch(size_t size, size_t feature_count, size_t capacity = 0, boo
 class Loader {
  public:
   // Iterates `indices` (this rank's order for one epoch) in batches, starting at batch `start_batch`
-  // (resume). `dataset` must outlive the Loader. Throws ConfigError for batch_size or prefetch 0 or a
-  // start_batch past num_batches(), InternalError for an index past the end of the data set.
+  // (resume). `dataset` must outlive the Loader. Throws ConfigError for batch_size, prefetch or workers 0
+  // or a start_batch past num_batches(), InternalError for an index past the end of the data set.
   Loader(const Dataset& dataset, std::vector<size_t> indices, LoaderOptions opts, size_t start_batch = 0);
   ~Loader();
   Loader(const Loader&) = delete;
@@ -64,7 +70,23 @@ class Loader {
 
  private:
   void produce();
-  bool fill(Batch& batch, size_t batch_index) const;  // false when stopped half way
+  bool fill(Batch& batch, size_t batch_index);  // false when stopped half way
+  void fill_row(Batch& batch, size_t first, size_t k) const;  // row k from example indices_[first + k]
+  void fill_rows();    // claims and fills rows of job_ until none is left (or stop, or a failure)
+  void helper_loop();  // a helper thread: fill_rows() for every new job_
+
+  // The batch being filled by several workers. The producer sets it up under job_mu_ and bumps
+  // `generation`; helpers see the new generation, fill rows, and report `helpers_done`.
+  struct Job {
+    Batch* batch = nullptr;
+    size_t first = 0;                // position in indices_ of row 0
+    std::atomic<size_t> next{0};      // the next row to claim
+    std::atomic<bool> failed{false};  // a row threw: claim no more (earlier rows are all claimed already)
+    uint64_t generation = 0;
+    size_t helpers_done = 0;
+    size_t error_row = 0;  // the earliest failing row, when error is set
+    std::exception_ptr error;
+  };
 
   const Dataset& dataset_;
   std::vector<size_t> indices_;
@@ -82,6 +104,13 @@ class Loader {
   std::exception_ptr error_;
   std::atomic<bool> stop_{false};
   double wait_seconds_ = 0.0;
+
+  std::mutex job_mu_;
+  std::condition_variable job_ready_;  // a new job, or helpers_exit_
+  std::condition_variable job_done_;   // a helper finished its part of the job
+  Job job_;
+  bool helpers_exit_ = false;
+  std::vector<std::thread> helpers_;  // workers - 1 of them
 
   std::thread producer_;  // last: started once everything above exists
 };

@@ -1,5 +1,7 @@
-// data/subset.h: Subset: a contiguous range [begin, begin + size) of another dataset, as a Dataset. Used to
-// split one synthetic dataset into disjoint train and test parts that share its labelling function.
+// data/subset.h: Subset: evenly strided examples of another dataset (by default a contiguous range), as a Dataset. Used to
+// split one synthetic dataset into disjoint train and test parts that share its labelling function, and, strided, for
+// data.train_limit / test_limit on image folders (whose examples are sorted by class: a prefix would hold
+// only the first classes).
 #pragma once
 
 #include <memory>
@@ -11,22 +13,26 @@ namespace dpt::data {
 
 class Subset final : public Dataset {
  public:
-  Subset(std::shared_ptr<const Dataset> base, size_t begin, size_t size)
-      : base_(std::move(base)), begin_(begin), size_(size) {
-    DPT_CHECK_LE(begin_ + size_, base_->size());
+  // Examples begin, begin + stride, ..., size of them.
+  Subset(std::shared_ptr<Dataset> base, size_t begin, size_t size, size_t stride = 1)
+      : base_(std::move(base)), begin_(begin), size_(size), stride_(stride) {
+    DPT_CHECK_GE(stride_, 1u);
+    if (size_ > 0) DPT_CHECK_LT(begin_ + (size_ - 1) * stride_, base_->size());
   }
   size_t size() const override { return size_; }
   size_t feature_count() const override { return base_->feature_count(); }
   int num_classes() const override { return base_->num_classes(); }
   std::string name() const override { return base_->name(); }
+  std::vector<int64_t> sample_shape() const override { return base_->sample_shape(); }
+  void set_epoch(int64_t epoch) override { base_->set_epoch(epoch); }
   int32_t get(size_t index, float* features) const override {
     DPT_CHECK_LT(index, size_);
-    return base_->get(begin_ + index, features);
+    return base_->get(begin_ + index * stride_, features);
   }
 
  private:
-  std::shared_ptr<const Dataset> base_;
-  size_t begin_, size_;
+  std::shared_ptr<Dataset> base_;
+  size_t begin_, size_, stride_;
 };
 
 }  // namespace dpt::data

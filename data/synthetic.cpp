@@ -5,20 +5,12 @@
 #include <numbers>
 
 #include "core/check.h"
+#include "data/random.h"
 
 namespace dpt::data {
 namespace {
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 constexpr uint64_t kWeightStream = 0xD1B54A32D192ED03ull;  // keeps the weights' stream apart from the features'
-
-// splitmix64's finaliser: a bijective 64-bit mix, good enough to turn counters into independent-looking bits.
-uint64_t mix64(uint64_t x) {
-  x += kGolden;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // A standard normal value that depends only on (key, counter): Box-Muller from two hashed uniforms.
 float normal_at(uint64_t key, uint64_t counter) {

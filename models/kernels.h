@@ -43,6 +43,53 @@ class Kernels {
   virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) = 0;
   // x *= alpha
   virtual void scale(float* x, size_t n, float alpha) = 0;
+
+  // ---- convolutional networks ---------------------------------------------------------------------------
+  // Activations are NCHW, contiguous. Every "accumulates" below adds (+=) into its output (the parameter
+  // gradients); every other output is overwritten.
+
+  // y[n, k, p, q] = sum_{c, r, s} x[n, c, p*stride - pad + r, q*stride - pad + s] * w[k, c, r, s]
+  virtual void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) = 0;
+  // dx = d(loss)/dx given dy [n, k, p, q] (overwrites dx [n, c, h, w]).
+  virtual void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) = 0;
+  // dw [k, c, r, s] accumulates d(loss)/dw.
+  virtual void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) = 0;
+
+  // Batch normalisation, split where SyncBatchNorm all-reduces (as PyTorch's batch_norm_stats /
+  // batch_norm_elemt / batch_norm_backward_reduce / batch_norm_backward_elemt), so BatchNorm and
+  // SyncBatchNorm share every kernel. `sums` are doubles on the device, 2c + 1 of them.
+  // Training forward, part 1: sums[ch] = sum of x, sums[c + ch] = sum of x^2 over (n, hw); sums[2c] = n*hw.
+  virtual void bn_stats(const float* x, const BnShape& bs, double* sums) = 0;
+  // Part 2, from the (possibly all-reduced) sums: mean and biased variance per channel; saves mean and
+  // 1/sqrt(var + eps) for backward; y = (x - mean) * invstd * gamma + beta; running statistics move by
+  // `momentum` toward the batch's mean and UNBIASED variance (PyTorch's rule).
+  virtual void bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums,
+                                const BnShape& bs, float eps, float momentum, float* running_mean,
+                                float* running_var, float* save_mean, float* save_invstd, float* y) = 0;
+  // Evaluation: y = (x - running_mean) / sqrt(running_var + eps) * gamma + beta.
+  virtual void bn_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
+                               const float* running_var, const BnShape& bs, float eps, float* y) = 0;
+  // Backward, part 1: sums[ch] = sum of dy, sums[c + ch] = sum of dy * (x - mean) * invstd, sums[2c] = n*hw;
+  // dgamma accumulates the second, dbeta the first (this rank's own: DDP then averages them).
+  virtual void bn_backward_reduce(const float* dy, const float* x, const float* save_mean, const float* save_invstd,
+                                  const BnShape& bs, double* sums, float* dgamma, float* dbeta) = 0;
+  // Part 2, from the (possibly all-reduced) sums, count = sums[2c]:
+  // dx = gamma * invstd * (dy - sum_dy / count - xhat * sum_dy_xhat / count).
+  virtual void bn_backward_data(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                                const float* save_invstd, const double* sums, const BnShape& bs, float* dx) = 0;
+
+  // y = max(x, 0); y may alias x.
+  virtual void relu(const float* x, float* y, size_t n) = 0;
+  // y = a + b, then max(., 0) when relu; y may alias a or b.
+  virtual void add(const float* a, const float* b, float* y, size_t n, bool relu) = 0;
+  // Max pooling; argmax[n, c, p, q] keeps the winning input position (h * w index) for backward.
+  virtual void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps) = 0;
+  // dx (overwritten, zero where no window took the maximum) from dy through argmax.
+  virtual void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps) = 0;
+  // Global average pooling (AdaptiveAvgPool2d to 1x1): y[i] = mean of x[i, 0..hw) for i < rows (= n*c).
+  virtual void avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw) = 0;
+  // dx[i, j] = dy[i] / hw (overwritten).
+  virtual void avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) = 0;
   // Sum of squares, accumulated in double; returned to the host (on the GPU: waits for the stream).
   virtual double sum_squares(const float* x, size_t n) = 0;
 };

@@ -1,31 +1,32 @@
-// models/layers.cpp: Linear (+ fused ReLU) and softmax cross-entropy, forward and backward.
+// models/layers.cpp: the leaf modules and the softmax cross-entropy loss, forward and backward.
 #include "models/layers.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace dpt::models {
 
-float uniform(std::mt19937_64& rng, float lo, float hi) {
-  // 24 random bits -> [0, 1) exactly representable in float.
-  const float u = static_cast<float>(rng() >> 40) * (1.0f / 16777216.0f);
-  return lo + (hi - lo) * u;
+namespace {
+
+std::vector<int64_t> nchw(const Tensor& x, const char* who) {
+  DPT_CHECK(x.ndim() == 4, "{} takes [n, c, h, w], got {}", who, x.shape_str());
+  return x.shape();
 }
 
-Tensor& ensure_shape(Tensor& t, const std::vector<int64_t>& shape, Device device, DType dtype) {
-  if (!t.defined() || t.shape() != shape || t.device() != device || t.dtype() != dtype) {
-    t = Tensor::empty(shape, dtype, device);
-  }
-  return t;
-}
+}  // namespace
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool relu, bool needs_input_grad)
-    : in_(in_features), out_(out_features), relu_(relu), needs_input_grad_(needs_input_grad) {
+// ---- Linear ---------------------------------------------------------------------------------------------
+
+Linear::Linear(int64_t in_features, int64_t out_features, bool relu)
+    : in_(in_features), out_(out_features), relu_(relu) {
   DPT_CHECK(in_ > 0 && out_ > 0, "Linear({}, {})", in_, out_);
 }
 
+std::string Linear::kind() const { return fmt::format("Linear{}({}->{})", relu_ ? "+ReLU" : "", in_, out_); }
+
 std::vector<ParamSpec> Linear::param_specs() const { return {{"weight", {out_, in_}}, {"bias", {out_}}}; }
 
-void Linear::bind(std::vector<Tensor> params, std::vector<Tensor> grads) {
+void Linear::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
   DPT_CHECK_EQ(params.size(), 2u);
   DPT_CHECK_EQ(grads.size(), 2u);
   w_ = params[0];
@@ -43,10 +44,14 @@ void Linear::init_params(std::mt19937_64& rng) {
   for (size_t i = 0; i < b_.numel(); ++i) b[i] = uniform(rng, -bound, bound);
 }
 
-const Tensor& Linear::forward(const Tensor& x, Kernels& k) {
-  DPT_CHECK(x.ndim() == 2 && x.dim(1) == in_, "Linear({}, {}) got input {}", in_, out_, x.shape_str());
+const Tensor& Linear::run_forward(const Tensor& x, Kernels& k) {
+  // Any [n, ...] input with in_features values per example is read as [n, in] (nn.Flatten before it: an
+  // image for the MLP, [n, c, 1, 1] after global pooling).
+  DPT_CHECK(x.ndim() >= 2 && x.numel() == static_cast<size_t>(x.dim(0) * in_), "Linear({}, {}) got input {}", in_,
+            out_, x.shape_str());
   const int64_t batch = x.dim(0);
   x_ = x;
+  x_shape_ = x.shape();
   ensure_shape(y_, {batch, out_}, x.device());
   float* y = y_.data<float>();
   k.gemm(false, true, batch, out_, in_, 1.0f, x.data<float>(), in_, w_.data<float>(), in_, 0.0f, y, out_);
@@ -54,7 +59,7 @@ const Tensor& Linear::forward(const Tensor& x, Kernels& k) {
   return y_;
 }
 
-const Tensor& Linear::backward(const Tensor& dy, Kernels& k) {
+const Tensor& Linear::run_backward(const Tensor& dy, Kernels& k) {
   const int64_t batch = x_.dim(0);
   DPT_CHECK(dy.ndim() == 2 && dy.dim(0) == batch && dy.dim(1) == out_, "Linear backward got {}", dy.shape_str());
   const float* d = dy.data<float>();
@@ -67,10 +72,203 @@ const Tensor& Linear::backward(const Tensor& dy, Kernels& k) {
   k.gemm(true, false, out_, in_, batch, 1.0f, d, out_, x_.data<float>(), in_, 1.0f, dw_.data<float>(), in_);
   k.bias_grad_accumulate(d, db_.data<float>(), batch, out_);
   if (!needs_input_grad_) return none_;
-  ensure_shape(dx_, {batch, in_}, dy.device());
+  ensure_shape(dx_, x_shape_, dy.device());
   k.gemm(false, false, batch, in_, out_, 1.0f, d, out_, w_.data<float>(), in_, 0.0f, dx_.data<float>(), in_);
   return dx_;
 }
+
+// ---- Conv2d ---------------------------------------------------------------------------------------------
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride, int64_t padding, Init init)
+    : in_(in_channels), out_(out_channels), kernel_(kernel), stride_(stride), pad_(padding), init_(init) {
+  DPT_CHECK(in_ > 0 && out_ > 0 && kernel_ > 0 && stride_ > 0 && pad_ >= 0, "Conv2d({}, {}, {}, stride {}, padding {})",
+            in_, out_, kernel_, stride_, pad_);
+}
+
+std::string Conv2d::kind() const {
+  return fmt::format("Conv2d({}->{}, {}x{}{}{})", in_, out_, kernel_, kernel_,
+                     stride_ != 1 ? fmt::format(", stride {}", stride_) : "",
+                     pad_ != 0 ? fmt::format(", pad {}", pad_) : "");
+}
+
+std::vector<ParamSpec> Conv2d::param_specs() const { return {{"weight", {out_, in_, kernel_, kernel_}}}; }
+
+void Conv2d::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
+  DPT_CHECK_EQ(params.size(), 1u);
+  DPT_CHECK_EQ(grads.size(), 1u);
+  w_ = params[0];
+  dw_ = grads[0];
+}
+
+void Conv2d::init_params(std::mt19937_64& rng) {
+  DPT_CHECK(w_.device().is_cpu(), "initialisation runs on the host; copy to the device after");
+  float* w = w_.data<float>();
+  if (init_ == Init::KaimingNormalFanOut) {
+    const float stddev = std::sqrt(2.0f / static_cast<float>(out_ * kernel_ * kernel_));
+    for (size_t i = 0; i < w_.numel(); ++i) w[i] = normal(rng, 0.0f, stddev);
+  } else {
+    const float bound = 1.0f / std::sqrt(static_cast<float>(in_ * kernel_ * kernel_));
+    for (size_t i = 0; i < w_.numel(); ++i) w[i] = uniform(rng, -bound, bound);
+  }
+}
+
+ConvShape Conv2d::shape_for(const std::vector<int64_t>& x) const {
+  DPT_CHECK(x.size() == 4 && x[1] == in_, "{} got input [{}]", kind(), fmt::join(x, ", "));
+  ConvShape cs{.n = x[0], .c = x[1], .h = x[2], .w = x[3], .k = out_, .r = kernel_, .s = kernel_,
+               .stride = stride_, .pad = pad_};
+  if (!conv_output_size(cs))
+    DPT_THROW(ConfigError, "{}: input {}x{} is too small for the kernel (the output would be empty)", kind(), x[2], x[3]);
+  return cs;
+}
+
+const Tensor& Conv2d::run_forward(const Tensor& x, Kernels& k) {
+  cs_ = shape_for(nchw(x, "Conv2d"));
+  x_ = x;
+  ensure_shape(y_, {cs_.n, cs_.k, cs_.p, cs_.q}, x.device());
+  k.conv2d_forward(x.data<float>(), w_.data<float>(), y_.data<float>(), cs_);
+  return y_;
+}
+
+const Tensor& Conv2d::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == y_.shape(), "{} backward got {}, forward gave {}", kind(), dy.shape_str(), y_.shape_str());
+  k.conv2d_backward_weight(dy.data<float>(), x_.data<float>(), dw_.data<float>(), cs_);
+  if (!needs_input_grad_) return none_;
+  ensure_shape(dx_, x_.shape(), dy.device());
+  k.conv2d_backward_data(dy.data<float>(), w_.data<float>(), dx_.data<float>(), cs_);
+  return dx_;
+}
+
+// ---- BatchNorm2d ----------------------------------------------------------------------------------------
+
+BatchNorm2d::BatchNorm2d(int64_t channels, float eps, float momentum)
+    : channels_(channels), eps_(eps), momentum_(momentum) {
+  DPT_CHECK(channels_ > 0, "BatchNorm2d({})", channels_);
+}
+
+std::string BatchNorm2d::kind() const { return fmt::format("{}BatchNorm2d({})", sync_ ? "Sync" : "", channels_); }
+
+std::vector<ParamSpec> BatchNorm2d::param_specs() const { return {{"weight", {channels_}}, {"bias", {channels_}}}; }
+
+std::vector<BufferSpec> BatchNorm2d::buffer_specs() const {
+  return {{"running_mean", {channels_}, 0.0f}, {"running_var", {channels_}, 1.0f}};
+}
+
+void BatchNorm2d::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) {
+  DPT_CHECK_EQ(params.size(), 2u);
+  DPT_CHECK_EQ(grads.size(), 2u);
+  DPT_CHECK_EQ(buffers.size(), 2u);
+  gamma_ = params[0];
+  beta_ = params[1];
+  dgamma_ = grads[0];
+  dbeta_ = grads[1];
+  running_mean_ = buffers[0];
+  running_var_ = buffers[1];
+}
+
+void BatchNorm2d::init_params(std::mt19937_64&) {
+  DPT_CHECK(gamma_.device().is_cpu(), "initialisation runs on the host; copy to the device after");
+  std::fill_n(gamma_.data<float>(), channels_, 1.0f);
+  std::fill_n(beta_.data<float>(), channels_, 0.0f);
+  num_batches_tracked_ = 0;
+}
+
+const Tensor& BatchNorm2d::run_forward(const Tensor& x, Kernels& k) {
+  const auto shape = nchw(x, "BatchNorm2d");
+  DPT_CHECK(shape[1] == channels_, "{} got input {}", kind(), x.shape_str());
+  bs_ = {.n = shape[0], .c = channels_, .hw = shape[2] * shape[3]};
+  x_ = x;
+  ensure_shape(y_, shape, x.device());
+  if (!training_) {
+    k.bn_forward_eval(x.data<float>(), gamma_.data<float>(), beta_.data<float>(), running_mean_.data<float>(),
+                      running_var_.data<float>(), bs_, eps_, y_.data<float>());
+    return y_;
+  }
+  if (bs_.n * bs_.hw <= 1 && !sync_)
+    DPT_THROW(ConfigError, "{}: training needs more than one value per channel, got input {} (batch size 1 at 1x1?)",
+              kind(), x.shape_str());
+  ensure_shape(sums_, {2 * channels_ + 1}, x.device(), DType::F64);
+  ensure_shape(save_mean_, {channels_}, x.device());
+  ensure_shape(save_invstd_, {channels_}, x.device());
+  k.bn_stats(x.data<float>(), bs_, sums_.data<double>());
+  if (sync_) sync_(sums_);
+  k.bn_forward_train(x.data<float>(), gamma_.data<float>(), beta_.data<float>(), sums_.data<double>(), bs_, eps_,
+                     momentum_, running_mean_.data<float>(), running_var_.data<float>(), save_mean_.data<float>(),
+                     save_invstd_.data<float>(), y_.data<float>());
+  ++num_batches_tracked_;
+  return y_;
+}
+
+const Tensor& BatchNorm2d::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == y_.shape(), "{} backward got {}, forward gave {}", kind(), dy.shape_str(), y_.shape_str());
+  DPT_CHECK(training_, "{}: backward in evaluation mode", kind());
+  k.bn_backward_reduce(dy.data<float>(), x_.data<float>(), save_mean_.data<float>(), save_invstd_.data<float>(), bs_,
+                       sums_.data<double>(), dgamma_.data<float>(), dbeta_.data<float>());
+  if (!needs_input_grad_) return none_;
+  if (sync_) sync_(sums_);
+  ensure_shape(dx_, x_.shape(), dy.device());
+  k.bn_backward_data(dy.data<float>(), x_.data<float>(), gamma_.data<float>(), save_mean_.data<float>(),
+                     save_invstd_.data<float>(), sums_.data<double>(), bs_, dx_.data<float>());
+  return dx_;
+}
+
+// ---- ReLU, pooling --------------------------------------------------------------------------------------
+
+const Tensor& ReLU::run_forward(const Tensor& x, Kernels& k) {
+  ensure_shape(y_, x.shape(), x.device());
+  k.relu(x.data<float>(), y_.data<float>(), x.numel());
+  return y_;
+}
+
+const Tensor& ReLU::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == y_.shape(), "ReLU backward got {}, forward gave {}", dy.shape_str(), y_.shape_str());
+  if (!needs_input_grad_) return none_;
+  ensure_shape(dx_, y_.shape(), dy.device());
+  k.relu_backward(y_.data<float>(), dy.data<float>(), dx_.data<float>(), dy.numel());
+  return dx_;
+}
+
+MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride, int64_t padding) : kernel_(kernel), stride_(stride), pad_(padding) {
+  DPT_CHECK(kernel_ > 0 && stride_ > 0 && pad_ >= 0 && 2 * pad_ <= kernel_,
+            "MaxPool2d(kernel {}, stride {}, padding {}): padding must be at most half the kernel", kernel_, stride_, pad_);
+}
+
+std::string MaxPool2d::kind() const { return fmt::format("MaxPool2d({}, stride {}, pad {})", kernel_, stride_, pad_); }
+
+const Tensor& MaxPool2d::run_forward(const Tensor& x, Kernels& k) {
+  const auto s = nchw(x, "MaxPool2d");
+  ps_ = {.n = s[0], .c = s[1], .h = s[2], .w = s[3], .kernel = kernel_, .stride = stride_, .pad = pad_};
+  if (!pool_output_size(ps_))
+    DPT_THROW(ConfigError, "{}: input {}x{} is too small (the output would be empty)", kind(), s[2], s[3]);
+  ensure_shape(y_, {ps_.n, ps_.c, ps_.p, ps_.q}, x.device());
+  ensure_shape(argmax_, {ps_.n, ps_.c, ps_.p, ps_.q}, x.device(), DType::I32);
+  k.maxpool2d_forward(x.data<float>(), y_.data<float>(), argmax_.data<int32_t>(), ps_);
+  return y_;
+}
+
+const Tensor& MaxPool2d::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == y_.shape(), "{} backward got {}, forward gave {}", kind(), dy.shape_str(), y_.shape_str());
+  if (!needs_input_grad_) return none_;
+  ensure_shape(dx_, {ps_.n, ps_.c, ps_.h, ps_.w}, dy.device());
+  k.maxpool2d_backward(dy.data<float>(), argmax_.data<int32_t>(), dx_.data<float>(), ps_);
+  return dx_;
+}
+
+const Tensor& AdaptiveAvgPool2d::run_forward(const Tensor& x, Kernels& k) {
+  x_shape_ = nchw(x, "AdaptiveAvgPool2d");
+  ensure_shape(y_, {x_shape_[0], x_shape_[1], 1, 1}, x.device());
+  k.avgpool_forward(x.data<float>(), y_.data<float>(), x_shape_[0] * x_shape_[1], x_shape_[2] * x_shape_[3]);
+  return y_;
+}
+
+const Tensor& AdaptiveAvgPool2d::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.numel() == y_.numel(), "AdaptiveAvgPool2d backward got {}", dy.shape_str());
+  if (!needs_input_grad_) return none_;
+  ensure_shape(dx_, x_shape_, dy.device());
+  k.avgpool_backward(dy.data<float>(), dx_.data<float>(), x_shape_[0] * x_shape_[1], x_shape_[2] * x_shape_[3]);
+  return dx_;
+}
+
+// ---- loss -----------------------------------------------------------------------------------------------
 
 void SoftmaxCrossEntropy::accumulate(const Tensor& logits, const Tensor& labels, Kernels& k, Tensor& stats,
                                      bool backward) {

@@ -1,66 +1,149 @@
-// models/layers.h: layers with explicit forward and backward, and the softmax cross-entropy loss.
+// models/layers.h: the leaf modules, each with explicit forward and backward on a kernel set (Linear, Conv2d,
+// BatchNorm2d, ReLU, MaxPool2d, AdaptiveAvgPool2d), and the softmax cross-entropy loss.
 //
-// A layer declares the parameters it needs (param_specs); the Model allocates them inside its one flat
-// parameter buffer (and the gradients inside the flat gradient buffer) and hands the layer views (bind).
-// backward() ACCUMULATES parameter gradients (+=), so gradient accumulation over micro-batches is free; the
-// Model zeroes the flat gradient buffer once per optimizer step.
-// Activation buffers are kept between steps and reallocated only when the batch size changes.
+// Layers never branch on the device: they call the Kernels they are given. Activations are NCHW.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
 #include "models/kernels.h"
+#include "models/module.h"
 
 namespace dpt::models {
 
-struct ParamSpec {
-  std::string name;  // within the layer: "weight", "bias"
-  std::vector<int64_t> shape;
-};
-
-// Deterministic, portable uniform draws in [lo, hi) for initialisation (independent of the C++ library's
-// distribution implementations, so the same seed gives the same model everywhere).
-float uniform(std::mt19937_64& rng, float lo, float hi);
-
-class Layer {
- public:
-  virtual ~Layer() = default;
-  virtual std::string kind() const = 0;  // "Linear", ...
-  virtual std::vector<ParamSpec> param_specs() const { return {}; }
-  virtual void bind(std::vector<Tensor> params, std::vector<Tensor> grads) {}
-  virtual void init_params(std::mt19937_64& rng) {}
-  // Returns the output; the reference stays valid until the next forward().
-  virtual const Tensor& forward(const Tensor& x, Kernels& k) = 0;
-  // Given d(loss)/d(output), accumulates parameter gradients and returns d(loss)/d(input), or an undefined
-  // tensor when the layer was built without an input gradient (the first layer: nobody needs it).
-  virtual const Tensor& backward(const Tensor& dy, Kernels& k) = 0;
-};
-
 // y = x W^T + b (PyTorch's layout: W is [out, in]), optionally followed by ReLU fused into the bias pass.
-class Linear final : public Layer {
+// Any input [n, ...] of in_features values per example is read as [n, in] (flattened, as nn.Flatten).
+class Linear final : public Module {
  public:
-  Linear(int64_t in_features, int64_t out_features, bool relu, bool needs_input_grad);
-  std::string kind() const override { return relu_ ? "Linear+ReLU" : "Linear"; }
+  Linear(int64_t in_features, int64_t out_features, bool relu = false);
+  std::string kind() const override;
   std::vector<ParamSpec> param_specs() const override;
-  void bind(std::vector<Tensor> params, std::vector<Tensor> grads) override;
+  void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
   // PyTorch's default: W and b ~ U(-1/sqrt(in), 1/sqrt(in)).
   void init_params(std::mt19937_64& rng) override;
-  const Tensor& forward(const Tensor& x, Kernels& k) override;
-  const Tensor& backward(const Tensor& dy, Kernels& k) override;
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
 
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
  private:
   int64_t in_, out_;
-  bool relu_, needs_input_grad_;
+  bool relu_;
   Tensor w_, b_, dw_, db_;
-  Tensor x_;          // the input of the last forward (a handle, not a copy)
-  Tensor y_, dpre_, dx_, none_;
+  Tensor x_;  // the input of the last forward (a handle, not a copy)
+  std::vector<int64_t> x_shape_;
+  Tensor y_, dpre_, dx_;
+};
+
+// 2-D convolution without bias (torchvision's ResNets have none): weight [out, in, k, k].
+class Conv2d final : public Module {
+ public:
+  enum class Init { PyTorchDefault, KaimingNormalFanOut };
+  Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride = 1, int64_t padding = 0,
+         Init init = Init::PyTorchDefault);
+  std::string kind() const override;
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
+  // PyTorchDefault: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform_ with a = sqrt(5));
+  // KaimingNormalFanOut: N(0, 2 / fan_out) (torchvision's ResNet: kaiming_normal_, mode fan_out, relu).
+  void init_params(std::mt19937_64& rng) override;
+  // The output shape for an input [n, c, h, w]; ConfigError when it would be empty.
+  ConvShape shape_for(const std::vector<int64_t>& x) const;
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  int64_t in_, out_, kernel_, stride_, pad_;
+  Init init_;
+  Tensor w_, dw_;
+  Tensor x_, y_, dx_;
+  ConvShape cs_;
+};
+
+// Batch normalisation over the channels of NCHW activations (PyTorch's BatchNorm2d: eps 1e-5, momentum 0.1,
+// affine, tracking running statistics). Training mode normalises with the batch's statistics and moves the
+// running ones; evaluation mode uses the running ones. With set_sync(), the batch statistics and the input
+// gradient's sums are summed across ranks first (SyncBatchNorm): the same kernels, one all-reduce each way.
+class BatchNorm2d final : public Module {
+ public:
+  // Sums `sums` (doubles on the activations' device) in place across the ranks, ordered with the kernel
+  // set's stream; set by the trainer (models never talk to a process group themselves).
+  using AllReduceSum = std::function<void(Tensor& sums)>;
+
+  explicit BatchNorm2d(int64_t channels, float eps = 1e-5f, float momentum = 0.1f);
+  std::string kind() const override;
+  std::vector<ParamSpec> param_specs() const override;
+  std::vector<BufferSpec> buffer_specs() const override;
+  std::vector<Counter> counters() override { return {{"num_batches_tracked", &num_batches_tracked_}}; }
+  void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
+  // weight = 1, bias = 0 (buffers: running_mean 0, running_var 1).
+  void init_params(std::mt19937_64& rng) override;
+  void set_sync(AllReduceSum sum) { sync_ = std::move(sum); }
+  bool synced() const { return static_cast<bool>(sync_); }
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  int64_t channels_;
+  float eps_, momentum_;
+  int64_t num_batches_tracked_ = 0;
+  AllReduceSum sync_;
+  Tensor gamma_, beta_, dgamma_, dbeta_, running_mean_, running_var_;
+  Tensor x_, y_, dx_, save_mean_, save_invstd_, sums_;
+  BnShape bs_;
+};
+
+class ReLU final : public Module {
+ public:
+  std::string kind() const override { return "ReLU"; }
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  Tensor y_, dx_;
+};
+
+class MaxPool2d final : public Module {
+ public:
+  MaxPool2d(int64_t kernel, int64_t stride, int64_t padding = 0);
+  std::string kind() const override;
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  int64_t kernel_, stride_, pad_;
+  PoolShape ps_;
+  Tensor y_, argmax_, dx_;
+};
+
+// AdaptiveAvgPool2d((1, 1)): [n, c, h, w] -> [n, c, 1, 1], the mean of each plane.
+class AdaptiveAvgPool2d final : public Module {
+ public:
+  std::string kind() const override { return "AdaptiveAvgPool2d(1)"; }
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  std::vector<int64_t> x_shape_;
+  Tensor y_, dx_;
 };
 
 struct LossResult {
@@ -84,8 +167,5 @@ class SoftmaxCrossEntropy {
   LossResult run(const Tensor& logits, const Tensor& labels, Kernels& k, bool backward);
   Tensor dlogits_, stats_;
 };
-
-// (Re)allocates `t` when its shape differs from `shape`; returns it.
-Tensor& ensure_shape(Tensor& t, const std::vector<int64_t>& shape, Device device, DType dtype = DType::F32);
 
 }  // namespace dpt::models

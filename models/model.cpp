@@ -1,46 +1,78 @@
-// models/model.cpp: the flat-buffer Model and the MLP builder.
+// models/model.cpp: the flat-buffer Model over a module tree, and the MLP builder.
 #include "models/model.h"
 
 namespace dpt::models {
+namespace {
 
-Model::Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string> names, Device device)
-    : layers_(std::move(layers)), names_(std::move(names)) {
-  DPT_CHECK_EQ(layers_.size(), names_.size());
-  size_t total = 0;
-  for (const auto& layer : layers_)
-    for (const auto& spec : layer->param_specs()) total += numel_of(spec.shape);
-  allocate(Device::cpu(), static_cast<int64_t>(total));
+void collect(Module* m, const std::string& prefix, std::vector<Module*>& modules, std::vector<std::string>& prefixes) {
+  modules.push_back(m);
+  prefixes.push_back(prefix);
+  for (const auto& [name, child] : m->children()) collect(child, prefix + name + ".", modules, prefixes);
+}
+
+}  // namespace
+
+Model::Model(std::unique_ptr<Module> root, std::string name, Device device)
+    : root_(std::move(root)), name_(std::move(name)) {
+  DPT_CHECK(root_ != nullptr, "a model needs a root module");
+  std::vector<Module*> modules;
+  std::vector<std::string> prefixes;
+  collect(root_.get(), "", modules, prefixes);
+  size_t params = 0, buffers = 0;
+  for (size_t i = 0; i < modules.size(); ++i) {
+    Module* m = modules[i];
+    const auto ps = m->param_specs();
+    const auto bs = m->buffer_specs();
+    const auto cs = m->counters();
+    if (ps.empty() && bs.empty() && cs.empty()) continue;
+    owners_.push_back({m, prefixes[i]});
+    for (const auto& s : ps) params += numel_of(s.shape);
+    for (const auto& s : bs) buffers += numel_of(s.shape);
+    for (const auto& c : cs) counters_.emplace_back(prefixes[i] + c.name, c.value);
+  }
+  allocate(Device::cpu(), static_cast<int64_t>(params), static_cast<int64_t>(buffers));
   if (device != Device::cpu()) to(device);
 }
 
-void Model::allocate(Device device, int64_t total) {
+void Model::allocate(Device device, int64_t total_params, int64_t total_buffers) {
   device_ = device;
   kernels_ = &kernels_for(device);
-  params_ = Tensor::zeros({total}, DType::F32, device);
-  grads_ = Tensor::zeros({total}, DType::F32, device);
+  params_ = Tensor::zeros({total_params}, DType::F32, device);
+  grads_ = Tensor::zeros({total_params}, DType::F32, device);
+  buffers_ = Tensor::zeros({total_buffers}, DType::F32, device);
   named_.clear();
-  layer_params_.clear();
-  size_t offset = 0;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    layer_params_.emplace_back(named_.size(), named_.size() + layers_[i]->param_specs().size());
-    std::vector<Tensor> p, g;
-    for (const auto& spec : layers_[i]->param_specs()) {
-      NamedParam np{names_[i] + "." + spec.name, params_.view(offset, spec.shape), grads_.view(offset, spec.shape),
-                    offset};
+  named_buffers_.clear();
+  size_t offset = 0, boffset = 0;
+  for (const Owner& o : owners_) {
+    const size_t first = named_.size();
+    std::vector<Tensor> p, g, b;
+    for (const auto& spec : o.module->param_specs()) {
+      NamedParam np{o.prefix + spec.name, params_.view(offset, spec.shape), grads_.view(offset, spec.shape), offset};
       p.push_back(np.param);
       g.push_back(np.grad);
       named_.push_back(std::move(np));
       offset += numel_of(spec.shape);
     }
-    layers_[i]->bind(std::move(p), std::move(g));
+    for (const auto& spec : o.module->buffer_specs()) {
+      b.push_back(buffers_.view(boffset, spec.shape));
+      named_buffers_.push_back({o.prefix + spec.name, b.back()});
+      boffset += numel_of(spec.shape);
+    }
+    o.module->bind(std::move(p), std::move(g), std::move(b));
+    const size_t end = named_.size();
+    if (first != end)
+      o.module->set_grads_ready_hook([this, first, end] {
+        if (grads_ready_ && *grads_ready_) (*grads_ready_)(first, end);
+      });
   }
 }
 
 void Model::to(Device device) {
   if (device == device_) return;
-  const Tensor old = params_;
-  allocate(device, static_cast<int64_t>(old.numel()));
+  const Tensor old = params_, old_buffers = buffers_;
+  allocate(device, static_cast<int64_t>(old.numel()), static_cast<int64_t>(old_buffers.numel()));
   params_.copy_from(old);
+  if (old_buffers.numel()) buffers_.copy_from(old_buffers);
 }
 
 void Model::init(uint64_t seed) {
@@ -48,56 +80,112 @@ void Model::init(uint64_t seed) {
   const Device device = device_;
   to(Device::cpu());
   std::mt19937_64 rng(seed);
-  for (auto& layer : layers_) layer->init_params(rng);
+  for (const Owner& o : owners_) o.module->init_params(rng);
+  size_t boffset = 0;
+  for (const Owner& o : owners_)
+    for (const auto& spec : o.module->buffer_specs()) {
+      const size_t n = numel_of(spec.shape);
+      std::fill_n(buffers_.data<float>() + boffset, n, spec.init);
+      boffset += n;
+    }
+  for (auto& [name, value] : counters_) *value = 0;
   to(device);
 }
 
-const Tensor& Model::forward(const Tensor& x) {
-  const Tensor* h = &x;
-  for (auto& layer : layers_) h = &layer->forward(*h, *kernels_);
-  return *h;
-}
+const Tensor& Model::forward(const Tensor& x) { return root_->forward(x, *kernels_); }
 
-void Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
-  const Tensor* d = &dlogits;
-  for (size_t i = layers_.size(); i-- > 0;) {
-    d = &layers_[i]->backward(*d, *kernels_);
-    const auto [first, end] = layer_params_[i];
-    if (grads_ready && first != end) grads_ready(first, end);
-    if (!d->defined()) {
-      DPT_CHECK_EQ(i, 0u);  // only the first layer may skip its input gradient
-      break;
-    }
+const Tensor& Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
+  grads_ready_ = &grads_ready;
+  try {
+    const Tensor& dx = root_->backward(dlogits, *kernels_);
+    grads_ready_ = nullptr;
+    return dx;
+  } catch (...) {
+    grads_ready_ = nullptr;
+    throw;
   }
 }
 
 void Model::zero_grad() { grads_.zero_(kernels_->stream()); }
 
+size_t Model::set_batch_norm_sync(const BatchNorm2d::AllReduceSum& sum) {
+  size_t n = 0;
+  for (const Owner& o : owners_)
+    if (auto* bn = dynamic_cast<BatchNorm2d*>(o.module)) {
+      bn->set_sync(sum);
+      ++n;
+    }
+  return n;
+}
+
 std::string Model::summary() const {
-  std::string s;
-  for (size_t i = 0; i < layers_.size(); ++i) {
-    if (i) s += " -> ";
-    s += layers_[i]->kind();
-    if (auto* lin = dynamic_cast<const Linear*>(layers_[i].get()))
-      s += fmt::format("({}->{})", lin->in_features(), lin->out_features());
+  std::string s = fmt::format("{}: {} parameters", name_, num_params());
+  if (buffers_.numel()) s += fmt::format(", {} buffer values", buffers_.numel());
+  return s;
+}
+
+std::vector<NamedTensor> Model::state() const {
+  // state_dict order: each module's parameters, then its buffers, then its counters.
+  std::vector<NamedTensor> out;
+  size_t p = 0, b = 0, c = 0;
+  for (const Owner& o : owners_) {
+    for (size_t i = 0; i < o.module->param_specs().size(); ++i, ++p) out.push_back({named_[p].name, named_[p].param});
+    for (size_t i = 0; i < o.module->buffer_specs().size(); ++i, ++b) out.push_back(named_buffers_[b]);
+    for (size_t i = 0; i < o.module->counters().size(); ++i, ++c) {
+      Tensor t = Tensor::empty({}, DType::I64);
+      t.data<int64_t>()[0] = *counters_[c].second;
+      out.push_back({counters_[c].first, t});
+    }
   }
-  return fmt::format("{}; {} parameters", s, num_params());
+  return out;
+}
+
+void Model::load_state(const std::function<const Tensor*(const std::string&)>& find, const std::string& source) {
+  std::vector<std::pair<Tensor, const Tensor*>> copies;
+  for (const NamedTensor& nt : state()) {
+    const Tensor* src = find(nt.name);
+    if (!src) DPT_THROW(CheckpointError, "{}: no tensor named {} (this model: {})", source, nt.name, summary());
+    if (nt.tensor.dtype() == DType::I64) {  // a counter: any one-element integer or float tensor
+      DPT_CHECK(src->numel() == 1, "{}: {} has shape {}, expected one element", source, nt.name, src->shape_str());
+      continue;
+    }
+    if (src->shape() != nt.tensor.shape() || src->dtype() != nt.tensor.dtype())
+      DPT_THROW(CheckpointError, "{}: {} is {} {}, this model expects {} {}", source, nt.name, dtype_name(src->dtype()),
+                src->shape_str(), dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
+    copies.emplace_back(nt.tensor, src);
+  }
+  // Everything checked: only now change the model, so a failed load leaves it as it was.
+  for (auto& [dst, src] : copies) dst.copy_from(*src);
+  for (auto& [name, value] : counters_) {
+    const Tensor host = find(name)->to(Device::cpu());
+    switch (host.dtype()) {
+      case DType::I64: *value = host.data<int64_t>()[0]; break;
+      case DType::I32: *value = host.data<int32_t>()[0]; break;
+      case DType::F32: *value = static_cast<int64_t>(host.data<float>()[0]); break;
+      case DType::F64: *value = static_cast<int64_t>(host.data<double>()[0]); break;
+      default: DPT_THROW(CheckpointError, "{}: {} is {}, expected an integer", source, name, dtype_name(host.dtype()));
+    }
+  }
 }
 
 std::unique_ptr<Model> make_mlp(int64_t in_features, const std::vector<int64_t>& hidden, int64_t classes,
                                 Device device) {
-  std::vector<std::unique_ptr<Layer>> layers;
-  std::vector<std::string> names;
+  auto layers = std::make_unique<Sequential>();
   int64_t in = in_features;
+  std::vector<std::string> widths{std::to_string(in_features)};
   for (size_t i = 0; i <= hidden.size(); ++i) {
     const bool last = i == hidden.size();
     const int64_t out = last ? classes : hidden[i];
-    layers.push_back(std::make_unique<Linear>(in, out, /*relu=*/!last, /*needs_input_grad=*/i > 0));
     // nn.Sequential(Linear, ReLU, Linear, ReLU, Linear): the Linear layers sit at indices 0, 2, 4, ...
-    names.push_back(fmt::format("layers.{}", 2 * i));
+    layers->append(std::make_unique<Linear>(in, out, /*relu=*/!last), std::to_string(2 * i));
+    widths.push_back(std::to_string(out));
     in = out;
   }
-  return std::make_unique<Model>(std::move(layers), std::move(names), device);
+  layers->set_needs_input_grad(false);
+  auto root = std::make_unique<Sequential>();
+  root->append(std::move(layers), "layers");
+  root->set_needs_input_grad(false);
+  return std::make_unique<Model>(std::move(root), fmt::format("mlp {}", fmt::join(widths, "-")), device);
 }
 
 }  // namespace dpt::models

@@ -1,8 +1,11 @@
-// models/model.h: Model: a sequence of layers over one flat parameter buffer and one flat gradient buffer.
+// models/model.h: Model: a tree of modules over one flat parameter buffer, one flat gradient buffer and one
+// flat buffer of buffers (non-trainable state such as BatchNorm's running statistics).
 //
-// Parameters are laid out in layer order ("layers.0.weight", "layers.0.bias", "layers.2.weight", ...: the
-// names PyTorch gives an nn.Sequential held as `layers`, so checkpoints load into the equivalent torch
-// module). The Reducer, the optimizer and the checkpoint each see params()/grads() as one contiguous array.
+// Names are the dotted paths of PyTorch's state_dict ("layers.0.weight" for the MLP, "layer1.0.conv1.weight",
+// "bn1.running_mean", "bn1.num_batches_tracked" for a ResNet), so checkpoints load into the equivalent torch
+// module and torch weights load here. The Reducer, the optimizer and the checkpoint each see params(),
+// grads() and buffers() as one contiguous array; parameters are laid out in tree order (a module's own, then
+// its children's, in registration order = forward order).
 #pragma once
 
 #include <cstdint>
@@ -14,54 +17,81 @@
 #include "core/tensor.h"
 #include "models/kernels.h"
 #include "models/layers.h"
+#include "models/module.h"
 
 namespace dpt::models {
 
 struct NamedParam {
-  std::string name;  // "layers.0.weight"
-  Tensor param;      // view into params()
-  Tensor grad;       // view into grads()
+  std::string name;   // "layers.0.weight"
+  Tensor param;       // view into params()
+  Tensor grad;        // view into grads()
   size_t offset = 0;  // element offset in the flat buffers
 };
 
 class Model {
  public:
-  // `names[i]` is layer i's prefix ("layers.0"). Allocates the flat buffers on `device`.
-  Model(std::vector<std::unique_ptr<Layer>> layers, std::vector<std::string> names, Device device);
+  // Walks `root`, allocates the flat buffers on `device`. `name` heads summary() ("mlp 784-512-512-10").
+  Model(std::unique_ptr<Module> root, std::string name, Device device);
 
-  // Deterministic initialisation from the seed (same seed, same parameters, on every rank and machine).
+  // Deterministic initialisation from the seed (same seed, same parameters, on every rank and machine);
+  // buffers to their initial values, counters to 0.
   void init(uint64_t seed);
   const Tensor& forward(const Tensor& x);
   // `grads_ready(first, end)` is called as soon as backward has finished the gradients of named_params()
-  // [first, end) (one layer's), last layer first: the hook a bucketed all-reduce starts from.
+  // [first, end) (one module's own), in backward order: the hook a bucketed all-reduce starts from.
   using GradsReady = std::function<void(size_t first, size_t end)>;
-  void backward(const Tensor& dlogits, const GradsReady& grads_ready = {});
+  // Returns d(loss)/d(input), undefined when the first layer was built without it (every built-in model).
+  const Tensor& backward(const Tensor& dlogits, const GradsReady& grads_ready = {});
   void zero_grad();
-  // Moves parameters to `device` (gradients start at zero there); layers are rebound to the new buffers.
+  // Training (batch statistics) or evaluation (running statistics) mode; training is the default.
+  void set_training(bool training) { root_->set_training(training); }
+  // Moves parameters and buffers to `device` (gradients start at zero there); modules are rebound.
   void to(Device device);
+  // SyncBatchNorm: every BatchNorm2d sums its statistics across ranks with `sum` (nullptr: plain BatchNorm).
+  // Returns how many BatchNorm layers it reached.
+  size_t set_batch_norm_sync(const BatchNorm2d::AllReduceSum& sum);
 
   Tensor& params() { return params_; }
   Tensor& grads() { return grads_; }
+  Tensor& buffers() { return buffers_; }  // empty (numel 0) when the model has none
   const Tensor& params() const { return params_; }
+  const Tensor& buffers() const { return buffers_; }
   const std::vector<NamedParam>& named_params() const { return named_; }
+  const std::vector<NamedTensor>& named_buffers() const { return named_buffers_; }
   size_t num_params() const { return params_.numel(); }
   Device device() const { return device_; }
   Kernels& kernels() const { return *kernels_; }
-  std::string summary() const;  // "mlp: Linear+ReLU(784->512) ... , 669706 parameters"
+  std::string summary() const;  // "mlp 784-512-512-10: 669706 parameters"
+
+  // The whole state in state_dict order of names: parameters and buffers (views on the model's device) and
+  // counters (fresh 0-dimensional int64 host tensors).
+  std::vector<NamedTensor> state() const;
+  // Sets the whole state from `find(name)` (any device; shapes must match exactly; counters from int64 or
+  // float tensors of one element). Throws CheckpointError naming `source` and the first key that is
+  // missing or has another shape or dtype.
+  void load_state(const std::function<const Tensor*(const std::string&)>& find, const std::string& source);
 
  private:
-  std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<std::string> names_;
+  struct Owner {  // a module owning parameters, buffers or counters
+    Module* module;
+    std::string prefix;  // "layer1.0.bn1." ("" for the root)
+  };
+  std::unique_ptr<Module> root_;
+  std::string name_;
+  std::vector<Owner> owners_;
   Device device_;
   Kernels* kernels_ = nullptr;
-  Tensor params_, grads_;
+  Tensor params_, grads_, buffers_;
   std::vector<NamedParam> named_;
-  std::vector<std::pair<size_t, size_t>> layer_params_;  // layer i's range in named_
+  std::vector<NamedTensor> named_buffers_;
+  std::vector<std::pair<std::string, int64_t*>> counters_;
+  const GradsReady* grads_ready_ = nullptr;  // during backward()
 
-  void allocate(Device device, int64_t total);  // flat buffers on `device`, views bound into the layers
+  void allocate(Device device, int64_t total_params, int64_t total_buffers);
 };
 
-// MLP: in -> hidden[0] -> ReLU -> ... -> classes. Layer names follow nn.Sequential(Linear, ReLU, ...).
+// MLP: in -> hidden[0] -> ReLU -> ... -> classes. Names follow a module holding nn.Sequential(Linear, ReLU,
+// ...) as `layers`: layers.0, layers.2, ...
 std::unique_ptr<Model> make_mlp(int64_t in_features, const std::vector<int64_t>& hidden, int64_t classes,
                                 Device device = Device::cpu());
 

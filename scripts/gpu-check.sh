@@ -37,6 +37,8 @@ die() { echo "gpu-check: error: $*" >&2; exit 1; }
 # own, with its loader), driver (libcuda, libnvidia-*: always the machine's), cuda (CUDA's big libraries: the
 # machine's toolkit or PyTorch's NVIDIA wheels provide them), compat (libstdc++, libgcc_s: the machine's
 # are newer; carried in lib/compat/, used only when the machine's turn out too old), carry (the rest).
+# cuDNN is "cuda" too: its libraries are hundreds of MB (the bundle must stay under 60 MiB); the GPU machine has
+# it from PyTorch's wheels (nvidia/cudnn/lib), which cuda_lib_dirs finds.
 lib_class() {
   local base=${1%%.so*}
   case $base in
@@ -44,7 +46,7 @@ lib_class() {
       libutil | libanl | libnsl | libBrokenLocale | libnss_* | libthread_db | libc_malloc_debug) echo glibc ;;
     libcuda | libnvidia-* | libnvcuvid) echo driver ;;
     libcudart | libcublas | libcublasLt | libnccl | libnvrtc* | libnvJitLink | libcurand | libcusparse* | \
-      libcusolver* | libcufft* | libnvToolsExt | libnvtx* | libcupti) echo cuda ;;
+      libcusolver* | libcufft* | libnvToolsExt | libnvtx* | libcupti | libcudnn*) echo cuda ;;
     libstdc++ | libgcc_s) echo compat ;;
     *) echo carry ;;
   esac
@@ -127,8 +129,13 @@ bundle() {
   rm -f "$BUNDLE"/configs/*
   cp configs/*.toml "$BUNDLE/configs/"
 
-  local source_dir cuda_build=no
+  local source_dir cuda_build=no cudnn_version=none cudnn_inc
   source_dir=$(sed -n 's/^dptrain_SOURCE_DIR:STATIC=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
+  cudnn_inc=$(sed -n 's/^CUDNN_INCLUDE_DIR:PATH=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
+  if [ -n "${cuda[libcudnn.so.9]:-}" ] && [ -f "$cudnn_inc/cudnn_version.h" ]; then
+    cudnn_version=$(awk '/^#define CUDNN_(MAJOR|MINOR|PATCHLEVEL) / { v = v (v == "" ? "" : ".") $3 } END { print v }' \
+      "$cudnn_inc/cudnn_version.h")
+  fi
   if [ -x "$STAGE/bin/unit_gpu" ] || [ -n "${cuda[libnccl.so.2]:-}" ]; then cuda_build=yes; fi
   {
     echo "# Written by scripts/gpu-check.sh bundle; read by scripts/gpu-check.sh run."
@@ -138,6 +145,7 @@ bundle() {
     echo "build_dir=$build_dir"
     echo "source_dir=$source_dir"
     echo "cuda_build=$cuda_build"
+    echo "cudnn_version=$cudnn_version"
     echo "programs=$(cd "$STAGE/bin" && echo *)"
     echo "libs=$(printf '%s\n' "${!carried[@]}" | sort | tr '\n' ' ')"
     echo "compat_libs=$(printf '%s\n' "${!compat[@]}" | sort | tr '\n' ' ')"
@@ -204,8 +212,9 @@ tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2], **kw)' "$BUNDLE/payloa
 }
 
 # The machine's CUDA library folders, one a line, best first: the toolkit's, then the NVIDIA wheels next to
-# PyTorch (CUDA 12 wheels: nvidia/{cublas,cuda_runtime,nccl}/lib; CUDA 13 wheels: nvidia/cu13/lib, and
-# nvidia/nccl/lib for NCCL). Only folders holding cuBLAS, NCCL or the CUDA runtime.
+# PyTorch (CUDA 12 wheels: nvidia/{cublas,cuda_runtime,nccl,cuda_nvrtc}/lib; CUDA 13 wheels: nvidia/cu13/lib,
+# and nvidia/nccl/lib for NCCL; cuDNN 9 in nvidia/cudnn/lib for both). Only folders holding cuBLAS, NCCL, the
+# CUDA runtime, cuDNN or NVRTC (which cuDNN's runtime-compiled engines load).
 cuda_lib_dirs() {
   {
     local d
@@ -215,9 +224,9 @@ cuda_lib_dirs() {
     if command -v python3 >/dev/null 2>&1; then
       python3 - <<'EOF' 2>/dev/null || true
 import glob, importlib, os
-want = ("libcublas.so", "libcublasLt.so", "libnccl.so", "libcudart.so")
+want = ("libcublas.so", "libcublasLt.so", "libnccl.so", "libcudart.so", "libcudnn.so", "libnvrtc.so")
 roots = []
-for mod in ("nvidia", "nvidia.cu13", "nvidia.nccl", "nvidia.cublas", "nvidia.cuda_runtime"):
+for mod in ("nvidia", "nvidia.cu13", "nvidia.nccl", "nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cudnn"):
     try:
         m = importlib.import_module(mod)
     except Exception:
@@ -452,10 +461,10 @@ step_bench() {
 
 # -- set-up and summary ---------------------------------------------------------------------------------
 
-# The unit tests look for the source tree where it was built (DPT_SOURCE_DIR, compiled in: the shipped
-# configs) and for the data set in /usr/share/datasets/fashion-mnist (skipped when absent). Where these paths
-# do not exist here, point them at this checkout for the run: symbolic links, removed at exit, with any
-# folder made for them. GPU_CHECK_NO_LINKS=1: none (then test_config fails unless the paths match).
+# The unit tests look for the data set in /usr/share/datasets/fashion-mnist (skipped when absent). Where that
+# path does not exist here, point it at the bundle's data for the run: a symbolic link, removed at exit, with
+# any folder made for it. GPU_CHECK_NO_LINKS=1: none. (The shipped configs need no link: UNIT_ENV sets
+# DPT_SOURCE_DIR, which test_config honours, to the bundle, which carries configs/.)
 make_link() {
   local target=$1 link=$2 top d
   if [ -e "$link" ] || [ -L "$link" ]; then return 0; fi
@@ -485,9 +494,6 @@ remove_links() {
 
 make_compat_links() {
   [ "${GPU_CHECK_NO_LINKS:-0}" != 1 ] || return 0
-  local src
-  src=$(info_get source_dir)
-  if [ -n "$src" ] && [ "$src" != "$ROOT" ]; then make_link "$ROOT" "$src"; fi
   make_link "$ROOT/$BUNDLE/data" "$FMNIST_DIR"
 }
 
@@ -512,6 +518,12 @@ header() {
   local nf
   nf=$(env LD_LIBRARY_PATH="$DPT_LD" ldd "$B_BIN/dptrain" 2>&1 | grep 'not found' || true)
   [ -z "$nf" ] || log "WARNING: dptrain's libraries not found: $(echo "$nf" | awk '{ print $1 }' | tr '\n' ' ')"
+  if [[ " $(info_get machine_cuda_libs) " == *" libcudnn"* ]]; then
+    local cudnn
+    cudnn=$(env LD_LIBRARY_PATH="$DPT_LD" ldd "$B_BIN/dptrain" 2>/dev/null |
+      awk '$1 ~ /^libcudnn/ && $3 != "not" { print $3 }' || true)
+    log "cuDNN: ${cudnn:-NOT FOUND (no nvidia/cudnn wheel?): the programs will not start} (built with $(info_get cudnn_version))"
+  fi
   log "logs: $MAIN_LOG, one per step in $STEP_DIR/"
 }
 
@@ -545,7 +557,8 @@ run_all() {
   unpack_bundle
   setup_libpath
   DPT_ENV=(env "LD_LIBRARY_PATH=$DPT_LD")
-  UNIT_ENV=("${DPT_ENV[@]}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1)  # as under ctest
+  # As under ctest; DPT_SOURCE_DIR: test_config reads the shipped configs from the bundle's configs/.
+  UNIT_ENV=("${DPT_ENV[@]}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "DPT_SOURCE_DIR=$ROOT/$BUNDLE")
   header
   trap remove_links EXIT
   make_compat_links

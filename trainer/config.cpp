@@ -66,6 +66,25 @@ template <> struct Kind<std::vector<int64_t>> {
   static std::string show(const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
 };
 
+template <> struct Kind<std::vector<double>> {
+  static constexpr const char* name = "array of numbers";
+  static std::optional<std::vector<double>> read(const toml::node& n) {
+    const toml::array* a = n.as_array();
+    if (!a) return std::nullopt;
+    std::vector<double> out;
+    for (const auto& e : *a) {
+      if (!e.is_floating_point() && !e.is_integer()) return std::nullopt;
+      out.push_back(*e.value<double>());
+    }
+    return out;
+  }
+  static std::string show(const std::vector<double>& v) {
+    std::vector<std::string> parts;
+    for (double d : v) parts.push_back(Kind<double>::show(d));
+    return fmt::format("[{}]", fmt::join(parts, ", "));
+  }
+};
+
 std::string describe(const toml::node& n) {
   std::ostringstream os;
   n.visit([&](const auto& v) { os << v; });
@@ -110,6 +129,11 @@ template <class T>
 Check<T> at_least(T lo) {
   return [lo](const T& v) { return v >= lo ? "" : fmt::format("must be >= {}", lo); };
 }
+Check<std::vector<int64_t>> all_positive() {
+  return [](const std::vector<int64_t>& v) {
+    return std::all_of(v.begin(), v.end(), [](int64_t w) { return w >= 1; }) ? "" : std::string("values must be >= 1");
+  };
+}
 Check<double> positive() {
   return [](const double& v) { return v > 0 ? "" : std::string("must be > 0"); };
 }
@@ -152,17 +176,39 @@ const std::vector<Field>& schema() {
       field("train.clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, "clip the global gradient L2 norm (after averaging) to this; 0: off", at_least(0.0)),
       field("train.eval_batch_size", &C::train, &TrainConfig::eval_batch_size, "batch size for evaluation", at_least<int64_t>(1)),
       field("train.progress_interval_s", &C::train, &TrainConfig::progress_interval_s, "seconds between rank 0's progress lines within an epoch", positive()),
-      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | synthetic", one_of({"fashion-mnist", "synthetic"})),
-      field("data.dir", &C::data, &DataConfig::dir, "directory of the IDX .gz files"),
+      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic", one_of({"fashion-mnist", "imagefolder", "synthetic"})),
+      field("data.dir", &C::data, &DataConfig::dir, "fashion-mnist: directory of the IDX .gz files; imagefolder: the folder holding train/ and val/"),
+      field("data.augment", &C::data, &DataConfig::augment, "training transform: none | crop_flip (pad + random crop + horizontal flip) | random_resized_crop (imagefolder: torchvision's RandomResizedCrop + flip); drawn from (seed, epoch, index)", one_of({"none", "crop_flip", "random_resized_crop"})),
+      field("data.padding", &C::data, &DataConfig::padding, "crop_flip: zero pixels added on each side before the random crop", at_least<int64_t>(0)),
+      field("data.image_size", &C::data, &DataConfig::image_size, "imagefolder: height = width of the images the model sees (training crop, evaluation center crop)", at_least<int64_t>(1)),
+      field("data.resize", &C::data, &DataConfig::resize, "imagefolder: shorter side resized to this before the evaluation center crop (and before crop_flip); 0: no resize", at_least<int64_t>(0)),
+      field("data.channels", &C::data, &DataConfig::channels, "imagefolder: 1 (grey) or 3 (RGB); images are converted", Check<int64_t>([](const int64_t& v) {
+              return v == 1 || v == 3 ? "" : std::string("must be 1 or 3");
+            })),
+      field("data.mean", &C::data, &DataConfig::mean, "imagefolder: per-channel mean of x/255 (ImageNet's by default)"),
+      field("data.std", &C::data, &DataConfig::std, "imagefolder: per-channel standard deviation of x/255", Check<std::vector<double>>([](const std::vector<double>& v) {
+              return std::all_of(v.begin(), v.end(), [](double d) { return d > 0; }) ? "" : std::string("values must be > 0");
+            })),
+      field("data.skip_bad_images", &C::data, &DataConfig::skip_bad_images, "imagefolder: skip an unreadable or corrupt image with a warning (false: stop with an error naming it)"),
+      field("data.workers", &C::data, &DataConfig::workers, "threads reading, decoding and transforming examples for the loader", at_least<int64_t>(1)),
       field("data.train_limit", &C::data, &DataConfig::train_limit, "use only the first N training examples (0: all)", at_least<int64_t>(0)),
       field("data.test_limit", &C::data, &DataConfig::test_limit, "use only the first N test examples (0: all)", at_least<int64_t>(0)),
       field("data.prefetch", &C::data, &DataConfig::prefetch, "batches the loader thread prepares ahead", at_least<int64_t>(1)),
       field("data.synthetic_train_size", &C::data, &DataConfig::synthetic_train_size, "training examples (dataset = synthetic)", at_least<int64_t>(1)),
       field("data.synthetic_test_size", &C::data, &DataConfig::synthetic_test_size, "test examples (dataset = synthetic)", at_least<int64_t>(1)),
-      field("model.name", &C::model, &ModelConfig::name, "mlp", one_of({"mlp"})),
-      field("model.hidden", &C::model, &ModelConfig::hidden, "hidden layer widths of the MLP", Check<std::vector<int64_t>>([](const std::vector<int64_t>& v) {
-              return std::all_of(v.begin(), v.end(), [](int64_t w) { return w >= 1; }) ? "" : std::string("widths must be >= 1");
+      field("model.name", &C::model, &ModelConfig::name, "mlp | resnet", one_of({"mlp", "resnet"})),
+      field("model.hidden", &C::model, &ModelConfig::hidden, "hidden layer widths of the MLP", all_positive()),
+      field("model.depth", &C::model, &ModelConfig::depth, "resnet: 18 | 34 (basic blocks) | 50 (bottlenecks), torchvision's block counts; ignored when model.blocks is set", Check<int64_t>([](const int64_t& v) {
+              return v == 18 || v == 34 || v == 50 ? "" : std::string("must be 18, 34 or 50 (or set model.blocks)");
             })),
+      field("model.blocks", &C::model, &ModelConfig::blocks, "resnet: blocks per stage, e.g. [1, 1, 1]; overrides model.depth (one width per stage in model.widths)", all_positive()),
+      field("model.block", &C::model, &ModelConfig::block, "resnet with model.blocks: basic | bottleneck", one_of({"basic", "bottleneck"})),
+      field("model.widths", &C::model, &ModelConfig::widths, "resnet: planes per stage (torchvision: [64, 128, 256, 512])", all_positive()),
+      field("model.stem", &C::model, &ModelConfig::stem, "resnet: imagenet (7x7 stride-2 conv + max pool, torchvision's) | small (3x3 stride-1 conv, no pool: 28x28 and 32x32 images)", one_of({"imagenet", "small"})),
+      field("model.in_channels", &C::model, &ModelConfig::in_channels, "input channels (0: the data set's)", at_least<int64_t>(0)),
+      field("model.num_classes", &C::model, &ModelConfig::num_classes, "output classes (0: the data set's)", at_least<int64_t>(0)),
+      field("model.sync_bn", &C::model, &ModelConfig::sync_bn, "SyncBatchNorm: batch statistics over all ranks' batches (all-reduced each forward and backward)"),
+      field("model.init_from", &C::model, &ModelConfig::init_from, "safetensors weights to start from, torchvision names (a torchvision state_dict or a dptrain checkpoint's model.safetensors); fc is re-initialised when its class count differs"),
       field("dist.backend", &C::dist, &DistConfig::backend, "auto (nccl with a GPU per rank, else mpi under mpirun, else gloo) | gloo | mpi | nccl", one_of({"auto", "gloo", "mpi", "nccl"})),
       field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", Check<double>([](const double& v) {
               return v > 0 && v <= 1e7 ? "" : std::string("must be in (0, 10000000] seconds");
@@ -171,6 +217,7 @@ const std::vector<Field>& schema() {
               return v > 0 && v <= 1e6 ? "" : std::string("must be in (0, 1000000] MB");
             })),
       field("dist.overlap", &C::dist, &DistConfig::overlap, "all-reduce each bucket as soon as backward has produced it (false: one all-reduce after backward)"),
+      field("dist.broadcast_buffers", &C::dist, &DistConfig::broadcast_buffers, "broadcast rank 0's buffers (BatchNorm running statistics) to every rank at the start of each step, as DDP's broadcast_buffers"),
       field("checkpoint.dir", &C::checkpoint, &CheckpointConfig::dir, "where rank 0 writes checkpoints (step-NNNNNNNN/)", Check<std::string>([](const std::string& s) { return s.empty() ? "must not be empty" : ""; })),
       field("checkpoint.keep", &C::checkpoint, &CheckpointConfig::keep, "keep the newest K checkpoints", at_least<int64_t>(1)),
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: never at epoch ends)", at_least<int64_t>(0)),

@@ -37,8 +37,18 @@ struct TrainConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "fashion-mnist";  // fashion-mnist | synthetic
+  std::string dataset = "fashion-mnist";  // fashion-mnist | imagefolder | synthetic
   std::string dir = "/usr/share/datasets/fashion-mnist";
+  // Training transform: fashion-mnist: none | crop_flip; imagefolder: also random_resized_crop.
+  std::string augment = "none";
+  int64_t padding = 2;        // crop_flip: zero padding before the random crop
+  int64_t image_size = 224;   // imagefolder: output height = width
+  int64_t resize = 256;       // imagefolder: shorter side resized to this before the (center) crop; 0: none
+  int64_t channels = 3;       // imagefolder: 1 (grey) or 3 (RGB)
+  std::vector<double> mean = {0.485, 0.456, 0.406};  // imagefolder: per-channel normalisation
+  std::vector<double> std = {0.229, 0.224, 0.225};
+  bool skip_bad_images = false;  // imagefolder: skip unreadable images with a warning instead of failing
+  int64_t workers = 1;        // threads decoding and transforming examples for the loader
   int64_t train_limit = 0;  // use only the first N training examples (0: all)
   int64_t test_limit = 0;
   int64_t prefetch = 4;     // batches the loader prepares ahead
@@ -47,8 +57,17 @@ struct DataConfig {
 };
 
 struct ModelConfig {
-  std::string name = "mlp";
-  std::vector<int64_t> hidden = {512, 512};
+  std::string name = "mlp";                  // mlp | resnet
+  std::vector<int64_t> hidden = {512, 512};  // mlp
+  int64_t depth = 18;                        // resnet: 18 | 34 | 50 (torchvision's block counts)
+  std::vector<int64_t> blocks = {};          // resnet: blocks per stage, overriding depth
+  std::string block = "basic";               // resnet with blocks: basic | bottleneck
+  std::vector<int64_t> widths = {64, 128, 256, 512};  // resnet: planes per stage
+  std::string stem = "imagenet";             // resnet: imagenet (7x7/2 + max pool) | small (3x3/1)
+  int64_t in_channels = 0;                   // 0: the data set's
+  int64_t num_classes = 0;                   // 0: the data set's
+  bool sync_bn = false;                      // SyncBatchNorm across ranks
+  std::string init_from = "";                // safetensors file of weights (torchvision names) to start from
 };
 
 struct DistConfig {
@@ -56,6 +75,7 @@ struct DistConfig {
   double timeout_s = 300.0;
   double bucket_cap_mb = 25.0;  // gradient bucket size (the first bucket is at most 1 MB)
   bool overlap = true;          // all-reduce buckets while backward runs (false: one all-reduce after it)
+  bool broadcast_buffers = true;  // rank 0's buffers (BatchNorm running statistics) to every rank each step
 };
 
 struct CheckpointConfig {

@@ -1,17 +1,24 @@
 // trainer/main.cpp: the dptrain program: parse the command line, find this rank in the job, join the
 // process group, train. The only place that decides how the process dies: an error is logged with the rank
 // and the process exits non-zero at once, so the launcher (dprun, mpirun, srun) tears the job down.
+// One subcommand, `dptrain export-images`, writes Fashion-MNIST out as an image folder (no training).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
+
+#include <unistd.h>
 
 #include "comm/env.h"
 #include "comm/init.h"
 #include "core/check.h"
 #include "core/cuda.h"
 #include "core/logging.h"
+#include "data/export.h"
+#include "data/idx.h"
+#include "models/kernels/cpu/cpu_kernels.h"
 #include "trainer/config.h"
 #include "trainer/trainer.h"
 
@@ -21,10 +28,69 @@ constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
 
 [[noreturn]] void die(int code, const std::string& what) { dpt::exit_with_error(code, what); }
+
+struct ExportArgs {
+  std::string out;
+  std::string data_dir = dpt::data::kFashionMnistDir;
+  std::string format = "png";
+  size_t limit = 0;
+  bool force = false;
+};
+
+// dptrain export-images: Fashion-MNIST as OUT/{train,val}/<class>/<index>.png, for the image-folder path.
+int export_images(const ExportArgs& a) {
+  using namespace dpt;
+  init_logging(0, 1);
+  try {
+    std::error_code ec;
+    if (std::filesystem::is_directory(a.out, ec) && !std::filesystem::is_empty(a.out, ec) && !a.force) {
+      die(kExitError, fmt::format("export-images: {} is not empty: refusing to overwrite it (--force replaces it)", a.out));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    auto train = data::load_fashion_mnist(a.data_dir, true);
+    auto test = data::load_fashion_mnist(a.data_dir, false);
+    data::ExportOptions o;
+    o.out_dir = a.out;
+    o.format = a.format == "png" ? data::ImageFormat::png : data::ImageFormat::jpeg;
+    o.limit = a.limit;
+    o.force = a.force;
+    o.class_names = data::fashion_mnist_class_folders();
+    o.progress = [](const std::string& split, size_t done, size_t total) {
+      spdlog::info("export-images: {} {}/{} images", split, done, total);
+    };
+    const data::ExportSummary s = data::export_image_folder(*train, *test, o);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const std::string size = s.bytes < 1000000 ? fmt::format("{:.1f} kB", s.bytes / 1e3) : fmt::format("{:.1f} MB", s.bytes / 1e6);
+    spdlog::info("export-images: wrote {} train + {} val {} images of {} classes ({}) to {} in {:.1f} s", s.train_images,
+                 s.val_images, a.format == "png" ? "PNG" : "JPEG", s.classes, size, s.out_dir, seconds);
+  } catch (const ConfigError& e) {
+    die(kExitUsage, e.what());
+  } catch (const std::exception& e) {
+    die(kExitError, e.what());
+  }
+  return 0;
+}
 }  // namespace
+
+// OpenBLAS chooses its kernels when it loads, from the CPU model; on CPUs it does not know (many cloud VMs)
+// it runs Prescott (SSE3) kernels, about 4x slower than the AVX-512 ones the CPU has. The only fix is
+// OPENBLAS_CORETYPE in the environment of a new process, so dptrain restarts itself once with it (same pid,
+// same arguments), unless the user set OPENBLAS_CORETYPE or DPT_NO_BLAS_REEXEC. The note is logged later.
+void reexec_for_fast_blas(char** argv) {
+  if (std::getenv("DPT_NO_BLAS_REEXEC") || std::getenv("DPT_BLAS_REEXEC_FROM")) return;
+  const std::string core = dpt::models::blas_core_upgrade();
+  if (core.empty()) return;
+  const std::string from = dpt::models::blas_core();
+  setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  setenv("DPT_BLAS_REEXEC_FROM", from.c_str(), 1);
+  execv("/proc/self/exe", argv);
+  // execv failed: carry on with the slow kernels (the note below says so).
+  unsetenv("OPENBLAS_CORETYPE");
+}
 
 int main(int argc, char** argv) {
   using namespace dpt;
+  reexec_for_fast_blas(argv);
   CLI::App app{
       "dptrain: data-parallel training, one process per GPU or CPU slot.\n"
       "Start N copies with `dprun --nproc-per-node N -- dptrain ...`, `mpirun -np N dptrain ...` or `srun`; each\n"
@@ -43,17 +109,51 @@ int main(int argc, char** argv) {
   app.add_flag("--print-config", print_config, "print the effective config as TOML and exit");
   app.add_option("overrides", overrides, "config overrides, key=value (e.g. train.lr=0.1 model.hidden=[256,256])");
   app.footer("Config keys (section.key  type  default  meaning):\n" + trainer::config_keys_help());
+
+  ExportArgs export_args;
+  CLI::App* export_cmd = app.add_subcommand(
+      "export-images",
+      "write Fashion-MNIST as an image folder in torchvision's ImageFolder layout (OUT/train/<class>/<index>.png "
+      "and OUT/val/..., class folders 0_tshirt_top ... 9_ankle_boot, grey 28x28), then exit; trains nothing");
+  export_cmd->footer("Example: dptrain export-images --out /tmp/fmnist-images --limit 1000");
+  export_cmd->add_option("--out", export_args.out,
+                         "output directory; written as OUT.tmp, renamed to OUT when complete")
+      ->required();
+  export_cmd->add_option("--data-dir", export_args.data_dir, "directory of the Fashion-MNIST IDX .gz files")
+      ->capture_default_str();
+  export_cmd->add_option("--format", export_args.format, "png (lossless: reads back identical) | jpg (quality 95)")
+      ->check(CLI::IsMember({"png", "jpg"}))
+      ->capture_default_str();
+  export_cmd->add_option("--limit", export_args.limit,
+                         "images per split, spread evenly over the 10 classes (0: all 60000 + 10000; else >= 10)")
+      ->check(CLI::Validator(  // digits only: a size_t would take "-3" as 2^64 - 3
+          [](std::string& v) {
+            return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
+                       ? std::string()
+                       : "must be a whole number >= 0, got '" + v + "'";
+          },
+          ""))
+      ->capture_default_str();
+  export_cmd->add_flag("--force", export_args.force, "replace OUT when it exists and is not empty (else refused)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // prints help (rc 0) or the error and usage
     return rc == 0 ? 0 : kExitUsage;
   }
+  if (*export_cmd) return export_images(export_args);
 
   comm::DistEnv env;
   try {
     env = comm::detect_env(comm::process_env());
     init_logging(env.rank, env.world_size);
+    if (env.rank == 0) {
+      if (const char* from = std::getenv("DPT_BLAS_REEXEC_FROM"))
+        spdlog::info("OpenBLAS: {} kernels (OPENBLAS_CORETYPE; it had chosen {} for this CPU)", models::blas_core(), from);
+      else if (const std::string better = models::blas_core_upgrade(); !better.empty())
+        spdlog::warn("OpenBLAS runs {} kernels on a CPU that supports {}: set OPENBLAS_CORETYPE={} for faster GEMMs",
+                     models::blas_core(), better, better);
+    }
   } catch (const Error& e) {
     std::cerr << "dptrain: " << e.what() << "\n";
     return kExitUsage;

@@ -12,12 +12,15 @@
 #include <random>
 #include <sstream>
 
+#include "data/augmented.h"
 #include "data/idx.h"
+#include "data/image_folder.h"
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "data/subset.h"
 #include "data/synthetic.h"
 #include "models/model.h"
+#include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
 #include "trainer/feeder.h"
 #include "trainer/optimizer.h"
@@ -33,13 +36,16 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // Fault injection for tests of failure handling and resume: DPT_DEBUG_FAIL_AT_STEP=N makes rank
 // DPT_DEBUG_FAIL_RANK (default 0) throw once it has finished optimizer step N.
 // DPT_DEBUG_DIVERGE_RANK=R makes rank R nudge one parameter after its first step, so that the replica
-// check has something to find (tests only).
+// check has something to find; DPT_DEBUG_PERTURB_BUFFERS_RANK=R makes rank R scale its buffers before the
+// initial broadcast, which must undo it (tests only).
 struct FailureInjection {
   int64_t step = -1;
   int rank = 0;
   int diverge_rank = -1;
+  int perturb_buffers_rank = -1;
   static FailureInjection from_env() {
     FailureInjection f;
+    if (const char* b = std::getenv("DPT_DEBUG_PERTURB_BUFFERS_RANK")) f.perturb_buffers_rank = std::atoi(b);
     if (const char* s = std::getenv("DPT_DEBUG_FAIL_AT_STEP")) f.step = std::atoll(s);
     if (const char* r = std::getenv("DPT_DEBUG_FAIL_RANK")) f.rank = std::atoi(r);
     if (const char* d = std::getenv("DPT_DEBUG_DIVERGE_RANK")) f.diverge_rank = std::atoi(d);
@@ -51,11 +57,43 @@ struct Datasets {
   std::unique_ptr<data::Dataset> train, test;
 };
 
+// The first `limit` examples of an evenly strided pass over `d` (image folders are sorted by class: every
+// class keeps its share).
+std::unique_ptr<data::Dataset> limited(std::unique_ptr<data::Dataset> d, int64_t limit) {
+  if (limit <= 0 || static_cast<size_t>(limit) >= d->size()) return d;
+  const size_t stride = d->size() / static_cast<size_t>(limit);
+  return std::make_unique<data::Subset>(std::shared_ptr<data::Dataset>(std::move(d)), 0, static_cast<size_t>(limit),
+                                        stride);
+}
+
 Datasets make_datasets(const DataConfig& d, uint64_t seed) {
   Datasets ds;
+  const auto mode = data::parse_transform_mode(d.augment);
   if (d.dataset == "fashion-mnist") {
-    ds.train = data::load_fashion_mnist(d.dir, true, static_cast<size_t>(d.train_limit));
+    if (mode == data::TransformMode::random_resized_crop)
+      DPT_THROW(ConfigError, "data.augment = random_resized_crop is for image folders; Fashion-MNIST takes none or crop_flip");
+    auto train = data::load_fashion_mnist(d.dir, true, static_cast<size_t>(d.train_limit));
+    if (mode == data::TransformMode::crop_flip) {
+      const auto options = data::AugmentedDataset::crop_flip(*train, d.padding, seed);
+      ds.train = std::make_unique<data::AugmentedDataset>(std::move(train), options);
+    } else {
+      ds.train = std::move(train);
+    }
     ds.test = data::load_fashion_mnist(d.dir, false, static_cast<size_t>(d.test_limit));
+  } else if (d.dataset == "imagefolder") {
+    data::ImageFolderOptions o;
+    o.dir = d.dir;
+    o.image_size = d.image_size;
+    o.resize = d.resize;
+    o.padding = d.padding;
+    o.augment = mode;
+    o.mean.assign(d.mean.begin(), d.mean.end());
+    o.std.assign(d.std.begin(), d.std.end());
+    o.channels = static_cast<int>(d.channels);
+    o.skip_bad_images = d.skip_bad_images;
+    o.seed = seed;
+    ds.train = limited(data::make_image_folder(o, true), d.train_limit);
+    ds.test = limited(data::make_image_folder(o, false), d.test_limit);
   } else {
     // One synthetic set split in two: the same labelling function, disjoint examples.
     const auto n_train = static_cast<size_t>(d.synthetic_train_size), n_test = static_cast<size_t>(d.synthetic_test_size);
@@ -66,23 +104,36 @@ Datasets make_datasets(const DataConfig& d, uint64_t seed) {
   return ds;
 }
 
+// A batch's features [B, F] as the model takes them: [B, C, H, W] for images (a view, no copy).
+Tensor model_input(const Tensor& features, const std::vector<int64_t>& sample_shape) {
+  std::vector<int64_t> shape{features.dim(0)};
+  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
+  return features.reshape(std::move(shape));
+}
+
 struct EvalResult {
   double loss = 0, acc = 0;
 };
 
 // Loss and accuracy over the whole test set: each rank evaluates its exact shard, the sums are reduced.
-EvalResult evaluate(models::Model& model, const data::Dataset& test, const TrainConfig& t, comm::ProcessGroup& pg) {
+EvalResult evaluate(models::Model& model, const data::Dataset& test, const TrainConfig& t, size_t workers,
+                    comm::ProcessGroup& pg) {
   const Device device = model.device();
   data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.eval_batch_size), .drop_last = false, .prefetch = 2,
-                         .pin_memory = device.is_cuda()};
+                         .pin_memory = device.is_cuda(), .workers = workers};
   data::Loader loader(test, data::eval_shard(test.size(), pg.rank(), pg.size()), lo);
   Feeder feeder(device, model.kernels().stream());
   models::SoftmaxCrossEntropy loss;
   Tensor stats = Tensor::zeros({2}, DType::F64, device);  // loss sum, correct: accumulated on the device
   double count = 0;
+  model.set_training(false);  // BatchNorm: running statistics
+  struct BackToTraining {
+    models::Model& m;
+    ~BackToTraining() { m.set_training(true); }
+  } back{model};
   while (auto host = loader.next()) {
     const data::Batch& batch = feeder.put(std::move(*host), loader);
-    loss.accumulate(model.forward(batch.features), batch.labels, model.kernels(), stats, /*backward=*/false);
+    loss.accumulate(model.forward(model_input(batch.features, test.sample_shape())), batch.labels, model.kernels(), stats, /*backward=*/false);
     feeder.step_done();
     count += static_cast<double>(batch.size);
   }
@@ -173,12 +224,6 @@ void copy_named(const std::vector<NamedTensor>& into, const SafetensorsFile& fro
   }
 }
 
-std::vector<NamedTensor> model_tensors(const models::Model& m) {
-  std::vector<NamedTensor> out;
-  for (const auto& np : m.named_params()) out.push_back({np.name, np.param});
-  return out;
-}
-
 // Host copies of device tensors, for the checkpoint writer (host tensors pass through).
 std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
   for (auto& nt : tensors) nt.tensor = nt.tensor.to(Device::cpu());
@@ -197,19 +242,25 @@ double clip_gradients(models::Model& model, double max_norm) {
 }
 
 // DDP's promise, checked once an epoch: every rank holds bit-identical parameters (a CRC32 of them,
-// compared through a Max all-reduce of it and of its negation).
-void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch) {
+// compared through a Max all-reduce of it and of its negation); at the start, after the broadcast, the
+// buffers too (later each rank's forward moves its own BatchNorm statistics).
+void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch, bool with_buffers = false) {
   if (pg.size() == 1) return;
   const Tensor host = model.params().to(Device::cpu());
-  const auto crc = static_cast<int64_t>(
-      crc32(0L, static_cast<const Bytef*>(host.raw()), static_cast<uInt>(host.bytes())));
+  uLong crc_value = crc32(0L, static_cast<const Bytef*>(host.raw()), static_cast<uInt>(host.bytes()));
+  if (with_buffers && model.buffers().numel()) {
+    const Tensor b = model.buffers().to(Device::cpu());
+    crc_value = crc32(crc_value, static_cast<const Bytef*>(b.raw()), static_cast<uInt>(b.bytes()));
+  }
+  const auto crc = static_cast<int64_t>(crc_value);
   Tensor c = Tensor::empty({2}, DType::I64);
   c.data<int64_t>()[0] = crc;
   c.data<int64_t>()[1] = -crc;
   pg.allreduce(c, {.op = comm::ReduceOp::Max})->wait();
   if (c.data<int64_t>()[0] != -c.data<int64_t>()[1])
-    DPT_THROW(InternalError, "[rank {}] parameters differ between ranks after epoch {} (CRC32 {:08x} here)",
-              pg.rank(), epoch, static_cast<uint32_t>(crc));
+    DPT_THROW(InternalError, "[rank {}] parameters{} differ between ranks {} (CRC32 {:08x} here)", pg.rank(),
+              with_buffers ? " or buffers" : "", epoch > 0 ? fmt::format("after epoch {}", epoch) : "at the start",
+              static_cast<uint32_t>(crc));
 }
 
 std::string bucket_summary(const std::vector<Bucket>& buckets) {
@@ -244,9 +295,13 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
 
   std::mt19937_64 rng(static_cast<uint64_t>(t.seed));
   const Device device = opts.device;
-  auto model = models::make_mlp(static_cast<int64_t>(ds.train->feature_count()), cfg.model.hidden,
-                                ds.train->num_classes(), device);
+  const std::vector<int64_t> sample_shape = ds.train->sample_shape();
+  auto model = build_model(cfg.model, sample_shape, ds.train->num_classes(), device);
   model->init(rng());
+  if (!cfg.model.init_from.empty()) {
+    const std::string note = load_pretrained(*model, cfg.model.init_from);
+    if (lead) spdlog::info("model: weights from {}{}", cfg.model.init_from, note.empty() ? "" : "; " + note);
+  }
   const StreamHandle stream = model->kernels().stream();  // the compute stream (nullptr on the CPU)
   Optimizer optimizer(t, *model);
   if (lead) spdlog::info("model: {} on {}", model->summary(), model->device().str());
@@ -276,7 +331,11 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     loaded = CheckpointManager::load(opts.resume == "auto" ? ckpt.path_for_step(chosen_step) : opts.resume);
   if (loaded) {
     DPT_CHECK_EQ(loaded->state.step, chosen_step);
-    copy_named(model_tensors(*model), loaded->model, "model.safetensors", loaded->path);
+    if (loaded->model.tensors.size() != model->state().size())
+      DPT_THROW(CheckpointError, "{}: model.safetensors has {} tensors, this model has {} (model config changed?)",
+                loaded->path, loaded->model.tensors.size(), model->state().size());
+    model->load_state([&](const std::string& name) { return loaded->model.find(name); },
+                      loaded->path + "/model.safetensors");
     copy_named(optimizer.state(), loaded->optimizer, "optimizer.safetensors", loaded->path);
     start = loaded->state;
     optimizer.set_steps(start.step);
@@ -305,14 +364,40 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     result.resumed_from_step = start.step;
     loaded.reset();  // free the host copies
   }
-  // Every rank starts from rank 0's parameters (identical already; this makes it a guarantee).
+  // Every rank starts from rank 0's parameters and buffers (identical already; this makes it a guarantee,
+  // as DDP's broadcast of the module's state at construction).
+  const FailureInjection inject = FailureInjection::from_env();
+  if (rank == inject.perturb_buffers_rank && model->buffers().numel()) {
+    Tensor b = model->buffers().to(Device::cpu());
+    for (size_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = b.data<float>()[i] * 1.5f + 0.25f;
+    model->buffers().copy_from(b);
+  }
   pg.broadcast(model->params(), {.root = 0, .stream = stream})->wait();
+  if (model->buffers().numel()) pg.broadcast(model->buffers(), {.root = 0, .stream = stream})->wait();
+  check_replicas(*model, pg, 0, /*with_buffers=*/true);
+  bool overlap = cfg.dist.overlap;
+  const bool sync_buffers = world > 1 && cfg.dist.broadcast_buffers && model->buffers().numel() > 0;
+  if (cfg.model.sync_bn && world > 1) {
+    // SyncBatchNorm's all-reduces run on this thread in the middle of backward; the host groups' bucket
+    // all-reduces would run at the same time on the reducer's thread, and two threads may not interleave
+    // collectives on one group: buckets are then reduced after backward.
+    const size_t n = model->set_batch_norm_sync([&pg, stream](Tensor& sums) {
+      pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .stream = stream})->block(stream);
+    });
+    if (overlap && !pg.asynchronous()) overlap = false;
+    if (lead) spdlog::info("model: SyncBatchNorm in {} layer(s){}", n,
+                   overlap == cfg.dist.overlap
+                       ? ""
+                       : fmt::format("; gradient buckets reduced after backward (no overlap with SyncBatchNorm on {})",
+                                     pg.backend()));
+  }
 
   // ---- the loop ---------------------------------------------------------------------------------------
   data::DistributedSampler sampler({.dataset_size = ds.train->size(), .rank = rank, .world_size = world,
                                     .seed = static_cast<uint64_t>(t.seed), .shuffle = true, .drop_last = t.drop_last});
   const data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.batch_size), .drop_last = t.drop_last,
-                               .prefetch = static_cast<size_t>(cfg.data.prefetch), .pin_memory = device.is_cuda()};
+                               .prefetch = static_cast<size_t>(cfg.data.prefetch), .pin_memory = device.is_cuda(),
+                               .workers = static_cast<size_t>(cfg.data.workers)};
   const int64_t spe = t.drop_last ? static_cast<int64_t>(sampler.num_samples() / lo.batch_size)
                                   : static_cast<int64_t>((sampler.num_samples() + lo.batch_size - 1) / lo.batch_size);
   if (spe == 0)
@@ -328,10 +413,10 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   Reducer reducer(pg, *model, stream,
                   {.bucket_cap_bytes = static_cast<size_t>(cfg.dist.bucket_cap_mb * 1024 * 1024),
                    .first_bucket_cap_bytes = size_t{1} << 20,
-                   .overlap = cfg.dist.overlap});
+                   .overlap = overlap});
   if (lead && world > 1)
     spdlog::info("reducer: {} bucket(s) of gradients{}, {}", reducer.buckets().size(),
-                 cfg.dist.overlap ? " all-reduced during backward" : ", all-reduced after backward",
+                 overlap ? " all-reduced during backward" : ", all-reduced after backward",
                  bucket_summary(reducer.buckets()));
   models::SoftmaxCrossEntropy loss;
   Feeder feeder(device, stream);
@@ -347,15 +432,15 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     os << rng;
     st.rng = os.str();
     auto t0 = Clock::now();
-    result.last_checkpoint = ckpt.save(on_host(model_tensors(*model)), on_host(optimizer.state()), st);
+    result.last_checkpoint = ckpt.save(on_host(model->state()), on_host(optimizer.state()), st);
     last_saved = step;
     spdlog::info("checkpoint {} ({:.2f} s)", result.last_checkpoint, seconds_since(t0));
   };
 
-  const FailureInjection inject = FailureInjection::from_env();
   bool stopped = t.max_steps > 0 && step >= t.max_steps;  // resumed at or past the limit: nothing to do
   for (int64_t epoch = start.epoch; epoch < t.epochs && !stopped; ++epoch) {
     const size_t first_batch = epoch == start.epoch ? static_cast<size_t>(start.batch_in_epoch) : 0;
+    ds.train->set_epoch(epoch);  // the epoch's random transforms
     data::Loader loader(*ds.train, sampler.indices(epoch), lo, first_batch);
     DPT_CHECK_EQ(static_cast<int64_t>(loader.num_batches()), spe);
     Tensor stats = Tensor::zeros({2}, DType::F64, device);  // summed loss, correct: on the device, no sync per step
@@ -379,8 +464,10 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
         // an epoch end with another world size, steps per epoch differ from the checkpoint's run.
         lr = lr_at(t, epoch * steps_per_epoch + b / K, steps_per_epoch, total_steps);
         model->zero_grad();
+        // DDP's broadcast_buffers: every rank's forward sees rank 0's BatchNorm running statistics.
+        if (sync_buffers) pg.broadcast(model->buffers(), {.root = 0, .stream = stream})->block(stream);
       }
-      loss.accumulate(model->forward(batch.features), batch.labels, model->kernels(), stats, /*backward=*/true);
+      loss.accumulate(model->forward(model_input(batch.features, sample_shape)), batch.labels, model->kernels(), stats, /*backward=*/true);
       // Each micro-batch's loss is a mean over its batch; the step's is the mean over all of them.
       if (group_size > 1) model->kernels().scale(loss.grad().data<float>(), loss.grad().numel(), 1.0f / group_size);
       reducer.begin(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
@@ -433,7 +520,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     pg.allreduce(tl, {.op = comm::ReduceOp::Sum})->wait();
     const double global_seen = tl.data<double>()[1];
     check_replicas(*model, pg, epoch + 1);
-    EvalResult ev = evaluate(*model, *ds.test, t, pg);
+    EvalResult ev = evaluate(*model, *ds.test, t, static_cast<size_t>(cfg.data.workers), pg);
     EpochStats es{.epoch = epoch + 1, .train_loss = global_seen > 0 ? tl.data<double>()[0] / global_seen : 0.0,
                   .test_loss = ev.loss, .test_acc = ev.acc,
                   .samples_per_s = epoch_s > 0 ? global_seen / epoch_s : 0.0,
@@ -456,7 +543,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
 
   if (result.epochs.empty()) {
     // Nothing left to train (resumed at the end): report where the model stands.
-    EvalResult ev = evaluate(*model, *ds.test, t, pg);
+    EvalResult ev = evaluate(*model, *ds.test, t, static_cast<size_t>(cfg.data.workers), pg);
     result.final_test_acc = ev.acc;
     result.final_test_loss = ev.loss;
     if (lead) {

@@ -56,4 +56,55 @@ DPT_HD float bias_act(float x, float bias, bool relu) {
 
 DPT_HD float relu_backward(float y, float dy) { return y > 0.0f ? dy : 0.0f; }
 
+// ---- batch normalisation: the per-channel and per-element formulas of both kernel sets -----------------------
+
+struct BnMoments {
+  float mean, invstd, unbiased_var;
+};
+
+// From a channel's sum and sum of squares over `count` values (count >= 1): mean, 1/sqrt(biased var + eps) and
+// the unbiased variance that the running statistics follow (PyTorch's rule; count 1 leaves it the biased one).
+DPT_HD BnMoments bn_moments(double sum, double sumsq, double count, float eps) {
+  const double mean = sum / count;
+  double var = sumsq / count - mean * mean;
+  if (var < 0.0) var = 0.0;  // rounding of E[x^2] - E[x]^2
+  BnMoments m;
+  m.mean = static_cast<float>(mean);
+  m.invstd = static_cast<float>(1.0 / sqrt(var + static_cast<double>(eps)));
+  m.unbiased_var = static_cast<float>(count > 1.0 ? var * count / (count - 1.0) : var);
+  return m;
+}
+
+DPT_HD float lerp_running(float running, float batch, float momentum) {
+  return (1.0f - momentum) * running + momentum * batch;
+}
+
+// dx = gamma * invstd * (dy - mean(dy) - xhat * mean(dy * xhat)), xhat = (x - mean) * invstd, folded into
+// dx = dy * a + x * b + c per channel.
+struct BnBackward {
+  float a, b, c;
+};
+
+DPT_HD BnBackward bn_backward_coefficients(float gamma, float mean, float invstd, double sum_dy, double sum_dy_xhat,
+                                           double count) {
+  const double g = static_cast<double>(gamma) * invstd;
+  const double mean_dy = sum_dy / count, mean_dy_xhat = sum_dy_xhat / count;
+  BnBackward k;
+  k.a = static_cast<float>(g);
+  k.b = static_cast<float>(-g * mean_dy_xhat * invstd);
+  k.c = static_cast<float>(-g * mean_dy + g * mean_dy_xhat * invstd * mean);
+  return k;
+}
+
+DPT_HD float bn_backward(float dy, float x, const BnBackward& k) { return dy * k.a + x * k.b + k.c; }
+
+// ---- relu and max pooling: the rules both kernel sets follow ------------------------------------------------
+
+DPT_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
+
+// Whether value v, met while scanning a pooling window r then s, becomes the window's maximum, given the best
+// so far and its index (`at` < 0: none yet): the first maximum wins (strict >), a NaN replaces it (PyTorch's
+// rule: NaN propagates); padding is never offered.
+DPT_HD bool maxpool_takes(float v, float best, int32_t at) { return at < 0 || v > best || v != v; }
+
 }  // namespace dpt::models::elementwise

@@ -23,4 +23,39 @@ struct AdamWParams {
   int64_t step = 1;  // 1-based, for bias correction
 };
 
+// A 2-D convolution's shapes (PyTorch's Conv2d, groups = 1, dilation = 1, no bias): input [n, c, h, w],
+// weight [k, c, r, s], output [n, k, p, q] with p = (h + 2 pad - r) / stride + 1, q likewise.
+struct ConvShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;  // input
+  int64_t k = 0, r = 0, s = 0;         // output channels, kernel height and width
+  int64_t stride = 1, pad = 0;
+  int64_t p = 0, q = 0;                // output height and width (conv_output_size() fills them)
+};
+
+// Fills p and q from the rest; returns false when the output would be empty.
+inline bool conv_output_size(ConvShape& cs) {
+  cs.p = (cs.h + 2 * cs.pad - cs.r) / cs.stride + 1;
+  cs.q = (cs.w + 2 * cs.pad - cs.s) / cs.stride + 1;
+  return cs.h + 2 * cs.pad >= cs.r && cs.w + 2 * cs.pad >= cs.s && cs.p > 0 && cs.q > 0;
+}
+
+// A max pooling window (PyTorch's MaxPool2d, dilation 1, floor mode; padded positions never win):
+// input [n, c, h, w], output [n, c, p, q].
+struct PoolShape {
+  int64_t n = 0, c = 0, h = 0, w = 0;
+  int64_t kernel = 2, stride = 2, pad = 0;
+  int64_t p = 0, q = 0;
+};
+
+inline bool pool_output_size(PoolShape& ps) {
+  ps.p = (ps.h + 2 * ps.pad - ps.kernel) / ps.stride + 1;
+  ps.q = (ps.w + 2 * ps.pad - ps.kernel) / ps.stride + 1;
+  return ps.h + 2 * ps.pad >= ps.kernel && ps.w + 2 * ps.pad >= ps.kernel && ps.p > 0 && ps.q > 0;
+}
+
+// A batch normalisation over x [n, c, hw] per channel (BatchNorm2d with hw = H*W; BatchNorm1d with hw = 1).
+struct BnShape {
+  int64_t n = 0, c = 0, hw = 1;
+};
+
 }  // namespace dpt::models

@@ -4,12 +4,37 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <set>
+#include <string>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "models/kernels/elementwise.h"
 
 namespace dpt::models {
+
+std::string blas_core() {
+  const char* name = openblas_get_corename();
+  return name ? name : "";
+}
+
+std::string blas_core_upgrade() {
+  if (std::getenv("OPENBLAS_CORETYPE")) return "";  // the user's choice
+  static const std::set<std::string> older = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom",
+                                              "katmai", "coppermine", "northwood", "banias", "sandybridge"};
+  std::string core = blas_core();
+  std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (!older.count(core)) return "";
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512cd"))
+    return "SkylakeX";
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
+  return "";
+}
 
 void CpuKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                       int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
@@ -97,6 +122,300 @@ double CpuKernels::sum_squares(const float* x, size_t n) {
   double s = 0.0;
   for (size_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) * x[i];
   return s;
+}
+
+}  // namespace dpt::models
+
+// ---- convolutional networks -------------------------------------------------------------------------------
+
+namespace dpt::models {
+namespace {
+
+// The im2col buffer of the calling thread, grown on demand and kept (a step reuses it for every layer).
+float* workspace(size_t count) {
+  thread_local std::vector<float> ws;
+  if (ws.size() < count) ws.resize(count);
+  return ws.data();
+}
+
+bool is_pointwise(const ConvShape& cs) { return cs.r == 1 && cs.s == 1 && cs.stride == 1 && cs.pad == 0; }
+
+void check_conv(const ConvShape& cs) {
+  ConvShape expect = cs;
+  DPT_CHECK(cs.n >= 0 && cs.c > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 && cs.stride > 0 && cs.pad >= 0 &&
+                conv_output_size(expect) && expect.p == cs.p && expect.q == cs.q,
+            "conv shape n {} c {} h {} w {} k {} r {} s {} stride {} pad {} -> {}x{}", cs.n, cs.c, cs.h, cs.w, cs.k,
+            cs.r, cs.s, cs.stride, cs.pad, cs.p, cs.q);
+}
+
+// The output columns q whose input column q*stride - pad + s lies inside [0, w): [lo, hi).
+struct ValidCols {
+  int64_t lo, hi;
+};
+ValidCols valid_cols(const ConvShape& cs, int64_t s) {
+  const int64_t off = s - cs.pad;  // input column of output column 0
+  int64_t lo = off >= 0 ? 0 : (-off + cs.stride - 1) / cs.stride;
+  int64_t hi = cs.w - off <= 0 ? 0 : (cs.w - off + cs.stride - 1) / cs.stride;
+  hi = std::min(hi, cs.q);
+  lo = std::min(lo, hi);
+  return {lo, hi};
+}
+
+// col[(c, r, s), (p, q)] = x[c, p*stride - pad + r, q*stride - pad + s] (0 outside the image): one image.
+// The valid column range of each (s) is computed once, so the inner loops are branch-free copies.
+void im2col(const float* x, const ConvShape& cs, float* col) {
+  const int64_t pq = cs.p * cs.q;
+  for (int64_t c = 0; c < cs.c; ++c)
+    for (int64_t r = 0; r < cs.r; ++r)
+      for (int64_t s = 0; s < cs.s; ++s) {
+        float* out = col + ((c * cs.r + r) * cs.s + s) * pq;
+        const float* plane = x + c * cs.h * cs.w;
+        const auto [lo, hi] = valid_cols(cs, s);
+        const int64_t off = s - cs.pad;
+        for (int64_t p = 0; p < cs.p; ++p) {
+          const int64_t h = p * cs.stride - cs.pad + r;
+          float* row = out + p * cs.q;
+          if (h < 0 || h >= cs.h) {
+            std::fill(row, row + cs.q, 0.0f);
+            continue;
+          }
+          const float* in = plane + h * cs.w + off;
+          std::fill(row, row + lo, 0.0f);
+          if (cs.stride == 1) {
+            std::copy(in + lo, in + hi, row + lo);
+          } else {
+            for (int64_t q = lo; q < hi; ++q) row[q] = in[q * cs.stride];
+          }
+          std::fill(row + hi, row + cs.q, 0.0f);
+        }
+      }
+}
+
+// The adjoint of im2col: dx[c, h, w] += col[(c, r, s), (p, q)] for every (r, s, p, q) that read x[c, h, w].
+void col2im(const float* col, const ConvShape& cs, float* dx) {
+  const int64_t pq = cs.p * cs.q;
+  for (int64_t c = 0; c < cs.c; ++c)
+    for (int64_t r = 0; r < cs.r; ++r)
+      for (int64_t s = 0; s < cs.s; ++s) {
+        const float* in = col + ((c * cs.r + r) * cs.s + s) * pq;
+        float* plane = dx + c * cs.h * cs.w;
+        const auto [lo, hi] = valid_cols(cs, s);
+        const int64_t off = s - cs.pad;
+        for (int64_t p = 0; p < cs.p; ++p) {
+          const int64_t h = p * cs.stride - cs.pad + r;
+          if (h < 0 || h >= cs.h) continue;
+          float* out = plane + h * cs.w + off;
+          const float* row = in + p * cs.q;
+          if (cs.stride == 1) {
+            for (int64_t q = lo; q < hi; ++q) out[q] += row[q];
+          } else {
+            for (int64_t q = lo; q < hi; ++q) out[q * cs.stride] += row[q];
+          }
+        }
+      }
+}
+
+}  // namespace
+
+void CpuKernels::conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) {
+  check_conv(cs);
+  const int64_t crs = cs.c * cs.r * cs.s, pq = cs.p * cs.q;
+  float* col = is_pointwise(cs) ? nullptr : workspace(static_cast<size_t>(crs * pq));
+  for (int64_t n = 0; n < cs.n; ++n) {
+    const float* xn = x + n * cs.c * cs.h * cs.w;
+    const float* b = xn;
+    if (col) {
+      im2col(xn, cs, col);
+      b = col;
+    }
+    // y[n] [k, pq] = w [k, crs] x col [crs, pq]
+    gemm(false, false, cs.k, pq, crs, 1.0f, w, crs, b, pq, 0.0f, y + n * cs.k * pq, pq);
+  }
+}
+
+void CpuKernels::conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) {
+  check_conv(cs);
+  const int64_t crs = cs.c * cs.r * cs.s, pq = cs.p * cs.q, chw = cs.c * cs.h * cs.w;
+  if (is_pointwise(cs)) {
+    // dx[n] [c, hw] = w^T [c, k] x dy[n] [k, hw]
+    for (int64_t n = 0; n < cs.n; ++n)
+      gemm(true, false, cs.c, pq, cs.k, 1.0f, w, crs, dy + n * cs.k * pq, pq, 0.0f, dx + n * chw, pq);
+    return;
+  }
+  float* col = workspace(static_cast<size_t>(crs * pq));
+  for (int64_t n = 0; n < cs.n; ++n) {
+    gemm(true, false, crs, pq, cs.k, 1.0f, w, crs, dy + n * cs.k * pq, pq, 0.0f, col, pq);
+    float* dxn = dx + n * chw;
+    std::fill(dxn, dxn + chw, 0.0f);
+    col2im(col, cs, dxn);
+  }
+}
+
+void CpuKernels::conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) {
+  check_conv(cs);
+  const int64_t crs = cs.c * cs.r * cs.s, pq = cs.p * cs.q;
+  float* col = is_pointwise(cs) ? nullptr : workspace(static_cast<size_t>(crs * pq));
+  for (int64_t n = 0; n < cs.n; ++n) {
+    const float* xn = x + n * cs.c * cs.h * cs.w;
+    const float* b = xn;
+    if (col) {
+      im2col(xn, cs, col);
+      b = col;
+    }
+    // dw [k, crs] += dy[n] [k, pq] x col^T [pq, crs]
+    gemm(false, true, cs.k, crs, pq, 1.0f, dy + n * cs.k * pq, pq, b, pq, 1.0f, dw, crs);
+  }
+}
+
+void CpuKernels::bn_stats(const float* x, const BnShape& bs, double* sums) {
+  for (int64_t ch = 0; ch < bs.c; ++ch) {
+    double s = 0, ss = 0;
+    for (int64_t n = 0; n < bs.n; ++n) {
+      const float* p = x + (n * bs.c + ch) * bs.hw;
+      for (int64_t i = 0; i < bs.hw; ++i) {
+        const double v = p[i];
+        s += v;
+        ss += v * v;
+      }
+    }
+    sums[ch] = s;
+    sums[bs.c + ch] = ss;
+  }
+  sums[2 * bs.c] = static_cast<double>(bs.n * bs.hw);
+}
+
+void CpuKernels::bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums,
+                                  const BnShape& bs, float eps, float momentum, float* running_mean,
+                                  float* running_var, float* save_mean, float* save_invstd, float* y) {
+  const double count = sums[2 * bs.c];
+  DPT_CHECK(count > 0, "batch norm over an empty batch");
+  for (int64_t ch = 0; ch < bs.c; ++ch) {
+    const elementwise::BnMoments m = elementwise::bn_moments(sums[ch], sums[bs.c + ch], count, eps);
+    save_mean[ch] = m.mean;
+    save_invstd[ch] = m.invstd;
+    running_mean[ch] = elementwise::lerp_running(running_mean[ch], m.mean, momentum);
+    running_var[ch] = elementwise::lerp_running(running_var[ch], m.unbiased_var, momentum);
+    const float a = gamma[ch] * m.invstd, b = beta[ch] - m.mean * a;
+    for (int64_t n = 0; n < bs.n; ++n) {
+      const int64_t off = (n * bs.c + ch) * bs.hw;
+      for (int64_t i = 0; i < bs.hw; ++i) y[off + i] = x[off + i] * a + b;
+    }
+  }
+}
+
+void CpuKernels::bn_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
+                                 const float* running_var, const BnShape& bs, float eps, float* y) {
+  for (int64_t ch = 0; ch < bs.c; ++ch) {
+    const float invstd = 1.0f / std::sqrt(running_var[ch] + eps);
+    const float a = gamma[ch] * invstd, b = beta[ch] - running_mean[ch] * a;
+    for (int64_t n = 0; n < bs.n; ++n) {
+      const int64_t off = (n * bs.c + ch) * bs.hw;
+      for (int64_t i = 0; i < bs.hw; ++i) y[off + i] = x[off + i] * a + b;
+    }
+  }
+}
+
+void CpuKernels::bn_backward_reduce(const float* dy, const float* x, const float* save_mean, const float* save_invstd,
+                                    const BnShape& bs, double* sums, float* dgamma, float* dbeta) {
+  for (int64_t ch = 0; ch < bs.c; ++ch) {
+    double sdy = 0, sdyx = 0;
+    const double mean = save_mean[ch], invstd = save_invstd[ch];
+    for (int64_t n = 0; n < bs.n; ++n) {
+      const int64_t off = (n * bs.c + ch) * bs.hw;
+      for (int64_t i = 0; i < bs.hw; ++i) {
+        const double g = dy[off + i];
+        sdy += g;
+        sdyx += g * (x[off + i] - mean) * invstd;
+      }
+    }
+    sums[ch] = sdy;
+    sums[bs.c + ch] = sdyx;
+    dbeta[ch] += static_cast<float>(sdy);
+    dgamma[ch] += static_cast<float>(sdyx);
+  }
+  sums[2 * bs.c] = static_cast<double>(bs.n * bs.hw);
+}
+
+void CpuKernels::bn_backward_data(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                                  const float* save_invstd, const double* sums, const BnShape& bs, float* dx) {
+  const double count = sums[2 * bs.c];
+  for (int64_t ch = 0; ch < bs.c; ++ch) {
+    const elementwise::BnBackward k =
+        elementwise::bn_backward_coefficients(gamma[ch], save_mean[ch], save_invstd[ch], sums[ch], sums[bs.c + ch], count);
+    for (int64_t n = 0; n < bs.n; ++n) {
+      const int64_t off = (n * bs.c + ch) * bs.hw;
+      for (int64_t i = 0; i < bs.hw; ++i) dx[off + i] = elementwise::bn_backward(dy[off + i], x[off + i], k);
+    }
+  }
+}
+
+void CpuKernels::relu(const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void CpuKernels::add(const float* a, const float* b, float* y, size_t n, bool relu) {
+  if (relu) {
+    for (size_t i = 0; i < n; ++i) {
+      const float v = a[i] + b[i];
+      y[i] = v > 0.0f ? v : 0.0f;
+    }
+  } else {
+    for (size_t i = 0; i < n; ++i) y[i] = a[i] + b[i];
+  }
+}
+
+void CpuKernels::maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps) {
+  for (int64_t plane = 0; plane < ps.n * ps.c; ++plane) {
+    const float* in = x + plane * ps.h * ps.w;
+    for (int64_t p = 0; p < ps.p; ++p)
+      for (int64_t q = 0; q < ps.q; ++q) {
+        float best = -std::numeric_limits<float>::infinity();
+        int32_t at = -1;
+        for (int64_t r = 0; r < ps.kernel; ++r) {
+          const int64_t h = p * ps.stride - ps.pad + r;
+          if (h < 0 || h >= ps.h) continue;
+          for (int64_t s = 0; s < ps.kernel; ++s) {
+            const int64_t w = q * ps.stride - ps.pad + s;
+            if (w < 0 || w >= ps.w) continue;
+            const float v = in[h * ps.w + w];
+            // PyTorch's rule: the first maximum wins, a NaN replaces it.
+            if (at < 0 || v > best || std::isnan(v)) {
+              best = v;
+              at = static_cast<int32_t>(h * ps.w + w);
+            }
+          }
+        }
+        const int64_t o = (plane * ps.p + p) * ps.q + q;
+        y[o] = best;
+        argmax[o] = at;
+      }
+  }
+}
+
+void CpuKernels::maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps) {
+  std::fill(dx, dx + ps.n * ps.c * ps.h * ps.w, 0.0f);
+  for (int64_t plane = 0; plane < ps.n * ps.c; ++plane) {
+    float* out = dx + plane * ps.h * ps.w;
+    const int64_t o = plane * ps.p * ps.q;
+    for (int64_t i = 0; i < ps.p * ps.q; ++i) out[argmax[o + i]] += dy[o + i];
+  }
+}
+
+void CpuKernels::avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw) {
+  const float inv = 1.0f / static_cast<float>(hw);
+  for (int64_t i = 0; i < rows; ++i) {
+    float s = 0.0f;
+    for (int64_t j = 0; j < hw; ++j) s += x[i * hw + j];
+    y[i] = s * inv;
+  }
+}
+
+void CpuKernels::avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) {
+  const float inv = 1.0f / static_cast<float>(hw);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float g = dy[i] * inv;
+    for (int64_t j = 0; j < hw; ++j) dx[i * hw + j] = g;
+  }
 }
 
 }  // namespace dpt::models

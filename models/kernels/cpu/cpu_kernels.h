@@ -1,10 +1,22 @@
-// models/kernels/cpu/cpu_kernels.h: the CPU kernel set: GEMMs through OpenBLAS (cblas), the rest as plain
-// loops the compiler vectorises.
+// models/kernels/cpu/cpu_kernels.h: the CPU kernel set: GEMMs through OpenBLAS (cblas), convolutions as
+// im2col + OpenBLAS GEMMs, the rest as plain loops the compiler vectorises. Stateless but for a per-thread
+// im2col workspace, so one instance serves every thread.
 #pragma once
+
+#include <string>
 
 #include "models/kernels.h"
 
 namespace dpt::models {
+
+// The kernels OpenBLAS runs: it picks them from the CPU's model number when the library loads, and on CPUs it
+// does not recognise (cloud VMs that report a generic model) falls back to Prescott (SSE3) kernels, about 4x
+// slower on an AVX-512 machine. blas_core_upgrade() returns the OPENBLAS_CORETYPE that the CPU's own feature
+// flags support ("SkylakeX" for AVX-512, "Haswell" for AVX2 + FMA) when OpenBLAS chose an older core and
+// OPENBLAS_CORETYPE is unset; "" when nothing is to be gained. The variable only takes effect in a process
+// started with it (dptrain's main restarts itself, see trainer/main.cpp).
+std::string blas_core();
+std::string blas_core_upgrade();
 
 class CpuKernels final : public Kernels {
  public:
@@ -20,6 +32,26 @@ class CpuKernels final : public Kernels {
   void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) override;
   void scale(float* x, size_t n, float alpha) override;
   double sum_squares(const float* x, size_t n) override;
+
+  void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) override;
+  void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) override;
+  void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) override;
+  void bn_stats(const float* x, const BnShape& bs, double* sums) override;
+  void bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums, const BnShape& bs,
+                        float eps, float momentum, float* running_mean, float* running_var, float* save_mean,
+                        float* save_invstd, float* y) override;
+  void bn_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
+                       const float* running_var, const BnShape& bs, float eps, float* y) override;
+  void bn_backward_reduce(const float* dy, const float* x, const float* save_mean, const float* save_invstd,
+                          const BnShape& bs, double* sums, float* dgamma, float* dbeta) override;
+  void bn_backward_data(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                        const float* save_invstd, const double* sums, const BnShape& bs, float* dx) override;
+  void relu(const float* x, float* y, size_t n) override;
+  void add(const float* a, const float* b, float* y, size_t n, bool relu) override;
+  void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps) override;
+  void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps) override;
+  void avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw) override;
+  void avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) override;
 };
 
 }  // namespace dpt::models

@@ -1,15 +1,23 @@
-// models/kernels/cuda/cuda_kernels.cpp: CudaKernels: the Kernels interface on one GPU. GEMMs go to cuBLAS in
-// strict FP32 (no TF32), so results match the CPU set within float rounding; the other operations launch the
-// kernels of kernels.cu on this set's stream. Nothing here synchronises the host except sum_squares, whose
-// result the caller wants on the host.
+// models/kernels/cuda/cuda_kernels.cpp: CudaKernels: the Kernels interface on one GPU. GEMMs go to cuBLAS and
+// convolutions to cuDNN (when the build found it: DPT_HAVE_CUDNN), both in strict FP32 (no TF32), so results
+// match the CPU set within float rounding; the other operations launch the kernels of kernels.cu on this set's
+// stream. Nothing here synchronises the host except sum_squares, whose result the caller wants on the host.
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include <cublas_v2.h>
 
+#include <array>
 #include <limits>
+#include <map>
+#include <memory>
+#include <tuple>
 
 #include "core/cuda_check.h"
 #include "models/kernels/cuda/launch.h"
+
+#if DPT_HAVE_CUDNN
+#include <cudnn.h>
+#endif
 
 #define DPT_CUBLAS_CHECK(expr)                                                                                  \
   do {                                                                                                          \
@@ -20,8 +28,184 @@
           fmt::format("cuBLAS error in {}: {}: {}", #expr, cublasGetStatusName(dpt_st_), cublasGetStatusString(dpt_st_)))); \
   } while (0)
 
+#if DPT_HAVE_CUDNN
+// cuDNN's status string, and its last error message (cuDNN 9 says there which check failed, e.g. a bad shape).
+#define DPT_CUDNN_CHECK(expr)                                                                                   \
+  do {                                                                                                          \
+    const cudnnStatus_t dpt_st_ = (expr);                                                                       \
+    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                                        \
+      throw ::dpt::DeviceError(::dpt::detail::located(                                                          \
+          __FILE__, __LINE__,                                                                                   \
+          fmt::format("cuDNN error in {}: {}{}", #expr, cudnnGetErrorString(dpt_st_),                           \
+                      ::dpt::models::cudnn_last_error())));                                                     \
+  } while (0)
+#endif
+
 namespace dpt::models {
+
+#if DPT_HAVE_CUDNN
+// ": " and cuDNN's message about the last failed call, or nothing when it has none.
+inline std::string cudnn_last_error() {
+  std::array<char, 512> msg{};
+  cudnnGetLastErrorString(msg.data(), msg.size());
+  return msg[0] ? fmt::format(": {}", msg.data()) : std::string();
+}
+#endif
+
 namespace {
+
+// FP32 convolutions on the FMA units only: TF32 tensor cores (CUDNN_DEFAULT_MATH lets cuDNN use them on A100
+// and newer) would be several times faster but leave the CPU path's results by ~1e-3. Turning this on is the
+// switch for TF32 convolutions (the tolerance of the conv tests would then have to follow).
+constexpr bool kConvAllowTf32 = false;
+// The most workspace one convolution algorithm may ask for; a hungrier one is skipped for the next in cuDNN's
+// ranking.
+constexpr size_t kConvMaxWorkspaceBytes = size_t{1} << 30;
+
+void check_conv_shape(const ConvShape& cs) {
+  ConvShape expect = cs;
+  DPT_CHECK(cs.n >= 0 && cs.c > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 && cs.stride > 0 && cs.pad >= 0 &&
+                conv_output_size(expect) && expect.p == cs.p && expect.q == cs.q,
+            "conv shape n {} c {} h {} w {} k {} r {} s {} stride {} pad {} -> {}x{}", cs.n, cs.c, cs.h, cs.w, cs.k,
+            cs.r, cs.s, cs.stride, cs.pad, cs.p, cs.q);
+}
+
+void check_pool_shape(const PoolShape& ps) {
+  PoolShape expect = ps;
+  DPT_CHECK(ps.n >= 0 && ps.c >= 0 && ps.kernel > 0 && ps.stride > 0 && ps.pad >= 0 && pool_output_size(expect) &&
+                expect.p == ps.p && expect.q == ps.q,
+            "pool shape n {} c {} h {} w {} kernel {} stride {} pad {} -> {}x{}", ps.n, ps.c, ps.h, ps.w, ps.kernel,
+            ps.stride, ps.pad, ps.p, ps.q);
+  DPT_CHECK(ps.h * ps.w <= std::numeric_limits<int32_t>::max(), "max pooling over {}x{}: the argmax is an int32",
+            ps.h, ps.w);
+}
+
+void check_bn_shape(const BnShape& bs) {
+  DPT_CHECK(bs.n >= 0 && bs.c >= 0 && bs.hw >= 1, "batch norm shape n {} c {} hw {}", bs.n, bs.c, bs.hw);
+  DPT_CHECK(bs.c <= std::numeric_limits<int>::max(), "batch norm over {} channels: more than a grid holds", bs.c);
+}
+
+#if DPT_HAVE_CUDNN
+// The cuDNN descriptors of one ConvShape, and the algorithm of each direction, chosen the first time that
+// direction runs. cuDNN's heuristics choose (cudnnGet*_v7), not timing (cudnnFind*): the choice then depends
+// only on the shape and the GPU, so two runs, or two ranks, make the same one and get the same bits. Only
+// deterministic algorithms qualify, and none that needs TF32 tensor cores (kConvAllowTf32).
+class ConvPlan {
+ public:
+  explicit ConvPlan(const ConvShape& cs) {
+    constexpr int64_t kMax = std::numeric_limits<int>::max();
+    DPT_CHECK(cs.n * cs.c * cs.h * cs.w <= kMax && cs.n * cs.k * cs.p * cs.q <= kMax &&
+                  cs.k * cs.c * cs.r * cs.s <= kMax,
+              "convolution tensors over 2^31 elements (cuDNN's int range)");
+    const auto i = [](int64_t v) { return static_cast<int>(v); };
+    DPT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_));
+    DPT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_));
+    DPT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
+    DPT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
+    DPT_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(cs.n), i(cs.c), i(cs.h), i(cs.w)));
+    DPT_CUDNN_CHECK(
+        cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(cs.n), i(cs.k), i(cs.p), i(cs.q)));
+    DPT_CUDNN_CHECK(
+        cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(cs.k), i(cs.c), i(cs.r), i(cs.s)));
+    // Cross-correlation (no kernel flip), as PyTorch's Conv2d and the CPU set.
+    DPT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, i(cs.pad), i(cs.pad), i(cs.stride), i(cs.stride), 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, kConvAllowTf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    int n = 0, k = 0, p = 0, q = 0;
+    DPT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_, x_, w_, &n, &k, &p, &q));
+    DPT_CHECK(n == cs.n && k == cs.k && p == cs.p && q == cs.q, "cuDNN's output shape {}x{}x{}x{} is not {}x{}x{}x{}",
+              n, k, p, q, cs.n, cs.k, cs.p, cs.q);
+  }
+  ~ConvPlan() {
+    if (conv_) (void)cudnnDestroyConvolutionDescriptor(conv_);
+    if (w_) (void)cudnnDestroyFilterDescriptor(w_);
+    if (y_) (void)cudnnDestroyTensorDescriptor(y_);
+    if (x_) (void)cudnnDestroyTensorDescriptor(x_);
+  }
+  ConvPlan(const ConvPlan&) = delete;
+  ConvPlan& operator=(const ConvPlan&) = delete;
+
+  // The chosen algorithm and its workspace bytes, per direction.
+  template <class Algo>
+  struct Choice {
+    Algo algo{};
+    size_t workspace = 0;
+  };
+
+  const Choice<cudnnConvolutionFwdAlgo_t>& forward(cudnnHandle_t h) {
+    if (!fwd_) {
+      std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
+      int count = 0;
+      DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, x_, w_, conv_, y_, static_cast<int>(perf.size()),
+                                                             &count, perf.data()));
+      fwd_ = choose<cudnnConvolutionFwdAlgo_t>(perf.data(), count, "forward",
+                                               [&](cudnnConvolutionFwdAlgo_t a, size_t* b) {
+        return cudnnGetConvolutionForwardWorkspaceSize(h, x_, w_, conv_, y_, a, b);
+      });
+    }
+    return *fwd_;
+  }
+  const Choice<cudnnConvolutionBwdDataAlgo_t>& backward_data(cudnnHandle_t h) {
+    if (!bwd_data_) {
+      std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
+      int count = 0;
+      DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_, y_, conv_, x_, static_cast<int>(perf.size()),
+                                                                  &count, perf.data()));
+      bwd_data_ = choose<cudnnConvolutionBwdDataAlgo_t>(perf.data(), count, "backward data",
+                                                        [&](cudnnConvolutionBwdDataAlgo_t a, size_t* b) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w_, y_, conv_, x_, a, b);
+      });
+    }
+    return *bwd_data_;
+  }
+  const Choice<cudnnConvolutionBwdFilterAlgo_t>& backward_filter(cudnnHandle_t h) {
+    if (!bwd_filter_) {
+      std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
+      int count = 0;
+      DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_, y_, conv_, w_, static_cast<int>(perf.size()),
+                                                                    &count, perf.data()));
+      bwd_filter_ = choose<cudnnConvolutionBwdFilterAlgo_t>(perf.data(), count, "backward filter",
+                                                            [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* b) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_, y_, conv_, w_, a, b);
+      });
+    }
+    return *bwd_filter_;
+  }
+
+  cudnnTensorDescriptor_t x() const { return x_; }
+  cudnnTensorDescriptor_t y() const { return y_; }
+  cudnnFilterDescriptor_t w() const { return w_; }
+  cudnnConvolutionDescriptor_t conv() const { return conv_; }
+
+ private:
+  // The first algorithm in cuDNN's ranking that it supports here, that is deterministic, that needs no tensor
+  // cores unless allowed, and whose workspace (asked again for that algorithm) fits kConvMaxWorkspaceBytes.
+  template <class Algo, class Perf, class WorkspaceFn>
+  static std::unique_ptr<Choice<Algo>> choose(const Perf* perf, int count, const char* what, WorkspaceFn workspace) {
+    for (int i = 0; i < count; ++i) {
+      const Perf& pf = perf[i];
+      if (pf.status != CUDNN_STATUS_SUCCESS || pf.determinism != CUDNN_DETERMINISTIC) continue;
+      if (!kConvAllowTf32 && pf.mathType != CUDNN_FMA_MATH && pf.mathType != CUDNN_DEFAULT_MATH) continue;
+      size_t bytes = 0;
+      if (workspace(pf.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kConvMaxWorkspaceBytes) continue;
+      return std::make_unique<Choice<Algo>>(Choice<Algo>{pf.algo, bytes});
+    }
+    DPT_THROW(UnsupportedError, "cuDNN offers no deterministic FP32 {} convolution algorithm for this shape "
+              "(with at most {} MiB of workspace)", what, kConvMaxWorkspaceBytes >> 20);
+  }
+
+  cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
+  cudnnFilterDescriptor_t w_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  std::unique_ptr<Choice<cudnnConvolutionFwdAlgo_t>> fwd_;
+  std::unique_ptr<Choice<cudnnConvolutionBwdDataAlgo_t>> bwd_data_;
+  std::unique_ptr<Choice<cudnnConvolutionBwdFilterAlgo_t>> bwd_filter_;
+};
+
+using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+ConvKey conv_key(const ConvShape& cs) { return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad}; }
+#endif
 
 class CudaKernels final : public Kernels {
  public:
@@ -35,6 +219,10 @@ class CudaKernels final : public Kernels {
     partials_ = Tensor::empty({cuda_launch::kSumSquaresBlocks + 1}, DType::F64, device());
   }
   ~CudaKernels() override {
+#if DPT_HAVE_CUDNN
+    plans_.clear();  // descriptors before the handle
+    if (cudnn_) (void)cudnnDestroy(cudnn_);
+#endif
     if (handle_) (void)cublasDestroy(handle_);
   }
 
@@ -91,11 +279,157 @@ class CudaKernels final : public Kernels {
     return host;
   }
 
+  // ---- convolutional networks ---------------------------------------------------------------------------
+
+#if DPT_HAVE_CUDNN
+  void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) override {
+    check_conv_shape(cs);
+    if (cs.n == 0) return;
+    ConvPlan& plan = plan_for(cs);
+    const auto& ch = plan.forward(cudnn());
+    void* ws = workspace(ch.workspace);
+    const float alpha = 1.0f, beta = 0.0f;  // beta 0: y is not read (it may hold NaN)
+    DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn(), &alpha, plan.x(), x, plan.w(), w, plan.conv(), ch.algo, ws,
+                                            ch.workspace, &beta, plan.y(), y));
+  }
+  void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) override {
+    check_conv_shape(cs);
+    if (cs.n == 0) return;
+    ConvPlan& plan = plan_for(cs);
+    const auto& ch = plan.backward_data(cudnn());
+    void* ws = workspace(ch.workspace);
+    const float alpha = 1.0f, beta = 0.0f;  // dx overwritten
+    DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn(), &alpha, plan.w(), w, plan.y(), dy, plan.conv(), ch.algo, ws,
+                                                 ch.workspace, &beta, plan.x(), dx));
+  }
+  void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) override {
+    check_conv_shape(cs);
+    if (cs.n == 0) return;  // nothing to accumulate
+    ConvPlan& plan = plan_for(cs);
+    const auto& ch = plan.backward_filter(cudnn());
+    void* ws = workspace(ch.workspace);
+    const float alpha = 1.0f, beta = 1.0f;  // dw accumulates
+    DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn(), &alpha, plan.x(), x, plan.y(), dy, plan.conv(), ch.algo,
+                                                   ws, ch.workspace, &beta, plan.w(), dw));
+  }
+#else
+  void conv2d_forward(const float*, const float*, float*, const ConvShape&) override { no_cudnn(); }
+  void conv2d_backward_data(const float*, const float*, float*, const ConvShape&) override { no_cudnn(); }
+  void conv2d_backward_weight(const float*, const float*, float*, const ConvShape&) override { no_cudnn(); }
+#endif
+
+  void bn_stats(const float* x, const BnShape& bs, double* sums) override {
+    check_bn_shape(bs);
+    DPT_CUDA_CHECK(cuda_launch::bn_stats(x, bs, bn_partials(bs), sums, stream()));
+  }
+  // A count of 0 in `sums` (an empty batch on every rank) gives NaN statistics here; the CPU set throws.
+  void bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums, const BnShape& bs,
+                        float eps, float momentum, float* running_mean, float* running_var, float* save_mean,
+                        float* save_invstd, float* y) override {
+    check_bn_shape(bs);
+    DPT_CUDA_CHECK(cuda_launch::bn_forward_train(x, gamma, beta, sums, bs, eps, momentum, running_mean, running_var,
+                                                 save_mean, save_invstd, y, bn_coef(bs), stream()));
+  }
+  void bn_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
+                       const float* running_var, const BnShape& bs, float eps, float* y) override {
+    check_bn_shape(bs);
+    DPT_CUDA_CHECK(cuda_launch::bn_forward_eval(x, gamma, beta, running_mean, running_var, bs, eps, y, bn_coef(bs),
+                                                stream()));
+  }
+  void bn_backward_reduce(const float* dy, const float* x, const float* save_mean, const float* save_invstd,
+                          const BnShape& bs, double* sums, float* dgamma, float* dbeta) override {
+    check_bn_shape(bs);
+    DPT_CUDA_CHECK(cuda_launch::bn_backward_reduce(dy, x, save_mean, save_invstd, bs, bn_partials(bs), sums, dgamma,
+                                                   dbeta, stream()));
+  }
+  void bn_backward_data(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                        const float* save_invstd, const double* sums, const BnShape& bs, float* dx) override {
+    check_bn_shape(bs);
+    DPT_CUDA_CHECK(cuda_launch::bn_backward_data(dy, x, gamma, save_mean, save_invstd, sums, bs, dx, bn_coef(bs),
+                                                 stream()));
+  }
+
+  void relu(const float* x, float* y, size_t n) override { DPT_CUDA_CHECK(cuda_launch::relu(x, y, n, stream())); }
+  void add(const float* a, const float* b, float* y, size_t n, bool relu) override {
+    DPT_CUDA_CHECK(cuda_launch::add(a, b, y, n, relu, stream()));
+  }
+  void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps) override {
+    check_pool_shape(ps);
+    DPT_CUDA_CHECK(cuda_launch::maxpool2d_forward(x, y, argmax, ps, stream()));
+  }
+  void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps) override {
+    check_pool_shape(ps);
+    DPT_CUDA_CHECK(cuda_launch::maxpool2d_backward(dy, argmax, dx, ps, stream()));
+  }
+  void avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw) override {
+    DPT_CHECK(rows >= 0 && hw >= 1, "average pooling of {} rows of {}", rows, hw);
+    DPT_CUDA_CHECK(cuda_launch::avgpool_forward(x, y, rows, hw, stream()));
+  }
+  void avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) override {
+    DPT_CHECK(rows >= 0 && hw >= 1, "average pooling of {} rows of {}", rows, hw);
+    DPT_CUDA_CHECK(cuda_launch::avgpool_backward(dy, dx, rows, hw, stream()));
+  }
+
  private:
+  // Scratch grown on demand and reused (the stream runs in order). Growing frees the old buffer with cudaFree,
+  // which waits for the device: only ever at a new, larger shape.
+  double* bn_partials(const BnShape& bs) {
+    const size_t count = cuda_launch::bn_partials_count(bs);
+    if (bn_partials_.numel() < count) bn_partials_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F64, device());
+    return bn_partials_.data<double>();
+  }
+  float* bn_coef(const BnShape& bs) {
+    const size_t count = cuda_launch::bn_coef_count(bs);
+    if (bn_coef_.numel() < count) bn_coef_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F32, device());
+    return bn_coef_.data<float>();
+  }
+
+#if DPT_HAVE_CUDNN
+  // The cuDNN handle, made on first use: loading cuDNN takes a while and a model without convolutions never
+  // needs it.
+  cudnnHandle_t cudnn() {
+    if (!cudnn_) {
+      cuda::set_device(index_);
+      DPT_CUDNN_CHECK(cudnnCreate(&cudnn_));
+      DPT_CUDNN_CHECK(cudnnSetStream(cudnn_, stream()));
+    }
+    return cudnn_;
+  }
+  // One plan per shape seen (a run has a handful: each layer's, and the last, smaller batch's).
+  ConvPlan& plan_for(const ConvShape& cs) {
+    auto [it, added] = plans_.try_emplace(conv_key(cs));
+    if (added) {
+      try {
+        it->second = std::make_unique<ConvPlan>(cs);
+      } catch (...) {
+        plans_.erase(it);
+        throw;
+      }
+    }
+    return *it->second;
+  }
+  // The convolutions' workspace, shared by all of them (the stream serialises them); nullptr for 0 bytes.
+  void* workspace(size_t bytes) {
+    if (bytes == 0) return nullptr;
+    if (workspace_.bytes() < bytes) workspace_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device());
+    return workspace_.raw();
+  }
+#else
+  [[noreturn]] static void no_cudnn() {
+    DPT_THROW(UnsupportedError, "convolutions on the GPU need cuDNN 9, which this dptrain was built without "
+              "(cudnn.h / libcudnn not found by CMake, or DPT_WITH_CUDNN=OFF)");
+  }
+#endif
+
   int index_;
   std::unique_ptr<cuda::Stream> stream_;
   cublasHandle_t handle_ = nullptr;
-  Tensor partials_, rows_scratch_;
+  Tensor partials_, rows_scratch_, bn_partials_, bn_coef_;
+#if DPT_HAVE_CUDNN
+  cudnnHandle_t cudnn_ = nullptr;
+  std::map<ConvKey, std::unique_ptr<ConvPlan>> plans_;
+  Tensor workspace_;
+#endif
 };
 
 }  // namespace

@@ -1,6 +1,8 @@
-// models/kernels/cuda/kernels.cu: the CUDA kernels of the GPU kernel set (GEMMs go to cuBLAS, in
-// cuda_kernels.cpp). Kernels first, launchers after; each launcher takes an explicit stream and returns
-// cudaGetLastError(). The per-element arithmetic of the updates is shared with the CPU set (elementwise.h).
+// models/kernels/cuda/kernels.cu: the CUDA kernels of the GPU kernel set (GEMMs go to cuBLAS and convolutions
+// to cuDNN, in cuda_kernels.cpp). Kernels first, launchers after; each launcher takes an explicit stream and
+// returns cudaGetLastError(). The per-element arithmetic of the updates, of batch normalisation and of max
+// pooling is shared with the CPU set (elementwise.h). Every reduction runs in a fixed order, without float
+// atomics, so a rerun gives the same bits.
 #include <cfloat>
 #include <cmath>
 
@@ -148,6 +150,247 @@ __global__ void sum_squares_kernel(const float* x, size_t n, double* partials) {
   if (threadIdx.x == 0) partials[blockIdx.x] = s[0];
 }
 
+// ---- convolutional networks ---------------------------------------------------------------------------------
+
+__global__ void relu_kernel(const float* x, float* y, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    y[i] = elementwise::relu(x[i]);
+}
+
+__global__ void add_kernel(const float* a, const float* b, float* y, size_t n, bool relu) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    y[i] = elementwise::bias_act(a[i], b[i], relu);  // a + b, then max(., 0) when relu
+}
+
+// Adds a and b over the threads of the block in a fixed tree (the same pairs whatever the scheduling); every
+// thread gets the totals. Every thread of the block must call it.
+__device__ void block_sum_pair(double& a, double& b) {
+  __shared__ double sa[kThreads], sb[kThreads];
+  sa[threadIdx.x] = a;
+  sb[threadIdx.x] = b;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) {
+      sa[threadIdx.x] += sa[threadIdx.x + w];
+      sb[threadIdx.x] += sb[threadIdx.x + w];
+    }
+    __syncthreads();
+  }
+  a = sa[0];
+  b = sb[0];
+}
+
+// The run of channel `ch`'s values (flattened over (image, position), length n*hw) that block `split` sums.
+struct BnRun {
+  int64_t begin, end;
+};
+__device__ BnRun bn_run(int64_t count, int64_t splits, int64_t split) {
+  const int64_t len = (count + splits - 1) / splits;
+  const int64_t begin = split * len;
+  return {begin, begin + len < count ? begin + len : count};
+}
+// Where value i of channel ch sits in x [n, c, hw].
+__device__ int64_t bn_offset(int64_t i, int64_t ch, int64_t c, int64_t hw) {
+  const int64_t img = i / hw;
+  return (img * c + ch) * hw + (i - img * hw);
+}
+
+// grid (c, splits): partials[(ch * splits + split) * 2 + {0, 1}] = the run's sum of x and of x^2.
+__global__ void bn_stats_partials_kernel(const float* x, BnShape bs, int64_t splits, double* partials) {
+  const int64_t ch = blockIdx.x, split = blockIdx.y;
+  const BnRun run = bn_run(bs.n * bs.hw, splits, split);
+  double a = 0.0, b = 0.0;
+  for (int64_t i = run.begin + threadIdx.x; i < run.end; i += kThreads) {
+    const double v = x[bn_offset(i, ch, bs.c, bs.hw)];
+    a += v;
+    b += v * v;
+  }
+  block_sum_pair(a, b);
+  if (threadIdx.x == 0) {
+    partials[(ch * splits + split) * 2] = a;
+    partials[(ch * splits + split) * 2 + 1] = b;
+  }
+}
+
+// grid (c, splits): the run's sum of dy and of dy (x - mean) invstd (in double, as the CPU set).
+__global__ void bn_backward_partials_kernel(const float* dy, const float* x, const float* save_mean,
+                                            const float* save_invstd, BnShape bs, int64_t splits, double* partials) {
+  const int64_t ch = blockIdx.x, split = blockIdx.y;
+  const BnRun run = bn_run(bs.n * bs.hw, splits, split);
+  const double mean = save_mean[ch], invstd = save_invstd[ch];
+  double a = 0.0, b = 0.0;
+  for (int64_t i = run.begin + threadIdx.x; i < run.end; i += kThreads) {
+    const int64_t at = bn_offset(i, ch, bs.c, bs.hw);
+    const double g = dy[at];
+    a += g;
+    b += g * (x[at] - mean) * invstd;
+  }
+  block_sum_pair(a, b);
+  if (threadIdx.x == 0) {
+    partials[(ch * splits + split) * 2] = a;
+    partials[(ch * splits + split) * 2 + 1] = b;
+  }
+}
+
+// One thread per channel adds its runs in order: sums[ch], sums[c + ch]; sums[2c] = count (also when c = 0).
+// With dgamma/dbeta (backward), they accumulate the second and the first sum.
+__global__ void bn_finish_sums_kernel(const double* partials, int64_t c, int64_t splits, double count, double* sums,
+                                      float* dgamma, float* dbeta) {
+  for (int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; ch < c;
+       ch += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    double a = 0.0, b = 0.0;
+    for (int64_t k = 0; k < splits; ++k) {
+      a += partials[(ch * splits + k) * 2];
+      b += partials[(ch * splits + k) * 2 + 1];
+    }
+    sums[ch] = a;
+    sums[c + ch] = b;
+    if (dgamma) {
+      dgamma[ch] += static_cast<float>(b);
+      dbeta[ch] += static_cast<float>(a);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) sums[2 * c] = count;
+}
+
+// Per channel, from the (possibly all-reduced) sums: the saved and the running statistics, and the scale and
+// shift of y = x * coef[2ch] + coef[2ch + 1].
+__global__ void bn_train_channels_kernel(const float* gamma, const float* beta, const double* sums, int64_t c,
+                                         float eps, float momentum, float* running_mean, float* running_var,
+                                         float* save_mean, float* save_invstd, float* coef) {
+  for (int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; ch < c;
+       ch += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const elementwise::BnMoments m = elementwise::bn_moments(sums[ch], sums[c + ch], sums[2 * c], eps);
+    save_mean[ch] = m.mean;
+    save_invstd[ch] = m.invstd;
+    running_mean[ch] = elementwise::lerp_running(running_mean[ch], m.mean, momentum);
+    running_var[ch] = elementwise::lerp_running(running_var[ch], m.unbiased_var, momentum);
+    const float a = gamma[ch] * m.invstd;
+    coef[2 * ch] = a;
+    coef[2 * ch + 1] = beta[ch] - m.mean * a;
+  }
+}
+
+__global__ void bn_eval_channels_kernel(const float* gamma, const float* beta, const float* running_mean,
+                                        const float* running_var, int64_t c, float eps, float* coef) {
+  for (int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; ch < c;
+       ch += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float invstd = 1.0f / sqrtf(running_var[ch] + eps);
+    const float a = gamma[ch] * invstd;
+    coef[2 * ch] = a;
+    coef[2 * ch + 1] = beta[ch] - running_mean[ch] * a;
+  }
+}
+
+// y = x * coef[2ch] + coef[2ch + 1] over x [n, c, hw].
+__global__ void bn_scale_shift_kernel(const float* x, const float* coef, size_t total, int64_t c, int64_t hw,
+                                      float* y) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t ch = static_cast<int64_t>(i) / hw % c;
+    y[i] = x[i] * coef[2 * ch] + coef[2 * ch + 1];
+  }
+}
+
+__global__ void bn_backward_channels_kernel(const float* gamma, const float* save_mean, const float* save_invstd,
+                                            const double* sums, int64_t c, float* coef) {
+  for (int64_t ch = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; ch < c;
+       ch += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const elementwise::BnBackward k = elementwise::bn_backward_coefficients(
+        gamma[ch], save_mean[ch], save_invstd[ch], sums[ch], sums[c + ch], sums[2 * c]);
+    coef[3 * ch] = k.a;
+    coef[3 * ch + 1] = k.b;
+    coef[3 * ch + 2] = k.c;
+  }
+}
+
+__global__ void bn_backward_data_kernel(const float* dy, const float* x, const float* coef, size_t total, int64_t c,
+                                        int64_t hw, float* dx) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t ch = static_cast<int64_t>(i) / hw % c;
+    const elementwise::BnBackward k{coef[3 * ch], coef[3 * ch + 1], coef[3 * ch + 2]};
+    dx[i] = elementwise::bn_backward(dy[i], x[i], k);
+  }
+}
+
+// One thread per output [n, c, p, q]: its window, r then s.
+__global__ void maxpool_forward_kernel(const float* x, float* y, int32_t* argmax, PoolShape ps, size_t total) {
+  for (size_t o = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; o < total;
+       o += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t q = static_cast<int64_t>(o) % ps.q;
+    const int64_t p = static_cast<int64_t>(o) / ps.q % ps.p;
+    const int64_t plane = static_cast<int64_t>(o) / (ps.p * ps.q);
+    const float* in = x + plane * ps.h * ps.w;
+    float best = -INFINITY;
+    int32_t at = -1;
+    for (int64_t r = 0; r < ps.kernel; ++r) {
+      const int64_t h = p * ps.stride - ps.pad + r;
+      if (h < 0 || h >= ps.h) continue;
+      for (int64_t s = 0; s < ps.kernel; ++s) {
+        const int64_t w = q * ps.stride - ps.pad + s;
+        if (w < 0 || w >= ps.w) continue;
+        const float v = in[h * ps.w + w];
+        if (elementwise::maxpool_takes(v, best, at)) {
+          best = v;
+          at = static_cast<int32_t>(h * ps.w + w);
+        }
+      }
+    }
+    y[o] = best;
+    argmax[o] = at;
+  }
+}
+
+// The windows that contain input row (or column) i: outputs lo..hi (empty when lo > hi).
+__device__ void windows_over(int64_t i, int64_t kernel, int64_t stride, int64_t pad, int64_t outs, int64_t& lo,
+                             int64_t& hi) {
+  // o*stride - pad <= i <= o*stride - pad + kernel - 1
+  const int64_t first = i + pad - kernel + 1;  // o*stride >= first
+  lo = first <= 0 ? 0 : (first + stride - 1) / stride;
+  hi = (i + pad) / stride;
+  if (hi > outs - 1) hi = outs - 1;
+}
+
+// One thread per input element [n, c, h, w]: the sum, in (p, q) order, of the dy whose argmax it is.
+__global__ void maxpool_backward_kernel(const float* dy, const int32_t* argmax, float* dx, PoolShape ps,
+                                        size_t total) {
+  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t w = static_cast<int64_t>(e) % ps.w;
+    const int64_t h = static_cast<int64_t>(e) / ps.w % ps.h;
+    const int64_t plane = static_cast<int64_t>(e) / (ps.h * ps.w);
+    const auto self = static_cast<int32_t>(h * ps.w + w);
+    int64_t p_lo, p_hi, q_lo, q_hi;
+    windows_over(h, ps.kernel, ps.stride, ps.pad, ps.p, p_lo, p_hi);
+    windows_over(w, ps.kernel, ps.stride, ps.pad, ps.q, q_lo, q_hi);
+    const int64_t base = plane * ps.p * ps.q;
+    float acc = 0.0f;
+    for (int64_t p = p_lo; p <= p_hi; ++p)
+      for (int64_t q = q_lo; q <= q_hi; ++q)
+        if (argmax[base + p * ps.q + q] == self) acc += dy[base + p * ps.q + q];
+    dx[e] = acc;
+  }
+}
+
+__global__ void avgpool_forward_kernel(const float* x, float* y, int64_t rows, int64_t hw, float inv) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float* row = x + i * hw;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < hw; ++j) sum += row[j];
+    y[i] = sum * inv;
+  }
+}
+
+__global__ void avgpool_backward_kernel(const float* dy, float* dx, size_t total, int64_t hw, float inv) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dx[i] = dy[static_cast<int64_t>(i) / hw] * inv;
+}
+
 }  // namespace
 
 cudaError_t bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu,
@@ -208,6 +451,122 @@ cudaError_t sum_squares(const float* x, size_t n, double* partials, double* out,
   sum_squares_kernel<<<kSumSquaresBlocks, kThreads, 0, s>>>(x, n, partials);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   reduce_pair_kernel<double><<<1, kThreads, 0, s>>>(partials, nullptr, kSumSquaresBlocks, out);
+  return cudaGetLastError();
+}
+
+// ---- convolutional networks ---------------------------------------------------------------------------------
+
+cudaError_t relu(const float* x, float* y, size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  relu_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t add(const float* a, const float* b, float* y, size_t n, bool relu, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, b, y, n, relu);
+  return cudaGetLastError();
+}
+
+namespace {
+// One thread per channel: enough blocks of kThreads (bounded by blocks_for's cap; the kernels stride).
+unsigned int channel_blocks(int64_t c) { return blocks_for(static_cast<size_t>(c)); }
+size_t bn_total(const BnShape& bs) { return static_cast<size_t>(bs.n * bs.c * bs.hw); }
+}  // namespace
+
+cudaError_t bn_stats(const float* x, const BnShape& bs, double* partials, double* sums, cudaStream_t s) {
+  const int64_t splits = bn_splits(bs);
+  if (bs.c > 0) {
+    const dim3 grid(static_cast<unsigned int>(bs.c), static_cast<unsigned int>(splits));
+    bn_stats_partials_kernel<<<grid, kThreads, 0, s>>>(x, bs, splits, partials);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  bn_finish_sums_kernel<<<channel_blocks(bs.c), kThreads, 0, s>>>(partials, bs.c, splits,
+                                                                   static_cast<double>(bs.n * bs.hw), sums, nullptr,
+                                                                   nullptr);
+  return cudaGetLastError();
+}
+
+cudaError_t bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums,
+                             const BnShape& bs, float eps, float momentum, float* running_mean, float* running_var,
+                             float* save_mean, float* save_invstd, float* y, float* coef, cudaStream_t s) {
+  if (bs.c == 0) return cudaSuccess;
+  bn_train_channels_kernel<<<channel_blocks(bs.c), kThreads, 0, s>>>(gamma, beta, sums, bs.c, eps, momentum,
+                                                                      running_mean, running_var, save_mean,
+                                                                      save_invstd, coef);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  const size_t total = bn_total(bs);
+  if (total == 0) return cudaSuccess;
+  bn_scale_shift_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, coef, total, bs.c, bs.hw, y);
+  return cudaGetLastError();
+}
+
+cudaError_t bn_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, const BnShape& bs, float eps, float* y, float* coef,
+                            cudaStream_t s) {
+  const size_t total = bn_total(bs);
+  if (total == 0) return cudaSuccess;
+  bn_eval_channels_kernel<<<channel_blocks(bs.c), kThreads, 0, s>>>(gamma, beta, running_mean, running_var, bs.c,
+                                                                     eps, coef);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  bn_scale_shift_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, coef, total, bs.c, bs.hw, y);
+  return cudaGetLastError();
+}
+
+cudaError_t bn_backward_reduce(const float* dy, const float* x, const float* save_mean, const float* save_invstd,
+                               const BnShape& bs, double* partials, double* sums, float* dgamma, float* dbeta,
+                               cudaStream_t s) {
+  const int64_t splits = bn_splits(bs);
+  if (bs.c > 0) {
+    const dim3 grid(static_cast<unsigned int>(bs.c), static_cast<unsigned int>(splits));
+    bn_backward_partials_kernel<<<grid, kThreads, 0, s>>>(dy, x, save_mean, save_invstd, bs, splits, partials);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  bn_finish_sums_kernel<<<channel_blocks(bs.c), kThreads, 0, s>>>(partials, bs.c, splits,
+                                                                   static_cast<double>(bs.n * bs.hw), sums, dgamma,
+                                                                   dbeta);
+  return cudaGetLastError();
+}
+
+cudaError_t bn_backward_data(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                             const float* save_invstd, const double* sums, const BnShape& bs, float* dx, float* coef,
+                             cudaStream_t s) {
+  const size_t total = bn_total(bs);
+  if (total == 0) return cudaSuccess;
+  bn_backward_channels_kernel<<<channel_blocks(bs.c), kThreads, 0, s>>>(gamma, save_mean, save_invstd, sums, bs.c,
+                                                                         coef);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  bn_backward_data_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, x, coef, total, bs.c, bs.hw, dx);
+  return cudaGetLastError();
+}
+
+cudaError_t maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(ps.n * ps.c * ps.p * ps.q);
+  if (total == 0) return cudaSuccess;
+  maxpool_forward_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, argmax, ps, total);
+  return cudaGetLastError();
+}
+
+cudaError_t maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps,
+                               cudaStream_t s) {
+  const size_t total = static_cast<size_t>(ps.n * ps.c * ps.h * ps.w);
+  if (total == 0) return cudaSuccess;
+  maxpool_backward_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, argmax, dx, ps, total);
+  return cudaGetLastError();
+}
+
+cudaError_t avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  const float inv = 1.0f / static_cast<float>(hw);  // as the CPU set: a product by the rounded 1/hw
+  avgpool_forward_kernel<<<blocks_for(static_cast<size_t>(rows)), kThreads, 0, s>>>(x, y, rows, hw, inv);
+  return cudaGetLastError();
+}
+
+cudaError_t avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw, cudaStream_t s) {
+  const size_t total = static_cast<size_t>(rows * hw);
+  if (total == 0) return cudaSuccess;
+  const float inv = 1.0f / static_cast<float>(hw);
+  avgpool_backward_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, dx, total, hw, inv);
   return cudaGetLastError();
 }
 

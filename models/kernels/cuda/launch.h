@@ -29,4 +29,57 @@ cudaError_t scale(float* x, size_t n, float alpha, cudaStream_t s);
 inline constexpr int kSumSquaresBlocks = 256;
 cudaError_t sum_squares(const float* x, size_t n, double* partials, double* out, cudaStream_t s);
 
+// ---- convolutional networks (the convolutions themselves go to cuDNN, in cuda_kernels.cpp) ---------------------
+
+cudaError_t relu(const float* x, float* y, size_t n, cudaStream_t s);
+cudaError_t add(const float* a, const float* b, float* y, size_t n, bool relu, cudaStream_t s);
+
+// Batch normalisation. The per-channel sums are deterministic: each channel's n*hw values are cut into
+// bn_splits() contiguous runs (a function of the shape only, never of the device or of scheduling); a block
+// sums one run in double (strided per thread, then a fixed tree), writing `partials`; then one thread per
+// channel adds its runs in order. `partials` is scratch of bn_partials_count() doubles; `coef` of
+// bn_coef_count() floats (the per-channel coefficients of the element-wise pass). Both are only scratch: the
+// stream's order makes reusing them from one call to the next safe.
+inline constexpr int64_t kBnValuesPerSplit = 16384;
+inline constexpr int64_t kBnMaxSplits = 64;
+inline int64_t bn_splits(const BnShape& bs) {
+  const int64_t runs = (bs.n * bs.hw + kBnValuesPerSplit - 1) / kBnValuesPerSplit;
+  return runs < 1 ? 1 : (runs > kBnMaxSplits ? kBnMaxSplits : runs);
+}
+inline size_t bn_partials_count(const BnShape& bs) { return static_cast<size_t>(2 * bs.c * bn_splits(bs)); }
+inline size_t bn_coef_count(const BnShape& bs) { return static_cast<size_t>(3 * bs.c); }
+
+// sums[ch] = sum of x, sums[c + ch] = sum of x^2, sums[2c] = n*hw (overwritten).
+cudaError_t bn_stats(const float* x, const BnShape& bs, double* partials, double* sums, cudaStream_t s);
+// Per channel (elementwise::bn_moments): save_mean, save_invstd, the running statistics; then
+// y = x * (gamma invstd) + (beta - mean gamma invstd).
+cudaError_t bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums,
+                             const BnShape& bs, float eps, float momentum, float* running_mean, float* running_var,
+                             float* save_mean, float* save_invstd, float* y, float* coef, cudaStream_t s);
+cudaError_t bn_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
+                            const float* running_var, const BnShape& bs, float eps, float* y, float* coef,
+                            cudaStream_t s);
+// sums[ch] = sum of dy, sums[c + ch] = sum of dy (x - mean) invstd, sums[2c] = n*hw (overwritten); dbeta and
+// dgamma accumulate them (rounded to float).
+cudaError_t bn_backward_reduce(const float* dy, const float* x, const float* save_mean, const float* save_invstd,
+                               const BnShape& bs, double* partials, double* sums, float* dgamma, float* dbeta,
+                               cudaStream_t s);
+// dx = dy a + x b + c per channel (elementwise::bn_backward_coefficients, from the sums).
+cudaError_t bn_backward_data(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                             const float* save_invstd, const double* sums, const BnShape& bs, float* dx, float* coef,
+                             cudaStream_t s);
+
+// Max pooling over each (n, c) plane: one thread per output, scanning its window r then s
+// (elementwise::maxpool_takes: the first maximum wins, a NaN replaces it, padding never counts). Backward
+// gathers: one thread per input element adds, in (p, q) order, the dy of every window whose argmax it is, so
+// the result is the CPU's scatter bit for bit and needs no atomics. A window with no valid position (pad >=
+// kernel) writes -inf and argmax -1, which backward never matches.
+cudaError_t maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps, cudaStream_t s);
+cudaError_t maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps,
+                               cudaStream_t s);
+// Global average pooling over rows of hw: one thread per row, the float sum in index order times 1/hw, as the
+// CPU set (so the two agree bit for bit); backward writes dy[i] * (1/hw) over the row.
+cudaError_t avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw, cudaStream_t s);
+cudaError_t avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw, cudaStream_t s);
+
 }  // namespace dpt::models::cuda_launch

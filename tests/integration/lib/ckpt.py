@@ -31,6 +31,22 @@ def load(path):
     return out
 
 
+def save(path, tensors):
+    """Writes {name: numpy array} as safetensors (what PyTorch's safetensors.numpy.save_file writes)."""
+    names = {v: k for k, v in DTYPES.items()}
+    header, offset, blobs = {}, 0, []
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        b = a.tobytes()
+        header[name] = {"dtype": names[a.dtype.type], "shape": list(a.shape), "data_offsets": [offset, offset + len(b)]}
+        offset += len(b)
+        blobs.append(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
 def model_of(ckpt_dir):
     return load(os.path.join(ckpt_dir, "model.safetensors"))
 

@@ -200,10 +200,95 @@ TEST_CASE("an exception in the producer is rethrown by next(), after the batches
   REQUIRE_THROWS_WITH(loader.next(), Catch::Contains("example 21 is unreadable"));
 }
 
+TEST_CASE("several workers: the same batches in the same order", "[data][loader]") {
+  CountingDataset ds(61, 5);
+  for (size_t workers : {2, 3, 8}) {
+    for (size_t batch : {1, 7, 64}) {
+      INFO("workers " << workers << " batch " << batch);
+      auto indices = reversed(61);
+      Loader one(ds, indices, {.batch_size = batch, .workers = 1});
+      Loader many(ds, indices, {.batch_size = batch, .workers = workers});
+      REQUIRE(many.num_batches() == one.num_batches());
+      while (auto a = one.next()) {
+        auto b = many.next();
+        REQUIRE(b.has_value());
+        REQUIRE(b->index == a->index);
+        REQUIRE(b->size == a->size);
+        for (size_t k = 0; k < a->size * 5; ++k) REQUIRE(b->features.data<float>()[k] == a->features.data<float>()[k]);
+        for (size_t k = 0; k < a->size; ++k) REQUIRE(b->labels.data<int32_t>()[k] == a->labels.data<int32_t>()[k]);
+        many.recycle(std::move(*b));
+      }
+      REQUIRE_FALSE(many.next().has_value());
+    }
+  }
+}
+
+namespace {
+// Examples `slow_bad` (after a delay) and `fast_bad` (at once) both throw: with several workers the later
+// row usually fails first in time, yet the earlier row's error is the one reported, as with one worker.
+class TwoBadDataset : public CountingDataset {
+ public:
+  TwoBadDataset(size_t n, size_t slow_bad, size_t fast_bad) : CountingDataset(n), slow_(slow_bad), fast_(fast_bad) {}
+  int32_t get(size_t index, float* x) const override {
+    if (index == slow_) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      DPT_THROW(IoError, "example {} is unreadable", index);
+    }
+    if (index == fast_) DPT_THROW(IoError, "example {} is unreadable", index);
+    return CountingDataset::get(index, x);
+  }
+
+ private:
+  size_t slow_, fast_;
+};
+}  // namespace
+
+TEST_CASE("several workers: the earliest failing row's error, after the batches before it", "[data][loader]") {
+  for (size_t workers : {1, 3}) {
+    INFO("workers " << workers);
+    TwoBadDataset ds(40, 17, 22);  // batch 2 (rows 16..23) holds both, at rows 1 and 6
+    std::vector<size_t> indices(40);
+    std::iota(indices.begin(), indices.end(), size_t{0});
+    Loader loader(ds, indices, {.batch_size = 8, .workers = workers});
+    for (int b = 0; b < 2; ++b) REQUIRE(loader.next().has_value());
+    REQUIRE_THROWS_WITH(loader.next(), Catch::Contains("example 17 is unreadable"));
+    REQUIRE_THROWS_WITH(loader.next(), Catch::Contains("example 17 is unreadable"));
+  }
+  // A bad label is an error of its row too.
+  BadLabelDataset bad(20, 13, 9);
+  std::vector<size_t> all(20);
+  std::iota(all.begin(), all.end(), size_t{0});
+  Loader loader(bad, all, {.batch_size = 10, .workers = 3});
+  REQUIRE(loader.next().has_value());
+  REQUIRE_THROWS_WITH(loader.next(), Catch::Contains("example 13 has label 9"));
+}
+
+TEST_CASE("several workers: destroying a Loader mid-batch does not hang", "[data][loader]") {
+  const auto start = std::chrono::steady_clock::now();
+  SlowDataset slow(3000);
+  std::vector<size_t> all(3000);
+  std::iota(all.begin(), all.end(), size_t{0});
+  {
+    Loader mid_batch(slow, all, {.batch_size = 1500, .prefetch = 2, .workers = 3});  // ~1 s per batch
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  {
+    CountingDataset fast(100000, 8);
+    std::vector<size_t> indices(100000);
+    std::iota(indices.begin(), indices.end(), size_t{0});
+    Loader read_some(fast, indices, {.batch_size = 64, .prefetch = 2, .workers = 4});
+    REQUIRE(read_some.next().has_value());
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // producer now blocked on a full queue
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  REQUIRE(seconds < 0.5);
+}
+
 TEST_CASE("bad loader options and indices throw", "[data][loader]") {
   CountingDataset ds(10);
   REQUIRE_THROWS_AS(Loader(ds, {0, 1}, {0, false, 2}), ConfigError);
   REQUIRE_THROWS_AS(Loader(ds, {0, 1}, {4, false, 0}), ConfigError);
+  REQUIRE_THROWS_WITH(Loader(ds, {0, 1}, {.batch_size = 4, .workers = 0}), Catch::Contains("workers must be >= 1"));
   REQUIRE_THROWS_WITH(Loader(ds, {0, 10}, {4, false, 2}), Catch::Contains("index 10 at position 1"));
 }
 
@@ -317,7 +402,7 @@ TEST_CASE("recycled batches are refilled in place, partial last batches included
   REQUIRE(buffers.size() <= 3);
 }
 
-TEST_CASE("a label outside [0, classes) is an IoError naming the example, on every device", "[data][loader]") {
+TEST_CASE("a label outside 0..classes-1 is an IoError naming the example, on every device", "[data][loader]") {
   for (int32_t label : {-1, 7, 1000}) {
     BadLabelDataset ds(20, 13, label);
     Loader loader(ds, reversed(20), {.batch_size = 4, .drop_last = false, .prefetch = 2});

@@ -64,7 +64,7 @@ TEST_CASE("launch: every rank exits 0 -> 0, each rank's output in its log file",
   for (int sig : {SIGCHLD, SIGINT, SIGTERM, SIGHUP}) CHECK(sigismember(&after, sig) == sigismember(&before, sig));
 }
 
-TEST_CASE("launch: a failing rank's code is the job's; the others are stopped", "[launcher][process]") {
+TEST_CASE("launch: a failing rank's code is the job's, the others are stopped", "[launcher][process]") {
   TempDir dir;
   // Rank 1 fails; ranks 0 and 2 would sleep long past the test's patience.
   int rc = launch(shell_job(3, "if [ \"$RANK\" = 1 ]; then exit 3; fi; exec sleep 30", dir.path));

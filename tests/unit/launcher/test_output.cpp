@@ -110,7 +110,7 @@ struct StreamRig {
 std::size_t count_lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
 }  // namespace
 
-TEST_CASE("RankStream::pump reads at most one chunk; drain relays what the pipe holds", "[launcher]") {
+TEST_CASE("RankStream::pump reads at most one chunk, drain relays what the pipe holds", "[launcher]") {
   StreamRig rig;
   // Room for the three chunks written below, so writing them does not block.
   const int want = static_cast<int>(4 * kReadChunkBytes);
@@ -143,7 +143,7 @@ TEST_CASE("RankStream::pump reads at most one chunk; drain relays what the pipe 
   REQUIRE_FALSE(stream.open());
 }
 
-TEST_CASE("RankStream::drain returns while a writer keeps writing; finish flushes and closes", "[launcher]") {
+TEST_CASE("RankStream::drain returns while a writer keeps writing, finish flushes and closes", "[launcher]") {
   StreamRig rig;
   RankStream stream(rig.pipe_fds[0], "[r] ", rig.sink);
   rig.pipe_fds[0] = -1;  // the stream owns it now

@@ -130,7 +130,7 @@ TEST_CASE("a truncated, corrupted or unfinished checkpoint is rejected and resum
   REQUIRE(m.complete().empty());
 }
 
-TEST_CASE("rewriting a step swaps atomically; pruning spares the new one; set_aside keeps newer ones", "[checkpoint]") {
+TEST_CASE("rewriting a step swaps atomically, pruning spares the new one, set_aside keeps newer ones", "[checkpoint]") {
   auto dir = fresh_dir("rewrite");
   CheckpointManager m(dir.string(), 1);
   m.save({{"w", filled({4}, 0)}}, {}, state_at(40));
@@ -149,7 +149,7 @@ TEST_CASE("rewriting a step swaps atomically; pruning spares the new one; set_as
   REQUIRE(k.load_latest()->state.step == 20);
 }
 
-TEST_CASE("odd directories are skipped, not fatal; a renamed checkpoint is caught", "[checkpoint]") {
+TEST_CASE("odd directories are skipped, not fatal, a renamed checkpoint is caught", "[checkpoint]") {
   auto dir = fresh_dir("odd");
   CheckpointManager m(dir.string(), 5);
   m.save({{"w", filled({4}, 0)}}, {}, state_at(7));

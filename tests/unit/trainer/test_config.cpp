@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -14,6 +15,13 @@ using namespace dpt;
 using namespace dpt::trainer;
 
 namespace {
+// The folder whose configs/ are the shipped configs: $DPT_SOURCE_DIR when set (scripts/gpu-check.sh points it
+// at its bundle, which carries configs/, wherever that is unpacked), else the source tree this was built from.
+std::string source_dir() {
+  const char* env = std::getenv("DPT_SOURCE_DIR");
+  return env && *env ? env : DPT_SOURCE_DIR;
+}
+
 std::string write_temp(const std::string& name, const std::string& text) {
   auto p = std::filesystem::temp_directory_path() / ("dpt_test_" + name);
   std::ofstream(p) << text;
@@ -22,11 +30,11 @@ std::string write_temp(const std::string& name, const std::string& text) {
 }  // namespace
 
 TEST_CASE("the shipped configs parse", "[config]") {
-  for (const auto& e : std::filesystem::directory_iterator(std::string(DPT_SOURCE_DIR) + "/configs")) {
+  for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/configs")) {
     INFO(e.path());
     REQUIRE_NOTHROW(load_config(e.path().string(), {}));
   }
-  Config c = load_config(std::string(DPT_SOURCE_DIR) + "/configs/fmnist_mlp.toml", {});
+  Config c = load_config(source_dir() + "/configs/fmnist_mlp.toml", {});
   REQUIRE(c.model.hidden == std::vector<int64_t>{512, 512});
   REQUIRE(c.data.dataset == "fashion-mnist");
 }

@@ -1,0 +1,230 @@
+// data/image_folder.cpp: ImageFolderDataset (scan, header check, lazy decode + transform) and its factory.
+#include "data/image_folder.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cctype>
+#include <filesystem>
+#include <iterator>
+#include <thread>
+#include <utility>
+
+#include "core/check.h"
+
+namespace dpt::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr const char* kExtensions = "*.png, *.jpg, *.jpeg (any case)";
+constexpr unsigned kMaxScanThreads = 8;  // header checks are I/O bound: a few threads hide the latency
+
+std::string expected_layout(const std::string& dir, const std::string& split) {
+  return fmt::format("expected {}/{}/<class>/*.png (or .jpg, .jpeg): one folder per class", dir, split);
+}
+
+bool is_image_name(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
+}
+
+// The image files below a class folder, as torchvision orders them: sorted by (folder, name), byte-wise.
+std::vector<std::string> list_images(const fs::path& class_dir) {
+  std::vector<std::pair<std::string, std::string>> found;  // (folder relative to class_dir, file name)
+  try {
+    for (auto it = fs::recursive_directory_iterator(class_dir); it != fs::recursive_directory_iterator(); ++it) {
+      const fs::directory_entry& e = *it;
+      if (!e.is_regular_file() || !is_image_name(e.path())) continue;
+      found.emplace_back(e.path().parent_path().lexically_relative(class_dir).string(), e.path().filename().string());
+    }
+  } catch (const fs::filesystem_error& e) {
+    DPT_THROW(IoError, "{}: cannot list the images: {}", class_dir.string(), e.code().message());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> paths;
+  paths.reserve(found.size());
+  for (const auto& [folder, name] : found) paths.push_back((class_dir / folder / name).lexically_normal().string());
+  return paths;
+}
+
+// Runs check(i) for i in [0, n) on a few threads; returns the error message of each (empty: fine).
+std::vector<std::string> check_headers(const std::vector<std::string>& paths) {
+  std::vector<std::string> errors(paths.size());
+  const unsigned threads =
+      static_cast<unsigned>(std::min<size_t>({std::max(1u, std::thread::hardware_concurrency()), kMaxScanThreads,
+                                              std::max<size_t>(paths.size() / 64, 1)}));
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i; (i = next.fetch_add(1)) < paths.size();) {
+      try {
+        read_image_header(paths[i]);
+      } catch (const IoError& e) {
+        errors[i] = e.what();
+      }
+    }
+  };
+  std::vector<std::thread> pool;
+  for (unsigned t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  return errors;
+}
+
+}  // namespace
+
+std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) DPT_THROW(IoError, "image folder {} not found: {}", dir, expected_layout(dir, split));
+  if (!fs::is_directory(dir, ec)) DPT_THROW(IoError, "{} is not a directory: {}", dir, expected_layout(dir, split));
+  const fs::path root = fs::path(dir) / split;
+  if (!fs::is_directory(root, ec)) {
+    DPT_THROW(IoError, "{}: split folder not found: {}", root.string(), expected_layout(dir, split));
+  }
+  std::vector<std::string> classes;
+  try {
+    for (const fs::directory_entry& e : fs::directory_iterator(root)) {
+      if (e.is_directory()) classes.push_back(e.path().filename().string());
+    }
+  } catch (const fs::filesystem_error& e) {
+    DPT_THROW(IoError, "{}: cannot list the class folders: {}", root.string(), e.code().message());
+  }
+  std::sort(classes.begin(), classes.end());  // std::string's order is byte-wise (char_traits<char>::lt)
+  return classes;
+}
+
+ImageFolderDataset::ImageFolderDataset(const std::string& dir, const std::string& split, TransformOptions transform,
+                                       bool skip_bad_images)
+    : root_((fs::path(dir) / split).string()), transform_(std::move(transform)), skip_bad_images_(skip_bad_images) {
+  if (transform_.options().size <= 0) {
+    DPT_THROW(ConfigError, "{}: an image folder needs an output image size > 0 (its images may differ in size)", root_);
+  }
+  classes_ = list_class_folders(dir, split);
+  if (classes_.empty()) DPT_THROW(IoError, "{}: no class folders: {}", root_, expected_layout(dir, split));
+
+  std::vector<std::string> paths;
+  std::vector<int32_t> labels;
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    for (std::string& p : list_images(fs::path(root_) / classes_[c])) {
+      paths.push_back(std::move(p));
+      labels.push_back(static_cast<int32_t>(c));
+    }
+  }
+  if (skip_bad_images_) {
+    const std::vector<std::string> errors = check_headers(paths);
+    for (size_t i = 0; i < paths.size(); ++i) {
+      if (errors[i].empty()) {
+        paths_.push_back(std::move(paths[i]));
+        labels_.push_back(labels[i]);
+      } else {
+        spdlog::warn("skip_bad_images: leaving out {}", errors[i]);
+        ++skipped_at_scan_;
+      }
+    }
+  } else {
+    paths_ = std::move(paths);
+    labels_ = std::move(labels);
+  }
+
+  std::vector<size_t> per_class(classes_.size(), 0);
+  for (int32_t y : labels_) per_class[static_cast<size_t>(y)]++;
+  std::vector<std::string> empty;
+  for (size_t c = 0; c < classes_.size(); ++c) {
+    if (per_class[c] == 0) empty.push_back(classes_[c]);
+  }
+  if (!empty.empty()) {
+    DPT_THROW(IoError, "{}: no {}images ({}) in the class folder{} {}: every class folder needs at least one; {}", root_,
+              skip_bad_images_ ? "readable " : "", kExtensions, empty.size() > 1 ? "s" : "", fmt::join(empty, ", "),
+              expected_layout(dir, split));
+  }
+}
+
+size_t ImageFolderDataset::feature_count() const {
+  const int64_t size = transform_.options().size;
+  return static_cast<size_t>(transform_.options().channels * size * size);
+}
+
+std::vector<int64_t> ImageFolderDataset::sample_shape() const {
+  const int64_t size = transform_.options().size;
+  return {transform_.options().channels, size, size};
+}
+
+const std::string& ImageFolderDataset::path(size_t index) const {
+  DPT_CHECK(index < size(), "index {} past the end of {} ({} examples)", index, root_, size());
+  return paths_[index];
+}
+
+int32_t ImageFolderDataset::label(size_t index) const {
+  DPT_CHECK(index < size(), "index {} past the end of {} ({} examples)", index, root_, size());
+  return labels_[index];
+}
+
+Image ImageFolderDataset::read(size_t index) const { return read_image(path(index), transform_.options().channels); }
+
+int32_t ImageFolderDataset::get(size_t index, float* features) const {
+  DPT_CHECK(index < size(), "index {} past the end of {} ({} examples)", index, root_, size());
+  const int64_t epoch = epoch_.load(std::memory_order_relaxed);
+  if (!skip_bad_images_) {
+    const Image image = read(index);
+    transform_.apply(image.view(), epoch, index, features);
+    return labels_[index];
+  }
+  // skip_bad_images: the first example from `index` on (wrapping around) that decodes stands in for it.
+  for (size_t step = 0; step < size(); ++step) {
+    const size_t i = (index + step) % size();
+    {
+      std::lock_guard<std::mutex> lock(bad_mu_);
+      if (bad_.count(i) != 0) continue;
+    }
+    Image image;
+    try {
+      image = read(i);
+    } catch (const IoError& e) {
+      bool first = false;
+      {
+        std::lock_guard<std::mutex> lock(bad_mu_);
+        first = bad_.insert(i).second;
+      }
+      if (first) spdlog::warn("skip_bad_images: {}; examples that read it get the next readable one instead", e.what());
+      continue;
+    }
+    transform_.apply(image.view(), epoch, index, features);
+    return labels_[i];
+  }
+  DPT_THROW(IoError, "{}: none of the {} images could be decoded", root_, size());
+}
+
+std::unique_ptr<ImageFolderDataset> make_image_folder(const ImageFolderOptions& opts, bool train) {
+  if (opts.dir.empty()) DPT_THROW(ConfigError, "image folder: no directory given (data.dir)");
+  TransformOptions t;
+  t.mode = train ? opts.augment : TransformMode::none;
+  t.size = opts.image_size;
+  t.resize = opts.resize;
+  t.padding = opts.padding;
+  t.channels = opts.channels;
+  t.mean = opts.mean;
+  t.std = opts.std;
+  t.seed = opts.seed;
+  const std::string split = train ? kTrainSplit : kValSplit;
+  auto dataset = std::make_unique<ImageFolderDataset>(opts.dir, split, std::move(t), opts.skip_bad_images);
+
+  // The other split, where it exists, must name the same classes, or label k would mean two things.
+  const std::string other = train ? kValSplit : kTrainSplit;
+  std::error_code ec;
+  if (fs::is_directory(fs::path(opts.dir) / other, ec)) {
+    const std::vector<std::string> theirs = list_class_folders(opts.dir, other);
+    const std::vector<std::string>& ours = dataset->class_names();
+    if (theirs != ours) {
+      std::vector<std::string> only_ours, only_theirs;
+      std::set_difference(ours.begin(), ours.end(), theirs.begin(), theirs.end(), std::back_inserter(only_ours));
+      std::set_difference(theirs.begin(), theirs.end(), ours.begin(), ours.end(), std::back_inserter(only_theirs));
+      DPT_THROW(IoError, "{}: the class folders of {}/ and {}/ differ (only in {}: [{}]; only in {}: [{}]); both splits "
+                "need the same classes so that a label means the same class in both", opts.dir, split, other, split,
+                fmt::join(only_ours, ", "), other, fmt::join(only_theirs, ", "));
+    }
+  }
+  return dataset;
+}
+
+}  // namespace dpt::data

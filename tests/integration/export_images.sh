@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# dptrain export-images writes Fashion-MNIST as an image folder: the tree (10 class folders per split that
+# sort in label order, --limit images per split spread over the classes, 28x28 grey PNGs), a progress line and
+# a summary; it refuses a non-empty OUT (exit 1, OUT untouched) unless --force, which replaces it; it clears a
+# stale OUT.tmp and leaves none behind; bad arguments exit 2. The training command line is unchanged.
+source "$(dirname "$0")/lib/common.bash"
+
+CLASSES="0_tshirt_top 1_trouser 2_pullover 3_dress 4_coat 5_sandal 6_shirt 7_sneaker 8_bag 9_ankle_boot"
+OUT=$WORK/fmnist-images
+
+expect_exit() {  # expect_exit CODE PATTERN ARGS...: dptrain ARGS exits CODE, printing PATTERN
+  local code=$1 pattern=$2 out rc
+  shift 2
+  set +e
+  out=$("$DPTRAIN" "$@" 2>&1)
+  rc=$?
+  set -e
+  [ $rc -eq "$code" ] || { echo "$out"; fail "dptrain $* exited $rc, expected $code"; }
+  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "dptrain $*: output lacks '$pattern'"; }
+}
+
+# check_tree DIR EXT PER_SPLIT: both splits hold the 10 class folders (in this order), PER_SPLIT files of
+# type EXT in all, PER_SPLIT / 10 in each class, and nothing else.
+check_tree() {
+  local dir=$1 ext=$2 per_split=$3 split c n
+  [ "$(ls "$dir" | tr '\n' ' ')" = "train val " ] || fail "$dir holds $(ls "$dir" | tr '\n' ' '), expected train val"
+  for split in train val; do
+    [ "$(LC_ALL=C ls "$dir/$split" | tr '\n' ' ')" = "$CLASSES " ] || fail "$dir/$split: class folders $(ls "$dir/$split")"
+    n=$(find "$dir/$split" -type f | wc -l)
+    [ "$n" -eq "$per_split" ] || fail "$dir/$split holds $n files, expected $per_split"
+    [ "$(find "$dir/$split" -type f ! -name "*.$ext" | wc -l)" -eq 0 ] || fail "$dir/$split holds files other than .$ext"
+    for c in $CLASSES; do
+      n=$(ls "$dir/$split/$c" | wc -l)
+      [ "$n" -eq $((per_split / 10)) ] || fail "$dir/$split/$c holds $n images, expected $((per_split / 10))"
+    done
+  done
+}
+
+# 1. --limit 50: 5 images per class and split, PNG, file names = zero-padded source indices.
+out=$("$DPTRAIN" export-images --out "$OUT" --limit 50 2>&1) || { echo "$out"; fail "export-images failed"; }
+echo "$out"
+echo "$out" | grep -q "export-images: train 50/50 images" || fail "no progress line for train"
+echo "$out" | grep -q "export-images: val 50/50 images" || fail "no progress line for val"
+echo "$out" | grep -q "wrote 50 train + 50 val PNG images of 10 classes .* to $OUT" || fail "no summary line"
+check_tree "$OUT" png 50
+[ ! -e "$OUT.tmp" ] || fail "$OUT.tmp left behind"
+# The first training image is an ankle boot (label 9): example 0 -> 9_ankle_boot/00000.png, a 28x28 8-bit
+# grey PNG (IHDR: width, height, bit depth 8, colour type 0).
+png=$OUT/train/9_ankle_boot/00000.png
+[ -f "$png" ] || { ls "$OUT/train/9_ankle_boot"; fail "no $png"; }
+[ "$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ] || fail "$png is not a PNG"
+[ "$(head -c 26 "$png" | tail -c 10 | od -An -tx1 | tr -d ' \n')" = "0000001c0000001c0800" ] || fail "$png is not 28x28 grey 8-bit"
+# The first test image is an ankle boot too; the 10000 test indices take 4 digits.
+ls "$OUT/val/9_ankle_boot" | grep -qx "0000.png" || fail "the first test image (an ankle boot) is not val/9_ankle_boot/0000.png"
+
+# 2. A non-empty OUT is refused (exit 1) and left as it was.
+touch "$OUT/marker"
+expect_exit 1 "not empty: refusing to overwrite it (--force replaces it)" export-images --out "$OUT" --limit 20
+[ -f "$OUT/marker" ] || fail "the refused export touched $OUT"
+[ "$(find "$OUT/train" -type f | wc -l)" -eq 50 ] || fail "the refused export changed $OUT/train"
+
+# 3. --force replaces it: only the new export's files, JPEGs now, nothing set aside or left over.
+out=$("$DPTRAIN" export-images --out "$OUT" --limit 20 --format jpg --force 2>&1) || { echo "$out"; fail "--force failed"; }
+echo "$out" | grep -q "wrote 20 train + 20 val JPEG images" || { echo "$out"; fail "no summary for --force"; }
+[ ! -e "$OUT/marker" ] || fail "--force kept the old contents"
+check_tree "$OUT" jpg 20
+[ "$(head -c 3 "$OUT/val/0_tshirt_top/$(ls "$OUT/val/0_tshirt_top" | head -1)" | od -An -tx1 | tr -d ' \n')" = "ffd8ff" ] ||
+  fail "the .jpg files are not JPEG"
+[ ! -e "$OUT.tmp" ] && [ ! -e "$OUT.old" ] || fail "OUT.tmp or OUT.old left behind"
+
+# 4. An empty OUT is filled without --force; a stale OUT.tmp (an interrupted export) is cleared.
+mkdir -p "$WORK/empty" "$WORK/empty.tmp/train/junk"
+"$DPTRAIN" export-images --out "$WORK/empty/" --limit 10 > /dev/null 2>&1 || fail "export into an empty folder failed"
+check_tree "$WORK/empty" png 10
+[ ! -e "$WORK/empty.tmp" ] || fail "the stale empty.tmp was not cleared"
+
+# 5. Bad arguments: exit 2, saying what is wrong; nothing written.
+expect_exit 2 "\-\-out is required" export-images --limit 10
+expect_exit 2 "gif not in {png,jpg}" export-images --out "$WORK/bad" --format gif
+expect_exit 2 "must be a whole number >= 0, got '-1'" export-images --out "$WORK/bad" --limit -1
+expect_exit 2 "limit 5 is below the 10 classes" export-images --out "$WORK/bad" --limit 5
+expect_exit 2 "not expected" export-images --out "$WORK/bad" --limit 10 stray
+expect_exit 2 "\-\-bogus" export-images --out "$WORK/bad" --bogus
+[ ! -e "$WORK/bad" ] && [ ! -e "$WORK/bad.tmp" ] || fail "a refused command wrote $WORK/bad"
+expect_exit 1 "apt-get install dataset-fashion-mnist" export-images --out "$WORK/bad" --data-dir "$WORK/nothing"
+
+# 6. The help tells the truth; the training command line is unchanged.
+help=$("$DPTRAIN" export-images --help) || fail "export-images --help failed"
+for word in --out --data-dir --format --limit --force "png" "jpg"; do
+  echo "$help" | grep -q -- "$word" || fail "export-images --help lacks $word"
+done
+help=$("$DPTRAIN" --help) || fail "dptrain --help failed"
+echo "$help" | grep -q "export-images" || fail "dptrain --help does not list export-images"
+echo "$help" | grep -q "train.epochs" || fail "dptrain --help lost the config keys"
+toml=$("$DPTRAIN" --config "$CONFIG" --print-config train.lr=0.125) || fail "--print-config failed"
+echo "$toml" | grep -q "^lr = 0.125$" || fail "--print-config lacks the override"
+echo "PASS"

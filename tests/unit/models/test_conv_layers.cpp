@@ -1,0 +1,325 @@
+// tests/unit/models/test_conv_layers.cpp: the convolutional network's layers and blocks (Conv2d, BatchNorm2d,
+// ReLU, MaxPool2d, AdaptiveAvgPool2d, BasicBlock, Bottleneck, whole ResNets) on the CPU kernel set: input and
+// parameter gradients against central finite differences, forward results against naive loops and closed
+// forms, BatchNorm's running statistics and modes, torchvision's names and shapes.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <array>
+#include <map>
+#include <random>
+
+#include "models/model.h"
+#include "models/resnet.h"
+
+using namespace dpt;
+using namespace dpt::models;
+
+namespace {
+
+Tensor random_tensor(std::vector<int64_t> shape, std::mt19937_64& rng, float scale = 1.0f) {
+  Tensor t = Tensor::empty(std::move(shape));
+  for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = uniform(rng, -scale, scale);
+  return t;
+}
+
+// L = sum(y * r): a loss whose d/dy is r.
+double weighted_sum(const Tensor& y, const Tensor& r) {
+  double s = 0;
+  for (size_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.data<float>()[i]) * r.data<float>()[i];
+  return s;
+}
+
+// Checks d L / d input and d L / d parameters of `model` at x against central differences, for every input
+// element and parameter when there are at most `max_checked` of them, else an evenly spread sample.
+void check_gradients(Model& model, Tensor x, uint64_t seed, float eps = 1e-2f, double rel = 2e-2, double abs = 2e-3,
+                     size_t max_checked = 400) {
+  std::mt19937_64 rng(seed);
+  const Tensor& y0 = model.forward(x);
+  Tensor r = random_tensor(y0.shape(), rng);
+  model.zero_grad();
+  model.forward(x);
+  const Tensor& dx_ref = model.backward(r);
+  REQUIRE(dx_ref.defined());
+  const Tensor dx = dx_ref.to(Device::cpu());
+  Tensor dx_copy = Tensor::empty(dx.shape());
+  dx_copy.copy_from(dx);
+  std::vector<float> dp(model.grads().data<float>(), model.grads().data<float>() + model.num_params());
+
+  auto check = [&](float* v, size_t n, const float* analytic, const char* what) {
+    const size_t stride = n > max_checked ? n / max_checked : 1;
+    for (size_t i = 0; i < n; i += stride) {
+      const float saved = v[i];
+      v[i] = saved + eps;
+      const double lp = weighted_sum(model.forward(x), r);
+      v[i] = saved - eps;
+      const double lm = weighted_sum(model.forward(x), r);
+      v[i] = saved;
+      const double numeric = (lp - lm) / (2.0 * eps);
+      INFO(what << " " << i << " of " << n << ": analytic " << analytic[i] << " numeric " << numeric);
+      REQUIRE(analytic[i] == Approx(numeric).epsilon(rel).margin(abs));
+    }
+  };
+  check(x.data<float>(), x.numel(), dx_copy.data<float>(), "input");
+  check(model.params().data<float>(), model.num_params(), dp.data(), "parameter");
+}
+
+template <class M>
+std::unique_ptr<Model> wrap(std::unique_ptr<M> m, uint64_t seed = 3) {
+  auto model = std::make_unique<Model>(std::move(m), "test", Device::cpu());
+  model->init(seed);
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE("conv2d forward matches a naive loop (stride, padding, rectangular input, 1x1)", "[models][conv]") {
+  std::mt19937_64 rng(1);
+  Kernels& k = kernels_for(Device::cpu());
+  for (auto [c, kk, r, stride, pad, h, w] : std::vector<std::array<int64_t, 7>>{
+           {3, 4, 3, 1, 1, 5, 6}, {2, 3, 3, 2, 1, 7, 5}, {1, 2, 7, 2, 3, 9, 9}, {5, 3, 1, 1, 0, 4, 3}, {4, 6, 1, 2, 0, 5, 5},
+           {1, 1, 3, 1, 0, 3, 3}}) {
+    ConvShape cs{.n = 2, .c = c, .h = h, .w = w, .k = kk, .r = r, .s = r, .stride = stride, .pad = pad};
+    REQUIRE(conv_output_size(cs));
+    Tensor x = random_tensor({cs.n, c, h, w}, rng), wt = random_tensor({kk, c, r, r}, rng);
+    Tensor y = Tensor::empty({cs.n, kk, cs.p, cs.q});
+    k.conv2d_forward(x.data<float>(), wt.data<float>(), y.data<float>(), cs);
+    for (int64_t n = 0; n < cs.n; ++n)
+      for (int64_t o = 0; o < kk; ++o)
+        for (int64_t p = 0; p < cs.p; ++p)
+          for (int64_t q = 0; q < cs.q; ++q) {
+            double s = 0;
+            for (int64_t ci = 0; ci < c; ++ci)
+              for (int64_t i = 0; i < r; ++i)
+                for (int64_t j = 0; j < r; ++j) {
+                  const int64_t hh = p * stride - pad + i, ww = q * stride - pad + j;
+                  if (hh < 0 || hh >= h || ww < 0 || ww >= w) continue;
+                  s += double(x.data<float>()[((n * c + ci) * h + hh) * w + ww]) * wt.data<float>()[((o * c + ci) * r + i) * r + j];
+                }
+            REQUIRE(y.data<float>()[((n * kk + o) * cs.p + p) * cs.q + q] == Approx(s).margin(1e-5));
+          }
+  }
+}
+
+TEST_CASE("Conv2d gradients match finite differences", "[models][conv]") {
+  std::mt19937_64 rng(2);
+  SECTION("3x3, stride 1, padding 1") { auto m = wrap(std::make_unique<Conv2d>(2, 3, 3, 1, 1)); check_gradients(*m, random_tensor({2, 2, 5, 4}, rng), 10); }
+  SECTION("3x3, stride 2, padding 1, odd size") { auto m = wrap(std::make_unique<Conv2d>(3, 2, 3, 2, 1)); check_gradients(*m, random_tensor({1, 3, 7, 7}, rng), 11); }
+  SECTION("7x7 stride 2 padding 3 (the ImageNet stem)") { auto m = wrap(std::make_unique<Conv2d>(1, 2, 7, 2, 3)); check_gradients(*m, random_tensor({2, 1, 9, 8}, rng), 12); }
+  SECTION("1x1 pointwise") { auto m = wrap(std::make_unique<Conv2d>(4, 3, 1)); check_gradients(*m, random_tensor({3, 4, 2, 3}, rng), 13); }
+  SECTION("3x3 padding 1 on a 2x2 input (kernel wider than the image)") { auto m = wrap(std::make_unique<Conv2d>(3, 4, 3, 1, 1)); check_gradients(*m, random_tensor({2, 3, 2, 2}, rng), 15); }
+  SECTION("3x3 stride 2 padding 1 on 3x3") { auto m = wrap(std::make_unique<Conv2d>(2, 3, 3, 2, 1)); check_gradients(*m, random_tensor({2, 2, 3, 3}, rng), 16); }
+  SECTION("1x1 stride 2 (a downsample)") { auto m = wrap(std::make_unique<Conv2d>(3, 5, 1, 2)); check_gradients(*m, random_tensor({2, 3, 5, 5}, rng), 14); }
+}
+
+TEST_CASE("Conv2d rejects inputs too small or with the wrong channels", "[models][conv]") {
+  auto m = wrap(std::make_unique<Conv2d>(2, 3, 5));
+  REQUIRE_THROWS_AS(m->forward(Tensor::zeros({1, 2, 3, 3})), ConfigError);
+  REQUIRE_THROWS_AS(m->forward(Tensor::zeros({1, 3, 8, 8})), InternalError);
+}
+
+TEST_CASE("BatchNorm2d: training normalises per channel and moves the running statistics", "[models][bn]") {
+  // One channel, values 1..4 (n 2, hw 2): mean 2.5, biased var 1.25, unbiased 5/3.
+  auto bn = std::make_unique<BatchNorm2d>(1);
+  auto* raw = bn.get();
+  auto m = wrap(std::move(bn));
+  Tensor x = Tensor::empty({2, 1, 1, 2});
+  for (int i = 0; i < 4; ++i) x.data<float>()[i] = static_cast<float>(i + 1);
+  const Tensor& y = m->forward(x);
+  const double invstd = 1.0 / std::sqrt(1.25 + 1e-5);
+  for (int i = 0; i < 4; ++i) REQUIRE(y.data<float>()[i] == Approx((i + 1 - 2.5) * invstd).epsilon(1e-6));
+  const auto& buffers = m->named_buffers();
+  REQUIRE(buffers.size() == 2);
+  REQUIRE(buffers[0].name == "running_mean");
+  REQUIRE(buffers[0].tensor.data<float>()[0] == Approx(0.25));              // 0.9 * 0 + 0.1 * 2.5
+  REQUIRE(buffers[1].tensor.data<float>()[0] == Approx(0.9 + 0.1 * 5.0 / 3));  // from 1, unbiased
+  // Evaluation mode uses the running statistics and leaves them alone.
+  m->set_training(false);
+  const Tensor& ye = m->forward(x);
+  REQUIRE(ye.data<float>()[0] == Approx((1 - 0.25) / std::sqrt(0.9 + 0.5 / 3 + 1e-5)).epsilon(1e-5));
+  REQUIRE(buffers[0].tensor.data<float>()[0] == Approx(0.25));
+  // num_batches_tracked counts training forwards and is part of the state, as a 0-d int64.
+  const auto state = m->state();
+  REQUIRE(state.size() == 5);
+  REQUIRE(state[4].name == "num_batches_tracked");
+  REQUIRE(state[4].tensor.dtype() == DType::I64);
+  REQUIRE(state[4].tensor.ndim() == 0);
+  REQUIRE(state[4].tensor.data<int64_t>()[0] == 1);
+  REQUIRE_FALSE(raw->synced());
+  // One value per channel cannot be normalised in training.
+  m->set_training(true);
+  REQUIRE_THROWS_AS(m->forward(Tensor::zeros({1, 1, 1, 1})), ConfigError);
+}
+
+TEST_CASE("BatchNorm2d gradients match finite differences (training mode)", "[models][bn]") {
+  std::mt19937_64 rng(4);
+  auto m = wrap(std::make_unique<BatchNorm2d>(3));
+  // Non-trivial affine parameters so dgamma and dbeta matter.
+  for (size_t i = 0; i < m->num_params(); ++i) m->params().data<float>()[i] = uniform(rng, 0.5f, 1.5f);
+  check_gradients(*m, random_tensor({4, 3, 2, 3}, rng, 2.0f), 20, 1e-2f, 3e-2, 3e-3);
+}
+
+TEST_CASE("ReLU, MaxPool2d and AdaptiveAvgPool2d: forward and gradients", "[models][pool]") {
+  std::mt19937_64 rng(5);
+  SECTION("ReLU") { auto m = wrap(std::make_unique<ReLU>()); check_gradients(*m, random_tensor({2, 3, 4, 4}, rng), 30, 1e-3f); }
+  SECTION("MaxPool2d 3x3 stride 2 padding 1") {
+    auto m = wrap(std::make_unique<MaxPool2d>(3, 2, 1));
+    check_gradients(*m, random_tensor({2, 2, 7, 6}, rng), 31, 1e-3f);
+  }
+  SECTION("MaxPool2d picks the first maximum and never a padded position") {
+    auto m = wrap(std::make_unique<MaxPool2d>(3, 2, 1));
+    Tensor x = Tensor::empty({1, 1, 2, 2});
+    for (int i = 0; i < 4; ++i) x.data<float>()[i] = -5.0f;  // all negative: padding (as -inf) must not win
+    const Tensor& y = m->forward(x);
+    REQUIRE(y.shape() == std::vector<int64_t>{1, 1, 1, 1});
+    REQUIRE(y.data<float>()[0] == -5.0f);
+    Tensor dy = Tensor::empty({1, 1, 1, 1});
+    dy.data<float>()[0] = 1.0f;
+    const Tensor& dx = m->backward(dy);
+    REQUIRE(dx.data<float>()[0] == 1.0f);  // the first of the tied maxima
+    for (int i = 1; i < 4; ++i) REQUIRE(dx.data<float>()[i] == 0.0f);
+  }
+  SECTION("AdaptiveAvgPool2d") {
+    auto m = wrap(std::make_unique<AdaptiveAvgPool2d>());
+    Tensor x = random_tensor({2, 3, 3, 5}, rng);
+    const Tensor& y = m->forward(x);
+    REQUIRE(y.shape() == std::vector<int64_t>{2, 3, 1, 1});
+    double s = 0;
+    for (int i = 0; i < 15; ++i) s += x.data<float>()[15 + i];
+    REQUIRE(y.data<float>()[1] == Approx(s / 15).epsilon(1e-5));
+    check_gradients(*m, x, 32);
+  }
+}
+
+TEST_CASE("residual blocks: gradients match finite differences", "[models][resnet]") {
+  std::mt19937_64 rng(6);
+  // Steps of 1e-3: a step of 1e-2 crosses the ReLU kinks of some elements (checked: the analytic values
+  // agree with differences at 1e-3 and 3e-4).
+  SECTION("BasicBlock, identity shortcut") { auto m = wrap(std::make_unique<BasicBlock>(3, 3, 1)); check_gradients(*m, random_tensor({3, 3, 4, 4}, rng), 40, 1e-3f, 3e-2, 5e-3, 150); }
+  SECTION("BasicBlock, stride 2 with downsample") { auto m = wrap(std::make_unique<BasicBlock>(2, 4, 2)); check_gradients(*m, random_tensor({3, 2, 5, 5}, rng), 41, 1e-3f, 3e-2, 5e-3, 150); }
+  SECTION("BasicBlock, stride 2 on 3x3 (a 2x2 output)") { auto m = wrap(std::make_unique<BasicBlock>(3, 5, 2)); check_gradients(*m, random_tensor({4, 3, 3, 3}, rng), 43, 1e-3f, 3e-2, 5e-3, 150); }
+  SECTION("Bottleneck with downsample") { auto m = wrap(std::make_unique<Bottleneck>(4, 2, 2)); check_gradients(*m, random_tensor({3, 4, 4, 4}, rng), 42, 1e-3f, 3e-2, 5e-3, 150); }
+}
+
+TEST_CASE("a small ResNet: parameter gradients through the whole network and the loss", "[models][resnet]") {
+  ResNetOptions o;
+  o.blocks = {1, 1};
+  o.widths = {4, 8};
+  o.in_channels = 2;
+  o.num_classes = 3;
+  o.small_stem = true;
+  auto model = make_resnet(o, "tiny");
+  model->init(9);
+  std::mt19937_64 rng(8);
+  Tensor x = random_tensor({4, 2, 6, 6}, rng, 2.0f);
+  Tensor labels = Tensor::empty({4}, DType::I32);
+  for (int i = 0; i < 4; ++i) labels.data<int32_t>()[i] = i % 3;
+  SoftmaxCrossEntropy loss;
+  auto loss_at = [&] {
+    auto r = loss.forward(model->forward(x), labels, model->kernels());
+    return r.loss_sum / static_cast<double>(r.count);
+  };
+  model->zero_grad();
+  loss.forward_backward(model->forward(x), labels, model->kernels());
+  REQUIRE_FALSE(model->backward(loss.grad()).defined());  // the stem needs no input gradient
+  std::vector<float> g(model->grads().data<float>(), model->grads().data<float>() + model->num_params());
+  float* p = model->params().data<float>();
+  for (size_t i = 0; i < model->num_params(); i += 7) {
+    const float saved = p[i];
+    // A small step: with a batch of 4, BatchNorm makes the loss strongly curved (1e-2 is already too far).
+    p[i] = saved + 1e-3f;
+    const double lp = loss_at();
+    p[i] = saved - 1e-3f;
+    const double lm = loss_at();
+    p[i] = saved;
+    INFO("parameter " << i << " (" << model->num_params() << ")");
+    REQUIRE(g[i] == Approx((lp - lm) / 2e-3).epsilon(3e-2).margin(1e-3));
+  }
+}
+
+TEST_CASE("ResNet-18 and -50 have torchvision's names, shapes and sizes", "[models][resnet]") {
+  auto r18 = make_resnet(resnet_preset(18), "resnet18");
+  REQUIRE(r18->num_params() == 11689512);  // torchvision.models.resnet18(): sum of p.numel()
+  auto r50 = make_resnet(resnet_preset(50), "resnet50");
+  REQUIRE(r50->num_params() == 25557032);
+  auto r34o = resnet_preset(34);
+  r34o.num_classes = 10;
+  auto r34 = make_resnet(r34o, "resnet34");
+  REQUIRE(r34->num_params() == 21289802);  // resnet34(num_classes=10)
+  const auto state = r18->state();
+  // The first and last entries of torchvision's resnet18().state_dict(), and a downsample.
+  REQUIRE(state.size() == 122);
+  REQUIRE(state[0].name == "conv1.weight");
+  REQUIRE(state[0].tensor.shape() == std::vector<int64_t>{64, 3, 7, 7});
+  REQUIRE(state[1].name == "bn1.weight");
+  REQUIRE(state[3].name == "bn1.running_mean");
+  REQUIRE(state[5].name == "bn1.num_batches_tracked");
+  REQUIRE(state[6].name == "layer1.0.conv1.weight");
+  REQUIRE(state[120].name == "fc.weight");
+  REQUIRE(state[121].name == "fc.bias");
+  bool downsample = false;
+  for (const auto& nt : state)
+    if (nt.name == "layer2.0.downsample.0.weight") {
+      downsample = true;
+      REQUIRE(nt.tensor.shape() == std::vector<int64_t>{128, 64, 1, 1});
+    }
+  REQUIRE(downsample);
+  // ImageNet-sized forward: [2, 3, 64, 64] -> [2, 1000].
+  r18->init(1);
+  r18->set_training(false);
+  Tensor x = Tensor::zeros({2, 3, 64, 64});
+  REQUIRE(r18->forward(x).shape() == std::vector<int64_t>{2, 1000});
+}
+
+TEST_CASE("ResNet initialisation follows torchvision: BN 1/0, convs kaiming normal fan_out", "[models][resnet]") {
+  auto o = resnet_preset(18);
+  o.widths = {16, 32, 64, 128};
+  auto m = make_resnet(o, "r");
+  m->init(3);
+  for (const auto& np : m->named_params()) {
+    const float* v = np.param.data<float>();
+    if (np.name.find("bn") != std::string::npos || np.name.find("downsample.1") != std::string::npos) {
+      const float want = np.name.ends_with("weight") ? 1.0f : 0.0f;
+      for (size_t i = 0; i < np.param.numel(); ++i) REQUIRE(v[i] == want);
+    } else if (np.param.ndim() == 4 && np.param.numel() > 2000) {
+      const double fan_out = static_cast<double>(np.param.dim(0) * np.param.dim(2) * np.param.dim(3));
+      double ss = 0;
+      for (size_t i = 0; i < np.param.numel(); ++i) ss += double(v[i]) * v[i];
+      INFO(np.name);
+      REQUIRE(std::sqrt(ss / np.param.numel()) == Approx(std::sqrt(2.0 / fan_out)).epsilon(0.1));
+    }
+  }
+  for (const auto& b : m->named_buffers()) {
+    const float want = b.name.ends_with("running_var") ? 1.0f : 0.0f;
+    REQUIRE(b.tensor.data<float>()[0] == want);
+  }
+}
+
+TEST_CASE("load_state: a missing key or a wrong shape names the key and changes nothing", "[models][resnet]") {
+  ResNetOptions o;
+  o.blocks = {1};
+  o.widths = {4};
+  o.in_channels = 1;
+  o.num_classes = 2;
+  o.small_stem = true;
+  auto a = make_resnet(o, "a"), b = make_resnet(o, "b");
+  a->init(1);
+  b->init(2);
+  auto state = a->state();
+  std::map<std::string, Tensor> by_name;
+  for (auto& nt : state) by_name[nt.name] = nt.tensor;
+  auto find = [&](const std::string& n) -> const Tensor* {
+    auto it = by_name.find(n);
+    return it == by_name.end() ? nullptr : &it->second;
+  };
+  const std::vector<float> before(b->params().data<float>(), b->params().data<float>() + b->num_params());
+  by_name.erase("layer1.0.bn2.running_var");
+  REQUIRE_THROWS_WITH(b->load_state(find, "file"), Catch::Contains("layer1.0.bn2.running_var"));
+  by_name["layer1.0.bn2.running_var"] = Tensor::zeros({4});
+  by_name["fc.weight"] = Tensor::zeros({3, 4});
+  REQUIRE_THROWS_WITH(b->load_state(find, "file"), Catch::Contains("fc.weight"));
+  REQUIRE(std::equal(before.begin(), before.end(), b->params().data<float>()));
+  by_name["fc.weight"] = state[state.size() - 2].tensor;
+  b->load_state(find, "file");
+  REQUIRE(std::equal(a->params().data<float>(), a->params().data<float>() + a->num_params(), b->params().data<float>()));
+}

@@ -1,0 +1,28 @@
+// trainer/build_model.h: the model a config asks for (model.name = mlp | resnet), sized from the data set,
+// and starting weights from a safetensors file (model.init_from).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/model.h"
+#include "trainer/config.h"
+
+namespace dpt::trainer {
+
+// `sample_shape` is one example's shape as the data set gives it ({C, H, W} for images, {F} for vectors);
+// model.in_channels / model.num_classes of 0 take the data set's. Throws ConfigError when the model cannot
+// take the data (a ResNet on flat vectors, a channel count that differs from the data's).
+std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vector<int64_t>& sample_shape,
+                                           int64_t data_classes, Device device);
+
+// Loads parameters and buffers named as the model's (torchvision's names for a ResNet) from a safetensors
+// file. Every tensor of the model must be there with its exact shape, except that a classifier head
+// (fc.weight / fc.bias, or the MLP's last layer) whose class count differs keeps its fresh initialisation,
+// as fine-tuning needs; the returned note says so (empty when everything loaded). Tensors of the file that
+// the model lacks are an error too (strict, as load_state_dict). Throws ConfigError naming the key.
+std::string load_pretrained(models::Model& model, const std::string& path);
+
+}  // namespace dpt::trainer
