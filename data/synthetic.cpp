@@ -23,8 +23,13 @@ float normal_at(uint64_t key, uint64_t counter) {
 
 }  // namespace
 
-SyntheticDataset::SyntheticDataset(size_t n, size_t features, int classes, uint64_t seed)
-    : n_(n), features_(features), classes_(classes), seed_(seed) {
+SyntheticDataset::SyntheticDataset(size_t n, size_t features, int classes, uint64_t seed, std::vector<int64_t> shape)
+    : n_(n), features_(features), classes_(classes), seed_(seed), shape_(std::move(shape)) {
+  if (shape_.empty()) shape_ = {static_cast<int64_t>(features_)};
+  int64_t product = 1;
+  for (int64_t d : shape_) product *= d;
+  if (product != static_cast<int64_t>(features_))
+    DPT_THROW(ConfigError, "synthetic data: shape [{}] does not hold {} features", fmt::join(shape_, ", "), features_);
   if (features == 0) DPT_THROW(ConfigError, "synthetic data set: features must be >= 1, got 0");
   if (classes < 1) DPT_THROW(ConfigError, "synthetic data set: classes must be >= 1, got {}", classes);
   weights_.resize(static_cast<size_t>(classes) * features);

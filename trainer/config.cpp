@@ -196,6 +196,10 @@ const std::vector<Field>& schema() {
       field("data.prefetch", &C::data, &DataConfig::prefetch, "batches the loader thread prepares ahead", at_least<int64_t>(1)),
       field("data.synthetic_train_size", &C::data, &DataConfig::synthetic_train_size, "training examples (dataset = synthetic)", at_least<int64_t>(1)),
       field("data.synthetic_test_size", &C::data, &DataConfig::synthetic_test_size, "test examples (dataset = synthetic)", at_least<int64_t>(1)),
+      field("data.synthetic_shape", &C::data, &DataConfig::synthetic_shape, "one example's shape (dataset = synthetic): [features], or [channels, height, width] for images", Check<std::vector<int64_t>>([](const std::vector<int64_t>& v) {
+              return (v.size() == 1 || v.size() == 3) && std::all_of(v.begin(), v.end(), [](int64_t d) { return d >= 1; })
+                         ? "" : std::string("must be [F] or [C, H, W], every value >= 1");
+            })),
       field("model.name", &C::model, &ModelConfig::name, "mlp | resnet", one_of({"mlp", "resnet"})),
       field("model.hidden", &C::model, &ModelConfig::hidden, "hidden layer widths of the MLP", all_positive()),
       field("model.depth", &C::model, &ModelConfig::depth, "resnet: 18 | 34 (basic blocks) | 50 (bottlenecks), torchvision's block counts; ignored when model.blocks is set", Check<int64_t>([](const int64_t& v) {

@@ -54,6 +54,7 @@ struct DataConfig {
   int64_t prefetch = 4;     // batches the loader prepares ahead
   int64_t synthetic_train_size = 8192;
   int64_t synthetic_test_size = 2048;
+  std::vector<int64_t> synthetic_shape = {784};  // one example's shape: [F] or [C, H, W]
 };
 
 struct ModelConfig {

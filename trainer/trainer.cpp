@@ -97,7 +97,10 @@ Datasets make_datasets(const DataConfig& d, uint64_t seed) {
   } else {
     // One synthetic set split in two: the same labelling function, disjoint examples.
     const auto n_train = static_cast<size_t>(d.synthetic_train_size), n_test = static_cast<size_t>(d.synthetic_test_size);
-    auto all = std::make_shared<data::SyntheticDataset>(n_train + n_test, 784, 10, seed);
+    int64_t features = 1;
+    for (int64_t dim : d.synthetic_shape) features *= dim;
+    auto all = std::make_shared<data::SyntheticDataset>(n_train + n_test, static_cast<size_t>(features), 10, seed,
+                                                        d.synthetic_shape);
     ds.train = std::make_unique<data::Subset>(all, 0, n_train);
     ds.test = std::make_unique<data::Subset>(all, n_train, n_test);
   }
