@@ -22,6 +22,12 @@ class Kernels {
   virtual Device device() const = 0;
   // The stream every kernel of this set runs on (nullptr on the CPU, where kernels run before returning).
   virtual StreamHandle stream() const { return nullptr; }
+  // The arithmetic of gemm and the convolutions from now on (the model sets it before each pass, as
+  // torch.autocast). A set that cannot compute in `p` throws UnsupportedError saying so.
+  virtual void set_precision(Precision p) {
+    if (p != Precision::F32) DPT_THROW(UnsupportedError, "the {} kernel set computes in float32 only", device().str());
+  }
+  virtual Precision precision() const { return Precision::F32; }
 
   // C[M,N] = alpha * op(A) * op(B) + beta * C, with op(X) = X or X^T; lda/ldb/ldc are row strides.
   virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,

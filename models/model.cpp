@@ -71,6 +71,7 @@ void Model::to(Device device) {
   if (device == device_) return;
   const Tensor old = params_, old_buffers = buffers_;
   allocate(device, static_cast<int64_t>(old.numel()), static_cast<int64_t>(old_buffers.numel()));
+  if (precision_ != Precision::F32) kernels_->set_precision(precision_);  // the new device's set must take it
   params_.copy_from(old);
   if (old_buffers.numel()) buffers_.copy_from(old_buffers);
 }
@@ -92,10 +93,19 @@ void Model::init(uint64_t seed) {
   to(device);
 }
 
-const Tensor& Model::forward(const Tensor& x) { return root_->forward(x, *kernels_); }
+void Model::set_precision(Precision p) {
+  kernels_->set_precision(p);  // throws if the kernel set cannot
+  precision_ = p;
+}
+
+const Tensor& Model::forward(const Tensor& x) {
+  kernels_->set_precision(precision_);
+  return root_->forward(x, *kernels_);
+}
 
 const Tensor& Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
   grads_ready_ = &grads_ready;
+  kernels_->set_precision(precision_);
   try {
     const Tensor& dx = root_->backward(dlogits, *kernels_);
     grads_ready_ = nullptr;

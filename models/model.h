@@ -43,6 +43,10 @@ class Model {
   // Returns d(loss)/d(input), undefined when the first layer was built without it (every built-in model).
   const Tensor& backward(const Tensor& dlogits, const GradsReady& grads_ready = {});
   void zero_grad();
+  // The arithmetic of the GEMM-class layers (train.precision), applied to the kernel set at every forward and
+  // backward; throws UnsupportedError when this model's kernel set cannot compute in it.
+  void set_precision(Precision p);
+  Precision precision() const { return precision_; }
   // Training (batch statistics) or evaluation (running statistics) mode; training is the default.
   void set_training(bool training) { root_->set_training(training); }
   // Moves parameters and buffers to `device` (gradients start at zero there); modules are rebound.
@@ -86,6 +90,7 @@ class Model {
   std::vector<NamedTensor> named_buffers_;
   std::vector<std::pair<std::string, int64_t*>> counters_;
   const GradsReady* grads_ready_ = nullptr;  // during backward()
+  Precision precision_ = Precision::F32;
 
   void allocate(Device device, int64_t total_params, int64_t total_buffers);
 };

@@ -73,7 +73,9 @@ json state_to_json(const TrainState& s) {
   return {{"format_version", kFormatVersion}, {"step", s.step}, {"epoch", s.epoch},
           {"batch_in_epoch", s.batch_in_epoch}, {"world_size", s.world_size}, {"batch_size", s.batch_size},
           {"seed", s.seed}, {"dataset_size", s.dataset_size}, {"drop_last", s.drop_last},
-          {"rng", s.rng}, {"config_hash", s.config_hash}, {"config", s.config_toml}};
+          {"rng", s.rng}, {"config_hash", s.config_hash}, {"config", s.config_toml},
+          {"optimizer_steps", s.optimizer_steps}, {"loss_scale", s.loss_scale},
+          {"scale_growth_tracker", s.scale_growth_tracker}, {"skipped_steps", s.skipped_steps}};
 }
 
 TrainState state_from_json(const std::string& text, const std::string& path) {
@@ -94,6 +96,11 @@ TrainState state_from_json(const std::string& text, const std::string& path) {
     s.rng = j.at("rng").get<std::string>();
     s.config_hash = j.at("config_hash").get<std::string>();
     s.config_toml = j.at("config").get<std::string>();
+    // Absent in checkpoints written before mixed precision: no skipped steps, no loss scale.
+    s.optimizer_steps = j.value("optimizer_steps", s.step);
+    s.loss_scale = j.value("loss_scale", 0.0);
+    s.scale_growth_tracker = j.value("scale_growth_tracker", int64_t{0});
+    s.skipped_steps = j.value("skipped_steps", int64_t{0});
     return s;
   } catch (const json::exception& e) {
     DPT_THROW(CheckpointError, "{}: malformed training state: {}", path, e.what());

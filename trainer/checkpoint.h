@@ -29,6 +29,10 @@ struct TrainState {
   int64_t dataset_size = 0;
   bool drop_last = false;
   std::string rng;             // the trainer's RNG state (std::mt19937_64 text form)
+  int64_t optimizer_steps = -1;  // updates applied (fewer than `step` when fp16 steps were skipped); -1: = step
+  double loss_scale = 0;         // fp16's dynamic loss scale (0: none)
+  int64_t scale_growth_tracker = 0;
+  int64_t skipped_steps = 0;
   std::string config_toml;     // the effective config
   std::string config_hash;
 };

@@ -156,6 +156,7 @@ const std::vector<Field>& schema() {
       field("train.epochs", &C::train, &TrainConfig::epochs, "passes over the training set", at_least<int64_t>(1)),
       field("train.batch_size", &C::train, &TrainConfig::batch_size, "examples per step PER RANK (global = this x world size)", at_least<int64_t>(1)),
       field("train.device", &C::train, &TrainConfig::device, "auto (cuda:LOCAL_RANK when GPUs exist, else cpu with a warning) | cpu | cuda (error without a GPU)", one_of({"auto", "cpu", "cuda"})),
+      field("train.precision", &C::train, &TrainConfig::precision, "fp32 | bf16 | fp16: the arithmetic of matrix products and convolutions (operands rounded, float32 accumulation); master weights, optimizer state, loss, norms and BatchNorm statistics stay fp32; fp16 adds dynamic loss scaling (GradScaler's: 65536, halve and skip on inf/NaN, double after 2000 clean steps). On the CPU the low precisions are emulated (float32 speed)", one_of({"fp32", "bf16", "fp16"})),
       field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw", one_of({"sgd", "adamw"})),
       field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),

@@ -16,6 +16,7 @@ struct TrainConfig {
   int64_t epochs = 10;
   int64_t batch_size = 64;  // per rank
   std::string device = "auto";  // auto | cpu | cuda
+  std::string precision = "fp32";  // fp32 | bf16 | fp16 (GEMM and convolution arithmetic; fp16 adds loss scaling)
   std::string optimizer = "sgd";
   double lr = 0.05;
   double momentum = 0.9;

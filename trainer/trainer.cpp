@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <cstdlib>
 #include <random>
 #include <sstream>
@@ -22,6 +23,7 @@
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
+#include "trainer/loss_scaler.h"
 #include "trainer/feeder.h"
 #include "trainer/optimizer.h"
 #include "trainer/reducer.h"
@@ -37,14 +39,17 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // DPT_DEBUG_FAIL_RANK (default 0) throw once it has finished optimizer step N.
 // DPT_DEBUG_DIVERGE_RANK=R makes rank R nudge one parameter after its first step, so that the replica
 // check has something to find; DPT_DEBUG_PERTURB_BUFFERS_RANK=R makes rank R scale its buffers before the
-// initial broadcast, which must undo it (tests only).
+// initial broadcast, which must undo it; DPT_DEBUG_INF_AT_STEP=N makes rank 0 put an inf into the loss
+// gradient of optimizer step N (1-based), an overflow that fp16 loss scaling must skip (tests only).
 struct FailureInjection {
   int64_t step = -1;
   int rank = 0;
   int diverge_rank = -1;
   int perturb_buffers_rank = -1;
+  int64_t inf_step = -1;
   static FailureInjection from_env() {
     FailureInjection f;
+    if (const char* s = std::getenv("DPT_DEBUG_INF_AT_STEP")) f.inf_step = std::atoll(s);
     if (const char* b = std::getenv("DPT_DEBUG_PERTURB_BUFFERS_RANK")) f.perturb_buffers_rank = std::atoi(b);
     if (const char* s = std::getenv("DPT_DEBUG_FAIL_AT_STEP")) f.step = std::atoll(s);
     if (const char* r = std::getenv("DPT_DEBUG_FAIL_RANK")) f.rank = std::atoi(r);
@@ -233,15 +238,21 @@ std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
   return tensors;
 }
 
-// Clips the global L2 norm of the (averaged, so identical on every rank) gradients to max_norm, as
-// torch.nn.utils.clip_grad_norm_: scaled by max_norm / (norm + 1e-6) when that is below 1. Returns the norm.
-double clip_gradients(models::Model& model, double max_norm) {
-  auto& k = model.kernels();
-  float* g = model.grads().data<float>();
-  const double norm = std::sqrt(k.sum_squares(g, model.num_params()));
+// Clips the global L2 norm (the square root of `sum_squares`) of the (averaged, so identical on every rank)
+// gradients to max_norm, as torch.nn.utils.clip_grad_norm_: scaled by max_norm / (norm + 1e-6) when that is
+// below 1. Returns the norm.
+double clip_gradients(models::Model& model, double max_norm, double sum_squares) {
+  const double norm = std::sqrt(sum_squares);
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) k.scale(g, model.num_params(), static_cast<float>(coef));
+  if (coef < 1.0) model.kernels().scale(model.grads().data<float>(), model.num_params(), static_cast<float>(coef));
   return norm;
+}
+
+models::Precision parse_precision(const std::string& p) {
+  if (p == "bf16") return models::Precision::BF16;
+  if (p == "fp16") return models::Precision::F16;
+  DPT_CHECK(p == "fp32", "train.precision = {}", p);
+  return models::Precision::F32;
 }
 
 // DDP's promise, checked once an epoch: every rank holds bit-identical parameters (a CRC32 of them,
@@ -301,6 +312,17 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   const std::vector<int64_t> sample_shape = ds.train->sample_shape();
   auto model = build_model(cfg.model, sample_shape, ds.train->num_classes(), device);
   model->init(rng());
+  try {
+    model->set_precision(parse_precision(t.precision));
+  } catch (const UnsupportedError& e) {
+    DPT_THROW(ConfigError, "train.precision = {} on {}: {}; use train.precision = fp32 there", t.precision,
+              device.str(), e.what());
+  }
+  if (lead && t.precision != "fp32" && device.is_cpu())
+    spdlog::info("precision: {} on the CPU is emulated: operands of matrix products and convolutions rounded to {}, "
+                 "float32 arithmetic (Debian's OpenBLAS has no {} GEMM): the numerics of {}, the speed of fp32",
+                 t.precision, t.precision, t.precision, t.precision);
+  LossScaler scaler(t.precision == "fp16");
   if (!cfg.model.init_from.empty()) {
     const std::string note = load_pretrained(*model, cfg.model.init_from);
     if (lead) spdlog::info("model: weights from {}{}", cfg.model.init_from, note.empty() ? "" : "; " + note);
@@ -341,7 +363,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
                       loaded->path + "/model.safetensors");
     copy_named(optimizer.state(), loaded->optimizer, "optimizer.safetensors", loaded->path);
     start = loaded->state;
-    optimizer.set_steps(start.step);
+    optimizer.set_steps(start.optimizer_steps >= 0 ? start.optimizer_steps : start.step);
+    if (scaler.enabled() && start.loss_scale > 0)
+      scaler.restore(start.loss_scale, start.scale_growth_tracker, start.skipped_steps);
     std::istringstream(start.rng) >> rng;
     if (start.batch_in_epoch % t.accum_steps != 0)
       DPT_THROW(ConfigError,
@@ -430,7 +454,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     if (!lead || last_saved == step) return;
     TrainState st{.step = step, .epoch = epoch, .batch_in_epoch = next_batch, .world_size = world,
                   .batch_size = t.batch_size, .seed = t.seed, .dataset_size = static_cast<int64_t>(ds.train->size()),
-                  .drop_last = t.drop_last, .rng = "", .config_toml = to_toml(cfg), .config_hash = config_hash(cfg)};
+                  .drop_last = t.drop_last, .rng = "", .optimizer_steps = optimizer.steps(),
+                  .loss_scale = scaler.enabled() ? scaler.scale() : 0.0, .scale_growth_tracker = scaler.growth_tracker(),
+                  .skipped_steps = scaler.skipped(), .config_toml = to_toml(cfg), .config_hash = config_hash(cfg)};
     std::ostringstream os;
     os << rng;
     st.rng = os.str();
@@ -471,8 +497,17 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
         if (sync_buffers) pg.broadcast(model->buffers(), {.root = 0, .stream = stream})->block(stream);
       }
       loss.accumulate(model->forward(model_input(batch.features, sample_shape)), batch.labels, model->kernels(), stats, /*backward=*/true);
-      // Each micro-batch's loss is a mean over its batch; the step's is the mean over all of them.
-      if (group_size > 1) model->kernels().scale(loss.grad().data<float>(), loss.grad().numel(), 1.0f / group_size);
+      // Each micro-batch's loss is a mean over its batch; the step's is the mean over all of them. fp16: times
+      // the loss scale, so small gradients survive fp16's range.
+      const double grad_factor = scaler.scale() / static_cast<double>(group_size);
+      if (grad_factor != 1.0)
+        model->kernels().scale(loss.grad().data<float>(), loss.grad().numel(), static_cast<float>(grad_factor));
+      if (step + 1 == inject.inf_step && rank == 0 && b == group_first) {
+        Tensor first = loss.grad().view(0, {1});
+        Tensor inf = Tensor::empty({1});
+        inf.data<float>()[0] = std::numeric_limits<float>::infinity();
+        first.copy_from(inf, stream);
+      }
       reducer.begin(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
       model->backward(loss.grad(), [&](size_t first, size_t end) { reducer.grads_ready(first, end); });
       feeder.step_done();
@@ -481,17 +516,25 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       timer.mark(1);
       reducer.finish();
       timer.mark(2);
-      if (t.clip_grad_norm > 0) grad_norm = clip_gradients(*model, t.clip_grad_norm);
-      optimizer.step(lr);
+      bool apply = true;
+      if (scaler.enabled() || t.clip_grad_norm > 0) {
+        auto& k = model->kernels();
+        if (scaler.enabled()) k.scale(model->grads().data<float>(), model->num_params(), static_cast<float>(1.0 / scaler.scale()));
+        const double ss = k.sum_squares(model->grads().data<float>(), model->num_params());  // host sync
+        apply = scaler.update(/*found_inf=*/!std::isfinite(ss));
+        if (apply && t.clip_grad_norm > 0) grad_norm = clip_gradients(*model, t.clip_grad_norm, ss);
+      }
+      if (apply) optimizer.step(lr);
       timer.mark(3);
       ++step;
       const int64_t next_batch = static_cast<int64_t>(batch.index) + 1;
       const bool epoch_done = next_batch == spe;
       if (lead && seconds_since(progress_t) >= t.progress_interval_s) {
         progress_t = Clock::now();
-        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g}{} samples/s {:.0f}", epoch + 1, t.epochs,
+        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g}{}{} samples/s {:.0f}", epoch + 1, t.epochs,
                      next_batch, spe, loss_so_far() / static_cast<double>(seen), lr,
                      t.clip_grad_norm > 0 ? fmt::format(" grad_norm {:.4g}", grad_norm) : "",
+                     scaler.enabled() ? fmt::format(" loss_scale {:g} skipped {}", scaler.scale(), scaler.skipped()) : "",
                      static_cast<double>(seen) * world / seconds_since(epoch_t0));
       }
       if (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0 && !epoch_done)
@@ -536,6 +579,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
                    "time {:.2f}s (compute {:.2f}s comm {:.2f}s data wait {:.2f}s)",
                    es.epoch, t.epochs, es.train_loss, es.test_loss, es.test_acc, es.samples_per_s, lr, epoch_s,
                    compute_s, comm_s, data_s);
+      if (scaler.enabled())
+        spdlog::info("fp16 loss scale {:g}; {} step(s) skipped so far for inf/NaN gradients", scaler.scale(),
+                     scaler.skipped());
       if (stopped) spdlog::info("stopped at step {} (train.max_steps = {})", step, t.max_steps);
     }
     const bool last_epoch = epoch + 1 == t.epochs;

@@ -23,6 +23,12 @@ struct AdamWParams {
   int64_t step = 1;  // 1-based, for bias correction
 };
 
+// The arithmetic of the GEMM-class operations (gemm, the convolutions): F32, or operands rounded to
+// bfloat16 / float16 with float32 accumulation and float32 results (what bf16/fp16 tensor-core and AVX-512
+// BF16 GEMMs compute). Master weights, optimizer state, losses, norms and BatchNorm statistics are float32
+// whatever this says.
+enum class Precision : uint8_t { F32, BF16, F16 };
+
 // A 2-D convolution's shapes (PyTorch's Conv2d, groups = 1, dilation = 1, no bias): input [n, c, h, w],
 // weight [k, c, r, s], output [n, k, p, q] with p = (h + 2 pad - r) / stride + 1, q likewise.
 struct ConvShape {

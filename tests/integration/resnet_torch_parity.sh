@@ -3,14 +3,15 @@
 # python3-torchvision as the reference): the same weights and batch give the same training-mode logits, loss,
 # parameter gradients and BatchNorm running statistics, and the same evaluation-mode logits; dptrain's
 # state loads back into torchvision with load_state_dict(strict=True). Variants: resnet18 (ImageNet stem),
-# a small-stem BasicBlock net on 1 channel, a Bottleneck net. Then model.init_from: torchvision weights with
+# a small-stem BasicBlock net on 1 channel, a Bottleneck net; and in bf16 (dptrain's train.precision=bf16 against
+# torch.autocast bf16: each as far from fp32 as the other, within 0.2x-3x). Then model.init_from: torchvision weights with
 # another class count re-initialise fc (and say so), a wrong shape elsewhere is an error naming the key.
 source "$(dirname "$0")/lib/common.bash"
 TORCH_PY=$DPT_SOURCE_DIR/tests/integration/lib/torch_resnet.py
 MODEL_IO=$DPT_BUILD_DIR/tests/dpt-model-io
 $PY -c 'import torch, torchvision' 2>/dev/null || fail "python3-torch and python3-torchvision are needed (scripts/setup.sh)"
 
-for v in resnet18 small bottleneck; do
+for v in resnet18 small bottleneck small_bf16; do
   d=$WORK/$v
   $PY "$TORCH_PY" make "$v" "$d"
   # shellcheck disable=SC2046

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <set>
 #include <string>
 #include <cmath>
@@ -36,10 +37,58 @@ std::string blas_core_upgrade() {
   return "";
 }
 
+namespace {
+
+thread_local Precision tl_precision = Precision::F32;
+
+// Round to nearest even, NaN kept, overflow to infinity: what a conversion to the narrow type and back does.
+float round_to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  if ((bits & 0x7F800000u) == 0x7F800000u) return x;  // inf and NaN
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  bits &= 0xFFFF0000u;
+  float y;
+  std::memcpy(&y, &bits, 4);
+  return y;
+}
+float round_to_fp16(float x) { return static_cast<float>(static_cast<_Float16>(x)); }
+
+// A copy of the rows x cols matrix at `src` (row stride ld) with every value rounded to `p`, packed (stride
+// cols), in one of two per-thread buffers.
+const float* rounded(const float* src, int64_t rows, int64_t cols, int64_t ld, Precision p, int which) {
+  thread_local std::vector<float> buffers[2];
+  auto& buf = buffers[which];
+  buf.resize(static_cast<size_t>(rows * cols));
+  float* out = buf.data();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = src + r * ld;
+    float* o = out + r * cols;
+    if (p == Precision::BF16) {
+      for (int64_t c = 0; c < cols; ++c) o[c] = round_to_bf16(in[c]);
+    } else {
+      for (int64_t c = 0; c < cols; ++c) o[c] = round_to_fp16(in[c]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void CpuKernels::set_precision(Precision p) { tl_precision = p; }
+Precision CpuKernels::precision() const { return tl_precision; }
+
 void CpuKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                       int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   DPT_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm shape {}x{}x{}", M, N, K);
   if (M == 0 || N == 0) return;
+  if (tl_precision != Precision::F32 && K > 0) {
+    // op(A) is M x K, stored as (trans_a ? K x M : M x K); likewise B. Round them, then multiply in float32.
+    A = rounded(A, trans_a ? K : M, trans_a ? M : K, lda, tl_precision, 0);
+    lda = trans_a ? M : K;
+    B = rounded(B, trans_b ? N : K, trans_b ? K : N, ldb, tl_precision, 1);
+    ldb = trans_b ? K : N;
+  }
   constexpr int64_t kMax = std::numeric_limits<int>::max();
   DPT_CHECK(M <= kMax && N <= kMax && K <= kMax && lda <= kMax && ldb <= kMax && ldc <= kMax,
             "gemm dimensions exceed the BLAS int range");

@@ -21,6 +21,10 @@ std::string blas_core_upgrade();
 class CpuKernels final : public Kernels {
  public:
   Device device() const override { return Device::cpu(); }
+  // BF16 and F16: gemm operands are rounded to the low precision, then multiplied in float32 (Debian's
+  // OpenBLAS has no bf16 or fp16 GEMM): the numerics of low-precision GEMMs, the speed of float32. Per thread.
+  void set_precision(Precision p) override;
+  Precision precision() const override;
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
             const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override;
   void bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu) override;

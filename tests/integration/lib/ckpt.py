@@ -4,10 +4,16 @@ files are plain safetensors. Commands:
   ckpt.py compare DIR_A DIR_B ATOL          max |a-b| over model tensors; exit 1 if above ATOL
   ckpt.py differ DIR_A DIR_B MIN            exit 1 unless some tensor differs by more than MIN
   ckpt.py accuracy DIR DATA_DIR LIMIT       test accuracy of the checkpoint's MLP, computed in numpy
+  ckpt.py compare_file A B ATOL             max |a-b| over the tensors of two safetensors files
+  ckpt.py finite DIR                        exit 1 unless every model tensor is finite
+  ckpt.py files_close FILE_A FILE_B ATOL [SKIP_REGEX]
+                                            two safetensors files hold the same tensor names (those matching
+                                            SKIP_REGEX left out of both) with max |a-b| <= ATOL; exit 1 if not
 """
 import gzip
 import json
 import os
+import re
 import struct
 import sys
 
@@ -73,9 +79,36 @@ def accuracy(ckpt_dir, data_dir, limit):
 
 
 def max_diff(a_dir, b_dir):
-    a, b = model_of(a_dir), model_of(b_dir)
+    return max_diff_of(model_of(a_dir), model_of(b_dir))
+
+
+def max_diff_of(a, b):
     assert a.keys() == b.keys(), f"different tensors: {sorted(a)} vs {sorted(b)}"
     return max(float(np.abs(a[k].astype(np.float64) - b[k]).max()) for k in a)
+
+
+def files_close(a_path, b_path, skip=None):
+    """(tensor count, max |a-b|, the tensor where it is) over the tensors of both files whose names do not
+    match `skip`; exits on a name or shape mismatch."""
+    pattern = re.compile(skip) if skip else None
+
+    def kept(path):
+        return {k: v for k, v in load(path).items() if not (pattern and pattern.search(k))}
+
+    a, b = kept(a_path), kept(b_path)
+    if a.keys() != b.keys():
+        sys.exit(f"FAIL different tensors: only in {a_path}: {sorted(a.keys() - b.keys())[:5]}, "
+                 f"only in {b_path}: {sorted(b.keys() - a.keys())[:5]}")
+    if not a:
+        sys.exit("FAIL no tensors left to compare")
+    worst, worst_name = 0.0, ""
+    for k in a:
+        if a[k].shape != b[k].shape:
+            sys.exit(f"FAIL {k}: shape {a[k].shape} vs {b[k].shape}")
+        d = float(np.abs(a[k].astype(np.float64) - b[k]).max()) if a[k].size else 0.0
+        if d >= worst:
+            worst, worst_name = d, k
+    return len(a), worst, worst_name
 
 
 def main():
@@ -88,6 +121,19 @@ def main():
         d = max_diff(sys.argv[2], sys.argv[3])
         print(f"max |a-b| = {d:.3g} (must exceed {sys.argv[4]})")
         sys.exit(0 if d > float(sys.argv[4]) else 1)
+    if cmd == "files_close":
+        skip = sys.argv[5] if len(sys.argv) > 5 else None
+        n, d, name = files_close(sys.argv[2], sys.argv[3], skip)
+        print(f"{n} tensors: max |a-b| = {d:.3g} ({name}; tolerance {sys.argv[4]})")
+        sys.exit(0 if d <= float(sys.argv[4]) else 1)
+    if cmd == "compare_file":
+        d = max_diff_of(load(sys.argv[2]), load(sys.argv[3]))
+        print(f"max |a-b| = {d:.3g} (tolerance {sys.argv[4]})")
+        sys.exit(0 if d <= float(sys.argv[4]) else 1)
+    if cmd == "finite":
+        bad = [k for k, v in model_of(sys.argv[2]).items() if not np.isfinite(v.astype(np.float64)).all()]
+        print(f"non-finite tensors: {bad}" if bad else "all finite")
+        sys.exit(1 if bad else 0)
     if cmd == "accuracy":
         print(f"{accuracy(sys.argv[2], sys.argv[3], int(sys.argv[4])):.4f}")
         return

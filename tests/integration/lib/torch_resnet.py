@@ -9,6 +9,7 @@ with numpy alone).
                                      loads DIR/out/state.safetensors into a fresh torchvision model with
                                      load_state_dict(strict=True): its eval logits must equal dptrain's
   torch_resnet.py weights ARCH CLASSES FILE   writes torchvision's ARCH(num_classes=CLASSES) state_dict
+                                     (more ARCH CLASSES FILE triples may follow: one file each)
   torch_resnet.py load ARCH CLASSES FILE      loads FILE (e.g. a dptrain checkpoint's model.safetensors) into
                                      ARCH(num_classes=CLASSES) with strict=True and prints its tensor count
 Tolerances (fp32, different summation orders): logits and eval logits within 1e-4 of their largest
@@ -51,12 +52,20 @@ VARIANTS = {
 }
 
 
+# bf16 variants: the fp32 variant's model and batch, dptrain with train.precision=bf16, torch under
+# torch.autocast("cpu", torch.bfloat16). Neither equals fp32; both must be about as far from it.
+BF16 = {"small_bf16": "small", "resnet18_bf16": "resnet18"}
+
+
 def state_arrays(model):
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
 
 def make(variant, d):
-    build, shape, classes, overrides = VARIANTS[variant]
+    bf16 = variant in BF16
+    build, shape, classes, overrides = VARIANTS[BF16.get(variant, variant)]
+    if bf16:
+        overrides = overrides + ["train.precision=bf16"]
     torch.manual_seed(1234)
     model = build()
     # Non-trivial BatchNorm affine parameters and running statistics, so their handling is checked too.
@@ -86,6 +95,19 @@ def make(variant, d):
     with torch.no_grad():
         out["eval_logits"] = model(x).numpy()
     ckpt.save(os.path.join(d, "expected.safetensors"), out)
+    if bf16:  # the same step under autocast, from the same weights
+        torch.manual_seed(1234)
+        model = build()
+        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ckpt.load(os.path.join(d, "weights.safetensors")).items()})
+        model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = model(x)
+        loss = nn.functional.cross_entropy(logits.float(), y)
+        loss.backward()
+        out = {"logits": logits.float().detach().numpy()}
+        for name, p in model.named_parameters():
+            out["grad." + name] = p.grad.float().numpy()
+        ckpt.save(os.path.join(d, "torch_bf16.safetensors"), out)
     with open(os.path.join(d, "overrides"), "w") as f:
         f.write(" ".join(overrides) + "\n")
 
@@ -102,7 +124,36 @@ def close(name, got, want, rel):
     return err / scale
 
 
+def rel_err(a, b):
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    return float(np.abs(a - b).max()) / max(float(np.abs(b).max()), 1e-12)
+
+
+def check_bf16(variant, d):
+    """dptrain's bf16 error (against torch fp32) must be within 0.2x to 3x torch autocast's, per tensor, and
+    the logits within 5% of torch bf16's."""
+    ref = ckpt.load(os.path.join(d, "expected.safetensors"))
+    tb = ckpt.load(os.path.join(d, "torch_bf16.safetensors"))
+    got = ckpt.load(os.path.join(d, "out", "out.safetensors"))
+    worst = 0.0
+    for name in tb:
+        ours, theirs = rel_err(got[name], ref[name]), rel_err(tb[name], ref[name])
+        if ours > 3 * theirs + 1e-4:
+            sys.exit(f"FAIL {name}: dptrain bf16 is {ours:.3g} from fp32, torch autocast {theirs:.3g}")
+        if name == "logits" and ours < 0.2 * theirs:
+            sys.exit(f"FAIL logits: dptrain bf16 is only {ours:.3g} from fp32 (torch autocast {theirs:.3g}): not bf16")
+        worst = max(worst, ours / max(theirs, 1e-12))
+    direct = rel_err(got["logits"], tb["logits"])
+    if direct > 0.05:
+        sys.exit(f"FAIL logits: dptrain bf16 vs torch autocast bf16 {direct:.3g}")
+    print(f"{variant}: dptrain bf16's distance from fp32 is at most {worst:.2f}x torch autocast's over "
+          f"{len(tb)} tensors; logits within {direct:.2g} of torch bf16's")
+
+
 def check(variant, d):
+    if variant in BF16:
+        return check_bf16(variant, d)
     build, _, _, _ = VARIANTS[variant]
     want = ckpt.load(os.path.join(d, "expected.safetensors"))
     got = ckpt.load(os.path.join(d, "out", "out.safetensors"))
@@ -144,10 +195,11 @@ def main():
         make(sys.argv[2], sys.argv[3])
     elif cmd == "check":
         check(sys.argv[2], sys.argv[3])
-    elif cmd == "weights":
-        torch.manual_seed(7)
-        model = getattr(torchvision.models, sys.argv[2])(num_classes=int(sys.argv[3]))
-        ckpt.save(sys.argv[4], state_arrays(model))
+    elif cmd == "weights":  # ARCH CLASSES FILE, repeated: one Python start for several files
+        for i in range(2, len(sys.argv) - 2, 3):
+            torch.manual_seed(7)
+            model = getattr(torchvision.models, sys.argv[i])(num_classes=int(sys.argv[i + 1]))
+            ckpt.save(sys.argv[i + 2], state_arrays(model))
     elif cmd == "load":
         model = getattr(torchvision.models, sys.argv[2])(num_classes=int(sys.argv[3]))
         state = {k: torch.from_numpy(np.array(v)) for k, v in ckpt.load(sys.argv[4]).items()}

@@ -161,3 +161,39 @@ TEST_CASE("AdamW first step moves each parameter by lr against the gradient's si
   REQUIRE(p[0] == Approx(1.0f * (1 - 0.001f) - 0.01f).epsilon(1e-5));
   REQUIRE(p[1] == Approx(-2.0f * (1 - 0.001f) + 0.01f).epsilon(1e-5));
 }
+
+TEST_CASE("gemm in bf16 and fp16: operands rounded, float32 arithmetic; fp16 overflows to inf", "[models][amp]") {
+  Kernels& k = kernels_for(Device::cpu());
+  // 1 + 2^-10 is exact in fp16 and float, rounds to 1 in bf16 (8 significant bits); 1 + 2^-12 rounds to 1 in
+  // both. A 1x1 by 1x1 product shows the operand rounding, a 1x2 by 2x1 the float32 accumulation.
+  const float a[2] = {1.0f + 0x1p-10f, 1.0f + 0x1p-12f}, b[2] = {1.0f, 1.0f};
+  auto product = [&](Precision p, int64_t kk) {
+    k.set_precision(p);
+    float c = -1.0f;
+    k.gemm(false, false, 1, 1, kk, 1.0f, a, kk, b, 1, 0.0f, &c, 1);
+    k.set_precision(Precision::F32);
+    return c;
+  };
+  REQUIRE(product(Precision::F32, 1) == 1.0f + 0x1p-10f);
+  REQUIRE(product(Precision::F16, 1) == 1.0f + 0x1p-10f);
+  REQUIRE(product(Precision::BF16, 1) == 1.0f);
+  REQUIRE(product(Precision::F32, 2) == 2.0f + 0x1p-10f + 0x1p-12f);
+  REQUIRE(product(Precision::F16, 2) == 2.0f + 0x1p-10f);
+  REQUIRE(product(Precision::BF16, 2) == 2.0f);
+  // fp16's largest value is 65504: 70000 overflows to inf (what loss scaling watches for); bf16 keeps it.
+  const float big = 70000.0f, one = 1.0f;
+  float c = 0;
+  k.set_precision(Precision::F16);
+  k.gemm(false, false, 1, 1, 1, 1.0f, &big, 1, &one, 1, 0.0f, &c, 1);
+  REQUIRE(std::isinf(c));
+  k.set_precision(Precision::BF16);
+  k.gemm(false, false, 1, 1, 1, 1.0f, &big, 1, &one, 1, 0.0f, &c, 1);
+  REQUIRE(c == 70144.0f);  // 70000 to bf16's 8 significant bits
+  k.set_precision(Precision::F32);
+  // Transposed operands take the same path: (A^T)^T B with A stored transposed.
+  const float at[2] = {1.0f + 0x1p-10f, 1.0f + 0x1p-12f};
+  k.set_precision(Precision::BF16);
+  k.gemm(true, false, 1, 1, 2, 1.0f, at, 1, b, 1, 0.0f, &c, 1);
+  k.set_precision(Precision::F32);
+  REQUIRE(c == 2.0f);
+}

@@ -1,0 +1,359 @@
+#!/usr/bin/env python3
+"""PyTorch reference for dptrain's ResNet benchmarks (scripts/bench/resnet_bench.sh): the twin of dpt-model-bench.
+
+The same workload as dpt-model-bench: torchvision.models.resnetNN(num_classes=CLASSES), one random batch
+[N, C, H, W] (standard normal) with random labels made once on the device, then --warmup untimed and --steps
+timed training steps: forward, cross-entropy, backward, SGD (lr 0.05, momentum 0.9, as dptrain's defaults).
+Prints the same fixed-width row as dpt-model-bench (time per step, images/s, the mean loss of the timed
+steps) and, with --json FILE, the same JSON.
+
+  step mode (default): one process on --device (auto: cuda when available). On a GPU: PyTorch eager as people
+      run it fast: channels_last memory format and torch.backends.cudnn.benchmark = True; --precision bf16 runs
+      forward and loss under torch.autocast(device_type="cuda", dtype=torch.bfloat16); timing with CUDA events
+      around the timed steps. FP32 runs without TF32 unless --tf32 (dptrain's FP32 convolutions and GEMMs are
+      strict FP32; PyTorch's cuDNN convolutions would use TF32 by default).
+  ddp mode (--nproc N): N processes on the CPU (spawned here, rendezvous on a free port of 127.0.0.1), each
+      wrapping the model in DistributedDataParallel over gloo (default 25 MB buckets, broadcast_buffers), each
+      with its own random batch of --batch examples; the timed steps run between two barriers, and
+      images/s = N * batch * steps / (the slowest rank's time).
+
+CPU threads: --threads per process (default 1), set before torch loads, for OpenMP, OpenBLAS and MKL alike.
+OpenBLAS: dptrain restarts itself with OPENBLAS_CORETYPE set when OpenBLAS misdetects the CPU (this VM's
+AVX-512 EPYC is taken for a Prescott); resnet_bench.sh passes the same OPENBLAS_CORETYPE to this script, which
+prints it. (PyTorch's CPU convolutions run in oneDNN, which detects the CPU itself; OpenBLAS serves the GEMMs.)
+
+  python3 scripts/bench/torch_resnet.py --model resnet18 --batch 256 --shape 3,32,32 --classes 10 --precision bf16
+  python3 scripts/bench/torch_resnet.py --model resnet18 --batch 256 --shape 3,32,32 --device cpu --nproc 2
+"""
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+
+
+def _arg_value(argv, name, default):
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith(name + "="):
+            return a.split("=", 1)[1]
+    return default
+
+
+# Threads per process, before the first import of torch (OpenMP and OpenBLAS read these when they load).
+# An explicit setting in the environment wins.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, _arg_value(sys.argv[1:], "--threads", "1"))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+COLUMNS = ("program", "model", "shape", "batch", "precision", "device", "ranks", "time/step", "images/s", "loss")
+
+
+def print_header():
+    """The table head of dpt-model-bench (bench/model_bench.cpp), column for column."""
+    print("#{:>11}  {:>10}  {:>10}  {:>5}  {:>9}  {:>6}  {:>5}  {:>9}  {:>9}  {:>7}".format(*COLUMNS))
+    print("#{:>11}  {:>10}  {:>10}  {:>5}  {:>9}  {:>6}  {:>5}  {:>9}  {:>9}  {:>7}".format(
+        "", "", "", "", "", "", "", "(ms)", "(1/s)", "(mean)"))
+
+
+def print_row(r):
+    print("{:>12}  {:>10}  {:>10}  {:>5}  {:>9}  {:>6}  {:>5}  {:>9.2f}  {:>9.1f}  {:>7.4f}".format(
+        r["program"], r["model"], "x".join(str(d) for d in r["shape"]), r["batch"], r["precision"],
+        r["device"].split(":")[0], r["ranks"], r["ms_per_step"], r["images_per_s"], r["loss"]), flush=True)
+
+
+# ---- the model: torchvision's, or the same architecture written out where torchvision is not installed ----
+
+
+def _conv3x3(cin, cout, stride=1):
+    return nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+
+
+class _BasicBlock(nn.Module):
+    expansion = 1
+
+    def __init__(self, cin, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1, self.bn1 = _conv3x3(cin, planes, stride), nn.BatchNorm2d(planes)
+        self.relu = nn.ReLU(inplace=True)
+        self.conv2, self.bn2 = _conv3x3(planes, planes), nn.BatchNorm2d(planes)
+        self.downsample = downsample
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        return self.relu(self.bn2(self.conv2(out)) + identity)
+
+
+class _Bottleneck(nn.Module):
+    expansion = 4
+
+    def __init__(self, cin, planes, stride=1, downsample=None):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, planes, 1, bias=False), nn.BatchNorm2d(planes)
+        self.conv2, self.bn2 = _conv3x3(planes, planes, stride), nn.BatchNorm2d(planes)
+        self.conv3, self.bn3 = nn.Conv2d(planes, planes * 4, 1, bias=False), nn.BatchNorm2d(planes * 4)
+        self.relu = nn.ReLU(inplace=True)
+        self.downsample = downsample
+
+    def forward(self, x):
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        return self.relu(self.bn3(self.conv3(out)) + identity)
+
+
+class _ResNet(nn.Module):
+    """torchvision.models.resnet.ResNet (v1.5: the stride in the 3x3 conv), its names and initialisation."""
+
+    def __init__(self, block, layers, num_classes):
+        super().__init__()
+        self.inplanes = 64
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1, self.relu = nn.BatchNorm2d(64), nn.ReLU(inplace=True)
+        self.maxpool = nn.MaxPool2d(3, 2, 1)
+        self.layer1 = self._make_layer(block, 64, layers[0])
+        self.layer2 = self._make_layer(block, 128, layers[1], 2)
+        self.layer3 = self._make_layer(block, 256, layers[2], 2)
+        self.layer4 = self._make_layer(block, 512, layers[3], 2)
+        self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
+        self.fc = nn.Linear(512 * block.expansion, num_classes)
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.constant_(m.weight, 1)
+                nn.init.constant_(m.bias, 0)
+
+    def _make_layer(self, block, planes, blocks, stride=1):
+        downsample = None
+        if stride != 1 or self.inplanes != planes * block.expansion:
+            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride, bias=False),
+                                       nn.BatchNorm2d(planes * block.expansion))
+        layers = [block(self.inplanes, planes, stride, downsample)]
+        self.inplanes = planes * block.expansion
+        layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x):
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+_LAYERS = {"resnet18": (_BasicBlock, [2, 2, 2, 2]), "resnet34": (_BasicBlock, [3, 4, 6, 3]),
+           "resnet50": (_Bottleneck, [3, 4, 6, 3])}
+
+
+def make_model(name, num_classes):
+    """(model, where it came from)."""
+    try:
+        import torchvision
+
+        return getattr(torchvision.models, name)(num_classes=num_classes), f"torchvision {torchvision.__version__}"
+    except ImportError:
+        block, layers = _LAYERS[name]
+        return _ResNet(block, layers, num_classes), "torchvision not installed: the same architecture, written out here"
+
+
+# ---- one process's steps -------------------------------------------------------------------------------
+
+
+def random_batch(args, device, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn((args.batch, *args.shape), generator=g)
+    y = torch.randint(0, args.classes, (args.batch,), generator=g)
+    return x.to(device), y.to(device)
+
+
+def setup_backends(args, cuda):
+    torch.set_num_threads(args.threads)
+    if cuda:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.allow_tf32 = args.tf32
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+
+
+def timed_steps(args, model, x, y, device, ddp=None):
+    """Warm-up, then the timed steps. Returns (seconds, mean loss of the timed steps)."""
+    cuda = device.type == "cuda"
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    autocast = torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    loss_sum = torch.zeros((), device=device)
+
+    def step():
+        with autocast:
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    model.train()
+    for _ in range(args.warmup):
+        step()
+    if ddp is not None:
+        ddp.barrier()
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(args.steps):
+            loss_sum += step()
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3
+    else:
+        t0 = time.perf_counter()
+        for _ in range(args.steps):
+            loss_sum += step()
+        seconds = time.perf_counter() - t0
+    return seconds, loss_sum.item() / args.steps
+
+
+def result(args, model_name, device, ranks, seconds, loss, device_name):
+    return {"program": "pytorch", "model": model_name, "shape": list(args.shape), "batch": args.batch,
+            "classes": args.classes, "precision": args.precision, "device": str(device), "device_name": device_name,
+            "ranks": ranks, "warmup": args.warmup, "steps": args.steps, "ms_per_step": seconds * 1e3 / args.steps,
+            "images_per_s": ranks * args.batch * args.steps / seconds, "loss": loss,
+            "torch": torch.__version__, "channels_last": args.channels_last, "tf32": args.tf32}
+
+
+def describe(args, where, device, ranks, device_name):
+    blas = os.environ.get("OPENBLAS_CORETYPE", "unset (OpenBLAS chooses)")
+    extra = (f"channels_last {args.channels_last}, cudnn.benchmark True, tf32 {args.tf32}" if device.type == "cuda"
+             else f"{args.threads} thread(s) per process, OPENBLAS_CORETYPE {blas}, channels_last {args.channels_last}")
+    print(f"# torch_resnet.py: {args.model} ({where}) on {device_name}; torch {torch.__version__}; {ranks} process(es)"
+          f"{', DDP over gloo' if args.nproc else ''}; step = forward + cross_entropy + backward + SGD "
+          f"(lr {args.lr}, momentum {args.momentum}){', autocast bf16' if args.precision == 'bf16' else ''}; {extra}")
+    print(f"# warmup {args.warmup} steps, timed {args.steps} steps "
+          f"({'CUDA events' if device.type == 'cuda' else 'perf_counter'})\n#")
+
+
+def run_step(args):
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("torch_resnet.py: --device cuda but torch.cuda.is_available() is False")
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    if args.channels_last is None:
+        args.channels_last = cuda
+    setup_backends(args, cuda)
+    torch.manual_seed(args.seed)
+    model, where = make_model(args.model, args.classes)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = model.to(device, memory_format=fmt)
+    x, y = random_batch(args, device, args.seed + 1)
+    x = x.contiguous(memory_format=fmt)
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    seconds, loss = timed_steps(args, model, x, y, device)
+    r = result(args, args.model, device, 1, seconds, loss, name)
+    describe(args, where, device, 1, name)
+    print_header()
+    print_row(r)
+    return r
+
+
+def run_ddp_rank(args):
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    setup_backends(args, False)
+    torch.set_num_interop_threads(1)
+    dist.init_process_group("gloo")  # RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu")
+    if args.channels_last is None:
+        args.channels_last = False
+    torch.manual_seed(args.seed)  # the same initial weights everywhere (DDP broadcasts rank 0's anyway)
+    model, where = make_model(args.model, args.classes)
+    fmt = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = DDP(model.to(memory_format=fmt))
+    x, y = random_batch(args, device, args.seed + 1 + rank)
+    x = x.contiguous(memory_format=fmt)
+    seconds, loss = timed_steps(args, model, x, y, device, ddp=dist)
+    stats = torch.tensor([seconds, loss], dtype=torch.float64)
+    slowest = stats.clone()
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    dist.all_reduce(stats)  # the loss averaged over the ranks
+    r = result(args, args.model, device, world, slowest[0].item(), stats[1].item() / world, "cpu")
+    if rank == 0:
+        describe(args, where, device, world, "cpu")
+        print_header()
+        print_row(r)
+        if args.json:
+            write_json(args.json, r)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawned(local_rank, args, port):
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank), WORLD_SIZE=str(args.nproc),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    run_ddp_rank(args)
+
+
+def write_json(path, r):
+    with open(path, "w") as f:
+        json.dump(r, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def shape_arg(s):
+    dims = [int(v) for v in s.split(",")]
+    if len(dims) != 3 or min(dims) <= 0:
+        raise argparse.ArgumentTypeError(f"--shape wants C,H,W (three positive integers), got {s}")
+    return tuple(dims)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=sorted(_LAYERS), default="resnet18")
+    p.add_argument("--batch", type=int, default=256, help="examples per step (per process in ddp mode)")
+    p.add_argument("--shape", type=shape_arg, default=(3, 32, 32), help="one example's shape C,H,W")
+    p.add_argument("--classes", type=int, default=10)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto", help="step mode only")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per process")
+    p.add_argument("--channels-last", dest="channels_last", action="store_true", default=None,
+                   help="channels_last memory format (default: on for cuda, off for the CPU)")
+    p.add_argument("--no-channels-last", dest="channels_last", action="store_false")
+    p.add_argument("--tf32", action="store_true", help="let FP32 convolutions and matmuls use TF32 (default: off)")
+    p.add_argument("--nproc", type=int, default=0, help="ddp mode: this many processes, DDP over gloo on the CPU")
+    p.add_argument("--json", help="also write the result to this file as JSON")
+    args = p.parse_args()
+    if args.steps < 1 or args.warmup < 0 or args.batch < 1 or args.classes < 1:
+        p.error("--steps and --batch and --classes must be positive, --warmup at least 0")
+
+    if args.nproc > 0:
+        if args.device == "cuda":
+            p.error("ddp mode runs on the CPU (gloo); leave --device out")
+        import torch.multiprocessing as mp
+
+        mp.spawn(spawned, args=(args, free_port()), nprocs=args.nproc, join=True)
+    else:
+        r = run_step(args)
+        if args.json:
+            write_json(args.json, r)
+
+
+if __name__ == "__main__":
+    main()
