@@ -29,6 +29,17 @@ inline uint64_t splitmix64(uint64_t& state) {
   return z;
 }
 
+// Uniform in [0, bound), bound >= 1, from 64-bit draws of `next`, without modulo bias: rejects the lowest
+// (2^64 mod bound) draws.
+template <class Next>
+uint64_t uniform_below(Next next, uint64_t bound) {
+  const uint64_t threshold = (0 - bound) % bound;
+  for (;;) {
+    const uint64_t r = next();
+    if (r >= threshold) return r % bound;
+  }
+}
+
 // The random draws of one example: key = hash of (seed, epoch, index, stream); draw k = mix64(key ^
 // mix64(k)). Cheap to construct, so build one per example where it is needed.
 class CounterRng {
@@ -40,14 +51,7 @@ class CounterRng {
   // Uniform in [0, 1) with 53 random bits.
   double uniform() { return static_cast<double>(next() >> 11) * 0x1.0p-53; }
   double uniform(double lo, double hi) { return lo + (hi - lo) * uniform(); }
-  // Uniform in [0, bound), bound >= 1, without modulo bias: rejects the lowest (2^64 mod bound) draws.
-  uint64_t below(uint64_t bound) {
-    const uint64_t threshold = (0 - bound) % bound;
-    for (;;) {
-      const uint64_t r = next();
-      if (r >= threshold) return r % bound;
-    }
-  }
+  uint64_t below(uint64_t bound) { return uniform_below([this] { return next(); }, bound); }
 
  private:
   uint64_t key_;

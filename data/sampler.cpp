@@ -28,14 +28,7 @@ class Xoshiro256 {
     s_[3] = rotl(s_[3], 45);
     return result;
   }
-  // Uniform in [0, bound), bound >= 1, without modulo bias: reject the lowest (2^64 mod bound) draws.
-  uint64_t below(uint64_t bound) {
-    const uint64_t threshold = (0 - bound) % bound;
-    for (;;) {
-      const uint64_t r = next();
-      if (r >= threshold) return r % bound;
-    }
-  }
+  uint64_t below(uint64_t bound) { return uniform_below([this] { return next(); }, bound); }
 
  private:
   uint64_t s_[4];

@@ -107,4 +107,25 @@ DPT_HD float relu(float x) { return x > 0.0f ? x : 0.0f; }
 // rule: NaN propagates); padding is never offered.
 DPT_HD bool maxpool_takes(float v, float best, int32_t at) { return at < 0 || v > best || v != v; }
 
+// Max pooling's output (p, q) of one plane `in` [h, w]: the maximum over the window, scanned r then s, and its
+// h * w index in `at` (-1 when the window holds no input position).
+DPT_HD float maxpool_window(const float* in, const PoolShape& ps, int64_t p, int64_t q, int32_t& at) {
+  float best = -INFINITY;
+  at = -1;
+  for (int64_t r = 0; r < ps.kernel; ++r) {
+    const int64_t h = p * ps.stride - ps.pad + r;
+    if (h < 0 || h >= ps.h) continue;
+    for (int64_t s = 0; s < ps.kernel; ++s) {
+      const int64_t w = q * ps.stride - ps.pad + s;
+      if (w < 0 || w >= ps.w) continue;
+      const float v = in[h * ps.w + w];
+      if (maxpool_takes(v, best, at)) {
+        best = v;
+        at = static_cast<int32_t>(h * ps.w + w);
+      }
+    }
+  }
+  return best;
+}
+
 }  // namespace dpt::models::elementwise

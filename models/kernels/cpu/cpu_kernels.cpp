@@ -264,22 +264,23 @@ void col2im(const float* col, const ConvShape& cs, float* dx) {
       }
 }
 
+// The [crs, pq] matrix the GEMMs read for image n: its im2col in `col`, or the image itself when the
+// convolution is pointwise (col == nullptr).
+const float* columns_of(const float* x, int64_t n, const ConvShape& cs, float* col) {
+  const float* xn = x + n * cs.c * cs.h * cs.w;
+  if (!col) return xn;
+  im2col(xn, cs, col);
+  return col;
+}
+
 }  // namespace
 
 void CpuKernels::conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) {
   check_conv(cs);
   const int64_t crs = cs.c * cs.r * cs.s, pq = cs.p * cs.q;
   float* col = is_pointwise(cs) ? nullptr : workspace(static_cast<size_t>(crs * pq));
-  for (int64_t n = 0; n < cs.n; ++n) {
-    const float* xn = x + n * cs.c * cs.h * cs.w;
-    const float* b = xn;
-    if (col) {
-      im2col(xn, cs, col);
-      b = col;
-    }
-    // y[n] [k, pq] = w [k, crs] x col [crs, pq]
-    gemm(false, false, cs.k, pq, crs, 1.0f, w, crs, b, pq, 0.0f, y + n * cs.k * pq, pq);
-  }
+  for (int64_t n = 0; n < cs.n; ++n)  // y[n] [k, pq] = w [k, crs] x col [crs, pq]
+    gemm(false, false, cs.k, pq, crs, 1.0f, w, crs, columns_of(x, n, cs, col), pq, 0.0f, y + n * cs.k * pq, pq);
 }
 
 void CpuKernels::conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) {
@@ -304,16 +305,8 @@ void CpuKernels::conv2d_backward_weight(const float* dy, const float* x, float* 
   check_conv(cs);
   const int64_t crs = cs.c * cs.r * cs.s, pq = cs.p * cs.q;
   float* col = is_pointwise(cs) ? nullptr : workspace(static_cast<size_t>(crs * pq));
-  for (int64_t n = 0; n < cs.n; ++n) {
-    const float* xn = x + n * cs.c * cs.h * cs.w;
-    const float* b = xn;
-    if (col) {
-      im2col(xn, cs, col);
-      b = col;
-    }
-    // dw [k, crs] += dy[n] [k, pq] x col^T [pq, crs]
-    gemm(false, true, cs.k, crs, pq, 1.0f, dy + n * cs.k * pq, pq, b, pq, 1.0f, dw, crs);
-  }
+  for (int64_t n = 0; n < cs.n; ++n)  // dw [k, crs] += dy[n] [k, pq] x col^T [pq, crs]
+    gemm(false, true, cs.k, crs, pq, 1.0f, dy + n * cs.k * pq, pq, columns_of(x, n, cs, col), pq, 1.0f, dw, crs);
 }
 
 void CpuKernels::bn_stats(const float* x, const BnShape& bs, double* sums) {
@@ -418,25 +411,8 @@ void CpuKernels::maxpool2d_forward(const float* x, float* y, int32_t* argmax, co
     const float* in = x + plane * ps.h * ps.w;
     for (int64_t p = 0; p < ps.p; ++p)
       for (int64_t q = 0; q < ps.q; ++q) {
-        float best = -std::numeric_limits<float>::infinity();
-        int32_t at = -1;
-        for (int64_t r = 0; r < ps.kernel; ++r) {
-          const int64_t h = p * ps.stride - ps.pad + r;
-          if (h < 0 || h >= ps.h) continue;
-          for (int64_t s = 0; s < ps.kernel; ++s) {
-            const int64_t w = q * ps.stride - ps.pad + s;
-            if (w < 0 || w >= ps.w) continue;
-            const float v = in[h * ps.w + w];
-            // PyTorch's rule: the first maximum wins, a NaN replaces it.
-            if (at < 0 || v > best || std::isnan(v)) {
-              best = v;
-              at = static_cast<int32_t>(h * ps.w + w);
-            }
-          }
-        }
         const int64_t o = (plane * ps.p + p) * ps.q + q;
-        y[o] = best;
-        argmax[o] = at;
+        y[o] = elementwise::maxpool_window(in, ps, p, q, argmax[o]);
       }
   }
 }

@@ -324,21 +324,8 @@ __global__ void maxpool_forward_kernel(const float* x, float* y, int32_t* argmax
     const int64_t p = static_cast<int64_t>(o) / ps.q % ps.p;
     const int64_t plane = static_cast<int64_t>(o) / (ps.p * ps.q);
     const float* in = x + plane * ps.h * ps.w;
-    float best = -INFINITY;
-    int32_t at = -1;
-    for (int64_t r = 0; r < ps.kernel; ++r) {
-      const int64_t h = p * ps.stride - ps.pad + r;
-      if (h < 0 || h >= ps.h) continue;
-      for (int64_t s = 0; s < ps.kernel; ++s) {
-        const int64_t w = q * ps.stride - ps.pad + s;
-        if (w < 0 || w >= ps.w) continue;
-        const float v = in[h * ps.w + w];
-        if (elementwise::maxpool_takes(v, best, at)) {
-          best = v;
-          at = static_cast<int32_t>(h * ps.w + w);
-        }
-      }
-    }
+    int32_t at;
+    const float best = elementwise::maxpool_window(in, ps, p, q, at);
     y[o] = best;
     argmax[o] = at;
   }
