@@ -3,15 +3,20 @@
 # PyTorch, but none of our Debian packages and no internet. See docs/DEVELOPERS.md.
 #
 #   scripts/gpu-check.sh bundle    HERE (the build machine): build, then make .gpu-bundle/ (< 60 MiB):
-#                                  payload.tar.xz (bin/: dptrain, dprun, the test programs; lib/: the shared
-#                                  libraries they need that the GPU machine lacks), data/ (Fashion-MNIST),
-#                                  configs/, BUNDLE_INFO. Idempotent.
+#                                  payload.tar.xz (bin/: dptrain, dprun, the test programs, the bench programs
+#                                  dpt-model-bench and dpt-allreduce-perf; lib/: the shared libraries they need
+#                                  that the GPU machine lacks), data/ (Fashion-MNIST), configs/, BUNDLE_INFO.
+#                                  Idempotent.
 #   scripts/gpu-check.sh run       THERE, from the repository root, with .gpu-bundle carried: unpack, run the
 #                                  GPU unit tests, the other unit tests, short trainings (1 rank NCCL, 1 rank
-#                                  CPU, compared; 2 ranks over gloo sharing the GPU) and the benchmark, then
-#                                  print a PASS/FAIL table. Exit status non-zero when any step failed. Logs:
-#                                  $OUT/gpu-check.log (everything) and $OUT/gpu-check/ (one log per step);
-#                                  /tmp/gpu-check/ when OUT is unset.
+#                                  CPU, compared; 2 ranks over gloo sharing the GPU) and the benchmarks (the
+#                                  MLP one, then the ResNet rows of scripts/bench/resnet_bench.sh --gpu with
+#                                  what is left of the budget), then print a PASS/FAIL table. Exit status
+#                                  non-zero when any step failed. Logs: $OUT/gpu-check.log (everything) and
+#                                  $OUT/gpu-check/ (one log per step); /tmp/gpu-check/ when OUT is unset.
+#   scripts/gpu-check.sh resnet-bench   THERE: only the ResNet benchmark (dpt-model-bench against PyTorch,
+#                                  scripts/bench/resnet_bench.sh --gpu) with the bundled programs; its table
+#                                  goes to stdout and $OUT/resnet-bench.md (a few minutes).
 #   scripts/gpu-check.sh unpack    unpack the payload into .gpu-bundle/{bin,lib} (run does it itself; for trying
 #                                  the bundle here; `bundle` removes them again so the carried folder stays small)
 #   scripts/gpu-check.sh libpath   print the LD_LIBRARY_PATH the bundled programs need on this machine
@@ -67,11 +72,14 @@ bundle() {
     [ -f "$FMNIST_DIR/$f" ] || die "$FMNIST_DIR/$f is missing (apt-get install dataset-fashion-mnist)"
   done
 
-  # The programs: dptrain, dprun and every test executable in the build tree.
+  # The programs: dptrain, dprun, the benchmark programs (bench/: dpt-model-bench, dpt-allreduce-perf) and every
+  # test executable in the build tree.
+  [ -x "$build_dir/bench/dpt-model-bench" ] ||
+    die "$build_dir/bench/dpt-model-bench is missing (the ResNet benchmark needs it): did the build fail?"
   local bins=("$build_dir/trainer/dptrain" "$build_dir/launcher/dprun")
   while IFS= read -r f; do bins+=("$f"); done < <(
-    find "$build_dir" -name CMakeFiles -prune -o -type f -perm -u+x \( -name 'unit_*' -o -name 'mpi_*' \) -print |
-      sort)
+    find "$build_dir" -name CMakeFiles -prune -o -type f -perm -u+x \( -name 'unit_*' -o -name 'mpi_*' -o \
+      -path "*/bench/dpt-*" \) -print | sort)
   local dups
   dups=$(for f in "${bins[@]}"; do basename "$f"; done | sort | uniq -d)
   [ -z "$dups" ] || die "two programs with the same name in $build_dir: $dups"
@@ -459,6 +467,22 @@ step_bench() {
   return $((rc != 0))
 }
 
+# The ResNet rows of issue 8 (scripts/bench/resnet_bench.sh --gpu): dpt-model-bench against torch_resnet.py,
+# 6 runs, each capped at a sixth of what is left of the budget (at most 120 s).
+step_bench_resnet() {
+  local logfile=$1 rc=0 left per_run
+  left=$((DEADLINE - $(date +%s) - 20))
+  per_run=$((left / 6))
+  ((per_run <= 120)) || per_run=120
+  run_timed "$logfile" 600 env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPT_LIB_PATH="$DPT_LD" \
+    BENCH_LOG_DIR="$STEP_DIR/bench_resnet" BENCH_RUN_TIMEOUT_S="$per_run" bash scripts/bench/resnet_bench.sh --gpu ||
+    rc=$?
+  grep -E '^\||^targets' "$logfile" | tee -a "$MAIN_LOG" || true
+  NOTE=$(grep -E '^targets' "$logfile" | tail -1 || true)
+  ((rc == 0)) || NOTE="exit $rc ${NOTE}"
+  return $((rc != 0))
+}
+
 # -- set-up and summary ---------------------------------------------------------------------------------
 
 # The unit tests look for the data set in /usr/share/datasets/fashion-mnist (skipped when absent). Where that
@@ -578,12 +602,23 @@ run_all() {
   run_step compare_gpu_cpu step_compare
   run_step train_cuda_gloo_2rank step_train_gloo2
   run_step bench step_bench
+  run_step bench_resnet step_bench_resnet
   summary
+}
+
+# Only the ResNet benchmark, with the bundle's programs (no budget: resnet_bench.sh's own per-run timeouts).
+resnet_bench_only() {
+  unpack_bundle
+  setup_libpath
+  echo "gpu-check resnet-bench: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi'); bundle $(info_get created), commit $(info_get git_head) (+$(info_get git_changed_files) changed files)"
+  env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPT_LIB_PATH="$DPT_LD" \
+    BENCH_LOG_DIR="${OUT:-/tmp}/resnet-bench-logs" bash scripts/bench/resnet_bench.sh --gpu
 }
 
 case ${1:-} in
   bundle) bundle ;;
   run) run_all ;;
+  resnet-bench) resnet_bench_only ;;
   unpack)
     unpack_bundle
     echo "unpacked into $B_BIN and $B_LIB; try: LD_LIBRARY_PATH=$(setup_libpath && echo "$DPT_LD") $B_BIN/dptrain --help"

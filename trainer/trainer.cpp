@@ -320,7 +320,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   }
   if (lead && t.precision != "fp32" && device.is_cpu())
     spdlog::info("precision: {} on the CPU is emulated: operands of matrix products and convolutions rounded to {}, "
-                 "float32 arithmetic (Debian's OpenBLAS has no {} GEMM): the numerics of {}, the speed of fp32",
+                 "float32 arithmetic (Debian's OpenBLAS has no {} GEMM): the numerics of {}, slower than fp32",
                  t.precision, t.precision, t.precision, t.precision);
   LossScaler scaler(t.precision == "fp16");
   if (!cfg.model.init_from.empty()) {
