@@ -12,6 +12,14 @@
 
 namespace dpt::models {
 
+void check_conv_shape(const ConvShape& cs) {
+  ConvShape expect = cs;
+  DPT_CHECK(cs.n >= 0 && cs.c > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 && cs.stride > 0 && cs.pad >= 0 &&
+                conv_output_size(expect) && expect.p == cs.p && expect.q == cs.q,
+            "conv shape n {} c {} h {} w {} k {} r {} s {} stride {} pad {} -> {}x{}", cs.n, cs.c, cs.h, cs.w, cs.k,
+            cs.r, cs.s, cs.stride, cs.pad, cs.p, cs.q);
+}
+
 Kernels& kernels_for(Device device) {
   static CpuKernels cpu;  // stateless
   if (device.is_cpu()) return cpu;

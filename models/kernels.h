@@ -100,6 +100,9 @@ class Kernels {
   virtual double sum_squares(const float* x, size_t n) = 0;
 };
 
+// Checks a ConvShape before either kernel set uses it: positive sizes, and p, q as conv_output_size gives.
+void check_conv_shape(const ConvShape& cs);
+
 // The kernel set for a device; throws UnsupportedError for a device this build has no kernels for.
 Kernels& kernels_for(Device device);
 

@@ -189,14 +189,6 @@ float* workspace(size_t count) {
 
 bool is_pointwise(const ConvShape& cs) { return cs.r == 1 && cs.s == 1 && cs.stride == 1 && cs.pad == 0; }
 
-void check_conv(const ConvShape& cs) {
-  ConvShape expect = cs;
-  DPT_CHECK(cs.n >= 0 && cs.c > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 && cs.stride > 0 && cs.pad >= 0 &&
-                conv_output_size(expect) && expect.p == cs.p && expect.q == cs.q,
-            "conv shape n {} c {} h {} w {} k {} r {} s {} stride {} pad {} -> {}x{}", cs.n, cs.c, cs.h, cs.w, cs.k,
-            cs.r, cs.s, cs.stride, cs.pad, cs.p, cs.q);
-}
-
 // The output columns q whose input column q*stride - pad + s lies inside [0, w): [lo, hi).
 struct ValidCols {
   int64_t lo, hi;
@@ -276,7 +268,7 @@ const float* columns_of(const float* x, int64_t n, const ConvShape& cs, float* c
 }  // namespace
 
 void CpuKernels::conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) {
-  check_conv(cs);
+  check_conv_shape(cs);
   const int64_t crs = cs.c * cs.r * cs.s, pq = cs.p * cs.q;
   float* col = is_pointwise(cs) ? nullptr : workspace(static_cast<size_t>(crs * pq));
   for (int64_t n = 0; n < cs.n; ++n)  // y[n] [k, pq] = w [k, crs] x col [crs, pq]
@@ -284,7 +276,7 @@ void CpuKernels::conv2d_forward(const float* x, const float* w, float* y, const 
 }
 
 void CpuKernels::conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) {
-  check_conv(cs);
+  check_conv_shape(cs);
   const int64_t crs = cs.c * cs.r * cs.s, pq = cs.p * cs.q, chw = cs.c * cs.h * cs.w;
   if (is_pointwise(cs)) {
     // dx[n] [c, hw] = w^T [c, k] x dy[n] [k, hw]
@@ -302,7 +294,7 @@ void CpuKernels::conv2d_backward_data(const float* dy, const float* w, float* dx
 }
 
 void CpuKernels::conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) {
-  check_conv(cs);
+  check_conv_shape(cs);
   const int64_t crs = cs.c * cs.r * cs.s, pq = cs.p * cs.q;
   float* col = is_pointwise(cs) ? nullptr : workspace(static_cast<size_t>(crs * pq));
   for (int64_t n = 0; n < cs.n; ++n)  // dw [k, crs] += dy[n] [k, pq] x col^T [pq, crs]

@@ -62,14 +62,6 @@ constexpr bool kConvAllowTf32 = false;
 // ranking.
 constexpr size_t kConvMaxWorkspaceBytes = size_t{1} << 30;
 
-void check_conv_shape(const ConvShape& cs) {
-  ConvShape expect = cs;
-  DPT_CHECK(cs.n >= 0 && cs.c > 0 && cs.k > 0 && cs.r > 0 && cs.s > 0 && cs.stride > 0 && cs.pad >= 0 &&
-                conv_output_size(expect) && expect.p == cs.p && expect.q == cs.q,
-            "conv shape n {} c {} h {} w {} k {} r {} s {} stride {} pad {} -> {}x{}", cs.n, cs.c, cs.h, cs.w, cs.k,
-            cs.r, cs.s, cs.stride, cs.pad, cs.p, cs.q);
-}
-
 void check_pool_shape(const PoolShape& ps) {
   PoolShape expect = ps;
   DPT_CHECK(ps.n >= 0 && ps.c >= 0 && ps.kernel > 0 && ps.stride > 0 && ps.pad >= 0 && pool_output_size(expect) &&

@@ -91,17 +91,12 @@ __global__ void xent_rows_kernel(const float* logits, const int32_t* labels, flo
   }
 }
 
-// One block adds a and b (n each) in a fixed order into out[0] and out[1] (doubles).
-template <class T>
-__global__ void reduce_pair_kernel(const T* a, const T* b, size_t n, double* out) {
+// Adds a and b over the threads of the block in a fixed tree (the same pairs whatever the scheduling); every
+// thread gets the totals. Every thread of the block must call it.
+__device__ void block_sum_pair(double& a, double& b) {
   __shared__ double sa[kThreads], sb[kThreads];
-  double x = 0.0, y = 0.0;
-  for (size_t i = threadIdx.x; i < n; i += kThreads) {
-    x += static_cast<double>(a[i]);
-    if (b) y += static_cast<double>(b[i]);
-  }
-  sa[threadIdx.x] = x;
-  sb[threadIdx.x] = y;
+  sa[threadIdx.x] = a;
+  sb[threadIdx.x] = b;
   __syncthreads();
   for (int w = kThreads / 2; w > 0; w /= 2) {
     if (threadIdx.x < w) {
@@ -110,9 +105,22 @@ __global__ void reduce_pair_kernel(const T* a, const T* b, size_t n, double* out
     }
     __syncthreads();
   }
+  a = sa[0];
+  b = sb[0];
+}
+
+// One block adds a and b (n each) in a fixed order into out[0] and out[1] (doubles).
+template <class T>
+__global__ void reduce_pair_kernel(const T* a, const T* b, size_t n, double* out) {
+  double x = 0.0, y = 0.0;
+  for (size_t i = threadIdx.x; i < n; i += kThreads) {
+    x += static_cast<double>(a[i]);
+    if (b) y += static_cast<double>(b[i]);
+  }
+  block_sum_pair(x, y);
   if (threadIdx.x == 0) {
-    out[0] += sa[0];
-    if (b) out[1] += sb[0];
+    out[0] += x;
+    if (b) out[1] += y;
   }
 }
 
@@ -164,23 +172,6 @@ __global__ void add_kernel(const float* a, const float* b, float* y, size_t n, b
     y[i] = elementwise::bias_act(a[i], b[i], relu);  // a + b, then max(., 0) when relu
 }
 
-// Adds a and b over the threads of the block in a fixed tree (the same pairs whatever the scheduling); every
-// thread gets the totals. Every thread of the block must call it.
-__device__ void block_sum_pair(double& a, double& b) {
-  __shared__ double sa[kThreads], sb[kThreads];
-  sa[threadIdx.x] = a;
-  sb[threadIdx.x] = b;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) {
-      sa[threadIdx.x] += sa[threadIdx.x + w];
-      sb[threadIdx.x] += sb[threadIdx.x + w];
-    }
-    __syncthreads();
-  }
-  a = sa[0];
-  b = sb[0];
-}
 
 // The run of channel `ch`'s values (flattened over (image, position), length n*hw) that block `split` sums.
 struct BnRun {

@@ -10,28 +10,15 @@
 #include <fstream>
 
 #include "core/check.h"
+#include "temp_dir.h"
 #include "data/idx.h"
 
 using namespace dpt;
 using namespace dpt::data;
 namespace fs = std::filesystem;
+using dpt::test::TempDir;
 
 namespace {
-
-// A fresh directory under /tmp, removed when the test ends.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / fmt::format("dpt-test-idx-{}-{}", ::getpid(), counter++);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const { return (path / name).string(); }
-};
 
 using Bytes = std::vector<uint8_t>;
 

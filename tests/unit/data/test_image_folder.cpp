@@ -13,6 +13,7 @@
 #include <fstream>
 
 #include "core/check.h"
+#include "temp_dir.h"
 #include "data/export.h"
 #include "data/image_folder.h"
 #include "data/image_io.h"
@@ -22,26 +23,9 @@
 using namespace dpt;
 using namespace dpt::data;
 namespace fs = std::filesystem;
+using dpt::test::TempDir;
 
 namespace {
-
-// A fresh directory under /tmp, removed when the test ends.
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / fmt::format("dpt-test-imgs-{}-{}", ::getpid(), counter++);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-  std::string file(const std::string& name) const {
-    fs::create_directories((path / name).parent_path());
-    return (path / name).string();
-  }
-};
 
 // A PNG of any kind, written with libpng directly: `rows` holds the packed rows as PNG stores them (16-bit
 // samples big-endian, sub-byte samples MSB first).

@@ -9,19 +9,15 @@
 #include <map>
 #include <random>
 
+#include "model_testing.h"
 #include "models/model.h"
 #include "models/resnet.h"
 
 using namespace dpt;
 using namespace dpt::models;
+using dpt::test::random_tensor;
 
 namespace {
-
-Tensor random_tensor(std::vector<int64_t> shape, std::mt19937_64& rng, float scale = 1.0f) {
-  Tensor t = Tensor::empty(std::move(shape));
-  for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = uniform(rng, -scale, scale);
-  return t;
-}
 
 // L = sum(y * r): a loss whose d/dy is r.
 double weighted_sum(const Tensor& y, const Tensor& r) {

@@ -5,18 +5,14 @@
 #include <cmath>
 #include <random>
 
+#include "model_testing.h"
 #include "models/model.h"
 
 using namespace dpt;
 using namespace dpt::models;
+using dpt::test::random_tensor;
 
 namespace {
-
-Tensor random_tensor(std::vector<int64_t> shape, std::mt19937_64& rng, float scale = 1.0f) {
-  Tensor t = Tensor::empty(std::move(shape));
-  for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = uniform(rng, -scale, scale);
-  return t;
-}
 
 Tensor labels_tensor(std::vector<int32_t> v) {
   Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::I32);
