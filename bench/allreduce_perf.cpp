@@ -77,7 +77,8 @@ void visit_dtype(DType dtype, F&& f) {
     case DType::F64: f.template operator()<double>(); return;
     case DType::I32: f.template operator()<int32_t>(); return;
     case DType::I64: f.template operator()<int64_t>(); return;
-    case DType::U8: break;
+    case DType::U8:
+    case DType::BF16: break;
   }
   DPT_THROW(InternalError, "dpt-allreduce-perf: no datatype {}", dtype_name(dtype));
 }

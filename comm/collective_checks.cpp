@@ -15,6 +15,14 @@ void check_host_tensor(const std::string& backend, const char* op, const Tensor&
 
 void check_reduce_dtype(const std::string& backend, const char* op, const Tensor& t, ReduceOp reduce) {
   DType d = t.dtype();
+  if (d == DType::BF16) {
+    // The compressed gradient all-reduce: a sum, each addition in float32 rounded back to bfloat16 (as NCCL
+    // does). The caller scales beforehand (the Reducer divides by the world size before rounding).
+    if (reduce != ReduceOp::Sum)
+      DPT_THROW(UnsupportedError, "backend {} does not support {} with op {} on bfloat16 tensors (op sum only)",
+                backend, op, reduce_op_name(reduce));
+    return;
+  }
   bool floating = d == DType::F32 || d == DType::F64;
   bool integer = d == DType::I32 || d == DType::I64;
   if (!floating && !integer) {

@@ -10,7 +10,7 @@ namespace dpt::comm::detail {
 
 // The tensor lives in host memory (CPU backends); UnsupportedError otherwise.
 void check_host_tensor(const std::string& backend, const char* op, const Tensor& t);
-// F32, F64, I32 or I64; Avg only for F32/F64 (UnsupportedError naming the dtype otherwise).
+// F32, F64, I32 or I64; Avg only for F32/F64; BF16 with Sum only (UnsupportedError naming the dtype otherwise).
 void check_reduce_dtype(const std::string& backend, const char* op, const Tensor& t, ReduceOp reduce);
 // output has size * input.numel() elements of input's dtype (InternalError otherwise: a caller bug).
 void check_allgather_shapes(const std::string& backend, const Tensor& input, const Tensor& output, int size);

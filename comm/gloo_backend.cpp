@@ -27,6 +27,7 @@
 #include <system_error>
 
 #include "comm/collective_checks.h"
+#include "core/bfloat16.h"
 #include "core/check.h"
 
 namespace dpt::comm {
@@ -103,6 +104,23 @@ void gloo_allreduce(const std::shared_ptr<gloo::Context>& ctx, Tensor& t, Reduce
   o.setOutput(t.data<T>(), t.numel());
   // Avg is Sum here, divided afterwards.
   o.setReduceFunction(op == ReduceOp::Max ? static_cast<ReduceFn>(&gloo::max<T>) : static_cast<ReduceFn>(&gloo::sum<T>));
+  o.setTag(tag);
+  o.setTimeout(timeout);
+  gloo::allreduce(o);
+}
+
+// Gloo's reduce function for bfloat16 sums (n elements): c = a + b, each addition in float32 rounded back.
+void bf16_sum(void* c, const void* a, const void* b, size_t n) {
+  auto* out = static_cast<BFloat16*>(c);
+  const auto* x = static_cast<const BFloat16*>(a);
+  const auto* y = static_cast<const BFloat16*>(b);
+  for (size_t i = 0; i < n; ++i) out[i] = bf16_add(x[i], y[i]);
+}
+
+void gloo_allreduce_bf16(const std::shared_ptr<gloo::Context>& ctx, Tensor& t, uint32_t tag, milliseconds timeout) {
+  gloo::AllreduceOptions o(ctx);
+  o.setOutput(t.data<BFloat16>(), t.numel());  // sizeof(BFloat16) == 2: Gloo moves 2-byte elements
+  o.setReduceFunction(&bf16_sum);
   o.setTag(tag);
   o.setTimeout(timeout);
   gloo::allreduce(o);
@@ -257,6 +275,7 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce(Tensor& tensor, const Allreduc
         case DType::F64: gloo_allreduce<double>(context_, tensor, opts.op, tag, t); break;
         case DType::I32: gloo_allreduce<int32_t>(context_, tensor, opts.op, tag, t); break;
         case DType::I64: gloo_allreduce<int64_t>(context_, tensor, opts.op, tag, t); break;
+        case DType::BF16: gloo_allreduce_bf16(context_, tensor, tag, t); break;  // Sum (checked above)
         case DType::U8: DPT_CHECK(false, "uint8 allreduce passed the dtype check");
       }
     });

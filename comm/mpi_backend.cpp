@@ -9,6 +9,7 @@
 
 #include "comm/collective_checks.h"
 #include "comm/mpi_check.h"
+#include "core/bfloat16.h"
 #include "core/check.h"
 
 namespace dpt::comm {
@@ -58,9 +59,18 @@ MPI_Datatype mpi_type(DType d) {
     case DType::I32: return MPI_INT32_T;
     case DType::I64: return MPI_INT64_T;
     case DType::U8: return MPI_UINT8_T;
+    case DType::BF16: return MPI_UINT16_T;  // moved as bits; summed by the bf16 operator (bf16_sum_op)
   }
   DPT_CHECK(false, "no MPI type for {}", dtype_name(d));
   return MPI_DATATYPE_NULL;
+}
+
+// The bfloat16 sum (MPI has no bfloat16 type): a commutative user operator over 2-byte elements moved as
+// MPI_UINT16_T; inout[i] = in[i] + inout[i], the addition in float32 rounded back to bfloat16.
+void bf16_sum_op(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const BFloat16*>(in);
+  auto* b = static_cast<BFloat16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = bf16_add(a[i], b[i]);
 }
 
 // MPI counts are int.
@@ -77,9 +87,15 @@ struct MpiProcessGroup::Impl {
   int rank = 0;
   int size = 1;
   MPI_Comm comm = MPI_COMM_NULL;
+  MPI_Op bf16_sum = MPI_OP_NULL;  // bf16_sum_op, for BF16 allreduce
   bool failed = false;  // a collective failed: peers may be stuck, so do not finalise
 
   ~Impl() {
+    // MPI_Op_free is local; it must come before MPI_Finalize.
+    if (bf16_sum != MPI_OP_NULL) {
+      int rc = MPI_Op_free(&bf16_sum);
+      if (rc != MPI_SUCCESS) spdlog::warn("MPI_Op_free failed with code {}", rc);
+    }
     // MPI_Comm_free and MPI_Finalize synchronise with the other ranks: skip them when this rank is failing.
     bool failing = failed || std::uncaught_exceptions() > 0;
     if (comm != MPI_COMM_NULL && !failing) {
@@ -128,6 +144,7 @@ std::unique_ptr<MpiProcessGroup::Impl> MpiProcessGroup::start(const DistEnv* exp
   DPT_MPI_CHECK(MPI_Comm_set_errhandler(impl->comm, MPI_ERRORS_RETURN));
   DPT_MPI_CHECK(MPI_Comm_rank(impl->comm, &impl->rank));
   DPT_MPI_CHECK(MPI_Comm_size(impl->comm, &impl->size));
+  DPT_MPI_CHECK(MPI_Op_create(&bf16_sum_op, /*commute=*/1, &impl->bf16_sum));
   if (expected && (expected->rank != impl->rank || expected->world_size != impl->size)) {
     DPT_THROW(ConfigError,
               "MPI says this process is rank {} of {}, but the environment (launcher {}) says rank {} of {}: the mpi "
@@ -161,6 +178,7 @@ std::shared_ptr<Work> MpiProcessGroup::allreduce(Tensor& tensor, const Allreduce
   if (tensor.numel() > 0) {
     int count = mpi_count("allreduce", tensor.numel());
     MPI_Op op = opts.op == ReduceOp::Max ? MPI_MAX : MPI_SUM;  // Avg: Sum, divided below
+    if (tensor.dtype() == DType::BF16) op = impl_->bf16_sum;  // Sum only (checked above)
     run("allreduce", [&] {
       DPT_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, tensor.raw(), count, mpi_type(tensor.dtype()), op, impl_->comm));
     });

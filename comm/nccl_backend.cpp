@@ -45,6 +45,7 @@ ncclDataType_t nccl_type(DType d) {
     case DType::I32: return ncclInt32;
     case DType::I64: return ncclInt64;
     case DType::U8: return ncclUint8;
+    case DType::BF16: return ncclBfloat16;
   }
   DPT_THROW(UnsupportedError, "backend nccl does not support dtype {}", dtype_name(d));
 }

@@ -80,7 +80,9 @@ class ProcessGroup {
   virtual bool asynchronous() const { return false; }
 
   // In place: every rank ends with op over all ranks' `tensor`. Avg divides the sum by size() (integer
-  // tensors: Avg is not supported). Supported dtypes: F32, F64, I32, I64.
+  // tensors: Avg is not supported). Supported dtypes: F32, F64, I32, I64, and BF16 with Sum only: each
+  // addition in float32 rounded back to bfloat16 (NCCL's ncclBfloat16 semantics), every rank ending with the
+  // same bits; the order of the additions is the backend's.
   virtual std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {});
   // In place: every rank ends with the root's `tensor`.
   virtual std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {});

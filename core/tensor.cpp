@@ -14,6 +14,7 @@ size_t dtype_size(DType t) {
     case DType::I32: return 4;
     case DType::I64: return 8;
     case DType::U8: return 1;
+    case DType::BF16: return 2;
   }
   return 0;
 }
@@ -25,6 +26,7 @@ const char* dtype_name(DType t) {
     case DType::I32: return "int32";
     case DType::I64: return "int64";
     case DType::U8: return "uint8";
+    case DType::BF16: return "bfloat16";
   }
   return "?";
 }

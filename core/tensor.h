@@ -12,15 +12,17 @@
 #include <string>
 #include <vector>
 
+#include "core/bfloat16.h"
 #include "core/check.h"
 #include "core/cuda.h"
 
 namespace dpt {
 
-enum class DType : uint8_t { F32, F64, I32, I64, U8 };
+// BF16: bfloat16 (core/bfloat16.h), 2 bytes: what a compressed gradient all-reduce carries.
+enum class DType : uint8_t { F32, F64, I32, I64, U8, BF16 };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "float32", "float64", "int32", "int64", "uint8"
+const char* dtype_name(DType t);  // "float32", "float64", "int32", "int64", "uint8", "bfloat16"
 
 template <class T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<float>() { return DType::F32; }
@@ -28,6 +30,7 @@ template <> constexpr DType dtype_of<double>() { return DType::F64; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
+template <> constexpr DType dtype_of<BFloat16>() { return DType::BF16; }
 
 struct Device {
   enum class Kind : uint8_t { CPU, CUDA };

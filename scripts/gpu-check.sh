@@ -9,7 +9,8 @@
 #                                  Idempotent.
 #   scripts/gpu-check.sh run       THERE, from the repository root, with .gpu-bundle carried: unpack, run the
 #                                  GPU unit tests, the other unit tests, short trainings (1 rank NCCL, 1 rank
-#                                  CPU, compared; 2 ranks over gloo sharing the GPU) and the benchmarks (the
+#                                  CPU, compared; 2 ranks over gloo sharing the GPU, fp32 and bf16 all-reduce;
+#                                  configs/fmnist_resnet.toml for 1 epoch in fp32, bf16, fp16) and the benchmarks (the
 #                                  MLP one, then the ResNet rows of scripts/bench/resnet_bench.sh --gpu with
 #                                  what is left of the budget), then print a PASS/FAIL table. Exit status
 #                                  non-zero when any step failed. Logs: $OUT/gpu-check.log (everything) and
@@ -441,16 +442,36 @@ step_compare() {
   return "$ok"
 }
 
-step_train_gloo2() {
-  local logfile=$1 rc=0 line acc
-  run_timed "$logfile" 150 "${DPT_ENV[@]}" "$B_BIN/dprun" --nproc-per-node 2 -- \
-    "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" train.device=cuda dist.backend=gloo \
-    "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/gloo2" --resume never || rc=$?
+# run_learns LOGFILE LIMIT_S MIN_ACC COMMAND...: one training run that must exit 0 with a final test_acc above
+# MIN_ACC; sets NOTE.
+run_learns() {
+  local logfile=$1 limit=$2 min=$3 rc=0 line acc
+  shift 3
+  run_timed "$logfile" "$limit" "$@" || rc=$?
   line=$(last_epoch_line "$logfile")
   acc=$(field "$line" test_acc)
-  NOTE="exit $rc, test_acc ${acc:-none} (must be > 0.8)"
+  NOTE="exit $rc, test_acc ${acc:-none} (must be > $min)"
   ((rc == 0)) || NOTE+=$(first_error "$logfile")
-  ((rc == 0)) && [ -n "$acc" ] && awk -v a="$acc" 'BEGIN { exit !(a > 0.8) }'
+  ((rc == 0)) && [ -n "$acc" ] && awk -v a="$acc" -v m="$min" 'BEGIN { exit !(a > m) }'
+}
+
+# Two ranks sharing the GPU over gloo; extra arguments are config overrides (dist.grad_dtype=bf16: the
+# bfloat16 all-reduce with device tensors staged through the host).
+step_train_gloo2() {
+  local logfile=$1
+  shift
+  run_learns "$logfile" 150 0.8 "${DPT_ENV[@]}" "$B_BIN/dprun" --nproc-per-node 2 -- \
+    "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" train.device=cuda dist.backend=gloo \
+    "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/gloo2_$#" --resume never "$@"
+}
+
+# The small ResNet of configs/fmnist_resnet.toml on the GPU (cuDNN convolutions, BatchNorm, pooling kernels),
+# one epoch on one rank over NCCL, in a given train.precision (bf16/fp16: the tensor-core path).
+step_train_resnet() {
+  local logfile=$1 precision=$2
+  run_learns "$logfile" 240 0.6 "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_resnet.toml" \
+    train.device=cuda dist.backend=nccl "data.dir=$BUNDLE/data" train.epochs=1 "train.precision=$precision" \
+    "checkpoint.dir=$WORK/resnet_$precision" --resume never
 }
 
 step_bench() {
@@ -601,6 +622,8 @@ run_all() {
   run_step train_cpu_1rank step_train_cpu
   run_step compare_gpu_cpu step_compare
   run_step train_cuda_gloo_2rank step_train_gloo2
+  run_step train_cuda_gloo_2rank_grad_bf16 step_train_gloo2 dist.grad_dtype=bf16
+  for p in fp32 bf16 fp16; do run_step "train_cuda_resnet_$p" step_train_resnet "$p"; done
   run_step bench step_bench
   run_step bench_resnet step_bench_resnet
   summary

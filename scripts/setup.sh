@@ -28,7 +28,9 @@ PKGS=(
   catch2                             # unit tests
   libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   libjpeg62-turbo-dev libpng-dev     # image folders: JPEG (libjpeg-turbo) and PNG decoding and writing
+  libdnnl-dev                        # oneDNN: the CPU convolutions (fp32, and bf16 on AVX-512)
   dataset-fashion-mnist              # the default data set (/usr/share/datasets/fashion-mnist)
+  fortunes                           # the default text corpus for `dptrain tokenize` (/usr/share/games/fortunes, ~2.5 MB)
   python3-numpy                      # tests only: reads our safetensors checkpoints with numpy alone
 )
 # Tests only, as the reference: ResNet parity with torchvision (logits, gradients, weights both ways). The

@@ -78,6 +78,7 @@ struct DistConfig {
   double bucket_cap_mb = 25.0;  // gradient bucket size (the first bucket is at most 1 MB)
   bool overlap = true;          // all-reduce buckets while backward runs (false: one all-reduce after it)
   bool broadcast_buffers = true;  // rank 0's buffers (BatchNorm running statistics) to every rank each step
+  std::string grad_dtype = "fp32";  // fp32 | bf16: what the gradient all-reduce carries (bf16: half the bytes)
 };
 
 struct CheckpointConfig {

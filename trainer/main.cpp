@@ -1,7 +1,8 @@
 // trainer/main.cpp: the dptrain program: parse the command line, find this rank in the job, join the
 // process group, train. The only place that decides how the process dies: an error is logged with the rank
 // and the process exits non-zero at once, so the launcher (dprun, mpirun, srun) tears the job down.
-// One subcommand, `dptrain export-images`, writes Fashion-MNIST out as an image folder (no training).
+// Two subcommands train nothing: `dptrain export-images` writes Fashion-MNIST out as an image folder, and
+// `dptrain tokenize` writes text as byte-level token shards (train / val).
 #include <CLI/CLI.hpp>
 
 #include <chrono>
@@ -18,6 +19,7 @@
 #include "core/logging.h"
 #include "data/export.h"
 #include "data/idx.h"
+#include "data/tokenize.h"
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "trainer/config.h"
 #include "trainer/trainer.h"
@@ -63,6 +65,55 @@ int export_images(const ExportArgs& a) {
     const std::string size = s.bytes < 1000000 ? fmt::format("{:.1f} kB", s.bytes / 1e3) : fmt::format("{:.1f} MB", s.bytes / 1e6);
     spdlog::info("export-images: wrote {} train + {} val {} images of {} classes ({}) to {} in {:.1f} s", s.train_images,
                  s.val_images, a.format == "png" ? "PNG" : "JPEG", s.classes, size, s.out_dir, seconds);
+  } catch (const ConfigError& e) {
+    die(kExitUsage, e.what());
+  } catch (const std::exception& e) {
+    die(kExitError, e.what());
+  }
+  return 0;
+}
+
+struct TokenizeArgs {
+  std::vector<std::string> inputs;
+  std::string out;
+  size_t val_every = 10;
+  bool force = false;
+};
+
+// dptrain tokenize: text files as byte-level token shards OUT/bytes_{train,val}_000000.bin (llm.c's format).
+int tokenize(const TokenizeArgs& a) {
+  using namespace dpt;
+  init_logging(0, 1);
+  try {
+    std::error_code ec;
+    if (std::filesystem::is_directory(a.out, ec) && !std::filesystem::is_empty(a.out, ec) && !a.force) {
+      die(kExitError, fmt::format("tokenize: {} is not empty: refusing to overwrite it (--force replaces it)", a.out));
+    }
+    const auto start = std::chrono::steady_clock::now();
+    data::TokenizeOptions o;
+    o.inputs = a.inputs;
+    o.out_dir = a.out;
+    o.val_every = a.val_every;
+    o.force = a.force;
+    auto last = start;
+    o.progress = [&](size_t done, size_t total, uint64_t bytes) {
+      const auto now = std::chrono::steady_clock::now();
+      if (done == total || now - last > std::chrono::seconds(2)) {
+        last = now;
+        spdlog::info("tokenize: {}/{} files, {:.1f} MB", done, total, bytes / 1e6);
+      }
+    };
+    const data::TokenizeSummary s = data::tokenize_bytes(o);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const size_t skipped = s.skipped_dat + s.skipped_binary;
+    spdlog::info("tokenize: {} files, {} bytes{}", s.files, s.bytes,
+                 skipped == 0 ? std::string()
+                              : fmt::format("; skipped {} files ({} *.dat index files, {} binary with a NUL byte)",
+                                            skipped, s.skipped_dat, s.skipped_binary));
+    if (s.skipped_links != 0) spdlog::info("tokenize: did not follow {} symlinks inside the input directories", s.skipped_links);
+    spdlog::info("tokenize: wrote {} train tokens ({} shards) + {} val tokens ({} shards), byte-level (vocab 256), "
+                 "to {} in {:.2f} s",
+                 s.train_tokens, s.train_shards.size(), s.val_tokens, s.val_shards.size(), s.out_dir, seconds);
   } catch (const ConfigError& e) {
     die(kExitUsage, e.what());
   } catch (const std::exception& e) {
@@ -135,6 +186,24 @@ int main(int argc, char** argv) {
           ""))
       ->capture_default_str();
   export_cmd->add_flag("--force", export_args.force, "replace OUT when it exists and is not empty (else refused)");
+
+  TokenizeArgs tok_args;
+  CLI::App* tokenize_cmd = app.add_subcommand(
+      "tokenize",
+      "write text as token shards in llm.c's .bin format with the byte-level tokenizer (token = byte, vocab 256): "
+      "OUT/bytes_train_000000.bin and OUT/bytes_val_000000.bin, then exit; trains nothing");
+  tokenize_cmd->footer(
+      "The inputs are read in order (a directory: its regular files recursively, sorted by path; *.dat files and\n"
+      "files with a NUL byte skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
+      "train. Shards hold at most 100M tokens each.\n"
+      "Example: dptrain tokenize --input /usr/share/games/fortunes --out data/fortunes");
+  tokenize_cmd->add_option("--input", tok_args.inputs, "a text file or a directory of them (repeatable)")->required();
+  tokenize_cmd->add_option("--out", tok_args.out, "output directory; written as OUT.tmp, renamed to OUT when complete")
+      ->required();
+  tokenize_cmd->add_option("--val-every", tok_args.val_every, "every Nth block of 4096 tokens goes to the val split")
+      ->check(CLI::Range(size_t{2}, size_t{1} << 40))
+      ->capture_default_str();
+  tokenize_cmd->add_flag("--force", tok_args.force, "replace OUT when it exists and is not empty (else refused)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -142,6 +211,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : kExitUsage;
   }
   if (*export_cmd) return export_images(export_args);
+  if (*tokenize_cmd) return tokenize(tok_args);
 
   comm::DistEnv env;
   try {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/bfloat16_convert.h"
 #include "core/cuda.h"
 
 namespace dpt::trainer {
@@ -32,12 +33,18 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& sizes, size_t cap_
 
 Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stream, const ReducerOptions& opts)
     : pg_(pg), grads_(model.grads()), stream_(stream), opts_(opts) {
+  DPT_CHECK(opts_.grad_dtype == DType::F32 || opts_.grad_dtype == DType::BF16,
+            "the reducer all-reduces float32 or bfloat16 gradients, not {}", dtype_name(opts_.grad_dtype));
   std::vector<size_t> sizes;
   for (const auto& np : model.named_params()) sizes.push_back(np.param.numel());
   buckets_ = assign_buckets(sizes, opts_.bucket_cap_bytes, std::min(opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes));
   bucket_of_param_.assign(sizes.size(), 0);
+  // One rank communicates nothing: no bfloat16 copy then.
+  const bool wire = compressed() && pg_.size() > 1;
+  if (wire) wire_ = Tensor::empty({static_cast<int64_t>(grads_.numel())}, DType::BF16, grads_.device());
   for (size_t b = 0; b < buckets_.size(); ++b) {
     views_.push_back(grads_.view(buckets_[b].offset, {static_cast<int64_t>(buckets_[b].count)}));
+    if (wire) wire_views_.push_back(wire_.view(buckets_[b].offset, {static_cast<int64_t>(buckets_[b].count)}));
     for (size_t p = buckets_[b].first_param; p < buckets_[b].end_param; ++p) bucket_of_param_[p] = b;
   }
   missing_.assign(buckets_.size(), 0);
@@ -75,7 +82,10 @@ void Reducer::comm_loop(int cuda_device) {
     std::exception_ptr err;
     if (!failed) {
       try {
-        pg_.allreduce(views_[b], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true})->wait();
+        if (compressed())
+          reduce_bf16(views_[b], wire_views_[b]);
+        else
+          pg_.allreduce(views_[b], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true})->wait();
       } catch (...) {
         err = std::current_exception();
       }
@@ -85,6 +95,12 @@ void Reducer::comm_loop(int cuda_device) {
     ++done_;
     cv_.notify_all();
   }
+}
+
+void Reducer::reduce_bf16(Tensor& grads, Tensor& wire) {
+  to_bfloat16(grads, wire, static_cast<float>(pg_.size()), stream_);
+  pg_.allreduce(wire, {.op = comm::ReduceOp::Sum, .stream = stream_, .persistent = true})->block(stream_);
+  from_bfloat16(wire, grads, stream_);
 }
 
 void Reducer::begin(bool sync) {
@@ -109,7 +125,13 @@ void Reducer::grads_ready(size_t first_param, size_t end_param) {
 
 void Reducer::launch(size_t bucket) {
   if (pg_.asynchronous()) {
-    works_.push_back(pg_.allreduce(views_[bucket], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true}));
+    if (compressed()) {
+      // Rounded on the compute stream after the bucket's gradients; widened back in finish().
+      to_bfloat16(views_[bucket], wire_views_[bucket], static_cast<float>(pg_.size()), stream_);
+      works_.push_back(pg_.allreduce(wire_views_[bucket], {.op = comm::ReduceOp::Sum, .stream = stream_, .persistent = true}));
+    } else {
+      works_.push_back(pg_.allreduce(views_[bucket], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true}));
+    }
     return;
   }
   {
@@ -124,12 +146,18 @@ void Reducer::finish() {
   if (!active_) return;
   active_ = false;
   if (!opts_.overlap) {
-    pg_.allreduce(grads_, {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true})->block(stream_);
+    if (compressed())
+      reduce_bf16(grads_, wire_);
+    else
+      pg_.allreduce(grads_, {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true})->block(stream_);
     return;
   }
   // Buckets backward never completed (parameters without gradients) go now, still in order.
   while (next_launch_ < buckets_.size()) launch(next_launch_++);
-  for (auto& w : works_) w->block(stream_);
+  for (size_t b = 0; b < works_.size(); ++b) {  // asynchronous group: works_[b] is bucket b's
+    works_[b]->block(stream_);
+    if (compressed()) from_bfloat16(wire_views_[b], views_[b], stream_);
+  }
   works_.clear();
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_ == launched_; });

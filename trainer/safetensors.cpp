@@ -28,12 +28,13 @@ const char* st_dtype(DType t) {
     case DType::I32: return "I32";
     case DType::I64: return "I64";
     case DType::U8: return "U8";
+    case DType::BF16: return "BF16";
   }
   return "?";
 }
 
 std::optional<DType> parse_st_dtype(const std::string& s) {
-  for (DType t : {DType::F32, DType::F64, DType::I32, DType::I64, DType::U8})
+  for (DType t : {DType::F32, DType::F64, DType::I32, DType::I64, DType::U8, DType::BF16})
     if (s == st_dtype(t)) return t;
   return std::nullopt;
 }

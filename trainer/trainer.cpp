@@ -20,6 +20,7 @@
 #include "data/sampler.h"
 #include "data/subset.h"
 #include "data/synthetic.h"
+#include "models/kernels/cpu/cpu_kernels.h"
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
@@ -318,10 +319,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     DPT_THROW(ConfigError, "train.precision = {} on {}: {}; use train.precision = fp32 there", t.precision,
               device.str(), e.what());
   }
-  if (lead && t.precision != "fp32" && device.is_cpu())
-    spdlog::info("precision: {} on the CPU is emulated: operands of matrix products and convolutions rounded to {}, "
-                 "float32 arithmetic (Debian's OpenBLAS has no {} GEMM): the numerics of {}, slower than fp32",
-                 t.precision, t.precision, t.precision, t.precision);
+  if (lead && device.is_cpu()) spdlog::info("precision: {}", models::describe_cpu_arithmetic(model->precision()));
   LossScaler scaler(t.precision == "fp16");
   if (!cfg.model.init_from.empty()) {
     const std::string note = load_pretrained(*model, cfg.model.init_from);
@@ -440,11 +438,19 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   Reducer reducer(pg, *model, stream,
                   {.bucket_cap_bytes = static_cast<size_t>(cfg.dist.bucket_cap_mb * 1024 * 1024),
                    .first_bucket_cap_bytes = size_t{1} << 20,
-                   .overlap = overlap});
+                   .overlap = overlap,
+                   .grad_dtype = cfg.dist.grad_dtype == "bf16" ? DType::BF16 : DType::F32});
   if (lead && world > 1)
     spdlog::info("reducer: {} bucket(s) of gradients{}, {}", reducer.buckets().size(),
                  overlap ? " all-reduced during backward" : ", all-reduced after backward",
                  bucket_summary(reducer.buckets()));
+  if (lead && cfg.dist.grad_dtype == "bf16") {
+    if (world > 1)
+      spdlog::info("reducer: gradients all-reduced in bf16 (dist.grad_dtype = bf16): divided by the {} ranks, rounded "
+                   "to bfloat16, summed in bfloat16, widened back to fp32; half the bytes of fp32", world);
+    else
+      spdlog::info("reducer: dist.grad_dtype = bf16 has no effect with one rank (nothing is all-reduced)");
+  }
   models::SoftmaxCrossEntropy loss;
   Feeder feeder(device, stream);
   StepTimer timer(*model);

@@ -42,7 +42,8 @@ DPT_DEBUG_INF_AT_STEP=3 run fp32_inf 3 --resume never
 run fp32 30 --resume never
 run bf16 30 train.precision=bf16 --resume never
 run fp16 30 train.precision=fp16 --resume never
-grep -q "bf16 on the CPU is emulated" "$WORK/bf16.log" || fail "no note that bf16 is emulated on the CPU"
+grep -q "precision: bf16 on the CPU" "$WORK/bf16.log" || fail "no note on how the CPU computes bf16"
+grep -q "precision: fp16 on the CPU is emulated" "$WORK/fp16.log" || fail "no note that fp16 is emulated on the CPU"
 for p in bf16 fp16; do
   "$PY" "$CKPT_PY" differ "$WORK/fp32/step-00000030" "$WORK/$p/step-00000030" 1e-5 || fail "$p computed exactly as fp32"
   "$PY" "$CKPT_PY" compare "$WORK/fp32/step-00000030" "$WORK/$p/step-00000030" 0.05 || fail "$p drifted from fp32"

@@ -2,10 +2,6 @@
 // checks that backend "auto" resolves to mpi, runs every collective against closed-form values, then builds a
 // gloo group in the same processes (rendezvous port chosen by rank 0, broadcast over MPI) and checks that the
 // two backends agree. Exits non-zero on any failure, printing what differed.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +13,7 @@
 #include "comm/init.h"
 #include "core/check.h"
 #include "core/logging.h"
+#include "core/net.h"
 
 using namespace dpt;
 using namespace dpt::comm;
@@ -174,19 +171,6 @@ void check_agreement(ProcessGroup& a, ProcessGroup& b) {
   }
 }
 
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  DPT_CHECK(fd >= 0, "socket: {}", std::strerror(errno));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  DPT_CHECK(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0, "bind: {}", std::strerror(errno));
-  DPT_CHECK(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0, "getsockname: {}", std::strerror(errno));
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 int run() {
   DistEnv env = detect_env(process_env());
   g_rank = env.rank;
@@ -205,7 +189,7 @@ int run() {
   // Gloo in the same processes: under mpirun there is no MASTER_PORT, so rank 0 picks a free one and tells the
   // others over MPI.
   Tensor port = Tensor::zeros({1}, DType::I32);
-  if (env.rank == 0) port.data<int32_t>()[0] = free_port();
+  if (env.rank == 0) port.data<int32_t>()[0] = find_free_port();
   mpi->broadcast(port)->wait();
   DistEnv genv = env;
   genv.master_addr = "127.0.0.1";

@@ -1,5 +1,6 @@
-// models/kernels/cpu/cpu_kernels.h: the CPU kernel set: GEMMs through OpenBLAS (cblas), convolutions as
-// im2col + OpenBLAS GEMMs, the rest as plain loops the compiler vectorises. Stateless but for a per-thread
+// models/kernels/cpu/cpu_kernels.h: the CPU kernel set: GEMMs through OpenBLAS (cblas), convolutions through
+// oneDNN (onednn_conv.h; im2col + OpenBLAS GEMMs where oneDNN has no kernel, as for fp16), the rest as plain
+// loops the compiler vectorises. Stateless but for a per-thread
 // im2col workspace, so one instance serves every thread.
 #pragma once
 
@@ -18,11 +19,20 @@ namespace dpt::models {
 std::string blas_core();
 std::string blas_core_upgrade();
 
+// One line for the log on how the CPU computes convolutions and matrix products in `p`: which run in oneDNN's
+// kernels, which are emulated (operands rounded to p, float32 arithmetic) and what that costs.
+std::string describe_cpu_arithmetic(Precision p);
+
+// x rounded to the nearest fp16 value (ties to even), as a float: exactly static_cast<float>(static_cast<
+// _Float16>(x)), inf beyond fp16's range, NaN kept; the F16 operand rounding.
+float round_to_fp16(float x);
+
 class CpuKernels final : public Kernels {
  public:
   Device device() const override { return Device::cpu(); }
   // BF16 and F16: gemm operands are rounded to the low precision, then multiplied in float32 (Debian's
-  // OpenBLAS has no bf16 or fp16 GEMM): the numerics of low-precision GEMMs, the speed of float32. Per thread.
+  // OpenBLAS has no bf16 or fp16 GEMM): the numerics of low-precision GEMMs, the speed of float32. The
+  // convolutions run in oneDNN's bf16 kernels where the CPU has them, else likewise emulated. Per thread.
   void set_precision(Precision p) override;
   Precision precision() const override;
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

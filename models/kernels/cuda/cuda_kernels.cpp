@@ -1,10 +1,20 @@
 // models/kernels/cuda/cuda_kernels.cpp: CudaKernels: the Kernels interface on one GPU. GEMMs go to cuBLAS and
-// convolutions to cuDNN (when the build found it: DPT_HAVE_CUDNN), both in strict FP32 (no TF32), so results
+// convolutions to cuDNN (when the build found it: DPT_HAVE_CUDNN), by default in strict FP32 (no TF32), so results
 // match the CPU set within float rounding; the other operations launch the kernels of kernels.cu on this set's
 // stream. Nothing here synchronises the host except sum_squares, whose result the caller wants on the host.
+//
+// set_precision(BF16 / F16) switches gemm and the convolutions to 16-bit operands: the float32 inputs are rounded
+// (to nearest even) into packed 16-bit scratch on the stream, then cuBLAS / cuDNN multiply them with float32
+// accumulation, on tensor cores. gemm writes float32 C (alpha and beta in float32): the CPU set's numerics
+// (operands rounded, float32 arithmetic), in another summation order. cuDNN's legacy API wants x, w and y of one
+// type (PSEUDO_BFLOAT16 / PSEUDO_HALF: 16-bit tensors, float32 compute), so a convolution's output is also rounded
+// to bf16 / fp16 before it is widened into the caller's float32 buffer (for backward weight: rounded, then added
+// to dw in float32). That one extra rounding (relative error at most 2^-8 for bf16, 2^-11 for fp16) is what
+// torch.autocast does too; the CPU set keeps the convolution's float32 result.
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include <cublas_v2.h>
+#include <library_types.h>
 
 #include <array>
 #include <limits>
@@ -78,13 +88,25 @@ void check_bn_shape(const BnShape& bs) {
 }
 
 #if DPT_HAVE_CUDNN
-// The cuDNN descriptors of one ConvShape, and the algorithm of each direction, chosen the first time that
-// direction runs. cuDNN's heuristics choose (cudnnGet*_v7), not timing (cudnnFind*): the choice then depends
-// only on the shape and the GPU, so two runs, or two ranks, make the same one and get the same bits. Only
-// deterministic algorithms qualify, and none that needs TF32 tensor cores (kConvAllowTf32).
+// The precision's name, for messages.
+const char* precision_name(Precision p) {
+  return p == Precision::BF16 ? "bf16" : p == Precision::F16 ? "fp16" : "fp32";
+}
+
+// The cuDNN type of x, w and y under `p` (the convolution itself always computes in float32).
+cudnnDataType_t cudnn_type(Precision p) {
+  return p == Precision::BF16 ? CUDNN_DATA_BFLOAT16 : p == Precision::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+}
+
+// The cuDNN descriptors of one (ConvShape, Precision), and the algorithm of each direction, chosen the first time
+// that direction runs. cuDNN's heuristics choose (cudnnGet*_v7), not timing (cudnnFind*): the choice then depends
+// only on the shape, the precision and the GPU, so two runs, or two ranks, make the same one and get the same
+// bits. Only deterministic algorithms qualify. In FP32, none that needs TF32 tensor cores (kConvAllowTf32); in
+// BF16 / F16, x, w and y are 16-bit (PSEUDO_BFLOAT16 / PSEUDO_HALF: float32 compute type) and tensor cores are
+// welcome (they multiply the 16-bit operands exactly and accumulate in float32).
 class ConvPlan {
  public:
-  explicit ConvPlan(const ConvShape& cs) {
+  ConvPlan(const ConvShape& cs, Precision precision) : precision_(precision) {
     constexpr int64_t kMax = std::numeric_limits<int>::max();
     DPT_CHECK(cs.n * cs.c * cs.h * cs.w <= kMax && cs.n * cs.k * cs.p * cs.q <= kMax &&
                   cs.k * cs.c * cs.r * cs.s <= kMax,
@@ -94,16 +116,17 @@ class ConvPlan {
     DPT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_));
     DPT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
     DPT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
-    DPT_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(cs.n), i(cs.c), i(cs.h), i(cs.w)));
-    DPT_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, i(cs.n), i(cs.k), i(cs.p), i(cs.q)));
-    DPT_CUDNN_CHECK(
-        cudnnSetFilter4dDescriptor(w_, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, i(cs.k), i(cs.c), i(cs.r), i(cs.s)));
-    // Cross-correlation (no kernel flip), as PyTorch's Conv2d and the CPU set.
+    const cudnnDataType_t type = cudnn_type(precision);
+    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, type, i(cs.n), i(cs.c), i(cs.h), i(cs.w)));
+    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, type, i(cs.n), i(cs.k), i(cs.p), i(cs.q)));
+    DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, type, CUDNN_TENSOR_NCHW, i(cs.k), i(cs.c), i(cs.r), i(cs.s)));
+    // Cross-correlation (no kernel flip), as PyTorch's Conv2d and the CPU set; float32 arithmetic in every precision.
     DPT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, i(cs.pad), i(cs.pad), i(cs.stride), i(cs.stride), 1, 1,
                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
-    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, kConvAllowTf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+    const cudnnMathType_t math = precision != Precision::F32 ? CUDNN_TENSOR_OP_MATH
+                                 : kConvAllowTf32            ? CUDNN_DEFAULT_MATH
+                                                             : CUDNN_FMA_MATH;
+    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math));
     int n = 0, k = 0, p = 0, q = 0;
     DPT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_, x_, w_, &n, &k, &p, &q));
     DPT_CHECK(n == cs.n && k == cs.k && p == cs.p && q == cs.q, "cuDNN's output shape {}x{}x{}x{} is not {}x{}x{}x{}",
@@ -171,21 +194,30 @@ class ConvPlan {
   cudnnConvolutionDescriptor_t conv() const { return conv_; }
 
  private:
-  // The first algorithm in cuDNN's ranking that it supports here, that is deterministic, that needs no tensor
-  // cores unless allowed, and whose workspace (asked again for that algorithm) fits kConvMaxWorkspaceBytes.
+  // Whether an algorithm's math type suits this plan's precision: in FP32 no tensor cores (they would mean TF32)
+  // unless kConvAllowTf32; in BF16 / F16 tensor cores too, but no conversion of the operands to another type.
+  bool math_allowed(cudnnMathType_t m) const {
+    if (m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH) return true;
+    return m == CUDNN_TENSOR_OP_MATH && (precision_ != Precision::F32 || kConvAllowTf32);
+  }
+
+  // The first algorithm in cuDNN's ranking that it supports here, that is deterministic, whose math type suits
+  // the precision, and whose workspace (asked again for that algorithm) fits kConvMaxWorkspaceBytes.
   template <class Algo, class Perf, class WorkspaceFn>
-  static std::unique_ptr<Choice<Algo>> choose(const Perf* perf, int count, const char* what, WorkspaceFn workspace) {
+  std::unique_ptr<Choice<Algo>> choose(const Perf* perf, int count, const char* what, WorkspaceFn workspace) const {
     for (int i = 0; i < count; ++i) {
       const Perf& pf = perf[i];
       if (pf.status != CUDNN_STATUS_SUCCESS || pf.determinism != CUDNN_DETERMINISTIC) continue;
-      if (!kConvAllowTf32 && pf.mathType != CUDNN_FMA_MATH && pf.mathType != CUDNN_DEFAULT_MATH) continue;
+      if (!math_allowed(pf.mathType)) continue;
       size_t bytes = 0;
       if (workspace(pf.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kConvMaxWorkspaceBytes) continue;
       return std::make_unique<Choice<Algo>>(Choice<Algo>{pf.algo, bytes});
     }
-    DPT_THROW(UnsupportedError, "cuDNN offers no deterministic FP32 {} convolution algorithm for this shape "
-              "(with at most {} MiB of workspace)", what, kConvMaxWorkspaceBytes >> 20);
+    DPT_THROW(UnsupportedError, "cuDNN offers no deterministic {} {} convolution algorithm for this shape "
+              "(with at most {} MiB of workspace)", precision_name(precision_), what, kConvMaxWorkspaceBytes >> 20);
   }
+
+  Precision precision_;
 
   cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
   cudnnFilterDescriptor_t w_ = nullptr;
@@ -195,8 +227,11 @@ class ConvPlan {
   std::unique_ptr<Choice<cudnnConvolutionBwdFilterAlgo_t>> bwd_filter_;
 };
 
-using ConvKey = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
-ConvKey conv_key(const ConvShape& cs) { return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad}; }
+using ConvKey =
+    std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, Precision>;
+ConvKey conv_key(const ConvShape& cs, Precision p) {
+  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, p};
+}
 #endif
 
 class CudaKernels final : public Kernels {
@@ -221,6 +256,22 @@ class CudaKernels final : public Kernels {
   Device device() const override { return Device::cuda(index_); }
   StreamHandle stream() const override { return stream_->get(); }
 
+  // Per kernel set (the model sets it before each pass). cuBLAS's math mode follows: pedantic FP32 (no TF32) for
+  // F32; for the 16-bit GEMMs the default mode (tensor cores, accumulation in float32 as CUBLAS_COMPUTE_32F asks),
+  // since pedantic mode, which prescribes the arithmetic of every phase, may keep them off the tensor cores. A
+  // call already queued keeps the mode it was queued with.
+  void set_precision(Precision p) override {
+    DPT_CHECK(p == Precision::F32 || p == Precision::BF16 || p == Precision::F16, "precision {}",
+              static_cast<int>(p));
+    if (p == precision_) return;
+    DPT_CUBLAS_CHECK(cublasSetMathMode(
+        handle_, p == Precision::F32 ? CUBLAS_PEDANTIC_MATH
+                                     : static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
+                                                                 CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
+    precision_ = p;
+  }
+  Precision precision() const override { return precision_; }
+
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
             const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override {
     DPT_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm shape {}x{}x{}", M, N, K);
@@ -229,9 +280,22 @@ class CudaKernels final : public Kernels {
     DPT_CHECK(M <= kMax && N <= kMax && K <= kMax && lda <= kMax && ldb <= kMax && ldc <= kMax,
               "gemm dimensions exceed cuBLAS's int range");
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands, keep the flags.
-    DPT_CUBLAS_CHECK(cublasSgemm(handle_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                 static_cast<int>(N), static_cast<int>(M), static_cast<int>(K), &alpha, B,
-                                 static_cast<int>(ldb), A, static_cast<int>(lda), &beta, C, static_cast<int>(ldc)));
+    const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const auto i = [](int64_t v) { return static_cast<int>(v); };
+    if (precision_ == Precision::F32 || K == 0) {  // K = 0: C = beta C, nothing to round
+      DPT_CUBLAS_CHECK(cublasSgemm(handle_, op_b, op_a, i(N), i(M), i(K), &alpha, B, i(ldb), A, i(lda), &beta, C,
+                                   i(ldc)));
+      return;
+    }
+    // op(A) is M x K, stored as (trans_a ? K x M : M x K) with row stride lda; likewise B. Rounded into packed
+    // 16-bit copies, whose row strides are then their row lengths.
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    const void* a16 = narrowed(A, a_rows, a_cols, lda, 0);
+    const void* b16 = narrowed(B, b_rows, b_cols, ldb, 1);
+    const cudaDataType_t type = precision_ == Precision::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    DPT_CUBLAS_CHECK(cublasGemmEx(handle_, op_b, op_a, i(N), i(M), i(K), &alpha, b16, type, i(b_cols), a16, type,
+                                  i(a_cols), &beta, C, CUDA_R_32F, i(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
   void bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu) override {
@@ -274,15 +338,23 @@ class CudaKernels final : public Kernels {
   // ---- convolutional networks ---------------------------------------------------------------------------
 
 #if DPT_HAVE_CUDNN
+  // In BF16 / F16 the inputs go through conv_in (rounded into 16-bit scratch), the output through conv_out (16-bit
+  // scratch) and conv_finish (widened into the caller's float32 buffer); in F32 cuDNN reads and writes the caller's
+  // buffers directly. alpha and beta are float32 in every precision (float32 compute type).
   void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) override {
     check_conv_shape(cs);
     if (cs.n == 0) return;
     ConvPlan& plan = plan_for(cs);
     const auto& ch = plan.forward(cudnn());
     void* ws = workspace(ch.workspace);
+    const size_t nx = x_count(cs), nw = w_count(cs), ny = y_count(cs);
+    const void* xin = conv_in(x, nx, 0);
+    const void* win = conv_in(w, nw, 1);
+    void* yout = conv_out(y, ny, 2);
     const float alpha = 1.0f, beta = 0.0f;  // beta 0: y is not read (it may hold NaN)
-    DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn(), &alpha, plan.x(), x, plan.w(), w, plan.conv(), ch.algo, ws,
-                                            ch.workspace, &beta, plan.y(), y));
+    DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn(), &alpha, plan.x(), xin, plan.w(), win, plan.conv(), ch.algo, ws,
+                                            ch.workspace, &beta, plan.y(), yout));
+    conv_finish(yout, y, ny, false);
   }
   void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) override {
     check_conv_shape(cs);
@@ -290,9 +362,14 @@ class CudaKernels final : public Kernels {
     ConvPlan& plan = plan_for(cs);
     const auto& ch = plan.backward_data(cudnn());
     void* ws = workspace(ch.workspace);
+    const size_t nx = x_count(cs), nw = w_count(cs), ny = y_count(cs);
+    const void* dyin = conv_in(dy, ny, 0);
+    const void* win = conv_in(w, nw, 1);
+    void* dxout = conv_out(dx, nx, 2);
     const float alpha = 1.0f, beta = 0.0f;  // dx overwritten
-    DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn(), &alpha, plan.w(), w, plan.y(), dy, plan.conv(), ch.algo, ws,
-                                                 ch.workspace, &beta, plan.x(), dx));
+    DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn(), &alpha, plan.w(), win, plan.y(), dyin, plan.conv(), ch.algo,
+                                                 ws, ch.workspace, &beta, plan.x(), dxout));
+    conv_finish(dxout, dx, nx, false);
   }
   void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) override {
     check_conv_shape(cs);
@@ -300,9 +377,16 @@ class CudaKernels final : public Kernels {
     ConvPlan& plan = plan_for(cs);
     const auto& ch = plan.backward_filter(cudnn());
     void* ws = workspace(ch.workspace);
-    const float alpha = 1.0f, beta = 1.0f;  // dw accumulates
-    DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn(), &alpha, plan.x(), x, plan.y(), dy, plan.conv(), ch.algo,
-                                                   ws, ch.workspace, &beta, plan.w(), dw));
+    const size_t nx = x_count(cs), nw = w_count(cs), ny = y_count(cs);
+    const void* xin = conv_in(x, nx, 0);
+    const void* dyin = conv_in(dy, ny, 1);
+    void* dwout = conv_out(dw, nw, 2);
+    // dw accumulates: cuDNN adds into it (beta 1) in F32; in BF16 / F16 cuDNN overwrites the 16-bit scratch and
+    // conv_finish adds that into dw in float32 (beta 1 would round dw itself to 16 bits).
+    const float alpha = 1.0f, beta = precision_ == Precision::F32 ? 1.0f : 0.0f;
+    DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn(), &alpha, plan.x(), xin, plan.y(), dyin, plan.conv(),
+                                                   ch.algo, ws, ch.workspace, &beta, plan.w(), dwout));
+    conv_finish(dwout, dw, nw, true);
   }
 #else
   void conv2d_forward(const float*, const float*, float*, const ConvShape&) override { no_cudnn(); }
@@ -387,12 +471,12 @@ class CudaKernels final : public Kernels {
     }
     return cudnn_;
   }
-  // One plan per shape seen (a run has a handful: each layer's, and the last, smaller batch's).
+  // One plan per shape and precision seen (a run has a handful: each layer's, and the last, smaller batch's).
   ConvPlan& plan_for(const ConvShape& cs) {
-    auto [it, added] = plans_.try_emplace(conv_key(cs));
+    auto [it, added] = plans_.try_emplace(conv_key(cs, precision_));
     if (added) {
       try {
-        it->second = std::make_unique<ConvPlan>(cs);
+        it->second = std::make_unique<ConvPlan>(cs, precision_);
       } catch (...) {
         plans_.erase(it);
         throw;
@@ -406,6 +490,25 @@ class CudaKernels final : public Kernels {
     if (workspace_.bytes() < bytes) workspace_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device());
     return workspace_.raw();
   }
+  static size_t x_count(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.c * cs.h * cs.w); }
+  static size_t w_count(const ConvShape& cs) { return static_cast<size_t>(cs.k * cs.c * cs.r * cs.s); }
+  static size_t y_count(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.k * cs.p * cs.q); }
+  // A convolution input as cuDNN reads it in this precision: `p` itself in F32, else its `count` values rounded
+  // into 16-bit scratch `slot`.
+  const void* conv_in(const float* p, size_t count, int slot) {
+    if (precision_ == Precision::F32) return p;
+    return narrowed(p, 1, static_cast<int64_t>(count), static_cast<int64_t>(count), slot);
+  }
+  // Where cuDNN writes a convolution output: `p` itself in F32, else 16-bit scratch `slot` of `count` values.
+  void* conv_out(float* p, size_t count, int slot) {
+    if (precision_ == Precision::F32) return p;
+    return narrow_scratch(slot, count);
+  }
+  // The 16-bit output widened into `p` (added to it when accumulate); nothing in F32 (cuDNN wrote `p`).
+  void conv_finish(const void* out, float* p, size_t count, bool accumulate) {
+    if (precision_ == Precision::F32) return;
+    DPT_CUDA_CHECK(cuda_launch::widen(out, p, count, precision_, accumulate, stream()));
+  }
 #else
   [[noreturn]] static void no_cudnn() {
     DPT_THROW(UnsupportedError, "convolutions on the GPU need cuDNN 9, which this dptrain was built without "
@@ -413,10 +516,28 @@ class CudaKernels final : public Kernels {
   }
 #endif
 
+  // 16-bit scratch `slot` (0 to 2: the operands of one gemm or convolution, and a convolution's output) with room
+  // for `count` values, grown on demand like the rest (never per call). The stream's order makes reusing a slot
+  // from one call to the next safe.
+  void* narrow_scratch(int slot, size_t count) {
+    Tensor& t = narrow_[static_cast<size_t>(slot)];
+    const size_t bytes = count * cuda_launch::kNarrowBytes;
+    if (t.bytes() < bytes) t = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device());
+    return t.raw();
+  }
+  // The rows x cols floats at `src` (row stride ld) rounded to this precision, packed, in scratch `slot`.
+  const void* narrowed(const float* src, int64_t rows, int64_t cols, int64_t ld, int slot) {
+    void* dst = narrow_scratch(slot, static_cast<size_t>(rows * cols));
+    DPT_CUDA_CHECK(cuda_launch::narrow(src, rows, cols, ld, dst, precision_, stream()));
+    return dst;
+  }
+
   int index_;
   std::unique_ptr<cuda::Stream> stream_;
   cublasHandle_t handle_ = nullptr;
+  Precision precision_ = Precision::F32;
   Tensor partials_, rows_scratch_, bn_partials_, bn_coef_;
+  std::array<Tensor, 3> narrow_;
 #if DPT_HAVE_CUDNN
   cudnnHandle_t cudnn_ = nullptr;
   std::map<ConvKey, std::unique_ptr<ConvPlan>> plans_;

@@ -3,6 +3,9 @@
 // returns cudaGetLastError(). The per-element arithmetic of the updates, of batch normalisation and of max
 // pooling is shared with the CPU set (elementwise.h). Every reduction runs in a fixed order, without float
 // atomics, so a rerun gives the same bits.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cfloat>
 #include <cmath>
 
@@ -369,6 +372,40 @@ __global__ void avgpool_backward_kernel(const float* dy, float* dx, size_t total
     dx[i] = dy[static_cast<int64_t>(i) / hw] * inv;
 }
 
+// ---- low precision ------------------------------------------------------------------------------------------
+
+// float -> the narrow type, round to nearest even; and back (exact).
+template <class T>
+__device__ T to_narrow(float x);
+template <>
+__device__ __nv_bfloat16 to_narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __half to_narrow<__half>(float x) { return __float2half_rn(x); }
+__device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ float to_float(__half v) { return __half2float(v); }
+
+// dst[i] for i < rows * cols (packed) from src's row i / cols, column i % cols (row stride ld); the division is
+// skipped when the rows are contiguous (ld == cols: every convolution operand, most GEMM operands).
+template <class T>
+__global__ void narrow_kernel(const float* src, int64_t cols, int64_t ld, T* dst, size_t total) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    size_t from = i;
+    if (ld != cols) {
+      const size_t r = i / static_cast<size_t>(cols);
+      from = r * static_cast<size_t>(ld) + (i - r * static_cast<size_t>(cols));
+    }
+    dst[i] = to_narrow<T>(src[from]);
+  }
+}
+
+template <class T>
+__global__ void widen_kernel(const T* src, float* dst, size_t n, bool accumulate) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = accumulate ? dst[i] + to_float(src[i]) : to_float(src[i]);
+}
+
 }  // namespace
 
 cudaError_t bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu,
@@ -429,6 +466,31 @@ cudaError_t sum_squares(const float* x, size_t n, double* partials, double* out,
   sum_squares_kernel<<<kSumSquaresBlocks, kThreads, 0, s>>>(x, n, partials);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   reduce_pair_kernel<double><<<1, kThreads, 0, s>>>(partials, nullptr, kSumSquaresBlocks, out);
+  return cudaGetLastError();
+}
+
+// ---- low precision ------------------------------------------------------------------------------------------
+
+static_assert(sizeof(__nv_bfloat16) == kNarrowBytes && sizeof(__half) == kNarrowBytes);
+
+cudaError_t narrow(const float* src, int64_t rows, int64_t cols, int64_t ld, void* dst, Precision p, cudaStream_t s) {
+  if (p == Precision::F32 || rows < 0 || cols < 0 || (rows > 1 && ld < cols)) return cudaErrorInvalidValue;
+  const size_t total = static_cast<size_t>(rows * cols);
+  if (total == 0) return cudaSuccess;
+  if (p == Precision::BF16)
+    narrow_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, cols, ld, static_cast<__nv_bfloat16*>(dst), total);
+  else
+    narrow_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, cols, ld, static_cast<__half*>(dst), total);
+  return cudaGetLastError();
+}
+
+cudaError_t widen(const void* src, float* dst, size_t n, Precision p, bool accumulate, cudaStream_t s) {
+  if (p == Precision::F32) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (p == Precision::BF16)
+    widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(src), dst, n, accumulate);
+  else
+    widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<const __half*>(src), dst, n, accumulate);
   return cudaGetLastError();
 }
 

@@ -29,6 +29,17 @@ cudaError_t scale(float* x, size_t n, float alpha, cudaStream_t s);
 inline constexpr int kSumSquaresBlocks = 256;
 cudaError_t sum_squares(const float* x, size_t n, double* partials, double* out, cudaStream_t s);
 
+// ---- low precision: the operands of gemm and the convolutions under Precision::BF16 / F16 ----------------------
+// The narrow type is __nv_bfloat16 for BF16 and __half for F16, 2 bytes each; the pointers are void* so this header
+// needs neither cuda_bf16.h nor cuda_fp16.h. Both return cudaErrorInvalidValue for Precision::F32.
+inline constexpr size_t kNarrowBytes = 2;
+// dst (rows x cols of p's narrow type, packed: row stride cols) = src (rows x cols floats, row stride ld), each
+// value rounded to nearest even (__float2bfloat16_rn / __float2half_rn: overflow to infinity, NaN kept), as the
+// CPU set's rounding.
+cudaError_t narrow(const float* src, int64_t rows, int64_t cols, int64_t ld, void* dst, Precision p, cudaStream_t s);
+// dst[i] = float(src[i]) for i < n (exact), or dst[i] += float(src[i]) when accumulate.
+cudaError_t widen(const void* src, float* dst, size_t n, Precision p, bool accumulate, cudaStream_t s);
+
 // ---- convolutional networks (the convolutions themselves go to cuDNN, in cuda_kernels.cpp) ---------------------
 
 cudaError_t relu(const float* x, float* y, size_t n, cudaStream_t s);

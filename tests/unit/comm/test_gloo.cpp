@@ -1,6 +1,7 @@
 // tests/unit/comm/test_gloo.cpp: GlooProcessGroup with ranks as threads meeting through a TcpStore: every
 // collective for world sizes 1, 2, 3 and element counts {0, 1, 4, 100, 1001} against closed-form values;
-// argument errors; reduce_scatter unsupported; a collective one rank never joins times out instead of hanging.
+// the bfloat16 sum (tests/common/bf16_allreduce_checks.h); argument errors; reduce_scatter unsupported; a
+// collective one rank never joins times out instead of hanging.
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
@@ -12,6 +13,7 @@
 #include "comm/gloo_backend.h"
 #include "comm/tcp_store.h"
 #include "core/check.h"
+#include "tests/common/bf16_allreduce_checks.h"
 
 using namespace dpt;
 using namespace dpt::comm;
@@ -215,6 +217,26 @@ TEST_CASE("gloo: every collective against closed-form values, world sizes 1, 2, 
   Failures fails;
   std::atomic<int> arrived{0};
   std::string errors = run_ranks(size, [&](GlooProcessGroup& pg) { check_all_collectives(pg, fails, arrived); });
+  CHECK(errors == "");
+  CHECK(fails.report() == "");
+}
+
+TEST_CASE("gloo: bfloat16 sum all-reduce against closed-form values, world sizes 1, 2, 3", "[gloo][multirank][bf16]") {
+  const int size = GENERATE(1, 2, 3);
+  INFO("world size " << size);
+  Failures fails;
+  std::string errors = run_ranks(size, [&](GlooProcessGroup& pg) {
+    dpt::testing::check_bf16_allreduce(pg, [&](const std::string& what) { fails.add("{}", what); });
+    // The same through the persistent flag (the gradient buckets pass it): bfloat16 takes the generic path.
+    Tensor b = dpt::testing::bf16_filled(1001, [&](size_t i) { return static_cast<float>(pg.rank() + 1) * 0.75f; });
+    for (int round = 0; round < 2; ++round) {
+      for (size_t i = 0; i < b.numel(); ++i) b.data<BFloat16>()[i] = to_bfloat16(static_cast<float>(pg.rank() + 1) * 0.75f);
+      pg.allreduce(b, {.op = ReduceOp::Sum, .persistent = true})->wait();
+      dpt::testing::bf16_expect([&](const std::string& what) { fails.add("{}", what); },
+                                fmt::format("persistent bf16 round {} rank {}", round, pg.rank()), b,
+                                [&](size_t) { return 0.75f * static_cast<float>(size * (size + 1) / 2); });
+    }
+  });
   CHECK(errors == "");
   CHECK(fails.report() == "");
 }

@@ -5,6 +5,8 @@
 #include <cmath>
 #include <limits>
 
+#include "models/kernels.h"
+
 namespace dpt::gpu_test {
 
 Device gpu() { return Device::cuda(0); }
@@ -79,6 +81,32 @@ std::ostream& operator<<(std::ostream& os, const Diff& d) {
 double rel_err(double got, double want) {
   const double e = std::abs(got - want);
   return want != 0.0 ? e / std::abs(want) : e;
+}
+
+ScopedPrecision::ScopedPrecision(models::Precision p) {
+  models::kernels_for(Device::cpu()).set_precision(p);
+  try {
+    models::kernels_for(gpu()).set_precision(p);
+  } catch (...) {
+    models::kernels_for(Device::cpu()).set_precision(models::Precision::F32);
+    throw;
+  }
+}
+
+ScopedPrecision::~ScopedPrecision() {
+  models::kernels_for(Device::cpu()).set_precision(models::Precision::F32);
+  try {
+    models::kernels_for(gpu()).set_precision(models::Precision::F32);
+  } catch (...) {  // a destructor must not throw; the next test that cares finds the set in the wrong precision
+  }
+}
+
+const char* precision_name(models::Precision p) {
+  return p == models::Precision::BF16 ? "bf16" : p == models::Precision::F16 ? "fp16" : "fp32";
+}
+
+double unit_roundoff(models::Precision p) {
+  return p == models::Precision::BF16 ? 0x1p-8 : p == models::Precision::F16 ? 0x1p-11 : 0x1p-24;
 }
 
 }  // namespace dpt::gpu_test

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "models/kernels/kernel_params.h"
 
 namespace dpt::gpu_test {
 
@@ -60,5 +61,22 @@ std::ostream& operator<<(std::ostream& os, const Diff& d);
 
 // |got - want| / |want| for doubles, |got - want| when want is 0.
 double rel_err(double got, double want);
+
+// ---- low precision ------------------------------------------------------------------------------------------
+
+// Sets the CPU and the GPU kernel sets to `p` while it lives, then both back to F32 (also when a REQUIRE throws),
+// so a low-precision test leaves the shared kernel sets as every other test expects them.
+class ScopedPrecision {
+ public:
+  explicit ScopedPrecision(models::Precision p);
+  ~ScopedPrecision();
+  ScopedPrecision(const ScopedPrecision&) = delete;
+  ScopedPrecision& operator=(const ScopedPrecision&) = delete;
+};
+// "fp32", "bf16", "fp16" (for CAPTURE).
+const char* precision_name(models::Precision p);
+// The unit roundoff of p's type: the largest relative error of a rounding to nearest (2^-8 bf16, 2^-11 fp16,
+// 2^-24 fp32).
+double unit_roundoff(models::Precision p);
 
 }  // namespace dpt::gpu_test

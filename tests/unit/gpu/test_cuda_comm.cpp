@@ -13,6 +13,7 @@
 #include "comm/tcp_store.h"
 #include "core/check.h"
 #include "core/cuda.h"
+#include "gloo_threads.h"
 #include "gpu_testing.h"
 
 using namespace dpt;
@@ -101,64 +102,32 @@ TEST_CASE("nccl refuses tensors of another device and integer averages", "[gpu][
 }
 
 TEST_CASE("gloo with two ranks sharing the GPU: device tensors staged through pinned memory", "[gpu][gloo]") {
-  constexpr int kWorld = 2;
-  std::promise<int> port_promise;
-  std::shared_future<int> port = port_promise.get_future().share();
-  std::vector<std::string> errors(kWorld);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < kWorld; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        cuda::set_device(gpu().index);  // current device is per thread
-        std::shared_ptr<TcpStore> store;
-        if (r == 0) {
-          store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", 0, true, 30s});
-          port_promise.set_value(store->port());
-        } else {
-          store = std::make_shared<TcpStore>(TcpStoreOptions{"127.0.0.1", port.get(), false, 30s});
-        }
-        HostStagedGroup pg(std::make_unique<GlooProcessGroup>(store, r, kWorld, GlooOptions{.timeout = 30s}));
-        cuda::Stream stream;
-        for (size_t n : {size_t{1}, size_t{100}, size_t{100003}}) {
-          // Sum: element i is (0 + 1) + 2 * i / 4; Avg halves it; Max is rank 1's.
-          for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
-            Tensor d = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, gpu());
-            d.copy_from(ramp(n, r), stream.get());
-            pg.allreduce(d, {.op = op, .stream = stream.get()})->block(stream.get());
-            Tensor back = Tensor::empty({static_cast<int64_t>(n)});
-            back.copy_from(d, stream.get());
-            stream.synchronize();
-            for (size_t i = 0; i < n; ++i) {
-              const float sum = 1.0f + 2.0f * static_cast<float>(i) / 4.0f;
-              const float want = op == ReduceOp::Sum ? sum : op == ReduceOp::Avg ? sum / 2 : 1.0f + static_cast<float>(i) / 4.0f;
-              if (back.data<float>()[i] != want)
-                throw std::runtime_error(fmt::format("{} n {} element {}: {} != {}", reduce_op_name(op), n, i,
-                                                     back.data<float>()[i], want));
-            }
-          }
-          Tensor b = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, gpu());
-          b.copy_from(ramp(n, r));
-          pg.broadcast(b, {.root = 1})->wait();
-          const Tensor bh = b.to(Device::cpu());
-          for (size_t i = 0; i < n; ++i)
-            if (bh.data<float>()[i] != 1.0f + static_cast<float>(i) / 4.0f)
-              throw std::runtime_error(fmt::format("broadcast n {} element {}", n, i));
-        }
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = e.what();
-        if (r == 0) {
-          try {
-            port_promise.set_exception(std::current_exception());
-          } catch (...) {
-          }
+  run_gloo_ranks_on_gpu(2, [](int r, ProcessGroup& pg) {
+    cuda::Stream stream;
+    for (size_t n : {size_t{1}, size_t{100}, size_t{100003}}) {
+      // Sum: element i is (0 + 1) + 2 * i / 4; Avg halves it; Max is rank 1's.
+      for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+        Tensor d = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, gpu());
+        d.copy_from(ramp(n, r), stream.get());
+        pg.allreduce(d, {.op = op, .stream = stream.get()})->block(stream.get());
+        Tensor back = Tensor::empty({static_cast<int64_t>(n)});
+        back.copy_from(d, stream.get());
+        stream.synchronize();
+        for (size_t i = 0; i < n; ++i) {
+          const float sum = 1.0f + 2.0f * static_cast<float>(i) / 4.0f;
+          const float want = op == ReduceOp::Sum ? sum : op == ReduceOp::Avg ? sum / 2 : 1.0f + static_cast<float>(i) / 4.0f;
+          if (back.data<float>()[i] != want)
+            throw std::runtime_error(fmt::format("{} n {} element {}: {} != {}", reduce_op_name(op), n, i,
+                                                 back.data<float>()[i], want));
         }
       }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int r = 0; r < kWorld; ++r) {
-    INFO("rank " << r);
-    CHECK(errors[static_cast<size_t>(r)].empty());
-    if (!errors[static_cast<size_t>(r)].empty()) WARN(errors[static_cast<size_t>(r)]);
-  }
+      Tensor b = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, gpu());
+      b.copy_from(ramp(n, r));
+      pg.broadcast(b, {.root = 1})->wait();
+      const Tensor bh = b.to(Device::cpu());
+      for (size_t i = 0; i < n; ++i)
+        if (bh.data<float>()[i] != 1.0f + static_cast<float>(i) / 4.0f)
+          throw std::runtime_error(fmt::format("broadcast n {} element {}", n, i));
+    }
+  });
 }

@@ -1,9 +1,9 @@
 // tests/unit/gpu/test_cuda_conv_kernels.cpp: the CUDA kernel set's convolutional-network operations against the
-// CPU kernel set: convolutions (cuDNN), batch normalisation, relu and add, max and global average pooling. Random
-// inputs from fixed seeds; odd shapes (batch 1 and 3, channels 1 and 5, stride 2 with padding, 1x1, 3x3 and 7x7
-// kernels, 0 where the operation allows it). Outputs a kernel overwrites start as NaN on the device, so an element
-// it skips fails; outputs it accumulates into start random, so an overwrite fails. Each test states its
-// tolerance and why; "exact" means the same float operations in the same order on both sides.
+// CPU kernel set: convolutions (cuDNN; in fp32, bf16 and fp16), batch normalisation, relu and add, max and global
+// average pooling. Random inputs from fixed seeds; odd shapes (batch 1 and 3, channels 1 and 5, stride 2 with
+// padding, 1x1, 3x3 and 7x7 kernels, 0 where the operation allows it). Outputs a kernel overwrites start as NaN on
+// the device, so an element it skips fails; outputs it accumulates into start random, so an overwrite fails. Each
+// test states its tolerance and why; "exact" means the same float operations in the same order on both sides.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpu_testing.h"
@@ -226,6 +227,156 @@ TEST_CASE("cuda conv2d rejects a shape whose p, q do not follow from the rest", 
   Tensor y = nan_on_device({1, 3, 9, 8});
   REQUIRE_THROWS_AS(gpu_kernels().conv2d_forward(x.data<float>(), w.data<float>(), y.data<float>(), cs),
                     InternalError);
+}
+
+// ---- convolutions in bf16 and fp16 ----------------------------------------------------------------------------
+
+namespace {
+
+// How a 16-bit convolution result compares with the CPU's in the same precision (want) and in float32 (want32).
+// Both sets round x, w and dy to the narrow type and accumulate the (exact) products in float32; the GPU then also
+// rounds its output to the narrow type (cuDNN's legacy API has no 16-bit-in, float32-out configuration), the CPU
+// does not. With u the unit roundoff (2^-8 bf16, 2^-11 fp16), element i must be within
+//   rel_out m_i + (u / 4) s_i,
+// m_i the magnitude of what the GPU rounded (|want_i|; for dw the gradient alone, |want_i - dw0_i|), rel_out 1e-2
+// for bf16 and 2e-3 for fp16 (2.5 and 4 times u, the most one rounding moves a value), s_i as in the fp32 test
+// (the sum of the terms' absolute values: float32 summation in another order, and whatever intermediate roundings
+// cuDNN's 16-bit algorithms make, stay far below u / 4 of it; a wrong index or layout is off by ~s_i). Over the
+// output (n >= 100 values): ||gpu - cpu|| / ||cpu|| < u (the output rounding alone gives ~0.4 u), and
+// ||gpu - fp32|| / ||fp32|| > u / 8 (rounding the operands gives ~0.6 u; float32 operands would give ~1e-7).
+void check_low_precision(const Tensor& got, const Tensor& want, const Tensor& want32, const std::vector<double>& m,
+                         const std::vector<double>& s, Precision p) {
+  const size_t n = got.numel();
+  REQUIRE(want.numel() == n);
+  REQUIRE(want32.numel() == n);
+  const double u = unit_roundoff(p), rel_out = p == Precision::BF16 ? 1e-2 : 2e-3;
+  std::vector<double> scale(n);  // rel_out * scale_i is the tolerance above
+  for (size_t i = 0; i < n; ++i) scale[i] = m[i] + (u / 4 / rel_out) * s[i];
+  const Diff d = compare(got.data<float>(), want.data<float>(), n, 0.0, rel_out, scale.data());
+  INFO(d);
+  REQUIRE(d.nonfinite == 0);
+  REQUIRE(d.bad == 0);
+  if (n >= 100) {
+    REQUIRE(d.rel_l2 < u);
+    const Diff d32 = compare(got, want32);
+    INFO("against float32: " << d32);
+    REQUIRE(d32.rel_l2 > u / 8);
+  }
+}
+
+std::vector<double> abs_values(const Tensor& t) {
+  std::vector<double> v(t.numel());
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::abs(static_cast<double>(t.data<float>()[i]));
+  return v;
+}
+
+}  // namespace
+
+// The shapes of the fp32 test, in bf16 and fp16; tolerances in check_low_precision. Overwritten outputs start as
+// NaN; dw starts random and must come back as dw + the (rounded) gradient.
+TEST_CASE("cuda conv2d in bf16 and fp16 matches the CPU in the same precision", "[gpu][kernels]") {
+  const Precision prec = GENERATE(Precision::BF16, Precision::F16);
+  const std::vector<ConvShape> cases = conv_cases();
+  const auto which = static_cast<size_t>(GENERATE(range(0, 11)));
+  REQUIRE(which < cases.size());
+  const ConvShape cs = cases[which];
+  INFO(precision_name(prec) << ": " << str(cs));
+  std::mt19937 rng(23);
+  const ConvData in = conv_data(cs, rng);
+  const Tensor x = to_device(in.x), w = to_device(in.w), dy = to_device(in.dy);
+  const size_t ny = in.dy.numel(), nx = in.x.numel(), nw = in.w.numel();
+
+  SECTION("forward") {
+    Tensor want32 = Tensor::empty({cs.n, cs.k, cs.p, cs.q}), want = Tensor::empty({cs.n, cs.k, cs.p, cs.q});
+    cpu_kernels().conv2d_forward(in.x.data<float>(), in.w.data<float>(), want32.data<float>(), cs);
+    Tensor got;
+    {
+      const ScopedPrecision scope(prec);
+      cpu_kernels().conv2d_forward(in.x.data<float>(), in.w.data<float>(), want.data<float>(), cs);
+      Tensor y = nan_on_device({cs.n, cs.k, cs.p, cs.q});
+      gpu_kernels().conv2d_forward(x.data<float>(), w.data<float>(), y.data<float>(), cs);
+      got = to_host(y);
+    }
+    std::vector<double> scale(ny, 0.0);
+    for_each_conv_term(cs, [&](int64_t yi, int64_t xi, int64_t wi) {
+      scale[static_cast<size_t>(yi)] += std::abs(static_cast<double>(in.x.data<float>()[xi]) * in.w.data<float>()[wi]);
+    });
+    check_low_precision(got, want, want32, abs_values(want), scale, prec);
+  }
+  SECTION("backward data (overwrites dx)") {
+    Tensor want32 = Tensor::empty({cs.n, cs.c, cs.h, cs.w}), want = Tensor::empty({cs.n, cs.c, cs.h, cs.w});
+    cpu_kernels().conv2d_backward_data(in.dy.data<float>(), in.w.data<float>(), want32.data<float>(), cs);
+    Tensor got;
+    {
+      const ScopedPrecision scope(prec);
+      cpu_kernels().conv2d_backward_data(in.dy.data<float>(), in.w.data<float>(), want.data<float>(), cs);
+      Tensor dx = nan_on_device({cs.n, cs.c, cs.h, cs.w});
+      gpu_kernels().conv2d_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(), cs);
+      got = to_host(dx);
+    }
+    std::vector<double> scale(nx, 0.0);
+    for_each_conv_term(cs, [&](int64_t yi, int64_t xi, int64_t wi) {
+      scale[static_cast<size_t>(xi)] += std::abs(static_cast<double>(in.dy.data<float>()[yi]) * in.w.data<float>()[wi]);
+    });
+    check_low_precision(got, want, want32, abs_values(want), scale, prec);
+  }
+  SECTION("backward weight (accumulates into dw)") {
+    Tensor want32 = copy_to(in.dw0, Device::cpu()), want = copy_to(in.dw0, Device::cpu());
+    cpu_kernels().conv2d_backward_weight(in.dy.data<float>(), in.x.data<float>(), want32.data<float>(), cs);
+    Tensor got;
+    {
+      const ScopedPrecision scope(prec);
+      cpu_kernels().conv2d_backward_weight(in.dy.data<float>(), in.x.data<float>(), want.data<float>(), cs);
+      Tensor dw = to_device(in.dw0);
+      gpu_kernels().conv2d_backward_weight(dy.data<float>(), x.data<float>(), dw.data<float>(), cs);
+      got = to_host(dw);
+    }
+    std::vector<double> scale(nw, 0.0), grad(nw, 0.0);
+    for (size_t i = 0; i < nw; ++i) {
+      scale[i] = std::abs(in.dw0.data<float>()[i]);
+      grad[i] = std::abs(static_cast<double>(want.data<float>()[i]) - in.dw0.data<float>()[i]);
+    }
+    for_each_conv_term(cs, [&](int64_t yi, int64_t xi, int64_t wi) {
+      scale[static_cast<size_t>(wi)] += std::abs(static_cast<double>(in.dy.data<float>()[yi]) * in.x.data<float>()[xi]);
+    });
+    check_low_precision(got, want, want32, grad, scale, prec);
+    if (cs.n == 0) REQUIRE(compare(got, in.dw0).bad == 0);  // an empty batch adds nothing
+  }
+}
+
+// Plans are cached per (shape, precision): a bf16 or fp16 call of a shape neither replaces nor disturbs its fp32
+// plan (the fp32 bits before and after are the same), each 16-bit precision reproduces its own bits, and the 16-bit
+// results are not the fp32 ones.
+TEST_CASE("cuda conv2d keeps one plan per precision: each precision's bits are reproducible around the others",
+          "[gpu][kernels]") {
+  std::mt19937 rng(24);
+  const ConvShape a = conv_shape(3, 16, 14, 14, 32, 3, 3, 1, 1);
+  const ConvData in = conv_data(a, rng);
+  const Tensor x = to_device(in.x), w = to_device(in.w), dy = to_device(in.dy);
+  struct Results {
+    Tensor y, dx, dw;
+  };
+  const auto run = [&](Precision p) {
+    const ScopedPrecision scope(p);
+    Tensor y = nan_on_device({a.n, a.k, a.p, a.q}), dx = nan_on_device({a.n, a.c, a.h, a.w});
+    Tensor dw = to_device(in.dw0);
+    gpu_kernels().conv2d_forward(x.data<float>(), w.data<float>(), y.data<float>(), a);
+    gpu_kernels().conv2d_backward_data(dy.data<float>(), w.data<float>(), dx.data<float>(), a);
+    gpu_kernels().conv2d_backward_weight(dy.data<float>(), x.data<float>(), dw.data<float>(), a);
+    return Results{to_host(y), to_host(dx), to_host(dw)};
+  };
+  const Results f32a = run(Precision::F32), bf16a = run(Precision::BF16), f16a = run(Precision::F16);
+  const Results f32b = run(Precision::F32), bf16b = run(Precision::BF16), f16b = run(Precision::F16);
+  for (const auto& [first, second] : {std::pair{&f32a, &f32b}, std::pair{&bf16a, &bf16b}, std::pair{&f16a, &f16b}}) {
+    REQUIRE(bytes_differ<float>(first->y, second->y) == 0);
+    REQUIRE(bytes_differ<float>(first->dx, second->dx) == 0);
+    REQUIRE(bytes_differ<float>(first->dw, second->dw) == 0);
+  }
+  for (const Results* low : {&bf16a, &f16a}) {
+    REQUIRE(bytes_differ<float>(low->y, f32a.y) > 0);
+    REQUIRE(bytes_differ<float>(low->dx, f32a.dx) > 0);
+    REQUIRE(bytes_differ<float>(low->dw, f32a.dw) > 0);
+  }
 }
 
 #else

@@ -1,5 +1,6 @@
-// tests/unit/gpu/test_cuda_kernels.cpp: the CUDA kernel set against the CPU kernel set, operation by operation,
-// on random inputs from fixed seeds and odd sizes (0 and 1 where the operation allows them). Outputs that a
+// tests/unit/gpu/test_cuda_kernels.cpp: the CUDA kernel set against the CPU kernel set, operation by operation
+// (gemm also in bf16 and fp16, and set_precision), on random inputs from fixed seeds and odd sizes (0 and 1 where the
+// operation allows them). Outputs that a
 // kernel writes (rather than accumulates into) start as NaN on the device, so an element it skips fails.
 // Each test states its tolerance and why; "exact" means the same float operations in the same order.
 #include <catch2/catch.hpp>
@@ -175,6 +176,116 @@ TEST_CASE("cuda gemm with M = 0 or N = 0 is a no-op", "[gpu][kernels]") {
   const Diff d = compare(to_host(C), filled({4}, 5.0f));
   INFO(d);
   REQUIRE(d.bad == 0);
+}
+
+// ---- gemm in bf16 and fp16 -----------------------------------------------------------------------------------
+
+// Both sets round A and B to the narrow type (to nearest even) and accumulate in float32; C stays float32 (no
+// output rounding). A product of two bf16 (8 significant bits) or two fp16 (11 bits) values is exact in float32,
+// so the two sets differ only by the float32 summation order (tensor cores on the GPU). Tolerance: each element
+// within 1e-4 of s = |alpha| sum_k |op(A)_ik op(B)_kj| + |beta C_ij| (K <= 130 float32 additions are off by at most
+// ~K 2^-24 = 8e-6 of s; the factor 10 leaves room for the tensor cores' accumulation), and
+// ||gpu - cpu|| / ||cpu|| < 1e-4. That the operands were rounded at all shows against the float32 product:
+// rounding each operand moves a result of many terms by about 0.6 u relative (u the unit roundoff: 2^-8 for bf16,
+// 2^-11 for fp16), so where K >= 33, ||gpu - fp32|| / ||fp32|| must exceed u / 8 (float32 operands, or a lost
+// rounding, would stay near 1e-7). Strides longer than the rows (padded) check the packing of the rounded copies;
+// the padding of C must stay untouched.
+TEST_CASE("cuda gemm in bf16 and fp16 matches the CPU gemm in the same precision", "[gpu][kernels]") {
+  const Precision p = GENERATE(Precision::BF16, Precision::F16);
+  const bool ta = GENERATE(false, true);
+  const bool tb = GENERATE(false, true);
+  const auto [M, N, K] = GENERATE(table<int64_t, int64_t, int64_t>(
+      {{1, 1, 1}, {7, 33, 130}, {130, 7, 33}, {33, 130, 7}, {1, 130, 33}, {130, 130, 130}}));
+  const bool padded = GENERATE(false, true);
+  CAPTURE(precision_name(p), ta, tb, M, N, K, padded);
+  const int64_t pad = padded ? 3 : 0;
+  const int64_t lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+  std::mt19937 rng(3);
+  const Tensor A = random_floats({ta ? K : M, lda}, rng);
+  const Tensor B = random_floats({tb ? N : K, ldb}, rng);
+  const Tensor C = random_floats({M, ldc}, rng);
+  const float alpha = 0.7f, beta = 0.3f;
+
+  Tensor want32 = copy_to(C, Device::cpu());
+  cpu_kernels().gemm(ta, tb, M, N, K, alpha, A.data<float>(), lda, B.data<float>(), ldb, beta, want32.data<float>(),
+                     ldc);
+  Tensor want = copy_to(C, Device::cpu());
+  Tensor got;
+  {
+    const ScopedPrecision scope(p);
+    cpu_kernels().gemm(ta, tb, M, N, K, alpha, A.data<float>(), lda, B.data<float>(), ldb, beta, want.data<float>(),
+                       ldc);
+    const Tensor dA = to_device(A), dB = to_device(B);
+    Tensor dC = to_device(C);
+    gpu_kernels().gemm(ta, tb, M, N, K, alpha, dA.data<float>(), lda, dB.data<float>(), ldb, beta, dC.data<float>(),
+                       ldc);
+    got = to_host(dC);
+  }
+
+  size_t pad_changed = 0;
+  std::vector<float> g, w, w32;  // the M x N results, without the padding
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t j = 0; j < ldc; ++j) {
+      const int64_t at = i * ldc + j;
+      if (j >= N) {
+        pad_changed += std::memcmp(got.data<float>() + at, C.data<float>() + at, sizeof(float)) != 0;
+      } else {
+        g.push_back(got.data<float>()[at]);
+        w.push_back(want.data<float>()[at]);
+        w32.push_back(want32.data<float>()[at]);
+      }
+    }
+  REQUIRE(pad_changed == 0);
+  const std::vector<double> scale = gemm_error_scale(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  const Diff d = compare(g.data(), w.data(), g.size(), 0.0, 1e-4, scale.data());
+  INFO(d);
+  REQUIRE(d.nonfinite == 0);
+  REQUIRE(d.bad == 0);
+  if (M * N > 1) REQUIRE(d.rel_l2 < 1e-4);
+  if (M * N > 1 && K >= 33) {
+    const Diff d32 = compare(g.data(), w32.data(), g.size());
+    INFO("against the float32 product: " << d32);
+    REQUIRE(d32.rel_l2 > unit_roundoff(p) / 8);
+  }
+}
+
+// The precision is the kernel set's state: it reads back as set, an invalid value is refused, and after a bf16 and
+// an fp16 GEMM (which switch cuBLAS's math mode and take the 16-bit path) F32 is float32 again: within the fp32
+// test's 1e-5 of s and 1e-5 relative L2 of the CPU's float32 product (a 16-bit or TF32 product would be ~1e-3 off).
+TEST_CASE("cuda set_precision round trip: it reads back, and F32 after bf16 and fp16 is float32 again",
+          "[gpu][kernels]") {
+  Kernels& k = gpu_kernels();
+  REQUIRE(k.precision() == Precision::F32);
+  for (const Precision p : {Precision::BF16, Precision::F16, Precision::BF16, Precision::F32, Precision::F16,
+                            Precision::F16, Precision::F32, Precision::F32}) {
+    k.set_precision(p);
+    REQUIRE(k.precision() == p);
+  }
+  REQUIRE_THROWS_AS(k.set_precision(static_cast<Precision>(7)), InternalError);
+  REQUIRE(k.precision() == Precision::F32);
+
+  const int64_t M = 33, N = 130, K = 130;
+  std::mt19937 rng(4);
+  const Tensor A = random_floats({M, K}, rng), B = random_floats({K, N}, rng), C = random_floats({M, N}, rng);
+  const Tensor dA = to_device(A), dB = to_device(B);
+  for (const Precision p : {Precision::BF16, Precision::F16}) {
+    const ScopedPrecision scope(p);
+    Tensor dC = to_device(C);
+    k.gemm(false, false, M, N, K, 1.0f, dA.data<float>(), K, dB.data<float>(), N, 0.5f, dC.data<float>(), N);
+    REQUIRE(k.precision() == p);
+  }
+  REQUIRE(k.precision() == Precision::F32);
+  REQUIRE(cpu_kernels().precision() == Precision::F32);
+  Tensor want = copy_to(C, Device::cpu());
+  cpu_kernels().gemm(false, false, M, N, K, 1.0f, A.data<float>(), K, B.data<float>(), N, 0.5f, want.data<float>(), N);
+  Tensor dC = to_device(C);
+  k.gemm(false, false, M, N, K, 1.0f, dA.data<float>(), K, dB.data<float>(), N, 0.5f, dC.data<float>(), N);
+  const Tensor got = to_host(dC);
+  const std::vector<double> scale = gemm_error_scale(false, false, M, N, K, 1.0f, A, K, B, N, 0.5f, C, N);
+  const Diff d = compare(got.data<float>(), want.data<float>(), got.numel(), 0.0, 1e-5, scale.data());
+  INFO(d);
+  REQUIRE(d.bad == 0);
+  REQUIRE(d.rel_l2 < 1e-5);
 }
 
 // ---- bias_act, bias_grad_accumulate, relu_backward -----------------------------------------------------------

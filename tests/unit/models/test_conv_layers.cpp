@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <array>
 #include <map>
 #include <random>
@@ -12,6 +13,8 @@
 #include "model_testing.h"
 #include "models/model.h"
 #include "models/resnet.h"
+#include "core/bfloat16.h"
+#include "models/kernels/cpu/onednn_conv.h"
 
 using namespace dpt;
 using namespace dpt::models;
@@ -95,6 +98,73 @@ TEST_CASE("conv2d forward matches a naive loop (stride, padding, rectangular inp
             REQUIRE(y.data<float>()[((n * kk + o) * cs.p + p) * cs.q + q] == Approx(s).margin(1e-5));
           }
   }
+}
+
+namespace {
+
+float round_to(float x, Precision p) {
+  return p == Precision::BF16 ? dpt::round_to_bf16(x) : p == Precision::F16 ? float(static_cast<_Float16>(x)) : x;
+}
+
+}  // namespace
+
+TEST_CASE("conv2d forward and both backwards match naive loops: oneDNN and im2col, fp32, bf16 and fp16",
+          "[models][conv]") {
+  std::mt19937_64 rng(7);
+  Kernels& k = kernels_for(Device::cpu());
+  // {c, k, kernel, stride, pad, h, w}: ResNet's shapes in small (3x3 same, 3x3 stride 2, the 1x1 downsample on
+  // an even size, where oneDNN's right padding is negative, the 7x7 stem) and odd ones.
+  const std::vector<std::array<int64_t, 7>> shapes = {{16, 16, 3, 1, 1, 6, 6}, {8, 16, 3, 2, 1, 8, 8},
+                                                      {8, 16, 1, 2, 0, 8, 8},  {3, 8, 7, 2, 3, 11, 10},
+                                                      {5, 3, 1, 1, 0, 4, 3},   {3, 4, 3, 2, 1, 3, 3}};
+  for (const bool onednn_on : {true, false})
+    for (const Precision prec : {Precision::F32, Precision::BF16, Precision::F16})
+      for (auto [c, kk, r, stride, pad, h, w] : shapes) {
+        INFO("oneDNN " << onednn_on << ", precision " << int(prec) << ", c " << c << " k " << kk << " r " << r
+                       << " stride " << stride << " pad " << pad << " " << h << "x" << w);
+        ConvShape cs{.n = 3, .c = c, .h = h, .w = w, .k = kk, .r = r, .s = r, .stride = stride, .pad = pad};
+        REQUIRE(conv_output_size(cs));
+        Tensor x = random_tensor({cs.n, c, h, w}, rng), wt = random_tensor({kk, c, r, r}, rng);
+        Tensor dy = random_tensor({cs.n, kk, cs.p, cs.q}, rng), dw0 = random_tensor({kk, c, r, r}, rng);
+        Tensor y = Tensor::empty(dy.shape()), dx = Tensor::empty(x.shape()), dw = Tensor::empty(wt.shape());
+        dw.copy_from(dw0);
+        models::onednn::set_enabled(onednn_on);
+        k.set_precision(prec);
+        k.conv2d_forward(x.data<float>(), wt.data<float>(), y.data<float>(), cs);
+        k.conv2d_backward_data(dy.data<float>(), wt.data<float>(), dx.data<float>(), cs);
+        k.conv2d_backward_weight(dy.data<float>(), x.data<float>(), dw.data<float>(), cs);
+        k.set_precision(Precision::F32);
+        models::onednn::set_enabled(true);
+        // The reference: operands rounded to the precision, products summed in double.
+        std::vector<double> y_ref(y.numel()), dx_ref(x.numel()), dw_ref(wt.numel());
+        for (size_t i = 0; i < dw_ref.size(); ++i) dw_ref[i] = dw0.data<float>()[i];
+        auto at = [](const Tensor& t, size_t i, Precision p) { return double(round_to(t.data<float>()[i], p)); };
+        for (int64_t n = 0; n < cs.n; ++n)
+          for (int64_t o = 0; o < kk; ++o)
+            for (int64_t p = 0; p < cs.p; ++p)
+              for (int64_t q = 0; q < cs.q; ++q) {
+                const size_t yi = ((n * kk + o) * cs.p + p) * cs.q + q;
+                for (int64_t ci = 0; ci < c; ++ci)
+                  for (int64_t i = 0; i < r; ++i)
+                    for (int64_t j = 0; j < r; ++j) {
+                      const int64_t hh = p * stride - pad + i, ww = q * stride - pad + j;
+                      if (hh < 0 || hh >= h || ww < 0 || ww >= w) continue;
+                      const size_t xi = ((n * c + ci) * h + hh) * w + ww, wi = ((o * c + ci) * r + i) * r + j;
+                      y_ref[yi] += at(x, xi, prec) * at(wt, wi, prec);
+                      dx_ref[xi] += at(dy, yi, prec) * at(wt, wi, prec);
+                      dw_ref[wi] += at(dy, yi, prec) * at(x, xi, prec);
+                    }
+              }
+        auto compare = [](const Tensor& got, const std::vector<double>& want, const char* what) {
+          for (size_t i = 0; i < want.size(); ++i) {
+            INFO(what << " " << i << ": " << got.data<float>()[i] << " vs " << want[i]);
+            REQUIRE(got.data<float>()[i] == Approx(want[i]).epsilon(1e-4).margin(2e-4));
+          }
+        };
+        compare(y, y_ref, "y");
+        compare(dx, dx_ref, "dx");
+        compare(dw, dw_ref, "dw (accumulated onto its old value)");
+      }
 }
 
 TEST_CASE("Conv2d gradients match finite differences", "[models][conv]") {

@@ -3,9 +3,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 
 #include "model_testing.h"
+#include "models/kernels/cpu/cpu_kernels.h"
 #include "models/model.h"
 
 using namespace dpt;
@@ -156,6 +158,30 @@ TEST_CASE("AdamW first step moves each parameter by lr against the gradient's si
   // Bias-corrected m/sqrt(v) = sign(g) on step 1 (eps aside); decoupled decay multiplies by 1 - lr*wd.
   REQUIRE(p[0] == Approx(1.0f * (1 - 0.001f) - 0.01f).epsilon(1e-5));
   REQUIRE(p[1] == Approx(-2.0f * (1 - 0.001f) + 0.01f).epsilon(1e-5));
+}
+
+TEST_CASE("round_to_fp16 equals the _Float16 conversion", "[models][amp]") {
+  auto check = [](float x) {
+    const float want = static_cast<float>(static_cast<_Float16>(x)), got = round_to_fp16(x);
+    INFO("x " << x << " want " << want << " got " << got);
+    if (std::isnan(want)) {
+      REQUIRE(std::isnan(got));
+    } else {
+      REQUIRE(std::memcmp(&want, &got, 4) == 0);  // bit for bit: signed zeros and infinities too
+    }
+  };
+  // Every 4099th bit pattern (all exponents, signs and mantissa patterns), then the edges: fp16's largest
+  // value and the overflow threshold, the normal/subnormal boundary, the smallest subnormal and half of it
+  // (a tie that rounds to zero), ties at 11 significant bits.
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 4099) {
+    const uint32_t bits = static_cast<uint32_t>(b);
+    float x;
+    std::memcpy(&x, &bits, 4);
+    check(x);
+  }
+  for (float x : {65504.0f, 65519.99f, 65520.0f, 0x1p-14f, 0x1.ffcp-15f, 0x1p-24f, 0x1p-25f, 0x1.8p-24f, 0x1.8p-25f,
+                  1.0f + 0x1p-11f, 1.0f + 0x3p-11f, 0.0f, -0.0f, 3e38f})
+    for (float s : {1.0f, -1.0f}) check(s * x);
 }
 
 TEST_CASE("gemm in bf16 and fp16: operands rounded, float32 arithmetic; fp16 overflows to inf", "[models][amp]") {

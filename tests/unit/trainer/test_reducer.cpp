@@ -1,11 +1,21 @@
 // tests/unit/trainer/test_reducer.cpp: assign_buckets, the pure function behind the reducer's buckets:
 // reverse parameter order, contiguous slices covering the buffer exactly once, caps (a smaller first one),
-// oversized parameters alone, never split.
+// oversized parameters alone, never split. Then the Reducer itself on Gloo groups (ranks as threads):
+// grad_dtype = bf16 against fp32: equal where the values are exact in bfloat16, within bfloat16's rounding
+// elsewhere, the same bits on every rank; with and without overlap, 2 and 3 ranks.
 #include <catch2/catch.hpp>
 
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
+#include "comm/gloo_backend.h"
+#include "comm/store.h"
 #include "core/check.h"
+#include "models/model.h"
 #include "trainer/reducer.h"
 
 using namespace dpt;
@@ -80,3 +90,135 @@ TEST_CASE("assign_buckets: edge cases", "[reducer]") {
   CHECK_THROWS_AS(assign_buckets(mlp, 0, 1), InternalError);
 }
 
+
+namespace {
+
+// Runs fn(group) on `size` threads, each a rank of one Gloo group meeting through an in-process store.
+// Returns what the threads threw, one line per rank.
+std::string run_gloo_ranks(int size, const std::function<void(comm::ProcessGroup&)>& fn) {
+  auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(30));
+  std::vector<std::string> errors(static_cast<size_t>(size));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        comm::GlooOptions opts;
+        opts.timeout = std::chrono::seconds(30);
+        comm::GlooProcessGroup pg(store, r, size, opts);
+        fn(pg);
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(r)] = fmt::format("rank {}: {}", r, e.what());
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::string all;
+  for (const auto& e : errors) all += e.empty() ? "" : e + "\n";
+  return all;
+}
+
+// One step of the reducer over gradients g(rank, i): begin, every parameter reported in backward order,
+// finish. Returns the reduced gradients.
+std::vector<float> reduce_once(comm::ProcessGroup& pg, DType grad_dtype, bool overlap,
+                               const std::function<float(int, size_t)>& g, size_t* buckets = nullptr) {
+  auto model = models::make_mlp(5, {7}, 3);  // 66 parameters in 4 tensors
+  float* grads = model->grads().data<float>();
+  for (size_t i = 0; i < model->grads().numel(); ++i) grads[i] = g(pg.rank(), i);
+  // 64-byte buckets: one parameter tensor each, so several buckets go through the per-bucket path.
+  trainer::Reducer reducer(pg, *model, nullptr,
+                           {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .overlap = overlap,
+                            .grad_dtype = grad_dtype});
+  if (buckets) *buckets = reducer.buckets().size();
+  reducer.begin(true);
+  for (size_t p = model->named_params().size(); p-- > 0;) reducer.grads_ready(p, p + 1);
+  reducer.finish();
+  return std::vector<float>(grads, grads + model->grads().numel());
+}
+
+uint32_t bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  return u;
+}
+
+// A rank-specific gradient spanning several binades, most of which bfloat16 cannot hold exactly.
+float random_grad(int rank, size_t i) {
+  uint64_t x = (static_cast<uint64_t>(rank) + 1) * 0x9E3779B97F4A7C15ull + (i + 1) * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  x *= 0x94D049BB133111EBull;
+  x ^= x >> 29;
+  const float unit = static_cast<float>(static_cast<double>(x % 1000003) / 1000003.0 * 2.0 - 1.0);
+  return std::ldexp(unit, static_cast<int>(i % 9) - 4);
+}
+
+}  // namespace
+
+TEST_CASE("Reducer grad_dtype bf16: exact values unchanged, others within bfloat16 rounding of fp32",
+          "[reducer][bf16][multirank]") {
+  const int size = GENERATE(2, 3);
+  const bool overlap = GENERATE(true, false);
+  INFO("world size " << size << ", overlap " << overlap);
+  std::mutex mu;
+  std::vector<std::string> fails;
+  std::vector<std::vector<float>> results(static_cast<size_t>(size));
+  auto fail = [&](std::string what) {
+    std::lock_guard lock(mu);
+    if (fails.size() < 20) fails.push_back(std::move(what));
+  };
+  std::string errors = run_gloo_ranks(size, [&](comm::ProcessGroup& pg) {
+    const int w = pg.size();
+    // Exact: g = w (r + 1) k / 2, k = i % 5 + 1: g / w and every partial sum are exact in bfloat16, so bf16
+    // gives fp32's average bit for bit: k (w + 1) / 4 * w ... = k w (w + 1) / 4.
+    auto exact = [&](int r, size_t i) { return static_cast<float>(w * (r + 1) * static_cast<int>(i % 5 + 1)) * 0.5f; };
+    size_t nb = 0;
+    const auto f32 = reduce_once(pg, DType::F32, overlap, exact, &nb);
+    const auto b16 = reduce_once(pg, DType::BF16, overlap, exact);
+    if (nb < 3) fail(fmt::format("only {} bucket(s)", nb));
+    for (size_t i = 0; i < f32.size(); ++i) {
+      const float want = static_cast<float>(static_cast<int>(i % 5 + 1) * w * (w + 1)) / 4.0f;
+      if (f32[i] != want || bits(b16[i]) != bits(f32[i])) {
+        fail(fmt::format("rank {} exact: element {}: fp32 {} bf16 {}, expected {}", pg.rank(), i, f32[i], b16[i], want));
+        break;
+      }
+    }
+    // Rounded: within the rounding of g / w to bfloat16 (2^-8 of it) and of w - 1 bfloat16 additions
+    // (2^-8 of each partial sum), against fp32's average; every value a bfloat16; some differ from fp32.
+    const auto r32 = reduce_once(pg, DType::F32, overlap, random_grad);
+    const auto r16 = reduce_once(pg, DType::BF16, overlap, random_grad);
+    size_t differ = 0;
+    for (size_t i = 0; i < r32.size(); ++i) {
+      double mean_abs = 0.0;
+      for (int q = 0; q < w; ++q) mean_abs += std::fabs(random_grad(q, i)) / w;
+      const double tol = w * 0x1p-8 * mean_abs * 1.01 + 1e-6 * mean_abs;
+      if (std::fabs(static_cast<double>(r16[i]) - r32[i]) > tol) {
+        fail(fmt::format("rank {} rounded: element {}: bf16 {} fp32 {}, more than {} apart", pg.rank(), i, r16[i],
+                         r32[i], tol));
+        break;
+      }
+      if ((bits(r16[i]) & 0xFFFFu) != 0) {
+        fail(fmt::format("rank {} rounded: element {}: {} is not a bfloat16 value", pg.rank(), i, r16[i]));
+        break;
+      }
+      differ += r16[i] != r32[i];
+    }
+    if (differ < r32.size() / 2)
+      fail(fmt::format("rank {}: only {} of {} elements differ from fp32", pg.rank(), differ, r32.size()));
+    std::lock_guard lock(mu);
+    results[static_cast<size_t>(pg.rank())] = r16;
+  });
+  REQUIRE(errors == "");
+  CHECK(fmt::format("{}", fmt::join(fails, "\n")) == "");
+  for (int r = 1; r < size; ++r) {  // replicas stay identical: the same bits on every rank
+    REQUIRE(results[static_cast<size_t>(r)].size() == results[0].size());
+    CHECK(std::memcmp(results[static_cast<size_t>(r)].data(), results[0].data(), results[0].size() * 4) == 0);
+  }
+}
+
+TEST_CASE("Reducer grad_dtype bf16 on one rank leaves the gradients alone", "[reducer][bf16]") {
+  auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(5));
+  comm::GlooProcessGroup pg(store, 0, 1);
+  const auto out = reduce_once(pg, DType::BF16, true, random_grad);
+  for (size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == random_grad(0, i));
+  auto model = models::make_mlp(2, {2}, 2);
+  CHECK_THROWS_AS(trainer::Reducer(pg, *model, nullptr, {.grad_dtype = DType::F64}), InternalError);
+}

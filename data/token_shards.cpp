@@ -1,0 +1,319 @@
+// data/token_shards.cpp: the llm.c shard writer and mmap reader, TokenWindows, find_token_shards.
+#include "data/token_shards.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <system_error>
+#include <utility>
+
+#include "core/check.h"
+
+namespace dpt::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+[[noreturn]] void bad_shard(const std::string& path, const std::string& what) {
+  DPT_THROW(IoError, "{}: not a valid token shard: {}", path, what);
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+// fsync the directory holding `path`, so that a rename into it survives a power cut.
+void sync_parent_dir(const std::string& path) {
+  fs::path parent = fs::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  const int fd = ::open(parent.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;  // best effort: the data itself is already synced
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+// ---- writer ----
+
+TokenShardWriter::TokenShardWriter(std::string path) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
+  file_ = std::fopen(tmp_path_.c_str(), "wb");
+  if (file_ == nullptr) DPT_THROW(IoError, "{}: cannot create: {}", tmp_path_, errno_text());
+  // A zero header for now; finish() rewrites it with the count.
+  const std::array<int32_t, kTokenShardHeaderInts> header{};
+  write_raw(header.data(), kTokenShardHeaderBytes);
+}
+
+TokenShardWriter::~TokenShardWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::error_code ec;
+    fs::remove(tmp_path_, ec);
+  }
+}
+
+void TokenShardWriter::write_raw(const void* data, size_t bytes) {
+  if (bytes != 0 && std::fwrite(data, 1, bytes, file_) != bytes) {
+    DPT_THROW(IoError, "{}: write failed: {}", tmp_path_, errno_text());
+  }
+}
+
+void TokenShardWriter::append(std::span<const int32_t> tokens) {
+  DPT_CHECK(file_ != nullptr, "append to the finished shard {}", path_);
+  if (count_ + static_cast<int64_t>(tokens.size()) > kMaxShardTokenCount) {
+    DPT_THROW(ConfigError, "{}: more than {} tokens do not fit one shard (header[2] is an int32)", path_,
+              kMaxShardTokenCount);
+  }
+  constexpr size_t kChunk = 1 << 16;
+  std::array<uint16_t, kChunk> buf;
+  for (size_t start = 0; start < tokens.size(); start += kChunk) {
+    const size_t n = std::min(kChunk, tokens.size() - start);
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t t = tokens[start + i];
+      if (t < 0 || t > kMaxShardToken) {
+        DPT_THROW(ConfigError, "{}: token {} at position {} is outside [0, {}]: shards hold uint16 tokens", path_, t,
+                  count_ + static_cast<int64_t>(start + i), kMaxShardToken);
+      }
+      buf[i] = static_cast<uint16_t>(t);
+    }
+    write_raw(buf.data(), n * sizeof(uint16_t));
+  }
+  count_ += static_cast<int64_t>(tokens.size());
+}
+
+void TokenShardWriter::append(std::span<const uint8_t> bytes) {
+  DPT_CHECK(file_ != nullptr, "append to the finished shard {}", path_);
+  if (count_ + static_cast<int64_t>(bytes.size()) > kMaxShardTokenCount) {
+    DPT_THROW(ConfigError, "{}: more than {} tokens do not fit one shard (header[2] is an int32)", path_,
+              kMaxShardTokenCount);
+  }
+  constexpr size_t kChunk = 1 << 16;
+  std::array<uint16_t, kChunk> buf;
+  for (size_t start = 0; start < bytes.size(); start += kChunk) {
+    const size_t n = std::min(kChunk, bytes.size() - start);
+    for (size_t i = 0; i < n; ++i) buf[i] = bytes[start + i];
+    write_raw(buf.data(), n * sizeof(uint16_t));
+  }
+  count_ += static_cast<int64_t>(bytes.size());
+}
+
+void TokenShardWriter::finish() {
+  DPT_CHECK(file_ != nullptr, "finish() called twice on {}", path_);
+  std::array<int32_t, kTokenShardHeaderInts> header{};
+  header[0] = kTokenShardMagic;
+  header[1] = kTokenShardVersion;
+  header[2] = static_cast<int32_t>(count_);
+  std::FILE* f = std::exchange(file_, nullptr);
+  const bool ok = std::fseek(f, 0, SEEK_SET) == 0 &&
+                  std::fwrite(header.data(), 1, kTokenShardHeaderBytes, f) == kTokenShardHeaderBytes &&
+                  std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const std::string why = ok ? "" : errno_text();
+  const bool closed = std::fclose(f) == 0;
+  std::error_code ec;
+  if (!ok || !closed) {
+    fs::remove(tmp_path_, ec);
+    DPT_THROW(IoError, "{}: write failed: {}", tmp_path_, ok ? errno_text() : why);
+  }
+  fs::rename(tmp_path_, path_, ec);
+  if (ec) {
+    fs::remove(tmp_path_, ec);
+    DPT_THROW(IoError, "{}: cannot rename {} into place: {}", path_, tmp_path_, ec.message());
+  }
+  sync_parent_dir(path_);
+}
+
+void write_token_shard(const std::string& path, std::span<const int32_t> tokens) {
+  TokenShardWriter w(path);
+  w.append(tokens);
+  w.finish();
+}
+
+// ---- reader ----
+
+TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
+  const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) DPT_THROW(IoError, "{}: cannot open token shard: {}", path_, errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string why = errno_text();
+    ::close(fd);
+    DPT_THROW(IoError, "{}: cannot stat: {}", path_, why);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    bad_shard(path_, "not a regular file");
+  }
+  const auto bytes = static_cast<size_t>(st.st_size);
+  if (bytes < kTokenShardHeaderBytes) {
+    ::close(fd);
+    bad_shard(path_, bytes == 0 ? "empty file (expected a 1024-byte header)"
+                                : fmt::format("{} bytes, shorter than the 1024-byte header", bytes));
+  }
+  void* map = ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0);
+  const std::string why = map == MAP_FAILED ? errno_text() : "";
+  ::close(fd);  // the mapping keeps the file open
+  if (map == MAP_FAILED) DPT_THROW(IoError, "{}: cannot mmap: {}", path_, why);
+  map_ = map;
+  map_bytes_ = bytes;
+
+  int32_t header[3];
+  std::memcpy(header, map_, sizeof header);
+  try {
+    if (header[0] != kTokenShardMagic) {
+      bad_shard(path_, fmt::format("bad magic {} (0x{:08X}), expected {} (llm.c's GPT-2 uint16 shards)", header[0],
+                                   static_cast<uint32_t>(header[0]), kTokenShardMagic));
+    }
+    if (header[1] != kTokenShardVersion) {
+      bad_shard(path_, fmt::format("version {}, expected {}", header[1], kTokenShardVersion));
+    }
+    if (header[2] < 0) bad_shard(path_, fmt::format("negative token count {} in the header", header[2]));
+    const size_t count = static_cast<size_t>(header[2]);
+    const size_t expected = kTokenShardHeaderBytes + count * sizeof(uint16_t);
+    if (bytes != expected) {
+      bad_shard(path_, fmt::format("{} bytes, expected {} for the {} tokens its header declares ({})", bytes, expected,
+                                   count,
+                                   bytes < expected ? fmt::format("truncated: {} bytes missing", expected - bytes)
+                                                    : fmt::format("{} trailing bytes", bytes - expected)));
+    }
+    count_ = count;
+  } catch (...) {
+    unmap();
+    throw;
+  }
+  tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + kTokenShardHeaderBytes);
+  // Windows are read in random order.
+  if (count_ != 0) ::madvise(map_, map_bytes_, MADV_RANDOM);
+}
+
+TokenShard::~TokenShard() { unmap(); }
+
+void TokenShard::unmap() {
+  if (map_ != nullptr) ::munmap(map_, map_bytes_);
+  map_ = nullptr;
+  map_bytes_ = 0;
+  tokens_ = nullptr;
+  count_ = 0;
+}
+
+TokenShard::TokenShard(TokenShard&& other) noexcept
+    : path_(std::move(other.path_)),
+      map_(std::exchange(other.map_, nullptr)),
+      map_bytes_(std::exchange(other.map_bytes_, 0)),
+      tokens_(std::exchange(other.tokens_, nullptr)),
+      count_(std::exchange(other.count_, 0)) {}
+
+TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
+  if (this != &other) {
+    unmap();
+    path_ = std::move(other.path_);
+    map_ = std::exchange(other.map_, nullptr);
+    map_bytes_ = std::exchange(other.map_bytes_, 0);
+    tokens_ = std::exchange(other.tokens_, nullptr);
+    count_ = std::exchange(other.count_, 0);
+  }
+  return *this;
+}
+
+// ---- windows ----
+
+TokenWindows::TokenWindows(const std::vector<std::string>& files, int64_t block_size) : block_size_(block_size) {
+  if (block_size < 1) DPT_THROW(ConfigError, "token windows: block_size must be >= 1, got {}", block_size);
+  if (files.empty()) DPT_THROW(ConfigError, "token windows: no shard files given");
+  shards_.reserve(files.size());
+  first_window_.reserve(files.size() + 1);
+  const auto t = static_cast<size_t>(block_size);
+  size_t total = 0;
+  for (const std::string& f : files) {
+    shards_.emplace_back(f);
+    first_window_.push_back(total);
+    const size_t n = shards_.back().size();
+    total += n >= t + 1 ? (n - 1) / t : 0;
+  }
+  first_window_.push_back(total);
+  total_windows_ = total;
+  if (total_windows_ == 0) {
+    std::vector<std::string> sizes;
+    for (const TokenShard& s : shards_) sizes.push_back(fmt::format("{} ({} tokens)", s.path(), s.size()));
+    DPT_THROW(ConfigError, "token windows: no window of block_size + 1 = {} tokens fits in any shard: {}", t + 1,
+              fmt::join(sizes, ", "));
+  }
+}
+
+std::pair<size_t, size_t> TokenWindows::locate(size_t index) const {
+  DPT_CHECK_LT(index, total_windows_);
+  // The last shard whose first window is <= index (shards without windows share their successor's start,
+  // and upper_bound steps past them).
+  const auto it = std::upper_bound(first_window_.begin(), first_window_.end() - 1, index);
+  const auto shard = static_cast<size_t>(it - first_window_.begin()) - 1;
+  return {shard, (index - first_window_[shard]) * static_cast<size_t>(block_size_)};
+}
+
+void TokenWindows::get(size_t index, int32_t* out) const {
+  const auto [shard, start] = locate(index);
+  const uint16_t* src = shards_[shard].tokens().data() + start;
+  const size_t n = window_tokens();
+  for (size_t i = 0; i < n; ++i) out[i] = src[i];
+}
+
+int64_t TokenWindows::max_token() const {
+  int64_t best = -1;
+  for (const TokenShard& s : shards_) {
+    for (uint16_t t : s.tokens()) best = std::max<int64_t>(best, t);
+  }
+  return best;
+}
+
+void TokenWindows::check_vocab(int64_t vocab_size) const {
+  for (const TokenShard& s : shards_) {
+    const auto toks = s.tokens();
+    const auto it = std::find_if(toks.begin(), toks.end(), [&](uint16_t t) { return t >= vocab_size; });
+    if (it != toks.end()) {
+      DPT_THROW(ConfigError, "{}: token {} at position {} is not below the vocabulary size {}", s.path(), *it,
+                it - toks.begin(), vocab_size);
+    }
+  }
+}
+
+// ---- finding shards ----
+
+bool shard_name_matches(const std::string& file_name, const std::string& split) {
+  if (split.empty() || file_name.size() <= 4 || !file_name.ends_with(".bin")) return false;
+  const std::string_view stem(file_name.data(), file_name.size() - 4);
+  size_t start = 0;
+  while (start <= stem.size()) {
+    size_t end = stem.find('_', start);
+    if (end == std::string_view::npos) end = stem.size();
+    if (stem.substr(start, end - start) == split) return true;
+    start = end + 1;
+  }
+  return false;
+}
+
+std::vector<std::string> find_token_shards(const std::string& dir, const std::string& split) {
+  const std::string pattern = fmt::format("{}/*.bin with '{}' as an underscore-separated word of the name", dir, split);
+  if (split.empty() || split.find('_') != std::string::npos) {
+    DPT_THROW(ConfigError, "token shards: split '{}' must be one non-empty word without '_'", split);
+  }
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) DPT_THROW(ConfigError, "token shards: {} is not a directory (looking for {})", dir, pattern);
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file(ec) && shard_name_matches(entry.path().filename().string(), split)) {
+      names.push_back(entry.path().filename().string());
+    }
+  }
+  if (ec) DPT_THROW(ConfigError, "token shards: cannot list {}: {}", dir, ec.message());
+  if (names.empty()) DPT_THROW(ConfigError, "token shards: no {} shards: no file matches {}", split, pattern);
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> paths;
+  paths.reserve(names.size());
+  for (const std::string& n : names) paths.push_back((fs::path(dir) / n).string());
+  return paths;
+}
+
+}  // namespace dpt::data

@@ -1,0 +1,232 @@
+// data/tokenize.cpp: tokenize_bytes: text files -> byte-level token shards, train / val by blocks.
+#include "data/tokenize.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <system_error>
+#include <vector>
+
+#include "core/check.h"
+#include "data/token_shards.h"
+
+namespace dpt::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr size_t kReadChunkBytes = size_t{1} << 20;
+
+// A FILE* that closes itself.
+struct File {
+  std::FILE* f = nullptr;
+  explicit File(const std::string& path) : f(std::fopen(path.c_str(), "rb")) {
+    if (f == nullptr) DPT_THROW(IoError, "{}: cannot open: {}", path, std::strerror(errno));
+  }
+  ~File() { std::fclose(f); }
+  File(const File&) = delete;
+  File& operator=(const File&) = delete;
+};
+
+// Calls fn(chunk) for each chunk of the file; fn returns false to stop early.
+template <class Fn>
+void for_each_chunk(const std::string& path, std::vector<uint8_t>& buf, Fn fn) {
+  File in(path);
+  buf.resize(kReadChunkBytes);
+  for (;;) {
+    const size_t got = std::fread(buf.data(), 1, buf.size(), in.f);
+    if (got > 0 && !fn(std::span<const uint8_t>(buf.data(), got))) return;
+    if (got < buf.size()) {
+      if (std::ferror(in.f)) DPT_THROW(IoError, "{}: read failed: {}", path, std::strerror(errno));
+      return;
+    }
+  }
+}
+
+bool has_nul(const std::string& path, std::vector<uint8_t>& buf) {
+  bool found = false;
+  for_each_chunk(path, buf, [&](std::span<const uint8_t> chunk) {
+    found = std::memchr(chunk.data(), 0, chunk.size()) != nullptr;
+    return !found;
+  });
+  return found;
+}
+
+// The files to read, in order: each input as given; a directory's regular files recursively, sorted by
+// path. Symlinks inside directories are not followed (fortunes' *.u8 links would double the corpus).
+std::vector<std::string> collect_files(const std::vector<std::string>& inputs, TokenizeSummary& summary) {
+  std::vector<std::string> files;
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    const fs::file_status st = fs::status(input, ec);
+    if (!fs::exists(st)) DPT_THROW(IoError, "tokenize: input {}: no such file or directory", input);
+    if (fs::is_regular_file(st)) {
+      files.push_back(input);
+      continue;
+    }
+    if (!fs::is_directory(st)) DPT_THROW(IoError, "tokenize: input {}: not a regular file or a directory", input);
+    std::vector<std::string> found;
+    for (auto it = fs::recursive_directory_iterator(input, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+      if (it->is_symlink(ec)) {
+        ++summary.skipped_links;
+      } else if (it->is_regular_file(ec)) {
+        found.push_back(it->path().string());
+      }
+    }
+    if (ec) DPT_THROW(IoError, "tokenize: cannot list {}: {}", input, ec.message());
+    std::sort(found.begin(), found.end());
+    files.insert(files.end(), found.begin(), found.end());
+  }
+  return files;
+}
+
+// One split's shards: <dir>/<name>_<split>_NNNNNN.bin, each at most shard_tokens tokens.
+class SplitWriter {
+ public:
+  SplitWriter(fs::path dir, std::string prefix, size_t shard_tokens)
+      : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens) {}
+
+  void append(std::span<const uint8_t> bytes) {
+    while (!bytes.empty()) {
+      if (!writer_) {
+        names_.push_back(fmt::format("{}_{:06d}.bin", prefix_, names_.size()));
+        writer_ = std::make_unique<TokenShardWriter>((dir_ / names_.back()).string());
+      }
+      const size_t room = shard_tokens_ - static_cast<size_t>(writer_->count());
+      const size_t n = std::min(room, bytes.size());
+      writer_->append(bytes.first(n));
+      tokens_ += n;
+      bytes = bytes.subspan(n);
+      if (static_cast<size_t>(writer_->count()) == shard_tokens_) close();
+    }
+  }
+  void close() {
+    if (writer_) writer_->finish();
+    writer_.reset();
+  }
+  uint64_t tokens() const { return tokens_; }
+  const std::vector<std::string>& names() const { return names_; }
+
+ private:
+  fs::path dir_;
+  std::string prefix_;
+  size_t shard_tokens_;
+  std::unique_ptr<TokenShardWriter> writer_;
+  std::vector<std::string> names_;
+  uint64_t tokens_ = 0;
+};
+
+// Removes a directory when it goes out of scope, unless released.
+struct RemoveOnExit {
+  fs::path path;
+  ~RemoveOnExit() {
+    std::error_code ec;
+    if (!path.empty()) fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) {
+  if (opts.inputs.empty()) DPT_THROW(ConfigError, "tokenize: no input given");
+  if (opts.out_dir.empty()) DPT_THROW(ConfigError, "tokenize: no output directory given");
+  if (opts.block_tokens < 1) DPT_THROW(ConfigError, "tokenize: block_tokens must be >= 1");
+  if (opts.val_every < 2) {
+    DPT_THROW(ConfigError, "tokenize: --val-every must be >= 2 (every Nth block is validation), got {}", opts.val_every);
+  }
+  if (opts.shard_tokens < 1 || opts.shard_tokens > static_cast<size_t>(kMaxShardTokenCount)) {
+    DPT_THROW(ConfigError, "tokenize: shard_tokens must be in [1, {}], got {}", kMaxShardTokenCount, opts.shard_tokens);
+  }
+  if (opts.name.empty() || opts.name.find_first_of("_/") != std::string::npos) {
+    DPT_THROW(ConfigError, "tokenize: shard name '{}' must be non-empty, without '_' or '/'", opts.name);
+  }
+
+  TokenizeSummary summary;
+  const std::vector<std::string> files = collect_files(opts.inputs, summary);
+
+  fs::path out = fs::path(opts.out_dir).lexically_normal();
+  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
+  std::error_code ec;
+  if (fs::exists(out, ec) && !fs::is_directory(out, ec)) DPT_THROW(IoError, "{}: exists and is not a directory", out.string());
+  if (fs::is_directory(out, ec) && !fs::is_empty(out, ec) && !opts.force) {
+    DPT_THROW(IoError, "{}: not empty: refusing to overwrite it (force replaces it)", out.string());
+  }
+  summary.out_dir = out.string();
+  const fs::path tmp = out.string() + ".tmp";
+
+  try {
+    if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
+    fs::remove_all(tmp);  // left by an interrupted run
+    fs::create_directories(tmp);
+    RemoveOnExit cleanup{tmp};
+
+    SplitWriter train(tmp, opts.name + "_train", opts.shard_tokens);
+    SplitWriter val(tmp, opts.name + "_val", opts.shard_tokens);
+    uint64_t block = 0;      // the block the next byte falls in
+    size_t in_block = 0;     // bytes of that block already routed
+    std::vector<uint8_t> buf;
+    for (size_t i = 0; i < files.size(); ++i) {
+      const std::string& path = files[i];
+      if (fs::path(path).filename().string().ends_with(".dat")) {
+        ++summary.skipped_dat;
+      } else if (has_nul(path, buf)) {
+        ++summary.skipped_binary;
+      } else {
+        ++summary.files;
+        for_each_chunk(path, buf, [&](std::span<const uint8_t> chunk) {
+          summary.bytes += chunk.size();
+          while (!chunk.empty()) {
+            const size_t n = std::min(opts.block_tokens - in_block, chunk.size());
+            (block % opts.val_every == opts.val_every - 1 ? val : train).append(chunk.first(n));
+            chunk = chunk.subspan(n);
+            in_block += n;
+            if (in_block == opts.block_tokens) {
+              ++block;
+              in_block = 0;
+            }
+          }
+          return true;
+        });
+      }
+      if (opts.progress) opts.progress(i + 1, files.size(), summary.bytes);
+    }
+    train.close();
+    val.close();
+    summary.train_tokens = train.tokens();
+    summary.val_tokens = val.tokens();
+    summary.train_shards = train.names();
+    summary.val_shards = val.names();
+    if (summary.files == 0) {
+      DPT_THROW(ConfigError, "tokenize: no text in {} ({} files: {} *.dat, {} binary, all skipped)",
+                fmt::join(opts.inputs, ", "), files.size(), summary.skipped_dat, summary.skipped_binary);
+    }
+    if (summary.train_tokens == 0 || summary.val_tokens == 0) {
+      DPT_THROW(ConfigError,
+                "tokenize: {} bytes make {} blocks of {} tokens and every {}th block is validation: too little text "
+                "for both splits (lower --val-every, or give more text)",
+                summary.bytes, block + (in_block > 0 ? 1 : 0), opts.block_tokens, opts.val_every);
+    }
+
+    // Into place. An existing OUT (empty, or replaced with force) is renamed aside first, then removed.
+    if (fs::exists(out)) {
+      const fs::path old = out.string() + ".old";
+      fs::remove_all(old);
+      fs::rename(out, old);
+      fs::rename(tmp, out);
+      fs::remove_all(old);
+    } else {
+      fs::rename(tmp, out);
+    }
+    cleanup.path.clear();
+  } catch (const fs::filesystem_error& e) {
+    DPT_THROW(IoError, "tokenize to {}: {}", out.string(), e.what());
+  }
+  return summary;
+}
+
+}  // namespace dpt::data

@@ -1,0 +1,237 @@
+// models/kernels/cpu/onednn_conv.cpp: see onednn_conv.h.
+#include "models/kernels/cpu/onednn_conv.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <array>
+#include <cstdlib>
+#include <map>
+#include <memory>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "core/check.h"
+
+namespace dpt::models::onednn {
+namespace {
+
+using dnnl::memory;
+using dt = memory::data_type;
+using tag = memory::format_tag;
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+dnnl::stream& stream() {
+  thread_local dnnl::stream s(engine());
+  return s;
+}
+
+enum class Op : int64_t { Forward, BackwardData, BackwardWeight };
+
+// One tensor a primitive reads or writes: the caller's NCHW/OIHW float32 memory (its pointer set per call)
+// and, when the primitive wants another layout or type, its own memory and the reorder between the two.
+struct Operand {
+  memory user;
+  memory inner;                      // == user when no reorder is needed
+  std::optional<dnnl::reorder> move; // user -> inner for inputs, inner -> user for the output
+  bool reordered = false;
+
+  Operand(const memory::desc& user_md, const memory::desc& want, bool output, bool accumulate = false)
+      : user(user_md, engine(), DNNL_MEMORY_NONE) {
+    if (want == user_md && !accumulate) {
+      inner = user;
+      return;
+    }
+    inner = memory(want, engine());
+    reordered = true;
+    if (output) {
+      dnnl::primitive_attr attr;
+      if (accumulate) {  // user += inner
+        dnnl::post_ops po;
+        po.append_sum(1.0f);
+        attr.set_post_ops(po);
+      }
+      move = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), want, engine(), user_md, attr));
+    } else {
+      move = dnnl::reorder(dnnl::reorder::primitive_desc(engine(), user_md, engine(), want));
+    }
+  }
+  void bind(const float* p) { user.set_data_handle(const_cast<float*>(p)); }
+  void in() {
+    if (reordered) move->execute(stream(), user, inner);
+  }
+  void out() {
+    if (reordered) move->execute(stream(), inner, user);
+  }
+};
+
+// A convolution primitive for one (op, precision, shape) and its three operands: a (x or dy), b (w or x or
+// dy), and the result.
+struct Entry {
+  dnnl::primitive prim;
+  std::unique_ptr<Operand> a, b, result;
+  int a_arg = 0, b_arg = 0, result_arg = 0;
+};
+
+memory::dims dims4(int64_t a, int64_t b, int64_t c, int64_t d) { return {a, b, c, d}; }
+
+dt low_type(Precision p) { return p == Precision::BF16 ? dt::bf16 : dt::f32; }
+
+dnnl::convolution_forward::primitive_desc forward_pd(const ConvShape& cs, Precision p) {
+  const dt low = low_type(p);
+  const memory::desc src(dims4(cs.n, cs.c, cs.h, cs.w), low, tag::any);
+  const memory::desc wei(dims4(cs.k, cs.c, cs.r, cs.s), low, tag::any);
+  const memory::desc dst(dims4(cs.n, cs.k, cs.p, cs.q), dt::f32, tag::any);
+  // Symmetric padding: oneDNN's output size is floor((h + 2 pad - r) / stride) + 1, PyTorch's rule.
+  const memory::dims stride = {cs.stride, cs.stride}, pad = {cs.pad, cs.pad};
+  dnnl::convolution_forward::desc d(dnnl::prop_kind::forward_training, dnnl::algorithm::convolution_direct, src, wei,
+                                    dst, stride, pad, pad);
+  return {d, engine()};
+}
+
+Entry make_entry(Op op, const ConvShape& cs, Precision p) {
+  const memory::desc x_md(dims4(cs.n, cs.c, cs.h, cs.w), dt::f32, tag::nchw);
+  const memory::desc w_md(dims4(cs.k, cs.c, cs.r, cs.s), dt::f32, tag::oihw);
+  const memory::desc y_md(dims4(cs.n, cs.k, cs.p, cs.q), dt::f32, tag::nchw);
+  const dt low = low_type(p);
+  const memory::dims stride = {cs.stride, cs.stride}, pad = {cs.pad, cs.pad};
+  const auto fwd = forward_pd(cs, p);
+  Entry e;
+  switch (op) {
+    case Op::Forward:
+      e.prim = dnnl::convolution_forward(fwd);
+      e.a = std::make_unique<Operand>(x_md, fwd.src_desc(), false);
+      e.b = std::make_unique<Operand>(w_md, fwd.weights_desc(), false);
+      e.result = std::make_unique<Operand>(y_md, fwd.dst_desc(), true);
+      e.a_arg = DNNL_ARG_SRC, e.b_arg = DNNL_ARG_WEIGHTS, e.result_arg = DNNL_ARG_DST;
+      break;
+    case Op::BackwardData: {
+      const memory::desc dsrc(dims4(cs.n, cs.c, cs.h, cs.w), dt::f32, tag::any);
+      const memory::desc wei(dims4(cs.k, cs.c, cs.r, cs.s), low, tag::any);
+      const memory::desc ddst(dims4(cs.n, cs.k, cs.p, cs.q), low, tag::any);
+      dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, dsrc, wei, ddst, stride, pad, pad);
+      dnnl::convolution_backward_data::primitive_desc pd(d, engine(), fwd);
+      e.prim = dnnl::convolution_backward_data(pd);
+      e.a = std::make_unique<Operand>(y_md, pd.diff_dst_desc(), false);
+      e.b = std::make_unique<Operand>(w_md, pd.weights_desc(), false);
+      e.result = std::make_unique<Operand>(x_md, pd.diff_src_desc(), true);
+      e.a_arg = DNNL_ARG_DIFF_DST, e.b_arg = DNNL_ARG_WEIGHTS, e.result_arg = DNNL_ARG_DIFF_SRC;
+      break;
+    }
+    case Op::BackwardWeight: {
+      const memory::desc src(dims4(cs.n, cs.c, cs.h, cs.w), low, tag::any);
+      const memory::desc dwei(dims4(cs.k, cs.c, cs.r, cs.s), dt::f32, tag::any);
+      const memory::desc ddst(dims4(cs.n, cs.k, cs.p, cs.q), low, tag::any);
+      dnnl::convolution_backward_weights::desc d(dnnl::algorithm::convolution_direct, src, dwei, ddst, stride, pad,
+                                                 pad);
+      dnnl::convolution_backward_weights::primitive_desc pd(d, engine(), fwd);
+      e.prim = dnnl::convolution_backward_weights(pd);
+      e.a = std::make_unique<Operand>(y_md, pd.diff_dst_desc(), false);
+      e.b = std::make_unique<Operand>(x_md, pd.src_desc(), false);
+      e.result = std::make_unique<Operand>(w_md, pd.diff_weights_desc(), true, /*accumulate=*/true);
+      e.a_arg = DNNL_ARG_DIFF_DST, e.b_arg = DNNL_ARG_SRC, e.result_arg = DNNL_ARG_DIFF_WEIGHTS;
+      break;
+    }
+  }
+  return e;
+}
+
+// A small 3x3 convolution, to ask oneDNN which kernels it has.
+ConvShape probe_shape() {
+  ConvShape cs;
+  cs.n = 1, cs.c = 16, cs.h = cs.w = 4, cs.k = 16, cs.r = cs.s = 3, cs.pad = 1;
+  conv_output_size(cs);
+  return cs;
+}
+
+using Key = std::array<int64_t, 11>;
+
+// The primitive for (op, p, cs), made on first use and kept (a training step reuses every one); nullptr when
+// oneDNN has none (remembered too, so the fallback costs nothing after the first call).
+Entry* entry(Op op, const ConvShape& cs, Precision p) {
+  if (!enabled()) return nullptr;
+  thread_local std::map<Key, std::unique_ptr<Entry>> cache;
+  const Key key = {static_cast<int64_t>(op) * 4 + static_cast<int64_t>(p), cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s,
+                   cs.stride, cs.pad, cs.p * 1000003 + cs.q};
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    std::unique_ptr<Entry> made;
+    if (supports(p)) {
+      try {
+        made = std::make_unique<Entry>(make_entry(op, cs, p));
+      } catch (const dnnl::error&) {
+        made = nullptr;  // no implementation: im2col + OpenBLAS serves this one
+      }
+    }
+    it = cache.emplace(key, std::move(made)).first;
+  }
+  return it->second.get();
+}
+
+bool run(Op op, const float* a, const float* b, float* result, const ConvShape& cs, Precision p) {
+  Entry* e = entry(op, cs, p);
+  if (!e) return false;
+  e->a->bind(a);
+  e->b->bind(b);
+  e->result->bind(result);
+  e->a->in();
+  e->b->in();
+  e->prim.execute(stream(), {{e->a_arg, e->a->inner}, {e->b_arg, e->b->inner}, {e->result_arg, e->result->inner}});
+  e->result->out();
+  stream().wait();
+  return true;
+}
+
+}  // namespace
+
+thread_local int tl_enabled = -1;  // -1: as DPT_CPU_CONV says
+
+bool enabled() {
+  static const bool by_env = [] {
+    const char* v = std::getenv("DPT_CPU_CONV");
+    if (!v || !*v || std::string(v) == "onednn") return true;
+    if (std::string(v) == "im2col") return false;
+    DPT_THROW(ConfigError, "DPT_CPU_CONV={}: expected onednn or im2col", v);
+  }();
+  return tl_enabled < 0 ? by_env : tl_enabled == 1;
+}
+void set_enabled(bool on) { tl_enabled = on ? 1 : 0; }
+
+bool supports(Precision p) {
+  if (p == Precision::F32) return true;
+  if (p != Precision::BF16) return false;
+  static const bool bf16 = [] {
+    try {
+      const auto pd = forward_pd(probe_shape(), Precision::BF16);
+      return std::string(pd.impl_info_str()).find("ref") == std::string::npos;  // a reference loop is no gain
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  }();
+  return bf16;
+}
+
+std::string describe() {
+  const dnnl_version_t* v = dnnl_version();
+  std::string isa = "?";
+  try {
+    isa = forward_pd(probe_shape(), Precision::F32).impl_info_str();
+  } catch (const dnnl::error&) {
+  }
+  return fmt::format("oneDNN {}.{}.{} ({})", v->major, v->minor, v->patch, isa);
+}
+
+bool conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs, Precision p) {
+  return run(Op::Forward, x, w, y, cs, p);
+}
+bool conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs, Precision p) {
+  return run(Op::BackwardData, dy, w, dx, cs, p);
+}
+bool conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs, Precision p) {
+  return run(Op::BackwardWeight, dy, x, dw, cs, p);
+}
+
+}  // namespace dpt::models::onednn

@@ -1,0 +1,136 @@
+#!/usr/bin/env bash
+# dptrain tokenize writes byte-level token shards in llm.c's format: the headers are right (magic 20240520,
+# version 1, count, zeros), the train and val tokens are exactly the input bytes in order once the val blocks
+# (every Nth block of 4096) are put back in place, *.dat and binary files are skipped and counted; a non-empty
+# OUT is refused (exit 1, untouched) unless --force, which replaces it; a missing input is exit 1 naming it,
+# bad arguments exit 2. Also on Debian's fortunes corpus when it is installed.
+source "$(dirname "$0")/lib/common.bash"
+
+expect_exit() {  # expect_exit CODE PATTERN ARGS...: dptrain ARGS exits CODE, printing PATTERN
+  local code=$1 pattern=$2 out rc
+  shift 2
+  set +e
+  out=$("$DPTRAIN" "$@" 2>&1)
+  rc=$?
+  set -e
+  [ $rc -eq "$code" ] || { echo "$out"; fail "dptrain $* exited $rc, expected $code"; }
+  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "dptrain $*: output lacks '$pattern'"; }
+}
+
+# check_shards OUT N FILE...: OUT holds bytes_train_000000.bin and bytes_val_000000.bin (only), valid llm.c
+# shards whose tokens, val blocks put back every Nth block of 4096, are the FILEs' bytes concatenated.
+check_shards() {
+  local out=$1 n=$2
+  shift 2
+  [ "$(ls "$out" | tr '\n' ' ')" = "bytes_train_000000.bin bytes_val_000000.bin " ] || fail "$out holds: $(ls "$out")"
+  "$PY" - "$out" "$n" "$@" <<'EOF' || fail "the shards in $out do not hold the input bytes"
+import sys, numpy as np
+out, n, files = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+def read(path):
+    raw = open(path, "rb").read()
+    header = np.frombuffer(raw[:1024], dtype="<i4")
+    assert header[0] == 20240520, f"{path}: magic {header[0]}"
+    assert header[1] == 1, f"{path}: version {header[1]}"
+    assert (header[3:] == 0).all(), f"{path}: header[3:] not zero"
+    toks = np.frombuffer(raw[1024:], dtype="<u2")
+    assert len(raw) == 1024 + 2 * header[2] and len(toks) == header[2], f"{path}: size {len(raw)}, count {header[2]}"
+    assert toks.size and toks.max() < 256, f"{path}: not byte tokens"
+    return toks.astype(np.uint8).tobytes()
+train, val = read(f"{out}/bytes_train_000000.bin"), read(f"{out}/bytes_val_000000.bin")
+corpus = b"".join(open(f, "rb").read() for f in files)
+B = 4096
+rebuilt, t, v, i = bytearray(), 0, 0, 0
+while t < len(train) or v < len(val):
+    if i % n == n - 1:
+        rebuilt += val[v:v + B]; v += B
+    else:
+        rebuilt += train[t:t + B]; t += B
+    i += 1
+assert bytes(rebuilt) == corpus, f"rebuilt {len(rebuilt)} bytes, corpus {len(corpus)}"
+assert len(val) > 0 and len(train) > 0
+print(f"ok: {len(train)} train + {len(val)} val tokens = {len(corpus)} input bytes")
+EOF
+}
+
+# 1. A hand-made tree: text files in subfolders (read in path order), a fortune-style .dat index and a
+# binary file (skipped), a symlink (not followed). About 45 kB: 11 blocks, the 10th (index 9) is val with N=10.
+IN=$WORK/text
+mkdir -p "$IN/b/deep" "$IN/a"
+"$PY" - "$IN" <<'EOF'
+import sys, random
+root = sys.argv[1]
+rng = random.Random(9)
+words = "the quick brown fox jumps over a lazy dog while seven wizards quietly hex jolly zebras".split()
+def text(n):
+    return "".join(rng.choice(words) + (".\n" if rng.random() < 0.1 else " ") for _ in range(n)).encode()
+open(f"{root}/a/one.txt", "wb").write(text(3000))
+open(f"{root}/b/deep/two", "wb").write(text(2500) + "naïve café\n".encode())  # UTF-8: bytes > 127
+open(f"{root}/b/three.txt", "wb").write(text(2300))
+open(f"{root}/b/three.txt.dat", "wb").write(b"\x00\x00\x00\x02index")
+open(f"{root}/b/image.bin", "wb").write(b"\x89PNG\r\n\x1a\n\x00\x00binary")
+EOF
+ln -s "$IN/a/one.txt" "$IN/b/link.txt"
+FILES=("$IN/a/one.txt" "$IN/b/deep/two" "$IN/b/three.txt")  # path order: a/..., b/deep/two, b/three.txt
+BYTES=$(cat "${FILES[@]}" | wc -c)
+[ "$BYTES" -gt $((10 * 4096)) ] || fail "the test corpus is only $BYTES bytes"
+OUT=$WORK/shards
+out=$("$DPTRAIN" tokenize --input "$IN" --out "$OUT" 2>&1) || { echo "$out"; fail "tokenize failed"; }
+echo "$out"
+echo "$out" | grep -q "tokenize: 5/5 files" || fail "no progress line"
+echo "$out" | grep -q "tokenize: 3 files, $BYTES bytes; skipped 2 files (1 \*.dat index files, 1 binary" ||
+  fail "no summary of files, bytes and skipped files"
+echo "$out" | grep -q "did not follow 1 symlinks" || fail "the symlink was not reported"
+echo "$out" | grep -qE "wrote $((BYTES - 4096)) train tokens \(1 shards\) \+ 4096 val tokens \(1 shards\).* in [0-9.]+ s" ||
+  fail "no summary of tokens per split"
+check_shards "$OUT" 10 "${FILES[@]}"
+[ ! -e "$OUT.tmp" ] || fail "$OUT.tmp left behind"
+
+# 2. Several inputs, in the order given (a file, then a directory), and --val-every 3.
+out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$WORK/two" --val-every 3 2>&1) ||
+  { echo "$out"; fail "tokenize with two inputs failed"; }
+check_shards "$WORK/two" 3 "$IN/b/three.txt" "$IN/a/one.txt"
+
+# 3. A non-empty OUT is refused (exit 1) and left as it was; --force replaces it.
+touch "$OUT/marker"
+before=$(md5sum "$OUT"/*.bin)
+expect_exit 1 "not empty: refusing to overwrite it (--force replaces it)" tokenize --input "$IN/a" --out "$OUT" --val-every 2
+[ -f "$OUT/marker" ] && [ "$(md5sum "$OUT"/*.bin)" = "$before" ] || fail "the refused tokenize touched $OUT"
+out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$OUT" --val-every 3 --force 2>&1) ||
+  { echo "$out"; fail "--force failed"; }
+[ ! -e "$OUT/marker" ] || fail "--force kept the old contents"
+check_shards "$OUT" 3 "$IN/b/three.txt" "$IN/a/one.txt"
+[ ! -e "$OUT.tmp" ] && [ ! -e "$OUT.old" ] || fail "OUT.tmp or OUT.old left behind"
+
+# 4. Errors: a missing input (exit 1, named), too little text for a val block, bad arguments (exit 2);
+# nothing written by any of them.
+expect_exit 1 "$WORK/nothing: no such file or directory" tokenize --input "$WORK/nothing" --out "$WORK/bad"
+expect_exit 2 "too little text for both splits" tokenize --input "$IN/b/three.txt" --out "$WORK/bad"
+expect_exit 2 "no text in" tokenize --input "$IN/b/image.bin" --out "$WORK/bad"
+expect_exit 2 "\-\-input is required" tokenize --out "$WORK/bad"
+expect_exit 2 "\-\-out is required" tokenize --input "$IN"
+expect_exit 2 "val-every" tokenize --input "$IN" --out "$WORK/bad" --val-every 1
+expect_exit 2 "val-every" tokenize --input "$IN" --out "$WORK/bad" --val-every -3
+[ ! -e "$WORK/bad" ] && [ ! -e "$WORK/bad.tmp" ] || fail "a refused command wrote $WORK/bad"
+help=$("$DPTRAIN" tokenize --help) || fail "tokenize --help failed"
+for word in --input --out --val-every --force 4096; do
+  grep -q -- "$word" <<< "$help" || fail "tokenize --help lacks $word"
+done
+# Captured first, no pipe: with pipefail, `dptrain --help | grep -q` fails when grep exits before dptrain has
+# written its 11 kB of help (SIGPIPE; 4 runs in 10 here).
+help=$("$DPTRAIN" --help) || fail "dptrain --help failed"
+grep -q "tokenize" <<< "$help" || fail "dptrain --help does not list tokenize"
+
+# 5. The embedded default corpus, Debian's fortunes (scripts/setup.sh installs it): *.dat skipped, the
+# *.u8 symlinks not followed, every byte accounted for.
+FORTUNES=/usr/share/games/fortunes
+if [ -d "$FORTUNES" ]; then
+  out=$("$DPTRAIN" tokenize --input "$FORTUNES" --out "$WORK/fortunes" 2>&1) || { echo "$out"; fail "tokenize fortunes failed"; }
+  echo "$out" | tail -3
+  mapfile -t FF < <(find "$FORTUNES" -type f ! -name "*.dat" | LC_ALL=C sort)
+  NDAT=$(find "$FORTUNES" -type f -name "*.dat" | wc -l)
+  echo "$out" | grep -q "tokenize: ${#FF[@]} files, .*($NDAT \*.dat index files, 0 binary" || fail "fortunes: wrong file counts"
+  check_shards "$WORK/fortunes" 10 "${FF[@]}"
+else
+  echo "skipped: $FORTUNES not installed (scripts/setup.sh installs Debian's fortunes)"
+fi
+echo "PASS"
