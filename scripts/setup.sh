@@ -29,6 +29,7 @@ PKGS=(
   libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   libjpeg62-turbo-dev libpng-dev     # image folders: JPEG (libjpeg-turbo) and PNG decoding and writing
   libdnnl-dev                        # oneDNN: the CPU convolutions (fp32, and bf16 on AVX-512)
+  ocl-icd-opencl-dev                 # libdnnl-dev's CMake config requires OpenCL (its GPU runtime); only recommended, so named
   dataset-fashion-mnist              # the default data set (/usr/share/datasets/fashion-mnist)
   fortunes                           # the default text corpus for `dptrain tokenize` (/usr/share/games/fortunes, ~2.5 MB)
   python3-numpy                      # tests only: reads our safetensors checkpoints with numpy alone
