@@ -241,6 +241,11 @@ int main(int argc, char** argv) {
     die(kExitUsage, e.what());
   }
 
+  // The process group outlives the try block: the error that ends this rank is logged (and the process gone,
+  // by _Exit) before anything closes its connections. Were it destroyed during unwinding, the peers would see
+  // the connection drop first, fail with "connection reset", and could be reported, and the launcher could stop
+  // this rank, before the real cause was printed.
+  std::unique_ptr<comm::ProcessGroup> pg;
   try {
     if (env.rank == 0)
       spdlog::info("dptrain: {} rank(s) via {}; config {} (hash {}):\n{}", env.world_size,
@@ -256,7 +261,7 @@ int main(int argc, char** argv) {
       spdlog::warn("no GPU ({}): training on the CPU", cuda::unavailable_reason());
     }
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
-    auto pg = comm::init_process_group(
+    pg = comm::init_process_group(
         env, {.backend = cfg.dist.backend, .timeout = timeout, .device = device,
               .on_fatal = [](const std::string& why) { die(kExitError, "collective failed: " + why); }});
     auto result = trainer::train(cfg, {.resume = resume, .device = device}, *pg);
