@@ -6,6 +6,7 @@
 
 #include "core/check.h"
 #include "data/image_folder.h"
+#include "data/output_dir.h"
 
 namespace dpt::data {
 namespace {
@@ -52,11 +53,6 @@ std::vector<size_t> choose(const ImageClassDataset& ds, size_t limit, int classe
     }
   }
   return chosen;
-}
-
-bool non_empty_directory(const fs::path& p) {
-  std::error_code ec;
-  return fs::is_directory(p, ec) && !fs::is_empty(p, ec);
 }
 
 size_t write_split(const ImageClassDataset& ds, const fs::path& dir, const std::string& split,
@@ -108,38 +104,17 @@ ExportSummary export_image_folder(const ImageClassDataset& train, const ImageCla
     DPT_THROW(ConfigError, "export: JPEG quality must be in [1, 100], got {}", opts.jpeg_quality);
   }
 
-  fs::path out = fs::path(opts.out_dir).lexically_normal();
-  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
-  std::error_code ec;
-  const bool exists = fs::exists(out, ec);
-  if (exists && !fs::is_directory(out, ec)) DPT_THROW(IoError, "{}: exists and is not a directory", out.string());
-  if (non_empty_directory(out) && !opts.force) {
-    DPT_THROW(IoError, "{}: not empty: refusing to overwrite it (force replaces it)", out.string());
-  }
-
+  OutputDir out(opts.out_dir, opts.force);
   ExportSummary summary;
-  summary.out_dir = out.string();
+  summary.out_dir = out.path().string();
   summary.classes = classes;
-  const fs::path tmp = out.string() + ".tmp";
   try {
-    if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
-    fs::remove_all(tmp);  // left by an interrupted export
-    summary.train_images = write_split(train, tmp / kTrainSplit, kTrainSplit, names, opts, &summary.bytes);
-    summary.val_images = write_split(test, tmp / kValSplit, kValSplit, names, opts, &summary.bytes);
-
-    // Into place. An existing OUT (empty, or replaced with force) is renamed aside first, then removed.
-    if (fs::exists(out)) {
-      const fs::path old = out.string() + ".old";
-      fs::remove_all(old);
-      fs::rename(out, old);
-      fs::rename(tmp, out);
-      fs::remove_all(old);
-    } else {
-      fs::rename(tmp, out);
-    }
+    summary.train_images = write_split(train, out.staging() / kTrainSplit, kTrainSplit, names, opts, &summary.bytes);
+    summary.val_images = write_split(test, out.staging() / kValSplit, kValSplit, names, opts, &summary.bytes);
   } catch (const fs::filesystem_error& e) {
-    DPT_THROW(IoError, "export to {}: {}", out.string(), e.what());
+    DPT_THROW(IoError, "export to {}: {}", out.path().string(), e.what());
   }
+  out.commit();
   return summary;
 }
 

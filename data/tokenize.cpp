@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "data/output_dir.h"
 #include "data/token_shards.h"
 
 namespace dpt::data {
@@ -121,15 +122,6 @@ class SplitWriter {
   uint64_t tokens_ = 0;
 };
 
-// Removes a directory when it goes out of scope, unless released.
-struct RemoveOnExit {
-  fs::path path;
-  ~RemoveOnExit() {
-    std::error_code ec;
-    if (!path.empty()) fs::remove_all(path, ec);
-  }
-};
-
 }  // namespace
 
 TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) {
@@ -149,24 +141,11 @@ TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) {
   TokenizeSummary summary;
   const std::vector<std::string> files = collect_files(opts.inputs, summary);
 
-  fs::path out = fs::path(opts.out_dir).lexically_normal();
-  if (out.filename().empty()) out = out.parent_path();  // "dir/" -> "dir"
-  std::error_code ec;
-  if (fs::exists(out, ec) && !fs::is_directory(out, ec)) DPT_THROW(IoError, "{}: exists and is not a directory", out.string());
-  if (fs::is_directory(out, ec) && !fs::is_empty(out, ec) && !opts.force) {
-    DPT_THROW(IoError, "{}: not empty: refusing to overwrite it (force replaces it)", out.string());
-  }
-  summary.out_dir = out.string();
-  const fs::path tmp = out.string() + ".tmp";
-
+  OutputDir out(opts.out_dir, opts.force);
+  summary.out_dir = out.path().string();
   try {
-    if (!out.parent_path().empty()) fs::create_directories(out.parent_path());
-    fs::remove_all(tmp);  // left by an interrupted run
-    fs::create_directories(tmp);
-    RemoveOnExit cleanup{tmp};
-
-    SplitWriter train(tmp, opts.name + "_train", opts.shard_tokens);
-    SplitWriter val(tmp, opts.name + "_val", opts.shard_tokens);
+    SplitWriter train(out.staging(), opts.name + "_train", opts.shard_tokens);
+    SplitWriter val(out.staging(), opts.name + "_val", opts.shard_tokens);
     uint64_t block = 0;      // the block the next byte falls in
     size_t in_block = 0;     // bytes of that block already routed
     std::vector<uint8_t> buf;
@@ -211,21 +190,10 @@ TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) {
                 "for both splits (lower --val-every, or give more text)",
                 summary.bytes, block + (in_block > 0 ? 1 : 0), opts.block_tokens, opts.val_every);
     }
-
-    // Into place. An existing OUT (empty, or replaced with force) is renamed aside first, then removed.
-    if (fs::exists(out)) {
-      const fs::path old = out.string() + ".old";
-      fs::remove_all(old);
-      fs::rename(out, old);
-      fs::rename(tmp, out);
-      fs::remove_all(old);
-    } else {
-      fs::rename(tmp, out);
-    }
-    cleanup.path.clear();
   } catch (const fs::filesystem_error& e) {
-    DPT_THROW(IoError, "tokenize to {}: {}", out.string(), e.what());
+    DPT_THROW(IoError, "tokenize to {}: {}", out.path().string(), e.what());
   }
+  out.commit();
   return summary;
 }
 

@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <chrono>
+#include <functional>
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
@@ -19,6 +20,7 @@
 #include "core/logging.h"
 #include "data/export.h"
 #include "data/idx.h"
+#include "data/output_dir.h"
 #include "data/tokenize.h"
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "trainer/config.h"
@@ -39,15 +41,27 @@ struct ExportArgs {
   bool force = false;
 };
 
-// dptrain export-images: Fashion-MNIST as OUT/{train,val}/<class>/<index>.png, for the image-folder path.
-int export_images(const ExportArgs& a) {
+// A subcommand that writes a data set to OUT and trains nothing (export-images, tokenize): one process; a
+// non-empty OUT is refused unless --force; errors end the process as main's do (2: bad input, 1: failed).
+int run_writer(const char* name, const std::string& out, bool force, const std::function<void()>& body) {
   using namespace dpt;
   init_logging(0, 1);
   try {
-    std::error_code ec;
-    if (std::filesystem::is_directory(a.out, ec) && !std::filesystem::is_empty(a.out, ec) && !a.force) {
-      die(kExitError, fmt::format("export-images: {} is not empty: refusing to overwrite it (--force replaces it)", a.out));
-    }
+    if (!force && data::non_empty_directory(out))
+      die(kExitError, fmt::format("{}: {} is not empty: refusing to overwrite it (--force replaces it)", name, out));
+    body();
+  } catch (const ConfigError& e) {
+    die(kExitUsage, e.what());
+  } catch (const std::exception& e) {
+    die(kExitError, e.what());
+  }
+  return 0;
+}
+
+// dptrain export-images: Fashion-MNIST as OUT/{train,val}/<class>/<index>.png, for the image-folder path.
+int export_images(const ExportArgs& a) {
+  using namespace dpt;
+  return run_writer("export-images", a.out, a.force, [&] {
     const auto start = std::chrono::steady_clock::now();
     auto train = data::load_fashion_mnist(a.data_dir, true);
     auto test = data::load_fashion_mnist(a.data_dir, false);
@@ -65,12 +79,7 @@ int export_images(const ExportArgs& a) {
     const std::string size = s.bytes < 1000000 ? fmt::format("{:.1f} kB", s.bytes / 1e3) : fmt::format("{:.1f} MB", s.bytes / 1e6);
     spdlog::info("export-images: wrote {} train + {} val {} images of {} classes ({}) to {} in {:.1f} s", s.train_images,
                  s.val_images, a.format == "png" ? "PNG" : "JPEG", s.classes, size, s.out_dir, seconds);
-  } catch (const ConfigError& e) {
-    die(kExitUsage, e.what());
-  } catch (const std::exception& e) {
-    die(kExitError, e.what());
-  }
-  return 0;
+  });
 }
 
 struct TokenizeArgs {
@@ -83,12 +92,7 @@ struct TokenizeArgs {
 // dptrain tokenize: text files as byte-level token shards OUT/bytes_{train,val}_000000.bin (llm.c's format).
 int tokenize(const TokenizeArgs& a) {
   using namespace dpt;
-  init_logging(0, 1);
-  try {
-    std::error_code ec;
-    if (std::filesystem::is_directory(a.out, ec) && !std::filesystem::is_empty(a.out, ec) && !a.force) {
-      die(kExitError, fmt::format("tokenize: {} is not empty: refusing to overwrite it (--force replaces it)", a.out));
-    }
+  return run_writer("tokenize", a.out, a.force, [&] {
     const auto start = std::chrono::steady_clock::now();
     data::TokenizeOptions o;
     o.inputs = a.inputs;
@@ -114,12 +118,7 @@ int tokenize(const TokenizeArgs& a) {
     spdlog::info("tokenize: wrote {} train tokens ({} shards) + {} val tokens ({} shards), byte-level (vocab 256), "
                  "to {} in {:.2f} s",
                  s.train_tokens, s.train_shards.size(), s.val_tokens, s.val_shards.size(), s.out_dir, seconds);
-  } catch (const ConfigError& e) {
-    die(kExitUsage, e.what());
-  } catch (const std::exception& e) {
-    die(kExitError, e.what());
-  }
-  return 0;
+  });
 }
 }  // namespace
 
