@@ -24,7 +24,8 @@ class OutputDir {
 
   const std::filesystem::path& path() const { return out_; }   // OUT, where it all ends up
   const std::filesystem::path& staging() const { return tmp_; }  // OUT.tmp, where it is written
-  // OUT.tmp becomes OUT; an existing OUT (empty, or replaced by force) is renamed aside first, then removed.
+  // OUT.tmp becomes OUT; an existing OUT (empty, or replaced by force) is renamed aside first (to OUT.old,
+  // replacing one an interrupted run left), then removed.
   void commit();
 
  private:

@@ -44,9 +44,17 @@ void sync_parent_dir(const std::string& path) {
 TokenShardWriter::TokenShardWriter(std::string path) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
   file_ = std::fopen(tmp_path_.c_str(), "wb");
   if (file_ == nullptr) DPT_THROW(IoError, "{}: cannot create: {}", tmp_path_, errno_text());
-  // A zero header for now; finish() rewrites it with the count.
+  // A zero header for now; finish() rewrites it with the count. A constructor that throws gets no destructor:
+  // close and remove the file here when the header cannot be written.
   const std::array<int32_t, kTokenShardHeaderInts> header{};
-  write_raw(header.data(), kTokenShardHeaderBytes);
+  try {
+    write_raw(header.data(), kTokenShardHeaderBytes);
+  } catch (...) {
+    std::fclose(file_);
+    std::error_code ec;
+    fs::remove(tmp_path_, ec);
+    throw;
+  }
 }
 
 TokenShardWriter::~TokenShardWriter() {
@@ -69,18 +77,19 @@ void TokenShardWriter::append(std::span<const int32_t> tokens) {
     DPT_THROW(ConfigError, "{}: more than {} tokens do not fit one shard (header[2] is an int32)", path_,
               kMaxShardTokenCount);
   }
+  // Every token is checked before any is written, so a refused append leaves the shard as it was.
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t t = tokens[i];
+    if (t < 0 || t > kMaxShardToken) {
+      DPT_THROW(ConfigError, "{}: token {} at position {} is outside [0, {}]: shards hold uint16 tokens", path_, t,
+                count_ + static_cast<int64_t>(i), kMaxShardToken);
+    }
+  }
   constexpr size_t kChunk = 1 << 16;
   std::array<uint16_t, kChunk> buf;
   for (size_t start = 0; start < tokens.size(); start += kChunk) {
     const size_t n = std::min(kChunk, tokens.size() - start);
-    for (size_t i = 0; i < n; ++i) {
-      const int32_t t = tokens[start + i];
-      if (t < 0 || t > kMaxShardToken) {
-        DPT_THROW(ConfigError, "{}: token {} at position {} is outside [0, {}]: shards hold uint16 tokens", path_, t,
-                  count_ + static_cast<int64_t>(start + i), kMaxShardToken);
-      }
-      buf[i] = static_cast<uint16_t>(t);
-    }
+    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<uint16_t>(tokens[start + i]);
     write_raw(buf.data(), n * sizeof(uint16_t));
   }
   count_ += static_cast<int64_t>(tokens.size());
@@ -302,9 +311,13 @@ std::vector<std::string> find_token_shards(const std::string& dir, const std::st
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) DPT_THROW(ConfigError, "token shards: {} is not a directory (looking for {})", dir, pattern);
   std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    if (entry.is_regular_file(ec) && shard_name_matches(entry.path().filename().string(), split)) {
-      names.push_back(entry.path().filename().string());
+  // The listing's own error code, apart from each entry's: a dangling link (is_regular_file fails with
+  // ENOENT) is just not a shard, and must not read as a failure to list the directory.
+  fs::directory_iterator it(dir, ec), end;
+  for (; !ec && it != end; it.increment(ec)) {
+    std::error_code entry_ec;
+    if (it->is_regular_file(entry_ec) && shard_name_matches(it->path().filename().string(), split)) {
+      names.push_back(it->path().filename().string());
     }
   }
   if (ec) DPT_THROW(ConfigError, "token shards: cannot list {}: {}", dir, ec.message());

@@ -118,6 +118,10 @@ TEST_CASE("the shard writer refuses tokens that are not uint16 and leaves nothin
   const std::vector<uint8_t> bytes{0, 255, 10};
   w.append(std::span<const uint8_t>(bytes));
   w.append(std::span<const int32_t>(counting(1000, 2)));
+  // A refused append (the bad token past the first 64Ki-token chunk) writes nothing: the shard stays valid.
+  std::vector<int32_t> late_bad(70000, 7);
+  late_bad.back() = 70000;
+  REQUIRE_THROWS_WITH(w.append(std::span<const int32_t>(late_bad)), Catch::Contains("token 70000 at position 70004"));
   REQUIRE_FALSE(fs::exists(path));  // not before finish()
   w.finish();
   TokenShard s(path);
@@ -284,6 +288,9 @@ TEST_CASE("finding shards: a split is an underscore-separated word of the name, 
     write_token_shard(dir.file(name), std::vector<int32_t>{1});
   }
   fs::create_directories(dir.path / "sub_train_0.bin");  // a directory, not a shard
+  // Dangling links (a stale latest_train.bin) are not shards, wherever the listing puts them, first or last.
+  for (int i = 0; i < 20; ++i)
+    fs::create_symlink(dir.path / fmt::format("gone_{}", i), dir.path / fmt::format("stale{}_train.bin", i));
   const std::string d = dir.path.string();
   REQUIRE(find_token_shards(d, "train") ==
           std::vector<std::string>{d + "/fineweb_train_000001.bin", d + "/fineweb_train_000002.bin"});

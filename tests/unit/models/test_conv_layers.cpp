@@ -167,6 +167,26 @@ TEST_CASE("conv2d forward and both backwards match naive loops: oneDNN and im2co
       }
 }
 
+TEST_CASE("conv2d on an empty batch computes nothing and leaves dw as it was: oneDNN and im2col", "[models][conv]") {
+  std::mt19937_64 rng(9);
+  Kernels& k = kernels_for(Device::cpu());
+  ConvShape cs{.n = 0, .c = 4, .h = 5, .w = 5, .k = 6, .r = 3, .s = 3, .stride = 1, .pad = 1};
+  REQUIRE(conv_output_size(cs));
+  for (const bool onednn_on : {true, false}) {
+    INFO("oneDNN " << onednn_on);
+    const Tensor dw0 = random_tensor({6, 4, 3, 3}, rng);
+    Tensor dw = Tensor::empty(dw0.shape());
+    dw.copy_from(dw0);
+    float none = 0.0f;  // no element is read or written; any valid pointer does
+    models::onednn::set_enabled(onednn_on);
+    k.conv2d_forward(&none, dw0.data<float>(), &none, cs);
+    k.conv2d_backward_data(&none, dw0.data<float>(), &none, cs);
+    k.conv2d_backward_weight(&none, &none, dw.data<float>(), cs);
+    models::onednn::set_enabled(true);
+    for (size_t i = 0; i < dw.numel(); ++i) REQUIRE(dw.data<float>()[i] == dw0.data<float>()[i]);
+  }
+}
+
 TEST_CASE("Conv2d gradients match finite differences", "[models][conv]") {
   std::mt19937_64 rng(2);
   SECTION("3x3, stride 1, padding 1") { auto m = wrap(std::make_unique<Conv2d>(2, 3, 3, 1, 1)); check_gradients(*m, random_tensor({2, 2, 5, 4}, rng), 10); }
