@@ -20,6 +20,36 @@ void check_conv_shape(const ConvShape& cs) {
             cs.r, cs.s, cs.stride, cs.pad, cs.p, cs.q);
 }
 
+// The transformer operations a kernel set does not implement (yet): a clear error naming the operation.
+namespace {
+[[noreturn]] void no_kernel(const Kernels& k, const char* op) {
+  DPT_THROW(UnsupportedError, "the {} kernel set has no {} kernel yet (GPT layers run on the CPU only so far)",
+            k.device().str(), op);
+}
+}  // namespace
+
+void Kernels::embedding_forward(const int32_t*, const float*, const float*, float*, int64_t, int64_t, int64_t,
+                                int64_t) {
+  no_kernel(*this, "embedding_forward");
+}
+void Kernels::embedding_backward(const int32_t*, const float*, float*, float*, int64_t, int64_t, int64_t) {
+  no_kernel(*this, "embedding_backward");
+}
+void Kernels::layernorm_forward(const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t,
+                                float) {
+  no_kernel(*this, "layernorm_forward");
+}
+void Kernels::layernorm_backward(const float*, const float*, const float*, const float*, const float*, float*, float*,
+                                 float*, int64_t, int64_t) {
+  no_kernel(*this, "layernorm_backward");
+}
+void Kernels::gelu_forward(const float*, float*, size_t) { no_kernel(*this, "gelu_forward"); }
+void Kernels::gelu_backward(const float*, const float*, float*, size_t) { no_kernel(*this, "gelu_backward"); }
+void Kernels::causal_softmax_forward(float*, int64_t, int64_t, float) { no_kernel(*this, "causal_softmax_forward"); }
+void Kernels::causal_softmax_backward(const float*, float*, int64_t, int64_t, float) {
+  no_kernel(*this, "causal_softmax_backward");
+}
+
 Kernels& kernels_for(Device device) {
   static CpuKernels cpu;  // stateless
   if (device.is_cpu()) return cpu;

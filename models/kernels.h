@@ -98,6 +98,33 @@ class Kernels {
   virtual void avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) = 0;
   // Sum of squares, accumulated in double; returned to the host (on the GPU: waits for the stream).
   virtual double sum_squares(const float* x, size_t n) = 0;
+
+  // ---- transformers (GPT) -------------------------------------------------------------------------------
+  // Activations are [rows, C] with rows = B * T (row b * T + t). A kernel set without these throws
+  // UnsupportedError naming the operation (the CUDA set, for now).
+
+  // y[r] = wte[tokens[r]] + wpe[r mod T], rows x C; a token outside [0, vocab) throws (CPU).
+  virtual void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows,
+                                 int64_t T, int64_t C, int64_t vocab);
+  // dwte[tokens[r]] += dy[r]; dwpe[r mod T] += dy[r] (accumulates, in row order: deterministic).
+  virtual void embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
+                                  int64_t T, int64_t C);
+  // LayerNorm over each row of C values (biased variance, as nn.LayerNorm): y = (x - mean) * rstd * gamma +
+  // beta; saves mean and rstd = 1 / sqrt(var + eps) per row for backward.
+  virtual void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                                 float* rstd, int64_t rows, int64_t C, float eps);
+  // dx overwritten; dgamma and dbeta accumulate.
+  virtual void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                                  const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C);
+  // GELU with the tanh approximation (GPT-2's, nn.GELU(approximate="tanh")); y may alias x, dx may alias dy.
+  virtual void gelu_forward(const float* x, float* y, size_t n);
+  virtual void gelu_backward(const float* x, const float* dy, float* dx, size_t n);
+  // Causal softmax of `count` square T x T score matrices, in place: row i keeps columns j <= i, softmax of
+  // scale * s[i, j] over them, and 0 above the diagonal.
+  virtual void causal_softmax_forward(float* s, int64_t count, int64_t T, float scale);
+  // From the softmax p and dp = d(loss)/dp, in place in dp: ds = scale * p * (dp - sum_j p * dp) per row, 0
+  // above the diagonal.
+  virtual void causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale);
 };
 
 // Checks a ConvShape before either kernel set uses it: positive sizes, and p, q as conv_output_size gives.

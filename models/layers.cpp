@@ -27,18 +27,19 @@ std::string Linear::kind() const { return fmt::format("Linear{}({}->{})", relu_ 
 std::vector<ParamSpec> Linear::param_specs() const { return {{"weight", {out_, in_}}, {"bias", {out_}}}; }
 
 void Linear::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
-  DPT_CHECK_EQ(params.size(), 2u);
-  DPT_CHECK_EQ(grads.size(), 2u);
-  w_ = params[0];
-  b_ = params[1];
-  dw_ = grads[0];
-  db_ = grads[1];
+  bind_views(params, {&w_, &b_});
+  bind_views(grads, {&dw_, &db_});
 }
 
 void Linear::init_params(std::mt19937_64& rng) {
   const float bound = 1.0f / std::sqrt(static_cast<float>(in_));
   DPT_CHECK(w_.device().is_cpu(), "initialisation runs on the host; copy to the device after");
   float* w = w_.data<float>();
+  if (normal_std_ > 0.0f) {
+    for (size_t i = 0; i < w_.numel(); ++i) w[i] = normal(rng, 0.0f, normal_std_);
+    std::fill_n(b_.data<float>(), b_.numel(), 0.0f);
+    return;
+  }
   for (size_t i = 0; i < w_.numel(); ++i) w[i] = uniform(rng, -bound, bound);
   float* b = b_.data<float>();
   for (size_t i = 0; i < b_.numel(); ++i) b[i] = uniform(rng, -bound, bound);
@@ -94,10 +95,8 @@ std::string Conv2d::kind() const {
 std::vector<ParamSpec> Conv2d::param_specs() const { return {{"weight", {out_, in_, kernel_, kernel_}}}; }
 
 void Conv2d::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
-  DPT_CHECK_EQ(params.size(), 1u);
-  DPT_CHECK_EQ(grads.size(), 1u);
-  w_ = params[0];
-  dw_ = grads[0];
+  bind_views(params, {&w_});
+  bind_views(grads, {&dw_});
 }
 
 void Conv2d::init_params(std::mt19937_64& rng) {
@@ -154,15 +153,9 @@ std::vector<BufferSpec> BatchNorm2d::buffer_specs() const {
 }
 
 void BatchNorm2d::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) {
-  DPT_CHECK_EQ(params.size(), 2u);
-  DPT_CHECK_EQ(grads.size(), 2u);
-  DPT_CHECK_EQ(buffers.size(), 2u);
-  gamma_ = params[0];
-  beta_ = params[1];
-  dgamma_ = grads[0];
-  dbeta_ = grads[1];
-  running_mean_ = buffers[0];
-  running_var_ = buffers[1];
+  bind_views(params, {&gamma_, &beta_});
+  bind_views(grads, {&dgamma_, &dbeta_});
+  bind_views(buffers, {&running_mean_, &running_var_});
 }
 
 void BatchNorm2d::init_params(std::mt19937_64&) {
@@ -297,6 +290,59 @@ LossResult SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& labe
 
 LossResult SoftmaxCrossEntropy::forward_backward(const Tensor& logits, const Tensor& labels, Kernels& k) {
   return run(logits, labels, k, true);
+}
+
+// ---- LayerNorm, GELU ------------------------------------------------------------------------------------------
+
+LayerNorm::LayerNorm(int64_t channels, float eps) : c_(channels), eps_(eps) {
+  DPT_CHECK(c_ > 0 && eps_ > 0.0f, "LayerNorm({}, eps {})", c_, eps_);
+}
+
+std::string LayerNorm::kind() const { return fmt::format("LayerNorm({})", c_); }
+
+void LayerNorm::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
+  bind_views(params, {&gamma_, &beta_});
+  bind_views(grads, {&dgamma_, &dbeta_});
+}
+
+void LayerNorm::init_params(std::mt19937_64&) {
+  std::fill_n(gamma_.data<float>(), gamma_.numel(), 1.0f);
+  std::fill_n(beta_.data<float>(), beta_.numel(), 0.0f);
+}
+
+const Tensor& LayerNorm::run_forward(const Tensor& x, Kernels& k) {
+  DPT_CHECK(x.ndim() >= 1 && x.dim(x.ndim() - 1) == c_, "LayerNorm({}) got input {}", c_, x.shape_str());
+  const int64_t rows = static_cast<int64_t>(x.numel()) / c_;
+  x_ = x;
+  ensure_shape(y_, x.shape(), x.device());
+  ensure_shape(mean_, {rows}, x.device());
+  ensure_shape(rstd_, {rows}, x.device());
+  k.layernorm_forward(x.data<float>(), gamma_.data<float>(), beta_.data<float>(), y_.data<float>(),
+                      mean_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
+  return y_;
+}
+
+const Tensor& LayerNorm::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == x_.shape(), "LayerNorm backward got {} for input {}", dy.shape_str(), x_.shape_str());
+  ensure_shape(dx_, x_.shape(), dy.device());
+  k.layernorm_backward(dy.data<float>(), x_.data<float>(), gamma_.data<float>(), mean_.data<float>(),
+                       rstd_.data<float>(), dx_.data<float>(), dgamma_.data<float>(), dbeta_.data<float>(),
+                       static_cast<int64_t>(x_.numel()) / c_, c_);
+  return dx_;
+}
+
+const Tensor& Gelu::run_forward(const Tensor& x, Kernels& k) {
+  x_ = x;
+  ensure_shape(y_, x.shape(), x.device());
+  k.gelu_forward(x.data<float>(), y_.data<float>(), x.numel());
+  return y_;
+}
+
+const Tensor& Gelu::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == x_.shape(), "GELU backward got {} for input {}", dy.shape_str(), x_.shape_str());
+  ensure_shape(dx_, x_.shape(), dy.device());
+  k.gelu_backward(x_.data<float>(), dy.data<float>(), dx_.data<float>(), dy.numel());
+  return dx_;
 }
 
 }  // namespace dpt::models

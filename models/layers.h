@@ -24,8 +24,10 @@ class Linear final : public Module {
   std::string kind() const override;
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
-  // PyTorch's default: W and b ~ U(-1/sqrt(in), 1/sqrt(in)).
+  // PyTorch's default: W and b ~ U(-1/sqrt(in), 1/sqrt(in)); after set_normal_init(std): W ~ N(0, std), b = 0
+  // (GPT-2's initialisation).
   void init_params(std::mt19937_64& rng) override;
+  void set_normal_init(float stddev) { normal_std_ = stddev; }
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
@@ -37,6 +39,7 @@ class Linear final : public Module {
  private:
   int64_t in_, out_;
   bool relu_;
+  float normal_std_ = 0.0f;  // > 0: N(0, normal_std_) weights and zero biases
   Tensor w_, b_, dw_, db_;
   Tensor x_;  // the input of the last forward (a handle, not a copy)
   std::vector<int64_t> x_shape_;
@@ -144,6 +147,40 @@ class AdaptiveAvgPool2d final : public Module {
  private:
   std::vector<int64_t> x_shape_;
   Tensor y_, dx_;
+};
+
+// Layer normalisation over the last dimension (nn.LayerNorm(C): eps 1e-5, weight 1, bias 0): any input whose
+// last dimension is C, read as [rows, C]; the output has the input's shape.
+class LayerNorm final : public Module {
+ public:
+  explicit LayerNorm(int64_t channels, float eps = 1e-5f);
+  std::string kind() const override;
+  std::vector<ParamSpec> param_specs() const override { return {{"weight", {c_}}, {"bias", {c_}}}; }
+  void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
+  void init_params(std::mt19937_64& rng) override;
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  int64_t c_;
+  float eps_;
+  Tensor gamma_, beta_, dgamma_, dbeta_;
+  Tensor x_, y_, mean_, rstd_, dx_;
+};
+
+// GELU with the tanh approximation (GPT-2's; nn.GELU(approximate="tanh")), elementwise, any shape.
+class Gelu final : public Module {
+ public:
+  std::string kind() const override { return "GELU(tanh)"; }
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  Tensor x_, y_, dx_;
 };
 
 struct LossResult {

@@ -62,6 +62,12 @@ float normal(std::mt19937_64& rng, float mean, float stddev) {
   return mean + stddev * static_cast<float>(z);
 }
 
+void bind_views(const std::vector<Tensor>& views, std::initializer_list<Tensor*> targets) {
+  DPT_CHECK_EQ(views.size(), targets.size());
+  size_t i = 0;
+  for (Tensor* t : targets) *t = views[i++];
+}
+
 Tensor& ensure_shape(Tensor& t, const std::vector<int64_t>& shape, Device device, DType dtype) {
   if (!t.defined() || t.shape() != shape || t.device() != device || t.dtype() != dtype) {
     t = Tensor::empty(shape, dtype, device);

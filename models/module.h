@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <string>
@@ -121,6 +122,10 @@ class Sequential : public Module {
 // implementations, so the same seed gives the same model everywhere): uniform in [lo, hi), and normal.
 float uniform(std::mt19937_64& rng, float lo, float hi);
 float normal(std::mt19937_64& rng, float mean, float stddev);
+
+// For a module's bind(): checks that `views` holds exactly one tensor per target and assigns them in order
+// (the order of its param_specs or buffer_specs): bind_views(params, {&w_, &b_}).
+void bind_views(const std::vector<Tensor>& views, std::initializer_list<Tensor*> targets);
 
 // (Re)allocates `t` when its shape, device or dtype differs; returns it.
 Tensor& ensure_shape(Tensor& t, const std::vector<int64_t>& shape, Device device, DType dtype = DType::F32);

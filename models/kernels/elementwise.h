@@ -128,4 +128,18 @@ DPT_HD float maxpool_window(const float* in, const PoolShape& ps, int64_t p, int
   return best;
 }
 
+// GELU, tanh approximation (GPT-2; nn.GELU(approximate="tanh")): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+// and its derivative.
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+DPT_HD float gelu(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+DPT_HD float gelu_grad(float x) {
+  const float u = kGeluScale * (x + 0.044715f * x * x * x);
+  const float t = tanhf(u);
+  const float sech2 = 1.0f - t * t;
+  return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+}
+
 }  // namespace dpt::models::elementwise

@@ -17,6 +17,7 @@
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/config.h"
+#include "step_output.h"
 #include "trainer/safetensors.h"
 
 int main(int argc, char** argv) {
@@ -55,22 +56,14 @@ int main(int argc, char** argv) {
     const models::LossResult r = loss.forward_backward(logits, labels, model->kernels());
     model->backward(loss.grad());
 
-    std::vector<NamedTensor> result{{"logits", logits_copy}};
-    Tensor l = Tensor::empty({}, DType::F64);
-    l.data<double>()[0] = r.loss_sum / static_cast<double>(r.count);
-    result.push_back({"loss", l});
-    for (const auto& np : model->named_params()) result.push_back({"grad." + np.name, np.grad});
+    std::vector<NamedTensor> extra;
     std::set<std::string> params;
     for (const auto& np : model->named_params()) params.insert(np.name);
     for (const auto& nt : model->state())  // the rest of the state: buffers and counters (num_batches_tracked)
-      if (!params.count(nt.name)) result.push_back(nt);
+      if (!params.count(nt.name)) extra.push_back(nt);
     model->set_training(false);
-    const Tensor& eval_logits = model->forward(*x);
-    result.push_back({"eval_logits", eval_logits});
-    std::filesystem::create_directories(out);
-    trainer::write_safetensors(out + "/out.safetensors", result);
-    trainer::write_safetensors(out + "/state.safetensors", model->state());
-    std::cout << model->summary() << "\n";
+    extra.push_back({"eval_logits", model->forward(*x)});
+    test::write_step_output(out, *model, logits_copy, r, extra);
   } catch (const std::exception& e) {
     std::cerr << "dpt-model-io: " << e.what() << "\n";
     return 1;

@@ -477,4 +477,117 @@ void CpuKernels::avgpool_backward(const float* dy, float* dx, int64_t rows, int6
   }
 }
 
+// ---- transformers (GPT) ---------------------------------------------------------------------------------------
+
+void CpuKernels::embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows,
+                                   int64_t T, int64_t C, int64_t vocab) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t tok = tokens[r];
+    if (tok < 0 || tok >= vocab)
+      DPT_THROW(ConfigError, "token {} at position {} is outside the vocabulary [0, {})", tok, r, vocab);
+    const float* e = wte + static_cast<int64_t>(tok) * C;
+    const float* p = wpe + (r % T) * C;
+    float* o = y + r * C;
+    for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
+  }
+}
+
+void CpuKernels::embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
+                                    int64_t T, int64_t C) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = dy + r * C;
+    float* e = dwte + static_cast<int64_t>(tokens[r]) * C;
+    float* p = dwpe + (r % T) * C;
+    for (int64_t c = 0; c < C; ++c) {
+      e[c] += g[c];
+      p[c] += g[c];
+    }
+  }
+}
+
+void CpuKernels::layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                                   float* rstd, int64_t rows, int64_t C, float eps) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* in = x + r * C;
+    double sum = 0.0;
+    for (int64_t c = 0; c < C; ++c) sum += in[c];
+    const float m = static_cast<float>(sum / static_cast<double>(C));
+    double var = 0.0;
+    for (int64_t c = 0; c < C; ++c) {
+      const double d = in[c] - m;
+      var += d * d;
+    }
+    const float s = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + eps));
+    float* out = y + r * C;
+    for (int64_t c = 0; c < C; ++c) out[c] = (in[c] - m) * s * gamma[c] + beta[c];
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+void CpuKernels::layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                                    const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                                    int64_t C) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* g = dy + r * C;
+    const float* in = x + r * C;
+    const float m = mean[r], s = rstd[r];
+    // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma
+    double sum_d = 0.0, sum_dx = 0.0;
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (in[c] - m) * s;
+      const float d = g[c] * gamma[c];
+      sum_d += d;
+      sum_dx += static_cast<double>(d) * xhat;
+      dgamma[c] += g[c] * xhat;
+      dbeta[c] += g[c];
+    }
+    const float mean_d = static_cast<float>(sum_d / static_cast<double>(C));
+    const float mean_dx = static_cast<float>(sum_dx / static_cast<double>(C));
+    float* out = dx + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      const float xhat = (in[c] - m) * s;
+      out[c] = s * (g[c] * gamma[c] - mean_d - xhat * mean_dx);
+    }
+  }
+}
+
+void CpuKernels::gelu_forward(const float* x, float* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = elementwise::gelu(x[i]);
+}
+
+void CpuKernels::gelu_backward(const float* x, const float* dy, float* dx, size_t n) {
+  for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * elementwise::gelu_grad(x[i]);
+}
+
+void CpuKernels::causal_softmax_forward(float* s, int64_t count, int64_t T, float scale) {
+  for (int64_t m = 0; m < count; ++m)
+    for (int64_t i = 0; i < T; ++i) {
+      float* row = s + (m * T + i) * T;
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, scale * row[j]);
+      double sum = 0.0;
+      for (int64_t j = 0; j <= i; ++j) {
+        row[j] = std::exp(scale * row[j] - mx);
+        sum += row[j];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+    }
+}
+
+void CpuKernels::causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale) {
+  for (int64_t m = 0; m < count; ++m)
+    for (int64_t i = 0; i < T; ++i) {
+      const float* pr = p + (m * T + i) * T;
+      float* dr = dp + (m * T + i) * T;
+      double dot = 0.0;
+      for (int64_t j = 0; j <= i; ++j) dot += static_cast<double>(pr[j]) * dr[j];
+      const float d = static_cast<float>(dot);
+      for (int64_t j = 0; j <= i; ++j) dr[j] = scale * pr[j] * (dr[j] - d);
+      for (int64_t j = i + 1; j < T; ++j) dr[j] = 0.0f;
+    }
+}
+
 }  // namespace dpt::models

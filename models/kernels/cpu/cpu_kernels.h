@@ -66,6 +66,19 @@ class CpuKernels final : public Kernels {
   void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps) override;
   void avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw) override;
   void avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) override;
+
+  void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows, int64_t T,
+                         int64_t C, int64_t vocab) override;
+  void embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows, int64_t T,
+                          int64_t C) override;
+  void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                         int64_t rows, int64_t C, float eps) override;
+  void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
+                          float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) override;
+  void gelu_forward(const float* x, float* y, size_t n) override;
+  void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override;
+  void causal_softmax_forward(float* s, int64_t count, int64_t T, float scale) override;
+  void causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale) override;
 };
 
 }  // namespace dpt::models

@@ -1,10 +1,14 @@
 // tests/unit/models/model_testing.h: helpers shared by the model tests.
 #pragma once
 
+#include <catch2/catch.hpp>
+
+#include <memory>
 #include <random>
 #include <vector>
 
 #include "core/tensor.h"
+#include "models/model.h"
 #include "models/module.h"
 
 namespace dpt::test {
@@ -14,6 +18,59 @@ inline Tensor random_tensor(std::vector<int64_t> shape, std::mt19937_64& rng, fl
   Tensor t = Tensor::empty(std::move(shape));
   for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = models::uniform(rng, -scale, scale);
   return t;
+}
+
+// L = sum(y * r): a loss whose d/dy is r.
+inline double weighted_sum(const Tensor& y, const Tensor& r) {
+  double s = 0;
+  for (size_t i = 0; i < y.numel(); ++i) s += static_cast<double>(y.data<float>()[i]) * r.data<float>()[i];
+  return s;
+}
+
+// Checks d L / d input and d L / d parameters of `model` at x against central differences, for every input
+// element and parameter when there are at most `max_checked` of them, else an evenly spread sample.
+// With check_input false, only the parameters (a model whose input is not differentiable: tokens).
+inline void check_gradients(models::Model& model, Tensor x, uint64_t seed, float eps = 1e-2f, double rel = 2e-2,
+                            double abs = 2e-3, size_t max_checked = 400, bool check_input = true) {
+  std::mt19937_64 rng(seed);
+  const Tensor& y0 = model.forward(x);
+  Tensor r = random_tensor(y0.shape(), rng);
+  model.zero_grad();
+  model.forward(x);
+  const Tensor& dx_ref = model.backward(r);
+  REQUIRE(dx_ref.defined() == check_input);
+  Tensor dx_copy;
+  if (check_input) {
+    const Tensor dx = dx_ref.to(Device::cpu());
+    dx_copy = Tensor::empty(dx.shape());
+    dx_copy.copy_from(dx);
+  }
+  std::vector<float> dp(model.grads().data<float>(), model.grads().data<float>() + model.num_params());
+
+  auto check = [&](float* v, size_t n, const float* analytic, const char* what) {
+    const size_t stride = n > max_checked ? n / max_checked : 1;
+    for (size_t i = 0; i < n; i += stride) {
+      const float saved = v[i];
+      v[i] = saved + eps;
+      const double lp = weighted_sum(model.forward(x), r);
+      v[i] = saved - eps;
+      const double lm = weighted_sum(model.forward(x), r);
+      v[i] = saved;
+      const double numeric = (lp - lm) / (2.0 * eps);
+      INFO(what << " " << i << " of " << n << ": analytic " << analytic[i] << " numeric " << numeric);
+      REQUIRE(analytic[i] == Approx(numeric).epsilon(rel).margin(abs));
+    }
+  };
+  if (check_input) check(x.data<float>(), x.numel(), dx_copy.data<float>(), "input");
+  check(model.params().data<float>(), model.num_params(), dp.data(), "parameter");
+}
+
+// A module as a whole Model on the CPU, initialised from `seed`.
+template <class M>
+std::unique_ptr<models::Model> wrap(std::unique_ptr<M> m, uint64_t seed = 3) {
+  auto model = std::make_unique<models::Model>(std::move(m), "test", Device::cpu());
+  model->init(seed);
+  return model;
 }
 
 }  // namespace dpt::test

@@ -1,0 +1,262 @@
+// models/gpt.cpp: see gpt.h.
+#include "models/gpt.h"
+
+#include <cmath>
+
+namespace dpt::models {
+
+namespace {
+
+constexpr float kInitStd = 0.02f;  // GPT-2's weight initialisation
+
+float residual_std(int64_t n_layer) { return kInitStd / std::sqrt(2.0f * static_cast<float>(n_layer)); }
+
+std::unique_ptr<Linear> normal_linear(int64_t in, int64_t out, float stddev) {
+  auto l = std::make_unique<Linear>(in, out);
+  l->set_normal_init(stddev);
+  return l;
+}
+
+std::vector<int64_t> btc(const Tensor& x, int64_t c, const char* who) {
+  DPT_CHECK(x.ndim() == 3 && x.dim(2) == c, "{} takes [B, T, {}], got {}", who, c, x.shape_str());
+  return x.shape();
+}
+
+}  // namespace
+
+// ---- attention ------------------------------------------------------------------------------------------------
+
+CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, int64_t n_layer)
+    : c_(n_embd), n_head_(n_head) {
+  DPT_CHECK(n_embd > 0 && n_head > 0 && n_embd % n_head == 0, "attention: n_embd {} over {} heads", n_embd, n_head);
+  c_attn_ = add("c_attn", normal_linear(c_, 3 * c_, kInitStd));
+  c_proj_ = add("c_proj", normal_linear(c_, c_, residual_std(n_layer)));
+}
+
+std::string CausalSelfAttention::kind() const { return fmt::format("CausalSelfAttention({}, {} heads)", c_, n_head_); }
+
+const Tensor& CausalSelfAttention::run_forward(const Tensor& x, Kernels& k) {
+  const auto shape = btc(x, c_, "CausalSelfAttention");
+  b_ = shape[0];
+  t_ = shape[1];
+  const int64_t rows = b_ * t_, hs = c_ / n_head_, c3 = 3 * c_;
+  qkv_ = c_attn_->forward(x.reshape({rows, c_}), k);  // [rows, 3C], a handle: c_attn keeps it until its next forward
+  const Tensor& qkv = qkv_;
+  ensure_shape(att_, {b_, n_head_, t_, t_}, x.device());
+  ensure_shape(y_, {rows, c_}, x.device());
+  const float* q0 = qkv.data<float>();
+  float* att = att_.data<float>();
+  float* y = y_.data<float>();
+  // Scores s = q k^T per (batch, head): q and k are [T, hs] slices of qkv with row stride 3C.
+  for (int64_t b = 0; b < b_; ++b)
+    for (int64_t h = 0; h < n_head_; ++h) {
+      const float* q = q0 + b * t_ * c3 + h * hs;
+      k.gemm(false, true, t_, t_, hs, 1.0f, q, c3, q + c_, c3, 0.0f, att + (b * n_head_ + h) * t_ * t_, t_);
+    }
+  k.causal_softmax_forward(att, b_ * n_head_, t_, 1.0f / std::sqrt(static_cast<float>(hs)));
+  // y[b, :, head h] = att v: [T, T] x [T, hs], into columns h*hs.. of y (row stride C).
+  for (int64_t b = 0; b < b_; ++b)
+    for (int64_t h = 0; h < n_head_; ++h) {
+      const float* v = q0 + b * t_ * c3 + h * hs + 2 * c_;
+      k.gemm(false, false, t_, hs, t_, 1.0f, att + (b * n_head_ + h) * t_ * t_, t_, v, c3, 0.0f,
+             y + b * t_ * c_ + h * hs, c_);
+    }
+  out_ = c_proj_->forward(y_, k).reshape({b_, t_, c_});
+  return out_;
+}
+
+const Tensor& CausalSelfAttention::run_backward(const Tensor& dout, Kernels& k) {
+  DPT_CHECK(dout.ndim() == 3 && dout.dim(0) == b_ && dout.dim(1) == t_ && dout.dim(2) == c_,
+            "CausalSelfAttention backward got {}", dout.shape_str());
+  const int64_t rows = b_ * t_, hs = c_ / n_head_, c3 = 3 * c_;
+  const Tensor& dy = c_proj_->backward(dout.reshape({rows, c_}), k);  // d(loss)/dy, [rows, C]
+  const Tensor& qkv = qkv_;
+  ensure_shape(datt_, att_.shape(), dout.device());
+  ensure_shape(dqkv_, {rows, c3}, dout.device());
+  const float* q0 = qkv.data<float>();
+  const float* att = att_.data<float>();
+  const float* g = dy.data<float>();
+  float* datt = datt_.data<float>();
+  float* dq0 = dqkv_.data<float>();
+  for (int64_t b = 0; b < b_; ++b)
+    for (int64_t h = 0; h < n_head_; ++h) {
+      const int64_t m = b * n_head_ + h;
+      const float* v = q0 + b * t_ * c3 + h * hs + 2 * c_;
+      const float* gy = g + b * t_ * c_ + h * hs;
+      // datt = dy v^T [T, T]; dv = att^T dy [T, hs]
+      k.gemm(false, true, t_, t_, hs, 1.0f, gy, c_, v, c3, 0.0f, datt + m * t_ * t_, t_);
+      k.gemm(true, false, t_, hs, t_, 1.0f, att + m * t_ * t_, t_, gy, c_, 0.0f, dq0 + b * t_ * c3 + h * hs + 2 * c_,
+             c3);
+    }
+  // Through the softmax (and its 1/sqrt(hs)): datt becomes d(loss)/d(q k^T).
+  k.causal_softmax_backward(att, datt, b_ * n_head_, t_, 1.0f / std::sqrt(static_cast<float>(hs)));
+  for (int64_t b = 0; b < b_; ++b)
+    for (int64_t h = 0; h < n_head_; ++h) {
+      const int64_t m = b * n_head_ + h;
+      const float* q = q0 + b * t_ * c3 + h * hs;
+      float* dq = dq0 + b * t_ * c3 + h * hs;
+      // dq = ds k [T, hs]; dk = ds^T q [T, hs]
+      k.gemm(false, false, t_, hs, t_, 1.0f, datt + m * t_ * t_, t_, q + c_, c3, 0.0f, dq, c3);
+      k.gemm(true, false, t_, hs, t_, 1.0f, datt + m * t_ * t_, t_, q, c3, 0.0f, dq + c_, c3);
+    }
+  dx_ = c_attn_->backward(dqkv_, k).reshape({b_, t_, c_});
+  return dx_;
+}
+
+// ---- MLP ------------------------------------------------------------------------------------------------------
+
+GptMlp::GptMlp(int64_t n_embd, int64_t n_layer) : c_(n_embd) {
+  c_fc_ = add("c_fc", normal_linear(c_, 4 * c_, kInitStd));
+  gelu_ = add("gelu", std::make_unique<Gelu>());
+  c_proj_ = add("c_proj", normal_linear(4 * c_, c_, residual_std(n_layer)));
+}
+
+std::string GptMlp::kind() const { return fmt::format("Mlp({} -> {} -> {})", c_, 4 * c_, c_); }
+
+const Tensor& GptMlp::run_forward(const Tensor& x, Kernels& k) {
+  shape_ = btc(x, c_, "Mlp");
+  const Tensor& h = gelu_->forward(c_fc_->forward(x.reshape({shape_[0] * shape_[1], c_}), k), k);
+  out_ = c_proj_->forward(h, k).reshape(shape_);
+  return out_;
+}
+
+const Tensor& GptMlp::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == shape_, "Mlp backward got {}", dy.shape_str());
+  const Tensor& dh = gelu_->backward(c_proj_->backward(dy.reshape({shape_[0] * shape_[1], c_}), k), k);
+  dx_ = c_fc_->backward(dh, k).reshape(shape_);
+  return dx_;
+}
+
+// ---- block ----------------------------------------------------------------------------------------------------
+
+GptBlock::GptBlock(int64_t n_embd, int64_t n_head, int64_t n_layer) {
+  ln_1_ = add("ln_1", std::make_unique<LayerNorm>(n_embd));
+  attn_ = add("attn", std::make_unique<CausalSelfAttention>(n_embd, n_head, n_layer));
+  ln_2_ = add("ln_2", std::make_unique<LayerNorm>(n_embd));
+  mlp_ = add("mlp", std::make_unique<GptMlp>(n_embd, n_layer));
+}
+
+std::string GptBlock::kind() const { return fmt::format("Block({})", attn_->kind()); }
+
+const Tensor& GptBlock::run_forward(const Tensor& x, Kernels& k) {
+  const Tensor& a = attn_->forward(ln_1_->forward(x, k), k);
+  ensure_shape(r1_, x.shape(), x.device());
+  k.add(x.data<float>(), a.data<float>(), r1_.data<float>(), x.numel(), false);
+  const Tensor& m = mlp_->forward(ln_2_->forward(r1_, k), k);
+  ensure_shape(y_, x.shape(), x.device());
+  k.add(r1_.data<float>(), m.data<float>(), y_.data<float>(), x.numel(), false);
+  return y_;
+}
+
+const Tensor& GptBlock::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == y_.shape(), "Block backward got {}", dy.shape_str());
+  // d(r1) = dy (the residual) + what flows back through mlp(ln_2(r1)); d(x) likewise through attn(ln_1(x)).
+  const Tensor& dm = ln_2_->backward(mlp_->backward(dy, k), k);
+  ensure_shape(dr1_, dy.shape(), dy.device());
+  k.add(dy.data<float>(), dm.data<float>(), dr1_.data<float>(), dy.numel(), false);
+  const Tensor& da = ln_1_->backward(attn_->backward(dr1_, k), k);
+  ensure_shape(dx_, dy.shape(), dy.device());
+  k.add(dr1_.data<float>(), da.data<float>(), dx_.data<float>(), dy.numel(), false);
+  return dx_;
+}
+
+// ---- transformer ----------------------------------------------------------------------------------------------
+
+void check_gpt_options(const GptOptions& o) {
+  if (o.n_layer < 1 || o.n_head < 1 || o.n_embd < 1 || o.vocab_size < 1 || o.block_size < 1)
+    DPT_THROW(ConfigError, "gpt: n_layer {}, n_head {}, n_embd {}, vocab_size {}, block_size {}: each must be >= 1",
+              o.n_layer, o.n_head, o.n_embd, o.vocab_size, o.block_size);
+  if (o.n_embd % o.n_head != 0)
+    DPT_THROW(ConfigError, "gpt: n_embd {} is not a multiple of n_head {} (each head gets n_embd / n_head)", o.n_embd,
+              o.n_head);
+}
+
+GptTransformer::GptTransformer(const GptOptions& o) : o_(o) {
+  check_gpt_options(o);
+  auto blocks = std::make_unique<Sequential>();
+  for (int64_t i = 0; i < o.n_layer; ++i) blocks->append(std::make_unique<GptBlock>(o.n_embd, o.n_head, o.n_layer));
+  h_ = add("h", std::move(blocks));
+  ln_f_ = add("ln_f", std::make_unique<LayerNorm>(o.n_embd));
+}
+
+std::string GptTransformer::kind() const {
+  return fmt::format("GptTransformer({} blocks of {})", o_.n_layer, o_.n_embd);
+}
+
+std::vector<ParamSpec> GptTransformer::param_specs() const {
+  return {{"wte.weight", {o_.vocab_size, o_.n_embd}}, {"wpe.weight", {o_.block_size, o_.n_embd}}};
+}
+
+void GptTransformer::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
+  bind_views(params, {&wte_, &wpe_});
+  bind_views(grads, {&dwte_, &dwpe_});
+}
+
+void GptTransformer::init_params(std::mt19937_64& rng) {
+  for (Tensor* t : {&wte_, &wpe_}) {
+    float* p = t->data<float>();
+    for (size_t i = 0; i < t->numel(); ++i) p[i] = normal(rng, 0.0f, kInitStd);
+  }
+}
+
+const Tensor& GptTransformer::run_forward(const Tensor& tokens, Kernels& k) {
+  DPT_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "gpt takes int32 tokens [B, T], got {} {}",
+            dtype_name(tokens.dtype()), tokens.shape_str());
+  const int64_t b = tokens.dim(0), t = tokens.dim(1);
+  if (t < 1 || t > o_.block_size)
+    DPT_THROW(ConfigError, "gpt: a sequence of {} tokens; block_size is {}", t, o_.block_size);
+  tokens_ = tokens;
+  ensure_shape(emb_, {b, t, o_.n_embd}, tokens.device());
+  k.embedding_forward(tokens.data<int32_t>(), wte_.data<float>(), wpe_.data<float>(), emb_.data<float>(), b * t, t,
+                      o_.n_embd, o_.vocab_size);
+  return ln_f_->forward(h_->forward(emb_, k), k);
+}
+
+const Tensor& GptTransformer::run_backward(const Tensor& dy, Kernels& k) {
+  const Tensor& d = h_->backward(ln_f_->backward(dy, k), k);
+  k.embedding_backward(tokens_.data<int32_t>(), d.data<float>(), dwte_.data<float>(), dwpe_.data<float>(),
+                       tokens_.dim(0) * tokens_.dim(1), tokens_.dim(1), o_.n_embd);
+  return none_;
+}
+
+// ---- the model ------------------------------------------------------------------------------------------------
+
+Gpt::Gpt(const GptOptions& o) : o_(o) { transformer_ = add("transformer", std::make_unique<GptTransformer>(o)); }
+
+std::string Gpt::kind() const { return fmt::format("Gpt({})", transformer_->kind()); }
+
+const Tensor& Gpt::run_forward(const Tensor& tokens, Kernels& k) {
+  h_ = transformer_->forward(tokens, k);  // [B, T, C]
+  const Tensor& h = h_;
+  const int64_t rows = h.dim(0) * h.dim(1), c = o_.n_embd, v = o_.vocab_size;
+  ensure_shape(logits_, {rows, v}, h.device());
+  k.gemm(false, true, rows, v, c, 1.0f, h.data<float>(), c, transformer_->wte().data<float>(), c, 0.0f,
+         logits_.data<float>(), v);
+  return logits_;
+}
+
+const Tensor& Gpt::run_backward(const Tensor& dlogits, Kernels& k) {
+  const int64_t c = o_.n_embd, v = o_.vocab_size;
+  DPT_CHECK(dlogits.ndim() == 2 && dlogits.dim(0) == logits_.dim(0) && dlogits.dim(1) == v,
+            "gpt backward got {} for logits {}", dlogits.shape_str(), logits_.shape_str());
+  const int64_t rows = dlogits.dim(0);
+  const Tensor& h = h_;
+  // The tied head: dh = dlogits wte; d(wte) += dlogits^T h (the embedding's share comes in the transformer's
+  // backward, after which its gradient is complete).
+  ensure_shape(dh_, h.shape(), dlogits.device());
+  k.gemm(false, false, rows, c, v, 1.0f, dlogits.data<float>(), v, transformer_->wte().data<float>(), c, 0.0f,
+         dh_.data<float>(), c);
+  k.gemm(true, false, v, c, rows, 1.0f, dlogits.data<float>(), v, h.data<float>(), c, 1.0f,
+         transformer_->wte_grad().data<float>(), c);
+  transformer_->backward(dh_, k);
+  return none_;
+}
+
+std::unique_ptr<Model> make_gpt(const GptOptions& o, Device device) {
+  check_gpt_options(o);
+  return std::make_unique<Model>(
+      std::make_unique<Gpt>(o),
+      fmt::format("gpt L{} H{} C{} V{} T{}", o.n_layer, o.n_head, o.n_embd, o.vocab_size, o.block_size), device);
+}
+
+}  // namespace dpt::models

@@ -1,0 +1,135 @@
+// models/gpt.h: GPT-2 as nanoGPT and Hugging Face build it: token and position embeddings, pre-LayerNorm
+// blocks (causal self-attention with a fused QKV projection, then a GELU(tanh) MLP, each added to the residual
+// stream), a final LayerNorm, and the LM head tied to the token embedding.
+//
+// Parameter names are nanoGPT's state_dict names, which are Hugging Face's GPT2LMHeadModel names:
+// transformer.wte.weight, transformer.wpe.weight, transformer.h.0.ln_1.weight, transformer.h.0.attn.c_attn.weight,
+// transformer.h.0.attn.c_proj.bias, transformer.h.0.mlp.c_fc.weight, transformer.ln_f.bias, ... Weights are
+// stored as nn.Linear stores them ([out, in], nanoGPT's layout); Hugging Face's Conv1D keeps the four
+// projection weights transposed ([in, out]). The tied LM head has no tensor of its own (lm_head.weight is
+// transformer.wte.weight). Initialisation is GPT-2's: every weight N(0, 0.02), the residual projections
+// (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm 1 and 0.
+//
+// Input: int32 tokens [B, T] with T <= block_size. Output: logits [B * T, vocab_size] (row b * T + t), what
+// the softmax cross-entropy takes with the next tokens as labels.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "models/layers.h"
+#include "models/model.h"
+
+namespace dpt::models {
+
+struct GptOptions {
+  int64_t n_layer = 12;
+  int64_t n_head = 12;
+  int64_t n_embd = 768;
+  int64_t vocab_size = 50257;
+  int64_t block_size = 1024;  // the longest sequence (rows of wpe)
+};
+
+// Multi-head causal self-attention on [B, T, C]: c_attn (C -> 3C: q, k, v, each [B, T, n_head, C / n_head]),
+// softmax(q k^T / sqrt(head size)) over the positions up to each one, times v, heads concatenated, c_proj.
+// The score matrices go through the kernel set's GEMMs, one head at a time; the probabilities are kept for
+// backward ([B, n_head, T, T]).
+class CausalSelfAttention final : public Module {
+ public:
+  CausalSelfAttention(int64_t n_embd, int64_t n_head, int64_t n_layer);
+  std::string kind() const override;
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  int64_t c_, n_head_;
+  Linear *c_attn_, *c_proj_;
+  int64_t b_ = 0, t_ = 0;
+  Tensor qkv_, att_, y_, out_, datt_, dqkv_, dx_;
+};
+
+// c_fc (C -> 4C), GELU(tanh), c_proj (4C -> C), on [B, T, C].
+class GptMlp final : public Module {
+ public:
+  GptMlp(int64_t n_embd, int64_t n_layer);
+  std::string kind() const override;
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  int64_t c_;
+  Linear *c_fc_, *c_proj_;
+  Gelu* gelu_;
+  std::vector<int64_t> shape_;
+  Tensor out_, dx_;
+};
+
+// x + attn(ln_1(x)), then + mlp(ln_2(.)).
+class GptBlock final : public Module {
+ public:
+  GptBlock(int64_t n_embd, int64_t n_head, int64_t n_layer);
+  std::string kind() const override;
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  LayerNorm *ln_1_, *ln_2_;
+  CausalSelfAttention* attn_;
+  GptMlp* mlp_;
+  Tensor r1_, y_, dr1_, dx_;
+};
+
+// The `transformer` of nanoGPT: owns wte.weight [vocab, C] and wpe.weight [block_size, C]; children h (the
+// blocks, "0", "1", ...) and ln_f. Tokens [B, T] in, the final LayerNorm's [B, T, C] out; no input gradient.
+class GptTransformer final : public Module {
+ public:
+  explicit GptTransformer(const GptOptions& o);
+  std::string kind() const override;
+  std::vector<ParamSpec> param_specs() const override;
+  void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
+  void init_params(std::mt19937_64& rng) override;
+  const Tensor& wte() const { return wte_; }
+  const Tensor& wte_grad() const { return dwte_; }
+
+ protected:
+  const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override;
+
+ private:
+  GptOptions o_;
+  Sequential* h_;
+  LayerNorm* ln_f_;
+  Tensor wte_, wpe_, dwte_, dwpe_;
+  Tensor tokens_, emb_;
+};
+
+// The whole model: transformer, then logits = ln_f output x wte^T (the tied head).
+class Gpt final : public Module {
+ public:
+  explicit Gpt(const GptOptions& o);
+  std::string kind() const override;
+  const GptOptions& options() const { return o_; }
+
+ protected:
+  const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;
+  const Tensor& run_backward(const Tensor& dlogits, Kernels& k) override;
+
+ private:
+  GptOptions o_;
+  GptTransformer* transformer_;
+  Tensor h_, logits_, dh_;
+};
+
+// ConfigError for inconsistent options (n_embd not divisible by n_head, a size below 1).
+void check_gpt_options(const GptOptions& o);
+// The Model; its summary names the shape ("gpt L2 H2 C64 V256 T64").
+std::unique_ptr<Model> make_gpt(const GptOptions& o, Device device = Device::cpu());
+
+}  // namespace dpt::models

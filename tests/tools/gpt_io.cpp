@@ -1,0 +1,81 @@
+// tests/tools/gpt_io.cpp: dpt-gpt-io, the C++ half of the GPT parity test: builds a GPT of the given shape,
+// loads weights by nanoGPT's names (lm_head.weight, the tied head, may be present and must then equal
+// transformer.wte.weight), runs one forward and backward with the mean softmax cross-entropy over every
+// position, and writes what it saw for tests/integration/lib/torch_gpt.py to compare with PyTorch:
+//   OUT/out.safetensors    logits [B*T, V], loss, grad.<param>
+//   OUT/state.safetensors  the model's state (nanoGPT's names, without the tied lm_head.weight)
+// X holds x [B, T] (the tokens) and y [B, T] (the next tokens), int64 or int32.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+#include "core/check.h"
+#include "models/gpt.h"
+#include "step_output.h"
+#include "trainer/safetensors.h"
+
+namespace {
+
+// An int64 or int32 tensor as int32.
+dpt::Tensor as_i32(const dpt::Tensor& t) {
+  dpt::Tensor out = dpt::Tensor::empty(t.shape(), dpt::DType::I32);
+  for (size_t i = 0; i < t.numel(); ++i)
+    out.data<int32_t>()[i] =
+        t.dtype() == dpt::DType::I64 ? static_cast<int32_t>(t.data<int64_t>()[i]) : t.data<int32_t>()[i];
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace dpt;
+  CLI::App app{"dpt-gpt-io: one forward/backward of a dptrain GPT on given tokens (PyTorch parity tests)"};
+  std::string input, out, weights, precision = "fp32";
+  models::GptOptions o;
+  app.add_option("--input", input, "safetensors with x [B, T] and y [B, T]")->required()->check(CLI::ExistingFile);
+  app.add_option("--weights", weights, "safetensors weights, nanoGPT's names")->required()->check(CLI::ExistingFile);
+  app.add_option("--out", out, "directory for out.safetensors and state.safetensors")->required();
+  app.add_option("--n-layer", o.n_layer)->required();
+  app.add_option("--n-head", o.n_head)->required();
+  app.add_option("--n-embd", o.n_embd)->required();
+  app.add_option("--vocab", o.vocab_size)->required();
+  app.add_option("--block", o.block_size)->required();
+  app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16"}));
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const trainer::SafetensorsFile in = trainer::read_safetensors(input);
+    const Tensor* x = in.find("x");
+    const Tensor* y = in.find("y");
+    DPT_CHECK(x && y && x->ndim() == 2 && y->shape() == x->shape(), "{} needs x and y [B, T]", input);
+    const Tensor tokens = as_i32(*x), labels = as_i32(*y);
+
+    auto model = models::make_gpt(o);
+    model->init(1);
+    const trainer::SafetensorsFile w = trainer::read_safetensors(weights);
+    if (const Tensor* head = w.find("lm_head.weight")) {  // tied: must be wte itself
+      const Tensor* wte = w.find("transformer.wte.weight");
+      DPT_CHECK(wte && head->shape() == wte->shape() &&
+                    std::memcmp(head->raw(), wte->raw(), head->bytes()) == 0,
+                "{}: lm_head.weight differs from transformer.wte.weight (the head is tied)", weights);
+    }
+    model->load_state([&](const std::string& name) { return w.find(name); }, weights);
+    if (precision == "bf16") model->set_precision(models::Precision::BF16);
+
+    models::SoftmaxCrossEntropy loss;
+    model->zero_grad();
+    const Tensor& logits = model->forward(tokens);
+    Tensor logits_copy = Tensor::empty(logits.shape());
+    logits_copy.copy_from(logits);
+    const models::LossResult r =
+        loss.forward_backward(logits, labels.reshape({static_cast<int64_t>(labels.numel())}), model->kernels());
+    model->backward(loss.grad());
+
+    test::write_step_output(out, *model, logits_copy, r);
+  } catch (const std::exception& e) {
+    std::cerr << "dpt-gpt-io: " << e.what() << "\n";
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,31 @@
+// tests/tools/step_output.h: what the parity tools (dpt-model-io, dpt-gpt-io) write after one training step,
+// for the PyTorch side to compare: logits, the mean loss and grad.<param> (out.safetensors, plus any `extra`
+// tensors), and the model's state (state.safetensors), both in DIR.
+#pragma once
+
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "models/layers.h"
+#include "models/model.h"
+#include "trainer/safetensors.h"
+
+namespace dpt::test {
+
+inline void write_step_output(const std::string& dir, const models::Model& model, const Tensor& logits,
+                              const models::LossResult& r, const std::vector<NamedTensor>& extra = {}) {
+  std::vector<NamedTensor> result{{"logits", logits}};
+  Tensor loss = Tensor::empty({}, DType::F64);
+  loss.data<double>()[0] = r.loss_sum / static_cast<double>(r.count);
+  result.push_back({"loss", loss});
+  for (const auto& np : model.named_params()) result.push_back({"grad." + np.name, np.grad});
+  result.insert(result.end(), extra.begin(), extra.end());
+  std::filesystem::create_directories(dir);
+  trainer::write_safetensors(dir + "/out.safetensors", result);
+  trainer::write_safetensors(dir + "/state.safetensors", model.state());
+  std::cout << model.summary() << "\n";
+}
+
+}  // namespace dpt::test

@@ -1,0 +1,196 @@
+// tests/unit/models/test_gpt.cpp: the GPT's layers and the whole model on the CPU kernel set: LayerNorm, GELU,
+// causal self-attention, blocks and the tied-head GPT against central finite differences; LayerNorm, GELU and
+// the causal softmax against closed forms; causality; nanoGPT's names, shapes, counts and initialisation.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <numbers>
+#include <random>
+
+#include "model_testing.h"
+#include "models/gpt.h"
+#include "models/kernels.h"
+
+using namespace dpt;
+using namespace dpt::models;
+using dpt::test::check_gradients;
+using dpt::test::random_tensor;
+using dpt::test::wrap;
+
+namespace {
+
+Tensor random_tokens(int64_t b, int64_t t, int64_t vocab, std::mt19937_64& rng) {
+  Tensor x = Tensor::empty({b, t}, DType::I32);
+  for (size_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+  return x;
+}
+
+// Every parameter of `m` multiplied by `factor`.
+std::unique_ptr<Model> scaled(std::unique_ptr<Model> m, float factor) {
+  for (size_t i = 0; i < m->num_params(); ++i) m->params().data<float>()[i] *= factor;
+  return m;
+}
+
+GptOptions tiny(int64_t n_layer = 2) {
+  GptOptions o;
+  o.n_layer = n_layer;
+  o.n_head = 2;
+  o.n_embd = 8;
+  o.vocab_size = 11;
+  o.block_size = 6;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("LayerNorm: zero mean and unit variance per row, then the affine map; GELU: the tanh formula",
+          "[models][gpt]") {
+  std::mt19937_64 rng(1);
+  Kernels& k = kernels_for(Device::cpu());
+  const int64_t rows = 3, c = 7;
+  Tensor x = random_tensor({rows, c}, rng, 3.0f), g = random_tensor({c}, rng), b = random_tensor({c}, rng);
+  Tensor y = Tensor::empty({rows, c}), mean = Tensor::empty({rows}), rstd = Tensor::empty({rows});
+  k.layernorm_forward(x.data<float>(), g.data<float>(), b.data<float>(), y.data<float>(), mean.data<float>(),
+                      rstd.data<float>(), rows, c, 1e-5f);
+  for (int64_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (int64_t i = 0; i < c; ++i) m += x.data<float>()[r * c + i];
+    m /= c;
+    for (int64_t i = 0; i < c; ++i) v += std::pow(x.data<float>()[r * c + i] - m, 2);
+    v /= c;  // biased, as nn.LayerNorm
+    REQUIRE(mean.data<float>()[r] == Approx(m).margin(1e-6));
+    REQUIRE(rstd.data<float>()[r] == Approx(1.0 / std::sqrt(v + 1e-5)).epsilon(1e-5));
+    for (int64_t i = 0; i < c; ++i) {
+      const double want = (x.data<float>()[r * c + i] - m) / std::sqrt(v + 1e-5) * g.data<float>()[i] + b.data<float>()[i];
+      REQUIRE(y.data<float>()[r * c + i] == Approx(want).epsilon(1e-5).margin(1e-6));
+    }
+  }
+  for (const float v : {-3.0f, -0.5f, 0.0f, 0.7f, 2.5f}) {
+    float out = 0.0f;
+    k.gelu_forward(&v, &out, 1);
+    const double want = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (v + 0.044715 * std::pow(v, 3))));
+    REQUIRE(out == Approx(want).margin(1e-6));
+  }
+}
+
+TEST_CASE("causal softmax: each row sums to one over j <= i, zero above the diagonal", "[models][gpt]") {
+  std::mt19937_64 rng(2);
+  Kernels& k = kernels_for(Device::cpu());
+  const int64_t count = 2, t = 5;
+  const float scale = 0.5f;
+  Tensor s = random_tensor({count, t, t}, rng, 4.0f);
+  Tensor ref = Tensor::empty(s.shape());
+  ref.copy_from(s);
+  k.causal_softmax_forward(s.data<float>(), count, t, scale);
+  for (int64_t m = 0; m < count; ++m)
+    for (int64_t i = 0; i < t; ++i) {
+      const float* in = ref.data<float>() + (m * t + i) * t;
+      const float* out = s.data<float>() + (m * t + i) * t;
+      double z = 0;
+      for (int64_t j = 0; j <= i; ++j) z += std::exp(scale * in[j]);
+      for (int64_t j = 0; j < t; ++j) REQUIRE(out[j] == Approx(j <= i ? std::exp(scale * in[j]) / z : 0.0).margin(1e-6));
+    }
+}
+
+TEST_CASE("GPT layers: gradients match finite differences", "[models][gpt]") {
+  std::mt19937_64 rng(3);
+  SECTION("LayerNorm") { auto m = wrap(std::make_unique<LayerNorm>(6)); check_gradients(*m, random_tensor({4, 6}, rng, 2.0f), 50, 1e-2f, 3e-2, 3e-3); }
+  SECTION("GELU") { auto m = wrap(std::make_unique<Gelu>()); check_gradients(*m, random_tensor({3, 7}, rng, 3.0f), 51, 1e-3f); }
+  // Weights 25x GPT-2's (std 0.5): attention scores of order 1, so the softmax's gradient matters.
+  SECTION("causal self-attention, 2 heads, T 5") {
+    auto m = scaled(wrap(std::make_unique<CausalSelfAttention>(8, 2, 1)), 25.0f);
+    check_gradients(*m, random_tensor({2, 5, 8}, rng), 52, 1e-3f, 3e-2, 3e-3);
+  }
+  SECTION("causal self-attention, 1 head, T 1") {
+    auto m = scaled(wrap(std::make_unique<CausalSelfAttention>(4, 1, 1)), 25.0f);
+    check_gradients(*m, random_tensor({3, 1, 4}, rng), 53, 1e-3f, 3e-2, 3e-3);
+  }
+  SECTION("MLP") { auto m = scaled(wrap(std::make_unique<GptMlp>(4, 1)), 25.0f); check_gradients(*m, random_tensor({2, 3, 4}, rng), 54, 1e-3f, 3e-2, 3e-3); }
+  SECTION("block") { auto m = scaled(wrap(std::make_unique<GptBlock>(8, 2, 2)), 10.0f); check_gradients(*m, random_tensor({2, 4, 8}, rng), 55, 1e-3f, 3e-2, 3e-3); }
+}
+
+TEST_CASE("GPT: every parameter's gradient (tied head included) matches finite differences", "[models][gpt]") {
+  std::mt19937_64 rng(4);
+  GptOptions o = tiny();
+  auto model = make_gpt(o);
+  model->init(7);
+  // Larger weights than GPT-2's 0.02 so that every path (attention, MLP) carries a gradient well above the noise.
+  // eps 1e-3: at 1e-2 the curvature shows (errors of 4%), at 3e-4 float32 rounding in the logits does.
+  model = scaled(std::move(model), 4.0f);
+  check_gradients(*model, random_tokens(2, 5, o.vocab_size, rng), 56, 1e-3f, 3e-2, 3e-3, 1500, false);
+}
+
+TEST_CASE("GPT: causal (a later token never changes an earlier position's logits) and length-agnostic",
+          "[models][gpt]") {
+  std::mt19937_64 rng(5);
+  GptOptions o = tiny();
+  auto model = make_gpt(o);
+  model->init(8);
+  Tensor x = random_tokens(1, 6, o.vocab_size, rng);
+  const Tensor before = model->forward(x).to(Device::cpu());
+  Tensor before_copy = Tensor::empty(before.shape());
+  before_copy.copy_from(before);
+  x.data<int32_t>()[4] = (x.data<int32_t>()[4] + 1) % static_cast<int32_t>(o.vocab_size);
+  const Tensor& after = model->forward(x);
+  const int64_t v = o.vocab_size;
+  for (int64_t i = 0; i < 4 * v; ++i) REQUIRE(after.data<float>()[i] == before_copy.data<float>()[i]);
+  bool changed = false;
+  for (int64_t i = 4 * v; i < 6 * v; ++i) changed |= after.data<float>()[i] != before_copy.data<float>()[i];
+  REQUIRE(changed);
+  // The first 3 tokens alone give the first 3 rows of the same logits.
+  Tensor prefix = Tensor::empty({1, 3}, DType::I32);
+  for (int i = 0; i < 3; ++i) prefix.data<int32_t>()[i] = x.data<int32_t>()[i];
+  const Tensor& short_logits = model->forward(prefix);
+  REQUIRE(short_logits.shape() == std::vector<int64_t>{3, v});
+  for (int64_t i = 0; i < 3 * v; ++i) REQUIRE(short_logits.data<float>()[i] == Approx(before_copy.data<float>()[i]).margin(1e-5));
+}
+
+TEST_CASE("GPT: nanoGPT's names, shapes and parameter count, and GPT-2's initialisation", "[models][gpt]") {
+  GptOptions o;
+  o.n_layer = 3;
+  o.n_head = 4;
+  o.n_embd = 32;
+  o.vocab_size = 100;
+  o.block_size = 16;
+  auto model = make_gpt(o);
+  model->init(9);
+  const auto& p = model->named_params();
+  REQUIRE(p.front().name == "transformer.wte.weight");
+  REQUIRE(p.front().param.shape() == std::vector<int64_t>{100, 32});
+  REQUIRE(p[1].name == "transformer.wpe.weight");
+  REQUIRE(p[2].name == "transformer.h.0.ln_1.weight");
+  REQUIRE(p[4].name == "transformer.h.0.attn.c_attn.weight");
+  REQUIRE(p[4].param.shape() == std::vector<int64_t>{96, 32});  // nn.Linear's [out, in]
+  REQUIRE(p[6].name == "transformer.h.0.attn.c_proj.weight");
+  REQUIRE(p[10].name == "transformer.h.0.mlp.c_fc.weight");
+  REQUIRE(p[12].name == "transformer.h.0.mlp.c_proj.weight");
+  REQUIRE(p.back().name == "transformer.ln_f.bias");
+  // nanoGPT's count (the tied head counted once): V C + T C + L (12 C^2 + 13 C) + 2 C.
+  const int64_t c = 32;
+  REQUIRE(model->num_params() == static_cast<size_t>(100 * c + 16 * c + 3 * (12 * c * c + 13 * c) + 2 * c));
+  auto stddev = [&](const std::string& name) {
+    for (const auto& np : p)
+      if (np.name == name) {
+        double s = 0, s2 = 0;
+        const float* v = np.param.data<float>();
+        for (size_t i = 0; i < np.param.numel(); ++i) s += v[i], s2 += double(v[i]) * v[i];
+        const double n = static_cast<double>(np.param.numel());
+        REQUIRE(std::abs(s / n) < 0.004);
+        return std::sqrt(s2 / n - (s / n) * (s / n));
+      }
+    FAIL("no parameter " << name);
+    return 0.0;
+  };
+  REQUIRE(stddev("transformer.wte.weight") == Approx(0.02).epsilon(0.1));
+  REQUIRE(stddev("transformer.h.1.attn.c_attn.weight") == Approx(0.02).epsilon(0.1));
+  REQUIRE(stddev("transformer.h.1.mlp.c_proj.weight") == Approx(0.02 / std::sqrt(6.0)).epsilon(0.1));
+  for (const auto& np : p)
+    if (np.name.ends_with("ln_1.weight")) REQUIRE(np.param.data<float>()[5] == 1.0f);
+  o.n_head = 5;
+  REQUIRE_THROWS_AS(make_gpt(o), ConfigError);
+  Tensor too_long = Tensor::zeros({1, 17}, DType::I32);
+  REQUIRE_THROWS_AS(model->forward(too_long), ConfigError);
+  Tensor bad_token = Tensor::zeros({1, 2}, DType::I32);
+  bad_token.data<int32_t>()[1] = 100;
+  REQUIRE_THROWS_WITH(model->forward(bad_token), Catch::Contains("token 100 at position 1"));
+}
