@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 
+#include "models/gpt.h"
 #include "models/resnet.h"
 #include "trainer/safetensors.h"
 
@@ -19,6 +20,14 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
     if (m.in_channels > 0 && sample_shape.size() == 3 && m.in_channels != sample_shape[0])
       DPT_THROW(ConfigError, "model.in_channels = {}, but the data has {} channel(s)", m.in_channels, sample_shape[0]);
     return models::make_mlp(features, m.hidden, classes, device);
+  }
+  if (m.name == "gpt") {
+    // The data set's examples are windows of block_size + 1 tokens (inputs and the shifted targets).
+    DPT_CHECK(sample_shape.size() == 1 && sample_shape[0] == m.block_size + 1,
+              "gpt with model.block_size = {} got examples of shape [{}]", m.block_size, fmt::join(sample_shape, ", "));
+    const models::GptOptions o{.n_layer = m.n_layer, .n_head = m.n_head, .n_embd = m.n_embd,
+                               .vocab_size = m.vocab_size, .block_size = m.block_size};
+    return models::make_gpt(o, device);
   }
   DPT_CHECK(m.name == "resnet", "model.name = {}", m.name);
   if (sample_shape.size() != 3)

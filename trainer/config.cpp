@@ -177,8 +177,8 @@ const std::vector<Field>& schema() {
       field("train.clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, "clip the global gradient L2 norm (after averaging) to this; 0: off", at_least(0.0)),
       field("train.eval_batch_size", &C::train, &TrainConfig::eval_batch_size, "batch size for evaluation", at_least<int64_t>(1)),
       field("train.progress_interval_s", &C::train, &TrainConfig::progress_interval_s, "seconds between rank 0's progress lines within an epoch", positive()),
-      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic", one_of({"fashion-mnist", "imagefolder", "synthetic"})),
-      field("data.dir", &C::data, &DataConfig::dir, "fashion-mnist: directory of the IDX .gz files; imagefolder: the folder holding train/ and val/"),
+      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic | tokens (llm.c .bin token shards in DIR, split by the words train and val in their names; `dptrain tokenize` writes them; for model.name = gpt, CPU only so far)", one_of({"fashion-mnist", "imagefolder", "synthetic", "tokens"})),
+      field("data.dir", &C::data, &DataConfig::dir, "fashion-mnist: directory of the IDX .gz files; imagefolder: the folder holding train/ and val/; tokens: the directory of the shards"),
       field("data.augment", &C::data, &DataConfig::augment, "training transform: none | crop_flip (pad + random crop + horizontal flip) | random_resized_crop (imagefolder: torchvision's RandomResizedCrop + flip); drawn from (seed, epoch, index)", one_of({"none", "crop_flip", "random_resized_crop"})),
       field("data.padding", &C::data, &DataConfig::padding, "crop_flip: zero pixels added on each side before the random crop", at_least<int64_t>(0)),
       field("data.image_size", &C::data, &DataConfig::image_size, "imagefolder: height = width of the images the model sees (training crop, evaluation center crop)", at_least<int64_t>(1)),
@@ -201,7 +201,7 @@ const std::vector<Field>& schema() {
               return (v.size() == 1 || v.size() == 3) && std::all_of(v.begin(), v.end(), [](int64_t d) { return d >= 1; })
                          ? "" : std::string("must be [F] or [C, H, W], every value >= 1");
             })),
-      field("model.name", &C::model, &ModelConfig::name, "mlp | resnet", one_of({"mlp", "resnet"})),
+      field("model.name", &C::model, &ModelConfig::name, "mlp | resnet | gpt (GPT-2 as nanoGPT: needs data.dataset = tokens; CPU only so far)", one_of({"mlp", "resnet", "gpt"})),
       field("model.hidden", &C::model, &ModelConfig::hidden, "hidden layer widths of the MLP", all_positive()),
       field("model.depth", &C::model, &ModelConfig::depth, "resnet: 18 | 34 (basic blocks) | 50 (bottlenecks), torchvision's block counts; ignored when model.blocks is set", Check<int64_t>([](const int64_t& v) {
               return v == 18 || v == 34 || v == 50 ? "" : std::string("must be 18, 34 or 50 (or set model.blocks)");
@@ -212,6 +212,11 @@ const std::vector<Field>& schema() {
       field("model.stem", &C::model, &ModelConfig::stem, "resnet: imagenet (7x7 stride-2 conv + max pool, torchvision's) | small (3x3 stride-1 conv, no pool: 28x28 and 32x32 images)", one_of({"imagenet", "small"})),
       field("model.in_channels", &C::model, &ModelConfig::in_channels, "input channels (0: the data set's)", at_least<int64_t>(0)),
       field("model.num_classes", &C::model, &ModelConfig::num_classes, "output classes (0: the data set's)", at_least<int64_t>(0)),
+      field("model.n_layer", &C::model, &ModelConfig::n_layer, "gpt: transformer blocks", at_least<int64_t>(1)),
+      field("model.n_head", &C::model, &ModelConfig::n_head, "gpt: attention heads (model.n_embd must be a multiple)", at_least<int64_t>(1)),
+      field("model.n_embd", &C::model, &ModelConfig::n_embd, "gpt: embedding width", at_least<int64_t>(1)),
+      field("model.vocab_size", &C::model, &ModelConfig::vocab_size, "gpt: vocabulary (256 for `dptrain tokenize`'s bytes, 50257 for GPT-2's BPE); a larger token in the shards is an error", Check<int64_t>([](const int64_t& v) { return v >= 1 && v <= 65536 ? "" : std::string("must be in [1, 65536] (shards hold uint16 tokens)"); })),
+      field("model.block_size", &C::model, &ModelConfig::block_size, "gpt: tokens per training window (the context length; rows of transformer.wpe)", at_least<int64_t>(1)),
       field("model.sync_bn", &C::model, &ModelConfig::sync_bn, "SyncBatchNorm: batch statistics over all ranks' batches (all-reduced each forward and backward)"),
       field("model.init_from", &C::model, &ModelConfig::init_from, "safetensors weights to start from, torchvision names (a torchvision state_dict or a dptrain checkpoint's model.safetensors); fc is re-initialised when its class count differs"),
       field("dist.backend", &C::dist, &DistConfig::backend, "auto (nccl with a GPU per rank, else mpi under mpirun, else gloo) | gloo | mpi | nccl", one_of({"auto", "gloo", "mpi", "nccl"})),
@@ -326,6 +331,11 @@ void validate(const Config& c, const std::string& source) {
     if (!problem.empty())
       DPT_THROW(ConfigError, "{}{} = {}: {}", source.empty() ? "" : source + ": ", f.key, f.show(c), problem);
   }
+  if ((c.model.name == "gpt") != (c.data.dataset == "tokens"))
+    DPT_THROW(ConfigError,
+              "{}model.name = {} with data.dataset = {}: a GPT trains on token shards and token shards train only a "
+              "GPT (model.name = gpt goes with data.dataset = tokens)",
+              source.empty() ? "" : source + ": ", c.model.name, c.data.dataset);
 }
 
 }  // namespace

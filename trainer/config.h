@@ -38,7 +38,7 @@ struct TrainConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "fashion-mnist";  // fashion-mnist | imagefolder | synthetic
+  std::string dataset = "fashion-mnist";  // fashion-mnist | imagefolder | synthetic | tokens
   std::string dir = "/usr/share/datasets/fashion-mnist";
   // Training transform: fashion-mnist: none | crop_flip; imagefolder: also random_resized_crop.
   std::string augment = "none";
@@ -59,13 +59,18 @@ struct DataConfig {
 };
 
 struct ModelConfig {
-  std::string name = "mlp";                  // mlp | resnet
+  std::string name = "mlp";                  // mlp | resnet | gpt
   std::vector<int64_t> hidden = {512, 512};  // mlp
   int64_t depth = 18;                        // resnet: 18 | 34 | 50 (torchvision's block counts)
   std::vector<int64_t> blocks = {};          // resnet: blocks per stage, overriding depth
   std::string block = "basic";               // resnet with blocks: basic | bottleneck
   std::vector<int64_t> widths = {64, 128, 256, 512};  // resnet: planes per stage
   std::string stem = "imagenet";             // resnet: imagenet (7x7/2 + max pool) | small (3x3/1)
+  int64_t n_layer = 4;                       // gpt: blocks
+  int64_t n_head = 4;                        // gpt: attention heads
+  int64_t n_embd = 128;                      // gpt: width
+  int64_t vocab_size = 256;                  // gpt: vocabulary (256: byte-level tokens)
+  int64_t block_size = 64;                   // gpt: context length
   int64_t in_channels = 0;                   // 0: the data set's
   int64_t num_classes = 0;                   // 0: the data set's
   bool sync_bn = false;                      // SyncBatchNorm across ranks

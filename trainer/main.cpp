@@ -195,7 +195,7 @@ int main(int argc, char** argv) {
       "The inputs are read in order (a directory: its regular files recursively, sorted by path; *.dat files and\n"
       "files with a NUL byte skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
       "train. Shards hold at most 100M tokens each.\n"
-      "Example: dptrain tokenize --input /usr/share/games/fortunes --out data/fortunes");
+      "Example: dptrain tokenize --input /usr/share/games/fortunes --out runs/fortunes");
   tokenize_cmd->add_option("--input", tok_args.inputs, "a text file or a directory of them (repeatable)")->required();
   tokenize_cmd->add_option("--out", tok_args.out, "output directory; written as OUT.tmp, renamed to OUT when complete")
       ->required();

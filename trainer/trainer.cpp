@@ -20,10 +20,12 @@
 #include "data/sampler.h"
 #include "data/subset.h"
 #include "data/synthetic.h"
+#include "data/token_dataset.h"
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
+#include "trainer/task.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/feeder.h"
 #include "trainer/optimizer.h"
@@ -72,7 +74,7 @@ std::unique_ptr<data::Dataset> limited(std::unique_ptr<data::Dataset> d, int64_t
                                         stride);
 }
 
-Datasets make_datasets(const DataConfig& d, uint64_t seed) {
+Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed) {
   Datasets ds;
   const auto mode = data::parse_transform_mode(d.augment);
   if (d.dataset == "fashion-mnist") {
@@ -86,6 +88,11 @@ Datasets make_datasets(const DataConfig& d, uint64_t seed) {
       ds.train = std::move(train);
     }
     ds.test = data::load_fashion_mnist(d.dir, false, static_cast<size_t>(d.test_limit));
+  } else if (d.dataset == "tokens") {
+    ds.train = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "train", m.block_size, m.vocab_size),
+                       d.train_limit);
+    ds.test = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "val", m.block_size, m.vocab_size),
+                      d.test_limit);
   } else if (d.dataset == "imagefolder") {
     data::ImageFolderOptions o;
     o.dir = d.dir;
@@ -113,20 +120,13 @@ Datasets make_datasets(const DataConfig& d, uint64_t seed) {
   return ds;
 }
 
-// A batch's features [B, F] as the model takes them: [B, C, H, W] for images (a view, no copy).
-Tensor model_input(const Tensor& features, const std::vector<int64_t>& sample_shape) {
-  std::vector<int64_t> shape{features.dim(0)};
-  shape.insert(shape.end(), sample_shape.begin(), sample_shape.end());
-  return features.reshape(std::move(shape));
-}
-
 struct EvalResult {
   double loss = 0, acc = 0;
 };
 
 // Loss and accuracy over the whole test set: each rank evaluates its exact shard, the sums are reduced.
-EvalResult evaluate(models::Model& model, const data::Dataset& test, const TrainConfig& t, size_t workers,
-                    comm::ProcessGroup& pg) {
+EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test, const TrainConfig& t,
+                    size_t workers, comm::ProcessGroup& pg) {
   const Device device = model.device();
   data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.eval_batch_size), .drop_last = false, .prefetch = 2,
                          .pin_memory = device.is_cuda(), .workers = workers};
@@ -142,9 +142,10 @@ EvalResult evaluate(models::Model& model, const data::Dataset& test, const Train
   } back{model};
   while (auto host = loader.next()) {
     const data::Batch& batch = feeder.put(std::move(*host), loader);
-    loss.accumulate(model.forward(model_input(batch.features, test.sample_shape())), batch.labels, model.kernels(), stats, /*backward=*/false);
+    task.prepare(batch);
+    loss.accumulate(model.forward(task.input()), task.targets(), model.kernels(), stats, /*backward=*/false);
     feeder.step_done();
-    count += static_cast<double>(batch.size);
+    count += static_cast<double>(task.rows());
   }
   feeder.release(loader);
   Tensor sums = Tensor::empty({3}, DType::F64);
@@ -303,7 +304,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   const TrainConfig& t = cfg.train;
   RunResult result;
 
-  Datasets ds = make_datasets(cfg.data, static_cast<uint64_t>(t.seed));
+  Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(t.seed));
   if (lead)
     spdlog::info("data: {} train / {} test examples ({}), {} per rank per step, {} global", ds.train->size(),
                  ds.test->size(), ds.train->name(), t.batch_size, t.batch_size * world);
@@ -312,6 +313,8 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   const Device device = opts.device;
   const std::vector<int64_t> sample_shape = ds.train->sample_shape();
   auto model = build_model(cfg.model, sample_shape, ds.train->num_classes(), device);
+  std::unique_ptr<Task> task = cfg.model.name == "gpt" ? make_language_model_task(cfg.model.block_size, device)
+                                                       : make_classification_task(sample_shape);
   model->init(rng());
   try {
     model->set_precision(parse_precision(t.precision));
@@ -502,7 +505,8 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
         // DDP's broadcast_buffers: every rank's forward sees rank 0's BatchNorm running statistics.
         if (sync_buffers) pg.broadcast(model->buffers(), {.root = 0, .stream = stream})->block(stream);
       }
-      loss.accumulate(model->forward(model_input(batch.features, sample_shape)), batch.labels, model->kernels(), stats, /*backward=*/true);
+      task->prepare(batch);
+      loss.accumulate(model->forward(task->input()), task->targets(), model->kernels(), stats, /*backward=*/true);
       // Each micro-batch's loss is a mean over its batch; the step's is the mean over all of them. fp16: times
       // the loss scale, so small gradients survive fp16's range.
       const double grad_factor = scaler.scale() / static_cast<double>(group_size);
@@ -517,7 +521,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       reducer.begin(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
       model->backward(loss.grad(), [&](size_t first, size_t end) { reducer.grads_ready(first, end); });
       feeder.step_done();
-      seen += static_cast<int64_t>(batch.size);
+      seen += task->rows();
       if (!last_micro) continue;
       timer.mark(1);
       reducer.finish();
@@ -537,11 +541,11 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       const bool epoch_done = next_batch == spe;
       if (lead && seconds_since(progress_t) >= t.progress_interval_s) {
         progress_t = Clock::now();
-        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g}{}{} samples/s {:.0f}", epoch + 1, t.epochs,
+        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g}{}{} {}/s {:.0f}", epoch + 1, t.epochs,
                      next_batch, spe, loss_so_far() / static_cast<double>(seen), lr,
                      t.clip_grad_norm > 0 ? fmt::format(" grad_norm {:.4g}", grad_norm) : "",
                      scaler.enabled() ? fmt::format(" loss_scale {:g} skipped {}", scaler.scale(), scaler.skipped()) : "",
-                     static_cast<double>(seen) * world / seconds_since(epoch_t0));
+                     task->unit(), static_cast<double>(seen) * world / seconds_since(epoch_t0));
       }
       if (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0 && !epoch_done)
         save(epoch, next_batch);
@@ -572,7 +576,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     pg.allreduce(tl, {.op = comm::ReduceOp::Sum})->wait();
     const double global_seen = tl.data<double>()[1];
     check_replicas(*model, pg, epoch + 1);
-    EvalResult ev = evaluate(*model, *ds.test, t, static_cast<size_t>(cfg.data.workers), pg);
+    EvalResult ev = evaluate(*model, *task, *ds.test, t, static_cast<size_t>(cfg.data.workers), pg);
     EpochStats es{.epoch = epoch + 1, .train_loss = global_seen > 0 ? tl.data<double>()[0] / global_seen : 0.0,
                   .test_loss = ev.loss, .test_acc = ev.acc,
                   .samples_per_s = epoch_s > 0 ? global_seen / epoch_s : 0.0,
@@ -581,9 +585,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     result.final_test_acc = ev.acc;
     result.final_test_loss = ev.loss;
     if (lead) {
-      spdlog::info("epoch {}/{} loss {:.4f} test_loss {:.4f} test_acc {:.4f} samples/s {:.0f} lr {:.4g} "
+      spdlog::info("epoch {}/{} loss {:.4f} test_loss {:.4f} test_acc {:.4f} {}/s {:.0f} lr {:.4g} "
                    "time {:.2f}s (compute {:.2f}s comm {:.2f}s data wait {:.2f}s)",
-                   es.epoch, t.epochs, es.train_loss, es.test_loss, es.test_acc, es.samples_per_s, lr, epoch_s,
+                   es.epoch, t.epochs, es.train_loss, es.test_loss, es.test_acc, task->unit(), es.samples_per_s, lr, epoch_s,
                    compute_s, comm_s, data_s);
       if (scaler.enabled())
         spdlog::info("fp16 loss scale {:g}; {} step(s) skipped so far for inf/NaN gradients", scaler.scale(),
@@ -598,7 +602,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
 
   if (result.epochs.empty()) {
     // Nothing left to train (resumed at the end): report where the model stands.
-    EvalResult ev = evaluate(*model, *ds.test, t, static_cast<size_t>(cfg.data.workers), pg);
+    EvalResult ev = evaluate(*model, *task, *ds.test, t, static_cast<size_t>(cfg.data.workers), pg);
     result.final_test_acc = ev.acc;
     result.final_test_loss = ev.loss;
     if (lead) {

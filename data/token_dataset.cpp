@@ -1,0 +1,26 @@
+// data/token_dataset.cpp: see token_dataset.h.
+#include "data/token_dataset.h"
+
+#include <vector>
+
+#include <fmt/format.h>
+
+namespace dpt::data {
+
+TokenWindowDataset::TokenWindowDataset(const std::string& dir, const std::string& split, int64_t block_size,
+                                       int64_t vocab_size)
+    : windows_(std::make_unique<TokenWindows>(find_token_shards(dir, split), block_size)), vocab_size_(vocab_size) {
+  windows_->check_vocab(vocab_size);
+  name_ = fmt::format("tokens {}/{} ({} shard(s), {} windows of {})", dir, split, windows_->shards().size(),
+                      windows_->size(), block_size + 1);
+}
+
+int32_t TokenWindowDataset::get(size_t index, float* features) const {
+  thread_local std::vector<int32_t> window;
+  window.resize(windows_->window_tokens());
+  windows_->get(index, window.data());
+  for (size_t i = 0; i < window.size(); ++i) features[i] = static_cast<float>(window[i]);
+  return 0;
+}
+
+}  // namespace dpt::data

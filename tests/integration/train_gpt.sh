@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# integration.train_gpt: a GPT trains on token shards end to end (dptrain tokenize on Debian's fortunes, then
+# model.name = gpt with data.dataset = tokens under dprun):
+#  - 2 ranks, 600 steps: the validation loss falls well below the unigram entropy of the validation bytes
+#    (what a model that ignores the context at best achieves), and the progress lines count tokens;
+#  - data parallelism changes nothing but speed: 2 ranks x 4 windows reach the parameters of 1 rank x 8 after
+#    10 SGD steps; 1 rank x 4 differs (so the comparison can fail);
+#  - a GPT without token shards, and shards with a token beyond model.vocab_size, are clear errors.
+source "$(dirname "$0")/lib/common.bash"
+"$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 \
+  || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
+GPT=(data.dataset=tokens data.dir="$WORK/fort" model.name=gpt model.n_layer=2 model.n_head=2 model.n_embd=64
+     model.block_size=32 train.device=cpu train.epochs=1 train.progress_interval_s=1)
+
+entropy=$("$PY" - "$WORK/fort/bytes_val_000000.bin" <<'PYEOF'
+import sys
+import numpy as np
+tokens = np.fromfile(sys.argv[1], dtype=np.uint16)[512:]  # past the 1024-byte header
+p = np.bincount(tokens, minlength=256) / len(tokens)
+p = p[p > 0]
+print(f"{-(p * np.log(p)).sum():.4f}")
+PYEOF
+)
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${GPT[@]}" train.batch_size=16 train.optimizer=adamw train.lr=3e-3 \
+  train.max_steps=600 data.test_limit=1024 checkpoint.dir="$WORK/learn" --resume never > "$WORK/learn.log" 2>&1 \
+  || { cat "$WORK/learn.log"; fail "the GPT run failed"; }
+grep -q "model: gpt L2 H2 C64 V256 T32" "$WORK/learn.log" || { cat "$WORK/learn.log"; fail "no GPT model line"; }
+grep -q "tokens/s" "$WORK/learn.log" || fail "the progress lines do not count tokens"
+loss=$(grep -o "test_loss [0-9.]*" "$WORK/learn.log" | tail -1 | cut -d' ' -f2)
+echo "validation loss $loss nats/byte after 600 steps; unigram entropy $entropy"
+awk -v l="$loss" -v h="$entropy" 'BEGIN { exit !(l < h - 0.5) }' \
+  || fail "validation loss $loss is not well below the unigram entropy $entropy"
+
+run() {  # run NAME NPROC BATCH: 10 SGD steps
+  "$DPRUN" --nproc-per-node "$2" -- "$DPTRAIN" "${GPT[@]}" train.batch_size="$3" train.optimizer=sgd train.lr=0.1 \
+    train.momentum=0.9 train.schedule=constant train.max_steps=10 data.train_limit=2000 data.test_limit=64 \
+    checkpoint.dir="$WORK/$1" --resume never > "$WORK/$1.log" 2>&1 || { cat "$WORK/$1.log"; fail "$1 failed"; }
+}
+run one8 1 8
+run two4 2 4
+run one4 1 4
+"$PY" "$CKPT_PY" compare "$WORK/one8/step-00000010" "$WORK/two4/step-00000010" 2e-5 || fail "2 x 4 != 1 x 8"
+"$PY" "$CKPT_PY" differ "$WORK/one8/step-00000010" "$WORK/one4/step-00000010" 1e-3 \
+  || fail "batch 4 and batch 8 gave the same parameters: the comparison cannot tell"
+
+if out=$("$DPTRAIN" model.name=gpt train.max_steps=1 checkpoint.dir="$WORK/bad" 2>&1); then fail "a GPT on images ran"; fi
+grep -q "model.name = gpt goes with data.dataset = tokens" <<<"$out" || fail "unclear error for a GPT on images: $out"
+if out=$("$DPTRAIN" "${GPT[@]}" model.vocab_size=100 train.max_steps=1 checkpoint.dir="$WORK/bad" 2>&1); then
+  fail "tokens beyond the vocabulary were accepted"
+fi
+grep -q "bytes_train_000000.bin: token .* is not below the vocabulary size 100" <<<"$out" \
+  || fail "the vocabulary error does not name the shard: $out"
+echo "PASS"
