@@ -22,6 +22,7 @@ struct TrainConfig {
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;
+  std::string weight_decay_params = "auto";  // all | matrices (2-D and up only) | auto (matrices for gpt)
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   std::string schedule = "cosine";                // constant | step | cosine
   double warmup_epochs = 0.0;

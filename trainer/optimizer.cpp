@@ -3,8 +3,18 @@
 
 namespace dpt::trainer {
 
-Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model) : cfg_(cfg), model_(model) {
+Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_matrices_only)
+    : cfg_(cfg), model_(model) {
   const auto shape = model.params().shape();
+  // The update runs over maximal runs of neighbouring parameters that share a weight decay: one run for the
+  // whole buffer unless only matrices decay.
+  for (const auto& np : model.named_params()) {
+    const bool decay = !decay_matrices_only || np.param.ndim() >= 2;
+    if (!runs_.empty() && runs_.back().decay == decay && runs_.back().offset + runs_.back().count == np.offset)
+      runs_.back().count += np.param.numel();
+    else
+      runs_.push_back({np.offset, np.param.numel(), decay});
+  }
   if (cfg.optimizer == "sgd") {
     if (cfg.momentum != 0.0) slots_.emplace_back("momentum", Tensor::zeros(shape, DType::F32, model.device()));
   } else if (cfg.optimizer == "adamw") {
@@ -17,24 +27,27 @@ Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model) : cfg_(cfg), 
 
 void Optimizer::step(double lr) {
   auto& k = model_.kernels();
-  float* p = model_.params().data<float>();
-  const float* g = model_.grads().data<float>();
-  const size_t n = model_.num_params();
-  if (cfg_.optimizer == "sgd") {
-    models::SgdParams sp{.lr = static_cast<float>(lr),
-                         .momentum = static_cast<float>(cfg_.momentum),
-                         .weight_decay = static_cast<float>(cfg_.weight_decay),
-                         .nesterov = cfg_.nesterov,
-                         .first_step = steps_ == 0};
-    k.sgd_update(p, g, slots_.empty() ? nullptr : slots_[0].second.data<float>(), n, sp);
-  } else {
-    models::AdamWParams ap{.lr = static_cast<float>(lr),
-                           .beta1 = static_cast<float>(cfg_.beta1),
-                           .beta2 = static_cast<float>(cfg_.beta2),
-                           .eps = static_cast<float>(cfg_.eps),
-                           .weight_decay = static_cast<float>(cfg_.weight_decay),
-                           .step = steps_ + 1};
-    k.adamw_update(p, g, slots_[0].second.data<float>(), slots_[1].second.data<float>(), n, ap);
+  for (const Run& r : runs_) {
+    float* p = model_.params().data<float>() + r.offset;
+    const float* g = model_.grads().data<float>() + r.offset;
+    const float wd = r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
+    auto slot = [&](size_t i) { return slots_[i].second.data<float>() + r.offset; };
+    if (cfg_.optimizer == "sgd") {
+      models::SgdParams sp{.lr = static_cast<float>(lr),
+                           .momentum = static_cast<float>(cfg_.momentum),
+                           .weight_decay = wd,
+                           .nesterov = cfg_.nesterov,
+                           .first_step = steps_ == 0};
+      k.sgd_update(p, g, slots_.empty() ? nullptr : slot(0), r.count, sp);
+    } else {
+      models::AdamWParams ap{.lr = static_cast<float>(lr),
+                             .beta1 = static_cast<float>(cfg_.beta1),
+                             .beta2 = static_cast<float>(cfg_.beta2),
+                             .eps = static_cast<float>(cfg_.eps),
+                             .weight_decay = wd,
+                             .step = steps_ + 1};
+      k.adamw_update(p, g, slot(0), slot(1), r.count, ap);
+    }
   }
   ++steps_;
 }

@@ -15,7 +15,9 @@ namespace dpt::trainer {
 
 class Optimizer {
  public:
-  Optimizer(const TrainConfig& cfg, models::Model& model);
+  // decay_matrices_only: train.weight_decay applies only to parameters of 2 or more dimensions (weights and
+  // embeddings), not to biases and normalisation gains (nanoGPT's configure_optimizers); else to all.
+  Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_matrices_only = false);
   // One update of every parameter from the (already averaged) gradients, at learning rate `lr`.
   void step(double lr);
   int64_t steps() const { return steps_; }
@@ -28,6 +30,11 @@ class Optimizer {
   models::Model& model_;
   int64_t steps_ = 0;
   std::vector<std::pair<std::string, Tensor>> slots_;  // slot name -> flat buffer
+  struct Run {  // consecutive parameters [offset, offset + count) updated with one weight decay
+    size_t offset, count;
+    bool decay;
+  };
+  std::vector<Run> runs_;
 };
 
 }  // namespace dpt::trainer

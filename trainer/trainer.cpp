@@ -329,7 +329,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     if (lead) spdlog::info("model: weights from {}{}", cfg.model.init_from, note.empty() ? "" : "; " + note);
   }
   const StreamHandle stream = model->kernels().stream();  // the compute stream (nullptr on the CPU)
-  Optimizer optimizer(t, *model);
+  const bool decay_matrices_only =
+      t.weight_decay_params == "matrices" || (t.weight_decay_params == "auto" && cfg.model.name == "gpt");
+  Optimizer optimizer(t, *model, decay_matrices_only);
   if (lead) spdlog::info("model: {} on {}", model->summary(), model->device().str());
 
   // ---- resume ----------------------------------------------------------------------------------------
