@@ -1,9 +1,11 @@
 // trainer/main.cpp: the dptrain program: parse the command line, find this rank in the job, join the
 // process group, train. The only place that decides how the process dies: an error is logged with the rank
 // and the process exits non-zero at once, so the launcher (dprun, mpirun, srun) tears the job down.
-// Two subcommands train nothing: `dptrain export-images` writes Fashion-MNIST out as an image folder, and
-// `dptrain tokenize` writes text as byte-level token shards (train / val).
+// Three subcommands train nothing: `dptrain export-images` writes Fashion-MNIST out as an image folder,
+// `dptrain tokenize` writes text as byte-level token shards (train / val), and `dptrain generate` samples
+// text from a GPT checkpoint.
 #include <CLI/CLI.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <chrono>
 #include <functional>
@@ -24,6 +26,7 @@
 #include "data/tokenize.h"
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "trainer/config.h"
+#include "trainer/generate.h"
 #include "trainer/trainer.h"
 
 namespace {
@@ -120,6 +123,40 @@ int tokenize(const TokenizeArgs& a) {
                  s.train_tokens, s.train_shards.size(), s.val_tokens, s.val_shards.size(), s.out_dir, seconds);
   });
 }
+struct GenerateArgs {
+  std::string checkpoint, prompt = "\n";
+  int64_t tokens = 200;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  uint64_t seed = 42;
+};
+
+// dptrain generate: text from a GPT checkpoint, on the CPU, to stdout (the prompt, then what follows it).
+int generate(const GenerateArgs& a) {
+  using namespace dpt;
+  spdlog::set_default_logger(spdlog::stderr_color_mt("generate"));  // stdout carries the text alone
+  init_logging(0, 1);
+  try {
+    int64_t block_size = 0;
+    std::string from;
+    auto model = trainer::load_gpt_checkpoint(a.checkpoint, &block_size, &from);
+    spdlog::info("generate: {} from {}; {} tokens, temperature {}, top_k {}, seed {}", model->summary(), from, a.tokens,
+                 a.temperature, a.top_k, a.seed);
+    if (a.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
+    std::vector<int32_t> prompt(a.prompt.begin(), a.prompt.end());
+    for (int32_t& t : prompt) t &= 0xFF;  // bytes, whatever the char's signedness
+    const auto out = trainer::generate(*model, block_size, prompt, a.tokens,
+                                       {.temperature = a.temperature, .top_k = a.top_k}, a.seed);
+    std::string text(out.begin(), out.end());
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fputc('\n', stdout);
+  } catch (const ConfigError& e) {
+    die(kExitUsage, e.what());
+  } catch (const std::exception& e) {
+    die(kExitError, e.what());
+  }
+  return 0;
+}
 }  // namespace
 
 // OpenBLAS chooses its kernels when it loads, from the CPU model; on CPUs it does not know (many cloud VMs)
@@ -203,6 +240,23 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(size_t{2}, size_t{1} << 40))
       ->capture_default_str();
   tokenize_cmd->add_flag("--force", tok_args.force, "replace OUT when it exists and is not empty (else refused)");
+  GenerateArgs gen_args;
+  CLI::App* generate_cmd = app.add_subcommand(
+      "generate", "sample text from a GPT checkpoint (byte-level tokens) on the CPU and print it; trains nothing");
+  generate_cmd->footer("Example: dptrain generate --checkpoint runs/gpt_tiny/checkpoints --prompt \"Q: \" --tokens 300");
+  generate_cmd->add_option("--checkpoint", gen_args.checkpoint, "a checkpoint (step-N/) or a checkpoint directory (its newest valid one)")
+      ->required();
+  generate_cmd->add_option("--prompt", gen_args.prompt, "the text to continue")->capture_default_str();
+  generate_cmd->add_option("--tokens", gen_args.tokens, "new tokens (bytes) to sample")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  generate_cmd->add_option("--temperature", gen_args.temperature, "divides the logits: below 1 sharper, above 1 flatter")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  generate_cmd->add_option("--top-k", gen_args.top_k, "sample among the k most likely tokens only (0: all; 1: greedy)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  generate_cmd->add_option("--seed", gen_args.seed, "the same seed gives the same text")->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -211,6 +265,7 @@ int main(int argc, char** argv) {
   }
   if (*export_cmd) return export_images(export_args);
   if (*tokenize_cmd) return tokenize(tok_args);
+  if (*generate_cmd) return generate(gen_args);
 
   comm::DistEnv env;
   try {

@@ -5,6 +5,7 @@
 #    (what a model that ignores the context at best achieves), and the progress lines count tokens;
 #  - data parallelism changes nothing but speed: 2 ranks x 4 windows reach the parameters of 1 rank x 8 after
 #    10 SGD steps; 1 rank x 4 differs (so the comparison can fail);
+#  - dptrain generate on the checkpoint: the prompt, then text like the corpus, the same for a seed;
 #  - a GPT without token shards, and shards with a token beyond model.vocab_size, are clear errors.
 source "$(dirname "$0")/lib/common.bash"
 "$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 \
@@ -30,6 +31,27 @@ loss=$(grep -o "test_loss [0-9.]*" "$WORK/learn.log" | tail -1 | cut -d' ' -f2)
 echo "validation loss $loss nats/byte after 600 steps; unigram entropy $entropy"
 awk -v l="$loss" -v h="$entropy" 'BEGIN { exit !(l < h - 0.5) }' \
   || fail "validation loss $loss is not well below the unigram entropy $entropy"
+
+# Generation from that run's checkpoint: the prompt and then exactly 120 bytes, the same text for a seed and
+# other text for another, and text like the corpus (printable ASCII, newlines and tabs).
+gen() { "$DPTRAIN" generate --checkpoint "$WORK/learn" --prompt "Q: " --tokens 120 --seed "$1" 2> "$WORK/gen.err"; }
+g1=$(gen 7) || { cat "$WORK/gen.err"; fail "generate failed"; }
+g2=$(gen 7)
+g3=$(gen 8)
+echo "generated: $g1"
+[ "$g1" = "$g2" ] || fail "generate is not deterministic for a seed"
+[ "$g1" != "$g3" ] || fail "another seed gave the same text"
+[[ $g1 == "Q: "* ]] || fail "the output does not start with the prompt"
+"$PY" - "$g1" <<'PYEOF' || fail "the generated text is not like the corpus"
+import sys
+text = sys.argv[1].encode("latin-1", "replace")
+# The command substitution drops trailing newlines only: 3 prompt bytes + 120 new ones, give or take those.
+assert 110 <= len(text) <= 123, len(text)
+ok = sum(32 <= b < 127 or b in (9, 10) for b in text)
+assert ok >= 0.95 * len(text), (ok, len(text))
+PYEOF
+if out=$("$DPTRAIN" generate --checkpoint "$WORK/nothing-here" 2>&1); then fail "generate without a checkpoint ran"; fi
+grep -q "no such checkpoint" <<<"$out" || fail "unclear error for a missing checkpoint: $out"
 
 run() {  # run NAME NPROC BATCH: 10 SGD steps
   "$DPRUN" --nproc-per-node "$2" -- "$DPTRAIN" "${GPT[@]}" train.batch_size="$3" train.optimizer=sgd train.lr=0.1 \

@@ -43,7 +43,7 @@ GptOptions tiny(int64_t n_layer = 2) {
 
 }  // namespace
 
-TEST_CASE("LayerNorm: zero mean and unit variance per row, then the affine map; GELU: the tanh formula",
+TEST_CASE("LayerNorm: zero mean and unit variance per row, then the affine map, and GELU: the tanh formula",
           "[models][gpt]") {
   std::mt19937_64 rng(1);
   Kernels& k = kernels_for(Device::cpu());

@@ -184,7 +184,7 @@ TEST_CASE("round_to_fp16 equals the _Float16 conversion", "[models][amp]") {
     for (float s : {1.0f, -1.0f}) check(s * x);
 }
 
-TEST_CASE("gemm in bf16 and fp16: operands rounded, float32 arithmetic; fp16 overflows to inf", "[models][amp]") {
+TEST_CASE("gemm in bf16 and fp16: operands rounded, float32 arithmetic, and fp16 overflows to inf", "[models][amp]") {
   Kernels& k = kernels_for(Device::cpu());
   // 1 + 2^-10 is exact in fp16 and float, rounds to 1 in bf16 (8 significant bits); 1 + 2^-12 rounds to 1 in
   // both. A 1x1 by 1x1 product shows the operand rounding, a 1x2 by 2x1 the float32 accumulation.

@@ -26,7 +26,7 @@ TEST_CASE("loss scaler: 65536 at first, halve and skip on an overflow, double af
   REQUIRE(s.skipped() == 2);
 }
 
-TEST_CASE("loss scaler: disabled is scale 1 and never skips; restore takes checkpointed state", "[amp]") {
+TEST_CASE("loss scaler: disabled is scale 1 and never skips, and restore takes checkpointed state", "[amp]") {
   LossScaler off(false);
   REQUIRE(off.scale() == 1.0);
   REQUIRE(off.update(true));

@@ -35,7 +35,7 @@ TEST_CASE("classification task: features folded to the sample shape, the labels 
   REQUIRE(std::string(task->unit()) == "samples");
 }
 
-TEST_CASE("language-model task: windows of T + 1 tokens become inputs [B, T] and next tokens [B * T]",
+TEST_CASE("language-model task: windows of T + 1 tokens become inputs B x T and next tokens B * T",
           "[trainer][task]") {
   auto task = make_language_model_task(4, Device::cpu());
   for (const int64_t n : {3, 1, 3}) {  // a full batch, a short last one, a full one again

@@ -1,0 +1,47 @@
+// tests/unit/trainer/test_generate.cpp: sampling the next token: top_k = 1 is argmax (lowest index on a tie),
+// top_k limits the candidates, the frequencies follow softmax(logits / temperature), and a seed repeats;
+// generation from a GPT appends exactly `count` tokens, repeats for a seed, and keeps to the block size.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <map>
+
+#include "models/gpt.h"
+#include "trainer/generate.h"
+
+using namespace dpt;
+using namespace dpt::trainer;
+
+TEST_CASE("sample_token: greedy, top-k, temperature and seeds", "[trainer][generate]") {
+  const std::vector<float> logits{1.0f, 3.0f, 0.5f, 3.0f, 2.0f};
+  std::mt19937_64 rng(1);
+  REQUIRE(sample_token(logits.data(), 5, {.temperature = 1.0, .top_k = 1}, rng) == 1);  // tie: the lower index
+  std::map<int32_t, int> seen;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++seen[sample_token(logits.data(), 5, {.temperature = 1.0, .top_k = 3}, rng)];
+  REQUIRE(seen.size() == 3);  // tokens 1, 3 and 4 only
+  const double z = 2 * std::exp(3.0) + std::exp(2.0);
+  REQUIRE(seen[1] / double(n) == Approx(std::exp(3.0) / z).margin(0.015));
+  REQUIRE(seen[4] / double(n) == Approx(std::exp(2.0) / z).margin(0.015));
+  // Temperature 0.5 squares the odds: p(4) / p(1) = e^(2 (2 - 3)).
+  seen.clear();
+  for (int i = 0; i < n; ++i) ++seen[sample_token(logits.data(), 5, {.temperature = 0.5, .top_k = 0}, rng)];
+  REQUIRE(seen[4] / double(seen[1]) == Approx(std::exp(-2.0)).margin(0.02));
+  std::mt19937_64 a(7), b(7);
+  for (int i = 0; i < 50; ++i)
+    REQUIRE(sample_token(logits.data(), 5, {.temperature = 1.5}, a) == sample_token(logits.data(), 5, {.temperature = 1.5}, b));
+}
+
+TEST_CASE("generate: count new tokens, the same for a seed, beyond the block size", "[trainer][generate]") {
+  models::GptOptions o{.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab_size = 256, .block_size = 4};
+  auto model = models::make_gpt(o);
+  model->init(5);
+  const std::vector<int32_t> prompt{72, 105};
+  const auto x = generate(*model, o.block_size, prompt, 9, {}, 3);
+  REQUIRE(x.size() == 11);  // past block_size: the context slides
+  REQUIRE(x[0] == 72);
+  REQUIRE(x[1] == 105);
+  for (int32_t t : x) REQUIRE((t >= 0 && t < 256));
+  REQUIRE(generate(*model, o.block_size, prompt, 9, {}, 3) == x);
+  REQUIRE(generate(*model, o.block_size, prompt, 9, {}, 4) != x);
+}

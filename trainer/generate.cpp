@@ -1,0 +1,77 @@
+// trainer/generate.cpp: see generate.h.
+#include "trainer/generate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <numeric>
+
+#include "models/module.h"
+#include "trainer/build_model.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+
+namespace dpt::trainer {
+
+int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng) {
+  DPT_CHECK(vocab > 0 && o.temperature > 0 && o.top_k >= 0, "sampling: vocab {}, temperature {}, top_k {}", vocab,
+            o.temperature, o.top_k);
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t k = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  order.resize(static_cast<size_t>(k));
+  if (k == 1) return order[0];
+  std::vector<double> p(order.size());
+  const double top = logits[order[0]];
+  double sum = 0;
+  for (size_t i = 0; i < order.size(); ++i) sum += p[i] = std::exp((logits[order[i]] - top) / o.temperature);
+  double u = models::uniform(rng, 0.0f, 1.0f) * sum;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (u < p[i]) return order[i];
+    u -= p[i];
+  }
+  return order.back();  // u landed on the rounding at the very end
+}
+
+std::vector<int32_t> generate(models::Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
+                              const SampleOptions& o, uint64_t seed) {
+  DPT_CHECK(!prompt.empty() && count >= 0, "generate: {} prompt tokens, {} new", prompt.size(), count);
+  std::mt19937_64 rng(seed);
+  model.set_training(false);
+  std::vector<int32_t> tokens = std::move(prompt);
+  for (int64_t n = 0; n < count; ++n) {
+    const int64_t t = std::min<int64_t>(static_cast<int64_t>(tokens.size()), block_size);
+    Tensor x = Tensor::empty({1, t}, DType::I32);
+    std::copy(tokens.end() - t, tokens.end(), x.data<int32_t>());
+    const Tensor& logits = model.forward(x);  // [t, vocab]; the last row predicts the next token
+    const int64_t vocab = logits.dim(1);
+    tokens.push_back(sample_token(logits.data<float>() + (t - 1) * vocab, vocab, o, rng));
+  }
+  return tokens;
+}
+
+std::unique_ptr<models::Model> load_gpt_checkpoint(const std::string& path, int64_t* block_size, std::string* from) {
+  namespace fs = std::filesystem;
+  std::optional<LoadedCheckpoint> ck;
+  if (fs::exists(fs::path(path) / "COMPLETE")) {
+    ck = CheckpointManager::load(path);
+  } else {
+    if (!fs::is_directory(path)) DPT_THROW(ConfigError, "--checkpoint {}: no such checkpoint or directory", path);
+    ck = CheckpointManager(path, 1).load_latest();
+    if (!ck) DPT_THROW(ConfigError, "--checkpoint {}: no complete, valid checkpoint in it", path);
+  }
+  const Config cfg = parse_config(ck->state.config_toml, ck->path + "/state.json");
+  if (cfg.model.name != "gpt")
+    DPT_THROW(ConfigError, "{} holds a {} model: generate needs a GPT (model.name = gpt)", ck->path, cfg.model.name);
+  if (cfg.model.vocab_size != 256)
+    DPT_THROW(ConfigError, "{}: vocab_size {}: generate reads and writes bytes (the byte-level tokens of `dptrain "
+              "tokenize`, vocab 256); GPT-2 BPE is not written yet", ck->path, cfg.model.vocab_size);
+  auto model = build_model(cfg.model, {cfg.model.block_size + 1}, cfg.model.vocab_size, Device::cpu());
+  model->load_state([&](const std::string& name) { return ck->model.find(name); }, ck->path);
+  *block_size = cfg.model.block_size;
+  *from = ck->path;
+  return model;
+}
+
+}  // namespace dpt::trainer
