@@ -270,4 +270,12 @@ size_t CheckpointManager::remove_all() const {
   return n;
 }
 
+LoadedCheckpoint CheckpointManager::load_given(const std::string& path) {
+  if (fs::exists(fs::path(path) / "COMPLETE")) return load(path);
+  if (!fs::is_directory(path)) DPT_THROW(ConfigError, "--checkpoint {}: no such checkpoint or directory", path);
+  std::optional<LoadedCheckpoint> ck = CheckpointManager(path, 1).load_latest();
+  if (!ck) DPT_THROW(ConfigError, "--checkpoint {}: no complete, valid checkpoint in it", path);
+  return std::move(*ck);
+}
+
 }  // namespace dpt::trainer

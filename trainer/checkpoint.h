@@ -70,6 +70,9 @@ class CheckpointManager {
 
   // Loads and validates one checkpoint directory; throws CheckpointError naming the file and the problem.
   static LoadedCheckpoint load(const std::string& path);
+  // What a user's --checkpoint PATH means: the checkpoint PATH (one holding COMPLETE), or else the newest
+  // valid checkpoint in the checkpoint directory PATH. ConfigError when there is neither.
+  static LoadedCheckpoint load_given(const std::string& path);
 
  private:
   static LoadedCheckpoint load_unchecked(const std::string& path);

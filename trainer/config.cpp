@@ -341,9 +341,11 @@ void validate(const Config& c, const std::string& source) {
 
 }  // namespace
 
-Config parse_config(const std::string& toml_text, const std::string& source_name) {
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides) {
   Config c;
   apply_table(c, parse_toml(toml_text, source_name), "");
+  for (const auto& o : overrides) apply_override(c, o);
   validate(c, source_name);
   return c;
 }

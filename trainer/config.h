@@ -111,8 +111,9 @@ struct Config {
 // "dist.backend=gloo"), validates. Throws ConfigError naming the file/line, key and the problem; unknown
 // keys list the valid ones.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides);
-// Parses a config from TOML text (for checkpoints and tests); same checks.
-Config parse_config(const std::string& toml_text, const std::string& source_name);
+// Parses a config from TOML text (for checkpoints and tests), then applies `overrides`; same checks.
+Config parse_config(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<std::string>& overrides = {});
 
 // The effective config as TOML, every key, in schema order.
 std::string to_toml(const Config& c);

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <numeric>
 
 #include "models/module.h"
@@ -52,25 +51,17 @@ std::vector<int32_t> generate(models::Model& model, int64_t block_size, std::vec
 }
 
 std::unique_ptr<models::Model> load_gpt_checkpoint(const std::string& path, int64_t* block_size, std::string* from) {
-  namespace fs = std::filesystem;
-  std::optional<LoadedCheckpoint> ck;
-  if (fs::exists(fs::path(path) / "COMPLETE")) {
-    ck = CheckpointManager::load(path);
-  } else {
-    if (!fs::is_directory(path)) DPT_THROW(ConfigError, "--checkpoint {}: no such checkpoint or directory", path);
-    ck = CheckpointManager(path, 1).load_latest();
-    if (!ck) DPT_THROW(ConfigError, "--checkpoint {}: no complete, valid checkpoint in it", path);
-  }
-  const Config cfg = parse_config(ck->state.config_toml, ck->path + "/state.json");
+  const LoadedCheckpoint ck = CheckpointManager::load_given(path);
+  const Config cfg = parse_config(ck.state.config_toml, ck.path + "/state.json");
   if (cfg.model.name != "gpt")
-    DPT_THROW(ConfigError, "{} holds a {} model: generate needs a GPT (model.name = gpt)", ck->path, cfg.model.name);
+    DPT_THROW(ConfigError, "{} holds a {} model: generate needs a GPT (model.name = gpt)", ck.path, cfg.model.name);
   if (cfg.model.vocab_size != 256)
     DPT_THROW(ConfigError, "{}: vocab_size {}: generate reads and writes bytes (the byte-level tokens of `dptrain "
-              "tokenize`, vocab 256); GPT-2 BPE is not written yet", ck->path, cfg.model.vocab_size);
+              "tokenize`, vocab 256); GPT-2 BPE is not written yet", ck.path, cfg.model.vocab_size);
   auto model = build_model(cfg.model, {cfg.model.block_size + 1}, cfg.model.vocab_size, Device::cpu());
-  model->load_state([&](const std::string& name) { return ck->model.find(name); }, ck->path);
+  model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
   *block_size = cfg.model.block_size;
-  *from = ck->path;
+  *from = ck.path;
   return model;
 }
 

@@ -1,13 +1,15 @@
 // trainer/main.cpp: the dptrain program: parse the command line, find this rank in the job, join the
 // process group, train. The only place that decides how the process dies: an error is logged with the rank
 // and the process exits non-zero at once, so the launcher (dprun, mpirun, srun) tears the job down.
-// Three subcommands train nothing: `dptrain export-images` writes Fashion-MNIST out as an image folder,
-// `dptrain tokenize` writes text as byte-level token shards (train / val), and `dptrain generate` samples
-// text from a GPT checkpoint.
+// Subcommands that train nothing: `dptrain export-images` writes Fashion-MNIST out as an image folder,
+// `dptrain tokenize` writes text as byte-level token shards (train / val), `dptrain generate` samples text
+// from a GPT checkpoint, and `dptrain eval` evaluates a checkpoint on every rank of a job.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <chrono>
+#include <cmath>
+#include <optional>
 #include <functional>
 #include <cstdlib>
 #include <filesystem>
@@ -257,6 +259,21 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   generate_cmd->add_option("--seed", gen_args.seed, "the same seed gives the same text")->capture_default_str();
+  struct {
+    std::string checkpoint;
+    std::vector<std::string> overrides;
+  } eval_args;
+  CLI::App* eval_cmd = app.add_subcommand(
+      "eval", "evaluate a checkpoint on its test split (a GPT: the val shards) on every rank of the job, each its "
+              "exact share: loss (and perplexity for a GPT) and accuracy; trains nothing");
+  eval_cmd->footer(
+      "Start it as training starts (dprun, mpirun, srun); the result does not depend on the number of ranks.\n"
+      "Example: dprun --nproc-per-node 2 -- dptrain eval --checkpoint runs/gpt_tiny/checkpoints data.dir=runs/fortunes");
+  eval_cmd->add_option("--checkpoint", eval_args.checkpoint,
+                       "a checkpoint (step-N/) or a checkpoint directory (its newest valid one)")
+      ->required();
+  eval_cmd->add_option("overrides", eval_args.overrides,
+                       "overrides of the checkpoint's config, key=value (e.g. data.dir=... train.eval_batch_size=64)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -284,8 +301,14 @@ int main(int argc, char** argv) {
   }
 
   trainer::Config cfg;
+  std::optional<trainer::EvalTarget> eval;  // dptrain eval: the checkpoint, and its config
   try {
-    cfg = trainer::load_config(config_path, overrides);
+    if (*eval_cmd) {
+      eval = trainer::eval_target(eval_args.checkpoint, eval_args.overrides);
+      cfg = eval->config;
+    } else {
+      cfg = trainer::load_config(config_path, overrides);
+    }
     if (print_config) {
       std::cout << trainer::to_toml(cfg);
       return 0;
@@ -302,8 +325,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<comm::ProcessGroup> pg;
   try {
     if (env.rank == 0)
-      spdlog::info("dptrain: {} rank(s) via {}; config {} (hash {}):\n{}", env.world_size,
-                   comm::launcher_name(env.launcher), config_path.empty() ? "<defaults>" : config_path,
+      spdlog::info("dptrain{}: {} rank(s) via {}; config {} (hash {}):\n{}", eval ? " eval" : "", env.world_size,
+                   comm::launcher_name(env.launcher),
+                   eval ? eval->checkpoint.path + "'s" : config_path.empty() ? "<defaults>" : config_path,
                    trainer::config_hash(cfg), trainer::to_toml(cfg));
     // The device first: "cuda if available else cpu", one GPU per local rank; the backend follows from it.
     const Device device = trainer::choose_device(cfg.train.device, env.local_rank, cuda::device_count(),
@@ -318,11 +342,20 @@ int main(int argc, char** argv) {
     pg = comm::init_process_group(
         env, {.backend = cfg.dist.backend, .timeout = timeout, .device = device,
               .on_fatal = [](const std::string& why) { die(kExitError, "collective failed: " + why); }});
-    auto result = trainer::train(cfg, {.resume = resume, .device = device}, *pg);
-    if (env.rank == 0)
-      spdlog::info("done: {} steps, test_acc {:.4f}, test_loss {:.4f}{}", result.steps, result.final_test_acc,
-                   result.final_test_loss,
-                   result.last_checkpoint.empty() ? "" : ", checkpoint " + result.last_checkpoint);
+    if (eval) {
+      const trainer::EvalReport r = trainer::evaluate_checkpoint(*eval, *pg, device);
+      if (env.rank == 0)
+        spdlog::info("eval: {} (step {}, {}): loss {:.4f}{} accuracy {:.4f} over {:.0f} {} ({}) on {} rank(s)",
+                     eval->checkpoint.path, eval->checkpoint.state.step, r.model, r.loss,
+                     r.unit == "tokens" ? fmt::format(" perplexity {:.3f}", std::exp(r.loss)) : "", r.acc, r.rows,
+                     r.unit, cfg.data.dataset == "tokens" ? "the val shards" : "the test split", env.world_size);
+    } else {
+      auto result = trainer::train(cfg, {.resume = resume, .device = device}, *pg);
+      if (env.rank == 0)
+        spdlog::info("done: {} steps, test_acc {:.4f}, test_loss {:.4f}{}", result.steps, result.final_test_acc,
+                     result.final_test_loss,
+                     result.last_checkpoint.empty() ? "" : ", checkpoint " + result.last_checkpoint);
+    }
     pg.reset();  // orderly shutdown of the backend (MPI_Finalize and the like)
   } catch (const ConfigError& e) {
     die(kExitUsage, e.what());

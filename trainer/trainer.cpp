@@ -122,6 +122,7 @@ Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed)
 
 struct EvalResult {
   double loss = 0, acc = 0;
+  double rows = 0;  // examples or tokens evaluated, over all ranks
 };
 
 // Loss and accuracy over the whole test set: each rank evaluates its exact shard, the sums are reduced.
@@ -156,7 +157,7 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
   s[2] = count;
   pg.allreduce(sums, {.op = comm::ReduceOp::Sum})->wait();
   DPT_CHECK_GT(s[2], 0.0);
-  return {s[0] / s[2], s[1] / s[2]};
+  return {s[0] / s[2], s[1] / s[2], s[2]};
 }
 
 // Where a step's time goes. CPU: host clocks around the phases. GPU: CUDA events on the compute stream,
@@ -617,6 +618,28 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   }
   result.steps = step;
   return result;
+}
+
+// ---- dptrain eval ---------------------------------------------------------------------------------------------
+
+EvalTarget eval_target(const std::string& path, const std::vector<std::string>& overrides) {
+  LoadedCheckpoint ck = CheckpointManager::load_given(path);
+  Config cfg = parse_config(ck.state.config_toml, ck.path + "/state.json", overrides);
+  return {std::move(ck), std::move(cfg)};
+}
+
+EvalReport evaluate_checkpoint(const EvalTarget& target, comm::ProcessGroup& pg, Device device) {
+  const Config& cfg = target.config;
+  const LoadedCheckpoint& ck = target.checkpoint;
+  Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed));
+  const std::vector<int64_t> sample_shape = ds.test->sample_shape();
+  auto model = build_model(cfg.model, sample_shape, ds.test->num_classes(), device);
+  model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
+  model->set_precision(parse_precision(cfg.train.precision));
+  std::unique_ptr<Task> task = cfg.model.name == "gpt" ? make_language_model_task(cfg.model.block_size, device)
+                                                       : make_classification_task(sample_shape);
+  const EvalResult ev = evaluate(*model, *task, *ds.test, cfg.train, static_cast<size_t>(cfg.data.workers), pg);
+  return {ev.loss, ev.acc, ev.rows, task->unit(), model->summary()};
 }
 
 }  // namespace dpt::trainer

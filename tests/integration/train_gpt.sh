@@ -6,6 +6,7 @@
 #  - data parallelism changes nothing but speed: 2 ranks x 4 windows reach the parameters of 1 rank x 8 after
 #    10 SGD steps; 1 rank x 4 differs (so the comparison can fail);
 #  - dptrain generate on the checkpoint: the prompt, then text like the corpus, the same for a seed;
+#  - dptrain eval on 1, 2 and 3 ranks: every validation window once, the same loss as the run's own;
 #  - a GPT without token shards, and shards with a token beyond model.vocab_size, are clear errors.
 source "$(dirname "$0")/lib/common.bash"
 "$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 \
@@ -52,6 +53,19 @@ assert ok >= 0.95 * len(text), (ok, len(text))
 PYEOF
 if out=$("$DPTRAIN" generate --checkpoint "$WORK/nothing-here" 2>&1); then fail "generate without a checkpoint ran"; fi
 grep -q "no such checkpoint" <<<"$out" || fail "unclear error for a missing checkpoint: $out"
+
+# dptrain eval on 1, 2 and 3 ranks: each validation window once (1024 windows x 32 tokens), the same loss, and
+# the loss of the run's own final evaluation.
+for n in 1 2 3; do
+  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" eval --checkpoint "$WORK/learn" > "$WORK/eval$n.log" 2>&1 \
+    || { cat "$WORK/eval$n.log"; fail "eval on $n rank(s) failed"; }
+  grep -q "eval: .*step-00000600 (step 600, gpt L2 H2 C64 V256 T32.* over 32768 tokens (the val shards) on $n rank" \
+    "$WORK/eval$n.log" || { cat "$WORK/eval$n.log"; fail "eval on $n rank(s): not every window once"; }
+  e=$(grep -o "eval: .* loss [0-9.]*" "$WORK/eval$n.log" | grep -o "[0-9.]*$")
+  echo "eval on $n rank(s): loss $e"
+  awk -v a="$e" -v b="$loss" 'BEGIN { exit !(a - b < 2e-4 && b - a < 2e-4) }' \
+    || fail "eval on $n rank(s) gives loss $e, the run's own evaluation $loss"
+done
 
 run() {  # run NAME NPROC BATCH: 10 SGD steps
   "$DPRUN" --nproc-per-node "$2" -- "$DPTRAIN" "${GPT[@]}" train.batch_size="$3" train.optimizer=sgd train.lr=0.1 \
