@@ -2,6 +2,7 @@
 #include "trainer/build_model.h"
 
 #include <algorithm>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -55,6 +56,61 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
   return models::make_resnet(o, name, device);
 }
 
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) { return s.size() >= tail.size() && s.ends_with(tail); }
+
+// A GPT's weights as this model names and lays them out (nanoGPT's), from a file in nanoGPT's or Hugging
+// Face's GPT2LMHeadModel layout: names with or without the "transformer." prefix (the hub's model.safetensors
+// has none); the four projection weights of each block transposed when they come from HF's Conv1D ([in, out],
+// recognised by c_attn's [C, 3C] shape); HF's causal-mask buffers (attn.bias, attn.masked_bias) dropped;
+// lm_head.weight dropped when it equals transformer.wte.weight (the tie), an error otherwise. `layout` gets
+// "nanoGPT" or "Hugging Face".
+std::vector<NamedTensor> gpt_weights(const SafetensorsFile& file, const std::string& path, int64_t n_embd,
+                                     std::string* layout) {
+  auto full = [](const std::string& n) { return n.starts_with("transformer.") || n == "lm_head.weight" ? n : "transformer." + n; };
+  const Tensor* c_attn = nullptr;
+  for (const auto& nt : file.tensors)
+    if (full(nt.name) == "transformer.h.0.attn.c_attn.weight") c_attn = &nt.tensor;
+  const bool hf = c_attn && c_attn->ndim() == 2 && c_attn->dim(0) == n_embd && c_attn->dim(1) == 3 * n_embd;
+  *layout = hf ? "Hugging Face" : "nanoGPT";
+  std::vector<NamedTensor> out;
+  const Tensor* head = nullptr;
+  for (const auto& nt : file.tensors) {
+    const std::string name = full(nt.name);
+    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) continue;  // HF's mask buffers
+    if (name == "lm_head.weight") {
+      head = &nt.tensor;
+      continue;
+    }
+    const bool conv1d = ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_proj.weight") ||
+                        ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight");
+    if (hf && conv1d) {
+      DPT_CHECK(nt.tensor.ndim() == 2 && nt.tensor.dtype() == DType::F32, "{}: {} is {} {}", path, nt.name,
+                dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
+      const Tensor src = nt.tensor.to(Device::cpu());
+      const int64_t rows = src.dim(0), cols = src.dim(1);
+      Tensor t = Tensor::empty({cols, rows});
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) t.data<float>()[c * rows + r] = src.data<float>()[r * cols + c];
+      out.push_back({name, t});
+    } else {
+      out.push_back({name, nt.tensor});
+    }
+  }
+  if (head) {
+    const Tensor* wte = nullptr;
+    for (const auto& nt : out)
+      if (nt.name == "transformer.wte.weight") wte = &nt.tensor;
+    if (!wte || wte->shape() != head->shape() || std::memcmp(wte->raw(), head->raw(), head->bytes()) != 0)
+      DPT_THROW(ConfigError, "model.init_from {}: lm_head.weight differs from transformer.wte.weight: this GPT ties "
+                "its head to the token embedding", path);
+  }
+  return out;
+}
+
+}  // namespace
+
 std::string load_pretrained(models::Model& model, const std::string& path) {
   SafetensorsFile file;
   try {
@@ -63,6 +119,9 @@ std::string load_pretrained(models::Model& model, const std::string& path) {
     DPT_THROW(ConfigError, "model.init_from: {}", e.what());
   }
   const auto state = model.state();
+  const bool gpt = !state.empty() && state.front().name == "transformer.wte.weight";
+  std::string layout;
+  if (gpt) file.tensors = gpt_weights(file, path, state.front().tensor.dim(1), &layout);
   std::set<std::string> wanted;
   for (const auto& nt : state) wanted.insert(nt.name);
   for (const auto& nt : file.tensors)
@@ -72,7 +131,7 @@ std::string load_pretrained(models::Model& model, const std::string& path) {
   // The classifier head: the last parameter pair. A different class count there keeps the fresh head.
   const auto& params = model.named_params();
   std::set<std::string> head;
-  if (params.size() >= 2) {
+  if (params.size() >= 2 && !gpt) {
     head.insert(params[params.size() - 2].name);
     head.insert(params.back().name);
   }
@@ -97,6 +156,7 @@ std::string load_pretrained(models::Model& model, const std::string& path) {
   } catch (const CheckpointError& e) {
     DPT_THROW(ConfigError, "{}", e.what());
   }
+  if (gpt) return fmt::format("{} layout", layout);
   if (reinit.empty()) return "";
   const Tensor* w = file.find(reinit.front());
   return fmt::format("{} has {} classes in {}, the model {}: {} re-initialised (fine-tuning)", reinit.front(),

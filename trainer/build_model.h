@@ -23,6 +23,9 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
 // (fc.weight / fc.bias, or the MLP's last layer) whose class count differs keeps its fresh initialisation,
 // as fine-tuning needs; the returned note says so (empty when everything loaded). Tensors of the file that
 // the model lacks are an error too (strict, as load_state_dict). Throws ConfigError naming the key.
+// A GPT takes nanoGPT's layout or Hugging Face's GPT2LMHeadModel layout (with or without the "transformer."
+// prefix, Conv1D projection weights transposed, mask buffers ignored; lm_head.weight must equal the token
+// embedding, the tie); the note names the layout.
 std::string load_pretrained(models::Model& model, const std::string& path);
 
 }  // namespace dpt::trainer

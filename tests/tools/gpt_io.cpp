@@ -1,19 +1,17 @@
 // tests/tools/gpt_io.cpp: dpt-gpt-io, the C++ half of the GPT parity test: builds a GPT of the given shape,
-// loads weights by nanoGPT's names (lm_head.weight, the tied head, may be present and must then equal
-// transformer.wte.weight), runs one forward and backward with the mean softmax cross-entropy over every
+// loads weights as model.init_from does (nanoGPT's or Hugging Face's layout), runs one forward and backward with the mean softmax cross-entropy over every
 // position, and writes what it saw for tests/integration/lib/torch_gpt.py to compare with PyTorch:
 //   OUT/out.safetensors    logits [B*T, V], loss, grad.<param>
 //   OUT/state.safetensors  the model's state (nanoGPT's names, without the tied lm_head.weight)
 // X holds x [B, T] (the tokens) and y [B, T] (the next tokens), int64 or int32.
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
-#include <cstring>
 #include <iostream>
 
 #include "core/check.h"
 #include "models/gpt.h"
 #include "step_output.h"
+#include "trainer/build_model.h"
 #include "trainer/safetensors.h"
 
 namespace {
@@ -53,14 +51,8 @@ int main(int argc, char** argv) {
 
     auto model = models::make_gpt(o);
     model->init(1);
-    const trainer::SafetensorsFile w = trainer::read_safetensors(weights);
-    if (const Tensor* head = w.find("lm_head.weight")) {  // tied: must be wte itself
-      const Tensor* wte = w.find("transformer.wte.weight");
-      DPT_CHECK(wte && head->shape() == wte->shape() &&
-                    std::memcmp(head->raw(), wte->raw(), head->bytes()) == 0,
-                "{}: lm_head.weight differs from transformer.wte.weight (the head is tied)", weights);
-    }
-    model->load_state([&](const std::string& name) { return w.find(name); }, weights);
+    // model.init_from's own path: nanoGPT's or Hugging Face's layout, the tied head checked.
+    std::cerr << "weights: " << trainer::load_pretrained(*model, weights) << "\n";
     if (precision == "bf16") model->set_precision(models::Precision::BF16);
 
     models::SoftmaxCrossEntropy loss;

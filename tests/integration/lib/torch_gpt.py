@@ -3,7 +3,8 @@ reference only). The model is written here in nanoGPT's shape and names (token a
 pre-LayerNorm blocks with fused-QKV causal self-attention and a GELU(tanh) MLP, final LayerNorm, LM head tied
 to the token embedding); the attention is spelled out (masked softmax), since Debian's torch 1.13 has no
 scaled_dot_product_attention. Tensors travel as safetensors (ckpt.py, numpy only).
-  torch_gpt.py make VARIANT DIR    weights.safetensors (the state_dict, lm_head.weight included: the tie),
+  torch_gpt.py make VARIANT DIR    weights.safetensors (the state_dict, lm_head.weight included: the tie; for
+                                   tiny_hf in Hugging Face's layout: no prefix, Conv1D weights transposed),
                                    input.safetensors (x, y [B, T]), expected.safetensors (logits [B*T, V],
                                    loss, grad.<param>), DIR/args (dpt-gpt-io's shape arguments); bf16 variants
                                    add torch_bf16.safetensors (the same step under torch.autocast bfloat16)
@@ -93,6 +94,25 @@ VARIANTS = {
     "odd": (3, 1, 12, 29, 9, 2, 7),
 }
 BF16 = {"tiny_bf16": "tiny"}
+# The same model and batch, the weights written as Hugging Face's GPT2LMHeadModel keeps them (see hf_state).
+HF = {"tiny_hf": "tiny"}
+
+
+def hf_state(model):
+    """The state as the hub's GPT-2 model.safetensors holds it: no "transformer." prefix, the four projection
+    weights transposed (HF's Conv1D stores [in, out]), each block's causal-mask buffer attn.bias, no lm_head."""
+    out = {}
+    for k, v in model.state_dict().items():
+        if k == "lm_head.weight":
+            continue
+        v = v.detach().numpy()
+        if any(k.endswith(s) for s in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")):
+            v = np.ascontiguousarray(v.T)
+        out[k[len("transformer."):]] = v
+    block = model.transformer.wpe.weight.shape[0]
+    for i in range(len(model.transformer.h)):
+        out[f"h.{i}.attn.bias"] = np.tril(np.ones((block, block), dtype=np.float32)).reshape(1, 1, block, block)
+    return out
 
 
 def build(shape):
@@ -124,11 +144,16 @@ def step(model, x, y, autocast=False):
     return out
 
 
+def base(variant):
+    return BF16.get(variant, HF.get(variant, variant))
+
+
 def make(variant, d):
-    shape = VARIANTS[BF16.get(variant, variant)]
+    shape = VARIANTS[base(variant)]
     model = build(shape)
     os.makedirs(d, exist_ok=True)
-    ckpt.save(os.path.join(d, "weights.safetensors"), {k: v.detach().numpy() for k, v in model.state_dict().items()})
+    weights = hf_state(model) if variant in HF else {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    ckpt.save(os.path.join(d, "weights.safetensors"), weights)
     g = torch.Generator().manual_seed(99)
     _, _, _, vocab, _, b, t = shape
     x = torch.randint(0, vocab, (b, t), generator=g)
@@ -171,13 +196,13 @@ def check(variant, d):
         else:
             worst["grad"] = max(worst["grad"], close(name, got[name], want[name], 2e-3))
     # dptrain's state -> the torch model, strictly (the tied head from wte): the same logits.
-    model = build(VARIANTS[variant])
+    model = build(VARIANTS[base(variant)])
     state = {k: torch.from_numpy(np.array(v)) for k, v in ckpt.load(os.path.join(d, "out", "state.safetensors")).items()}
     state["lm_head.weight"] = state["transformer.wte.weight"]
     model.load_state_dict(state, strict=True)
     x = torch.from_numpy(np.array(ckpt.load(os.path.join(d, "input.safetensors"))["x"]))
     with torch.no_grad():
-        interop = model(x).reshape(-1, VARIANTS[variant][3]).numpy()
+        interop = model(x).reshape(-1, VARIANTS[base(variant)][3]).numpy()
     err = close("interop logits", interop, got["logits"], 1e-4)
     print(f"{variant}: {len(want)} tensors match; worst relative error: logits {worst['logits']:.2g}, gradients "
           f"{worst['grad']:.2g}; state loads into the torch GPT (strict), logits within {err:.2g}")
