@@ -9,6 +9,7 @@
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/trainer.h"
 
 namespace dpt::trainer {
 
@@ -51,8 +52,9 @@ std::vector<int32_t> generate(models::Model& model, int64_t block_size, std::vec
 }
 
 std::unique_ptr<models::Model> load_gpt_checkpoint(const std::string& path, int64_t* block_size, std::string* from) {
-  const LoadedCheckpoint ck = CheckpointManager::load_given(path);
-  const Config cfg = parse_config(ck.state.config_toml, ck.path + "/state.json");
+  const EvalTarget target = eval_target(path, {});
+  const LoadedCheckpoint& ck = target.checkpoint;
+  const Config& cfg = target.config;
   if (cfg.model.name != "gpt")
     DPT_THROW(ConfigError, "{} holds a {} model: generate needs a GPT (model.name = gpt)", ck.path, cfg.model.name);
   if (cfg.model.vocab_size != 256)

@@ -314,8 +314,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   const Device device = opts.device;
   const std::vector<int64_t> sample_shape = ds.train->sample_shape();
   auto model = build_model(cfg.model, sample_shape, ds.train->num_classes(), device);
-  std::unique_ptr<Task> task = cfg.model.name == "gpt" ? make_language_model_task(cfg.model.block_size, device)
-                                                       : make_classification_task(sample_shape);
+  std::unique_ptr<Task> task = make_task(cfg.model.name, cfg.model.block_size, sample_shape, device);
   model->init(rng());
   try {
     model->set_precision(parse_precision(t.precision));
@@ -636,8 +635,7 @@ EvalReport evaluate_checkpoint(const EvalTarget& target, comm::ProcessGroup& pg,
   auto model = build_model(cfg.model, sample_shape, ds.test->num_classes(), device);
   model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
   model->set_precision(parse_precision(cfg.train.precision));
-  std::unique_ptr<Task> task = cfg.model.name == "gpt" ? make_language_model_task(cfg.model.block_size, device)
-                                                       : make_classification_task(sample_shape);
+  std::unique_ptr<Task> task = make_task(cfg.model.name, cfg.model.block_size, sample_shape, device);
   const EvalResult ev = evaluate(*model, *task, *ds.test, cfg.train, static_cast<size_t>(cfg.data.workers), pg);
   return {ev.loss, ev.acc, ev.rows, task->unit(), model->summary()};
 }

@@ -45,9 +45,9 @@ struct RunResult {
 // their next collective or are torn down by the launcher).
 RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg);
 
-// `dptrain eval`: the checkpoint at `path` (a step-N/ directory, or the newest valid one in a checkpoint
-// directory) and its effective config with `overrides` applied (data.dir=..., train.eval_batch_size=...).
-// ConfigError when there is no valid checkpoint.
+// `dptrain eval` and `generate`: the checkpoint at `path` (a step-N/ directory, or the newest valid one in a
+// checkpoint directory) and its effective config with `overrides` applied (data.dir=...,
+// train.eval_batch_size=...). ConfigError when there is no valid checkpoint.
 struct EvalTarget {
   LoadedCheckpoint checkpoint;  // the checkpoint chosen, loaded and validated
   Config config;

@@ -56,23 +56,13 @@ out=$("$PERF" -b 1K -e 4K -n 2 -w 0 --check 0 2>&1) || { echo "$out"; fail "worl
 echo "$out" | grep -q "backend gloo, world 1 " || { echo "$out"; fail "world 1: header"; }
 [ "$(rows "$out" | awk '$7 == "0.00" && $8 == "N/A"' | grep -c .)" -eq 3 ] || { echo "$out"; fail "world 1: rows"; }
 
-expect_error() {  # expect_error CODE PATTERN COMMAND...
-  local code=$1 pattern=$2 out rc
-  shift 2
-  set +e
-  out=$("$@" 2>&1)
-  rc=$?
-  set -e
-  [ $rc -eq "$code" ] || { echo "$out"; fail "$* exited $rc, expected $code"; }
-  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "$*: message lacks '$pattern'"; }
-}
-expect_error 2 "datatype: half not in {float,double,int32,int64}\|half not in" "$PERF" --datatype half
-expect_error 2 "minbytes: must be at least 1, got 0" "$PERF" -b 0
-expect_error 2 "minbytes 2048 is larger than --maxbytes 1024" "$PERF" -b 2K -e 1K
-expect_error 2 "stepfactor" "$PERF" -f 1
-expect_error 2 "backend: tcp not in" "$PERF" --backend tcp
+expect_exit 2 "datatype: half not in {float,double,int32,int64}\|half not in" "$PERF" --datatype half
+expect_exit 2 "minbytes: must be at least 1, got 0" "$PERF" -b 0
+expect_exit 2 "minbytes 2048 is larger than --maxbytes 1024" "$PERF" -b 2K -e 1K
+expect_exit 2 "stepfactor" "$PERF" -f 1
+expect_exit 2 "backend: tcp not in" "$PERF" --backend tcp
 # An op the backend cannot do: every rank fails with the backend's UnsupportedError, and so does the job.
-expect_error 1 "backend gloo does not support allreduce with op avg on int32 tensors" \
+expect_exit 1 "backend gloo does not support allreduce with op avg on int32 tensors" \
   "$DPRUN" --nproc-per-node 2 -- "$PERF" --backend gloo -d int32 --op avg -b 8 -e 64
 set +e
 out=$("${MPIRUN[@]}" -np 2 "$PERF" -d int32 --op avg -b 8 -e 64 2>&1)
@@ -81,7 +71,7 @@ set -e
 [ $rc -ne 0 ] || { echo "$out"; fail "mpi: int32 avg exited 0"; }
 echo "$out" | grep -q "backend mpi does not support allreduce with op avg on int32 tensors" || { echo "$out"; fail "mpi: int32 avg message"; }
 if ! nvidia-smi -L >/dev/null 2>&1; then
-  expect_error 2 "\-\-device cuda, but there is no usable GPU" "$PERF" --device cuda
+  expect_exit 2 "\-\-device cuda, but there is no usable GPU" "$PERF" --device cuda
 fi
 
 help=$("$PERF" --help)

@@ -8,29 +8,19 @@ for key in train.epochs train.batch_size train.lr train.seed model.hidden dist.b
   echo "$help" | grep -q "$key" || fail "--help does not list $key"
 done
 
-expect_error() {  # expect_error CODE PATTERN ARGS...
-  local code=$1 pattern=$2 out rc
-  shift 2
-  set +e
-  out=$("$DPTRAIN" "$@" 2>&1)
-  rc=$?
-  set -e
-  [ $rc -eq "$code" ] || { echo "$out"; fail "dptrain $* exited $rc, expected $code"; }
-  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "dptrain $*: message lacks '$pattern'"; }
-}
-expect_error 2 "did you mean 'train.lr'" --config "$CONFIG" train.lrr=0.1
-expect_error 2 "train.epochs: expected integer" --config "$CONFIG" train.epochs=two
-expect_error 2 "must be one of: auto, gloo, mpi, nccl" --config "$CONFIG" dist.backend=tcp
-expect_error 2 "must be one of: auto, cpu, cuda" --config "$CONFIG" train.device=gpu
-expect_error 1 "apt-get install dataset-fashion-mnist" --config "$CONFIG" data.dir="$WORK/nothing" checkpoint.dir="$WORK/c"
-expect_error 2 "File does not exist" --config "$WORK/missing.toml"
+expect_exit 2 "did you mean 'train.lr'" "$DPTRAIN" --config "$CONFIG" train.lrr=0.1
+expect_exit 2 "train.epochs: expected integer" "$DPTRAIN" --config "$CONFIG" train.epochs=two
+expect_exit 2 "must be one of: auto, gloo, mpi, nccl" "$DPTRAIN" --config "$CONFIG" dist.backend=tcp
+expect_exit 2 "must be one of: auto, cpu, cuda" "$DPTRAIN" --config "$CONFIG" train.device=gpu
+expect_exit 1 "apt-get install dataset-fashion-mnist" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" checkpoint.dir="$WORK/c"
+expect_exit 2 "File does not exist" "$DPTRAIN" --config "$WORK/missing.toml"
 
 # Without a GPU (this machine and CI): asking for one is a clear usage error; auto trains on the CPU and
 # says so once. (On a GPU machine, scripts/gpu-check.sh covers the GPU side.)
 if ! nvidia-smi -L >/dev/null 2>&1; then
   small=(--config "$CONFIG" "${SMALL[@]}" checkpoint.dir="$WORK/dev" --resume never)
-  expect_error 2 "train.device = cuda, but there is no usable GPU" "${small[@]}" train.device=cuda
-  expect_error 2 "dist.backend = nccl needs a GPU\|backend nccl needs CUDA" "${small[@]}" dist.backend=nccl
+  expect_exit 2 "train.device = cuda, but there is no usable GPU" "$DPTRAIN" "${small[@]}" train.device=cuda
+  expect_exit 2 "dist.backend = nccl needs a GPU\|backend nccl needs CUDA" "$DPTRAIN" "${small[@]}" dist.backend=nccl
   out=$("$DPTRAIN" "${small[@]}" train.max_steps=2 2>&1) || { echo "$out"; fail "auto device run failed"; }
   [ "$(echo "$out" | grep -c "no GPU (.*): training on the CPU")" -eq 1 ] || { echo "$out"; fail "auto without a GPU: expected one warning"; }
   out=$("$DPTRAIN" "${small[@]}" train.max_steps=2 train.device=cpu 2>&1) || { echo "$out"; fail "cpu run failed"; }

@@ -8,16 +8,6 @@ source "$(dirname "$0")/lib/common.bash"
 CLASSES="0_tshirt_top 1_trouser 2_pullover 3_dress 4_coat 5_sandal 6_shirt 7_sneaker 8_bag 9_ankle_boot"
 OUT=$WORK/fmnist-images
 
-expect_exit() {  # expect_exit CODE PATTERN ARGS...: dptrain ARGS exits CODE, printing PATTERN
-  local code=$1 pattern=$2 out rc
-  shift 2
-  set +e
-  out=$("$DPTRAIN" "$@" 2>&1)
-  rc=$?
-  set -e
-  [ $rc -eq "$code" ] || { echo "$out"; fail "dptrain $* exited $rc, expected $code"; }
-  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "dptrain $*: output lacks '$pattern'"; }
-}
 
 # check_tree DIR EXT PER_SPLIT: both splits hold the 10 class folders (in this order), PER_SPLIT files of
 # type EXT in all, PER_SPLIT / 10 in each class, and nothing else.
@@ -55,7 +45,7 @@ ls "$OUT/val/9_ankle_boot" | grep -qx "0000.png" || fail "the first test image (
 
 # 2. A non-empty OUT is refused (exit 1) and left as it was.
 touch "$OUT/marker"
-expect_exit 1 "not empty: refusing to overwrite it (--force replaces it)" export-images --out "$OUT" --limit 20
+expect_exit 1 "not empty: refusing to overwrite it (--force replaces it)" "$DPTRAIN" export-images --out "$OUT" --limit 20
 [ -f "$OUT/marker" ] || fail "the refused export touched $OUT"
 [ "$(find "$OUT/train" -type f | wc -l)" -eq 50 ] || fail "the refused export changed $OUT/train"
 
@@ -75,14 +65,14 @@ check_tree "$WORK/empty" png 10
 [ ! -e "$WORK/empty.tmp" ] || fail "the stale empty.tmp was not cleared"
 
 # 5. Bad arguments: exit 2, saying what is wrong; nothing written.
-expect_exit 2 "\-\-out is required" export-images --limit 10
-expect_exit 2 "gif not in {png,jpg}" export-images --out "$WORK/bad" --format gif
-expect_exit 2 "must be a whole number >= 0, got '-1'" export-images --out "$WORK/bad" --limit -1
-expect_exit 2 "limit 5 is below the 10 classes" export-images --out "$WORK/bad" --limit 5
-expect_exit 2 "not expected" export-images --out "$WORK/bad" --limit 10 stray
-expect_exit 2 "\-\-bogus" export-images --out "$WORK/bad" --bogus
+expect_exit 2 "\-\-out is required" "$DPTRAIN" export-images --limit 10
+expect_exit 2 "gif not in {png,jpg}" "$DPTRAIN" export-images --out "$WORK/bad" --format gif
+expect_exit 2 "must be a whole number >= 0, got '-1'" "$DPTRAIN" export-images --out "$WORK/bad" --limit -1
+expect_exit 2 "limit 5 is below the 10 classes" "$DPTRAIN" export-images --out "$WORK/bad" --limit 5
+expect_exit 2 "not expected" "$DPTRAIN" export-images --out "$WORK/bad" --limit 10 stray
+expect_exit 2 "\-\-bogus" "$DPTRAIN" export-images --out "$WORK/bad" --bogus
 [ ! -e "$WORK/bad" ] && [ ! -e "$WORK/bad.tmp" ] || fail "a refused command wrote $WORK/bad"
-expect_exit 1 "apt-get install dataset-fashion-mnist" export-images --out "$WORK/bad" --data-dir "$WORK/nothing"
+expect_exit 1 "apt-get install dataset-fashion-mnist" "$DPTRAIN" export-images --out "$WORK/bad" --data-dir "$WORK/nothing"
 
 # 6. The help tells the truth; the training command line is unchanged.
 help=$("$DPTRAIN" export-images --help) || fail "export-images --help failed"

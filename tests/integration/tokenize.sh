@@ -6,16 +6,6 @@
 # bad arguments exit 2. Also on Debian's fortunes corpus when it is installed.
 source "$(dirname "$0")/lib/common.bash"
 
-expect_exit() {  # expect_exit CODE PATTERN ARGS...: dptrain ARGS exits CODE, printing PATTERN
-  local code=$1 pattern=$2 out rc
-  shift 2
-  set +e
-  out=$("$DPTRAIN" "$@" 2>&1)
-  rc=$?
-  set -e
-  [ $rc -eq "$code" ] || { echo "$out"; fail "dptrain $* exited $rc, expected $code"; }
-  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "dptrain $*: output lacks '$pattern'"; }
-}
 
 # check_shards OUT N FILE...: OUT holds bytes_train_000000.bin and bytes_val_000000.bin (only), valid llm.c
 # shards whose tokens, val blocks put back every Nth block of 4096, are the FILEs' bytes concatenated.
@@ -93,7 +83,7 @@ check_shards "$WORK/two" 3 "$IN/b/three.txt" "$IN/a/one.txt"
 # 3. A non-empty OUT is refused (exit 1) and left as it was; --force replaces it.
 touch "$OUT/marker"
 before=$(md5sum "$OUT"/*.bin)
-expect_exit 1 "not empty: refusing to overwrite it (--force replaces it)" tokenize --input "$IN/a" --out "$OUT" --val-every 2
+expect_exit 1 "not empty: refusing to overwrite it (--force replaces it)" "$DPTRAIN" tokenize --input "$IN/a" --out "$OUT" --val-every 2
 [ -f "$OUT/marker" ] && [ "$(md5sum "$OUT"/*.bin)" = "$before" ] || fail "the refused tokenize touched $OUT"
 out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$OUT" --val-every 3 --force 2>&1) ||
   { echo "$out"; fail "--force failed"; }
@@ -103,13 +93,13 @@ check_shards "$OUT" 3 "$IN/b/three.txt" "$IN/a/one.txt"
 
 # 4. Errors: a missing input (exit 1, named), too little text for a val block, bad arguments (exit 2);
 # nothing written by any of them.
-expect_exit 1 "$WORK/nothing: no such file or directory" tokenize --input "$WORK/nothing" --out "$WORK/bad"
-expect_exit 2 "too little text for both splits" tokenize --input "$IN/b/three.txt" --out "$WORK/bad"
-expect_exit 2 "no text in" tokenize --input "$IN/b/image.bin" --out "$WORK/bad"
-expect_exit 2 "\-\-input is required" tokenize --out "$WORK/bad"
-expect_exit 2 "\-\-out is required" tokenize --input "$IN"
-expect_exit 2 "val-every" tokenize --input "$IN" --out "$WORK/bad" --val-every 1
-expect_exit 2 "val-every" tokenize --input "$IN" --out "$WORK/bad" --val-every -3
+expect_exit 1 "$WORK/nothing: no such file or directory" "$DPTRAIN" tokenize --input "$WORK/nothing" --out "$WORK/bad"
+expect_exit 2 "too little text for both splits" "$DPTRAIN" tokenize --input "$IN/b/three.txt" --out "$WORK/bad"
+expect_exit 2 "no text in" "$DPTRAIN" tokenize --input "$IN/b/image.bin" --out "$WORK/bad"
+expect_exit 2 "\-\-input is required" "$DPTRAIN" tokenize --out "$WORK/bad"
+expect_exit 2 "\-\-out is required" "$DPTRAIN" tokenize --input "$IN"
+expect_exit 2 "val-every" "$DPTRAIN" tokenize --input "$IN" --out "$WORK/bad" --val-every 1
+expect_exit 2 "val-every" "$DPTRAIN" tokenize --input "$IN" --out "$WORK/bad" --val-every -3
 [ ! -e "$WORK/bad" ] && [ ! -e "$WORK/bad.tmp" ] || fail "a refused command wrote $WORK/bad"
 help=$("$DPTRAIN" tokenize --help) || fail "tokenize --help failed"
 for word in --input --out --val-every --force 4096; do

@@ -43,3 +43,15 @@ metric() {
 
 # float_ge A B: A >= B
 float_ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
+
+# expect_exit CODE PATTERN COMMAND...: COMMAND exits CODE and prints (stdout or stderr) a line matching PATTERN.
+expect_exit() {
+  local code=$1 pattern=$2 out rc
+  shift 2
+  set +e
+  out=$("$@" 2>&1)
+  rc=$?
+  set -e
+  [ $rc -eq "$code" ] || { echo "$out"; fail "$* exited $rc, expected $code"; }
+  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "$*: output lacks '$pattern'"; }
+}
