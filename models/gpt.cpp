@@ -48,19 +48,18 @@ const Tensor& CausalSelfAttention::run_forward(const Tensor& x, Kernels& k) {
   float* att = att_.data<float>();
   float* y = y_.data<float>();
   // Scores s = q k^T per (batch, head): q and k are [T, hs] slices of qkv with row stride 3C.
-  for (int64_t b = 0; b < b_; ++b)
-    for (int64_t h = 0; h < n_head_; ++h) {
-      const float* q = q0 + b * t_ * c3 + h * hs;
-      k.gemm(false, true, t_, t_, hs, 1.0f, q, c3, q + c_, c3, 0.0f, att + (b * n_head_ + h) * t_ * t_, t_);
-    }
-  k.causal_softmax_forward(att, b_ * n_head_, t_, 1.0f / std::sqrt(static_cast<float>(hs)));
+  // Head h's slices start h * hs columns after head 0's: one batched gemm over the heads per sequence.
+  const int64_t tt = t_ * t_;
+  for (int64_t b = 0; b < b_; ++b) {
+    const float* q = q0 + b * t_ * c3;
+    k.gemm_strided_batched(false, true, t_, t_, hs, 1.0f, q, c3, hs, q + c_, c3, hs, 0.0f, att + b * n_head_ * tt, t_,
+                           tt, n_head_);
+  }
+  k.causal_softmax_forward(att, b_ * n_head_, t_, t_, 1.0f / std::sqrt(static_cast<float>(hs)));
   // y[b, :, head h] = att v: [T, T] x [T, hs], into columns h*hs.. of y (row stride C).
   for (int64_t b = 0; b < b_; ++b)
-    for (int64_t h = 0; h < n_head_; ++h) {
-      const float* v = q0 + b * t_ * c3 + h * hs + 2 * c_;
-      k.gemm(false, false, t_, hs, t_, 1.0f, att + (b * n_head_ + h) * t_ * t_, t_, v, c3, 0.0f,
-             y + b * t_ * c_ + h * hs, c_);
-    }
+    k.gemm_strided_batched(false, false, t_, hs, t_, 1.0f, att + b * n_head_ * tt, t_, tt, q0 + b * t_ * c3 + 2 * c_,
+                           c3, hs, 0.0f, y + b * t_ * c_, c_, hs, n_head_);
   out_ = c_proj_->forward(y_, k).reshape({b_, t_, c_});
   return out_;
 }
@@ -78,27 +77,27 @@ const Tensor& CausalSelfAttention::run_backward(const Tensor& dout, Kernels& k) 
   const float* g = dy.data<float>();
   float* datt = datt_.data<float>();
   float* dq0 = dqkv_.data<float>();
-  for (int64_t b = 0; b < b_; ++b)
-    for (int64_t h = 0; h < n_head_; ++h) {
-      const int64_t m = b * n_head_ + h;
-      const float* v = q0 + b * t_ * c3 + h * hs + 2 * c_;
-      const float* gy = g + b * t_ * c_ + h * hs;
-      // datt = dy v^T [T, T]; dv = att^T dy [T, hs]
-      k.gemm(false, true, t_, t_, hs, 1.0f, gy, c_, v, c3, 0.0f, datt + m * t_ * t_, t_);
-      k.gemm(true, false, t_, hs, t_, 1.0f, att + m * t_ * t_, t_, gy, c_, 0.0f, dq0 + b * t_ * c3 + h * hs + 2 * c_,
-             c3);
-    }
+  const int64_t tt = t_ * t_;
+  for (int64_t b = 0; b < b_; ++b) {
+    const float* v = q0 + b * t_ * c3 + 2 * c_;
+    const float* gy = g + b * t_ * c_;
+    // Over the heads of sequence b: datt = dy v^T [T, T]; dv = att^T dy [T, hs].
+    k.gemm_strided_batched(false, true, t_, t_, hs, 1.0f, gy, c_, hs, v, c3, hs, 0.0f, datt + b * n_head_ * tt, t_, tt,
+                           n_head_);
+    k.gemm_strided_batched(true, false, t_, hs, t_, 1.0f, att + b * n_head_ * tt, t_, tt, gy, c_, hs, 0.0f,
+                           dq0 + b * t_ * c3 + 2 * c_, c3, hs, n_head_);
+  }
   // Through the softmax (and its 1/sqrt(hs)): datt becomes d(loss)/d(q k^T).
   k.causal_softmax_backward(att, datt, b_ * n_head_, t_, 1.0f / std::sqrt(static_cast<float>(hs)));
-  for (int64_t b = 0; b < b_; ++b)
-    for (int64_t h = 0; h < n_head_; ++h) {
-      const int64_t m = b * n_head_ + h;
-      const float* q = q0 + b * t_ * c3 + h * hs;
-      float* dq = dq0 + b * t_ * c3 + h * hs;
-      // dq = ds k [T, hs]; dk = ds^T q [T, hs]
-      k.gemm(false, false, t_, hs, t_, 1.0f, datt + m * t_ * t_, t_, q + c_, c3, 0.0f, dq, c3);
-      k.gemm(true, false, t_, hs, t_, 1.0f, datt + m * t_ * t_, t_, q, c3, 0.0f, dq + c_, c3);
-    }
+  for (int64_t b = 0; b < b_; ++b) {
+    const float* q = q0 + b * t_ * c3;
+    float* dq = dq0 + b * t_ * c3;
+    // dq = ds k [T, hs]; dk = ds^T q [T, hs]
+    k.gemm_strided_batched(false, false, t_, hs, t_, 1.0f, datt + b * n_head_ * tt, t_, tt, q + c_, c3, hs, 0.0f, dq,
+                           c3, hs, n_head_);
+    k.gemm_strided_batched(true, false, t_, hs, t_, 1.0f, datt + b * n_head_ * tt, t_, tt, q, c3, hs, 0.0f, dq + c_,
+                           c3, hs, n_head_);
+  }
   dx_ = c_attn_->backward(dqkv_, k).reshape({b_, t_, c_});
   return dx_;
 }

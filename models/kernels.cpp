@@ -20,6 +20,14 @@ void check_conv_shape(const ConvShape& cs) {
             cs.r, cs.s, cs.stride, cs.pad, cs.p, cs.q);
 }
 
+void Kernels::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                                   const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
+                                   int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
+                                   int64_t batch) {
+  for (int64_t i = 0; i < batch; ++i)
+    gemm(trans_a, trans_b, M, N, K, alpha, A + i * stride_a, lda, B + i * stride_b, ldb, beta, C + i * stride_c, ldc);
+}
+
 // The transformer operations a kernel set does not implement (yet): a clear error naming the operation.
 namespace {
 [[noreturn]] void no_kernel(const Kernels& k, const char* op) {
@@ -45,7 +53,7 @@ void Kernels::layernorm_backward(const float*, const float*, const float*, const
 }
 void Kernels::gelu_forward(const float*, float*, size_t) { no_kernel(*this, "gelu_forward"); }
 void Kernels::gelu_backward(const float*, const float*, float*, size_t) { no_kernel(*this, "gelu_backward"); }
-void Kernels::causal_softmax_forward(float*, int64_t, int64_t, float) { no_kernel(*this, "causal_softmax_forward"); }
+void Kernels::causal_softmax_forward(float*, int64_t, int64_t, int64_t, float) { no_kernel(*this, "causal_softmax_forward"); }
 void Kernels::causal_softmax_backward(const float*, float*, int64_t, int64_t, float) {
   no_kernel(*this, "causal_softmax_backward");
 }

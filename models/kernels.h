@@ -32,6 +32,12 @@ class Kernels {
   // C[M,N] = alpha * op(A) * op(B) + beta * C, with op(X) = X or X^T; lda/ldb/ldc are row strides.
   virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                     int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) = 0;
+  // `batch` independent gemms: matrix i of A, B and C starts stride_a, stride_b, stride_c elements after
+  // matrix i - 1's (cuBLAS's strided batched GEMM). This base loops over gemm().
+  virtual void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                                    const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
+                                    int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
+                                    int64_t batch);
   // y[r, c] = x[r, c] + bias[c]; then max(., 0) when relu. x and y may alias.
   virtual void bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu) = 0;
   // db[c] += sum_r dy[r, c]
@@ -119,9 +125,10 @@ class Kernels {
   // GELU with the tanh approximation (GPT-2's, nn.GELU(approximate="tanh")); y may alias x, dx may alias dy.
   virtual void gelu_forward(const float* x, float* y, size_t n);
   virtual void gelu_backward(const float* x, const float* dy, float* dx, size_t n);
-  // Causal softmax of `count` square T x T score matrices, in place: row i keeps columns j <= i, softmax of
-  // scale * s[i, j] over them, and 0 above the diagonal.
-  virtual void causal_softmax_forward(float* s, int64_t count, int64_t T, float scale);
+  // Causal softmax of `count` rows x cols score matrices (rows <= cols: the last `rows` positions of a
+  // sequence of `cols`, as a KV cache's queries; square in training), in place: row i keeps columns
+  // j <= i + cols - rows, softmax of scale * s[i, j] over them, and 0 after them.
+  virtual void causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale);
   // From the softmax p and dp = d(loss)/dp, in place in dp: ds = scale * p * (dp - sum_j p * dp) per row, 0
   // above the diagonal.
   virtual void causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale);

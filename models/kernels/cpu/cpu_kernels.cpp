@@ -560,20 +560,22 @@ void CpuKernels::gelu_backward(const float* x, const float* dy, float* dx, size_
   for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * elementwise::gelu_grad(x[i]);
 }
 
-void CpuKernels::causal_softmax_forward(float* s, int64_t count, int64_t T, float scale) {
+void CpuKernels::causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) {
+  DPT_CHECK(rows >= 1 && rows <= cols, "causal softmax of {} x {} matrices: need 1 <= rows <= cols", rows, cols);
   for (int64_t m = 0; m < count; ++m)
-    for (int64_t i = 0; i < T; ++i) {
-      float* row = s + (m * T + i) * T;
+    for (int64_t i = 0; i < rows; ++i) {
+      float* row = s + (m * rows + i) * cols;
+      const int64_t last = i + cols - rows;  // the last column row i sees
       float mx = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, scale * row[j]);
+      for (int64_t j = 0; j <= last; ++j) mx = std::max(mx, scale * row[j]);
       double sum = 0.0;
-      for (int64_t j = 0; j <= i; ++j) {
+      for (int64_t j = 0; j <= last; ++j) {
         row[j] = std::exp(scale * row[j] - mx);
         sum += row[j];
       }
       const float inv = static_cast<float>(1.0 / sum);
-      for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
-      for (int64_t j = i + 1; j < T; ++j) row[j] = 0.0f;
+      for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
+      for (int64_t j = last + 1; j < cols; ++j) row[j] = 0.0f;
     }
 }
 

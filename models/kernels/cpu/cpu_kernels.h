@@ -77,7 +77,7 @@ class CpuKernels final : public Kernels {
                           float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) override;
   void gelu_forward(const float* x, float* y, size_t n) override;
   void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override;
-  void causal_softmax_forward(float* s, int64_t count, int64_t T, float scale) override;
+  void causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) override;
   void causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale) override;
 };
 

@@ -81,7 +81,7 @@ TEST_CASE("causal softmax: each row sums to one over j <= i, zero above the diag
   Tensor s = random_tensor({count, t, t}, rng, 4.0f);
   Tensor ref = Tensor::empty(s.shape());
   ref.copy_from(s);
-  k.causal_softmax_forward(s.data<float>(), count, t, scale);
+  k.causal_softmax_forward(s.data<float>(), count, t, t, scale);
   for (int64_t m = 0; m < count; ++m)
     for (int64_t i = 0; i < t; ++i) {
       const float* in = ref.data<float>() + (m * t + i) * t;
@@ -90,6 +90,39 @@ TEST_CASE("causal softmax: each row sums to one over j <= i, zero above the diag
       for (int64_t j = 0; j <= i; ++j) z += std::exp(scale * in[j]);
       for (int64_t j = 0; j < t; ++j) REQUIRE(out[j] == Approx(j <= i ? std::exp(scale * in[j]) / z : 0.0).margin(1e-6));
     }
+}
+
+TEST_CASE("causal softmax of the last rows (a KV cache's queries) equals those rows of the square one", "[models][gpt]") {
+  std::mt19937_64 rng(12);
+  Kernels& k = kernels_for(Device::cpu());
+  const int64_t count = 3, t = 6, rows = 2;
+  Tensor sq = random_tensor({count, t, t}, rng, 3.0f);
+  Tensor tail = Tensor::empty({count, rows, t});
+  for (int64_t m = 0; m < count; ++m)
+    std::copy_n(sq.data<float>() + (m * t + t - rows) * t, rows * t, tail.data<float>() + m * rows * t);
+  k.causal_softmax_forward(sq.data<float>(), count, t, t, 0.7f);
+  k.causal_softmax_forward(tail.data<float>(), count, rows, t, 0.7f);
+  for (int64_t m = 0; m < count; ++m)
+    for (int64_t i = 0; i < rows * t; ++i)
+      REQUIRE(tail.data<float>()[m * rows * t + i] == sq.data<float>()[(m * t + t - rows) * t + i]);
+  REQUIRE_THROWS(k.causal_softmax_forward(tail.data<float>(), 1, 3, 2, 1.0f));
+}
+
+TEST_CASE("strided batched gemm equals one gemm per matrix", "[models][gpt]") {
+  std::mt19937_64 rng(13);
+  Kernels& k = kernels_for(Device::cpu());
+  // Three heads' [4, 2] slices of a [4, 9] matrix (column stride 3 between heads), times [2, 5] matrices.
+  Tensor a = random_tensor({4, 9}, rng, 1.0f), b = random_tensor({3, 2, 5}, rng, 1.0f);
+  Tensor c = Tensor::zeros({3, 4, 5}), want = Tensor::zeros({3, 4, 5});
+  k.gemm_strided_batched(false, false, 4, 5, 2, 1.0f, a.data<float>(), 9, 3, b.data<float>(), 5, 10, 0.0f,
+                         c.data<float>(), 5, 20, 3);
+  for (int64_t h = 0; h < 3; ++h)
+    for (int64_t i = 0; i < 4; ++i)
+      for (int64_t j = 0; j < 5; ++j) {
+        double acc = 0;
+        for (int64_t l = 0; l < 2; ++l) acc += a.data<float>()[i * 9 + h * 3 + l] * b.data<float>()[h * 10 + l * 5 + j];
+        REQUIRE(c.data<float>()[h * 20 + i * 5 + j] == Approx(acc).margin(1e-5));
+      }
 }
 
 TEST_CASE("GPT layers: gradients match finite differences", "[models][gpt]") {
