@@ -48,6 +48,12 @@ std::string device_description(int index) {
                      static_cast<double>(prop.totalGlobalMem) / (1024.0 * 1024.0 * 1024.0), prop.major, prop.minor);
 }
 
+std::string device_name(int index) {
+  cudaDeviceProp prop{};
+  DPT_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.name;
+}
+
 void set_device(int index) { DPT_CUDA_CHECK(cudaSetDevice(index)); }
 int current_device() {
   int d = 0;
@@ -145,6 +151,7 @@ bool built() { return false; }
 int device_count() { return 0; }
 std::string unavailable_reason() { return "this dptrain was built without CUDA"; }
 std::string device_description(int) { no_cuda("device_description"); }
+std::string device_name(int) { no_cuda("device_name"); }
 void set_device(int) { no_cuda("set_device"); }
 int current_device() { no_cuda("current_device"); }
 void device_synchronize() { no_cuda("device_synchronize"); }
@@ -167,5 +174,21 @@ void memcpy(void*, const void*, size_t, StreamHandle) { no_cuda("a device copy")
 void memset_zero(void*, size_t, StreamHandle) { no_cuda("a device memset"); }
 
 #endif
+
+// Dense (not sparse) bf16 tensor-core peaks from NVIDIA's data sheets; the first match wins.
+double dense_bf16_peak_flops(const std::string& name) {
+  struct Peak {
+    const char* a;
+    const char* b;  // also required in the name, or nullptr
+    double tflops;
+  };
+  static constexpr Peak kPeaks[] = {
+      {"H100", "PCIe", 756}, {"H100", "NVL", 835}, {"H100", nullptr, 989}, {"H200", nullptr, 989},
+      {"H800", nullptr, 989}, {"A100", nullptr, 312}, {"A800", nullptr, 312},
+  };
+  for (const Peak& p : kPeaks)
+    if (name.find(p.a) != std::string::npos && (!p.b || name.find(p.b) != std::string::npos)) return p.tflops * 1e12;
+  return 0.0;
+}
 
 }  // namespace dpt::cuda

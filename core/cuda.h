@@ -31,6 +31,12 @@ std::string unavailable_reason();
 // Device `index`'s name and memory, for the start-up log ("NVIDIA H100 80GB HBM3, 79.1 GiB").
 std::string device_description(int index);
 
+// Device `index`'s name as the driver gives it ("NVIDIA H100 80GB HBM3").
+std::string device_name(int index);
+// The dense bf16 tensor-core peak of a device, in FLOP/s, from its name (H100 SXM and H200 989e12, H100 NVL
+// 835e12, H100 PCIe 756e12, A100 312e12); 0 for a device not in this table (MFU is then not shown).
+double dense_bf16_peak_flops(const std::string& name);
+
 void set_device(int index);
 int current_device();
 void device_synchronize();

@@ -1,6 +1,9 @@
 // models/gpt.cpp: see gpt.h.
 #include "models/gpt.h"
 
+#include <algorithm>
+#include <limits>
+
 #include <cmath>
 
 namespace dpt::models {
@@ -161,6 +164,19 @@ const Tensor& GptBlock::run_backward(const Tensor& dy, Kernels& k) {
 
 // ---- transformer ----------------------------------------------------------------------------------------------
 
+int64_t padded_vocab(const GptOptions& o) { return (o.vocab_size + 127) / 128 * 128; }
+
+int64_t gpt_num_params(const GptOptions& o, bool with_wpe) {
+  const int64_t c = o.n_embd;
+  const int64_t block = 12 * c * c + 13 * c;  // ln_1, c_attn, attn.c_proj, ln_2, c_fc, mlp.c_proj
+  return padded_vocab(o) * c + (with_wpe ? o.block_size * c : 0) + o.n_layer * block + 2 * c;
+}
+
+double gpt_flops_per_token(const GptOptions& o, int64_t T) {
+  return 6.0 * static_cast<double>(gpt_num_params(o, /*with_wpe=*/false)) +
+         12.0 * static_cast<double>(o.n_layer * T * o.n_embd);
+}
+
 void check_gpt_options(const GptOptions& o) {
   if (o.n_layer < 1 || o.n_head < 1 || o.n_embd < 1 || o.vocab_size < 1 || o.block_size < 1)
     DPT_THROW(ConfigError, "gpt: n_layer {}, n_head {}, n_embd {}, vocab_size {}, block_size {}: each must be >= 1",
@@ -183,7 +199,7 @@ std::string GptTransformer::kind() const {
 }
 
 std::vector<ParamSpec> GptTransformer::param_specs() const {
-  return {{"wte.weight", {o_.vocab_size, o_.n_embd}}, {"wpe.weight", {o_.block_size, o_.n_embd}}};
+  return {{"wte.weight", {padded_vocab(o_), o_.n_embd}}, {"wpe.weight", {o_.block_size, o_.n_embd}}};
 }
 
 void GptTransformer::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
@@ -194,7 +210,9 @@ void GptTransformer::bind(std::vector<Tensor> params, std::vector<Tensor> grads,
 void GptTransformer::init_params(std::mt19937_64& rng) {
   for (Tensor* t : {&wte_, &wpe_}) {
     float* p = t->data<float>();
-    for (size_t i = 0; i < t->numel(); ++i) p[i] = normal(rng, 0.0f, kInitStd);
+    // wte's padding rows (no token) stay 0.
+    const size_t n = t == &wte_ ? static_cast<size_t>(o_.vocab_size * o_.n_embd) : t->numel();
+    for (size_t i = 0; i < t->numel(); ++i) p[i] = i < n ? normal(rng, 0.0f, kInitStd) : 0.0f;
   }
 }
 
@@ -227,25 +245,30 @@ std::string Gpt::kind() const { return fmt::format("Gpt({})", transformer_->kind
 const Tensor& Gpt::run_forward(const Tensor& tokens, Kernels& k) {
   h_ = transformer_->forward(tokens, k);  // [B, T, C]
   const Tensor& h = h_;
-  const int64_t rows = h.dim(0) * h.dim(1), c = o_.n_embd, v = o_.vocab_size;
-  ensure_shape(logits_, {rows, v}, h.device());
+  const int64_t rows = h.dim(0) * h.dim(1), c = o_.n_embd, v = o_.vocab_size, vp = padded_vocab(o_);
+  if (!logits_.defined() || logits_.shape() != std::vector<int64_t>{rows, vp} || logits_.device() != h.device()) {
+    // The padding columns are -inf once for all: the head's gemm writes only the first vocab_size columns.
+    Tensor host = Tensor::empty({rows, vp});
+    std::fill_n(host.data<float>(), host.numel(), -std::numeric_limits<float>::infinity());
+    logits_ = host.to(h.device());
+  }
   k.gemm(false, true, rows, v, c, 1.0f, h.data<float>(), c, transformer_->wte().data<float>(), c, 0.0f,
-         logits_.data<float>(), v);
+         logits_.data<float>(), vp);
   return logits_;
 }
 
 const Tensor& Gpt::run_backward(const Tensor& dlogits, Kernels& k) {
-  const int64_t c = o_.n_embd, v = o_.vocab_size;
-  DPT_CHECK(dlogits.ndim() == 2 && dlogits.dim(0) == logits_.dim(0) && dlogits.dim(1) == v,
+  const int64_t c = o_.n_embd, v = o_.vocab_size, vp = padded_vocab(o_);
+  DPT_CHECK(dlogits.ndim() == 2 && dlogits.dim(0) == logits_.dim(0) && dlogits.dim(1) == vp,
             "gpt backward got {} for logits {}", dlogits.shape_str(), logits_.shape_str());
   const int64_t rows = dlogits.dim(0);
   const Tensor& h = h_;
-  // The tied head: dh = dlogits wte; d(wte) += dlogits^T h (the embedding's share comes in the transformer's
-  // backward, after which its gradient is complete).
+  // The tied head, over the real vocabulary (the padding's gradients are 0): dh = dlogits wte; d(wte) +=
+  // dlogits^T h (the embedding's share comes in the transformer's backward, after which it is complete).
   ensure_shape(dh_, h.shape(), dlogits.device());
-  k.gemm(false, false, rows, c, v, 1.0f, dlogits.data<float>(), v, transformer_->wte().data<float>(), c, 0.0f,
+  k.gemm(false, false, rows, c, v, 1.0f, dlogits.data<float>(), vp, transformer_->wte().data<float>(), c, 0.0f,
          dh_.data<float>(), c);
-  k.gemm(true, false, v, c, rows, 1.0f, dlogits.data<float>(), v, h.data<float>(), c, 1.0f,
+  k.gemm(true, false, v, c, rows, 1.0f, dlogits.data<float>(), vp, h.data<float>(), c, 1.0f,
          transformer_->wte_grad().data<float>(), c);
   transformer_->backward(dh_, k);
   return none_;

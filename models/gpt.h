@@ -10,8 +10,10 @@
 // transformer.wte.weight). Initialisation is GPT-2's: every weight N(0, 0.02), the residual projections
 // (attn.c_proj, mlp.c_proj) N(0, 0.02 / sqrt(2 n_layer)), biases 0, LayerNorm 1 and 0.
 //
-// Input: int32 tokens [B, T] with T <= block_size. Output: logits [B * T, vocab_size] (row b * T + t), what
-// the softmax cross-entropy takes with the next tokens as labels.
+// The vocabulary is padded to a multiple of 128 for the kernels (padded_vocab): wte has padded_vocab rows, the
+// padding ones 0 and never a token. Input: int32 tokens [B, T] with T <= block_size. Output: logits
+// [B * T, padded_vocab] (row b * T + t), the padding columns -inf: what the softmax cross-entropy takes with the
+// next tokens as labels, the padding getting no probability and no gradient.
 #pragma once
 
 #include <cstdint>
@@ -86,7 +88,7 @@ class GptBlock final : public Module {
   Tensor r1_, y_, dr1_, dx_;
 };
 
-// The `transformer` of nanoGPT: owns wte.weight [vocab, C] and wpe.weight [block_size, C]; children h (the
+// The `transformer` of nanoGPT: owns wte.weight [padded vocab, C] and wpe.weight [block_size, C]; children h (the
 // blocks, "0", "1", ...) and ln_f. Tokens [B, T] in, the final LayerNorm's [B, T, C] out; no input gradient.
 class GptTransformer final : public Module {
  public:
@@ -126,6 +128,15 @@ class Gpt final : public Module {
   GptTransformer* transformer_;
   Tensor h_, logits_, dh_;
 };
+
+// vocab_size rounded up to a multiple of 128, for the kernels: the rows of wte and the columns of the logits.
+// The padding rows are never a token; their logits are -inf, so they take no probability and no gradient.
+int64_t padded_vocab(const GptOptions& o);
+// The parameter count, wte's padding rows included; wpe's only when with_wpe.
+int64_t gpt_num_params(const GptOptions& o, bool with_wpe = true);
+// Training FLOPs per token at sequence length T (forward and backward): 6 N + 12 n_layer T n_embd, N the
+// parameters without wpe (PaLM's estimate, as nanoGPT's and llm.c's MFU).
+double gpt_flops_per_token(const GptOptions& o, int64_t T);
 
 // ConfigError for inconsistent options (n_embd not divisible by n_head, a size below 1).
 void check_gpt_options(const GptOptions& o);

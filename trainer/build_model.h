@@ -26,6 +26,19 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
 // A GPT takes nanoGPT's layout or Hugging Face's GPT2LMHeadModel layout (with or without the "transformer."
 // prefix, Conv1D projection weights transposed, mask buffers ignored; lm_head.weight must equal the token
 // embedding, the tie); the note names the layout.
+// wte may have vocab_size rows (Hugging Face's 50257) or the padded count (models::padded_vocab): padding
+// rows are filled with 0.
 std::string load_pretrained(models::Model& model, const std::string& path);
+
+// Layouts a GPT's weights can be written in for other programs (gpt_export_weights).
+enum class GptLayout {
+  NanoGpt,      // nanoGPT's state_dict: transformer.* names, nn.Linear [out, in], lm_head.weight (a copy of wte)
+  HuggingFace,  // the hub's GPT-2 model.safetensors: no "transformer." prefix, Conv1D weights [in, out], no lm_head
+};
+GptLayout parse_gpt_layout(const std::string& name);  // "nanogpt" | "hf"; ConfigError otherwise
+// A GPT's weights (host tensors, float32) in `layout`, wte cut to the real vocabulary (vocab_size rows): loads
+// into nanoGPT's GPT(strict) or transformers' GPT2LMHeadModel.from_pretrained, and back through
+// load_pretrained. ConfigError when `model` is not a GPT.
+std::vector<NamedTensor> gpt_export_weights(const models::Model& model, GptLayout layout);
 
 }  // namespace dpt::trainer

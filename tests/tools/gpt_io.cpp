@@ -2,10 +2,14 @@
 // loads weights as model.init_from does (nanoGPT's or Hugging Face's layout), runs one forward and backward with the mean softmax cross-entropy over every
 // position, and writes what it saw for tests/integration/lib/torch_gpt.py to compare with PyTorch:
 //   OUT/out.safetensors    logits [B*T, V], loss, grad.<param>
-//   OUT/state.safetensors  the model's state (nanoGPT's names, without the tied lm_head.weight)
+//   OUT/state.safetensors  the model's weights in nanoGPT's layout (trainer::gpt_export_weights)
+//   OUT/hf.safetensors     the same in Hugging Face's GPT-2 layout
+// The logits and wte's gradient are cut to the real vocabulary; their padding (-inf, 0) is checked here.
 // X holds x [B, T] (the tokens) and y [B, T] (the next tokens), int64 or int32.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <iostream>
 
 #include "core/check.h"
@@ -64,7 +68,28 @@ int main(int argc, char** argv) {
         loss.forward_backward(logits, labels.reshape({static_cast<int64_t>(labels.numel())}), model->kernels());
     model->backward(loss.grad());
 
-    test::write_step_output(out, *model, logits_copy, r);
+    // The vocabulary padding stays inside: -inf logits and zero gradients there, cut off for torch.
+    const int64_t v = o.vocab_size, vp = models::padded_vocab(o), rows = logits_copy.dim(0);
+    Tensor logits_v = Tensor::empty({rows, v});
+    for (int64_t i = 0; i < rows; ++i) {
+      const float* row = logits_copy.data<float>() + i * vp;
+      std::copy_n(row, v, logits_v.data<float>() + i * v);
+      for (int64_t j = v; j < vp; ++j)
+        DPT_CHECK(std::isinf(row[j]) && row[j] < 0, "padding logit [{}, {}] is {}, not -inf", i, j, row[j]);
+    }
+    std::vector<NamedTensor> grads;
+    for (const auto& np : model->named_params()) {
+      if (np.name != "transformer.wte.weight") {
+        grads.push_back({np.name, np.grad});
+        continue;
+      }
+      for (size_t i = static_cast<size_t>(v * o.n_embd); i < np.grad.numel(); ++i)
+        DPT_CHECK(np.grad.data<float>()[i] == 0.0f, "wte's padding rows have a gradient");
+      grads.push_back({np.name, np.grad.view(0, {v, o.n_embd})});
+    }
+    test::write_step_tensors(out, logits_v, r, grads, trainer::gpt_export_weights(*model, trainer::GptLayout::NanoGpt));
+    trainer::write_safetensors(out + "/hf.safetensors", trainer::gpt_export_weights(*model, trainer::GptLayout::HuggingFace));
+    std::cout << model->summary() << "\n";
   } catch (const std::exception& e) {
     std::cerr << "dpt-gpt-io: " << e.what() << "\n";
     return 1;

@@ -14,17 +14,26 @@
 
 namespace dpt::test {
 
-inline void write_step_output(const std::string& dir, const models::Model& model, const Tensor& logits,
-                              const models::LossResult& r, const std::vector<NamedTensor>& extra = {}) {
+// The files from explicit tensors: `grads` as grad.<name>, `state` as state.safetensors.
+inline void write_step_tensors(const std::string& dir, const Tensor& logits, const models::LossResult& r,
+                               const std::vector<NamedTensor>& grads, const std::vector<NamedTensor>& state,
+                               const std::vector<NamedTensor>& extra = {}) {
   std::vector<NamedTensor> result{{"logits", logits}};
   Tensor loss = Tensor::empty({}, DType::F64);
   loss.data<double>()[0] = r.loss_sum / static_cast<double>(r.count);
   result.push_back({"loss", loss});
-  for (const auto& np : model.named_params()) result.push_back({"grad." + np.name, np.grad});
+  for (const auto& g : grads) result.push_back({"grad." + g.name, g.tensor});
   result.insert(result.end(), extra.begin(), extra.end());
   std::filesystem::create_directories(dir);
   trainer::write_safetensors(dir + "/out.safetensors", result);
-  trainer::write_safetensors(dir + "/state.safetensors", model.state());
+  trainer::write_safetensors(dir + "/state.safetensors", state);
+}
+
+inline void write_step_output(const std::string& dir, const models::Model& model, const Tensor& logits,
+                              const models::LossResult& r, const std::vector<NamedTensor>& extra = {}) {
+  std::vector<NamedTensor> grads;
+  for (const auto& np : model.named_params()) grads.push_back({np.name, np.grad});
+  write_step_tensors(dir, logits, r, grads, model.state(), extra);
   std::cout << model.summary() << "\n";
 }
 

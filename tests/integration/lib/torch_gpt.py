@@ -98,6 +98,9 @@ BF16 = {"tiny_bf16": "tiny"}
 HF = {"tiny_hf": "tiny"}
 
 
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
 def hf_state(model):
     """The state as the hub's GPT-2 model.safetensors holds it: no "transformer." prefix, the four projection
     weights transposed (HF's Conv1D stores [in, out]), each block's causal-mask buffer attn.bias, no lm_head."""
@@ -106,12 +109,25 @@ def hf_state(model):
         if k == "lm_head.weight":
             continue
         v = v.detach().numpy()
-        if any(k.endswith(s) for s in ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")):
+        if k.endswith(CONV1D):
             v = np.ascontiguousarray(v.T)
         out[k[len("transformer."):]] = v
     block = model.transformer.wpe.weight.shape[0]
     for i in range(len(model.transformer.h)):
         out[f"h.{i}.attn.bias"] = np.tril(np.ones((block, block), dtype=np.float32)).reshape(1, 1, block, block)
+    return out
+
+
+def from_hf(state):
+    """hf_state's inverse (what transformers' GPT2LMHeadModel.from_pretrained does with such a file): the
+    "transformer." prefix back, Conv1D weights transposed back, lm_head tied to wte."""
+    out = {}
+    for k, v in state.items():
+        v = np.array(v)
+        if k.endswith(CONV1D):
+            v = np.ascontiguousarray(v.T)
+        out["transformer." + k] = torch.from_numpy(v)
+    out["lm_head.weight"] = out["transformer.wte.weight"]
     return out
 
 
@@ -198,14 +214,22 @@ def check(variant, d):
     # dptrain's state -> the torch model, strictly (the tied head from wte): the same logits.
     model = build(VARIANTS[base(variant)])
     state = {k: torch.from_numpy(np.array(v)) for k, v in ckpt.load(os.path.join(d, "out", "state.safetensors")).items()}
-    state["lm_head.weight"] = state["transformer.wte.weight"]
+    if not torch.equal(state["lm_head.weight"], state["transformer.wte.weight"]):
+        sys.exit("FAIL the nanoGPT layout's lm_head.weight is not wte")
     model.load_state_dict(state, strict=True)
     x = torch.from_numpy(np.array(ckpt.load(os.path.join(d, "input.safetensors"))["x"]))
     with torch.no_grad():
         interop = model(x).reshape(-1, VARIANTS[base(variant)][3]).numpy()
     err = close("interop logits", interop, got["logits"], 1e-4)
+    # The Hugging Face layout dptrain writes loads the same way (as GPT2LMHeadModel.from_pretrained would).
+    model.load_state_dict(from_hf(ckpt.load(os.path.join(d, "out", "hf.safetensors"))), strict=True)
+    with torch.no_grad():
+        hf_logits = model(x).reshape(-1, VARIANTS[base(variant)][3]).numpy()
+    if not np.array_equal(hf_logits, interop):
+        sys.exit("FAIL the Hugging Face layout export gives other logits than the nanoGPT one")
     print(f"{variant}: {len(want)} tensors match; worst relative error: logits {worst['logits']:.2g}, gradients "
-          f"{worst['grad']:.2g}; state loads into the torch GPT (strict), logits within {err:.2g}")
+          f"{worst['grad']:.2g}; state loads into the torch GPT (strict, nanoGPT and Hugging Face layouts), "
+          f"logits within {err:.2g}")
 
 
 def main():

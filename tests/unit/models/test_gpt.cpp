@@ -165,7 +165,8 @@ TEST_CASE("GPT: causal (a later token never changes an earlier position's logits
   before_copy.copy_from(before);
   x.data<int32_t>()[4] = (x.data<int32_t>()[4] + 1) % static_cast<int32_t>(o.vocab_size);
   const Tensor& after = model->forward(x);
-  const int64_t v = o.vocab_size;
+  const int64_t v = padded_vocab(o);  // the row stride of the logits
+  REQUIRE(v == 128);
   for (int64_t i = 0; i < 4 * v; ++i) REQUIRE(after.data<float>()[i] == before_copy.data<float>()[i]);
   bool changed = false;
   for (int64_t i = 4 * v; i < 6 * v; ++i) changed |= after.data<float>()[i] != before_copy.data<float>()[i];
@@ -189,7 +190,7 @@ TEST_CASE("GPT: nanoGPT's names, shapes and parameter count, and GPT-2's initial
   model->init(9);
   const auto& p = model->named_params();
   REQUIRE(p.front().name == "transformer.wte.weight");
-  REQUIRE(p.front().param.shape() == std::vector<int64_t>{100, 32});
+  REQUIRE(p.front().param.shape() == std::vector<int64_t>{128, 32});  // the vocabulary padded to 128
   REQUIRE(p[1].name == "transformer.wpe.weight");
   REQUIRE(p[2].name == "transformer.h.0.ln_1.weight");
   REQUIRE(p[4].name == "transformer.h.0.attn.c_attn.weight");
@@ -198,16 +199,24 @@ TEST_CASE("GPT: nanoGPT's names, shapes and parameter count, and GPT-2's initial
   REQUIRE(p[10].name == "transformer.h.0.mlp.c_fc.weight");
   REQUIRE(p[12].name == "transformer.h.0.mlp.c_proj.weight");
   REQUIRE(p.back().name == "transformer.ln_f.bias");
-  // nanoGPT's count (the tied head counted once): V C + T C + L (12 C^2 + 13 C) + 2 C.
+  // nanoGPT's count (the tied head counted once): V C + T C + L (12 C^2 + 13 C) + 2 C, V padded.
   const int64_t c = 32;
-  REQUIRE(model->num_params() == static_cast<size_t>(100 * c + 16 * c + 3 * (12 * c * c + 13 * c) + 2 * c));
+  REQUIRE(model->num_params() == static_cast<size_t>(128 * c + 16 * c + 3 * (12 * c * c + 13 * c) + 2 * c));
+  REQUIRE(gpt_num_params(o) == static_cast<int64_t>(model->num_params()));
+  REQUIRE(gpt_num_params(o, false) == static_cast<int64_t>(model->num_params()) - 16 * c);
+  REQUIRE(gpt_flops_per_token(o, 16) == 6.0 * static_cast<double>(gpt_num_params(o, false)) + 12.0 * 3 * 16 * c);
+  for (int64_t i = 100 * c; i < 128 * c; ++i) REQUIRE(p.front().param.data<float>()[i] == 0.0f);  // padding rows
+  // GPT-2 124M with the vocabulary padded to 50304: llm.c's count, 124475904.
+  REQUIRE(gpt_num_params(GptOptions{}) == 124475904);
+  REQUIRE(padded_vocab(GptOptions{}) == 50304);
   auto stddev = [&](const std::string& name) {
     for (const auto& np : p)
       if (np.name == name) {
         double s = 0, s2 = 0;
         const float* v = np.param.data<float>();
-        for (size_t i = 0; i < np.param.numel(); ++i) s += v[i], s2 += double(v[i]) * v[i];
-        const double n = static_cast<double>(np.param.numel());
+        const size_t count = name == "transformer.wte.weight" ? 100 * c : np.param.numel();  // without the padding
+        for (size_t i = 0; i < count; ++i) s += v[i], s2 += double(v[i]) * v[i];
+        const double n = static_cast<double>(count);
         REQUIRE(std::abs(s / n) < 0.004);
         return std::sqrt(s2 / n - (s / n) * (s / n));
       }
