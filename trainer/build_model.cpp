@@ -185,6 +185,11 @@ std::string load_pretrained(models::Model& model, const std::string& path) {
                      w->dim(0), path, params.back().param.dim(0), fmt::join(reinit, " and "));
 }
 
+double train_flops_per_row(const models::Model& model) {
+  const auto* gpt = dynamic_cast<const models::Gpt*>(&model.root());
+  return gpt ? models::gpt_flops_per_token(gpt->options(), gpt->options().block_size) : 0.0;
+}
+
 GptLayout parse_gpt_layout(const std::string& name) {
   if (name == "nanogpt") return GptLayout::NanoGpt;
   if (name == "hf") return GptLayout::HuggingFace;

@@ -30,6 +30,10 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
 // rows are filled with 0.
 std::string load_pretrained(models::Model& model, const std::string& path);
 
+// Training FLOPs (forward and backward) per loss row for the progress line's MFU: a GPT's per token at
+// block_size (models::gpt_flops_per_token); 0 for a model without an estimate.
+double train_flops_per_row(const models::Model& model);
+
 // Layouts a GPT's weights can be written in for other programs (gpt_export_weights).
 enum class GptLayout {
   NanoGpt,      // nanoGPT's state_dict: transformer.* names, nn.Linear [out, in], lm_head.weight (a copy of wte)

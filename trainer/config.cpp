@@ -168,6 +168,7 @@ const std::vector<Field>& schema() {
       field("train.eps", &C::train, &TrainConfig::eps, "AdamW epsilon", positive()),
       field("train.schedule", &C::train, &TrainConfig::schedule, "constant | step (x gamma every step_size epochs) | cosine (to min_lr, per step)", one_of({"constant", "step", "cosine"})),
       field("train.warmup_epochs", &C::train, &TrainConfig::warmup_epochs, "linear warm-up from 0, in epochs (fractions allowed)", at_least(0.0)),
+      field("train.warmup_steps", &C::train, &TrainConfig::warmup_steps, "linear warm-up from 0, in optimizer steps (instead of warmup_epochs)", at_least<int64_t>(0)),
       field("train.step_size", &C::train, &TrainConfig::step_size, "epochs between decays (schedule = step)", at_least<int64_t>(1)),
       field("train.gamma", &C::train, &TrainConfig::gamma, "decay factor (schedule = step)", positive()),
       field("train.min_lr", &C::train, &TrainConfig::min_lr, "final learning rate (schedule = cosine)", at_least(0.0)),
@@ -332,6 +333,9 @@ void validate(const Config& c, const std::string& source) {
     if (!problem.empty())
       DPT_THROW(ConfigError, "{}{} = {}: {}", source.empty() ? "" : source + ": ", f.key, f.show(c), problem);
   }
+  if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
+    DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
+              source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
   if ((c.model.name == "gpt") != (c.data.dataset == "tokens"))
     DPT_THROW(ConfigError,
               "{}model.name = {} with data.dataset = {}: a GPT trains on token shards and token shards train only a "

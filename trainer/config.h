@@ -26,6 +26,7 @@ struct TrainConfig {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   std::string schedule = "cosine";                // constant | step | cosine
   double warmup_epochs = 0.0;
+  int64_t warmup_steps = 0;  // the warm-up in optimizer steps instead (at most one of the two)
   int64_t step_size = 3;  // epochs between decays (schedule = step)
   double gamma = 0.1;     // decay factor (schedule = step)
   double min_lr = 0.0;    // floor of the cosine schedule

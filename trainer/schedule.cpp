@@ -8,7 +8,8 @@
 namespace dpt::trainer {
 
 double lr_at(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch, int64_t total_steps) {
-  const double warmup = cfg.warmup_epochs * static_cast<double>(steps_per_epoch);
+  const double warmup = cfg.warmup_steps > 0 ? static_cast<double>(cfg.warmup_steps)
+                                              : cfg.warmup_epochs * static_cast<double>(steps_per_epoch);
   if (warmup > 0 && static_cast<double>(step) < warmup) return cfg.lr * static_cast<double>(step + 1) / warmup;
   if (cfg.schedule == "step") {
     const int64_t epoch = steps_per_epoch > 0 ? step / steps_per_epoch : 0;

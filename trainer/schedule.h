@@ -7,7 +7,7 @@
 
 namespace dpt::trainer {
 
-// The learning rate for optimizer step `step` (0-based): linear warm-up over warmup_epochs, then
+// The learning rate for optimizer step `step` (0-based): linear warm-up over warmup_steps (or warmup_epochs), then
 // constant, step (x gamma every step_size epochs, as StepLR stepped per epoch) or cosine from lr down to
 // min_lr at `total_steps`.
 double lr_at(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch, int64_t total_steps);

@@ -13,6 +13,7 @@
 #include <random>
 #include <sstream>
 
+#include "core/cuda.h"
 #include "data/augmented.h"
 #include "data/idx.h"
 #include "data/image_folder.h"
@@ -333,6 +334,14 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       t.weight_decay_params == "matrices" || (t.weight_decay_params == "auto" && cfg.model.name == "gpt");
   Optimizer optimizer(t, *model, decay_matrices_only);
   if (lead) spdlog::info("model: {} on {}", model->summary(), model->device().str());
+  // Model FLOPs utilisation per device, against its dense bf16 peak: shown for a GPU in the table only.
+  const double row_flops = train_flops_per_row(*model);
+  const double peak_flops = device.is_cuda() ? cuda::dense_bf16_peak_flops(cuda::device_name(device.index)) : 0.0;
+  auto mfu = [&](double global_rows_per_s) {
+    return row_flops > 0 && peak_flops > 0
+               ? fmt::format(" mfu {:.1f}%", 100.0 * global_rows_per_s / world * row_flops / peak_flops)
+               : std::string();
+  };
 
   // ---- resume ----------------------------------------------------------------------------------------
   CheckpointManager ckpt(cfg.checkpoint.dir, cfg.checkpoint.keep);
@@ -543,11 +552,12 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       const bool epoch_done = next_batch == spe;
       if (lead && seconds_since(progress_t) >= t.progress_interval_s) {
         progress_t = Clock::now();
-        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g}{}{} {}/s {:.0f}", epoch + 1, t.epochs,
+        const double rate = static_cast<double>(seen) * world / seconds_since(epoch_t0);
+        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g}{}{} {}/s {:.0f}{}", epoch + 1, t.epochs,
                      next_batch, spe, loss_so_far() / static_cast<double>(seen), lr,
                      t.clip_grad_norm > 0 ? fmt::format(" grad_norm {:.4g}", grad_norm) : "",
                      scaler.enabled() ? fmt::format(" loss_scale {:g} skipped {}", scaler.scale(), scaler.skipped()) : "",
-                     task->unit(), static_cast<double>(seen) * world / seconds_since(epoch_t0));
+                     task->unit(), rate, mfu(rate));
       }
       if (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0 && !epoch_done)
         save(epoch, next_batch);
@@ -587,10 +597,10 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     result.final_test_acc = ev.acc;
     result.final_test_loss = ev.loss;
     if (lead) {
-      spdlog::info("epoch {}/{} loss {:.4f} test_loss {:.4f} test_acc {:.4f} {}/s {:.0f} lr {:.4g} "
+      spdlog::info("epoch {}/{} loss {:.4f} test_loss {:.4f} test_acc {:.4f} {}/s {:.0f}{} lr {:.4g} "
                    "time {:.2f}s (compute {:.2f}s comm {:.2f}s data wait {:.2f}s)",
-                   es.epoch, t.epochs, es.train_loss, es.test_loss, es.test_acc, task->unit(), es.samples_per_s, lr, epoch_s,
-                   compute_s, comm_s, data_s);
+                   es.epoch, t.epochs, es.train_loss, es.test_loss, es.test_acc, task->unit(), es.samples_per_s,
+                   mfu(es.samples_per_s), lr, epoch_s, compute_s, comm_s, data_s);
       if (scaler.enabled())
         spdlog::info("fp16 loss scale {:g}; {} step(s) skipped so far for inf/NaN gradients", scaler.scale(),
                      scaler.skipped());

@@ -101,4 +101,12 @@ TEST_CASE("learning-rate schedules", "[config]") {
   REQUIRE(lr_at(t, 0, 10, 100) == Approx(0.1));  // (0 + 1) / 10 of the peak
   REQUIRE(lr_at(t, 9, 10, 100) == Approx(1.0));
   REQUIRE(lr_at(t, 10, 10, 100) == Approx(1.0));  // cosine starts after the warm-up
+  t.warmup_epochs = 0;
+  t.warmup_steps = 4;  // in steps, whatever the epoch length
+  REQUIRE(lr_at(t, 0, 10, 100) == Approx(0.25));
+  REQUIRE(lr_at(t, 3, 10, 100) == Approx(1.0));
+  REQUIRE(lr_at(t, 52, 10, 100) == Approx(0.55));  // half-way through the 96 cosine steps
+  REQUIRE(lr_at(t, 100, 10, 100) == Approx(0.1));
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"train.warmup_steps=4", "train.warmup_epochs=1"}),
+                      Catch::Contains("not both"));
 }
