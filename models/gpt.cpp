@@ -39,6 +39,7 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, int64_t
 std::string CausalSelfAttention::kind() const { return fmt::format("CausalSelfAttention({}, {} heads)", c_, n_head_); }
 
 const Tensor& CausalSelfAttention::run_forward(const Tensor& x, Kernels& k) {
+  if (cache_) return cached_forward(x, k);
   const auto shape = btc(x, c_, "CausalSelfAttention");
   b_ = shape[0];
   t_ = shape[1];
@@ -67,7 +68,50 @@ const Tensor& CausalSelfAttention::run_forward(const Tensor& x, Kernels& k) {
   return out_;
 }
 
+const Tensor& CausalSelfAttention::cached_forward(const Tensor& x, Kernels& k) {
+  const auto shape = btc(x, c_, "CausalSelfAttention");
+  KvCache& cache = *cache_;
+  DPT_CHECK(!training(), "a KV cache is for generation: evaluation mode only");
+  const int64_t b = shape[0], tn = shape[1], hs = c_ / n_head_, c3 = 3 * c_;
+  Tensor& kc = cache.k.at(layer_);
+  Tensor& vc = cache.v.at(layer_);
+  const int64_t cap = kc.dim(1), pos0 = cache.len, len = pos0 + tn;
+  DPT_CHECK(b == cache.batch && len <= cap, "KV cache of {} x {}: {} sequences of {} new after {}", cache.batch, cap, b,
+            tn, pos0);
+  qkv_ = c_attn_->forward(x.reshape({b * tn, c_}), k);
+  const Tensor& qkv = qkv_;
+  // The new keys and values join the cache at positions pos0...
+  const auto c = static_cast<size_t>(c_);
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t t = 0; t < tn; ++t) {
+      const auto row = static_cast<size_t>((i * tn + t) * c3), at = static_cast<size_t>((i * cap + pos0 + t) * c_);
+      kc.view(at, {c_}).copy_from(qkv.view(row + c, {c_}), k.stream());
+      vc.view(at, {c_}).copy_from(qkv.view(row + 2 * c, {c_}), k.stream());
+    }
+  // ... and the new queries attend to positions 0 .. pos0 + their own (the last tn rows of a causal softmax).
+  // The scores live in a buffer of the largest size so far: one allocation, not one per generated token.
+  const auto att_numel = static_cast<size_t>(b * n_head_ * tn * len);
+  if (!datt_.defined() || datt_.numel() < att_numel || datt_.device() != x.device())
+    datt_ = Tensor::empty({b * n_head_ * tn * cap}, DType::F32, x.device());
+  float* att = datt_.data<float>();  // datt_ is free: backward never runs with a cache
+  ensure_shape(y_, {b * tn, c_}, x.device());
+  const int64_t tl = tn * len;
+  for (int64_t i = 0; i < b; ++i)
+    k.gemm_strided_batched(false, true, tn, len, hs, 1.0f, qkv.data<float>() + i * tn * c3, c3, hs,
+                           kc.data<float>() + i * cap * c_, c_, hs, 0.0f, att + i * n_head_ * tl, len, tl, n_head_);
+  k.causal_softmax_forward(att, b * n_head_, tn, len, 1.0f / std::sqrt(static_cast<float>(hs)));
+  for (int64_t i = 0; i < b; ++i)
+    k.gemm_strided_batched(false, false, tn, hs, len, 1.0f, att + i * n_head_ * tl, len, tl,
+                           vc.data<float>() + i * cap * c_, c_, hs, 0.0f, y_.data<float>() + i * tn * c_, c_, hs,
+                           n_head_);
+  b_ = b;
+  t_ = tn;
+  out_ = c_proj_->forward(y_, k).reshape({b, tn, c_});
+  return out_;
+}
+
 const Tensor& CausalSelfAttention::run_backward(const Tensor& dout, Kernels& k) {
+  DPT_CHECK(!cache_, "no backward through a KV cache's forward");
   DPT_CHECK(dout.ndim() == 3 && dout.dim(0) == b_ && dout.dim(1) == t_ && dout.dim(2) == c_,
             "CausalSelfAttention backward got {}", dout.shape_str());
   const int64_t rows = b_ * t_, hs = c_ / n_head_, c3 = 3 * c_;
@@ -216,16 +260,23 @@ void GptTransformer::init_params(std::mt19937_64& rng) {
   }
 }
 
+void GptTransformer::use_cache(KvCache* cache) {
+  cache_ = cache;
+  size_t layer = 0;
+  for (const auto& [name, block] : h_->children()) dynamic_cast<GptBlock&>(*block).attn().use_cache(cache, layer++);
+}
+
 const Tensor& GptTransformer::run_forward(const Tensor& tokens, Kernels& k) {
   DPT_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "gpt takes int32 tokens [B, T], got {} {}",
             dtype_name(tokens.dtype()), tokens.shape_str());
-  const int64_t b = tokens.dim(0), t = tokens.dim(1);
-  if (t < 1 || t > o_.block_size)
-    DPT_THROW(ConfigError, "gpt: a sequence of {} tokens; block_size is {}", t, o_.block_size);
+  const int64_t b = tokens.dim(0), t = tokens.dim(1), pos0 = cache_ ? cache_->len : 0;
+  if (t < 1 || pos0 + t > o_.block_size)
+    DPT_THROW(ConfigError, "gpt: a sequence of {} tokens; block_size is {}", pos0 + t, o_.block_size);
   tokens_ = tokens;
   ensure_shape(emb_, {b, t, o_.n_embd}, tokens.device());
-  k.embedding_forward(tokens.data<int32_t>(), wte_.data<float>(), wpe_.data<float>(), emb_.data<float>(), b * t, t,
-                      o_.n_embd, o_.vocab_size);
+  // Row r's position is pos0 + r mod t: wpe from row pos0 on.
+  k.embedding_forward(tokens.data<int32_t>(), wte_.data<float>(), wpe_.data<float>() + pos0 * o_.n_embd,
+                      emb_.data<float>(), b * t, t, o_.n_embd, o_.vocab_size);
   return ln_f_->forward(h_->forward(emb_, k), k);
 }
 
@@ -242,8 +293,25 @@ Gpt::Gpt(const GptOptions& o) : o_(o) { transformer_ = add("transformer", std::m
 
 std::string Gpt::kind() const { return fmt::format("Gpt({})", transformer_->kind()); }
 
+void Gpt::begin_kv_cache(int64_t batch, Device device) {
+  DPT_CHECK(batch >= 1, "KV cache for {} sequences", batch);
+  cache_ = std::make_unique<KvCache>();
+  cache_->batch = batch;
+  for (int64_t l = 0; l < o_.n_layer; ++l) {
+    cache_->k.push_back(Tensor::empty({batch, o_.block_size, o_.n_embd}, DType::F32, device));
+    cache_->v.push_back(Tensor::empty({batch, o_.block_size, o_.n_embd}, DType::F32, device));
+  }
+  transformer_->use_cache(cache_.get());
+}
+
+void Gpt::end_kv_cache() {
+  transformer_->use_cache(nullptr);
+  cache_.reset();
+}
+
 const Tensor& Gpt::run_forward(const Tensor& tokens, Kernels& k) {
   h_ = transformer_->forward(tokens, k);  // [B, T, C]
+  if (cache_) cache_->len += tokens.dim(1);
   const Tensor& h = h_;
   const int64_t rows = h.dim(0) * h.dim(1), c = o_.n_embd, v = o_.vocab_size, vp = padded_vocab(o_);
   if (!logits_.defined() || logits_.shape() != std::vector<int64_t>{rows, vp} || logits_.device() != h.device()) {
@@ -258,6 +326,7 @@ const Tensor& Gpt::run_forward(const Tensor& tokens, Kernels& k) {
 }
 
 const Tensor& Gpt::run_backward(const Tensor& dlogits, Kernels& k) {
+  DPT_CHECK(!cache_, "no backward with a KV cache (generation only)");
   const int64_t c = o_.n_embd, v = o_.vocab_size, vp = padded_vocab(o_);
   DPT_CHECK(dlogits.ndim() == 2 && dlogits.dim(0) == logits_.dim(0) && dlogits.dim(1) == vp,
             "gpt backward got {} for logits {}", dlogits.shape_str(), logits_.shape_str());

@@ -33,6 +33,13 @@ struct GptOptions {
   int64_t block_size = 1024;  // the longest sequence (rows of wpe)
 };
 
+// Keys and values of the positions a generation has seen, per layer: [batch, block_size, C] each, the heads
+// side by side as in the qkv projection. `len` positions are filled.
+struct KvCache {
+  int64_t batch = 0, len = 0;
+  std::vector<Tensor> k, v;  // one per layer
+};
+
 // Multi-head causal self-attention on [B, T, C]: c_attn (C -> 3C: q, k, v, each [B, T, n_head, C / n_head]),
 // softmax(q k^T / sqrt(head size)) over the positions up to each one, times v, heads concatenated, c_proj.
 // The score matrices go through the kernel set's GEMMs, one head at a time; the probabilities are kept for
@@ -41,6 +48,13 @@ class CausalSelfAttention final : public Module {
  public:
   CausalSelfAttention(int64_t n_embd, int64_t n_head, int64_t n_layer);
   std::string kind() const override;
+  // With a cache (evaluation only): x holds the new positions [B, t] after cache->len cached ones; their keys
+  // and values join the cache (layer `layer`'s tensors) and the queries attend to every cached position.
+  // nullptr: the whole sequence in each forward, as in training.
+  void use_cache(KvCache* cache, size_t layer) {
+    cache_ = cache;
+    layer_ = layer;
+  }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -51,6 +65,10 @@ class CausalSelfAttention final : public Module {
   Linear *c_attn_, *c_proj_;
   int64_t b_ = 0, t_ = 0;
   Tensor qkv_, att_, y_, out_, datt_, dqkv_, dx_;
+  KvCache* cache_ = nullptr;
+  size_t layer_ = 0;
+
+  const Tensor& cached_forward(const Tensor& x, Kernels& k);
 };
 
 // c_fc (C -> 4C), GELU(tanh), c_proj (4C -> C), on [B, T, C].
@@ -76,6 +94,7 @@ class GptBlock final : public Module {
  public:
   GptBlock(int64_t n_embd, int64_t n_head, int64_t n_layer);
   std::string kind() const override;
+  CausalSelfAttention& attn() { return *attn_; }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -99,6 +118,8 @@ class GptTransformer final : public Module {
   void init_params(std::mt19937_64& rng) override;
   const Tensor& wte() const { return wte_; }
   const Tensor& wte_grad() const { return dwte_; }
+  // Every attention layer uses `cache` (nullptr: none); positions then start at cache->len.
+  void use_cache(KvCache* cache);
 
  protected:
   const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;
@@ -110,6 +131,7 @@ class GptTransformer final : public Module {
   LayerNorm* ln_f_;
   Tensor wte_, wpe_, dwte_, dwpe_;
   Tensor tokens_, emb_;
+  KvCache* cache_ = nullptr;
 };
 
 // The whole model: transformer, then logits = ln_f output x wte^T (the tied head).
@@ -119,6 +141,15 @@ class Gpt final : public Module {
   std::string kind() const override;
   const GptOptions& options() const { return o_; }
 
+  // Generation with a KV cache. After begin_kv_cache, each forward (in evaluation mode) takes only the next
+  // tokens [batch, t] of the sequences, which continue the cached positions, and returns their logits; the
+  // keys and values of every layer are kept (2 x n_layer x batch x block_size x n_embd floats on `device`),
+  // so a step costs one position's work instead of the whole window's. A sequence cannot grow past
+  // block_size (ConfigError); end_kv_cache frees the cache and returns to whole-sequence forwards.
+  void begin_kv_cache(int64_t batch, Device device);
+  void end_kv_cache();
+  int64_t kv_cache_len() const { return cache_ ? cache_->len : 0; }
+
  protected:
   const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;
   const Tensor& run_backward(const Tensor& dlogits, Kernels& k) override;
@@ -127,6 +158,7 @@ class Gpt final : public Module {
   GptOptions o_;
   GptTransformer* transformer_;
   Tensor h_, logits_, dh_;
+  std::unique_ptr<KvCache> cache_;
 };
 
 // vocab_size rounded up to a multiple of 128, for the kernels: the rows of wte and the columns of the logits.

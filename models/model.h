@@ -68,6 +68,7 @@ class Model {
   std::string summary() const;  // "mlp 784-512-512-10: 669706 parameters"
   // The module tree (to ask a model's own options: dynamic_cast<const Gpt*>(&root())).
   const Module& root() const { return *root_; }
+  Module& root() { return *root_; }
 
   // The whole state in state_dict order of names: parameters and buffers (views on the model's device) and
   // counters (fresh 0-dimensional int64 host tensors).

@@ -236,3 +236,41 @@ TEST_CASE("GPT: nanoGPT's names, shapes and parameter count, and GPT-2's initial
   bad_token.data<int32_t>()[1] = 100;
   REQUIRE_THROWS_WITH(model->forward(bad_token), Catch::Contains("token 100 at position 1"));
 }
+
+TEST_CASE("GPT with a KV cache: token by token gives the whole sequence's logits", "[models][gpt]") {
+  std::mt19937_64 rng(14);
+  GptOptions o = tiny(3);
+  auto model = make_gpt(o);
+  model->init(15);
+  model->set_training(false);
+  auto& gpt = dynamic_cast<Gpt&>(model->root());
+  const int64_t b = 2, t = o.block_size, vp = padded_vocab(o);
+  Tensor x = random_tokens(b, t, o.vocab_size, rng);
+  const Tensor full = model->forward(x).to(Device::cpu());
+  Tensor want = Tensor::empty(full.shape());
+  want.copy_from(full);
+  gpt.begin_kv_cache(b, Device::cpu());
+  // A prompt of 2 positions, then one at a time, then the cache is full.
+  int64_t pos = 0;
+  for (int64_t n : {2, 1, 1, 1, 1}) {
+    Tensor step = Tensor::empty({b, n}, DType::I32);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < n; ++j) step.data<int32_t>()[i * n + j] = x.data<int32_t>()[i * t + pos + j];
+    const Tensor& got = model->forward(step);
+    REQUIRE(got.shape() == std::vector<int64_t>{b * n, vp});
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t v = 0; v < vp; ++v) {
+          const float g = got.data<float>()[(i * n + j) * vp + v], w = want.data<float>()[(i * t + pos + j) * vp + v];
+          if (v >= o.vocab_size) REQUIRE(g == w);  // -inf
+          else REQUIRE(g == Approx(w).margin(1e-5));
+        }
+    pos += n;
+    REQUIRE(gpt.kv_cache_len() == pos);
+  }
+  Tensor one = Tensor::zeros({b, 1}, DType::I32);
+  REQUIRE_THROWS_WITH(model->forward(one), Catch::Contains("block_size is 6"));  // 7 positions
+  gpt.end_kv_cache();
+  REQUIRE(model->forward(x).shape() == want.shape());  // whole sequences again
+  REQUIRE(model->forward(x).data<float>()[7] == Approx(want.data<float>()[7]).margin(1e-6));
+}
