@@ -283,7 +283,7 @@ const Tensor& GptTransformer::run_forward(const Tensor& tokens, Kernels& k) {
 const Tensor& GptTransformer::run_backward(const Tensor& dy, Kernels& k) {
   const Tensor& d = h_->backward(ln_f_->backward(dy, k), k);
   k.embedding_backward(tokens_.data<int32_t>(), d.data<float>(), dwte_.data<float>(), dwpe_.data<float>(),
-                       tokens_.dim(0) * tokens_.dim(1), tokens_.dim(1), o_.n_embd);
+                       tokens_.dim(0) * tokens_.dim(1), tokens_.dim(1), o_.n_embd, o_.vocab_size);
   return none_;
 }
 

@@ -31,7 +31,7 @@ void Kernels::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_
 // The transformer operations a kernel set does not implement (yet): a clear error naming the operation.
 namespace {
 [[noreturn]] void no_kernel(const Kernels& k, const char* op) {
-  DPT_THROW(UnsupportedError, "the {} kernel set has no {} kernel yet (GPT layers run on the CPU only so far)",
+  DPT_THROW(UnsupportedError, "the {} kernel set has no {} kernel",
             k.device().str(), op);
 }
 }  // namespace
@@ -40,7 +40,7 @@ void Kernels::embedding_forward(const int32_t*, const float*, const float*, floa
                                 int64_t) {
   no_kernel(*this, "embedding_forward");
 }
-void Kernels::embedding_backward(const int32_t*, const float*, float*, float*, int64_t, int64_t, int64_t) {
+void Kernels::embedding_backward(const int32_t*, const float*, float*, float*, int64_t, int64_t, int64_t, int64_t) {
   no_kernel(*this, "embedding_backward");
 }
 void Kernels::layernorm_forward(const float*, const float*, const float*, float*, float*, float*, int64_t, int64_t,

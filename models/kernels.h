@@ -107,14 +107,15 @@ class Kernels {
 
   // ---- transformers (GPT) -------------------------------------------------------------------------------
   // Activations are [rows, C] with rows = B * T (row b * T + t). A kernel set without these throws
-  // UnsupportedError naming the operation (the CUDA set, for now).
+  // UnsupportedError naming the operation (both sets here have them).
 
   // y[r] = wte[tokens[r]] + wpe[r mod T], rows x C; a token outside [0, vocab) throws (CPU).
   virtual void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows,
                                  int64_t T, int64_t C, int64_t vocab);
-  // dwte[tokens[r]] += dy[r]; dwpe[r mod T] += dy[r] (accumulates, in row order: deterministic).
+  // dwte[tokens[r]] += dy[r]; dwpe[r mod T] += dy[r] (accumulates, in row order: deterministic). A token
+  // outside [0, vocab) throws on the CPU and adds nothing to dwte on the GPU (forward made its loss NaN).
   virtual void embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
-                                  int64_t T, int64_t C);
+                                  int64_t T, int64_t C, int64_t vocab);
   // LayerNorm over each row of C values (biased variance, as nn.LayerNorm): y = (x - mean) * rstd * gamma +
   // beta; saves mean and rstd = 1 / sqrt(var + eps) per row for backward.
   virtual void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,

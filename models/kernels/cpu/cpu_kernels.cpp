@@ -493,8 +493,10 @@ void CpuKernels::embedding_forward(const int32_t* tokens, const float* wte, cons
 }
 
 void CpuKernels::embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
-                                    int64_t T, int64_t C) {
+                                    int64_t T, int64_t C, int64_t vocab) {
   for (int64_t r = 0; r < rows; ++r) {
+    if (tokens[r] < 0 || tokens[r] >= vocab)
+      DPT_THROW(InternalError, "embedding backward: token {} at row {} outside the vocabulary of {}", tokens[r], r, vocab);
     const float* g = dy + r * C;
     float* e = dwte + static_cast<int64_t>(tokens[r]) * C;
     float* p = dwpe + (r % T) * C;

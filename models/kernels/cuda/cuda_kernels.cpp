@@ -10,7 +10,11 @@
 // type (PSEUDO_BFLOAT16 / PSEUDO_HALF: 16-bit tensors, float32 compute), so a convolution's output is also rounded
 // to bf16 / fp16 before it is widened into the caller's float32 buffer (for backward weight: rounded, then added
 // to dw in float32). That one extra rounding (relative error at most 2^-8 for bf16, 2^-11 for fp16) is what
-// torch.autocast does too; the CPU set keeps the convolution's float32 result.
+// torch.autocast does too; the CPU set keeps the convolution's float32 result. gemm_strided_batched is one
+// cuBLAS strided batched call, its operands rounded the same way in BF16 / F16 (each matrix packed).
+//
+// The transformer operations (embedding, LayerNorm, GELU, causal softmax) are kernels.cu's; like the rest they
+// reduce in a fixed order without atomics, so a rerun gives the same bits.
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include <cublas_v2.h>
@@ -298,6 +302,43 @@ class CudaKernels final : public Kernels {
                                   i(a_cols), &beta, C, CUDA_R_32F, i(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   }
 
+  // One cuBLAS call for the whole batch, row-major to column-major as gemm (operands swapped, flags kept). The
+  // strides are cuBLAS's own (long long): matrices may be interleaved (the heads within one row of q, k and v:
+  // stride hs, row stride 3C), which is fine for the operands and for C as long as no two C matrices overlap.
+  void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                            int64_t lda, int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta,
+                            float* C, int64_t ldc, int64_t stride_c, int64_t batch) override {
+    DPT_CHECK(M >= 0 && N >= 0 && K >= 0 && batch >= 0, "gemm_strided_batched shape {}x{}x{}, batch {}", M, N, K,
+              batch);
+    DPT_CHECK(stride_a >= 0 && stride_b >= 0 && stride_c >= 0, "gemm_strided_batched strides {}, {}, {}", stride_a,
+              stride_b, stride_c);
+    if (M == 0 || N == 0 || batch == 0) return;
+    constexpr int64_t kMax = std::numeric_limits<int>::max();
+    DPT_CHECK(M <= kMax && N <= kMax && K <= kMax && lda <= kMax && ldb <= kMax && ldc <= kMax && batch <= kMax,
+              "gemm_strided_batched dimensions exceed cuBLAS's int range");
+    const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const auto i = [](int64_t v) { return static_cast<int>(v); };
+    const auto ll = [](int64_t v) { return static_cast<long long>(v); };
+    if (precision_ == Precision::F32 || K == 0) {  // K = 0: C = beta C, nothing to round
+      DPT_CUBLAS_CHECK(cublasSgemmStridedBatched(handle_, op_b, op_a, i(N), i(M), i(K), &alpha, B, i(ldb),
+                                                 ll(stride_b), A, i(lda), ll(stride_a), &beta, C, i(ldc),
+                                                 ll(stride_c), i(batch)));
+      return;
+    }
+    // Each operand matrix (stored a_rows x a_cols, row stride lda, stride_a apart, maybe interleaved with the
+    // others) is rounded into a packed 16-bit copy: matrix m at m * a_rows * a_cols, row stride a_cols. Only the
+    // elements the GEMMs read are converted.
+    const int64_t a_rows = trans_a ? K : M, a_cols = trans_a ? M : K;
+    const int64_t b_rows = trans_b ? N : K, b_cols = trans_b ? K : N;
+    const void* a16 = narrowed_batched(A, batch, a_rows, a_cols, lda, stride_a, 0);
+    const void* b16 = narrowed_batched(B, batch, b_rows, b_cols, ldb, stride_b, 1);
+    const cudaDataType_t type = precision_ == Precision::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    DPT_CUBLAS_CHECK(cublasGemmStridedBatchedEx(handle_, op_b, op_a, i(N), i(M), i(K), &alpha, b16, type, i(b_cols),
+                                                ll(b_rows * b_cols), a16, type, i(a_cols), ll(a_rows * a_cols), &beta,
+                                                C, CUDA_R_32F, i(ldc), ll(stride_c), i(batch), CUBLAS_COMPUTE_32F,
+                                                CUBLAS_GEMM_DEFAULT));
+  }
+
   void bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu) override {
     DPT_CUDA_CHECK(cuda_launch::bias_act(x, bias, y, rows, cols, relu, stream()));
   }
@@ -446,6 +487,61 @@ class CudaKernels final : public Kernels {
     DPT_CUDA_CHECK(cuda_launch::avgpool_backward(dy, dx, rows, hw, stream()));
   }
 
+  // ---- transformers (GPT) -----------------------------------------------------------------------------------
+  // The kernels and their launch shapes are described in launch.h.
+
+  // A token outside [0, vocab) cannot throw here (the tokens are on the device): its row of y becomes NaN.
+  void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows, int64_t T,
+                         int64_t C, int64_t vocab) override {
+    DPT_CHECK(rows >= 0 && T >= 1 && C >= 0 && vocab >= 0, "embedding of {} rows, T {}, C {}, vocab {}", rows, T, C,
+              vocab);
+    DPT_CUDA_CHECK(cuda_launch::embedding_forward(tokens, wte, wpe, y, rows, T, C, vocab, stream()));
+  }
+  // Deterministic (no atomics) and bit for bit the CPU set's sums. A token outside [0, vocab) adds nothing to
+  // dwte (forward has already made its loss NaN).
+  void embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows, int64_t T,
+                          int64_t C, int64_t vocab) override {
+    DPT_CHECK(rows >= 0 && T >= 1 && C >= 0, "embedding backward of {} rows, T {}, C {}", rows, T, C);
+    DPT_CHECK(rows <= std::numeric_limits<int>::max(), "embedding backward over {} rows: the sort counts in int", rows);
+    if (rows == 0 || C == 0) return;
+    size_t bytes = 0;
+    DPT_CUDA_CHECK(cuda_launch::embedding_backward_scratch_bytes(rows, bytes));
+    if (emb_scratch_.bytes() < bytes) emb_scratch_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device());
+    DPT_CUDA_CHECK(cuda_launch::embedding_backward(tokens, dy, dwte, dwpe, rows, T, C, vocab, emb_scratch_.raw(),
+                                                   emb_scratch_.bytes(), stream()));
+  }
+  void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                         int64_t rows, int64_t C, float eps) override {
+    check_row_shape(rows, C, "layernorm");
+    DPT_CUDA_CHECK(cuda_launch::layernorm_forward(x, gamma, beta, y, mean, rstd, rows, C, eps, stream()));
+  }
+  void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
+                          float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) override {
+    check_row_shape(rows, C, "layernorm backward");
+    if (rows == 0) return;  // nothing to accumulate, nothing to write
+    const size_t count = cuda_launch::layernorm_partials_count(rows, C);
+    if (ln_partials_.numel() < count) ln_partials_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F32, device());
+    DPT_CUDA_CHECK(cuda_launch::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C,
+                                                   ln_partials_.data<float>(), stream()));
+  }
+  void gelu_forward(const float* x, float* y, size_t n) override {
+    DPT_CUDA_CHECK(cuda_launch::gelu_forward(x, y, n, stream()));
+  }
+  void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override {
+    DPT_CUDA_CHECK(cuda_launch::gelu_backward(x, dy, dx, n, stream()));
+  }
+  void causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) override {
+    DPT_CHECK(rows >= 1 && rows <= cols, "causal softmax of {} x {} matrices: need 1 <= rows <= cols", rows, cols);
+    DPT_CHECK(count >= 0, "causal softmax of {} matrices", count);
+    check_row_shape(count * rows, cols, "causal softmax");
+    DPT_CUDA_CHECK(cuda_launch::causal_softmax_forward(s, count, rows, cols, scale, stream()));
+  }
+  void causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale) override {
+    DPT_CHECK(count >= 0 && T >= 1, "causal softmax backward of {} matrices of {} x {}", count, T, T);
+    check_row_shape(count * T, T, "causal softmax backward");
+    DPT_CUDA_CHECK(cuda_launch::causal_softmax_backward(p, dp, count, T, scale, stream()));
+  }
+
  private:
   // Scratch grown on demand and reused (the stream runs in order). Growing frees the old buffer with cudaFree,
   // which waits for the device: only ever at a new, larger shape.
@@ -453,6 +549,12 @@ class CudaKernels final : public Kernels {
     const size_t count = cuda_launch::bn_partials_count(bs);
     if (bn_partials_.numel() < count) bn_partials_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F64, device());
     return bn_partials_.data<double>();
+  }
+  // The row kernels (one warp per row) launch rows / kRowsPerBlock blocks: bounded by a grid's x.
+  static void check_row_shape(int64_t rows, int64_t cols, const char* op) {
+    DPT_CHECK(rows >= 0 && cols >= 1, "{} of {} rows of {}", op, rows, cols);
+    DPT_CHECK(rows / cuda_launch::kRowsPerBlock < std::numeric_limits<int>::max(),
+              "{} of {} rows: more blocks than a grid holds", op, rows);
   }
   float* bn_coef(const BnShape& bs) {
     const size_t count = cuda_launch::bn_coef_count(bs);
@@ -525,6 +627,14 @@ class CudaKernels final : public Kernels {
     if (t.bytes() < bytes) t = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device());
     return t.raw();
   }
+  // `batch` matrices of rows x cols floats (row stride ld, matrix m at src + m * stride) rounded to this precision,
+  // packed one after the other, in scratch `slot`.
+  const void* narrowed_batched(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
+                               int64_t stride, int slot) {
+    void* dst = narrow_scratch(slot, static_cast<size_t>(batch * rows * cols));
+    DPT_CUDA_CHECK(cuda_launch::narrow_batched(src, batch, rows, cols, ld, stride, dst, precision_, stream()));
+    return dst;
+  }
   // The rows x cols floats at `src` (row stride ld) rounded to this precision, packed, in scratch `slot`.
   const void* narrowed(const float* src, int64_t rows, int64_t cols, int64_t ld, int slot) {
     void* dst = narrow_scratch(slot, static_cast<size_t>(rows * cols));
@@ -536,7 +646,7 @@ class CudaKernels final : public Kernels {
   std::unique_ptr<cuda::Stream> stream_;
   cublasHandle_t handle_ = nullptr;
   Precision precision_ = Precision::F32;
-  Tensor partials_, rows_scratch_, bn_partials_, bn_coef_;
+  Tensor partials_, rows_scratch_, bn_partials_, bn_coef_, ln_partials_, emb_scratch_;
   std::array<Tensor, 3> narrow_;
 #if DPT_HAVE_CUDNN
   cudnnHandle_t cudnn_ = nullptr;

@@ -1,13 +1,16 @@
 // models/kernels/cuda/kernels.cu: the CUDA kernels of the GPU kernel set (GEMMs go to cuBLAS and convolutions
 // to cuDNN, in cuda_kernels.cpp). Kernels first, launchers after; each launcher takes an explicit stream and
-// returns cudaGetLastError(). The per-element arithmetic of the updates, of batch normalisation and of max
-// pooling is shared with the CPU set (elementwise.h). Every reduction runs in a fixed order, without float
-// atomics, so a rerun gives the same bits.
+// returns cudaGetLastError(). The per-element arithmetic of the updates, of batch normalisation, of max
+// pooling and of GELU is shared with the CPU set (elementwise.h). Every reduction runs in a fixed order, without
+// float atomics, so a rerun gives the same bits.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <cfloat>
+#include <climits>
 #include <cmath>
+
+#include <cub/device/device_radix_sort.cuh>
 
 #include "models/kernels/cuda/launch.h"
 
@@ -406,6 +409,242 @@ __global__ void widen_kernel(const T* src, float* dst, size_t n, bool accumulate
     dst[i] = accumulate ? dst[i] + to_float(src[i]) : to_float(src[i]);
 }
 
+
+// ---- low precision, batched --------------------------------------------------------------------------------
+
+// dst[i] for i < batch * rows * cols (packed: matrix m at m * rows * cols, row stride cols) from matrix m = i /
+// (rows * cols) of src, which starts at src + m * stride, row r at r * ld.
+template <class T>
+__global__ void narrow_batched_kernel(const float* src, int64_t rows, int64_t cols, int64_t ld, int64_t stride, T* dst,
+                                      size_t total) {
+  const int64_t per = rows * cols;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = static_cast<int64_t>(i) / per;
+    const int64_t rem = static_cast<int64_t>(i) - m * per;
+    const int64_t r = rem / cols;
+    dst[i] = to_narrow<T>(src[m * stride + r * ld + (rem - r * cols)]);
+  }
+}
+
+// ---- transformers (GPT) ------------------------------------------------------------------------------------
+
+// The row kernels below give each row one warp: kThreads / 32 rows per block.
+constexpr int kWarpsPerBlock = kThreads / 32;
+static_assert(kWarpsPerBlock == kRowsPerBlock, "launch.h's kRowsPerBlock is the row kernels' warps per block");
+unsigned int row_blocks(int64_t rows) {
+  return static_cast<unsigned int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+}
+
+// Sums and maxima over a warp by butterfly (xor) shuffles: every lane ends with the same bits (each step adds
+// the same two values on both lanes of a pair, and float addition is commutative). All 32 lanes must call.
+__device__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+__device__ double warp_sum(double v) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int off = 16; off > 0; off /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  return v;
+}
+
+// y[r, c] = wte[tokens[r], c] + wpe[r mod T, c]; NaN for the whole row when the token is outside [0, vocab).
+__global__ void embedding_forward_kernel(const int32_t* tokens, const float* wte, const float* wpe, float* y,
+                                         size_t total, int64_t T, int64_t C, int64_t vocab) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = static_cast<int64_t>(i) / C, c = static_cast<int64_t>(i) - r * C;
+    const int32_t tok = tokens[r];
+    y[i] = tok >= 0 && tok < vocab ? wte[static_cast<int64_t>(tok) * C + c] + wpe[(r % T) * C + c] : NAN;
+  }
+}
+
+// dwpe[t, c] += dy[t, c] + dy[T + t, c] + ..., added one by one onto the old value, as the CPU's row loop does.
+// i < total = min(T, rows) * C indexes dwpe [T, C] directly.
+__global__ void embedding_dwpe_kernel(const float* dy, float* dwpe, int64_t rows, int64_t T, int64_t C, size_t total) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = static_cast<int64_t>(i) / C, c = static_cast<int64_t>(i) - t * C;
+    float acc = dwpe[i];
+    for (int64_t r = t; r < rows; r += T) acc += dy[r * C + c];
+    dwpe[i] = acc;
+  }
+}
+
+__global__ void iota_kernel(int32_t* ids, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    ids[i] = static_cast<int32_t>(i);
+}
+
+// With the rows sorted by token (stable: a token's rows in row order), the thread of (position, c) whose position
+// starts a run of one token adds that run's dy[row, c], in order, onto dwte[token, c]. Other threads do nothing;
+// a negative token (forward wrote NaN for its row) adds nothing.
+__global__ void embedding_dwte_kernel(const int32_t* sorted_tokens, const int32_t* sorted_rows, const float* dy,
+                                      float* dwte, int64_t rows, int64_t C, int64_t vocab, size_t total) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t pos = static_cast<int64_t>(i) / C, c = static_cast<int64_t>(i) - pos * C;
+    const int32_t tok = sorted_tokens[pos];
+    if (tok < 0 || tok >= vocab || (pos > 0 && sorted_tokens[pos - 1] == tok)) continue;
+    float* w = dwte + static_cast<int64_t>(tok) * C + c;
+    float acc = *w;
+    for (int64_t j = pos; j < rows && sorted_tokens[j] == tok; ++j)
+      acc += dy[static_cast<int64_t>(sorted_rows[j]) * C + c];
+    *w = acc;
+  }
+}
+
+// One warp per row. The sums are doubles (C / 32 additions per lane, then the warp): the CPU set's arithmetic, so
+// mean and rstd almost always round to the same floats. y = (x - mean) * rstd * gamma + beta; y may alias x (each
+// lane reads and writes only its own columns, the last pass after the shuffles).
+__global__ void layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                                         float* rstd, int64_t rows, int64_t C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  if (r >= rows) return;  // the whole warp: r is the warp's
+  const float* in = x + r * C;
+  double sum = 0.0;
+  for (int64_t c = lane; c < C; c += 32) sum += in[c];
+  const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
+  double var = 0.0;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float d = in[c] - m;
+    var += static_cast<double>(d) * d;
+  }
+  const float s = static_cast<float>(1.0 / sqrt(warp_sum(var) / static_cast<double>(C) + eps));
+  float* out = y + r * C;
+  for (int64_t c = lane; c < C; c += 32) out[c] = (in[c] - m) * s * gamma[c] + beta[c];
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+// dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma; one warp per row, the two
+// means summed in double (as the CPU set). dx may alias dy (a lane's columns are read before it writes them).
+__global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, const float* gamma, const float* mean,
+                                             const float* rstd, float* dx, int64_t rows, int64_t C) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const float* g = dy + r * C;
+  const float* in = x + r * C;
+  const float m = mean[r], s = rstd[r];
+  double sum_d = 0.0, sum_dx = 0.0;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float xhat = (in[c] - m) * s;
+    const float d = g[c] * gamma[c];
+    sum_d += d;
+    sum_dx += static_cast<double>(d) * xhat;
+  }
+  const float mean_d = static_cast<float>(warp_sum(sum_d) / static_cast<double>(C));
+  const float mean_dx = static_cast<float>(warp_sum(sum_dx) / static_cast<double>(C));
+  float* out = dx + r * C;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float xhat = (in[c] - m) * s;
+    out[c] = s * (g[c] * gamma[c] - mean_d - xhat * mean_dx);
+  }
+}
+
+// grid (ceil(C / 32), splits), block 32 x 32: run `split` of the rows (layernorm_splits), 32 columns. Thread (x, y)
+// sums rows y, y + 32, ... of the run in column c; then row y = 0 adds the 32 partials of its column in order.
+// partials[split * C + c] = the run's sum of dy * xhat, partials[(splits + split) * C + c] its sum of dy.
+__global__ void layernorm_param_partials_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
+                                                int64_t rows, int64_t C, int64_t splits, float* partials) {
+  __shared__ float part_g[32][33], part_b[32][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x, split = blockIdx.y;
+  const int64_t len = (rows + splits - 1) / splits, begin = split * len;
+  const int64_t end = begin + len < rows ? begin + len : rows;
+  float acc_g = 0.0f, acc_b = 0.0f;
+  if (c < C)
+    for (int64_t r = begin + threadIdx.y; r < end; r += 32) {
+      const float g = dy[r * C + c];
+      acc_g += g * ((x[r * C + c] - mean[r]) * rstd[r]);
+      acc_b += g;
+    }
+  part_g[threadIdx.y][threadIdx.x] = acc_g;
+  part_b[threadIdx.y][threadIdx.x] = acc_b;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float sg = 0.0f, sb = 0.0f;
+    for (int k = 0; k < 32; ++k) {
+      sg += part_g[k][threadIdx.x];
+      sb += part_b[k][threadIdx.x];
+    }
+    partials[split * C + c] = sg;
+    partials[(splits + split) * C + c] = sb;
+  }
+}
+
+// One thread per column adds its runs in order: dgamma[c] += the sum of dy * xhat, dbeta[c] += the sum of dy.
+__global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,
+                                              float* dbeta) {
+  for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < C;
+       c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sg = 0.0f, sb = 0.0f;
+    for (int64_t k = 0; k < splits; ++k) {
+      sg += partials[k * C + c];
+      sb += partials[(splits + k) * C + c];
+    }
+    dgamma[c] += sg;
+    dbeta[c] += sb;
+  }
+}
+
+__global__ void gelu_forward_kernel(const float* x, float* y, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    y[i] = elementwise::gelu(x[i]);
+}
+
+__global__ void gelu_backward_kernel(const float* x, const float* dy, float* dx, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dx[i] = dy[i] * elementwise::gelu_grad(x[i]);
+}
+
+// One warp per row of count * rows rows; row i (of its matrix) keeps columns j <= i + cols - rows. The exponent
+// scale * s - max is rounded as the CPU rounds it (__fmul_rn: no fused multiply-add), so the maximum gives exactly
+// exp(0) = 1. Pass 2 stores exp(.) in place, pass 3 scales it; each lane touches only its own columns.
+__global__ void causal_softmax_forward_kernel(float* s, int64_t total_rows, int64_t rows, int64_t cols, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  if (row >= total_rows) return;
+  const int64_t last = row % rows + cols - rows;  // the last column this row sees
+  float* p = s + row * cols;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j <= last; j += 32) mx = fmaxf(mx, __fmul_rn(scale, p[j]));
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int64_t j = lane; j <= last; j += 32) {
+    const float e = expf(__fmul_rn(scale, p[j]) - mx);
+    p[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / warp_sum(sum);
+  for (int64_t j = lane; j <= last; j += 32) p[j] *= inv;
+  for (int64_t j = last + 1 + lane; j < cols; j += 32) p[j] = 0.0f;
+}
+
+// One warp per row of count * T rows of T: dot = sum_{j <= i} p dp, then dp = scale p (dp - dot) for j <= i, 0 after.
+__global__ void causal_softmax_backward_kernel(const float* p, float* dp, int64_t total_rows, int64_t T, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  if (row >= total_rows) return;
+  const int64_t i = row % T;
+  const float* pr = p + row * T;
+  float* dr = dp + row * T;
+  float dot = 0.0f;
+  for (int64_t j = lane; j <= i; j += 32) dot += pr[j] * dr[j];
+  dot = warp_sum(dot);
+  for (int64_t j = lane; j <= i; j += 32) dr[j] = scale * pr[j] * (dr[j] - dot);
+  for (int64_t j = i + 1 + lane; j < T; j += 32) dr[j] = 0.0f;
+}
+
 }  // namespace
 
 cudaError_t bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu,
@@ -491,6 +730,21 @@ cudaError_t widen(const void* src, float* dst, size_t n, Precision p, bool accum
     widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(src), dst, n, accumulate);
   else
     widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<const __half*>(src), dst, n, accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t narrow_batched(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                           void* dst, Precision p, cudaStream_t s) {
+  if (p == Precision::F32 || batch < 0 || rows < 0 || cols < 0 || stride < 0 || (rows > 1 && ld < cols))
+    return cudaErrorInvalidValue;
+  const size_t total = static_cast<size_t>(batch * rows * cols);
+  if (total == 0) return cudaSuccess;
+  if (p == Precision::BF16)
+    narrow_batched_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, rows, cols, ld, stride,
+                                                                 static_cast<__nv_bfloat16*>(dst), total);
+  else
+    narrow_batched_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, rows, cols, ld, stride,
+                                                                 static_cast<__half*>(dst), total);
   return cudaGetLastError();
 }
 
@@ -607,6 +861,127 @@ cudaError_t avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t h
   if (total == 0) return cudaSuccess;
   const float inv = 1.0f / static_cast<float>(hw);
   avgpool_backward_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, dx, total, hw, inv);
+  return cudaGetLastError();
+}
+
+
+// ---- transformers (GPT) -------------------------------------------------------------------------------------
+
+namespace {
+// The embedding backward's scratch: row ids, sorted tokens, sorted row ids (rows int32 each), then CUB's temporary
+// storage, each region 256-byte aligned.
+constexpr size_t kScratchAlign = 256;
+size_t align_up(size_t bytes) { return (bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+
+// CUB's temporary storage for sorting n (token, row) pairs; nothing runs on the device.
+cudaError_t sort_temp_bytes(int n, size_t& bytes) {
+  return cub::DeviceRadixSort::SortPairs(nullptr, bytes, static_cast<const int32_t*>(nullptr),
+                                         static_cast<int32_t*>(nullptr), static_cast<const int32_t*>(nullptr),
+                                         static_cast<int32_t*>(nullptr), n);
+}
+}  // namespace
+
+cudaError_t embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows,
+                              int64_t T, int64_t C, int64_t vocab, cudaStream_t s) {
+  if (rows < 0 || T < 1 || C < 0) return cudaErrorInvalidValue;
+  const size_t total = static_cast<size_t>(rows * C);
+  if (total == 0) return cudaSuccess;
+  embedding_forward_kernel<<<blocks_for(total), kThreads, 0, s>>>(tokens, wte, wpe, y, total, T, C, vocab);
+  return cudaGetLastError();
+}
+
+cudaError_t embedding_backward_scratch_bytes(int64_t rows, size_t& bytes) {
+  if (rows < 0 || rows > INT_MAX) return cudaErrorInvalidValue;
+  size_t temp = 0;
+  if (const cudaError_t e = sort_temp_bytes(static_cast<int>(rows), temp); e != cudaSuccess) return e;
+  bytes = 3 * align_up(static_cast<size_t>(rows) * sizeof(int32_t)) + align_up(temp);
+  return cudaSuccess;
+}
+
+cudaError_t embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
+                               int64_t T, int64_t C, int64_t vocab, void* scratch, size_t scratch_bytes,
+                               cudaStream_t s) {
+  if (rows < 0 || rows > INT_MAX || T < 1 || C < 0) return cudaErrorInvalidValue;
+  if (rows == 0 || C == 0) return cudaSuccess;
+  const int64_t positions = rows < T ? rows : T;  // the rows of dwpe that get anything
+  const size_t npe = static_cast<size_t>(positions * C);
+  embedding_dwpe_kernel<<<blocks_for(npe), kThreads, 0, s>>>(dy, dwpe, rows, T, C, npe);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+
+  const int n = static_cast<int>(rows);
+  size_t temp = 0;
+  if (const cudaError_t e = sort_temp_bytes(n, temp); e != cudaSuccess) return e;
+  const size_t ids_bytes = align_up(static_cast<size_t>(rows) * sizeof(int32_t));
+  if (scratch_bytes < 3 * ids_bytes + temp) return cudaErrorInvalidValue;
+  char* base = static_cast<char*>(scratch);
+  auto* ids = reinterpret_cast<int32_t*>(base);
+  auto* sorted_tokens = reinterpret_cast<int32_t*>(base + ids_bytes);
+  auto* sorted_ids = reinterpret_cast<int32_t*>(base + 2 * ids_bytes);
+  iota_kernel<<<blocks_for(static_cast<size_t>(rows)), kThreads, 0, s>>>(ids, rows);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  // All 32 bits of the key: negative (invalid) tokens sort first and are skipped.
+  if (const cudaError_t e = cub::DeviceRadixSort::SortPairs(base + 3 * ids_bytes, temp, tokens, sorted_tokens, ids,
+                                                            sorted_ids, n, 0, 32, s);
+      e != cudaSuccess)
+    return e;
+  const size_t total = static_cast<size_t>(rows * C);
+  embedding_dwte_kernel<<<blocks_for(total), kThreads, 0, s>>>(sorted_tokens, sorted_ids, dy, dwte, rows, C, vocab,
+                                                               total);
+  return cudaGetLastError();
+}
+
+cudaError_t layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                              float* rstd, int64_t rows, int64_t C, float eps, cudaStream_t s) {
+  if (rows < 0 || C < 1) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  layernorm_forward_kernel<<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+  return cudaGetLastError();
+}
+
+cudaError_t layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                               const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C,
+                               float* partials, cudaStream_t s) {
+  if (rows < 0 || C < 1) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  // dgamma and dbeta first: they read dy, which dx may alias.
+  const int64_t splits = layernorm_splits(rows);
+  const dim3 grid(static_cast<unsigned int>((C + 31) / 32), static_cast<unsigned int>(splits));
+  layernorm_param_partials_kernel<<<grid, dim3(32, 32), 0, s>>>(dy, x, mean, rstd, rows, C, splits, partials);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  layernorm_param_finish_kernel<<<blocks_for(static_cast<size_t>(C)), kThreads, 0, s>>>(partials, C, splits, dgamma,
+                                                                                         dbeta);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  layernorm_backward_dx_kernel<<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, mean, rstd, dx, rows, C);
+  return cudaGetLastError();
+}
+
+cudaError_t gelu_forward(const float* x, float* y, size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, y, n);
+  return cudaGetLastError();
+}
+
+cudaError_t gelu_backward(const float* x, const float* dy, float* dx, size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, dy, dx, n);
+  return cudaGetLastError();
+}
+
+cudaError_t causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale,
+                                   cudaStream_t st) {
+  if (count < 0 || rows < 1 || rows > cols) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  const int64_t total_rows = count * rows;
+  causal_softmax_forward_kernel<<<row_blocks(total_rows), kThreads, 0, st>>>(s, total_rows, rows, cols, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale,
+                                    cudaStream_t st) {
+  if (count < 0 || T < 1) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  const int64_t total_rows = count * T;
+  causal_softmax_backward_kernel<<<row_blocks(total_rows), kThreads, 0, st>>>(p, dp, total_rows, T, scale);
   return cudaGetLastError();
 }
 

@@ -39,6 +39,11 @@ inline constexpr size_t kNarrowBytes = 2;
 cudaError_t narrow(const float* src, int64_t rows, int64_t cols, int64_t ld, void* dst, Precision p, cudaStream_t s);
 // dst[i] = float(src[i]) for i < n (exact), or dst[i] += float(src[i]) when accumulate.
 cudaError_t widen(const void* src, float* dst, size_t n, Precision p, bool accumulate, cudaStream_t s);
+// The operands of a strided batched GEMM: matrix m of `batch` (rows x cols floats, row stride ld) starts at
+// src + m * stride (any stride >= 0: matrices may be interleaved, as the heads within one row of q, k and v, or
+// repeated with stride 0). dst gets them packed (rows x cols each, matrix m at m * rows * cols), rounded as narrow().
+cudaError_t narrow_batched(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                           void* dst, Precision p, cudaStream_t s);
 
 // ---- convolutional networks (the convolutions themselves go to cuDNN, in cuda_kernels.cpp) ---------------------
 
@@ -92,5 +97,62 @@ cudaError_t maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx
 // CPU set (so the two agree bit for bit); backward writes dy[i] * (1/hw) over the row.
 cudaError_t avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw, cudaStream_t s);
 cudaError_t avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw, cudaStream_t s);
+
+// ---- transformers (GPT) -----------------------------------------------------------------------------------------
+// Activations are [rows, C], row b * T + t. The row kernels (layernorm, causal softmax) give each row one warp,
+// kRowsPerBlock rows to a block of 256 threads, so rows / kRowsPerBlock blocks must fit a grid's x (2^31 - 1).
+inline constexpr int64_t kRowsPerBlock = 8;
+
+// y[r, c] = wte[tokens[r], c] + wpe[r mod T, c], one thread per element (the same float addition as the CPU set:
+// bit for bit). A token outside [0, vocab) cannot throw on the GPU: its row of y is written NaN instead (the CPU
+// set throws), so the loss and every gradient turn NaN and the step is visibly wrong, as softmax_xent's labels.
+cudaError_t embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows,
+                              int64_t T, int64_t C, int64_t vocab, cudaStream_t s);
+// Embedding backward, deterministic and bit for bit the CPU set's (each element's terms added in row order,
+// onto its old value). dwpe: one thread per (t, c) adds dy[t], dy[T + t], ... in order. dwte: the rows are sorted
+// by token (CUB's radix sort: stable, so rows of one token stay in row order), then one thread per (token, c)
+// adds that token's rows in order: no atomics, so a rerun gives the same bits. A token outside [0, vocab) (whose
+// row forward made NaN) adds nothing to dwte.
+// `scratch` is embedding_backward_scratch_bytes(rows) bytes, 256-byte aligned (cudaMalloc's are).
+cudaError_t embedding_backward_scratch_bytes(int64_t rows, size_t& bytes);
+cudaError_t embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
+                               int64_t T, int64_t C, int64_t vocab, void* scratch, size_t scratch_bytes,
+                               cudaStream_t s);
+
+// LayerNorm forward: one warp per row, two passes over the row (the mean, then the sum of squared deviations: no
+// E[x^2] - E[x]^2 cancellation), each summed in double as the CPU set does, so mean and rstd = 1 / sqrt(var + eps)
+// almost always round to the CPU's floats. Backward's dx likewise sums its two row means in double.
+cudaError_t layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                              float* rstd, int64_t rows, int64_t C, float eps, cudaStream_t s);
+// LayerNorm backward. dx (overwritten): one warp per row. dgamma += sum_r dy xhat and dbeta += sum_r dy,
+// deterministic: the rows are cut into layernorm_splits() runs (a function of the shape only); a block of 32 x 32
+// threads sums 32 columns of one run (row-strided per thread, then the 32 partials in order) into `partials`; then
+// one thread per column adds its runs in order. `partials` is scratch of layernorm_partials_count() floats.
+inline constexpr int64_t kLnRowsPerSplit = 256;
+inline constexpr int64_t kLnMaxSplits = 128;
+inline int64_t layernorm_splits(int64_t rows) {
+  const int64_t runs = (rows + kLnRowsPerSplit - 1) / kLnRowsPerSplit;
+  return runs < 1 ? 1 : (runs > kLnMaxSplits ? kLnMaxSplits : runs);
+}
+inline size_t layernorm_partials_count(int64_t rows, int64_t C) {
+  return static_cast<size_t>(2 * C * layernorm_splits(rows));
+}
+cudaError_t layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                               const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C,
+                               float* partials, cudaStream_t s);
+
+// GELU (tanh) and its gradient, element-wise through elementwise::gelu / gelu_grad; y may alias x, dx dy.
+cudaError_t gelu_forward(const float* x, float* y, size_t n, cudaStream_t s);
+cudaError_t gelu_backward(const float* x, const float* dy, float* dx, size_t n, cudaStream_t s);
+
+// Causal softmax in place over count x rows x cols (1 <= rows <= cols): one warp per row; row i keeps columns
+// j <= i + cols - rows, 0 after them. The max, the float sum of exp(scale s - max) over the warp, then the products
+// by 1 / sum. Masked columns are written, never read.
+cudaError_t causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale,
+                                   cudaStream_t st);
+// Its backward over count x T x T, in place in dp: one warp per row, dot = sum_{j <= i} p dp (float), then
+// dp = scale p (dp - dot) for j <= i, 0 after.
+cudaError_t causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale,
+                                    cudaStream_t st);
 
 }  // namespace dpt::models::cuda_launch
