@@ -36,6 +36,9 @@ namespace {
 }
 }  // namespace
 
+void Kernels::split_token_windows(const float*, int32_t*, int32_t*, int64_t, int64_t) {
+  no_kernel(*this, "split_token_windows");
+}
 void Kernels::embedding_forward(const int32_t*, const float*, const float*, float*, int64_t, int64_t, int64_t,
                                 int64_t) {
   no_kernel(*this, "embedding_forward");

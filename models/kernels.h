@@ -109,6 +109,9 @@ class Kernels {
   // Activations are [rows, C] with rows = B * T (row b * T + t). A kernel set without these throws
   // UnsupportedError naming the operation (both sets here have them).
 
+  // Token windows [n, T + 1] (floats holding token ids, exact below 2^24) to the model's int32 input [n, T] (each
+  // window's first T) and the next tokens [n * T] (its last T).
+  virtual void split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T);
   // y[r] = wte[tokens[r]] + wpe[r mod T], rows x C; a token outside [0, vocab) throws (CPU).
   virtual void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows,
                                  int64_t T, int64_t C, int64_t vocab);

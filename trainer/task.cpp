@@ -1,6 +1,8 @@
 // trainer/task.cpp: see task.h.
 #include "trainer/task.h"
 
+#include "models/kernels.h"
+
 #include "core/check.h"
 
 namespace dpt::trainer {
@@ -29,25 +31,20 @@ class Classification final : public Task {
 
 class LanguageModel final : public Task {
  public:
-  explicit LanguageModel(int64_t block_size) : t_(block_size) {}
-  // The windows [B, T + 1] (floats holding tokens) as int32 inputs [B, T] and next tokens [B * T].
+  LanguageModel(int64_t block_size, Device device) : t_(block_size), kernels_(models::kernels_for(device)) {}
+  // The windows [B, T + 1] (floats holding tokens) as int32 inputs [B, T] and next tokens [B * T], on the
+  // batch's device by the kernel set (on a GPU: on the compute stream, no host synchronisation).
   void prepare(const data::Batch& b) override {
-    DPT_CHECK(b.features.device().is_cpu(), "language-model batches are split on the host");
+    DPT_CHECK(b.features.device() == kernels_.device(), "language-model batch on {}, the task on {}",
+              b.features.device().str(), kernels_.device().str());
     DPT_CHECK(b.features.ndim() == 2 && b.features.dim(1) == t_ + 1, "token windows [B, {}] expected, got {}",
               t_ + 1, b.features.shape_str());
     const int64_t n = b.features.dim(0);
     if (!tokens_.defined() || tokens_.dim(0) != n) {
-      tokens_ = Tensor::empty({n, t_}, DType::I32);
-      next_ = Tensor::empty({n * t_}, DType::I32);
+      tokens_ = Tensor::empty({n, t_}, DType::I32, kernels_.device());
+      next_ = Tensor::empty({n * t_}, DType::I32, kernels_.device());
     }
-    const float* f = b.features.data<float>();
-    int32_t* in = tokens_.data<int32_t>();
-    int32_t* out = next_.data<int32_t>();
-    for (int64_t r = 0; r < n; ++r)
-      for (int64_t i = 0; i < t_; ++i) {
-        in[r * t_ + i] = static_cast<int32_t>(f[r * (t_ + 1) + i]);
-        out[r * t_ + i] = static_cast<int32_t>(f[r * (t_ + 1) + i + 1]);
-      }
+    kernels_.split_token_windows(b.features.data<float>(), tokens_.data<int32_t>(), next_.data<int32_t>(), n, t_);
   }
   const Tensor& input() const override { return tokens_; }
   const Tensor& targets() const override { return next_; }
@@ -56,6 +53,7 @@ class LanguageModel final : public Task {
 
  private:
   int64_t t_;
+  models::Kernels& kernels_;
   Tensor tokens_, next_;
 };
 
@@ -66,10 +64,7 @@ std::unique_ptr<Task> make_classification_task(std::vector<int64_t> sample_shape
 }
 
 std::unique_ptr<Task> make_language_model_task(int64_t block_size, Device device) {
-  if (!device.is_cpu())
-    DPT_THROW(UnsupportedError, "language modelling (model.name = gpt) runs on the CPU only so far, not {}: use "
-              "train.device = cpu", device.str());
-  return std::make_unique<LanguageModel>(block_size);
+  return std::make_unique<LanguageModel>(block_size, device);
 }
 
 std::unique_ptr<Task> make_task(const std::string& model_name, int64_t block_size,

@@ -36,8 +36,8 @@ std::unique_ptr<Task> make_task(const std::string& model_name, int64_t block_siz
                                 std::vector<int64_t> sample_shape, Device device);
 // Classification over examples of `sample_shape` ({C, H, W} or {F}).
 std::unique_ptr<Task> make_classification_task(std::vector<int64_t> sample_shape);
-// Next-token prediction over windows of block_size + 1 tokens. The batches must be on the CPU (the tokens are
-// converted on the host); UnsupportedError on another device.
+// Next-token prediction over windows of block_size + 1 tokens, the batches on `device` (the windows are split
+// there by its kernel set).
 std::unique_ptr<Task> make_language_model_task(int64_t block_size, Device device);
 
 }  // namespace dpt::trainer

@@ -492,6 +492,14 @@ void CpuKernels::embedding_forward(const int32_t* tokens, const float* wte, cons
   }
 }
 
+void CpuKernels::split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T) {
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < T; ++i) {
+      input[r * T + i] = static_cast<int32_t>(windows[r * (T + 1) + i]);
+      next[r * T + i] = static_cast<int32_t>(windows[r * (T + 1) + i + 1]);
+    }
+}
+
 void CpuKernels::embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
                                     int64_t T, int64_t C, int64_t vocab) {
   for (int64_t r = 0; r < rows; ++r) {

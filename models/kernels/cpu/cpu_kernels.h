@@ -69,6 +69,7 @@ class CpuKernels final : public Kernels {
 
   void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows, int64_t T,
                          int64_t C, int64_t vocab) override;
+  void split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T) override;
   void embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows, int64_t T,
                           int64_t C, int64_t vocab) override;
   void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,

@@ -524,6 +524,10 @@ class CudaKernels final : public Kernels {
     DPT_CUDA_CHECK(cuda_launch::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C,
                                                    ln_partials_.data<float>(), stream()));
   }
+  void split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T) override {
+    DPT_CHECK(n >= 0 && T >= 1, "token windows: {} of {} + 1", n, T);
+    DPT_CUDA_CHECK(cuda_launch::split_token_windows(windows, input, next, n, T, stream()));
+  }
   void gelu_forward(const float* x, float* y, size_t n) override {
     DPT_CUDA_CHECK(cuda_launch::gelu_forward(x, y, n, stream()));
   }

@@ -595,6 +595,17 @@ __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, 
   }
 }
 
+__global__ void split_token_windows_kernel(const float* windows, int32_t* input, int32_t* next, int64_t T,
+                                           size_t total) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = static_cast<int64_t>(i) / T, t = static_cast<int64_t>(i) - r * T;
+    const float* w = windows + r * (T + 1) + t;
+    input[i] = static_cast<int32_t>(w[0]);
+    next[i] = static_cast<int32_t>(w[1]);
+  }
+}
+
 __global__ void gelu_forward_kernel(const float* x, float* y, size_t n) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<size_t>(gridDim.x) * blockDim.x)
@@ -952,6 +963,15 @@ cudaError_t layernorm_backward(const float* dy, const float* x, const float* gam
                                                                                          dbeta);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   layernorm_backward_dx_kernel<<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, mean, rstd, dx, rows, C);
+  return cudaGetLastError();
+}
+
+cudaError_t split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T,
+                                cudaStream_t s) {
+  if (n < 0 || T < 1) return cudaErrorInvalidValue;
+  const size_t total = static_cast<size_t>(n * T);
+  if (total == 0) return cudaSuccess;
+  split_token_windows_kernel<<<blocks_for(total), kThreads, 0, s>>>(windows, input, next, T, total);
   return cudaGetLastError();
 }
 

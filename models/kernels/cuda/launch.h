@@ -143,6 +143,9 @@ cudaError_t layernorm_backward(const float* dy, const float* x, const float* gam
 
 // GELU (tanh) and its gradient, element-wise through elementwise::gelu / gelu_grad; y may alias x, dx dy.
 cudaError_t gelu_forward(const float* x, float* y, size_t n, cudaStream_t s);
+// Token windows [n, T + 1] (floats) to int32 input [n, T] and next tokens [n * T]: one thread per output pair.
+cudaError_t split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T,
+                                cudaStream_t s);
 cudaError_t gelu_backward(const float* x, const float* dy, float* dx, size_t n, cudaStream_t s);
 
 // Causal softmax in place over count x rows x cols (1 <= rows <= cols): one warp per row; row i keeps columns

@@ -730,3 +730,23 @@ TEST_CASE("a GPT moved to cuda reproduces the CPU's logits, loss and every param
     REQUIRE(d.rel_l2 < 1e-4);
   }
 }
+
+// ---- token windows ---------------------------------------------------------------------------------------------
+
+TEST_CASE("cuda split_token_windows gives the CPU's inputs and next tokens", "[gpu][kernels][gpt]") {
+  const int64_t n = 5, T = 37;
+  std::mt19937 rng(120);
+  Tensor windows = Tensor::empty({n, T + 1});
+  std::uniform_int_distribution<int> token(0, 65535);
+  for (size_t i = 0; i < windows.numel(); ++i) windows.data<float>()[i] = static_cast<float>(token(rng));
+  Tensor want_in = Tensor::empty({n, T}, DType::I32), want_next = Tensor::empty({n * T}, DType::I32);
+  cpu_kernels().split_token_windows(windows.data<float>(), want_in.data<int32_t>(), want_next.data<int32_t>(), n, T);
+  const Tensor dw = to_device(windows);
+  Tensor in = Tensor::empty({n, T}, DType::I32, dw.device()), next = Tensor::empty({n * T}, DType::I32, dw.device());
+  gpu_kernels().split_token_windows(dw.data<float>(), in.data<int32_t>(), next.data<int32_t>(), n, T);
+  const Tensor got_in = to_host(in), got_next = to_host(next);
+  for (int64_t i = 0; i < n * T; ++i) {
+    REQUIRE(got_in.data<int32_t>()[i] == want_in.data<int32_t>()[i]);
+    REQUIRE(got_next.data<int32_t>()[i] == want_next.data<int32_t>()[i]);
+  }
+}
