@@ -1,4 +1,4 @@
-// data/tokenize.cpp: tokenize_bytes: text files -> byte-level token shards, train / val by blocks.
+// data/tokenize.cpp: tokenize_text: text files -> token shards (any Tokenizer), train / val by blocks.
 #include "data/tokenize.h"
 
 #include <algorithm>
@@ -92,17 +92,17 @@ class SplitWriter {
   SplitWriter(fs::path dir, std::string prefix, size_t shard_tokens)
       : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens) {}
 
-  void append(std::span<const uint8_t> bytes) {
-    while (!bytes.empty()) {
+  void append(std::span<const int32_t> tokens) {
+    while (!tokens.empty()) {
       if (!writer_) {
         names_.push_back(fmt::format("{}_{:06d}.bin", prefix_, names_.size()));
         writer_ = std::make_unique<TokenShardWriter>((dir_ / names_.back()).string());
       }
       const size_t room = shard_tokens_ - static_cast<size_t>(writer_->count());
-      const size_t n = std::min(room, bytes.size());
-      writer_->append(bytes.first(n));
+      const size_t n = std::min(room, tokens.size());
+      writer_->append(tokens.first(n));
       tokens_ += n;
-      bytes = bytes.subspan(n);
+      tokens = tokens.subspan(n);
       if (static_cast<size_t>(writer_->count()) == shard_tokens_) close();
     }
   }
@@ -124,7 +124,7 @@ class SplitWriter {
 
 }  // namespace
 
-TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) {
+TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
   if (opts.inputs.empty()) DPT_THROW(ConfigError, "tokenize: no input given");
   if (opts.out_dir.empty()) DPT_THROW(ConfigError, "tokenize: no output directory given");
   if (opts.block_tokens < 1) DPT_THROW(ConfigError, "tokenize: block_tokens must be >= 1");
@@ -134,21 +134,40 @@ TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) {
   if (opts.shard_tokens < 1 || opts.shard_tokens > static_cast<size_t>(kMaxShardTokenCount)) {
     DPT_THROW(ConfigError, "tokenize: shard_tokens must be in [1, {}], got {}", kMaxShardTokenCount, opts.shard_tokens);
   }
-  if (opts.name.empty() || opts.name.find_first_of("_/") != std::string::npos) {
-    DPT_THROW(ConfigError, "tokenize: shard name '{}' must be non-empty, without '_' or '/'", opts.name);
+  if (tokenizer.vocab_size() > kMaxShardToken + 1) {
+    DPT_THROW(ConfigError, "tokenize: the tokenizer, {}, has ids up to {}: token shards hold uint16 ids (at most {})",
+              tokenizer.describe(), tokenizer.vocab_size() - 1, kMaxShardToken);
+  }
+  const std::string name = opts.name.empty() ? tokenizer.name() : opts.name;
+  if (name.empty() || name.find_first_of("_/") != std::string::npos) {
+    DPT_THROW(ConfigError, "tokenize: shard name '{}' must be non-empty, without '_' or '/'", name);
   }
 
   TokenizeSummary summary;
+  summary.tokenizer = tokenizer.describe();
   const std::vector<std::string> files = collect_files(opts.inputs, summary);
 
   OutputDir out(opts.out_dir, opts.force);
   summary.out_dir = out.path().string();
   try {
-    SplitWriter train(out.staging(), opts.name + "_train", opts.shard_tokens);
-    SplitWriter val(out.staging(), opts.name + "_val", opts.shard_tokens);
-    uint64_t block = 0;      // the block the next byte falls in
-    size_t in_block = 0;     // bytes of that block already routed
+    SplitWriter train(out.staging(), name + "_train", opts.shard_tokens);
+    SplitWriter val(out.staging(), name + "_val", opts.shard_tokens);
+    uint64_t block = 0;      // the block the next token falls in
+    size_t in_block = 0;     // tokens of that block already routed
+    auto route = [&](std::span<const int32_t> tokens) {
+      while (!tokens.empty()) {
+        const size_t n = std::min(opts.block_tokens - in_block, tokens.size());
+        (block % opts.val_every == opts.val_every - 1 ? val : train).append(tokens.first(n));
+        tokens = tokens.subspan(n);
+        in_block += n;
+        if (in_block == opts.block_tokens) {
+          ++block;
+          in_block = 0;
+        }
+      }
+    };
     std::vector<uint8_t> buf;
+    std::string pending;     // text read but not yet encoded: it ends where the tokenizer cannot cut yet
     for (size_t i = 0; i < files.size(); ++i) {
       const std::string& path = files[i];
       if (fs::path(path).filename().string().ends_with(".dat")) {
@@ -157,20 +176,16 @@ TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) {
         ++summary.skipped_binary;
       } else {
         ++summary.files;
+        pending.clear();
         for_each_chunk(path, buf, [&](std::span<const uint8_t> chunk) {
           summary.bytes += chunk.size();
-          while (!chunk.empty()) {
-            const size_t n = std::min(opts.block_tokens - in_block, chunk.size());
-            (block % opts.val_every == opts.val_every - 1 ? val : train).append(chunk.first(n));
-            chunk = chunk.subspan(n);
-            in_block += n;
-            if (in_block == opts.block_tokens) {
-              ++block;
-              in_block = 0;
-            }
-          }
+          pending.append(reinterpret_cast<const char*>(chunk.data()), chunk.size());
+          const size_t cut = tokenizer.safe_cut(pending);
+          route(tokenizer.encode(std::string_view(pending).substr(0, cut)));
+          pending.erase(0, cut);
           return true;
         });
+        route(tokenizer.encode(pending));
       }
       if (opts.progress) opts.progress(i + 1, files.size(), summary.bytes);
     }
@@ -186,15 +201,19 @@ TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) {
     }
     if (summary.train_tokens == 0 || summary.val_tokens == 0) {
       DPT_THROW(ConfigError,
-                "tokenize: {} bytes make {} blocks of {} tokens and every {}th block is validation: too little text "
-                "for both splits (lower --val-every, or give more text)",
-                summary.bytes, block + (in_block > 0 ? 1 : 0), opts.block_tokens, opts.val_every);
+                "tokenize: {} bytes ({} tokens) make {} blocks of {} tokens and every {}th block is validation: too "
+                "little text for both splits (lower --val-every, or give more text)",
+                summary.bytes, summary.train_tokens + summary.val_tokens, block + (in_block > 0 ? 1 : 0),
+                opts.block_tokens, opts.val_every);
     }
+    tokenizer.save(out.staging());
   } catch (const fs::filesystem_error& e) {
     DPT_THROW(IoError, "tokenize to {}: {}", out.path().string(), e.what());
   }
   out.commit();
   return summary;
 }
+
+TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) { return tokenize_text(opts, ByteTokenizer()); }
 
 }  // namespace dpt::data

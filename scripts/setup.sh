@@ -27,12 +27,14 @@ PKGS=(
   libcli11-dev libspdlog-dev libfmt-dev
   catch2                             # unit tests
   libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
+  libpcre2-dev                       # GPT-2 BPE: the pre-tokenizer regex (\p{L}, lookahead, UTF-8)
   libjpeg62-turbo-dev libpng-dev     # image folders: JPEG (libjpeg-turbo) and PNG decoding and writing
   libdnnl-dev                        # oneDNN: the CPU convolutions (fp32, and bf16 on AVX-512)
   ocl-icd-opencl-dev                 # libdnnl-dev's CMake config requires OpenCL (its GPU runtime); only recommended, so named
   dataset-fashion-mnist              # the default data set (/usr/share/datasets/fashion-mnist)
   fortunes                           # the default text corpus for `dptrain tokenize` (/usr/share/games/fortunes, ~2.5 MB)
   python3-numpy                      # tests only: reads our safetensors checkpoints with numpy alone
+  python3-regex                      # tests only: GPT-2's encoder.py algorithm, the reference for our BPE
 )
 # Tests only, as the reference: ResNet parity with torchvision (logits, gradients, weights both ways). The
 # benchmarks use them too. About 250 MB installed with libtorch.

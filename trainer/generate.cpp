@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <numeric>
 
+#include "data/bpe.h"
 #include "models/module.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
@@ -14,6 +16,7 @@
 namespace dpt::trainer {
 
 int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng) {
+  if (o.vocab_limit > 0) vocab = std::min(vocab, o.vocab_limit);
   DPT_CHECK(vocab > 0 && o.temperature > 0 && o.top_k >= 0, "sampling: vocab {}, temperature {}, top_k {}", vocab,
             o.temperature, o.top_k);
   std::vector<int32_t> order(static_cast<size_t>(vocab));
@@ -51,20 +54,32 @@ std::vector<int32_t> generate(models::Model& model, int64_t block_size, std::vec
   return tokens;
 }
 
-std::unique_ptr<models::Model> load_gpt_checkpoint(const std::string& path, int64_t* block_size, std::string* from) {
+GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir) {
   const EvalTarget target = eval_target(path, {});
   const LoadedCheckpoint& ck = target.checkpoint;
   const Config& cfg = target.config;
   if (cfg.model.name != "gpt")
     DPT_THROW(ConfigError, "{} holds a {} model: generate needs a GPT (model.name = gpt)", ck.path, cfg.model.name);
-  if (cfg.model.vocab_size != 256)
-    DPT_THROW(ConfigError, "{}: vocab_size {}: generate reads and writes bytes (the byte-level tokens of `dptrain "
-              "tokenize`, vocab 256); GPT-2 BPE is not written yet", ck.path, cfg.model.vocab_size);
-  auto model = build_model(cfg.model, {cfg.model.block_size + 1}, cfg.model.vocab_size, Device::cpu());
-  model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
-  *block_size = cfg.model.block_size;
-  *from = ck.path;
-  return model;
+  GptCheckpoint g;
+  if (!tokenizer_dir.empty()) {
+    const std::filesystem::path dir(tokenizer_dir);
+    g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir / data::kBpeVocabFile, dir / data::kBpeMergesFile);
+    g.tokenizer_from = tokenizer_dir;
+  } else {
+    g.tokenizer = data::load_tokenizer(cfg.data.dir);
+    g.tokenizer_from = cfg.data.dir;
+  }
+  if (g.tokenizer->vocab_size() > cfg.model.vocab_size) {
+    DPT_THROW(ConfigError, "{}: the model's vocab_size is {}, but the tokenizer from {}, {}, has {} ids: not the "
+              "tokenizer it was trained with (--tokenizer DIR names the directory of that vocab.json and merges.txt)",
+              ck.path, cfg.model.vocab_size, g.tokenizer_from, g.tokenizer->describe(), g.tokenizer->vocab_size());
+  }
+  g.model = build_model(cfg.model, {cfg.model.block_size + 1}, cfg.model.vocab_size, Device::cpu());
+  g.model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
+  g.block_size = cfg.model.block_size;
+  g.vocab_size = cfg.model.vocab_size;
+  g.from = ck.path;
+  return g;
 }
 
 }  // namespace dpt::trainer

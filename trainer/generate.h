@@ -1,7 +1,7 @@
 // trainer/generate.h: text from a trained GPT (`dptrain generate`): autoregressive sampling with temperature
-// and top-k, seeded, so the same seed gives the same text. The prompt and the output are byte-level tokens
-// (the `dptrain tokenize` vocabulary). No KV cache yet: each new token runs the model over the last
-// block_size tokens.
+// and top-k, seeded, so the same seed gives the same text. The prompt and the output are token ids of the
+// checkpoint's tokenizer (data/tokenizer.h: the one its data set was written with, bytes or GPT-2 BPE).
+// No KV cache yet: each new token runs the model over the last block_size tokens.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "models/model.h"
 
 namespace dpt::trainer {
@@ -17,6 +18,8 @@ namespace dpt::trainer {
 struct SampleOptions {
   double temperature = 1.0;  // > 0; logits are divided by it
   int64_t top_k = 0;         // sample among the k most likely tokens only (0: all)
+  int64_t vocab_limit = 0;   // sample among ids below this only (0: all): the tokenizer's vocabulary, when the
+                             // model's is larger (padded)
 };
 
 // One token drawn from softmax(logits / temperature) restricted to the top_k largest logits (ties broken by
@@ -27,9 +30,21 @@ int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o,
 std::vector<int32_t> generate(models::Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
                               const SampleOptions& o, uint64_t seed);
 
-// The GPT a checkpoint holds, on the CPU: `path` is a checkpoint (step-N/) or a checkpoint directory (its
-// newest valid one); the checkpoint's effective config says what to build. Sets *block_size and *from (the
-// checkpoint loaded). ConfigError for anything but a byte-level GPT, or no valid checkpoint.
-std::unique_ptr<models::Model> load_gpt_checkpoint(const std::string& path, int64_t* block_size, std::string* from);
+// The GPT a checkpoint holds, on the CPU, and the tokenizer of its text.
+struct GptCheckpoint {
+  std::unique_ptr<models::Model> model;
+  int64_t block_size = 0;
+  int64_t vocab_size = 0;                     // the model's (model.vocab_size)
+  std::string from;                           // the checkpoint loaded
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::string tokenizer_from;                 // the directory it was read from
+};
+
+// `path` is a checkpoint (step-N/) or a checkpoint directory (its newest valid one); the checkpoint's effective
+// config says what to build. The tokenizer: GPT-2 BPE from `tokenizer_dir`'s vocab.json and merges.txt when
+// given, else the one the config's data.dir holds (data::load_tokenizer: bytes when it holds neither file).
+// ConfigError for anything but a GPT, a tokenizer whose vocabulary the model's does not cover, or no valid
+// checkpoint.
+GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir = "");
 
 }  // namespace dpt::trainer

@@ -2,8 +2,9 @@
 // process group, train. The only place that decides how the process dies: an error is logged with the rank
 // and the process exits non-zero at once, so the launcher (dprun, mpirun, srun) tears the job down.
 // Subcommands that train nothing: `dptrain export-images` writes Fashion-MNIST out as an image folder,
-// `dptrain tokenize` writes text as byte-level token shards (train / val), `dptrain generate` samples text
-// from a GPT checkpoint, and `dptrain eval` evaluates a checkpoint on every rank of a job.
+// `dptrain tokenize` writes text as token shards (train / val; byte-level, or GPT-2 BPE from a vocab.json and
+// merges.txt), `dptrain generate` samples text from a GPT checkpoint, and `dptrain eval` evaluates a
+// checkpoint on every rank of a job.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <memory>
 
 #include <unistd.h>
 
@@ -22,6 +24,7 @@
 #include "core/check.h"
 #include "core/cuda.h"
 #include "core/logging.h"
+#include "data/bpe.h"
 #include "data/export.h"
 #include "data/idx.h"
 #include "data/output_dir.h"
@@ -90,11 +93,13 @@ int export_images(const ExportArgs& a) {
 struct TokenizeArgs {
   std::vector<std::string> inputs;
   std::string out;
+  std::string vocab, merges;  // GPT-2 BPE when given (both), else bytes
   size_t val_every = 10;
   bool force = false;
 };
 
-// dptrain tokenize: text files as byte-level token shards OUT/bytes_{train,val}_000000.bin (llm.c's format).
+// dptrain tokenize: text files as token shards in llm.c's format: OUT/bytes_{train,val}_000000.bin, or with GPT-2
+// BPE OUT/gpt2_{train,val}_000000.bin beside a copy of its vocab.json and merges.txt.
 int tokenize(const TokenizeArgs& a) {
   using namespace dpt;
   return run_writer("tokenize", a.out, a.force, [&] {
@@ -112,7 +117,13 @@ int tokenize(const TokenizeArgs& a) {
         spdlog::info("tokenize: {}/{} files, {:.1f} MB", done, total, bytes / 1e6);
       }
     };
-    const data::TokenizeSummary s = data::tokenize_bytes(o);
+    std::unique_ptr<data::Tokenizer> tokenizer;
+    if (a.vocab.empty()) {
+      tokenizer = std::make_unique<data::ByteTokenizer>();
+    } else {
+      tokenizer = std::make_unique<data::Gpt2Bpe>(a.vocab, a.merges);
+    }
+    const data::TokenizeSummary s = data::tokenize_text(o, *tokenizer);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const size_t skipped = s.skipped_dat + s.skipped_binary;
     spdlog::info("tokenize: {} files, {} bytes{}", s.files, s.bytes,
@@ -120,13 +131,14 @@ int tokenize(const TokenizeArgs& a) {
                               : fmt::format("; skipped {} files ({} *.dat index files, {} binary with a NUL byte)",
                                             skipped, s.skipped_dat, s.skipped_binary));
     if (s.skipped_links != 0) spdlog::info("tokenize: did not follow {} symlinks inside the input directories", s.skipped_links);
-    spdlog::info("tokenize: wrote {} train tokens ({} shards) + {} val tokens ({} shards), byte-level (vocab 256), "
-                 "to {} in {:.2f} s",
-                 s.train_tokens, s.train_shards.size(), s.val_tokens, s.val_shards.size(), s.out_dir, seconds);
+    spdlog::info("tokenize: wrote {} train tokens ({} shards) + {} val tokens ({} shards), {}, to {} in {:.2f} s",
+                 s.train_tokens, s.train_shards.size(), s.val_tokens, s.val_shards.size(), s.tokenizer, s.out_dir,
+                 seconds);
   });
 }
 struct GenerateArgs {
   std::string checkpoint, prompt = "\n";
+  std::string tokenizer;  // a directory with vocab.json + merges.txt; empty: the checkpoint's data.dir
   int64_t tokens = 200;
   double temperature = 1.0;
   int64_t top_k = 0;
@@ -139,17 +151,23 @@ int generate(const GenerateArgs& a) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("generate"));  // stdout carries the text alone
   init_logging(0, 1);
   try {
-    int64_t block_size = 0;
-    std::string from;
-    auto model = trainer::load_gpt_checkpoint(a.checkpoint, &block_size, &from);
-    spdlog::info("generate: {} from {}; {} tokens, temperature {}, top_k {}, seed {}", model->summary(), from, a.tokens,
-                 a.temperature, a.top_k, a.seed);
+    const trainer::GptCheckpoint ck = trainer::load_gpt_checkpoint(a.checkpoint, a.tokenizer);
+    const data::Tokenizer& tokenizer = *ck.tokenizer;
+    spdlog::info("generate: {} from {}; {} tokens, temperature {}, top_k {}, seed {}", ck.model->summary(), ck.from,
+                 a.tokens, a.temperature, a.top_k, a.seed);
+    spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
+    if (tokenizer.name() == "bytes" && ck.vocab_size != 256) {
+      spdlog::warn("generate: byte-level tokens for a model of vocab_size {}: {} holds no vocab.json and merges.txt; "
+                   "if it was trained on GPT-2 BPE shards, --tokenizer DIR names their directory",
+                   ck.vocab_size, ck.tokenizer_from);
+    }
     if (a.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
-    std::vector<int32_t> prompt(a.prompt.begin(), a.prompt.end());
-    for (int32_t& t : prompt) t &= 0xFF;  // bytes, whatever the char's signedness
-    const auto out = trainer::generate(*model, block_size, prompt, a.tokens,
-                                       {.temperature = a.temperature, .top_k = a.top_k}, a.seed);
-    std::string text(out.begin(), out.end());
+    const std::vector<int32_t> prompt = tokenizer.encode(a.prompt);
+    const auto out = trainer::generate(*ck.model, ck.block_size, prompt, a.tokens,
+                                       {.temperature = a.temperature, .top_k = a.top_k,
+                                        .vocab_limit = tokenizer.vocab_size()},
+                                       a.seed);
+    const std::string text = tokenizer.decode(out);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fputc('\n', stdout);
   } catch (const ConfigError& e) {
@@ -228,13 +246,15 @@ int main(int argc, char** argv) {
   TokenizeArgs tok_args;
   CLI::App* tokenize_cmd = app.add_subcommand(
       "tokenize",
-      "write text as token shards in llm.c's .bin format with the byte-level tokenizer (token = byte, vocab 256): "
-      "OUT/bytes_train_000000.bin and OUT/bytes_val_000000.bin, then exit; trains nothing");
+      "write text as token shards in llm.c's .bin format, then exit; trains nothing. Byte-level by default (token = "
+      "byte, vocab 256): OUT/bytes_train_000000.bin and OUT/bytes_val_000000.bin; GPT-2 BPE with --vocab and "
+      "--merges: OUT/gpt2_*.bin, and the two files copied into OUT");
   tokenize_cmd->footer(
       "The inputs are read in order (a directory: its regular files recursively, sorted by path; *.dat files and\n"
       "files with a NUL byte skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
-      "train. Shards hold at most 100M tokens each.\n"
-      "Example: dptrain tokenize --input /usr/share/games/fortunes --out runs/fortunes");
+      "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own.\n"
+      "Example: dptrain tokenize --input /usr/share/games/fortunes --out runs/fortunes\n"
+      "         dptrain tokenize --input corpus/ --vocab gpt2/vocab.json --merges gpt2/merges.txt --out runs/corpus");
   tokenize_cmd->add_option("--input", tok_args.inputs, "a text file or a directory of them (repeatable)")->required();
   tokenize_cmd->add_option("--out", tok_args.out, "output directory; written as OUT.tmp, renamed to OUT when complete")
       ->required();
@@ -242,14 +262,22 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(size_t{2}, size_t{1} << 40))
       ->capture_default_str();
   tokenize_cmd->add_flag("--force", tok_args.force, "replace OUT when it exists and is not empty (else refused)");
+  CLI::Option* vocab_opt = tokenize_cmd->add_option(
+      "--vocab", tok_args.vocab, "GPT-2 BPE: its vocab.json (token -> id; ids must fit uint16), with --merges");
+  CLI::Option* merges_opt =
+      tokenize_cmd->add_option("--merges", tok_args.merges, "GPT-2 BPE: its merges.txt (one merge a line), with --vocab");
+  vocab_opt->needs(merges_opt);
+  merges_opt->needs(vocab_opt);
   GenerateArgs gen_args;
   CLI::App* generate_cmd = app.add_subcommand(
-      "generate", "sample text from a GPT checkpoint (byte-level tokens) on the CPU and print it; trains nothing");
+      "generate", "sample text from a GPT checkpoint on the CPU and print it; trains nothing. The prompt is encoded "
+                  "and the output decoded with the tokenizer of the checkpoint's data set (GPT-2 BPE when data.dir "
+                  "holds vocab.json and merges.txt, else bytes), or --tokenizer's");
   generate_cmd->footer("Example: dptrain generate --checkpoint runs/gpt_tiny/checkpoints --prompt \"Q: \" --tokens 300");
   generate_cmd->add_option("--checkpoint", gen_args.checkpoint, "a checkpoint (step-N/) or a checkpoint directory (its newest valid one)")
       ->required();
   generate_cmd->add_option("--prompt", gen_args.prompt, "the text to continue")->capture_default_str();
-  generate_cmd->add_option("--tokens", gen_args.tokens, "new tokens (bytes) to sample")
+  generate_cmd->add_option("--tokens", gen_args.tokens, "new tokens to sample")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   generate_cmd->add_option("--temperature", gen_args.temperature, "divides the logits: below 1 sharper, above 1 flatter")
@@ -259,6 +287,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   generate_cmd->add_option("--seed", gen_args.seed, "the same seed gives the same text")->capture_default_str();
+  generate_cmd->add_option("--tokenizer", gen_args.tokenizer,
+                           "a directory with the vocab.json and merges.txt (GPT-2 BPE) the model was trained with "
+                           "(default: the checkpoint's data.dir, where `dptrain tokenize` copies them)");
   struct {
     std::string checkpoint;
     std::vector<std::string> overrides;

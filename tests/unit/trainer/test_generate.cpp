@@ -1,5 +1,6 @@
 // tests/unit/trainer/test_generate.cpp: sampling the next token: top_k = 1 is argmax (lowest index on a tie),
-// top_k limits the candidates, the frequencies follow softmax(logits / temperature), and a seed repeats;
+// top_k limits the candidates, the frequencies follow softmax(logits / temperature), a seed repeats, and
+// vocab_limit keeps to the tokenizer's ids;
 // generation from a GPT appends exactly `count` tokens, repeats for a seed, and keeps to the block size.
 #include <catch2/catch.hpp>
 
@@ -30,6 +31,18 @@ TEST_CASE("sample_token: greedy, top-k, temperature and seeds", "[trainer][gener
   std::mt19937_64 a(7), b(7);
   for (int i = 0; i < 50; ++i)
     REQUIRE(sample_token(logits.data(), 5, {.temperature = 1.5}, a) == sample_token(logits.data(), 5, {.temperature = 1.5}, b));
+}
+
+TEST_CASE("sample_token: vocab_limit keeps to the tokenizer's ids when the model's vocabulary is larger", "[trainer][generate]") {
+  const std::vector<float> logits{1.0f, 3.0f, 0.5f, 3.0f, 9.0f};  // the padded id 4 would win
+  std::mt19937_64 rng(1);
+  REQUIRE(sample_token(logits.data(), 5, {.top_k = 1, .vocab_limit = 4}, rng) == 1);
+  REQUIRE(sample_token(logits.data(), 5, {.top_k = 1, .vocab_limit = 0}, rng) == 4);  // 0: no limit
+  REQUIRE(sample_token(logits.data(), 5, {.top_k = 1, .vocab_limit = 9}, rng) == 4);  // above the vocabulary: none
+  std::map<int32_t, int> seen;
+  for (int i = 0; i < 2000; ++i) ++seen[sample_token(logits.data(), 5, {.temperature = 2.0, .vocab_limit = 3}, rng)];
+  REQUIRE(seen.size() == 3);  // 0, 1 and 2 only
+  REQUIRE(seen.rbegin()->first == 2);
 }
 
 TEST_CASE("generate: count new tokens, the same for a seed, beyond the block size", "[trainer][generate]") {

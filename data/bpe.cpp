@@ -1,0 +1,367 @@
+// data/bpe.cpp: Gpt2Bpe (see bpe.h): loading vocab.json and merges.txt, pre-tokenizing with PCRE2, the merge
+// loop, decoding.
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "data/bpe.h"
+
+#include <pcre2.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <queue>
+#include <sstream>
+#include <system_error>
+
+#include "core/check.h"
+
+namespace dpt::data {
+namespace {
+
+namespace fs = std::filesystem;
+
+// GPT-2's pre-tokenizer (openai/gpt-2 src/encoder.py).
+constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+// Larger ids would only make id_bytes_ huge (GPT-2 has 50257, the largest vocabularies a few 100k).
+constexpr int64_t kMaxVocabId = (int64_t{1} << 24) - 1;
+
+// GPT-2's bytes_to_unicode as code points: the printable bytes ('!'..'~', '¡'..'¬', '®'..'ÿ') stand for
+// themselves, the other 68 bytes, in order, for U+0100.. U+0143. So every code point is below 0x144.
+constexpr int kAlphabetEnd = 0x144;
+struct ByteAlphabet {
+  std::array<int32_t, 256> code_point{};        // byte -> code point
+  std::array<int16_t, kAlphabetEnd> byte{};     // code point -> byte, -1 when not a byte's symbol
+  ByteAlphabet() {
+    byte.fill(-1);
+    auto printable = [](int b) { return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); };
+    int n = 0;
+    for (int b = 0; b < 256; ++b) code_point[b] = printable(b) ? b : 256 + n++;
+    for (int b = 0; b < 256; ++b) byte[code_point[b]] = static_cast<int16_t>(b);
+  }
+};
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+// The length of the UTF-8 sequence that `lead` starts (1 for a byte that starts none: JSON strings, which
+// nlohmann checks, are valid UTF-8 anyway).
+size_t utf8_length(uint8_t lead) {
+  if (lead < 0x80) return 1;
+  if ((lead & 0xE0) == 0xC0) return 2;
+  if ((lead & 0xF0) == 0xE0) return 3;
+  if ((lead & 0xF8) == 0xF0) return 4;
+  return 1;
+}
+
+// The bytes a vocab.json / merges.txt token stands for. A character outside GPT-2's byte alphabet is copied
+// as its own UTF-8 bytes and makes the result false.
+bool token_bytes(std::string_view token, std::string& out) {
+  out.clear();
+  bool all = true;
+  for (size_t i = 0; i < token.size();) {
+    const auto lead = static_cast<uint8_t>(token[i]);
+    const size_t len = std::min(utf8_length(lead), token.size() - i);
+    int cp = -1;
+    if (len == 1) cp = lead;
+    if (len == 2) cp = ((lead & 0x1F) << 6) | (static_cast<uint8_t>(token[i + 1]) & 0x3F);
+    if (cp >= 0 && cp < kAlphabetEnd && alphabet().byte[cp] >= 0) {
+      out.push_back(static_cast<char>(alphabet().byte[cp]));
+    } else {
+      out.append(token.substr(i, len));
+      all = false;
+    }
+    i += len;
+  }
+  return all;
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) DPT_THROW(IoError, "{}: cannot open: {}", path.string(), std::strerror(errno));
+  std::ostringstream s;
+  s << in.rdbuf();
+  if (in.bad()) DPT_THROW(IoError, "{}: read failed", path.string());
+  return std::move(s).str();
+}
+
+// A symbol in GPT-2's spelling, for messages.
+std::string spelled(std::string_view bytes) {
+  std::string s;
+  for (const char c : bytes) s += Gpt2Bpe::byte_symbol(static_cast<uint8_t>(c));
+  return s;
+}
+
+struct MatchData {
+  pcre2_match_data* md;
+  explicit MatchData(const pcre2_code* code) : md(pcre2_match_data_create_from_pattern(code, nullptr)) {
+    if (md == nullptr) throw std::bad_alloc();
+  }
+  ~MatchData() { pcre2_match_data_free(md); }
+  MatchData(const MatchData&) = delete;
+  MatchData& operator=(const MatchData&) = delete;
+};
+
+std::string pcre2_message(int code) {
+  std::array<PCRE2_UCHAR, 256> buf{};
+  pcre2_get_error_message(code, buf.data(), buf.size());
+  return reinterpret_cast<const char*>(buf.data());
+}
+
+}  // namespace
+
+struct Gpt2Bpe::Regex {
+  pcre2_code* code = nullptr;
+  Regex() {
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    // UTF: the pattern and the text are UTF-8; UCP: \s is Unicode's white space, as in Python's regex module;
+    // MATCH_INVALID_UTF: bytes that are not valid UTF-8 match nothing instead of failing the whole match.
+    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
+                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
+    if (code == nullptr) {
+      DPT_THROW(InternalError, "PCRE2 refuses GPT-2's pattern at offset {}: {}", offset, pcre2_message(err));
+    }
+    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // several times faster; without JIT (unsupported CPU) it still works
+  }
+  ~Regex() { pcre2_code_free(code); }
+};
+
+std::string Gpt2Bpe::byte_symbol(uint8_t b) {
+  const int cp = alphabet().code_point[b];
+  if (cp < 0x80) return std::string(1, static_cast<char>(cp));
+  return {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+}
+
+Gpt2Bpe::Gpt2Bpe(const fs::path& vocab_json, const fs::path& merges_txt)
+    : vocab_path_(vocab_json), merges_path_(merges_txt), regex_(std::make_unique<Regex>()) {
+  load_merges(merges_txt, load_vocab(vocab_json));
+}
+
+Gpt2Bpe::~Gpt2Bpe() = default;
+
+std::unordered_map<std::string, int32_t> Gpt2Bpe::load_vocab(const fs::path& path) {
+  const std::string text = read_file(path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    DPT_THROW(ConfigError, "{}: not valid JSON: {}", path.string(), e.what());
+  }
+  if (!j.is_object() || j.empty()) {
+    DPT_THROW(ConfigError, "{}: a vocabulary is a non-empty JSON object of token -> id, got {}", path.string(),
+              j.is_object() ? "an empty object" : j.type_name());
+  }
+  int64_t max_id = -1;
+  for (const auto& [token, value] : j.items()) {
+    if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > kMaxVocabId) {
+      DPT_THROW(ConfigError, "{}: token \"{}\" has id {}: ids are whole numbers in [0, {}]", path.string(), token,
+                value.dump(), kMaxVocabId);
+    }
+    max_id = std::max(max_id, value.get<int64_t>());
+  }
+  id_bytes_.assign(static_cast<size_t>(max_id + 1), {});
+  id_known_.assign(static_cast<size_t>(max_id + 1), false);
+  std::vector<std::string> id_token(static_cast<size_t>(max_id + 1));
+  std::unordered_map<std::string, int32_t> id_of;  // bytes -> id, for the tokens spelled in the byte alphabet
+  for (const auto& [token, value] : j.items()) {
+    const auto id = static_cast<size_t>(value.get<int64_t>());
+    if (id_known_[id]) {
+      DPT_THROW(ConfigError, "{}: tokens \"{}\" and \"{}\" both have id {}", path.string(), id_token[id], token, id);
+    }
+    id_known_[id] = true;
+    id_token[id] = token;
+    if (token_bytes(token, id_bytes_[id])) id_of.emplace(id_bytes_[id], static_cast<int32_t>(id));
+  }
+  // The symbols: the 256 bytes first; load_merges adds the merges' results. Their ids are looked up by bytes,
+  // so only the vocabulary tokens spelled in the byte alphabet can be symbols.
+  symbol_bytes_.clear();
+  for (int b = 0; b < 256; ++b) symbol_bytes_.emplace_back(1, static_cast<char>(b));
+  return id_of;
+}
+
+void Gpt2Bpe::load_merges(const fs::path& path, const std::unordered_map<std::string, int32_t>& id_of) {
+  const std::string text = read_file(path);
+  struct Line {
+    std::string left, right;  // bytes
+    bool in_alphabet;         // both parts spelled in the byte alphabet (else they can never be formed)
+  };
+  std::vector<Line> lines;
+  size_t line_no = 0;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    const bool last = end == std::string::npos;
+    if (last) end = text.size();
+    std::string_view line(text.data() + start, end - start);
+    start = end + 1;
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line_no == 1 && line.starts_with("#version")) continue;
+    std::vector<std::string_view> fields;
+    for (size_t i = 0; i < line.size();) {
+      const size_t b = line.find_first_not_of(" \t", i);
+      if (b == std::string_view::npos) break;
+      const size_t e = std::min(line.find_first_of(" \t", b), line.size());
+      fields.push_back(line.substr(b, e - b));
+      i = e;
+    }
+    if (fields.size() != 2) {
+      DPT_THROW(ConfigError, "{}:{}: a merge is two tokens separated by a space, got \"{}\"", path.string(), line_no,
+                line);
+    }
+    Line l;
+    const bool a = token_bytes(fields[0], l.left);
+    const bool b = token_bytes(fields[1], l.right);
+    l.in_alphabet = a && b;
+    lines.push_back(std::move(l));
+  }
+
+  // Every merge's result is a symbol, in the vocabulary or not; the parts are then looked up among the symbols,
+  // so a merge may use a part that a later line makes (encoder.py ranks pairs, whatever their order).
+  std::unordered_map<std::string, int32_t> symbol_of;
+  for (int32_t s = 0; s < 256; ++s) symbol_of.emplace(symbol_bytes_[static_cast<size_t>(s)], s);
+  std::vector<int32_t> result_of(lines.size(), -1);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (!lines[i].in_alphabet) continue;
+    const auto [it, added] =
+        symbol_of.emplace(lines[i].left + lines[i].right, static_cast<int32_t>(symbol_bytes_.size()));
+    if (added) symbol_bytes_.push_back(it->first);
+    result_of[i] = it->second;
+  }
+  merges_.clear();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (result_of[i] < 0) continue;
+    const auto l = symbol_of.find(lines[i].left), r = symbol_of.find(lines[i].right);
+    if (l == symbol_of.end() || r == symbol_of.end()) continue;  // a part that nothing forms: never applies
+    merges_[pair_key(l->second, r->second)] = Merge{static_cast<int32_t>(i), result_of[i]};  // the last rank wins
+  }
+  merge_lines_ = lines.size();
+
+  symbol_id_.assign(symbol_bytes_.size(), -1);
+  for (size_t s = 0; s < symbol_bytes_.size(); ++s) {
+    if (const auto it = id_of.find(symbol_bytes_[s]); it != id_of.end()) symbol_id_[s] = it->second;
+  }
+}
+
+std::string Gpt2Bpe::describe() const {
+  return fmt::format("GPT-2 BPE (vocab {}, {} merges)", vocab_size(), merge_lines_);
+}
+
+std::vector<std::string_view> Gpt2Bpe::pre_tokenize(std::string_view text) const {
+  std::vector<std::string_view> words;
+  MatchData m(regex_->code);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t pos = 0;
+  while (pos < text.size()) {
+    const int rc = pcre2_match(regex_->code, subject, text.size(), pos, 0, m.md, nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    if (rc < 0) DPT_THROW(InternalError, "PCRE2 failed at byte {} of {}: {}", pos, text.size(), pcre2_message(rc));
+    const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.md);
+    DPT_CHECK(ov[0] >= pos && ov[1] > ov[0], "an empty or backward pre-token [{}, {}) after byte {}", ov[0], ov[1], pos);
+    if (ov[0] > pos) words.push_back(text.substr(pos, ov[0] - pos));  // bytes that are not valid UTF-8
+    words.push_back(text.substr(ov[0], ov[1] - ov[0]));
+    pos = ov[1];
+  }
+  if (pos < text.size()) words.push_back(text.substr(pos));
+  return words;
+}
+
+void Gpt2Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) const {
+  // The symbols as a linked list over positions (a merged pair lives on at its left position), and a heap of
+  // candidate pairs by (rank, position). encoder.py merges every occurrence of the lowest-ranked pair, left to
+  // right, before it looks at any other pair: so the candidates of one rank are taken out together and applied
+  // in position order (no merge makes a pair of its own rank: the pairs it makes hold its result, longer than
+  // either part). A candidate is stale when either symbol has changed since it was pushed (symbols only grow, so
+  // comparing them is enough).
+  DPT_CHECK(word.size() < static_cast<size_t>(INT32_MAX), "a pre-token of {} bytes", word.size());
+  const auto n = static_cast<int32_t>(word.size());
+  std::vector<int32_t> sym(word.size()), next(word.size()), prev(word.size());
+  for (int32_t i = 0; i < n; ++i) {
+    sym[i] = static_cast<uint8_t>(word[i]);
+    next[i] = i + 1;
+    prev[i] = i - 1;
+  }
+  struct Candidate {
+    int32_t rank, pos, left, right, result;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }
+  };
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto push = [&](int32_t pos) {
+    if (pos < 0 || next[pos] >= n) return;
+    const auto it = merges_.find(pair_key(sym[pos], sym[next[pos]]));
+    if (it != merges_.end()) heap.push({it->second.rank, pos, sym[pos], sym[next[pos]], it->second.result});
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  std::vector<Candidate> batch;
+  while (!heap.empty()) {
+    batch.clear();
+    const int32_t rank = heap.top().rank;
+    while (!heap.empty() && heap.top().rank == rank) {
+      batch.push_back(heap.top());
+      heap.pop();
+    }
+    for (const Candidate& c : batch) {
+      const int32_t r = next[c.pos];
+      if (sym[c.pos] != c.left || r >= n || sym[r] != c.right) continue;
+      sym[c.pos] = c.result;
+      sym[r] = -1;
+      next[c.pos] = next[r];
+      if (next[r] < n) prev[next[r]] = c.pos;
+      push(prev[c.pos]);
+      push(c.pos);
+    }
+  }
+  for (int32_t i = 0; i < n; i = next[i]) {
+    const int32_t id = symbol_id_[static_cast<size_t>(sym[i])];
+    if (id < 0) {
+      DPT_THROW(ConfigError, "{}: no token \"{}\", which {} makes of the text \"{}\" (in GPT-2's spelling)",
+                vocab_path_.string(), spelled(symbol_bytes_[static_cast<size_t>(sym[i])]),
+                sym[i] < 256 ? "the byte alphabet" : merges_path_.string(), spelled(word));
+    }
+    out.push_back(id);
+  }
+}
+
+std::vector<int32_t> Gpt2Bpe::encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 3);
+  for (const std::string_view word : pre_tokenize(text)) encode_word(word, ids);
+  return ids;
+}
+
+std::string Gpt2Bpe::decode(std::span<const int32_t> ids) const {
+  std::string text;
+  for (const int32_t id : ids) {
+    if (id < 0 || id >= vocab_size() || !id_known_[static_cast<size_t>(id)]) {
+      DPT_THROW(ConfigError, "token id {} is not in the vocabulary {} (vocab size {})", id, vocab_path_.string(),
+                vocab_size());
+    }
+    text += id_bytes_[static_cast<size_t>(id)];
+  }
+  return text;
+}
+
+size_t Gpt2Bpe::safe_cut(std::string_view text) const {
+  for (size_t i = text.size(); i-- > 1;) {
+    if ((text[i] == ' ' || text[i] == '\n') && text[i - 1] >= '!' && text[i - 1] <= '~') return i;
+  }
+  return 0;
+}
+
+void Gpt2Bpe::save(const fs::path& dir) const {
+  for (const auto& [from, name] : {std::pair{vocab_path_, kBpeVocabFile}, std::pair{merges_path_, kBpeMergesFile}}) {
+    const fs::path to = dir / name;
+    std::error_code ec;
+    if (fs::equivalent(from, to, ec)) continue;
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+    if (ec) DPT_THROW(IoError, "cannot copy {} to {}: {}", from.string(), to.string(), ec.message());
+  }
+}
+
+}  // namespace dpt::data

@@ -1,0 +1,94 @@
+// data/bpe.h: Gpt2Bpe, GPT-2's byte-level BPE tokenizer, read from a vocab.json and a merges.txt in the format
+// of openai/gpt-2 (encoder.py) and Hugging Face's GPT-2 files.
+//
+// Encoding, as GPT-2's encoder.py does it:
+//  1. pre-tokenize with GPT-2's regex (PCRE2 in UTF mode, Unicode properties on):
+//       's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//  2. each pre-token's bytes become symbols, one per byte (GPT-2's bytes_to_unicode names them: the printable
+//     bytes stand for themselves, the others for U+0100...U+0143);
+//  3. repeatedly merge the adjacent pair of lowest rank (its line in merges.txt), every occurrence left to
+//     right, until no adjacent pair has a rank;
+//  4. each symbol's id is vocab.json's.
+// \p{L}, \p{N} and \s come from PCRE2's Unicode tables (Debian 12's PCRE2 10.42: Unicode 14), encoder.py's from
+// Python's regex module: characters added to Unicode later may split differently (tests/integration/
+// tokenize_bpe.sh finds the two identical on all of fortunes and on text in a dozen scripts).
+// Invalid UTF-8 (beyond GPT-2, which encodes text, not bytes): a run of bytes that are not valid UTF-8 matches
+// no part of the pattern, so it is a pre-token of its own; every byte is encoded, so decode(encode(s)) == s.
+//
+// Loading refuses malformed files, and is otherwise as lenient as encoder.py, failing only where it would (with a
+// message naming the token instead of a KeyError):
+//  - vocab.json: a JSON object of token -> id, ids >= 0 and distinct; vocab_size() = largest id + 1 (ids may
+//    have gaps, which decode refuses).
+//  - merges.txt: a first line starting "#version" is skipped; every other line is two tokens separated by
+//    blanks (a trailing empty line is fine; any other line is an error); rank = order. A repeated pair takes its last rank, as
+//    encoder.py's dict does. A merge whose parts can never be formed (neither a byte nor another merge's
+//    result) never applies and is kept unused. A merge whose result is not in the vocabulary is allowed, as
+//    in encoder.py, where it is harmless as long as a later merge consumes it: encode() throws a ConfigError
+//    naming the token only if a text ends on it (encoder.py's KeyError), and likewise for a byte whose symbol
+//    is missing from the vocabulary.
+//  - decode: a vocabulary token with characters outside GPT-2's byte alphabet (an added token such as "<pad>"
+//    is inside it; "\u2581x" is not) decodes to its own UTF-8 bytes for those characters.
+// A missing or unreadable file is an IoError, bad content a ConfigError; both name the file (and the line).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace dpt::data {
+
+class Gpt2Bpe final : public Tokenizer {
+ public:
+  Gpt2Bpe(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt);
+  ~Gpt2Bpe() override;
+  Gpt2Bpe(const Gpt2Bpe&) = delete;
+  Gpt2Bpe& operator=(const Gpt2Bpe&) = delete;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(std::span<const int32_t> ids) const override;
+  int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
+  std::string name() const override { return "gpt2"; }
+  std::string describe() const override;
+  // Before a ' ' or '\n' that follows a printable ASCII character: no pre-token spans that point, and what
+  // comes after it cannot change the pre-tokens before it.
+  size_t safe_cut(std::string_view text) const override;
+  // Copies the two files, as they are, to DIR/vocab.json and DIR/merges.txt.
+  void save(const std::filesystem::path& dir) const override;
+
+  // The pre-tokens of `text` (step 1 above), as views into it; together they are the whole text.
+  std::vector<std::string_view> pre_tokenize(std::string_view text) const;
+
+  // GPT-2's bytes_to_unicode: the character (UTF-8) that stands for byte b in vocab.json and merges.txt.
+  static std::string byte_symbol(uint8_t b);
+
+ private:
+  struct Merge {
+    int32_t rank;
+    int32_t result;  // a symbol
+  };
+  // Fills id_bytes_ and id_known_; returns bytes -> id for the tokens spelled in GPT-2's byte alphabet.
+  std::unordered_map<std::string, int32_t> load_vocab(const std::filesystem::path& path);
+  void load_merges(const std::filesystem::path& path, const std::unordered_map<std::string, int32_t>& id_of);
+  // Appends the ids of one pre-token.
+  void encode_word(std::string_view word, std::vector<int32_t>& out) const;
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+  }
+
+  std::filesystem::path vocab_path_, merges_path_;
+  std::vector<std::string> id_bytes_;      // id -> the bytes it decodes to
+  std::vector<bool> id_known_;             // id -> in vocab.json (ids may have gaps)
+  // Symbols: 0..255 are the bytes, then every merge's result (a byte string), whether or not in the vocab.
+  std::vector<std::string> symbol_bytes_;
+  std::vector<int32_t> symbol_id_;         // symbol -> vocab id, -1 when vocab.json lacks it
+  std::unordered_map<uint64_t, Merge> merges_;  // pair_key(left, right) -> rank and result
+  size_t merge_lines_ = 0;
+  struct Regex;                            // the compiled PCRE2 pattern
+  std::unique_ptr<Regex> regex_;
+};
+
+}  // namespace dpt::data

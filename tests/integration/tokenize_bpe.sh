@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# integration.tokenize_bpe: GPT-2 byte-level BPE (data/bpe.h) end to end, against a reference.
+#  - a small vocabulary (400 merges) learnt by the test's own Python from one fortunes file
+#    (lib/gpt2_bpe.py: a plain count-based BPE trainer);
+#  - `dptrain tokenize --vocab --merges` on all of Debian's fortunes plus a hand-made UTF-8 text (accents, CJK,
+#    emoji, Unicode spaces and digits, contractions, CRLF): gpt2_{train,val}_000000.bin beside byte-identical
+#    copies of vocab.json and merges.txt, and every token the same as GPT-2's encoder.py algorithm gives (run
+#    by lib/gpt2_bpe.py with python3-regex), and as Hugging Face tokenizers' when that is importable;
+#  - bad --vocab / --merges: clear errors, nothing written;
+#  - a tiny GPT trained on those shards, and `dptrain generate`: the tokenizer found through the checkpoint's
+#    data.dir, or --tokenizer; the prompt comes back first, tokens decode to several bytes each; a tokenizer
+#    larger than the model's vocabulary is refused; without vocab.json a warning and bytes.
+source "$(dirname "$0")/lib/common.bash"
+BPE_PY=$DPT_SOURCE_DIR/tests/integration/lib/gpt2_bpe.py
+FORTUNES=/usr/share/games/fortunes
+"$PY" -c "import regex" 2>/dev/null || fail "python3-regex is missing (scripts/setup.sh installs it)"
+[ -d "$FORTUNES" ] || fail "$FORTUNES is missing (scripts/setup.sh installs Debian's fortunes)"
+
+# 1. A vocabulary: 400 merges learnt from one fortunes file; 256 + 400 + <|endoftext|> = 657 tokens.
+"$PY" "$BPE_PY" train "$WORK/vocab" 400 "$FORTUNES/computers" || fail "training the reference vocabulary failed"
+"$PY" "$BPE_PY" train "$WORK/vocab_big" 500 "$FORTUNES/computers" > /dev/null || fail "training failed"
+
+# 2. Text beyond fortunes' ASCII. Characters from Unicode 14 or older: PCRE2 10.42's tables and Python's regex
+# module then agree on \p{L}, \p{N} and \s (newer letters may differ between any two implementations).
+"$PY" - "$WORK/unicode.txt" <<'EOF'
+import sys
+text = ("Naïve café owners don't re-use 12,345 € — they'll say «ça va?» and I'M FINE.\r\n"
+        "日本語のテキスト、中文文本。 한국어 텍스트 🙂🚀 emoji\u200dzwj ٣٤٥ ४२ Ⅻ ½\n"
+        "tabs\tand\u00a0nbsp\u2003em\u3000ideo  spaces   \n\n\n"
+        "ｆｕｌｌｗｉｄｔｈ Ελληνικά кириллица עברית العربية e\u0301 combining\n"
+        "'s 't 're 've 'm 'll 'd ''quoted'' x's   trailing   \n") * 40
+open(sys.argv[1], "w", encoding="utf-8", newline="").write(text)
+EOF
+mapfile -t FILES < <(find "$FORTUNES" -type f ! -name "*.dat" | LC_ALL=C sort)
+FILES+=("$WORK/unicode.txt")
+OUT=$WORK/bpe
+out=$("$DPTRAIN" tokenize --input "$FORTUNES" --input "$WORK/unicode.txt" --vocab "$WORK/vocab/vocab.json" \
+  --merges "$WORK/vocab/merges.txt" --out "$OUT" 2>&1) || { echo "$out"; fail "tokenize --vocab --merges failed"; }
+echo "$out" | tail -2
+echo "$out" | grep -q "tokenize: ${#FILES[@]} files" || fail "wrong file count (expected ${#FILES[@]})"
+echo "$out" | grep -qE "wrote [0-9]+ train tokens \(1 shards\) \+ [0-9]+ val tokens \(1 shards\), GPT-2 BPE \(vocab 657, 400 merges\), to $OUT" ||
+  fail "the summary does not name the tokenizer and its vocabulary"
+[ "$(ls "$OUT" | tr '\n' ' ')" = "gpt2_train_000000.bin gpt2_val_000000.bin merges.txt vocab.json " ] ||
+  fail "$OUT holds: $(ls "$OUT")"
+cmp "$OUT/vocab.json" "$WORK/vocab/vocab.json" && cmp "$OUT/merges.txt" "$WORK/vocab/merges.txt" ||
+  fail "the tokenizer files were not copied as they are"
+[ ! -e "$OUT.tmp" ] || fail "$OUT.tmp left behind"
+"$PY" "$BPE_PY" check "$WORK/vocab" "$OUT" 10 "${FILES[@]}" || fail "dptrain's BPE differs from the reference"
+
+# 3. Errors: exit 2 for bad arguments and bad tokenizer files (named, with the line), 1 for a missing file;
+# nothing written by any of them.
+BAD=$WORK/bad
+TOK=(tokenize --input "$FORTUNES/art" --out "$BAD")
+expect_exit 2 "\-\-vocab requires \-\-merges" "$DPTRAIN" "${TOK[@]}" --vocab "$WORK/vocab/vocab.json"
+expect_exit 2 "\-\-merges requires \-\-vocab" "$DPTRAIN" "${TOK[@]}" --merges "$WORK/vocab/merges.txt"
+expect_exit 1 "$WORK/none.json: cannot open" "$DPTRAIN" "${TOK[@]}" --vocab "$WORK/none.json" --merges "$WORK/vocab/merges.txt"
+printf '{"a": 1,' > "$WORK/broken.json"
+expect_exit 2 "$WORK/broken.json: not valid JSON" "$DPTRAIN" "${TOK[@]}" --vocab "$WORK/broken.json" --merges "$WORK/vocab/merges.txt"
+printf '#version: 0.2\nĠ t\nh e x\n' > "$WORK/broken.txt"
+expect_exit 2 "$WORK/broken.txt:3: a merge is two tokens" "$DPTRAIN" "${TOK[@]}" --vocab "$WORK/vocab/vocab.json" --merges "$WORK/broken.txt"
+printf '{"a": 0, "b": 70000}' > "$WORK/wide.json"
+expect_exit 2 "uint16" "$DPTRAIN" "${TOK[@]}" --vocab "$WORK/wide.json" --merges "$WORK/vocab/merges.txt"
+[ ! -e "$BAD" ] && [ ! -e "$BAD.tmp" ] || fail "a refused tokenize wrote $BAD"
+help=$("$DPTRAIN" tokenize --help) || fail "tokenize --help failed"
+for word in --vocab --merges gpt2_; do grep -q -- "$word" <<< "$help" || fail "tokenize --help lacks $word"; done
+
+# 4. A tiny GPT on the BPE shards (vocab 657), then generate from it.
+"$DPTRAIN" data.dataset=tokens data.dir="$OUT" model.name=gpt model.vocab_size=657 model.n_layer=1 model.n_head=2 \
+  model.n_embd=32 model.block_size=16 train.device=cpu train.epochs=1 train.max_steps=30 train.batch_size=8 \
+  train.optimizer=adamw train.lr=3e-3 data.test_limit=64 train.progress_interval_s=1000 checkpoint.dir="$WORK/ck" \
+  --resume never > "$WORK/train.log" 2>&1 || { cat "$WORK/train.log"; fail "training on the BPE shards failed"; }
+grep -q "model: gpt L1 H2 C32 V657 T16" "$WORK/train.log" || { cat "$WORK/train.log"; fail "no GPT model line"; }
+
+PROMPT="The cat don't"
+gen() { "$DPTRAIN" generate --checkpoint "$WORK/ck" --prompt "$PROMPT" --tokens 40 "$@" 2> "$WORK/gen.err"; }
+g1=$(gen --seed 3) || { cat "$WORK/gen.err"; fail "generate failed"; }
+grep -q "tokenizer GPT-2 BPE (vocab 657, 400 merges) from $OUT" "$WORK/gen.err" ||
+  { cat "$WORK/gen.err"; fail "generate did not take the tokenizer from the checkpoint's data.dir"; }
+g2=$(gen --seed 3 --tokenizer "$WORK/vocab") || { cat "$WORK/gen.err"; fail "generate --tokenizer failed"; }
+grep -q "tokenizer GPT-2 BPE (vocab 657, 400 merges) from $WORK/vocab" "$WORK/gen.err" || fail "--tokenizer was not used"
+g3=$(gen --seed 4)
+echo "generated: $g1"
+[ "$g1" = "$g2" ] || fail "the same tokenizer from data.dir and from --tokenizer gave different text"
+[ "$g1" != "$g3" ] || fail "another seed gave the same text"
+[[ $g1 == "$PROMPT"* ]] || fail "the output does not start with the prompt"
+"$PY" - "$g1" "$PROMPT" <<'EOF' || fail "40 BPE tokens should decode to more than 40 bytes"
+import sys
+new = len(sys.argv[1].encode("utf-8", "surrogateescape")) - len(sys.argv[2].encode())
+assert new > 40, new  # most of the vocabulary is merges of 2 or more bytes
+print(f"40 new tokens decoded to {new} bytes")
+EOF
+expect_exit 2 "the model's vocab_size is 657, but the tokenizer from $WORK/vocab_big, GPT-2 BPE (vocab 757, 500 merges), has 757 ids" \
+  "$DPTRAIN" generate --checkpoint "$WORK/ck" --tokenizer "$WORK/vocab_big"
+expect_exit 1 "$WORK/nothing/vocab.json: cannot open" "$DPTRAIN" generate --checkpoint "$WORK/ck" --tokenizer "$WORK/nothing"
+# Without the tokenizer files in data.dir: bytes, with a warning (ids below 256 only, so the text decodes).
+rm "$OUT/vocab.json"
+expect_exit 2 "$OUT holds merges.txt but no vocab.json" "$DPTRAIN" generate --checkpoint "$WORK/ck"
+rm "$OUT/merges.txt"
+expect_exit 0 "byte-level tokens for a model of vocab_size 657" "$DPTRAIN" generate --checkpoint "$WORK/ck" --tokens 20
+help=$("$DPTRAIN" generate --help) || fail "generate --help failed"
+grep -q -- "--tokenizer" <<< "$help" || fail "generate --help lacks --tokenizer"
+echo "PASS"

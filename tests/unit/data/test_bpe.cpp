@@ -1,0 +1,513 @@
+// tests/unit/data/test_bpe.cpp: GPT-2 byte-level BPE (data/bpe.h) on a tiny vocabulary written here: GPT-2's
+// byte alphabet, the pre-tokenizer's pieces, token ids worked out by hand (spaces, a contraction, digits,
+// punctuation, UTF-8 through the byte fallback, invalid UTF-8), merge priority, the heap-based merge loop
+// against encoder.py's loop written plainly, round trips on arbitrary bytes, cutting a stream, every loading
+// error; ByteTokenizer, load_tokenizer, and tokenize_text writing GPT-2 shards with the tokenizer beside them.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "core/check.h"
+#include "data/bpe.h"
+#include "data/token_shards.h"
+#include "data/tokenize.h"
+#include "data/tokenizer.h"
+#include "temp_dir.h"
+
+using namespace dpt;
+using namespace dpt::data;
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+}
+
+std::string read_text(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// GPT-2's bytes_to_unicode, written out as encoder.py does: the printable bytes first, in byte order (these
+// stand for themselves), then the other 68 (standing for U+0100, U+0101, ...). The position in this list is
+// also the byte's id in GPT-2's vocab.json, and in ours below.
+std::vector<int> gpt2_byte_order() {
+  std::vector<int> bs;
+  for (int b = '!'; b <= '~'; ++b) bs.push_back(b);
+  for (int b = 0xA1; b <= 0xAC; ++b) bs.push_back(b);
+  for (int b = 0xAE; b <= 0xFF; ++b) bs.push_back(b);
+  for (int b = 0; b < 256; ++b) {
+    if (std::find(bs.begin(), bs.end(), b) == bs.end()) bs.push_back(b);
+  }
+  return bs;
+}
+
+std::string utf8(int cp) {
+  if (cp < 0x80) return std::string(1, static_cast<char>(cp));
+  if (cp < 0x800) return {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
+  return {static_cast<char>(0xE0 | (cp >> 12)), static_cast<char>(0x80 | ((cp >> 6) & 0x3F)),
+          static_cast<char>(0x80 | (cp & 0x3F))};
+}
+
+// The symbol of byte b in GPT-2's files.
+std::string sym(int b) {
+  const std::vector<int> order = gpt2_byte_order();
+  const auto pos = std::find(order.begin(), order.end(), b) - order.begin();
+  return utf8(pos < 188 ? b : 256 + static_cast<int>(pos - 188));
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// A vocab.json and a merges.txt in a temp dir: the 256 bytes with GPT-2's ids (unless left out), then one token
+// per merge (ids 256, 257, ... in order, unless left out), then `extra` tokens.
+struct TinyBpe {
+  test::TempDir dir;
+  fs::path vocab = dir.path / "vocab.json", merges = dir.path / "merges.txt";
+  std::map<std::string, int> ids;
+
+  TinyBpe(const std::vector<std::string>& merge_lines, const std::vector<std::string>& extra = {},
+          const std::vector<std::string>& leave_out = {}) {
+    const std::vector<int> order = gpt2_byte_order();
+    for (int i = 0; i < 256; ++i) ids[sym(order[static_cast<size_t>(i)])] = i;
+    int next = 256;
+    std::string merges_text = "#version: 0.2\n";
+    for (const std::string& m : merge_lines) {
+      merges_text += m + "\n";
+      const size_t space = m.find(' ');
+      ids[m.substr(0, space) + m.substr(space + 1)] = next++;
+    }
+    for (const std::string& e : extra) ids[e] = next++;
+    for (const std::string& l : leave_out) ids.erase(l);
+    std::string json = "{";
+    for (const auto& [token, id] : ids) json += (json.size() > 1 ? ", " : "") + json_string(token) + ": " + std::to_string(id);
+    write_text(vocab.string(), json + "}");
+    write_text(merges.string(), merges_text);
+  }
+  Gpt2Bpe load() const { return Gpt2Bpe(vocab, merges); }
+};
+
+// The tiny tokenizer most tests use. Ids: bytes 0..255 in GPT-2's order ('!'..'~' = 0..93, so id = byte - 33
+// for them; ' ' = 220, '\n' = 198, 0xC3 = 127, 0xA9 = 102, 0xE6 = 162, 0x97 = 245, 0xA5 = 98, 0xFF = 187),
+// then the merges' results from 256 in rank order, then <|endoftext|> = 269.
+const std::vector<std::string> kMerges = {
+    "Ġ t",    // 256 Ġt
+    "h e",    // 257 he
+    "Ġt he",  // 258 Ġthe
+    "o n",    // 259 on
+    "' t",    // 260 't
+    "1 2",    // 261 12
+    "d on",   // 262 don
+    "c a",    // 263 ca
+    "a t",    // 264 at
+    "! !",    // 265 !!
+    "Ã ©",    // 266 é (the bytes C3 A9)
+    "Ġ ca",   // 267 Ġca
+    "Ġca t",  // 268 Ġcat
+};
+
+std::vector<int32_t> ids(std::initializer_list<int32_t> v) { return v; }
+
+std::vector<std::string> pieces(const Gpt2Bpe& bpe, std::string_view text) {
+  std::vector<std::string> out;
+  for (const std::string_view w : bpe.pre_tokenize(text)) out.emplace_back(w);
+  return out;
+}
+
+// encoder.py's bpe(), as written there: symbols as strings; merge every occurrence of the lowest-ranked
+// adjacent pair, left to right, until no pair has a rank; then look each symbol up. Bytes, not GPT-2's
+// characters, but one-to-one with them.
+struct ReferenceBpe {
+  std::map<std::pair<std::string, std::string>, int> rank;
+  std::map<std::string, int> id;
+
+  ReferenceBpe(const std::vector<std::pair<std::string, std::string>>& merges, const std::map<std::string, int>& vocab) {
+    std::vector<std::string> syms;
+    for (int c = 0; c < 256; ++c) syms.push_back(sym(c));
+    auto to_bytes = [&](const std::string& spelled) {
+      std::string b;
+      for (size_t i = 0; i < spelled.size();) {
+        const auto c = std::find_if(syms.begin(), syms.end(), [&](const std::string& s) { return spelled.compare(i, s.size(), s) == 0; });
+        REQUIRE(c != syms.end());
+        b += static_cast<char>(c - syms.begin());
+        i += c->size();
+      }
+      return b;
+    };
+    for (size_t i = 0; i < merges.size(); ++i) rank[{to_bytes(merges[i].first), to_bytes(merges[i].second)}] = static_cast<int>(i);
+    for (const auto& [t, i] : vocab) id[to_bytes(t)] = i;
+  }
+
+  std::vector<int32_t> encode(const Gpt2Bpe& bpe, std::string_view text) const {  // bpe: its pre-tokenizer
+    std::vector<int32_t> out;
+    for (const std::string_view w : bpe.pre_tokenize(text)) {
+      std::vector<std::string> word;
+      for (const char c : w) word.emplace_back(1, c);
+      for (;;) {
+        int best = INT32_MAX;
+        std::pair<std::string, std::string> pair;
+        for (size_t i = 0; i + 1 < word.size(); ++i) {
+          const auto it = rank.find({word[i], word[i + 1]});
+          if (it != rank.end() && it->second < best) {
+            best = it->second;
+            pair = it->first;
+          }
+        }
+        if (best == INT32_MAX) break;
+        std::vector<std::string> merged;
+        for (size_t i = 0; i < word.size();) {
+          if (i + 1 < word.size() && word[i] == pair.first && word[i + 1] == pair.second) {
+            merged.push_back(word[i] + word[i + 1]);
+            i += 2;
+          } else {
+            merged.push_back(word[i++]);
+          }
+        }
+        word = std::move(merged);
+      }
+      for (const std::string& s : word) out.push_back(id.at(s));
+    }
+    return out;
+  }
+};
+
+std::string random_bytes(std::mt19937& rng, size_t n, const std::string& alphabet) {
+  std::string s(n, '\0');
+  for (char& c : s) {
+    c = alphabet.empty() ? static_cast<char>(rng() & 0xFF) : alphabet[rng() % alphabet.size()];
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("GPT-2 byte alphabet: printable bytes stand for themselves, the others for U+0100 on", "[data][bpe]") {
+  REQUIRE(Gpt2Bpe::byte_symbol('a') == "a");
+  REQUIRE(Gpt2Bpe::byte_symbol('!') == "!");
+  REQUIRE(Gpt2Bpe::byte_symbol(0xA1) == "\u00A1");
+  REQUIRE(Gpt2Bpe::byte_symbol(0xFF) == "\u00FF");
+  REQUIRE(Gpt2Bpe::byte_symbol(0x00) == "\u0100");
+  REQUIRE(Gpt2Bpe::byte_symbol('\n') == "\u010A");  // GPT-2's "Ċ"
+  REQUIRE(Gpt2Bpe::byte_symbol(' ') == "\u0120");   // GPT-2's "Ġ"
+  REQUIRE(Gpt2Bpe::byte_symbol(0x7F) == "\u0121");
+  REQUIRE(Gpt2Bpe::byte_symbol(0xA0) == "\u0142");
+  REQUIRE(Gpt2Bpe::byte_symbol(0xAD) == "\u0143");  // the last one
+  for (int b = 0; b < 256; ++b) REQUIRE(Gpt2Bpe::byte_symbol(static_cast<uint8_t>(b)) == sym(b));
+}
+
+TEST_CASE("GPT-2 pre-tokenizer splits words, numbers, punctuation, contractions and white space", "[data][bpe]") {
+  const TinyBpe t(kMerges);
+  const Gpt2Bpe bpe = t.load();
+  using V = std::vector<std::string>;
+  REQUIRE(pieces(bpe, "").empty());
+  REQUIRE(pieces(bpe, "Hello, world!!") == V{"Hello", ",", " world", "!!"});
+  REQUIRE(pieces(bpe, "don't I'll we're") == V{"don", "'t", " I", "'ll", " we", "'re"});
+  REQUIRE(pieces(bpe, "year 2024: 12345") == V{"year", " 2024", ":", " 12345"});
+  REQUIRE(pieces(bpe, "a2b") == V{"a", "2", "b"});
+  // \s+(?!\S) leaves the last space of a run to the word after it; a run before the end is one piece.
+  REQUIRE(pieces(bpe, "a  b") == V{"a", " ", " b"});
+  REQUIRE(pieces(bpe, "a   \n\nb") == V{"a", "   \n", "\n", "b"});
+  REQUIRE(pieces(bpe, "x\t y  ") == V{"x", "\t", " y", "  "});
+  // Letters beyond ASCII are \p{L}; U+3000 (ideographic space) is \s.
+  REQUIRE(pieces(bpe, " caf\xC3\xA9 \xE6\x97\xA5\xE6\x9C\xAC") == V{" caf\xC3\xA9", " \xE6\x97\xA5\xE6\x9C\xAC"});
+  REQUIRE(pieces(bpe, "a\xE3\x80\x80" "b") == V{"a", "\xE3\x80\x80", "b"});
+  // Invalid UTF-8 matches nothing: each run is a piece of its own, and no byte is lost.
+  REQUIRE(pieces(bpe, "a\xFF" "b") == V{"a", "\xFF", "b"});
+  REQUIRE(pieces(bpe, "ab\xC3(\x80\x80 c") == V{"ab", "\xC3", "(", "\x80\x80", " c"});
+}
+
+TEST_CASE("GPT-2 BPE encodes a tiny vocabulary to ids worked out by hand", "[data][bpe]") {
+  const TinyBpe t(kMerges, {"<|endoftext|>"});
+  const Gpt2Bpe bpe = t.load();
+  REQUIRE(bpe.vocab_size() == 270);
+  REQUIRE(bpe.name() == "gpt2");
+  REQUIRE(bpe.describe() == "GPT-2 BPE (vocab 270, 13 merges)");
+  REQUIRE(bpe.encode("").empty());
+  // "the" -> t he (no merge "t he"); " cat" -> Ġ ca t -> Ġca t -> Ġcat: c a (rank 7) before a t (rank 8).
+  REQUIRE(bpe.encode("the cat") == ids({'t' - 33, 257, 268}));
+  REQUIRE(bpe.encode(" the") == ids({258}));  // Ġ t, then h e, then Ġt he
+  REQUIRE(bpe.encode("bat") == ids({'b' - 33, 264}));
+  REQUIRE(bpe.encode("don't") == ids({262, 260}));  // "don" (o n, then d on) and "'t"
+  REQUIRE(bpe.encode("12345") == ids({261, '3' - 33, '4' - 33, '5' - 33}));
+  REQUIRE(bpe.encode("Hi!!") == ids({'H' - 33, 'i' - 33, 265}));
+  REQUIRE(bpe.encode("a  b") == ids({'a' - 33, 220, 220, 'b' - 33}));
+  REQUIRE(bpe.encode("x\n") == ids({'x' - 33, 198}));
+  // é is C3 A9, merged by "Ã ©"; c a merges, f stays.
+  REQUIRE(bpe.encode("caf\xC3\xA9") == ids({263, 'f' - 33, 266}));
+  // 日 (E6 97 A5): no merge, its three bytes' ids.
+  REQUIRE(bpe.encode("\xE6\x97\xA5") == ids({162, 245, 98}));
+  REQUIRE(bpe.encode("a\xFF" "b") == ids({'a' - 33, 187, 'b' - 33}));
+  // <|endoftext|> is not special in the text, as in encoder.py; the id decodes to it.
+  REQUIRE(bpe.encode("<|endoftext|>").size() == 13);
+  REQUIRE(bpe.decode(ids({269})) == "<|endoftext|>");
+  REQUIRE(bpe.decode(ids({262, 260, 220, 258})) == "don't  the");
+  REQUIRE(bpe.decode(ids({162})) == "\xE6");  // a token may end inside a character
+}
+
+TEST_CASE("GPT-2 BPE merges the lowest rank first and every occurrence left to right", "[data][bpe]") {
+  SECTION("a b before b c") {
+    const TinyBpe t({"a b", "b c"});
+    REQUIRE(t.load().encode("abc") == ids({256, 'c' - 33}));
+  }
+  SECTION("b c before a b") {
+    const TinyBpe t({"b c", "a b"});
+    REQUIRE(t.load().encode("abc") == ids({'a' - 33, 256}));
+  }
+  SECTION("overlapping pairs") {
+    const TinyBpe t({"a a"});  // 256 aa
+    const Gpt2Bpe bpe = t.load();
+    REQUIRE(bpe.encode("aa") == ids({256}));
+    REQUIRE(bpe.encode("aaa") == ids({256, 'a' - 33}));  // left to right: the pair at 0, not the one at 1
+    REQUIRE(bpe.encode("aaaa") == ids({256, 256}));
+    REQUIRE(bpe.encode("aaaaa") == ids({256, 256, 'a' - 33}));
+    const TinyBpe t2({"a a", "aa a"});  // 256 aa, 257 aaa: all of a a's merges first, then aa a
+    const Gpt2Bpe bpe2 = t2.load();
+    REQUIRE(bpe2.encode("aaa") == ids({257}));
+    REQUIRE(bpe2.encode("aaaaa") == ids({256, 257}));
+  }
+  SECTION("a merge may use a part that a later line makes") {
+    const TinyBpe t({"ab c", "a b"});  // 256 abc, 257 ab; encoder.py ranks pairs whatever their order
+    REQUIRE(t.load().encode("abc") == ids({256}));
+  }
+  SECTION("a lower-ranked pair that a merge makes waits until that merge is done everywhere") {
+    const TinyBpe t({"cb c", "c b"});  // 256 cbc, 257 cb
+    const Gpt2Bpe bpe = t.load();
+    REQUIRE(bpe.encode("cbcb") == ids({257, 257}));  // both c b first; then (cb, cb) has no rank
+    REQUIRE(bpe.encode("cbc") == ids({256}));
+  }
+  SECTION("a repeated pair takes its last rank, as encoder.py's dict") {
+    const TinyBpe t({"b c", "a b", "b c"});  // "bc" gets id 258 (the map keeps the last), "ab" 257
+    const Gpt2Bpe bpe = t.load();
+    REQUIRE(bpe.encode("abc") == ids({257, 'c' - 33}));  // a b (rank 1) before b c (now rank 2)
+  }
+}
+
+TEST_CASE("GPT-2 BPE merge loop agrees with encoder.py's plain loop on random text", "[data][bpe]") {
+  std::vector<std::pair<std::string, std::string>> merges;
+  std::vector<std::string> lines;
+  // Merges over a small alphabet, in an order that is not training order (parts made by later lines too).
+  for (const auto& [a, b] : std::vector<std::pair<std::string, std::string>>{
+           {"cb", "c"}, {"a", "b"}, {"ab", "a"}, {"c", "b"}, {"b", "a"}, {"a", "a"}, {"aa", "a"}, {"ba", "ab"}, {"c", "ab"}, {"Ġ", "a"},
+           {"Ġa", "b"}, {"aba", "b"}, {"b", "b"}, {"bb", "bb"}, {"Ġ", "c"}, {"c", "c"}, {"Ġcc", "aa"},
+           {"Ġ", "cc"}, {"aaa", "aa"}, {"ab", "ab"}, {"Ãĥ", "Â"}, {"Ã", "ĥ"}}) {
+    merges.emplace_back(a, b);
+    lines.push_back(a + " " + b);
+  }
+  const TinyBpe t(lines);
+  const Gpt2Bpe bpe = t.load();
+  const ReferenceBpe reference(merges, t.ids);
+  std::mt19937 rng(5);
+  for (int i = 0; i < 400; ++i) {
+    const std::string text = random_bytes(rng, rng() % 40, i % 4 == 3 ? "" : "aaabbcc \xC3\x83\xC2");
+    INFO("text " << i << ": '" << text << "'");
+    REQUIRE(bpe.encode(text) == reference.encode(bpe, text));
+  }
+}
+
+TEST_CASE("GPT-2 BPE round trips arbitrary bytes and can be fed a stream in pieces", "[data][bpe]") {
+  const TinyBpe t(kMerges);
+  const Gpt2Bpe bpe = t.load();
+  std::mt19937 rng(7);
+  const std::string prose = "the cat don't 12 x!! caf\xC3\xA9 \n\n  ";
+  for (int i = 0; i < 300; ++i) {
+    const std::string text = random_bytes(rng, rng() % 200, i % 2 ? "" : prose);  // arbitrary bytes, or near-text
+    INFO("text " << i);
+    const std::vector<int32_t> whole = bpe.encode(text);
+    REQUIRE(bpe.decode(whole) == text);
+    // safe_cut: encoding up to the cut and then the rest (with anything after it) is encoding the whole.
+    const std::string prefix = text.substr(0, rng() % (text.size() + 1));
+    const size_t cut = bpe.safe_cut(prefix);
+    REQUIRE(cut <= prefix.size());
+    if (cut == 0) continue;
+    std::vector<int32_t> pieces = bpe.encode(std::string_view(text).substr(0, cut));
+    const std::vector<int32_t> rest = bpe.encode(std::string_view(text).substr(cut));
+    pieces.insert(pieces.end(), rest.begin(), rest.end());
+    REQUIRE(pieces == whole);
+  }
+  REQUIRE(bpe.safe_cut("abc") == 0);
+  REQUIRE(bpe.safe_cut("ab cd\nef") == 5);
+  REQUIRE(bpe.safe_cut("a  b") == 1);
+  REQUIRE(bpe.safe_cut("\xC3\xA9 x") == 0);  // after a non-ASCII letter: not known to be safe
+}
+
+TEST_CASE("GPT-2 BPE tolerates what encoder.py tolerates and names what it would fail on", "[data][bpe]") {
+  SECTION("a merge result missing from the vocabulary is fine while a later merge consumes it") {
+    const TinyBpe t({"x y", "xy z"}, {}, {"xy"});  // xyz = 257, no xy
+    const Gpt2Bpe bpe = t.load();
+    REQUIRE(bpe.encode("xyz") == ids({257}));
+    REQUIRE_THROWS_WITH(bpe.encode("axy"), Catch::Contains("no token \"xy\"") && Catch::Contains("merges.txt") &&
+                                               Catch::Contains(t.vocab.string()));
+  }
+  SECTION("a merge whose parts nothing makes never applies") {
+    const TinyBpe t({"qq rr", "\u2581 a"});
+    REQUIRE(t.load().encode("qqrr") == ids({'q' - 33, 'q' - 33, 'r' - 33, 'r' - 33}));
+  }
+  SECTION("a byte missing from the vocabulary fails only the text that needs it") {
+    const TinyBpe t({"a b"}, {}, {"z"});
+    const Gpt2Bpe bpe = t.load();
+    REQUIRE(bpe.encode("ab") == ids({256}));
+    REQUIRE_THROWS_WITH(bpe.encode("az"), Catch::Contains("no token \"z\"") && Catch::Contains("byte alphabet"));
+  }
+  SECTION("a token outside the byte alphabet decodes to its own UTF-8") {
+    const TinyBpe t({"a b"}, {"\u2581x", "<pad>"});  // 257, 258
+    const Gpt2Bpe bpe = t.load();
+    REQUIRE(bpe.decode(ids({257, 258, 256})) == "\u2581x<pad>ab");
+  }
+  SECTION("no merges at all, a Windows line end, blanks around and between the tokens") {
+    {
+      const TinyBpe t({});
+      REQUIRE(t.load().encode("ab") == ids({'a' - 33, 'b' - 33}));
+    }
+    test::TempDir dir;
+    const TinyBpe t({"a b"});
+    write_text(dir.file("merges.txt"), "a b\r\n  b\tc \n");  // no #version line: the first line is a merge
+    write_text(dir.file("vocab.json"), read_text(t.vocab));
+    const Gpt2Bpe bpe(dir.path / "vocab.json", dir.path / "merges.txt");
+    REQUIRE(bpe.encode("abc") == ids({256, 'c' - 33}));
+    REQUIRE_THROWS_WITH(bpe.encode("bc"), Catch::Contains("no token \"bc\""));  // b c merges; vocab.json has no bc
+  }
+}
+
+TEST_CASE("GPT-2 BPE loading errors name the file and what is wrong", "[data][bpe]") {
+  const TinyBpe good(kMerges);
+  test::TempDir dir;
+  const std::string vocab = dir.file("vocab.json"), merges = dir.file("merges.txt");
+  write_text(merges, read_text(good.merges));
+  auto load = [&] { return Gpt2Bpe(vocab, merges); };
+
+  REQUIRE_THROWS_AS(load(), IoError);  // vocab.json missing
+  REQUIRE_THROWS_WITH(load(), Catch::Contains(vocab) && Catch::Contains("cannot open"));
+  REQUIRE_THROWS_WITH(Gpt2Bpe(good.vocab, dir.path / "none.txt"), Catch::Contains("none.txt") && Catch::Contains("cannot open"));
+
+  const std::vector<std::pair<std::string, std::string>> bad_vocab = {
+      {"{\"a\": 1,", "not valid JSON"},
+      {"[1, 2]", "a non-empty JSON object"},
+      {"{}", "empty object"},
+      {"{\"a\": -1}", "\"a\" has id -1"},
+      {"{\"a\": \"1\"}", "\"a\" has id \"1\""},
+      {"{\"a\": 1.5}", "\"a\" has id 1.5"},
+      {"{\"a\": 99999999999}", "ids are whole numbers"},
+      {"{\"a\": 0, \"b\": 0}", "\"a\" and \"b\" both have id 0"},
+  };
+  for (const auto& [text, what] : bad_vocab) {
+    INFO(text);
+    write_text(vocab, text);
+    REQUIRE_THROWS_AS(load(), ConfigError);
+    REQUIRE_THROWS_WITH(load(), Catch::Contains(vocab) && Catch::Contains(what));
+  }
+
+  write_text(vocab, read_text(good.vocab));
+  const std::vector<std::pair<std::string, std::string>> bad_merges = {
+      {"#version: 0.2\nĠ t\nh e x\n", ":3: a merge is two tokens"},
+      {"#version: 0.2\nĠt\n", ":2: a merge is two tokens separated by a space, got \"Ġt\""},
+      {"Ġ t\n\nh e\n", ":2: a merge is two tokens"},
+  };
+  for (const auto& [text, what] : bad_merges) {
+    INFO(text);
+    write_text(merges, text);
+    REQUIRE_THROWS_AS(load(), ConfigError);
+    REQUIRE_THROWS_WITH(load(), Catch::Contains(merges + what));
+  }
+
+  write_text(merges, read_text(good.merges));
+  const Gpt2Bpe bpe = load();
+  REQUIRE_THROWS_AS(bpe.decode(ids({269})), ConfigError);
+  REQUIRE_THROWS_WITH(bpe.decode(ids({1, 269})), Catch::Contains("token id 269") && Catch::Contains("vocab size 269"));
+  REQUIRE_THROWS_WITH(bpe.decode(ids({-1})), Catch::Contains("token id -1"));
+  write_text(vocab, "{\"a\": 0, \"b\": 5}");  // ids 1..4 are gaps
+  write_text(merges, "");
+  const Gpt2Bpe gaps = load();
+  REQUIRE(gaps.vocab_size() == 6);
+  REQUIRE(gaps.decode(ids({5, 0})) == "ba");
+  REQUIRE_THROWS_WITH(gaps.decode(ids({3})), Catch::Contains("token id 3 is not in the vocabulary"));
+}
+
+TEST_CASE("ByteTokenizer and load_tokenizer: bytes unless a directory holds vocab.json and merges.txt", "[data][bpe]") {
+  const ByteTokenizer bytes;
+  REQUIRE(bytes.encode("a\xFF") == ids({'a', 255}));
+  REQUIRE(bytes.decode(ids({'h', 'i', 0})) == std::string("hi\0", 3));
+  REQUIRE_THROWS_WITH(bytes.decode(ids({256})), Catch::Contains("token id 256 is not a byte"));
+  REQUIRE(bytes.safe_cut("abc") == 3);
+
+  test::TempDir dir;
+  REQUIRE(load_tokenizer(dir.path)->name() == "bytes");
+  REQUIRE(load_tokenizer(dir.path / "missing")->name() == "bytes");
+  const TinyBpe t(kMerges);
+  fs::copy_file(t.vocab, dir.path / "vocab.json");
+  REQUIRE_THROWS_WITH(load_tokenizer(dir.path), Catch::Contains("holds vocab.json but no merges.txt"));
+  fs::copy_file(t.merges, dir.path / "merges.txt");
+  const auto bpe = load_tokenizer(dir.path);
+  REQUIRE(bpe->name() == "gpt2");
+  REQUIRE(bpe->encode(" the") == ids({258}));
+
+  // save() copies the two files as they are (and is harmless onto themselves).
+  test::TempDir out;
+  bpe->save(out.path);
+  REQUIRE(read_text(out.path / "vocab.json") == read_text(t.vocab));
+  REQUIRE(read_text(out.path / "merges.txt") == read_text(t.merges));
+  bpe->save(dir.path);
+  REQUIRE(read_text(dir.path / "merges.txt") == read_text(t.merges));
+}
+
+TEST_CASE("tokenize_text writes GPT-2 shards, streams big files in pieces and saves the tokenizer", "[data][bpe]") {
+  const TinyBpe t(kMerges);
+  const Gpt2Bpe bpe = t.load();
+  test::TempDir dir;
+  // Two files; the second is over 1 MB, so it is read in several chunks and cut where safe_cut says.
+  std::mt19937 rng(3);
+  const std::string small = "the cat don't\n";
+  std::string big;
+  while (big.size() < 2'500'000) {
+    big += random_bytes(rng, 1 + rng() % 12, "the cat'on12!\xC3\xA9");
+    big += " \n"[rng() % 2];
+  }
+  write_text(dir.file("in/a.txt"), small);
+  write_text(dir.file("in/b.txt"), big);
+  TokenizeOptions o;
+  o.inputs = {(dir.path / "in").string()};
+  o.out_dir = (dir.path / "out").string();
+  o.val_every = 2;
+  o.block_tokens = 1000;
+  const TokenizeSummary s = tokenize_text(o, bpe);
+  std::vector<int32_t> expect = bpe.encode(small);  // each file on its own
+  const std::vector<int32_t> b = bpe.encode(big);
+  expect.insert(expect.end(), b.begin(), b.end());
+  REQUIRE(s.tokenizer == "GPT-2 BPE (vocab 269, 13 merges)");
+  REQUIRE(s.train_shards == std::vector<std::string>{"gpt2_train_000000.bin"});
+  REQUIRE(s.val_shards == std::vector<std::string>{"gpt2_val_000000.bin"});
+  REQUIRE(s.train_tokens + s.val_tokens == expect.size());
+  const TokenShard train((dir.path / "out" / s.train_shards[0]).string());
+  const TokenShard val((dir.path / "out" / s.val_shards[0]).string());
+  std::vector<int32_t> got;
+  for (size_t i = 0, tr = 0, va = 0; tr < train.size() || va < val.size(); ++i) {
+    const TokenShard& from = i % 2 ? val : train;
+    size_t& at = i % 2 ? va : tr;
+    for (size_t k = 0; k < 1000 && at < from.size(); ++k) got.push_back(from[at++]);
+  }
+  REQUIRE(got == expect);
+  REQUIRE(read_text(dir.path / "out" / "vocab.json") == read_text(t.vocab));
+  REQUIRE(read_text(dir.path / "out" / "merges.txt") == read_text(t.merges));
+  REQUIRE(load_tokenizer(dir.path / "out")->encode(small) == bpe.encode(small));
+  REQUIRE_FALSE(fs::exists(dir.path / "out.tmp"));
+
+  // Ids beyond uint16: refused before anything is written.
+  test::TempDir wide;
+  write_text(wide.file("vocab.json"), "{\"a\": 0, \"b\": 65536}");
+  write_text(wide.file("merges.txt"), "#version: 0.2\n");
+  o.out_dir = (wide.path / "out").string();
+  REQUIRE_THROWS_WITH(tokenize_text(o, Gpt2Bpe(wide.path / "vocab.json", wide.path / "merges.txt")),
+                      Catch::Contains("ids up to 65536") && Catch::Contains("uint16"));
+  REQUIRE_FALSE(fs::exists(wide.path / "out"));
+  REQUIRE_FALSE(fs::exists(wide.path / "out.tmp"));
+}
