@@ -3,17 +3,33 @@
 //
 // The model comes from the same config as dptrain's (a TOML file and key=value overrides: model.*,
 // train.device, train.precision, train.optimizer, train.lr, ...) through trainer::build_model. One random
-// batch [N, C, H, W] with random labels is made once, directly in the device's memory, so the timed loop is
-// the step alone: forward, softmax cross-entropy, backward, optimizer step (trainer::Optimizer), with no data
-// loading, host-to-device copies or collectives. After --warmup untimed steps, --steps steps are timed: on a
-// GPU with CUDA events on the model's compute stream (device time, kernel-launch gaps included), on the CPU
-// with steady_clock. images/s = batch * steps / time. The check: the mean loss over the timed steps must be
-// finite (exit 1 otherwise). The PyTorch reference prints the same row: scripts/bench/torch_resnet.py.
+// batch is made once, directly in the device's memory, so the timed loop is the step alone: forward, softmax
+// cross-entropy, backward, optimizer step (trainer::Optimizer), with no data loading, host-to-device copies or
+// collectives. After --warmup untimed steps, --steps steps are timed: on a GPU with CUDA events on the model's
+// compute stream (device time, kernel-launch gaps included), on the CPU with steady_clock. The check: the
+// mean loss over the timed steps must be finite (exit 1 otherwise).
+//
+//   images (model.name = mlp | resnet): a batch [N, C, H, W] (--shape) of standard normal values with labels
+//       uniform in [0, --classes); images/s = batch * steps / time. PyTorch's twin: scripts/bench/torch_resnet.py.
+//   tokens (model.name = gpt): windows of model.block_size + 1 tokens uniform in [0, model.vocab_size): the
+//       model reads tokens [B, T] (int32) and predicts the next ones ([B * T] targets), as dptrain's language
+//       model task feeds it; tokens/s = B * T * steps / time, and on a GPU whose dense bf16 peak is known
+//       (cuda::dense_bf16_peak_flops) MFU = tokens/s * models::gpt_flops_per_token / peak. AdamW's weight decay
+//       reaches the matrices only, as dptrain's for a GPT (train.weight_decay_params = auto). PyTorch's twin:
+//       scripts/bench/torch_gpt.py (scripts/bench/gpt_bench.sh runs both).
+//
+// --phase-steps N: after the timed steps, N more steps with a clock read (CUDA events on a GPU) between the
+// phases: where a step's time goes (forward, loss, backward, optimizer), printed as a comment line and in the
+// JSON. Separate from the timed steps, which stay untouched. --cuda-profiler-range: the timed steps between
+// cudaProfilerStart and cudaProfilerStop, for `nsys profile --capture-range=cudaProfilerApi` (per-kernel
+// times of the timed steps only).
 //
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -29,10 +45,15 @@
 
 #include <unistd.h>
 
+#ifdef DPT_WITH_CUDA
+#include <cuda_profiler_api.h>
+#endif
+
 #include "core/check.h"
 #include "core/cuda.h"
 #include "core/logging.h"
 #include "core/tensor.h"
+#include "models/gpt.h"
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "models/layers.h"
 #include "models/model.h"
@@ -59,18 +80,33 @@ struct Options {
   int64_t classes = 10;
   int warmup = 5;
   int steps = 20;
+  int phase_steps = 0;
+  bool profiler_range = false;
   std::string json_path;
 };
 
+// The phases of a step, in order; --phase-steps times each.
+constexpr std::array<const char*, 4> kPhases = {"forward", "loss", "backward", "optimizer"};
+
 struct Result {
-  std::string model;     // "resnet18"
+  std::string model;     // "resnet18", "gpt-L12-C768"
   int64_t params = 0;
   std::string precision;  // train.precision: fp32 | bf16 | fp16
   std::string device;     // "cpu", "cuda:0"
   std::string device_name;
   double ms_per_step = 0;
-  double images_per_s = 0;
-  double loss = 0;  // mean over the timed steps' examples
+  double images_per_s = 0;  // examples (images, or token windows) per second
+  double loss = 0;          // mean over the timed steps' loss rows (examples, or tokens)
+  std::array<double, kPhases.size()> phase_ms{};  // per step, over the --phase-steps steps
+  // GPT only.
+  bool tokens = false;
+  int64_t seq = 0;  // T
+  int64_t vocab = 0, padded_vocab = 0;
+  int64_t params_no_wpe = 0;  // N of MFU's 6 N
+  double tokens_per_s = 0;
+  double flops_per_token = 0;
+  double peak_flops = 0;  // dense bf16 peak of the device; 0: unknown (no MFU)
+  double mfu = 0;
 };
 
 models::Precision parse_precision(const std::string& p) {
@@ -96,6 +132,11 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   return s;
 }
 
+models::GptOptions gpt_options(const trainer::ModelConfig& m) {
+  return {.n_layer = m.n_layer, .n_head = m.n_head, .n_embd = m.n_embd, .vocab_size = m.vocab_size,
+          .block_size = m.block_size};
+}
+
 // The table, shared with scripts/bench/torch_resnet.py (same columns, same widths).
 void print_header() {
   fmt::print("#{:>11}  {:>10}  {:>10}  {:>5}  {:>9}  {:>6}  {:>5}  {:>9}  {:>9}  {:>7}\n", "program", "model", "shape",
@@ -111,13 +152,28 @@ void print_row(const Result& r, const Options& o) {
   std::fflush(stdout);
 }
 
+// The GPT table, shared with scripts/bench/torch_gpt.py (same columns, same widths). MFU "-" when the peak of
+// the device is not known (the CPU, a GPU not in cuda::dense_bf16_peak_flops's table).
+void print_gpt_header() {
+  fmt::print("#{:>11}  {:>7}  {:>12}  {:>5}  {:>5}  {:>9}  {:>6}  {:>9}  {:>10}  {:>5}  {:>7}\n", "program", "mode",
+             "model", "seq", "batch", "precision", "device", "time/step", "tokens/s", "MFU", "loss");
+  fmt::print("#{:>11}  {:>7}  {:>12}  {:>5}  {:>5}  {:>9}  {:>6}  {:>9}  {:>10}  {:>5}  {:>7}\n", "", "", "", "", "",
+             "", "", "(ms)", "(1/s)", "(%)", "(mean)");
+}
+
+void print_gpt_row(const Result& r, const Options& o) {
+  const std::string mfu = r.peak_flops > 0 ? fmt::format("{:.1f}", 100 * r.mfu) : "-";
+  fmt::print("{:>12}  {:>7}  {:>12}  {:>5}  {:>5}  {:>9}  {:>6}  {:>9.2f}  {:>10.0f}  {:>5}  {:>7.4f}\n", "dptrain",
+             "step", r.model, r.seq, o.batch, r.precision, r.device.substr(0, r.device.find(':')), r.ms_per_step,
+             r.tokens_per_s, mfu, r.loss);
+  std::fflush(stdout);
+}
+
 void write_json(const std::string& path, const Result& r, const Options& o) {
   nlohmann::json j{{"program", "dptrain"},
                    {"model", r.model},
                    {"params", r.params},
-                   {"shape", o.shape},
                    {"batch", o.batch},
-                   {"classes", o.classes},
                    {"precision", r.precision},
                    {"device", r.device},
                    {"device_name", r.device_name},
@@ -128,14 +184,34 @@ void write_json(const std::string& path, const Result& r, const Options& o) {
                    {"images_per_s", r.images_per_s},
                    {"loss", r.loss},
                    {"overrides", o.overrides}};
+  if (r.tokens) {
+    j["mode"] = "step";
+    j["seq"] = r.seq;
+    j["vocab"] = r.vocab;
+    j["padded_vocab"] = r.padded_vocab;
+    j["params_no_wpe"] = r.params_no_wpe;
+    j["tokens_per_s"] = r.tokens_per_s;
+    j["flops_per_token"] = r.flops_per_token;
+    j["peak_flops"] = r.peak_flops;
+    j["mfu"] = r.peak_flops > 0 ? nlohmann::json(r.mfu) : nlohmann::json(nullptr);
+  } else {
+    j["shape"] = o.shape;
+    j["classes"] = o.classes;
+  }
+  if (o.phase_steps > 0) {
+    nlohmann::json ph;
+    for (size_t i = 0; i < kPhases.size(); ++i) ph[kPhases[i]] = r.phase_ms[i];
+    j["phase_steps"] = o.phase_steps;
+    j["phase_ms_per_step"] = ph;
+  }
   std::ofstream f(path);
   f << j.dump(2) << "\n";
   if (!f) DPT_THROW(IoError, "--json {}: cannot write it", path);
 }
 
-// One random batch, made on the host once and copied to the device: standard normal images and labels
-// uniform in [0, classes).
-std::pair<Tensor, Tensor> random_batch(const Options& o, Device device, uint64_t seed) {
+// One random batch of images, made on the host once and copied to the device: standard normal images and
+// labels uniform in [0, classes).
+std::pair<Tensor, Tensor> random_images(const Options& o, Device device, uint64_t seed) {
   std::vector<int64_t> xshape{o.batch};
   xshape.insert(xshape.end(), o.shape.begin(), o.shape.end());
   Tensor x = Tensor::empty(xshape, DType::F32), y = Tensor::empty({o.batch}, DType::I32);
@@ -147,11 +223,68 @@ std::pair<Tensor, Tensor> random_batch(const Options& o, Device device, uint64_t
   return {x.to(device), y.to(device)};
 }
 
+// One random batch of token windows, as dptrain's language-model task makes them from a data set's windows of
+// T + 1 tokens: inputs [B, T] (int32) and the next tokens [B * T] (row b * T + t), tokens uniform in
+// [0, vocab).
+std::pair<Tensor, Tensor> random_tokens(int64_t batch, int64_t T, int64_t vocab, Device device, uint64_t seed) {
+  Tensor x = Tensor::empty({batch, T}, DType::I32), y = Tensor::empty({batch * T}, DType::I32);
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> window(static_cast<size_t>(T + 1));
+  for (int64_t b = 0; b < batch; ++b) {
+    for (auto& t : window) t = token(rng);
+    for (int64_t t = 0; t < T; ++t) {
+      x.data<int32_t>()[b * T + t] = window[t];
+      y.data<int32_t>()[b * T + t] = window[t + 1];
+    }
+  }
+  return {x.to(device), y.to(device)};
+}
+
+// A clock for the phases: CUDA events on the compute stream (device time), or steady_clock on the CPU (whose
+// kernels run on the calling thread). mark(i) ends phase i - 1 and starts phase i.
+class PhaseClock {
+ public:
+  PhaseClock(bool cuda, StreamHandle stream) : cuda_(cuda), stream_(stream) {
+    if (cuda_)
+      for (auto& e : events_) e = std::make_unique<cuda::Event>(/*timing=*/true);
+  }
+  void mark(size_t i) {
+    if (cuda_) events_[i]->record(stream_);
+    else times_[i] = std::chrono::steady_clock::now();
+  }
+  // Adds the last step's phases (milliseconds) to `ms`; waits for the stream on a GPU.
+  void add(std::array<double, kPhases.size()>& ms) {
+    if (cuda_) events_.back()->synchronize();
+    for (size_t i = 0; i < kPhases.size(); ++i)
+      ms[i] += cuda_ ? events_[i + 1]->elapsed_ms_since(*events_[i])
+                     : std::chrono::duration<double, std::milli>(times_[i + 1] - times_[i]).count();
+  }
+
+ private:
+  bool cuda_;
+  StreamHandle stream_;
+  std::array<std::unique_ptr<cuda::Event>, kPhases.size() + 1> events_;
+  std::array<std::chrono::steady_clock::time_point, kPhases.size() + 1> times_;
+};
+
+void profiler_range(bool start) {
+#ifdef DPT_WITH_CUDA
+  // Only nsys (--capture-range=cudaProfilerApi) listens; without a profiler these are no-ops.
+  (void)(start ? cudaProfilerStart() : cudaProfilerStop());
+#else
+  (void)start;
+#endif
+}
+
 Result run(const Options& o, const trainer::Config& cfg) {
   const Device device =
       trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
   if (device.is_cuda()) cuda::set_device(device.index);
-  auto model = trainer::build_model(cfg.model, o.shape, o.classes, device);
+  const bool gpt = cfg.model.name == "gpt";
+  const int64_t T = cfg.model.block_size;
+  const std::vector<int64_t> sample_shape = gpt ? std::vector<int64_t>{T + 1} : o.shape;
+  auto model = trainer::build_model(cfg.model, sample_shape, o.classes, device);
   model->init(static_cast<uint64_t>(cfg.train.seed));
   model->set_training(true);
   try {
@@ -162,11 +295,16 @@ Result run(const Options& o, const trainer::Config& cfg) {
   if (cfg.train.precision == "fp16")
     spdlog::warn("train.precision = fp16: no loss scaling here (timing only; dptrain's fp16 step also unscales and "
                  "checks the gradients)");
-  trainer::Optimizer optimizer(cfg.train, *model);
+  // Weight decay on the matrices only for a GPT, as dptrain's training loop decides it (trainer.cpp).
+  const bool decay_matrices_only = cfg.train.weight_decay_params == "matrices" ||
+                                   (cfg.train.weight_decay_params == "auto" && gpt);
+  trainer::Optimizer optimizer(cfg.train, *model, decay_matrices_only);
   models::SoftmaxCrossEntropy loss;
   models::Kernels& k = model->kernels();
   const StreamHandle stream = k.stream();  // nullptr on the CPU
-  auto [x, y] = random_batch(o, device, static_cast<uint64_t>(cfg.train.seed) + 1);
+  const uint64_t data_seed = static_cast<uint64_t>(cfg.train.seed) + 1;
+  auto [x, y] = gpt ? random_tokens(o.batch, T, cfg.model.vocab_size, device, data_seed)
+                    : random_images(o, device, data_seed);
   Tensor stats = Tensor::zeros({2}, DType::F64, device);  // summed loss, correct: on the device
 
   Result r;
@@ -176,37 +314,71 @@ Result run(const Options& o, const trainer::Config& cfg) {
   r.device = device.str();
   r.device_name = device.is_cuda() ? cuda::device_description(device.index)
                                    : fmt::format("cpu (OpenBLAS {} kernels)", models::blas_core());
+  int64_t rows_per_step = o.batch;  // loss rows: examples, or tokens
+  if (gpt) {
+    const models::GptOptions go = gpt_options(cfg.model);
+    r.tokens = true;
+    r.model = fmt::format("gpt-L{}-C{}", go.n_layer, go.n_embd);
+    r.seq = T;
+    r.vocab = go.vocab_size;
+    r.padded_vocab = models::padded_vocab(go);
+    r.params_no_wpe = models::gpt_num_params(go, /*with_wpe=*/false);
+    r.flops_per_token = models::gpt_flops_per_token(go, T);
+    r.peak_flops = device.is_cuda() ? cuda::dense_bf16_peak_flops(cuda::device_name(device.index)) : 0.0;
+    rows_per_step = o.batch * T;
+  }
+  const std::string example = gpt ? fmt::format("{}", T) : fmt::format("{}", fmt::join(o.shape, ", "));
   spdlog::info("{} on {}, precision {}, batch [{}, {}], {} warm-up + {} timed steps", model->summary(),
-               r.device_name, r.precision, o.batch, fmt::join(o.shape, ", "), o.warmup, o.steps);
+               r.device_name, r.precision, o.batch, example, o.warmup, o.steps);
 
   const double lr = cfg.train.lr;  // constant: the schedule costs nothing and would only blur the comparison
-  auto step = [&] {
+  PhaseClock clock(device.is_cuda(), stream);
+  auto step = [&](PhaseClock* c) {
+    if (c) c->mark(0);
     model->zero_grad();
-    loss.accumulate(model->forward(x), y, k, stats, /*backward=*/true);
+    const Tensor& logits = model->forward(x);
+    if (c) c->mark(1);
+    loss.accumulate(logits, y, k, stats, /*backward=*/true);
+    if (c) c->mark(2);
     model->backward(loss.grad());
+    if (c) c->mark(3);
     optimizer.step(lr);
+    if (c) c->mark(4);
   };
 
-  for (int i = 0; i < o.warmup; ++i) step();
+  for (int i = 0; i < o.warmup; ++i) step(nullptr);
   stats.zero_(stream);
   double seconds = 0;
   if (device.is_cuda()) {
     cuda::Event start(/*timing=*/true), end(/*timing=*/true);
     cuda::stream_synchronize(stream);  // the warm-up done: the clock starts on an idle stream
+    if (o.profiler_range) profiler_range(true);
     start.record(stream);
-    for (int i = 0; i < o.steps; ++i) step();
+    for (int i = 0; i < o.steps; ++i) step(nullptr);
     end.record(stream);
     end.synchronize();
+    if (o.profiler_range) profiler_range(false);
     seconds = end.elapsed_ms_since(start) / 1e3;
   } else {
     const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.steps; ++i) step();
+    for (int i = 0; i < o.steps; ++i) step(nullptr);
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   const Tensor s = stats.to(Device::cpu());  // synchronous
-  r.loss = s.data<double>()[0] / static_cast<double>(o.batch * o.steps);
+  r.loss = s.data<double>()[0] / static_cast<double>(rows_per_step * o.steps);
   r.ms_per_step = seconds * 1e3 / o.steps;
   r.images_per_s = static_cast<double>(o.batch * o.steps) / seconds;
+  if (gpt) {
+    r.tokens_per_s = static_cast<double>(rows_per_step * o.steps) / seconds;
+    if (r.peak_flops > 0) r.mfu = r.tokens_per_s * r.flops_per_token / r.peak_flops;
+  }
+
+  // Where the time goes, after the timed steps (their clock reads would otherwise sit inside the timing).
+  for (int i = 0; i < o.phase_steps; ++i) {
+    step(&clock);
+    clock.add(r.phase_ms);
+  }
+  for (double& ms : r.phase_ms) ms /= std::max(o.phase_steps, 1);
   return r;
 }
 
@@ -216,22 +388,30 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       "dpt-model-bench: training-step throughput of one dptrain model on one device (no data loading, no\n"
       "collectives): one random batch made on the device, --warmup untimed steps, then --steps timed steps of\n"
       "forward + softmax cross-entropy + backward + optimizer step. Prints one table row (time per step,\n"
-      "images/s, the mean loss) on stdout; the model, device and precision come from dptrain's config keys."};
+      "images/s or, for a GPT, tokens/s and MFU, the mean loss) on stdout; the model, device and precision come\n"
+      "from dptrain's config keys."};
   app.add_option("-c,--config", o.config_path, "TOML experiment file, as dptrain's (optional)")
       ->check(CLI::ExistingFile);
-  app.add_option("--batch", o.batch, "examples per step (default: train.batch_size)")->check(CLI::PositiveNumber);
-  app.add_option("--shape", o.shape, "one example's shape C,H,W")
+  app.add_option("--batch", o.batch, "examples (a GPT: sequences) per step (default: train.batch_size)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--shape", o.shape, "one example's shape C,H,W (images; a GPT reads model.block_size tokens)")
       ->delimiter(',')
       ->expected(3)
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--classes", o.classes, "label classes (the model's unless model.num_classes is set)")
+  app.add_option("--classes", o.classes, "label classes (the model's unless model.num_classes is set; not a GPT's)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed steps first (allocations, algorithm choices, caches)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--steps", o.steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--phase-steps", o.phase_steps,
+                 "after the timed steps, this many steps timed phase by phase (forward, loss, backward, optimizer)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_flag("--cuda-profiler-range", o.profiler_range,
+               "the timed steps between cudaProfilerStart/Stop (nsys profile --capture-range=cudaProfilerApi)");
   app.add_option("--json", o.json_path, "also write the result to this file as JSON");
   app.add_option("overrides", o.overrides,
                  "dptrain config overrides, key=value: model.name=resnet model.depth=18 train.device=cuda "
@@ -241,6 +421,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       "  dpt-model-bench --batch 256 --shape 3,32,32 --classes 10 model.name=resnet model.depth=18\n"
       "  dpt-model-bench --batch 128 --shape 3,224,224 --classes 1000 model.name=resnet model.depth=34 \\\n"
       "      train.device=cuda train.precision=bf16 --json resnet34.json\n"
+      "  dpt-model-bench --config configs/gpt2_124m.toml --batch 16 train.device=cuda   # GPT-2 124M, T 1024\n"
       "Exit status: 0 on success, 1 when the step failed or the loss was not finite, 2 for a usage or config "
       "error.");
   try {
@@ -278,7 +459,15 @@ int main(int argc, char** argv) {
 
   trainer::Config cfg;
   try {
-    cfg = trainer::load_config(o.config_path, o.overrides);
+    // The config check pairs model.name = gpt with data.dataset = tokens; this program reads no data set, so
+    // `model.name=gpt` on the command line brings the dataset key with it.
+    std::vector<std::string> overrides = o.overrides;
+    const auto has = [&](const std::string& prefix) {
+      return std::any_of(overrides.begin(), overrides.end(),
+                         [&](const std::string& kv) { return kv.starts_with(prefix); });
+    };
+    if (has("model.name=gpt") && !has("data.dataset=")) overrides.insert(overrides.begin(), "data.dataset=tokens");
+    cfg = trainer::load_config(o.config_path, overrides);
     if (!std::getenv("DPT_LOG_LEVEL")) spdlog::set_level(parse_log_level(cfg.log.level));
     if (o.batch == 0) o.batch = cfg.train.batch_size;
   } catch (const Error& e) {
@@ -292,10 +481,31 @@ int main(int argc, char** argv) {
     fmt::print("# dpt-model-bench: {} ({} parameters) on {}; step = forward + softmax cross-entropy + backward + "
                "{} (lr {}), one batch made on the device\n",
                r.model, r.params, r.device_name, cfg.train.optimizer, cfg.train.lr);
-    fmt::print("# warmup {} steps, timed {} steps ({})\n#\n", o.warmup, o.steps,
+    const std::string peak =
+        r.peak_flops > 0 ? fmt::format("{:.0f} TFLOP/s", r.peak_flops / 1e12) : std::string("- (unknown here)");
+    if (r.tokens)
+      fmt::print("# tokens: vocab {} (padded to {}), T {}; {:.4g} FLOP/token (6 N + 12 L T C, N = {} without wpe); "
+                 "MFU against a dense bf16 peak of {}\n",
+                 r.vocab, r.padded_vocab, r.seq, r.flops_per_token, r.params_no_wpe, peak);
+    fmt::print("# warmup {} steps, timed {} steps ({})\n", o.warmup, o.steps,
                r.device.starts_with("cuda") ? "CUDA events on the compute stream" : "steady_clock");
-    print_header();
-    print_row(r, o);
+    if (o.phase_steps > 0) {
+      double total = 0;
+      for (double ms : r.phase_ms) total += ms;
+      std::string parts;
+      for (size_t i = 0; i < kPhases.size(); ++i)
+        parts += fmt::format("{}{} {:.2f} ms ({:.0f}%)", i ? ", " : "", kPhases[i], r.phase_ms[i],
+                             total > 0 ? 100 * r.phase_ms[i] / total : 0.0);
+      fmt::print("# phases, mean of {} more steps: {}; sum {:.2f} ms\n", o.phase_steps, parts, total);
+    }
+    fmt::print("#\n");
+    if (r.tokens) {
+      print_gpt_header();
+      print_gpt_row(r, o);
+    } else {
+      print_header();
+      print_row(r, o);
+    }
     if (!o.json_path.empty()) write_json(o.json_path, r, o);
     if (!std::isfinite(r.loss)) {
       spdlog::error("the mean loss over the timed steps is {}: the step computed garbage", r.loss);

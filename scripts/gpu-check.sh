@@ -5,25 +5,33 @@
 #   scripts/gpu-check.sh bundle    HERE (the build machine): build, then make .gpu-bundle/ (< 60 MiB):
 #                                  payload.tar.xz (bin/: dptrain, dprun, the test programs, the bench programs
 #                                  dpt-model-bench and dpt-allreduce-perf; lib/: the shared libraries they need
-#                                  that the GPU machine lacks), data/ (Fashion-MNIST), configs/, BUNDLE_INFO.
-#                                  Idempotent.
+#                                  that the GPU machine lacks), data/ (Fashion-MNIST), tokens/ (byte-level token
+#                                  shards of two of Debian's fortune files, made by the built `dptrain tokenize`),
+#                                  configs/, BUNDLE_INFO. Idempotent.
 #   scripts/gpu-check.sh run       THERE, from the repository root, with .gpu-bundle carried: unpack, run the
 #                                  GPU unit tests, the other unit tests, short trainings (1 rank NCCL, 1 rank
 #                                  CPU, compared; 2 ranks over gloo sharing the GPU, fp32 and bf16 all-reduce;
-#                                  configs/fmnist_resnet.toml for 1 epoch in fp32, bf16, fp16) and the benchmarks (the
-#                                  MLP one, then the ResNet rows of scripts/bench/resnet_bench.sh --gpu with
-#                                  what is left of the budget), then print a PASS/FAIL table. Exit status
+#                                  configs/fmnist_resnet.toml for 1 epoch in fp32, bf16, fp16; configs/gpt_tiny.toml
+#                                  for 50 steps on the GPU and on the CPU, compared) and the benchmarks (the GPT-2
+#                                  124M one of scripts/bench/gpt_bench.sh --gpu, the MLP one, then the ResNet rows
+#                                  of scripts/bench/resnet_bench.sh --gpu, each with what is left of the budget),
+#                                  then print a PASS/FAIL table. Exit status
 #                                  non-zero when any step failed. Logs: $OUT/gpu-check.log (everything) and
 #                                  $OUT/gpu-check/ (one log per step); /tmp/gpu-check/ when OUT is unset.
 #   scripts/gpu-check.sh resnet-bench   THERE: only the ResNet benchmark (dpt-model-bench against PyTorch,
 #                                  scripts/bench/resnet_bench.sh --gpu) with the bundled programs; its table
 #                                  goes to stdout and $OUT/resnet-bench.md (a few minutes).
+#   scripts/gpu-check.sh gpt-bench THERE: only the GPT-2 124M benchmark (dpt-model-bench and dptrain against
+#                                  PyTorch eager and torch.compile, scripts/bench/gpt_bench.sh --gpu, with the
+#                                  per-kernel breakdown) with the bundled programs; its table goes to stdout and
+#                                  $OUT/gpt-bench.md (about 5 minutes).
 #   scripts/gpu-check.sh unpack    unpack the payload into .gpu-bundle/{bin,lib} (run does it itself; for trying
 #                                  the bundle here; `bundle` removes them again so the carried folder stays small)
 #   scripts/gpu-check.sh libpath   print the LD_LIBRARY_PATH the bundled programs need on this machine
 #
 # Environment: DPT_BUILD_DIR (default build), DPT_SKIP_BUILD=1 (bundle what is built), GPU_CHECK_BUDGET_S
-# (run: seconds for all the steps, default 450; the run ends within ~8 minutes), GPU_CHECK_LOSS_TOL / GPU_CHECK_ACC_TOL (default 0.01),
+# (run: seconds for all the steps, default 540; the run ends within ~9.5 minutes, under the device tool's 10-minute
+# limit per command), GPU_CHECK_LOSS_TOL / GPU_CHECK_ACC_TOL (default 0.01),
 # GPU_CHECK_NO_LINKS=1 (run: make no temporary links, see make_compat_links).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +40,8 @@ BUNDLE=.gpu-bundle
 MAX_BUNDLE_MIB=60
 FMNIST_DIR=/usr/share/datasets/fashion-mnist
 FMNIST_FILES=(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz)
+# The text of the GPT training check: two of Debian's fortune files (0.37 MB), byte-level tokens (0.74 MB of shards).
+FORTUNE_FILES=(/usr/share/games/fortunes/computers /usr/share/games/fortunes/science)
 
 die() { echo "gpu-check: error: $*" >&2; exit 1; }
 
@@ -138,6 +148,24 @@ bundle() {
   rm -f "$BUNDLE"/configs/*
   cp configs/*.toml "$BUNDLE/configs/"
 
+  # Token shards for the GPT training check (train_cuda_gpt / train_cpu_gpt), written by the dptrain being
+  # bundled; without the fortune files the bundle goes without them and those steps say so there.
+  local tokens_note="none (no ${FORTUNE_FILES[*]}: apt-get install fortunes)"
+  rm -rf "$BUNDLE/tokens"
+  if [ -f "${FORTUNE_FILES[0]}" ] && [ -f "${FORTUNE_FILES[1]}" ]; then
+    local tok_args=() tlog
+    for f in "${FORTUNE_FILES[@]}"; do tok_args+=(--input "$f"); done
+    tlog=$(mktemp)
+    if "$build_dir/trainer/dptrain" tokenize "${tok_args[@]}" --out "$BUNDLE/tokens" >"$tlog" 2>&1; then
+      tokens_note="$(du -sh "$BUNDLE/tokens" | cut -f1) ($(cd "$BUNDLE/tokens" && echo *), from $(basename -a "${FORTUNE_FILES[@]}" | tr '\n' ' ' | sed 's/ $//'))"
+    else
+      cat "$tlog" >&2
+      rm -rf "$BUNDLE/tokens"
+      die "dptrain tokenize failed (above)"
+    fi
+    rm -f "$tlog"
+  fi
+
   local source_dir cuda_build=no cudnn_version=none cudnn_inc
   source_dir=$(sed -n 's/^dptrain_SOURCE_DIR:STATIC=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
   cudnn_inc=$(sed -n 's/^CUDNN_INCLUDE_DIR:PATH=//p' "$build_dir/CMakeCache.txt" 2>/dev/null || true)
@@ -178,6 +206,7 @@ bundle() {
   echo "  needs glibc >= ${glibc_need#GLIBC_}, libstdc++ with ${glibcxx_need:-nothing}"
   echo "  payload       : $(du -h "$BUNDLE/payload.tar.xz" | cut -f1) ($(du -h "$tarfile" | cut -f1) uncompressed)"
   echo "  data          : $(du -sh "$BUNDLE/data" | cut -f1) (${FMNIST_FILES[*]})"
+  echo "  tokens        : $tokens_note"
   echo "  configs       : $(cd "$BUNDLE/configs" && echo *)"
   [ "$cuda_build" = yes ] || echo "  WARNING: CPU-only build (no unit_gpu, no NCCL): the GPU steps will fail there"
   echo "  total         : $mib MiB (limit $MAX_BUNDLE_MIB MiB)"
@@ -504,6 +533,96 @@ step_bench_resnet() {
   return $((rc != 0))
 }
 
+# The small GPT of configs/gpt_tiny.toml (4 layers, 128 wide, byte-level vocabulary, T 64, batch 16, AdamW,
+# fp32) on the bundle's token shards, GPT_STEPS optimizer steps on one rank with a progress line every step,
+# then the evaluation on 256 validation windows: on the GPU over NCCL, and the same on the CPU (gloo).
+GPT_STEPS=50
+train_gpt() {
+  local logfile=$1 device=$2 backend=$3 limit=$4 rc=0 line
+  if [ ! -d "$BUNDLE/tokens" ]; then
+    NOTE="no $BUNDLE/tokens (bundle makes it with dptrain tokenize from Debian's fortunes: were they installed?)"
+    return 1
+  fi
+  run_timed "$logfile" "$limit" "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/gpt_tiny.toml" \
+    "train.device=$device" "dist.backend=$backend" "data.dir=$BUNDLE/tokens" "train.max_steps=$GPT_STEPS" \
+    data.test_limit=256 train.progress_interval_s=0.001 "checkpoint.dir=$WORK/gpt_$device" --resume never || rc=$?
+  line=$(last_epoch_line "$logfile")
+  if ((rc != 0)); then
+    NOTE="exit $rc$(first_error "$logfile")"
+    return 1
+  fi
+  if [ -z "$line" ]; then
+    NOTE="no epoch line in the output"
+    return 1
+  fi
+  NOTE="loss $(field "$line" loss) test_loss $(field "$line" test_loss) test_acc $(field "$line" test_acc) tokens/s $(field "$line" tokens/s)"
+}
+
+step_train_gpt_gpu() { train_gpt "$1" cuda nccl 120; }
+step_train_gpt_cpu() { train_gpt "$1" cpu gloo 120; }
+
+# GPU against CPU for the GPT: the loss at the first and the last step both runs printed, the running training
+# loss of the epoch line and the validation loss within GPU_CHECK_LOSS_TOL, the next-byte accuracy within
+# GPU_CHECK_ACC_TOL.
+step_compare_gpt() {
+  local logfile=$1 g c ok=0 common first last line step sl_g sl_c k
+  g=$(last_epoch_line "$STEP_DIR/train_cuda_gpt.log")
+  c=$(last_epoch_line "$STEP_DIR/train_cpu_gpt.log")
+  if [ -z "$g" ] || [ -z "$c" ]; then
+    NOTE="needs the epoch lines of both runs (train_cuda_gpt, train_cpu_gpt)"
+    return 1
+  fi
+  {
+    echo "epoch line, GPU: $g"
+    echo "epoch line, CPU: $c"
+  } >>"$logfile"
+  common=$(join <(progress_losses "$STEP_DIR/train_cuda_gpt.log" | sort -k1,1) \
+    <(progress_losses "$STEP_DIR/train_cpu_gpt.log" | sort -k1,1) | sort -n)
+  NOTE=""
+  if [ -n "$common" ]; then
+    first=$(head -1 <<<"$common") last=$(tail -1 <<<"$common")
+    for line in "$first" "$last"; do
+      read -r step sl_g sl_c <<<"$line"
+      echo "progress step $step: loss GPU $sl_g CPU $sl_c" >>"$logfile"
+      absdiff_below "$sl_g" "$sl_c" "$LOSS_TOL" || ok=1
+      NOTE+="step $step loss $sl_g/$sl_c; "
+    done
+  else
+    echo "no progress step printed by both runs: comparing the epoch lines only" >>"$logfile"
+  fi
+  for k in loss test_loss; do
+    absdiff_below "$(field "$g" "$k")" "$(field "$c" "$k")" "$LOSS_TOL" || ok=1
+  done
+  absdiff_below "$(field "$g" test_acc)" "$(field "$c" test_acc)" "$ACC_TOL" || ok=1
+  NOTE+="epoch loss $(field "$g" loss)/$(field "$c" loss), test_loss $(field "$g" test_loss)/$(field "$c" test_loss), "
+  NOTE+="test_acc $(field "$g" test_acc)/$(field "$c" test_acc) (GPU/CPU; tolerances $LOSS_TOL, $ACC_TOL)"
+  echo "$NOTE" >>"$logfile"
+  return "$ok"
+}
+
+# The GPT-2 124M benchmark (scripts/bench/gpt_bench.sh --gpu): dpt-model-bench and dptrain against PyTorch eager
+# and torch.compile, with the per-kernel breakdown. It runs before the MLP and ResNet benchmarks and leaves
+# them GPU_CHECK_BENCH_RESERVE_S (default 100) of the budget; gpt_bench.sh ends its runs by the deadline it is
+# given, so its report is written even when time runs short (rows not run say so).
+step_bench_gpt() {
+  local logfile=$1 rc=0 left limit
+  left=$((DEADLINE - $(date +%s) - 20))
+  limit=$((left - ${GPU_CHECK_BENCH_RESERVE_S:-100}))
+  ((limit <= 420)) || limit=420
+  if ((limit < 60)); then
+    NOTE="not started: ${left}s left of the budget, ${GPU_CHECK_BENCH_RESERVE_S:-100}s of them kept for the other benchmarks"
+    return 1
+  fi
+  run_timed "$logfile" "$limit" env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPTRAIN="$B_BIN/dptrain" \
+    DPRUN="$B_BIN/dprun" DPT_LIB_PATH="$DPT_LD" GPT_CONFIG="$BUNDLE/configs/gpt2_124m.toml" \
+    BENCH_LOG_DIR="$STEP_DIR/bench_gpt" BENCH_DEADLINE=$(($(date +%s) + limit - 15)) BENCH_WARMUP=3 BENCH_STEPS=20 \
+    BENCH_PHASE_STEPS=3 BENCH_PROFILE_STEPS=3 BENCH_RUN_TIMEOUT_S=180 bash scripts/bench/gpt_bench.sh --gpu || rc=$?
+  grep -E '^\||^targets|^dptrain.s step by phase|^GEMM kernels' "$logfile" | tee -a "$MAIN_LOG" || true
+  NOTE=$(grep -E '^targets' "$logfile" | tail -1 || true)
+  ((rc == 0)) || NOTE="exit $rc ${NOTE}"
+  return $((rc != 0))
+}
+
 # -- set-up and summary ---------------------------------------------------------------------------------
 
 # The unit tests look for the data set in /usr/share/datasets/fashion-mnist (skipped when absent). Where that
@@ -594,7 +713,7 @@ summary() {
 }
 
 run_all() {
-  BUDGET=${GPU_CHECK_BUDGET_S:-450}
+  BUDGET=${GPU_CHECK_BUDGET_S:-540}
   START=$(date +%s)
   DEADLINE=$((START + BUDGET))
   mkdir -p "$STEP_DIR" "$WORK"
@@ -624,6 +743,10 @@ run_all() {
   run_step train_cuda_gloo_2rank step_train_gloo2
   run_step train_cuda_gloo_2rank_grad_bf16 step_train_gloo2 dist.grad_dtype=bf16
   for p in fp32 bf16 fp16; do run_step "train_cuda_resnet_$p" step_train_resnet "$p"; done
+  run_step train_cuda_gpt step_train_gpt_gpu
+  run_step train_cpu_gpt step_train_gpt_cpu
+  run_step compare_gpt_gpu_cpu step_compare_gpt
+  run_step bench_gpt step_bench_gpt
   run_step bench step_bench
   run_step bench_resnet step_bench_resnet
   summary
@@ -638,10 +761,21 @@ resnet_bench_only() {
     BENCH_LOG_DIR="${OUT:-/tmp}/resnet-bench-logs" bash scripts/bench/resnet_bench.sh --gpu
 }
 
+# Only the GPT-2 124M benchmark, with the bundle's programs (no budget: gpt_bench.sh's own per-run timeouts).
+gpt_bench_only() {
+  unpack_bundle
+  setup_libpath
+  echo "gpu-check gpt-bench: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi'); bundle $(info_get created), commit $(info_get git_head) (+$(info_get git_changed_files) changed files)"
+  env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPTRAIN="$B_BIN/dptrain" DPRUN="$B_BIN/dprun" \
+    DPT_LIB_PATH="$DPT_LD" GPT_CONFIG="$BUNDLE/configs/gpt2_124m.toml" BENCH_LOG_DIR="${OUT:-/tmp}/gpt-bench-logs" \
+    bash scripts/bench/gpt_bench.sh --gpu
+}
+
 case ${1:-} in
   bundle) bundle ;;
   run) run_all ;;
   resnet-bench) resnet_bench_only ;;
+  gpt-bench) gpt_bench_only ;;
   unpack)
     unpack_bundle
     echo "unpacked into $B_BIN and $B_LIB; try: LD_LIBRARY_PATH=$(setup_libpath && echo "$DPT_LD") $B_BIN/dptrain --help"

@@ -1,0 +1,505 @@
+#!/usr/bin/env bash
+# The GPT benchmark: dptrain against PyTorch (eager and torch.compile) on one device, side by side in one run,
+# synthetic tokens; tokens/s and MFU per row and one markdown table with the ratios to torch.compile and to eager.
+#
+#   scripts/bench/gpt_bench.sh --gpu    GPT-2 124M (12 layers, 12 heads, 768 wide, vocab 50257 padded to 50304),
+#       T 1024, batch 16, bf16 (PyTorch: autocast), AdamW (lr 6e-4, betas (0.9, 0.95), weight decay 0.1 on the
+#       matrices; PyTorch's fused), on cuda. Rows:
+#         step      dpt-model-bench --config configs/gpt2_124m.toml: the training step alone, one batch made on
+#                   the GPU, CUDA events; then --phase-steps steps timed phase by phase (forward, loss, backward,
+#                   optimizer)
+#         loop      dprun --nproc-per-node 1 -- dptrain (the product): token shards through the loader, pinned
+#                   host-to-device copies, the NCCL process group and the DDP reducer with overlap on (a single
+#                   rank has nothing to all-reduce: the reducer is idle), the LR schedule; timed from the
+#                   timestamps of its progress lines between step WARMUP and the last one (a handful of lines:
+#                   each costs a host synchronisation). Its ms/step against the step row's is the DDP overhead.
+#         eager     scripts/bench/torch_gpt.py --mode eager (nanoGPT's model, F.scaled_dot_product_attention)
+#         compile   scripts/bench/torch_gpt.py --mode compile (torch.compile)
+#       Targets (reported; BENCH_STRICT=1 makes them count): step / compile >= 1.1, step MFU >= 45%, loop costs
+#       < 3% more per step than step. Then where the time goes: dptrain's kernels under nsys (the timed steps
+#       only, cudaProfilerApi range) or, without nsys, ncu (one step); with neither, the phase split only.
+#       PyTorch's kernels from torch.profiler (a few steps after its timed ones), per mode.
+#   scripts/bench/gpt_bench.sh --cpu    here: a tiny GPT (4 layers, 4 heads, 128 wide, vocab 256, T 64, batch 16),
+#       fp32, one thread per process, the same four rows (the loop over gloo; compile is skipped by a torch
+#       without torch.compile, such as Debian's 1.13). Under a minute.
+#   With neither flag: --gpu when nvidia-smi sees a GPU, else --cpu.
+#
+# Environment:
+#   GPT_N_LAYER GPT_N_HEAD GPT_N_EMBD GPT_VOCAB GPT_SEQ GPT_BATCH   the shape (defaults above)
+#   BENCH_PRECISION             bf16 | fp32 (default bf16 on the GPU, fp32 on the CPU)
+#   BENCH_WARMUP, BENCH_STEPS   untimed and timed steps per run (default 5 and 30 on the GPU, 2 and 10 on the CPU)
+#   BENCH_PHASE_STEPS           dpt-model-bench --phase-steps (default 5 on the GPU, 3 on the CPU)
+#   BENCH_REPEATS               runs per row, round-robin; the table gives the median (default 1)
+#   BENCH_RUN_TIMEOUT_S         per run (default 240 on the GPU, 120 on the CPU)
+#   BENCH_DEADLINE              a Unix time: no run goes past it (each run's timeout shrinks to fit; a run
+#                               with less than 15 s left is not started), so the report is always written
+#                               (scripts/gpu-check.sh run sets it from its budget)
+#   BENCH_ROWS                  which rows, a subset of "step loop eager compile" (default: all four)
+#   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
+#   BENCH_LOG_DIR               each run's output and JSON (default $OUT/gpt-bench-logs, else /tmp/gpt-bench)
+#   BENCH_STRICT=1              exit 2 when a GPU target is missed (default: only reported)
+#   BENCH_SKIP_BUILD=1          CPU: do not build (default: builds dpt-model-bench, dptrain, dprun in $DPT_BUILD_DIR)
+#   DPT_BUILD_DIR               default build;  DPT_JOBS  build parallelism (default: all cores)
+#   MODEL_BENCH, DPTRAIN, DPRUN the programs (GPU default: .gpu-bundle/bin/..., when unpacked, else the build's)
+#   GPT_CONFIG                  default .gpu-bundle/configs/gpt2_124m.toml when the bundle is used, else
+#                               configs/gpt2_124m.toml (the shape and device are overridden on the command line)
+#   DPT_LIB_PATH                LD_LIBRARY_PATH for dptrain's programs only (GPU default with the bundle:
+#                               `scripts/gpu-check.sh libpath`); python keeps the machine's libraries
+#   PYTHON                      a python3 that imports torch (default: the first of python3, /usr/bin/python3)
+#   NSYS, NCU                   the profilers (default: found in PATH, /usr/local/cuda/bin, /opt/nvidia/...)
+# Writes the report to $OUT/gpt-bench.md when OUT is set, else /tmp/gpt-bench.md.
+# Exit status: 0 when every run gave its number (a skipped compile row counts as given), 1 otherwise (2 with
+# BENCH_STRICT=1 and a missed target).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
+GPU=0
+CPU=0
+for a in "$@"; do
+  case $a in
+    --gpu) GPU=1 ;;
+    --cpu) CPU=1 ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "gpt_bench: unknown argument '$a' (--gpu, --cpu)" >&2; exit 2 ;;
+  esac
+done
+if ((GPU && CPU)); then echo "gpt_bench: one of --gpu, --cpu" >&2; exit 2; fi
+if ((GPU == 0 && CPU == 0)); then
+  if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then GPU=1; else CPU=1; fi
+fi
+
+BUNDLE=.gpu-bundle
+BUILD_DIR=${DPT_BUILD_DIR:-build}
+REPEATS=${BENCH_REPEATS:-1}
+LOG_DIR=${BENCH_LOG_DIR:-${OUT:+$OUT/gpt-bench-logs}}
+LOG_DIR=${LOG_DIR:-/tmp/gpt-bench}
+REPORT=${OUT:+$OUT/gpt-bench.md}
+REPORT=${REPORT:-/tmp/gpt-bench.md}
+read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step loop eager compile}"
+[[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "gpt_bench: BENCH_REPEATS must be a positive integer" >&2; exit 2; }
+mkdir -p "$LOG_DIR" "$(dirname "$REPORT")"
+TMP=$(mktemp -d /tmp/gpt-bench.XXXXXX)
+trap 'rm -rf "$TMP"' EXIT
+
+if ((GPU)); then
+  WHERE=GPU DEV=cuda BACKEND=nccl
+  L=${GPT_N_LAYER:-12} H=${GPT_N_HEAD:-12} C=${GPT_N_EMBD:-768} V=${GPT_VOCAB:-50257} T=${GPT_SEQ:-1024} B=${GPT_BATCH:-16}
+  PREC=${BENCH_PRECISION:-bf16} W=${BENCH_WARMUP:-5} S=${BENCH_STEPS:-30} P=${BENCH_PHASE_STEPS:-5}
+  RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-240}
+else
+  WHERE=CPU DEV=cpu BACKEND=gloo
+  L=${GPT_N_LAYER:-4} H=${GPT_N_HEAD:-4} C=${GPT_N_EMBD:-128} V=${GPT_VOCAB:-256} T=${GPT_SEQ:-64} B=${GPT_BATCH:-16}
+  PREC=${BENCH_PRECISION:-fp32} W=${BENCH_WARMUP:-2} S=${BENCH_STEPS:-10} P=${BENCH_PHASE_STEPS:-3}
+  RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-120}
+fi
+((W >= 1)) || { echo "gpt_bench: BENCH_WARMUP must be >= 1 (torch.compile compiles in the first step)" >&2; exit 2; }
+((S >= 4)) || { echo "gpt_bench: BENCH_STEPS must be >= 4 (the loop row is timed between progress lines)" >&2; exit 2; }
+
+# ---- programs ---------------------------------------------------------------------------------------------
+if ((CPU)) && [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
+  [ -f "$BUILD_DIR/CMakeCache.txt" ] || cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
+  cmake --build "$BUILD_DIR" -j "${DPT_JOBS:-$(nproc)}" --target dpt-model-bench dptrain dprun
+fi
+USE_BUNDLE=0
+if ((GPU)) && [ -x "$BUNDLE/bin/dpt-model-bench" ]; then USE_BUNDLE=1; fi
+abs() { case $1 in /*) echo "$1" ;; *) echo "$PWD/$1" ;; esac; }
+if ((USE_BUNDLE)); then
+  MODEL_BENCH=${MODEL_BENCH:-$BUNDLE/bin/dpt-model-bench}
+  DPTRAIN=${DPTRAIN:-$BUNDLE/bin/dptrain}
+  DPRUN=${DPRUN:-$BUNDLE/bin/dprun}
+  [ -n "${DPT_LIB_PATH+set}" ] || DPT_LIB_PATH=$(bash scripts/gpu-check.sh libpath)
+  CONFIG=${GPT_CONFIG:-$BUNDLE/configs/gpt2_124m.toml}
+else
+  MODEL_BENCH=${MODEL_BENCH:-$BUILD_DIR/bench/dpt-model-bench}
+  DPTRAIN=${DPTRAIN:-$BUILD_DIR/trainer/dptrain}
+  DPRUN=${DPRUN:-$BUILD_DIR/launcher/dprun}
+  DPT_LIB_PATH=${DPT_LIB_PATH-${LD_LIBRARY_PATH:-}}
+  CONFIG=${GPT_CONFIG:-configs/gpt2_124m.toml}
+fi
+[ -f "$CONFIG" ] || CONFIG=configs/gpt2_124m.toml
+MODEL_BENCH=$(abs "$MODEL_BENCH") DPTRAIN=$(abs "$DPTRAIN") DPRUN=$(abs "$DPRUN") CONFIG=$(abs "$CONFIG")
+for p in "$MODEL_BENCH" "$DPTRAIN" "$DPRUN"; do
+  [ -x "$p" ] || { echo "gpt_bench: $p is missing (build it, or set MODEL_BENCH / DPTRAIN / DPRUN)" >&2; exit 1; }
+done
+[ -f "$CONFIG" ] || { echo "gpt_bench: no $CONFIG" >&2; exit 1; }
+PY=""
+for p in ${PYTHON:-} python3 /usr/bin/python3; do
+  if "$p" -c 'import torch' 2>/dev/null; then PY=$p; break; fi
+done
+[ -n "$PY" ] || { echo "gpt_bench: no python3 here imports torch (set PYTHON; here: scripts/setup.sh)" >&2; exit 1; }
+DPT=(env "LD_LIBRARY_PATH=$DPT_LIB_PATH")
+
+CORETYPE=${OPENBLAS_CORETYPE:-}
+if ((CPU)) && [ -z "$CORETYPE" ]; then
+  # The kernels dptrain's programs restart themselves with (nothing when OpenBLAS knows this CPU); PyTorch
+  # gets the same, so that neither side runs OpenBLAS's fallback kernels (see resnet_bench.sh).
+  CORETYPE=$("${DPT[@]}" "$MODEL_BENCH" --batch 1 --shape 1,1,4 --warmup 0 --steps 1 train.device=cpu \
+    "model.hidden=[4]" 2>&1 >/dev/null | sed -n 's/.*OpenBLAS: \([A-Za-z0-9_]*\) kernels (OPENBLAS_CORETYPE.*/\1/p' | head -1)
+fi
+THREADS=(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1)
+if ((GPU)); then THREADS=(); fi
+DPT_RUN=("${DPT[@]}" "${THREADS[@]}")
+TORCH_RUN=(env "${THREADS[@]}" ${CORETYPE:+OPENBLAS_CORETYPE=$CORETYPE})
+
+# The shape as dptrain config overrides and as torch_gpt.py options.
+SHAPE_KV=(model.name=gpt "model.n_layer=$L" "model.n_head=$H" "model.n_embd=$C" "model.vocab_size=$V" "model.block_size=$T"
+  "train.device=$DEV" "train.precision=$PREC")
+SHAPE_PY=(--n-layer "$L" --n-head "$H" --n-embd "$C" --vocab "$V" --seq "$T" --batch "$B" --device "$DEV" --precision "$PREC")
+
+# ---- synthetic token shards for the loop row (llm.c's format, data/token_shards.h) ---------------------------
+SHARDS=$TMP/shards
+make_shards() {
+  "$PY" - "$SHARDS" "$V" "$T" "$(((W + S + 2) * B))" "$B" <<'EOF'
+import array, os, random, sys
+out, vocab, T, train_windows, val_windows = sys.argv[1], *map(int, sys.argv[2:])
+os.makedirs(out, exist_ok=True)
+rng = random.Random(1337)
+for split, windows in (("train", train_windows), ("val", val_windows)):
+    count = windows * T + 1  # windows start every T tokens and hold T + 1
+    tokens = array.array("H", (rng.randrange(vocab) for _ in range(count)))
+    header = array.array("i", [20240520, 1, count] + [0] * 253)
+    with open(os.path.join(out, f"synth_{split}_000000.bin"), "wb") as f:
+        header.tofile(f)
+        tokens.tofile(f)
+EOF
+}
+
+# ---- the runs ---------------------------------------------------------------------------------------------
+# json_field FILE KEY: a value from a JSON result file ("" when missing or null).
+json_field() {
+  "$PY" -c 'import json, sys
+v = json.load(open(sys.argv[1])).get(sys.argv[2])
+print("" if v is None else v)' "$1" "$2" 2>/dev/null || true
+}
+
+# loop_rate LOG FROM TOKENS_PER_STEP: "MS TOKENS_PER_S" from dptrain's progress lines ([HH:MM:SS.mmm] ...
+# step K/N ...): between the first line at a step >= FROM and the last line.
+loop_rate() {
+  awk -v from="$2" -v tps="$3" '
+    match($0, /\[[0-9][0-9]:[0-9][0-9]:[0-9][0-9]\.[0-9][0-9][0-9]\]/) {
+      split(substr($0, RSTART + 1, RLENGTH - 2), t, ":"); sec = t[1] * 3600 + t[2] * 60 + t[3]
+      if (match($0, / step [0-9]+\//)) {
+        k = substr($0, RSTART + 6, RLENGTH - 7) + 0
+        if (k >= from && ka == "") { ka = k; ta = sec }
+        kb = k; tb = sec
+      }
+    }
+    END {
+      if (ka == "" || kb <= ka) exit 1
+      d = tb - ta; if (d < 0) d += 86400
+      if (d <= 0) exit 1
+      printf "%.2f %.1f %d %d\n", 1000 * d / (kb - ka), tps * (kb - ka) / d, ka, kb
+    }' "$1"
+}
+
+declare -A MS=() TPS=() MFU=() RUNS=() NOTE=()
+failed=0
+
+record() {  # KEY MS TOKENS_PER_S MFU
+  MS[$1]="${MS[$1]:-} $2"
+  TPS[$1]="${TPS[$1]:-} $3"
+  [ -z "$4" ] || MFU[$1]="${MFU[$1]:-} $4"
+  RUNS[$1]="${RUNS[$1]:+${RUNS[$1]}, }$(printf %.0f "$3")"
+}
+
+# run_limit: the timeout of the next run: BENCH_RUN_TIMEOUT_S, or less to end before BENCH_DEADLINE; 0 when
+# fewer than 15 s are left.
+run_limit() {
+  local limit=$RUN_TIMEOUT left
+  if [ -n "${BENCH_DEADLINE:-}" ]; then
+    left=$((BENCH_DEADLINE - $(date +%s)))
+    ((left >= limit)) || limit=$left
+    ((limit >= 15)) || limit=0
+  fi
+  echo "$limit"
+}
+
+# measure KEY KIND LOG CMD...: KIND json (the command writes $LOG.json) or loop (dptrain's progress lines).
+measure() {
+  local key=$1 kind=$2 log=$3 rc=0 ms="" tps="" mfu="" r limit
+  shift 3
+  limit=$(run_limit)
+  if ((limit == 0)); then
+    echo "  $key: not run: BENCH_DEADLINE reached"
+    NOTE[$key]="not run: out of time (BENCH_DEADLINE)"
+    failed=1
+    return 0
+  fi
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1 </dev/null || rc=$?
+  if ((rc == 124 || rc == 137)); then echo "timed out after ${limit}s" >>"$log"; fi
+  if [ "$kind" = json ]; then
+    ms=$(json_field "$log.json" ms_per_step)
+    tps=$(json_field "$log.json" tokens_per_s)
+    mfu=$(json_field "$log.json" mfu)
+  elif r=$(loop_rate "$log" "$W" "$((B * T))"); then
+    read -r ms tps _ _ <<<"$r"
+    NOTE[$key]="steps $(cut -d' ' -f3 <<<"$r")-$(cut -d' ' -f4 <<<"$r")"
+  fi
+  if ((rc == 77)) && grep -q SKIPPED "$log"; then
+    echo "  $key: skipped: $(grep -m1 SKIPPED "$log" | sed 's/^# *//')"
+    NOTE[$key]="skipped: $(grep -m1 SKIPPED "$log" | sed 's/.*SKIPPED: *//')"
+    return 0
+  fi
+  if ((rc != 0)) || [ -z "$tps" ]; then
+    echo "  $key: FAILED (exit $rc, see $log):"
+    tail -n 5 "$log" | sed 's/^/  | /'
+    NOTE[$key]="failed (exit $rc$( ((rc == 124 || rc == 137)) && echo ", timed out"))$(first_error "$log")"
+    failed=1
+    return 0
+  fi
+  [ -z "$mfu" ] || mfu=$(awk -v m="$mfu" 'BEGIN { printf "%.4f", m }')
+  printf '  %-18s %9.2f ms/step %11.0f tokens/s%s\n' "$key" "$ms" "$tps" "${mfu:+   MFU $(awk -v m="$mfu" 'BEGIN { printf "%.1f%%", 100 * m }')}"
+  record "$key" "$ms" "$tps" "$mfu"
+}
+
+# ": " and the first error line of a log (shortened), or its last line; nothing for an empty log.
+first_error() {
+  local e
+  e=$(grep -m1 -E '\[(error|critical)\]|Error|error:|torch_gpt.py:' "$1" 2>/dev/null || tail -n 1 "$1" 2>/dev/null || true)
+  e=$(sed -E 's/^(\[rank [0-9]+\] )?\[[0-9:.]+\] (\[[a-z]+\] )?//' <<<"$e" | cut -c1-150 | tr '|' '/')
+  [ -z "$e" ] || echo ": $e"
+}
+
+want() { [[ " ${WANT_ROWS[*]} " == *" $1 "* ]]; }
+
+# The rows of one round, the step first (the loop row's progress interval comes from it), then PyTorch's
+# (compile, which the targets are about, before eager), then the loop.
+run_rows() {
+  local rep=$1 log interval ms mode prof
+  if want step; then
+    log=$LOG_DIR/step_dptrain_$rep.log
+    measure step "json" "$log" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$S" \
+      --phase-steps "$P" --json "$log.json" "${SHAPE_KV[@]}"
+  fi
+  for mode in compile eager; do
+    want "$mode" || continue
+    log=$LOG_DIR/${mode}_pytorch_$rep.log
+    prof=()
+    if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)); then
+      prof=(--profile-steps 3 --profile-out "$LOG_DIR/torch_${mode}_kernels.txt")
+    fi
+    measure "$mode" json "$log" "${TORCH_RUN[@]}" "$PY" scripts/bench/torch_gpt.py --mode "$mode" "${SHAPE_PY[@]}" \
+      --warmup "$W" --steps "$S" --threads 1 "${prof[@]}" --json "$log.json"
+  done
+  if want loop; then
+    # A progress line every ~quarter of the timed steps (from the step row's time; each line waits for the
+    # device), so the rate comes from a handful of lines.
+    # shellcheck disable=SC2086 # the collected numbers split on purpose
+    ms=$(median ${MS[step]:-})
+    interval=$(awk -v ms="${ms:-0}" -v s="$S" 'BEGIN { i = ms * s / 4 / 1000; if (i < 0.001) i = 0.001; printf "%.3f", i }')
+    log=$LOG_DIR/loop_dptrain_$rep.log
+    rm -rf "$TMP/ckpt"
+    measure loop loop "$log" "${DPT_RUN[@]}" "$DPRUN" --nproc-per-node 1 -- "$DPTRAIN" --config "$CONFIG" "${SHAPE_KV[@]}" \
+      data.dataset=tokens "data.dir=$SHARDS" "data.test_limit=$B" "train.batch_size=$B" "train.eval_batch_size=$B" \
+      train.epochs=1 "train.max_steps=$((W + S))" train.clip_grad_norm=0 "train.progress_interval_s=$interval" \
+      "dist.backend=$BACKEND" dist.overlap=true "checkpoint.dir=$TMP/ckpt" --resume never
+    rm -rf "$TMP/ckpt"
+  fi
+}
+
+median() { printf '%s\n' "$@" | sort -g | awk 'NF { v[++n] = $1 } END { if (n == 0) exit; if (n % 2) print v[(n + 1) / 2]; else print (v[n / 2] + v[n / 2 + 1]) / 2 }'; }
+
+# ---- per-kernel breakdown of dptrain's step (GPU) ---------------------------------------------------------
+find_tool() {  # NAME: the first executable NAME in PATH, /usr/local/cuda/bin, NVIDIA's usual install folders
+  local c
+  for c in "$(command -v "$1" 2>/dev/null || true)" /usr/local/cuda/bin/"$1" /usr/local/cuda/nsight-*/bin/"$1" \
+    /usr/local/cuda/nsight-*/"$1" /opt/nvidia/nsight-*/*/bin/"$1" /opt/nvidia/nsight-*/*/"$1" \
+    /opt/nvidia/nsight-*/bin/"$1"; do
+    if [ -n "$c" ] && [ -x "$c" ] && [ -f "$c" ]; then echo "$c"; return 0; fi
+  done
+  return 1
+}
+
+# kernel_table CSV KIND STEPS: a markdown table of the top kernels, per step, from nsys's cuda_gpu_kern_sum
+# (KIND nsys) or ncu's --csv output (KIND ncu).
+kernel_table() {
+  "$PY" - "$1" "$2" "$3" <<'EOF'
+import csv, io, sys
+path, kind, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+text = open(path, errors="replace").read().splitlines()
+# Both tools may print lines before the CSV: start at its header.
+start = next((i for i, ln in enumerate(text) if ln.lstrip('"').startswith(("Time", "ID", "\"ID"))), None)
+if start is None:
+    sys.exit("no CSV header in " + path)
+rows = list(csv.DictReader(io.StringIO("\n".join(text[start:]))))
+by = {}
+if kind == "nsys":
+    total_key = next(k for k in rows[0] if k.startswith("Total Time"))
+    scale = 1e-6 if "(ns)" in total_key else 1e-3 if "(us)" in total_key else 1.0  # to ms
+    for r in rows:
+        t, n = by.get(r["Name"], (0.0, 0))
+        by[r["Name"]] = (t + float(r[total_key].replace(",", "")) * scale, n + int(r["Instances"].replace(",", "")))
+else:
+    unit = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3, "msecond": 1.0, "ms": 1.0, "second": 1e3}
+    for r in rows:
+        if r.get("Metric Name") != "gpu__time_duration.sum":
+            continue
+        name = r.get("Kernel Name") or r.get("Function Name") or "?"
+        t, n = by.get(name, (0.0, 0))
+        by[name] = (t + float(r["Metric Value"].replace(",", "")) * unit.get(r.get("Metric Unit", "ns"), 1e-6), n + 1)
+total = sum(t for t, _ in by.values()) or 1.0
+print(f"| ms/step | % | calls/step | kernel |")
+print("|---:|---:|---:|---|")
+for name, (t, n) in sorted(by.items(), key=lambda kv: -kv[1][0])[:25]:
+    short = name if len(name) <= 110 else name[:107] + "..."
+    print(f"| {t / steps:.3f} | {100 * t / total:.1f} | {n / steps:g} | `{short.replace('|', '/')}` |")
+print(f"| {total / steps:.3f} | 100.0 | {sum(n for _, n in by.values()) / steps:g} | all {len(by)} kernels (sum of kernel times, per step) |")
+# By family, from the names: matrix multiplies (cuBLAS / CUTLASS) against everything else.
+gemm = sum(t for name, (t, _) in by.items() if any(w in name.lower() for w in ("gemm", "xmma", "cutlass", "cublas")))
+print()
+print(f"GEMM kernels (names with gemm, xmma, cutlass, cublas): {gemm / steps:.3f} ms/step ({100 * gemm / total:.1f}%); "
+      f"the rest: {(total - gemm) / steps:.3f} ms/step ({100 * (total - gemm) / total:.1f}%).")
+EOF
+}
+
+KERNELS=""
+KERNEL_HOW=""
+profile_kernels() {
+  local nsys ncu rep=$LOG_DIR/dptrain_kernels steps=${BENCH_PROFILE_STEPS:-5} rc=0 limit
+  limit=$(run_limit)
+  if ((limit == 0)); then
+    KERNEL_HOW="no per-kernel table: BENCH_DEADLINE reached before the profile"
+    return 0
+  fi
+  local bench=("$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$steps" --cuda-profiler-range "${SHAPE_KV[@]}")
+  if nsys=${NSYS:-$(find_tool nsys)} && [ -n "$nsys" ]; then
+    echo "  kernels: $nsys profile (the $steps timed steps of dpt-model-bench)"
+    rm -f "$rep.nsys-rep" "$rep.qdrep" "$rep.sqlite"
+    timeout -k 10 "$limit" "$nsys" profile -t cuda --sample=none --cpuctxsw=none --capture-range=cudaProfilerApi \
+      --capture-range-end=stop --force-overwrite=true -o "$rep" "${DPT[@]}" "${bench[@]}" >"$rep.log" 2>&1 </dev/null || rc=$?
+    local file=$rep.nsys-rep r
+    [ -f "$file" ] || file=$rep.qdrep  # nsys before 2021.4
+    if ((rc == 0)) && [ -f "$file" ]; then
+      for r in cuda_gpu_kern_sum gpukernsum; do  # the report's name since nsys 2023.2, and before
+        if "$nsys" stats -r "$r" -f csv "$file" >"$rep.csv" 2>>"$rep.log" && KERNELS=$(kernel_table "$rep.csv" nsys "$steps" 2>>"$rep.log"); then
+          KERNEL_HOW="nsys ($("$nsys" --version 2>/dev/null | head -1)), report $r, $steps timed steps of dpt-model-bench (cudaProfilerApi range)"
+          return 0
+        fi
+      done
+    fi
+    echo "  kernels: nsys gave no kernel table (exit $rc; see $rep.log)"
+  fi
+  if ncu=${NCU:-$(find_tool ncu)} && [ -n "$ncu" ]; then
+    echo "  kernels: $ncu (one step, every kernel replayed once)"
+    rc=0
+    limit=$(run_limit)
+    ((limit > 0)) || { KERNEL_HOW="no per-kernel table: BENCH_DEADLINE reached before ncu"; return 0; }
+    bench=("$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps 1 --cuda-profiler-range "${SHAPE_KV[@]}")
+    timeout -k 10 "$limit" "$ncu" --csv --profile-from-start off --metrics gpu__time_duration.sum \
+      --cache-control none --clock-control none "${DPT[@]}" "${bench[@]}" >"$rep.ncu.csv" 2>"$rep.log" </dev/null || rc=$?
+    if ((rc == 0)) && KERNELS=$(kernel_table "$rep.ncu.csv" ncu 1 2>>"$rep.log"); then
+      KERNEL_HOW="ncu ($("$ncu" --version 2>/dev/null | tail -1)), gpu__time_duration of each kernel of one step (serialised, no cache flush)"
+      return 0
+    fi
+    echo "  kernels: ncu gave no kernel table (exit $rc; see $rep.log)"
+  fi
+  KERNEL_HOW="no per-kernel table: neither nsys nor ncu ran on this machine; the phase split above is what there is"
+  return 0
+}
+
+# ---- header, runs, report ---------------------------------------------------------------------------------
+gpu=""
+((GPU)) && gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
+cpu_model=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
+torch_version=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)
+machine=$( ((GPU)) && echo "${gpu:-an unknown GPU}" || echo "$cpu_model ($(nproc) cores), 1 thread per process, OPENBLAS_CORETYPE ${CORETYPE:-unset}")
+echo "gpt_bench: $WHERE rows on $machine; GPT L$L H$H C$C vocab $V, T $T, batch $B, $PREC; warm-up $W + $S timed steps; torch $torch_version ($PY); $REPEATS repeat(s); logs in $LOG_DIR"
+if want loop; then make_shards; fi
+for rep in $(seq 1 "$REPEATS"); do run_rows "$rep"; done
+if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && want step; then profile_kernels; fi
+
+fmt_ms() { if [ -n "$1" ]; then printf "%.2f" "$1"; else echo -; fi; }
+fmt_tps() { if [ -n "$1" ]; then printf "%.0f" "$1"; else echo -; fi; }
+fmt_mfu() { if [ -n "$1" ]; then awk -v m="$1" 'BEGIN { printf "%.1f%%", 100 * m }'; else echo -; fi; }
+ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else echo n/a; fi; }
+declare -A M=() R=() F=()
+for k in step loop eager compile; do
+  # shellcheck disable=SC2086 # the collected numbers split on purpose
+  { M[$k]=$(median ${MS[$k]:-}); R[$k]=$(median ${TPS[$k]:-}); F[$k]=$(median ${MFU[$k]:-}); }
+done
+declare -A WHAT=(
+  [step]="dptrain | step (dpt-model-bench)"
+  [loop]="dptrain | training loop (dprun + dptrain, 1 rank, $BACKEND, DDP reducer overlap on, token shards through the loader)"
+  [eager]="PyTorch $torch_version | eager"
+  [compile]="PyTorch $torch_version | torch.compile"
+)
+rows=()
+for k in step loop eager compile; do
+  want "$k" || continue
+  cell=$(fmt_tps "${R[$k]}")
+  [ -n "${R[$k]}" ] || cell="${NOTE[$k]:-no result}"
+  runs=${RUNS[$k]:--}
+  [ -z "${R[$k]}" ] || runs+=${NOTE[$k]:+ (${NOTE[$k]})}
+  rows+=("| ${WHAT[$k]} | $(fmt_ms "${M[$k]}") | $cell | $(fmt_mfu "${F[$k]}") | $(ratio "${R[$k]}" "${R[compile]}") | $(ratio "${R[$k]}" "${R[eager]}") | $runs |")
+done
+
+missed=0
+targets=()
+target() {  # LABEL OK(yes/no/none) DETAIL
+  local verdict
+  case $2 in yes) verdict=met ;; no) verdict="NOT met"; missed=1 ;; *) verdict="no result" ;; esac
+  targets+=("$1: $verdict${3:+ ($3)}")
+}
+if ((GPU)); then
+  rc_=$(ratio "${R[step]}" "${R[compile]}")
+  if [ "$rc_" = n/a ]; then target "dptrain / torch.compile >= 1.1" none
+  else target "dptrain / torch.compile >= 1.1" "$(awk -v r="$rc_" 'BEGIN { print (r >= 1.1 ? "yes" : "no") }')" "$rc_"; fi
+  if [ -z "${F[step]}" ]; then target "dptrain MFU >= 45%" none
+  else target "dptrain MFU >= 45%" "$(awk -v m="${F[step]}" 'BEGIN { print (m >= 0.45 ? "yes" : "no") }')" "$(fmt_mfu "${F[step]}")"; fi
+  if [ -z "${M[step]}" ] || [ -z "${M[loop]}" ]; then target "DDP (world size 1, NCCL, overlap) step < 3% over the step alone" none
+  else
+    over=$(awk -v a="${M[loop]}" -v b="${M[step]}" 'BEGIN { printf "%+.1f%%", 100 * (a / b - 1) }')
+    target "DDP (world size 1, NCCL, overlap) step < 3% over the step alone" \
+      "$(awk -v a="${M[loop]}" -v b="${M[step]}" 'BEGIN { print (a / b - 1 < 0.03 ? "yes" : "no") }')" "$over"
+  fi
+fi
+
+phases=""
+f=$LOG_DIR/step_dptrain_1.log
+[ -f "$f" ] && phases=$(grep -m1 '^# phases' "$f" | sed 's/^# //' || true)
+report=$(
+  echo "# GPT benchmark: dptrain vs PyTorch"
+  echo
+  echo "$(date -u +%Y-%m-%dT%H:%M:%SZ); $WHERE: $machine; torch $torch_version."
+  echo "GPT L$L H$H C$C, vocab $V (padded to a multiple of 128 on both sides), T $T, batch $B, $PREC, AdamW; synthetic tokens;"
+  echo "warm-up $W + $S timed steps per run; median of $REPEATS run(s). MFU = tokens/s x (6 N + 12 L T C) / the dense bf16 peak."
+  echo "Command: \`bash scripts/bench/gpt_bench.sh --$(tr '[:upper:]' '[:lower:]' <<<"$WHERE")\`"
+  echo
+  echo "| program | mode | ms/step | tokens/s | MFU | vs torch.compile | vs eager | runs, tokens/s |"
+  echo "|---|---|---:|---:|---:|---:|---:|---|"
+  printf '%s\n' "${rows[@]}"
+  if ((${#targets[@]})); then
+    echo
+    echo "targets: $(printf '%s; ' "${targets[@]}" | sed 's/; $//')"
+  fi
+  if [ -n "$phases" ]; then
+    echo
+    echo "dptrain's step by phase (dpt-model-bench --phase-steps $P, $( ((GPU)) && echo "CUDA events" || echo steady_clock)): $phases"
+  fi
+  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && want step; then
+    echo
+    echo "## dptrain: where the time goes, by kernel"
+    echo
+    echo "$KERNEL_HOW."
+    [ -z "$KERNELS" ] || { echo; echo "$KERNELS"; }
+    for mode in compile eager; do
+      tf=$LOG_DIR/torch_${mode}_kernels.txt
+      [ -f "$tf" ] || continue
+      echo
+      echo "## PyTorch $mode: where the time goes (torch.profiler, top 15)"
+      echo
+      echo '```'
+      head -n 17 "$tf"
+      echo '```'
+    done
+  fi
+)
+echo
+echo "$report"
+echo "$report" >"$REPORT"
+echo
+echo "written to $REPORT"
+((failed == 0)) || exit 1
+if [ "${BENCH_STRICT:-0}" = 1 ] && ((missed)); then exit 2; fi
+exit 0
