@@ -7,10 +7,12 @@
 #include <numeric>
 
 #include "data/bpe.h"
+#include "models/gpt.h"
 #include "models/module.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/safetensors.h"
 #include "trainer/trainer.h"
 
 namespace dpt::trainer {
@@ -38,23 +40,81 @@ int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o,
 }
 
 std::vector<int32_t> generate(models::Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
-                              const SampleOptions& o, uint64_t seed) {
+                              const SampleOptions& o, uint64_t seed, bool kv_cache) {
   DPT_CHECK(!prompt.empty() && count >= 0, "generate: {} prompt tokens, {} new", prompt.size(), count);
   std::mt19937_64 rng(seed);
   model.set_training(false);
+  auto* gpt = dynamic_cast<models::Gpt*>(&model.root());
+  DPT_CHECK(gpt, "generate needs a GPT, not {}", model.summary());
   std::vector<int32_t> tokens = std::move(prompt);
-  for (int64_t n = 0; n < count; ++n) {
-    const int64_t t = std::min<int64_t>(static_cast<int64_t>(tokens.size()), block_size);
-    Tensor x = Tensor::empty({1, t}, DType::I32);
-    std::copy(tokens.end() - t, tokens.end(), x.data<int32_t>());
-    const Tensor& logits = model.forward(x);  // [t, vocab]; the last row predicts the next token
+  // The model's next-token logits after feeding tokens[first, end): the last row of [end - first, vocab].
+  Tensor x, last;
+  auto next_token = [&](size_t first, size_t end) {
+    const auto t = static_cast<int64_t>(end - first);
+    x = Tensor::empty({1, t}, DType::I32);
+    std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(first), tokens.begin() + static_cast<std::ptrdiff_t>(end),
+              x.data<int32_t>());
+    const Tensor& logits = model.forward(x.to(model.device()));
     const int64_t vocab = logits.dim(1);
-    tokens.push_back(sample_token(logits.data<float>() + (t - 1) * vocab, vocab, o, rng));
+    last = logits.view(static_cast<size_t>((t - 1) * vocab), {vocab}).to(Device::cpu());  // waits for the stream
+    return sample_token(last.data<float>(), vocab, o, rng);
+  };
+  if (kv_cache) gpt->begin_kv_cache(1, model.device());
+  size_t fed = 0;  // tokens[0, fed) are in the cache
+  try {
+    for (int64_t n = 0; n < count; ++n) {
+      const size_t end = tokens.size();
+      size_t first = end - std::min<size_t>(end, static_cast<size_t>(block_size));
+      if (kv_cache) {
+        if (gpt->kv_cache_len() > 0 && gpt->kv_cache_len() + static_cast<int64_t>(end - fed) > block_size) {
+          gpt->begin_kv_cache(1, model.device());  // full: again from the last half window
+          first = end - std::min<size_t>(end, static_cast<size_t>(std::max<int64_t>(block_size / 2, 1)));
+        } else if (gpt->kv_cache_len() > 0) {
+          first = fed;
+        }
+        fed = end;
+      }
+      tokens.push_back(next_token(first, end));
+    }
+  } catch (...) {
+    if (kv_cache) gpt->end_kv_cache();
+    throw;
   }
+  if (kv_cache) gpt->end_kv_cache();
   return tokens;
 }
 
-GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir) {
+namespace {
+
+// The checkpoint's GPT on `device`; ConfigError for another model.
+std::unique_ptr<models::Model> gpt_of(const EvalTarget& target, Device device, const char* who) {
+  const LoadedCheckpoint& ck = target.checkpoint;
+  const Config& cfg = target.config;
+  if (cfg.model.name != "gpt")
+    DPT_THROW(ConfigError, "{} holds a {} model: {} needs a GPT (model.name = gpt)", ck.path, cfg.model.name, who);
+  auto model = build_model(cfg.model, {cfg.model.block_size + 1}, cfg.model.vocab_size, device);
+  model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
+  return model;
+}
+
+}  // namespace
+
+std::string export_gpt_weights(const std::string& path, GptLayout layout, const std::string& out) {
+  const EvalTarget target = eval_target(path, {});
+  const auto model = gpt_of(target, Device::cpu(), "export-weights");
+  const std::string tmp = out + ".tmp";
+  try {
+    write_safetensors(tmp, gpt_export_weights(*model, layout));
+    std::filesystem::rename(tmp, out);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    DPT_THROW(IoError, "export-weights: writing {}: {}", out, e.what());
+  }
+  return fmt::format("{}: {} from {} in {} layout (vocabulary {})", out, model->summary(), target.checkpoint.path, layout == GptLayout::HuggingFace ? "Hugging Face's GPT-2" : "nanoGPT's", target.config.model.vocab_size);
+}
+
+GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {
   const EvalTarget target = eval_target(path, {});
   const LoadedCheckpoint& ck = target.checkpoint;
   const Config& cfg = target.config;
@@ -74,8 +134,7 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
               "tokenizer it was trained with (--tokenizer DIR names the directory of that vocab.json and merges.txt)",
               ck.path, cfg.model.vocab_size, g.tokenizer_from, g.tokenizer->describe(), g.tokenizer->vocab_size());
   }
-  g.model = build_model(cfg.model, {cfg.model.block_size + 1}, cfg.model.vocab_size, Device::cpu());
-  g.model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
+  g.model = gpt_of(target, device, "generate");
   g.block_size = cfg.model.block_size;
   g.vocab_size = cfg.model.vocab_size;
   g.from = ck.path;

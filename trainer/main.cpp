@@ -143,18 +143,41 @@ struct GenerateArgs {
   double temperature = 1.0;
   int64_t top_k = 0;
   uint64_t seed = 42;
+  std::string device = "auto";
+  bool no_kv_cache = false;
 };
 
-// dptrain generate: text from a GPT checkpoint, on the CPU, to stdout (the prompt, then what follows it).
+struct ExportWeightsArgs {
+  std::string checkpoint, layout = "hf", out;
+};
+
+// dptrain export-weights: a GPT checkpoint as a safetensors file other programs load.
+int export_weights(const ExportWeightsArgs& a) {
+  using namespace dpt;
+  init_logging(0, 1);
+  try {
+    spdlog::info("export-weights: wrote {}", trainer::export_gpt_weights(a.checkpoint, trainer::parse_gpt_layout(a.layout), a.out));
+  } catch (const ConfigError& e) {
+    die(kExitUsage, e.what());
+  } catch (const std::exception& e) {
+    die(kExitError, e.what());
+  }
+  return 0;
+}
+
+// dptrain generate: text from a GPT checkpoint, on the GPU if there is one, to stdout (the prompt, then what
+// follows it).
 int generate(const GenerateArgs& a) {
   using namespace dpt;
   spdlog::set_default_logger(spdlog::stderr_color_mt("generate"));  // stdout carries the text alone
   init_logging(0, 1);
   try {
-    const trainer::GptCheckpoint ck = trainer::load_gpt_checkpoint(a.checkpoint, a.tokenizer);
+    const Device device = trainer::choose_device(a.device, 0, cuda::device_count(), cuda::unavailable_reason());
+    if (device.is_cuda()) cuda::set_device(device.index);
+    const trainer::GptCheckpoint ck = trainer::load_gpt_checkpoint(a.checkpoint, a.tokenizer, device);
     const data::Tokenizer& tokenizer = *ck.tokenizer;
-    spdlog::info("generate: {} from {}; {} tokens, temperature {}, top_k {}, seed {}", ck.model->summary(), ck.from,
-                 a.tokens, a.temperature, a.top_k, a.seed);
+    spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, seed {}{}", ck.model->summary(),
+                 ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.seed, a.no_kv_cache ? ", no KV cache" : "");
     spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
     if (tokenizer.name() == "bytes" && ck.vocab_size != 256) {
       spdlog::warn("generate: byte-level tokens for a model of vocab_size {}: {} holds no vocab.json and merges.txt; "
@@ -166,7 +189,7 @@ int generate(const GenerateArgs& a) {
     const auto out = trainer::generate(*ck.model, ck.block_size, prompt, a.tokens,
                                        {.temperature = a.temperature, .top_k = a.top_k,
                                         .vocab_limit = tokenizer.vocab_size()},
-                                       a.seed);
+                                       a.seed, /*kv_cache=*/!a.no_kv_cache);
     const std::string text = tokenizer.decode(out);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fputc('\n', stdout);
@@ -270,7 +293,7 @@ int main(int argc, char** argv) {
   merges_opt->needs(vocab_opt);
   GenerateArgs gen_args;
   CLI::App* generate_cmd = app.add_subcommand(
-      "generate", "sample text from a GPT checkpoint on the CPU and print it; trains nothing. The prompt is encoded "
+      "generate", "sample text from a GPT checkpoint (on the GPU when there is one) and print it; trains nothing. The prompt is encoded "
                   "and the output decoded with the tokenizer of the checkpoint's data set (GPT-2 BPE when data.dir "
                   "holds vocab.json and merges.txt, else bytes), or --tokenizer's");
   generate_cmd->footer("Example: dptrain generate --checkpoint runs/gpt_tiny/checkpoints --prompt \"Q: \" --tokens 300");
@@ -287,9 +310,31 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   generate_cmd->add_option("--seed", gen_args.seed, "the same seed gives the same text")->capture_default_str();
+  generate_cmd->add_option("--device", gen_args.device, "auto (cuda if available, else cpu) | cpu | cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  generate_cmd->add_flag("--no-kv-cache", gen_args.no_kv_cache,
+                         "run the whole window for every token (a sliding window) instead of caching keys and values");
   generate_cmd->add_option("--tokenizer", gen_args.tokenizer,
                            "a directory with the vocab.json and merges.txt (GPT-2 BPE) the model was trained with "
                            "(default: the checkpoint's data.dir, where `dptrain tokenize` copies them)");
+  ExportWeightsArgs ew_args;
+  CLI::App* export_weights_cmd = app.add_subcommand(
+      "export-weights", "write a GPT checkpoint's weights as one safetensors file for other programs: Hugging Face's "
+                        "GPT-2 layout (transformers' GPT2LMHeadModel.from_pretrained) or nanoGPT's state_dict; trains nothing");
+  export_weights_cmd->footer(
+      "Example: dptrain export-weights --checkpoint runs/gpt_tiny/checkpoints --out gpt_tiny.safetensors\n"
+      "model.init_from reads either layout back.");
+  export_weights_cmd->add_option("--checkpoint", ew_args.checkpoint,
+                                 "a checkpoint (step-N/) or a checkpoint directory (its newest valid one)")
+      ->required();
+  export_weights_cmd->add_option("--layout", ew_args.layout,
+                                 "hf: no transformer. prefix, Conv1D weights [in, out], no lm_head; nanogpt: nn.Linear "
+                                 "weights [out, in], lm_head.weight a copy of wte")
+      ->check(CLI::IsMember({"hf", "nanogpt"}))
+      ->capture_default_str();
+  export_weights_cmd->add_option("--out", ew_args.out, "the .safetensors file (written whole: OUT.tmp, then renamed)")
+      ->required();
   struct {
     std::string checkpoint;
     std::vector<std::string> overrides;
@@ -314,6 +359,7 @@ int main(int argc, char** argv) {
   if (*export_cmd) return export_images(export_args);
   if (*tokenize_cmd) return tokenize(tok_args);
   if (*generate_cmd) return generate(gen_args);
+  if (*export_weights_cmd) return export_weights(ew_args);
 
   comm::DistEnv env;
   try {

@@ -5,7 +5,9 @@
 #    (what a model that ignores the context at best achieves), and the progress lines count tokens;
 #  - data parallelism changes nothing but speed: 2 ranks x 4 windows reach the parameters of 1 rank x 8 after
 #    10 SGD steps; 1 rank x 4 differs (so the comparison can fail);
-#  - dptrain generate on the checkpoint: the prompt, then text like the corpus, the same for a seed;
+#  - dptrain generate on the checkpoint: the prompt, then text like the corpus, the same for a seed, and the same
+#    with and without the KV cache within a block;
+#  - dptrain export-weights in Hugging Face's and nanoGPT's layouts, read back by model.init_from;
 #  - dptrain eval on 1, 2 and 3 ranks: every validation window once, the same loss as the run's own;
 #  - a GPT without token shards, and shards with a token beyond model.vocab_size, are clear errors.
 source "$(dirname "$0")/lib/common.bash"
@@ -51,6 +53,49 @@ assert 110 <= len(text) <= 123, len(text)
 ok = sum(32 <= b < 127 or b in (9, 10) for b in text)
 assert ok >= 0.95 * len(text), (ok, len(text))
 PYEOF
+# The KV cache changes nothing within a block: 3 prompt bytes + 29 new ones = block_size 32, the same text as the
+# sliding window's (--no-kv-cache).
+g4=$("$DPTRAIN" generate --checkpoint "$WORK/learn" --prompt "Q: " --tokens 29 --seed 9 2> "$WORK/gen.err") \
+  || { cat "$WORK/gen.err"; fail "generate failed"; }
+g5=$("$DPTRAIN" generate --checkpoint "$WORK/learn" --prompt "Q: " --tokens 29 --seed 9 --no-kv-cache 2> "$WORK/gen.err")
+[ "$g4" = "$g5" ] || fail "the KV cache changed the text: '$g4' vs '$g5'"
+grep -q "on cpu; 29 tokens.*, no KV cache" "$WORK/gen.err" || { cat "$WORK/gen.err"; fail "no generate line"; }
+
+# export-weights: the checkpoint in Hugging Face's layout (the default) and nanoGPT's, the real vocabulary; the
+# two are the same weights (Conv1D transposed); model.init_from reads them back.
+"$DPTRAIN" export-weights --checkpoint "$WORK/learn" --out "$WORK/hf.safetensors" > "$WORK/export.log" 2>&1 \
+  || { cat "$WORK/export.log"; fail "export-weights failed"; }
+"$DPTRAIN" export-weights --checkpoint "$WORK/learn" --layout nanogpt --out "$WORK/nano.safetensors" \
+  >> "$WORK/export.log" 2>&1 || { cat "$WORK/export.log"; fail "export-weights --layout nanogpt failed"; }
+grep -q "hf.safetensors: gpt L2 H2 C64 V256 T32.* in Hugging Face's GPT-2 layout" "$WORK/export.log" \
+  || { cat "$WORK/export.log"; fail "no export line"; }
+[ ! -e "$WORK/hf.safetensors.tmp" ] || fail "export-weights left its .tmp"
+PYTHONPATH=$DPT_SOURCE_DIR/tests/integration/lib "$PY" - "$WORK/hf.safetensors" "$WORK/nano.safetensors" <<'PYEOF' \
+  || fail "the exported layouts are wrong"
+import sys
+import numpy as np
+import ckpt
+hf, nano = ckpt.load(sys.argv[1]), ckpt.load(sys.argv[2])
+assert not any(k.startswith("transformer.") for k in hf) and "lm_head.weight" not in hf, sorted(hf)[:5]
+assert hf["wte.weight"].shape == (256, 64) and hf["h.0.attn.c_attn.weight"].shape == (64, 192)
+assert nano["transformer.h.0.attn.c_attn.weight"].shape == (192, 64)
+assert np.array_equal(np.asarray(nano["transformer.h.1.mlp.c_fc.weight"]).T, np.asarray(hf["h.1.mlp.c_fc.weight"]))
+assert np.array_equal(np.asarray(nano["lm_head.weight"]), np.asarray(hf["wte.weight"]))
+assert len(nano) == len(hf) + 1, (len(nano), len(hf))
+print(f"exported: {len(hf)} tensors (Hugging Face), {len(nano)} (nanoGPT)")
+PYEOF
+for f in hf nano; do
+  "$DPTRAIN" "${GPT[@]}" model.init_from="$WORK/$f.safetensors" train.max_steps=1 data.train_limit=64 \
+    data.test_limit=64 checkpoint.dir="$WORK/from_$f" --resume never > "$WORK/from_$f.log" 2>&1 \
+    || { cat "$WORK/from_$f.log"; fail "model.init_from=$f.safetensors failed"; }
+done
+grep -q "weights from .*hf.safetensors; Hugging Face layout" "$WORK/from_hf.log" || fail "the HF export did not load as HF"
+grep -q "weights from .*nano.safetensors; nanoGPT layout" "$WORK/from_nano.log" || fail "the nanoGPT export did not load"
+"$DPTRAIN" train.max_steps=1 data.train_limit=64 data.test_limit=64 train.device=cpu checkpoint.dir="$WORK/mlp" \
+  --resume never > "$WORK/mlp.log" 2>&1 || { cat "$WORK/mlp.log"; fail "the MLP run failed"; }
+expect_exit 2 "holds a mlp model: export-weights needs a GPT" \
+  "$DPTRAIN" export-weights --checkpoint "$WORK/mlp" --out "$WORK/mlp.safetensors"
+
 if out=$("$DPTRAIN" generate --checkpoint "$WORK/nothing-here" 2>&1); then fail "generate without a checkpoint ran"; fi
 grep -q "no such checkpoint" <<<"$out" || fail "unclear error for a missing checkpoint: $out"
 

@@ -58,3 +58,31 @@ TEST_CASE("generate: count new tokens, the same for a seed, beyond the block siz
   REQUIRE(generate(*model, o.block_size, prompt, 9, {}, 3) == x);
   REQUIRE(generate(*model, o.block_size, prompt, 9, {}, 4) != x);
 }
+
+TEST_CASE("generate with the KV cache gives the sliding window's text within a block, and runs past it", "[trainer][generate]") {
+  models::GptOptions o{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 300, .block_size = 12};
+  auto model = models::make_gpt(o);
+  model->init(8);
+  const std::vector<int32_t> prompt{7, 250, 3};
+  for (uint64_t seed : {1, 2, 3}) {
+    const auto cached = generate(*model, o.block_size, prompt, 9, {.temperature = 0.8}, seed, /*kv_cache=*/true);
+    const auto window = generate(*model, o.block_size, prompt, 9, {.temperature = 0.8}, seed, /*kv_cache=*/false);
+    REQUIRE(cached.size() == 12);
+    REQUIRE(cached == window);  // 12 tokens: the cache never restarts
+  }
+  // Past block_size the cache restarts from half a window: 40 tokens, ids in the vocabulary (not the padding),
+  // the same for a seed; the model is left without a cache.
+  const auto longer = generate(*model, o.block_size, prompt, 40, {}, 5);
+  REQUIRE(longer.size() == 43);
+  for (int32_t t : longer) REQUIRE((t >= 0 && t < 300));
+  REQUIRE(generate(*model, o.block_size, prompt, 40, {}, 5) == longer);
+  REQUIRE(dynamic_cast<models::Gpt&>(model->root()).kv_cache_len() == 0);
+  // A prompt longer than the block: its last block_size tokens give the first new token, as the sliding window's;
+  // the cache is then full and restarts from half a window, so what follows may differ from the window's.
+  std::vector<int32_t> long_prompt(20, 11);
+  const auto cached = generate(*model, o.block_size, long_prompt, 3, {}, 6, true);
+  const auto window = generate(*model, o.block_size, long_prompt, 3, {}, 6, false);
+  REQUIRE(cached.size() == 23);
+  REQUIRE(std::vector<int32_t>(cached.begin(), cached.begin() + 21) ==
+          std::vector<int32_t>(window.begin(), window.begin() + 21));
+}
