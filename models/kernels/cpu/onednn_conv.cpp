@@ -282,4 +282,57 @@ bool conv2d_backward_weight(const float* dy, const float* x, float* dw, const Co
   return run(Op::BackwardWeight, dy, x, dw, cs, p);
 }
 
+// ---- GELU ------------------------------------------------------------------------------------------------------
+
+namespace {
+
+// The two GELU(tanh) primitives for one length, made once per thread and length (a GPT has a handful).
+struct Gelu {
+  dnnl::eltwise_forward fwd;
+  dnnl::eltwise_backward bwd;
+  memory::desc md;
+};
+
+Gelu* gelu_for(size_t n) {
+  thread_local std::map<size_t, std::unique_ptr<Gelu>> cache;
+  auto it = cache.find(n);
+  if (it != cache.end()) return it->second.get();
+  if (cache.size() >= 64) cache.clear();  // lengths that keep changing: do not grow without bound
+  try {
+    const memory::desc md({static_cast<memory::dim>(n)}, dt::f32, tag::a);
+    const auto alg = dnnl::algorithm::eltwise_gelu_tanh;
+    dnnl::eltwise_forward::primitive_desc fwd(
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, md, 0.0f, 0.0f), engine());
+    dnnl::eltwise_backward::primitive_desc bwd(dnnl::eltwise_backward::desc(alg, md, md, 0.0f, 0.0f), engine(), fwd);
+    auto g = std::make_unique<Gelu>(Gelu{dnnl::eltwise_forward(fwd), dnnl::eltwise_backward(bwd), md});
+    return cache.emplace(n, std::move(g)).first->second.get();
+  } catch (const dnnl::error& e) {
+    spdlog::debug("oneDNN GELU for {} elements: {}", n, e.what());
+    return nullptr;
+  }
+}
+
+memory wrap(const memory::desc& md, const float* p) { return memory(md, engine(), const_cast<float*>(p)); }
+
+}  // namespace
+
+bool gelu_forward(const float* x, float* y, size_t n) {
+  if (n == 0) return true;
+  Gelu* g = gelu_for(n);
+  if (!g) return false;
+  g->fwd.execute(stream(), {{DNNL_ARG_SRC, wrap(g->md, x)}, {DNNL_ARG_DST, wrap(g->md, y)}});
+  stream().wait();
+  return true;
+}
+
+bool gelu_backward(const float* x, const float* dy, float* dx, size_t n) {
+  if (n == 0) return true;
+  Gelu* g = gelu_for(n);
+  if (!g) return false;
+  g->bwd.execute(stream(), {{DNNL_ARG_SRC, wrap(g->md, x)}, {DNNL_ARG_DIFF_DST, wrap(g->md, dy)},
+                            {DNNL_ARG_DIFF_SRC, wrap(g->md, dx)}});
+  stream().wait();
+  return true;
+}
+
 }  // namespace dpt::models::onednn

@@ -1,4 +1,4 @@
-// models/kernels/cpu/onednn_conv.h: the CPU convolutions through oneDNN (Debian's libdnnl, the library
+// models/kernels/cpu/onednn_conv.h: the CPU convolutions (and GELU) through oneDNN (Debian's libdnnl, the library
 // PyTorch's CPU convolutions use). NCHW/OIHW float32 in and out, as the Kernels interface says; inside, the
 // primitive picks its own blocked layouts (reorders in and out) and, for bf16, rounds its inputs to bfloat16
 // and accumulates in float32. Each call returns false when oneDNN has no implementation for the shape and
@@ -17,6 +17,12 @@ bool conv2d_forward(const float* x, const float* w, float* y, const ConvShape& c
 bool conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs, Precision p);
 // dw += d(loss)/dw from dy and x.
 bool conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs, Precision p);
+
+// GELU with the tanh approximation (oneDNN's vectorised eltwise_gelu_tanh; libm's scalar tanhf made it 40% of a
+// small GPT's CPU step): y = gelu(x), dx = dy * gelu'(x); y may alias x and dx may alias dy. False when
+// oneDNN has no primitive for it (the caller loops instead).
+bool gelu_forward(const float* x, float* y, size_t n);
+bool gelu_backward(const float* x, const float* dy, float* dx, size_t n);
 
 // oneDNN is used unless DPT_CPU_CONV=im2col is set (for comparing the two, as the benchmark does); the tests
 // switch it per thread.

@@ -65,12 +65,29 @@ TEST_CASE("LayerNorm: zero mean and unit variance per row, then the affine map, 
       REQUIRE(y.data<float>()[r * c + i] == Approx(want).epsilon(1e-5).margin(1e-6));
     }
   }
-  for (const float v : {-3.0f, -0.5f, 0.0f, 0.7f, 2.5f}) {
-    float out = 0.0f;
-    k.gelu_forward(&v, &out, 1);
-    const double want = 0.5 * v * (1.0 + std::tanh(std::sqrt(2.0 / std::numbers::pi) * (v + 0.044715 * std::pow(v, 3))));
-    REQUIRE(out == Approx(want).margin(1e-6));
+  // GELU(tanh) and its derivative against the formula in double over [-10, 10] (oneDNN's vectorised kernel on
+  // most CPUs), in place too.
+  const int64_t n = 4001;
+  Tensor gx = Tensor::empty({n}), gy = Tensor::empty({n}), gdy = Tensor::empty({n}), gdx = Tensor::empty({n});
+  for (int64_t i = 0; i < n; ++i) {
+    gx.data<float>()[i] = -10.0f + 20.0f * static_cast<float>(i) / static_cast<float>(n - 1);
+    gdy.data<float>()[i] = 1.0f - 0.25f * static_cast<float>(i % 7);
   }
+  k.gelu_forward(gx.data<float>(), gy.data<float>(), n);
+  k.gelu_backward(gx.data<float>(), gdy.data<float>(), gdx.data<float>(), n);
+  const double a = std::sqrt(2.0 / std::numbers::pi);
+  for (int64_t i = 0; i < n; ++i) {
+    const double v = gx.data<float>()[i], u = a * (v + 0.044715 * v * v * v), t = std::tanh(u);
+    const double grad = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * a * (1.0 + 3.0 * 0.044715 * v * v);
+    REQUIRE(gy.data<float>()[i] == Approx(0.5 * v * (1.0 + t)).epsilon(1e-6).margin(1e-6));
+    REQUIRE(gdx.data<float>()[i] == Approx(gdy.data<float>()[i] * grad).epsilon(1e-5).margin(1e-6));
+  }
+  Tensor same = Tensor::empty({n});
+  same.copy_from(gx);
+  k.gelu_forward(same.data<float>(), same.data<float>(), n);
+  for (int64_t i = 0; i < n; ++i) REQUIRE(same.data<float>()[i] == gy.data<float>()[i]);
+  k.gelu_backward(gx.data<float>(), gdy.data<float>(), gdy.data<float>(), n);
+  for (int64_t i = 0; i < n; ++i) REQUIRE(gdy.data<float>()[i] == gdx.data<float>()[i]);
 }
 
 TEST_CASE("causal softmax: each row sums to one over j <= i, zero above the diagonal", "[models][gpt]") {
