@@ -104,6 +104,11 @@ class Kernels {
   virtual void avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) = 0;
   // Sum of squares, accumulated in double; returned to the host (on the GPU: waits for the stream).
   virtual double sum_squares(const float* x, size_t n) = 0;
+  // The same sum written to *out (one double on the device), with no host synchronisation.
+  virtual void sum_squares_to(const float* x, size_t n, double* out) = 0;
+  // Global-norm clipping from a sum of squares on the device (sum_squares_to's): x *= max_norm / (sqrt(*ss) +
+  // 1e-6), computed in double, when that is below 1; else x is left as it is. No host synchronisation.
+  virtual void clip_by_norm(float* x, size_t n, const double* ss, double max_norm) = 0;
 
   // ---- transformers (GPT) -------------------------------------------------------------------------------
   // Activations are [rows, C] with rows = B * T (row b * T + t). A kernel set without these throws

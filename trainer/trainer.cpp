@@ -23,6 +23,7 @@
 #include "data/synthetic.h"
 #include "data/token_dataset.h"
 #include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/elementwise.h"
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
@@ -246,10 +247,9 @@ std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
 // gradients to max_norm, as torch.nn.utils.clip_grad_norm_: scaled by max_norm / (norm + 1e-6) when that is
 // below 1. Returns the norm.
 double clip_gradients(models::Model& model, double max_norm, double sum_squares) {
-  const double norm = std::sqrt(sum_squares);
-  const double coef = max_norm / (norm + 1e-6);
+  const double coef = models::elementwise::clip_coefficient(sum_squares, max_norm);
   if (coef < 1.0) model.kernels().scale(model.grads().data<float>(), model.num_params(), static_cast<float>(coef));
-  return norm;
+  return std::sqrt(sum_squares);
 }
 
 models::Precision parse_precision(const std::string& p) {
@@ -499,6 +499,10 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     const auto epoch_t0 = Clock::now();
     auto progress_t = epoch_t0;
     double lr = 0, grad_norm = 0;
+    // The last step's gradient sum of squares, on the device: clipping without fp16 reads it only there (no host
+    // synchronisation per step), the progress line when it prints.
+    Tensor grad_ss = Tensor::zeros({1}, DType::F64, device);
+    bool grad_ss_fresh = false;
     while (true) {
       std::optional<data::Batch> host_batch = loader.next();
       if (!host_batch) break;
@@ -538,7 +542,12 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       reducer.finish();
       timer.mark(2);
       bool apply = true;
-      if (scaler.enabled() || t.clip_grad_norm > 0) {
+      if (!scaler.enabled() && t.clip_grad_norm > 0) {
+        auto& k = model->kernels();
+        k.sum_squares_to(model->grads().data<float>(), model->num_params(), grad_ss.data<double>());
+        k.clip_by_norm(model->grads().data<float>(), model->num_params(), grad_ss.data<double>(), t.clip_grad_norm);
+        grad_ss_fresh = true;
+      } else if (scaler.enabled()) {  // fp16: whether to apply the step is decided on the host
         auto& k = model->kernels();
         if (scaler.enabled()) k.scale(model->grads().data<float>(), model->num_params(), static_cast<float>(1.0 / scaler.scale()));
         const double ss = k.sum_squares(model->grads().data<float>(), model->num_params());  // host sync
@@ -552,6 +561,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       const bool epoch_done = next_batch == spe;
       if (lead && seconds_since(progress_t) >= t.progress_interval_s) {
         progress_t = Clock::now();
+        if (grad_ss_fresh) grad_norm = std::sqrt(grad_ss.to(Device::cpu()).data<double>()[0]);
         const double rate = static_cast<double>(seen) * world / seconds_since(epoch_t0);
         spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g}{}{} {}/s {:.0f}{}", epoch + 1, t.epochs,
                      next_batch, spe, loss_so_far() / static_cast<double>(seen), lr,

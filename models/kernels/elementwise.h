@@ -142,4 +142,7 @@ DPT_HD float gelu_grad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+// Global-norm clipping's factor, as torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), applied when below 1.
+DPT_HD double clip_coefficient(double sum_squares, double max_norm) { return max_norm / (sqrt(sum_squares) + 1e-6); }
+
 }  // namespace dpt::models::elementwise

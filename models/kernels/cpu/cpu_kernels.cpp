@@ -197,6 +197,11 @@ double CpuKernels::sum_squares(const float* x, size_t n) {
   return s;
 }
 
+void CpuKernels::clip_by_norm(float* x, size_t n, const double* ss, double max_norm) {
+  const double coef = elementwise::clip_coefficient(*ss, max_norm);
+  if (coef < 1.0) scale(x, n, static_cast<float>(coef));
+}
+
 }  // namespace dpt::models
 
 // ---- convolutional networks -------------------------------------------------------------------------------

@@ -46,6 +46,8 @@ class CpuKernels final : public Kernels {
   void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) override;
   void scale(float* x, size_t n, float alpha) override;
   double sum_squares(const float* x, size_t n) override;
+  void sum_squares_to(const float* x, size_t n, double* out) override { *out = sum_squares(x, n); }
+  void clip_by_norm(float* x, size_t n, const double* ss, double max_norm) override;
 
   void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) override;
   void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) override;

@@ -375,6 +375,12 @@ class CudaKernels final : public Kernels {
     stream_->synchronize();
     return host;
   }
+  void sum_squares_to(const float* x, size_t n, double* out) override {
+    DPT_CUDA_CHECK(cuda_launch::sum_squares(x, n, partials_.data<double>(), out, stream()));
+  }
+  void clip_by_norm(float* x, size_t n, const double* ss, double max_norm) override {
+    DPT_CUDA_CHECK(cuda_launch::clip_by_norm(x, n, ss, max_norm, stream()));
+  }
 
   // ---- convolutional networks ---------------------------------------------------------------------------
 

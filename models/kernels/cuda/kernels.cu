@@ -148,6 +148,15 @@ __global__ void scale_kernel(float* x, size_t n, float alpha) {
     x[i] *= alpha;
 }
 
+__global__ void clip_by_norm_kernel(float* x, size_t n, const double* ss, double max_norm) {
+  const double coef = elementwise::clip_coefficient(*ss, max_norm);
+  if (coef >= 1.0) return;
+  const auto alpha = static_cast<float>(coef);
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    x[i] *= alpha;
+}
+
 // Each block writes the sum of squares of its grid-stride share to partials[blockIdx.x].
 __global__ void sum_squares_kernel(const float* x, size_t n, double* partials) {
   __shared__ double s[kThreads];
@@ -707,6 +716,12 @@ cudaError_t adamw_update(float* param, const float* grad, float* m, float* v, si
 cudaError_t scale(float* x, size_t n, float alpha, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   scale_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, alpha);
+  return cudaGetLastError();
+}
+
+cudaError_t clip_by_norm(float* x, size_t n, const double* ss, double max_norm, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  clip_by_norm_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, ss, max_norm);
   return cudaGetLastError();
 }
 

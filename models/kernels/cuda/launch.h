@@ -28,6 +28,8 @@ cudaError_t scale(float* x, size_t n, float alpha, cudaStream_t s);
 // a fixed order into *out.
 inline constexpr int kSumSquaresBlocks = 256;
 cudaError_t sum_squares(const float* x, size_t n, double* partials, double* out, cudaStream_t s);
+// x *= elementwise::clip_coefficient(*ss, max_norm) when that is below 1 (each thread reads *ss: no host sync).
+cudaError_t clip_by_norm(float* x, size_t n, const double* ss, double max_norm, cudaStream_t s);
 
 // ---- low precision: the operands of gemm and the convolutions under Precision::BF16 / F16 ----------------------
 // The narrow type is __nv_bfloat16 for BF16 and __half for F16, 2 bytes each; the pointers are void* so this header

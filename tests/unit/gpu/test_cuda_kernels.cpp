@@ -543,6 +543,28 @@ TEST_CASE("cuda scale matches the CPU exactly (one rounded product per element)"
 // for sequential summation, (n - 1) * 2^-53 = 1.2e-10 relative, so ordering can never fail it. Values that are
 // all 0.5 make every partial sum exact: then the result must be n / 4 exactly, whatever the order, which
 // catches a lost or doubled element however small the tolerance above would let it be.
+TEST_CASE("cuda sum_squares_to and clip_by_norm match the CPU with no host synchronisation", "[gpu][kernels]") {
+  const size_t n = GENERATE(as<size_t>{}, 1, 1000, (1u << 20) + 3);
+  const double max_norm = GENERATE(0.5, 1e9);  // clips, and does not
+  CAPTURE(n, max_norm);
+  std::mt19937 rng(12);
+  const auto len = static_cast<int64_t>(n);
+  Tensor want = random_floats({len}, rng);
+  const Tensor dx0 = to_device(want);
+  Tensor dx = to_device(want);
+  double want_ss = 0;
+  cpu_kernels().sum_squares_to(want.data<float>(), n, &want_ss);
+  cpu_kernels().clip_by_norm(want.data<float>(), n, &want_ss, max_norm);
+  Tensor ss = Tensor::zeros({1}, DType::F64, dx.device());
+  gpu_kernels().sum_squares_to(dx.data<float>(), n, ss.data<double>());
+  gpu_kernels().clip_by_norm(dx.data<float>(), n, ss.data<double>(), max_norm);
+  const double got_ss = to_host(ss).data<double>()[0];
+  REQUIRE(rel_err(got_ss, want_ss) < 1e-9);
+  REQUIRE(got_ss == gpu_kernels().sum_squares(dx0.data<float>(), n));  // the same reduction as sum_squares
+  const Tensor got = to_host(dx);
+  for (size_t i = 0; i < n; ++i) REQUIRE(got.data<float>()[i] == Approx(want.data<float>()[i]).epsilon(1e-6));
+}
+
 TEST_CASE("cuda sum_squares matches the CPU and returns (not accumulates) the sum", "[gpu][kernels]") {
   const size_t n = GENERATE(as<size_t>{}, 0, 1, 1000, (1u << 20) + 3);
   CAPTURE(n);

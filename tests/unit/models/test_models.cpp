@@ -70,6 +70,20 @@ TEST_CASE("softmax cross-entropy: closed form for uniform logits and known gradi
   REQUIRE_THROWS_AS(loss.forward(logits, labels_tensor({4, 0}), k), InternalError);  // label out of range
 }
 
+TEST_CASE("global-norm clipping from a sum of squares: clip_grad_norm_'s factor, only when below 1", "[models]") {
+  Kernels& k = kernels_for(Device::cpu());
+  float x[2] = {3.0f, 4.0f};
+  double ss = 0;
+  k.sum_squares_to(x, 2, &ss);
+  REQUIRE(ss == 25.0);
+  k.clip_by_norm(x, 2, &ss, 1.0);  // norm 5: x * 1 / (5 + 1e-6)
+  REQUIRE(x[0] == static_cast<float>(3.0) * static_cast<float>(1.0 / (5.0 + 1e-6)));
+  REQUIRE(x[1] == static_cast<float>(4.0) * static_cast<float>(1.0 / (5.0 + 1e-6)));
+  float y[2] = {3.0f, 4.0f};
+  k.clip_by_norm(y, 2, &ss, 10.0);  // the norm is within 10: unchanged
+  REQUIRE((y[0] == 3.0f && y[1] == 4.0f));
+}
+
 TEST_CASE("MLP gradients match central finite differences", "[models]") {
   std::mt19937_64 rng(7);
   auto model = make_mlp(6, {5, 4}, 3);
