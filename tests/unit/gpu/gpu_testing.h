@@ -13,16 +13,31 @@
 #include <random>
 #include <vector>
 
+#include <limits>
+
 #include "core/tensor.h"
+#include "models/kernels.h"
 #include "models/kernels/kernel_params.h"
 
 namespace dpt::gpu_test {
 
 // The device the [gpu] tests run on.
 Device gpu();
+// The two kernel sets compared: the CPU's (the reference) and the GPU's.
+inline models::Kernels& cpu_kernels() { return models::kernels_for(Device::cpu()); }
+inline models::Kernels& gpu_kernels() { return models::kernels_for(gpu()); }
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
 // A host F32 tensor of uniform draws in [lo, hi).
 Tensor random_floats(std::vector<int64_t> shape, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f);
+// A host F32 tensor of multiples of 1/16 in [-1, 1]: sums of up to 2^20 of them (and of their squares, multiples
+// of 1/256) are exact in float and double, so every summation order gives the same bits.
+inline Tensor sixteenths(std::vector<int64_t> shape, std::mt19937& rng) {
+  Tensor t = Tensor::empty(std::move(shape));
+  std::uniform_int_distribution<int> dist(-16, 16);
+  for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(dist(rng)) / 16.0f;
+  return t;
+}
 // A host F32 tensor with every element `value`.
 Tensor filled(std::vector<int64_t> shape, float value);
 // A host tensor of `dtype` whose bytes are random (for copies, where only the bytes matter).

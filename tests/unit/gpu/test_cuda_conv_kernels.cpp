@@ -23,20 +23,6 @@ using namespace dpt::gpu_test;
 
 namespace {
 
-Kernels& cpu_kernels() { return kernels_for(Device::cpu()); }
-Kernels& gpu_kernels() { return kernels_for(gpu()); }
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-// Multiples of 1/16 in [-1, 1]: sums of up to 2^20 of them (and of their squares, multiples of 1/256) are exact
-// in float and double, so every summation order gives the same bits.
-Tensor sixteenths(std::vector<int64_t> shape, std::mt19937& rng) {
-  Tensor t = Tensor::empty(std::move(shape));
-  std::uniform_int_distribution<int> dist(-16, 16);
-  for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(dist(rng)) / 16.0f;
-  return t;
-}
-
 // Values from {-1, -0.5, 0, 0.5, 1}: pooling windows then hold ties, which the first-index rule must settle.
 Tensor coarse(std::vector<int64_t> shape, std::mt19937& rng) {
   Tensor t = Tensor::empty(std::move(shape));

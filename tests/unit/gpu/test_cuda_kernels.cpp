@@ -21,21 +21,9 @@ using namespace dpt::gpu_test;
 
 namespace {
 
-Kernels& cpu_kernels() { return kernels_for(Device::cpu()); }
-Kernels& gpu_kernels() { return kernels_for(gpu()); }
-
 Tensor doubles(std::vector<double> v) {
   Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::F64);
   std::copy(v.begin(), v.end(), t.data<double>());
-  return t;
-}
-
-// Multiples of 1/16 in [-1, 1]: sums of up to 2^20 of them are exact in float (they stay multiples of 1/16
-// below 2^20), so every summation order gives the same bits.
-Tensor sixteenths(std::vector<int64_t> shape, std::mt19937& rng) {
-  Tensor t = Tensor::empty(std::move(shape));
-  std::uniform_int_distribution<int> dist(-16, 16);
-  for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(dist(rng)) / 16.0f;
   return t;
 }
 

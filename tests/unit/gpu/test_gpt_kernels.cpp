@@ -28,11 +28,6 @@ using namespace dpt::gpu_test;
 
 namespace {
 
-Kernels& cpu_kernels() { return kernels_for(Device::cpu()); }
-Kernels& gpu_kernels() { return kernels_for(gpu()); }
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
 // Elements whose bits differ (NaN payloads included): for the operations that are exact by construction.
 size_t floats_differ(const Tensor& got, const Tensor& want) {
   REQUIRE(got.numel() == want.numel());
@@ -40,15 +35,6 @@ size_t floats_differ(const Tensor& got, const Tensor& want) {
   for (size_t i = 0; i < got.numel(); ++i)
     bad += std::memcmp(got.data<float>() + i, want.data<float>() + i, sizeof(float)) != 0;
   return bad;
-}
-
-// Multiples of 1/16 in [-1, 1]: sums of up to 2^20 of them are exact in float, so every summation order gives the
-// same bits.
-Tensor sixteenths(std::vector<int64_t> shape, std::mt19937& rng) {
-  Tensor t = Tensor::empty(std::move(shape));
-  std::uniform_int_distribution<int> dist(-16, 16);
-  for (size_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(dist(rng)) / 16.0f;
-  return t;
 }
 
 Tensor random_tokens(int64_t rows, int64_t vocab, std::mt19937& rng) {
