@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# integration.slurm: dptrain under real Slurm daemons: a one-node cluster on localhost started by this test from
+# Debian's slurm-wlm and munge (munged on a private socket, slurmctld, slurmd; a generated slurm.conf with 4
+# CPU slots and 8 GPU "slots" (a count-only gres, no devices), torn down on any exit), then:
+#  - srun --ntasks=2 dptrain: trains 10 steps and checkpoints; a second srun resumes to 20 steps, and the
+#    result is bitwise the parameters of an uninterrupted 20-step run under dprun;
+#  - sbatch --wait of scripts/slurm/dptrain.sbatch (one task per "GPU", per-rank logs) exits 0, and a job whose
+#    dptrain fails (an unknown config key) makes sbatch --wait fail;
+#  - sbatch --wait of scripts/slurm/dprun.sbatch (dprun once per node) trains;
+#  - srun --mpi=pmix with dist.backend=mpi: Open MPI started by Slurm's PMIx.
+# Skipped (exit 77, with the reason) only when the daemons cannot start on this machine.
+source "$(dirname "$0")/lib/common.bash"
+cd "$DPT_SOURCE_DIR"
+for p in munged slurmctld slurmd srun sbatch; do
+  command -v "$p" > /dev/null || fail "$p is missing: scripts/setup.sh installs slurmd, slurmctld, slurm-client and munge"
+done
+
+# ---- the cluster ----------------------------------------------------------------------------------------------
+S=$WORK/slurm
+mkdir -p "$S/state" "$S/spool"
+read -r CTLD_PORT SLURMD_PORT < <("$PY" -c '
+import socket
+ss = [socket.socket() for _ in range(2)]
+for s in ss: s.bind(("127.0.0.1", 0))
+print(*[s.getsockname()[1] for s in ss])')
+HOST=$(hostname -s)
+dd if=/dev/urandom of="$S/munge.key" bs=1024 count=1 status=none
+chmod 600 "$S/munge.key"
+cat > "$S/slurm.conf" <<CONF
+ClusterName=dpttest
+SlurmctldHost=$HOST(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=$CTLD_PORT
+SlurmdPort=$SLURMD_PORT
+AuthType=auth/munge
+AuthInfo=socket=$S/munge.sock
+StateSaveLocation=$S/state
+SlurmdSpoolDir=$S/spool
+SlurmctldPidFile=$S/slurmctld.pid
+SlurmdPidFile=$S/slurmd.pid
+SlurmctldLogFile=$S/slurmctld.log
+SlurmdLogFile=$S/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+MpiDefault=none
+ReturnToService=2
+SlurmdParameters=config_overrides
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+GresTypes=gpu
+NodeName=$HOST NodeAddr=127.0.0.1 CPUs=4 Gres=gpu:8 State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+CONF
+# Eight stand-in "GPU" device files: Slurm counts and hands them out (CUDA_VISIBLE_DEVICES) like real ones.
+for i in 0 1 2 3 4 5 6 7; do : > "$S/gpu$i"; done
+printf 'AutoDetect=off\nNodeName=%s Name=gpu File=%s/gpu[0-7]\n' "$HOST" "$S" > "$S/gres.conf"
+export SLURM_CONF=$S/slurm.conf
+skip() { echo "SKIP: $*"; for f in munged slurmctld slurmd; do tail -n 5 "$S/$f.log" 2>/dev/null || true; done; exit 77; }
+munged --force --socket="$S/munge.sock" --key-file="$S/munge.key" --log-file="$S/munged.log" \
+  --pid-file="$S/munged.pid" --seed-file="$S/munged.seed" || skip "munged did not start"
+slurmctld -i -f "$SLURM_CONF" || skip "slurmctld did not start"
+slurmd -f "$SLURM_CONF" || skip "slurmd did not start"
+teardown() {  # before common.bash's cleanup kills what is left
+  scancel --full --quiet --user=root 2>/dev/null || true
+  for f in slurmd slurmctld munged; do [ -f "$S/$f.pid" ] && kill "$(cat "$S/$f.pid")" 2>/dev/null || true; done
+  sleep 0.5
+}
+trap 'rc=$?; teardown; (exit $rc); cleanup' EXIT  # cleanup exits with the status it finds in $?
+for _ in $(seq 60); do
+  sinfo -h -o %t 2>/dev/null | grep -qx idle && break
+  sleep 0.5
+done
+sinfo -h -o %t 2>/dev/null | grep -qx idle || skip "the node never became idle: $(sinfo 2>&1 | tail -1)"
+echo "cluster up: $(sinfo -h -o '%P %D %t %N') (slurmctld port $CTLD_PORT)"
+
+# ---- srun: train, checkpoint, resume --------------------------------------------------------------------------
+# A constant learning rate: the schedule's horizon (train.max_steps) is then the same for 10 and 20 steps.
+RUN=(train.device=cpu data.train_limit=2048 data.test_limit=256 train.epochs=2 train.batch_size=64
+     train.schedule=constant checkpoint.every_steps=5 train.progress_interval_s=1000)
+srun --ntasks=2 --export=ALL "$DPTRAIN" "${RUN[@]}" train.max_steps=10 checkpoint.dir="$WORK/srun" \
+  > "$WORK/srun1.log" 2>&1 || { cat "$WORK/srun1.log"; fail "srun --ntasks=2 dptrain failed"; }
+grep -q "dptrain: 2 rank(s) via slurm" "$WORK/srun1.log" || { cat "$WORK/srun1.log"; fail "dptrain did not see Slurm's ranks"; }
+grep -q "done: 10 steps" "$WORK/srun1.log" || { cat "$WORK/srun1.log"; fail "no 10 steps under srun"; }
+srun --ntasks=2 --export=ALL "$DPTRAIN" "${RUN[@]}" train.max_steps=20 checkpoint.dir="$WORK/srun" \
+  > "$WORK/srun2.log" 2>&1 || { cat "$WORK/srun2.log"; fail "the resumed srun failed"; }
+grep -q "resum.*step-00000010" "$WORK/srun2.log" || { cat "$WORK/srun2.log"; fail "the second srun did not resume from step 10"; }
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${RUN[@]}" train.max_steps=20 checkpoint.dir="$WORK/dprun" \
+  > "$WORK/dprun.log" 2>&1 || { cat "$WORK/dprun.log"; fail "the reference dprun run failed"; }
+"$PY" "$CKPT_PY" compare "$WORK/srun/step-00000020" "$WORK/dprun/step-00000020" 0 \
+  || fail "srun with a resume differs from an uninterrupted dprun run"
+
+# ---- sbatch: the two example scripts ----------------------------------------------------------------------------
+# 2 tasks of 1 "GPU" each on this node (the script's 8 per node would need 8 CPU slots here).
+sbatch --wait --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/sb-%j.out" \
+  --export=ALL,DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/sblogs" scripts/slurm/dptrain.sbatch "${RUN[@]}" \
+  train.max_steps=6 checkpoint.dir="$WORK/sb" > "$WORK/sbatch.log" 2>&1 \
+  || { cat "$WORK/sbatch.log" "$WORK"/sb-*.out "$WORK"/sblogs/* 2>/dev/null; fail "sbatch --wait dptrain.sbatch failed"; }
+# One log per rank (rank 0 logs the run; the others only warnings and errors).
+for r in 0 1; do [ -e "$WORK/sblogs/rank-$r.log" ] || { ls -la "$WORK/sblogs"; cat "$WORK"/sb-*.out; fail "no log for rank $r"; }; done
+grep -q "done: 6 steps" "$WORK/sblogs/rank-0.log" || { cat "$WORK/sblogs/rank-0.log"; fail "the sbatch job did not train"; }
+if sbatch --wait --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/bad-%j.out" \
+  --export=ALL,DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/badlogs" scripts/slurm/dptrain.sbatch train.nonsense=1 \
+  > "$WORK/sbatch-bad.log" 2>&1; then
+  fail "a job whose dptrain failed made sbatch --wait succeed"
+fi
+grep -q "unknown config key 'train.nonsense'" "$WORK"/badlogs/rank-*.log || fail "the failed job's logs lack the error"
+sbatch --wait --gpus-per-node=2 --cpus-per-task=2 --chdir="$DPT_SOURCE_DIR" --output="$WORK/dp-%j.out" \
+  --export=ALL,DPRUN="$DPRUN",DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/dplogs" scripts/slurm/dprun.sbatch "${RUN[@]}" \
+  train.max_steps=6 checkpoint.dir="$WORK/dp" > "$WORK/sbatch-dprun.log" 2>&1 \
+  || { cat "$WORK/sbatch-dprun.log" "$WORK"/dp-*.out "$WORK"/dplogs/* 2>/dev/null; fail "sbatch --wait dprun.sbatch failed"; }
+grep -q "2 rank(s)" "$WORK"/dp-*.out || { cat "$WORK"/dp-*.out; fail "dprun.sbatch did not start 2 ranks on the node"; }
+grep -q "done: 6 steps" "$WORK"/dplogs/node-*.log || { cat "$WORK"/dplogs/*; fail "the dprun job did not train"; }
+
+# ---- srun --mpi=pmix: Open MPI under Slurm ---------------------------------------------------------------------
+if srun --mpi=list 2>&1 | grep -q pmix; then
+  srun --mpi=pmix --ntasks=2 --export=ALL "$DPTRAIN" "${RUN[@]}" train.max_steps=4 dist.backend=mpi \
+    checkpoint.dir="$WORK/mpi" > "$WORK/mpi.log" 2>&1 || { cat "$WORK/mpi.log"; fail "srun --mpi=pmix dptrain failed"; }
+  grep -q "process group: mpi, world 2" "$WORK/mpi.log" || { cat "$WORK/mpi.log"; fail "not the MPI backend"; }
+else
+  fail "this Slurm has no pmix plugin (srun --mpi=list): $(srun --mpi=list 2>&1 | tr '\n' ' ')"
+fi
+echo "PASS: srun (train, checkpoint, resume: bitwise), sbatch of both scripts (and a failing job), srun --mpi=pmix"
