@@ -1,9 +1,11 @@
-// launcher/job.cpp: launch(): spawn the ranks, relay their output, watch them, tear the job down.
+// launcher/job.cpp: launch(): spawn the ranks, relay their output, watch them, tear the job down, and with
+// --max-restarts start them all again after a failure.
 //
 // One thread, one poll loop over a signalfd (SIGCHLD and the stop signals) and the ranks' output pipes; each
 // wake-up serves the signals first and reads each ready pipe at most once, so no rank can starve the loop.
 // Ranks that end are observed with waitid(WNOWAIT) and reaped only at the very end: a zombie keeps its pid,
 // hence its process group id, reserved, so signalling a rank's group can never hit an unrelated process.
+// A restart begins only after every rank of the failed attempt has been reaped, with a fresh set of ranks.
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -47,6 +49,11 @@ void ensure_standard_fds() {
   }
 }
 
+// "exit code 3", "killed by SIGKILL": how a rank ended, for the restart line.
+std::string brief(const ExitStatus& st) {
+  return st.signaled ? fmt::format("killed by {}", signal_name(st.code)) : fmt::format("exit code {}", st.code);
+}
+
 std::string join_ranks(const std::vector<int>& ranks) {
   return fmt::format("{} {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(ranks, ", "));
 }
@@ -64,8 +71,13 @@ struct Rank {
 
 class Job {
  public:
-  Job(const Options& opts, Environment inherited)
-      : opts_(opts), inherited_(std::move(inherited)), stdout_(STDOUT_FILENO, "stdout"), stderr_(STDERR_FILENO, "stderr") {}
+  // `port_given`: the user chose opts.master_port (a restart keeps it whatever happens).
+  Job(const Options& opts, Environment inherited, bool port_given)
+      : opts_(opts),
+        inherited_(std::move(inherited)),
+        port_given_(port_given),
+        stdout_(STDOUT_FILENO, "stdout"),
+        stderr_(STDERR_FILENO, "stderr") {}
 
   // The safety net: whatever happened (an exception included), nothing dprun started outlives it.
   ~Job() {
@@ -82,15 +94,58 @@ class Job {
   int run() {
     announce();
     open_stdin();
-    ranks_.reserve(static_cast<std::size_t>(opts_.nproc_per_node));
-    for (int local = 0; local < opts_.nproc_per_node && phase_ == Phase::kRunning; ++local) start(local);
-    monitor();
-    finish();
-    return exit_code_;
+    for (;;) {
+      ranks_.reserve(static_cast<std::size_t>(opts_.nproc_per_node));
+      for (int local = 0; local < opts_.nproc_per_node && phase_ == Phase::kRunning; ++local) start(local);
+      monitor();
+      finish();
+      if (!restart()) return exit_code_;
+    }
   }
 
  private:
   enum class Phase { kRunning, kStopping, kKilling };
+
+  // After an attempt has ended and every rank is reaped: starts the next one if it should be (a rank failed,
+  // dprun was not told to stop, restarts are left) and returns true; otherwise returns false.
+  bool restart() {
+    if (exit_code_ == 0 || !failed_rank_) return false;  // success, or dprun was told to stop
+    // Without restarts, leave a late stop signal pending: it is delivered when the signal mask is restored.
+    if (opts_.max_restarts == 0) return false;
+    // A stop signal that came after the last look (during the final reaping) still forbids a restart.
+    for (int sig : signals_.take()) {
+      if (sig == SIGCHLD) continue;
+      stop_requested_ = true;
+      note(fmt::format("received {}", signal_name(sig)));
+    }
+    const std::string failure = fmt::format("rank {} failed ({})", *failed_rank_, brief(failed_status_));
+    if (stop_requested_) {
+      note(fmt::format("{}; not restarting: dprun was told to stop", failure));
+      return false;
+    }
+    if (exec_failed_) {
+      note(fmt::format("{}; not restarting: the program cannot be started", failure));
+      return false;
+    }
+    if (restarts_ == opts_.max_restarts) {
+      note(fmt::format("{}; all {} restart{} used, giving up", failure, opts_.max_restarts,
+                       opts_.max_restarts == 1 ? "" : "s"));
+      return false;
+    }
+    ++restarts_;
+    note(fmt::format("{}; restart {} of {}", failure, restarts_, opts_.max_restarts));
+    if (!port_given_ && !port_bindable(*opts_.master_port)) {
+      // dprun chose the port, and something else has taken it since: choose again rather than fail.
+      int old = *opts_.master_port;
+      opts_.master_port = find_free_port();  // as resolve() does
+      note(fmt::format("master port {} is taken now; using {}", old, *opts_.master_port));
+    }
+    ranks_.clear();
+    phase_ = Phase::kRunning;
+    exit_code_ = 0;
+    failed_rank_.reset();
+    return true;
+  }
 
   void announce() {
     int world = opts_.nnodes * opts_.nproc_per_node;
@@ -126,15 +181,23 @@ class Job {
 
     ChildSpec spec;
     spec.argv = opts_.command;
-    for (const auto& [name, value] : rank_environment(opts_, local, inherited_)) spec.env.push_back(name + "=" + value);
+    for (const auto& [name, value] : rank_environment(opts_, local, inherited_, restarts_)) {
+      spec.env.push_back(name + "=" + value);
+    }
     spec.stdin_fd = devnull_.get();
 
     Fd log;
     Pipe out, err;
     if (!opts_.log_dir.empty()) {
       r.log_path = fmt::format("{}/rank_{}.log", opts_.log_dir, r.global);
-      log = Fd(::open(r.log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      // A restarted rank's output goes after the earlier attempts', below a line that says so.
+      const int mode = restarts_ == 0 ? O_TRUNC : O_APPEND;
+      log = Fd(::open(r.log_path.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644));
       if (log.get() < 0) DPT_THROW(IoError, "cannot open {}: {}", r.log_path, std::strerror(errno));
+      if (restarts_ > 0) {
+        (void)write_fully(log.get(), fmt::format("dprun: restart {} of {} (DPT_RESTART_COUNT={})\n", restarts_,
+                                                 opts_.max_restarts, restarts_));
+      }
       spec.stdout_fd = spec.stderr_fd = log.get();
     } else {
       out = make_pipe();
@@ -158,6 +221,7 @@ class Job {
     if (!s.error.empty()) {
       r.ended = r.reaped = true;
       r.status = ExitStatus{false, kExecFailedCode, false};
+      exec_failed_ = true;
       fail({&r}, {s.error + fmt::format(" (exit code {})", kExecFailedCode)});
     }
   }
@@ -251,10 +315,13 @@ class Job {
       note(fmt::format("rank {} (pid {}) {}", r.global, r.pid, why[i]));
     }
     exit_code_ = failed.front()->status.exit_code();
+    failed_rank_ = failed.front()->global;
+    failed_status_ = failed.front()->status;
     begin_stop(SIGTERM, /*received=*/false);
   }
 
   void on_stop_signal(int sig) {
+    stop_requested_ = true;  // whenever it comes: no restart after it
     if (phase_ == Phase::kRunning) {
       exit_code_ = 128 + sig;
       begin_stop(sig, /*received=*/true);
@@ -324,8 +391,9 @@ class Job {
     }
   }
 
-  const Options opts_;
+  Options opts_;  // master_port may change between attempts
   Environment inherited_;
+  const bool port_given_;
   SignalCatcher signals_;  // before any fork: a signal arriving during the spawning stays pending
   OutputSink stdout_, stderr_;
   Fd devnull_;
@@ -333,6 +401,12 @@ class Job {
   Phase phase_ = Phase::kRunning;
   Clock::time_point deadline_{};
   int exit_code_ = 0;
+  // The attempt under way: restarts so far (its DPT_RESTART_COUNT), and the rank whose failure ended it.
+  int restarts_ = 0;
+  std::optional<int> failed_rank_;
+  ExitStatus failed_status_;
+  bool stop_requested_ = false;  // dprun received SIGINT, SIGTERM or SIGHUP
+  bool exec_failed_ = false;     // the program could not be started: a restart would fail the same way
 };
 
 }  // namespace
@@ -350,7 +424,7 @@ int launch(const Options& given) {
                      "all {} nodes run on this machine",
                      *opts.master_addr, opts.nnodes));
   }
-  Job job(opts, std::move(inherited));
+  Job job(opts, std::move(inherited), /*port_given=*/given.master_port.has_value());
   return job.run();
 }
 

@@ -22,6 +22,7 @@ namespace dpt::launcher {
 namespace {
 constexpr double kMaxGracePeriodS = 24 * 3600.0;
 constexpr int kMaxPort = 65535;
+constexpr int kMaxRestarts = 1000000;  // a bound that no sane job reaches, so a typo cannot mean "forever"
 }  // namespace
 
 void validate(const Options& opts) {
@@ -49,6 +50,15 @@ void validate(const Options& opts) {
     DPT_THROW(ConfigError, "--grace-period must be between 0 and {} seconds (got {})", kMaxGracePeriodS,
               opts.grace_period_s);
   }
+  if (opts.max_restarts < 0 || opts.max_restarts > kMaxRestarts) {
+    DPT_THROW(ConfigError, "--max-restarts must be in 0..{} (got {})", kMaxRestarts, opts.max_restarts);
+  }
+  if (opts.max_restarts > 0 && opts.nnodes > 1) {
+    DPT_THROW(ConfigError,
+              "--max-restarts works on one node only (got --nnodes {}): restarting this node's ranks would not "
+              "restart the other nodes' ranks",
+              opts.nnodes);
+  }
   if (opts.command.empty()) {
     DPT_THROW(ConfigError, "no program to run: give it after '--', as in: dprun --nproc-per-node 2 -- ./train --lr 0.1");
   }
@@ -62,11 +72,12 @@ Options resolve(Options opts) {
   return opts;
 }
 
-Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited) {
+Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited, int restart) {
   using namespace std::string_literals;
   DPT_CHECK(opts.master_addr && opts.master_port, "rank_environment needs resolved options (call resolve)");
   DPT_CHECK(local_rank >= 0 && local_rank < opts.nproc_per_node, "local rank {} of {}", local_rank,
             opts.nproc_per_node);
+  DPT_CHECK(restart >= 0, "restart count {}", restart);
   Environment env = inherited;
   env["RANK"] = std::to_string(global_rank(opts, local_rank));
   env["LOCAL_RANK"] = std::to_string(local_rank);
@@ -77,7 +88,7 @@ Environment rank_environment(const Options& opts, int local_rank, const Environm
   env["MASTER_ADDR"] = *opts.master_addr;
   env["MASTER_PORT"] = std::to_string(*opts.master_port);
   // std::string values ("0"s): assigning a char literal trips GCC 12's false -Wrestrict (GCC PR 105329).
-  env["DPT_RESTART_COUNT"] = "0"s;  // dprun does not restart failed jobs (yet)
+  env["DPT_RESTART_COUNT"] = std::to_string(restart);  // 0 first; k on the k-th restart (--max-restarts)
   // N ranks each starting one OpenMP thread per core would oversubscribe the machine N times (torchrun does
   // the same); a value the user set is theirs.
   env.try_emplace("OMP_NUM_THREADS", "1"s);
@@ -88,6 +99,22 @@ Environment rank_environment(const Options& opts, int local_rank, const Environm
     env.erase("DPT_RANK_PREFIXED");
   }
   return env;
+}
+
+bool port_bindable(int port) {
+  DPT_CHECK(port >= 1 && port <= kMaxPort, "port {}", port);
+  // IPv4 wildcard: it conflicts with a listener on any IPv4 address and with a dual-stack IPv6 one alike.
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) DPT_THROW(IoError, "checking port {}: socket failed: {}", port, std::strerror(errno));
+  int one = 1;
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_ANY);
+  sa.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) == 0 &&
+                  ::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0;
+  ::close(fd);  // never listened: leaves no TIME_WAIT behind
+  return ok;
 }
 
 Environment current_environment() {

@@ -1,5 +1,6 @@
 // launcher/launcher.h: dprun's logic as a library: the options, the environment each rank gets, and
-// launch(), which spawns the ranks, relays their output, watches them and tears the job down.
+// launch(), which spawns the ranks, relays their output, watches them, tears the job down and, with
+// --max-restarts, starts it again.
 //
 // The contract with the ranks is torchrun's (DESIGN.md, "Environment contract"): RANK, LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, NODE_RANK (alias GROUP_RANK), MASTER_ADDR, MASTER_PORT, DPT_RESTART_COUNT, and
@@ -29,6 +30,7 @@ struct Options {
   std::optional<int> master_port;          // unset: a free port (single node) or kDefaultMultiNodePort
   std::string log_dir;                     // empty: relay output with "[rank R] " prefixes
   double grace_period_s = kDefaultGracePeriodS;
+  int max_restarts = 0;                    // restarts of all ranks after a failed attempt (single node only)
   std::vector<std::string> command;        // the program and its arguments
 };
 
@@ -42,9 +44,14 @@ void validate(const Options& opts);
 Options resolve(Options opts);
 
 
-// The full environment of one rank: `inherited` with the launcher's variables set on top. `opts` must be
-// resolved. Pure: the same inputs give the same environment.
-Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited);
+// The full environment of one rank: `inherited` with the launcher's variables set on top; DPT_RESTART_COUNT is
+// `restart` (0 for the first attempt, k for the k-th restart). `opts` must be resolved. Pure: the same inputs
+// give the same environment.
+Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited, int restart = 0);
+
+// Could a TCP server bind `port` on every address now, as rank 0's TcpStore does (SO_REUSEADDR, so ports in
+// TIME_WAIT count as free)? False while something listens on it.
+bool port_bindable(int port);
 
 // The global rank of local rank `local_rank` on this node.
 inline int global_rank(const Options& opts, int local_rank) { return opts.node_rank * opts.nproc_per_node + local_rank; }
@@ -56,6 +63,12 @@ Environment current_environment();
 // else the first failed rank's exit code (128 + signal when it was killed); 128 + signal when dprun itself
 // was told to stop by SIGINT, SIGTERM or SIGHUP. Never exits the process; throws dpt::Error on a failure of
 // its own (after killing whatever it had started).
+//
+// With opts.max_restarts = N > 0, an attempt that ends because a rank failed is torn down as usual and then
+// every rank is started again (DPT_RESTART_COUNT 1, 2, ...), up to N times; the exit code is then the last
+// attempt's. No restart follows a stop signal to dprun (received at any time, teardown included) or a
+// program that could not be started. The master port is kept when it can still be bound; one that dprun
+// chose itself and that something else has taken meanwhile is replaced by a new free port.
 //
 // Call it from a single-threaded process: it takes SIGCHLD, SIGINT, SIGTERM and SIGHUP through a signalfd by
 // blocking them in the calling thread only (another thread would receive them instead), and the ranks'

@@ -20,7 +20,8 @@ constexpr const char* kUsage = "dprun [OPTIONS] -- PROGRAM [ARGS...]";
 
 constexpr const char* kDescription =
     "dprun: start PROGRAM once per rank on this node, give each rank its place in the job through the\n"
-    "environment (the same variables as torchrun), relay their output, and stop them all when one fails.";
+    "environment (the same variables as torchrun), relay their output, and stop them all when one fails\n"
+    "(and, with --max-restarts, start them all again).";
 
 constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   RANK                     node_rank * nproc_per_node + local_rank
@@ -29,7 +30,7 @@ constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   LOCAL_WORLD_SIZE         nproc_per_node
   NODE_RANK, GROUP_RANK    --node-rank
   MASTER_ADDR, MASTER_PORT --master-addr, --master-port (defaults above)
-  DPT_RESTART_COUNT        0
+  DPT_RESTART_COUNT        0; k in the k-th restart (--max-restarts)
   OMP_NUM_THREADS          1, unless it is set already (dprun says so on stderr when it sets it)
   DPT_RANK_PREFIXED        1 when dprun prefixes the output (no --log-dir)
 Standard input of every rank is /dev/null. torchrun's spellings (--nproc_per_node ...) work too.
@@ -45,12 +46,22 @@ rank's exit code (128 + N when killed by signal N). A program that cannot be sta
 that exited with 127. SIGINT, SIGTERM and SIGHUP sent to dprun are forwarded to every rank the same
 way (a second one skips the grace period), and dprun exits with 128 + N.
 
-Exit status: 0 when every rank exited 0; the failed rank's code as above; 2 for a command-line error;
-1 when dprun itself failed.
+Restarts (--max-restarts N, single node only: refused with --nnodes > 1): after a rank fails and the
+job has been torn down as above, dprun prints "rank R failed (...); restart k of N" and starts every
+rank again with DPT_RESTART_COUNT=k, the same MASTER_ADDR and MASTER_PORT (a port dprun chose itself is
+replaced by a new free one if something else has taken it meanwhile). With --log-dir, the new attempt's
+output is appended to each rank's log. A program resumes from its own checkpoints (dptrain does, with
+--resume auto). There is no restart after SIGINT, SIGTERM or SIGHUP to dprun (even during a teardown)
+or when the program cannot be started; after the N-th restart fails, dprun exits as without restarts.
+
+Exit status: 0 when every rank exited 0 (in the last attempt); the failed rank's code as above; 2 for a
+command-line error; 1 when dprun itself failed.
 
 Examples:
   dprun --nproc-per-node 4 -- build/trainer/dptrain --config configs/fmnist_mlp.toml
   dprun --nproc-per-node 2 --log-dir logs -- sh -c 'echo "rank $RANK of $WORLD_SIZE"'
+  # survive up to 3 rank failures; dptrain continues from its newest checkpoint each time:
+  dprun --nproc-per-node 4 --max-restarts 3 -- dptrain --config c.toml checkpoint.every_steps=100
   # two nodes with 8 ranks each; run on both, with --node-rank 0 on 10.0.0.1 and 1 on the other:
   dprun --nproc-per-node 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 -- dptrain --config c.toml)";
 
@@ -114,6 +125,10 @@ int main(int argc, char** argv) {
       ->type_name("DIR");
   app.add_option("--grace-period", opts.grace_period_s, "seconds from SIGTERM to SIGKILL at teardown (default 5)")
       ->type_name("SEC");
+  app.add_option("--max-restarts", opts.max_restarts,
+                 "after a rank fails, stop all ranks and start them again,\n"
+                 "up to N times (default 0; single node only)")
+      ->type_name("N");
 
   try {
     std::reverse(ours.begin(), ours.end());  // CLI11 takes a vector in reverse order

@@ -1,5 +1,5 @@
 // tests/unit/launcher/test_launch.cpp: launch() in-process on small shell jobs: exit codes, log files, a
-// program that cannot be started, the signal state given back afterwards.
+// program that cannot be started, the signal state given back afterwards, restarts.
 #include <catch2/catch.hpp>
 
 #include <signal.h>
@@ -77,6 +77,41 @@ TEST_CASE("launch: a program that cannot be started -> 127", "[launcher][process
   TempDir dir;
   Options o = shell_job(2, "", dir.path);
   o.command = {"/nonexistent/dpt-no-such-program"};
+  REQUIRE(launch(o) == kExecFailedCode);
+}
+
+TEST_CASE("launch: --max-restarts restarts every rank after a failure, with DPT_RESTART_COUNT and the same port",
+          "[launcher][process]") {
+  TempDir dir;
+  // Attempt 0: rank 1 fails, rank 0 would sleep (and is stopped); attempt 1: both succeed.
+  Options o = shell_job(2,
+                        "echo \"attempt $DPT_RESTART_COUNT port $MASTER_PORT\"; "
+                        "if [ \"$DPT_RESTART_COUNT\" = 0 ]; then [ \"$RANK\" = 1 ] && exit 3; exec sleep 30; fi",
+                        dir.path);
+  o.max_restarts = 2;
+  o.master_port = dpt::find_free_port();
+  REQUIRE(launch(o) == 0);
+  // The log continues across attempts, with dprun's line between them. (Rank 0 may have been stopped before
+  // its first echo: its first attempt is not checked.)
+  const std::string second = fmt::format("dprun: restart 1 of 2 (DPT_RESTART_COUNT=1)\nattempt 1 port {}\n",
+                                         *o.master_port);
+  CHECK(slurp(dir.path / "rank_1.log") == fmt::format("attempt 0 port {}\n", *o.master_port) + second);
+  CHECK_THAT(slurp(dir.path / "rank_0.log"), Catch::EndsWith(second));
+}
+
+TEST_CASE("launch: restarts used up -> the failed rank's code; no restart for a program that cannot start",
+          "[launcher][process]") {
+  TempDir dir;
+  Options o = shell_job(2, "echo \"attempt $DPT_RESTART_COUNT\"; [ \"$RANK\" = 1 ] && exit 5; exit 0", dir.path);
+  o.max_restarts = 2;
+  REQUIRE(launch(o) == 5);
+  std::string log = slurp(dir.path / "rank_1.log");
+  CHECK_THAT(log, Catch::Contains("attempt 2"));  // the first attempt and two restarts
+  CHECK_THAT(log, !Catch::Contains("attempt 3"));
+
+  o = shell_job(2, "", dir.path);
+  o.command = {"/nonexistent/dpt-no-such-program"};
+  o.max_restarts = 3;
   REQUIRE(launch(o) == kExecFailedCode);
 }
 

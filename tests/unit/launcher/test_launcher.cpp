@@ -1,6 +1,11 @@
 // tests/unit/launcher/test_launcher.cpp: dprun's options: validation, defaults, each rank's environment.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "core/check.h"
 #include "launcher/launcher.h"
 
@@ -61,6 +66,16 @@ TEST_CASE("single-node environment: ranks 0..N-1 of N on a port found free", "[l
   REQUIRE_THROWS_AS(rank_environment(o, 3, inherited), InternalError);
   REQUIRE_THROWS_AS(rank_environment(o, -1, inherited), InternalError);
   REQUIRE_THROWS_AS(rank_environment(single(3), 0, inherited), InternalError);  // not resolved
+  // A restart changes DPT_RESTART_COUNT and nothing else.
+  for (int restart : {1, 2, 17}) {
+    Environment again = rank_environment(o, 1, inherited, restart);
+    Environment first = rank_environment(o, 1, inherited);
+    CHECK(again.at("DPT_RESTART_COUNT") == std::to_string(restart));
+    again.erase("DPT_RESTART_COUNT");
+    first.erase("DPT_RESTART_COUNT");
+    CHECK(again == first);
+  }
+  REQUIRE_THROWS_AS(rank_environment(o, 0, inherited, -1), InternalError);
 }
 
 TEST_CASE("multi-node environment: global ranks, world size, node rank and default port 29500", "[launcher]") {
@@ -146,6 +161,35 @@ TEST_CASE("validation: clear one-line errors naming the option", "[launcher]") {
   o.command = {""};
   require_invalid(o, "program name");
 
+  o = single(2);
+  o.max_restarts = -1;
+  require_invalid(o, "--max-restarts must be in 0..1000000 (got -1)");
+  o.max_restarts = 3;
+  REQUIRE_NOTHROW(validate(o));
+  o = multi(2, 2, 0);
+  o.max_restarts = 1;
+  require_invalid(o, "--max-restarts works on one node only (got --nnodes 2)");
+  o.max_restarts = 0;
+  REQUIRE_NOTHROW(validate(o));
+
   require_invalid(multi(1 << 20, 1 << 12, 0), "too large");
   REQUIRE_THROWS_AS(resolve(single(0)), ConfigError);  // resolve validates first
+}
+
+TEST_CASE("port_bindable: false while something listens on the port, true once it is closed", "[launcher]") {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = 0;
+  REQUIRE(::bind(fd, reinterpret_cast<const sockaddr*>(&sa), sizeof sa) == 0);
+  REQUIRE(::listen(fd, 1) == 0);
+  socklen_t len = sizeof sa;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len) == 0);
+  const int port = ntohs(sa.sin_port);
+  CHECK_FALSE(port_bindable(port));  // a listener on 127.0.0.1 conflicts with the wildcard bind
+  ::close(fd);
+  CHECK(port_bindable(port));  // a listener that never accepted leaves no TIME_WAIT
+  REQUIRE_THROWS_AS(port_bindable(0), InternalError);
 }

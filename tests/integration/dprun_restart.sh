@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# tests/integration/dprun_restart.sh: dprun --max-restarts. A trainer rank that fails once is restarted with
+# DPT_RESTART_COUNT=1 and the job finishes from its checkpoint; restarts run out -> the failed rank's code;
+# SIGTERM to dprun, while running or during a teardown, ends the job without a restart and leaves no process;
+# --nnodes > 1 is refused; and 3 trials of scripts/fault_inject.sh (random SIGKILLs) end bitwise equal to an
+# uninterrupted run.
+source "$(dirname "$0")/lib/dprun.bash"
+DPTRAIN=$DPT_BUILD_DIR/trainer/dptrain
+CONFIG=$DPT_SOURCE_DIR/configs/fmnist_mlp.toml
+export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+
+sleepers() { pgrep -f "sleep $SLEEP_FOR" | wc -l; }
+
+# start ARGS...: dprun in the background, in its own process group (as dprun_signals.sh does).
+start() {
+  set -m
+  "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null &
+  DPID=$!
+  set +m
+}
+
+# wait_exit WHAT: waits up to 15 s for dprun to exit; sets RC.
+wait_exit() {
+  for _ in $(seq 150); do
+    kill -0 "$DPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$DPID" 2>/dev/null && fail "$1: dprun still running after 15 s"
+  wait "$DPID"
+  RC=$?
+  DPID=
+}
+
+# wait_grep PATTERN FILE WHAT: waits up to 10 s for a line matching PATTERN in FILE.
+wait_grep() {
+  for _ in $(seq 100); do
+    grep -q -- "$1" "$2" && return 0
+    sleep 0.1
+  done
+  fail "$3: no '$1' in $2 after 10 s"
+}
+
+# 1. The trainer's rank 1 fails after step 25 in the first attempt only (DPT_DEBUG_FAIL_AT_STEP, set by a
+#    wrapper that reads DPT_RESTART_COUNT). dprun restarts both ranks once; they see DPT_RESTART_COUNT=1,
+#    resume from the checkpoint of step 24 and finish.
+run --nproc-per-node 2 --max-restarts 2 --grace-period 2 -- sh -c \
+  'echo "restart count $DPT_RESTART_COUNT"
+   if [ "$DPT_RESTART_COUNT" = 0 ]; then export DPT_DEBUG_FAIL_AT_STEP=25 DPT_DEBUG_FAIL_RANK=1; fi
+   exec "$0" "$@"' "$DPTRAIN" --config "$CONFIG" data.train_limit=1200 data.test_limit=200 train.epochs=3 \
+  train.batch_size=32 checkpoint.every_steps=4 train.progress_interval_s=1000 checkpoint.dir="$WORK/ckpt"
+[ "$RC" = 0 ] || fail "trainer restart: dprun exited $RC"
+grep -q '^dprun: rank 1 failed (exit code 1); restart 1 of 2$' "$WORK/err" || fail "trainer restart: no restart line"
+[ "$(grep -c 'restart [0-9] of' "$WORK/err")" = 1 ] || fail "trainer restart: not exactly one restart"
+for r in 0 1; do
+  grep -q "^\[rank $r\] restart count 1$" "$WORK/out" || fail "trainer restart: rank $r did not see DPT_RESTART_COUNT=1"
+done
+grep -q 'resumed from .*step-00000024 (step 24, epoch 2, batch 5)' "$WORK/out" "$WORK/err" ||
+  fail "trainer restart: did not resume from step 24"
+[ -f "$WORK/ckpt/step-00000057/COMPLETE" ] || fail "trainer restart: no final checkpoint at step 57"
+left=$(pgrep -af "$WORK/ckpt" | grep -v pgrep)
+[ -z "$left" ] || fail "trainer restart: processes left behind: $left"
+echo "ok: a rank failing once is restarted (DPT_RESTART_COUNT=1) and the trainer resumes and finishes (${TOOK}s)"
+
+# 2. Rank 1 fails every time: after 2 restarts dprun gives up with its exit code, naming it.
+run --nproc-per-node 2 --max-restarts 2 --grace-period 1 -- sh -c \
+  'echo "attempt $DPT_RESTART_COUNT"; [ "$RANK" = 1 ] && exit 3; exec sleep $SLEEP_FOR'
+[ "$RC" = 3 ] || fail "restarts used up: dprun exited $RC, expected 3"
+grep -q 'rank 1 failed (exit code 3); restart 2 of 2' "$WORK/err" || fail "restarts used up: no second restart"
+grep -q 'rank 1 failed (exit code 3); all 2 restarts used, giving up' "$WORK/err" ||
+  fail "restarts used up: no line naming the rank"
+grep -q '^\[rank 1\] attempt 2$' "$WORK/out" || fail "restarts used up: the last attempt did not run"
+sleep 0.3
+[ "$(sleepers)" = 0 ] || fail "restarts used up: ranks left behind"
+echo "ok: restarts used up -> exit 3, rank 1 named"
+
+# 3. SIGTERM to dprun while the ranks run: forwarded, exit 143, no restart, nothing left.
+start --nproc-per-node 2 --max-restarts 3 -- sh -c 'exec sleep $SLEEP_FOR'
+for _ in $(seq 100); do [ "$(sleepers)" = 2 ] && break; sleep 0.1; done
+[ "$(sleepers)" = 2 ] || fail "SIGTERM: the ranks did not start"
+kill -TERM "$DPID"
+wait_exit "SIGTERM"
+[ "$RC" = 143 ] || fail "SIGTERM: dprun exited $RC, expected 143"
+grep -q 'restart' "$WORK/err" && fail "SIGTERM: dprun restarted the job"
+sleep 0.3
+[ "$(sleepers)" = 0 ] || fail "SIGTERM: ranks left behind"
+echo "ok: SIGTERM -> 143, no restart, no rank left"
+
+# 4. SIGTERM to dprun during the teardown after a failure (rank 0 ignores SIGTERM, so the grace period runs):
+#    the teardown ends at once (as for a second signal) and there is no restart.
+start --nproc-per-node 2 --max-restarts 3 --grace-period 60 -- sh -c \
+  'echo "attempt $DPT_RESTART_COUNT"; [ "$RANK" = 1 ] && { sleep 0.3; exit 4; }; trap "" TERM; exec sleep $SLEEP_FOR'
+wait_grep 'stopping the other ranks' "$WORK/err" "SIGTERM in teardown"
+kill -TERM "$DPID"
+wait_exit "SIGTERM in teardown"
+[ "$RC" = 4 ] || fail "SIGTERM in teardown: dprun exited $RC, expected 4 (rank 1's code)"
+grep -q 'rank 1 failed (exit code 4); not restarting: dprun was told to stop' "$WORK/err" ||
+  fail "SIGTERM in teardown: no line saying why there is no restart"
+grep -q 'restart [0-9] of' "$WORK/err" && fail "SIGTERM in teardown: dprun restarted the job"
+grep -q 'attempt 1' "$WORK/out" && fail "SIGTERM in teardown: a second attempt ran"
+sleep 0.3
+[ "$(sleepers)" = 0 ] || fail "SIGTERM in teardown: ranks left behind"
+echo "ok: SIGTERM during a teardown -> no restart, no rank left"
+
+# 5. Restarts are single-node: refused with --nnodes > 1 as a command-line error.
+run --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --max-restarts 1 -- true
+[ "$RC" = 2 ] || fail "--nnodes 2 --max-restarts 1: dprun exited $RC, expected 2"
+grep -q -- '--max-restarts works on one node only' "$WORK/err" || fail "--nnodes 2: no clear message"
+echo "ok: --max-restarts with --nnodes 2 refused"
+
+# 6. Random SIGKILLs of random ranks at random steps, twice per job, 3 jobs: bitwise equal to the reference.
+"$DPT_SOURCE_DIR/scripts/fault_inject.sh" --build-dir "$DPT_BUILD_DIR" --trials 3 --kills 2 >"$WORK/fault.log" 2>&1
+rc=$?
+cat "$WORK/fault.log"
+[ $rc = 0 ] || fail "fault_inject.sh failed ($rc)"
+grep -q '^3 of 3 trials bitwise equal$' "$WORK/fault.log" || fail "fault_inject.sh: no summary line"
+echo "PASS"
