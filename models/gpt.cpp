@@ -46,26 +46,37 @@ const Tensor& CausalSelfAttention::run_forward(const Tensor& x, Kernels& k) {
   const int64_t rows = b_ * t_, hs = c_ / n_head_, c3 = 3 * c_;
   qkv_ = c_attn_->forward(x.reshape({rows, c_}), k);  // [rows, 3C], a handle: c_attn keeps it until its next forward
   const Tensor& qkv = qkv_;
-  ensure_shape(att_, {b_, n_head_, t_, t_}, x.device());
+  attention_probabilities(k);
   ensure_shape(y_, {rows, c_}, x.device());
   const float* q0 = qkv.data<float>();
-  float* att = att_.data<float>();
+  const float* att = att_.data<float>();
   float* y = y_.data<float>();
-  // Scores s = q k^T per (batch, head): q and k are [T, hs] slices of qkv with row stride 3C.
-  // Head h's slices start h * hs columns after head 0's: one batched gemm over the heads per sequence.
   const int64_t tt = t_ * t_;
-  for (int64_t b = 0; b < b_; ++b) {
-    const float* q = q0 + b * t_ * c3;
-    k.gemm_strided_batched(false, true, t_, t_, hs, 1.0f, q, c3, hs, q + c_, c3, hs, 0.0f, att + b * n_head_ * tt, t_,
-                           tt, n_head_);
-  }
-  k.causal_softmax_forward(att, b_ * n_head_, t_, t_, 1.0f / std::sqrt(static_cast<float>(hs)));
   // y[b, :, head h] = att v: [T, T] x [T, hs], into columns h*hs.. of y (row stride C).
   for (int64_t b = 0; b < b_; ++b)
     k.gemm_strided_batched(false, false, t_, hs, t_, 1.0f, att + b * n_head_ * tt, t_, tt, q0 + b * t_ * c3 + 2 * c_,
                            c3, hs, 0.0f, y + b * t_ * c_, c_, hs, n_head_);
   out_ = c_proj_->forward(y_, k).reshape({b_, t_, c_});
   return out_;
+}
+
+void CausalSelfAttention::attention_probabilities(Kernels& k) {
+  const std::vector<int64_t> shape{b_, n_head_, t_, t_};
+  if (scratch_ && scratch_->recompute)
+    shared_view(att_, scratch_->att, shape, qkv_.device());
+  else
+    ensure_shape(att_, shape, qkv_.device());
+  const int64_t hs = c_ / n_head_, c3 = 3 * c_, tt = t_ * t_;
+  const float* q0 = qkv_.data<float>();
+  float* att = att_.data<float>();
+  // Scores s = q k^T per (batch, head): q and k are [T, hs] slices of qkv with row stride 3C.
+  // Head h's slices start h * hs columns after head 0's: one batched gemm over the heads per sequence.
+  for (int64_t b = 0; b < b_; ++b) {
+    const float* q = q0 + b * t_ * c3;
+    k.gemm_strided_batched(false, true, t_, t_, hs, 1.0f, q, c3, hs, q + c_, c3, hs, 0.0f, att + b * n_head_ * tt, t_,
+                           tt, n_head_);
+  }
+  k.causal_softmax_forward(att, b_ * n_head_, t_, t_, 1.0f / std::sqrt(static_cast<float>(hs)));
 }
 
 const Tensor& CausalSelfAttention::cached_forward(const Tensor& x, Kernels& k) {
@@ -117,7 +128,11 @@ const Tensor& CausalSelfAttention::run_backward(const Tensor& dout, Kernels& k) 
   const int64_t rows = b_ * t_, hs = c_ / n_head_, c3 = 3 * c_;
   const Tensor& dy = c_proj_->backward(dout.reshape({rows, c_}), k);  // d(loss)/dy, [rows, C]
   const Tensor& qkv = qkv_;
-  ensure_shape(datt_, att_.shape(), dout.device());
+  if (scratch_ && scratch_->recompute) attention_probabilities(k);  // another layer's are in the shared buffer
+  if (scratch_)
+    shared_view(datt_, scratch_->datt, att_.shape(), dout.device());
+  else
+    ensure_shape(datt_, att_.shape(), dout.device());
   ensure_shape(dqkv_, {rows, c3}, dout.device());
   const float* q0 = qkv.data<float>();
   const float* att = att_.data<float>();
@@ -166,8 +181,14 @@ const Tensor& GptMlp::run_forward(const Tensor& x, Kernels& k) {
   return out_;
 }
 
+void GptMlp::use_scratch(GptScratch* scratch) {
+  recompute_ = scratch && scratch->recompute;
+  gelu_->share_output(recompute_ ? &scratch->gelu : nullptr);
+}
+
 const Tensor& GptMlp::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == shape_, "Mlp backward got {}", dy.shape_str());
+  if (recompute_) gelu_->recompute(k);  // c_proj's saved input: the shared buffer, now this layer's again
   const Tensor& dh = gelu_->backward(c_proj_->backward(dy.reshape({shape_[0] * shape_[1], c_}), k), k);
   dx_ = c_fc_->backward(dh, k).reshape(shape_);
   return dx_;
@@ -266,6 +287,14 @@ void GptTransformer::use_cache(KvCache* cache) {
   for (const auto& [name, block] : h_->children()) dynamic_cast<GptBlock&>(*block).attn().use_cache(cache, layer++);
 }
 
+void GptTransformer::use_scratch(GptScratch* scratch) {
+  for (const auto& [name, block] : h_->children()) {
+    auto& b = dynamic_cast<GptBlock&>(*block);
+    b.attn().use_scratch(scratch);
+    b.mlp().use_scratch(scratch);
+  }
+}
+
 const Tensor& GptTransformer::run_forward(const Tensor& tokens, Kernels& k) {
   DPT_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "gpt takes int32 tokens [B, T], got {} {}",
             dtype_name(tokens.dtype()), tokens.shape_str());
@@ -289,7 +318,11 @@ const Tensor& GptTransformer::run_backward(const Tensor& dy, Kernels& k) {
 
 // ---- the model ------------------------------------------------------------------------------------------------
 
-Gpt::Gpt(const GptOptions& o) : o_(o) { transformer_ = add("transformer", std::make_unique<GptTransformer>(o)); }
+Gpt::Gpt(const GptOptions& o) : o_(o), scratch_(std::make_unique<GptScratch>()) {
+  transformer_ = add("transformer", std::make_unique<GptTransformer>(o));
+  scratch_->recompute = o.recompute;
+  transformer_->use_scratch(scratch_.get());
+}
 
 std::string Gpt::kind() const { return fmt::format("Gpt({})", transformer_->kind()); }
 

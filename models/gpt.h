@@ -31,6 +31,16 @@ struct GptOptions {
   int64_t n_embd = 768;
   int64_t vocab_size = 50257;
   int64_t block_size = 1024;  // the longest sequence (rows of wpe)
+  // Recompute the attention probabilities and the GELU outputs in backward instead of keeping them per layer
+  // (one buffer of each for all layers): less activation memory for a little more compute.
+  bool recompute = false;
+};
+
+// Activation memory the layers of one GPT use in turn rather than each its own: the attention scores' gradient
+// always; with recompute, also the attention probabilities and the GELU outputs.
+struct GptScratch {
+  bool recompute = false;
+  Tensor att, datt, gelu;
 };
 
 // Keys and values of the positions a generation has seen, per layer: [batch, block_size, C] each, the heads
@@ -55,6 +65,8 @@ class CausalSelfAttention final : public Module {
     cache_ = cache;
     layer_ = layer;
   }
+  // Scratch shared with the other layers (nullptr: buffers of its own).
+  void use_scratch(GptScratch* scratch) { scratch_ = scratch; }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -67,8 +79,11 @@ class CausalSelfAttention final : public Module {
   Tensor qkv_, att_, y_, out_, datt_, dqkv_, dx_;
   KvCache* cache_ = nullptr;
   size_t layer_ = 0;
+  GptScratch* scratch_ = nullptr;
 
   const Tensor& cached_forward(const Tensor& x, Kernels& k);
+  // att_ = causal softmax of q k^T / sqrt(hs) from qkv_ (forward, and backward when recomputing).
+  void attention_probabilities(Kernels& k);
 };
 
 // c_fc (C -> 4C), GELU(tanh), c_proj (4C -> C), on [B, T, C].
@@ -76,6 +91,8 @@ class GptMlp final : public Module {
  public:
   GptMlp(int64_t n_embd, int64_t n_layer);
   std::string kind() const override;
+  // With scratch->recompute, the GELU output lives in scratch->gelu and is recomputed in backward.
+  void use_scratch(GptScratch* scratch);
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -87,6 +104,7 @@ class GptMlp final : public Module {
   Gelu* gelu_;
   std::vector<int64_t> shape_;
   Tensor out_, dx_;
+  bool recompute_ = false;
 };
 
 // x + attn(ln_1(x)), then + mlp(ln_2(.)).
@@ -95,6 +113,7 @@ class GptBlock final : public Module {
   GptBlock(int64_t n_embd, int64_t n_head, int64_t n_layer);
   std::string kind() const override;
   CausalSelfAttention& attn() { return *attn_; }
+  GptMlp& mlp() { return *mlp_; }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -120,6 +139,8 @@ class GptTransformer final : public Module {
   const Tensor& wte_grad() const { return dwte_; }
   // Every attention layer uses `cache` (nullptr: none); positions then start at cache->len.
   void use_cache(KvCache* cache);
+  // Every block uses `scratch`.
+  void use_scratch(GptScratch* scratch);
 
  protected:
   const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;
@@ -159,6 +180,7 @@ class Gpt final : public Module {
   GptTransformer* transformer_;
   Tensor h_, logits_, dh_;
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<GptScratch> scratch_;
 };
 
 // vocab_size rounded up to a multiple of 128, for the kernels: the rows of wte and the columns of the logits.

@@ -331,11 +331,28 @@ const Tensor& LayerNorm::run_backward(const Tensor& dy, Kernels& k) {
   return dx_;
 }
 
+void shared_view(Tensor& view, Tensor& storage, const std::vector<int64_t>& shape, Device device) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  if (!storage.defined() || storage.numel() < n || storage.device() != device)
+    storage = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, device);
+  view = storage.view(0, shape);
+}
+
 const Tensor& Gelu::run_forward(const Tensor& x, Kernels& k) {
   x_ = x;
-  ensure_shape(y_, x.shape(), x.device());
+  if (shared_)
+    shared_view(y_, *shared_, x.shape(), x.device());
+  else
+    ensure_shape(y_, x.shape(), x.device());
   k.gelu_forward(x.data<float>(), y_.data<float>(), x.numel());
   return y_;
+}
+
+void Gelu::recompute(Kernels& k) {
+  DPT_CHECK(shared_ && x_.defined(), "GELU recompute without a shared output or a forward");
+  shared_view(y_, *shared_, x_.shape(), x_.device());
+  k.gelu_forward(x_.data<float>(), y_.data<float>(), x_.numel());
 }
 
 const Tensor& Gelu::run_backward(const Tensor& dy, Kernels& k) {

@@ -174,6 +174,11 @@ class LayerNorm final : public Module {
 class Gelu final : public Module {
  public:
   std::string kind() const override { return "GELU(tanh)"; }
+  // Activation recomputation: the output goes into `*storage` (grown as needed), which other layers share, so
+  // it is not kept per layer; recompute() writes this layer's output there again before a backward that
+  // needs it (the next layer's saved input is a view of that storage). nullptr: an output of its own.
+  void share_output(Tensor* storage) { shared_ = storage; }
+  void recompute(Kernels& k);
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -181,7 +186,12 @@ class Gelu final : public Module {
 
  private:
   Tensor x_, y_, dx_;
+  Tensor* shared_ = nullptr;
 };
+
+// `view` becomes a view of shape `shape` at the start of `storage`, which grows (is replaced) when it is smaller
+// than that or on another device: scratch that several layers use in turn.
+void shared_view(Tensor& view, Tensor& storage, const std::vector<int64_t>& shape, Device device);
 
 struct LossResult {
   double loss_sum = 0.0;  // summed over the batch

@@ -27,7 +27,7 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
     DPT_CHECK(sample_shape.size() == 1 && sample_shape[0] == m.block_size + 1,
               "gpt with model.block_size = {} got examples of shape [{}]", m.block_size, fmt::join(sample_shape, ", "));
     const models::GptOptions o{.n_layer = m.n_layer, .n_head = m.n_head, .n_embd = m.n_embd,
-                               .vocab_size = m.vocab_size, .block_size = m.block_size};
+                               .vocab_size = m.vocab_size, .block_size = m.block_size, .recompute = m.recompute};
     return models::make_gpt(o, device);
   }
   DPT_CHECK(m.name == "resnet", "model.name = {}", m.name);

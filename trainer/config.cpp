@@ -219,6 +219,7 @@ const std::vector<Field>& schema() {
       field("model.n_embd", &C::model, &ModelConfig::n_embd, "gpt: embedding width", at_least<int64_t>(1)),
       field("model.vocab_size", &C::model, &ModelConfig::vocab_size, "gpt: vocabulary (256 for `dptrain tokenize`'s bytes, 50257 for GPT-2's BPE); a larger token in the shards is an error", Check<int64_t>([](const int64_t& v) { return v >= 1 && v <= 65536 ? "" : std::string("must be in [1, 65536] (shards hold uint16 tokens)"); })),
       field("model.block_size", &C::model, &ModelConfig::block_size, "gpt: tokens per training window (the context length; rows of transformer.wpe)", at_least<int64_t>(1)),
+      field("model.recompute", &C::model, &ModelConfig::recompute, "gpt: recompute the attention probabilities and GELU outputs in backward instead of keeping them per layer (less memory, a little more compute)"),
       field("model.sync_bn", &C::model, &ModelConfig::sync_bn, "SyncBatchNorm: batch statistics over all ranks' batches (all-reduced each forward and backward)"),
       field("model.init_from", &C::model, &ModelConfig::init_from, "safetensors weights to start from: a dptrain checkpoint's model.safetensors; for a ResNet a torchvision state_dict (fc is re-initialised when its class count differs); for a GPT nanoGPT's or Hugging Face's GPT-2 layout (the hub's model.safetensors)"),
       field("dist.backend", &C::dist, &DistConfig::backend, "auto (nccl with a GPU per rank, else mpi under mpirun, else gloo) | gloo | mpi | nccl", one_of({"auto", "gloo", "mpi", "nccl"})),

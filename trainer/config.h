@@ -73,6 +73,7 @@ struct ModelConfig {
   int64_t n_embd = 128;                      // gpt: width
   int64_t vocab_size = 256;                  // gpt: vocabulary (256: byte-level tokens)
   int64_t block_size = 64;                   // gpt: context length
+  bool recompute = false;                    // gpt: recompute attention probabilities and GELU in backward
   int64_t in_channels = 0;                   // 0: the data set's
   int64_t num_classes = 0;                   // 0: the data set's
   bool sync_bn = false;                      // SyncBatchNorm across ranks

@@ -291,3 +291,25 @@ TEST_CASE("GPT with a KV cache: token by token gives the whole sequence's logits
   REQUIRE(model->forward(x).shape() == want.shape());  // whole sequences again
   REQUIRE(model->forward(x).data<float>()[7] == Approx(want.data<float>()[7]).margin(1e-6));
 }
+
+TEST_CASE("GPT with model.recompute: the same logits and gradients, bit for bit, from shared activation buffers", "[models][gpt]") {
+  std::mt19937_64 rng(16);
+  GptOptions o = tiny(3);
+  auto plain = make_gpt(o);
+  o.recompute = true;
+  auto recomputing = make_gpt(o);
+  plain->init(17);
+  recomputing->init(17);
+  for (int step = 0; step < 2; ++step) {  // twice: the second pass reuses every buffer
+    Tensor x = random_tokens(2, o.block_size, o.vocab_size, rng);
+    const Tensor r = dpt::test::random_tensor({2 * o.block_size, padded_vocab(o)}, rng);
+    plain->zero_grad();
+    recomputing->zero_grad();
+    const Tensor& a = plain->forward(x);
+    const Tensor& b = recomputing->forward(x);
+    REQUIRE(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+    plain->backward(r);
+    recomputing->backward(r);
+    REQUIRE(std::memcmp(plain->grads().raw(), recomputing->grads().raw(), plain->grads().bytes()) == 0);
+  }
+}
