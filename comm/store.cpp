@@ -24,7 +24,11 @@ int64_t add_counter(std::map<std::string, std::vector<uint8_t>>& data, const std
   int64_t v = 0;
   auto it = data.find(key);
   if (it != data.end()) v = parse_counter(key, it->second);
-  v += delta;
+  // A client may send any delta: the sum must not overflow (undefined behaviour, found by tests/fuzz).
+  if (__builtin_add_overflow(v, delta, &v)) {
+    DPT_THROW(CommError, "store counter '{}' holds {}: adding {} overflows a 64-bit counter", key,
+              parse_counter(key, it->second), delta);
+  }
   data[key] = format_counter(v);
   return v;
 }

@@ -33,13 +33,19 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-enum class Cmd : uint8_t { Set = 1, Get = 2, Add = 3, Wait = 4 };
+using Cmd = detail::StoreCmd;
 enum class Status : uint8_t { Ok = 0, NotFound = 1, Timeout = 2, Error = 3 };
 
-// Refuse absurd lengths from a confused peer instead of trying to allocate them.
-constexpr uint32_t kMaxKeyBytes = 64 * 1024;
-constexpr uint64_t kMaxValueBytes = uint64_t{1} << 31;
-constexpr uint32_t kMaxKeys = 1 << 20;
+// Refuse absurd lengths from a confused or hostile peer instead of trying to allocate them (tcp_store.h).
+using detail::kMaxStoreKeyBytes;
+using detail::kMaxStoreValueBytes;
+using detail::kMaxStoreWaitKeyBytes;
+using detail::kMaxStoreWaitKeys;
+// A value is read in pieces of at most this, so a length its sender never follows with bytes costs nothing.
+constexpr uint64_t kValueChunkBytes = uint64_t{1} << 20;
+// Timeouts longer than this are forever (as the client's Deadline treats them); the server's wait_for
+// would overflow the clock's nanoseconds with milliseconds(INT64_MAX).
+constexpr int64_t kForeverMs = int64_t{24} * 365 * 3600 * 1000;
 
 std::string errno_text(int err) { return std::generic_category().message(err); }
 
@@ -181,11 +187,14 @@ int recv_all(int fd, void* data, size_t n, const Deadline& deadline) {
   return 0;
 }
 
-// Reads typed fields off a socket; the first failure sticks (err) and later reads do nothing. With a
-// deadline (the client) no read waits past it; without one (the server) reads block.
+// Reads typed fields off a socket, or off bytes in memory (parse_store_request); the first failure sticks
+// (err) and later reads do nothing. With a deadline (the client) no read waits past it; without one (the
+// server) reads block. Bytes in memory that end early read as a closed connection (ECONNRESET). A field over
+// its bound fails with EPROTO and says why.
 class Reader {
  public:
   explicit Reader(int fd, const Deadline* deadline = nullptr) : fd_(fd), deadline_(deadline) {}
+  Reader(const uint8_t* data, size_t size) : buf_(data), buf_size_(size) {}
   template <class T>
   T get() {
     T v{};
@@ -194,32 +203,102 @@ class Reader {
   }
   std::string str() {
     auto n = get<uint32_t>();
-    if (err == 0 && n > kMaxKeyBytes) err = EPROTO;
+    if (err == 0 && n > kMaxStoreKeyBytes) protocol_error(fmt::format("a key of {} bytes (at most {})", n, kMaxStoreKeyBytes));
     std::string s(err == 0 ? n : 0, '\0');
     if (err == 0 && n > 0) err = read(s.data(), n);
     return s;
   }
   std::vector<uint8_t> value() {
     auto n = get<uint64_t>();
-    if (err == 0 && n > kMaxValueBytes) err = EPROTO;
-    std::vector<uint8_t> v(err == 0 ? n : 0);
-    if (err == 0 && n > 0) err = read(v.data(), n);
+    if (err == 0 && n > kMaxStoreValueBytes) {
+      protocol_error(fmt::format("a value of {} bytes (at most {})", n, kMaxStoreValueBytes));
+    }
+    // Grown as the bytes arrive: a 2 GiB length followed by nothing must not allocate 2 GiB.
+    std::vector<uint8_t> v;
+    while (err == 0 && v.size() < n) {
+      const size_t old = v.size();
+      v.resize(old + static_cast<size_t>(std::min<uint64_t>(n - old, kValueChunkBytes)));
+      err = read(v.data() + old, v.size() - old);
+    }
+    if (err != 0) v.clear();
     return v;
   }
   std::vector<std::string> keys() {
     auto n = get<uint32_t>();
-    if (err == 0 && n > kMaxKeys) err = EPROTO;
+    if (err == 0 && n > kMaxStoreWaitKeys) protocol_error(fmt::format("{} keys (at most {})", n, kMaxStoreWaitKeys));
     std::vector<std::string> ks;
-    for (uint32_t i = 0; err == 0 && i < n; ++i) ks.push_back(str());
+    uint64_t total = 0;
+    for (uint32_t i = 0; err == 0 && i < n; ++i) {
+      ks.push_back(str());
+      total += ks.back().size();
+      if (err == 0 && total > kMaxStoreWaitKeyBytes) {
+        protocol_error(fmt::format("keys of more than {} bytes in all", kMaxStoreWaitKeyBytes));
+      }
+    }
     return ks;
   }
+  void protocol_error(std::string what) {
+    err = EPROTO;
+    why = std::move(what);
+  }
+  size_t consumed() const { return pos_; }  // bytes in memory read so far
   int err = 0;
+  std::string why;  // with err == EPROTO: what was malformed
 
  private:
-  int read(void* data, size_t n) { return deadline_ ? recv_all(fd_, data, n, *deadline_) : recv_all(fd_, data, n); }
-  int fd_;
-  const Deadline* deadline_;
+  int read(void* data, size_t n) {
+    if (buf_ != nullptr) {
+      if (n > buf_size_ - pos_) return ECONNRESET;
+      std::memcpy(data, buf_ + pos_, n);
+      pos_ += n;
+      return 0;
+    }
+    return deadline_ ? recv_all(fd_, data, n, *deadline_) : recv_all(fd_, data, n);
+  }
+  int fd_ = -1;
+  const Deadline* deadline_ = nullptr;
+  const uint8_t* buf_ = nullptr;
+  size_t buf_size_ = 0;
+  size_t pos_ = 0;
 };
+
+// The server's side of the protocol: one request. On failure in.err is set (EPROTO with in.why for a
+// malformed request, else the read's errno) and the request is incomplete.
+detail::StoreRequest read_request(Reader& in) {
+  detail::StoreRequest r;
+  const auto cmd = in.get<uint8_t>();
+  if (in.err) return r;
+  r.cmd = static_cast<Cmd>(cmd);
+  switch (r.cmd) {
+    case Cmd::Set:
+      r.key = in.str();
+      r.value = in.value();
+      break;
+    case Cmd::Get:
+      r.key = in.str();
+      break;
+    case Cmd::Add:
+      r.key = in.str();
+      r.delta = in.get<int64_t>();
+      break;
+    case Cmd::Wait:
+      r.timeout_ms = in.get<int64_t>();
+      if (r.timeout_ms < 0 || r.timeout_ms > kForeverMs) r.timeout_ms = -1;
+      r.keys = in.keys();
+      break;
+    default:
+      in.protocol_error(fmt::format("unknown command byte {} (not a TcpStore client?)", cmd));
+  }
+  return r;
+}
+
+// The client's checks of what it is about to send, against the bounds the server enforces.
+void check_key(const std::string& key) {
+  if (key.size() > kMaxStoreKeyBytes) {
+    DPT_THROW(CommError, "store key '{}...' is {} bytes long, the TcpStore accepts at most {}", key.substr(0, 64),
+              key.size(), kMaxStoreKeyBytes);
+  }
+}
 
 void set_nodelay(int fd) {
   int one = 1;
@@ -416,25 +495,26 @@ class TcpStore::Server {
   void serve(int fd) {
     for (;;) {
       Reader in(fd);
-      auto cmd = static_cast<Cmd>(in.get<uint8_t>());
-      if (in.err) return;
+      detail::StoreRequest req = read_request(in);
+      if (in.err == EPROTO) {
+        // A malformed or hostile client: drop it (its connection only), say why, keep serving the others.
+        spdlog::warn("TcpStore server on port {}: dropping a client that sent a malformed request: {}", port_, in.why);
+        return;
+      }
+      if (in.err) return;  // the client went away
       Writer out;
-      switch (cmd) {
+      const std::string& key = req.key;
+      switch (req.cmd) {
         case Cmd::Set: {
-          std::string key = in.str();
-          std::vector<uint8_t> value = in.value();
-          if (in.err) return;
           {
             std::lock_guard lock(mu_);
-            data_[key] = std::move(value);
+            data_[key] = std::move(req.value);
           }
           cv_.notify_all();
           out.put(Status::Ok);
           break;
         }
         case Cmd::Get: {
-          std::string key = in.str();
-          if (in.err) return;
           std::lock_guard lock(mu_);
           auto it = data_.find(key);
           if (it == data_.end()) {
@@ -445,9 +525,7 @@ class TcpStore::Server {
           break;
         }
         case Cmd::Add: {
-          std::string key = in.str();
-          auto delta = in.get<int64_t>();
-          if (in.err) return;
+          const int64_t delta = req.delta;
           try {
             int64_t v = 0;
             {
@@ -462,9 +540,8 @@ class TcpStore::Server {
           break;
         }
         case Cmd::Wait: {
-          auto timeout_ms = in.get<int64_t>();
-          std::vector<std::string> keys = in.keys();
-          if (in.err) return;
+          const int64_t timeout_ms = req.timeout_ms;
+          const std::vector<std::string>& keys = req.keys;
           std::unique_lock lock(mu_);
           auto ready = [&] {
             if (stopping_) return true;
@@ -487,8 +564,6 @@ class TcpStore::Server {
           }
           break;
         }
-        default:
-          return;  // not our protocol: drop the connection
       }
       if (send_all(fd, out.bytes().data(), out.bytes().size()) != 0) return;
     }
@@ -644,6 +719,11 @@ int exchange(int fd, const Writer& req, Reader& in, const Deadline& deadline, St
 
 void TcpStore::do_set(const std::string& key, const std::vector<uint8_t>& value) {
   std::lock_guard lock(mu_);
+  check_key(key);
+  if (value.size() > kMaxStoreValueBytes) {
+    DPT_THROW(CommError, "store value for '{}' is {} bytes, the TcpStore accepts at most {}", key, value.size(),
+              kMaxStoreValueBytes);
+  }
   const std::string what = fmt::format("set('{}')", key);
   ensure_usable(what);
   const milliseconds budget = timeout();
@@ -658,6 +738,7 @@ void TcpStore::do_set(const std::string& key, const std::vector<uint8_t>& value)
 
 std::vector<uint8_t> TcpStore::do_get(const std::string& key) {
   std::lock_guard lock(mu_);
+  check_key(key);
   const std::string what = fmt::format("get('{}')", key);
   ensure_usable(what);
   const milliseconds budget = timeout();
@@ -675,6 +756,7 @@ std::vector<uint8_t> TcpStore::do_get(const std::string& key) {
 
 int64_t TcpStore::do_add(const std::string& key, int64_t delta) {
   std::lock_guard lock(mu_);
+  check_key(key);
   const std::string what = fmt::format("add('{}')", key);
   ensure_usable(what);
   const milliseconds budget = timeout();
@@ -696,6 +778,15 @@ int64_t TcpStore::do_add(const std::string& key, int64_t delta) {
 
 void TcpStore::do_wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
   std::lock_guard lock(mu_);
+  uint64_t key_bytes = 0;
+  for (const auto& k : keys) {
+    check_key(k);
+    key_bytes += k.size();
+  }
+  if (keys.size() > kMaxStoreWaitKeys || key_bytes > kMaxStoreWaitKeyBytes) {
+    DPT_THROW(CommError, "wait for {} keys of {} bytes in all: the TcpStore accepts at most {} keys of {} bytes",
+              keys.size(), key_bytes, kMaxStoreWaitKeys, kMaxStoreWaitKeyBytes);
+  }
   const std::string what = fmt::format("wait({})", describe_keys(keys));
   ensure_usable(what);
   const milliseconds budget = wait_reply_budget(timeout);
@@ -712,5 +803,19 @@ void TcpStore::do_wait(const std::vector<std::string>& keys, std::chrono::millis
   }
   if (status != Status::Ok) fail(what, EPROTO, budget);
 }
+
+namespace detail {
+
+std::optional<StoreRequest> parse_store_request(std::span<const uint8_t> bytes, size_t* consumed) {
+  Reader in(bytes.data(), bytes.size());
+  StoreRequest req = read_request(in);
+  *consumed = 0;
+  if (in.err == EPROTO) DPT_THROW(CommError, "malformed TcpStore request: {}", in.why);
+  if (in.err) return std::nullopt;  // the bytes end inside the request
+  *consumed = in.consumed();
+  return req;
+}
+
+}  // namespace detail
 
 }  // namespace dpt::comm

@@ -7,6 +7,9 @@
 //   strings  = u32 length + bytes; values = u64 length + bytes; key lists = u32 count + strings
 //   reply    = u8 status (OK, NOT_FOUND, TIMEOUT, ERROR) + the command's result (value, i64, missing keys, text)
 // WAIT is answered by the server when all keys exist or the timeout passed, so a waiting client costs no polling.
+// Bounds (detail::kMaxStore*): a key, a value, a WAIT's key list. The client refuses to send more (CommError);
+// the server drops a client whose request breaks them or names an unknown command, logging why, and keeps
+// serving the others. Values are read as their bytes arrive, so a length alone allocates nothing.
 //
 // Every client request has a deadline: set/add (and the GET that follows get()'s WAIT) the store's timeout,
 // wait the wait's own timeout plus a margin for the server's TIMEOUT reply to arrive; a negative timeout waits
@@ -20,7 +23,10 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "comm/store.h"
 
@@ -72,5 +78,32 @@ class TcpStore : public Store {
   int fd_ = -1;
   std::string broken_;  // why the connection is unusable; empty while it works (guarded by mu_)
 };
+
+namespace detail {
+
+// The protocol's bounds.
+inline constexpr uint32_t kMaxStoreKeyBytes = 64 * 1024;
+inline constexpr uint64_t kMaxStoreValueBytes = uint64_t{1} << 31;
+inline constexpr uint32_t kMaxStoreWaitKeys = 1 << 20;
+inline constexpr uint64_t kMaxStoreWaitKeyBytes = uint64_t{64} << 20;  // all keys of one WAIT together
+
+enum class StoreCmd : uint8_t { Set = 1, Get = 2, Add = 3, Wait = 4 };
+
+// One client request as the server decodes it.
+struct StoreRequest {
+  StoreCmd cmd{};
+  std::string key;                // SET, GET, ADD
+  std::vector<uint8_t> value;     // SET
+  int64_t delta = 0;              // ADD
+  int64_t timeout_ms = -1;        // WAIT; -1: forever (also what negative and over-a-year timeouts become)
+  std::vector<std::string> keys;  // WAIT
+};
+
+// Decodes one request from the front of `bytes` exactly as the server decodes what it reads off a client's
+// socket (the same code; for the fuzz target and tests). Returns the request with *consumed = its length, or
+// nullopt with *consumed = 0 when the bytes end inside it. Throws CommError saying what is malformed.
+std::optional<StoreRequest> parse_store_request(std::span<const uint8_t> bytes, size_t* consumed);
+
+}  // namespace detail
 
 }  // namespace dpt::comm

@@ -35,6 +35,7 @@ PKGS=(
   fortunes                           # the default text corpus for `dptrain tokenize` (/usr/share/games/fortunes, ~2.5 MB)
   python3-numpy                      # tests only: reads our safetensors checkpoints with numpy alone
   python3-regex                      # tests only: GPT-2's encoder.py algorithm, the reference for our BPE
+  clang libclang-rt-14-dev           # tests only: libFuzzer + ASan/UBSan (scripts/fuzz.sh); clang 14 on Debian 12, whose libFuzzer runtime is in libclang-rt-14-dev (only recommended, so named)
   slurmd slurmctld slurm-client munge  # tests only: integration.slurm starts a real one-node Slurm cluster on localhost
 )
 # Tests only, as the reference: ResNet parity with torchvision (logits, gradients, weights both ways). The

@@ -140,10 +140,17 @@ SafetensorsFile read_safetensors(const std::string& path) {
       if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size)
         DPT_THROW(CheckpointError, "{}: tensor {} byte range {} lies outside the {} data bytes (truncated?)", path, name,
                   info.at("data_offsets").dump(), data_size);
+      // The shape's size, checked before allocating: a hostile shape must neither allocate terabytes nor
+      // wrap around to the range's length ([2^32, 2^32] of U8 "fitted" 0 bytes: found by tests/fuzz).
+      uint64_t need = dtype_size(*dtype);
+      for (int64_t d : shape) {
+        if (d < 0 || __builtin_mul_overflow(need, static_cast<uint64_t>(d), &need))
+          DPT_THROW(CheckpointError, "{}: tensor {} has an impossible shape {}", path, name, info.at("shape").dump());
+      }
+      if (need != offs[1] - offs[0])
+        DPT_THROW(CheckpointError, "{}: tensor {} shape [{}] needs {} bytes, its range holds {}", path, name,
+                  fmt::join(shape, ", "), need, offs[1] - offs[0]);
       Tensor t = Tensor::empty(shape, *dtype);
-      if (t.bytes() != offs[1] - offs[0])
-        DPT_THROW(CheckpointError, "{}: tensor {} shape {} needs {} bytes, its range holds {}", path, name,
-                  t.shape_str(), t.bytes(), offs[1] - offs[0]);
       std::memcpy(t.raw(), data + offs[0], t.bytes());
       auto crc = out.metadata.find("crc32:" + name);
       if (crc != out.metadata.end()) {

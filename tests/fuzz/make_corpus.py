@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""tests/fuzz/make_corpus.py: writes the fuzz targets' seed inputs under tests/fuzz/corpus/<target>/ (the
+committed seeds are its output; rerun it after changing a format). Tiny valid inputs: libFuzzer mutates
+from there."""
+import gzip
+import json
+import os
+import struct
+import zlib
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+
+
+def put(target, name, data):
+    os.makedirs(os.path.join(HERE, target), exist_ok=True)
+    with open(os.path.join(HERE, target, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode())
+
+
+# IDX: 0x00 0x00 0x08 ndim, big-endian dims, the bytes. Labels (1-D), images (3-D), and a gzip one.
+put("idx", "labels", bytes([0, 0, 8, 1]) + struct.pack(">I", 4) + bytes([0, 1, 2, 9]))
+images = bytes([0, 0, 8, 3]) + struct.pack(">III", 2, 3, 2) + bytes(range(12))
+put("idx", "images", images)
+put("idx", "images.gz", gzip.compress(images, mtime=0))
+
+# Store requests, host byte order (little-endian here): u8 cmd; strings u32 len; values u64 len.
+def s(b):
+    return struct.pack("<I", len(b)) + b
+
+SET, GET, ADD, WAIT = 1, 2, 3, 4
+put("store", "set_get", bytes([SET]) + s(b"rank0/addr") + struct.pack("<Q", 5) + b"hello" + bytes([GET]) + s(b"rank0/addr"))
+put("store", "add_add", bytes([ADD]) + s(b"count") + struct.pack("<q", 1) + bytes([ADD]) + s(b"count") + struct.pack("<q", -3))
+put("store", "set_add", bytes([SET]) + s(b"n") + struct.pack("<Q", 2) + b"41" + bytes([ADD]) + s(b"n") + struct.pack("<q", 1))
+put("store", "wait", bytes([WAIT]) + struct.pack("<q", 1000) + struct.pack("<I", 2) + s(b"a") + s(b"b"))
+
+# Config TOML: a small valid experiment, and one with overrides after a NUL byte.
+cfg = """[train]
+epochs = 2
+batch_size = 32
+lr = 0.1
+optimizer = "adamw"
+
+[model]
+name = "mlp"
+hidden = [64, 32]
+
+[data]
+dataset = "synthetic"
+synthetic_shape = [1, 28, 28]
+"""
+put("config", "mlp.toml", cfg)
+put("config", "overrides", cfg + "\0train.lr=0.5\nmodel.hidden=[8]\ndist.backend=gloo")
+put("config", "gpt.toml", 'model.name = "gpt"\nmodel.n_layer = 2\ndata.dataset = "tokens"\ntrain.warmup_steps = 10\n')
+
+
+# safetensors: u64 LE header length, JSON header (dtype, shape, data_offsets; __metadata__ with our CRCs), bytes.
+def safetensors(tensors, crc=True):
+    header, blob, meta = {}, b"", {}
+    for name, dtype, shape, data in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(blob), len(blob) + len(data)]}
+        if crc:
+            meta["crc32:" + name] = "%08x" % zlib.crc32(data)
+        blob += data
+    header["__metadata__"] = meta
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    return struct.pack("<Q", len(h)) + h + blob
+
+
+put("safetensors", "two", safetensors([("w", "F32", [2, 2], struct.pack("<4f", 1, 2, 3, 4)),
+                                       ("step", "I64", [], struct.pack("<q", 7))]))
+put("safetensors", "nocrc", safetensors([("b", "BF16", [3], b"\x80\x3f\x00\x40\x40\x40"),
+                                         ("u", "U8", [0], b"")], crc=False))
