@@ -108,7 +108,8 @@ if sbatch --wait --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR"
 fi
 grep -q "unknown config key 'train.nonsense'" "$WORK"/badlogs/rank-*.log || fail "the failed job's logs lack the error"
 sbatch --wait --gpus-per-node=2 --cpus-per-task=2 --chdir="$DPT_SOURCE_DIR" --output="$WORK/dp-%j.out" \
-  --export=ALL,DPRUN="$DPRUN",DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/dplogs" scripts/slurm/dprun.sbatch "${RUN[@]}" \
+  --export=ALL,DPRUN="$DPRUN",DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/dplogs",DPRUN_ARGS="--max-restarts 1 --grace-period 2" \
+  scripts/slurm/dprun.sbatch "${RUN[@]}" \
   train.max_steps=6 checkpoint.dir="$WORK/dp" > "$WORK/sbatch-dprun.log" 2>&1 \
   || { cat "$WORK/sbatch-dprun.log" "$WORK"/dp-*.out "$WORK"/dplogs/* 2>/dev/null; fail "sbatch --wait dprun.sbatch failed"; }
 grep -q "2 rank(s)" "$WORK"/dp-*.out || { cat "$WORK"/dp-*.out; fail "dprun.sbatch did not start 2 ranks on the node"; }
