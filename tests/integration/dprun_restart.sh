@@ -11,26 +11,6 @@ export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
 
 sleepers() { pgrep -f "sleep $SLEEP_FOR" | wc -l; }
 
-# start ARGS...: dprun in the background, in its own process group (as dprun_signals.sh does).
-start() {
-  set -m
-  "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null &
-  DPID=$!
-  set +m
-}
-
-# wait_exit WHAT: waits up to 15 s for dprun to exit; sets RC.
-wait_exit() {
-  for _ in $(seq 150); do
-    kill -0 "$DPID" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 "$DPID" 2>/dev/null && fail "$1: dprun still running after 15 s"
-  wait "$DPID"
-  RC=$?
-  DPID=
-}
-
 # wait_grep PATTERN FILE WHAT: waits up to 10 s for a line matching PATTERN in FILE.
 wait_grep() {
   for _ in $(seq 100); do
@@ -74,7 +54,7 @@ sleep 0.3
 echo "ok: restarts used up -> exit 3, rank 1 named"
 
 # 3. SIGTERM to dprun while the ranks run: forwarded, exit 143, no restart, nothing left.
-start --nproc-per-node 2 --max-restarts 3 -- sh -c 'exec sleep $SLEEP_FOR'
+start_dprun --nproc-per-node 2 --max-restarts 3 -- sh -c 'exec sleep $SLEEP_FOR'
 for _ in $(seq 100); do [ "$(sleepers)" = 2 ] && break; sleep 0.1; done
 [ "$(sleepers)" = 2 ] || fail "SIGTERM: the ranks did not start"
 kill -TERM "$DPID"
@@ -87,7 +67,7 @@ echo "ok: SIGTERM -> 143, no restart, no rank left"
 
 # 4. SIGTERM to dprun during the teardown after a failure (rank 0 ignores SIGTERM, so the grace period runs):
 #    the teardown ends at once (as for a second signal) and there is no restart.
-start --nproc-per-node 2 --max-restarts 3 --grace-period 60 -- sh -c \
+start_dprun --nproc-per-node 2 --max-restarts 3 --grace-period 60 -- sh -c \
   'echo "attempt $DPT_RESTART_COUNT"; [ "$RANK" = 1 ] && { sleep 0.3; exit 4; }; trap "" TERM; exec sleep $SLEEP_FOR'
 wait_grep 'stopping the other ranks' "$WORK/err" "SIGTERM in teardown"
 kill -TERM "$DPID"

@@ -15,33 +15,12 @@ wait_for() {
   fail "$2: expected $1 sleepers, have $(sleepers)"
 }
 
-# wait_exit WHAT: waits up to 15 s for dprun to exit; sets RC.
-wait_exit() {
-  for _ in $(seq 150); do
-    kill -0 "$DPID" 2>/dev/null || break
-    sleep 0.1
-  done
-  kill -0 "$DPID" 2>/dev/null && fail "$1: dprun still running after 15 s"
-  wait "$DPID"
-  RC=$?
-  DPID=
-}
-
-# start ARGS...: dprun in the background, in its own process group (job control on), so that SIGINT is not
-# ignored the way a plain `cmd &` of a script would have it. Its stdout goes to $STDOUT ($WORK/out unless set).
-start() {
-  set -m
-  "$DPRUN" "$@" >"${STDOUT:-$WORK/out}" 2>"$WORK/err" </dev/null &
-  DPID=$!
-  set +m
-}
-
 # Ranks flooding their stdout run `exec yes dpt-flood-$SLEEP_FOR`, found by that marker; none may outlive the script.
 trap 'cleanup; pkill -KILL -f "dpt-flood-$SLEEP_FOR" 2>/dev/null' EXIT
 flooders() { pgrep -f "dpt-flood-$SLEEP_FOR" | wc -l; }
 
 # 1. SIGTERM to dprun: forwarded to the ranks, dprun exits 143, no rank left.
-start --nproc-per-node 3 -- sh -c 'exec sleep $SLEEP_FOR'
+start_dprun --nproc-per-node 3 -- sh -c 'exec sleep $SLEEP_FOR'
 wait_for 3 "SIGTERM"
 kill -TERM "$DPID"
 wait_exit "SIGTERM"
@@ -54,7 +33,7 @@ echo "ok: SIGTERM -> 143, ranks gone"
 # 2. SIGINT (Ctrl-C) is forwarded as SIGINT: the ranks see it and report which signal they got. Their
 #    background sleepers ignore SIGINT (sh does that for `&` commands): dprun kills what is left in the ranks'
 #    process groups once the ranks have ended.
-start --nproc-per-node 2 -- sh -c 'trap "echo got INT; exit 7" INT; sleep $SLEEP_FOR & wait'
+start_dprun --nproc-per-node 2 -- sh -c 'trap "echo got INT; exit 7" INT; sleep $SLEEP_FOR & wait'
 wait_for 2 "SIGINT"
 kill -INT "$DPID"
 wait_exit "SIGINT"
@@ -64,7 +43,7 @@ wait_for 0 "SIGINT: leftovers in the ranks' groups"
 echo "ok: SIGINT forwarded -> 130"
 
 # 3. Ranks ignoring SIGTERM with a long grace period: a second SIGTERM kills them at once.
-start --nproc-per-node 2 --grace-period 300 -- sh -c 'trap "" TERM; exec sleep $SLEEP_FOR'
+start_dprun --nproc-per-node 2 --grace-period 300 -- sh -c 'trap "" TERM; exec sleep $SLEEP_FOR'
 wait_for 2 "second SIGTERM"
 kill -TERM "$DPID"
 sleep 0.5
@@ -79,7 +58,7 @@ echo "ok: a second SIGTERM skips the grace period"
 
 # 4. A rank writing without pause (dprun's stdout to /dev/null, so dprun relays as fast as it can) must not
 #    keep dprun from its signals: SIGINT stops the job within a few seconds.
-STDOUT=/dev/null start --grace-period 1 -- sh -c 'exec yes dpt-flood-$SLEEP_FOR'
+STDOUT=/dev/null start_dprun --grace-period 1 -- sh -c 'exec yes dpt-flood-$SLEEP_FOR'
 for _ in $(seq 100); do
   [ "$(flooders)" = 1 ] && break
   sleep 0.1
@@ -97,7 +76,7 @@ grep -q 'received SIGINT: sending SIGINT to rank 0' "$WORK/err" || fail "flood: 
 echo "ok: SIGINT stops a job whose rank floods its stdout ($took s)"
 
 # 5. SIGKILL to dprun: it cannot clean up, yet the ranks die with it (PR_SET_PDEATHSIG).
-start --nproc-per-node 3 -- sh -c 'exec sleep $SLEEP_FOR'
+start_dprun --nproc-per-node 3 -- sh -c 'exec sleep $SLEEP_FOR'
 wait_for 3 "SIGKILL"
 exec 3>&2 2>/dev/null  # bash reports the killed job on its stderr
 kill -KILL "$DPID"

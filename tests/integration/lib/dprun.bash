@@ -1,7 +1,7 @@
 # tests/integration/lib/dprun.bash: shared set-up for the dprun_*.sh scripts (sourced, not a test).
 # Gives: $DPRUN; $WORK, a private temp dir; $SLEEP_FOR, a sleep duration unique to this run so pgrep finds
 # only our ranks (it reaches them through the environment, so dprun's own command line does not match);
-# $DPID, set by a script that starts dprun in the background; a cleanup on exit that kills $DPID and every
+# $DPID, set by start_dprun (dprun in the background; wait_exit waits for it); a cleanup on exit that kills $DPID and every
 # sleeper and removes $WORK; fail (prints dprun's captured output); now/elapsed/less for timings; and run,
 # which runs dprun with a time limit, stdout to $WORK/out, stderr to $WORK/err, and sets RC and TOOK.
 set -u -o pipefail
@@ -37,4 +37,26 @@ run() {
   timeout -k 5 60 "$DPRUN" "$@" >"$WORK/out" 2>"$WORK/err" </dev/null
   RC=$?
   TOOK=$(elapsed "$t0")
+}
+
+# start_dprun ARGS...: dprun in the background, in its own process group (job control on), so that SIGINT is not
+# ignored the way a plain `cmd &` of a script would have it; sets DPID. Its stdout goes to $STDOUT ($WORK/out
+# unless set), its stderr to $WORK/err.
+start_dprun() {
+  set -m
+  "$DPRUN" "$@" >"${STDOUT:-$WORK/out}" 2>"$WORK/err" </dev/null &
+  DPID=$!
+  set +m
+}
+
+# wait_exit WHAT: waits up to 15 s for the dprun of start_dprun to exit; sets RC.
+wait_exit() {
+  for _ in $(seq 150); do
+    kill -0 "$DPID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$DPID" 2>/dev/null && fail "$1: dprun still running after 15 s"
+  wait "$DPID"
+  RC=$?
+  DPID=
 }
