@@ -287,14 +287,20 @@ const char* launcher_name(Launcher l) {
 }
 
 DistEnv detect_env(const EnvMap& env) {
-  if (has(env, "RANK") && has(env, "WORLD_SIZE")) return detect_dprun(env);
-  if (has(env, "OMPI_COMM_WORLD_SIZE")) return detect_openmpi(env);
-  if (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS")) return detect_slurm(env);
-  DistEnv d;  // a single process started by hand
-  d.launcher = Launcher::None;
-  read_master(env, d, kDefaultMasterAddr);
-  d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
-  validate(d, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  DistEnv d;
+  if (has(env, "RANK") && has(env, "WORLD_SIZE")) {
+    d = detect_dprun(env);
+  } else if (has(env, "OMPI_COMM_WORLD_SIZE")) {
+    d = detect_openmpi(env);
+  } else if (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS")) {
+    d = detect_slurm(env);
+  } else {  // a single process started by hand
+    d.launcher = Launcher::None;
+    read_master(env, d, kDefaultMasterAddr);
+    d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
+    validate(d, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
+  }
+  if (const std::string* token = find(env, "DPT_STORE_TOKEN")) d.store_token = *token;
   return d;
 }
 

@@ -22,6 +22,9 @@ struct DistEnv {
   int master_port = 29500;
   int restart_count = 0;  // DPT_RESTART_COUNT
   bool mpi_available = false;  // launched so that MPI_Init will find its peers (mpirun, or srun with PMI)
+  // DPT_STORE_TOKEN (empty when unset), whatever the launcher: the job's rendezvous token, which rank 0's
+  // TcpStore asks of every client. A secret: never log or print it.
+  std::string store_token;
 };
 
 using EnvMap = std::map<std::string, std::string>;

@@ -236,7 +236,7 @@ void GlooProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
 }
 
 template <class F>
-void GlooProcessGroup::run(const char* op, F&& f) {
+void GlooProcessGroup::run(const std::string& op, F&& f) {
   std::lock_guard lock(mu_);
   if (!broken_.empty()) {
     DPT_THROW(CommError, "gloo {} on rank {} of {}: the group is unusable after an earlier failure: {}", op, rank(),
@@ -258,7 +258,7 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce(Tensor& tensor, const Allreduc
   // last bit, and replicas would drift apart (dptrain's replica check caught it). So two ranks only.
   if (tensor.numel() > 0 && opts.persistent && size() == 2 && tensor.dtype() == DType::F32 &&
       opts.op != ReduceOp::Max && tensor.numel() <= static_cast<size_t>(std::numeric_limits<int>::max())) {
-    run("allreduce", [&] {
+    run(opts.what.empty() ? "allreduce" : opts.what, [&] {
       auto& ring = rings_[{tensor.raw(), tensor.numel()}];
       if (!ring)
         ring = std::make_unique<gloo::AllreduceRing<float>>(context_, std::vector<float*>{tensor.data<float>()},
@@ -267,7 +267,7 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce(Tensor& tensor, const Allreduc
     });
     if (opts.op == ReduceOp::Avg) detail::divide_in_place(tensor, size());
   } else if (tensor.numel() > 0) {
-    run("allreduce", [&] {
+    run(opts.what.empty() ? "allreduce" : opts.what, [&] {
       uint32_t tag = next_tag();
       milliseconds t = to_gloo_timeout(timeout_);
       switch (tensor.dtype()) {
@@ -288,7 +288,7 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(Tensor& tensor, const Broadcas
   detail::check_host_tensor(backend(), "broadcast", tensor);
   detail::check_root(backend(), opts.root, size());
   if (tensor.numel() > 0) {
-    run("broadcast", [&] {
+    run(opts.what.empty() ? "broadcast" : opts.what, [&] {
       gloo::BroadcastOptions o(context_);
       // Bytes: broadcast does not care about the element type. The root sends from its output (in place).
       o.setOutput(static_cast<uint8_t*>(tensor.raw()), tensor.bytes());

@@ -4,6 +4,9 @@
 //
 // After a collective fails (a peer died, a timeout) Gloo's transport is in an unknown state: the group then
 // refuses further collectives with CommError, and the caller should tear down (and the launcher restart).
+// A collective's label (opts.what; TracedGroup passes "allreduce #12 (bucket 0, step 3)") names it in errors.
+// Gloo's TimeoutError comes at the same time as TracedGroup's watchdog fires (both use dist.timeout_s), and
+// TracedGroup turns it into the same hang report, which names the rank that is missing.
 #pragma once
 
 #include <chrono>
@@ -63,7 +66,7 @@ class GlooProcessGroup : public ProcessGroup {
  private:
   // Runs one Gloo call under the group's lock, turning Gloo's exceptions into CommError/TimeoutError.
   template <class F>
-  void run(const char* op, F&& f);
+  void run(const std::string& op, F&& f);
   uint32_t next_tag() { return tag_++; }
 
   std::shared_ptr<Store> store_;  // kept: rank 0's holds the TcpStore server the others connected to

@@ -1,10 +1,15 @@
 // comm/init.cpp: resolve_backend and init_process_group: a TcpStore hosted by rank 0 and a Gloo group, or
-// an MPI group, checked against the launcher's environment.
+// an MPI group, checked against the launcher's environment; either wrapped in a TracedGroup, whose hang reports
+// travel through a store client of their own (MPI: a diagnostics store that rank 0 serves).
 #include "comm/init.h"
+
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
+#include <random>
 
 #include <spdlog/spdlog.h>
 
@@ -13,6 +18,7 @@
 #include "comm/staging.h"
 #include "comm/store.h"
 #include "comm/tcp_store.h"
+#include "comm/traced_group.h"
 #include "core/check.h"
 #include "core/cuda.h"
 #ifdef DPT_WITH_CUDA
@@ -51,7 +57,98 @@ std::shared_ptr<Store> job_store(const DistEnv& env, std::chrono::milliseconds t
   so.port = env.master_port;
   so.is_server = env.rank == 0;
   so.timeout = timeout;
+  so.token = env.store_token;  // DPT_STORE_TOKEN: clients without it are turned away
   return std::make_shared<TcpStore>(so);
+}
+
+// Hang reports (comm/traced_group.h) go through a store client of their own, whose requests time out quickly:
+// a stopped rank 0, whose process serves the store, then costs a report about this long, never dist.timeout_s.
+constexpr std::chrono::milliseconds kReportStoreTimeout = std::chrono::seconds(1);
+// How long that client may take to connect at start-up, when the server is known to be up.
+std::chrono::milliseconds report_connect_timeout(std::chrono::milliseconds timeout) {
+  return timeout.count() < 0 ? std::chrono::seconds(30) : std::min<std::chrono::milliseconds>(timeout, std::chrono::seconds(30));
+}
+
+// A client of the store at so.host:so.port for this attempt's hang reports; null (with a warning) when it cannot
+// connect: a hang is then reported by each rank about itself alone.
+std::shared_ptr<Store> report_client(const DistEnv& env, const TcpStoreOptions& so) {
+  try {
+    auto tcp = std::make_shared<TcpStore>(so);
+    tcp->set_timeout(kReportStoreTimeout);
+    return std::make_shared<PrefixStore>(fmt::format("dpt/restart{}/hang", env.restart_count), tcp);  // takes its timeout
+  } catch (const std::exception& e) {
+    spdlog::warn("no store for hang reports ({}): a hang will be reported by each rank about itself alone", e.what());
+    return nullptr;
+  }
+}
+
+// Gloo: the job's store, which rank 0 serves for the group's lifetime.
+std::shared_ptr<Store> gloo_report_store(const DistEnv& env, const InitOptions& opts) {
+  if (env.world_size == 1) return nullptr;
+  TcpStoreOptions so;
+  so.host = env.master_addr;
+  so.port = env.master_port;
+  so.timeout = report_connect_timeout(opts.timeout);
+  so.token = env.store_token;  // as job_store's clients
+  return report_client(env, so);
+}
+
+// MPI has no store: rank 0 serves one for the hang reports alone, on a free port, and tells the others where (and
+// its token) by MPI broadcast. Its address: MASTER_ADDR when the launcher set one, 127.0.0.1 when every rank is on
+// this host, else rank 0's host name. The server lives as long as the returned store (rank 0's holds it).
+std::shared_ptr<Store> mpi_report_store(ProcessGroup& mpi, const DistEnv& env, const InitOptions& opts) {
+  if (env.world_size == 1) return nullptr;
+  Tensor msg = Tensor::zeros({1024}, DType::U8);
+  std::shared_ptr<TcpStore> server;
+  if (env.rank == 0) {
+    std::string line;
+    try {
+      std::string host = "127.0.0.1";
+      if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) {
+        host = addr;
+      } else if (env.local_world_size != env.world_size) {
+        char name[256] = {};
+        if (::gethostname(name, sizeof(name) - 1) == 0 && name[0]) host = name;
+      }
+      std::string token = env.store_token;
+      if (token.empty()) {  // keep strangers out of it all the same
+        std::random_device rd;
+        token = fmt::format("{:08x}{:08x}{:08x}{:08x}", rd(), rd(), rd(), rd());
+      }
+      TcpStoreOptions so;
+      so.host = "127.0.0.1";  // rank 0's own client; the server listens on every interface
+      so.port = 0;
+      so.is_server = true;
+      so.timeout = report_connect_timeout(opts.timeout);
+      so.token = token;
+      server = std::make_shared<TcpStore>(so);
+      line = fmt::format("{}\n{}\n{}", host, server->port(), token);
+    } catch (const std::exception& e) {
+      spdlog::warn("no store for hang reports under MPI ({}): a hang will be reported by each rank about itself alone",
+                   e.what());
+    }
+    if (line.size() >= msg.numel()) {  // never skip the broadcast below: the others wait in it
+      spdlog::warn("no store for hang reports under MPI: its address and token take {} bytes", line.size());
+      line.clear();
+      server.reset();
+    }
+    std::memcpy(msg.data<uint8_t>(), line.data(), line.size());
+  }
+  mpi.broadcast(msg)->wait();  // every rank takes part, whatever rank 0 managed
+  const std::string line(reinterpret_cast<const char*>(msg.data<uint8_t>()));
+  if (line.empty()) return nullptr;
+  if (server) {
+    server->set_timeout(kReportStoreTimeout);
+    return std::make_shared<PrefixStore>(fmt::format("dpt/restart{}/hang", env.restart_count), server);
+  }
+  const size_t a = line.find('\n'), b = line.find('\n', a + 1);
+  DPT_CHECK(a != std::string::npos && b != std::string::npos, "diagnostics store address '{}'", line);
+  TcpStoreOptions so;
+  so.host = line.substr(0, a);
+  so.port = std::stoi(line.substr(a + 1, b - a - 1));
+  so.timeout = report_connect_timeout(opts.timeout);
+  so.token = line.substr(b + 1);
+  return report_client(env, so);
 }
 
 #ifdef DPT_WITH_CUDA
@@ -88,10 +185,13 @@ std::unique_ptr<ProcessGroup> init_nccl(const DistEnv& env, const InitOptions& o
 }
 #endif
 
+// `trace` gets the store the group's hang reports meet in.
 std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, const DistEnv& env,
-                                                const InitOptions& opts) {
+                                                const InitOptions& opts, TracedGroupOptions& trace) {
+  trace.store_host = 0;
   if (backend == "mpi") {
     auto pg = std::make_unique<MpiProcessGroup>(&env);
+    trace.report_store = mpi_report_store(*pg, env, opts);
     if (env.rank == 0) spdlog::info("process group: mpi, world {}", env.world_size);
     return pg;
   }
@@ -102,10 +202,14 @@ std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, cons
   GlooOptions go;
   go.timeout = opts.timeout;
   go.master_addr = env.master_addr;
-  if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME")) go.iface = iface;
+  if (!opts.interface.empty())
+    go.iface = opts.interface;
+  else if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"))
+    go.iface = iface;
   // The constructor ends with a barrier: every rank is connected, so rank 0's store server (kept alive by the
   // group) is no longer needed by anyone's rendezvous.
   auto pg = std::make_unique<GlooProcessGroup>(prefixed, env.rank, env.world_size, go);
+  trace.report_store = gloo_report_store(env, opts);
   if (env.rank == 0) {
     spdlog::info("process group: gloo, world {}, rendezvous {}:{}", env.world_size, env.master_addr,
                  env.master_port);
@@ -119,18 +223,33 @@ std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, const InitO
   const std::string backend = resolve_backend(opts.backend, env, opts.device, cuda::device_count());
   DPT_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "rank {} of {}", env.rank,
             env.world_size);
+  TracedGroupOptions trace;
+  trace.timeout = opts.timeout;
+  trace.on_hang = opts.on_fatal;
+  if (const char* reason = std::getenv("DPT_REASON_FILE")) trace.reason_file = reason;  // dprun's
 #ifdef DPT_WITH_CUDA
-  if (backend == "nccl") return init_nccl(env, opts);
+  if (backend == "nccl") {
+    // NCCL's own watchdog decides (and calls on_fatal); its reason goes to the reason file first.
+    InitOptions o = opts;
+    o.on_fatal = [reason_file = trace.reason_file, rank = env.rank, fatal = opts.on_fatal](const std::string& why) {
+      std::string_view line = why;
+      if (line.starts_with(kHangPrefix)) line.remove_prefix(kHangPrefix.size());
+      write_reason_once(reason_file, fmt::format("rank {}: {}", rank, line));
+      if (fatal) fatal(why);
+    };
+    trace.watchdog = false;
+    return std::make_unique<TracedGroup>(init_nccl(env, o), std::move(trace));
+  }
 #endif
-  auto pg = init_host_backend(backend, env, opts);
-  if (!opts.device.is_cuda()) return pg;
+  auto pg = init_host_backend(backend, env, opts, trace);
+  if (!opts.device.is_cuda()) return std::make_unique<TracedGroup>(std::move(pg), std::move(trace));
   if (env.rank == 0)
     spdlog::info("process group: {} stages GPU tensors through pinned host memory{}", backend,
                  opts.backend == "auto" ? fmt::format(" ({} local ranks, {} visible GPU(s); if each rank has a GPU of "
                                                       "its own, dist.backend = nccl is faster)",
                                                       env.local_world_size, cuda::device_count())
                                         : "");
-  return std::make_unique<HostStagedGroup>(std::move(pg));
+  return std::make_unique<TracedGroup>(std::make_unique<HostStagedGroup>(std::move(pg)), std::move(trace));
 }
 
 }  // namespace dpt::comm

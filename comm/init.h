@@ -15,7 +15,12 @@ struct InitOptions {
   std::string backend = "auto";  // auto | gloo | mpi | nccl
   std::chrono::milliseconds timeout = kDefaultTimeout;  // rendezvous and collectives
   Device device = Device::cpu();  // this rank's device: nccl needs cuda; gloo and mpi stage GPU tensors
-  // nccl: called after the watchdog aborted the communicator (a collective failed or timed out).
+  // gloo: the network interface to listen on (dist.interface); empty: GLOO_SOCKET_IFNAME if set, else the
+  // interface whose address routes to MASTER_ADDR (gloo_bind).
+  std::string interface;
+  // Called when the job cannot go on and this process should end: nccl's watchdog aborted the communicator (a
+  // collective failed or timed out), or a collective outlived the timeout on any backend (the message then
+  // starts with kHangPrefix and names the stuck rank: comm/traced_group.h).
   std::function<void(const std::string&)> on_fatal;
 };
 

@@ -1,6 +1,7 @@
 // comm/mpi_backend.h: MpiProcessGroup, the ProcessGroup over MPI (a duplicate of MPI_COMM_WORLD, errors
 // returned rather than fatal). Collectives run on host memory and complete before they return. MPI cannot
-// time a collective out: a rank that never joins hangs the others, and the launcher's teardown is the guard.
+// time a collective out: a rank that never joins hangs the others; TracedGroup's watchdog (init_process_group
+// wraps this group in one) reports the hang after dist.timeout_s and ends the process through on_fatal.
 //
 // MPI is initialised here (MPI_THREAD_SERIALIZED) unless the program already did; it is finalised when the
 // last group that initialised it is destroyed, except after a failed collective or while an exception unwinds

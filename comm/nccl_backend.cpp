@@ -1,5 +1,7 @@
 // comm/nccl_backend.cpp: NcclProcessGroup: NCCL collectives on a communication stream, Work handles over
 // CUDA events, and the watchdog that aborts the communicator on error or timeout. Built with DPT_WITH_CUDA.
+// A timeout's reason starts with kHangPrefix (main() exits with its hang code), and names the collective with
+// TracedGroup's label when it has one ("allreduce #12 (bucket 0, step 3): allreduce(avg) of 1000 f32").
 #include "comm/nccl_backend.h"
 
 #include <nccl.h>
@@ -48,6 +50,11 @@ ncclDataType_t nccl_type(DType d) {
     case DType::BF16: return ncclBfloat16;
   }
   DPT_THROW(UnsupportedError, "backend nccl does not support dtype {}", dtype_name(d));
+}
+
+// "allreduce #12 (bucket 0, step 3): allreduce(avg) of 1000 f32" with TracedGroup's label, else `base` alone.
+std::string labelled(const std::string& label, std::string base) {
+  return label.empty() ? base : fmt::format("{}: {}", label, base);
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
@@ -139,7 +146,7 @@ struct NcclProcessGroup::Impl {
       if (q != ncclSuccess) r = q;
       lock.unlock();
       if (r == ncclInProgress && Clock::now() > deadline) {
-        const std::string why = fmt::format("{} did not start within dist.timeout_s = {:.0f} s", what,
+        const std::string why = fmt::format("{}{} did not start within dist.timeout_s = {:.0f} s", kHangPrefix, what,
                                             std::chrono::duration<double>(timeout).count());
         abort_comm(why);
         throw TimeoutError(fmt::format("[rank {}] nccl: {}", rank, why));
@@ -173,8 +180,8 @@ struct NcclProcessGroup::Impl {
         lock.unlock();
         std::string why = async_error();
         if (why.empty() && timeout.count() >= 0 && Clock::now() > oldest.deadline)
-          why = fmt::format("{} did not finish within dist.timeout_s = {:.0f} s (a peer died or stopped calling it?)",
-                            oldest.what, std::chrono::duration<double>(timeout).count());
+          why = fmt::format("{}{} did not finish within dist.timeout_s = {:.0f} s (a peer died or stopped calling it?)",
+                            kHangPrefix, oldest.what, std::chrono::duration<double>(timeout).count());
         if (!why.empty()) abort_comm(why);
         lock.lock();
         if (!why.empty()) pending.clear();
@@ -204,7 +211,8 @@ class NcclWork final : public Work {
       if (std::string why = impl_->async_error(); !why.empty()) impl_->abort_comm(why);
       impl_->throw_if_broken();
       if (limit.count() >= 0 && Clock::now() - start > limit) {
-        impl_->abort_comm(fmt::format("{} did not finish within {:.0f} s", what_, std::chrono::duration<double>(limit).count()));
+        impl_->abort_comm(fmt::format("{}{} did not finish within {:.0f} s", kHangPrefix, what_,
+                                      std::chrono::duration<double>(limit).count()));
         throw TimeoutError(fmt::format("[rank {}] nccl {} timed out after {:.0f} s", impl_->rank, what_,
                                        std::chrono::duration<double>(limit).count()));
       }
@@ -340,11 +348,11 @@ std::shared_ptr<Work> via_device(int device, Tensor& host, F&& collective) {
 
 std::shared_ptr<Work> NcclProcessGroup::allreduce(Tensor& tensor, const AllreduceOptions& opts) {
   if (tensor.device().is_cpu())
-    return via_device(impl_->device, tensor, [&](Tensor& t) { return allreduce(t, {.op = opts.op}); });
+    return via_device(impl_->device, tensor, [&](Tensor& t) { return allreduce(t, {.op = opts.op, .what = opts.what}); });
   check_device_tensor(*impl_, "allreduce", tensor);
   detail::check_reduce_dtype(backend(), "allreduce", tensor, opts.op);
-  const std::string what = fmt::format("allreduce({}) of {} {}", reduce_op_name(opts.op), tensor.numel(),
-                                       dtype_name(tensor.dtype()));
+  const std::string what = labelled(opts.what, fmt::format("allreduce({}) of {} {}", reduce_op_name(opts.op),
+                                                           tensor.numel(), dtype_name(tensor.dtype())));
   return enqueue(impl_, what, opts.stream, {tensor}, [&](ncclComm_t comm, StreamHandle s) {
     return ncclAllReduce(tensor.raw(), tensor.raw(), tensor.numel(), nccl_type(tensor.dtype()), nccl_op(opts.op), comm, s);
   });
@@ -352,11 +360,11 @@ std::shared_ptr<Work> NcclProcessGroup::allreduce(Tensor& tensor, const Allreduc
 
 std::shared_ptr<Work> NcclProcessGroup::broadcast(Tensor& tensor, const BroadcastOptions& opts) {
   if (tensor.device().is_cpu())
-    return via_device(impl_->device, tensor, [&](Tensor& t) { return broadcast(t, {.root = opts.root}); });
+    return via_device(impl_->device, tensor, [&](Tensor& t) { return broadcast(t, {.root = opts.root, .what = opts.what}); });
   check_device_tensor(*impl_, "broadcast", tensor);
   detail::check_root(backend(), opts.root, size());
-  const std::string what = fmt::format("broadcast from rank {} of {} {}", opts.root, tensor.numel(),
-                                       dtype_name(tensor.dtype()));
+  const std::string what = labelled(opts.what, fmt::format("broadcast from rank {} of {} {}", opts.root,
+                                                           tensor.numel(), dtype_name(tensor.dtype())));
   return enqueue(impl_, what, opts.stream, {tensor}, [&](ncclComm_t comm, StreamHandle s) {
     return ncclBroadcast(tensor.raw(), tensor.raw(), tensor.numel(), nccl_type(tensor.dtype()), opts.root, comm, s);
   });
@@ -378,8 +386,8 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& input, Tens
   check_device_tensor(*impl_, "reduce_scatter", output);
   detail::check_reduce_dtype(backend(), "reduce_scatter", output, opts.op);
   detail::check_allgather_shapes(backend(), output, input, size());  // input = size() chunks of output's size
-  const std::string what = fmt::format("reduce_scatter({}) of {} {}", reduce_op_name(opts.op), input.numel(),
-                                       dtype_name(input.dtype()));
+  const std::string what = labelled(opts.what, fmt::format("reduce_scatter({}) of {} {}", reduce_op_name(opts.op),
+                                                           input.numel(), dtype_name(input.dtype())));
   return enqueue(impl_, what, opts.stream, {input, output}, [&](ncclComm_t comm, StreamHandle s) {
     return ncclReduceScatter(input.raw(), output.raw(), output.numel(), nccl_type(output.dtype()), nccl_op(opts.op),
                              comm, s);

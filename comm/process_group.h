@@ -15,11 +15,17 @@
 // All ranks must issue the same collectives in the same order with the same counts and dtypes. An
 // operation a backend does not implement throws UnsupportedError("backend X does not support Y").
 // Nothing outside comm/ names NCCL, MPI or Gloo: callers pick a backend by name through init_process_group.
+//
+// Diagnostics: init_process_group wraps every backend in a TracedGroup (comm/traced_group.h), which numbers the
+// collectives, and names the rank that is missing when one outlives the timeout. Callers help it with a label
+// per collective (`what`: "bucket 1", "loss stats") and set_step(); neither changes what a collective does.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "core/tensor.h"
 
@@ -28,10 +34,13 @@ namespace dpt::comm {
 enum class ReduceOp { Sum, Avg, Max };
 const char* reduce_op_name(ReduceOp op);
 
-// Default collective timeout; a collective that takes longer fails with TimeoutError where the backend
-// can tell (Gloo can; MPI cannot, and there the launcher's teardown is the guard).
+// Default collective timeout; a collective that takes longer is a hang: TracedGroup's watchdog reports it and
+// ends the process through InitOptions::on_fatal (Gloo also throws TimeoutError itself; MPI cannot tell).
 inline constexpr std::chrono::milliseconds kDefaultTimeout = std::chrono::minutes(5);
 inline constexpr std::chrono::milliseconds kNoTimeout{-1};
+// How the message on_fatal receives for a hang (a collective that outlived the timeout) begins: "hang: rank 1
+// stuck before allreduce #9412 (bucket 0, step 4711); ranks 0,2 waited 30 s". main() gives it its own exit code.
+inline constexpr std::string_view kHangPrefix = "hang: ";
 
 class Work {
  public:
@@ -58,10 +67,14 @@ struct AllreduceOptions {
   // and every rank makes its persistent calls in the same order: a backend may then keep per-buffer state
   // (Gloo keeps a ring with its buffers registered, faster than setting up each call).
   bool persistent = false;
+  // A label for diagnostics ("bucket 1", "loss stats"); empty: the op's name alone. Backends may print it in
+  // their errors (TracedGroup hands them "allreduce #9412 (bucket 1, step 4711)" in its place).
+  std::string what;
 };
 struct BroadcastOptions {
   int root = 0;
   StreamHandle stream = nullptr;
+  std::string what;  // as AllreduceOptions::what
 };
 
 class ProcessGroup {
@@ -78,6 +91,9 @@ class ProcessGroup {
   // caller can go on computing meanwhile. False when they complete before returning (host backends): the
   // caller overlaps them by calling from another thread.
   virtual bool asynchronous() const { return false; }
+  // The training step the following collectives belong to, for diagnostics only (a hang report names it); any
+  // thread may call it. The backends ignore it; TracedGroup records it with each collective.
+  virtual void set_step(int64_t step) {}
 
   // In place: every rank ends with op over all ranks' `tensor`. Avg divides the sum by size() (integer
   // tensors: Avg is not supported). Supported dtypes: F32, F64, I32, I64, and BF16 with Sum only: each

@@ -201,9 +201,10 @@ class Reader {
     if (err == 0) err = read(&v, sizeof(T));
     return v;
   }
-  std::string str() {
+  // A string of at most max_bytes (what: the field, for the message).
+  std::string str(uint32_t max_bytes = kMaxStoreKeyBytes, const char* what = "a key") {
     auto n = get<uint32_t>();
-    if (err == 0 && n > kMaxStoreKeyBytes) protocol_error(fmt::format("a key of {} bytes (at most {})", n, kMaxStoreKeyBytes));
+    if (err == 0 && n > max_bytes) protocol_error(fmt::format("{} of {} bytes (at most {})", what, n, max_bytes));
     std::string s(err == 0 ? n : 0, '\0');
     if (err == 0 && n > 0) err = read(s.data(), n);
     return s;
@@ -290,6 +291,40 @@ detail::StoreRequest read_request(Reader& in) {
       in.protocol_error(fmt::format("unknown command byte {} (not a TcpStore client?)", cmd));
   }
   return r;
+}
+
+// The server's side of the hello: the token a new client presents. On failure in.err is set, as for
+// read_request (kDeadlinePassed when the client sent nothing in time).
+std::string read_hello(Reader& in) {
+  const auto magic = in.get<uint32_t>();
+  if (in.err) return {};
+  if (magic != detail::kStoreHelloMagic) {
+    in.protocol_error(fmt::format("its first word 0x{:08x} is no TcpStore hello (not a TcpStore client, or one of "
+                                  "another dptrain version)",
+                                  magic));
+    return {};
+  }
+  return in.str(detail::kMaxStoreTokenBytes, "a rendezvous token");
+}
+
+// "IP:PORT" of a peer ("[IPv6]:PORT"); IPv4 clients of the dual-stack socket as plain IPv4.
+std::string peer_name(const sockaddr_storage& ss) {
+  char ip[INET6_ADDRSTRLEN] = "?";
+  if (ss.ss_family == AF_INET) {
+    const auto& a = reinterpret_cast<const sockaddr_in&>(ss);
+    ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+    return fmt::format("{}:{}", ip, ntohs(a.sin_port));
+  }
+  if (ss.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss);
+    if (IN6_IS_ADDR_V4MAPPED(&a.sin6_addr)) {
+      ::inet_ntop(AF_INET, &a.sin6_addr.s6_addr[12], ip, sizeof ip);
+      return fmt::format("{}:{}", ip, ntohs(a.sin6_port));
+    }
+    ::inet_ntop(AF_INET6, &a.sin6_addr, ip, sizeof ip);
+    return fmt::format("[{}]:{}", ip, ntohs(a.sin6_port));
+  }
+  return "an unknown address";
 }
 
 // The client's checks of what it is about to send, against the bounds the server enforces.
@@ -401,7 +436,7 @@ int listen_any(int port, int* actual_port) {
 
 class TcpStore::Server {
  public:
-  explicit Server(int port) {
+  Server(int port, std::string token) : token_(std::move(token)) {
     listen_fd_ = listen_any(port, &port_);
     if (::pipe2(wake_, O_CLOEXEC) != 0) {
       int err = errno;
@@ -455,7 +490,9 @@ class TcpStore::Server {
       }
       if (pfds[1].revents != 0) return;  // destructor asked us to stop
       if (pfds[0].revents == 0) continue;
-      int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      sockaddr_storage peer{};
+      socklen_t peer_len = sizeof peer;
+      int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_len, SOCK_CLOEXEC);
       if (fd < 0) {
         // Transient (a client gave up, fd limit): keep serving the others.
         if (errno != EINTR && errno != ECONNABORTED && errno != EAGAIN) {
@@ -470,8 +507,10 @@ class TcpStore::Server {
       auto conn = std::make_unique<Conn>();
       conn->fd = fd;
       Conn* c = conn.get();
-      conn->thread = std::thread([this, c] {
-        serve(c->fd);
+      conn->thread = std::thread([this, c, name = peer_name(peer)] {
+        if (admit(c->fd, name)) serve(c->fd);
+        // The client sees end of file now, not when the next accept reaps this handler and closes the socket.
+        ::shutdown(c->fd, SHUT_RDWR);
         c->done = true;
       });
       conns_.push_back(std::move(conn));
@@ -489,6 +528,31 @@ class TcpStore::Server {
         ++it;
       }
     }
+  }
+
+  // Reads a new client's hello (in its own thread: a silent client holds up no one else) and answers it.
+  // True when the client presented this job's token; otherwise says why (never a token) and returns false.
+  bool admit(int fd, const std::string& peer) {
+    const Deadline deadline(detail::kStoreHelloTimeout);
+    Reader in(fd, &deadline);
+    const std::string token = read_hello(in);
+    if (in.err == kDeadlinePassed) {
+      spdlog::warn("TcpStore server on port {}: dropping a client from {} that sent no hello within {} s", port_, peer,
+                   detail::kStoreHelloTimeout.count());
+      return false;
+    }
+    if (in.err == EPROTO) {
+      spdlog::warn("TcpStore server on port {}: dropping a client from {}: {}", port_, peer, in.why);
+      return false;
+    }
+    if (in.err) return false;  // the client went away (or the server is stopping)
+    const bool match = detail::tokens_equal(token, token_);
+    const Status reply = match ? Status::Ok : Status::Error;
+    if (send_all(fd, &reply, sizeof reply) != 0) return false;
+    if (!match) {
+      spdlog::warn("TcpStore server on port {}: rejected a client from {}: wrong rendezvous token", port_, peer);
+    }
+    return match;
   }
 
   // One client's requests, in order, until it disconnects or the server stops.
@@ -569,6 +633,7 @@ class TcpStore::Server {
     }
   }
 
+  const std::string token_;  // the job's rendezvous token (secret: never logged)
   int listen_fd_ = -1;
   int port_ = 0;
   int wake_[2] = {-1, -1};
@@ -587,15 +652,20 @@ TcpStore::TcpStore(const TcpStoreOptions& opts) : Store(opts.timeout), host_(opt
   if (opts.port < 0 || opts.port > 65535 || (opts.port == 0 && !opts.is_server)) {
     DPT_THROW(ConfigError, "TcpStore port {} is out of range 1..65535", opts.port);
   }
+  if (opts.token.size() > detail::kMaxStoreTokenBytes) {
+    DPT_THROW(ConfigError, "the rendezvous token (DPT_STORE_TOKEN) is {} bytes long; the TcpStore accepts at most {}",
+              opts.token.size(), detail::kMaxStoreTokenBytes);
+  }
   if (opts.is_server) {
-    server_ = std::make_unique<Server>(opts.port);
+    server_ = std::make_unique<Server>(opts.port, opts.token);
     port_ = server_->port();
   }
   connect_with_retry();
+  say_hello(opts.token);
 }
 
 TcpStore::TcpStore(std::string host, int port, bool is_server, std::chrono::milliseconds timeout)
-    : TcpStore(TcpStoreOptions{std::move(host), port, is_server, timeout}) {}
+    : TcpStore(TcpStoreOptions{std::move(host), port, is_server, timeout, {}}) {}
 
 TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
@@ -717,6 +787,26 @@ int exchange(int fd, const Writer& req, Reader& in, const Deadline& deadline, St
 }
 }  // namespace
 
+void TcpStore::say_hello(const std::string& token) {
+  std::lock_guard lock(mu_);
+  const std::string what = "the hello";
+  const milliseconds budget = timeout();
+  const Deadline deadline(budget);
+  Writer req;
+  req.put(detail::kStoreHelloMagic).str(token);
+  Reader in(fd_, &deadline);
+  Status status{};
+  if (int err = exchange(fd_, req, in, deadline, &status)) fail(what, err, budget);
+  if (status == Status::Error) {
+    ::close(fd_);
+    fd_ = -1;
+    broken_ = "rejected by the server: another rendezvous token";
+    DPT_THROW(CommError, "{} rejected this process: its rendezvous token (DPT_STORE_TOKEN) differs from the job's",
+              where());
+  }
+  if (status != Status::Ok) fail(what, EPROTO, budget);
+}
+
 void TcpStore::do_set(const std::string& key, const std::vector<uint8_t>& value) {
   std::lock_guard lock(mu_);
   check_key(key);
@@ -814,6 +904,29 @@ std::optional<StoreRequest> parse_store_request(std::span<const uint8_t> bytes, 
   if (in.err) return std::nullopt;  // the bytes end inside the request
   *consumed = in.consumed();
   return req;
+}
+
+std::optional<std::string> parse_store_hello(std::span<const uint8_t> bytes, size_t* consumed) {
+  Reader in(bytes.data(), bytes.size());
+  std::string token = read_hello(in);
+  *consumed = 0;
+  if (in.err == EPROTO) DPT_THROW(CommError, "malformed TcpStore hello: {}", in.why);
+  if (in.err) return std::nullopt;  // the bytes end inside the hello
+  *consumed = in.consumed();
+  return token;
+}
+
+bool tokens_equal(std::string_view a, std::string_view b) {
+  // Every byte of the longer one is looked at whatever the others are: the time tells an attacker nothing
+  // about how much of a guess was right. volatile keeps the compiler from ending the loop early.
+  volatile unsigned diff = a.size() == b.size() ? 0u : 1u;
+  const size_t n = std::max(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0u;
+    const unsigned y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0u;
+    diff = diff | (x ^ y);
+  }
+  return diff == 0;
 }
 
 }  // namespace detail

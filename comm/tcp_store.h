@@ -3,10 +3,17 @@
 // included, talks to it as a client.
 //
 // Wire protocol, in the host's byte order (every rank runs the same build on the same architecture):
+//   hello    = u32 kStoreHelloMagic, then the job's rendezvous token as a string (at most kMaxStoreTokenBytes);
+//              sent once, right after connecting, before any request. Reply: u8 status, OK or ERROR (rejected).
 //   request  = u8 command, then per command: SET key value | GET key | ADD key i64 | WAIT i64 timeout_ms keys
 //   strings  = u32 length + bytes; values = u64 length + bytes; key lists = u32 count + strings
 //   reply    = u8 status (OK, NOT_FOUND, TIMEOUT, ERROR) + the command's result (value, i64, missing keys, text)
 // WAIT is answered by the server when all keys exist or the timeout passed, so a waiting client costs no polling.
+// The rendezvous token keeps other jobs' ranks and strangers out of this job's store: the server reads a
+// client's hello first, within kStoreHelloTimeout (a client that sends nothing is dropped then, its own thread
+// waiting, not the accept loop or the others), compares its token with its own in constant time, and drops a
+// client with another token (logging its address, never a token). An empty token on both sides is a match (a
+// job started without DPT_STORE_TOKEN). The client turns a rejection into CommError naming DPT_STORE_TOKEN.
 // Bounds (detail::kMaxStore*): a key, a value, a WAIT's key list. The client refuses to send more (CommError);
 // the server drops a client whose request breaks them or names an unknown command, logging why, and keeps
 // serving the others. Values are read as their bytes arrive, so a length alone allocates nothing.
@@ -26,6 +33,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/store.h"
@@ -38,12 +46,16 @@ struct TcpStoreOptions {
   bool is_server = false;
   // How long a client keeps retrying to connect, and the default for get() and wait(keys).
   std::chrono::milliseconds timeout = kDefaultStoreTimeout;
+  // The job's rendezvous token (DPT_STORE_TOKEN; empty: none): the server admits only clients that present the
+  // same one, a client presents it. At most detail::kMaxStoreTokenBytes. Secret: never logged.
+  std::string token;
 };
 
 class TcpStore : public Store {
  public:
   // Starts the server first when is_server (CommError naming the port when it cannot listen), then
-  // connects, retrying with backoff until the timeout (TimeoutError naming HOST:PORT).
+  // connects, retrying with backoff until the timeout (TimeoutError naming HOST:PORT), and says hello: a
+  // server with another token rejects it (CommError naming DPT_STORE_TOKEN; not retried).
   explicit TcpStore(const TcpStoreOptions& opts);
   TcpStore(std::string host, int port, bool is_server,
            std::chrono::milliseconds timeout = kDefaultStoreTimeout);
@@ -64,6 +76,7 @@ class TcpStore : public Store {
 
  private:
   void connect_with_retry();
+  void say_hello(const std::string& token);  // the hello and its reply, right after connecting
   std::string where() const;  // "the TcpStore at HOST:PORT"
   // CommError when an earlier failure left the connection unusable (mu_ held).
   void ensure_usable(const std::string& what) const;
@@ -87,6 +100,12 @@ inline constexpr uint64_t kMaxStoreValueBytes = uint64_t{1} << 31;
 inline constexpr uint32_t kMaxStoreWaitKeys = 1 << 20;
 inline constexpr uint64_t kMaxStoreWaitKeyBytes = uint64_t{64} << 20;  // all keys of one WAIT together
 
+// The hello: its first word (protocol version 1; "DPT" and the version as bytes in little-endian hosts' order),
+// the longest token, and how long the server waits for a new client's hello before dropping it.
+inline constexpr uint32_t kStoreHelloMagic = 0x01545044;
+inline constexpr uint32_t kMaxStoreTokenBytes = 256;
+inline constexpr std::chrono::seconds kStoreHelloTimeout{5};
+
 enum class StoreCmd : uint8_t { Set = 1, Get = 2, Add = 3, Wait = 4 };
 
 // One client request as the server decodes it.
@@ -103,6 +122,14 @@ struct StoreRequest {
 // socket (the same code; for the fuzz target and tests). Returns the request with *consumed = its length, or
 // nullopt with *consumed = 0 when the bytes end inside it. Throws CommError saying what is malformed.
 std::optional<StoreRequest> parse_store_request(std::span<const uint8_t> bytes, size_t* consumed);
+
+// Decodes a client's hello from the front of `bytes` as the server does: returns the token it presents with
+// *consumed = the hello's length, or nullopt with *consumed = 0 when the bytes end inside it. Throws CommError
+// for a wrong first word (not a TcpStore client, or another protocol version) or a token over its bound.
+std::optional<std::string> parse_store_hello(std::span<const uint8_t> bytes, size_t* consumed);
+
+// a == b, in a time that depends on the lengths only, never on where the bytes first differ.
+bool tokens_equal(std::string_view a, std::string_view b);
 
 }  // namespace detail
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -89,16 +90,23 @@ class Job {
       } catch (...) {  // nothing more to do in a destructor; PR_SET_PDEATHSIG remains as the last resort
       }
     }
+    if (!reason_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(reason_dir_, ec);
+    }
   }
 
   int run() {
     announce();
     open_stdin();
+    make_reason_dir();
     for (;;) {
       ranks_.reserve(static_cast<std::size_t>(opts_.nproc_per_node));
       for (int local = 0; local < opts_.nproc_per_node && phase_ == Phase::kRunning; ++local) start(local);
       monitor();
       finish();
+      settle_preemption();
+      print_reason();
       if (!restart()) return exit_code_;
     }
   }
@@ -141,6 +149,7 @@ class Job {
       note(fmt::format("master port {} is taken now; using {}", old, *opts_.master_port));
     }
     ranks_.clear();
+    preempting_ = preempted_exit_ = false;
     phase_ = Phase::kRunning;
     exit_code_ = 0;
     failed_rank_.reset();
@@ -181,7 +190,9 @@ class Job {
 
     ChildSpec spec;
     spec.argv = opts_.command;
-    for (const auto& [name, value] : rank_environment(opts_, local, inherited_, restarts_)) {
+    Environment env = rank_environment(opts_, local, inherited_, restarts_);
+    if (!reason_dir_.empty()) env["DPT_REASON_FILE"] = reason_dir_ + "/reason";  // see make_reason_dir
+    for (const auto& [name, value] : env) {
       spec.env.push_back(name + "=" + value);
     }
     spec.stdin_fd = devnull_.get();
@@ -298,6 +309,10 @@ class Job {
       for (RankStream* s : {r.out.get(), r.err.get()}) {
         if (s) s->drain();  // its last words, before the line about its end
       }
+      if (!st->signaled && st->code == kPreemptedCode) {
+        on_preempted_exit(r);
+        continue;
+      }
       if (!st->ok()) {
         failed.push_back(&r);
         why.push_back(st->describe() + (r.log_path.empty() ? "" : fmt::format("; see {}", r.log_path)));
@@ -320,11 +335,22 @@ class Job {
     begin_stop(SIGTERM, /*received=*/false);
   }
 
+  static bool is_preemption(int sig) { return sig == SIGUSR1 || sig == SIGTERM; }
+
   void on_stop_signal(int sig) {
     stop_requested_ = true;  // whenever it comes: no restart after it
+    const int first = received_signal_;
+    if (received_signal_ == 0) received_signal_ = sig;
     if (phase_ == Phase::kRunning) {
       exit_code_ = 128 + sig;
+      preempting_ = is_preemption(sig);
       begin_stop(sig, /*received=*/true);
+    } else if (phase_ == Phase::kStopping && preempting_ && (sig == SIGUSR1 || (sig == SIGTERM && first != SIGTERM))) {
+      // The ranks are checkpointing: SIGUSR1 again, or SIGTERM after a SIGUSR1 (Slurm's warning, then its time
+      // limit) must not cut that short. It is forwarded (a rank keeps only the first) and the deadline stays.
+      // SIGTERM twice, SIGINT or SIGHUP still mean "now", below.
+      note(fmt::format("received {} while the ranks stop for preemption: forwarded; the stop timeout stays", signal_name(sig)));
+      signal_all(sig);
     } else if (phase_ == Phase::kStopping) {
       note(fmt::format("received {} again: not waiting for the grace period", signal_name(sig)));
       kill_remaining();
@@ -335,17 +361,81 @@ class Job {
   // it), then gives the ranks the grace period before SIGKILL. `received`: dprun was sent `sig` itself.
   void begin_stop(int sig, bool received) {
     phase_ = Phase::kStopping;
-    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                   std::chrono::duration<double>(opts_.grace_period_s));
+    const double wait_s = preempting_ ? opts_.stop_timeout_s : opts_.grace_period_s;
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(wait_s));
     std::string why = received ? fmt::format("received {}", signal_name(sig)) : "stopping the other ranks";
     std::vector<int> running = running_ranks();
     if (!running.empty()) {
       note(fmt::format("{}: sending {} to {}; SIGKILL after {} s to any still running", why, signal_name(sig),
-                       join_ranks(running), opts_.grace_period_s));
+                       join_ranks(running), wait_s));
     } else if (received) {
       note(why);
     }
     signal_all(sig);
+    // A stopped rank (SIGSTOP, Ctrl-Z) would see `sig` only when continued, i.e. at the SIGKILL: continue it now.
+    signal_all(SIGCONT);
+  }
+
+  // DPT_REASON_FILE, given to every rank: a private temporary directory's "reason", where the rank that diagnoses
+  // a failure (a hang report names the stuck rank) writes one line, first writer wins. Without the directory the
+  // ranks get no variable, and the job runs all the same.
+  void make_reason_dir() {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string path = fmt::format("{}/dprun.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (::mkdtemp(path.data())) {
+      reason_dir_ = path;
+    } else {
+      note(fmt::format("cannot create a temporary directory {} for the ranks' failure reason: {}", path,
+                       std::strerror(errno)));
+    }
+  }
+
+  // After an attempt has ended: when it failed and a rank left its reason, "dprun: reason: <line>", once; the
+  // file is removed so that a restart starts without one.
+  void print_reason() {
+    if (reason_dir_.empty()) return;
+    const std::string path = reason_dir_ + "/reason";
+    std::string line;
+    if (Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)); fd.get() >= 0) {
+      char buf[4096];
+      const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+      if (n > 0) line.assign(buf, static_cast<std::size_t>(n));
+      line = line.substr(0, line.find('\n'));
+    }
+    if (exit_code_ != 0 && !line.empty()) note("reason: " + line);
+    ::unlink(path.c_str());
+  }
+
+  // A rank exited kPreemptedCode: it stopped for a stop signal after all ranks agreed on the step and rank 0's
+  // checkpoint was written (dptrain), so the others are about to do the same. Not a failure: no teardown, but
+  // a deadline (the stop timeout) for the rest.
+  void on_preempted_exit(const Rank& r) {
+    preempted_exit_ = true;
+    if (phase_ != Phase::kRunning) return;
+    note(fmt::format("rank {} stopped for preemption (exit code {}); waiting up to {} s for the others",
+                     r.global, kPreemptedCode, opts_.stop_timeout_s));
+    phase_ = Phase::kStopping;
+    preempting_ = true;
+    deadline_ = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                   std::chrono::duration<double>(opts_.stop_timeout_s));
+  }
+
+  // After every rank has ended: when some rank stopped for preemption and every rank exited 0 or 75, the job
+  // was preempted (75); when some did not, the first of those is the job's failure.
+  void settle_preemption() {
+    if (!preempted_exit_) return;
+    const Rank* bad = nullptr;
+    for (const Rank& r : ranks_) {
+      const bool clean = !r.status.signaled && (r.status.code == 0 || r.status.code == kPreemptedCode);
+      if (!clean && !bad) bad = &r;
+    }
+    if (!bad) {
+      exit_code_ = kPreemptedCode;
+      note(fmt::format("the ranks stopped for preemption with a checkpoint; exit code {}", kPreemptedCode));
+    } else if (exit_code_ == 0) {
+      exit_code_ = bad->status.exit_code();
+      note(fmt::format("rank {} {} while the others stopped for preemption", bad->global, bad->status.describe()));
+    }
   }
 
   void kill_remaining() {
@@ -397,6 +487,7 @@ class Job {
   SignalCatcher signals_;  // before any fork: a signal arriving during the spawning stays pending
   OutputSink stdout_, stderr_;
   Fd devnull_;
+  std::string reason_dir_;  // DPT_REASON_FILE's directory; empty: none (make_reason_dir)
   std::vector<Rank> ranks_;
   Phase phase_ = Phase::kRunning;
   Clock::time_point deadline_{};
@@ -405,7 +496,10 @@ class Job {
   int restarts_ = 0;
   std::optional<int> failed_rank_;
   ExitStatus failed_status_;
-  bool stop_requested_ = false;  // dprun received SIGINT, SIGTERM or SIGHUP
+  bool stop_requested_ = false;  // dprun received SIGINT, SIGTERM, SIGHUP or SIGUSR1
+  int received_signal_ = 0;      // the first stop signal dprun received
+  bool preempting_ = false;      // the stop under way is for preemption (SIGUSR1/SIGTERM, or a rank exited 75)
+  bool preempted_exit_ = false;  // a rank exited kPreemptedCode
   bool exec_failed_ = false;     // the program could not be started: a restart would fail the same way
 };
 
@@ -415,6 +509,8 @@ int launch(const Options& given) {
   Options opts = resolve(given);
   ensure_standard_fds();
   Environment inherited = current_environment();
+  // One token for the whole job, every attempt of it: the Job keeps these options across restarts.
+  opts.store_token = job_store_token(opts, inherited);
   if (!inherited.contains("OMP_NUM_THREADS")) {
     note("setting OMP_NUM_THREADS=1 for every rank, so that the ranks do not overload the machine; set it "
          "yourself to tune it");

@@ -4,6 +4,8 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <fcntl.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -45,6 +47,10 @@ void validate(const Options& opts) {
   }
   if (opts.master_port && (*opts.master_port < 1 || *opts.master_port > kMaxPort)) {
     DPT_THROW(ConfigError, "--master-port must be in 1..{} (got {})", kMaxPort, *opts.master_port);
+  }
+  if (!(opts.stop_timeout_s >= 0 && opts.stop_timeout_s <= kMaxGracePeriodS)) {  // also rejects NaN
+    DPT_THROW(ConfigError, "--stop-timeout must be between 0 and {} seconds (got {})", kMaxGracePeriodS,
+              opts.stop_timeout_s);
   }
   if (!(opts.grace_period_s >= 0 && opts.grace_period_s <= kMaxGracePeriodS)) {  // also rejects NaN
     DPT_THROW(ConfigError, "--grace-period must be between 0 and {} seconds (got {})", kMaxGracePeriodS,
@@ -89,6 +95,8 @@ Environment rank_environment(const Options& opts, int local_rank, const Environm
   env["MASTER_PORT"] = std::to_string(*opts.master_port);
   // std::string values ("0"s): assigning a char literal trips GCC 12's false -Wrestrict (GCC PR 105329).
   env["DPT_RESTART_COUNT"] = std::to_string(restart);  // 0 first; k on the k-th restart (--max-restarts)
+  // Through the environment only: a command line is world-readable in /proc/PID/cmdline, the environment is not.
+  if (!opts.store_token.empty()) env["DPT_STORE_TOKEN"] = opts.store_token;
   // N ranks each starting one OpenMP thread per core would oversubscribe the machine N times (torchrun does
   // the same); a value the user set is theirs.
   env.try_emplace("OMP_NUM_THREADS", "1"s);
@@ -99,6 +107,55 @@ Environment rank_environment(const Options& opts, int local_rank, const Environm
     env.erase("DPT_RANK_PREFIXED");
   }
   return env;
+}
+
+std::string job_store_token(const Options& opts, const Environment& inherited) {
+  if (auto it = inherited.find("DPT_STORE_TOKEN"); it != inherited.end() && !it->second.empty()) return it->second;
+  if (opts.nnodes > 1) {
+    DPT_THROW(ConfigError,
+              "--nnodes {} needs DPT_STORE_TOKEN in the environment, the same on every node: rank 0's rendezvous "
+              "store admits only processes that present the job's token, and each node's dprun would make up a "
+              "different one. Make one, e.g. export DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \\n'), "
+              "and export that value on every node",
+              opts.nnodes);
+  }
+  return random_token();
+}
+
+std::string random_token() {
+  constexpr std::size_t kBytes = 16;  // 128 bits
+  unsigned char bytes[kBytes];
+  std::size_t got = 0;
+  while (got < kBytes) {
+    const ssize_t n = ::getrandom(bytes + got, kBytes - got, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // no getrandom (ENOSYS on an old kernel): /dev/urandom below
+    got += static_cast<std::size_t>(n);
+  }
+  if (got < kBytes) {
+    const int fd = ::open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      DPT_THROW(IoError, "no random bytes for the rendezvous token: opening /dev/urandom failed: {}",
+                std::strerror(errno));
+    }
+    got = 0;
+    while (got < kBytes) {
+      const ssize_t n = ::read(fd, bytes + got, kBytes - got);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = n < 0 ? errno : EIO;
+        ::close(fd);
+        DPT_THROW(IoError, "no random bytes for the rendezvous token: reading /dev/urandom failed: {}",
+                  std::strerror(err));
+      }
+      got += static_cast<std::size_t>(n);
+    }
+    ::close(fd);
+  }
+  std::string hex;
+  hex.reserve(2 * kBytes);
+  for (unsigned char b : bytes) hex += fmt::format("{:02x}", b);
+  return hex;
 }
 
 bool port_bindable(int port) {

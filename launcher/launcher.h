@@ -4,7 +4,9 @@
 //
 // The contract with the ranks is torchrun's (DESIGN.md, "Environment contract"): RANK, LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, NODE_RANK (alias GROUP_RANK), MASTER_ADDR, MASTER_PORT, DPT_RESTART_COUNT, and
-// OMP_NUM_THREADS=1 unless the user set it.
+// OMP_NUM_THREADS=1 unless the user set it; and DPT_STORE_TOKEN, the job's rendezvous token (job_store_token),
+// which rank 0's store asks of every process that connects. The token travels only in the environment: never
+// on a command line (other users can read those in /proc), never in dprun's messages.
 #pragma once
 
 #include <map>
@@ -19,6 +21,8 @@ namespace dpt::launcher {
 inline constexpr const char* kLoopbackAddr = "127.0.0.1";
 inline constexpr int kDefaultMultiNodePort = 29500;  // torchrun's default: every node must agree on it
 inline constexpr double kDefaultGracePeriodS = 5.0;  // SIGTERM -> SIGKILL
+inline constexpr double kDefaultStopTimeoutS = 60.0;  // SIGUSR1/SIGTERM to dprun -> SIGKILL: time to checkpoint
+inline constexpr int kPreemptedCode = 75;            // a rank that stopped for a stop signal, checkpoint written
 inline constexpr int kExecFailedCode = 127;          // what a shell reports for "command not found"
 
 // What the user asked for. Fields left unset are chosen by resolve().
@@ -30,8 +34,12 @@ struct Options {
   std::optional<int> master_port;          // unset: a free port (single node) or kDefaultMultiNodePort
   std::string log_dir;                     // empty: relay output with "[rank R] " prefixes
   double grace_period_s = kDefaultGracePeriodS;
+  double stop_timeout_s = kDefaultStopTimeoutS;
   int max_restarts = 0;                    // restarts of all ranks after a failed attempt (single node only)
   std::vector<std::string> command;        // the program and its arguments
+  // The job's rendezvous token, every rank's DPT_STORE_TOKEN (empty: none set). launch() fills it in with
+  // job_store_token(); a restart keeps it. A secret: never printed.
+  std::string store_token;
 };
 
 // The environment as name -> value. Order does not matter to exec.
@@ -49,6 +57,14 @@ Options resolve(Options opts);
 // give the same environment.
 Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited, int restart = 0);
 
+// The job's rendezvous token: DPT_STORE_TOKEN from `inherited` when it is set and not empty; otherwise, on one
+// node, a fresh random_token(). With --nnodes > 1 and none set it throws ConfigError telling the user to export
+// the same DPT_STORE_TOKEN on every node: each node's dprun would invent a different one.
+std::string job_store_token(const Options& opts, const Environment& inherited);
+
+// 128 random bits (getrandom, else /dev/urandom) as 32 lowercase hex digits. Throws IoError when neither works.
+std::string random_token();
+
 // Could a TCP server bind `port` on every address now, as rank 0's TcpStore does (SO_REUSEADDR, so ports in
 // TIME_WAIT count as free)? False while something listens on it.
 bool port_bindable(int port);
@@ -61,8 +77,13 @@ Environment current_environment();
 
 // Runs the job to completion and returns the exit code dprun should exit with: 0 when every rank exited 0;
 // else the first failed rank's exit code (128 + signal when it was killed); 128 + signal when dprun itself
-// was told to stop by SIGINT, SIGTERM or SIGHUP. Never exits the process; throws dpt::Error on a failure of
-// its own (after killing whatever it had started).
+// was told to stop by SIGINT, SIGTERM, SIGHUP or SIGUSR1; kPreemptedCode (75) when the ranks stopped for a
+// stop signal (to dprun or to a rank) and every one exited 0 or 75. Never exits the process; throws
+// dpt::Error on a failure of its own (after killing whatever it had started).
+//
+// Preemption: SIGUSR1 and SIGTERM (to dprun, forwarded; or to a rank directly, which then exits 75) give the
+// ranks stop_timeout_s to checkpoint and exit before SIGKILL; SIGUSR1 again, or SIGTERM after SIGUSR1, is
+// forwarded rather than cutting that short (SIGTERM twice, SIGINT or SIGHUP skip the wait). A rank exiting 75 is not a failure: no teardown, no restart.
 //
 // With opts.max_restarts = N > 0, an attempt that ends because a rank failed is torn down as usual and then
 // every rank is started again (DPT_RESTART_COUNT 1, 2, ...), up to N times; the exit code is then the last
@@ -70,7 +91,7 @@ Environment current_environment();
 // program that could not be started. The master port is kept when it can still be bound; one that dprun
 // chose itself and that something else has taken meanwhile is replaced by a new free port.
 //
-// Call it from a single-threaded process: it takes SIGCHLD, SIGINT, SIGTERM and SIGHUP through a signalfd by
+// Call it from a single-threaded process: it takes SIGCHLD, SIGINT, SIGTERM, SIGHUP and SIGUSR1 through a signalfd by
 // blocking them in the calling thread only (another thread would receive them instead), and the ranks'
 // PR_SET_PDEATHSIG fires when the thread that forked them ends. The signal state is restored on return.
 int launch(const Options& opts);

@@ -33,7 +33,15 @@ constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   DPT_RESTART_COUNT        0; k in the k-th restart (--max-restarts)
   OMP_NUM_THREADS          1, unless it is set already (dprun says so on stderr when it sets it)
   DPT_RANK_PREFIXED        1 when dprun prefixes the output (no --log-dir)
+  DPT_STORE_TOKEN          the job's rendezvous token: dprun's own DPT_STORE_TOKEN, else (one node
+                           only) 128 random bits in hex, made once per job and kept across restarts
 Standard input of every rank is /dev/null. torchrun's spellings (--nproc_per_node ...) work too.
+
+Rendezvous token: rank 0's store admits only processes presenting the job's DPT_STORE_TOKEN, so a rank
+of another job, or a stranger, cannot join or crash the rendezvous. It is passed in the environment
+only (never on a command line, never printed). With --nnodes > 1 dprun cannot make it up (each node
+would make another): export the same one on every node first, or dprun refuses to start, e.g.
+  export DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 
 Output: without --log-dir each line a rank writes to stdout (stderr) is printed on dprun's stdout
 (stderr) as "[rank R] line"; with --log-dir, rank R's stdout and stderr both go to DIR/rank_R.log,
@@ -43,26 +51,36 @@ Teardown: each rank runs in its own process group and is SIGKILLed if dprun dies
 When a rank exits non-zero or is killed by a signal, dprun names it, sends SIGTERM to every rank's
 process group, SIGKILL after --grace-period seconds to any rank still running, and exits with that
 rank's exit code (128 + N when killed by signal N). A program that cannot be started counts as a rank
-that exited with 127. SIGINT, SIGTERM and SIGHUP sent to dprun are forwarded to every rank the same
-way (a second one skips the grace period), and dprun exits with 128 + N.
+that exited with 127. SIGINT and SIGHUP sent to dprun are forwarded to every rank the same way (a
+second signal skips the grace period), and dprun exits with 128 + N.
+
+Preemption: SIGUSR1 and SIGTERM sent to dprun (Slurm's --signal=USR1@120, scancel, a spot reclaim) are
+forwarded too, but the ranks get --stop-timeout seconds (default 60) before SIGKILL, and SIGUSR1 again,
+or SIGTERM after SIGUSR1, is forwarded instead of cutting that short (SIGTERM twice, SIGINT or SIGHUP
+still skip the wait): dptrain's ranks agree on the next
+step, rank 0 writes a checkpoint, and each exits 75. A rank that exits 75 on its own (it was signalled
+directly) is not a failure: dprun waits for the others the same way. When every rank exits 0 or 75 after
+that, dprun exits 75 (the job should be requeued; the same command resumes), otherwise as above.
 
 Restarts (--max-restarts N, single node only: refused with --nnodes > 1): after a rank fails and the
 job has been torn down as above, dprun prints "rank R failed (...); restart k of N" and starts every
 rank again with DPT_RESTART_COUNT=k, the same MASTER_ADDR and MASTER_PORT (a port dprun chose itself is
 replaced by a new free one if something else has taken it meanwhile). With --log-dir, the new attempt's
 output is appended to each rank's log. A program resumes from its own checkpoints (dptrain does, with
---resume auto). There is no restart after SIGINT, SIGTERM or SIGHUP to dprun (even during a teardown)
-or when the program cannot be started; after the N-th restart fails, dprun exits as without restarts.
+--resume auto). There is no restart after SIGINT, SIGTERM, SIGHUP or SIGUSR1 to dprun (even during a
+teardown), after a preemption (exit 75) or when the program cannot be started; after the N-th restart
+fails, dprun exits as without restarts.
 
-Exit status: 0 when every rank exited 0 (in the last attempt); the failed rank's code as above; 2 for a
-command-line error; 1 when dprun itself failed.
+Exit status: 0 when every rank exited 0 (in the last attempt); the failed rank's code as above; 75 when
+the ranks stopped for preemption; 2 for a command-line error; 1 when dprun itself failed.
 
 Examples:
   dprun --nproc-per-node 4 -- build/trainer/dptrain --config configs/fmnist_mlp.toml
   dprun --nproc-per-node 2 --log-dir logs -- sh -c 'echo "rank $RANK of $WORLD_SIZE"'
   # survive up to 3 rank failures; dptrain continues from its newest checkpoint each time:
   dprun --nproc-per-node 4 --max-restarts 3 -- dptrain --config c.toml checkpoint.every_steps=100
-  # two nodes with 8 ranks each; run on both, with --node-rank 0 on 10.0.0.1 and 1 on the other:
+  # two nodes with 8 ranks each; run on both, with the same DPT_STORE_TOKEN exported, with
+  # --node-rank 0 on 10.0.0.1 and 1 on the other:
   dprun --nproc-per-node 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 -- dptrain --config c.toml)";
 
 // Usage line that shows where the program goes.
@@ -124,6 +142,10 @@ int main(int argc, char** argv) {
                                             "instead of printing it with [rank R] prefixes")
       ->type_name("DIR");
   app.add_option("--grace-period", opts.grace_period_s, "seconds from SIGTERM to SIGKILL at teardown (default 5)")
+      ->type_name("SEC");
+  app.add_option("--stop-timeout", opts.stop_timeout_s,
+                 "after SIGUSR1 or SIGTERM to dprun, or a rank exiting 75:\n"
+                 "seconds the ranks get to checkpoint and exit (default 60)")
       ->type_name("SEC");
   app.add_option("--max-restarts", opts.max_restarts,
                  "after a rank fails, stop all ranks and start them again,\n"

@@ -27,7 +27,7 @@ Pipe make_pipe() {
 }
 
 namespace {
-constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP};
+constexpr int kStopSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
 
 bool ignored_now(int sig) {
   struct sigaction sa {};

@@ -37,6 +37,7 @@ PKGS=(
   python3-regex                      # tests only: GPT-2's encoder.py algorithm, the reference for our BPE
   clang libclang-rt-14-dev           # tests only: libFuzzer + ASan/UBSan (scripts/fuzz.sh); clang 14 on Debian 12, whose libFuzzer runtime is in libclang-rt-14-dev (only recommended, so named)
   slurmd slurmctld slurm-client munge  # tests only: integration.slurm starts a real one-node Slurm cluster on localhost
+  iproute2  # tests only: integration.two_hosts joins two network namespaces with a veth pair
 )
 # Tests only, as the reference: ResNet parity with torchvision (logits, gradients, weights both ways). The
 # benchmarks use them too. About 250 MB installed with libtorch.

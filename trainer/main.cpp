@@ -31,13 +31,16 @@
 #include "data/tokenize.h"
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "trainer/config.h"
+#include "trainer/config_check.h"
 #include "trainer/generate.h"
+#include "trainer/preemption.h"
 #include "trainer/trainer.h"
 
 namespace {
 
 constexpr int kExitError = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitHang = 3;  // a collective outlived dist.timeout_s: the message names the rank it waited for
 
 [[noreturn]] void die(int code, const std::string& what) { dpt::exit_with_error(code, what); }
 
@@ -225,7 +228,11 @@ int main(int argc, char** argv) {
       "dptrain: data-parallel training, one process per GPU or CPU slot.\n"
       "Start N copies with `dprun --nproc-per-node N -- dptrain ...`, `mpirun -np N dptrain ...` or `srun`; each\n"
       "finds its rank from the environment (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, OMPI_COMM_WORLD_*, or\n"
-      "SLURM_*). A single process started by hand trains alone."};
+      "SLURM_*). A single process started by hand trains alone.\n"
+      "SIGUSR1 or SIGTERM to any rank (Slurm's --signal, scancel, dprun forwarding): the ranks stop together after\n"
+      "the current step, rank 0 writes a checkpoint, and every rank exits with 75; the same command resumes.\n"
+      "Exit codes: 0 done, 1 failed, 2 bad command line or config, 3 hang (a collective outlived dist.timeout_s; the\n"
+      "message names the stuck rank), 75 preempted (checkpoint written)."};
   std::string config_path;
   std::string resume = "auto";
   bool print_config = false;
@@ -377,6 +384,10 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
+  // Training stops cleanly on SIGUSR1 or SIGTERM (a checkpoint, then exit 75; trainer/preemption.h). Installed
+  // before the process group exists, so that a signal during start-up is not fatal either.
+  if (!*eval_cmd) trainer::install_stop_handlers();
+
   trainer::Config cfg;
   std::optional<trainer::EvalTarget> eval;  // dptrain eval: the checkpoint, and its config
   try {
@@ -417,8 +428,12 @@ int main(int argc, char** argv) {
     }
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
     pg = comm::init_process_group(
-        env, {.backend = cfg.dist.backend, .timeout = timeout, .device = device,
-              .on_fatal = [](const std::string& why) { die(kExitError, "collective failed: " + why); }});
+        env, {.backend = cfg.dist.backend, .timeout = timeout, .device = device, .interface = cfg.dist.interface,
+              .on_fatal = [](const std::string& why) {
+                if (why.starts_with(comm::kHangPrefix)) die(kExitHang, why);
+                die(kExitError, "collective failed: " + why);
+              }});
+    trainer::check_same_config(cfg, *pg);  // every rank: the same config and build, or ConfigError (exit 2)
     if (eval) {
       const trainer::EvalReport r = trainer::evaluate_checkpoint(*eval, *pg, device);
       if (env.rank == 0)
@@ -428,6 +443,14 @@ int main(int argc, char** argv) {
                      r.unit, cfg.data.dataset == "tokens" ? "the val shards" : "the test split", env.world_size);
     } else {
       auto result = trainer::train(cfg, {.resume = resume, .device = device}, *pg);
+      if (result.stop_signal) {
+        pg.reset();
+        if (env.rank == 0)
+          spdlog::info("preempted: checkpoint of step {} written; exiting with {} (the same command resumes from it)",
+                       result.steps, trainer::kExitPreempted);
+        spdlog::default_logger()->flush();
+        return trainer::kExitPreempted;
+      }
       if (env.rank == 0)
         spdlog::info("done: {} steps, test_acc {:.4f}, test_loss {:.4f}{}", result.steps, result.final_test_acc,
                      result.final_test_loss,

@@ -83,9 +83,10 @@ void Reducer::comm_loop(int cuda_device) {
     if (!failed) {
       try {
         if (compressed())
-          reduce_bf16(views_[b], wire_views_[b]);
+          reduce_bf16(views_[b], wire_views_[b], bucket_label(b));
         else
-          pg_.allreduce(views_[b], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true})->wait();
+          pg_.allreduce(views_[b], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true,
+                                    .what = bucket_label(b)})->wait();
       } catch (...) {
         err = std::current_exception();
       }
@@ -97,9 +98,12 @@ void Reducer::comm_loop(int cuda_device) {
   }
 }
 
-void Reducer::reduce_bf16(Tensor& grads, Tensor& wire) {
+// A bucket's all-reduce, as hang reports name it: "allreduce #9412 (bucket 0, step 4711)".
+std::string Reducer::bucket_label(size_t bucket) { return fmt::format("bucket {}", bucket); }
+
+void Reducer::reduce_bf16(Tensor& grads, Tensor& wire, const std::string& what) {
   to_bfloat16(grads, wire, static_cast<float>(pg_.size()), stream_);
-  pg_.allreduce(wire, {.op = comm::ReduceOp::Sum, .stream = stream_, .persistent = true})->block(stream_);
+  pg_.allreduce(wire, {.op = comm::ReduceOp::Sum, .stream = stream_, .persistent = true, .what = what})->block(stream_);
   from_bfloat16(wire, grads, stream_);
 }
 
@@ -128,9 +132,11 @@ void Reducer::launch(size_t bucket) {
     if (compressed()) {
       // Rounded on the compute stream after the bucket's gradients; widened back in finish().
       to_bfloat16(views_[bucket], wire_views_[bucket], static_cast<float>(pg_.size()), stream_);
-      works_.push_back(pg_.allreduce(wire_views_[bucket], {.op = comm::ReduceOp::Sum, .stream = stream_, .persistent = true}));
+      works_.push_back(pg_.allreduce(wire_views_[bucket], {.op = comm::ReduceOp::Sum, .stream = stream_,
+                                                           .persistent = true, .what = bucket_label(bucket)}));
     } else {
-      works_.push_back(pg_.allreduce(views_[bucket], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true}));
+      works_.push_back(pg_.allreduce(views_[bucket], {.op = comm::ReduceOp::Avg, .stream = stream_,
+                                                      .persistent = true, .what = bucket_label(bucket)}));
     }
     return;
   }
@@ -147,9 +153,10 @@ void Reducer::finish() {
   active_ = false;
   if (!opts_.overlap) {
     if (compressed())
-      reduce_bf16(grads_, wire_);
+      reduce_bf16(grads_, wire_, "all gradients");
     else
-      pg_.allreduce(grads_, {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true})->block(stream_);
+      pg_.allreduce(grads_, {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true,
+                             .what = "all gradients"})->block(stream_);
     return;
   }
   // Buckets backward never completed (parameters without gradients) go now, still in order.

@@ -25,6 +25,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -79,8 +80,10 @@ class Reducer {
   bool compressed() const { return opts_.grad_dtype == DType::BF16; }
   // BF16, a bucket or the whole buffer: round `grads` / world into `wire` (its bfloat16 copy), all-reduce it,
   // widen it back. Conversions run on stream_ (the CPU: at once); the widening is ordered after the sum by
-  // its Work's block(stream_).
-  void reduce_bf16(Tensor& grads, Tensor& wire);
+  // its Work's block(stream_). `what`: the all-reduce's label.
+  void reduce_bf16(Tensor& grads, Tensor& wire, const std::string& what);
+  // The label of a bucket's all-reduce (AllreduceOptions::what): "bucket N"; the whole buffer's is "all gradients".
+  static std::string bucket_label(size_t bucket);
 
   comm::ProcessGroup& pg_;
   Tensor grads_;

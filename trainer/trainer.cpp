@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <limits>
 #include <cstdlib>
 #include <random>
@@ -31,6 +32,7 @@
 #include "trainer/loss_scaler.h"
 #include "trainer/feeder.h"
 #include "trainer/optimizer.h"
+#include "trainer/preemption.h"
 #include "trainer/reducer.h"
 #include "trainer/schedule.h"
 
@@ -157,7 +159,7 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
   s[0] = host_stats.data<double>()[0];
   s[1] = host_stats.data<double>()[1];
   s[2] = count;
-  pg.allreduce(sums, {.op = comm::ReduceOp::Sum})->wait();
+  pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .what = "eval stats"})->wait();
   DPT_CHECK_GT(s[2], 0.0);
   return {s[0] / s[2], s[1] / s[2], s[2]};
 }
@@ -274,7 +276,7 @@ void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t 
   Tensor c = Tensor::empty({2}, DType::I64);
   c.data<int64_t>()[0] = crc;
   c.data<int64_t>()[1] = -crc;
-  pg.allreduce(c, {.op = comm::ReduceOp::Max})->wait();
+  pg.allreduce(c, {.op = comm::ReduceOp::Max, .what = "replica check"})->wait();
   if (c.data<int64_t>()[0] != -c.data<int64_t>()[1])
     DPT_THROW(InternalError, "[rank {}] parameters{} differ between ranks {} (CRC32 {:08x} here)", pg.rank(),
               with_buffers ? " or buffers" : "", epoch > 0 ? fmt::format("after epoch {}", epoch) : "at the start",
@@ -285,6 +287,16 @@ std::string bucket_summary(const std::vector<Bucket>& buckets) {
   std::vector<std::string> parts;
   for (const auto& b : buckets) parts.push_back(fmt::format("{:.2f} MB", static_cast<double>(b.count) * 4 / 1e6));
   return fmt::format("sizes {} (last layers first)", fmt::join(parts, ", "));
+}
+
+// The stop signal any rank received (the largest number if several), the same on every rank: one 4-byte MAX
+// all-reduce of a host tensor per optimizer step (no all-reduce with one rank).
+int agreed_stop_signal(comm::ProcessGroup& pg) {
+  if (pg.size() == 1) return stop_signal();
+  Tensor flag = Tensor::empty({1}, DType::I32);
+  flag.data<int32_t>()[0] = stop_signal();
+  pg.allreduce(flag, {.op = comm::ReduceOp::Max, .what = "stop signal"})->wait();
+  return flag.data<int32_t>()[0];
 }
 
 }  // namespace
@@ -362,7 +374,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   // Rank 0 chooses; everyone loads the same checkpoint (each rank reads it itself).
   Tensor chosen = Tensor::empty({1}, DType::I64);
   chosen.data<int64_t>()[0] = loaded ? loaded->state.step : -1;
-  pg.broadcast(chosen)->wait();
+  pg.broadcast(chosen, {.what = "resume step"})->wait();
   const int64_t chosen_step = chosen.data<int64_t>()[0];
   if (chosen_step >= 0 && !lead)
     loaded = CheckpointManager::load(opts.resume == "auto" ? ckpt.path_for_step(chosen_step) : opts.resume);
@@ -411,8 +423,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     for (size_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = b.data<float>()[i] * 1.5f + 0.25f;
     model->buffers().copy_from(b);
   }
-  pg.broadcast(model->params(), {.root = 0, .stream = stream})->wait();
-  if (model->buffers().numel()) pg.broadcast(model->buffers(), {.root = 0, .stream = stream})->wait();
+  pg.broadcast(model->params(), {.root = 0, .stream = stream, .what = "initial params"})->wait();
+  if (model->buffers().numel())
+    pg.broadcast(model->buffers(), {.root = 0, .stream = stream, .what = "initial buffers"})->wait();
   check_replicas(*model, pg, 0, /*with_buffers=*/true);
   bool overlap = cfg.dist.overlap;
   const bool sync_buffers = world > 1 && cfg.dist.broadcast_buffers && model->buffers().numel() > 0;
@@ -421,7 +434,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     // all-reduces would run at the same time on the reducer's thread, and two threads may not interleave
     // collectives on one group: buckets are then reduced after backward.
     const size_t n = model->set_batch_norm_sync([&pg, stream](Tensor& sums) {
-      pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .stream = stream})->block(stream);
+      pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .stream = stream, .what = "sync batchnorm"})->block(stream);
     });
     if (overlap && !pg.asynchronous()) overlap = false;
     if (lead) spdlog::info("model: SyncBatchNorm in {} layer(s){}", n,
@@ -513,12 +526,14 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       const bool last_micro = b == group_first + group_size - 1;
       if (b == group_first) {
         timer.mark(0);
+        pg.set_step(step + 1);  // the step these collectives belong to (a hang report names it)
         // The schedule follows the position in this run's epochs, not the raw step count: after a resume at
         // an epoch end with another world size, steps per epoch differ from the checkpoint's run.
         lr = lr_at(t, epoch * steps_per_epoch + b / K, steps_per_epoch, total_steps);
         model->zero_grad();
         // DDP's broadcast_buffers: every rank's forward sees rank 0's BatchNorm running statistics.
-        if (sync_buffers) pg.broadcast(model->buffers(), {.root = 0, .stream = stream})->block(stream);
+        if (sync_buffers)
+          pg.broadcast(model->buffers(), {.root = 0, .stream = stream, .what = "buffers"})->block(stream);
       }
       task->prepare(batch);
       loss.accumulate(model->forward(task->input()), task->targets(), model->kernels(), stats, /*backward=*/true);
@@ -584,8 +599,23 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
         save(epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : next_batch);
         break;
       }
+      // Preemption: did any rank get SIGUSR1 or SIGTERM? Every rank asks at every step boundary, so they all
+      // stop after the same step, none of them inside a collective.
+      if (const int sig = agreed_stop_signal(pg)) {
+        result.stop_signal = sig;
+        save(epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : next_batch);
+        pg.barrier()->wait();  // nobody exits before rank 0's checkpoint is complete
+        if (lead)
+          spdlog::info("stopping for {} at step {} ({}; checkpoint {})",
+                       sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig), step,
+                       stop_signal() ? fmt::format("{:.2f} s after the signal", seconds_since_stop_signal())
+                                     : "another rank received it",
+                       result.last_checkpoint);
+        break;
+      }
     }
     feeder.release(loader);
+    if (result.stop_signal) break;
     const double loss_sum = loss_so_far();  // waits for the epoch's last step
     const double compute_s = timer.compute_s(), comm_s = timer.comm_s();
     const double epoch_s = seconds_since(epoch_t0);
@@ -595,7 +625,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     Tensor tl = Tensor::empty({2}, DType::F64);
     tl.data<double>()[0] = loss_sum;
     tl.data<double>()[1] = static_cast<double>(seen);
-    pg.allreduce(tl, {.op = comm::ReduceOp::Sum})->wait();
+    pg.allreduce(tl, {.op = comm::ReduceOp::Sum, .what = "loss stats"})->wait();
     const double global_seen = tl.data<double>()[1];
     check_replicas(*model, pg, epoch + 1);
     EvalResult ev = evaluate(*model, *task, *ds.test, t, static_cast<size_t>(cfg.data.workers), pg);
@@ -622,7 +652,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     if (!stopped && (last_epoch || epoch_due || step_due)) save(epoch + 1, 0);
   }
 
-  if (result.epochs.empty()) {
+  if (result.epochs.empty() && !result.stop_signal) {
     // Nothing left to train (resumed at the end): report where the model stands.
     EvalResult ev = evaluate(*model, *task, *ds.test, t, static_cast<size_t>(cfg.data.workers), pg);
     result.final_test_acc = ev.acc;

@@ -39,6 +39,9 @@ struct RunResult {
   int64_t resumed_from_step = -1;  // -1: started fresh
   double final_test_acc = 0, final_test_loss = 0;
   std::string last_checkpoint;     // rank 0: the last checkpoint written
+  // SIGUSR1 or SIGTERM when the run stopped early for one (trainer/preemption.h): the checkpoint of `steps` is
+  // written; 0 otherwise.
+  int stop_signal = 0;
 };
 
 // Runs on every rank of `pg` with the same config. Throws on any error (a failed rank; its peers then fail

@@ -28,10 +28,14 @@ def s(b):
     return struct.pack("<I", len(b)) + b
 
 SET, GET, ADD, WAIT = 1, 2, 3, 4
-put("store", "set_get", bytes([SET]) + s(b"rank0/addr") + struct.pack("<Q", 5) + b"hello" + bytes([GET]) + s(b"rank0/addr"))
-put("store", "add_add", bytes([ADD]) + s(b"count") + struct.pack("<q", 1) + bytes([ADD]) + s(b"count") + struct.pack("<q", -3))
-put("store", "set_add", bytes([SET]) + s(b"n") + struct.pack("<Q", 2) + b"41" + bytes([ADD]) + s(b"n") + struct.pack("<q", 1))
-put("store", "wait", bytes([WAIT]) + struct.pack("<q", 1000) + struct.pack("<I", 2) + s(b"a") + s(b"b"))
+# Each connection starts with a hello: u32 magic, the rendezvous token (fuzz_store.cpp's kToken) as a string.
+HELLO = struct.pack("<I", 0x01545044) + s(b"0123456789abcdef0123456789abcdef")
+put("store", "hello_only", HELLO)
+put("store", "hello_wrong_token", struct.pack("<I", 0x01545044) + s(b"not the token") + bytes([GET]) + s(b"k"))
+put("store", "set_get", HELLO + bytes([SET]) + s(b"rank0/addr") + struct.pack("<Q", 5) + b"hello" + bytes([GET]) + s(b"rank0/addr"))
+put("store", "add_add", HELLO + bytes([ADD]) + s(b"count") + struct.pack("<q", 1) + bytes([ADD]) + s(b"count") + struct.pack("<q", -3))
+put("store", "set_add", HELLO + bytes([SET]) + s(b"n") + struct.pack("<Q", 2) + b"41" + bytes([ADD]) + s(b"n") + struct.pack("<q", 1))
+put("store", "wait", HELLO + bytes([WAIT]) + struct.pack("<q", 1000) + struct.pack("<I", 2) + s(b"a") + s(b"b"))
 
 # Config TOML: a small valid experiment, and one with overrides after a NUL byte.
 cfg = """[train]

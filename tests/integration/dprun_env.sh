@@ -51,15 +51,22 @@ grep -q OMP_NUM_THREADS "$WORK/err" && fail "omp=4: dprun should not mention OMP
 echo "ok: OMP_NUM_THREADS"
 
 # 4. A node of a two-node job (both "nodes" on this machine): global ranks 2, 3 of 4; the given port.
-run --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29555 -- \
-  sh -c 'echo "RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE GROUP_RANK=$GROUP_RANK NODE_RANK=$NODE_RANK PORT=$MASTER_PORT"'
+# Several nodes need the same rendezvous token on each: exported, it reaches the ranks; without one, dprun refuses.
+DPT_STORE_TOKEN=token-of-both-nodes run --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 --master-port 29555 -- \
+  sh -c 'echo "RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE GROUP_RANK=$GROUP_RANK NODE_RANK=$NODE_RANK PORT=$MASTER_PORT TOKEN=$DPT_STORE_TOKEN"'
 [ "$RC" = 0 ] || fail "two nodes: dprun exited $RC"
 for l in 0 1; do
-  grep -qx "\[rank $((2 + l))\] RANK=$((2 + l)) LOCAL_RANK=$l WORLD_SIZE=4 GROUP_RANK=1 NODE_RANK=1 PORT=29555" "$WORK/out" \
+  grep -qx "\[rank $((2 + l))\] RANK=$((2 + l)) LOCAL_RANK=$l WORLD_SIZE=4 GROUP_RANK=1 NODE_RANK=1 PORT=29555 TOKEN=token-of-both-nodes" "$WORK/out" \
     || fail "two nodes: local rank $l"
 done
+grep -q "token-of-both-nodes" "$WORK/err" && fail "two nodes: dprun printed the token"
 grep -q "loopback" "$WORK/err" || fail "two nodes on 127.0.0.1: expected a warning"
-echo "ok: node 1 of 2"
+env -u DPT_STORE_TOKEN timeout -k 5 60 "$DPRUN" --nproc-per-node 2 --nnodes 2 --node-rank 1 --master-addr 127.0.0.1 -- true \
+  >"$WORK/out" 2>"$WORK/err" </dev/null
+RC=$?
+[ "$RC" = 2 ] || fail "two nodes without DPT_STORE_TOKEN: dprun exited $RC, expected 2"
+grep -q "needs DPT_STORE_TOKEN in the environment, the same on every node" "$WORK/err" || fail "two nodes without a token: no clear message"
+echo "ok: node 1 of 2; refused without DPT_STORE_TOKEN"
 
 # 5. Standard input is /dev/null: a rank reading it gets end of file instead of hanging the job.
 echo "from the terminal" | timeout -k 5 60 "$DPRUN" --nproc-per-node 2 -- sh -c 'cat; echo "read done"' \

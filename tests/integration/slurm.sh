@@ -7,6 +7,8 @@
 #  - sbatch --wait of scripts/slurm/dptrain.sbatch (one task per "GPU", per-rank logs) exits 0, and a job whose
 #    dptrain fails (an unknown config key) makes sbatch --wait fail;
 #  - sbatch --wait of scripts/slurm/dprun.sbatch (dprun once per node) trains;
+#  - scancel --signal=USR1 of a dptrain.sbatch job mid-run: the ranks checkpoint and exit 75, the script
+#    requeues the job, Slurm runs it again, and it resumes and finishes bitwise equal to an uninterrupted run;
 #  - srun --mpi=pmix with dist.backend=mpi: Open MPI started by Slurm's PMIx.
 # Skipped (exit 77, with the reason) only when the daemons cannot start on this machine.
 source "$(dirname "$0")/lib/common.bash"
@@ -115,6 +117,43 @@ sbatch --wait --gpus-per-node=2 --cpus-per-task=2 --chdir="$DPT_SOURCE_DIR" --ou
 grep -q "2 rank(s)" "$WORK"/dp-*.out || { cat "$WORK"/dp-*.out; fail "dprun.sbatch did not start 2 ranks on the node"; }
 grep -q "done: 6 steps" "$WORK"/dplogs/node-*.log || { cat "$WORK"/dplogs/*; fail "the dprun job did not train"; }
 
+# ---- preemption: scancel --signal=USR1 mid-run -----------------------------------------------------------------
+# The ranks stop after the same step, rank 0 checkpoints, srun exits 75, dptrain.sbatch requeues the job, Slurm
+# starts it again, it resumes from that step and finishes bitwise equal to an uninterrupted run.
+PRE=(train.device=cpu data.train_limit=1200 data.test_limit=200 train.epochs=8 train.batch_size=16
+     train.progress_interval_s=0.001 checkpoint.every_epochs=100)
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${PRE[@]}" checkpoint.dir="$WORK/pre-ref" > "$WORK/pre-ref.log" 2>&1 \
+  || { cat "$WORK/pre-ref.log"; fail "the preemption reference run failed"; }
+job=$(sbatch --parsable --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/pre-%j.out" \
+  --export=ALL,DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/prelogs" scripts/slurm/dptrain.sbatch "${PRE[@]}" \
+  checkpoint.dir="$WORK/pre") || fail "sbatch of the preemption job failed"
+for _ in $(seq 600); do grep -qE "epoch [2-8]/8 step" "$WORK/prelogs/rank-0.log" 2>/dev/null && break; sleep 0.1; done
+grep -qE "epoch [2-8]/8 step" "$WORK/prelogs/rank-0.log" || { cat "$WORK"/pre-*.out "$WORK"/prelogs/*; fail "the preemption job never reached epoch 2"; }
+t0=$EPOCHREALTIME
+scancel --signal=USR1 "$job"
+state= released=0
+for _ in $(seq 1200); do  # up to 120 s
+  state=$(scontrol show job "$job" 2>/dev/null | grep -oE 'JobState=[A-Z_]+' | cut -d= -f2)
+  [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
+  # Slurm holds a requeued batch job for a while (Reason=BeginTime); a cluster starts it later by itself, the
+  # test asks for now.
+  if [ "$state" = PENDING ] && [ $released = 0 ]; then
+    scontrol update JobId="$job" StartTime=now && released=1
+  fi
+  sleep 0.1
+done
+took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
+show() { cat "$WORK"/pre-*.out; tail -n 20 "$WORK"/prelogs/rank-0.log; scontrol show job "$job"; }
+[ "$state" = COMPLETED ] || { show; fail "the preempted job ended $state (want COMPLETED after a requeue)"; }
+PS=$(grep -oE 'stopping for SIGUSR1 at step [0-9]+' "$WORK/prelogs/rank-0.log" | grep -oE '[0-9]+$')
+[ -n "$PS" ] || { show; fail "no 'stopping for SIGUSR1' in rank 0's log"; }
+grep -q "requeueing job $job" "$WORK"/pre-*.out || { show; fail "dptrain.sbatch did not requeue on exit 75"; }
+scontrol show job "$job" | grep -q 'Restarts=1' || { show; fail "the job did not run twice"; }
+grep -q "resumed from .*step-$(printf %08d "$PS") (step $PS," "$WORK/prelogs/rank-0.log" || { show; fail "the requeued job did not resume from step $PS"; }
+"$PY" "$CKPT_PY" compare "$WORK/pre-ref/step-00000304" "$WORK/pre/step-00000304" 0 \
+  || fail "the preempted and requeued job differs from an uninterrupted run"
+echo "ok: scancel --signal=USR1 -> checkpoint of step $PS, exit 75, requeued, resumed, bitwise equal (${took} s to completion)"
+
 # ---- srun --mpi=pmix: Open MPI under Slurm ---------------------------------------------------------------------
 if srun --mpi=list 2>&1 | grep -q pmix; then
   srun --mpi=pmix --ntasks=2 --export=ALL "$DPTRAIN" "${RUN[@]}" train.max_steps=4 dist.backend=mpi \
@@ -123,4 +162,4 @@ if srun --mpi=list 2>&1 | grep -q pmix; then
 else
   fail "this Slurm has no pmix plugin (srun --mpi=list): $(srun --mpi=list 2>&1 | tr '\n' ' ')"
 fi
-echo "PASS: srun (train, checkpoint, resume: bitwise), sbatch of both scripts (and a failing job), srun --mpi=pmix"
+echo "PASS: srun (train, checkpoint, resume: bitwise), sbatch of both scripts (and a failing job), preemption with requeue, srun --mpi=pmix"

@@ -8,6 +8,8 @@ set -u -o pipefail
 
 DPRUN=${DPT_BUILD_DIR:?DPT_BUILD_DIR is not set}/launcher/dprun
 WORK=$(mktemp -d /tmp/dprun_test.XXXXXX)
+# dprun's private temporary directory (DPT_REASON_FILE) goes here too: a dprun killed by SIGKILL cannot remove it.
+export TMPDIR=$WORK
 export SLEEP_FOR="1000.$$$RANDOM"
 DPID=
 cleanup() {

@@ -157,6 +157,14 @@ TEST_CASE("detect_env: nothing set means a single process", "[env]") {
   CHECK(detect_env({{"SLURM_PROCID", "0"}}).launcher == Launcher::None);
 }
 
+TEST_CASE("detect_env: DPT_STORE_TOKEN is the rendezvous token under every launcher, empty when unset", "[env]") {
+  for (EnvMap e : {dprun_env(), ompi_env(), slurm_env(), EnvMap{}}) {
+    CHECK(detect_env(e).store_token.empty());
+    e["DPT_STORE_TOKEN"] = "00ff00ff00ff00ff00ff00ff00ff00ff";
+    CHECK(detect_env(e).store_token == "00ff00ff00ff00ff00ff00ff00ff00ff");
+  }
+}
+
 TEST_CASE("detect_env: malformed values are rejected, naming the variable", "[env]") {
   auto rejects = [](EnvMap e, const std::string& needle) {
     INFO("expecting an error mentioning " << needle);

@@ -1,5 +1,6 @@
 // tests/unit/comm/test_init.cpp: resolve_backend, and init_process_group for gloo (one process; two ranks
-// as threads rendezvousing through the TcpStore that rank 0 hosts; a peer that never comes).
+// as threads rendezvousing through the TcpStore that rank 0 hosts; a peer that never comes; a rank with another
+// rendezvous token turned away).
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -96,6 +97,37 @@ TEST_CASE("init_process_group: a rank whose peer never comes fails naming the wa
   env.local_rank = 1;
   CHECK_THROWS_WITH(init_process_group(env, {"gloo", 300ms}),
                     Contains(fmt::format("127.0.0.1:{}", env.master_port)) && Contains("could not reach"));
+}
+
+TEST_CASE("init_process_group: a rank with another DPT_STORE_TOKEN is turned away, the job's ranks meet",
+          "[init][multirank]") {
+  DistEnv env;
+  env.launcher = Launcher::Dprun;
+  env.world_size = 2;
+  env.local_world_size = 2;
+  env.master_port = find_free_port();
+  env.store_token = "the-jobs-token";
+  std::string rank0_error;
+  std::thread rank0([&] {
+    try {
+      auto pg = init_process_group(env, {"gloo", 20s});
+      pg->barrier()->wait();
+    } catch (const std::exception& e) {
+      rank0_error = e.what();
+    }
+  });
+  DistEnv intruder = env;
+  intruder.rank = intruder.local_rank = 1;
+  intruder.store_token = "another-jobs-token";
+  CHECK_THROWS_WITH(init_process_group(intruder, {"gloo", 20s}),
+                    Contains(fmt::format("the TcpStore at 127.0.0.1:{} rejected this process", env.master_port)) &&
+                        Contains("DPT_STORE_TOKEN"));
+  DistEnv rank1 = intruder;
+  rank1.store_token = env.store_token;
+  auto pg = init_process_group(rank1, {"gloo", 20s});
+  pg->barrier()->wait();
+  rank0.join();
+  CHECK(rank0_error.empty());
 }
 
 TEST_CASE("resolve_backend on GPUs: nccl when each local rank has one, else a host backend", "[init]") {

@@ -1,6 +1,7 @@
 // tests/unit/comm/test_tcp_store.cpp: TcpStore (and HashStore, PrefixStore): set/get/add, waiting for keys
 // set later, timeouts naming the keys, a client with no server, and a server that shuts down promptly; a
-// server that never answers or answers garbage: the client times out or fails, then refuses further calls.
+// server that never answers (requests or the hello) or answers garbage: the client times out or fails, then
+// refuses further calls. The rendezvous token: test_store_token.cpp.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -73,6 +74,22 @@ class FakeServer {
   void send(const std::vector<uint8_t>& bytes) {
     REQUIRE(!conns_.empty());
     REQUIRE(::send(conns_.back(), bytes.data(), bytes.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(bytes.size()));
+  }
+  // A TcpStore client of this fake server, its hello (u32 magic, u32 token length, the token) read and answered
+  // OK: the client waits for that answer in its constructor.
+  std::unique_ptr<TcpStore> connect(std::chrono::milliseconds timeout) {
+    auto cli = std::async(std::launch::async,
+                          [&] { return std::make_unique<TcpStore>("127.0.0.1", port_, false, timeout); });
+    accept_one();
+    uint32_t head[2] = {0, 0};
+    REQUIRE(::recv(conns_.back(), head, sizeof head, MSG_WAITALL) == static_cast<ssize_t>(sizeof head));
+    REQUIRE(head[0] == comm::detail::kStoreHelloMagic);
+    std::vector<uint8_t> token(head[1]);
+    if (!token.empty()) {
+      REQUIRE(::recv(conns_.back(), token.data(), token.size(), MSG_WAITALL) == static_cast<ssize_t>(token.size()));
+    }
+    send({0});
+    return cli.get();
   }
 
  private:
@@ -303,39 +320,45 @@ TEST_CASE("TcpStore: a server that never answers: requests time out, then the cl
   FakeServer fake;
 
   SECTION("set") {
-    TcpStore cli("127.0.0.1", fake.port(), false, 300ms);
-    fake.accept_one();
+    auto cli = fake.connect(300ms);
     auto start = Clock::now();
-    CHECK_THROWS_MATCHES(cli.set("k", std::string("v")), TimeoutError,
+    CHECK_THROWS_MATCHES(cli->set("k", std::string("v")), TimeoutError,
                          timeout_with({"no reply", fake.address(), "set('k')", "300 ms"}));
     double waited = seconds_since(start);
     CHECK(waited >= 0.29);
     CHECK(waited < 5.0);
     // The next call fails at once: the connection may hold the late reply.
     start = Clock::now();
-    CHECK_THROWS_MATCHES(cli.add("n", 1), CommError, comm_error_with({"unusable", fake.address(), "set('k')"}));
+    CHECK_THROWS_MATCHES(cli->add("n", 1), CommError, comm_error_with({"unusable", fake.address(), "set('k')"}));
     CHECK(seconds_since(start) < 0.5);
   }
 
   SECTION("get (its wait gets a margin for the server's reply)") {
-    TcpStore cli("127.0.0.1", fake.port(), false, 300ms);
-    fake.accept_one();
+    auto cli = fake.connect(300ms);
     auto start = Clock::now();
-    CHECK_THROWS_MATCHES(cli.get("k"), TimeoutError, timeout_with({"no reply", fake.address(), "'k'"}));
+    CHECK_THROWS_MATCHES(cli->get("k"), TimeoutError, timeout_with({"no reply", fake.address(), "'k'"}));
     double waited = seconds_since(start);
     CHECK(waited >= 0.29);
     CHECK(waited < 5.0);
     start = Clock::now();
-    CHECK_THROWS_MATCHES(cli.get("k"), CommError, comm_error_with({"unusable", fake.address()}));
-    CHECK_THROWS_MATCHES(cli.set("k", std::string("v")), CommError, comm_error_with({"unusable"}));
+    CHECK_THROWS_MATCHES(cli->get("k"), CommError, comm_error_with({"unusable", fake.address()}));
+    CHECK_THROWS_MATCHES(cli->set("k", std::string("v")), CommError, comm_error_with({"unusable"}));
     CHECK(seconds_since(start) < 0.5);
+  }
+
+  SECTION("the hello: the constructor times out naming the address") {
+    auto start = Clock::now();
+    CHECK_THROWS_MATCHES(TcpStore("127.0.0.1", fake.port(), false, 300ms), TimeoutError,
+                         timeout_with({"no reply", fake.address(), "the hello", "300 ms"}));
+    double waited = seconds_since(start);
+    CHECK(waited >= 0.29);
+    CHECK(waited < 5.0);
   }
 }
 
 TEST_CASE("TcpStore: a malformed reply breaks the connection instead of misreading the next reply", "[store]") {
   FakeServer fake;
-  TcpStore cli("127.0.0.1", fake.port(), false, 2s);
-  fake.accept_one();
+  auto cli = fake.connect(2s);
   // An ERROR reply (status 3, see tcp_store.h) whose text claims 1 MiB: longer than the client accepts.
   std::vector<uint8_t> reply = {3};
   uint32_t len = 1u << 20;
@@ -344,7 +367,7 @@ TEST_CASE("TcpStore: a malformed reply breaks the connection instead of misreadi
   reply.resize(reply.size() + 64, 'x');
   fake.send(reply);
   auto start = Clock::now();
-  CHECK_THROWS_MATCHES(cli.add("n", 1), CommError, comm_error_with({"unexpected reply", fake.address(), "add('n')"}));
-  CHECK_THROWS_MATCHES(cli.get("n"), CommError, comm_error_with({"unusable", "unexpected reply to add('n')"}));
+  CHECK_THROWS_MATCHES(cli->add("n", 1), CommError, comm_error_with({"unexpected reply", fake.address(), "add('n')"}));
+  CHECK_THROWS_MATCHES(cli->get("n"), CommError, comm_error_with({"unusable", "unexpected reply to add('n')"}));
   CHECK(seconds_since(start) < 1.0);
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -97,6 +98,38 @@ TEST_CASE("launch: --max-restarts restarts every rank after a failure, with DPT_
                                          *o.master_port);
   CHECK(slurp(dir.path / "rank_1.log") == fmt::format("attempt 0 port {}\n", *o.master_port) + second);
   CHECK_THAT(slurp(dir.path / "rank_0.log"), Catch::EndsWith(second));
+}
+
+TEST_CASE("launch: every rank gets one made-up DPT_STORE_TOKEN, kept across restarts, or the user's",
+          "[launcher][process]") {
+  TempDir dir;
+  ::unsetenv("DPT_STORE_TOKEN");  // launch() reads this process's environment
+  Options o = shell_job(2,
+                        "echo \"attempt $DPT_RESTART_COUNT token $DPT_STORE_TOKEN\"; "
+                        "[ \"$DPT_RESTART_COUNT\" = 0 ] && [ \"$RANK\" = 1 ] && exit 3; exit 0",
+                        dir.path);
+  o.max_restarts = 1;
+  REQUIRE(launch(o) == 0);
+  const std::string log = slurp(dir.path / "rank_1.log");
+  const auto token_of = [&](const std::string& attempt) {
+    const std::string tag = "attempt " + attempt + " token ";
+    const auto at = log.find(tag);
+    REQUIRE(at != std::string::npos);
+    return log.substr(at + tag.size(), log.find('\n', at) - at - tag.size());
+  };
+  const std::string first = token_of("0");
+  CHECK(first.size() == 32);
+  CHECK(token_of("1") == first);
+  CHECK_THAT(slurp(dir.path / "rank_0.log"), Catch::Contains("token " + first));
+  // The next job gets another one; a token the user exported is passed on as it is.
+  o.max_restarts = 0;
+  o.command = {"sh", "-c", "echo \"token $DPT_STORE_TOKEN\""};
+  REQUIRE(launch(o) == 0);
+  CHECK_THAT(slurp(dir.path / "rank_1.log"), !Catch::Contains(first) && Catch::StartsWith("token "));
+  ::setenv("DPT_STORE_TOKEN", "exported-by-the-user", 1);
+  REQUIRE(launch(o) == 0);
+  ::unsetenv("DPT_STORE_TOKEN");
+  CHECK(slurp(dir.path / "rank_1.log") == "token exported-by-the-user\n");
 }
 
 TEST_CASE("launch: restarts used up -> the failed rank's code; no restart for a program that cannot start",

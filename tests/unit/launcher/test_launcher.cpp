@@ -118,6 +118,48 @@ TEST_CASE("environment: a user's OMP_NUM_THREADS is kept, log files mean no DPT_
   CHECK(env.at("OMP_NUM_THREADS") == "8");
 }
 
+TEST_CASE("rendezvous token: every rank gets DPT_STORE_TOKEN, the same in every restart", "[launcher]") {
+  Options o = resolve(single(3));
+  o.store_token = "0123456789abcdef0123456789abcdef";
+  Environment inherited{{"PATH", "/usr/bin"}};
+  for (int local = 0; local < 3; ++local) {
+    for (int restart : {0, 1, 5}) {
+      Environment env = rank_environment(o, local, inherited, restart);
+      CHECK(env.at("DPT_STORE_TOKEN") == o.store_token);
+    }
+  }
+  // dprun's token wins over an empty inherited one; no token, no variable (the job then runs without one).
+  CHECK(rank_environment(o, 0, {{"DPT_STORE_TOKEN", ""}}).at("DPT_STORE_TOKEN") == o.store_token);
+  o.store_token.clear();
+  CHECK(rank_environment(o, 0, inherited).count("DPT_STORE_TOKEN") == 0);
+}
+
+TEST_CASE("rendezvous token: the user's, else a fresh random one on one node, else an error naming the fix",
+          "[launcher]") {
+  const Options one = single(2);
+  CHECK(job_store_token(one, {{"DPT_STORE_TOKEN", "the-users-token"}}) == "the-users-token");
+  CHECK(job_store_token(multi(2, 2, 1), {{"DPT_STORE_TOKEN", "the-users-token"}}) == "the-users-token");
+  // Made up: 128 bits as 32 lowercase hex digits, another one each time (also for an empty DPT_STORE_TOKEN).
+  const std::string a = job_store_token(one, {});
+  const std::string b = job_store_token(one, {{"DPT_STORE_TOKEN", ""}});
+  CHECK(a.size() == 32);
+  CHECK(a.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(b.size() == 32);
+  CHECK(a != b);
+  CHECK(random_token() != random_token());
+  // Several nodes cannot agree on a made-up token: the user must export one.
+  for (const Environment& env : {Environment{}, Environment{{"DPT_STORE_TOKEN", ""}}}) {
+    try {
+      (void)job_store_token(multi(2, 2, 0), env);
+      FAIL("job_store_token did not throw for --nnodes 2 without a token");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Catch::Contains("--nnodes 2 needs DPT_STORE_TOKEN") &&
+                               Catch::Contains("the same on every node") &&
+                               Catch::Contains("export DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom"));
+    }
+  }
+}
+
 TEST_CASE("validation: clear one-line errors naming the option", "[launcher]") {
   REQUIRE_NOTHROW(validate(single(1)));
   REQUIRE_NOTHROW(validate(multi(4, 2, 1)));

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# tests/integration/config_mismatch.sh (issue 10): every rank must run the same config. A wrapper adds an override
+# on rank 1 only: under dprun (gloo) and under mpirun (mpi) the job stops before training with exit code 2, and
+# every rank's message names rank 1, the key and both values. Without the extra override the same wrapper trains.
+source "$(dirname "$0")/lib/common.bash"
+RUN=(data.train_limit=1000 data.test_limit=500 train.max_steps=4 train.progress_interval_s=1000)
+
+# The wrapper: dptrain with the given arguments, plus train.lr=0.2 on the rank named by $RANK or Open MPI's rank.
+cat >"$WORK/wrap.sh" <<EOF
+#!/bin/sh
+if [ "\${RANK:-\${OMPI_COMM_WORLD_RANK:-}}" = 1 ] && [ -n "\${EXTRA:-}" ]; then exec "$DPTRAIN" "\$@" "\$EXTRA"; fi
+exec "$DPTRAIN" "\$@"
+EOF
+chmod +x "$WORK/wrap.sh"
+
+# 1. dprun, gloo: exit 2 (a config error), both ranks saying the same.
+set +e
+out=$(EXTRA=train.lr=0.2 timeout 120 "$DPRUN" --nproc-per-node 2 -- "$WORK/wrap.sh" --config "$CONFIG" "${RUN[@]}" \
+  checkpoint.dir="$WORK/a" 2>&1)
+rc=$?
+set -e
+[ $rc = 2 ] || { echo "$out"; fail "dprun: exit code $rc, expected 2"; }
+msg="rank 1 was started with a config that differs from rank 0's: train.lr = 0.2 (rank 0: 0.05)"
+[ "$(echo "$out" | grep -cF "$msg")" -ge 1 ] || { echo "$out"; fail "dprun: no message naming rank 1 and train.lr"; }
+[ -e "$WORK/a" ] && [ -n "$(ls -A "$WORK/a")" ] && fail "dprun: a checkpoint was written"
+echo "$out" | grep -F "$msg" | head -2
+echo "ok: dprun, rank 1 with train.lr=0.2: exit 2, named"
+
+# 2. mpirun, mpi.
+set +e
+out=$(EXTRA=train.lr=0.2 timeout 120 "${MPIRUN[@]}" -np 2 "$WORK/wrap.sh" --config "$CONFIG" "${RUN[@]}" \
+  checkpoint.dir="$WORK/b" 2>&1)
+rc=$?
+set -e
+[ $rc != 0 ] && [ $rc != 124 ] || { echo "$out"; fail "mpirun: exit code $rc, expected a failure"; }
+echo "$out" | grep -qF "$msg" || { echo "$out"; fail "mpirun: no message naming rank 1 and train.lr"; }
+echo "ok: mpirun, rank 1 with train.lr=0.2: exit $rc, named"
+
+# 3. The same wrapper without the extra override trains.
+out=$(timeout 120 "$DPRUN" --nproc-per-node 2 -- "$WORK/wrap.sh" --config "$CONFIG" "${RUN[@]}" \
+  checkpoint.dir="$WORK/c" 2>&1) || { echo "$out"; fail "the same config on both ranks failed"; }
+echo "$out" | grep -q "done: 4 steps" || { echo "$out"; fail "the same config on both ranks did not train"; }
+echo "ok: the same config on both ranks trains"
+echo PASS

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# tests/integration/preemption.sh: SIGUSR1/SIGTERM stop a run cleanly. The ranks agree on the next step
+# boundary, rank 0 writes a checkpoint, every rank exits 75, and the next start resumes from exactly that step:
+# the finished run's checkpoint is bitwise equal to an uninterrupted run's.
+#  1. SIGUSR1 to dprun, followed at once by SIGTERM and SIGUSR1 (a second signal during the save): exit 75.
+#  2. SIGUSR1 to one rank only (not through dprun): exit 75, dprun says which rank stopped.
+#  3. SIGUSR1 to mpirun with dist.backend=mpi (Open MPI forwards it): exit 75.
+#  4. Each resumed run finishes bitwise equal to the uninterrupted reference.
+source "$(dirname "$0")/lib/common.bash"
+set +e
+# 1200 examples / 2 ranks / batch 16 = 38 steps per epoch; 8 epochs = 304 steps, a progress line every step.
+ARGS=(--config "$CONFIG" data.train_limit=1200 data.test_limit=200 train.epochs=8 train.batch_size=16
+      train.progress_interval_s=0.001 checkpoint.every_epochs=100)
+FINAL=step-00000304
+
+# wait_step LOG N: waits (up to 60 s) until rank 0 has printed a progress line of epoch N or later.
+wait_epoch() {
+  for _ in $(seq 600); do
+    grep -qE "epoch ([$2-9])/8 step" "$1" && return 0
+    sleep 0.1
+  done
+  fail "no progress line of epoch $2 in $1"
+}
+
+# stopped_step LOG: the step of the "stopping for SIG... at step S" line.
+stopped_step() { grep -oE 'stopping for SIG[A-Z0-9]+ at step [0-9]+' "$1" | grep -oE '[0-9]+$'; }
+
+# Reference: uninterrupted.
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${ARGS[@]}" checkpoint.dir="$WORK/ref" >"$WORK/ref.log" 2>&1 ||
+  { cat "$WORK/ref.log"; fail "the reference run failed"; }
+[ -f "$WORK/ref/$FINAL/COMPLETE" ] || fail "no reference checkpoint $FINAL"
+
+# finish_and_compare NAME CKPT_DIR CMD...: runs CMD (the same command again: it resumes), expects exit 0, a
+# "resumed from" line of the stopped step, and the final checkpoint bitwise equal to the reference's.
+finish_and_compare() {
+  local name=$1 dir=$2 step=$3
+  shift 3
+  "$@" >"$WORK/$name.resume.log" 2>&1 || { cat "$WORK/$name.resume.log"; fail "$name: the resumed run failed"; }
+  grep -q "resumed from .*step-$(printf %08d "$step") (step $step," "$WORK/$name.resume.log" ||
+    { cat "$WORK/$name.resume.log"; fail "$name: did not resume from step $step"; }
+  "$PY" "$CKPT_PY" compare "$WORK/ref/$FINAL" "$dir/$FINAL" 0 >/dev/null ||
+    fail "$name: final weights differ from the uninterrupted run"
+  cmp -s "$WORK/ref/$FINAL/optimizer.safetensors" "$dir/$FINAL/optimizer.safetensors" ||
+    fail "$name: final optimizer state differs from the uninterrupted run"
+}
+
+# ---- 1. SIGUSR1 to dprun, then SIGTERM and SIGUSR1 while the ranks checkpoint -------------------------------
+set -m
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${ARGS[@]}" checkpoint.dir="$WORK/a" >"$WORK/a.log" 2>&1 &
+DP=$!
+set +m
+wait_epoch "$WORK/a.log" 2
+t0=$EPOCHREALTIME
+kill -USR1 $DP; kill -TERM $DP; kill -USR1 $DP
+wait $DP
+rc=$?
+took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+[ $rc = 75 ] || { cat "$WORK/a.log"; fail "dprun + SIGUSR1: exit $rc, expected 75"; }
+S=$(stopped_step "$WORK/a.log")
+[ -n "$S" ] || { cat "$WORK/a.log"; fail "dprun + SIGUSR1: no 'stopping for SIGUSR1 at step S' line"; }
+[ -f "$WORK/a/step-$(printf %08d "$S")/COMPLETE" ] || fail "dprun + SIGUSR1: no complete checkpoint of step $S"
+grep -q "dprun: the ranks stopped for preemption with a checkpoint; exit code 75" "$WORK/a.log" ||
+  fail "dprun + SIGUSR1: no dprun line about the preemption"
+grep -q "SIGKILL to" "$WORK/a.log" && fail "dprun + SIGUSR1: a rank had to be killed"
+echo "ok: SIGUSR1 (+ SIGTERM, SIGUSR1) to dprun -> checkpoint of step $S, exit 75, ${took} s from the signal to dprun's exit"
+finish_and_compare a "$WORK/a" "$S" "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${ARGS[@]}" checkpoint.dir="$WORK/a"
+echo "ok: resumed from step $S, final checkpoint bitwise equal to the uninterrupted run"
+
+# ---- 2. SIGUSR1 to rank 1 alone --------------------------------------------------------------------------
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${ARGS[@]}" checkpoint.dir="$WORK/b" >"$WORK/b.log" 2>&1 &
+DP=$!
+wait_epoch "$WORK/b.log" 3
+R1=$(pgrep -P $DP | while read -r p; do tr '\0' '\n' </proc/$p/environ | grep -qx RANK=1 && echo $p; done)
+[ -n "$R1" ] || fail "rank 1: no pid"
+t0=$EPOCHREALTIME
+kill -USR1 "$R1"
+wait $DP
+rc=$?
+took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+[ $rc = 75 ] || { cat "$WORK/b.log"; fail "SIGUSR1 to rank 1: exit $rc, expected 75"; }
+grep -qE "dprun: rank [01] stopped for preemption \(exit code 75\)" "$WORK/b.log" ||
+  fail "SIGUSR1 to rank 1: dprun did not say a rank stopped for preemption"
+grep -q "another rank received it" "$WORK/b.log" || fail "SIGUSR1 to rank 1: rank 0 did not say another rank got it"
+S=$(stopped_step "$WORK/b.log")
+[ -f "$WORK/b/step-$(printf %08d "$S")/COMPLETE" ] || fail "SIGUSR1 to rank 1: no complete checkpoint of step $S"
+echo "ok: SIGUSR1 to rank 1 only -> all stop at step $S, exit 75 (${took} s)"
+finish_and_compare b "$WORK/b" "$S" "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${ARGS[@]}" checkpoint.dir="$WORK/b"
+echo "ok: resumed from step $S, bitwise equal"
+
+# ---- 3. mpirun forwards SIGUSR1; dist.backend=mpi ----------------------------------------------------------
+"${MPIRUN[@]}" -np 2 "$DPTRAIN" "${ARGS[@]}" dist.backend=mpi checkpoint.dir="$WORK/c" >"$WORK/c.log" 2>&1 &
+DP=$!
+wait_epoch "$WORK/c.log" 2
+t0=$EPOCHREALTIME
+kill -USR1 $DP
+wait $DP
+rc=$?
+took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+[ $rc = 75 ] || { cat "$WORK/c.log"; fail "mpirun + SIGUSR1: exit $rc, expected 75"; }
+S=$(stopped_step "$WORK/c.log")
+[ -f "$WORK/c/step-$(printf %08d "$S")/COMPLETE" ] || fail "mpirun + SIGUSR1: no complete checkpoint of step $S"
+echo "ok: SIGUSR1 to mpirun (dist.backend=mpi) -> checkpoint of step $S, exit 75 (${took} s)"
+finish_and_compare c "$WORK/c" "$S" "${MPIRUN[@]}" -np 2 "$DPTRAIN" "${ARGS[@]}" dist.backend=mpi checkpoint.dir="$WORK/c"
+echo "ok: resumed from step $S under mpirun, bitwise equal"
+no_processes_left "$WORK"
+echo PASS

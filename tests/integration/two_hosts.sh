@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# tests/integration/two_hosts.sh: two "hosts" on one machine: network namespaces dptA and dptB joined by a veth
+# pair (10.77.X.1 and 10.77.X.2), each with only that link and its own loopback, so nothing can pass through
+# 127.0.0.1. A dprun runs in each (--nnodes 2 --node-rank 0|1 --master-addr 10.77.X.1), 1 rank per node, and
+# they train with gloo: rank 1's store client and every Gloo connection must use the veth addresses. The
+# result equals, bit for bit, one host's 2-rank run. Then dist.interface (or GLOO_SOCKET_IFNAME) names the
+# interface instead.
+# Skipped (77) where network namespaces cannot be made (not root, no iproute2, a restricted container).
+source "$(dirname "$0")/lib/common.bash"
+set +e
+command -v ip >/dev/null || { echo "SKIP: no ip command (iproute2)"; exit 77; }
+X=$(( ($$ % 200) + 20 ))
+NA=dptA$$ NB=dptB$$ VA=vA$$ VB=vB$$
+AA=10.77.$X.1 AB=10.77.$X.2
+net_down() { ip netns del "$NA" 2>/dev/null; ip netns del "$NB" 2>/dev/null; }
+trap 'rc=$?; pkill -KILL -f "$WORK" 2>/dev/null; net_down; (exit $rc); cleanup' EXIT
+if ! ip netns add "$NA" 2>"$WORK/ns.err"; then echo "SKIP: cannot create a network namespace: $(cat "$WORK/ns.err")"; exit 77; fi
+ip netns add "$NB" || fail "ip netns add $NB"
+ip link add "$VA" type veth peer name "$VB" || fail "cannot create a veth pair"
+ip link set "$VA" netns "$NA" && ip link set "$VB" netns "$NB" || fail "cannot move the veth ends"
+# Each end is called dpt0 inside its namespace, as a cluster's nodes share an interface name (eth0, ib0).
+ip -n "$NA" link set "$VA" name dpt0 && ip -n "$NB" link set "$VB" name dpt0 || fail "cannot rename the veth ends"
+ip -n "$NA" addr add "$AA/24" dev dpt0 && ip -n "$NB" addr add "$AB/24" dev dpt0 || fail "ip addr add"
+for n in "$NA" "$NB"; do ip -n "$n" link set lo up && ip -n "$n" link set dpt0 up || fail "links up in $n"; done
+
+export DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
+RUN=(--config "$CONFIG" data.train_limit=2048 data.test_limit=256 train.epochs=1 train.batch_size=64
+     train.progress_interval_s=1000 dist.backend=gloo)
+
+# Reference: one host, 2 ranks.
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${RUN[@]}" checkpoint.dir="$WORK/one" >"$WORK/one.log" 2>&1 ||
+  { cat "$WORK/one.log"; fail "the one-host reference failed"; }
+FINAL=$(ls "$WORK/one" | grep '^step-' | tail -1)
+
+# two_nodes NAME [ENV...]: a dprun in each namespace; both must exit 0.
+two_nodes() {
+  local name=$1
+  shift
+  local common=(--nnodes 2 --nproc-per-node 1 --master-addr "$AA" --master-port 29512)
+  ip netns exec "$NA" env "$@" "$DPRUN" "${common[@]}" --node-rank 0 -- "$DPTRAIN" "${RUN[@]}" \
+    checkpoint.dir="$WORK/$name" >"$WORK/$name.0.log" 2>&1 &
+  local p0=$!
+  ip netns exec "$NB" env "$@" "$DPRUN" "${common[@]}" --node-rank 1 -- "$DPTRAIN" "${RUN[@]}" \
+    checkpoint.dir="$WORK/$name" >"$WORK/$name.1.log" 2>&1 &
+  local p1=$!
+  local t0=$SECONDS rc0 rc1
+  while kill -0 $p0 2>/dev/null || kill -0 $p1 2>/dev/null; do
+    [ $((SECONDS - t0)) -gt 120 ] && { kill -KILL $p0 $p1 2>/dev/null; cat "$WORK/$name".*.log; fail "$name: still running after 120 s"; }
+    sleep 0.2
+  done
+  wait $p0; rc0=$?
+  wait $p1; rc1=$?
+  [ $rc0 = 0 ] && [ $rc1 = 0 ] || { cat "$WORK/$name".*.log; fail "$name: node 0 exited $rc0, node 1 exited $rc1"; }
+  "$PY" "$CKPT_PY" compare "$WORK/one/$FINAL" "$WORK/$name/$FINAL" 0 >/dev/null ||
+    fail "$name: two hosts differ from one host's 2-rank run"
+}
+
+two_nodes routed
+grep -q "rendezvous $AA:29512" "$WORK/routed.0.log" || { cat "$WORK/routed.0.log"; fail "rank 0 did not rendezvous at $AA"; }
+echo "ok: dprun --nnodes 2 across two network namespaces (master $AA): trained, bitwise equal to one host's 2 ranks"
+
+# The interface named instead of found from the route to the master: dist.interface, or GLOO_SOCKET_IFNAME.
+RUN+=(dist.interface=dpt0)
+two_nodes iface
+RUN=("${RUN[@]:0:${#RUN[@]}-1}")
+two_nodes ifname GLOO_SOCKET_IFNAME=dpt0
+echo "ok: the same with dist.interface=dpt0 and with GLOO_SOCKET_IFNAME=dpt0"
+no_processes_left "$WORK"
+echo PASS

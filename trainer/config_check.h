@@ -1,0 +1,39 @@
+// trainer/config_check.h: check_same_config: every rank of a job trains the same effective config with the same
+// dptrain build. A rank started with another override, another config file or another binary is caught at start-up,
+// before the first step, with the same message on every rank, instead of silently training something else or
+// hanging in a collective of another shape.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "trainer/config.h"
+
+namespace dpt::trainer {
+
+// "dptrain 0.1.0 built <id>": the project's version and the source it was built from (git describe --always
+// --dirty when the build was configured; "unknown" outside a git checkout).
+std::string binary_version();
+
+// Collective: every rank calls it, right after init_process_group. Each rank's 64-bit hashes of to_toml(cfg) and
+// of binary_version() meet in one all-reduce (an int64 tensor of 2 x world size, each rank filling its own two
+// slots); when they all equal rank 0's it returns. Otherwise rank 0's and the first differing ranks' texts are
+// broadcast (a length, then the bytes), and every rank throws the same ConfigError naming the ranks that differ,
+// the builds, and each differing key with both values:
+//   rank 1 was started with a config that differs from rank 0's: train.lr = 0.2 (rank 0: 0.1)
+// Host tensors only (int64 all-reduce, uint8 broadcast): every backend takes those (nccl through the device).
+void check_same_config(const Config& cfg, comm::ProcessGroup& pg);
+
+namespace detail {
+
+// check_same_config on given texts: what it runs on to_toml(cfg) and binary_version() (for the tests).
+void check_same_texts(const std::string& config_toml, const std::string& version, comm::ProcessGroup& pg);
+
+// "train.lr = 0.2 (rank 0: 0.1)" for each key whose value differs between two to_toml texts: theirs, then rank
+// `base`'s. In theirs' order, then the keys only rank `base` has ("... (rank 0: 3)" with "not set" for theirs).
+std::vector<std::string> config_differences(const std::string& theirs, const std::string& base_toml, int base = 0);
+
+}  // namespace detail
+
+}  // namespace dpt::trainer
