@@ -73,47 +73,48 @@ hang_case() {
   no_processes_left "$WORK/$name"
 }
 
-# expect_named NAME PATTERN: OUT has a "hang: " line matching PATTERN (grep -E).
-expect_named() {
-  echo "$OUT" | grep "hang: " | grep -Eq "$2" || { echo "$OUT" | grep -E "hang|reason|dprun"; fail "$1: no hang line matching '$2'"; }
+# expect_hang NAME SLACK PATTERN: after hang_case, the launcher exited with the hang code, the first "hang: " line
+# came within timeout + 5 s, the launcher was gone within timeout + 5 + SLACK s (mpirun's own teardown), and a
+# "hang: " line matches PATTERN (grep -E).
+expect_hang() {
+  local name=$1 slack=$2 pattern=$3
+  [ "$RC" -eq $HANG_CODE ] || fail "$name: the launcher exited $RC, expected the hang code $HANG_CODE"
+  less "${FIRST:-999}" $((TIMEOUT_S + 5)) || fail "$name: the hang was reported $FIRST s after the stop, more than timeout + 5 s"
+  less "$TOOK" $((TIMEOUT_S + 5 + slack)) || fail "$name: the job took $TOOK s to end, more than timeout + $((5 + slack)) s"
+  echo "$OUT" | grep "hang: " | grep -Eq "$pattern" ||
+    { echo "$OUT" | grep -E "hang|reason|dprun"; fail "$name: no hang line matching '$pattern'"; }
+}
+
+# expect_reason NAME STUCK: dprun printed "dprun: reason: " exactly once, naming rank STUCK.
+expect_reason() {
+  [ "$(echo "$OUT" | grep -c '^dprun: reason: ')" -eq 1 ] || fail "$1: dprun did not print the reason exactly once"
+  echo "$OUT" | grep -Eq "^dprun: reason: rank $2 stuck before allreduce #[0-9]+" || fail "$1: the reason does not name rank $2"
 }
 
 # ---- dprun / gloo: rank 1 stopped ----------------------------------------------------------------------------
 export TMPDIR=$WORK/tmp  # dprun's reason directory goes here: it must be gone afterwards
 mkdir -p "$TMPDIR"
 hang_case gloo1 RANK 1 $((TIMEOUT_S + 10)) "$DPRUN" --nproc-per-node 3 -- "$DPTRAIN" "${RUN[@]}" checkpoint.dir="$WORK/gloo1"
-[ "$RC" -eq $HANG_CODE ] || fail "gloo1: dprun exited $RC, expected the hang code $HANG_CODE"
-less "$TOOK" $((TIMEOUT_S + 5)) || fail "gloo1: the job took $TOOK s to end, more than timeout + 5 s"
 # (Rank 1 stopped inside a collective may leave ranks 0 and 2 waiting in it and in the next: each part says where.)
-expect_named gloo1 "hang: rank 1 stuck before allreduce #[0-9]+[^;]*; ranks? [02].* waited [0-9]+ s"
-[ "$(echo "$OUT" | grep -c '^dprun: reason: ')" -eq 1 ] || fail "gloo1: dprun did not print the reason exactly once"
-echo "$OUT" | grep -Eq '^dprun: reason: rank 1 stuck before allreduce #[0-9]+' || fail "gloo1: the reason does not name rank 1"
+expect_hang gloo1 0 "hang: rank 1 stuck before allreduce #[0-9]+[^;]*; ranks? [02].* waited [0-9]+ s"
+expect_reason gloo1 1
 [ -z "$(ls -A "$TMPDIR")" ] || fail "gloo1: dprun left its temporary directory behind: $(ls -A "$TMPDIR")"
 
 # ---- dprun / gloo: rank 0 stopped, whose process serves the store ------------------------------------------
 hang_case gloo0 RANK 0 $((TIMEOUT_S + 10)) "$DPRUN" --nproc-per-node 3 -- "$DPTRAIN" "${RUN[@]}" checkpoint.dir="$WORK/gloo0"
-[ "$RC" -eq $HANG_CODE ] || fail "gloo0: dprun exited $RC, expected the hang code $HANG_CODE"
-less "$TOOK" $((TIMEOUT_S + 5)) || fail "gloo0: the job took $TOOK s to end, more than timeout + 5 s"
-expect_named gloo0 "hang: rank 0 stuck before allreduce #[0-9]+.*: the store it hosts does not answer; rank [12] waited"
-[ "$(echo "$OUT" | grep -c '^dprun: reason: ')" -eq 1 ] || fail "gloo0: dprun did not print the reason exactly once"
-echo "$OUT" | grep -Eq '^dprun: reason: rank 0 stuck before allreduce #[0-9]+' || fail "gloo0: the reason does not name rank 0"
+expect_hang gloo0 0 "hang: rank 0 stuck before allreduce #[0-9]+.*: the store it hosts does not answer; rank [12] waited"
+expect_reason gloo0 0
 
 # ---- mpirun / mpi: rank 1 stopped (mpirun's own teardown comes on top: allow 3 s more) ---------------------
 unset TMPDIR
 hang_case mpi1 OMPI_COMM_WORLD_RANK 1 $((TIMEOUT_S + 15)) "${MPIRUN[@]}" -np 3 "$DPTRAIN" "${RUN[@]}" dist.backend=mpi \
   checkpoint.dir="$WORK/mpi1"
-[ "$RC" -eq $HANG_CODE ] || fail "mpi1: mpirun exited $RC, expected the hang code $HANG_CODE"
-less "${FIRST:-999}" $((TIMEOUT_S + 5)) || fail "mpi1: the hang was reported $FIRST s after the stop, more than timeout + 5 s"
-less "$TOOK" $((TIMEOUT_S + 8)) || fail "mpi1: mpirun took $TOOK s to end, more than timeout + 8 s"
-expect_named mpi1 "hang: rank 1 stuck before allreduce #[0-9]+[^;]*; ranks? [02].* waited [0-9]+ s"
+expect_hang mpi1 3 "hang: rank 1 stuck before allreduce #[0-9]+[^;]*; ranks? [02].* waited [0-9]+ s"
 
 # ---- mpirun / mpi: rank 0 stopped (it serves the diagnostics store) ----------------------------------------
 hang_case mpi0 OMPI_COMM_WORLD_RANK 0 $((TIMEOUT_S + 15)) "${MPIRUN[@]}" -np 3 "$DPTRAIN" "${RUN[@]}" dist.backend=mpi \
   checkpoint.dir="$WORK/mpi0"
-[ "$RC" -eq $HANG_CODE ] || fail "mpi0: mpirun exited $RC, expected the hang code $HANG_CODE"
-less "${FIRST:-999}" $((TIMEOUT_S + 5)) || fail "mpi0: the hang was reported $FIRST s after the stop, more than timeout + 5 s"
-less "$TOOK" $((TIMEOUT_S + 8)) || fail "mpi0: mpirun took $TOOK s to end, more than timeout + 8 s"
-expect_named mpi0 "hang: rank 0 stuck before allreduce #[0-9]+.*: the store it hosts does not answer"
+expect_hang mpi0 3 "hang: rank 0 stuck before allreduce #[0-9]+.*: the store it hosts does not answer"
 
 # ---- dprun alone: a rank's reason, printed once; a stopped rank continued at the teardown -------------------
 # Rank 1 writes its reason and fails; rank 0 has stopped itself. With a 30 s grace period, only the SIGCONT that

@@ -6,6 +6,18 @@
 # /proc/PID/cmdline, and neither dprun's command line nor any output shows it.
 source "$(dirname "$0")/lib/common.bash"
 
+# finish_job LOG WHO WHAT: the dprun job $dprun_pid must still be running after WHAT, then end with exit 0.
+finish_job() {
+  local rc
+  kill -0 "$dprun_pid" 2>/dev/null || { cat "$1"; fail "$2 ended before $3 was done: make it longer"; }
+  set +e
+  timeout 120 tail --pid="$dprun_pid" -f /dev/null
+  wait "$dprun_pid"
+  rc=$?
+  set -e
+  [ $rc = 0 ] || { tail -40 "$1"; fail "$2 exited $rc after $3, expected 0"; }
+}
+
 # Long enough for the visits to happen while it trains (a few seconds), short enough to finish soon after.
 RUN=(data.train_limit=20000 data.test_limit=500 train.epochs=3 train.batch_size=32 train.progress_interval_s=1000)
 env -u DPT_STORE_TOKEN "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${RUN[@]}" \
@@ -65,14 +77,7 @@ if not 3.5 < waited < 9:
     sys.exit(f"the silent client was dropped after {waited:.1f} s, expected about 5")
 print(f"ok: 5 strangers turned away; the silent one after {waited:.1f} s")
 EOF
-kill -0 "$dprun_pid" 2>/dev/null || { cat "$WORK/job.log"; fail "the job ended before the strangers were done: make it longer"; }
-
-set +e
-timeout 120 tail --pid="$dprun_pid" -f /dev/null
-wait "$dprun_pid"
-rc=$?
-set -e
-[ $rc = 0 ] || { tail -40 "$WORK/job.log"; fail "the job exited $rc after the strangers' visits, expected 0"; }
+finish_job "$WORK/job.log" "the job" "the strangers' visits"
 grep -q "done: " "$WORK/job.log" || { tail -40 "$WORK/job.log"; fail "the job did not finish training"; }
 grep -Eq "rejected a client from 127\.0\.0\.1:[0-9]+: wrong rendezvous token" "$WORK/job.log" \
   || { cat "$WORK/job.log"; fail "no log line about the rejected client"; }
@@ -98,13 +103,7 @@ port=$(grep -oP 'master 127\.0\.0\.1:\K[0-9]+' "$WORK/job2.log" | head -1)
 expect_exit 1 "the TcpStore at 127.0.0.1:$port rejected this process: its rendezvous token (DPT_STORE_TOKEN) differs from the job's" \
   env RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" DPT_STORE_TOKEN=another-jobs-token \
   "$DPTRAIN" --config "$CONFIG" "${RUN[@]}" dist.timeout_s=20 checkpoint.dir="$WORK/intruder"
-kill -0 "$dprun_pid" 2>/dev/null || { cat "$WORK/job2.log"; fail "job 2 ended before the intruder came: make it longer"; }
-set +e
-timeout 120 tail --pid="$dprun_pid" -f /dev/null
-wait "$dprun_pid"
-rc=$?
-set -e
-[ $rc = 0 ] || { tail -40 "$WORK/job2.log"; fail "job 2 exited $rc after an intruder rank was turned away"; }
+finish_job "$WORK/job2.log" "job 2" "an intruder rank was turned away"
 grep -q "the-jobs-token" "$WORK/job2.log" && fail "job 2: the token appears in the output"
 echo "ok: a rank with another token is turned away naming DPT_STORE_TOKEN; the job finished"
 echo PASS

@@ -18,6 +18,7 @@
 
 #include "comm/tcp_store.h"
 #include "core/check.h"
+#include "tests/common/store_wire.h"
 
 using namespace dpt;
 using namespace dpt::comm;
@@ -40,21 +41,7 @@ std::shared_ptr<TcpStore> client(const TcpStore& srv, const std::string& token) 
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// The wire format (tcp_store.h), host byte order.
-struct Bytes {
-  std::vector<uint8_t> b;
-  template <class T>
-  Bytes& put(T v) {
-    const auto* p = reinterpret_cast<const uint8_t*>(&v);
-    b.insert(b.end(), p, p + sizeof v);
-    return *this;
-  }
-  Bytes& str(const std::string& s) {
-    put(static_cast<uint32_t>(s.size()));
-    b.insert(b.end(), s.begin(), s.end());
-    return *this;
-  }
-};
+using Bytes = dpt::test::StoreBytes;  // the wire format, by hand
 
 Bytes hello(const std::string& token) {
   Bytes h;
