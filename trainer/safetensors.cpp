@@ -135,6 +135,14 @@ SafetensorsFile read_safetensors(const std::string& path) {
       if (name == "__metadata__") continue;
       auto dtype = parse_st_dtype(info.at("dtype").get<std::string>());
       if (!dtype) DPT_THROW(CheckpointError, "{}: tensor {} has unsupported dtype {}", path, name, info.at("dtype").dump());
+      // Integers only: nlohmann reads a number too large for 64 bits as a double, and converting that to an
+      // integer is undefined (found by tests/fuzz: a dimension of 2.2e38).
+      for (const char* key : {"shape", "data_offsets"}) {
+        const json& list = info.at(key);
+        if (!list.is_array() || !std::all_of(list.begin(), list.end(), [](const json& v) { return v.is_number_integer(); }))
+          DPT_THROW(CheckpointError, "{}: tensor {} has a {} that is not a list of 64-bit integers: {}", path, name, key,
+                    list.dump());
+      }
       auto shape = info.at("shape").get<std::vector<int64_t>>();
       auto offs = info.at("data_offsets").get<std::vector<uint64_t>>();
       if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size)

@@ -164,3 +164,20 @@ TEST_CASE("odd directories are skipped, not fatal, a renamed checkpoint is caugh
                       Catch::Contains("directory name says step 8, its state.json says step 7"));
   REQUIRE(m.load_latest()->state.step == 7);  // 8 skipped with a warning
 }
+
+TEST_CASE("safetensors: a shape or range that is not 64-bit integers is an error, not a conversion", "[checkpoint]") {
+  // nlohmann reads 22222...226 (38 digits) as a double; converting it to int64 was undefined (tests/fuzz found it).
+  const fs::path dir = fresh_dir("st_hostile_shape");
+  for (const std::string& header :
+       {std::string(R"({"w":{"dtype":"F32","shape":[22222222222222222222222222222222222226,24],"data_offsets":[0,8]}})"),
+        std::string(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8.5]}})"),
+        std::string(R"({"w":{"dtype":"F32","shape":"2","data_offsets":[0,8]}})")}) {
+    std::ofstream f(dir / "h.safetensors", std::ios::binary | std::ios::trunc);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << std::string(8, '\0');
+    f.close();
+    REQUIRE_THROWS_WITH(read_safetensors((dir / "h.safetensors").string()),
+                        Catch::Contains("not a list of 64-bit integers"));
+  }
+}
