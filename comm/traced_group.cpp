@@ -170,20 +170,6 @@ std::string describe_hang(const HangInputs& in) {
   return fmt::format("{}; {}", fmt::join(stuck, ", "), fmt::join(waits, ", "));
 }
 
-bool write_reason_once(const std::string& path, const std::string& line) {
-  if (path.empty()) return false;
-  const std::string tmp = fmt::format("{}.{}.tmp", path, ::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  const std::string text = line + "\n";
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ok = ::close(fd) == 0 && ok;
-  // link() fails with EEXIST when another rank got there first: the first complete line stays.
-  ok = ok && ::link(tmp.c_str(), path.c_str()) == 0;
-  ::unlink(tmp.c_str());
-  return ok;
-}
-
 // ---- TracedGroup -------------------------------------------------------------------------------------------
 
 namespace {

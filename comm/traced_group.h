@@ -15,7 +15,7 @@
 // with a short timeout, under a restart-scoped prefix), waits up to report_window for the other ranks'
 // reports (theirs fire too: they wait in the same collective), builds the message with describe_hang (the same
 // function on every rank, so the same message where the same reports arrived), writes it to reason_file (first
-// writer wins: comm/traced_group.cpp's write_reason_once) and calls on_hang with kHangPrefix + the message,
+// writer wins: write_reason_once in core/logging.h) and calls on_hang with kHangPrefix + the message,
 // which is expected to end the process (main() exits with its hang code). The launcher then tears the job down.
 // A rank that never reports never entered or never finished that collective (stopped, busy elsewhere, dead).
 // If the report store does not answer within its timeout, the rank serving it is named instead: "rank 0 stuck
@@ -45,6 +45,7 @@
 
 #include "comm/process_group.h"
 #include "comm/store.h"
+#include "core/logging.h"  // write_reason_once
 
 namespace dpt::comm {
 
@@ -95,11 +96,6 @@ struct HangInputs {
 //    rank 2 waited 30 s"
 // "waited" is the shortest wait among the ranks named (whole seconds from 1 s on).
 std::string describe_hang(const HangInputs& in);
-
-// Writes `line` + "\n" to `path` if no one has yet: a temporary file linked into place (O_EXCL semantics: the
-// first writer wins, a reader never sees half a line). Returns true if this call wrote it. Never throws; an
-// empty path does nothing.
-bool write_reason_once(const std::string& path, const std::string& line);
 
 struct TracedGroupOptions {
   std::chrono::milliseconds timeout = kDefaultTimeout;  // in flight longer than this is a hang; negative: never

@@ -1,6 +1,9 @@
 // core/logging.cpp: spdlog set-up with the rank in every line.
 #include "core/logging.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -42,6 +45,20 @@ void init_logging(int rank, int world_size, const std::string& level) {
 
 namespace dpt {
 
+bool write_reason_once(const std::string& path, const std::string& line) {
+  if (path.empty()) return false;
+  const std::string tmp = fmt::format("{}.{}.tmp", path, ::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  const std::string text = line + "\n";
+  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  ok = ::close(fd) == 0 && ok;
+  // link() fails with EEXIST when another rank got there first: the first complete line stays.
+  ok = ok && ::link(tmp.c_str(), path.c_str()) == 0;
+  ::unlink(tmp.c_str());
+  return ok;
+}
+
 void exit_with_error(int code, const std::string& what) {
   static std::atomic<bool> dying{false};
   if (dying.exchange(true)) {
@@ -49,6 +66,8 @@ void exit_with_error(int code, const std::string& what) {
   }
   // No spdlog::shutdown(): another thread may be logging; flushing is enough before _Exit.
   spdlog::error("{}", what);
+  if (const char* reason = std::getenv("DPT_REASON_FILE"))
+    write_reason_once(reason, fmt::format("rank {}: {}", error_rank(), what.substr(0, what.find('\n'))));
   spdlog::default_logger()->flush();
   std::fflush(stdout);
   std::fflush(stderr);

@@ -22,6 +22,13 @@ spdlog::level::level_enum parse_log_level(const std::string& name);
 // at once, without destructors: a process group mid-collective must not be finalized politely
 // (MPI_Finalize can block on peers that wait for us); the launcher or the peers' failing collectives end
 // the job. Single entry: a second caller (the NCCL watchdog thread, say) waits for the first to finish.
+// When DPT_REASON_FILE is set (dprun sets it), the first line of `what`, as "rank R: ...", is also written there
+// unless a rank got there first: dprun prints it once as the job's reason.
 [[noreturn]] void exit_with_error(int code, const std::string& what);
+
+// Writes `line` + "\n" to `path` if no one has yet: a temporary file linked into place (O_EXCL semantics: the
+// first writer wins, a reader never sees half a line). Returns true if this call wrote it. Never throws; an
+// empty path does nothing. (DPT_REASON_FILE: a hang report, or exit_with_error.)
+bool write_reason_once(const std::string& path, const std::string& line);
 
 }  // namespace dpt

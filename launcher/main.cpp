@@ -35,9 +35,9 @@ constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   DPT_RANK_PREFIXED        1 when dprun prefixes the output (no --log-dir)
   DPT_STORE_TOKEN          the job's rendezvous token: dprun's own DPT_STORE_TOKEN, else (one node
                            only) 128 random bits in hex, made once per job and kept across restarts
-  DPT_REASON_FILE          a file in dprun's private temporary directory: a rank that diagnoses the
-                           job's failure (dptrain: a hang naming the stuck rank) writes one line there,
-                           and dprun prints it once as "dprun: reason: ..." after the teardown
+  DPT_REASON_FILE          a file in dprun's private temporary directory: the first rank to fail
+                           writes one line there (dptrain: its error, or a hang naming the stuck
+                           rank), and dprun prints it once as "dprun: reason: ..." after the teardown
 Standard input of every rank is /dev/null. torchrun's spellings (--nproc_per_node ...) work too.
 
 Rendezvous token: rank 0's store admits only processes presenting the job's DPT_STORE_TOKEN, so a rank
