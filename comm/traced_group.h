@@ -167,7 +167,7 @@ class TracedGroup final : public ProcessGroup {
   std::atomic<int64_t> step_{-1};
 
   mutable std::mutex mu_;  // the records below
-  std::condition_variable cv_;  // a collective began or ended, or stop
+  std::condition_variable cv_;  // stop (the watchdog polls: see watch())
   int64_t entered_ = 0, completed_ = 0;
   std::deque<Entry> in_flight_;  // by sequence number
   bool stop_ = false;

@@ -2,9 +2,9 @@
 // reclaim's SIGTERM, dprun forwarding either).
 //
 // SIGUSR1 and SIGTERM do not end the process: the handler records the first one (later ones are ignored, so a
-// second signal during the checkpoint cannot cut it short). At every optimizer step boundary the ranks agree
-// through one 4-byte MAX all-reduce whether any of them got one (a rank blocked in a collective is never
-// interrupted); if so, rank 0 writes a checkpoint of that step, every rank waits for it, and the run returns
+// second signal during the checkpoint cannot cut it short). At optimizer step boundaries they agree on (about
+// every 0.2 s: trainer.cpp's StopAgreement) the ranks find out through one small MAX all-reduce whether any of
+// them got one (a rank blocked in a collective is never interrupted); if so, rank 0 writes a checkpoint of that step, every rank waits for it, and the run returns
 // with RunResult::stop_signal set. main() then exits with kExitPreempted, and the next start resumes from that
 // exact step. SIGINT (Ctrl-C) still ends the process at once.
 #pragma once

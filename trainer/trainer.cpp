@@ -289,15 +289,40 @@ std::string bucket_summary(const std::vector<Bucket>& buckets) {
   return fmt::format("sizes {} (last layers first)", fmt::join(parts, ", "));
 }
 
-// The stop signal any rank received (the largest number if several), the same on every rank: one 4-byte MAX
-// all-reduce of a host tensor per optimizer step (no all-reduce with one rank).
-int agreed_stop_signal(comm::ProcessGroup& pg) {
-  if (pg.size() == 1) return stop_signal();
-  Tensor flag = Tensor::empty({1}, DType::I32);
-  flag.data<int32_t>()[0] = stop_signal();
-  pg.allreduce(flag, {.op = comm::ReduceOp::Max, .what = "stop signal"})->wait();
-  return flag.data<int32_t>()[0];
-}
+// Whether any rank received a stop signal (trainer/preemption.h), the same answer on every rank. The ranks ask at
+// agreed step boundaries about every kInterval seconds (every step when a step takes longer), so that a short
+// step does not pay for a collective each time: one all-reduce of {signal, -(steps to the next check)} with
+// MAX gives every rank the signal (the largest number if several) and the smallest proposed interval. With one
+// rank it asks every step, for free. A stopped run's checkpoint is of the step it stopped at, so when the
+// checks happen changes nothing but how soon a run stops.
+class StopAgreement {
+ public:
+  static constexpr double kInterval = 0.2;  // seconds between checks
+
+  StopAgreement(comm::ProcessGroup& pg, int64_t step) : pg_(pg), next_(step + 1), last_step_(step) {}
+
+  // Called at every optimizer step boundary with the steps done so far; 0 or the signal.
+  int poll(int64_t step) {
+    if (pg_.size() == 1) return stop_signal();
+    if (step < next_) return 0;
+    const double per_step = seconds_since(last_t_) / static_cast<double>(std::max<int64_t>(1, step - last_step_));
+    const int64_t propose = per_step > 0 ? std::clamp<int64_t>(static_cast<int64_t>(kInterval / per_step), 1, 1000) : 1;
+    Tensor t = Tensor::empty({2}, DType::I64);
+    t.data<int64_t>()[0] = stop_signal();
+    t.data<int64_t>()[1] = -propose;
+    pg_.allreduce(t, {.op = comm::ReduceOp::Max, .what = "stop signal"})->wait();
+    next_ = step - t.data<int64_t>()[1];
+    last_step_ = step;
+    last_t_ = Clock::now();
+    return static_cast<int>(t.data<int64_t>()[0]);
+  }
+
+ private:
+  comm::ProcessGroup& pg_;
+  int64_t next_;       // the step boundary of the next check
+  int64_t last_step_;  // and of the last one
+  Clock::time_point last_t_ = Clock::now();
+};
 
 }  // namespace
 
@@ -499,6 +524,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     spdlog::info("checkpoint {} ({:.2f} s)", result.last_checkpoint, seconds_since(t0));
   };
 
+  StopAgreement stop_agreement(pg, step);
   bool stopped = t.max_steps > 0 && step >= t.max_steps;  // resumed at or past the limit: nothing to do
   for (int64_t epoch = start.epoch; epoch < t.epochs && !stopped; ++epoch) {
     const size_t first_batch = epoch == start.epoch ? static_cast<size_t>(start.batch_in_epoch) : 0;
@@ -599,9 +625,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
         save(epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : next_batch);
         break;
       }
-      // Preemption: did any rank get SIGUSR1 or SIGTERM? Every rank asks at every step boundary, so they all
+      // Preemption: did any rank get SIGUSR1 or SIGTERM? The ranks ask at the same step boundaries, so they all
       // stop after the same step, none of them inside a collective.
-      if (const int sig = agreed_stop_signal(pg)) {
+      if (const int sig = stop_agreement.poll(step)) {
         result.stop_signal = sig;
         save(epoch_done ? epoch + 1 : epoch, epoch_done ? 0 : next_batch);
         pg.barrier()->wait();  // nobody exits before rank 0's checkpoint is complete
