@@ -238,6 +238,7 @@ const std::vector<Field>& schema() {
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: never at epoch ends)", at_least<int64_t>(0)),
       field("checkpoint.every_steps", &C::checkpoint, &CheckpointConfig::every_steps, "also write one every N optimizer steps (0: off)", at_least<int64_t>(0)),
       field("log.level", &C::log, &LogConfig::level, "trace | debug | info | warn | error", one_of({"trace", "debug", "info", "warn", "error"})),
+      field("log.dir", &C::log, &LogConfig::dir, "where rank 0 appends metrics.jsonl, one JSON object per progress line and per epoch (README: Metrics file); empty (the default): the folder that holds checkpoint.dir"),
   };
   return fields;
 }
@@ -305,6 +306,26 @@ toml::table parse_toml(const std::string& text, const std::string& source) {
   }
 }
 
+// TOML text is UTF-8; a bare-word override is taken as it is, so it is checked here (a byte like 0xFF would be
+// printed as \u00FF and read back as another string: found by tests/fuzz/fuzz_config).
+bool valid_utf8(const std::string& s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    uint32_t cp = n == 1 ? c : c & (0x7F >> n);
+    for (size_t k = 1; k < n; ++k) {
+      const auto d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 0x2) return false;
+      cp = (cp << 6) | (d & 0x3F);
+    }
+    const uint32_t min = n == 2 ? 0x80 : n == 3 ? 0x800 : n == 4 ? 0x10000 : 0;
+    if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;  // overlong, too big, surrogate
+    i += n;
+  }
+  return true;
+}
+
 void apply_override(Config& c, const std::string& item) {
   auto eq = item.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -322,6 +343,7 @@ void apply_override(Config& c, const std::string& item) {
   }
   if (f->type == std::string(Kind<std::string>::name) && (!parsed || !t["v"].is_string())) {
     // Bare words are strings: dist.backend=gloo.
+    if (!valid_utf8(value)) DPT_THROW(ConfigError, "{}{}: the value is not valid UTF-8", where, f->key);
     set_field(c, *f, toml::value<std::string>(value), where);
     return;
   }

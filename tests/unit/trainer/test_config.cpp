@@ -110,3 +110,16 @@ TEST_CASE("learning-rate schedules", "[config]") {
   REQUIRE_THROWS_WITH(parse_config("", "t", {"train.warmup_steps=4", "train.warmup_epochs=1"}),
                       Catch::Contains("not both"));
 }
+
+TEST_CASE("a bare-word override must be valid UTF-8", "[config]") {
+  // 0xFF was taken as is, printed as \u00FF and read back as U+00FF: another config (found by fuzz_config).
+  REQUIRE_THROWS_WITH(parse_config("", "t.toml", {std::string("model.init_from=a\xff" "b")}),
+                      Catch::Contains("not valid UTF-8"));
+  REQUIRE_THROWS_WITH(parse_config("", "t.toml", {std::string("model.init_from=\xc0\xaf")}),  // overlong '/'
+                      Catch::Contains("not valid UTF-8"));
+  REQUIRE_THROWS_WITH(parse_config("", "t.toml", {std::string("model.init_from=\xed\xa0\x80")}),  // a surrogate
+                      Catch::Contains("not valid UTF-8"));
+  const Config c = parse_config("", "t.toml", {std::string("model.init_from=w\xc3\xa9ights-\xe2\x82\xac-\xf0\x9f\x98\x80")});
+  CHECK(c.model.init_from == "w\xc3\xa9ights-\xe2\x82\xac-\xf0\x9f\x98\x80");
+  CHECK(parse_config(to_toml(c), "printed.toml").model.init_from == c.model.init_from);
+}
