@@ -99,6 +99,7 @@ struct CheckpointConfig {
 
 struct LogConfig {
   std::string level = "info";
+  std::string dir = "";  // where rank 0 appends metrics.jsonl ("": the folder holding checkpoint.dir)
 };
 
 struct Config {

@@ -31,6 +31,7 @@
 #include "trainer/task.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/feeder.h"
+#include "trainer/metrics.h"
 #include "trainer/optimizer.h"
 #include "trainer/preemption.h"
 #include "trainer/reducer.h"
@@ -374,10 +375,12 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   // Model FLOPs utilisation per device, against its dense bf16 peak: shown for a GPU in the table only.
   const double row_flops = train_flops_per_row(*model);
   const double peak_flops = device.is_cuda() ? cuda::dense_bf16_peak_flops(cuda::device_name(device.index)) : 0.0;
+  auto mfu_pct = [&](double global_rows_per_s) {
+    return row_flops > 0 && peak_flops > 0 ? 100.0 * global_rows_per_s / world * row_flops / peak_flops : 0.0;
+  };
   auto mfu = [&](double global_rows_per_s) {
-    return row_flops > 0 && peak_flops > 0
-               ? fmt::format(" mfu {:.1f}%", 100.0 * global_rows_per_s / world * row_flops / peak_flops)
-               : std::string();
+    const double pct = mfu_pct(global_rows_per_s);
+    return pct > 0 ? fmt::format(" mfu {:.1f}%", pct) : std::string();
   };
 
   // ---- resume ----------------------------------------------------------------------------------------
@@ -525,6 +528,25 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   };
 
   StopAgreement stop_agreement(pg, step);
+  // Rank 0's metrics file (trainer/metrics.h): the progress and epoch lines as JSON, appended.
+  std::optional<MetricsLog> metrics;
+  if (lead) metrics.emplace(metrics_dir(cfg));
+  const auto run_t0 = Clock::now();
+  const std::string rate_key = std::string(task->unit()) + "_per_s";  // samples_per_s | tokens_per_s
+  auto record = [&](const char* kind, int64_t epoch) {
+    nlohmann::json j;
+    j["kind"] = kind;
+    j["step"] = step;
+    j["epoch"] = epoch + 1;
+    j["epochs"] = t.epochs;
+    j["time_s"] = seconds_since(run_t0);
+    j["unix_time"] = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    if (scaler.enabled()) {
+      j["loss_scale"] = scaler.scale();
+      j["skipped_steps"] = scaler.skipped();
+    }
+    return j;
+  };
   bool stopped = t.max_steps > 0 && step >= t.max_steps;  // resumed at or past the limit: nothing to do
   for (int64_t epoch = start.epoch; epoch < t.epochs && !stopped; ++epoch) {
     const size_t first_batch = epoch == start.epoch ? static_cast<size_t>(start.batch_in_epoch) : 0;
@@ -609,6 +631,15 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
                      t.clip_grad_norm > 0 ? fmt::format(" grad_norm {:.4g}", grad_norm) : "",
                      scaler.enabled() ? fmt::format(" loss_scale {:g} skipped {}", scaler.scale(), scaler.skipped()) : "",
                      task->unit(), rate, mfu(rate));
+        nlohmann::json j = record("progress", epoch);
+        j["batch"] = next_batch;
+        j["batches"] = spe;
+        j["loss"] = loss_so_far() / static_cast<double>(seen);
+        j["lr"] = lr;
+        if (t.clip_grad_norm > 0) j["grad_norm"] = grad_norm;
+        j[rate_key] = rate;
+        if (const double pct = mfu_pct(rate); pct > 0) j["mfu_pct"] = pct;
+        metrics->write(j);
       }
       if (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0 && !epoch_done)
         save(epoch, next_batch);
@@ -671,6 +702,18 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
         spdlog::info("fp16 loss scale {:g}; {} step(s) skipped so far for inf/NaN gradients", scaler.scale(),
                      scaler.skipped());
       if (stopped) spdlog::info("stopped at step {} (train.max_steps = {})", step, t.max_steps);
+      nlohmann::json j = record("epoch", epoch);
+      j["train_loss"] = es.train_loss;
+      j["test_loss"] = es.test_loss;
+      j["test_acc"] = es.test_acc;
+      j["lr"] = lr;
+      j[rate_key] = es.samples_per_s;
+      if (const double pct = mfu_pct(es.samples_per_s); pct > 0) j["mfu_pct"] = pct;
+      j["epoch_time_s"] = epoch_s;
+      j["compute_s"] = compute_s;
+      j["comm_s"] = comm_s;
+      j["data_wait_s"] = data_s;
+      metrics->write(j);
     }
     const bool last_epoch = epoch + 1 == t.epochs;
     const bool epoch_due = cfg.checkpoint.every_epochs > 0 && (epoch + 1) % cfg.checkpoint.every_epochs == 0;
