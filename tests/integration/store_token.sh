@@ -24,15 +24,23 @@ finish_job() {
 
 # Long enough for the visits to happen while it trains; finish_job stops it.
 RUN=(data.train_limit=20000 data.test_limit=500 train.epochs=1000 train.batch_size=32 train.progress_interval_s=1000)
-env -u DPT_STORE_TOKEN "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${RUN[@]}" \
-  checkpoint.dir="$WORK/ckpt" >"$WORK/job.log" 2>&1 &
-dprun_pid=$!
-for _ in $(seq 150); do
-  grep -q "model:" "$WORK/job.log" 2>/dev/null && break
-  kill -0 "$dprun_pid" 2>/dev/null || break
-  sleep 0.2
-done
-grep -q "model:" "$WORK/job.log" || { cat "$WORK/job.log"; fail "the job did not start training"; }
+# start_job NAME ENV...: a 2-rank dprun job in the background, with env's arguments (-u VAR, VAR=VALUE) applied,
+# output in $WORK/NAME.log and checkpoints in $WORK/NAME.ckpt; sets $dprun_pid and returns once rank 0 has its
+# model (fails if it does not within 30 s).
+start_job() {
+  local name=$1
+  shift
+  env "$@" "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${RUN[@]}" \
+    checkpoint.dir="$WORK/$name.ckpt" >"$WORK/$name.log" 2>&1 &
+  dprun_pid=$!
+  for _ in $(seq 150); do
+    grep -q "model:" "$WORK/$name.log" 2>/dev/null && break
+    kill -0 "$dprun_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  grep -q "model:" "$WORK/$name.log" || { cat "$WORK/$name.log"; fail "$name did not start training"; }
+}
+start_job job -u DPT_STORE_TOKEN
 port=$(grep -oP 'master 127\.0\.0\.1:\K[0-9]+' "$WORK/job.log" | head -1)
 [ -n "$port" ] || { cat "$WORK/job.log"; fail "dprun did not announce its master port"; }
 
@@ -93,14 +101,7 @@ echo "ok: the job kept training despite the strangers (stopped cleanly afterward
 
 # A rank started by hand with another token cannot join a job: it fails at once with the error naming
 # DPT_STORE_TOKEN, and the job's own ranks are unaffected (here: a job of 2 ranks sharing a fixed token).
-DPT_STORE_TOKEN=the-jobs-token "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${RUN[@]}" \
-  checkpoint.dir="$WORK/ckpt2" >"$WORK/job2.log" 2>&1 &
-dprun_pid=$!
-for _ in $(seq 150); do
-  grep -q "model:" "$WORK/job2.log" 2>/dev/null && break
-  kill -0 "$dprun_pid" 2>/dev/null || break
-  sleep 0.2
-done
+start_job job2 DPT_STORE_TOKEN=the-jobs-token
 port=$(grep -oP 'master 127\.0\.0\.1:\K[0-9]+' "$WORK/job2.log" | head -1)
 [ -n "$port" ] || { cat "$WORK/job2.log"; fail "job 2: no master port"; }
 expect_exit 1 "the TcpStore at 127.0.0.1:$port rejected this process: its rendezvous token (DPT_STORE_TOKEN) differs from the job's" \
