@@ -26,7 +26,9 @@ class TimeoutError : public CommError { using CommError::CommError; };
 class UnsupportedError : public Error { using Error::Error; };  // "backend X does not support Y"
 class CheckpointError : public IoError { using IoError::IoError; };
 class InternalError : public Error { using Error::Error; };     // a DPT_CHECK that should never fail did
-class DeviceError : public Error { using Error::Error; };       // CUDA / cuBLAS: the library's own message
+class DeviceError : public Error { using Error::Error; };
+// An allocation failed (GPU or host memory): the message names the device, the size and what was free.
+class OutOfMemoryError : public Error { using Error::Error; };       // CUDA / cuBLAS: the library's own message
 
 // The rank reported in error messages; set once by init_logging(), -1 before.
 int error_rank();

@@ -3,6 +3,7 @@
 #include "core/cuda.h"
 
 #include "core/check.h"
+#include "core/memory.h"
 
 #ifdef DPT_WITH_CUDA
 #include <cuda_runtime_api.h>
@@ -100,7 +101,17 @@ float Event::elapsed_ms_since(const Event& start) const {
 
 void* malloc_device(size_t bytes) {
   void* p = nullptr;
-  DPT_CUDA_CHECK(cudaMalloc(&p, bytes == 0 ? 256 : bytes));
+  const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // not sticky: the context stays usable, so the caller can report and unwind
+    int index = 0;
+    (void)cudaGetDevice(&index);
+    size_t free = 0, total = 0;
+    (void)cudaMemGetInfo(&free, &total);
+    DPT_THROW(OutOfMemoryError, "out of memory on cuda:{}: cannot allocate {} ({} free of {})", index,
+              format_bytes(bytes), format_bytes(free), format_bytes(total));
+  }
+  DPT_CUDA_CHECK(e);
   return p;
 }
 void free_device(void* p) noexcept {
@@ -113,6 +124,15 @@ void* malloc_pinned(size_t bytes) {
 }
 void free_pinned(void* p) noexcept {
   if (p) (void)cudaFreeHost(p);
+}
+
+MemInfo mem_info(int index) {
+  const int before = current_device();
+  if (before != index) set_device(index);
+  MemInfo m;
+  DPT_CUDA_CHECK(cudaMemGetInfo(&m.free, &m.total));
+  if (before != index) set_device(before);
+  return m;
 }
 
 void memcpy(void* dst, const void* src, size_t bytes, StreamHandle stream) {
@@ -172,6 +192,7 @@ void* malloc_pinned(size_t) { no_cuda("pinned memory"); }
 void free_pinned(void*) noexcept {}
 void memcpy(void*, const void*, size_t, StreamHandle) { no_cuda("a device copy"); }
 void memset_zero(void*, size_t, StreamHandle) { no_cuda("a device memset"); }
+MemInfo mem_info(int) { no_cuda("device memory information"); }
 
 #endif
 

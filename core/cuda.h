@@ -76,6 +76,8 @@ class Event {
   CUevent_st* event_ = nullptr;
 };
 
+// Throws OutOfMemoryError naming the device, `bytes` and what the device had free when cudaMalloc fails for
+// lack of memory (DeviceError for any other failure).
 void* malloc_device(size_t bytes);
 void free_device(void* p) noexcept;
 // Page-locked host memory: the source of truly asynchronous host-to-device copies.
@@ -85,6 +87,12 @@ void free_pinned(void* p) noexcept;
 // the copy is synchronous: the device is synchronised before and after.
 void memcpy(void* dst, const void* src, size_t bytes, StreamHandle stream);
 void memset_zero(void* dst, size_t bytes, StreamHandle stream);
+
+// Device `index`'s memory as the driver counts it (every process's and context's allocations included).
+struct MemInfo {
+  size_t free = 0, total = 0;
+};
+MemInfo mem_info(int index);
 
 }  // namespace cuda
 }  // namespace dpt

@@ -1,6 +1,8 @@
 // core/logging.cpp: spdlog set-up with the rank in every line.
 #include "core/logging.h"
 
+#include <spdlog/sinks/sink.h>
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -8,6 +10,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
+#include <mutex>
 #include <thread>
 
 #include "core/check.h"
@@ -23,8 +27,70 @@ spdlog::level::level_enum parse_log_level(const std::string& name) {
   return lvl;
 }
 
+namespace {
+
+// The default logger's sink wrapped: a log line first clears the live line if one is showing (the cursor is
+// at its start, so "\033[K" erases it); show() draws the live line, ended by '\r' so the next output
+// overwrites it.
+class LiveLineSink final : public spdlog::sinks::sink {
+ public:
+  explicit LiveLineSink(std::shared_ptr<spdlog::sinks::sink> inner) : inner_(std::move(inner)) {}
+  void log(const spdlog::details::log_msg& msg) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    clear();
+    inner_->log(msg);
+    inner_->flush();
+  }
+  void flush() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inner_->flush();
+  }
+  void set_pattern(const std::string& pattern) override { inner_->set_pattern(pattern); }
+  void set_formatter(std::unique_ptr<spdlog::formatter> f) override { inner_->set_formatter(std::move(f)); }
+  void show(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    inner_->flush();
+    const std::string line = text + "\033[K\r";
+    std::fwrite(line.data(), 1, line.size(), stdout);
+    std::fflush(stdout);
+    showing_ = true;
+  }
+
+ private:
+  void clear() {
+    if (!showing_) return;
+    std::fputs("\033[K", stdout);
+    std::fflush(stdout);
+    showing_ = false;
+  }
+  std::shared_ptr<spdlog::sinks::sink> inner_;
+  std::mutex mutex_;
+  bool showing_ = false;
+};
+
+std::shared_ptr<LiveLineSink>& live_sink() {
+  static std::shared_ptr<LiveLineSink> s;
+  return s;
+}
+
+}  // namespace
+
+bool live_line_enabled() { return live_sink() != nullptr; }
+
+void show_live_line(const std::string& text) {
+  if (auto& s = live_sink()) s->show(text);
+}
+
 void init_logging(int rank, int world_size, const std::string& level) {
   set_error_rank(rank);
+  const char* live = std::getenv("DPT_LIVE_LINE");
+  if (rank == 0 && !live_sink() && (live ? std::string(live) == "1" : ::isatty(STDOUT_FILENO) == 1)) {
+    auto logger = spdlog::default_logger();
+    if (logger->sinks().size() == 1) {
+      live_sink() = std::make_shared<LiveLineSink>(logger->sinks().front());
+      logger->sinks().front() = live_sink();
+    }
+  }
   std::string lvl = level;
   if (lvl.empty()) {
     const char* env = std::getenv("DPT_LOG_LEVEL");

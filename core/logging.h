@@ -15,6 +15,13 @@ namespace dpt {
 // records the rank for error messages.
 void init_logging(int rank, int world_size, const std::string& level = "");
 
+// Rank 0's live progress line. With a terminal on rank 0's stdout, or DPT_LIVE_LINE=1 (dprun sets it when its own
+// stdout is a terminal: it relays a line ended by '\r' in place), init_logging makes progress one line redrawn
+// in place instead of a line per interval: show_live_line() replaces it, and any log line written meanwhile
+// first clears it (the next show_live_line() draws it again below). Off everywhere else (files, pipes, Slurm).
+bool live_line_enabled();
+void show_live_line(const std::string& text);
+
 // Parses a level name; throws ConfigError listing the valid names when unknown.
 spdlog::level::level_enum parse_log_level(const std::string& name);
 

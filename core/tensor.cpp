@@ -1,6 +1,8 @@
 // core/tensor.cpp: DType helpers, Storage allocation, Tensor views.
 #include "core/tensor.h"
 
+#include "core/memory.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -34,6 +36,19 @@ const char* dtype_name(DType t) {
 std::string Device::str() const { return is_cpu() ? "cpu" : fmt::format("cuda:{}", index); }
 
 Storage::Storage(size_t bytes, Device device, bool pinned) : bytes_(bytes), device_(device), pinned_(pinned) {
+  note_allocation(device, bytes);  // counted first: the fault injection's limit throws before anything is held
+  try {
+    allocate();
+  } catch (...) {
+    note_release(device, bytes);
+    throw;
+  }
+}
+
+void Storage::allocate() {
+  const size_t bytes = bytes_;
+  const bool pinned = pinned_;
+  const Device device = device_;
   if (device.is_cuda()) {
     DPT_CHECK(!pinned, "pinned applies to host memory, not {}", device.str());
     if (!cuda::built()) DPT_THROW(UnsupportedError, "device {} is not supported by this build (no CUDA)", device.str());
@@ -48,10 +63,15 @@ Storage::Storage(size_t bytes, Device device, bool pinned) : bytes_(bytes), devi
   constexpr size_t kAlign = 64;
   size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
   data_ = std::aligned_alloc(kAlign, rounded == 0 ? kAlign : rounded);
-  if (!data_) throw std::bad_alloc();
+  if (!data_) {
+    const HostMemory host = host_memory();
+    DPT_THROW(OutOfMemoryError, "out of host memory: cannot allocate {} (resident {}, {} held by tensors)",
+              format_bytes(bytes), format_bytes(host.rss), format_bytes(tensor_memory(Device::cpu()).current));
+  }
 }
 
 Storage::~Storage() {
+  note_release(device_, bytes_);
   if (device_.is_cuda())
     cuda::free_device(data_);
   else if (pinned_)

@@ -60,6 +60,7 @@ class Storage {
   bool pinned() const { return pinned_; }
 
  private:
+  void allocate();
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;

@@ -103,6 +103,9 @@ Environment rank_environment(const Options& opts, int local_rank, const Environm
   // With prefixes, the trainer leaves the rank out of its own log lines; with log files it must keep it.
   if (opts.log_dir.empty()) {
     env["DPT_RANK_PREFIXED"] = "1"s;
+    // dprun's stdout is a terminal: rank 0 may keep its progress on one live line ('\r'), which dprun relays in
+    // place (launcher/output.h). A value the user set is theirs (DPT_LIVE_LINE=0 turns it off).
+    if (::isatty(STDOUT_FILENO) == 1) env.try_emplace("DPT_LIVE_LINE", "1"s);
   } else {
     env.erase("DPT_RANK_PREFIXED");
   }

@@ -33,6 +33,8 @@ constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   DPT_RESTART_COUNT        0; k in the k-th restart (--max-restarts)
   OMP_NUM_THREADS          1, unless it is set already (dprun says so on stderr when it sets it)
   DPT_RANK_PREFIXED        1 when dprun prefixes the output (no --log-dir)
+  DPT_LIVE_LINE            1 when dprun prefixes the output and its stdout is a terminal: rank 0
+                           shows its progress as one line redrawn in place (unless already set)
   DPT_STORE_TOKEN          the job's rendezvous token: dprun's own DPT_STORE_TOKEN, else (one node
                            only) 128 random bits in hex, made once per job and kept across restarts
   DPT_REASON_FILE          a file in dprun's private temporary directory: the first rank to fail

@@ -28,6 +28,17 @@ void LinePrefixer::emit(std::string_view line, std::string& out) const {
 void LinePrefixer::feed(std::string_view data, std::string& out) {
   while (!data.empty()) {
     std::size_t nl = data.find('\n');
+    // A '\r' before the next '\n' and not part of "\r\n": a live line, relayed now, ended by '\r'.
+    if (const std::size_t cr = data.substr(0, nl).find('\r');
+        cr != std::string_view::npos && cr + 1 != nl && cr < max_line_bytes_ - pending_.size()) {
+      out.append(prefix_);
+      out.append(pending_);
+      out.append(data.substr(0, cr));
+      out.push_back('\r');
+      pending_.clear();
+      data.remove_prefix(cr + 1);
+      continue;
+    }
     std::size_t line_len = nl == std::string_view::npos ? data.size() : nl;
     std::size_t room = max_line_bytes_ - pending_.size();
     if (line_len <= room && nl != std::string_view::npos) {  // a whole line, within the cap
@@ -72,7 +83,9 @@ int write_fully(int fd, std::string_view bytes) {
 
 void OutputSink::write(std::string_view bytes) {
   if (broken_ || bytes.empty()) return;
-  int err = write_fully(fd_, bytes);
+  int err = live_ ? write_fully(fd_, "\033[K") : 0;
+  if (err == 0) err = write_fully(fd_, bytes);
+  live_ = bytes.back() == '\r';
   if (err == 0) return;
   broken_ = true;
   if (fd_ != STDERR_FILENO) {

@@ -13,7 +13,9 @@ namespace dpt::launcher {
 inline constexpr std::size_t kMaxLineBytes = 1 << 20;
 
 // Splits a byte stream into lines and prefixes each; holds back an unfinished last line until more bytes
-// complete it or flush() is called.
+// complete it or flush() is called. A line ended by '\r' alone (a progress line redrawn in place, as dptrain's
+// live line or a tqdm bar) is relayed at once as prefix + text + '\r', so it is redrawn in place on dprun's
+// terminal too; "\r\n" ends an ordinary line.
 class LinePrefixer {
  public:
   explicit LinePrefixer(std::string prefix, std::size_t max_line_bytes = kMaxLineBytes);
@@ -34,6 +36,8 @@ class LinePrefixer {
 
 // One of dprun's own output streams (stdout or stderr). A write error (EPIPE when the reader went away)
 // does not stop the job: the stream is marked broken, a note goes to stderr once, and later output is dropped.
+// When the last bytes written ended with '\r' (a live line is showing, the cursor at its start), the next
+// write first clears that line ("\033[K"), so a shorter line does not leave the live line's tail behind.
 class OutputSink {
  public:
   OutputSink(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
@@ -43,6 +47,7 @@ class OutputSink {
   int fd_;
   std::string name_;
   bool broken_ = false;
+  bool live_ = false;
 };
 
 // The most one read() of a rank's pipe takes in.

@@ -12,7 +12,8 @@
 #                                  GPU unit tests, the other unit tests, short trainings (1 rank NCCL, 1 rank
 #                                  CPU, compared; 2 ranks over gloo sharing the GPU, fp32 and bf16 all-reduce;
 #                                  configs/fmnist_resnet.toml for 1 epoch in fp32, bf16, fp16; configs/gpt_tiny.toml
-#                                  for 50 steps on the GPU and on the CPU, compared) and the benchmarks (the GPT-2
+#                                  for 50 steps on the GPU and on the CPU, compared; the memory report and an
+#                                  out-of-memory message on the GPU) and the benchmarks (the GPT-2
 #                                  124M one of scripts/bench/gpt_bench.sh --gpu, the MLP one, then the ResNet rows
 #                                  of scripts/bench/resnet_bench.sh --gpu, each with what is left of the budget),
 #                                  then print a PASS/FAIL table. Exit status
@@ -494,6 +495,43 @@ step_train_gloo2() {
     "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/gloo2_$#" --resume never "$@"
 }
 
+# The memory report on a GPU (issue 11): one rank over NCCL with log.memory = true. The report gives the MLP's
+# 669706 parameters as 2.55 MiB three times (parameters, gradients, momentum), every epoch line the device's
+# used memory, and the metrics file's memory record the driver's figures.
+step_memory_gpu() {
+  local logfile=$1 rc=0 dir=$WORK/memory
+  run_timed "$logfile" 120 "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" \
+    train.device=cuda dist.backend=nccl "data.dir=$BUNDLE/data" train.epochs=1 log.memory=true \
+    train.progress_interval_s=0.5 "checkpoint.dir=$dir/checkpoints" --resume never || rc=$?
+  if ((rc != 0)); then
+    NOTE="exit $rc$(first_error "$logfile")"
+    return 1
+  fi
+  local report epoch_mem
+  report=$(grep -m1 -oE 'memory per rank: parameters 2.55 MiB, gradients 2.55 MiB, optimizer state 2.55 MiB, activations [0-9.]+ [KMG]iB' "$logfile" || true)
+  epoch_mem=$(grep -m1 -oE 'epoch 1/1 memory: .*device [0-9.]+ [KMG]iB of [0-9.]+ [KMG]iB used' "$logfile" || true)
+  if [ -z "$report" ] || [ -z "$epoch_mem" ] || ! grep -q '"kind":"memory".*"device_used_bytes"' "$dir/metrics.jsonl"; then
+    NOTE="memory report missing or wrong: '${report:-none}' / '${epoch_mem:-none}'"
+    return 1
+  fi
+  NOTE="${report#memory per rank: }; ${epoch_mem#epoch 1/1 memory: }"
+}
+
+# An out-of-memory on the GPU: an MLP of 68.9G parameters (275 GB of them alone) cannot be allocated; dptrain must
+# exit 1 with the message naming the device, the size and the phase.
+step_oom_gpu() {
+  local logfile=$1 rc=0 line
+  run_timed "$logfile" 60 "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" \
+    train.device=cuda dist.backend=nccl "data.dir=$BUNDLE/data" train.epochs=1 'model.hidden=[262144,262144]' \
+    "checkpoint.dir=$WORK/oom/checkpoints" --resume never || rc=$?
+  line=$(grep -m1 -oE 'out of memory on cuda:0: cannot allocate [^)]*\) while [a-z ]+' "$logfile" || true)
+  if ((rc != 1)) || [ -z "$line" ]; then
+    NOTE="expected exit 1 and 'out of memory on cuda:0 ... while ...'; got exit $rc$(first_error "$logfile")"
+    return 1
+  fi
+  NOTE=$line
+}
+
 # The small ResNet of configs/fmnist_resnet.toml on the GPU (cuDNN convolutions, BatchNorm, pooling kernels),
 # one epoch on one rank over NCCL, in a given train.precision (bf16/fp16: the tensor-core path).
 step_train_resnet() {
@@ -742,6 +780,8 @@ run_all() {
   run_step compare_gpu_cpu step_compare
   run_step train_cuda_gloo_2rank step_train_gloo2
   run_step train_cuda_gloo_2rank_grad_bf16 step_train_gloo2 dist.grad_dtype=bf16
+  run_step memory_cuda step_memory_gpu
+  run_step oom_cuda step_oom_gpu
   for p in fp32 bf16 fp16; do run_step "train_cuda_resnet_$p" step_train_resnet "$p"; done
   run_step train_cuda_gpt step_train_gpt_gpu
   run_step train_cpu_gpt step_train_gpt_cpu

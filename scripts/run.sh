@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds, and trains the default MLP on Fashion-MNIST with 2 ranks
 # through dprun, printing per-epoch loss, test accuracy and samples/s, leaving checkpoints in
-# runs/fmnist_mlp/checkpoints. Idempotent: each run trains afresh (--resume never replaces the last run's
-# checkpoints). Extra arguments go to dptrain, e.g. scripts/run.sh train.epochs=3.
+# runs/fmnist_mlp/checkpoints and, beside them, metrics.jsonl and curves.png (log.curves = true: rank 0 redraws the
+# curves after every epoch, as `dptrain plot runs/fmnist_mlp` would). Idempotent: each run trains afresh
+# (--resume never replaces the last run's checkpoints, and the metrics file starts empty). Extra arguments go to
+# dptrain, e.g. scripts/run.sh train.epochs=3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -10,4 +12,4 @@ bash scripts/build.sh
 BUILD_DIR=${DPT_BUILD_DIR:-build}
 NPROC=${NPROC:-2}
 exec "$BUILD_DIR/launcher/dprun" --nproc-per-node "$NPROC" -- \
-  "$BUILD_DIR/trainer/dptrain" --config configs/fmnist_mlp.toml --resume never "$@"
+  "$BUILD_DIR/trainer/dptrain" --config configs/fmnist_mlp.toml --resume never log.curves=true "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages dptrain needs to build, test and run, when any is missing. Idempotent:
-# when everything is present it only checks and returns.
+# Installs the Debian packages dptrain needs to build, test and run, when any is missing, and (tests only) PyPI's
+# tensorboard in the venv /opt/dptrain/test-venv. Idempotent: when everything is present it only checks and returns.
 #   --bench  accepted for compatibility: Debian's PyTorch (python3-torch, python3-torchvision), the
 #            benchmarks' reference, is now always installed because the ResNet parity tests need it.
 set -euo pipefail
@@ -38,6 +38,10 @@ PKGS=(
   clang libclang-rt-14-dev           # tests only: libFuzzer + ASan/UBSan (scripts/fuzz.sh); clang 14 on Debian 12, whose libFuzzer runtime is in libclang-rt-14-dev (only recommended, so named)
   slurmd slurmctld slurm-client munge  # tests only: integration.slurm starts a real one-node Slurm cluster on localhost
   iproute2  # tests only: integration.two_hosts joins two network namespaces with a veth pair
+  libprotobuf-dev protobuf-compiler  # TensorBoard event files: Event/Summary protobufs from trainer/tensorboard.proto
+  libboost-dev                       # Boost.CRC: the masked CRC32C of TFRecord framing (header-only)
+  gnuplot-nox                        # dptrain plot: the loss curves PNG (pngcairo terminal)
+  python3-venv                       # tests only: the venv that holds PyPI tensorboard (below)
 )
 # Tests only, as the reference: ResNet parity with torchvision (logits, gradients, weights both ways). The
 # benchmarks use them too. About 250 MB installed with libtorch.
@@ -57,4 +61,18 @@ if ((${#missing[@]})); then
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 else
   echo "setup: all packages present"
+fi
+
+# Tests only: TensorBoard's own event-file reader, which integration.tensorboard reads dptrain's event files back
+# with. From PyPI (Debian has no tensorboard), in a venv of its own so that pip never touches Debian's Python; the
+# venv sees Debian's numpy through --system-site-packages. Installed only when the venv cannot import it.
+TEST_VENV=/opt/dptrain/test-venv  # tests/integration/tensorboard.sh names the same path
+if "$TEST_VENV/bin/python" -c "import tensorboard" 2>/dev/null; then
+  echo "setup: $TEST_VENV has tensorboard"
+else
+  echo "setup: installing PyPI tensorboard into $TEST_VENV (tests only)"
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO /usr/bin/python3 -m venv --system-site-packages "$TEST_VENV"
+  $SUDO "$TEST_VENV/bin/pip" install --quiet --disable-pip-version-check "tensorboard==2.21.0"
 fi

@@ -239,6 +239,9 @@ const std::vector<Field>& schema() {
       field("checkpoint.every_steps", &C::checkpoint, &CheckpointConfig::every_steps, "also write one every N optimizer steps (0: off)", at_least<int64_t>(0)),
       field("log.level", &C::log, &LogConfig::level, "trace | debug | info | warn | error", one_of({"trace", "debug", "info", "warn", "error"})),
       field("log.dir", &C::log, &LogConfig::dir, "where rank 0 appends metrics.jsonl, one JSON object per progress line and per epoch (README: Metrics file); empty (the default): the folder that holds checkpoint.dir"),
+      field("log.tensorboard", &C::log, &LogConfig::tensorboard, "rank 0 also writes the metrics.jsonl records as TensorBoard event files (events.out.tfevents.*) in the same folder, one scalar \"<kind>/<key>\" per number (README: TensorBoard); `tensorboard --logdir` that folder"),
+      field("log.memory", &C::log, &LogConfig::memory, "every progress line (and progress record) also shows memory: dptrain's tensors on the training device now and at peak, host RSS, and a GPU's used memory; without it they come once per epoch"),
+      field("log.curves", &C::log, &LogConfig::curves, "rank 0 redraws curves.png beside metrics.jsonl after every epoch and when the run stops early, as `dptrain plot` does (needs gnuplot; a failure to draw is a warning, not an error)"),
   };
   return fields;
 }

@@ -4,7 +4,7 @@
 // Subcommands that train nothing: `dptrain export-images` writes Fashion-MNIST out as an image folder,
 // `dptrain tokenize` writes text as token shards (train / val; byte-level, or GPT-2 BPE from a vocab.json and
 // merges.txt), `dptrain generate` samples text from a GPT checkpoint, and `dptrain eval` evaluates a
-// checkpoint on every rank of a job.
+// checkpoint on every rank of a job; `dptrain plot` draws a run's curves from its metrics file.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -33,6 +33,7 @@
 #include "trainer/config.h"
 #include "trainer/config_check.h"
 #include "trainer/generate.h"
+#include "trainer/plot.h"
 #include "trainer/preemption.h"
 #include "trainer/trainer.h"
 
@@ -160,6 +161,31 @@ int export_weights(const ExportWeightsArgs& a) {
   init_logging(0, 1);
   try {
     spdlog::info("export-weights: wrote {}", trainer::export_gpt_weights(a.checkpoint, trainer::parse_gpt_layout(a.layout), a.out));
+  } catch (const ConfigError& e) {
+    die(kExitUsage, e.what());
+  } catch (const std::exception& e) {
+    die(kExitError, e.what());
+  }
+  return 0;
+}
+
+struct PlotArgs {
+  std::string run, out, size = "1200x900", script;
+};
+
+// dptrain plot: a run's curves from RUN/metrics.jsonl, as one PNG drawn by gnuplot.
+int plot(const PlotArgs& a) {
+  using namespace dpt;
+  init_logging(0, 1);
+  try {
+    const trainer::PlotSize size = trainer::parse_plot_size(a.size);
+    const trainer::PlotReport r = trainer::plot_run({.run = a.run, .out = a.out, .size = size, .script = a.script});
+    if (r.malformed > 0)
+      spdlog::warn("plot: skipped {} malformed line(s) of {} (the first: line {})", r.malformed, r.metrics,
+                   r.first_malformed);
+    if (!r.gnuplot_output.empty()) spdlog::warn("plot: gnuplot said: {}", r.gnuplot_output);
+    spdlog::info("plot: {} record{} of {} \u2192 {} ({}x{})", r.records, r.records == 1 ? "" : "s", r.metrics, r.out,
+                 size.width, size.height);
   } catch (const ConfigError& e) {
     die(kExitUsage, e.what());
   } catch (const std::exception& e) {
@@ -357,6 +383,27 @@ int main(int argc, char** argv) {
       ->required();
   eval_cmd->add_option("overrides", eval_args.overrides,
                        "overrides of the checkpoint's config, key=value (e.g. data.dir=... train.eval_batch_size=64)");
+  PlotArgs plot_args;
+  CLI::App* plot_cmd = app.add_subcommand(
+      "plot", "draw a run's curves from RUN/metrics.jsonl into one PNG with gnuplot, then exit; trains nothing. "
+              "Four panels against the optimizer step: loss (train: the progress lines' running mean of the epoch "
+              "and each epoch's mean; test), test accuracy (a GPT: test perplexity), learning rate, throughput "
+              "(samples/s or tokens/s of all ranks; MFU on a right axis when recorded)");
+  plot_cmd->footer(
+      "Works during a run too: it draws what the file holds so far. Needs gnuplot with its pngcairo terminal\n"
+      "(Debian: gnuplot-nox, installed by scripts/setup.sh); GNUPLOT=PATH chooses another.\n"
+      "Exit codes: 0 drawn, 1 gnuplot missing or failed (its output in the message), 2 no metrics file, an empty\n"
+      "one or one without progress or epoch records, or a bad option.\n"
+      "Example: dptrain plot runs/fmnist_mlp          (writes runs/fmnist_mlp/curves.png)\n"
+      "         dptrain plot runs/gpt_tiny/metrics.jsonl --out /tmp/gpt.png --size 900x600");
+  plot_cmd->add_option("run", plot_args.run,
+                       "a run folder (the one holding metrics.jsonl: log.dir, by default the folder of "
+                       "checkpoint.dir) or the path of a metrics file")
+      ->required();
+  plot_cmd->add_option("--out", plot_args.out,
+                       "the PNG (written whole: OUT.tmp, then renamed); default: curves.png beside the metrics file");
+  plot_cmd->add_option("--size", plot_args.size, "WIDTHxHEIGHT in pixels, each 200 to 10000")->capture_default_str();
+  plot_cmd->add_option("--script", plot_args.script, "also write the gnuplot script (data inline) to this file");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -367,6 +414,7 @@ int main(int argc, char** argv) {
   if (*tokenize_cmd) return tokenize(tok_args);
   if (*generate_cmd) return generate(gen_args);
   if (*export_weights_cmd) return export_weights(ew_args);
+  if (*plot_cmd) return plot(plot_args);
 
   comm::DistEnv env;
   try {

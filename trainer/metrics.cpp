@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/check.h"
 
@@ -11,16 +12,53 @@ namespace dpt::trainer {
 
 std::string metrics_dir(const Config& cfg) {
   if (!cfg.log.dir.empty()) return cfg.log.dir;
-  const std::filesystem::path parent = std::filesystem::path(cfg.checkpoint.dir).lexically_normal().parent_path();
+  std::filesystem::path dir = std::filesystem::path(cfg.checkpoint.dir).lexically_normal();
+  if (!dir.has_filename()) dir = dir.parent_path();  // "runs/x/checkpoints/": the folder is still "checkpoints"
+  const std::filesystem::path parent = dir.parent_path();
   return parent.empty() ? "." : parent.string();
 }
 
-MetricsLog::MetricsLog(const std::string& dir) : path_((std::filesystem::path(dir) / "metrics.jsonl").string()) {
+namespace {
+
+// Keeps the lines of `path` whose record's step is at most `last_step` (lines that do not parse are kept: they
+// are not ours to judge). Rewritten through PATH.tmp and a rename, so a crash leaves the old file or the new one.
+void drop_records_after(const std::string& path, int64_t last_step) {
+  std::ifstream in(path);
+  if (!in) return;  // no file yet
+  std::string kept, line;
+  bool dropped = false;
+  while (std::getline(in, line)) {
+    const auto r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (r.is_object() && r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() > last_step) {
+      dropped = true;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  if (!dropped) return;
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    out.flush();
+    if (!out) DPT_THROW(IoError, "cannot write {}: {}", tmp, std::strerror(errno));
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) DPT_THROW(IoError, "cannot replace the metrics file {}: {}", path, ec.message());
+}
+
+}  // namespace
+
+MetricsLog::MetricsLog(const std::string& dir, int64_t start_step, bool tensorboard)
+    : path_((std::filesystem::path(dir) / "metrics.jsonl").string()) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) DPT_THROW(IoError, "cannot create log.dir {} for the metrics file: {}", dir, ec.message());
+  drop_records_after(path_, start_step);
   file_ = std::fopen(path_.c_str(), "a");
   if (!file_) DPT_THROW(IoError, "cannot open the metrics file {}: {}", path_, std::strerror(errno));
+  if (tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(dir, start_step);
 }
 
 MetricsLog::~MetricsLog() {
@@ -31,6 +69,7 @@ void MetricsLog::write(const nlohmann::json& record) {
   const std::string line = record.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
     DPT_THROW(IoError, "cannot write the metrics file {}: {}", path_, std::strerror(errno));
+  if (tensorboard_) tensorboard_->write_record(record);
 }
 
 }  // namespace dpt::trainer

@@ -1,15 +1,21 @@
 // trainer/metrics.h: RUN/metrics.jsonl, rank 0's record of a run: one JSON object per line, one per progress
 // interval ("kind": "progress") and one per epoch ("kind": "epoch"), appended and flushed as written so that
 // `tail -f` and pandas.read_json(lines=True) both work while the run goes on. A resumed run appends to the same
-// file; its step numbers continue. Every key is listed in README.md ("Metrics file").
+// file; its step numbers continue. Records of steps after the one a run starts from (those a crashed or preempted
+// run wrote after its last checkpoint, and every record when a run starts afresh) are dropped when the file is
+// opened, so each step appears once, as the curves will show it. Every key is listed in README.md ("Metrics file").
+// With log.tensorboard the same records also go to TensorBoard event files in the same folder (trainer/tensorboard.h).
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "trainer/config.h"
+#include "trainer/tensorboard.h"
 
 namespace dpt::trainer {
 
@@ -18,19 +24,24 @@ std::string metrics_dir(const Config& cfg);
 
 class MetricsLog {
  public:
-  // Opens DIR/metrics.jsonl for appending (creating DIR); IoError naming the path when it cannot.
-  explicit MetricsLog(const std::string& dir);
+  // Opens DIR/metrics.jsonl for appending (creating DIR), first keeping only the records of steps up to
+  // `start_step` (the checkpoint's step; 0 for a fresh run); IoError naming the path when it cannot. With
+  // `tensorboard`, also starts a TensorBoard event file in DIR (TensorBoardWriter, which hides from TensorBoard the
+  // points after start_step that earlier files hold).
+  MetricsLog(const std::string& dir, int64_t start_step, bool tensorboard);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
-  // Appends `record` as one line and flushes it; IoError when the write fails (a full disk).
+  // Appends `record` as one line and flushes it, and writes it to the event file when there is one; IoError when a
+  // write fails (a full disk).
   void write(const nlohmann::json& record);
   const std::string& path() const { return path_; }
 
  private:
   std::string path_;
   std::FILE* file_ = nullptr;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;  // null without log.tensorboard
 };
 
 }  // namespace dpt::trainer

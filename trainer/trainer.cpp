@@ -13,8 +13,11 @@
 #include <cstdlib>
 #include <random>
 #include <sstream>
+#include <thread>
 
 #include "core/cuda.h"
+#include "core/logging.h"
+#include "core/memory.h"
 #include "data/augmented.h"
 #include "data/idx.h"
 #include "data/image_folder.h"
@@ -33,8 +36,10 @@
 #include "trainer/feeder.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
+#include "trainer/plot.h"
 #include "trainer/preemption.h"
 #include "trainer/reducer.h"
+#include "trainer/run_report.h"
 #include "trainer/schedule.h"
 
 namespace dpt::trainer {
@@ -49,14 +54,19 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 // check has something to find; DPT_DEBUG_PERTURB_BUFFERS_RANK=R makes rank R scale its buffers before the
 // initial broadcast, which must undo it; DPT_DEBUG_INF_AT_STEP=N makes rank 0 put an inf into the loss
 // gradient of optimizer step N (1-based), an overflow that fp16 loss scaling must skip (tests only).
+// DPT_DEBUG_SLOW_RANK=R with DPT_DEBUG_SLOW_MS=M makes rank R sleep M ms in each step's compute (a straggler).
 struct FailureInjection {
   int64_t step = -1;
   int rank = 0;
   int diverge_rank = -1;
   int perturb_buffers_rank = -1;
   int64_t inf_step = -1;
+  int slow_rank = -1;
+  int slow_ms = 0;
   static FailureInjection from_env() {
     FailureInjection f;
+    if (const char* s = std::getenv("DPT_DEBUG_SLOW_RANK")) f.slow_rank = std::atoi(s);
+    if (const char* s = std::getenv("DPT_DEBUG_SLOW_MS")) f.slow_ms = std::atoi(s);
     if (const char* s = std::getenv("DPT_DEBUG_INF_AT_STEP")) f.inf_step = std::atoll(s);
     if (const char* b = std::getenv("DPT_DEBUG_PERTURB_BUFFERS_RANK")) f.perturb_buffers_rank = std::atoi(b);
     if (const char* s = std::getenv("DPT_DEBUG_FAIL_AT_STEP")) f.step = std::atoll(s);
@@ -338,7 +348,32 @@ Device choose_device(const std::string& requested, int local_rank, int device_co
   return Device::cpu();
 }
 
+namespace {
+
+// Where a run is and what it holds, for the out-of-memory message (out_of_memory_advice).
+struct RunContext {
+  std::string phase = "loading the data";
+  MemoryFigures memory;
+};
+
+RunResult train_run(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg, RunContext& ctx);
+
+}  // namespace
+
 RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg) {
+  RunContext ctx;
+  try {
+    return train_run(cfg, opts, pg, ctx);
+  } catch (const OutOfMemoryError& e) {
+    const TrainConfig& t = cfg.train;
+    DPT_THROW(OutOfMemoryError, "{} {}", e.what(),
+              out_of_memory_advice(ctx.phase, ctx.memory, t.batch_size, t.eval_batch_size, t.accum_steps, t.precision));
+  }
+}
+
+namespace {
+
+RunResult train_run(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg, RunContext& ctx) {
   const int rank = pg.rank(), world = pg.size();
   const bool lead = rank == 0;
   const TrainConfig& t = cfg.train;
@@ -352,6 +387,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   std::mt19937_64 rng(static_cast<uint64_t>(t.seed));
   const Device device = opts.device;
   const std::vector<int64_t> sample_shape = ds.train->sample_shape();
+  ctx.phase = "building the model";
   auto model = build_model(cfg.model, sample_shape, ds.train->num_classes(), device);
   std::unique_ptr<Task> task = make_task(cfg.model.name, cfg.model.block_size, sample_shape, device);
   model->init(rng());
@@ -370,7 +406,13 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   const StreamHandle stream = model->kernels().stream();  // the compute stream (nullptr on the CPU)
   const bool decay_matrices_only =
       t.weight_decay_params == "matrices" || (t.weight_decay_params == "auto" && cfg.model.name == "gpt");
+  ctx.memory.params = static_cast<int64_t>(model->params().bytes());
+  ctx.memory.grads = static_cast<int64_t>(model->grads().bytes());
+  ctx.memory.buffers = static_cast<int64_t>(model->buffers().bytes());
+  ctx.phase = "allocating the optimizer state";
   Optimizer optimizer(t, *model, decay_matrices_only);
+  for (const auto& nt : optimizer.state()) ctx.memory.optimizer += static_cast<int64_t>(nt.tensor.bytes());
+  ctx.phase = "loading the checkpoint";
   if (lead) spdlog::info("model: {} on {}", model->summary(), model->device().str());
   // Model FLOPs utilisation per device, against its dense bf16 peak: shown for a GPU in the table only.
   const double row_flops = train_flops_per_row(*model);
@@ -490,6 +532,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   int64_t total_steps = steps_per_epoch * t.epochs;
   if (t.max_steps > 0) total_steps = std::min(total_steps, t.max_steps);
 
+  ctx.phase = "setting up training (gradient buckets, the data loader)";
   Reducer reducer(pg, *model, stream,
                   {.bucket_cap_bytes = static_cast<size_t>(cfg.dist.bucket_cap_mb * 1024 * 1024),
                    .first_bucket_cap_bytes = size_t{1} << 20,
@@ -530,7 +573,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   StopAgreement stop_agreement(pg, step);
   // Rank 0's metrics file (trainer/metrics.h): the progress and epoch lines as JSON, appended.
   std::optional<MetricsLog> metrics;
-  if (lead) metrics.emplace(metrics_dir(cfg));
+  if (lead) metrics.emplace(metrics_dir(cfg), start.step, cfg.log.tensorboard);
   const auto run_t0 = Clock::now();
   const std::string rate_key = std::string(task->unit()) + "_per_s";  // samples_per_s | tokens_per_s
   auto record = [&](const char* kind, int64_t epoch) {
@@ -547,6 +590,125 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     }
     return j;
   };
+  // This rank's memory now (the model's state is ctx.memory's already): the training device's tensors, the host
+  // process, and a GPU as its driver counts it.
+  auto memory_now = [&] {
+    MemoryFigures m = ctx.memory;
+    const TensorMemory tm = tensor_memory(device);
+    m.tensors = static_cast<int64_t>(tm.current);
+    m.tensors_peak = static_cast<int64_t>(tm.peak);
+    const HostMemory host = host_memory();
+    m.rss = static_cast<int64_t>(host.rss);
+    m.peak_rss = static_cast<int64_t>(host.peak_rss);
+    if (device.is_cuda()) {
+      const cuda::MemInfo info = cuda::mem_info(device.index);
+      m.device_used = static_cast<int64_t>(info.total - info.free);
+      m.device_total = static_cast<int64_t>(info.total);
+    }
+    return m;
+  };
+  auto add_memory = [&](nlohmann::json& j, const MemoryFigures& m) {
+    j["rss_bytes"] = m.rss;
+    j["peak_rss_bytes"] = m.peak_rss;
+    j["tensor_bytes"] = m.tensors;
+    j["tensor_peak_bytes"] = m.tensors_peak;
+    if (m.device_total > 0) {
+      j["device_used_bytes"] = m.device_used;
+      j["device_total_bytes"] = m.device_total;
+    }
+  };
+  auto memory_text = [](const MemoryFigures& m) {
+    auto b = [](int64_t v) { return format_bytes(static_cast<size_t>(std::max<int64_t>(v, 0))); };
+    std::string s = fmt::format("tensors {} (peak {}), host RSS {} (peak {})", b(m.tensors), b(m.tensors_peak),
+                                b(m.rss), b(m.peak_rss));
+    if (m.device_total > 0) s += fmt::format(", device {} of {} used", b(m.device_used), b(m.device_total));
+    return s;
+  };
+  // The first step of this invocation measures the activations: the peak of what the training thread allocated
+  // during it (the loader's threads, allocating batches meanwhile, do not count). Every rank then reports its figures to rank 0, which prints them (and the metrics file keeps them).
+  bool first_step = true;
+  auto report_memory = [&] {
+    MemoryFigures m = memory_now();
+    m.activations = thread_allocations().peak;
+    stop_thread_allocations();
+
+    ctx.memory.activations = m.activations;
+    const auto all = gather_per_rank({static_cast<double>(m.activations), static_cast<double>(m.tensors_peak),
+                                      static_cast<double>(m.rss)}, pg, "memory report");
+    if (!lead) return;
+    auto b = [](double v) { return format_bytes(static_cast<size_t>(std::max(v, 0.0))); };
+    spdlog::info("memory per rank: parameters {}, gradients {}, optimizer state {}{}, activations {} (what the first "
+                 "step allocated at most: activations, their gradients, workspace); {}",
+                 b(m.params), b(m.grads), b(m.optimizer), m.buffers ? ", buffers " + b(m.buffers) : "",
+                 b(m.activations), memory_text(m));
+    for (int r = 1; r < world; ++r)
+      if (std::abs(all[r][0] - all[0][0]) > 0.05 * all[0][0] || std::abs(all[r][1] - all[0][1]) > 0.05 * all[0][1])
+        spdlog::info("memory of rank {}: activations {}, tensors peak {}, host RSS {}", r, b(all[r][0]), b(all[r][1]),
+                     b(all[r][2]));
+    nlohmann::json j = record("memory", start.epoch);
+    j["param_bytes"] = m.params;
+    j["grad_bytes"] = m.grads;
+    j["optimizer_bytes"] = m.optimizer;
+    j["buffer_bytes"] = m.buffers;
+    j["activation_bytes"] = m.activations;
+    add_memory(j, m);
+    std::vector<int64_t> acts, peaks;
+    for (const auto& r : all) {
+      acts.push_back(static_cast<int64_t>(r[0]));
+      peaks.push_back(static_cast<int64_t>(r[1]));
+    }
+    j["rank_activation_bytes"] = acts;
+    j["rank_tensor_peak_bytes"] = peaks;
+    metrics->write(j);
+  };
+  // Each epoch: every rank's step time (rank 0 names a straggler) and memory, into the metrics file.
+  auto report_ranks = [&](const std::vector<std::vector<double>>& all, int64_t epoch) {
+    std::vector<RankTiming> timings;
+    nlohmann::json j = record("ranks", epoch);
+    std::vector<double> step_time, compute, data_wait, comm;
+    std::vector<int64_t> rss, peak;
+    for (const auto& r : all) {
+      timings.push_back({.compute_s = r[0], .data_wait_s = r[1], .comm_s = r[2], .steps = static_cast<int64_t>(r[3])});
+      step_time.push_back(timings.back().step_time_s());
+      compute.push_back(r[0]);
+      data_wait.push_back(r[1]);
+      comm.push_back(r[2]);
+      rss.push_back(static_cast<int64_t>(r[4]));
+      peak.push_back(static_cast<int64_t>(r[5]));
+    }
+    j["rank_step_time_s"] = step_time;
+    j["rank_compute_s"] = compute;
+    j["rank_data_wait_s"] = data_wait;
+    j["rank_comm_s"] = comm;
+    j["rank_rss_bytes"] = rss;
+    j["rank_tensor_peak_bytes"] = peak;
+    if (const auto s = find_straggler(timings)) {
+      const RankTiming& slow = timings[static_cast<size_t>(s->rank)];
+      spdlog::warn("straggler: rank {} took {:.1f} ms per step (compute {:.1f} ms, data wait {:.1f} ms), {:.0f}% more "
+                   "than the other ranks' median {:.1f} ms; they waited {:.1f} s for it in the gradient all-reduce "
+                   "this epoch",
+                   s->rank, 1e3 * slow.step_time_s(), 1e3 * slow.compute_s / static_cast<double>(slow.steps),
+                   1e3 * slow.data_wait_s / static_cast<double>(slow.steps), 100 * s->lag, 1e3 * s->others_median_s,
+                   s->lost_s);
+      j["straggler"] = s->rank;
+      j["straggler_lag_pct"] = 100 * s->lag;
+    }
+    metrics->write(j);
+  };
+  // log.curves: rank 0 redraws RUN/curves.png from the metrics file (trainer/plot.h); drawing is a nicety, so a
+  // failure (no gnuplot) is a warning once, and the run goes on.
+  bool curves_failed = false;
+  auto draw_curves = [&] {
+    if (!lead || !cfg.log.curves || curves_failed) return;
+    try {
+      const PlotReport r = plot_run({.run = metrics_dir(cfg), .size = PlotSize{900, 600}});
+      spdlog::info("curves: {}", r.out);
+    } catch (const std::exception& e) {
+      curves_failed = true;
+      spdlog::warn("log.curves: cannot draw the curves ({}); training goes on without them", e.what());
+    }
+  };
+  double last_eval_s = 0;  // the last evaluation's time, for the run's ETA
   bool stopped = t.max_steps > 0 && step >= t.max_steps;  // resumed at or past the limit: nothing to do
   for (int64_t epoch = start.epoch; epoch < t.epochs && !stopped; ++epoch) {
     const size_t first_batch = epoch == start.epoch ? static_cast<size_t>(start.batch_in_epoch) : 0;
@@ -556,6 +718,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     Tensor stats = Tensor::zeros({2}, DType::F64, device);  // summed loss, correct: on the device, no sync per step
     auto loss_so_far = [&] { return stats.to(Device::cpu()).data<double>()[0]; };
     timer.reset();
+    const int64_t epoch_first_step = step;
     int64_t seen = 0;
     const auto epoch_t0 = Clock::now();
     auto progress_t = epoch_t0;
@@ -573,6 +736,10 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       const int64_t group_size = std::min(K, spe - group_first);
       const bool last_micro = b == group_first + group_size - 1;
       if (b == group_first) {
+        if (first_step) {
+          reset_thread_allocations(device);
+          ctx.phase = fmt::format("in the first training step (batch {} per rank)", t.batch_size);
+        }
         timer.mark(0);
         pg.set_step(step + 1);  // the step these collectives belong to (a hang report names it)
         // The schedule follows the position in this run's epochs, not the raw step count: after a resume at
@@ -601,6 +768,8 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       feeder.step_done();
       seen += task->rows();
       if (!last_micro) continue;
+      if (rank == inject.slow_rank && inject.slow_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(inject.slow_ms));
       timer.mark(1);
       reducer.finish();
       timer.mark(2);
@@ -622,23 +791,50 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       ++step;
       const int64_t next_batch = static_cast<int64_t>(batch.index) + 1;
       const bool epoch_done = next_batch == spe;
+      if (first_step) {
+        first_step = false;
+        report_memory();
+      }
+      ctx.phase = fmt::format("in training step {}", step + 1);
       if (lead && seconds_since(progress_t) >= t.progress_interval_s) {
         progress_t = Clock::now();
         if (grad_ss_fresh) grad_norm = std::sqrt(grad_ss.to(Device::cpu()).data<double>()[0]);
-        const double rate = static_cast<double>(seen) * world / seconds_since(epoch_t0);
-        spdlog::info("epoch {}/{} step {}/{} loss {:.4f} lr {:.4g}{}{} {}/s {:.0f}{}", epoch + 1, t.epochs,
-                     next_batch, spe, loss_so_far() / static_cast<double>(seen), lr,
-                     t.clip_grad_norm > 0 ? fmt::format(" grad_norm {:.4g}", grad_norm) : "",
-                     scaler.enabled() ? fmt::format(" loss_scale {:g} skipped {}", scaler.scale(), scaler.skipped()) : "",
-                     task->unit(), rate, mfu(rate));
+        const double elapsed = seconds_since(epoch_t0);
+        const double rate = static_cast<double>(seen) * world / elapsed;
+        // The run's batches left: this epoch's, then every later epoch's, capped by train.max_steps.
+        const int64_t epoch_left = spe - next_batch;
+        int64_t run_left = epoch_left + (t.epochs - epoch - 1) * spe;
+        if (t.max_steps > 0) run_left = std::min(run_left, (t.max_steps - step) * K);
+        const int64_t evals_left = t.max_steps > 0 && step + epoch_left / K >= t.max_steps ? 1 : t.epochs - epoch;
+        const Eta eta = estimate_eta(next_batch - static_cast<int64_t>(first_batch), elapsed, epoch_left, run_left,
+                                     evals_left, last_eval_s);
+        const double epoch_pct = 100.0 * static_cast<double>(next_batch) / static_cast<double>(spe);
+        const MemoryFigures mem = cfg.log.memory ? memory_now() : MemoryFigures{};
+        const std::string line = fmt::format(
+            "epoch {}/{} step {}/{} ({:.0f}%) loss {:.4f} lr {:.4g}{}{} {}/s {:.0f}{} eta {} (run {}){}", epoch + 1,
+            t.epochs, next_batch, spe, epoch_pct, loss_so_far() / static_cast<double>(seen), lr,
+            t.clip_grad_norm > 0 ? fmt::format(" grad_norm {:.4g}", grad_norm) : "",
+            scaler.enabled() ? fmt::format(" loss_scale {:g} skipped {}", scaler.scale(), scaler.skipped()) : "",
+            task->unit(), rate, mfu(rate), format_duration(eta.epoch_s), format_duration(eta.run_s),
+            cfg.log.memory ? "; " + memory_text(mem) : "");
+        if (live_line_enabled())
+          show_live_line(line);
+        else
+          spdlog::info("{}", line);
         nlohmann::json j = record("progress", epoch);
         j["batch"] = next_batch;
         j["batches"] = spe;
+        j["pct"] = epoch_pct;
         j["loss"] = loss_so_far() / static_cast<double>(seen);
         j["lr"] = lr;
         if (t.clip_grad_norm > 0) j["grad_norm"] = grad_norm;
         j[rate_key] = rate;
         if (const double pct = mfu_pct(rate); pct > 0) j["mfu_pct"] = pct;
+        if (eta.epoch_s >= 0) {
+          j["eta_epoch_s"] = eta.epoch_s;
+          j["eta_run_s"] = eta.run_s;
+        }
+        if (cfg.log.memory) add_memory(j, mem);
         metrics->write(j);
       }
       if (cfg.checkpoint.every_steps > 0 && step % cfg.checkpoint.every_steps == 0 && !epoch_done)
@@ -672,11 +868,22 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       }
     }
     feeder.release(loader);
-    if (result.stop_signal) break;
+    if (result.stop_signal) {
+      draw_curves();
+      break;
+    }
     const double loss_sum = loss_so_far();  // waits for the epoch's last step
     const double compute_s = timer.compute_s(), comm_s = timer.comm_s();
     const double epoch_s = seconds_since(epoch_t0);
     const double data_s = loader.wait_seconds();
+    ctx.phase = fmt::format("evaluating after epoch {} (train.eval_batch_size {})", epoch + 1, t.eval_batch_size);
+    // Every rank's own step time and memory, gathered on every rank (rank 0 reports them).
+    const int64_t epoch_steps = step - epoch_first_step;
+    const MemoryFigures mem = memory_now();
+    const auto per_rank = gather_per_rank({compute_s, data_s, comm_s, static_cast<double>(epoch_steps),
+                                           static_cast<double>(mem.rss), static_cast<double>(mem.tensors_peak)},
+                                          pg, "rank timings");
+    reset_peak_tensor_memory(device);  // the next epoch's peak starts from here
 
     // Training loss averaged over every rank's examples.
     Tensor tl = Tensor::empty({2}, DType::F64);
@@ -685,7 +892,9 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     pg.allreduce(tl, {.op = comm::ReduceOp::Sum, .what = "loss stats"})->wait();
     const double global_seen = tl.data<double>()[1];
     check_replicas(*model, pg, epoch + 1);
+    const auto eval_t0 = Clock::now();
     EvalResult ev = evaluate(*model, *task, *ds.test, t, static_cast<size_t>(cfg.data.workers), pg);
+    last_eval_s = seconds_since(eval_t0);
     EpochStats es{.epoch = epoch + 1, .train_loss = global_seen > 0 ? tl.data<double>()[0] / global_seen : 0.0,
                   .test_loss = ev.loss, .test_acc = ev.acc,
                   .samples_per_s = epoch_s > 0 ? global_seen / epoch_s : 0.0,
@@ -713,7 +922,11 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
       j["compute_s"] = compute_s;
       j["comm_s"] = comm_s;
       j["data_wait_s"] = data_s;
+      add_memory(j, mem);
       metrics->write(j);
+      spdlog::info("epoch {}/{} memory: {}", es.epoch, t.epochs, memory_text(mem));
+      report_ranks(per_rank, epoch);
+      draw_curves();
     }
     const bool last_epoch = epoch + 1 == t.epochs;
     const bool epoch_due = cfg.checkpoint.every_epochs > 0 && (epoch + 1) % cfg.checkpoint.every_epochs == 0;
@@ -737,6 +950,8 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   result.steps = step;
   return result;
 }
+
+}  // namespace
 
 // ---- dptrain eval ---------------------------------------------------------------------------------------------
 

@@ -32,6 +32,8 @@ assert types.get("step") == "integer" and types.get("loss") == "number", f"READM
 check = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
          "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
          "string": lambda v: isinstance(v, str)}
+for base in ("integer", "number"):
+    check[base + " array"] = lambda v, f=check[base]: isinstance(v, list) and len(v) == 2 and all(map(f, v))
 
 def records(path):
     out = []
@@ -50,13 +52,16 @@ assert b[: len(a)] == a, "the resumed run rewrote the first run's records instea
 new = b[len(a):]
 for rs, name in ((a, "first run"), (new, "resumed run")):
     kinds = [r["kind"] for r in rs]
-    assert "progress" in kinds and "epoch" in kinds, f"{name}: kinds {set(kinds)}"
+    assert set(kinds) == {"progress", "epoch", "ranks", "memory"}, f"{name}: kinds {set(kinds)}"
     steps = [r["step"] for r in rs]
     assert steps == sorted(steps), f"{name}: steps go backwards: {steps}"
     for r in rs:
-        need = {"progress": ["batch", "batches", "loss", "lr", "grad_norm", "samples_per_s"],
+        need = {"progress": ["batch", "batches", "pct", "loss", "lr", "grad_norm", "samples_per_s"],
                 "epoch": ["train_loss", "test_loss", "test_acc", "lr", "samples_per_s", "epoch_time_s",
-                          "compute_s", "comm_s", "data_wait_s"]}[r["kind"]]
+                          "compute_s", "comm_s", "data_wait_s", "rss_bytes", "tensor_peak_bytes"],
+                "ranks": ["rank_step_time_s", "rank_compute_s", "rank_data_wait_s", "rank_comm_s", "rank_rss_bytes"],
+                "memory": ["param_bytes", "grad_bytes", "optimizer_bytes", "activation_bytes",
+                           "rank_activation_bytes"]}[r["kind"]]
         missing = [k for k in need + ["step", "epoch", "epochs", "time_s", "unix_time"] if k not in r]
         assert not missing, f"{name}: a {r['kind']} record lacks {missing}"
 # 2000 examples / 2 ranks / batch 32 = 32 steps per epoch.

@@ -61,6 +61,37 @@ TEST_CASE("LinePrefixer cuts lines longer than the cap", "[launcher]") {
   REQUIRE_FALSE(p.has_pending());
 }
 
+TEST_CASE("LinePrefixer relays a line ended by a lone carriage return at once, for a live line", "[launcher]") {
+  LinePrefixer p("[rank 0] ");
+  std::string out;
+  p.feed("epoch 1 12%", out);
+  REQUIRE(out.empty());
+  p.feed(" eta 3m\r", out);  // completed by '\r': relayed now, still ended by '\r' (drawn in place)
+  REQUIRE(out == "[rank 0] epoch 1 12% eta 3m\r");
+  out.clear();
+  p.feed("epoch 1 50%\rdone\n", out);
+  REQUIRE(out == "[rank 0] epoch 1 50%\r[rank 0] done\n");
+  out.clear();
+  p.feed("windows\r\n", out);  // "\r\n" ends an ordinary line, as before
+  REQUIRE(out == "[rank 0] windows\r\n");
+  REQUIRE_FALSE(p.has_pending());
+}
+
+TEST_CASE("OutputSink clears a live line before the next output", "[launcher]") {
+  std::FILE* file = std::tmpfile();
+  REQUIRE(file != nullptr);
+  OutputSink sink(::fileno(file), "test output");
+  sink.write("a\n");
+  sink.write("[rank 0] 10%\r");
+  sink.write("[rank 0] 20%\r");
+  sink.write("[rank 1] warning\n");
+  sink.write("b\n");
+  char buf[256] = {};
+  REQUIRE(::pread(::fileno(file), buf, sizeof buf - 1, 0) > 0);
+  REQUIRE(std::string(buf) == "a\n[rank 0] 10%\r\033[K[rank 0] 20%\r\033[K[rank 1] warning\nb\n");
+  std::fclose(file);
+}
+
 TEST_CASE("write_fully writes everything and reports errno", "[launcher]") {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);

@@ -1,0 +1,70 @@
+// tests/unit/core/test_memory.cpp: the tensor memory counters behind the memory report (every Storage counted on
+// its device while it lives, the peak kept until reset), the host figures, and byte formatting.
+#include <catch2/catch.hpp>
+
+#include <thread>
+
+#include "core/memory.h"
+#include "core/tensor.h"
+
+using namespace dpt;
+
+TEST_CASE("tensor_memory counts every live tensor's bytes and keeps the peak", "[core][memory]") {
+  const Device cpu = Device::cpu();
+  const size_t base = tensor_memory(cpu).current;
+  reset_peak_tensor_memory(cpu);
+  REQUIRE(tensor_memory(cpu).peak == base);
+  {
+    Tensor a = Tensor::empty({1000}, DType::F32);     // 4000 B
+    Tensor b = Tensor::zeros({10, 10}, DType::F64);   // 800 B
+    Tensor v = a.view(10, {100});                      // a view holds no memory of its own
+    REQUIRE(tensor_memory(cpu).current == base + 4800);
+    Tensor c = a;  // shares a's storage
+    REQUIRE(tensor_memory(cpu).current == base + 4800);
+  }
+  REQUIRE(tensor_memory(cpu).current == base);
+  REQUIRE(tensor_memory(cpu).peak == base + 4800);
+  {
+    Tensor small = Tensor::empty({10}, DType::U8);
+    REQUIRE(tensor_memory(cpu).peak == base + 4800);  // below the peak: unchanged
+  }
+  reset_peak_tensor_memory(cpu);
+  REQUIRE(tensor_memory(cpu).peak == base);
+}
+
+TEST_CASE("host_memory reads the resident set and its peak", "[core][memory]") {
+  const HostMemory m = host_memory();
+  REQUIRE(m.rss > 0);
+  REQUIRE(m.peak_rss >= m.rss);
+}
+
+TEST_CASE("format_bytes", "[core][memory]") {
+  REQUIRE(format_bytes(0) == "0 B");
+  REQUIRE(format_bytes(1023) == "1023 B");
+  REQUIRE(format_bytes(1536) == "1.50 KiB");
+  REQUIRE(format_bytes(2678824) == "2.55 MiB");
+  REQUIRE(format_bytes(size_t{80} << 30) == "80.0 GiB");
+  REQUIRE(format_bytes(size_t{300} << 30) == "300 GiB");
+}
+
+TEST_CASE("thread_allocations counts this thread's allocations only, and their peak", "[core][memory]") {
+  const Device cpu = Device::cpu();
+  Tensor elsewhere;
+  reset_thread_allocations(cpu);
+  std::thread([&] { elsewhere = Tensor::empty({250}, DType::F32); }).join();  // another thread's 1000 B
+  REQUIRE(thread_allocations().net == 0);
+  {
+    Tensor a = Tensor::empty({100}, DType::F64);  // 800 B
+    Tensor b = Tensor::empty({50}, DType::F32);   // 200 B
+    REQUIRE(thread_allocations().net == 1000);
+  }
+  REQUIRE(thread_allocations().net == 0);
+  REQUIRE(thread_allocations().peak == 1000);
+  elsewhere = Tensor();  // released here: net goes below zero, the peak stays
+  REQUIRE(thread_allocations().net == -1000);
+  REQUIRE(thread_allocations().peak == 1000);
+  stop_thread_allocations();
+  Tensor after = Tensor::empty({10});
+  REQUIRE(thread_allocations().net == 0);
+  REQUIRE(thread_allocations().peak == 0);
+}

@@ -1,0 +1,70 @@
+// tests/unit/trainer/test_run_report.cpp: the progress line's durations and ETA, the straggler rule, the
+// per-rank gather (1 rank here; the integration tests run it on 2) and the out-of-memory advice.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <limits>
+
+#include "trainer/run_report.h"
+
+using namespace dpt::trainer;
+
+TEST_CASE("format_duration", "[trainer][report]") {
+  REQUIRE(format_duration(0) == "0s");
+  REQUIRE(format_duration(44.6) == "45s");
+  REQUIRE(format_duration(185) == "3m05s");
+  REQUIRE(format_duration(2 * 3600 + 4 * 60 + 10) == "2h04m");
+  REQUIRE(format_duration(3 * 86400 + 2 * 3600 + 59) == "3d02h");
+  REQUIRE(format_duration(-1) == "?");
+  REQUIRE(format_duration(std::numeric_limits<double>::infinity()) == "?");
+}
+
+TEST_CASE("estimate_eta extrapolates this epoch's pace", "[trainer][report]") {
+  // 100 batches in 10 s: 0.1 s each. 50 left in the epoch, 250 in the run, 3 evaluations of 2 s to come.
+  const Eta eta = estimate_eta(100, 10.0, 50, 250, 3, 2.0);
+  REQUIRE(eta.epoch_s == Approx(5.0));
+  REQUIRE(eta.run_s == Approx(25.0 + 6.0));
+  const Eta none = estimate_eta(0, 0.0, 50, 250, 3, 2.0);  // nothing done yet: unknown
+  REQUIRE(none.epoch_s < 0);
+  REQUIRE(none.run_s < 0);
+  REQUIRE(estimate_eta(10, 1.0, 0, 0, 0, 2.0).run_s == Approx(0.0));  // the last batch
+}
+
+TEST_CASE("find_straggler names the slowest rank past 10% over the others' median", "[trainer][report]") {
+  auto rank = [](double compute, double wait, int64_t steps) {
+    return RankTiming{.compute_s = compute, .data_wait_s = wait, .comm_s = 0, .steps = steps};
+  };
+  REQUIRE_FALSE(find_straggler({rank(10, 0, 100)}));  // one rank: nobody to lag behind
+  REQUIRE_FALSE(find_straggler({rank(10.0, 0, 100), rank(10.9, 0, 100)}));  // 9%: within the noise
+  const auto s = find_straggler({rank(10, 0, 100), rank(10, 5, 100), rank(9, 1, 100), rank(11, 0, 100)});
+  REQUIRE(s);
+  REQUIRE(s->rank == 1);  // its data wait makes it slow: 0.15 s per step against a median of 0.1
+  REQUIRE(s->others_median_s == Approx(0.1));
+  REQUIRE(s->lag == Approx(0.5));
+  REQUIRE(s->lost_s == Approx(5.0));
+  // 50% slower, but only 0.25 s lost over the epoch (millisecond steps on a busy machine): not worth a warning.
+  REQUIRE_FALSE(find_straggler({rank(0.5, 0, 500), rank(0.75, 0, 500)}));
+  REQUIRE(find_straggler({rank(0.5, 0, 500), rank(0.75, 0, 500)}, 0.10, 0.2));
+  // Step time is per step: a rank that did fewer steps (a resumed epoch) is not slower for it.
+  REQUIRE_FALSE(find_straggler({rank(20.0, 0, 200), rank(10.0, 0, 100)}));
+  REQUIRE(rank(3.0, 1.0, 8).step_time_s() == Approx(0.5));
+}
+
+TEST_CASE("out_of_memory_advice names the phase, the sizes and what to lower", "[trainer][report]") {
+  MemoryFigures m{.params = 4 << 20, .grads = 4 << 20, .optimizer = 8 << 20, .activations = -1};
+  std::string s = out_of_memory_advice("in the first training step (batch 256 per rank)", m, 256, 512, 1, "fp32");
+  REQUIRE_THAT(s, Catch::Contains("while in the first training step"));
+  REQUIRE_THAT(s, Catch::Contains("parameters 4.00 MiB, gradients 4.00 MiB, optimizer state 8.00 MiB"));
+  REQUIRE_THAT(s, Catch::Contains("activations not measured yet"));
+  REQUIRE_THAT(s, Catch::Contains("lower train.batch_size (now 256; raise train.accum_steps, now 1"));
+  REQUIRE_THAT(s, Catch::Contains("train.precision = bf16"));
+  REQUIRE_THAT(s, !Catch::Contains("eval_batch_size"));
+  m.activations = 3 << 20;
+  m.device_used = 70LL << 30;
+  m.device_total = 80LL << 30;
+  s = out_of_memory_advice("evaluating after epoch 2 (train.eval_batch_size 512)", m, 256, 512, 2, "bf16");
+  REQUIRE_THAT(s, Catch::Contains("activations 3.00 MiB"));
+  REQUIRE_THAT(s, Catch::Contains("the device holds 70.0 GiB of 80.0 GiB"));
+  REQUIRE_THAT(s, Catch::Contains("train.eval_batch_size (now 512)"));
+  REQUIRE_THAT(s, !Catch::Contains("precision"));
+}

@@ -1,0 +1,79 @@
+// trainer/run_report.cpp: progress estimates, per-rank timing and memory figures (trainer/run_report.h).
+#include "trainer/run_report.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/check.h"
+#include "core/memory.h"
+
+namespace dpt::trainer {
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  if (s < 86400) return fmt::format("{}h{:02}m", s / 3600, s % 3600 / 60);
+  return fmt::format("{}d{:02}h", s / 86400, s % 86400 / 3600);
+}
+
+Eta estimate_eta(int64_t done, double elapsed_s, int64_t epoch_left, int64_t run_left, int64_t evals_left,
+                 double eval_s) {
+  if (done <= 0 || elapsed_s <= 0) return {};
+  const double per_batch = elapsed_s / static_cast<double>(done);
+  return {per_batch * static_cast<double>(std::max<int64_t>(epoch_left, 0)),
+          per_batch * static_cast<double>(std::max<int64_t>(run_left, 0)) +
+              static_cast<double>(std::max<int64_t>(evals_left, 0)) * std::max(eval_s, 0.0)};
+}
+
+std::optional<Straggler> find_straggler(const std::vector<RankTiming>& ranks, double threshold, double min_lost_s) {
+  if (ranks.size() < 2) return std::nullopt;
+  size_t slow = 0;
+  for (size_t r = 1; r < ranks.size(); ++r)
+    if (ranks[r].step_time_s() > ranks[slow].step_time_s()) slow = r;
+  std::vector<double> others;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (r != slow) others.push_back(ranks[r].step_time_s());
+  std::sort(others.begin(), others.end());
+  const size_t n = others.size();
+  const double median = n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
+  if (median <= 0) return std::nullopt;
+  const double lag = ranks[slow].step_time_s() / median - 1.0;
+  const double lost = (ranks[slow].step_time_s() - median) * static_cast<double>(ranks[slow].steps);
+  if (lag <= threshold || lost < min_lost_s) return std::nullopt;
+  return Straggler{static_cast<int>(slow), lag, median, lost};
+}
+
+std::vector<std::vector<double>> gather_per_rank(const std::vector<double>& mine, comm::ProcessGroup& pg,
+                                                 const char* what) {
+  const size_t n = mine.size(), world = static_cast<size_t>(pg.size());
+  Tensor all = Tensor::zeros({static_cast<int64_t>(n * world)}, DType::F64);
+  std::copy(mine.begin(), mine.end(), all.data<double>() + static_cast<size_t>(pg.rank()) * n);
+  if (world > 1) pg.allreduce(all, {.op = comm::ReduceOp::Sum, .what = what})->wait();
+  std::vector<std::vector<double>> out(world);
+  for (size_t r = 0; r < world; ++r) out[r].assign(all.data<double>() + r * n, all.data<double>() + (r + 1) * n);
+  return out;
+}
+
+std::string out_of_memory_advice(const std::string& phase, const MemoryFigures& m, int64_t batch_size,
+                                 int64_t eval_batch_size, int64_t accum_steps, const std::string& precision) {
+  auto b = [](int64_t v) { return format_bytes(static_cast<size_t>(std::max<int64_t>(v, 0))); };
+  std::string s = fmt::format("while {}. This rank's tensors: parameters {}, gradients {}, optimizer state {}, ", phase,
+                              b(m.params), b(m.grads), b(m.optimizer));
+  s += m.activations >= 0 ? fmt::format("activations {} (what the first step allocated at most)", b(m.activations))
+                          : std::string("activations not measured yet (the first step had not finished)");
+  if (m.device_total > 0) s += fmt::format("; the device holds {} of {} in all", b(m.device_used), b(m.device_total));
+  s += fmt::format(". To fit, lower train.batch_size (now {}; raise train.accum_steps, now {}, to keep the global "
+                   "batch)",
+                   batch_size, accum_steps);
+  if (phase.find("evaluat") != std::string::npos)
+    s += fmt::format(" or train.eval_batch_size (now {})", eval_batch_size);
+  if (precision == "fp32") s += ", use train.precision = bf16 (half the activation bytes)";
+  s += ", or train a smaller model";
+  return s;
+}
+
+}  // namespace dpt::trainer
