@@ -30,7 +30,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 // dprun's own messages: one line on stderr, best effort.
-void note(std::string_view msg) { (void)write_fully(STDERR_FILENO, fmt::format("dprun: {}\n", msg)); }
+void note(std::string_view msg) {
+  clear_live_line();
+  (void)write_fully(STDERR_FILENO, fmt::format("dprun: {}\n", msg));
+}
 
 bool is_loopback(const std::string& addr) {
   return addr.starts_with("127.") || addr == "localhost" || addr == "::1";

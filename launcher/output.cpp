@@ -81,11 +81,21 @@ int write_fully(int fd, std::string_view bytes) {
   return 0;
 }
 
+namespace {
+int live_line_fd = -1;  // the stream showing a live line (dprun's output loop is single-threaded), or -1
+}  // namespace
+
+void clear_live_line() {
+  if (live_line_fd < 0) return;
+  (void)write_fully(live_line_fd, "\033[K");
+  live_line_fd = -1;
+}
+
 void OutputSink::write(std::string_view bytes) {
   if (broken_ || bytes.empty()) return;
-  int err = live_ ? write_fully(fd_, "\033[K") : 0;
-  if (err == 0) err = write_fully(fd_, bytes);
-  live_ = bytes.back() == '\r';
+  clear_live_line();
+  const int err = write_fully(fd_, bytes);
+  if (err == 0 && bytes.back() == '\r') live_line_fd = fd_;
   if (err == 0) return;
   broken_ = true;
   if (fd_ != STDERR_FILENO) {

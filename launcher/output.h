@@ -36,8 +36,11 @@ class LinePrefixer {
 
 // One of dprun's own output streams (stdout or stderr). A write error (EPIPE when the reader went away)
 // does not stop the job: the stream is marked broken, a note goes to stderr once, and later output is dropped.
-// When the last bytes written ended with '\r' (a live line is showing, the cursor at its start), the next
-// write first clears that line ("\033[K"), so a shorter line does not leave the live line's tail behind.
+// When the last bytes an OutputSink wrote ended with '\r' (a live line is showing, the cursor at its start), the
+// next output of dprun (any sink's, or dprun's own note on stderr: on a terminal both go to one screen) first
+// clears that line ("\033[K" on the stream that shows it), so a shorter line does not leave its tail behind.
+void clear_live_line();
+
 class OutputSink {
  public:
   OutputSink(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
@@ -47,7 +50,6 @@ class OutputSink {
   int fd_;
   std::string name_;
   bool broken_ = false;
-  bool live_ = false;
 };
 
 // The most one read() of a rank's pipe takes in.

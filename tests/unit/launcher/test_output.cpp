@@ -90,6 +90,21 @@ TEST_CASE("OutputSink clears a live line before the next output", "[launcher]") 
   REQUIRE(::pread(::fileno(file), buf, sizeof buf - 1, 0) > 0);
   REQUIRE(std::string(buf) == "a\n[rank 0] 10%\r\033[K[rank 0] 20%\r\033[K[rank 1] warning\nb\n");
   std::fclose(file);
+
+  // Another stream's output (stderr on the same terminal) clears the line on the stream that shows it.
+  std::FILE* out = std::tmpfile();
+  std::FILE* err = std::tmpfile();
+  OutputSink out_sink(::fileno(out), "out"), err_sink(::fileno(err), "err");
+  out_sink.write("[rank 0] 30%\r");
+  err_sink.write("[rank 1] a warning\n");
+  clear_live_line();  // nothing showing any more: writes nothing
+  char obuf[64] = {}, ebuf[64] = {};
+  REQUIRE(::pread(::fileno(out), obuf, sizeof obuf - 1, 0) > 0);
+  REQUIRE(::pread(::fileno(err), ebuf, sizeof ebuf - 1, 0) > 0);
+  REQUIRE(std::string(obuf) == "[rank 0] 30%\r\033[K");
+  REQUIRE(std::string(ebuf) == "[rank 1] a warning\n");
+  std::fclose(out);
+  std::fclose(err);
 }
 
 TEST_CASE("write_fully writes everything and reports errno", "[launcher]") {
