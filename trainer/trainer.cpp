@@ -352,7 +352,9 @@ namespace {
 
 // Where a run is and what it holds, for the out-of-memory message (out_of_memory_advice).
 struct RunContext {
-  std::string phase = "loading the data";
+  std::string phase = "loading the data";  // empty while training: `step` says where
+  int64_t step = 0;                          // the optimizer step under way
+  std::string where() const { return phase.empty() ? fmt::format("in training step {}", step) : phase; }
   MemoryFigures memory;
 };
 
@@ -367,7 +369,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
   } catch (const OutOfMemoryError& e) {
     const TrainConfig& t = cfg.train;
     DPT_THROW(OutOfMemoryError, "{} {}", e.what(),
-              out_of_memory_advice(ctx.phase, ctx.memory, t.batch_size, t.eval_batch_size, t.accum_steps, t.precision));
+              out_of_memory_advice(ctx.where(), ctx.memory, t.batch_size, t.eval_batch_size, t.accum_steps, t.precision));
   }
 }
 
@@ -795,7 +797,8 @@ RunResult train_run(const Config& cfg, const RunOptions& opts, comm::ProcessGrou
         first_step = false;
         report_memory();
       }
-      ctx.phase = fmt::format("in training step {}", step + 1);
+      ctx.phase.clear();  // no formatting on the hot path: where() formats the step only for an error
+      ctx.step = step + 1;
       if (lead && seconds_since(progress_t) >= t.progress_interval_s) {
         progress_t = Clock::now();
         if (grad_ss_fresh) grad_norm = std::sqrt(grad_ss.to(Device::cpu()).data<double>()[0]);
