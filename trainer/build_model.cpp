@@ -221,4 +221,11 @@ std::vector<NamedTensor> gpt_export_weights(const models::Model& model, GptLayou
   return out;
 }
 
+models::Precision parse_precision(const std::string& p) {
+  if (p == "bf16") return models::Precision::BF16;
+  if (p == "fp16") return models::Precision::F16;
+  DPT_CHECK(p == "fp32", "train.precision = {}", p);
+  return models::Precision::F32;
+}
+
 }  // namespace dpt::trainer

@@ -45,4 +45,7 @@ GptLayout parse_gpt_layout(const std::string& name);  // "nanogpt" | "hf"; Confi
 // load_pretrained. ConfigError when `model` is not a GPT.
 std::vector<NamedTensor> gpt_export_weights(const models::Model& model, GptLayout layout);
 
+// train.precision (fp32 | bf16 | fp16) as the models' Precision.
+models::Precision parse_precision(const std::string& p);
+
 }  // namespace dpt::trainer

@@ -278,4 +278,25 @@ LoadedCheckpoint CheckpointManager::load_given(const std::string& path) {
   return std::move(*ck);
 }
 
+void copy_named(const std::vector<NamedTensor>& into, const SafetensorsFile& from, const std::string& what,
+                const std::string& path) {
+  if (from.tensors.size() != into.size())
+    DPT_THROW(CheckpointError, "{}: {} has {} tensors, this run expects {} (model or optimizer config changed?)", path,
+              what, from.tensors.size(), into.size());
+  for (const auto& nt : into) {
+    const Tensor* src = from.find(nt.name);
+    if (!src) DPT_THROW(CheckpointError, "{}: {} lacks tensor {} (model or optimizer config changed?)", path, what, nt.name);
+    if (src->shape() != nt.tensor.shape() || src->dtype() != nt.tensor.dtype())
+      DPT_THROW(CheckpointError, "{}: {} has {} {} {}, this model expects {} {}", path, what, nt.name,
+                dtype_name(src->dtype()), src->shape_str(), dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
+    Tensor dst = nt.tensor;
+    dst.copy_from(*src);
+  }
+}
+
+std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
+  for (auto& nt : tensors) nt.tensor = nt.tensor.to(Device::cpu());
+  return tensors;
+}
+
 }  // namespace dpt::trainer

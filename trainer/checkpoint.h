@@ -82,4 +82,12 @@ class CheckpointManager {
   int64_t keep_;
 };
 
+// Copies each tensor of `from` into the tensor of the same name in `into` (a model's or optimizer's state);
+// CheckpointError naming `path` and `what` (the file) when a name, shape or dtype differs or the counts do.
+void copy_named(const std::vector<NamedTensor>& into, const SafetensorsFile& from, const std::string& what,
+                const std::string& path);
+
+// Host copies of device tensors, for the checkpoint writer (host tensors pass through).
+std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors);
+
 }  // namespace dpt::trainer

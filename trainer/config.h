@@ -100,9 +100,9 @@ struct CheckpointConfig {
 struct LogConfig {
   std::string level = "info";
   std::string dir = "";  // where rank 0 appends metrics.jsonl ("": the folder holding checkpoint.dir)
-  bool tensorboard = false;  // also TensorBoard event files in that folder (trainer/tensorboard.h)
+  bool tensorboard = false;  // also TensorBoard event files in that folder (trainer/report/tensorboard.h)
   bool memory = false;       // memory figures on every progress line and progress record, not only per epoch
-  bool curves = false;       // rank 0 redraws curves.png beside metrics.jsonl after each epoch (trainer/plot.h)
+  bool curves = false;       // rank 0 redraws curves.png beside metrics.jsonl after each epoch (trainer/report/plot.h)
 };
 
 struct Config {

@@ -13,6 +13,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "trainer/safetensors.h"
+#include "trainer/evaluate.h"
 #include "trainer/trainer.h"
 
 namespace dpt::trainer {

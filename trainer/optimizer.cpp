@@ -1,6 +1,10 @@
 // trainer/optimizer.cpp: SGD and AdamW steps through the model's kernel set.
 #include "trainer/optimizer.h"
 
+#include <cmath>
+
+#include "models/kernels/elementwise.h"
+
 namespace dpt::trainer {
 
 Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_matrices_only)
@@ -58,6 +62,12 @@ std::vector<NamedTensor> Optimizer::state() const {
     for (const auto& np : model_.named_params())
       out.push_back({np.name + "." + slot, flat.view(np.offset, np.param.shape())});
   return out;
+}
+
+double clip_gradients(models::Model& model, double max_norm, double sum_squares) {
+  const double coef = models::elementwise::clip_coefficient(sum_squares, max_norm);
+  if (coef < 1.0) model.kernels().scale(model.grads().data<float>(), model.num_params(), static_cast<float>(coef));
+  return std::sqrt(sum_squares);
 }
 
 }  // namespace dpt::trainer

@@ -37,4 +37,9 @@ class Optimizer {
   std::vector<Run> runs_;
 };
 
+// Clips the global L2 norm (the square root of `sum_squares`) of the (averaged, so identical on every rank)
+// gradients to max_norm, as torch.nn.utils.clip_grad_norm_: scaled by max_norm / (norm + 1e-6) when that is
+// below 1. Returns the norm.
+double clip_gradients(models::Model& model, double max_norm, double sum_squares);
+
 }  // namespace dpt::trainer

@@ -2,9 +2,12 @@
 // async-signal-safe.
 #include "trainer/preemption.h"
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <ctime>
+
+#include "core/tensor.h"
 
 namespace dpt::trainer {
 namespace {
@@ -43,6 +46,24 @@ double seconds_since_stop_signal() {
 void set_stop_signal(int sig) {
   g_signal.store(sig);
   g_when_ns.store(sig ? monotonic_ns() : 0);
+}
+
+StopAgreement::StopAgreement(comm::ProcessGroup& pg, int64_t step) : pg_(pg), next_(step + 1), last_step_(step) {}
+
+int StopAgreement::poll(int64_t step) {
+  if (pg_.size() == 1) return stop_signal();
+  if (step < next_) return 0;
+  const double since_last = std::chrono::duration<double>(std::chrono::steady_clock::now() - last_t_).count();
+  const double per_step = since_last / static_cast<double>(std::max<int64_t>(1, step - last_step_));
+  const int64_t propose = per_step > 0 ? std::clamp<int64_t>(static_cast<int64_t>(kInterval / per_step), 1, 1000) : 1;
+  Tensor t = Tensor::empty({2}, DType::I64);
+  t.data<int64_t>()[0] = stop_signal();
+  t.data<int64_t>()[1] = -propose;
+  pg_.allreduce(t, {.op = comm::ReduceOp::Max, .what = "stop signal"})->wait();
+  next_ = step - t.data<int64_t>()[1];
+  last_step_ = step;
+  last_t_ = std::chrono::steady_clock::now();
+  return static_cast<int>(t.data<int64_t>()[0]);
 }
 
 }  // namespace dpt::trainer

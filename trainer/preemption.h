@@ -3,13 +3,16 @@
 //
 // SIGUSR1 and SIGTERM do not end the process: the handler records the first one (later ones are ignored, so a
 // second signal during the checkpoint cannot cut it short). At optimizer step boundaries they agree on (about
-// every 0.2 s: trainer.cpp's StopAgreement) the ranks find out through one small MAX all-reduce whether any of
+// every 0.2 s: StopAgreement below) the ranks find out through one small MAX all-reduce whether any of
 // them got one (a rank blocked in a collective is never interrupted); if so, rank 0 writes a checkpoint of that step, every rank waits for it, and the run returns
 // with RunResult::stop_signal set. main() then exits with kExitPreempted, and the next start resumes from that
 // exact step. SIGINT (Ctrl-C) still ends the process at once.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+
+#include "comm/process_group.h"
 
 namespace dpt::trainer {
 
@@ -24,5 +27,26 @@ int stop_signal();
 double seconds_since_stop_signal();
 // As if `sig` had been received now (tests); 0 forgets it.
 void set_stop_signal(int sig);
+
+// Whether any rank received a stop signal , the same answer on every rank. The ranks ask at
+// agreed step boundaries about every kInterval seconds (every step when a step takes longer), so that a short
+// step does not pay for a collective each time: one all-reduce of {signal, -(steps to the next check)} with
+// MAX gives every rank the signal (the largest number if several) and the smallest proposed interval. With one
+// rank it asks every step, for free. A stopped run's checkpoint is of the step it stopped at, so when the
+// checks happen changes nothing but how soon a run stops.
+class StopAgreement {
+ public:
+  static constexpr double kInterval = 0.2;  // seconds between checks
+
+  StopAgreement(comm::ProcessGroup& pg, int64_t step);
+  // Called at every optimizer step boundary with the steps done so far; 0 or the signal.
+  int poll(int64_t step);
+
+ private:
+  comm::ProcessGroup& pg_;
+  int64_t next_;       // the step boundary of the next check
+  int64_t last_step_;  // and of the last one
+  std::chrono::steady_clock::time_point last_t_ = std::chrono::steady_clock::now();
+};
 
 }  // namespace dpt::trainer

@@ -1,10 +1,14 @@
 // trainer/reducer.cpp: bucket assignment, and the bucketed all-reduce overlapping backward.
 #include "trainer/reducer.h"
 
+#include <fmt/ranges.h>
+#include <zlib.h>
+
 #include <algorithm>
 
 #include "core/bfloat16_convert.h"
 #include "core/cuda.h"
+#include "core/check.h"
 
 namespace dpt::trainer {
 
@@ -173,6 +177,31 @@ void Reducer::finish() {
     error_ = nullptr;  // the group itself stays broken; the caller decides
     std::rethrow_exception(e);
   }
+}
+
+void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch, bool with_buffers) {
+  if (pg.size() == 1) return;
+  const Tensor host = model.params().to(Device::cpu());
+  uLong crc_value = crc32(0L, static_cast<const Bytef*>(host.raw()), static_cast<uInt>(host.bytes()));
+  if (with_buffers && model.buffers().numel()) {
+    const Tensor b = model.buffers().to(Device::cpu());
+    crc_value = crc32(crc_value, static_cast<const Bytef*>(b.raw()), static_cast<uInt>(b.bytes()));
+  }
+  const auto crc = static_cast<int64_t>(crc_value);
+  Tensor c = Tensor::empty({2}, DType::I64);
+  c.data<int64_t>()[0] = crc;
+  c.data<int64_t>()[1] = -crc;
+  pg.allreduce(c, {.op = comm::ReduceOp::Max, .what = "replica check"})->wait();
+  if (c.data<int64_t>()[0] != -c.data<int64_t>()[1])
+    DPT_THROW(InternalError, "[rank {}] parameters{} differ between ranks {} (CRC32 {:08x} here)", pg.rank(),
+              with_buffers ? " or buffers" : "", epoch > 0 ? fmt::format("after epoch {}", epoch) : "at the start",
+              static_cast<uint32_t>(crc));
+}
+
+std::string bucket_summary(const std::vector<Bucket>& buckets) {
+  std::vector<std::string> parts;
+  for (const auto& b : buckets) parts.push_back(fmt::format("{:.2f} MB", static_cast<double>(b.count) * 4 / 1e6));
+  return fmt::format("sizes {} (last layers first)", fmt::join(parts, ", "));
 }
 
 }  // namespace dpt::trainer

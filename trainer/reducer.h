@@ -55,6 +55,15 @@ struct ReducerOptions {
   DType grad_dtype = DType::F32;  // F32 | BF16: what the all-reduce carries (see the file comment)
 };
 
+// DDP's promise, checked once an epoch: every rank holds bit-identical parameters (a CRC32 of them, compared
+// through a Max all-reduce of it and of its negation); at the start, after the broadcast, the buffers too (later
+// each rank's forward moves its own BatchNorm statistics). InternalError naming `epoch` (0: at the start) when
+// they differ. Collective.
+void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch, bool with_buffers = false);
+
+// "sizes 1.05 MB, 25.00 MB (last layers first)": the buckets' sizes, for the log.
+std::string bucket_summary(const std::vector<Bucket>& buckets);
+
 class Reducer {
  public:
   // `stream`: the compute stream that produces the gradients and runs the optimizer (nullptr on the CPU).

@@ -1,12 +1,12 @@
-// trainer/trainer.h: the training loop: data, model, gradient averaging, optimizer, evaluation,
-// checkpoints and resume, for one rank of a process group.
+// trainer/trainer.h: the training loop of one rank of a process group: data, model, gradient averaging,
+// optimizer, evaluation, checkpoints and resume (trainer.cpp: a Trainer whose phases are set up, an epoch's
+// steps, evaluate, save, finish). Evaluation of a checkpoint alone: trainer/evaluate.h.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "comm/process_group.h"
-#include "trainer/checkpoint.h"
 #include "trainer/config.h"
 
 namespace dpt::trainer {
@@ -47,24 +47,5 @@ struct RunResult {
 // Runs on every rank of `pg` with the same config. Throws on any error (a failed rank; its peers then fail
 // their next collective or are torn down by the launcher).
 RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg);
-
-// `dptrain eval` and `generate`: the checkpoint at `path` (a step-N/ directory, or the newest valid one in a
-// checkpoint directory) and its effective config with `overrides` applied (data.dir=...,
-// train.eval_batch_size=...). ConfigError when there is no valid checkpoint.
-struct EvalTarget {
-  LoadedCheckpoint checkpoint;  // the checkpoint chosen, loaded and validated
-  Config config;
-};
-EvalTarget eval_target(const std::string& path, const std::vector<std::string>& overrides);
-
-struct EvalReport {
-  double loss = 0, acc = 0;  // mean loss and accuracy over every test example (image) or token
-  double rows = 0;           // how many: each test example or window counted once across the ranks
-  std::string unit;          // "samples" | "tokens"
-  std::string model;         // the model's summary
-};
-// Evaluates the checkpoint's model on its config's test split (val shards for a GPT) on every rank of `pg`,
-// each rank its exact share, the sums reduced: the same numbers on any number of ranks.
-EvalReport evaluate_checkpoint(const EvalTarget& target, comm::ProcessGroup& pg, Device device);
 
 }  // namespace dpt::trainer

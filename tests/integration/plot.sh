@@ -44,7 +44,7 @@ def near(quadrant, colour, tol=40):
                 n += 1
     return n
 hexes = lambda s: tuple(int(s[i:i + 2], 16) for i in (1, 3, 5))
-expect = {  # quadrant (column, row): the colours of its curves (trainer/plot.cpp)
+expect = {  # quadrant (column, row): the colours of its curves (trainer/report/plot.cpp)
     (0, 0): {"train loss, epoch": "#08519c", "test loss": "#e6550d", "train loss, running": "#6baed6"},
     (1, 0): {"test accuracy": "#e6550d"},
     (0, 1): {"learning rate": "#31a354"},

@@ -6,7 +6,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "trainer/metrics.h"
+#include "trainer/report/metrics.h"
 
 using namespace dpt::trainer;
 

@@ -1,4 +1,4 @@
-// Unit tests for trainer/plot.h without gnuplot: the metrics records become the right series (other kinds,
+// Unit tests for trainer/report/plot.h without gnuplot: the metrics records become the right series (other kinds,
 // unknown keys, nulls and malformed lines aside), a token run gets perplexity, the script holds the data and
 // says "no data yet" for empty panels, and plot_run's errors name what is missing.
 #include <catch2/catch.hpp>
@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "core/check.h"
-#include "trainer/plot.h"
+#include "trainer/report/plot.h"
 
 using namespace dpt::trainer;
 namespace fs = std::filesystem;

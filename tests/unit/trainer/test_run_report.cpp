@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "trainer/run_report.h"
+#include "trainer/report/run_report.h"
 
 using namespace dpt::trainer;
 

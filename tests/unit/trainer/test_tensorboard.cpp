@@ -1,4 +1,4 @@
-// Unit tests for trainer/tensorboard.h: CRC-32C and its mask against published and independently computed values,
+// Unit tests for trainer/report/tensorboard.h: CRC-32C and its mask against published and independently computed values,
 // the TFRecord framing read back byte by byte, and the event file a TensorBoardWriter writes parsed back with the
 // generated protobuf classes (file_version, the SessionLog START, write_record's tags, steps and wall times).
 // integration.tensorboard reads real runs' files with TensorBoard's own reader.
@@ -21,9 +21,9 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
-#include "trainer/metrics.h"
-#include "trainer/tensorboard.h"
-#include "trainer/tensorboard.pb.h"
+#include "trainer/report/metrics.h"
+#include "trainer/report/tensorboard.h"
+#include "trainer/report/tensorboard.pb.h"
 
 using namespace dpt::trainer;
 namespace fs = std::filesystem;

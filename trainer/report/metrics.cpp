@@ -1,5 +1,5 @@
-// trainer/metrics.cpp: the metrics file (trainer/metrics.h).
-#include "trainer/metrics.h"
+// trainer/report/metrics.cpp: the metrics file (trainer/report/metrics.h).
+#include "trainer/report/metrics.h"
 
 #include <cerrno>
 #include <cstring>

@@ -1,4 +1,4 @@
-// trainer/plot.h: `dptrain plot`: a run's curves, drawn from its metrics file (trainer/metrics.h) into one PNG
+// trainer/report/plot.h: `dptrain plot`: a run's curves, drawn from its metrics file (trainer/report/metrics.h) into one PNG
 // by gnuplot. Four panels against the optimizer step: loss (the progress records' running mean of the epoch, and
 // the epoch records' train and test loss), test accuracy (a token run: test perplexity, exp(test_loss)), the
 // learning rate, and throughput (MFU on a second axis when the records carry it). Two steps, so that the first

@@ -1,5 +1,5 @@
-// trainer/run_report.cpp: progress estimates, per-rank timing and memory figures (trainer/run_report.h).
-#include "trainer/run_report.h"
+// trainer/report/run_report.cpp: progress estimates, per-rank timing and memory figures (trainer/report/run_report.h).
+#include "trainer/report/run_report.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-// trainer/run_report.h: what a run says about itself besides its loss: how far the epoch is and when it and the
+// trainer/report/run_report.h: what a run says about itself besides its loss: how far the epoch is and when it and the
 // run will end (the progress line), how long each rank takes per step (rank 0 names a straggler), and how much
 // memory each rank holds (a report after the first step, figures each epoch, an out-of-memory message that
 // says what to lower). The pure parts are here so that tests can pin them; the loop calls them.

@@ -1,10 +1,10 @@
-// trainer/metrics.h: RUN/metrics.jsonl, rank 0's record of a run: one JSON object per line, one per progress
+// trainer/report/metrics.h: RUN/metrics.jsonl, rank 0's record of a run: one JSON object per line, one per progress
 // interval ("kind": "progress") and one per epoch ("kind": "epoch"), appended and flushed as written so that
 // `tail -f` and pandas.read_json(lines=True) both work while the run goes on. A resumed run appends to the same
 // file; its step numbers continue. Records of steps after the one a run starts from (those a crashed or preempted
 // run wrote after its last checkpoint, and every record when a run starts afresh) are dropped when the file is
 // opened, so each step appears once, as the curves will show it. Every key is listed in README.md ("Metrics file").
-// With log.tensorboard the same records also go to TensorBoard event files in the same folder (trainer/tensorboard.h).
+// With log.tensorboard the same records also go to TensorBoard event files in the same folder (trainer/report/tensorboard.h).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "trainer/config.h"
-#include "trainer/tensorboard.h"
+#include "trainer/report/tensorboard.h"
 
 namespace dpt::trainer {
 

@@ -1,5 +1,5 @@
-// trainer/tensorboard.cpp: TensorBoard event files (trainer/tensorboard.h).
-#include "trainer/tensorboard.h"
+// trainer/report/tensorboard.cpp: TensorBoard event files (trainer/report/tensorboard.h).
+#include "trainer/report/tensorboard.h"
 
 #include <unistd.h>
 
@@ -14,7 +14,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
-#include "trainer/tensorboard.pb.h"
+#include "trainer/report/tensorboard.pb.h"
 
 namespace dpt::trainer {
 

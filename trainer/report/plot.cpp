@@ -1,5 +1,5 @@
-// trainer/plot.cpp: `dptrain plot` (trainer/plot.h).
-#include "trainer/plot.h"
+// trainer/report/plot.cpp: `dptrain plot` (trainer/report/plot.h).
+#include "trainer/report/plot.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -211,7 +211,7 @@ std::string gnuplot_script(const RunCurves& c, const std::string& title, const s
   std::string s;
   // Fonts follow the picture's size: 10 points at 1200x900, no less than 8 (legible in a README at 900x600).
   const double font = std::clamp(10.0 * std::min(size.width / 1200.0, size.height / 900.0), 8.0, 24.0);
-  s += "# dptrain plot: the curves of a run's metrics.jsonl (trainer/plot.h)\n";
+  s += "# dptrain plot: the curves of a run's metrics.jsonl (trainer/report/plot.h)\n";
   s += fmt::format("set terminal pngcairo size {},{} noenhanced font 'Sans,{:.1f}'\n", size.width, size.height, font);
   s += "set encoding utf8\n";
   s += fmt::format("set output {}\n", quoted(output));

@@ -1,5 +1,5 @@
-// trainer/tensorboard.h: TensorBoard event files. Rank 0's scalars (the records of RUN/metrics.jsonl, see
-// trainer/metrics.h) written as TensorFlow Event protobufs (trainer/tensorboard.proto), each framed as a TFRecord
+// trainer/report/tensorboard.h: TensorBoard event files. Rank 0's scalars (the records of RUN/metrics.jsonl, see
+// trainer/report/metrics.h) written as TensorFlow Event protobufs (trainer/report/tensorboard.proto), each framed as a TFRecord
 // and flushed, so that `tensorboard --logdir RUN` plots them while the run goes on. Written without TensorFlow:
 // the format is the protobuf schema plus the framing below.
 #pragma once

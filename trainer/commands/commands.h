@@ -1,0 +1,51 @@
+// trainer/commands/commands.h: dptrain's subcommands, one file each. Each adds its options to the command line
+// (so that its help text and its parser are one) and returns how to run it; main.cpp only parses and dispatches.
+// A command returns the process's exit code, or ends the process itself on an error (die(): only commands decide
+// how the process dies, never library code).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace dpt::trainer::commands {
+
+// Exit codes every command shares (`dptrain --help` lists them; a preempted run: trainer/preemption.h's 75).
+inline constexpr int kExitError = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitHang = 3;  // a collective outlived dist.timeout_s: the message names the rank it waited for
+
+struct Command {
+  CLI::App* app = nullptr;   // where its options live: a subcommand, or the root for train
+  std::function<int()> run;  // after a successful parse
+};
+
+// train (no subcommand, commands/train.cpp): the root's own options: --config, --resume, --print-config, overrides.
+// `print_config` is the root's --print-config, which eval honours too.
+Command add_train(CLI::App& root, std::shared_ptr<bool> print_config);
+Command add_eval(CLI::App& root, std::shared_ptr<const bool> print_config);  // commands/eval.cpp
+Command add_generate(CLI::App& root);                                          // commands/generate.cpp
+Command add_tokenize(CLI::App& root);                                          // commands/tokenize.cpp
+Command add_export_images(CLI::App& root);                                     // commands/export_images.cpp
+Command add_export_weights(CLI::App& root);                                    // commands/export_weights.cpp
+Command add_plot(CLI::App& root);                                              // commands/plot.cpp
+
+// ---- shared by the commands (commands/common.cpp) ------------------------------------------------------------
+
+// Logs `what` with the rank and ends the process with `code` at once (core/logging.h's exit_with_error).
+[[noreturn]] void die(int code, const std::string& what);
+
+// A command of one process that is not part of a job (generate, export-weights, plot): logging for rank 0 of 1,
+// then `body`; a ConfigError ends the process with kExitUsage, any other error with kExitError.
+int run_alone(const std::function<void()>& body);
+
+// A command that writes a data set to OUT and trains nothing (export-images, tokenize): run_alone, and a non-empty
+// OUT is refused unless `force`.
+int run_writer(const char* name, const std::string& out, bool force, const std::function<void()>& body);
+
+// A `--limit`-like option's check: digits only (a size_t option would take "-3" as 2^64 - 3).
+CLI::Validator whole_number();
+
+}  // namespace dpt::trainer::commands

@@ -1,0 +1,44 @@
+// trainer/commands/common.cpp: what the commands share (trainer/commands/commands.h).
+#include "trainer/commands/commands.h"
+
+#include <spdlog/spdlog.h>
+
+#include "core/check.h"
+#include "core/logging.h"
+#include "data/output_dir.h"
+
+namespace dpt::trainer::commands {
+
+void die(int code, const std::string& what) { dpt::exit_with_error(code, what); }
+
+int run_alone(const std::function<void()>& body) {
+  init_logging(0, 1);
+  try {
+    body();
+  } catch (const ConfigError& e) {
+    die(kExitUsage, e.what());
+  } catch (const std::exception& e) {
+    die(kExitError, e.what());
+  }
+  return 0;
+}
+
+int run_writer(const char* name, const std::string& out, bool force, const std::function<void()>& body) {
+  return run_alone([&] {
+    if (!force && data::non_empty_directory(out))
+      die(kExitError, fmt::format("{}: {} is not empty: refusing to overwrite it (--force replaces it)", name, out));
+    body();
+  });
+}
+
+CLI::Validator whole_number() {
+  return CLI::Validator(
+      [](std::string& v) {
+        return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
+                   ? std::string()
+                   : "must be a whole number >= 0, got '" + v + "'";
+      },
+      "");
+}
+
+}  // namespace dpt::trainer::commands

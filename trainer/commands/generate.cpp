@@ -1,0 +1,87 @@
+// trainer/commands/generate.cpp: `dptrain generate`: text from a GPT checkpoint, on the GPU if there is one, to
+// stdout (the prompt, then what follows it); the log goes to stderr.
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+
+#include "core/check.h"
+#include "core/cuda.h"
+#include "trainer/commands/commands.h"
+#include "trainer/generate.h"
+#include "trainer/trainer.h"
+
+namespace dpt::trainer::commands {
+namespace {
+
+struct GenerateArgs {
+  std::string checkpoint, prompt = "\n";
+  std::string tokenizer;  // a directory with vocab.json + merges.txt; empty: the checkpoint's data.dir
+  int64_t tokens = 200;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  uint64_t seed = 42;
+  std::string device = "auto";
+  bool no_kv_cache = false;
+};
+
+void generate_text(const GenerateArgs& a) {
+  const Device device = choose_device(a.device, 0, cuda::device_count(), cuda::unavailable_reason());
+  if (device.is_cuda()) cuda::set_device(device.index);
+  const GptCheckpoint ck = load_gpt_checkpoint(a.checkpoint, a.tokenizer, device);
+  const data::Tokenizer& tokenizer = *ck.tokenizer;
+  spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, seed {}{}", ck.model->summary(),
+               ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.seed, a.no_kv_cache ? ", no KV cache" : "");
+  spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
+  if (tokenizer.name() == "bytes" && ck.vocab_size != 256) {
+    spdlog::warn("generate: byte-level tokens for a model of vocab_size {}: {} holds no vocab.json and merges.txt; "
+                 "if it was trained on GPT-2 BPE shards, --tokenizer DIR names their directory",
+                 ck.vocab_size, ck.tokenizer_from);
+  }
+  if (a.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
+  const std::vector<int32_t> prompt = tokenizer.encode(a.prompt);
+  const auto out = generate(*ck.model, ck.block_size, prompt, a.tokens,
+                            {.temperature = a.temperature, .top_k = a.top_k, .vocab_limit = tokenizer.vocab_size()},
+                            a.seed, /*kv_cache=*/!a.no_kv_cache);
+  const std::string text = tokenizer.decode(out);
+  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
+}
+
+}  // namespace
+
+Command add_generate(CLI::App& root) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "generate", "sample text from a GPT checkpoint (on the GPU when there is one) and print it; trains nothing. The "
+                  "prompt is encoded and the output decoded with the tokenizer of the checkpoint's data set (GPT-2 BPE "
+                  "when data.dir holds vocab.json and merges.txt, else bytes), or --tokenizer's");
+  cmd->footer("Example: dptrain generate --checkpoint runs/gpt_tiny/checkpoints --prompt \"Q: \" --tokens 300");
+  cmd->add_option("--checkpoint", a->checkpoint, "a checkpoint (step-N/) or a checkpoint directory (its newest valid one)")
+      ->required();
+  cmd->add_option("--prompt", a->prompt, "the text to continue")->capture_default_str();
+  cmd->add_option("--tokens", a->tokens, "new tokens to sample")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "divides the logits: below 1 sharper, above 1 flatter")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "sample among the k most likely tokens only (0: all; 1: greedy)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", a->seed, "the same seed gives the same text")->capture_default_str();
+  cmd->add_option("--device", a->device, "auto (cuda if available, else cpu) | cpu | cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->add_flag("--no-kv-cache", a->no_kv_cache,
+                "run the whole window for every token (a sliding window) instead of caching keys and values");
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "a directory with the vocab.json and merges.txt (GPT-2 BPE) the model was trained with (default: "
+                  "the checkpoint's data.dir, where `dptrain tokenize` copies them)");
+  return {cmd, [a] {
+            spdlog::set_default_logger(spdlog::stderr_color_mt("generate"));  // stdout carries the text alone
+            return run_alone([&] { generate_text(*a); });
+          }};
+}
+
+}  // namespace dpt::trainer::commands

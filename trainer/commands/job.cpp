@@ -1,0 +1,102 @@
+// trainer/commands/job.cpp: a rank of a job (trainer/commands/job.h).
+#include "trainer/commands/job.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+
+#include "comm/init.h"
+#include "core/check.h"
+#include "core/cuda.h"
+#include "core/logging.h"
+#include "models/kernels/cpu/cpu_kernels.h"
+#include "trainer/commands/commands.h"
+#include "trainer/config_check.h"
+#include "trainer/preemption.h"
+#include "trainer/trainer.h"
+
+namespace dpt::trainer::commands {
+namespace {
+
+// Rank 0 says which OpenBLAS kernels run (main() may have restarted the process for faster ones).
+void log_blas_kernels() {
+  if (const char* from = std::getenv("DPT_BLAS_REEXEC_FROM"))
+    spdlog::info("OpenBLAS: {} kernels (OPENBLAS_CORETYPE; it had chosen {} for this CPU)", models::blas_core(), from);
+  else if (const std::string better = models::blas_core_upgrade(); !better.empty())
+    spdlog::warn("OpenBLAS runs {} kernels on a CPU that supports {}: set OPENBLAS_CORETYPE={} for faster GEMMs",
+                 models::blas_core(), better, better);
+}
+
+Device choose_and_set_device(const Config& cfg, const comm::DistEnv& env) {
+  const Device device =
+      choose_device(cfg.train.device, env.local_rank, cuda::device_count(), cuda::unavailable_reason());
+  if (device.is_cuda()) {
+    cuda::set_device(device.index);
+    spdlog::info("device {}: {}", device.str(), cuda::device_description(device.index));
+  } else if (cfg.train.device == "auto" && env.rank == 0) {
+    spdlog::warn("no GPU ({}): training on the CPU", cuda::unavailable_reason());
+  }
+  return device;
+}
+
+}  // namespace
+
+int run_job(const JobSpec& spec) {
+  comm::DistEnv env;
+  try {
+    env = comm::detect_env(comm::process_env());
+    init_logging(env.rank, env.world_size);
+    if (env.rank == 0) log_blas_kernels();
+  } catch (const Error& e) {
+    std::cerr << "dptrain: " << e.what() << "\n";
+    return kExitUsage;
+  }
+  // Installed before the process group exists, so that a signal during start-up is not fatal either.
+  if (spec.stop_handlers) install_stop_handlers();
+
+  Config cfg;
+  std::string origin;
+  try {
+    cfg = spec.load_config(origin);
+    if (spec.print_config) {
+      std::cout << to_toml(cfg);
+      return 0;
+    }
+    if (!std::getenv("DPT_LOG_LEVEL")) spdlog::set_level(parse_log_level(cfg.log.level));
+  } catch (const Error& e) {
+    die(kExitUsage, e.what());
+  }
+
+  // The process group outlives the try block: the error that ends this rank is logged (and the process gone, by
+  // _Exit) before anything closes its connections. Were it destroyed during unwinding, the peers would see the
+  // connection drop first, fail with "connection reset", and could be reported, and the launcher could stop this
+  // rank, before the real cause was printed.
+  std::unique_ptr<comm::ProcessGroup> pg;
+  int rc = 0;
+  try {
+    if (env.rank == 0)
+      spdlog::info("{}: {} rank(s) via {}; config {} (hash {}):\n{}", spec.name, env.world_size,
+                   comm::launcher_name(env.launcher), origin, config_hash(cfg), to_toml(cfg));
+    const Device device = choose_and_set_device(cfg, env);
+    const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
+    pg = comm::init_process_group(
+        env, {.backend = cfg.dist.backend, .timeout = timeout, .device = device, .interface = cfg.dist.interface,
+              .on_fatal = [](const std::string& why) {
+                if (why.starts_with(comm::kHangPrefix)) die(kExitHang, why);
+                die(kExitError, "collective failed: " + why);
+              }});
+    check_same_config(cfg, *pg);  // every rank: the same config and build, or ConfigError (exit 2)
+    Job job{.config = cfg, .env = env, .device = device, .pg = pg};
+    rc = spec.work(job);
+    pg.reset();  // orderly shutdown of the backend (MPI_Finalize and the like)
+  } catch (const ConfigError& e) {
+    die(kExitUsage, e.what());
+  } catch (const std::exception& e) {
+    die(kExitError, e.what());
+  }
+  return rc;
+}
+
+}  // namespace dpt::trainer::commands

@@ -1,0 +1,92 @@
+// trainer/commands/tokenize.cpp: `dptrain tokenize`: text files as token shards in llm.c's format,
+// OUT/bytes_{train,val}_000000.bin, or with GPT-2 BPE OUT/gpt2_{train,val}_000000.bin beside a copy of its vocab.json
+// and merges.txt; trains nothing.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "data/bpe.h"
+#include "data/tokenize.h"
+#include "trainer/commands/commands.h"
+
+namespace dpt::trainer::commands {
+namespace {
+
+struct TokenizeArgs {
+  std::vector<std::string> inputs;
+  std::string out;
+  std::string vocab, merges;  // GPT-2 BPE when given (both), else bytes
+  size_t val_every = 10;
+  bool force = false;
+};
+
+int tokenize(const TokenizeArgs& a) {
+  return run_writer("tokenize", a.out, a.force, [&] {
+    const auto start = std::chrono::steady_clock::now();
+    data::TokenizeOptions o;
+    o.inputs = a.inputs;
+    o.out_dir = a.out;
+    o.val_every = a.val_every;
+    o.force = a.force;
+    auto last = start;
+    o.progress = [&](size_t done, size_t total, uint64_t bytes) {
+      const auto now = std::chrono::steady_clock::now();
+      if (done == total || now - last > std::chrono::seconds(2)) {
+        last = now;
+        spdlog::info("tokenize: {}/{} files, {:.1f} MB", done, total, bytes / 1e6);
+      }
+    };
+    std::unique_ptr<data::Tokenizer> tokenizer;
+    if (a.vocab.empty()) {
+      tokenizer = std::make_unique<data::ByteTokenizer>();
+    } else {
+      tokenizer = std::make_unique<data::Gpt2Bpe>(a.vocab, a.merges);
+    }
+    const data::TokenizeSummary s = data::tokenize_text(o, *tokenizer);
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    const size_t skipped = s.skipped_dat + s.skipped_binary;
+    spdlog::info("tokenize: {} files, {} bytes{}", s.files, s.bytes,
+                 skipped == 0 ? std::string()
+                              : fmt::format("; skipped {} files ({} *.dat index files, {} binary with a NUL byte)",
+                                            skipped, s.skipped_dat, s.skipped_binary));
+    if (s.skipped_links != 0)
+      spdlog::info("tokenize: did not follow {} symlinks inside the input directories", s.skipped_links);
+    spdlog::info("tokenize: wrote {} train tokens ({} shards) + {} val tokens ({} shards), {}, to {} in {:.2f} s",
+                 s.train_tokens, s.train_shards.size(), s.val_tokens, s.val_shards.size(), s.tokenizer, s.out_dir,
+                 seconds);
+  });
+}
+
+}  // namespace
+
+Command add_tokenize(CLI::App& root) {
+  auto a = std::make_shared<TokenizeArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "tokenize",
+      "write text as token shards in llm.c's .bin format, then exit; trains nothing. Byte-level by default (token = "
+      "byte, vocab 256): OUT/bytes_train_000000.bin and OUT/bytes_val_000000.bin; GPT-2 BPE with --vocab and "
+      "--merges: OUT/gpt2_*.bin, and the two files copied into OUT");
+  cmd->footer(
+      "The inputs are read in order (a directory: its regular files recursively, sorted by path; *.dat files and\n"
+      "files with a NUL byte skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
+      "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own.\n"
+      "Example: dptrain tokenize --input /usr/share/games/fortunes --out runs/fortunes\n"
+      "         dptrain tokenize --input corpus/ --vocab gpt2/vocab.json --merges gpt2/merges.txt --out runs/corpus");
+  cmd->add_option("--input", a->inputs, "a text file or a directory of them (repeatable)")->required();
+  cmd->add_option("--out", a->out, "output directory; written as OUT.tmp, renamed to OUT when complete")->required();
+  cmd->add_option("--val-every", a->val_every, "every Nth block of 4096 tokens goes to the val split")
+      ->check(CLI::Range(size_t{2}, size_t{1} << 40))
+      ->capture_default_str();
+  cmd->add_flag("--force", a->force, "replace OUT when it exists and is not empty (else refused)");
+  CLI::Option* vocab = cmd->add_option(
+      "--vocab", a->vocab, "GPT-2 BPE: its vocab.json (token -> id; ids must fit uint16), with --merges");
+  CLI::Option* merges =
+      cmd->add_option("--merges", a->merges, "GPT-2 BPE: its merges.txt (one merge a line), with --vocab");
+  vocab->needs(merges);
+  merges->needs(vocab);
+  return {cmd, [a] { return tokenize(*a); }};
+}
+
+}  // namespace dpt::trainer::commands

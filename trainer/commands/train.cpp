@@ -1,0 +1,70 @@
+// trainer/commands/train.cpp: `dptrain [--config FILE] [overrides]`: train on every rank of the job
+// (trainer/trainer.h), resuming from the newest checkpoint unless told otherwise.
+#include <spdlog/spdlog.h>
+
+#include "trainer/commands/commands.h"
+#include "trainer/commands/job.h"
+#include "trainer/preemption.h"
+#include "trainer/trainer.h"
+
+namespace dpt::trainer::commands {
+namespace {
+
+struct TrainArgs {
+  std::string config_path;
+  std::string resume = "auto";
+  std::vector<std::string> overrides;
+  std::shared_ptr<bool> print_config;
+};
+
+int train_job(const TrainArgs& a) {
+  return run_job({
+      .name = "dptrain",
+      .stop_handlers = true,
+      .print_config = *a.print_config,
+      .load_config =
+          [&](std::string& origin) {
+            origin = a.config_path.empty() ? "<defaults>" : a.config_path;
+            return load_config(a.config_path, a.overrides);
+          },
+      .work =
+          [&](Job& job) {
+            const bool lead = job.env.rank == 0;
+            const RunResult result = train(job.config, {.resume = a.resume, .device = job.device}, *job.pg);
+            if (result.stop_signal) {
+              job.pg.reset();
+              if (lead)
+                spdlog::info("preempted: checkpoint of step {} written; exiting with {} (the same command resumes "
+                             "from it)",
+                             result.steps, kExitPreempted);
+              spdlog::default_logger()->flush();
+              return kExitPreempted;
+            }
+            if (lead)
+              spdlog::info("done: {} steps, test_acc {:.4f}, test_loss {:.4f}{}", result.steps, result.final_test_acc,
+                           result.final_test_loss,
+                           result.last_checkpoint.empty() ? "" : ", checkpoint " + result.last_checkpoint);
+            return 0;
+          },
+  });
+}
+
+}  // namespace
+
+Command add_train(CLI::App& root, std::shared_ptr<bool> print_config) {
+  auto a = std::make_shared<TrainArgs>();
+  a->print_config = print_config;
+  root.add_option("-c,--config", a->config_path,
+                  "TOML experiment file (e.g. configs/fmnist_mlp.toml); without it, the defaults below")
+      ->check(CLI::ExistingFile);
+  root.add_option("--resume", a->resume,
+                  "auto: continue from the newest valid checkpoint in checkpoint.dir if there is one; never: start "
+                  "fresh and DELETE the checkpoints in checkpoint.dir; PATH: continue from that checkpoint")
+      ->capture_default_str();
+  root.add_flag("--print-config", *print_config, "print the effective config as TOML and exit");
+  root.add_option("overrides", a->overrides, "config overrides, key=value (e.g. train.lr=0.1 model.hidden=[256,256])");
+  root.footer("Config keys (section.key  type  default  meaning):\n" + config_keys_help());
+  return {&root, [a] { return train_job(*a); }};
+}
+
+}  // namespace dpt::trainer::commands

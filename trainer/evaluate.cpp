@@ -1,0 +1,67 @@
+// trainer/evaluate.cpp: evaluation over a test set, and of a checkpoint (trainer/evaluate.h).
+#include "trainer/evaluate.h"
+
+#include "core/check.h"
+#include "data/loader.h"
+#include "data/sampler.h"
+#include "models/layers.h"
+#include "trainer/build_model.h"
+#include "trainer/datasets.h"
+#include "trainer/feeder.h"
+
+namespace dpt::trainer {
+
+EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test, const TrainConfig& t,
+                    size_t workers, comm::ProcessGroup& pg) {
+  const Device device = model.device();
+  data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.eval_batch_size), .drop_last = false, .prefetch = 2,
+                         .pin_memory = device.is_cuda(), .workers = workers};
+  data::Loader loader(test, data::eval_shard(test.size(), pg.rank(), pg.size()), lo);
+  Feeder feeder(device, model.kernels().stream());
+  models::SoftmaxCrossEntropy loss;
+  Tensor stats = Tensor::zeros({2}, DType::F64, device);  // loss sum, correct: accumulated on the device
+  double count = 0;
+  model.set_training(false);  // BatchNorm: running statistics
+  struct BackToTraining {
+    models::Model& m;
+    ~BackToTraining() { m.set_training(true); }
+  } back{model};
+  while (auto host = loader.next()) {
+    const data::Batch& batch = feeder.put(std::move(*host), loader);
+    task.prepare(batch);
+    loss.accumulate(model.forward(task.input()), task.targets(), model.kernels(), stats, /*backward=*/false);
+    feeder.step_done();
+    count += static_cast<double>(task.rows());
+  }
+  feeder.release(loader);
+  Tensor sums = Tensor::empty({3}, DType::F64);
+  const Tensor host_stats = stats.to(Device::cpu());
+  double* s = sums.data<double>();
+  s[0] = host_stats.data<double>()[0];
+  s[1] = host_stats.data<double>()[1];
+  s[2] = count;
+  pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .what = "eval stats"})->wait();
+  DPT_CHECK_GT(s[2], 0.0);
+  return {s[0] / s[2], s[1] / s[2], s[2]};
+}
+
+EvalTarget eval_target(const std::string& path, const std::vector<std::string>& overrides) {
+  LoadedCheckpoint ck = CheckpointManager::load_given(path);
+  Config cfg = parse_config(ck.state.config_toml, ck.path + "/state.json", overrides);
+  return {std::move(ck), std::move(cfg)};
+}
+
+EvalReport evaluate_checkpoint(const EvalTarget& target, comm::ProcessGroup& pg, Device device) {
+  const Config& cfg = target.config;
+  const LoadedCheckpoint& ck = target.checkpoint;
+  Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed));
+  const std::vector<int64_t> sample_shape = ds.test->sample_shape();
+  auto model = build_model(cfg.model, sample_shape, ds.test->num_classes(), device);
+  model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
+  model->set_precision(parse_precision(cfg.train.precision));
+  std::unique_ptr<Task> task = make_task(cfg.model.name, cfg.model.block_size, sample_shape, device);
+  const EvalResult ev = evaluate(*model, *task, *ds.test, cfg.train, static_cast<size_t>(cfg.data.workers), pg);
+  return {ev.loss, ev.acc, ev.rows, task->unit(), model->summary()};
+}
+
+}  // namespace dpt::trainer

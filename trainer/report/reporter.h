@@ -1,0 +1,109 @@
+// trainer/report/reporter.h: everything a run says about itself besides its errors, behind one object the training
+// loop calls at fixed events: the progress line (one live line on a terminal), the epoch line, the memory report
+// after the first step, every rank's step time and memory each epoch (rank 0 names a straggler), and what rank 0
+// keeps: RUN/metrics.jsonl (report/metrics.h), TensorBoard event files with log.tensorboard
+// (report/tensorboard.h), curves.png redrawn with log.curves (report/plot.h). Which of those are on is the
+// reporter's business, not the loop's.
+//
+// Events, in the order a run meets them: progress_due()/progress() at optimizer steps, first_step() once,
+// epoch_measured() then epoch_done() after each epoch, stopped() when a stop signal ends the run. The ones marked
+// collective gather from every rank: every rank calls them at the same point.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm/process_group.h"
+#include "core/tensor.h"
+#include "trainer/config.h"
+#include "trainer/loss_scaler.h"
+#include "trainer/report/metrics.h"
+#include "trainer/report/run_report.h"
+#include "trainer/trainer.h"
+
+namespace dpt::trainer {
+
+struct ReportSetup {
+  int64_t start_step = 0;   // the step this invocation starts from (records after it are dropped)
+  int64_t start_epoch = 0;  // 0-based
+  std::string unit;         // "samples" | "tokens": what a row is
+  double row_flops = 0;     // training FLOPs per row (0: no MFU)
+  double peak_flops = 0;    // the device's dense bf16 peak (0 on a CPU: no MFU)
+};
+
+// One progress line's figures. `loss` is this rank's mean over the epoch so far.
+struct Progress {
+  int64_t step = 0;
+  int64_t epoch = 0;  // 0-based
+  int64_t batch = 0, batches = 0;  // batches done in the epoch, of
+  double loss = 0, lr = 0;
+  double grad_norm = -1;  // with train.clip_grad_norm; -1: not clipping
+  int64_t rows = 0;       // rows this rank trained this epoch
+  double elapsed_s = 0;   // since the epoch began
+  Eta eta;
+};
+
+// One epoch's figures, the same on every rank.
+struct EpochEnd {
+  int64_t step = 0;
+  EpochStats stats;
+  double lr = 0;
+  double epoch_s = 0;
+  bool max_steps_reached = false;  // the run stops after this epoch (train.max_steps)
+};
+
+class Reporter {
+ public:
+  // `model_memory`: the model's state in bytes (what an out-of-memory message quotes too); the first step's
+  // report fills in its activations. Rank 0 opens the metrics file (IoError when it cannot).
+  Reporter(const Config& cfg, comm::ProcessGroup& pg, Device device, const LossScaler& scaler,
+           MemoryFigures& model_memory, const ReportSetup& setup);
+  ~Reporter();
+  Reporter(const Reporter&) = delete;
+  Reporter& operator=(const Reporter&) = delete;
+
+  // A new epoch's steps begin.
+  void epoch_started();
+  // Whether a progress line is due (train.progress_interval_s since the last one or the epoch's start); always
+  // false but on rank 0. The loop gathers a Progress (a host synchronisation) only then.
+  bool progress_due();
+  void progress(const Progress& p);
+  // Collective, after the first optimizer step of this invocation: the memory report (the activations are the
+  // peak the training thread allocated during that step).
+  void first_step(int64_t step);
+  // Collective, after an epoch's steps: this rank's step times (rank 0 names a straggler) and memory.
+  void epoch_measured(const RankTiming& mine);
+  // The epoch line and records (rank 0), after epoch_measured and evaluation.
+  void epoch_done(const EpochEnd& e);
+  // A stop signal ended the run (rank 0 redraws the curves).
+  void stopped();
+
+ private:
+  MemoryFigures memory_now() const;
+  nlohmann::json record(const char* kind, int64_t step, int64_t epoch) const;
+  void report_ranks(int64_t step, int64_t epoch);
+  void draw_curves();
+  double mfu_pct(double global_rows_per_s) const;
+  std::string mfu_text(double global_rows_per_s) const;
+
+  using Clock = std::chrono::steady_clock;
+  const Config& cfg_;
+  comm::ProcessGroup& pg_;
+  const Device device_;
+  const LossScaler& scaler_;
+  MemoryFigures& model_memory_;
+  const ReportSetup setup_;
+  const bool lead_;
+  const std::string rate_key_;  // samples_per_s | tokens_per_s
+  std::unique_ptr<MetricsLog> metrics_;  // rank 0
+  Clock::time_point run_t0_ = Clock::now();
+  Clock::time_point progress_t_ = Clock::now();
+  MemoryFigures epoch_memory_;                  // this rank's, when the epoch's steps ended
+  std::vector<std::vector<double>> per_rank_;   // every rank's epoch figures (epoch_measured)
+  bool curves_failed_ = false;
+};
+
+}  // namespace dpt::trainer
