@@ -4,7 +4,8 @@
 // Subcommands that train nothing: `dptrain export-images` writes Fashion-MNIST out as an image folder,
 // `dptrain tokenize` writes text as token shards (train / val; byte-level, or GPT-2 BPE from a vocab.json and
 // merges.txt), `dptrain generate` samples text from a GPT checkpoint, and `dptrain eval` evaluates a
-// checkpoint on every rank of a job; `dptrain plot` draws a run's curves from its metrics file.
+// checkpoint on every rank of a job; `dptrain plot` draws a run's curves from its metrics file;
+// `dptrain config-reference` prints the configuration reference (docs/configuration.md) from the config schema.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -404,6 +405,10 @@ int main(int argc, char** argv) {
                        "the PNG (written whole: OUT.tmp, then renamed); default: curves.png beside the metrics file");
   plot_cmd->add_option("--size", plot_args.size, "WIDTHxHEIGHT in pixels, each 200 to 10000")->capture_default_str();
   plot_cmd->add_option("--script", plot_args.script, "also write the gnuplot script (data inline) to this file");
+  CLI::App* reference_cmd = app.add_subcommand(
+      "config-reference", "print the configuration reference (every config key's type, default and meaning, one "
+                          "Markdown table per section) to stdout, then exit; docs/configuration.md is its output");
+  reference_cmd->footer("Example: dptrain config-reference > docs/configuration.md");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -415,6 +420,10 @@ int main(int argc, char** argv) {
   if (*generate_cmd) return generate(gen_args);
   if (*export_weights_cmd) return export_weights(ew_args);
   if (*plot_cmd) return plot(plot_args);
+  if (*reference_cmd) {
+    std::cout << trainer::config_reference_markdown();
+    return 0;
+  }
 
   comm::DistEnv env;
   try {
