@@ -179,7 +179,7 @@ const std::vector<Field>& schema() {
       field("train.clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, "clip the global gradient L2 norm (after averaging) to this; 0: off", at_least(0.0)),
       field("train.eval_batch_size", &C::train, &TrainConfig::eval_batch_size, "batch size for evaluation", at_least<int64_t>(1)),
       field("train.progress_interval_s", &C::train, &TrainConfig::progress_interval_s, "seconds between rank 0's progress lines within an epoch", positive()),
-      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic | tokens (llm.c .bin token shards in DIR, split by the words train and val in their names; `dptrain tokenize` writes them; for model.name = gpt, CPU only so far)", one_of({"fashion-mnist", "imagefolder", "synthetic", "tokens"})),
+      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic | tokens (llm.c .bin token shards in DIR, split by the words train and val in their names; `dptrain tokenize` writes them; for model.name = gpt)", one_of({"fashion-mnist", "imagefolder", "synthetic", "tokens"})),
       field("data.dir", &C::data, &DataConfig::dir, "fashion-mnist: directory of the IDX .gz files; imagefolder: the folder holding train/ and val/; tokens: the directory of the shards"),
       field("data.augment", &C::data, &DataConfig::augment, "training transform: none | crop_flip (pad + random crop + horizontal flip) | random_resized_crop (imagefolder: torchvision's RandomResizedCrop + flip); drawn from (seed, epoch, index)", one_of({"none", "crop_flip", "random_resized_crop"})),
       field("data.padding", &C::data, &DataConfig::padding, "crop_flip: zero pixels added on each side before the random crop", at_least<int64_t>(0)),
@@ -203,7 +203,7 @@ const std::vector<Field>& schema() {
               return (v.size() == 1 || v.size() == 3) && std::all_of(v.begin(), v.end(), [](int64_t d) { return d >= 1; })
                          ? "" : std::string("must be [F] or [C, H, W], every value >= 1");
             })),
-      field("model.name", &C::model, &ModelConfig::name, "mlp | resnet | gpt (GPT-2 as nanoGPT: needs data.dataset = tokens; CPU only so far)", one_of({"mlp", "resnet", "gpt"})),
+      field("model.name", &C::model, &ModelConfig::name, "mlp | resnet | gpt (GPT-2 as nanoGPT: needs data.dataset = tokens; its GPU kernels are compiled but not yet run on a GPU)", one_of({"mlp", "resnet", "gpt"})),
       field("model.hidden", &C::model, &ModelConfig::hidden, "hidden layer widths of the MLP", all_positive()),
       field("model.depth", &C::model, &ModelConfig::depth, "resnet: 18 | 34 (basic blocks) | 50 (bottlenecks), torchvision's block counts; ignored when model.blocks is set", Check<int64_t>([](const int64_t& v) {
               return v == 18 || v == 34 || v == 50 ? "" : std::string("must be 18, 34 or 50 (or set model.blocks)");
@@ -238,8 +238,8 @@ const std::vector<Field>& schema() {
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: never at epoch ends)", at_least<int64_t>(0)),
       field("checkpoint.every_steps", &C::checkpoint, &CheckpointConfig::every_steps, "also write one every N optimizer steps (0: off)", at_least<int64_t>(0)),
       field("log.level", &C::log, &LogConfig::level, "trace | debug | info | warn | error", one_of({"trace", "debug", "info", "warn", "error"})),
-      field("log.dir", &C::log, &LogConfig::dir, "where rank 0 appends metrics.jsonl, one JSON object per progress line and per epoch (README: Metrics file); empty (the default): the folder that holds checkpoint.dir"),
-      field("log.tensorboard", &C::log, &LogConfig::tensorboard, "rank 0 also writes the metrics.jsonl records as TensorBoard event files (events.out.tfevents.*) in the same folder, one scalar \"<kind>/<key>\" per number (README: TensorBoard); `tensorboard --logdir` that folder"),
+      field("log.dir", &C::log, &LogConfig::dir, "where rank 0 appends metrics.jsonl, one JSON object per progress line and per epoch (docs/watching.md: Metrics file); empty (the default): the folder that holds checkpoint.dir"),
+      field("log.tensorboard", &C::log, &LogConfig::tensorboard, "rank 0 also writes the metrics.jsonl records as TensorBoard event files (events.out.tfevents.*) in the same folder, one scalar \"<kind>/<key>\" per number (docs/watching.md: TensorBoard); `tensorboard --logdir` that folder"),
       field("log.memory", &C::log, &LogConfig::memory, "every progress line (and progress record) also shows memory: dptrain's tensors on the training device now and at peak, host RSS, and a GPU's used memory; without it they come once per epoch"),
       field("log.curves", &C::log, &LogConfig::curves, "rank 0 redraws curves.png beside metrics.jsonl after every epoch and when the run stops early, as `dptrain plot` does (needs gnuplot; a failure to draw is a warning, not an error)"),
   };
@@ -431,6 +431,98 @@ std::string config_keys_help() {
   std::string out;
   for (const auto& f : schema())
     out += fmt::format("  {:<{}}  {:<{}}  {:<{}}  {}\n", f.key, w, f.type, tw, f.show(defaults), dw, f.help);
+  return out;
+}
+
+namespace {
+
+// Text for a Markdown table cell: `|` escaped everywhere (GFM splits cells before it reads code spans); outside
+// code spans also `<`, `>` (else read as HTML) and `*` (else emphasis).
+std::string markdown_cell(const std::string& text) {
+  std::string out;
+  bool code = false;
+  for (char ch : text) {
+    if (ch == '`') code = !code;
+    if (ch == '|') out += "\\|";
+    else if (!code && ch == '<') out += "&lt;";
+    else if (!code && ch == '>') out += "&gt;";
+    else if (!code && ch == '*') out += "\\*";
+    else out += ch;
+  }
+  return out;
+}
+
+// One line under each section's heading: what its keys decide, and the guide that tells more.
+std::string section_intro(const std::string& section) {
+  if (section == "train")
+    return "What training does: epochs, the batch per rank, the optimizer and its learning-rate schedule, gradient "
+           "accumulation and clipping, the arithmetic ([mixed precision](mixed-precision.md)) and the device "
+           "([GPUs](gpus.md)).";
+  if (section == "data")
+    return "Where the examples come from and how they are read: Fashion-MNIST, image folders, token shards or "
+           "synthetic data, their transforms, the loader ([models and data](models-and-data.md)).";
+  if (section == "model")
+    return "What is trained: the MLP, a ResNet or a GPT, its shape, and the weights it starts from "
+           "([models and data](models-and-data.md)).";
+  if (section == "dist")
+    return "How the ranks talk: the backend, the timeout that names a hung rank, and how gradients are averaged "
+           "([launching](launching.md), [gradient averaging](data-parallel.md)).";
+  if (section == "checkpoint")
+    return "Where rank 0 writes checkpoints, how often, and how many it keeps ([checkpoints](checkpoints.md)).";
+  if (section == "log")
+    return "What the run reports besides its log lines: the metrics file, TensorBoard, memory figures, curves "
+           "([watching a run](watching.md)).";
+  return "";
+}
+
+}  // namespace
+
+std::string config_reference_markdown() {
+  const Config defaults;
+  std::vector<std::string> sections;
+  for (const auto& f : schema()) {
+    const std::string sec = f.key.substr(0, f.key.find('.'));
+    if (std::find(sections.begin(), sections.end(), sec) == sections.end()) sections.push_back(sec);
+  }
+  std::vector<std::string> links;
+  for (const auto& sec : sections) links.push_back(fmt::format("[{0}](#{0})", sec));
+
+  std::string out =
+      "# Configuration reference\n"
+      "\n"
+      "<!-- Generated by `dptrain config-reference` from the config schema in trainer/config.cpp; do not edit.\n"
+      "     Regenerate: build/trainer/dptrain config-reference > docs/configuration.md -->\n"
+      "\n"
+      "This page is generated by `dptrain config-reference` from the config schema (`trainer/config.cpp`), the one\n"
+      "table that the parser, the validation, `--print-config` and `dptrain --help` also come from. Do not edit it:\n"
+      "after changing a key, run `build/trainer/dptrain config-reference > docs/configuration.md` (a unit test\n"
+      "fails while the committed page differs from the program's).\n"
+      "\n"
+      "An experiment is a TOML file (`configs/*.toml`) with one table per section below; any key can also be set\n"
+      "on the command line as `section.key=value`, after the file:\n"
+      "\n"
+      "```bash\n"
+      "build/trainer/dptrain --config configs/fmnist_mlp.toml train.lr=0.1 model.hidden=[256,256] dist.backend=gloo\n"
+      "build/trainer/dptrain --config configs/fmnist_mlp.toml --print-config     # the effective config, then exit\n"
+      "```\n"
+      "\n"
+      "An unknown key or a value of the wrong type is an error naming the key (exit code 2). Rank 0 prints the\n"
+      "effective config at the start, every checkpoint stores it, and right after the rendezvous the ranks compare\n"
+      "its hash: a rank started with another config stops the job before the first step. Defaults are shown as\n"
+      "TOML values.\n"
+      "\n";
+  out += fmt::format("Sections: {}.\n", fmt::join(links, ", "));
+  for (const auto& sec : sections) {
+    out += fmt::format("\n## {}\n\n", sec);
+    if (const std::string intro = section_intro(sec); !intro.empty()) out += intro + "\n\n";
+    out += "| key | type | default | meaning |\n| --- | --- | --- | --- |\n";
+    for (const auto& f : schema()) {
+      if (f.key.substr(0, f.key.find('.')) != sec) continue;
+      std::string value;  // in a code span: only `|` needs escaping there
+      for (char ch : f.show(defaults)) value += ch == '|' ? std::string("\\|") : std::string(1, ch);
+      out += fmt::format("| `{}` | {} | `{}` | {} |\n", f.key, f.type, value, markdown_cell(f.help));
+    }
+  }
   return out;
 }
 

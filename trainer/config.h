@@ -128,5 +128,9 @@ std::string to_toml(const Config& c);
 std::string config_hash(const Config& c);
 // Help text listing every key: "  train.lr  float  0.05  learning rate (peak when a schedule is used)".
 std::string config_keys_help();
+// The configuration reference as a Markdown page, from the same schema: one table per section (train, data,
+// model, dist, checkpoint, log) with every key's type, default and meaning. `dptrain config-reference` prints
+// it; docs/configuration.md is its output, and a unit test fails when the committed file differs.
+std::string config_reference_markdown();
 
 }  // namespace dpt::trainer

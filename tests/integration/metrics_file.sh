@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # tests/integration/metrics_file.sh (issue 11): rank 0's RUN/metrics.jsonl. A 2-rank run of 2 epochs writes one
-# JSON object per progress line and per epoch beside its checkpoints; every key is in README's "Metrics file"
-# table with the type it gives; a resume to 3 epochs appends, its steps continuing; the epoch records agree with
-# the epoch lines; log.dir puts the file elsewhere.
+# JSON object per progress line and per epoch beside its checkpoints; every key is in docs/watching.md's
+# "Metrics file" table with the type it gives; a resume to 3 epochs appends, its steps continuing; the epoch
+# records agree with the epoch lines; log.dir puts the file elsewhere.
 source "$(dirname "$0")/lib/common.bash"
 RUN=(--config "$CONFIG" data.train_limit=2000 data.test_limit=200 train.batch_size=32 train.progress_interval_s=0.01
      train.clip_grad_norm=5)
@@ -14,11 +14,11 @@ cp "$WORK/run/metrics.jsonl" "$WORK/first.jsonl"
   > "$WORK/b.log" 2>&1 || { cat "$WORK/b.log"; fail "the resumed run failed"; }
 grep -q "resumed from" "$WORK/b.log" || fail "the second run did not resume"
 
-"$PY" - "$DPT_SOURCE_DIR/README.md" "$WORK/first.jsonl" "$WORK/run/metrics.jsonl" "$WORK/a.log" <<'PY'
+"$PY" - "$DPT_SOURCE_DIR/docs/watching.md" "$WORK/first.jsonl" "$WORK/run/metrics.jsonl" "$WORK/a.log" <<'PY'
 import json, re, sys
 readme, first, full, log = sys.argv[1:]
 
-# README's table: | `key`, `key` | in | type | meaning |, between "### Metrics file" and the next heading.
+# docs/watching.md's table: | `key`, `key` | in | type | meaning |, between "### Metrics file" and the next heading.
 text = open(readme).read()
 section = text[text.index("### Metrics file"):]
 section = section[: section.index("\n## ")]
@@ -28,7 +28,7 @@ for row in re.findall(r"^\| (`.+?) \| .+? \| (.+?) \|", section, re.M):
     kinds = [k.strip() for k in row[1].split(",")]
     for i, k in enumerate(keys):
         types[k] = kinds[min(i, len(kinds) - 1)]
-assert types.get("step") == "integer" and types.get("loss") == "number", f"README table not parsed: {types}"
+assert types.get("step") == "integer" and types.get("loss") == "number", f"docs/watching.md table not parsed: {types}"
 check = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
          "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
          "string": lambda v: isinstance(v, str)}
@@ -42,7 +42,7 @@ def records(path):
             r = json.loads(line)
             assert isinstance(r, dict), f"{path}:{n}: not an object"
             for k, v in r.items():
-                assert k in types, f"{path}:{n}: key {k!r} is not in README's Metrics file table"
+                assert k in types, f"{path}:{n}: key {k!r} is not in docs/watching.md's Metrics file table"
                 assert check[types[k]](v), f"{path}:{n}: {k} = {v!r} is not a {types[k]}"
             out.append(r)
     return out
@@ -78,7 +78,7 @@ for (e, loss, tl, acc), r in zip(lines, ea):
         and f"{r['test_acc']:.4f}" == acc, f"epoch {e}: line {loss} {tl} {acc} vs record {r}"
 print(f"ok: {len(a)} records, then {len(new)} appended on resume; {len(types)} documented keys, types as documented")
 PY
-[ $? = 0 ] || fail "metrics.jsonl does not match README's table"
+[ $? = 0 ] || fail "metrics.jsonl does not match docs/watching.md's table"
 
 # log.dir: the file goes there instead.
 "$DPTRAIN" "${RUN[@]}" train.epochs=1 data.train_limit=500 checkpoint.dir="$WORK/c/checkpoints" log.dir="$WORK/logs" \

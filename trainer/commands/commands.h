@@ -31,6 +31,7 @@ Command add_tokenize(CLI::App& root);                                          /
 Command add_export_images(CLI::App& root);                                     // commands/export_images.cpp
 Command add_export_weights(CLI::App& root);                                    // commands/export_weights.cpp
 Command add_plot(CLI::App& root);                                              // commands/plot.cpp
+Command add_config_reference(CLI::App& root);                                  // commands/config_reference.cpp
 
 // ---- shared by the commands (commands/common.cpp) ------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 // `tail -f` and pandas.read_json(lines=True) both work while the run goes on. A resumed run appends to the same
 // file; its step numbers continue. Records of steps after the one a run starts from (those a crashed or preempted
 // run wrote after its last checkpoint, and every record when a run starts afresh) are dropped when the file is
-// opened, so each step appears once, as the curves will show it. Every key is listed in README.md ("Metrics file").
+// opened, so each step appears once, as the curves will show it. Every key is listed in docs/watching.md ("Metrics file").
 // With log.tensorboard the same records also go to TensorBoard event files in the same folder (trainer/report/tensorboard.h).
 #pragma once
 
