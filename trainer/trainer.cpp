@@ -561,18 +561,13 @@ void Trainer::stop_for_signal(int sig, int64_t epoch, int64_t next_batch) {
 
 void Trainer::finish() {
   result_.steps = step_;
-  if (!result_.epochs.empty() || result_.stop_signal) return;
-  // Nothing left to train (resumed at the end): report where the model stands.
-  const EvalResult ev = evaluate(*model_, *task_, *ds_.test, t_, static_cast<size_t>(cfg_.data.workers), pg_);
-  result_.final_test_acc = ev.acc;
-  result_.final_test_loss = ev.loss;
-  if (lead_) {
-    const std::string why = t_.max_steps > 0 && step_ >= t_.max_steps
-                                ? fmt::format("train.max_steps = {} already reached", t_.max_steps)
-                                : fmt::format("epoch {}/{}", start_.epoch, t_.epochs);
-    spdlog::info("training already complete at step {} ({}): test_loss {:.4f} test_acc {:.4f}", step_, why, ev.loss,
-                 ev.acc);
+  if (result_.epochs.empty() && !result_.stop_signal) {
+    // Nothing left to train (resumed at the end): where the model stands.
+    const EvalResult ev = evaluate(*model_, *task_, *ds_.test, t_, static_cast<size_t>(cfg_.data.workers), pg_);
+    result_.final_test_acc = ev.acc;
+    result_.final_test_loss = ev.loss;
   }
+  reporter_->finished(result_);
 }
 
 // DPT_DEBUG_DIVERGE_RANK and DPT_DEBUG_FAIL_AT_STEP (trainer/fault_injection.h).

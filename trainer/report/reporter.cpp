@@ -171,6 +171,16 @@ void Reporter::epoch_done(const EpochEnd& e) {
 
 void Reporter::stopped() { draw_curves(); }
 
+void Reporter::finished(const RunResult& r) {
+  if (!lead_ || !r.epochs.empty() || r.stop_signal) return;
+  const TrainConfig& t = cfg_.train;
+  const std::string why = t.max_steps > 0 && r.steps >= t.max_steps
+                              ? fmt::format("train.max_steps = {} already reached", t.max_steps)
+                              : fmt::format("epoch {}/{}", setup_.start_epoch, t.epochs);
+  spdlog::info("training already complete at step {} ({}): test_loss {:.4f} test_acc {:.4f}", r.steps, why,
+               r.final_test_loss, r.final_test_acc);
+}
+
 // This rank's memory now (the model's state is model_memory_'s already): the training device's tensors, the host
 // process, and a GPU as its driver counts it.
 MemoryFigures Reporter::memory_now() const {

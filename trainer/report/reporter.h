@@ -6,7 +6,7 @@
 // reporter's business, not the loop's.
 //
 // Events, in the order a run meets them: progress_due()/progress() at optimizer steps, first_step() once,
-// epoch_measured() then epoch_done() after each epoch, stopped() when a stop signal ends the run. The ones marked
+// epoch_measured() then epoch_done() after each epoch, stopped() when a stop signal ends the run, finished() last. The ones marked
 // collective gather from every rank: every rank calls them at the same point.
 #pragma once
 
@@ -80,6 +80,8 @@ class Reporter {
   void epoch_done(const EpochEnd& e);
   // A stop signal ended the run (rank 0 redraws the curves).
   void stopped();
+  // The run is over; rank 0 says so when it had nothing left to train (resumed at its end).
+  void finished(const RunResult& r);
 
  private:
   MemoryFigures memory_now() const;
