@@ -156,7 +156,11 @@ TEST_CASE("GPT layers: gradients match finite differences", "[models][gpt]") {
     check_gradients(*m, random_tensor({3, 1, 4}, rng), 53, 1e-3f, 3e-2, 3e-3);
   }
   SECTION("MLP") { auto m = scaled(wrap(std::make_unique<GptMlp>(4, 1)), 25.0f); check_gradients(*m, random_tensor({2, 3, 4}, rng), 54, 1e-3f, 3e-2, 3e-3); }
-  SECTION("block") { auto m = scaled(wrap(std::make_unique<GptBlock>(8, 2, 2)), 10.0f); check_gradients(*m, random_tensor({2, 4, 8}, rng), 55, 1e-3f, 3e-2, 3e-3); }
+  // Margin 1e-2, not 3e-3: the block's float32 forward rounds differently with each OpenBLAS kernel set, and with the
+  // Prescott and Sandybridge kernels (what OpenBLAS runs on CPUs it does not know) that rounding alone moved one
+  // central difference by 3.6e-3 (analytic -0.0827, numeric -0.0862). A larger eps is no way out: at 3e-3 the
+  // truncation error of the 10x-scaled weights moves the large gradients by 4%.
+  SECTION("block") { auto m = scaled(wrap(std::make_unique<GptBlock>(8, 2, 2)), 10.0f); check_gradients(*m, random_tensor({2, 4, 8}, rng), 55, 1e-3f, 3e-2, 1e-2); }
 }
 
 TEST_CASE("GPT: every parameter's gradient (tied head included) matches finite differences", "[models][gpt]") {
