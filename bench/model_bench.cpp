@@ -10,13 +10,14 @@
 // mean loss over the timed steps must be finite (exit 1 otherwise).
 //
 //   images (model.name = mlp | resnet): a batch [N, C, H, W] (--shape) of standard normal values with labels
-//       uniform in [0, --classes); images/s = batch * steps / time. PyTorch's twin: scripts/bench/torch_resnet.py.
+//       uniform in [0, --classes); images/s = batch * steps / time. PyTorch's twin:
+//       tests/support/python/torch_resnet.py.
 //   tokens (model.name = gpt): windows of model.block_size + 1 tokens uniform in [0, model.vocab_size): the
 //       model reads tokens [B, T] (int32) and predicts the next ones ([B * T] targets), as dptrain's language
 //       model task feeds it; tokens/s = B * T * steps / time, and on a GPU whose dense bf16 peak is known
 //       (cuda::dense_bf16_peak_flops) MFU = tokens/s * models::gpt_flops_per_token / peak. AdamW's weight decay
 //       reaches the matrices only, as dptrain's for a GPT (train.weight_decay_params = auto). PyTorch's twin:
-//       scripts/bench/torch_gpt.py (scripts/bench/gpt_bench.sh runs both).
+//       tests/support/python/torch_gpt.py (scripts/bench/gpt_bench.sh runs both).
 //
 // --phase-steps N: after the timed steps, N more steps with a clock read (CUDA events on a GPU) between the
 // phases: where a step's time goes (forward, loss, backward, optimizer), printed as a comment line and in the
@@ -137,7 +138,7 @@ models::GptOptions gpt_options(const trainer::ModelConfig& m) {
           .block_size = m.block_size};
 }
 
-// The table, shared with scripts/bench/torch_resnet.py (same columns, same widths).
+// The table, shared with tests/support/python/torch_resnet.py (same columns, same widths).
 void print_header() {
   fmt::print("#{:>11}  {:>10}  {:>10}  {:>5}  {:>9}  {:>6}  {:>5}  {:>9}  {:>9}  {:>7}\n", "program", "model", "shape",
              "batch", "precision", "device", "ranks", "time/step", "images/s", "loss");
@@ -152,7 +153,7 @@ void print_row(const Result& r, const Options& o) {
   std::fflush(stdout);
 }
 
-// The GPT table, shared with scripts/bench/torch_gpt.py (same columns, same widths). MFU "-" when the peak of
+// The GPT table, shared with tests/support/python/torch_gpt.py (same columns, same widths). MFU "-" when the peak of
 // the device is not known (the CPU, a GPU not in cuda::dense_bf16_peak_flops's table).
 void print_gpt_header() {
   fmt::print("#{:>11}  {:>7}  {:>12}  {:>5}  {:>5}  {:>9}  {:>6}  {:>9}  {:>10}  {:>5}  {:>7}\n", "program", "mode",

@@ -111,7 +111,7 @@ for trial in $(seq "$TRIALS"); do
   if [ -z "$why" ] && [ "$(grep -c 'restart [0-9]* of' "$LOG")" != "$KILLS" ]; then why="not exactly $KILLS restarts"; fi
   if [ -z "$why" ] && [ ! -d "$DIR/$FINAL" ]; then why="no $FINAL"; fi
   if [ -z "$why" ]; then
-    diff=$(/usr/bin/python3 "$ROOT/tests/integration/lib/ckpt.py" compare "$WORK/ref/$FINAL" "$DIR/$FINAL" 0) ||
+    diff=$(/usr/bin/python3 "$ROOT/tests/support/python/ckpt.py" compare "$WORK/ref/$FINAL" "$DIR/$FINAL" 0) ||
       why="weights differ: $diff"
   fi
   if [ -z "$why" ]; then

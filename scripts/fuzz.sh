@@ -17,7 +17,7 @@ TARGETS=("$@")
 ((${#TARGETS[@]})) || TARGETS=(store idx config safetensors)
 
 if ! command -v clang++ >/dev/null; then
-  echo "fuzz: clang++ not found: run scripts/setup.sh (it installs Debian's clang and libclang-rt-14-dev)" >&2
+  echo "fuzz: clang++ not found: run scripts/setup.sh --tests (it installs Debian's clang and libclang-rt-14-dev)" >&2
   exit 1
 fi
 if [ ! -f "$BUILD_DIR/CMakeCache.txt" ]; then

@@ -7,7 +7,7 @@
 # dptrain, e.g. scripts/run.sh train.epochs=3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh  # what building and training need, no test-only tools (those: scripts/setup.sh --tests)
 bash scripts/build.sh
 BUILD_DIR=${DPT_BUILD_DIR:-build}
 NPROC=${NPROC:-2}

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The test command: installs what is missing (scripts/setup.sh), builds, runs every test through ctest.
-# Idempotent. .ci/run calls exactly this. Extra arguments go to ctest (e.g. scripts/test.sh -R unit.data).
+# The test command: installs what is missing, the test-only tools included (scripts/setup.sh --tests), builds,
+# runs every test through ctest. Idempotent. .ci/run calls exactly this. Extra arguments go to ctest
+# (e.g. scripts/test.sh -R unit.data).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --tests
 bash scripts/build.sh
 BUILD_DIR=${DPT_BUILD_DIR:-build}
 # Two cores on CI: tests that start several ranks declare PROCESSORS 2, so ctest never oversubscribes.

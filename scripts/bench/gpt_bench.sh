@@ -13,8 +13,8 @@
 #                   rank has nothing to all-reduce: the reducer is idle), the LR schedule; timed from the
 #                   timestamps of its progress lines between step WARMUP and the last one (a handful of lines:
 #                   each costs a host synchronisation). Its ms/step against the step row's is the DDP overhead.
-#         eager     scripts/bench/torch_gpt.py --mode eager (nanoGPT's model, F.scaled_dot_product_attention)
-#         compile   scripts/bench/torch_gpt.py --mode compile (torch.compile)
+#         eager     tests/support/python/torch_gpt.py --mode eager (nanoGPT's model, F.scaled_dot_product_attention)
+#         compile   tests/support/python/torch_gpt.py --mode compile (torch.compile)
 #       Targets (reported; BENCH_STRICT=1 makes them count): step / compile >= 1.1, step MFU >= 45%, loop costs
 #       < 3% more per step than step. Then where the time goes: dptrain's kernels under nsys (the timed steps
 #       only, cudaProfilerApi range) or, without nsys, ncu (one step); with neither, the phase split only.
@@ -127,7 +127,7 @@ PY=""
 for p in ${PYTHON:-} python3 /usr/bin/python3; do
   if "$p" -c 'import torch' 2>/dev/null; then PY=$p; break; fi
 done
-[ -n "$PY" ] || { echo "gpt_bench: no python3 here imports torch (set PYTHON; here: scripts/setup.sh)" >&2; exit 1; }
+[ -n "$PY" ] || { echo "gpt_bench: no python3 here imports torch (set PYTHON; here: scripts/setup.sh --bench)" >&2; exit 1; }
 DPT=(env "LD_LIBRARY_PATH=$DPT_LIB_PATH")
 
 CORETYPE=${OPENBLAS_CORETYPE:-}
@@ -279,7 +279,7 @@ run_rows() {
     if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)); then
       prof=(--profile-steps 3 --profile-out "$LOG_DIR/torch_${mode}_kernels.txt")
     fi
-    measure "$mode" json "$log" "${TORCH_RUN[@]}" "$PY" scripts/bench/torch_gpt.py --mode "$mode" "${SHAPE_PY[@]}" \
+    measure "$mode" json "$log" "${TORCH_RUN[@]}" "$PY" tests/support/python/torch_gpt.py --mode "$mode" "${SHAPE_PY[@]}" \
       --warmup "$W" --steps "$S" --threads 1 "${prof[@]}" --json "$log.json"
   done
   if want loop; then

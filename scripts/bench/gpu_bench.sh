@@ -64,7 +64,7 @@ for b in "${BATCHES[@]}"; do
   ((rc == 0)) || { echo "  dptrain exit $rc (see $dlog):"; tail -n 5 "$dlog" | sed 's/^/  | /'; d=""; }
   echo "batch $b: PyTorch ..."
   rc=0
-  timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" scripts/bench/torch_mlp.py --data "$DATA" --batch-size "$b" \
+  timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" tests/support/python/torch_mlp.py --data "$DATA" --batch-size "$b" \
     --epochs "$EPOCHS" --device cuda >"$tlog" 2>&1 </dev/null || rc=$?
   t=$(last_samples "$tlog" '^epoch [0-9]+ samples/s' || true)
   ((rc == 0)) || { echo "  torch_mlp.py exit $rc (see $tlog):"; tail -n 5 "$tlog" | sed 's/^/  | /'; t=""; }

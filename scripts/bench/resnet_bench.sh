@@ -3,7 +3,7 @@
 # inputs, one markdown table with the ratio dptrain / PyTorch per row.
 #
 #   scripts/bench/resnet_bench.sh --gpu    on a GPU machine (scripts/gpu-check.sh run and resnet-bench call it):
-#       dpt-model-bench against scripts/bench/torch_resnet.py (PyTorch eager, channels_last, cudnn.benchmark),
+#       dpt-model-bench against tests/support/python/torch_resnet.py (PyTorch eager, channels_last, cudnn.benchmark),
 #       1 process, one random batch made on the GPU, CUDA-event timing:
 #         ResNet-18, 3x32x32, batch 256, 10 classes, fp32 (no TF32 on either side)   target ratio >= 1.2
 #         ResNet-18, 3x32x32, batch 256, 10 classes, bf16 (autocast on PyTorch's)    target ratio >= 1.2
@@ -97,7 +97,7 @@ PY=""
 for p in ${PYTHON:-} python3 /usr/bin/python3; do
   if "$p" -c 'import torch' 2>/dev/null; then PY=$p; break; fi
 done
-[ -n "$PY" ] || { echo "resnet_bench: no python3 here imports torch (set PYTHON; here: scripts/setup.sh)" >&2; exit 1; }
+[ -n "$PY" ] || { echo "resnet_bench: no python3 here imports torch (set PYTHON; here: scripts/setup.sh --bench)" >&2; exit 1; }
 DPT=(env "LD_LIBRARY_PATH=$DPT_LIB_PATH")
 
 # ---- CPU accounting (as scripts/bench/train_bench.sh): other processes' CPU use during a run ------------------
@@ -217,7 +217,7 @@ gpu_rows() {
       --warmup "$W" --steps "$S" --json "$log.json" model.name=resnet "model.depth=$depth" train.device=cuda \
       "train.precision=$prec"
     log=$LOG_DIR/${id}_pytorch_$rep.log
-    measure "$id/pytorch" json "$log" "$PY" scripts/bench/torch_resnet.py --model "resnet$depth" --batch "$batch" \
+    measure "$id/pytorch" json "$log" "$PY" tests/support/python/torch_resnet.py --model "resnet$depth" --batch "$batch" \
       --shape "$shape" --classes "$classes" --precision "$prec" --device cuda --warmup "$W" --steps "$S" --json "$log.json"
   done
 }
@@ -238,7 +238,7 @@ cpu_rows() {
   measure "$id/dptrain" json "$log" "${dpt_env[@]}" "$MODEL_BENCH" --batch "$B" --shape 3,32,32 --classes 10 \
     --warmup "$W" --steps "$S" --json "$log.json" model.name=resnet model.depth=18 train.device=cpu
   log=$LOG_DIR/${id}_pytorch_$rep.log
-  measure "$id/pytorch" json "$log" "${torch_env[@]}" "$PY" scripts/bench/torch_resnet.py --model resnet18 --batch "$B" \
+  measure "$id/pytorch" json "$log" "${torch_env[@]}" "$PY" tests/support/python/torch_resnet.py --model resnet18 --batch "$B" \
     --shape 3,32,32 --classes 10 --device cpu --threads 1 --warmup "$W" --steps "$S" --json "$log.json"
 
   for n in 1 2; do
@@ -251,7 +251,7 @@ cpu_rows() {
       "train.eval_batch_size=$B" train.epochs=1 "train.max_steps=$((W + S))" train.device=cpu \
       train.progress_interval_s=0.001 dist.backend=gloo "checkpoint.dir=$TMP/ckpt_$n" --resume never
     log=$LOG_DIR/${id}_pytorch_$rep.log
-    measure "$id/pytorch" json "$log" "${torch_env[@]}" "$PY" scripts/bench/torch_resnet.py --model resnet18 \
+    measure "$id/pytorch" json "$log" "${torch_env[@]}" "$PY" tests/support/python/torch_resnet.py --model resnet18 \
       --batch "$B" --shape 3,32,32 --classes 10 --threads 1 --nproc "$n" --warmup "$W" --steps "$S" --json "$log.json"
   done
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CPU training throughput on this machine: dptrain against PyTorch DDP (scripts/bench/torch_ddp_mlp.py, Debian's
+# CPU training throughput on this machine: dptrain against PyTorch DDP (tests/support/python/torch_ddp_mlp.py, Debian's
 # python3-torch, gloo), the same workload on both sides: MLP 784-512-512-10 with ReLU on Fashion-MNIST, SGD lr
 # 0.05 momentum 0.9, batch 64 PER RANK, 1 epoch of 60,000 examples sharded over the ranks, ONE thread per rank.
 #
@@ -128,10 +128,10 @@ run_one() { # ID LOG: runs configuration ID once, output to LOG
         "${extra[@]}"
       ;;
     torch_1 | torch_2)
-      timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" scripts/bench/torch_ddp_mlp.py --data "$DATA" --nproc "${RANKS[$id]}"
+      timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" tests/support/python/torch_ddp_mlp.py --data "$DATA" --nproc "${RANKS[$id]}"
       ;;
     torch_ps_1 | torch_ps_2)  # the textbook loader (the reference numbers used one like it)
-      timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" scripts/bench/torch_ddp_mlp.py --data "$DATA" --nproc "${RANKS[$id]}" \
+      timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" tests/support/python/torch_ddp_mlp.py --data "$DATA" --nproc "${RANKS[$id]}" \
         --loader per-sample
       ;;
   esac >"$log" 2>&1 </dev/null

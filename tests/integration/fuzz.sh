@@ -5,7 +5,7 @@
 # crash files stay in $DPT_BUILD_DIR/fuzz/runs/<target>/crashes.
 source "$(dirname "$0")/lib/common.bash"
 
-command -v clang++ >/dev/null || fail "clang++ not found: run scripts/setup.sh (installs clang and libclang-rt-14-dev)"
+command -v clang++ >/dev/null || fail "clang++ not found: run scripts/setup.sh --tests (installs clang and libclang-rt-14-dev)"
 out=$(FUZZ_SECONDS=${FUZZ_SECONDS:-25} DPT_FUZZ_BUILD_DIR="$DPT_BUILD_DIR/fuzz" \
   bash "$DPT_SOURCE_DIR/scripts/fuzz.sh" 2>&1) || { echo "$out" | tail -40; fail "a fuzz target found a crash (above)"; }
 echo "$out" | grep "^fuzz_"

@@ -8,9 +8,9 @@
 # and bf16 (dptrain's train.precision=bf16 against torch.autocast bf16: each as far from fp32 as the other,
 # within 0.2x-3x).
 source "$(dirname "$0")/lib/common.bash"
-TORCH_PY=$DPT_SOURCE_DIR/tests/integration/lib/torch_gpt.py
+TORCH_PY=$DPT_SOURCE_DIR/tests/support/python/torch_gpt.py
 GPT_IO=$DPT_BUILD_DIR/tests/dpt-gpt-io
-$PY -c 'import torch' 2>/dev/null || fail "python3-torch is needed (scripts/setup.sh)"
+$PY -c 'import torch' 2>/dev/null || fail "python3-torch is needed (scripts/setup.sh --tests)"
 
 for v in tiny odd tiny_hf tiny_bf16; do
   d=$WORK/$v
@@ -21,7 +21,7 @@ for v in tiny odd tiny_hf tiny_bf16; do
   $PY "$TORCH_PY" check "$v" "$d" || fail "$v differs from the torch GPT"
 done
 # An untied head (lm_head.weight other than the token embedding) cannot load into this tied GPT: a clear error.
-PYTHONPATH=$DPT_SOURCE_DIR/tests/integration/lib "$PY" - "$WORK/tiny/weights.safetensors" "$WORK/untied.safetensors" <<'PYEOF'
+PYTHONPATH=$DPT_SOURCE_DIR/tests/support/python "$PY" - "$WORK/tiny/weights.safetensors" "$WORK/untied.safetensors" <<'PYEOF'
 import sys
 import ckpt
 w = ckpt.load(sys.argv[1])

@@ -11,9 +11,9 @@
 #  - resnet18 weights into a resnet34 are refused: exit code 2, naming a tensor the file lacks.
 # The first two run once per entry of PRECISIONS (train.precision; fp32 is the config's).
 source "$(dirname "$0")/lib/common.bash"
-TORCH_PY=$DPT_SOURCE_DIR/tests/integration/lib/torch_resnet.py
+TORCH_PY=$DPT_SOURCE_DIR/tests/support/python/torch_resnet.py
 $PY -c 'import torch, torchvision' 2>/dev/null ||
-  fail "python3-torch and python3-torchvision are needed (scripts/setup.sh)"
+  fail "python3-torch and python3-torchvision are needed (scripts/setup.sh --tests)"
 
 PRECISIONS=(fp32 bf16 fp16)  # train.precision values to run; fp32 is the config's (no override)
 R34=$WORK/r34_1000.safetensors R18=$WORK/r18_1000.safetensors  # torchvision's, 1000 classes

@@ -7,9 +7,9 @@
 # torch.autocast bf16: each as far from fp32 as the other, within 0.2x-3x). Then model.init_from: torchvision weights with
 # another class count re-initialise fc (and say so), a wrong shape elsewhere is an error naming the key.
 source "$(dirname "$0")/lib/common.bash"
-TORCH_PY=$DPT_SOURCE_DIR/tests/integration/lib/torch_resnet.py
+TORCH_PY=$DPT_SOURCE_DIR/tests/support/python/torch_resnet.py
 MODEL_IO=$DPT_BUILD_DIR/tests/dpt-model-io
-$PY -c 'import torch, torchvision' 2>/dev/null || fail "python3-torch and python3-torchvision are needed (scripts/setup.sh)"
+$PY -c 'import torch, torchvision' 2>/dev/null || fail "python3-torch and python3-torchvision are needed (scripts/setup.sh --tests)"
 
 for v in resnet18 small bottleneck small_bf16; do
   d=$WORK/$v

@@ -14,7 +14,7 @@
 source "$(dirname "$0")/lib/common.bash"
 cd "$DPT_SOURCE_DIR"
 for p in munged slurmctld slurmd srun sbatch; do
-  command -v "$p" > /dev/null || fail "$p is missing: scripts/setup.sh installs slurmd, slurmctld, slurm-client and munge"
+  command -v "$p" > /dev/null || fail "$p is missing: scripts/setup.sh --tests installs slurmd, slurmctld, slurm-client and munge"
 done
 
 # ---- the cluster ----------------------------------------------------------------------------------------------

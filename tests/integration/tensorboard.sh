@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # tests/integration/tensorboard.sh (issue 11): log.tensorboard = true. Rank 0 writes the records of RUN/metrics.jsonl
 # as TensorBoard event files beside it, read back here with TensorBoard's own reader (PyPI tensorboard, in the test
-# venv scripts/setup.sh makes): every number of every record is the scalar "<kind>/<key>" (arrays: "<kind>/<key>/<i>")
+# venv scripts/setup.sh --tests makes): every number of every record is the scalar "<kind>/<key>" (arrays: "<kind>/<key>/<i>")
 # at the record's step and unix_time, all of one record in one event; after a run that lost its last checkpoint
 # (as a crash after it wrote the records would) a resume adds a second file, and both of TensorBoard's accumulators
 # then show each step once, with the resumed run's points; a flipped byte fails the reader's CRC check.
 source "$(dirname "$0")/lib/common.bash"
-# The test venv of scripts/setup.sh (same path there).
+# The test venv of scripts/setup.sh --tests (same path there).
 TB_PY=/opt/dptrain/test-venv/bin/python
 "$TB_PY" -c "import tensorboard" 2>/dev/null ||
-  fail "TensorBoard's reader is missing: no $TB_PY with the PyPI tensorboard package; run scripts/setup.sh"
+  fail "TensorBoard's reader is missing: no $TB_PY with the PyPI tensorboard package; run scripts/setup.sh --tests"
 
 RUN=(--config "$CONFIG" data.train_limit=2000 data.test_limit=200 train.batch_size=32 train.progress_interval_s=0.01
      train.clip_grad_norm=5 checkpoint.dir="$WORK/run/checkpoints" log.tensorboard=true)

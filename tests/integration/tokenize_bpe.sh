@@ -13,7 +13,7 @@
 source "$(dirname "$0")/lib/common.bash"
 BPE_PY=$DPT_SOURCE_DIR/tests/integration/lib/gpt2_bpe.py
 FORTUNES=/usr/share/games/fortunes
-"$PY" -c "import regex" 2>/dev/null || fail "python3-regex is missing (scripts/setup.sh installs it)"
+"$PY" -c "import regex" 2>/dev/null || fail "python3-regex is missing (scripts/setup.sh --tests installs it)"
 [ -d "$FORTUNES" ] || fail "$FORTUNES is missing (scripts/setup.sh installs Debian's fortunes)"
 
 # 1. A vocabulary: 400 merges learnt from one fortunes file; 256 + 400 + <|endoftext|> = 657 tokens.

@@ -70,7 +70,7 @@ grep -q "on cpu; 29 tokens.*, no KV cache" "$WORK/gen.err" || { cat "$WORK/gen.e
 grep -q "hf.safetensors: gpt L2 H2 C64 V256 T32.* in Hugging Face's GPT-2 layout" "$WORK/export.log" \
   || { cat "$WORK/export.log"; fail "no export line"; }
 [ ! -e "$WORK/hf.safetensors.tmp" ] || fail "export-weights left its .tmp"
-PYTHONPATH=$DPT_SOURCE_DIR/tests/integration/lib "$PY" - "$WORK/hf.safetensors" "$WORK/nano.safetensors" <<'PYEOF' \
+PYTHONPATH=$DPT_SOURCE_DIR/tests/support/python "$PY" - "$WORK/hf.safetensors" "$WORK/nano.safetensors" <<'PYEOF' \
   || fail "the exported layouts are wrong"
 import sys
 import numpy as np

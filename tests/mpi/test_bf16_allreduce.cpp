@@ -1,6 +1,6 @@
 // tests/mpi/test_bf16_allreduce.cpp: run under mpirun (-np 2, -np 3). The bfloat16 sum all-reduce (what
 // dist.grad_dtype = bf16 sends) on the mpi backend and on a gloo group built in the same processes, against
-// the closed-form values of tests/common/bf16_allreduce_checks.h; then, with two ranks, the two backends must
+// the closed-form values of tests/support/bf16_allreduce_checks.h; then, with two ranks, the two backends must
 // agree bit for bit on rank-specific random values. Exits non-zero on any failure, printing what differed.
 
 #include <cerrno>
@@ -13,7 +13,7 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "core/net.h"
-#include "tests/common/bf16_allreduce_checks.h"
+#include "tests/support/bf16_allreduce_checks.h"
 
 using namespace dpt;
 using namespace dpt::comm;

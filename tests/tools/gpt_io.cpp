@@ -1,6 +1,6 @@
 // tests/tools/gpt_io.cpp: dpt-gpt-io, the C++ half of the GPT parity test: builds a GPT of the given shape,
 // loads weights as model.init_from does (nanoGPT's or Hugging Face's layout), runs one forward and backward with the mean softmax cross-entropy over every
-// position, and writes what it saw for tests/integration/lib/torch_gpt.py to compare with PyTorch:
+// position, and writes what it saw for tests/support/python/torch_gpt.py to compare with PyTorch:
 //   OUT/out.safetensors    logits [B*T, V], loss, grad.<param>
 //   OUT/state.safetensors  the model's weights in nanoGPT's layout (trainer::gpt_export_weights)
 //   OUT/hf.safetensors     the same in Hugging Face's GPT-2 layout

@@ -1,6 +1,6 @@
 // tests/tools/model_io.cpp: dpt-model-io, the C++ half of the PyTorch parity tests: builds the model a config
 // describes, loads weights (torchvision names), runs one training-mode forward and backward with the mean
-// softmax cross-entropy on a given batch, and writes what it saw, for tests/integration/lib/torch_resnet.py
+// softmax cross-entropy on a given batch, and writes what it saw, for tests/support/python/torch_resnet.py
 // to compare with PyTorch:
 //   OUT/out.safetensors    logits, loss, grad.<param>, every buffer after the forward, eval_logits (the
 //                          evaluation-mode forward after it)

@@ -6,7 +6,7 @@ set -euo pipefail
 DPRUN=$DPT_BUILD_DIR/launcher/dprun
 DPTRAIN=$DPT_BUILD_DIR/trainer/dptrain
 PY=/usr/bin/python3
-CKPT_PY=$DPT_SOURCE_DIR/tests/integration/lib/ckpt.py
+CKPT_PY=$DPT_SOURCE_DIR/tests/support/python/ckpt.py
 CONFIG=$DPT_SOURCE_DIR/configs/fmnist_mlp.toml
 WORK=$(mktemp -d /tmp/dpt_it.XXXXXX)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1

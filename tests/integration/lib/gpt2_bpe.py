@@ -2,7 +2,7 @@
 
 GPT-2's encoder.py algorithm (openai/gpt-2 src/encoder.py: bytes_to_unicode, the pre-tokenizer regex through the
 `regex` module, the merge loop), written again here, plus a plain count-based BPE trainer to make a small
-vocabulary from a corpus. Debian's python3 with python3-regex and numpy (scripts/setup.sh installs both).
+vocabulary from a corpus. Debian's python3 with python3-regex and numpy (scripts/setup.sh --tests installs both).
 
   gpt2_bpe.py train DIR N_MERGES FILE...     write DIR/vocab.json and DIR/merges.txt: N_MERGES merges learnt
                                              from the FILEs (GPT-2's layout: the 256 bytes, the merges, then

@@ -1,6 +1,6 @@
 // tests/unit/comm/test_gloo.cpp: GlooProcessGroup with ranks as threads meeting through a TcpStore: every
 // collective for world sizes 1, 2, 3 and element counts {0, 1, 4, 100, 1001} against closed-form values;
-// the bfloat16 sum (tests/common/bf16_allreduce_checks.h); argument errors; reduce_scatter unsupported; a
+// the bfloat16 sum (tests/support/bf16_allreduce_checks.h); argument errors; reduce_scatter unsupported; a
 // collective one rank never joins times out instead of hanging.
 #include <catch2/catch.hpp>
 #include <atomic>
@@ -13,7 +13,7 @@
 #include "comm/gloo_backend.h"
 #include "comm/tcp_store.h"
 #include "core/check.h"
-#include "tests/common/bf16_allreduce_checks.h"
+#include "tests/support/bf16_allreduce_checks.h"
 
 using namespace dpt;
 using namespace dpt::comm;

@@ -18,7 +18,7 @@
 
 #include "comm/tcp_store.h"
 #include "core/check.h"
-#include "tests/common/store_wire.h"
+#include "tests/support/store_wire.h"
 
 using namespace dpt;
 using namespace dpt::comm;

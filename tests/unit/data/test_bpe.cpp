@@ -15,7 +15,7 @@
 #include "data/token_shards.h"
 #include "data/tokenize.h"
 #include "data/tokenizer.h"
-#include "temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 using namespace dpt;
 using namespace dpt::data;

@@ -10,8 +10,8 @@
 #include <fstream>
 
 #include "core/check.h"
-#include "temp_dir.h"
 #include "data/idx.h"
+#include "tests/support/temp_dir.h"
 
 using namespace dpt;
 using namespace dpt::data;

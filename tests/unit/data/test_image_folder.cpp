@@ -13,12 +13,12 @@
 #include <fstream>
 
 #include "core/check.h"
-#include "temp_dir.h"
 #include "data/export.h"
 #include "data/image_folder.h"
 #include "data/image_io.h"
 #include "data/loader.h"
 #include "data/random.h"
+#include "tests/support/temp_dir.h"
 
 using namespace dpt;
 using namespace dpt::data;

@@ -14,7 +14,7 @@
 #include "data/sampler.h"
 #include "data/token_shards.h"
 #include "data/tokenize.h"
-#include "temp_dir.h"
+#include "tests/support/temp_dir.h"
 
 using namespace dpt;
 using namespace dpt::data;

@@ -13,19 +13,13 @@
 #include "core/check.h"
 #include "launcher/launcher.h"
 #include "launcher/process.h"
+#include "tests/support/temp_dir.h"
 
 using namespace dpt::launcher;
 namespace fs = std::filesystem;
+using dpt::test::TempDir;
 
 namespace {
-// A fresh directory removed at the end of the test.
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / fmt::format("dpt_launch_test_{}_{}", ::getpid(), counter++);
-  TempDir() { fs::remove_all(path); }
-  ~TempDir() { fs::remove_all(path); }
-  static inline int counter = 0;
-};
-
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);
   std::stringstream ss;

@@ -13,9 +13,11 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "tests/support/temp_dir.h"
 #include "trainer/report/plot.h"
 
 using namespace dpt::trainer;
+using dpt::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
@@ -30,17 +32,6 @@ size_t count(const std::string& s, const std::string& what) {
   for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
   return n;
 }
-
-// A private folder, removed at the end of the test.
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / ("dpt_plot_" + name + "_" + std::to_string(::getpid()))) {
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 // Sets an environment variable for the test's duration, restoring it after.
 struct ScopedEnv {
@@ -210,7 +201,7 @@ TEST_CASE("gnuplot_script: progress records but no epoch yet: the test panels sa
 }
 
 TEST_CASE("plot_run: a missing or empty metrics file is a usage error naming the path, no gnuplot is an error", "[plot]") {
-  TempDir dir("run");
+  TempDir dir("plot");
   const std::string run = dir.path.string();
   try {
     plot_run({.run = run});

@@ -21,6 +21,7 @@
 #include <fmt/format.h>
 
 #include "core/check.h"
+#include "tests/support/temp_dir.h"
 #include "trainer/report/metrics.h"
 #include "trainer/report/tensorboard.h"
 #include "trainer/report/tensorboard.pb.h"
@@ -28,17 +29,9 @@
 using namespace dpt::trainer;
 namespace fs = std::filesystem;
 namespace pb = dpt::tensorboard;
+using dpt::test::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path;
-  explicit TempDir(const std::string& name)
-      : path(fs::temp_directory_path() / fmt::format("dpt_tensorboard_{}_{}", name, ::getpid())) {
-    fs::remove_all(path);
-  }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch DDP reference for dptrain's CPU training benchmark (scripts/bench/train_bench.sh).
+"""tests/support/python/torch_ddp_mlp.py: PyTorch DDP reference for dptrain's CPU training benchmark (scripts/bench/train_bench.sh).
 
 The workload of configs/fmnist_mlp.toml on CPU, one process per rank, ONE thread per rank: MLP 784-512-512-10
 with ReLU, cross-entropy, SGD lr 0.05 momentum 0.9 (constant: the schedule does not matter for speed),
-batch 64 PER RANK, Fashion-MNIST read once from the IDX .gz files (gzip + numpy) into a tensor, normalised
-as dptrain does, (x/255 - 0.2860)/0.3530, float32. DistributedDataParallel over gloo with its defaults
+batch 64 PER RANK, Fashion-MNIST read once from the IDX .gz files into a tensor, normalised as dptrain does,
+(x/255 - 0.2860)/0.3530, float32. The model and the data are torch_mlp.py's (mlp, load): one MLP reference. DistributedDataParallel over gloo with its defaults
 (bucket_cap_mb 25, gradients all-reduced in buckets while backward runs); a DistributedSampler (shuffle,
 seed, padded shards as dptrain's drop_last = false) gives each rank 60000/N examples per epoch.
 
@@ -25,11 +25,10 @@ Rank 0 prints one parseable line (extra fields after the first five, in key valu
   torch_ddp world N samples/s X epoch_s Y steps S compute_ms_per_step C compute_s E other_s O loss L
 
 Launch (both work with Debian's python3-torch 1.13):
-  python3 -m torch.distributed.run --standalone --nproc_per_node 2 scripts/bench/torch_ddp_mlp.py
-  python3 scripts/bench/torch_ddp_mlp.py --nproc 2      # spawns the ranks itself, free port on 127.0.0.1
+  python3 -m torch.distributed.run --standalone --nproc_per_node 2 tests/support/python/torch_ddp_mlp.py
+  python3 tests/support/python/torch_ddp_mlp.py --nproc 2      # spawns the ranks itself, free port on 127.0.0.1
 """
 import argparse
-import gzip
 import os
 import socket
 import sys
@@ -45,36 +44,10 @@ def _threads_arg(argv):
     return "1"
 
 
-# One thread per rank, also for OpenBLAS's own pool, which reads these when it loads (with numpy, below):
-# set before the first import of numpy or torch. An explicit setting in the environment wins.
+# One thread per rank, also for OpenBLAS's own pool, which reads these when it loads (with torch, in run):
+# set before the first import of torch. An explicit setting in the environment wins.
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, _threads_arg(sys.argv[1:]))
-
-import numpy as np  # noqa: E402
-
-MEAN, STD = 0.2860, 0.3530
-
-
-def read_idx(path):
-    """An IDX file of unsigned bytes (.gz) as a numpy uint8 array of its shape."""
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
-    magic = int.from_bytes(raw[:4], "big")
-    if magic >> 8 != 0x08:  # 0x0008nn: unsigned bytes, nn dimensions
-        raise ValueError(f"{path}: not an IDX file of unsigned bytes (magic {magic:#010x})")
-    ndim = magic & 0xFF
-    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
-    body = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
-    if body.size != int(np.prod(dims)):
-        raise ValueError(f"{path}: {body.size} bytes of data for shape {dims}")
-    return body.reshape(dims)
-
-
-def load_train(torch, data_dir):
-    images = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"))
-    labels = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"))
-    x = (images.reshape(images.shape[0], -1).astype(np.float32) / 255.0 - MEAN) / STD
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), torch.from_numpy(labels.astype(np.int64))
 
 
 def free_port():
@@ -87,10 +60,11 @@ def run(args):
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import BatchSampler, DataLoader, TensorDataset
     from torch.utils.data.distributed import DistributedSampler
+
+    from torch_mlp import load, mlp  # beside this file: the same MLP and data as the single-process reference
 
     torch.set_num_threads(args.threads)
     torch.set_num_interop_threads(1)
@@ -99,7 +73,7 @@ def run(args):
     lead = rank == 0
     torch.manual_seed(args.seed)  # the same initial weights on every rank (DDP also broadcasts rank 0's)
 
-    x, y = load_train(torch, args.data)
+    x, y = load(args.data, True)
     ds = TensorDataset(x, y)
     sampler = DistributedSampler(ds, num_replicas=world, rank=rank, shuffle=True, seed=args.seed, drop_last=False)
     sampler.set_epoch(0)
@@ -109,12 +83,7 @@ def run(args):
     else:
         loader = DataLoader(ds, batch_size=args.batch_size, sampler=sampler, num_workers=0, drop_last=False)
 
-    layers, width = [], 784
-    for h in (int(v) for v in args.hidden.split(",") if v):
-        layers += [nn.Linear(width, h), nn.ReLU()]
-        width = h
-    layers.append(nn.Linear(width, 10))
-    model = DDP(nn.Sequential(*layers), bucket_cap_mb=args.bucket_cap_mb)
+    model = DDP(mlp([int(v) for v in args.hidden.split(",") if v]), bucket_cap_mb=args.bucket_cap_mb)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
 
     if lead:

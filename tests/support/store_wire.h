@@ -1,4 +1,4 @@
-// tests/common/store_wire.h: builds TcpStore wire bytes by hand (comm/tcp_store.h: host byte order, strings as
+// tests/support/store_wire.h: builds TcpStore wire bytes by hand (comm/tcp_store.h: host byte order, strings as
 // u32 length + bytes), for the tests that feed the server's parser or a raw socket what a client, or a stranger,
 // would send.
 #pragma once

@@ -1,5 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch reference for dptrain's GPT benchmark (scripts/bench/gpt_bench.sh): the twin of dpt-model-bench.
+"""tests/support/python/torch_gpt.py: the PyTorch reference GPT, for the benchmark and for the parity test.
+
+One model (nanoGPT's, below) with two entry points:
+  - the benchmark (scripts/bench/gpt_bench.sh, scripts/gpu-check.sh): the twin of dpt-model-bench, options below;
+  - the parity test (tests/integration/gpt_torch_parity.sh): the subcommands `make` and `check`, at the end of
+    this text.
 
 GPT-2 written out here as nanoGPT writes it (model.py): token and position embeddings, pre-LayerNorm blocks
 (causal self-attention through F.scaled_dot_product_attention(is_causal=True) with a fused QKV projection, an
@@ -34,8 +39,23 @@ time/step, tokens/s, MFU, loss) and, with --json FILE, the result as JSON. --pro
 steps, N more under torch.profiler; the CUDA kernels (or, on the CPU, the operators) by total time, written
 to --profile-out (default: stdout, as comment lines).
 
-  python3 scripts/bench/torch_gpt.py --mode compile                       # GPT-2 124M, T 1024, batch 16, cuda
-  python3 scripts/bench/torch_gpt.py --device cpu --n-layer 2 --n-head 2 --n-embd 64 --vocab 256 --seq 64 --batch 4
+  python3 tests/support/python/torch_gpt.py --mode compile                  # GPT-2 124M, T 1024, batch 16, cuda
+  python3 tests/support/python/torch_gpt.py --device cpu --n-layer 2 --n-head 2 --n-embd 64 --vocab 256 --seq 64 --batch 4
+
+Parity (Debian's python3-torch, CPU; numpy, ckpt.py and parity.py beside this file). The model at small
+shapes with weights larger than GPT-2's 0.02 and non-trivial LayerNorm affines, the attention spelled out
+(masked softmax) on every torch. Tensors travel as safetensors (ckpt.py, numpy only).
+  torch_gpt.py make VARIANT DIR    weights.safetensors (the state_dict, lm_head.weight included: the tie; for
+                                   tiny_hf in Hugging Face's layout: no prefix, Conv1D weights transposed),
+                                   input.safetensors (x, y [B, T]), expected.safetensors (logits [B*T, V],
+                                   loss, grad.<param>), DIR/args (dpt-gpt-io's shape arguments); bf16 variants
+                                   add torch_bf16.safetensors (the same step under torch.autocast bfloat16)
+  torch_gpt.py check VARIANT DIR   compares DIR/out/out.safetensors (dpt-gpt-io) with the expectation; loads
+                                   DIR/out/state.safetensors into the torch model with strict=True (the tied
+                                   head restored from wte) and needs the same logits
+Tolerances (fp32, different summation orders): logits within 1e-4 of their largest magnitude, each gradient
+within 2e-3 of its own largest, the loss within 1e-5 relative. bf16: dptrain's distance from fp32 within 0.2x
+to 3x torch autocast's, tensor by tensor.
 """
 import argparse
 import inspect
@@ -88,9 +108,10 @@ def padded(vocab, multiple=128):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, c, n_head):
+    def __init__(self, c, n_head, sdpa=HAVE_SDPA):
         super().__init__()
         self.n_head = n_head
+        self.sdpa = sdpa
         self.c_attn = nn.Linear(c, 3 * c)
         self.c_proj = nn.Linear(c, c)
 
@@ -98,9 +119,9 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if HAVE_SDPA:
+        if self.sdpa:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:  # torch < 2.0 (Debian's 1.13, on the CPU only): the same arithmetic, written out
+        else:  # torch < 2.0 (Debian's 1.13), and the parity test on every torch: the same arithmetic, written out
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
             mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             att = att.masked_fill(~mask, float("-inf")).softmax(dim=-1)
@@ -119,9 +140,9 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, c, n_head):
+    def __init__(self, c, n_head, sdpa=HAVE_SDPA):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(c), CausalSelfAttention(c, n_head)
+        self.ln_1, self.attn = nn.LayerNorm(c), CausalSelfAttention(c, n_head, sdpa)
         self.ln_2, self.mlp = nn.LayerNorm(c), MLP(c)
 
     def forward(self, x):
@@ -130,17 +151,25 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, n_layer, n_head, n_embd, vocab, block_size):
+    """PyTorch's default initialisation; the benchmark then applies GPT-2's (init_gpt2_), the parity test its
+    own (parity_model). sdpa: attention through F.scaled_dot_product_attention (where this torch has it)."""
+
+    def __init__(self, n_layer, n_head, n_embd, vocab, block_size, sdpa=HAVE_SDPA):
         super().__init__()
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(vocab, n_embd), wpe=nn.Embedding(block_size, n_embd),
-            h=nn.ModuleList([Block(n_embd, n_head) for _ in range(n_layer)]), ln_f=nn.LayerNorm(n_embd)))
+            h=nn.ModuleList([Block(n_embd, n_head, sdpa) for _ in range(n_layer)]), ln_f=nn.LayerNorm(n_embd)))
         self.lm_head = nn.Linear(n_embd, vocab, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied
+
+    def init_gpt2_(self):
+        """GPT-2's initialisation: N(0, 0.02), zero biases, the residual projections N(0, 0.02 / sqrt(2 L))."""
         self.apply(self._init_weights)
+        n_layer = len(self.transformer.h)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
+        return self
 
     @staticmethod
     def _init_weights(m):
@@ -151,13 +180,16 @@ class GPT(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
-    def forward(self, idx, targets):
+    def forward(self, idx, targets=None):
+        """The logits [B, T, V]; with targets, the mean cross-entropy over every position instead."""
         T = idx.size(1)
         pos = torch.arange(T, dtype=torch.long, device=idx.device)
         x = self.transformer.wte(idx) + self.transformer.wpe(pos)
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))
+        if targets is None:
+            return logits
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
@@ -215,7 +247,7 @@ def run(args):
 
     vocab = padded(args.vocab) if args.pad_vocab else args.vocab
     torch.manual_seed(args.seed)
-    model = GPT(args.n_layer, args.n_head, args.n_embd, vocab, args.block_size or args.seq).to(device)
+    model = GPT(args.n_layer, args.n_head, args.n_embd, vocab, args.block_size or args.seq).init_gpt2_().to(device)
     model.train()
     n_params = sum(p.numel() for p in model.parameters())
     n = num_params_without_wpe(model)
@@ -331,7 +363,182 @@ def profile(args, step, device):
         print("\n".join("# " + ln for ln in text.splitlines()), flush=True)
 
 
+# ---- the parity test: `make VARIANT DIR`, `check VARIANT DIR` (see the top of this file) -----------------
+# They need numpy and ckpt.py / parity.py (beside this file, on sys.path when this runs as a script); the
+# benchmark needs none of them.
+try:
+    import numpy as np  # noqa: E402
+
+    import ckpt  # noqa: E402
+    from parity import bf16_like_autocast, close  # noqa: E402
+except ImportError as e:
+    PARITY_MISSING = e
+else:
+    PARITY_MISSING = None
+
+
+# name -> (n_layer, n_head, n_embd, vocab, block_size, B, T). "odd": odd sizes, one head, T < block_size.
+VARIANTS = {
+    "tiny": (2, 4, 32, 67, 16, 3, 16),
+    "odd": (3, 1, 12, 29, 9, 2, 7),
+}
+BF16 = {"tiny_bf16": "tiny"}
+# The same model and batch, the weights written as Hugging Face's GPT2LMHeadModel keeps them (see hf_state).
+HF = {"tiny_hf": "tiny"}
+
+
+CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def hf_state(model):
+    """The state as the hub's GPT-2 model.safetensors holds it: no "transformer." prefix, the four projection
+    weights transposed (HF's Conv1D stores [in, out]), each block's causal-mask buffer attn.bias, no lm_head."""
+    out = {}
+    for k, v in model.state_dict().items():
+        if k == "lm_head.weight":
+            continue
+        v = v.detach().numpy()
+        if k.endswith(CONV1D):
+            v = np.ascontiguousarray(v.T)
+        out[k[len("transformer."):]] = v
+    block = model.transformer.wpe.weight.shape[0]
+    for i in range(len(model.transformer.h)):
+        out[f"h.{i}.attn.bias"] = np.tril(np.ones((block, block), dtype=np.float32)).reshape(1, 1, block, block)
+    return out
+
+
+def from_hf(state):
+    """hf_state's inverse (what transformers' GPT2LMHeadModel.from_pretrained does with such a file): the
+    "transformer." prefix back, Conv1D weights transposed back, lm_head tied to wte."""
+    out = {}
+    for k, v in state.items():
+        v = np.array(v)
+        if k.endswith(CONV1D):
+            v = np.ascontiguousarray(v.T)
+        out["transformer." + k] = torch.from_numpy(v)
+    out["lm_head.weight"] = out["transformer.wte.weight"]
+    return out
+
+
+def build(shape):
+    n_layer, n_head, n_embd, vocab, block, _, _ = shape
+    torch.manual_seed(4321)
+    model = GPT(n_layer, n_head, n_embd, vocab, block, sdpa=False)
+    # Weights larger than GPT-2's 0.02, and non-trivial LayerNorm affines, so every path carries signal.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") or name.endswith("ln_f.weight"):
+                p.uniform_(0.5, 1.5)
+            elif p.ndim == 1:
+                p.uniform_(-0.1, 0.1)
+            else:
+                p.normal_(0.0, 0.2)
+    return model
+
+
+def step(model, x, y, autocast=False):
+    model.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logits = model(x)
+    logits = logits.float().reshape(-1, logits.shape[-1])
+    loss = F.cross_entropy(logits, y.reshape(-1))
+    loss.backward()
+    out = {"logits": logits.detach().numpy(), "loss": np.array(loss.item())}
+    for name, p in model.named_parameters():  # lm_head.weight is wte itself: named once
+        out["grad." + name] = p.grad.float().numpy()
+    return out
+
+
+def base(variant):
+    return BF16.get(variant, HF.get(variant, variant))
+
+
+def make(variant, d):
+    shape = VARIANTS[base(variant)]
+    model = build(shape)
+    os.makedirs(d, exist_ok=True)
+    weights = hf_state(model) if variant in HF else {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    ckpt.save(os.path.join(d, "weights.safetensors"), weights)
+    g = torch.Generator().manual_seed(99)
+    _, _, _, vocab, _, b, t = shape
+    x = torch.randint(0, vocab, (b, t), generator=g)
+    y = torch.randint(0, vocab, (b, t), generator=g)
+    ckpt.save(os.path.join(d, "input.safetensors"), {"x": x.numpy(), "y": y.numpy()})
+    ckpt.save(os.path.join(d, "expected.safetensors"), step(model, x, y))
+    if variant in BF16:
+        ckpt.save(os.path.join(d, "torch_bf16.safetensors"), step(model, x, y, autocast=True))
+    n_layer, n_head, n_embd, vocab, block, _, _ = shape
+    args = f"--n-layer {n_layer} --n-head {n_head} --n-embd {n_embd} --vocab {vocab} --block {block}"
+    if variant in BF16:
+        args += " --precision bf16"
+    with open(os.path.join(d, "args"), "w") as f:
+        f.write(args + "\n")
+
+
+def check_bf16(variant, d):
+    ref = ckpt.load(os.path.join(d, "expected.safetensors"))
+    tb = ckpt.load(os.path.join(d, "torch_bf16.safetensors"))
+    got = ckpt.load(os.path.join(d, "out", "out.safetensors"))
+    worst, n = bf16_like_autocast(ref, tb, got, skip=("loss",))
+    print(f"{variant}: dptrain bf16's distance from fp32 is at most {worst:.2f}x torch autocast's over {n} tensors")
+
+
+def check(variant, d):
+    if variant in BF16:
+        return check_bf16(variant, d)
+    want = ckpt.load(os.path.join(d, "expected.safetensors"))
+    got = ckpt.load(os.path.join(d, "out", "out.safetensors"))
+    if sorted(want) != sorted(got):
+        sys.exit(f"FAIL tensor names differ: torch only {sorted(set(want) - set(got))[:5]}, "
+                 f"dptrain only {sorted(set(got) - set(want))[:5]}")
+    worst = {"logits": 0.0, "grad": 0.0}
+    for name in want:
+        if name == "loss":
+            if abs(float(got[name]) - float(want[name])) > 1e-5 * max(1.0, abs(float(want[name]))):
+                sys.exit(f"FAIL loss {float(got[name])} vs {float(want[name])}")
+        elif name == "logits":
+            worst["logits"] = close(name, got[name], want[name], 1e-4)
+        else:
+            worst["grad"] = max(worst["grad"], close(name, got[name], want[name], 2e-3))
+    # dptrain's state -> the torch model, strictly (the tied head from wte): the same logits.
+    model = build(VARIANTS[base(variant)])
+    state = {k: torch.from_numpy(np.array(v)) for k, v in ckpt.load(os.path.join(d, "out", "state.safetensors")).items()}
+    if not torch.equal(state["lm_head.weight"], state["transformer.wte.weight"]):
+        sys.exit("FAIL the nanoGPT layout's lm_head.weight is not wte")
+    model.load_state_dict(state, strict=True)
+    x = torch.from_numpy(np.array(ckpt.load(os.path.join(d, "input.safetensors"))["x"]))
+    with torch.no_grad():
+        interop = model(x).reshape(-1, VARIANTS[base(variant)][3]).numpy()
+    err = close("interop logits", interop, got["logits"], 1e-4)
+    # The Hugging Face layout dptrain writes loads the same way (as GPT2LMHeadModel.from_pretrained would).
+    model.load_state_dict(from_hf(ckpt.load(os.path.join(d, "out", "hf.safetensors"))), strict=True)
+    with torch.no_grad():
+        hf_logits = model(x).reshape(-1, VARIANTS[base(variant)][3]).numpy()
+    if not np.array_equal(hf_logits, interop):
+        sys.exit("FAIL the Hugging Face layout export gives other logits than the nanoGPT one")
+    print(f"{variant}: {len(want)} tensors match; worst relative error: logits {worst['logits']:.2g}, gradients "
+          f"{worst['grad']:.2g}; state loads into the torch GPT (strict, nanoGPT and Hugging Face layouts), "
+          f"logits within {err:.2g}")
+
+
+def parity_main(argv):
+    """The tests' subcommands: argv = [make|check, VARIANT, DIR]."""
+    if PARITY_MISSING is not None:
+        sys.exit(f"torch_gpt.py {argv[0]}: {PARITY_MISSING} (the parity commands need numpy)")
+    torch.set_num_threads(1)
+    cmd, variant, d = argv[:3]
+    if cmd == "make":
+        make(variant, d)
+    else:
+        check(variant, d)
+
+
+PARITY_COMMANDS = ("make", "check")
+
+
 def main():
+    if sys.argv[1:2] and sys.argv[1] in PARITY_COMMANDS:
+        return parity_main(sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mode", choices=["eager", "compile"], default="eager")

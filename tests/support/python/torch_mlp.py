@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch reference for dptrain's GPU benchmark (scripts/bench/gpu_bench.sh).
+"""tests/support/python/torch_mlp.py: the PyTorch reference MLP, for dptrain's GPU benchmark (scripts/bench/gpu_bench.sh).
 
 The workload of configs/fmnist_mlp.toml, one process: MLP 784-512-512-10 with ReLU, cross-entropy, SGD with
 momentum 0.9 and lr 0.05 on a per-step cosine schedule, Fashion-MNIST read from the IDX .gz files and
@@ -14,7 +14,7 @@ Prints one line per epoch, "epoch E samples/s X loss L test_acc A time Ts", time
 synchronised at both ends, evaluation excluded. The first epoch includes warm-up (CUDA context, cuBLAS
 heuristics, the caching allocator): report the last.
 
-  python3 scripts/bench/torch_mlp.py --data .gpu-bundle/data --batch-size 64 --epochs 2 --device cuda
+  python3 tests/support/python/torch_mlp.py --data .gpu-bundle/data --batch-size 64 --epochs 2 --device cuda
 """
 import argparse
 import gzip
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MEAN, STD = 0.2860, 0.3530
+MEAN, STD = 0.2860, 0.3530  # the model (mlp) and the data (load) serve torch_ddp_mlp.py too
 
 
 def read_idx(path):

@@ -1,4 +1,4 @@
-"""tests/integration/lib/ckpt.py: reads dptrain checkpoints with numpy alone (the safetensors format is
+"""tests/support/python/ckpt.py: reads dptrain checkpoints with numpy alone (the safetensors format is
 8-byte little-endian header length, JSON header, raw bytes), so it is also the interop check that our
 files are plain safetensors. Commands:
   ckpt.py compare DIR_A DIR_B ATOL          max |a-b| over model tensors; exit 1 if above ATOL

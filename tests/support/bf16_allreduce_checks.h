@@ -1,4 +1,4 @@
-// tests/common/bf16_allreduce_checks.h: the bfloat16 sum all-reduce of any ProcessGroup against closed-form
+// tests/support/bf16_allreduce_checks.h: the bfloat16 sum all-reduce of any ProcessGroup against closed-form
 // values, for world sizes 1 to 3 (the Gloo unit test runs it with ranks as threads, tests/mpi under mpirun
 // on mpi and gloo). Every rank calls check_bf16_allreduce(pg, fail) with the same group; each difference is
 // reported through `fail`. Header-only, test code only.

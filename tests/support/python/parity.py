@@ -1,4 +1,4 @@
-"""tests/integration/lib/parity.py: the comparisons the PyTorch parity tests share (torch_resnet.py,
+"""tests/support/python/parity.py: the comparisons the PyTorch parity tests share (torch_resnet.py,
 torch_gpt.py): a tensor close to the reference relative to the reference's largest magnitude, and the bf16 rule
 (dptrain's bf16 must be about as far from fp32 as torch.autocast's bf16)."""
 import sys
