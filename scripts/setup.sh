@@ -41,7 +41,7 @@ PKGS=(
   libjpeg62-turbo-dev libpng-dev     # image folders: JPEG (libjpeg-turbo) and PNG decoding and writing
   libdnnl-dev                        # oneDNN: the CPU convolutions (fp32, and bf16 on AVX-512)
   ocl-icd-opencl-dev                 # libdnnl-dev's CMake config requires OpenCL (its GPU runtime); only recommended, so named
-  libprotobuf-dev protobuf-compiler  # TensorBoard event files: Event/Summary protobufs from trainer/tensorboard.proto
+  libprotobuf-dev protobuf-compiler  # TensorBoard event files: Event/Summary protobufs from trainer/report/tensorboard.proto
   libboost-dev                       # Boost.CRC: the masked CRC32C of TFRecord framing (header-only)
   dataset-fashion-mnist              # the default data set (/usr/share/datasets/fashion-mnist)
   fortunes                           # the default text corpus for `dptrain tokenize` (/usr/share/games/fortunes, ~2.5 MB)
