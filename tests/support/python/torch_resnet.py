@@ -54,20 +54,7 @@ import sys
 import time
 
 
-def _arg_value(argv, name, default):
-    for i, a in enumerate(argv):
-        if a == name and i + 1 < len(argv):
-            return argv[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return default
-
-
-# Threads per process, before the first import of torch (OpenMP and OpenBLAS read these when they load).
-# An explicit setting in the environment wins.
-for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-    os.environ.setdefault(_var, _arg_value(sys.argv[1:], "--threads", "1"))
-
+import threads  # noqa: E402,F401  (sets the thread counts; before torch)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
