@@ -19,7 +19,7 @@
 
 #include "gpu_testing.h"
 #include "models/gpt.h"
-#include "models/kernels.h"
+#include "models/kernels/factory.h"
 #include "models/model.h"
 
 using namespace dpt;

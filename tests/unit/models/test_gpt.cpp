@@ -9,7 +9,7 @@
 
 #include "model_testing.h"
 #include "models/gpt.h"
-#include "models/kernels.h"
+#include "models/kernels/factory.h"
 
 using namespace dpt;
 using namespace dpt::models;
