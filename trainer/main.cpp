@@ -160,7 +160,7 @@ int export_weights(const ExportWeightsArgs& a) {
   using namespace dpt;
   init_logging(0, 1);
   try {
-    spdlog::info("export-weights: wrote {}", trainer::export_gpt_weights(a.checkpoint, trainer::parse_gpt_layout(a.layout), a.out));
+    spdlog::info("export-weights: wrote {}", trainer::export_gpt_weights(a.checkpoint, models::parse_gpt_layout(a.layout), a.out));
   } catch (const ConfigError& e) {
     die(kExitUsage, e.what());
   } catch (const std::exception& e) {
@@ -215,10 +215,10 @@ int generate(const GenerateArgs& a) {
     }
     if (a.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
     const std::vector<int32_t> prompt = tokenizer.encode(a.prompt);
-    const auto out = trainer::generate(*ck.model, ck.block_size, prompt, a.tokens,
-                                       {.temperature = a.temperature, .top_k = a.top_k,
-                                        .vocab_limit = tokenizer.vocab_size()},
-                                       a.seed, /*kv_cache=*/!a.no_kv_cache);
+    const auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
+                                      {.temperature = a.temperature, .top_k = a.top_k,
+                                       .vocab_limit = tokenizer.vocab_size()},
+                                      a.seed, /*kv_cache=*/!a.no_kv_cache);
     const std::string text = tokenizer.decode(out);
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fputc('\n', stdout);

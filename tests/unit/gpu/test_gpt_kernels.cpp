@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gpu_testing.h"
-#include "models/gpt.h"
+#include "models/gpt/gpt.h"
 #include "models/kernels/factory.h"
 #include "models/model.h"
 

@@ -8,7 +8,7 @@
 #include <random>
 
 #include "model_testing.h"
-#include "models/gpt.h"
+#include "models/gpt/gpt.h"
 #include "models/kernels/factory.h"
 
 using namespace dpt;
