@@ -45,15 +45,9 @@ __global__ void bn_finish_sums_kernel(const double* partials, int64_t c, int64_t
   if (blockIdx.x == 0 && threadIdx.x == 0) sums[2 * c] = count;
 }
 
-}  // namespace
-
-namespace {
 // One thread per channel: enough blocks of kThreads (bounded by blocks_for's cap; the kernels stride).
 unsigned int channel_blocks(int64_t c) { return blocks_for(static_cast<size_t>(c)); }
 size_t bn_total(const BnShape& bs) { return static_cast<size_t>(bs.n * bs.c * bs.hw); }
-}  // namespace
-
-namespace {
 
 // grid (c, splits): partials[(ch * splits + split) * 2 + {0, 1}] = the run's sum of x and of x^2.
 __global__ void bn_stats_partials_kernel(const float* x, BnShape bs, int64_t splits, double* partials) {
