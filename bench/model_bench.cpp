@@ -54,7 +54,7 @@
 #include "core/cuda.h"
 #include "core/logging.h"
 #include "core/tensor.h"
-#include "models/gpt.h"
+#include "models/gpt/gpt.h"
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "models/layers.h"
 #include "models/model.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "models/kernels.h"
+#include "models/kernels/kernels.h"
 #include "models/module.h"
 
 namespace dpt::models {

@@ -1,6 +1,8 @@
 // models/model.cpp: the flat-buffer Model over a module tree, and the MLP builder.
 #include "models/model.h"
 
+#include "models/kernels/factory.h"
+
 namespace dpt::models {
 namespace {
 

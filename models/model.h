@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "models/kernels.h"
+#include "models/kernels/kernels.h"
 #include "models/layers.h"
 #include "models/module.h"
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "core/tensor.h"
-#include "models/kernels.h"
+#include "models/kernels/kernels.h"
 
 namespace dpt::models {
 

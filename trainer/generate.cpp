@@ -1,14 +1,9 @@
-// trainer/generate.cpp: see generate.h.
+// trainer/generate.cpp: a GPT checkpoint for `dptrain generate` and `dptrain export-weights` (see generate.h).
 #include "trainer/generate.h"
 
-#include <algorithm>
-#include <cmath>
 #include <filesystem>
-#include <numeric>
 
 #include "data/bpe.h"
-#include "models/gpt.h"
-#include "models/module.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -17,73 +12,6 @@
 #include "trainer/trainer.h"
 
 namespace dpt::trainer {
-
-int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng) {
-  if (o.vocab_limit > 0) vocab = std::min(vocab, o.vocab_limit);
-  DPT_CHECK(vocab > 0 && o.temperature > 0 && o.top_k >= 0, "sampling: vocab {}, temperature {}, top_k {}", vocab,
-            o.temperature, o.top_k);
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  const int64_t k = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  order.resize(static_cast<size_t>(k));
-  if (k == 1) return order[0];
-  std::vector<double> p(order.size());
-  const double top = logits[order[0]];
-  double sum = 0;
-  for (size_t i = 0; i < order.size(); ++i) sum += p[i] = std::exp((logits[order[i]] - top) / o.temperature);
-  double u = models::uniform(rng, 0.0f, 1.0f) * sum;
-  for (size_t i = 0; i < order.size(); ++i) {
-    if (u < p[i]) return order[i];
-    u -= p[i];
-  }
-  return order.back();  // u landed on the rounding at the very end
-}
-
-std::vector<int32_t> generate(models::Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
-                              const SampleOptions& o, uint64_t seed, bool kv_cache) {
-  DPT_CHECK(!prompt.empty() && count >= 0, "generate: {} prompt tokens, {} new", prompt.size(), count);
-  std::mt19937_64 rng(seed);
-  model.set_training(false);
-  auto* gpt = dynamic_cast<models::Gpt*>(&model.root());
-  DPT_CHECK(gpt, "generate needs a GPT, not {}", model.summary());
-  std::vector<int32_t> tokens = std::move(prompt);
-  // The model's next-token logits after feeding tokens[first, end): the last row of [end - first, vocab].
-  Tensor x, last;
-  auto next_token = [&](size_t first, size_t end) {
-    const auto t = static_cast<int64_t>(end - first);
-    x = Tensor::empty({1, t}, DType::I32);
-    std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(first), tokens.begin() + static_cast<std::ptrdiff_t>(end),
-              x.data<int32_t>());
-    const Tensor& logits = model.forward(x.to(model.device()));
-    const int64_t vocab = logits.dim(1);
-    last = logits.view(static_cast<size_t>((t - 1) * vocab), {vocab}).to(Device::cpu());  // waits for the stream
-    return sample_token(last.data<float>(), vocab, o, rng);
-  };
-  if (kv_cache) gpt->begin_kv_cache(1, model.device());
-  size_t fed = 0;  // tokens[0, fed) are in the cache
-  try {
-    for (int64_t n = 0; n < count; ++n) {
-      const size_t end = tokens.size();
-      size_t first = end - std::min<size_t>(end, static_cast<size_t>(block_size));
-      if (kv_cache) {
-        if (gpt->kv_cache_len() > 0 && gpt->kv_cache_len() + static_cast<int64_t>(end - fed) > block_size) {
-          gpt->begin_kv_cache(1, model.device());  // full: again from the last half window
-          first = end - std::min<size_t>(end, static_cast<size_t>(std::max<int64_t>(block_size / 2, 1)));
-        } else if (gpt->kv_cache_len() > 0) {
-          first = fed;
-        }
-        fed = end;
-      }
-      tokens.push_back(next_token(first, end));
-    }
-  } catch (...) {
-    if (kv_cache) gpt->end_kv_cache();
-    throw;
-  }
-  if (kv_cache) gpt->end_kv_cache();
-  return tokens;
-}
 
 namespace {
 
@@ -100,19 +28,19 @@ std::unique_ptr<models::Model> gpt_of(const EvalTarget& target, Device device, c
 
 }  // namespace
 
-std::string export_gpt_weights(const std::string& path, GptLayout layout, const std::string& out) {
+std::string export_gpt_weights(const std::string& path, models::GptLayout layout, const std::string& out) {
   const EvalTarget target = eval_target(path, {});
   const auto model = gpt_of(target, Device::cpu(), "export-weights");
   const std::string tmp = out + ".tmp";
   try {
-    write_safetensors(tmp, gpt_export_weights(*model, layout));
+    write_safetensors(tmp, models::gpt_export_weights(*model, layout));
     std::filesystem::rename(tmp, out);
   } catch (const std::exception& e) {
     std::error_code ec;
     std::filesystem::remove(tmp, ec);
     DPT_THROW(IoError, "export-weights: writing {}: {}", out, e.what());
   }
-  return fmt::format("{}: {} from {} in {} layout (vocabulary {})", out, model->summary(), target.checkpoint.path, layout == GptLayout::HuggingFace ? "Hugging Face's GPT-2" : "nanoGPT's", target.config.model.vocab_size);
+  return fmt::format("{}: {} from {} in {} layout (vocabulary {})", out, model->summary(), target.checkpoint.path, layout == models::GptLayout::HuggingFace ? "Hugging Face's GPT-2" : "nanoGPT's", target.config.model.vocab_size);
 }
 
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {

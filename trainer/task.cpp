@@ -1,7 +1,7 @@
 // trainer/task.cpp: see task.h.
 #include "trainer/task.h"
 
-#include "models/kernels.h"
+#include "models/kernels/factory.h"
 
 #include "core/check.h"
 

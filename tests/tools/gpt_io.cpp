@@ -2,7 +2,7 @@
 // loads weights as model.init_from does (nanoGPT's or Hugging Face's layout), runs one forward and backward with the mean softmax cross-entropy over every
 // position, and writes what it saw for tests/support/python/torch_gpt.py to compare with PyTorch:
 //   OUT/out.safetensors    logits [B*T, V], loss, grad.<param>
-//   OUT/state.safetensors  the model's weights in nanoGPT's layout (trainer::gpt_export_weights)
+//   OUT/state.safetensors  the model's weights in nanoGPT's layout (models::gpt_export_weights)
 //   OUT/hf.safetensors     the same in Hugging Face's GPT-2 layout
 // The logits and wte's gradient are cut to the real vocabulary; their padding (-inf, 0) is checked here.
 // X holds x [B, T] (the tokens) and y [B, T] (the next tokens), int64 or int32.
@@ -13,7 +13,8 @@
 #include <iostream>
 
 #include "core/check.h"
-#include "models/gpt.h"
+#include "models/gpt/gpt.h"
+#include "models/gpt/weights.h"
 #include "step_output.h"
 #include "trainer/build_model.h"
 #include "trainer/safetensors.h"
@@ -87,8 +88,8 @@ int main(int argc, char** argv) {
         DPT_CHECK(np.grad.data<float>()[i] == 0.0f, "wte's padding rows have a gradient");
       grads.push_back({np.name, np.grad.view(0, {v, o.n_embd})});
     }
-    test::write_step_tensors(out, logits_v, r, grads, trainer::gpt_export_weights(*model, trainer::GptLayout::NanoGpt));
-    trainer::write_safetensors(out + "/hf.safetensors", trainer::gpt_export_weights(*model, trainer::GptLayout::HuggingFace));
+    test::write_step_tensors(out, logits_v, r, grads, models::gpt_export_weights(*model, models::GptLayout::NanoGpt));
+    trainer::write_safetensors(out + "/hf.safetensors", models::gpt_export_weights(*model, models::GptLayout::HuggingFace));
     std::cout << model->summary() << "\n";
   } catch (const std::exception& e) {
     std::cerr << "dpt-gpt-io: " << e.what() << "\n";

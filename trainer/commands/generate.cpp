@@ -40,7 +40,7 @@ void generate_text(const GenerateArgs& a) {
   }
   if (a.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
   const std::vector<int32_t> prompt = tokenizer.encode(a.prompt);
-  const auto out = generate(*ck.model, ck.block_size, prompt, a.tokens,
+  const auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
                             {.temperature = a.temperature, .top_k = a.top_k, .vocab_limit = tokenizer.vocab_size()},
                             a.seed, /*kv_cache=*/!a.no_kv_cache);
   const std::string text = tokenizer.decode(out);

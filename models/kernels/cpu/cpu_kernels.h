@@ -1,12 +1,14 @@
 // models/kernels/cpu/cpu_kernels.h: the CPU kernel set: GEMMs through OpenBLAS (cblas), convolutions through
 // oneDNN (onednn_conv.h; im2col + OpenBLAS GEMMs where oneDNN has no kernel, as for fp16), the rest as plain
 // loops the compiler vectorises. Stateless but for a per-thread
-// im2col workspace, so one instance serves every thread.
+// im2col workspace, so one instance serves every thread. One class, its members defined by operation family in
+// this folder: gemm.cpp, precision.cpp, elementwise.cpp, softmax.cpp, optimizer.cpp, reductions.cpp, conv.cpp,
+// batchnorm.cpp, pool.cpp, embedding.cpp, layernorm.cpp.
 #pragma once
 
 #include <string>
 
-#include "models/kernels.h"
+#include "models/kernels/kernels.h"
 
 namespace dpt::models {
 
@@ -26,6 +28,15 @@ std::string describe_cpu_arithmetic(Precision p);
 // x rounded to the nearest fp16 value (ties to even), as a float: exactly static_cast<float>(static_cast<
 // _Float16>(x)), inf beyond fp16's range, NaN kept; the F16 operand rounding.
 float round_to_fp16(float x);
+
+// What gemm.cpp and conv.cpp share with precision.cpp, the CPU set's low-precision emulation.
+namespace detail {
+// The calling thread's precision (CpuKernels::set_precision sets it per thread).
+Precision thread_precision();
+// A copy of the rows x cols matrix at `src` (row stride ld) with every value rounded to `p`, packed (stride
+// cols), in one of two per-thread buffers (`which`: 0 or 1, one per operand).
+const float* rounded(const float* src, int64_t rows, int64_t cols, int64_t ld, Precision p, int which);
+}  // namespace detail
 
 class CpuKernels final : public Kernels {
  public:

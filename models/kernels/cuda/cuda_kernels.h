@@ -1,15 +1,167 @@
-// models/kernels/cuda/cuda_kernels.h: the GPU kernel set: GEMMs through cuBLAS, the rest as the CUDA kernels
-// of kernels.cu, all on one non-blocking stream per device. Built only with DPT_WITH_CUDA.
+// models/kernels/cuda/cuda_kernels.h: CudaKernels: the Kernels interface on one GPU (DPT_WITH_CUDA builds only; made by
+// kernels_for in models/kernels/factory.cpp). GEMMs go to cuBLAS and convolutions to cuDNN (when the build found it:
+// DPT_HAVE_CUDNN), by default in strict FP32 (no TF32), so results match the CPU set within float rounding; the
+// other operations launch the CUDA kernels of this folder's .cu files on this set's stream. Nothing here
+// synchronises the host except sum_squares, whose result the caller wants on the host.
+//
+// set_precision(BF16 / F16) switches gemm and the convolutions to 16-bit operands: the float32 inputs are rounded
+// (to nearest even) into packed 16-bit scratch on the stream, then cuBLAS / cuDNN multiply them with float32
+// accumulation, on tensor cores. gemm writes float32 C (alpha and beta in float32): the CPU set's numerics
+// (operands rounded, float32 arithmetic), in another summation order. cuDNN's legacy API wants x, w and y of one
+// type (PSEUDO_BFLOAT16 / PSEUDO_HALF: 16-bit tensors, float32 compute), so a convolution's output is also rounded
+// to bf16 / fp16 before it is widened into the caller's float32 buffer (for backward weight: rounded, then added
+// to dw in float32). That one extra rounding (relative error at most 2^-8 for bf16, 2^-11 for fp16) is what
+// torch.autocast does too; the CPU set keeps the convolution's float32 result. gemm_strided_batched is one
+// cuBLAS strided batched call, its operands rounded the same way in BF16 / F16 (each matrix packed).
+//
+// The CUDA kernels (embedding, LayerNorm, GELU, causal softmax, batch norm, ...) reduce in a fixed order without
+// atomics, so a rerun gives the same bits.
+//
+// One class, its members defined by operation family beside the kernels they launch: gemm.cpp, precision.cpp,
+// elementwise.cpp, softmax.cpp, optimizer.cpp, reductions.cpp, conv.cpp, batchnorm.cpp, pool.cpp, embedding.cpp,
+// layernorm.cpp; cuda_kernels.cpp holds the stream and handles.
 #pragma once
 
-#include <memory>
+#include <cublas_v2.h>
 
-#include "models/kernels.h"
+#include <array>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "core/check.h"
+#include "core/cuda.h"
+#include "models/kernels/kernels.h"
+
+#if DPT_HAVE_CUDNN
+#include <cudnn.h>
+#endif
+
+#define DPT_CUBLAS_CHECK(expr)                                                                                  \
+  do {                                                                                                          \
+    const cublasStatus_t dpt_st_ = (expr);                                                                      \
+    if (dpt_st_ != CUBLAS_STATUS_SUCCESS)                                                                       \
+      throw ::dpt::DeviceError(::dpt::detail::located(                                                          \
+          __FILE__, __LINE__,                                                                                   \
+          fmt::format("cuBLAS error in {}: {}: {}", #expr, cublasGetStatusName(dpt_st_), cublasGetStatusString(dpt_st_)))); \
+  } while (0)
 
 namespace dpt::models {
 
-// The kernel set of CUDA device `index` (sets that device current). Throws DeviceError when it cannot
-// create its stream or cuBLAS handle.
-std::unique_ptr<Kernels> make_cuda_kernels(int index);
+#if DPT_HAVE_CUDNN
+// A convolution's cuDNN descriptors and the algorithm of each direction (conv.cpp), one per shape and precision.
+class ConvPlan;
+struct ConvPlanDeleter {
+  void operator()(ConvPlan* plan) const;  // conv.cpp, where ConvPlan is complete
+};
+using ConvKey =
+    std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, Precision>;
+#endif
+
+class CudaKernels final : public Kernels {
+ public:
+  // Sets device `index` current and makes this set's stream and cuBLAS handle; throws DeviceError when it cannot.
+  explicit CudaKernels(int index);
+  ~CudaKernels() override;
+
+  Device device() const override { return Device::cuda(index_); }
+  StreamHandle stream() const override { return stream_->get(); }
+  void set_precision(Precision p) override;
+  Precision precision() const override { return precision_; }
+
+  // gemm.cpp
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override;
+  void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                            int64_t lda, int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta,
+                            float* C, int64_t ldc, int64_t stride_c, int64_t batch) override;
+  // elementwise.cpp
+  void bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu) override;
+  void bias_grad_accumulate(const float* dy, float* db, int64_t rows, int64_t cols) override;
+  void relu_backward(const float* y, const float* dy, float* dx, size_t n) override;
+  void relu(const float* x, float* y, size_t n) override;
+  void add(const float* a, const float* b, float* y, size_t n, bool relu) override;
+  void scale(float* x, size_t n, float alpha) override;
+  void gelu_forward(const float* x, float* y, size_t n) override;
+  void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override;
+  // softmax.cpp
+  void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
+                    double* stats) override;
+  void causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) override;
+  void causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale) override;
+  // optimizer.cpp
+  void sgd_update(float* param, const float* grad, float* buf, size_t n, const SgdParams& p) override;
+  void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) override;
+  // reductions.cpp
+  double sum_squares(const float* x, size_t n) override;
+  void sum_squares_to(const float* x, size_t n, double* out) override;
+  void clip_by_norm(float* x, size_t n, const double* ss, double max_norm) override;
+  // conv.cpp
+  void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) override;
+  void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) override;
+  void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) override;
+  // batchnorm.cpp
+  void bn_stats(const float* x, const BnShape& bs, double* sums) override;
+  void bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums, const BnShape& bs,
+                        float eps, float momentum, float* running_mean, float* running_var, float* save_mean,
+                        float* save_invstd, float* y) override;
+  void bn_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
+                       const float* running_var, const BnShape& bs, float eps, float* y) override;
+  void bn_backward_reduce(const float* dy, const float* x, const float* save_mean, const float* save_invstd,
+                          const BnShape& bs, double* sums, float* dgamma, float* dbeta) override;
+  void bn_backward_data(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                        const float* save_invstd, const double* sums, const BnShape& bs, float* dx) override;
+  // pool.cpp
+  void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps) override;
+  void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps) override;
+  void avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw) override;
+  void avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) override;
+  // embedding.cpp
+  void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows, int64_t T,
+                         int64_t C, int64_t vocab) override;
+  void embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows, int64_t T,
+                          int64_t C, int64_t vocab) override;
+  void split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T) override;
+  // layernorm.cpp
+  void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                         int64_t rows, int64_t C, float eps) override;
+  void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
+                          float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) override;
+
+ private:
+  static void check_row_shape(int64_t rows, int64_t cols, const char* op);
+  // batchnorm.cpp
+  double* bn_partials(const BnShape& bs);
+  float* bn_coef(const BnShape& bs);
+  // precision.cpp
+  void* narrow_scratch(int slot, size_t count);
+  const void* narrowed_batched(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
+                               int64_t stride, int slot);
+  const void* narrowed(const float* src, int64_t rows, int64_t cols, int64_t ld, int slot);
+#if DPT_HAVE_CUDNN
+  // conv.cpp
+  cudnnHandle_t cudnn();
+  ConvPlan& plan_for(const ConvShape& cs);
+  void* workspace(size_t bytes);
+  const void* conv_in(const float* p, size_t count, int slot);
+  void* conv_out(float* p, size_t count, int slot);
+  void conv_finish(const void* out, float* p, size_t count, bool accumulate);
+#else
+  [[noreturn]] static void no_cudnn();
+#endif
+
+  int index_;
+  std::unique_ptr<cuda::Stream> stream_;
+  cublasHandle_t handle_ = nullptr;
+  Precision precision_ = Precision::F32;
+  Tensor partials_, rows_scratch_, bn_partials_, bn_coef_, ln_partials_, emb_scratch_;
+  std::array<Tensor, 3> narrow_;
+#if DPT_HAVE_CUDNN
+  cudnnHandle_t cudnn_ = nullptr;
+  std::map<ConvKey, std::unique_ptr<ConvPlan, ConvPlanDeleter>> plans_;
+  Tensor workspace_;
+#endif
+};
 
 }  // namespace dpt::models

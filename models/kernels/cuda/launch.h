@@ -1,6 +1,8 @@
-// models/kernels/cuda/launch.h: the launchers of the CUDA kernels in kernels.cu. Each takes an explicit
-// stream, launches, and returns cudaGetLastError() for the caller (cuda_kernels.cpp) to check: the .cu side
-// stays free of the project's C++ headers (fmt, spdlog), which nvcc need not parse.
+// models/kernels/cuda/launch.h: the launchers of the CUDA kernels, one section per family; each family's .cu file
+// (elementwise.cu, softmax.cu, ...) defines them, each launcher after its kernels. A launcher takes an explicit
+// stream, launches, and returns cudaGetLastError() for the family's .cpp file (the CudaKernels members) to check:
+// the .cu side stays free of the project's C++ headers (fmt, spdlog), which nvcc need not parse. The launch shapes
+// that both sides need (scratch sizes, rows per block) are here too.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -12,18 +14,39 @@
 
 namespace dpt::models::cuda_launch {
 
+// ---- elementwise (elementwise.cu) ---------------------------------------------------------------------------------
 cudaError_t bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu,
                      cudaStream_t s);
 cudaError_t bias_grad_accumulate(const float* dy, float* db, int64_t rows, int64_t cols, cudaStream_t s);
 cudaError_t relu_backward(const float* y, const float* dy, float* dx, size_t n, cudaStream_t s);
+cudaError_t scale(float* x, size_t n, float alpha, cudaStream_t s);
+cudaError_t relu(const float* x, float* y, size_t n, cudaStream_t s);
+cudaError_t add(const float* a, const float* b, float* y, size_t n, bool relu, cudaStream_t s);
+// GELU (tanh) and its gradient, element-wise through elementwise::gelu / gelu_grad; y may alias x, dx dy.
+cudaError_t gelu_forward(const float* x, float* y, size_t n, cudaStream_t s);
+cudaError_t gelu_backward(const float* x, const float* dy, float* dx, size_t n, cudaStream_t s);
+
+// ---- softmax: cross-entropy and causal attention softmax (softmax.cu) ---------------------------------------------
 // Per-row loss and hit into row_loss/row_hit (scratch of `rows` floats each), dlogits when non-null; then a
 // fixed-order reduction adds the batch's sums into stats[0..1] (deterministic: no atomics).
 cudaError_t softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                          float* row_loss, float* row_hit, double* stats, cudaStream_t s);
+// Causal softmax in place over count x rows x cols (1 <= rows <= cols): one warp per row; row i keeps columns
+// j <= i + cols - rows, 0 after them. The max, the float sum of exp(scale s - max) over the warp, then the products
+// by 1 / sum. Masked columns are written, never read.
+cudaError_t causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale,
+                                   cudaStream_t st);
+// Its backward over count x T x T, in place in dp: one warp per row, dot = sum_{j <= i} p dp (float), then
+// dp = scale p (dp - dot) for j <= i, 0 after.
+cudaError_t causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale,
+                                    cudaStream_t st);
+
+// ---- optimizer updates (optimizer.cu) -----------------------------------------------------------------------------
 cudaError_t sgd_update(float* param, const float* grad, float* buf, size_t n, SgdParams p, cudaStream_t s);
 cudaError_t adamw_update(float* param, const float* grad, float* m, float* v, size_t n, elementwise::AdamWStep st,
                          cudaStream_t s);
-cudaError_t scale(float* x, size_t n, float alpha, cudaStream_t s);
+
+// ---- reductions: sum of squares and global-norm clipping (reductions.cu) ------------------------------------------
 // Sum of squares: per-block partial sums (partials: kSumSquaresBlocks doubles), then one block adds them in
 // a fixed order into *out.
 inline constexpr int kSumSquaresBlocks = 256;
@@ -31,7 +54,7 @@ cudaError_t sum_squares(const float* x, size_t n, double* partials, double* out,
 // x *= elementwise::clip_coefficient(*ss, max_norm) when that is below 1 (each thread reads *ss: no host sync).
 cudaError_t clip_by_norm(float* x, size_t n, const double* ss, double max_norm, cudaStream_t s);
 
-// ---- low precision: the operands of gemm and the convolutions under Precision::BF16 / F16 ----------------------
+// ---- low precision: the operands of gemm and the convolutions under BF16 / F16 (precision.cu) ---------------------
 // The narrow type is __nv_bfloat16 for BF16 and __half for F16, 2 bytes each; the pointers are void* so this header
 // needs neither cuda_bf16.h nor cuda_fp16.h. Both return cudaErrorInvalidValue for Precision::F32.
 inline constexpr size_t kNarrowBytes = 2;
@@ -47,11 +70,7 @@ cudaError_t widen(const void* src, float* dst, size_t n, Precision p, bool accum
 cudaError_t narrow_batched(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
                            void* dst, Precision p, cudaStream_t s);
 
-// ---- convolutional networks (the convolutions themselves go to cuDNN, in cuda_kernels.cpp) ---------------------
-
-cudaError_t relu(const float* x, float* y, size_t n, cudaStream_t s);
-cudaError_t add(const float* a, const float* b, float* y, size_t n, bool relu, cudaStream_t s);
-
+// ---- batch normalisation (batchnorm.cu; the convolutions themselves go to cuDNN, in conv.cpp) ---------------------
 // Batch normalisation. The per-channel sums are deterministic: each channel's n*hw values are cut into
 // bn_splits() contiguous runs (a function of the shape only, never of the device or of scheduling); a block
 // sums one run in double (strided per thread, then a fixed tree), writing `partials`; then one thread per
@@ -87,6 +106,7 @@ cudaError_t bn_backward_data(const float* dy, const float* x, const float* gamma
                              const float* save_invstd, const double* sums, const BnShape& bs, float* dx, float* coef,
                              cudaStream_t s);
 
+// ---- pooling (pool.cu) --------------------------------------------------------------------------------------------
 // Max pooling over each (n, c) plane: one thread per output, scanning its window r then s
 // (elementwise::maxpool_takes: the first maximum wins, a NaN replaces it, padding never counts). Backward
 // gathers: one thread per input element adds, in (p, q) order, the dy of every window whose argmax it is, so
@@ -100,11 +120,12 @@ cudaError_t maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx
 cudaError_t avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw, cudaStream_t s);
 cudaError_t avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw, cudaStream_t s);
 
-// ---- transformers (GPT) -----------------------------------------------------------------------------------------
+// ---- transformers (GPT): the row kernels (layernorm.cu, softmax.cu) -----------------------------------------------
 // Activations are [rows, C], row b * T + t. The row kernels (layernorm, causal softmax) give each row one warp,
 // kRowsPerBlock rows to a block of 256 threads, so rows / kRowsPerBlock blocks must fit a grid's x (2^31 - 1).
 inline constexpr int64_t kRowsPerBlock = 8;
 
+// ---- embedding (embedding.cu) -------------------------------------------------------------------------------------
 // y[r, c] = wte[tokens[r], c] + wpe[r mod T, c], one thread per element (the same float addition as the CPU set:
 // bit for bit). A token outside [0, vocab) cannot throw on the GPU: its row of y is written NaN instead (the CPU
 // set throws), so the loss and every gradient turn NaN and the step is visibly wrong, as softmax_xent's labels.
@@ -120,7 +141,11 @@ cudaError_t embedding_backward_scratch_bytes(int64_t rows, size_t& bytes);
 cudaError_t embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
                                int64_t T, int64_t C, int64_t vocab, void* scratch, size_t scratch_bytes,
                                cudaStream_t s);
+// Token windows [n, T + 1] (floats) to int32 input [n, T] and next tokens [n * T]: one thread per output pair.
+cudaError_t split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T,
+                                cudaStream_t s);
 
+// ---- layernorm (layernorm.cu) -------------------------------------------------------------------------------------
 // LayerNorm forward: one warp per row, two passes over the row (the mean, then the sum of squared deviations: no
 // E[x^2] - E[x]^2 cancellation), each summed in double as the CPU set does, so mean and rstd = 1 / sqrt(var + eps)
 // almost always round to the CPU's floats. Backward's dx likewise sums its two row means in double.
@@ -142,22 +167,5 @@ inline size_t layernorm_partials_count(int64_t rows, int64_t C) {
 cudaError_t layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                                const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C,
                                float* partials, cudaStream_t s);
-
-// GELU (tanh) and its gradient, element-wise through elementwise::gelu / gelu_grad; y may alias x, dx dy.
-cudaError_t gelu_forward(const float* x, float* y, size_t n, cudaStream_t s);
-// Token windows [n, T + 1] (floats) to int32 input [n, T] and next tokens [n * T]: one thread per output pair.
-cudaError_t split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T,
-                                cudaStream_t s);
-cudaError_t gelu_backward(const float* x, const float* dy, float* dx, size_t n, cudaStream_t s);
-
-// Causal softmax in place over count x rows x cols (1 <= rows <= cols): one warp per row; row i keeps columns
-// j <= i + cols - rows, 0 after them. The max, the float sum of exp(scale s - max) over the warp, then the products
-// by 1 / sum. Masked columns are written, never read.
-cudaError_t causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale,
-                                   cudaStream_t st);
-// Its backward over count x T x T, in place in dp: one warp per row, dot = sum_{j <= i} p dp (float), then
-// dp = scale p (dp - dot) for j <= i, 0 after.
-cudaError_t causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale,
-                                    cudaStream_t st);
 
 }  // namespace dpt::models::cuda_launch

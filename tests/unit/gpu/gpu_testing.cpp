@@ -5,7 +5,7 @@
 #include <cmath>
 #include <limits>
 
-#include "models/kernels.h"
+#include "models/kernels/factory.h"
 
 namespace dpt::gpu_test {
 

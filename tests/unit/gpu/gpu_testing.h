@@ -16,7 +16,7 @@
 #include <limits>
 
 #include "core/tensor.h"
-#include "models/kernels.h"
+#include "models/kernels/factory.h"
 #include "models/kernels/kernel_params.h"
 
 namespace dpt::gpu_test {

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "gpu_testing.h"
-#include "models/kernels.h"
+#include "models/kernels/kernels.h"
 
 using namespace dpt;
 using namespace dpt::models;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpu_testing.h"
+#include "models/kernels/factory.h"
 #include "models/model.h"
 
 using namespace dpt;

@@ -8,7 +8,7 @@
 
 #include "core/cuda.h"
 #include "gpu_testing.h"
-#include "models/kernels.h"
+#include "models/kernels/factory.h"
 
 using namespace dpt;
 using namespace dpt::gpu_test;

@@ -18,8 +18,8 @@
 #include <vector>
 
 #include "gpu_testing.h"
-#include "models/gpt.h"
-#include "models/kernels.h"
+#include "models/gpt/gpt.h"
+#include "models/kernels/factory.h"
 #include "models/model.h"
 
 using namespace dpt;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "model_testing.h"
+#include "models/kernels/factory.h"
 #include "models/model.h"
 #include "models/resnet.h"
 #include "core/bfloat16.h"

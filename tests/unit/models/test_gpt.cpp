@@ -8,8 +8,8 @@
 #include <random>
 
 #include "model_testing.h"
-#include "models/gpt.h"
-#include "models/kernels.h"
+#include "models/gpt/gpt.h"
+#include "models/kernels/factory.h"
 
 using namespace dpt;
 using namespace dpt::models;

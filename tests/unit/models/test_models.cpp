@@ -8,6 +8,7 @@
 
 #include "model_testing.h"
 #include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/factory.h"
 #include "models/model.h"
 
 using namespace dpt;

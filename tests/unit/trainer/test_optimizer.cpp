@@ -4,7 +4,7 @@
 
 #include <vector>
 
-#include "models/gpt.h"
+#include "models/gpt/gpt.h"
 #include "trainer/optimizer.h"
 
 using namespace dpt;

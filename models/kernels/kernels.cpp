@@ -1,14 +1,7 @@
-// models/kernels.cpp: kernels_for(device): the kernel set for a device.
-#include "models/kernels.h"
-
-#include <map>
-#include <memory>
-#include <mutex>
-
-#include "models/kernels/cpu/cpu_kernels.h"
-#ifdef DPT_WITH_CUDA
-#include "models/kernels/cuda/cuda_kernels.h"
-#endif
+// models/kernels/kernels.cpp: the Kernels interface's defaults: check_conv_shape, gemm_strided_batched as a loop
+// of gemm() calls, and the one answer for an operation a kernel set does not implement: UnsupportedError naming
+// the set's device and the operation.
+#include "models/kernels/kernels.h"
 
 namespace dpt::models {
 
@@ -59,24 +52,6 @@ void Kernels::gelu_backward(const float*, const float*, float*, size_t) { no_ker
 void Kernels::causal_softmax_forward(float*, int64_t, int64_t, int64_t, float) { no_kernel(*this, "causal_softmax_forward"); }
 void Kernels::causal_softmax_backward(const float*, float*, int64_t, int64_t, float) {
   no_kernel(*this, "causal_softmax_backward");
-}
-
-Kernels& kernels_for(Device device) {
-  static CpuKernels cpu;  // stateless
-  if (device.is_cpu()) return cpu;
-#ifdef DPT_WITH_CUDA
-  // One set (stream + cuBLAS handle) per device, created on first use and kept for the process. Never
-  // destroyed: tearing down cuBLAS and streams during static destruction, after the CUDA runtime may have
-  // unloaded, is a known crash at exit; the process's end releases them.
-  static std::mutex mu;
-  static auto* sets = new std::map<int, std::unique_ptr<Kernels>>();
-  std::lock_guard<std::mutex> lock(mu);
-  auto& set = (*sets)[device.index];
-  if (!set) set = make_cuda_kernels(device.index);
-  return *set;
-#else
-  DPT_THROW(UnsupportedError, "no kernels for device {}: this dptrain was built without CUDA", device.str());
-#endif
 }
 
 }  // namespace dpt::models

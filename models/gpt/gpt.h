@@ -1,4 +1,4 @@
-// models/gpt.h: GPT-2 as nanoGPT and Hugging Face build it: token and position embeddings, pre-LayerNorm
+// models/gpt/gpt.h: GPT-2 as nanoGPT and Hugging Face build it: token and position embeddings, pre-LayerNorm
 // blocks (causal self-attention with a fused QKV projection, then a GELU(tanh) MLP, each added to the residual
 // stream), a final LayerNorm, and the LM head tied to the token embedding.
 //

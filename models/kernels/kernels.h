@@ -1,7 +1,8 @@
-// models/kernels.h: the Kernels interface: every numeric operation the layers, the loss and the optimizers
-// need, on raw device pointers. One model code path, two kernel sets: the CPU set (models/kernels/cpu,
-// OpenBLAS) is here; the CUDA set (cuBLAS + .cu) implements the same interface for the GPU issue. Layers
-// never branch on the device; they call kernels_for(device).
+// models/kernels/kernels.h: the Kernels interface: every numeric operation the layers, the loss and the optimizers
+// need, on raw device pointers. One model code path, two kernel sets: the CPU set (cpu/: OpenBLAS, oneDNN) and
+// the CUDA set (cuda/: cuBLAS, cuDNN, .cu kernels), each one file per operation family. Layers never branch on
+// the device; they call kernels_for(device) (factory.h). The defaults below (the operations a set may leave
+// out, and gemm_strided_batched as a loop) are in kernels.cpp.
 //
 // Matrices are row-major. Counts are element counts, not bytes. Pointers point into memory of the kernel
 // set's device. A CUDA kernel set runs everything on its stream(), asynchronously to the host; results
@@ -145,8 +146,5 @@ class Kernels {
 
 // Checks a ConvShape before either kernel set uses it: positive sizes, and p, q as conv_output_size gives.
 void check_conv_shape(const ConvShape& cs);
-
-// The kernel set for a device; throws UnsupportedError for a device this build has no kernels for.
-Kernels& kernels_for(Device device);
 
 }  // namespace dpt::models

@@ -1,4 +1,4 @@
-// tests/unit/trainer/test_generate.cpp: sampling the next token: top_k = 1 is argmax (lowest index on a tie),
+// tests/unit/models/test_generate.cpp: sampling the next token: top_k = 1 is argmax (lowest index on a tie),
 // top_k limits the candidates, the frequencies follow softmax(logits / temperature), a seed repeats, and
 // vocab_limit keeps to the tokenizer's ids;
 // generation from a GPT appends exactly `count` tokens, repeats for a seed, and keeps to the block size.
@@ -7,13 +7,13 @@
 #include <cmath>
 #include <map>
 
-#include "models/gpt.h"
-#include "trainer/generate.h"
+#include "models/gpt/generate.h"
+#include "models/gpt/gpt.h"
 
 using namespace dpt;
-using namespace dpt::trainer;
+using namespace dpt::models;
 
-TEST_CASE("sample_token: greedy, top-k, temperature and seeds", "[trainer][generate]") {
+TEST_CASE("sample_token: greedy, top-k, temperature and seeds", "[models][generate]") {
   const std::vector<float> logits{1.0f, 3.0f, 0.5f, 3.0f, 2.0f};
   std::mt19937_64 rng(1);
   REQUIRE(sample_token(logits.data(), 5, {.temperature = 1.0, .top_k = 1}, rng) == 1);  // tie: the lower index
@@ -33,7 +33,7 @@ TEST_CASE("sample_token: greedy, top-k, temperature and seeds", "[trainer][gener
     REQUIRE(sample_token(logits.data(), 5, {.temperature = 1.5}, a) == sample_token(logits.data(), 5, {.temperature = 1.5}, b));
 }
 
-TEST_CASE("sample_token: vocab_limit keeps to the tokenizer's ids when the model's vocabulary is larger", "[trainer][generate]") {
+TEST_CASE("sample_token: vocab_limit keeps to the tokenizer's ids when the model's vocabulary is larger", "[models][generate]") {
   const std::vector<float> logits{1.0f, 3.0f, 0.5f, 3.0f, 9.0f};  // the padded id 4 would win
   std::mt19937_64 rng(1);
   REQUIRE(sample_token(logits.data(), 5, {.top_k = 1, .vocab_limit = 4}, rng) == 1);
@@ -45,7 +45,7 @@ TEST_CASE("sample_token: vocab_limit keeps to the tokenizer's ids when the model
   REQUIRE(seen.rbegin()->first == 2);
 }
 
-TEST_CASE("generate: count new tokens, the same for a seed, beyond the block size", "[trainer][generate]") {
+TEST_CASE("generate: count new tokens, the same for a seed, beyond the block size", "[models][generate]") {
   models::GptOptions o{.n_layer = 1, .n_head = 2, .n_embd = 8, .vocab_size = 256, .block_size = 4};
   auto model = models::make_gpt(o);
   model->init(5);
@@ -59,7 +59,7 @@ TEST_CASE("generate: count new tokens, the same for a seed, beyond the block siz
   REQUIRE(generate(*model, o.block_size, prompt, 9, {}, 4) != x);
 }
 
-TEST_CASE("generate with the KV cache gives the sliding window's text within a block, and runs past it", "[trainer][generate]") {
+TEST_CASE("generate with the KV cache gives the sliding window's text within a block, and runs past it", "[models][generate]") {
   models::GptOptions o{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 300, .block_size = 12};
   auto model = models::make_gpt(o);
   model->init(8);

@@ -1,5 +1,5 @@
-// models/gpt.cpp: see gpt.h.
-#include "models/gpt.h"
+// models/gpt/gpt.cpp: see gpt.h.
+#include "models/gpt/gpt.h"
 
 #include <algorithm>
 #include <limits>

@@ -1,0 +1,34 @@
+// models/gpt/generate.h: text from a GPT: autoregressive sampling with temperature and top-k, seeded, so the same
+// seed gives the same tokens. With the KV cache (the default) each new token costs one position's forward: the
+// prompt's last block_size tokens go through once, then one token at a time. When the cache is full (block_size
+// positions), it starts again from the last block_size / 2 tokens, so a long text keeps at least half a window of
+// context. Without the cache each token runs the model over the last block_size tokens (a sliding window); up to
+// block_size tokens in all the two give the same text. Loading a checkpoint and its tokenizer for this is the
+// trainer's (trainer/generate.h, `dptrain generate`).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "models/model.h"
+
+namespace dpt::models {
+
+struct SampleOptions {
+  double temperature = 1.0;  // > 0; logits are divided by it
+  int64_t top_k = 0;         // sample among the k most likely tokens only (0: all)
+  int64_t vocab_limit = 0;   // sample among ids below this only (0: all): the tokenizer's vocabulary, when the
+                             // model's is larger (padded)
+};
+
+// One token drawn from softmax(logits / temperature) restricted to the top_k largest logits (ties broken by
+// the lower index). top_k = 1 is argmax.
+int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng);
+
+// `count` new tokens after `prompt` (at least one token), from `model` (a GPT with this block_size, on any
+// device: the logits come back to the host for sampling).
+std::vector<int32_t> generate(Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
+                              const SampleOptions& o, uint64_t seed, bool kv_cache = true);
+
+}  // namespace dpt::models

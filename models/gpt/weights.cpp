@@ -1,0 +1,116 @@
+// models/gpt/weights.cpp: a GPT's weights from and to nanoGPT's and Hugging Face's layouts (see weights.h).
+#include "models/gpt/weights.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace dpt::models {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& tail) { return s.size() >= tail.size() && s.ends_with(tail); }
+
+// The projection weights that Hugging Face's Conv1D stores [in, out], transposed from nn.Linear's [out, in].
+bool is_conv1d_weight(const std::string& name) {
+  return ends_with(name, ".attn.c_attn.weight") || ends_with(name, ".attn.c_proj.weight") ||
+         ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight");
+}
+
+// A 2-D float32 tensor transposed, on the host.
+Tensor transposed(const Tensor& t) {
+  const Tensor src = t.to(Device::cpu());
+  const int64_t rows = src.dim(0), cols = src.dim(1);
+  Tensor out = Tensor::empty({cols, rows});
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) out.data<float>()[c * rows + r] = src.data<float>()[r * cols + c];
+  return out;
+}
+
+// The first `rows` rows of a 2-D host tensor, zero-filled up to `rows` when it has fewer.
+Tensor with_rows(const Tensor& t, int64_t rows) {
+  const Tensor src = t.to(Device::cpu());
+  Tensor out = Tensor::zeros({rows, src.dim(1)});
+  const int64_t n = std::min(rows, src.dim(0)) * src.dim(1);
+  std::copy_n(src.data<float>(), n, out.data<float>());
+  return out;
+}
+
+// The tensor of `tensors` named `name`, or nullptr.
+const Tensor* find(const std::vector<NamedTensor>& tensors, const std::string& name) {
+  for (const auto& nt : tensors)
+    if (nt.name == name) return &nt.tensor;
+  return nullptr;
+}
+
+}  // namespace
+
+GptLayout parse_gpt_layout(const std::string& name) {
+  if (name == "nanogpt") return GptLayout::NanoGpt;
+  if (name == "hf") return GptLayout::HuggingFace;
+  DPT_THROW(ConfigError, "weight layout '{}': nanogpt or hf", name);
+}
+
+std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
+                                            const GptOptions& o, std::string* layout) {
+  auto full = [](const std::string& n) { return n.starts_with("transformer.") || n == "lm_head.weight" ? n : "transformer." + n; };
+  const int64_t n_embd = o.n_embd;
+  const Tensor* c_attn = nullptr;
+  for (const auto& nt : tensors)
+    if (full(nt.name) == "transformer.h.0.attn.c_attn.weight") c_attn = &nt.tensor;
+  const bool hf = c_attn && c_attn->ndim() == 2 && c_attn->dim(0) == n_embd && c_attn->dim(1) == 3 * n_embd;
+  *layout = hf ? "Hugging Face" : "nanoGPT";
+  std::vector<NamedTensor> out;
+  const Tensor* head = nullptr;
+  for (const auto& nt : tensors) {
+    const std::string name = full(nt.name);
+    if (ends_with(name, ".attn.bias") || ends_with(name, ".attn.masked_bias")) continue;  // HF's mask buffers
+    if (name == "lm_head.weight") {
+      head = &nt.tensor;
+      continue;
+    }
+    const bool f32_matrix = nt.tensor.ndim() == 2 && nt.tensor.dtype() == DType::F32;
+    if (hf && is_conv1d_weight(name)) {
+      DPT_CHECK(f32_matrix, "{}: {} is {} {}", path, nt.name, dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
+      out.push_back({name, transposed(nt.tensor)});
+    } else if (name == "transformer.wte.weight" && f32_matrix && nt.tensor.dim(0) == o.vocab_size &&
+               models::padded_vocab(o) != o.vocab_size) {
+      out.push_back({name, with_rows(nt.tensor, models::padded_vocab(o))});  // the real vocabulary: pad
+    } else {
+      out.push_back({name, nt.tensor});
+    }
+  }
+  if (head) {
+    const Tensor* wte = find(tensors, "transformer.wte.weight");
+    if (!wte) wte = find(tensors, "wte.weight");
+    if (!wte || wte->shape() != head->shape() || std::memcmp(wte->raw(), head->raw(), head->bytes()) != 0)
+      DPT_THROW(ConfigError, "model.init_from {}: lm_head.weight differs from transformer.wte.weight: this GPT ties "
+                "its head to the token embedding", path);
+  }
+  return out;
+}
+
+std::vector<NamedTensor> gpt_export_weights(const Model& model, GptLayout layout) {
+  const auto* gpt = dynamic_cast<const Gpt*>(&model.root());
+  if (!gpt) DPT_THROW(ConfigError, "{} is not a GPT: only a GPT's weights export to nanoGPT's or Hugging Face's layout", model.summary());
+  const int64_t vocab = gpt->options().vocab_size;
+  std::vector<NamedTensor> out;
+  Tensor wte;
+  for (const auto& nt : model.state()) {
+    if (nt.tensor.dtype() != DType::F32) continue;  // counters: none in a GPT, and no place in these layouts
+    Tensor t = nt.name == "transformer.wte.weight" ? with_rows(nt.tensor, vocab) : nt.tensor.to(Device::cpu());
+    if (nt.name == "transformer.wte.weight") wte = t;
+    if (layout == GptLayout::NanoGpt) {
+      out.push_back({nt.name, t});
+    } else {
+      DPT_CHECK(nt.name.starts_with("transformer."), "GPT tensor {} outside transformer.", nt.name);
+      out.push_back({nt.name.substr(std::string("transformer.").size()), is_conv1d_weight(nt.name) ? transposed(t) : t});
+    }
+  }
+  if (layout == GptLayout::NanoGpt) {
+    Tensor head = Tensor::empty(wte.shape());
+    head.copy_from(wte);
+    out.push_back({"lm_head.weight", head});  // nanoGPT's state_dict names the tied weight twice
+  }
+  return out;
+}
+
+}  // namespace dpt::models

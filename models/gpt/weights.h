@@ -1,0 +1,37 @@
+// models/gpt/weights.h: a GPT's weights in other programs' layouts, both ways: nanoGPT's state_dict (our own
+// names: transformer.*, nn.Linear [out, in], lm_head.weight tied to wte) and Hugging Face's GPT2LMHeadModel
+// (no "transformer." prefix on the hub's model.safetensors, Conv1D projection weights [in, out], causal-mask
+// buffers). Reading a file and building the model are the trainer's (trainer/build_model.h: load_pretrained).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "models/gpt/gpt.h"
+#include "models/model.h"
+
+namespace dpt::models {
+
+// Layouts a GPT's weights can be written in for other programs (gpt_export_weights).
+enum class GptLayout {
+  NanoGpt,      // nanoGPT's state_dict: transformer.* names, nn.Linear [out, in], lm_head.weight (a copy of wte)
+  HuggingFace,  // the hub's GPT-2 model.safetensors: no "transformer." prefix, Conv1D weights [in, out], no lm_head
+};
+GptLayout parse_gpt_layout(const std::string& name);  // "nanogpt" | "hf"; ConfigError otherwise
+
+// A GPT's weights as this model names and lays them out (nanoGPT's), from `tensors` (a file's, `path` names it in
+// errors) in nanoGPT's or Hugging Face's GPT2LMHeadModel layout: names with or without the "transformer." prefix;
+// the four projection weights of each block transposed when they come from HF's Conv1D ([in, out], recognised by
+// c_attn's [C, 3C] shape); HF's causal-mask buffers (attn.bias, attn.masked_bias) dropped; lm_head.weight dropped
+// when it equals transformer.wte.weight (the tie), a ConfigError otherwise; wte of vocab_size rows padded with 0
+// to the model's (padded_vocab). `layout` gets "nanoGPT" or "Hugging Face".
+std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
+                                            const GptOptions& o, std::string* layout);
+
+// A GPT's weights (host tensors, float32) in `layout`, wte cut to the real vocabulary (vocab_size rows): loads
+// into nanoGPT's GPT(strict) or transformers' GPT2LMHeadModel.from_pretrained, and back through
+// gpt_import_weights. ConfigError when `model` is not a GPT.
+std::vector<NamedTensor> gpt_export_weights(const Model& model, GptLayout layout);
+
+}  // namespace dpt::models

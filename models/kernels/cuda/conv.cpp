@@ -1,0 +1,321 @@
+// models/kernels/cuda/conv.cpp: the convolutions through cuDNN 9 (its legacy cudnnConvolution* API), when the build
+// found it (DPT_HAVE_CUDNN): one plan (descriptors and the algorithm of each direction) per shape and precision,
+// deterministic algorithms only, strict FP32 by default (no TF32). Without cuDNN the convolutions throw
+// UnsupportedError naming it.
+#include "models/kernels/cuda/cuda_kernels.h"
+
+#include <array>
+#include <limits>
+#include <memory>
+
+#include "core/cuda_check.h"
+#include "models/kernels/cuda/launch.h"
+
+#if DPT_HAVE_CUDNN
+// cuDNN's status string, and its last error message (cuDNN 9 says there which check failed, e.g. a bad shape).
+#define DPT_CUDNN_CHECK(expr)                                                                                   \
+  do {                                                                                                          \
+    const cudnnStatus_t dpt_st_ = (expr);                                                                       \
+    if (dpt_st_ != CUDNN_STATUS_SUCCESS)                                                                        \
+      throw ::dpt::DeviceError(::dpt::detail::located(                                                          \
+          __FILE__, __LINE__,                                                                                   \
+          fmt::format("cuDNN error in {}: {}{}", #expr, cudnnGetErrorString(dpt_st_),                           \
+                      ::dpt::models::cudnn_last_error())));                                                     \
+  } while (0)
+#endif
+
+namespace dpt::models {
+
+#if DPT_HAVE_CUDNN
+// ": " and cuDNN's message about the last failed call, or nothing when it has none.
+inline std::string cudnn_last_error() {
+  std::array<char, 512> msg{};
+  cudnnGetLastErrorString(msg.data(), msg.size());
+  return msg[0] ? fmt::format(": {}", msg.data()) : std::string();
+}
+#endif
+
+namespace {
+
+#if DPT_HAVE_CUDNN
+// FP32 convolutions on the FMA units only: TF32 tensor cores (CUDNN_DEFAULT_MATH lets cuDNN use them on A100
+// and newer) would be several times faster but leave the CPU path's results by ~1e-3. Turning this on is the
+// switch for TF32 convolutions (the tolerance of the conv tests would then have to follow).
+constexpr bool kConvAllowTf32 = false;
+// The most workspace one convolution algorithm may ask for; a hungrier one is skipped for the next in cuDNN's
+// ranking.
+constexpr size_t kConvMaxWorkspaceBytes = size_t{1} << 30;
+
+// The precision's name, for messages.
+const char* precision_name(Precision p) {
+  return p == Precision::BF16 ? "bf16" : p == Precision::F16 ? "fp16" : "fp32";
+}
+
+// The cuDNN type of x, w and y under `p` (the convolution itself always computes in float32).
+cudnnDataType_t cudnn_type(Precision p) {
+  return p == Precision::BF16 ? CUDNN_DATA_BFLOAT16 : p == Precision::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
+}
+
+ConvKey conv_key(const ConvShape& cs, Precision p) {
+  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, p};
+}
+
+size_t x_count(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.c * cs.h * cs.w); }
+size_t w_count(const ConvShape& cs) { return static_cast<size_t>(cs.k * cs.c * cs.r * cs.s); }
+size_t y_count(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.k * cs.p * cs.q); }
+#endif
+
+}  // namespace
+
+#if DPT_HAVE_CUDNN
+// The cuDNN descriptors of one (ConvShape, Precision), and the algorithm of each direction, chosen the first time
+// that direction runs. cuDNN's heuristics choose (cudnnGet*_v7), not timing (cudnnFind*): the choice then depends
+// only on the shape, the precision and the GPU, so two runs, or two ranks, make the same one and get the same
+// bits. Only deterministic algorithms qualify. In FP32, none that needs TF32 tensor cores (kConvAllowTf32); in
+// BF16 / F16, x, w and y are 16-bit (PSEUDO_BFLOAT16 / PSEUDO_HALF: float32 compute type) and tensor cores are
+// welcome (they multiply the 16-bit operands exactly and accumulate in float32).
+class ConvPlan {
+ public:
+  ConvPlan(const ConvShape& cs, Precision precision) : precision_(precision) {
+    constexpr int64_t kMax = std::numeric_limits<int>::max();
+    DPT_CHECK(cs.n * cs.c * cs.h * cs.w <= kMax && cs.n * cs.k * cs.p * cs.q <= kMax &&
+                  cs.k * cs.c * cs.r * cs.s <= kMax,
+              "convolution tensors over 2^31 elements (cuDNN's int range)");
+    const auto i = [](int64_t v) { return static_cast<int>(v); };
+    DPT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_));
+    DPT_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y_));
+    DPT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
+    DPT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
+    const cudnnDataType_t type = cudnn_type(precision);
+    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, type, i(cs.n), i(cs.c), i(cs.h), i(cs.w)));
+    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, type, i(cs.n), i(cs.k), i(cs.p), i(cs.q)));
+    DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, type, CUDNN_TENSOR_NCHW, i(cs.k), i(cs.c), i(cs.r), i(cs.s)));
+    // Cross-correlation (no kernel flip), as PyTorch's Conv2d and the CPU set; float32 arithmetic in every precision.
+    DPT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, i(cs.pad), i(cs.pad), i(cs.stride), i(cs.stride), 1, 1,
+                                                    CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+    const cudnnMathType_t math = precision != Precision::F32 ? CUDNN_TENSOR_OP_MATH
+                                 : kConvAllowTf32            ? CUDNN_DEFAULT_MATH
+                                                             : CUDNN_FMA_MATH;
+    DPT_CUDNN_CHECK(cudnnSetConvolutionMathType(conv_, math));
+    int n = 0, k = 0, p = 0, q = 0;
+    DPT_CUDNN_CHECK(cudnnGetConvolution2dForwardOutputDim(conv_, x_, w_, &n, &k, &p, &q));
+    DPT_CHECK(n == cs.n && k == cs.k && p == cs.p && q == cs.q, "cuDNN's output shape {}x{}x{}x{} is not {}x{}x{}x{}",
+              n, k, p, q, cs.n, cs.k, cs.p, cs.q);
+  }
+  ~ConvPlan() {
+    if (conv_) (void)cudnnDestroyConvolutionDescriptor(conv_);
+    if (w_) (void)cudnnDestroyFilterDescriptor(w_);
+    if (y_) (void)cudnnDestroyTensorDescriptor(y_);
+    if (x_) (void)cudnnDestroyTensorDescriptor(x_);
+  }
+  ConvPlan(const ConvPlan&) = delete;
+  ConvPlan& operator=(const ConvPlan&) = delete;
+
+  // The chosen algorithm and its workspace bytes, per direction.
+  template <class Algo>
+  struct Choice {
+    Algo algo{};
+    size_t workspace = 0;
+  };
+
+  const Choice<cudnnConvolutionFwdAlgo_t>& forward(cudnnHandle_t h) {
+    if (!fwd_) {
+      std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
+      int count = 0;
+      DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, x_, w_, conv_, y_, static_cast<int>(perf.size()),
+                                                             &count, perf.data()));
+      fwd_ = choose<cudnnConvolutionFwdAlgo_t>(perf.data(), count, "forward",
+                                               [&](cudnnConvolutionFwdAlgo_t a, size_t* b) {
+        return cudnnGetConvolutionForwardWorkspaceSize(h, x_, w_, conv_, y_, a, b);
+      });
+    }
+    return *fwd_;
+  }
+  const Choice<cudnnConvolutionBwdDataAlgo_t>& backward_data(cudnnHandle_t h) {
+    if (!bwd_data_) {
+      std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
+      int count = 0;
+      DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_, y_, conv_, x_, static_cast<int>(perf.size()),
+                                                                  &count, perf.data()));
+      bwd_data_ = choose<cudnnConvolutionBwdDataAlgo_t>(perf.data(), count, "backward data",
+                                                        [&](cudnnConvolutionBwdDataAlgo_t a, size_t* b) {
+        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w_, y_, conv_, x_, a, b);
+      });
+    }
+    return *bwd_data_;
+  }
+  const Choice<cudnnConvolutionBwdFilterAlgo_t>& backward_filter(cudnnHandle_t h) {
+    if (!bwd_filter_) {
+      std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
+      int count = 0;
+      DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_, y_, conv_, w_, static_cast<int>(perf.size()),
+                                                                    &count, perf.data()));
+      bwd_filter_ = choose<cudnnConvolutionBwdFilterAlgo_t>(perf.data(), count, "backward filter",
+                                                            [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* b) {
+        return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_, y_, conv_, w_, a, b);
+      });
+    }
+    return *bwd_filter_;
+  }
+
+  cudnnTensorDescriptor_t x() const { return x_; }
+  cudnnTensorDescriptor_t y() const { return y_; }
+  cudnnFilterDescriptor_t w() const { return w_; }
+  cudnnConvolutionDescriptor_t conv() const { return conv_; }
+
+ private:
+  // Whether an algorithm's math type suits this plan's precision: in FP32 no tensor cores (they would mean TF32)
+  // unless kConvAllowTf32; in BF16 / F16 tensor cores too, but no conversion of the operands to another type.
+  bool math_allowed(cudnnMathType_t m) const {
+    if (m == CUDNN_FMA_MATH || m == CUDNN_DEFAULT_MATH) return true;
+    return m == CUDNN_TENSOR_OP_MATH && (precision_ != Precision::F32 || kConvAllowTf32);
+  }
+
+  // The first algorithm in cuDNN's ranking that it supports here, that is deterministic, whose math type suits
+  // the precision, and whose workspace (asked again for that algorithm) fits kConvMaxWorkspaceBytes.
+  template <class Algo, class Perf, class WorkspaceFn>
+  std::unique_ptr<Choice<Algo>> choose(const Perf* perf, int count, const char* what, WorkspaceFn workspace) const {
+    for (int i = 0; i < count; ++i) {
+      const Perf& pf = perf[i];
+      if (pf.status != CUDNN_STATUS_SUCCESS || pf.determinism != CUDNN_DETERMINISTIC) continue;
+      if (!math_allowed(pf.mathType)) continue;
+      size_t bytes = 0;
+      if (workspace(pf.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kConvMaxWorkspaceBytes) continue;
+      return std::make_unique<Choice<Algo>>(Choice<Algo>{pf.algo, bytes});
+    }
+    DPT_THROW(UnsupportedError, "cuDNN offers no deterministic {} {} convolution algorithm for this shape "
+              "(with at most {} MiB of workspace)", precision_name(precision_), what, kConvMaxWorkspaceBytes >> 20);
+  }
+
+  Precision precision_;
+
+  cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
+  cudnnFilterDescriptor_t w_ = nullptr;
+  cudnnConvolutionDescriptor_t conv_ = nullptr;
+  std::unique_ptr<Choice<cudnnConvolutionFwdAlgo_t>> fwd_;
+  std::unique_ptr<Choice<cudnnConvolutionBwdDataAlgo_t>> bwd_data_;
+  std::unique_ptr<Choice<cudnnConvolutionBwdFilterAlgo_t>> bwd_filter_;
+};
+
+void ConvPlanDeleter::operator()(ConvPlan* plan) const { delete plan; }
+
+// In BF16 / F16 the inputs go through conv_in (rounded into 16-bit scratch), the output through conv_out (16-bit
+// scratch) and conv_finish (widened into the caller's float32 buffer); in F32 cuDNN reads and writes the caller's
+// buffers directly. alpha and beta are float32 in every precision (float32 compute type).
+void CudaKernels::conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) {
+  check_conv_shape(cs);
+  if (cs.n == 0) return;
+  ConvPlan& plan = plan_for(cs);
+  const auto& ch = plan.forward(cudnn());
+  void* ws = workspace(ch.workspace);
+  const size_t nx = x_count(cs), nw = w_count(cs), ny = y_count(cs);
+  const void* xin = conv_in(x, nx, 0);
+  const void* win = conv_in(w, nw, 1);
+  void* yout = conv_out(y, ny, 2);
+  const float alpha = 1.0f, beta = 0.0f;  // beta 0: y is not read (it may hold NaN)
+  DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn(), &alpha, plan.x(), xin, plan.w(), win, plan.conv(), ch.algo, ws,
+                                          ch.workspace, &beta, plan.y(), yout));
+  conv_finish(yout, y, ny, false);
+}
+
+void CudaKernels::conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) {
+  check_conv_shape(cs);
+  if (cs.n == 0) return;
+  ConvPlan& plan = plan_for(cs);
+  const auto& ch = plan.backward_data(cudnn());
+  void* ws = workspace(ch.workspace);
+  const size_t nx = x_count(cs), nw = w_count(cs), ny = y_count(cs);
+  const void* dyin = conv_in(dy, ny, 0);
+  const void* win = conv_in(w, nw, 1);
+  void* dxout = conv_out(dx, nx, 2);
+  const float alpha = 1.0f, beta = 0.0f;  // dx overwritten
+  DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn(), &alpha, plan.w(), win, plan.y(), dyin, plan.conv(), ch.algo,
+                                               ws, ch.workspace, &beta, plan.x(), dxout));
+  conv_finish(dxout, dx, nx, false);
+}
+
+void CudaKernels::conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) {
+  check_conv_shape(cs);
+  if (cs.n == 0) return;  // nothing to accumulate
+  ConvPlan& plan = plan_for(cs);
+  const auto& ch = plan.backward_filter(cudnn());
+  void* ws = workspace(ch.workspace);
+  const size_t nx = x_count(cs), nw = w_count(cs), ny = y_count(cs);
+  const void* xin = conv_in(x, nx, 0);
+  const void* dyin = conv_in(dy, ny, 1);
+  void* dwout = conv_out(dw, nw, 2);
+  // dw accumulates: cuDNN adds into it (beta 1) in F32; in BF16 / F16 cuDNN overwrites the 16-bit scratch and
+  // conv_finish adds that into dw in float32 (beta 1 would round dw itself to 16 bits).
+  const float alpha = 1.0f, beta = precision_ == Precision::F32 ? 1.0f : 0.0f;
+  DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn(), &alpha, plan.x(), xin, plan.y(), dyin, plan.conv(),
+                                                 ch.algo, ws, ch.workspace, &beta, plan.w(), dwout));
+  conv_finish(dwout, dw, nw, true);
+}
+
+// The cuDNN handle, made on first use: loading cuDNN takes a while and a model without convolutions never
+// needs it.
+cudnnHandle_t CudaKernels::cudnn() {
+  if (!cudnn_) {
+    cuda::set_device(index_);
+    DPT_CUDNN_CHECK(cudnnCreate(&cudnn_));
+    DPT_CUDNN_CHECK(cudnnSetStream(cudnn_, stream()));
+  }
+  return cudnn_;
+}
+
+// One plan per shape and precision seen (a run has a handful: each layer's, and the last, smaller batch's).
+ConvPlan& CudaKernels::plan_for(const ConvShape& cs) {
+  auto [it, added] = plans_.try_emplace(conv_key(cs, precision_));
+  if (added) {
+    try {
+      it->second.reset(new ConvPlan(cs, precision_));  // the deleter is ConvPlanDeleter, not std::default_delete
+    } catch (...) {
+      plans_.erase(it);
+      throw;
+    }
+  }
+  return *it->second;
+}
+
+// The convolutions' workspace, shared by all of them (the stream serialises them); nullptr for 0 bytes.
+void* CudaKernels::workspace(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  if (workspace_.bytes() < bytes) workspace_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device());
+  return workspace_.raw();
+}
+
+// A convolution input as cuDNN reads it in this precision: `p` itself in F32, else its `count` values rounded
+// into 16-bit scratch `slot`.
+const void* CudaKernels::conv_in(const float* p, size_t count, int slot) {
+  if (precision_ == Precision::F32) return p;
+  return narrowed(p, 1, static_cast<int64_t>(count), static_cast<int64_t>(count), slot);
+}
+
+// Where cuDNN writes a convolution output: `p` itself in F32, else 16-bit scratch `slot` of `count` values.
+void* CudaKernels::conv_out(float* p, size_t count, int slot) {
+  if (precision_ == Precision::F32) return p;
+  return narrow_scratch(slot, count);
+}
+
+// The 16-bit output widened into `p` (added to it when accumulate); nothing in F32 (cuDNN wrote `p`).
+void CudaKernels::conv_finish(const void* out, float* p, size_t count, bool accumulate) {
+  if (precision_ == Precision::F32) return;
+  DPT_CUDA_CHECK(cuda_launch::widen(out, p, count, precision_, accumulate, stream()));
+}
+
+#else
+
+void CudaKernels::conv2d_forward(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
+
+void CudaKernels::conv2d_backward_data(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
+
+void CudaKernels::conv2d_backward_weight(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
+
+void CudaKernels::no_cudnn() {
+  DPT_THROW(UnsupportedError, "convolutions on the GPU need cuDNN 9, which this dptrain was built without "
+            "(cudnn.h / libcudnn not found by CMake, or DPT_WITH_CUDNN=OFF)");
+}
+
+#endif
+
+}  // namespace dpt::models

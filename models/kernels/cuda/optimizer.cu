@@ -1,0 +1,40 @@
+// models/kernels/cuda/optimizer.cu: the optimizer updates (SGD, AdamW), each kernel followed by its launcher; the
+// per-element arithmetic is elementwise.h's, shared with the CPU set.
+#include "models/kernels/cuda/common.cuh"
+
+namespace dpt::models::cuda_launch {
+
+namespace {
+
+__global__ void sgd_kernel(float* param, const float* grad, float* buf, size_t n, SgdParams p) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    elementwise::sgd(param[i], grad[i], buf ? buf + i : nullptr, p);
+}
+
+}  // namespace
+
+cudaError_t sgd_update(float* param, const float* grad, float* buf, size_t n, SgdParams p, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(param, grad, buf, n, p);
+  return cudaGetLastError();
+}
+
+namespace {
+
+__global__ void adamw_kernel(float* param, const float* grad, float* m, float* v, size_t n, elementwise::AdamWStep st) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    elementwise::adamw(param[i], grad[i], m[i], v[i], st);
+}
+
+}  // namespace
+
+cudaError_t adamw_update(float* param, const float* grad, float* m, float* v, size_t n, elementwise::AdamWStep st,
+                         cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(param, grad, m, v, n, st);
+  return cudaGetLastError();
+}
+
+}  // namespace dpt::models::cuda_launch

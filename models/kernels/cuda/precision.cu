@@ -1,0 +1,116 @@
+// models/kernels/cuda/precision.cu: low precision: rounding float32 operands into packed bf16 / fp16 copies for
+// the 16-bit GEMMs and convolutions (one matrix, or a strided batch of them), and widening 16-bit results back into
+// float32; each kernel followed by its launcher.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include "models/kernels/cuda/common.cuh"
+
+namespace dpt::models::cuda_launch {
+
+namespace {
+
+// float -> the narrow type, round to nearest even; and back (exact).
+template <class T>
+__device__ T to_narrow(float x);
+
+template <>
+__device__ __nv_bfloat16 to_narrow<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+template <>
+__device__ __half to_narrow<__half>(float x) { return __float2half_rn(x); }
+
+__device__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+__device__ float to_float(__half v) { return __half2float(v); }
+
+}  // namespace
+
+static_assert(sizeof(__nv_bfloat16) == kNarrowBytes && sizeof(__half) == kNarrowBytes);
+
+namespace {
+
+// dst[i] for i < rows * cols (packed) from src's row i / cols, column i % cols (row stride ld); the division is
+// skipped when the rows are contiguous (ld == cols: every convolution operand, most GEMM operands).
+template <class T>
+__global__ void narrow_kernel(const float* src, int64_t cols, int64_t ld, T* dst, size_t total) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    size_t from = i;
+    if (ld != cols) {
+      const size_t r = i / static_cast<size_t>(cols);
+      from = r * static_cast<size_t>(ld) + (i - r * static_cast<size_t>(cols));
+    }
+    dst[i] = to_narrow<T>(src[from]);
+  }
+}
+
+}  // namespace
+
+cudaError_t narrow(const float* src, int64_t rows, int64_t cols, int64_t ld, void* dst, Precision p, cudaStream_t s) {
+  if (p == Precision::F32 || rows < 0 || cols < 0 || (rows > 1 && ld < cols)) return cudaErrorInvalidValue;
+  const size_t total = static_cast<size_t>(rows * cols);
+  if (total == 0) return cudaSuccess;
+  if (p == Precision::BF16)
+    narrow_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, cols, ld, static_cast<__nv_bfloat16*>(dst), total);
+  else
+    narrow_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, cols, ld, static_cast<__half*>(dst), total);
+  return cudaGetLastError();
+}
+
+namespace {
+
+template <class T>
+__global__ void widen_kernel(const T* src, float* dst, size_t n, bool accumulate) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x)
+    dst[i] = accumulate ? dst[i] + to_float(src[i]) : to_float(src[i]);
+}
+
+}  // namespace
+
+cudaError_t widen(const void* src, float* dst, size_t n, Precision p, bool accumulate, cudaStream_t s) {
+  if (p == Precision::F32) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  if (p == Precision::BF16)
+    widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(src), dst, n, accumulate);
+  else
+    widen_kernel<<<blocks_for(n), kThreads, 0, s>>>(static_cast<const __half*>(src), dst, n, accumulate);
+  return cudaGetLastError();
+}
+
+namespace {
+
+// dst[i] for i < batch * rows * cols (packed: matrix m at m * rows * cols, row stride cols) from matrix m = i /
+// (rows * cols) of src, which starts at src + m * stride, row r at r * ld.
+template <class T>
+__global__ void narrow_batched_kernel(const float* src, int64_t rows, int64_t cols, int64_t ld, int64_t stride, T* dst,
+                                      size_t total) {
+  const int64_t per = rows * cols;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t m = static_cast<int64_t>(i) / per;
+    const int64_t rem = static_cast<int64_t>(i) - m * per;
+    const int64_t r = rem / cols;
+    dst[i] = to_narrow<T>(src[m * stride + r * ld + (rem - r * cols)]);
+  }
+}
+
+}  // namespace
+
+cudaError_t narrow_batched(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld, int64_t stride,
+                           void* dst, Precision p, cudaStream_t s) {
+  if (p == Precision::F32 || batch < 0 || rows < 0 || cols < 0 || stride < 0 || (rows > 1 && ld < cols))
+    return cudaErrorInvalidValue;
+  const size_t total = static_cast<size_t>(batch * rows * cols);
+  if (total == 0) return cudaSuccess;
+  if (p == Precision::BF16)
+    narrow_batched_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, rows, cols, ld, stride,
+                                                                 static_cast<__nv_bfloat16*>(dst), total);
+  else
+    narrow_batched_kernel<<<blocks_for(total), kThreads, 0, s>>>(src, rows, cols, ld, stride,
+                                                                 static_cast<__half*>(dst), total);
+  return cudaGetLastError();
+}
+
+}  // namespace dpt::models::cuda_launch

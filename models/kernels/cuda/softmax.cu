@@ -1,0 +1,133 @@
+// models/kernels/cuda/softmax.cu: the softmax CUDA kernels, each followed by its launcher: softmax cross-entropy
+// (the classification loss, its gradient and its deterministic batch sums) and the causal softmax of attention,
+// forward and backward (one warp per row).
+#include <cfloat>
+#include <cmath>
+
+#include "models/kernels/cuda/common.cuh"
+
+namespace dpt::models::cuda_launch {
+
+namespace {
+
+// One warp per row: max (first index on ties, as the CPU's strict >), sum of exp, loss, hit, gradient.
+__global__ void xent_rows_kernel(const float* logits, const int32_t* labels, float* dlogits, int64_t rows,
+                                 int64_t cols, float* row_loss, float* row_hit) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(blockDim.x / 32) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const float* z = logits + r * cols;
+  float zmax = -FLT_MAX;
+  int64_t arg = cols;
+  for (int64_t c = lane; c < cols; c += 32) {
+    if (z[c] > zmax) {
+      zmax = z[c];
+      arg = c;
+    }
+  }
+  for (int off = 16; off > 0; off /= 2) {
+    const float om = __shfl_xor_sync(0xffffffffu, zmax, off);
+    const int64_t oa = __shfl_xor_sync(0xffffffffu, arg, off);
+    if (om > zmax || (om == zmax && oa < arg)) {
+      zmax = om;
+      arg = oa;
+    }
+  }
+  float sum = 0.0f;
+  for (int64_t c = lane; c < cols; c += 32) sum += expf(z[c] - zmax);
+  for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  const float log_sum = logf(sum);
+  const int32_t label = labels[r];
+  const bool valid = label >= 0 && label < cols;
+  if (lane == 0) {
+    row_loss[r] = valid ? log_sum - (z[label] - zmax) : NAN;
+    row_hit[r] = valid && arg == label ? 1.0f : 0.0f;
+  }
+  if (dlogits) {
+    const float inv_rows = 1.0f / static_cast<float>(rows);
+    float* d = dlogits + r * cols;
+    for (int64_t c = lane; c < cols; c += 32) {
+      const float p = expf(z[c] - zmax - log_sum);
+      d[c] = valid ? (p - (c == label ? 1.0f : 0.0f)) * inv_rows : NAN;
+    }
+  }
+}
+
+}  // namespace
+
+cudaError_t softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
+                         float* row_loss, float* row_hit, double* stats, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  constexpr int kRowsPerBlock = kThreads / 32;
+  const auto grid = static_cast<unsigned int>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  xent_rows_kernel<<<grid, kThreads, 0, s>>>(logits, labels, dlogits, rows, cols, row_loss, row_hit);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  reduce_pair_kernel<float><<<1, kThreads, 0, s>>>(row_loss, row_hit, static_cast<size_t>(rows), stats);
+  return cudaGetLastError();
+}
+
+namespace {
+
+// One warp per row of count * rows rows; row i (of its matrix) keeps columns j <= i + cols - rows. The exponent
+// scale * s - max is rounded as the CPU rounds it (__fmul_rn: no fused multiply-add), so the maximum gives exactly
+// exp(0) = 1. Pass 2 stores exp(.) in place, pass 3 scales it; each lane touches only its own columns.
+__global__ void causal_softmax_forward_kernel(float* s, int64_t total_rows, int64_t rows, int64_t cols, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  if (row >= total_rows) return;
+  const int64_t last = row % rows + cols - rows;  // the last column this row sees
+  float* p = s + row * cols;
+  float mx = -INFINITY;
+  for (int64_t j = lane; j <= last; j += 32) mx = fmaxf(mx, __fmul_rn(scale, p[j]));
+  mx = warp_max(mx);
+  float sum = 0.0f;
+  for (int64_t j = lane; j <= last; j += 32) {
+    const float e = expf(__fmul_rn(scale, p[j]) - mx);
+    p[j] = e;
+    sum += e;
+  }
+  const float inv = 1.0f / warp_sum(sum);
+  for (int64_t j = lane; j <= last; j += 32) p[j] *= inv;
+  for (int64_t j = last + 1 + lane; j < cols; j += 32) p[j] = 0.0f;
+}
+
+}  // namespace
+
+cudaError_t causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale,
+                                   cudaStream_t st) {
+  if (count < 0 || rows < 1 || rows > cols) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  const int64_t total_rows = count * rows;
+  causal_softmax_forward_kernel<<<row_blocks(total_rows), kThreads, 0, st>>>(s, total_rows, rows, cols, scale);
+  return cudaGetLastError();
+}
+
+namespace {
+
+// One warp per row of count * T rows of T: dot = sum_{j <= i} p dp, then dp = scale p (dp - dot) for j <= i, 0 after.
+__global__ void causal_softmax_backward_kernel(const float* p, float* dp, int64_t total_rows, int64_t T, float scale) {
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  if (row >= total_rows) return;
+  const int64_t i = row % T;
+  const float* pr = p + row * T;
+  float* dr = dp + row * T;
+  float dot = 0.0f;
+  for (int64_t j = lane; j <= i; j += 32) dot += pr[j] * dr[j];
+  dot = warp_sum(dot);
+  for (int64_t j = lane; j <= i; j += 32) dr[j] = scale * pr[j] * (dr[j] - dot);
+  for (int64_t j = i + 1 + lane; j < T; j += 32) dr[j] = 0.0f;
+}
+
+}  // namespace
+
+cudaError_t causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale,
+                                    cudaStream_t st) {
+  if (count < 0 || T < 1) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  const int64_t total_rows = count * T;
+  causal_softmax_backward_kernel<<<row_blocks(total_rows), kThreads, 0, st>>>(p, dp, total_rows, T, scale);
+  return cudaGetLastError();
+}
+
+}  // namespace dpt::models::cuda_launch
