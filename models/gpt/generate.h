@@ -4,7 +4,7 @@
 // positions), it starts again from the last block_size / 2 tokens, so a long text keeps at least half a window of
 // context. Without the cache each token runs the model over the last block_size tokens (a sliding window); up to
 // block_size tokens in all the two give the same text. Loading a checkpoint and its tokenizer for this is the
-// trainer's (trainer/generate.h, `dptrain generate`).
+// trainer's (trainer/gpt_checkpoint.h, `dptrain generate`).
 #pragma once
 
 #include <cstdint>

@@ -4,7 +4,7 @@
 
 #include "trainer/build_model.h"
 #include "trainer/commands/commands.h"
-#include "trainer/generate.h"
+#include "trainer/gpt_checkpoint.h"
 
 namespace dpt::trainer::commands {
 namespace {

@@ -8,7 +8,7 @@
 #include "core/check.h"
 #include "core/cuda.h"
 #include "trainer/commands/commands.h"
-#include "trainer/generate.h"
+#include "trainer/gpt_checkpoint.h"
 #include "trainer/trainer.h"
 
 namespace dpt::trainer::commands {

@@ -1,4 +1,4 @@
-// trainer/generate.h: a trained GPT out of a checkpoint, for `dptrain generate` (text through models::generate,
+// trainer/gpt_checkpoint.h: a trained GPT out of a checkpoint, for `dptrain generate` (text through models::generate,
 // models/gpt/generate.h: sampling, the KV cache) and `dptrain export-weights` (models/gpt/weights.h's layouts).
 // The prompt and the output are token ids of the checkpoint's tokenizer (data/tokenizer.h: the one its data set
 // was written with, bytes or GPT-2 BPE).

@@ -1,5 +1,5 @@
-// trainer/generate.cpp: a GPT checkpoint for `dptrain generate` and `dptrain export-weights` (see generate.h).
-#include "trainer/generate.h"
+// trainer/gpt_checkpoint.cpp: a GPT checkpoint for `dptrain generate` and `dptrain export-weights` (see gpt_checkpoint.h).
+#include "trainer/gpt_checkpoint.h"
 
 #include <filesystem>
 
