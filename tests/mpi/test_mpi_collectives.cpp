@@ -14,22 +14,14 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "core/net.h"
+#include "tests/support/mpi_harness.h"
 
 using namespace dpt;
 using namespace dpt::comm;
 
 namespace {
 
-int g_failures = 0;
-int g_rank = -1;
-
-template <class... A>
-void fail(fmt::format_string<A...> f, A&&... args) {
-  ++g_failures;
-  if (g_failures <= 20) {
-    std::fprintf(stderr, "[rank %d] FAILED: %s\n", g_rank, fmt::format(f, std::forward<A>(args)...).c_str());
-  }
-}
+using test::mpi::fail;
 
 template <class T>
 Tensor filled(size_t n, const std::function<T(size_t)>& f) {
@@ -172,10 +164,7 @@ void check_agreement(ProcessGroup& a, ProcessGroup& b) {
 }
 
 int run() {
-  DistEnv env = detect_env(process_env());
-  g_rank = env.rank;
-  init_logging(env.rank, env.world_size);
-  if (env.launcher != Launcher::OpenMPI) fail("launcher is {}, expected openmpi (run me under mpirun)", launcher_name(env.launcher));
+  const DistEnv env = test::mpi::start();
   if (!env.mpi_available) fail("mpi_available is false under mpirun");
   if (resolve_backend("auto", env) != "mpi") fail("backend auto resolves to {}", resolve_backend("auto", env));
 
@@ -186,45 +175,13 @@ int run() {
   }
   check_collectives(*mpi);
 
-  // Gloo in the same processes: under mpirun there is no MASTER_PORT, so rank 0 picks a free one and tells the
-  // others over MPI.
-  Tensor port = Tensor::zeros({1}, DType::I32);
-  if (env.rank == 0) port.data<int32_t>()[0] = find_free_port();
-  mpi->broadcast(port)->wait();
-  DistEnv genv = env;
-  genv.master_addr = "127.0.0.1";
-  genv.master_port = port.data<int32_t>()[0];
-  auto gloo = init_process_group(genv, {"gloo", std::chrono::seconds(60)});
+  auto gloo = test::mpi::gloo_beside(*mpi, env);
   if (gloo->backend() != "gloo") fail("init_process_group(gloo) built backend {}", gloo->backend());
   check_collectives(*gloo);
   check_agreement(*mpi, *gloo);
-
-  // Every rank's verdict, so that all of them exit with the same code.
-  Tensor bad = Tensor::zeros({1}, DType::I32);
-  bad.data<int32_t>()[0] = g_failures;
-  mpi->allreduce(bad)->wait();
-  gloo->barrier()->wait();
-  gloo.reset();
-  mpi->barrier()->wait();
-  mpi.reset();  // MPI_Finalize
-  int total = bad.data<int32_t>()[0];
-  if (env.rank == 0) {
-    if (total == 0) {
-      std::printf("test_mpi_collectives: all checks passed on %d ranks (mpi and gloo)\n", env.world_size);
-    } else {
-      std::printf("test_mpi_collectives: %d failures across %d ranks\n", total, env.world_size);
-    }
-  }
-  return total == 0 ? 0 : 1;
+  return test::mpi::finish("test_mpi_collectives", env, mpi, gloo);
 }
 
 }  // namespace
 
-int main() {
-  try {
-    return run();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[rank %d] test_mpi_collectives: %s\n", g_rank, e.what());
-    return 1;
-  }
-}
+int main() { return dpt::test::mpi::main_of("test_mpi_collectives", run); }

@@ -1,5 +1,6 @@
-// tests/support/temp_dir.h: TempDir, a fresh directory under /tmp for one test, removed when it ends. The one
-// TempDir of the C++ tests (unit tests of every layer include it as "tests/support/temp_dir.h").
+// tests/support/temp_dir.h: TempDir, a fresh directory under /tmp for one test, removed when it ends, and
+// read_file, a file's bytes back. The one TempDir of the C++ tests (unit tests of every layer include it as
+// "tests/support/temp_dir.h").
 #pragma once
 
 #include <fmt/format.h>
@@ -7,6 +8,8 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -36,5 +39,13 @@ struct TempDir {
     return (path / name).string();
   }
 };
+
+// The whole content of the file at `p`, byte for byte ("" when it cannot be read).
+inline std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 }  // namespace dpt::test

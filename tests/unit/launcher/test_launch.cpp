@@ -18,15 +18,9 @@
 using namespace dpt::launcher;
 namespace fs = std::filesystem;
 using dpt::test::TempDir;
+using dpt::test::read_file;
 
 namespace {
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 Options shell_job(int nproc, const std::string& script, const fs::path& log_dir) {
   Options o;
   o.nproc_per_node = nproc;
@@ -51,7 +45,7 @@ TEST_CASE("launch: every rank exits 0 -> 0, each rank's output in its log file",
                             dir.path / "logs"));
   REQUIRE(rc == 0);
   for (int r = 0; r < 3; ++r) {
-    std::string log = slurp(dir.path / "logs" / fmt::format("rank_{}.log", r));
+    std::string log = read_file(dir.path / "logs" / fmt::format("rank_{}.log", r));
     CHECK(log == fmt::format("out {}/3 \nerr {}\n", r, r));  // stdout and stderr together, unprefixed
   }
   // The signal mask is given back as it was.
@@ -90,8 +84,8 @@ TEST_CASE("launch: --max-restarts restarts every rank after a failure, with DPT_
   // its first echo: its first attempt is not checked.)
   const std::string second = fmt::format("dprun: restart 1 of 2 (DPT_RESTART_COUNT=1)\nattempt 1 port {}\n",
                                          *o.master_port);
-  CHECK(slurp(dir.path / "rank_1.log") == fmt::format("attempt 0 port {}\n", *o.master_port) + second);
-  CHECK_THAT(slurp(dir.path / "rank_0.log"), Catch::EndsWith(second));
+  CHECK(read_file(dir.path / "rank_1.log") == fmt::format("attempt 0 port {}\n", *o.master_port) + second);
+  CHECK_THAT(read_file(dir.path / "rank_0.log"), Catch::EndsWith(second));
 }
 
 TEST_CASE("launch: every rank gets one made-up DPT_STORE_TOKEN, kept across restarts, or the user's",
@@ -104,7 +98,7 @@ TEST_CASE("launch: every rank gets one made-up DPT_STORE_TOKEN, kept across rest
                         dir.path);
   o.max_restarts = 1;
   REQUIRE(launch(o) == 0);
-  const std::string log = slurp(dir.path / "rank_1.log");
+  const std::string log = read_file(dir.path / "rank_1.log");
   const auto token_of = [&](const std::string& attempt) {
     const std::string tag = "attempt " + attempt + " token ";
     const auto at = log.find(tag);
@@ -114,16 +108,16 @@ TEST_CASE("launch: every rank gets one made-up DPT_STORE_TOKEN, kept across rest
   const std::string first = token_of("0");
   CHECK(first.size() == 32);
   CHECK(token_of("1") == first);
-  CHECK_THAT(slurp(dir.path / "rank_0.log"), Catch::Contains("token " + first));
+  CHECK_THAT(read_file(dir.path / "rank_0.log"), Catch::Contains("token " + first));
   // The next job gets another one; a token the user exported is passed on as it is.
   o.max_restarts = 0;
   o.command = {"sh", "-c", "echo \"token $DPT_STORE_TOKEN\""};
   REQUIRE(launch(o) == 0);
-  CHECK_THAT(slurp(dir.path / "rank_1.log"), !Catch::Contains(first) && Catch::StartsWith("token "));
+  CHECK_THAT(read_file(dir.path / "rank_1.log"), !Catch::Contains(first) && Catch::StartsWith("token "));
   ::setenv("DPT_STORE_TOKEN", "exported-by-the-user", 1);
   REQUIRE(launch(o) == 0);
   ::unsetenv("DPT_STORE_TOKEN");
-  CHECK(slurp(dir.path / "rank_1.log") == "token exported-by-the-user\n");
+  CHECK(read_file(dir.path / "rank_1.log") == "token exported-by-the-user\n");
 }
 
 TEST_CASE("launch: restarts used up -> the failed rank's code; no restart for a program that cannot start",
@@ -132,7 +126,7 @@ TEST_CASE("launch: restarts used up -> the failed rank's code; no restart for a 
   Options o = shell_job(2, "echo \"attempt $DPT_RESTART_COUNT\"; [ \"$RANK\" = 1 ] && exit 5; exit 0", dir.path);
   o.max_restarts = 2;
   REQUIRE(launch(o) == 5);
-  std::string log = slurp(dir.path / "rank_1.log");
+  std::string log = read_file(dir.path / "rank_1.log");
   CHECK_THAT(log, Catch::Contains("attempt 2"));  // the first attempt and two restarts
   CHECK_THAT(log, !Catch::Contains("attempt 3"));
 

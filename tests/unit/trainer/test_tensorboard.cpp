@@ -30,15 +30,9 @@ using namespace dpt::trainer;
 namespace fs = std::filesystem;
 namespace pb = dpt::tensorboard;
 using dpt::test::TempDir;
+using dpt::test::read_file;
 
 namespace {
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 uint64_t read_le(const std::string& s, size_t pos, int bytes) {
   uint64_t v = 0;
@@ -68,7 +62,7 @@ std::vector<std::string> read_records(const std::string& file) {
 
 std::vector<pb::Event> read_events(const fs::path& p) {
   std::vector<pb::Event> events;
-  for (const std::string& data : read_records(slurp(p))) {
+  for (const std::string& data : read_records(read_file(p))) {
     pb::Event e;
     REQUIRE(e.ParseFromString(data));
     events.push_back(std::move(e));
