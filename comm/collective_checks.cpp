@@ -41,6 +41,14 @@ void check_allgather_shapes(const std::string& backend, const Tensor& input, con
   DPT_CHECK_EQ(output.numel(), input.numel() * static_cast<size_t>(size));
 }
 
+void check_reduce_scatter_shapes(const std::string& backend, const Tensor& input, const Tensor& output, int size) {
+  DPT_CHECK(input.dtype() == output.dtype(), "{} reduce_scatter: input is {}, output is {}", backend,
+            dtype_name(input.dtype()), dtype_name(output.dtype()));
+  DPT_CHECK(input.numel() == output.numel() * static_cast<size_t>(size),
+            "{} reduce_scatter: input has {} elements, expected {} (group size {} x output's {})", backend,
+            input.numel(), output.numel() * static_cast<size_t>(size), size, output.numel());
+}
+
 void check_root(const std::string& backend, int root, int size) {
   DPT_CHECK(root >= 0 && root < size, "{} broadcast: root {} is out of range for a group of {}", backend, root,
             size);

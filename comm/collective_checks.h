@@ -14,6 +14,8 @@ void check_host_tensor(const std::string& backend, const char* op, const Tensor&
 void check_reduce_dtype(const std::string& backend, const char* op, const Tensor& t, ReduceOp reduce);
 // output has size * input.numel() elements of input's dtype (InternalError otherwise: a caller bug).
 void check_allgather_shapes(const std::string& backend, const Tensor& input, const Tensor& output, int size);
+// input has size * output.numel() elements of output's dtype (InternalError naming both counts otherwise).
+void check_reduce_scatter_shapes(const std::string& backend, const Tensor& input, const Tensor& output, int size);
 void check_root(const std::string& backend, int root, int size);
 // Avg after Sum: divides every element of a float tensor by n.
 void divide_in_place(Tensor& t, int n);

@@ -3,6 +3,7 @@
 #include "comm/mpi_backend.h"
 
 #include <climits>
+#include <cstring>
 #include <exception>
 
 #include <spdlog/spdlog.h>
@@ -214,6 +215,32 @@ std::shared_ptr<Work> MpiProcessGroup::allgather(const Tensor& input, Tensor& ou
     run("allgather", [&] {
       DPT_MPI_CHECK(MPI_Allgather(in, count, type, out, count, type, impl_->comm));
     });
+  }
+  return std::make_shared<CompletedWork>();
+}
+
+std::shared_ptr<Work> MpiProcessGroup::reduce_scatter(const Tensor& input, Tensor& output,
+                                                      const AllreduceOptions& opts) {
+  detail::check_host_tensor(backend(), "reduce_scatter", input);
+  detail::check_host_tensor(backend(), "reduce_scatter", output);
+  detail::check_reduce_dtype(backend(), "reduce_scatter", output, opts.op);
+  detail::check_reduce_scatter_shapes(backend(), input, output, size());
+  if (output.numel() > 0) {
+    int count = mpi_count("reduce_scatter", output.numel());
+    MPI_Op op = opts.op == ReduceOp::Max ? MPI_MAX : MPI_SUM;  // Avg: Sum, divided below
+    if (output.dtype() == DType::BF16) op = impl_->bf16_sum;   // Sum only (checked above)
+    // MPI forbids overlapping send and receive buffers (and its MPI_IN_PLACE means something else here): an output
+    // inside the input is reduced into a temporary first.
+    const auto* in_begin = static_cast<const char*>(input.raw());
+    const auto* out_begin = static_cast<const char*>(output.raw());
+    const bool overlap = out_begin < in_begin + input.bytes() && in_begin < out_begin + output.bytes();
+    Tensor result = overlap ? Tensor::empty({static_cast<int64_t>(output.numel())}, output.dtype()) : output;
+    run("reduce_scatter", [&] {
+      DPT_MPI_CHECK(MPI_Reduce_scatter_block(input.raw(), result.raw(), count, mpi_type(output.dtype()), op,
+                                             impl_->comm));
+    });
+    if (overlap) std::memcpy(output.raw(), result.raw(), output.bytes());
+    if (opts.op == ReduceOp::Avg) detail::divide_in_place(output, size());
   }
   return std::make_shared<CompletedWork>();
 }

@@ -385,7 +385,7 @@ std::shared_ptr<Work> NcclProcessGroup::reduce_scatter(const Tensor& input, Tens
   check_device_tensor(*impl_, "reduce_scatter", input);
   check_device_tensor(*impl_, "reduce_scatter", output);
   detail::check_reduce_dtype(backend(), "reduce_scatter", output, opts.op);
-  detail::check_allgather_shapes(backend(), output, input, size());  // input = size() chunks of output's size
+  detail::check_reduce_scatter_shapes(backend(), input, output, size());
   const std::string what = labelled(opts.what, fmt::format("reduce_scatter({}) of {} {}", reduce_op_name(opts.op),
                                                            input.numel(), dtype_name(input.dtype())));
   return enqueue(impl_, what, opts.stream, {input, output}, [&](ncclComm_t comm, StreamHandle s) {

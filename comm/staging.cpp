@@ -80,7 +80,18 @@ std::shared_ptr<Work> HostStagedGroup::allgather(const Tensor& input, Tensor& ou
 
 std::shared_ptr<Work> HostStagedGroup::reduce_scatter(const Tensor& input, Tensor& output,
                                                       const AllreduceOptions& opts) {
-  return inner_->reduce_scatter(input, output, opts);  // host backends: unsupported, with their own message
+  if (!input.device().is_cuda() && !output.device().is_cuda()) return inner_->reduce_scatter(input, output, opts);
+  // As allreduce does: wait for opts.stream, reduce on the host, copy the result back on opts.stream. The last copy
+  // back may still read the buffer the output is staged in (stage_in waits for it only when the input is staged).
+  if (pending_valid_) {
+    cuda::stream_synchronize(pending_);
+    pending_valid_ = false;
+  }
+  const Tensor in = input.device().is_cuda() ? stage_in(input, opts.stream, 0) : input;
+  Tensor out = output.device().is_cuda() ? host_buffer(output, 1) : output;
+  inner_->reduce_scatter(in, out, {.op = opts.op, .what = opts.what})->wait();
+  if (output.device().is_cuda()) return stage_out(output, out, opts.stream);
+  return std::make_shared<CompletedWork>();
 }
 
 }  // namespace dpt::comm

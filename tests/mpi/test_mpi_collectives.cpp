@@ -1,7 +1,7 @@
 // tests/mpi/test_mpi_collectives.cpp: run under mpirun (-np 2, -np 3). Detects the Open MPI environment,
-// checks that backend "auto" resolves to mpi, runs every collective against closed-form values, then builds a
-// gloo group in the same processes (rendezvous port chosen by rank 0, broadcast over MPI) and checks that the
-// two backends agree. Exits non-zero on any failure, printing what differed.
+// checks that backend "auto" resolves to mpi, runs every collective against closed-form values (reduce_scatter's in
+// tests/support/reduce_scatter_checks.h), then builds a gloo group in the same processes (rendezvous port chosen by
+// rank 0, broadcast over MPI) and checks that the two backends agree. Exits non-zero on any failure, printing what differed.
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +15,7 @@
 #include "core/logging.h"
 #include "core/net.h"
 #include "tests/support/mpi_harness.h"
+#include "tests/support/reduce_scatter_checks.h"
 
 using namespace dpt;
 using namespace dpt::comm;
@@ -114,15 +115,20 @@ void check_collectives(ProcessGroup& pg) {
   }
   pg.barrier()->wait();
 
+  dpt::testing::check_reduce_scatter(pg, [](const std::string& what) { fail("{}", what); });
+
+  // Wrong sizes are refused before any communication, with the same words on every backend.
+  Tensor in = Tensor::zeros({static_cast<int64_t>(w + 1)});
+  Tensor out = Tensor::zeros({1});
   try {
-    Tensor a = Tensor::zeros({static_cast<int64_t>(w)});
-    Tensor b = Tensor::zeros({1});
-    pg.reduce_scatter(a, b);
-    fail("{}: reduce_scatter did not throw", pg.backend());
-  } catch (const UnsupportedError& e) {
-    std::string want = fmt::format("backend {} does not support reduce_scatter", pg.backend());
+    pg.reduce_scatter(in, out);
+    fail("{}: reduce_scatter of {} elements into 1 on {} ranks did not throw", pg.backend(), w + 1, w);
+  } catch (const InternalError& e) {
+    std::string want = fmt::format("{} reduce_scatter: input has {} elements, expected {} (group size {} x output's 1)",
+                                   pg.backend(), w + 1, w, w);
     if (std::string(e.what()).find(want) == std::string::npos) fail("reduce_scatter said '{}'", e.what());
   }
+  pg.barrier()->wait();
 }
 
 // Data only this rank has (a hash of rank and index), integer-valued so that sums are exact in any order.
@@ -159,6 +165,21 @@ void check_agreement(ProcessGroup& a, ProcessGroup& b) {
     if (ga.data<double>()[i] != gb.data<double>()[i]) {
       fail("allgather: {} and {} differ at element {}", a.backend(), b.backend(), i);
       break;
+    }
+  }
+  // reduce_scatter of size() chunks of n: each rank's chunk the same from both.
+  for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Max, ReduceOp::Avg}) {
+    Tensor whole = rank_data(a.rank(), n * static_cast<size_t>(a.size()));
+    Tensor x = Tensor::zeros({static_cast<int64_t>(n)}, DType::F64);
+    Tensor y = Tensor::zeros({static_cast<int64_t>(n)}, DType::F64);
+    a.reduce_scatter(whole, x, {op})->wait();
+    b.reduce_scatter(whole, y, {op})->wait();
+    for (size_t i = 0; i < n; ++i) {
+      if (x.data<double>()[i] != y.data<double>()[i]) {
+        fail("reduce_scatter {}: {} gives {} but {} gives {} at element {}", reduce_op_name(op), a.backend(),
+             x.data<double>()[i], b.backend(), y.data<double>()[i], i);
+        break;
+      }
     }
   }
 }

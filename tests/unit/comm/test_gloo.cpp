@@ -1,7 +1,7 @@
 // tests/unit/comm/test_gloo.cpp: GlooProcessGroup with ranks as threads meeting through a TcpStore: every
 // collective for world sizes 1, 2, 3 and element counts {0, 1, 4, 100, 1001} against closed-form values;
-// the bfloat16 sum (tests/support/bf16_allreduce_checks.h); argument errors; reduce_scatter unsupported; a
-// collective one rank never joins times out instead of hanging.
+// the bfloat16 sum (tests/support/bf16_allreduce_checks.h); reduce_scatter (tests/support/reduce_scatter_checks.h),
+// also for world sizes 4 to 8; argument errors; a collective one rank never joins times out instead of hanging.
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
@@ -14,6 +14,7 @@
 #include "comm/tcp_store.h"
 #include "core/check.h"
 #include "tests/support/bf16_allreduce_checks.h"
+#include "tests/support/reduce_scatter_checks.h"
 
 using namespace dpt;
 using namespace dpt::comm;
@@ -195,17 +196,7 @@ void check_all_collectives(GlooProcessGroup& pg, Failures& fails, std::atomic<in
   expect_equal<float>(fails, fmt::format("2-d sum rank {}", r), m,
                       [&](size_t i) { return static_cast<float>(i) * static_cast<float>(w * (w + 1) / 2); });
 
-  // reduce_scatter is not there; saying so does not break the group.
-  try {
-    Tensor a = Tensor::zeros({static_cast<int64_t>(w)});
-    Tensor b = Tensor::zeros({1});
-    pg.reduce_scatter(a, b);
-    fails.add("rank {}: reduce_scatter did not throw", r);
-  } catch (const UnsupportedError& e) {
-    if (std::string(e.what()).find("backend gloo does not support reduce_scatter") == std::string::npos) {
-      fails.add("rank {}: reduce_scatter said '{}'", r, e.what());
-    }
-  }
+  dpt::testing::check_reduce_scatter(pg, [&](const std::string& what) { fails.add("{}", what); });
   pg.barrier()->wait();
 }
 
@@ -217,6 +208,22 @@ TEST_CASE("gloo: every collective against closed-form values, world sizes 1, 2, 
   Failures fails;
   std::atomic<int> arrived{0};
   std::string errors = run_ranks(size, [&](GlooProcessGroup& pg) { check_all_collectives(pg, fails, arrived); });
+  CHECK(errors == "");
+  CHECK(fails.report() == "");
+}
+
+// Gloo's reduce-scatter (halving-doubling) splits a group that is not a power of two into binary blocks (5 = 4 + 1,
+// 6 = 4 + 2, 7 = 4 + 2 + 1): each shape of the algorithm, with chunks smaller and larger than the group.
+TEST_CASE("gloo: reduce_scatter against closed-form values, world sizes 4 to 8", "[gloo][multirank]") {
+  const int size = GENERATE(4, 5, 6, 7, 8);
+  INFO("world size " << size);
+  Failures fails;
+  std::string errors = run_ranks(size, [&](GlooProcessGroup& pg) {
+    for (size_t n : {size_t{1}, size_t{3}, size_t{1001}}) {
+      dpt::testing::check_reduce_scatter_of<float>(pg, [&](const std::string& what) { fails.add("{}", what); }, n);
+      dpt::testing::check_reduce_scatter_of<int64_t>(pg, [&](const std::string& what) { fails.add("{}", what); }, n);
+    }
+  });
   CHECK(errors == "");
   CHECK(fails.report() == "");
 }
@@ -260,7 +267,18 @@ TEST_CASE("gloo: argument errors are reported before any communication", "[gloo]
   CHECK_THROWS_AS(pg.allgather(in, small), InternalError);
   Tensor t = Tensor::zeros({3});
   CHECK_THROWS_AS(pg.broadcast(t, {1}), InternalError);
-  CHECK_THROWS_WITH(pg.reduce_scatter(t, t), Contains("backend gloo does not support reduce_scatter"));
+  // reduce_scatter: input not size() x output, mixed dtypes, integer avg.
+  Tensor two = Tensor::zeros({2});
+  CHECK_THROWS_MATCHES(pg.reduce_scatter(t, two), InternalError,
+                       Catch::Matchers::Predicate<InternalError>([](const InternalError& e) {
+                         return std::string(e.what()).find("gloo reduce_scatter: input has 3 elements, expected 2 "
+                                                           "(group size 1 x output's 2)") != std::string::npos;
+                       }));
+  Tensor three_d = Tensor::zeros({3}, DType::F64);
+  CHECK_THROWS_WITH(pg.reduce_scatter(t, three_d), Contains("gloo reduce_scatter: input is float32, output is float64"));
+  Tensor ints3 = Tensor::zeros({3}, DType::I32);
+  CHECK_THROWS_WITH(pg.reduce_scatter(ints3, ints3, {ReduceOp::Avg}),
+                    Contains("backend gloo does not support reduce_scatter with op avg on int32"));
   // The group still works after rejected arguments.
   t.data<float>()[1] = 2.5f;
   pg.allreduce(t, {ReduceOp::Avg})->wait();
