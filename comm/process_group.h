@@ -104,7 +104,8 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {});
   // `output` holds size() * input.numel() elements: rank r's input at offset r * input.numel().
   virtual std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output);
-  // `input` holds size() * output.numel() elements; rank r gets op over all ranks of chunk r.
+  // `input` holds size() * output.numel() elements; rank r gets op over all ranks of chunk r (the elements at
+  // offset r * output.numel()). The ops and dtypes of allreduce; `output` may be this rank's chunk of `input`.
   virtual std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {});
   virtual std::shared_ptr<Work> barrier();
 

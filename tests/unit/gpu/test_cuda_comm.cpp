@@ -121,6 +121,17 @@ TEST_CASE("gloo with two ranks sharing the GPU: device tensors staged through pi
                                                  back.data<float>()[i], want));
         }
       }
+      // reduce_scatter: rank r's chunk of ramp(2n, q) summed over q: element i is 1 + 2 * (r * n + i) / 4.
+      Tensor whole = Tensor::empty({static_cast<int64_t>(2 * n)}, DType::F32, gpu());
+      whole.copy_from(ramp(2 * n, r), stream.get());
+      Tensor chunk = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, gpu());
+      pg.reduce_scatter(whole, chunk, {.op = ReduceOp::Sum, .stream = stream.get()})->block(stream.get());
+      Tensor rs = Tensor::empty({static_cast<int64_t>(n)});
+      rs.copy_from(chunk, stream.get());
+      stream.synchronize();
+      for (size_t i = 0; i < n; ++i)
+        if (rs.data<float>()[i] != 1.0f + 2.0f * static_cast<float>(static_cast<size_t>(r) * n + i) / 4.0f)
+          throw std::runtime_error(fmt::format("reduce_scatter n {} element {}: {}", n, i, rs.data<float>()[i]));
       Tensor b = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, gpu());
       b.copy_from(ramp(n, r));
       pg.broadcast(b, {.root = 1})->wait();
