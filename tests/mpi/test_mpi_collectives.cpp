@@ -1,7 +1,8 @@
 // tests/mpi/test_mpi_collectives.cpp: run under mpirun (-np 2, -np 3). Detects the Open MPI environment,
 // checks that backend "auto" resolves to mpi, runs every collective against closed-form values (reduce_scatter's in
 // tests/support/reduce_scatter_checks.h), then builds a gloo group in the same processes (rendezvous port chosen by
-// rank 0, broadcast over MPI) and checks that the two backends agree. Exits non-zero on any failure, printing what differed.
+// rank 0, broadcast over MPI) and checks that the two backends agree. Exits non-zero on any failure, printing what
+// differed.
 
 #include <cstdio>
 #include <cstdlib>

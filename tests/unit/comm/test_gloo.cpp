@@ -275,7 +275,8 @@ TEST_CASE("gloo: argument errors are reported before any communication", "[gloo]
                                                            "(group size 1 x output's 2)") != std::string::npos;
                        }));
   Tensor three_d = Tensor::zeros({3}, DType::F64);
-  CHECK_THROWS_WITH(pg.reduce_scatter(t, three_d), Contains("gloo reduce_scatter: input is float32, output is float64"));
+  CHECK_THROWS_WITH(pg.reduce_scatter(t, three_d),
+                    Contains("gloo reduce_scatter: input is float32, output is float64"));
   Tensor ints3 = Tensor::zeros({3}, DType::I32);
   CHECK_THROWS_WITH(pg.reduce_scatter(ints3, ints3, {ReduceOp::Avg}),
                     Contains("backend gloo does not support reduce_scatter with op avg on int32"));
