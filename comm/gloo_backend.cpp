@@ -336,22 +336,13 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tens
   if (output.numel() == 0) return std::make_shared<CompletedWork>();
   Tensor whole = Tensor::empty({static_cast<int64_t>(input.numel())}, input.dtype());
   std::memcpy(whole.raw(), input.raw(), input.bytes());
-  run(opts.what.empty() ? "reduce_scatter" : opts.what, [&] {
-    uint32_t tag = next_tag();
-    milliseconds t = to_gloo_timeout(timeout_);
-    switch (whole.dtype()) {
-      case DType::F32: gloo_allreduce<float>(context_, whole, opts.op, tag, t); break;
-      case DType::F64: gloo_allreduce<double>(context_, whole, opts.op, tag, t); break;
-      case DType::I32: gloo_allreduce<int32_t>(context_, whole, opts.op, tag, t); break;
-      case DType::I64: gloo_allreduce<int64_t>(context_, whole, opts.op, tag, t); break;
-      case DType::BF16: gloo_allreduce_bf16(context_, whole, tag, t); break;  // Sum (checked above)
-      case DType::U8: DPT_CHECK(false, "uint8 reduce_scatter passed the dtype check");
-    }
-  });
+  AllreduceOptions o = opts;
+  o.persistent = false;  // `whole` is a temporary: no ring is kept for its address
+  if (o.what.empty()) o.what = "reduce_scatter";
+  allreduce(whole, o);
   // This rank's chunk; the output may lie inside the input, which `whole` no longer is.
   std::memcpy(output.raw(), static_cast<const char*>(whole.raw()) + static_cast<size_t>(rank()) * output.bytes(),
               output.bytes());
-  if (opts.op == ReduceOp::Avg) detail::divide_in_place(output, size());
   return std::make_shared<CompletedWork>();
 }
 
