@@ -46,6 +46,13 @@ int run_alone(const std::function<void()>& body);
 // OUT is refused unless `force`.
 int run_writer(const char* name, const std::string& out, bool force, const std::function<void()>& body);
 
+// The options several commands share, defined once so that their help cannot drift apart:
+// --checkpoint PATH (required; a checkpoint or a checkpoint directory), --out DIR (required; a data set written
+// as OUT.tmp, then renamed) and --force (replace a non-empty OUT).
+void add_checkpoint_option(CLI::App& cmd, std::string& path);
+void add_out_dir_option(CLI::App& cmd, std::string& out);
+void add_force_flag(CLI::App& cmd, bool& force);
+
 // A `--limit`-like option's check: digits only (a size_t option would take "-3" as 2^64 - 3).
 CLI::Validator whole_number();
 

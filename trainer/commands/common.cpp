@@ -31,6 +31,19 @@ int run_writer(const char* name, const std::string& out, bool force, const std::
   });
 }
 
+void add_checkpoint_option(CLI::App& cmd, std::string& path) {
+  cmd.add_option("--checkpoint", path, "a checkpoint (step-N/) or a checkpoint directory (its newest valid one)")
+      ->required();
+}
+
+void add_out_dir_option(CLI::App& cmd, std::string& out) {
+  cmd.add_option("--out", out, "output directory; written as OUT.tmp, renamed to OUT when complete")->required();
+}
+
+void add_force_flag(CLI::App& cmd, bool& force) {
+  cmd.add_flag("--force", force, "replace OUT when it exists and is not empty (else refused)");
+}
+
 CLI::Validator whole_number() {
   return CLI::Validator(
       [](std::string& v) {

@@ -54,8 +54,7 @@ Command add_eval(CLI::App& root, std::shared_ptr<const bool> print_config) {
   cmd->footer(
       "Start it as training starts (dprun, mpirun, srun); the result does not depend on the number of ranks.\n"
       "Example: dprun --nproc-per-node 2 -- dptrain eval --checkpoint runs/gpt_tiny/checkpoints data.dir=runs/fortunes");
-  cmd->add_option("--checkpoint", a->checkpoint, "a checkpoint (step-N/) or a checkpoint directory (its newest valid one)")
-      ->required();
+  add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("overrides", a->overrides,
                   "overrides of the checkpoint's config, key=value (e.g. data.dir=... train.eval_batch_size=64)");
   return {cmd, [a] { return eval_job(*a); }};

@@ -51,7 +51,7 @@ Command add_export_images(CLI::App& root) {
       "write Fashion-MNIST as an image folder in torchvision's ImageFolder layout (OUT/train/<class>/<index>.png "
       "and OUT/val/..., class folders 0_tshirt_top ... 9_ankle_boot, grey 28x28), then exit; trains nothing");
   cmd->footer("Example: dptrain export-images --out /tmp/fmnist-images --limit 1000");
-  cmd->add_option("--out", a->out, "output directory; written as OUT.tmp, renamed to OUT when complete")->required();
+  add_out_dir_option(*cmd, a->out);
   cmd->add_option("--data-dir", a->data_dir, "directory of the Fashion-MNIST IDX .gz files")->capture_default_str();
   cmd->add_option("--format", a->format, "png (lossless: reads back identical) | jpg (quality 95)")
       ->check(CLI::IsMember({"png", "jpg"}))
@@ -60,7 +60,7 @@ Command add_export_images(CLI::App& root) {
                   "images per split, spread evenly over the 10 classes (0: all 60000 + 10000; else >= 10)")
       ->check(whole_number())
       ->capture_default_str();
-  cmd->add_flag("--force", a->force, "replace OUT when it exists and is not empty (else refused)");
+  add_force_flag(*cmd, a->force);
   return {cmd, [a] { return export_images(*a); }};
 }
 

@@ -24,8 +24,7 @@ Command add_export_weights(CLI::App& root) {
   cmd->footer(
       "Example: dptrain export-weights --checkpoint runs/gpt_tiny/checkpoints --out gpt_tiny.safetensors\n"
       "model.init_from reads either layout back.");
-  cmd->add_option("--checkpoint", a->checkpoint, "a checkpoint (step-N/) or a checkpoint directory (its newest valid one)")
-      ->required();
+  add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("--layout", a->layout,
                   "hf: no transformer. prefix, Conv1D weights [in, out], no lm_head; nanogpt: nn.Linear weights "
                   "[out, in], lm_head.weight a copy of wte")

@@ -57,8 +57,7 @@ Command add_generate(CLI::App& root) {
                   "prompt is encoded and the output decoded with the tokenizer of the checkpoint's data set (GPT-2 BPE "
                   "when data.dir holds vocab.json and merges.txt, else bytes), or --tokenizer's");
   cmd->footer("Example: dptrain generate --checkpoint runs/gpt_tiny/checkpoints --prompt \"Q: \" --tokens 300");
-  cmd->add_option("--checkpoint", a->checkpoint, "a checkpoint (step-N/) or a checkpoint directory (its newest valid one)")
-      ->required();
+  add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("--prompt", a->prompt, "the text to continue")->capture_default_str();
   cmd->add_option("--tokens", a->tokens, "new tokens to sample")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))

@@ -75,11 +75,11 @@ Command add_tokenize(CLI::App& root) {
       "Example: dptrain tokenize --input /usr/share/games/fortunes --out runs/fortunes\n"
       "         dptrain tokenize --input corpus/ --vocab gpt2/vocab.json --merges gpt2/merges.txt --out runs/corpus");
   cmd->add_option("--input", a->inputs, "a text file or a directory of them (repeatable)")->required();
-  cmd->add_option("--out", a->out, "output directory; written as OUT.tmp, renamed to OUT when complete")->required();
+  add_out_dir_option(*cmd, a->out);
   cmd->add_option("--val-every", a->val_every, "every Nth block of 4096 tokens goes to the val split")
       ->check(CLI::Range(size_t{2}, size_t{1} << 40))
       ->capture_default_str();
-  cmd->add_flag("--force", a->force, "replace OUT when it exists and is not empty (else refused)");
+  add_force_flag(*cmd, a->force);
   CLI::Option* vocab = cmd->add_option(
       "--vocab", a->vocab, "GPT-2 BPE: its vocab.json (token -> id; ids must fit uint16), with --merges");
   CLI::Option* merges =
