@@ -299,26 +299,34 @@ class Job {
     if (child_ended) check_ranks();
   }
 
-  // Signals coalesce: one SIGCHLD may stand for several ranks, so every running rank is asked.
+  // Signals coalesce: one SIGCHLD may stand for several ranks, so every running rank is asked. Ranks found ended
+  // badly together are named killed-by-a-signal first: such a rank died at once (kill -9, the OOM killer, a
+  // crash), while one that exited with a code is most likely reacting to it (its peer's connection reset), and
+  // the first named is the job's failure (its exit code, its reason).
   void check_ranks() {
-    std::vector<Rank*> failed;
-    std::vector<std::string> why;
+    std::vector<Rank*> ended;
     for (Rank& r : ranks_) {
       if (r.ended) continue;
       std::optional<ExitStatus> st = peek_exit(r.pid);
       if (!st) continue;
       r.ended = true;
       r.status = *st;
-      for (RankStream* s : {r.out.get(), r.err.get()}) {
+      ended.push_back(&r);
+    }
+    std::stable_partition(ended.begin(), ended.end(), [](const Rank* r) { return r->status.signaled; });
+    std::vector<Rank*> failed;
+    std::vector<std::string> why;
+    for (Rank* r : ended) {
+      for (RankStream* s : {r->out.get(), r->err.get()}) {
         if (s) s->drain();  // its last words, before the line about its end
       }
-      if (!st->signaled && st->code == kPreemptedCode) {
-        on_preempted_exit(r);
+      if (!r->status.signaled && r->status.code == kPreemptedCode) {
+        on_preempted_exit(*r);
         continue;
       }
-      if (!st->ok()) {
-        failed.push_back(&r);
-        why.push_back(st->describe() + (r.log_path.empty() ? "" : fmt::format("; see {}", r.log_path)));
+      if (!r->status.ok()) {
+        failed.push_back(r);
+        why.push_back(r->status.describe() + (r->log_path.empty() ? "" : fmt::format("; see {}", r->log_path)));
       }
     }
     if (!failed.empty()) fail(failed, why);
@@ -393,8 +401,9 @@ class Job {
     }
   }
 
-  // After an attempt has ended: when it failed and a rank left its reason, "dprun: reason: <line>", once; the
-  // file is removed so that a restart starts without one.
+  // After an attempt has ended: when it failed, "dprun: reason: ...", once: the line a rank left (failure_reason:
+  // after the name and signal of a rank killed by one, which could leave none); the file is removed so that a
+  // restart starts without one.
   void print_reason() {
     if (reason_dir_.empty()) return;
     const std::string path = reason_dir_ + "/reason";
@@ -405,7 +414,11 @@ class Job {
       if (n > 0) line.assign(buf, static_cast<std::size_t>(n));
       line = line.substr(0, line.find('\n'));
     }
-    if (exit_code_ != 0 && !line.empty()) note("reason: " + line);
+    if (exit_code_ != 0) {
+      // A rank's own failure names it (a signal it could not report), else the line written is the reason.
+      const std::string reason = failed_rank_ ? failure_reason(*failed_rank_, failed_status_, line) : line;
+      if (!reason.empty()) note("reason: " + reason);
+    }
     ::unlink(path.c_str());
   }
 

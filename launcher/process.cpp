@@ -190,6 +190,12 @@ std::string ExitStatus::describe() const {
   return fmt::format("was killed by signal {} ({}){}", code, signal_name(code), core_dumped ? ", core dumped" : "");
 }
 
+std::string failure_reason(int rank, const ExitStatus& status, const std::string& written) {
+  if (!status.signaled || written.starts_with(fmt::format("rank {}:", rank))) return written;
+  const std::string killed = fmt::format("rank {} {}", rank, status.describe());
+  return written.empty() ? killed : fmt::format("{}; after it, {}", killed, written);
+}
+
 std::optional<ExitStatus> peek_exit(pid_t pid) {
   siginfo_t info{};
   for (;;) {

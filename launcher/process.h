@@ -108,6 +108,14 @@ struct ExitStatus {
 // "SIGKILL" for 9; "signal 77" for a number with no name.
 std::string signal_name(int sig);
 
+// The failure reason dprun prints once after a failed attempt ("dprun: reason: ..."; empty: nothing to print).
+// `rank` failed first, ending as `status`; `written` is the line a rank left in DPT_REASON_FILE (first writer wins;
+// empty: none). A rank killed by a signal (SIGKILL, SIGSEGV) cannot write, so a line there is then another rank's
+// symptom of its death, such as "rank 0: ... Connection reset by peer": the reason names the killed rank and its
+// signal, and gives that line after it as context. Otherwise the written line is the reason: the cause as the rank
+// that diagnosed it put it (its own error, a hang naming the stuck rank), or the signalled rank's own line.
+std::string failure_reason(int rank, const ExitStatus& status, const std::string& written);
+
 // Has the child `pid` ended? Leaves it a zombie (waitid WNOWAIT), so its pid and process group id cannot be
 // reused while dprun may still signal the group. Throws IoError on an unexpected waitid failure.
 std::optional<ExitStatus> peek_exit(pid_t pid);

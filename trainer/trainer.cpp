@@ -119,6 +119,7 @@ class Trainer {
   bool after_step(Epoch& ep, int64_t next_batch);  // true: the run stops here
   Progress progress(Epoch& ep, int64_t next_batch);
   void end_epoch(Epoch& ep, double data_wait_s);
+  EvalResult evaluate_saved_model();
   // ---- checkpoints, the end
   void save(int64_t epoch, int64_t next_batch);
   void stop_for_signal(int sig, int64_t epoch, int64_t next_batch);
@@ -541,7 +542,7 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
   const double global_seen = tl.data<double>()[1];
   check_replicas(*model_, pg_, ep.index + 1);
   const auto eval_t0 = Clock::now();
-  const EvalResult ev = evaluate(*model_, *task_, *ds_.test, t_, static_cast<size_t>(cfg_.data.workers), pg_);
+  const EvalResult ev = evaluate_saved_model();
   last_eval_s_ = seconds_since(eval_t0);
   const EpochStats es{.epoch = ep.index + 1, .train_loss = global_seen > 0 ? tl.data<double>()[0] / global_seen : 0.0,
                       .test_loss = ev.loss, .test_acc = ev.acc,
@@ -555,6 +556,21 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
   const bool epoch_due = cfg_.checkpoint.every_epochs > 0 && (ep.index + 1) % cfg_.checkpoint.every_epochs == 0;
   const bool step_due = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
   if (!stopped_ && (last_epoch || epoch_due || step_due)) save(ep.index + 1, 0);
+}
+
+// The test figures of the model a checkpoint holds: rank 0's parameters and rank 0's buffers. Parameters are equal
+// on every rank (checked above), but BatchNorm's running statistics are not: each rank updates its own from its own
+// batches (with dist.broadcast_buffers, during the last step since the broadcast before it; without, all run long),
+// so every rank first takes rank 0's, whatever dist.broadcast_buffers says (as DDP's forward would for an
+// evaluation through the DDP module with broadcast_buffers on, but also with it off: rank 0's are the ones saved).
+// No training step changes: in training mode BatchNorm normalises with batch statistics (SyncBatchNorm: the ranks'
+// together) and only folds them into the running ones, which nothing but an evaluation reads; and only rank 0's are
+// saved. (Without dist.broadcast_buffers rank r's statistics go on from rank 0's after each evaluation, as they
+// would after a resume.)
+EvalResult Trainer::evaluate_saved_model() {
+  if (world_ > 1 && model_->buffers().numel() > 0)
+    pg_.broadcast(model_->buffers(), {.root = 0, .stream = stream_, .what = "buffers for evaluation"})->block(stream_);
+  return evaluate(*model_, *task_, *ds_.test, t_, static_cast<size_t>(cfg_.data.workers), pg_);
 }
 
 // ---- checkpoints, the end -----------------------------------------------------------------------------------
@@ -603,7 +619,7 @@ void Trainer::finish() {
   result_.steps = step_;
   if (result_.epochs.empty() && !result_.stop_signal) {
     // Nothing left to train (resumed at the end): where the model stands.
-    const EvalResult ev = evaluate(*model_, *task_, *ds_.test, t_, static_cast<size_t>(cfg_.data.workers), pg_);
+    const EvalResult ev = evaluate_saved_model();
     result_.final_test_acc = ev.acc;
     result_.final_test_loss = ev.loss;
   }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# tests/integration/dprun_failure.sh: when a rank fails, dprun names it and how it ended, tears the other
+# tests/integration/dprun_failure.sh: when a rank fails, dprun names it and how it ended (a rank killed by a
+# signal is the job's reason, before the symptom a peer wrote: kill -9 of rank 1), tears the other
 # ranks down (their whole process groups; SIGKILL after the grace period for one that ignores SIGTERM) and
 # exits with the rank's code, also while another rank floods its output. A program that cannot be started is a
 # failed rank with code 127.
@@ -50,6 +51,46 @@ run --nproc-per-node 3 -- sh -c 'if [ "$RANK" = 2 ]; then sleep 0.3; kill -KILL 
 grep -Eq '^dprun: rank 2 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\)$' "$WORK/err" || fail "SIGKILL: rank 2 not named with the signal"
 no_sleepers "SIGKILL"
 echo "ok: rank 2 killed by SIGKILL -> dprun exited 137"
+
+# 2b. kill -9 of rank 1 while rank 0 depends on it: rank 0, like a dptrain rank whose peer is gone, writes its
+#     symptom to DPT_REASON_FILE and exits 1 (here when dprun's SIGTERM comes). The reason names rank 1 and its
+#     signal first, rank 0's line only after it; dprun exits 128 + 9.
+PEER_LINE='rank 0: recv from rank 1: Connection reset by peer'
+run --nproc-per-node 2 -- sh -c '
+  if [ "$RANK" = 1 ]; then sleep 0.3; kill -KILL $$; fi
+  trap "echo \"'"$PEER_LINE"'\" > \"\$DPT_REASON_FILE\"; exit 1" TERM
+  sleep $SLEEP_FOR & wait'
+[ "$RC" = 137 ] || fail "kill -9 of rank 1: dprun exited $RC, expected 137"
+grep -Eq '^dprun: rank 1 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\)$' "$WORK/err" || fail "kill -9 of rank 1: rank 1 not named"
+[ "$(grep -c '^dprun: reason: ' "$WORK/err")" = 1 ] || fail "kill -9 of rank 1: not one reason line"
+grep -qx "dprun: reason: rank 1 was killed by signal 9 (SIGKILL); after it, $PEER_LINE" "$WORK/err" \
+  || fail "kill -9 of rank 1: the reason does not name rank 1 and SIGKILL first, then rank 0's line"
+no_sleepers "kill -9 of rank 1"
+echo "ok: rank 1 killed by SIGKILL, rank 0's symptom after it -> reason names rank 1 and SIGKILL"
+
+# 2c. The same when dprun learns of both ends at once (one SIGCHLD for both: dprun is stopped while rank 1 is
+#     killed and rank 0 exits 1 after writing its line): the rank killed by a signal is still the failure.
+start_dprun --nproc-per-node 2 -- sh -c '
+  if [ "$RANK" = 1 ]; then echo $$ > "$TMPDIR/rank1.pid"; exec sleep $SLEEP_FOR; fi
+  until [ -e "$TMPDIR/go" ]; do sleep 0.05; done
+  echo "'"$PEER_LINE"'" > "$DPT_REASON_FILE"; touch "$TMPDIR/rank0.done"; exit 1'
+for _ in $(seq 100); do [ -s "$WORK/rank1.pid" ] && break; sleep 0.05; done
+[ -s "$WORK/rank1.pid" ] || fail "together: rank 1 did not start"
+kill -STOP "$DPID"
+kill -KILL "$(cat "$WORK/rank1.pid")"
+touch "$WORK/go"
+for _ in $(seq 100); do [ -e "$WORK/rank0.done" ] && break; sleep 0.05; done
+sleep 0.3  # rank 0's exit after its last line
+kill -CONT "$DPID"
+wait_exit "together"
+[ "$RC" = 137 ] || fail "together: dprun exited $RC, expected rank 1's 137"
+first=$(grep -E '^dprun: rank [0-9]+ \(pid' "$WORK/err" | head -1)
+grep -Eq '^dprun: rank 1 \(pid [0-9]+\) was killed by signal 9 \(SIGKILL\)$' <<<"$first" \
+  || fail "together: the first rank named is not rank 1 killed by SIGKILL: $first"
+grep -qx "dprun: reason: rank 1 was killed by signal 9 (SIGKILL); after it, $PEER_LINE" "$WORK/err" \
+  || fail "together: the reason does not name rank 1 and SIGKILL first"
+no_sleepers "together"
+echo "ok: rank 1 killed and rank 0 exited 1, seen at once -> rank 1 is the failure and the reason"
 
 # 3. A rank that ignores SIGTERM is SIGKILLed once the grace period (1 s) is over.
 run --nproc-per-node 3 --grace-period 1 -- sh -c '

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A failing rank brings the job down within seconds, with no process left behind: a rank that throws
-# (under dprun and under mpirun), and a rank killed with SIGKILL mid-run (under dprun).
+# (under dprun and under mpirun), and a rank killed with SIGKILL mid-run (under dprun: the reason names it).
 source "$(dirname "$0")/lib/common.bash"
 LONG=(data.train_limit=20000 data.test_limit=500 train.epochs=50 train.batch_size=16 train.progress_interval_s=1000)
 
@@ -41,6 +41,7 @@ for _ in $(seq 100); do
 done
 victim=$(pgrep -f "dptrain.*$WORK/c" | tail -1)
 [ -n "$victim" ] || fail "no rank to kill"
+victim_rank=$(tr '\0' '\n' < "/proc/$victim/environ" | grep -oP '^RANK=\K[0-9]+')
 kill -KILL "$victim"
 set +e
 timeout 30 tail --pid="$dprun_pid" -f /dev/null
@@ -50,5 +51,8 @@ set -e
 cat "$WORK/c.log"
 [ $rc -ne 0 ] || fail "dprun exited 0 after a rank was killed"
 grep -q "signal 9" "$WORK/c.log" || fail "dprun did not report the SIGKILL"
+# The reason is the killed rank and its signal, not its peer's lost connection (which may follow it).
+grep -q "^dprun: reason: rank $victim_rank was killed by signal 9 (SIGKILL)" "$WORK/c.log" \
+  || fail "the reason does not name rank $victim_rank killed by SIGKILL"
 no_processes_left "$WORK/c"
 echo "PASS"

@@ -144,3 +144,20 @@ TEST_CASE("ExitStatus names exit codes and signals", "[launcher]") {
   CHECK(ExitStatus{false, 0, false}.ok());
   CHECK(signal_name(SIGINT) == "SIGINT");
 }
+
+TEST_CASE("failure_reason: a rank killed by a signal is the reason, a peer's line only its context", "[launcher]") {
+  const ExitStatus killed{true, SIGKILL, false}, exited{false, 1, false};
+  const std::string peer = "rank 0: recv from rank 1: Connection reset by peer";
+  // kill -9 of rank 1: it wrote nothing; rank 0's symptom follows as context.
+  CHECK(failure_reason(1, killed, peer) ==
+        "rank 1 was killed by signal 9 (SIGKILL); after it, rank 0: recv from rank 1: Connection reset by peer");
+  CHECK(failure_reason(1, killed, "") == "rank 1 was killed by signal 9 (SIGKILL)");
+  CHECK(failure_reason(12, ExitStatus{true, SIGSEGV, true}, "") ==
+        "rank 12 was killed by signal 11 (SIGSEGV), core dumped");
+  // The killed rank's own line (written before its signal) stays the reason; so does "rank 1:" for rank 12.
+  CHECK(failure_reason(1, killed, "rank 1: out of memory") == "rank 1: out of memory");
+  CHECK(failure_reason(12, killed, "rank 1: x") == "rank 12 was killed by signal 9 (SIGKILL); after it, rank 1: x");
+  // A rank that exited with a code: the line written is the reason (a hang report names the stuck rank), or none.
+  CHECK(failure_reason(0, exited, "hang: rank 1 stuck before allreduce #9") == "hang: rank 1 stuck before allreduce #9");
+  CHECK(failure_reason(0, exited, "").empty());
+}
