@@ -90,10 +90,21 @@ for trial in $(seq "$TRIALS"); do
   for k in $(seq "$KILLS"); do
     target=${targets[k - 1]}
     wait_until 60 progress_at_least "$target" || { why="attempt $((k - 1)) never reached step $target"; break; }
-    mapfile -t ranks < <(pgrep -P "$DP")
-    [ ${#ranks[@]} = 2 ] || { why="expected 2 ranks under dprun, found ${#ranks[@]}"; break; }
+    # The ranks of this attempt (DPT_RESTART_COUNT = k - 1): a rank of the attempt before may still be ending (dprun
+    # logs "restart k of K" before the survivor's grace period is over, and the survivor may print a progress line).
+    ranks=()
+    for try in $(seq 100); do
+      ranks=()
+      for p in $(pgrep -P "$DP"); do
+        env=$( { tr '\0' '\n' < "/proc/$p/environ"; } 2>/dev/null) || continue
+        grep -qx "DPT_RESTART_COUNT=$((k - 1))" <<<"$env" && ranks+=("$p")
+      done
+      [ ${#ranks[@]} = 2 ] && break
+      sleep 0.1
+    done
+    [ ${#ranks[@]} = 2 ] || { why="expected 2 ranks of attempt $((k - 1)) under dprun, found ${#ranks[@]}"; break; }
     victim=${ranks[RANDOM % 2]}
-    rank=$(tr '\0' '\n' < "/proc/$victim/environ" 2>/dev/null | sed -n 's/^RANK=//p')
+    rank=$( { tr '\0' '\n' < "/proc/$victim/environ"; } 2>/dev/null | sed -n 's/^RANK=//p') || rank=
     at=$(step_since "$FROM" "$LOG")
     kill -KILL "$victim"
     wait_until 60 restarted "$k" || { why="no 'restart $k of $KILLS' after killing rank $rank"; break; }
