@@ -609,11 +609,12 @@ void Trainer::stop_for_signal(int sig, int64_t epoch, int64_t next_batch) {
   save(epoch, next_batch);
   pg_.barrier()->wait();
   if (lead_)
-    spdlog::info("stopping for {} at step {} ({}; checkpoint {})",
+    spdlog::info("stopping for {} at step {} ({}; {})",
                  sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig), step_,
                  stop_signal() ? fmt::format("{:.2f} s after the signal", seconds_since_stop_signal())
                                : "another rank received it",
-                 result_.last_checkpoint);
+                 result_.failed_checkpoint_step == step_ ? std::string("its checkpoint not written")
+                                                         : "checkpoint " + result_.last_checkpoint);
 }
 
 void Trainer::finish() {

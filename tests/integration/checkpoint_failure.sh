@@ -4,7 +4,7 @@
 # the cause, keeps the previous checkpoint (keep = 1 does not prune it), counts the failures in the metrics file,
 # and its last line says the newest checkpoint is older than its end; a later run resumes from it. stop (the
 # default): exit 1 with the error. Either way no .tmp-* folder is left. The same under dist.zero = 1 with rank 1's
-# shard failing: every rank takes the same decision.
+# shard failing: every rank takes the same decision. A run preempted while its writes fail exits 75 and says so.
 source "$(dirname "$0")/lib/common.bash"
 # 1200 examples / 2 ranks / batch 32 = 19 steps per epoch; 6 steps, a checkpoint every 2: steps 2, 4 and 6.
 RUN=(--config "$CONFIG" data.train_limit=1200 data.test_limit=200 train.batch_size=32 train.epochs=1
@@ -15,7 +15,7 @@ only_checkpoints() {
   local dir=$1 got
   shift
   got=$(ls -A "$dir" | tr '\n' ' ')
-  [ "$got" = "$* " ] || fail "$dir holds '$got', expected '$* '"
+  [ "${got% }" = "$*" ] || fail "$dir holds '${got% }', expected '$*'"
 }
 
 # 1. warn, DDP on 2 ranks: the writes of steps 4 and 6 (the final one) fail.
@@ -95,4 +95,25 @@ set -e
 grep -q "^dprun: reason: rank [01]: checkpoint of step 4 not written (failed writing it): rank 1: " "$WORK/zero_stop.log" \
   || { cat "$WORK/zero_stop.log"; fail "ZeRO stop: dprun's reason is not the failed checkpoint"; }
 only_checkpoints "$WORK/zero_stop" step-00000002
+
+# 4. warn, preempted (SIGUSR1) with every write failing: exit 75, saying that the step's checkpoint was not written.
+DPT_DEBUG_CKPT_FAIL_STEPS=$(seq -s, 1 2000) "$DPTRAIN" "${RUN[@]}" train.max_steps=0 train.epochs=50 \
+  checkpoint.on_error=warn checkpoint.dir="$WORK/pre" > "$WORK/pre.log" 2>&1 &
+pid=$!
+for _ in $(seq 100); do
+  grep -q "not written" "$WORK/pre.log" 2>/dev/null && break
+  sleep 0.2
+done
+kill -USR1 "$pid"
+set +e
+wait "$pid"
+rc=$?
+set -e
+cat "$WORK/pre.log"
+[ $rc -eq 75 ] || fail "preempted under on_error = warn: exit code $rc, expected 75"
+grep -q "stopping for SIGUSR1 at step [0-9]* (.*; its checkpoint not written)" "$WORK/pre.log" \
+  || fail "the stop line claims a checkpoint"
+grep -q "\[warning\] preempted at step [0-9]*, whose checkpoint was not written (checkpoint of step [0-9]* not written: .*injected failure.*); exiting with 75: the same command resumes from the newest checkpoint: none" \
+  "$WORK/pre.log" || fail "the preempted run does not say that its checkpoint was not written"
+only_checkpoints "$WORK/pre"
 echo "PASS"

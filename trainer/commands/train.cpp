@@ -35,7 +35,7 @@ int train_job(const TrainArgs& a) {
               job.pg.reset();
               if (lead && result.failed_checkpoint_step == result.steps)
                 spdlog::warn("preempted at step {}, whose checkpoint was not written ({}); exiting with {}: the same "
-                             "command resumes from the newest checkpoint, {}",
+                             "command resumes from the newest checkpoint: {}",
                              result.steps, result.checkpoint_error, kExitPreempted, newest_checkpoint(result));
               else if (lead)
                 spdlog::info("preempted: checkpoint of step {} written; exiting with {} (the same command resumes "
