@@ -118,6 +118,28 @@ fs::path temporary_path(const fs::path& final_path) {
   return final_path.parent_path() / fmt::format(".tmp-{}", final_path.filename().string());
 }
 
+// The temporary directory of a write under way, removed unless the write gets to the end (committed(): it is then
+// renamed into place): a write that fails (a full disk) does not leave the bytes it wrote until the next run.
+class TemporaryDir {
+ public:
+  explicit TemporaryDir(fs::path path) : path_(std::move(path)) {}
+  ~TemporaryDir() {
+    if (committed_) return;
+    std::error_code ec, gone;  // a destructor during unwinding: the write's own error is the one to report
+    fs::remove_all(path_, ec);
+    if (ec && fs::exists(fs::symlink_status(path_, gone)))  // not when it was never made (checkpoint.dir unusable)
+      spdlog::warn("cannot remove the failed checkpoint's temporary directory {}: {}", path_.string(), ec.message());
+  }
+  TemporaryDir(const TemporaryDir&) = delete;
+  TemporaryDir& operator=(const TemporaryDir&) = delete;
+  const fs::path& path() const { return path_; }
+  void committed() { committed_ = true; }
+
+ private:
+  fs::path path_;
+  bool committed_ = false;
+};
+
 std::string shard_file_name(int64_t rank, int64_t world) {
   return fmt::format("optimizer-rank-{}-of-{}.safetensors", rank, world);
 }
@@ -213,10 +235,6 @@ std::vector<RankOutcome> exchange(const RankOutcome& mine, comm::ProcessGroup& p
   return all;
 }
 
-bool any_failed(const std::vector<RankOutcome>& all) {
-  return std::any_of(all.begin(), all.end(), [](const RankOutcome& o) { return !o.error.empty(); });
-}
-
 // The same CheckpointError on every rank, naming each rank that failed and why.
 void throw_if_failed(const std::vector<RankOutcome>& all, int64_t step, const char* phase) {
   std::string failures;
@@ -241,18 +259,29 @@ std::string CheckpointManager::save(const std::vector<NamedTensor>& model, const
   try {
     return save_unchecked(model, optimizer, state);
   } catch (const fs::filesystem_error& e) {
-    DPT_THROW(CheckpointError, "writing checkpoint step {} in {}: {}", state.step, dir_, e.what());
+    DPT_THROW(CheckpointError, "checkpoint of step {} not written in {}: {}", state.step, dir_, e.what());
+  } catch (const CheckpointError& e) {
+    DPT_THROW(CheckpointError, "checkpoint of step {} not written: {}", state.step, e.what());
   }
 }
 
 std::string CheckpointManager::save_unchecked(const std::vector<NamedTensor>& model,
                                               const std::vector<NamedTensor>& optimizer,
                                               const TrainState& state) const {
-  const fs::path tmp = begin_write(state.step);
-  auto files = write_model_and_state(tmp, model, state);
-  write_safetensors((tmp / kOptimFile).string(), optimizer, {{"step", std::to_string(state.step)}});
-  files.emplace_back(kOptimFile, file_crc(tmp / kOptimFile));
-  return commit(tmp.string(), state.step, files, 0);
+  TemporaryDir tmp(temporary_path(path_for_step(state.step)));
+  begin_write(state.step);
+  auto files = write_model_and_state(tmp.path(), model, state);
+  inject_failure(state.step, (tmp.path() / kOptimFile).string());
+  write_safetensors((tmp.path() / kOptimFile).string(), optimizer, {{"step", std::to_string(state.step)}});
+  files.emplace_back(kOptimFile, file_crc(tmp.path() / kOptimFile));
+  std::string path = commit(tmp.path().string(), state.step, files, 0);
+  tmp.committed();
+  return path;
+}
+
+void CheckpointManager::inject_failure(int64_t step, const std::string& file) const {
+  if (std::find(fail_steps_.begin(), fail_steps_.end(), step) != fail_steps_.end())
+    DPT_THROW(CheckpointError, "writing {}: injected failure (DPT_DEBUG_CKPT_FAIL_STEPS)", file);
 }
 
 std::string CheckpointManager::begin_write(int64_t step) const {
@@ -309,6 +338,10 @@ std::string CheckpointManager::save_sharded(const std::vector<NamedTensor>& mode
                                             const TrainState& state, comm::ProcessGroup& pg) const {
   const int rank = pg.rank(), world = pg.size();
   const fs::path tmp = temporary_path(path_for_step(state.step));
+  // Rank 0 owns the temporary directory: it removes it when the save fails, in any phase (every rank is then done
+  // with it: each phase ends in an exchange).
+  std::optional<TemporaryDir> owned;
+  if (rank == 0) owned.emplace(tmp);
 
   RankOutcome prepared = rank == 0 ? attempt([&] { begin_write(state.step); }) : RankOutcome{};
   throw_if_failed(exchange(prepared, pg, "checkpoint: prepare"), state.step, "preparing");
@@ -325,6 +358,7 @@ std::string CheckpointManager::save_sharded(const std::vector<NamedTensor>& mode
                 "rank shares",
                 rank, tmp.string());
     write_shard(tmp / shard_file, shard, state.step, rank, world);
+    inject_failure(state.step, (tmp / (rank == 0 ? kModelFile : shard_file)).string());
     if (rank == 0) files = write_model_and_state(tmp, model, state);
     crc = file_crc32(tmp / shard_file);
     bytes = fs::file_size(tmp / shard_file);
@@ -332,10 +366,6 @@ std::string CheckpointManager::save_sharded(const std::vector<NamedTensor>& mode
   written.crc = crc;
   written.bytes = bytes;
   const std::vector<RankOutcome> all_written = exchange(written, pg, "checkpoint: write shards");
-  if (any_failed(all_written) && rank == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);  // every rank is done writing: no checkpoint of this step appears
-  }
   throw_if_failed(all_written, state.step, "writing");
 
   RankOutcome committed = rank == 0 ? attempt([&] {
@@ -355,11 +385,8 @@ std::string CheckpointManager::save_sharded(const std::vector<NamedTensor>& mode
     commit(tmp.string(), state.step, files, world);
   }) : RankOutcome{};
   const std::vector<RankOutcome> all_committed = exchange(committed, pg, "checkpoint: commit");
-  if (any_failed(all_committed) && rank == 0) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-  }
   throw_if_failed(all_committed, state.step, "committing");
+  if (owned) owned->committed();
   return path_for_step(state.step);
 }
 

@@ -10,8 +10,9 @@
 // written under a temporary name, every file fsynced, marked COMPLETE last, and then renamed into place in one
 // step (an existing checkpoint of the same step is swapped out atomically). Loading checks the mark, every file's
 // CRC and every tensor's CRC: a checkpoint is either whole and valid or it is skipped with a warning, and resume
-// falls back to the previous one. load_optimizer_shard reads either layout into any sharding (another world
-// size or ZeRO stage than the one that wrote it).
+// falls back to the previous one. A write that fails (a full disk, permissions) removes its temporary directory and
+// prunes nothing: the checkpoints already there stay as they were. load_optimizer_shard reads either layout into
+// any sharding (another world size or ZeRO stage than the one that wrote it).
 #pragma once
 
 #include <cstdint>
@@ -67,7 +68,8 @@ class CheckpointManager {
   CheckpointManager(std::string dir, int64_t keep);
 
   // Rank 0 only. Writes step-<state.step>, then deletes all but the newest `keep` complete checkpoints.
-  // Returns the checkpoint's path.
+  // Returns the checkpoint's path. A write that fails throws CheckpointError ("checkpoint of step N not written:"
+  // and why), its temporary directory removed, no checkpoint of that step written and none pruned.
   std::string save(const std::vector<NamedTensor>& model, const std::vector<NamedTensor>& optimizer,
                    const TrainState& state) const;
   // Collective over `pg` (dist.zero >= 1): every rank calls it with its own OptimizerShard, on the host. Rank 0
@@ -76,7 +78,8 @@ class CheckpointManager {
   // state.json; rank 0 then marks it COMPLETE, renames it into place and prunes, as save does. Every rank returns
   // the path once the checkpoint is in place. When any rank fails (a write, a shard that does not add up, a rank
   // that cannot see the temporary directory: checkpoint.dir not on a filesystem every rank shares), every rank
-  // throws the same CheckpointError naming the failed rank(s) and why, and no checkpoint of that step appears.
+  // throws the same CheckpointError naming the failed rank(s) and why, and no checkpoint of that step appears
+  // (rank 0 removes the temporary directory; none is pruned).
   std::string save_sharded(const std::vector<NamedTensor>& model, const OptimizerShard& shard, const TrainState& state,
                            comm::ProcessGroup& pg) const;
 
@@ -91,6 +94,10 @@ class CheckpointManager {
   // continuing from `step` is not overtaken by checkpoints of the run it abandons: they keep their data
   // but are never loaded or pruned. Returns how many were moved.
   size_t set_aside_after(int64_t step, const std::string& reason) const;
+
+  // Tests only (DPT_DEBUG_CKPT_FAIL_STEPS, trainer/fault_injection.h): a write of one of these steps fails midway,
+  // after this process's first file is written, as a full disk would make it fail.
+  void fail_writes_at(std::vector<int64_t> steps) { fail_steps_ = std::move(steps); }
 
   std::string path_for_step(int64_t step) const;
   const std::string& dir() const { return dir_; }
@@ -111,8 +118,10 @@ class CheckpointManager {
   std::string begin_write(int64_t step) const;
   std::string commit(const std::string& tmp, int64_t step, const std::vector<std::pair<std::string, std::string>>& file_crcs,
                      int64_t optimizer_shards) const;
+  void inject_failure(int64_t step, const std::string& file) const;
   std::string dir_;
   int64_t keep_;
+  std::vector<int64_t> fail_steps_;
 };
 
 // Copies each tensor of `from` into the tensor of the same name in `into` (a model's or optimizer's state);

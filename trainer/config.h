@@ -96,6 +96,7 @@ struct CheckpointConfig {
   int64_t keep = 3;
   int64_t every_epochs = 1;
   int64_t every_steps = 0;  // also every N optimizer steps (0: only at epoch ends)
+  std::string on_error = "stop";  // a failed write: stop (the run fails) | warn (it goes on without that checkpoint)
 };
 
 struct LogConfig {

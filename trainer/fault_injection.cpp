@@ -2,6 +2,8 @@
 #include "trainer/fault_injection.h"
 
 #include <cstdlib>
+#include <sstream>
+#include <string>
 
 namespace dpt::trainer {
 
@@ -14,6 +16,11 @@ FailureInjection FailureInjection::from_env() {
   if (const char* s = std::getenv("DPT_DEBUG_FAIL_AT_STEP")) f.step = std::atoll(s);
   if (const char* r = std::getenv("DPT_DEBUG_FAIL_RANK")) f.rank = std::atoi(r);
   if (const char* d = std::getenv("DPT_DEBUG_DIVERGE_RANK")) f.diverge_rank = std::atoi(d);
+  if (const char* s = std::getenv("DPT_DEBUG_CKPT_FAIL_STEPS")) {
+    std::istringstream list(s);
+    for (std::string step; std::getline(list, step, ',');) f.ckpt_fail_steps.push_back(std::atoll(step.c_str()));
+  }
+  if (const char* r = std::getenv("DPT_DEBUG_CKPT_FAIL_RANK")) f.ckpt_fail_rank = std::atoi(r);
   return f;
 }
 

@@ -159,8 +159,9 @@ class Trainer {
   std::unique_ptr<StepTimer> timer_;
   std::unique_ptr<StopAgreement> stop_agreement_;
   std::unique_ptr<Reporter> reporter_;
-  // Where the run is.
-  int64_t step_ = 0, last_saved_ = -1;
+  // Where the run is. saved_at_: the step of the last checkpoint tried (written, or failed under
+  // checkpoint.on_error = warn): each step's is tried once.
+  int64_t step_ = 0, saved_at_ = -1;
   bool first_step_ = true;  // of this invocation: it measures the activations
   bool stopped_ = false;    // train.max_steps reached
   double last_eval_s_ = 0;  // the last evaluation's time, for the run's ETA
@@ -248,6 +249,7 @@ void Trainer::build_reducer() {
 // same one itself.
 void Trainer::resume() {
   ckpt_ = std::make_unique<CheckpointManager>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
+  if (rank_ == inject_.ckpt_fail_rank) ckpt_->fail_writes_at(inject_.ckpt_fail_steps);
   std::optional<LoadedCheckpoint> loaded = choose_checkpoint(*ckpt_);
   if (!loaded) return;
   restore(*loaded);
@@ -576,10 +578,13 @@ EvalResult Trainer::evaluate_saved_model() {
 // ---- checkpoints, the end -----------------------------------------------------------------------------------
 
 // A checkpoint of this step (once), to continue with batch `next_batch` of `epoch` (0-based): rank 0 writes it under
-// DDP; under ZeRO every rank writes its optimizer shard beside rank 0's model (collective).
+// DDP; under ZeRO every rank writes its optimizer shard beside rank 0's model (collective). A write that fails stops
+// the run (checkpoint.on_error = stop), or is reported and training goes on (warn; under ZeRO every rank gets the
+// same CheckpointError, so every rank goes on).
 void Trainer::save(int64_t epoch, int64_t next_batch) {
   const bool sharded = optimizer_->sharded();
-  if ((!lead_ && !sharded) || last_saved_ == step_) return;
+  if ((!lead_ && !sharded) || saved_at_ == step_) return;
+  saved_at_ = step_;
   TrainState st{.step = step_, .epoch = epoch, .batch_in_epoch = next_batch, .world_size = world_,
                 .batch_size = t_.batch_size, .seed = t_.seed, .dataset_size = static_cast<int64_t>(ds_.train->size()),
                 .drop_last = t_.drop_last, .rng = "", .optimizer_steps = optimizer_->steps(),
@@ -590,15 +595,27 @@ void Trainer::save(int64_t epoch, int64_t next_batch) {
   os << rng_;
   st.rng = os.str();
   const auto t0 = Clock::now();
-  if (sharded) {
-    OptimizerShard shard = optimizer_->shard();
-    shard.slots = on_host(std::move(shard.slots));
-    result_.last_checkpoint = ckpt_->save_sharded(lead_ ? on_host(model_->state()) : std::vector<NamedTensor>{},
-                                                  shard, st, pg_);
-  } else {
-    result_.last_checkpoint = ckpt_->save(on_host(model_->state()), on_host(optimizer_->state()), st);
+  std::string written;
+  try {
+    if (sharded) {
+      OptimizerShard shard = optimizer_->shard();
+      shard.slots = on_host(std::move(shard.slots));
+      written = ckpt_->save_sharded(lead_ ? on_host(model_->state()) : std::vector<NamedTensor>{}, shard, st, pg_);
+    } else {
+      written = ckpt_->save(on_host(model_->state()), on_host(optimizer_->state()), st);
+    }
+  } catch (const CheckpointError& e) {
+    if (cfg_.checkpoint.on_error != "warn")
+      DPT_THROW(CheckpointError, "{}; the run stops (checkpoint.on_error = stop; with warn it would train on without "
+                "this checkpoint)", e.what());
+    ++result_.checkpoint_failures;
+    result_.failed_checkpoint_step = step_;
+    result_.checkpoint_error = e.what();
+    reporter_->checkpoint_failed(result_, next_batch == 0 ? epoch - 1 : epoch);
+    return;
   }
-  last_saved_ = step_;
+  result_.last_checkpoint = written;
+  result_.last_checkpoint_step = step_;
   if (lead_) spdlog::info("checkpoint {} ({:.2f} s)", result_.last_checkpoint, seconds_since(t0));
 }
 
@@ -608,11 +625,12 @@ void Trainer::stop_for_signal(int sig, int64_t epoch, int64_t next_batch) {
   save(epoch, next_batch);
   pg_.barrier()->wait();
   if (lead_)
-    spdlog::info("stopping for {} at step {} ({}; checkpoint {})",
+    spdlog::info("stopping for {} at step {} ({}; {})",
                  sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : std::to_string(sig), step_,
                  stop_signal() ? fmt::format("{:.2f} s after the signal", seconds_since_stop_signal())
                                : "another rank received it",
-                 result_.last_checkpoint);
+                 result_.failed_checkpoint_step == step_ ? std::string("its checkpoint not written")
+                                                         : "checkpoint " + result_.last_checkpoint);
 }
 
 void Trainer::finish() {
@@ -639,6 +657,23 @@ void Trainer::inject_step_faults() {
 }
 
 }  // namespace
+
+std::string newest_checkpoint(const RunResult& r) {
+  if (!r.last_checkpoint.empty()) return fmt::format("{} (step {})", r.last_checkpoint, r.last_checkpoint_step);
+  if (r.resumed_from_step >= 0) return fmt::format("the one this run resumed from (step {})", r.resumed_from_step);
+  return "none (this run has written none)";
+}
+
+std::string checkpoint_failure_summary(const RunResult& r) {
+  if (r.checkpoint_failures == 0) return "";
+  const std::string count =
+      fmt::format("{} checkpoint write(s) failed in this run (checkpoint.on_error = warn)", r.checkpoint_failures);
+  if (r.failed_checkpoint_step > r.last_checkpoint_step)
+    return fmt::format("the newest checkpoint is older than the run's end (step {}): {}; the newest is {}. {}", r.steps,
+                       r.checkpoint_error, newest_checkpoint(r), count);
+  return fmt::format("{}, the last: {}; the newest checkpoint, {}, is the run's last", count, r.checkpoint_error,
+                     newest_checkpoint(r));
+}
 
 RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg) {
   RunContext ctx;

@@ -33,17 +33,23 @@ int train_job(const TrainArgs& a) {
             const RunResult result = train(job.config, {.resume = a.resume, .device = job.device}, *job.pg);
             if (result.stop_signal) {
               job.pg.reset();
-              if (lead)
+              if (lead && result.failed_checkpoint_step == result.steps)
+                spdlog::warn("preempted at step {}, whose checkpoint was not written ({}); exiting with {}: the same "
+                             "command resumes from the newest checkpoint: {}",
+                             result.steps, result.checkpoint_error, kExitPreempted, newest_checkpoint(result));
+              else if (lead)
                 spdlog::info("preempted: checkpoint of step {} written; exiting with {} (the same command resumes "
                              "from it)",
                              result.steps, kExitPreempted);
               spdlog::default_logger()->flush();
               return kExitPreempted;
             }
-            if (lead)
+            if (lead) {
               spdlog::info("done: {} steps, test_acc {:.4f}, test_loss {:.4f}{}", result.steps, result.final_test_acc,
                            result.final_test_loss,
                            result.last_checkpoint.empty() ? "" : ", checkpoint " + result.last_checkpoint);
+              if (result.checkpoint_failures > 0) spdlog::warn("{}", checkpoint_failure_summary(result));
+            }
             return 0;
           },
   });

@@ -169,6 +169,17 @@ void Reporter::epoch_done(const EpochEnd& e) {
   draw_curves();
 }
 
+void Reporter::checkpoint_failed(const RunResult& r, int64_t epoch) {
+  checkpoint_failures_ = r.checkpoint_failures;
+  if (!lead_) return;
+  spdlog::warn("{}; training goes on (checkpoint.on_error = warn): the newest checkpoint is still {}; {} failed "
+               "write(s) in this run",
+               r.checkpoint_error, newest_checkpoint(r), r.checkpoint_failures);
+  nlohmann::json j = record("checkpoint_failed", r.failed_checkpoint_step, epoch);
+  j["error"] = r.checkpoint_error;
+  metrics_->write(j);
+}
+
 void Reporter::stopped() { draw_curves(); }
 
 void Reporter::finished(const RunResult& r) {
@@ -211,6 +222,7 @@ nlohmann::json Reporter::record(const char* kind, int64_t step, int64_t epoch) c
     j["loss_scale"] = scaler_.scale();
     j["skipped_steps"] = scaler_.skipped();
   }
+  if (cfg_.checkpoint.on_error == "warn") j["checkpoint_failures"] = checkpoint_failures_;
   return j;
 }
 

@@ -6,7 +6,8 @@
 // reporter's business, not the loop's.
 //
 // Events, in the order a run meets them: progress_due()/progress() at optimizer steps, first_step() once,
-// epoch_measured() then epoch_done() after each epoch, stopped() when a stop signal ends the run, finished() last. The ones marked
+// epoch_measured() then epoch_done() after each epoch, checkpoint_failed() when a checkpoint write fails under
+// checkpoint.on_error = warn, stopped() when a stop signal ends the run, finished() last. The ones marked
 // collective gather from every rank: every rank calls them at the same point.
 #pragma once
 
@@ -78,6 +79,10 @@ class Reporter {
   void epoch_measured(const RankTiming& mine);
   // The epoch line and records (rank 0), after epoch_measured and evaluation.
   void epoch_done(const EpochEnd& e);
+  // A checkpoint write failed and the run goes on (checkpoint.on_error = warn): rank 0 warns, naming the step, the
+  // cause and the newest checkpoint, and writes a "checkpoint_failed" record; every record from now on counts the
+  // failures (checkpoint_failures). `epoch`: 0-based, the epoch of r.failed_checkpoint_step.
+  void checkpoint_failed(const RunResult& r, int64_t epoch);
   // A stop signal ended the run (rank 0 redraws the curves).
   void stopped();
   // The run is over; rank 0 says so when it had nothing left to train (resumed at its end).
@@ -106,6 +111,7 @@ class Reporter {
   MemoryFigures epoch_memory_;                  // this rank's, when the epoch's steps ended
   std::vector<std::vector<double>> per_rank_;   // every rank's epoch figures (epoch_measured)
   bool curves_failed_ = false;
+  int64_t checkpoint_failures_ = 0;  // in this invocation (checkpoint.on_error = warn)
 };
 
 }  // namespace dpt::trainer

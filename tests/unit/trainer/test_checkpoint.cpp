@@ -1,9 +1,14 @@
 // tests/unit/trainer/test_checkpoint.cpp: safetensors round trip and corruption checks; checkpoints are
 // atomic, pruned to `keep`, and a truncated or corrupted one is rejected and resume falls back. Sharded
 // checkpoints (dist.zero): ranks as threads each write their shard, any sharding (and a DDP checkpoint) loads
-// back bitwise, a failing rank makes every rank throw the same error and leaves no checkpoint.
+// back bitwise, a failing rank makes every rank throw the same error and leaves no checkpoint. A write that fails
+// midway (a full disk) leaves no temporary directory behind and prunes nothing.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -154,6 +159,67 @@ TEST_CASE("rewriting a step swaps atomically, pruning spares the new one, set_as
   REQUIRE(fs::exists(dir / "abandoned-step-00000030" / "COMPLETE"));
   REQUIRE(k.complete().size() == 1);
   REQUIRE(k.load_latest()->state.step == 20);
+}
+
+namespace {
+
+// The names in `dir`, sorted ("step-00000001", ".tmp-step-00000002", ...).
+std::vector<std::string> names_in(const fs::path& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// While alive, this process may not write files larger than `bytes` (RLIMIT_FSIZE): a write past it fails with
+// EFBIG ("File too large") as a full disk fails with ENOSPC, midway through a file, even for root.
+struct FileSizeLimit {
+  rlimit old{};
+  void (*old_handler)(int) = nullptr;
+  explicit FileSizeLimit(rlim_t bytes) {
+    REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+    old_handler = std::signal(SIGXFSZ, SIG_IGN);  // else the kernel kills the process instead of failing the write
+    rlimit low = old;
+    low.rlim_cur = bytes;
+    REQUIRE(::setrlimit(RLIMIT_FSIZE, &low) == 0);
+  }
+  ~FileSizeLimit() {
+    ::setrlimit(RLIMIT_FSIZE, &old);
+    std::signal(SIGXFSZ, old_handler);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a checkpoint write that fails midway leaves no temporary directory and prunes nothing", "[checkpoint]") {
+  test::TempDir dir("ckpt_write_fail");
+  CheckpointManager m(dir.path.string(), 1);
+  const std::vector<NamedTensor> model = {{"w", filled({4096}, 0)}};  // 16 KiB: past the limit below
+  const std::vector<NamedTensor> optim = {{"w.momentum", filled({4096}, 1)}};
+  m.save(model, optim, state_at(1));
+
+  SECTION("a real write error (the file size limit: as a full disk)") {
+    FileSizeLimit limit(4096);
+    REQUIRE_THROWS_WITH(m.save(model, optim, state_at(2)),
+                        Catch::StartsWith("checkpoint of step 2 not written") && Catch::Contains("model.safetensors") &&
+                            Catch::Contains("File too large"));
+  }
+  SECTION("an injected failure after the first file (DPT_DEBUG_CKPT_FAIL_STEPS)") {
+    m.fail_writes_at({2});
+    REQUIRE_THROWS_AS(m.save(model, optim, state_at(2)), CheckpointError);
+    REQUIRE_THROWS_WITH(m.save(model, optim, state_at(2)),
+                        Catch::StartsWith("checkpoint of step 2 not written") &&
+                            Catch::Contains(".tmp-step-00000002/optimizer.safetensors: injected failure"));
+  }
+  SECTION("an error that is not the disk's (a repeated tensor name) after the model is written") {
+    REQUIRE_THROWS_WITH(m.save(model, {optim[0], optim[0]}, state_at(2)), Catch::Contains("repeated tensor name"));
+  }
+  // No .tmp-step-00000002 left, and keep = 1 did not prune step 1: it is still the newest checkpoint.
+  REQUIRE(names_in(dir.path) == std::vector<std::string>{"step-00000001"});
+  REQUIRE(m.load_latest()->state.step == 1);
+  // The next write goes through, and prunes as usual.
+  m.save(model, optim, state_at(3));
+  REQUIRE(names_in(dir.path) == std::vector<std::string>{"step-00000003"});
 }
 
 TEST_CASE("odd directories are skipped, not fatal, a renamed checkpoint is caught", "[checkpoint]") {
@@ -448,6 +514,26 @@ TEST_CASE("sharded save: a failing rank makes every rank throw the same error, a
   SECTION("a rank's shard does not add up") {
     require_all_failed(save_on_ranks(m, 3, mgr, 2, /*bad_rank=*/1),
                        "rank 1: optimizer shard of rank 1: slot exp_avg is float32 [3] on cpu, its ranges hold 15");
+  }
+  SECTION("a rank's write fails midway (injected), rank 0's or another's: every rank reports it, no temporary left") {
+    for (int failing : {0, 2}) {
+      INFO("failing rank " << failing);
+      std::vector<std::string> got(3);
+      const std::string errors = test::run_gloo_ranks(3, [&](comm::ProcessGroup& pg) {
+        const int r = pg.rank();
+        CheckpointManager mine(dir.path.string(), 5);
+        if (r == failing) mine.fail_writes_at({2});
+        try {
+          mine.save_sharded(r == 0 ? m.model() : std::vector<NamedTensor>{}, m.shard(m.zero_ranges(3, r)), state_at(2),
+                            pg);
+        } catch (const CheckpointError& e) {
+          got[static_cast<size_t>(r)] = std::string("error: ") + e.what();
+        }
+      });
+      REQUIRE(errors.empty());
+      require_all_failed(got, fmt::format("rank {}: writing", failing));
+      REQUIRE_THAT(got[0], Catch::Contains("injected failure"));
+    }
   }
   SECTION("rank 0 cannot create the checkpoint") {
     test::TempDir blocked("ckpt_shard_blocked");
