@@ -1,24 +1,42 @@
 // trainer/optimizer.cpp: SGD and AdamW steps through the model's kernel set.
 #include "trainer/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "models/kernels/elementwise.h"
 
 namespace dpt::trainer {
 
-Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_matrices_only)
-    : cfg_(cfg), model_(model) {
-  const auto shape = model.params().shape();
-  // The update runs over maximal runs of neighbouring parameters that share a weight decay: one run for the
-  // whole buffer unless only matrices decay.
-  for (const auto& np : model.named_params()) {
-    const bool decay = !decay_matrices_only || np.param.ndim() >= 2;
-    if (!runs_.empty() && runs_.back().decay == decay && runs_.back().offset + runs_.back().count == np.offset)
-      runs_.back().count += np.param.numel();
-    else
-      runs_.push_back({np.offset, np.param.numel(), decay});
+Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_matrices_only,
+                     std::vector<FlatRange> owned)
+    : cfg_(cfg), model_(model), owned_(std::move(owned)) {
+  if (owned_.empty()) owned_ = {{0, model.num_params()}};
+  sharded_ = !(owned_.size() == 1 && owned_[0] == FlatRange{0, model.num_params()});
+  size_t total = 0;
+  for (const FlatRange& r : owned_) {
+    DPT_CHECK_LE(r.offset + r.count, model.num_params());
+    total += r.count;
   }
+  // The update runs over maximal runs of neighbouring parameters that share a weight decay, cut at the owned
+  // pieces' edges: one run for the whole buffer unless only matrices decay or the state is sharded.
+  size_t at = 0;
+  for (const FlatRange& r : owned_) {
+    const size_t end = r.offset + r.count;
+    bool first = true;
+    for (const auto& np : model.named_params()) {
+      const size_t lo = std::max(np.offset, r.offset), hi = std::min(np.offset + np.param.numel(), end);
+      if (lo >= hi) continue;
+      const bool decay = !decay_matrices_only || np.param.ndim() >= 2;
+      if (!first && runs_.back().decay == decay)
+        runs_.back().count += hi - lo;
+      else
+        runs_.push_back({lo, at + (lo - r.offset), hi - lo, decay});
+      first = false;
+    }
+    at += r.count;
+  }
+  const std::vector<int64_t> shape{static_cast<int64_t>(total)};
   if (cfg.optimizer == "sgd") {
     if (cfg.momentum != 0.0) slots_.emplace_back("momentum", Tensor::zeros(shape, DType::F32, model.device()));
   } else if (cfg.optimizer == "adamw") {
@@ -35,7 +53,7 @@ void Optimizer::step(double lr) {
     float* p = model_.params().data<float>() + r.offset;
     const float* g = model_.grads().data<float>() + r.offset;
     const float wd = r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-    auto slot = [&](size_t i) { return slots_[i].second.data<float>() + r.offset; };
+    auto slot = [&](size_t i) { return slots_[i].second.data<float>() + r.at; };
     if (cfg_.optimizer == "sgd") {
       models::SgdParams sp{.lr = static_cast<float>(lr),
                            .momentum = static_cast<float>(cfg_.momentum),
@@ -57,6 +75,7 @@ void Optimizer::step(double lr) {
 }
 
 std::vector<NamedTensor> Optimizer::state() const {
+  DPT_CHECK(!sharded_, "per-parameter state of a sharded optimizer");
   std::vector<NamedTensor> out;
   for (const auto& [slot, flat] : slots_)
     for (const auto& np : model_.named_params())
@@ -64,10 +83,17 @@ std::vector<NamedTensor> Optimizer::state() const {
   return out;
 }
 
-double clip_gradients(models::Model& model, double max_norm, double sum_squares) {
-  const double coef = models::elementwise::clip_coefficient(sum_squares, max_norm);
-  if (coef < 1.0) model.kernels().scale(model.grads().data<float>(), model.num_params(), static_cast<float>(coef));
-  return std::sqrt(sum_squares);
+OptimizerShard Optimizer::shard() const {
+  OptimizerShard out{.ranges = owned_, .slots = {}};
+  for (const auto& [slot, flat] : slots_) out.slots.push_back({slot, flat});
+  return out;
 }
+
+size_t Optimizer::state_bytes() const {
+  size_t bytes = 0;
+  for (const auto& [slot, flat] : slots_) bytes += flat.bytes();
+  return bytes;
+}
+
 
 }  // namespace dpt::trainer

@@ -52,9 +52,45 @@ Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stre
     for (size_t p = buckets_[b].first_param; p < buckets_[b].end_param; ++p) bucket_of_param_[p] = b;
   }
   missing_.assign(buckets_.size(), 0);
+  DPT_CHECK(opts_.zero == 0 || opts_.zero == 1, "ZeRO stage {}: the reducer shards for stage 0 or 1", opts_.zero);
+  sharded_ = opts_.zero >= 1 && pg_.size() > 1;
+  if (sharded_)
+    shard_buckets(model);
+  else
+    owned_ = {{0, grads_.numel()}};
   if (pg_.size() > 1 && opts_.overlap && !pg_.asynchronous()) {
     const int device = stream_ ? cuda::current_device() : -1;
     comm_thread_ = std::thread([this, device] { comm_loop(device); });
+  }
+}
+
+void Reducer::shard_buckets(models::Model& model) {
+  const auto world = static_cast<size_t>(pg_.size()), rank = static_cast<size_t>(pg_.rank());
+  auto view = [](const Tensor& t, size_t offset, size_t count) { return t.view(offset, {static_cast<int64_t>(count)}); };
+  for (const Bucket& b : buckets_) {
+    const size_t q = b.count / world, rem = b.count - world * q, mine = b.offset + rank * q;
+    Pieces p{.split = view(grads_, b.offset, world * q), .chunk = view(grads_, mine, q),
+             .rem = view(grads_, b.offset + world * q, rem), .param_split = view(model.params(), b.offset, world * q),
+             .param_chunk = view(model.params(), mine, q)};
+    if (compressed()) {
+      p.wire_split = view(wire_, b.offset, world * q);
+      p.wire_chunk = view(wire_, mine, q);
+      p.wire_rem = view(wire_, b.offset + world * q, rem);
+    }
+    pieces_.push_back(std::move(p));
+  }
+  // owned_ in increasing offset: buckets run from the end of the buffer to its start.
+  for (size_t i = buckets_.size(); i-- > 0;) {
+    const Bucket& b = buckets_[i];
+    const size_t q = b.count / world, rem = b.count - world * q;
+    if (q > 0) {
+      owned_.push_back({b.offset + rank * q, q});
+      owned_by_all_.push_back(false);
+    }
+    if (rem > 0) {
+      owned_.push_back({b.offset + world * q, rem});
+      owned_by_all_.push_back(true);
+    }
   }
 }
 
@@ -86,11 +122,8 @@ void Reducer::comm_loop(int cuda_device) {
     std::exception_ptr err;
     if (!failed) {
       try {
-        if (compressed())
-          reduce_bf16(views_[b], wire_views_[b], bucket_label(b));
-        else
-          pg_.allreduce(views_[b], {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true,
-                                    .what = bucket_label(b)})->wait();
+        for (const auto& w : reduce(b)) w->block(stream_);
+        settle(b);
       } catch (...) {
         err = std::current_exception();
       }
@@ -104,6 +137,37 @@ void Reducer::comm_loop(int cuda_device) {
 
 // A bucket's all-reduce, as hang reports name it: "allreduce #9412 (bucket 0, step 4711)".
 std::string Reducer::bucket_label(size_t bucket) { return fmt::format("bucket {}", bucket); }
+
+std::vector<std::shared_ptr<comm::Work>> Reducer::reduce(size_t bucket) {
+  const comm::AllreduceOptions avg{.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true,
+                                   .what = bucket_label(bucket)};
+  comm::AllreduceOptions sum = avg;
+  sum.op = comm::ReduceOp::Sum;  // bf16: the gradients were divided by the world size when rounded
+  if (compressed()) to_bfloat16(views_[bucket], wire_views_[bucket], static_cast<float>(pg_.size()), stream_);
+  if (!sharded_) {
+    if (compressed()) return {pg_.allreduce(wire_views_[bucket], sum)};
+    return {pg_.allreduce(views_[bucket], avg)};
+  }
+  Pieces& p = pieces_[bucket];
+  Tensor &split = compressed() ? p.wire_split : p.split, &chunk = compressed() ? p.wire_chunk : p.chunk,
+         &rem = compressed() ? p.wire_rem : p.rem;
+  const comm::AllreduceOptions& op = compressed() ? sum : avg;
+  std::vector<std::shared_ptr<comm::Work>> works;
+  if (chunk.numel()) works.push_back(pg_.reduce_scatter(split, chunk, op));  // in place: this rank's chunk
+  if (rem.numel()) works.push_back(pg_.allreduce(rem, op));
+  return works;
+}
+
+void Reducer::settle(size_t bucket) {
+  if (!compressed()) return;
+  if (!sharded_) {
+    from_bfloat16(wire_views_[bucket], views_[bucket], stream_);
+    return;
+  }
+  Pieces& p = pieces_[bucket];
+  if (p.chunk.numel()) from_bfloat16(p.wire_chunk, p.chunk, stream_);
+  if (p.rem.numel()) from_bfloat16(p.wire_rem, p.rem, stream_);
+}
 
 void Reducer::reduce_bf16(Tensor& grads, Tensor& wire, const std::string& what) {
   to_bfloat16(grads, wire, static_cast<float>(pg_.size()), stream_);
@@ -132,16 +196,8 @@ void Reducer::grads_ready(size_t first_param, size_t end_param) {
 }
 
 void Reducer::launch(size_t bucket) {
-  if (pg_.asynchronous()) {
-    if (compressed()) {
-      // Rounded on the compute stream after the bucket's gradients; widened back in finish().
-      to_bfloat16(views_[bucket], wire_views_[bucket], static_cast<float>(pg_.size()), stream_);
-      works_.push_back(pg_.allreduce(wire_views_[bucket], {.op = comm::ReduceOp::Sum, .stream = stream_,
-                                                           .persistent = true, .what = bucket_label(bucket)}));
-    } else {
-      works_.push_back(pg_.allreduce(views_[bucket], {.op = comm::ReduceOp::Avg, .stream = stream_,
-                                                      .persistent = true, .what = bucket_label(bucket)}));
-    }
+  if (pg_.asynchronous()) {  // enqueued now; blocked on and settled in finish()
+    works_.push_back(reduce(bucket));
     return;
   }
   {
@@ -156,18 +212,24 @@ void Reducer::finish() {
   if (!active_) return;
   active_ = false;
   if (!opts_.overlap) {
-    if (compressed())
+    if (sharded_) {  // bucket by bucket, now
+      for (size_t b = 0; b < buckets_.size(); ++b) {
+        for (const auto& w : reduce(b)) w->block(stream_);
+        settle(b);
+      }
+    } else if (compressed()) {
       reduce_bf16(grads_, wire_, "all gradients");
-    else
+    } else {
       pg_.allreduce(grads_, {.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true,
                              .what = "all gradients"})->block(stream_);
+    }
     return;
   }
   // Buckets backward never completed (parameters without gradients) go now, still in order.
   while (next_launch_ < buckets_.size()) launch(next_launch_++);
   for (size_t b = 0; b < works_.size(); ++b) {  // asynchronous group: works_[b] is bucket b's
-    works_[b]->block(stream_);
-    if (compressed()) from_bfloat16(wire_views_[b], views_[b], stream_);
+    for (const auto& w : works_[b]) w->block(stream_);
+    settle(b);
   }
   works_.clear();
   std::unique_lock<std::mutex> lock(mu_);
@@ -176,6 +238,48 @@ void Reducer::finish() {
     std::exception_ptr e = error_;
     error_ = nullptr;  // the group itself stays broken; the caller decides
     std::rethrow_exception(e);
+  }
+}
+
+void Reducer::for_each_owned(const std::function<void(float*, size_t)>& fn) {
+  for (const FlatRange& r : owned_) fn(grads_.data<float>() + r.offset, r.count);
+}
+
+std::vector<double> Reducer::piece_sum_squares(models::Kernels& k) {
+  Tensor sums = Tensor::zeros({static_cast<int64_t>(owned_.size())}, DType::F64, grads_.device());
+  for (size_t i = 0; i < owned_.size(); ++i)
+    if (!owned_by_all_[i] || pg_.rank() == 0)
+      k.sum_squares_to(grads_.data<float>() + owned_[i].offset, owned_[i].count, sums.data<double>() + i);
+  pg_.allreduce(sums, {.op = comm::ReduceOp::Sum, .stream = stream_, .what = "gradient norm"})->block(stream_);
+  const Tensor host = sums.to(Device::cpu());  // synchronises the stream
+  return {host.data<double>(), host.data<double>() + host.numel()};
+}
+
+void Reducer::sum_squares_to(models::Kernels& k, Tensor& out) {
+  if (!sharded_) {
+    k.sum_squares_to(grads_.data<float>(), grads_.numel(), out.data<double>());
+    return;
+  }
+  double total = 0.0;
+  for (const double s : piece_sum_squares(k)) total += s;
+  Tensor host = Tensor::empty({1}, DType::F64);
+  host.data<double>()[0] = total;
+  out.copy_from(host, stream_);
+}
+
+double Reducer::sum_squares(models::Kernels& k) {
+  if (!sharded_) return k.sum_squares(grads_.data<float>(), grads_.numel());
+  double total = 0.0;
+  for (const double s : piece_sum_squares(k)) total += s;
+  return total;
+}
+
+void Reducer::gather_params() {
+  if (!sharded_) return;
+  for (size_t b = 0; b < pieces_.size(); ++b) {
+    Pieces& p = pieces_[b];
+    if (p.param_chunk.numel() == 0) continue;
+    pg_.allgather(p.param_chunk, p.param_split)->block(stream_);
   }
 }
 

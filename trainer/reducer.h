@@ -17,12 +17,22 @@
 // The compress / all-reduce / widen of a bucket run where its float32 all-reduce would: on the communication
 // thread for host groups; on the compute stream around the asynchronous all-reduce for NCCL (the widening
 // in finish()). F32, the default, all-reduces the float32 buckets with Avg, as before.
+//
+// zero = 1 (dist.zero = 1, ZeRO stage 1: the optimizer state sharded; trainer/shard.h): each bucket of `count`
+// elements is cut into world chunks of q = count / world; rank r owns chunk r, plus the bucket's remainder (the last
+// count - world * q elements), which every rank owns. A bucket is reduce-scattered (Avg) where DDP all-reduces it,
+// in place: this rank's chunk of the gradient buffer ends averaged, the other chunks hold stale local sums that
+// nothing reads; the remainder is all-reduced. Same moment of backward, same thread or stream, bf16 on the wire as
+// above. The optimizer then updates the owned pieces only (for_each_owned, owned()), and gather_params()
+// all-gathers each bucket's parameters after the step. No buffer is added: backward still writes (and accumulates
+// into) the whole gradient buffer.
 #pragma once
 
 #include <condition_variable>
 #include <deque>
 #include <cstddef>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -31,6 +41,7 @@
 
 #include "comm/process_group.h"
 #include "models/model.h"
+#include "trainer/shard.h"
 
 namespace dpt::trainer {
 
@@ -53,6 +64,7 @@ struct ReducerOptions {
   size_t first_bucket_cap_bytes = size_t{1} << 20;
   bool overlap = true;
   DType grad_dtype = DType::F32;  // F32 | BF16: what the all-reduce carries (see the file comment)
+  int zero = 0;                   // 0: DDP; 1: ZeRO stage 1 (see the file comment); no effect on one rank
 };
 
 // DDP's promise, checked once an epoch: every rank holds bit-identical parameters (a CRC32 of them, compared
@@ -83,14 +95,43 @@ class Reducer {
 
   const std::vector<Bucket>& buckets() const { return buckets_; }
 
+  // ---- what the optimizer step reads (the same calls under DDP and ZeRO)
+  bool sharded() const { return sharded_; }
+  // The pieces of the flat parameter and gradient buffers this rank updates, in increasing offset: DDP the whole
+  // buffer; ZeRO its chunk of every bucket and every bucket's remainder. After finish() their gradients are averaged.
+  const std::vector<FlatRange>& owned() const { return owned_; }
+  // fn(gradients, count) for each piece of owned() (DDP: once, the whole buffer): to scale or clip them.
+  void for_each_owned(const std::function<void(float*, size_t)>& fn);
+  // The sum of squares of the averaged gradients (the global norm squared, the same on every rank), into `out` (one
+  // double on the gradients' device). DDP: one kernel, no host synchronisation. ZeRO (collective): each rank sums its
+  // chunks (rank 0 the remainders too: every rank holds them, they count once), the partial sums are summed over
+  // the ranks, in a fixed order on the host.
+  void sum_squares_to(models::Kernels& k, Tensor& out);
+  // The same, returned to the host (synchronises).
+  double sum_squares(models::Kernels& k);
+  // ZeRO: after the optimizer has updated the owned pieces, every rank gets every bucket's parameters (all-gathered
+  // per bucket into Model::params(), ordered on the stream); a no-op under DDP. Collective.
+  void gather_params();
+
  private:
   void launch(size_t bucket);
   void comm_loop(int cuda_device);
   bool compressed() const { return opts_.grad_dtype == DType::BF16; }
-  // BF16, a bucket or the whole buffer: round `grads` / world into `wire` (its bfloat16 copy), all-reduce it,
-  // widen it back. Conversions run on stream_ (the CPU: at once); the widening is ordered after the sum by
+  // A bucket's collectives, started: DDP its all-reduce; ZeRO its reduce-scatter and its remainder's all-reduce;
+  // bf16 rounds the bucket into the wire buffer first (on stream_). Each returned Work is then block()ed on stream_
+  // and settle() called.
+  std::vector<std::shared_ptr<comm::Work>> reduce(size_t bucket);
+  // After a bucket's collectives: bf16 widens the result back to fp32 (under ZeRO: this rank's chunk, the remainder).
+  void settle(size_t bucket);
+  // ZeRO: this rank's partial sums of squares, one per piece of owned() (0 for remainders on ranks other than 0),
+  // summed over the ranks.
+  std::vector<double> piece_sum_squares(models::Kernels& k);
+  // BF16, the whole buffer (DDP without overlap): round `grads` / world into `wire` (its bfloat16 copy), all-reduce
+  // it, widen it back. Conversions run on stream_ (the CPU: at once); the widening is ordered after the sum by
   // its Work's block(stream_). `what`: the all-reduce's label.
   void reduce_bf16(Tensor& grads, Tensor& wire, const std::string& what);
+  // Cuts the buckets into chunks (zero >= 1): owned_ and pieces_.
+  void shard_buckets(models::Model& model);
   // The label of a bucket's all-reduce (AllreduceOptions::what): "bucket N"; the whole buffer's is "all gradients".
   static std::string bucket_label(size_t bucket);
 
@@ -103,10 +144,20 @@ class Reducer {
   Tensor wire_;                             // BF16: the bfloat16 copy of grads_ that is all-reduced
   std::vector<Tensor> wire_views_;          // BF16: each bucket's slice of wire_
   std::vector<size_t> bucket_of_param_;
+  // ZeRO.
+  bool sharded_ = false;
+  std::vector<FlatRange> owned_;
+  std::vector<bool> owned_by_all_;  // per piece of owned_: a remainder (every rank holds it)
+  struct Pieces {  // a bucket under ZeRO, as views; q = count / world elements per chunk
+    Tensor split, chunk, rem;                  // grads_: the world * q chunks, this rank's, the remainder
+    Tensor wire_split, wire_chunk, wire_rem;   // bf16: the same pieces of wire_
+    Tensor param_split, param_chunk;           // Model::params(): the all-gather's output and this rank's input
+  };
+  std::vector<Pieces> pieces_;
   std::vector<size_t> missing_;             // per bucket: parameters whose gradients are not ready yet
   size_t next_launch_ = 0;
   bool active_ = false;                     // communicating this step (world > 1 and sync)
-  std::vector<std::shared_ptr<comm::Work>> works_;  // asynchronous group: launched this step
+  std::vector<std::vector<std::shared_ptr<comm::Work>>> works_;  // asynchronous group: each bucket's, this step
 
   // Host groups: the communication thread and its queue of bucket indices.
   std::thread comm_thread_;

@@ -13,9 +13,9 @@ void StepTimer::mark(Mark m) {
   if (!stream_) {
     host_[m] = Clock::now();
     if (m == kStepEnd) {
-      compute_s_ += std::chrono::duration<double>(host_[kBackwardDone] - host_[kStepStart]).count() +
-                    std::chrono::duration<double>(host_[kStepEnd] - host_[kCommDone]).count();
-      comm_s_ += std::chrono::duration<double>(host_[kCommDone] - host_[kBackwardDone]).count();
+      auto s = [&](Mark from, Mark to) { return std::chrono::duration<double>(host_[to] - host_[from]).count(); };
+      compute_s_ += s(kStepStart, kBackwardDone) + s(kCommDone, kUpdateDone);
+      comm_s_ += s(kBackwardDone, kCommDone) + s(kUpdateDone, kStepEnd);
     }
     return;
   }
@@ -45,9 +45,9 @@ void StepTimer::reset() {
 
 void StepTimer::collect(Slot& s) {
   s.ev[kStepEnd]->synchronize();
-  compute_s_ += (s.ev[kBackwardDone]->elapsed_ms_since(*s.ev[kStepStart]) +
-                 s.ev[kStepEnd]->elapsed_ms_since(*s.ev[kCommDone])) / 1000.0;
-  comm_s_ += s.ev[kCommDone]->elapsed_ms_since(*s.ev[kBackwardDone]) / 1000.0;
+  auto ms = [&](Mark from, Mark to) { return s.ev[to]->elapsed_ms_since(*s.ev[from]); };
+  compute_s_ += (ms(kStepStart, kBackwardDone) + ms(kCommDone, kUpdateDone)) / 1000.0;
+  comm_s_ += (ms(kBackwardDone, kCommDone) + ms(kUpdateDone, kStepEnd)) / 1000.0;
   s.recorded = false;
 }
 

@@ -21,6 +21,7 @@
 #include "data/loader.h"
 #include "data/sampler.h"
 #include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/elementwise.h"
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
@@ -103,6 +104,7 @@ class Trainer {
   // ---- set up
   void load_data();
   void build_model_and_optimizer();
+  void build_reducer();
   void resume();
   std::optional<LoadedCheckpoint> choose_checkpoint(const CheckpointManager& ckpt);
   void restore(const LoadedCheckpoint& loaded);
@@ -113,7 +115,7 @@ class Trainer {
   bool train_batch(Epoch& ep, const data::Batch& batch);  // true: the run stops here
   void begin_step(Epoch& ep, int64_t batch);
   void forward_backward(Epoch& ep, const data::Batch& batch, int64_t micro_batches, bool first_micro, bool last_micro);
-  void update(Epoch& ep);
+  bool update(Epoch& ep);  // false: fp16 skipped the step
   bool after_step(Epoch& ep, int64_t next_batch);  // true: the run stops here
   Progress progress(Epoch& ep, int64_t next_batch);
   void end_epoch(Epoch& ep, double data_wait_s);
@@ -196,11 +198,49 @@ void Trainer::build_model_and_optimizer() {
   ctx_.memory.params = static_cast<int64_t>(model_->params().bytes());
   ctx_.memory.grads = static_cast<int64_t>(model_->grads().bytes());
   ctx_.memory.buffers = static_cast<int64_t>(model_->buffers().bytes());
+  build_reducer();
   ctx_.phase = "allocating the optimizer state";
-  optimizer_ = std::make_unique<Optimizer>(t_, *model_, decay_matrices_only);
-  for (const auto& nt : optimizer_->state()) ctx_.memory.optimizer += static_cast<int64_t>(nt.tensor.bytes());
+  optimizer_ = std::make_unique<Optimizer>(t_, *model_, decay_matrices_only, reducer_->owned());
+  ctx_.memory.optimizer = static_cast<int64_t>(optimizer_->state_bytes());
+  if (lead_ && reducer_->sharded()) {
+    size_t mine = 0;
+    for (const FlatRange& r : reducer_->owned()) mine += r.count;
+    spdlog::info("zero: stage {}: optimizer state sharded over {} ranks: this rank updates {} of {} parameters "
+                 "({:.1f}%) and holds {} of optimizer state; {} bucket(s) reduce-scattered{}, parameters all-gathered "
+                 "after each step", cfg_.dist.zero, world_, mine, model_->num_params(),
+                 100.0 * static_cast<double>(mine) / static_cast<double>(model_->num_params()),
+                 format_bytes(optimizer_->state_bytes()), reducer_->buckets().size(),
+                 overlap_ ? " during backward" : " after backward");
+  }
   ctx_.phase = "loading the checkpoint";
   if (lead_) spdlog::info("model: {} on {}", model_->summary(), model_->device().str());
+}
+
+// The gradient reducer (trainer/reducer.h): DDP's all-reduce, or ZeRO's reduce-scatter whose shard the optimizer
+// then updates. Overlap with backward unless SyncBatchNorm's all-reduces would interleave with it (sync_replicas).
+void Trainer::build_reducer() {
+  ctx_.phase = "setting up the gradient buckets";
+  overlap_ = cfg_.dist.overlap && !(cfg_.model.sync_bn && world_ > 1 && !pg_.asynchronous());
+  reducer_ = std::make_unique<Reducer>(
+      pg_, *model_, stream_,
+      ReducerOptions{.bucket_cap_bytes = static_cast<size_t>(cfg_.dist.bucket_cap_mb * 1024 * 1024),
+                     .first_bucket_cap_bytes = size_t{1} << 20,
+                     .overlap = overlap_,
+                     .grad_dtype = cfg_.dist.grad_dtype == "bf16" ? DType::BF16 : DType::F32,
+                     .zero = static_cast<int>(cfg_.dist.zero)});
+  if (lead_ && world_ > 1)
+    spdlog::info("reducer: {} bucket(s) of gradients{}, {}", reducer_->buckets().size(),
+                 overlap_ ? " all-reduced during backward" : ", all-reduced after backward",
+                 bucket_summary(reducer_->buckets()));
+  if (lead_ && cfg_.dist.grad_dtype == "bf16") {
+    if (world_ > 1)
+      spdlog::info("reducer: gradients all-reduced in bf16 (dist.grad_dtype = bf16): divided by the {} ranks, rounded "
+                   "to bfloat16, summed in bfloat16, widened back to fp32; half the bytes of fp32", world_);
+    else
+      spdlog::info("reducer: dist.grad_dtype = bf16 has no effect with one rank (nothing is all-reduced)");
+  }
+  if (lead_ && cfg_.dist.zero > 0 && world_ == 1)
+    spdlog::info("zero: dist.zero = {} has no effect with one rank (nothing to shard)", cfg_.dist.zero);
 }
 
 // Rank 0 chooses the checkpoint to continue from (or deletes them all for --resume never); every rank loads the
@@ -286,7 +326,6 @@ void Trainer::sync_replicas() {
   if (model_->buffers().numel())
     pg_.broadcast(model_->buffers(), {.root = 0, .stream = stream_, .what = "initial buffers"})->wait();
   check_replicas(*model_, pg_, 0, /*with_buffers=*/true);
-  overlap_ = cfg_.dist.overlap;
   sync_buffers_ = world_ > 1 && cfg_.dist.broadcast_buffers && model_->buffers().numel() > 0;
   if (!cfg_.model.sync_bn || world_ == 1) return;
   // SyncBatchNorm's all-reduces run on this thread in the middle of backward; the host groups' bucket all-reduces
@@ -297,7 +336,6 @@ void Trainer::sync_replicas() {
   const size_t n = model_->set_batch_norm_sync([&pg, stream](Tensor& sums) {
     pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .stream = stream, .what = "sync batchnorm"})->block(stream);
   });
-  if (overlap_ && !pg_.asynchronous()) overlap_ = false;
   if (lead_)
     spdlog::info("model: SyncBatchNorm in {} layer(s){}", n,
                  overlap_ == cfg_.dist.overlap
@@ -324,24 +362,7 @@ void Trainer::prepare_steps() {
   total_steps_ = steps_per_epoch_ * t_.epochs;
   if (t_.max_steps > 0) total_steps_ = std::min(total_steps_, t_.max_steps);
 
-  ctx_.phase = "setting up training (gradient buckets, the data loader)";
-  reducer_ = std::make_unique<Reducer>(
-      pg_, *model_, stream_,
-      ReducerOptions{.bucket_cap_bytes = static_cast<size_t>(cfg_.dist.bucket_cap_mb * 1024 * 1024),
-                     .first_bucket_cap_bytes = size_t{1} << 20,
-                     .overlap = overlap_,
-                     .grad_dtype = cfg_.dist.grad_dtype == "bf16" ? DType::BF16 : DType::F32});
-  if (lead_ && world_ > 1)
-    spdlog::info("reducer: {} bucket(s) of gradients{}, {}", reducer_->buckets().size(),
-                 overlap_ ? " all-reduced during backward" : ", all-reduced after backward",
-                 bucket_summary(reducer_->buckets()));
-  if (lead_ && cfg_.dist.grad_dtype == "bf16") {
-    if (world_ > 1)
-      spdlog::info("reducer: gradients all-reduced in bf16 (dist.grad_dtype = bf16): divided by the {} ranks, rounded "
-                   "to bfloat16, summed in bfloat16, widened back to fp32; half the bytes of fp32", world_);
-    else
-      spdlog::info("reducer: dist.grad_dtype = bf16 has no effect with one rank (nothing is all-reduced)");
-  }
+  ctx_.phase = "setting up training (the data loader)";
   feeder_ = std::make_unique<Feeder>(device_, stream_);
   timer_ = std::make_unique<StepTimer>(*model_);
   step_ = start_.step;
@@ -391,7 +412,9 @@ bool Trainer::train_batch(Epoch& ep, const data::Batch& batch) {
   timer_->mark(StepTimer::kBackwardDone);
   reducer_->finish();
   timer_->mark(StepTimer::kCommDone);
-  update(ep);
+  const bool applied = update(ep);
+  timer_->mark(StepTimer::kUpdateDone);
+  if (applied) reducer_->gather_params();  // ZeRO: every rank's updated pieces, to every rank
   timer_->mark(StepTimer::kStepEnd);
   ++step_;
   return after_step(ep, b + 1);
@@ -433,22 +456,29 @@ void Trainer::forward_backward(Epoch& ep, const data::Batch& batch, int64_t micr
   ep.seen += task_->rows();
 }
 
-// The averaged gradients: clipped, unscaled (fp16, which may skip the step), applied.
-void Trainer::update(Epoch& ep) {
+// The averaged gradients (this rank's pieces under ZeRO): clipped, unscaled (fp16, which may skip the step), applied.
+bool Trainer::update(Epoch& ep) {
   auto& k = model_->kernels();
-  float* grads = model_->grads().data<float>();
+  auto scale_grads = [&](double alpha) {  // this rank's averaged gradients (all of them, or its ZeRO pieces)
+    reducer_->for_each_owned([&](float* g, size_t n) { k.scale(g, n, static_cast<float>(alpha)); });
+  };
   bool apply = true;
   if (!scaler_.enabled() && t_.clip_grad_norm > 0) {
-    k.sum_squares_to(grads, model_->num_params(), ep.grad_ss.data<double>());
-    k.clip_by_norm(grads, model_->num_params(), ep.grad_ss.data<double>(), t_.clip_grad_norm);
+    reducer_->sum_squares_to(k, ep.grad_ss);
+    reducer_->for_each_owned([&](float* g, size_t n) { k.clip_by_norm(g, n, ep.grad_ss.data<double>(), t_.clip_grad_norm); });
     ep.grad_ss_fresh = true;
   } else if (scaler_.enabled()) {  // fp16: whether to apply the step is decided on the host
-    k.scale(grads, model_->num_params(), static_cast<float>(1.0 / scaler_.scale()));
-    const double ss = k.sum_squares(grads, model_->num_params());  // host sync
+    scale_grads(1.0 / scaler_.scale());
+    const double ss = reducer_->sum_squares(k);  // host sync
     apply = scaler_.update(/*found_inf=*/!std::isfinite(ss));
-    if (apply && t_.clip_grad_norm > 0) ep.grad_norm = clip_gradients(*model_, t_.clip_grad_norm, ss);
+    if (apply && t_.clip_grad_norm > 0) {  // as torch.nn.utils.clip_grad_norm_
+      const double coef = models::elementwise::clip_coefficient(ss, t_.clip_grad_norm);
+      if (coef < 1.0) scale_grads(coef);
+      ep.grad_norm = std::sqrt(ss);
+    }
   }
   if (apply) optimizer_->step(ep.lr);
+  return apply;
 }
 
 // After an optimizer step: reports, checkpoints, and whether the run stops here (train.max_steps, a stop signal).

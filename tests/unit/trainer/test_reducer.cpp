@@ -222,3 +222,116 @@ TEST_CASE("Reducer grad_dtype bf16 on one rank leaves the gradients alone", "[re
   auto model = models::make_mlp(2, {2}, 2);
   CHECK_THROWS_AS(trainer::Reducer(pg, *model, nullptr, {.grad_dtype = DType::F64}), InternalError);
 }
+
+namespace {
+
+// As reduce_once, under dist.zero = `zero`: the reducer's owned pieces and the (whole) gradient buffer after finish().
+struct Reduced {
+  std::vector<trainer::FlatRange> owned;
+  std::vector<float> grads;
+};
+Reduced reduce_zero(comm::ProcessGroup& pg, int zero, DType grad_dtype, bool overlap,
+                    const std::function<float(int, size_t)>& g) {
+  auto model = models::make_mlp(5, {7}, 3);  // 66 parameters: 64-byte buckets of 3, 21, 7 and 35
+  float* grads = model->grads().data<float>();
+  for (size_t i = 0; i < model->grads().numel(); ++i) grads[i] = g(pg.rank(), i);
+  trainer::Reducer reducer(pg, *model, nullptr,
+                           {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .overlap = overlap,
+                            .grad_dtype = grad_dtype, .zero = zero});
+  reducer.begin(true);
+  for (size_t p = model->named_params().size(); p-- > 0;) reducer.grads_ready(p, p + 1);
+  reducer.finish();
+  return {reducer.owned(), std::vector<float>(grads, grads + model->grads().numel())};
+}
+
+}  // namespace
+
+TEST_CASE("Reducer zero = 1: each rank's pieces averaged as DDP's all-reduce, the pieces tiling the buffer",
+          "[reducer][zero][multirank]") {
+  const int size = GENERATE(2, 3);
+  const bool overlap = GENERATE(true, false);
+  const DType dtype = GENERATE(DType::F32, DType::BF16);
+  INFO("world size " << size << ", overlap " << overlap << ", " << dtype_name(dtype));
+  std::mutex mu;
+  std::vector<std::string> fails;
+  std::vector<std::vector<trainer::FlatRange>> owned(static_cast<size_t>(size));
+  auto fail = [&](std::string what) {
+    std::lock_guard lock(mu);
+    if (fails.size() < 20) fails.push_back(std::move(what));
+  };
+  std::string errors = run_gloo_ranks(size, [&](comm::ProcessGroup& pg) {
+    // Exact values (as the bf16 test's): every order of additions gives the same bits, so ZeRO must give DDP's.
+    auto exact = [&](int r, size_t i) { return static_cast<float>(pg.size() * (r + 1) * static_cast<int>(i % 5 + 1)) * 0.5f; };
+    for (const auto& g : std::vector<std::function<float(int, size_t)>>{exact, random_grad}) {
+      const Reduced ddp = reduce_zero(pg, 0, dtype, overlap, g), z = reduce_zero(pg, 1, dtype, overlap, g);
+      if (ddp.owned != std::vector<trainer::FlatRange>{{0, ddp.grads.size()}}) fail("DDP owns more or less than all");
+      size_t at = 0;
+      for (const auto& r : z.owned) {
+        if (r.offset < at) fail(fmt::format("rank {}: pieces overlap or are out of order at {}", pg.rank(), r.offset));
+        at = r.offset + r.count;
+        for (size_t i = r.offset; i < r.offset + r.count; ++i) {
+          // 2 ranks: a + b is the same sum in every order; 3 ranks: Gloo's reduce-scatter (an all-reduce of a copy)
+          // may add in another order than the bucket all-reduce, within fp32 (bf16) rounding of the sum.
+          double sum_abs = 0.0;  // what the partial sums are bounded by
+          for (int q = 0; q < size; ++q) sum_abs += std::fabs(g(q, i));
+          const double tol = size == 2 ? 0.0 : (dtype == DType::BF16 ? 0x1p-7 : 0x1p-22) * sum_abs;
+          if (std::fabs(static_cast<double>(z.grads[i]) - ddp.grads[i]) > tol) {
+            fail(fmt::format("rank {} element {}: zero {} ddp {}", pg.rank(), i, z.grads[i], ddp.grads[i]));
+            break;
+          }
+        }
+      }
+      std::lock_guard lock(mu);
+      owned[static_cast<size_t>(pg.rank())] = z.owned;
+    }
+  });
+  REQUIRE(errors == "");
+  CHECK(fmt::format("{}", fmt::join(fails, "\n")) == "");
+  // Every element is owned by exactly one rank, or (a bucket's remainder) by all of them.
+  std::vector<int> owners(66, 0);
+  for (const auto& pieces : owned)
+    for (const auto& r : pieces)
+      for (size_t i = r.offset; i < r.offset + r.count; ++i) ++owners[i];
+  size_t shared = 0;
+  for (int o : owners) {
+    REQUIRE((o == 1 || o == size));
+    shared += o == size;
+  }
+  // Buckets of 3, 21, 7 and 35 elements (one parameter each, last first): remainders mod 2 are 1+1+1+1, mod 3 are
+  // 0+0+1+2.
+  CHECK(shared == (size == 2 ? 4u : 3u));
+}
+
+TEST_CASE("Reducer zero = 1: gather_params gives every rank every rank's pieces", "[reducer][zero][multirank]") {
+  const int size = GENERATE(2, 3);
+  std::mutex mu;
+  std::vector<std::vector<float>> after(static_cast<size_t>(size));
+  std::vector<std::vector<trainer::FlatRange>> owned(static_cast<size_t>(size));
+  std::string errors = run_gloo_ranks(size, [&](comm::ProcessGroup& pg) {
+    auto model = models::make_mlp(5, {7}, 3);
+    trainer::Reducer reducer(pg, *model, nullptr, {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .zero = 1});
+    float* p = model->params().data<float>();
+    // Outside its pieces a rank holds garbage (-rank - 1); inside, the element's index (the remainders: the same on
+    // every rank, as an identical update leaves them).
+    for (size_t i = 0; i < model->num_params(); ++i) p[i] = -static_cast<float>(pg.rank()) - 1.0f;
+    for (const auto& r : reducer.owned())
+      for (size_t i = r.offset; i < r.offset + r.count; ++i) p[i] = static_cast<float>(i);
+    reducer.gather_params();
+    std::lock_guard lock(mu);
+    after[static_cast<size_t>(pg.rank())].assign(p, p + model->num_params());
+    owned[static_cast<size_t>(pg.rank())] = reducer.owned();
+  });
+  REQUIRE(errors == "");
+  for (int r = 0; r < size; ++r)
+    for (size_t i = 0; i < after[static_cast<size_t>(r)].size(); ++i)
+      REQUIRE(after[static_cast<size_t>(r)][i] == static_cast<float>(i));
+  CHECK(owned[0] != owned[1]);
+}
+
+TEST_CASE("Reducer zero = 1 on one rank is DDP", "[reducer][zero]") {
+  auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(5));
+  comm::GlooProcessGroup pg(store, 0, 1);
+  const Reduced z = reduce_zero(pg, 1, DType::F32, true, random_grad);
+  CHECK(z.owned == std::vector<trainer::FlatRange>{{0, 66}});
+  for (size_t i = 0; i < z.grads.size(); ++i) REQUIRE(z.grads[i] == random_grad(0, i));
+}
