@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# scripts/bench/zero.sh: what ZeRO stage 1 costs in throughput (issue 22): the same GPT training run under
+# dist.zero=0 (DDP: every bucket all-reduced, the whole optimizer state on every rank) and dist.zero=1 (each bucket
+# reduce-scattered, the optimizer updating the rank's pieces, the parameters all-gathered), alternately (0 1 0 1
+# ...: a load change hits both alike), ROUNDS rounds; prints each run's samples/s and optimizer state per rank, a
+# table of the medians and the ratio zero=1 / zero=0. Every run is checked: it must finish, and its rank 0 log must
+# say which stage ran (a "zero:" line naming stage 1 under dist.zero=1 only).
+#
+# Workload: configs/gpt_tiny.toml's GPT (4 layers, 4 heads, 128 wide, vocab 256, T 64: 0.8 M parameters), AdamW,
+# batch 16 windows per rank, on RANKS CPU ranks under dprun with gloo, one thread per rank, STEPS optimizer steps
+# on token shards of Debian's fortunes (made once, `dptrain tokenize`); samples/s = windows of 64 tokens per second:
+# the epoch line's tokens/s / 64 (the whole epoch: its first step and the all-gathers included).
+#
+#   scripts/bench/zero.sh [ROUNDS (5)] [RANKS (2)]
+# Environment: DPT_BUILD_DIR (default build; built first unless BENCH_SKIP_BUILD=1), BENCH_STEPS (default 200),
+# BENCH_RUN_TIMEOUT_S (per run, default 300), BENCH_LOG_DIR (each run's output; default a temporary folder,
+# removed at the end). Exit status: 0 when every run gave its number, 1 otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${1:-5}
+RANKS=${2:-2}
+STEPS=${BENCH_STEPS:-200}
+RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-300}
+BUILD_DIR=${DPT_BUILD_DIR:-build}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ && $RANKS =~ ^[1-9][0-9]*$ ]] || { echo "usage: zero.sh [ROUNDS] [RANKS]" >&2; exit 2; }
+[ "${BENCH_SKIP_BUILD:-0}" = 1 ] || cmake --build "$BUILD_DIR" -j "${DPT_JOBS:-$(nproc)}" --target dptrain dprun > /dev/null
+DPTRAIN=$(realpath "$BUILD_DIR/trainer/dptrain")
+DPRUN=$(realpath "$BUILD_DIR/launcher/dprun")
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+WORK=$(mktemp -d /tmp/dpt_zero_bench.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+LOG_DIR=${BENCH_LOG_DIR:-$WORK/logs}
+mkdir -p "$LOG_DIR"
+
+"$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fortunes" > "$LOG_DIR/tokenize.log" 2>&1 \
+  || { cat "$LOG_DIR/tokenize.log"; echo "zero.sh: tokenize failed" >&2; exit 1; }
+
+# run STAGE ROUND: one run; prints "SAMPLES_PER_S OPTIMIZER_BYTES" (rank 0's optimizer state, from metrics.jsonl),
+# or nothing when the run failed.
+run() {
+  local log=$LOG_DIR/zero$1_round$2.log rc=0
+  timeout -k 10 "$RUN_TIMEOUT" "$DPRUN" --nproc-per-node "$RANKS" -- "$DPTRAIN" --config configs/gpt_tiny.toml \
+    data.dir="$WORK/fortunes" train.max_steps="$STEPS" train.epochs=1 data.test_limit=64 dist.backend=gloo \
+    dist.zero="$1" train.progress_interval_s=1000 checkpoint.dir="$WORK/ckpt$1" log.dir="$WORK/metrics$1" \
+    --resume never > "$log" 2>&1 < /dev/null || rc=$?
+  if ((rc != 0)); then
+    echo "zero.sh: dist.zero=$1 round $2 failed (exit $rc): $(grep -m1 -E '\[(error|critical)\]' "$log" || tail -1 "$log")" >&2
+    return 0
+  fi
+  if [ "$1" = 1 ] && ! grep -q "\] zero: .*stage 1" "$log"; then
+    echo "zero.sh: dist.zero=1 round $2: no 'zero: ... stage 1' line in $log" >&2
+    return 0
+  fi
+  if [ "$1" = 0 ] && grep -q "\] zero: .*stage 1" "$log"; then
+    echo "zero.sh: dist.zero=0 round $2 says it ran stage 1 ($log)" >&2
+    return 0
+  fi
+  local tps bytes
+  tps=$(grep -oE 'epoch 1/1 loss .* tokens/s [0-9.]+' "$log" | grep -oE '[0-9.]+$' | tail -1)
+  bytes=$(grep '"kind":"memory"' "$WORK/metrics$1/metrics.jsonl" | tail -1 | grep -oE '"optimizer_bytes":[0-9]+' | cut -d: -f2)
+  if [ -n "$tps" ]; then echo "$(awk -v t="$tps" 'BEGIN { print t / 64 }') ${bytes:-?}"; fi
+}
+median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "zero.sh: GPT L4 H4 C128 V256 T64 (configs/gpt_tiny.toml), batch 16 per rank, $STEPS steps, $RANKS ranks (gloo,"
+echo "  1 thread each), dist.zero 0 and 1 alternately, $ROUNDS rounds; $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(getconf _NPROCESSORS_ONLN) cores"
+: > "$WORK/s0"
+: > "$WORK/s1"
+failed=0
+declare -A OPT=()
+for i in $(seq "$ROUNDS"); do
+  line="round $i:"
+  for z in 0 1; do
+    r=$(run "$z" "$i")
+    if [ -z "$r" ]; then failed=1; line+=" zero=$z failed"; continue; fi
+    read -r sps bytes <<< "$r"
+    echo "$sps" >> "$WORK/s$z"
+    OPT[$z]=$bytes
+    line+=" zero=$z $(printf %.0f "$sps") samples/s"
+  done
+  echo "$line"
+done
+m0=$(median < "$WORK/s0")
+m1=$(median < "$WORK/s1")
+mib() { if [[ ${1:-} =~ ^[0-9]+$ ]]; then awk -v b="$1" 'BEGIN { printf "%.2f", b / 1048576 }'; else echo "?"; fi; }
+echo
+printf '%-10s %16s %8s %30s\n' "dist.zero" "samples/s" "runs" "optimizer state per rank"
+printf '%-10s %16s %8s %30s\n' "" "(median)" "" "(MiB)"
+for z in 0 1; do
+  med=$([ "$z" = 0 ] && echo "${m0:-}" || echo "${m1:-}")
+  printf '%-10s %16s %8s %30s\n' "$z" "$([ -n "$med" ] && printf %.0f "$med" || echo -)" "$(wc -l < "$WORK/s$z")" "$(mib "${OPT[$z]:-}")"
+done
+if [ -n "${m0:-}" ] && [ -n "${m1:-}" ]; then
+  echo "ratio zero=1 / zero=0: $(awk -v a="$m0" -v b="$m1" 'BEGIN { printf "%.3f", b / a }')"
+fi
+((failed == 0)) || exit 1
