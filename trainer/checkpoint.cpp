@@ -14,7 +14,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "comm/process_group.h"
 #include "core/check.h"
+#include "models/model.h"
 
 namespace dpt::trainer {
 namespace {
@@ -26,6 +28,7 @@ constexpr const char* kModelFile = "model.safetensors";
 constexpr const char* kOptimFile = "optimizer.safetensors";
 constexpr const char* kStateFile = "state.json";
 constexpr const char* kCompleteFile = "COMPLETE";
+constexpr const char* kRangesTensor = "ranges";  // in a shard file: I64 [k, 2], each range's offset and count
 constexpr const char* kPrefix = "step-";
 constexpr int kFormatVersion = 1;
 
@@ -54,10 +57,14 @@ void write_file_synced(const fs::path& p, const std::string& content) {
   fsync_path(p);
 }
 
-std::string file_crc(const fs::path& p) {
+uint32_t file_crc32(const fs::path& p) {
   std::string s = read_file(p);
-  return fmt::format("{:08x}", crc32_of(s.data(), s.size()));
+  return crc32_of(s.data(), s.size());
 }
+
+std::string crc_text(uint32_t crc) { return fmt::format("{:08x}", crc); }
+
+std::string file_crc(const fs::path& p) { return crc_text(file_crc32(p)); }
 
 std::optional<int64_t> step_of(const std::string& dirname) {
   if (!dirname.starts_with(kPrefix)) return std::nullopt;
@@ -107,6 +114,118 @@ TrainState state_from_json(const std::string& text, const std::string& path) {
   }
 }
 
+fs::path temporary_path(const fs::path& final_path) {
+  return final_path.parent_path() / fmt::format(".tmp-{}", final_path.filename().string());
+}
+
+std::string shard_file_name(int64_t rank, int64_t world) {
+  return fmt::format("optimizer-rank-{}-of-{}.safetensors", rank, world);
+}
+
+// model.safetensors and state.json into `tmp`; their names and CRCs.
+std::vector<std::pair<std::string, std::string>> write_model_and_state(const fs::path& tmp,
+                                                                       const std::vector<NamedTensor>& model,
+                                                                       const TrainState& state) {
+  write_safetensors((tmp / kModelFile).string(), model, {{"format", "pt"}, {"step", std::to_string(state.step)}});
+  write_file_synced(tmp / kStateFile, state_to_json(state).dump(2));
+  return {{kModelFile, file_crc(tmp / kModelFile)}, {kStateFile, file_crc(tmp / kStateFile)}};
+}
+
+size_t total_count(const std::vector<FlatRange>& ranges) {
+  size_t n = 0;
+  for (const FlatRange& r : ranges) n += r.count;
+  return n;
+}
+
+// One rank's shard file: each slot under its own name, and "ranges" (I64 [k, 2]: offset, count).
+void write_shard(const fs::path& file, const OptimizerShard& shard, int64_t step, int rank, int world) {
+  const size_t total = total_count(shard.ranges);
+  Tensor ranges = Tensor::empty({static_cast<int64_t>(shard.ranges.size()), 2}, DType::I64);
+  for (size_t i = 0; i < shard.ranges.size(); ++i) {
+    if (i > 0 && shard.ranges[i].offset < shard.ranges[i - 1].offset + shard.ranges[i - 1].count)
+      DPT_THROW(CheckpointError, "optimizer shard of rank {}: range {} starts at {}, inside the range before it", rank,
+                i, shard.ranges[i].offset);
+    ranges.data<int64_t>()[2 * i] = static_cast<int64_t>(shard.ranges[i].offset);
+    ranges.data<int64_t>()[2 * i + 1] = static_cast<int64_t>(shard.ranges[i].count);
+  }
+  std::vector<NamedTensor> tensors;
+  for (const NamedTensor& slot : shard.slots) {
+    if (slot.name == kRangesTensor || slot.tensor.dtype() != DType::F32 || slot.tensor.numel() != total ||
+        !slot.tensor.device().is_cpu())
+      DPT_THROW(CheckpointError,
+                "optimizer shard of rank {}: slot {} is {} {} on {}, its ranges hold {} float32 elements on the host",
+                rank, slot.name, dtype_name(slot.tensor.dtype()), slot.tensor.shape_str(), slot.tensor.device().str(),
+                total);
+    tensors.push_back({slot.name, slot.tensor.reshape({static_cast<int64_t>(total)})});
+  }
+  tensors.push_back({kRangesTensor, ranges});
+  write_safetensors(file.string(), tensors,
+                    {{"step", std::to_string(step)}, {"rank", std::to_string(rank)}, {"world", std::to_string(world)}});
+}
+
+// What one rank reports to the others at the end of a phase of save_sharded.
+struct RankOutcome {
+  std::string error;  // empty: it succeeded
+  uint32_t crc = 0;   // of its shard file
+  uint64_t bytes = 0;
+};
+
+template <class F>
+RankOutcome attempt(F&& f) {
+  RankOutcome out;
+  try {
+    f();
+  } catch (const std::exception& e) {
+    out.error = e.what();
+  } catch (...) {
+    out.error = "unknown exception";
+  }
+  return out;
+}
+
+// Every rank's outcome, on every rank: one Sum all-reduce of an I64 table that is zero but for each rank's own row
+// (failed, crc, bytes, message length, then the message's first bytes), so the sum is every row, exactly, on every
+// backend.
+constexpr size_t kMessageWords = 128;  // a message's first 1024 bytes travel
+constexpr size_t kRowWords = 4 + kMessageWords;
+
+std::vector<RankOutcome> exchange(const RankOutcome& mine, comm::ProcessGroup& pg, const std::string& what) {
+  const size_t world = static_cast<size_t>(pg.size());
+  Tensor table = Tensor::zeros({static_cast<int64_t>(world * kRowWords)}, DType::I64);
+  int64_t* row = table.data<int64_t>() + static_cast<size_t>(pg.rank()) * kRowWords;
+  const size_t len = std::min(mine.error.size(), kMessageWords * sizeof(int64_t));
+  row[0] = mine.error.empty() ? 0 : 1;
+  row[1] = mine.crc;
+  row[2] = static_cast<int64_t>(mine.bytes);
+  row[3] = static_cast<int64_t>(len);
+  std::memcpy(row + 4, mine.error.data(), len);
+  pg.allreduce(table, {.op = comm::ReduceOp::Sum, .what = what})->wait();
+  std::vector<RankOutcome> all(world);
+  for (size_t r = 0; r < world; ++r) {
+    const int64_t* x = table.data<int64_t>() + r * kRowWords;
+    if (x[0] != 0) {
+      all[r].error.assign(reinterpret_cast<const char*>(x + 4), static_cast<size_t>(x[3]));
+      if (all[r].error.empty()) all[r].error = "(no message)";
+    }
+    all[r].crc = static_cast<uint32_t>(x[1]);
+    all[r].bytes = static_cast<uint64_t>(x[2]);
+  }
+  return all;
+}
+
+bool any_failed(const std::vector<RankOutcome>& all) {
+  return std::any_of(all.begin(), all.end(), [](const RankOutcome& o) { return !o.error.empty(); });
+}
+
+// The same CheckpointError on every rank, naming each rank that failed and why.
+void throw_if_failed(const std::vector<RankOutcome>& all, int64_t step, const char* phase) {
+  std::string failures;
+  for (size_t r = 0; r < all.size(); ++r)
+    if (!all[r].error.empty()) failures += fmt::format("{}rank {}: {}", failures.empty() ? "" : "; ", r, all[r].error);
+  if (!failures.empty())
+    DPT_THROW(CheckpointError, "checkpoint of step {} not written (failed {} it): {}", step, phase, failures);
+}
+
 }  // namespace
 
 CheckpointManager::CheckpointManager(std::string dir, int64_t keep) : dir_(std::move(dir)), keep_(keep) {
@@ -129,28 +248,39 @@ std::string CheckpointManager::save(const std::vector<NamedTensor>& model, const
 std::string CheckpointManager::save_unchecked(const std::vector<NamedTensor>& model,
                                               const std::vector<NamedTensor>& optimizer,
                                               const TrainState& state) const {
+  const fs::path tmp = begin_write(state.step);
+  auto files = write_model_and_state(tmp, model, state);
+  write_safetensors((tmp / kOptimFile).string(), optimizer, {{"step", std::to_string(state.step)}});
+  files.emplace_back(kOptimFile, file_crc(tmp / kOptimFile));
+  return commit(tmp.string(), state.step, files, 0);
+}
+
+std::string CheckpointManager::begin_write(int64_t step) const {
   const fs::path dir(dir_);
-  const fs::path final_path = path_for_step(state.step);
-  const fs::path tmp = dir / fmt::format(".tmp-{}", final_path.filename().string());
+  const fs::path tmp = temporary_path(path_for_step(step));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) DPT_THROW(CheckpointError, "cannot create checkpoint directory {}: {}", dir_, ec.message());
   fs::remove_all(tmp, ec);  // a leftover of a crashed write
   if (!fs::create_directory(tmp, ec) || ec)
     DPT_THROW(CheckpointError, "cannot create {}: {}", tmp.string(), ec ? ec.message() : "exists");
+  return tmp.string();
+}
 
-  write_safetensors((tmp / kModelFile).string(), model, {{"format", "pt"}, {"step", std::to_string(state.step)}});
-  write_safetensors((tmp / kOptimFile).string(), optimizer, {{"step", std::to_string(state.step)}});
-  write_file_synced(tmp / kStateFile, state_to_json(state).dump(2));
+std::string CheckpointManager::commit(const std::string& tmp_dir, int64_t step,
+                                      const std::vector<std::pair<std::string, std::string>>& file_crcs,
+                                      int64_t optimizer_shards) const {
+  const fs::path dir(dir_), tmp(tmp_dir);
+  const fs::path final_path = path_for_step(step);
   // The mark goes in last, still under the temporary name: the directory then appears under its final
   // name whole, in one rename, or not at all.
-  json mark = {{"step", state.step},
-               {"files", {{kModelFile, file_crc(tmp / kModelFile)},
-                          {kOptimFile, file_crc(tmp / kOptimFile)},
-                          {kStateFile, file_crc(tmp / kStateFile)}}}};
+  json mark = {{"step", step}, {"files", json::object()}};
+  for (const auto& [file, crc] : file_crcs) mark["files"][file] = crc;
+  if (optimizer_shards > 0) mark["optimizer_shards"] = optimizer_shards;
   write_file_synced(tmp / kCompleteFile, mark.dump(2));
   fsync_path(tmp);
 
+  std::error_code ec;
   if (fs::exists(final_path)) {
     // A checkpoint of this step exists (a rerun reached it again): swap the two atomically, so a crash
     // leaves one whole checkpoint of this step under the final name, never none.
@@ -170,6 +300,67 @@ std::string CheckpointManager::save_unchecked(const std::vector<NamedTensor>& mo
     --excess;
   }
   return final_path.string();
+}
+
+// A sharded save runs in three phases, each closed by an exchange of every rank's outcome, so that a rank that
+// fails never leaves the others waiting in a collective and every rank throws the same error: rank 0 prepares the
+// temporary directory; every rank writes its shard (rank 0 the model and state too); rank 0 commits.
+std::string CheckpointManager::save_sharded(const std::vector<NamedTensor>& model, const OptimizerShard& shard,
+                                            const TrainState& state, comm::ProcessGroup& pg) const {
+  const int rank = pg.rank(), world = pg.size();
+  const fs::path tmp = temporary_path(path_for_step(state.step));
+
+  RankOutcome prepared = rank == 0 ? attempt([&] { begin_write(state.step); }) : RankOutcome{};
+  throw_if_failed(exchange(prepared, pg, "checkpoint: prepare"), state.step, "preparing");
+
+  const std::string shard_file = shard_file_name(rank, world);
+  std::vector<std::pair<std::string, std::string>> files;  // rank 0's
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  RankOutcome written = attempt([&] {
+    std::error_code ec;
+    if (!fs::is_directory(tmp, ec))
+      DPT_THROW(CheckpointError,
+                "rank {} cannot see rank 0's temporary directory {}: checkpoint.dir must be on a filesystem every "
+                "rank shares",
+                rank, tmp.string());
+    write_shard(tmp / shard_file, shard, state.step, rank, world);
+    if (rank == 0) files = write_model_and_state(tmp, model, state);
+    crc = file_crc32(tmp / shard_file);
+    bytes = fs::file_size(tmp / shard_file);
+  });
+  written.crc = crc;
+  written.bytes = bytes;
+  const std::vector<RankOutcome> all_written = exchange(written, pg, "checkpoint: write shards");
+  if (any_failed(all_written) && rank == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);  // every rank is done writing: no checkpoint of this step appears
+  }
+  throw_if_failed(all_written, state.step, "writing");
+
+  RankOutcome committed = rank == 0 ? attempt([&] {
+    for (int r = 0; r < world; ++r) {
+      const std::string name = shard_file_name(r, world);
+      const RankOutcome& w = all_written[static_cast<size_t>(r)];
+      std::error_code ec;
+      const uintmax_t seen = fs::file_size(tmp / name, ec);
+      // A rank writing elsewhere (a directory of the same name on a filesystem rank 0 does not see) is caught here.
+      if (ec || seen != w.bytes)
+        DPT_THROW(CheckpointError,
+                  "rank {}'s shard {} is not in {} as rank 0 sees it ({}): checkpoint.dir must be on a filesystem "
+                  "every rank shares",
+                  r, name, tmp.string(), ec ? ec.message() : fmt::format("{} bytes, rank {} wrote {}", seen, r, w.bytes));
+      files.emplace_back(name, crc_text(w.crc));
+    }
+    commit(tmp.string(), state.step, files, world);
+  }) : RankOutcome{};
+  const std::vector<RankOutcome> all_committed = exchange(committed, pg, "checkpoint: commit");
+  if (any_failed(all_committed) && rank == 0) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  }
+  throw_if_failed(all_committed, state.step, "committing");
+  return path_for_step(state.step);
 }
 
 std::vector<std::string> CheckpointManager::complete() const {
@@ -193,6 +384,7 @@ LoadedCheckpoint CheckpointManager::load_unchecked(const std::string& path) {
   if (!fs::exists(p / kCompleteFile))
     DPT_THROW(CheckpointError, "{}: not marked COMPLETE (its write was interrupted)", path);
   json mark;
+  std::vector<std::string> optimizer_files = {kOptimFile};
   try {
     mark = json::parse(read_file(p / kCompleteFile));
     for (auto& [file, crc] : mark.at("files").items()) {
@@ -200,6 +392,17 @@ LoadedCheckpoint CheckpointManager::load_unchecked(const std::string& path) {
       if (actual != crc.get<std::string>())
         DPT_THROW(CheckpointError, "{}: CRC32 {} but COMPLETE records {}: truncated or corrupted",
                   (p / file).string(), actual, crc.get<std::string>());
+    }
+    if (mark.contains("optimizer_shards")) {  // written by save_sharded: every shard CRC-checked above
+      const auto n = mark.at("optimizer_shards").get<int64_t>();
+      if (n < 1) DPT_THROW(CheckpointError, "{}: {} optimizer shards", (p / kCompleteFile).string(), n);
+      optimizer_files.clear();
+      for (int64_t r = 0; r < n; ++r) {
+        optimizer_files.push_back(shard_file_name(r, n));
+        if (!mark.at("files").contains(optimizer_files.back()))
+          DPT_THROW(CheckpointError, "{}: records {} optimizer shards but no CRC of {}", (p / kCompleteFile).string(),
+                    n, optimizer_files.back());
+      }
     }
   } catch (const json::exception& e) {
     DPT_THROW(CheckpointError, "{}: malformed: {}", (p / kCompleteFile).string(), e.what());
@@ -211,7 +414,11 @@ LoadedCheckpoint CheckpointManager::load_unchecked(const std::string& path) {
     DPT_THROW(CheckpointError, "{}: the directory name says step {}, its state.json says step {}", path, *named,
               c.state.step);
   c.model = read_safetensors((p / kModelFile).string());
-  c.optimizer = read_safetensors((p / kOptimFile).string());
+  if (optimizer_files.front() == kOptimFile) {
+    c.optimizer = read_safetensors((p / kOptimFile).string());
+  } else {
+    for (const std::string& f : optimizer_files) c.optimizer_shards.push_back(read_safetensors((p / f).string()));
+  }
   return c;
 }
 
@@ -291,6 +498,128 @@ void copy_named(const std::vector<NamedTensor>& into, const SafetensorsFile& fro
                 dtype_name(src->dtype()), src->shape_str(), dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
     Tensor dst = nt.tensor;
     dst.copy_from(*src);
+  }
+}
+
+namespace {
+
+// A run of one optimizer slot's state in a checkpoint: the elements [offset, offset + count) of the flat buffer.
+struct Piece {
+  size_t offset = 0;
+  size_t count = 0;
+  const float* data = nullptr;
+};
+
+// Each slot's pieces in the per-parameter layout: "<param>.<slot>" at the parameter's offset.
+std::vector<std::vector<Piece>> per_parameter_pieces(const LoadedCheckpoint& c,
+                                                     const std::vector<models::NamedParam>& params,
+                                                     const std::vector<NamedTensor>& slots) {
+  const SafetensorsFile& f = c.optimizer;
+  if (f.tensors.size() != params.size() * slots.size())
+    DPT_THROW(CheckpointError, "{}: {} has {} tensors, this run expects {} (model or optimizer config changed?)", c.path,
+              kOptimFile, f.tensors.size(), params.size() * slots.size());
+  std::vector<std::vector<Piece>> pieces(slots.size());
+  for (size_t s = 0; s < slots.size(); ++s) {
+    for (const models::NamedParam& np : params) {
+      const std::string name = np.name + "." + slots[s].name;
+      const Tensor* t = f.find(name);
+      if (!t)
+        DPT_THROW(CheckpointError, "{}: {} lacks tensor {} (model or optimizer config changed?)", c.path, kOptimFile,
+                  name);
+      if (t->shape() != np.param.shape() || t->dtype() != DType::F32)
+        DPT_THROW(CheckpointError, "{}: {} has {} {} {}, this model expects float32 {}", c.path, kOptimFile, name,
+                  dtype_name(t->dtype()), t->shape_str(), np.param.shape_str());
+      pieces[s].push_back({np.offset, t->numel(), t->data<float>()});
+    }
+  }
+  return pieces;
+}
+
+// Each slot's pieces in the sharded layout: every shard's ranges, its slot tensor holding them back to back.
+std::vector<std::vector<Piece>> shard_pieces(const LoadedCheckpoint& c, const std::vector<NamedTensor>& slots) {
+  const int64_t n = static_cast<int64_t>(c.optimizer_shards.size());
+  std::vector<std::vector<Piece>> pieces(slots.size());
+  for (int64_t r = 0; r < n; ++r) {
+    const SafetensorsFile& f = c.optimizer_shards[static_cast<size_t>(r)];
+    const std::string file = shard_file_name(r, n);
+    const Tensor* ranges = f.find(kRangesTensor);
+    if (!ranges || ranges->dtype() != DType::I64 || ranges->ndim() != 2 || ranges->shape()[1] != 2)
+      DPT_THROW(CheckpointError, "{}: {} has no {} tensor of I64 [k, 2]", c.path, file, kRangesTensor);
+    if (f.tensors.size() - 1 != slots.size())
+      DPT_THROW(CheckpointError, "{}: {} has {} optimizer slots, this run expects {} (model or optimizer config changed?)",
+                c.path, file, f.tensors.size() - 1, slots.size());
+    const int64_t* rg = ranges->data<int64_t>();
+    const size_t k = static_cast<size_t>(ranges->shape()[0]);
+    size_t total = 0;
+    for (size_t i = 0; i < k; ++i) {
+      if (rg[2 * i] < 0 || rg[2 * i + 1] < 0)
+        DPT_THROW(CheckpointError, "{}: {}: range {} is ({}, {})", c.path, file, i, rg[2 * i], rg[2 * i + 1]);
+      total += static_cast<size_t>(rg[2 * i + 1]);
+    }
+    for (size_t s = 0; s < slots.size(); ++s) {
+      const Tensor* t = f.find(slots[s].name);
+      if (!t)
+        DPT_THROW(CheckpointError, "{}: {} lacks optimizer slot {} (model or optimizer config changed?)", c.path, file,
+                  slots[s].name);
+      if (t->dtype() != DType::F32 || t->ndim() != 1 || t->numel() != total)
+        DPT_THROW(CheckpointError, "{}: {}: slot {} is {} {}, its ranges hold {} float32 elements", c.path, file,
+                  slots[s].name, dtype_name(t->dtype()), t->shape_str(), total);
+      size_t at = 0;
+      for (size_t i = 0; i < k; ++i) {
+        const auto count = static_cast<size_t>(rg[2 * i + 1]);
+        pieces[s].push_back({static_cast<size_t>(rg[2 * i]), count, t->data<float>() + at});
+        at += count;
+      }
+    }
+  }
+  return pieces;
+}
+
+// Copies the state of `ranges` out of `pieces` into `dst` (the ranges back to back). Where pieces overlap (the
+// remainders every rank owns), the values are the same: the last copied stays. CheckpointError when an element of a
+// range is in no piece.
+void gather_ranges(const std::vector<Piece>& pieces, const std::vector<FlatRange>& ranges, float* dst,
+                   const std::string& path, const std::string& slot) {
+  for (const FlatRange& r : ranges) {
+    const size_t end = r.offset + r.count;
+    std::vector<std::pair<size_t, size_t>> covered;
+    for (const Piece& p : pieces) {
+      const size_t lo = std::max(r.offset, p.offset), hi = std::min(end, p.offset + p.count);
+      if (lo >= hi) continue;
+      std::memcpy(dst + (lo - r.offset), p.data + (lo - p.offset), (hi - lo) * sizeof(float));
+      covered.emplace_back(lo, hi);
+    }
+    std::sort(covered.begin(), covered.end());
+    size_t upto = r.offset;
+    for (const auto& [lo, hi] : covered) {
+      if (lo > upto) break;
+      upto = std::max(upto, hi);
+    }
+    if (upto < end)
+      DPT_THROW(CheckpointError,
+                "{}: holds no optimizer state ({}) for elements from {} of the range [{}, {}) this run loads into "
+                "(sizes disagree: another model?)",
+                path, slot, upto, r.offset, end);
+    dst += r.count;
+  }
+}
+
+}  // namespace
+
+void load_optimizer_shard(const LoadedCheckpoint& loaded, const std::vector<models::NamedParam>& params,
+                          OptimizerShard& into) {
+  const bool sharded = !loaded.optimizer_shards.empty();
+  const std::vector<std::vector<Piece>> pieces =
+      sharded ? shard_pieces(loaded, into.slots) : per_parameter_pieces(loaded, params, into.slots);
+  const size_t total = total_count(into.ranges);
+  for (size_t s = 0; s < into.slots.size(); ++s) {
+    Tensor dst = into.slots[s].tensor;
+    DPT_CHECK_EQ(dst.numel(), total);
+    DPT_CHECK(dst.dtype() == DType::F32);
+    // Filled in place on the host, or on the host and then copied to the device.
+    Tensor host = dst.device().is_cpu() ? dst : Tensor::empty({static_cast<int64_t>(total)}, DType::F32);
+    gather_ranges(pieces[s], into.ranges, host.data<float>(), loaded.path, into.slots[s].name);
+    if (!dst.device().is_cpu()) dst.copy_from(host);
   }
 }
 

@@ -1,20 +1,34 @@
-// trainer/checkpoint.h: atomic checkpoints, written by rank 0, loadable by every rank.
+// trainer/checkpoint.h: atomic checkpoints, written by rank 0 (or, under ZeRO, by every rank its optimizer
+// shard, in parallel), loadable by every rank.
 //
-// Layout: DIR/step-00000469/ holding model.safetensors (weights, PyTorch names), optimizer.safetensors
-// (momentum / Adam moments, per parameter), state.json (step, epoch, sampler position, RNG, effective
-// config) and COMPLETE (the CRC32 of each of those files). A checkpoint is written under a temporary name,
-// every file fsynced, marked COMPLETE last, and then renamed into place in one step (an existing checkpoint
-// of the same step is swapped out atomically). Loading checks the mark, every file's CRC and every tensor's
-// CRC: a checkpoint is either whole and valid or it is skipped with a warning, and resume falls back to the
-// previous one.
+// Layout: DIR/step-00000469/ holding model.safetensors (weights, PyTorch names), the optimizer state, state.json
+// (step, epoch, sampler position, RNG, effective config) and COMPLETE (the CRC32 of each file). The optimizer state
+// is either optimizer.safetensors (momentum / Adam moments per parameter, "<param>.<slot>": save, DDP) or, from
+// save_sharded (dist.zero >= 1), optimizer-rank-R-of-N.safetensors for R = 0..N-1: rank R's OptimizerShard, each
+// slot by its name ("exp_avg") as one 1-D tensor of its ranges' state back to back, and "ranges", I64 [k, 2]
+// (offset, count in the flat parameter buffer); COMPLETE then records "optimizer_shards": N. A checkpoint is
+// written under a temporary name, every file fsynced, marked COMPLETE last, and then renamed into place in one
+// step (an existing checkpoint of the same step is swapped out atomically). Loading checks the mark, every file's
+// CRC and every tensor's CRC: a checkpoint is either whole and valid or it is skipped with a warning, and resume
+// falls back to the previous one. load_optimizer_shard reads either layout into any sharding (another world
+// size or ZeRO stage than the one that wrote it).
 #pragma once
 
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "trainer/safetensors.h"
+#include "trainer/shard.h"
+
+namespace dpt::comm {
+class ProcessGroup;
+}
+namespace dpt::models {
+struct NamedParam;
+}
 
 namespace dpt::trainer {
 
@@ -40,7 +54,11 @@ struct TrainState {
 struct LoadedCheckpoint {
   std::string path;
   SafetensorsFile model;
+  // The optimizer state in one of two layouts (read it with load_optimizer_shard): per parameter
+  // (optimizer.safetensors; empty when the checkpoint is sharded), or the shards of the N ranks that wrote it
+  // (optimizer-rank-R-of-N.safetensors, in rank order; empty when it is not).
   SafetensorsFile optimizer;
+  std::vector<SafetensorsFile> optimizer_shards;
   TrainState state;
 };
 
@@ -52,6 +70,15 @@ class CheckpointManager {
   // Returns the checkpoint's path.
   std::string save(const std::vector<NamedTensor>& model, const std::vector<NamedTensor>& optimizer,
                    const TrainState& state) const;
+  // Collective over `pg` (dist.zero >= 1): every rank calls it with its own OptimizerShard, on the host. Rank 0
+  // creates the temporary directory; then every rank writes its shard (optimizer-rank-R-of-N.safetensors) in
+  // parallel while rank 0 writes model.safetensors (`model`: read on rank 0 only, others may pass {}) and
+  // state.json; rank 0 then marks it COMPLETE, renames it into place and prunes, as save does. Every rank returns
+  // the path once the checkpoint is in place. When any rank fails (a write, a shard that does not add up, a rank
+  // that cannot see the temporary directory: checkpoint.dir not on a filesystem every rank shares), every rank
+  // throws the same CheckpointError naming the failed rank(s) and why, and no checkpoint of that step appears.
+  std::string save_sharded(const std::vector<NamedTensor>& model, const OptimizerShard& shard, const TrainState& state,
+                           comm::ProcessGroup& pg) const;
 
   // Paths of the checkpoints marked COMPLETE, oldest first (not yet validated).
   std::vector<std::string> complete() const;
@@ -78,6 +105,12 @@ class CheckpointManager {
   static LoadedCheckpoint load_unchecked(const std::string& path);
   std::string save_unchecked(const std::vector<NamedTensor>& model, const std::vector<NamedTensor>& optimizer,
                              const TrainState& state) const;
+  // What save and save_sharded share. begin_write: a fresh temporary directory for `step` (a leftover of a crashed
+  // write removed), its path. commit: once every file is in `tmp`, fsynced: COMPLETE (each file's CRC32, and
+  // "optimizer_shards" when non-zero), the rename into place, the pruning; returns the checkpoint's path.
+  std::string begin_write(int64_t step) const;
+  std::string commit(const std::string& tmp, int64_t step, const std::vector<std::pair<std::string, std::string>>& file_crcs,
+                     int64_t optimizer_shards) const;
   std::string dir_;
   int64_t keep_;
 };
@@ -86,6 +119,16 @@ class CheckpointManager {
 // CheckpointError naming `path` and `what` (the file) when a name, shape or dtype differs or the counts do.
 void copy_named(const std::vector<NamedTensor>& into, const SafetensorsFile& from, const std::string& what,
                 const std::string& path);
+
+// Fills into.slots (allocated by the optimizer, host or device) with the checkpoint's optimizer state for
+// into.ranges, from either layout and whatever sharding wrote it: the per-parameter tensors "<param>.<slot>" placed
+// at params[i].offset, or the shards placed by their "ranges" (shards may overlap, as the bucket remainders every
+// rank owns do: the values are the same, either is taken). CheckpointError naming the checkpoint when a slot is
+// missing or not expected (the optimizer changed: as copy_named), a range is not covered, or sizes disagree.
+// Plain SGD without momentum has no slots: nothing is read. Every rank reads the whole optimizer state onto the
+// host (all shards are in `loaded`): simple, and a rank's host memory holds it for now.
+void load_optimizer_shard(const LoadedCheckpoint& loaded, const std::vector<models::NamedParam>& params,
+                          OptimizerShard& into);
 
 // Host copies of device tensors, for the checkpoint writer (host tensors pass through).
 std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors);

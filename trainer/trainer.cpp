@@ -285,7 +285,8 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
               loaded.path, loaded.model.tensors.size(), model_->state().size());
   model_->load_state([&](const std::string& name) { return loaded.model.find(name); },
                      loaded.path + "/model.safetensors");
-  copy_named(optimizer_->state(), loaded.optimizer, "optimizer.safetensors", loaded.path);
+  OptimizerShard state = optimizer_->shard();  // views of the optimizer's state: this rank's pieces, or all of it
+  load_optimizer_shard(loaded, model_->named_params(), state);
   start_ = loaded.state;
   optimizer_->set_steps(start_.optimizer_steps >= 0 ? start_.optimizer_steps : start_.step);
   if (scaler_.enabled() && start_.loss_scale > 0)
@@ -558,9 +559,11 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
 
 // ---- checkpoints, the end -----------------------------------------------------------------------------------
 
-// Rank 0 writes a checkpoint of this step (once), to continue with batch `next_batch` of `epoch` (0-based).
+// A checkpoint of this step (once), to continue with batch `next_batch` of `epoch` (0-based): rank 0 writes it under
+// DDP; under ZeRO every rank writes its optimizer shard beside rank 0's model (collective).
 void Trainer::save(int64_t epoch, int64_t next_batch) {
-  if (!lead_ || last_saved_ == step_) return;
+  const bool sharded = optimizer_->sharded();
+  if ((!lead_ && !sharded) || last_saved_ == step_) return;
   TrainState st{.step = step_, .epoch = epoch, .batch_in_epoch = next_batch, .world_size = world_,
                 .batch_size = t_.batch_size, .seed = t_.seed, .dataset_size = static_cast<int64_t>(ds_.train->size()),
                 .drop_last = t_.drop_last, .rng = "", .optimizer_steps = optimizer_->steps(),
@@ -571,9 +574,16 @@ void Trainer::save(int64_t epoch, int64_t next_batch) {
   os << rng_;
   st.rng = os.str();
   const auto t0 = Clock::now();
-  result_.last_checkpoint = ckpt_->save(on_host(model_->state()), on_host(optimizer_->state()), st);
+  if (sharded) {
+    OptimizerShard shard = optimizer_->shard();
+    shard.slots = on_host(std::move(shard.slots));
+    result_.last_checkpoint = ckpt_->save_sharded(lead_ ? on_host(model_->state()) : std::vector<NamedTensor>{},
+                                                  shard, st, pg_);
+  } else {
+    result_.last_checkpoint = ckpt_->save(on_host(model_->state()), on_host(optimizer_->state()), st);
+  }
   last_saved_ = step_;
-  spdlog::info("checkpoint {} ({:.2f} s)", result_.last_checkpoint, seconds_since(t0));
+  if (lead_) spdlog::info("checkpoint {} ({:.2f} s)", result_.last_checkpoint, seconds_since(t0));
 }
 
 // Some rank got SIGUSR1 or SIGTERM: rank 0 checkpoints this step, and nobody leaves before it is written.

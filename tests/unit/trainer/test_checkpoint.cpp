@@ -1,11 +1,18 @@
 // tests/unit/trainer/test_checkpoint.cpp: safetensors round trip and corruption checks; checkpoints are
-// atomic, pruned to `keep`, and a truncated or corrupted one is rejected and resume falls back.
+// atomic, pruned to `keep`, and a truncated or corrupted one is rejected and resume falls back. Sharded
+// checkpoints (dist.zero): ranks as threads each write their shard, any sharding (and a DDP checkpoint) loads
+// back bitwise, a failing rank makes every rank throw the same error and leaves no checkpoint.
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 
+#include "comm/process_group.h"
 #include "core/check.h"
+#include "models/model.h"
+#include "tests/support/gloo_ranks.h"
+#include "tests/support/temp_dir.h"
 #include "trainer/checkpoint.h"
 
 using namespace dpt;
@@ -180,4 +187,281 @@ TEST_CASE("safetensors: a shape or range that is not 64-bit integers is an error
     REQUIRE_THROWS_WITH(read_safetensors((dir / "h.safetensors").string()),
                         Catch::Contains("not a list of 64-bit integers"));
   }
+}
+
+// ---- sharded optimizer state (dist.zero >= 1): save_sharded, and load_optimizer_shard into any sharding --------
+
+namespace {
+
+// The flat optimizer state of a model of five parameters (37 floats), and the ranges a rank owns under ZeRO as
+// trainer/shard.h describes them, for gradient buckets [0, 20), [20, 35), [35, 37): with 2 and 3 ranks the chunks
+// split parameters, the remainders hold 0, 1 and 2 elements, and with 3 ranks the last bucket is all remainder.
+struct ShardedModel {
+  Tensor flat = Tensor::zeros({37});
+  std::vector<models::NamedParam> params;
+  std::vector<FlatRange> buckets = {{0, 20}, {20, 15}, {35, 2}};
+  std::vector<NamedTensor> slots;  // the whole state: "exp_avg", "exp_avg_sq", each 37 distinct exact values
+
+  ShardedModel() {
+    size_t offset = 0;
+    for (auto [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
+             {"a.weight", {3, 5}}, {"a.bias", {5}}, {"b.weight", {7, 2}}, {"b.bias", {1}}, {"c.bias", {2}}}) {
+      Tensor view = flat.view(offset, shape);
+      params.push_back({name, view, Tensor(), offset});
+      offset += view.numel();
+    }
+    slots = {{"exp_avg", filled({37}, 1000)}, {"exp_avg_sq", filled({37}, -0.25f)}};
+    for (size_t i = 0; i < 37; ++i) slots[1].tensor.data<float>()[i] *= 0.5f;
+  }
+
+  // Rank `rank` of `world`: its chunk of every bucket, then the bucket's remainder (every rank's).
+  std::vector<FlatRange> zero_ranges(int world, int rank) const {
+    std::vector<FlatRange> out;
+    for (const FlatRange& b : buckets) {
+      const size_t q = b.count / static_cast<size_t>(world);
+      if (q > 0) out.push_back({b.offset + static_cast<size_t>(rank) * q, q});
+      if (b.count > q * static_cast<size_t>(world)) out.push_back({b.offset + q * world, b.count - q * world});
+    }
+    return out;
+  }
+
+  // The state of `ranges`, cut from the whole state.
+  OptimizerShard shard(std::vector<FlatRange> ranges) const {
+    OptimizerShard s{std::move(ranges), {}};
+    size_t total = 0;
+    for (const FlatRange& r : s.ranges) total += r.count;
+    for (const NamedTensor& whole : slots) {
+      Tensor t = Tensor::empty({static_cast<int64_t>(total)});
+      size_t at = 0;
+      for (const FlatRange& r : s.ranges) {
+        std::memcpy(t.data<float>() + at, whole.tensor.data<float>() + r.offset, r.count * sizeof(float));
+        at += r.count;
+      }
+      s.slots.push_back({whole.name, t});
+    }
+    return s;
+  }
+
+  // What an optimizer allocates for `ranges` before loading (slot_names' slots, filled with a sentinel).
+  static OptimizerShard blank(std::vector<FlatRange> ranges, std::vector<std::string> slot_names) {
+    OptimizerShard s{std::move(ranges), {}};
+    size_t total = 0;
+    for (const FlatRange& r : s.ranges) total += r.count;
+    for (const std::string& name : slot_names) {
+      Tensor t = Tensor::empty({static_cast<int64_t>(total)});
+      for (size_t i = 0; i < total; ++i) t.data<float>()[i] = -777.0f;
+      s.slots.push_back({name, t});
+    }
+    return s;
+  }
+
+  // The per-parameter views the DDP optimizer checkpoints ("a.weight.exp_avg", ...).
+  std::vector<NamedTensor> per_parameter_state() const {
+    std::vector<NamedTensor> out;
+    for (const NamedTensor& s : slots)
+      for (const auto& p : params) out.push_back({p.name + "." + s.name, s.tensor.view(p.offset, p.param.shape())});
+    return out;
+  }
+
+  std::vector<NamedTensor> model() const { return {{"a.weight", filled({3, 5}, 0)}, {"c.bias", filled({2}, 50)}}; }
+};
+
+const std::vector<std::string> kAdamSlots = {"exp_avg", "exp_avg_sq"};
+
+// Bitwise equality of two shards' ranges and slots.
+void require_same_shard(const OptimizerShard& got, const OptimizerShard& want) {
+  REQUIRE(got.ranges == want.ranges);
+  REQUIRE(got.slots.size() == want.slots.size());
+  for (size_t s = 0; s < want.slots.size(); ++s) {
+    INFO("slot " << want.slots[s].name);
+    REQUIRE(got.slots[s].name == want.slots[s].name);
+    REQUIRE(got.slots[s].tensor.numel() == want.slots[s].tensor.numel());
+    REQUIRE(std::memcmp(got.slots[s].tensor.raw(), want.slots[s].tensor.raw(), want.slots[s].tensor.bytes()) == 0);
+  }
+}
+
+// Loads `c` into every rank's shard for world sizes 1, 2 and 3, into the whole buffer, and into ranges cut
+// nowhere near the buckets (another stage's sharding): each bitwise the original state.
+void require_loads_into_any_sharding(const LoadedCheckpoint& c, const ShardedModel& m) {
+  std::vector<std::vector<FlatRange>> shardings = {{{0, 37}}, {{3, 9}, {30, 7}}, {{36, 1}}};
+  for (int world : {1, 2, 3})
+    for (int rank = 0; rank < world; ++rank) shardings.push_back(m.zero_ranges(world, rank));
+  for (const auto& ranges : shardings) {
+    INFO("loading into " << ranges.size() << " ranges from offset " << ranges[0].offset);
+    OptimizerShard into = ShardedModel::blank(ranges, kAdamSlots);
+    load_optimizer_shard(c, m.params, into);
+    require_same_shard(into, m.shard(ranges));
+  }
+}
+
+// Every rank calls save_sharded with its shard of `m` (rank `other_dir_rank` with a manager of its own directory
+// `other_dir`, as if checkpoint.dir were not shared, and rank `bad_rank` with a slot that does not add up).
+// Returns each rank's path, or its error.
+std::vector<std::string> save_on_ranks(const ShardedModel& m, int world, const CheckpointManager& mgr, int64_t step,
+                                       int bad_rank = -1, int other_dir_rank = -1, const fs::path& other_dir = {}) {
+  std::vector<std::string> out(static_cast<size_t>(world));
+  std::string errors = test::run_gloo_ranks(world, [&](comm::ProcessGroup& pg) {
+    const int r = pg.rank();
+    OptimizerShard shard = m.shard(m.zero_ranges(world, r));
+    if (r == bad_rank) shard.slots[0].tensor = filled({3}, 0);
+    CheckpointManager elsewhere(other_dir.string(), 5);
+    const CheckpointManager& mine = r == other_dir_rank ? elsewhere : mgr;
+    try {
+      out[static_cast<size_t>(r)] = mine.save_sharded(r == 0 ? m.model() : std::vector<NamedTensor>{}, shard,
+                                                      state_at(step), pg);
+    } catch (const CheckpointError& e) {
+      out[static_cast<size_t>(r)] = std::string("error: ") + e.what();
+    }
+  });
+  REQUIRE(errors.empty());  // no rank threw anything but a CheckpointError, nor hung
+  return out;
+}
+
+size_t entries(const fs::path& dir) {
+  return static_cast<size_t>(std::distance(fs::directory_iterator(dir), fs::directory_iterator()));
+}
+
+}  // namespace
+
+TEST_CASE("sharded checkpoints: each rank writes its shard, any sharding loads them back bitwise", "[checkpoint][multirank]") {
+  const ShardedModel m;
+  for (int world : {1, 2, 3}) {
+    INFO("saved by " << world << " ranks");
+    test::TempDir dir("ckpt_sharded");
+    CheckpointManager mgr(dir.path.string(), 2);
+    for (int64_t step : {5, 6, 7}) {
+      for (const std::string& path : save_on_ranks(m, world, mgr, step)) REQUIRE(path == mgr.path_for_step(step));
+    }
+    REQUIRE(mgr.complete().size() == 2);  // step 5 pruned
+    REQUIRE(entries(dir.path) == 2);      // no temporary left
+    const fs::path last = mgr.path_for_step(7);
+    REQUIRE(entries(last) == 3 + static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r)
+      REQUIRE(fs::exists(last / fmt::format("optimizer-rank-{}-of-{}.safetensors", r, world)));
+    REQUIRE_FALSE(fs::exists(last / "optimizer.safetensors"));
+    REQUIRE_THAT(test::read_file(last / "COMPLETE"), Catch::Contains(fmt::format("\"optimizer_shards\": {}", world)));
+
+    auto c = mgr.load_latest();
+    REQUIRE(c);
+    REQUIRE(c->state.step == 7);
+    REQUIRE(c->optimizer.tensors.empty());
+    REQUIRE(c->optimizer_shards.size() == static_cast<size_t>(world));
+    REQUIRE(c->model.find("c.bias")->data<float>()[1] == 51.0f);  // rank 0's model
+    require_loads_into_any_sharding(*c, m);
+  }
+}
+
+TEST_CASE("a per-parameter (DDP) checkpoint loads into 2- and 3-way shards", "[checkpoint]") {
+  const ShardedModel m;
+  test::TempDir dir("ckpt_ddp_to_zero");
+  CheckpointManager mgr(dir.path.string(), 2);
+  mgr.save(m.model(), m.per_parameter_state(), state_at(3));
+  auto c = CheckpointManager::load(mgr.path_for_step(3));
+  REQUIRE(c.optimizer_shards.empty());
+  require_loads_into_any_sharding(c, m);
+}
+
+TEST_CASE("load_optimizer_shard: a changed optimizer, a missing slot or an uncovered range names the checkpoint",
+          "[checkpoint][multirank]") {
+  const ShardedModel m;
+  test::TempDir dir("ckpt_shard_mismatch");
+  CheckpointManager mgr(dir.path.string(), 5);
+  mgr.save(m.model(), m.per_parameter_state(), state_at(1));  // AdamW, per parameter
+  mgr.save(m.model(), {}, state_at(2));                       // plain SGD: no slots
+  save_on_ranks(m, 2, mgr, 3);                                // AdamW, 2 shards
+  const auto adam = CheckpointManager::load(mgr.path_for_step(1));
+  const auto sgd = CheckpointManager::load(mgr.path_for_step(2));
+  const auto sharded = CheckpointManager::load(mgr.path_for_step(3));
+  const std::vector<FlatRange> whole = {{0, 37}};
+
+  // Plain SGD into plain SGD: nothing to load.
+  OptimizerShard none = ShardedModel::blank(whole, {});
+  load_optimizer_shard(sgd, m.params, none);
+
+  using Catch::Contains;
+  const auto changed = Contains("optimizer config changed");
+  REQUIRE_THROWS_WITH(load_optimizer_shard(adam, m.params, none),
+                      Contains(adam.path) && Contains("has 10 tensors, this run expects 0") && changed);
+  OptimizerShard momentum = ShardedModel::blank(whole, {"momentum"});
+  REQUIRE_THROWS_WITH(load_optimizer_shard(adam, m.params, momentum), Contains("this run expects 5") && changed);
+  OptimizerShard adam_shard = ShardedModel::blank(whole, kAdamSlots);
+  REQUIRE_THROWS_WITH(load_optimizer_shard(sgd, m.params, adam_shard),
+                      Contains(sgd.path) && Contains("has 0 tensors, this run expects 10") && changed);
+  OptimizerShard renamed = ShardedModel::blank(whole, {"exp_avg", "momentum"});
+  REQUIRE_THROWS_WITH(load_optimizer_shard(adam, m.params, renamed), Contains("lacks tensor a.weight.momentum"));
+
+  REQUIRE_THROWS_WITH(load_optimizer_shard(sharded, m.params, none),
+                      Contains(sharded.path) && Contains("optimizer-rank-0-of-2.safetensors") &&
+                          Contains("has 2 optimizer slots, this run expects 0") && changed);
+  REQUIRE_THROWS_WITH(load_optimizer_shard(sharded, m.params, momentum), Contains("this run expects 1") && changed);
+  REQUIRE_THROWS_WITH(load_optimizer_shard(sharded, m.params, renamed), Contains("lacks optimizer slot momentum"));
+
+  // A range past the model's 37 elements (another model): not covered, in either layout.
+  for (const LoadedCheckpoint* c : {&adam, &sharded}) {
+    OptimizerShard beyond = ShardedModel::blank({{2, 3}, {30, 10}}, kAdamSlots);
+    REQUIRE_THROWS_WITH(load_optimizer_shard(*c, m.params, beyond),
+                        Contains(c->path) && Contains("no optimizer state (exp_avg) for elements from 37") &&
+                            Contains("[30, 40)"));
+  }
+}
+
+TEST_CASE("sharded save: a failing rank makes every rank throw the same error, and no checkpoint appears",
+          "[checkpoint][multirank]") {
+  const ShardedModel m;
+  test::TempDir dir("ckpt_shard_fail");
+  CheckpointManager mgr(dir.path.string(), 5);
+  save_on_ranks(m, 3, mgr, 1);
+  REQUIRE(entries(dir.path) == 1);
+
+  auto require_all_failed = [&](const std::vector<std::string>& got, const std::string& what) {
+    for (size_t r = 0; r < got.size(); ++r) {
+      INFO("rank " << r << ": " << got[r]);
+      REQUIRE(got[r] == got[0]);  // the same error on every rank
+      REQUIRE_THAT(got[r], Catch::StartsWith("error: checkpoint of step 2 not written") && Catch::Contains(what));
+    }
+    REQUIRE(entries(dir.path) == 1);  // step 1 alone: no step 2, no temporary
+    REQUIRE(mgr.load_latest()->state.step == 1);
+  };
+
+  SECTION("a rank's shard does not add up") {
+    require_all_failed(save_on_ranks(m, 3, mgr, 2, /*bad_rank=*/1),
+                       "rank 1: optimizer shard of rank 1: slot exp_avg is float32 [3] on cpu, its ranges hold 15");
+  }
+  SECTION("rank 0 cannot create the checkpoint") {
+    test::TempDir blocked("ckpt_shard_blocked");
+    const fs::path file = blocked.path / "not-a-directory";
+    std::ofstream(file) << "x";
+    CheckpointManager bad((file / "ckpt").string(), 5);
+    std::vector<std::string> got = save_on_ranks(m, 3, bad, 2);
+    require_all_failed(got, "rank 0: cannot create checkpoint directory");
+  }
+  SECTION("a rank's checkpoint.dir is not rank 0's (not a shared filesystem)") {
+    test::TempDir other("ckpt_shard_other");
+    require_all_failed(save_on_ranks(m, 3, mgr, 2, -1, /*other_dir_rank=*/2, other.path / "ckpt"),
+                       "rank 2: rank 2 cannot see rank 0's temporary directory");
+    REQUIRE_FALSE(fs::exists(other.path / "ckpt"));
+    // A leftover temporary directory of that name where rank 2 looks: it writes there, and rank 0 finds no shard.
+    fs::create_directories(other.path / "ckpt" / ".tmp-step-00000002");
+    require_all_failed(save_on_ranks(m, 3, mgr, 2, -1, 2, other.path / "ckpt"),
+                       "rank 0: rank 2's shard optimizer-rank-2-of-3.safetensors is not in");
+  }
+}
+
+TEST_CASE("a corrupted or missing shard makes a sharded checkpoint invalid and resume falls back",
+          "[checkpoint][multirank]") {
+  const ShardedModel m;
+  test::TempDir dir("ckpt_shard_bad");
+  CheckpointManager mgr(dir.path.string(), 5);
+  for (int64_t step : {1, 2, 3}) save_on_ranks(m, 2, mgr, step);
+
+  flip_byte(fs::path(mgr.path_for_step(3)) / "optimizer-rank-1-of-2.safetensors", 6);
+  REQUIRE_THROWS_WITH(CheckpointManager::load(mgr.path_for_step(3)),
+                      Catch::Contains("optimizer-rank-1-of-2.safetensors") && Catch::Contains("truncated or corrupted"));
+  fs::remove(fs::path(mgr.path_for_step(2)) / "optimizer-rank-0-of-2.safetensors");
+  REQUIRE_THROWS_WITH(CheckpointManager::load(mgr.path_for_step(2)),
+                      Catch::Contains("optimizer-rank-0-of-2.safetensors") && Catch::Contains("missing"));
+  auto c = mgr.load_latest();
+  REQUIRE(c);
+  REQUIRE(c->state.step == 1);
+  require_loads_into_any_sharding(*c, m);
 }
