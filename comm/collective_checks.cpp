@@ -1,6 +1,8 @@
 // comm/collective_checks.cpp: argument checks shared by the backends, and the Avg division.
 #include "comm/collective_checks.h"
 
+#include <cstdint>
+
 #include "core/check.h"
 
 namespace dpt::comm::detail {
@@ -35,10 +37,24 @@ void check_reduce_dtype(const std::string& backend, const char* op, const Tensor
   }
 }
 
-void check_allgather_shapes(const std::string& backend, const Tensor& input, const Tensor& output, int size) {
+void check_allgather_shapes(const std::string& backend, const Tensor& input, const Tensor& output, int rank,
+                            int size) {
   DPT_CHECK(input.dtype() == output.dtype(), "{} allgather: input is {}, output is {}", backend,
             dtype_name(input.dtype()), dtype_name(output.dtype()));
-  DPT_CHECK_EQ(output.numel(), input.numel() * static_cast<size_t>(size));
+  DPT_CHECK(output.numel() == input.numel() * static_cast<size_t>(size),
+            "{} allgather: output has {} elements, expected {} (group size {} x input's {})", backend, output.numel(),
+            input.numel() * static_cast<size_t>(size), size, input.numel());
+  if (input.numel() == 0) return;
+  // Addresses as integers (host or device memory: only compared). The backends copy the input into its slot, or
+  // skip the copy when it is already there; an input across other slots would be overwritten while it is read.
+  const auto in = reinterpret_cast<std::uintptr_t>(input.raw());
+  const auto out = reinterpret_cast<std::uintptr_t>(output.raw());
+  const bool overlap = in < out + output.bytes() && out < in + input.bytes();
+  const std::uintptr_t slot = out + static_cast<size_t>(rank) * input.bytes();
+  DPT_CHECK(!overlap || in == slot,
+            "{} allgather on rank {}: the input starts at byte {} of the output, overlapping it, but this rank's slot "
+            "starts at byte {}",
+            backend, rank, static_cast<int64_t>(in - out), slot - out);
 }
 
 void check_reduce_scatter_shapes(const std::string& backend, const Tensor& input, const Tensor& output, int size) {

@@ -301,12 +301,13 @@ std::shared_ptr<Work> GlooProcessGroup::broadcast(Tensor& tensor, const Broadcas
   return std::make_shared<CompletedWork>();
 }
 
-std::shared_ptr<Work> GlooProcessGroup::allgather(const Tensor& input, Tensor& output) {
+std::shared_ptr<Work> GlooProcessGroup::allgather(const Tensor& input, Tensor& output,
+                                                  const AllgatherOptions& opts) {
   detail::check_host_tensor(backend(), "allgather", input);
   detail::check_host_tensor(backend(), "allgather", output);
-  detail::check_allgather_shapes(backend(), input, output, size());
+  detail::check_allgather_shapes(backend(), input, output, rank(), size());
   if (input.numel() > 0) {
-    run("allgather", [&] {
+    run(opts.what.empty() ? "allgather" : opts.what, [&] {
       gloo::AllgatherOptions o(context_);
       auto* out = static_cast<uint8_t*>(output.raw());
       auto* in = static_cast<uint8_t*>(input.raw());

@@ -54,7 +54,7 @@ class GlooProcessGroup : public ProcessGroup {
   std::string backend() const override { return "gloo"; }
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) override;
-  std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output) override;
+  std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output, const AllgatherOptions& opts = {}) override;
   // An allreduce of a copy of `input` (Gloo's own reduce-scatter is unsound here: see gloo_backend.cpp), this rank's
   // chunk copied out: twice the traffic of a true reduce-scatter, and a temporary the size of `input`.
   std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {}) override;

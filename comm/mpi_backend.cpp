@@ -200,10 +200,10 @@ std::shared_ptr<Work> MpiProcessGroup::broadcast(Tensor& tensor, const Broadcast
   return std::make_shared<CompletedWork>();
 }
 
-std::shared_ptr<Work> MpiProcessGroup::allgather(const Tensor& input, Tensor& output) {
+std::shared_ptr<Work> MpiProcessGroup::allgather(const Tensor& input, Tensor& output, const AllgatherOptions&) {
   detail::check_host_tensor(backend(), "allgather", input);
   detail::check_host_tensor(backend(), "allgather", output);
-  detail::check_allgather_shapes(backend(), input, output, size());
+  detail::check_allgather_shapes(backend(), input, output, rank(), size());
   if (input.numel() > 0) {
     int count = mpi_count("allgather", input.numel());
     mpi_count("allgather", output.numel());

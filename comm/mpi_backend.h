@@ -28,7 +28,7 @@ class MpiProcessGroup : public ProcessGroup {
   std::string backend() const override { return "mpi"; }
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) override;
-  std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output) override;
+  std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output, const AllgatherOptions& opts = {}) override;
   std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> barrier() override;
 

@@ -370,12 +370,16 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast(Tensor& tensor, const Broadcas
   });
 }
 
-std::shared_ptr<Work> NcclProcessGroup::allgather(const Tensor& input, Tensor& output) {
+std::shared_ptr<Work> NcclProcessGroup::allgather(const Tensor& input, Tensor& output,
+                                                  const AllgatherOptions& opts) {
   check_device_tensor(*impl_, "allgather", input);
   check_device_tensor(*impl_, "allgather", output);
-  detail::check_allgather_shapes(backend(), input, output, size());
-  const std::string what = fmt::format("allgather of {} {}", input.numel(), dtype_name(input.dtype()));
-  return enqueue(impl_, what, nullptr, {input, output}, [&](ncclComm_t comm, StreamHandle s) {
+  detail::check_allgather_shapes(backend(), input, output, rank(), size());
+  const std::string what =
+      labelled(opts.what, fmt::format("allgather of {} {}", input.numel(), dtype_name(input.dtype())));
+  // In place (the input is this rank's slot of the output) is NCCL's own in-place form: sendbuff == recvbuff +
+  // rank * sendcount.
+  return enqueue(impl_, what, opts.stream, {input, output}, [&](ncclComm_t comm, StreamHandle s) {
     return ncclAllGather(input.raw(), output.raw(), input.numel(), nccl_type(input.dtype()), comm, s);
   });
 }

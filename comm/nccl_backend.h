@@ -46,7 +46,7 @@ class NcclProcessGroup final : public ProcessGroup {
   bool asynchronous() const override { return true; }
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) override;
-  std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output) override;
+  std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output, const AllgatherOptions& opts = {}) override;
   std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> barrier() override;
 

@@ -21,7 +21,9 @@ void ProcessGroup::unsupported(const char* op) const {
 
 std::shared_ptr<Work> ProcessGroup::allreduce(Tensor&, const AllreduceOptions&) { unsupported("allreduce"); }
 std::shared_ptr<Work> ProcessGroup::broadcast(Tensor&, const BroadcastOptions&) { unsupported("broadcast"); }
-std::shared_ptr<Work> ProcessGroup::allgather(const Tensor&, Tensor&) { unsupported("allgather"); }
+std::shared_ptr<Work> ProcessGroup::allgather(const Tensor&, Tensor&, const AllgatherOptions&) {
+  unsupported("allgather");
+}
 std::shared_ptr<Work> ProcessGroup::reduce_scatter(const Tensor&, Tensor&, const AllreduceOptions&) {
   unsupported("reduce_scatter");
 }

@@ -76,6 +76,10 @@ struct BroadcastOptions {
   StreamHandle stream = nullptr;
   std::string what;  // as AllreduceOptions::what
 };
+struct AllgatherOptions {
+  StreamHandle stream = nullptr;  // see "Stream semantics" above
+  std::string what;               // as AllreduceOptions::what ("params bucket 3")
+};
 
 class ProcessGroup {
  public:
@@ -102,8 +106,9 @@ class ProcessGroup {
   virtual std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {});
   // In place: every rank ends with the root's `tensor`.
   virtual std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {});
-  // `output` holds size() * input.numel() elements: rank r's input at offset r * input.numel().
-  virtual std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output);
+  // `output` holds size() * input.numel() elements: rank r's input at offset r * input.numel(). In place when
+  // `input` is this rank's slot of `output` (a view at offset rank() * input.numel()); any other overlap is an error.
+  virtual std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output, const AllgatherOptions& opts = {});
   // `input` holds size() * output.numel() elements; rank r gets op over all ranks of chunk r (the elements at
   // offset r * output.numel()). The ops and dtypes of allreduce; `output` may be this rank's chunk of `input`.
   virtual std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {});

@@ -35,12 +35,15 @@ Tensor HostStagedGroup::host_buffer(const Tensor& like, int slot) {
   return buf.view(0, like.shape());
 }
 
-Tensor HostStagedGroup::stage_in(const Tensor& device, StreamHandle stream, int slot) {
-  // The previous copy back may still be reading a buffer we are about to overwrite.
+void HostStagedGroup::wait_for_copy_back() {
   if (pending_valid_) {
     cuda::stream_synchronize(pending_);
     pending_valid_ = false;
   }
+}
+
+Tensor HostStagedGroup::stage_in(const Tensor& device, StreamHandle stream, int slot) {
+  wait_for_copy_back();  // it may still be reading the buffer we are about to overwrite
   Tensor host = host_buffer(device, slot);
   host.copy_from(device, stream);
   cuda::stream_synchronize(stream);
@@ -69,12 +72,16 @@ std::shared_ptr<Work> HostStagedGroup::broadcast(Tensor& tensor, const Broadcast
   return stage_out(tensor, host, opts.stream);
 }
 
-std::shared_ptr<Work> HostStagedGroup::allgather(const Tensor& input, Tensor& output) {
-  if (!input.device().is_cuda() && !output.device().is_cuda()) return inner_->allgather(input, output);
-  const Tensor in = input.device().is_cuda() ? stage_in(input, nullptr, 0) : input;
+std::shared_ptr<Work> HostStagedGroup::allgather(const Tensor& input, Tensor& output, const AllgatherOptions& opts) {
+  if (!input.device().is_cuda() && !output.device().is_cuda()) return inner_->allgather(input, output, opts);
+  // As reduce_scatter does: wait for opts.stream, gather on the host, copy the result back on opts.stream. An input
+  // that is this rank's slot of the output (in place) is staged on its own and gathered out of place on the host;
+  // the copy back rewrites the slot with the values it held.
+  wait_for_copy_back();  // it may still read the buffer the output is staged in, when the input is not staged
+  const Tensor in = input.device().is_cuda() ? stage_in(input, opts.stream, 0) : input;
   Tensor out = output.device().is_cuda() ? host_buffer(output, 1) : output;
-  inner_->allgather(in, out)->wait();
-  if (output.device().is_cuda()) return stage_out(output, out, nullptr);
+  inner_->allgather(in, out, {.what = opts.what})->wait();
+  if (output.device().is_cuda()) return stage_out(output, out, opts.stream);
   return std::make_shared<CompletedWork>();
 }
 
@@ -83,10 +90,7 @@ std::shared_ptr<Work> HostStagedGroup::reduce_scatter(const Tensor& input, Tenso
   if (!input.device().is_cuda() && !output.device().is_cuda()) return inner_->reduce_scatter(input, output, opts);
   // As allreduce does: wait for opts.stream, reduce on the host, copy the result back on opts.stream. The last copy
   // back may still read the buffer the output is staged in (stage_in waits for it only when the input is staged).
-  if (pending_valid_) {
-    cuda::stream_synchronize(pending_);
-    pending_valid_ = false;
-  }
+  wait_for_copy_back();
   const Tensor in = input.device().is_cuda() ? stage_in(input, opts.stream, 0) : input;
   Tensor out = output.device().is_cuda() ? host_buffer(output, 1) : output;
   inner_->reduce_scatter(in, out, {.op = opts.op, .what = opts.what})->wait();

@@ -21,7 +21,7 @@ class HostStagedGroup final : public ProcessGroup {
   std::string backend() const override { return inner_->backend(); }
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) override;
-  std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output) override;
+  std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output, const AllgatherOptions& opts = {}) override;
   std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> barrier() override { return inner_->barrier(); }
 
@@ -30,6 +30,8 @@ class HostStagedGroup final : public ProcessGroup {
  private:
   // A pinned host tensor shaped like `like`; slot 0 and 1 let allgather stage input and output at once.
   Tensor host_buffer(const Tensor& like, int slot);
+  // Waits for the last copy back to the device (stage_out on a stream), which may still read a host buffer.
+  void wait_for_copy_back();
   // Copies `device` into a host buffer after `stream`'s work, waiting for the copy.
   Tensor stage_in(const Tensor& device, StreamHandle stream, int slot);
   // Copies the host result back on `stream` (asynchronously when a stream is given); the Work follows it.

@@ -293,8 +293,12 @@ std::shared_ptr<Work> TracedGroup::broadcast(Tensor& tensor, const BroadcastOpti
   });
 }
 
-std::shared_ptr<Work> TracedGroup::allgather(const Tensor& input, Tensor& output) {
-  return traced("allgather", "", [&](const std::string&) { return inner_->allgather(input, output); });
+std::shared_ptr<Work> TracedGroup::allgather(const Tensor& input, Tensor& output, const AllgatherOptions& opts) {
+  return traced("allgather", opts.what, [&](const std::string& what) {
+    AllgatherOptions o = opts;
+    o.what = what;
+    return inner_->allgather(input, output, o);
+  });
 }
 
 std::shared_ptr<Work> TracedGroup::reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts) {

@@ -6,7 +6,8 @@
 #                scripts/run.sh runs this.
 #   --bench      adds the benchmarks' reference: Debian's PyTorch (python3-torch, python3-torchvision).
 #   --tests      adds every test-only tool: PyTorch and torchvision (parity tests), numpy, regex, clang with
-#                libFuzzer, Slurm and munge, iproute2, and PyPI's tensorboard in the venv /opt/dptrain/test-venv.
+#                libFuzzer, Slurm and munge, iproute2, and PyPI's tensorboard and transformers in the venv
+#                /opt/dptrain/test-venv.
 #                scripts/test.sh runs this.
 set -euo pipefail
 
@@ -57,7 +58,7 @@ TEST_PKGS=(
   clang libclang-rt-14-dev           # libFuzzer + ASan/UBSan (scripts/fuzz.sh); clang 14 on Debian 12, whose libFuzzer runtime is in libclang-rt-14-dev (only recommended, so named)
   slurmd slurmctld slurm-client munge  # integration.slurm starts a real one-node Slurm cluster on localhost
   iproute2                           # integration.two_hosts joins two network namespaces with a veth pair
-  python3-venv                       # the venv that holds PyPI tensorboard (below)
+  python3-venv                       # the venv that holds PyPI tensorboard and transformers (below)
 )
 ((BENCH || TESTS)) && PKGS+=("${TORCH_PKGS[@]}")
 ((TESTS)) && PKGS+=("${TEST_PKGS[@]}")
@@ -81,14 +82,26 @@ fi
 
 ((TESTS)) || exit 0
 
-# Tests only: TensorBoard's own event-file reader, which integration.tensorboard reads dptrain's event files back
-# with. From PyPI (Debian has no tensorboard), in a venv of its own so that pip never touches Debian's Python; the
-# venv sees Debian's numpy through --system-site-packages. Installed only when the venv cannot import it.
-TEST_VENV=/opt/dptrain/test-venv  # tests/integration/tensorboard.sh names the same path
-if "$TEST_VENV/bin/python" -c "import tensorboard" 2>/dev/null; then
-  echo "setup: $TEST_VENV has tensorboard"
-else
-  echo "setup: installing PyPI tensorboard into $TEST_VENV (tests only)"
+# Tests only: PyPI packages, in a venv of its own so that pip never touches Debian's Python; the venv sees
+# Debian's numpy and torch (1.13) through --system-site-packages. Each is installed only when the venv cannot
+# import it.
+#   tensorboard   TensorBoard's own event-file reader, which integration.tensorboard reads dptrain's event files
+#                 back with (Debian has no tensorboard)
+#   transformers  Hugging Face's GPT2LMHeadModel.from_pretrained, which integration.hf_from_pretrained loads
+#                 dptrain export-weights' folder with; 4.40.2 runs on Debian's torch 1.13 (tested; it brings
+#                 tokenizers, safetensors and huggingface-hub)
+TEST_VENV=/opt/dptrain/test-venv  # tests/integration/tensorboard.sh and hf_from_pretrained.sh name the same path
+VENV_PKGS=("tensorboard tensorboard==2.21.0" "transformers transformers==4.40.2")  # "module requirement"
+if [ ! -x "$TEST_VENV/bin/python" ]; then
+  echo "setup: creating the test venv $TEST_VENV (tests only)"
   $SUDO /usr/bin/python3 -m venv --system-site-packages "$TEST_VENV"
-  $SUDO "$TEST_VENV/bin/pip" install --quiet --disable-pip-version-check "tensorboard==2.21.0"
 fi
+for p in "${VENV_PKGS[@]}"; do
+  read -r module requirement <<<"$p"
+  if "$TEST_VENV/bin/python" -c "import $module" 2>/dev/null; then
+    echo "setup: $TEST_VENV has $module"
+  else
+    echo "setup: installing PyPI $requirement into $TEST_VENV (tests only)"
+    $SUDO "$TEST_VENV/bin/pip" install --quiet --disable-pip-version-check "$requirement"
+  fi
+done

@@ -126,7 +126,7 @@ std::string shard_file_name(int64_t rank, int64_t world) {
 std::vector<std::pair<std::string, std::string>> write_model_and_state(const fs::path& tmp,
                                                                        const std::vector<NamedTensor>& model,
                                                                        const TrainState& state) {
-  write_safetensors((tmp / kModelFile).string(), model, {{"format", "pt"}, {"step", std::to_string(state.step)}});
+  write_safetensors((tmp / kModelFile).string(), model, {{"step", std::to_string(state.step)}});
   write_file_synced(tmp / kStateFile, state_to_json(state).dump(2));
   return {{kModelFile, file_crc(tmp / kModelFile)}, {kStateFile, file_crc(tmp / kStateFile)}};
 }

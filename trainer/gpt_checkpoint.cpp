@@ -1,9 +1,13 @@
 // trainer/gpt_checkpoint.cpp: a GPT checkpoint for `dptrain generate` and `dptrain export-weights` (see gpt_checkpoint.h).
 #include "trainer/gpt_checkpoint.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "data/bpe.h"
+#include "models/gpt/gpt.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
@@ -13,7 +17,23 @@
 
 namespace dpt::trainer {
 
+namespace fs = std::filesystem;
+
 namespace {
+
+// Writes `file` whole or not at all: write(file.tmp), then the rename; the .tmp removed when either fails.
+template <class Write>
+void write_whole(const fs::path& file, Write&& write) {
+  const std::string tmp = file.string() + ".tmp";
+  try {
+    write(tmp);
+    fs::rename(tmp, file);
+  } catch (...) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw;
+  }
+}
 
 // The checkpoint's GPT on `device`; ConfigError for another model.
 std::unique_ptr<models::Model> gpt_of(const EvalTarget& target, Device device, const char* who) {
@@ -28,19 +48,35 @@ std::unique_ptr<models::Model> gpt_of(const EvalTarget& target, Device device, c
 
 }  // namespace
 
+bool export_is_folder(const std::string& out) {
+  return fs::is_directory(out) || !fs::path(out).filename().string().ends_with(".safetensors");
+}
+
 std::string export_gpt_weights(const std::string& path, models::GptLayout layout, const std::string& out) {
   const EvalTarget target = eval_target(path, {});
   const auto model = gpt_of(target, Device::cpu(), "export-weights");
-  const std::string tmp = out + ".tmp";
+  const bool hf = layout == models::GptLayout::HuggingFace;
+  const bool folder = export_is_folder(out);
+  const fs::path weights = folder ? fs::path(out) / kExportWeightsFile : fs::path(out);
   try {
-    write_safetensors(tmp, models::gpt_export_weights(*model, layout));
-    std::filesystem::rename(tmp, out);
+    if (folder) fs::create_directories(out);
+    write_whole(weights, [&](const std::string& tmp) { write_safetensors(tmp, models::gpt_export_weights(*model, layout)); });
+    if (folder && hf) {
+      write_whole(fs::path(out) / kHfConfigFile, [&](const std::string& tmp) {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        f << models::gpt_hf_config_json(dynamic_cast<const models::Gpt&>(model->root()).options());
+        f.close();
+        if (!f) DPT_THROW(IoError, "writing {}: {}", tmp, std::strerror(errno));
+      });
+    }
   } catch (const std::exception& e) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
     DPT_THROW(IoError, "export-weights: writing {}: {}", out, e.what());
   }
-  return fmt::format("{}: {} from {} in {} layout (vocabulary {})", out, model->summary(), target.checkpoint.path, layout == models::GptLayout::HuggingFace ? "Hugging Face's GPT-2" : "nanoGPT's", target.config.model.vocab_size);
+  return fmt::format("{}: {} from {} in {} layout (vocabulary {}){}", folder ? (fs::path(out) / "").string() : out,
+                     model->summary(), target.checkpoint.path, hf ? "Hugging Face's GPT-2" : "nanoGPT's",
+                     target.config.model.vocab_size,
+                     !folder ? "" : hf ? "; model.safetensors and config.json: GPT2LMHeadModel.from_pretrained(folder)"
+                                       : "; model.safetensors");
 }
 
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {

@@ -279,7 +279,8 @@ void Reducer::gather_params() {
   for (size_t b = 0; b < pieces_.size(); ++b) {
     Pieces& p = pieces_[b];
     if (p.param_chunk.numel() == 0) continue;
-    pg_.allgather(p.param_chunk, p.param_split)->block(stream_);
+    pg_.allgather(p.param_chunk, p.param_split, {.stream = stream_, .what = fmt::format("params bucket {}", b)})
+        ->block(stream_);
   }
 }
 

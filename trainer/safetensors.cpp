@@ -20,6 +20,8 @@ using json = nlohmann::json;
 
 // Headers larger than this are malformed, not big: ours are a few KB.
 constexpr uint64_t kMaxHeaderBytes = 100u << 20;
+// The metadata that says whose tensors these are: PyTorch's, as safetensors.torch.save_file writes it.
+constexpr const char* kFormat = "pt";
 
 const char* st_dtype(DType t) {
   switch (t) {
@@ -72,6 +74,7 @@ const Tensor* SafetensorsFile::find(const std::string& name) const {
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        std::map<std::string, std::string> metadata) {
+  metadata.try_emplace("format", kFormat);  // a caller's own "format" stands (the fuzz round trip keeps a file's)
   json header = json::object();
   uint64_t offset = 0;
   for (const auto& nt : tensors) {

@@ -1,7 +1,9 @@
 // trainer/safetensors.h: read and write the safetensors format (8-byte little-endian header length, a JSON
 // header naming each tensor's dtype, shape and byte range, then the raw bytes), readable by PyTorch's and
 // numpy's safetensors loaders. We add a CRC32 of every tensor to the header's __metadata__ as
-// "crc32:<name>" and check it on read, so a flipped byte is caught, not trained on.
+// "crc32:<name>" and check it on read, so a flipped byte is caught, not trained on. Every file we write says
+// {"format": "pt"} in its metadata, as PyTorch's writer does: Hugging Face transformers' from_pretrained refuses a
+// file without it ("File metadata is not ['pt', 'tf', 'flax', 'mlx'] but None").
 #pragma once
 
 #include <map>
@@ -12,7 +14,8 @@
 
 namespace dpt::trainer {
 
-// Writes the file and fsyncs it. Tensors must be on the CPU and contiguous.
+// Writes the file and fsyncs it. Tensors must be on the CPU and contiguous. `metadata` gets "format": "pt" unless
+// it names a format (no caller of ours does), and the tensors' CRC32s.
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                        std::map<std::string, std::string> metadata = {});
 

@@ -197,9 +197,9 @@ const Tensor& GptMlp::run_backward(const Tensor& dy, Kernels& k) {
 // ---- block ----------------------------------------------------------------------------------------------------
 
 GptBlock::GptBlock(int64_t n_embd, int64_t n_head, int64_t n_layer) {
-  ln_1_ = add("ln_1", std::make_unique<LayerNorm>(n_embd));
+  ln_1_ = add("ln_1", std::make_unique<LayerNorm>(n_embd, kGptLayerNormEps));
   attn_ = add("attn", std::make_unique<CausalSelfAttention>(n_embd, n_head, n_layer));
-  ln_2_ = add("ln_2", std::make_unique<LayerNorm>(n_embd));
+  ln_2_ = add("ln_2", std::make_unique<LayerNorm>(n_embd, kGptLayerNormEps));
   mlp_ = add("mlp", std::make_unique<GptMlp>(n_embd, n_layer));
 }
 
@@ -256,7 +256,7 @@ GptTransformer::GptTransformer(const GptOptions& o) : o_(o) {
   auto blocks = std::make_unique<Sequential>();
   for (int64_t i = 0; i < o.n_layer; ++i) blocks->append(std::make_unique<GptBlock>(o.n_embd, o.n_head, o.n_layer));
   h_ = add("h", std::move(blocks));
-  ln_f_ = add("ln_f", std::make_unique<LayerNorm>(o.n_embd));
+  ln_f_ = add("ln_f", std::make_unique<LayerNorm>(o.n_embd, kGptLayerNormEps));
 }
 
 std::string GptTransformer::kind() const {

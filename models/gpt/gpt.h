@@ -25,6 +25,9 @@
 
 namespace dpt::models {
 
+// Every LayerNorm of the GPT (ln_1, ln_2, ln_f): GPT-2's epsilon, nn.LayerNorm's default.
+inline constexpr float kGptLayerNormEps = 1e-5f;
+
 struct GptOptions {
   int64_t n_layer = 12;
   int64_t n_head = 12;

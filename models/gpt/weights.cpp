@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 namespace dpt::models {
 namespace {
@@ -111,6 +112,43 @@ std::vector<NamedTensor> gpt_export_weights(const Model& model, GptLayout layout
     out.push_back({"lm_head.weight", head});  // nanoGPT's state_dict names the tied weight twice
   }
   return out;
+}
+
+std::string gpt_hf_config_json(const GptOptions& o) {
+  // GPT-2's vocabulary ends in <|endoftext|>, its bos and eos; a byte-level or other vocabulary has none (GPT2Config's
+  // default of 50256 would name a token that does not exist).
+  constexpr int64_t kGpt2Vocab = 50257, kEndOfText = 50256;
+  // The epsilon as the decimal it is (the float widened would print as 9.999999747378752e-06).
+  constexpr double kLayerNormEps = 1e-5;
+  static_assert(static_cast<float>(kLayerNormEps) == kGptLayerNormEps);
+  const nlohmann::json end_of_text = o.vocab_size == kGpt2Vocab ? nlohmann::json(kEndOfText) : nlohmann::json(nullptr);
+  const nlohmann::json config = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"vocab_size", o.vocab_size},  // the exported wte's rows (gpt_export_weights), not the padded ones
+      {"n_positions", o.block_size},
+      {"n_ctx", o.block_size},
+      {"n_embd", o.n_embd},
+      {"n_layer", o.n_layer},
+      {"n_head", o.n_head},
+      {"n_inner", nullptr},  // 4 n_embd, as GptMlp
+      // Hugging Face's "gelu_new" is GELU(tanh) (NewGELUActivation), our Gelu layer and its kernels; "gelu" would be
+      // GELU(erf), a different function.
+      {"activation_function", "gelu_new"},
+      {"layer_norm_epsilon", kLayerNormEps},
+      {"resid_pdrop", 0.0},  // dptrain's GPT has no dropout
+      {"embd_pdrop", 0.0},
+      {"attn_pdrop", 0.0},
+      {"initializer_range", 0.02},
+      {"scale_attn_weights", true},  // scores / sqrt(head size)
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"reorder_and_upcast_attn", false},
+      {"tie_word_embeddings", true},  // lm_head is wte
+      {"bos_token_id", end_of_text},
+      {"eos_token_id", end_of_text},
+      {"torch_dtype", "float32"},
+  };
+  return config.dump(2) + "\n";
 }
 
 }  // namespace dpt::models

@@ -1,7 +1,8 @@
 // models/gpt/weights.h: a GPT's weights in other programs' layouts, both ways: nanoGPT's state_dict (our own
 // names: transformer.*, nn.Linear [out, in], lm_head.weight tied to wte) and Hugging Face's GPT2LMHeadModel
 // (no "transformer." prefix on the hub's model.safetensors, Conv1D projection weights [in, out], causal-mask
-// buffers). Reading a file and building the model are the trainer's (trainer/build_model.h: load_pretrained).
+// buffers), and the config.json that GPT2LMHeadModel.from_pretrained reads beside it. Reading and writing files
+// and building the model are the trainer's (trainer/build_model.h: load_pretrained; trainer/gpt_checkpoint.h).
 #pragma once
 
 #include <string>
@@ -33,5 +34,12 @@ std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tens
 // into nanoGPT's GPT(strict) or transformers' GPT2LMHeadModel.from_pretrained, and back through
 // gpt_import_weights. ConfigError when `model` is not a GPT.
 std::vector<NamedTensor> gpt_export_weights(const Model& model, GptLayout layout);
+
+// Hugging Face's config.json for a GPT of options `o` (transformers' GPT2Config, model_type gpt2,
+// GPT2LMHeadModel): the sizes (n_positions = n_ctx = block_size, vocab_size the real vocabulary, n_inner 4 n_embd),
+// activation_function gelu_new (GELU(tanh), this GPT's), layer_norm_epsilon kGptLayerNormEps, no dropout, the head
+// tied to wte, and <|endoftext|> (50256) as bos and eos for GPT-2's vocabulary of 50257 (none for another).
+// Indented JSON text, ending in a newline.
+std::string gpt_hf_config_json(const GptOptions& o);
 
 }  // namespace dpt::models

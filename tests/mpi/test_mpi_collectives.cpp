@@ -1,8 +1,8 @@
 // tests/mpi/test_mpi_collectives.cpp: run under mpirun (-np 2, -np 3). Detects the Open MPI environment,
 // checks that backend "auto" resolves to mpi, runs every collective against closed-form values (reduce_scatter's in
-// tests/support/reduce_scatter_checks.h), then builds a gloo group in the same processes (rendezvous port chosen by
-// rank 0, broadcast over MPI) and checks that the two backends agree. Exits non-zero on any failure, printing what
-// differed.
+// tests/support/reduce_scatter_checks.h, ZeRO's in-place allgather in tests/support/allgather_checks.h), then builds
+// a gloo group in the same processes (rendezvous port chosen by rank 0, broadcast over MPI) and checks that the two
+// backends agree. Exits non-zero on any failure, printing what differed.
 
 #include <cstdio>
 #include <cstdlib>
@@ -15,6 +15,7 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "core/net.h"
+#include "tests/support/allgather_checks.h"
 #include "tests/support/mpi_harness.h"
 #include "tests/support/reduce_scatter_checks.h"
 
@@ -117,6 +118,7 @@ void check_collectives(ProcessGroup& pg) {
   pg.barrier()->wait();
 
   dpt::testing::check_reduce_scatter(pg, [](const std::string& what) { fail("{}", what); });
+  dpt::testing::check_allgather(pg, [](const std::string& what) { fail("{}", what); });
 
   // Wrong sizes are refused before any communication, with the same words on every backend.
   Tensor in = Tensor::zeros({static_cast<int64_t>(w + 1)});

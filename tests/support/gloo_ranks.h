@@ -1,6 +1,7 @@
 // tests/support/gloo_ranks.h: ranks as threads, for host-side collective tests: run_gloo_ranks(size, fn) runs
 // fn(group) on `size` threads, each a rank of one Gloo group meeting through an in-process store (gloo's own
-// tests do the same). (tests/unit/trainer/test_reducer.cpp keeps its own copy of this.)
+// tests do the same). A rank whose fn returns waits at a barrier before closing its connections: a rank that
+// tore them down at once could reset a peer still finishing the last collective ("Connection closed by peer").
 #pragma once
 
 #include <fmt/format.h>
@@ -30,6 +31,7 @@ inline std::string run_gloo_ranks(int size, const std::function<void(comm::Proce
         opts.timeout = std::chrono::seconds(30);
         comm::GlooProcessGroup pg(store, r, size, opts);
         fn(pg);
+        pg.barrier()->wait();
       } catch (const std::exception& e) {
         errors[static_cast<size_t>(r)] = fmt::format("rank {}: {}", r, e.what());
       }

@@ -1,7 +1,8 @@
 // tests/unit/comm/test_gloo.cpp: GlooProcessGroup with ranks as threads meeting through a TcpStore: every
 // collective for world sizes 1, 2, 3 and element counts {0, 1, 4, 100, 1001} against closed-form values;
 // the bfloat16 sum (tests/support/bf16_allreduce_checks.h); reduce_scatter (tests/support/reduce_scatter_checks.h),
-// also for world sizes 4 to 8; argument errors; a collective one rank never joins times out instead of hanging.
+// also for world sizes 4 to 8; ZeRO's in-place allgather (tests/support/allgather_checks.h); argument errors; a
+// collective one rank never joins times out instead of hanging, naming its label.
 #include <catch2/catch.hpp>
 #include <atomic>
 #include <chrono>
@@ -13,6 +14,7 @@
 #include "comm/gloo_backend.h"
 #include "comm/tcp_store.h"
 #include "core/check.h"
+#include "tests/support/allgather_checks.h"
 #include "tests/support/bf16_allreduce_checks.h"
 #include "tests/support/reduce_scatter_checks.h"
 
@@ -197,6 +199,7 @@ void check_all_collectives(GlooProcessGroup& pg, Failures& fails, std::atomic<in
                       [&](size_t i) { return static_cast<float>(i) * static_cast<float>(w * (w + 1) / 2); });
 
   dpt::testing::check_reduce_scatter(pg, [&](const std::string& what) { fails.add("{}", what); });
+  dpt::testing::check_allgather(pg, [&](const std::string& what) { fails.add("{}", what); });
   pg.barrier()->wait();
 }
 
@@ -265,6 +268,23 @@ TEST_CASE("gloo: argument errors are reported before any communication", "[gloo]
   Tensor small = Tensor::zeros({3});
   Tensor in = Tensor::zeros({2});
   CHECK_THROWS_AS(pg.allgather(in, small), InternalError);
+  CHECK_THROWS_WITH(pg.allgather(in, small),
+                    Contains("gloo allgather: output has 3 elements, expected 2 (group size 1 x input's 2)"));
+  // An input overlapping the output elsewhere than this rank's slot (offset 0 on rank 0 of 1).
+  Tensor flat = Tensor::zeros({5});
+  Tensor gathered = flat.view(0, {3});
+  Tensor shifted = flat.view(1, {3});
+  CHECK_THROWS_WITH(pg.allgather(shifted, gathered),
+                    Contains("gloo allgather on rank 0: the input starts at byte 4 of the output, overlapping it, but "
+                             "this rank's slot starts at byte 0"));
+  // Beside the output, touching it but not overlapping: out of place, accepted.
+  Tensor beside = flat.view(3, {2});
+  Tensor before = flat.view(0, {2});
+  flat.data<float>()[3] = 1.5f;
+  flat.data<float>()[4] = 2.5f;
+  pg.allgather(beside, before)->wait();
+  CHECK(flat.data<float>()[0] == 1.5f);
+  CHECK(flat.data<float>()[1] == 2.5f);
   Tensor t = Tensor::zeros({3});
   CHECK_THROWS_AS(pg.broadcast(t, {1}), InternalError);
   // reduce_scatter: input not size() x output, mixed dtypes, integer avg.
@@ -327,6 +347,31 @@ TEST_CASE("gloo: a collective that one rank never joins times out instead of han
   CHECK(seconds >= 0.4);
   CHECK(seconds < 5.0);
   CHECK_THAT(after, Contains("unusable"));
+}
+
+TEST_CASE("gloo: an allgather that one rank never joins times out, naming its label", "[gloo][multirank]") {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  std::string outcome;
+  std::string errors = run_ranks(2, [&](GlooProcessGroup& pg) {
+    if (pg.rank() != 0) {
+      done.wait();
+      return;
+    }
+    pg.set_timeout(300ms);
+    Tensor out = Tensor::zeros({8});
+    Tensor slot = out.view(0, {4});
+    try {
+      pg.allgather(slot, out, {.what = "allgather #7 (params bucket 3, step 12)"});
+      outcome = "returned";
+    } catch (const CommError& e) {  // TimeoutError is one
+      outcome = e.what();
+    }
+    rank0_done.set_value();
+  });
+  INFO(outcome);
+  CHECK(errors == "");
+  CHECK_THAT(outcome, Contains("gloo allgather #7 (params bucket 3, step 12) on rank 0 of 2"));
 }
 
 TEST_CASE("gloo: persistent buffers (the gradient buckets), reused and interleaved with other calls",

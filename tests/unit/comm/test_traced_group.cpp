@@ -193,6 +193,9 @@ class FakeGroup final : public ProcessGroup {
 
   std::shared_ptr<Work> allreduce(Tensor&, const AllreduceOptions& opts) override { return run(opts.what); }
   std::shared_ptr<Work> broadcast(Tensor&, const BroadcastOptions& opts) override { return run(opts.what); }
+  std::shared_ptr<Work> allgather(const Tensor&, Tensor&, const AllgatherOptions& opts) override {
+    return run(opts.what);
+  }
   std::shared_ptr<Work> barrier() override { return run(""); }
 
   void block_next() { block_ = true; }
@@ -269,16 +272,21 @@ TEST_CASE("TracedGroup: numbers collectives in call order and hands the backend 
   g.broadcast(t)->wait();
   g.allreduce(t, {.op = ReduceOp::Avg, .what = "bucket 1"})->wait();
   g.barrier()->wait();
+  Tensor gathered = Tensor::zeros({2});
+  g.allgather(t, gathered, {.what = "params bucket 3"})->wait();
+  g.allgather(t, gathered)->wait();
   CHECK(inner->labels() == std::vector<std::string>{"allreduce #1 (loss stats)", "broadcast #2 (step 7)",
-                                                     "allreduce #3 (bucket 1, step 7)", ""});
+                                                     "allreduce #3 (bucket 1, step 7)", "",
+                                                     "allgather #5 (params bucket 3, step 7)",
+                                                     "allgather #6 (step 7)"});
   const auto s = g.snapshot();
-  CHECK(s.entered == 4);
-  CHECK(s.completed == 4);
+  CHECK(s.entered == 6);
+  CHECK(s.completed == 6);
   CHECK_FALSE(s.oldest_in_flight);
-  // Errors of the backend pass through, and the collective counts as done.
-  CHECK_THROWS_AS(g.allgather(t, t), UnsupportedError);
-  CHECK(g.snapshot().entered == 5);
-  CHECK(g.snapshot().completed == 5);
+  // Errors of the backend pass through, and the collective counts as done (the fake has no reduce_scatter).
+  CHECK_THROWS_AS(g.reduce_scatter(gathered, t), UnsupportedError);
+  CHECK(g.snapshot().entered == 7);
+  CHECK(g.snapshot().completed == 7);
 }
 
 TEST_CASE("TracedGroup: three ranks, one never comes: both others name it, once each, and the reason is written",
@@ -360,6 +368,22 @@ TEST_CASE("TracedGroup: a backend's own timeout takes the report path", "[traced
                          return m.starts_with("hang: rank 1 waited 0.") &&
                                 m.find(" s in allreduce #1 (bucket 2); the other ranks' state is unknown: no store") !=
                                     std::string::npos;
+                       }));
+}
+
+TEST_CASE("TracedGroup: an allgather's hang report names its label and step", "[traced]") {
+  auto fake = std::make_unique<FakeGroup>(1, 2);
+  fake->throw_timeout_after(100ms);
+  TracedGroup g(std::move(fake), {.timeout = 10s});
+  g.set_step(12);
+  Tensor slot = Tensor::zeros({1});
+  Tensor params = Tensor::zeros({2});
+  CHECK_THROWS_MATCHES(g.allgather(slot, params, {.what = "params bucket 3"}), TimeoutError,
+                       Catch::Matchers::Predicate<TimeoutError>([](const TimeoutError& e) {
+                         const std::string m = e.what();
+                         return m.starts_with("hang: rank 1 waited 0.") &&
+                                m.find(" s in allgather #1 (params bucket 3, step 12); the other ranks' state is "
+                                       "unknown: no store") != std::string::npos;
                        }));
 }
 

@@ -1,9 +1,11 @@
 // tests/unit/gpu/test_cuda_comm.cpp: collectives on GPU tensors. NCCL with one rank (one GPU admits one NCCL
-// rank): allreduce Sum/Avg/Max, broadcast, allgather, reduce_scatter, barrier, host tensors through the
-// device, stream ordering through Work::block, wrong-device errors. Gloo with two ranks as threads sharing the
-// GPU through HostStagedGroup: device tensors staged through pinned memory, closed-form results.
+// rank): allreduce Sum/Avg/Max, broadcast, allgather (also in place on a stream, as ZeRO gathers parameters),
+// reduce_scatter, barrier, host tensors through the device, stream ordering through Work::block, wrong-device errors.
+// Gloo with two ranks as threads sharing the GPU through HostStagedGroup: device tensors staged through pinned
+// memory, closed-form results.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <future>
 #include <thread>
 
@@ -60,6 +62,32 @@ TEST_CASE("nccl, one rank: collectives on device tensors", "[gpu][nccl]") {
     REQUIRE(compare(to_host(rs), host).bad == 0);
   }
   pg->barrier()->wait();
+}
+
+TEST_CASE("nccl, one rank: in-place allgather on a stream, inside a flat buffer", "[gpu][nccl]") {
+  auto pg = nccl_world1();
+  cuda::Stream stream;
+  for (size_t n : {size_t{1}, size_t{1001}, size_t{1} << 20}) {
+    INFO("n = " << n);
+    // [sentinel, output (= rank 0's slot), sentinel]: the stream writes the slot, the gather runs after it (NCCL's
+    // in place: sendbuff == recvbuff + rank * count), and a copy on the stream after block() reads the result.
+    Tensor want = Tensor::empty({static_cast<int64_t>(n + 2)});
+    want.data<float>()[0] = -7.0f;
+    want.data<float>()[n + 1] = -7.0f;
+    const Tensor values = ramp(n, 0);
+    std::copy_n(values.data<float>(), n, want.data<float>() + 1);
+    Tensor flat = nan_on_device({static_cast<int64_t>(n + 2)});
+    flat.copy_from(want, stream.get());
+    Tensor out = flat.view(1, {static_cast<int64_t>(n)});
+    Tensor slot = out.view(0, {static_cast<int64_t>(n)});
+    auto work = pg->allgather(slot, out, {.stream = stream.get(), .what = "params bucket 3"});
+    work->block(stream.get());
+    Tensor back = Tensor::empty_pinned({static_cast<int64_t>(n + 2)});
+    back.copy_from(flat, stream.get());
+    stream.synchronize();
+    REQUIRE(work->completed());
+    REQUIRE(compare(back, want).bad == 0);
+  }
 }
 
 TEST_CASE("nccl: host tensors go through the device; block() orders a stream without a host wait", "[gpu][nccl]") {
@@ -132,6 +160,26 @@ TEST_CASE("gloo with two ranks sharing the GPU: device tensors staged through pi
       for (size_t i = 0; i < n; ++i)
         if (rs.data<float>()[i] != 1.0f + 2.0f * static_cast<float>(static_cast<size_t>(r) * n + i) / 4.0f)
           throw std::runtime_error(fmt::format("reduce_scatter n {} element {}: {}", n, i, rs.data<float>()[i]));
+      // allgather in place, as ZeRO gathers parameters: [sentinel, rank 0's slot, rank 1's slot, sentinel] on the
+      // device, each rank writing its slot on the stream; slot q must end with ramp(n, q), the sentinels untouched.
+      Tensor flat = Tensor::empty({static_cast<int64_t>(2 * n + 2)}, DType::F32, gpu());
+      Tensor init = Tensor::empty({static_cast<int64_t>(2 * n + 2)});
+      for (size_t j = 0; j < init.numel(); ++j) init.data<float>()[j] = -7.0f;
+      flat.copy_from(init, stream.get());
+      Tensor params = flat.view(1, {static_cast<int64_t>(2 * n)});
+      Tensor own = params.view(static_cast<size_t>(r) * n, {static_cast<int64_t>(n)});
+      const Tensor mine = ramp(n, r);
+      own.copy_from(mine, stream.get());
+      pg.allgather(own, params, {.stream = stream.get(), .what = "params bucket 3"})->block(stream.get());
+      Tensor ag = Tensor::empty({static_cast<int64_t>(2 * n + 2)});
+      ag.copy_from(flat, stream.get());
+      stream.synchronize();
+      for (size_t j = 0; j < ag.numel(); ++j) {
+        const bool inside = j >= 1 && j <= 2 * n;
+        const float want = inside ? static_cast<float>((j - 1) / n) + static_cast<float>((j - 1) % n) / 4.0f : -7.0f;
+        if (ag.data<float>()[j] != want)
+          throw std::runtime_error(fmt::format("allgather n {} element {}: {} != {}", n, j, ag.data<float>()[j], want));
+      }
       Tensor b = Tensor::empty({static_cast<int64_t>(n)}, DType::F32, gpu());
       b.copy_from(ramp(n, r));
       pg.broadcast(b, {.root = 1})->wait();

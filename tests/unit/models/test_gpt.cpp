@@ -1,14 +1,17 @@
 // tests/unit/models/test_gpt.cpp: the GPT's layers and the whole model on the CPU kernel set: LayerNorm, GELU,
 // causal self-attention, blocks and the tied-head GPT against central finite differences; LayerNorm, GELU and
-// the causal softmax against closed forms; causality; nanoGPT's names, shapes, counts and initialisation.
+// the causal softmax against closed forms; causality; nanoGPT's names, shapes, counts and initialisation; the
+// config.json Hugging Face's GPT2LMHeadModel reads.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <numbers>
 #include <random>
 
 #include "model_testing.h"
 #include "models/gpt/gpt.h"
+#include "models/gpt/weights.h"
 #include "models/kernels/factory.h"
 
 using namespace dpt;
@@ -316,4 +319,36 @@ TEST_CASE("GPT with model.recompute: the same logits and gradients, bit for bit,
     recomputing->backward(r);
     REQUIRE(std::memcmp(plain->grads().raw(), recomputing->grads().raw(), plain->grads().bytes()) == 0);
   }
+}
+
+TEST_CASE("GPT: Hugging Face's config.json (GPT2Config) says this GPT's sizes, GELU(tanh) and LayerNorm epsilon",
+          "[models][gpt]") {
+  GptOptions o;  // GPT-2 124M: its vocabulary ends in <|endoftext|>
+  auto c = nlohmann::json::parse(gpt_hf_config_json(o));
+  REQUIRE(c.at("model_type") == "gpt2");
+  REQUIRE(c.at("architectures") == nlohmann::json::array({"GPT2LMHeadModel"}));
+  REQUIRE(c.at("n_layer") == 12);
+  REQUIRE(c.at("n_head") == 12);
+  REQUIRE(c.at("n_embd") == 768);
+  REQUIRE(c.at("vocab_size") == 50257);  // the real vocabulary, as exported, not padded_vocab's 50304
+  REQUIRE(c.at("n_positions") == 1024);
+  REQUIRE(c.at("n_ctx") == 1024);
+  REQUIRE(c.at("n_inner").is_null());  // 4 n_embd
+  REQUIRE(c.at("activation_function") == "gelu_new");  // GELU(tanh): transformers' "gelu" is GELU(erf)
+  REQUIRE(c.at("layer_norm_epsilon").get<double>() == 1e-5);
+  REQUIRE(static_cast<float>(c.at("layer_norm_epsilon").get<double>()) == kGptLayerNormEps);
+  REQUIRE(c.at("tie_word_embeddings") == true);
+  for (const char* p : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) REQUIRE(c.at(p) == 0.0);
+  REQUIRE(c.at("bos_token_id") == 50256);
+  REQUIRE(c.at("eos_token_id") == 50256);
+
+  o = {.n_layer = 2, .n_head = 2, .n_embd = 64, .vocab_size = 256, .block_size = 32};  // byte-level tokens
+  c = nlohmann::json::parse(gpt_hf_config_json(o));
+  REQUIRE(c.at("n_layer") == 2);
+  REQUIRE(c.at("n_head") == 2);
+  REQUIRE(c.at("n_embd") == 64);
+  REQUIRE(c.at("vocab_size") == 256);
+  REQUIRE(c.at("n_positions") == 32);
+  REQUIRE(c.at("bos_token_id").is_null());  // no <|endoftext|> among 256 bytes
+  REQUIRE(c.at("eos_token_id").is_null());
 }

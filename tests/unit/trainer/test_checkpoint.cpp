@@ -189,6 +189,25 @@ TEST_CASE("safetensors: a shape or range that is not 64-bit integers is an error
   }
 }
 
+TEST_CASE("every safetensors file says {\"format\": \"pt\"}, which transformers' from_pretrained requires", "[checkpoint]") {
+  test::TempDir dir("st_format");
+  const std::vector<NamedTensor> ts = {{"w", filled({2}, 1)}};
+  write_safetensors((dir.path / "plain.safetensors").string(), ts);  // no metadata asked for
+  REQUIRE(read_safetensors((dir.path / "plain.safetensors").string()).metadata.at("format") == "pt");
+  write_safetensors((dir.path / "meta.safetensors").string(), ts, {{"step", "3"}});
+  const auto meta = read_safetensors((dir.path / "meta.safetensors").string()).metadata;
+  REQUIRE(meta.at("format") == "pt");
+  REQUIRE(meta.at("step") == "3");
+
+  // A checkpoint's model and optimizer files.
+  CheckpointManager m(dir.path.string(), 1);
+  const std::string path = m.save(ts, {{"w.momentum", filled({2}, 5)}}, state_at(4));
+  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+    INFO(f);
+    REQUIRE(read_safetensors((fs::path(path) / f).string()).metadata.at("format") == "pt");
+  }
+}
+
 // ---- sharded optimizer state (dist.zero >= 1): save_sharded, and load_optimizer_shard into any sharding --------
 
 namespace {
@@ -336,8 +355,11 @@ TEST_CASE("sharded checkpoints: each rank writes its shard, any sharding loads t
     REQUIRE(entries(dir.path) == 2);      // no temporary left
     const fs::path last = mgr.path_for_step(7);
     REQUIRE(entries(last) == 3 + static_cast<size_t>(world));
-    for (int r = 0; r < world; ++r)
-      REQUIRE(fs::exists(last / fmt::format("optimizer-rank-{}-of-{}.safetensors", r, world)));
+    for (int r = 0; r < world; ++r) {
+      const fs::path shard = last / fmt::format("optimizer-rank-{}-of-{}.safetensors", r, world);
+      REQUIRE(fs::exists(shard));
+      REQUIRE(read_safetensors(shard.string()).metadata.at("format") == "pt");
+    }
     REQUIRE_FALSE(fs::exists(last / "optimizer.safetensors"));
     REQUIRE_THAT(test::read_file(last / "COMPLETE"), Catch::Contains(fmt::format("\"optimizer_shards\": {}", world)));
 

@@ -17,6 +17,7 @@
 #include "core/check.h"
 #include "models/model.h"
 #include "trainer/reducer.h"
+#include "tests/support/gloo_ranks.h"
 
 using namespace dpt;
 using dpt::trainer::assign_buckets;
@@ -93,29 +94,7 @@ TEST_CASE("assign_buckets: edge cases", "[reducer]") {
 
 namespace {
 
-// Runs fn(group) on `size` threads, each a rank of one Gloo group meeting through an in-process store.
-// Returns what the threads threw, one line per rank.
-std::string run_gloo_ranks(int size, const std::function<void(comm::ProcessGroup&)>& fn) {
-  auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(30));
-  std::vector<std::string> errors(static_cast<size_t>(size));
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        comm::GlooOptions opts;
-        opts.timeout = std::chrono::seconds(30);
-        comm::GlooProcessGroup pg(store, r, size, opts);
-        fn(pg);
-      } catch (const std::exception& e) {
-        errors[static_cast<size_t>(r)] = fmt::format("rank {}: {}", r, e.what());
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  std::string all;
-  for (const auto& e : errors) all += e.empty() ? "" : e + "\n";
-  return all;
-}
+using dpt::test::run_gloo_ranks;
 
 // One step of the reducer over gradients g(rank, i): begin, every parameter reported in backward order,
 // finish. Returns the reduced gradients.
