@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# scripts/bench/zero.sh: what ZeRO stage 1 costs in throughput (issue 22): the same GPT training run under
+# dist.zero=0 (DDP: every bucket all-reduced, the whole optimizer state on every rank) and dist.zero=1 (each bucket
+# reduce-scattered, the optimizer updating the rank's pieces, the parameters all-gathered), alternately (0 1 0 1
+# ...: a load change hits both alike), ROUNDS rounds; prints each run's samples/s and optimizer state per rank, a
+# table of the medians and the ratio zero=1 / zero=0. Every run is checked: it must finish, and its rank 0 log must
+# say which stage ran (a "zero:" line naming stage 1 under dist.zero=1 only).
+#
+# Workload: configs/gpt_tiny.toml's GPT (4 layers, 4 heads, 128 wide, vocab 256, T 64: 0.8 M parameters), AdamW,
+# batch 16 windows per rank, on RANKS CPU ranks under dprun with gloo, one thread per rank, STEPS optimizer steps
+# on token shards of Debian's fortunes (made once, `dptrain tokenize`); samples/s = windows of 64 tokens per second:
+# the epoch line's tokens/s / 64 (the whole epoch: its first step and the all-gathers included).
+#
+#   scripts/bench/zero.sh [ROUNDS (5)] [RANKS (2)]
+# Environment: DPT_BUILD_DIR (default build; built first unless BENCH_SKIP_BUILD=1), BENCH_STEPS (default 200),
+# BENCH_RUN_TIMEOUT_S (per run, default 300), BENCH_LOG_DIR (each run's output; default a temporary folder,
+# removed at the end), BENCH_IDLE_WAIT_S (before each run, wait up to this long for the machine to be less than
+# BENCH_IDLE_BUSY_PCT percent busy: defaults 60 and 10; 0: don't wait). Each run's "foreign CPU" (cores used by
+# other processes while it ran, as train_bench.sh measures it) is printed: above 0.1, the numbers mean little.
+# Exit status: 0 when every run gave its number, 1 otherwise.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROUNDS=${1:-5}
+RANKS=${2:-2}
+STEPS=${BENCH_STEPS:-200}
+RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-300}
+BUILD_DIR=${DPT_BUILD_DIR:-build}
+[[ $ROUNDS =~ ^[1-9][0-9]*$ && $RANKS =~ ^[1-9][0-9]*$ ]] || { echo "usage: zero.sh [ROUNDS] [RANKS]" >&2; exit 2; }
+[ "${BENCH_SKIP_BUILD:-0}" = 1 ] || cmake --build "$BUILD_DIR" -j "${DPT_JOBS:-$(nproc)}" --target dptrain dprun > /dev/null
+DPTRAIN=$(realpath "$BUILD_DIR/trainer/dptrain")
+DPRUN=$(realpath "$BUILD_DIR/launcher/dprun")
+export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+WORK=$(mktemp -d /tmp/dpt_zero_bench.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+LOG_DIR=${BENCH_LOG_DIR:-$WORK/logs}
+mkdir -p "$LOG_DIR"
+IDLE_WAIT=${BENCH_IDLE_WAIT_S:-60}
+IDLE_BUSY_PCT=${BENCH_IDLE_BUSY_PCT:-10}
+HZ=$(getconf CLK_TCK)
+NCPU=$(getconf _NPROCESSORS_ONLN)  # not nproc: it answers OMP_NUM_THREADS (1)
+machine_busy_s() { awk -v hz="$HZ" '$1 == "cpu" { print ($2 + $3 + $4 + $7 + $8 + $9) / hz; exit }' /proc/stat; }
+busy_pct_now() {  # percent of the machine busy over the next second
+  local b0 b1
+  b0=$(machine_busy_s)
+  sleep 1
+  b1=$(machine_busy_s)
+  awk -v a="$b0" -v b="$b1" -v n="$NCPU" 'BEGIN { printf "%.0f", 100 * (b - a) / n }'
+}
+wait_idle() {
+  local waited=0
+  while ((waited < IDLE_WAIT)) && (($(busy_pct_now) > IDLE_BUSY_PCT)); do waited=$((waited + 1)); done
+}
+
+"$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fortunes" > "$LOG_DIR/tokenize.log" 2>&1 \
+  || { cat "$LOG_DIR/tokenize.log"; echo "zero.sh: tokenize failed" >&2; exit 1; }
+
+# run STAGE ROUND: one run (in a subshell: `times` then counts its children alone); prints "SAMPLES_PER_S
+# OPTIMIZER_BYTES FOREIGN_CPU" (rank 0's optimizer state from metrics.jsonl; cores other processes used meanwhile),
+# or nothing when the run failed.
+run() {
+  local log=$LOG_DIR/zero$1_round$2.log rc=0 m0 m1 t0 t1 own foreign
+  wait_idle
+  m0=$(machine_busy_s)
+  t0=$(date +%s.%N)
+  timeout -k 10 "$RUN_TIMEOUT" "$DPRUN" --nproc-per-node "$RANKS" -- "$DPTRAIN" --config configs/gpt_tiny.toml \
+    data.dir="$WORK/fortunes" train.max_steps="$STEPS" train.epochs=1 data.test_limit=64 dist.backend=gloo \
+    dist.zero="$1" train.progress_interval_s=1000 checkpoint.dir="$WORK/ckpt$1" log.dir="$WORK/metrics$1" \
+    --resume never > "$log" 2>&1 < /dev/null || rc=$?
+  t1=$(date +%s.%N)
+  m1=$(machine_busy_s)
+  times > "$WORK/times"  # here, not in a $(...) or a pipeline: those are subshells with no children yet
+  own=$(tail -1 "$WORK/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] }; print s }')
+  foreign=$(awk -v m0="$m0" -v m1="$m1" -v c="$own" -v t0="$t0" -v t1="$t1" \
+    'BEGIN { f = ((m1 - m0) - c) / (t1 - t0); if (f < 0) f = 0; printf "%.2f", f }')
+  if ((rc != 0)); then
+    echo "zero.sh: dist.zero=$1 round $2 failed (exit $rc): $(grep -m1 -E '\[(error|critical)\]' "$log" || tail -1 "$log")" >&2
+    return 0
+  fi
+  if [ "$1" = 1 ] && ! grep -q "\] zero: .*stage 1" "$log"; then
+    echo "zero.sh: dist.zero=1 round $2: no 'zero: ... stage 1' line in $log" >&2
+    return 0
+  fi
+  if [ "$1" = 0 ] && grep -q "\] zero: .*stage 1" "$log"; then
+    echo "zero.sh: dist.zero=0 round $2 says it ran stage 1 ($log)" >&2
+    return 0
+  fi
+  local tps bytes
+  tps=$(grep -oE 'epoch 1/1 loss .* tokens/s [0-9.]+' "$log" | grep -oE '[0-9.]+$' | tail -1)
+  bytes=$(grep '"kind":"memory"' "$WORK/metrics$1/metrics.jsonl" | tail -1 | grep -oE '"optimizer_bytes":[0-9]+' | cut -d: -f2)
+  if [ -n "$tps" ]; then echo "$(awk -v t="$tps" 'BEGIN { print t / 64 }') ${bytes:-?} $foreign"; fi
+}
+median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+echo "zero.sh: GPT L4 H4 C128 V256 T64 (configs/gpt_tiny.toml), batch 16 per rank, $STEPS steps, $RANKS ranks (gloo,"
+echo "  1 thread each), dist.zero 0 and 1 alternately, $ROUNDS rounds; $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(getconf _NPROCESSORS_ONLN) cores"
+: > "$WORK/s0"
+: > "$WORK/s1"
+: > "$WORK/f0"
+: > "$WORK/f1"
+failed=0
+declare -A OPT=()
+for i in $(seq "$ROUNDS"); do
+  line="round $i:"
+  for z in 0 1; do
+    r=$(run "$z" "$i")
+    if [ -z "$r" ]; then failed=1; line+=" zero=$z failed"; continue; fi
+    read -r sps bytes foreign <<< "$r"
+    echo "$sps" >> "$WORK/s$z"
+    echo "$foreign" >> "$WORK/f$z"
+    OPT[$z]=$bytes
+    line+=" zero=$z $(printf %.0f "$sps") samples/s (foreign CPU $foreign)"
+  done
+  echo "$line"
+done
+m0=$(median < "$WORK/s0")
+m1=$(median < "$WORK/s1")
+mib() { if [[ ${1:-} =~ ^[0-9]+$ ]]; then awk -v b="$1" 'BEGIN { printf "%.2f", b / 1048576 }'; else echo "?"; fi; }
+echo
+printf '%-10s %12s %6s %26s %14s\n' "dist.zero" "samples/s" "runs" "optimizer state per rank" "foreign CPU"
+printf '%-10s %12s %6s %26s %14s\n' "" "(median)" "" "(MiB)" "(max, cores)"
+for z in 0 1; do
+  med=$([ "$z" = 0 ] && echo "${m0:-}" || echo "${m1:-}")
+  printf '%-10s %12s %6s %26s %14s\n' "$z" "$([ -n "$med" ] && printf %.0f "$med" || echo -)" "$(wc -l < "$WORK/s$z")" \
+    "$(mib "${OPT[$z]:-}")" "$(sort -n "$WORK/f$z" | tail -1)"
+done
+if [ -n "${m0:-}" ] && [ -n "${m1:-}" ]; then
+  echo "ratio zero=1 / zero=0: $(awk -v a="$m0" -v b="$m1" 'BEGIN { printf "%.3f", b / a }')"
+fi
+((failed == 0)) || exit 1
