@@ -14,7 +14,8 @@
 #    of 2 ranks resumed under zero=1 on 3 ranks, end where an uninterrupted zero=0 run ends (the same global
 #    batch of 24: 2 x 12 = 3 x 8 = 1 x 24; resumed at an epoch end, since mid-epoch resume needs the same world
 #    size); the same resume from shards whose optimizer state we zeroed differs (the state is what is resharded);
-#  - the log: rank 0's "zero:" line (stage 1) and the memory report's optimizer state about 1/N of zero=0's.
+#  - the log: rank 0's "zero:" line (stage 1) and the memory report's optimizer state about 1/N of zero=0's;
+#  - eval, generate, export-weights and model.init_from read a sharded checkpoint as they read a DDP one.
 #
 # Tolerances, with the max |a-b| observed (2026-11-24, this 2-core VM) beside each comparison. On 2 ranks every
 # comparison was bitwise: a sum of two floats does not depend on the order, the optimizer's update is elementwise,
@@ -164,4 +165,24 @@ json.dump(complete, open(os.path.join(d, "COMPLETE"), "w"))
 PYEOF
 resume nomomentum nomomentum_src 3 8 1
 differ ref nomomentum 40 1e-4   # 0.122
+
+# ---- what reads a checkpoint reads a sharded one as a whole one ---------------------------------------------------
+# gpt2_z0 and gpt2_z1 hold the same parameters (bitwise, above): eval, generate, export-weights and model.init_from of
+# the sharded checkpoint give what they give for the DDP one.
+for z in z0 z1; do
+  "$DPTRAIN" eval --checkpoint "$(at gpt2_$z 50)" dist.backend=gloo > "$WORK/eval_$z.log" 2>&1 \
+    || { cat "$WORK/eval_$z.log"; fail "eval of gpt2_$z failed"; }
+  grep -o "loss [0-9.]* perplexity [0-9.]* accuracy [0-9.]*" "$WORK/eval_$z.log" > "$WORK/eval_$z.txt" \
+    || { cat "$WORK/eval_$z.log"; fail "eval of gpt2_$z printed no loss"; }
+  "$DPTRAIN" generate --checkpoint "$(at gpt2_$z 50)" --prompt "Q: " --tokens 40 --seed 3 > "$WORK/gen_$z.txt" \
+    2> "$WORK/gen_$z.err" || { cat "$WORK/gen_$z.err"; fail "generate from gpt2_$z failed"; }
+  "$DPTRAIN" export-weights --checkpoint "$(at gpt2_$z 50)" --out "$WORK/export_$z.safetensors" > "$WORK/export_$z.log" \
+    2>&1 || { cat "$WORK/export_$z.log"; fail "export-weights of gpt2_$z failed"; }
+done
+cmp -s "$WORK/eval_z0.txt" "$WORK/eval_z1.txt" || fail "eval: $(cat "$WORK/eval_z0.txt") (zero=0) vs $(cat "$WORK/eval_z1.txt") (zero=1)"
+[ -s "$WORK/gen_z1.txt" ] && cmp -s "$WORK/gen_z0.txt" "$WORK/gen_z1.txt" || fail "generate differs between gpt2_z0 and gpt2_z1"
+"$PY" "$CKPT_PY" compare_file "$WORK/export_z0.safetensors" "$WORK/export_z1.safetensors" 0 \
+  || fail "export-weights differs between gpt2_z0 and gpt2_z1"
+run init_from 2 "${GPT[@]}" dist.zero=1 train.max_steps=1 model.init_from="$(at gpt2_z1 50)/model.safetensors" --resume never
+grep -q "model: weights from .*gpt2_z1" "$WORK/init_from.log" || { cat "$WORK/init_from.log"; fail "model.init_from of a sharded checkpoint"; }
 echo "PASS"
