@@ -101,27 +101,8 @@ done
 DPT=(env "LD_LIBRARY_PATH=$DPT_LIB_PATH")
 
 # ---- CPU accounting (as scripts/bench/train_bench.sh): other processes' CPU use during a run ------------------
-HZ=$(getconf CLK_TCK)
-NCPU=$(getconf _NPROCESSORS_ONLN)
-machine_busy_s() { awk -v hz="$HZ" '$1 == "cpu" { print ($2 + $3 + $4 + $7 + $8 + $9) / hz; exit }' /proc/stat; }
-children_cpu_s() {  # user + sys seconds of this shell's waited-for children (`times` must run in this shell)
-  times >"$TMP/times"
-  tail -1 "$TMP/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] }; print s }'
-}
-busy_pct_now() {
-  local b0 b1
-  b0=$(machine_busy_s); sleep 1; b1=$(machine_busy_s)
-  awk -v a="$b0" -v b="$b1" -v n="$NCPU" 'BEGIN { printf "%.0f", 100 * (b - a) / n }'
-}
-wait_idle() {
-  local waited=0 pct
-  ((IDLE_WAIT > 0)) || return 0
-  while pct=$(busy_pct_now) && ((pct > IDLE_BUSY_PCT)); do
-    if ((waited >= IDLE_WAIT)); then echo "  machine still ${pct}% busy after ${IDLE_WAIT}s: running anyway"; return 0; fi
-    ((waited == 0)) && echo "  machine ${pct}% busy (other processes): waiting up to ${IDLE_WAIT}s ..."
-    waited=$((waited + 1))
-  done
-}
+ACCOUNTING_TMP=$TMP
+source scripts/bench/cpu_accounting.bash
 
 # ---- the runs ---------------------------------------------------------------------------------------------
 # json_field FILE KEY: a number from a JSON result file (dpt-model-bench --json, torch_resnet.py --json).

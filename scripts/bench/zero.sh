@@ -36,20 +36,8 @@ LOG_DIR=${BENCH_LOG_DIR:-$WORK/logs}
 mkdir -p "$LOG_DIR"
 IDLE_WAIT=${BENCH_IDLE_WAIT_S:-60}
 IDLE_BUSY_PCT=${BENCH_IDLE_BUSY_PCT:-10}
-HZ=$(getconf CLK_TCK)
-NCPU=$(getconf _NPROCESSORS_ONLN)  # not nproc: it answers OMP_NUM_THREADS (1)
-machine_busy_s() { awk -v hz="$HZ" '$1 == "cpu" { print ($2 + $3 + $4 + $7 + $8 + $9) / hz; exit }' /proc/stat; }
-busy_pct_now() {  # percent of the machine busy over the next second
-  local b0 b1
-  b0=$(machine_busy_s)
-  sleep 1
-  b1=$(machine_busy_s)
-  awk -v a="$b0" -v b="$b1" -v n="$NCPU" 'BEGIN { printf "%.0f", 100 * (b - a) / n }'
-}
-wait_idle() {
-  local waited=0
-  while ((waited < IDLE_WAIT)) && (($(busy_pct_now) > IDLE_BUSY_PCT)); do waited=$((waited + 1)); done
-}
+ACCOUNTING_TMP=$WORK
+source scripts/bench/cpu_accounting.bash
 
 "$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fortunes" > "$LOG_DIR/tokenize.log" 2>&1 \
   || { cat "$LOG_DIR/tokenize.log"; echo "zero.sh: tokenize failed" >&2; exit 1; }
@@ -68,8 +56,8 @@ run() {
     --resume never > "$log" 2>&1 < /dev/null || rc=$?
   t1=$(date +%s.%N)
   m1=$(machine_busy_s)
-  times > "$WORK/times"  # here, not in a $(...) or a pipeline: those are subshells with no children yet
-  own=$(tail -1 "$WORK/times" | awk '{ s = 0; for (i = 1; i <= 2; i++) { split($i, a, /[ms]/); s += a[1] * 60 + a[2] }; print s }')
+  children_cpu_s > "$WORK/own"  # not in $(...): a nested subshell has no children yet
+  own=$(cat "$WORK/own")
   foreign=$(awk -v m0="$m0" -v m1="$m1" -v c="$own" -v t0="$t0" -v t1="$t1" \
     'BEGIN { f = ((m1 - m0) - c) / (t1 - t0); if (f < 0) f = 0; printf "%.2f", f }')
   if ((rc != 0)); then
