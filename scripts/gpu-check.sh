@@ -486,13 +486,15 @@ run_learns() {
 }
 
 # Two ranks sharing the GPU over gloo; extra arguments are config overrides (dist.grad_dtype=bf16: the
-# bfloat16 all-reduce with device tensors staged through the host).
+# bfloat16 all-reduce with device tensors staged through the host; dist.zero=1: ZeRO stage 1, the reduce-scatter,
+# the optimizer over the rank's pieces, the all-gather and the sharded checkpoint of device tensors).
 step_train_gloo2() {
   local logfile=$1
   shift
   run_learns "$logfile" 150 0.8 "${DPT_ENV[@]}" "$B_BIN/dprun" --nproc-per-node 2 -- \
     "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" train.device=cuda dist.backend=gloo \
-    "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/gloo2_$#" --resume never "$@"
+    "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/gloo2_$(echo "$*" | tr -c 'a-z0-9' _)" \
+    --resume never "$@"
 }
 
 # The memory report on a GPU (issue 11): one rank over NCCL with log.memory = true. The report gives the MLP's
@@ -780,6 +782,8 @@ run_all() {
   run_step compare_gpu_cpu step_compare
   run_step train_cuda_gloo_2rank step_train_gloo2
   run_step train_cuda_gloo_2rank_grad_bf16 step_train_gloo2 dist.grad_dtype=bf16
+  run_step train_cuda_gloo_2rank_zero1 step_train_gloo2 dist.zero=1
+  run_step train_cuda_gloo_2rank_zero1_clip_bf16 step_train_gloo2 dist.zero=1 train.clip_grad_norm=1.0 dist.grad_dtype=bf16
   run_step memory_cuda step_memory_gpu
   run_step oom_cuda step_oom_gpu
   for p in fp32 bf16 fp16; do run_step "train_cuda_resnet_$p" step_train_resnet "$p"; done
