@@ -84,7 +84,13 @@ for t in "${TARGETS[@]}"; do
   line=$(head -1 "$OUT/$t.report")
   execs=$(sed -n 's/^fuzz_[a-z_]*: \([0-9?]*\) execs.*/\1/p' <<<"$line")
   took=$(sed -n 's/.* execs in \([0-9]*\)s.*/\1/p' <<<"$line")
-  if grep -q "0 crashes" <<<"$line"; then crashes=0; else crashes="FOUND: see $OUT/$t/crashes"; fi
+  if grep -q ", 0 crashes$" <<<"$line"; then
+    crashes=0
+  elif ls "$OUT/$t"/crashes/* > /dev/null 2>&1; then
+    crashes="FOUND: see $OUT/$t/crashes"
+  else
+    crashes="none found; the run ended early ($(sed -n 's/.*FAILED (\(exit [0-9]*\)).*/\1/p' <<<"$line"))"
+  fi
   table+=$'\n'"| \`fuzz_$t\` | $(printf "%'d" "${execs:-0}") | ${took:-?} s | $crashes |"
 done
 stamp="Measured $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD 2>/dev/null || echo '?') by \`scripts/fuzz.sh --long\` (FUZZ_RUNS=$RUNS, $JOBS at once) on $(getconf _NPROCESSORS_ONLN) cores:"
