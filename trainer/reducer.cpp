@@ -245,14 +245,16 @@ void Reducer::for_each_owned(const std::function<void(float*, size_t)>& fn) {
   for (const FlatRange& r : owned_) fn(grads_.data<float>() + r.offset, r.count);
 }
 
-std::vector<double> Reducer::piece_sum_squares(models::Kernels& k) {
+double Reducer::sharded_sum_squares(models::Kernels& k) {
   Tensor sums = Tensor::zeros({static_cast<int64_t>(owned_.size())}, DType::F64, grads_.device());
   for (size_t i = 0; i < owned_.size(); ++i)
     if (!owned_by_all_[i] || pg_.rank() == 0)
       k.sum_squares_to(grads_.data<float>() + owned_[i].offset, owned_[i].count, sums.data<double>() + i);
   pg_.allreduce(sums, {.op = comm::ReduceOp::Sum, .stream = stream_, .what = "gradient norm"})->block(stream_);
   const Tensor host = sums.to(Device::cpu());  // synchronises the stream
-  return {host.data<double>(), host.data<double>() + host.numel()};
+  double total = 0.0;  // in piece order: the same on every rank
+  for (size_t i = 0; i < owned_.size(); ++i) total += host.data<double>()[i];
+  return total;
 }
 
 void Reducer::sum_squares_to(models::Kernels& k, Tensor& out) {
@@ -260,18 +262,13 @@ void Reducer::sum_squares_to(models::Kernels& k, Tensor& out) {
     k.sum_squares_to(grads_.data<float>(), grads_.numel(), out.data<double>());
     return;
   }
-  double total = 0.0;
-  for (const double s : piece_sum_squares(k)) total += s;
   Tensor host = Tensor::empty({1}, DType::F64);
-  host.data<double>()[0] = total;
+  host.data<double>()[0] = sharded_sum_squares(k);
   out.copy_from(host, stream_);
 }
 
 double Reducer::sum_squares(models::Kernels& k) {
-  if (!sharded_) return k.sum_squares(grads_.data<float>(), grads_.numel());
-  double total = 0.0;
-  for (const double s : piece_sum_squares(k)) total += s;
-  return total;
+  return sharded_ ? sharded_sum_squares(k) : k.sum_squares(grads_.data<float>(), grads_.numel());
 }
 
 void Reducer::gather_params() {

@@ -123,9 +123,9 @@ class Reducer {
   std::vector<std::shared_ptr<comm::Work>> reduce(size_t bucket);
   // After a bucket's collectives: bf16 widens the result back to fp32 (under ZeRO: this rank's chunk, the remainder).
   void settle(size_t bucket);
-  // ZeRO: this rank's partial sums of squares, one per piece of owned() (0 for remainders on ranks other than 0),
-  // summed over the ranks.
-  std::vector<double> piece_sum_squares(models::Kernels& k);
+  // ZeRO: the global sum of squares: one partial sum per piece of owned() (0 for remainders on ranks other than 0),
+  // the partial sums summed over the ranks, then added on the host in piece order.
+  double sharded_sum_squares(models::Kernels& k);
   // BF16, the whole buffer (DDP without overlap): round `grads` / world into `wire` (its bfloat16 copy), all-reduce
   // it, widen it back. Conversions run on stream_ (the CPU: at once); the widening is ordered after the sum by
   // its Work's block(stream_). `what`: the all-reduce's label.
