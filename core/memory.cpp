@@ -50,6 +50,9 @@ void stop_thread_allocations() { thread_counter = {}; }
 
 ThreadAllocations thread_allocations() { return {thread_counter.net, thread_counter.peak}; }
 
+ThreadAllocationsPaused::ThreadAllocationsPaused() : slot_(thread_counter.slot) { thread_counter.slot = -1; }
+ThreadAllocationsPaused::~ThreadAllocationsPaused() { thread_counter.slot = slot_; }
+
 TensorMemory tensor_memory(Device device) {
   const Counter& c = counter(device);
   return {c.current.load(), c.peak.load()};

@@ -28,6 +28,19 @@ struct ThreadAllocations {
 void reset_thread_allocations(Device device);
 void stop_thread_allocations();  // stops counting (the figures return to 0)
 ThreadAllocations thread_allocations();
+// Inside its scope this thread's allocations and releases do not count toward thread_allocations(): memory reported
+// elsewhere (ZeRO stage 2's gradient buckets, reserved by this thread and released by the communication thread, are
+// gradients, not activations). The device figures (tensor_memory) count them as ever.
+class ThreadAllocationsPaused {
+ public:
+  ThreadAllocationsPaused();
+  ~ThreadAllocationsPaused();
+  ThreadAllocationsPaused(const ThreadAllocationsPaused&) = delete;
+  ThreadAllocationsPaused& operator=(const ThreadAllocationsPaused&) = delete;
+
+ private:
+  int slot_;
+};
 
 // Called by Storage: `bytes` allocated on / released from `device`. An allocation that would take `device`
 // past DPT_DEBUG_MEMORY_LIMIT bytes (fault injection for tests, on any device) throws OutOfMemoryError as a

@@ -36,13 +36,7 @@ const char* dtype_name(DType t) {
 std::string Device::str() const { return is_cpu() ? "cpu" : fmt::format("cuda:{}", index); }
 
 Storage::Storage(size_t bytes, Device device, bool pinned) : bytes_(bytes), device_(device), pinned_(pinned) {
-  note_allocation(device, bytes);  // counted first: the fault injection's limit throws before anything is held
-  try {
-    allocate();
-  } catch (...) {
-    note_release(device, bytes);
-    throw;
-  }
+  reserve();
 }
 
 void Storage::allocate() {
@@ -70,7 +64,10 @@ void Storage::allocate() {
   }
 }
 
-Storage::~Storage() {
+Storage::~Storage() { release(); }
+
+void Storage::release() {
+  if (!data_) return;
   note_release(device_, bytes_);
   if (device_.is_cuda())
     cuda::free_device(data_);
@@ -78,6 +75,18 @@ Storage::~Storage() {
     cuda::free_pinned(data_);
   else
     std::free(data_);
+  data_ = nullptr;
+}
+
+void Storage::reserve() {
+  if (data_) return;
+  note_allocation(device_, bytes_);  // counted first: the fault injection's limit throws before anything is held
+  try {
+    allocate();
+  } catch (...) {
+    note_release(device_, bytes_);
+    throw;
+  }
 }
 
 size_t numel_of(const std::vector<int64_t>& shape) {

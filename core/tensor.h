@@ -58,6 +58,15 @@ class Storage {
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
   bool pinned() const { return pinned_; }
+  // FSDP's storage resize to 0: release() frees the bytes while every tensor over this storage stays a valid
+  // handle (views keep their offsets); nothing may touch the data until reserve() allocates the bytes again
+  // (contents undefined). How ZeRO stage 2 holds a gradient bucket only from its first write in backward to its
+  // reduce-scatter. Both count in the memory figures (core/memory.h), and reserve() obeys DPT_DEBUG_MEMORY_LIMIT.
+  // On a GPU cudaFree synchronises the device, so release() is safe after any enqueued use. Not thread-safe
+  // against another thread touching the same storage.
+  void release();
+  void reserve();
+  bool resident() const { return data_ != nullptr; }
 
  private:
   void allocate();
@@ -85,13 +94,22 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device::cpu(); }
   bool pinned() const { return storage_ && storage_->pinned(); }
+  // The storage itself (shared by every view of it), to release() and reserve() its bytes.
+  Storage& storage() const {
+    DPT_CHECK(storage_ != nullptr, "an undefined tensor has no storage");
+    return *storage_;
+  }
   const std::vector<int64_t>& shape() const { return shape_; }
   int64_t dim(size_t i) const;
   size_t ndim() const { return shape_.size(); }
   size_t numel() const { return numel_; }
   size_t bytes() const { return numel_ * dtype_size(dtype_); }
 
-  void* raw() const { return storage_ ? static_cast<char*>(storage_->data()) + byte_offset_ : nullptr; }
+  // nullptr for an undefined tensor or a released storage (Storage::release).
+  void* raw() const {
+    void* base = storage_ ? storage_->data() : nullptr;
+    return base ? static_cast<char*>(base) + byte_offset_ : nullptr;
+  }
   template <class T>
   T* data() const {
     DPT_CHECK(dtype_of<T>() == dtype_, "tensor is {}, accessed as {}", dtype_name(dtype_), dtype_name(dtype_of<T>()));

@@ -1,6 +1,8 @@
 // models/model.cpp: the flat-buffer Model over a module tree, and the MLP builder.
 #include "models/model.h"
 
+#include <algorithm>
+
 #include "models/kernels/factory.h"
 
 namespace dpt::models {
@@ -26,6 +28,7 @@ Model::Model(std::unique_ptr<Module> root, std::string name, Device device)
     const auto ps = m->param_specs();
     const auto bs = m->buffer_specs();
     const auto cs = m->counters();
+    if (const Module* owner = m->uses_params_of()) tied_.emplace_back(m, owner);
     if (ps.empty() && bs.empty() && cs.empty()) continue;
     owners_.push_back({m, prefixes[i]});
     for (const auto& s : ps) params += numel_of(s.shape);
@@ -45,32 +48,79 @@ void Model::allocate(Device device, int64_t total_params, int64_t total_buffers)
   named_.clear();
   named_buffers_.clear();
   size_t offset = 0, boffset = 0;
-  for (const Owner& o : owners_) {
-    const size_t first = named_.size();
-    std::vector<Tensor> p, g, b;
+  for (Owner& o : owners_) {
+    o.first = named_.size();
+    o.bfirst = named_buffers_.size();
     for (const auto& spec : o.module->param_specs()) {
-      NamedParam np{o.prefix + spec.name, params_.view(offset, spec.shape), grads_.view(offset, spec.shape), offset};
-      p.push_back(np.param);
-      g.push_back(np.grad);
-      named_.push_back(std::move(np));
+      named_.push_back({o.prefix + spec.name, params_.view(offset, spec.shape), grads_.view(offset, spec.shape), offset});
       offset += numel_of(spec.shape);
     }
     for (const auto& spec : o.module->buffer_specs()) {
-      b.push_back(buffers_.view(boffset, spec.shape));
-      named_buffers_.push_back({o.prefix + spec.name, b.back()});
+      named_buffers_.push_back({o.prefix + spec.name, buffers_.view(boffset, spec.shape)});
       boffset += numel_of(spec.shape);
     }
-    o.module->bind(std::move(p), std::move(g), std::move(b));
-    const size_t end = named_.size();
-    if (first != end)
-      o.module->set_grads_ready_hook([this, first, end] {
-        if (grads_ready_ && *grads_ready_) (*grads_ready_)(first, end);
-      });
+    o.end = named_.size();
+    o.bend = named_buffers_.size();
+    rebind(o);
+    const size_t first = o.first, end = o.end;
+    if (first == end) continue;
+    o.module->set_grads_ready_hook([this, first, end] {
+      if (grads_ready_ && *grads_ready_) (*grads_ready_)(first, end);
+    });
+    o.module->set_before_backward_hook([this, first, end] {
+      if (grads_needed_) grads_needed_(first, end);
+    });
   }
+  for (const auto& [user, owner] : tied_) {
+    const auto it = std::find_if(owners_.begin(), owners_.end(), [&](const Owner& o) { return o.module == owner; });
+    DPT_CHECK(it != owners_.end(), "{} uses the parameters of a module outside the model", user->kind());
+    const size_t first = it->first, end = it->end;
+    user->set_before_backward_hook([this, first, end] {
+      if (grads_needed_) grads_needed_(first, end);
+    });
+  }
+}
+
+void Model::rebind(const Owner& o) {
+  std::vector<Tensor> p, g, b;
+  for (size_t i = o.first; i < o.end; ++i) {
+    p.push_back(named_[i].param);
+    g.push_back(named_[i].grad);
+  }
+  for (size_t i = o.bfirst; i < o.bend; ++i) b.push_back(named_buffers_[i].tensor);
+  o.module->bind(std::move(p), std::move(g), std::move(b));
+}
+
+std::vector<Tensor> Model::split_grads(const std::vector<std::pair<size_t, size_t>>& ranges) {
+  DPT_CHECK(grad_parts_.empty(), "the gradients are split already");
+  std::vector<int> covered(named_.size(), 0);
+  for (const auto& [first, end] : ranges) {
+    DPT_CHECK(first <= end && end <= named_.size(), "parameter range [{}, {}) of {}", first, end, named_.size());
+    for (size_t i = first; i < end; ++i) {
+      DPT_CHECK(i == first || named_[i].offset == named_[i - 1].offset + named_[i - 1].param.numel(),
+                "parameter range [{}, {}) is not contiguous", first, end);
+      ++covered[i];
+    }
+  }
+  for (size_t i = 0; i < named_.size(); ++i)
+    DPT_CHECK(covered[i] == 1, "parameter {} is in {} of the ranges, not one", named_[i].name, covered[i]);
+  std::vector<Tensor> parts;
+  for (const auto& [first, end] : ranges) {
+    const size_t base = first < end ? named_[first].offset : 0;
+    const size_t count = first < end ? named_[end - 1].offset + named_[end - 1].param.numel() - base : 0;
+    Tensor part = Tensor::zeros({static_cast<int64_t>(count)}, DType::F32, device_);
+    for (size_t i = first; i < end; ++i) named_[i].grad = part.view(named_[i].offset - base, named_[i].param.shape());
+    parts.push_back(std::move(part));
+  }
+  for (const Owner& o : owners_) rebind(o);
+  grad_parts_ = parts;
+  grads_ = Tensor();  // the flat buffer is gone
+  return parts;
 }
 
 void Model::to(Device device) {
   if (device == device_) return;
+  DPT_CHECK(grad_parts_.empty(), "a model with split gradients cannot move to {}", device.str());
   const Tensor old = params_, old_buffers = buffers_;
   allocate(device, static_cast<int64_t>(old.numel()), static_cast<int64_t>(old_buffers.numel()));
   if (precision_ != Precision::F32) kernels_->set_precision(precision_);  // the new device's set must take it
@@ -118,7 +168,11 @@ const Tensor& Model::backward(const Tensor& dlogits, const GradsReady& grads_rea
   }
 }
 
-void Model::zero_grad() { grads_.zero_(kernels_->stream()); }
+void Model::zero_grad() {
+  if (grad_parts_.empty()) grads_.zero_(kernels_->stream());
+  for (Tensor& part : grad_parts_)
+    if (part.storage().resident()) part.zero_(kernels_->stream());
+}
 
 size_t Model::set_batch_norm_sync(const BatchNorm2d::AllReduceSum& sum) {
   size_t n = 0;

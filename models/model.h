@@ -43,6 +43,17 @@ class Model {
   // Returns d(loss)/d(input), undefined when the first layer was built without it (every built-in model).
   const Tensor& backward(const Tensor& dlogits, const GradsReady& grads_ready = {});
   void zero_grad();
+  // Called before a module's backward writes the gradients of named_params() [first, end): its own parameters, or
+  // those of the module it uses_params_of() (a tied weight). How ZeRO stage 2 makes a gradient bucket's storage
+  // resident when backward reaches it. Persistent; empty: none.
+  using GradsNeeded = std::function<void(size_t first, size_t end)>;
+  void set_grads_needed(GradsNeeded hook) { grads_needed_ = std::move(hook); }
+  // Gives the gradients of each range [first, end) of named_params() its own flat tensor (own storage, zeroed),
+  // returned in the order of `ranges`; the ranges must cover every parameter exactly once. Every NamedParam::grad
+  // and module view moves there, and grads() is undefined from then on (zero_grad() zeroes the resident ones): ZeRO
+  // stage 2 releases and reserves these storages bucket by bucket. Once only, after to(); to() is refused after.
+  std::vector<Tensor> split_grads(const std::vector<std::pair<size_t, size_t>>& ranges);
+  bool grads_split() const { return !grad_parts_.empty(); }
   // The arithmetic of the GEMM-class layers (train.precision), applied to the kernel set at every forward and
   // backward; throws UnsupportedError when this model's kernel set cannot compute in it.
   void set_precision(Precision p);
@@ -82,7 +93,14 @@ class Model {
   struct Owner {  // a module owning parameters, buffers or counters
     Module* module;
     std::string prefix;  // "layer1.0.bn1." ("" for the root)
+    size_t first = 0, end = 0;    // its parameters: named_params() [first, end)
+    size_t bfirst = 0, bend = 0;  // its buffers: named_buffers() [bfirst, bend)
   };
+  // A module using another's parameters (uses_params_of()), and that owner's index in owners_.
+  std::vector<std::pair<Module*, const Module*>> tied_;
+  std::vector<Tensor> grad_parts_;  // after split_grads()
+  GradsNeeded grads_needed_;
+  void rebind(const Owner& o);
   std::unique_ptr<Module> root_;
   std::string name_;
   std::vector<Owner> owners_;

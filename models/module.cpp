@@ -7,6 +7,7 @@
 namespace dpt::models {
 
 const Tensor& Module::backward(const Tensor& dy, Kernels& k) {
+  if (before_backward_) before_backward_();
   const Tensor& dx = run_backward(dy, k);
   if (grads_ready_) grads_ready_();
   return dx;

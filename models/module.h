@@ -76,6 +76,12 @@ class Module {
   const std::vector<std::pair<std::string, Module*>>& children() const { return child_views_; }
   // Called by backward() once this module's own parameter gradients are complete (the Model sets it).
   void set_grads_ready_hook(std::function<void()> hook) { grads_ready_ = std::move(hook); }
+  // Called by backward() before run_backward, so the gradients it writes have storage (the Model sets it: ZeRO
+  // stage 2 holds a gradient bucket only from its first write to its reduce-scatter).
+  void set_before_backward_hook(std::function<void()> hook) { before_backward_ = std::move(hook); }
+  // The module whose own parameters this one's forward and backward also read and write, or nullptr: a tied
+  // weight (the GPT's LM head is the transformer's token embedding). Its hooks then cover those parameters too.
+  virtual const Module* uses_params_of() const { return nullptr; }
 
  protected:
   virtual const Tensor& run_forward(const Tensor& x, Kernels& k) = 0;
@@ -98,6 +104,7 @@ class Module {
   std::vector<std::unique_ptr<Module>> children_;
   std::vector<std::pair<std::string, Module*>> child_views_;
   std::function<void()> grads_ready_;
+  std::function<void()> before_backward_;
 };
 
 // Children applied in order. needs_input_grad reaches the first child.

@@ -8,6 +8,7 @@
 
 #include "core/bfloat16_convert.h"
 #include "core/cuda.h"
+#include "core/memory.h"
 #include "core/check.h"
 
 namespace dpt::trainer {
@@ -36,28 +37,48 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& sizes, size_t cap_
 }
 
 Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stream, const ReducerOptions& opts)
-    : pg_(pg), grads_(model.grads()), stream_(stream), opts_(opts) {
+    : pg_(pg), device_(model.device()), stream_(stream), opts_(opts) {
   DPT_CHECK(opts_.grad_dtype == DType::F32 || opts_.grad_dtype == DType::BF16,
             "the reducer all-reduces float32 or bfloat16 gradients, not {}", dtype_name(opts_.grad_dtype));
+  DPT_CHECK(opts_.zero >= 0 && opts_.zero <= 2, "ZeRO stage {}: the reducer shards for stages 0 to 2", opts_.zero);
   std::vector<size_t> sizes;
   for (const auto& np : model.named_params()) sizes.push_back(np.param.numel());
   buckets_ = assign_buckets(sizes, opts_.bucket_cap_bytes, std::min(opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes));
   bucket_of_param_.assign(sizes.size(), 0);
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    for (size_t p = buckets_[b].first_param; p < buckets_[b].end_param; ++p) bucket_of_param_[p] = b;
+  missing_.assign(buckets_.size(), 0);
+  sharded_ = opts_.zero >= 1 && pg_.size() > 1;
   // One rank communicates nothing: no bfloat16 copy then.
   const bool wire = compressed() && pg_.size() > 1;
-  if (wire) wire_ = Tensor::empty({static_cast<int64_t>(grads_.numel())}, DType::BF16, grads_.device());
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    views_.push_back(grads_.view(buckets_[b].offset, {static_cast<int64_t>(buckets_[b].count)}));
-    if (wire) wire_views_.push_back(wire_.view(buckets_[b].offset, {static_cast<int64_t>(buckets_[b].count)}));
-    for (size_t p = buckets_[b].first_param; p < buckets_[b].end_param; ++p) bucket_of_param_[p] = b;
+  auto count = [&](size_t b) { return std::vector<int64_t>{static_cast<int64_t>(buckets_[b].count)}; };
+  if (held()) {
+    // Stage 2: every bucket its own gradient storage (and bfloat16 copy), held only while needed.
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (const Bucket& b : buckets_) ranges.emplace_back(b.first_param, b.end_param);
+    views_ = model.split_grads(ranges);
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      views_[b].storage().release();
+      if (wire) {
+        wire_views_.push_back(Tensor::empty(count(b), DType::BF16, model.device()));
+        wire_views_.back().storage().release();
+      }
+    }
+    model.set_grads_needed([this](size_t first, size_t end) { hold(first, end); });
+  } else {
+    grads_ = model.grads();
+    if (wire) wire_ = Tensor::empty({static_cast<int64_t>(grads_.numel())}, DType::BF16, grads_.device());
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+      views_.push_back(grads_.view(buckets_[b].offset, count(b)));
+      if (wire) wire_views_.push_back(wire_.view(buckets_[b].offset, count(b)));
+    }
   }
-  missing_.assign(buckets_.size(), 0);
-  DPT_CHECK(opts_.zero == 0 || opts_.zero == 1, "ZeRO stage {}: the reducer shards for stage 0 or 1", opts_.zero);
-  sharded_ = opts_.zero >= 1 && pg_.size() > 1;
-  if (sharded_)
+  if (sharded_) {
     shard_buckets(model);
-  else
+  } else {
     owned_ = {{0, grads_.numel()}};
+    owned_grads_ = {grads_};
+  }
   if (pg_.size() > 1 && opts_.overlap && !pg_.asynchronous()) {
     const int device = stream_ ? cuda::current_device() : -1;
     comm_thread_ = std::thread([this, device] { comm_loop(device); });
@@ -67,18 +88,6 @@ Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stre
 void Reducer::shard_buckets(models::Model& model) {
   const auto world = static_cast<size_t>(pg_.size()), rank = static_cast<size_t>(pg_.rank());
   auto view = [](const Tensor& t, size_t offset, size_t count) { return t.view(offset, {static_cast<int64_t>(count)}); };
-  for (const Bucket& b : buckets_) {
-    const size_t q = b.count / world, rem = b.count - world * q, mine = b.offset + rank * q;
-    Pieces p{.split = view(grads_, b.offset, world * q), .chunk = view(grads_, mine, q),
-             .rem = view(grads_, b.offset + world * q, rem), .param_split = view(model.params(), b.offset, world * q),
-             .param_chunk = view(model.params(), mine, q)};
-    if (compressed()) {
-      p.wire_split = view(wire_, b.offset, world * q);
-      p.wire_chunk = view(wire_, mine, q);
-      p.wire_rem = view(wire_, b.offset + world * q, rem);
-    }
-    pieces_.push_back(std::move(p));
-  }
   // owned_ in increasing offset: buckets run from the end of the buffer to its start.
   for (size_t i = buckets_.size(); i-- > 0;) {
     const Bucket& b = buckets_[i];
@@ -92,7 +101,60 @@ void Reducer::shard_buckets(models::Model& model) {
       owned_by_all_.push_back(true);
     }
   }
+  // Where the optimizer reads each piece's averaged gradient: in place (stage 1), or the pieces back to back in
+  // a buffer of their own (stage 2: the bucket's storage is released after its reduce-scatter).
+  size_t total = 0;
+  for (const FlatRange& r : owned_) total += r.count;
+  if (held()) shard_grads_ = Tensor::zeros({static_cast<int64_t>(total)}, DType::F32, model.device());
+  for (size_t i = 0, a = 0; i < owned_.size(); a += owned_[i].count, ++i) {
+    owned_grads_.push_back(held() ? view(shard_grads_, a, owned_[i].count) : view(grads_, owned_[i].offset, owned_[i].count));
+  }
+  auto piece_at = [&](size_t offset) {  // the index in owned_ of the piece starting at `offset`
+    const auto it = std::lower_bound(owned_.begin(), owned_.end(), offset,
+                                     [](const FlatRange& r, size_t o) { return r.offset < o; });
+    DPT_CHECK(it != owned_.end() && it->offset == offset, "no owned piece at offset {}", offset);
+    return static_cast<size_t>(it - owned_.begin());
+  };
+  for (size_t i = 0; i < buckets_.size(); ++i) {
+    const Bucket& b = buckets_[i];
+    const Tensor& g = views_[i];  // the bucket's gradients, from its first element
+    const size_t q = b.count / world, rem = b.count - world * q, mine = rank * q;
+    Pieces p{.split = view(g, 0, world * q), .chunk = view(g, mine, q), .rem = view(g, world * q, rem),
+             .param_split = view(model.params(), b.offset, world * q),
+             .param_chunk = view(model.params(), b.offset + mine, q)};
+    if (compressed()) {
+      p.wire_split = view(wire_views_[i], 0, world * q);
+      p.wire_chunk = view(wire_views_[i], mine, q);
+      p.wire_rem = view(wire_views_[i], world * q, rem);
+    }
+    if (held()) {
+      if (q > 0) p.kept_chunk = owned_grads_[piece_at(b.offset + mine)];
+      if (rem > 0) p.kept_rem = owned_grads_[piece_at(b.offset + world * q)];
+    }
+    pieces_.push_back(std::move(p));
+  }
 }
+
+void Reducer::hold(size_t first_param, size_t end_param) {
+  for (size_t p = first_param; p < end_param; ++p) hold_bucket(bucket_of_param_[p]);
+}
+
+// The buckets' storages are gradients, not the step's activations: not counted as this thread's allocations.
+void Reducer::hold_bucket(size_t bucket) {
+  Storage& s = views_[bucket].storage();
+  if (s.resident()) return;
+  const ThreadAllocationsPaused paused;
+  s.reserve();
+  views_[bucket].zero_(stream_);
+}
+
+void Reducer::drop_bucket(size_t bucket) {
+  const ThreadAllocationsPaused paused;
+  views_[bucket].storage().release();
+  if (compressed()) wire_views_[bucket].storage().release();
+}
+
+size_t Reducer::gradient_bytes() const { return held() ? shard_grads_.bytes() : grads_.bytes(); }
 
 Reducer::~Reducer() {
   {
@@ -139,6 +201,11 @@ void Reducer::comm_loop(int cuda_device) {
 std::string Reducer::bucket_label(size_t bucket) { return fmt::format("bucket {}", bucket); }
 
 std::vector<std::shared_ptr<comm::Work>> Reducer::reduce(size_t bucket) {
+  if (held()) {  // a bucket backward never wrote (parameters without gradients) holds zeros
+    hold_bucket(bucket);
+    const ThreadAllocationsPaused paused;
+    if (compressed()) wire_views_[bucket].storage().reserve();
+  }
   const comm::AllreduceOptions avg{.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true,
                                    .what = bucket_label(bucket)};
   comm::AllreduceOptions sum = avg;
@@ -159,14 +226,20 @@ std::vector<std::shared_ptr<comm::Work>> Reducer::reduce(size_t bucket) {
 }
 
 void Reducer::settle(size_t bucket) {
-  if (!compressed()) return;
   if (!sharded_) {
-    from_bfloat16(wire_views_[bucket], views_[bucket], stream_);
+    if (compressed()) from_bfloat16(wire_views_[bucket], views_[bucket], stream_);
     return;
   }
   Pieces& p = pieces_[bucket];
-  if (p.chunk.numel()) from_bfloat16(p.wire_chunk, p.chunk, stream_);
-  if (p.rem.numel()) from_bfloat16(p.wire_rem, p.rem, stream_);
+  if (compressed()) {
+    if (p.chunk.numel()) from_bfloat16(p.wire_chunk, p.chunk, stream_);
+    if (p.rem.numel()) from_bfloat16(p.wire_rem, p.rem, stream_);
+  }
+  if (!held()) return;
+  // Stage 2: this rank's averaged pieces move to the gradient shard; the bucket's storage goes.
+  if (p.chunk.numel()) p.kept_chunk.copy_from(p.chunk, stream_);
+  if (p.rem.numel()) p.kept_rem.copy_from(p.rem, stream_);
+  drop_bucket(bucket);
 }
 
 void Reducer::reduce_bf16(Tensor& grads, Tensor& wire, const std::string& what) {
@@ -242,14 +315,14 @@ void Reducer::finish() {
 }
 
 void Reducer::for_each_owned(const std::function<void(float*, size_t)>& fn) {
-  for (const FlatRange& r : owned_) fn(grads_.data<float>() + r.offset, r.count);
+  for (Tensor& g : owned_grads_) fn(g.data<float>(), g.numel());
 }
 
 double Reducer::sharded_sum_squares(models::Kernels& k) {
-  Tensor sums = Tensor::zeros({static_cast<int64_t>(owned_.size())}, DType::F64, grads_.device());
+  Tensor sums = Tensor::zeros({static_cast<int64_t>(owned_.size())}, DType::F64, device_);
   for (size_t i = 0; i < owned_.size(); ++i)
     if (!owned_by_all_[i] || pg_.rank() == 0)
-      k.sum_squares_to(grads_.data<float>() + owned_[i].offset, owned_[i].count, sums.data<double>() + i);
+      k.sum_squares_to(owned_grads_[i].data<float>(), owned_grads_[i].numel(), sums.data<double>() + i);
   pg_.allreduce(sums, {.op = comm::ReduceOp::Sum, .stream = stream_, .what = "gradient norm"})->block(stream_);
   const Tensor host = sums.to(Device::cpu());  // synchronises the stream
   double total = 0.0;  // in piece order: the same on every rank

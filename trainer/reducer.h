@@ -26,6 +26,14 @@
 // above. The optimizer then updates the owned pieces only (for_each_owned, owned()), and gather_params()
 // all-gathers each bucket's parameters after the step. No buffer is added: backward still writes (and accumulates
 // into) the whole gradient buffer.
+//
+// zero = 2 (ZeRO stage 2: the gradients sharded too): the same pieces, reduce-scattered the same way (the same
+// numbers, bit for bit), but a rank keeps only its pieces' averaged gradients, back to back in a shard buffer of
+// about 1/world of the model. Each bucket's gradients get a storage of their own (Model::split_grads), resident
+// only from the moment backward is about to write them (Model::GradsNeeded: the first module of the bucket to run
+// backward) until its reduce-scatter has settled and its pieces are copied into the shard; the bucket's bfloat16
+// copy likewise. With gradient accumulation the buckets stay resident (and unreduced) over the K-1 silent
+// micro-batches, as FSDP's no_sync keeps unsharded gradients: the communication saving costs the memory saving.
 #pragma once
 
 #include <condition_variable>
@@ -64,7 +72,7 @@ struct ReducerOptions {
   size_t first_bucket_cap_bytes = size_t{1} << 20;
   bool overlap = true;
   DType grad_dtype = DType::F32;  // F32 | BF16: what the all-reduce carries (see the file comment)
-  int zero = 0;                   // 0: DDP; 1: ZeRO stage 1 (see the file comment); no effect on one rank
+  int zero = 0;                   // 0: DDP; 1, 2: ZeRO stage 1, 2 (see the file comment); no effect on one rank
 };
 
 // DDP's promise, checked once an epoch: every rank holds bit-identical parameters (a CRC32 of them, compared
@@ -100,6 +108,13 @@ class Reducer {
   // The pieces of the flat parameter and gradient buffers this rank updates, in increasing offset: DDP the whole
   // buffer; ZeRO its chunk of every bucket and every bucket's remainder. After finish() their gradients are averaged.
   const std::vector<FlatRange>& owned() const { return owned_; }
+  // Each piece's averaged gradient, in the order of owned(): views into Model::grads() (DDP: the whole buffer; stage
+  // 1), or into the gradient shard (stage 2; the optimizer reads it through shard_grads()).
+  const std::vector<Tensor>& owned_grads() const { return owned_grads_; }
+  // Stage 2: the pieces' gradients back to back (the optimizer state's layout); undefined otherwise.
+  const Tensor& shard_grads() const { return shard_grads_; }
+  // Bytes of gradients this rank keeps between steps: the whole buffer, or (stage 2) its shard.
+  size_t gradient_bytes() const;
   // fn(gradients, count) for each piece of owned() (DDP: once, the whole buffer): to scale or clip them.
   void for_each_owned(const std::function<void(float*, size_t)>& fn);
   // The sum of squares of the averaged gradients (the global norm squared, the same on every rank), into `out` (one
@@ -130,19 +145,25 @@ class Reducer {
   // it, widen it back. Conversions run on stream_ (the CPU: at once); the widening is ordered after the sum by
   // its Work's block(stream_). `what`: the all-reduce's label.
   void reduce_bf16(Tensor& grads, Tensor& wire, const std::string& what);
-  // Cuts the buckets into chunks (zero >= 1): owned_ and pieces_.
+  // Cuts the buckets into chunks (zero >= 1): owned_, owned_grads_ and pieces_.
   void shard_buckets(models::Model& model);
+  // Stage 2: the buckets' storages held only while needed.
+  bool held() const { return sharded_ && opts_.zero >= 2; }
+  void hold(size_t first_param, size_t end_param);  // Model::GradsNeeded: their buckets resident (zeroed when new)
+  void hold_bucket(size_t bucket);
+  void drop_bucket(size_t bucket);  // releases the bucket's gradients and bfloat16 copy
   // The label of a bucket's all-reduce (AllreduceOptions::what): "bucket N"; the whole buffer's is "all gradients".
   static std::string bucket_label(size_t bucket);
 
   comm::ProcessGroup& pg_;
-  Tensor grads_;
+  Device device_;
+  Tensor grads_;                            // the flat gradient buffer (undefined under stage 2)
   StreamHandle stream_;
   ReducerOptions opts_;
   std::vector<Bucket> buckets_;
-  std::vector<Tensor> views_;               // each bucket's slice of grads_
+  std::vector<Tensor> views_;               // each bucket's slice of grads_ (stage 2: its own storage)
   Tensor wire_;                             // BF16: the bfloat16 copy of grads_ that is all-reduced
-  std::vector<Tensor> wire_views_;          // BF16: each bucket's slice of wire_
+  std::vector<Tensor> wire_views_;          // BF16: each bucket's slice of wire_ (stage 2: its own storage)
   std::vector<size_t> bucket_of_param_;
   // ZeRO.
   bool sharded_ = false;
@@ -152,7 +173,10 @@ class Reducer {
     Tensor split, chunk, rem;                  // grads_: the world * q chunks, this rank's, the remainder
     Tensor wire_split, wire_chunk, wire_rem;   // bf16: the same pieces of wire_
     Tensor param_split, param_chunk;           // Model::params(): the all-gather's output and this rank's input
+    Tensor kept_chunk, kept_rem;               // stage 2: where chunk and rem are kept (in shard_grads_)
   };
+  std::vector<Tensor> owned_grads_;
+  Tensor shard_grads_;                      // stage 2
   std::vector<Pieces> pieces_;
   std::vector<size_t> missing_;             // per bucket: parameters whose gradients are not ready yet
   size_t next_launch_ = 0;

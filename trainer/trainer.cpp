@@ -198,11 +198,11 @@ void Trainer::build_model_and_optimizer() {
   const bool decay_matrices_only =
       t_.weight_decay_params == "matrices" || (t_.weight_decay_params == "auto" && cfg_.model.name == "gpt");
   ctx_.memory.params = static_cast<int64_t>(model_->params().bytes());
-  ctx_.memory.grads = static_cast<int64_t>(model_->grads().bytes());
   ctx_.memory.buffers = static_cast<int64_t>(model_->buffers().bytes());
   build_reducer();
+  ctx_.memory.grads = static_cast<int64_t>(reducer_->gradient_bytes());
   ctx_.phase = "allocating the optimizer state";
-  optimizer_ = std::make_unique<Optimizer>(t_, *model_, decay_matrices_only, reducer_->owned());
+  optimizer_ = std::make_unique<Optimizer>(t_, *model_, decay_matrices_only, reducer_->owned(), reducer_->shard_grads());
   ctx_.memory.optimizer = static_cast<int64_t>(optimizer_->state_bytes());
   if (lead_ && reducer_->sharded()) {
     size_t mine = 0;
@@ -213,6 +213,15 @@ void Trainer::build_model_and_optimizer() {
                  100.0 * static_cast<double>(mine) / static_cast<double>(model_->num_params()),
                  format_bytes(optimizer_->state_bytes()), reducer_->buckets().size(),
                  overlap_ ? " during backward" : " after backward");
+    if (cfg_.dist.zero >= 2) {
+      size_t largest = 0;
+      for (const Bucket& b : reducer_->buckets()) largest = std::max(largest, b.count * sizeof(float));
+      spdlog::info("zero: stage 2: gradients sharded too: this rank keeps {} of gradients between steps (DDP: {}); "
+                   "a bucket's full gradients (the largest {}) are held from backward reaching it to its "
+                   "reduce-scatter{}", format_bytes(reducer_->gradient_bytes()),
+                   format_bytes(model_->num_params() * sizeof(float)), format_bytes(largest),
+                   t_.accum_steps > 1 ? ", and over the whole gradient accumulation" : "");
+    }
   }
   ctx_.phase = "loading the checkpoint";
   if (lead_) spdlog::info("model: {} on {}", model_->summary(), model_->device().str());

@@ -164,6 +164,8 @@ class Gpt final : public Module {
   explicit Gpt(const GptOptions& o);
   std::string kind() const override;
   const GptOptions& options() const { return o_; }
+  // The tied LM head reads the transformer's wte and accumulates into its gradient.
+  const Module* uses_params_of() const override { return transformer_; }
 
   // Generation with a KV cache. After begin_kv_cache, each forward (in evaluation mode) takes only the next
   // tokens [batch, t] of the sequences, which continue the cached positions, and returns their logits; the

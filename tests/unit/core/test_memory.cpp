@@ -68,3 +68,47 @@ TEST_CASE("thread_allocations counts this thread's allocations only, and their p
   REQUIRE(thread_allocations().net == 0);
   REQUIRE(thread_allocations().peak == 0);
 }
+
+TEST_CASE("Storage release and reserve: the bytes go and come back, views stay valid handles", "[core][memory]") {
+  const Device cpu = Device::cpu();
+  const size_t base = tensor_memory(cpu).current;
+  Tensor flat = Tensor::zeros({1000});  // 4000 B
+  Tensor view = flat.view(10, {100});
+  REQUIRE(flat.storage().resident());
+  REQUIRE(tensor_memory(cpu).current == base + 4000);
+  flat.storage().release();
+  REQUIRE_FALSE(view.storage().resident());  // the same storage
+  REQUIRE(view.raw() == nullptr);
+  REQUIRE(tensor_memory(cpu).current == base);
+  flat.storage().release();  // twice: nothing more
+  REQUIRE(tensor_memory(cpu).current == base);
+  view.storage().reserve();
+  REQUIRE(flat.storage().resident());
+  REQUIRE(tensor_memory(cpu).current == base + 4000);
+  REQUIRE(static_cast<float*>(view.raw()) == flat.data<float>() + 10);  // the view's offset kept
+  view.data<float>()[0] = 3.0f;
+  REQUIRE(flat.data<float>()[10] == 3.0f);
+  flat.storage().reserve();  // already resident: nothing more
+  REQUIRE(tensor_memory(cpu).current == base + 4000);
+  flat.storage().release();
+  // Destroying a released storage releases nothing twice.
+  flat = Tensor();
+  view = Tensor();
+  REQUIRE(tensor_memory(cpu).current == base);
+}
+
+TEST_CASE("ThreadAllocationsPaused: what the scope allocates or releases is not this thread's", "[core][memory]") {
+  reset_thread_allocations(Device::cpu());
+  Tensor a = Tensor::empty({100});  // 400 B counted
+  Tensor b;
+  {
+    const ThreadAllocationsPaused paused;
+    b = Tensor::empty({1000});  // not counted
+    a.storage().release();      // not counted either
+  }
+  CHECK(thread_allocations().net == 400);
+  CHECK(thread_allocations().peak == 400);
+  a.storage().reserve();  // counted again
+  CHECK(thread_allocations().net == 800);
+  stop_thread_allocations();
+}

@@ -177,6 +177,57 @@ TEST_CASE("GPT: every parameter's gradient (tied head included) matches finite d
   check_gradients(*model, random_tokens(2, 5, o.vocab_size, rng), 56, 1e-3f, 3e-2, 3e-3, 1500, false);
 }
 
+TEST_CASE("GPT: gradients split into released storages, held through the hooks, equal the flat buffer's (tied head)",
+          "[models][gpt][zero]") {
+  // ZeRO stage 2's use of Model::split_grads: every parameter's gradient in a storage of its own, released between
+  // steps; GradsNeeded makes each resident (zeroed) before its first write. The tied LM head writes wte's gradient
+  // inside Gpt's backward, before the transformer's own: without Gpt::uses_params_of() it would write released memory.
+  std::mt19937_64 rng(9);
+  GptOptions o = tiny();
+  auto flat = make_gpt(o), split = make_gpt(o);
+  flat->init(11);
+  split->init(11);
+  std::vector<std::pair<size_t, size_t>> ranges;
+  for (size_t p = 0; p < split->named_params().size(); ++p) ranges.emplace_back(p, p + 1);
+  std::vector<Tensor> parts = split->split_grads(ranges);
+  REQUIRE(parts.size() == ranges.size());
+  REQUIRE(split->grads_split());
+  REQUIRE_FALSE(split->grads().defined());
+  std::vector<int> held(parts.size(), 0);
+  split->set_grads_needed([&](size_t first, size_t end) {
+    for (size_t p = first; p < end; ++p) {
+      if (parts[p].storage().resident()) continue;
+      parts[p].storage().reserve();
+      parts[p].zero_();
+      ++held[p];
+    }
+  });
+  for (int step = 0; step < 2; ++step) {
+    for (Tensor& part : parts) part.storage().release();
+    flat->zero_grad();
+    split->zero_grad();  // nothing resident: nothing to zero
+    for (int micro = 0; micro < 2; ++micro) {  // accumulation: the storages stay resident over micro-batches
+      const Tensor x = random_tokens(2, 5, o.vocab_size, rng);
+      const Tensor r = random_tensor({10, padded_vocab(o)}, rng);  // d(loss)/d(logits), [B * T, V]
+      flat->forward(x);
+      flat->backward(r);
+      split->forward(x);
+      split->backward(r);
+    }
+    for (size_t p = 0; p < parts.size(); ++p) {
+      INFO(split->named_params()[p].name);
+      REQUIRE(parts[p].storage().resident());
+      REQUIRE(held[p] == step + 1);  // reserved once per step, before its first write
+      const Tensor& want = flat->named_params()[p].grad;
+      REQUIRE(split->named_params()[p].grad.raw() == parts[p].raw());
+      for (size_t i = 0; i < want.numel(); ++i) REQUIRE(parts[p].data<float>()[i] == want.data<float>()[i]);
+    }
+  }
+  REQUIRE_THROWS_AS(split->split_grads(ranges), InternalError);
+  auto other = make_gpt(o);
+  REQUIRE_THROWS_AS(other->split_grads({{0, 1}}), InternalError);  // must cover every parameter once
+}
+
 TEST_CASE("GPT: causal (a later token never changes an earlier position's logits) and length-agnostic",
           "[models][gpt]") {
   std::mt19937_64 rng(5);

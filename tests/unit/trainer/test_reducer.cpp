@@ -314,3 +314,81 @@ TEST_CASE("Reducer zero = 1 on one rank is DDP", "[reducer][zero]") {
   CHECK(z.owned == std::vector<trainer::FlatRange>{{0, 66}});
   for (size_t i = 0; i < z.grads.size(); ++i) REQUIRE(z.grads[i] == random_grad(0, i));
 }
+
+namespace {
+
+// What a rank keeps after a ZeRO step: its pieces and their averaged gradients (owned_grads()).
+struct Kept {
+  std::vector<trainer::FlatRange> owned;
+  std::vector<std::vector<float>> grads;
+  size_t gradient_bytes = 0;
+  bool buckets_released = true;  // stage 2: no bucket's full gradients left resident after finish()
+};
+
+// A real backward of the MLP over `micro` micro-batches of rank-specific data (the first micro - 1 silent, as
+// gradient accumulation), reduced at stage `zero`.
+Kept backward_reduced(comm::ProcessGroup& pg, int zero, DType grad_dtype, bool overlap, int micro) {
+  auto model = models::make_mlp(5, {7}, 3);  // 66 parameters: 64-byte buckets of 3, 21, 7 and 35
+  model->init(3);
+  trainer::Reducer reducer(pg, *model, nullptr,
+                           {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .overlap = overlap,
+                            .grad_dtype = grad_dtype, .zero = zero});
+  Kept out;
+  for (int step = 0; step < 2; ++step) {  // the second step reuses the released storages
+    model->zero_grad();
+    for (int m = 0; m < micro; ++m) {
+      Tensor x = Tensor::empty({4, 5}), dy = Tensor::empty({4, 3});
+      for (size_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = random_grad(pg.rank() + 7 * m + 31 * step, i);
+      for (size_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = random_grad(pg.rank() + 5 * m + 17 * step, i + 100);
+      model->forward(x);
+      reducer.begin(m == micro - 1);
+      model->backward(dy, [&](size_t first, size_t end) { reducer.grads_ready(first, end); });
+    }
+    reducer.finish();
+  }
+  out.owned = reducer.owned();
+  for (const Tensor& g : reducer.owned_grads()) out.grads.emplace_back(g.data<float>(), g.data<float>() + g.numel());
+  out.gradient_bytes = reducer.gradient_bytes();
+  if (model->grads_split())
+    for (const auto& np : model->named_params()) out.buckets_released &= !np.grad.storage().resident();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("Reducer zero = 2: the same averaged pieces as stage 1, bit for bit, keeping only the shard",
+          "[reducer][zero][multirank]") {
+  const int size = GENERATE(2, 3);
+  const bool overlap = GENERATE(true, false);
+  const DType dtype = GENERATE(DType::F32, DType::BF16);
+  const int micro = GENERATE(1, 3);
+  INFO("world size " << size << ", overlap " << overlap << ", " << dtype_name(dtype) << ", micro-batches " << micro);
+  std::mutex mu;
+  std::vector<std::string> fails;
+  auto fail = [&](std::string what) {
+    std::lock_guard lock(mu);
+    if (fails.size() < 20) fails.push_back(std::move(what));
+  };
+  std::string errors = run_gloo_ranks(size, [&](comm::ProcessGroup& pg) {
+    const Kept z1 = backward_reduced(pg, 1, dtype, overlap, micro), z2 = backward_reduced(pg, 2, dtype, overlap, micro);
+    if (z1.owned != z2.owned) fail(fmt::format("rank {}: stage 2 owns other pieces than stage 1", pg.rank()));
+    size_t mine = 0;
+    for (size_t i = 0; i < z2.owned.size(); ++i) {
+      mine += z2.owned[i].count;
+      if (z1.grads[i] != z2.grads[i]) fail(fmt::format("rank {} piece {}: stage 2's gradients differ", pg.rank(), i));
+    }
+    if (z1.gradient_bytes != 66 * sizeof(float)) fail(fmt::format("stage 1 keeps {} bytes", z1.gradient_bytes));
+    if (z2.gradient_bytes != mine * sizeof(float)) fail(fmt::format("stage 2 keeps {} bytes", z2.gradient_bytes));
+    if (!z2.buckets_released) fail(fmt::format("rank {}: a bucket's gradients stayed resident", pg.rank()));
+  });
+  REQUIRE(errors == "");
+  CHECK(fmt::format("{}", fmt::join(fails, "\n")) == "");
+}
+
+TEST_CASE("Reducer zero = 2 on one rank is DDP: the gradients stay one flat buffer", "[reducer][zero]") {
+  auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(5));
+  comm::GlooProcessGroup pg(store, 0, 1);
+  const Kept z = backward_reduced(pg, 2, DType::F32, true, 1);
+  CHECK(z.owned == std::vector<trainer::FlatRange>{{0, 66}});
+  CHECK(z.gradient_bytes == 66 * sizeof(float));
+}
