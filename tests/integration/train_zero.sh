@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # integration.train_zero (issue 22): ZeRO stage 1 (dist.zero = 1: each bucket's gradient reduce-scattered, the
 # optimizer state sharded over the ranks, the parameters all-gathered after the update) trains exactly as DDP
-# (dist.zero = 0); gloo, 2 and 3 ranks, one thread per rank:
+# (dist.zero = 0), and stage 2 (dist.zero = 2: the gradients sharded too) exactly as stage 1, bitwise; gloo, 2 and 3
+# ranks, one thread per rank:
 #  - equivalence after 50 steps, dist.zero=1 against dist.zero=0 on the same ranks and batches (max |a-b| over
 #    the checkpoint's model.safetensors): the MLP (SGD + momentum; 2 ranks, 3 ranks, and 2 ranks with
 #    train.accum_steps=2 and train.clip_grad_norm), a tiny ResNet (SGD + Nesterov + weight decay, BatchNorm
@@ -14,7 +15,10 @@
 #    of 2 ranks resumed under zero=1 on 3 ranks, end where an uninterrupted zero=0 run ends (the same global
 #    batch of 24: 2 x 12 = 3 x 8 = 1 x 24; resumed at an epoch end, since mid-epoch resume needs the same world
 #    size); the same resume from shards whose optimizer state we zeroed differs (the state is what is resharded);
-#  - the log: rank 0's "zero:" line (stage 1) and the memory report's optimizer state about 1/N of zero=0's;
+#  - every equivalence pair runs stage 2 too, which must equal stage 1 bitwise (tolerance 0); a zero=2 checkpoint of 2
+#    ranks resumes under zero=1 on 3 ranks and zero=0 on 1, and a zero=1 one under zero=2 on 3 ranks, as above;
+#  - the log: rank 0's "zero:" line (stage 1) and the memory report's optimizer state about 1/N of zero=0's; stage 2's
+#    line, its gradients about 1/N of zero=0's (stage 1's whole), its optimizer state stage 1's;
 #  - eval, generate, export-weights and model.init_from read a sharded checkpoint as they read a DDP one.
 #
 # Tolerances, with the max |a-b| observed (2026-11-24, this 2-core VM) beside each comparison. On 2 ranks every
@@ -73,12 +77,33 @@ print(f"optimizer state per rank: zero=0 {whole} B, zero=1 {shard} B ({shard / w
 assert whole > 0 and whole / n <= shard <= 1.01 * whole / n
 PYEOF
 }
-pair() {  # pair NAME NPROC ARGS...: NAME_z0 and NAME_z1, 50 steps from the same start
+# grads_sharded NAME NPROC: NAME_z2's log names stage 2, and its memory report's gradients are about 1/NPROC of
+# NAME_z0's (at least 1/N, at most 1% more: the remainders), while NAME_z1 keeps them whole.
+grads_sharded() {
+  local n=$2 z0=${1}_z0 z1=${1}_z1 z2=${1}_z2
+  grep -q "^\[rank 0\] .*\] zero: stage 2: gradients sharded" "$WORK/$z2.log" || { grep -i zero "$WORK/$z2.log"; fail "$z2: no 'zero: stage 2' line"; }
+  "$PY" - "$WORK/$z0.metrics/metrics.jsonl" "$WORK/$z1.metrics/metrics.jsonl" "$WORK/$z2.metrics/metrics.jsonl" "$n" <<'PYEOF' || fail "$z2: gradients not sharded"
+import json, sys
+def mem(path):
+    return next(r for r in map(json.loads, open(path)) if r["kind"] == "memory")
+m0, m1, m2, n = mem(sys.argv[1]), mem(sys.argv[2]), mem(sys.argv[3]), int(sys.argv[4])
+whole, one, shard = m0["grad_bytes"], m1["grad_bytes"], m2["grad_bytes"]
+print(f"gradients per rank: zero=0 {whole} B, zero=1 {one} B, zero=2 {shard} B ({shard / whole:.4f}, 1/{n} = {1 / n:.4f})")
+assert whole > 0 and one == whole and whole / n <= shard <= 1.01 * whole / n
+assert m2["optimizer_bytes"] == m1["optimizer_bytes"], (m1["optimizer_bytes"], m2["optimizer_bytes"])
+PYEOF
+}
+pair() {  # pair NAME NPROC ARGS...: NAME_z0, NAME_z1 and NAME_z2, 50 steps from the same start
   local name=$1 n=$2
   shift 2
   run "${name}_z0" "$n" "$@" train.max_steps=50 dist.zero=0 --resume never
   run "${name}_z1" "$n" "$@" train.max_steps=50 dist.zero=1 --resume never
+  run "${name}_z2" "$n" "$@" train.max_steps=50 dist.zero=2 --resume never
   zero_shown "${name}_z1" "$n"
+  grads_sharded "$name" "$n"
+  # Stage 2 reduces exactly as stage 1 (the same reduce-scatter of the same buckets); only where the averaged
+  # pieces are kept differs: bitwise equal, in every configuration.
+  same "${name}_z1" "${name}_z2" 50 0
 }
 
 # ---- equivalence: 50 steps under zero=1 = under zero=0 -------------------------------------------------------
@@ -130,9 +155,13 @@ resume() {  # resume NAME FROM NPROC BATCH ZERO: continue FROM's checkpoint of s
   grep -q "resumed from .*step-00000020 (step 20, epoch 2, batch 0)" "$WORK/$1.log" \
     || { grep -E "resum|checkpoint" "$WORK/$1.log"; fail "$1 did not resume from $2's step 20"; }
 }
+run half_z2 2 "${RESUME[@]}" train.batch_size=12 dist.zero=2 train.max_steps=20 --resume never
 resume z1_2_to_z1_3 half_z1 3 8 1
 resume z1_2_to_z0_1 half_z1 1 24 0
 resume z0_2_to_z1_3 half_z0 3 8 1
+resume z2_2_to_z1_3 half_z2 3 8 1
+resume z2_2_to_z0_1 half_z2 1 24 0
+resume z1_2_to_z2_3 half_z1 3 8 2
 for r in 0 1 2; do
   [ -f "$(at z1_2_to_z1_3 40)/optimizer-rank-$r-of-3.safetensors" ] || { ls "$(at z1_2_to_z1_3 40)"; fail "no shard of rank $r of 3"; }
 done
@@ -140,6 +169,9 @@ done
 same ref z1_2_to_z1_3 40 1e-6   # 7.5e-8
 same ref z1_2_to_z0_1 40 1e-6   # 6.0e-8
 same ref z0_2_to_z1_3 40 1e-6   # 7.5e-8
+same ref z2_2_to_z1_3 40 1e-6   # 7.5e-8
+same ref z2_2_to_z0_1 40 1e-6   # 6.0e-8
+same ref z1_2_to_z2_3 40 1e-6   # 7.5e-8
 
 # Control: the same 2 -> 3 resume from shards whose optimizer state (every float tensor: SGD's momentum) we zeroed,
 # their CRCs in COMPLETE rewritten so that the checkpoint stays valid, ends elsewhere.
