@@ -282,10 +282,10 @@ class Job {
   }
 
   // This node's outcome in the store, once per round: the first failure's text is what every node prints.
-  void report_failure_once(int code, const std::string& what) {
+  void report_failure_once(int code, const std::string& what, bool by_signal = false) {
     if (!elastic_ || !rdzv_ || reported_) return;
     reported_ = true;
-    rdzv_->report_failure(plan_.round, code, what);
+    rdzv_->report_failure(plan_.round, code, what, by_signal);
   }
 
   // Between polls of the ranks: has another node published a failure in this round? Then stop this node's ranks.
@@ -313,6 +313,8 @@ class Job {
     }
     if (failure_.empty()) failure_ = fmt::format("{}: its ranks ended with exit code {}", describe(rdzv_->self()), exit_code_);
     report_failure_once(exit_code_, failure_);
+    // Every node names the round's failure alike: the rank killed by a signal, wherever it was (Rendezvous::failure).
+    if (std::optional<std::pair<int, std::string>> f = rdzv_->failure(round)) failure_ = f->second;
     std::string why;
     if (stop_requested_) why = "dprun was told to stop";
     else if (exec_failed_) why = "the program cannot be started";
@@ -580,7 +582,7 @@ class Job {
     failed_status_ = failed.front()->status;
     failure_ = fmt::format("{}: rank {} failed ({})", elastic_ ? describe(rdzv_->self()) : "this node", *failed_rank_,
                            brief(failed_status_));
-    report_failure_once(exit_code_, failure_);
+    report_failure_once(exit_code_, failure_, failed_status_.signaled);
     begin_stop(SIGTERM, /*received=*/false);
   }
 

@@ -178,9 +178,12 @@ void Rendezvous::end(int round, int code, const std::string& message) {
   close(plan);
 }
 
-void Rendezvous::report_failure(int round, int code, const std::string& what) {
-  // The first to count writes the text; a reader that sees the count waits the moment until it is there.
-  if (store_.add(key(round, "failed"), 1) == 1) store_.set(key(round, "failure"), fmt::format("{} {}", code, what));
+void Rendezvous::report_failure(int round, int code, const std::string& what, bool by_signal) {
+  // The first to count writes the text; a reader that sees the count waits the moment until it is there. A
+  // signal's text is written before "failed" counts this report, so a reader that sees "signaled" finds it.
+  const std::string text = fmt::format("{} {}", code, what);
+  if (by_signal && store_.add(key(round, "signaled"), 1) == 1) store_.set(key(round, "failure_signaled"), text);
+  if (store_.add(key(round, "failed"), 1) == 1) store_.set(key(round, "failure"), text);
   store_.add(key(round, "reports"), 1);
 }
 
@@ -188,7 +191,8 @@ void Rendezvous::report_done(int round) { store_.add(key(round, "reports"), 1); 
 
 std::optional<std::pair<int, std::string>> Rendezvous::failure(int round) {
   if (counter(key(round, "failed")) == 0) return std::nullopt;
-  const std::string text = store_.get_string(key(round, "failure"));
+  const bool signaled = counter(key(round, "signaled")) > 0;
+  const std::string text = store_.get_string(key(round, signaled ? "failure_signaled" : "failure"));
   const auto sp = text.find(' ');
   return std::pair{to_int(std::string_view(text).substr(0, sp), "exit code"),
                    sp == std::string::npos ? std::string{} : text.substr(sp + 1)};

@@ -85,11 +85,14 @@ class Rendezvous {
   // Master: closes `round` with the job's end: every node that joins it learns `code` and `message`.
   void end(int round, int code, const std::string& message);
 
-  // This node's attempt in `round` failed (exit `code`; `what` says how, first report wins) or finished.
-  // Call one of them once per node and round.
-  void report_failure(int round, int code, const std::string& what);
+  // This node's attempt in `round` failed (exit `code`; `what` says how; `by_signal`: a rank was killed by a
+  // signal) or finished. Call one of them once per node and round.
+  void report_failure(int round, int code, const std::string& what, bool by_signal = false);
   void report_done(int round);
-  // A failure some node reported in `round`: its exit code and text; nullopt when none.
+  // The failure of `round` as every node names it: its exit code and text; nullopt when none was reported.
+  // A rank killed by a signal (kill -9, the OOM killer) is the cause, and its peers' failures on other nodes
+  // (a connection reset) only symptoms, whichever node reported first: the first report of a rank killed by a
+  // signal wins, else the first report.
   std::optional<std::pair<int, std::string>> failure(int round);
   // Nodes that have reported (failed or done) in `round`, and those that reported a failure.
   int reports(int round);

@@ -14,7 +14,7 @@ namespace {
 NodeInfo node(int rank, int nproc = 2) { return NodeInfo{rank, nproc, fmt::format("host{} 10.0.0.{}", rank, rank + 1)}; }
 }  // namespace
 
-TEST_CASE("RoundPlan: ranks numbered node after node; encode and decode give it back", "[launcher][rdzv]") {
+TEST_CASE("RoundPlan: ranks numbered node after node, encode and decode give it back", "[launcher][rdzv]") {
   RoundPlan plan;
   plan.round = 4;
   plan.rank_port = 40001;
@@ -48,7 +48,7 @@ TEST_CASE("RoundPlan: ranks numbered node after node; encode and decode give it 
   CHECK_THROWS_AS(decode_plan(0, "run 12\n1 x host"), CommError);
 }
 
-TEST_CASE("decide_round: MAX joined closes at once; MIN after the timeout; too few ends naming the missing", "[launcher][rdzv]") {
+TEST_CASE("decide_round: MAX joined closes at once, MIN after the timeout, too few ends naming the missing", "[launcher][rdzv]") {
   using Kind = RoundDecision::Kind;
   const std::vector<NodeInfo> none;
   // MIN 1, MAX 3: two nodes, before the timeout: wait; after it: run, in node-rank order.
@@ -119,6 +119,12 @@ TEST_CASE("Rendezvous: nodes join, the master closes, a failure is seen by all, 
   CHECK(f->second == "node 1: rank 2 failed (killed by SIGKILL)");
   CHECK(master.failures(0) == 2);
   CHECK(master.reports(0) == 2);
+  // A rank killed by a signal is the cause even when its peer's symptom was reported first.
+  master.report_failure(5, 1, "node 0: rank 0 failed (exit code 1)");
+  CHECK(b.failure(5)->second == "node 0: rank 0 failed (exit code 1)");
+  b.report_failure(5, 137, "node 1: rank 2 failed (killed by SIGKILL)", /*by_signal=*/true);
+  CHECK(master.failure(5)->first == 137);
+  CHECK(master.failure(5)->second == "node 1: rank 2 failed (killed by SIGKILL)");
 
   // Round 1: the master joins first (and makes it current); it ends the job; b reads the end and says bye.
   master.join(1);
