@@ -6,6 +6,8 @@
 // Ranks that end are observed with waitid(WNOWAIT) and reaped only at the very end: a zombie keeps its pid,
 // hence its process group id, reserved, so signalling a rank's group can never hit an unrelated process.
 // A restart begins only after every rank of the failed attempt has been reaped, with a fresh set of ranks.
+// An elastic job (is_elastic) goes through a rendezvous round (launcher/rendezvous.h) before each attempt, and
+// while its ranks run the loop also looks, every kRendezvousPoll, for a failure another node published.
 #include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
@@ -16,18 +18,26 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 
+#include "comm/tcp_store.h"
 #include "core/check.h"
 #include "launcher/launcher.h"
 #include "launcher/output.h"
 #include "launcher/process.h"
+#include "launcher/rendezvous.h"
 
 namespace dpt::launcher {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Elastic jobs: how often dprun looks at the rendezvous store while it waits or its ranks run (one small
+// request each time), and the longest the master node waits for the others' goodbyes when it was told to stop.
+constexpr std::chrono::milliseconds kRendezvousPoll{100};
+constexpr std::chrono::seconds kStoppedLinger{10};
 
 // dprun's own messages: one line on stderr, best effort.
 void note(std::string_view msg) {
@@ -80,8 +90,11 @@ class Job {
       : opts_(opts),
         inherited_(std::move(inherited)),
         port_given_(port_given),
+        elastic_(is_elastic(opts)),
+        rdzv_timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.rdzv_timeout_s))),
         stdout_(STDOUT_FILENO, "stdout"),
-        stderr_(STDERR_FILENO, "stderr") {}
+        stderr_(STDERR_FILENO, "stderr"),
+        placement_(static_placement(opts_)) {}
 
   // The safety net: whatever happened (an exception included), nothing dprun started outlives it.
   ~Job() {
@@ -103,6 +116,26 @@ class Job {
     announce();
     open_stdin();
     make_reason_dir();
+    if (!elastic_) return run_attempts();
+    try {
+      connect_rendezvous();
+      if (std::optional<int> ended = enter_round(rdzv_->is_master() ? 0 : rdzv_->current_round(), 0)) return *ended;
+      return run_attempts();
+    } catch (const CommError& e) {
+      if (rdzv_ && rdzv_->is_master()) throw;
+      // Node 0 hosts the rendezvous and rank 0: without it there is no job (the ranks are SIGKILLed on the way out).
+      DPT_THROW(CommError,
+                "lost the rendezvous at node 0 ({}:{}): {}. An elastic job cannot go on without its master node "
+                "(node 0); requeue the job (Slurm: sbatch --requeue)",
+                *opts_.master_addr, *opts_.master_port, e.what());
+    }
+  }
+
+ private:
+  enum class Phase { kRunning, kStopping, kKilling };
+
+  // Attempts until one ends the job: start the ranks, watch them, tear down, then restart or not.
+  int run_attempts() {
     for (;;) {
       ranks_.reserve(static_cast<std::size_t>(opts_.nproc_per_node));
       for (int local = 0; local < opts_.nproc_per_node && phase_ == Phase::kRunning; ++local) start(local);
@@ -110,12 +143,209 @@ class Job {
       finish();
       settle_preemption();
       print_reason();
-      if (!restart()) return exit_code_;
+      if (elastic_) {
+        if (std::optional<int> code = after_elastic_attempt()) return *code;
+        reset_attempt();
+      } else if (!restart()) {
+        return exit_code_;
+      }
     }
   }
 
- private:
-  enum class Phase { kRunning, kStopping, kKilling };
+  void reset_attempt() {
+    ranks_.clear();
+    preempting_ = preempted_exit_ = false;
+    phase_ = Phase::kRunning;
+    exit_code_ = 0;
+    failed_rank_.reset();
+    failure_.clear();
+    reported_ = false;
+  }
+
+  // ---- elastic jobs: the rendezvous rounds (launcher/rendezvous.h) ----
+
+  // Node 0 hosts the rendezvous store at --master-port; every node (node 0 too) is a client of it. A node that
+  // starts before node 0 keeps trying to connect for --rdzv-timeout.
+  void connect_rendezvous() {
+    comm::TcpStoreOptions so;
+    so.host = *opts_.master_addr;
+    so.port = *opts_.master_port;
+    so.is_server = opts_.node_rank == 0;
+    so.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_);
+    so.token = opts_.store_token;
+    store_ = std::make_unique<comm::TcpStore>(so);
+    char host[256] = {};
+    if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+    std::string name = host;
+    if (std::string addr = local_address_toward(*opts_.master_addr); !addr.empty()) {
+      name += (name.empty() ? "" : " ") + addr;
+    }
+    rdzv_ = std::make_unique<Rendezvous>(*store_, NodeInfo{opts_.node_rank, opts_.nproc_per_node, name});
+  }
+
+  // Calls `done` every kRendezvousPoll until it returns true (then true), `limit` has passed or a stop signal
+  // arrives meanwhile (then false; stop_requested_ says which). Serves dprun's signals while it waits.
+  bool wait_for(const std::function<bool()>& done, std::optional<Clock::duration> limit = std::nullopt) {
+    const Clock::time_point until = limit ? Clock::now() + *limit : Clock::time_point::max();
+    bool stopped = false;
+    for (;;) {
+      if (done()) return true;
+      if (stopped || Clock::now() >= until) return false;
+      pollfd p{signals_.fd(), POLLIN, 0};
+      if (::poll(&p, 1, static_cast<int>(kRendezvousPoll.count())) < 0 && errno != EINTR) {
+        DPT_THROW(IoError, "poll failed: {}", std::strerror(errno));
+      }
+      for (int sig : signals_.take()) {
+        if (sig == SIGCHLD) continue;
+        note(fmt::format("received {}", signal_name(sig)));
+        stop_requested_ = stopped = true;
+        if (received_signal_ == 0) received_signal_ = sig;
+      }
+    }
+  }
+
+  // Joins rounds from `round` on until one places this node: returns nullopt with the attempt's placement set,
+  // or the exit code when the job ended there (`own_code` when this node's last attempt failed, else the
+  // master's) or dprun was told to stop while waiting.
+  std::optional<int> enter_round(int round, int own_code) {
+    for (;; ++round) {
+      rdzv_->join(round);
+      const Clock::time_point joined_at = Clock::now();
+      std::optional<RoundPlan> plan;
+      const bool closed = wait_for([&] {
+        plan = rdzv_->is_master() ? master_close(round, Clock::now() - joined_at >= rdzv_timeout_) : rdzv_->closed(round);
+        return plan.has_value();
+      });
+      if (!closed) {  // a stop signal
+        const int code = 128 + received_signal_;
+        if (rdzv_->is_master()) {
+          rdzv_->end(round, code, fmt::format("node 0's dprun received {}", signal_name(received_signal_)));
+          linger(round, /*self_joined=*/1, 0, kStoppedLinger);
+        }
+        return own_code != 0 ? own_code : code;
+      }
+      if (plan->ended) {
+        note(fmt::format("the job ends: {}", plan->end_message));
+        if (rdzv_->is_master()) {
+          linger(round, /*self_joined=*/1, 0, rdzv_timeout_);
+        } else {
+          rdzv_->bye(round);
+        }
+        return own_code != 0 ? own_code : plan->end_code;
+      }
+      const int index = plan->index_of(opts_.node_rank);
+      if (index < 0) {
+        note(fmt::format("round {} began with {} nodes, without this one: waiting for the next round (after a "
+                         "failure), which takes up to {} nodes",
+                         round, plan->nodes.size(), opts_.nnodes));
+        continue;
+      }
+      plan_ = *plan;
+      restarts_ = round;
+      placement_ = Placement{plan_.first_rank(index), plan_.world_size(), index, plan_.rank_port};
+      std::vector<std::string> names;
+      for (const NodeInfo& n : plan_.nodes) names.push_back(describe(n));
+      note(fmt::format("round {}: {} node{} ({}), world size {}; this node runs ranks {}..{}", round,
+                       plan_.nodes.size(), plan_.nodes.size() == 1 ? "" : "s", fmt::join(names, ", "),
+                       placement_.world_size, placement_.first_rank,
+                       placement_.first_rank + opts_.nproc_per_node - 1));
+      return std::nullopt;
+    }
+  }
+
+  // Node 0: closes `round` when decide_round says so, and returns its plan (nullopt: keep waiting).
+  std::optional<RoundPlan> master_close(int round, bool timed_out) {
+    RoundDecision d = decide_round(rdzv_->joined(round), min_nodes(opts_), opts_.nnodes, timed_out,
+                                   std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_),
+                                   plan_.nodes, round);
+    if (d.kind == RoundDecision::Kind::kWait) return std::nullopt;
+    RoundPlan plan;
+    plan.round = round;
+    if (d.kind == RoundDecision::Kind::kEnd) {
+      plan.ended = true;
+      plan.end_code = 1;
+      plan.end_message = d.message;
+    } else {
+      plan.nodes = std::move(d.nodes);
+      plan.rank_port = find_free_port("0.0.0.0");  // rank 0's store listens on every interface
+    }
+    rdzv_->close(plan);
+    return plan;
+  }
+
+  // Node 0, ending the job: waits until the nodes that join `round` (less itself, `self_joined`), and at least
+  // `expected` of them, have read its end, for at most `limit`: the store must outlive their last request.
+  void linger(int round, int self_joined, int expected, Clock::duration limit) {
+    (void)wait_for([&] {
+      return rdzv_->byes(round) >= std::max(expected, rdzv_->joined_count(round) - self_joined);
+    }, limit);
+  }
+
+  // This node's outcome in the store, once per round: the first failure's text is what every node prints.
+  void report_failure_once(int code, const std::string& what, bool by_signal = false) {
+    if (!elastic_ || !rdzv_ || reported_) return;
+    reported_ = true;
+    rdzv_->report_failure(plan_.round, code, what, by_signal);
+  }
+
+  // Between polls of the ranks: has another node published a failure in this round? Then stop this node's ranks.
+  void check_other_nodes() {
+    if (Clock::now() < next_check_) return;
+    next_check_ = Clock::now() + kRendezvousPoll;
+    std::optional<std::pair<int, std::string>> f = rdzv_->failure(plan_.round);
+    if (!f) return;
+    failure_ = f->second;
+    note(fmt::format("{}: stopping this node's ranks", failure_));
+    report_failure_once(f->first, failure_);
+    exit_code_ = f->first;
+    begin_stop(SIGTERM, /*received=*/false);
+  }
+
+  // After an elastic attempt: node 0 ends the job or every node joins the next round. Returns the exit code,
+  // or nullopt when this node runs the next attempt.
+  std::optional<int> after_elastic_attempt() {
+    const int round = plan_.round;
+    if (exit_code_ == 0) {
+      reported_ = true;
+      rdzv_->report_done(round);
+      if (rdzv_->is_master()) finish_as_master(round, 0, "the job finished (node 0's ranks did)");
+      return 0;
+    }
+    if (failure_.empty()) failure_ = fmt::format("{}: its ranks ended with exit code {}", describe(rdzv_->self()), exit_code_);
+    report_failure_once(exit_code_, failure_);
+    // Every node names the round's failure alike: the rank killed by a signal, wherever it was (Rendezvous::failure).
+    if (std::optional<std::pair<int, std::string>> f = rdzv_->failure(round)) failure_ = f->second;
+    std::string why;
+    if (stop_requested_) why = "dprun was told to stop";
+    else if (exec_failed_) why = "the program cannot be started";
+    else if (exit_code_ == kPreemptedCode) why = "the ranks stopped for preemption";
+    if (!why.empty()) {
+      note(fmt::format("{}; not restarting: {}", failure_, why));
+      if (rdzv_->is_master()) finish_as_master(round, exit_code_, fmt::format("node 0: {}", why));
+      return exit_code_;
+    }
+    if (round == opts_.max_restarts) {
+      note(fmt::format("{}; all {} restart{} used, giving up", failure_, opts_.max_restarts,
+                       opts_.max_restarts == 1 ? "" : "s"));
+      if (rdzv_->is_master()) finish_as_master(round, exit_code_, fmt::format("all {} restarts used", opts_.max_restarts));
+      return exit_code_;
+    }
+    note(fmt::format("{}; restart {} of {}: joining round {}", failure_, round + 1, opts_.max_restarts, round + 1));
+    return enter_round(round + 1, exit_code_);
+  }
+
+  // Node 0's last duty: wait (up to --rdzv-timeout) until every node of `round` has reported its outcome, end
+  // round + 1 for whoever joins it (nodes that failed and rejoin, late nodes), and wait for their goodbyes.
+  void finish_as_master(int round, int code, const std::string& why) {
+    const Clock::duration limit = stop_requested_ ? std::min<Clock::duration>(rdzv_timeout_, kStoppedLinger) : rdzv_timeout_;
+    const int nodes = static_cast<int>(plan_.nodes.size());
+    if (rdzv_->reports(round) < nodes) note("waiting for the other nodes to finish");
+    (void)wait_for([&] { return rdzv_->reports(round) >= nodes; }, limit);
+    rdzv_->end(round + 1, code, why);
+    // The others that failed rejoin unless they gave up too (restarts used up, a stop signal).
+    const bool they_rejoin = code == 0 && round < opts_.max_restarts;
+    linger(round + 1, /*self_joined=*/0, they_rejoin ? rdzv_->failures(round) : 0, limit);
+  }
 
   // After an attempt has ended and every rank is reaped: starts the next one if it should be (a rank failed,
   // dprun was not told to stop, restarts are left) and returns true; otherwise returns false.
@@ -149,13 +379,10 @@ class Job {
       // dprun chose the port, and something else has taken it since: choose again rather than fail.
       int old = *opts_.master_port;
       opts_.master_port = find_free_port();  // as resolve() does
+      placement_.master_port = *opts_.master_port;
       note(fmt::format("master port {} is taken now; using {}", old, *opts_.master_port));
     }
-    ranks_.clear();
-    preempting_ = preempted_exit_ = false;
-    phase_ = Phase::kRunning;
-    exit_code_ = 0;
-    failed_rank_.reset();
+    reset_attempt();
     return true;
   }
 
@@ -164,7 +391,14 @@ class Job {
     int first = global_rank(opts_, 0);
     int last = global_rank(opts_, opts_.nproc_per_node - 1);
     std::string master = fmt::format("{}:{}", *opts_.master_addr, *opts_.master_port);
-    if (opts_.nnodes == 1) {
+    if (elastic_) {
+      note(fmt::format("node {}: elastic job of {} to {} nodes, {} rank{} each, up to {} restart{}; rendezvous {} {}",
+                       opts_.node_rank, min_nodes(opts_), opts_.nnodes, opts_.nproc_per_node,
+                       opts_.nproc_per_node == 1 ? "" : "s", opts_.max_restarts, opts_.max_restarts == 1 ? "" : "s",
+                       opts_.node_rank == 0 ? "hosted here at" : "at", master));
+      first = 0;  // the ranks' numbers come with each round
+      last = world - 1;
+    } else if (opts_.nnodes == 1) {
       note(fmt::format("starting {} rank{} (world size {}), master {}", world, world == 1 ? "" : "s", world, master));
     } else {
       note(fmt::format("node {} of {}: starting ranks {}..{} of world size {}, master {}", opts_.node_rank,
@@ -189,11 +423,11 @@ class Job {
   void start(int local) {
     Rank& r = ranks_.emplace_back();
     r.local = local;
-    r.global = global_rank(opts_, local);
+    r.global = placement_.first_rank + local;
 
     ChildSpec spec;
     spec.argv = opts_.command;
-    Environment env = rank_environment(opts_, local, inherited_, restarts_);
+    Environment env = rank_environment(opts_, placement_, local, inherited_, restarts_);
     if (!reason_dir_.empty()) env["DPT_REASON_FILE"] = reason_dir_ + "/reason";  // see make_reason_dir
     for (const auto& [name, value] : env) {
       spec.env.push_back(name + "=" + value);
@@ -270,6 +504,8 @@ class Job {
       if (phase_ == Phase::kStopping) {
         auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
         timeout_ms = static_cast<int>(std::clamp<decltype(left)>(left, 0, 1000 * 1000));
+      } else if (elastic_) {
+        timeout_ms = static_cast<int>(kRendezvousPoll.count());  // to look for other nodes' failures
       }
       int n = ::poll(fds.data(), fds.size(), timeout_ms);
       if (n < 0 && errno != EINTR) DPT_THROW(IoError, "poll failed: {}", std::strerror(errno));
@@ -284,6 +520,7 @@ class Job {
         }
       }
       if (phase_ == Phase::kStopping && Clock::now() >= deadline_) kill_remaining();
+      if (elastic_ && phase_ == Phase::kRunning) check_other_nodes();
     }
   }
 
@@ -343,6 +580,9 @@ class Job {
     exit_code_ = failed.front()->status.exit_code();
     failed_rank_ = failed.front()->global;
     failed_status_ = failed.front()->status;
+    failure_ = fmt::format("{}: rank {} failed ({})", elastic_ ? describe(rdzv_->self()) : "this node", *failed_rank_,
+                           brief(failed_status_));
+    report_failure_once(exit_code_, failure_, failed_status_.signaled);
     begin_stop(SIGTERM, /*received=*/false);
   }
 
@@ -354,6 +594,10 @@ class Job {
     if (received_signal_ == 0) received_signal_ = sig;
     if (phase_ == Phase::kRunning) {
       exit_code_ = 128 + sig;
+      if (elastic_) {
+        failure_ = fmt::format("{}: its dprun received {}", describe(rdzv_->self()), signal_name(sig));
+        report_failure_once(exit_code_, failure_);
+      }
       preempting_ = is_preemption(sig);
       begin_stop(sig, /*received=*/true);
     } else if (phase_ == Phase::kStopping && preempting_ && (sig == SIGUSR1 || (sig == SIGTERM && first != SIGTERM))) {
@@ -500,6 +744,8 @@ class Job {
   Options opts_;  // master_port may change between attempts
   Environment inherited_;
   const bool port_given_;
+  const bool elastic_;                  // is_elastic(opts_): rendezvous rounds
+  const Clock::duration rdzv_timeout_;  // --rdzv-timeout
   SignalCatcher signals_;  // before any fork: a signal arriving during the spawning stays pending
   OutputSink stdout_, stderr_;
   Fd devnull_;
@@ -517,6 +763,15 @@ class Job {
   bool preempting_ = false;      // the stop under way is for preemption (SIGUSR1/SIGTERM, or a rank exited 75)
   bool preempted_exit_ = false;  // a rank exited kPreemptedCode
   bool exec_failed_ = false;     // the program could not be started: a restart would fail the same way
+  Placement placement_;          // this attempt's ranks in the world (a round's, when elastic)
+  // Elastic jobs: the store (hosted here on node 0), the rendezvous over it, the round running, and whether this
+  // node's outcome of it is published; failure_: what ended the attempt, as every node prints it.
+  std::unique_ptr<comm::TcpStore> store_;
+  std::unique_ptr<Rendezvous> rdzv_;
+  RoundPlan plan_;
+  bool reported_ = false;
+  std::string failure_;
+  Clock::time_point next_check_{};
 };
 
 }  // namespace

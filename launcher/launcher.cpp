@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,6 +33,9 @@ void validate(const Options& opts) {
     DPT_THROW(ConfigError, "--nproc-per-node must be at least 1 (got {})", opts.nproc_per_node);
   }
   if (opts.nnodes < 1) DPT_THROW(ConfigError, "--nnodes must be at least 1 (got {})", opts.nnodes);
+  if (opts.min_nnodes && (*opts.min_nnodes < 1 || *opts.min_nnodes > opts.nnodes)) {
+    DPT_THROW(ConfigError, "--nnodes {}:{}: MIN must be in 1..MAX", *opts.min_nnodes, opts.nnodes);
+  }
   if (opts.node_rank < 0 || opts.node_rank >= opts.nnodes) {
     DPT_THROW(ConfigError, "--node-rank must be in 0..{} with --nnodes {} (got {})", opts.nnodes - 1, opts.nnodes,
               opts.node_rank);
@@ -59,16 +63,38 @@ void validate(const Options& opts) {
   if (opts.max_restarts < 0 || opts.max_restarts > kMaxRestarts) {
     DPT_THROW(ConfigError, "--max-restarts must be in 0..{} (got {})", kMaxRestarts, opts.max_restarts);
   }
-  if (opts.max_restarts > 0 && opts.nnodes > 1) {
-    DPT_THROW(ConfigError,
-              "--max-restarts works on one node only (got --nnodes {}): restarting this node's ranks would not "
-              "restart the other nodes' ranks",
-              opts.nnodes);
+  if (!(opts.rdzv_timeout_s > 0 && opts.rdzv_timeout_s <= kMaxGracePeriodS)) {  // also rejects NaN
+    DPT_THROW(ConfigError, "--rdzv-timeout must be more than 0 and at most {} seconds (got {})", kMaxGracePeriodS,
+              opts.rdzv_timeout_s);
   }
   if (opts.command.empty()) {
     DPT_THROW(ConfigError, "no program to run: give it after '--', as in: dprun --nproc-per-node 2 -- ./train --lr 0.1");
   }
   if (opts.command[0].empty()) DPT_THROW(ConfigError, "the program name after '--' is empty");
+}
+
+void parse_nnodes(const std::string& text, Options& opts) {
+  auto number = [&](std::string_view part) {
+    int v = 0;
+    auto [end, ec] = std::from_chars(part.data(), part.data() + part.size(), v);
+    if (part.empty() || ec != std::errc{} || end != part.data() + part.size()) {
+      DPT_THROW(ConfigError, "--nnodes must be a number of nodes N or a range MIN:MAX (got '{}')", text);
+    }
+    return v;
+  };
+  const auto colon = text.find(':');
+  if (colon == std::string::npos) {
+    opts.nnodes = number(text);
+    opts.min_nnodes.reset();
+  } else {
+    opts.min_nnodes = number(std::string_view(text).substr(0, colon));
+    opts.nnodes = number(std::string_view(text).substr(colon + 1));
+  }
+}
+
+Placement static_placement(const Options& opts) {
+  DPT_CHECK(opts.master_port.has_value(), "static_placement needs resolved options (call resolve)");
+  return Placement{global_rank(opts, 0), opts.nnodes * opts.nproc_per_node, opts.node_rank, *opts.master_port};
 }
 
 Options resolve(Options opts) {
@@ -79,20 +105,26 @@ Options resolve(Options opts) {
 }
 
 Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited, int restart) {
+  DPT_CHECK(opts.master_addr && opts.master_port, "rank_environment needs resolved options (call resolve)");
+  return rank_environment(opts, static_placement(opts), local_rank, inherited, restart);
+}
+
+Environment rank_environment(const Options& opts, const Placement& where, int local_rank,
+                             const Environment& inherited, int restart) {
   using namespace std::string_literals;
   DPT_CHECK(opts.master_addr && opts.master_port, "rank_environment needs resolved options (call resolve)");
   DPT_CHECK(local_rank >= 0 && local_rank < opts.nproc_per_node, "local rank {} of {}", local_rank,
             opts.nproc_per_node);
   DPT_CHECK(restart >= 0, "restart count {}", restart);
   Environment env = inherited;
-  env["RANK"] = std::to_string(global_rank(opts, local_rank));
+  env["RANK"] = std::to_string(where.first_rank + local_rank);
   env["LOCAL_RANK"] = std::to_string(local_rank);
-  env["WORLD_SIZE"] = std::to_string(opts.nnodes * opts.nproc_per_node);
+  env["WORLD_SIZE"] = std::to_string(where.world_size);
   env["LOCAL_WORLD_SIZE"] = std::to_string(opts.nproc_per_node);
-  env["NODE_RANK"] = std::to_string(opts.node_rank);
-  env["GROUP_RANK"] = std::to_string(opts.node_rank);  // torchrun's name for the node rank
+  env["NODE_RANK"] = std::to_string(where.group_rank);
+  env["GROUP_RANK"] = std::to_string(where.group_rank);  // torchrun's name for the node rank
   env["MASTER_ADDR"] = *opts.master_addr;
-  env["MASTER_PORT"] = std::to_string(*opts.master_port);
+  env["MASTER_PORT"] = std::to_string(where.master_port);
   // std::string values ("0"s): assigning a char literal trips GCC 12's false -Wrestrict (GCC PR 105329).
   env["DPT_RESTART_COUNT"] = std::to_string(restart);  // 0 first; k on the k-th restart (--max-restarts)
   // Through the environment only: a command line is world-readable in /proc/PID/cmdline, the environment is not.

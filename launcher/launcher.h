@@ -22,20 +22,23 @@ inline constexpr const char* kLoopbackAddr = "127.0.0.1";
 inline constexpr int kDefaultMultiNodePort = 29500;  // torchrun's default: every node must agree on it
 inline constexpr double kDefaultGracePeriodS = 5.0;  // SIGTERM -> SIGKILL
 inline constexpr double kDefaultStopTimeoutS = 60.0;  // SIGUSR1/SIGTERM to dprun -> SIGKILL: time to checkpoint
+inline constexpr double kDefaultRdzvTimeoutS = 300.0;  // elastic: how long a round waits for MAX nodes
 inline constexpr int kPreemptedCode = 75;            // a rank that stopped for a stop signal, checkpoint written
 inline constexpr int kExecFailedCode = 127;          // what a shell reports for "command not found"
 
 // What the user asked for. Fields left unset are chosen by resolve().
 struct Options {
   int nproc_per_node = 1;                  // ranks on this node
-  int nnodes = 1;                          // nodes in the job
+  int nnodes = 1;                          // nodes in the job (with --nnodes MIN:MAX: MAX)
+  std::optional<int> min_nnodes;           // --nnodes MIN:MAX: MIN (unset: nnodes)
   int node_rank = 0;                       // this node's index, 0 <= node_rank < nnodes
   std::optional<std::string> master_addr;  // unset: 127.0.0.1 (single node only)
   std::optional<int> master_port;          // unset: a free port (single node) or kDefaultMultiNodePort
   std::string log_dir;                     // empty: relay output with "[rank R] " prefixes
   double grace_period_s = kDefaultGracePeriodS;
   double stop_timeout_s = kDefaultStopTimeoutS;
-  int max_restarts = 0;                    // restarts of all ranks after a failed attempt (single node only)
+  int max_restarts = 0;                    // restarts of all ranks (of every node) after a failed attempt
+  double rdzv_timeout_s = kDefaultRdzvTimeoutS;  // elastic: a round closes after this with >= MIN nodes
   std::vector<std::string> command;        // the program and its arguments
   // The job's rendezvous token, every rank's DPT_STORE_TOKEN (empty: none set). launch() fills it in with
   // job_store_token(); a restart keeps it. A secret: never printed.
@@ -48,6 +51,30 @@ using Environment = std::map<std::string, std::string>;
 // Throws ConfigError with a one-line message naming the option when the options cannot describe a job.
 void validate(const Options& opts);
 
+// --nnodes: "N", or "MIN:MAX" (elastic). Sets opts.nnodes (N or MAX) and opts.min_nnodes (MIN; unset for "N").
+// Throws ConfigError naming the text when it is neither.
+void parse_nnodes(const std::string& text, Options& opts);
+
+// The nodes the job needs at least (MIN, or --nnodes).
+inline int min_nodes(const Options& opts) { return opts.min_nnodes.value_or(opts.nnodes); }
+
+// An elastic job: more than one node, and restarts or a node count that may shrink. Its nodes meet in rounds
+// at the master node's dprun (launcher/rendezvous.h) rather than each computing its ranks alone.
+inline bool is_elastic(const Options& opts) {
+  return opts.nnodes > 1 && (opts.max_restarts > 0 || min_nodes(opts) < opts.nnodes);
+}
+
+// Where this node's ranks are in the world of one attempt: fixed by --node-rank for a static job, by the
+// round's rendezvous for an elastic one.
+struct Placement {
+  int first_rank = 0;   // global rank of local rank 0
+  int world_size = 1;
+  int group_rank = 0;   // NODE_RANK, GROUP_RANK: the node's index among the attempt's nodes
+  int master_port = 0;  // MASTER_PORT of the ranks
+};
+// The placement of a static job (not elastic): from --node-rank, --nnodes and --master-port (resolved).
+Placement static_placement(const Options& opts);
+
 // Fills in master_addr and master_port (finding a free port when single-node). Validates first.
 Options resolve(Options opts);
 
@@ -56,6 +83,9 @@ Options resolve(Options opts);
 // `restart` (0 for the first attempt, k for the k-th restart). `opts` must be resolved. Pure: the same inputs
 // give the same environment.
 Environment rank_environment(const Options& opts, int local_rank, const Environment& inherited, int restart = 0);
+// The same with the ranks placed by `where` (an elastic round's placement).
+Environment rank_environment(const Options& opts, const Placement& where, int local_rank,
+                             const Environment& inherited, int restart);
 
 // The job's rendezvous token: DPT_STORE_TOKEN from `inherited` when it is set and not empty; otherwise, on one
 // node, a fresh random_token(). With --nnodes > 1 and none set it throws ConfigError telling the user to export
@@ -87,7 +117,8 @@ Environment current_environment();
 //
 // With opts.max_restarts = N > 0, an attempt that ends because a rank failed is torn down as usual and then
 // every rank is started again (DPT_RESTART_COUNT 1, 2, ...), up to N times; the exit code is then the last
-// attempt's. No restart follows a stop signal to dprun (received at any time, teardown included) or a
+// attempt's. An elastic job (is_elastic) does so on every node at once, in rendezvous rounds
+// (launcher/rendezvous.h): a failure on any node restarts them all, with the nodes present. No restart follows a stop signal to dprun (received at any time, teardown included) or a
 // program that could not be started. The master port is kept when it can still be bound; one that dprun
 // chose itself and that something else has taken meanwhile is replaced by a new free port.
 //

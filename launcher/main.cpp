@@ -24,13 +24,14 @@ constexpr const char* kDescription =
     "(and, with --max-restarts, start them all again).";
 
 constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
-  RANK                     node_rank * nproc_per_node + local_rank
+  RANK                     node_rank * nproc_per_node + local_rank (elastic: see below)
   LOCAL_RANK               0 .. nproc_per_node - 1
-  WORLD_SIZE               nnodes * nproc_per_node
+  WORLD_SIZE               nnodes * nproc_per_node (elastic: the ranks of the round's nodes)
   LOCAL_WORLD_SIZE         nproc_per_node
-  NODE_RANK, GROUP_RANK    --node-rank
-  MASTER_ADDR, MASTER_PORT --master-addr, --master-port (defaults above)
-  DPT_RESTART_COUNT        0; k in the k-th restart (--max-restarts)
+  NODE_RANK, GROUP_RANK    --node-rank (elastic: the node's index in the round)
+  MASTER_ADDR, MASTER_PORT --master-addr, --master-port (defaults above; elastic: a port the
+                           master node's dprun finds free for each round)
+  DPT_RESTART_COUNT        0; k in the k-th restart (--max-restarts; elastic: the round)
   OMP_NUM_THREADS          1, unless it is set already (dprun says so on stderr when it sets it)
   DPT_RANK_PREFIXED        1 when dprun prefixes the output (no --log-dir)
   DPT_LIVE_LINE            1 when dprun prefixes the output and its stdout is a terminal: rank 0
@@ -68,7 +69,7 @@ step, rank 0 writes a checkpoint, and each exits 75. A rank that exits 75 on its
 directly) is not a failure: dprun waits for the others the same way. When every rank exits 0 or 75 after
 that, dprun exits 75 (the job should be requeued; the same command resumes), otherwise as above.
 
-Restarts (--max-restarts N, single node only: refused with --nnodes > 1): after a rank fails and the
+Restarts (--max-restarts N; on several nodes see "Elastic jobs" below): after a rank fails and the
 job has been torn down as above, dprun prints "rank R failed (...); restart k of N" and starts every
 rank again with DPT_RESTART_COUNT=k, the same MASTER_ADDR and MASTER_PORT (a port dprun chose itself is
 replaced by a new free one if something else has taken it meanwhile). With --log-dir, the new attempt's
@@ -76,6 +77,19 @@ output is appended to each rank's log. A program resumes from its own checkpoint
 --resume auto). There is no restart after SIGINT, SIGTERM, SIGHUP or SIGUSR1 to dprun (even during a
 teardown), after a preemption (exit 75) or when the program cannot be started; after the N-th restart
 fails, dprun exits as without restarts.
+
+Elastic jobs (--nnodes MIN:MAX, or --nnodes M with --max-restarts): node 0's dprun (--node-rank 0, at
+--master-addr) hosts the rendezvous at --master-port; every node's dprun, with the same options and
+DPT_STORE_TOKEN, joins it in rounds. A round closes when MAX nodes have joined, or --rdzv-timeout after
+node 0 joined with at least MIN; its ranks are numbered node after node in --node-rank order (node 0
+first, so rank 0 is on the master node). A failure on any node (a rank exits non-zero or is killed by a
+signal) is published there: every node tears its ranks down and joins the next round, and the ranks
+start again with DPT_RESTART_COUNT = the round (up to --max-restarts rounds after the first). A node not
+back within --rdzv-timeout is left out while at least MIN nodes remain; with fewer, the job ends with a
+message naming the missing node. A node that starts late joins the next round (after the next failure),
+up to MAX. Losing node 0 (its dprun or its host) ends the job on every node: requeue it (Slurm's
+--requeue). After the ranks of node 0 finish, its dprun waits up to --rdzv-timeout for the other nodes'
+to finish before it stops serving the rendezvous.
 
 Exit status: 0 when every rank exited 0 (in the last attempt); the failed rank's code as above; 75 when
 the ranks stopped for preemption; 2 for a command-line error; 1 when dprun itself failed.
@@ -87,7 +101,9 @@ Examples:
   dprun --nproc-per-node 4 --max-restarts 3 -- dptrain --config c.toml checkpoint.every_steps=100
   # two nodes with 8 ranks each; run on both, with the same DPT_STORE_TOKEN exported, with
   # --node-rank 0 on 10.0.0.1 and 1 on the other:
-  dprun --nproc-per-node 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 -- dptrain --config c.toml)";
+  dprun --nproc-per-node 8 --nnodes 2 --node-rank 0 --master-addr 10.0.0.1 -- dptrain --config c.toml
+  # the same, elastic: restart both nodes after a failure, go on with one if the other is gone:
+  dprun --nproc-per-node 8 --nnodes 1:2 --max-restarts 3 --node-rank 0 --master-addr 10.0.0.1 -- ...)";
 
 // Usage line that shows where the program goes.
 class Formatter : public CLI::Formatter {
@@ -134,7 +150,11 @@ int main(int argc, char** argv) {
   std::string master_addr;
   int master_port = 0;
   app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node (default 1)")->type_name("N");
-  app.add_option("--nnodes", opts.nnodes, "nodes in the job, each running a dprun (default 1)")->type_name("M");
+  std::string nnodes = "1";
+  app.add_option("--nnodes", nnodes,
+                 "nodes in the job, each running a dprun (default 1); MIN:MAX:\n"
+                 "an elastic job that goes on with at least MIN nodes")
+      ->type_name("M|MIN:MAX");
   app.add_option("--node-rank", opts.node_rank, "this node's index, 0 .. M-1 (default 0)")->type_name("R");
   auto* addr_opt = app.add_option("--master-addr", master_addr,
                                   "address of node 0, reachable from every node\n"
@@ -155,8 +175,12 @@ int main(int argc, char** argv) {
       ->type_name("SEC");
   app.add_option("--max-restarts", opts.max_restarts,
                  "after a rank fails, stop all ranks and start them again,\n"
-                 "up to N times (default 0; single node only)")
+                 "up to N times (default 0; every node's, with --nnodes > 1)")
       ->type_name("N");
+  app.add_option("--rdzv-timeout", opts.rdzv_timeout_s,
+                 "elastic jobs: seconds a round waits for MAX nodes before it\n"
+                 "goes on with the nodes present, if at least MIN (default 300)")
+      ->type_name("SEC");
 
   try {
     std::reverse(ours.begin(), ours.end());  // CLI11 takes a vector in reverse order
@@ -170,6 +194,11 @@ int main(int argc, char** argv) {
   if (!extras.empty()) {
     if (extras[0].starts_with("-")) return usage_error(fmt::format("unknown option {}", extras[0]));
     return usage_error(fmt::format("unexpected argument '{}': options go before '--', the program after it", extras[0]));
+  }
+  try {
+    dpt::launcher::parse_nnodes(nnodes, opts);
+  } catch (const dpt::ConfigError& e) {
+    return usage_error(e.what());
   }
   if (addr_opt->count() > 0) opts.master_addr = master_addr;
   if (port_opt->count() > 0) opts.master_port = master_port;

@@ -2,7 +2,7 @@
 # tests/integration/dprun_restart.sh: dprun --max-restarts. A trainer rank that fails once is restarted with
 # DPT_RESTART_COUNT=1 and the job finishes from its checkpoint; restarts run out -> the failed rank's code;
 # SIGTERM to dprun, while running or during a teardown, ends the job without a restart and leaves no process;
-# --nnodes > 1 is refused; and 3 trials of scripts/fault_inject.sh (random SIGKILLs) end bitwise equal to an
+# a bad --nnodes range is refused; and 3 trials of scripts/fault_inject.sh (random SIGKILLs) end bitwise equal to an
 # uninterrupted run.
 source "$(dirname "$0")/lib/dprun.bash"
 DPTRAIN=$DPT_BUILD_DIR/trainer/dptrain
@@ -81,11 +81,15 @@ sleep 0.3
 [ "$(sleepers)" = 0 ] || fail "SIGTERM in teardown: ranks left behind"
 echo "ok: SIGTERM during a teardown -> no restart, no rank left"
 
-# 5. Restarts are single-node: refused with --nnodes > 1 as a command-line error.
-run --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --max-restarts 1 -- true
-[ "$RC" = 2 ] || fail "--nnodes 2 --max-restarts 1: dprun exited $RC, expected 2"
-grep -q -- '--max-restarts works on one node only' "$WORK/err" || fail "--nnodes 2: no clear message"
-echo "ok: --max-restarts with --nnodes 2 refused"
+# 5. Several nodes restart as an elastic job (integration.elastic_two_hosts runs it); a malformed or
+#    impossible --nnodes range is a command-line error.
+run --nnodes 2:1 --node-rank 0 --master-addr 127.0.0.1 --max-restarts 1 -- true
+[ "$RC" = 2 ] || fail "--nnodes 2:1: dprun exited $RC, expected 2"
+grep -q -- '--nnodes 2:1: MIN must be in 1..MAX' "$WORK/err" || fail "--nnodes 2:1: no clear message"
+run --nnodes 1:x --master-addr 127.0.0.1 -- true
+[ "$RC" = 2 ] || fail "--nnodes 1:x: dprun exited $RC, expected 2"
+grep -q -- "--nnodes must be a number of nodes N or a range MIN:MAX (got '1:x')" "$WORK/err" || fail "--nnodes 1:x: no clear message"
+echo "ok: --nnodes 2:1 and 1:x refused"
 
 # 6. Random SIGKILLs of random ranks at random steps, twice per job, 3 jobs: bitwise equal to the reference.
 "$DPT_SOURCE_DIR/scripts/fault_inject.sh" --build-dir "$DPT_BUILD_DIR" --trials 3 --kills 2 >"$WORK/fault.log" 2>&1

@@ -209,10 +209,24 @@ TEST_CASE("validation: clear one-line errors naming the option", "[launcher]") {
   o.max_restarts = 3;
   REQUIRE_NOTHROW(validate(o));
   o = multi(2, 2, 0);
-  o.max_restarts = 1;
-  require_invalid(o, "--max-restarts works on one node only (got --nnodes 2)");
+  o.max_restarts = 1;  // an elastic job since issue 23: every node restarts
+  REQUIRE_NOTHROW(validate(o));
+  CHECK(is_elastic(o));
   o.max_restarts = 0;
   REQUIRE_NOTHROW(validate(o));
+  CHECK_FALSE(is_elastic(o));
+  o.min_nnodes = 1;  // --nnodes 1:2: elastic without restarts (a node may be left out)
+  CHECK(is_elastic(o));
+  o.min_nnodes = 3;
+  require_invalid(o, "--nnodes 3:2: MIN must be in 1..MAX");
+  o.min_nnodes = 0;
+  require_invalid(o, "--nnodes 0:2: MIN must be in 1..MAX");
+  o.min_nnodes = 2;
+  o.rdzv_timeout_s = 0;
+  require_invalid(o, "--rdzv-timeout must be more than 0");
+  o.rdzv_timeout_s = 0.5;
+  REQUIRE_NOTHROW(validate(o));
+  CHECK_FALSE(is_elastic(single(2)));
 
   require_invalid(multi(1 << 20, 1 << 12, 0), "too large");
   REQUIRE_THROWS_AS(resolve(single(0)), ConfigError);  // resolve validates first
@@ -234,4 +248,46 @@ TEST_CASE("port_bindable: false while something listens on the port, true once i
   ::close(fd);
   CHECK(port_bindable(port));  // a listener that never accepted leaves no TIME_WAIT
   REQUIRE_THROWS_AS(port_bindable(0), InternalError);
+}
+
+TEST_CASE("parse_nnodes: N or MIN:MAX, anything else refused naming the text", "[launcher]") {
+  Options o;
+  parse_nnodes("3", o);
+  CHECK(o.nnodes == 3);
+  CHECK_FALSE(o.min_nnodes.has_value());
+  CHECK(min_nodes(o) == 3);
+  parse_nnodes("1:4", o);
+  CHECK(o.nnodes == 4);
+  CHECK(o.min_nnodes == 1);
+  CHECK(min_nodes(o) == 1);
+  for (const char* bad : {"", ":", "2:", ":2", "a", "1:2:3", "1.5", "2 ", "1:x"}) {
+    INFO(bad);
+    try {
+      parse_nnodes(bad, o);
+      FAIL("parse_nnodes accepted '" << bad << "'");
+    } catch (const ConfigError& e) {
+      CHECK_THAT(e.what(), Catch::Contains(fmt::format("(got '{}')", bad)));
+    }
+  }
+}
+
+TEST_CASE("rank_environment with an elastic round's placement: its ranks, world size, node index and port", "[launcher]") {
+  Options o = resolve(multi(3, 4, 2));  // node 2 of up to 4
+  const Placement static_where = static_placement(o);
+  CHECK(static_where.first_rank == 6);
+  CHECK(static_where.world_size == 12);
+  CHECK(static_where.group_rank == 2);
+  CHECK(static_where.master_port == kDefaultMultiNodePort);
+  // A round of nodes 0 and 2 only: node 2 is the second, its ranks 3..5 of 6, the round's port.
+  const Placement where{3, 6, 1, 41234};
+  for (int local = 0; local < 3; ++local) {
+    Environment env = rank_environment(o, where, local, {}, 2);
+    CHECK(env.at("RANK") == std::to_string(3 + local));
+    CHECK(env.at("WORLD_SIZE") == "6");
+    CHECK(env.at("NODE_RANK") == "1");
+    CHECK(env.at("GROUP_RANK") == "1");
+    CHECK(env.at("MASTER_PORT") == "41234");
+    CHECK(env.at("MASTER_ADDR") == "10.1.2.3");
+    CHECK(env.at("DPT_RESTART_COUNT") == "2");
+  }
 }

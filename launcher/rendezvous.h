@@ -1,0 +1,115 @@
+// launcher/rendezvous.h: the elastic rendezvous of dprun's nodes (--nnodes MIN:MAX, or --max-restarts with
+// --nnodes > 1), torchrun's c10d rendezvous without Python. The master node's dprun (--node-rank 0) hosts a
+// TcpStore at --master-addr:--master-port for the job's whole life; every node's dprun, the master's included,
+// is a client of it. A job runs in rounds 0, 1, 2, ...:
+//   - each node joins round k: a slot (counter rdzv/k/joined) and its record (rdzv/k/node/SLOT: node rank,
+//     ranks on it, its name);
+//   - the master alone closes the round (decide_round): when MAX nodes have joined, or when --rdzv-timeout has
+//     passed since it joined with at least MIN; it writes the round's plan (rdzv/k/plan: the port the ranks
+//     rendezvous at, the nodes in node-rank order) or the job's end (its exit code and why), then rdzv/k/closed;
+//   - ranks are numbered node after node in node-rank order, so the master's ranks come first (rank 0 is there);
+//   - a failure on any node is published (counter rdzv/k/failed, text rdzv/k/failure, the first one's); every
+//     node tears its ranks down, reports (failed or done) and joins round k+1: DPT_RESTART_COUNT is the round.
+// Every call here is one or a few store requests and never waits for another node: the waiting is dprun's
+// poll loop (launcher/job.cpp), so that its signals are served meanwhile. Store errors (CommError,
+// TimeoutError) propagate: a node that lost the master's store cannot go on.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "comm/store.h"
+
+namespace dpt::launcher {
+
+// One node as it joined a round.
+struct NodeInfo {
+  int node_rank = 0;  // --node-rank: the node's identity for the whole job; 0 is the master
+  int nproc = 1;      // ranks it runs
+  std::string name;   // host name and address toward the master, for messages ("hostB 10.0.0.2")
+};
+
+// "node 1 (hostB 10.0.0.2)".
+std::string describe(const NodeInfo& node);
+
+// A closed round: the nodes that run it, or the job's end.
+struct RoundPlan {
+  int round = 0;
+  bool ended = false;      // the master ended the job in this round: end_code, end_message
+  int end_code = 0;
+  std::string end_message;
+  int rank_port = 0;             // MASTER_PORT of this round's ranks (rank 0 hosts their store there)
+  std::vector<NodeInfo> nodes;   // in node-rank order; the master first
+
+  // This node's index in `nodes`, or -1 when it came too late for this round.
+  int index_of(int node_rank) const;
+  int world_size() const;
+  int first_rank(int index) const;  // global rank of the first rank of nodes[index]
+};
+
+// The plan as the store holds it, and back. decode throws CommError for text that is not a plan.
+std::string encode_plan(const RoundPlan& plan);
+RoundPlan decode_plan(int round, const std::string& text);
+
+// What the master does with a round, given the nodes that have joined it (in the order they joined):
+// keep waiting, run it with `nodes`, or end the job with `message`. Pure.
+struct RoundDecision {
+  enum class Kind { kWait, kRun, kEnd } kind = Kind::kWait;
+  std::vector<NodeInfo> nodes;  // kRun: the first max_nodes to join, in node-rank order
+  std::string message;          // kEnd
+};
+// `timed_out`: --rdzv-timeout has passed since the master joined. `previous`: the nodes of the last round that
+// ran (empty before the first), to name those missing.
+RoundDecision decide_round(const std::vector<NodeInfo>& joined, int min_nodes, int max_nodes, bool timed_out,
+                           std::chrono::milliseconds timeout, const std::vector<NodeInfo>& previous, int round);
+
+// The store's keys for one job's rendezvous, as operations a node performs.
+class Rendezvous {
+ public:
+  Rendezvous(comm::Store& store, NodeInfo self);
+  const NodeInfo& self() const { return self_; }
+  bool is_master() const { return self_.node_rank == 0; }
+
+  // The newest round the master has opened (0 before it opened any): where a node that starts late joins.
+  int current_round();
+  // Takes a slot in `round` and writes this node's record. The master also makes `round` the current one.
+  void join(int round);
+  // The plan once the master has closed `round`; nullopt while it is open.
+  std::optional<RoundPlan> closed(int round);
+  // Master: the nodes that have joined `round` so far, in the order they joined.
+  std::vector<NodeInfo> joined(int round);
+  // Master: writes the plan of `round` (plan.round) and closes it.
+  void close(const RoundPlan& plan);
+  // Master: closes `round` with the job's end: every node that joins it learns `code` and `message`.
+  void end(int round, int code, const std::string& message);
+
+  // This node's attempt in `round` failed (exit `code`; `what` says how; `by_signal`: a rank was killed by a
+  // signal) or finished. Call one of them once per node and round.
+  void report_failure(int round, int code, const std::string& what, bool by_signal = false);
+  void report_done(int round);
+  // The failure of `round` as every node names it: its exit code and text; nullopt when none was reported.
+  // A rank killed by a signal (kill -9, the OOM killer) is the cause, and its peers' failures on other nodes
+  // (a connection reset) only symptoms, whichever node reported first: the first report of a rank killed by a
+  // signal wins, else the first report.
+  std::optional<std::pair<int, std::string>> failure(int round);
+  // Nodes that have reported (failed or done) in `round`, and those that reported a failure.
+  int reports(int round);
+  int failures(int round);
+  // After reading an ended round's plan, a node says goodbye, so that the master knows it may stop serving.
+  void bye(int round);
+  int byes(int round);
+  int joined_count(int round);
+
+ private:
+  int64_t counter(const std::string& key) { return store_.add(key, 0); }
+  comm::Store& store_;
+  NodeInfo self_;
+};
+
+// The address this host would use to reach `master_addr` (an IPv4 address or name), as text; empty when
+// unknown. Sends nothing (a UDP socket's connect only chooses the route).
+std::string local_address_toward(const std::string& master_addr);
+
+}  // namespace dpt::launcher
