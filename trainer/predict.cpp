@@ -24,6 +24,7 @@
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/datasets.h"
+#include "trainer/gpt_checkpoint.h"
 #include "trainer/report/run_report.h"
 
 namespace dpt::trainer {
@@ -82,8 +83,8 @@ ImagePipeline image_pipeline(const Config& cfg, const std::string& checkpoint) {
 // Rank 0's progress line every `interval_s`: rank 0's pace times the ranks (their shares differ by one at most).
 class ProgressLine {
  public:
-  ProgressLine(bool lead, size_t total, int world, double interval_s)
-      : lead_(lead), total_(total), world_(world), interval_s_(interval_s) {}
+  ProgressLine(bool lead, size_t total, int world, double interval_s, std::string unit = "images")
+      : lead_(lead), total_(total), world_(world), interval_s_(interval_s), unit_(std::move(unit)) {}
   void update(size_t done_here, size_t share) {
     if (!lead_ || seconds_since(last_) < interval_s_) return;
     last_ = Clock::now();
@@ -91,8 +92,8 @@ class ProgressLine {
     const double rate = static_cast<double>(done_here) * world_ / elapsed;
     const double eta = rate > 0 ? static_cast<double>(share - done_here) * world_ / rate : -1;
     const size_t done = std::min(total_, done_here * static_cast<size_t>(world_));
-    const std::string line = fmt::format("predict: ~{}/{} images ({:.0f}%) {:.0f} images/s eta {}", done, total_,
-                                         100.0 * static_cast<double>(done) / static_cast<double>(total_), rate,
+    const std::string line = fmt::format("predict: ~{}/{} {} ({:.0f}%) {:.1f} {}/s eta {}", done, total_, unit_,
+                                         100.0 * static_cast<double>(done) / static_cast<double>(total_), rate, unit_,
                                          format_duration(eta));
     if (live_line_enabled())
       show_live_line(line);
@@ -105,6 +106,7 @@ class ProgressLine {
   size_t total_;
   int world_;
   double interval_s_;
+  std::string unit_;
   Clock::time_point start_ = Clock::now(), last_ = Clock::now();
 };
 
@@ -359,6 +361,40 @@ PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o,
   pg.allreduce(count, {.op = comm::ReduceOp::Sum, .what = "predict: errors"})->wait();
   if (pg.rank() == 0) write_file_atomically(o.out, lines.header() + text);
   return {n, static_cast<size_t>(count.data<double>()[0]), seconds_since(start), model->summary()};
+}
+
+// ---- prompts ----------------------------------------------------------------------------------------------------
+
+PredictSummary predict_prompts(const std::string& checkpoint, const PromptOptions& o, comm::ProcessGroup& pg,
+                               Device device) {
+  const auto start = Clock::now();
+  const GptCheckpoint ck = load_gpt_checkpoint(checkpoint, o.tokenizer, device);
+  const data::Tokenizer& tokenizer = *ck.tokenizer;
+  const std::vector<std::string> prompts = read_lines(o.input, /*skip_comments=*/false);
+  if (prompts.empty()) DPT_THROW(ConfigError, "predict: no prompts (non-blank lines) in {}", o.input);
+  const Share share = contiguous_share(prompts.size(), pg.rank(), pg.size());
+  models::SampleOptions sampling = o.sampling;
+  sampling.vocab_limit = tokenizer.vocab_size();
+  if (pg.rank() == 0)
+    spdlog::info("predict: {} prompts in {} on {} rank(s), one at a time; {} from {} on {}; {} tokens each, "
+                 "temperature {}, top_k {}, seed {}{}; tokenizer {}",
+                 prompts.size(), o.input, pg.size(), ck.model->summary(), ck.from, device.str(), o.tokens,
+                 sampling.temperature, sampling.top_k, o.seed, o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
+  std::string mine;
+  ProgressLine progress(pg.rank() == 0, prompts.size(), pg.size(), 10.0, "prompts");
+  for (size_t i = share.begin; i < share.end; ++i) {
+    const std::vector<int32_t> tokens = tokenizer.encode(prompts[i]);
+    const std::string text =
+        tokenizer.decode(models::generate(*ck.model, ck.block_size, tokens, o.tokens, sampling, o.seed, o.kv_cache));
+    if (o.format == PredictFormat::jsonl)
+      mine += "{\"prompt\": " + json_string(prompts[i]) + ", \"text\": " + json_string(text) + "}\n";
+    else
+      mine += csv_field(prompts[i]) + "," + csv_field(text) + "\n";
+    progress.update(i + 1 - share.begin, share.size());
+  }
+  const std::string text = gather_text(mine, pg);
+  if (pg.rank() == 0) write_file_atomically(o.out, (o.format == PredictFormat::csv ? "prompt,text\n" : "") + text);
+  return {prompts.size(), 0, seconds_since(start), ck.model->summary()};
 }
 
 }  // namespace dpt::trainer

@@ -1,4 +1,4 @@
-// trainer/predict.h: `dptrain predict`: a checkpoint's classifier over many image files on every rank of a group,
+// trainer/predict.h: `dptrain predict`: a checkpoint's classifier over many image files (or a GPT over many prompts) on every rank of a group,
 // each rank a contiguous share of the sorted inputs, one output line per input, gathered to rank 0, which writes
 // the file atomically.
 //
@@ -15,6 +15,7 @@
 
 #include "comm/process_group.h"
 #include "core/tensor.h"
+#include "models/gpt/generate.h"
 #include "trainer/evaluate.h"
 
 namespace dpt::trainer {
@@ -110,5 +111,24 @@ std::vector<std::string> checkpoint_classes(const EvalTarget& target);
 // unless o.skip_bad. Collective.
 PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o, comm::ProcessGroup& pg,
                               Device device);
+
+// ---- prompts ----------------------------------------------------------------------------------------------------
+
+struct PromptOptions {
+  std::string input, out;     // one prompt a line (blank lines skipped), in input order
+  std::string tokenizer;      // as `dptrain generate --tokenizer` (empty: the checkpoint's data.dir)
+  int64_t tokens = 200;       // new tokens per prompt
+  models::SampleOptions sampling;  // temperature, top_k (vocab_limit: the tokenizer's, set here)
+  uint64_t seed = 42;         // every prompt: the text `dptrain generate --seed` gives for it
+  bool kv_cache = true;
+  PredictFormat format = PredictFormat::jsonl;
+};
+
+// Completes every prompt of o.input with the GPT of `checkpoint` on every rank of `pg`, each rank a contiguous
+// share, one prompt at a time (models::generate takes one); rank 0 writes one line per prompt in input order: jsonl
+// {"prompt": P, "text": T} (T: what `dptrain generate --prompt P` prints: the prompt and what follows it), or csv
+// prompt,text. Collective.
+PredictSummary predict_prompts(const std::string& checkpoint, const PromptOptions& o, comm::ProcessGroup& pg,
+                               Device device);
 
 }  // namespace dpt::trainer
