@@ -381,7 +381,7 @@ PredictSummary predict_prompts(const std::string& checkpoint, const PromptOption
                  prompts.size(), o.input, pg.size(), ck.model->summary(), ck.from, device.str(), o.tokens,
                  sampling.temperature, sampling.top_k, o.seed, o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
   std::string mine;
-  ProgressLine progress(pg.rank() == 0, prompts.size(), pg.size(), 10.0, "prompts");
+  ProgressLine progress(pg.rank() == 0, prompts.size(), pg.size(), o.progress_interval_s, "prompts");
   for (size_t i = share.begin; i < share.end; ++i) {
     const std::vector<int32_t> tokens = tokenizer.encode(prompts[i]);
     const std::string text =

@@ -122,6 +122,7 @@ struct PromptOptions {
   uint64_t seed = 42;         // every prompt: the text `dptrain generate --seed` gives for it
   bool kv_cache = true;
   PredictFormat format = PredictFormat::jsonl;
+  double progress_interval_s = 10.0;  // rank 0's progress line (train.progress_interval_s)
 };
 
 // Completes every prompt of o.input with the GPT of `checkpoint` on every rank of `pg`, each rank a contiguous

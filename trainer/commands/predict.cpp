@@ -51,7 +51,8 @@ int predict_job(const PredictArgs& a) {
             if (gpt) {
               const PromptOptions o{.input = a.input, .out = a.out, .tokenizer = a.tokenizer, .tokens = a.tokens,
                                     .sampling = {.temperature = a.temperature, .top_k = a.sample_top_k},
-                                    .seed = a.seed, .kv_cache = !a.no_kv_cache, .format = format};
+                                    .seed = a.seed, .kv_cache = !a.no_kv_cache, .format = format,
+                                    .progress_interval_s = target->config.train.progress_interval_s};
               s = predict_prompts(target->checkpoint.path, o, *job.pg, job.device);
             } else {
               const PredictOptions o{.input = a.input, .out = a.out, .batch_size = a.batch_size, .top_k = a.top_k,
