@@ -94,6 +94,21 @@ std::vector<std::string> list_class_folders(const std::string& dir, const std::s
   return classes;
 }
 
+std::vector<std::string> list_image_files(const std::string& dir) {
+  std::vector<std::string> names;
+  try {
+    for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
+      const fs::directory_entry& e = *it;
+      if (e.is_regular_file() && is_image_name(e.path()))
+        names.push_back(e.path().lexically_relative(dir).string());
+    }
+  } catch (const fs::filesystem_error& e) {
+    DPT_THROW(IoError, "{}: cannot list the images: {}", dir, e.code().message());
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 ImageFolderDataset::ImageFolderDataset(const std::string& dir, const std::string& split, TransformOptions transform,
                                        bool skip_bad_images)
     : root_((fs::path(dir) / split).string()), transform_(std::move(transform)), skip_bad_images_(skip_bad_images) {

@@ -89,6 +89,10 @@ class ImageFolderDataset : public Dataset {
 // The class folder names of dir/split, byte-wise sorted (the class order). IoError when it is missing.
 std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split);
 
+// The image files below `dir` (recursively, as a class folder is read: .png, .jpg, .jpeg in any case, directory
+// symlinks not followed) as paths relative to `dir`, sorted byte-wise. IoError when `dir` cannot be listed.
+std::vector<std::string> list_image_files(const std::string& dir);
+
 // What the trainer's data.* keys fill: see make_image_folder.
 struct ImageFolderOptions {
   std::string dir;              // holds train/ and val/

@@ -82,7 +82,7 @@ json state_to_json(const TrainState& s) {
           {"seed", s.seed}, {"dataset_size", s.dataset_size}, {"drop_last", s.drop_last},
           {"rng", s.rng}, {"config_hash", s.config_hash}, {"config", s.config_toml},
           {"optimizer_steps", s.optimizer_steps}, {"loss_scale", s.loss_scale},
-          {"scale_growth_tracker", s.scale_growth_tracker}, {"skipped_steps", s.skipped_steps}};
+          {"scale_growth_tracker", s.scale_growth_tracker}, {"skipped_steps", s.skipped_steps}, {"classes", s.classes}};
 }
 
 TrainState state_from_json(const std::string& text, const std::string& path) {
@@ -108,6 +108,7 @@ TrainState state_from_json(const std::string& text, const std::string& path) {
     s.loss_scale = j.value("loss_scale", 0.0);
     s.scale_growth_tracker = j.value("scale_growth_tracker", int64_t{0});
     s.skipped_steps = j.value("skipped_steps", int64_t{0});
+    s.classes = j.value("classes", std::vector<std::string>{});  // absent before predict: none
     return s;
   } catch (const json::exception& e) {
     DPT_THROW(CheckpointError, "{}: malformed training state: {}", path, e.what());

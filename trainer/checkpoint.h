@@ -2,7 +2,7 @@
 // shard, in parallel), loadable by every rank.
 //
 // Layout: DIR/step-00000469/ holding model.safetensors (weights, PyTorch names), the optimizer state, state.json
-// (step, epoch, sampler position, RNG, effective config) and COMPLETE (the CRC32 of each file). The optimizer state
+// (step, epoch, sampler position, RNG, effective config, class names) and COMPLETE (the CRC32 of each file). The optimizer state
 // is either optimizer.safetensors (momentum / Adam moments per parameter, "<param>.<slot>": save, DDP) or, from
 // save_sharded (dist.zero >= 1), optimizer-rank-R-of-N.safetensors for R = 0..N-1: rank R's OptimizerShard, each
 // slot by its name ("exp_avg") as one 1-D tensor of its ranges' state back to back, and "ranges", I64 [k, 2]
@@ -50,6 +50,9 @@ struct TrainState {
   int64_t skipped_steps = 0;
   std::string config_toml;     // the effective config
   std::string config_hash;
+  // The class names in label order (trainer/datasets.h's class_names; `dptrain predict` prints them); empty for a
+  // GPT, and in checkpoints written before they were saved.
+  std::vector<std::string> classes;
 };
 
 struct LoadedCheckpoint {

@@ -3,6 +3,7 @@
 
 #include "core/check.h"
 #include "data/augmented.h"
+#include "data/export.h"
 #include "data/idx.h"
 #include "data/image_folder.h"
 #include "data/subset.h"
@@ -24,6 +25,12 @@ std::unique_ptr<data::Dataset> limited(std::unique_ptr<data::Dataset> d, int64_t
 
 }  // namespace
 
+std::vector<std::string> class_names(const DataConfig& d) {
+  if (d.dataset == "fashion-mnist") return data::fashion_mnist_class_folders();
+  if (d.dataset == "imagefolder") return data::list_class_folders(d.dir, data::kTrainSplit);
+  return {};
+}
+
 Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed) {
   Datasets ds;
   const auto mode = data::parse_transform_mode(d.augment);
@@ -38,6 +45,7 @@ Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed)
       ds.train = std::move(train);
     }
     ds.test = data::load_fashion_mnist(d.dir, false, static_cast<size_t>(d.test_limit));
+    ds.classes = class_names(d);
   } else if (d.dataset == "tokens") {
     ds.train = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "train", m.block_size, m.vocab_size),
                        d.train_limit);
@@ -57,6 +65,7 @@ Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed)
     o.seed = seed;
     ds.train = limited(data::make_image_folder(o, true), d.train_limit);
     ds.test = limited(data::make_image_folder(o, false), d.test_limit);
+    ds.classes = class_names(d);
   } else {
     // One synthetic set split in two: the same labelling function, disjoint examples.
     const auto n_train = static_cast<size_t>(d.synthetic_train_size), n_test = static_cast<size_t>(d.synthetic_test_size);

@@ -1,5 +1,5 @@
 // trainer/main.cpp: the dptrain program: parse the command line and run the command it names
-// (trainer/commands/: train when none, eval, generate, tokenize, export-images, export-weights, plot,
+// (trainer/commands/: train when none, eval, predict, generate, tokenize, export-images, export-weights, plot,
 // config-reference). The
 // commands decide how the process dies: an error is logged with the rank and the process exits non-zero at once,
 // so the launcher (dprun, mpirun, srun) tears the job down.
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   auto print_config = std::make_shared<bool>(false);
   const std::vector<Command> commands = {  // in the order --help lists them
       add_train(app, print_config), add_export_images(app), add_tokenize(app), add_generate(app),
-      add_export_weights(app),      add_eval(app, print_config), add_plot(app),
+      add_export_weights(app),      add_eval(app, print_config), add_predict(app, print_config), add_plot(app),
       add_config_reference(app),
   };
   try {

@@ -599,7 +599,7 @@ void Trainer::save(int64_t epoch, int64_t next_batch) {
                 .drop_last = t_.drop_last, .rng = "", .optimizer_steps = optimizer_->steps(),
                 .loss_scale = scaler_.enabled() ? scaler_.scale() : 0.0,
                 .scale_growth_tracker = scaler_.growth_tracker(), .skipped_steps = scaler_.skipped(),
-                .config_toml = to_toml(cfg_), .config_hash = config_hash(cfg_)};
+                .config_toml = to_toml(cfg_), .config_hash = config_hash(cfg_), .classes = ds_.classes};
   std::ostringstream os;
   os << rng_;
   st.rng = os.str();

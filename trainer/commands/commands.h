@@ -27,6 +27,7 @@ struct Command {
 Command add_train(CLI::App& root, std::shared_ptr<bool> print_config);
 Command add_eval(CLI::App& root, std::shared_ptr<const bool> print_config);  // commands/eval.cpp
 Command add_generate(CLI::App& root);                                          // commands/generate.cpp
+Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config);  // commands/predict.cpp
 Command add_tokenize(CLI::App& root);                                          // commands/tokenize.cpp
 Command add_export_images(CLI::App& root);                                     // commands/export_images.cpp
 Command add_export_weights(CLI::App& root);                                    // commands/export_weights.cpp

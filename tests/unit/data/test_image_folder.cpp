@@ -305,6 +305,21 @@ TEST_CASE("image folder: classes in byte-wise sorted order, files sorted by name
   }
 }
 
+TEST_CASE("list_image_files: every image below a folder, relative paths sorted byte-wise", "[data][image_folder]") {
+  TempDir dir;
+  for (const char* name : {"b.png", "a/Z.JPG", "a/10.jpeg", "a/9.png", "B/x/y/0.Png", "a.png"})
+    write_png(dir.file(std::string("in/") + name), flat(2, 2, {7}).view());
+  write_bytes(dir.file("in/notes.txt"), "ignored");
+  write_bytes(dir.file("in/a/c.gif"), "ignored");
+  write_bytes(dir.file("in/png"), "ignored: no extension");
+  // Byte-wise: '/' (0x2f) < '.' is false ('.' is 0x2e), so "a.png" < "a/..."; upper case before lower case.
+  REQUIRE(list_image_files(dir.file("in")) ==
+          std::vector<std::string>{"B/x/y/0.Png", "a.png", "a/10.jpeg", "a/9.png", "a/Z.JPG", "b.png"});
+  fs::create_directories(dir.path / "empty");
+  REQUIRE(list_image_files((dir.path / "empty").string()).empty());
+  REQUIRE_THROWS_AS(list_image_files((dir.path / "missing").string()), IoError);
+}
+
 TEST_CASE("image folder: missing or empty folders say what layout is expected", "[data][image_folder]") {
   TempDir dir;
   const std::string root = dir.path.string();

@@ -13,6 +13,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <nlohmann/json.hpp>
+
 #include "comm/process_group.h"
 #include "core/check.h"
 #include "models/model.h"
@@ -116,6 +118,29 @@ TEST_CASE("checkpoints: atomic layout, keep the newest K, load validates", "[che
   REQUIRE(c->state.config_toml == "[train]\nlr = 0.1\n");
   REQUIRE(c->model.find("layers.0.bias")->data<float>()[3] == 103.0f);
   REQUIRE(c->optimizer.find("layers.0.weight.momentum")->data<float>()[0] == 7.0f);
+}
+
+TEST_CASE("checkpoints keep the class names; one written before they were saved loads with none", "[checkpoint]") {
+  auto dir = fresh_dir("classes");
+  CheckpointManager m(dir.string(), 2);
+  std::vector<NamedTensor> model = {{"fc.bias", filled({3}, 0)}};
+  TrainState st = state_at(5);
+  st.classes = {"0_cat", "1_dog \"quoted\"", "2_\xc3\xa9t\xc3\xa9"};  // JSON escapes and UTF-8 survive
+  const std::string path = m.save(model, {}, st);
+  REQUIRE(CheckpointManager::load(path).state.classes == st.classes);
+
+  // An older state.json: no "classes" key (its CRC in COMPLETE updated, as that dptrain would have written it).
+  const fs::path state_file = fs::path(path) / "state.json";
+  auto state = nlohmann::json::parse(test::read_file(state_file));
+  REQUIRE(state.erase("classes") == 1);
+  const std::string old_text = state.dump(2);
+  std::ofstream(state_file, std::ios::trunc) << old_text;
+  auto mark = nlohmann::json::parse(test::read_file(fs::path(path) / "COMPLETE"));
+  mark["files"]["state.json"] = fmt::format("{:08x}", crc32_of(old_text.data(), old_text.size()));
+  std::ofstream(fs::path(path) / "COMPLETE", std::ios::trunc) << mark.dump(2);
+  const LoadedCheckpoint old = CheckpointManager::load(path);
+  REQUIRE(old.state.step == 5);
+  REQUIRE(old.state.classes.empty());
 }
 
 TEST_CASE("a truncated, corrupted or unfinished checkpoint is rejected and resume falls back", "[checkpoint]") {

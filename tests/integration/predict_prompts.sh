@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# integration.predict_prompts: `dptrain predict` with a GPT checkpoint (a tiny GPT trained a few steps on Debian's
+# fortunes as bytes): a file of prompts gives one line per prompt in input order, each line's text what
+# `dptrain generate` prints for that prompt with the same seed and sampling options; 1, 2 and 3 ranks write the
+# same file; csv too.
+source "$(dirname "$0")/lib/common.bash"
+"$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 ||
+  { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" data.dataset=tokens data.dir="$WORK/fort" model.name=gpt model.n_layer=2 \
+  model.n_head=2 model.n_embd=32 model.block_size=16 train.epochs=1 train.max_steps=60 train.batch_size=16 \
+  train.optimizer=adamw train.lr=3e-3 train.progress_interval_s=1000 data.test_limit=64 checkpoint.dir="$WORK/ck" \
+  --resume never > "$WORK/train.log" 2>&1 || { cat "$WORK/train.log"; fail "the GPT run failed"; }
+
+# Input order, not sorted; a quote, a blank line (skipped), a prompt longer than the block.
+printf 'Q: \nThe "best" way\n\nx\nA fool and his money are soon parted, said the man who\nAnd\n' > "$WORK/prompts.txt"
+SAMPLING=(--tokens 40 --temperature 0.8 --sample-top-k 5 --seed 11)
+for n in 1 2 3; do
+  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" \
+    --out "$WORK/p$n.jsonl" "${SAMPLING[@]}" > "$WORK/p$n.log" 2>&1 || { cat "$WORK/p$n.log"; fail "predict on $n rank(s) failed"; }
+done
+cmp "$WORK/p1.jsonl" "$WORK/p2.jsonl" || fail "2 ranks wrote another file than 1"
+cmp "$WORK/p1.jsonl" "$WORK/p3.jsonl" || fail "3 ranks wrote another file than 1"
+grep -q "predict: wrote 5 lines to $WORK/p3.jsonl" "$WORK/p3.log" || { cat "$WORK/p3.log"; fail "no summary line"; }
+
+$PY - "$DPTRAIN" "$WORK" "${SAMPLING[@]}" <<'EOF' || fail "predict's texts are not generate's"
+import json, subprocess, sys
+dptrain, work, sampling = sys.argv[1], sys.argv[2], sys.argv[3:]
+gen_args = [a if a != "--sample-top-k" else "--top-k" for a in sampling]
+lines = [json.loads(l) for l in open(f"{work}/p1.jsonl", encoding="utf-8")]
+prompts = [p for p in open(f"{work}/prompts.txt").read().split("\n") if p.strip()]
+assert [l["prompt"] for l in lines] == prompts, "not one line per prompt in input order"
+for l in lines:
+    out = subprocess.run([dptrain, "generate", "--checkpoint", f"{work}/ck", "--prompt", l["prompt"], *gen_args],
+                         capture_output=True, check=True).stdout
+    want = out[:-1].decode("utf-8", errors="replace")  # generate ends the text with one newline
+    assert l["text"] == want, f"prompt {l['prompt']!r}: predict {l['text']!r}, generate {want!r}"
+    assert l["text"].startswith(l["prompt"])
+print(f"{len(lines)} prompts: the text generate prints, e.g. {lines[0]['text']!r}")
+EOF
+
+# Another seed gives other text (the comparison above can fail).
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/seed12.jsonl" --tokens 40 \
+  --temperature 0.8 --sample-top-k 5 --seed 12 > "$WORK/seed12.log" 2>&1 || { cat "$WORK/seed12.log"; fail "seed 12 failed"; }
+! cmp -s "$WORK/p1.jsonl" "$WORK/seed12.jsonl" || fail "seeds 11 and 12 gave the same texts"
+
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" \
+  --out "$WORK/p.csv" --format csv "${SAMPLING[@]}" > "$WORK/csv.log" 2>&1 || { cat "$WORK/csv.log"; fail "csv failed"; }
+$PY - "$WORK/p1.jsonl" "$WORK/p.csv" <<'EOF' || fail "the csv output disagrees with jsonl"
+import csv, json, sys
+j = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+rows = list(csv.DictReader(open(sys.argv[2], newline="", encoding="utf-8", errors="replace")))
+assert [(r["prompt"], r["text"]) for r in rows] == [(l["prompt"], l["text"]) for l in j]
+EOF
+echo "PASS: prompts: generate's text for each, in input order, the same file on 1, 2 and 3 ranks"

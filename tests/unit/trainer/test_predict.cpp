@@ -1,0 +1,143 @@
+// tests/unit/trainer/test_predict.cpp: `dptrain predict`'s parts (trainer/predict.h): contiguous shares cover every
+// input once in order, the softmax top-k in closed form, the jsonl and csv lines (parsed back: escaping and quoting),
+// inputs from a folder or a list file, the gathered text in rank order on 1..3 ranks, the atomic write.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "data/image_io.h"
+#include "tests/support/gloo_ranks.h"
+#include "tests/support/temp_dir.h"
+#include "trainer/predict.h"
+
+using namespace dpt;
+using namespace dpt::trainer;
+namespace fs = std::filesystem;
+
+TEST_CASE("contiguous shares: every input once, in order, sizes within one", "[predict]") {
+  for (size_t n : {0, 1, 2, 7, 100, 101}) {
+    for (int world : {1, 2, 3, 7}) {
+      INFO("n " << n << " world " << world);
+      size_t next = 0, smallest = n, largest = 0;
+      for (int r = 0; r < world; ++r) {
+        const Share s = contiguous_share(n, r, world);
+        REQUIRE(s.begin == next);
+        REQUIRE(s.end >= s.begin);
+        next = s.end;
+        smallest = std::min(smallest, s.size());
+        largest = std::max(largest, s.size());
+      }
+      REQUIRE(next == n);
+      REQUIRE(largest - smallest <= 1);
+    }
+  }
+  REQUIRE(contiguous_share(7, 1, 3) == Share{2, 4});  // 7 * 1 / 3 = 2, 7 * 2 / 3 = 4
+  REQUIRE_THROWS(contiguous_share(7, 3, 3));
+}
+
+TEST_CASE("top_k: the softmax's largest, most likely first, ties by index", "[predict]") {
+  // exp(logits - max) = {1/4, 1, 1/2, 1, 1/4}: sum 3, probabilities {1/12, 1/3, 1/6, 1/3, 1/12}.
+  const float l2 = static_cast<float>(std::log(2.0));
+  const std::vector<float> logits = {-2 * l2 + 5, 5, -l2 + 5, 5, -2 * l2 + 5};
+  const auto top = top_k(logits.data(), 5, 3);
+  REQUIRE(top.size() == 3);
+  REQUIRE(top[0].index == 1);  // tie with 3: the lower index first
+  REQUIRE(top[1].index == 3);
+  REQUIRE(top[2].index == 2);
+  REQUIRE(top[0].prob == Approx(1.0 / 3).epsilon(1e-6));
+  REQUIRE(top[2].prob == Approx(1.0 / 6).epsilon(1e-6));
+  REQUIRE(top_k(logits.data(), 5, 50).size() == 5);  // capped at the class count
+  double sum = 0;
+  for (const Scored& s : top_k(logits.data(), 5, 5)) sum += s.prob;
+  REQUIRE(sum == Approx(1.0).epsilon(1e-12));
+  // Large logits do not overflow (max subtracted).
+  const std::vector<float> big = {1000.0f, 1000.0f};
+  REQUIRE(top_k(big.data(), 2, 1)[0].prob == 0.5);
+}
+
+TEST_CASE("jsonl and csv lines parse back, names escaped and quoted", "[predict]") {
+  const std::vector<std::string> classes = {"cat", "dog \"big\"", "a,b", "\xc3\xa9t\xc3\xa9"};
+  const std::vector<Scored> top = {{2, 0.75}, {0, 0.1234567}};
+  LineFormat f{.format = PredictFormat::jsonl, .k = 2, .classes = classes};
+  REQUIRE(f.header().empty());
+  const std::string line = f.prediction("val/x \"1\".png", top);
+  REQUIRE(line == "{\"path\": \"val/x \\\"1\\\".png\", \"top\": [{\"index\": 2, \"class\": \"a,b\", \"prob\": 0.750000}, "
+                  "{\"index\": 0, \"class\": \"cat\", \"prob\": 0.123457}]}\n");
+  const auto j = nlohmann::json::parse(line);
+  REQUIRE(j["path"] == "val/x \"1\".png");
+  REQUIRE(j["top"][1]["prob"].get<double>() == 0.123457);
+  const auto e = nlohmann::json::parse(f.error("b.png", "b.png: not a PNG or JPEG file"));
+  REQUIRE(e["error"] == "b.png: not a PNG or JPEG file");
+  REQUIRE(!e.contains("top"));
+  REQUIRE(nlohmann::json::parse(f.prediction("u.png", {{3, 1.0}}))["top"][0]["class"] == classes[3]);
+
+  f.format = PredictFormat::csv;
+  REQUIRE(f.header() == "path,index_1,class_1,prob_1,index_2,class_2,prob_2,error\n");
+  REQUIRE(f.prediction("a.png", top) == "a.png,2,\"a,b\",0.750000,0,cat,0.123457,\n");
+  REQUIRE(f.prediction("x", {{1, 1.0}, {0, 0.0}}) == "x,1,\"dog \"\"big\"\"\",1.000000,0,cat,0.000000,\n");
+  REQUIRE(f.error("b,c.png", "bad\nfile") == "\"b,c.png\",,,,,,,\"bad\nfile\"\n");  // as many columns as the header
+  REQUIRE(parse_predict_format("csv") == PredictFormat::csv);
+  REQUIRE_THROWS_AS(parse_predict_format("xml"), ConfigError);
+}
+
+TEST_CASE("inputs: a folder's images relative to it, or a list file's lines, sorted", "[predict]") {
+  test::TempDir dir;
+  const data::Image px{.height = 1, .width = 1, .channels = 1, .pixels = {9}};
+  for (const char* name : {"b/2.png", "a.jpg", "b/10.PNG"}) data::write_png(dir.file(std::string("imgs/") + name), px.view());
+  std::ofstream(dir.file("imgs/readme.txt")) << "not an image";
+  const ImageInputs folder = list_image_inputs(dir.file("imgs"));
+  REQUIRE(folder.names == std::vector<std::string>{"a.jpg", "b/10.PNG", "b/2.png"});
+  REQUIRE(folder.file(1) == (dir.path / "imgs" / "b/10.PNG").string());
+
+  std::ofstream(dir.file("list.txt")) << "z/1.png\n# a comment\n\n  \r\nc.jpg\r\n/abs/x.png\n";
+  const ImageInputs list = list_image_inputs(dir.file("list.txt"));
+  REQUIRE(list.root.empty());
+  REQUIRE(list.names == std::vector<std::string>{"/abs/x.png", "c.jpg", "z/1.png"});
+  REQUIRE(list.file(2) == "z/1.png");
+  REQUIRE_THROWS_WITH(list_image_inputs(dir.file("missing")), Catch::Contains("missing not found"));
+  // Prompts keep their order and '#' lines.
+  REQUIRE(read_lines(dir.file("list.txt"), false) == std::vector<std::string>{"z/1.png", "# a comment", "c.jpg", "/abs/x.png"});
+}
+
+TEST_CASE("gather_text: every rank's text on rank 0 in rank order, on 1, 2 and 3 ranks", "[predict][multirank]") {
+  for (int world : {1, 2, 3}) {
+    std::mutex mu;
+    std::vector<std::string> got(static_cast<size_t>(world));
+    const std::string errors = test::run_gloo_ranks(world, [&](comm::ProcessGroup& pg) {
+      // Rank r: r + 1 lines, rank 1 none at all (an empty share).
+      std::string mine;
+      if (pg.rank() != 1)
+        for (int i = 0; i <= pg.rank(); ++i) mine += fmt::format("rank {} line {}\n", pg.rank(), i);
+      const std::string text = gather_text(mine, pg);
+      std::lock_guard<std::mutex> lock(mu);
+      got[static_cast<size_t>(pg.rank())] = text;
+    });
+    REQUIRE(errors.empty());
+    std::string want = "rank 0 line 0\n";
+    if (world == 3) want += "rank 2 line 0\nrank 2 line 1\nrank 2 line 2\n";
+    REQUIRE(got[0] == want);
+    for (int r = 1; r < world; ++r) REQUIRE(got[static_cast<size_t>(r)].empty());
+  }
+  // Nothing on any rank: nothing gathered.
+  std::string empty = "x";
+  REQUIRE(test::run_gloo_ranks(2, [&](comm::ProcessGroup& pg) {
+            const std::string t = gather_text("", pg);
+            if (pg.rank() == 0) empty = t;
+          }).empty());
+  REQUIRE(empty.empty());
+}
+
+TEST_CASE("write_file_atomically replaces the file whole and leaves no temporary", "[predict]") {
+  test::TempDir dir;
+  const std::string out = dir.file("preds.jsonl");
+  std::ofstream(out) << "old contents, longer than the new ones\n";
+  write_file_atomically(out, "new\n");
+  REQUIRE(test::read_file(out) == "new\n");
+  REQUIRE(!fs::exists(out + ".tmp"));
+  REQUIRE_THROWS_AS(write_file_atomically((dir.path / "no/such/dir/x").string(), "x"), IoError);
+}

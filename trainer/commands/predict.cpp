@@ -1,0 +1,139 @@
+// trainer/commands/predict.cpp: `dptrain predict --checkpoint C --input PATH --out FILE`: a checkpoint's predictions
+// for many inputs on every rank of the job, rank 0 writing FILE (trainer/predict.h): the same bytes on any number
+// of ranks.
+#include <spdlog/spdlog.h>
+
+#include <optional>
+
+#include "trainer/commands/commands.h"
+#include "trainer/commands/job.h"
+#include "trainer/predict.h"
+
+namespace dpt::trainer::commands {
+namespace {
+
+struct PredictArgs {
+  std::string checkpoint, input, out;
+  int64_t batch_size = 64;
+  int64_t top_k = 5;
+  std::string precision;  // empty: the checkpoint's train.precision
+  std::string format = "jsonl";
+  bool skip_bad = false;
+  // Prompts (a GPT checkpoint): generate's options.
+  std::string tokenizer;
+  int64_t tokens = 200;
+  double temperature = 1.0;
+  int64_t sample_top_k = 0;
+  uint64_t seed = 42;
+  bool no_kv_cache = false;
+  std::vector<std::string> overrides;
+  std::shared_ptr<const bool> print_config;
+};
+
+int predict_job(const PredictArgs& a) {
+  std::optional<EvalTarget> target;  // the checkpoint, and its config
+  return run_job({
+      .name = "dptrain predict",
+      .print_config = *a.print_config,
+      .load_config =
+          [&](std::string& origin) {
+            std::vector<std::string> overrides = a.overrides;
+            if (!a.precision.empty()) overrides.push_back("train.precision=" + a.precision);
+            target = eval_target(a.checkpoint, overrides);
+            origin = target->checkpoint.path + "'s";
+            return target->config;
+          },
+      .work =
+          [&](Job& job) {
+            const PredictFormat format = parse_predict_format(a.format);
+            const bool gpt = target->config.model.name == "gpt";
+            PredictSummary s;
+            if (gpt) {
+              const PromptOptions o{.input = a.input, .out = a.out, .tokenizer = a.tokenizer, .tokens = a.tokens,
+                                    .sampling = {.temperature = a.temperature, .top_k = a.sample_top_k},
+                                    .seed = a.seed, .kv_cache = !a.no_kv_cache, .format = format,
+                                    .progress_interval_s = target->config.train.progress_interval_s};
+              s = predict_prompts(target->checkpoint.path, o, *job.pg, job.device);
+            } else {
+              const PredictOptions o{.input = a.input, .out = a.out, .batch_size = a.batch_size, .top_k = a.top_k,
+                                     .format = format, .skip_bad = a.skip_bad};
+              s = predict_images(*target, o, *job.pg, job.device);
+            }
+            if (job.env.rank == 0)
+              spdlog::info("predict: wrote {} lines{} to {} in {:.1f} s: {:.1f} {}/s on {} rank(s) ({}, step {})",
+                           s.inputs, gpt ? "" : fmt::format(" ({} unreadable image(s))", s.errors), a.out, s.seconds,
+                           static_cast<double>(s.inputs) / s.seconds, gpt ? "prompts" : "images", job.env.world_size,
+                           target->checkpoint.path, target->checkpoint.state.step);
+            return 0;
+          },
+  });
+}
+
+}  // namespace
+
+Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
+  auto a = std::make_shared<PredictArgs>();
+  a->print_config = std::move(print_config);
+  CLI::App* cmd = root.add_subcommand(
+      "predict",
+      "predict the classes of many images with a checkpoint's classifier on every rank of the job, each rank a "
+      "contiguous share of the sorted inputs, with the checkpoint's evaluation preprocessing; rank 0 writes one line "
+      "per image, in sorted path order, to --out (as OUT.tmp, renamed when complete): the same bytes on any number of "
+      "ranks; trains nothing. With a GPT checkpoint --input is a text file of prompts, one a line, and each line of "
+      "OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed "
+      "(one prompt at a time on each rank)");
+  cmd->footer(
+      "Start it as training starts (dprun, mpirun, srun). A jsonl line: {\"path\": \"val/3_dress/17.png\", \"top\": "
+      "[{\"index\": 3, \"class\": \"3_dress\", \"prob\": 0.912345}, ...]} (path as under --input, the class names the "
+      "checkpoint was trained with, probabilities with 6 decimals); an unreadable image with --skip-bad: "
+      "{\"path\": ..., \"error\": ...}.\n"
+      "Example: dprun --nproc-per-node 2 -- dptrain predict --checkpoint runs/fmnist/checkpoints --input "
+      "/tmp/fmnist-images/val --out preds.jsonl");
+  add_checkpoint_option(*cmd, a->checkpoint);
+  cmd->add_option("--input", a->input,
+                  "a folder of images (recursively: .png, .jpg, .jpeg in any case) or a list file (one path a line, "
+                  "relative to the working directory; blank lines and # comments skipped); GPT: a file of prompts, one "
+                  "a line (blank lines skipped)")
+      ->required();
+  cmd->add_option("--out", a->out, "the output file; written as OUT.tmp, renamed to OUT (replacing it) when complete")
+      ->required();
+  cmd->add_option("--batch-size", a->batch_size, "images per forward pass on each rank")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--top-k", a->top_k, "most likely classes per image (at most the class count)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--precision", a->precision,
+                  "fp32 | bf16 | fp16: the arithmetic of matrix products and convolutions (default: the checkpoint's "
+                  "train.precision)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  cmd->add_option("--format", a->format, "jsonl (a JSON object a line) | csv (a header, then a row per image)")
+      ->check(CLI::IsMember({"jsonl", "csv"}))
+      ->capture_default_str();
+  cmd->add_flag("--skip-bad", a->skip_bad,
+                "an image that cannot be read gets a line with its error and the run goes on (else the run fails "
+                "naming it, and writes nothing)");
+  // Prompts: the options of `dptrain generate`, under the same names (--top-k is taken: --sample-top-k).
+  cmd->add_option("--tokens", a->tokens, "GPT: new tokens to sample per prompt")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "GPT: divides the logits: below 1 sharper, above 1 flatter")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd->add_option("--sample-top-k", a->sample_top_k,
+                  "GPT: sample among the k most likely tokens only (0: all; 1: greedy): generate's --top-k")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd->add_option("--seed", a->seed, "GPT: every prompt is sampled from this seed: its text is `dptrain generate "
+                                     "--prompt P --seed S`'s")
+      ->capture_default_str();
+  cmd->add_flag("--no-kv-cache", a->no_kv_cache, "GPT: run the whole window for every token instead of caching");
+  cmd->add_option("--tokenizer", a->tokenizer,
+                  "GPT: a directory with vocab.json and merges.txt (default: the checkpoint's data.dir), as generate's");
+  cmd->add_option("overrides", a->overrides,
+                  "overrides of the checkpoint's config, key=value (e.g. train.device=cpu, data.dir=... for a "
+                  "checkpoint written before class names were saved)");
+  return {cmd, [a] { return predict_job(*a); }};
+}
+
+}  // namespace dpt::trainer::commands

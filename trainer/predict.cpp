@@ -1,0 +1,400 @@
+// trainer/predict.cpp: `dptrain predict` over images (trainer/predict.h).
+#include "trainer/predict.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "core/logging.h"
+#include "data/idx.h"
+#include "data/image_folder.h"
+#include "data/image_io.h"
+#include "data/transforms.h"
+#include "models/model.h"
+#include "trainer/build_model.h"
+#include "trainer/datasets.h"
+#include "trainer/gpt_checkpoint.h"
+#include "trainer/report/run_report.h"
+
+namespace dpt::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string json_string(const std::string& s) {
+  return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// RFC 4180: quoted when it holds a comma, a quote or a line break; quotes doubled.
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string q = "\"";
+  for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+
+std::string prob_text(double p) { return fmt::format("{:.{}f}", p, kProbDigits); }
+
+// An image classifier's evaluation preprocessing, from its config: what make_datasets's test split applies.
+struct ImagePipeline {
+  data::TransformOptions transform;
+  std::vector<int64_t> sample_shape;  // {channels, size, size}
+};
+
+ImagePipeline image_pipeline(const Config& cfg, const std::string& checkpoint) {
+  const DataConfig& d = cfg.data;
+  data::TransformOptions t;
+  t.mode = data::TransformMode::none;
+  if (d.dataset == "fashion-mnist") {
+    // The IDX pixels' normalisation (data/idx.h), the same float arithmetic; other sizes are resized to 28 x 28.
+    t.size = t.resize = 28;
+    t.channels = 1;
+    t.mean = {data::kFashionMnistMean};
+    t.std = {data::kFashionMnistStd};
+  } else if (d.dataset == "imagefolder") {
+    t.size = d.image_size;
+    t.resize = d.resize;
+    t.channels = static_cast<int>(d.channels);
+    t.mean.assign(d.mean.begin(), d.mean.end());
+    t.std.assign(d.std.begin(), d.std.end());
+  } else {
+    DPT_THROW(ConfigError,
+              "predict: {} was trained on data.dataset = {} (model {}); predict takes image classifiers "
+              "(fashion-mnist, imagefolder) and GPTs (prompts)",
+              checkpoint, d.dataset, cfg.model.name);
+  }
+  return {t, {t.channels, t.size, t.size}};
+}
+
+// Rank 0's progress line every `interval_s`: rank 0's pace times the ranks (their shares differ by one at most).
+class ProgressLine {
+ public:
+  ProgressLine(bool lead, size_t total, int world, double interval_s, std::string unit = "images")
+      : lead_(lead), total_(total), world_(world), interval_s_(interval_s), unit_(std::move(unit)) {}
+  void update(size_t done_here, size_t share) {
+    if (!lead_ || seconds_since(last_) < interval_s_) return;
+    last_ = Clock::now();
+    const double elapsed = seconds_since(start_);
+    const double rate = static_cast<double>(done_here) * world_ / elapsed;
+    const double eta = rate > 0 ? static_cast<double>(share - done_here) * world_ / rate : -1;
+    const size_t done = std::min(total_, done_here * static_cast<size_t>(world_));
+    const std::string line = fmt::format("predict: ~{}/{} {} ({:.0f}%) {:.1f} {}/s eta {}", done, total_, unit_,
+                                         100.0 * static_cast<double>(done) / static_cast<double>(total_), rate, unit_,
+                                         format_duration(eta));
+    if (live_line_enabled())
+      show_live_line(line);
+    else
+      spdlog::info("{}", line);
+  }
+
+ private:
+  bool lead_;
+  size_t total_;
+  int world_;
+  double interval_s_;
+  std::string unit_;
+  Clock::time_point start_ = Clock::now(), last_ = Clock::now();
+};
+
+// One batch of decoded images: `rows` x sample floats (rows = the padded batch size; the unused rows zero), and an
+// error message per image that could not be read (empty: fine).
+struct DecodedBatch {
+  Tensor pixels;
+  std::vector<std::string> errors;
+};
+
+}  // namespace
+
+// ---- inputs and shares ----------------------------------------------------------------------------------------
+
+std::string ImageInputs::file(size_t i) const { return root.empty() ? names.at(i) : (fs::path(root) / names.at(i)).string(); }
+
+std::vector<std::string> read_lines(const std::string& path, bool skip_comments) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) DPT_THROW(IoError, "{}: cannot open: {}", path, std::strerror(errno));
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    if (skip_comments && line.starts_with('#')) continue;
+    lines.push_back(std::move(line));
+  }
+  if (in.bad()) DPT_THROW(IoError, "{}: read failed: {}", path, std::strerror(errno));
+  return lines;
+}
+
+ImageInputs list_image_inputs(const std::string& input) {
+  std::error_code ec;
+  if (!fs::exists(input, ec)) DPT_THROW(IoError, "predict: --input {} not found", input);
+  ImageInputs in;
+  if (fs::is_directory(input, ec)) {
+    in.root = input;
+    in.names = data::list_image_files(input);
+  } else {
+    in.names = read_lines(input, /*skip_comments=*/true);
+    std::sort(in.names.begin(), in.names.end());
+  }
+  return in;
+}
+
+Share contiguous_share(size_t n, int rank, int world_size) {
+  DPT_CHECK(world_size > 0 && rank >= 0 && rank < world_size, "rank {} of {}", rank, world_size);
+  const auto r = static_cast<size_t>(rank), w = static_cast<size_t>(world_size);
+  return {n * r / w, n * (r + 1) / w};
+}
+
+// ---- one prediction --------------------------------------------------------------------------------------------
+
+std::vector<Scored> top_k(const float* logits, int64_t classes, int64_t k) {
+  DPT_CHECK_GT(classes, 0);
+  double max = logits[0];
+  for (int64_t c = 1; c < classes; ++c) max = std::max(max, static_cast<double>(logits[c]));
+  std::vector<Scored> all(static_cast<size_t>(classes));
+  double sum = 0;
+  for (int64_t c = 0; c < classes; ++c) {
+    all[static_cast<size_t>(c)] = {c, std::exp(static_cast<double>(logits[c]) - max)};
+    sum += all[static_cast<size_t>(c)].prob;
+  }
+  for (Scored& s : all) s.prob /= sum;
+  const auto keep = static_cast<size_t>(std::clamp<int64_t>(k, 0, classes));
+  std::partial_sort(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(keep), all.end(),
+                    [](const Scored& a, const Scored& b) { return a.prob > b.prob || (a.prob == b.prob && a.index < b.index); });
+  all.resize(keep);
+  return all;
+}
+
+// ---- output lines ---------------------------------------------------------------------------------------------
+
+PredictFormat parse_predict_format(const std::string& name) {
+  if (name == "jsonl") return PredictFormat::jsonl;
+  if (name == "csv") return PredictFormat::csv;
+  DPT_THROW(ConfigError, "predict: --format must be jsonl or csv, got '{}'", name);
+}
+
+std::string LineFormat::header() const {
+  if (format == PredictFormat::jsonl) return "";
+  std::string h = "path";
+  for (int64_t i = 1; i <= k; ++i) h += fmt::format(",index_{0},class_{0},prob_{0}", i);
+  return h + ",error\n";
+}
+
+std::string LineFormat::prediction(const std::string& path, const std::vector<Scored>& top) const {
+  std::string line;
+  if (format == PredictFormat::jsonl) {
+    line = "{\"path\": " + json_string(path) + ", \"top\": [";
+    for (size_t i = 0; i < top.size(); ++i)
+      line += fmt::format("{}{{\"index\": {}, \"class\": {}, \"prob\": {}}}", i ? ", " : "", top[i].index,
+                          json_string(classes.at(static_cast<size_t>(top[i].index))), prob_text(top[i].prob));
+    return line + "]}\n";
+  }
+  line = csv_field(path);
+  for (const Scored& s : top)
+    line += fmt::format(",{},{},{}", s.index, csv_field(classes.at(static_cast<size_t>(s.index))), prob_text(s.prob));
+  return line + ",\n";
+}
+
+std::string LineFormat::error(const std::string& path, const std::string& what) const {
+  if (format == PredictFormat::jsonl) return "{\"path\": " + json_string(path) + ", \"error\": " + json_string(what) + "}\n";
+  std::string line = csv_field(path);
+  for (int64_t i = 0; i < k; ++i) line += ",,,";
+  return line + "," + csv_field(what) + "\n";
+}
+
+// ---- gathering and writing -------------------------------------------------------------------------------------
+
+std::string gather_text(const std::string& mine, comm::ProcessGroup& pg) {
+  const int world = pg.size();
+  Tensor length = Tensor::zeros({1}, DType::I64);
+  length.data<int64_t>()[0] = static_cast<int64_t>(mine.size());
+  Tensor lengths = Tensor::zeros({world}, DType::I64);
+  pg.allgather(length, lengths, {.what = "predict: output sizes"})->wait();
+  int64_t longest = 0;
+  for (int r = 0; r < world; ++r) longest = std::max(longest, lengths.data<int64_t>()[r]);
+  if (longest == 0) return "";
+  // Every rank's text padded to the longest: one allgather (rank 0 alone needs it, but the backends have no
+  // gather; the output is small next to the images read).
+  Tensor buf = Tensor::zeros({longest}, DType::U8);
+  std::memcpy(buf.data<uint8_t>(), mine.data(), mine.size());
+  Tensor all = Tensor::zeros({longest * world}, DType::U8);
+  pg.allgather(buf, all, {.what = "predict: output lines"})->wait();
+  if (pg.rank() != 0) return "";
+  std::string text;
+  for (int r = 0; r < world; ++r)
+    text.append(reinterpret_cast<const char*>(all.data<uint8_t>()) + r * longest,
+                static_cast<size_t>(lengths.data<int64_t>()[r]));
+  return text;
+}
+
+void write_file_atomically(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) DPT_THROW(IoError, "{}: cannot create: {}", tmp, std::strerror(errno));
+  size_t written = 0;
+  while (written < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + written, text.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      DPT_THROW(IoError, "{}: write failed: {}", tmp, std::strerror(err));
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    DPT_THROW(IoError, "{}: fsync failed: {}", tmp, std::strerror(err));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    DPT_THROW(IoError, "cannot rename {} to {}: {}", tmp, path, std::strerror(err));
+  }
+}
+
+// ---- images -----------------------------------------------------------------------------------------------------
+
+std::vector<std::string> checkpoint_classes(const EvalTarget& target) {
+  if (!target.checkpoint.state.classes.empty()) return target.checkpoint.state.classes;
+  const DataConfig& d = target.config.data;
+  try {
+    std::vector<std::string> classes = class_names(d);
+    spdlog::warn("predict: {} holds no class names (written before they were saved): those of {} in label order",
+                 target.checkpoint.path, d.dataset == "imagefolder" ? d.dir + "/train" : d.dataset);
+    return classes;
+  } catch (const IoError& e) {
+    DPT_THROW(ConfigError,
+              "predict: {} holds no class names (written before they were saved) and its image folder cannot give "
+              "them ({}); name the folder it was trained on with data.dir=DIR",
+              target.checkpoint.path, e.what());
+  }
+}
+
+PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o, comm::ProcessGroup& pg,
+                              Device device) {
+  const auto start = Clock::now();
+  const Config& cfg = target.config;
+  const ImagePipeline pipe = image_pipeline(cfg, target.checkpoint.path);
+  const data::Transform transform(pipe.transform);
+  LineFormat lines{.format = o.format, .k = 0, .classes = checkpoint_classes(target)};
+  lines.k = std::min<int64_t>(o.top_k, static_cast<int64_t>(lines.classes.size()));
+
+  auto model = build_model(cfg.model, pipe.sample_shape, static_cast<int>(lines.classes.size()), device);
+  model->load_state([&](const std::string& name) { return target.checkpoint.model.find(name); },
+                    target.checkpoint.path);
+  model->set_precision(parse_precision(cfg.train.precision));
+  model->set_training(false);  // BatchNorm: running statistics
+
+  const ImageInputs in = list_image_inputs(o.input);
+  if (in.names.empty()) DPT_THROW(ConfigError, "predict: no images (.png, .jpg, .jpeg) in {}", o.input);
+  const size_t n = in.names.size();
+  const Share share = contiguous_share(n, pg.rank(), pg.size());
+  const auto rows = static_cast<size_t>(std::min<int64_t>(o.batch_size, static_cast<int64_t>(n)));
+  const int64_t classes = static_cast<int64_t>(lines.classes.size());
+  if (pg.rank() == 0)
+    spdlog::info("predict: {} images in {} on {} rank(s) ({} to {} each), batches of {}, {} on {}, top {} of {} classes",
+                 n, o.input, pg.size(), n / static_cast<size_t>(pg.size()),
+                 (n + static_cast<size_t>(pg.size()) - 1) / static_cast<size_t>(pg.size()), rows, model->summary(),
+                 device.str(), lines.k, classes);
+
+  std::vector<int64_t> shape{static_cast<int64_t>(rows)};
+  shape.insert(shape.end(), pipe.sample_shape.begin(), pipe.sample_shape.end());
+  const size_t sample = static_cast<size_t>(pipe.sample_shape[0] * pipe.sample_shape[1] * pipe.sample_shape[2]);
+  // Decodes inputs [first, last) into a batch of `rows` rows; an unreadable image throws unless skip_bad.
+  auto decode = [&](size_t first, size_t last) {
+    DecodedBatch b{Tensor::zeros(shape), std::vector<std::string>(last - first)};
+    for (size_t i = first; i < last; ++i) {
+      try {
+        const data::Image image = data::read_image(in.file(i), transform.options().channels);
+        transform.apply(image.view(), 0, i, b.pixels.data<float>() + (i - first) * sample);
+      } catch (const IoError& e) {
+        if (!o.skip_bad) DPT_THROW(IoError, "predict: {} (--skip-bad writes an error line for it and goes on)", e.what());
+        b.errors[i - first] = e.what();
+      }
+    }
+    return b;
+  };
+
+  std::string mine;
+  size_t errors = 0;
+  ProgressLine progress(pg.rank() == 0, n, pg.size(), cfg.train.progress_interval_s);
+  auto batch_end = [&](size_t first) { return std::min(share.end, first + rows); };
+  std::future<DecodedBatch> next;
+  if (share.size() > 0) next = std::async(std::launch::async, decode, share.begin, batch_end(share.begin));
+  for (size_t first = share.begin; first < share.end; first += rows) {
+    DecodedBatch b = next.get();  // decoded while the previous batch ran
+    const size_t last = batch_end(first);
+    if (last < share.end) next = std::async(std::launch::async, decode, last, batch_end(last));
+    const Tensor logits = model->forward(device.is_cuda() ? b.pixels.to(device) : b.pixels).to(Device::cpu());
+    DPT_CHECK(logits.ndim() == 2 && logits.dim(1) == classes, "logits {} for {} classes", logits.shape_str(), classes);
+    for (size_t i = first; i < last; ++i) {
+      const std::string& err = b.errors[i - first];
+      if (!err.empty()) {
+        mine += lines.error(in.names[i], err);
+        ++errors;
+        continue;
+      }
+      mine += lines.prediction(in.names[i], top_k(logits.data<float>() + (i - first) * static_cast<size_t>(classes),
+                                                  classes, lines.k));
+    }
+    progress.update(last - share.begin, share.size());
+  }
+
+  const std::string text = gather_text(mine, pg);
+  Tensor count = Tensor::zeros({1}, DType::F64);
+  count.data<double>()[0] = static_cast<double>(errors);
+  pg.allreduce(count, {.op = comm::ReduceOp::Sum, .what = "predict: errors"})->wait();
+  if (pg.rank() == 0) write_file_atomically(o.out, lines.header() + text);
+  return {n, static_cast<size_t>(count.data<double>()[0]), seconds_since(start), model->summary()};
+}
+
+// ---- prompts ----------------------------------------------------------------------------------------------------
+
+PredictSummary predict_prompts(const std::string& checkpoint, const PromptOptions& o, comm::ProcessGroup& pg,
+                               Device device) {
+  const auto start = Clock::now();
+  const GptCheckpoint ck = load_gpt_checkpoint(checkpoint, o.tokenizer, device);
+  const data::Tokenizer& tokenizer = *ck.tokenizer;
+  const std::vector<std::string> prompts = read_lines(o.input, /*skip_comments=*/false);
+  if (prompts.empty()) DPT_THROW(ConfigError, "predict: no prompts (non-blank lines) in {}", o.input);
+  const Share share = contiguous_share(prompts.size(), pg.rank(), pg.size());
+  models::SampleOptions sampling = o.sampling;
+  sampling.vocab_limit = tokenizer.vocab_size();
+  if (pg.rank() == 0)
+    spdlog::info("predict: {} prompts in {} on {} rank(s), one at a time; {} from {} on {}; {} tokens each, "
+                 "temperature {}, top_k {}, seed {}{}; tokenizer {}",
+                 prompts.size(), o.input, pg.size(), ck.model->summary(), ck.from, device.str(), o.tokens,
+                 sampling.temperature, sampling.top_k, o.seed, o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
+  std::string mine;
+  ProgressLine progress(pg.rank() == 0, prompts.size(), pg.size(), o.progress_interval_s, "prompts");
+  for (size_t i = share.begin; i < share.end; ++i) {
+    const std::vector<int32_t> tokens = tokenizer.encode(prompts[i]);
+    const std::string text =
+        tokenizer.decode(models::generate(*ck.model, ck.block_size, tokens, o.tokens, sampling, o.seed, o.kv_cache));
+    if (o.format == PredictFormat::jsonl)
+      mine += "{\"prompt\": " + json_string(prompts[i]) + ", \"text\": " + json_string(text) + "}\n";
+    else
+      mine += csv_field(prompts[i]) + "," + csv_field(text) + "\n";
+    progress.update(i + 1 - share.begin, share.size());
+  }
+  const std::string text = gather_text(mine, pg);
+  if (pg.rank() == 0) write_file_atomically(o.out, (o.format == PredictFormat::csv ? "prompt,text\n" : "") + text);
+  return {prompts.size(), 0, seconds_since(start), ck.model->summary()};
+}
+
+}  // namespace dpt::trainer
