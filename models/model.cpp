@@ -43,6 +43,7 @@ void Model::allocate(Device device, int64_t total_params, int64_t total_buffers)
   device_ = device;
   kernels_ = &kernels_for(device);
   params_ = Tensor::zeros({total_params}, DType::F32, device);
+  num_params_ = static_cast<size_t>(total_params);
   grads_ = Tensor::zeros({total_params}, DType::F32, device);
   buffers_ = Tensor::zeros({total_buffers}, DType::F32, device);
   named_.clear();
@@ -62,23 +63,30 @@ void Model::allocate(Device device, int64_t total_params, int64_t total_buffers)
     o.end = named_.size();
     o.bend = named_buffers_.size();
     rebind(o);
+    if (o.first == o.end) continue;
     const size_t first = o.first, end = o.end;
-    if (first == end) continue;
     o.module->set_grads_ready_hook([this, first, end] {
       if (grads_ready_ && *grads_ready_) (*grads_ready_)(first, end);
     });
-    o.module->set_before_backward_hook([this, first, end] {
-      if (grads_needed_) grads_needed_(first, end);
-    });
+    hook(o.module, first, end);
   }
   for (const auto& [user, owner] : tied_) {
     const auto it = std::find_if(owners_.begin(), owners_.end(), [&](const Owner& o) { return o.module == owner; });
     DPT_CHECK(it != owners_.end(), "{} uses the parameters of a module outside the model", user->kind());
-    const size_t first = it->first, end = it->end;
-    user->set_before_backward_hook([this, first, end] {
-      if (grads_needed_) grads_needed_(first, end);
-    });
+    hook(user, it->first, it->end);
   }
+}
+
+void Model::hook(Module* m, size_t first, size_t end) {
+  hook_ranges_.emplace_back(first, end);
+  auto call = [this, first, end](auto member) {
+    return [this, first, end, member] {
+      if (hooks_.*member) (hooks_.*member)(first, end);
+    };
+  };
+  m->set_hooks({.before_forward = call(&ParamHooks::before_forward), .after_forward = call(&ParamHooks::after_forward),
+                .before_backward = call(&ParamHooks::before_backward),
+                .after_backward = call(&ParamHooks::after_backward)});
 }
 
 void Model::rebind(const Owner& o) {
@@ -91,8 +99,8 @@ void Model::rebind(const Owner& o) {
   o.module->bind(std::move(p), std::move(g), std::move(b));
 }
 
-std::vector<Tensor> Model::split_grads(const std::vector<std::pair<size_t, size_t>>& ranges) {
-  DPT_CHECK(grad_parts_.empty(), "the gradients are split already");
+std::vector<Tensor> Model::split(const std::vector<std::pair<size_t, size_t>>& ranges, Tensor NamedParam::*field,
+                                 bool copy) {
   std::vector<int> covered(named_.size(), 0);
   for (const auto& [first, end] : ranges) {
     DPT_CHECK(first <= end && end <= named_.size(), "parameter range [{}, {}) of {}", first, end, named_.size());
@@ -109,18 +117,40 @@ std::vector<Tensor> Model::split_grads(const std::vector<std::pair<size_t, size_
     const size_t base = first < end ? named_[first].offset : 0;
     const size_t count = first < end ? named_[end - 1].offset + named_[end - 1].param.numel() - base : 0;
     Tensor part = Tensor::zeros({static_cast<int64_t>(count)}, DType::F32, device_);
-    for (size_t i = first; i < end; ++i) named_[i].grad = part.view(named_[i].offset - base, named_[i].param.shape());
+    for (size_t i = first; i < end; ++i) {
+      Tensor& view = named_[i].*field;
+      Tensor moved = part.view(named_[i].offset - base, named_[i].param.shape());
+      if (copy) moved.copy_from(view);
+      view = std::move(moved);
+    }
     parts.push_back(std::move(part));
   }
   for (const Owner& o : owners_) rebind(o);
-  grad_parts_ = parts;
+  return parts;
+}
+
+std::vector<Tensor> Model::split_grads(const std::vector<std::pair<size_t, size_t>>& ranges) {
+  DPT_CHECK(grad_parts_.empty(), "the gradients are split already");
+  grad_parts_ = split(ranges, &NamedParam::grad, /*copy=*/false);
   grads_ = Tensor();  // the flat buffer is gone
+  return grad_parts_;
+}
+
+std::vector<Tensor> Model::split_params(const std::vector<std::pair<size_t, size_t>>& ranges) {
+  DPT_CHECK(param_parts_.empty(), "the parameters are split already");
+  const std::vector<Tensor> parts = split(ranges, &NamedParam::param, /*copy=*/true);
+  // param_storage() lists them in offset order.
+  std::vector<size_t> order(ranges.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a].first < ranges[b].first; });
+  for (size_t i : order) param_parts_.push_back(parts[i]);
+  params_ = Tensor();
   return parts;
 }
 
 void Model::to(Device device) {
   if (device == device_) return;
-  DPT_CHECK(grad_parts_.empty(), "a model with split gradients cannot move to {}", device.str());
+  DPT_CHECK(grad_parts_.empty() && param_parts_.empty(), "a model with split buffers cannot move to {}", device.str());
   const Tensor old = params_, old_buffers = buffers_;
   allocate(device, static_cast<int64_t>(old.numel()), static_cast<int64_t>(old_buffers.numel()));
   if (precision_ != Precision::F32) kernels_->set_precision(precision_);  // the new device's set must take it
@@ -152,14 +182,19 @@ void Model::set_precision(Precision p) {
 
 const Tensor& Model::forward(const Tensor& x) {
   kernels_->set_precision(precision_);
-  return root_->forward(x, *kernels_);
+  if (hooks_.forward_begin) hooks_.forward_begin();
+  const Tensor& y = root_->forward(x, *kernels_);
+  if (hooks_.forward_end) hooks_.forward_end();
+  return y;
 }
 
 const Tensor& Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
   grads_ready_ = &grads_ready;
   kernels_->set_precision(precision_);
   try {
+    if (hooks_.backward_begin) hooks_.backward_begin();
     const Tensor& dx = root_->backward(dlogits, *kernels_);
+    if (hooks_.backward_end) hooks_.backward_end();
     grads_ready_ = nullptr;
     return dx;
   } catch (...) {

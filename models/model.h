@@ -43,17 +43,28 @@ class Model {
   // Returns d(loss)/d(input), undefined when the first layer was built without it (every built-in model).
   const Tensor& backward(const Tensor& dlogits, const GradsReady& grads_ready = {});
   void zero_grad();
-  // Called before a module's backward writes the gradients of named_params() [first, end): its own parameters, or
-  // those of the module it uses_params_of() (a tied weight). How ZeRO stage 2 makes a gradient bucket's storage
-  // resident when backward reaches it. Persistent; empty: none.
-  using GradsNeeded = std::function<void(size_t first, size_t end)>;
-  void set_grads_needed(GradsNeeded hook) { grads_needed_ = std::move(hook); }
+  // What ZeRO hangs on the passes (stages 2 and 3). The per-module hooks are called with named_params() [first, end):
+  // the module's own parameters, or those of the module it uses_params_of() (a tied weight), for every module that
+  // has either (hook_ranges() lists them, in tree order): before and after its forward, before its backward writes
+  // gradients and after it is done. The pass hooks bracket Model::forward and Model::backward. Persistent; empty
+  // functions are skipped.
+  struct ParamHooks {
+    std::function<void(size_t first, size_t end)> before_forward, after_forward, before_backward, after_backward;
+    std::function<void()> forward_begin, forward_end, backward_begin, backward_end;
+  };
+  void set_param_hooks(ParamHooks hooks) { hooks_ = std::move(hooks); }
+  const std::vector<std::pair<size_t, size_t>>& hook_ranges() const { return hook_ranges_; }
   // Gives the gradients of each range [first, end) of named_params() its own flat tensor (own storage, zeroed),
-  // returned in the order of `ranges`; the ranges must cover every parameter exactly once. Every NamedParam::grad
-  // and module view moves there, and grads() is undefined from then on (zero_grad() zeroes the resident ones): ZeRO
-  // stage 2 releases and reserves these storages bucket by bucket. Once only, after to(); to() is refused after.
+  // returned in the order of `ranges`; the ranges must cover every parameter exactly once, each contiguous. Every
+  // NamedParam::grad and module view moves there, and grads() is undefined from then on (zero_grad() zeroes the
+  // resident ones): ZeRO stage 2 releases and reserves these storages bucket by bucket. Once; to() is refused after.
   std::vector<Tensor> split_grads(const std::vector<std::pair<size_t, size_t>>& ranges);
+  // The same for the parameters (their values copied over): params() is undefined from then on; ZeRO stage 3.
+  std::vector<Tensor> split_params(const std::vector<std::pair<size_t, size_t>>& ranges);
+  // Where the parameters live, in offset order: params() itself, or the parts of split_params().
+  std::vector<Tensor> param_storage() const { return param_parts_.empty() ? std::vector<Tensor>{params_} : param_parts_; }
   bool grads_split() const { return !grad_parts_.empty(); }
+  bool params_split() const { return !param_parts_.empty(); }
   // The arithmetic of the GEMM-class layers (train.precision), applied to the kernel set at every forward and
   // backward; throws UnsupportedError when this model's kernel set cannot compute in it.
   void set_precision(Precision p);
@@ -73,7 +84,7 @@ class Model {
   const Tensor& buffers() const { return buffers_; }
   const std::vector<NamedParam>& named_params() const { return named_; }
   const std::vector<NamedTensor>& named_buffers() const { return named_buffers_; }
-  size_t num_params() const { return params_.numel(); }
+  size_t num_params() const { return num_params_; }
   Device device() const { return device_; }
   Kernels& kernels() const { return *kernels_; }
   std::string summary() const;  // "mlp 784-512-512-10: 669706 parameters"
@@ -98,15 +109,20 @@ class Model {
   };
   // A module using another's parameters (uses_params_of()), and that owner's index in owners_.
   std::vector<std::pair<Module*, const Module*>> tied_;
-  std::vector<Tensor> grad_parts_;  // after split_grads()
-  GradsNeeded grads_needed_;
+  std::vector<Tensor> grad_parts_, param_parts_;  // after split_grads(), split_params()
+  ParamHooks hooks_;
+  std::vector<std::pair<size_t, size_t>> hook_ranges_;
   void rebind(const Owner& o);
+  void hook(Module* m, size_t first, size_t end);
+  // split_grads and split_params: checks `ranges`, then moves each range's `field` views into a new part.
+  std::vector<Tensor> split(const std::vector<std::pair<size_t, size_t>>& ranges, Tensor NamedParam::*field, bool copy);
   std::unique_ptr<Module> root_;
   std::string name_;
   std::vector<Owner> owners_;
   Device device_;
   Kernels* kernels_ = nullptr;
   Tensor params_, grads_, buffers_;
+  size_t num_params_ = 0;
   std::vector<NamedParam> named_;
   std::vector<NamedTensor> named_buffers_;
   std::vector<std::pair<std::string, int64_t*>> counters_;

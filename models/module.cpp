@@ -6,10 +6,18 @@
 
 namespace dpt::models {
 
+const Tensor& Module::forward(const Tensor& x, Kernels& k) {
+  if (hooks_.before_forward) hooks_.before_forward();
+  const Tensor& y = run_forward(x, k);
+  if (hooks_.after_forward) hooks_.after_forward();
+  return y;
+}
+
 const Tensor& Module::backward(const Tensor& dy, Kernels& k) {
-  if (before_backward_) before_backward_();
+  if (hooks_.before_backward) hooks_.before_backward();
   const Tensor& dx = run_backward(dy, k);
   if (grads_ready_) grads_ready_();
+  if (hooks_.after_backward) hooks_.after_backward();
   return dx;
 }
 

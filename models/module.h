@@ -61,7 +61,7 @@ class Module {
   virtual void init_params(std::mt19937_64& rng) {}
 
   // Returns the output; the reference stays valid until the next forward().
-  const Tensor& forward(const Tensor& x, Kernels& k) { return run_forward(x, k); }
+  const Tensor& forward(const Tensor& x, Kernels& k);
   // Given d(loss)/d(output), accumulates parameter gradients and returns d(loss)/d(input), or an undefined
   // tensor when the module was told its input needs no gradient (the network's first layer).
   const Tensor& backward(const Tensor& dy, Kernels& k);
@@ -76,9 +76,12 @@ class Module {
   const std::vector<std::pair<std::string, Module*>>& children() const { return child_views_; }
   // Called by backward() once this module's own parameter gradients are complete (the Model sets it).
   void set_grads_ready_hook(std::function<void()> hook) { grads_ready_ = std::move(hook); }
-  // Called by backward() before run_backward, so the gradients it writes have storage (the Model sets it: ZeRO
-  // stage 2 holds a gradient bucket only from its first write to its reduce-scatter).
-  void set_before_backward_hook(std::function<void()> hook) { before_backward_ = std::move(hook); }
+  // Called around run_forward and run_backward (the Model sets them; Model::ParamHooks): ZeRO makes this module's
+  // parameters (stage 3) and gradient storage (stage 2) resident before, and may release them after.
+  struct Hooks {
+    std::function<void()> before_forward, after_forward, before_backward, after_backward;
+  };
+  void set_hooks(Hooks hooks) { hooks_ = std::move(hooks); }
   // The module whose own parameters this one's forward and backward also read and write, or nullptr: a tied
   // weight (the GPT's LM head is the transformer's token embedding). Its hooks then cover those parameters too.
   virtual const Module* uses_params_of() const { return nullptr; }
@@ -104,7 +107,7 @@ class Module {
   std::vector<std::unique_ptr<Module>> children_;
   std::vector<std::pair<std::string, Module*>> child_views_;
   std::function<void()> grads_ready_;
-  std::function<void()> before_backward_;
+  Hooks hooks_;
 };
 
 // Children applied in order. needs_input_grad reaches the first child.

@@ -87,7 +87,7 @@ struct DistConfig {
   bool overlap = true;          // all-reduce buckets while backward runs (false: one all-reduce after it)
   bool broadcast_buffers = true;  // rank 0's buffers (BatchNorm running statistics) to every rank each step
   std::string grad_dtype = "fp32";  // fp32 | bf16: what the gradient all-reduce carries (bf16: half the bytes)
-  int64_t zero = 0;               // 0: DDP; 1: ZeRO stage 1, the optimizer state sharded over the ranks; 2: gradients too
+  int64_t zero = 0;               // 0: DDP; 1: ZeRO stage 1, the optimizer state sharded over the ranks; 2: gradients too; 3: parameters too
   std::string interface = "";     // gloo: the network interface to listen on ("": the one routing to the master)
 };
 

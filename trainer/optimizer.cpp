@@ -9,8 +9,9 @@
 namespace dpt::trainer {
 
 Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_matrices_only,
-                     std::vector<FlatRange> owned, Tensor shard_grads)
-    : cfg_(cfg), model_(model), owned_(std::move(owned)), shard_grads_(std::move(shard_grads)) {
+                     std::vector<FlatRange> owned, Tensor shard_grads, Tensor shard_params)
+    : cfg_(cfg), model_(model), owned_(std::move(owned)), shard_grads_(std::move(shard_grads)),
+      shard_params_(std::move(shard_params)) {
   if (owned_.empty()) owned_ = {{0, model.num_params()}};
   sharded_ = !(owned_.size() == 1 && owned_[0] == FlatRange{0, model.num_params()});
   size_t total = 0;
@@ -38,6 +39,8 @@ Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_ma
   }
   DPT_CHECK(!shard_grads_.defined() || shard_grads_.numel() == total, "gradient shard of {} elements for {} owned",
             shard_grads_.numel(), total);
+  DPT_CHECK(!shard_params_.defined() || shard_params_.numel() == total, "parameter shard of {} elements for {} owned",
+            shard_params_.numel(), total);
   const std::vector<int64_t> shape{static_cast<int64_t>(total)};
   if (cfg.optimizer == "sgd") {
     if (cfg.momentum != 0.0) slots_.emplace_back("momentum", Tensor::zeros(shape, DType::F32, model.device()));
@@ -52,7 +55,7 @@ Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_ma
 void Optimizer::step(double lr) {
   auto& k = model_.kernels();
   for (const Run& r : runs_) {
-    float* p = model_.params().data<float>() + r.offset;
+    float* p = shard_params_.defined() ? shard_params_.data<float>() + r.at : model_.params().data<float>() + r.offset;
     const float* g = shard_grads_.defined() ? shard_grads_.data<float>() + r.at : model_.grads().data<float>() + r.offset;
     const float wd = r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
     auto slot = [&](size_t i) { return slots_[i].second.data<float>() + r.at; };

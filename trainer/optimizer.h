@@ -23,9 +23,9 @@ class Optimizer {
   // embeddings), not to biases and normalisation gains (nanoGPT's configure_optimizers); else to all.
   // `owned`: the pieces of the parameter buffer this optimizer updates (empty: all of it). `shard_grads`: their
   // gradients back to back, as the state (ZeRO stage 2: Reducer::shard_grads()); undefined: Model::grads(), laid out
-  // like the parameters.
+  // like the parameters. `shard_params`: the same for the parameters (ZeRO stage 3: Reducer::shard_params()).
   Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_matrices_only = false,
-            std::vector<FlatRange> owned = {}, Tensor shard_grads = {});
+            std::vector<FlatRange> owned = {}, Tensor shard_grads = {}, Tensor shard_params = {});
   // One update of every parameter from the (already averaged) gradients, at learning rate `lr`.
   void step(double lr);
   int64_t steps() const { return steps_; }
@@ -44,7 +44,7 @@ class Optimizer {
   models::Model& model_;
   int64_t steps_ = 0;
   std::vector<FlatRange> owned_;
-  Tensor shard_grads_;
+  Tensor shard_grads_, shard_params_;
   bool sharded_ = false;
   std::vector<std::pair<std::string, Tensor>> slots_;  // slot name -> the state of owned_, back to back
   struct Run {  // parameters (and gradients) [offset, offset + count) updated with one weight decay; their state at `at`

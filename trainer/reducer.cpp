@@ -40,7 +40,7 @@ Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stre
     : pg_(pg), device_(model.device()), stream_(stream), opts_(opts) {
   DPT_CHECK(opts_.grad_dtype == DType::F32 || opts_.grad_dtype == DType::BF16,
             "the reducer all-reduces float32 or bfloat16 gradients, not {}", dtype_name(opts_.grad_dtype));
-  DPT_CHECK(opts_.zero >= 0 && opts_.zero <= 2, "ZeRO stage {}: the reducer shards for stages 0 to 2", opts_.zero);
+  DPT_CHECK(opts_.zero >= 0 && opts_.zero <= 3, "ZeRO stage {}: the reducer shards for stages 0 to 3", opts_.zero);
   std::vector<size_t> sizes;
   for (const auto& np : model.named_params()) sizes.push_back(np.param.numel());
   buckets_ = assign_buckets(sizes, opts_.bucket_cap_bytes, std::min(opts_.first_bucket_cap_bytes, opts_.bucket_cap_bytes));
@@ -64,7 +64,6 @@ Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stre
         wire_views_.back().storage().release();
       }
     }
-    model.set_grads_needed([this](size_t first, size_t end) { hold(first, end); });
   } else {
     grads_ = model.grads();
     if (wire) wire_ = Tensor::empty({static_cast<int64_t>(grads_.numel())}, DType::BF16, grads_.device());
@@ -73,11 +72,43 @@ Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stre
       if (wire) wire_views_.push_back(wire_.view(buckets_[b].offset, count(b)));
     }
   }
+  if (params_sharded()) {
+    std::vector<std::pair<size_t, size_t>> ranges;
+    for (const Bucket& b : buckets_) ranges.emplace_back(b.first_param, b.end_param);
+    param_views_ = model.split_params(ranges);  // the values copied: every rank's initial model, whole
+  } else {
+    for (size_t b = 0; b < buckets_.size(); ++b) param_views_.push_back(model.params().view(buckets_[b].offset, count(b)));
+  }
   if (sharded_) {
     shard_buckets(model);
   } else {
     owned_ = {{0, grads_.numel()}};
     owned_grads_ = {grads_};
+  }
+  if (params_sharded()) {
+    keep_params();  // this rank's pieces of the initial parameters; the whole buckets go
+    gathered_.assign(buckets_.size(), Gathered::kYes);
+    gather_work_.resize(buckets_.size());
+    for (size_t b = 0; b < buckets_.size(); ++b) release_params(b);
+    users_.assign(buckets_.size(), 0);
+    for (const auto& [first, end] : model.hook_ranges())
+      for (size_t b : buckets_of(first, end)) ++users_[b];
+    for (auto& pos : order_pos_) pos.assign(buckets_.size(), kNone);
+  }
+  if (held()) {
+    models::Model::ParamHooks hooks;
+    hooks.before_backward = [this](size_t first, size_t end) {
+      if (params_sharded()) use_params(first, end);
+      hold(first, end);
+    };
+    if (params_sharded()) {
+      hooks.before_forward = [this](size_t first, size_t end) { use_params(first, end); };
+      hooks.after_forward = hooks.after_backward = [this](size_t first, size_t end) { done_with_params(first, end); };
+      hooks.forward_begin = [this] { begin_pass(0); };
+      hooks.backward_begin = [this] { begin_pass(1); };
+      hooks.forward_end = hooks.backward_end = [this] { end_pass(); };
+    }
+    model.set_param_hooks(std::move(hooks));
   }
   if (pg_.size() > 1 && opts_.overlap && !pg_.asynchronous()) {
     const int device = stream_ ? cuda::current_device() : -1;
@@ -106,8 +137,10 @@ void Reducer::shard_buckets(models::Model& model) {
   size_t total = 0;
   for (const FlatRange& r : owned_) total += r.count;
   if (held()) shard_grads_ = Tensor::zeros({static_cast<int64_t>(total)}, DType::F32, model.device());
+  if (params_sharded()) shard_params_ = Tensor::zeros({static_cast<int64_t>(total)}, DType::F32, model.device());
   for (size_t i = 0, a = 0; i < owned_.size(); a += owned_[i].count, ++i) {
     owned_grads_.push_back(held() ? view(shard_grads_, a, owned_[i].count) : view(grads_, owned_[i].offset, owned_[i].count));
+    if (params_sharded()) owned_params_.push_back(view(shard_params_, a, owned_[i].count));
   }
   auto piece_at = [&](size_t offset) {  // the index in owned_ of the piece starting at `offset`
     const auto it = std::lower_bound(owned_.begin(), owned_.end(), offset,
@@ -119,9 +152,9 @@ void Reducer::shard_buckets(models::Model& model) {
     const Bucket& b = buckets_[i];
     const Tensor& g = views_[i];  // the bucket's gradients, from its first element
     const size_t q = b.count / world, rem = b.count - world * q, mine = rank * q;
+    const Tensor& pv = param_views_[i];  // the bucket's parameters, from its first element
     Pieces p{.split = view(g, 0, world * q), .chunk = view(g, mine, q), .rem = view(g, world * q, rem),
-             .param_split = view(model.params(), b.offset, world * q),
-             .param_chunk = view(model.params(), b.offset + mine, q)};
+             .param_split = view(pv, 0, world * q), .param_chunk = view(pv, mine, q), .param_rem = view(pv, world * q, rem)};
     if (compressed()) {
       p.wire_split = view(wire_views_[i], 0, world * q);
       p.wire_chunk = view(wire_views_[i], mine, q);
@@ -130,6 +163,10 @@ void Reducer::shard_buckets(models::Model& model) {
     if (held()) {
       if (q > 0) p.kept_chunk = owned_grads_[piece_at(b.offset + mine)];
       if (rem > 0) p.kept_rem = owned_grads_[piece_at(b.offset + world * q)];
+    }
+    if (params_sharded()) {
+      if (q > 0) p.kept_param_chunk = owned_params_[piece_at(b.offset + mine)];
+      if (rem > 0) p.kept_param_rem = owned_params_[piece_at(b.offset + world * q)];
     }
     pieces_.push_back(std::move(p));
   }
@@ -156,6 +193,161 @@ void Reducer::drop_bucket(size_t bucket) {
 
 size_t Reducer::gradient_bytes() const { return held() ? shard_grads_.bytes() : grads_.bytes(); }
 
+size_t Reducer::param_bytes() const {
+  if (params_sharded()) return shard_params_.bytes();
+  size_t bytes = 0;
+  for (const Tensor& v : param_views_) bytes += v.bytes();
+  return bytes;
+}
+
+// ---- stage 3: the parameters gathered around their use ------------------------------------------------------------
+
+std::vector<size_t> Reducer::buckets_of(size_t first_param, size_t end_param) const {
+  std::vector<size_t> out;
+  for (size_t p = first_param; p < end_param; ++p)
+    if (out.empty() || out.back() != bucket_of_param_[p]) out.push_back(bucket_of_param_[p]);
+  return out;
+}
+
+Reducer::Gathered Reducer::gathered(size_t bucket) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return gathered_[bucket];
+}
+
+void Reducer::set_gathered(size_t bucket, Gathered g) {
+  std::lock_guard<std::mutex> lock(mu_);
+  gathered_[bucket] = g;
+}
+
+void Reducer::keep_params() {
+  for (Pieces& p : pieces_) {
+    if (p.param_chunk.numel()) p.kept_param_chunk.copy_from(p.param_chunk, stream_);
+    if (p.param_rem.numel()) p.kept_param_rem.copy_from(p.param_rem, stream_);
+  }
+}
+
+// The bucket's parameters from every rank's piece: this rank's chunk in, all chunks out; the remainder (the same on
+// every rank) copied. On the communication thread or, without one, here.
+void Reducer::gather_bucket(size_t bucket) {
+  Pieces& p = pieces_[bucket];
+  if (p.param_chunk.numel())
+    pg_.allgather(p.kept_param_chunk, p.param_split, {.stream = stream_, .what = fmt::format("params bucket {}", bucket)})
+        ->block(stream_);
+  if (p.param_rem.numel()) p.param_rem.copy_from(p.kept_param_rem, stream_);
+}
+
+void Reducer::start_gather(size_t bucket) {
+  {
+    const ThreadAllocationsPaused paused;  // parameters, not the step's activations
+    param_views_[bucket].storage().reserve();
+  }
+  resident_bytes_ += param_views_[bucket].bytes();
+  peak_bytes_ = std::max(peak_bytes_, resident_bytes_);
+  if (comm_thread_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      gathered_[bucket] = Gathered::kPending;
+      queue_.push_back({Task::kGather, bucket});
+    }
+    cv_.notify_all();
+    return;
+  }
+  if (pg_.asynchronous()) {  // enqueued on the group's stream; the compute stream waits for it in wait_gather
+    Pieces& p = pieces_[bucket];
+    if (p.param_chunk.numel())
+      gather_work_[bucket] = pg_.allgather(p.kept_param_chunk, p.param_split,
+                                           {.stream = stream_, .what = fmt::format("params bucket {}", bucket)});
+    if (p.param_rem.numel()) p.param_rem.copy_from(p.kept_param_rem, stream_);
+    set_gathered(bucket, Gathered::kPending);
+    return;
+  }
+  gather_bucket(bucket);
+  set_gathered(bucket, Gathered::kYes);
+}
+
+void Reducer::wait_gather(size_t bucket) {
+  if (pg_.asynchronous()) {
+    if (gather_work_[bucket]) gather_work_[bucket]->block(stream_);
+    gather_work_[bucket].reset();
+    set_gathered(bucket, Gathered::kYes);
+    return;
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return gathered_[bucket] == Gathered::kYes || error_ != nullptr; });
+  if (gathered_[bucket] != Gathered::kYes) std::rethrow_exception(error_);
+}
+
+void Reducer::need_params(size_t bucket) {
+  Gathered g = gathered(bucket);
+  if (g == Gathered::kNo) {
+    start_gather(bucket);
+    g = gathered(bucket);
+  }
+  if (g == Gathered::kPending) wait_gather(bucket);
+}
+
+void Reducer::release_params(size_t bucket) {
+  const Gathered g = gathered(bucket);
+  if (g == Gathered::kNo) return;
+  if (g == Gathered::kPending) wait_gather(bucket);
+  {
+    const ThreadAllocationsPaused paused;
+    param_views_[bucket].storage().release();
+  }
+  resident_bytes_ -= param_views_[bucket].bytes();
+  set_gathered(bucket, Gathered::kNo);
+}
+
+void Reducer::begin_pass(int pass) {
+  pass_ = pass;
+  left_ = users_;
+}
+
+void Reducer::use_params(size_t first_param, size_t end_param) {
+  std::vector<size_t>& order = order_[pass_];
+  std::vector<size_t>& pos = order_pos_[pass_];
+  for (size_t b : buckets_of(first_param, end_param)) {
+    need_params(b);
+    if (!recorded_[pass_]) {  // the first pass of its kind records the order buckets are first used in
+      if (pos[b] == kNone) {
+        pos[b] = order.size();
+        order.push_back(b);
+      }
+    } else if (pos[b] != kNone && pos[b] + 1 < order.size() && gathered(order[pos[b] + 1]) == Gathered::kNo) {
+      start_gather(order[pos[b] + 1]);  // prefetch: the next bucket's gather runs while this one's modules compute
+    }
+  }
+}
+
+void Reducer::done_with_params(size_t first_param, size_t end_param) {
+  for (size_t b : buckets_of(first_param, end_param))
+    if (left_[b] > 0 && --left_[b] == 0) release_params(b);
+}
+
+void Reducer::end_pass() {
+  for (size_t b = 0; b < buckets_.size(); ++b) release_params(b);
+  recorded_[pass_] = true;
+}
+
+void Reducer::with_full_params(const std::function<void()>& fn, bool changed) {
+  if (!params_sharded()) {
+    fn();
+    return;
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    if (gathered(b) == Gathered::kNo) start_gather(b);
+  for (size_t b = 0; b < buckets_.size(); ++b) need_params(b);
+  std::exception_ptr err;
+  try {
+    fn();
+    if (changed) keep_params();
+  } catch (...) {
+    err = std::current_exception();
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) release_params(b);
+  if (err) std::rethrow_exception(err);
+}
+
 Reducer::~Reducer() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -176,23 +368,32 @@ void Reducer::comm_loop(int cuda_device) {
   while (true) {
     cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
     if (stop_) return;
-    const size_t b = queue_.front();
+    const Task task = queue_.front();
     queue_.pop_front();
+    const size_t b = task.bucket;
     const bool failed = error_ != nullptr;
     lock.unlock();
     // After a failure nothing more is sent: the step is lost, and finish() reports the first error.
     std::exception_ptr err;
     if (!failed) {
       try {
-        for (const auto& w : reduce(b)) w->block(stream_);
-        settle(b);
+        if (task.kind == Task::kGather) {
+          gather_bucket(b);
+        } else {
+          for (const auto& w : reduce(b)) w->block(stream_);
+          settle(b);
+        }
       } catch (...) {
         err = std::current_exception();
       }
     }
     lock.lock();
     if (err && !error_) error_ = err;
-    ++done_;
+    if (task.kind == Task::kGather) {
+      if (!err && !failed) gathered_[b] = Gathered::kYes;  // else its waiter sees error_
+    } else {
+      ++done_;
+    }
     cv_.notify_all();
   }
 }
@@ -275,7 +476,7 @@ void Reducer::launch(size_t bucket) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(bucket);
+    queue_.push_back({Task::kReduce, bucket});
     ++launched_;
   }
   cv_.notify_all();
@@ -345,7 +546,7 @@ double Reducer::sum_squares(models::Kernels& k) {
 }
 
 void Reducer::gather_params() {
-  if (!sharded_) return;
+  if (!sharded_ || params_sharded()) return;  // stage 3: each bucket is gathered when a module needs it
   for (size_t b = 0; b < pieces_.size(); ++b) {
     Pieces& p = pieces_[b];
     if (p.param_chunk.numel() == 0) continue;
@@ -356,8 +557,11 @@ void Reducer::gather_params() {
 
 void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch, bool with_buffers) {
   if (pg.size() == 1) return;
-  const Tensor host = model.params().to(Device::cpu());
-  uLong crc_value = crc32(0L, static_cast<const Bytef*>(host.raw()), static_cast<uInt>(host.bytes()));
+  uLong crc_value = crc32(0L, nullptr, 0);
+  for (const Tensor& part : model.param_storage()) {  // the flat buffer, or (ZeRO stage 3) its parts in offset order
+    const Tensor host = part.to(Device::cpu());
+    crc_value = crc32(crc_value, static_cast<const Bytef*>(host.raw()), static_cast<uInt>(host.bytes()));
+  }
   if (with_buffers && model.buffers().numel()) {
     const Tensor b = model.buffers().to(Device::cpu());
     crc_value = crc32(crc_value, static_cast<const Bytef*>(b.raw()), static_cast<uInt>(b.bytes()));

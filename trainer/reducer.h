@@ -30,10 +30,20 @@
 // zero = 2 (ZeRO stage 2: the gradients sharded too): the same pieces, reduce-scattered the same way (the same
 // numbers, bit for bit), but a rank keeps only its pieces' averaged gradients, back to back in a shard buffer of
 // about 1/world of the model. Each bucket's gradients get a storage of their own (Model::split_grads), resident
-// only from the moment backward is about to write them (Model::GradsNeeded: the first module of the bucket to run
+// only from the moment backward is about to write them (Model::ParamHooks::before_backward: the first module of the bucket to run
 // backward) until its reduce-scatter has settled and its pieces are copied into the shard; the bucket's bfloat16
 // copy likewise. With gradient accumulation the buckets stay resident (and unreduced) over the K-1 silent
 // micro-batches, as FSDP's no_sync keeps unsharded gradients: the communication saving costs the memory saving.
+//
+// zero = 3 (ZeRO stage 3, FSDP's FULL_SHARD: the parameters sharded too): each bucket's parameters get a storage of
+// their own as well (Model::split_params), and a rank keeps only its pieces of them (shard_params(), which the
+// optimizer updates). The Model's hooks gather a bucket (all-gather of the pieces, the remainder copied) before the
+// first module using it runs forward or backward, and release it once every module using it has finished that pass
+// (counted per pass: hook_ranges()); the first forward and the first backward record the order buckets are needed
+// in, and later passes start the next bucket's gather (on the communication thread, or NCCL's stream) while the
+// current one's modules compute: the prefetch. What needs the whole model (a checkpoint, the broadcast at the
+// start, the replica check, loading a checkpoint) runs inside with_full_params(). Every collective of a step goes
+// through the one communication thread in the order the main thread queued it, the same order on every rank.
 #pragma once
 
 #include <condition_variable>
@@ -72,7 +82,7 @@ struct ReducerOptions {
   size_t first_bucket_cap_bytes = size_t{1} << 20;
   bool overlap = true;
   DType grad_dtype = DType::F32;  // F32 | BF16: what the all-reduce carries (see the file comment)
-  int zero = 0;                   // 0: DDP; 1, 2: ZeRO stage 1, 2 (see the file comment); no effect on one rank
+  int zero = 0;                   // 0: DDP; 1, 2, 3: ZeRO stage 1, 2, 3 (see the file comment); no effect on one rank
 };
 
 // DDP's promise, checked once an epoch: every rank holds bit-identical parameters (a CRC32 of them, compared
@@ -115,6 +125,16 @@ class Reducer {
   const Tensor& shard_grads() const { return shard_grads_; }
   // Bytes of gradients this rank keeps between steps: the whole buffer, or (stage 2) its shard.
   size_t gradient_bytes() const;
+  // Stage 3: the pieces' parameters back to back (what the optimizer updates); undefined otherwise.
+  const Tensor& shard_params() const { return shard_params_; }
+  // Bytes of parameters this rank keeps between steps: the whole model, or (stage 3) its shard; and (stage 3) the
+  // most bytes of gathered buckets resident at once so far.
+  size_t param_bytes() const;
+  size_t gathered_peak_bytes() const { return peak_bytes_; }
+  // Runs fn with every parameter resident in the model (stage 3: all buckets gathered, then released; as FSDP's
+  // summon_full_params): to save, broadcast, check or load the whole model. `changed`: fn wrote parameters (a
+  // load, a broadcast), so this rank's pieces are taken from them after. Collective under stage 3; else just fn().
+  void with_full_params(const std::function<void()>& fn, bool changed);
   // fn(gradients, count) for each piece of owned() (DDP: once, the whole buffer): to scale or clip them.
   void for_each_owned(const std::function<void(float*, size_t)>& fn);
   // The sum of squares of the averaged gradients (the global norm squared, the same on every rank), into `out` (one
@@ -149,9 +169,25 @@ class Reducer {
   void shard_buckets(models::Model& model);
   // Stage 2: the buckets' storages held only while needed.
   bool held() const { return sharded_ && opts_.zero >= 2; }
-  void hold(size_t first_param, size_t end_param);  // Model::GradsNeeded: their buckets resident (zeroed when new)
+  void hold(size_t first_param, size_t end_param);  // before_backward: their buckets resident (zeroed when new)
   void hold_bucket(size_t bucket);
   void drop_bucket(size_t bucket);  // releases the bucket's gradients and bfloat16 copy
+  // Stage 3.
+  enum class Gathered : uint8_t { kNo, kPending, kYes };  // a bucket's parameters: released, being gathered, resident
+  bool params_sharded() const { return sharded_ && opts_.zero >= 3; }
+  std::vector<size_t> buckets_of(size_t first_param, size_t end_param) const;  // distinct, in order
+  Gathered gathered(size_t bucket);
+  void set_gathered(size_t bucket, Gathered g);
+  void keep_params();                 // every bucket's pieces of this rank into shard_params_ (all resident)
+  void gather_bucket(size_t bucket);  // the collective itself (communication thread or none)
+  void start_gather(size_t bucket);   // reserves the storage and starts the gather
+  void wait_gather(size_t bucket);
+  void need_params(size_t bucket);    // resident when it returns
+  void release_params(size_t bucket);
+  void begin_pass(int pass);          // 0: forward, 1: backward
+  void use_params(size_t first_param, size_t end_param);        // before_forward / before_backward
+  void done_with_params(size_t first_param, size_t end_param);  // after_forward / after_backward
+  void end_pass();
   // The label of a bucket's all-reduce (AllreduceOptions::what): "bucket N"; the whole buffer's is "all gradients".
   static std::string bucket_label(size_t bucket);
 
@@ -172,11 +208,23 @@ class Reducer {
   struct Pieces {  // a bucket under ZeRO, as views; q = count / world elements per chunk
     Tensor split, chunk, rem;                  // grads_: the world * q chunks, this rank's, the remainder
     Tensor wire_split, wire_chunk, wire_rem;   // bf16: the same pieces of wire_
-    Tensor param_split, param_chunk;           // Model::params(): the all-gather's output and this rank's input
+    Tensor param_split, param_chunk, param_rem;  // the bucket's parameters: the all-gather's output, this rank's chunk
     Tensor kept_chunk, kept_rem;               // stage 2: where chunk and rem are kept (in shard_grads_)
+    Tensor kept_param_chunk, kept_param_rem;   // stage 3: the same pieces of the parameters (in shard_params_)
   };
   std::vector<Tensor> owned_grads_;
   Tensor shard_grads_;                      // stage 2
+  std::vector<Tensor> param_views_;         // each bucket's parameters: views of Model::params() (stage 3: own storage)
+  Tensor shard_params_;                     // stage 3
+  std::vector<Tensor> owned_params_;
+  std::vector<Gathered> gathered_;          // per bucket (guarded by mu_: the communication thread sets kYes)
+  std::vector<std::shared_ptr<comm::Work>> gather_work_;  // asynchronous group: each pending gather
+  std::vector<int> users_, left_;           // per bucket: hooked modules using it; those yet to finish this pass
+  static constexpr size_t kNone = ~size_t{0};
+  std::vector<size_t> order_[2], order_pos_[2];  // per pass: buckets in order of first use; each one's place or kNone
+  bool recorded_[2] = {false, false};
+  int pass_ = 0;
+  size_t resident_bytes_ = 0, peak_bytes_ = 0;
   std::vector<Pieces> pieces_;
   std::vector<size_t> missing_;             // per bucket: parameters whose gradients are not ready yet
   size_t next_launch_ = 0;
@@ -187,7 +235,11 @@ class Reducer {
   std::thread comm_thread_;
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<size_t> queue_;  // launched, not yet taken by the thread
+  struct Task {
+    enum Kind : uint8_t { kReduce, kGather } kind;
+    size_t bucket;
+  };
+  std::deque<Task> queue_;  // launched, not yet taken by the thread
   size_t launched_ = 0, done_ = 0;
   std::exception_ptr error_;
   bool stop_ = false;

@@ -201,8 +201,10 @@ void Trainer::build_model_and_optimizer() {
   ctx_.memory.buffers = static_cast<int64_t>(model_->buffers().bytes());
   build_reducer();
   ctx_.memory.grads = static_cast<int64_t>(reducer_->gradient_bytes());
+  ctx_.memory.params = static_cast<int64_t>(reducer_->param_bytes());
   ctx_.phase = "allocating the optimizer state";
-  optimizer_ = std::make_unique<Optimizer>(t_, *model_, decay_matrices_only, reducer_->owned(), reducer_->shard_grads());
+  optimizer_ = std::make_unique<Optimizer>(t_, *model_, decay_matrices_only, reducer_->owned(), reducer_->shard_grads(),
+                                           reducer_->shard_params());
   ctx_.memory.optimizer = static_cast<int64_t>(optimizer_->state_bytes());
   if (lead_ && reducer_->sharded()) {
     size_t mine = 0;
@@ -222,6 +224,11 @@ void Trainer::build_model_and_optimizer() {
                    format_bytes(model_->num_params() * sizeof(float)), format_bytes(largest),
                    t_.accum_steps > 1 ? ", and over the whole gradient accumulation" : "");
     }
+    if (cfg_.dist.zero >= 3)
+      spdlog::info("zero: stage 3: parameters sharded too: this rank keeps {} of parameters between steps (whole: {}); "
+                   "each bucket's are all-gathered before the first module using it runs forward or backward (the "
+                   "next bucket prefetched), and released once its modules are done",
+                   format_bytes(reducer_->param_bytes()), format_bytes(model_->num_params() * sizeof(float)));
   }
   ctx_.phase = "loading the checkpoint";
   if (lead_) spdlog::info("model: {} on {}", model_->summary(), model_->device().str());
@@ -295,8 +302,10 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
   if (loaded.model.tensors.size() != model_->state().size())
     DPT_THROW(CheckpointError, "{}: model.safetensors has {} tensors, this model has {} (model config changed?)",
               loaded.path, loaded.model.tensors.size(), model_->state().size());
-  model_->load_state([&](const std::string& name) { return loaded.model.find(name); },
-                     loaded.path + "/model.safetensors");
+  reducer_->with_full_params([&] {  // ZeRO stage 3: gathered, loaded, this rank's pieces kept
+    model_->load_state([&](const std::string& name) { return loaded.model.find(name); },
+                       loaded.path + "/model.safetensors");
+  }, /*changed=*/true);
   OptimizerShard state = optimizer_->shard();  // views of the optimizer's state: this rank's pieces, or all of it
   load_optimizer_shard(loaded, model_->named_params(), state);
   start_ = loaded.state;
@@ -335,10 +344,13 @@ void Trainer::sync_replicas() {
     for (size_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = b.data<float>()[i] * 1.5f + 0.25f;
     model_->buffers().copy_from(b);
   }
-  pg_.broadcast(model_->params(), {.root = 0, .stream = stream_, .what = "initial params"})->wait();
-  if (model_->buffers().numel())
-    pg_.broadcast(model_->buffers(), {.root = 0, .stream = stream_, .what = "initial buffers"})->wait();
-  check_replicas(*model_, pg_, 0, /*with_buffers=*/true);
+  reducer_->with_full_params([&] {  // ZeRO stage 3: the whole model, for the broadcast and the check
+    for (Tensor& part : model_->param_storage())
+      pg_.broadcast(part, {.root = 0, .stream = stream_, .what = "initial params"})->wait();
+    if (model_->buffers().numel())
+      pg_.broadcast(model_->buffers(), {.root = 0, .stream = stream_, .what = "initial buffers"})->wait();
+    check_replicas(*model_, pg_, 0, /*with_buffers=*/true);
+  }, /*changed=*/true);
   sync_buffers_ = world_ > 1 && cfg_.dist.broadcast_buffers && model_->buffers().numel() > 0;
   if (!cfg_.model.sync_bn || world_ == 1) return;
   // SyncBatchNorm's all-reduces run on this thread in the middle of backward; the host groups' bucket all-reduces
@@ -551,7 +563,7 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
   tl.data<double>()[1] = static_cast<double>(ep.seen);
   pg_.allreduce(tl, {.op = comm::ReduceOp::Sum, .what = "loss stats"})->wait();
   const double global_seen = tl.data<double>()[1];
-  check_replicas(*model_, pg_, ep.index + 1);
+  reducer_->with_full_params([&] { check_replicas(*model_, pg_, ep.index + 1); }, /*changed=*/false);
   const auto eval_t0 = Clock::now();
   const EvalResult ev = evaluate_saved_model();
   last_eval_s_ = seconds_since(eval_t0);
@@ -609,7 +621,11 @@ void Trainer::save(int64_t epoch, int64_t next_batch) {
     if (sharded) {
       OptimizerShard shard = optimizer_->shard();
       shard.slots = on_host(std::move(shard.slots));
-      written = ckpt_->save_sharded(lead_ ? on_host(model_->state()) : std::vector<NamedTensor>{}, shard, st, pg_);
+      std::vector<NamedTensor> whole;  // rank 0's copy of the whole model (ZeRO stage 3: gathered for it)
+      reducer_->with_full_params([&] {
+        if (lead_) whole = on_host(model_->state(), /*copy_host=*/model_->params_split());
+      }, /*changed=*/false);
+      written = ckpt_->save_sharded(whole, shard, st, pg_);
     } else {
       written = ckpt_->save(on_host(model_->state()), on_host(optimizer_->state()), st);
     }
@@ -655,7 +671,7 @@ void Trainer::finish() {
 
 // DPT_DEBUG_DIVERGE_RANK and DPT_DEBUG_FAIL_AT_STEP (trainer/fault_injection.h).
 void Trainer::inject_step_faults() {
-  if (step_ == 1 && rank_ == inject_.diverge_rank) {
+  if (step_ == 1 && rank_ == inject_.diverge_rank && model_->params().defined()) {  // not under ZeRO stage 3
     Tensor first = model_->params().view(0, {1});
     Tensor nudged = first.to(Device::cpu());
     nudged.data<float>()[0] += 1e-3f;

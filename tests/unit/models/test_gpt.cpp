@@ -180,7 +180,7 @@ TEST_CASE("GPT: every parameter's gradient (tied head included) matches finite d
 TEST_CASE("GPT: gradients split into released storages, held through the hooks, equal the flat buffer's (tied head)",
           "[models][gpt][zero]") {
   // ZeRO stage 2's use of Model::split_grads: every parameter's gradient in a storage of its own, released between
-  // steps; GradsNeeded makes each resident (zeroed) before its first write. The tied LM head writes wte's gradient
+  // steps; the before_backward hook makes each resident (zeroed) before its first write. The tied LM head writes wte's gradient
   // inside Gpt's backward, before the transformer's own: without Gpt::uses_params_of() it would write released memory.
   std::mt19937_64 rng(9);
   GptOptions o = tiny();
@@ -194,14 +194,14 @@ TEST_CASE("GPT: gradients split into released storages, held through the hooks, 
   REQUIRE(split->grads_split());
   REQUIRE_FALSE(split->grads().defined());
   std::vector<int> held(parts.size(), 0);
-  split->set_grads_needed([&](size_t first, size_t end) {
+  split->set_param_hooks({.before_backward = [&](size_t first, size_t end) {
     for (size_t p = first; p < end; ++p) {
       if (parts[p].storage().resident()) continue;
       parts[p].storage().reserve();
       parts[p].zero_();
       ++held[p];
     }
-  });
+  }});
   for (int step = 0; step < 2; ++step) {
     for (Tensor& part : parts) part.storage().release();
     flat->zero_grad();
