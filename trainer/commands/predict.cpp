@@ -83,8 +83,9 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "per image, in sorted path order, to --out (as OUT.tmp, renamed when complete): the same bytes on any number of "
       "ranks; trains nothing. With a GPT checkpoint --input is a text file of prompts, one a line, and each line of "
       "OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
-      "prompts of one token length (up to the block size) are generated --batch-size at a time with one KV cache, the "
-      "batches dealt to the ranks in turn");
+      "prompts of one token length (past the block size: as the block size) are generated --batch-size at a time with "
+      "one KV cache, the batches dealt to the ranks in turn (a batch's products may round the logits' last bits "
+      "otherwise, which rarely turns a draw; --batch-size 1: exactly generate's text)");
   cmd->footer(
       "Start it as training starts (dprun, mpirun, srun). A jsonl line: {\"path\": \"val/3_dress/17.png\", \"top\": "
       "[{\"index\": 3, \"class\": \"3_dress\", \"prob\": 0.912345}, ...]} (path as under --input, the class names the "
@@ -130,7 +131,7 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "GPT: every prompt is sampled from this seed: its text is `dptrain generate "
-                                     "--prompt P --seed S`'s")
+                                     "--prompt P --seed S`'s (exactly so with --batch-size 1)")
       ->capture_default_str();
   cmd->add_flag("--no-kv-cache", a->no_kv_cache, "GPT: run the whole window for every token instead of caching");
   cmd->add_option("--tokenizer", a->tokenizer,
