@@ -9,10 +9,12 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/check.h"
@@ -365,6 +367,50 @@ PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o,
 
 // ---- prompts ----------------------------------------------------------------------------------------------------
 
+std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token_counts, int64_t block_size,
+                                                int64_t batch_size) {
+  DPT_CHECK(block_size >= 1 && batch_size >= 1, "prompt batches: block_size {}, batch_size {}", block_size, batch_size);
+  std::vector<std::vector<size_t>> batches;
+  std::map<size_t, size_t> open;  // window length -> its batch being filled
+  for (size_t i = 0; i < token_counts.size(); ++i) {
+    const size_t window = std::min(token_counts[i], static_cast<size_t>(block_size));
+    auto it = open.find(window);
+    if (it == open.end() || batches[it->second].size() == static_cast<size_t>(batch_size)) {
+      open[window] = batches.size();
+      batches.emplace_back();
+    }
+    batches[open[window]].push_back(i);
+  }
+  return batches;
+}
+
+std::string gather_in_order(const std::vector<std::pair<size_t, std::string>>& mine, size_t n, comm::ProcessGroup& pg) {
+  // Each line as "INDEX LENGTH\n" and its bytes (a csv line may hold line breaks).
+  std::string packed;
+  for (const auto& [index, line] : mine) packed += fmt::format("{} {}\n", index, line.size()) + line;
+  const std::string all = gather_text(packed, pg);
+  if (pg.rank() != 0) return "";
+  std::vector<std::string> lines(n);
+  std::vector<bool> seen(n, false);
+  for (size_t at = 0; at < all.size();) {
+    const size_t eol = all.find('\n', at);
+    DPT_CHECK(eol != std::string::npos, "predict: a gathered line without its header at byte {}", at);
+    size_t index = 0, length = 0;
+    DPT_CHECK(std::sscanf(all.c_str() + at, "%zu %zu", &index, &length) == 2 && index < n && !seen[index] &&
+                  eol + 1 + length <= all.size(),
+              "predict: a bad gathered line header at byte {}", at);
+    seen[index] = true;
+    lines[index] = all.substr(eol + 1, length);
+    at = eol + 1 + length;
+  }
+  std::string text;
+  for (size_t i = 0; i < n; ++i) {
+    DPT_CHECK(seen[i], "predict: no rank gave line {} of {}", i, n);
+    text += lines[i];
+  }
+  return text;
+}
+
 PredictSummary predict_prompts(const std::string& checkpoint, const PromptOptions& o, comm::ProcessGroup& pg,
                                Device device) {
   const auto start = Clock::now();
@@ -372,29 +418,50 @@ PredictSummary predict_prompts(const std::string& checkpoint, const PromptOption
   const data::Tokenizer& tokenizer = *ck.tokenizer;
   const std::vector<std::string> prompts = read_lines(o.input, /*skip_comments=*/false);
   if (prompts.empty()) DPT_THROW(ConfigError, "predict: no prompts (non-blank lines) in {}", o.input);
-  const Share share = contiguous_share(prompts.size(), pg.rank(), pg.size());
+  // Every rank encodes every prompt: the batches depend on all the token counts.
+  std::vector<std::vector<int32_t>> encoded;
+  std::vector<size_t> counts;
+  for (const std::string& p : prompts) {
+    encoded.push_back(tokenizer.encode(p));
+    counts.push_back(encoded.back().size());
+  }
+  const std::vector<std::vector<size_t>> batches = prompt_batches(counts, ck.block_size, o.batch_size);
+  const auto world = static_cast<size_t>(pg.size()), rank = static_cast<size_t>(pg.rank());
+  size_t my_prompts = 0;
+  for (size_t j = rank; j < batches.size(); j += world) my_prompts += batches[j].size();
   models::SampleOptions sampling = o.sampling;
   sampling.vocab_limit = tokenizer.vocab_size();
-  if (pg.rank() == 0)
-    spdlog::info("predict: {} prompts in {} on {} rank(s), one at a time; {} from {} on {}; {} tokens each, "
-                 "temperature {}, top_k {}, seed {}{}; tokenizer {}",
-                 prompts.size(), o.input, pg.size(), ck.model->summary(), ck.from, device.str(), o.tokens,
-                 sampling.temperature, sampling.top_k, o.seed, o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
-  std::string mine;
-  ProgressLine progress(pg.rank() == 0, prompts.size(), pg.size(), o.progress_interval_s, "prompts");
-  for (size_t i = share.begin; i < share.end; ++i) {
-    const std::vector<int32_t> tokens = tokenizer.encode(prompts[i]);
-    const std::string text =
-        tokenizer.decode(models::generate(*ck.model, ck.block_size, tokens, o.tokens, sampling, o.seed, o.kv_cache));
-    if (o.format == PredictFormat::jsonl)
-      mine += "{\"prompt\": " + json_string(prompts[i]) + ", \"text\": " + json_string(text) + "}\n";
-    else
-      mine += csv_field(prompts[i]) + "," + csv_field(text) + "\n";
-    progress.update(i + 1 - share.begin, share.size());
+  const auto new_tokens = static_cast<size_t>(o.tokens);
+  if (rank == 0)
+    spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "
+                 "window together); {} from {} on {}; {} tokens each, temperature {}, top_k {}, seed {}{}; tokenizer {}",
+                 prompts.size(), o.input, world, batches.size(), o.batch_size, ck.model->summary(), ck.from,
+                 device.str(), o.tokens, sampling.temperature, sampling.top_k, o.seed,
+                 o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
+  std::vector<std::pair<size_t, std::string>> mine;
+  ProgressLine progress(rank == 0, prompts.size() * new_tokens, pg.size(), o.progress_interval_s, "tokens");
+  size_t done = 0;  // tokens generated here
+  const auto count_tokens = [&](int64_t n) {
+    done += static_cast<size_t>(n);
+    progress.update(done, my_prompts * new_tokens);
+  };
+  for (size_t j = rank; j < batches.size(); j += world) {
+    std::vector<std::vector<int32_t>> batch;
+    for (size_t i : batches[j]) batch.push_back(encoded[i]);
+    const std::vector<std::vector<int32_t>> out =
+        models::generate_batch(*ck.model, ck.block_size, std::move(batch), o.tokens, sampling,
+                               std::vector<uint64_t>(batches[j].size(), o.seed), o.kv_cache, count_tokens);
+    for (size_t r = 0; r < out.size(); ++r) {
+      const std::string& prompt = prompts[batches[j][r]];
+      const std::string text = tokenizer.decode(out[r]);
+      mine.emplace_back(batches[j][r], o.format == PredictFormat::jsonl
+                                           ? "{\"prompt\": " + json_string(prompt) + ", \"text\": " + json_string(text) + "}\n"
+                                           : csv_field(prompt) + "," + csv_field(text) + "\n");
+    }
   }
-  const std::string text = gather_text(mine, pg);
-  if (pg.rank() == 0) write_file_atomically(o.out, (o.format == PredictFormat::csv ? "prompt,text\n" : "") + text);
-  return {prompts.size(), 0, seconds_since(start), ck.model->summary()};
+  const std::string text = gather_in_order(mine, prompts.size(), pg);
+  if (rank == 0) write_file_atomically(o.out, (o.format == PredictFormat::csv ? "prompt,text\n" : "") + text);
+  return {prompts.size(), 0, seconds_since(start), ck.model->summary(), prompts.size() * new_tokens};
 }
 
 }  // namespace dpt::trainer

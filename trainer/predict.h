@@ -6,7 +6,9 @@
 // (= input order), and every image's numbers depend on that image alone. Batches are padded to one size (the
 // --batch-size, or the input count when smaller) so that the kernels see the same shapes whatever share a rank
 // has; the softmax and the top-k are computed per image in double on the host, and probabilities printed with
-// kProbDigits decimals.
+// kProbDigits decimals. Prompts are batched otherwise (prompt_batches): batches formed over all the prompts, dealt
+// to the ranks in turn, the lines gathered back into input order; a batch's rows are then the same on any number of
+// ranks.
 #pragma once
 
 #include <cstdint>
@@ -98,6 +100,7 @@ struct PredictSummary {
   size_t inputs = 0, errors = 0;  // over all ranks
   double seconds = 0;
   std::string model;  // the model's summary
+  size_t tokens = 0;  // prompts: the tokens generated, over all ranks
 };
 
 // The class names of a checkpoint, in label order: those it saved, or (written before they were saved) its config's
@@ -114,6 +117,17 @@ PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o,
 
 // ---- prompts ----------------------------------------------------------------------------------------------------
 
+// The batches prompts are generated in (models::generate_batch): prompts whose windows min(tokens, block_size) are
+// of one length, in input order, cut into chunks of at most batch_size; the batches ordered by their first prompt.
+// Every prompt is in exactly one batch. They depend on the prompts alone, not on the ranks: batch j is rank
+// j mod world's, so every batch has the same rows whatever the rank count, and so the same logits, bit for bit.
+std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token_counts, int64_t block_size,
+                                                int64_t batch_size);
+
+// Lines given with their input index by every rank (each index in [0, n) exactly once over the ranks),
+// concatenated in index order on rank 0 (the others get ""). Collective.
+std::string gather_in_order(const std::vector<std::pair<size_t, std::string>>& mine, size_t n, comm::ProcessGroup& pg);
+
 struct PromptOptions {
   std::string input, out;     // one prompt a line (blank lines skipped), in input order
   std::string tokenizer;      // as `dptrain generate --tokenizer` (empty: the checkpoint's data.dir)
@@ -121,14 +135,16 @@ struct PromptOptions {
   models::SampleOptions sampling;  // temperature, top_k (vocab_limit: the tokenizer's, set here)
   uint64_t seed = 42;         // every prompt: the text `dptrain generate --seed` gives for it
   bool kv_cache = true;
+  int64_t batch_size = 64;    // prompts generated side by side (prompt_batches)
   PredictFormat format = PredictFormat::jsonl;
-  double progress_interval_s = 10.0;  // rank 0's progress line (train.progress_interval_s)
+  double progress_interval_s = 10.0;  // rank 0's progress line (train.progress_interval_s), in generated tokens/s
 };
 
-// Completes every prompt of o.input with the GPT of `checkpoint` on every rank of `pg`, each rank a contiguous
-// share, one prompt at a time (models::generate takes one); rank 0 writes one line per prompt in input order: jsonl
-// {"prompt": P, "text": T} (T: what `dptrain generate --prompt P` prints: the prompt and what follows it), or csv
-// prompt,text. Collective.
+// Completes every prompt of o.input with the GPT of `checkpoint` on every rank of `pg`, in the batches of
+// prompt_batches (rank r: batches r, r + world, ...), each sequence sampled from its own generator seeded with
+// o.seed; rank 0 writes one line per prompt in input order: jsonl {"prompt": P, "text": T} (T: what
+// `dptrain generate --prompt P` prints: the prompt and what follows it; see models::generate_batch for the
+// rounding of a batch's logits), or csv prompt,text. Collective.
 PredictSummary predict_prompts(const std::string& checkpoint, const PromptOptions& o, comm::ProcessGroup& pg,
                                Device device);
 

@@ -34,47 +34,76 @@ int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o,
 
 std::vector<int32_t> generate(Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
                               const SampleOptions& o, uint64_t seed, bool kv_cache) {
-  DPT_CHECK(!prompt.empty() && count >= 0, "generate: {} prompt tokens, {} new", prompt.size(), count);
-  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> prompts;
+  prompts.push_back(std::move(prompt));
+  return std::move(generate_batch(model, block_size, std::move(prompts), count, o, {seed}, kv_cache).front());
+}
+
+std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_size,
+                                                 std::vector<std::vector<int32_t>> prompts, int64_t count,
+                                                 const SampleOptions& o, const std::vector<uint64_t>& seeds,
+                                                 bool kv_cache, const GenerateProgress& progress) {
+  const size_t batch = prompts.size();
+  DPT_CHECK(batch >= 1 && seeds.size() == batch && count >= 0 && block_size >= 1,
+            "generate: {} prompts, {} seeds, {} new tokens, block_size {}", batch, seeds.size(), count, block_size);
+  const auto bs = static_cast<size_t>(block_size);
+  // Every sequence's window min(size, block_size) is the same: the min of it with any cut at most block_size is
+  // then the same too, so sequence 0's sizes stand for all.
+  for (const auto& p : prompts)
+    DPT_CHECK(!p.empty() && std::min(p.size(), bs) == std::min(prompts[0].size(), bs),
+              "generate: prompts of {} and {} tokens in one batch (block_size {}): their windows differ", p.size(),
+              prompts[0].size(), block_size);
+  std::vector<std::mt19937_64> rngs(seeds.begin(), seeds.end());
   model.set_training(false);
   auto* gpt = dynamic_cast<Gpt*>(&model.root());
   DPT_CHECK(gpt, "generate needs a GPT, not {}", model.summary());
-  std::vector<int32_t> tokens = std::move(prompt);
-  // The model's next-token logits after feeding tokens[first, end): the last row of [end - first, vocab].
+  const auto rows = static_cast<int64_t>(batch);
+  // Feeds the last t tokens of every sequence ([batch, t]) and appends to each the token sampled from the logits
+  // of its last position: row (i + 1) t - 1 of [batch t, vocab].
   Tensor x, last;
-  auto next_token = [&](size_t first, size_t end) {
-    const auto t = static_cast<int64_t>(end - first);
-    x = Tensor::empty({1, t}, DType::I32);
-    std::copy(tokens.begin() + static_cast<std::ptrdiff_t>(first), tokens.begin() + static_cast<std::ptrdiff_t>(end),
-              x.data<int32_t>());
+  auto step = [&](size_t t) {
+    const auto tt = static_cast<int64_t>(t);
+    x = Tensor::empty({rows, tt}, DType::I32);
+    for (size_t i = 0; i < batch; ++i)
+      std::copy(prompts[i].end() - static_cast<std::ptrdiff_t>(t), prompts[i].end(), x.data<int32_t>() + i * t);
     const Tensor& logits = model.forward(x.to(model.device()));
     const int64_t vocab = logits.dim(1);
-    last = logits.view(static_cast<size_t>((t - 1) * vocab), {vocab}).to(Device::cpu());  // waits for the stream
-    return sample_token(last.data<float>(), vocab, o, rng);
+    if (t == 1) {  // every row is a last one: one copy
+      last = logits.to(Device::cpu());  // waits for the stream
+      for (size_t i = 0; i < batch; ++i)
+        prompts[i].push_back(sample_token(last.data<float>() + static_cast<int64_t>(i) * vocab, vocab, o, rngs[i]));
+      return;
+    }
+    for (size_t i = 0; i < batch; ++i) {
+      const auto row = static_cast<int64_t>(i + 1) * tt - 1;
+      last = logits.view(static_cast<size_t>(row * vocab), {vocab}).to(Device::cpu());
+      prompts[i].push_back(sample_token(last.data<float>(), vocab, o, rngs[i]));
+    }
   };
-  if (kv_cache) gpt->begin_kv_cache(1, model.device());
-  size_t fed = 0;  // tokens[0, fed) are in the cache
+  if (kv_cache) gpt->begin_kv_cache(rows, model.device());
+  size_t unfed = 0;  // tokens at the end of every sequence not in the cache yet (while it holds some)
   try {
     for (int64_t n = 0; n < count; ++n) {
-      const size_t end = tokens.size();
-      size_t first = end - std::min<size_t>(end, static_cast<size_t>(block_size));
-      if (kv_cache) {
-        if (gpt->kv_cache_len() > 0 && gpt->kv_cache_len() + static_cast<int64_t>(end - fed) > block_size) {
-          gpt->begin_kv_cache(1, model.device());  // full: again from the last half window
-          first = end - std::min<size_t>(end, static_cast<size_t>(std::max<int64_t>(block_size / 2, 1)));
-        } else if (gpt->kv_cache_len() > 0) {
-          first = fed;
+      const size_t end = prompts[0].size();
+      size_t t = std::min(end, bs);  // the sliding window
+      if (kv_cache && gpt->kv_cache_len() > 0) {
+        if (static_cast<size_t>(gpt->kv_cache_len()) + unfed > bs) {
+          gpt->begin_kv_cache(rows, model.device());  // full: again from the last half window
+          t = std::min(end, static_cast<size_t>(std::max<int64_t>(block_size / 2, 1)));
+        } else {
+          t = unfed;
         }
-        fed = end;
       }
-      tokens.push_back(next_token(first, end));
+      step(t);
+      unfed = 1;
+      if (progress) progress(rows);
     }
   } catch (...) {
     if (kv_cache) gpt->end_kv_cache();
     throw;
   }
   if (kv_cache) gpt->end_kv_cache();
-  return tokens;
+  return prompts;
 }
 
 }  // namespace dpt::models

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -27,8 +28,23 @@ struct SampleOptions {
 int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng);
 
 // `count` new tokens after `prompt` (at least one token), from `model` (a GPT with this block_size, on any
-// device: the logits come back to the host for sampling).
+// device: the logits come back to the host for sampling). generate_batch of this one prompt.
 std::vector<int32_t> generate(Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
                               const SampleOptions& o, uint64_t seed, bool kv_cache = true);
+
+// Called after every step of generate_batch with the tokens it added (one per sequence).
+using GenerateProgress = std::function<void(int64_t tokens)>;
+
+// `count` new tokens after each of `prompts`, sampled side by side: every step is one forward of [batch, t] (with
+// the KV cache: one cache of the batch), sequence i drawing from its own generator seeded with seeds[i]. The prompts'
+// windows must be of one length (min(tokens, block_size) equal; checked), so that the sequences move
+// in lockstep: the same positions, the same cache restarts; sequence i then follows exactly generate's steps for
+// prompts[i] and seeds[i]. Its text is generate's whenever the logits are: a GEMM of more rows may round their
+// last bits differently (OpenBLAS does), which changes a token only where a draw lands within that rounding of a
+// boundary between two tokens.
+std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_size,
+                                                 std::vector<std::vector<int32_t>> prompts, int64_t count,
+                                                 const SampleOptions& o, const std::vector<uint64_t>& seeds,
+                                                 bool kv_cache = true, const GenerateProgress& progress = {});
 
 }  // namespace dpt::models

@@ -5,8 +5,37 @@
 # Normalize, as the checkpoint's evaluation preprocessing), side by side in one run. Both are timed end to end
 # (process start to the output written: model loading, decoding and the forward passes).
 # Usage: scripts/bench/predict.sh [IMAGES (default 1000)] [BATCH (default 64)] [SIZE (default 64)]
+#
+# scripts/bench/predict.sh prompts [PROMPTS (default 64)] [TOKENS (default 100)]: generated tokens/s of `dptrain
+# predict` over a file of prompts (a GPT L4 H4 C128 T64 trained 20 steps on Debian's fortunes as bytes; prompts of
+# one length) on 2 ranks, --batch-size 1 against 8, side by side in one run, and how many lines are the same text
+# (a batch's GEMMs may round the logits' last bits otherwise: models/gpt/generate.h).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+if [ "${1:-}" = prompts ]; then
+  PROMPTS=${2:-64} TOKENS=${3:-100}
+  WORK=$(mktemp -d /tmp/dpt_bench_prompts.XXXXXX)
+  trap 'rm -rf "$WORK"' EXIT
+  export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
+  build/trainer/dptrain tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1
+  build/trainer/dptrain data.dataset=tokens data.dir="$WORK/fort" model.name=gpt model.n_layer=4 model.n_head=4 \
+    model.n_embd=128 model.block_size=64 train.max_steps=20 train.batch_size=8 train.optimizer=adamw train.lr=1e-3 \
+    data.test_limit=8 checkpoint.dir="$WORK/ck" --resume never > "$WORK/train.log" 2>&1
+  for i in $(seq 1 "$PROMPTS"); do printf 'Prompt %04d: ' "$i"; echo; done > "$WORK/prompts.txt"
+  rate() {  # generated tokens/s of predict at batch size $1 (its summary line: start to the file written)
+    build/launcher/dprun --nproc-per-node 2 -- build/trainer/dptrain predict --checkpoint "$WORK/ck" \
+      --input "$WORK/prompts.txt" --out "$WORK/b$1.jsonl" --batch-size "$1" --tokens "$TOKENS" > "$WORK/b$1.log" 2>&1
+    sed -n 's/.*prompts\/s, \([0-9.]*\) tokens\/s.*/\1/p' "$WORK/b$1.log"
+  }
+  r1=$(rate 1) r8=$(rate 8)
+  # Lines whose text is the same at both batch sizes (JSON escapes tabs: a tab separates the two files' lines).
+  same=$(paste "$WORK/b1.jsonl" "$WORK/b8.jsonl" | awk -F'\t' '$1 == $2 { n++ } END { print n + 0 }')
+  printf "%-22s %7s %6s %11s %11s %7s %7s\n" model prompts tokens "batch 1" "batch 8" "8/1" "equal"
+  printf "%-22s %7s %6s %11s %11s %7s %7s\n" "" "" "each" "(tokens/s)" "(tokens/s)" "" "lines"
+  printf "%-22s %7d %6d %11.0f %11.0f %7.2f %7s\n" "gpt L4 H4 C128 T64" "$PROMPTS" "$TOKENS" "$r1" "$r8" \
+    "$(echo "$r8 / $r1" | bc -l)" "$same/$PROMPTS"
+  exit 0
+fi
 IMAGES=${1:-1000} BATCH=${2:-64} SIZE=${3:-64}
 B=build
 PY=/usr/bin/python3

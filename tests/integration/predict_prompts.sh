@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # integration.predict_prompts: `dptrain predict` with a GPT checkpoint (a tiny GPT trained a few steps on Debian's
 # fortunes as bytes): a file of prompts gives one line per prompt in input order, each line's text what
-# `dptrain generate` prints for that prompt with the same seed and sampling options; 1, 2 and 3 ranks write the
-# same file; csv too.
+# `dptrain generate` prints for that prompt with the same seed and sampling options, whether the prompts are
+# generated one at a time or in batches (prompts of several lengths, some of one length, two longer than the block;
+# --batch-size 3 does not divide the count); 1, 2 and 3 ranks write the same file; the progress line counts
+# tokens/s with an ETA; csv too.
 source "$(dirname "$0")/lib/common.bash"
 "$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 ||
   { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
@@ -11,16 +13,28 @@ source "$(dirname "$0")/lib/common.bash"
   train.optimizer=adamw train.lr=3e-3 train.progress_interval_s=1000 data.test_limit=64 checkpoint.dir="$WORK/ck" \
   --resume never > "$WORK/train.log" 2>&1 || { cat "$WORK/train.log"; fail "the GPT run failed"; }
 
-# Input order, not sorted; a quote, a blank line (skipped), a prompt longer than the block.
-printf 'Q: \nThe "best" way\n\nx\nA fool and his money are soon parted, said the man who\nAnd\n' > "$WORK/prompts.txt"
+# Input order, not sorted; a quote, a blank line (skipped), two prompts longer than the block (of one window), and
+# prompts of one length apart (And, But, The, x, y, Q: as bytes), the same prompt twice: 11 prompts.
+printf 'Q: \nThe "best" way\n\nx\nA fool and his money are soon parted, said the man who\nAnd\nBut\nx\n%s\nThe\ny\nAnd\n' \
+  'Whenever you find yourself on the side of the majority, it is time to pause' > "$WORK/prompts.txt"
 SAMPLING=(--tokens 40 --temperature 0.8 --sample-top-k 5 --seed 11)
+# Batches of 3 on 1, 2 and 3 ranks (the progress line every step on 3), one at a time on 2 ranks.
 for n in 1 2 3; do
+  interval=$([ "$n" = 3 ] && echo train.progress_interval_s=0.001 || true)
   "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" \
-    --out "$WORK/p$n.jsonl" "${SAMPLING[@]}" > "$WORK/p$n.log" 2>&1 || { cat "$WORK/p$n.log"; fail "predict on $n rank(s) failed"; }
+    --out "$WORK/p$n.jsonl" --batch-size 3 "${SAMPLING[@]}" $interval > "$WORK/p$n.log" 2>&1 ||
+    { cat "$WORK/p$n.log"; fail "predict on $n rank(s) failed"; }
 done
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" \
+  --out "$WORK/one.jsonl" --batch-size 1 "${SAMPLING[@]}" > "$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; fail "batch 1 failed"; }
 cmp "$WORK/p1.jsonl" "$WORK/p2.jsonl" || fail "2 ranks wrote another file than 1"
 cmp "$WORK/p1.jsonl" "$WORK/p3.jsonl" || fail "3 ranks wrote another file than 1"
-grep -q "predict: wrote 5 lines to $WORK/p3.jsonl" "$WORK/p3.log" || { cat "$WORK/p3.log"; fail "no summary line"; }
+cmp "$WORK/p1.jsonl" "$WORK/one.jsonl" || fail "batches of 3 wrote another file than one prompt at a time"
+grep -q "predict: wrote 11 lines to $WORK/p3.jsonl in .* prompts/s, .* tokens/s on 3 rank(s)" "$WORK/p3.log" ||
+  { cat "$WORK/p3.log"; fail "no summary line"; }
+grep -q "batches of up to 3" "$WORK/p3.log" || { cat "$WORK/p3.log"; fail "no batches in the opening line"; }
+grep -Eq "predict: ~[0-9]+/440 tokens \([0-9]+%\) [0-9.]+ tokens/s eta " "$WORK/p3.log" ||
+  { cat "$WORK/p3.log"; fail "no progress line in tokens/s with an ETA"; }
 
 $PY - "$DPTRAIN" "$WORK" "${SAMPLING[@]}" <<'EOF' || fail "predict's texts are not generate's"
 import json, subprocess, sys

@@ -51,7 +51,8 @@ int predict_job(const PredictArgs& a) {
             if (gpt) {
               const PromptOptions o{.input = a.input, .out = a.out, .tokenizer = a.tokenizer, .tokens = a.tokens,
                                     .sampling = {.temperature = a.temperature, .top_k = a.sample_top_k},
-                                    .seed = a.seed, .kv_cache = !a.no_kv_cache, .format = format,
+                                    .seed = a.seed, .kv_cache = !a.no_kv_cache, .batch_size = a.batch_size,
+                                    .format = format,
                                     .progress_interval_s = target->config.train.progress_interval_s};
               s = predict_prompts(target->checkpoint.path, o, *job.pg, job.device);
             } else {
@@ -60,10 +61,11 @@ int predict_job(const PredictArgs& a) {
               s = predict_images(*target, o, *job.pg, job.device);
             }
             if (job.env.rank == 0)
-              spdlog::info("predict: wrote {} lines{} to {} in {:.1f} s: {:.1f} {}/s on {} rank(s) ({}, step {})",
+              spdlog::info("predict: wrote {} lines{} to {} in {:.1f} s: {:.1f} {}/s{} on {} rank(s) ({}, step {})",
                            s.inputs, gpt ? "" : fmt::format(" ({} unreadable image(s))", s.errors), a.out, s.seconds,
-                           static_cast<double>(s.inputs) / s.seconds, gpt ? "prompts" : "images", job.env.world_size,
-                           target->checkpoint.path, target->checkpoint.state.step);
+                           static_cast<double>(s.inputs) / s.seconds, gpt ? "prompts" : "images",
+                           gpt ? fmt::format(", {:.1f} tokens/s", static_cast<double>(s.tokens) / s.seconds) : "",
+                           job.env.world_size, target->checkpoint.path, target->checkpoint.state.step);
             return 0;
           },
   });
@@ -80,8 +82,10 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "contiguous share of the sorted inputs, with the checkpoint's evaluation preprocessing; rank 0 writes one line "
       "per image, in sorted path order, to --out (as OUT.tmp, renamed when complete): the same bytes on any number of "
       "ranks; trains nothing. With a GPT checkpoint --input is a text file of prompts, one a line, and each line of "
-      "OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed "
-      "(one prompt at a time on each rank)");
+      "OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
+      "prompts of one token length (past the block size: as the block size) are generated --batch-size at a time with "
+      "one KV cache, the batches dealt to the ranks in turn (a batch's products may round the logits' last bits "
+      "otherwise, which rarely turns a draw; --batch-size 1: exactly generate's text)");
   cmd->footer(
       "Start it as training starts (dprun, mpirun, srun). A jsonl line: {\"path\": \"val/3_dress/17.png\", \"top\": "
       "[{\"index\": 3, \"class\": \"3_dress\", \"prob\": 0.912345}, ...]} (path as under --input, the class names the "
@@ -97,7 +101,9 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       ->required();
   cmd->add_option("--out", a->out, "the output file; written as OUT.tmp, renamed to OUT (replacing it) when complete")
       ->required();
-  cmd->add_option("--batch-size", a->batch_size, "images per forward pass on each rank")
+  cmd->add_option("--batch-size", a->batch_size,
+                  "images per forward pass on each rank; GPT: prompts generated side by side (those of one token "
+                  "length; the KV cache holds 2 x n_layer x batch x block_size x n_embd floats)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "most likely classes per image (at most the class count)")
@@ -125,7 +131,7 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--seed", a->seed, "GPT: every prompt is sampled from this seed: its text is `dptrain generate "
-                                     "--prompt P --seed S`'s")
+                                     "--prompt P --seed S`'s (exactly so with --batch-size 1)")
       ->capture_default_str();
   cmd->add_flag("--no-kv-cache", a->no_kv_cache, "GPT: run the whole window for every token instead of caching");
   cmd->add_option("--tokenizer", a->tokenizer,

@@ -1,7 +1,8 @@
 // tests/unit/models/test_generate.cpp: sampling the next token: top_k = 1 is argmax (lowest index on a tie),
 // top_k limits the candidates, the frequencies follow softmax(logits / temperature), a seed repeats, and
 // vocab_limit keeps to the tokenizer's ids;
-// generation from a GPT appends exactly `count` tokens, repeats for a seed, and keeps to the block size.
+// generation from a GPT appends exactly `count` tokens, repeats for a seed, and keeps to the block size; a batch of
+// prompts generated side by side gives each its own generate text.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -85,4 +86,48 @@ TEST_CASE("generate with the KV cache gives the sliding window's text within a b
   REQUIRE(cached.size() == 23);
   REQUIRE(std::vector<int32_t>(cached.begin(), cached.begin() + 21) ==
           std::vector<int32_t>(window.begin(), window.begin() + 21));
+}
+
+TEST_CASE("generate_batch: each sequence gets generate's tokens for its prompt and seed, in lockstep past the block",
+          "[models][generate]") {
+  models::GptOptions o{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 300, .block_size = 8};
+  auto model = models::make_gpt(o);
+  model->init(9);
+  const SampleOptions sampling{.temperature = 0.9, .top_k = 20};
+  // Three prompts of one length, and three of different lengths all at least block_size (one window length).
+  const std::vector<std::vector<std::vector<int32_t>>> batches{
+      {{5, 6, 7}, {200, 1, 2}, {5, 6, 7}},
+      {std::vector<int32_t>(8, 3), std::vector<int32_t>(11, 4), std::vector<int32_t>(20, 5)}};
+  for (bool kv_cache : {true, false})
+    for (const auto& prompts : batches) {
+      const std::vector<uint64_t> seeds{21, 22, 21};
+      int64_t steps = 0, tokens = 0;
+      // 19 new tokens: past block_size, so the cache restarts (twice) on every sequence at once.
+      const auto got = generate_batch(*model, o.block_size, prompts, 19, sampling, seeds, kv_cache,
+                                      [&](int64_t n) {
+                                        ++steps;
+                                        tokens += n;
+                                      });
+      REQUIRE(steps == 19);
+      REQUIRE(tokens == 57);
+      REQUIRE(got.size() == 3);
+      for (size_t i = 0; i < 3; ++i) {
+        CAPTURE(kv_cache, i);
+        REQUIRE(got[i] == generate(*model, o.block_size, prompts[i], 19, sampling, seeds[i], kv_cache));
+      }
+      REQUIRE(got[0] != got[1]);  // their own prompts, or seeds, count
+      if (prompts[0] == prompts[2]) REQUIRE(got[0] == got[2]);  // the same prompt and seed: the same text
+      REQUIRE(dynamic_cast<models::Gpt&>(model->root()).kv_cache_len() == 0);
+    }
+  // A batch of one is generate; no new tokens gives the prompts back.
+  REQUIRE(generate_batch(*model, o.block_size, {{9, 8}}, 5, sampling, {3}).front() ==
+          generate(*model, o.block_size, {9, 8}, 5, sampling, 3));
+  REQUIRE(generate_batch(*model, o.block_size, {{9, 8}, {1, 2}}, 0, sampling, {3, 3}) ==
+          std::vector<std::vector<int32_t>>{{9, 8}, {1, 2}});
+  // Windows of different lengths cannot move in lockstep.
+  REQUIRE_THROWS_WITH(generate_batch(*model, o.block_size, {{1, 2, 3}, {1, 2}}, 4, sampling, {1, 1}),
+                      Catch::Contains("their windows differ"));
+  REQUIRE_THROWS_WITH(generate_batch(*model, o.block_size, {{1, 2, 3}, std::vector<int32_t>(9, 1)}, 4, sampling, {1, 1}),
+                      Catch::Contains("their windows differ"));
+  REQUIRE_THROWS(generate_batch(*model, o.block_size, {{1}, {2}}, 4, sampling, {1}));  // a seed per prompt
 }

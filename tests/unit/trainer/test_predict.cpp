@@ -1,6 +1,7 @@
 // tests/unit/trainer/test_predict.cpp: `dptrain predict`'s parts (trainer/predict.h): contiguous shares cover every
 // input once in order, the softmax top-k in closed form, the jsonl and csv lines (parsed back: escaping and quoting),
-// inputs from a folder or a list file, the gathered text in rank order on 1..3 ranks, the atomic write.
+// inputs from a folder or a list file, the gathered text in rank order on 1..3 ranks, the atomic write; prompts'
+// batches (one window length each, every prompt once) and their lines gathered back into input order.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -130,6 +131,52 @@ TEST_CASE("gather_text: every rank's text on rank 0 in rank order, on 1, 2 and 3
             if (pg.rank() == 0) empty = t;
           }).empty());
   REQUIRE(empty.empty());
+}
+
+TEST_CASE("prompt batches: prompts of one window length in input order, at most batch_size, every prompt once",
+          "[predict]") {
+  // Token counts; block_size 6: 6, 9 and 20 share the window 6.
+  const std::vector<size_t> counts{3, 5, 3, 6, 3, 9, 3, 5, 20, 3};
+  const std::vector<std::vector<size_t>> want{{0, 2, 4}, {1, 7}, {3, 5, 8}, {6, 9}};
+  REQUIRE(prompt_batches(counts, 6, 3) == want);
+  // Batch size 1: one prompt each, in input order; a batch size above the count: one batch per window length.
+  const auto ones = prompt_batches(counts, 6, 1);
+  REQUIRE(ones.size() == counts.size());
+  for (size_t i = 0; i < ones.size(); ++i) REQUIRE(ones[i] == std::vector<size_t>{i});
+  REQUIRE(prompt_batches(counts, 6, 64) == std::vector<std::vector<size_t>>{{0, 2, 4, 6, 9}, {1, 7}, {3, 5, 8}});
+  // A larger block: 6, 9 and 20 apart.
+  REQUIRE(prompt_batches(counts, 100, 2) ==
+          std::vector<std::vector<size_t>>{{0, 2}, {1, 7}, {3}, {4, 6}, {5}, {8}, {9}});
+  REQUIRE(prompt_batches({}, 6, 3).empty());
+  REQUIRE_THROWS(prompt_batches(counts, 6, 0));
+}
+
+TEST_CASE("gather_in_order: lines given by index on any rank come back in index order on rank 0", "[predict][multirank]") {
+  for (int world : {1, 2, 3}) {
+    std::mutex mu;
+    std::vector<std::string> got(static_cast<size_t>(world));
+    const std::string errors = test::run_gloo_ranks(world, [&](comm::ProcessGroup& pg) {
+      // Line i on rank (7 - i) mod world, last index first; lines with line breaks, commas, an empty one.
+      std::vector<std::pair<size_t, std::string>> mine;
+      for (size_t i = 8; i-- > 0;)
+        if ((7 - i) % static_cast<size_t>(world) == static_cast<size_t>(pg.rank()))
+          mine.emplace_back(i, i == 3 ? "" : fmt::format("\"line\n{}\",x\n", i));
+      const std::string text = gather_in_order(mine, 8, pg);
+      std::lock_guard<std::mutex> lock(mu);
+      got[static_cast<size_t>(pg.rank())] = text;
+    });
+    REQUIRE(errors.empty());
+    std::string want;
+    for (size_t i = 0; i < 8; ++i)
+      if (i != 3) want += fmt::format("\"line\n{}\",x\n", i);
+    REQUIRE(got[0] == want);
+    for (int r = 1; r < world; ++r) REQUIRE(got[static_cast<size_t>(r)].empty());
+  }
+  // A line missing: rank 0 says which.
+  const std::string errors = test::run_gloo_ranks(1, [&](comm::ProcessGroup& pg) {
+    gather_in_order({{0, "a\n"}, {2, "c\n"}}, 3, pg);
+  });
+  REQUIRE_THAT(errors, Catch::Contains("no rank gave line 1 of 3"));
 }
 
 TEST_CASE("write_file_atomically replaces the file whole and leaves no temporary", "[predict]") {
