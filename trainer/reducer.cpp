@@ -89,7 +89,9 @@ Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stre
     keep_params();  // this rank's pieces of the initial parameters; the whole buckets go
     gathered_.assign(buckets_.size(), Gathered::kYes);
     gather_work_.resize(buckets_.size());
+    for (const Tensor& v : param_views_) resident_bytes_ += v.bytes();
     for (size_t b = 0; b < buckets_.size(); ++b) release_params(b);
+    peak_bytes_ = 0;  // what training gathers, from here on
     users_.assign(buckets_.size(), 0);
     for (const auto& [first, end] : model.hook_ranges())
       for (size_t b : buckets_of(first, end)) ++users_[b];
@@ -327,6 +329,14 @@ void Reducer::done_with_params(size_t first_param, size_t end_param) {
 void Reducer::end_pass() {
   for (size_t b = 0; b < buckets_.size(); ++b) release_params(b);
   recorded_[pass_] = true;
+}
+
+void Reducer::for_each_gathered(const std::function<void(const Bucket&, const Tensor&)>& fn) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (params_sharded()) need_params(b);
+    fn(buckets_[b], param_views_[b]);
+    if (params_sharded()) release_params(b);
+  }
 }
 
 void Reducer::with_full_params(const std::function<void()>& fn, bool changed) {

@@ -128,13 +128,18 @@ class Reducer {
   // Stage 3: the pieces' parameters back to back (what the optimizer updates); undefined otherwise.
   const Tensor& shard_params() const { return shard_params_; }
   // Bytes of parameters this rank keeps between steps: the whole model, or (stage 3) its shard; and (stage 3) the
-  // most bytes of gathered buckets resident at once so far.
+  // most bytes of gathered buckets resident at once since the last reset_gathered_peak().
   size_t param_bytes() const;
   size_t gathered_peak_bytes() const { return peak_bytes_; }
+  void reset_gathered_peak() { peak_bytes_ = resident_bytes_; }  // a new peak from now (the first step's)
   // Runs fn with every parameter resident in the model (stage 3: all buckets gathered, then released; as FSDP's
   // summon_full_params): to save, broadcast, check or load the whole model. `changed`: fn wrote parameters (a
   // load, a broadcast), so this rank's pieces are taken from them after. Collective under stage 3; else just fn().
   void with_full_params(const std::function<void()>& fn, bool changed);
+  // fn(bucket, its parameters) for each bucket in turn, resident while fn runs (stage 3: gathered, then released, so
+  // that one bucket at a time is held beyond the shard): to copy the whole model out bucket by bucket. Collective
+  // under stage 3.
+  void for_each_gathered(const std::function<void(const Bucket&, const Tensor&)>& fn);
   // fn(gradients, count) for each piece of owned() (DDP: once, the whole buffer): to scale or clip them.
   void for_each_owned(const std::function<void(float*, size_t)>& fn);
   // The sum of squares of the averaged gradients (the global norm squared, the same on every rank), into `out` (one

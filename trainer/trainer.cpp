@@ -14,7 +14,9 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <unordered_map>
 #include <thread>
+#include <unordered_map>
 
 #include "core/cuda.h"
 #include "core/memory.h"
@@ -104,6 +106,7 @@ class Trainer {
   // ---- set up
   void load_data();
   void build_model_and_optimizer();
+  std::vector<NamedTensor> model_state_on_host();
   void build_reducer();
   void resume();
   std::optional<LoadedCheckpoint> choose_checkpoint(const CheckpointManager& ckpt);
@@ -227,7 +230,8 @@ void Trainer::build_model_and_optimizer() {
     if (cfg_.dist.zero >= 3)
       spdlog::info("zero: stage 3: parameters sharded too: this rank keeps {} of parameters between steps (whole: {}); "
                    "each bucket's are all-gathered before the first module using it runs forward or backward (the "
-                   "next bucket prefetched), and released once its modules are done",
+                   "next bucket prefetched), and released once its modules are done (the memory report's parameters: "
+                   "the shard and the most gathered at once)",
                    format_bytes(reducer_->param_bytes()), format_bytes(model_->num_params() * sizeof(float)));
   }
   ctx_.phase = "loading the checkpoint";
@@ -448,6 +452,7 @@ bool Trainer::train_batch(Epoch& ep, const data::Batch& batch) {
 void Trainer::begin_step(Epoch& ep, int64_t batch) {
   if (first_step_) {
     reset_thread_allocations(device_);
+    reducer_->reset_gathered_peak();  // ZeRO stage 3: what a step gathers at once (not the start's whole model)
     ctx_.phase = fmt::format("in the first training step (batch {} per rank)", t_.batch_size);
   }
   timer_->mark(StepTimer::kStepStart);
@@ -511,6 +516,10 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
   const bool epoch_done = next_batch == spe_;
   if (first_step_) {
     first_step_ = false;
+    // ZeRO stage 3: the parameters a rank holds in a step are its shard plus the buckets gathered at once (measured:
+    // the first step's most; a checkpoint or the epoch's replica check gathers the whole model for a moment);
+    // otherwise the gathered peak is 0.
+    ctx_.memory.params = static_cast<int64_t>(reducer_->param_bytes() + reducer_->gathered_peak_bytes());
     reporter_->first_step(step_);
   }
   ctx_.phase.clear();  // no formatting on the hot path: where() formats the step only for an error
@@ -621,11 +630,7 @@ void Trainer::save(int64_t epoch, int64_t next_batch) {
     if (sharded) {
       OptimizerShard shard = optimizer_->shard();
       shard.slots = on_host(std::move(shard.slots));
-      std::vector<NamedTensor> whole;  // rank 0's copy of the whole model (ZeRO stage 3: gathered for it)
-      reducer_->with_full_params([&] {
-        if (lead_) whole = on_host(model_->state(), /*copy_host=*/model_->params_split());
-      }, /*changed=*/false);
-      written = ckpt_->save_sharded(whole, shard, st, pg_);
+      written = ckpt_->save_sharded(model_state_on_host(), shard, st, pg_);
     } else {
       written = ckpt_->save(on_host(model_->state()), on_host(optimizer_->state()), st);
     }
@@ -667,6 +672,26 @@ void Trainer::finish() {
     result_.final_test_loss = ev.loss;
   }
   reporter_->finished(result_);
+}
+
+// Rank 0's host copy of the whole model state, for a checkpoint (the other ranks get nothing). Under ZeRO stage 3
+// the parameters are gathered bucket by bucket (every rank takes part), so that beyond its shard a rank holds one
+// bucket at a time, and rank 0 the host copy.
+std::vector<NamedTensor> Trainer::model_state_on_host() {
+  if (!model_->params_split()) return lead_ ? on_host(model_->state()) : std::vector<NamedTensor>{};
+  Tensor flat = lead_ ? Tensor::empty({static_cast<int64_t>(model_->num_params())}) : Tensor();
+  reducer_->for_each_gathered([&](const Bucket& b, const Tensor& params) {
+    if (lead_) flat.view(b.offset, {static_cast<int64_t>(b.count)}).copy_from(params);
+  });
+  if (!lead_) return {};
+  std::unordered_map<std::string, const models::NamedParam*> params;
+  for (const auto& np : model_->named_params()) params[np.name] = &np;
+  std::vector<NamedTensor> state = model_->state();
+  for (NamedTensor& nt : state) {
+    const auto it = params.find(nt.name);
+    nt.tensor = it != params.end() ? flat.view(it->second->offset, it->second->param.shape()) : nt.tensor.to(Device::cpu());
+  }
+  return state;
 }
 
 // DPT_DEBUG_DIVERGE_RANK and DPT_DEBUG_FAIL_AT_STEP (trainer/fault_injection.h).

@@ -15,10 +15,12 @@
 #    of 2 ranks resumed under zero=1 on 3 ranks, end where an uninterrupted zero=0 run ends (the same global
 #    batch of 24: 2 x 12 = 3 x 8 = 1 x 24; resumed at an epoch end, since mid-epoch resume needs the same world
 #    size); the same resume from shards whose optimizer state we zeroed differs (the state is what is resharded);
-#  - every equivalence pair runs stage 2 too, which must equal stage 1 bitwise (tolerance 0); a zero=2 checkpoint of 2
-#    ranks resumes under zero=1 on 3 ranks and zero=0 on 1, and a zero=1 one under zero=2 on 3 ranks, as above;
+#  - every equivalence pair runs stages 2 and 3 too, which must equal stage 1 bitwise (tolerance 0); zero=2 and zero=3
+#    checkpoints of 2 ranks resume under zero=1 on 3 ranks and zero=0 on 1, and zero=1 and zero=0 ones under zero=2
+#    and zero=3 on 3 ranks, as above;
 #  - the log: rank 0's "zero:" line (stage 1) and the memory report's optimizer state about 1/N of zero=0's; stage 2's
-#    line, its gradients about 1/N of zero=0's (stage 1's whole), its optimizer state stage 1's;
+#    line, its gradients about 1/N of zero=0's (stage 1's whole), its optimizer state stage 1's; stage 3's line, its
+#    parameters at least 1/N of the whole and less than the whole (the shard and the buckets gathered at once);
 #  - eval, generate, export-weights and model.init_from read a sharded checkpoint as they read a DDP one.
 #
 # Tolerances, with the max |a-b| observed (2026-11-24, this 2-core VM) beside each comparison. On 2 ranks every
@@ -93,17 +95,39 @@ assert whole > 0 and one == whole and whole / n <= shard <= 1.01 * whole / n
 assert m2["optimizer_bytes"] == m1["optimizer_bytes"], (m1["optimizer_bytes"], m2["optimizer_bytes"])
 PYEOF
 }
+# params_sharded NAME NPROC: NAME_z3's log names stage 3; its memory report's gradients are stage 2's and its
+# parameters its shard (about 1/NPROC of NAME_z0's) plus the buckets gathered at once: at most the whole model more;
+# with MANY_BUCKETS=1 (the GPT's 13 buckets of 50 KB) less than the whole model.
+params_sharded() {
+  local n=$2 z0=${1}_z0 z2=${1}_z2 z3=${1}_z3
+  grep -q "^\[rank 0\] .*\] zero: stage 3: parameters sharded" "$WORK/$z3.log" || { grep -i zero "$WORK/$z3.log"; fail "$z3: no 'zero: stage 3' line"; }
+  "$PY" - "$WORK/$z0.metrics/metrics.jsonl" "$WORK/$z2.metrics/metrics.jsonl" "$WORK/$z3.metrics/metrics.jsonl" "$n" <<'PYEOF' || fail "$z3: parameters not sharded"
+import json, os, sys
+def mem(path):
+    return next(r for r in map(json.loads, open(path)) if r["kind"] == "memory")
+m0, m2, m3, n = mem(sys.argv[1]), mem(sys.argv[2]), mem(sys.argv[3]), int(sys.argv[4])
+whole, held = m0["param_bytes"], m3["param_bytes"]
+print(f"parameters per rank: zero=0 {whole} B, zero=3 {held} B (shard and gathered; {held / whole:.4f} of the whole)")
+assert m3["grad_bytes"] == m2["grad_bytes"] and m3["optimizer_bytes"] == m2["optimizer_bytes"]
+assert whole / n <= held <= 1.01 * whole / n + whole, (whole, held)
+assert os.environ.get("MANY_BUCKETS") != "1" or held < whole, f"{held} B held, the whole model is {whole} B"
+PYEOF
+}
 pair() {  # pair NAME NPROC ARGS...: NAME_z0, NAME_z1 and NAME_z2, 50 steps from the same start
   local name=$1 n=$2
   shift 2
   run "${name}_z0" "$n" "$@" train.max_steps=50 dist.zero=0 --resume never
   run "${name}_z1" "$n" "$@" train.max_steps=50 dist.zero=1 --resume never
   run "${name}_z2" "$n" "$@" train.max_steps=50 dist.zero=2 --resume never
+  run "${name}_z3" "$n" "$@" train.max_steps=50 dist.zero=3 --resume never
   zero_shown "${name}_z1" "$n"
   grads_sharded "$name" "$n"
-  # Stage 2 reduces exactly as stage 1 (the same reduce-scatter of the same buckets); only where the averaged
-  # pieces are kept differs: bitwise equal, in every configuration.
+  params_sharded "$name" "$n"
+  # Stages 2 and 3 reduce exactly as stage 1 (the same reduce-scatter of the same buckets) and stage 3's forward and
+  # backward see the same (gathered) parameters; only where things are kept differs: bitwise equal, in every
+  # configuration.
   same "${name}_z1" "${name}_z2" 50 0
+  same "${name}_z1" "${name}_z3" 50 0
 }
 
 # ---- equivalence: 50 steps under zero=1 = under zero=0 -------------------------------------------------------
@@ -112,9 +136,9 @@ pair mlp3 3 "${MLP[@]}"
 pair mlp2_clip 2 "${MLP[@]}" train.accum_steps=2 train.clip_grad_norm=0.5
 pair resnet2 2 "${RESNET[@]}"
 pair resnet3 3 "${RESNET[@]}"
-pair gpt2 2 "${GPT[@]}"
-pair gpt3 3 "${GPT[@]}" train.clip_grad_norm=1.0
-pair gpt3_serial 3 "${GPT[@]}" train.clip_grad_norm=1.0 dist.overlap=false
+MANY_BUCKETS=1 pair gpt2 2 "${GPT[@]}"
+MANY_BUCKETS=1 pair gpt3 3 "${GPT[@]}" train.clip_grad_norm=1.0
+MANY_BUCKETS=1 pair gpt3_serial 3 "${GPT[@]}" train.clip_grad_norm=1.0 dist.overlap=false
 DPT_DEBUG_INF_AT_STEP=3 pair fp16 2 "${MLP[@]}" train.precision=fp16
 same mlp2_z0 mlp2_z1 50 0                    # observed 0
 same mlp3_z0 mlp3_z1 50 1e-6                 # 5.2e-8
@@ -156,12 +180,16 @@ resume() {  # resume NAME FROM NPROC BATCH ZERO: continue FROM's checkpoint of s
     || { grep -E "resum|checkpoint" "$WORK/$1.log"; fail "$1 did not resume from $2's step 20"; }
 }
 run half_z2 2 "${RESUME[@]}" train.batch_size=12 dist.zero=2 train.max_steps=20 --resume never
+run half_z3 2 "${RESUME[@]}" train.batch_size=12 dist.zero=3 train.max_steps=20 --resume never
 resume z1_2_to_z1_3 half_z1 3 8 1
 resume z1_2_to_z0_1 half_z1 1 24 0
 resume z0_2_to_z1_3 half_z0 3 8 1
 resume z2_2_to_z1_3 half_z2 3 8 1
 resume z2_2_to_z0_1 half_z2 1 24 0
 resume z1_2_to_z2_3 half_z1 3 8 2
+resume z3_2_to_z1_3 half_z3 3 8 1
+resume z3_2_to_z0_1 half_z3 1 24 0
+resume z0_2_to_z3_3 half_z0 3 8 3
 for r in 0 1 2; do
   [ -f "$(at z1_2_to_z1_3 40)/optimizer-rank-$r-of-3.safetensors" ] || { ls "$(at z1_2_to_z1_3 40)"; fail "no shard of rank $r of 3"; }
 done
@@ -172,6 +200,9 @@ same ref z0_2_to_z1_3 40 1e-6   # 7.5e-8
 same ref z2_2_to_z1_3 40 1e-6   # 7.5e-8
 same ref z2_2_to_z0_1 40 1e-6   # 6.0e-8
 same ref z1_2_to_z2_3 40 1e-6   # 7.5e-8
+same ref z3_2_to_z1_3 40 1e-6   # 7.5e-8
+same ref z3_2_to_z0_1 40 1e-6   # 6.0e-8
+same ref z0_2_to_z3_3 40 1e-6   # 7.5e-8
 
 # Control: the same 2 -> 3 resume from shards whose optimizer state (every float tensor: SGD's momentum) we zeroed,
 # their CRCs in COMPLETE rewritten so that the checkpoint stays valid, ends elsewhere.
@@ -201,7 +232,7 @@ differ ref nomomentum 40 1e-4   # 0.122
 # ---- what reads a checkpoint reads a sharded one as a whole one ---------------------------------------------------
 # gpt2_z0 and gpt2_z1 hold the same parameters (bitwise, above): eval, generate, export-weights and model.init_from of
 # the sharded checkpoint give what they give for the DDP one.
-for z in z0 z1; do
+for z in z0 z1 z3; do
   "$DPTRAIN" eval --checkpoint "$(at gpt2_$z 50)" dist.backend=gloo > "$WORK/eval_$z.log" 2>&1 \
     || { cat "$WORK/eval_$z.log"; fail "eval of gpt2_$z failed"; }
   grep -o "loss [0-9.]* perplexity [0-9.]* accuracy [0-9.]*" "$WORK/eval_$z.log" > "$WORK/eval_$z.txt" \
@@ -211,10 +242,16 @@ for z in z0 z1; do
   "$DPTRAIN" export-weights --checkpoint "$(at gpt2_$z 50)" --out "$WORK/export_$z.safetensors" > "$WORK/export_$z.log" \
     2>&1 || { cat "$WORK/export_$z.log"; fail "export-weights of gpt2_$z failed"; }
 done
-cmp -s "$WORK/eval_z0.txt" "$WORK/eval_z1.txt" || fail "eval: $(cat "$WORK/eval_z0.txt") (zero=0) vs $(cat "$WORK/eval_z1.txt") (zero=1)"
-[ -s "$WORK/gen_z1.txt" ] && cmp -s "$WORK/gen_z0.txt" "$WORK/gen_z1.txt" || fail "generate differs between gpt2_z0 and gpt2_z1"
-"$PY" "$CKPT_PY" compare_file "$WORK/export_z0.safetensors" "$WORK/export_z1.safetensors" 0 \
-  || fail "export-weights differs between gpt2_z0 and gpt2_z1"
+for z in z1 z3; do
+  cmp -s "$WORK/eval_z0.txt" "$WORK/eval_$z.txt" || fail "eval: $(cat "$WORK/eval_z0.txt") (zero=0) vs $(cat "$WORK/eval_$z.txt") ($z)"
+done
+for z in z1 z3; do
+  [ -s "$WORK/gen_$z.txt" ] && cmp -s "$WORK/gen_z0.txt" "$WORK/gen_$z.txt" || fail "generate differs between gpt2_z0 and gpt2_$z"
+  "$PY" "$CKPT_PY" compare_file "$WORK/export_z0.safetensors" "$WORK/export_$z.safetensors" 0 \
+    || fail "export-weights differs between gpt2_z0 and gpt2_$z"
+done
 run init_from 2 "${GPT[@]}" dist.zero=1 train.max_steps=1 model.init_from="$(at gpt2_z1 50)/model.safetensors" --resume never
 grep -q "model: weights from .*gpt2_z1" "$WORK/init_from.log" || { cat "$WORK/init_from.log"; fail "model.init_from of a sharded checkpoint"; }
+run init_from3 2 "${GPT[@]}" dist.zero=3 train.max_steps=1 model.init_from="$(at gpt2_z3 50)/model.safetensors" --resume never
+grep -q "model: weights from .*gpt2_z3" "$WORK/init_from3.log" || { cat "$WORK/init_from3.log"; fail "model.init_from under zero=3"; }
 echo "PASS"

@@ -5,6 +5,7 @@
 // elsewhere, the same bits on every rank; with and without overlap, 2 and 3 ranks.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -321,8 +322,10 @@ namespace {
 struct Kept {
   std::vector<trainer::FlatRange> owned;
   std::vector<std::vector<float>> grads;
-  size_t gradient_bytes = 0;
+  size_t gradient_bytes = 0, param_bytes = 0;
   bool buckets_released = true;  // stage 2: no bucket's full gradients left resident after finish()
+  bool params_released = true;   // stage 3: no bucket's parameters left resident after the passes
+  std::vector<float> outputs;    // the forward's outputs (stage 3: from gathered parameters)
 };
 
 // A real backward of the MLP over `micro` micro-batches of rank-specific data (the first micro - 1 silent, as
@@ -340,7 +343,8 @@ Kept backward_reduced(comm::ProcessGroup& pg, int zero, DType grad_dtype, bool o
       Tensor x = Tensor::empty({4, 5}), dy = Tensor::empty({4, 3});
       for (size_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = random_grad(pg.rank() + 7 * m + 31 * step, i);
       for (size_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = random_grad(pg.rank() + 5 * m + 17 * step, i + 100);
-      model->forward(x);
+      const Tensor& y = model->forward(x);
+      out.outputs.insert(out.outputs.end(), y.data<float>(), y.data<float>() + y.numel());
       reducer.begin(m == micro - 1);
       model->backward(dy, [&](size_t first, size_t end) { reducer.grads_ready(first, end); });
     }
@@ -349,14 +353,17 @@ Kept backward_reduced(comm::ProcessGroup& pg, int zero, DType grad_dtype, bool o
   out.owned = reducer.owned();
   for (const Tensor& g : reducer.owned_grads()) out.grads.emplace_back(g.data<float>(), g.data<float>() + g.numel());
   out.gradient_bytes = reducer.gradient_bytes();
+  out.param_bytes = reducer.param_bytes();
   if (model->grads_split())
     for (const auto& np : model->named_params()) out.buckets_released &= !np.grad.storage().resident();
+  if (model->params_split())
+    for (const auto& np : model->named_params()) out.params_released &= !np.param.storage().resident();
   return out;
 }
 
 }  // namespace
 
-TEST_CASE("Reducer zero = 2: the same averaged pieces as stage 1, bit for bit, keeping only the shard",
+TEST_CASE("Reducer zero = 2 and 3: the same forward and averaged pieces as stage 1, bit for bit, keeping only the shard",
           "[reducer][zero][multirank]") {
   const int size = GENERATE(2, 3);
   const bool overlap = GENERATE(true, false);
@@ -370,16 +377,23 @@ TEST_CASE("Reducer zero = 2: the same averaged pieces as stage 1, bit for bit, k
     if (fails.size() < 20) fails.push_back(std::move(what));
   };
   std::string errors = run_gloo_ranks(size, [&](comm::ProcessGroup& pg) {
-    const Kept z1 = backward_reduced(pg, 1, dtype, overlap, micro), z2 = backward_reduced(pg, 2, dtype, overlap, micro);
-    if (z1.owned != z2.owned) fail(fmt::format("rank {}: stage 2 owns other pieces than stage 1", pg.rank()));
-    size_t mine = 0;
-    for (size_t i = 0; i < z2.owned.size(); ++i) {
-      mine += z2.owned[i].count;
-      if (z1.grads[i] != z2.grads[i]) fail(fmt::format("rank {} piece {}: stage 2's gradients differ", pg.rank(), i));
+    const Kept z1 = backward_reduced(pg, 1, dtype, overlap, micro);
+    for (int stage : {2, 3}) {
+      const Kept z = backward_reduced(pg, stage, dtype, overlap, micro);
+      if (z1.owned != z.owned) fail(fmt::format("rank {}: stage {} owns other pieces than stage 1", pg.rank(), stage));
+      if (z1.outputs != z.outputs) fail(fmt::format("rank {}: stage {}'s forward differs", pg.rank(), stage));
+      size_t mine = 0;
+      for (size_t i = 0; i < z.owned.size(); ++i) {
+        mine += z.owned[i].count;
+        if (z1.grads[i] != z.grads[i]) fail(fmt::format("rank {} piece {}: stage {}'s gradients differ", pg.rank(), i, stage));
+      }
+      if (z.gradient_bytes != mine * sizeof(float)) fail(fmt::format("stage {} keeps {} bytes of gradients", stage, z.gradient_bytes));
+      if (z.param_bytes != (stage == 3 ? mine : 66) * sizeof(float))
+        fail(fmt::format("stage {} keeps {} bytes of parameters", stage, z.param_bytes));
+      if (!z.buckets_released) fail(fmt::format("rank {} stage {}: a bucket's gradients stayed resident", pg.rank(), stage));
+      if (!z.params_released) fail(fmt::format("rank {} stage {}: a bucket's parameters stayed resident", pg.rank(), stage));
     }
     if (z1.gradient_bytes != 66 * sizeof(float)) fail(fmt::format("stage 1 keeps {} bytes", z1.gradient_bytes));
-    if (z2.gradient_bytes != mine * sizeof(float)) fail(fmt::format("stage 2 keeps {} bytes", z2.gradient_bytes));
-    if (!z2.buckets_released) fail(fmt::format("rank {}: a bucket's gradients stayed resident", pg.rank()));
   });
   REQUIRE(errors == "");
   CHECK(fmt::format("{}", fmt::join(fails, "\n")) == "");
@@ -391,4 +405,65 @@ TEST_CASE("Reducer zero = 2 on one rank is DDP: the gradients stay one flat buff
   const Kept z = backward_reduced(pg, 2, DType::F32, true, 1);
   CHECK(z.owned == std::vector<trainer::FlatRange>{{0, 66}});
   CHECK(z.gradient_bytes == 66 * sizeof(float));
+}
+
+TEST_CASE("Reducer zero = 3: with_full_params gathers every rank's pieces, and keeps what it changed",
+          "[reducer][zero][multirank]") {
+  const int size = GENERATE(2, 3);
+  std::mutex mu;
+  std::vector<std::string> fails;
+  auto fail = [&](std::string what) {
+    std::lock_guard lock(mu);
+    if (fails.size() < 20) fails.push_back(std::move(what));
+  };
+  std::string errors = run_gloo_ranks(size, [&](comm::ProcessGroup& pg) {
+    auto model = models::make_mlp(5, {7}, 3);
+    model->init(5);
+    std::vector<float> initial(model->params().data<float>(), model->params().data<float>() + 66);
+    trainer::Reducer reducer(pg, *model, nullptr, {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .zero = 3});
+    if (model->params().defined()) fail("the flat parameter buffer is still there");
+    // A rank's shard holds its pieces of the initial model, back to back.
+    size_t at = 0;
+    for (const auto& r : reducer.owned())
+      for (size_t j = 0; j < r.count; ++j, ++at)
+        if (reducer.shard_params().data<float>()[at] != initial[r.offset + j]) fail("the shard is not the initial pieces");
+    if (reducer.shard_params().numel() != at) fail("the shard is not the pieces back to back");
+    auto whole = [&] {
+      std::vector<float> v;
+      reducer.with_full_params([&] {
+        for (const auto& np : model->named_params()) v.insert(v.end(), np.param.data<float>(), np.param.data<float>() + np.param.numel());
+      }, /*changed=*/false);
+      return v;
+    };
+    if (whole() != initial) fail(fmt::format("rank {}: the gathered model is not the initial one", pg.rank()));
+    for (const auto& np : model->named_params())
+      if (np.param.storage().resident()) fail(fmt::format("rank {}: {} stayed gathered", pg.rank(), np.name));
+    // A load (changed): every element set to its index, on every rank; the shard takes it, a gather gives it back.
+    reducer.with_full_params([&] {
+      for (const auto& np : model->named_params())
+        for (size_t i = 0; i < np.param.numel(); ++i) np.param.data<float>()[i] = static_cast<float>(np.offset + i);
+    }, /*changed=*/true);
+    std::vector<float> want(66);
+    for (size_t i = 0; i < want.size(); ++i) want[i] = static_cast<float>(i);
+    if (whole() != want) fail(fmt::format("rank {}: the loaded model did not come back", pg.rank()));
+    // What the optimizer does: each rank changes its chunks in the shard (by its rank + 1; the remainders, which
+    // every rank owns and updates alike, stay). A gather shows every chunk moved by its owner's rank + 1.
+    const auto world = static_cast<size_t>(pg.size());
+    auto remainder = [&](size_t e, const trainer::Bucket& b) { return e >= b.offset + world * (b.count / world); };
+    at = 0;
+    for (const auto& r : reducer.owned()) {
+      const trainer::Bucket& b = *std::find_if(reducer.buckets().begin(), reducer.buckets().end(),
+                                               [&](const trainer::Bucket& x) { return x.offset <= r.offset && r.offset < x.offset + x.count; });
+      for (size_t j = 0; j < r.count; ++j, ++at)
+        if (!remainder(r.offset + j, b)) reducer.shard_params().data<float>()[at] += static_cast<float>(pg.rank() + 1);
+    }
+    for (const trainer::Bucket& b : reducer.buckets()) {
+      const size_t q = b.count / world;
+      for (size_t e = b.offset; e < b.offset + b.count; ++e)
+        want[e] = static_cast<float>(e) + (remainder(e, b) ? 0.0f : static_cast<float>((e - b.offset) / q + 1));
+    }
+    if (whole() != want) fail(fmt::format("rank {}: the gathered chunks are not their owners'", pg.rank()));
+  });
+  REQUIRE(errors == "");
+  CHECK(fmt::format("{}", fmt::join(fails, "\n")) == "");
 }
