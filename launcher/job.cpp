@@ -313,8 +313,12 @@ class Job {
     }
     if (failure_.empty()) failure_ = fmt::format("{}: its ranks ended with exit code {}", describe(rdzv_->self()), exit_code_);
     report_failure_once(exit_code_, failure_);
-    // Every node names the round's failure alike: the rank killed by a signal, wherever it was (Rendezvous::failure).
-    if (std::optional<std::pair<int, std::string>> f = rdzv_->failure(round)) failure_ = f->second;
+    // Every node names the round's failure alike: the rank killed by a signal, wherever it was (Rendezvous::failure),
+    // and ends with its exit code, unless this node's own end says more (a stop signal, preemption, no program).
+    if (std::optional<std::pair<int, std::string>> f = rdzv_->failure(round)) {
+      failure_ = f->second;
+      if (!stop_requested_ && !exec_failed_ && exit_code_ != kPreemptedCode) exit_code_ = f->first;
+    }
     std::string why;
     if (stop_requested_) why = "dprun was told to stop";
     else if (exec_failed_) why = "the program cannot be started";
