@@ -7,6 +7,9 @@
 #      2-rank run resumed from the same checkpoint.
 #   2. Restarts exhausted: --max-restarts 1 and host B's rank killed twice: both hosts give up naming it, exit
 #      137 (128 + SIGKILL), and leave no process in their namespace.
+#   3. A lost node: host B's dprun and rank frozen (SIGSTOP: a host that hangs with its connections open) while
+#      host A's rank is blocked on it, with dist.timeout_s 300 s: only dprun's keep-alive can notice it. Node 0
+#      declares node 1 lost after --rdzv-timeout (3 s), and with --nnodes 1:2 host A finishes alone.
 source "$(dirname "$0")/lib/common.bash"
 source "$(dirname "$0")/lib/elastic.bash"
 
@@ -59,5 +62,24 @@ done
 ns_empty "$NA" "spent: host A"
 ns_empty "$NB" "spent: host B"
 echo "ok: --max-restarts 1, two failures: both hosts gave up naming rank 1, exit 137, no process left"
+# 3. Host B frozen: its keep-alive stops, and node 0 declares it lost.
+TRAIN_EXTRA=(checkpoint.every_steps=0 dist.timeout_s=300)
+start lost 1:2 --max-restarts 1
+wait_ckpt lost 24
+T0=$SECONDS
+kill -STOP $(ip netns pids "$NB") || fail "lost: cannot stop host B's processes"
+wait_exit $PA "lost: host A"
+[ $RC = 0 ] || { cat "$WORK/lost.A.log"; fail "lost: host A exited $RC"; }
+TOOK=$((SECONDS - T0))
+grep -qE "^dprun: node 1 \(.*$AB\): lost: its dprun sent no keep-alive for 3 s \(--rdzv-timeout\): stopping this node's ranks" \
+  "$WORK/lost.A.log" || { cat "$WORK/lost.A.log"; fail "lost: host A did not declare node 1 lost"; }
+grep -q "^dprun: round 1: 1 node (node 0 .*), world size 1" "$WORK/lost.A.log" ||
+  { cat "$WORK/lost.A.log"; fail "lost: host A did not go on alone at world size 1"; }
+[ -f "$WORK/lost/step-00000072/COMPLETE" ] || { cat "$WORK/lost.A.log"; fail "lost: no final checkpoint (step 72)"; }
+kill -KILL $(ip netns pids "$NB") 2>/dev/null
+wait_exit $PB "lost: host B"
+ns_empty "$NA" "lost: host A"
+ns_empty "$NB" "lost: host B"
+echo "ok: host B frozen: node 0 declared it lost (keep-alive, --rdzv-timeout 3 s) and host A finished alone ($TOOK s after the freeze)"
 no_processes_left "$WORK"
 echo PASS
