@@ -37,6 +37,9 @@ using Clock = std::chrono::steady_clock;
 // Elastic jobs: how often dprun looks at the rendezvous store while it waits or its ranks run (one small
 // request each time), and the longest the master node waits for the others' goodbyes when it was told to stop.
 constexpr std::chrono::milliseconds kRendezvousPoll{100};
+// How often a node's dprun counts up its keep-alive (at most: a third of --rdzv-timeout when that is shorter), and
+// node 0 looks at the others'.
+constexpr std::chrono::milliseconds kKeepAliveEvery{1000};
 constexpr std::chrono::seconds kStoppedLinger{10};
 
 // dprun's own messages: one line on stderr, best effort.
@@ -92,6 +95,8 @@ class Job {
         port_given_(port_given),
         elastic_(is_elastic(opts)),
         rdzv_timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(opts.rdzv_timeout_s))),
+        keep_alive_every_(std::min<Clock::duration>(kKeepAliveEvery, rdzv_timeout_ / 3)),
+        watch_(rdzv_timeout_),
         stdout_(STDOUT_FILENO, "stdout"),
         stderr_(STDERR_FILENO, "stderr"),
         placement_(static_placement(opts_)) {}
@@ -189,6 +194,7 @@ class Job {
     const Clock::time_point until = limit ? Clock::now() + *limit : Clock::time_point::max();
     bool stopped = false;
     for (;;) {
+      keep_alive();
       if (done()) return true;
       if (stopped || Clock::now() >= until) return false;
       pollfd p{signals_.fd(), POLLIN, 0};
@@ -241,6 +247,7 @@ class Job {
         continue;
       }
       plan_ = *plan;
+      watch_.reset();
       restarts_ = round;
       placement_ = Placement{plan_.first_rank(index), plan_.world_size(), index, plan_.rank_port};
       std::vector<std::string> names;
@@ -288,10 +295,35 @@ class Job {
     rdzv_->report_failure(plan_.round, code, what, by_signal);
   }
 
-  // Between polls of the ranks: has another node published a failure in this round? Then stop this node's ranks.
+  // Every node but the master: counts up its keep-alive, every keep_alive_every_ (called on every wake-up of its
+  // waits and of the ranks' watch).
+  void keep_alive() {
+    if (!rdzv_ || rdzv_->is_master() || Clock::now() < next_keep_alive_) return;
+    next_keep_alive_ = Clock::now() + keep_alive_every_;
+    rdzv_->keep_alive();
+  }
+
+  // The master, while its ranks run: publishes as the round's failure a node whose keep-alive has stopped for
+  // --rdzv-timeout and that has not reported (done, or failed) in this round. Its ranks' peers may be blocked on
+  // it for dist.timeout_s; this is the bounded time.
+  void watch_keep_alives() {
+    if (!rdzv_->is_master() || Clock::now() < next_watch_) return;
+    next_watch_ = Clock::now() + keep_alive_every_;
+    for (const NodeInfo& n : plan_.nodes) {
+      if (n.node_rank == rdzv_->self().node_rank) continue;
+      if (!watch_.stale(n.node_rank, rdzv_->keep_alives(n.node_rank), Clock::now())) continue;
+      if (rdzv_->reported(plan_.round, n.node_rank)) continue;
+      rdzv_->declare_lost(plan_.round, n, std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_));
+      return;  // one is enough: the round is over
+    }
+  }
+
+  // Between polls of the ranks: has another node published a failure in this round (or, on the master, gone
+  // silent)? Then stop this node's ranks.
   void check_other_nodes() {
     if (Clock::now() < next_check_) return;
     next_check_ = Clock::now() + kRendezvousPoll;
+    watch_keep_alives();
     std::optional<std::pair<int, std::string>> f = rdzv_->failure(plan_.round);
     if (!f) return;
     failure_ = f->second;
@@ -313,8 +345,12 @@ class Job {
     }
     if (failure_.empty()) failure_ = fmt::format("{}: its ranks ended with exit code {}", describe(rdzv_->self()), exit_code_);
     report_failure_once(exit_code_, failure_);
-    // Every node names the round's failure alike: the rank killed by a signal, wherever it was (Rendezvous::failure).
-    if (std::optional<std::pair<int, std::string>> f = rdzv_->failure(round)) failure_ = f->second;
+    // Every node names the round's failure alike: the rank killed by a signal, wherever it was (Rendezvous::failure),
+    // and ends with its exit code, unless this node's own end says more (a stop signal, preemption, no program).
+    if (std::optional<std::pair<int, std::string>> f = rdzv_->failure(round)) {
+      failure_ = f->second;
+      if (!stop_requested_ && !exec_failed_ && exit_code_ != kPreemptedCode) exit_code_ = f->first;
+    }
     std::string why;
     if (stop_requested_) why = "dprun was told to stop";
     else if (exec_failed_) why = "the program cannot be started";
@@ -504,8 +540,10 @@ class Job {
       if (phase_ == Phase::kStopping) {
         auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
         timeout_ms = static_cast<int>(std::clamp<decltype(left)>(left, 0, 1000 * 1000));
-      } else if (elastic_) {
-        timeout_ms = static_cast<int>(kRendezvousPoll.count());  // to look for other nodes' failures
+      }
+      if (elastic_) {  // to look for other nodes' failures, and count up the keep-alive (in a teardown too)
+        const int poll_ms = static_cast<int>(kRendezvousPoll.count());
+        timeout_ms = timeout_ms < 0 ? poll_ms : std::min(timeout_ms, poll_ms);
       }
       int n = ::poll(fds.data(), fds.size(), timeout_ms);
       if (n < 0 && errno != EINTR) DPT_THROW(IoError, "poll failed: {}", std::strerror(errno));
@@ -520,6 +558,7 @@ class Job {
         }
       }
       if (phase_ == Phase::kStopping && Clock::now() >= deadline_) kill_remaining();
+      if (elastic_) keep_alive();
       if (elastic_ && phase_ == Phase::kRunning) check_other_nodes();
     }
   }
@@ -746,6 +785,8 @@ class Job {
   const bool port_given_;
   const bool elastic_;                  // is_elastic(opts_): rendezvous rounds
   const Clock::duration rdzv_timeout_;  // --rdzv-timeout
+  const Clock::duration keep_alive_every_;
+  KeepAliveWatch watch_;  // the master's, over the other nodes of the round running
   SignalCatcher signals_;  // before any fork: a signal arriving during the spawning stays pending
   OutputSink stdout_, stderr_;
   Fd devnull_;
@@ -771,7 +812,7 @@ class Job {
   RoundPlan plan_;
   bool reported_ = false;
   std::string failure_;
-  Clock::time_point next_check_{};
+  Clock::time_point next_check_{}, next_keep_alive_{}, next_watch_{};
 };
 
 }  // namespace

@@ -87,9 +87,12 @@ signal) is published there: every node tears its ranks down and joins the next r
 start again with DPT_RESTART_COUNT = the round (up to --max-restarts rounds after the first). A node not
 back within --rdzv-timeout is left out while at least MIN nodes remain; with fewer, the job ends with a
 message naming the missing node. A node that starts late joins the next round (after the next failure),
-up to MAX. Losing node 0 (its dprun or its host) ends the job on every node: requeue it (Slurm's
---requeue). After the ranks of node 0 finish, its dprun waits up to --rdzv-timeout for the other nodes'
-to finish before it stops serving the rendezvous.
+up to MAX: the running nodes do not restart to admit it (dptrain resizes only at an epoch end).
+Every other node's dprun sends node 0 a keep-alive about once a second; a node silent for --rdzv-timeout
+while the ranks run (its host hung or gone, its ranks' peers blocked on it) is declared lost, which is
+that round's failure. Losing node 0 (its dprun or its host) ends the job on every node: requeue it
+(Slurm's --requeue). After the ranks of node 0 finish, its dprun waits up to --rdzv-timeout for the other
+nodes' to finish before it stops serving the rendezvous.
 
 Exit status: 0 when every rank exited 0 (in the last attempt); the failed rank's code as above; 75 when
 the ranks stopped for preemption; 2 for a command-line error; 1 when dprun itself failed.
@@ -179,7 +182,8 @@ int main(int argc, char** argv) {
       ->type_name("N");
   app.add_option("--rdzv-timeout", opts.rdzv_timeout_s,
                  "elastic jobs: seconds a round waits for MAX nodes before it\n"
-                 "goes on with the nodes present, if at least MIN (default 300)")
+                 "goes on with the nodes present, if at least MIN; and the\n"
+                 "silence after which node 0 declares a node lost (default 300)")
       ->type_name("SEC");
 
   try {

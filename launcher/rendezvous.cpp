@@ -179,6 +179,7 @@ void Rendezvous::end(int round, int code, const std::string& message) {
 }
 
 void Rendezvous::report_failure(int round, int code, const std::string& what, bool by_signal) {
+  store_.add(key(round, fmt::format("reported/{}", self_.node_rank)), 1);
   // The first to count writes the text; a reader that sees the count waits the moment until it is there. A
   // signal's text is written before "failed" counts this report, so a reader that sees "signaled" finds it.
   const std::string text = fmt::format("{} {}", code, what);
@@ -187,7 +188,35 @@ void Rendezvous::report_failure(int round, int code, const std::string& what, bo
   store_.add(key(round, "reports"), 1);
 }
 
-void Rendezvous::report_done(int round) { store_.add(key(round, "reports"), 1); }
+void Rendezvous::report_done(int round) {
+  store_.add(key(round, fmt::format("reported/{}", self_.node_rank)), 1);
+  store_.add(key(round, "reports"), 1);
+}
+
+bool Rendezvous::reported(int round, int node_rank) {
+  return counter(key(round, fmt::format("reported/{}", node_rank))) > 0;
+}
+
+void Rendezvous::keep_alive() { store_.add(fmt::format("rdzv/alive/{}", self_.node_rank), 1); }
+
+int64_t Rendezvous::keep_alives(int node_rank) { return counter(fmt::format("rdzv/alive/{}", node_rank)); }
+
+void Rendezvous::declare_lost(int round, const NodeInfo& node, std::chrono::milliseconds silent) {
+  const std::string what = fmt::format("{}: lost: its dprun sent no keep-alive for {} (--rdzv-timeout)",
+                                       describe(node), comm::detail::format_duration(silent));
+  store_.add(key(round, fmt::format("reported/{}", node.node_rank)), 1);
+  if (store_.add(key(round, "failed"), 1) == 1) store_.set(key(round, "failure"), fmt::format("1 {}", what));
+  store_.add(key(round, "reports"), 1);
+}
+
+bool KeepAliveWatch::stale(int node_rank, int64_t count, Clock::time_point now) {
+  auto [it, fresh] = seen_.try_emplace(node_rank, Seen{count, now});
+  if (fresh || it->second.count != count) {
+    it->second = Seen{count, now};
+    return false;
+  }
+  return now - it->second.since >= timeout_;
+}
 
 std::optional<std::pair<int, std::string>> Rendezvous::failure(int round) {
   if (counter(key(round, "failed")) == 0) return std::nullopt;

@@ -9,13 +9,18 @@
 //     rendezvous at, the nodes in node-rank order) or the job's end (its exit code and why), then rdzv/k/closed;
 //   - ranks are numbered node after node in node-rank order, so the master's ranks come first (rank 0 is there);
 //   - a failure on any node is published (counter rdzv/k/failed, text rdzv/k/failure, the first one's); every
-//     node tears its ranks down, reports (failed or done) and joins round k+1: DPT_RESTART_COUNT is the round.
+//     node tears its ranks down, reports (failed or done) and joins round k+1: DPT_RESTART_COUNT is the round;
+//   - every other node's dprun counts up its keep-alive (rdzv/alive/NODE_RANK) about once a second; while the
+//     round's ranks run, the master publishes as the round's failure a node whose count has not moved for
+//     --rdzv-timeout and that has not reported (KeepAliveWatch): a host that froze or vanished with its ranks'
+//     peers blocked on it.
 // Every call here is one or a few store requests and never waits for another node: the waiting is dprun's
 // poll loop (launcher/job.cpp), so that its signals are served meanwhile. Store errors (CommError,
 // TimeoutError) propagate: a node that lost the master's store cannot go on.
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -101,11 +106,41 @@ class Rendezvous {
   void bye(int round);
   int byes(int round);
   int joined_count(int round);
+  // Whether `node_rank` has reported (failed or done) in `round`.
+  bool reported(int round, int node_rank);
+
+  // Keep-alives: each node but the master counts up its own; the master reads the others'.
+  void keep_alive();
+  int64_t keep_alives(int node_rank);
+  // Master: publishes `node` lost in `round` (its keep-alive stopped `silent` ago) as a failure with exit code 1,
+  // and counts its report (it will send none).
+  void declare_lost(int round, const NodeInfo& node, std::chrono::milliseconds silent);
 
  private:
   int64_t counter(const std::string& key) { return store_.add(key, 0); }
   comm::Store& store_;
   NodeInfo self_;
+};
+
+// Node 0's watch over the other nodes' keep-alive counts while a round's ranks run. Pure: the caller reads the
+// counts and the clock, so that it is tested without a store or a wait.
+class KeepAliveWatch {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit KeepAliveWatch(Clock::duration timeout) : timeout_(timeout) {}
+  // A new round: forget every count seen.
+  void reset() { seen_.clear(); }
+  // `count`: `node_rank`'s keep-alive count read at `now`. True when that count has not changed for the timeout
+  // (since it was first seen after reset(): a node gets the whole timeout from then).
+  bool stale(int node_rank, int64_t count, Clock::time_point now);
+
+ private:
+  struct Seen {
+    int64_t count = 0;
+    Clock::time_point since;
+  };
+  Clock::duration timeout_;
+  std::map<int, Seen> seen_;
 };
 
 // The address this host would use to reach `master_addr` (an IPv4 address or name), as text; empty when

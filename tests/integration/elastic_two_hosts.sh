@@ -8,80 +8,15 @@
 #   3. --nnodes 2:2, the same: the job ends on host A with a message naming host B (node 1, its address).
 # In 2 and 3 the checkpoints are written at epoch ends only, and host B is killed after the first: dptrain
 # resumes at another world size from an epoch end only (mid-epoch, the data order would change).
-# Skipped (77) where network namespaces cannot be made (not root, no iproute2, a restricted container).
+# Skipped (77) where network namespaces cannot be made (lib/elastic.bash).
 source "$(dirname "$0")/lib/common.bash"
-set +e
-command -v ip >/dev/null || { echo "SKIP: no ip command (iproute2)"; exit 77; }
-X=$(( ($$ % 200) + 20 ))
-NA=dptEA$$ NB=dptEB$$ VA=eA$$ VB=eB$$
-AA=10.78.$X.1 AB=10.78.$X.2
-net_down() { ip netns del "$NA" 2>/dev/null; ip netns del "$NB" 2>/dev/null; }
-trap 'rc=$?; pkill -KILL -f "$WORK" 2>/dev/null; net_down; (exit $rc); cleanup' EXIT
-if ! ip netns add "$NA" 2>"$WORK/ns.err"; then echo "SKIP: cannot create a network namespace: $(cat "$WORK/ns.err")"; exit 77; fi
-ip netns add "$NB" || fail "ip netns add $NB"
-ip link add "$VA" type veth peer name "$VB" || fail "cannot create a veth pair"
-ip link set "$VA" netns "$NA" && ip link set "$VB" netns "$NB" || fail "cannot move the veth ends"
-ip -n "$NA" addr add "$AA/24" dev "$VA" && ip -n "$NB" addr add "$AB/24" dev "$VB" || fail "ip addr add"
-for n in "$NA" "$NB"; do ip -n "$n" link set lo up || fail "lo up in $n"; done
-ip -n "$NA" link set "$VA" up && ip -n "$NB" link set "$VB" up || fail "veth up"
-
-export DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
-RUN=(--config "$CONFIG" data.train_limit=1536 data.test_limit=128 train.epochs=2 train.batch_size=32
-     train.progress_interval_s=1000 dist.backend=gloo checkpoint.every_steps=4)
+source "$(dirname "$0")/lib/elastic.bash"
 
 # Reference: one host, 2 ranks, uninterrupted.
 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${RUN[@]}" checkpoint.dir="$WORK/ref" >"$WORK/ref.log" 2>&1 ||
   { cat "$WORK/ref.log"; fail "the uninterrupted reference failed"; }
 FINAL=$(ls "$WORK/ref" | grep '^step-' | tail -1)
 
-# start NAME NNODES [DPRUN OPTIONS...]: a dprun in each namespace (pids PA, PB; logs NAME.A.log, NAME.B.log).
-# Rank 1 (host B) is slowed down (100 ms a step) so that the kills below land mid-run.
-start() {
-  local name=$1 nnodes=$2
-  shift 2
-  local common=(--nnodes "$nnodes" --nproc-per-node 1 --master-addr "$AA" --master-port 29513 --rdzv-timeout 3
-                --grace-period 2 "$@")
-  local train=("$DPTRAIN" "${RUN[@]}" "${TRAIN_EXTRA[@]}" checkpoint.dir="$WORK/$name")
-  ip netns exec "$NA" env DPT_DEBUG_SLOW_RANK=1 DPT_DEBUG_SLOW_MS=100 "$DPRUN" "${common[@]}" --node-rank 0 -- \
-    "${train[@]}" >"$WORK/$name.A.log" 2>&1 &
-  PA=$!
-  ip netns exec "$NB" env DPT_DEBUG_SLOW_RANK=1 DPT_DEBUG_SLOW_MS=100 "$DPRUN" "${common[@]}" --node-rank 1 -- \
-    "${train[@]}" >"$WORK/$name.B.log" 2>&1 &
-  PB=$!
-}
-
-# wait_ckpt NAME STEP: waits (up to 60 s) until NAME's checkpoint of STEP is complete.
-wait_ckpt() {
-  for _ in $(seq 600); do
-    [ -f "$WORK/$1/step-$(printf %08d "$2")/COMPLETE" ] && return 0
-    sleep 0.1
-  done
-  cat "$WORK/$1".*.log
-  fail "$1: no checkpoint of step $2 after 60 s"
-}
-
-# in_ns_pid NS NAME: the pid of the process running the program NAME in network namespace NS (by its
-# executable: dptrain may re-execute itself through /proc/self/exe, which renames its comm "exe").
-in_ns_pid() {
-  local p
-  for p in $(ip netns pids "$1"); do
-    [ "$(basename "$(readlink /proc/$p/exe 2>/dev/null)")" = "$2" ] && { echo "$p"; return 0; }
-  done
-  return 1
-}
-
-# wait_exit PID WHAT: waits up to 120 s for PID, sets RC.
-wait_exit() {
-  local t0=$SECONDS
-  while kill -0 "$1" 2>/dev/null; do
-    [ $((SECONDS - t0)) -gt 120 ] && { cat "$WORK"/*.log; fail "$2: still running after 120 s"; }
-    sleep 0.2
-  done
-  wait "$1"
-  RC=$?
-}
-
-TRAIN_EXTRA=()
 # 1. kill -9 host B's rank: both restart, and the result is the uninterrupted run's, bitwise.
 start restart 1:2 --max-restarts 2
 wait_ckpt restart 8

@@ -144,3 +144,55 @@ TEST_CASE("Rendezvous: nodes join, the master closes, a failure is seen by all, 
   late.report_done(0);
   CHECK(master.reports(0) == 3);
 }
+
+TEST_CASE("KeepAliveWatch: a count that has not moved for the timeout is stale; a reset forgets", "[launcher][rdzv]") {
+  using C = KeepAliveWatch::Clock;
+  const C::time_point t0{};
+  KeepAliveWatch w(3s);
+  // Node 1 counts up; node 2 stops at 4 (its first read starts its timeout).
+  CHECK_FALSE(w.stale(1, 0, t0));
+  CHECK_FALSE(w.stale(2, 4, t0 + 1s));
+  CHECK_FALSE(w.stale(1, 1, t0 + 2s));
+  CHECK_FALSE(w.stale(2, 4, t0 + 3999ms));
+  CHECK(w.stale(2, 4, t0 + 4s));
+  CHECK_FALSE(w.stale(1, 2, t0 + 4s));
+  CHECK_FALSE(w.stale(1, 2, t0 + 4999ms));  // unchanged since 4 s: 0.999 s
+  CHECK(w.stale(1, 2, t0 + 7s));
+  // Moving again: fresh; a new round: every node gets the whole timeout again.
+  CHECK_FALSE(w.stale(2, 5, t0 + 8s));
+  w.reset();
+  CHECK_FALSE(w.stale(1, 2, t0 + 20s));
+  CHECK_FALSE(w.stale(1, 2, t0 + 22s));
+  CHECK(w.stale(1, 2, t0 + 23s));
+}
+
+TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's failure and counts as reported", "[launcher][rdzv]") {
+  comm::HashStore store(2s);
+  Rendezvous master(store, node(0, 2));
+  Rendezvous b(store, node(1, 1));
+  Rendezvous c(store, node(2, 1));
+  CHECK(master.keep_alives(1) == 0);
+  b.keep_alive();
+  b.keep_alive();
+  c.keep_alive();
+  CHECK(master.keep_alives(1) == 2);
+  CHECK(master.keep_alives(2) == 1);
+
+  // Round 3: c finished; b went silent and is declared lost: its failure is every node's, and it counts as reported.
+  c.report_done(3);
+  CHECK(master.reported(3, 2));
+  CHECK_FALSE(master.reported(3, 1));
+  master.declare_lost(3, node(1, 1), 3000ms);
+  CHECK(master.reported(3, 1));
+  CHECK(master.reports(3) == 2);
+  CHECK(master.failures(3) == 1);
+  auto f = c.failure(3);
+  REQUIRE(f.has_value());
+  CHECK(f->first == 1);
+  CHECK(f->second == "node 1 (host1 10.0.0.2): lost: its dprun sent no keep-alive for 3 s (--rdzv-timeout)");
+  // A failure reported first stays the round's.
+  b.report_failure(4, 137, "node 1: rank 2 failed (killed by SIGKILL)");
+  CHECK(b.reported(4, 1));
+  master.declare_lost(4, node(2, 1), 3000ms);
+  CHECK(master.failure(4)->second == "node 1: rank 2 failed (killed by SIGKILL)");
+}
