@@ -565,13 +565,18 @@ void Reducer::gather_params() {
   }
 }
 
-void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch, bool with_buffers) {
+void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch, bool with_buffers,
+                    Reducer* reducer) {
   if (pg.size() == 1) return;
   uLong crc_value = crc32(0L, nullptr, 0);
-  for (const Tensor& part : model.param_storage()) {  // the flat buffer, or (ZeRO stage 3) its parts in offset order
+  auto add = [&](const Tensor& part) {
     const Tensor host = part.to(Device::cpu());
     crc_value = crc32(crc_value, static_cast<const Bytef*>(host.raw()), static_cast<uInt>(host.bytes()));
-  }
+  };
+  if (reducer)
+    reducer->for_each_gathered([&](const Bucket&, const Tensor& params) { add(params); });
+  else
+    for (const Tensor& part : model.param_storage()) add(part);  // the flat buffer, or its parts in offset order
   if (with_buffers && model.buffers().numel()) {
     const Tensor b = model.buffers().to(Device::cpu());
     crc_value = crc32(crc_value, static_cast<const Bytef*>(b.raw()), static_cast<uInt>(b.bytes()));

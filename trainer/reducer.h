@@ -89,7 +89,11 @@ struct ReducerOptions {
 // through a Max all-reduce of it and of its negation); at the start, after the broadcast, the buffers too (later
 // each rank's forward moves its own BatchNorm statistics). InternalError naming `epoch` (0: at the start) when
 // they differ. Collective.
-void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch, bool with_buffers = false);
+// `reducer` (ZeRO stage 3, whose parameters are sharded): the parameters are gathered and checksummed bucket by
+// bucket (Reducer::for_each_gathered), so that a rank holds one bucket at a time beyond its shard.
+class Reducer;
+void check_replicas(const models::Model& model, comm::ProcessGroup& pg, int64_t epoch, bool with_buffers = false,
+                    Reducer* reducer = nullptr);
 
 // "sizes 1.05 MB, 25.00 MB (last layers first)": the buckets' sizes, for the log.
 std::string bucket_summary(const std::vector<Bucket>& buckets);

@@ -572,7 +572,7 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
   tl.data<double>()[1] = static_cast<double>(ep.seen);
   pg_.allreduce(tl, {.op = comm::ReduceOp::Sum, .what = "loss stats"})->wait();
   const double global_seen = tl.data<double>()[1];
-  reducer_->with_full_params([&] { check_replicas(*model_, pg_, ep.index + 1); }, /*changed=*/false);
+  check_replicas(*model_, pg_, ep.index + 1, /*with_buffers=*/false, reducer_.get());
   const auto eval_t0 = Clock::now();
   const EvalResult ev = evaluate_saved_model();
   last_eval_s_ = seconds_since(eval_t0);
@@ -733,7 +733,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     const TrainConfig& t = cfg.train;
     DPT_THROW(OutOfMemoryError, "{} {}", e.what(),
               out_of_memory_advice(ctx.where(), ctx.memory, t.batch_size, t.eval_batch_size, t.accum_steps,
-                                   t.precision));
+                                   t.precision, pg.size(), cfg.dist.zero));
   }
 }
 

@@ -67,4 +67,9 @@ TEST_CASE("out_of_memory_advice names the phase, the sizes and what to lower", "
   REQUIRE_THAT(s, Catch::Contains("the device holds 70.0 GiB of 80.0 GiB"));
   REQUIRE_THAT(s, Catch::Contains("train.eval_batch_size (now 512)"));
   REQUIRE_THAT(s, !Catch::Contains("precision"));
+  REQUIRE_THAT(s, !Catch::Contains("dist.zero"));  // one rank: nothing to shard over
+  s = out_of_memory_advice("in the first training step (batch 8 per rank)", m, 8, 8, 1, "fp32", 2, 0);
+  REQUIRE_THAT(s, Catch::Contains("shard the model's state over the 2 ranks with dist.zero = 3 (now 0;"));
+  s = out_of_memory_advice("in the first training step (batch 8 per rank)", m, 8, 8, 1, "fp32", 2, 3);
+  REQUIRE_THAT(s, !Catch::Contains("dist.zero"));  // sharded all it can
 }
