@@ -487,7 +487,9 @@ run_learns() {
 
 # Two ranks sharing the GPU over gloo; extra arguments are config overrides (dist.grad_dtype=bf16: the
 # bfloat16 all-reduce with device tensors staged through the host; dist.zero=1: ZeRO stage 1, the reduce-scatter,
-# the optimizer over the rank's pieces, the all-gather and the sharded checkpoint of device tensors).
+# the optimizer over the rank's pieces, the all-gather and the sharded checkpoint of device tensors; dist.zero=2 and
+# 3: the gradient and parameter buckets released (cudaFree) and reserved around their use, the gathers prefetched on
+# the reducer's thread).
 step_train_gloo2() {
   local logfile=$1
   shift
@@ -784,6 +786,8 @@ run_all() {
   run_step train_cuda_gloo_2rank_grad_bf16 step_train_gloo2 dist.grad_dtype=bf16
   run_step train_cuda_gloo_2rank_zero1 step_train_gloo2 dist.zero=1
   run_step train_cuda_gloo_2rank_zero1_clip_bf16 step_train_gloo2 dist.zero=1 train.clip_grad_norm=1.0 dist.grad_dtype=bf16
+  run_step train_cuda_gloo_2rank_zero2 step_train_gloo2 dist.zero=2 train.clip_grad_norm=1.0
+  run_step train_cuda_gloo_2rank_zero3 step_train_gloo2 dist.zero=3 train.clip_grad_norm=1.0 dist.bucket_cap_mb=1
   run_step memory_cuda step_memory_gpu
   run_step oom_cuda step_oom_gpu
   for p in fp32 bf16 fp16; do run_step "train_cuda_resnet_$p" step_train_resnet "$p"; done

@@ -16,7 +16,22 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
   const Device device = model.device();
   data::LoaderOptions lo{.batch_size = static_cast<size_t>(t.eval_batch_size), .drop_last = false, .prefetch = 2,
                          .pin_memory = device.is_cuda(), .workers = workers};
-  data::Loader loader(test, data::eval_shard(test.size(), pg.rank(), pg.size()), lo);
+  const std::vector<size_t> shard = data::eval_shard(test.size(), pg.rank(), pg.size());
+  const size_t batches = (shard.size() + lo.batch_size - 1) / lo.batch_size;
+  // ZeRO stage 3 gathers the parameters with the other ranks inside every forward: every rank runs as many forwards
+  // as the rank with the most batches; a rank with fewer repeats its last batch, uncounted.
+  size_t forwards = batches;
+  if (model.params_split() && pg.size() > 1) {
+    Tensor n = Tensor::empty({1}, DType::I64);
+    n.data<int64_t>()[0] = static_cast<int64_t>(batches);
+    pg.allreduce(n, {.op = comm::ReduceOp::Max, .what = "eval batches"})->wait();
+    forwards = static_cast<size_t>(n.data<int64_t>()[0]);
+    if (batches == 0 && forwards > 0)
+      DPT_THROW(ConfigError, "the test set's {} examples leave rank {} of {} none to evaluate; with dist.zero = 3 every "
+                "rank takes part in every forward: use at least {} test examples", test.size(), pg.rank(), pg.size(),
+                pg.size());
+  }
+  data::Loader loader(test, shard, lo);
   Feeder feeder(device, model.kernels().stream());
   models::SoftmaxCrossEntropy loss;
   Tensor stats = Tensor::zeros({2}, DType::F64, device);  // loss sum, correct: accumulated on the device
@@ -33,6 +48,7 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
     feeder.step_done();
     count += static_cast<double>(task.rows());
   }
+  for (size_t i = batches; i < forwards; ++i) model.forward(task.input());  // the collective gathers, in step
   feeder.release(loader);
   Tensor sums = Tensor::empty({3}, DType::F64);
   const Tensor host_stats = stats.to(Device::cpu());

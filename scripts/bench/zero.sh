@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# scripts/bench/zero.sh: what ZeRO stages 1 and 2 cost in throughput (issue 22): the same GPT training run under
+# scripts/bench/zero.sh: what ZeRO stages 1 to 3 cost in throughput (issue 22): the same GPT training run under
 # dist.zero=0 (DDP: every bucket all-reduced, the whole optimizer state on every rank), dist.zero=1 (each bucket
 # reduce-scattered, the optimizer updating the rank's pieces, the parameters all-gathered) and dist.zero=2 (also
-# the gradients: each bucket's held only from backward reaching it to its reduce-scatter), alternately (0 1 2 0 1 2
-# ...: a load change hits all alike), ROUNDS rounds; prints each run's samples/s and optimizer state and gradients
-# per rank, a table of the medians and each stage's ratio to zero=0. Every run is checked: it must finish, and its
+# the gradients: each bucket's held only from backward reaching it to its reduce-scatter) and dist.zero=3 (also the
+# parameters: each bucket all-gathered before its modules' forward and backward, prefetched, released after),
+# alternately (0 1 2 3 0 1 2 3 ...: a load change hits all alike), ROUNDS rounds; prints each run's samples/s and
+# parameters, gradients and optimizer state per rank, a table of the medians and each stage's ratio to zero=0. Every run is checked: it must finish, and its
 # rank 0 log must say which stage ran (a "zero: stage N" line under dist.zero=N >= 1 only).
 #
 # Workload: configs/gpt_tiny.toml's GPT (4 layers, 4 heads, 128 wide, vocab 256, T 64: 0.8 M parameters), AdamW,
@@ -13,7 +14,7 @@
 # the epoch line's tokens/s / 64 (the whole epoch: its first step and the all-gathers included).
 #
 #   scripts/bench/zero.sh [ROUNDS (5)] [RANKS (2)]
-# BENCH_STAGES: the dist.zero values run (default "0 1 2"; 0 always first, the reference).
+# BENCH_STAGES: the dist.zero values run (default "0 1 2 3"; 0 always first, the reference).
 # Environment: DPT_BUILD_DIR (default build; built first unless BENCH_SKIP_BUILD=1), BENCH_STEPS (default 200),
 # BENCH_RUN_TIMEOUT_S (per run, default 300), BENCH_LOG_DIR (each run's output; default a temporary folder,
 # removed at the end), BENCH_IDLE_WAIT_S (before each run, wait up to this long for the machine to be less than
@@ -45,8 +46,8 @@ source scripts/bench/cpu_accounting.bash
   || { cat "$LOG_DIR/tokenize.log"; echo "zero.sh: tokenize failed" >&2; exit 1; }
 
 # run STAGE ROUND: one run (in a subshell: `times` then counts its children alone); prints "SAMPLES_PER_S
-# OPTIMIZER_BYTES GRAD_BYTES FOREIGN_CPU" (rank 0's optimizer state and gradients from metrics.jsonl; cores other
-# processes used meanwhile), or nothing when the run failed.
+# OPTIMIZER_BYTES GRAD_BYTES PARAM_BYTES FOREIGN_CPU" (rank 0's figures from metrics.jsonl; cores other processes
+# used meanwhile), or nothing when the run failed.
 run() {
   local log=$LOG_DIR/zero$1_round$2.log rc=0 m0 m1 t0 t1 own foreign
   wait_idle
@@ -74,44 +75,47 @@ run() {
     echo "zero.sh: dist.zero=0 round $2 says it ran a ZeRO stage ($log)" >&2
     return 0
   fi
-  local tps bytes grads
+  local tps bytes grads params
   tps=$(grep -oE 'epoch 1/1 loss .* tokens/s [0-9.]+' "$log" | grep -oE '[0-9.]+$' | tail -1)
   bytes=$(grep '"kind":"memory"' "$WORK/metrics$1/metrics.jsonl" | tail -1 | grep -oE '"optimizer_bytes":[0-9]+' | cut -d: -f2)
   grads=$(grep '"kind":"memory"' "$WORK/metrics$1/metrics.jsonl" | tail -1 | grep -oE '"grad_bytes":[0-9]+' | cut -d: -f2)
-  if [ -n "$tps" ]; then echo "$(awk -v t="$tps" 'BEGIN { print t / 64 }') ${bytes:-?} ${grads:-?} $foreign"; fi
+  params=$(grep '"kind":"memory"' "$WORK/metrics$1/metrics.jsonl" | tail -1 | grep -oE '"param_bytes":[0-9]+' | cut -d: -f2)
+  if [ -n "$tps" ]; then echo "$(awk -v t="$tps" 'BEGIN { print t / 64 }') ${bytes:-?} ${grads:-?} ${params:-?} $foreign"; fi
 }
 median() { sort -n | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-STAGES=${BENCH_STAGES:-0 1 2}
-[[ $STAGES =~ ^0( [12])*$ ]] || { echo "zero.sh: BENCH_STAGES must start with 0 and name stages 1 or 2: '$STAGES'" >&2; exit 2; }
+STAGES=${BENCH_STAGES:-0 1 2 3}
+[[ $STAGES =~ ^0( [123])*$ ]] || { echo "zero.sh: BENCH_STAGES must start with 0 and name stages 1 to 3: '$STAGES'" >&2; exit 2; }
 echo "zero.sh: GPT L4 H4 C128 V256 T64 (configs/gpt_tiny.toml), batch 16 per rank, $STEPS steps, $RANKS ranks (gloo,"
 echo "  1 thread each), dist.zero $STAGES alternately, $ROUNDS rounds; $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(getconf _NPROCESSORS_ONLN) cores"
 failed=0
-declare -A OPT=() GRAD=() MED=()
+declare -A OPT=() GRAD=() PARAM=() MED=()
 for z in $STAGES; do : > "$WORK/s$z"; : > "$WORK/f$z"; done
 for i in $(seq "$ROUNDS"); do
   line="round $i:"
   for z in $STAGES; do
     r=$(run "$z" "$i")
     if [ -z "$r" ]; then failed=1; line+=" zero=$z failed"; continue; fi
-    read -r sps bytes grads foreign <<< "$r"
+    read -r sps bytes grads params foreign <<< "$r"
     echo "$sps" >> "$WORK/s$z"
     echo "$foreign" >> "$WORK/f$z"
     OPT[$z]=$bytes
     GRAD[$z]=$grads
+    PARAM[$z]=$params
     line+=" zero=$z $(printf %.0f "$sps") samples/s (foreign CPU $foreign)"
   done
   echo "$line"
 done
 mib() { if [[ ${1:-} =~ ^[0-9]+$ ]]; then awk -v b="$1" 'BEGIN { printf "%.2f", b / 1048576 }'; else echo "?"; fi; }
 echo
-printf '%-10s %12s %6s %14s %14s %10s %14s\n' "dist.zero" "samples/s" "runs" "optimizer" "gradients" "/ zero=0" "foreign CPU"
-printf '%-10s %12s %6s %14s %14s %10s %14s\n' "" "(median)" "" "(MiB/rank)" "(MiB/rank)" "" "(max, cores)"
+printf '%-10s %12s %6s %12s %12s %12s %10s %14s\n' "dist.zero" "samples/s" "runs" "parameters" "gradients" "optimizer" "/ zero=0" "foreign CPU"
+printf '%-10s %12s %6s %12s %12s %12s %10s %14s\n' "" "(median)" "" "(MiB/rank)" "(MiB/rank)" "(MiB/rank)" "" "(max, cores)"
 for z in $STAGES; do
   MED[$z]=$(median < "$WORK/s$z")
   ratio=-
   if [ -n "${MED[$z]}" ] && [ -n "${MED[0]:-}" ]; then ratio=$(awk -v a="${MED[0]}" -v b="${MED[$z]}" 'BEGIN { printf "%.3f", b / a }'); fi
-  printf '%-10s %12s %6s %14s %14s %10s %14s\n' "$z" "$([ -n "${MED[$z]}" ] && printf %.0f "${MED[$z]}" || echo -)" \
-    "$(wc -l < "$WORK/s$z")" "$(mib "${OPT[$z]:-}")" "$(mib "${GRAD[$z]:-}")" "$ratio" "$(sort -n "$WORK/f$z" | tail -1)"
+  printf '%-10s %12s %6s %12s %12s %12s %10s %14s\n' "$z" "$([ -n "${MED[$z]}" ] && printf %.0f "${MED[$z]}" || echo -)" \
+    "$(wc -l < "$WORK/s$z")" "$(mib "${PARAM[$z]:-}")" "$(mib "${GRAD[$z]:-}")" "$(mib "${OPT[$z]:-}")" "$ratio" \
+    "$(sort -n "$WORK/f$z" | tail -1)"
 done
 ((failed == 0)) || exit 1

@@ -153,6 +153,21 @@ for z in z0 z1; do  # the overflow was seen and the step skipped under both
   "$PY" -c 'import json, sys; s = json.load(open(sys.argv[1] + "/state.json")); sys.exit(s["skipped_steps"] != 1)' \
     "$(at fp16_$z 50)" || fail "fp16_$z: the injected overflow at step 3 was not skipped once"
 done
+# MPI (mpirun): stage 3's gathers (MPI_Allgather on the reducer's thread, MPI_THREAD_SERIALIZED) and reduce-scatters
+# (MPI_Reduce_scatter_block) give gloo's stage 1 result, bitwise (2 ranks: the same sums).
+"${MPIRUN[@]}" -np 2 "$DPTRAIN" "${MLP[@]}" train.max_steps=50 dist.zero=3 dist.backend=mpi train.progress_interval_s=1000 \
+  checkpoint.dir="$WORK/mlp2_mpi_z3" --resume never > "$WORK/mlp2_mpi_z3.log" 2>&1 \
+  || { cat "$WORK/mlp2_mpi_z3.log"; fail "mlp2_mpi_z3 (mpirun, dist.zero=3) failed"; }
+same mlp2_z1 mlp2_mpi_z3 50 0
+# Evaluation under stage 3 with ranks holding unequal numbers of test batches (100 examples over 3 ranks, batches of
+# 33: 2, 1 and 1 batches): every rank takes part in every forward's gathers; the result is stage 1's.
+for z in 1 3; do
+  run eval_uneven_z$z 3 "${MLP[@]}" data.test_limit=100 train.eval_batch_size=33 train.max_steps=5 dist.zero=$z --resume never
+done
+grep -o "test_acc [0-9.]*, test_loss [0-9.]*" "$WORK/eval_uneven_z1.log" | tail -1 > "$WORK/eval_uneven_z1.txt"
+grep -o "test_acc [0-9.]*, test_loss [0-9.]*" "$WORK/eval_uneven_z3.log" | tail -1 > "$WORK/eval_uneven_z3.txt"
+[ -s "$WORK/eval_uneven_z1.txt" ] && cmp -s "$WORK/eval_uneven_z1.txt" "$WORK/eval_uneven_z3.txt" \
+  || fail "uneven evaluation: $(cat "$WORK/eval_uneven_z1.txt") (zero=1) vs $(cat "$WORK/eval_uneven_z3.txt") (zero=3)"
 # Controls: the comparisons can fail.
 run mlp2_b8_z1 2 "${MLP[@]}" train.batch_size=8 train.max_steps=50 dist.zero=1 --resume never
 differ mlp2_z1 mlp2_b8_z1 50 1e-3           # 0.156
