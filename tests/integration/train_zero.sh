@@ -136,6 +136,7 @@ pair mlp3 3 "${MLP[@]}"
 pair mlp2_clip 2 "${MLP[@]}" train.accum_steps=2 train.clip_grad_norm=0.5
 pair resnet2 2 "${RESNET[@]}"
 pair resnet3 3 "${RESNET[@]}"
+pair resnet2_syncbn 2 "${RESNET[@]}" model.sync_bn=true  # SyncBatchNorm's all-reduces inside forward and backward
 MANY_BUCKETS=1 pair gpt2 2 "${GPT[@]}"
 MANY_BUCKETS=1 pair gpt3 3 "${GPT[@]}" train.clip_grad_norm=1.0
 MANY_BUCKETS=1 pair gpt3_serial 3 "${GPT[@]}" train.clip_grad_norm=1.0 dist.overlap=false
@@ -145,6 +146,7 @@ same mlp3_z0 mlp3_z1 50 1e-6                 # 5.2e-8
 same mlp2_clip_z0 mlp2_clip_z1 50 1e-6       # 0
 same resnet2_z0 resnet2_z1 50 1e-6           # 0 (clipping)
 same resnet3_z0 resnet3_z1 50 1e-6           # 0
+same resnet2_syncbn_z0 resnet2_syncbn_z1 50 1e-6  # 0
 same gpt2_z0 gpt2_z1 50 0                    # 0
 same gpt3_z0 gpt3_z1 50 1e-4                 # 2.0e-5
 same gpt3_serial_z0 gpt3_serial_z1 50 1e-4   # 2.5e-5
