@@ -79,33 +79,26 @@ print(f"optimizer state per rank: zero=0 {whole} B, zero=1 {shard} B ({shard / w
 assert whole > 0 and whole / n <= shard <= 1.01 * whole / n
 PYEOF
 }
-# grads_sharded NAME NPROC: NAME_z2's log names stage 2, and its memory report's gradients are about 1/NPROC of
-# NAME_z0's (at least 1/N, at most 1% more: the remainders), while NAME_z1 keeps them whole.
-grads_sharded() {
-  local n=$2 z0=${1}_z0 z1=${1}_z1 z2=${1}_z2
-  grep -q "^\[rank 0\] .*\] zero: stage 2: gradients sharded" "$WORK/$z2.log" || { grep -i zero "$WORK/$z2.log"; fail "$z2: no 'zero: stage 2' line"; }
-  "$PY" - "$WORK/$z0.metrics/metrics.jsonl" "$WORK/$z1.metrics/metrics.jsonl" "$WORK/$z2.metrics/metrics.jsonl" "$n" <<'PYEOF' || fail "$z2: gradients not sharded"
-import json, sys
-def mem(path):
-    return next(r for r in map(json.loads, open(path)) if r["kind"] == "memory")
-m0, m1, m2, n = mem(sys.argv[1]), mem(sys.argv[2]), mem(sys.argv[3]), int(sys.argv[4])
-whole, one, shard = m0["grad_bytes"], m1["grad_bytes"], m2["grad_bytes"]
-print(f"gradients per rank: zero=0 {whole} B, zero=1 {one} B, zero=2 {shard} B ({shard / whole:.4f}, 1/{n} = {1 / n:.4f})")
-assert whole > 0 and one == whole and whole / n <= shard <= 1.01 * whole / n
-assert m2["optimizer_bytes"] == m1["optimizer_bytes"], (m1["optimizer_bytes"], m2["optimizer_bytes"])
-PYEOF
-}
-# params_sharded NAME NPROC: NAME_z3's log names stage 3; its memory report's gradients are stage 2's and its
-# parameters its shard (about 1/NPROC of NAME_z0's) plus the buckets gathered at once: at most the whole model more;
-# with MANY_BUCKETS=1 (the GPT's 13 buckets of 50 KB) less than the whole model.
-params_sharded() {
-  local n=$2 z0=${1}_z0 z2=${1}_z2 z3=${1}_z3
-  grep -q "^\[rank 0\] .*\] zero: stage 3: parameters sharded" "$WORK/$z3.log" || { grep -i zero "$WORK/$z3.log"; fail "$z3: no 'zero: stage 3' line"; }
-  "$PY" - "$WORK/$z0.metrics/metrics.jsonl" "$WORK/$z2.metrics/metrics.jsonl" "$WORK/$z3.metrics/metrics.jsonl" "$n" <<'PYEOF' || fail "$z3: parameters not sharded"
+# stages_shown NAME NPROC: NAME_z2's and NAME_z3's logs name their stage; the memory reports: stage 2's gradients
+# about 1/NPROC of NAME_z0's (at least 1/N, at most 1% more: the remainders) while stage 1 keeps them whole, its
+# optimizer state stage 1's; stage 3's gradients and optimizer state stage 2's, its parameters its shard (about 1/N)
+# plus the buckets gathered at once: at most the whole model more, and with MANY_BUCKETS=1 (the GPT's 13 buckets of
+# 50 KB) less than the whole model.
+stages_shown() {
+  local n=$2 z
+  for z in 2 3; do
+    grep -q "^\[rank 0\] .*\] zero: stage $z: .* sharded too" "$WORK/${1}_z$z.log" \
+      || { grep -i zero "$WORK/${1}_z$z.log"; fail "${1}_z$z: no 'zero: stage $z' line"; }
+  done
+  "$PY" - "$n" "$WORK/${1}"_z{0,1,2,3}.metrics/metrics.jsonl <<'PYEOF' || fail "$1: the memory report does not show the stages"
 import json, os, sys
 def mem(path):
     return next(r for r in map(json.loads, open(path)) if r["kind"] == "memory")
-m0, m2, m3, n = mem(sys.argv[1]), mem(sys.argv[2]), mem(sys.argv[3]), int(sys.argv[4])
+n, (m0, m1, m2, m3) = int(sys.argv[1]), [mem(p) for p in sys.argv[2:]]
+grads, shard = m0["grad_bytes"], m2["grad_bytes"]
+print(f"gradients per rank: zero=0 {grads} B, zero=1 {m1['grad_bytes']} B, zero=2 {shard} B ({shard / grads:.4f}, 1/{n} = {1 / n:.4f})")
+assert grads > 0 and m1["grad_bytes"] == grads and grads / n <= shard <= 1.01 * grads / n
+assert m2["optimizer_bytes"] == m1["optimizer_bytes"], (m1["optimizer_bytes"], m2["optimizer_bytes"])
 whole, held = m0["param_bytes"], m3["param_bytes"]
 print(f"parameters per rank: zero=0 {whole} B, zero=3 {held} B (shard and gathered; {held / whole:.4f} of the whole)")
 assert m3["grad_bytes"] == m2["grad_bytes"] and m3["optimizer_bytes"] == m2["optimizer_bytes"]
@@ -121,8 +114,7 @@ pair() {  # pair NAME NPROC ARGS...: NAME_z0, NAME_z1 and NAME_z2, 50 steps from
   run "${name}_z2" "$n" "$@" train.max_steps=50 dist.zero=2 --resume never
   run "${name}_z3" "$n" "$@" train.max_steps=50 dist.zero=3 --resume never
   zero_shown "${name}_z1" "$n"
-  grads_sharded "$name" "$n"
-  params_sharded "$name" "$n"
+  stages_shown "$name" "$n"
   # Stages 2 and 3 reduce exactly as stage 1 (the same reduce-scatter of the same buckets) and stage 3's forward and
   # backward see the same (gathered) parameters; only where things are kept differs: bitwise equal, in every
   # configuration.

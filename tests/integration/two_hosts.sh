@@ -7,21 +7,8 @@
 # interface instead.
 # Skipped (77) where network namespaces cannot be made (not root, no iproute2, a restricted container).
 source "$(dirname "$0")/lib/common.bash"
-set +e
-command -v ip >/dev/null || { echo "SKIP: no ip command (iproute2)"; exit 77; }
-X=$(( ($$ % 200) + 20 ))
-NA=dptA$$ NB=dptB$$ VA=vA$$ VB=vB$$
-AA=10.77.$X.1 AB=10.77.$X.2
-net_down() { ip netns del "$NA" 2>/dev/null; ip netns del "$NB" 2>/dev/null; }
-trap 'rc=$?; pkill -KILL -f "$WORK" 2>/dev/null; net_down; (exit $rc); cleanup' EXIT
-if ! ip netns add "$NA" 2>"$WORK/ns.err"; then echo "SKIP: cannot create a network namespace: $(cat "$WORK/ns.err")"; exit 77; fi
-ip netns add "$NB" || fail "ip netns add $NB"
-ip link add "$VA" type veth peer name "$VB" || fail "cannot create a veth pair"
-ip link set "$VA" netns "$NA" && ip link set "$VB" netns "$NB" || fail "cannot move the veth ends"
-# Each end is called dpt0 inside its namespace, as a cluster's nodes share an interface name (eth0, ib0).
-ip -n "$NA" link set "$VA" name dpt0 && ip -n "$NB" link set "$VB" name dpt0 || fail "cannot rename the veth ends"
-ip -n "$NA" addr add "$AA/24" dev dpt0 && ip -n "$NB" addr add "$AB/24" dev dpt0 || fail "ip addr add"
-for n in "$NA" "$NB"; do ip -n "$n" link set lo up && ip -n "$n" link set dpt0 up || fail "links up in $n"; done
+source "$(dirname "$0")/lib/netns.bash"
+netns_two_hosts "" 77 dpt0  # each end is dpt0 inside its namespace
 
 export DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 RUN=(--config "$CONFIG" data.train_limit=2048 data.test_limit=256 train.epochs=1 train.batch_size=64

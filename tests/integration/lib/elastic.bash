@@ -3,20 +3,8 @@
 # them, a job token, the training arguments RUN (gloo, 1536 examples, 2 epochs), and helpers to start a dprun on
 # a host, wait for a checkpoint, find a host's rank, wait for a dprun's exit and check a host has no process left.
 # Exits 77 (skipped) where network namespaces cannot be made (not root, no iproute2, a restricted container).
-set +e
-command -v ip >/dev/null || { echo "SKIP: no ip command (iproute2)"; exit 77; }
-X=$(( ($$ % 200) + 20 ))
-NA=dptEA$$ NB=dptEB$$ VA=eA$$ VB=eB$$
-AA=10.78.$X.1 AB=10.78.$X.2
-net_down() { ip netns del "$NA" 2>/dev/null; ip netns del "$NB" 2>/dev/null; }
-trap 'rc=$?; pkill -KILL -f "$WORK" 2>/dev/null; net_down; (exit $rc); cleanup' EXIT
-if ! ip netns add "$NA" 2>"$WORK/ns.err"; then echo "SKIP: cannot create a network namespace: $(cat "$WORK/ns.err")"; exit 77; fi
-ip netns add "$NB" || fail "ip netns add $NB"
-ip link add "$VA" type veth peer name "$VB" || fail "cannot create a veth pair"
-ip link set "$VA" netns "$NA" && ip link set "$VB" netns "$NB" || fail "cannot move the veth ends"
-ip -n "$NA" addr add "$AA/24" dev "$VA" && ip -n "$NB" addr add "$AB/24" dev "$VB" || fail "ip addr add"
-for n in "$NA" "$NB"; do ip -n "$n" link set lo up || fail "lo up in $n"; done
-ip -n "$NA" link set "$VA" up && ip -n "$NB" link set "$VB" up || fail "veth up"
+source "$(dirname "${BASH_SOURCE[0]}")/netns.bash"
+netns_two_hosts E 78 dpt0
 
 export DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 RUN=(--config "$CONFIG" data.train_limit=1536 data.test_limit=128 train.epochs=2 train.batch_size=32
