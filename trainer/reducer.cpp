@@ -37,7 +37,7 @@ std::vector<Bucket> assign_buckets(const std::vector<size_t>& sizes, size_t cap_
 }
 
 Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stream, const ReducerOptions& opts)
-    : pg_(pg), device_(model.device()), stream_(stream), opts_(opts) {
+    : pg_(pg), model_(model), device_(model.device()), stream_(stream), opts_(opts) {
   DPT_CHECK(opts_.grad_dtype == DType::F32 || opts_.grad_dtype == DType::BF16,
             "the reducer all-reduces float32 or bfloat16 gradients, not {}", dtype_name(opts_.grad_dtype));
   DPT_CHECK(opts_.zero >= 0 && opts_.zero <= 3, "ZeRO stage {}: the reducer shards for stages 0 to 3", opts_.zero);
@@ -49,13 +49,28 @@ Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stre
     for (size_t p = buckets_[b].first_param; p < buckets_[b].end_param; ++p) bucket_of_param_[p] = b;
   missing_.assign(buckets_.size(), 0);
   sharded_ = opts_.zero >= 1 && pg_.size() > 1;
-  // One rank communicates nothing: no bfloat16 copy then.
-  const bool wire = compressed() && pg_.size() > 1;
+  bucket_views(model);
+  if (sharded_) {
+    shard_buckets(model);
+  } else {
+    owned_ = {{0, grads_.numel()}};
+    owned_grads_ = {grads_};
+  }
+  if (params_sharded()) setup_param_shard(model);
+  if (held()) install_hooks(model);
+  if (pg_.size() > 1 && opts_.overlap && !pg_.asynchronous()) {
+    const int device = stream_ ? cuda::current_device() : -1;
+    comm_thread_ = std::thread([this, device] { comm_loop(device); });
+  }
+}
+
+void Reducer::bucket_views(models::Model& model) {
+  const bool wire = compressed() && pg_.size() > 1;  // one rank communicates nothing: no bfloat16 copy then
   auto count = [&](size_t b) { return std::vector<int64_t>{static_cast<int64_t>(buckets_[b].count)}; };
+  std::vector<std::pair<size_t, size_t>> ranges;  // each bucket's parameters
+  for (const Bucket& b : buckets_) ranges.emplace_back(b.first_param, b.end_param);
   if (held()) {
     // Stage 2: every bucket its own gradient storage (and bfloat16 copy), held only while needed.
-    std::vector<std::pair<size_t, size_t>> ranges;
-    for (const Bucket& b : buckets_) ranges.emplace_back(b.first_param, b.end_param);
     views_ = model.split_grads(ranges);
     for (size_t b = 0; b < buckets_.size(); ++b) {
       views_[b].storage().release();
@@ -73,49 +88,39 @@ Reducer::Reducer(comm::ProcessGroup& pg, models::Model& model, StreamHandle stre
     }
   }
   if (params_sharded()) {
-    std::vector<std::pair<size_t, size_t>> ranges;
-    for (const Bucket& b : buckets_) ranges.emplace_back(b.first_param, b.end_param);
     param_views_ = model.split_params(ranges);  // the values copied: every rank's initial model, whole
   } else {
     for (size_t b = 0; b < buckets_.size(); ++b) param_views_.push_back(model.params().view(buckets_[b].offset, count(b)));
   }
-  if (sharded_) {
-    shard_buckets(model);
-  } else {
-    owned_ = {{0, grads_.numel()}};
-    owned_grads_ = {grads_};
-  }
+}
+
+void Reducer::setup_param_shard(const models::Model& model) {
+  keep_params();  // this rank's pieces of the initial parameters; the whole buckets go
+  gathered_.assign(buckets_.size(), Gathered::kYes);
+  gather_work_.resize(buckets_.size());
+  for (const Tensor& v : param_views_) resident_bytes_ += v.bytes();
+  for (size_t b = 0; b < buckets_.size(); ++b) release_params(b);
+  peak_bytes_ = 0;  // what training gathers, from here on
+  users_.assign(buckets_.size(), 0);
+  for (const auto& [first, end] : model.hook_ranges())
+    for (size_t b : buckets_of(first, end)) ++users_[b];
+  for (auto& pos : order_pos_) pos.assign(buckets_.size(), kNone);
+}
+
+void Reducer::install_hooks(models::Model& model) {
+  models::Model::ParamHooks hooks;
+  hooks.before_backward = [this](size_t first, size_t end) {
+    if (params_sharded()) use_params(first, end);
+    hold(first, end);
+  };
   if (params_sharded()) {
-    keep_params();  // this rank's pieces of the initial parameters; the whole buckets go
-    gathered_.assign(buckets_.size(), Gathered::kYes);
-    gather_work_.resize(buckets_.size());
-    for (const Tensor& v : param_views_) resident_bytes_ += v.bytes();
-    for (size_t b = 0; b < buckets_.size(); ++b) release_params(b);
-    peak_bytes_ = 0;  // what training gathers, from here on
-    users_.assign(buckets_.size(), 0);
-    for (const auto& [first, end] : model.hook_ranges())
-      for (size_t b : buckets_of(first, end)) ++users_[b];
-    for (auto& pos : order_pos_) pos.assign(buckets_.size(), kNone);
+    hooks.before_forward = [this](size_t first, size_t end) { use_params(first, end); };
+    hooks.after_forward = hooks.after_backward = [this](size_t first, size_t end) { done_with_params(first, end); };
+    hooks.forward_begin = [this] { begin_pass(0); };
+    hooks.backward_begin = [this] { begin_pass(1); };
+    hooks.forward_end = hooks.backward_end = [this] { end_pass(); };
   }
-  if (held()) {
-    models::Model::ParamHooks hooks;
-    hooks.before_backward = [this](size_t first, size_t end) {
-      if (params_sharded()) use_params(first, end);
-      hold(first, end);
-    };
-    if (params_sharded()) {
-      hooks.before_forward = [this](size_t first, size_t end) { use_params(first, end); };
-      hooks.after_forward = hooks.after_backward = [this](size_t first, size_t end) { done_with_params(first, end); };
-      hooks.forward_begin = [this] { begin_pass(0); };
-      hooks.backward_begin = [this] { begin_pass(1); };
-      hooks.forward_end = hooks.backward_end = [this] { end_pass(); };
-    }
-    model.set_param_hooks(std::move(hooks));
-  }
-  if (pg_.size() > 1 && opts_.overlap && !pg_.asynchronous()) {
-    const int device = stream_ ? cuda::current_device() : -1;
-    comm_thread_ = std::thread([this, device] { comm_loop(device); });
-  }
+  model.set_param_hooks(std::move(hooks));
 }
 
 void Reducer::shard_buckets(models::Model& model) {
@@ -359,6 +364,7 @@ void Reducer::with_full_params(const std::function<void()>& fn, bool changed) {
 }
 
 Reducer::~Reducer() {
+  if (held()) model_.set_param_hooks({});  // the model may outlive this reducer
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -417,7 +423,9 @@ std::vector<std::shared_ptr<comm::Work>> Reducer::reduce(size_t bucket) {
     const ThreadAllocationsPaused paused;
     if (compressed()) wire_views_[bucket].storage().reserve();
   }
-  const comm::AllreduceOptions avg{.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = true,
+  // Persistent (a backend may keep state per buffer address: Gloo's two-rank rings) only where the bucket's memory
+  // stays put: stages 2 and 3 release it and reserve it again, at another address, every step.
+  const comm::AllreduceOptions avg{.op = comm::ReduceOp::Avg, .stream = stream_, .persistent = !held(),
                                    .what = bucket_label(bucket)};
   comm::AllreduceOptions sum = avg;
   sum.op = comm::ReduceOp::Sum;  // bf16: the gradients were divided by the world size when rounded

@@ -174,8 +174,15 @@ class Reducer {
   // it, widen it back. Conversions run on stream_ (the CPU: at once); the widening is ordered after the sum by
   // its Work's block(stream_). `what`: the all-reduce's label.
   void reduce_bf16(Tensor& grads, Tensor& wire, const std::string& what);
+  // Each bucket's gradients (views_, wire_views_) and parameters (param_views_): views of the model's flat buffers,
+  // or (stages 2, 3) storages of their own.
+  void bucket_views(models::Model& model);
   // Cuts the buckets into chunks (zero >= 1): owned_, owned_grads_ and pieces_.
   void shard_buckets(models::Model& model);
+  // Stage 3: this rank's pieces of the parameters kept, the buckets released, each bucket's users counted.
+  void setup_param_shard(const models::Model& model);
+  // Stages 2 and 3: the model's ParamHooks (cleared again by the destructor).
+  void install_hooks(models::Model& model);
   // Stage 2: the buckets' storages held only while needed.
   bool held() const { return sharded_ && opts_.zero >= 2; }
   void hold(size_t first_param, size_t end_param);  // before_backward: their buckets resident (zeroed when new)
@@ -201,6 +208,7 @@ class Reducer {
   static std::string bucket_label(size_t bucket);
 
   comm::ProcessGroup& pg_;
+  models::Model& model_;
   Device device_;
   Tensor grads_;                            // the flat gradient buffer (undefined under stage 2)
   StreamHandle stream_;
