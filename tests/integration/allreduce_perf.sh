@@ -14,7 +14,7 @@ rows() { echo "$1" | sed -E 's/^\[rank [0-9]+\] //' | grep -E '^ +[0-9]+ +[0-9]+
 # count = size / 4 (float), sizes doubling, and busbw = algbw * 2(n-1)/n to the printed two decimals.
 check_table() {
   local name=$1 world=$2 backend=$3 out=$4 table
-  echo "$out" | grep -q "backend $backend, world $world " || { echo "$out"; fail "$name: header lacks backend $backend, world $world"; }
+  <<< "$out" grep -q "backend $backend, world $world " || { echo "$out"; fail "$name: header lacks backend $backend, world $world"; }
   table=$(rows "$out")
   [ "$(echo "$table" | grep -c .)" -eq $ROWS ] || { echo "$out"; fail "$name: expected $ROWS rows"; }
   echo "$table" | awk -v n="$world" -v name="$name" '
@@ -27,8 +27,8 @@ check_table() {
       last = size }
     END { exit bad }' || { echo "$out"; fail "$name: bad rows"; }
   [ "$(rows "$out" | head -1 | awk '{ print $1 }')" = 8 ] || fail "$name: first size is not 8"
-  echo "$out" | grep -q "^\(\[rank 0\] \)\?# Out of bounds values : 0 OK$" || { echo "$out"; fail "$name: no OK footer"; }
-  echo "$out" | grep -q "# Avg bus bandwidth    : [0-9.e+-]*$" || { echo "$out"; fail "$name: no average busbw"; }
+  <<< "$out" grep -q "^\(\[rank 0\] \)\?# Out of bounds values : 0 OK$" || { echo "$out"; fail "$name: no OK footer"; }
+  <<< "$out" grep -q "# Avg bus bandwidth    : [0-9.e+-]*$" || { echo "$out"; fail "$name: no average busbw"; }
 }
 
 out=$("$DPRUN" --nproc-per-node 2 -- "$PERF" --backend gloo "${SMALL_RANGE[@]}" 2>&1) || { echo "$out"; fail "dprun gloo run failed"; }
@@ -47,13 +47,13 @@ done
 for args in "-d double --op avg" "-d int64 --op max" "-d int32 --op sum" "--op avg"; do
   # shellcheck disable=SC2086
   out=$("${MPIRUN[@]}" -np 3 "$PERF" -b 4 -e 64K -n 2 -w 0 $args 2>&1) || { echo "$out"; fail "mpirun -np 3 $args failed"; }
-  echo "$out" | grep -q "# Out of bounds values : 0 OK" || { echo "$out"; fail "$args: not OK"; }
+  <<< "$out" grep -q "# Out of bounds values : 0 OK" || { echo "$out"; fail "$args: not OK"; }
   [ "$(rows "$out" | awk '$8 != "0"' | grep -c .)" -eq 0 ] || { echo "$out"; fail "$args: a row has #wrong"; }
 done
 
 # World 1, started by hand: busbw is 0 (factor 2(n-1)/n), and --check 0 prints N/A.
 out=$("$PERF" -b 1K -e 4K -n 2 -w 0 --check 0 2>&1) || { echo "$out"; fail "world 1 run failed"; }
-echo "$out" | grep -q "backend gloo, world 1 " || { echo "$out"; fail "world 1: header"; }
+<<< "$out" grep -q "backend gloo, world 1 " || { echo "$out"; fail "world 1: header"; }
 [ "$(rows "$out" | awk '$7 == "0.00" && $8 == "N/A"' | grep -c .)" -eq 3 ] || { echo "$out"; fail "world 1: rows"; }
 
 expect_exit 2 "datatype: half not in {float,double,int32,int64}\|half not in" "$PERF" --datatype half
@@ -69,13 +69,13 @@ out=$("${MPIRUN[@]}" -np 2 "$PERF" -d int32 --op avg -b 8 -e 64 2>&1)
 rc=$?
 set -e
 [ $rc -ne 0 ] || { echo "$out"; fail "mpi: int32 avg exited 0"; }
-echo "$out" | grep -q "backend mpi does not support allreduce with op avg on int32 tensors" || { echo "$out"; fail "mpi: int32 avg message"; }
+<<< "$out" grep -q "backend mpi does not support allreduce with op avg on int32 tensors" || { echo "$out"; fail "mpi: int32 avg message"; }
 if ! nvidia-smi -L >/dev/null 2>&1; then
   expect_exit 2 "\-\-device cuda, but there is no usable GPU" "$PERF" --device cuda
 fi
 
 help=$("$PERF" --help)
 for opt in --minbytes --maxbytes --stepfactor --iters --warmup_iters --backend --device --check --op --datatype --timeout-s; do
-  echo "$help" | grep -q -- "$opt" || fail "--help does not list $opt"
+  <<< "$help" grep -q -- "$opt" || fail "--help does not list $opt"
 done
 echo "PASS"

@@ -33,12 +33,12 @@ out=$(EXTRA=train.lr=0.2 timeout 120 "${MPIRUN[@]}" -np 2 "$WORK/wrap.sh" --conf
 rc=$?
 set -e
 [ $rc != 0 ] && [ $rc != 124 ] || { echo "$out"; fail "mpirun: exit code $rc, expected a failure"; }
-echo "$out" | grep -qF "$msg" || { echo "$out"; fail "mpirun: no message naming rank 1 and train.lr"; }
+<<< "$out" grep -qF "$msg" || { echo "$out"; fail "mpirun: no message naming rank 1 and train.lr"; }
 echo "ok: mpirun, rank 1 with train.lr=0.2: exit $rc, named"
 
 # 3. The same wrapper without the extra override trains.
 out=$(timeout 120 "$DPRUN" --nproc-per-node 2 -- "$WORK/wrap.sh" --config "$CONFIG" "${RUN[@]}" \
   checkpoint.dir="$WORK/c" 2>&1) || { echo "$out"; fail "the same config on both ranks failed"; }
-echo "$out" | grep -q "done: 4 steps" || { echo "$out"; fail "the same config on both ranks did not train"; }
+<<< "$out" grep -q "done: 4 steps" || { echo "$out"; fail "the same config on both ranks did not train"; }
 echo "ok: the same config on both ranks trains"
 echo PASS

@@ -5,7 +5,7 @@ source "$(dirname "$0")/lib/common.bash"
 
 help=$("$DPTRAIN" --help)
 for key in train.epochs train.batch_size train.lr train.seed model.hidden dist.backend checkpoint.dir checkpoint.keep; do
-  echo "$help" | grep -q "$key" || fail "--help does not list $key"
+  <<< "$help" grep -q "$key" || fail "--help does not list $key"
 done
 
 expect_exit 2 "did you mean 'train.lr'" "$DPTRAIN" --config "$CONFIG" train.lrr=0.1
@@ -24,10 +24,10 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   out=$("$DPTRAIN" "${small[@]}" train.max_steps=2 2>&1) || { echo "$out"; fail "auto device run failed"; }
   [ "$(echo "$out" | grep -c "no GPU (.*): training on the CPU")" -eq 1 ] || { echo "$out"; fail "auto without a GPU: expected one warning"; }
   out=$("$DPTRAIN" "${small[@]}" train.max_steps=2 train.device=cpu 2>&1) || { echo "$out"; fail "cpu run failed"; }
-  ! echo "$out" | grep -q "no GPU" || { echo "$out"; fail "train.device = cpu should not warn"; }
+  ! <<< "$out" grep -q "no GPU" || { echo "$out"; fail "train.device = cpu should not warn"; }
 fi
 
 toml=$("$DPTRAIN" --config "$CONFIG" --print-config train.lr=0.125 model.hidden=[64])
-echo "$toml" | grep -q "^lr = 0.125$" || fail "--print-config lacks the override"
-echo "$toml" | grep -q "^hidden = \[64\]$" || fail "--print-config lacks model.hidden"
+<<< "$toml" grep -q "^lr = 0.125$" || fail "--print-config lacks the override"
+<<< "$toml" grep -q "^hidden = \[64\]$" || fail "--print-config lacks model.hidden"
 echo "PASS"

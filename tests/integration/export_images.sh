@@ -29,9 +29,9 @@ check_tree() {
 # 1. --limit 50: 5 images per class and split, PNG, file names = zero-padded source indices.
 out=$("$DPTRAIN" export-images --out "$OUT" --limit 50 2>&1) || { echo "$out"; fail "export-images failed"; }
 echo "$out"
-echo "$out" | grep -q "export-images: train 50/50 images" || fail "no progress line for train"
-echo "$out" | grep -q "export-images: val 50/50 images" || fail "no progress line for val"
-echo "$out" | grep -q "wrote 50 train + 50 val PNG images of 10 classes .* to $OUT" || fail "no summary line"
+<<< "$out" grep -q "export-images: train 50/50 images" || fail "no progress line for train"
+<<< "$out" grep -q "export-images: val 50/50 images" || fail "no progress line for val"
+<<< "$out" grep -q "wrote 50 train + 50 val PNG images of 10 classes .* to $OUT" || fail "no summary line"
 check_tree "$OUT" png 50
 [ ! -e "$OUT.tmp" ] || fail "$OUT.tmp left behind"
 # The first training image is an ankle boot (label 9): example 0 -> 9_ankle_boot/00000.png, a 28x28 8-bit
@@ -51,7 +51,7 @@ expect_exit 1 "not empty: refusing to overwrite it (--force replaces it)" "$DPTR
 
 # 3. --force replaces it: only the new export's files, JPEGs now, nothing set aside or left over.
 out=$("$DPTRAIN" export-images --out "$OUT" --limit 20 --format jpg --force 2>&1) || { echo "$out"; fail "--force failed"; }
-echo "$out" | grep -q "wrote 20 train + 20 val JPEG images" || { echo "$out"; fail "no summary for --force"; }
+<<< "$out" grep -q "wrote 20 train + 20 val JPEG images" || { echo "$out"; fail "no summary for --force"; }
 [ ! -e "$OUT/marker" ] || fail "--force kept the old contents"
 check_tree "$OUT" jpg 20
 [ "$(head -c 3 "$OUT/val/0_tshirt_top/$(ls "$OUT/val/0_tshirt_top" | head -1)" | od -An -tx1 | tr -d ' \n')" = "ffd8ff" ] ||
@@ -77,11 +77,11 @@ expect_exit 1 "apt-get install dataset-fashion-mnist" "$DPTRAIN" export-images -
 # 6. The help tells the truth; the training command line is unchanged.
 help=$("$DPTRAIN" export-images --help) || fail "export-images --help failed"
 for word in --out --data-dir --format --limit --force "png" "jpg"; do
-  echo "$help" | grep -q -- "$word" || fail "export-images --help lacks $word"
+  <<< "$help" grep -q -- "$word" || fail "export-images --help lacks $word"
 done
 help=$("$DPTRAIN" --help) || fail "dptrain --help failed"
-echo "$help" | grep -q "export-images" || fail "dptrain --help does not list export-images"
-echo "$help" | grep -q "train.epochs" || fail "dptrain --help lost the config keys"
+<<< "$help" grep -q "export-images" || fail "dptrain --help does not list export-images"
+<<< "$help" grep -q "train.epochs" || fail "dptrain --help lost the config keys"
 toml=$("$DPTRAIN" --config "$CONFIG" --print-config train.lr=0.125) || fail "--print-config failed"
-echo "$toml" | grep -q "^lr = 0.125$" || fail "--print-config lacks the override"
+<<< "$toml" grep -q "^lr = 0.125$" || fail "--print-config lacks the override"
 echo "PASS"

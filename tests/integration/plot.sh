@@ -15,7 +15,7 @@ records=$(grep -c '"kind":"\(progress\|epoch\)"' "$WORK/run/metrics.jsonl")
 
 out=$("$DPTRAIN" plot "$WORK/run" --size 1000x750 --script "$WORK/run.gp" 2>&1) || { echo "$out"; fail "plot failed"; }
 echo "$out"
-echo "$out" | grep -q "plot: $records records of $WORK/run/metrics.jsonl → $WORK/run/curves.png (1000x750)" \
+<<< "$out" grep -q "plot: $records records of $WORK/run/metrics.jsonl → $WORK/run/curves.png (1000x750)" \
   || fail "plot did not print its one line of success"
 [ -e "$WORK/run/curves.png.tmp" ] && fail "curves.png.tmp left behind"
 grep -q "accuracy (%)" "$WORK/run.gp" || fail "an image run's script lacks the accuracy panel"
@@ -69,8 +69,8 @@ mkdir "$WORK/edited"
 { head -3 "$WORK/run/metrics.jsonl"; echo '{"kind": "prog'; echo '{"kind":"memory","step":3,"rss":1}';
   tail -n +4 "$WORK/run/metrics.jsonl"; } > "$WORK/edited/metrics.jsonl"
 out=$("$DPTRAIN" plot "$WORK/edited/metrics.jsonl" --out "$WORK/elsewhere/x.png" 2>&1) || { echo "$out"; fail "a garbage line stopped plot"; }
-echo "$out" | grep -q "skipped 1 malformed line(s) of $WORK/edited/metrics.jsonl (the first: line 4)" || { echo "$out"; fail "no warning for the garbage line"; }
-echo "$out" | grep -q "plot: $records records of .* → $WORK/elsewhere/x.png (1200x900)" || { echo "$out"; fail "--out"; }
+<<< "$out" grep -q "skipped 1 malformed line(s) of $WORK/edited/metrics.jsonl (the first: line 4)" || { echo "$out"; fail "no warning for the garbage line"; }
+<<< "$out" grep -q "plot: $records records of .* → $WORK/elsewhere/x.png (1200x900)" || { echo "$out"; fail "--out"; }
 [ ! -e "$WORK/edited/curves.png" ] || fail "--out also wrote the default"
 "$PY" -c "from PIL import Image; import sys; assert Image.open(sys.argv[1]).size == (1200, 900)" "$WORK/elsewhere/x.png" \
   || fail "the default size is not 1200x900"
@@ -93,7 +93,7 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"kind": "ranks", "step": step, "per_rank": [1, 2]}) + "\n")  # another kind: ignored
 PY
 out=$("$DPTRAIN" plot "$WORK/gpt" --script "$WORK/gpt.gp" 2>&1) || { echo "$out"; fail "the token run did not plot"; }
-echo "$out" | grep -q "plot: 63 records of $WORK/gpt/metrics.jsonl" || { echo "$out"; fail "token run: records"; }
+<<< "$out" grep -q "plot: 63 records of $WORK/gpt/metrics.jsonl" || { echo "$out"; fail "token run: records"; }
 grep -q "perplexity, exp(test loss)" "$WORK/gpt.gp" || fail "a token run's script lacks the perplexity panel"
 grep -q "accuracy (%)" "$WORK/gpt.gp" && fail "a token run's script draws accuracy"
 grep -q "tokens/s, all ranks" "$WORK/gpt.gp" || fail "a token run's script lacks tokens/s"

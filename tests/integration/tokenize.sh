@@ -66,11 +66,11 @@ BYTES=$(cat "${FILES[@]}" | wc -c)
 OUT=$WORK/shards
 out=$("$DPTRAIN" tokenize --input "$IN" --out "$OUT" 2>&1) || { echo "$out"; fail "tokenize failed"; }
 echo "$out"
-echo "$out" | grep -q "tokenize: 5/5 files" || fail "no progress line"
-echo "$out" | grep -q "tokenize: 3 files, $BYTES bytes; skipped 2 files (1 \*.dat index files, 1 binary" ||
+<<< "$out" grep -q "tokenize: 5/5 files" || fail "no progress line"
+<<< "$out" grep -q "tokenize: 3 files, $BYTES bytes; skipped 2 files (1 \*.dat index files, 1 binary" ||
   fail "no summary of files, bytes and skipped files"
-echo "$out" | grep -q "did not follow 1 symlinks" || fail "the symlink was not reported"
-echo "$out" | grep -qE "wrote $((BYTES - 4096)) train tokens \(1 shards\) \+ 4096 val tokens \(1 shards\).* in [0-9.]+ s" ||
+<<< "$out" grep -q "did not follow 1 symlinks" || fail "the symlink was not reported"
+<<< "$out" grep -qE "wrote $((BYTES - 4096)) train tokens \(1 shards\) \+ 4096 val tokens \(1 shards\).* in [0-9.]+ s" ||
   fail "no summary of tokens per split"
 check_shards "$OUT" 10 "${FILES[@]}"
 [ ! -e "$OUT.tmp" ] || fail "$OUT.tmp left behind"
@@ -118,7 +118,7 @@ if [ -d "$FORTUNES" ]; then
   echo "$out" | tail -3
   mapfile -t FF < <(find "$FORTUNES" -type f ! -name "*.dat" | LC_ALL=C sort)
   NDAT=$(find "$FORTUNES" -type f -name "*.dat" | wc -l)
-  echo "$out" | grep -q "tokenize: ${#FF[@]} files, .*($NDAT \*.dat index files, 0 binary" || fail "fortunes: wrong file counts"
+  <<< "$out" grep -q "tokenize: ${#FF[@]} files, .*($NDAT \*.dat index files, 0 binary" || fail "fortunes: wrong file counts"
   check_shards "$WORK/fortunes" 10 "${FF[@]}"
 else
   echo "skipped: $FORTUNES not installed (scripts/setup.sh installs Debian's fortunes)"

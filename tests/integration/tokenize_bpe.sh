@@ -37,8 +37,8 @@ OUT=$WORK/bpe
 out=$("$DPTRAIN" tokenize --input "$FORTUNES" --input "$WORK/unicode.txt" --vocab "$WORK/vocab/vocab.json" \
   --merges "$WORK/vocab/merges.txt" --out "$OUT" 2>&1) || { echo "$out"; fail "tokenize --vocab --merges failed"; }
 echo "$out" | tail -2
-echo "$out" | grep -q "tokenize: ${#FILES[@]} files" || fail "wrong file count (expected ${#FILES[@]})"
-echo "$out" | grep -qE "wrote [0-9]+ train tokens \(1 shards\) \+ [0-9]+ val tokens \(1 shards\), GPT-2 BPE \(vocab 657, 400 merges\), to $OUT" ||
+<<< "$out" grep -q "tokenize: ${#FILES[@]} files" || fail "wrong file count (expected ${#FILES[@]})"
+<<< "$out" grep -qE "wrote [0-9]+ train tokens \(1 shards\) \+ [0-9]+ val tokens \(1 shards\), GPT-2 BPE \(vocab 657, 400 merges\), to $OUT" ||
   fail "the summary does not name the tokenizer and its vocabulary"
 [ "$(ls "$OUT" | tr '\n' ' ')" = "gpt2_train_000000.bin gpt2_val_000000.bin merges.txt vocab.json " ] ||
   fail "$OUT holds: $(ls "$OUT")"

@@ -13,11 +13,11 @@ rc=$?
 set -e
 echo "$out"
 [ $rc -ne 0 ] && [ $rc -ne 124 ] || fail "dprun exit code $rc (0: failure missed; 124: hung)"
-echo "$out" | grep -q "rank 1" || fail "dprun did not name rank 1"
-echo "$out" | grep -q "injected failure" || fail "the rank's own error is missing"
+<<< "$out" grep -q "rank 1" || fail "dprun did not name rank 1"
+<<< "$out" grep -q "injected failure" || fail "the rank's own error is missing"
 # The failed rank's own error is the job's reason (DPT_REASON_FILE), not its peer's lost connection.
 [ "$(echo "$out" | grep -c '^dprun: reason: ')" = 1 ] || fail "dprun did not print one reason line"
-echo "$out" | grep -q '^dprun: reason: rank 1: injected failure after step 5' || fail "the reason is not rank 1's error"
+<<< "$out" grep -q '^dprun: reason: rank 1: injected failure after step 5' || fail "the reason is not rank 1's error"
 [ $(( $(date +%s) - start )) -lt 45 ] || fail "teardown took too long"
 no_processes_left "$WORK/a"
 

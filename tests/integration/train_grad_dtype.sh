@@ -49,5 +49,5 @@ ck=step-00000040
 
 out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" train.max_steps=2 dist.grad_dtype=bf16 \
   checkpoint.dir="$WORK/one" --resume never 2>&1) || { echo "$out"; fail "one-rank run failed"; }
-echo "$out" | grep -q "dist.grad_dtype = bf16 has no effect with one rank" || { echo "$out"; fail "one rank: no note"; }
+<<< "$out" grep -q "dist.grad_dtype = bf16 has no effect with one rank" || { echo "$out"; fail "one rank: no note"; }
 echo "PASS: bf16 gradient all-reduce trains on gloo and mpi, close to fp32 but not equal; no effect on one rank"

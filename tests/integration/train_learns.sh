@@ -11,7 +11,7 @@ acc=$(metric test_acc "$out")
 sps=$(metric samples/s "$out")
 [ -n "$acc" ] && [ -n "$sps" ] || fail "no epoch line with test_acc and samples/s"
 float_ge "$acc" 0.70 || fail "test_acc $acc after 2 epochs on 4000 examples (chance is 0.10)"
-echo "$out" | grep -q "epoch 2/2 loss" || fail "no line for epoch 2/2"
+<<< "$out" grep -q "epoch 2/2 loss" || fail "no line for epoch 2/2"
 
 ckpt=$(ls -d "$WORK"/ckpt/step-* | tail -1)
 [ -f "$ckpt/COMPLETE" ] || fail "no complete checkpoint in $WORK/ckpt"

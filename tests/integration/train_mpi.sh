@@ -7,7 +7,7 @@ COMMON=(data.train_limit=2000 data.test_limit=1000 train.max_steps=40 train.prog
 out=$("${MPIRUN[@]}" -np 2 "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/mpi" 2>&1) \
   || { echo "$out"; fail "mpirun run failed"; }
 echo "$out"
-echo "$out" | grep -qi "process group: mpi" || fail "auto did not pick the mpi backend under mpirun"
+<<< "$out" grep -qi "process group: mpi" || fail "auto did not pick the mpi backend under mpirun"
 acc=$(metric test_acc "$out")
 float_ge "$acc" 0.5 || fail "test_acc $acc after 40 steps"
 

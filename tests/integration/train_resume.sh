@@ -27,11 +27,11 @@ printf '\x00\x00\x00\x00' | dd of="$WORK/run/step-00000020/model.safetensors" bs
 out=$("$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/run" \
   --resume auto 2>&1) || { echo "$out"; fail "resumed run failed"; }
 echo "$out"
-echo "$out" | grep -q "skipping invalid checkpoint.*step-00000020" || fail "the corrupted checkpoint was not reported"
-echo "$out" | grep -q "resumed from .*step-00000019 (step 19, epoch 2, batch 0)" || fail "did not resume from step 19"
+<<< "$out" grep -q "skipping invalid checkpoint.*step-00000020" || fail "the corrupted checkpoint was not reported"
+<<< "$out" grep -q "resumed from .*step-00000019 (step 19, epoch 2, batch 0)" || fail "did not resume from step 19"
 "$PY" "$CKPT_PY" compare "$ref" "$WORK/run/step-00000057" 0 || fail "resumed run's parameters differ from the reference"
 
 # Resuming a finished run trains nothing and says so.
 out=$("$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/run" 2>&1)
-echo "$out" | grep -q "training already complete at step 57" || { echo "$out"; fail "finished run was retrained"; }
+<<< "$out" grep -q "training already complete at step 57" || { echo "$out"; fail "finished run was retrained"; }
 echo "PASS"

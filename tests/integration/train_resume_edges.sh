@@ -18,14 +18,14 @@ done
 out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/a" --resume "$WORK/a/step-00000019" 2>&1) \
   || { echo "$out"; fail "resume on one rank failed"; }
 echo "$out"
-echo "$out" | grep -q "resumed from .*step-00000019 (step 19, epoch 2, batch 0)" || fail "did not resume from step 19"
+<<< "$out" grep -q "resumed from .*step-00000019 (step 19, epoch 2, batch 0)" || fail "did not resume from step 19"
 [ -d "$WORK/a/abandoned-step-00000057" ] || fail "the abandoned run's step 57 was not set aside"
 [ -f "$WORK/a/step-00000095/COMPLETE" ] || { ls "$WORK/a"; fail "no checkpoint at step 95 (19 + 2 x 38)"; }
 # Cosine over 3 x 38 steps: at the last step of epoch 2 (position 75 of 114) lr = 0.05/2 (1 + cos(pi 75/114)).
 lr=$(echo "$out" | grep "epoch 2/3 loss" | grep -oP "lr \K[0-9.e+-]+")
 awk -v lr="$lr" 'BEGIN { exit !(lr > 0.0125 && lr < 0.0137) }' || fail "lr at the end of epoch 2 is $lr, expected 0.0131"
 out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/a" 2>&1)
-echo "$out" | grep -q "training already complete at step 95" || { echo "$out"; fail "auto resume did not pick step 95"; }
+<<< "$out" grep -q "training already complete at step 95" || { echo "$out"; fail "auto resume did not pick step 95"; }
 
 # 3. A run stopped by train.max_steps, run again, trains no further.
 for _ in 1 2; do

@@ -53,5 +53,5 @@ expect_exit() {
   rc=$?
   set -e
   [ $rc -eq "$code" ] || { echo "$out"; fail "$* exited $rc, expected $code"; }
-  echo "$out" | grep -q -- "$pattern" || { echo "$out"; fail "$*: output lacks '$pattern'"; }
+  <<< "$out" grep -q -- "$pattern" || { echo "$out"; fail "$*: output lacks '$pattern'"; }
 }
