@@ -47,6 +47,7 @@ void Model::allocate(Device device, int64_t total_params, int64_t total_buffers)
   grads_ = Tensor::zeros({total_params}, DType::F32, device);
   buffers_ = Tensor::zeros({total_buffers}, DType::F32, device);
   named_.clear();
+  hook_ranges_.clear();  // hook() lists them again below
   named_buffers_.clear();
   size_t offset = 0, boffset = 0;
   for (Owner& o : owners_) {

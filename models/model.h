@@ -107,7 +107,7 @@ class Model {
     size_t first = 0, end = 0;    // its parameters: named_params() [first, end)
     size_t bfirst = 0, bend = 0;  // its buffers: named_buffers() [bfirst, bend)
   };
-  // A module using another's parameters (uses_params_of()), and that owner's index in owners_.
+  // A module using another's parameters (uses_params_of()), and that owner.
   std::vector<std::pair<Module*, const Module*>> tied_;
   std::vector<Tensor> grad_parts_, param_parts_;  // after split_grads(), split_params()
   ParamHooks hooks_;
