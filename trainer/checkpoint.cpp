@@ -651,16 +651,8 @@ void load_optimizer_shard(const LoadedCheckpoint& loaded, const std::vector<mode
   }
 }
 
-std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors, bool copy_host) {
-  for (auto& nt : tensors) {
-    if (copy_host && nt.tensor.device().is_cpu()) {
-      Tensor copy = Tensor::empty(nt.tensor.shape(), nt.tensor.dtype());
-      copy.copy_from(nt.tensor);
-      nt.tensor = std::move(copy);
-    } else {
-      nt.tensor = nt.tensor.to(Device::cpu());
-    }
-  }
+std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
+  for (auto& nt : tensors) nt.tensor = nt.tensor.to(Device::cpu());
   return tensors;
 }
 

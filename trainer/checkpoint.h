@@ -142,8 +142,7 @@ void copy_named(const std::vector<NamedTensor>& into, const SafetensorsFile& fro
 void load_optimizer_shard(const LoadedCheckpoint& loaded, const std::vector<models::NamedParam>& params,
                           OptimizerShard& into);
 
-// Host copies of device tensors, for the checkpoint writer (host tensors pass through, unless `copy_host`: then
-// copied too, for tensors whose storage goes before the write: ZeRO stage 3's gathered parameters).
-std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors, bool copy_host = false);
+// Host copies of device tensors, for the checkpoint writer (host tensors pass through).
+std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors);
 
 }  // namespace dpt::trainer
