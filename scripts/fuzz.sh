@@ -6,9 +6,9 @@
 #   FUZZ_SECONDS=300 scripts/fuzz.sh            all targets, 5 minutes each
 #   scripts/fuzz.sh store config                 some targets
 #   scripts/fuzz.sh --long                       outside CI: each target to FUZZ_RUNS executions (default
-#                                                10,000,000), as many targets at once as there are cores; the
-#                                                counts are written into docs/testing.md (between its fuzz-long
-#                                                markers), with the date and the commit
+#                                                10,000,000), as many targets at once as there are cores; each
+#                                                target's count replaces its row in docs/testing.md (between its
+#                                                fuzz-long markers), with the date and the commit
 #   DPT_FUZZ_BUILD_DIR (default build-fuzz), DPT_FUZZ_OUT (default $DPT_FUZZ_BUILD_DIR/runs): the tree, and
 #   where each run keeps its grown corpus, log and crash files (<out>/<target>/).
 # Reproduce a crash: build-fuzz/tests/fuzz/fuzz_<target> <crash file>
@@ -78,7 +78,7 @@ for t in "${TARGETS[@]}"; do
   pids+=($!)
 done
 for i in "${!pids[@]}"; do wait "${pids[$i]}" || status=1; done
-table="| target | executions | time | crashes |"$'\n'"|---|---|---|---|"
+rows=()
 for t in "${TARGETS[@]}"; do
   cat "$OUT/$t.report"
   line=$(head -1 "$OUT/$t.report")
@@ -91,15 +91,21 @@ for t in "${TARGETS[@]}"; do
   else
     crashes="none found; the run ended early ($(sed -n 's/.*FAILED (\(exit [0-9]*\)).*/\1/p' <<<"$line"))"
   fi
-  table+=$'\n'"| \`fuzz_$t\` | $(printf "%'d" "${execs:-0}") | ${took:-?} s | $crashes |"
+  rows+=("| \`fuzz_$t\` | $(printf "%'d" "${execs:-0}") | ${took:-?} s | $crashes | $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $JOBS at once on $(getconf _NPROCESSORS_ONLN) cores |")
 done
-stamp="Measured $(date -u +%Y-%m-%d) at $(git rev-parse --short HEAD 2>/dev/null || echo '?') by \`scripts/fuzz.sh --long\` (FUZZ_RUNS=$RUNS, $JOBS at once) on $(getconf _NPROCESSORS_ONLN) cores:"
-python3 - docs/testing.md "$stamp"$'\n\n'"$table" <<'PYEOF'
+# Only the rows of the targets this run fuzzed are replaced; the others keep their own date and commit.
+python3 - docs/testing.md "${rows[@]}" <<'PYEOF'
 import sys
-path, body = sys.argv[1], sys.argv[2]
+path, rows = sys.argv[1], sys.argv[2:]
 text = open(path).read()
 begin, end = "<!-- fuzz-long:begin -->", "<!-- fuzz-long:end -->"
 i, j = text.index(begin) + len(begin), text.index(end)
+head = "| target | executions (one run) | time | crashes | measured |"
+old = [l for l in text[i:j].splitlines() if l.startswith("| `fuzz_")]
+table = {l.split("|")[1].strip(): l for l in old}
+for r in rows:
+    table[r.split("|")[1].strip()] = r
+body = "\n".join([head, "|---|---|---|---|---|"] + [table[k] for k in sorted(table)])
 open(path, "w").write(text[:i] + "\n" + body + "\n" + text[j:])
 PYEOF
 echo "fuzz --long: counts written into docs/testing.md"

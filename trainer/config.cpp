@@ -273,6 +273,10 @@ size_t edit_distance(std::string_view a, std::string_view b) {
   std::vector<std::string> keys;
   for (const auto& f : schema()) {
     keys.push_back(f.key);
+    // The distance is at least the difference in length: a key that long off is never suggested, and a long
+    // unknown key (a pasted line, say) costs no quadratic work against every field.
+    const size_t longer = std::max(key.size(), f.key.size()), shorter = std::min(key.size(), f.key.size());
+    if (longer - shorter >= best_d) continue;
     size_t d = edit_distance(key, f.key);
     if (d < best_d) best_d = d, best = &f;
   }

@@ -59,6 +59,11 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   REQUIRE_THROWS_WITH(load_config("", {"train.lrr=0.1"}),
                       Catch::Contains("unknown config key 'train.lrr'") && Catch::Contains("did you mean 'train.lr'") &&
                           Catch::Contains("valid keys: train.epochs"));
+  // Three edits away is still suggested (three extra letters); a key no field is close to gets no suggestion.
+  REQUIRE_THROWS_WITH(load_config("", {"train.lrxyz=0.1"}), Catch::Contains("did you mean 'train.lr'"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.l=0.1"}), Catch::Contains("did you mean 'train.lr'"));
+  REQUIRE_THROWS_WITH(load_config("", {std::string(5000, 'x') + "=1"}),
+                      Catch::Contains("unknown config key 'xxx") && !Catch::Contains("did you mean"));
   REQUIRE_THROWS_WITH(load_config(write_temp("c.toml", "[train]\nbatchsize = 3\n"), {}),
                       Catch::Contains("dpt_test_c.toml:2") && Catch::Contains("'train.batchsize'"));
   REQUIRE_THROWS_WITH(load_config("", {"train.epochs=2.5"}), Catch::Contains("train.epochs: expected integer, got float 2.5"));
