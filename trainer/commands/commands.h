@@ -54,6 +54,21 @@ void add_checkpoint_option(CLI::App& cmd, std::string& path);
 void add_out_dir_option(CLI::App& cmd, std::string& out);
 void add_force_flag(CLI::App& cmd, bool& force);
 
+// Sampling text from a GPT (generate, and predict with a file of prompts), one set of options so that the two
+// commands give the same text for the same flags: --tokens, --temperature, the top-k option (`top_k_flag`:
+// generate's --top-k, predict's --sample-top-k, its --top-k being the classes per image), --seed (`seed_help`),
+// --no-kv-cache and --tokenizer. `prefix` begins each help text (predict's "GPT: ").
+struct SamplingArgs {
+  std::string tokenizer;  // a directory with vocab.json + merges.txt; empty: the checkpoint's data.dir
+  int64_t tokens = 200;
+  double temperature = 1.0;
+  int64_t top_k = 0;
+  uint64_t seed = 42;
+  bool no_kv_cache = false;
+};
+void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top_k_flag, const std::string& prefix,
+                          const std::string& seed_help);
+
 // A `--limit`-like option's check: digits only (a size_t option would take "-3" as 2^64 - 3).
 CLI::Validator whole_number();
 

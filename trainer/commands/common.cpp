@@ -44,6 +44,26 @@ void add_force_flag(CLI::App& cmd, bool& force) {
   cmd.add_flag("--force", force, "replace OUT when it exists and is not empty (else refused)");
 }
 
+void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top_k_flag, const std::string& prefix,
+                          const std::string& seed_help) {
+  cmd.add_option("--tokens", s.tokens, prefix + "new tokens to sample" + (prefix.empty() ? "" : " per prompt"))
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
+      ->capture_default_str();
+  cmd.add_option("--temperature", s.temperature, prefix + "divides the logits: below 1 sharper, above 1 flatter")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  cmd.add_option(top_k_flag, s.top_k, prefix + "sample among the k most likely tokens only (0: all; 1: greedy)" +
+                                          (top_k_flag == "--top-k" ? "" : ": generate's --top-k"))
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  cmd.add_option("--seed", s.seed, prefix + seed_help)->capture_default_str();
+  cmd.add_flag("--no-kv-cache", s.no_kv_cache,
+               prefix + "run the whole window for every token (a sliding window) instead of caching keys and values");
+  cmd.add_option("--tokenizer", s.tokenizer,
+                 prefix + "a directory with the vocab.json and merges.txt (GPT-2 BPE) the model was trained with "
+                          "(default: the checkpoint's data.dir, where `dptrain tokenize` copies them)");
+}
+
 CLI::Validator whole_number() {
   return CLI::Validator(
       [](std::string& v) {

@@ -16,19 +16,15 @@ namespace {
 
 struct GenerateArgs {
   std::string checkpoint, prompt = "\n";
-  std::string tokenizer;  // a directory with vocab.json + merges.txt; empty: the checkpoint's data.dir
-  int64_t tokens = 200;
-  double temperature = 1.0;
-  int64_t top_k = 0;
-  uint64_t seed = 42;
+  SamplingArgs sampling;
   std::string device = "auto";
-  bool no_kv_cache = false;
 };
 
-void generate_text(const GenerateArgs& a) {
-  const Device device = choose_device(a.device, 0, cuda::device_count(), cuda::unavailable_reason());
+void generate_text(const GenerateArgs& args) {
+  const SamplingArgs& a = args.sampling;
+  const Device device = choose_device(args.device, 0, cuda::device_count(), cuda::unavailable_reason());
   if (device.is_cuda()) cuda::set_device(device.index);
-  const GptCheckpoint ck = load_gpt_checkpoint(a.checkpoint, a.tokenizer, device);
+  const GptCheckpoint ck = load_gpt_checkpoint(args.checkpoint, a.tokenizer, device);
   const data::Tokenizer& tokenizer = *ck.tokenizer;
   spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, seed {}{}", ck.model->summary(),
                ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.seed, a.no_kv_cache ? ", no KV cache" : "");
@@ -38,8 +34,8 @@ void generate_text(const GenerateArgs& a) {
                  "if it was trained on GPT-2 BPE shards, --tokenizer DIR names their directory",
                  ck.vocab_size, ck.tokenizer_from);
   }
-  if (a.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
-  const std::vector<int32_t> prompt = tokenizer.encode(a.prompt);
+  if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
+  const std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
   const auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
                             {.temperature = a.temperature, .top_k = a.top_k, .vocab_limit = tokenizer.vocab_size()},
                             a.seed, /*kv_cache=*/!a.no_kv_cache);
@@ -59,24 +55,10 @@ Command add_generate(CLI::App& root) {
   cmd->footer("Example: dptrain generate --checkpoint runs/gpt_tiny/checkpoints --prompt \"Q: \" --tokens 300");
   add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("--prompt", a->prompt, "the text to continue")->capture_default_str();
-  cmd->add_option("--tokens", a->tokens, "new tokens to sample")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
-      ->capture_default_str();
-  cmd->add_option("--temperature", a->temperature, "divides the logits: below 1 sharper, above 1 flatter")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--top-k", a->top_k, "sample among the k most likely tokens only (0: all; 1: greedy)")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "the same seed gives the same text")->capture_default_str();
   cmd->add_option("--device", a->device, "auto (cuda if available, else cpu) | cpu | cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  cmd->add_flag("--no-kv-cache", a->no_kv_cache,
-                "run the whole window for every token (a sliding window) instead of caching keys and values");
-  cmd->add_option("--tokenizer", a->tokenizer,
-                  "a directory with the vocab.json and merges.txt (GPT-2 BPE) the model was trained with (default: "
-                  "the checkpoint's data.dir, where `dptrain tokenize` copies them)");
+  add_sampling_options(*cmd, a->sampling, "--top-k", "", "the same seed gives the same text");
   return {cmd, [a] {
             spdlog::set_default_logger(spdlog::stderr_color_mt("generate"));  // stdout carries the text alone
             return run_alone([&] { generate_text(*a); });

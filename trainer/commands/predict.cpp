@@ -19,13 +19,7 @@ struct PredictArgs {
   std::string precision;  // empty: the checkpoint's train.precision
   std::string format = "jsonl";
   bool skip_bad = false;
-  // Prompts (a GPT checkpoint): generate's options.
-  std::string tokenizer;
-  int64_t tokens = 200;
-  double temperature = 1.0;
-  int64_t sample_top_k = 0;
-  uint64_t seed = 42;
-  bool no_kv_cache = false;
+  SamplingArgs sampling;  // prompts (a GPT checkpoint): generate's options
   std::vector<std::string> overrides;
   std::shared_ptr<const bool> print_config;
 };
@@ -49,9 +43,10 @@ int predict_job(const PredictArgs& a) {
             const bool gpt = target->config.model.name == "gpt";
             PredictSummary s;
             if (gpt) {
-              const PromptOptions o{.input = a.input, .out = a.out, .tokenizer = a.tokenizer, .tokens = a.tokens,
-                                    .sampling = {.temperature = a.temperature, .top_k = a.sample_top_k},
-                                    .seed = a.seed, .kv_cache = !a.no_kv_cache, .batch_size = a.batch_size,
+              const SamplingArgs& g = a.sampling;
+              const PromptOptions o{.input = a.input, .out = a.out, .tokenizer = g.tokenizer, .tokens = g.tokens,
+                                    .sampling = {.temperature = g.temperature, .top_k = g.top_k},
+                                    .seed = g.seed, .kv_cache = !g.no_kv_cache, .batch_size = a.batch_size,
                                     .format = format,
                                     .progress_interval_s = target->config.train.progress_interval_s};
               s = predict_prompts(target->checkpoint.path, o, *job.pg, job.device);
@@ -120,22 +115,9 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
                 "an image that cannot be read gets a line with its error and the run goes on (else the run fails "
                 "naming it, and writes nothing)");
   // Prompts: the options of `dptrain generate`, under the same names (--top-k is taken: --sample-top-k).
-  cmd->add_option("--tokens", a->tokens, "GPT: new tokens to sample per prompt")
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
-      ->capture_default_str();
-  cmd->add_option("--temperature", a->temperature, "GPT: divides the logits: below 1 sharper, above 1 flatter")
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  cmd->add_option("--sample-top-k", a->sample_top_k,
-                  "GPT: sample among the k most likely tokens only (0: all; 1: greedy): generate's --top-k")
-      ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
-  cmd->add_option("--seed", a->seed, "GPT: every prompt is sampled from this seed: its text is `dptrain generate "
-                                     "--prompt P --seed S`'s (exactly so with --batch-size 1)")
-      ->capture_default_str();
-  cmd->add_flag("--no-kv-cache", a->no_kv_cache, "GPT: run the whole window for every token instead of caching");
-  cmd->add_option("--tokenizer", a->tokenizer,
-                  "GPT: a directory with vocab.json and merges.txt (default: the checkpoint's data.dir), as generate's");
+  add_sampling_options(*cmd, a->sampling, "--sample-top-k", "GPT: ",
+                       "every prompt is sampled from this seed: its text is `dptrain generate --prompt P --seed S`'s "
+                       "(exactly so with --batch-size 1)");
   cmd->add_option("overrides", a->overrides,
                   "overrides of the checkpoint's config, key=value (e.g. train.device=cpu, data.dir=... for a "
                   "checkpoint written before class names were saved)");
