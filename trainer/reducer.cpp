@@ -103,7 +103,7 @@ void Reducer::setup_param_shard(const models::Model& model) {
   peak_bytes_ = 0;  // what training gathers, from here on
   users_.assign(buckets_.size(), 0);
   for (const auto& [first, end] : model.hook_ranges())
-    for (size_t b : buckets_of(first, end)) ++users_[b];
+    for_each_bucket_of(first, end, [&](size_t b) { ++users_[b]; });
   for (auto& pos : order_pos_) pos.assign(buckets_.size(), kNone);
 }
 
@@ -180,7 +180,7 @@ void Reducer::shard_buckets(models::Model& model) {
 }
 
 void Reducer::hold(size_t first_param, size_t end_param) {
-  for (size_t p = first_param; p < end_param; ++p) hold_bucket(bucket_of_param_[p]);
+  for_each_bucket_of(first_param, end_param, [&](size_t b) { hold_bucket(b); });
 }
 
 // The buckets' storages are gradients, not the step's activations: not counted as this thread's allocations.
@@ -208,13 +208,6 @@ size_t Reducer::param_bytes() const {
 }
 
 // ---- stage 3: the parameters gathered around their use ------------------------------------------------------------
-
-std::vector<size_t> Reducer::buckets_of(size_t first_param, size_t end_param) const {
-  std::vector<size_t> out;
-  for (size_t p = first_param; p < end_param; ++p)
-    if (out.empty() || out.back() != bucket_of_param_[p]) out.push_back(bucket_of_param_[p]);
-  return out;
-}
 
 Reducer::Gathered Reducer::gathered(size_t bucket) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -313,7 +306,7 @@ void Reducer::begin_pass(int pass) {
 void Reducer::use_params(size_t first_param, size_t end_param) {
   std::vector<size_t>& order = order_[pass_];
   std::vector<size_t>& pos = order_pos_[pass_];
-  for (size_t b : buckets_of(first_param, end_param)) {
+  for_each_bucket_of(first_param, end_param, [&](size_t b) {
     need_params(b);
     if (!recorded_[pass_]) {  // the first pass of its kind records the order buckets are first used in
       if (pos[b] == kNone) {
@@ -323,12 +316,13 @@ void Reducer::use_params(size_t first_param, size_t end_param) {
     } else if (pos[b] != kNone && pos[b] + 1 < order.size() && gathered(order[pos[b] + 1]) == Gathered::kNo) {
       start_gather(order[pos[b] + 1]);  // prefetch: the next bucket's gather runs while this one's modules compute
     }
-  }
+  });
 }
 
 void Reducer::done_with_params(size_t first_param, size_t end_param) {
-  for (size_t b : buckets_of(first_param, end_param))
+  for_each_bucket_of(first_param, end_param, [&](size_t b) {
     if (left_[b] > 0 && --left_[b] == 0) release_params(b);
+  });
 }
 
 void Reducer::end_pass() {

@@ -191,7 +191,13 @@ class Reducer {
   // Stage 3.
   enum class Gathered : uint8_t { kNo, kPending, kYes };  // a bucket's parameters: released, being gathered, resident
   bool params_sharded() const { return sharded_ && opts_.zero >= 3; }
-  std::vector<size_t> buckets_of(size_t first_param, size_t end_param) const;  // distinct, in order
+  // Calls fn(bucket) for each bucket holding parameters first_param..end_param, once each, in order (a bucket's
+  // parameters are consecutive); allocates nothing, as it runs in every module's hooks.
+  template <class Fn>
+  void for_each_bucket_of(size_t first_param, size_t end_param, Fn&& fn) const {
+    for (size_t p = first_param; p < end_param; ++p)
+      if (p == first_param || bucket_of_param_[p] != bucket_of_param_[p - 1]) fn(bucket_of_param_[p]);
+  }
   Gathered gathered(size_t bucket);
   void set_gathered(size_t bucket, Gathered g);
   void keep_params();                 // every bucket's pieces of this rank into shard_params_ (all resident)
