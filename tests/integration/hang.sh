@@ -85,10 +85,11 @@ expect_hang() {
     { echo "$OUT" | grep -E "hang|reason|dprun"; fail "$name: no hang line matching '$pattern'"; }
 }
 
-# expect_reason NAME STUCK: dprun printed "dprun: reason: " exactly once, naming rank STUCK.
+# expect_reason NAME STUCK [OP]: dprun printed "dprun: reason: " exactly once, naming rank STUCK stuck before the
+# collective OP (grep -E; default allreduce).
 expect_reason() {
-  [ "$(echo "$OUT" | grep -c '^dprun: reason: ')" -eq 1 ] || fail "$1: dprun did not print the reason exactly once"
-  echo "$OUT" | grep -Eq "^dprun: reason: rank $2 stuck before allreduce #[0-9]+" || fail "$1: the reason does not name rank $2"
+  [ "$(grep -c '^dprun: reason: ' <<< "$OUT")" -eq 1 ] || fail "$1: dprun did not print the reason exactly once"
+  grep -Eq "^dprun: reason: rank $2 stuck before ${3:-allreduce} #[0-9]+" <<< "$OUT" || fail "$1: the reason does not name rank $2"
 }
 
 # ---- dprun / gloo: rank 1 stopped ----------------------------------------------------------------------------
@@ -104,6 +105,14 @@ expect_reason gloo1 1
 hang_case gloo0 RANK 0 $((TIMEOUT_S + 10)) "$DPRUN" --nproc-per-node 3 -- "$DPTRAIN" "${RUN[@]}" checkpoint.dir="$WORK/gloo0"
 expect_hang gloo0 0 "hang: rank 0 stuck before allreduce #[0-9]+.*: the store it hosts does not answer; rank [12] waited"
 expect_reason gloo0 0
+
+# ---- dprun / gloo under ZeRO stage 3: rank 1 stopped -----------------------------------------------------------
+# The collectives are reduce-scatters and all-gathers, issued in every module's hooks and run on the reducer's
+# communication thread: the watchdog must still see the one that does not end, and name it.
+hang_case zero3 RANK 1 $((TIMEOUT_S + 10)) "$DPRUN" --nproc-per-node 3 -- "$DPTRAIN" "${RUN[@]}" dist.zero=3 \
+  checkpoint.dir="$WORK/zero3"
+expect_hang zero3 0 "hang: rank 1 stuck before (reduce_scatter|allgather|allreduce) #[0-9]+[^;]*; ranks? [02].* waited [0-9]+ s"
+expect_reason zero3 1 "(reduce_scatter|allgather|allreduce)"
 
 # ---- mpirun / mpi: rank 1 stopped (mpirun's own teardown comes on top: allow 3 s more) ---------------------
 unset TMPDIR

@@ -6,6 +6,9 @@
 #  2. SIGUSR1 to one rank only (not through dprun): exit 75, dprun says which rank stopped.
 #  3. SIGUSR1 to mpirun with dist.backend=mpi (Open MPI forwards it): exit 75.
 #  4. Each resumed run finishes bitwise equal to the uninterrupted reference.
+#  5. Under ZeRO stage 3 (dist.zero=3: parameters, gradients and optimizer state sharded; each rank writes its
+#     optimizer shard): SIGUSR1 to dprun, exit 75, and the resumed run's weights equal the DDP reference's bitwise
+#     (on 2 ranks stage 3 computes what DDP does, to the bit: integration.train_zero).
 source "$(dirname "$0")/lib/common.bash"
 set +e
 # 1200 examples / 2 ranks / batch 16 = 38 steps per epoch; 8 epochs = 304 steps, a progress line every step.
@@ -102,5 +105,28 @@ S=$(stopped_step "$WORK/c.log")
 echo "ok: SIGUSR1 to mpirun (dist.backend=mpi) -> checkpoint of step $S, exit 75 (${took} s)"
 finish_and_compare c "$WORK/c" "$S" "${MPIRUN[@]}" -np 2 "$DPTRAIN" "${ARGS[@]}" dist.backend=mpi checkpoint.dir="$WORK/c"
 echo "ok: resumed from step $S under mpirun, bitwise equal"
+# ---- 5. ZeRO stage 3: SIGUSR1 to dprun --------------------------------------------------------------------
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${ARGS[@]}" dist.zero=3 checkpoint.dir="$WORK/z" >"$WORK/z.log" 2>&1 &
+DP=$!
+wait_epoch "$WORK/z.log" 2
+kill -USR1 $DP
+wait $DP
+rc=$?
+[ $rc = 75 ] || { cat "$WORK/z.log"; fail "zero=3 + SIGUSR1: exit $rc, expected 75"; }
+S=$(stopped_step "$WORK/z.log")
+[ -n "$S" ] || { cat "$WORK/z.log"; fail "zero=3 + SIGUSR1: no 'stopping for SIGUSR1 at step S' line"; }
+Z=$WORK/z/step-$(printf %08d "$S")
+[ -f "$Z/COMPLETE" ] || fail "zero=3 + SIGUSR1: no complete checkpoint of step $S"
+for r in 0 1; do
+  [ -f "$Z/optimizer-rank-$r-of-2.safetensors" ] || fail "zero=3 + SIGUSR1: no optimizer shard of rank $r in $Z"
+done
+echo "ok: SIGUSR1 to dprun under dist.zero=3 -> checkpoint of step $S with both ranks' optimizer shards, exit 75"
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${ARGS[@]}" dist.zero=3 checkpoint.dir="$WORK/z" >"$WORK/z.resume.log" 2>&1 ||
+  { cat "$WORK/z.resume.log"; fail "zero=3: the resumed run failed"; }
+grep -q "resumed from .*step-$(printf %08d "$S") (step $S," "$WORK/z.resume.log" ||
+  { cat "$WORK/z.resume.log"; fail "zero=3: did not resume from step $S"; }
+"$PY" "$CKPT_PY" compare "$WORK/ref/$FINAL" "$WORK/z/$FINAL" 0 >/dev/null ||
+  fail "zero=3: the resumed run's final weights differ from the uninterrupted DDP run's"
+echo "ok: resumed from step $S under dist.zero=3, final weights bitwise equal to DDP's"
 no_processes_left "$WORK"
 echo PASS
