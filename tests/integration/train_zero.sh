@@ -8,7 +8,8 @@
 #    train.accum_steps=2 and train.clip_grad_norm), a tiny ResNet (SGD + Nesterov + weight decay, BatchNorm
 #    buffers, accum_steps=2 and clipping; 2 and 3 ranks), a tiny GPT (AdamW with weight decay on the matrices,
 #    50 KB buckets: 13 buckets, with remainders on 3 ranks; 2 ranks, 3 ranks with clipping, and 3 with clipping
-#    and dist.overlap=false), and the MLP in fp16 with loss scaling and an overflowing step (skipped under both);
+#    and dist.overlap=false), the MLP in fp16 with loss scaling and an overflowing step (skipped under both), and
+#    the MLP in bf16 with its gradients reduced in bf16 (dist.grad_dtype=bf16);
 #    controls that must differ (another global batch; clipping off), so that the comparisons can fail;
 #  - resume and reshard: a zero=1 checkpoint of 2 ranks (optimizer-rank-R-of-2.safetensors, no whole
 #    optimizer.safetensors) resumed under zero=1 on 3 ranks and under zero=0 on 1 rank, and a zero=0 checkpoint
@@ -133,6 +134,7 @@ MANY_BUCKETS=1 pair gpt2 2 "${GPT[@]}"
 MANY_BUCKETS=1 pair gpt3 3 "${GPT[@]}" train.clip_grad_norm=1.0
 MANY_BUCKETS=1 pair gpt3_serial 3 "${GPT[@]}" train.clip_grad_norm=1.0 dist.overlap=false
 DPT_DEBUG_INF_AT_STEP=3 pair fp16 2 "${MLP[@]}" train.precision=fp16
+pair bf16 2 "${MLP[@]}" train.precision=bf16 dist.grad_dtype=bf16  # bf16 arithmetic, gradients reduced in bf16
 same mlp2_z0 mlp2_z1 50 0                    # observed 0
 same mlp3_z0 mlp3_z1 50 1e-6                 # 5.2e-8
 same mlp2_clip_z0 mlp2_clip_z1 50 1e-6       # 0
@@ -143,6 +145,8 @@ same gpt2_z0 gpt2_z1 50 0                    # 0
 same gpt3_z0 gpt3_z1 50 1e-4                 # 2.0e-5
 same gpt3_serial_z0 gpt3_serial_z1 50 1e-4   # 2.5e-5
 same fp16_z0 fp16_z1 50 0                    # 0
+same bf16_z0 bf16_z1 50 0                    # 0
+differ mlp2_z1 bf16_z1 50 1e-6               # bf16 is in play: it must differ from fp32
 for z in z0 z1; do  # the overflow was seen and the step skipped under both
   "$PY" -c 'import json, sys; s = json.load(open(sys.argv[1] + "/state.json")); sys.exit(s["skipped_steps"] != 1)' \
     "$(at fp16_$z 50)" || fail "fp16_$z: the injected overflow at step 3 was not skipped once"
