@@ -16,9 +16,11 @@
 #                                  out-of-memory message on the GPU) and the benchmarks (the GPT-2
 #                                  124M one of scripts/bench/gpt_bench.sh --gpu, the MLP one, then the ResNet rows
 #                                  of scripts/bench/resnet_bench.sh --gpu, each with what is left of the budget),
-#                                  then print a PASS/FAIL table. Exit status
+#                                  then print a PASS/FAIL table and write gpu-results.json (the run's record:
+#                                  device, commit, steps, benchmark rows; scripts/bench/results.py). Exit status
 #                                  non-zero when any step failed. Logs: $OUT/gpu-check.log (everything) and
-#                                  $OUT/gpu-check/ (one log per step); /tmp/gpu-check/ when OUT is unset.
+#                                  $OUT/gpu-check/ (one log per step; packed into gpu-check-logs.tar.xz when OUT
+#                                  is set); /tmp/gpu-check/ when OUT is unset.
 #   scripts/gpu-check.sh resnet-bench   THERE: only the ResNet benchmark (dpt-model-bench against PyTorch,
 #                                  scripts/bench/resnet_bench.sh --gpu) with the bundled programs; its table
 #                                  goes to stdout and $OUT/resnet-bench.md (a few minutes).
@@ -179,6 +181,8 @@ bundle() {
     echo "# Written by scripts/gpu-check.sh bundle; read by scripts/gpu-check.sh run."
     echo "created=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "git_head=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "git_head_full=$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "cuda_version=$( (/usr/local/cuda/bin/nvcc --version 2>/dev/null || true) | sed -n 's/.*release \([0-9.]*\),.*/\1/p' | head -1)"
     echo "git_changed_files=$(git status --porcelain 2>/dev/null | wc -l)"
     echo "build_dir=$build_dir"
     echo "source_dir=$source_dir"
@@ -552,7 +556,7 @@ step_bench() {
   ((per_run <= 120)) || per_run=120
   run_timed "$logfile" 300 env OUT="${OUT:-}" DPTRAIN="$B_BIN/dptrain" DPT_LIB_PATH="$DPT_LD" \
     BENCH_DATA="$BUNDLE/data" BENCH_CONFIG="$BUNDLE/configs/fmnist_mlp.toml" BENCH_LOG_DIR="$STEP_DIR/bench" \
-    BENCH_RUN_TIMEOUT_S="$per_run" bash scripts/bench/gpu_bench.sh || rc=$?
+    BENCH_RUN_TIMEOUT_S="$per_run" BENCH_RESULTS="$STEP_DIR/results-mlp.jsonl" bash scripts/bench/gpu_bench.sh || rc=$?
   grep -E '^\||^targets|^ *(batch|ratio) ' "$logfile" | tee -a "$MAIN_LOG" || true
   NOTE=$(grep -E '^targets' "$logfile" | tail -1 || true)
   ((rc == 0)) || NOTE="exit $rc ${NOTE}"
@@ -567,7 +571,8 @@ step_bench_resnet() {
   per_run=$((left / 6))
   ((per_run <= 120)) || per_run=120
   run_timed "$logfile" 600 env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPT_LIB_PATH="$DPT_LD" \
-    BENCH_LOG_DIR="$STEP_DIR/bench_resnet" BENCH_RUN_TIMEOUT_S="$per_run" bash scripts/bench/resnet_bench.sh --gpu ||
+    BENCH_LOG_DIR="$STEP_DIR/bench_resnet" BENCH_RUN_TIMEOUT_S="$per_run" BENCH_RESULTS="$STEP_DIR/results-resnet.jsonl" \
+    bash scripts/bench/resnet_bench.sh --gpu ||
     rc=$?
   grep -E '^\||^targets' "$logfile" | tee -a "$MAIN_LOG" || true
   NOTE=$(grep -E '^targets' "$logfile" | tail -1 || true)
@@ -658,7 +663,8 @@ step_bench_gpt() {
   run_timed "$logfile" "$limit" env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPTRAIN="$B_BIN/dptrain" \
     DPRUN="$B_BIN/dprun" DPT_LIB_PATH="$DPT_LD" GPT_CONFIG="$BUNDLE/configs/gpt2_124m.toml" \
     BENCH_LOG_DIR="$STEP_DIR/bench_gpt" BENCH_DEADLINE=$(($(date +%s) + limit - 15)) BENCH_WARMUP=3 BENCH_STEPS=20 \
-    BENCH_PHASE_STEPS=3 BENCH_PROFILE_STEPS=3 BENCH_RUN_TIMEOUT_S=180 bash scripts/bench/gpt_bench.sh --gpu || rc=$?
+    BENCH_PHASE_STEPS=3 BENCH_PROFILE_STEPS=3 BENCH_RUN_TIMEOUT_S=180 BENCH_RESULTS="$STEP_DIR/results-gpt.jsonl" \
+    bash scripts/bench/gpt_bench.sh --gpu || rc=$?
   grep -E '^\||^targets|^dptrain.s step by phase|^GEMM kernels' "$logfile" | tee -a "$MAIN_LOG" || true
   NOTE=$(grep -E '^targets' "$logfile" | tail -1 || true)
   ((rc == 0)) || NOTE="exit $rc ${NOTE}"
@@ -733,6 +739,39 @@ header() {
   log "logs: $MAIN_LOG, one per step in $STEP_DIR/"
 }
 
+# gpu-results.json beside the logs: this run's device, the bundle's commit, every step and the benchmarks' rows
+# (scripts/bench/results.py). Commit it with `python3 scripts/bench/results.py merge $OUT/gpu-results.json
+# docs/gpu-results.json` and `... tables docs/gpu-results.json docs/benchmarks.md` (docs/DEVELOPERS.md).
+write_results() {
+  local i steps=$STEP_DIR/steps.tsv smi driver device cudnn_lib
+  : >"$steps"
+  for i in "${!STEP_NAMES[@]}"; do
+    printf '%s\t%s\t%s\t%s\n' "${STEP_NAMES[$i]}" "${STEP_RESULTS[$i]}" "${STEP_SECONDS[$i]}" "${STEP_NOTES[$i]//$'\t'/ }" >>"$steps"
+  done
+  smi=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
+  device=${smi%%,*} driver=${smi#*, }
+  [ -n "$smi" ] || device="no GPU (nvidia-smi found none)" driver="-"
+  cudnn_lib=$(env LD_LIBRARY_PATH="${DPT_LD:-}" ldd "$B_BIN/dptrain" 2>/dev/null | awk '$1 ~ /^libcudnn\.so/ && $3 != "not" { print $3 }' | head -1 || true)
+  [ -z "$cudnn_lib" ] || cudnn_lib=$(readlink -f "$cudnn_lib")
+  python3 scripts/bench/results.py run --out "$LOG_ROOT/gpu-results.json" --steps "$steps" --info "device=$device" \
+    "driver=$driver" "cuda=$(info_get cuda_version)" "cudnn=$(info_get cudnn_version)" "cudnn_library=${cudnn_lib:-?}" \
+    "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)" "commit=$(info_get git_head_full)" \
+    "changed_files=$(info_get git_changed_files)" "budget_s=$BUDGET" "host=${HOSTNAME:-?}" \
+    "$STEP_DIR"/results-gpt.jsonl "$STEP_DIR"/results-mlp.jsonl "$STEP_DIR"/results-resnet.jsonl &&
+    log "results: $LOG_ROOT/gpu-results.json" || log "WARNING: gpu-results.json not written"
+}
+
+# With OUT set (the device tool, which brings back at most 8 files): the per-step logs and benchmark runs
+# packed into gpu-check-logs.tar.xz (nsys's reports left out: they can be large; its CSV stays), the folder removed.
+pack_logs() {
+  [ -n "${OUT:-}" ] && [ -d "$STEP_DIR" ] || return 0
+  if tar -C "$LOG_ROOT" -cJf "$LOG_ROOT/gpu-check-logs.tar.xz" --exclude='*.nsys-rep' --exclude='*.qdrep' \
+    --exclude='*.sqlite' "$(basename "$STEP_DIR")" 2>/dev/null; then
+    rm -rf "$STEP_DIR"
+    log "logs: $LOG_ROOT/gpu-check-logs.tar.xz (the per-step logs and benchmark runs)"
+  fi
+}
+
 summary() {
   local i failed=0 table
   table=$(
@@ -747,6 +786,8 @@ summary() {
   log "==== summary ($(($(date +%s) - START))s)"
   log "$table"
   echo "$table" >"$LOG_ROOT/gpu-check-summary.md"
+  write_results
+  pack_logs
   if ((failed)); then
     log "gpu-check: $failed of ${#STEP_NAMES[@]} steps FAILED"
     return 1

@@ -47,6 +47,8 @@
 #                               `scripts/gpu-check.sh libpath`); python keeps the machine's libraries
 #   PYTHON                      a python3 that imports torch (default: the first of python3, /usr/bin/python3)
 #   NSYS, NCU                   the profilers (default: found in PATH, /usr/local/cuda/bin, /opt/nvidia/...)
+#   BENCH_RESULTS               the rows as JSON lines, in docs/gpu-results.json's shape (scripts/bench/results.py;
+#                               default: the report's path with .jsonl for .md)
 # Writes the report to $OUT/gpt-bench.md when OUT is set, else /tmp/gpt-bench.md.
 # Exit status: 0 when every run gave its number (a skipped compile row counts as given), 1 otherwise (2 with
 # BENCH_STRICT=1 and a missed target).
@@ -76,9 +78,11 @@ LOG_DIR=${BENCH_LOG_DIR:-${OUT:+$OUT/gpt-bench-logs}}
 LOG_DIR=${LOG_DIR:-/tmp/gpt-bench}
 REPORT=${OUT:+$OUT/gpt-bench.md}
 REPORT=${REPORT:-/tmp/gpt-bench.md}
+RESULTS=${BENCH_RESULTS:-${REPORT%.md}.jsonl}
 read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step loop eager compile}"
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "gpt_bench: BENCH_REPEATS must be a positive integer" >&2; exit 2; }
-mkdir -p "$LOG_DIR" "$(dirname "$REPORT")"
+mkdir -p "$LOG_DIR" "$(dirname "$REPORT")" "$(dirname "$RESULTS")"
+rm -f "$RESULTS"
 TMP=$(mktemp -d /tmp/gpt-bench.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -434,6 +438,18 @@ for k in step loop eager compile; do
   rows+=("| ${WHAT[$k]} | $(fmt_ms "${M[$k]}") | $cell | $(fmt_mfu "${F[$k]}") | $(ratio "${R[$k]}" "${R[compile]}") | $(ratio "${R[$k]}" "${R[eager]}") | $runs |")
 done
 
+# The rows for docs/gpu-results.json: dptrain's against torch.compile (the target's reference).
+model=gpt-L$L-C$C-T$T
+[ "$L/$C/$V/$T" != 12/768/50257/1024 ] || model=gpt2-124m
+declare -A PROGRAM=([step]=dptrain [loop]=dptrain [eager]=torch-eager [compile]=torch-compile)
+for k in step loop eager compile; do
+  want "$k" || continue
+  ref=""
+  [ "${PROGRAM[$k]}" != dptrain ] || ref=torch-compile
+  "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" "program=${PROGRAM[$k]}" "mode=$k" "batch=$B" \
+    "precision=$PREC" "throughput=${R[$k]}" unit=tokens/s "mfu=${F[$k]}" "reference=$ref"
+done
+
 missed=0
 targets=()
 target() {  # LABEL OK(yes/no/none) DETAIL
@@ -499,7 +515,7 @@ echo
 echo "$report"
 echo "$report" >"$REPORT"
 echo
-echo "written to $REPORT"
+echo "written to $REPORT (rows: $RESULTS)"
 ((failed == 0)) || exit 1
 if [ "${BENCH_STRICT:-0}" = 1 ] && ((missed)); then exit 2; fi
 exit 0

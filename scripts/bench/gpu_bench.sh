@@ -13,6 +13,8 @@
 #   BENCH_BATCHES    default "64 1024";  BENCH_EPOCHS  default 2;  BENCH_RUN_TIMEOUT_S  per run, default 120
 #   BENCH_LOG_DIR    each run's output (default $OUT/gpu-bench-logs, else /tmp/gpu-bench)
 #   BENCH_STRICT=1   exit 2 when a target is missed (default: only reported)
+#   BENCH_RESULTS    the rows as JSON lines, in docs/gpu-results.json's shape (scripts/bench/results.py; default
+#                    $OUT/gpu-bench.jsonl, else $BENCH_LOG_DIR/gpu-bench.jsonl)
 # Exit status: 0 when every run gave its number, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,6 +41,9 @@ LOG_DIR=${BENCH_LOG_DIR:-${OUT:+$OUT/gpu-bench-logs}}
 LOG_DIR=${LOG_DIR:-/tmp/gpu-bench}
 PYTHON=${PYTHON:-python3}
 mkdir -p "$LOG_DIR"
+RESULTS=${BENCH_RESULTS:-${OUT:-$LOG_DIR}/gpu-bench.jsonl}
+mkdir -p "$(dirname "$RESULTS")"
+rm -f "$RESULTS"
 
 # The samples/s of the last epoch line. dptrain: "... epoch 2/2 loss ... samples/s X ..."; torch_mlp.py:
 # "epoch 2 samples/s X ...".
@@ -76,6 +81,10 @@ for b in "${BATCHES[@]}"; do
     ok=1
   fi
   rows+=("| $b | ${d:-failed} | ${t:-failed} | $r |")
+  "$PYTHON" scripts/bench/results.py row "$RESULTS" model=mlp program=dptrain mode=train "batch=$b" precision=fp32 \
+    "throughput=$d" unit=samples/s reference=torch-eager
+  "$PYTHON" scripts/bench/results.py row "$RESULTS" model=mlp program=torch-eager mode=train "batch=$b" precision=fp32 \
+    "throughput=$t" unit=samples/s
 done
 
 # target_note BATCH MIN: "ratio >= MIN at batch BATCH: met (R)", "... NOT met (R)" or "... no result".

@@ -34,6 +34,8 @@
 # OPENBLAS_CORETYPE: dptrain's programs restart themselves with OPENBLAS_CORETYPE set when OpenBLAS misdetects
 # the CPU (this VM's AVX-512 EPYC is taken for a Prescott); the PyTorch processes get the same value (unless
 # OPENBLAS_CORETYPE is set already, then both use it), so neither side runs OpenBLAS's fallback kernels.
+#   BENCH_RESULTS               the rows as JSON lines, in docs/gpu-results.json's shape (scripts/bench/results.py;
+#                               default: the report's path with .jsonl for .md)
 # Writes the report to $OUT/resnet-bench.md when OUT is set, else /tmp/resnet-bench.md.
 # Exit status: 0 when every run gave its number, 1 otherwise (2 with BENCH_STRICT=1 and a missed target).
 set -euo pipefail
@@ -63,8 +65,10 @@ LOG_DIR=${BENCH_LOG_DIR:-${OUT:+$OUT/resnet-bench-logs}}
 LOG_DIR=${LOG_DIR:-/tmp/resnet-bench}
 REPORT=${OUT:+$OUT/resnet-bench.md}
 REPORT=${REPORT:-/tmp/resnet-bench.md}
+RESULTS=${BENCH_RESULTS:-${REPORT%.md}.jsonl}
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "resnet_bench: BENCH_REPEATS must be a positive integer" >&2; exit 2; }
-mkdir -p "$LOG_DIR" "$(dirname "$REPORT")"
+mkdir -p "$LOG_DIR" "$(dirname "$REPORT")" "$(dirname "$RESULTS")"
+rm -f "$RESULTS"
 TMP=$(mktemp -d /tmp/resnet-bench.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -277,6 +281,15 @@ for id in "${ROWS[@]}"; do
   note=""
   [[ $id != cpu_* ]] || ! awk -v f="$fmax" 'BEGIN { exit !(f > 0.1) }' || note=" (other processes used up to $fmax cores)"
   rows+=("| ${LABEL[$id]} | $(fmt1 "$dm") | $(fmt1 "$di") | $(fmt1 "$tm") | $(fmt1 "$ti") | **$r**$note | $target | ${RUNS[$id/dptrain]:--} / ${RUNS[$id/pytorch]:--} |")
+  # The rows for docs/gpu-results.json, from the label (where | ResNet-D | CxHxW | batch [per rank] | precision | ranks).
+  IFS='|' read -r _ depth shape batch prec nranks <<<"$(tr -d ' ' <<<"${LABEL[$id]}")"
+  model=$(tr '[:upper:]' '[:lower:]' <<<"${depth//-/}")-${shape##*x}px
+  mode=step
+  [[ $id != cpu_ddp* ]] || mode=ddp-${nranks}rank
+  "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" program=dptrain "mode=$mode" "batch=${batch%perrank}" \
+    "precision=$prec" "throughput=$di" unit=images/s reference=torch-eager
+  "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" program=torch-eager "mode=$mode" "batch=${batch%perrank}" \
+    "precision=$prec" "throughput=$ti" unit=images/s
 done
 
 report=$(
@@ -297,7 +310,7 @@ echo
 echo "$report"
 echo "$report" >"$REPORT"
 echo
-echo "written to $REPORT"
+echo "written to $REPORT (rows: $RESULTS)"
 ((failed == 0)) || exit 1
 if [ "${BENCH_STRICT:-0}" = 1 ] && ((missed)); then exit 2; fi
 exit 0

@@ -1,0 +1,185 @@
+#!/usr/bin/env python3
+"""The GPU check's record: docs/gpu-results.json and the GPU tables of docs/benchmarks.md made from it.
+
+  results.py row FILE key=value...     append one benchmark row (a JSON line) to FILE; the keys of a row:
+                                       model, program, mode, batch, precision, throughput, unit, and optionally
+                                       mfu and reference (the program the ratio is taken against); an empty
+                                       throughput or mfu is recorded as null (a run that gave no number)
+  results.py run --out F --steps TSV [--info K=V...] [ROWS.jsonl...]
+                                       one run's record: the device facts (--info: device, driver, cuda, cudnn,
+                                       date, commit, ...), the steps (TSV: name, PASS/FAIL, seconds, note) and the
+                                       rows of the benchmarks, each dptrain row's ratio over its reference's
+                                       throughput from the same run (same model, batch and precision)
+  results.py merge RUN.json DOCS.json  put the run first in DOCS.json's "runs" (created when missing), the older
+                                       runs kept; a run of the same commit and date replaces its earlier copy
+  results.py tables DOCS.json MD       write the newest run's tables, and a line per older run, into MD between
+                                       its <!-- gpu-results:begin --> and <!-- gpu-results:end --> markers
+
+Only the standard library: it runs on the GPU machine (its python3) and here.
+"""
+import json
+import os
+import sys
+
+NUMBERS = {"batch": int, "throughput": float, "mfu": float}
+BEGIN, END = "<!-- gpu-results:begin -->", "<!-- gpu-results:end -->"
+
+
+def parse_row(pairs):
+    row = {"mfu": None, "reference": None}
+    for p in pairs:
+        key, sep, value = p.partition("=")
+        if not sep:
+            sys.exit(f"results.py row: '{p}' is not key=value")
+        if key in NUMBERS:
+            value = NUMBERS[key](value) if value not in ("", "-", "n/a") else None
+        elif value == "":
+            value = None
+        row[key] = value
+    keys = ("model", "program", "mode", "batch", "precision", "throughput", "unit")
+    missing = [k for k in keys if k not in row]
+    if missing:
+        sys.exit(f"results.py row: missing {', '.join(missing)}")
+    if row["throughput"] is not None:
+        row["throughput"] = round(row["throughput"], 1)
+    return {k: row[k] for k in keys + ("mfu", "reference")} | {k: v for k, v in row.items() if k not in keys}
+
+
+def with_ratios(rows):
+    """Each row with a reference gets ratio = its throughput / the reference program's, same model/batch/precision."""
+    out = []
+    for r in rows:
+        r = dict(r, ratio=None)
+        if r.get("reference") and r.get("throughput"):
+            ref = [x for x in rows if x["program"] == r["reference"] and x.get("throughput")
+                   and (x["model"], x["batch"], x["precision"]) == (r["model"], r["batch"], r["precision"])]
+            if ref:
+                r["ratio"] = round(r["throughput"] / ref[0]["throughput"], 3)
+        out.append(r)
+    return out
+
+
+def read_steps(path):
+    steps = []
+    for line in open(path, encoding="utf-8"):
+        if not line.strip():
+            continue
+        name, status, seconds, note = (line.rstrip("\n").split("\t") + ["", "", ""])[:4]
+        steps.append({"name": name, "status": status, "seconds": float(seconds) if seconds else None, "note": note})
+    return steps
+
+
+def make_run(args):
+    out, steps, info, row_files = None, [], {}, []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a in ("--out", "--steps"):
+            if i + 1 >= len(args):
+                sys.exit(f"results.py run: {a} needs a value")
+            if a == "--out":
+                out = args[i + 1]
+            else:
+                steps = read_steps(args[i + 1])
+            i += 2
+            continue
+        if a == "--info":
+            i += 1
+            while i < len(args) and "=" in args[i] and not args[i].startswith("--"):
+                k, _, v = args[i].partition("=")
+                info[k] = v
+                i += 1
+            continue
+        row_files.append(a)
+        i += 1
+    if out is None:
+        sys.exit("results.py run: --out is required")
+    rows = []
+    for f in row_files:
+        if os.path.exists(f):
+            rows += [json.loads(line) for line in open(f, encoding="utf-8") if line.strip()]
+    run = dict(info)
+    run["steps"] = steps
+    run["bench"] = with_ratios(rows)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(run, f, indent=1)
+        f.write("\n")
+
+
+def merge(run_path, docs_path):
+    run = json.load(open(run_path, encoding="utf-8"))
+    docs = json.load(open(docs_path, encoding="utf-8")) if os.path.exists(docs_path) else {"runs": []}
+    key = (run.get("commit"), run.get("date"))
+    docs["runs"] = [run] + [r for r in docs.get("runs", []) if (r.get("commit"), r.get("date")) != key]
+    tmp = docs_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(docs, f, indent=1)
+        f.write("\n")
+    os.replace(tmp, docs_path)
+
+
+def fmt(v, spec):
+    return "-" if v is None else format(v, spec)
+
+
+def tables(docs_path, md_path):
+    runs = json.load(open(docs_path, encoding="utf-8")).get("runs", []) if os.path.exists(docs_path) else []
+    lines = ["Made by `python3 scripts/bench/results.py tables docs/gpu-results.json docs/benchmarks.md` from "
+             + (f"[gpu-results.json](gpu-results.json) ({len(runs)} run(s), newest first)." if runs else
+                "`docs/gpu-results.json`, which holds no run yet: **no GPU check run is recorded**.")]
+    if runs:
+        r = runs[0]
+        steps = r.get("steps", [])
+        failed = [s["name"] for s in steps if s.get("status") != "PASS"]
+        lines += ["", f"**Newest run:** {r.get('device', '?')}, driver {r.get('driver', '?')}, CUDA {r.get('cuda', '?')}, "
+                      f"cuDNN {r.get('cudnn', '?')}; {r.get('date', '?')}, commit `{str(r.get('commit', '?'))[:12]}`. "
+                      f"Steps: {len(steps) - len(failed)} of {len(steps)} PASS"
+                      + (f" (failed: {', '.join(failed)})." if failed else ".")]
+        bench = r.get("bench", [])
+        if bench:
+            lines += ["", "| model | program | mode | batch | precision | throughput | MFU | ratio (vs) |",
+                      "|---|---|---|---:|---|---:|---:|---|"]
+            for b in bench:
+                t = "no result" if b.get("throughput") is None else f"{b['throughput']:,.0f} {b['unit']}"
+                mfu = "-" if b.get("mfu") is None else f"{100 * b['mfu']:.1f}%"
+                ratio = "-" if not b.get("reference") else f"{fmt(b.get('ratio'), '.2f')} (vs {b['reference']})"
+                lines.append(f"| {b['model']} | {b['program']} | {b['mode']} | {b['batch']} | {b['precision']} | "
+                             f"{t} | {mfu} | {ratio} |")
+        if len(runs) > 1:
+            lines.append("")
+        for old in runs[1:]:
+            s = old.get("steps", [])
+            n_pass = sum(1 for x in s if x.get("status") == "PASS")
+            lines.append(f"- Earlier: {old.get('device', '?')}, {old.get('date', '?')}, commit "
+                         f"`{str(old.get('commit', '?'))[:12]}`: {n_pass} of {len(s)} steps PASS, "
+                         f"{len(old.get('bench', []))} benchmark rows.")
+    text = open(md_path, encoding="utf-8").read()
+    if BEGIN not in text or END not in text:
+        sys.exit(f"results.py tables: {md_path} has no {BEGIN} ... {END} block")
+    i, j = text.index(BEGIN) + len(BEGIN), text.index(END)
+    with open(md_path, "w", encoding="utf-8") as f:
+        f.write(text[:i] + "\n" + "\n".join(lines) + "\n" + text[j:])
+
+
+def main(argv):
+    if len(argv) < 2 or argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0 if len(argv) >= 2 else 2
+    cmd, args = argv[1], argv[2:]
+    if cmd == "row" and args:
+        with open(args[0], "a", encoding="utf-8") as f:
+            f.write(json.dumps(parse_row(args[1:])) + "\n")
+    elif cmd == "run":
+        make_run(args)
+    elif cmd == "merge" and len(args) == 2:
+        merge(*args)
+    elif cmd == "tables" and len(args) == 2:
+        tables(*args)
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# tests/integration/gpu_results.sh (issue 18, "Recorded"): the GPU check's record, made on the CPU.
+# scripts/bench/results.py: rows appended as JSON lines (an empty throughput is null), one run's record (steps from
+# a TSV, the device facts, each dptrain row's ratio over its reference's throughput of the same model, batch and
+# precision: checked against the closed-form quotient), merged into a gpu-results.json newest first (the same run
+# merged again replaces itself), the tables written between a Markdown file's markers (the newest run's rows, a line
+# per older run; writing them twice changes nothing). Then a real benchmark, scripts/bench/gpt_bench.sh --cpu at a
+# tiny shape, writes its rows in that shape.
+source "$(dirname "$0")/lib/common.bash"
+R=$DPT_SOURCE_DIR/scripts/bench/results.py
+
+# ---- rows, a run, the ratios -------------------------------------------------------------------------------
+rows=$WORK/rows.jsonl
+"$PY" "$R" row "$rows" model=gpt2-124m program=dptrain mode=step batch=16 precision=bf16 throughput=530000 \
+  unit=tokens/s mfu=0.46 reference=torch-compile
+"$PY" "$R" row "$rows" model=gpt2-124m program=dptrain mode=loop batch=16 precision=bf16 throughput= \
+  unit=tokens/s mfu= reference=torch-compile
+"$PY" "$R" row "$rows" model=gpt2-124m program=torch-compile mode=compile batch=16 precision=bf16 throughput=472000 \
+  unit=tokens/s mfu=0.408
+"$PY" "$R" row "$rows" model=gpt2-124m program=torch-compile mode=compile batch=8 precision=bf16 throughput=1000 \
+  unit=tokens/s  # another batch: never a reference for batch 16
+set +e
+out=$("$PY" "$R" row "$rows" model=x program=dptrain 2>&1)
+rc=$?
+set -e
+[ $rc -ne 0 ] && <<< "$out" grep -q "missing mode, batch, precision, throughput, unit" || fail "an incomplete row was taken: $out"
+[ "$(wc -l < "$rows")" -eq 4 ] || fail "expected 4 rows in $rows, got $(wc -l < "$rows")"
+
+printf 'unit_gpu\tPASS\t41\tAll tests passed\nbench_gpt\tFAIL\t300\ttimed out\ttab\nunit_core\tPASS\t2\t\n' > "$WORK/steps.tsv"
+"$PY" "$R" run --out "$WORK/run1.json" --steps "$WORK/steps.tsv" --info "device=NVIDIA H100 80GB HBM3" \
+  driver=580.1 cuda=13.0 cudnn=9.19.0 date=2026-11-25T10:00:00Z commit=aaaaaaaaaaaaaaaa "$rows" "$WORK/absent.jsonl"
+"$PY" - "$WORK/run1.json" <<'EOF' || fail "run1.json is not the record expected"
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["device"] == "NVIDIA H100 80GB HBM3" and r["commit"] == "aaaaaaaaaaaaaaaa" and r["cuda"] == "13.0", r
+assert [s["name"] for s in r["steps"]] == ["unit_gpu", "bench_gpt", "unit_core"], r["steps"]
+assert r["steps"][1] == {"name": "bench_gpt", "status": "FAIL", "seconds": 300.0, "note": "timed out"}, r["steps"][1]
+b = r["bench"]
+assert len(b) == 4 and [x["program"] for x in b] == ["dptrain", "dptrain", "torch-compile", "torch-compile"], b
+assert b[0]["ratio"] == round(530000 / 472000, 3) == 1.123, b[0]   # against batch 16's compile row, not batch 8's
+assert b[0]["mfu"] == 0.46 and b[0]["unit"] == "tokens/s" and b[0]["batch"] == 16, b[0]
+assert b[1]["throughput"] is None and b[1]["mfu"] is None and b[1]["ratio"] is None, b[1]   # no number, no ratio
+assert b[2]["reference"] is None and b[2]["ratio"] is None, b[2]
+print("run1.json: 3 steps, 4 rows, ratio", b[0]["ratio"])
+EOF
+
+# ---- merge: newest first, the same run replaces itself ------------------------------------------------------
+docs=$WORK/gpu-results.json
+"$PY" "$R" merge "$WORK/run1.json" "$docs"
+sed -e 's/2026-11-25T10:00:00Z/2026-11-26T09:00:00Z/' -e 's/aaaaaaaaaaaaaaaa/bbbbbbbbbbbbbbbb/' "$WORK/run1.json" > "$WORK/run2.json"
+"$PY" "$R" merge "$WORK/run2.json" "$docs"
+"$PY" "$R" merge "$WORK/run2.json" "$docs"
+"$PY" -c 'import json, sys; c = [r["commit"] for r in json.load(open(sys.argv[1]))["runs"]]; assert c == ["bbbbbbbbbbbbbbbb", "aaaaaaaaaaaaaaaa"], c' \
+  "$docs" || fail "merge: expected the two runs newest first, once each"
+
+# ---- tables between the markers; idempotent ----------------------------------------------------------------
+md=$WORK/benchmarks.md
+printf '# Benchmarks\n\nbefore\n<!-- gpu-results:begin -->\nold text\n<!-- gpu-results:end -->\nafter\n' > "$md"
+"$PY" "$R" tables "$docs" "$md"
+cat "$md"
+grep -q "old text" "$md" && fail "tables: the old block is still there"
+grep -qx "before" "$md" && grep -qx "after" "$md" || fail "tables: the text around the markers changed"
+grep -q "Newest run:\*\* NVIDIA H100 80GB HBM3, driver 580.1, CUDA 13.0, cuDNN 9.19.0; 2026-11-26T09:00:00Z, commit \`bbbbbbbbbbbb\`. Steps: 2 of 3 PASS (failed: bench_gpt)." "$md" \
+  || fail "tables: no line for the newest run"
+grep -qF "| gpt2-124m | dptrain | step | 16 | bf16 | 530,000 tokens/s | 46.0% | 1.12 (vs torch-compile) |" "$md" || fail "tables: the step row"
+grep -qF "| gpt2-124m | dptrain | loop | 16 | bf16 | no result | - | - (vs torch-compile) |" "$md" || fail "tables: the row without a number"
+grep -q "^- Earlier: NVIDIA H100 80GB HBM3, 2026-11-25T10:00:00Z, commit \`aaaaaaaaaaaa\`: 2 of 3 steps PASS, 4 benchmark rows.$" "$md" \
+  || fail "tables: no line for the older run"
+cp "$md" "$WORK/once.md"
+"$PY" "$R" tables "$docs" "$md"
+cmp -s "$md" "$WORK/once.md" || fail "tables: a second run changed the file"
+set +e
+out=$("$PY" "$R" tables "$docs" "$WORK/rows.jsonl" 2>&1)
+rc=$?
+set -e
+[ $rc -ne 0 ] && <<< "$out" grep -q "has no <!-- gpu-results:begin -->" || fail "a file without markers was written: $out"
+
+# ---- a real benchmark writes its rows ----------------------------------------------------------------------
+BENCH_SKIP_BUILD=1 DPT_BUILD_DIR="$DPT_BUILD_DIR" BENCH_ROWS="step eager" BENCH_WARMUP=1 BENCH_STEPS=4 \
+  BENCH_PHASE_STEPS=1 BENCH_IDLE_WAIT_S=0 BENCH_LOG_DIR="$WORK/gb" BENCH_RESULTS="$WORK/gb.jsonl" OUT="$WORK/gbout" \
+  bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu > "$WORK/gb.log" 2>&1 || { cat "$WORK/gb.log"; fail "gpt_bench.sh --cpu failed"; }
+cat "$WORK/gb.jsonl"
+"$PY" - "$WORK/gb.jsonl" <<'EOF' || fail "gpt_bench.sh's rows are not in gpu-results.json's shape"
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [(r["program"], r["mode"]) for r in rows] == [("dptrain", "step"), ("torch-eager", "eager")], rows
+for r in rows:
+    assert r["model"].startswith("gpt-L") and r["unit"] == "tokens/s" and r["throughput"] > 0, r
+    assert isinstance(r["batch"], int) and r["precision"] == "fp32", r
+assert rows[0]["reference"] == "torch-compile" and rows[1]["reference"] is None, rows
+EOF
+echo PASS
