@@ -46,13 +46,16 @@ def parse_row(pairs):
 
 
 def with_ratios(rows):
-    """Each row with a reference gets ratio = its throughput / the reference program's, same model/batch/precision."""
+    """Each row with a reference gets ratio = its throughput / the reference program's, same model/batch/precision:
+    the reference row of the same mode when there is one (ResNet's ddp-2rank against torch DDP's ddp-2rank), else
+    the reference's own (dptrain's GPT step against torch.compile's)."""
     out = []
     for r in rows:
         r = dict(r, ratio=None)
         if r.get("reference") and r.get("throughput"):
             ref = [x for x in rows if x["program"] == r["reference"] and x.get("throughput")
                    and (x["model"], x["batch"], x["precision"]) == (r["model"], r["batch"], r["precision"])]
+            ref.sort(key=lambda x: x["mode"] != r["mode"])  # the same mode first (a stable sort keeps the order)
             if ref:
                 r["ratio"] = round(r["throughput"] / ref[0]["throughput"], 3)
         out.append(r)

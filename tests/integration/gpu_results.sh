@@ -19,12 +19,17 @@ rows=$WORK/rows.jsonl
   unit=tokens/s mfu=0.408
 "$PY" "$R" row "$rows" model=gpt2-124m program=torch-compile mode=compile batch=8 precision=bf16 throughput=1000 \
   unit=tokens/s  # another batch: never a reference for batch 16
+# The same mode is preferred: ResNet's 2-rank DDP row against torch DDP's 2-rank row, not its step row.
+"$PY" "$R" row "$rows" model=resnet18-32px program=torch-eager mode=step batch=256 precision=fp32 throughput=300 unit=images/s
+"$PY" "$R" row "$rows" model=resnet18-32px program=dptrain mode=ddp-2rank batch=256 precision=fp32 throughput=360 \
+  unit=images/s reference=torch-eager
+"$PY" "$R" row "$rows" model=resnet18-32px program=torch-eager mode=ddp-2rank batch=256 precision=fp32 throughput=240 unit=images/s
 set +e
 out=$("$PY" "$R" row "$rows" model=x program=dptrain 2>&1)
 rc=$?
 set -e
 [ $rc -ne 0 ] && <<< "$out" grep -q "missing mode, batch, precision, throughput, unit" || fail "an incomplete row was taken: $out"
-[ "$(wc -l < "$rows")" -eq 4 ] || fail "expected 4 rows in $rows, got $(wc -l < "$rows")"
+[ "$(wc -l < "$rows")" -eq 7 ] || fail "expected 7 rows in $rows, got $(wc -l < "$rows")"
 
 printf 'unit_gpu\tPASS\t41\tAll tests passed\nbench_gpt\tFAIL\t300\ttimed out\ttab\nunit_core\tPASS\t2\t\n' > "$WORK/steps.tsv"
 "$PY" "$R" run --out "$WORK/run1.json" --steps "$WORK/steps.tsv" --info "device=NVIDIA H100 80GB HBM3" \
@@ -36,12 +41,13 @@ assert r["device"] == "NVIDIA H100 80GB HBM3" and r["commit"] == "aaaaaaaaaaaaaa
 assert [s["name"] for s in r["steps"]] == ["unit_gpu", "bench_gpt", "unit_core"], r["steps"]
 assert r["steps"][1] == {"name": "bench_gpt", "status": "FAIL", "seconds": 300.0, "note": "timed out"}, r["steps"][1]
 b = r["bench"]
-assert len(b) == 4 and [x["program"] for x in b] == ["dptrain", "dptrain", "torch-compile", "torch-compile"], b
+assert len(b) == 7 and [x["program"] for x in b[:4]] == ["dptrain", "dptrain", "torch-compile", "torch-compile"], b
+assert b[5]["ratio"] == 1.5, b[5]   # 360 / 240 (ddp-2rank), not 360 / 300 (step)
 assert b[0]["ratio"] == round(530000 / 472000, 3) == 1.123, b[0]   # against batch 16's compile row, not batch 8's
 assert b[0]["mfu"] == 0.46 and b[0]["unit"] == "tokens/s" and b[0]["batch"] == 16, b[0]
 assert b[1]["throughput"] is None and b[1]["mfu"] is None and b[1]["ratio"] is None, b[1]   # no number, no ratio
 assert b[2]["reference"] is None and b[2]["ratio"] is None, b[2]
-print("run1.json: 3 steps, 4 rows, ratio", b[0]["ratio"])
+print("run1.json: 3 steps, 7 rows, ratios", b[0]["ratio"], b[5]["ratio"])
 EOF
 
 # ---- merge: newest first, the same run replaces itself ------------------------------------------------------
@@ -64,7 +70,7 @@ grep -q "Newest run:\*\* NVIDIA H100 80GB HBM3, driver 580.1, CUDA 13.0, cuDNN 9
   || fail "tables: no line for the newest run"
 grep -qF "| gpt2-124m | dptrain | step | 16 | bf16 | 530,000 tokens/s | 46.0% | 1.12 (vs torch-compile) |" "$md" || fail "tables: the step row"
 grep -qF "| gpt2-124m | dptrain | loop | 16 | bf16 | no result | - | - (vs torch-compile) |" "$md" || fail "tables: the row without a number"
-grep -q "^- Earlier: NVIDIA H100 80GB HBM3, 2026-11-25T10:00:00Z, commit \`aaaaaaaaaaaa\`: 2 of 3 steps PASS, 4 benchmark rows.$" "$md" \
+grep -q "^- Earlier: NVIDIA H100 80GB HBM3, 2026-11-25T10:00:00Z, commit \`aaaaaaaaaaaa\`: 2 of 3 steps PASS, 7 benchmark rows.$" "$md" \
   || fail "tables: no line for the older run"
 cp "$md" "$WORK/once.md"
 "$PY" "$R" tables "$docs" "$md"
