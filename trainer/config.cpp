@@ -85,10 +85,28 @@ template <> struct Kind<std::vector<double>> {
   }
 };
 
-std::string describe(const toml::node& n) {
+// A node as TOML text, for error messages. Arrays and tables are printed here, element by element: toml++'s own
+// formatter (3.3) measures an array's elements to decide on line breaks with a size_t cast of log10(|x|), undefined
+// for a float under 0.1 (fuzz_config found `hidden = [828, 28e-80]`) and an overflow for INT64_MIN.
+std::string node_text(const toml::node& n) {
+  if (const toml::array* a = n.as_array()) {
+    std::vector<std::string> parts;
+    for (const toml::node& e : *a) parts.push_back(node_text(e));
+    return fmt::format("[{}]", fmt::join(parts, ", "));
+  }
+  if (const toml::table* t = n.as_table()) {
+    std::vector<std::string> parts;
+    for (auto&& [k, v] : *t) parts.push_back(fmt::format("{} = {}", k.str(), node_text(v)));
+    return fmt::format("{{{}}}", fmt::join(parts, ", "));
+  }
+  if (n.is_floating_point()) return Kind<double>::show(*n.value<double>());  // the shortest text that reads back
   std::ostringstream os;
   n.visit([&](const auto& v) { os << v; });
-  std::string s = os.str();
+  return os.str();
+}
+
+std::string describe(const toml::node& n) {
+  const std::string s = node_text(n);
   const char* type = n.is_string() ? "string" : n.is_integer() ? "integer" : n.is_floating_point() ? "float"
                      : n.is_boolean() ? "boolean" : n.is_array() ? "array" : n.is_table() ? "table" : "value";
   return fmt::format("{} {}", type, s);
