@@ -709,6 +709,11 @@ make_compat_links() {
   make_link "$ROOT/$BUNDLE/data" "$FMNIST_DIR"
 }
 
+# The cuDNN library dptrain loads with DPT_LD (its path as ldd resolves it; empty when none is found).
+loaded_cudnn() {
+  env LD_LIBRARY_PATH="${DPT_LD:-}" ldd "$B_BIN/dptrain" 2>/dev/null | awk '$1 ~ /^libcudnn/ && $3 != "not" { print $3; exit }' || true
+}
+
 header() {
   log "gpu-check run: $(date -u +%Y-%m-%dT%H:%M:%SZ) on ${HOSTNAME:-?} in $ROOT, budget ${BUDGET}s"
   log "bundle: $(info_get created), commit $(info_get git_head) (+$(info_get git_changed_files) changed files), cuda_build=$(info_get cuda_build)"
@@ -732,8 +737,7 @@ header() {
   [ -z "$nf" ] || log "WARNING: dptrain's libraries not found: $(echo "$nf" | awk '{ print $1 }' | tr '\n' ' ')"
   if [[ " $(info_get machine_cuda_libs) " == *" libcudnn"* ]]; then
     local cudnn
-    cudnn=$(env LD_LIBRARY_PATH="$DPT_LD" ldd "$B_BIN/dptrain" 2>/dev/null |
-      awk '$1 ~ /^libcudnn/ && $3 != "not" { print $3 }' || true)
+    cudnn=$(loaded_cudnn)
     log "cuDNN: ${cudnn:-NOT FOUND (no nvidia/cudnn wheel?): the programs will not start} (built with $(info_get cudnn_version))"
   fi
   log "logs: $MAIN_LOG, one per step in $STEP_DIR/"
@@ -751,7 +755,7 @@ write_results() {
   smi=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1 || true)
   device=${smi%%,*} driver=${smi#*, }
   [ -n "$smi" ] || device="no GPU (nvidia-smi found none)" driver="-"
-  cudnn_lib=$(env LD_LIBRARY_PATH="${DPT_LD:-}" ldd "$B_BIN/dptrain" 2>/dev/null | awk '$1 ~ /^libcudnn\.so/ && $3 != "not" { print $3 }' | head -1 || true)
+  cudnn_lib=$(loaded_cudnn)
   [ -z "$cudnn_lib" ] || cudnn_lib=$(readlink -f "$cudnn_lib")
   python3 scripts/bench/results.py run --out "$LOG_ROOT/gpu-results.json" --steps "$steps" --info "device=$device" \
     "driver=$driver" "cuda=$(info_get cuda_version)" "cudnn=$(info_get cudnn_version)" "cudnn_library=${cudnn_lib:-?}" \

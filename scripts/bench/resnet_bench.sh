@@ -178,7 +178,7 @@ measure() {
 median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
 ROWS=()            # row ids, in table order
-declare -A LABEL=() TARGET=()
+declare -A LABEL=() TARGET=() META=()  # META: "model mode batch precision" of the row in gpu-results.json
 
 # ---- GPU rows ---------------------------------------------------------------------------------------------
 gpu_rows() {
@@ -195,6 +195,7 @@ gpu_rows() {
     if ((rep == 1)); then
       ROWS+=("$id")
       LABEL[$id]="GPU | ResNet-$depth | ${shape//,/x} | $batch | $prec | 1"
+      META[$id]="resnet$depth-${shape##*,}px step $batch $prec"
       TARGET[$id]=$target
     fi
     local log=$LOG_DIR/${id}_dptrain_$rep.log
@@ -218,7 +219,11 @@ cpu_rows() {
   local dpt_env=("${DPT[@]}" OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1)
 
   id=cpu_step
-  if ((rep == 1)); then ROWS+=("$id"); LABEL[$id]="CPU, step only (dpt-model-bench / torch_resnet.py) | ResNet-18 | 3x32x32 | $B | fp32 | 1"; fi
+  if ((rep == 1)); then
+    ROWS+=("$id")
+    LABEL[$id]="CPU, step only (dpt-model-bench / torch_resnet.py) | ResNet-18 | 3x32x32 | $B | fp32 | 1"
+    META[$id]="resnet18-32px step $B fp32"
+  fi
   log=$LOG_DIR/${id}_dptrain_$rep.log
   measure "$id/dptrain" json "$log" "${dpt_env[@]}" "$MODEL_BENCH" --batch "$B" --shape 3,32,32 --classes 10 \
     --warmup "$W" --steps "$S" --json "$log.json" model.name=resnet model.depth=18 train.device=cpu
@@ -228,7 +233,11 @@ cpu_rows() {
 
   for n in 1 2; do
     id=cpu_ddp$n
-    if ((rep == 1)); then ROWS+=("$id"); LABEL[$id]="CPU, DDP over gloo (dprun + dptrain / torch DDP) | ResNet-18 | 3x32x32 | $B per rank | fp32 | $n"; fi
+    if ((rep == 1)); then
+      ROWS+=("$id")
+      LABEL[$id]="CPU, DDP over gloo (dprun + dptrain / torch DDP) | ResNet-18 | 3x32x32 | $B per rank | fp32 | $n"
+      META[$id]="resnet18-32px ddp-${n}rank $B fp32"
+    fi
     log=$LOG_DIR/${id}_dptrain_$rep.log
     measure "$id/dptrain" "ddp:$W:$S:$((B * n))" "$log" "${dpt_env[@]}" "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" \
       data.dataset=synthetic "data.synthetic_shape=[3,32,32]" "data.synthetic_train_size=$((B * n * (W + S)))" \
@@ -281,14 +290,11 @@ for id in "${ROWS[@]}"; do
   note=""
   [[ $id != cpu_* ]] || ! awk -v f="$fmax" 'BEGIN { exit !(f > 0.1) }' || note=" (other processes used up to $fmax cores)"
   rows+=("| ${LABEL[$id]} | $(fmt1 "$dm") | $(fmt1 "$di") | $(fmt1 "$tm") | $(fmt1 "$ti") | **$r**$note | $target | ${RUNS[$id/dptrain]:--} / ${RUNS[$id/pytorch]:--} |")
-  # The rows for docs/gpu-results.json, from the label (where | ResNet-D | CxHxW | batch [per rank] | precision | ranks).
-  IFS='|' read -r _ depth shape batch prec nranks <<<"$(tr -d ' ' <<<"${LABEL[$id]}")"
-  model=$(tr '[:upper:]' '[:lower:]' <<<"${depth//-/}")-${shape##*x}px
-  mode=step
-  [[ $id != cpu_ddp* ]] || mode=ddp-${nranks}rank
-  "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" program=dptrain "mode=$mode" "batch=${batch%perrank}" \
+  # The rows for docs/gpu-results.json.
+  read -r model mode batch prec <<<"${META[$id]}"
+  "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" program=dptrain "mode=$mode" "batch=$batch" \
     "precision=$prec" "throughput=$di" unit=images/s reference=torch-eager
-  "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" program=torch-eager "mode=$mode" "batch=${batch%perrank}" \
+  "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" program=torch-eager "mode=$mode" "batch=$batch" \
     "precision=$prec" "throughput=$ti" unit=images/s
 done
 
