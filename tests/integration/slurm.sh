@@ -136,14 +136,18 @@ for _ in $(seq 1200); do  # up to 120 s
   state=$(scontrol show job "$job" 2>/dev/null | grep -oE 'JobState=[A-Z_]+' | cut -d= -f2)
   [ "$state" = COMPLETED ] || [ "$state" = FAILED ] || [ "$state" = CANCELLED ] && break
   # Slurm holds a requeued batch job for a while (Reason=BeginTime); a cluster starts it later by itself, the
-  # test asks for now.
+  # test asks for it sooner, but not in the same second: slurmd revoked the killed run's credential, and it
+  # refuses a credential made in the second of that revocation ("Job credential revoked", the job FAILED).
   if [ "$state" = PENDING ] && [ $released = 0 ]; then
-    scontrol update JobId="$job" StartTime=now && released=1
+    scontrol update JobId="$job" StartTime=now+2 && released=1
   fi
   sleep 0.1
 done
 took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }')
-show() { cat "$WORK"/pre-*.out; tail -n 20 "$WORK"/prelogs/rank-0.log; scontrol show job "$job"; }
+show() {
+  cat "$WORK"/pre-*.out; tail -n 20 "$WORK"/prelogs/rank-0.log; scontrol show job "$job"
+  for f in slurmctld slurmd; do echo "--- $f.log (job $job)"; grep -E "(JobId=|[Jj]ob |StepId=|\[)$job([^0-9]|$)" "$S/$f.log" | tail -n 40; done
+}
 [ "$state" = COMPLETED ] || { show; fail "the preempted job ended $state (want COMPLETED after a requeue)"; }
 PS=$(grep -oE 'stopping for SIGUSR1 at step [0-9]+' "$WORK/prelogs/rank-0.log" | grep -oE '[0-9]+$')
 [ -n "$PS" ] || { show; fail "no 'stopping for SIGUSR1' in rank 0's log"; }
