@@ -82,7 +82,7 @@ ImagePipeline image_pipeline(const Config& cfg, const std::string& checkpoint) {
   return {t, {t.channels, t.size, t.size}};
 }
 
-// Rank 0's progress line every `interval_s`: rank 0's pace times the ranks (their shares differ by one at most).
+// Rank 0's progress line every `interval_s`: rank 0's pace times the ranks (their shares differ by a batch at most).
 class ProgressLine {
  public:
   ProgressLine(bool lead, size_t total, int world, double interval_s, std::string unit = "images")
@@ -121,7 +121,7 @@ struct DecodedBatch {
 
 }  // namespace
 
-// ---- inputs and shares ----------------------------------------------------------------------------------------
+// ---- inputs and batches ----------------------------------------------------------------------------------------
 
 std::string ImageInputs::file(size_t i) const { return root.empty() ? names.at(i) : (fs::path(root) / names.at(i)).string(); }
 
@@ -153,10 +153,17 @@ ImageInputs list_image_inputs(const std::string& input) {
   return in;
 }
 
-Share contiguous_share(size_t n, int rank, int world_size) {
+size_t image_batch_count(size_t n, size_t rows) {
+  DPT_CHECK(rows > 0 || n == 0, "{} images in batches of {}", n, rows);
+  return n == 0 ? 0 : (n + rows - 1) / rows;
+}
+
+std::vector<ImageBatch> image_batches(size_t n, size_t rows, int rank, int world_size) {
   DPT_CHECK(world_size > 0 && rank >= 0 && rank < world_size, "rank {} of {}", rank, world_size);
-  const auto r = static_cast<size_t>(rank), w = static_cast<size_t>(world_size);
-  return {n * r / w, n * (r + 1) / w};
+  std::vector<ImageBatch> mine;
+  for (size_t j = static_cast<size_t>(rank); j < image_batch_count(n, rows); j += static_cast<size_t>(world_size))
+    mine.push_back({j, j * rows, std::min(n, (j + 1) * rows)});
+  return mine;
 }
 
 // ---- one prediction --------------------------------------------------------------------------------------------
@@ -305,59 +312,65 @@ PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o,
   const ImageInputs in = list_image_inputs(o.input);
   if (in.names.empty()) DPT_THROW(ConfigError, "predict: no images (.png, .jpg, .jpeg) in {}", o.input);
   const size_t n = in.names.size();
-  const Share share = contiguous_share(n, pg.rank(), pg.size());
+  // Whole batches over all the inputs, dealt to the ranks in turn: an image is computed in the same batch at the
+  // same row on any number of ranks (predict.h).
   const auto rows = static_cast<size_t>(std::min<int64_t>(o.batch_size, static_cast<int64_t>(n)));
+  const size_t batch_count = image_batch_count(n, rows);
+  const std::vector<ImageBatch> batches = image_batches(n, rows, pg.rank(), pg.size());
+  size_t my_images = 0;
+  for (const ImageBatch& b : batches) my_images += b.size();
   const int64_t classes = static_cast<int64_t>(lines.classes.size());
   if (pg.rank() == 0)
-    spdlog::info("predict: {} images in {} on {} rank(s) ({} to {} each), batches of {}, {} on {}, top {} of {} classes",
-                 n, o.input, pg.size(), n / static_cast<size_t>(pg.size()),
-                 (n + static_cast<size_t>(pg.size()) - 1) / static_cast<size_t>(pg.size()), rows, model->summary(),
-                 device.str(), lines.k, classes);
+    spdlog::info("predict: {} images in {} on {} rank(s): {} batch(es) of {} dealt to the ranks in turn, {} on {}, "
+                 "top {} of {} classes",
+                 n, o.input, pg.size(), batch_count, rows, model->summary(), device.str(), lines.k, classes);
 
   std::vector<int64_t> shape{static_cast<int64_t>(rows)};
   shape.insert(shape.end(), pipe.sample_shape.begin(), pipe.sample_shape.end());
   const size_t sample = static_cast<size_t>(pipe.sample_shape[0] * pipe.sample_shape[1] * pipe.sample_shape[2]);
-  // Decodes inputs [first, last) into a batch of `rows` rows; an unreadable image throws unless skip_bad.
-  auto decode = [&](size_t first, size_t last) {
-    DecodedBatch b{Tensor::zeros(shape), std::vector<std::string>(last - first)};
-    for (size_t i = first; i < last; ++i) {
+  // Decodes a batch's inputs into `rows` rows (the unused rows zero); an unreadable image throws unless skip_bad.
+  auto decode = [&](const ImageBatch& batch) {
+    DecodedBatch b{Tensor::zeros(shape), std::vector<std::string>(batch.size())};
+    for (size_t i = batch.begin; i < batch.end; ++i) {
       try {
         const data::Image image = data::read_image(in.file(i), transform.options().channels);
-        transform.apply(image.view(), 0, i, b.pixels.data<float>() + (i - first) * sample);
+        transform.apply(image.view(), 0, i, b.pixels.data<float>() + (i - batch.begin) * sample);
       } catch (const IoError& e) {
         if (!o.skip_bad) DPT_THROW(IoError, "predict: {} (--skip-bad writes an error line for it and goes on)", e.what());
-        b.errors[i - first] = e.what();
+        b.errors[i - batch.begin] = e.what();
       }
     }
     return b;
   };
 
-  std::string mine;
-  size_t errors = 0;
+  std::vector<std::pair<size_t, std::string>> mine;  // (batch index, its lines)
+  size_t errors = 0, done = 0;
   ProgressLine progress(pg.rank() == 0, n, pg.size(), cfg.train.progress_interval_s);
-  auto batch_end = [&](size_t first) { return std::min(share.end, first + rows); };
   std::future<DecodedBatch> next;
-  if (share.size() > 0) next = std::async(std::launch::async, decode, share.begin, batch_end(share.begin));
-  for (size_t first = share.begin; first < share.end; first += rows) {
+  if (!batches.empty()) next = std::async(std::launch::async, decode, batches.front());
+  for (size_t k = 0; k < batches.size(); ++k) {
+    const ImageBatch& batch = batches[k];
     DecodedBatch b = next.get();  // decoded while the previous batch ran
-    const size_t last = batch_end(first);
-    if (last < share.end) next = std::async(std::launch::async, decode, last, batch_end(last));
+    if (k + 1 < batches.size()) next = std::async(std::launch::async, decode, batches[k + 1]);
     const Tensor logits = model->forward(device.is_cuda() ? b.pixels.to(device) : b.pixels).to(Device::cpu());
     DPT_CHECK(logits.ndim() == 2 && logits.dim(1) == classes, "logits {} for {} classes", logits.shape_str(), classes);
-    for (size_t i = first; i < last; ++i) {
-      const std::string& err = b.errors[i - first];
+    std::string text;
+    for (size_t i = batch.begin; i < batch.end; ++i) {
+      const std::string& err = b.errors[i - batch.begin];
       if (!err.empty()) {
-        mine += lines.error(in.names[i], err);
+        text += lines.error(in.names[i], err);
         ++errors;
         continue;
       }
-      mine += lines.prediction(in.names[i], top_k(logits.data<float>() + (i - first) * static_cast<size_t>(classes),
+      text += lines.prediction(in.names[i], top_k(logits.data<float>() + (i - batch.begin) * static_cast<size_t>(classes),
                                                   classes, lines.k));
     }
-    progress.update(last - share.begin, share.size());
+    mine.emplace_back(batch.index, std::move(text));
+    done += batch.size();
+    progress.update(done, my_images);
   }
 
-  const std::string text = gather_text(mine, pg);
+  const std::string text = gather_in_order(mine, batch_count, pg);
   Tensor count = Tensor::zeros({1}, DType::F64);
   count.data<double>()[0] = static_cast<double>(errors);
   pg.allreduce(count, {.op = comm::ReduceOp::Sum, .what = "predict: errors"})->wait();

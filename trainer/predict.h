@@ -1,14 +1,18 @@
-// trainer/predict.h: `dptrain predict`: a checkpoint's classifier over many image files (or a GPT over many prompts) on every rank of a group,
-// each rank a contiguous share of the sorted inputs, one output line per input, gathered to rank 0, which writes
-// the file atomically.
+// trainer/predict.h: `dptrain predict`: a checkpoint's classifier over many image files (or a GPT over many
+// prompts) on every rank of a group, one output line per input, gathered to rank 0, which writes the file
+// atomically.
 //
-// The same bytes on any number of ranks: the inputs are sorted, a rank's lines are concatenated in rank order
-// (= input order), and every image's numbers depend on that image alone. Batches are padded to one size (the
-// --batch-size, or the input count when smaller) so that the kernels see the same shapes whatever share a rank
-// has; the softmax and the top-k are computed per image in double on the host, and probabilities printed with
-// kProbDigits decimals. Prompts are batched otherwise (prompt_batches): batches formed over all the prompts, dealt
-// to the ranks in turn, the lines gathered back into input order; a batch's rows are then the same on any number of
-// ranks.
+// The same bytes on any number of ranks, for the same threads per rank: every input is computed in the same batch,
+// at the same row, beside the same inputs, whatever the rank count, because the batches are formed over all the
+// inputs and dealt to the ranks whole. Images: batch j is the sorted inputs [j * B, (j + 1) * B), the last one
+// padded with zero rows to B (B = --batch-size, or the input count when smaller), rank j mod N's (image_batches);
+// prompts: batches of one window length (prompt_batches), dealt the same way; the lines are gathered back in input
+// order. Why it takes that: a CPU's GEMM and convolution kernels may round an input's numbers differently in
+// another batch or at another row (measured on an AMD EPYC: 1 and 2 ranks differed from image 510 on when each rank
+// took a contiguous half). The thread count is the run's to keep: OpenBLAS's one-thread and many-thread products
+// block a long dot product (past 384 terms on AVX-512) differently, so 1 thread and 2 or more differ in the last
+// bits; dprun sets OMP_NUM_THREADS=1, and rank 0 logs "device cpu: threads: OpenBLAS N, oneDNN N". The softmax and
+// the top-k are computed per image in double on the host, and probabilities printed with kProbDigits decimals.
 #pragma once
 
 #include <cstdint>
@@ -24,7 +28,7 @@ namespace dpt::trainer {
 
 inline constexpr int kProbDigits = 6;  // decimals of a printed probability
 
-// ---- inputs and shares ----------------------------------------------------------------------------------------
+// ---- inputs and batches ----------------------------------------------------------------------------------------
 
 // What --input names: a folder's images (recursively, as data::list_image_files finds them) as paths relative to
 // the folder, or the lines of a list file (paths as written, relative ones to the working directory; blank lines
@@ -40,14 +44,16 @@ ImageInputs list_image_inputs(const std::string& input);
 // too. IoError when it cannot be read.
 std::vector<std::string> read_lines(const std::string& path, bool skip_comments);
 
-// Rank `rank`'s contiguous share [begin, end) of n inputs: n * rank / world to n * (rank + 1) / world, so the
-// ranks' shares in rank order are the inputs in order and differ in size by at most one.
-struct Share {
-  size_t begin = 0, end = 0;
+// The batches of n images in batches of `rows`: batch j is inputs [j * rows, min(n, (j + 1) * rows)), run padded
+// to `rows` rows, and rank j mod world_size's. Which batch and row an input is in depends on n and rows alone, not
+// on the ranks. `rank`'s batches, in order.
+struct ImageBatch {
+  size_t index = 0, begin = 0, end = 0;
   size_t size() const { return end - begin; }
-  bool operator==(const Share&) const = default;
+  bool operator==(const ImageBatch&) const = default;
 };
-Share contiguous_share(size_t n, int rank, int world_size);
+size_t image_batch_count(size_t n, size_t rows);
+std::vector<ImageBatch> image_batches(size_t n, size_t rows, int rank, int world_size);
 
 // ---- one prediction --------------------------------------------------------------------------------------------
 
@@ -120,7 +126,7 @@ PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o,
 // The batches prompts are generated in (models::generate_batch): prompts whose windows min(tokens, block_size) are
 // of one length, in input order, cut into chunks of at most batch_size; the batches ordered by their first prompt.
 // Every prompt is in exactly one batch. They depend on the prompts alone, not on the ranks: batch j is rank
-// j mod world's, so every batch has the same rows whatever the rank count, and so the same logits, bit for bit.
+// j mod world's (as image_batches), so every batch has the same rows whatever the rank count, and so the same logits.
 std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token_counts, int64_t block_size,
                                                 int64_t batch_size);
 

@@ -3,7 +3,9 @@
 // prompt's last block_size tokens go through once, then one token at a time. When the cache is full (block_size
 // positions), it starts again from the last block_size / 2 tokens, so a long text keeps at least half a window of
 // context. Without the cache each token runs the model over the last block_size tokens (a sliding window); up to
-// block_size tokens in all the two give the same text. Loading a checkpoint and its tokenizer for this is the
+// block_size tokens in all the two compute the same logits but in products of other row counts (1 against the
+// window's), which may round their last bits otherwise: the same text, save where a draw lands within that rounding
+// of a boundary between two tokens (about 1e-6 of the draws). Loading a checkpoint and its tokenizer for this is the
 // trainer's (trainer/gpt_checkpoint.h, `dptrain generate`).
 #pragma once
 

@@ -4,8 +4,10 @@
 # and test_acc that `dptrain eval` of the checkpoint written at that step gives on 1 and on 2 ranks. With
 # dist.broadcast_buffers on (the default: rank 1's statistics differ by its last step's update) and off (they
 # drift apart all run long); mid-epoch (train.max_steps) and at the end of a second epoch.
-# Compared as printed (4 decimals): accuracy is a count over 300 examples; the loss sums in another order on 1
-# rank than on 2, far below the 4th decimal.
+# On 2 ranks eval runs the run's own shards in the run's batches: the printed values (4 decimals) are equal by
+# construction. On 1 rank the 300 examples go through as one batch, not 150 + 150: a convolution's last bits may
+# differ with the batch, and the loss sums in another order, so the printed loss may round the other way (one unit
+# of the 4th decimal) and an example whose two best logits are within rounding may change class (1/300).
 source "$(dirname "$0")/lib/common.bash"
 RESNET=(model.name=resnet model.stem=small "model.blocks=[1,1]" "model.widths=[8,16]" data.train_limit=600
         data.test_limit=300 train.progress_interval_s=1000 train.lr=0.2 train.warmup_epochs=0 train.batch_size=8)  # 38 steps an epoch
@@ -30,8 +32,12 @@ check() {
     e_loss=$(grep -oP " loss \K[0-9.]+" <<<"$line")
     e_acc=$(grep -oP " accuracy \K[0-9.]+" <<<"$line")
     echo "$name: printed test_loss $loss test_acc $acc; eval on $n rank(s): loss $e_loss accuracy $e_acc"
-    [ "$loss" = "$e_loss" ] && [ "$acc" = "$e_acc" ] \
-      || fail "$name: the run printed test_loss $loss test_acc $acc, but its checkpoint evaluates to loss $e_loss" \
+    if [ "$n" = 2 ]; then
+      [ "$loss" = "$e_loss" ] && [ "$acc" = "$e_acc" ]
+    else
+      awk -v a="$loss" -v b="$e_loss" -v c="$acc" -v d="$e_acc" \
+        'BEGIN { exit !((a - b) ^ 2 <= 1.0001e-8 && (c - d) ^ 2 <= (1 / 300 + 1e-4) ^ 2) }'
+    fi || fail "$name: the run printed test_loss $loss test_acc $acc, but its checkpoint evaluates to loss $e_loss" \
               "accuracy $e_acc on $n rank(s)"
   done
 }

@@ -54,7 +54,9 @@ ok = sum(32 <= b < 127 or b in (9, 10) for b in text)
 assert ok >= 0.95 * len(text), (ok, len(text))
 PYEOF
 # The KV cache changes nothing within a block: 3 prompt bytes + 29 new ones = block_size 32, the same text as the
-# sliding window's (--no-kv-cache).
+# sliding window's (--no-kv-cache). Its products have 1 row, the window's up to 32: the logits agree within rounding
+# (unit.models' KV cache test), which turns a draw only within ~1e-6 of a boundary between two tokens; this seed's
+# 29 draws are nowhere near one under any of the kernel sets tried (OpenBLAS Prescott to Cooperlake).
 g4=$("$DPTRAIN" generate --checkpoint "$WORK/learn" --prompt "Q: " --tokens 29 --seed 9 2> "$WORK/gen.err") \
   || { cat "$WORK/gen.err"; fail "generate failed"; }
 g5=$("$DPTRAIN" generate --checkpoint "$WORK/learn" --prompt "Q: " --tokens 29 --seed 9 --no-kv-cache 2> "$WORK/gen.err")

@@ -38,6 +38,8 @@ Device choose_and_set_device(const Config& cfg, const comm::DistEnv& env) {
   } else if (cfg.train.device == "auto" && env.rank == 0) {
     spdlog::warn("no GPU ({}): training on the CPU", cuda::unavailable_reason());
   }
+  // Rank 0's thread counts: a product's or convolution's last bits can change with them (cpu_kernels.h).
+  if (device.is_cpu() && env.rank == 0) spdlog::info("device cpu: {} (rank 0)", models::describe_cpu_threads());
   return device;
 }
 

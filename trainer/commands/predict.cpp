@@ -1,6 +1,6 @@
 // trainer/commands/predict.cpp: `dptrain predict --checkpoint C --input PATH --out FILE`: a checkpoint's predictions
 // for many inputs on every rank of the job, rank 0 writing FILE (trainer/predict.h): the same bytes on any number
-// of ranks.
+// of ranks (for the same threads per rank).
 #include <spdlog/spdlog.h>
 
 #include <optional>
@@ -73,10 +73,11 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
   a->print_config = std::move(print_config);
   CLI::App* cmd = root.add_subcommand(
       "predict",
-      "predict the classes of many images with a checkpoint's classifier on every rank of the job, each rank a "
-      "contiguous share of the sorted inputs, with the checkpoint's evaluation preprocessing; rank 0 writes one line "
-      "per image, in sorted path order, to --out (as OUT.tmp, renamed when complete): the same bytes on any number of "
-      "ranks; trains nothing. With a GPT checkpoint --input is a text file of prompts, one a line, and each line of "
+      "predict the classes of many images with a checkpoint's classifier on every rank of the job, the sorted inputs "
+      "in batches of --batch-size dealt to the ranks in turn, with the checkpoint's evaluation preprocessing; rank 0 "
+      "writes one line per image, in sorted path order, to --out (as OUT.tmp, renamed when complete): the same bytes "
+      "on any number of ranks, for the same CPU kernels and threads per rank (1 thread and 2 or more round "
+      "OpenBLAS's long products differently; the run's 'device cpu: threads' line says how many); trains nothing. With a GPT checkpoint --input is a text file of prompts, one a line, and each line of "
       "OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
       "prompts of one token length (past the block size: as the block size) are generated --batch-size at a time with "
       "one KV cache, the batches dealt to the ranks in turn (a batch's products may round the logits' last bits "
@@ -97,8 +98,9 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
   cmd->add_option("--out", a->out, "the output file; written as OUT.tmp, renamed to OUT (replacing it) when complete")
       ->required();
   cmd->add_option("--batch-size", a->batch_size,
-                  "images per forward pass on each rank; GPT: prompts generated side by side (those of one token "
-                  "length; the KV cache holds 2 x n_layer x batch x block_size x n_embd floats)")
+                  "images per forward pass (batches formed over all the images, the last one padded, dealt to the "
+                  "ranks in turn); GPT: prompts generated side by side (those of one token length; the KV cache "
+                  "holds 2 x n_layer x batch x block_size x n_embd floats)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--top-k", a->top_k, "most likely classes per image (at most the class count)")

@@ -25,6 +25,11 @@ std::string blas_core_upgrade();
 // kernels, which are emulated (operands rounded to p, float32 arithmetic) and what that costs.
 std::string describe_cpu_arithmetic(Precision p);
 
+// "threads: OpenBLAS 1, oneDNN 1": how many threads each CPU library splits a product or a convolution over
+// (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, else every core). The split can change the last bits of a result, so
+// runs that must give the same bytes need the same counts (dprun sets OMP_NUM_THREADS=1 unless the user set it).
+std::string describe_cpu_threads();
+
 // x rounded to the nearest fp16 value (ties to even), as a float: exactly static_cast<float>(static_cast<
 // _Float16>(x)), inf beyond fp16's range, NaN kept; the F16 operand rounding.
 float round_to_fp16(float x);

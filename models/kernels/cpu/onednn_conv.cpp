@@ -1,6 +1,7 @@
 // models/kernels/cpu/onednn_conv.cpp: see onednn_conv.h.
 #include "models/kernels/cpu/onednn_conv.h"
 
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include <array>
@@ -270,6 +271,11 @@ std::string describe() {
   } catch (const dnnl::error&) {
   }
   return fmt::format("oneDNN {}.{}.{} ({})", v->major, v->minor, v->patch, isa);
+}
+
+int max_threads() {
+  static_assert(DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP, "max_threads() asks OpenMP: this oneDNN runs another runtime");
+  return omp_get_max_threads();
 }
 
 bool conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs, Precision p) {

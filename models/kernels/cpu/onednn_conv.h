@@ -34,5 +34,7 @@ void set_enabled(bool on);
 bool supports(Precision p);
 // "oneDNN 2.6.3 (avx512_core_bf16)": the version and the instruction set its kernels use, for the log.
 std::string describe();
+// The threads oneDNN's primitives run on (its OpenMP runtime's omp_get_max_threads()).
+int max_threads();
 
 }  // namespace dpt::models::onednn

@@ -3,6 +3,8 @@
 // how the CPU computes in a precision.
 #include "models/kernels/cpu/cpu_kernels.h"
 
+#include <cblas.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -29,6 +31,10 @@ std::string describe_cpu_arithmetic(Precision p) {
                      "CPU in Debian's OpenBLAS or oneDNN): the numerics of {}, slower than fp32 (the rounding is an "
                      "extra pass)",
                      name, emulated, name, name);
+}
+
+std::string describe_cpu_threads() {
+  return fmt::format("threads: OpenBLAS {}, oneDNN {}", openblas_get_num_threads(), onednn::max_threads());
 }
 
 // Without the library call the

@@ -1,9 +1,10 @@
-// tests/unit/trainer/test_predict.cpp: `dptrain predict`'s parts (trainer/predict.h): contiguous shares cover every
-// input once in order, the softmax top-k in closed form, the jsonl and csv lines (parsed back: escaping and quoting),
-// inputs from a folder or a list file, the gathered text in rank order on 1..3 ranks, the atomic write; prompts'
+// tests/unit/trainer/test_predict.cpp: `dptrain predict`'s parts (trainer/predict.h): image batches cover every
+// input once, the same batches on any rank count, the softmax top-k in closed form, the jsonl and csv lines (parsed
+// back: escaping and quoting), inputs from a folder or a list file, the gathered text in rank order on 1..3 ranks, the atomic write; prompts'
 // batches (one window length each, every prompt once) and their lines gathered back into input order.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -20,25 +21,36 @@ using namespace dpt;
 using namespace dpt::trainer;
 namespace fs = std::filesystem;
 
-TEST_CASE("contiguous shares: every input once, in order, sizes within one", "[predict]") {
+TEST_CASE("image batches: every input once, whole batches dealt in turn, the same batches on any rank count",
+          "[predict]") {
   for (size_t n : {0, 1, 2, 7, 100, 101}) {
-    for (int world : {1, 2, 3, 7}) {
-      INFO("n " << n << " world " << world);
-      size_t next = 0, smallest = n, largest = 0;
-      for (int r = 0; r < world; ++r) {
-        const Share s = contiguous_share(n, r, world);
-        REQUIRE(s.begin == next);
-        REQUIRE(s.end >= s.begin);
-        next = s.end;
-        smallest = std::min(smallest, s.size());
-        largest = std::max(largest, s.size());
+    for (size_t rows : {1, 3, 7, 64}) {
+      for (int world : {1, 2, 3, 7}) {
+        INFO("n " << n << " rows " << rows << " world " << world);
+        std::vector<int> seen(n, 0);
+        std::vector<ImageBatch> all;  // over the ranks, by batch index
+        for (int r = 0; r < world; ++r) {
+          for (const ImageBatch& b : image_batches(n, rows, r, world)) {
+            REQUIRE(b.index % static_cast<size_t>(world) == static_cast<size_t>(r));  // batch j: rank j mod world
+            REQUIRE(b.begin == b.index * rows);  // the same batches, rows and neighbours whatever the world size
+            REQUIRE(b.end == std::min(n, b.begin + rows));
+            REQUIRE(b.size() >= 1);
+            for (size_t i = b.begin; i < b.end; ++i) ++seen[i];
+            all.push_back(b);
+          }
+        }
+        REQUIRE(std::all_of(seen.begin(), seen.end(), [](int c) { return c == 1; }));
+        REQUIRE(all.size() == image_batch_count(n, rows));
+        std::sort(all.begin(), all.end(), [](const ImageBatch& a, const ImageBatch& b) { return a.index < b.index; });
+        REQUIRE(all == image_batches(n, rows, 0, 1));  // one rank runs the same batches
       }
-      REQUIRE(next == n);
-      REQUIRE(largest - smallest <= 1);
     }
   }
-  REQUIRE(contiguous_share(7, 1, 3) == Share{2, 4});  // 7 * 1 / 3 = 2, 7 * 2 / 3 = 4
-  REQUIRE_THROWS(contiguous_share(7, 3, 3));
+  // 200 images in batches of 7 on 2 ranks: rank 1 starts at image 7, not at 100 (a contiguous half).
+  REQUIRE(image_batches(200, 7, 1, 2).front() == ImageBatch{1, 7, 14});
+  REQUIRE(image_batches(200, 7, 0, 2).back() == ImageBatch{28, 196, 200});  // 29 batches, the last of 4 images
+  REQUIRE(image_batches(3, 7, 1, 2).empty());  // fewer batches than ranks: a rank may have none
+  REQUIRE_THROWS(image_batches(7, 3, 3, 3));
 }
 
 TEST_CASE("top_k: the softmax's largest, most likely first, ties by index", "[predict]") {
