@@ -13,7 +13,6 @@
 #include "trainer/config.h"
 #include "trainer/safetensors.h"
 #include "trainer/evaluate.h"
-#include "trainer/trainer.h"
 
 namespace dpt::trainer {
 

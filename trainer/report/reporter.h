@@ -23,7 +23,7 @@
 #include "trainer/loss_scaler.h"
 #include "trainer/report/metrics.h"
 #include "trainer/report/run_report.h"
-#include "trainer/trainer.h"
+#include "trainer/run_result.h"
 
 namespace dpt::trainer {
 
