@@ -7,7 +7,8 @@
 
 #include "trainer/commands/commands.h"
 #include "trainer/commands/job.h"
-#include "trainer/predict.h"
+#include "trainer/predict_images.h"
+#include "trainer/predict_prompts.h"
 
 namespace dpt::trainer::commands {
 namespace {

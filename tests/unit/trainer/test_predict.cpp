@@ -15,7 +15,8 @@
 #include "data/image_io.h"
 #include "tests/support/gloo_ranks.h"
 #include "tests/support/temp_dir.h"
-#include "trainer/predict.h"
+#include "trainer/predict_images.h"
+#include "trainer/predict_prompts.h"
 
 using namespace dpt;
 using namespace dpt::trainer;

@@ -1,0 +1,85 @@
+// trainer/predict_prompts.cpp: `dptrain predict` over a GPT's prompts (trainer/predict_prompts.h).
+#include "trainer/predict_prompts.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "core/check.h"
+#include "trainer/gpt_checkpoint.h"
+
+namespace dpt::trainer {
+
+std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token_counts, int64_t block_size,
+                                                int64_t batch_size) {
+  DPT_CHECK(block_size >= 1 && batch_size >= 1, "prompt batches: block_size {}, batch_size {}", block_size, batch_size);
+  std::vector<std::vector<size_t>> batches;
+  std::map<size_t, size_t> open;  // window length -> its batch being filled
+  for (size_t i = 0; i < token_counts.size(); ++i) {
+    const size_t window = std::min(token_counts[i], static_cast<size_t>(block_size));
+    auto it = open.find(window);
+    if (it == open.end() || batches[it->second].size() == static_cast<size_t>(batch_size)) {
+      open[window] = batches.size();
+      batches.emplace_back();
+    }
+    batches[open[window]].push_back(i);
+  }
+  return batches;
+}
+
+PredictSummary predict_prompts(const std::string& checkpoint, const PromptOptions& o, comm::ProcessGroup& pg,
+                               Device device) {
+  const auto start = std::chrono::steady_clock::now();
+  const GptCheckpoint ck = load_gpt_checkpoint(checkpoint, o.tokenizer, device);
+  const data::Tokenizer& tokenizer = *ck.tokenizer;
+  const std::vector<std::string> prompts = read_lines(o.input, /*skip_comments=*/false);
+  if (prompts.empty()) DPT_THROW(ConfigError, "predict: no prompts (non-blank lines) in {}", o.input);
+  // Every rank encodes every prompt: the batches depend on all the token counts.
+  std::vector<std::vector<int32_t>> encoded;
+  std::vector<size_t> counts;
+  for (const std::string& p : prompts) {
+    encoded.push_back(tokenizer.encode(p));
+    counts.push_back(encoded.back().size());
+  }
+  const std::vector<std::vector<size_t>> batches = prompt_batches(counts, ck.block_size, o.batch_size);
+  const auto world = static_cast<size_t>(pg.size()), rank = static_cast<size_t>(pg.rank());
+  size_t my_prompts = 0;
+  for (size_t j = rank; j < batches.size(); j += world) my_prompts += batches[j].size();
+  models::SampleOptions sampling = o.sampling;
+  sampling.vocab_limit = tokenizer.vocab_size();
+  const auto new_tokens = static_cast<size_t>(o.tokens);
+  if (rank == 0)
+    spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "
+                 "window together); {} from {} on {}; {} tokens each, temperature {}, top_k {}, seed {}{}; tokenizer {}",
+                 prompts.size(), o.input, world, batches.size(), o.batch_size, ck.model->summary(), ck.from,
+                 device.str(), o.tokens, sampling.temperature, sampling.top_k, o.seed,
+                 o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
+  std::vector<std::pair<size_t, std::string>> mine;
+  ProgressLine progress(rank == 0, prompts.size() * new_tokens, pg.size(), o.progress_interval_s, "tokens");
+  size_t done = 0;  // tokens generated here
+  const auto count_tokens = [&](int64_t n) {
+    done += static_cast<size_t>(n);
+    progress.update(done, my_prompts * new_tokens);
+  };
+  for (size_t j = rank; j < batches.size(); j += world) {
+    std::vector<std::vector<int32_t>> batch;
+    for (size_t i : batches[j]) batch.push_back(encoded[i]);
+    const std::vector<std::vector<int32_t>> out =
+        models::generate_batch(*ck.model, ck.block_size, std::move(batch), o.tokens, sampling,
+                               std::vector<uint64_t>(batches[j].size(), o.seed), o.kv_cache, count_tokens);
+    for (size_t r = 0; r < out.size(); ++r) {
+      const std::string& prompt = prompts[batches[j][r]];
+      const std::string text = tokenizer.decode(out[r]);
+      mine.emplace_back(batches[j][r], o.format == PredictFormat::jsonl
+                                           ? "{\"prompt\": " + json_string(prompt) + ", \"text\": " + json_string(text) + "}\n"
+                                           : csv_field(prompt) + "," + csv_field(text) + "\n");
+    }
+  }
+  const std::string text = gather_in_order(mine, prompts.size(), pg);
+  if (rank == 0) write_file_atomically(o.out, (o.format == PredictFormat::csv ? "prompt,text\n" : "") + text);
+  return {prompts.size(), 0, seconds_since(start), ck.model->summary(), prompts.size() * new_tokens};
+}
+
+}  // namespace dpt::trainer
