@@ -44,9 +44,11 @@ Tensors travel as safetensors (ckpt.py reads and writes them with numpy alone).
   torch_resnet.py load ARCH CLASSES FILE      loads FILE (e.g. a dptrain checkpoint's model.safetensors) into
                                      ARCH(num_classes=CLASSES) with strict=True and prints its tensor count
 Tolerances (fp32, different summation orders): logits and eval logits within 1e-4 of their largest
-magnitude; each gradient within 2e-3 of its own largest magnitude; buffers within 1e-5.
+magnitude; each gradient within 2e-3 of its own largest magnitude, once the ReLU masks that flipped where an
+input lies within rounding of 0 are taken off (NEAR_TIE); buffers within 1e-5.
 """
 import argparse
+import copy
 import json
 import os
 import socket
@@ -373,6 +375,83 @@ def state_arrays(model):
     return {k: v.detach().numpy() for k, v in model.state_dict().items()}
 
 
+# A ReLU input within rounding of 0 may come out on either side of it in another implementation (a float32 sum in
+# another order): its mask flips there, and every gradient upstream of that ReLU moves by that one element's share.
+# The small-stem net's 28x28 layers hold 200k values a ReLU, some within 1e-6 of 0: oneDNN's AVX2 kernels flipped
+# one where its AVX-512 ones and torch did not, moving layer1's gradients by 5e-3 of their largest while every
+# convolution was within 2e-6 of a float64 loop. So `check` finds, in float64, the ReLU inputs within NEAR_TIE of 0
+# (relative to that ReLU's largest input: a few times float32's worst convolution error seen), each one's effect on
+# every gradient (a backward pass with that one mask flipped), and takes off the difference between dptrain's and
+# torch's gradients the flips that explain it best, each whole or not at all (least squares, rounded to -1, 0 or 1);
+# what is left must be within the float32 tolerance. A defect would have to look exactly like a flipped mask to hide.
+NEAR_TIE = 4e-6
+
+
+class MaskedReLU(nn.Module):
+    """ReLU whose mask can be flipped at one position of its k-th call (a block calls its ReLU twice)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls, self.flip, self.ties = 0, None, []  # flip: (call, flat index); ties: the (call, flat index) found
+
+    def forward(self, x):
+        call, self.calls = self.calls, self.calls + 1
+        mask = x > 0
+        v = x.detach().abs().flatten()
+        self.ties += [(call, int(i)) for i in torch.nonzero(v < NEAR_TIE * v.max()).flatten()]
+        if self.flip is not None and self.flip[0] == call:
+            mask = mask.flatten().clone()
+            mask[self.flip[1]] = ~mask[self.flip[1]]
+            mask = mask.view_as(x)
+        return x * mask
+
+
+def flip_effects(model, x, y, names):
+    """Each near-tie ReLU mask flip's effect on the gradients of `names` (float64), flattened, as float32."""
+    m = copy.deepcopy(model).double()
+    m.train()
+    relus = []
+    for mod in list(m.modules()):
+        for child_name, child in list(mod.named_children()):
+            if isinstance(child, nn.ReLU):
+                setattr(mod, child_name, MaskedReLU())
+                relus.append(getattr(mod, child_name))
+    params = dict(m.named_parameters())
+
+    def grads(flip_at=None):
+        for r in relus:
+            r.calls, r.ties, r.flip = 0, [], None
+        if flip_at is not None:
+            flip_at[0].flip = flip_at[1]
+        m.zero_grad()
+        nn.functional.cross_entropy(m(x.double()), y).backward()
+        return torch.cat([params[n].grad.detach().flatten() for n in names])
+
+    base = grads()
+    ties = [(r, t) for r in relus for t in r.ties]
+    return [(grads((r, t)) - base).float().numpy() for r, t in ties]
+
+
+def explain_flips(got, want, names, model, x, y):
+    """got - want per name, less the near-tie flips that explain it best; and how many flips were taken off."""
+    r = np.concatenate([(np.asarray(got[n], np.float64) - np.asarray(want[n], np.float64)).ravel() for n in names])
+    effects = flip_effects(model, x, y, [n[len("grad."):] for n in names])
+    taken = 0
+    if effects:
+        gram = np.array([[np.dot(a.astype(np.float64), b) for b in effects] for a in effects])
+        rhs = np.array([np.dot(a.astype(np.float64), r) for a in effects])
+        coef = np.rint(np.clip(np.linalg.lstsq(gram, rhs, rcond=None)[0], -1, 1))
+        for c, e in zip(coef, effects):
+            r -= c * e
+        taken = int(np.abs(coef).sum())
+    out, at = {}, 0
+    for n in names:
+        size = int(np.asarray(want[n]).size)
+        out[n] = r[at:at + size]
+        at += size
+    return out, len(effects), taken
+
+
 def make(variant, d):
     bf16 = variant in BF16
     build, shape, classes, overrides = VARIANTS[BF16.get(variant, variant)]
@@ -449,6 +528,15 @@ def check(variant, d):
     if missing or extra:
         sys.exit(f"FAIL tensor names differ: missing {missing[:5]}, extra {extra[:5]}")
     worst = {"logits": 0.0, "grad": 0.0, "buffer": 0.0}
+    # The difference in gradients, less the ReLU mask flips that explain it (the model as `make` saved it).
+    model = build()
+    model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in ckpt.load(os.path.join(d, "weights.safetensors")).items()})
+    inp = ckpt.load(os.path.join(d, "input.safetensors"))
+    x, y = torch.from_numpy(np.array(inp["x"])), torch.from_numpy(np.array(inp["y"])).long()
+    grad_names = [n for n in want if n.startswith("grad.")]
+    explained, ties, taken = explain_flips(got, want, grad_names, model, x, y)
+    print(f"{variant}: {ties} ReLU input(s) within {NEAR_TIE:g} of 0 (float64); {taken} flipped mask(s) taken off the "
+          f"gradients' difference")
     for name in want:
         if name == "loss":
             if abs(float(got[name]) - float(want[name])) > 1e-5 * max(1.0, abs(float(want[name]))):
@@ -456,7 +544,12 @@ def check(variant, d):
         elif name in ("logits", "eval_logits"):
             worst["logits"] = max(worst["logits"], close(name, got[name], want[name], 1e-4))
         elif name.startswith("grad."):
-            worst["grad"] = max(worst["grad"], close(name, got[name], want[name], 2e-3))
+            residual = explained[name]
+            scale = max(float(np.abs(np.asarray(want[name])).max()), 1e-12)
+            if np.abs(residual).max() > 2e-3 * scale:
+                sys.exit(f"FAIL {name}: max |dptrain - torch| = {np.abs(residual).max():.3g} (past {taken} flipped "
+                         f"ReLU mask(s)) > 2e-3 x {scale:.3g}")
+            worst["grad"] = max(worst["grad"], float(np.abs(residual).max()) / scale)
         elif name.endswith("num_batches_tracked"):
             if int(got[name]) != int(want[name]):
                 sys.exit(f"FAIL {name}: {int(got[name])} vs {int(want[name])}")

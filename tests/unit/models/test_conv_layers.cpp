@@ -64,10 +64,14 @@ TEST_CASE("conv2d forward and both backwards match naive loops: oneDNN and im2co
   std::mt19937_64 rng(7);
   Kernels& k = kernels_for(Device::cpu());
   // {c, k, kernel, stride, pad, h, w}: ResNet's shapes in small (3x3 same, 3x3 stride 2, the 1x1 downsample on
-  // an even size, where oneDNN's right padding is negative, the 7x7 stem) and odd ones.
+  // an even size, where oneDNN's right padding is negative, the 7x7 stem) and odd ones; then the small-stem
+  // ResNet's own on Fashion-MNIST: the 1-channel 28x28 stem (oneDNN pads its one channel to a block) and layer2's
+  // 28 -> 14 3x3 and 1x1 convolutions, at full size (integration.resnet_torch_parity's shapes).
   const std::vector<std::array<int64_t, 7>> shapes = {{16, 16, 3, 1, 1, 6, 6}, {8, 16, 3, 2, 1, 8, 8},
                                                       {8, 16, 1, 2, 0, 8, 8},  {3, 8, 7, 2, 3, 11, 10},
-                                                      {5, 3, 1, 1, 0, 4, 3},   {3, 4, 3, 2, 1, 3, 3}};
+                                                      {5, 3, 1, 1, 0, 4, 3},   {3, 4, 3, 2, 1, 3, 3},
+                                                      {1, 64, 3, 1, 1, 28, 28}, {64, 32, 3, 2, 1, 28, 28},
+                                                      {64, 32, 1, 2, 0, 28, 28}};
   for (const bool onednn_on : {true, false})
     for (const Precision prec : {Precision::F32, Precision::BF16, Precision::F16})
       for (auto [c, kk, r, stride, pad, h, w] : shapes) {
