@@ -297,8 +297,8 @@ Result run(const Options& o, const trainer::Config& cfg) {
     spdlog::warn("train.precision = fp16: no loss scaling here (timing only; dptrain's fp16 step also unscales and "
                  "checks the gradients)");
   // Weight decay on the matrices only for a GPT, as dptrain's training loop decides it (trainer.cpp).
-  const bool decay_matrices_only = cfg.train.weight_decay_params == "matrices" ||
-                                   (cfg.train.weight_decay_params == "auto" && gpt);
+  const bool decay_matrices_only = cfg.train.weight_decay_params == trainer::DecayParams::matrices ||
+                                   (cfg.train.weight_decay_params == trainer::DecayParams::automatic && gpt);
   trainer::Optimizer optimizer(cfg.train, *model, decay_matrices_only);
   models::SoftmaxCrossEntropy loss;
   models::Kernels& k = model->kernels();
@@ -481,7 +481,7 @@ int main(int argc, char** argv) {
     const Result r = run(o, cfg);
     fmt::print("# dpt-model-bench: {} ({} parameters) on {}; step = forward + softmax cross-entropy + backward + "
                "{} (lr {}), one batch made on the device\n",
-               r.model, r.params, r.device_name, cfg.train.optimizer, cfg.train.lr);
+               r.model, r.params, r.device_name, trainer::choice_name(cfg.train.optimizer), cfg.train.lr);
     const std::string peak =
         r.peak_flops > 0 ? fmt::format("{:.0f} TFLOP/s", r.peak_flops / 1e12) : std::string("- (unknown here)");
     if (r.tokens)

@@ -85,6 +85,12 @@ template <> struct Kind<std::vector<double>> {
   }
 };
 
+// A choice: written as one of its words; printed as that word, quoted.
+template <Choice E> struct Kind<E> {
+  static constexpr const char* name = "string";
+  static std::string show(E v) { return Kind<std::string>::show(choice_name(v)); }
+};
+
 // A node as TOML text, for error messages. Arrays and tables are printed here, element by element: toml++'s own
 // formatter (3.3) measures an array's elements to decide on line breaks with a size_t cast of log10(|x|), undefined
 // for a float under 0.1 (fuzz_config found `hidden = [828, 28e-80]`) and an overflow for INT64_MIN.
@@ -117,8 +123,9 @@ std::string describe(const toml::node& n) {
 struct Field {
   std::string key, type, help;
   std::function<std::string(const Config&)> show;
-  // Sets the value from a TOML node; returns false when the node has the wrong type.
-  std::function<bool(Config&, const toml::node&)> set;
+  // Sets the value from a TOML node; returns false when the node has the wrong type, and leaves in `problem`
+  // what is wrong with a value of the right type that the key cannot take (a choice that is not one of its words).
+  std::function<bool(Config&, const toml::node&, std::string& problem)> set;
   // Returns "" when the value is valid, else what is wrong with it.
   std::function<std::string(const Config&)> check;
 };
@@ -133,10 +140,22 @@ Field field(std::string key, S Config::*section, T S::*member, std::string help,
   f.type = Kind<T>::name;
   f.help = std::move(help);
   f.show = [=](const Config& c) { return Kind<T>::show(c.*section.*member); };
-  f.set = [=](Config& c, const toml::node& n) {
-    auto v = Kind<T>::read(n);
-    if (!v) return false;
-    c.*section.*member = std::move(*v);
+  f.set = [=](Config& c, const toml::node& n, std::string& problem) {
+    if constexpr (Choice<T>) {
+      const auto word = Kind<std::string>::read(n);
+      if (!word) return false;
+      const auto& names = ChoiceNames<T>::names;
+      const auto it = std::find(names.begin(), names.end(), *word);
+      if (it == names.end()) {
+        problem = fmt::format("must be one of: {}", fmt::join(names, ", "));
+        return true;
+      }
+      c.*section.*member = static_cast<T>(it - names.begin());
+    } else {
+      auto v = Kind<T>::read(n);
+      if (!v) return false;
+      c.*section.*member = std::move(*v);
+    }
     return true;
   };
   f.check = [=](const Config& c) { return check ? check(c.*section.*member) : std::string{}; };
@@ -175,16 +194,16 @@ const std::vector<Field>& schema() {
       field("train.batch_size", &C::train, &TrainConfig::batch_size, "examples per step PER RANK (global = this x world size)", at_least<int64_t>(1)),
       field("train.device", &C::train, &TrainConfig::device, "auto (cuda:LOCAL_RANK when GPUs exist, else cpu with a warning) | cpu | cuda (error without a GPU)", one_of({"auto", "cpu", "cuda"})),
       field("train.precision", &C::train, &TrainConfig::precision, "fp32 | bf16 | fp16: the arithmetic of matrix products and convolutions (operands rounded, float32 accumulation); master weights, optimizer state, loss, norms and BatchNorm statistics stay fp32; fp16 adds dynamic loss scaling (GradScaler's: 65536, halve and skip on inf/NaN, double after 2000 clean steps). On the CPU, bf16 convolutions run in oneDNN's bf16 kernels where the CPU has AVX-512; the rest of bf16 and all of fp16 are emulated (float32 arithmetic on rounded operands, slower than fp32)", one_of({"fp32", "bf16", "fp16"})),
-      field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw", one_of({"sgd", "adamw"})),
+      field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw"),
       field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
       field("train.nesterov", &C::train, &TrainConfig::nesterov, "SGD Nesterov momentum"),
       field("train.weight_decay", &C::train, &TrainConfig::weight_decay, "L2 penalty (SGD) or decoupled decay (AdamW)", at_least(0.0)),
-      field("train.weight_decay_params", &C::train, &TrainConfig::weight_decay_params, "which parameters train.weight_decay applies to: all | matrices (those of 2 or more dimensions: weights and embeddings, not biases or normalisation gains, as nanoGPT) | auto (matrices for gpt, all otherwise, as PyTorch's optimizers)", one_of({"auto", "all", "matrices"})),
+      field("train.weight_decay_params", &C::train, &TrainConfig::weight_decay_params, "which parameters train.weight_decay applies to: all | matrices (those of 2 or more dimensions: weights and embeddings, not biases or normalisation gains, as nanoGPT) | auto (matrices for gpt, all otherwise, as PyTorch's optimizers)"),
       field("train.beta1", &C::train, &TrainConfig::beta1, "AdamW beta1", in_range(0.0, 1.0)),
       field("train.beta2", &C::train, &TrainConfig::beta2, "AdamW beta2", in_range(0.0, 1.0)),
       field("train.eps", &C::train, &TrainConfig::eps, "AdamW epsilon", positive()),
-      field("train.schedule", &C::train, &TrainConfig::schedule, "constant | step (x gamma every step_size epochs) | cosine (to min_lr, per step)", one_of({"constant", "step", "cosine"})),
+      field("train.schedule", &C::train, &TrainConfig::schedule, "constant | step (x gamma every step_size epochs) | cosine (to min_lr, per step)"),
       field("train.warmup_epochs", &C::train, &TrainConfig::warmup_epochs, "linear warm-up from 0, in epochs (fractions allowed)", at_least(0.0)),
       field("train.warmup_steps", &C::train, &TrainConfig::warmup_steps, "linear warm-up from 0, in optimizer steps (instead of warmup_epochs)", at_least<int64_t>(0)),
       field("train.step_size", &C::train, &TrainConfig::step_size, "epochs between decays (schedule = step)", at_least<int64_t>(1)),
@@ -249,7 +268,7 @@ const std::vector<Field>& schema() {
             })),
       field("dist.overlap", &C::dist, &DistConfig::overlap, "all-reduce each bucket as soon as backward has produced it (false: one all-reduce after backward)"),
       field("dist.broadcast_buffers", &C::dist, &DistConfig::broadcast_buffers, "broadcast rank 0's buffers (BatchNorm running statistics) to every rank at the start of each step, as DDP's broadcast_buffers (evaluation uses rank 0's, the saved ones, either way)"),
-      field("dist.grad_dtype", &C::dist, &DistConfig::grad_dtype, "fp32 | bf16: what the gradient all-reduce carries. bf16 (PyTorch DDP's bf16_compress_hook): each bucket is divided by the world size and rounded to bfloat16 (nearest even), summed in bfloat16 (each addition in fp32, rounded back), and widened back to fp32: half the bytes on the wire, gradients good to about 3 significant digits (relative 2^-8 per rounding). Parameters, optimizer state and everything else stay fp32. Every backend (gloo, mpi, nccl). With one rank nothing is all-reduced, so it has no effect", one_of({"fp32", "bf16"})),
+      field("dist.grad_dtype", &C::dist, &DistConfig::grad_dtype, "fp32 | bf16: what the gradient all-reduce carries. bf16 (PyTorch DDP's bf16_compress_hook): each bucket is divided by the world size and rounded to bfloat16 (nearest even), summed in bfloat16 (each addition in fp32, rounded back), and widened back to fp32: half the bytes on the wire, gradients good to about 3 significant digits (relative 2^-8 per rounding). Parameters, optimizer state and everything else stay fp32. Every backend (gloo, mpi, nccl). With one rank nothing is all-reduced, so it has no effect"),
       field("dist.zero", &C::dist, &DistConfig::zero, "0 | 1 | 2 | 3: sharded data parallelism (ZeRO). 0: DDP, every rank holds the whole optimizer state and gradients. 1 (stage 1): each rank holds the optimizer state of 1/N of the parameters: every gradient bucket is reduce-scattered (not all-reduced) during backward, each rank updates its shard, and the parameters are all-gathered after the step; AdamW's 8 bytes per parameter become 8/N. 2 (stage 2): also the gradients: a rank keeps only its shard's averaged gradients (4/N bytes per parameter), each bucket's full gradients being held only from the moment backward reaches it to its reduce-scatter (with train.accum_steps > 1, over the whole accumulation, as FSDP's no_sync). 3 (stage 3, FSDP's full shard): also the parameters: a rank keeps only its shard (4/N bytes per parameter); each gradient bucket's parameters are all-gathered just before the first module using them runs forward, and again before backward, the next bucket's gather prefetched while the current one computes, and released once their modules are done; checkpoints, the start's broadcast and the replica check gather the whole model for a moment. Stages 1 to 3 compute the same numbers, bit for bit (DDP's too on 2 ranks; on more, within float32 rounding: the additions run in another order). Checkpoints hold the optimizer state as one file per rank and load at any world size and dist.zero. No effect with one rank", Check<int64_t>([](const int64_t& v) {
         return v >= 0 && v <= 3 ? "" : std::string("must be 0, 1, 2 or 3"); })),
       field("dist.interface", &C::dist, &DistConfig::interface, "gloo: the network interface each rank listens on (e.g. eth0, ib0), the same name on every node; empty (the default): the interface whose address routes to MASTER_ADDR (loopback for a one-node job). GLOO_SOCKET_IFNAME in the environment does the same and is used when this is empty"),
@@ -257,7 +276,7 @@ const std::vector<Field>& schema() {
       field("checkpoint.keep", &C::checkpoint, &CheckpointConfig::keep, "keep the newest K checkpoints", at_least<int64_t>(1)),
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: never at epoch ends)", at_least<int64_t>(0)),
       field("checkpoint.every_steps", &C::checkpoint, &CheckpointConfig::every_steps, "also write one every N optimizer steps (0: off)", at_least<int64_t>(0)),
-      field("checkpoint.on_error", &C::checkpoint, &CheckpointConfig::on_error, "what a checkpoint write that fails (a full disk, permissions) does; its temporary folder is removed either way. stop: the run fails with the error (exit 1). warn: a warning naming the step and the cause, and training goes on; the previous checkpoint stays the newest (none is pruned for the failed one), the failures are counted in the metrics file (checkpoint_failures) and in the line that ends the run, which says when the newest checkpoint is older than the run's end. Under dist.zero every rank takes the same decision", one_of({"stop", "warn"})),
+      field("checkpoint.on_error", &C::checkpoint, &CheckpointConfig::on_error, "what a checkpoint write that fails (a full disk, permissions) does; its temporary folder is removed either way. stop: the run fails with the error (exit 1). warn: a warning naming the step and the cause, and training goes on; the previous checkpoint stays the newest (none is pruned for the failed one), the failures are counted in the metrics file (checkpoint_failures) and in the line that ends the run, which says when the newest checkpoint is older than the run's end. Under dist.zero every rank takes the same decision"),
       field("log.level", &C::log, &LogConfig::level, "trace | debug | info | warn | error", one_of({"trace", "debug", "info", "warn", "error"})),
       field("log.dir", &C::log, &LogConfig::dir, "where rank 0 appends metrics.jsonl, one JSON object per progress line and per epoch (docs/watching.md: Metrics file); empty (the default): the folder that holds checkpoint.dir"),
       field("log.tensorboard", &C::log, &LogConfig::tensorboard, "rank 0 also writes the metrics.jsonl records as TensorBoard event files (events.out.tfevents.*) in the same folder, one scalar \"<kind>/<key>\" per number (docs/watching.md: TensorBoard); `tensorboard --logdir` that folder"),
@@ -303,7 +322,9 @@ size_t edit_distance(std::string_view a, std::string_view b) {
 }
 
 void set_field(Config& c, const Field& f, const toml::node& n, const std::string& where) {
-  if (!f.set(c, n)) DPT_THROW(ConfigError, "{}{}: expected {}, got {}", where, f.key, f.type, describe(n));
+  std::string problem;
+  if (!f.set(c, n, problem)) DPT_THROW(ConfigError, "{}{}: expected {}, got {}", where, f.key, f.type, describe(n));
+  if (!problem.empty()) DPT_THROW(ConfigError, "{}{} = {}: {}", where, f.key, node_text(n), problem);
 }
 
 std::string where_of(const toml::node& n) {

@@ -6,25 +6,54 @@
 // cannot drift from the parser.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace dpt::trainer {
+
+// ---- choices: parsed once, here, into enums; the rest of the code switches on them -----------------------------
+
+enum class OptimizerKind { sgd, adamw };
+enum class ScheduleKind { constant, step, cosine };
+enum class DecayParams { automatic, all, matrices };  // train.weight_decay_params: auto | all | matrices
+enum class GradDtype { fp32, bf16 };
+enum class OnCheckpointError { stop, warn };
+
+// The words a choice is written with in a config (and printed with), in the enum's order.
+template <class E> struct ChoiceNames;
+template <> struct ChoiceNames<OptimizerKind> { static constexpr std::array<std::string_view, 2> names{"sgd", "adamw"}; };
+template <> struct ChoiceNames<ScheduleKind> {
+  static constexpr std::array<std::string_view, 3> names{"constant", "step", "cosine"};
+};
+template <> struct ChoiceNames<DecayParams> { static constexpr std::array<std::string_view, 3> names{"auto", "all", "matrices"}; };
+template <> struct ChoiceNames<GradDtype> { static constexpr std::array<std::string_view, 2> names{"fp32", "bf16"}; };
+template <> struct ChoiceNames<OnCheckpointError> { static constexpr std::array<std::string_view, 2> names{"stop", "warn"}; };
+
+template <class E>
+concept Choice = requires { ChoiceNames<E>::names; };
+
+// "adamw" for OptimizerKind::adamw: the word a config writes.
+template <Choice E>
+std::string choice_name(E e) {
+  return std::string(ChoiceNames<E>::names.at(static_cast<size_t>(e)));
+}
 
 struct TrainConfig {
   int64_t epochs = 10;
   int64_t batch_size = 64;  // per rank
   std::string device = "auto";  // auto | cpu | cuda
   std::string precision = "fp32";  // fp32 | bf16 | fp16 (GEMM and convolution arithmetic; fp16 adds loss scaling)
-  std::string optimizer = "sgd";
+  OptimizerKind optimizer = OptimizerKind::sgd;
   double lr = 0.05;
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;
-  std::string weight_decay_params = "auto";  // all | matrices (2-D and up only) | auto (matrices for gpt)
+  DecayParams weight_decay_params = DecayParams::automatic;  // all | matrices (2-D and up) | auto (matrices for gpt)
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
-  std::string schedule = "cosine";                // constant | step | cosine
+  ScheduleKind schedule = ScheduleKind::cosine;
   double warmup_epochs = 0.0;
   int64_t warmup_steps = 0;  // the warm-up in optimizer steps instead (at most one of the two)
   int64_t step_size = 3;  // epochs between decays (schedule = step)
@@ -86,7 +115,7 @@ struct DistConfig {
   double bucket_cap_mb = 25.0;  // gradient bucket size (the first bucket is at most 1 MB)
   bool overlap = true;          // all-reduce buckets while backward runs (false: one all-reduce after it)
   bool broadcast_buffers = true;  // rank 0's buffers (BatchNorm running statistics) to every rank each step
-  std::string grad_dtype = "fp32";  // fp32 | bf16: what the gradient all-reduce carries (bf16: half the bytes)
+  GradDtype grad_dtype = GradDtype::fp32;  // what the gradient all-reduce carries (bf16: half the bytes)
   int64_t zero = 0;               // 0: DDP; 1: ZeRO stage 1, the optimizer state sharded over the ranks; 2: gradients too; 3: parameters too
   std::string interface = "";     // gloo: the network interface to listen on ("": the one routing to the master)
 };
@@ -96,7 +125,7 @@ struct CheckpointConfig {
   int64_t keep = 3;
   int64_t every_epochs = 1;
   int64_t every_steps = 0;  // also every N optimizer steps (0: only at epoch ends)
-  std::string on_error = "stop";  // a failed write: stop (the run fails) | warn (it goes on without that checkpoint)
+  OnCheckpointError on_error = OnCheckpointError::stop;  // a failed write: stop (the run fails) | warn (goes on)
 };
 
 struct LogConfig {

@@ -42,13 +42,13 @@ Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_ma
   DPT_CHECK(!shard_params_.defined() || shard_params_.numel() == total, "parameter shard of {} elements for {} owned",
             shard_params_.numel(), total);
   const std::vector<int64_t> shape{static_cast<int64_t>(total)};
-  if (cfg.optimizer == "sgd") {
+  if (cfg.optimizer == OptimizerKind::sgd) {
     if (cfg.momentum != 0.0) slots_.emplace_back("momentum", Tensor::zeros(shape, DType::F32, model.device()));
-  } else if (cfg.optimizer == "adamw") {
+  } else if (cfg.optimizer == OptimizerKind::adamw) {
     slots_.emplace_back("exp_avg", Tensor::zeros(shape, DType::F32, model.device()));
     slots_.emplace_back("exp_avg_sq", Tensor::zeros(shape, DType::F32, model.device()));
   } else {
-    DPT_THROW(ConfigError, "unknown optimizer '{}'", cfg.optimizer);
+    DPT_THROW(ConfigError, "unknown optimizer '{}'", choice_name(cfg.optimizer));
   }
 }
 
@@ -59,7 +59,7 @@ void Optimizer::step(double lr) {
     const float* g = shard_grads_.defined() ? shard_grads_.data<float>() + r.at : model_.grads().data<float>() + r.offset;
     const float wd = r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
     auto slot = [&](size_t i) { return slots_[i].second.data<float>() + r.at; };
-    if (cfg_.optimizer == "sgd") {
+    if (cfg_.optimizer == OptimizerKind::sgd) {
       models::SgdParams sp{.lr = static_cast<float>(lr),
                            .momentum = static_cast<float>(cfg_.momentum),
                            .weight_decay = wd,

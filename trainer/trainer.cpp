@@ -199,7 +199,8 @@ void Trainer::build_model_and_optimizer() {
   }
   stream_ = model_->kernels().stream();
   const bool decay_matrices_only =
-      t_.weight_decay_params == "matrices" || (t_.weight_decay_params == "auto" && cfg_.model.name == "gpt");
+      t_.weight_decay_params == DecayParams::matrices ||
+      (t_.weight_decay_params == DecayParams::automatic && cfg_.model.name == "gpt");
   ctx_.memory.params = static_cast<int64_t>(model_->params().bytes());
   ctx_.memory.buffers = static_cast<int64_t>(model_->buffers().bytes());
   build_reducer();
@@ -248,13 +249,13 @@ void Trainer::build_reducer() {
       ReducerOptions{.bucket_cap_bytes = static_cast<size_t>(cfg_.dist.bucket_cap_mb * 1024 * 1024),
                      .first_bucket_cap_bytes = size_t{1} << 20,
                      .overlap = overlap_,
-                     .grad_dtype = cfg_.dist.grad_dtype == "bf16" ? DType::BF16 : DType::F32,
+                     .grad_dtype = cfg_.dist.grad_dtype == GradDtype::bf16 ? DType::BF16 : DType::F32,
                      .zero = static_cast<int>(cfg_.dist.zero)});
   if (lead_ && world_ > 1)
     spdlog::info("reducer: {} bucket(s) of gradients{}, {}", reducer_->buckets().size(),
                  overlap_ ? " all-reduced during backward" : ", all-reduced after backward",
                  bucket_summary(reducer_->buckets()));
-  if (lead_ && cfg_.dist.grad_dtype == "bf16") {
+  if (lead_ && cfg_.dist.grad_dtype == GradDtype::bf16) {
     if (world_ > 1)
       spdlog::info("reducer: gradients all-reduced in bf16 (dist.grad_dtype = bf16): divided by the {} ranks, rounded "
                    "to bfloat16, summed in bfloat16, widened back to fp32; half the bytes of fp32", world_);
@@ -635,7 +636,7 @@ void Trainer::save(int64_t epoch, int64_t next_batch) {
       written = ckpt_->save(on_host(model_->state()), on_host(optimizer_->state()), st);
     }
   } catch (const CheckpointError& e) {
-    if (cfg_.checkpoint.on_error != "warn")
+    if (cfg_.checkpoint.on_error != OnCheckpointError::warn)
       DPT_THROW(CheckpointError, "{}; the run stops (checkpoint.on_error = stop; with warn it would train on without "
                 "this checkpoint)", e.what());
     ++result_.checkpoint_failures;

@@ -222,7 +222,7 @@ nlohmann::json Reporter::record(const char* kind, int64_t step, int64_t epoch) c
     j["loss_scale"] = scaler_.scale();
     j["skipped_steps"] = scaler_.skipped();
   }
-  if (cfg_.checkpoint.on_error == "warn") j["checkpoint_failures"] = checkpoint_failures_;
+  if (cfg_.checkpoint.on_error == OnCheckpointError::warn) j["checkpoint_failures"] = checkpoint_failures_;
   return j;
 }
 

@@ -82,6 +82,34 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   REQUIRE_THROWS_AS(load_config("/nonexistent/x.toml", {}), ConfigError);
 }
 
+TEST_CASE("choices are parsed once into enums, printed as their words, and a word they lack is named", "[config]") {
+  const Config c = load_config("", {"train.optimizer=adamw", "train.schedule=step", "train.weight_decay_params=auto",
+                                    "dist.grad_dtype=bf16", "checkpoint.on_error=warn"});
+  REQUIRE(c.train.optimizer == OptimizerKind::adamw);
+  REQUIRE(c.train.schedule == ScheduleKind::step);
+  REQUIRE(c.train.weight_decay_params == DecayParams::automatic);
+  REQUIRE(c.dist.grad_dtype == GradDtype::bf16);
+  REQUIRE(c.checkpoint.on_error == OnCheckpointError::warn);
+  const std::string toml = to_toml(c);
+  for (const char* line : {"optimizer = 'adamw'", "schedule = 'step'", "weight_decay_params = 'auto'",
+                           "grad_dtype = 'bf16'", "on_error = 'warn'"})
+    REQUIRE_THAT(toml, Catch::Contains(line));
+  REQUIRE(to_toml(parse_config(toml, "round-trip")) == toml);
+  // The defaults, as every config before the enums wrote them.
+  const std::string defaults = to_toml(Config{});
+  for (const char* line : {"optimizer = 'sgd'", "schedule = 'cosine'", "weight_decay_params = 'auto'",
+                           "grad_dtype = 'fp32'", "on_error = 'stop'"})
+    REQUIRE_THAT(defaults, Catch::Contains(line));
+  REQUIRE_THROWS_WITH(load_config("", {"dist.grad_dtype=fp8"}),
+                      Catch::Contains("dist.grad_dtype = 'fp8': must be one of: fp32, bf16"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.weight_decay_params=some"}),
+                      Catch::Contains("must be one of: auto, all, matrices"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("e.toml", "[train]\noptimizer = \"adam\"\n"), {}),
+                      Catch::Contains("dpt_test_e.toml:2: train.optimizer = 'adam': must be one of: sgd, adamw"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("f.toml", "[train]\noptimizer = 3\n"), {}),
+                      Catch::Contains("train.optimizer: expected string, got integer 3"));
+}
+
 TEST_CASE("the effective config round-trips through TOML and hashes stably", "[config]") {
   Config c = load_config("", {"train.lr=0.125", "model.hidden=[7]", "checkpoint.dir=a\"b"});
   Config back = parse_config(to_toml(c), "round-trip");
@@ -95,15 +123,15 @@ TEST_CASE("the effective config round-trips through TOML and hashes stably", "[c
 TEST_CASE("learning-rate schedules", "[config]") {
   TrainConfig t;
   t.lr = 1.0;
-  t.schedule = "constant";
+  t.schedule = ScheduleKind::constant;
   REQUIRE(lr_at(t, 123, 10, 1000) == 1.0);
-  t.schedule = "step";
+  t.schedule = ScheduleKind::step;
   t.step_size = 2;
   t.gamma = 0.5;
   REQUIRE(lr_at(t, 19, 10, 100) == 1.0);   // epoch 1
   REQUIRE(lr_at(t, 20, 10, 100) == 0.5);   // epoch 2
   REQUIRE(lr_at(t, 45, 10, 100) == 0.25);  // epoch 4
-  t.schedule = "cosine";
+  t.schedule = ScheduleKind::cosine;
   t.min_lr = 0.1;
   REQUIRE(lr_at(t, 0, 10, 100) == Approx(1.0));
   REQUIRE(lr_at(t, 50, 10, 100) == Approx(0.55));

@@ -19,7 +19,7 @@ TEST_CASE("weight decay on every parameter, or on matrices only (nanoGPT's rule)
     const std::vector<float> before(model->params().data<float>(), model->params().data<float>() + model->num_params());
     model->zero_grad();
     TrainConfig t;
-    t.optimizer = "adamw";
+    t.optimizer = OptimizerKind::adamw;
     t.weight_decay = 0.5;
     Optimizer opt(t, *model, matrices_only);
     opt.step(0.1);
@@ -44,8 +44,8 @@ TEST_CASE("weight decay on every parameter, or on matrices only (nanoGPT's rule)
 TEST_CASE("a sharded optimizer updates its pieces exactly as the whole one does, and nothing else",
           "[trainer][optimizer][zero]") {
   models::GptOptions o{.n_layer = 1, .n_head = 2, .n_embd = 4, .vocab_size = 7, .block_size = 3};
-  const std::string kind = GENERATE(std::string("adamw"), std::string("sgd"));
-  INFO(kind);
+  const OptimizerKind kind = GENERATE(OptimizerKind::adamw, OptimizerKind::sgd);
+  INFO(choice_name(kind));
   TrainConfig t;
   t.optimizer = kind;
   t.momentum = 0.9;
