@@ -91,7 +91,8 @@ size_t image_batch_count(size_t n, size_t rows) {
 std::vector<ImageBatch> image_batches(size_t n, size_t rows, int rank, int world_size) {
   DPT_CHECK(world_size > 0 && rank >= 0 && rank < world_size, "rank {} of {}", rank, world_size);
   std::vector<ImageBatch> mine;
-  for (size_t j = static_cast<size_t>(rank); j < image_batch_count(n, rows); j += static_cast<size_t>(world_size))
+  const size_t count = image_batch_count(n, rows);
+  for (size_t j = static_cast<size_t>(rank); j < count; j += static_cast<size_t>(world_size))
     mine.push_back({j, j * rows, std::min(n, (j + 1) * rows)});
   return mine;
 }

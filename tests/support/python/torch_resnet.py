@@ -407,7 +407,8 @@ class MaskedReLU(nn.Module):
 
 
 def flip_effects(model, x, y, names):
-    """Each near-tie ReLU mask flip's effect on the gradients of `names` (float64), flattened, as float32."""
+    """Each near-tie ReLU mask flip's effect on the gradients of `names` (float64), flattened: a row each of a float32
+    matrix (flips x gradient elements)."""
     m = copy.deepcopy(model).double()
     m.train()
     relus = []
@@ -429,7 +430,10 @@ def flip_effects(model, x, y, names):
 
     base = grads()
     ties = [(r, t) for r in relus for t in r.ties]
-    return [(grads((r, t)) - base).float().numpy() for r, t in ties]
+    effects = np.empty((len(ties), base.numel()), dtype=np.float32)
+    for i, (r, t) in enumerate(ties):
+        effects[i] = (grads((r, t)) - base).float().numpy()
+    return effects
 
 
 def explain_flips(got, want, names, model, x, y):
@@ -437,12 +441,12 @@ def explain_flips(got, want, names, model, x, y):
     r = np.concatenate([(np.asarray(got[n], np.float64) - np.asarray(want[n], np.float64)).ravel() for n in names])
     effects = flip_effects(model, x, y, [n[len("grad."):] for n in names])
     taken = 0
-    if effects:
-        gram = np.array([[np.dot(a.astype(np.float64), b) for b in effects] for a in effects])
-        rhs = np.array([np.dot(a.astype(np.float64), r) for a in effects])
+    if len(effects):
+        # The normal equations in float32 (one matrix product; their rounding is far below the -1/0/1 rounding).
+        gram = (effects @ effects.T).astype(np.float64)
+        rhs = (effects @ r.astype(np.float32)).astype(np.float64)
         coef = np.rint(np.clip(np.linalg.lstsq(gram, rhs, rcond=None)[0], -1, 1))
-        for c, e in zip(coef, effects):
-            r -= c * e
+        r -= coef.astype(np.float32) @ effects
         taken = int(np.abs(coef).sum())
     out, at = {}, 0
     for n in names:
