@@ -19,7 +19,7 @@ void check_reduce_dtype(const std::string& backend, const char* op, const Tensor
   DType d = t.dtype();
   if (d == DType::BF16) {
     // The compressed gradient all-reduce: a sum, each addition in float32 rounded back to bfloat16 (as NCCL
-    // does). The caller scales beforehand (the Reducer divides by the world size before rounding).
+    // does). The caller scales beforehand (the gradient codec divides by the world size before rounding).
     if (reduce != ReduceOp::Sum)
       DPT_THROW(UnsupportedError, "backend {} does not support {} with op {} on bfloat16 tensors (op sum only)",
                 backend, op, reduce_op_name(reduce));

@@ -3,7 +3,7 @@
 //
 // Names are the dotted paths of PyTorch's state_dict ("layers.0.weight" for the MLP, "layer1.0.conv1.weight",
 // "bn1.running_mean", "bn1.num_batches_tracked" for a ResNet), so checkpoints load into the equivalent torch
-// module and torch weights load here. The Reducer, the optimizer and the checkpoint each see params(),
+// module and torch weights load here. The data-parallel strategy, the optimizer and the checkpoint each see params(),
 // grads() and buffers() as one contiguous array; parameters are laid out in tree order (a module's own, then
 // its children's, in registration order = forward order).
 #pragma once

@@ -493,7 +493,7 @@ run_learns() {
 # bfloat16 all-reduce with device tensors staged through the host; dist.zero=1: ZeRO stage 1, the reduce-scatter,
 # the optimizer over the rank's pieces, the all-gather and the sharded checkpoint of device tensors; dist.zero=2 and
 # 3: the gradient and parameter buckets released (cudaFree) and reserved around their use, the gathers prefetched on
-# the reducer's thread).
+# the strategy's communication thread).
 step_train_gloo2() {
   local logfile=$1
   shift

@@ -22,8 +22,8 @@ class Optimizer {
   // decay_matrices_only: train.weight_decay applies only to parameters of 2 or more dimensions (weights and
   // embeddings), not to biases and normalisation gains (nanoGPT's configure_optimizers); else to all.
   // `owned`: the pieces of the parameter buffer this optimizer updates (empty: all of it). `shard_grads`: their
-  // gradients back to back, as the state (ZeRO stage 2: Reducer::shard_grads()); undefined: Model::grads(), laid out
-  // like the parameters. `shard_params`: the same for the parameters (ZeRO stage 3: Reducer::shard_params()).
+  // gradients back to back, as the state (ZeRO stage 2: DataParallel::shard_grads()); undefined: Model::grads(), laid out
+  // like the parameters. `shard_params`: the same for the parameters (ZeRO stage 3: DataParallel::shard_params()).
   Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_matrices_only = false,
             std::vector<FlatRange> owned = {}, Tensor shard_grads = {}, Tensor shard_params = {});
   // One update of every parameter from the (already averaged) gradients, at learning rate `lr`.

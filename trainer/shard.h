@@ -1,5 +1,5 @@
 // trainer/shard.h: what sharded data parallelism (dist.zero >= 1, ZeRO) splits between the ranks, as the
-// optimizer, the reducer and the checkpoint see it.
+// optimizer, the data-parallel strategy (trainer/parallel/) and the checkpoint see it.
 //
 // Under ZeRO each rank owns pieces of the model's flat parameter buffer (Model::params(); the gradient buffer is
 // laid out the same): its chunk of every gradient bucket, plus each bucket's last (count mod world) elements, which

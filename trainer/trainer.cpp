@@ -14,9 +14,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
-#include <unordered_map>
 #include <thread>
-#include <unordered_map>
 
 #include "core/cuda.h"
 #include "core/memory.h"
@@ -33,8 +31,8 @@
 #include "trainer/feeder.h"
 #include "trainer/loss_scaler.h"
 #include "trainer/optimizer.h"
+#include "trainer/parallel/factory.h"
 #include "trainer/preemption.h"
-#include "trainer/reducer.h"
 #include "trainer/report/reporter.h"
 #include "trainer/report/run_report.h"
 #include "trainer/schedule.h"
@@ -106,8 +104,7 @@ class Trainer {
   // ---- set up
   void load_data();
   void build_model_and_optimizer();
-  std::vector<NamedTensor> model_state_on_host();
-  void build_reducer();
+  void build_data_parallel();
   void resume();
   std::optional<LoadedCheckpoint> choose_checkpoint(const CheckpointManager& ckpt);
   void restore(const LoadedCheckpoint& loaded);
@@ -156,7 +153,7 @@ class Trainer {
   // With gradient accumulation an optimizer step takes K = train.accum_steps batches (fewer at an epoch's end); the
   // schedule, max_steps and every_steps count optimizer steps.
   int64_t K_ = 1, steps_per_epoch_ = 0, total_steps_ = 0;
-  std::unique_ptr<Reducer> reducer_;
+  std::unique_ptr<DataParallel> dp_;  // the data-parallel strategy (trainer/parallel/)
   models::SoftmaxCrossEntropy loss_;
   std::unique_ptr<Feeder> feeder_;
   std::unique_ptr<StepTimer> timer_;
@@ -203,67 +200,34 @@ void Trainer::build_model_and_optimizer() {
       (t_.weight_decay_params == DecayParams::automatic && cfg_.model.name == "gpt");
   ctx_.memory.params = static_cast<int64_t>(model_->params().bytes());
   ctx_.memory.buffers = static_cast<int64_t>(model_->buffers().bytes());
-  build_reducer();
-  ctx_.memory.grads = static_cast<int64_t>(reducer_->gradient_bytes());
-  ctx_.memory.params = static_cast<int64_t>(reducer_->param_bytes());
+  build_data_parallel();
+  ctx_.memory.grads = static_cast<int64_t>(dp_->gradient_bytes());
+  ctx_.memory.params = static_cast<int64_t>(dp_->param_bytes());
   ctx_.phase = "allocating the optimizer state";
-  optimizer_ = std::make_unique<Optimizer>(t_, *model_, decay_matrices_only, reducer_->owned(), reducer_->shard_grads(),
-                                           reducer_->shard_params());
+  optimizer_ = std::make_unique<Optimizer>(t_, *model_, decay_matrices_only, dp_->owned(), dp_->shard_grads(),
+                                           dp_->shard_params());
   ctx_.memory.optimizer = static_cast<int64_t>(optimizer_->state_bytes());
-  if (lead_ && reducer_->sharded()) {
-    size_t mine = 0;
-    for (const FlatRange& r : reducer_->owned()) mine += r.count;
-    spdlog::info("zero: stage {}: optimizer state sharded over {} ranks: this rank updates {} of {} parameters "
-                 "({:.1f}%) and holds {} of optimizer state; {} bucket(s) reduce-scattered{}, parameters all-gathered "
-                 "after each step", cfg_.dist.zero, world_, mine, model_->num_params(),
-                 100.0 * static_cast<double>(mine) / static_cast<double>(model_->num_params()),
-                 format_bytes(optimizer_->state_bytes()), reducer_->buckets().size(),
-                 overlap_ ? " during backward" : " after backward");
-    if (cfg_.dist.zero >= 2) {
-      size_t largest = 0;
-      for (const Bucket& b : reducer_->buckets()) largest = std::max(largest, b.count * sizeof(float));
-      spdlog::info("zero: stage 2: gradients sharded too: this rank keeps {} of gradients between steps (DDP: {}); "
-                   "a bucket's full gradients (the largest {}) are held from backward reaching it to its "
-                   "reduce-scatter{}", format_bytes(reducer_->gradient_bytes()),
-                   format_bytes(model_->num_params() * sizeof(float)), format_bytes(largest),
-                   t_.accum_steps > 1 ? ", and over the whole gradient accumulation" : "");
-    }
-    if (cfg_.dist.zero >= 3)
-      spdlog::info("zero: stage 3: parameters sharded too: this rank keeps {} of parameters between steps (whole: {}); "
-                   "each bucket's are all-gathered before the first module using it runs forward or backward (the "
-                   "next bucket prefetched), and released once its modules are done (the memory report's parameters: "
-                   "the shard and the most gathered at once)",
-                   format_bytes(reducer_->param_bytes()), format_bytes(model_->num_params() * sizeof(float)));
-  }
+  if (lead_)
+    for (const std::string& line : dp_->shard_lines(optimizer_->state_bytes(), t_.accum_steps)) spdlog::info("{}", line);
   ctx_.phase = "loading the checkpoint";
   if (lead_) spdlog::info("model: {} on {}", model_->summary(), model_->device().str());
 }
 
-// The gradient reducer (trainer/reducer.h): DDP's all-reduce, or ZeRO's reduce-scatter whose shard the optimizer
-// then updates. Overlap with backward unless SyncBatchNorm's all-reduces would interleave with it (sync_replicas).
-void Trainer::build_reducer() {
+// The data-parallel strategy (trainer/parallel/data_parallel.h): DDP's all-reduce, or ZeRO's reduce-scatter whose
+// shard the optimizer then updates. Overlap with backward unless SyncBatchNorm's all-reduces would interleave with it
+// (sync_replicas).
+void Trainer::build_data_parallel() {
   ctx_.phase = "setting up the gradient buckets";
   overlap_ = cfg_.dist.overlap && !(cfg_.model.sync_bn && world_ > 1 && !pg_.asynchronous());
-  reducer_ = std::make_unique<Reducer>(
+  dp_ = make_data_parallel(
       pg_, *model_, stream_,
-      ReducerOptions{.bucket_cap_bytes = static_cast<size_t>(cfg_.dist.bucket_cap_mb * 1024 * 1024),
-                     .first_bucket_cap_bytes = size_t{1} << 20,
-                     .overlap = overlap_,
-                     .grad_dtype = cfg_.dist.grad_dtype == GradDtype::bf16 ? DType::BF16 : DType::F32,
-                     .zero = static_cast<int>(cfg_.dist.zero)});
-  if (lead_ && world_ > 1)
-    spdlog::info("reducer: {} bucket(s) of gradients{}, {}", reducer_->buckets().size(),
-                 overlap_ ? " all-reduced during backward" : ", all-reduced after backward",
-                 bucket_summary(reducer_->buckets()));
-  if (lead_ && cfg_.dist.grad_dtype == GradDtype::bf16) {
-    if (world_ > 1)
-      spdlog::info("reducer: gradients all-reduced in bf16 (dist.grad_dtype = bf16): divided by the {} ranks, rounded "
-                   "to bfloat16, summed in bfloat16, widened back to fp32; half the bytes of fp32", world_);
-    else
-      spdlog::info("reducer: dist.grad_dtype = bf16 has no effect with one rank (nothing is all-reduced)");
-  }
-  if (lead_ && cfg_.dist.zero > 0 && world_ == 1)
-    spdlog::info("zero: dist.zero = {} has no effect with one rank (nothing to shard)", cfg_.dist.zero);
+      DataParallelOptions{.bucket_cap_bytes = static_cast<size_t>(cfg_.dist.bucket_cap_mb * 1024 * 1024),
+                          .first_bucket_cap_bytes = size_t{1} << 20,
+                          .overlap = overlap_,
+                          .grad_dtype = cfg_.dist.grad_dtype == GradDtype::bf16 ? DType::BF16 : DType::F32,
+                          .zero = static_cast<int>(cfg_.dist.zero)});
+  if (lead_)
+    for (const std::string& line : dp_->setup_lines()) spdlog::info("{}", line);
 }
 
 // Rank 0 chooses the checkpoint to continue from (or deletes them all for --resume never); every rank loads the
@@ -307,7 +271,7 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
   if (loaded.model.tensors.size() != model_->state().size())
     DPT_THROW(CheckpointError, "{}: model.safetensors has {} tensors, this model has {} (model config changed?)",
               loaded.path, loaded.model.tensors.size(), model_->state().size());
-  reducer_->with_full_params([&] {  // ZeRO stage 3: gathered, loaded, this rank's pieces kept
+  dp_->with_full_params([&] {  // ZeRO stage 3: gathered, loaded, this rank's pieces kept
     model_->load_state([&](const std::string& name) { return loaded.model.find(name); },
                        loaded.path + "/model.safetensors");
   }, /*changed=*/true);
@@ -349,7 +313,7 @@ void Trainer::sync_replicas() {
     for (size_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = b.data<float>()[i] * 1.5f + 0.25f;
     model_->buffers().copy_from(b);
   }
-  reducer_->with_full_params([&] {  // ZeRO stage 3: the whole model, for the broadcast and the check
+  dp_->with_full_params([&] {  // ZeRO stage 3: the whole model, for the broadcast and the check
     for (Tensor& part : model_->param_storage())
       pg_.broadcast(part, {.root = 0, .stream = stream_, .what = "initial params"})->wait();
     if (model_->buffers().numel())
@@ -359,7 +323,7 @@ void Trainer::sync_replicas() {
   sync_buffers_ = world_ > 1 && cfg_.dist.broadcast_buffers && model_->buffers().numel() > 0;
   if (!cfg_.model.sync_bn || world_ == 1) return;
   // SyncBatchNorm's all-reduces run on this thread in the middle of backward; the host groups' bucket all-reduces
-  // would run at the same time on the reducer's thread, and two threads may not interleave collectives on one
+  // would run at the same time on the strategy's communication thread, and two threads may not interleave collectives on one
   // group: buckets are then reduced after backward.
   comm::ProcessGroup& pg = pg_;
   const StreamHandle stream = stream_;
@@ -374,7 +338,7 @@ void Trainer::sync_replicas() {
                                    pg_.backend()));
 }
 
-// The sampler and the step geometry, the gradient reducer, and what each step uses.
+// The sampler and the step geometry, and what each step uses.
 void Trainer::prepare_steps() {
   sampler_.emplace(data::SamplerOptions{.dataset_size = ds_.train->size(), .rank = rank_, .world_size = world_,
                                         .seed = static_cast<uint64_t>(t_.seed), .shuffle = true,
@@ -440,11 +404,11 @@ bool Trainer::train_batch(Epoch& ep, const data::Batch& batch) {
   if (rank_ == inject_.slow_rank && inject_.slow_ms > 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(inject_.slow_ms));
   timer_->mark(StepTimer::kBackwardDone);
-  reducer_->finish();
+  dp_->finish_backward();
   timer_->mark(StepTimer::kCommDone);
   const bool applied = update(ep);
   timer_->mark(StepTimer::kUpdateDone);
-  if (applied) reducer_->gather_params();  // ZeRO: every rank's updated pieces, to every rank
+  if (applied) dp_->after_update();  // ZeRO stages 1, 2: every rank's updated pieces, to every rank
   timer_->mark(StepTimer::kStepEnd);
   ++step_;
   return after_step(ep, b + 1);
@@ -453,7 +417,7 @@ bool Trainer::train_batch(Epoch& ep, const data::Batch& batch) {
 void Trainer::begin_step(Epoch& ep, int64_t batch) {
   if (first_step_) {
     reset_thread_allocations(device_);
-    reducer_->reset_gathered_peak();  // ZeRO stage 3: what a step gathers at once (not the start's whole model)
+    dp_->reset_gathered_peak();  // ZeRO stage 3: what a step gathers at once (not the start's whole model)
     ctx_.phase = fmt::format("in the first training step (batch {} per rank)", t_.batch_size);
   }
   timer_->mark(StepTimer::kStepStart);
@@ -481,8 +445,8 @@ void Trainer::forward_backward(Epoch& ep, const data::Batch& batch, int64_t micr
     inf.data<float>()[0] = std::numeric_limits<float>::infinity();
     first.copy_from(inf, stream_);
   }
-  reducer_->begin(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
-  model_->backward(loss_.grad(), [this](size_t first, size_t end) { reducer_->grads_ready(first, end); });
+  dp_->begin_backward(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
+  model_->backward(loss_.grad(), [this](size_t first, size_t end) { dp_->grads_ready(first, end); });
   feeder_->step_done();
   ep.seen += task_->rows();
 }
@@ -491,16 +455,16 @@ void Trainer::forward_backward(Epoch& ep, const data::Batch& batch, int64_t micr
 bool Trainer::update(Epoch& ep) {
   auto& k = model_->kernels();
   auto scale_grads = [&](double alpha) {  // this rank's averaged gradients (all of them, or its ZeRO pieces)
-    reducer_->for_each_owned([&](float* g, size_t n) { k.scale(g, n, static_cast<float>(alpha)); });
+    dp_->for_each_owned([&](float* g, size_t n) { k.scale(g, n, static_cast<float>(alpha)); });
   };
   bool apply = true;
   if (!scaler_.enabled() && t_.clip_grad_norm > 0) {
-    reducer_->sum_squares_to(k, ep.grad_ss);
-    reducer_->for_each_owned([&](float* g, size_t n) { k.clip_by_norm(g, n, ep.grad_ss.data<double>(), t_.clip_grad_norm); });
+    dp_->sum_squares_to(k, ep.grad_ss);
+    dp_->for_each_owned([&](float* g, size_t n) { k.clip_by_norm(g, n, ep.grad_ss.data<double>(), t_.clip_grad_norm); });
     ep.grad_ss_fresh = true;
   } else if (scaler_.enabled()) {  // fp16: whether to apply the step is decided on the host
     scale_grads(1.0 / scaler_.scale());
-    const double ss = reducer_->sum_squares(k);  // host sync
+    const double ss = dp_->sum_squares(k);  // host sync
     apply = scaler_.update(/*found_inf=*/!std::isfinite(ss));
     if (apply && t_.clip_grad_norm > 0) {  // as torch.nn.utils.clip_grad_norm_
       const double coef = models::elementwise::clip_coefficient(ss, t_.clip_grad_norm);
@@ -520,7 +484,7 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
     // ZeRO stage 3: the parameters a rank holds in a step are its shard plus the buckets gathered at once (measured:
     // the first step's most; a checkpoint or the epoch's replica check gathers the whole model for a moment);
     // otherwise the gathered peak is 0.
-    ctx_.memory.params = static_cast<int64_t>(reducer_->param_bytes() + reducer_->gathered_peak_bytes());
+    ctx_.memory.params = static_cast<int64_t>(dp_->param_bytes() + dp_->gathered_peak_bytes());
     reporter_->first_step(step_);
   }
   ctx_.phase.clear();  // no formatting on the hot path: where() formats the step only for an error
@@ -573,7 +537,7 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
   tl.data<double>()[1] = static_cast<double>(ep.seen);
   pg_.allreduce(tl, {.op = comm::ReduceOp::Sum, .what = "loss stats"})->wait();
   const double global_seen = tl.data<double>()[1];
-  check_replicas(*model_, pg_, ep.index + 1, /*with_buffers=*/false, reducer_.get());
+  check_replicas(*model_, pg_, ep.index + 1, /*with_buffers=*/false, dp_.get());
   const auto eval_t0 = Clock::now();
   const EvalResult ev = evaluate_saved_model();
   last_eval_s_ = seconds_since(eval_t0);
@@ -631,7 +595,7 @@ void Trainer::save(int64_t epoch, int64_t next_batch) {
     if (sharded) {
       OptimizerShard shard = optimizer_->shard();
       shard.slots = on_host(std::move(shard.slots));
-      written = ckpt_->save_sharded(model_state_on_host(), shard, st, pg_);
+      written = ckpt_->save_sharded(dp_->model_state_on_host(lead_), shard, st, pg_);
     } else {
       written = ckpt_->save(on_host(model_->state()), on_host(optimizer_->state()), st);
     }
@@ -673,26 +637,6 @@ void Trainer::finish() {
     result_.final_test_loss = ev.loss;
   }
   reporter_->finished(result_);
-}
-
-// Rank 0's host copy of the whole model state, for a checkpoint (the other ranks get nothing). Under ZeRO stage 3
-// the parameters are gathered bucket by bucket (every rank takes part), so that beyond its shard a rank holds one
-// bucket at a time, and rank 0 the host copy.
-std::vector<NamedTensor> Trainer::model_state_on_host() {
-  if (!model_->params_split()) return lead_ ? on_host(model_->state()) : std::vector<NamedTensor>{};
-  Tensor flat = lead_ ? Tensor::empty({static_cast<int64_t>(model_->num_params())}) : Tensor();
-  reducer_->for_each_gathered([&](const Bucket& b, const Tensor& params) {
-    if (lead_) flat.view(b.offset, {static_cast<int64_t>(b.count)}).copy_from(params);
-  });
-  if (!lead_) return {};
-  std::unordered_map<std::string, const models::NamedParam*> params;
-  for (const auto& np : model_->named_params()) params[np.name] = &np;
-  std::vector<NamedTensor> state = model_->state();
-  for (NamedTensor& nt : state) {
-    const auto it = params.find(nt.name);
-    nt.tensor = it != params.end() ? flat.view(it->second->offset, it->second->param.shape()) : nt.tensor.to(Device::cpu());
-  }
-  return state;
 }
 
 // DPT_DEBUG_DIVERGE_RANK and DPT_DEBUG_FAIL_AT_STEP (trainer/fault_injection.h).

@@ -107,7 +107,7 @@ expect_hang gloo0 0 "hang: rank 0 stuck before allreduce #[0-9]+.*: the store it
 expect_reason gloo0 0
 
 # ---- dprun / gloo under ZeRO stage 3: rank 1 stopped -----------------------------------------------------------
-# The collectives are reduce-scatters and all-gathers, issued in every module's hooks and run on the reducer's
+# The collectives are reduce-scatters and all-gathers, issued in every module's hooks and run on the strategy's
 # communication thread: the watchdog must still see the one that does not end, and name it.
 hang_case zero3 RANK 1 $((TIMEOUT_S + 10)) "$DPRUN" --nproc-per-node 3 -- "$DPTRAIN" "${RUN[@]}" dist.zero=3 \
   checkpoint.dir="$WORK/zero3"

@@ -33,7 +33,7 @@
 # last bit; SGD keeps that small (MLP 5.2e-8, ResNet 0: tolerance 1e-6), AdamW amplifies it over 50 steps (GPT
 # 2.0e-5, 2.5e-5 with overlap off: tolerance 1e-4). That is rounding, not ZeRO: DDP against DDP with another
 # bucket size (dist.bucket_cap_mb 0.05, 0.2, 25) on 3 ranks differs by as much (1.7e-5 to 2.5e-5).
-# The tolerances still catch ZeRO's bugs: a reducer counting the remainders (owned by every rank) once per rank in
+# The tolerances still catch ZeRO's bugs: a strategy counting the remainders (owned by every rank) once per rank in
 # the gradient norm failed resnet3 (0.019) and gpt3 (1.8e-3).
 source "$(dirname "$0")/lib/common.bash"
 
@@ -151,7 +151,7 @@ for z in z0 z1; do  # the overflow was seen and the step skipped under both
   "$PY" -c 'import json, sys; s = json.load(open(sys.argv[1] + "/state.json")); sys.exit(s["skipped_steps"] != 1)' \
     "$(at fp16_$z 50)" || fail "fp16_$z: the injected overflow at step 3 was not skipped once"
 done
-# MPI (mpirun): stage 3's gathers (MPI_Allgather on the reducer's thread, MPI_THREAD_SERIALIZED) and reduce-scatters
+# MPI (mpirun): stage 3's gathers (MPI_Allgather on the strategy's communication thread, MPI_THREAD_SERIALIZED) and reduce-scatters
 # (MPI_Reduce_scatter_block) give gloo's stage 1 result, bitwise (2 ranks: the same sums).
 "${MPIRUN[@]}" -np 2 "$DPTRAIN" "${MLP[@]}" train.max_steps=50 dist.zero=3 dist.backend=mpi train.progress_interval_s=1000 \
   checkpoint.dir="$WORK/mlp2_mpi_z3" --resume never > "$WORK/mlp2_mpi_z3.log" 2>&1 \

@@ -382,7 +382,7 @@ TEST_CASE("gloo: persistent buffers (the gradient buckets), reused and interleav
   std::string errors = run_ranks(size, [&](GlooProcessGroup& pg) {
     const int r = pg.rank(), w = pg.size();
     const float S = static_cast<float>(w * (w + 1) / 2);
-    // Buckets that are views of one flat buffer, as the reducer's are; sizes include 1 and odd ones. (Two
+    // Buckets that are views of one flat buffer, as the data-parallel strategies' are; sizes include 1 and odd ones. (Two
     // ranks take Gloo's persistent ring; others the per-call path: both must give these exact values.)
     Tensor flat = Tensor::zeros({1 + 1001 + 4});
     Tensor buckets[] = {flat.view(1005, {1}), flat.view(4, {1001}), flat.view(0, {4})};

@@ -1,23 +1,27 @@
-// tests/unit/trainer/test_reducer.cpp: assign_buckets, the pure function behind the reducer's buckets:
-// reverse parameter order, contiguous slices covering the buffer exactly once, caps (a smaller first one),
-// oversized parameters alone, never split. Then the Reducer itself on Gloo groups (ranks as threads):
-// grad_dtype = bf16 against fp32: equal where the values are exact in bfloat16, within bfloat16's rounding
-// elsewhere, the same bits on every rank; with and without overlap, 2 and 3 ranks.
+// tests/unit/trainer/test_data_parallel.cpp: the data-parallel strategies (trainer/parallel/) and what they share.
+// assign_buckets, the pure function behind the buckets: reverse parameter order, contiguous slices covering the
+// buffer exactly once, caps (a smaller first one), oversized parameters alone, never split; ZeRO's chunks of a
+// bucket and the pieces a rank owns; the communication thread's order and errors; the factory's choice. Then the
+// strategies themselves on Gloo groups (ranks as threads): grad_dtype = bf16 against fp32: equal where the values are
+// exact in bfloat16, within bfloat16's rounding elsewhere, the same bits on every rank; with and without overlap, 2
+// and 3 ranks; ZeRO stages 1-3 against DDP and each other.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <mutex>
 #include <numeric>
+#include <stdexcept>
 #include <thread>
 
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
 #include "core/check.h"
 #include "models/model.h"
-#include "trainer/reducer.h"
+#include "trainer/parallel/factory.h"
 #include "tests/support/gloo_ranks.h"
 
 using namespace dpt;
@@ -43,7 +47,7 @@ void check_tiling(const std::vector<size_t>& sizes, const std::vector<Bucket>& b
 
 }  // namespace
 
-TEST_CASE("assign_buckets: reverse order, caps, a smaller first bucket", "[reducer]") {
+TEST_CASE("assign_buckets: reverse order, caps, a smaller first bucket", "[parallel]") {
   // 4-byte elements; caps in bytes.
   const std::vector<size_t> sizes = {100, 10, 50, 50, 30, 5};  // forward order
   SECTION("everything fits in one bucket") {
@@ -72,7 +76,7 @@ TEST_CASE("assign_buckets: reverse order, caps, a smaller first bucket", "[reduc
   }
 }
 
-TEST_CASE("assign_buckets: edge cases", "[reducer]") {
+TEST_CASE("assign_buckets: edge cases", "[parallel]") {
   CHECK(assign_buckets({}, 100, 100).empty());
   auto one = assign_buckets({7}, 4, 4);  // larger than the cap: alone
   REQUIRE(one.size() == 1);
@@ -92,6 +96,103 @@ TEST_CASE("assign_buckets: edge cases", "[reducer]") {
   CHECK_THROWS_AS(assign_buckets(mlp, 0, 1), InternalError);
 }
 
+TEST_CASE("chunks_of and owned_pieces: every element owned once by one rank or by all", "[parallel]") {
+  const trainer::Chunks c = trainer::chunks_of(23, 3, 2);
+  CHECK(c.q == 7);
+  CHECK(c.split == 21);
+  CHECK(c.mine == 14);
+  CHECK(c.rem == 2);
+  CHECK(trainer::chunks_of(2, 3, 1).q == 0);
+  CHECK(trainer::chunks_of(2, 3, 1).rem == 2);
+  CHECK_THROWS_AS(trainer::chunks_of(5, 2, 2), InternalError);
+  // The MLP 5-7-3's 64-byte buckets: 3, 21, 7 and 35 elements (last first).
+  const std::vector<Bucket> buckets = assign_buckets({35, 7, 21, 3}, 64, 64);
+  REQUIRE(buckets.size() == 4);
+  for (const size_t world : {1u, 2u, 3u, 5u}) {
+    INFO("world " << world);
+    std::vector<int> owners(66, 0), by_all(66, 0);
+    for (size_t rank = 0; rank < world; ++rank) {
+      const trainer::OwnedPieces p = trainer::owned_pieces(buckets, world, rank);
+      REQUIRE(p.ranges.size() == p.by_all.size());
+      for (size_t i = 0; i < p.ranges.size(); ++i) {
+        if (i > 0) REQUIRE(p.ranges[i].offset >= p.ranges[i - 1].offset + p.ranges[i - 1].count);  // increasing
+        CHECK(p.index_at(p.ranges[i].offset) == i);
+        for (size_t e = p.ranges[i].offset; e < p.ranges[i].offset + p.ranges[i].count; ++e)
+          ++(p.by_all[i] ? by_all : owners)[e];
+      }
+      CHECK_THROWS_AS(p.index_at(p.ranges.back().offset + 1), InternalError);
+    }
+    for (size_t e = 0; e < 66; ++e) {
+      INFO("element " << e);
+      REQUIRE(((owners[e] == 1 && by_all[e] == 0) || (owners[e] == 0 && by_all[e] == static_cast<int>(world))));
+    }
+  }
+}
+
+TEST_CASE("CommThread: jobs in order, waits by ticket, the first error and nothing after it", "[parallel]") {
+  trainer::CommThread thread;
+  std::vector<int> ran;  // written by the thread only, read after a wait
+  std::vector<uint64_t> tickets;
+  for (int i = 0; i < 50; ++i) tickets.push_back(thread.submit([&ran, i] { ran.push_back(i); }));
+  for (size_t i = 0; i < tickets.size(); ++i) REQUIRE(tickets[i] == i + 1);
+  thread.wait(tickets[9]);
+  REQUIRE(ran.size() >= 10);
+  thread.wait_all();
+  std::vector<int> want(50);
+  std::iota(want.begin(), want.end(), 0);
+  CHECK(ran == want);
+  // A failure: the jobs before it ran, the ones after it are skipped; wait() on either side of it says so.
+  std::atomic<bool> release{false};
+  const uint64_t ok = thread.submit([&] {
+    while (!release) std::this_thread::yield();
+  });
+  const uint64_t bad = thread.submit([] { throw std::runtime_error("collective failed"); });
+  std::atomic<int> after{0};
+  const uint64_t skipped = thread.submit([&] { ++after; });
+  release = true;
+  thread.wait(ok);
+  CHECK_THROWS_WITH(thread.wait(skipped), "collective failed");
+  CHECK_THROWS_WITH(thread.wait(bad), "collective failed");
+  CHECK_THROWS_WITH(thread.wait_all(), "collective failed");
+  CHECK(after == 0);
+  // Taken by wait_all: jobs run again.
+  const uint64_t again = thread.submit([&] { ++after; });
+  thread.wait(again);
+  thread.wait_all();
+  CHECK(after == 1);
+}
+
+TEST_CASE("GradCodec: fp32 sends the gradients with Avg, bf16 a rounded copy of grads / world with Sum",
+          "[parallel][bf16]") {
+  const trainer::GradCodec f32(DType::F32, 4, nullptr);
+  CHECK_FALSE(f32.wire_buffer(8, Device::cpu()).defined());
+  CHECK(f32.options("bucket 0", true).op == comm::ReduceOp::Avg);
+  CHECK(f32.options("bucket 0", true).persistent);
+  CHECK(f32.options("bucket 0", false).what == "bucket 0");
+  Tensor g = Tensor::empty({3}), none;
+  g.data<float>()[0] = 1.0f;
+  g.data<float>()[1] = 3.0f + 1.0f / 128;  // / 4: 0.75 + 2^-9, half a bfloat16 step above 0.75
+  g.data<float>()[2] = -8.0f;
+  CHECK(&f32.on_wire(g, none) == &g);
+  f32.encode(g, none);  // nothing to do, nothing touched
+  f32.decode(none, g);
+  CHECK(g.data<float>()[1] == 3.0f + 1.0f / 128);
+
+  const trainer::GradCodec bf16(DType::BF16, 4, nullptr);
+  CHECK(bf16.options("x", false).op == comm::ReduceOp::Sum);
+  Tensor wire = bf16.wire_buffer(3, Device::cpu());
+  REQUIRE(wire.dtype() == DType::BF16);
+  CHECK(&bf16.on_wire(g, wire) == &wire);
+  bf16.encode(g, wire);
+  Tensor back = Tensor::empty({3});
+  bf16.decode(wire, back);
+  CHECK(back.data<float>()[0] == 0.25f);
+  CHECK(back.data<float>()[1] == 0.75f);  // the tie rounded to the even neighbour
+  CHECK(back.data<float>()[2] == -2.0f);
+  CHECK_FALSE(trainer::GradCodec(DType::BF16, 1, nullptr).wire_buffer(3, Device::cpu()).defined());  // one rank
+  CHECK_THROWS_AS(trainer::GradCodec(DType::F64, 2, nullptr), InternalError);
+}
+
 
 namespace {
 
@@ -105,13 +206,13 @@ std::vector<float> reduce_once(comm::ProcessGroup& pg, DType grad_dtype, bool ov
   float* grads = model->grads().data<float>();
   for (size_t i = 0; i < model->grads().numel(); ++i) grads[i] = g(pg.rank(), i);
   // 64-byte buckets: one parameter tensor each, so several buckets go through the per-bucket path.
-  trainer::Reducer reducer(pg, *model, nullptr,
+  const auto dp = trainer::make_data_parallel(pg, *model, nullptr,
                            {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .overlap = overlap,
                             .grad_dtype = grad_dtype});
-  if (buckets) *buckets = reducer.buckets().size();
-  reducer.begin(true);
-  for (size_t p = model->named_params().size(); p-- > 0;) reducer.grads_ready(p, p + 1);
-  reducer.finish();
+  if (buckets) *buckets = dp->buckets().size();
+  dp->begin_backward(true);
+  for (size_t p = model->named_params().size(); p-- > 0;) dp->grads_ready(p, p + 1);
+  dp->finish_backward();
   return std::vector<float>(grads, grads + model->grads().numel());
 }
 
@@ -133,8 +234,8 @@ float random_grad(int rank, size_t i) {
 
 }  // namespace
 
-TEST_CASE("Reducer grad_dtype bf16: exact values unchanged, others within bfloat16 rounding of fp32",
-          "[reducer][bf16][multirank]") {
+TEST_CASE("DataParallel grad_dtype bf16: exact values unchanged, others within bfloat16 rounding of fp32",
+          "[parallel][bf16][multirank]") {
   const int size = GENERATE(2, 3);
   const bool overlap = GENERATE(true, false);
   INFO("world size " << size << ", overlap " << overlap);
@@ -194,13 +295,13 @@ TEST_CASE("Reducer grad_dtype bf16: exact values unchanged, others within bfloat
   }
 }
 
-TEST_CASE("Reducer grad_dtype bf16 on one rank leaves the gradients alone", "[reducer][bf16]") {
+TEST_CASE("DataParallel grad_dtype bf16 on one rank leaves the gradients alone", "[parallel][bf16]") {
   auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(5));
   comm::GlooProcessGroup pg(store, 0, 1);
   const auto out = reduce_once(pg, DType::BF16, true, random_grad);
   for (size_t i = 0; i < out.size(); ++i) REQUIRE(out[i] == random_grad(0, i));
   auto model = models::make_mlp(2, {2}, 2);
-  CHECK_THROWS_AS(trainer::Reducer(pg, *model, nullptr, {.grad_dtype = DType::F64}), InternalError);
+  CHECK_THROWS_AS(trainer::make_data_parallel(pg, *model, nullptr, {.grad_dtype = DType::F64}), InternalError);
 }
 
 namespace {
@@ -215,19 +316,19 @@ Reduced reduce_zero(comm::ProcessGroup& pg, int zero, DType grad_dtype, bool ove
   auto model = models::make_mlp(5, {7}, 3);  // 66 parameters: 64-byte buckets of 3, 21, 7 and 35
   float* grads = model->grads().data<float>();
   for (size_t i = 0; i < model->grads().numel(); ++i) grads[i] = g(pg.rank(), i);
-  trainer::Reducer reducer(pg, *model, nullptr,
+  const auto dp = trainer::make_data_parallel(pg, *model, nullptr,
                            {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .overlap = overlap,
                             .grad_dtype = grad_dtype, .zero = zero});
-  reducer.begin(true);
-  for (size_t p = model->named_params().size(); p-- > 0;) reducer.grads_ready(p, p + 1);
-  reducer.finish();
-  return {reducer.owned(), std::vector<float>(grads, grads + model->grads().numel())};
+  dp->begin_backward(true);
+  for (size_t p = model->named_params().size(); p-- > 0;) dp->grads_ready(p, p + 1);
+  dp->finish_backward();
+  return {dp->owned(), std::vector<float>(grads, grads + model->grads().numel())};
 }
 
 }  // namespace
 
-TEST_CASE("Reducer zero = 1: each rank's pieces averaged as DDP's all-reduce, the pieces tiling the buffer",
-          "[reducer][zero][multirank]") {
+TEST_CASE("DataParallel zero = 1: each rank's pieces averaged as DDP's all-reduce, the pieces tiling the buffer",
+          "[parallel][zero][multirank]") {
   const int size = GENERATE(2, 3);
   const bool overlap = GENERATE(true, false);
   const DType dtype = GENERATE(DType::F32, DType::BF16);
@@ -282,24 +383,24 @@ TEST_CASE("Reducer zero = 1: each rank's pieces averaged as DDP's all-reduce, th
   CHECK(shared == (size == 2 ? 4u : 3u));
 }
 
-TEST_CASE("Reducer zero = 1: gather_params gives every rank every rank's pieces", "[reducer][zero][multirank]") {
+TEST_CASE("DataParallel zero = 1: after_update gives every rank every rank's pieces", "[parallel][zero][multirank]") {
   const int size = GENERATE(2, 3);
   std::mutex mu;
   std::vector<std::vector<float>> after(static_cast<size_t>(size));
   std::vector<std::vector<trainer::FlatRange>> owned(static_cast<size_t>(size));
   std::string errors = run_gloo_ranks(size, [&](comm::ProcessGroup& pg) {
     auto model = models::make_mlp(5, {7}, 3);
-    trainer::Reducer reducer(pg, *model, nullptr, {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .zero = 1});
+    const auto dp = trainer::make_data_parallel(pg, *model, nullptr, {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .zero = 1});
     float* p = model->params().data<float>();
     // Outside its pieces a rank holds garbage (-rank - 1); inside, the element's index (the remainders: the same on
     // every rank, as an identical update leaves them).
     for (size_t i = 0; i < model->num_params(); ++i) p[i] = -static_cast<float>(pg.rank()) - 1.0f;
-    for (const auto& r : reducer.owned())
+    for (const auto& r : dp->owned())
       for (size_t i = r.offset; i < r.offset + r.count; ++i) p[i] = static_cast<float>(i);
-    reducer.gather_params();
+    dp->after_update();
     std::lock_guard lock(mu);
     after[static_cast<size_t>(pg.rank())].assign(p, p + model->num_params());
-    owned[static_cast<size_t>(pg.rank())] = reducer.owned();
+    owned[static_cast<size_t>(pg.rank())] = dp->owned();
   });
   REQUIRE(errors == "");
   for (int r = 0; r < size; ++r)
@@ -308,7 +409,30 @@ TEST_CASE("Reducer zero = 1: gather_params gives every rank every rank's pieces"
   CHECK(owned[0] != owned[1]);
 }
 
-TEST_CASE("Reducer zero = 1 on one rank is DDP", "[reducer][zero]") {
+TEST_CASE("make_data_parallel: DDP for stage 0 or one rank, ZeRO for stages 1 and 2, FSDP for 3", "[parallel][multirank]") {
+  std::mutex mu;
+  std::vector<std::string> names;
+  std::string errors = run_gloo_ranks(2, [&](comm::ProcessGroup& pg) {
+    for (int zero = 0; zero <= 3; ++zero) {
+      auto model = models::make_mlp(5, {7}, 3);
+      const auto dp = trainer::make_data_parallel(pg, *model, nullptr, {.zero = zero});
+      std::lock_guard lock(mu);
+      if (pg.rank() == 0) names.push_back(dp->name());
+    }
+  });
+  REQUIRE(errors == "");
+  CHECK(names == std::vector<std::string>{"ddp", "zero-1", "zero-2", "fsdp"});
+  auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(5));
+  comm::GlooProcessGroup one(store, 0, 1);
+  auto model = models::make_mlp(5, {7}, 3);
+  const auto dp = trainer::make_data_parallel(one, *model, nullptr, {.zero = 3});
+  CHECK(dp->name() == "ddp");
+  CHECK(dp->setup_lines() == std::vector<std::string>{"zero: dist.zero = 3 has no effect with one rank (nothing to shard)"});
+  CHECK(dp->shard_lines(0, 1).empty());
+  CHECK_THROWS_AS(trainer::make_data_parallel(one, *model, nullptr, {.zero = 4}), InternalError);
+}
+
+TEST_CASE("DataParallel zero = 1 on one rank is DDP", "[parallel][zero]") {
   auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(5));
   comm::GlooProcessGroup pg(store, 0, 1);
   const Reduced z = reduce_zero(pg, 1, DType::F32, true, random_grad);
@@ -333,7 +457,7 @@ struct Kept {
 Kept backward_reduced(comm::ProcessGroup& pg, int zero, DType grad_dtype, bool overlap, int micro) {
   auto model = models::make_mlp(5, {7}, 3);  // 66 parameters: 64-byte buckets of 3, 21, 7 and 35
   model->init(3);
-  trainer::Reducer reducer(pg, *model, nullptr,
+  const auto dp = trainer::make_data_parallel(pg, *model, nullptr,
                            {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .overlap = overlap,
                             .grad_dtype = grad_dtype, .zero = zero});
   Kept out;
@@ -345,15 +469,15 @@ Kept backward_reduced(comm::ProcessGroup& pg, int zero, DType grad_dtype, bool o
       for (size_t i = 0; i < dy.numel(); ++i) dy.data<float>()[i] = random_grad(pg.rank() + 5 * m + 17 * step, i + 100);
       const Tensor& y = model->forward(x);
       out.outputs.insert(out.outputs.end(), y.data<float>(), y.data<float>() + y.numel());
-      reducer.begin(m == micro - 1);
-      model->backward(dy, [&](size_t first, size_t end) { reducer.grads_ready(first, end); });
+      dp->begin_backward(m == micro - 1);
+      model->backward(dy, [&](size_t first, size_t end) { dp->grads_ready(first, end); });
     }
-    reducer.finish();
+    dp->finish_backward();
   }
-  out.owned = reducer.owned();
-  for (const Tensor& g : reducer.owned_grads()) out.grads.emplace_back(g.data<float>(), g.data<float>() + g.numel());
-  out.gradient_bytes = reducer.gradient_bytes();
-  out.param_bytes = reducer.param_bytes();
+  out.owned = dp->owned();
+  for (const Tensor& g : dp->owned_grads()) out.grads.emplace_back(g.data<float>(), g.data<float>() + g.numel());
+  out.gradient_bytes = dp->gradient_bytes();
+  out.param_bytes = dp->param_bytes();
   if (model->grads_split())
     for (const auto& np : model->named_params()) out.buckets_released &= !np.grad.storage().resident();
   if (model->params_split())
@@ -363,8 +487,8 @@ Kept backward_reduced(comm::ProcessGroup& pg, int zero, DType grad_dtype, bool o
 
 }  // namespace
 
-TEST_CASE("Reducer zero = 2 and 3: the same forward and averaged pieces as stage 1, bit for bit, keeping only the shard",
-          "[reducer][zero][multirank]") {
+TEST_CASE("DataParallel zero = 2 and 3: the same forward and averaged pieces as stage 1, bit for bit, keeping only the shard",
+          "[parallel][zero][multirank]") {
   const int size = GENERATE(2, 3);
   const bool overlap = GENERATE(true, false);
   const DType dtype = GENERATE(DType::F32, DType::BF16);
@@ -399,7 +523,7 @@ TEST_CASE("Reducer zero = 2 and 3: the same forward and averaged pieces as stage
   CHECK(fmt::format("{}", fmt::join(fails, "\n")) == "");
 }
 
-TEST_CASE("Reducer zero = 2 on one rank is DDP: the gradients stay one flat buffer", "[reducer][zero]") {
+TEST_CASE("DataParallel zero = 2 on one rank is DDP: the gradients stay one flat buffer", "[parallel][zero]") {
   auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(5));
   comm::GlooProcessGroup pg(store, 0, 1);
   const Kept z = backward_reduced(pg, 2, DType::F32, true, 1);
@@ -407,8 +531,8 @@ TEST_CASE("Reducer zero = 2 on one rank is DDP: the gradients stay one flat buff
   CHECK(z.gradient_bytes == 66 * sizeof(float));
 }
 
-TEST_CASE("Reducer zero = 3: with_full_params gathers every rank's pieces, and keeps what it changed",
-          "[reducer][zero][multirank]") {
+TEST_CASE("DataParallel zero = 3: with_full_params gathers every rank's pieces, and keeps what it changed",
+          "[parallel][zero][multirank]") {
   const int size = GENERATE(2, 3);
   std::mutex mu;
   std::vector<std::string> fails;
@@ -420,17 +544,17 @@ TEST_CASE("Reducer zero = 3: with_full_params gathers every rank's pieces, and k
     auto model = models::make_mlp(5, {7}, 3);
     model->init(5);
     std::vector<float> initial(model->params().data<float>(), model->params().data<float>() + 66);
-    trainer::Reducer reducer(pg, *model, nullptr, {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .zero = 3});
+    const auto dp = trainer::make_data_parallel(pg, *model, nullptr, {.bucket_cap_bytes = 64, .first_bucket_cap_bytes = 64, .zero = 3});
     if (model->params().defined()) fail("the flat parameter buffer is still there");
     // A rank's shard holds its pieces of the initial model, back to back.
     size_t at = 0;
-    for (const auto& r : reducer.owned())
+    for (const auto& r : dp->owned())
       for (size_t j = 0; j < r.count; ++j, ++at)
-        if (reducer.shard_params().data<float>()[at] != initial[r.offset + j]) fail("the shard is not the initial pieces");
-    if (reducer.shard_params().numel() != at) fail("the shard is not the pieces back to back");
+        if (dp->shard_params().data<float>()[at] != initial[r.offset + j]) fail("the shard is not the initial pieces");
+    if (dp->shard_params().numel() != at) fail("the shard is not the pieces back to back");
     auto whole = [&] {
       std::vector<float> v;
-      reducer.with_full_params([&] {
+      dp->with_full_params([&] {
         for (const auto& np : model->named_params()) v.insert(v.end(), np.param.data<float>(), np.param.data<float>() + np.param.numel());
       }, /*changed=*/false);
       return v;
@@ -439,7 +563,7 @@ TEST_CASE("Reducer zero = 3: with_full_params gathers every rank's pieces, and k
     for (const auto& np : model->named_params())
       if (np.param.storage().resident()) fail(fmt::format("rank {}: {} stayed gathered", pg.rank(), np.name));
     // A load (changed): every element set to its index, on every rank; the shard takes it, a gather gives it back.
-    reducer.with_full_params([&] {
+    dp->with_full_params([&] {
       for (const auto& np : model->named_params())
         for (size_t i = 0; i < np.param.numel(); ++i) np.param.data<float>()[i] = static_cast<float>(np.offset + i);
     }, /*changed=*/true);
@@ -451,13 +575,13 @@ TEST_CASE("Reducer zero = 3: with_full_params gathers every rank's pieces, and k
     const auto world = static_cast<size_t>(pg.size());
     auto remainder = [&](size_t e, const trainer::Bucket& b) { return e >= b.offset + world * (b.count / world); };
     at = 0;
-    for (const auto& r : reducer.owned()) {
-      const trainer::Bucket& b = *std::find_if(reducer.buckets().begin(), reducer.buckets().end(),
+    for (const auto& r : dp->owned()) {
+      const trainer::Bucket& b = *std::find_if(dp->buckets().begin(), dp->buckets().end(),
                                                [&](const trainer::Bucket& x) { return x.offset <= r.offset && r.offset < x.offset + x.count; });
       for (size_t j = 0; j < r.count; ++j, ++at)
-        if (!remainder(r.offset + j, b)) reducer.shard_params().data<float>()[at] += static_cast<float>(pg.rank() + 1);
+        if (!remainder(r.offset + j, b)) dp->shard_params().data<float>()[at] += static_cast<float>(pg.rank() + 1);
     }
-    for (const trainer::Bucket& b : reducer.buckets()) {
+    for (const trainer::Bucket& b : dp->buckets()) {
       const size_t q = b.count / world;
       for (size_t e = b.offset; e < b.offset + b.count; ++e)
         want[e] = static_cast<float>(e) + (remainder(e, b) ? 0.0f : static_cast<float>((e - b.offset) / q + 1));
