@@ -60,6 +60,7 @@
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/config.h"
+#include "trainer/model_registry.h"
 #include "trainer/optimizer.h"
 #include "trainer/trainer.h"
 
@@ -131,11 +132,6 @@ std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s;
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? "x" : "") + std::to_string(shape[i]);
   return s;
-}
-
-models::GptOptions gpt_options(const trainer::ModelConfig& m) {
-  return {.n_layer = m.n_layer, .n_head = m.n_head, .n_embd = m.n_embd, .vocab_size = m.vocab_size,
-          .block_size = m.block_size};
 }
 
 // The table, shared with tests/support/python/torch_resnet.py (same columns, same widths).
@@ -282,7 +278,8 @@ Result run(const Options& o, const trainer::Config& cfg) {
   const Device device =
       trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
   if (device.is_cuda()) cuda::set_device(device.index);
-  const bool gpt = cfg.model.name == "gpt";
+  const trainer::ModelFamily& family = trainer::model_family(cfg.model.name);
+  const bool gpt = family.input == trainer::ModelInput::tokens;  // token windows in, the GPT table out
   const int64_t T = cfg.model.block_size;
   const std::vector<int64_t> sample_shape = gpt ? std::vector<int64_t>{T + 1} : o.shape;
   auto model = trainer::build_model(cfg.model, sample_shape, o.classes, device);
@@ -296,9 +293,10 @@ Result run(const Options& o, const trainer::Config& cfg) {
   if (cfg.train.precision == "fp16")
     spdlog::warn("train.precision = fp16: no loss scaling here (timing only; dptrain's fp16 step also unscales and "
                  "checks the gradients)");
-  // Weight decay on the matrices only for a GPT, as dptrain's training loop decides it (trainer.cpp).
-  const bool decay_matrices_only = cfg.train.weight_decay_params == trainer::DecayParams::matrices ||
-                                   (cfg.train.weight_decay_params == trainer::DecayParams::automatic && gpt);
+  // Weight decay as dptrain's training loop decides it (trainer.cpp): the family's grouping under auto.
+  const bool decay_matrices_only =
+      cfg.train.weight_decay_params == trainer::DecayParams::matrices ||
+      (cfg.train.weight_decay_params == trainer::DecayParams::automatic && family.decay_matrices_only);
   trainer::Optimizer optimizer(cfg.train, *model, decay_matrices_only);
   models::SoftmaxCrossEntropy loss;
   models::Kernels& k = model->kernels();
@@ -317,7 +315,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
                                    : fmt::format("cpu (OpenBLAS {} kernels)", models::blas_core());
   int64_t rows_per_step = o.batch;  // loss rows: examples, or tokens
   if (gpt) {
-    const models::GptOptions go = gpt_options(cfg.model);
+    const models::GptOptions go = trainer::gpt_options(cfg.model);
     r.tokens = true;
     r.model = fmt::format("gpt-L{}-C{}", go.n_layer, go.n_embd);
     r.seq = T;
@@ -460,14 +458,17 @@ int main(int argc, char** argv) {
 
   trainer::Config cfg;
   try {
-    // The config check pairs model.name = gpt with data.dataset = tokens; this program reads no data set, so
-    // `model.name=gpt` on the command line brings the dataset key with it.
+    // The config check pairs a language model (model.name = gpt) with data.dataset = tokens; this program reads no
+    // data set, so naming such a family on the command line brings the dataset key with it.
     std::vector<std::string> overrides = o.overrides;
     const auto has = [&](const std::string& prefix) {
       return std::any_of(overrides.begin(), overrides.end(),
                          [&](const std::string& kv) { return kv.starts_with(prefix); });
     };
-    if (has("model.name=gpt") && !has("data.dataset=")) overrides.insert(overrides.begin(), "data.dataset=tokens");
+    const std::vector<std::string> token_models = trainer::model_names(trainer::ModelInput::tokens);
+    const bool token_model = std::any_of(token_models.begin(), token_models.end(),
+                                         [&](const std::string& name) { return has("model.name=" + name); });
+    if (token_model && !has("data.dataset=")) overrides.insert(overrides.begin(), "data.dataset=tokens");
     cfg = trainer::load_config(o.config_path, overrides);
     if (!std::getenv("DPT_LOG_LEVEL")) spdlog::set_level(parse_log_level(cfg.log.level));
     if (o.batch == 0) o.batch = cfg.train.batch_size;

@@ -1,6 +1,5 @@
-// trainer/build_model.h: the model a config asks for (model.name = mlp | resnet | gpt), sized from the data set,
-// and starting weights from a safetensors file (model.init_from). A GPT's weight layouts are the model's own
-// (models/gpt/weights.h).
+// trainer/build_model.h: the model a config asks for (model.name: a family of trainer/model_registry.h), sized from
+// the data set, and starting weights from a safetensors file (model.init_from) in the layouts its family reads.
 #pragma once
 
 #include <cstdint>
@@ -22,18 +21,18 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
 // Loads parameters and buffers named as the model's (torchvision's names for a ResNet) from a safetensors
 // file. Every tensor of the model must be there with its exact shape, except that a classifier head
 // (fc.weight / fc.bias, or the MLP's last layer) whose class count differs keeps its fresh initialisation,
-// as fine-tuning needs; the returned note says so (empty when everything loaded). Tensors of the file that
-// the model lacks are an error too (strict, as load_state_dict). Throws ConfigError naming the key.
-// A GPT takes nanoGPT's layout or Hugging Face's GPT2LMHeadModel layout (models/gpt/weights.h:
-// gpt_import_weights: with or without the "transformer." prefix, Conv1D projection weights transposed, mask
-// buffers ignored; lm_head.weight must equal the token embedding, the tie); the note names the layout.
-// wte may have vocab_size rows (Hugging Face's 50257) or the padded count (models::padded_vocab): padding
-// rows are filled with 0.
-std::string load_pretrained(models::Model& model, const std::string& path);
+// as fine-tuning needs (a family with reinit_head); the returned note says so (empty when everything loaded).
+// Tensors of the file that the model lacks are an error too (strict, as load_state_dict). Throws ConfigError
+// naming the key. `m` (the model's keys) names its family, whose import_weights reads other layouts first: a GPT
+// takes nanoGPT's layout or Hugging Face's GPT2LMHeadModel layout (models/gpt/weights.h: gpt_import_weights: with
+// or without the "transformer." prefix, Conv1D projection weights transposed, mask buffers ignored; lm_head.weight
+// must equal the token embedding, the tie); the note names the layout. wte may have vocab_size rows (Hugging
+// Face's 50257) or the padded count (models::padded_vocab): padding rows are filled with 0.
+std::string load_pretrained(models::Model& model, const ModelConfig& m, const std::string& path);
 
-// Training FLOPs (forward and backward) per loss row for the progress line's MFU: a GPT's per token at
-// block_size (models::gpt_flops_per_token); 0 for a model without an estimate.
-double train_flops_per_row(const models::Model& model);
+// Training FLOPs (forward and backward) per loss row for the progress line's MFU: the family's estimate (a GPT's
+// per token at block_size, models::gpt_flops_per_token); 0 for a family without one.
+double train_flops_per_row(const ModelConfig& m);
 
 // train.precision (fp32 | bf16 | fp16) as the models' Precision.
 models::Precision parse_precision(const std::string& p);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "trainer/model_registry.h"
 
 namespace dpt::trainer {
 namespace {
@@ -240,7 +241,7 @@ const std::vector<Field>& schema() {
               return (v.size() == 1 || v.size() == 3) && std::all_of(v.begin(), v.end(), [](int64_t d) { return d >= 1; })
                          ? "" : std::string("must be [F] or [C, H, W], every value >= 1");
             })),
-      field("model.name", &C::model, &ModelConfig::name, "mlp | resnet | gpt (GPT-2 as nanoGPT: needs data.dataset = tokens; its GPU kernels are compiled but not yet run on a GPU)", one_of({"mlp", "resnet", "gpt"})),
+      field("model.name", &C::model, &ModelConfig::name, model_name_help(), one_of(model_names())),
       field("model.hidden", &C::model, &ModelConfig::hidden, "hidden layer widths of the MLP", all_positive()),
       field("model.depth", &C::model, &ModelConfig::depth, "resnet: 18 | 34 (basic blocks) | 50 (bottlenecks), torchvision's block counts; ignored when model.blocks is set", Check<int64_t>([](const int64_t& v) {
               return v == 18 || v == 34 || v == 50 ? "" : std::string("must be 18, 34 or 50 (or set model.blocks)");
@@ -409,11 +410,12 @@ void validate(const Config& c, const std::string& source) {
   if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
     DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
               source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
-  if ((c.model.name == "gpt") != (c.data.dataset == "tokens"))
+  if ((model_family(c.model.name).input == ModelInput::tokens) != (c.data.dataset == "tokens"))
     DPT_THROW(ConfigError,
-              "{}model.name = {} with data.dataset = {}: a GPT trains on token shards and token shards train only a "
-              "GPT (model.name = gpt goes with data.dataset = tokens)",
-              source.empty() ? "" : source + ": ", c.model.name, c.data.dataset);
+              "{}model.name = {} with data.dataset = {}: a language model trains on token shards and token shards "
+              "train only a language model (model.name = {} goes with data.dataset = tokens)",
+              source.empty() ? "" : source + ": ", c.model.name, c.data.dataset,
+              fmt::join(model_names(ModelInput::tokens), " or "));
 }
 
 }  // namespace

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "trainer/model_config.h"
+
 namespace dpt::trainer {
 
 // ---- choices: parsed once, here, into enums; the rest of the code switches on them -----------------------------
@@ -87,26 +89,6 @@ struct DataConfig {
   int64_t synthetic_train_size = 8192;
   int64_t synthetic_test_size = 2048;
   std::vector<int64_t> synthetic_shape = {784};  // one example's shape: [F] or [C, H, W]
-};
-
-struct ModelConfig {
-  std::string name = "mlp";                  // mlp | resnet | gpt
-  std::vector<int64_t> hidden = {512, 512};  // mlp
-  int64_t depth = 18;                        // resnet: 18 | 34 | 50 (torchvision's block counts)
-  std::vector<int64_t> blocks = {};          // resnet: blocks per stage, overriding depth
-  std::string block = "basic";               // resnet with blocks: basic | bottleneck
-  std::vector<int64_t> widths = {64, 128, 256, 512};  // resnet: planes per stage
-  std::string stem = "imagenet";             // resnet: imagenet (7x7/2 + max pool) | small (3x3/1)
-  int64_t n_layer = 4;                       // gpt: blocks
-  int64_t n_head = 4;                        // gpt: attention heads
-  int64_t n_embd = 128;                      // gpt: width
-  int64_t vocab_size = 256;                  // gpt: vocabulary (256: byte-level tokens)
-  int64_t block_size = 64;                   // gpt: context length
-  bool recompute = false;                    // gpt: recompute attention probabilities and GELU in backward
-  int64_t in_channels = 0;                   // 0: the data set's
-  int64_t num_classes = 0;                   // 0: the data set's
-  bool sync_bn = false;                      // SyncBatchNorm across ranks
-  std::string init_from = "";                // safetensors file of weights (torchvision names) to start from
 };
 
 struct DistConfig {

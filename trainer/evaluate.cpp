@@ -8,6 +8,7 @@
 #include "trainer/build_model.h"
 #include "trainer/datasets.h"
 #include "trainer/feeder.h"
+#include "trainer/model_registry.h"
 
 namespace dpt::trainer {
 
@@ -75,7 +76,7 @@ EvalReport evaluate_checkpoint(const EvalTarget& target, comm::ProcessGroup& pg,
   auto model = build_model(cfg.model, sample_shape, ds.test->num_classes(), device);
   model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
   model->set_precision(parse_precision(cfg.train.precision));
-  std::unique_ptr<Task> task = make_task(cfg.model.name, cfg.model.block_size, sample_shape, device);
+  std::unique_ptr<Task> task = make_task(model_family(cfg.model.name).input, cfg.model.block_size, sample_shape, device);
   const EvalResult ev = evaluate(*model, *task, *ds.test, cfg.train, static_cast<size_t>(cfg.data.workers), pg);
   return {ev.loss, ev.acc, ev.rows, task->unit(), model->summary()};
 }

@@ -1,6 +1,8 @@
 // trainer/gpt_checkpoint.cpp: a GPT checkpoint for `dptrain generate` and `dptrain export-weights` (see gpt_checkpoint.h).
 #include "trainer/gpt_checkpoint.h"
 
+#include <fmt/ranges.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -11,8 +13,9 @@
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "trainer/safetensors.h"
 #include "trainer/evaluate.h"
+#include "trainer/model_registry.h"
+#include "trainer/safetensors.h"
 
 namespace dpt::trainer {
 
@@ -34,12 +37,18 @@ void write_whole(const fs::path& file, Write&& write) {
   }
 }
 
+// ConfigError unless the checkpoint's model family generates text (a GPT).
+void require_generating(const EvalTarget& target, const char* who) {
+  if (!model_family(target.config.model.name).generates)
+    DPT_THROW(ConfigError, "{} holds a {} model: {} needs a GPT (model.name = {})", target.checkpoint.path,
+              target.config.model.name, who, fmt::join(model_names(ModelInput::tokens), " or "));
+}
+
 // The checkpoint's GPT on `device`; ConfigError for another model.
 std::unique_ptr<models::Model> gpt_of(const EvalTarget& target, Device device, const char* who) {
   const LoadedCheckpoint& ck = target.checkpoint;
   const Config& cfg = target.config;
-  if (cfg.model.name != "gpt")
-    DPT_THROW(ConfigError, "{} holds a {} model: {} needs a GPT (model.name = gpt)", ck.path, cfg.model.name, who);
+  require_generating(target, who);
   auto model = build_model(cfg.model, {cfg.model.block_size + 1}, cfg.model.vocab_size, device);
   model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
   return model;
@@ -63,7 +72,7 @@ std::string export_gpt_weights(const std::string& path, models::GptLayout layout
     if (folder && hf) {
       write_whole(fs::path(out) / kHfConfigFile, [&](const std::string& tmp) {
         std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        f << models::gpt_hf_config_json(dynamic_cast<const models::Gpt&>(model->root()).options());
+        f << models::gpt_hf_config_json(gpt_options(target.config.model));
         f.close();
         if (!f) DPT_THROW(IoError, "writing {}: {}", tmp, std::strerror(errno));
       });
@@ -82,8 +91,7 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
   const EvalTarget target = eval_target(path, {});
   const LoadedCheckpoint& ck = target.checkpoint;
   const Config& cfg = target.config;
-  if (cfg.model.name != "gpt")
-    DPT_THROW(ConfigError, "{} holds a {} model: generate needs a GPT (model.name = gpt)", ck.path, cfg.model.name);
+  require_generating(target, "generate");
   GptCheckpoint g;
   if (!tokenizer_dir.empty()) {
     const std::filesystem::path dir(tokenizer_dir);

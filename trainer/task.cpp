@@ -67,10 +67,9 @@ std::unique_ptr<Task> make_language_model_task(int64_t block_size, Device device
   return std::make_unique<LanguageModel>(block_size, device);
 }
 
-std::unique_ptr<Task> make_task(const std::string& model_name, int64_t block_size,
-                                std::vector<int64_t> sample_shape, Device device) {
-  return model_name == "gpt" ? make_language_model_task(block_size, device)
-                             : make_classification_task(std::move(sample_shape));
+std::unique_ptr<Task> make_task(ModelInput input, int64_t block_size, std::vector<int64_t> sample_shape, Device device) {
+  return input == ModelInput::tokens ? make_language_model_task(block_size, device)
+                                     : make_classification_task(std::move(sample_shape));
 }
 
 }  // namespace dpt::trainer

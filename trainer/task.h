@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "trainer/model_config.h"
 #include "data/loader.h"
 
 namespace dpt::trainer {
@@ -31,9 +32,8 @@ class Task {
   virtual const char* unit() const = 0;
 };
 
-// The task a config trains: language modelling for model.name = gpt, classification otherwise.
-std::unique_ptr<Task> make_task(const std::string& model_name, int64_t block_size,
-                                std::vector<int64_t> sample_shape, Device device);
+// The task a model family trains (ModelFamily::input): language modelling over tokens, classification over examples.
+std::unique_ptr<Task> make_task(ModelInput input, int64_t block_size, std::vector<int64_t> sample_shape, Device device);
 // Classification over examples of `sample_shape` ({C, H, W} or {F}).
 std::unique_ptr<Task> make_classification_task(std::vector<int64_t> sample_shape);
 // Next-token prediction over windows of block_size + 1 tokens, the batches on `device` (the windows are split

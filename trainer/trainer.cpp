@@ -30,6 +30,7 @@
 #include "trainer/fault_injection.h"
 #include "trainer/feeder.h"
 #include "trainer/loss_scaler.h"
+#include "trainer/model_registry.h"
 #include "trainer/optimizer.h"
 #include "trainer/parallel/factory.h"
 #include "trainer/preemption.h"
@@ -181,7 +182,7 @@ void Trainer::load_data() {
 void Trainer::build_model_and_optimizer() {
   ctx_.phase = "building the model";
   model_ = build_model(cfg_.model, sample_shape_, ds_.train->num_classes(), device_);
-  task_ = make_task(cfg_.model.name, cfg_.model.block_size, sample_shape_, device_);
+  task_ = make_task(model_family(cfg_.model.name).input, cfg_.model.block_size, sample_shape_, device_);
   model_->init(rng_());
   try {
     model_->set_precision(parse_precision(t_.precision));
@@ -191,13 +192,13 @@ void Trainer::build_model_and_optimizer() {
   }
   if (lead_ && device_.is_cpu()) spdlog::info("precision: {}", models::describe_cpu_arithmetic(model_->precision()));
   if (!cfg_.model.init_from.empty()) {
-    const std::string note = load_pretrained(*model_, cfg_.model.init_from);
+    const std::string note = load_pretrained(*model_, cfg_.model, cfg_.model.init_from);
     if (lead_) spdlog::info("model: weights from {}{}", cfg_.model.init_from, note.empty() ? "" : "; " + note);
   }
   stream_ = model_->kernels().stream();
   const bool decay_matrices_only =
       t_.weight_decay_params == DecayParams::matrices ||
-      (t_.weight_decay_params == DecayParams::automatic && cfg_.model.name == "gpt");
+      (t_.weight_decay_params == DecayParams::automatic && model_family(cfg_.model.name).decay_matrices_only);
   ctx_.memory.params = static_cast<int64_t>(model_->params().bytes());
   ctx_.memory.buffers = static_cast<int64_t>(model_->buffers().bytes());
   build_data_parallel();
@@ -364,7 +365,7 @@ void Trainer::prepare_steps() {
   reporter_ = std::make_unique<Reporter>(
       cfg_, pg_, device_, scaler_, ctx_.memory,
       ReportSetup{.start_step = start_.step, .start_epoch = start_.epoch, .unit = task_->unit(),
-                  .row_flops = train_flops_per_row(*model_),
+                  .row_flops = train_flops_per_row(cfg_.model),
                   .peak_flops = device_.is_cuda() ? cuda::dense_bf16_peak_flops(cuda::device_name(device_.index)) : 0.0});
   stopped_ = t_.max_steps > 0 && step_ >= t_.max_steps;  // resumed at or past the limit: nothing to do
 }

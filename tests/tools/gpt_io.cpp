@@ -57,7 +57,14 @@ int main(int argc, char** argv) {
     auto model = models::make_gpt(o);
     model->init(1);
     // model.init_from's own path: nanoGPT's or Hugging Face's layout, the tied head checked.
-    std::cerr << "weights: " << trainer::load_pretrained(*model, weights) << "\n";
+    trainer::ModelConfig m;  // the same GPT as model.* keys, for the GPT family's layouts
+    m.name = "gpt";
+    m.n_layer = o.n_layer;
+    m.n_head = o.n_head;
+    m.n_embd = o.n_embd;
+    m.vocab_size = o.vocab_size;
+    m.block_size = o.block_size;
+    std::cerr << "weights: " << trainer::load_pretrained(*model, m, weights) << "\n";
     if (precision == "bf16") model->set_precision(models::Precision::BF16);
 
     models::SoftmaxCrossEntropy loss;

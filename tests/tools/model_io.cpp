@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     if (cfg.train.precision == "bf16") model->set_precision(models::Precision::BF16);
     if (cfg.train.precision == "fp16") model->set_precision(models::Precision::F16);
     if (!weights.empty()) {
-      const std::string note = trainer::load_pretrained(*model, weights);
+      const std::string note = trainer::load_pretrained(*model, cfg.model, weights);
       if (!note.empty()) std::cerr << note << "\n";
     }
     models::SoftmaxCrossEntropy loss;

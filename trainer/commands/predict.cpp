@@ -7,6 +7,7 @@
 
 #include "trainer/commands/commands.h"
 #include "trainer/commands/job.h"
+#include "trainer/model_registry.h"
 #include "trainer/predict_images.h"
 #include "trainer/predict_prompts.h"
 
@@ -41,9 +42,9 @@ int predict_job(const PredictArgs& a) {
       .work =
           [&](Job& job) {
             const PredictFormat format = parse_predict_format(a.format);
-            const bool gpt = target->config.model.name == "gpt";
+            const bool prompts = model_family(target->config.model.name).input == ModelInput::tokens;
             PredictSummary s;
-            if (gpt) {
+            if (prompts) {
               const SamplingArgs& g = a.sampling;
               const PromptOptions o{.input = a.input, .out = a.out, .tokenizer = g.tokenizer, .tokens = g.tokens,
                                     .sampling = {.temperature = g.temperature, .top_k = g.top_k},
@@ -58,9 +59,9 @@ int predict_job(const PredictArgs& a) {
             }
             if (job.env.rank == 0)
               spdlog::info("predict: wrote {} lines{} to {} in {:.1f} s: {:.1f} {}/s{} on {} rank(s) ({}, step {})",
-                           s.inputs, gpt ? "" : fmt::format(" ({} unreadable image(s))", s.errors), a.out, s.seconds,
-                           static_cast<double>(s.inputs) / s.seconds, gpt ? "prompts" : "images",
-                           gpt ? fmt::format(", {:.1f} tokens/s", static_cast<double>(s.tokens) / s.seconds) : "",
+                           s.inputs, prompts ? "" : fmt::format(" ({} unreadable image(s))", s.errors), a.out, s.seconds,
+                           static_cast<double>(s.inputs) / s.seconds, prompts ? "prompts" : "images",
+                           prompts ? fmt::format(", {:.1f} tokens/s", static_cast<double>(s.tokens) / s.seconds) : "",
                            job.env.world_size, target->checkpoint.path, target->checkpoint.state.step);
             return 0;
           },

@@ -1,0 +1,72 @@
+// tests/unit/trainer/test_model_registry.cpp: the model families (trainer/model_registry.h): their names as the
+// config lists them, what each builds and trains on, its weight-decay grouping, its fine-tuning head, its FLOPs,
+// and the errors for a name no family has.
+#include <catch2/catch.hpp>
+
+#include "core/check.h"
+#include "models/gpt/gpt.h"
+#include "trainer/build_model.h"
+#include "trainer/config.h"
+#include "trainer/model_registry.h"
+#include "trainer/task.h"
+
+using namespace dpt;
+using namespace dpt::trainer;
+
+TEST_CASE("model families: names, help and lookup", "[trainer][registry]") {
+  CHECK(model_names() == std::vector<std::string>{"mlp", "resnet", "gpt"});
+  CHECK(model_names(ModelInput::tokens) == std::vector<std::string>{"gpt"});
+  CHECK(model_names(ModelInput::examples) == std::vector<std::string>{"mlp", "resnet"});
+  // model.name's help, as --help and the configuration reference printed it before the registry.
+  CHECK(model_name_help() == "mlp | resnet | gpt (GPT-2 as nanoGPT: needs data.dataset = tokens; its GPU kernels are "
+                             "compiled but not yet run on a GPU)");
+  for (const std::string& name : model_names()) CHECK(model_family(name).name == name);
+  CHECK_THROWS_WITH(model_family("llama"), Catch::Contains("model.name = 'llama': must be one of: mlp, resnet, gpt"));
+  CHECK_THROWS_AS(model_family("llama"), ConfigError);
+  CHECK_THROWS_WITH(parse_config("[model]\nname = \"llama\"\n", "t.toml"), Catch::Contains("must be one of: mlp, resnet, gpt"));
+}
+
+TEST_CASE("model families: what each builds, trains on and how it groups weight decay", "[trainer][registry]") {
+  ModelConfig m;
+  m.hidden = {8};
+  m.widths = {4, 8};
+  m.blocks = {1, 1};
+  m.stem = "small";
+  m.n_layer = 1;
+  m.n_head = 2;
+  m.n_embd = 8;
+  m.vocab_size = 16;
+  m.block_size = 4;
+
+  m.name = "mlp";
+  const ModelFamily& mlp = model_family("mlp");
+  CHECK(mlp.input == ModelInput::examples);
+  CHECK_FALSE(mlp.decay_matrices_only);
+  CHECK(mlp.reinit_head);
+  CHECK_FALSE(mlp.generates);
+  CHECK_FALSE(mlp.import_weights);
+  CHECK(build_model(m, {1, 6, 6}, 3, Device::cpu())->num_params() == 36 * 8 + 8 + 8 * 3 + 3);
+  CHECK(train_flops_per_row(m) == 0.0);
+  CHECK(std::string(make_task(mlp.input, m.block_size, {1, 6, 6}, Device::cpu())->unit()) == "samples");
+
+  m.name = "resnet";
+  const ModelFamily& resnet = model_family("resnet");
+  CHECK(resnet.input == ModelInput::examples);
+  CHECK_FALSE(resnet.decay_matrices_only);
+  CHECK(resnet.reinit_head);
+  CHECK(build_model(m, {1, 8, 8}, 3, Device::cpu())->summary().starts_with("resnet basic [1, 1] x [4, 8] (small stem)"));
+  CHECK_THROWS_WITH(build_model(m, {64}, 3, Device::cpu()), Catch::Contains("needs images [C, H, W]"));
+
+  m.name = "gpt";
+  const ModelFamily& gpt = model_family("gpt");
+  CHECK(gpt.input == ModelInput::tokens);
+  CHECK(gpt.decay_matrices_only);
+  CHECK_FALSE(gpt.reinit_head);
+  CHECK(gpt.generates);
+  CHECK(gpt.import_weights);
+  const auto model = build_model(m, {m.block_size + 1}, 0, Device::cpu());
+  CHECK(model->num_params() == static_cast<size_t>(models::gpt_num_params(gpt_options(m), /*with_wpe=*/true)));
+  CHECK(train_flops_per_row(m) == models::gpt_flops_per_token(gpt_options(m), m.block_size));
+  CHECK(train_flops_per_row(m) > 0.0);
+  CHECK(std::string(make_task(gpt.input, m.block_size, {m.block_size + 1}, Device::cpu())->unit()) == "tokens");
+}

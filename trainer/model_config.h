@@ -1,0 +1,37 @@
+// trainer/model_config.h: the model.* keys of the configuration (trainer/config.h holds the rest, and the schema
+// that reads and checks them all), and what a model family trains on; beside them so that the model registry
+// (trainer/model_registry.h) and the tasks can use them without the whole configuration.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dpt::trainer {
+
+// What a model family trains on, and so its task and what `predict` feeds it: examples of an image or vector data
+// set (classification; predict: images) or windows of tokens (data.dataset = tokens: language modelling; predict:
+// prompts).
+enum class ModelInput { examples, tokens };
+
+struct ModelConfig {
+  std::string name = "mlp";                  // a model family of trainer/model_registry.h
+  std::vector<int64_t> hidden = {512, 512};  // mlp
+  int64_t depth = 18;                        // resnet: 18 | 34 | 50 (torchvision's block counts)
+  std::vector<int64_t> blocks = {};          // resnet: blocks per stage, overriding depth
+  std::string block = "basic";               // resnet with blocks: basic | bottleneck
+  std::vector<int64_t> widths = {64, 128, 256, 512};  // resnet: planes per stage
+  std::string stem = "imagenet";             // resnet: imagenet (7x7/2 + max pool) | small (3x3/1)
+  int64_t n_layer = 4;                       // gpt: blocks
+  int64_t n_head = 4;                        // gpt: attention heads
+  int64_t n_embd = 128;                      // gpt: width
+  int64_t vocab_size = 256;                  // gpt: vocabulary (256: byte-level tokens)
+  int64_t block_size = 64;                   // gpt: context length
+  bool recompute = false;                    // gpt: recompute attention probabilities and GELU in backward
+  int64_t in_channels = 0;                   // 0: the data set's
+  int64_t num_classes = 0;                   // 0: the data set's
+  bool sync_bn = false;                      // SyncBatchNorm across ranks
+  std::string init_from = "";                // safetensors file of weights (torchvision names) to start from
+};
+
+}  // namespace dpt::trainer
