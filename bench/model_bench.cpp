@@ -111,13 +111,6 @@ struct Result {
   double mfu = 0;
 };
 
-models::Precision parse_precision(const std::string& p) {
-  if (p == "bf16") return models::Precision::BF16;
-  if (p == "fp16") return models::Precision::F16;
-  if (p != "fp32") DPT_THROW(ConfigError, "train.precision = {}: must be one of fp32, bf16, fp16", p);
-  return models::Precision::F32;
-}
-
 // "resnet18: 11181642 parameters" -> "resnet18"; "resnet18 (small stem): ..." -> "resnet18-small"; a
 // name with spaces (model.blocks) keeps its first word.
 std::string short_model_name(const models::Model& m) {
@@ -278,7 +271,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
   const Device device =
       trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
   if (device.is_cuda()) cuda::set_device(device.index);
-  const trainer::ModelFamily& family = trainer::model_family(cfg.model.name);
+  const trainer::ModelCard& family = trainer::model_card(cfg.model.name);
   const bool gpt = family.input == trainer::ModelInput::tokens;  // token windows in, the GPT table out
   const int64_t T = cfg.model.block_size;
   const std::vector<int64_t> sample_shape = gpt ? std::vector<int64_t>{T + 1} : o.shape;
@@ -286,11 +279,11 @@ Result run(const Options& o, const trainer::Config& cfg) {
   model->init(static_cast<uint64_t>(cfg.train.seed));
   model->set_training(true);
   try {
-    model->set_precision(parse_precision(cfg.train.precision));
+    model->set_precision(cfg.train.precision);
   } catch (const UnsupportedError& e) {
-    DPT_THROW(ConfigError, "train.precision = {} on {}: {}", cfg.train.precision, device.str(), e.what());
+    DPT_THROW(ConfigError, "train.precision = {} on {}: {}", trainer::choice_name(cfg.train.precision), device.str(), e.what());
   }
-  if (cfg.train.precision == "fp16")
+  if (cfg.train.precision == models::Precision::F16)
     spdlog::warn("train.precision = fp16: no loss scaling here (timing only; dptrain's fp16 step also unscales and "
                  "checks the gradients)");
   // Weight decay as dptrain's training loop decides it (trainer.cpp): the family's grouping under auto.
@@ -309,7 +302,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
   Result r;
   r.model = short_model_name(*model);
   r.params = static_cast<int64_t>(model->num_params());
-  r.precision = cfg.train.precision;
+  r.precision = trainer::choice_name(cfg.train.precision);
   r.device = device.str();
   r.device_name = device.is_cuda() ? cuda::device_description(device.index)
                                    : fmt::format("cpu (OpenBLAS {} kernels)", models::blas_core());

@@ -48,7 +48,7 @@ ResNetOptions resnet_preset(int64_t depth) {
   switch (depth) {
     case 18: o.blocks = {2, 2, 2, 2}; break;
     case 34: o.blocks = {3, 4, 6, 3}; break;
-    case 50: o.blocks = {3, 4, 6, 3}; o.block = "bottleneck"; break;
+    case 50: o.blocks = {3, 4, 6, 3}; o.block = ResNetBlock::bottleneck; break;
     default: DPT_THROW(ConfigError, "model.depth = {}: must be 18, 34 or 50 (or give model.blocks)", depth);
   }
   return o;
@@ -137,11 +137,9 @@ std::unique_ptr<Model> make_resnet(const ResNetOptions& o, const std::string& na
     if (o.blocks[i] < 1 || o.widths[i] < 1)
       DPT_THROW(ConfigError, "resnet: stage {} has {} block(s) of width {}; both must be >= 1", i + 1, o.blocks[i],
                 o.widths[i]);
-  if (o.block != "basic" && o.block != "bottleneck")
-    DPT_THROW(ConfigError, "resnet: block '{}' must be basic or bottleneck", o.block);
   if (o.in_channels < 1 || o.num_classes < 1)
     DPT_THROW(ConfigError, "resnet: in_channels {} and num_classes {} must be >= 1", o.in_channels, o.num_classes);
-  const bool bottleneck = o.block == "bottleneck";
+  const bool bottleneck = o.block == ResNetBlock::bottleneck;
   const int64_t expansion = bottleneck ? Bottleneck::kExpansion : BasicBlock::kExpansion;
 
   auto net = std::make_unique<Sequential>();

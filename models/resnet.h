@@ -18,8 +18,10 @@
 
 namespace dpt::models {
 
+enum class ResNetBlock : uint8_t { basic, bottleneck };  // expansion 1 | 4
+
 struct ResNetOptions {
-  std::string block = "basic";                 // basic (expansion 1) | bottleneck (expansion 4)
+  ResNetBlock block = ResNetBlock::basic;
   std::vector<int64_t> blocks = {2, 2, 2, 2};  // blocks per stage; the first stage keeps the resolution,
                                                // each later one halves it
   std::vector<int64_t> widths = {64, 128, 256, 512};  // planes per stage (the same count as blocks)

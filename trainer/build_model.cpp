@@ -73,11 +73,4 @@ double train_flops_per_row(const ModelConfig& m) {
   return family.flops_per_row ? family.flops_per_row(m) : 0.0;
 }
 
-models::Precision parse_precision(const std::string& p) {
-  if (p == "bf16") return models::Precision::BF16;
-  if (p == "fp16") return models::Precision::F16;
-  DPT_CHECK(p == "fp32", "train.precision = {}", p);
-  return models::Precision::F32;
-}
-
 }  // namespace dpt::trainer

@@ -34,7 +34,4 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
 // per token at block_size, models::gpt_flops_per_token); 0 for a family without one.
 double train_flops_per_row(const ModelConfig& m);
 
-// train.precision (fp32 | bf16 | fp16) as the models' Precision.
-models::Precision parse_precision(const std::string& p);
-
 }  // namespace dpt::trainer

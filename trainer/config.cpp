@@ -193,8 +193,8 @@ const std::vector<Field>& schema() {
   static const std::vector<Field> fields = {
       field("train.epochs", &C::train, &TrainConfig::epochs, "passes over the training set", at_least<int64_t>(1)),
       field("train.batch_size", &C::train, &TrainConfig::batch_size, "examples per step PER RANK (global = this x world size)", at_least<int64_t>(1)),
-      field("train.device", &C::train, &TrainConfig::device, "auto (cuda:LOCAL_RANK when GPUs exist, else cpu with a warning) | cpu | cuda (error without a GPU)", one_of({"auto", "cpu", "cuda"})),
-      field("train.precision", &C::train, &TrainConfig::precision, "fp32 | bf16 | fp16: the arithmetic of matrix products and convolutions (operands rounded, float32 accumulation); master weights, optimizer state, loss, norms and BatchNorm statistics stay fp32; fp16 adds dynamic loss scaling (GradScaler's: 65536, halve and skip on inf/NaN, double after 2000 clean steps). On the CPU, bf16 convolutions run in oneDNN's bf16 kernels where the CPU has AVX-512; the rest of bf16 and all of fp16 are emulated (float32 arithmetic on rounded operands, slower than fp32)", one_of({"fp32", "bf16", "fp16"})),
+      field("train.device", &C::train, &TrainConfig::device, "auto (cuda:LOCAL_RANK when GPUs exist, else cpu with a warning) | cpu | cuda (error without a GPU)"),
+      field("train.precision", &C::train, &TrainConfig::precision, "fp32 | bf16 | fp16: the arithmetic of matrix products and convolutions (operands rounded, float32 accumulation); master weights, optimizer state, loss, norms and BatchNorm statistics stay fp32; fp16 adds dynamic loss scaling (GradScaler's: 65536, halve and skip on inf/NaN, double after 2000 clean steps). On the CPU, bf16 convolutions run in oneDNN's bf16 kernels where the CPU has AVX-512; the rest of bf16 and all of fp16 are emulated (float32 arithmetic on rounded operands, slower than fp32)"),
       field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw"),
       field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
@@ -217,7 +217,7 @@ const std::vector<Field>& schema() {
       field("train.clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, "clip the global gradient L2 norm (after averaging) to this; 0: off", at_least(0.0)),
       field("train.eval_batch_size", &C::train, &TrainConfig::eval_batch_size, "batch size for evaluation", at_least<int64_t>(1)),
       field("train.progress_interval_s", &C::train, &TrainConfig::progress_interval_s, "seconds between rank 0's progress lines within an epoch", positive()),
-      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic | tokens (llm.c .bin token shards in DIR, split by the words train and val in their names; `dptrain tokenize` writes them; for model.name = gpt)", one_of({"fashion-mnist", "imagefolder", "synthetic", "tokens"})),
+      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic | tokens (llm.c .bin token shards in DIR, split by the words train and val in their names; `dptrain tokenize` writes them; for model.name = gpt)"),
       field("data.dir", &C::data, &DataConfig::dir, "fashion-mnist: directory of the IDX .gz files; imagefolder: the folder holding train/ and val/; tokens: the directory of the shards"),
       field("data.augment", &C::data, &DataConfig::augment, "training transform: none | crop_flip (pad + random crop + horizontal flip) | random_resized_crop (imagefolder: torchvision's RandomResizedCrop + flip); drawn from (seed, epoch, index)", one_of({"none", "crop_flip", "random_resized_crop"})),
       field("data.padding", &C::data, &DataConfig::padding, "crop_flip: zero pixels added on each side before the random crop", at_least<int64_t>(0)),
@@ -247,9 +247,9 @@ const std::vector<Field>& schema() {
               return v == 18 || v == 34 || v == 50 ? "" : std::string("must be 18, 34 or 50 (or set model.blocks)");
             })),
       field("model.blocks", &C::model, &ModelConfig::blocks, "resnet: blocks per stage, e.g. [1, 1, 1]; overrides model.depth (one width per stage in model.widths)", all_positive()),
-      field("model.block", &C::model, &ModelConfig::block, "resnet with model.blocks: basic | bottleneck", one_of({"basic", "bottleneck"})),
+      field("model.block", &C::model, &ModelConfig::block, "resnet with model.blocks: basic | bottleneck"),
       field("model.widths", &C::model, &ModelConfig::widths, "resnet: planes per stage (torchvision: [64, 128, 256, 512])", all_positive()),
-      field("model.stem", &C::model, &ModelConfig::stem, "resnet: imagenet (7x7 stride-2 conv + max pool, torchvision's) | small (3x3 stride-1 conv, no pool: 28x28 and 32x32 images)", one_of({"imagenet", "small"})),
+      field("model.stem", &C::model, &ModelConfig::stem, "resnet: imagenet (7x7 stride-2 conv + max pool, torchvision's) | small (3x3 stride-1 conv, no pool: 28x28 and 32x32 images)"),
       field("model.in_channels", &C::model, &ModelConfig::in_channels, "input channels (0: the data set's)", at_least<int64_t>(0)),
       field("model.num_classes", &C::model, &ModelConfig::num_classes, "output classes (0: the data set's)", at_least<int64_t>(0)),
       field("model.n_layer", &C::model, &ModelConfig::n_layer, "gpt: transformer blocks", at_least<int64_t>(1)),
@@ -410,11 +410,11 @@ void validate(const Config& c, const std::string& source) {
   if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
     DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
               source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
-  if ((model_family(c.model.name).input == ModelInput::tokens) != (c.data.dataset == "tokens"))
+  if ((model_card(c.model.name).input == ModelInput::tokens) != (c.data.dataset == DatasetKind::tokens))
     DPT_THROW(ConfigError,
               "{}model.name = {} with data.dataset = {}: a language model trains on token shards and token shards "
               "train only a language model (model.name = {} goes with data.dataset = tokens)",
-              source.empty() ? "" : source + ": ", c.model.name, c.data.dataset,
+              source.empty() ? "" : source + ": ", c.model.name, choice_name(c.data.dataset),
               fmt::join(model_names(ModelInput::tokens), " or "));
 }
 

@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "models/kernels/kernel_params.h"
+#include "trainer/choice.h"
 #include "trainer/model_config.h"
 
 namespace dpt::trainer {
@@ -23,9 +25,10 @@ enum class ScheduleKind { constant, step, cosine };
 enum class DecayParams { automatic, all, matrices };  // train.weight_decay_params: auto | all | matrices
 enum class GradDtype { fp32, bf16 };
 enum class OnCheckpointError { stop, warn };
+enum class DeviceChoice { automatic, cpu, cuda };  // train.device: auto | cpu | cuda
+enum class DatasetKind { fashion_mnist, imagefolder, synthetic, tokens };  // data.dataset
 
-// The words a choice is written with in a config (and printed with), in the enum's order.
-template <class E> struct ChoiceNames;
+// The words a choice is written with in a config (and printed with), in the enum's order (trainer/choice.h).
 template <> struct ChoiceNames<OptimizerKind> { static constexpr std::array<std::string_view, 2> names{"sgd", "adamw"}; };
 template <> struct ChoiceNames<ScheduleKind> {
   static constexpr std::array<std::string_view, 3> names{"constant", "step", "cosine"};
@@ -33,21 +36,20 @@ template <> struct ChoiceNames<ScheduleKind> {
 template <> struct ChoiceNames<DecayParams> { static constexpr std::array<std::string_view, 3> names{"auto", "all", "matrices"}; };
 template <> struct ChoiceNames<GradDtype> { static constexpr std::array<std::string_view, 2> names{"fp32", "bf16"}; };
 template <> struct ChoiceNames<OnCheckpointError> { static constexpr std::array<std::string_view, 2> names{"stop", "warn"}; };
-
-template <class E>
-concept Choice = requires { ChoiceNames<E>::names; };
-
-// "adamw" for OptimizerKind::adamw: the word a config writes.
-template <Choice E>
-std::string choice_name(E e) {
-  return std::string(ChoiceNames<E>::names.at(static_cast<size_t>(e)));
-}
+template <> struct ChoiceNames<DeviceChoice> { static constexpr std::array<std::string_view, 3> names{"auto", "cpu", "cuda"}; };
+template <> struct ChoiceNames<DatasetKind> {
+  static constexpr std::array<std::string_view, 4> names{"fashion-mnist", "imagefolder", "synthetic", "tokens"};
+};
+// train.precision: the models' Precision (F32, BF16, F16) as a config writes it.
+template <> struct ChoiceNames<models::Precision> {
+  static constexpr std::array<std::string_view, 3> names{"fp32", "bf16", "fp16"};
+};
 
 struct TrainConfig {
   int64_t epochs = 10;
   int64_t batch_size = 64;  // per rank
-  std::string device = "auto";  // auto | cpu | cuda
-  std::string precision = "fp32";  // fp32 | bf16 | fp16 (GEMM and convolution arithmetic; fp16 adds loss scaling)
+  DeviceChoice device = DeviceChoice::automatic;
+  models::Precision precision = models::Precision::F32;  // GEMM and convolution arithmetic; fp16 adds loss scaling
   OptimizerKind optimizer = OptimizerKind::sgd;
   double lr = 0.05;
   double momentum = 0.9;
@@ -71,7 +73,7 @@ struct TrainConfig {
 };
 
 struct DataConfig {
-  std::string dataset = "fashion-mnist";  // fashion-mnist | imagefolder | synthetic | tokens
+  DatasetKind dataset = DatasetKind::fashion_mnist;
   std::string dir = "/usr/share/datasets/fashion-mnist";
   // Training transform: fashion-mnist: none | crop_flip; imagefolder: also random_resized_crop.
   std::string augment = "none";

@@ -26,15 +26,15 @@ std::unique_ptr<data::Dataset> limited(std::unique_ptr<data::Dataset> d, int64_t
 }  // namespace
 
 std::vector<std::string> class_names(const DataConfig& d) {
-  if (d.dataset == "fashion-mnist") return data::fashion_mnist_class_folders();
-  if (d.dataset == "imagefolder") return data::list_class_folders(d.dir, data::kTrainSplit);
+  if (d.dataset == DatasetKind::fashion_mnist) return data::fashion_mnist_class_folders();
+  if (d.dataset == DatasetKind::imagefolder) return data::list_class_folders(d.dir, data::kTrainSplit);
   return {};
 }
 
 Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed) {
   Datasets ds;
   const auto mode = data::parse_transform_mode(d.augment);
-  if (d.dataset == "fashion-mnist") {
+  if (d.dataset == DatasetKind::fashion_mnist) {
     if (mode == data::TransformMode::random_resized_crop)
       DPT_THROW(ConfigError, "data.augment = random_resized_crop is for image folders; Fashion-MNIST takes none or crop_flip");
     auto train = data::load_fashion_mnist(d.dir, true, static_cast<size_t>(d.train_limit));
@@ -46,12 +46,12 @@ Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed)
     }
     ds.test = data::load_fashion_mnist(d.dir, false, static_cast<size_t>(d.test_limit));
     ds.classes = class_names(d);
-  } else if (d.dataset == "tokens") {
+  } else if (d.dataset == DatasetKind::tokens) {
     ds.train = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "train", m.block_size, m.vocab_size),
                        d.train_limit);
     ds.test = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "val", m.block_size, m.vocab_size),
                       d.test_limit);
-  } else if (d.dataset == "imagefolder") {
+  } else if (d.dataset == DatasetKind::imagefolder) {
     data::ImageFolderOptions o;
     o.dir = d.dir;
     o.image_size = d.image_size;

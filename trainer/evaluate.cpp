@@ -75,8 +75,8 @@ EvalReport evaluate_checkpoint(const EvalTarget& target, comm::ProcessGroup& pg,
   const std::vector<int64_t> sample_shape = ds.test->sample_shape();
   auto model = build_model(cfg.model, sample_shape, ds.test->num_classes(), device);
   model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
-  model->set_precision(parse_precision(cfg.train.precision));
-  std::unique_ptr<Task> task = make_task(model_family(cfg.model.name).input, cfg.model.block_size, sample_shape, device);
+  model->set_precision(cfg.train.precision);
+  std::unique_ptr<Task> task = make_task(model_card(cfg.model.name).input, cfg.model.block_size, sample_shape, device);
   const EvalResult ev = evaluate(*model, *task, *ds.test, cfg.train, static_cast<size_t>(cfg.data.workers), pg);
   return {ev.loss, ev.acc, ev.rows, task->unit(), model->summary()};
 }

@@ -39,7 +39,7 @@ void write_whole(const fs::path& file, Write&& write) {
 
 // ConfigError unless the checkpoint's model family generates text (a GPT).
 void require_generating(const EvalTarget& target, const char* who) {
-  if (!model_family(target.config.model.name).generates)
+  if (!model_card(target.config.model.name).generates)
     DPT_THROW(ConfigError, "{} holds a {} model: {} needs a GPT (model.name = {})", target.checkpoint.path,
               target.config.model.name, who, fmt::join(model_names(ModelInput::tokens), " or "));
 }

@@ -3,9 +3,14 @@
 // (trainer/model_registry.h) and the tasks can use them without the whole configuration.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
+
+#include "models/resnet.h"
+#include "trainer/choice.h"
 
 namespace dpt::trainer {
 
@@ -14,14 +19,22 @@ namespace dpt::trainer {
 // prompts).
 enum class ModelInput { examples, tokens };
 
+// model.stem: a ResNet's first layers: torchvision's (7x7 stride-2 conv + max pool) or small images' (3x3 stride 1).
+enum class ResNetStem { imagenet, small };
+template <> struct ChoiceNames<ResNetStem> { static constexpr std::array<std::string_view, 2> names{"imagenet", "small"}; };
+// model.block: the models' ResNetBlock as a config writes it.
+template <> struct ChoiceNames<models::ResNetBlock> {
+  static constexpr std::array<std::string_view, 2> names{"basic", "bottleneck"};
+};
+
 struct ModelConfig {
   std::string name = "mlp";                  // a model family of trainer/model_registry.h
   std::vector<int64_t> hidden = {512, 512};  // mlp
   int64_t depth = 18;                        // resnet: 18 | 34 | 50 (torchvision's block counts)
   std::vector<int64_t> blocks = {};          // resnet: blocks per stage, overriding depth
-  std::string block = "basic";               // resnet with blocks: basic | bottleneck
+  models::ResNetBlock block = models::ResNetBlock::basic;  // resnet with blocks
   std::vector<int64_t> widths = {64, 128, 256, 512};  // resnet: planes per stage
-  std::string stem = "imagenet";             // resnet: imagenet (7x7/2 + max pool) | small (3x3/1)
+  ResNetStem stem = ResNetStem::imagenet;    // resnet
   int64_t n_layer = 4;                       // gpt: blocks
   int64_t n_head = 4;                        // gpt: attention heads
   int64_t n_embd = 128;                      // gpt: width

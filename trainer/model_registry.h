@@ -1,13 +1,18 @@
 // trainer/model_registry.h: one entry per model family (model.name): everything the trainer, the tools and the
-// config need to know of a family, so that adding one is a folder under models/ plus an entry in
-// model_registry.cpp, and no other file compares model.name.
+// config need to know of a family, so that adding one is a folder under models/ plus an entry here (a card in this
+// header, its functions in model_registry.cpp), and no other file compares model.name.
 //
-// An entry says how to build the model from its model.* keys, what it trains on (its task, and what `predict`
-// feeds it), how train.weight_decay_params = auto groups its parameters, the weight layouts model.init_from reads
-// (and whether a classifier head of another class count is re-initialised, as fine-tuning needs), its training
-// FLOPs for the MFU, and whether it generates text (`generate`, `predict` on prompts, `export-weights`).
+// An entry is a card (the table below: its name, what it trains on, so its task and what `predict` feeds it, how
+// train.weight_decay_params = auto groups its parameters, whether model.init_from re-initialises a classifier head
+// of another class count, as fine-tuning needs, and whether it generates text: `generate`, `predict` on prompts,
+// `export-weights`) and its functions (model_registry.cpp: how to build it from its model.* keys, the weight layouts
+// model.init_from reads, its training FLOPs for the MFU).
 #pragma once
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -15,6 +20,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/check.h"
 #include "core/tensor.h"
 #include "models/model.h"
 #include "trainer/model_config.h"
@@ -25,12 +31,61 @@ struct GptOptions;
 
 namespace dpt::trainer {
 
-struct ModelFamily {
-  std::string name;  // model.name
-  std::string note;  // said after the names in model.name's help (empty: nothing)
+// What the config and the tools read of a family: the card. A table in this header, so that the config layer (and its
+// fuzz target) knows the names without linking any model.
+struct ModelCard {
+  std::string_view name;  // model.name
+  std::string_view note;  // said after the names in model.name's help (empty: nothing)
   ModelInput input = ModelInput::examples;
   // train.weight_decay_params = auto: only parameters of 2 or more dimensions decay (nanoGPT's grouping), or all.
   bool decay_matrices_only = false;
+  // model.init_from: a classifier head (the last parameter pair) of another class count keeps its fresh
+  // initialisation (fine-tuning).
+  bool reinit_head = false;
+  // `generate`, `predict` on prompts and `export-weights` take it (models/gpt: generation, weight layouts out).
+  bool generates = false;
+};
+
+// Every family, in the order model.name's help lists them; each has its functions in model_registry.cpp.
+inline constexpr std::array<ModelCard, 3> kModelCards{{
+    {.name = "mlp", .reinit_head = true},
+    {.name = "resnet", .reinit_head = true},
+    {.name = "gpt",
+     .note = "GPT-2 as nanoGPT: needs data.dataset = tokens; its GPU kernels are compiled but not yet run on a GPU",
+     .input = ModelInput::tokens,
+     .decay_matrices_only = true,
+     .generates = true},
+}};
+
+// The names, and the names of the families that train on `input`, as a config's help and errors list them:
+// {"mlp", "resnet", "gpt"}, {"gpt"}.
+inline std::vector<std::string> model_names() {
+  std::vector<std::string> names;
+  for (const ModelCard& c : kModelCards) names.emplace_back(c.name);
+  return names;
+}
+inline std::vector<std::string> model_names(ModelInput input) {
+  std::vector<std::string> names;
+  for (const ModelCard& c : kModelCards)
+    if (c.input == input) names.emplace_back(c.name);
+  return names;
+}
+// The card of `name`; ConfigError naming the choices for another.
+inline const ModelCard& model_card(std::string_view name) {
+  for (const ModelCard& c : kModelCards)
+    if (c.name == name) return c;
+  DPT_THROW(ConfigError, "model.name = '{}': must be one of: {}", name, fmt::join(model_names(), ", "));
+}
+// model.name's help: the names, each family's note after them.
+inline std::string model_name_help() {
+  std::string help = fmt::format("{}", fmt::join(model_names(), " | "));
+  for (const ModelCard& c : kModelCards)
+    if (!c.note.empty()) help += fmt::format(" ({})", c.note);
+  return help;
+}
+
+// A family: its card and what it does (model_registry.cpp).
+struct ModelFamily : ModelCard {
   // The model for examples of `sample_shape` ({C, H, W}, {F}; tokens: {block_size + 1}) and `classes` outputs.
   // ConfigError when it cannot take the data.
   std::function<std::unique_ptr<models::Model>(const ModelConfig& m, const std::vector<int64_t>& sample_shape,
@@ -41,25 +96,12 @@ struct ModelFamily {
   std::function<std::vector<NamedTensor>(const std::vector<NamedTensor>& tensors, const std::string& path,
                                          const ModelConfig& m, std::string* layout)>
       import_weights;
-  // model.init_from: a classifier head (the last parameter pair) of another class count keeps its fresh
-  // initialisation (fine-tuning).
-  bool reinit_head = false;
   // Training FLOPs (forward and backward) per loss row, for the progress line's MFU. Empty: no estimate.
   std::function<double(const ModelConfig& m)> flops_per_row;
-  // `generate`, `predict` on prompts and `export-weights` take it (models/gpt: generation, weight layouts out).
-  bool generates = false;
 };
 
-// Every family, in the order model.name's help lists them.
-const std::vector<ModelFamily>& model_families();
 // The family named `name`; ConfigError naming the choices for another.
 const ModelFamily& model_family(std::string_view name);
-// The names, and the names of the families that train on `input`, as a config's help and errors list them:
-// "mlp | resnet | gpt", "gpt".
-std::vector<std::string> model_names();
-std::vector<std::string> model_names(ModelInput input);
-// model.name's help: the names, each family's note after them.
-std::string model_name_help();
 
 // The GPT family's options from its model.* keys (for the tools made for it: generation, its benchmark table).
 models::GptOptions gpt_options(const ModelConfig& m);

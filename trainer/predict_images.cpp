@@ -35,13 +35,13 @@ ImagePipeline image_pipeline(const Config& cfg, const std::string& checkpoint) {
   const DataConfig& d = cfg.data;
   data::TransformOptions t;
   t.mode = data::TransformMode::none;
-  if (d.dataset == "fashion-mnist") {
+  if (d.dataset == DatasetKind::fashion_mnist) {
     // The IDX pixels' normalisation (data/idx.h), the same float arithmetic; other sizes are resized to 28 x 28.
     t.size = t.resize = 28;
     t.channels = 1;
     t.mean = {data::kFashionMnistMean};
     t.std = {data::kFashionMnistStd};
-  } else if (d.dataset == "imagefolder") {
+  } else if (d.dataset == DatasetKind::imagefolder) {
     t.size = d.image_size;
     t.resize = d.resize;
     t.channels = static_cast<int>(d.channels);
@@ -51,7 +51,7 @@ ImagePipeline image_pipeline(const Config& cfg, const std::string& checkpoint) {
     DPT_THROW(ConfigError,
               "predict: {} was trained on data.dataset = {} (model {}); predict takes image classifiers "
               "(fashion-mnist, imagefolder) and GPTs (prompts)",
-              checkpoint, d.dataset, cfg.model.name);
+              checkpoint, choice_name(d.dataset), cfg.model.name);
   }
   return {t, {t.channels, t.size, t.size}};
 }
@@ -156,7 +156,7 @@ std::vector<std::string> checkpoint_classes(const EvalTarget& target) {
   try {
     std::vector<std::string> classes = class_names(d);
     spdlog::warn("predict: {} holds no class names (written before they were saved): those of {} in label order",
-                 target.checkpoint.path, d.dataset == "imagefolder" ? d.dir + "/train" : d.dataset);
+                 target.checkpoint.path, d.dataset == DatasetKind::imagefolder ? d.dir + "/train" : choice_name(d.dataset));
     return classes;
   } catch (const IoError& e) {
     DPT_THROW(ConfigError,
@@ -178,7 +178,7 @@ PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o,
   auto model = build_model(cfg.model, pipe.sample_shape, static_cast<int>(lines.classes.size()), device);
   model->load_state([&](const std::string& name) { return target.checkpoint.model.find(name); },
                     target.checkpoint.path);
-  model->set_precision(parse_precision(cfg.train.precision));
+  model->set_precision(cfg.train.precision);
   model->set_training(false);  // BatchNorm: running statistics
 
   const ImageInputs in = list_image_inputs(o.input);

@@ -42,12 +42,10 @@
 
 namespace dpt::trainer {
 
-Device choose_device(const std::string& requested, int local_rank, int device_count, const std::string& why_none) {
-  if (requested == "cpu") return Device::cpu();
-  if (requested != "auto" && requested != "cuda")
-    DPT_THROW(ConfigError, "train.device = '{}': must be one of auto, cpu, cuda", requested);
+Device choose_device(DeviceChoice requested, int local_rank, int device_count, const std::string& why_none) {
+  if (requested == DeviceChoice::cpu) return Device::cpu();
   if (device_count > 0) return Device::cuda(std::max(local_rank, 0) % device_count);
-  if (requested == "cuda")
+  if (requested == DeviceChoice::cuda)
     DPT_THROW(ConfigError, "train.device = cuda, but there is no usable GPU ({}); use train.device = auto or cpu",
               why_none);
   return Device::cpu();
@@ -87,7 +85,7 @@ class Trainer {
   Trainer(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg, RunContext& ctx)
       : cfg_(cfg), t_(cfg.train), opts_(opts), pg_(pg), ctx_(ctx), rank_(pg.rank()), world_(pg.size()),
         lead_(rank_ == 0), device_(opts.device), rng_(static_cast<uint64_t>(cfg.train.seed)),
-        scaler_(cfg.train.precision == "fp16") {}
+        scaler_(cfg.train.precision == models::Precision::F16) {}
 
   RunResult run() {
     load_data();
@@ -182,12 +180,12 @@ void Trainer::load_data() {
 void Trainer::build_model_and_optimizer() {
   ctx_.phase = "building the model";
   model_ = build_model(cfg_.model, sample_shape_, ds_.train->num_classes(), device_);
-  task_ = make_task(model_family(cfg_.model.name).input, cfg_.model.block_size, sample_shape_, device_);
+  task_ = make_task(model_card(cfg_.model.name).input, cfg_.model.block_size, sample_shape_, device_);
   model_->init(rng_());
   try {
-    model_->set_precision(parse_precision(t_.precision));
+    model_->set_precision(t_.precision);
   } catch (const UnsupportedError& e) {
-    DPT_THROW(ConfigError, "train.precision = {} on {}: {}; use train.precision = fp32 there", t_.precision,
+    DPT_THROW(ConfigError, "train.precision = {} on {}: {}; use train.precision = fp32 there", choice_name(t_.precision),
               device_.str(), e.what());
   }
   if (lead_ && device_.is_cpu()) spdlog::info("precision: {}", models::describe_cpu_arithmetic(model_->precision()));
@@ -198,7 +196,7 @@ void Trainer::build_model_and_optimizer() {
   stream_ = model_->kernels().stream();
   const bool decay_matrices_only =
       t_.weight_decay_params == DecayParams::matrices ||
-      (t_.weight_decay_params == DecayParams::automatic && model_family(cfg_.model.name).decay_matrices_only);
+      (t_.weight_decay_params == DecayParams::automatic && model_card(cfg_.model.name).decay_matrices_only);
   ctx_.memory.params = static_cast<int64_t>(model_->params().bytes());
   ctx_.memory.buffers = static_cast<int64_t>(model_->buffers().bytes());
   build_data_parallel();

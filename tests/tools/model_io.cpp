@@ -42,8 +42,7 @@ int main(int argc, char** argv) {
 
     auto model = trainer::build_model(cfg.model, {x->dim(1), x->dim(2), x->dim(3)}, cfg.model.num_classes, Device::cpu());
     model->init(static_cast<uint64_t>(cfg.train.seed));
-    if (cfg.train.precision == "bf16") model->set_precision(models::Precision::BF16);
-    if (cfg.train.precision == "fp16") model->set_precision(models::Precision::F16);
+    model->set_precision(cfg.train.precision);
     if (!weights.empty()) {
       const std::string note = trainer::load_pretrained(*model, cfg.model, weights);
       if (!note.empty()) std::cerr << note << "\n";

@@ -35,7 +35,7 @@ Device choose_and_set_device(const Config& cfg, const comm::DistEnv& env) {
   if (device.is_cuda()) {
     cuda::set_device(device.index);
     spdlog::info("device {}: {}", device.str(), cuda::device_description(device.index));
-  } else if (cfg.train.device == "auto" && env.rank == 0) {
+  } else if (cfg.train.device == DeviceChoice::automatic && env.rank == 0) {
     spdlog::warn("no GPU ({}): training on the CPU", cuda::unavailable_reason());
   }
   // Rank 0's thread counts: a product's or convolution's last bits can change with them (cpu_kernels.h).

@@ -42,7 +42,7 @@ int predict_job(const PredictArgs& a) {
       .work =
           [&](Job& job) {
             const PredictFormat format = parse_predict_format(a.format);
-            const bool prompts = model_family(target->config.model.name).input == ModelInput::tokens;
+            const bool prompts = model_card(target->config.model.name).input == ModelInput::tokens;
             PredictSummary s;
             if (prompts) {
               const SamplingArgs& g = a.sampling;

@@ -59,7 +59,7 @@ std::vector<std::vector<double>> gather_per_rank(const std::vector<double>& mine
 }
 
 std::string out_of_memory_advice(const std::string& phase, const MemoryFigures& m, int64_t batch_size,
-                                 int64_t eval_batch_size, int64_t accum_steps, const std::string& precision,
+                                 int64_t eval_batch_size, int64_t accum_steps, models::Precision precision,
                                  int world, int64_t zero) {
   auto b = [](int64_t v) { return format_bytes(static_cast<size_t>(std::max<int64_t>(v, 0))); };
   std::string s = fmt::format("while {}. This rank's tensors: parameters {}, gradients {}, optimizer state {}, ", phase,
@@ -72,7 +72,7 @@ std::string out_of_memory_advice(const std::string& phase, const MemoryFigures& 
                    batch_size, accum_steps);
   if (phase.find("evaluat") != std::string::npos)
     s += fmt::format(" or train.eval_batch_size (now {})", eval_batch_size);
-  if (precision == "fp32") s += ", use train.precision = bf16 (half the activation bytes)";
+  if (precision == models::Precision::F32) s += ", use train.precision = bf16 (half the activation bytes)";
   if (world > 1 && zero < 3)
     s += fmt::format(", shard the model's state over the {} ranks with dist.zero = 3 (now {}; 1 shards the optimizer "
                      "state, 2 also the gradients, 3 also the parameters)",

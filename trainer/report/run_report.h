@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "models/kernels/kernel_params.h"
 
 namespace dpt::trainer {
 
@@ -65,7 +66,7 @@ struct MemoryFigures {
 // What an out-of-memory error adds: where the run was, this rank's figures, and what to lower; with `world` > 1 ranks
 // and `zero` < 3, the ZeRO stage that would shard more of the model's state.
 std::string out_of_memory_advice(const std::string& phase, const MemoryFigures& m, int64_t batch_size,
-                                 int64_t eval_batch_size, int64_t accum_steps, const std::string& precision,
+                                 int64_t eval_batch_size, int64_t accum_steps, models::Precision precision,
                                  int world = 1, int64_t zero = 0);
 
 }  // namespace dpt::trainer

@@ -36,7 +36,7 @@ TEST_CASE("the shipped configs parse", "[config]") {
   }
   Config c = load_config(source_dir() + "/configs/fmnist_mlp.toml", {});
   REQUIRE(c.model.hidden == std::vector<int64_t>{512, 512});
-  REQUIRE(c.data.dataset == "fashion-mnist");
+  REQUIRE(c.data.dataset == DatasetKind::fashion_mnist);
 }
 
 TEST_CASE("file values and key=value overrides, in that order", "[config]") {
@@ -108,6 +108,34 @@ TEST_CASE("choices are parsed once into enums, printed as their words, and a wor
                       Catch::Contains("dpt_test_e.toml:2: train.optimizer = 'adam': must be one of: sgd, adamw"));
   REQUIRE_THROWS_WITH(load_config(write_temp("f.toml", "[train]\noptimizer = 3\n"), {}),
                       Catch::Contains("train.optimizer: expected string, got integer 3"));
+}
+
+TEST_CASE("device, precision, data set and the ResNet's block and stem are choices too", "[config]") {
+  const Config c = load_config("", {"train.device=cpu", "train.precision=fp16", "data.dataset=synthetic",
+                                    "model.block=bottleneck", "model.stem=small"});
+  REQUIRE(c.train.device == DeviceChoice::cpu);
+  REQUIRE(c.train.precision == models::Precision::F16);
+  REQUIRE(c.data.dataset == DatasetKind::synthetic);
+  REQUIRE(c.model.block == models::ResNetBlock::bottleneck);
+  REQUIRE(c.model.stem == ResNetStem::small);
+  const std::string toml = to_toml(c);
+  for (const char* line : {"device = 'cpu'", "precision = 'fp16'", "dataset = 'synthetic'", "block = 'bottleneck'",
+                           "stem = 'small'"})
+    REQUIRE_THAT(toml, Catch::Contains(line));
+  REQUIRE(to_toml(parse_config(toml, "round-trip")) == toml);
+  const std::string defaults = to_toml(Config{});
+  for (const char* line : {"device = 'auto'", "precision = 'fp32'", "dataset = 'fashion-mnist'", "block = 'basic'",
+                           "stem = 'imagenet'"})
+    REQUIRE_THAT(defaults, Catch::Contains(line));
+  REQUIRE_THROWS_WITH(load_config("", {"train.precision=fp8"}), Catch::Contains("must be one of: fp32, bf16, fp16"));
+  REQUIRE_THROWS_WITH(load_config("", {"data.dataset=cifar"}),
+                      Catch::Contains("must be one of: fashion-mnist, imagefolder, synthetic, tokens"));
+  // choice.h: a word to its value and back; the words for a message.
+  REQUIRE(parse_choice<DatasetKind>("fashion-mnist") == DatasetKind::fashion_mnist);
+  REQUIRE_FALSE(parse_choice<DatasetKind>("fashion_mnist").has_value());
+  REQUIRE(choice_name(DatasetKind::tokens) == "tokens");
+  REQUIRE(choice_words<DeviceChoice>() == "auto, cpu, cuda");
+  REQUIRE(choice_words<ResNetStem>(" | ") == "imagenet | small");
 }
 
 TEST_CASE("the effective config round-trips through TOML and hashes stably", "[config]") {

@@ -8,17 +8,21 @@
 using namespace dpt;
 using dpt::trainer::choose_device;
 using Catch::Matchers::Contains;
+constexpr auto Auto = dpt::trainer::DeviceChoice::automatic, Cpu = dpt::trainer::DeviceChoice::cpu,
+               Cuda = dpt::trainer::DeviceChoice::cuda;
 
 TEST_CASE("choose_device: cuda:LOCAL_RANK mod the device count, else cpu", "[device]") {
-  CHECK(choose_device("auto", 0, 0, "no driver") == Device::cpu());
-  CHECK(choose_device("cpu", 3, 8, "") == Device::cpu());
-  CHECK(choose_device("auto", 0, 1, "") == Device::cuda(0));
-  CHECK(choose_device("auto", 3, 8, "") == Device::cuda(3));
-  CHECK(choose_device("cuda", 5, 4, "") == Device::cuda(1));  // more local ranks than GPUs: they share
-  CHECK(choose_device("auto", 1, 1, "") == Device::cuda(0));
-  CHECK_THROWS_AS(choose_device("cuda", 0, 0, "CUDA driver version is insufficient"), ConfigError);
-  CHECK_THROWS_WITH(choose_device("cuda", 0, 0, "CUDA driver version is insufficient"),
+  CHECK(choose_device(Auto, 0, 0, "no driver") == Device::cpu());
+  CHECK(choose_device(Cpu, 3, 8, "") == Device::cpu());
+  CHECK(choose_device(Auto, 0, 1, "") == Device::cuda(0));
+  CHECK(choose_device(Auto, 3, 8, "") == Device::cuda(3));
+  CHECK(choose_device(Cuda, 5, 4, "") == Device::cuda(1));  // more local ranks than GPUs: they share
+  CHECK(choose_device(Auto, 1, 1, "") == Device::cuda(0));
+  CHECK_THROWS_AS(choose_device(Cuda, 0, 0, "CUDA driver version is insufficient"), ConfigError);
+  CHECK_THROWS_WITH(choose_device(Cuda, 0, 0, "CUDA driver version is insufficient"),
                     Contains("no usable GPU") && Contains("CUDA driver version is insufficient") &&
                         Contains("train.device = auto or cpu"));
-  CHECK_THROWS_WITH(choose_device("tpu", 0, 0, ""), Contains("auto, cpu, cuda"));
+  // Another word never gets this far: the config refuses it.
+  CHECK_THROWS_WITH(trainer::load_config("", {"train.device=tpu"}), Contains("must be one of: auto, cpu, cuda"));
+  CHECK(trainer::load_config("", {"train.device=cuda"}).train.device == Cuda);
 }

@@ -31,7 +31,7 @@ TEST_CASE("model families: what each builds, trains on and how it groups weight 
   m.hidden = {8};
   m.widths = {4, 8};
   m.blocks = {1, 1};
-  m.stem = "small";
+  m.stem = ResNetStem::small;
   m.n_layer = 1;
   m.n_head = 2;
   m.n_embd = 8;

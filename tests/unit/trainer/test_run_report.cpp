@@ -52,7 +52,7 @@ TEST_CASE("find_straggler names the slowest rank past 10% over the others' media
 
 TEST_CASE("out_of_memory_advice names the phase, the sizes and what to lower", "[trainer][report]") {
   MemoryFigures m{.params = 4 << 20, .grads = 4 << 20, .optimizer = 8 << 20, .activations = -1};
-  std::string s = out_of_memory_advice("in the first training step (batch 256 per rank)", m, 256, 512, 1, "fp32");
+  std::string s = out_of_memory_advice("in the first training step (batch 256 per rank)", m, 256, 512, 1, dpt::models::Precision::F32);
   REQUIRE_THAT(s, Catch::Contains("while in the first training step"));
   REQUIRE_THAT(s, Catch::Contains("parameters 4.00 MiB, gradients 4.00 MiB, optimizer state 8.00 MiB"));
   REQUIRE_THAT(s, Catch::Contains("activations not measured yet"));
@@ -62,14 +62,14 @@ TEST_CASE("out_of_memory_advice names the phase, the sizes and what to lower", "
   m.activations = 3 << 20;
   m.device_used = 70LL << 30;
   m.device_total = 80LL << 30;
-  s = out_of_memory_advice("evaluating after epoch 2 (train.eval_batch_size 512)", m, 256, 512, 2, "bf16");
+  s = out_of_memory_advice("evaluating after epoch 2 (train.eval_batch_size 512)", m, 256, 512, 2, dpt::models::Precision::BF16);
   REQUIRE_THAT(s, Catch::Contains("activations 3.00 MiB"));
   REQUIRE_THAT(s, Catch::Contains("the device holds 70.0 GiB of 80.0 GiB"));
   REQUIRE_THAT(s, Catch::Contains("train.eval_batch_size (now 512)"));
   REQUIRE_THAT(s, !Catch::Contains("precision"));
   REQUIRE_THAT(s, !Catch::Contains("dist.zero"));  // one rank: nothing to shard over
-  s = out_of_memory_advice("in the first training step (batch 8 per rank)", m, 8, 8, 1, "fp32", 2, 0);
+  s = out_of_memory_advice("in the first training step (batch 8 per rank)", m, 8, 8, 1, dpt::models::Precision::F32, 2, 0);
   REQUIRE_THAT(s, Catch::Contains("shard the model's state over the 2 ranks with dist.zero = 3 (now 0;"));
-  s = out_of_memory_advice("in the first training step (batch 8 per rank)", m, 8, 8, 1, "fp32", 2, 3);
+  s = out_of_memory_advice("in the first training step (batch 8 per rank)", m, 8, 8, 1, dpt::models::Precision::F32, 2, 3);
   REQUIRE_THAT(s, !Catch::Contains("dist.zero"));  // sharded all it can
 }
