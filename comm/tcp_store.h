@@ -37,8 +37,11 @@
 #include <vector>
 
 #include "comm/store.h"
+#include "comm/tcp_store_protocol.h"
 
 namespace dpt::comm {
+
+class TcpStoreServer;
 
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";  // where clients connect (the server listens on all interfaces)
@@ -66,8 +69,6 @@ class TcpStore : public Store {
   int port() const { return port_; }  // the real port, also when 0 was asked for
   bool is_server() const { return server_ != nullptr; }
 
-  class Server;  // defined in tcp_store.cpp
-
  protected:
   void do_set(const std::string& key, const std::vector<uint8_t>& value) override;
   std::vector<uint8_t> do_get(const std::string& key) override;
@@ -86,51 +87,10 @@ class TcpStore : public Store {
 
   std::string host_;
   int port_;
-  std::unique_ptr<Server> server_;
+  std::unique_ptr<TcpStoreServer> server_;  // rank 0 (is_server): the server (tcp_store_server.h)
   std::mutex mu_;  // one request at a time on the client socket
   int fd_ = -1;
   std::string broken_;  // why the connection is unusable; empty while it works (guarded by mu_)
 };
-
-namespace detail {
-
-// The protocol's bounds.
-inline constexpr uint32_t kMaxStoreKeyBytes = 64 * 1024;
-inline constexpr uint64_t kMaxStoreValueBytes = uint64_t{1} << 31;
-inline constexpr uint32_t kMaxStoreWaitKeys = 1 << 20;
-inline constexpr uint64_t kMaxStoreWaitKeyBytes = uint64_t{64} << 20;  // all keys of one WAIT together
-
-// The hello: its first word (protocol version 1; "DPT" and the version as bytes in little-endian hosts' order),
-// the longest token, and how long the server waits for a new client's hello before dropping it.
-inline constexpr uint32_t kStoreHelloMagic = 0x01545044;
-inline constexpr uint32_t kMaxStoreTokenBytes = 256;
-inline constexpr std::chrono::seconds kStoreHelloTimeout{5};
-
-enum class StoreCmd : uint8_t { Set = 1, Get = 2, Add = 3, Wait = 4 };
-
-// One client request as the server decodes it.
-struct StoreRequest {
-  StoreCmd cmd{};
-  std::string key;                // SET, GET, ADD
-  std::vector<uint8_t> value;     // SET
-  int64_t delta = 0;              // ADD
-  int64_t timeout_ms = -1;        // WAIT; -1: forever (also what negative and over-a-year timeouts become)
-  std::vector<std::string> keys;  // WAIT
-};
-
-// Decodes one request from the front of `bytes` exactly as the server decodes what it reads off a client's
-// socket (the same code; for the fuzz target and tests). Returns the request with *consumed = its length, or
-// nullopt with *consumed = 0 when the bytes end inside it. Throws CommError saying what is malformed.
-std::optional<StoreRequest> parse_store_request(std::span<const uint8_t> bytes, size_t* consumed);
-
-// Decodes a client's hello from the front of `bytes` as the server does: returns the token it presents with
-// *consumed = the hello's length, or nullopt with *consumed = 0 when the bytes end inside it. Throws CommError
-// for a wrong first word (not a TcpStore client, or another protocol version) or a token over its bound.
-std::optional<std::string> parse_store_hello(std::span<const uint8_t> bytes, size_t* consumed);
-
-// a == b, in a time that depends on the lengths only, never on where the bytes first differ.
-bool tokens_equal(std::string_view a, std::string_view b);
-
-}  // namespace detail
 
 }  // namespace dpt::comm

@@ -6,8 +6,8 @@
 #include <map>
 #include <set>
 
+#include "core/safetensors.h"
 #include "trainer/model_registry.h"
-#include "trainer/safetensors.h"
 
 namespace dpt::trainer {
 

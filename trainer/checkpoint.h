@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/safetensors.h"
+#include "core/safetensors.h"
 #include "trainer/shard.h"
 
 namespace dpt::comm {

@@ -62,13 +62,7 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
   return {s[0] / s[2], s[1] / s[2], s[2]};
 }
 
-EvalTarget eval_target(const std::string& path, const std::vector<std::string>& overrides) {
-  LoadedCheckpoint ck = CheckpointManager::load_given(path);
-  Config cfg = parse_config(ck.state.config_toml, ck.path + "/state.json", overrides);
-  return {std::move(ck), std::move(cfg)};
-}
-
-EvalReport evaluate_checkpoint(const EvalTarget& target, comm::ProcessGroup& pg, Device device) {
+EvalReport evaluate_checkpoint(const SavedRun& target, comm::ProcessGroup& pg, Device device) {
   const Config& cfg = target.config;
   const LoadedCheckpoint& ck = target.checkpoint;
   Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed));

@@ -8,8 +8,8 @@
 #include "comm/process_group.h"
 #include "data/dataset.h"
 #include "models/model.h"
-#include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/saved_run.h"
 #include "trainer/task.h"
 
 namespace dpt::trainer {
@@ -24,15 +24,6 @@ struct EvalResult {
 EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test, const TrainConfig& t,
                     size_t workers, comm::ProcessGroup& pg);
 
-// `dptrain eval` and `generate`: the checkpoint at `path` (a step-N/ directory, or the newest valid one in a
-// checkpoint directory) and its effective config with `overrides` applied (data.dir=...,
-// train.eval_batch_size=...). ConfigError when there is no valid checkpoint.
-struct EvalTarget {
-  LoadedCheckpoint checkpoint;  // the checkpoint chosen, loaded and validated
-  Config config;
-};
-EvalTarget eval_target(const std::string& path, const std::vector<std::string>& overrides);
-
 struct EvalReport {
   double loss = 0, acc = 0;  // mean loss and accuracy over every test example (image) or token
   double rows = 0;           // how many: each test example or window counted once across the ranks
@@ -41,6 +32,6 @@ struct EvalReport {
 };
 // Evaluates the checkpoint's model on its config's test split (val shards for a GPT) on every rank of `pg`,
 // each rank its exact share, the sums reduced: the same numbers on any number of ranks.
-EvalReport evaluate_checkpoint(const EvalTarget& target, comm::ProcessGroup& pg, Device device);
+EvalReport evaluate_checkpoint(const SavedRun& target, comm::ProcessGroup& pg, Device device);
 
 }  // namespace dpt::trainer

@@ -8,14 +8,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include "core/safetensors.h"
 #include "data/bpe.h"
 #include "models/gpt/gpt.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "trainer/evaluate.h"
+#include "trainer/saved_run.h"
 #include "trainer/model_registry.h"
-#include "trainer/safetensors.h"
 
 namespace dpt::trainer {
 
@@ -38,14 +38,14 @@ void write_whole(const fs::path& file, Write&& write) {
 }
 
 // ConfigError unless the checkpoint's model family generates text (a GPT).
-void require_generating(const EvalTarget& target, const char* who) {
+void require_generating(const SavedRun& target, const char* who) {
   if (!model_card(target.config.model.name).generates)
     DPT_THROW(ConfigError, "{} holds a {} model: {} needs a GPT (model.name = {})", target.checkpoint.path,
               target.config.model.name, who, fmt::join(model_names(ModelInput::tokens), " or "));
 }
 
 // The checkpoint's GPT on `device`; ConfigError for another model.
-std::unique_ptr<models::Model> gpt_of(const EvalTarget& target, Device device, const char* who) {
+std::unique_ptr<models::Model> gpt_of(const SavedRun& target, Device device, const char* who) {
   const LoadedCheckpoint& ck = target.checkpoint;
   const Config& cfg = target.config;
   require_generating(target, who);
@@ -61,7 +61,7 @@ bool export_is_folder(const std::string& out) {
 }
 
 std::string export_gpt_weights(const std::string& path, models::GptLayout layout, const std::string& out) {
-  const EvalTarget target = eval_target(path, {});
+  const SavedRun target = load_saved_run(path, {});
   const auto model = gpt_of(target, Device::cpu(), "export-weights");
   const bool hf = layout == models::GptLayout::HuggingFace;
   const bool folder = export_is_folder(out);
@@ -88,7 +88,7 @@ std::string export_gpt_weights(const std::string& path, models::GptLayout layout
 }
 
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {
-  const EvalTarget target = eval_target(path, {});
+  const SavedRun target = load_saved_run(path, {});
   const LoadedCheckpoint& ck = target.checkpoint;
   const Config& cfg = target.config;
   require_generating(target, "generate");

@@ -150,7 +150,7 @@ std::string LineFormat::error(const std::string& path, const std::string& what) 
 
 // ---- the run ---------------------------------------------------------------------------------------------------
 
-std::vector<std::string> checkpoint_classes(const EvalTarget& target) {
+std::vector<std::string> checkpoint_classes(const SavedRun& target) {
   if (!target.checkpoint.state.classes.empty()) return target.checkpoint.state.classes;
   const DataConfig& d = target.config.data;
   try {
@@ -166,7 +166,7 @@ std::vector<std::string> checkpoint_classes(const EvalTarget& target) {
   }
 }
 
-PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o, comm::ProcessGroup& pg,
+PredictSummary predict_images(const SavedRun& target, const PredictOptions& o, comm::ProcessGroup& pg,
                               Device device) {
   const auto start = std::chrono::steady_clock::now();
   const Config& cfg = target.config;

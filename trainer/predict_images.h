@@ -8,7 +8,7 @@
 
 #include "comm/process_group.h"
 #include "core/tensor.h"
-#include "trainer/evaluate.h"
+#include "trainer/saved_run.h"
 #include "trainer/predict.h"
 
 namespace dpt::trainer {
@@ -76,13 +76,13 @@ struct PredictOptions {
 // The class names of a checkpoint, in label order: those it saved, or (written before they were saved) its config's
 // data set's (trainer/datasets.h's class_names: Fashion-MNIST's; an image folder's data.dir/train listed, which
 // must then exist: ConfigError saying so).
-std::vector<std::string> checkpoint_classes(const EvalTarget& target);
+std::vector<std::string> checkpoint_classes(const SavedRun& target);
 
 // Predicts every image of o.input with the checkpoint's classifier (Fashion-MNIST or an image folder's: its
 // evaluation preprocessing, its train.precision) on every rank of `pg`, rank 0 writing o.out. ConfigError for a
 // checkpoint that is not an image classifier or an input without images; IoError naming an unreadable image
 // unless o.skip_bad. Collective.
-PredictSummary predict_images(const EvalTarget& target, const PredictOptions& o, comm::ProcessGroup& pg,
+PredictSummary predict_images(const SavedRun& target, const PredictOptions& o, comm::ProcessGroup& pg,
                               Device device);
 
 }  // namespace dpt::trainer

@@ -1,4 +1,4 @@
-// tests/fuzz/fuzz_safetensors.cpp: libFuzzer target for the safetensors reader (trainer/safetensors.cpp), the
+// tests/fuzz/fuzz_safetensors.cpp: libFuzzer target for the safetensors reader (core/safetensors.cpp), the
 // format of checkpoints' model.safetensors / optimizer.safetensors and of init_from weights. Bad input must
 // end in dpt::CheckpointError (any dpt::Error is accepted). A file that reads must also write and read back
 // to the same tensors (names, dtypes, shapes, bytes, metadata apart from our CRCs).
@@ -8,14 +8,14 @@
 
 #include "core/check.h"
 #include "tests/fuzz/mem_file.h"
-#include "trainer/safetensors.h"
+#include "core/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static MemFile in("fuzz_safetensors_in");
   static MemFile out("fuzz_safetensors_out");
-  dpt::trainer::SafetensorsFile f;
+  dpt::SafetensorsFile f;
   try {
-    f = dpt::trainer::read_safetensors(in.write(data, size));
+    f = dpt::read_safetensors(in.write(data, size));
   } catch (const dpt::Error&) {
     return 0;  // rejected with dptrain's own error: the expected outcome for bad input
   }
@@ -24,8 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& [k, v] : f.metadata)
     if (k.rfind("crc32:", 0) != 0) meta[k] = v;
   out.write(nullptr, 0);
-  dpt::trainer::write_safetensors(out.path(), f.tensors, meta);
-  dpt::trainer::SafetensorsFile g = dpt::trainer::read_safetensors(out.path());
+  dpt::write_safetensors(out.path(), f.tensors, meta);
+  dpt::SafetensorsFile g = dpt::read_safetensors(out.path());
   if (g.tensors.size() != f.tensors.size()) std::abort();
   for (const auto& nt : f.tensors) {
     const dpt::Tensor* t = g.find(nt.name);

@@ -1,5 +1,5 @@
 // tests/fuzz/fuzz_store.cpp: libFuzzer target for the TcpStore server's decoding of a client's bytes
-// (comm/tcp_store.cpp: detail::parse_store_hello and detail::parse_store_request, the code the server runs) and
+// (comm/tcp_store_wire.cpp: detail::parse_store_hello and detail::parse_store_request, the code the server runs) and
 // the counter arithmetic ADD runs on whatever a SET stored. The input is what one client connection sends: a
 // hello (magic word and rendezvous token), then a stream of requests; the token is compared with a fixed one as
 // the server compares (a mismatch ends the connection), and each decoded request is applied to a map as the

@@ -13,11 +13,11 @@
 #include <iostream>
 
 #include "core/check.h"
+#include "core/safetensors.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/weights.h"
 #include "step_output.h"
 #include "trainer/build_model.h"
-#include "trainer/safetensors.h"
 
 namespace {
 
@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16"}));
   CLI11_PARSE(app, argc, argv);
   try {
-    const trainer::SafetensorsFile in = trainer::read_safetensors(input);
+    const SafetensorsFile in = read_safetensors(input);
     const Tensor* x = in.find("x");
     const Tensor* y = in.find("y");
     DPT_CHECK(x && y && x->ndim() == 2 && y->shape() == x->shape(), "{} needs x and y [B, T]", input);
@@ -96,7 +96,7 @@ int main(int argc, char** argv) {
       grads.push_back({np.name, np.grad.view(0, {v, o.n_embd})});
     }
     test::write_step_tensors(out, logits_v, r, grads, models::gpt_export_weights(*model, models::GptLayout::NanoGpt));
-    trainer::write_safetensors(out + "/hf.safetensors", models::gpt_export_weights(*model, models::GptLayout::HuggingFace));
+    write_safetensors(out + "/hf.safetensors", models::gpt_export_weights(*model, models::GptLayout::HuggingFace));
     std::cout << model->summary() << "\n";
   } catch (const std::exception& e) {
     std::cerr << "dpt-gpt-io: " << e.what() << "\n";

@@ -14,11 +14,11 @@
 #include <set>
 
 #include "core/check.h"
+#include "core/safetensors.h"
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/config.h"
 #include "step_output.h"
-#include "trainer/safetensors.h"
 
 int main(int argc, char** argv) {
   using namespace dpt;
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   try {
     const trainer::Config cfg = trainer::load_config("", overrides);
-    const trainer::SafetensorsFile in = trainer::read_safetensors(input);
+    const SafetensorsFile in = read_safetensors(input);
     const Tensor* x = in.find("x");
     const Tensor* y = in.find("y");
     DPT_CHECK(x && y && x->ndim() == 4 && x->dtype() == DType::F32, "{} needs x [N,C,H,W] float32 and y", input);

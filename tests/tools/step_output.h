@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "models/layers.h"
 #include "models/model.h"
-#include "trainer/safetensors.h"
 
 namespace dpt::test {
 
@@ -25,8 +25,8 @@ inline void write_step_tensors(const std::string& dir, const Tensor& logits, con
   for (const auto& g : grads) result.push_back({"grad." + g.name, g.tensor});
   result.insert(result.end(), extra.begin(), extra.end());
   std::filesystem::create_directories(dir);
-  trainer::write_safetensors(dir + "/out.safetensors", result);
-  trainer::write_safetensors(dir + "/state.safetensors", state);
+  write_safetensors(dir + "/out.safetensors", result);
+  write_safetensors(dir + "/state.safetensors", state);
 }
 
 inline void write_step_output(const std::string& dir, const models::Model& model, const Tensor& logits,

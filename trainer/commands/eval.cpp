@@ -19,13 +19,13 @@ struct EvalArgs {
 };
 
 int eval_job(const EvalArgs& a) {
-  std::optional<EvalTarget> target;  // the checkpoint, and its config
+  std::optional<SavedRun> target;  // the checkpoint, and its config
   return run_job({
       .name = "dptrain eval",
       .print_config = *a.print_config,
       .load_config =
           [&](std::string& origin) {
-            target = eval_target(a.checkpoint, a.overrides);
+            target = load_saved_run(a.checkpoint, a.overrides);
             origin = target->checkpoint.path + "'s";
             return target->config;
           },

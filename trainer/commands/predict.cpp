@@ -27,7 +27,7 @@ struct PredictArgs {
 };
 
 int predict_job(const PredictArgs& a) {
-  std::optional<EvalTarget> target;  // the checkpoint, and its config
+  std::optional<SavedRun> target;  // the checkpoint, and its config
   return run_job({
       .name = "dptrain predict",
       .print_config = *a.print_config,
@@ -35,7 +35,7 @@ int predict_job(const PredictArgs& a) {
           [&](std::string& origin) {
             std::vector<std::string> overrides = a.overrides;
             if (!a.precision.empty()) overrides.push_back("train.precision=" + a.precision);
-            target = eval_target(a.checkpoint, overrides);
+            target = load_saved_run(a.checkpoint, overrides);
             origin = target->checkpoint.path + "'s";
             return target->config;
           },

@@ -1,9 +1,11 @@
-// trainer/safetensors.h: read and write the safetensors format (8-byte little-endian header length, a JSON
+// core/safetensors.h: read and write the safetensors format (8-byte little-endian header length, a JSON
 // header naming each tensor's dtype, shape and byte range, then the raw bytes), readable by PyTorch's and
 // numpy's safetensors loaders. We add a CRC32 of every tensor to the header's __metadata__ as
 // "crc32:<name>" and check it on read, so a flipped byte is caught, not trained on. Every file we write says
 // {"format": "pt"} in its metadata, as PyTorch's writer does: Hugging Face transformers' from_pretrained refuses a
 // file without it ("File metadata is not ['pt', 'tf', 'flax', 'mlx'] but None").
+// A file format beside the tensors it makes: checkpoints (trainer/checkpoint), weights a model starts from
+// (model.init_from) and exported weights all read and write it without the trainer.
 #pragma once
 
 #include <map>
@@ -12,7 +14,7 @@
 
 #include "core/tensor.h"
 
-namespace dpt::trainer {
+namespace dpt {
 
 // Writes the file and fsyncs it. Tensors must be on the CPU and contiguous. `metadata` gets "format": "pt" unless
 // it names a format (no caller of ours does), and the tensors' CRC32s.
@@ -32,4 +34,4 @@ SafetensorsFile read_safetensors(const std::string& path);
 
 uint32_t crc32_of(const void* data, size_t bytes);
 
-}  // namespace dpt::trainer
+}  // namespace dpt

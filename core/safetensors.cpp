@@ -1,5 +1,5 @@
-// trainer/safetensors.cpp: safetensors reader and writer with per-tensor CRC32.
-#include "trainer/safetensors.h"
+// core/safetensors.cpp: safetensors reader and writer with per-tensor CRC32.
+#include "core/safetensors.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -13,7 +13,7 @@
 
 #include "core/check.h"
 
-namespace dpt::trainer {
+namespace dpt {
 namespace {
 
 using json = nlohmann::json;
@@ -183,4 +183,4 @@ SafetensorsFile read_safetensors(const std::string& path) {
   return out;
 }
 
-}  // namespace dpt::trainer
+}  // namespace dpt
