@@ -285,6 +285,34 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   return std::nullopt;
 }
 
+// nccl-tests' table head: what runs, then the column names.
+void print_header(const comm::ProcessGroup& pg, const comm::DistEnv& env, Device device, const Options& o) {
+  fmt::print("# dpt-allreduce-perf: in-place all-reduce; backend {}, world {} (launcher: {}), device {}, dtype {}, op {}\n",
+             pg.backend(), pg.size(), comm::launcher_name(env.launcher),
+             device.is_cuda() ? fmt::format("cuda ({} on rank 0)", cuda::device_description(device.index))
+                              : std::string("cpu"),
+             o.datatype, o.op);
+  fmt::print("# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} timeout: {} s\n",
+             o.min_bytes, o.max_bytes, o.step_factor, o.warmup_iters, o.iters, o.check, o.timeout_s);
+  fmt::print("#\n");
+  fmt::print("#{:>11}  {:>12}  {:>8}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "size", "count", "type", "redop", "time",
+             "algbw", "busbw", "#wrong");
+  fmt::print("#{:>11}  {:>12}  {:>8}  {:>6}  {:>7}  {:>6}  {:>6}\n", "(B)", "(elements)", "", "", "(us)", "(GB/s)",
+             "(GB/s)");
+  std::fflush(stdout);
+}
+
+// nccl-tests' table foot: the wrong elements and the mean bus bandwidth over the rows.
+void print_footer(const Options& o, int64_t wrong, double avg_busbw) {
+  if (o.check)
+    fmt::print("# Out of bounds values : {} {}\n", wrong, wrong ? "FAILED" : "OK");
+  else
+    fmt::print("# Out of bounds values : not checked (--check 0)\n");
+  fmt::print("# Avg bus bandwidth    : {:g}\n", avg_busbw);
+  fmt::print("#\n");
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -310,7 +338,6 @@ int main(int argc, char** argv) {
         env, {.backend = o.backend, .timeout = timeout, .device = device,
               .on_fatal = [](const std::string& why) { die(kExitError, "collective failed: " + why); }});
     const bool lead = pg->rank() == 0;
-    const int world = pg->size();
 
     const DType dtype = o.dtype();
     const size_t max_count = o.max_bytes / dtype_size(dtype);
@@ -318,21 +345,7 @@ int main(int argc, char** argv) {
     buf.data = Tensor::empty({static_cast<int64_t>(max_count)}, dtype, device);
     buf.host = device.is_cuda() ? Tensor::empty({static_cast<int64_t>(max_count)}, dtype) : buf.data;
 
-    if (lead) {
-      fmt::print("# dpt-allreduce-perf: in-place all-reduce; backend {}, world {} (launcher: {}), device {}, dtype {}, op {}\n",
-                 pg->backend(), world, comm::launcher_name(env.launcher),
-                 device.is_cuda() ? fmt::format("cuda ({} on rank 0)", cuda::device_description(device.index))
-                                  : std::string("cpu"),
-                 o.datatype, o.op);
-      fmt::print("# minBytes {} maxBytes {} step: {}(factor) warmup iters: {} iters: {} validation: {} timeout: {} s\n",
-                 o.min_bytes, o.max_bytes, o.step_factor, o.warmup_iters, o.iters, o.check, o.timeout_s);
-      fmt::print("#\n");
-      fmt::print("#{:>11}  {:>12}  {:>8}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}\n", "size", "count", "type", "redop",
-                 "time", "algbw", "busbw", "#wrong");
-      fmt::print("#{:>11}  {:>12}  {:>8}  {:>6}  {:>7}  {:>6}  {:>6}\n", "(B)", "(elements)", "", "", "(us)",
-                 "(GB/s)", "(GB/s)");
-      std::fflush(stdout);
-    }
+    if (lead) print_header(*pg, env, device, o);
 
     int64_t wrong = 0;
     double busbw_sum = 0;
@@ -350,15 +363,7 @@ int main(int argc, char** argv) {
       bytes *= o.step_factor;
     }
 
-    if (lead) {
-      if (o.check)
-        fmt::print("# Out of bounds values : {} {}\n", wrong, wrong ? "FAILED" : "OK");
-      else
-        fmt::print("# Out of bounds values : not checked (--check 0)\n");
-      fmt::print("# Avg bus bandwidth    : {:g}\n", rows ? busbw_sum / rows : 0.0);
-      fmt::print("#\n");
-      std::fflush(stdout);
-    }
+    if (lead) print_footer(o, wrong, rows ? busbw_sum / rows : 0.0);
     // Every rank knows the total, so all exit 1 together; rank 0 says why before the launcher can stop it.
     if (wrong > 0 && lead) spdlog::error("{} element(s) differed from the expected result", wrong);
     pg.reset();  // orderly shutdown of the backend (MPI_Finalize and the like)

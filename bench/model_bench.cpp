@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -267,6 +268,48 @@ void profiler_range(bool start) {
 #endif
 }
 
+// What runs, for the table and the JSON: the model, device and precision; a GPT's sizes, FLOPs and the device's peak.
+Result describe_run(const models::Model& model, const trainer::Config& cfg, Device device, bool gpt) {
+  Result r;
+  r.model = short_model_name(model);
+  r.params = static_cast<int64_t>(model.num_params());
+  r.precision = trainer::choice_name(cfg.train.precision);
+  r.device = device.str();
+  r.device_name = device.is_cuda() ? cuda::device_description(device.index)
+                                   : fmt::format("cpu (OpenBLAS {} kernels)", models::blas_core());
+  if (gpt) {
+    const models::GptOptions go = trainer::gpt_options(cfg.model);
+    r.tokens = true;
+    r.model = fmt::format("gpt-L{}-C{}", go.n_layer, go.n_embd);
+    r.seq = go.block_size;
+    r.vocab = go.vocab_size;
+    r.padded_vocab = models::padded_vocab(go);
+    r.params_no_wpe = models::gpt_num_params(go, /*with_wpe=*/false);
+    r.flops_per_token = models::gpt_flops_per_token(go, go.block_size);
+    r.peak_flops = device.is_cuda() ? cuda::dense_bf16_peak_flops(cuda::device_name(device.index)) : 0.0;
+  }
+  return r;
+}
+
+// Seconds for o.steps calls of `step`, after the warm-up: CUDA events around them on an idle stream (and the
+// profiler's range with --profiler-range) on a GPU, the host clock on the CPU.
+double time_steps(const std::function<void()>& step, const Options& o, Device device, StreamHandle stream) {
+  if (!device.is_cuda()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < o.steps; ++i) step();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  cuda::Event start(/*timing=*/true), end(/*timing=*/true);
+  cuda::stream_synchronize(stream);  // the warm-up done: the clock starts on an idle stream
+  if (o.profiler_range) profiler_range(true);
+  start.record(stream);
+  for (int i = 0; i < o.steps; ++i) step();
+  end.record(stream);
+  end.synchronize();
+  if (o.profiler_range) profiler_range(false);
+  return end.elapsed_ms_since(start) / 1e3;
+}
+
 Result run(const Options& o, const trainer::Config& cfg) {
   const Device device =
       trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
@@ -299,26 +342,8 @@ Result run(const Options& o, const trainer::Config& cfg) {
                     : random_images(o, device, data_seed);
   Tensor stats = Tensor::zeros({2}, DType::F64, device);  // summed loss, correct: on the device
 
-  Result r;
-  r.model = short_model_name(*model);
-  r.params = static_cast<int64_t>(model->num_params());
-  r.precision = trainer::choice_name(cfg.train.precision);
-  r.device = device.str();
-  r.device_name = device.is_cuda() ? cuda::device_description(device.index)
-                                   : fmt::format("cpu (OpenBLAS {} kernels)", models::blas_core());
-  int64_t rows_per_step = o.batch;  // loss rows: examples, or tokens
-  if (gpt) {
-    const models::GptOptions go = trainer::gpt_options(cfg.model);
-    r.tokens = true;
-    r.model = fmt::format("gpt-L{}-C{}", go.n_layer, go.n_embd);
-    r.seq = T;
-    r.vocab = go.vocab_size;
-    r.padded_vocab = models::padded_vocab(go);
-    r.params_no_wpe = models::gpt_num_params(go, /*with_wpe=*/false);
-    r.flops_per_token = models::gpt_flops_per_token(go, T);
-    r.peak_flops = device.is_cuda() ? cuda::dense_bf16_peak_flops(cuda::device_name(device.index)) : 0.0;
-    rows_per_step = o.batch * T;
-  }
+  Result r = describe_run(*model, cfg, device, gpt);
+  const int64_t rows_per_step = gpt ? o.batch * T : o.batch;  // loss rows: examples, or tokens
   const std::string example = gpt ? fmt::format("{}", T) : fmt::format("{}", fmt::join(o.shape, ", "));
   spdlog::info("{} on {}, precision {}, batch [{}, {}], {} warm-up + {} timed steps", model->summary(),
                r.device_name, r.precision, o.batch, example, o.warmup, o.steps);
@@ -340,22 +365,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
 
   for (int i = 0; i < o.warmup; ++i) step(nullptr);
   stats.zero_(stream);
-  double seconds = 0;
-  if (device.is_cuda()) {
-    cuda::Event start(/*timing=*/true), end(/*timing=*/true);
-    cuda::stream_synchronize(stream);  // the warm-up done: the clock starts on an idle stream
-    if (o.profiler_range) profiler_range(true);
-    start.record(stream);
-    for (int i = 0; i < o.steps; ++i) step(nullptr);
-    end.record(stream);
-    end.synchronize();
-    if (o.profiler_range) profiler_range(false);
-    seconds = end.elapsed_ms_since(start) / 1e3;
-  } else {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < o.steps; ++i) step(nullptr);
-    seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  }
+  const double seconds = time_steps([&] { step(nullptr); }, o, device, stream);
   const Tensor s = stats.to(Device::cpu());  // synchronous
   r.loss = s.data<double>()[0] / static_cast<double>(rows_per_step * o.steps);
   r.ms_per_step = seconds * 1e3 / o.steps;

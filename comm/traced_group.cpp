@@ -87,6 +87,8 @@ std::string describe_collective(int64_t seq, const std::string& op, const std::s
   return detail.empty() ? fmt::format("{} #{}", op, seq) : fmt::format("{} #{} ({})", op, seq, detail);
 }
 
+// Over 80 lines on purpose: the cases of a hang (store trouble; everyone waiting, in one collective or several;
+// ranks missing or stopped) read in order, each ending in its sentence, over the groupings computed once above them.
 std::string describe_hang(const HangInputs& in) {
   std::map<int, const HangReport*> by_rank;
   for (const HangReport& r : in.reports) {

@@ -122,9 +122,9 @@ class SplitWriter {
   uint64_t tokens_ = 0;
 };
 
-}  // namespace
-
-TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
+// ConfigError for options tokenize_text cannot run with (nothing in or out, bounds, a tokenizer whose ids do not fit
+// uint16 shards); the shards' name.
+std::string checked_shard_name(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
   if (opts.inputs.empty()) DPT_THROW(ConfigError, "tokenize: no input given");
   if (opts.out_dir.empty()) DPT_THROW(ConfigError, "tokenize: no output directory given");
   if (opts.block_tokens < 1) DPT_THROW(ConfigError, "tokenize: block_tokens must be >= 1");
@@ -142,6 +142,13 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
   if (name.empty() || name.find_first_of("_/") != std::string::npos) {
     DPT_THROW(ConfigError, "tokenize: shard name '{}' must be non-empty, without '_' or '/'", name);
   }
+  return name;
+}
+
+}  // namespace
+
+TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
+  const std::string name = checked_shard_name(opts, tokenizer);
 
   TokenizeSummary summary;
   summary.tokenizer = tokenizer.describe();

@@ -127,46 +127,37 @@ int usage_error(const std::string& msg) {
   return kUsageExitCode;
 }
 
-}  // namespace
+// What the command line gives beyond Options' own fields: the words parsed later, and whether an address or port was
+// given at all.
+struct RawOptions {
+  std::string nnodes = "1";
+  std::string master_addr;
+  int master_port = 0;
+  CLI::Option* addr_opt = nullptr;
+  CLI::Option* port_opt = nullptr;
+};
 
-int main(int argc, char** argv) {
-  // Everything after the first "--" belongs to the program, untouched (it may have a --help of its own).
-  std::vector<std::string> ours;
-  Options opts;
-  bool saw_separator = false;
-  for (int i = 1; i < argc; ++i) {
-    if (saw_separator) {
-      opts.command.emplace_back(argv[i]);
-    } else if (std::string(argv[i]) == "--") {
-      saw_separator = true;
-    } else {
-      ours.push_back(dashed(argv[i]));
-    }
-  }
-
-  CLI::App app(kDescription, "dprun");
+// dprun's options, their help as --help prints it.
+void add_options(CLI::App& app, Options& opts, RawOptions& raw) {
   auto formatter = std::make_shared<Formatter>();
   formatter->column_width(22);
   app.formatter(formatter);
   app.footer(kFooter);
-  app.allow_extras();  // leftovers are reported below, with a hint where the program goes
-  std::string master_addr;
-  int master_port = 0;
+  app.allow_extras();  // leftovers are reported by main, with a hint where the program goes
   app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node (default 1)")->type_name("N");
-  std::string nnodes = "1";
-  app.add_option("--nnodes", nnodes,
+  app.add_option("--nnodes", raw.nnodes,
                  "nodes in the job, each running a dprun (default 1); MIN:MAX:\n"
                  "an elastic job that goes on with at least MIN nodes")
       ->type_name("M|MIN:MAX");
   app.add_option("--node-rank", opts.node_rank, "this node's index, 0 .. M-1 (default 0)")->type_name("R");
-  auto* addr_opt = app.add_option("--master-addr", master_addr,
-                                  "address of node 0, reachable from every node\n"
-                                  "(default 127.0.0.1; required with --nnodes > 1)")
-                       ->type_name("ADDR");
-  auto* port_opt = app.add_option("--master-port", master_port,
-                                  "rendezvous port on the master, 1..65535 (default: a\n"
-                                  "port found free on 127.0.0.1; 29500 with --nnodes > 1)")
-                       ->type_name("PORT");
+  raw.addr_opt = app.add_option("--master-addr", raw.master_addr,
+                                "address of node 0, reachable from every node\n"
+                                "(default 127.0.0.1; required with --nnodes > 1)")
+                     ->type_name("ADDR");
+  raw.port_opt = app.add_option("--master-port", raw.master_port,
+                                "rendezvous port on the master, 1..65535 (default: a\n"
+                                "port found free on 127.0.0.1; 29500 with --nnodes > 1)")
+                     ->type_name("PORT");
   app.add_option("--log-dir", opts.log_dir, "write rank R's output to DIR/rank_R.log (DIR is created)\n"
                                             "instead of printing it with [rank R] prefixes")
       ->type_name("DIR");
@@ -185,6 +176,28 @@ int main(int argc, char** argv) {
                  "goes on with the nodes present, if at least MIN; and the\n"
                  "silence after which node 0 declares a node lost (default 300)")
       ->type_name("SEC");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Everything after the first "--" belongs to the program, untouched (it may have a --help of its own).
+  std::vector<std::string> ours;
+  Options opts;
+  bool saw_separator = false;
+  for (int i = 1; i < argc; ++i) {
+    if (saw_separator) {
+      opts.command.emplace_back(argv[i]);
+    } else if (std::string(argv[i]) == "--") {
+      saw_separator = true;
+    } else {
+      ours.push_back(dashed(argv[i]));
+    }
+  }
+
+  CLI::App app(kDescription, "dprun");
+  RawOptions raw;
+  add_options(app, opts, raw);
 
   try {
     std::reverse(ours.begin(), ours.end());  // CLI11 takes a vector in reverse order
@@ -200,12 +213,12 @@ int main(int argc, char** argv) {
     return usage_error(fmt::format("unexpected argument '{}': options go before '--', the program after it", extras[0]));
   }
   try {
-    dpt::launcher::parse_nnodes(nnodes, opts);
+    dpt::launcher::parse_nnodes(raw.nnodes, opts);
   } catch (const dpt::ConfigError& e) {
     return usage_error(e.what());
   }
-  if (addr_opt->count() > 0) opts.master_addr = master_addr;
-  if (port_opt->count() > 0) opts.master_port = master_port;
+  if (raw.addr_opt->count() > 0) opts.master_addr = raw.master_addr;
+  if (raw.port_opt->count() > 0) opts.master_port = raw.master_port;
 
   try {
     dpt::launcher::validate(opts);

@@ -166,6 +166,40 @@ std::vector<std::string> checkpoint_classes(const SavedRun& target) {
   }
 }
 
+namespace {
+
+// The checkpoint's classifier on `device`, in evaluation mode (BatchNorm: running statistics), in its precision.
+std::unique_ptr<models::Model> saved_classifier(const SavedRun& target, const std::vector<int64_t>& sample_shape,
+                                                int64_t classes, Device device) {
+  auto model = build_model(target.config.model, sample_shape, classes, device);
+  model->load_state([&](const std::string& name) { return target.checkpoint.model.find(name); },
+                    target.checkpoint.path);
+  model->set_precision(target.config.train.precision);
+  model->set_training(false);
+  return model;
+}
+
+// A batch's lines, one per image in input order: its top k from the batch's `logits` (row i - batch.begin), or the
+// error its decoding met (counted in *errors).
+std::string batch_lines(const LineFormat& lines, const ImageBatch& batch, const std::vector<std::string>& decode_errors,
+                        const Tensor& logits, const std::vector<std::string>& names, size_t* errors) {
+  const int64_t classes = logits.dim(1);
+  std::string text;
+  for (size_t i = batch.begin; i < batch.end; ++i) {
+    const std::string& err = decode_errors[i - batch.begin];
+    if (!err.empty()) {
+      text += lines.error(names[i], err);
+      ++*errors;
+      continue;
+    }
+    text += lines.prediction(names[i], top_k(logits.data<float>() + (i - batch.begin) * static_cast<size_t>(classes),
+                                             classes, lines.k));
+  }
+  return text;
+}
+
+}  // namespace
+
 PredictSummary predict_images(const SavedRun& target, const PredictOptions& o, comm::ProcessGroup& pg,
                               Device device) {
   const auto start = std::chrono::steady_clock::now();
@@ -175,11 +209,7 @@ PredictSummary predict_images(const SavedRun& target, const PredictOptions& o, c
   LineFormat lines{.format = o.format, .k = 0, .classes = checkpoint_classes(target)};
   lines.k = std::min<int64_t>(o.top_k, static_cast<int64_t>(lines.classes.size()));
 
-  auto model = build_model(cfg.model, pipe.sample_shape, static_cast<int>(lines.classes.size()), device);
-  model->load_state([&](const std::string& name) { return target.checkpoint.model.find(name); },
-                    target.checkpoint.path);
-  model->set_precision(cfg.train.precision);
-  model->set_training(false);  // BatchNorm: running statistics
+  const auto model = saved_classifier(target, pipe.sample_shape, static_cast<int64_t>(lines.classes.size()), device);
 
   const ImageInputs in = list_image_inputs(o.input);
   if (in.names.empty()) DPT_THROW(ConfigError, "predict: no images (.png, .jpg, .jpeg) in {}", o.input);
@@ -226,18 +256,7 @@ PredictSummary predict_images(const SavedRun& target, const PredictOptions& o, c
     if (k + 1 < batches.size()) next = std::async(std::launch::async, decode, batches[k + 1]);
     const Tensor logits = model->forward(device.is_cuda() ? b.pixels.to(device) : b.pixels).to(Device::cpu());
     DPT_CHECK(logits.ndim() == 2 && logits.dim(1) == classes, "logits {} for {} classes", logits.shape_str(), classes);
-    std::string text;
-    for (size_t i = batch.begin; i < batch.end; ++i) {
-      const std::string& err = b.errors[i - batch.begin];
-      if (!err.empty()) {
-        text += lines.error(in.names[i], err);
-        ++errors;
-        continue;
-      }
-      text += lines.prediction(in.names[i], top_k(logits.data<float>() + (i - batch.begin) * static_cast<size_t>(classes),
-                                                  classes, lines.k));
-    }
-    mine.emplace_back(batch.index, std::move(text));
+    mine.emplace_back(batch.index, batch_lines(lines, batch, b.errors, logits, in.names, &errors));
     done += batch.size();
     progress.update(done, my_images);
   }
