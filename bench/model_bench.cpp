@@ -56,7 +56,7 @@
 #include "core/logging.h"
 #include "core/tensor.h"
 #include "models/gpt/gpt.h"
-#include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/cpu/cpu_info.h"
 #include "models/layers.h"
 #include "models/model.h"
 #include "trainer/build_model.h"

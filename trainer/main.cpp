@@ -12,7 +12,7 @@
 
 #include <unistd.h>
 
-#include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/cpu/cpu_info.h"
 #include "trainer/commands/commands.h"
 
 namespace {

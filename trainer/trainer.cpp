@@ -20,7 +20,7 @@
 #include "core/memory.h"
 #include "data/loader.h"
 #include "data/sampler.h"
-#include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/cpu/cpu_info.h"
 #include "models/kernels/elementwise.h"
 #include "models/model.h"
 #include "trainer/build_model.h"

@@ -11,7 +11,7 @@
 #include "core/check.h"
 #include "core/cuda.h"
 #include "core/logging.h"
-#include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/cpu/cpu_info.h"
 #include "trainer/commands/commands.h"
 #include "trainer/config_check.h"
 #include "trainer/preemption.h"
@@ -38,7 +38,7 @@ Device choose_and_set_device(const Config& cfg, const comm::DistEnv& env) {
   } else if (cfg.train.device == DeviceChoice::automatic && env.rank == 0) {
     spdlog::warn("no GPU ({}): training on the CPU", cuda::unavailable_reason());
   }
-  // Rank 0's thread counts: a product's or convolution's last bits can change with them (cpu_kernels.h).
+  // Rank 0's thread counts: a product's or convolution's last bits can change with them (cpu_info.h).
   if (device.is_cpu() && env.rank == 0) spdlog::info("device cpu: {} (rank 0)", models::describe_cpu_threads());
   return device;
 }

@@ -8,27 +8,10 @@
 
 #include <string>
 
+#include "models/kernels/cpu/cpu_info.h"
 #include "models/kernels/kernels.h"
 
 namespace dpt::models {
-
-// The kernels OpenBLAS runs: it picks them from the CPU's model number when the library loads, and on CPUs it
-// does not recognise (cloud VMs that report a generic model) falls back to Prescott (SSE3) kernels, about 4x
-// slower on an AVX-512 machine. blas_core_upgrade() returns the OPENBLAS_CORETYPE that the CPU's own feature
-// flags support ("SkylakeX" for AVX-512, "Haswell" for AVX2 + FMA) when OpenBLAS chose an older core and
-// OPENBLAS_CORETYPE is unset; "" when nothing is to be gained. The variable only takes effect in a process
-// started with it (dptrain's main restarts itself, see trainer/main.cpp).
-std::string blas_core();
-std::string blas_core_upgrade();
-
-// One line for the log on how the CPU computes convolutions and matrix products in `p`: which run in oneDNN's
-// kernels, which are emulated (operands rounded to p, float32 arithmetic) and what that costs.
-std::string describe_cpu_arithmetic(Precision p);
-
-// "threads: OpenBLAS 1, oneDNN 1": how many threads each CPU library splits a product or a convolution over
-// (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, else every core). The split can change the last bits of a result, so
-// runs that must give the same bytes need the same counts (dprun sets OMP_NUM_THREADS=1 unless the user set it).
-std::string describe_cpu_threads();
 
 // x rounded to the nearest fp16 value (ties to even), as a float: exactly static_cast<float>(static_cast<
 // _Float16>(x)), inf beyond fp16's range, NaN kept; the F16 operand rounding.
