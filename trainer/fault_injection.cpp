@@ -1,9 +1,14 @@
 // trainer/fault_injection.cpp: the DPT_DEBUG_* variables (trainer/fault_injection.h).
 #include "trainer/fault_injection.h"
 
+#include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
+
+#include "core/check.h"
 
 namespace dpt::trainer {
 
@@ -22,6 +27,40 @@ FailureInjection FailureInjection::from_env() {
   }
   if (const char* r = std::getenv("DPT_DEBUG_CKPT_FAIL_RANK")) f.ckpt_fail_rank = std::atoi(r);
   return f;
+}
+
+void FaultInjector::checkpoints_opened(CheckpointManager& ckpt) const {
+  if (rank_ == f_.ckpt_fail_rank) ckpt.fail_writes_at(f_.ckpt_fail_steps);
+}
+
+void FaultInjector::replicas_syncing(models::Model& model) const {
+  if (rank_ != f_.perturb_buffers_rank || model.buffers().numel() == 0) return;
+  Tensor b = model.buffers().to(Device::cpu());
+  for (size_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = b.data<float>()[i] * 1.5f + 0.25f;
+  model.buffers().copy_from(b);
+}
+
+void FaultInjector::loss_grad_ready(int64_t step, bool first_micro, const Tensor& grad, StreamHandle stream) const {
+  if (step != f_.inf_step || rank_ != 0 || !first_micro) return;
+  Tensor first = grad.view(0, {1});
+  Tensor inf = Tensor::empty({1});
+  inf.data<float>()[0] = std::numeric_limits<float>::infinity();
+  first.copy_from(inf, stream);
+}
+
+void FaultInjector::backward_done() const {
+  if (rank_ == f_.slow_rank && f_.slow_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(f_.slow_ms));
+}
+
+void FaultInjector::step_done(int64_t step, models::Model& model) const {
+  if (step == 1 && rank_ == f_.diverge_rank && model.params().defined()) {
+    Tensor first = model.params().view(0, {1});
+    Tensor nudged = first.to(Device::cpu());
+    nudged.data<float>()[0] += 1e-3f;
+    first.copy_from(nudged);
+  }
+  if (step == f_.step && rank_ == f_.rank)
+    DPT_THROW(InternalError, "injected failure after step {} (DPT_DEBUG_FAIL_AT_STEP)", step);
 }
 
 }  // namespace dpt::trainer

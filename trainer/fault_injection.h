@@ -1,9 +1,14 @@
 // trainer/fault_injection.h: failures on purpose, for the tests of failure handling, resume, replica checks, loss
-// scaling and straggler reports. Read once from the environment; every field off by default.
+// scaling and straggler reports. Read once from the environment; every field off by default. The Trainer calls a
+// FaultInjector at the moments of a run, as it calls its Reporter, so that the step reads without the failures.
 #pragma once
 
 #include <cstdint>
 #include <vector>
+
+#include "core/tensor.h"
+#include "models/model.h"
+#include "trainer/checkpoint.h"
 
 namespace dpt::trainer {
 
@@ -27,6 +32,28 @@ struct FailureInjection {
   std::vector<int64_t> ckpt_fail_steps;
   int ckpt_fail_rank = 0;
   static FailureInjection from_env();
+};
+
+// The failures of `f` that belong to rank `rank`, each injected at its moment; a no-op unless its variable is set.
+class FaultInjector {
+ public:
+  explicit FaultInjector(int rank, FailureInjection f = FailureInjection::from_env()) : rank_(rank), f_(std::move(f)) {}
+  // The run's checkpoint manager is open: DPT_DEBUG_CKPT_FAIL_STEPS (its writes of those steps fail midway).
+  void checkpoints_opened(CheckpointManager& ckpt) const;
+  // Before the initial broadcast of the replicas: DPT_DEBUG_PERTURB_BUFFERS_RANK (the buffers scaled and shifted).
+  void replicas_syncing(models::Model& model) const;
+  // The loss gradient of a micro-batch of optimizer step `step` (1-based) is scaled and about to go into backward:
+  // DPT_DEBUG_INF_AT_STEP (rank 0's first micro-batch: an inf in its first element, on `stream`).
+  void loss_grad_ready(int64_t step, bool first_micro, const Tensor& grad, StreamHandle stream) const;
+  // A step's backward is done, before its gradients are reduced: DPT_DEBUG_SLOW_RANK (a sleep of DPT_DEBUG_SLOW_MS).
+  void backward_done() const;
+  // Optimizer step `step` is done: DPT_DEBUG_DIVERGE_RANK (after step 1: one parameter nudged; not under ZeRO stage
+  // 3, whose model holds no flat parameter buffer), DPT_DEBUG_FAIL_AT_STEP (InternalError).
+  void step_done(int64_t step, models::Model& model) const;
+
+ private:
+  int rank_;
+  FailureInjection f_;
 };
 
 }  // namespace dpt::trainer

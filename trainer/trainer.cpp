@@ -9,12 +9,10 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <random>
 #include <sstream>
-#include <thread>
 
 #include "core/cuda.h"
 #include "core/memory.h"
@@ -84,7 +82,7 @@ class Trainer {
  public:
   Trainer(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg, RunContext& ctx)
       : cfg_(cfg), t_(cfg.train), opts_(opts), pg_(pg), ctx_(ctx), rank_(pg.rank()), world_(pg.size()),
-        lead_(rank_ == 0), device_(opts.device), rng_(static_cast<uint64_t>(cfg.train.seed)),
+        lead_(rank_ == 0), device_(opts.device), faults_(pg.rank()), rng_(static_cast<uint64_t>(cfg.train.seed)),
         scaler_(cfg.train.precision == models::Precision::F16) {}
 
   RunResult run() {
@@ -123,7 +121,6 @@ class Trainer {
   void save(int64_t epoch, int64_t next_batch);
   void stop_for_signal(int sig, int64_t epoch, int64_t next_batch);
   void finish();
-  void inject_step_faults();
 
   const Config& cfg_;
   const TrainConfig& t_;
@@ -133,7 +130,7 @@ class Trainer {
   const int rank_, world_;
   const bool lead_;
   const Device device_;
-  const FailureInjection inject_ = FailureInjection::from_env();
+  const FaultInjector faults_;  // DPT_DEBUG_* (trainer/fault_injection.h): a no-op unless a test sets one
   std::mt19937_64 rng_;
   LossScaler scaler_;
   // Set up, in this order.
@@ -233,7 +230,7 @@ void Trainer::build_data_parallel() {
 // same one itself.
 void Trainer::resume() {
   ckpt_ = std::make_unique<CheckpointManager>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
-  if (rank_ == inject_.ckpt_fail_rank) ckpt_->fail_writes_at(inject_.ckpt_fail_steps);
+  faults_.checkpoints_opened(*ckpt_);
   std::optional<LoadedCheckpoint> loaded = choose_checkpoint(*ckpt_);
   if (!loaded) return;
   restore(*loaded);
@@ -307,11 +304,7 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
 // Every rank starts from rank 0's parameters and buffers (identical already; this makes it a guarantee, as DDP's
 // broadcast of the module's state at construction); SyncBatchNorm's all-reduce is wired in.
 void Trainer::sync_replicas() {
-  if (rank_ == inject_.perturb_buffers_rank && model_->buffers().numel()) {
-    Tensor b = model_->buffers().to(Device::cpu());
-    for (size_t i = 0; i < b.numel(); ++i) b.data<float>()[i] = b.data<float>()[i] * 1.5f + 0.25f;
-    model_->buffers().copy_from(b);
-  }
+  faults_.replicas_syncing(*model_);
   dp_->with_full_params([&] {  // ZeRO stage 3: the whole model, for the broadcast and the check
     for (Tensor& part : model_->param_storage())
       pg_.broadcast(part, {.root = 0, .stream = stream_, .what = "initial params"})->wait();
@@ -400,8 +393,7 @@ bool Trainer::train_batch(Epoch& ep, const data::Batch& batch) {
   if (b == group_first) begin_step(ep, b);
   forward_backward(ep, batch, group_size, b == group_first, last_micro);
   if (!last_micro) return false;
-  if (rank_ == inject_.slow_rank && inject_.slow_ms > 0)
-    std::this_thread::sleep_for(std::chrono::milliseconds(inject_.slow_ms));
+  faults_.backward_done();
   timer_->mark(StepTimer::kBackwardDone);
   dp_->finish_backward();
   timer_->mark(StepTimer::kCommDone);
@@ -438,12 +430,7 @@ void Trainer::forward_backward(Epoch& ep, const data::Batch& batch, int64_t micr
   const double grad_factor = scaler_.scale() / static_cast<double>(micro_batches);
   if (grad_factor != 1.0)
     model_->kernels().scale(loss_.grad().data<float>(), loss_.grad().numel(), static_cast<float>(grad_factor));
-  if (step_ + 1 == inject_.inf_step && rank_ == 0 && first_micro) {
-    Tensor first = loss_.grad().view(0, {1});
-    Tensor inf = Tensor::empty({1});
-    inf.data<float>()[0] = std::numeric_limits<float>::infinity();
-    first.copy_from(inf, stream_);
-  }
+  faults_.loss_grad_ready(step_ + 1, first_micro, loss_.grad(), stream_);
   dp_->begin_backward(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
   model_->backward(loss_.grad(), [this](size_t first, size_t end) { dp_->grads_ready(first, end); });
   feeder_->step_done();
@@ -491,7 +478,7 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
   if (reporter_->progress_due()) reporter_->progress(progress(ep, next_batch));
   if (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0 && !epoch_done)
     save(ep.index, next_batch);
-  inject_step_faults();
+  faults_.step_done(step_, *model_);
   const int64_t save_epoch = epoch_done ? ep.index + 1 : ep.index, save_batch = epoch_done ? 0 : next_batch;
   if (t_.max_steps > 0 && step_ >= t_.max_steps) {
     stopped_ = true;
@@ -636,18 +623,6 @@ void Trainer::finish() {
     result_.final_test_loss = ev.loss;
   }
   reporter_->finished(result_);
-}
-
-// DPT_DEBUG_DIVERGE_RANK and DPT_DEBUG_FAIL_AT_STEP (trainer/fault_injection.h).
-void Trainer::inject_step_faults() {
-  if (step_ == 1 && rank_ == inject_.diverge_rank && model_->params().defined()) {  // not under ZeRO stage 3
-    Tensor first = model_->params().view(0, {1});
-    Tensor nudged = first.to(Device::cpu());
-    nudged.data<float>()[0] += 1e-3f;
-    first.copy_from(nudged);
-  }
-  if (step_ == inject_.step && rank_ == inject_.rank)
-    DPT_THROW(InternalError, "injected failure after step {} (DPT_DEBUG_FAIL_AT_STEP)", step_);
 }
 
 }  // namespace
