@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/net.h"  // find_free_port, used for the single-node master port
+#include "launcher/process.h"  // kExecFailedCode: what a rank that cannot be started exits with
 
 namespace dpt::launcher {
 
@@ -24,7 +25,6 @@ inline constexpr double kDefaultGracePeriodS = 5.0;  // SIGTERM -> SIGKILL
 inline constexpr double kDefaultStopTimeoutS = 60.0;  // SIGUSR1/SIGTERM to dprun -> SIGKILL: time to checkpoint
 inline constexpr double kDefaultRdzvTimeoutS = 300.0;  // elastic: how long a round waits for MAX nodes
 inline constexpr int kPreemptedCode = 75;            // a rank that stopped for a stop signal, checkpoint written
-inline constexpr int kExecFailedCode = 127;          // what a shell reports for "command not found"
 
 // What the user asked for. Fields left unset are chosen by resolve().
 struct Options {

@@ -11,7 +11,6 @@
 #include <cstring>
 
 #include "core/check.h"
-#include "launcher/launcher.h"
 
 namespace dpt::launcher {
 

@@ -11,6 +11,9 @@
 
 namespace dpt::launcher {
 
+// What a child that cannot be started exits with: what a shell reports for "command not found".
+inline constexpr int kExecFailedCode = 127;
+
 // Owns a file descriptor; closes it on destruction.
 class Fd {
  public:

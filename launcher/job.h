@@ -1,0 +1,193 @@
+// launcher/job.h: the Job behind launch() (launcher.h), internal to dprun: one class over the ranks of this node and
+// their attempts, its members defined in four files by what they do:
+//   job.cpp          the attempts: run them, restart after a failure, tear down; launch()
+//   job_ranks.cpp    the ranks: start them, relay their output, watch them end, fail the attempt
+//   job_stop.cpp     stopping: stop signals, preemption, the grace period, the failure's reason
+//   job_elastic.cpp  elastic jobs: the rendezvous rounds (launcher/rendezvous.h), keep-alives, other nodes' failures
+//
+// One thread, one poll loop over a signalfd (SIGCHLD and the stop signals) and the ranks' output pipes; each
+// wake-up serves the signals first and reads each ready pipe at most once, so no rank can starve the loop.
+// Ranks that end are observed with waitid(WNOWAIT) and reaped only at the very end: a zombie keeps its pid,
+// hence its process group id, reserved, so signalling a rank's group can never hit an unrelated process.
+// A restart begins only after every rank of the failed attempt has been reaped, with a fresh set of ranks.
+// An elastic job (is_elastic) goes through a rendezvous round (launcher/rendezvous.h) before each attempt, and
+// while its ranks run the loop also looks, every kRendezvousPoll, for a failure another node published.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "comm/tcp_store.h"
+#include "launcher/launcher.h"
+#include "launcher/output.h"
+#include "launcher/process.h"
+#include "launcher/rendezvous.h"
+
+namespace dpt::launcher {
+
+using JobClock = std::chrono::steady_clock;
+
+// Elastic jobs: how often dprun looks at the rendezvous store while it waits or its ranks run (one small
+// request each time), and the longest the master node waits for the others' goodbyes when it was told to stop.
+inline constexpr std::chrono::milliseconds kRendezvousPoll{100};
+// How often a node's dprun counts up its keep-alive (at most: a third of --rdzv-timeout when that is shorter), and
+// node 0 looks at the others'.
+inline constexpr std::chrono::milliseconds kKeepAliveEvery{1000};
+inline constexpr std::chrono::seconds kStoppedLinger{10};
+
+// dprun's own messages: one line on stderr, best effort.
+void note(std::string_view msg);
+// "exit code 3", "killed by SIGKILL": how a rank ended, for the restart line.
+std::string brief(const ExitStatus& st);
+// "rank 1", "ranks 0, 2".
+std::string join_ranks(const std::vector<int>& ranks);
+
+struct Rank {
+  int local = 0;
+  int global = 0;
+  pid_t pid = -1;            // also its process group id
+  bool ended = false;        // seen ended (a zombie until reaped)
+  bool reaped = false;
+  ExitStatus status;
+  std::string log_path;      // with --log-dir
+  std::unique_ptr<RankStream> out, err;  // without --log-dir
+};
+
+class Job {
+ public:
+  // `port_given`: the user chose opts.master_port (a restart keeps it whatever happens).
+  Job(const Options& opts, Environment inherited, bool port_given);
+  // The safety net: whatever happened (an exception included), nothing dprun started outlives it.
+  ~Job();
+  int run();
+
+ private:
+  enum class Phase { kRunning, kStopping, kKilling };
+
+  // ---- the attempts (job.cpp): run them, restart after a failure, tear down
+  // Attempts until one ends the job: start the ranks, watch them, tear down, then restart or not.
+  int run_attempts();
+  void reset_attempt();
+  // After an attempt has ended and every rank is reaped: starts the next one if it should be (a rank failed,
+  // dprun was not told to stop, restarts are left) and returns true; otherwise returns false.
+  bool restart();
+  void announce();
+  void finish();
+
+  // ---- the ranks (job_ranks.cpp): start them, relay their output, watch them end, fail the attempt
+  void open_stdin();
+  void start(int local);
+  static int nonblocking(Fd fd);
+  bool all_ended() const;
+  void monitor();
+  void handle_signals();
+  // Signals coalesce: one SIGCHLD may stand for several ranks, so every running rank is asked. Ranks found ended
+  // badly together are named killed-by-a-signal first: such a rank died at once (kill -9, the OOM killer, a
+  // crash), while one that exited with a code is most likely reacting to it (its peer's connection reset), and
+  // the first named is the job's failure (its exit code, its reason).
+  void check_ranks();
+  // Ranks ended badly on their own. The first failure names the culprits and starts the teardown; ranks that
+  // end while it is under way were most likely stopped by it and are not reported.
+  void fail(const std::vector<Rank*>& failed, const std::vector<std::string>& why);
+  void kill_remaining();
+  std::vector<int> running_ranks() const;
+  void signal_all(int sig);
+
+  // ---- stopping (job_stop.cpp): stop signals, preemption, the grace period, the failure's reason
+  static bool is_preemption(int sig) { return sig == SIGUSR1 || sig == SIGTERM; }
+  void on_stop_signal(int sig);
+  // Sends `sig` to every rank's process group (a rank that has ended may have left processes behind in
+  // it), then gives the ranks the grace period before SIGKILL. `received`: dprun was sent `sig` itself.
+  void begin_stop(int sig, bool received);
+  // DPT_REASON_FILE, given to every rank: a private temporary directory's "reason", where the rank that diagnoses
+  // a failure (a hang report names the stuck rank) writes one line, first writer wins. Without the directory the
+  // ranks get no variable, and the job runs all the same.
+  void make_reason_dir();
+  // After an attempt has ended: when it failed, "dprun: reason: ...", once: the line a rank left (failure_reason:
+  // after the name and signal of a rank killed by one, which could leave none); the file is removed so that a
+  // restart starts without one.
+  void print_reason();
+  // A rank exited kPreemptedCode: it stopped for a stop signal after all ranks agreed on the step and rank 0's
+  // checkpoint was written (dptrain), so the others are about to do the same. Not a failure: no teardown, but
+  // a deadline (the stop timeout) for the rest.
+  void on_preempted_exit(const Rank& r);
+  // After every rank has ended: when some rank stopped for preemption and every rank exited 0 or 75, the job
+  // was preempted (75); when some did not, the first of those is the job's failure.
+  void settle_preemption();
+
+  // ---- elastic jobs (job_elastic.cpp): the rendezvous rounds (launcher/rendezvous.h), keep-alives, other nodes' failures
+  // Node 0 hosts the rendezvous store at --master-port; every node (node 0 too) is a client of it. A node that
+  // starts before node 0 keeps trying to connect for --rdzv-timeout.
+  void connect_rendezvous();
+  // Calls `done` every kRendezvousPoll until it returns true (then true), `limit` has passed or a stop signal
+  // arrives meanwhile (then false; stop_requested_ says which). Serves dprun's signals while it waits.
+  bool wait_for(const std::function<bool()>& done, std::optional<JobClock::duration> limit = std::nullopt);
+  // Joins rounds from `round` on until one places this node: returns nullopt with the attempt's placement set,
+  // or the exit code when the job ended there (`own_code` when this node's last attempt failed, else the
+  // master's) or dprun was told to stop while waiting.
+  std::optional<int> enter_round(int round, int own_code);
+  // Node 0: closes `round` when decide_round says so, and returns its plan (nullopt: keep waiting).
+  std::optional<RoundPlan> master_close(int round, bool timed_out);
+  // Node 0, ending the job: waits until the nodes that join `round` (less itself, `self_joined`), and at least
+  // `expected` of them, have read its end, for at most `limit`: the store must outlive their last request.
+  void linger(int round, int self_joined, int expected, JobClock::duration limit);
+  // This node's outcome in the store, once per round: the first failure's text is what every node prints.
+  void report_failure_once(int code, const std::string& what, bool by_signal = false);
+  // Every node but the master: counts up its keep-alive, every keep_alive_every_ (called on every wake-up of its
+  // waits and of the ranks' watch).
+  void keep_alive();
+  // The master, while its ranks run: publishes as the round's failure a node whose keep-alive has stopped for
+  // --rdzv-timeout and that has not reported (done, or failed) in this round. Its ranks' peers may be blocked on
+  // it for dist.timeout_s; this is the bounded time.
+  void watch_keep_alives();
+  // Between polls of the ranks: has another node published a failure in this round (or, on the master, gone
+  // silent)? Then stop this node's ranks.
+  void check_other_nodes();
+  // After an elastic attempt: node 0 ends the job or every node joins the next round. Returns the exit code,
+  // or nullopt when this node runs the next attempt.
+  std::optional<int> after_elastic_attempt();
+  // Node 0's last duty: wait (up to --rdzv-timeout) until every node of `round` has reported its outcome, end
+  // round + 1 for whoever joins it (nodes that failed and rejoin, late nodes), and wait for their goodbyes.
+  void finish_as_master(int round, int code, const std::string& why);
+
+  Options opts_;  // master_port may change between attempts
+  Environment inherited_;
+  const bool port_given_;
+  const bool elastic_;                  // is_elastic(opts_): rendezvous rounds
+  const JobClock::duration rdzv_timeout_;  // --rdzv-timeout
+  const JobClock::duration keep_alive_every_;
+  KeepAliveWatch watch_;  // the master's, over the other nodes of the round running
+  SignalCatcher signals_;  // before any fork: a signal arriving during the spawning stays pending
+  OutputSink stdout_, stderr_;
+  Fd devnull_;
+  std::string reason_dir_;  // DPT_REASON_FILE's directory; empty: none (make_reason_dir)
+  std::vector<Rank> ranks_;
+  Phase phase_ = Phase::kRunning;
+  JobClock::time_point deadline_{};
+  int exit_code_ = 0;
+  // The attempt under way: restarts so far (its DPT_RESTART_COUNT), and the rank whose failure ended it.
+  int restarts_ = 0;
+  std::optional<int> failed_rank_;
+  ExitStatus failed_status_;
+  bool stop_requested_ = false;  // dprun received SIGINT, SIGTERM, SIGHUP or SIGUSR1
+  int received_signal_ = 0;      // the first stop signal dprun received
+  bool preempting_ = false;      // the stop under way is for preemption (SIGUSR1/SIGTERM, or a rank exited 75)
+  bool preempted_exit_ = false;  // a rank exited kPreemptedCode
+  bool exec_failed_ = false;     // the program could not be started: a restart would fail the same way
+  Placement placement_;          // this attempt's ranks in the world (a round's, when elastic)
+  // Elastic jobs: the store (hosted here on node 0), the rendezvous over it, the round running, and whether this
+  // node's outcome of it is published; failure_: what ended the attempt, as every node prints it.
+  std::unique_ptr<comm::TcpStore> store_;
+  std::unique_ptr<Rendezvous> rdzv_;
+  RoundPlan plan_;
+  bool reported_ = false;
+  std::string failure_;
+  JobClock::time_point next_check_{}, next_keep_alive_{}, next_watch_{};
+};
+
+}  // namespace dpt::launcher

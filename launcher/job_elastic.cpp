@@ -1,0 +1,210 @@
+// launcher/job_elastic.cpp: the Job of an elastic job: the rendezvous rounds, keep-alives, other nodes' failures (launcher/job.h).
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "core/check.h"
+#include "launcher/job.h"
+
+namespace dpt::launcher {
+
+void Job::connect_rendezvous() {
+  comm::TcpStoreOptions so;
+  so.host = *opts_.master_addr;
+  so.port = *opts_.master_port;
+  so.is_server = opts_.node_rank == 0;
+  so.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_);
+  so.token = opts_.store_token;
+  store_ = std::make_unique<comm::TcpStore>(so);
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
+  std::string name = host;
+  if (std::string addr = local_address_toward(*opts_.master_addr); !addr.empty()) {
+    name += (name.empty() ? "" : " ") + addr;
+  }
+  rdzv_ = std::make_unique<Rendezvous>(*store_, NodeInfo{opts_.node_rank, opts_.nproc_per_node, name});
+}
+
+bool Job::wait_for(const std::function<bool()>& done, std::optional<JobClock::duration> limit) {
+  const JobClock::time_point until = limit ? JobClock::now() + *limit : JobClock::time_point::max();
+  bool stopped = false;
+  for (;;) {
+    keep_alive();
+    if (done()) return true;
+    if (stopped || JobClock::now() >= until) return false;
+    pollfd p{signals_.fd(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(kRendezvousPoll.count())) < 0 && errno != EINTR) {
+      DPT_THROW(IoError, "poll failed: {}", std::strerror(errno));
+    }
+    for (int sig : signals_.take()) {
+      if (sig == SIGCHLD) continue;
+      note(fmt::format("received {}", signal_name(sig)));
+      stop_requested_ = stopped = true;
+      if (received_signal_ == 0) received_signal_ = sig;
+    }
+  }
+}
+
+std::optional<int> Job::enter_round(int round, int own_code) {
+  for (;; ++round) {
+    rdzv_->join(round);
+    const JobClock::time_point joined_at = JobClock::now();
+    std::optional<RoundPlan> plan;
+    const bool closed = wait_for([&] {
+      plan = rdzv_->is_master() ? master_close(round, JobClock::now() - joined_at >= rdzv_timeout_) : rdzv_->closed(round);
+      return plan.has_value();
+    });
+    if (!closed) {  // a stop signal
+      const int code = 128 + received_signal_;
+      if (rdzv_->is_master()) {
+        rdzv_->end(round, code, fmt::format("node 0's dprun received {}", signal_name(received_signal_)));
+        linger(round, /*self_joined=*/1, 0, kStoppedLinger);
+      }
+      return own_code != 0 ? own_code : code;
+    }
+    if (plan->ended) {
+      note(fmt::format("the job ends: {}", plan->end_message));
+      if (rdzv_->is_master()) {
+        linger(round, /*self_joined=*/1, 0, rdzv_timeout_);
+      } else {
+        rdzv_->bye(round);
+      }
+      return own_code != 0 ? own_code : plan->end_code;
+    }
+    const int index = plan->index_of(opts_.node_rank);
+    if (index < 0) {
+      note(fmt::format("round {} began with {} nodes, without this one: waiting for the next round (after a "
+                       "failure), which takes up to {} nodes",
+                       round, plan->nodes.size(), opts_.nnodes));
+      continue;
+    }
+    plan_ = *plan;
+    watch_.reset();
+    restarts_ = round;
+    placement_ = Placement{plan_.first_rank(index), plan_.world_size(), index, plan_.rank_port};
+    std::vector<std::string> names;
+    for (const NodeInfo& n : plan_.nodes) names.push_back(describe(n));
+    note(fmt::format("round {}: {} node{} ({}), world size {}; this node runs ranks {}..{}", round,
+                     plan_.nodes.size(), plan_.nodes.size() == 1 ? "" : "s", fmt::join(names, ", "),
+                     placement_.world_size, placement_.first_rank,
+                     placement_.first_rank + opts_.nproc_per_node - 1));
+    return std::nullopt;
+  }
+}
+
+std::optional<RoundPlan> Job::master_close(int round, bool timed_out) {
+  RoundDecision d = decide_round(rdzv_->joined(round), min_nodes(opts_), opts_.nnodes, timed_out,
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_),
+                                 plan_.nodes, round);
+  if (d.kind == RoundDecision::Kind::kWait) return std::nullopt;
+  RoundPlan plan;
+  plan.round = round;
+  if (d.kind == RoundDecision::Kind::kEnd) {
+    plan.ended = true;
+    plan.end_code = 1;
+    plan.end_message = d.message;
+  } else {
+    plan.nodes = std::move(d.nodes);
+    plan.rank_port = find_free_port("0.0.0.0");  // rank 0's store listens on every interface
+  }
+  rdzv_->close(plan);
+  return plan;
+}
+
+void Job::linger(int round, int self_joined, int expected, JobClock::duration limit) {
+  (void)wait_for([&] {
+    return rdzv_->byes(round) >= std::max(expected, rdzv_->joined_count(round) - self_joined);
+  }, limit);
+}
+
+void Job::report_failure_once(int code, const std::string& what, bool by_signal) {
+  if (!elastic_ || !rdzv_ || reported_) return;
+  reported_ = true;
+  rdzv_->report_failure(plan_.round, code, what, by_signal);
+}
+
+void Job::keep_alive() {
+  if (!rdzv_ || rdzv_->is_master() || JobClock::now() < next_keep_alive_) return;
+  next_keep_alive_ = JobClock::now() + keep_alive_every_;
+  rdzv_->keep_alive();
+}
+
+void Job::watch_keep_alives() {
+  if (!rdzv_->is_master() || JobClock::now() < next_watch_) return;
+  next_watch_ = JobClock::now() + keep_alive_every_;
+  for (const NodeInfo& n : plan_.nodes) {
+    if (n.node_rank == rdzv_->self().node_rank) continue;
+    if (!watch_.stale(n.node_rank, rdzv_->keep_alives(n.node_rank), JobClock::now())) continue;
+    if (rdzv_->reported(plan_.round, n.node_rank)) continue;
+    rdzv_->declare_lost(plan_.round, n, std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_));
+    return;  // one is enough: the round is over
+  }
+}
+
+void Job::check_other_nodes() {
+  if (JobClock::now() < next_check_) return;
+  next_check_ = JobClock::now() + kRendezvousPoll;
+  watch_keep_alives();
+  std::optional<std::pair<int, std::string>> f = rdzv_->failure(plan_.round);
+  if (!f) return;
+  failure_ = f->second;
+  note(fmt::format("{}: stopping this node's ranks", failure_));
+  report_failure_once(f->first, failure_);
+  exit_code_ = f->first;
+  begin_stop(SIGTERM, /*received=*/false);
+}
+
+std::optional<int> Job::after_elastic_attempt() {
+  const int round = plan_.round;
+  if (exit_code_ == 0) {
+    reported_ = true;
+    rdzv_->report_done(round);
+    if (rdzv_->is_master()) finish_as_master(round, 0, "the job finished (node 0's ranks did)");
+    return 0;
+  }
+  if (failure_.empty()) failure_ = fmt::format("{}: its ranks ended with exit code {}", describe(rdzv_->self()), exit_code_);
+  report_failure_once(exit_code_, failure_);
+  // Every node names the round's failure alike: the rank killed by a signal, wherever it was (Rendezvous::failure),
+  // and ends with its exit code, unless this node's own end says more (a stop signal, preemption, no program).
+  if (std::optional<std::pair<int, std::string>> f = rdzv_->failure(round)) {
+    failure_ = f->second;
+    if (!stop_requested_ && !exec_failed_ && exit_code_ != kPreemptedCode) exit_code_ = f->first;
+  }
+  std::string why;
+  if (stop_requested_) why = "dprun was told to stop";
+  else if (exec_failed_) why = "the program cannot be started";
+  else if (exit_code_ == kPreemptedCode) why = "the ranks stopped for preemption";
+  if (!why.empty()) {
+    note(fmt::format("{}; not restarting: {}", failure_, why));
+    if (rdzv_->is_master()) finish_as_master(round, exit_code_, fmt::format("node 0: {}", why));
+    return exit_code_;
+  }
+  if (round == opts_.max_restarts) {
+    note(fmt::format("{}; all {} restart{} used, giving up", failure_, opts_.max_restarts,
+                     opts_.max_restarts == 1 ? "" : "s"));
+    if (rdzv_->is_master()) finish_as_master(round, exit_code_, fmt::format("all {} restarts used", opts_.max_restarts));
+    return exit_code_;
+  }
+  note(fmt::format("{}; restart {} of {}: joining round {}", failure_, round + 1, opts_.max_restarts, round + 1));
+  return enter_round(round + 1, exit_code_);
+}
+
+void Job::finish_as_master(int round, int code, const std::string& why) {
+  const JobClock::duration limit = stop_requested_ ? std::min<JobClock::duration>(rdzv_timeout_, kStoppedLinger) : rdzv_timeout_;
+  const int nodes = static_cast<int>(plan_.nodes.size());
+  if (rdzv_->reports(round) < nodes) note("waiting for the other nodes to finish");
+  (void)wait_for([&] { return rdzv_->reports(round) >= nodes; }, limit);
+  rdzv_->end(round + 1, code, why);
+  // The others that failed rejoin unless they gave up too (restarts used up, a stop signal).
+  const bool they_rejoin = code == 0 && round < opts_.max_restarts;
+  linger(round + 1, /*self_joined=*/0, they_rejoin ? rdzv_->failures(round) : 0, limit);
+}
+
+}  // namespace dpt::launcher

@@ -1,0 +1,115 @@
+// launcher/job_stop.cpp: stopping the Job: stop signals, preemption, the grace period, the failure's reason (launcher/job.h).
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "core/check.h"
+#include "launcher/job.h"
+
+namespace dpt::launcher {
+
+void Job::on_stop_signal(int sig) {
+  stop_requested_ = true;  // whenever it comes: no restart after it
+  const int first = received_signal_;
+  if (received_signal_ == 0) received_signal_ = sig;
+  if (phase_ == Phase::kRunning) {
+    exit_code_ = 128 + sig;
+    if (elastic_) {
+      failure_ = fmt::format("{}: its dprun received {}", describe(rdzv_->self()), signal_name(sig));
+      report_failure_once(exit_code_, failure_);
+    }
+    preempting_ = is_preemption(sig);
+    begin_stop(sig, /*received=*/true);
+  } else if (phase_ == Phase::kStopping && preempting_ && (sig == SIGUSR1 || (sig == SIGTERM && first != SIGTERM))) {
+    // The ranks are checkpointing: SIGUSR1 again, or SIGTERM after a SIGUSR1 (Slurm's warning, then its time
+    // limit) must not cut that short. It is forwarded (a rank keeps only the first) and the deadline stays.
+    // SIGTERM twice, SIGINT or SIGHUP still mean "now", below.
+    note(fmt::format("received {} while the ranks stop for preemption: forwarded; the stop timeout stays", signal_name(sig)));
+    signal_all(sig);
+  } else if (phase_ == Phase::kStopping) {
+    note(fmt::format("received {} again: not waiting for the grace period", signal_name(sig)));
+    kill_remaining();
+  }
+}
+
+void Job::begin_stop(int sig, bool received) {
+  phase_ = Phase::kStopping;
+  const double wait_s = preempting_ ? opts_.stop_timeout_s : opts_.grace_period_s;
+  deadline_ = JobClock::now() + std::chrono::duration_cast<JobClock::duration>(std::chrono::duration<double>(wait_s));
+  std::string why = received ? fmt::format("received {}", signal_name(sig)) : "stopping the other ranks";
+  std::vector<int> running = running_ranks();
+  if (!running.empty()) {
+    note(fmt::format("{}: sending {} to {}; SIGKILL after {} s to any still running", why, signal_name(sig),
+                     join_ranks(running), wait_s));
+  } else if (received) {
+    note(why);
+  }
+  signal_all(sig);
+  // A stopped rank (SIGSTOP, Ctrl-Z) would see `sig` only when continued, i.e. at the SIGKILL: continue it now.
+  signal_all(SIGCONT);
+}
+
+void Job::make_reason_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string path = fmt::format("{}/dprun.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (::mkdtemp(path.data())) {
+    reason_dir_ = path;
+  } else {
+    note(fmt::format("cannot create a temporary directory {} for the ranks' failure reason: {}", path,
+                     std::strerror(errno)));
+  }
+}
+
+void Job::print_reason() {
+  if (reason_dir_.empty()) return;
+  const std::string path = reason_dir_ + "/reason";
+  std::string line;
+  if (Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)); fd.get() >= 0) {
+    char buf[4096];
+    const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n > 0) line.assign(buf, static_cast<std::size_t>(n));
+    line = line.substr(0, line.find('\n'));
+  }
+  if (exit_code_ != 0) {
+    // A rank's own failure names it (a signal it could not report), else the line written is the reason.
+    const std::string reason = failed_rank_ ? failure_reason(*failed_rank_, failed_status_, line) : line;
+    if (!reason.empty()) note("reason: " + reason);
+  }
+  ::unlink(path.c_str());
+}
+
+void Job::on_preempted_exit(const Rank& r) {
+  preempted_exit_ = true;
+  if (phase_ != Phase::kRunning) return;
+  note(fmt::format("rank {} stopped for preemption (exit code {}); waiting up to {} s for the others",
+                   r.global, kPreemptedCode, opts_.stop_timeout_s));
+  phase_ = Phase::kStopping;
+  preempting_ = true;
+  deadline_ = JobClock::now() + std::chrono::duration_cast<JobClock::duration>(
+                                 std::chrono::duration<double>(opts_.stop_timeout_s));
+}
+
+void Job::settle_preemption() {
+  if (!preempted_exit_) return;
+  const Rank* bad = nullptr;
+  for (const Rank& r : ranks_) {
+    const bool clean = !r.status.signaled && (r.status.code == 0 || r.status.code == kPreemptedCode);
+    if (!clean && !bad) bad = &r;
+  }
+  if (!bad) {
+    exit_code_ = kPreemptedCode;
+    note(fmt::format("the ranks stopped for preemption with a checkpoint; exit code {}", kPreemptedCode));
+  } else if (exit_code_ == 0) {
+    exit_code_ = bad->status.exit_code();
+    note(fmt::format("rank {} {} while the others stopped for preemption", bad->global, bad->status.describe()));
+  }
+}
+
+}  // namespace dpt::launcher
