@@ -60,19 +60,23 @@ bool export_is_folder(const std::string& out) {
   return fs::is_directory(out) || !fs::path(out).filename().string().ends_with(".safetensors");
 }
 
-std::string export_gpt_weights(const std::string& path, models::GptLayout layout, const std::string& out) {
+std::string export_weights(const std::string& path, const std::string& layout, const std::string& out) {
   const SavedRun target = load_saved_run(path, {});
+  const ModelFamily& family = model_family(target.config.model.name);
+  if (!family.export_weights)
+    DPT_THROW(ConfigError, "{} holds a {} model: export-weights needs a GPT (model.name = {})", target.checkpoint.path,
+              target.config.model.name, fmt::join(exporting_model_names(), " or "));
   const auto model = gpt_of(target, Device::cpu(), "export-weights");
-  const bool hf = layout == models::GptLayout::HuggingFace;
+  const ExportedWeights w = family.export_weights(*model, target.config.model, layout);
   const bool folder = export_is_folder(out);
   const fs::path weights = folder ? fs::path(out) / kExportWeightsFile : fs::path(out);
   try {
     if (folder) fs::create_directories(out);
-    write_whole(weights, [&](const std::string& tmp) { write_safetensors(tmp, models::gpt_export_weights(*model, layout)); });
-    if (folder && hf) {
+    write_whole(weights, [&](const std::string& tmp) { write_safetensors(tmp, w.tensors); });
+    if (folder && !w.config_json.empty()) {
       write_whole(fs::path(out) / kHfConfigFile, [&](const std::string& tmp) {
         std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        f << models::gpt_hf_config_json(gpt_options(target.config.model));
+        f << w.config_json;
         f.close();
         if (!f) DPT_THROW(IoError, "writing {}: {}", tmp, std::strerror(errno));
       });
@@ -81,10 +85,10 @@ std::string export_gpt_weights(const std::string& path, models::GptLayout layout
     DPT_THROW(IoError, "export-weights: writing {}: {}", out, e.what());
   }
   return fmt::format("{}: {} from {} in {} layout (vocabulary {}){}", folder ? (fs::path(out) / "").string() : out,
-                     model->summary(), target.checkpoint.path, hf ? "Hugging Face's GPT-2" : "nanoGPT's",
-                     target.config.model.vocab_size,
-                     !folder ? "" : hf ? "; model.safetensors and config.json: GPT2LMHeadModel.from_pretrained(folder)"
-                                       : "; model.safetensors");
+                     model->summary(), target.checkpoint.path, w.layout, target.config.model.vocab_size,
+                     !folder                  ? ""
+                     : w.config_json.empty() ? "; model.safetensors"
+                                              : "; model.safetensors and config.json: " + w.loader);
 }
 
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {

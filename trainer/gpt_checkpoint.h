@@ -34,15 +34,16 @@ struct GptCheckpoint {
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir = "",
                                   Device device = Device::cpu());
 
-// `dptrain export-weights`: the GPT of checkpoint `path` (as load_gpt_checkpoint finds it) written as safetensors
-// in `layout` (models::gpt_export_weights: nanoGPT's or Hugging Face's names and shapes, the real vocabulary). `out`
-// is a folder (export_is_folder) that receives model.safetensors and, for Hugging Face's layout, config.json
-// (models::gpt_hf_config_json): the folder GPT2LMHeadModel.from_pretrained reads; or a FILE.safetensors, the weights
-// alone. Each file goes through FILE.tmp renamed into place, so it is whole or absent. Returns a line saying what it
+// `dptrain export-weights`: the model of checkpoint `path` (as load_gpt_checkpoint finds it) written as safetensors
+// in `layout` by its family's export_weights (trainer/model_registry.h; a GPT: models::gpt_export_weights, nanoGPT's
+// or Hugging Face's names and shapes, the real vocabulary). `out` is a folder (export_is_folder) that receives
+// model.safetensors and, when the layout has one, config.json (a GPT in Hugging Face's layout:
+// models::gpt_hf_config_json, the folder GPT2LMHeadModel.from_pretrained reads); or a FILE.safetensors, the weights
+// alone. ConfigError for a family without layouts out. Each file goes through FILE.tmp renamed into place, so it is whole or absent. Returns a line saying what it
 // wrote.
 inline constexpr const char* kExportWeightsFile = "model.safetensors";
 inline constexpr const char* kHfConfigFile = "config.json";
 bool export_is_folder(const std::string& out);  // an existing folder, or a name not ending in .safetensors
-std::string export_gpt_weights(const std::string& path, models::GptLayout layout, const std::string& out);
+std::string export_weights(const std::string& path, const std::string& layout, const std::string& out);
 
 }  // namespace dpt::trainer

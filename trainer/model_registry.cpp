@@ -70,17 +70,28 @@ std::vector<NamedTensor> gpt_weights(const std::vector<NamedTensor>& tensors, co
   return models::gpt_import_weights(tensors, path, gpt_options(m), layout);
 }
 
-// The functions of each card of kModelCards, in its order: build, import_weights, flops_per_row.
+// nanoGPT's state_dict or Hugging Face's GPT2LMHeadModel folder (models/gpt/weights.h).
+ExportedWeights gpt_export(const models::Model& model, const ModelConfig& m, std::string_view layout) {
+  const models::GptLayout l = models::parse_gpt_layout(std::string(layout));
+  const bool hf = l == models::GptLayout::HuggingFace;
+  return {.tensors = models::gpt_export_weights(model, l),
+          .config_json = hf ? models::gpt_hf_config_json(gpt_options(m)) : "",
+          .layout = hf ? "Hugging Face's GPT-2" : "nanoGPT's",
+          .loader = hf ? "GPT2LMHeadModel.from_pretrained(folder)" : ""};
+}
+
+// The functions of each card of kModelCards, in its order: build, import_weights, flops_per_row, export_weights.
 struct Functions {
   decltype(ModelFamily::build) build;
   decltype(ModelFamily::import_weights) import_weights;
   decltype(ModelFamily::flops_per_row) flops_per_row;
+  decltype(ModelFamily::export_weights) export_weights;
 };
 const std::array<Functions, kModelCards.size()>& functions() {
   static const std::array<Functions, kModelCards.size()> table{{
       {.build = build_mlp},                                                        // mlp
       {.build = build_resnet},                                                     // resnet
-      {.build = build_gpt, .import_weights = gpt_weights, .flops_per_row = gpt_flops},  // gpt
+      {.build = build_gpt, .import_weights = gpt_weights, .flops_per_row = gpt_flops, .export_weights = gpt_export},  // gpt
   }};
   return table;
 }
@@ -93,12 +104,19 @@ const ModelFamily& model_family(std::string_view name) {
     for (size_t i = 0; i < kModelCards.size(); ++i) {
       const Functions& f = functions()[i];
       DPT_CHECK(f.build != nullptr, "model family {} has a card but no build function", kModelCards[i].name);
-      out.push_back({kModelCards[i], f.build, f.import_weights, f.flops_per_row});
+      out.push_back({kModelCards[i], f.build, f.import_weights, f.flops_per_row, f.export_weights});
     }
     return out;
   }();
   const ModelCard& card = model_card(name);  // ConfigError for a name no family has
   return families[static_cast<size_t>(&card - kModelCards.data())];
+}
+
+std::vector<std::string> exporting_model_names() {
+  std::vector<std::string> names;
+  for (const ModelCard& c : kModelCards)
+    if (model_family(c.name).export_weights) names.emplace_back(c.name);
+  return names;
 }
 
 }  // namespace dpt::trainer

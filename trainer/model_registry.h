@@ -84,6 +84,14 @@ inline std::string model_name_help() {
   return help;
 }
 
+// export-weights: a model's weights for another program.
+struct ExportedWeights {
+  std::vector<NamedTensor> tensors;  // host, float32, named and shaped as the layout has them
+  std::string config_json;           // what goes beside them in a folder as config.json; empty: nothing
+  std::string layout;                // "Hugging Face's GPT-2": the layout, for the line export-weights prints
+  std::string loader;                // "GPT2LMHeadModel.from_pretrained(folder)": what loads the folder
+};
+
 // A family: its card and what it does (model_registry.cpp).
 struct ModelFamily : ModelCard {
   // The model for examples of `sample_shape` ({C, H, W}, {F}; tokens: {block_size + 1}) and `classes` outputs.
@@ -98,7 +106,14 @@ struct ModelFamily : ModelCard {
       import_weights;
   // Training FLOPs (forward and backward) per loss row, for the progress line's MFU. Empty: no estimate.
   std::function<double(const ModelConfig& m)> flops_per_row;
+  // export-weights: the model's weights in `layout` (a word of export-weights' --layout; ConfigError for one the
+  // family lacks). Empty: the family has no layout out.
+  std::function<ExportedWeights(const models::Model& model, const ModelConfig& m, std::string_view layout)>
+      export_weights;
 };
+
+// The names of the families that export-weights takes (those with export_weights).
+std::vector<std::string> exporting_model_names();
 
 // The family named `name`; ConfigError naming the choices for another.
 const ModelFamily& model_family(std::string_view name);

@@ -43,7 +43,7 @@ Command add_export_weights(CLI::App& root) {
   return {cmd, [a] {
             return run_alone([&] {
               spdlog::info("export-weights: wrote {}",
-                           export_gpt_weights(a->checkpoint, models::parse_gpt_layout(a->layout), a->out));
+                           export_weights(a->checkpoint, a->layout, a->out));
             });
           }};
 }

@@ -69,4 +69,19 @@ TEST_CASE("model families: what each builds, trains on and how it groups weight 
   CHECK(train_flops_per_row(m) == models::gpt_flops_per_token(gpt_options(m), m.block_size));
   CHECK(train_flops_per_row(m) > 0.0);
   CHECK(std::string(make_task(gpt.input, m.block_size, {m.block_size + 1}, Device::cpu())->unit()) == "tokens");
+
+  // Layouts out: only the GPT has them; Hugging Face's comes with its config.json, nanoGPT's alone.
+  CHECK(exporting_model_names() == std::vector<std::string>{"gpt"});
+  CHECK_FALSE(mlp.export_weights);
+  CHECK_FALSE(resnet.export_weights);
+  REQUIRE(gpt.export_weights);
+  model->init(1);
+  const ExportedWeights hf = gpt.export_weights(*model, m, "hf");
+  CHECK(hf.layout == "Hugging Face's GPT-2");
+  CHECK(hf.config_json.find("\"n_positions\": 4") != std::string::npos);
+  CHECK_FALSE(hf.tensors.empty());
+  const ExportedWeights nano = gpt.export_weights(*model, m, "nanogpt");
+  CHECK(nano.config_json.empty());
+  CHECK(nano.tensors.size() == hf.tensors.size() + 1);  // nanoGPT's lm_head.weight, HF's tie has none
+  CHECK_THROWS_AS(gpt.export_weights(*model, m, "onnx"), ConfigError);
 }
