@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "core/tensor.h"
+#include "core/device.h"
 
 namespace dpt {
 

@@ -33,7 +33,6 @@ const char* dtype_name(DType t) {
   return "?";
 }
 
-std::string Device::str() const { return is_cpu() ? "cpu" : fmt::format("cuda:{}", index); }
 
 Storage::Storage(size_t bytes, Device device, bool pinned) : bytes_(bytes), device_(device), pinned_(pinned) {
   reserve();

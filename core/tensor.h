@@ -1,4 +1,4 @@
-// core/tensor.h: the shared vocabulary for data: DType, Device, Storage (owned bytes on a device) and Tensor
+// core/tensor.h: the shared vocabulary for data: DType, Device (core/device.h), Storage (owned bytes on a device) and Tensor
 // (a typed, shaped, contiguous window onto a Storage).
 //
 // Tensors are cheap handles: copying one shares the storage. view() makes a tensor over part of another's
@@ -15,6 +15,7 @@
 #include "core/bfloat16.h"
 #include "core/check.h"
 #include "core/cuda.h"
+#include "core/device.h"
 
 namespace dpt {
 
@@ -31,19 +32,6 @@ template <> constexpr DType dtype_of<int32_t>() { return DType::I32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::I64; }
 template <> constexpr DType dtype_of<uint8_t>() { return DType::U8; }
 template <> constexpr DType dtype_of<BFloat16>() { return DType::BF16; }
-
-struct Device {
-  enum class Kind : uint8_t { CPU, CUDA };
-  Kind kind = Kind::CPU;
-  int index = 0;
-
-  static Device cpu() { return {}; }
-  static Device cuda(int index) { return {Kind::CUDA, index}; }
-  bool is_cpu() const { return kind == Kind::CPU; }
-  bool is_cuda() const { return kind == Kind::CUDA; }
-  std::string str() const;  // "cpu" or "cuda:N"
-  bool operator==(const Device&) const = default;
-};
 
 // Owned, aligned bytes on one device. CPU memory is 64-byte aligned; `pinned` CPU memory is page-locked
 // (cudaMallocHost), so copies from it to a GPU run asynchronously; it needs a CUDA build and device.

@@ -1,10 +1,9 @@
-// data/tokenizer.cpp: ByteTokenizer and load_tokenizer (see tokenizer.h).
+// data/tokenizer.cpp: ByteTokenizer (see tokenizer.h).
 #include "data/tokenizer.h"
 
 #include <system_error>
 
 #include "core/check.h"
-#include "data/bpe.h"
 
 namespace dpt::data {
 
@@ -21,18 +20,6 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
     text[i] = static_cast<char>(ids[i]);
   }
   return text;
-}
-
-std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir) {
-  std::error_code ec;
-  const std::filesystem::path vocab = dir / kBpeVocabFile, merges = dir / kBpeMergesFile;
-  const bool has_vocab = std::filesystem::exists(vocab, ec), has_merges = std::filesystem::exists(merges, ec);
-  if (has_vocab && has_merges) return std::make_unique<Gpt2Bpe>(vocab, merges);
-  if (has_vocab || has_merges) {
-    DPT_THROW(ConfigError, "{} holds {} but no {}: GPT-2 BPE needs both", dir.string(),
-              has_vocab ? kBpeVocabFile : kBpeMergesFile, has_vocab ? kBpeMergesFile : kBpeVocabFile);
-  }
-  return std::make_unique<ByteTokenizer>();
 }
 
 }  // namespace dpt::data

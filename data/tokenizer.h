@@ -1,6 +1,6 @@
 // data/tokenizer.h: Tokenizer, the text <-> token ids interface that `dptrain tokenize` writes shards with and
 // `dptrain generate` reads prompts and writes text with; ByteTokenizer (token = byte, vocabulary 256); and
-// load_tokenizer(DIR), which finds the tokenizer a token-shard directory was written with.
+// load_tokenizer(DIR) (data/load_tokenizer.h), which finds the tokenizer a token-shard directory was written with.
 //
 // A tokenizer travels with its data: `dptrain tokenize` saves it into the output directory (nothing for bytes;
 // vocab.json and merges.txt for GPT-2 BPE, data/bpe.h), so load_tokenizer(data.dir) gives it back.
@@ -52,9 +52,5 @@ class ByteTokenizer final : public Tokenizer {
   size_t safe_cut(std::string_view text) const override { return text.size(); }
   void save(const std::filesystem::path&) const override {}
 };
-
-// DIR/vocab.json + DIR/merges.txt: GPT-2 BPE from them; neither: bytes (also when DIR does not exist). Only
-// one of the two is a ConfigError naming the other.
-std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir);
 
 }  // namespace dpt::data

@@ -10,6 +10,7 @@
 
 #include "core/safetensors.h"
 #include "data/bpe.h"
+#include "data/load_tokenizer.h"
 #include "models/gpt/gpt.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"

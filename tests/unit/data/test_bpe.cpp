@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "data/bpe.h"
+#include "data/load_tokenizer.h"
 #include "data/token_shards.h"
 #include "data/tokenize.h"
 #include "data/tokenizer.h"

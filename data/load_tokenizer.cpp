@@ -1,0 +1,21 @@
+// data/load_tokenizer.cpp: bytes or GPT-2 BPE, from what a directory holds (see load_tokenizer.h).
+#include "data/load_tokenizer.h"
+
+#include "core/check.h"
+#include "data/bpe.h"
+
+namespace dpt::data {
+
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir) {
+  std::error_code ec;
+  const std::filesystem::path vocab = dir / kBpeVocabFile, merges = dir / kBpeMergesFile;
+  const bool has_vocab = std::filesystem::exists(vocab, ec), has_merges = std::filesystem::exists(merges, ec);
+  if (has_vocab && has_merges) return std::make_unique<Gpt2Bpe>(vocab, merges);
+  if (has_vocab || has_merges) {
+    DPT_THROW(ConfigError, "{} holds {} but no {}: GPT-2 BPE needs both", dir.string(),
+              has_vocab ? kBpeVocabFile : kBpeMergesFile, has_vocab ? kBpeMergesFile : kBpeVocabFile);
+  }
+  return std::make_unique<ByteTokenizer>();
+}
+
+}  // namespace dpt::data
