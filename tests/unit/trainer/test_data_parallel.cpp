@@ -198,7 +198,7 @@ namespace {
 
 using dpt::test::run_gloo_ranks;
 
-// One step of the reducer over gradients g(rank, i): begin, every parameter reported in backward order,
+// One step of the strategy over gradients g(rank, i): begin, every parameter reported in backward order,
 // finish. Returns the reduced gradients.
 std::vector<float> reduce_once(comm::ProcessGroup& pg, DType grad_dtype, bool overlap,
                                const std::function<float(int, size_t)>& g, size_t* buckets = nullptr) {
@@ -306,7 +306,7 @@ TEST_CASE("DataParallel grad_dtype bf16 on one rank leaves the gradients alone",
 
 namespace {
 
-// As reduce_once, under dist.zero = `zero`: the reducer's owned pieces and the (whole) gradient buffer after finish().
+// As reduce_once, under dist.zero = `zero`: the strategy's owned pieces and the (whole) gradient buffer after finish().
 struct Reduced {
   std::vector<trainer::FlatRange> owned;
   std::vector<float> grads;
