@@ -1,17 +1,16 @@
 // launcher/job.cpp: launch(), and the Job's attempts: run them, restart after a failure, tear down (launcher/job.h).
+#include "launcher/job.h"
+
 #include <fcntl.h>
-#include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
 #include "core/check.h"
-#include "launcher/job.h"
 
 namespace dpt::launcher {
 

@@ -1,17 +1,15 @@
 // launcher/job_elastic.cpp: the Job of an elastic job: the rendezvous rounds, keep-alives, other nodes' failures (launcher/job.h).
-#include <fcntl.h>
+#include "launcher/job.h"
+
 #include <poll.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 
 #include "core/check.h"
-#include "launcher/job.h"
 
 namespace dpt::launcher {
 

@@ -1,17 +1,15 @@
 // launcher/job_ranks.cpp: the Job's ranks: start them, relay their output, watch them end, fail the attempt (launcher/job.h).
+#include "launcher/job.h"
+
 #include <fcntl.h>
 #include <poll.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
-#include <filesystem>
 
 #include "core/check.h"
-#include "launcher/job.h"
 
 namespace dpt::launcher {
 

@@ -1,17 +1,15 @@
 // launcher/job_stop.cpp: stopping the Job: stop signals, preemption, the grace period, the failure's reason (launcher/job.h).
+#include "launcher/job.h"
+
 #include <fcntl.h>
-#include <poll.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 
 #include "core/check.h"
-#include "launcher/job.h"
 
 namespace dpt::launcher {
 
