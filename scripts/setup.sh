@@ -80,6 +80,31 @@ else
   echo "setup: all packages present"
 fi
 
+# The GPU path's attention (models/kernels/cuda/attention.cpp) calls cuDNN's fused flash attention through NVIDIA's
+# cuDNN frontend, a header-only C++ library that NVIDIA publishes on PyPI (nvidia-cudnn-frontend: the headers sit in
+# the wheel's include/). Only where the CUDA toolkit is (nvcc at /usr/local/cuda or on PATH): the headers, unpacked
+# by pip into $CUDNN_FE_DIR, which CMake looks in (CMakeLists.txt: CUDNN_FRONTEND_ROOT). pip comes from a venv of
+# its own ($CUDNN_FE_VENV: Debian's python3 has no pip); no Python is used at build or run time.
+CUDNN_FE_VERSION=1.32.0
+CUDNN_FE_DIR=/opt/dptrain/cudnn-frontend-$CUDNN_FE_VERSION
+CUDNN_FE_VENV=/opt/dptrain/pip-venv
+if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
+  if [ -f "$CUDNN_FE_DIR/include/cudnn_frontend.h" ]; then
+    echo "setup: cuDNN frontend $CUDNN_FE_VERSION headers present ($CUDNN_FE_DIR/include)"
+  else
+    dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q "install ok installed" || {
+      $SUDO apt-get update -qq
+      $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+    }
+    [ -x "$CUDNN_FE_VENV/bin/pip" ] || $SUDO /usr/bin/python3 -m venv "$CUDNN_FE_VENV"
+    echo "setup: installing PyPI nvidia-cudnn-frontend==$CUDNN_FE_VERSION's headers into $CUDNN_FE_DIR"
+    $SUDO "$CUDNN_FE_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps \
+      --target "$CUDNN_FE_DIR" "nvidia-cudnn-frontend==$CUDNN_FE_VERSION"
+    [ -f "$CUDNN_FE_DIR/include/cudnn_frontend.h" ] ||
+      { echo "setup: error: $CUDNN_FE_DIR/include/cudnn_frontend.h missing after pip install" >&2; exit 1; }
+  fi
+fi
+
 ((TESTS)) || exit 0
 
 # Tests only: PyPI packages, in a venv of its own so that pip never touches Debian's Python; the venv sees

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cmath>
+#include <cstddef>
+#include <cstdint>
 
 #include "models/kernels/kernel_params.h"
 
@@ -144,5 +146,35 @@ DPT_HD float gelu_grad(float x) {
 
 // Global-norm clipping's factor, as torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), applied when below 1.
 DPT_HD double clip_coefficient(double sum_squares, double max_norm) { return max_norm / (sqrt(sum_squares) + 1e-6); }
+
+// ---- the transformer fast path ---------------------------------------------------------------------------------
+
+// The fused AdamW's weight decay: whether element i lies in one of the ranges [edges[2j], edges[2j + 1]) (sorted,
+// n_edges even): an odd number of edges at or below i. A binary search: log2(n_edges) loads per element.
+DPT_HD bool in_decay_range(const uint64_t* edges, size_t n_edges, uint64_t i) {
+  size_t lo = 0, hi = n_edges;  // the first edge above i is in [lo, hi]
+  while (lo < hi) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (edges[mid] <= i)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return (lo & 1u) != 0;
+}
+
+// The fused AdamW's gradient factor from the gradients' sum of squares: clip_by_norm's float factor when it is
+// below 1, else 1 (the gradient untouched: g * 1.0f is g).
+DPT_HD float clip_factor(const double* sum_squares, double max_norm) {
+  if (sum_squares == nullptr) return 1.0f;
+  const double coef = clip_coefficient(*sum_squares, max_norm);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+// The classifier's gradient for one logit z of a row with maximum zmax and log_sum = log(sum exp(z - zmax)):
+// dscale * (softmax(z) - [z's column is the label]).
+DPT_HD float xent_grad(float z, float zmax, float log_sum, bool is_label, float dscale) {
+  return dscale * (expf(z - zmax - log_sum) - (is_label ? 1.0f : 0.0f));
+}
 
 }  // namespace dpt::models::elementwise

@@ -64,4 +64,33 @@ struct BnShape {
   int64_t n = 0, c = 0, hw = 1;
 };
 
+// ---- the transformer fast path (bf16 activations) -------------------------------------------------------------
+
+// One causal self-attention over b sequences of t positions, n_head heads of head_size: qkv [b, t, 3, n_head,
+// head_size] (the fused c_attn projection's output: q, then k, then v, each the heads side by side), out [b, t,
+// n_head, head_size], stats [b, n_head, t]. The scores are scaled by 1 / sqrt(head_size).
+struct AttentionShape {
+  int64_t b = 0, t = 0, n_head = 0, head_size = 0;
+};
+
+// What a bf16 matmul does after the product, in float32, before rounding its output (cuBLASLt's epilogues):
+//   None      D = op(A) op(B)                          (D bf16 or float32; float32 D may accumulate: D += ...)
+//   Bias      D = op(A) op(B) + bias[col]              (bias bf16, D bf16)
+//   BiasGelu  D = gelu(op(A) op(B) + bias[col]); the pre-activation op(A) op(B) + bias, rounded to bf16, into
+//             `aux` [M, N] (row stride N) when aux is non-null: what GELU's backward reads
+//   BiasGrad  D = op(A) op(B) as None (float32 D, accumulating or not), and bias_grad[row] += sum over K of
+//             op(A)[row, k]: a Linear's weight gradient dW = dY^T X with its bias gradient db = sum of dY's rows
+enum class MatmulEpilogue : uint8_t { None, Bias, BiasGelu, BiasGrad };
+
+// A row-major bf16 matmul D[M, N] = op(A)[M, K] op(B)[K, N] (op(X) = X or X^T as trans_a / trans_b say), with
+// float32 accumulation. lda, ldb, ldd are the row strides of A, B and D as stored (A is K x M when trans_a).
+struct MatmulShape {
+  bool trans_a = false, trans_b = false;
+  int64_t M = 0, N = 0, K = 0;
+  int64_t lda = 0, ldb = 0, ldd = 0;
+  bool d_f32 = false;       // D is float32 (a weight gradient); else bf16 (an activation)
+  bool accumulate = false;  // D += op(A) op(B) (float32 D only); else D is overwritten
+  MatmulEpilogue epilogue = MatmulEpilogue::None;
+};
+
 }  // namespace dpt::models

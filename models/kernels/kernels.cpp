@@ -3,6 +3,8 @@
 // the set's device and the operation.
 #include "models/kernels/kernels.h"
 
+#include <algorithm>
+
 namespace dpt::models {
 
 void check_conv_shape(const ConvShape& cs) {
@@ -52,6 +54,50 @@ void Kernels::gelu_backward(const float*, const float*, float*, size_t) { no_ker
 void Kernels::causal_softmax_forward(float*, int64_t, int64_t, int64_t, float) { no_kernel(*this, "causal_softmax_forward"); }
 void Kernels::causal_softmax_backward(const float*, float*, int64_t, int64_t, float) {
   no_kernel(*this, "causal_softmax_backward");
+}
+
+void Kernels::matmul_bf16(const MatmulShape&, const MatmulOperands&) { no_kernel(*this, "matmul_bf16"); }
+void Kernels::attention_forward(const BFloat16*, BFloat16*, float*, const AttentionShape&) {
+  no_kernel(*this, "attention_forward");
+}
+void Kernels::attention_backward(const BFloat16*, const BFloat16*, const BFloat16*, const float*, BFloat16*,
+                                 const AttentionShape&) {
+  no_kernel(*this, "attention_backward");
+}
+void Kernels::classifier_bf16(BFloat16*, const int32_t*, int64_t, int64_t, int64_t, float, double*) {
+  no_kernel(*this, "classifier_bf16");
+}
+void Kernels::adamw_fused(float*, BFloat16*, const float*, float*, float*, size_t, const AdamWParams&,
+                          const uint64_t*, size_t, const double*, double) {
+  no_kernel(*this, "adamw_fused");
+}
+
+void check_matmul(const MatmulShape& s, const MatmulOperands& o) {
+  DPT_CHECK(s.M >= 0 && s.N >= 0 && s.K >= 0, "matmul_bf16 shape {}x{}x{}", s.M, s.N, s.K);
+  // Stored row lengths: A is K x M when transposed, else M x K; B is N x K when transposed, else K x N.
+  const int64_t a_cols = s.trans_a ? s.M : s.K, b_cols = s.trans_b ? s.K : s.N;
+  DPT_CHECK(s.lda >= std::max<int64_t>(a_cols, 1) && s.ldb >= std::max<int64_t>(b_cols, 1) &&
+                s.ldd >= std::max<int64_t>(s.N, 1),
+            "matmul_bf16 row strides lda {} ldb {} ldd {} for {}x{}x{} (trans {} {})", s.lda, s.ldb, s.ldd, s.M, s.N,
+            s.K, s.trans_a, s.trans_b);
+  DPT_CHECK(!s.accumulate || s.d_f32, "matmul_bf16 accumulates into float32 D only");
+  switch (s.epilogue) {
+    case MatmulEpilogue::None: break;
+    case MatmulEpilogue::Bias:
+    case MatmulEpilogue::BiasGelu:
+      DPT_CHECK(!s.d_f32 && !s.accumulate && o.bias, "matmul_bf16's bias epilogues write bf16 D from a bias");
+      break;
+    case MatmulEpilogue::BiasGrad:
+      DPT_CHECK(s.d_f32 && o.bias_grad, "matmul_bf16's bias gradient comes with float32 D (a weight gradient)");
+      break;
+  }
+  DPT_CHECK(s.epilogue == MatmulEpilogue::BiasGelu || !o.aux, "matmul_bf16: aux is BiasGelu's");
+  DPT_CHECK((s.M == 0 || s.N == 0) || (o.d && (s.K == 0 || (o.a && o.b))), "matmul_bf16: null operand");
+}
+
+void check_attention(const AttentionShape& s) {
+  DPT_CHECK(s.b >= 1 && s.t >= 1 && s.n_head >= 1 && s.head_size >= 1, "attention shape b {} t {} heads {} size {}",
+            s.b, s.t, s.n_head, s.head_size);
 }
 
 }  // namespace dpt::models

@@ -17,6 +17,16 @@
 
 namespace dpt::models {
 
+// The pointers of a bf16 matmul (MatmulShape says which are used): A and B bf16; D bf16 or float32.
+struct MatmulOperands {
+  const BFloat16* a = nullptr;
+  const BFloat16* b = nullptr;
+  void* d = nullptr;
+  const BFloat16* bias = nullptr;  // [N]: Bias, BiasGelu
+  BFloat16* aux = nullptr;         // [M, N], row stride N: BiasGelu's pre-activation (null: not kept)
+  float* bias_grad = nullptr;      // [M]: BiasGrad, accumulated
+};
+
 class Kernels {
  public:
   virtual ~Kernels() = default;
@@ -142,7 +152,44 @@ class Kernels {
   // From the softmax p and dp = d(loss)/dp, in place in dp: ds = scale * p * (dp - sum_j p * dp) per row, 0
   // above the diagonal.
   virtual void causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale);
+
+  // ---- the transformer fast path: bf16 activations, float32 master weights and optimizer state ------------------
+  // A kernel set without these throws UnsupportedError naming the operation. The CPU set has them as the
+  // reference (plain loops and OpenBLAS on widened operands), the CUDA set through cuBLASLt, cuDNN's fused
+  // attention (its frontend's graph API) and kernels of its own. Shapes and epilogues: kernel_params.h.
+
+  // D = op(A) op(B) and the epilogue (MatmulShape, MatmulEpilogue). `o` holds the pointers the epilogue needs:
+  // bias [N] (Bias, BiasGelu), aux [M, N] (BiasGelu; may be null), bias_grad [M] (BiasGrad, accumulated).
+  virtual void matmul_bf16(const MatmulShape& s, const MatmulOperands& o);
+  // Causal self-attention (AttentionShape): out = softmax(q k^T / sqrt(head_size) over the positions up to each
+  // query) v per sequence and head, rounded to bf16; stats[b, h, i] = the float32 natural-log logsumexp of query
+  // i's scaled scores (what backward needs instead of the [b, n_head, t, t] probabilities, which never exist).
+  virtual void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s);
+  // From forward's qkv, out and stats and d(loss)/d(out): dqkv [b, t, 3, n_head, head_size] (overwritten).
+  virtual void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,
+                                  BFloat16* dqkv, const AttentionShape& s);
+  // The fused classifier over bf16 logits [rows, ld] of which the first `vocab` columns are the vocabulary (the rest
+  // padding, never read): per row, loss = logsumexp(z) - z[label] in float32; stats[0] += the summed loss and
+  // stats[1] += the argmax hits (softmax_xent's). Then, when dscale != 0, the logits are overwritten by their
+  // gradient dscale * (softmax(z) - onehot(label)) rounded to bf16, the padding columns by 0: the float32
+  // [rows, vocab] tensor never exists. A label outside [0, vocab) throws on the CPU and makes the row's loss and
+  // gradient NaN on the GPU.
+  virtual void classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
+                               float dscale, double* stats);
+  // AdamW over n parameters in one pass (one launch on a GPU): each gradient first multiplied by clip_by_norm's
+  // factor when grad_ss is non-null and that factor is below 1; weight decay p.weight_decay for the elements in
+  // the ranges [decay_edges[2i], decay_edges[2i + 1]) and 0 elsewhere (decay_edges null: every element decays);
+  // and, when param16 is non-null, param16 = bf16(param) after the update (the copy the bf16 matmuls read). The
+  // same arithmetic as clip_by_norm then adamw_update run by run: the same bits.
+  virtual void adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                           const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges, const double* grad_ss,
+                           double max_norm);
 };
+
+// The checks both kernel sets run before a fast-path operation: sizes, strides, and which pointers the epilogue
+// needs; ConfigError-free DPT_CHECK failures (a caller's bug).
+void check_matmul(const MatmulShape& s, const MatmulOperands& o);
+void check_attention(const AttentionShape& s);
 
 // Checks a ConvShape before either kernel set uses it: positive sizes, and p, q as conv_output_size gives.
 void check_conv_shape(const ConvShape& cs);

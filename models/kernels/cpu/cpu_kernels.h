@@ -3,7 +3,7 @@
 // loops the compiler vectorises. Stateless but for a per-thread
 // im2col workspace, so one instance serves every thread. One class, its members defined by operation family in
 // this folder: gemm.cpp, precision.cpp, elementwise.cpp, softmax.cpp, optimizer.cpp, reductions.cpp, conv.cpp,
-// batchnorm.cpp, pool.cpp, embedding.cpp, layernorm.cpp.
+// batchnorm.cpp, pool.cpp, embedding.cpp, layernorm.cpp, matmul.cpp, attention.cpp.
 #pragma once
 
 #include <string>
@@ -81,6 +81,18 @@ class CpuKernels final : public Kernels {
   void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override;
   void causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) override;
   void causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale) override;
+
+  // The transformer fast path, the reference the CUDA set is tested against: bf16 operands widened (exactly) to
+  // float32, products summed in float32, outputs rounded to bf16 once at the end.
+  void matmul_bf16(const MatmulShape& s, const MatmulOperands& o) override;                     // matmul.cpp
+  void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) override;  // attention.cpp
+  void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,
+                          BFloat16* dqkv, const AttentionShape& s) override;                   // attention.cpp
+  void classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld, float dscale,
+                       double* stats) override;                                                 // softmax.cpp
+  void adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                   const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges, const double* grad_ss,
+                   double max_norm) override;                                                   // optimizer.cpp
 };
 
 }  // namespace dpt::models

@@ -15,4 +15,19 @@ void CpuKernels::adamw_update(float* param, const float* grad, float* m, float* 
   for (size_t i = 0; i < n; ++i) elementwise::adamw(param[i], grad[i], m[i], v[i], s);
 }
 
+void CpuKernels::adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                             const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges,
+                             const double* grad_ss, double max_norm) {
+  DPT_CHECK(n_edges % 2 == 0 && (decay_edges || n_edges == 0), "adamw_fused: {} decay range edges", n_edges);
+  AdamWParams no_decay = p;
+  no_decay.weight_decay = 0.0f;
+  const elementwise::AdamWStep with = elementwise::adamw_step(p), without = elementwise::adamw_step(no_decay);
+  const float f = elementwise::clip_factor(grad_ss, max_norm);
+  for (size_t i = 0; i < n; ++i) {
+    const bool decay = !decay_edges || elementwise::in_decay_range(decay_edges, n_edges, i);
+    elementwise::adamw(param[i], grad[i] * f, m[i], v[i], decay ? with : without);
+    if (param16) param16[i] = to_bfloat16(param[i]);
+  }
+}
+
 }  // namespace dpt::models

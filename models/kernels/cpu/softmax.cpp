@@ -5,6 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#include "models/kernels/elementwise.h"
 
 namespace dpt::models {
 
@@ -37,6 +40,36 @@ void CpuKernels::softmax_xent(const float* logits, const int32_t* labels, float*
         d[c] = static_cast<float>(p - (c == label ? 1.0 : 0.0)) * inv_rows;
       }
     }
+  }
+  stats[0] += loss;
+  stats[1] += static_cast<double>(hits);
+}
+
+void CpuKernels::classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
+                                 float dscale, double* stats) {
+  DPT_CHECK(rows >= 0 && vocab >= 1 && ld >= vocab, "classifier of {} rows of {} (row stride {})", rows, vocab, ld);
+  std::vector<float> z(static_cast<size_t>(vocab));
+  double loss = 0.0;
+  int64_t hits = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    BFloat16* row = logits + r * ld;
+    const int32_t label = labels[r];
+    DPT_CHECK(label >= 0 && label < vocab, "label {} outside [0, {})", label, vocab);
+    int64_t argmax = 0;
+    for (int64_t c = 0; c < vocab; ++c) {
+      z[c] = to_float(row[c]);
+      if (z[c] > z[argmax]) argmax = c;  // the first maximum, as the GPU's
+    }
+    const float zmax = z[argmax];
+    float sum = 0.0f;
+    for (int64_t c = 0; c < vocab; ++c) sum += std::exp(z[c] - zmax);
+    const float log_sum = std::log(sum);
+    loss += static_cast<double>(log_sum - (z[label] - zmax));
+    hits += argmax == label;
+    if (dscale == 0.0f) continue;
+    for (int64_t c = 0; c < vocab; ++c)
+      row[c] = to_bfloat16(elementwise::xent_grad(z[c], zmax, log_sum, c == label, dscale));
+    for (int64_t c = vocab; c < ld; ++c) row[c] = BFloat16{0};
   }
   stats[0] += loss;
   stats[1] += static_cast<double>(hits);

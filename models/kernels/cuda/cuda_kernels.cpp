@@ -20,6 +20,8 @@ CudaKernels::CudaKernels(int index) : index_(index) {
 }
 
 CudaKernels::~CudaKernels() {
+  attention_.reset();  // cuDNN graphs before the cuDNN handle
+  lt_.reset();
 #if DPT_HAVE_CUDNN
   plans_.clear();  // descriptors before the handle
   if (cudnn_) (void)cudnnDestroy(cudnn_);

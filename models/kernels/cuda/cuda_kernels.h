@@ -19,7 +19,7 @@
 //
 // One class, its members defined by operation family beside the kernels they launch: gemm.cpp, precision.cpp,
 // elementwise.cpp, softmax.cpp, optimizer.cpp, reductions.cpp, conv.cpp, batchnorm.cpp, pool.cpp, embedding.cpp,
-// layernorm.cpp; cuda_kernels.cpp holds the stream and handles.
+// layernorm.cpp, matmul.cpp, attention.cpp; cuda_kernels.cpp holds the stream and handles.
 #pragma once
 
 #include <cublas_v2.h>
@@ -58,6 +58,23 @@ struct ConvPlanDeleter {
 using ConvKey =
     std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, Precision>;
 #endif
+
+// cuBLASLt's handle, workspace and per-plan descriptors (matmul.cpp).
+struct LtState;
+struct LtStateDeleter {
+  void operator()(LtState* s) const;  // matmul.cpp, where LtState is complete
+};
+// cuDNN's fused-attention graphs, per shape (attention.cpp).
+struct AttentionGraphs;
+struct AttentionGraphsDeleter {
+  void operator()(AttentionGraphs* g) const;  // attention.cpp
+};
+
+// Whether this build calls cuDNN's fused attention (cuDNN 9 and its frontend's headers were found).
+bool have_fused_attention();
+// Builds and validates the forward and backward attention graphs of shape s for compute capability `sm` (90: H100)
+// without a device, as cuDNN's frontend can: empty when both validate, else the error. The CPU tests run it.
+std::string validate_attention_graphs(const AttentionShape& s, int sm);
 
 class CudaKernels final : public Kernels {
  public:
@@ -128,6 +145,23 @@ class CudaKernels final : public Kernels {
                          int64_t rows, int64_t C, float eps) override;
   void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                           float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) override;
+  // The transformer fast path. matmul.cpp (cuBLASLt)
+  void matmul_bf16(const MatmulShape& s, const MatmulOperands& o) override;
+  // Whether matmul_bf16 asks cuBLASLt for its epilogues (the default) or always runs the plain product and then
+  // matmul.cu's epilogue kernels (the fallback for shapes cuBLASLt has no epilogue algorithm for; the [gpu] tests
+  // run both ways).
+  void set_lt_epilogues(bool on) { lt_epilogues_ = on; }
+  // attention.cpp (cuDNN's fused flash attention through its frontend; DPT_HAVE_CUDNN_FRONTEND)
+  void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) override;
+  void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,
+                          BFloat16* dqkv, const AttentionShape& s) override;
+  // softmax.cpp
+  void classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld, float dscale,
+                       double* stats) override;
+  // optimizer.cpp
+  void adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                   const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges, const double* grad_ss,
+                   double max_norm) override;
 
  private:
   static void check_row_shape(int64_t rows, int64_t cols, const char* op);
@@ -139,6 +173,12 @@ class CudaKernels final : public Kernels {
   const void* narrowed_batched(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t ld,
                                int64_t stride, int slot);
   const void* narrowed(const float* src, int64_t rows, int64_t cols, int64_t ld, int slot);
+  // attention.cpp
+  AttentionGraphs& attention_graphs();
+  // matmul.cpp
+  LtState& lt();
+  void matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o);
+  void matmul_epilogue_kernels(const MatmulShape& s, const MatmulOperands& o);
 #if DPT_HAVE_CUDNN
   // conv.cpp
   cudnnHandle_t cudnn();
@@ -157,6 +197,10 @@ class CudaKernels final : public Kernels {
   Precision precision_ = Precision::F32;
   Tensor partials_, rows_scratch_, bn_partials_, bn_coef_, ln_partials_, emb_scratch_;
   std::array<Tensor, 3> narrow_;
+  std::unique_ptr<LtState, LtStateDeleter> lt_;
+  bool lt_epilogues_ = true;
+  Tensor lt_bias_scratch_;
+  std::unique_ptr<AttentionGraphs, AttentionGraphsDeleter> attention_;
 #if DPT_HAVE_CUDNN
   cudnnHandle_t cudnn_ = nullptr;
   std::map<ConvKey, std::unique_ptr<ConvPlan, ConvPlanDeleter>> plans_;

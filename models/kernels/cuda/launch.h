@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/bfloat16.h"
 #include "models/kernels/elementwise.h"
 
 namespace dpt::models::cuda_launch {
@@ -167,5 +168,29 @@ inline size_t layernorm_partials_count(int64_t rows, int64_t C) {
 cudaError_t layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                                const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C,
                                float* partials, cudaStream_t s);
+
+// ---- the transformer fast path: bf16 activations --------------------------------------------------------------
+// The fused classifier (softmax.cu): one block per row of bf16 logits [rows, ld] (the first `vocab` columns real).
+// Pass 1 over the row: each thread's running maximum and sum of exp (online softmax) and first argmax, combined
+// over the block in a fixed tree (deterministic); row_loss[r] and row_hit[r] as softmax_xent's. Pass 2, when
+// dscale != 0: the row overwritten by elementwise::xent_grad in bf16, the padding columns by 0. Then a fixed-order
+// reduction adds the rows' sums into stats[0..1]. row_loss and row_hit are scratch of `rows` floats each.
+cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
+                            float dscale, float* row_loss, float* row_hit, double* stats, cudaStream_t s);
+// The fused AdamW (optimizer.cu): one grid-stride launch over n elements; each thread reads the clip factor from
+// *grad_ss (elementwise::clip_factor) and its element's weight decay from the sorted range edges (device memory;
+// null: every element decays), then elementwise::adamw, then param16[i] = bf16(param[i]) when param16 is non-null.
+cudaError_t adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                        elementwise::AdamWStep with_decay, elementwise::AdamWStep without_decay,
+                        const uint64_t* decay_edges, size_t n_edges, const double* grad_ss, double max_norm,
+                        cudaStream_t s);
+// What cuBLASLt's epilogues do, for shapes where cuBLASLt offers no algorithm with them (matmul.cu):
+// d[i, j] = bf16(d[i, j] + bias[j]) (M x N, row stride ldd); with gelu, aux[i, j] (row stride N) = that
+// pre-activation when aux is non-null and d[i, j] = bf16(gelu(pre)). One thread per element.
+cudaError_t bias_epilogue_bf16(BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux, int64_t M, int64_t N,
+                               bool gelu, cudaStream_t s);
+// bias_grad[i] += sum over k < K of a[i * stride_i + k * stride_k] (float32, in k order): one thread per i.
+cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
+                           float* bias_grad, cudaStream_t s);
 
 }  // namespace dpt::models::cuda_launch

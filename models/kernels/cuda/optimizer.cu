@@ -37,4 +37,32 @@ cudaError_t adamw_update(float* param, const float* grad, float* m, float* v, si
   return cudaGetLastError();
 }
 
+namespace {
+
+__global__ void adamw_fused_kernel(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                                   elementwise::AdamWStep with, elementwise::AdamWStep without,
+                                   const uint64_t* edges, size_t n_edges, const double* grad_ss, double max_norm) {
+  const float f = elementwise::clip_factor(grad_ss, max_norm);
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const bool decay = edges == nullptr || elementwise::in_decay_range(edges, n_edges, i);
+    float p = param[i];
+    elementwise::adamw(p, grad[i] * f, m[i], v[i], decay ? with : without);
+    param[i] = p;
+    if (param16) param16[i] = to_bfloat16(p);
+  }
+}
+
+}  // namespace
+
+cudaError_t adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                        elementwise::AdamWStep with_decay, elementwise::AdamWStep without_decay,
+                        const uint64_t* decay_edges, size_t n_edges, const double* grad_ss, double max_norm,
+                        cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  adamw_fused_kernel<<<blocks_for(n), kThreads, 0, s>>>(param, param16, grad, m, v, n, with_decay, without_decay,
+                                                        decay_edges, n_edges, grad_ss, max_norm);
+  return cudaGetLastError();
+}
+
 }  // namespace dpt::models::cuda_launch

@@ -18,6 +18,16 @@ void CudaKernels::softmax_xent(const float* logits, const int32_t* labels, float
                                            stream()));
 }
 
+void CudaKernels::classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
+                                  float dscale, double* stats) {
+  DPT_CHECK(rows >= 0 && vocab >= 1 && ld >= vocab, "classifier of {} rows of {} (row stride {})", rows, vocab, ld);
+  if (rows_scratch_.numel() < static_cast<size_t>(2 * rows))
+    rows_scratch_ = Tensor::empty({2 * rows}, DType::F32, device());
+  float* row_loss = rows_scratch_.data<float>();
+  DPT_CUDA_CHECK(cuda_launch::classifier_bf16(logits, labels, rows, vocab, ld, dscale, row_loss, row_loss + rows,
+                                              stats, stream()));
+}
+
 void CudaKernels::causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) {
   DPT_CHECK(rows >= 1 && rows <= cols, "causal softmax of {} x {} matrices: need 1 <= rows <= cols", rows, cols);
   DPT_CHECK(count >= 0, "causal softmax of {} matrices", count);

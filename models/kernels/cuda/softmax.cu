@@ -68,6 +68,73 @@ cudaError_t softmax_xent(const float* logits, const int32_t* labels, float* dlog
 
 namespace {
 
+// One block per row: each thread an online softmax (running maximum and sum of exp relative to it) and the first
+// argmax of its columns; the block's threads combined in a fixed tree; then the gradient over the row.
+__global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, int64_t vocab, int64_t ld,
+                                       float dscale, float* row_loss, float* row_hit) {
+  __shared__ float sm[kThreads], ss[kThreads];
+  __shared__ int64_t sa[kThreads];
+  const int64_t r = blockIdx.x;
+  BFloat16* z = logits + r * ld;
+  float m = -INFINITY, sum = 0.0f;
+  int64_t arg = vocab;
+  for (int64_t c = threadIdx.x; c < vocab; c += kThreads) {
+    const float x = to_float(z[c]);
+    if (x > m) {
+      sum = sum * expf(m - x) + 1.0f;  // expf(-inf) = 0 for the first column
+      m = x;
+      arg = c;
+    } else {
+      sum += expf(x - m);
+    }
+  }
+  sm[threadIdx.x] = m;
+  ss[threadIdx.x] = sum;
+  sa[threadIdx.x] = arg;
+  __syncthreads();
+  for (int w = kThreads / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) {
+      const float m1 = sm[threadIdx.x], m2 = sm[threadIdx.x + w], mx = fmaxf(m1, m2);
+      const float s1 = m1 == -INFINITY ? 0.0f : ss[threadIdx.x] * expf(m1 - mx);
+      const float s2 = m2 == -INFINITY ? 0.0f : ss[threadIdx.x + w] * expf(m2 - mx);
+      const int64_t a1 = sa[threadIdx.x], a2 = sa[threadIdx.x + w];
+      if (m2 > m1 || (m2 == m1 && a2 < a1)) sa[threadIdx.x] = a2;
+      sm[threadIdx.x] = mx;
+      ss[threadIdx.x] = s1 + s2;
+    }
+    __syncthreads();
+  }
+  const float zmax = sm[0], log_sum = logf(ss[0]);
+  const int32_t label = labels[r];
+  const bool valid = label >= 0 && label < vocab;
+  if (threadIdx.x == 0) {
+    row_loss[r] = valid ? log_sum - (to_float(z[label]) - zmax) : NAN;
+    row_hit[r] = valid && sa[0] == label ? 1.0f : 0.0f;
+  }
+  if (dscale == 0.0f) return;
+  __syncthreads();  // every thread has read z[label] and sa[0] before the row is overwritten
+  for (int64_t c = threadIdx.x; c < ld; c += kThreads) {
+    float g = 0.0f;
+    if (c < vocab) g = valid ? elementwise::xent_grad(to_float(z[c]), zmax, log_sum, c == label, dscale) : NAN;
+    z[c] = to_bfloat16(g);
+  }
+}
+
+}  // namespace
+
+cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
+                            float dscale, float* row_loss, float* row_hit, double* stats, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  if (rows > 2147483647LL) return cudaErrorInvalidValue;
+  classifier_bf16_kernel<<<static_cast<unsigned int>(rows), kThreads, 0, s>>>(logits, labels, vocab, ld, dscale,
+                                                                              row_loss, row_hit);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  reduce_pair_kernel<float><<<1, kThreads, 0, s>>>(row_loss, row_hit, static_cast<size_t>(rows), stats);
+  return cudaGetLastError();
+}
+
+namespace {
+
 // One warp per row of count * rows rows; row i (of its matrix) keeps columns j <= i + cols - rows. The exponent
 // scale * s - max is rounded as the CPU rounds it (__fmul_rn: no fused multiply-add), so the maximum gives exactly
 // exp(0) = 1. Pass 2 stores exp(.) in place, pass 3 scales it; each lane touches only its own columns.

@@ -1,0 +1,73 @@
+// models/kernels/library_plans.cpp: see library_plans.h.
+#include "models/kernels/library_plans.h"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+namespace dpt::models {
+
+LtMatmulPlan lt_matmul_plan(const MatmulShape& s, bool keep_aux) {
+  LtMatmulPlan p;
+  p.trans_a = s.trans_b;
+  p.trans_b = s.trans_a;
+  p.m = s.N;
+  p.n = s.M;
+  p.k = s.K;
+  // Our B is stored (trans_b ? N x K : K x N) row-major, i.e. (trans_b ? K x N : N x K) column-major; our A likewise.
+  p.a = s.trans_b ? LtLayout{s.K, s.N, s.ldb} : LtLayout{s.N, s.K, s.ldb};
+  p.b = s.trans_a ? LtLayout{s.M, s.K, s.lda} : LtLayout{s.K, s.M, s.lda};
+  p.d = LtLayout{s.N, s.M, s.ldd};
+  p.d_f32 = s.d_f32;
+  p.beta = s.accumulate ? 1.0f : 0.0f;
+  switch (s.epilogue) {
+    case MatmulEpilogue::None: break;
+    case MatmulEpilogue::Bias:
+      p.epilogue = LtEpilogue::Bias;
+      p.bias_len = p.m;
+      break;
+    case MatmulEpilogue::BiasGelu:
+      p.epilogue = keep_aux ? LtEpilogue::GeluAuxBias : LtEpilogue::GeluBias;
+      p.bias_len = p.m;
+      p.aux_ld = keep_aux ? p.m : 0;
+      break;
+    case MatmulEpilogue::BiasGrad:
+      p.epilogue = LtEpilogue::BGradB;  // our bias gradient sums op(A) over K: cuBLASLt's B over its k
+      p.bias_len = p.n;
+      break;
+  }
+  return p;
+}
+
+std::string describe(const LtMatmulPlan& p) {
+  static constexpr const char* kEpilogue[] = {"default", "bias", "gelu_bias", "gelu_aux_bias", "bgradb"};
+  const auto layout = [](const LtLayout& l) { return fmt::format("{}x{}/{}", l.rows, l.cols, l.ld); };
+  return fmt::format("m {} n {} k {} A {} {} B {} {} D {} {} beta {} epilogue {}", p.m, p.n, p.k,
+                     p.trans_a ? "T" : "N", layout(p.a), p.trans_b ? "T" : "N", layout(p.b), layout(p.d),
+                     p.d_f32 ? "f32" : "bf16", p.beta, kEpilogue[static_cast<int>(p.epilogue)]);
+}
+
+SdpaPlan sdpa_plan(const AttentionShape& s) {
+  const int64_t c = s.n_head * s.head_size, c3 = 3 * c;
+  SdpaPlan p;
+  // Position t of sequence b is row b * t + t of qkv [b * t, 3C]; head h is columns h * head_size.. of each part.
+  const std::array<int64_t, 4> dim{s.b, s.n_head, s.t, s.head_size};
+  const std::array<int64_t, 4> in_qkv{s.t * c3, s.head_size, c3, 1};
+  p.q = {dim, in_qkv, 0};
+  p.k = {dim, in_qkv, c};
+  p.v = {dim, in_qkv, 2 * c};
+  p.o = {dim, {s.t * c, s.head_size, c, 1}, 0};
+  p.stats = {{s.b, s.n_head, s.t, 1}, {s.n_head * s.t, s.t, 1, 1}, 0};
+  p.scale = 1.0f / std::sqrt(static_cast<float>(s.head_size));
+  return p;
+}
+
+std::string sdpa_unsupported(const AttentionShape& s) {
+  if (s.head_size % 8 != 0 || s.head_size > 128)
+    return fmt::format("cuDNN's fused attention takes a head size that is a multiple of 8 and at most 128; this "
+                       "model's is {} (n_embd / n_head)",
+                       s.head_size);
+  return "";
+}
+
+}  // namespace dpt::models

@@ -1,0 +1,77 @@
+// models/kernels/library_plans.h: how the CUDA set describes its fast-path operations to the vendor libraries,
+// as pure arithmetic with no CUDA header, so the CPU build tests it (tests/unit/models/test_library_plans.cpp):
+//   lt_matmul_plan  a row-major bf16 matmul (MatmulShape) as cuBLASLt's column-major one: operands swapped,
+//                   each matrix layout, the transposes, the epilogue and its vector's length (cuda/matmul.cpp
+//                   maps the fields onto cublasLtMatmulDesc / cublasLtMatrixLayout attributes one to one);
+//   sdpa_plan       a causal self-attention (AttentionShape) as cuDNN's SDPA graph sees it: q, k, v, o, the
+//                   statistics and the gradients as 4-D tensors {batch, head, sequence, head dim} with element
+//                   strides into the fused qkv buffer (cuda/attention.cpp builds the frontend's graph from it).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "models/kernels/kernel_params.h"
+
+namespace dpt::models {
+
+// ---- cuBLASLt -------------------------------------------------------------------------------------------------
+
+// Row-major D = op(A) op(B) is column-major D^T = op(B)^T op(A)^T: cuBLASLt's "A" is our B and its "B" our A, each
+// a column-major matrix whose stored rows are our stored columns; the transposes stay as they are.
+enum class LtEpilogue : uint8_t {
+  Default,      // CUBLASLT_EPILOGUE_DEFAULT
+  Bias,         // CUBLASLT_EPILOGUE_BIAS: + bias[row of D^T] (= our column), bias length m
+  GeluBias,     // CUBLASLT_EPILOGUE_GELU_BIAS: gelu(. + bias), no aux
+  GeluAuxBias,  // CUBLASLT_EPILOGUE_GELU_AUX_BIAS: also the pre-activation into aux (ld aux_ld)
+  BGradB,       // CUBLASLT_EPILOGUE_BGRADB: bias gradient = the sum of cuBLASLt's B (our op(A)) over k, length n
+};
+
+// A column-major matrix as cublasLtMatrixLayoutCreate takes it: rows, cols, leading dimension (elements).
+struct LtLayout {
+  int64_t rows = 0, cols = 0, ld = 0;
+  bool operator==(const LtLayout&) const = default;
+};
+
+struct LtMatmulPlan {
+  bool trans_a = false, trans_b = false;  // CUBLASLT_MATMUL_DESC_TRANSA / TRANSB (on cuBLASLt's A = our B, B = our A)
+  int64_t m = 0, n = 0, k = 0;            // D^T is m x n: m = our N, n = our M
+  LtLayout a, b, d;                       // cuBLASLt's A (our B as stored), B (our A as stored), C = D (ours)
+  bool d_f32 = false;                     // C and D float32 (else bf16); A and B always bf16, compute float32
+  float beta = 0.0f;                      // 1 when accumulating into D
+  LtEpilogue epilogue = LtEpilogue::Default;
+  int64_t bias_len = 0;                   // Bias / Gelu*: m; BGradB: n; else 0
+  int64_t aux_ld = 0;                     // GeluAuxBias: the aux matrix's leading dimension (m: packed)
+  bool operator==(const LtMatmulPlan&) const = default;
+};
+
+// The plan for s; `keep_aux`: BiasGelu keeps the pre-activation (GeluAuxBias) rather than not (GeluBias).
+LtMatmulPlan lt_matmul_plan(const MatmulShape& s, bool keep_aux);
+// One line naming the plan's fields, for error messages and logs ("m 768 n 4096 k 3072 A N 768x3072/768 ...").
+std::string describe(const LtMatmulPlan& p);
+
+// ---- cuDNN SDPA -----------------------------------------------------------------------------------------------
+
+// A 4-D tensor of the attention graph: dims {b, h, s, d} in cuDNN's order, strides in elements, and where its
+// first element lies from the start of its buffer (q, k, v share the qkv buffer: offsets 0, C and 2C).
+struct SdpaTensor {
+  std::array<int64_t, 4> dim{}, stride{};
+  int64_t offset = 0;
+  bool operator==(const SdpaTensor&) const = default;
+};
+
+struct SdpaPlan {
+  SdpaTensor q, k, v;  // in qkv (and dq, dk, dv in dqkv, the same layout)
+  SdpaTensor o;        // in out (and dO in dout)
+  SdpaTensor stats;    // {b, h, t, 1} float32, packed
+  float scale = 1.0f;  // 1 / sqrt(head_size)
+  bool operator==(const SdpaPlan&) const = default;
+};
+
+SdpaPlan sdpa_plan(const AttentionShape& s);
+// Empty when cuDNN's fused attention takes this shape; else why not (head_size a multiple of 8, at most 128:
+// the bf16 flash attention kernels' limits for forward and backward).
+std::string sdpa_unsupported(const AttentionShape& s);
+
+}  // namespace dpt::models

@@ -1,0 +1,348 @@
+// tests/unit/models/test_fast_path_kernels.cpp: the CPU kernel set's transformer fast path (bf16 matmul with its
+// epilogues, causal attention with logsumexp statistics, the fused classifier, the fused AdamW) against references
+// written here in double from the definitions, on random bf16 inputs. The CPU set is in turn the reference of the
+// CUDA set's cuBLASLt / cuDNN / kernel versions (tests/unit/gpu/test_fast_path.cpp), so these pin down the
+// arithmetic both follow. Tolerances: a bf16 output may differ from the exact value by its rounding (2^-8
+// relative) plus the float32 accumulation's error (a few 2^-24 of the sum of the terms' magnitudes).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "models/kernels/elementwise.h"
+#include "models/kernels/factory.h"
+
+using namespace dpt;
+using namespace dpt::models;
+
+namespace {
+
+Kernels& cpu() { return kernels_for(Device::cpu()); }
+
+std::vector<BFloat16> random_bf16(size_t n, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<BFloat16> v(n);
+  for (auto& x : v) x = to_bfloat16(u(rng));
+  return v;
+}
+
+double f(BFloat16 b) { return static_cast<double>(to_float(b)); }
+
+// |got - want| <= 2^-8 |want| + 1e-5 scale + 1e-6: a bf16 rounding plus float32 accumulation.
+bool bf16_close(double got, double want, double scale) {
+  return std::abs(got - want) <= std::ldexp(1.0, -8) * std::abs(want) + 1e-5 * scale + 1e-6;
+}
+
+}  // namespace
+
+TEST_CASE("matmul_bf16 on the CPU: the product and every epilogue against double", "[fastpath]") {
+  std::mt19937 rng(11);
+  const int64_t M = 9, N = 13, K = 21;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (auto ep : {MatmulEpilogue::None, MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad})
+        for (bool f32 : {false, true}) {
+          const bool wants_f32 = ep == MatmulEpilogue::BiasGrad;
+          const bool wants_bf16 = ep == MatmulEpilogue::Bias || ep == MatmulEpilogue::BiasGelu;
+          if ((wants_f32 && !f32) || (wants_bf16 && f32)) continue;
+          CAPTURE(ta, tb, static_cast<int>(ep), f32);
+          const int64_t lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 1, ldd = N + 3;
+          const auto a = random_bf16(static_cast<size_t>((ta ? K : M) * lda), rng);
+          const auto b = random_bf16(static_cast<size_t>((tb ? N : K) * ldb), rng);
+          const auto bias = random_bf16(static_cast<size_t>(N), rng);
+          std::vector<float> d32(static_cast<size_t>(M * ldd)), bgrad(static_cast<size_t>(M));
+          std::uniform_real_distribution<float> u(-1, 1);
+          for (float& x : d32) x = u(rng);
+          for (float& x : bgrad) x = u(rng);
+          const std::vector<float> d32_before = d32, bgrad_before = bgrad;
+          std::vector<BFloat16> d16(static_cast<size_t>(M * ldd), BFloat16{0x7FC0}), aux(static_cast<size_t>(M * N));
+          MatmulShape s{.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldd = ldd,
+                        .d_f32 = f32, .accumulate = f32, .epilogue = ep};
+          MatmulOperands o{.a = a.data(), .b = b.data(), .d = f32 ? static_cast<void*>(d32.data()) : d16.data(),
+                           .bias = wants_bf16 ? bias.data() : nullptr,
+                           .aux = ep == MatmulEpilogue::BiasGelu ? aux.data() : nullptr,
+                           .bias_grad = wants_f32 ? bgrad.data() : nullptr};
+          cpu().matmul_bf16(s, o);
+          const auto A = [&](int64_t i, int64_t k) { return f(ta ? a[k * lda + i] : a[i * lda + k]); };
+          const auto B = [&](int64_t k, int64_t j) { return f(tb ? b[j * ldb + k] : b[k * ldb + j]); };
+          size_t bad = 0;
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double acc = 0, scale = 0;
+              for (int64_t k = 0; k < K; ++k) {
+                acc += A(i, k) * B(k, j);
+                scale += std::abs(A(i, k) * B(k, j));
+              }
+              if (f32) {
+                const double want = d32_before[i * ldd + j] + acc;
+                bad += std::abs(d32[i * ldd + j] - want) > 1e-5 * (scale + 1.0);
+                continue;
+              }
+              double want = acc;
+              if (wants_bf16) want += f(bias[j]);
+              if (ep == MatmulEpilogue::BiasGelu) {
+                bad += !bf16_close(f(aux[i * N + j]), want, scale);
+                want = elementwise::gelu(static_cast<float>(want));
+              }
+              bad += !bf16_close(f(d16[i * ldd + j]), want, scale);
+            }
+          CHECK(bad == 0);
+          // D's padding columns are never written.
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = N; j < ldd; ++j) {
+              if (f32)
+                CHECK(d32[i * ldd + j] == d32_before[i * ldd + j]);
+              else
+                CHECK(d16[i * ldd + j].bits == 0x7FC0);
+            }
+          if (wants_f32)
+            for (int64_t i = 0; i < M; ++i) {
+              double sum = 0;
+              for (int64_t k = 0; k < K; ++k) sum += A(i, k);
+              CHECK(bgrad[i] == Approx(bgrad_before[i] + sum).margin(1e-5));
+            }
+        }
+}
+
+TEST_CASE("matmul_bf16 refuses epilogues without their operands", "[fastpath]") {
+  std::vector<BFloat16> a(4), b(4), d(4);
+  std::vector<float> d32(4);
+  MatmulShape s{.M = 2, .N = 2, .K = 2, .lda = 2, .ldb = 2, .ldd = 2};
+  MatmulOperands o{.a = a.data(), .b = b.data(), .d = d.data()};
+  s.accumulate = true;  // into bf16
+  CHECK_THROWS_WITH(cpu().matmul_bf16(s, o), Catch::Contains("accumulates into float32 D only"));
+  s.accumulate = false;
+  s.epilogue = MatmulEpilogue::Bias;  // no bias
+  CHECK_THROWS_WITH(cpu().matmul_bf16(s, o), Catch::Contains("bias epilogues"));
+  s.epilogue = MatmulEpilogue::BiasGrad;  // bf16 D
+  CHECK_THROWS_WITH(cpu().matmul_bf16(s, o), Catch::Contains("bias gradient"));
+  s.epilogue = MatmulEpilogue::None;
+  s.ldd = 1;  // shorter than a row of D
+  CHECK_THROWS_WITH(cpu().matmul_bf16(s, o), Catch::Contains("row strides"));
+}
+
+namespace {
+
+// Causal attention in double from its definition, on the widened bf16 qkv [b, t, 3, H, hs]: out, the logsumexp per
+// query, and (from dout) dqkv through the probabilities: dV = P^T dO, dP = dO V^T, dS = P (dP - D), dQ = scale dS K,
+// dK = scale dS^T Q, where D_i = dO_i . O_i is taken from `out16`, the kernel's bf16 output (FlashAttention's and
+// cuDNN's backward read the forward's rounded O; the exact rowsum(P dP) differs from it by O's rounding).
+struct AttnRef {
+  std::vector<double> out, lse, dqkv;
+};
+
+AttnRef attention_reference(const std::vector<BFloat16>& qkv, const std::vector<BFloat16>& dout,
+                            const std::vector<BFloat16>& out16, const AttentionShape& s) {
+  const int64_t C = s.n_head * s.head_size, hs = s.head_size, T = s.t;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
+  AttnRef r;
+  r.out.assign(static_cast<size_t>(s.b * T * C), 0.0);
+  r.lse.assign(static_cast<size_t>(s.b * s.n_head * T), 0.0);
+  r.dqkv.assign(qkv.size(), 0.0);
+  const auto at = [&](int64_t b, int64_t t, int part, int64_t h, int64_t d) {
+    return (b * T + t) * 3 * C + part * C + h * hs + d;
+  };
+  for (int64_t b = 0; b < s.b; ++b)
+    for (int64_t h = 0; h < s.n_head; ++h) {
+      std::vector<double> P(static_cast<size_t>(T * T), 0.0), dP(static_cast<size_t>(T * T), 0.0);
+      for (int64_t i = 0; i < T; ++i) {
+        double mx = -INFINITY;
+        std::vector<double> sc(static_cast<size_t>(i + 1));
+        for (int64_t j = 0; j <= i; ++j) {
+          double dot = 0;
+          for (int64_t d = 0; d < hs; ++d) dot += f(qkv[at(b, i, 0, h, d)]) * f(qkv[at(b, j, 1, h, d)]);
+          sc[j] = scale * dot;
+          mx = std::max(mx, sc[j]);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(sc[j] - mx);
+        const double lse = mx + std::log(sum);
+        r.lse[(b * s.n_head + h) * T + i] = lse;
+        for (int64_t j = 0; j <= i; ++j) P[i * T + j] = std::exp(sc[j] - lse);
+        for (int64_t d = 0; d < hs; ++d) {
+          double o = 0;
+          for (int64_t j = 0; j <= i; ++j) o += P[i * T + j] * f(qkv[at(b, j, 2, h, d)]);
+          r.out[(b * T + i) * C + h * hs + d] = o;
+        }
+      }
+      for (int64_t i = 0; i < T; ++i) {
+        const auto go = [&](int64_t d) { return f(dout[(b * T + i) * C + h * hs + d]); };
+        double rowsum = 0;
+        for (int64_t d = 0; d < hs; ++d) rowsum += go(d) * f(out16[(b * T + i) * C + h * hs + d]);
+        for (int64_t j = 0; j <= i; ++j) {
+          double dp = 0;
+          for (int64_t d = 0; d < hs; ++d) dp += go(d) * f(qkv[at(b, j, 2, h, d)]);
+          dP[i * T + j] = dp;
+        }
+        for (int64_t j = 0; j <= i; ++j) {
+          const double p = P[i * T + j], ds = p * (dP[i * T + j] - rowsum) * scale;
+          for (int64_t d = 0; d < hs; ++d) {
+            r.dqkv[at(b, i, 0, h, d)] += ds * f(qkv[at(b, j, 1, h, d)]);
+            r.dqkv[at(b, j, 1, h, d)] += ds * f(qkv[at(b, i, 0, h, d)]);
+            r.dqkv[at(b, j, 2, h, d)] += p * go(d);
+          }
+        }
+      }
+    }
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("attention on the CPU: out, logsumexp and dqkv against double", "[fastpath]") {
+  std::mt19937 rng(5);
+  for (const AttentionShape s : {AttentionShape{2, 9, 3, 8}, AttentionShape{1, 1, 2, 16}, AttentionShape{1, 17, 1, 32}}) {
+    CAPTURE(s.b, s.t, s.n_head, s.head_size);
+    const int64_t C = s.n_head * s.head_size;
+    const auto qkv = random_bf16(static_cast<size_t>(s.b * s.t * 3 * C), rng, -2.0f, 2.0f);
+    const auto dout = random_bf16(static_cast<size_t>(s.b * s.t * C), rng);
+    std::vector<BFloat16> out(static_cast<size_t>(s.b * s.t * C), BFloat16{0x7FC0}),
+        dqkv(qkv.size(), BFloat16{0x7FC0});
+    std::vector<float> stats(static_cast<size_t>(s.b * s.n_head * s.t), NAN);
+    cpu().attention_forward(qkv.data(), out.data(), stats.data(), s);
+    cpu().attention_backward(qkv.data(), out.data(), dout.data(), stats.data(), dqkv.data(), s);
+    const AttnRef r = attention_reference(qkv, dout, out, s);
+    size_t bad_out = 0, bad_lse = 0, bad_d = 0;
+    for (size_t i = 0; i < out.size(); ++i) bad_out += !bf16_close(f(out[i]), r.out[i], 2.0 * s.t);
+    for (size_t i = 0; i < stats.size(); ++i) bad_lse += !(std::abs(stats[i] - r.lse[i]) <= 1e-5 * (1 + std::abs(r.lse[i])));
+    // dqkv: one bf16 rounding of float32 sums over the sequence (of terms up to ~4 in size).
+    double max_err = 0;
+    for (size_t i = 0; i < dqkv.size(); ++i) {
+      const double err = std::abs(f(dqkv[i]) - r.dqkv[i]);
+      max_err = std::max(max_err, err);
+      bad_d += !(err <= std::ldexp(1.0, -8) * std::abs(r.dqkv[i]) + 1e-5 * 4.0 * s.t * s.head_size);
+    }
+    CAPTURE(max_err);
+    CHECK(bad_out == 0);
+    CHECK(bad_lse == 0);
+    CHECK(bad_d == 0);
+  }
+}
+
+TEST_CASE("attention is causal: later keys and values change nothing before them", "[fastpath]") {
+  std::mt19937 rng(9);
+  const AttentionShape s{1, 6, 2, 8};
+  const int64_t C = s.n_head * s.head_size;
+  auto qkv = random_bf16(static_cast<size_t>(s.t * 3 * C), rng);
+  std::vector<BFloat16> out1(static_cast<size_t>(s.t * C)), out2(out1.size());
+  std::vector<float> st1(static_cast<size_t>(s.n_head * s.t)), st2(st1.size());
+  cpu().attention_forward(qkv.data(), out1.data(), st1.data(), s);
+  for (int64_t c = 0; c < 3 * C; ++c) qkv[5 * 3 * C + c] = to_bfloat16(7.0f);  // position 5 only
+  cpu().attention_forward(qkv.data(), out2.data(), st2.data(), s);
+  CHECK(std::memcmp(out1.data(), out2.data(), 5 * C * sizeof(BFloat16)) == 0);
+  CHECK(std::memcmp(out1.data() + 5 * C, out2.data() + 5 * C, C * sizeof(BFloat16)) != 0);
+}
+
+TEST_CASE("classifier_bf16 on the CPU: loss, hits and the bf16 gradient against double", "[fastpath]") {
+  std::mt19937 rng(3);
+  const int64_t rows = 7, vocab = 300, ld = 384;
+  auto logits = random_bf16(static_cast<size_t>(rows * ld), rng, -4.0f, 4.0f);
+  std::vector<int32_t> labels(rows);
+  std::uniform_int_distribution<int32_t> lab(0, vocab - 1);
+  for (auto& l : labels) l = lab(rng);
+  labels[0] = 0;
+  labels[1] = static_cast<int32_t>(vocab - 1);
+  // Row 2's label is its argmax: a hit.
+  int64_t arg = 0;
+  for (int64_t c = 1; c < vocab; ++c)
+    if (f(logits[2 * ld + c]) > f(logits[2 * ld + arg])) arg = c;
+  labels[2] = static_cast<int32_t>(arg);
+  const auto before = logits;
+  const float dscale = 1.0f / rows;
+  double stats[2] = {0.5, 1.0};
+  cpu().classifier_bf16(logits.data(), labels.data(), rows, vocab, ld, dscale, stats);
+  double loss = 0;
+  int hits = 0;
+  size_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const BFloat16* z = before.data() + r * ld;
+    double mx = -INFINITY, sum = 0;
+    int64_t am = 0;
+    for (int64_t c = 0; c < vocab; ++c) {
+      if (f(z[c]) > mx) {
+        mx = f(z[c]);
+        am = c;
+      }
+    }
+    for (int64_t c = 0; c < vocab; ++c) sum += std::exp(f(z[c]) - mx);
+    const double lse = mx + std::log(sum);
+    loss += lse - f(z[labels[r]]);
+    hits += am == labels[r];
+    for (int64_t c = 0; c < vocab; ++c) {
+      const double want = dscale * (std::exp(f(z[c]) - lse) - (c == labels[r] ? 1.0 : 0.0));
+      bad += !(std::abs(f(logits[r * ld + c]) - want) <= std::ldexp(1.0, -8) * std::abs(want) + 1e-7);
+    }
+    for (int64_t c = vocab; c < ld; ++c) bad += logits[r * ld + c].bits != 0;  // padding: zero gradient
+  }
+  CHECK(bad == 0);
+  CHECK(stats[0] == Approx(0.5 + loss).epsilon(1e-6));
+  CHECK(stats[1] == 1.0 + hits);
+  CHECK(hits >= 1);
+  // dscale 0: the statistics only, the logits untouched.
+  auto again = before;
+  double st[2] = {0, 0};
+  cpu().classifier_bf16(again.data(), labels.data(), rows, vocab, ld, 0.0f, st);
+  CHECK(std::memcmp(again.data(), before.data(), before.size() * sizeof(BFloat16)) == 0);
+  CHECK(st[0] == Approx(loss).epsilon(1e-6));
+  labels[3] = static_cast<int32_t>(vocab);  // a padding column is never a label
+  CHECK_THROWS_WITH(cpu().classifier_bf16(again.data(), labels.data(), rows, vocab, ld, 0.0f, st),
+                    Catch::Contains("outside [0, 300)"));
+}
+
+TEST_CASE("adamw_fused on the CPU: the bits of clip_by_norm then adamw_update run by run", "[fastpath]") {
+  std::mt19937 rng(21);
+  const size_t n = 1000;
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> p0(n), g(n), m0(n), v0(n);
+  for (size_t i = 0; i < n; ++i) {
+    p0[i] = u(rng);
+    g[i] = u(rng);
+    m0[i] = 0.1f * u(rng);
+    v0[i] = 0.01f * std::abs(u(rng));
+  }
+  const AdamWParams ap{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 7};
+  const std::vector<uint64_t> edges{0, 300, 450, 451, 600, 1000};  // decays: [0, 300), [450, 451), [600, 1000)
+  double ss = 0;
+  for (float x : g) ss += static_cast<double>(x) * x;
+  for (double max_norm : {1.0, 1e9}) {  // clipped (norm ~18), and not
+    for (bool with_ss : {true, false}) {
+      CAPTURE(max_norm, with_ss);
+      // The reference: clip the gradients in place, then one adamw_update per run of equal decay.
+      std::vector<float> pr = p0, gr = g, mr = m0, vr = v0;
+      if (with_ss) cpu().clip_by_norm(gr.data(), n, &ss, max_norm);
+      const std::vector<std::pair<size_t, size_t>> runs{{0, 300}, {300, 450}, {450, 451}, {451, 600}, {600, 1000}};
+      for (size_t r = 0; r < runs.size(); ++r) {
+        AdamWParams rp = ap;
+        if (r % 2 == 1) rp.weight_decay = 0.0f;
+        const auto [lo, hi] = runs[r];
+        cpu().adamw_update(pr.data() + lo, gr.data() + lo, mr.data() + lo, vr.data() + lo, hi - lo, rp);
+      }
+      std::vector<float> pf = p0, mf = m0, vf = v0;
+      std::vector<BFloat16> p16(n, BFloat16{0x7FC0});
+      cpu().adamw_fused(pf.data(), p16.data(), g.data(), mf.data(), vf.data(), n, ap, edges.data(), edges.size(),
+                        with_ss ? &ss : nullptr, max_norm);
+      CHECK(std::memcmp(pf.data(), pr.data(), n * sizeof(float)) == 0);
+      CHECK(std::memcmp(mf.data(), mr.data(), n * sizeof(float)) == 0);
+      CHECK(std::memcmp(vf.data(), vr.data(), n * sizeof(float)) == 0);
+      size_t bad16 = 0;
+      for (size_t i = 0; i < n; ++i) bad16 += p16[i].bits != to_bfloat16(pf[i]).bits;
+      CHECK(bad16 == 0);
+    }
+  }
+  // No ranges: every element decays; no param16: none written.
+  std::vector<float> pa = p0, ma = m0, va = v0, pb = p0, mb = m0, vb = v0;
+  cpu().adamw_fused(pa.data(), nullptr, g.data(), ma.data(), va.data(), n, ap, nullptr, 0, nullptr, 0.0);
+  cpu().adamw_update(pb.data(), g.data(), mb.data(), vb.data(), n, ap);
+  CHECK(std::memcmp(pa.data(), pb.data(), n * sizeof(float)) == 0);
+  CHECK_THROWS(cpu().adamw_fused(pa.data(), nullptr, g.data(), ma.data(), va.data(), n, ap, edges.data(), 3, nullptr, 0.0));
+}
+
+TEST_CASE("in_decay_range: the parity of the edges at or below an index", "[fastpath]") {
+  const uint64_t e[] = {2, 5, 5, 6, 9, 10};  // [2, 5), [5, 6), [9, 10)
+  std::vector<int> got;
+  for (uint64_t i = 0; i < 12; ++i) got.push_back(elementwise::in_decay_range(e, 6, i));
+  CHECK(got == std::vector<int>{0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0});
+  CHECK(!elementwise::in_decay_range(e, 0, 3));
+}
