@@ -53,8 +53,13 @@ Diff compare(const float* got, const float* want, size_t n, double abs, double r
     const double e = std::abs(g - w);
     if (!std::isfinite(g)) ++d.nonfinite;
     const double allowed = abs + rel * (scale ? scale[i] : std::abs(w));
-    if (std::isfinite(e) && e > 0.0)
-      d.max_ratio = std::max(d.max_ratio, allowed > 0.0 ? e / allowed : std::numeric_limits<double>::infinity());
+    if (std::isfinite(e) && e > 0.0) {
+      const double ratio = allowed > 0.0 ? e / allowed : std::numeric_limits<double>::infinity();
+      if (ratio > d.max_ratio) {
+        d.max_ratio = ratio;
+        d.worst = i;
+      }
+    }
     if (!(e <= allowed)) {  // negated, so that NaN counts as bad
       if (d.bad++ == 0) {
         d.first_bad = i;
@@ -74,8 +79,8 @@ std::ostream& operator<<(std::ostream& os, const Diff& d) {
   // fmt prints the shortest representation that reads back exactly: a one-ulp difference stays visible.
   os << fmt::format("n {}, bad {}", d.n, d.bad);
   if (d.bad) os << fmt::format(" (first at {}: got {}, want {})", d.first_bad, d.got_first_bad, d.want_first_bad);
-  return os << fmt::format(", non-finite {}, max |diff| {} ({:.3g} of the tolerance), relative L2 {}", d.nonfinite,
-                           d.max_abs, d.max_ratio, d.rel_l2);
+  return os << fmt::format(", non-finite {}, max |diff| {} (worst: index {} at {:.3g} of the tolerance), relative L2 {}",
+                           d.nonfinite, d.max_abs, d.worst, d.max_ratio, d.rel_l2);
 }
 
 double rel_err(double got, double want) {

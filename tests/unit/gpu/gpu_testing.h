@@ -63,6 +63,7 @@ struct Diff {
   size_t nonfinite = 0;    // NaN or infinite elements of `got`
   double max_abs = 0;      // largest finite |got - want|
   double max_ratio = 0;    // largest finite |got - want| / allowed: how close to the tolerance (bad above 1)
+  size_t worst = 0;        // the index where that ratio is reached
   double rel_l2 = 0;       // ||got - want|| / ||want|| (||got - want|| when want is all zeros); NaN if got has one
 };
 Diff compare(const float* got, const float* want, size_t n, double abs = 0.0, double rel = 0.0,

@@ -1,0 +1,269 @@
+// tests/unit/gpu/test_fast_path.cpp: the CUDA set's transformer fast path against the CPU set's (whose arithmetic
+// tests/unit/models/test_fast_path_kernels.cpp checks against double): the bf16 matmul through cuBLASLt with each
+// epilogue, fused and through the fallback kernels; cuDNN's fused flash attention forward and backward (and that a
+// rerun gives the same bits); the fused classifier; the fused AdamW. Fresh random inputs from fixed seeds, never
+// zeros; every output the GPU writes starts as NaN on the device (bf16 0x7FC0), so an element left unwritten fails;
+// outputs it accumulates into start random. Each comparison prints the tensor's name, the first bad and the worst
+// index. Tolerances: two bf16 roundings of float32 sums taken in different orders may differ by one bf16 step
+// (2^-7 relative) plus the sums' float32 error (a few 2^-24 of the sum of the terms' magnitudes).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/check.h"
+#include "gpu_testing.h"
+#include "models/kernels/cuda/cuda_kernels.h"
+#include "models/kernels/factory.h"
+
+using namespace dpt;
+using namespace dpt::models;
+using namespace dpt::gpu_test;
+
+namespace {
+
+constexpr uint16_t kBf16NaN = 0x7FC0;
+constexpr double kBf16Step = 0x1p-7;
+
+Tensor bf16_random(std::vector<int64_t> shape, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::empty(std::move(shape), DType::BF16);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (size_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i] = to_bfloat16(u(rng));
+  return t;
+}
+
+Tensor bf16_nan(std::vector<int64_t> shape) {
+  Tensor t = Tensor::empty(std::move(shape), DType::BF16);
+  for (size_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i] = BFloat16{kBf16NaN};
+  return t;
+}
+
+// A host bf16 tensor widened to float32 (exact).
+Tensor widened(const Tensor& t) {
+  REQUIRE(t.dtype() == DType::BF16);
+  Tensor out = Tensor::empty(t.shape());
+  for (size_t i = 0; i < t.numel(); ++i) out.data<float>()[i] = to_float(t.data<BFloat16>()[i]);
+  return out;
+}
+
+// The device bf16 tensor `got` against the host bf16 `want`, as floats.
+Diff compare_bf16(const Tensor& got_device, const Tensor& want, double abs, double rel) {
+  return compare(widened(to_host(got_device)), widened(want), abs, rel);
+}
+
+CudaKernels& cuda_set() { return dynamic_cast<CudaKernels&>(gpu_kernels()); }
+
+struct Restore {
+  ~Restore() { cuda_set().set_lt_epilogues(true); }
+};
+
+}  // namespace
+
+TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fused and not", "[gpu][fastpath]") {
+  Restore restore;
+  std::mt19937 rng(33);
+  struct Dims {
+    int64_t M, N, K;
+  };
+  // A GPT-like shape (multiples of 8: cuBLASLt's epilogue algorithms apply) and an odd one (they may not: then the
+  // fallback kernels run even when fused epilogues are asked for).
+  for (const Dims dims : {Dims{96, 192, 64}, Dims{37, 13, 21}})
+    for (bool fused : {true, false})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true})
+          for (auto ep : {MatmulEpilogue::None, MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad})
+            for (bool f32 : {false, true}) {
+              const bool wants_f32 = ep == MatmulEpilogue::BiasGrad, wants_bf16 = ep == MatmulEpilogue::Bias ||
+                                                                                   ep == MatmulEpilogue::BiasGelu;
+              if ((wants_f32 && !f32) || (wants_bf16 && f32)) continue;
+              const auto [M, N, K] = dims;
+              CAPTURE(M, N, K, fused, ta, tb, static_cast<int>(ep), f32);
+              cuda_set().set_lt_epilogues(fused);
+              const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldd = N;
+              const Tensor a = bf16_random({ta ? K : M, lda}, rng), b = bf16_random({tb ? N : K, ldb}, rng);
+              const Tensor bias = bf16_random({N}, rng);
+              const Tensor d0 = random_floats({M, ldd}, rng), bg0 = random_floats({M}, rng);
+              Tensor d_cpu = f32 ? copy_to(d0, Device::cpu()) : bf16_nan({M, ldd});
+              Tensor aux_cpu = bf16_nan({M, N}), bg_cpu = copy_to(bg0, Device::cpu());
+              Tensor da = to_device(a), db = to_device(b), dbias = to_device(bias);
+              Tensor d_gpu = f32 ? to_device(d0) : to_device(bf16_nan({M, ldd}));
+              Tensor aux_gpu = to_device(bf16_nan({M, N})), bg_gpu = to_device(bg0);
+              const bool aux = ep == MatmulEpilogue::BiasGelu;
+              MatmulShape s{.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldd = ldd,
+                            .d_f32 = f32, .accumulate = f32, .epilogue = ep};
+              cpu_kernels().matmul_bf16(
+                  s, {.a = a.data<BFloat16>(), .b = b.data<BFloat16>(), .d = d_cpu.raw(),
+                      .bias = wants_bf16 ? bias.data<BFloat16>() : nullptr,
+                      .aux = aux ? aux_cpu.data<BFloat16>() : nullptr,
+                      .bias_grad = wants_f32 ? bg_cpu.data<float>() : nullptr});
+              gpu_kernels().matmul_bf16(
+                  s, {.a = da.data<BFloat16>(), .b = db.data<BFloat16>(), .d = d_gpu.raw(),
+                      .bias = wants_bf16 ? dbias.data<BFloat16>() : nullptr,
+                      .aux = aux ? aux_gpu.data<BFloat16>() : nullptr,
+                      .bias_grad = wants_f32 ? bg_gpu.data<float>() : nullptr});
+              // Terms are products of values in [-1, 1]: a sum of K of them is off by at most ~K 2^-24 in float32.
+              const double sum_err = 4.0 * static_cast<double>(K) * 0x1p-24;
+              const Diff dd = f32 ? compare(to_host(d_gpu), d_cpu, sum_err + 1e-6, 1e-6)
+                                  : compare_bf16(d_gpu, d_cpu, sum_err + 1e-6, kBf16Step);
+              INFO("D: " << dd);
+              CHECK(dd.bad == 0);
+              if (aux) {
+                const Diff dx = compare_bf16(aux_gpu, aux_cpu, sum_err + 1e-6, kBf16Step);
+                INFO("aux (the pre-activation): " << dx);
+                CHECK(dx.bad == 0);
+              }
+              if (wants_f32) {
+                const Diff dg = compare(to_host(bg_gpu), bg_cpu, sum_err + 1e-6, 1e-6);
+                INFO("bias_grad: " << dg);
+                CHECK(dg.bad == 0);
+              }
+            }
+}
+
+TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward and backward", "[gpu][fastpath]") {
+  std::mt19937 rng(44);
+  for (const AttentionShape s : {AttentionShape{2, 64, 4, 32}, AttentionShape{1, 128, 2, 64}, AttentionShape{2, 17, 2, 16}}) {
+    CAPTURE(s.b, s.t, s.n_head, s.head_size);
+    const int64_t C = s.n_head * s.head_size, rows = s.b * s.t;
+    const Tensor qkv = bf16_random({rows, 3 * C}, rng, -2.0f, 2.0f), dout = bf16_random({rows, C}, rng);
+    Tensor out_cpu = bf16_nan({rows, C}), dqkv_cpu = bf16_nan({rows, 3 * C});
+    Tensor stats_cpu = filled({s.b, s.n_head, s.t}, kNaN);
+    Tensor dqkv_dev = to_device(qkv), ddout = to_device(dout);
+    Tensor out_gpu = to_device(bf16_nan({rows, C})), dqkv_gpu = to_device(bf16_nan({rows, 3 * C}));
+    Tensor stats_gpu = nan_on_device({s.b, s.n_head, s.t});
+#if !DPT_HAVE_CUDNN_FRONTEND
+    REQUIRE_THROWS_AS(gpu_kernels().attention_forward(dqkv_dev.data<BFloat16>(), out_gpu.data<BFloat16>(),
+                                                      stats_gpu.data<float>(), s),
+                      UnsupportedError);
+    continue;
+#endif
+    cpu_kernels().attention_forward(qkv.data<BFloat16>(), out_cpu.data<BFloat16>(), stats_cpu.data<float>(), s);
+    gpu_kernels().attention_forward(dqkv_dev.data<BFloat16>(), out_gpu.data<BFloat16>(), stats_gpu.data<float>(), s);
+    const Diff d_out = compare_bf16(out_gpu, out_cpu, 2e-3, kBf16Step);
+    const Diff d_stats = compare(to_host(stats_gpu), stats_cpu, 1e-4, 1e-5);
+    INFO("out: " << d_out << "\nstats (logsumexp): " << d_stats);
+    CHECK(d_out.bad == 0);
+    CHECK(d_stats.bad == 0);
+    // Backward from each side's own forward (the GPU's out and stats), as in training.
+    cpu_kernels().attention_backward(qkv.data<BFloat16>(), out_cpu.data<BFloat16>(), dout.data<BFloat16>(),
+                                     stats_cpu.data<float>(), dqkv_cpu.data<BFloat16>(), s);
+    gpu_kernels().attention_backward(dqkv_dev.data<BFloat16>(), out_gpu.data<BFloat16>(), ddout.data<BFloat16>(),
+                                     stats_gpu.data<float>(), dqkv_gpu.data<BFloat16>(), s);
+    const Diff d_dqkv = compare_bf16(dqkv_gpu, dqkv_cpu, 5e-3, 2 * kBf16Step);
+    INFO("dqkv: " << d_dqkv);
+    CHECK(d_dqkv.bad == 0);
+    // cuDNN's deterministic backward: the same bits again.
+    const Tensor first = to_host(dqkv_gpu);
+    gpu_kernels().attention_backward(dqkv_dev.data<BFloat16>(), out_gpu.data<BFloat16>(), ddout.data<BFloat16>(),
+                                     stats_gpu.data<float>(), dqkv_gpu.data<BFloat16>(), s);
+    const Tensor second = to_host(dqkv_gpu);
+    CHECK(std::memcmp(first.raw(), second.raw(), first.bytes()) == 0);
+  }
+}
+
+TEST_CASE("cuda attention refuses a head size cuDNN's fused attention cannot take", "[gpu][fastpath]") {
+  const AttentionShape s{1, 8, 2, 12};
+  Tensor qkv = to_device(bf16_nan({8, 72})), out = to_device(bf16_nan({8, 24}));
+  Tensor stats = nan_on_device({1, 2, 8});
+  CHECK_THROWS_AS(gpu_kernels().attention_forward(qkv.data<BFloat16>(), out.data<BFloat16>(), stats.data<float>(), s),
+                  UnsupportedError);
+}
+
+TEST_CASE("cuda classifier_bf16 matches the CPU: loss, hits, the gradient in place, the padding 0", "[gpu][fastpath]") {
+  std::mt19937 rng(55);
+  struct Dims {
+    int64_t rows, vocab, ld;
+  };
+  for (const Dims d : {Dims{33, 1000, 1024}, Dims{4, 50257, 50304}, Dims{1, 1, 8}}) {
+    CAPTURE(d.rows, d.vocab, d.ld);
+    const Tensor logits = bf16_random({d.rows, d.ld}, rng, -6.0f, 6.0f);
+    Tensor labels = Tensor::empty({d.rows}, DType::I32);
+    std::uniform_int_distribution<int32_t> lab(0, static_cast<int32_t>(d.vocab - 1));
+    for (int64_t r = 0; r < d.rows; ++r) labels.data<int32_t>()[r] = lab(rng);
+    labels.data<int32_t>()[0] = static_cast<int32_t>(d.vocab - 1);
+    const float dscale = 1.0f / static_cast<float>(d.rows);
+    for (float scale : {dscale, 0.0f}) {
+      CAPTURE(scale);
+      Tensor want = copy_to(logits, Device::cpu());
+      Tensor got = to_device(logits), dlabels = to_device(labels);
+      double cpu_stats[2] = {1.5, 2.0};
+      Tensor gpu_stats = to_device(Tensor::zeros({2}, DType::F64));
+      {
+        Tensor init = Tensor::empty({2}, DType::F64);
+        init.data<double>()[0] = 1.5;
+        init.data<double>()[1] = 2.0;
+        gpu_stats = to_device(init);
+      }
+      cpu_kernels().classifier_bf16(want.data<BFloat16>(), labels.data<int32_t>(), d.rows, d.vocab, d.ld, scale,
+                                    cpu_stats);
+      gpu_kernels().classifier_bf16(got.data<BFloat16>(), dlabels.data<int32_t>(), d.rows, d.vocab, d.ld, scale,
+                                    gpu_stats.data<double>());
+      const Tensor st = to_host(gpu_stats);
+      CHECK(rel_err(st.data<double>()[0], cpu_stats[0]) < 1e-5);
+      CHECK(st.data<double>()[1] == cpu_stats[1]);
+      // The gradient: dscale (p - onehot), p within float32's exp and sum; one bf16 step apart at most.
+      const Diff dg = compare_bf16(got, want, 1e-6 * dscale, kBf16Step);
+      INFO("dlogits: " << dg);
+      CHECK(dg.bad == 0);
+      const Tensor host = to_host(got);
+      size_t padding = 0;
+      for (int64_t r = 0; r < d.rows; ++r)
+        for (int64_t c = d.vocab; c < d.ld; ++c)
+          padding += scale != 0.0f ? host.data<BFloat16>()[r * d.ld + c].bits != 0
+                                   : host.data<BFloat16>()[r * d.ld + c].bits != logits.data<BFloat16>()[r * d.ld + c].bits;
+      CHECK(padding == 0);
+    }
+  }
+  // A label outside the vocabulary: that row's loss is NaN (the GPU cannot throw), so the step is visibly wrong.
+  Tensor logits = to_device(bf16_random({2, 8}, rng));
+  Tensor labels = Tensor::empty({2}, DType::I32);
+  labels.data<int32_t>()[0] = 1;
+  labels.data<int32_t>()[1] = 5;  // vocab 5: a padding column
+  Tensor dlabels = to_device(labels), stats = to_device(Tensor::zeros({2}, DType::F64));
+  gpu_kernels().classifier_bf16(logits.data<BFloat16>(), dlabels.data<int32_t>(), 2, 5, 8, 0.5f, stats.data<double>());
+  CHECK(std::isnan(to_host(stats).data<double>()[0]));
+}
+
+TEST_CASE("cuda adamw_fused matches the CPU and writes the bf16 copy of its own parameters", "[gpu][fastpath]") {
+  std::mt19937 rng(66);
+  const size_t n = 100003;
+  const auto len = static_cast<int64_t>(n);
+  Tensor param = random_floats({len}, rng), m = filled({len}, 0.0f), v = filled({len}, 0.0f);
+  Tensor dparam = to_device(param), dm = to_device(m), dv = to_device(v);
+  Tensor dp16 = to_device(bf16_nan({len}));
+  std::vector<uint64_t> edge_list{0, 40000, 40001, 70000, 99999, n};
+  Tensor edges = Tensor::empty({static_cast<int64_t>(edge_list.size())}, DType::I64);
+  std::memcpy(edges.raw(), edge_list.data(), edge_list.size() * sizeof(uint64_t));
+  Tensor dedges = to_device(edges);
+  AdamWParams ap{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 1};
+  for (int64_t step = 1; step <= 5; ++step) {
+    CAPTURE(step);
+    ap.step = step;
+    const Tensor grad = random_floats({len}, rng);
+    double ss = 0;
+    for (size_t i = 0; i < n; ++i) ss += static_cast<double>(grad.data<float>()[i]) * grad.data<float>()[i];
+    Tensor ss_host = Tensor::empty({1}, DType::F64);
+    ss_host.data<double>()[0] = ss;
+    const Tensor dgrad = to_device(grad), dss = to_device(ss_host);
+    const double max_norm = step % 2 ? 1.0 : 1e9;  // clipped on odd steps
+    cpu_kernels().adamw_fused(param.data<float>(), nullptr, grad.data<float>(), m.data<float>(), v.data<float>(), n, ap,
+                              edge_list.data(), edge_list.size(), &ss, max_norm);
+    gpu_kernels().adamw_fused(dparam.data<float>(), dp16.data<BFloat16>(), dgrad.data<float>(), dm.data<float>(),
+                              dv.data<float>(), n, ap, reinterpret_cast<const uint64_t*>(dedges.raw()),
+                              edge_list.size(), dss.data<double>(), max_norm);
+    const Tensor got = to_host(dparam);
+    const Diff d_param = compare(got, param, 1e-6, 1e-6);
+    const Diff d_m = compare(to_host(dm), m, 1e-6, 1e-6);
+    const Diff d_v = compare(to_host(dv), v, 0.0, 1e-5);
+    INFO("param: " << d_param << "\nm: " << d_m << "\nv: " << d_v);
+    REQUIRE(d_param.bad == 0);
+    REQUIRE(d_m.bad == 0);
+    REQUIRE(d_v.bad == 0);
+    const Tensor p16 = to_host(dp16);
+    size_t bad16 = 0;
+    for (size_t i = 0; i < n; ++i) bad16 += p16.data<BFloat16>()[i].bits != to_bfloat16(got.data<float>()[i]).bits;
+    CHECK(bad16 == 0);
+  }
+}
