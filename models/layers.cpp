@@ -45,11 +45,56 @@ void Linear::init_params(std::mt19937_64& rng) {
   for (size_t i = 0; i < b_.numel(); ++i) b[i] = uniform(rng, -bound, bound);
 }
 
+void Linear::bind_bf16(std::vector<Tensor> params16) {
+  if (params16.empty()) {
+    w16_ = b16_ = Tensor();
+    return;
+  }
+  bind_views(params16, {&w16_, &b16_});
+}
+
+const Tensor& Linear::forward_bf16(const Tensor& x, Kernels& k) {
+  DPT_CHECK(w16_.defined() && !relu_, "Linear({}, {}) got bf16 input without the bf16 fast path", in_, out_);
+  const int64_t batch = x.dim(0);
+  x_ = x;
+  x_shape_ = x.shape();
+  ensure_shape(y_, {batch, out_}, x.device(), DType::BF16);
+  if (fuse_gelu_) ensure_shape(pre16_, {batch, out_}, x.device(), DType::BF16);
+  const MatmulShape s{.trans_a = false, .trans_b = true, .M = batch, .N = out_, .K = in_, .lda = in_, .ldb = in_,
+                      .ldd = out_, .epilogue = fuse_gelu_ ? MatmulEpilogue::BiasGelu : MatmulEpilogue::Bias};
+  k.matmul_bf16(s, {.a = x.data<BFloat16>(), .b = w16_.data<BFloat16>(), .d = y_.raw(), .bias = b16_.data<BFloat16>(),
+                    .aux = fuse_gelu_ ? pre16_.data<BFloat16>() : nullptr});
+  return y_;
+}
+
+const Tensor& Linear::backward_bf16(const Tensor& dy, Kernels& k) {
+  const int64_t batch = x_.dim(0);
+  DPT_CHECK(dy.dtype() == DType::BF16 && dy.numel() == static_cast<size_t>(batch * out_),
+            "Linear bf16 backward got {} {}", dtype_name(dy.dtype()), dy.shape_str());
+  const BFloat16* d = dy.data<BFloat16>();
+  if (fuse_gelu_) {  // through the GELU first: d(pre) = dy * gelu'(pre)
+    ensure_shape(dpre_, {batch, out_}, dy.device(), DType::BF16);
+    k.gelu_backward_bf16(pre16_.data<BFloat16>(), d, dpre_.data<BFloat16>(), dy.numel());
+    d = dpre_.data<BFloat16>();
+  }
+  // dW[out, in] += d^T[out, B] x[B, in], db[out] += the column sums of d: one matmul and its bias-gradient epilogue.
+  const MatmulShape dw{.trans_a = true, .trans_b = false, .M = out_, .N = in_, .K = batch, .lda = out_, .ldb = in_,
+                       .ldd = in_, .d_f32 = true, .accumulate = true, .epilogue = MatmulEpilogue::BiasGrad};
+  k.matmul_bf16(dw, {.a = d, .b = x_.data<BFloat16>(), .d = dw_.raw(), .bias_grad = db_.data<float>()});
+  if (!needs_input_grad_) return none_;
+  // dx[B, in] = d[B, out] W[out, in]
+  ensure_shape(dx_, x_shape_, dy.device(), DType::BF16);
+  const MatmulShape dx{.M = batch, .N = in_, .K = out_, .lda = out_, .ldb = in_, .ldd = in_};
+  k.matmul_bf16(dx, {.a = d, .b = w16_.data<BFloat16>(), .d = dx_.raw()});
+  return dx_;
+}
+
 const Tensor& Linear::run_forward(const Tensor& x, Kernels& k) {
   // Any [n, ...] input with in_features values per example is read as [n, in] (nn.Flatten before it: an
   // image for the MLP, [n, c, 1, 1] after global pooling).
   DPT_CHECK(x.ndim() >= 2 && x.numel() == static_cast<size_t>(x.dim(0) * in_), "Linear({}, {}) got input {}", in_,
             out_, x.shape_str());
+  if (x.dtype() == DType::BF16) return forward_bf16(x, k);
   const int64_t batch = x.dim(0);
   x_ = x;
   x_shape_ = x.shape();
@@ -61,6 +106,7 @@ const Tensor& Linear::run_forward(const Tensor& x, Kernels& k) {
 }
 
 const Tensor& Linear::run_backward(const Tensor& dy, Kernels& k) {
+  if (x_.dtype() == DType::BF16) return backward_bf16(dy, k);
   const int64_t batch = x_.dim(0);
   DPT_CHECK(dy.ndim() == 2 && dy.dim(0) == batch && dy.dim(1) == out_, "Linear backward got {}", dy.shape_str());
   const float* d = dy.data<float>();
@@ -264,16 +310,23 @@ const Tensor& AdaptiveAvgPool2d::run_backward(const Tensor& dy, Kernels& k) {
 // ---- loss -----------------------------------------------------------------------------------------------
 
 void SoftmaxCrossEntropy::accumulate(const Tensor& logits, const Tensor& labels, Kernels& k, Tensor& stats,
-                                     bool backward) {
+                                     bool backward, double grad_scale) {
   DPT_CHECK(logits.ndim() == 2, "logits must be [batch, classes], got {}", logits.shape_str());
   const int64_t rows = logits.dim(0), cols = logits.dim(1);
   DPT_CHECK_EQ(labels.numel(), static_cast<size_t>(rows));
   DPT_CHECK(labels.device() == logits.device() && stats.device() == logits.device(),
             "logits on {}, labels on {}, stats on {}", logits.device().str(), labels.device().str(), stats.device().str());
   DPT_CHECK_EQ(stats.numel(), 2u);
+  if (logits.dtype() == DType::BF16) {
+    const float dscale = backward && rows > 0 ? static_cast<float>(grad_scale / static_cast<double>(rows)) : 0.0f;
+    k.classifier_bf16(logits.data<BFloat16>(), labels.data<int32_t>(), rows, cols, cols, dscale, stats.data<double>());
+    if (backward) dlogits_ = logits;  // overwritten with the gradient
+    return;
+  }
   float* d = nullptr;
   if (backward) d = ensure_shape(dlogits_, {rows, cols}, logits.device()).data<float>();
   k.softmax_xent(logits.data<float>(), labels.data<int32_t>(), d, rows, cols, stats.data<double>());
+  if (backward && grad_scale != 1.0) k.scale(d, dlogits_.numel(), static_cast<float>(grad_scale));
 }
 
 LossResult SoftmaxCrossEntropy::run(const Tensor& logits, const Tensor& labels, Kernels& k, bool backward) {
@@ -314,16 +367,30 @@ const Tensor& LayerNorm::run_forward(const Tensor& x, Kernels& k) {
   DPT_CHECK(x.ndim() >= 1 && x.dim(x.ndim() - 1) == c_, "LayerNorm({}) got input {}", c_, x.shape_str());
   const int64_t rows = static_cast<int64_t>(x.numel()) / c_;
   x_ = x;
-  ensure_shape(y_, x.shape(), x.device());
   ensure_shape(mean_, {rows}, x.device());
   ensure_shape(rstd_, {rows}, x.device());
+  if (x.dtype() == DType::BF16) {  // the fast path: bf16 in and out, float32 statistics and parameters
+    ensure_shape(y_, x.shape(), x.device(), DType::BF16);
+    k.layernorm_forward_bf16(x.data<BFloat16>(), gamma_.data<float>(), beta_.data<float>(), y_.data<BFloat16>(),
+                             mean_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
+    return y_;
+  }
+  ensure_shape(y_, x.shape(), x.device());
   k.layernorm_forward(x.data<float>(), gamma_.data<float>(), beta_.data<float>(), y_.data<float>(),
                       mean_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
   return y_;
 }
 
 const Tensor& LayerNorm::run_backward(const Tensor& dy, Kernels& k) {
-  DPT_CHECK(dy.shape() == x_.shape(), "LayerNorm backward got {} for input {}", dy.shape_str(), x_.shape_str());
+  DPT_CHECK(dy.shape() == x_.shape() && dy.dtype() == x_.dtype(), "LayerNorm backward got {} {} for input {} {}",
+            dtype_name(dy.dtype()), dy.shape_str(), dtype_name(x_.dtype()), x_.shape_str());
+  if (x_.dtype() == DType::BF16) {
+    ensure_shape(dx_, x_.shape(), dy.device(), DType::BF16);
+    k.layernorm_backward_bf16(dy.data<BFloat16>(), x_.data<BFloat16>(), gamma_.data<float>(), mean_.data<float>(),
+                              rstd_.data<float>(), dx_.data<BFloat16>(), dgamma_.data<float>(), dbeta_.data<float>(),
+                              static_cast<int64_t>(x_.numel()) / c_, c_);
+    return dx_;
+  }
   ensure_shape(dx_, x_.shape(), dy.device());
   k.layernorm_backward(dy.data<float>(), x_.data<float>(), gamma_.data<float>(), mean_.data<float>(),
                        rstd_.data<float>(), dx_.data<float>(), dgamma_.data<float>(), dbeta_.data<float>(),

@@ -31,6 +31,10 @@ class Linear final : public Module {
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  void bind_bf16(std::vector<Tensor> params16) override;
+  // On bf16 input (the transformer fast path): y = GELU(x W^T + b) in the matmul's epilogue, the pre-activation kept
+  // for backward (the GELU module after this layer is then not called: GptMlp). Float32 input is unaffected.
+  void fuse_gelu_bf16(bool on) { fuse_gelu_ = on; }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -39,11 +43,18 @@ class Linear final : public Module {
  private:
   int64_t in_, out_;
   bool relu_;
+  bool fuse_gelu_ = false;
   float normal_std_ = 0.0f;  // > 0: N(0, normal_std_) weights and zero biases
   Tensor w_, b_, dw_, db_;
+  Tensor w16_, b16_;  // the bf16 copies (bind_bf16)
   Tensor x_;  // the input of the last forward (a handle, not a copy)
   std::vector<int64_t> x_shape_;
   Tensor y_, dpre_, dx_;
+  Tensor pre16_;  // bf16 + fuse_gelu: the pre-activation
+  // The bf16 forms: x W^T + b through matmul_bf16 (bias, or bias + GELU, in its epilogue); backward dW and db in one
+  // matmul (its bias-gradient epilogue), dx in another.
+  const Tensor& forward_bf16(const Tensor& x, Kernels& k);
+  const Tensor& backward_bf16(const Tensor& dy, Kernels& k);
 };
 
 // 2-D convolution without bias (torchvision's ResNets have none): weight [out, in, k, k].
@@ -203,8 +214,12 @@ struct LossResult {
 class SoftmaxCrossEntropy {
  public:
   // The training step's form: no host synchronisation. `stats` (F64 [2], on the logits' device) gets
-  // stats[0] += summed loss, stats[1] += correct predictions.
-  void accumulate(const Tensor& logits, const Tensor& labels, Kernels& k, Tensor& stats, bool backward);
+  // stats[0] += summed loss, stats[1] += correct predictions. With backward, grad() is d(mean loss)/d(logits) times
+  // grad_scale (gradient accumulation's 1 / micro-batches, fp16's loss scale). bf16 logits (the transformer fast
+  // path: Gpt's with bf16 activations) go through the fused classifier, which overwrites them in place with that
+  // gradient: grad() is then the logits tensor itself.
+  void accumulate(const Tensor& logits, const Tensor& labels, Kernels& k, Tensor& stats, bool backward,
+                  double grad_scale = 1.0);
   // Synchronous forms returning the batch's result to the host.
   LossResult forward(const Tensor& logits, const Tensor& labels, Kernels& k);
   LossResult forward_backward(const Tensor& logits, const Tensor& labels, Kernels& k);

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "core/bfloat16_convert.h"
 #include "models/kernels/factory.h"
 
 namespace dpt::models {
@@ -43,6 +44,7 @@ void Model::allocate(Device device, int64_t total_params, int64_t total_buffers)
   device_ = device;
   kernels_ = &kernels_for(device);
   params_ = Tensor::zeros({total_params}, DType::F32, device);
+  params16_ = bf16_ ? Tensor::zeros({total_params}, DType::BF16, device) : Tensor();
   num_params_ = static_cast<size_t>(total_params);
   grads_ = Tensor::zeros({total_params}, DType::F32, device);
   buffers_ = Tensor::zeros({total_buffers}, DType::F32, device);
@@ -91,13 +93,33 @@ void Model::hook(Module* m, size_t first, size_t end) {
 }
 
 void Model::rebind(const Owner& o) {
-  std::vector<Tensor> p, g, b;
+  std::vector<Tensor> p, g, b, p16;
   for (size_t i = o.first; i < o.end; ++i) {
     p.push_back(named_[i].param);
     g.push_back(named_[i].grad);
+    if (params16_.defined()) p16.push_back(params16_.view(named_[i].offset, named_[i].param.shape()));
   }
   for (size_t i = o.bfirst; i < o.bend; ++i) b.push_back(named_buffers_[i].tensor);
   o.module->bind(std::move(p), std::move(g), std::move(b));
+  o.module->bind_bf16(std::move(p16));
+}
+
+void Model::set_bf16_activations(bool on) {
+  if (on == bf16_) return;
+  if (on) {
+    if (!root_->supports_bf16_activations())
+      DPT_THROW(UnsupportedError, "{}: bf16 activations (train.bf16_activations) are the transformer fast path; this "
+                "model's layers run in float32 activations only", name_);
+    if (params_split())
+      DPT_THROW(UnsupportedError, "bf16 activations need the whole parameters on every rank (not ZeRO stage 3, whose "
+                "parameters are gathered layer by layer)");
+    params16_ = Tensor::zeros({static_cast<int64_t>(num_params_)}, DType::BF16, device_);
+  } else {
+    params16_ = Tensor();
+  }
+  bf16_ = on;
+  root_->set_bf16_activations(on);
+  for (const Owner& o : owners_) rebind(o);
 }
 
 std::vector<Tensor> Model::split(const std::vector<std::pair<size_t, size_t>>& ranges, Tensor NamedParam::*field,
@@ -139,6 +161,9 @@ std::vector<Tensor> Model::split_grads(const std::vector<std::pair<size_t, size_
 
 std::vector<Tensor> Model::split_params(const std::vector<std::pair<size_t, size_t>>& ranges) {
   DPT_CHECK(param_parts_.empty(), "the parameters are split already");
+  if (bf16_)
+    DPT_THROW(UnsupportedError, "bf16 activations need the whole parameters on every rank (not ZeRO stage 3, whose "
+              "parameters are gathered layer by layer)");
   const std::vector<Tensor> parts = split(ranges, &NamedParam::param, /*copy=*/true);
   // param_storage() lists them in offset order.
   std::vector<size_t> order(ranges.size());
@@ -183,6 +208,8 @@ void Model::set_precision(Precision p) {
 
 const Tensor& Model::forward(const Tensor& x) {
   kernels_->set_precision(precision_);
+  // The fast path's matmuls read the bf16 copy: rounded afresh from the float32 masters the last update changed.
+  if (bf16_ && root_->training()) to_bfloat16(params_, params16_, 1.0f, kernels_->stream());
   if (hooks_.forward_begin) hooks_.forward_begin();
   const Tensor& y = root_->forward(x, *kernels_);
   if (hooks_.forward_end) hooks_.forward_end();

@@ -69,6 +69,15 @@ class Model {
   // backward; throws UnsupportedError when this model's kernel set cannot compute in it.
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
+  // The transformer fast path (train.bf16_activations): in training mode the activations pass between the layers in
+  // bf16, the matmuls (cuBLASLt on a GPU) read a bf16 copy of the parameters that each training forward refreshes
+  // from params() (one rounding pass), and the loss takes bf16 logits (the fused classifier); parameters,
+  // gradients and optimizer state stay float32, and evaluation runs the float32 path. Needs a root that supports it
+  // (the GPT) and whole parameters (not split_params: ZeRO stage 3): UnsupportedError otherwise.
+  void set_bf16_activations(bool on);
+  bool bf16_activations() const { return bf16_; }
+  // The bf16 copy of params() (undefined when the fast path is off), as of the last training forward.
+  const Tensor& params16() const { return params16_; }
   // Training (batch statistics) or evaluation (running statistics) mode; training is the default.
   void set_training(bool training) { root_->set_training(training); }
   // Moves parameters and buffers to `device` (gradients start at zero there); modules are rebound.
@@ -122,6 +131,8 @@ class Model {
   Device device_;
   Kernels* kernels_ = nullptr;
   Tensor params_, grads_, buffers_;
+  Tensor params16_;  // the fast path's bf16 copy of params_ (same offsets)
+  bool bf16_ = false;
   size_t num_params_ = 0;
   std::vector<NamedParam> named_;
   std::vector<NamedTensor> named_buffers_;

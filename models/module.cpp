@@ -26,6 +26,11 @@ void Module::set_training(bool training) {
   for (auto& [name, child] : child_views_) child->set_training(training);
 }
 
+void Module::set_bf16_activations(bool on) {
+  bf16_ = on;
+  for (auto& [name, child] : child_views_) child->set_bf16_activations(on);
+}
+
 std::string Sequential::kind() const {
   std::string s = "Sequential(";
   for (size_t i = 0; i < children().size(); ++i) s += (i ? ", " : "") + children()[i].second->kind();

@@ -57,6 +57,10 @@ class Module {
   virtual std::vector<Counter> counters() { return {}; }
   // Views of this module's own parameters, gradients and buffers, in the order of the specs.
   virtual void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) {}
+  // The transformer fast path (Model::set_bf16_activations): views of this module's own parameters in the model's
+  // bf16 copy of them, in param_specs order (empty: the fast path is off). The modules whose bf16 forward multiplies
+  // by a weight keep them: cuBLASLt's bf16 matmuls read these, the float32 masters stay what the optimizer updates.
+  virtual void bind_bf16(std::vector<Tensor> params16) {}
   // Draws this module's own parameters (on the host) from `rng`; the Model calls it in tree order.
   virtual void init_params(std::mt19937_64& rng) {}
 
@@ -70,6 +74,12 @@ class Module {
   // running statistics).
   void set_training(bool training);
   bool training() const { return training_; }
+  // The transformer fast path for this module and all below it: in training mode, activations pass between the
+  // layers in bf16 (a module tells the mode by its input's dtype). Only a root whose supports_bf16_activations()
+  // says so runs it (Model::set_bf16_activations checks).
+  void set_bf16_activations(bool on);
+  bool bf16_activations() const { return bf16_; }
+  virtual bool supports_bf16_activations() const { return false; }
   // false: backward need not compute d(loss)/d(input) (the first layer: nobody needs it).
   virtual void set_needs_input_grad(bool needed) { needs_input_grad_ = needed; }
 
@@ -100,6 +110,7 @@ class Module {
   }
 
   bool training_ = true;
+  bool bf16_ = false;
   bool needs_input_grad_ = true;
   Tensor none_;  // the undefined tensor backward returns when no input gradient is needed
 

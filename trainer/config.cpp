@@ -196,6 +196,7 @@ const std::vector<Field>& schema() {
       field("train.batch_size", &C::train, &TrainConfig::batch_size, "examples per step PER RANK (global = this x world size)", at_least<int64_t>(1)),
       field("train.device", &C::train, &TrainConfig::device, "auto (cuda:LOCAL_RANK when GPUs exist, else cpu with a warning) | cpu | cuda (error without a GPU)"),
       field("train.precision", &C::train, &TrainConfig::precision, "fp32 | bf16 | fp16: the arithmetic of matrix products and convolutions (operands rounded, float32 accumulation); master weights, optimizer state, loss, norms and BatchNorm statistics stay fp32; fp16 adds dynamic loss scaling (GradScaler's: 65536, halve and skip on inf/NaN, double after 2000 clean steps). On the CPU, bf16 convolutions run in oneDNN's bf16 kernels where the CPU has AVX-512; the rest of bf16 and all of fp16 are emulated (float32 arithmetic on rounded operands, slower than fp32)"),
+      field("train.bf16_activations", &C::train, &TrainConfig::bf16_activations, "the transformer fast path (model.name = gpt, with train.precision = bf16): in training, the activations between layers stay bf16 (matmuls with their bias and GELU fused, the fused flash attention, the fused softmax cross-entropy over bf16 logits; cuBLASLt and cuDNN on a GPU), the matmuls read a bf16 copy of the parameters rounded at each step, and parameters, gradients, optimizer state, LayerNorm statistics and the loss stay float32; evaluation runs the float32 path. Not with dist.zero = 3. On a GPU: compiled, never run yet"),
       field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw"),
       field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
@@ -411,6 +412,18 @@ void validate(const Config& c, const std::string& source) {
   if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
     DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
               source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
+  if (c.train.bf16_activations) {
+    const std::string where = source.empty() ? "" : source + ": ";
+    if (!model_card(c.model.name).bf16_activations)
+      DPT_THROW(ConfigError, "{}train.bf16_activations = true with model.name = {}: bf16 activations are the "
+                "transformer fast path (model.name = gpt)", where, c.model.name);
+    if (c.train.precision != models::Precision::BF16)
+      DPT_THROW(ConfigError, "{}train.bf16_activations = true needs train.precision = bf16 (it is {})", where,
+                choice_name(c.train.precision));
+    if (c.dist.zero == 3)
+      DPT_THROW(ConfigError, "{}train.bf16_activations = true with dist.zero = 3: the bf16 copy of the parameters "
+                "needs them whole on every rank; use dist.zero = 0, 1 or 2", where);
+  }
   if ((model_card(c.model.name).input == ModelInput::tokens) != (c.data.dataset == DatasetKind::tokens))
     DPT_THROW(ConfigError,
               "{}model.name = {} with data.dataset = {}: a language model trains on token shards and token shards "

@@ -43,8 +43,11 @@ void FaultInjector::replicas_syncing(models::Model& model) const {
 void FaultInjector::loss_grad_ready(int64_t step, bool first_micro, const Tensor& grad, StreamHandle stream) const {
   if (step != f_.inf_step || rank_ != 0 || !first_micro) return;
   Tensor first = grad.view(0, {1});
-  Tensor inf = Tensor::empty({1});
-  inf.data<float>()[0] = std::numeric_limits<float>::infinity();
+  Tensor inf = Tensor::empty({1}, grad.dtype());  // float32, or bf16 (the fused classifier's gradient)
+  if (grad.dtype() == DType::BF16)
+    inf.data<BFloat16>()[0] = to_bfloat16(std::numeric_limits<float>::infinity());
+  else
+    inf.data<float>()[0] = std::numeric_limits<float>::infinity();
   first.copy_from(inf, stream);
 }
 

@@ -44,6 +44,8 @@ struct ModelCard {
   bool reinit_head = false;
   // `generate`, `predict` on prompts and `export-weights` take it (models/gpt: generation, weight layouts out).
   bool generates = false;
+  // train.bf16_activations: its modules run the transformer fast path (Module::supports_bf16_activations).
+  bool bf16_activations = false;
 };
 
 // Every family, in the order model.name's help lists them; each has its functions in model_registry.cpp.
@@ -54,7 +56,8 @@ inline constexpr std::array<ModelCard, 3> kModelCards{{
      .note = "GPT-2 as nanoGPT: needs data.dataset = tokens; its GPU kernels are compiled but not yet run on a GPU",
      .input = ModelInput::tokens,
      .decay_matrices_only = true,
-     .generates = true},
+     .generates = true,
+     .bf16_activations = true},
 }};
 
 // The names, and the names of the families that train on `input`, as a config's help and errors list them:

@@ -185,6 +185,16 @@ void Trainer::build_model_and_optimizer() {
     DPT_THROW(ConfigError, "train.precision = {} on {}: {}; use train.precision = fp32 there", choice_name(t_.precision),
               device_.str(), e.what());
   }
+  if (t_.bf16_activations) {  // the transformer fast path (config validation checked the model and the precision)
+    try {
+      model_->set_bf16_activations(true);
+    } catch (const UnsupportedError& e) {
+      DPT_THROW(ConfigError, "train.bf16_activations = true: {}", e.what());
+    }
+    if (lead_)
+      spdlog::info("activations: bf16 in training (the transformer fast path){}",
+                   device_.is_cpu() ? "; on the CPU its kernels are the plain reference loops, slower than fp32" : "");
+  }
   if (lead_ && device_.is_cpu()) spdlog::info("precision: {}", models::describe_cpu_arithmetic(model_->precision()));
   if (!cfg_.model.init_from.empty()) {
     const std::string note = load_pretrained(*model_, cfg_.model, cfg_.model.init_from);
@@ -424,12 +434,11 @@ void Trainer::begin_step(Epoch& ep, int64_t batch) {
 void Trainer::forward_backward(Epoch& ep, const data::Batch& batch, int64_t micro_batches, bool first_micro,
                                bool last_micro) {
   task_->prepare(batch);
-  loss_.accumulate(model_->forward(task_->input()), task_->targets(), model_->kernels(), ep.stats, /*backward=*/true);
   // Each micro-batch's loss is a mean over its batch; the step's is the mean over all of them. fp16: times the loss
   // scale, so small gradients survive fp16's range.
   const double grad_factor = scaler_.scale() / static_cast<double>(micro_batches);
-  if (grad_factor != 1.0)
-    model_->kernels().scale(loss_.grad().data<float>(), loss_.grad().numel(), static_cast<float>(grad_factor));
+  loss_.accumulate(model_->forward(task_->input()), task_->targets(), model_->kernels(), ep.stats, /*backward=*/true,
+                   grad_factor);
   faults_.loss_grad_ready(step_ + 1, first_micro, loss_.grad(), stream_);
   dp_->begin_backward(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
   model_->backward(loss_.grad(), [this](size_t first, size_t end) { dp_->grads_ready(first, end); });

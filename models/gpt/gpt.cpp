@@ -1,6 +1,8 @@
 // models/gpt/gpt.cpp: see gpt.h.
 #include "models/gpt/gpt.h"
 
+#include "core/bfloat16_convert.h"
+
 #include <algorithm>
 #include <limits>
 
@@ -38,8 +40,33 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, int64_t
 
 std::string CausalSelfAttention::kind() const { return fmt::format("CausalSelfAttention({}, {} heads)", c_, n_head_); }
 
+const Tensor& CausalSelfAttention::forward_bf16(const Tensor& x, Kernels& k) {
+  const auto shape = btc(x, c_, "CausalSelfAttention");
+  b_ = shape[0];
+  t_ = shape[1];
+  const int64_t rows = b_ * t_;
+  qkv_ = c_attn_->forward(x.reshape({rows, c_}), k);  // bf16 [rows, 3C]
+  ensure_shape(y_, {rows, c_}, x.device(), DType::BF16);
+  ensure_shape(stats_, {b_, n_head_, t_}, x.device());
+  k.attention_forward(qkv_.data<BFloat16>(), y_.data<BFloat16>(), stats_.data<float>(),
+                      {.b = b_, .t = t_, .n_head = n_head_, .head_size = c_ / n_head_});
+  out_ = c_proj_->forward(y_, k).reshape({b_, t_, c_});
+  return out_;
+}
+
+const Tensor& CausalSelfAttention::backward_bf16(const Tensor& dout, Kernels& k) {
+  const int64_t rows = b_ * t_;
+  const Tensor& dy = c_proj_->backward(dout.reshape({rows, c_}), k);  // bf16 d(loss)/d(attention output)
+  ensure_shape(dqkv_, {rows, 3 * c_}, dout.device(), DType::BF16);
+  k.attention_backward(qkv_.data<BFloat16>(), y_.data<BFloat16>(), dy.data<BFloat16>(), stats_.data<float>(),
+                       dqkv_.data<BFloat16>(), {.b = b_, .t = t_, .n_head = n_head_, .head_size = c_ / n_head_});
+  dx_ = c_attn_->backward(dqkv_, k).reshape({b_, t_, c_});
+  return dx_;
+}
+
 const Tensor& CausalSelfAttention::run_forward(const Tensor& x, Kernels& k) {
   if (cache_) return cached_forward(x, k);
+  if (x.dtype() == DType::BF16) return forward_bf16(x, k);
   const auto shape = btc(x, c_, "CausalSelfAttention");
   b_ = shape[0];
   t_ = shape[1];
@@ -125,6 +152,7 @@ const Tensor& CausalSelfAttention::run_backward(const Tensor& dout, Kernels& k) 
   DPT_CHECK(!cache_, "no backward through a KV cache's forward");
   DPT_CHECK(dout.ndim() == 3 && dout.dim(0) == b_ && dout.dim(1) == t_ && dout.dim(2) == c_,
             "CausalSelfAttention backward got {}", dout.shape_str());
+  if (dout.dtype() == DType::BF16) return backward_bf16(dout, k);
   const int64_t rows = b_ * t_, hs = c_ / n_head_, c3 = 3 * c_;
   const Tensor& dy = c_proj_->backward(dout.reshape({rows, c_}), k);  // d(loss)/dy, [rows, C]
   const Tensor& qkv = qkv_;
@@ -168,6 +196,7 @@ const Tensor& CausalSelfAttention::run_backward(const Tensor& dout, Kernels& k) 
 
 GptMlp::GptMlp(int64_t n_embd, int64_t n_layer) : c_(n_embd) {
   c_fc_ = add("c_fc", normal_linear(c_, 4 * c_, kInitStd));
+  c_fc_->fuse_gelu_bf16(true);  // bf16 activations: GELU in c_fc's matmul epilogue (the gelu module is skipped)
   gelu_ = add("gelu", std::make_unique<Gelu>());
   c_proj_ = add("c_proj", normal_linear(4 * c_, c_, residual_std(n_layer)));
 }
@@ -176,6 +205,10 @@ std::string GptMlp::kind() const { return fmt::format("Mlp({} -> {} -> {})", c_,
 
 const Tensor& GptMlp::run_forward(const Tensor& x, Kernels& k) {
   shape_ = btc(x, c_, "Mlp");
+  if (x.dtype() == DType::BF16) {  // c_fc's output is GELU'd already (its epilogue)
+    out_ = c_proj_->forward(c_fc_->forward(x.reshape({shape_[0] * shape_[1], c_}), k), k).reshape(shape_);
+    return out_;
+  }
   const Tensor& h = gelu_->forward(c_fc_->forward(x.reshape({shape_[0] * shape_[1], c_}), k), k);
   out_ = c_proj_->forward(h, k).reshape(shape_);
   return out_;
@@ -188,6 +221,10 @@ void GptMlp::use_scratch(GptScratch* scratch) {
 
 const Tensor& GptMlp::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == shape_, "Mlp backward got {}", dy.shape_str());
+  if (dy.dtype() == DType::BF16) {
+    dx_ = c_fc_->backward(c_proj_->backward(dy.reshape({shape_[0] * shape_[1], c_}), k), k).reshape(shape_);
+    return dx_;
+  }
   if (recompute_) gelu_->recompute(k);  // c_proj's saved input: the shared buffer, now this layer's again
   const Tensor& dh = gelu_->backward(c_proj_->backward(dy.reshape({shape_[0] * shape_[1], c_}), k), k);
   dx_ = c_fc_->backward(dh, k).reshape(shape_);
@@ -207,6 +244,14 @@ std::string GptBlock::kind() const { return fmt::format("Block({})", attn_->kind
 
 const Tensor& GptBlock::run_forward(const Tensor& x, Kernels& k) {
   const Tensor& a = attn_->forward(ln_1_->forward(x, k), k);
+  if (x.dtype() == DType::BF16) {  // the residual stream in bf16
+    ensure_shape(r1_, x.shape(), x.device(), DType::BF16);
+    k.add_bf16(x.data<BFloat16>(), a.data<BFloat16>(), r1_.data<BFloat16>(), x.numel());
+    const Tensor& m = mlp_->forward(ln_2_->forward(r1_, k), k);
+    ensure_shape(y_, x.shape(), x.device(), DType::BF16);
+    k.add_bf16(r1_.data<BFloat16>(), m.data<BFloat16>(), y_.data<BFloat16>(), x.numel());
+    return y_;
+  }
   ensure_shape(r1_, x.shape(), x.device());
   k.add(x.data<float>(), a.data<float>(), r1_.data<float>(), x.numel(), false);
   const Tensor& m = mlp_->forward(ln_2_->forward(r1_, k), k);
@@ -217,6 +262,15 @@ const Tensor& GptBlock::run_forward(const Tensor& x, Kernels& k) {
 
 const Tensor& GptBlock::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == y_.shape(), "Block backward got {}", dy.shape_str());
+  if (dy.dtype() == DType::BF16) {
+    const Tensor& dm = ln_2_->backward(mlp_->backward(dy, k), k);
+    ensure_shape(dr1_, dy.shape(), dy.device(), DType::BF16);
+    k.add_bf16(dy.data<BFloat16>(), dm.data<BFloat16>(), dr1_.data<BFloat16>(), dy.numel());
+    const Tensor& da = ln_1_->backward(attn_->backward(dr1_, k), k);
+    ensure_shape(dx_, dy.shape(), dy.device(), DType::BF16);
+    k.add_bf16(dr1_.data<BFloat16>(), da.data<BFloat16>(), dx_.data<BFloat16>(), dy.numel());
+    return dx_;
+  }
   // d(r1) = dy (the residual) + what flows back through mlp(ln_2(r1)); d(x) likewise through attn(ln_1(x)).
   const Tensor& dm = ln_2_->backward(mlp_->backward(dy, k), k);
   ensure_shape(dr1_, dy.shape(), dy.device());
@@ -272,6 +326,14 @@ void GptTransformer::bind(std::vector<Tensor> params, std::vector<Tensor> grads,
   bind_views(grads, {&dwte_, &dwpe_});
 }
 
+void GptTransformer::bind_bf16(std::vector<Tensor> params16) {
+  if (params16.empty()) {
+    wte16_ = wpe16_ = Tensor();
+    return;
+  }
+  bind_views(params16, {&wte16_, &wpe16_});
+}
+
 void GptTransformer::init_params(std::mt19937_64& rng) {
   for (Tensor* t : {&wte_, &wpe_}) {
     float* p = t->data<float>();
@@ -306,12 +368,22 @@ const Tensor& GptTransformer::run_forward(const Tensor& tokens, Kernels& k) {
   // Row r's position is pos0 + r mod t: wpe from row pos0 on.
   k.embedding_forward(tokens.data<int32_t>(), wte_.data<float>(), wpe_.data<float>() + pos0 * o_.n_embd,
                       emb_.data<float>(), b * t, t, o_.n_embd, o_.vocab_size);
+  if (bf16_ && training_ && !cache_) {  // the fast path: the float32 embedding (from the masters) rounded once
+    ensure_shape(emb16_, emb_.shape(), emb_.device(), DType::BF16);
+    to_bfloat16(emb_, emb16_, 1.0f, k.stream());
+    return ln_f_->forward(h_->forward(emb16_, k), k);
+  }
   return ln_f_->forward(h_->forward(emb_, k), k);
 }
 
 const Tensor& GptTransformer::run_backward(const Tensor& dy, Kernels& k) {
-  const Tensor& d = h_->backward(ln_f_->backward(dy, k), k);
-  k.embedding_backward(tokens_.data<int32_t>(), d.data<float>(), dwte_.data<float>(), dwpe_.data<float>(),
+  const Tensor* d = &h_->backward(ln_f_->backward(dy, k), k);
+  if (d->dtype() == DType::BF16) {  // the embedding's gradient widened (exactly) for its float32 kernel
+    ensure_shape(demb_, d->shape(), d->device());
+    from_bfloat16(*d, demb_, k.stream());
+    d = &demb_;
+  }
+  k.embedding_backward(tokens_.data<int32_t>(), d->data<float>(), dwte_.data<float>(), dwpe_.data<float>(),
                        tokens_.dim(0) * tokens_.dim(1), tokens_.dim(1), o_.n_embd, o_.vocab_size);
   return none_;
 }
@@ -347,6 +419,22 @@ const Tensor& Gpt::run_forward(const Tensor& tokens, Kernels& k) {
   if (cache_) cache_->len += tokens.dim(1);
   const Tensor& h = h_;
   const int64_t rows = h.dim(0) * h.dim(1), c = o_.n_embd, v = o_.vocab_size, vp = padded_vocab(o_);
+  if (h.dtype() == DType::BF16) {
+    // The tied head in bf16 over all padded_vocab columns (wte's padding rows are 0), plus a bias that is 0 for the
+    // vocabulary and -inf for the padding: the classifier then sees the padding as no probability.
+    if (!pad_bias16_.defined() || pad_bias16_.device() != h.device()) {
+      Tensor host = Tensor::empty({vp}, DType::BF16);
+      for (int64_t j = 0; j < vp; ++j)
+        host.data<BFloat16>()[j] = to_bfloat16(j < v ? 0.0f : -std::numeric_limits<float>::infinity());
+      pad_bias16_ = host.to(h.device());
+    }
+    ensure_shape(logits_, {rows, vp}, h.device(), DType::BF16);
+    const MatmulShape s{.trans_a = false, .trans_b = true, .M = rows, .N = vp, .K = c, .lda = c, .ldb = c, .ldd = vp,
+                        .epilogue = MatmulEpilogue::Bias};
+    k.matmul_bf16(s, {.a = h.data<BFloat16>(), .b = transformer_->wte16().data<BFloat16>(), .d = logits_.raw(),
+                      .bias = pad_bias16_.data<BFloat16>()});
+    return logits_;
+  }
   if (!logits_.defined() || logits_.shape() != std::vector<int64_t>{rows, vp} || logits_.device() != h.device()) {
     // The padding columns are -inf once for all: the head's gemm writes only the first vocab_size columns.
     Tensor host = Tensor::empty({rows, vp});
@@ -365,6 +453,18 @@ const Tensor& Gpt::run_backward(const Tensor& dlogits, Kernels& k) {
             "gpt backward got {} for logits {}", dlogits.shape_str(), logits_.shape_str());
   const int64_t rows = dlogits.dim(0);
   const Tensor& h = h_;
+  if (dlogits.dtype() == DType::BF16) {
+    // dh = dlogits wte over the real vocabulary; d(wte) += dlogits^T h (float32, accumulating).
+    ensure_shape(dh_, h.shape(), dlogits.device(), DType::BF16);
+    const MatmulShape dh{.M = rows, .N = c, .K = v, .lda = vp, .ldb = c, .ldd = c};
+    k.matmul_bf16(dh, {.a = dlogits.data<BFloat16>(), .b = transformer_->wte16().data<BFloat16>(), .d = dh_.raw()});
+    const MatmulShape dw{.trans_a = true, .M = v, .N = c, .K = rows, .lda = vp, .ldb = c, .ldd = c, .d_f32 = true,
+                         .accumulate = true};
+    k.matmul_bf16(dw, {.a = dlogits.data<BFloat16>(), .b = h.data<BFloat16>(),
+                       .d = transformer_->wte_grad().raw()});
+    transformer_->backward(dh_, k);
+    return none_;
+  }
   // The tied head, over the real vocabulary (the padding's gradients are 0): dh = dlogits wte; d(wte) +=
   // dlogits^T h (the embedding's share comes in the transformer's backward, after which it is complete).
   ensure_shape(dh_, h.shape(), dlogits.device());

@@ -80,11 +80,16 @@ class CausalSelfAttention final : public Module {
   Linear *c_attn_, *c_proj_;
   int64_t b_ = 0, t_ = 0;
   Tensor qkv_, att_, y_, out_, datt_, dqkv_, dx_;
+  Tensor stats_;  // bf16 activations: the fused attention's logsumexp per query [B, n_head, T]
   KvCache* cache_ = nullptr;
   size_t layer_ = 0;
   GptScratch* scratch_ = nullptr;
 
   const Tensor& cached_forward(const Tensor& x, Kernels& k);
+  // bf16 activations: qkv and the attention's output bf16, the attention itself the kernel set's fused one (cuDNN's
+  // flash attention on a GPU): no [B, n_head, T, T] tensor.
+  const Tensor& forward_bf16(const Tensor& x, Kernels& k);
+  const Tensor& backward_bf16(const Tensor& dout, Kernels& k);
   // att_ = causal softmax of q k^T / sqrt(hs) from qkv_ (forward, and backward when recomputing).
   void attention_probabilities(Kernels& k);
 };
@@ -140,6 +145,8 @@ class GptTransformer final : public Module {
   void init_params(std::mt19937_64& rng) override;
   const Tensor& wte() const { return wte_; }
   const Tensor& wte_grad() const { return dwte_; }
+  const Tensor& wte16() const { return wte16_; }  // the bf16 copy (bf16 activations)
+  void bind_bf16(std::vector<Tensor> params16) override;
   // Every attention layer uses `cache` (nullptr: none); positions then start at cache->len.
   void use_cache(KvCache* cache);
   // Every block uses `scratch`.
@@ -154,7 +161,9 @@ class GptTransformer final : public Module {
   Sequential* h_;
   LayerNorm* ln_f_;
   Tensor wte_, wpe_, dwte_, dwpe_;
+  Tensor wte16_, wpe16_;
   Tensor tokens_, emb_;
+  Tensor emb16_, demb_;  // bf16 activations: the embedding rounded to bf16; its gradient widened to float32
   KvCache* cache_ = nullptr;
 };
 
@@ -166,6 +175,10 @@ class Gpt final : public Module {
   const GptOptions& options() const { return o_; }
   // The tied LM head reads the transformer's wte and accumulates into its gradient.
   const Module* uses_params_of() const override { return transformer_; }
+  // The transformer fast path (Model::set_bf16_activations): a training forward keeps bf16 activations from the
+  // embedding on, and returns bf16 logits [B * T, padded_vocab] (the padding columns -inf, from a bias of the LM
+  // head's matmul), which the loss's fused classifier overwrites with their gradient.
+  bool supports_bf16_activations() const override { return true; }
 
   // Generation with a KV cache. After begin_kv_cache, each forward (in evaluation mode) takes only the next
   // tokens [batch, t] of the sequences, which continue the cached positions, and returns their logits; the
@@ -184,6 +197,7 @@ class Gpt final : public Module {
   GptOptions o_;
   GptTransformer* transformer_;
   Tensor h_, logits_, dh_;
+  Tensor pad_bias16_;  // bf16 activations: 0 for the vocabulary, -inf for the padding columns of the logits
   std::unique_ptr<KvCache> cache_;
   std::unique_ptr<GptScratch> scratch_;
 };

@@ -72,6 +72,19 @@ void Kernels::adamw_fused(float*, BFloat16*, const float*, float*, float*, size_
   no_kernel(*this, "adamw_fused");
 }
 
+void Kernels::layernorm_forward_bf16(const BFloat16*, const float*, const float*, BFloat16*, float*, float*, int64_t,
+                                     int64_t, float) {
+  no_kernel(*this, "layernorm_forward_bf16");
+}
+void Kernels::layernorm_backward_bf16(const BFloat16*, const BFloat16*, const float*, const float*, const float*,
+                                      BFloat16*, float*, float*, int64_t, int64_t) {
+  no_kernel(*this, "layernorm_backward_bf16");
+}
+void Kernels::add_bf16(const BFloat16*, const BFloat16*, BFloat16*, size_t) { no_kernel(*this, "add_bf16"); }
+void Kernels::gelu_backward_bf16(const BFloat16*, const BFloat16*, BFloat16*, size_t) {
+  no_kernel(*this, "gelu_backward_bf16");
+}
+
 void check_matmul(const MatmulShape& s, const MatmulOperands& o) {
   DPT_CHECK(s.M >= 0 && s.N >= 0 && s.K >= 0, "matmul_bf16 shape {}x{}x{}", s.M, s.N, s.K);
   // Stored row lengths: A is K x M when transposed, else M x K; B is N x K when transposed, else K x N.

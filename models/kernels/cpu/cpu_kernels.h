@@ -93,6 +93,14 @@ class CpuKernels final : public Kernels {
   void adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
                    const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges, const double* grad_ss,
                    double max_norm) override;                                                   // optimizer.cpp
+  // layernorm.cpp, elementwise.cpp
+  void layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y, float* mean,
+                              float* rstd, int64_t rows, int64_t C, float eps) override;
+  void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
+                               const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
+                               int64_t C) override;
+  void add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) override;
+  void gelu_backward_bf16(const BFloat16* pre, const BFloat16* dy, BFloat16* dx, size_t n) override;
 };
 
 }  // namespace dpt::models

@@ -59,4 +59,12 @@ void CpuKernels::gelu_backward(const float* x, const float* dy, float* dx, size_
   for (size_t i = 0; i < n; ++i) dx[i] = dy[i] * elementwise::gelu_grad(x[i]);
 }
 
+void CpuKernels::add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) {
+  for (size_t i = 0; i < n; ++i) y[i] = to_bfloat16(to_float(a[i]) + to_float(b[i]));
+}
+
+void CpuKernels::gelu_backward_bf16(const BFloat16* pre, const BFloat16* dy, BFloat16* dx, size_t n) {
+  for (size_t i = 0; i < n; ++i) dx[i] = to_bfloat16(to_float(dy[i]) * elementwise::gelu_grad(to_float(pre[i])));
+}
+
 }  // namespace dpt::models

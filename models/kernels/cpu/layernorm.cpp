@@ -1,55 +1,89 @@
-// models/kernels/cpu/layernorm.cpp: LayerNorm forward and backward on the CPU (row sums in double).
+// models/kernels/cpu/layernorm.cpp: LayerNorm forward and backward on the CPU (row sums in double), on float32 or
+// bf16 activations (one template: bf16 read widened, written rounded once).
 #include "models/kernels/cpu/cpu_kernels.h"
 
 #include <cmath>
 
 namespace dpt::models {
 
-void CpuKernels::layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
-                                   float* rstd, int64_t rows, int64_t C, float eps) {
+namespace {
+
+inline float ld(const float* p, int64_t i) { return p[i]; }
+inline float ld(const BFloat16* p, int64_t i) { return to_float(p[i]); }
+inline void st(float* p, int64_t i, float v) { p[i] = v; }
+inline void st(BFloat16* p, int64_t i, float v) { p[i] = to_bfloat16(v); }
+
+template <class T>
+void layernorm_forward_rows(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,
+                            int64_t rows, int64_t C, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* in = x + r * C;
+    const T* in = x + r * C;
     double sum = 0.0;
-    for (int64_t c = 0; c < C; ++c) sum += in[c];
+    for (int64_t c = 0; c < C; ++c) sum += ld(in, c);
     const float m = static_cast<float>(sum / static_cast<double>(C));
     double var = 0.0;
     for (int64_t c = 0; c < C; ++c) {
-      const double d = in[c] - m;
+      const double d = ld(in, c) - m;
       var += d * d;
     }
     const float s = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + eps));
-    float* out = y + r * C;
-    for (int64_t c = 0; c < C; ++c) out[c] = (in[c] - m) * s * gamma[c] + beta[c];
+    T* out = y + r * C;
+    for (int64_t c = 0; c < C; ++c) st(out, c, (ld(in, c) - m) * s * gamma[c] + beta[c]);
     mean[r] = m;
     rstd[r] = s;
   }
 }
 
-void CpuKernels::layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
-                                    const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
-                                    int64_t C) {
+template <class T>
+void layernorm_backward_rows(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd, T* dx,
+                             float* dgamma, float* dbeta, int64_t rows, int64_t C) {
   for (int64_t r = 0; r < rows; ++r) {
-    const float* g = dy + r * C;
-    const float* in = x + r * C;
+    const T* g = dy + r * C;
+    const T* in = x + r * C;
     const float m = mean[r], s = rstd[r];
     // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma
     double sum_d = 0.0, sum_dx = 0.0;
     for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (in[c] - m) * s;
-      const float d = g[c] * gamma[c];
+      const float xhat = (ld(in, c) - m) * s;
+      const float gc = ld(g, c);
+      const float d = gc * gamma[c];
       sum_d += d;
       sum_dx += static_cast<double>(d) * xhat;
-      dgamma[c] += g[c] * xhat;
-      dbeta[c] += g[c];
+      dgamma[c] += gc * xhat;
+      dbeta[c] += gc;
     }
     const float mean_d = static_cast<float>(sum_d / static_cast<double>(C));
     const float mean_dx = static_cast<float>(sum_dx / static_cast<double>(C));
-    float* out = dx + r * C;
+    T* out = dx + r * C;
     for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (in[c] - m) * s;
-      out[c] = s * (g[c] * gamma[c] - mean_d - xhat * mean_dx);
+      const float xhat = (ld(in, c) - m) * s;
+      st(out, c, s * (ld(g, c) * gamma[c] - mean_d - xhat * mean_dx));
     }
   }
+}
+
+}  // namespace
+
+void CpuKernels::layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+                                   float* rstd, int64_t rows, int64_t C, float eps) {
+  layernorm_forward_rows(x, gamma, beta, y, mean, rstd, rows, C, eps);
+}
+
+void CpuKernels::layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
+                                    const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
+                                    int64_t C) {
+  layernorm_backward_rows(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C);
+}
+
+void CpuKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
+                                        float* mean, float* rstd, int64_t rows, int64_t C, float eps) {
+  layernorm_forward_rows(x, gamma, beta, y, mean, rstd, rows, C, eps);
+}
+
+void CpuKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
+                                         const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
+                                         int64_t C) {
+  layernorm_backward_rows(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C);
 }
 
 }  // namespace dpt::models

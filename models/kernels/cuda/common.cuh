@@ -53,6 +53,12 @@ __global__ void reduce_pair_kernel(const T* a, const T* b, size_t n, double* out
   }
 }
 
+// Activations of either type, as float32: bf16 widened exactly, stored rounded to nearest even (core/bfloat16.h).
+__device__ __forceinline__ float load_act(const float* p, int64_t i) { return p[i]; }
+__device__ __forceinline__ float load_act(const BFloat16* p, int64_t i) { return to_float(p[i]); }
+__device__ __forceinline__ void store_act(float* p, int64_t i, float v) { p[i] = v; }
+__device__ __forceinline__ void store_act(BFloat16* p, int64_t i, float v) { p[i] = to_bfloat16(v); }
+
 // The row kernels below give each row one warp: kThreads / 32 rows per block.
 constexpr int kWarpsPerBlock = kThreads / 32;
 static_assert(kWarpsPerBlock == kRowsPerBlock, "launch.h's kRowsPerBlock is the row kernels' warps per block");

@@ -35,4 +35,12 @@ void CudaKernels::gelu_backward(const float* x, const float* dy, float* dx, size
   DPT_CUDA_CHECK(cuda_launch::gelu_backward(x, dy, dx, n, stream()));
 }
 
+void CudaKernels::add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) {
+  DPT_CUDA_CHECK(cuda_launch::add_bf16(a, b, y, n, stream()));
+}
+
+void CudaKernels::gelu_backward_bf16(const BFloat16* pre, const BFloat16* dy, BFloat16* dx, size_t n) {
+  DPT_CUDA_CHECK(cuda_launch::gelu_backward_bf16(pre, dy, dx, n, stream()));
+}
+
 }  // namespace dpt::models

@@ -150,8 +150,10 @@ cudaError_t split_token_windows(const float* windows, int32_t* input, int32_t* n
 // LayerNorm forward: one warp per row, two passes over the row (the mean, then the sum of squared deviations: no
 // E[x^2] - E[x]^2 cancellation), each summed in double as the CPU set does, so mean and rstd = 1 / sqrt(var + eps)
 // almost always round to the CPU's floats. Backward's dx likewise sums its two row means in double.
-cudaError_t layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
-                              float* rstd, int64_t rows, int64_t C, float eps, cudaStream_t s);
+// T: float, or BFloat16 (the fast path's activations: x, y, dy, dx; gamma, beta, mean, rstd stay float32).
+template <class T>
+cudaError_t layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,
+                              int64_t rows, int64_t C, float eps, cudaStream_t s);
 // LayerNorm backward. dx (overwritten): one warp per row. dgamma += sum_r dy xhat and dbeta += sum_r dy,
 // deterministic: the rows are cut into layernorm_splits() runs (a function of the shape only); a block of 32 x 32
 // threads sums 32 columns of one run (row-strided per thread, then the 32 partials in order) into `partials`; then
@@ -165,9 +167,10 @@ inline int64_t layernorm_splits(int64_t rows) {
 inline size_t layernorm_partials_count(int64_t rows, int64_t C) {
   return static_cast<size_t>(2 * C * layernorm_splits(rows));
 }
-cudaError_t layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
-                               const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C,
-                               float* partials, cudaStream_t s);
+template <class T>
+cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
+                               T* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, float* partials,
+                               cudaStream_t s);
 
 // ---- the transformer fast path: bf16 activations --------------------------------------------------------------
 // The fused classifier (softmax.cu): one block per row of bf16 logits [rows, ld] (the first `vocab` columns real).
@@ -192,5 +195,9 @@ cudaError_t bias_epilogue_bf16(BFloat16* d, int64_t ldd, const BFloat16* bias, B
 // bias_grad[i] += sum over k < K of a[i * stride_i + k * stride_k] (float32, in k order): one thread per i.
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
                            float* bias_grad, cudaStream_t s);
+// The fast path's element-wise operations on bf16 activations (elementwise.cu), each in float32, rounded once:
+// y = a + b (the residual stream), and dx = dy * gelu'(pre) from the pre-activation the matmul's GELU epilogue kept.
+cudaError_t add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n, cudaStream_t s);
+cudaError_t gelu_backward_bf16(const BFloat16* pre, const BFloat16* dy, BFloat16* dx, size_t n, cudaStream_t s);
 
 }  // namespace dpt::models::cuda_launch

@@ -24,4 +24,21 @@ void CudaKernels::layernorm_backward(const float* dy, const float* x, const floa
                                                  ln_partials_.data<float>(), stream()));
 }
 
+void CudaKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
+                                         float* mean, float* rstd, int64_t rows, int64_t C, float eps) {
+  check_row_shape(rows, C, "layernorm");
+  DPT_CUDA_CHECK(cuda_launch::layernorm_forward(x, gamma, beta, y, mean, rstd, rows, C, eps, stream()));
+}
+
+void CudaKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
+                                          const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
+                                          int64_t C) {
+  check_row_shape(rows, C, "layernorm backward");
+  if (rows == 0) return;
+  const size_t count = cuda_launch::layernorm_partials_count(rows, C);
+  if (ln_partials_.numel() < count) ln_partials_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F32, device());
+  DPT_CUDA_CHECK(cuda_launch::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C,
+                                                 ln_partials_.data<float>(), stream()));
+}
+
 }  // namespace dpt::models

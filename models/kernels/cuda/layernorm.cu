@@ -1,5 +1,7 @@
 // models/kernels/cuda/layernorm.cu: LayerNorm forward (one warp per row) and backward (dx per row; dgamma and dbeta
-// in a fixed order over runs of rows: no atomics); kernels first, then their launcher.
+// in a fixed order over runs of rows: no atomics); kernels first, then their launcher. The kernels are templates over
+// the activations' type (x, y, dy, dx): float, or bf16 for the transformer fast path (read widened, written rounded
+// once); gamma, beta, mean, rstd and the parameter gradients are float32 either way.
 #include "models/kernels/cuda/common.cuh"
 
 namespace dpt::models::cuda_launch {
@@ -9,23 +11,24 @@ namespace {
 // One warp per row. The sums are doubles (C / 32 additions per lane, then the warp): the CPU set's arithmetic, so
 // mean and rstd almost always round to the same floats. y = (x - mean) * rstd * gamma + beta; y may alias x (each
 // lane reads and writes only its own columns, the last pass after the shuffles).
-__global__ void layernorm_forward_kernel(const float* x, const float* gamma, const float* beta, float* y, float* mean,
+template <class T>
+__global__ void layernorm_forward_kernel(const T* x, const float* gamma, const float* beta, T* y, float* mean,
                                          float* rstd, int64_t rows, int64_t C, float eps) {
   const int lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;  // the whole warp: r is the warp's
-  const float* in = x + r * C;
+  const T* in = x + r * C;
   double sum = 0.0;
-  for (int64_t c = lane; c < C; c += 32) sum += in[c];
+  for (int64_t c = lane; c < C; c += 32) sum += load_act(in, c);
   const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
   double var = 0.0;
   for (int64_t c = lane; c < C; c += 32) {
-    const float d = in[c] - m;
+    const float d = load_act(in, c) - m;
     var += static_cast<double>(d) * d;
   }
   const float s = static_cast<float>(1.0 / sqrt(warp_sum(var) / static_cast<double>(C) + eps));
-  float* out = y + r * C;
-  for (int64_t c = lane; c < C; c += 32) out[c] = (in[c] - m) * s * gamma[c] + beta[c];
+  T* out = y + r * C;
+  for (int64_t c = lane; c < C; c += 32) store_act(out, c, (load_act(in, c) - m) * s * gamma[c] + beta[c]);
   if (lane == 0) {
     mean[r] = m;
     rstd[r] = s;
@@ -34,46 +37,53 @@ __global__ void layernorm_forward_kernel(const float* x, const float* gamma, con
 
 }  // namespace
 
-cudaError_t layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
-                              float* rstd, int64_t rows, int64_t C, float eps, cudaStream_t s) {
+template <class T>
+cudaError_t layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,
+                              int64_t rows, int64_t C, float eps, cudaStream_t s) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  layernorm_forward_kernel<<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+  layernorm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
   return cudaGetLastError();
 }
+template cudaError_t layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*,
+                                              int64_t, int64_t, float, cudaStream_t);
+template cudaError_t layernorm_forward<BFloat16>(const BFloat16*, const float*, const float*, BFloat16*, float*,
+                                                 float*, int64_t, int64_t, float, cudaStream_t);
 
 namespace {
 
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma; one warp per row, the two
 // means summed in double (as the CPU set). dx may alias dy (a lane's columns are read before it writes them).
-__global__ void layernorm_backward_dx_kernel(const float* dy, const float* x, const float* gamma, const float* mean,
-                                             const float* rstd, float* dx, int64_t rows, int64_t C) {
+template <class T>
+__global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const float* gamma, const float* mean,
+                                             const float* rstd, T* dx, int64_t rows, int64_t C) {
   const int lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;
-  const float* g = dy + r * C;
-  const float* in = x + r * C;
+  const T* g = dy + r * C;
+  const T* in = x + r * C;
   const float m = mean[r], s = rstd[r];
   double sum_d = 0.0, sum_dx = 0.0;
   for (int64_t c = lane; c < C; c += 32) {
-    const float xhat = (in[c] - m) * s;
-    const float d = g[c] * gamma[c];
+    const float xhat = (load_act(in, c) - m) * s;
+    const float d = load_act(g, c) * gamma[c];
     sum_d += d;
     sum_dx += static_cast<double>(d) * xhat;
   }
   const float mean_d = static_cast<float>(warp_sum(sum_d) / static_cast<double>(C));
   const float mean_dx = static_cast<float>(warp_sum(sum_dx) / static_cast<double>(C));
-  float* out = dx + r * C;
+  T* out = dx + r * C;
   for (int64_t c = lane; c < C; c += 32) {
-    const float xhat = (in[c] - m) * s;
-    out[c] = s * (g[c] * gamma[c] - mean_d - xhat * mean_dx);
+    const float xhat = (load_act(in, c) - m) * s;
+    store_act(out, c, s * (load_act(g, c) * gamma[c] - mean_d - xhat * mean_dx));
   }
 }
 
 // grid (ceil(C / 32), splits), block 32 x 32: run `split` of the rows (layernorm_splits), 32 columns. Thread (x, y)
 // sums rows y, y + 32, ... of the run in column c; then row y = 0 adds the 32 partials of its column in order.
 // partials[split * C + c] = the run's sum of dy * xhat, partials[(splits + split) * C + c] its sum of dy.
-__global__ void layernorm_param_partials_kernel(const float* dy, const float* x, const float* mean, const float* rstd,
+template <class T>
+__global__ void layernorm_param_partials_kernel(const T* dy, const T* x, const float* mean, const float* rstd,
                                                 int64_t rows, int64_t C, int64_t splits, float* partials) {
   __shared__ float part_g[32][33], part_b[32][33];
   const int64_t c = blockIdx.x * 32 + threadIdx.x, split = blockIdx.y;
@@ -82,8 +92,8 @@ __global__ void layernorm_param_partials_kernel(const float* dy, const float* x,
   float acc_g = 0.0f, acc_b = 0.0f;
   if (c < C)
     for (int64_t r = begin + threadIdx.y; r < end; r += 32) {
-      const float g = dy[r * C + c];
-      acc_g += g * ((x[r * C + c] - mean[r]) * rstd[r]);
+      const float g = load_act(dy, r * C + c);
+      acc_g += g * ((load_act(x, r * C + c) - mean[r]) * rstd[r]);
       acc_b += g;
     }
   part_g[threadIdx.y][threadIdx.x] = acc_g;
@@ -117,21 +127,27 @@ __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, 
 
 }  // namespace
 
-cudaError_t layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
-                               const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C,
-                               float* partials, cudaStream_t s) {
+template <class T>
+cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
+                               T* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, float* partials,
+                               cudaStream_t s) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   // dgamma and dbeta first: they read dy, which dx may alias.
   const int64_t splits = layernorm_splits(rows);
   const dim3 grid(static_cast<unsigned int>((C + 31) / 32), static_cast<unsigned int>(splits));
-  layernorm_param_partials_kernel<<<grid, dim3(32, 32), 0, s>>>(dy, x, mean, rstd, rows, C, splits, partials);
+  layernorm_param_partials_kernel<T><<<grid, dim3(32, 32), 0, s>>>(dy, x, mean, rstd, rows, C, splits, partials);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   layernorm_param_finish_kernel<<<blocks_for(static_cast<size_t>(C)), kThreads, 0, s>>>(partials, C, splits, dgamma,
                                                                                          dbeta);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  layernorm_backward_dx_kernel<<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, mean, rstd, dx, rows, C);
+  layernorm_backward_dx_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, mean, rstd, dx, rows, C);
   return cudaGetLastError();
 }
+template cudaError_t layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*,
+                                               float*, float*, float*, int64_t, int64_t, float*, cudaStream_t);
+template cudaError_t layernorm_backward<BFloat16>(const BFloat16*, const BFloat16*, const float*, const float*,
+                                                  const float*, BFloat16*, float*, float*, int64_t, int64_t, float*,
+                                                  cudaStream_t);
 
 }  // namespace dpt::models::cuda_launch
