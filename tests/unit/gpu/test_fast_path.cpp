@@ -1,7 +1,9 @@
 // tests/unit/gpu/test_fast_path.cpp: the CUDA set's transformer fast path against the CPU set's (whose arithmetic
 // tests/unit/models/test_fast_path_kernels.cpp checks against double): the bf16 matmul through cuBLASLt with each
 // epilogue, fused and through the fallback kernels; cuDNN's fused flash attention forward and backward (and that a
-// rerun gives the same bits); the fused classifier; the fused AdamW. Fresh random inputs from fixed seeds, never
+// rerun gives the same bits); the fused classifier; the fused AdamW; the bf16 LayerNorm, residual add and GELU
+// backward; then a whole GPT with bf16 activations (train.bf16_activations) on the GPU against the same model's CPU
+// fast path, forward, fused loss and backward, twice. Fresh random inputs from fixed seeds, never
 // zeros; every output the GPU writes starts as NaN on the device (bf16 0x7FC0), so an element left unwritten fails;
 // outputs it accumulates into start random. Each comparison prints the tensor's name, the first bad and the worst
 // index. Tolerances: two bf16 roundings of float32 sums taken in different orders may differ by one bf16 step
@@ -16,7 +18,10 @@
 #include "core/check.h"
 #include "gpu_testing.h"
 #include "models/kernels/cuda/cuda_kernels.h"
+#include "models/gpt/gpt.h"
 #include "models/kernels/factory.h"
+#include "models/layers.h"
+#include "models/model.h"
 
 using namespace dpt;
 using namespace dpt::models;
@@ -265,5 +270,98 @@ TEST_CASE("cuda adamw_fused matches the CPU and writes the bf16 copy of its own 
     size_t bad16 = 0;
     for (size_t i = 0; i < n; ++i) bad16 += p16.data<BFloat16>()[i].bits != to_bfloat16(got.data<float>()[i]).bits;
     CHECK(bad16 == 0);
+  }
+}
+
+TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "[gpu][fastpath]") {
+  std::mt19937 rng(77);
+  for (const int64_t C : {int64_t{768}, int64_t{37}}) {
+    const int64_t rows = 300;
+    CAPTURE(C);
+    const Tensor x = bf16_random({rows, C}, rng, -3.0f, 3.0f), dy = bf16_random({rows, C}, rng);
+    const Tensor gamma = random_floats({C}, rng, 0.5f, 1.5f), beta = random_floats({C}, rng);
+    const Tensor dg0 = random_floats({C}, rng), db0 = random_floats({C}, rng);
+    Tensor y = bf16_nan({rows, C}), dx = bf16_nan({rows, C}), mean = filled({rows}, kNaN), rstd = filled({rows}, kNaN);
+    Tensor dg = copy_to(dg0, Device::cpu()), db = copy_to(db0, Device::cpu());
+    Tensor gx = to_device(x), gdy = to_device(dy), ggamma = to_device(gamma), gbeta = to_device(beta);
+    Tensor gy = to_device(bf16_nan({rows, C})), gdx = to_device(bf16_nan({rows, C}));
+    Tensor gmean = nan_on_device({rows}), grstd = nan_on_device({rows}), gdg = to_device(dg0), gdb = to_device(db0);
+    cpu_kernels().layernorm_forward_bf16(x.data<BFloat16>(), gamma.data<float>(), beta.data<float>(),
+                                         y.data<BFloat16>(), mean.data<float>(), rstd.data<float>(), rows, C, 1e-5f);
+    gpu_kernels().layernorm_forward_bf16(gx.data<BFloat16>(), ggamma.data<float>(), gbeta.data<float>(),
+                                         gy.data<BFloat16>(), gmean.data<float>(), grstd.data<float>(), rows, C, 1e-5f);
+    cpu_kernels().layernorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
+                                          mean.data<float>(), rstd.data<float>(), dx.data<BFloat16>(),
+                                          dg.data<float>(), db.data<float>(), rows, C);
+    gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                          gmean.data<float>(), grstd.data<float>(), gdx.data<BFloat16>(),
+                                          gdg.data<float>(), gdb.data<float>(), rows, C);
+    // The float32 row statistics in double, as the CPU: equal but for the sums' order (a few float ulps); a bf16
+    // output one step apart at most.
+    const Diff d_y = compare_bf16(gy, y, 1e-6, kBf16Step), d_mean = compare(to_host(gmean), mean, 1e-6, 1e-6);
+    const Diff d_rstd = compare(to_host(grstd), rstd, 0.0, 1e-6), d_dx = compare_bf16(gdx, dx, 1e-5, kBf16Step);
+    const Diff d_dg = compare(to_host(gdg), dg, 1e-4, 1e-5), d_db = compare(to_host(gdb), db, 1e-4, 1e-5);
+    INFO("y: " << d_y << "\nmean: " << d_mean << "\nrstd: " << d_rstd << "\ndx: " << d_dx << "\ndgamma: " << d_dg
+               << "\ndbeta: " << d_db);
+    CHECK(d_y.bad + d_mean.bad + d_rstd.bad + d_dx.bad + d_dg.bad + d_db.bad == 0);
+    // The element-wise pair: one float operation and one rounding each: the same bits.
+    const size_t n = static_cast<size_t>(rows * C);
+    Tensor sum = bf16_nan({rows, C}), dgelu = bf16_nan({rows, C});
+    Tensor gsum = to_device(bf16_nan({rows, C})), gdgelu = to_device(bf16_nan({rows, C}));
+    cpu_kernels().add_bf16(x.data<BFloat16>(), dy.data<BFloat16>(), sum.data<BFloat16>(), n);
+    gpu_kernels().add_bf16(gx.data<BFloat16>(), gdy.data<BFloat16>(), gsum.data<BFloat16>(), n);
+    cpu_kernels().gelu_backward_bf16(x.data<BFloat16>(), dy.data<BFloat16>(), dgelu.data<BFloat16>(), n);
+    gpu_kernels().gelu_backward_bf16(gx.data<BFloat16>(), gdy.data<BFloat16>(), gdgelu.data<BFloat16>(), n);
+    const Diff d_sum = compare_bf16(gsum, sum, 0.0, 0.0), d_gelu = compare_bf16(gdgelu, dgelu, 0.0, kBf16Step);
+    INFO("add: " << d_sum << "\ngelu backward (tanhf may differ by an ulp): " << d_gelu);
+    CHECK(d_sum.bad == 0);
+    CHECK(d_gelu.bad == 0);
+  }
+}
+
+TEST_CASE("a GPT with bf16 activations on cuda matches its CPU fast path: loss and every gradient",
+          "[gpu][fastpath][model]") {
+  GptOptions o;
+  o.n_layer = 2;
+  o.n_head = 4;
+  o.n_embd = 128;  // head size 32, as configs/gpt_tiny.toml
+  o.vocab_size = 300;
+  o.block_size = 64;
+  constexpr int64_t kBatch = 4, kT = 64;
+  auto cpu_model = make_gpt(o), gpu_model = make_gpt(o);
+  cpu_model->init(42);
+  gpu_model->init(42);
+  gpu_model->to(gpu());
+  for (auto* m : {cpu_model.get(), gpu_model.get()}) m->set_bf16_activations(true);
+  std::mt19937 rng(113);
+  Tensor tokens = Tensor::empty({kBatch, kT}, DType::I32), labels = Tensor::empty({kBatch * kT}, DType::I32);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(o.vocab_size - 1));
+  for (size_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = tok(rng);
+  for (size_t i = 0; i < labels.numel(); ++i) labels.data<int32_t>()[i] = tok(rng);
+  const Tensor d_tokens = to_device(tokens), d_labels = to_device(labels);
+  for (int repeat = 0; repeat < 2; ++repeat) {  // twice: the cached cuBLASLt plans and cuDNN graphs again
+    CAPTURE(repeat);
+    cpu_model->zero_grad();
+    gpu_model->zero_grad();
+    SoftmaxCrossEntropy cpu_loss, gpu_loss;
+    Tensor cpu_stats = Tensor::zeros({2}, DType::F64), gpu_stats = to_device(Tensor::zeros({2}, DType::F64));
+    const Tensor& cl = cpu_model->forward(tokens);
+    const Tensor& gl = gpu_model->forward(d_tokens);
+    REQUIRE(gl.dtype() == DType::BF16);
+    cpu_loss.accumulate(cl, labels, cpu_model->kernels(), cpu_stats, true, 0.5);
+    gpu_loss.accumulate(gl, d_labels, gpu_model->kernels(), gpu_stats, true, 0.5);
+    const double want = cpu_stats.data<double>()[0], got = to_host(gpu_stats).data<double>()[0];
+    INFO(fmt::format("loss sum: gpu {}, cpu {}", got, want));
+    CHECK(rel_err(got, want) < 1e-3);
+    cpu_model->backward(cpu_loss.grad());
+    gpu_model->backward(gpu_loss.grad());
+    const Tensor got_grads = to_host(gpu_model->grads());
+    for (const NamedParam& np : cpu_model->named_params()) {
+      const Diff d = compare(got_grads.data<float>() + np.offset, cpu_model->grads().data<float>() + np.offset,
+                             np.param.numel());
+      INFO(np.name << ": " << d);
+      CHECK(d.nonfinite == 0);
+      CHECK(d.rel_l2 < 3e-2);  // bf16 activations rounded at other points of float32 sums: a few bf16 steps
+    }
   }
 }

@@ -346,3 +346,58 @@ TEST_CASE("in_decay_range: the parity of the edges at or below an index", "[fast
   CHECK(got == std::vector<int>{0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0});
   CHECK(!elementwise::in_decay_range(e, 0, 3));
 }
+
+TEST_CASE("the bf16 LayerNorm, residual add and GELU backward: the float32 kernels on widened values, rounded once",
+          "[fastpath]") {
+  // Exactly: each bf16 kernel is its float32 twin's arithmetic on the widened inputs with the outputs rounded once,
+  // so the float32 kernel run on widened copies and then rounded gives the same bits.
+  std::mt19937 rng(77);
+  const int64_t rows = 5, C = 24;
+  const size_t n = static_cast<size_t>(rows * C);
+  const auto x = random_bf16(n, rng, -3.0f, 3.0f), dy = random_bf16(n, rng);
+  std::vector<float> xf(n), dyf(n), gamma(C), beta(C);
+  for (size_t i = 0; i < n; ++i) {
+    xf[i] = to_float(x[i]);
+    dyf[i] = to_float(dy[i]);
+  }
+  std::uniform_real_distribution<float> u(0.5f, 1.5f);
+  for (auto& g : gamma) g = u(rng);
+  for (auto& b : beta) b = u(rng) - 1.0f;
+  std::vector<BFloat16> y16(n), dx16(n);
+  std::vector<float> y(n), dx(n), mean16(rows), rstd16(rows), mean(rows), rstd(rows);
+  std::vector<float> dg16(C, 0.25f), db16(C, -0.5f), dg(C, 0.25f), db(C, -0.5f);
+  cpu().layernorm_forward_bf16(x.data(), gamma.data(), beta.data(), y16.data(), mean16.data(), rstd16.data(), rows, C,
+                               1e-5f);
+  cpu().layernorm_forward(xf.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), rows, C, 1e-5f);
+  cpu().layernorm_backward_bf16(dy.data(), x.data(), gamma.data(), mean16.data(), rstd16.data(), dx16.data(),
+                                dg16.data(), db16.data(), rows, C);
+  cpu().layernorm_backward(dyf.data(), xf.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dg.data(),
+                           db.data(), rows, C);
+  size_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bad += y16[i].bits != to_bfloat16(y[i]).bits;
+    bad += dx16[i].bits != to_bfloat16(dx[i]).bits;
+  }
+  CHECK(bad == 0);
+  CHECK(mean16 == mean);
+  CHECK(rstd16 == rstd);
+  CHECK(dg16 == dg);
+  CHECK(db16 == db);
+  // The residual add and GELU's backward from the pre-activation.
+  std::vector<BFloat16> sum(n), dgelu(n);
+  cpu().add_bf16(x.data(), dy.data(), sum.data(), n);
+  cpu().gelu_backward_bf16(x.data(), dy.data(), dgelu.data(), n);
+  std::vector<float> sumf(n), dgeluf(n);
+  cpu().add(xf.data(), dyf.data(), sumf.data(), n, false);
+  for (size_t i = 0; i < n; ++i) dgeluf[i] = dyf[i] * elementwise::gelu_grad(xf[i]);
+  bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    bad += sum[i].bits != to_bfloat16(sumf[i]).bits;
+    bad += dgelu[i].bits != to_bfloat16(dgeluf[i]).bits;
+  }
+  CHECK(bad == 0);
+  // In place, as the residual stream uses it.
+  auto acc = x;
+  cpu().add_bf16(acc.data(), dy.data(), acc.data(), n);
+  CHECK(std::memcmp(acc.data(), sum.data(), n * sizeof(BFloat16)) == 0);
+}
