@@ -8,6 +8,10 @@
 #ifdef DPT_WITH_CUDA
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+#include <mutex>
+#include <set>
+
 #include "core/cuda_check.h"
 #endif
 
@@ -117,6 +121,53 @@ void* malloc_device(size_t bytes) {
 void free_device(void* p) noexcept {
   if (p) (void)cudaFree(p);
 }
+
+namespace {
+// The current device's default memory pool, its release threshold raised once so freed memory stays cached.
+cudaMemPool_t device_pool() {
+  int index = 0;
+  DPT_CUDA_CHECK(cudaGetDevice(&index));
+  cudaMemPool_t pool = nullptr;
+  DPT_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, index));
+  static std::mutex mu;
+  static std::set<int> configured;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (configured.insert(index).second) {
+    uint64_t keep_all = UINT64_MAX;
+    DPT_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all));
+  }
+  return pool;
+}
+}  // namespace
+
+void* malloc_device_async(size_t bytes, StreamHandle stream) {
+  cudaMemPool_t pool = device_pool();
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes == 0 ? 256 : bytes, pool, stream);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    int index = 0;
+    (void)cudaGetDevice(&index);
+    size_t free = 0, total = 0;
+    (void)cudaMemGetInfo(&free, &total);
+    DPT_THROW(OutOfMemoryError, "out of memory on cuda:{}: cannot allocate {} from its memory pool ({} free of {})",
+              index, format_bytes(bytes), format_bytes(free), format_bytes(total));
+  }
+  DPT_CUDA_CHECK(e);
+  return p;
+}
+
+void free_device_async(void* p, StreamHandle stream) noexcept {
+  if (p) (void)cudaFreeAsync(p, stream);
+}
+
+PoolInfo pool_info() {
+  cudaMemPool_t pool = device_pool();
+  uint64_t reserved = 0, used = 0;
+  DPT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved));
+  DPT_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used));
+  return {static_cast<size_t>(reserved), static_cast<size_t>(used)};
+}
 void* malloc_pinned(size_t bytes) {
   void* p = nullptr;
   DPT_CUDA_CHECK(cudaMallocHost(&p, bytes == 0 ? 64 : bytes));
@@ -188,6 +239,9 @@ void Event::synchronize() const { no_cuda("a CUDA event"); }
 float Event::elapsed_ms_since(const Event&) const { no_cuda("a CUDA event"); }
 void* malloc_device(size_t) { no_cuda("device memory"); }
 void free_device(void*) noexcept {}
+void* malloc_device_async(size_t, StreamHandle) { no_cuda("device memory"); }
+void free_device_async(void*, StreamHandle) noexcept {}
+PoolInfo pool_info() { no_cuda("a device memory pool"); }
 void* malloc_pinned(size_t) { no_cuda("pinned memory"); }
 void free_pinned(void*) noexcept {}
 void memcpy(void*, const void*, size_t, StreamHandle) { no_cuda("a device copy"); }

@@ -80,6 +80,20 @@ class Event {
 // lack of memory (DeviceError for any other failure).
 void* malloc_device(size_t bytes);
 void free_device(void* p) noexcept;
+// Stream-ordered device memory from the current device's memory pool (cudaMallocFromPoolAsync / cudaFreeAsync):
+// the bytes may be used by work enqueued on `stream` after malloc_device_async returns, and by work ordered after
+// that (another stream waiting on an event recorded there, as every collective's stream waits on its caller's);
+// free_device_async gives them back when `stream` reaches that point. The pool is the device's default one, set up
+// on first use to keep what is freed (its release threshold: no limit), so a size that comes back is served from
+// the pool: no cudaMalloc, no cudaFree, no device synchronisation. OutOfMemoryError as malloc_device. What ZeRO's
+// held buckets (stage 2 gradients, stage 3 parameters) are made of, every step.
+void* malloc_device_async(size_t bytes, StreamHandle stream);
+void free_device_async(void* p, StreamHandle stream) noexcept;
+// The current device's pool: bytes it holds from the device (cached included) and bytes handed out now.
+struct PoolInfo {
+  size_t reserved = 0, used = 0;
+};
+PoolInfo pool_info();
 // Page-locked host memory: the source of truly asynchronous host-to-device copies.
 void* malloc_pinned(size_t bytes);
 void free_pinned(void* p) noexcept;

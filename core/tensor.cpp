@@ -38,7 +38,7 @@ Storage::Storage(size_t bytes, Device device, bool pinned) : bytes_(bytes), devi
   reserve();
 }
 
-void Storage::allocate() {
+void Storage::allocate(StreamHandle stream) {
   const size_t bytes = bytes_;
   const bool pinned = pinned_;
   const Device device = device_;
@@ -46,7 +46,12 @@ void Storage::allocate() {
     DPT_CHECK(!pinned, "pinned applies to host memory, not {}", device.str());
     if (!cuda::built()) DPT_THROW(UnsupportedError, "device {} is not supported by this build (no CUDA)", device.str());
     cuda::set_device(device.index);
-    data_ = cuda::malloc_device(bytes);
+    if (stream) {
+      data_ = cuda::malloc_device_async(bytes, stream);
+      pool_stream_ = stream;
+    } else {
+      data_ = cuda::malloc_device(bytes);
+    }
     return;
   }
   if (pinned) {
@@ -65,23 +70,26 @@ void Storage::allocate() {
 
 Storage::~Storage() { release(); }
 
-void Storage::release() {
+void Storage::release(StreamHandle stream) {
   if (!data_) return;
   note_release(device_, bytes_);
-  if (device_.is_cuda())
+  if (device_.is_cuda() && pool_stream_)
+    cuda::free_device_async(data_, stream ? stream : pool_stream_);
+  else if (device_.is_cuda())
     cuda::free_device(data_);
   else if (pinned_)
     cuda::free_pinned(data_);
   else
     std::free(data_);
   data_ = nullptr;
+  pool_stream_ = nullptr;
 }
 
-void Storage::reserve() {
+void Storage::reserve(StreamHandle stream) {
   if (data_) return;
   note_allocation(device_, bytes_);  // counted first: the fault injection's limit throws before anything is held
   try {
-    allocate();
+    allocate(device_.is_cuda() ? stream : nullptr);
   } catch (...) {
     note_release(device_, bytes_);
     throw;

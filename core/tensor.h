@@ -50,15 +50,24 @@ class Storage {
   // handle (views keep their offsets); nothing may touch the data until reserve() allocates the bytes again
   // (contents undefined). How ZeRO stage 2 holds a gradient bucket only from its first write in backward to its
   // reduce-scatter. Both count in the memory figures (core/memory.h), and reserve() obeys DPT_DEBUG_MEMORY_LIMIT.
-  // On a GPU cudaFree synchronises the device, so release() is safe after any enqueued use. Not thread-safe
-  // against another thread touching the same storage.
-  void release();
-  void reserve();
+  // On a GPU, without a stream, cudaFree synchronises the device, so release() is safe after any enqueued use. With
+  // `stream` (a CUDA storage), both are stream-ordered through the device's memory pool (cuda::malloc_device_async):
+  // reserve()'s bytes serve work enqueued on `stream` from then on (and work ordered after it), release() hands
+  // them back when `stream` gets there: no cudaMalloc, no cudaFree, no synchronisation once the pool holds the
+  // sizes. The caller orders every other stream's use of the bytes before the release on `stream` (ZeRO releases
+  // after the compute stream has waited on the collective). A storage released or destroyed frees its bytes the way
+  // they came: pooled memory with cudaFreeAsync (on `stream`, else on the stream it was reserved on). On the CPU
+  // the stream changes nothing. Not thread-safe against another thread touching the same storage.
+  void release(StreamHandle stream = nullptr);
+  void reserve(StreamHandle stream = nullptr);
+  // Whether the bytes held now came from the device's memory pool (reserve with a stream).
+  bool pooled() const { return pool_stream_ != nullptr; }
   bool resident() const { return data_ != nullptr; }
 
  private:
-  void allocate();
+  void allocate(StreamHandle stream);
   void* data_ = nullptr;
+  StreamHandle pool_stream_ = nullptr;  // the stream pooled bytes were reserved on (nullptr: cudaMalloc's, or host)
   size_t bytes_ = 0;
   Device device_;
   bool pinned_ = false;

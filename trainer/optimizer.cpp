@@ -1,4 +1,5 @@
-// trainer/optimizer.cpp: SGD and AdamW steps through the model's kernel set.
+// trainer/optimizer.cpp: SGD and AdamW steps through the model's kernel set: AdamW as one fused pass per owned piece
+// (adamw_fused: clipping and the per-element weight decay inside), SGD run by run.
 #include "trainer/optimizer.h"
 
 #include <algorithm>
@@ -37,6 +38,29 @@ Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_ma
     }
     at += r.count;
   }
+  // AdamW's fused pieces: each owned piece with its runs' decay ranges, relative to the piece.
+  at = 0;
+  for (const FlatRange& r : owned_) {
+    Piece piece{.offset = r.offset, .at = at, .count = r.count, .decay_edges = {}};
+    std::vector<int64_t> edges;
+    for (const Run& run : runs_) {
+      if (run.at < at || run.at >= at + r.count || !run.decay) continue;
+      const auto lo = static_cast<int64_t>(run.at - at), hi = static_cast<int64_t>(run.at - at + run.count);
+      if (!edges.empty() && edges.back() == lo)
+        edges.back() = hi;  // neighbouring decay runs (cut at nothing else) merge
+      else
+        edges.insert(edges.end(), {lo, hi});
+    }
+    piece.all_decay = edges.size() == 2 && edges[0] == 0 && static_cast<size_t>(edges[1]) == r.count;
+    if (!piece.all_decay && !edges.empty()) {
+      Tensor host = Tensor::empty({static_cast<int64_t>(edges.size())}, DType::I64);
+      std::copy(edges.begin(), edges.end(), host.data<int64_t>());
+      piece.decay_edges = host.to(model.device());
+      piece.n_edges = edges.size();
+    }
+    pieces_.push_back(std::move(piece));
+    at += r.count;
+  }
   DPT_CHECK(!shard_grads_.defined() || shard_grads_.numel() == total, "gradient shard of {} elements for {} owned",
             shard_grads_.numel(), total);
   DPT_CHECK(!shard_params_.defined() || shard_params_.numel() == total, "parameter shard of {} elements for {} owned",
@@ -52,29 +76,47 @@ Optimizer::Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_ma
   }
 }
 
-void Optimizer::step(double lr) {
+void Optimizer::step(double lr, const double* grad_ss, double max_norm) {
   auto& k = model_.kernels();
-  for (const Run& r : runs_) {
-    float* p = shard_params_.defined() ? shard_params_.data<float>() + r.at : model_.params().data<float>() + r.offset;
-    const float* g = shard_grads_.defined() ? shard_grads_.data<float>() + r.at : model_.grads().data<float>() + r.offset;
-    const float wd = r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f;
-    auto slot = [&](size_t i) { return slots_[i].second.data<float>() + r.at; };
-    if (cfg_.optimizer == OptimizerKind::sgd) {
-      models::SgdParams sp{.lr = static_cast<float>(lr),
-                           .momentum = static_cast<float>(cfg_.momentum),
-                           .weight_decay = wd,
-                           .nesterov = cfg_.nesterov,
-                           .first_step = steps_ == 0};
-      k.sgd_update(p, g, slots_.empty() ? nullptr : slot(0), r.count, sp);
-    } else {
-      models::AdamWParams ap{.lr = static_cast<float>(lr),
-                             .beta1 = static_cast<float>(cfg_.beta1),
-                             .beta2 = static_cast<float>(cfg_.beta2),
-                             .eps = static_cast<float>(cfg_.eps),
-                             .weight_decay = wd,
-                             .step = steps_ + 1};
-      k.adamw_update(p, g, slot(0), slot(1), r.count, ap);
+  float* params = shard_params_.defined() ? shard_params_.data<float>() : model_.params().data<float>();
+  float* grads = shard_grads_.defined() ? shard_grads_.data<float>() : model_.grads().data<float>();
+  // Where a piece's (or a run's) parameters and gradients start: in the shard buffers at `at`, else in the model's
+  // flat buffers at `offset`.
+  const auto param_at = [&](size_t offset, size_t at) { return params + (shard_params_.defined() ? at : offset); };
+  const auto grad_at = [&](size_t offset, size_t at) { return grads + (shard_grads_.defined() ? at : offset); };
+  if (cfg_.optimizer == OptimizerKind::adamw) {
+    const models::AdamWParams ap{.lr = static_cast<float>(lr),
+                                 .beta1 = static_cast<float>(cfg_.beta1),
+                                 .beta2 = static_cast<float>(cfg_.beta2),
+                                 .eps = static_cast<float>(cfg_.eps),
+                                 .weight_decay = static_cast<float>(cfg_.weight_decay),
+                                 .step = steps_ + 1};
+    for (const Piece& pc : pieces_) {
+      models::AdamWParams pp = ap;
+      const uint64_t* edges = nullptr;
+      if (!pc.all_decay) {
+        if (pc.n_edges == 0)
+          pp.weight_decay = 0.0f;  // nothing in this piece decays
+        else
+          edges = reinterpret_cast<const uint64_t*>(pc.decay_edges.raw());
+      }
+      k.adamw_fused(param_at(pc.offset, pc.at), nullptr, grad_at(pc.offset, pc.at),
+                    slots_[0].second.data<float>() + pc.at, slots_[1].second.data<float>() + pc.at, pc.count, pp,
+                    edges, pc.n_edges, grad_ss, max_norm);
     }
+    ++steps_;
+    return;
+  }
+  if (grad_ss)
+    for (const Piece& pc : pieces_) k.clip_by_norm(grad_at(pc.offset, pc.at), pc.count, grad_ss, max_norm);
+  for (const Run& r : runs_) {  // SGD, run by run (one weight decay each)
+    models::SgdParams sp{.lr = static_cast<float>(lr),
+                         .momentum = static_cast<float>(cfg_.momentum),
+                         .weight_decay = r.decay ? static_cast<float>(cfg_.weight_decay) : 0.0f,
+                         .nesterov = cfg_.nesterov,
+                         .first_step = steps_ == 0};
+    k.sgd_update(param_at(r.offset, r.at), grad_at(r.offset, r.at),
+                 slots_.empty() ? nullptr : slots_[0].second.data<float>() + r.at, r.count, sp);
   }
   ++steps_;
 }

@@ -26,8 +26,12 @@ class Optimizer {
   // like the parameters. `shard_params`: the same for the parameters (ZeRO stage 3: DataParallel::shard_params()).
   Optimizer(const TrainConfig& cfg, models::Model& model, bool decay_matrices_only = false,
             std::vector<FlatRange> owned = {}, Tensor shard_grads = {}, Tensor shard_params = {});
-  // One update of every parameter from the (already averaged) gradients, at learning rate `lr`.
-  void step(double lr);
+  // One update of every parameter from the (already averaged) gradients, at learning rate `lr`. With `grad_ss` (the
+  // gradients' sum of squares on the device, DataParallel::sum_squares_to's), each gradient is first multiplied by
+  // clip_by_norm's factor for max_norm: AdamW does it inside its one fused pass per owned piece (adamw_fused: one
+  // launch for the whole model under DDP, the weight decay per element from its ranges); SGD clips the gradients
+  // in place first. Either gives the bits of clip_by_norm and then the per-run update.
+  void step(double lr, const double* grad_ss = nullptr, double max_norm = 0.0);
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
   // Per-parameter views of the state buffers, for checkpoints (empty for plain SGD without momentum). Only when
@@ -52,6 +56,15 @@ class Optimizer {
     bool decay;
   };
   std::vector<Run> runs_;
+  // AdamW's fused pass, one per owned piece: where its parameters, gradients and state start, and its decay ranges
+  // (element offsets within the piece, on the model's device; undefined when every element decays).
+  struct Piece {
+    size_t offset, at, count;
+    Tensor decay_edges;  // I64 [2 x ranges]
+    size_t n_edges = 0;
+    bool all_decay = false;
+  };
+  std::vector<Piece> pieces_;
 };
 
 

@@ -453,9 +453,10 @@ bool Trainer::update(Epoch& ep) {
     dp_->for_each_owned([&](float* g, size_t n) { k.scale(g, n, static_cast<float>(alpha)); });
   };
   bool apply = true;
+  const double* clip_ss = nullptr;  // clipping in the optimizer's pass (AdamW: inside its fused update)
   if (!scaler_.enabled() && t_.clip_grad_norm > 0) {
     dp_->sum_squares_to(k, ep.grad_ss);
-    dp_->for_each_owned([&](float* g, size_t n) { k.clip_by_norm(g, n, ep.grad_ss.data<double>(), t_.clip_grad_norm); });
+    clip_ss = ep.grad_ss.data<double>();
     ep.grad_ss_fresh = true;
   } else if (scaler_.enabled()) {  // fp16: whether to apply the step is decided on the host
     scale_grads(1.0 / scaler_.scale());
@@ -467,7 +468,7 @@ bool Trainer::update(Epoch& ep) {
       ep.grad_norm = std::sqrt(ss);
     }
   }
-  if (apply) optimizer_->step(ep.lr);
+  if (apply) optimizer_->step(ep.lr, clip_ss, t_.clip_grad_norm);
   return apply;
 }
 

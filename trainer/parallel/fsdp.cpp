@@ -78,7 +78,8 @@ void Fsdp::gather_bucket(size_t bucket) {
 void Fsdp::start_gather(size_t bucket) {
   {
     const ThreadAllocationsPaused paused;  // parameters, not the step's activations
-    param_views_[bucket].storage().reserve();
+    // From the device's memory pool in the compute stream's order; the gather's stream waits on that stream.
+    param_views_[bucket].storage().reserve(stream_);
   }
   resident_bytes_ += param_views_[bucket].bytes();
   peak_bytes_ = std::max(peak_bytes_, resident_bytes_);
@@ -119,7 +120,7 @@ void Fsdp::release_params(size_t bucket) {
   if (gathered_[bucket] == Gathered::kPending) wait_gather(bucket);
   {
     const ThreadAllocationsPaused paused;
-    param_views_[bucket].storage().release();
+    param_views_[bucket].storage().release(stream_);  // after its modules' kernels on the compute stream
   }
   resident_bytes_ -= param_views_[bucket].bytes();
   gathered_[bucket] = Gathered::kNo;

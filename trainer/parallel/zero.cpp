@@ -85,14 +85,16 @@ void Zero::hold_bucket(size_t bucket) {
   Storage& s = views_[bucket].storage();
   if (s.resident()) return;
   const ThreadAllocationsPaused paused;
-  s.reserve();
+  s.reserve(stream_);  // from the device's memory pool, ordered on the compute stream (no cudaMalloc in the step)
   views_[bucket].zero_(stream_);
 }
 
+// After the reduce-scatter (which the compute stream has waited for) and the copies out: back to the pool in the
+// compute stream's order, with no device synchronisation.
 void Zero::drop_bucket(size_t bucket) {
   const ThreadAllocationsPaused paused;
-  views_[bucket].storage().release();
-  if (codec_.compressed()) wire_views_[bucket].storage().release();
+  views_[bucket].storage().release(stream_);
+  if (codec_.compressed()) wire_views_[bucket].storage().release(stream_);
 }
 
 size_t Zero::gradient_bytes() const { return held() ? shard_grads_.bytes() : grads_.bytes(); }
@@ -101,7 +103,7 @@ std::vector<std::shared_ptr<comm::Work>> Zero::reduce(size_t bucket) {
   if (held()) {  // a bucket backward never wrote (parameters without gradients) holds zeros
     hold_bucket(bucket);
     const ThreadAllocationsPaused paused;
-    if (codec_.compressed()) wire_views_[bucket].storage().reserve();
+    if (codec_.compressed()) wire_views_[bucket].storage().reserve(stream_);
   }
   codec_.encode(views_[bucket], wire_views_[bucket]);
   // Persistent (a backend may keep state per buffer address: Gloo's two-rank rings) only where the bucket's memory

@@ -2,6 +2,8 @@
 // its device while it lives, the peak kept until reset), the host figures, and byte formatting.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+
 #include <thread>
 
 #include "core/memory.h"
@@ -94,6 +96,26 @@ TEST_CASE("Storage release and reserve: the bytes go and come back, views stay v
   // Destroying a released storage releases nothing twice.
   flat = Tensor();
   view = Tensor();
+  REQUIRE(tensor_memory(cpu).current == base);
+}
+
+TEST_CASE("Storage release and reserve with a stream: the same bookkeeping; host memory never pooled", "[core][memory]") {
+  // On a GPU a stream makes them stream-ordered through the device's pool (tests/unit/gpu/test_cuda_tensor.cpp); the
+  // counts of tensor_memory and of this thread's allocations are the same either way, and host storage ignores it.
+  const Device cpu = Device::cpu();
+  const size_t base = tensor_memory(cpu).current;
+  auto* fake_stream = reinterpret_cast<StreamHandle>(uintptr_t{0x1000});  // never dereferenced on the CPU
+  Tensor flat = Tensor::zeros({500});  // 2000 B
+  flat.storage().release(fake_stream);
+  REQUIRE(tensor_memory(cpu).current == base);
+  flat.storage().reserve(fake_stream);
+  REQUIRE(flat.storage().resident());
+  REQUIRE_FALSE(flat.storage().pooled());
+  REQUIRE(tensor_memory(cpu).current == base + 2000);
+  flat.data<float>()[499] = 1.5f;
+  REQUIRE(flat.data<float>()[499] == 1.5f);
+  flat.storage().release(fake_stream);
+  flat.storage().release();  // released already: nothing
   REQUIRE(tensor_memory(cpu).current == base);
 }
 

@@ -1,6 +1,7 @@
 // tests/unit/gpu/test_cuda_tensor.cpp: CUDA tensors and core/cuda: copies host <-> device <-> device with plain
 // and pinned host memory, synchronous and on a stream; zero_ on a stream (of a view too); Tensor::to; an Event
-// ordering two streams. Every comparison is of bytes, so it is exact.
+// ordering two streams; storage from the device's memory pool (Storage::reserve / release with a stream: ZeRO's
+// buckets), reused with no growth of the pool. Every comparison is of bytes, so it is exact.
 #include <catch2/catch.hpp>
 
 #include <cstring>
@@ -145,4 +146,43 @@ TEST_CASE("cuda Event orders work across streams without a host synchronisation"
   b.synchronize();
   REQUIRE(done.query());  // what b waited for has completed
   REQUIRE(compare(back, filled({n}, 0.0f)).bad == 0);
+}
+
+TEST_CASE("Storage from the memory pool: stream-ordered, reused without growing, freed the way it came",
+          "[gpu][tensor][pool]") {
+  cuda::set_device(gpu().index);
+  cuda::Stream stream;
+  std::mt19937 rng(5);
+  const Tensor data = random_bytes({1 << 20}, DType::U8, rng);  // 1 MiB
+  Tensor dev = Tensor::empty({1 << 20}, DType::U8, gpu());  // cudaMalloc's
+  Storage& s = dev.storage();
+  REQUIRE_FALSE(s.pooled());
+  s.release(stream.get());  // cudaMalloc'd bytes go back with cudaFree, whatever the stream
+  REQUIRE_FALSE(s.resident());
+  size_t reserved_after_first = 0;
+  for (int i = 0; i < 50; ++i) {
+    s.reserve(stream.get());
+    REQUIRE(s.pooled());
+    dev.copy_from(data, stream.get());  // on the stream the bytes were reserved on
+    Tensor back = Tensor::empty({1 << 20}, DType::U8);
+    back.copy_from(dev, stream.get());
+    stream.synchronize();
+    REQUIRE(same_bytes(back, data));
+    s.release(stream.get());
+    if (i == 0) reserved_after_first = cuda::pool_info().reserved;
+  }
+  stream.synchronize();
+  const cuda::PoolInfo info = cuda::pool_info();
+  INFO("pool reserved " << info.reserved << " after the first round " << reserved_after_first << ", used " << info.used);
+  CHECK(reserved_after_first >= (size_t{1} << 20));
+  CHECK(info.reserved == reserved_after_first);  // the same bytes again: nothing new from the device
+  // Pooled bytes a storage still holds when it is destroyed go back to the pool too.
+  {
+    Tensor held = Tensor::empty({4096}, DType::U8, gpu());
+    held.storage().release();
+    held.storage().reserve(stream.get());
+    REQUIRE(held.storage().pooled());
+  }
+  stream.synchronize();
+  CHECK(cuda::pool_info().used <= info.used);
 }
