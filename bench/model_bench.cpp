@@ -326,6 +326,14 @@ Result run(const Options& o, const trainer::Config& cfg) {
   } catch (const UnsupportedError& e) {
     DPT_THROW(ConfigError, "train.precision = {} on {}: {}", trainer::choice_name(cfg.train.precision), device.str(), e.what());
   }
+  if (cfg.train.bf16_activations) {
+    try {
+      model->set_bf16_activations(true);  // the transformer fast path, as dptrain's trainer sets it
+    } catch (const UnsupportedError& e) {
+      DPT_THROW(ConfigError, "train.bf16_activations = true: {}", e.what());
+    }
+    spdlog::info("activations: bf16 (the transformer fast path)");
+  }
   if (cfg.train.precision == models::Precision::F16)
     spdlog::warn("train.precision = fp16: no loss scaling here (timing only; dptrain's fp16 step also unscales and "
                  "checks the gradients)");

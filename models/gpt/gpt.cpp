@@ -435,7 +435,8 @@ const Tensor& Gpt::run_forward(const Tensor& tokens, Kernels& k) {
                       .bias = pad_bias16_.data<BFloat16>()});
     return logits_;
   }
-  if (!logits_.defined() || logits_.shape() != std::vector<int64_t>{rows, vp} || logits_.device() != h.device()) {
+  if (!logits_.defined() || logits_.shape() != std::vector<int64_t>{rows, vp} || logits_.device() != h.device() ||
+      logits_.dtype() != DType::F32) {  // (a training step with bf16 activations left bf16 logits here)
     // The padding columns are -inf once for all: the head's gemm writes only the first vocab_size columns.
     Tensor host = Tensor::empty({rows, vp});
     std::fill_n(host.data<float>(), host.numel(), -std::numeric_limits<float>::infinity());

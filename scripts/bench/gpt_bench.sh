@@ -8,6 +8,10 @@
 #         step      dpt-model-bench --config configs/gpt2_124m.toml: the training step alone, one batch made on
 #                   the GPU, CUDA events; then --phase-steps steps timed phase by phase (forward, loss, backward,
 #                   optimizer)
+#         fast      the step row with train.bf16_activations = true: the transformer fast path (bf16 activations,
+#                   cuBLASLt matmuls with fused epilogues, cuDNN's fused attention, the fused classifier, the fused
+#                   AdamW); bf16 only. Its per-phase split and kernel breakdown as the step row's
+#         fastloop  the loop row with train.bf16_activations = true; bf16 only
 #         loop      dprun --nproc-per-node 1 -- dptrain (the product): token shards through the loader, pinned
 #                   host-to-device copies, the NCCL process group and the DDP reducer with overlap on (a single
 #                   rank has nothing to all-reduce: the reducer is idle), the LR schedule; timed from the
@@ -15,8 +19,8 @@
 #                   each costs a host synchronisation). Its ms/step against the step row's is the DDP overhead.
 #         eager     tests/support/python/torch_gpt.py --mode eager (nanoGPT's model, F.scaled_dot_product_attention)
 #         compile   tests/support/python/torch_gpt.py --mode compile (torch.compile)
-#       Targets (reported; BENCH_STRICT=1 makes them count): step / compile >= 1.1, step MFU >= 45%, loop costs
-#       < 3% more per step than step. Then where the time goes: dptrain's kernels under nsys (the timed steps
+#       Targets (reported; BENCH_STRICT=1 makes them count): the fast row (else step) / compile >= 1.1, its MFU
+#       >= 45%, its loop costs < 3% more per step than it. Then where the time goes: dptrain's kernels under nsys (the timed steps
 #       only, cudaProfilerApi range) or, without nsys, ncu (one step); with neither, the phase split only.
 #       PyTorch's kernels from torch.profiler (a few steps after its timed ones), per mode.
 #   scripts/bench/gpt_bench.sh --cpu    here: a tiny GPT (4 layers, 4 heads, 128 wide, vocab 256, T 64, batch 16),
@@ -34,7 +38,8 @@
 #   BENCH_DEADLINE              a Unix time: no run goes past it (each run's timeout shrinks to fit; a run
 #                               with less than 15 s left is not started), so the report is always written
 #                               (scripts/gpu-check.sh run sets it from its budget)
-#   BENCH_ROWS                  which rows, a subset of "step loop eager compile" (default: all four)
+#   BENCH_ROWS                  which rows, a subset of "step fast loop fastloop eager compile" (default: all; fast
+#                               and fastloop only in bf16)
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
 #   BENCH_LOG_DIR               each run's output and JSON (default $OUT/gpt-bench-logs, else /tmp/gpt-bench)
 #   BENCH_STRICT=1              exit 2 when a GPU target is missed (default: only reported)
@@ -79,7 +84,7 @@ LOG_DIR=${LOG_DIR:-/tmp/gpt-bench}
 REPORT=${OUT:+$OUT/gpt-bench.md}
 REPORT=${REPORT:-/tmp/gpt-bench.md}
 RESULTS=${BENCH_RESULTS:-${REPORT%.md}.jsonl}
-read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step loop eager compile}"
+read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step fast loop fastloop eager compile}"
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "gpt_bench: BENCH_REPEATS must be a positive integer" >&2; exit 2; }
 mkdir -p "$LOG_DIR" "$(dirname "$REPORT")" "$(dirname "$RESULTS")"
 rm -f "$RESULTS"
@@ -276,6 +281,11 @@ run_rows() {
     measure step "json" "$log" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$S" \
       --phase-steps "$P" --json "$log.json" "${SHAPE_KV[@]}"
   fi
+  if want fast && [ "$PREC" = bf16 ]; then
+    log=$LOG_DIR/fast_dptrain_$rep.log
+    measure fast "json" "$log" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$S" \
+      --phase-steps "$P" --json "$log.json" "${SHAPE_KV[@]}" train.bf16_activations=true
+  fi
   for mode in compile eager; do
     want "$mode" || continue
     log=$LOG_DIR/${mode}_pytorch_$rep.log
@@ -286,20 +296,27 @@ run_rows() {
     measure "$mode" json "$log" "${TORCH_RUN[@]}" "$PY" tests/support/python/torch_gpt.py --mode "$mode" "${SHAPE_PY[@]}" \
       --warmup "$W" --steps "$S" --threads 1 "${prof[@]}" --json "$log.json"
   done
-  if want loop; then
+  local row base extra
+  for row in loop fastloop; do
+    want "$row" || continue
+    base=step extra=()
+    if [ "$row" = fastloop ]; then
+      [ "$PREC" = bf16 ] || continue
+      base=fast extra=(train.bf16_activations=true)
+    fi
     # A progress line every ~quarter of the timed steps (from the step row's time; each line waits for the
     # device), so the rate comes from a handful of lines.
     # shellcheck disable=SC2086 # the collected numbers split on purpose
-    ms=$(median ${MS[step]:-})
+    ms=$(median ${MS[$base]:-})
     interval=$(awk -v ms="${ms:-0}" -v s="$S" 'BEGIN { i = ms * s / 4 / 1000; if (i < 0.001) i = 0.001; printf "%.3f", i }')
-    log=$LOG_DIR/loop_dptrain_$rep.log
+    log=$LOG_DIR/${row}_dptrain_$rep.log
     rm -rf "$TMP/ckpt"
-    measure loop loop "$log" "${DPT_RUN[@]}" "$DPRUN" --nproc-per-node 1 -- "$DPTRAIN" --config "$CONFIG" "${SHAPE_KV[@]}" \
+    measure "$row" loop "$log" "${DPT_RUN[@]}" "$DPRUN" --nproc-per-node 1 -- "$DPTRAIN" --config "$CONFIG" "${SHAPE_KV[@]}" \
       data.dataset=tokens "data.dir=$SHARDS" "data.test_limit=$B" "train.batch_size=$B" "train.eval_batch_size=$B" \
       train.epochs=1 "train.max_steps=$((W + S))" train.clip_grad_norm=0 "train.progress_interval_s=$interval" \
-      "dist.backend=$BACKEND" dist.overlap=true "checkpoint.dir=$TMP/ckpt" --resume never
+      "dist.backend=$BACKEND" dist.overlap=true "checkpoint.dir=$TMP/ckpt" --resume never "${extra[@]}"
     rm -rf "$TMP/ckpt"
-  fi
+  done
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk 'NF { v[++n] = $1 } END { if (n == 0) exit; if (n % 2) print v[(n + 1) / 2]; else print (v[n / 2] + v[n / 2 + 1]) / 2 }'; }
@@ -366,7 +383,10 @@ profile_kernels() {
     KERNEL_HOW="no per-kernel table: BENCH_DEADLINE reached before the profile"
     return 0
   fi
-  local bench=("$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$steps" --cuda-profiler-range "${SHAPE_KV[@]}")
+  # The fast path's kernels when its row gave a number, else the step row's.
+  local fast=()
+  [ -z "${MS[fast]:-}" ] || fast=(train.bf16_activations=true)
+  local bench=("$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$steps" --cuda-profiler-range "${SHAPE_KV[@]}" "${fast[@]}")
   if nsys=${NSYS:-$(find_tool nsys)} && [ -n "$nsys" ]; then
     echo "  kernels: $nsys profile (the $steps timed steps of dpt-model-bench)"
     rm -f "$rep.nsys-rep" "$rep.qdrep" "$rep.sqlite"
@@ -389,7 +409,7 @@ profile_kernels() {
     rc=0
     limit=$(run_limit)
     ((limit > 0)) || { KERNEL_HOW="no per-kernel table: BENCH_DEADLINE reached before ncu"; return 0; }
-    bench=("$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps 1 --cuda-profiler-range "${SHAPE_KV[@]}")
+    bench=("$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps 1 --cuda-profiler-range "${SHAPE_KV[@]}" "${fast[@]}")
     timeout -k 10 "$limit" "$ncu" --csv --profile-from-start off --metrics gpu__time_duration.sum \
       --cache-control none --clock-control none "${DPT[@]}" "${bench[@]}" >"$rep.ncu.csv" 2>"$rep.log" </dev/null || rc=$?
     if ((rc == 0)) && KERNELS=$(kernel_table "$rep.ncu.csv" ncu 1 2>>"$rep.log"); then
@@ -409,7 +429,7 @@ cpu_model=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
 torch_version=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)
 machine=$( ((GPU)) && echo "${gpu:-an unknown GPU}" || echo "$cpu_model ($(nproc) cores), 1 thread per process, OPENBLAS_CORETYPE ${CORETYPE:-unset}")
 echo "gpt_bench: $WHERE rows on $machine; GPT L$L H$H C$C vocab $V, T $T, batch $B, $PREC; warm-up $W + $S timed steps; torch $torch_version ($PY); $REPEATS repeat(s); logs in $LOG_DIR"
-if want loop; then make_shards; fi
+if want loop || want fastloop; then make_shards; fi
 for rep in $(seq 1 "$REPEATS"); do run_rows "$rep"; done
 if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && want step; then profile_kernels; fi
 
@@ -418,19 +438,22 @@ fmt_tps() { if [ -n "$1" ]; then printf "%.0f" "$1"; else echo -; fi; }
 fmt_mfu() { if [ -n "$1" ]; then awk -v m="$1" 'BEGIN { printf "%.1f%%", 100 * m }'; else echo -; fi; }
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else echo n/a; fi; }
 declare -A M=() R=() F=()
-for k in step loop eager compile; do
+for k in step fast loop fastloop eager compile; do
   # shellcheck disable=SC2086 # the collected numbers split on purpose
   { M[$k]=$(median ${MS[$k]:-}); R[$k]=$(median ${TPS[$k]:-}); F[$k]=$(median ${MFU[$k]:-}); }
 done
 declare -A WHAT=(
   [step]="dptrain | step (dpt-model-bench)"
+  [fast]="dptrain | step, bf16 activations (the transformer fast path)"
   [loop]="dptrain | training loop (dprun + dptrain, 1 rank, $BACKEND, DDP reducer overlap on, token shards through the loader)"
+  [fastloop]="dptrain | training loop, bf16 activations"
   [eager]="PyTorch $torch_version | eager"
   [compile]="PyTorch $torch_version | torch.compile"
 )
 rows=()
-for k in step loop eager compile; do
+for k in step fast loop fastloop eager compile; do
   want "$k" || continue
+  if [[ $k == fast* ]] && [ "$PREC" != bf16 ]; then continue; fi
   cell=$(fmt_tps "${R[$k]}")
   [ -n "${R[$k]}" ] || cell="${NOTE[$k]:-no result}"
   runs=${RUNS[$k]:--}
@@ -441,9 +464,11 @@ done
 # The rows for docs/gpu-results.json: dptrain's against torch.compile (the target's reference).
 model=gpt-L$L-C$C-T$T
 [ "$L/$C/$V/$T" != 12/768/50257/1024 ] || model=gpt2-124m
-declare -A PROGRAM=([step]=dptrain [loop]=dptrain [eager]=torch-eager [compile]=torch-compile)
-for k in step loop eager compile; do
+declare -A PROGRAM=([step]=dptrain [fast]=dptrain [loop]=dptrain [fastloop]=dptrain [eager]=torch-eager
+  [compile]=torch-compile)
+for k in step fast loop fastloop eager compile; do
   want "$k" || continue
+  if [[ $k == fast* ]] && [ "$PREC" != bf16 ]; then continue; fi
   ref=""
   [ "${PROGRAM[$k]}" != dptrain ] || ref=torch-compile
   "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" "program=${PROGRAM[$k]}" "mode=$k" "batch=$B" \
@@ -458,22 +483,27 @@ target() {  # LABEL OK(yes/no/none) DETAIL
   targets+=("$1: $verdict${3:+ ($3)}")
 }
 if ((GPU)); then
-  rc_=$(ratio "${R[step]}" "${R[compile]}")
-  if [ "$rc_" = n/a ]; then target "dptrain / torch.compile >= 1.1" none
-  else target "dptrain / torch.compile >= 1.1" "$(awk -v r="$rc_" 'BEGIN { print (r >= 1.1 ? "yes" : "no") }')" "$rc_"; fi
-  if [ -z "${F[step]}" ]; then target "dptrain MFU >= 45%" none
-  else target "dptrain MFU >= 45%" "$(awk -v m="${F[step]}" 'BEGIN { print (m >= 0.45 ? "yes" : "no") }')" "$(fmt_mfu "${F[step]}")"; fi
-  if [ -z "${M[step]}" ] || [ -z "${M[loop]}" ]; then target "DDP (world size 1, NCCL, overlap) step < 3% over the step alone" none
+  # The targets are the fast path's when it gave a number, else the step's.
+  best=step bestloop=loop
+  if [ -n "${R[fast]:-}" ]; then best=fast bestloop=fastloop; fi
+  rc_=$(ratio "${R[$best]}" "${R[compile]}")
+  if [ "$rc_" = n/a ]; then target "dptrain ($best) / torch.compile >= 1.1" none
+  else target "dptrain ($best) / torch.compile >= 1.1" "$(awk -v r="$rc_" 'BEGIN { print (r >= 1.1 ? "yes" : "no") }')" "$rc_"; fi
+  if [ -z "${F[$best]}" ]; then target "dptrain ($best) MFU >= 45%" none
+  else target "dptrain ($best) MFU >= 45%" "$(awk -v m="${F[$best]}" 'BEGIN { print (m >= 0.45 ? "yes" : "no") }')" "$(fmt_mfu "${F[$best]}")"; fi
+  if [ -z "${M[$best]}" ] || [ -z "${M[$bestloop]}" ]; then target "DDP (world size 1, NCCL, overlap) step < 3% over the step alone ($bestloop vs $best)" none
   else
-    over=$(awk -v a="${M[loop]}" -v b="${M[step]}" 'BEGIN { printf "%+.1f%%", 100 * (a / b - 1) }')
-    target "DDP (world size 1, NCCL, overlap) step < 3% over the step alone" \
-      "$(awk -v a="${M[loop]}" -v b="${M[step]}" 'BEGIN { print (a / b - 1 < 0.03 ? "yes" : "no") }')" "$over"
+    over=$(awk -v a="${M[$bestloop]}" -v b="${M[$best]}" 'BEGIN { printf "%+.1f%%", 100 * (a / b - 1) }')
+    target "DDP (world size 1, NCCL, overlap) step < 3% over the step alone ($bestloop vs $best)" \
+      "$(awk -v a="${M[$bestloop]}" -v b="${M[$best]}" 'BEGIN { print (a / b - 1 < 0.03 ? "yes" : "no") }')" "$over"
   fi
 fi
 
-phases=""
+phases="" fast_phases=""
 f=$LOG_DIR/step_dptrain_1.log
 [ -f "$f" ] && phases=$(grep -m1 '^# phases' "$f" | sed 's/^# //' || true)
+f=$LOG_DIR/fast_dptrain_1.log
+[ -f "$f" ] && fast_phases=$(grep -m1 '^# phases' "$f" | sed 's/^# //' || true)
 report=$(
   echo "# GPT benchmark: dptrain vs PyTorch"
   echo
@@ -492,6 +522,10 @@ report=$(
   if [ -n "$phases" ]; then
     echo
     echo "dptrain's step by phase (dpt-model-bench --phase-steps $P, $( ((GPU)) && echo "CUDA events" || echo steady_clock)): $phases"
+  fi
+  if [ -n "$fast_phases" ]; then
+    echo
+    echo "dptrain's fast path (bf16 activations) by phase: $fast_phases"
   fi
   if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && want step; then
     echo
