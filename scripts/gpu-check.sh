@@ -12,7 +12,8 @@
 #                                  GPU unit tests, the other unit tests, short trainings (1 rank NCCL, 1 rank
 #                                  CPU, compared; 2 ranks over gloo sharing the GPU, fp32 and bf16 all-reduce;
 #                                  configs/fmnist_resnet.toml for 1 epoch in fp32, bf16, fp16; configs/gpt_tiny.toml
-#                                  for 50 steps on the GPU and on the CPU, compared; the memory report and an
+#                                  for 50 steps on the GPU and on the CPU, compared, and again with the transformer
+#                                  fast path (train.bf16_activations); the memory report and an
 #                                  out-of-memory message on the GPU) and the benchmarks (the GPT-2
 #                                  124M one of scripts/bench/gpt_bench.sh --gpu, the MLP one, then the ResNet rows
 #                                  of scripts/bench/resnet_bench.sh --gpu, each with what is left of the budget),
@@ -582,17 +583,20 @@ step_bench_resnet() {
 
 # The small GPT of configs/gpt_tiny.toml (4 layers, 128 wide, byte-level vocabulary, T 64, batch 16, AdamW,
 # fp32) on the bundle's token shards, GPT_STEPS optimizer steps on one rank with a progress line every step,
-# then the evaluation on 256 validation windows: on the GPU over NCCL, and the same on the CPU (gloo).
+# then the evaluation on 256 validation windows: on the GPU over NCCL, and the same on the CPU (gloo). Further
+# arguments are config overrides (the transformer fast path: train.precision=bf16 train.bf16_activations=true).
 GPT_STEPS=50
 train_gpt() {
   local logfile=$1 device=$2 backend=$3 limit=$4 rc=0 line
+  shift 4
   if [ ! -d "$BUNDLE/tokens" ]; then
     NOTE="no $BUNDLE/tokens (bundle makes it with dptrain tokenize from Debian's fortunes: were they installed?)"
     return 1
   fi
   run_timed "$logfile" "$limit" "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/gpt_tiny.toml" \
     "train.device=$device" "dist.backend=$backend" "data.dir=$BUNDLE/tokens" "train.max_steps=$GPT_STEPS" \
-    data.test_limit=256 train.progress_interval_s=0.001 "checkpoint.dir=$WORK/gpt_$device" --resume never || rc=$?
+    data.test_limit=256 train.progress_interval_s=0.001 "checkpoint.dir=$WORK/$(basename "$logfile" .log)" \
+    --resume never "$@" || rc=$?
   line=$(last_epoch_line "$logfile")
   if ((rc != 0)); then
     NOTE="exit $rc$(first_error "$logfile")"
@@ -605,26 +609,31 @@ train_gpt() {
   NOTE="loss $(field "$line" loss) test_loss $(field "$line" test_loss) test_acc $(field "$line" test_acc) tokens/s $(field "$line" tokens/s)"
 }
 
-step_train_gpt_gpu() { train_gpt "$1" cuda nccl 120; }
-step_train_gpt_cpu() { train_gpt "$1" cpu gloo 120; }
+step_train_gpt_gpu() { train_gpt "$1" cuda nccl 120 "${@:2}"; }
+step_train_gpt_cpu() { train_gpt "$1" cpu gloo 120 "${@:2}"; }
 
 # GPU against CPU for the GPT: the loss at the first and the last step both runs printed, the running training
 # loss of the epoch line and the validation loss within GPU_CHECK_LOSS_TOL, the next-byte accuracy within
-# GPU_CHECK_ACC_TOL.
+# GPU_CHECK_ACC_TOL. Arguments: the two steps compared (default train_cuda_gpt, train_cpu_gpt) and a factor on
+# both tolerances (default 1; the fast path's bf16 activations round at other points on the two sides: 5).
 step_compare_gpt() {
-  local logfile=$1 g c ok=0 common first last line step sl_g sl_c k
-  g=$(last_epoch_line "$STEP_DIR/train_cuda_gpt.log")
-  c=$(last_epoch_line "$STEP_DIR/train_cpu_gpt.log")
+  local logfile=$1 gname=${2:-train_cuda_gpt} cname=${3:-train_cpu_gpt} factor=${4:-1}
+  local g c ok=0 common first last line step sl_g sl_c k l_tol a_tol
+  l_tol=$(awk -v t="$LOSS_TOL" -v f="$factor" 'BEGIN { print t * f }')
+  a_tol=$(awk -v t="$ACC_TOL" -v f="$factor" 'BEGIN { print t * f }')
+  local LOSS_TOL=$l_tol ACC_TOL=$a_tol  # this comparison's, scaled
+  g=$(last_epoch_line "$STEP_DIR/$gname.log")
+  c=$(last_epoch_line "$STEP_DIR/$cname.log")
   if [ -z "$g" ] || [ -z "$c" ]; then
-    NOTE="needs the epoch lines of both runs (train_cuda_gpt, train_cpu_gpt)"
+    NOTE="needs the epoch lines of both runs ($gname, $cname)"
     return 1
   fi
   {
     echo "epoch line, GPU: $g"
     echo "epoch line, CPU: $c"
   } >>"$logfile"
-  common=$(join <(progress_losses "$STEP_DIR/train_cuda_gpt.log" | sort -k1,1) \
-    <(progress_losses "$STEP_DIR/train_cpu_gpt.log" | sort -k1,1) | sort -n)
+  common=$(join <(progress_losses "$STEP_DIR/$gname.log" | sort -k1,1) \
+    <(progress_losses "$STEP_DIR/$cname.log" | sort -k1,1) | sort -n)
   NOTE=""
   if [ -n "$common" ]; then
     first=$(head -1 <<<"$common") last=$(tail -1 <<<"$common")
@@ -839,6 +848,11 @@ run_all() {
   run_step train_cuda_gpt step_train_gpt_gpu
   run_step train_cpu_gpt step_train_gpt_cpu
   run_step compare_gpt_gpu_cpu step_compare_gpt
+  # The transformer fast path (cuBLASLt, cuDNN's fused attention, the fused classifier and AdamW) against its CPU
+  # reference loops, through the whole product.
+  run_step train_cuda_gpt_bf16act step_train_gpt_gpu train.precision=bf16 train.bf16_activations=true
+  run_step train_cpu_gpt_bf16act step_train_gpt_cpu train.precision=bf16 train.bf16_activations=true
+  run_step compare_gpt_bf16act_gpu_cpu step_compare_gpt train_cuda_gpt_bf16act train_cpu_gpt_bf16act 5
   run_step bench_gpt step_bench_gpt
   run_step bench step_bench
   run_step bench_resnet step_bench_resnet
