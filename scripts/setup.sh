@@ -2,7 +2,8 @@
 # Installs the Debian packages dptrain needs, by purpose, when any is missing. Idempotent: when everything asked
 # for is present it only checks and returns.
 #   (no option)  building and training: compiler, cmake, the libraries the build finds (Catch2 included: the
-#                default build compiles the tests too), the data set, the text corpus, gnuplot (curves).
+#                default build compiles the tests too), the data set, the text corpus, gnuplot (curves); where
+#                the CUDA toolkit is, the cuDNN frontend's headers from PyPI (below).
 #                scripts/run.sh runs this.
 #   --bench      adds the benchmarks' reference: Debian's PyTorch (python3-torch, python3-torchvision).
 #   --tests      adds every test-only tool: PyTorch and torchvision (parity tests), numpy, regex, clang with
