@@ -44,6 +44,16 @@ inline AdamWStep adamw_step(const AdamWParams& p) {
           1.0f - p.lr * p.weight_decay};
 }
 
+// The fused AdamW's two sets of constants: with p's weight decay, and without (the elements outside its ranges).
+struct AdamWSteps {
+  AdamWStep with_decay, without_decay;
+};
+inline AdamWSteps adamw_steps(const AdamWParams& p) {
+  AdamWParams no_decay = p;
+  no_decay.weight_decay = 0.0f;
+  return {adamw_step(p), adamw_step(no_decay)};
+}
+
 DPT_HD void adamw(float& param, float g, float& m, float& v, const AdamWStep& s) {
   m = s.beta1 * m + (1.0f - s.beta1) * g;
   v = s.beta2 * v + (1.0f - s.beta2) * g * g;

@@ -19,13 +19,11 @@ void CpuKernels::adamw_fused(float* param, BFloat16* param16, const float* grad,
                              const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges,
                              const double* grad_ss, double max_norm) {
   DPT_CHECK(n_edges % 2 == 0 && (decay_edges || n_edges == 0), "adamw_fused: {} decay range edges", n_edges);
-  AdamWParams no_decay = p;
-  no_decay.weight_decay = 0.0f;
-  const elementwise::AdamWStep with = elementwise::adamw_step(p), without = elementwise::adamw_step(no_decay);
+  const elementwise::AdamWSteps st = elementwise::adamw_steps(p);
   const float f = elementwise::clip_factor(grad_ss, max_norm);
   for (size_t i = 0; i < n; ++i) {
     const bool decay = !decay_edges || elementwise::in_decay_range(decay_edges, n_edges, i);
-    elementwise::adamw(param[i], grad[i] * f, m[i], v[i], decay ? with : without);
+    elementwise::adamw(param[i], grad[i] * f, m[i], v[i], decay ? st.with_decay : st.without_decay);
     if (param16) param16[i] = to_bfloat16(param[i]);
   }
 }

@@ -173,6 +173,8 @@ class CudaKernels final : public Kernels {
 
  private:
   static void check_row_shape(int64_t rows, int64_t cols, const char* op);
+  // layernorm.cpp
+  float* ln_partials(int64_t rows, int64_t C);
   // batchnorm.cpp
   double* bn_partials(const BnShape& bs);
   float* bn_coef(const BnShape& bs);

@@ -7,6 +7,13 @@
 
 namespace dpt::models {
 
+// The backward's parameter-gradient partial sums: scratch grown to the largest shape so far (the stream runs in order).
+float* CudaKernels::ln_partials(int64_t rows, int64_t C) {
+  const size_t count = cuda_launch::layernorm_partials_count(rows, C);
+  if (ln_partials_.numel() < count) ln_partials_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F32, device());
+  return ln_partials_.data<float>();
+}
+
 void CudaKernels::layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                                     float* rstd, int64_t rows, int64_t C, float eps) {
   check_row_shape(rows, C, "layernorm");
@@ -18,10 +25,8 @@ void CudaKernels::layernorm_backward(const float* dy, const float* x, const floa
                                      int64_t C) {
   check_row_shape(rows, C, "layernorm backward");
   if (rows == 0) return;  // nothing to accumulate, nothing to write
-  const size_t count = cuda_launch::layernorm_partials_count(rows, C);
-  if (ln_partials_.numel() < count) ln_partials_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F32, device());
   DPT_CUDA_CHECK(cuda_launch::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C,
-                                                 ln_partials_.data<float>(), stream()));
+                                                 ln_partials(rows, C), stream()));
 }
 
 void CudaKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
@@ -35,10 +40,8 @@ void CudaKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x,
                                           int64_t C) {
   check_row_shape(rows, C, "layernorm backward");
   if (rows == 0) return;
-  const size_t count = cuda_launch::layernorm_partials_count(rows, C);
-  if (ln_partials_.numel() < count) ln_partials_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F32, device());
   DPT_CUDA_CHECK(cuda_launch::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C,
-                                                 ln_partials_.data<float>(), stream()));
+                                                 ln_partials(rows, C), stream()));
 }
 
 }  // namespace dpt::models

@@ -19,11 +19,9 @@ void CudaKernels::adamw_fused(float* param, BFloat16* param16, const float* grad
                               const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges,
                               const double* grad_ss, double max_norm) {
   DPT_CHECK(n_edges % 2 == 0 && (decay_edges || n_edges == 0), "adamw_fused: {} decay range edges", n_edges);
-  AdamWParams no_decay = p;
-  no_decay.weight_decay = 0.0f;
-  DPT_CUDA_CHECK(cuda_launch::adamw_fused(param, param16, grad, m, v, n, elementwise::adamw_step(p),
-                                          elementwise::adamw_step(no_decay), decay_edges, n_edges, grad_ss, max_norm,
-                                          stream()));
+  const elementwise::AdamWSteps st = elementwise::adamw_steps(p);
+  DPT_CUDA_CHECK(cuda_launch::adamw_fused(param, param16, grad, m, v, n, st.with_decay, st.without_decay, decay_edges,
+                                          n_edges, grad_ss, max_norm, stream()));
 }
 
 }  // namespace dpt::models
