@@ -9,8 +9,9 @@
 #                                  shards of two of Debian's fortune files, made by the built `dptrain tokenize`),
 #                                  configs/, BUNDLE_INFO. Idempotent.
 #   scripts/gpu-check.sh run       THERE, from the repository root, with .gpu-bundle carried: unpack, run the
-#                                  GPU unit tests, the other unit tests, short trainings (1 rank NCCL, 1 rank
-#                                  CPU, compared; 2 ranks over gloo sharing the GPU, fp32 and bf16 all-reduce;
+#                                  GPU unit tests (the fast path's again under compute-sanitizer), the other
+#                                  unit tests, short trainings (1 rank NCCL, 1 rank CPU, compared; 2 ranks over
+#                                  gloo sharing the GPU, fp32 and bf16 all-reduce;
 #                                  configs/fmnist_resnet.toml for 1 epoch in fp32, bf16, fp16; configs/gpt_tiny.toml
 #                                  for 50 steps on the GPU and on the CPU, compared, and again with the transformer
 #                                  fast path (train.bf16_activations); the memory report and an
@@ -412,6 +413,28 @@ step_unit_gpu() {
     124 | 137) ;;  # RUN_STATUS says it
     *) NOTE="exit $rc: $(catch2_summary "$logfile")" ;;
   esac
+  return $((rc != 0))
+}
+
+# The fast path's own kernels and library calls (unit_gpu "[fastpath]", without the whole-model case) under
+# compute-sanitizer's memcheck: an out-of-bounds or misaligned access in a kernel that has never run shows here by
+# name and address even where the numbers happen to pass. At most 60 s; skipped where there is no compute-sanitizer.
+step_sanitize_fastpath() {
+  local logfile=$1 rc=0 cs
+  cs=$(command -v compute-sanitizer 2>/dev/null || true)
+  [ -n "$cs" ] || [ ! -x /usr/local/cuda/bin/compute-sanitizer ] || cs=/usr/local/cuda/bin/compute-sanitizer
+  if [ -z "$cs" ]; then
+    NOTE="skipped: no compute-sanitizer on this machine"
+    return 0
+  fi
+  if [ ! -x "$B_BIN/unit_gpu" ]; then
+    NOTE="unit_gpu is not in the bundle"
+    return 1
+  fi
+  run_timed "$logfile" 60 "${UNIT_ENV[@]}" "$cs" --tool memcheck --error-exitcode 3 --print-limit 20 \
+    "$B_BIN/unit_gpu" "[fastpath]~[model]" || rc=$?
+  NOTE="$(grep -m1 -E 'ERROR SUMMARY' "$logfile" || true) $(catch2_summary "$logfile")"
+  ((rc == 0)) || NOTE="exit $rc: $NOTE"
   return $((rc != 0))
 }
 
@@ -824,6 +847,7 @@ run_all() {
   make_compat_links
 
   run_step unit_gpu step_unit_gpu
+  run_step sanitize_fastpath step_sanitize_fastpath
   local t units=()
   for t in unit_core unit_models unit_comm unit_data unit_trainer unit_launcher; do
     [ -x "$B_BIN/$t" ] && units+=("$t")
