@@ -4,13 +4,14 @@
 // maps its fields onto cuBLASLt's descriptors one to one. Per plan and operand alignment: one descriptor set and one
 // heuristic (the first algorithm cuBLASLt proposes), made on first use and cached; one workspace, allocated once.
 // Where cuBLASLt proposes no algorithm for an epilogue (or set_lt_epilogues(false)), the plain product runs and the
-// epilogue is matmul.cu's kernels.
+// epilogue is matmul.cu's kernels; where it proposes none for the plain product either, cuBLAS's cublasGemmEx runs it.
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include <cublasLt.h>
 
 #include <bit>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <string>
 
@@ -148,25 +149,26 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
     matmul_epilogue_kernels(s, o);
     return;
   }
-  const bool fuse = lt_epilogues_ && s.epilogue != MatmulEpilogue::None;
   MatmulShape plain = s;
-  if (!fuse) plain.epilogue = MatmulEpilogue::None;
+  plain.epilogue = MatmulEpilogue::None;
+  if (s.epilogue == MatmulEpilogue::None || !lt_epilogues_) {  // the product, then the epilogue (if any) as kernels
+    matmul_bf16_plain(plain, o);
+    matmul_epilogue_kernels(s, o);
+    return;
+  }
   LtState& st = lt();
-  const LtMatmulPlan p = lt_matmul_plan(plain, o.aux != nullptr);
+  const LtMatmulPlan p = lt_matmul_plan(s, o.aux != nullptr);
   const std::array<uint32_t, 4> align{alignment_of(o.b), alignment_of(o.a), alignment_of(o.d),
                                       alignment_of(p.bias_len ? (p.epilogue == LtEpilogue::BGradB
                                                                      ? static_cast<const void*>(o.bias_grad)
                                                                      : static_cast<const void*>(o.bias))
                                                               : nullptr)};
   LtEntry* e = &lt_entry(st, p, align);
-  if (!e->have_algo && fuse) {  // no fused algorithm: the plain product, then our kernels
-    plain.epilogue = MatmulEpilogue::None;
+  if (!e->have_algo) {  // no algorithm with this epilogue: the plain product, then our kernels
     matmul_bf16_plain(plain, o);
     matmul_epilogue_kernels(s, o);
     return;
   }
-  if (!e->have_algo)
-    DPT_THROW(DeviceError, "cuBLASLt offers no algorithm for the bf16 matmul {}", describe(p));
   // The bias gradient epilogue writes (not adds) a float32 vector: into scratch, then added to bias_grad.
   float* bgrad_scratch = nullptr;
   if (p.epilogue == LtEpilogue::BGradB) {
@@ -185,13 +187,24 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   if (bgrad_scratch) DPT_CUDA_CHECK(cuda_launch::add(o.bias_grad, bgrad_scratch, o.bias_grad, s.M, false, stream()));
 }
 
-// The plain product (no epilogue) through cuBLASLt; DeviceError when cuBLASLt proposes no algorithm for it.
+// The plain product (no epilogue) through cuBLASLt; where cuBLASLt proposes no algorithm for it (an odd leading
+// dimension or alignment), through cuBLAS's cublasGemmEx, which takes any (the same operands, swapped the same way).
 void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o) {
   LtState& st = lt();
   const LtMatmulPlan p = lt_matmul_plan(s, false);
   LtEntry& e = lt_entry(st, p, {alignment_of(o.b), alignment_of(o.a), alignment_of(o.d), 256});
-  if (!e.have_algo) DPT_THROW(DeviceError, "cuBLASLt offers no algorithm for the bf16 matmul {}", describe(p));
   const float alpha = 1.0f, beta = p.beta;
+  if (!e.have_algo) {
+    constexpr int64_t kMax = std::numeric_limits<int>::max();
+    DPT_CHECK(p.m <= kMax && p.n <= kMax && p.k <= kMax && p.a.ld <= kMax && p.b.ld <= kMax && p.d.ld <= kMax,
+              "bf16 matmul {}: beyond cuBLAS's int range and without a cuBLASLt algorithm", describe(p));
+    const auto i = [](int64_t v) { return static_cast<int>(v); };
+    DPT_CUBLAS_CHECK(cublasGemmEx(handle_, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, p.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  i(p.m), i(p.n), i(p.k), &alpha, o.b, CUDA_R_16BF, i(p.a.ld), o.a, CUDA_R_16BF,
+                                  i(p.b.ld), &beta, o.d, p.d_f32 ? CUDA_R_32F : CUDA_R_16BF, i(p.d.ld),
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return;
+  }
   DPT_CUBLAS_CHECK(cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
                                   &e.heuristic.algo, st.workspace.data<uint8_t>(), kLtWorkspaceBytes, stream()));
 }
