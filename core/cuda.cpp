@@ -103,9 +103,20 @@ float Event::elapsed_ms_since(const Event& start) const {
   return ms;
 }
 
+namespace {
+cudaMemPool_t device_pool();
+}  // namespace
+
 void* malloc_device(size_t bytes) {
   void* p = nullptr;
-  const cudaError_t e = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
+  cudaError_t e = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    // The memory pool keeps what ZeRO's buckets gave back (its release threshold: no limit): hand that to the device
+    // and try once more before calling it out of memory.
+    (void)cudaGetLastError();
+    if (cudaDeviceSynchronize() == cudaSuccess && cudaMemPoolTrimTo(device_pool(), 0) == cudaSuccess)
+      e = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
+  }
   if (e == cudaErrorMemoryAllocation) {
     (void)cudaGetLastError();  // not sticky: the context stays usable, so the caller can report and unwind
     int index = 0;

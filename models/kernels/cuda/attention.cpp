@@ -4,14 +4,17 @@
 // DPT_HAVE_CUDNN_FRONTEND when it finds it). The tensors' dims and strides into the fused qkv buffer are
 // library_plans.cpp's sdpa_plan (tested on the CPU). One graph per shape and direction, built on first use (validate,
 // operation graph, heuristic A's plans, support check, plan build) and cached with the largest workspace any needs,
-// as llm.c's cudnn_att.cpp does. The backward asks for cuDNN's deterministic algorithm: a rerun gives the same bits,
-// as every other kernel of this set.
+// as llm.c's cudnn_att.cpp does (heuristics A, then cuDNN's fallback list). The backward asks for cuDNN's deterministic
+// algorithm, so a rerun gives the same bits as every other kernel of this set; where this cuDNN has none for the shape,
+// its default one, with a warning.
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include "models/kernels/library_plans.h"
 
 #if DPT_HAVE_CUDNN_FRONTEND
 #include <cudnn_frontend.h>
+
+#include <spdlog/spdlog.h>
 
 #include <map>
 #include <tuple>
@@ -52,7 +55,8 @@ void output(fe::graph::Tensor_attributes& t, int64_t uid, const SdpaTensor& wher
 
 // The forward (backward) graph of shape s, validated. `sm`: the compute capability to validate for without a
 // device (0: the current device's, read when the graph is built).
-std::shared_ptr<fe::graph::Graph> attention_graph(const AttentionShape& s, bool backward, int sm) {
+std::shared_ptr<fe::graph::Graph> attention_graph(const AttentionShape& s, bool backward, int sm,
+                                                  bool deterministic = true) {
   const SdpaPlan p = sdpa_plan(s);
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe::DataType_t::BFLOAT16)
@@ -79,7 +83,7 @@ std::shared_ptr<fe::graph::Graph> attention_graph(const AttentionShape& s, bool 
                     .set_attn_scale(p.scale)
                     .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
                     .set_diagonal_band_right_bound(0)
-                    .set_deterministic_algorithm(true);
+                    .set_deterministic_algorithm(deterministic);
     auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats, opts);
     output(*dq, kDQ, p.q);
     output(*dk, kDK, p.k);
@@ -117,11 +121,25 @@ fe::graph::Graph& graph_for(AttentionGraphs& a, cudnnHandle_t h, const Attention
                             Device device) {
   auto& g = a.graphs[{s.b, s.t, s.n_head, s.head_size, backward}];
   if (!g) {
-    auto built = attention_graph(s, backward, 0);
-    check_fe(built->build_operation_graph(h), "building the operation graph", s);
-    check_fe(built->create_execution_plans({fe::HeurMode_t::A}), "creating execution plans", s);
-    check_fe(built->check_support(h), "checking support", s);
-    check_fe(built->build_plans(h), "building the plans", s);
+    const auto build = [&](bool deterministic) {
+      auto built = attention_graph(s, backward, 0, deterministic);
+      check_fe(built->build_operation_graph(h), "building the operation graph", s);
+      check_fe(built->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
+               "creating execution plans", s);
+      check_fe(built->check_support(h), "checking support", s);
+      check_fe(built->build_plans(h), "building the plans", s);
+      return built;
+    };
+    std::shared_ptr<fe::graph::Graph> built;
+    try {
+      built = build(true);
+    } catch (const DeviceError& e) {
+      if (!backward) throw;
+      // This cuDNN has no deterministic backward for the shape: the default one (reruns may then differ in the
+      // last bits of dq, dk, dv), said once per shape.
+      spdlog::warn("cuDNN's deterministic attention backward is unavailable ({}); using its default one", e.what());
+      built = build(false);
+    }
     int64_t ws = 0;
     check_fe(built->get_workspace_size(ws), "asking the workspace size", s);
     if (static_cast<size_t>(ws) > a.workspace.numel())
@@ -148,7 +166,7 @@ void CudaKernels::attention_forward(const BFloat16* qkv, BFloat16* out, float* s
   const SdpaPlan p = sdpa_plan(s);
   std::unordered_map<int64_t, void*> pack{{kQ, ptr(qkv, p.q.offset)}, {kK, ptr(qkv, p.k.offset)},
                                           {kV, ptr(qkv, p.v.offset)}, {kO, out}, {kStats, stats}};
-  check_fe(g.execute(cudnn(), pack, a.workspace.data<uint8_t>()), "running the forward graph", s);
+  check_fe(g.execute(cudnn(), pack, a.workspace.raw()), "running the forward graph", s);  // null: no workspace
 }
 
 void CudaKernels::attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout,
@@ -162,7 +180,7 @@ void CudaKernels::attention_backward(const BFloat16* qkv, const BFloat16* out, c
       {kQ, ptr(qkv, p.q.offset)},     {kK, ptr(qkv, p.k.offset)},     {kV, ptr(qkv, p.v.offset)},
       {kO, ptr(out, 0)},              {kDO, ptr(dout, 0)},            {kStats, const_cast<float*>(stats)},
       {kDQ, ptr(dqkv, p.q.offset)},   {kDK, ptr(dqkv, p.k.offset)},   {kDV, ptr(dqkv, p.v.offset)}};
-  check_fe(g.execute(cudnn(), pack, a.workspace.data<uint8_t>()), "running the backward graph", s);
+  check_fe(g.execute(cudnn(), pack, a.workspace.raw()), "running the backward graph", s);
 }
 
 #else  // no cuDNN frontend (or no cuDNN): the fused attention is unavailable, and says so

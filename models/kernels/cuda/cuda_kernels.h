@@ -188,7 +188,7 @@ class CudaKernels final : public Kernels {
   // matmul.cpp
   LtState& lt();
   void matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o);
-  void matmul_epilogue_kernels(const MatmulShape& s, const MatmulOperands& o);
+  void matmul_unfused(const MatmulShape& s, const MatmulOperands& o);
 #if DPT_HAVE_CUDNN
   // conv.cpp
   cudnnHandle_t cudnn();
@@ -209,7 +209,7 @@ class CudaKernels final : public Kernels {
   std::array<Tensor, 3> narrow_;
   std::unique_ptr<LtState, LtStateDeleter> lt_;
   bool lt_epilogues_ = true;
-  Tensor lt_bias_scratch_;
+  Tensor lt_bias_scratch_, lt_acc_scratch_;
   std::unique_ptr<AttentionGraphs, AttentionGraphsDeleter> attention_;
 #if DPT_HAVE_CUDNN
   cudnnHandle_t cudnn_ = nullptr;

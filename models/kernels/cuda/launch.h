@@ -187,11 +187,12 @@ cudaError_t adamw_fused(float* param, BFloat16* param16, const float* grad, floa
                         elementwise::AdamWStep with_decay, elementwise::AdamWStep without_decay,
                         const uint64_t* decay_edges, size_t n_edges, const double* grad_ss, double max_norm,
                         cudaStream_t s);
-// What cuBLASLt's epilogues do, for shapes where cuBLASLt offers no algorithm with them (matmul.cu):
-// d[i, j] = bf16(d[i, j] + bias[j]) (M x N, row stride ldd); with gelu, aux[i, j] (row stride N) = that
-// pre-activation when aux is non-null and d[i, j] = bf16(gelu(pre)). One thread per element.
-cudaError_t bias_epilogue_bf16(BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux, int64_t M, int64_t N,
-                               bool gelu, cudaStream_t s);
+// What cuBLASLt's epilogues do, for shapes where cuBLASLt offers no algorithm with them (matmul.cu): from the
+// float32 product acc [M, N] (packed), pre = acc[i, j] + bias[j] in float32; d[i, j] = bf16(pre) (row stride ldd), or
+// with gelu aux[i, j] (row stride N) = bf16(pre) when aux is non-null and d[i, j] = bf16(gelu(pre)): one rounding,
+// as the fused epilogue. One thread per element.
+cudaError_t bias_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux,
+                               int64_t M, int64_t N, bool gelu, cudaStream_t s);
 // bias_grad[i] += sum over k < K of a[i * stride_i + k * stride_k] (float32, in k order): one thread per i.
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
                            float* bias_grad, cudaStream_t s);

@@ -80,10 +80,18 @@ void LtStateDeleter::operator()(LtState* s) const { delete s; }
 
 namespace {
 
-// The entry for plan p with these operand alignments: descriptors, then cuBLASLt's first algorithm (none: the
-// entry says so, and the caller falls back).
-LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t, 4>& align) {
-  const std::string key = fmt::format("{} align {} {} {} {}", describe(p), align[0], align[1], align[2], align[3]);
+// The epilogue's vectors as cuBLASLt reads them: the bias (or the bias gradient's output) and the aux matrix.
+struct LtPointers {
+  const void* bias = nullptr;
+  void* aux = nullptr;
+};
+
+// The entry for plan p with these operands' alignments: descriptors, then cuBLASLt's first algorithm (none: the entry
+// says so, and the caller falls back). The epilogue's pointers are set before the heuristic, which reads their
+// alignment from them (cublasLt.h), and again at every call (the same alignment: it is in the key).
+LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t, 5>& align, const LtPointers& ptrs) {
+  const std::string key =
+      fmt::format("{} align {} {} {} {} {}", describe(p), align[0], align[1], align[2], align[3], align[4]);
   auto& slot = st.entries[key];
   if (slot) return *slot;
   auto e = std::make_unique<LtEntry>();
@@ -94,10 +102,11 @@ LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t,
   if (p.bias_len > 0) {
     const cudaDataType_t bias_type = p.epilogue == LtEpilogue::BGradB ? CUDA_R_32F : CUDA_R_16BF;
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
+    set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptrs.bias);
   }
-  if (p.epilogue == LtEpilogue::GeluAuxBias) {
+  if (p.epilogue == LtEpilogue::GeluAuxBias) {  // aux of D's type (bf16), the default
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.aux_ld);
-    set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_DATA_TYPE, CUDA_R_16BF);
+    set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, ptrs.aux);
   }
   const auto u = [](int64_t v) { return static_cast<uint64_t>(v); };
   DPT_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&e->a, CUDA_R_16BF, u(p.a.rows), u(p.a.cols), p.a.ld));
@@ -120,9 +129,9 @@ LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t,
                                                            &e->heuristic, &found);
   (void)cublasLtMatmulPreferenceDestroy(pref);
   e->have_algo = hs == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (!e->have_algo && p.epilogue != LtEpilogue::Default)
-    spdlog::debug("cuBLASLt has no algorithm for {} ({}): the epilogue runs as kernels of our own", key,
-               cublasGetStatusName(hs));
+  if (!e->have_algo)
+    spdlog::info("cuBLASLt has no algorithm for {} ({}): {}", key, cublasGetStatusName(hs),
+                 p.epilogue == LtEpilogue::Default ? "cublasGemmEx runs it" : "the epilogue runs as kernels of our own");
   slot = std::move(e);
   return *slot;
 }
@@ -141,50 +150,80 @@ LtState& CudaKernels::lt() {
 void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   check_matmul(s, o);
   if (s.M == 0 || s.N == 0) return;
-  const size_t d_size = s.d_f32 ? 4 : 2;
-  if (s.K == 0) {  // no product: D = 0 (or kept, accumulating), then the epilogue's own kernels
-    if (!s.accumulate)
-      DPT_CUDA_CHECK(cudaMemset2DAsync(o.d, static_cast<size_t>(s.ldd) * d_size, 0, static_cast<size_t>(s.N) * d_size,
-                                       static_cast<size_t>(s.M), stream()));
-    matmul_epilogue_kernels(s, o);
-    return;
-  }
-  MatmulShape plain = s;
-  plain.epilogue = MatmulEpilogue::None;
-  if (s.epilogue == MatmulEpilogue::None || !lt_epilogues_) {  // the product, then the epilogue (if any) as kernels
-    matmul_bf16_plain(plain, o);
-    matmul_epilogue_kernels(s, o);
+  if (s.K == 0 || s.epilogue == MatmulEpilogue::None || !lt_epilogues_) {
+    matmul_unfused(s, o);
     return;
   }
   LtState& st = lt();
   const LtMatmulPlan p = lt_matmul_plan(s, o.aux != nullptr);
-  const std::array<uint32_t, 4> align{alignment_of(o.b), alignment_of(o.a), alignment_of(o.d),
-                                      alignment_of(p.bias_len ? (p.epilogue == LtEpilogue::BGradB
-                                                                     ? static_cast<const void*>(o.bias_grad)
-                                                                     : static_cast<const void*>(o.bias))
-                                                              : nullptr)};
-  LtEntry* e = &lt_entry(st, p, align);
-  if (!e->have_algo) {  // no algorithm with this epilogue: the plain product, then our kernels
-    matmul_bf16_plain(plain, o);
-    matmul_epilogue_kernels(s, o);
-    return;
-  }
   // The bias gradient epilogue writes (not adds) a float32 vector: into scratch, then added to bias_grad.
   float* bgrad_scratch = nullptr;
   if (p.epilogue == LtEpilogue::BGradB) {
     if (lt_bias_scratch_.numel() < static_cast<size_t>(s.M))
       lt_bias_scratch_ = Tensor::empty({s.M}, DType::F32, device());
     bgrad_scratch = lt_bias_scratch_.data<float>();
-    set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<void*>(bgrad_scratch));
-  } else if (p.bias_len > 0) {
-    set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(o.bias));
   }
-  if (p.epilogue == LtEpilogue::GeluAuxBias)
-    set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(o.aux));
+  const LtPointers ptrs{.bias = bgrad_scratch ? static_cast<const void*>(bgrad_scratch) : o.bias,
+                        .aux = p.epilogue == LtEpilogue::GeluAuxBias ? o.aux : nullptr};
+  const std::array<uint32_t, 5> align{alignment_of(o.b), alignment_of(o.a), alignment_of(o.d),
+                                      alignment_of(p.bias_len ? ptrs.bias : nullptr), alignment_of(ptrs.aux)};
+  LtEntry& e = lt_entry(st, p, align, ptrs);
+  if (!e.have_algo) {  // no algorithm with this epilogue: the product, then our kernels
+    matmul_unfused(s, o);
+    return;
+  }
+  if (p.bias_len > 0) set_desc(e.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptrs.bias);
+  if (ptrs.aux) set_desc(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, ptrs.aux);
   const float alpha = 1.0f, beta = p.beta;
-  DPT_CUBLAS_CHECK(cublasLtMatmul(st.handle, e->desc, &alpha, o.b, e->a, o.a, e->b, &beta, o.d, e->d, o.d, e->d,
-                                  &e->heuristic.algo, st.workspace.data<uint8_t>(), kLtWorkspaceBytes, stream()));
+  const cublasStatus_t rs = cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
+                                           &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream());
+  if (rs == CUBLAS_STATUS_NOT_SUPPORTED) {  // the heuristic's algorithm refused these operands after all
+    spdlog::info("cuBLASLt refused {} at run time: the epilogue runs as kernels of our own from now on", describe(p));
+    e.have_algo = false;
+    matmul_unfused(s, o);
+    return;
+  }
+  DPT_CUBLAS_CHECK(rs);
   if (bgrad_scratch) DPT_CUDA_CHECK(cuda_launch::add(o.bias_grad, bgrad_scratch, o.bias_grad, s.M, false, stream()));
+}
+
+// The product without a fused epilogue, then the epilogue as matmul.cu's kernels. Bias and bias + GELU take the
+// product in float32 scratch ([M, N]) and round once, as the fused epilogue and the CPU set do; the others write D.
+void CudaKernels::matmul_unfused(const MatmulShape& s, const MatmulOperands& o) {
+  MatmulShape plain = s;
+  plain.epilogue = MatmulEpilogue::None;
+  MatmulOperands into = o;
+  const bool bias_epilogue = s.epilogue == MatmulEpilogue::Bias || s.epilogue == MatmulEpilogue::BiasGelu;
+  if (bias_epilogue) {  // the float32 product first
+    const size_t count = static_cast<size_t>(s.M * s.N);
+    if (lt_acc_scratch_.numel() < count) lt_acc_scratch_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F32, device());
+    plain.d_f32 = true;
+    plain.accumulate = false;
+    plain.ldd = s.N;
+    into.d = lt_acc_scratch_.raw();
+  }
+  if (s.K == 0) {  // no product: D (or the scratch) = 0, or kept when accumulating
+    const size_t d_size = plain.d_f32 ? 4 : 2;
+    if (!plain.accumulate)
+      DPT_CUDA_CHECK(cudaMemset2DAsync(into.d, static_cast<size_t>(plain.ldd) * d_size, 0,
+                                       static_cast<size_t>(s.N) * d_size, static_cast<size_t>(s.M), stream()));
+  } else {
+    matmul_bf16_plain(plain, into);
+  }
+  switch (s.epilogue) {
+    case MatmulEpilogue::None: return;
+    case MatmulEpilogue::Bias:
+    case MatmulEpilogue::BiasGelu:
+      DPT_CUDA_CHECK(cuda_launch::bias_epilogue_bf16(lt_acc_scratch_.data<float>(), static_cast<BFloat16*>(o.d),
+                                                     s.ldd, o.bias, o.aux, s.M, s.N,
+                                                     s.epilogue == MatmulEpilogue::BiasGelu, stream()));
+      return;
+    case MatmulEpilogue::BiasGrad:
+      // op(A)[i, k]: A stored K x M (transposed: element (i, k) at k * lda + i) or M x K (at i * lda + k).
+      DPT_CUDA_CHECK(cuda_launch::bias_grad_bf16(o.a, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1, s.M, s.K,
+                                                 o.bias_grad, stream()));
+      return;
+  }
 }
 
 // The plain product (no epilogue) through cuBLASLt; where cuBLASLt proposes no algorithm for it (an odd leading
@@ -192,7 +231,7 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
 void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o) {
   LtState& st = lt();
   const LtMatmulPlan p = lt_matmul_plan(s, false);
-  LtEntry& e = lt_entry(st, p, {alignment_of(o.b), alignment_of(o.a), alignment_of(o.d), 256});
+  LtEntry& e = lt_entry(st, p, {alignment_of(o.b), alignment_of(o.a), alignment_of(o.d), 256, 256}, {});
   const float alpha = 1.0f, beta = p.beta;
   if (!e.have_algo) {
     constexpr int64_t kMax = std::numeric_limits<int>::max();
@@ -206,24 +245,7 @@ void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& 
     return;
   }
   DPT_CUBLAS_CHECK(cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
-                                  &e.heuristic.algo, st.workspace.data<uint8_t>(), kLtWorkspaceBytes, stream()));
-}
-
-// The epilogue of s after a plain product already in D: matmul.cu's kernels.
-void CudaKernels::matmul_epilogue_kernels(const MatmulShape& s, const MatmulOperands& o) {
-  switch (s.epilogue) {
-    case MatmulEpilogue::None: return;
-    case MatmulEpilogue::Bias:
-    case MatmulEpilogue::BiasGelu:
-      DPT_CUDA_CHECK(cuda_launch::bias_epilogue_bf16(static_cast<BFloat16*>(o.d), s.ldd, o.bias, o.aux, s.M, s.N,
-                                                     s.epilogue == MatmulEpilogue::BiasGelu, stream()));
-      return;
-    case MatmulEpilogue::BiasGrad:
-      // op(A)[i, k]: A stored K x M (transposed: element (i, k) at k * lda + i) or M x K (at i * lda + k).
-      DPT_CUDA_CHECK(cuda_launch::bias_grad_bf16(o.a, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1, s.M, s.K,
-                                                 o.bias_grad, stream()));
-      return;
-  }
+                                  &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream()));
 }
 
 }  // namespace dpt::models

@@ -6,14 +6,14 @@ namespace dpt::models::cuda_launch {
 
 namespace {
 
-__global__ void bias_epilogue_bf16_kernel(BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux, int64_t M,
-                                          int64_t N, bool gelu) {
+__global__ void bias_epilogue_bf16_kernel(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* bias,
+                                          BFloat16* aux, int64_t M, int64_t N, bool gelu) {
   const size_t total = static_cast<size_t>(M) * static_cast<size_t>(N);
   for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int64_t i = static_cast<int64_t>(e / N), j = static_cast<int64_t>(e % N);
     BFloat16& out = d[i * ldd + j];
-    const float pre = to_float(out) + to_float(bias[j]);
+    const float pre = acc[e] + to_float(bias[j]);
     if (!gelu) {
       out = to_bfloat16(pre);
       continue;
@@ -35,10 +35,10 @@ __global__ void bias_grad_bf16_kernel(const BFloat16* a, int64_t stride_i, int64
 
 }  // namespace
 
-cudaError_t bias_epilogue_bf16(BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux, int64_t M, int64_t N,
-                               bool gelu, cudaStream_t s) {
+cudaError_t bias_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux,
+                               int64_t M, int64_t N, bool gelu, cudaStream_t s) {
   if (M == 0 || N == 0) return cudaSuccess;
-  bias_epilogue_bf16_kernel<<<blocks_for(static_cast<size_t>(M * N)), kThreads, 0, s>>>(d, ldd, bias, aux, M, N,
+  bias_epilogue_bf16_kernel<<<blocks_for(static_cast<size_t>(M * N)), kThreads, 0, s>>>(acc, d, ldd, bias, aux, M, N,
                                                                                         gelu);
   return cudaGetLastError();
 }
