@@ -105,6 +105,18 @@ float Event::elapsed_ms_since(const Event& start) const {
 
 namespace {
 cudaMemPool_t device_pool();
+
+// OutOfMemoryError naming the device, the request and what the device had free. The error is not sticky: the
+// context stays usable, so the caller can report and unwind.
+[[noreturn]] void throw_out_of_memory(size_t bytes, const char* from) {
+  (void)cudaGetLastError();
+  int index = 0;
+  (void)cudaGetDevice(&index);
+  size_t free = 0, total = 0;
+  (void)cudaMemGetInfo(&free, &total);
+  DPT_THROW(OutOfMemoryError, "out of memory on cuda:{}: cannot allocate {}{} ({} free of {})", index,
+            format_bytes(bytes), from, format_bytes(free), format_bytes(total));
+}
 }  // namespace
 
 void* malloc_device(size_t bytes) {
@@ -117,15 +129,7 @@ void* malloc_device(size_t bytes) {
     if (cudaDeviceSynchronize() == cudaSuccess && cudaMemPoolTrimTo(device_pool(), 0) == cudaSuccess)
       e = cudaMalloc(&p, bytes == 0 ? 256 : bytes);
   }
-  if (e == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();  // not sticky: the context stays usable, so the caller can report and unwind
-    int index = 0;
-    (void)cudaGetDevice(&index);
-    size_t free = 0, total = 0;
-    (void)cudaMemGetInfo(&free, &total);
-    DPT_THROW(OutOfMemoryError, "out of memory on cuda:{}: cannot allocate {} ({} free of {})", index,
-              format_bytes(bytes), format_bytes(free), format_bytes(total));
-  }
+  if (e == cudaErrorMemoryAllocation) throw_out_of_memory(bytes, "");
   DPT_CUDA_CHECK(e);
   return p;
 }
@@ -155,15 +159,7 @@ void* malloc_device_async(size_t bytes, StreamHandle stream) {
   cudaMemPool_t pool = device_pool();
   void* p = nullptr;
   const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes == 0 ? 256 : bytes, pool, stream);
-  if (e == cudaErrorMemoryAllocation) {
-    (void)cudaGetLastError();
-    int index = 0;
-    (void)cudaGetDevice(&index);
-    size_t free = 0, total = 0;
-    (void)cudaMemGetInfo(&free, &total);
-    DPT_THROW(OutOfMemoryError, "out of memory on cuda:{}: cannot allocate {} from its memory pool ({} free of {})",
-              index, format_bytes(bytes), format_bytes(free), format_bytes(total));
-  }
+  if (e == cudaErrorMemoryAllocation) throw_out_of_memory(bytes, " from its memory pool");
   DPT_CUDA_CHECK(e);
   return p;
 }

@@ -104,6 +104,13 @@ void Model::rebind(const Owner& o) {
   o.module->bind_bf16(std::move(p16));
 }
 
+namespace {
+[[noreturn]] void no_bf16_with_split_params() {
+  DPT_THROW(UnsupportedError, "bf16 activations need the whole parameters on every rank (not ZeRO stage 3, whose "
+            "parameters are gathered layer by layer)");
+}
+}  // namespace
+
 void Model::set_bf16_activations(bool on) {
   if (on == bf16_) return;
   if (on) {
@@ -111,8 +118,7 @@ void Model::set_bf16_activations(bool on) {
       DPT_THROW(UnsupportedError, "{}: bf16 activations (train.bf16_activations) are the transformer fast path; this "
                 "model's layers run in float32 activations only", name_);
     if (params_split())
-      DPT_THROW(UnsupportedError, "bf16 activations need the whole parameters on every rank (not ZeRO stage 3, whose "
-                "parameters are gathered layer by layer)");
+      no_bf16_with_split_params();
     params16_ = Tensor::zeros({static_cast<int64_t>(num_params_)}, DType::BF16, device_);
   } else {
     params16_ = Tensor();
@@ -162,8 +168,7 @@ std::vector<Tensor> Model::split_grads(const std::vector<std::pair<size_t, size_
 std::vector<Tensor> Model::split_params(const std::vector<std::pair<size_t, size_t>>& ranges) {
   DPT_CHECK(param_parts_.empty(), "the parameters are split already");
   if (bf16_)
-    DPT_THROW(UnsupportedError, "bf16 activations need the whole parameters on every rank (not ZeRO stage 3, whose "
-              "parameters are gathered layer by layer)");
+    no_bf16_with_split_params();
   const std::vector<Tensor> parts = split(ranges, &NamedParam::param, /*copy=*/true);
   // param_storage() lists them in offset order.
   std::vector<size_t> order(ranges.size());

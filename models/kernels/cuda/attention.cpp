@@ -112,8 +112,6 @@ std::string validate_attention_graphs(const AttentionShape& s, int sm) {
   return "";
 }
 
-bool have_fused_attention() { return true; }
-
 namespace {
 
 // The graph of shape s and direction, built on first use; the workspace grown to what it needs.
@@ -191,8 +189,6 @@ void AttentionGraphsDeleter::operator()(AttentionGraphs* g) const { delete g; }
 std::string validate_attention_graphs(const AttentionShape&, int) {
   return "this build has no cuDNN frontend (scripts/setup.sh installs its headers; CMake then finds them)";
 }
-
-bool have_fused_attention() { return false; }
 
 AttentionGraphs& CudaKernels::attention_graphs() {
   if (!attention_) attention_.reset(new AttentionGraphs);

@@ -70,8 +70,6 @@ struct AttentionGraphsDeleter {
   void operator()(AttentionGraphs* g) const;  // attention.cpp
 };
 
-// Whether this build calls cuDNN's fused attention (cuDNN 9 and its frontend's headers were found).
-bool have_fused_attention();
 // Builds and validates the forward and backward attention graphs of shape s for compute capability `sm` (90: H100)
 // without a device, as cuDNN's frontend can: empty when both validate, else the error. The CPU tests run it.
 std::string validate_attention_graphs(const AttentionShape& s, int sm);

@@ -51,7 +51,6 @@ Step step(Model& m, const Tensor& tokens, const Tensor& targets, double grad_sca
   loss.accumulate(logits, targets, k, stats, /*backward=*/true, grad_scale);
   m.backward(loss.grad());
   s.loss = stats.data<double>()[0] / static_cast<double>(targets.numel());
-  s.grads = m.grads().to(Device::cpu());
   s.grads = Tensor::empty(m.grads().shape());
   s.grads.copy_from(m.grads());
   return s;
