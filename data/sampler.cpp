@@ -72,8 +72,17 @@ std::vector<size_t> DistributedSampler::permutation(size_t n, uint64_t seed, int
   return perm;
 }
 
-std::vector<size_t> DistributedSampler::indices(int64_t epoch) const {
+size_t DistributedSampler::num_samples(size_t start) const {
   const size_t n = opts_.dataset_size;
+  if (start >= n)
+    DPT_THROW(ConfigError, "sampler: position {} is past the epoch's {} examples", start, n);
+  const size_t left = n - start, world = static_cast<size_t>(opts_.world_size);
+  return opts_.drop_last ? left / world : (left + world - 1) / world;
+}
+
+std::vector<size_t> DistributedSampler::indices(int64_t epoch, size_t start) const {
+  const size_t n = opts_.dataset_size;
+  const size_t count = num_samples(start);
   std::vector<size_t> order;
   if (opts_.shuffle) {
     order = permutation(n, opts_.seed, epoch);
@@ -84,8 +93,8 @@ std::vector<size_t> DistributedSampler::indices(int64_t epoch) const {
   // Position p of the padded (or truncated) global order is order[p % n]: padding wraps to the start.
   const auto world = static_cast<size_t>(opts_.world_size);
   const auto rank = static_cast<size_t>(opts_.rank);
-  std::vector<size_t> mine(num_samples_);
-  for (size_t i = 0; i < num_samples_; ++i) mine[i] = order[(rank + i * world) % n];
+  std::vector<size_t> mine(count);
+  for (size_t i = 0; i < count; ++i) mine[i] = order[(start + rank + i * world) % n];
   return mine;
 }
 

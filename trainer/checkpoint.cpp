@@ -78,7 +78,8 @@ std::optional<int64_t> step_of(const std::string& dirname) {
 
 json state_to_json(const TrainState& s) {
   return {{"format_version", kFormatVersion}, {"step", s.step}, {"epoch", s.epoch},
-          {"batch_in_epoch", s.batch_in_epoch}, {"world_size", s.world_size}, {"batch_size", s.batch_size},
+          {"batch_in_epoch", s.batch_in_epoch}, {"samples_in_epoch", s.samples_in_epoch},
+          {"world_size", s.world_size}, {"batch_size", s.batch_size}, {"step_samples", s.step_samples},
           {"seed", s.seed}, {"dataset_size", s.dataset_size}, {"drop_last", s.drop_last},
           {"rng", s.rng}, {"config_hash", s.config_hash}, {"config", s.config_toml},
           {"optimizer_steps", s.optimizer_steps}, {"loss_scale", s.loss_scale},
@@ -97,6 +98,9 @@ TrainState state_from_json(const std::string& text, const std::string& path) {
     s.batch_in_epoch = j.at("batch_in_epoch").get<int64_t>();
     s.world_size = j.at("world_size").get<int64_t>();
     s.batch_size = j.at("batch_size").get<int64_t>();
+    // Absent before resizing mid-epoch: the position was batch_in_epoch batches of every rank.
+    s.samples_in_epoch = j.value("samples_in_epoch", s.batch_in_epoch * s.batch_size * s.world_size);
+    s.step_samples = j.value("step_samples", int64_t{-1});
     s.seed = j.at("seed").get<int64_t>();
     s.dataset_size = j.at("dataset_size").get<int64_t>();
     s.drop_last = j.at("drop_last").get<bool>();

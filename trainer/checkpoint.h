@@ -36,10 +36,15 @@ namespace dpt::trainer {
 struct TrainState {
   int64_t step = 0;            // optimizer steps done
   int64_t epoch = 0;           // the epoch to continue (0-based); == epochs when training is finished
-  int64_t batch_in_epoch = 0;  // the next batch of that epoch (the sampler position)
+  int64_t batch_in_epoch = 0;  // the next batch of that epoch, in the writer's geometry (informative)
+  // The sampler's position: the examples of the epoch's global order the job has consumed (data/sampler.h). A resume
+  // at any world size and batch goes on from it. -1 (checkpoints written before it): batch_in_epoch x batch_size x
+  // world_size, which it was then.
+  int64_t samples_in_epoch = -1;
   int64_t world_size = 1;
   int64_t batch_size = 0;      // per rank
-  // What the sampler position means: a mid-epoch resume needs the same order and shard geometry.
+  int64_t step_samples = -1;   // the global batch: samples per optimizer step (-1: not recorded)
+  // What the sampler position means: a mid-epoch resume needs the same order (seed and data set).
   int64_t seed = 0;
   int64_t dataset_size = 0;
   bool drop_last = false;

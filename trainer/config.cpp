@@ -216,6 +216,7 @@ const std::vector<Field>& schema() {
       field("train.drop_last", &C::train, &TrainConfig::drop_last, "drop the tail instead of padding shards, and the last partial batch"),
       field("train.max_steps", &C::train, &TrainConfig::max_steps, "stop after this many optimizer steps (0: no limit)", at_least<int64_t>(0)),
       field("train.accum_steps", &C::train, &TrainConfig::accum_steps, "micro-batches per optimizer step (gradient accumulation; no communication on the first K-1)", at_least<int64_t>(1)),
+      field("train.global_batch_size", &C::train, &TrainConfig::global_batch_size, "samples per optimizer step, kept whatever the world size (0: off, train.batch_size x train.accum_steps x ranks): each rank takes global_batch_size / ranks per step, as the fewest micro-batches of at most train.batch_size (train.accum_steps is then derived, not set). A job resized mid-run (elastic dprun, a resume at another world size) then goes on with the same steps, learning-rate schedule and loss curve. Must divide among the ranks", at_least<int64_t>(0)),
       field("train.clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, "clip the global gradient L2 norm (after averaging) to this; 0: off", at_least(0.0)),
       field("train.eval_batch_size", &C::train, &TrainConfig::eval_batch_size, "batch size for evaluation", at_least<int64_t>(1)),
       field("train.progress_interval_s", &C::train, &TrainConfig::progress_interval_s, "seconds between rank 0's progress lines within an epoch", positive()),
@@ -412,6 +413,11 @@ void validate(const Config& c, const std::string& source) {
   if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
     DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
               source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
+  if (c.train.global_batch_size > 0 && c.train.accum_steps != 1)
+    DPT_THROW(ConfigError, "{}train.global_batch_size = {} with train.accum_steps = {}: with a global batch the "
+              "accumulation steps are derived per world size (train.batch_size is the largest micro-batch); leave "
+              "train.accum_steps unset", source.empty() ? "" : source + ": ", c.train.global_batch_size,
+              c.train.accum_steps);
   if (c.train.bf16_activations) {
     const std::string where = source.empty() ? "" : source + ": ";
     if (!model_card(c.model.name).bf16_activations)

@@ -68,6 +68,9 @@ struct TrainConfig {
   bool drop_last = false;
   int64_t max_steps = 0;  // stop after this many optimizer steps (0: no limit)
   int64_t accum_steps = 1;      // micro-batches per optimizer step (gradient accumulation)
+  // Samples per optimizer step whatever the world size (0: batch_size x accum_steps x world size): batch_size
+  // becomes the largest micro-batch, and the micro-batch and accum_steps are derived per world size.
+  int64_t global_batch_size = 0;
   double clip_grad_norm = 0.0;  // clip the global gradient L2 norm to this (0: off)
   int64_t eval_batch_size = 1000;
   double progress_interval_s = 10.0;

@@ -1,7 +1,13 @@
 // trainer/fault_injection.cpp: the DPT_DEBUG_* variables (trainer/fault_injection.h).
 #include "trainer/fault_injection.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <iterator>
 #include <cstdlib>
 #include <limits>
 #include <sstream>
@@ -26,6 +32,9 @@ FailureInjection FailureInjection::from_env() {
     for (std::string step; std::getline(list, step, ',');) f.ckpt_fail_steps.push_back(std::atoll(step.c_str()));
   }
   if (const char* r = std::getenv("DPT_DEBUG_CKPT_FAIL_RANK")) f.ckpt_fail_rank = std::atoi(r);
+  if (const char* p = std::getenv("DPT_DEBUG_SAMPLE_LOG")) f.sample_log = p;
+  if (const char* r = std::getenv("DPT_RESTART_COUNT")) f.round = std::atoll(r);
+  else if (const char* t = std::getenv("TORCHELASTIC_RESTART_COUNT")) f.round = std::atoll(t);
   return f;
 }
 
@@ -64,6 +73,20 @@ void FaultInjector::step_done(int64_t step, models::Model& model) const {
   }
   if (step == f_.step && rank_ == f_.rank)
     DPT_THROW(InternalError, "injected failure after step {} (DPT_DEBUG_FAIL_AT_STEP)", step);
+}
+
+void FaultInjector::samples_trained(int64_t resumed_from, int64_t step, int64_t epoch, int world,
+                                    const size_t* indices, size_t n) const {
+  std::string line = fmt::format("round {} from {} step {} epoch {} rank {} world {}:", f_.round, resumed_from, step,
+                                 epoch, rank_, world);
+  for (size_t i = 0; i < n; ++i) fmt::format_to(std::back_inserter(line), " {}", indices[i]);
+  line += '\n';
+  const int fd = ::open(f_.sample_log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) DPT_THROW(IoError, "DPT_DEBUG_SAMPLE_LOG: cannot open {}: {}", f_.sample_log, std::strerror(errno));
+  const ssize_t written = ::write(fd, line.data(), line.size());
+  ::close(fd);
+  if (written != static_cast<ssize_t>(line.size()))
+    DPT_THROW(IoError, "DPT_DEBUG_SAMPLE_LOG: short write to {}", f_.sample_log);
 }
 
 }  // namespace dpt::trainer

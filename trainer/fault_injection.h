@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -21,6 +22,14 @@ namespace dpt::trainer {
 // DPT_DEBUG_SLOW_RANK=R with DPT_DEBUG_SLOW_MS=M makes rank R sleep M ms in each step's compute (a straggler).
 // DPT_DEBUG_CKPT_FAIL_STEPS=N[,M...] makes rank DPT_DEBUG_CKPT_FAIL_RANK's (default 0) write of the checkpoints of
 // those steps fail midway, after its first file, as a full disk would (CheckpointManager::fail_writes_at).
+// DPT_DEBUG_SAMPLE_LOG=FILE makes every rank append, for each micro-batch it trains, one line naming the examples
+// (a record, not a failure: the resize tests check that an epoch used each example once):
+//   round R from F step S epoch E rank K world W: I1 I2 ...
+// R is the launcher's restart count (DPT_RESTART_COUNT, or torchrun's TORCHELASTIC_RESTART_COUNT; 0 without), F the
+// step the run resumed from (0: none), S the optimizer step (1-based) and E the epoch (0-based). A step trained again
+// after a failure (it followed the last checkpoint) appears again with a greater (R, F): the last one is the one that
+// counts. Each line is one write() to a file opened O_APPEND, so the
+// ranks' lines do not interleave.
 struct FailureInjection {
   int64_t step = -1;
   int rank = 0;
@@ -31,6 +40,8 @@ struct FailureInjection {
   int slow_ms = 0;
   std::vector<int64_t> ckpt_fail_steps;
   int ckpt_fail_rank = 0;
+  std::string sample_log;
+  int64_t round = 0;
   static FailureInjection from_env();
 };
 
@@ -50,6 +61,11 @@ class FaultInjector {
   // Optimizer step `step` is done: DPT_DEBUG_DIVERGE_RANK (after step 1: one parameter nudged; not under ZeRO stage
   // 3, whose model holds no flat parameter buffer), DPT_DEBUG_FAIL_AT_STEP (InternalError).
   void step_done(int64_t step, models::Model& model) const;
+  // DPT_DEBUG_SAMPLE_LOG: whether to call samples_trained, and the line of a micro-batch of optimizer step `step`
+  // (1-based) that trained examples indices[0, n).
+  bool logs_samples() const { return !f_.sample_log.empty(); }
+  void samples_trained(int64_t resumed_from, int64_t step, int64_t epoch, int world, const size_t* indices,
+                       size_t n) const;
 
  private:
   int rank_;

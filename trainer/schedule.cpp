@@ -5,6 +5,8 @@
 #include <cmath>
 #include <numbers>
 
+#include "core/check.h"
+
 namespace dpt::trainer {
 
 double lr_at(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch, int64_t total_steps) {
@@ -21,6 +23,28 @@ double lr_at(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch, int6
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + std::cos(std::numbers::pi * t));
   }
   return cfg.lr;  // constant
+}
+
+StepGeometry global_batch_geometry(int64_t global_batch, int64_t max_micro_batch, int world) {
+  DPT_CHECK(global_batch >= 1 && max_micro_batch >= 1 && world >= 1, "bad geometry {} {} {}", global_batch,
+            max_micro_batch, world);
+  if (global_batch % world != 0) {
+    const int64_t below = global_batch / world * world, above = below + world;
+    DPT_THROW(ConfigError, "train.global_batch_size = {} does not divide among {} ranks; the nearest that do are {}",
+              global_batch, world, below > 0 ? fmt::format("{} and {}", below, above) : std::to_string(above));
+  }
+  const int64_t per_rank = global_batch / world;
+  int64_t accum = (per_rank + max_micro_batch - 1) / max_micro_batch;
+  while (per_rank % accum != 0) ++accum;  // ends at per_rank (micro-batches of 1) at the latest
+  return {.micro_batch = per_rank / accum, .accum_steps = accum};
+}
+
+TrainConfig with_step_geometry(TrainConfig t, int world) {
+  if (t.global_batch_size <= 0) return t;
+  const StepGeometry g = global_batch_geometry(t.global_batch_size, t.batch_size, world);
+  t.batch_size = g.micro_batch;
+  t.accum_steps = g.accum_steps;
+  return t;
 }
 
 }  // namespace dpt::trainer

@@ -1,4 +1,5 @@
-// trainer/schedule.h: learning-rate schedules as a pure function of the optimizer step.
+// trainer/schedule.h: learning-rate schedules as a pure function of the optimizer step, and the step's geometry
+// under train.global_batch_size.
 #pragma once
 
 #include <cstdint>
@@ -11,5 +12,19 @@ namespace dpt::trainer {
 // constant, step (x gamma every step_size epochs, as StepLR stepped per epoch) or cosine from lr down to
 // min_lr at `total_steps`.
 double lr_at(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch, int64_t total_steps);
+
+// train.global_batch_size: `global_batch` samples per optimizer step whatever the world size, as a per-rank
+// micro-batch times accumulation steps: the fewest micro-batches (accum_steps) that fit train.batch_size
+// (`max_micro_batch`), each rank taking global_batch / world samples per step. ConfigError when global_batch does not
+// divide among `world` ranks, naming the nearest sizes that do.
+struct StepGeometry {
+  int64_t micro_batch = 0;  // per rank
+  int64_t accum_steps = 1;
+};
+StepGeometry global_batch_geometry(int64_t global_batch, int64_t max_micro_batch, int world);
+
+// The train config a run of `world` ranks uses: `t` itself, or with train.global_batch_size its batch_size and
+// accum_steps derived by global_batch_geometry.
+TrainConfig with_step_geometry(TrainConfig t, int world);
 
 }  // namespace dpt::trainer

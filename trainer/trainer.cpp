@@ -62,11 +62,16 @@ struct RunContext {
   MemoryFigures memory;
 };
 
-// What an epoch's steps share.
+// What an epoch's steps share. Batches are numbered in this run's geometry (world size, batch, accumulation): an
+// epoch resumed mid-way (at any geometry: data/sampler.h) begins at batch first_batch, the optimizer steps of its
+// first sample0 examples, and goes on to end_batch.
 struct Epoch {
   int64_t index = 0;        // 0-based
-  int64_t first_batch = 0;  // > 0 when it resumes mid-epoch
+  int64_t first_batch = 0;  // > 0 when it resumes mid-epoch: a multiple of the accumulation steps
+  int64_t end_batch = 0;    // the epoch's batches, per rank
+  int64_t sample0 = 0;      // the examples of the epoch's order consumed before first_batch (by the whole job)
   int64_t first_step = 0;   // the optimizer steps done when it began
+  std::vector<size_t> indices;  // this rank's examples from first_batch on, kept for DPT_DEBUG_SAMPLE_LOG only
   Tensor stats;             // summed loss, correct: on the device, no synchronisation per step
   int64_t seen = 0;         // rows this rank trained
   Clock::time_point t0 = Clock::now();
@@ -80,8 +85,10 @@ struct Epoch {
 
 class Trainer {
  public:
-  Trainer(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg, RunContext& ctx)
-      : cfg_(cfg), t_(cfg.train), opts_(opts), pg_(pg), ctx_(ctx), rank_(pg.rank()), world_(pg.size()),
+  // `cfg`: the run's config, train.global_batch_size resolved for this world size (with_step_geometry); `user_cfg`:
+  // the one given, which checkpoints record.
+  Trainer(const Config& cfg, const Config& user_cfg, const RunOptions& opts, comm::ProcessGroup& pg, RunContext& ctx)
+      : cfg_(cfg), user_cfg_(user_cfg), t_(cfg.train), opts_(opts), pg_(pg), ctx_(ctx), rank_(pg.rank()), world_(pg.size()),
         lead_(rank_ == 0), device_(opts.device), faults_(pg.rank()), rng_(static_cast<uint64_t>(cfg.train.seed)),
         scaler_(cfg.train.precision == models::Precision::F16) {}
 
@@ -114,15 +121,19 @@ class Trainer {
   void forward_backward(Epoch& ep, const data::Batch& batch, int64_t micro_batches, bool first_micro, bool last_micro);
   bool update(Epoch& ep);  // false: fp16 skipped the step
   bool after_step(Epoch& ep, int64_t next_batch);  // true: the run stops here
+  int64_t batches_for(size_t samples) const;       // a rank's batches in `samples` examples of an epoch
+  int64_t samples_at(const Epoch& ep, int64_t next_batch) const;  // the epoch's examples the job has consumed
   Progress progress(Epoch& ep, int64_t next_batch);
   void end_epoch(Epoch& ep, double data_wait_s);
   EvalResult evaluate_saved_model();
   // ---- checkpoints, the end
-  void save(int64_t epoch, int64_t next_batch);
-  void stop_for_signal(int sig, int64_t epoch, int64_t next_batch);
+  // A checkpoint to continue with batch `next_batch` of `epoch`, `samples` of its examples consumed.
+  void save(int64_t epoch, int64_t next_batch, int64_t samples);
+  void stop_for_signal(int sig, int64_t epoch, int64_t next_batch, int64_t samples);
   void finish();
 
   const Config& cfg_;
+  const Config& user_cfg_;
   const TrainConfig& t_;
   const RunOptions& opts_;
   comm::ProcessGroup& pg_;
@@ -145,10 +156,11 @@ class Trainer {
   bool overlap_ = true, sync_buffers_ = false;
   std::optional<data::DistributedSampler> sampler_;
   data::LoaderOptions loader_options_;
-  int64_t spe_ = 0;  // batches per epoch (per rank)
+  int64_t spe_ = 0;  // batches per epoch (per rank), from an epoch's beginning
   // With gradient accumulation an optimizer step takes K = train.accum_steps batches (fewer at an epoch's end); the
-  // schedule, max_steps and every_steps count optimizer steps.
-  int64_t K_ = 1, steps_per_epoch_ = 0, total_steps_ = 0;
+  // schedule, max_steps and every_steps count optimizer steps. step_samples_: the examples a step takes, all ranks
+  // together (the global batch; fewer at an epoch's end).
+  int64_t K_ = 1, steps_per_epoch_ = 0, total_steps_ = 0, step_samples_ = 0;
   std::unique_ptr<DataParallel> dp_;  // the data-parallel strategy (trainer/parallel/)
   models::SoftmaxCrossEntropy loss_;
   std::unique_ptr<Feeder> feeder_;
@@ -169,8 +181,12 @@ class Trainer {
 void Trainer::load_data() {
   ds_ = make_datasets(cfg_.data, cfg_.model, static_cast<uint64_t>(t_.seed));
   if (lead_)
-    spdlog::info("data: {} train / {} test examples ({}), {} per rank per step, {} global", ds_.train->size(),
-                 ds_.test->size(), ds_.train->name(), t_.batch_size, t_.batch_size * world_);
+    spdlog::info("data: {} train / {} test examples ({}), {} per rank per step, {} global{}", ds_.train->size(),
+                 ds_.test->size(), ds_.train->name(), t_.batch_size * t_.accum_steps,
+                 t_.batch_size * t_.accum_steps * world_,
+                 t_.global_batch_size > 0 ? fmt::format(" (train.global_batch_size: {} rank(s) x {} micro-batch(es) "
+                                                        "of {})", world_, t_.accum_steps, t_.batch_size)
+                 : t_.accum_steps > 1 ? fmt::format(" ({} micro-batches of {})", t_.accum_steps, t_.batch_size) : "");
   sample_shape_ = ds_.train->sample_shape();
 }
 
@@ -288,26 +304,36 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
   if (scaler_.enabled() && start_.loss_scale > 0)
     scaler_.restore(start_.loss_scale, start_.scale_growth_tracker, start_.skipped_steps);
   std::istringstream(start_.rng) >> rng_;
-  if (start_.batch_in_epoch % t_.accum_steps != 0)
+  // Mid-epoch, the job goes on with the rest of the epoch's order at whatever world size and batch it has now
+  // (data/sampler.h); the order itself must be the same.
+  const auto examples = static_cast<int64_t>(ds_.train->size());
+  if (start_.samples_in_epoch > 0 && (start_.seed != t_.seed || start_.dataset_size != examples))
     DPT_THROW(ConfigError,
-              "{} stopped mid-epoch at batch {}, which does not start an optimizer step of train.accum_steps = {} "
-              "micro-batches; resume with the accum_steps it was written with, or from a checkpoint at an epoch end",
-              loaded.path, start_.batch_in_epoch, t_.accum_steps);
-  if (start_.batch_in_epoch > 0 &&
-      (start_.world_size != world_ || start_.batch_size != t_.batch_size || start_.seed != t_.seed ||
-       start_.dataset_size != static_cast<int64_t>(ds_.train->size()) || start_.drop_last != t_.drop_last))
-    DPT_THROW(ConfigError,
-              "{} stopped mid-epoch (batch {}) with {} ranks x batch {}, seed {}, {} examples, drop_last {}; "
-              "continuing mid-epoch needs the same data order (now {} x {}, seed {}, {} examples, drop_last {}). "
-              "Resume from a checkpoint at an epoch end, or restore those settings.",
-              loaded.path, start_.batch_in_epoch, start_.world_size, start_.batch_size, start_.seed,
-              start_.dataset_size, start_.drop_last, world_, t_.batch_size, t_.seed, ds_.train->size(), t_.drop_last);
+              "{} stopped mid-epoch ({} of the epoch's examples consumed) with seed {} and {} examples; continuing "
+              "mid-epoch needs the same data order (now seed {}, {} examples). Resume from a checkpoint at an epoch "
+              "end, or restore those settings.",
+              loaded.path, start_.samples_in_epoch, start_.seed, start_.dataset_size, t_.seed, examples);
+  if (start_.samples_in_epoch >= examples && start_.samples_in_epoch > 0)
+    DPT_THROW(CheckpointError, "{}: its position, {} examples into the epoch, is past the epoch's {}", loaded.path,
+              start_.samples_in_epoch, examples);
   if (lead_) {
     spdlog::info("resumed from {} (step {}, epoch {}, batch {})", loaded.path, start_.step, start_.epoch + 1,
                  start_.batch_in_epoch);
-    if (start_.config_hash != config_hash(cfg_))
+    const int64_t step_samples = t_.batch_size * t_.accum_steps * world_;
+    if (start_.samples_in_epoch > 0)
+      spdlog::info("resumed mid-epoch: {} of epoch {}'s {} examples done; the {} left go on in its order, dealt to "
+                   "{} rank(s) x batch {}{}", start_.samples_in_epoch, start_.epoch + 1, examples,
+                   examples - start_.samples_in_epoch, world_, t_.batch_size,
+                   start_.world_size != world_ || start_.batch_size != t_.batch_size
+                       ? fmt::format(" (another geometry: it was {} x {})", start_.world_size, start_.batch_size)
+                       : "");
+    if (start_.step_samples > 0 && start_.step_samples != step_samples)
+      spdlog::warn("the global batch is now {} examples per optimizer step (it was {}): the steps, the learning-rate "
+                   "schedule and the loss curve change with it; train.global_batch_size keeps it whatever the world "
+                   "size", step_samples, start_.step_samples);
+    if (start_.config_hash != config_hash(user_cfg_))
       spdlog::warn("the config differs from the checkpoint's (hash {} vs {}); continuing with the new one",
-                   config_hash(cfg_), start_.config_hash);
+                   config_hash(user_cfg_), start_.config_hash);
   }
 }
 
@@ -348,14 +374,24 @@ void Trainer::prepare_steps() {
   loader_options_ = {.batch_size = static_cast<size_t>(t_.batch_size), .drop_last = t_.drop_last,
                      .prefetch = static_cast<size_t>(cfg_.data.prefetch), .pin_memory = device_.is_cuda(),
                      .workers = static_cast<size_t>(cfg_.data.workers)};
-  const size_t per_rank = sampler_->num_samples(), batch = loader_options_.batch_size;
-  spe_ = static_cast<int64_t>(t_.drop_last ? per_rank / batch : (per_rank + batch - 1) / batch);
-  if (spe_ == 0)
-    DPT_THROW(ConfigError, "no full batch: {} examples per rank, train.batch_size {} and train.drop_last = true",
-              per_rank, t_.batch_size);
   K_ = t_.accum_steps;
+  step_samples_ = t_.batch_size * K_ * world_;
+  const size_t per_rank = sampler_->num_samples();
+  spe_ = batches_for(per_rank);
+  if (spe_ == 0)
+    DPT_THROW(ConfigError, "no full {}: {} examples per rank, train.batch_size {}{} and train.drop_last = true",
+              K_ > 1 ? "step" : "batch", per_rank, t_.batch_size,
+              K_ > 1 ? fmt::format(" x {} micro-batches", K_) : "");
   steps_per_epoch_ = (spe_ + K_ - 1) / K_;
   total_steps_ = steps_per_epoch_ * t_.epochs;
+  if (start_.samples_in_epoch > 0 && start_.epoch < t_.epochs) {
+    // Resumed mid-epoch, perhaps at another geometry: that epoch is the steps its examples consumed took in this
+    // geometry, then its remaining examples' steps (the same count as an uninterrupted epoch's when nothing changed,
+    // or with train.global_batch_size).
+    const int64_t before = start_.samples_in_epoch / step_samples_;
+    const int64_t after = (batches_for(sampler_->num_samples(static_cast<size_t>(start_.samples_in_epoch))) + K_ - 1) / K_;
+    total_steps_ += before + after - steps_per_epoch_;
+  }
   if (t_.max_steps > 0) total_steps_ = std::min(total_steps_, t_.max_steps);
 
   ctx_.phase = "setting up training (the data loader)";
@@ -373,13 +409,34 @@ void Trainer::prepare_steps() {
 
 // ---- an epoch -----------------------------------------------------------------------------------------------
 
+// A rank's batches in `samples` of its examples: the last partial one dropped or kept (train.drop_last); with
+// train.global_batch_size and drop_last, whole optimizer steps only, so that the steps are the same at any world size.
+int64_t Trainer::batches_for(size_t samples) const {
+  const auto batch = static_cast<size_t>(t_.batch_size);
+  auto n = static_cast<int64_t>(t_.drop_last ? samples / batch : (samples + batch - 1) / batch);
+  if (t_.global_batch_size > 0 && t_.drop_last) n = n / K_ * K_;
+  return n;
+}
+
+int64_t Trainer::samples_at(const Epoch& ep, int64_t next_batch) const {
+  return ep.sample0 + (next_batch - ep.first_batch) * t_.batch_size * world_;
+}
+
 void Trainer::train_epoch(int64_t epoch) {
-  const int64_t first_batch = epoch == start_.epoch ? start_.batch_in_epoch : 0;
+  // Resumed mid-epoch: the rest of the epoch's order from the examples the job consumed (data/sampler.h), numbered
+  // from the optimizer steps those took in this geometry.
+  const int64_t sample0 = epoch == start_.epoch ? std::max<int64_t>(start_.samples_in_epoch, 0) : 0;
+  const int64_t first_batch = sample0 / step_samples_ * K_;
+  std::vector<size_t> indices = sampler_->indices(epoch, static_cast<size_t>(sample0));
+  const int64_t batches = batches_for(indices.size());
+  indices.resize(std::min(indices.size(), static_cast<size_t>(batches * t_.batch_size)));  // whole steps only
   ds_.train->set_epoch(epoch);  // the epoch's random transforms
-  data::Loader loader(*ds_.train, sampler_->indices(epoch), loader_options_, static_cast<size_t>(first_batch));
-  DPT_CHECK_EQ(static_cast<int64_t>(loader.num_batches()), spe_);
-  Epoch ep{.index = epoch, .first_batch = first_batch, .first_step = step_,
-           .stats = Tensor::zeros({2}, DType::F64, device_), .grad_ss = Tensor::zeros({1}, DType::F64, device_)};
+  Epoch ep{.index = epoch, .first_batch = first_batch, .end_batch = first_batch + batches, .sample0 = sample0,
+           .first_step = step_, .stats = Tensor::zeros({2}, DType::F64, device_),
+           .grad_ss = Tensor::zeros({1}, DType::F64, device_)};
+  if (faults_.logs_samples()) ep.indices = indices;
+  data::Loader loader(*ds_.train, std::move(indices), loader_options_);
+  DPT_CHECK_EQ(static_cast<int64_t>(loader.num_batches()), batches);
   timer_->reset();
   reporter_->epoch_started();
   while (std::optional<data::Batch> host_batch = loader.next()) {
@@ -396,12 +453,15 @@ void Trainer::train_epoch(int64_t epoch) {
 
 // One micro-batch; after the last of an optimizer step's, the step itself.
 bool Trainer::train_batch(Epoch& ep, const data::Batch& batch) {
-  const auto b = static_cast<int64_t>(batch.index);
+  const int64_t b = ep.first_batch + static_cast<int64_t>(batch.index);
   const int64_t group_first = b / K_ * K_;  // this optimizer step's micro-batches: [group_first, + group_size)
-  const int64_t group_size = std::min(K_, spe_ - group_first);
+  const int64_t group_size = std::min(K_, ep.end_batch - group_first);
   const bool last_micro = b == group_first + group_size - 1;
   if (b == group_first) begin_step(ep, b);
   forward_backward(ep, batch, group_size, b == group_first, last_micro);
+  if (!ep.indices.empty())  // DPT_DEBUG_SAMPLE_LOG: which examples this micro-batch trained
+    faults_.samples_trained(start_.step, step_ + 1, ep.index, world_,
+                            ep.indices.data() + batch.index * static_cast<size_t>(t_.batch_size), batch.size);
   if (!last_micro) return false;
   faults_.backward_done();
   timer_->mark(StepTimer::kBackwardDone);
@@ -474,7 +534,7 @@ bool Trainer::update(Epoch& ep) {
 
 // After an optimizer step: reports, checkpoints, and whether the run stops here (train.max_steps, a stop signal).
 bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
-  const bool epoch_done = next_batch == spe_;
+  const bool epoch_done = next_batch == ep.end_batch;
   if (first_step_) {
     first_step_ = false;
     // ZeRO stage 3: the parameters a rank holds in a step are its shard plus the buckets gathered at once (measured:
@@ -487,18 +547,19 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
   ctx_.step = step_ + 1;
   if (reporter_->progress_due()) reporter_->progress(progress(ep, next_batch));
   if (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0 && !epoch_done)
-    save(ep.index, next_batch);
+    save(ep.index, next_batch, samples_at(ep, next_batch));
   faults_.step_done(step_, *model_);
   const int64_t save_epoch = epoch_done ? ep.index + 1 : ep.index, save_batch = epoch_done ? 0 : next_batch;
+  const int64_t save_samples = epoch_done ? 0 : samples_at(ep, next_batch);
   if (t_.max_steps > 0 && step_ >= t_.max_steps) {
     stopped_ = true;
-    save(save_epoch, save_batch);
+    save(save_epoch, save_batch, save_samples);
     return true;
   }
   // Preemption: did any rank get SIGUSR1 or SIGTERM? The ranks ask at the same step boundaries, so they all stop
   // after the same step, none of them inside a collective.
   if (const int sig = stop_agreement_->poll(step_)) {
-    stop_for_signal(sig, save_epoch, save_batch);
+    stop_for_signal(sig, save_epoch, save_batch, save_samples);
     return true;
   }
   return false;
@@ -509,11 +570,11 @@ Progress Trainer::progress(Epoch& ep, int64_t next_batch) {
   if (ep.grad_ss_fresh) ep.grad_norm = std::sqrt(ep.grad_ss.to(Device::cpu()).data<double>()[0]);
   const double elapsed = seconds_since(ep.t0);
   // The run's batches left: this epoch's, then every later epoch's, capped by train.max_steps.
-  const int64_t epoch_left = spe_ - next_batch;
+  const int64_t epoch_left = ep.end_batch - next_batch;
   int64_t run_left = epoch_left + (t_.epochs - ep.index - 1) * spe_;
   if (t_.max_steps > 0) run_left = std::min(run_left, (t_.max_steps - step_) * K_);
   const int64_t evals_left = t_.max_steps > 0 && step_ + epoch_left / K_ >= t_.max_steps ? 1 : t_.epochs - ep.index;
-  return {.step = step_, .epoch = ep.index, .batch = next_batch, .batches = spe_,
+  return {.step = step_, .epoch = ep.index, .batch = next_batch, .batches = ep.end_batch,
           .loss = ep.loss_sum() / static_cast<double>(ep.seen), .lr = ep.lr,
           .grad_norm = t_.clip_grad_norm > 0 ? ep.grad_norm : -1.0, .rows = ep.seen, .elapsed_s = elapsed,
           .eta = estimate_eta(next_batch - ep.first_batch, elapsed, epoch_left, run_left, evals_left, last_eval_s_)};
@@ -548,7 +609,7 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
   const bool last_epoch = ep.index + 1 == t_.epochs;
   const bool epoch_due = cfg_.checkpoint.every_epochs > 0 && (ep.index + 1) % cfg_.checkpoint.every_epochs == 0;
   const bool step_due = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
-  if (!stopped_ && (last_epoch || epoch_due || step_due)) save(ep.index + 1, 0);
+  if (!stopped_ && (last_epoch || epoch_due || step_due)) save(ep.index + 1, 0, 0);
 }
 
 // The test figures of the model a checkpoint holds: rank 0's parameters and rank 0's buffers. Parameters are equal
@@ -572,16 +633,16 @@ EvalResult Trainer::evaluate_saved_model() {
 // DDP; under ZeRO every rank writes its optimizer shard beside rank 0's model (collective). A write that fails stops
 // the run (checkpoint.on_error = stop), or is reported and training goes on (warn; under ZeRO every rank gets the
 // same CheckpointError, so every rank goes on).
-void Trainer::save(int64_t epoch, int64_t next_batch) {
+void Trainer::save(int64_t epoch, int64_t next_batch, int64_t samples) {
   const bool sharded = optimizer_->sharded();
   if ((!lead_ && !sharded) || saved_at_ == step_) return;
   saved_at_ = step_;
-  TrainState st{.step = step_, .epoch = epoch, .batch_in_epoch = next_batch, .world_size = world_,
-                .batch_size = t_.batch_size, .seed = t_.seed, .dataset_size = static_cast<int64_t>(ds_.train->size()),
+  TrainState st{.step = step_, .epoch = epoch, .batch_in_epoch = next_batch, .samples_in_epoch = samples,
+                .world_size = world_, .batch_size = t_.batch_size, .step_samples = step_samples_, .seed = t_.seed, .dataset_size = static_cast<int64_t>(ds_.train->size()),
                 .drop_last = t_.drop_last, .rng = "", .optimizer_steps = optimizer_->steps(),
                 .loss_scale = scaler_.enabled() ? scaler_.scale() : 0.0,
                 .scale_growth_tracker = scaler_.growth_tracker(), .skipped_steps = scaler_.skipped(),
-                .config_toml = to_toml(cfg_), .config_hash = config_hash(cfg_), .classes = ds_.classes};
+                .config_toml = to_toml(user_cfg_), .config_hash = config_hash(user_cfg_), .classes = ds_.classes};
   std::ostringstream os;
   os << rng_;
   st.rng = os.str();
@@ -611,9 +672,9 @@ void Trainer::save(int64_t epoch, int64_t next_batch) {
 }
 
 // Some rank got SIGUSR1 or SIGTERM: rank 0 checkpoints this step, and nobody leaves before it is written.
-void Trainer::stop_for_signal(int sig, int64_t epoch, int64_t next_batch) {
+void Trainer::stop_for_signal(int sig, int64_t epoch, int64_t next_batch, int64_t samples) {
   result_.stop_signal = sig;
-  save(epoch, next_batch);
+  save(epoch, next_batch, samples);
   pg_.barrier()->wait();
   if (lead_)
     spdlog::info("stopping for {} at step {} ({}; {})",
@@ -639,10 +700,12 @@ void Trainer::finish() {
 
 RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& pg) {
   RunContext ctx;
+  Config run_cfg = cfg;
+  run_cfg.train = with_step_geometry(cfg.train, pg.size());  // train.global_batch_size, for this world size
   try {
-    return Trainer(cfg, opts, pg, ctx).run();
+    return Trainer(run_cfg, cfg, opts, pg, ctx).run();
   } catch (const OutOfMemoryError& e) {
-    const TrainConfig& t = cfg.train;
+    const TrainConfig& t = run_cfg.train;
     DPT_THROW(OutOfMemoryError, "{} {}", e.what(),
               out_of_memory_advice(ctx.where(), ctx.memory, t.batch_size, t.eval_batch_size, t.accum_steps,
                                    t.precision, pg.size(), cfg.dist.zero));

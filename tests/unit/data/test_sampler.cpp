@@ -189,6 +189,87 @@ TEST_CASE("2 ranks x batch B see the same examples per step as 1 rank x batch 2B
   }
 }
 
+TEST_CASE("indices(epoch, 0) is indices(epoch); a start deals the rest of the order strided", "[data][sampler]") {
+  for (size_t n : {1, 7, 10, 101}) {
+    for (int world : {1, 2, 3}) {
+      if (static_cast<size_t>(world) > n) continue;
+      for (int r = 0; r < world; ++r) {
+        INFO("n " << n << " world " << world << " rank " << r);
+        auto s = make(n, r, world);
+        REQUIRE(s.indices(2, 0) == s.indices(2));
+        REQUIRE(s.num_samples(0) == s.num_samples());
+        const auto perm = DistributedSampler::permutation(n, 7, 2);
+        for (size_t start : {size_t{0}, n / 2, n - 1}) {
+          auto mine = s.indices(2, start);
+          REQUIRE(mine.size() == s.num_samples(start));
+          REQUIRE(mine.size() == (n - start + world - 1) / world);
+          for (size_t i = 0; i < mine.size(); ++i) REQUIRE(mine[i] == perm[(start + r + i * world) % n]);
+        }
+      }
+    }
+  }
+  // Padding after a start wraps to the order's beginning, as at start 0; drop_last truncates, possibly to nothing.
+  REQUIRE(make(10, 1, 3, 3, false).indices(0, 5) == std::vector<size_t>{6, 9});
+  REQUIRE(make(10, 2, 3, 3, false).indices(0, 5) == std::vector<size_t>{7, 0});  // padded with 0
+  REQUIRE(make(10, 2, 3, 3, false, true).indices(0, 5) == std::vector<size_t>{7});
+  REQUIRE(make(10, 1, 3, 3, false, true).num_samples(8) == 0);
+  REQUIRE(make(10, 1, 3, 3, false, true).indices(0, 8).empty());
+  REQUIRE_THROWS_AS(make(10, 0, 2).indices(0, 10), ConfigError);
+  REQUIRE_THROWS_WITH(make(10, 0, 2).num_samples(11), Catch::Contains("position 11 is past the epoch's 10 examples"));
+}
+
+// A job consuming its epoch in steps of W ranks x batch B, resized (to another world size and batch) after some of
+// them: the examples of all the steps, across the resizes, are the epoch's, each exactly once, whenever the epoch's
+// last segment needs no padding (and otherwise exactly once plus the last step's padding, taken from the start).
+TEST_CASE("an epoch resized at step boundaries uses every example exactly once", "[data][sampler]") {
+  struct Segment {
+    int world;
+    size_t batch;
+    size_t steps;  // 0: to the epoch's end
+  };
+  const std::vector<std::vector<Segment>> plans = {
+      {{2, 4, 5}, {1, 4, 0}},             // lose a rank
+      {{1, 6, 3}, {2, 3, 0}},             // gain one
+      {{2, 2, 7}, {3, 2, 4}, {1, 5, 0}},  // twice
+      {{3, 1, 1}, {2, 8, 2}, {3, 3, 0}},
+  };
+  for (size_t n : {60, 61, 97}) {
+    for (size_t p = 0; p < plans.size(); ++p) {
+      INFO("n " << n << " plan " << p);
+      std::map<size_t, int> used;
+      size_t start = 0, padded = 0;
+      for (const Segment& seg : plans[p]) {
+        std::vector<std::vector<size_t>> ranks;
+        for (int r = 0; r < seg.world; ++r) ranks.push_back(make(n, r, seg.world).indices(5, start));
+        const size_t per_rank = ranks[0].size();
+        const size_t steps = seg.steps ? seg.steps : (per_rank + seg.batch - 1) / seg.batch;
+        for (size_t k = 0; k < steps; ++k) {
+          for (const auto& mine : ranks) {
+            REQUIRE(mine.size() == per_rank);
+            for (size_t i = k * seg.batch; i < std::min(per_rank, (k + 1) * seg.batch); ++i) used[mine[i]]++;
+          }
+        }
+        if (seg.steps) {
+          REQUIRE(steps * seg.batch < per_rank);  // the plan resizes mid-epoch
+          start += steps * seg.batch * static_cast<size_t>(seg.world);
+        } else {
+          padded = per_rank * static_cast<size_t>(seg.world) - (n - start);
+        }
+      }
+      REQUIRE(used.size() == n);
+      size_t twice = 0;
+      const auto perm = DistributedSampler::permutation(n, 7, 5);
+      for (size_t i = 0; i < n; ++i) {
+        REQUIRE(used[i] >= 1);
+        REQUIRE(used[i] <= 2);
+        if (used[i] == 2) ++twice;
+      }
+      REQUIRE(twice == padded);
+      for (size_t i = 0; i < padded; ++i) REQUIRE(used[perm[i]] == 2);  // the padding: the order's first examples
+    }
+  }
+}
+
 TEST_CASE("eval_shard partitions exactly, without padding", "[data][sampler]") {
   for (int world : {1, 2, 3, 4}) {
     for (size_t n : {0, 1, 2, 7, 10, 101}) {

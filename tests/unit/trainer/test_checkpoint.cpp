@@ -126,13 +126,19 @@ TEST_CASE("checkpoints keep the class names; one written before they were saved 
   std::vector<NamedTensor> model = {{"fc.bias", filled({3}, 0)}};
   TrainState st = state_at(5);
   st.classes = {"0_cat", "1_dog \"quoted\"", "2_\xc3\xa9t\xc3\xa9"};  // JSON escapes and UTF-8 survive
+  st.samples_in_epoch = 777;  // the sampler's position, not batch_in_epoch's 5 x 64 x 2
+  st.step_samples = 96;
   const std::string path = m.save(model, {}, st);
   REQUIRE(CheckpointManager::load(path).state.classes == st.classes);
+  REQUIRE(CheckpointManager::load(path).state.samples_in_epoch == 777);
+  REQUIRE(CheckpointManager::load(path).state.step_samples == 96);
 
   // An older state.json: no "classes" key (its CRC in COMPLETE updated, as that dptrain would have written it).
   const fs::path state_file = fs::path(path) / "state.json";
   auto state = nlohmann::json::parse(test::read_file(state_file));
   REQUIRE(state.erase("classes") == 1);
+  REQUIRE(state.erase("samples_in_epoch") == 1);
+  REQUIRE(state.erase("step_samples") == 1);
   const std::string old_text = state.dump(2);
   std::ofstream(state_file, std::ios::trunc) << old_text;
   auto mark = nlohmann::json::parse(test::read_file(fs::path(path) / "COMPLETE"));
@@ -141,6 +147,8 @@ TEST_CASE("checkpoints keep the class names; one written before they were saved 
   const LoadedCheckpoint old = CheckpointManager::load(path);
   REQUIRE(old.state.step == 5);
   REQUIRE(old.state.classes.empty());
+  REQUIRE(old.state.samples_in_epoch == 5 * 64 * 2);  // written before the position was: batch x batch_size x world
+  REQUIRE(old.state.step_samples == -1);
 }
 
 TEST_CASE("a truncated, corrupted or unfinished checkpoint is rejected and resume falls back", "[checkpoint]") {

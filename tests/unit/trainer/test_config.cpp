@@ -178,6 +178,44 @@ TEST_CASE("learning-rate schedules", "[config]") {
                       Catch::Contains("not both"));
 }
 
+TEST_CASE("train.global_batch_size: the micro-batch and accumulation per world size", "[config]") {
+  using G = StepGeometry;
+  auto same = [](G a, G b) { return a.micro_batch == b.micro_batch && a.accum_steps == b.accum_steps; };
+  CHECK(same(global_batch_geometry(64, 32, 2), G{32, 1}));
+  CHECK(same(global_batch_geometry(64, 32, 1), G{32, 2}));
+  CHECK(same(global_batch_geometry(64, 64, 1), G{64, 1}));
+  CHECK(same(global_batch_geometry(64, 100, 4), G{16, 1}));
+  CHECK(same(global_batch_geometry(48, 16, 3), G{16, 1}));
+  CHECK(same(global_batch_geometry(48, 16, 2), G{12, 2}));  // 24 per rank: 2 x 12, not 16 + 8
+  CHECK(same(global_batch_geometry(48, 5, 1), G{4, 12}));   // 48 = 12 x 4: the fewest micro-batches of at most 5
+  CHECK(same(global_batch_geometry(7, 3, 1), G{1, 7}));     // a prime: micro-batches of 1
+  for (int world = 1; world <= 8; ++world) {
+    for (int64_t global : {8, 24, 96, 120}) {
+      for (int64_t cap : {1, 5, 16, 1000}) {
+        if (global % world) continue;
+        const G g = global_batch_geometry(global, cap, world);
+        INFO("global " << global << " cap " << cap << " world " << world);
+        CHECK(g.micro_batch * g.accum_steps * world == global);
+        CHECK(g.micro_batch <= cap);
+        for (int64_t k = 1; k < g.accum_steps; ++k) CHECK((global / world % k != 0 || global / world / k > cap));
+      }
+    }
+  }
+  REQUIRE_THROWS_WITH(global_batch_geometry(100, 32, 3), Catch::Contains("train.global_batch_size = 100 does not "
+                      "divide among 3 ranks; the nearest that do are 99 and 102"));
+  REQUIRE_THROWS_WITH(global_batch_geometry(2, 32, 3), Catch::Contains("the nearest that do are 3"));
+  TrainConfig t;
+  t.batch_size = 16;
+  t.global_batch_size = 64;
+  CHECK(with_step_geometry(t, 1).batch_size == 16);
+  CHECK(with_step_geometry(t, 1).accum_steps == 4);
+  CHECK(with_step_geometry(t, 4).accum_steps == 1);
+  t.global_batch_size = 0;
+  CHECK(with_step_geometry(t, 3).batch_size == 16);
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"train.global_batch_size=64", "train.accum_steps=2"}),
+                      Catch::Contains("leave train.accum_steps unset"));
+}
+
 TEST_CASE("a bare-word override must be valid UTF-8", "[config]") {
   // 0xFF was taken as is, printed as \u00FF and read back as U+00FF: another config (found by fuzz_config).
   REQUIRE_THROWS_WITH(parse_config("", "t.toml", {std::string("model.init_from=a\xff" "b")}),
