@@ -14,7 +14,8 @@ source "$(dirname "$0")/lib/common.bash"
 source "$(dirname "$0")/lib/elastic.bash"
 
 # 1. A late node joins at the next round.
-# Checkpoints at epoch ends only: the world grows at a resume, which dptrain accepts from an epoch end only.
+# Checkpoints at epoch ends only, so that the reference below resumes from the very checkpoint round 1 does (a
+# resize mid-epoch: integration.elastic_resize).
 # Rank 0 is the straggler (100 ms a step): alone in round 0 it takes ~5 s an epoch, so host B arrives mid-run.
 TRAIN_EXTRA=(checkpoint.every_steps=0)
 SLOW=(DPT_DEBUG_SLOW_RANK=0 DPT_DEBUG_SLOW_MS=100)

@@ -7,7 +7,7 @@
 #   2. --nnodes 1:2, host B's dprun killed for good: host A goes on alone (round 1, world size 1) and finishes.
 #   3. --nnodes 2:2, the same: the job ends on host A with a message naming host B (node 1, its address).
 # In 2 and 3 the checkpoints are written at epoch ends only, and host B is killed after the first: dptrain
-# resumes at another world size from an epoch end only (mid-epoch, the data order would change).
+# resumes at another world size from there (mid-epoch resizes: integration.elastic_resize).
 # Skipped (77) where network namespaces cannot be made (lib/elastic.bash).
 source "$(dirname "$0")/lib/common.bash"
 source "$(dirname "$0")/lib/elastic.bash"

@@ -14,8 +14,8 @@
 #  - resume and reshard: a zero=1 checkpoint of 2 ranks (optimizer-rank-R-of-2.safetensors, no whole
 #    optimizer.safetensors) resumed under zero=1 on 3 ranks and under zero=0 on 1 rank, and a zero=0 checkpoint
 #    of 2 ranks resumed under zero=1 on 3 ranks, end where an uninterrupted zero=0 run ends (the same global
-#    batch of 24: 2 x 12 = 3 x 8 = 1 x 24; resumed at an epoch end, since mid-epoch resume needs the same world
-#    size); the same resume from shards whose optimizer state we zeroed differs (the state is what is resharded);
+#    batch of 24: 2 x 12 = 3 x 8 = 1 x 24; resumed at an epoch end; mid-epoch resizes: integration.train_resize);
+#    the same resume from shards whose optimizer state we zeroed differs (the state is what is resharded);
 #  - every equivalence pair runs stages 2 and 3 too, which must equal stage 1 bitwise (tolerance 0); zero=2 and zero=3
 #    checkpoints of 2 ranks resume under zero=1 on 3 ranks and zero=0 on 1, and zero=1 and zero=0 ones under zero=2
 #    and zero=3 on 3 ranks, as above;
