@@ -124,6 +124,16 @@ DistEnv detect_dprun(const EnvMap& env) {
   }
   read_master(env, d, kDefaultMasterAddr);
   d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
+  if (has(env, "TORCHELASTIC_RUN_ID")) {  // torchrun's elastic agent: its restarts, its store
+    d.launcher = Launcher::Torchrun;
+    if (!has(env, "DPT_RESTART_COUNT")) {
+      d.restart_count = optional_int(env, "TORCHELASTIC_RESTART_COUNT").value_or(0);
+      if (d.restart_count < 0)
+        DPT_THROW(ConfigError, "environment variable TORCHELASTIC_RESTART_COUNT={} is negative", d.restart_count);
+    }
+    const std::string* agent = find(env, "TORCHELASTIC_USE_AGENT_STORE");
+    d.agent_store = agent && (*agent == "True" || *agent == "true" || *agent == "1");
+  }
   validate(d, "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE");
   return d;
 }
@@ -280,6 +290,7 @@ const char* launcher_name(Launcher l) {
   switch (l) {
     case Launcher::None: return "none";
     case Launcher::Dprun: return "dprun";
+    case Launcher::Torchrun: return "torchrun";
     case Launcher::OpenMPI: return "openmpi";
     case Launcher::Slurm: return "slurm";
   }

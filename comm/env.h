@@ -8,7 +8,9 @@
 
 namespace dpt::comm {
 
-enum class Launcher { None, Dprun, OpenMPI, Slurm };  // None: a single process started by hand
+// None: a single process started by hand. Torchrun: dprun's variables (which are torchrun's), set by torchrun's
+// elastic agent (TORCHELASTIC_RUN_ID is set).
+enum class Launcher { None, Dprun, Torchrun, OpenMPI, Slurm };
 const char* launcher_name(Launcher l);
 
 struct DistEnv {
@@ -20,7 +22,11 @@ struct DistEnv {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
-  int restart_count = 0;  // DPT_RESTART_COUNT
+  int restart_count = 0;  // DPT_RESTART_COUNT (torchrun: TORCHELASTIC_RESTART_COUNT)
+  // torchrun's agent hosts the job's store, a c10d TCPStore at MASTER_ADDR:MASTER_PORT, and says so
+  // (TORCHELASTIC_USE_AGENT_STORE=True): the ranks join it as clients (comm/c10d_store.h) instead of rank 0
+  // hosting dptrain's own TcpStore there.
+  bool agent_store = false;
   bool mpi_available = false;  // launched so that MPI_Init will find its peers (mpirun, or srun with PMI)
   // DPT_STORE_TOKEN (empty when unset), whatever the launcher: the job's rendezvous token, which rank 0's
   // TcpStore asks of every client. A secret: never log or print it.

@@ -9,10 +9,13 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <optional>
 #include <random>
 
 #include <spdlog/spdlog.h>
 
+#include "comm/c10d_store.h"
 #include "comm/gloo_backend.h"
 #include "comm/mpi_backend.h"
 #include "comm/staging.h"
@@ -49,9 +52,26 @@ std::string resolve_backend(const std::string& requested, const DistEnv& env, De
 
 namespace {
 
-// The job's TcpStore: rank 0 hosts it at MASTER_ADDR:MASTER_PORT; one process needs none.
+// Under torchrun's agent store, a client of it (comm/c10d_store.h). Its protocol is probed once per process.
+std::shared_ptr<Store> agent_store_client(const DistEnv& env, std::chrono::milliseconds timeout) {
+  static std::mutex mu;
+  static std::optional<C10dProtocol> protocol;
+  std::lock_guard<std::mutex> lock(mu);
+  auto store = std::make_shared<C10dStore>(env.master_addr, env.master_port, timeout, protocol ? &*protocol : nullptr);
+  if (!protocol) {
+    protocol = store->protocol();
+    if (env.rank == 0)
+      spdlog::info("store: torchrun's agent store at {}:{} (c10d TCPStore, torch {} protocol)", env.master_addr,
+                   env.master_port, *protocol == C10dProtocol::V1 ? "1.x" : "2.x");
+  }
+  return store;
+}
+
+// The job's TcpStore: rank 0 hosts it at MASTER_ADDR:MASTER_PORT; one process needs none. Under torchrun's agent
+// store, that store (dptrain's keys are all under dpt/restartN/).
 std::shared_ptr<Store> job_store(const DistEnv& env, std::chrono::milliseconds timeout) {
   if (env.world_size == 1) return std::make_shared<HashStore>(timeout);
+  if (env.agent_store) return agent_store_client(env, timeout);
   TcpStoreOptions so;
   so.host = env.master_addr;
   so.port = env.master_port;
@@ -85,6 +105,16 @@ std::shared_ptr<Store> report_client(const DistEnv& env, const TcpStoreOptions& 
 // Gloo: the job's store, which rank 0 serves for the group's lifetime.
 std::shared_ptr<Store> gloo_report_store(const DistEnv& env, const InitOptions& opts) {
   if (env.world_size == 1) return nullptr;
+  if (env.agent_store) {
+    try {
+      auto c10d = agent_store_client(env, report_connect_timeout(opts.timeout));
+      c10d->set_timeout(kReportStoreTimeout);
+      return std::make_shared<PrefixStore>(fmt::format("dpt/restart{}/hang", env.restart_count), c10d);
+    } catch (const std::exception& e) {
+      spdlog::warn("no store for hang reports ({}): a hang will be reported by each rank about itself alone", e.what());
+      return nullptr;
+    }
+  }
   TcpStoreOptions so;
   so.host = env.master_addr;
   so.port = env.master_port;
@@ -211,8 +241,8 @@ std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, cons
   auto pg = std::make_unique<GlooProcessGroup>(prefixed, env.rank, env.world_size, go);
   trace.report_store = gloo_report_store(env, opts);
   if (env.rank == 0) {
-    spdlog::info("process group: gloo, world {}, rendezvous {}:{}", env.world_size, env.master_addr,
-                 env.master_port);
+    spdlog::info("process group: gloo, world {}, rendezvous {}:{}{}", env.world_size, env.master_addr,
+                 env.master_port, env.agent_store ? " (torchrun's agent store)" : "");
   }
   return pg;
 }

@@ -50,77 +50,7 @@ TcpStore::~TcpStore() {
 std::string TcpStore::where() const { return fmt::format("the TcpStore at {}:{}", host_, port_); }
 
 void TcpStore::connect_with_retry() {
-  const auto timeout = Store::timeout();
-  const auto start = Clock::now();
-  auto remaining = [&]() -> milliseconds {
-    if (timeout.count() < 0) return milliseconds(60'000);
-    return std::max(milliseconds(0), timeout - std::chrono::duration_cast<milliseconds>(Clock::now() - start));
-  };
-  const std::string port_str = std::to_string(port_);
-  std::string last_error = "no attempt made";
-  milliseconds backoff(10);
-
-  for (;;) {
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* res = nullptr;
-    int rc = ::getaddrinfo(host_.c_str(), port_str.c_str(), &hints, &res);
-    if (rc != 0) {
-      last_error = fmt::format("cannot resolve '{}': {}", host_,
-                               rc == EAI_SYSTEM ? errno_text(errno) : std::string(::gai_strerror(rc)));
-    }
-    for (addrinfo* ai = res; ai != nullptr && fd_ < 0; ai = ai->ai_next) {
-      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
-      if (fd < 0) {
-        last_error = fmt::format("socket: {}", errno_text(errno));
-        continue;
-      }
-      int err = 0;
-      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-        err = errno;
-        if (err == EINPROGRESS) {
-          // Bounded wait per attempt: a dropped SYN should not eat the whole timeout in one try.
-          pollfd pfd{fd, POLLOUT, 0};
-          int wait_ms = static_cast<int>(std::min<int64_t>(remaining().count(), 5000));
-          int n = ::poll(&pfd, 1, wait_ms);
-          if (n == 0) {
-            err = ETIMEDOUT;
-          } else if (n < 0) {
-            err = errno;
-          } else {
-            socklen_t len = sizeof(err);
-            if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
-          }
-        }
-      }
-      if (err == 0) {
-        int flags = ::fcntl(fd, F_GETFL);
-        if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
-          err = errno;
-        }
-      }
-      if (err != 0) {
-        last_error = errno_text(err);
-        ::close(fd);
-        continue;
-      }
-      set_nodelay(fd);
-      set_keepalive(fd);
-      fd_ = fd;
-    }
-    if (res) ::freeaddrinfo(res);
-    if (fd_ >= 0) return;
-
-    milliseconds left = remaining();
-    if (left.count() <= 0) {
-      DPT_THROW(TimeoutError,
-                "could not reach the TcpStore at {}:{} after {} ({}): is rank 0 running, is MASTER_ADDR right?",
-                host_, port_, detail::format_duration(timeout), last_error);
-    }
-    std::this_thread::sleep_for(std::min(backoff, left));
-    backoff = std::min(backoff * 2, milliseconds(1000));
-  }
+  fd_ = connect_with_backoff(host_, port_, Store::timeout(), "the TcpStore", "is rank 0 running, is MASTER_ADDR right?");
 }
 
 void TcpStore::ensure_usable(const std::string& what) const {

@@ -6,13 +6,16 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
 #include <system_error>
+#include <thread>
 
 #include <fmt/ranges.h>
 
+#include "comm/store.h"
 #include "core/check.h"
 
 namespace dpt::comm {
@@ -270,6 +273,80 @@ int listen_any(int port, int* actual_port) {
   }
   *actual_port = ntohs(a.sin_port);
   return fd;
+}
+
+int connect_with_backoff(const std::string& host, int port, milliseconds timeout, const std::string& what,
+                         const std::string& hint) {
+  int connected = -1;
+  const auto start = Clock::now();
+  auto remaining = [&]() -> milliseconds {
+    if (timeout.count() < 0) return milliseconds(60'000);
+    return std::max(milliseconds(0), timeout - std::chrono::duration_cast<milliseconds>(Clock::now() - start));
+  };
+  const std::string port_str = std::to_string(port);
+  std::string last_error = "no attempt made";
+  milliseconds backoff(10);
+
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* res = nullptr;
+    int rc = ::getaddrinfo(host.c_str(), port_str.c_str(), &hints, &res);
+    if (rc != 0) {
+      last_error = fmt::format("cannot resolve '{}': {}", host,
+                               rc == EAI_SYSTEM ? errno_text(errno) : std::string(::gai_strerror(rc)));
+    }
+    for (addrinfo* ai = res; ai != nullptr && connected < 0; ai = ai->ai_next) {
+      int fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
+      if (fd < 0) {
+        last_error = fmt::format("socket: {}", errno_text(errno));
+        continue;
+      }
+      int err = 0;
+      if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+        err = errno;
+        if (err == EINPROGRESS) {
+          // Bounded wait per attempt: a dropped SYN should not eat the whole timeout in one try.
+          pollfd pfd{fd, POLLOUT, 0};
+          int wait_ms = static_cast<int>(std::min<int64_t>(remaining().count(), 5000));
+          int n = ::poll(&pfd, 1, wait_ms);
+          if (n == 0) {
+            err = ETIMEDOUT;
+          } else if (n < 0) {
+            err = errno;
+          } else {
+            socklen_t len = sizeof(err);
+            if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) err = errno;
+          }
+        }
+      }
+      if (err == 0) {
+        int flags = ::fcntl(fd, F_GETFL);
+        if (flags < 0 || ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+          err = errno;
+        }
+      }
+      if (err != 0) {
+        last_error = errno_text(err);
+        ::close(fd);
+        continue;
+      }
+      set_nodelay(fd);
+      set_keepalive(fd);
+      connected = fd;
+    }
+    if (res) ::freeaddrinfo(res);
+    if (connected >= 0) return connected;
+
+    milliseconds left = remaining();
+    if (left.count() <= 0) {
+      DPT_THROW(TimeoutError, "could not reach {} at {}:{} after {} ({}): {}", what, host, port,
+                detail::format_duration(timeout), last_error, hint);
+    }
+    std::this_thread::sleep_for(std::min(backoff, left));
+    backoff = std::min(backoff * 2, milliseconds(1000));
+  }
 }
 
 }  // namespace wire

@@ -204,6 +204,10 @@ std::string peer_name(const sockaddr_storage& ss);
 // The client's checks of what it is about to send, against the bounds the server enforces.
 void check_key(const std::string& key);
 
+// Connects to host:port (TCP_NODELAY, keep-alive, blocking), retrying with backoff (10 ms doubling to 1 s) until
+// `timeout` (negative: forever); TimeoutError "could not reach WHAT at HOST:PORT after ... (the last error): HINT".
+int connect_with_backoff(const std::string& host, int port, milliseconds timeout, const std::string& what,
+                         const std::string& hint);
 void set_nodelay(int fd);
 
 // TCP keepalive: a peer whose host died (or vanished from the network) fails the connection after about

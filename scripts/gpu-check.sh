@@ -95,7 +95,7 @@ bundle() {
   local bins=("$build_dir/trainer/dptrain" "$build_dir/launcher/dprun")
   while IFS= read -r f; do bins+=("$f"); done < <(
     find "$build_dir" -name CMakeFiles -prune -o -type f -perm -u+x \( -name 'unit_*' -o -name 'mpi_*' -o \
-      -path "*/bench/dpt-*" \) -print | sort)
+      -path "*/bench/dpt-*" -o -name dpt-c10d-store-check \) -print | sort)
   local dups
   dups=$(for f in "${bins[@]}"; do basename "$f"; done | sort | uniq -d)
   [ -z "$dups" ] || die "two programs with the same name in $build_dir: $dups"
@@ -466,6 +466,36 @@ train_1rank() {
 
 step_train_gpu() { train_1rank "$1" cuda nccl "$WORK/nccl1" 120; }
 step_train_cpu() { train_1rank "$1" cpu gloo "$WORK/cpu1" 150; }
+
+# dptrain under the machine's own PyTorch 2.x torchrun (issue 34): the c10d client against torch 2.x's libuv and
+# classic TCPStore servers (dpt-c10d-store-check, tests/support/python/c10d_server.py), then torchrun launching
+# dptrain: one rank over NCCL on the GPU, and two sharing it over gloo, both through the agent's store. torchrun runs
+# `env LD_LIBRARY_PATH=... dptrain` so that the bundle's libraries reach dptrain and not torchrun's Python.
+step_torchrun() {
+  local logfile=$1 rc=0 pf kind server v
+  v=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null) || { NOTE="no PyTorch in python3"; return 1; }
+  for kind in default classic; do
+    pf=$WORK/c10d_port_$kind
+    rm -f "$pf"
+    python3 tests/support/python/c10d_server.py "$pf" $([ $kind = classic ] && echo classic) >>"$logfile" 2>&1 &
+    server=$!
+    for _ in $(seq 200); do [ -f "$pf" ] && break; sleep 0.1; done
+    run_timed "$logfile" 30 "${DPT_ENV[@]}" "$B_BIN/dpt-c10d-store-check" 127.0.0.1 "$(cat "$pf" 2>/dev/null || echo 1)" v2 ||
+      rc=$?
+    wait $server || rc=1
+    ((rc == 0)) || { NOTE="torch $v: the c10d client against its $kind server failed$(first_error "$logfile")"; return 1; }
+  done
+  local launch=(python3 -m torch.distributed.run --no_python env "LD_LIBRARY_PATH=$DPT_LD" "$B_BIN/dptrain"
+                --config "$BUNDLE/configs/fmnist_mlp.toml" "data.dir=$BUNDLE/data" train.epochs=1 --resume never)
+  run_timed "$logfile" 90 "${launch[@]:0:4}" --nproc_per_node 1 "${launch[@]:4}" train.device=cuda dist.backend=nccl \
+    "checkpoint.dir=$WORK/torchrun_nccl" || rc=$?
+  ((rc == 0)) || { NOTE="torch $v torchrun, 1 rank nccl: exit $rc$(first_error "$logfile")"; return 1; }
+  run_timed "$logfile" 120 "${launch[@]:0:4}" --nproc_per_node 2 "${launch[@]:4}" train.device=cuda dist.backend=gloo \
+    "checkpoint.dir=$WORK/torchrun_gloo" || rc=$?
+  ((rc == 0)) || { NOTE="torch $v torchrun, 2 ranks gloo: exit $rc$(first_error "$logfile")"; return 1; }
+  grep -q "torchrun's agent store" "$logfile" || { NOTE="torch $v: dptrain did not join the agent's store"; return 1; }
+  NOTE="torch $v: the c10d client against its libuv and classic servers; torchrun launched dptrain (1 rank nccl, 2 gloo)"
+}
 
 # GPU against CPU: the epoch's mean loss and the test accuracy within the tolerances, and the loss at the
 # first step both runs printed (nearly equal: differences grow with the steps, from summation order).
@@ -877,6 +907,7 @@ run_all() {
   run_step train_cuda_gpt_bf16act step_train_gpt_gpu train.precision=bf16 train.bf16_activations=true
   run_step train_cpu_gpt_bf16act step_train_gpt_cpu train.precision=bf16 train.bf16_activations=true
   run_step compare_gpt_bf16act_gpu_cpu step_compare_gpt train_cuda_gpt_bf16act train_cpu_gpt_bf16act 5
+  run_step torchrun_2x step_torchrun
   run_step bench_gpt step_bench_gpt
   run_step bench step_bench
   run_step bench_resnet step_bench_resnet

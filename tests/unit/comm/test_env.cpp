@@ -46,6 +46,28 @@ TEST_CASE("detect_env: dprun/torchrun variables", "[env]") {
   CHECK_FALSE(d.mpi_available);
 }
 
+TEST_CASE("detect_env: torchrun's elastic agent (its restart count, its store)", "[env]") {
+  // What torchrun sets for a worker (torch/distributed/elastic/agent/server/local_elastic_agent.py).
+  EnvMap e = {{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "2"},
+              {"GROUP_RANK", "0"}, {"ROLE_RANK", "1"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "29500"},
+              {"TORCHELASTIC_RUN_ID", "none"}, {"TORCHELASTIC_RESTART_COUNT", "3"},
+              {"TORCHELASTIC_MAX_RESTARTS", "3"}, {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  DistEnv d = detect_env(e);
+  CHECK(d.launcher == Launcher::Torchrun);
+  CHECK(std::string(launcher_name(d.launcher)) == "torchrun");
+  CHECK(d.restart_count == 3);
+  CHECK(d.agent_store);
+  CHECK(d.rank == 1);
+  e["TORCHELASTIC_USE_AGENT_STORE"] = "False";  // torchrun --rdzv-backend static with its own store: ranks host it
+  CHECK_FALSE(detect_env(e).agent_store);
+  e["DPT_RESTART_COUNT"] = "5";  // dprun's own count wins where both are set
+  CHECK(detect_env(e).restart_count == 5);
+  e.erase("DPT_RESTART_COUNT");
+  e["TORCHELASTIC_RESTART_COUNT"] = "-1";
+  CHECK_THROWS_WITH(detect_env(e), Catch::Contains("TORCHELASTIC_RESTART_COUNT=-1 is negative"));
+  CHECK_FALSE(detect_env(dprun_env()).agent_store);
+}
+
 TEST_CASE("detect_env: GROUP_RANK stands in for NODE_RANK, and defaults for the optional variables", "[env]") {
   EnvMap e = {{"RANK", "2"}, {"WORLD_SIZE", "4"}, {"LOCAL_RANK", "0"}, {"LOCAL_WORLD_SIZE", "2"}, {"GROUP_RANK", "1"}};
   DistEnv d = detect_env(e);
