@@ -40,9 +40,10 @@ int main(int argc, char** argv) {
   reexec_for_fast_blas(argv);
   CLI::App app{
       "dptrain: data-parallel training, one process per GPU or CPU slot.\n"
-      "Start N copies with `dprun --nproc-per-node N -- dptrain ...`, `mpirun -np N dptrain ...` or `srun`; each\n"
-      "finds its rank from the environment (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT, OMPI_COMM_WORLD_*, or\n"
-      "SLURM_*). A single process started by hand trains alone.\n"
+      "Start N copies with `dprun --nproc-per-node N -- dptrain ...`, `torchrun --nproc_per_node N --no_python\n"
+      "dptrain ...`, `mpirun -np N dptrain ...` or `srun`; each finds its rank from the environment (RANK/WORLD_SIZE/\n"
+      "MASTER_ADDR/MASTER_PORT, OMPI_COMM_WORLD_*, or SLURM_*; under torchrun, its agent's store). A single process\n"
+      "started by hand trains alone.\n"
       "SIGUSR1 or SIGTERM to any rank (Slurm's --signal, scancel, dprun forwarding): the ranks stop together after\n"
       "the current step, rank 0 writes a checkpoint, and every rank exits with 75; the same command resumes.\n"
       "Exit codes: 0 done, 1 failed, 2 bad command line or config, 3 hang (a collective outlived dist.timeout_s; the\n"
