@@ -6,8 +6,10 @@
 #include <map>
 #include <set>
 
+#include "core/bfloat16.h"
 #include "core/safetensors.h"
 #include "trainer/model_registry.h"
+#include "trainer/torch_file.h"
 
 namespace dpt::trainer {
 
@@ -16,10 +18,21 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
   return model_family(m.name).build(m, sample_shape, m.num_classes > 0 ? m.num_classes : data_classes, device);
 }
 
+namespace {
+// A bf16 or float64 host tensor as float32 (bf16 exactly; float64 rounded to nearest).
+Tensor widen_to_f32(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::F32);
+  float* o = out.data<float>();
+  for (size_t i = 0; i < t.numel(); ++i)
+    o[i] = t.dtype() == DType::BF16 ? to_float(t.data<BFloat16>()[i]) : static_cast<float>(t.data<double>()[i]);
+  return out;
+}
+}  // namespace
+
 std::string load_pretrained(models::Model& model, const ModelConfig& m, const std::string& path) {
   SafetensorsFile file;
   try {
-    file = read_safetensors(path);
+    file = read_weights_file(path);  // safetensors, or torch.save's zip (a .pth, a pytorch_model.bin)
   } catch (const Error& e) {
     DPT_THROW(ConfigError, "model.init_from: {}", e.what());
   }
@@ -27,6 +40,15 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   const ModelFamily& family = model_family(m.name);
   std::string layout;
   if (family.import_weights) file.tensors = family.import_weights(file.tensors, path, m, &layout);
+  // Floating weights in another precision (bf16 or float64 files) become the model's float32.
+  std::map<std::string, DType> model_dtype;
+  for (const auto& nt : state) model_dtype[nt.name] = nt.tensor.dtype();
+  for (auto& nt : file.tensors) {
+    auto it = model_dtype.find(nt.name);
+    const DType from = nt.tensor.dtype();
+    if (it != model_dtype.end() && it->second == DType::F32 && (from == DType::BF16 || from == DType::F64))
+      nt.tensor = widen_to_f32(nt.tensor);
+  }
   std::set<std::string> wanted;
   for (const auto& nt : state) wanted.insert(nt.name);
   for (const auto& nt : file.tensors)

@@ -33,6 +33,10 @@ def load(path):
         if name == "__metadata__":
             continue
         b, e = info["data_offsets"]
+        if info["dtype"] == "BF16":  # numpy has no bfloat16: its values, exactly, as float32
+            bits = np.frombuffer(body[b:e], dtype=np.uint16).astype(np.uint32) << 16
+            out[name] = bits.view(np.float32).reshape(info["shape"])
+            continue
         out[name] = np.frombuffer(body[b:e], dtype=DTYPES[info["dtype"]]).reshape(info["shape"])
     return out
 
