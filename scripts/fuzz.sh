@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Fuzzes dptrain's parsers of outside bytes (tests/fuzz: store requests, IDX, config TOML, safetensors) with
-# libFuzzer + ASan + UBSan. Configures and builds the fuzz tree (clang++, -DDPT_FUZZ=ON) when needed, then runs
-# each target for FUZZ_SECONDS (default 60) from its seeds (tests/fuzz/corpus/<target>) and prints per target
-# the executions and "0 crashes" or the crash file. Exits non-zero when any target finds a crash.
+# Fuzzes dptrain's parsers of outside bytes (tests/fuzz: store requests, IDX, config TOML, safetensors, torch.save
+# files) with libFuzzer + ASan + UBSan. Configures and builds the fuzz tree (clang++, -DDPT_FUZZ=ON) when needed,
+# then runs each target for FUZZ_SECONDS (default 60) from its seeds (tests/fuzz/corpus/<target>) and prints per
+# target the executions and "0 crashes" or the crash file. Exits non-zero when any target finds a crash.
 #   FUZZ_SECONDS=300 scripts/fuzz.sh            all targets, 5 minutes each
 #   scripts/fuzz.sh store config                 some targets
 #   scripts/fuzz.sh --long                       outside CI: each target to FUZZ_RUNS executions (default
@@ -24,7 +24,7 @@ RUNS=${FUZZ_RUNS:-10000000}
 BUILD_DIR=${DPT_FUZZ_BUILD_DIR:-build-fuzz}
 OUT=${DPT_FUZZ_OUT:-$BUILD_DIR/runs}
 TARGETS=("$@")
-((${#TARGETS[@]})) || TARGETS=(store idx config safetensors)
+((${#TARGETS[@]})) || TARGETS=(store idx config safetensors torch_file)
 
 if ! command -v clang++ >/dev/null; then
   echo "fuzz: clang++ not found: run scripts/setup.sh --tests (it installs Debian's clang and libclang-rt-14-dev)" >&2

@@ -75,3 +75,55 @@ put("safetensors", "two", safetensors([("w", "F32", [2, 2], struct.pack("<4f", 1
                                        ("step", "I64", [], struct.pack("<q", 7))]))
 put("safetensors", "nocrc", safetensors([("b", "BF16", [3], b"\x80\x3f\x00\x40\x40\x40"),
                                          ("u", "U8", [0], b"")], crc=False))
+
+
+# torch.save's format (trainer/torch_file.h): data.pkl, a protocol-2 pickle of an OrderedDict whose tensors are
+# torch._utils._rebuild_tensor_v2 of persistent ids ('storage', torch.FloatStorage, KEY, 'cpu', NUMEL), in a zip
+# (stored, as torch.save writes) beside ARCHIVE/data/KEY. Written opcode by opcode, as the pickler would.
+def pkl_str(s):
+    return b"\x8c" + bytes([len(s)]) + s.encode()
+
+
+def pkl_int(v):
+    return b"K" + bytes([v]) if 0 <= v < 256 else b"J" + struct.pack("<i", v)
+
+
+def pkl_tensor(key, storage, numel, offset, size, stride, memo):
+    out = b"ctorch._utils\n_rebuild_tensor_v2\nq" + bytes([memo]) + b"("
+    out += b"(" + pkl_str("storage") + b"ctorch\n" + storage.encode() + b"\n" + pkl_str(key) + pkl_str("cpu")
+    out += pkl_int(numel) + b"tQ" + pkl_int(offset)
+    out += b"(" + b"".join(pkl_int(s) for s in size) + b"t(" + b"".join(pkl_int(s) for s in stride) + b"t"
+    out += b"\x89ccollections\nOrderedDict\n)RtR"
+    return out
+
+
+state_pkl = (b"\x80\x02ccollections\nOrderedDict\nq\x00)Rq\x01("
+             + pkl_str("w") + pkl_tensor("0", "FloatStorage", 6, 0, [2, 3], [3, 1], 2)
+             + pkl_str("wT") + pkl_tensor("0", "FloatStorage", 6, 0, [3, 2], [1, 3], 3)
+             + pkl_str("h") + pkl_tensor("1", "HalfStorage", 4, 1, [3], [1], 4)
+             + pkl_str("n") + pkl_tensor("2", "LongStorage", 1, 0, [], [], 5)
+             + b"u}(X\x09\x00\x00\x00_metadata}ub.")  # BUILD: the OrderedDict's _metadata attribute
+
+
+def torch_zip(pkl, storages):
+    import io
+    import zipfile
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/byteorder", "little")
+        for key, data in storages.items():
+            zi = zipfile.ZipInfo(f"archive/data/{key}", date_time=(1980, 1, 1, 0, 0, 0))
+            z.writestr(zi, data)
+        z.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+put("torch_file", "state_dict.pkl", state_pkl)
+put("torch_file", "state_dict.pth", torch_zip(state_pkl, {"0": struct.pack("<6f", 1, 2, 3, 4, 5, 6),
+                                                          "1": struct.pack("<4e", 1, -2, 0.5, 65504),
+                                                          "2": struct.pack("<q", 7)}))
+put("torch_file", "training.pkl", b"\x80\x02}(" + pkl_str("epoch") + pkl_int(3) + pkl_str("model") + b"}("
+    + pkl_str("b") + pkl_tensor("3", "BFloat16Storage", 4, 0, [2, 2], [2, 1], 0) + b"uu.")
+put("torch_file", "os_system.pkl", b"\x80\x02cos\nsystem\n" + pkl_str("true") + b"\x85R.")
