@@ -20,7 +20,7 @@ using namespace wire;
 namespace {
 
 constexpr uint32_t kValidationMagic = 0x3C85F7CEu;
-constexpr uint8_t kV2Validate = 0, kV2Ping = 13;
+constexpr uint8_t kV2Validate = 0;
 constexpr uint8_t kV1GetNumKeys = 6;
 
 // A request: little-endian integers (this is a little-endian host: x86-64, aarch64), keys and values as a u64
@@ -87,15 +87,12 @@ C10dStore::C10dStore(std::string host, int port, std::chrono::milliseconds timeo
   if (port_ < 1 || port_ > 65535) DPT_THROW(ConfigError, "c10d TCPStore port {} is out of range 1..65535", port_);
   protocol_ = protocol ? *protocol : probe_c10d_protocol(host_, port_, timeout);
   fd_ = connect_with_backoff(host_, port_, timeout, where(), kConnectHint);
-  if (protocol_ == C10dProtocol::V2) {  // VALIDATE and a PING in one write, as torch 2.x's own client sends them
+  if (protocol_ == C10dProtocol::V2) {  // VALIDATE, in one write (the libuv server wants its 5 bytes in one read)
     std::lock_guard<std::mutex> lock(mu_);
-    const uint32_t nonce = static_cast<uint32_t>(::getpid());
     Request r(kV2Validate);
-    r.put(kValidationMagic).put(kV2Ping).put(nonce);
-    std::vector<uint8_t> echo;
-    exchange(r.bytes, echo, 4, "its validation");
-    if (read_le<uint32_t>(echo) != nonce)
-      DPT_THROW(CommError, "{} answered its validation with another nonce: not a c10d TCPStore?", where());
+    r.put(kValidationMagic);
+    std::vector<uint8_t> none;
+    exchange(r.bytes, none, 0, "its validation");
   }
 }
 

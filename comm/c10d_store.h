@@ -14,8 +14,9 @@
 // connection without it; its libuv server, the default since 2.4, misreads what follows). Sending VALIDATE to a
 // 1.13 server would be read as a SET and stall it, so the client first asks on a connection of its own: the byte 6
 // is GETNUMKEYS to 1.13 (8 bytes come back), and no VALIDATE to 2.x (the classic server closes, libuv stays
-// silent). Then on its real connection a 2.x client sends VALIDATE with a PING (0x0D, u32 nonce) and reads the
-// nonce back.
+// silent: a 1.13 server busy with another client's request is silent too, for a while, so the caller waits longer
+// where the environment is torchrun 1.x's, and DPT_C10D_PROTOCOL=1|2 settles it by hand). Then on its real connection
+// a 2.x client sends VALIDATE (no reply; not PING, which torch 2.0 to 2.3 may not know).
 //
 // wait() polls CHECK (1 ms, doubling to 50 ms) instead of c10d's WAIT, whose timeout 1.13 cannot cancel on the
 // server; a request is sent with one send() (1.13's server reads requests one client at a time, blocking).
@@ -74,7 +75,7 @@ class C10dStore : public Store {
 };
 
 // Which protocol the c10d TCPStore at host:port speaks, asked on a connection of its own (closed afterwards):
-// waits up to `silence` for 1.13's answer to GETNUMKEYS before calling a silent server 2.x (libuv).
+// waits up to `silence` for 1.x's answer to GETNUMKEYS before calling a silent server 2.x (libuv).
 C10dProtocol probe_c10d_protocol(const std::string& host, int port, std::chrono::milliseconds timeout,
                                  std::chrono::milliseconds silence = std::chrono::milliseconds(1000));
 

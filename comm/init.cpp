@@ -9,8 +9,8 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
-#include <optional>
 #include <random>
 
 #include <spdlog/spdlog.h>
@@ -52,19 +52,38 @@ std::string resolve_backend(const std::string& requested, const DistEnv& env, De
 
 namespace {
 
-// Under torchrun's agent store, a client of it (comm/c10d_store.h). Its protocol is probed once per process.
+// The c10d protocol of torchrun's agent store: DPT_C10D_PROTOCOL (1 or 2) when set, else asked of the server
+// (comm/c10d_store.h). A 1.x server is silent while it serves another client's request, so where the environment is
+// torchrun 1.x's (NCCL_ASYNC_ERROR_HANDLING, which 2.x renamed TORCH_NCCL_ASYNC_ERROR_HANDLING) the probe waits for
+// its answer up to the store's timeout; elsewhere 2 s of silence mean 2.x's libuv server.
+C10dProtocol agent_store_protocol(const DistEnv& env, std::chrono::milliseconds timeout) {
+  if (const char* forced = std::getenv("DPT_C10D_PROTOCOL"); forced && *forced) {
+    const std::string v = forced;
+    if (v == "1") return C10dProtocol::V1;
+    if (v == "2") return C10dProtocol::V2;
+    DPT_THROW(ConfigError, "environment variable DPT_C10D_PROTOCOL={} must be 1 (torch 1.x's c10d store) or 2", v);
+  }
+  const bool torch1_env = std::getenv("NCCL_ASYNC_ERROR_HANDLING") && !std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") &&
+                          !std::getenv("TORCHELASTIC_SIGNALS_TO_HANDLE");
+  const auto silence = torch1_env ? (timeout.count() < 0 ? std::chrono::milliseconds(300'000) : timeout)
+                                  : std::chrono::milliseconds(2000);
+  return probe_c10d_protocol(env.master_addr, env.master_port, timeout, silence);
+}
+
+// Under torchrun's agent store, a client of it (comm/c10d_store.h); its protocol found once per address.
 std::shared_ptr<Store> agent_store_client(const DistEnv& env, std::chrono::milliseconds timeout) {
   static std::mutex mu;
-  static std::optional<C10dProtocol> protocol;
+  static std::map<std::string, C10dProtocol> known;
   std::lock_guard<std::mutex> lock(mu);
-  auto store = std::make_shared<C10dStore>(env.master_addr, env.master_port, timeout, protocol ? &*protocol : nullptr);
-  if (!protocol) {
-    protocol = store->protocol();
+  const std::string address = fmt::format("{}:{}", env.master_addr, env.master_port);
+  auto it = known.find(address);
+  if (it == known.end()) {
+    it = known.emplace(address, agent_store_protocol(env, timeout)).first;
     if (env.rank == 0)
-      spdlog::info("store: torchrun's agent store at {}:{} (c10d TCPStore, torch {} protocol)", env.master_addr,
-                   env.master_port, *protocol == C10dProtocol::V1 ? "1.x" : "2.x");
+      spdlog::info("store: torchrun's agent store at {} (c10d TCPStore, torch {} protocol)", address,
+                   it->second == C10dProtocol::V1 ? "1.x" : "2.x");
   }
-  return store;
+  return std::make_shared<C10dStore>(env.master_addr, env.master_port, timeout, &it->second);
 }
 
 // The job's TcpStore: rank 0 hosts it at MASTER_ADDR:MASTER_PORT; one process needs none. Under torchrun's agent

@@ -36,19 +36,14 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   } catch (const Error& e) {
     DPT_THROW(ConfigError, "model.init_from: {}", e.what());
   }
+  // Floating weights in another precision (bf16 or float64 files) become float32, the dtype of every model's
+  // parameters and buffers, before a family's layout import reads them.
+  for (auto& nt : file.tensors)
+    if (nt.tensor.dtype() == DType::BF16 || nt.tensor.dtype() == DType::F64) nt.tensor = widen_to_f32(nt.tensor);
   const auto state = model.state();
   const ModelFamily& family = model_family(m.name);
   std::string layout;
   if (family.import_weights) file.tensors = family.import_weights(file.tensors, path, m, &layout);
-  // Floating weights in another precision (bf16 or float64 files) become the model's float32.
-  std::map<std::string, DType> model_dtype;
-  for (const auto& nt : state) model_dtype[nt.name] = nt.tensor.dtype();
-  for (auto& nt : file.tensors) {
-    auto it = model_dtype.find(nt.name);
-    const DType from = nt.tensor.dtype();
-    if (it != model_dtype.end() && it->second == DType::F32 && (from == DType::BF16 || from == DType::F64))
-      nt.tensor = widen_to_f32(nt.tensor);
-  }
   std::set<std::string> wanted;
   for (const auto& nt : state) wanted.insert(nt.name);
   for (const auto& nt : file.tensors)

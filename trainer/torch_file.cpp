@@ -126,6 +126,10 @@ const char* opcode_name(uint8_t op) {
 
 constexpr size_t kMaxStack = size_t{1} << 20;
 constexpr size_t kMaxDims = 32;
+// A state dict's pickle is small (some 15 objects and 200 bytes a tensor): these bound what a hostile one can make
+// the reader allocate, far above any real one's needs.
+constexpr size_t kMaxObjects = size_t{1} << 21;
+constexpr uint64_t kMaxPickleBytes = uint64_t{64} << 20;
 
 class Unpickler {
  public:
@@ -285,6 +289,7 @@ class Unpickler {
     }
   }
   Obj* make(Kind k) {
+    if (arena_.size() >= kMaxObjects) bad("more than 2^21 objects: not a state dict");
     arena_.push_back(std::make_unique<Obj>());
     arena_.back()->kind = k;
     return arena_.back().get();
@@ -381,6 +386,7 @@ class Unpickler {
     if (numel < 0 || static_cast<uint64_t>(numel) > bytes->size() / elem)
       bad(fmt::format("storage {} of {} {} elements holds only {} bytes", key, numel, kStorageTypes[type->i].name,
                       bytes->size()));
+    storage_bytes_ += static_cast<uint64_t>(numel) * dtype_size(kStorageTypes[type->i].out);
     Obj* s = make_int(Kind::Storage, type->i);
     s->s = key;
     s->numel = numel;
@@ -439,6 +445,12 @@ class Unpickler {
       bad(fmt::format("a tensor of {} elements from storage {} of {} (an expanded view): save it contiguous", numel,
                       st->s, storage_numel));
     const StorageType& type = kStorageTypes[st->i];
+    // Each tensor is its own copy: views of one storage cost their elements each. A state dict's views (a tied
+    // head, a transposed weight) are few; a file whose copies outgrow four times its storages is refused.
+    out_bytes_ += numel * dtype_size(type.out);
+    if (out_bytes_ > 4 * storage_bytes_ + (uint64_t{1} << 20))
+      bad(fmt::format("its tensors would take {} bytes, more than 4 times its storages' {}: views of one storage "
+                      "copied over and over", out_bytes_, storage_bytes_));
     Obj* o = make(Kind::Tensor);
     o->tensor = Tensor::empty(size, type.out);
     uint8_t* out = static_cast<uint8_t*>(o->tensor.raw());
@@ -488,6 +500,7 @@ class Unpickler {
   std::vector<size_t> marks_;
   std::unordered_map<uint32_t, Obj*> memo_;
   std::map<std::string, Obj*> storages_;
+  uint64_t storage_bytes_ = 0, out_bytes_ = 0;  // the storages' elements, and the tensors', in dptrain's dtypes
 };
 
 // A dict of tensors, or nullptr; `why` says what is not a tensor.
@@ -536,6 +549,12 @@ bool looks_like_zip(const uint8_t* data, size_t size) {
   return size >= 4 && data[0] == 'P' && data[1] == 'K' && data[2] == 3 && data[3] == 4;
 }
 
+// The legacy format's first pickle: PROTO 2, then its magic number as a LONG1 of 10 bytes. (A safetensors file may
+// start 80 02 too: its header length, little-endian.)
+bool looks_like_legacy_torch(const uint8_t* data, size_t size) {
+  return size >= 4 && data[0] == 0x80 && data[1] == 0x02 && data[2] == 0x8a && data[3] == 0x0a;
+}
+
 SafetensorsFile read_torch_zip(const uint8_t* data, size_t size, const std::string& where) {
   zip_error_t error;
   zip_error_init(&error);
@@ -553,27 +572,31 @@ SafetensorsFile read_torch_zip(const uint8_t* data, size_t size, const std::stri
   // Entries are read whole: at most what the archive could hold uncompressed at zip's best ratio, so that a
   // lying header costs no memory.
   const uint64_t max_entry = static_cast<uint64_t>(size) * 1100 + (uint64_t{1} << 20);
-  auto read_entry = [&](zip_int64_t index, const std::string& name) {
+  auto read_entry = [&](zip_int64_t index, const std::string& name, uint64_t limit = ~uint64_t{0}) {
     zip_stat_t st;
     zip_stat_init(&st);
     if (zip_stat_index(archive, static_cast<zip_uint64_t>(index), 0, &st) != 0 || !(st.valid & ZIP_STAT_SIZE))
       DPT_THROW(CheckpointError, "{}: cannot read the size of {}", where, name);
     if (st.size > max_entry)
       DPT_THROW(CheckpointError, "{}: {} claims {} bytes, more than the archive can hold", where, name, st.size);
+    if (st.size > limit)
+      DPT_THROW(CheckpointError, "{}: {} is {} bytes, more than a state dict's (at most {})", where, name, st.size,
+                limit);
     std::vector<uint8_t> bytes(st.size);
     zip_file_t* f = zip_fopen_index(archive, static_cast<zip_uint64_t>(index), 0);
     if (!f) DPT_THROW(CheckpointError, "{}: cannot open {}: {}", where, name, zip_strerror(archive));
     uint64_t got = 0;
-    while (got < bytes.size()) {
-      const zip_int64_t n = zip_fread(f, bytes.data() + got, bytes.size() - got);
-      if (n <= 0) break;
+    zip_int64_t n = 0;
+    while (got < bytes.size() && (n = zip_fread(f, bytes.data() + got, bytes.size() - got)) > 0)
       got += static_cast<uint64_t>(n);
-    }
-    const std::string why = got == bytes.size() ? "" : zip_file_strerror(f);
+    // One read past the end: libzip checks the entry's CRC-32 when it reaches the end of the data.
+    uint8_t extra = 0;
+    if (got == bytes.size()) n = zip_fread(f, &extra, 1);
+    const std::string why = n < 0 ? zip_file_strerror(f) : n > 0 ? "longer than its header says" : "";
     zip_fclose(f);
-    if (got != bytes.size())
-      DPT_THROW(CheckpointError, "{}: {} is truncated or corrupted ({} of {} bytes: {})", where, name, got,
-                bytes.size(), why);
+    if (got != bytes.size() || n != 0)
+      DPT_THROW(CheckpointError, "{}: {} is truncated or corrupted ({} of {} bytes read{})", where, name, got,
+                bytes.size(), why.empty() ? "" : ": " + why);
     return bytes;
   };
   // ARCHIVE/data.pkl, ARCHIVE/data/KEY, ARCHIVE/byteorder.
@@ -601,7 +624,7 @@ SafetensorsFile read_torch_zip(const uint8_t* data, size_t size, const std::stri
       DPT_THROW(CheckpointError, "{}: written on a {}-endian machine: dptrain reads little-endian files only", where,
                 std::string(order.begin(), order.end()));
   }
-  const std::vector<uint8_t> pkl = read_entry(pkl_index, prefix + "data.pkl");
+  const std::vector<uint8_t> pkl = read_entry(pkl_index, prefix + "data.pkl", kMaxPickleBytes);
   std::map<std::string, std::vector<uint8_t>> loaded;
   const StorageBytes storage = [&](const std::string& key) -> const std::vector<uint8_t>* {
     auto it = entries.find(prefix + "data/" + key);
@@ -626,7 +649,7 @@ SafetensorsFile read_torch_file(const std::string& path) {
   if (!looks_like_zip(bytes.data(), bytes.size())) {
     // torch.save before 1.6 (or with _use_new_zipfile_serialization=False): a pickle stream starting with its magic
     // number as a LONG1.
-    if (bytes.size() >= 2 && bytes[0] == 0x80 && bytes[1] == 0x02)
+    if (looks_like_legacy_torch(bytes.data(), bytes.size()))
       DPT_THROW(CheckpointError, "{}: PyTorch's legacy format (torch.save before 1.6): dptrain reads the zip format; "
                 "convert it with torch.save(torch.load(PATH), NEW_PATH) in PyTorch 1.6 or later", path);
     DPT_THROW(CheckpointError, "{}: neither safetensors nor a torch.save zip archive", path);
@@ -641,7 +664,7 @@ SafetensorsFile read_weights_file(const std::string& path) {
     if (!f) DPT_THROW(CheckpointError, "cannot open {}: {}", path, std::strerror(errno));
     f.read(reinterpret_cast<char*>(head), 4);
   }
-  if (looks_like_zip(head, 4) || (head[0] == 0x80 && head[1] == 0x02)) return read_torch_file(path);
+  if (looks_like_zip(head, 4) || looks_like_legacy_torch(head, 4)) return read_torch_file(path);
   return read_safetensors(path);
 }
 

@@ -11,11 +11,12 @@
 // DoubleStorage, HalfStorage, BFloat16Storage, LongStorage, IntStorage, ShortStorage, CharStorage, ByteStorage,
 // BoolStorage. Anything else (os.system, builtins.eval, a module's class, NEWOBJ, INST, ...) is refused naming it:
 // a torch file is a program for Python's unpickler, and this one runs none of it. Every length, index, shape,
-// stride and offset is checked against the bytes there are; containers live in an arena, so cycles and depth cost
-// nothing. The legacy format (before 1.6, not a zip) is refused with a message saying how to convert it.
+// stride and offset is checked against the bytes there are; containers live in an arena (at most 2^21 objects, and
+// data.pkl at most 64 MiB), so cycles and depth cost nothing; every entry's CRC-32 is checked. The legacy format
+// (before 1.6, not a zip) is refused with a message saying how to convert it.
 //
 // Tensors come out contiguous (a non-contiguous one gathered by its strides; views of one storage each their own
-// copy): float32, float64, bfloat16, int64, int32 and uint8 as they are; float16 widened to float32 (exactly);
+// copy, at most four times the storages' size in all): float32, float64, bfloat16, int64, int32 and uint8 as they are; float16 widened to float32 (exactly);
 // int16 and int8 widened to int32, bool as uint8.
 #pragma once
 
@@ -29,8 +30,10 @@
 
 namespace dpt::trainer {
 
-// Whether the bytes start as a zip archive (PK\3\4) does: the torch.save format, not safetensors.
+// Whether the bytes start as a zip archive (PK\3\4) does: the torch.save format, not safetensors; or as the legacy
+// format (before PyTorch 1.6) does.
 bool looks_like_zip(const uint8_t* data, size_t size);
+bool looks_like_legacy_torch(const uint8_t* data, size_t size);
 
 // A state dict from torch.save's zip format: names -> tensors in file order (SafetensorsFile, its metadata empty).
 // The top-level object must be a dict of tensors, or hold one under 'state_dict' or 'model' (a training checkpoint's

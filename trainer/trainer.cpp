@@ -187,6 +187,11 @@ void Trainer::load_data() {
                  t_.global_batch_size > 0 ? fmt::format(" (train.global_batch_size: {} rank(s) x {} micro-batch(es) "
                                                         "of {})", world_, t_.accum_steps, t_.batch_size)
                  : t_.accum_steps > 1 ? fmt::format(" ({} micro-batches of {})", t_.accum_steps, t_.batch_size) : "");
+  if (lead_ && t_.global_batch_size > 0 && 2 * t_.batch_size <= user_cfg_.train.batch_size)
+    spdlog::warn("train.global_batch_size {} on {} rank(s): {} per rank splits into micro-batches of at most "
+                 "train.batch_size {} only as {} of {}; a global batch with more divisors fills them better",
+                 t_.global_batch_size, world_, t_.global_batch_size / world_, user_cfg_.train.batch_size, t_.accum_steps,
+                 t_.batch_size);
   sample_shape_ = ds_.train->sample_shape();
 }
 
@@ -383,16 +388,19 @@ void Trainer::prepare_steps() {
               K_ > 1 ? "step" : "batch", per_rank, t_.batch_size,
               K_ > 1 ? fmt::format(" x {} micro-batches", K_) : "");
   steps_per_epoch_ = (spe_ + K_ - 1) / K_;
+  // The schedule's position: epoch x steps_per_epoch_ + the epoch's steps so far, in this run's geometry (an epoch
+  // resumed mid-way counts its consumed examples as steps of this geometry's global batch). It ends at total_steps_.
   total_steps_ = steps_per_epoch_ * t_.epochs;
-  if (start_.samples_in_epoch > 0 && start_.epoch < t_.epochs) {
-    // Resumed mid-epoch, perhaps at another geometry: that epoch is the steps its examples consumed took in this
-    // geometry, then its remaining examples' steps (the same count as an uninterrupted epoch's when nothing changed,
-    // or with train.global_batch_size).
-    const int64_t before = start_.samples_in_epoch / step_samples_;
+  const int64_t resumed_at = start_.epoch * steps_per_epoch_ + std::max<int64_t>(start_.samples_in_epoch, 0) / step_samples_;
+  if (start_.samples_in_epoch > 0 && start_.epoch == t_.epochs - 1) {
+    // Resumed in the last epoch, perhaps at another geometry: the run ends after its remaining examples' steps (as
+    // many as an uninterrupted epoch's when nothing changed, or with train.global_batch_size).
     const int64_t after = (batches_for(sampler_->num_samples(static_cast<size_t>(start_.samples_in_epoch))) + K_ - 1) / K_;
-    total_steps_ += before + after - steps_per_epoch_;
+    total_steps_ = resumed_at + after;
   }
-  if (t_.max_steps > 0) total_steps_ = std::min(total_steps_, t_.max_steps);
+  // train.max_steps counts the steps taken; after a resume at another geometry those and the schedule's position
+  // differ by a constant (the position it resumed at less the steps done).
+  if (t_.max_steps > 0) total_steps_ = std::min(total_steps_, t_.max_steps + (resumed_at - start_.step));
 
   ctx_.phase = "setting up training (the data loader)";
   feeder_ = std::make_unique<Feeder>(device_, stream_);
@@ -431,6 +439,13 @@ void Trainer::train_epoch(int64_t epoch) {
   const int64_t batches = batches_for(indices.size());
   indices.resize(std::min(indices.size(), static_cast<size_t>(batches * t_.batch_size)));  // whole steps only
   ds_.train->set_epoch(epoch);  // the epoch's random transforms
+  if (batches == 0) {  // resumed where drop_last leaves no full batch (or step) of the epoch at this geometry
+    if (lead_)
+      spdlog::info("epoch {}: its {} examples left make no full {} at {} rank(s) x batch {} (train.drop_last): on to "
+                   "the next epoch", epoch + 1, static_cast<int64_t>(ds_.train->size()) - sample0,
+                   t_.global_batch_size > 0 ? "step" : "batch", world_, t_.batch_size);
+    return;
+  }
   Epoch ep{.index = epoch, .first_batch = first_batch, .end_batch = first_batch + batches, .sample0 = sample0,
            .first_step = step_, .stats = Tensor::zeros({2}, DType::F64, device_),
            .grad_ss = Tensor::zeros({1}, DType::F64, device_)};
@@ -708,7 +723,7 @@ RunResult train(const Config& cfg, const RunOptions& opts, comm::ProcessGroup& p
     const TrainConfig& t = run_cfg.train;
     DPT_THROW(OutOfMemoryError, "{} {}", e.what(),
               out_of_memory_advice(ctx.where(), ctx.memory, t.batch_size, t.eval_batch_size, t.accum_steps,
-                                   t.precision, pg.size(), cfg.dist.zero));
+                                   t.precision, pg.size(), cfg.dist.zero, t.global_batch_size, cfg.train.batch_size));
   }
 }
 

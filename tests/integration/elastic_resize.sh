@@ -37,14 +37,6 @@ wait_file() {  # wait_file PATH WHAT: up to 60 s
   cat "$WORK"/*.log
   fail "$2: no $1 after 60 s"
 }
-wait_log() {  # wait_log FILE PATTERN: up to 60 s for a line matching PATTERN (grep -E)
-  for _ in $(seq 600); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  cat "$1"
-  fail "$1: no line matching '$2' after 60 s"
-}
 dptrain_of() {  # dptrain_of DPRUN_PID: its rank's pid
   pgrep -P "$1" -f "$DPTRAIN" | head -1
 }

@@ -8,9 +8,12 @@
 #     'model', 'optimizer'}: its 'model'): the same tensors as torch.load's, name by name in its order, bit for bit,
 #     in the dtypes dptrain keeps;
 #  2. refusals naming the problem, nothing run: a pickle calling os.system (GLOBAL) or builtins.eval (STACK_GLOBAL),
-#     a NEWOBJ, a list instead of a dict, the pre-1.6 format; the marker file those would have written is absent;
+#     a NEWOBJ, a list instead of a dict, the pre-1.6 format, a flipped byte in a stored tensor (its CRC-32); the
+#     marker file the calls would have written is absent;
 #  3. model.init_from = a .pth: a small ResNet's checkpoint converted to a .pth by torch trains on from it exactly as
-#     from the checkpoint's own model.safetensors (bitwise), and differently from a fresh start (the control).
+#     from the checkpoint's own model.safetensors (bitwise), and differently from a fresh start (the control); a GPT
+#     exported in Hugging Face's layout and saved by torch in bfloat16 (a pytorch_model.bin) trains as the same
+#     bf16-rounded values from safetensors do.
 source "$(dirname "$0")/lib/common.bash"
 "$PY" -c "import torch, torchvision" 2>/dev/null ||
   fail "python3-torch and python3-torchvision are needed (scripts/setup.sh --tests)"
@@ -36,6 +39,23 @@ refused eval.pth "it names the global builtins.eval"
 refused newobj.pth "opcode 0x81 (NEWOBJ), which torch.save of a state dict does not write"
 refused listed.pth "the file holds a list, not a dict of tensors"
 refused legacy.pth "PyTorch's legacy format (torch.save before 1.6)"
+# A flipped byte inside a stored tensor: each entry's CRC-32 is checked (torch.load would not notice).
+"$PY" - "$D/zoo.pth" "$D/corrupt.pth" <<'EOF'
+import shutil, struct, sys, zipfile
+src, dst = sys.argv[1:]
+shutil.copy(src, dst)
+with zipfile.ZipFile(src) as z:
+    info = next(i for i in z.infolist() if i.filename.endswith("/data/0"))
+with open(dst, "r+b") as f:
+    f.seek(info.header_offset + 26)
+    name_len, extra_len = struct.unpack("<HH", f.read(4))
+    at = info.header_offset + 30 + name_len + extra_len
+    f.seek(at)
+    b = f.read(1)
+    f.seek(at)
+    f.write(bytes([b[0] ^ 0x5A]))
+EOF
+refused corrupt.pth "data/0 is truncated or corrupted"
 [ ! -e "$D/PWNED" ] || fail "a refused file ran its code: $D/PWNED exists"
 
 # 3. model.init_from = a .pth, through dptrain.
@@ -65,6 +85,41 @@ echo -n "from .pth vs from .safetensors: "
 echo -n "from .pth vs fresh (must differ): "
 "$PY" "$CKPT_PY" differ "$WORK/from_pth/step-00000004" "$WORK/fresh/step-00000004" 1e-4 ||
   fail "init_from changed nothing: the comparison cannot tell"
+# A GPT in Hugging Face's layout as an older hub repository keeps it (pytorch_model.bin), in bfloat16: widened to
+# float32 before the layout import (Conv1D transposes, the vocabulary's padding), it trains as the same weights
+# (rounded to bfloat16) from safetensors do.
+"$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 ||
+  { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
+GPT=(--config "$CONFIG" data.dataset=tokens data.dir="$WORK/fort" model.name=gpt model.n_layer=2 model.n_head=2
+     model.n_embd=64 model.block_size=32 train.optimizer=adamw train.lr=1e-3 train.batch_size=4 data.train_limit=400
+     data.test_limit=32 train.epochs=1 train.progress_interval_s=1000)
+gpt() {  # gpt NAME MAX_STEPS ARGS...
+  local name=$1 steps=$2
+  shift 2
+  "$DPTRAIN" "${GPT[@]}" train.max_steps="$steps" checkpoint.dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 ||
+    { cat "$WORK/$name.log"; fail "$name failed"; }
+}
+gpt gstart 2
+"$DPTRAIN" export-weights --checkpoint "$WORK/gstart/step-00000002" --layout hf --out "$WORK/ghf" > "$WORK/gexport.log" 2>&1 ||
+  { cat "$WORK/gexport.log"; fail "export-weights --layout hf failed"; }
+"$PY" - "$WORK/ghf/model.safetensors" "$WORK/gpt_bf16.bin" "$WORK/gpt_bf16_rounded.safetensors" <<'EOF' ||
+import collections, os, sys
+sys.path.insert(0, os.environ["DPT_SOURCE_DIR"] + "/tests/support/python")
+import ckpt, torch
+hf = ckpt.load(sys.argv[1])
+bf16 = collections.OrderedDict((k, torch.from_numpy(v.copy()).bfloat16()) for k, v in hf.items())
+torch.save(bf16, sys.argv[2])  # pytorch_model.bin's form, in bfloat16
+ckpt.save(sys.argv[3], {k: v.float().numpy() for k, v in bf16.items()})
+EOF
+  fail "writing the bf16 pytorch_model.bin failed"
+gpt from_bin 3 model.init_from="$WORK/gpt_bf16.bin"
+gpt from_rounded 3 model.init_from="$WORK/gpt_bf16_rounded.safetensors"
+grep -q "model: weights from $WORK/gpt_bf16.bin; Hugging Face layout" "$WORK/from_bin.log" ||
+  { cat "$WORK/from_bin.log"; fail "the bf16 pytorch_model.bin was not read in Hugging Face's layout"; }
+echo -n "GPT from a bf16 pytorch_model.bin vs from the same values in safetensors: "
+"$PY" "$CKPT_PY" compare "$WORK/from_bin/step-00000003" "$WORK/from_rounded/step-00000003" 0 ||
+  fail "training from the bf16 .bin differs from training from the same values' safetensors"
+
 expect_exit 2 "model.init_from: .*os_system.pth: data.pkl: it names the global os.system" \
   "$DPTRAIN" "${RES[@]}" train.max_steps=1 model.init_from="$D/os_system.pth" checkpoint.dir="$WORK/evil"
 [ ! -e "$D/PWNED" ] || fail "dptrain ran the file's code"

@@ -60,16 +60,21 @@ std::vector<std::vector<double>> gather_per_rank(const std::vector<double>& mine
 
 std::string out_of_memory_advice(const std::string& phase, const MemoryFigures& m, int64_t batch_size,
                                  int64_t eval_batch_size, int64_t accum_steps, models::Precision precision,
-                                 int world, int64_t zero) {
+                                 int world, int64_t zero, int64_t global_batch_size, int64_t max_micro_batch) {
   auto b = [](int64_t v) { return format_bytes(static_cast<size_t>(std::max<int64_t>(v, 0))); };
   std::string s = fmt::format("while {}. This rank's tensors: parameters {}, gradients {}, optimizer state {}, ", phase,
                               b(m.params), b(m.grads), b(m.optimizer));
   s += m.activations >= 0 ? fmt::format("activations {} (what the first step allocated at most)", b(m.activations))
                           : std::string("activations not measured yet (the first step had not finished)");
   if (m.device_total > 0) s += fmt::format("; the device holds {} of {} in all", b(m.device_used), b(m.device_total));
-  s += fmt::format(". To fit, lower train.batch_size (now {}; raise train.accum_steps, now {}, to keep the global "
-                   "batch)",
-                   batch_size, accum_steps);
+  if (global_batch_size > 0)
+    s += fmt::format(". To fit, lower train.batch_size, the largest micro-batch (now {}: micro-batches of {}, {} per "
+                     "step; train.global_batch_size {} stays, in more of them)",
+                     max_micro_batch, batch_size, accum_steps, global_batch_size);
+  else
+    s += fmt::format(". To fit, lower train.batch_size (now {}; raise train.accum_steps, now {}, to keep the global "
+                     "batch)",
+                     batch_size, accum_steps);
   if (phase.find("evaluat") != std::string::npos)
     s += fmt::format(" or train.eval_batch_size (now {})", eval_batch_size);
   if (precision == models::Precision::F32) s += ", use train.precision = bf16 (half the activation bytes)";

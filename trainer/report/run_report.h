@@ -64,9 +64,12 @@ struct MemoryFigures {
 };
 
 // What an out-of-memory error adds: where the run was, this rank's figures, and what to lower; with `world` > 1 ranks
-// and `zero` < 3, the ZeRO stage that would shard more of the model's state.
+// and `zero` < 3, the ZeRO stage that would shard more of the model's state. `batch_size` and `accum_steps`: the run's
+// micro-batch and accumulation; with `global_batch_size` > 0 they were derived from it, and train.batch_size (the
+// largest micro-batch, `max_micro_batch`) is what to lower.
 std::string out_of_memory_advice(const std::string& phase, const MemoryFigures& m, int64_t batch_size,
                                  int64_t eval_batch_size, int64_t accum_steps, models::Precision precision,
-                                 int world = 1, int64_t zero = 0);
+                                 int world = 1, int64_t zero = 0, int64_t global_batch_size = 0,
+                                 int64_t max_micro_batch = 0);
 
 }  // namespace dpt::trainer

@@ -1,6 +1,6 @@
 # tests/integration/lib/common.bash: shared set-up for the integration scripts (sourced, not a test).
 # Gives: $DPRUN, $DPTRAIN, $PY (Debian's python3 with numpy), $WORK (a private temp dir, removed on exit
-# together with any process still running from it), fail, the SMALL config, and $MPIRUN.
+# together with any process still running from it), fail, wait_log, the SMALL config, and $MPIRUN.
 set -euo pipefail
 : "${DPT_BUILD_DIR:?run through ctest (DPT_BUILD_DIR unset)}" "${DPT_SOURCE_DIR:?run through ctest}"
 DPRUN=$DPT_BUILD_DIR/launcher/dprun
@@ -34,6 +34,16 @@ no_processes_left() {
   sleep 0.5
   left=$(pgrep -af "$1" | grep -v -e "pgrep" -e "$$" || true)
   [ -z "$left" ] || fail "processes left behind: $left"
+}
+
+# wait_log FILE PATTERN: waits (up to 60 s) until FILE has a line matching PATTERN (grep -E).
+wait_log() {
+  for _ in $(seq 600); do
+    grep -qE "$2" "$1" 2>/dev/null && return 0
+    sleep 0.1
+  done
+  cat "$1"
+  fail "$1: no line matching '$2' after 60 s"
 }
 
 # metric NAME TEXT: the value after NAME on the last epoch line of TEXT.

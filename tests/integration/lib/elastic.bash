@@ -47,15 +47,6 @@ wait_ckpt() {
   fail "$1: no checkpoint of step $2 after 60 s"
 }
 
-# wait_log FILE PATTERN: waits (up to 60 s) until FILE has a line matching PATTERN (grep -E).
-wait_log() {
-  for _ in $(seq 600); do
-    grep -qE "$2" "$1" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  cat "$1"
-  fail "$1: no line matching '$2' after 60 s"
-}
 
 # in_ns_pid NS NAME: the pid of the process running the program NAME in network namespace NS (by its
 # executable: dptrain may re-execute itself through /proc/self/exe, which renames its comm "exe").

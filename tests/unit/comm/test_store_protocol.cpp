@@ -120,7 +120,7 @@ TEST_CASE("store counters refuse to overflow", "[store]") {
   CHECK(srv.add("m", 1) == INT64_MIN + 1);  // the server's answer: the connection stays usable
 }
 
-TEST_CASE("TcpStore: a hostile client is dropped, the others keep working; the client refuses oversized requests",
+TEST_CASE("TcpStore: a hostile client is dropped, the others keep working, the client refuses oversized requests",
           "[store]") {
   TcpStore srv(TcpStoreOptions{"127.0.0.1", 0, true, 10s});
   srv.set("a", std::string("1"));

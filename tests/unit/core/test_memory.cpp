@@ -99,7 +99,7 @@ TEST_CASE("Storage release and reserve: the bytes go and come back, views stay v
   REQUIRE(tensor_memory(cpu).current == base);
 }
 
-TEST_CASE("Storage release and reserve with a stream: the same bookkeeping; host memory never pooled", "[core][memory]") {
+TEST_CASE("Storage release and reserve with a stream: the same bookkeeping, host memory never pooled", "[core][memory]") {
   // On a GPU a stream makes them stream-ordered through the device's pool (tests/unit/gpu/test_cuda_tensor.cpp); the
   // counts of tensor_memory and of this thread's allocations are the same either way, and host storage ignores it.
   const Device cpu = Device::cpu();

@@ -189,7 +189,7 @@ TEST_CASE("2 ranks x batch B see the same examples per step as 1 rank x batch 2B
   }
 }
 
-TEST_CASE("indices(epoch, 0) is indices(epoch); a start deals the rest of the order strided", "[data][sampler]") {
+TEST_CASE("indices(epoch, 0) is indices(epoch), and a start deals the rest of the order strided", "[data][sampler]") {
   for (size_t n : {1, 7, 10, 101}) {
     for (int world : {1, 2, 3}) {
       if (static_cast<size_t>(world) > n) continue;

@@ -90,7 +90,7 @@ TEST_CASE("nccl, one rank: in-place allgather on a stream, inside a flat buffer"
   }
 }
 
-TEST_CASE("nccl: host tensors go through the device; block() orders a stream without a host wait", "[gpu][nccl]") {
+TEST_CASE("nccl: host tensors go through the device, block() orders a stream without a host wait", "[gpu][nccl]") {
   auto pg = nccl_world1();
   Tensor sums = Tensor::empty({3}, DType::F64);
   sums.data<double>()[0] = 1.5;

@@ -386,7 +386,7 @@ TEST_CASE("cuda relu_backward matches the CPU exactly, also with dx aliasing dy"
 // sum >= the starting 1.5); the hit count exactly (unique maxima, see xent_inputs); dlogits within 1e-6
 // absolute (p = exp(z - max - log_sum) carries log_sum's float error, a few 1e-7 relative; |dlogit| <= 1).
 // stats start at {1.5, 2}: the kernel must add to them, not overwrite them.
-TEST_CASE("cuda softmax_xent matches the CPU: loss sum, hits, dlogits; stats accumulate", "[gpu][kernels]") {
+TEST_CASE("cuda softmax_xent matches the CPU: loss sum, hits, dlogits, stats accumulate", "[gpu][kernels]") {
   const int64_t rows = GENERATE(as<int64_t>{}, 0, 1, 7, 64, 1000);
   const int64_t cols = GENERATE(as<int64_t>{}, 1, 10, 33, 100);
   const bool with_grad = GENERATE(false, true);

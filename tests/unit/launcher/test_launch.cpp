@@ -120,7 +120,7 @@ TEST_CASE("launch: every rank gets one made-up DPT_STORE_TOKEN, kept across rest
   CHECK(read_file(dir.path / "rank_1.log") == "token exported-by-the-user\n");
 }
 
-TEST_CASE("launch: restarts used up -> the failed rank's code; no restart for a program that cannot start",
+TEST_CASE("launch: restarts used up -> the failed rank's code, no restart for a program that cannot start",
           "[launcher][process]") {
   TempDir dir;
   Options o = shell_job(2, "echo \"attempt $DPT_RESTART_COUNT\"; [ \"$RANK\" = 1 ] && exit 5; exit 0", dir.path);

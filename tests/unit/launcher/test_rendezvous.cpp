@@ -145,7 +145,7 @@ TEST_CASE("Rendezvous: nodes join, the master closes, a failure is seen by all, 
   CHECK(master.reports(0) == 3);
 }
 
-TEST_CASE("KeepAliveWatch: a count that has not moved for the timeout is stale; a reset forgets", "[launcher][rdzv]") {
+TEST_CASE("KeepAliveWatch: a count that has not moved for the timeout is stale, a reset forgets", "[launcher][rdzv]") {
   using C = KeepAliveWatch::Clock;
   const C::time_point t0{};
   KeepAliveWatch w(3s);

@@ -120,7 +120,7 @@ TEST_CASE("checkpoints: atomic layout, keep the newest K, load validates", "[che
   REQUIRE(c->optimizer.find("layers.0.weight.momentum")->data<float>()[0] == 7.0f);
 }
 
-TEST_CASE("checkpoints keep the class names; one written before they were saved loads with none", "[checkpoint]") {
+TEST_CASE("checkpoints keep the class names, one written before they were saved loads with none", "[checkpoint]") {
   auto dir = fresh_dir("classes");
   CheckpointManager m(dir.string(), 2);
   std::vector<NamedTensor> model = {{"fc.bias", filled({3}, 0)}};

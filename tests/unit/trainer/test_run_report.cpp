@@ -72,4 +72,11 @@ TEST_CASE("out_of_memory_advice names the phase, the sizes and what to lower", "
   REQUIRE_THAT(s, Catch::Contains("shard the model's state over the 2 ranks with dist.zero = 3 (now 0;"));
   s = out_of_memory_advice("in the first training step (batch 8 per rank)", m, 8, 8, 1, dpt::models::Precision::F32, 2, 3);
   REQUIRE_THAT(s, !Catch::Contains("dist.zero"));  // sharded all it can
+  // train.global_batch_size 64 on 2 ranks with train.batch_size 16: micro-batches of 16, 2 a step; accum_steps is
+  // derived, so the advice is the largest micro-batch alone.
+  s = out_of_memory_advice("in the first training step (batch 16 per rank)", m, 16, 8, 2, dpt::models::Precision::F32, 2,
+                           3, 64, 16);
+  REQUIRE_THAT(s, Catch::Contains("lower train.batch_size, the largest micro-batch (now 16: micro-batches of 16, 2 per "
+                                  "step; train.global_batch_size 64 stays, in more of them)"));
+  REQUIRE_THAT(s, !Catch::Contains("raise train.accum_steps"));
 }

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <string>
@@ -104,7 +105,7 @@ TEST_CASE("a state dict as torch.save writes one: OrderedDict, shared storage, s
   CHECK(row.data<float>()[2] == 6);
 }
 
-TEST_CASE("a training checkpoint's 'model' is the state dict; other tops are refused naming them", "[torch_file]") {
+TEST_CASE("a training checkpoint's 'model' is the state dict, other tops are refused naming them", "[torch_file]") {
   Pickle inner;
   inner.op("}").op("(").str("epoch").i(3).str("model").op("}").op("(").str("b");
   inner.tensor("0", "HalfStorage", 2, 0, {2}, {1}).op("u").op("u.");
@@ -188,6 +189,48 @@ TEST_CASE("malformed pickles end in a CheckpointError, never a crash", "[torch_f
   mismatch.op("}(").str("a").tensor("0", "FloatStorage", 2, 0, {2}, {1});
   mismatch.str("b").tensor("0", "LongStorage", 1, 0, {1}, {1}).op("u.");
   refused(mismatch.b, "named twice with different types", {{"0", floats({1, 2})}});
+}
+
+TEST_CASE("views copied over and over are refused, and a safetensors header of 640 bytes is not the legacy format",
+          "[torch_file]") {
+  // 100 views of one 16-element storage: 1600 elements of copies, past four times the storage (and 1 MiB) only
+  // for larger storages; with a 64 Ki-element storage, 100 views are 25 MiB of copies for a 256 KiB storage.
+  Pickle p;
+  p.op("}(");
+  for (int k = 0; k < 100; ++k) p.str(std::string("v").append(std::to_string(k))).tensor("0", "FloatStorage", 65536, 0, {65536}, {1});
+  p.op("u.");
+  std::vector<uint8_t> big(65536 * 4, 0);
+  CHECK_THROWS_WITH(unpickle(p.b, {{"0", big}}), Catch::Contains("more than 4 times its storages'"));
+  Pickle few;  // two views (a tied head) are fine
+  few.op("}(").str("a").tensor("0", "FloatStorage", 65536, 0, {65536}, {1});
+  few.str("b").tensor("0", "FloatStorage", 65536, 0, {256, 256}, {1, 256}).op("u.");
+  CHECK(unpickle(few.b, {{"0", big}}).tensors.size() == 2);
+
+  const uint8_t legacy[] = {0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc};
+  const uint8_t st640[] = {0x80, 0x02, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, '{'};  // a header of 640 bytes
+  CHECK(looks_like_legacy_torch(legacy, sizeof(legacy)));
+  CHECK_FALSE(looks_like_legacy_torch(st640, sizeof(st640)));
+  CHECK_FALSE(looks_like_zip(st640, sizeof(st640)));
+  // Such a file reads as safetensors through read_weights_file.
+  std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  header.resize(640, ' ');
+  std::string file(8, '\0');
+  file[0] = static_cast<char>(0x80);
+  file[1] = 0x02;
+  file += header;
+  const float w[2] = {1.5f, -2.0f};
+  file.append(reinterpret_cast<const char*>(w), 8);
+  const std::string path = "/tmp/dpt_test_st640.safetensors";
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    REQUIRE(f);
+    std::fwrite(file.data(), 1, file.size(), f);
+    std::fclose(f);
+  }
+  const SafetensorsFile read = read_weights_file(path);
+  std::remove(path.c_str());
+  REQUIRE(read.tensors.size() == 1);
+  CHECK(read.tensors[0].tensor.data<float>()[1] == -2.0f);
 }
 
 TEST_CASE("half_to_float: every half, against the closed form", "[torch_file]") {
