@@ -154,6 +154,24 @@ DPT_HD float gelu_grad(float x) {
   return 0.5f * (1.0f + t) + 0.5f * x * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
 }
 
+// ---- the Llama family (issue 35) ---------------------------------------------------------------------------------
+// SiLU (nn.SiLU, x sigmoid(x)) and SwiGLU's product silu(gate) * up, with the gradients of both inputs.
+DPT_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+DPT_HD float silu(float x) { return x * sigmoid(x); }
+DPT_HD float swiglu(float gate, float up) { return silu(gate) * up; }
+DPT_HD void swiglu_grad(float gate, float up, float dy, float& dgate, float& dup) {
+  const float s = sigmoid(gate);
+  dgate = dy * up * s * (1.0f + gate * (1.0f - s));
+  dup = dy * gate * s;
+}
+// One rotary pair (HF's rotate_half: x[i] and x[i + head_dim / 2]) turned by the angle whose cosine and sine are c
+// and s (s negated: the inverse, backward's rotation).
+DPT_HD void rope_pair(float& x1, float& x2, float c, float s) {
+  const float a = x1, b = x2;
+  x1 = a * c - b * s;
+  x2 = b * c + a * s;
+}
+
 // Global-norm clipping's factor, as torch.nn.utils.clip_grad_norm_: max_norm / (norm + 1e-6), applied when below 1.
 DPT_HD double clip_coefficient(double sum_squares, double max_norm) { return max_norm / (sqrt(sum_squares) + 1e-6); }
 

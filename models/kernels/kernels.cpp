@@ -49,6 +49,20 @@ void Kernels::layernorm_backward(const float*, const float*, const float*, const
                                  float*, int64_t, int64_t) {
   no_kernel(*this, "layernorm_backward");
 }
+void Kernels::rmsnorm_forward(const float*, const float*, float*, float*, int64_t, int64_t, float) {
+  no_kernel(*this, "rmsnorm_forward");
+}
+void Kernels::rmsnorm_backward(const float*, const float*, const float*, const float*, float*, float*, int64_t,
+                               int64_t) {
+  no_kernel(*this, "rmsnorm_backward");
+}
+void Kernels::swiglu_forward(const float*, const float*, float*, size_t) { no_kernel(*this, "swiglu_forward"); }
+void Kernels::swiglu_backward(const float*, const float*, const float*, float*, float*, size_t) {
+  no_kernel(*this, "swiglu_backward");
+}
+void Kernels::rope(float*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool) {
+  no_kernel(*this, "rope");
+}
 void Kernels::gelu_forward(const float*, float*, size_t) { no_kernel(*this, "gelu_forward"); }
 void Kernels::gelu_backward(const float*, const float*, float*, size_t) { no_kernel(*this, "gelu_backward"); }
 void Kernels::causal_softmax_forward(float*, int64_t, int64_t, int64_t, float) { no_kernel(*this, "causal_softmax_forward"); }

@@ -142,6 +142,24 @@ class Kernels {
   // dx overwritten; dgamma and dbeta accumulate.
   virtual void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                                   const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C);
+  // ---- the Llama family's layers (issue 35) ----
+  // RMSNorm over each row of C values (Llama's LlamaRMSNorm): y = x * rstd * gamma, rstd = 1 / sqrt(mean(x^2) + eps)
+  // saved per row for backward. Row sums in double on the CPU.
+  virtual void rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
+                               float eps);
+  // dx = rstd * (dy * gamma - xhat * mean(dy * gamma * xhat)), xhat = x * rstd: overwritten; dgamma += dy * xhat.
+  virtual void rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd, float* dx,
+                                float* dgamma, int64_t rows, int64_t C);
+  // SwiGLU's product y = silu(gate) * up (y may alias gate or up), and its gradients dgate, dup (each may alias gate
+  // or up: both inputs are read before either is written, element by element).
+  virtual void swiglu_forward(const float* gate, const float* up, float* y, size_t n);
+  virtual void swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, float* dup, size_t n);
+  // Rotary position embeddings (HF's rotate_half form), in place: in each of `rows` rows (row r at position
+  // pos0 + r mod T; rows `stride` floats apart), `heads` heads of head_dim values from x, each pair (i, i + head_dim/2)
+  // turned by the angle of its position and i: cos and sin are tables [positions, head_dim / 2] (rope_tables,
+  // models/rope.h). inverse: turned back (backward: the gradient rotates by the opposite angle).
+  virtual void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
+                    int64_t head_dim, int64_t stride, bool inverse);
   // GELU with the tanh approximation (GPT-2's, nn.GELU(approximate="tanh")); y may alias x, dx may alias dy.
   virtual void gelu_forward(const float* x, float* y, size_t n);
   virtual void gelu_backward(const float* x, const float* dy, float* dx, size_t n);

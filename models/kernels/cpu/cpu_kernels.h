@@ -77,6 +77,15 @@ class CpuKernels final : public Kernels {
                          int64_t rows, int64_t C, float eps) override;
   void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
                           float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) override;
+  void rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
+                       float eps) override;
+  void rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd, float* dx,
+                        float* dgamma, int64_t rows, int64_t C) override;
+  void swiglu_forward(const float* gate, const float* up, float* y, size_t n) override;
+  void swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, float* dup,
+                       size_t n) override;
+  void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
+            int64_t head_dim, int64_t stride, bool inverse) override;
   void gelu_forward(const float* x, float* y, size_t n) override;
   void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override;
   void causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) override;

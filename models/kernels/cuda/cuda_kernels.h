@@ -98,6 +98,15 @@ class CudaKernels final : public Kernels {
   void relu(const float* x, float* y, size_t n) override;
   void add(const float* a, const float* b, float* y, size_t n, bool relu) override;
   void scale(float* x, size_t n, float alpha) override;
+  void rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
+                       float eps) override;
+  void rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd, float* dx,
+                        float* dgamma, int64_t rows, int64_t C) override;
+  void swiglu_forward(const float* gate, const float* up, float* y, size_t n) override;
+  void swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, float* dup,
+                       size_t n) override;
+  void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
+            int64_t head_dim, int64_t stride, bool inverse) override;
   void gelu_forward(const float* x, float* y, size_t n) override;
   void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override;
   // softmax.cpp

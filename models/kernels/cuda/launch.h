@@ -172,6 +172,21 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
                                T* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, float* partials,
                                cudaStream_t s);
 
+// ---- the Llama family (llama.cu) ------------------------------------------------------------------------------
+// RMSNorm forward: one warp per row, the sum of squares in double (as the CPU set). Backward: dgamma += sum_r dy xhat
+// over layernorm_splits() runs of rows in a fixed order (partials: C * layernorm_splits(rows) floats of scratch),
+// then dx one warp per row (dx may alias dy).
+cudaError_t rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
+                            float eps, cudaStream_t s);
+cudaError_t rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd, float* dx,
+                             float* dgamma, int64_t rows, int64_t C, float* partials, cudaStream_t s);
+cudaError_t swiglu_forward(const float* gate, const float* up, float* y, size_t n, cudaStream_t s);
+cudaError_t swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, float* dup, size_t n,
+                            cudaStream_t s);
+// Rotary embeddings in place, one thread per (row, head, pair) (Kernels::rope).
+cudaError_t rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
+                 int64_t head_dim, int64_t stride, bool inverse, cudaStream_t s);
+
 // ---- the transformer fast path: bf16 activations --------------------------------------------------------------
 // The fused classifier (softmax.cu): one block per row of bf16 logits [rows, ld] (the first `vocab` columns real).
 // Pass 1 over the row: each thread's running maximum and sum of exp (online softmax) and first argmax, combined

@@ -1,0 +1,38 @@
+// models/kernels/cuda/llama.cpp: the Llama family's layers on the GPU: checks and the RMSNorm backward's scratch,
+// then the launchers of llama.cu.
+#include "models/kernels/cuda/cuda_kernels.h"
+
+#include "core/cuda_check.h"
+#include "models/kernels/cuda/launch.h"
+
+namespace dpt::models {
+
+void CudaKernels::rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
+                                  float eps) {
+  check_row_shape(rows, C, "rmsnorm");
+  DPT_CUDA_CHECK(cuda_launch::rmsnorm_forward(x, gamma, y, rstd, rows, C, eps, stream()));
+}
+
+void CudaKernels::rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd, float* dx,
+                                   float* dgamma, int64_t rows, int64_t C) {
+  check_row_shape(rows, C, "rmsnorm backward");
+  if (rows == 0) return;
+  // ln_partials holds 2 C floats per split: more than the C per split this needs.
+  DPT_CUDA_CHECK(cuda_launch::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C, ln_partials(rows, C), stream()));
+}
+
+void CudaKernels::swiglu_forward(const float* gate, const float* up, float* y, size_t n) {
+  DPT_CUDA_CHECK(cuda_launch::swiglu_forward(gate, up, y, n, stream()));
+}
+
+void CudaKernels::swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, float* dup,
+                                  size_t n) {
+  DPT_CUDA_CHECK(cuda_launch::swiglu_backward(gate, up, dy, dgate, dup, n, stream()));
+}
+
+void CudaKernels::rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0,
+                       int64_t heads, int64_t head_dim, int64_t stride, bool inverse) {
+  DPT_CUDA_CHECK(cuda_launch::rope(x, cos, sin, rows, T, pos0, heads, head_dim, stride, inverse, stream()));
+}
+
+}  // namespace dpt::models
