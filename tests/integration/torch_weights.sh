@@ -61,13 +61,13 @@ refused corrupt.pth "data/0 is truncated or corrupted"
 # 3. model.init_from = a .pth, through dptrain.
 RES=(--config "$CONFIG" model.name=resnet model.stem=small "model.blocks=[1,1]" "model.widths=[8,16]"
      data.train_limit=256 data.test_limit=64 train.batch_size=16 train.epochs=1 train.progress_interval_s=1000)
-res() {  # res NAME MAX_STEPS ARGS...
+train() {  # train NAME MAX_STEPS ARGS...: dptrain for that many steps, its checkpoints in $WORK/NAME
   local name=$1 steps=$2
   shift 2
-  "$DPTRAIN" "${RES[@]}" train.max_steps="$steps" checkpoint.dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 ||
+  "$DPTRAIN" "$@" train.max_steps="$steps" checkpoint.dir="$WORK/$name" > "$WORK/$name.log" 2>&1 ||
     { cat "$WORK/$name.log"; fail "$name failed"; }
 }
-res start 3
+train start 3 "${RES[@]}"
 "$PY" - "$WORK/start/step-00000003/model.safetensors" "$WORK/start.pth" <<'EOF' || fail "converting to .pth failed"
 import collections, os, sys
 sys.path.insert(0, os.environ["DPT_SOURCE_DIR"] + "/tests/support/python")
@@ -75,9 +75,9 @@ import ckpt, torch
 sd = collections.OrderedDict((k, torch.from_numpy(v.copy())) for k, v in ckpt.load(sys.argv[1]).items())
 torch.save(sd, sys.argv[2])
 EOF
-res from_pth 4 model.init_from="$WORK/start.pth"
-res from_st 4 model.init_from="$WORK/start/step-00000003/model.safetensors"
-res fresh 4
+train from_pth 4 "${RES[@]}" model.init_from="$WORK/start.pth"
+train from_st 4 "${RES[@]}" model.init_from="$WORK/start/step-00000003/model.safetensors"
+train fresh 4 "${RES[@]}"
 grep -q "model: weights from $WORK/start.pth" "$WORK/from_pth.log" || { cat "$WORK/from_pth.log"; fail "no 'weights from' line"; }
 echo -n "from .pth vs from .safetensors: "
 "$PY" "$CKPT_PY" compare "$WORK/from_pth/step-00000004" "$WORK/from_st/step-00000004" 0 ||
@@ -93,13 +93,7 @@ echo -n "from .pth vs fresh (must differ): "
 GPT=(--config "$CONFIG" data.dataset=tokens data.dir="$WORK/fort" model.name=gpt model.n_layer=2 model.n_head=2
      model.n_embd=64 model.block_size=32 train.optimizer=adamw train.lr=1e-3 train.batch_size=4 data.train_limit=400
      data.test_limit=32 train.epochs=1 train.progress_interval_s=1000)
-gpt() {  # gpt NAME MAX_STEPS ARGS...
-  local name=$1 steps=$2
-  shift 2
-  "$DPTRAIN" "${GPT[@]}" train.max_steps="$steps" checkpoint.dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 ||
-    { cat "$WORK/$name.log"; fail "$name failed"; }
-}
-gpt gstart 2
+train gstart 2 "${GPT[@]}"
 "$DPTRAIN" export-weights --checkpoint "$WORK/gstart/step-00000002" --layout hf --out "$WORK/ghf" > "$WORK/gexport.log" 2>&1 ||
   { cat "$WORK/gexport.log"; fail "export-weights --layout hf failed"; }
 "$PY" - "$WORK/ghf/model.safetensors" "$WORK/gpt_bf16.bin" "$WORK/gpt_bf16_rounded.safetensors" <<'EOF' ||
@@ -112,8 +106,8 @@ torch.save(bf16, sys.argv[2])  # pytorch_model.bin's form, in bfloat16
 ckpt.save(sys.argv[3], {k: v.float().numpy() for k, v in bf16.items()})
 EOF
   fail "writing the bf16 pytorch_model.bin failed"
-gpt from_bin 3 model.init_from="$WORK/gpt_bf16.bin"
-gpt from_rounded 3 model.init_from="$WORK/gpt_bf16_rounded.safetensors"
+train from_bin 3 "${GPT[@]}" model.init_from="$WORK/gpt_bf16.bin"
+train from_rounded 3 "${GPT[@]}" model.init_from="$WORK/gpt_bf16_rounded.safetensors"
 grep -q "model: weights from $WORK/gpt_bf16.bin; Hugging Face layout" "$WORK/from_bin.log" ||
   { cat "$WORK/from_bin.log"; fail "the bf16 pytorch_model.bin was not read in Hugging Face's layout"; }
 echo -n "GPT from a bf16 pytorch_model.bin vs from the same values in safetensors: "
