@@ -136,6 +136,7 @@ class Unpickler {
   Unpickler(const uint8_t* p, size_t n, const StorageBytes& storage, const std::string& where)
       : p_(p), n_(n), storage_(storage), where_(where) {}
 
+  // The machine: one opcode at a time until STOP, whose object is the result.
   Obj* run() {
     for (;;) {
       const uint8_t op = u8();
@@ -151,109 +152,135 @@ class Unpickler {
           if (!stack_.empty() || !marks_.empty()) bad("STOP with more on the stack");
           return result;
         }
-        case 'N': push(make(Kind::None)); break;
-        case 0x88: push(make_int(Kind::Bool, 1)); break;
-        case 0x89: push(make_int(Kind::Bool, 0)); break;
-        case 'J': push(make_int(Kind::Int, le<int32_t>())); break;
-        case 'K': push(make_int(Kind::Int, u8())); break;
-        case 'M': push(make_int(Kind::Int, le<uint16_t>())); break;
-        case 0x8a: push(make_int(Kind::Int, long1())); break;
-        case 'G': {  // BINFLOAT: big-endian
-          uint64_t bits = 0;
-          for (int k = 0; k < 8; ++k) bits = (bits << 8) | u8();
-          Obj* o = make(Kind::Float);
-          std::memcpy(&o->f, &bits, 8);
-          push(o);
-          break;
-        }
-        case 'X': push(make_str(Kind::Str, le<uint32_t>())); break;
-        case 0x8c: push(make_str(Kind::Str, u8())); break;
-        case 0x8d: push(make_str(Kind::Str, le<uint64_t>())); break;
-        case 'B': push(make_str(Kind::Bytes, le<uint32_t>())); break;
-        case 'C': push(make_str(Kind::Bytes, u8())); break;
-        case ')': push(make(Kind::Tuple)); break;
-        case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
-          Obj* t = make(Kind::Tuple);
-          t->items.resize(op - 0x84);
-          for (size_t k = t->items.size(); k-- > 0;) t->items[k] = pop();
-          push(t);
-          break;
-        }
-        case 't': {
-          Obj* t = make(Kind::Tuple);
-          t->items = pop_mark();
-          push(t);
-          break;
-        }
-        case ']': push(make(Kind::List)); break;
-        case '}': push(make(Kind::Dict)); break;
-        case '(':
-          if (marks_.size() >= kMaxStack) bad("too many marks");
-          marks_.push_back(stack_.size());
-          break;
-        case 'a': {  // APPEND
-          Obj* v = pop();
-          expect(top(), Kind::List, "APPEND")->items.push_back(v);
-          break;
-        }
-        case 'e': {  // APPENDS
-          std::vector<Obj*> vs = pop_mark();
-          Obj* list = expect(top(), Kind::List, "APPENDS");
-          list->items.insert(list->items.end(), vs.begin(), vs.end());
-          break;
-        }
-        case 's': {  // SETITEM
-          Obj* v = pop();
-          Obj* k = pop();
-          set_item(expect(top(), Kind::Dict, "SETITEM"), k, v);
-          break;
-        }
-        case 'u': {  // SETITEMS
-          std::vector<Obj*> kv = pop_mark();
-          if (kv.size() % 2) bad("SETITEMS with an odd number of items");
-          Obj* d = expect(top(), Kind::Dict, "SETITEMS");
-          for (size_t k = 0; k < kv.size(); k += 2) set_item(d, kv[k], kv[k + 1]);
-          break;
-        }
-        case 'q': memo_put(u8()); break;
-        case 'r': memo_put(le<uint32_t>()); break;
-        case 0x94: memo_put(static_cast<uint32_t>(memo_.size())); break;
-        case 'h': memo_get(u8()); break;
-        case 'j': memo_get(le<uint32_t>()); break;
-        case 'c': {  // GLOBAL "module\nname\n"
-          const std::string module = line(), name = line();
-          push(make_global(module, name));
-          break;
-        }
-        case 0x93: {  // STACK_GLOBAL
-          Obj* name = expect(pop(), Kind::Str, "STACK_GLOBAL's name");
-          Obj* module = expect(pop(), Kind::Str, "STACK_GLOBAL's module");
-          push(make_global(module->s, name->s));
-          break;
-        }
-        case 'Q': push(persistent(pop())); break;  // BINPERSID
-        case 'R': {                                 // REDUCE
-          Obj* args = expect(pop(), Kind::Tuple, "REDUCE's arguments");
-          Obj* fn = expect(pop(), Kind::Global, "REDUCE's callable");
-          push(reduce(fn, args->items));
-          break;
-        }
-        case 'b': {  // BUILD: an OrderedDict's attributes (state_dict's _metadata) or a tensor's: nothing to set
-          Obj* state = pop();
-          const Kind target = top()->kind;
-          if ((target != Kind::Dict && target != Kind::Tensor) || (state->kind != Kind::Dict && state->kind != Kind::None &&
-                                                                   state->kind != Kind::Tuple))
-            bad(fmt::format("BUILD of {} with {}", kind_name(target), kind_name(state->kind)));
-          break;
-        }
         default:
-          bad(fmt::format("opcode 0x{:02x} ({}), which torch.save of a state dict does not write: refused", op,
-                          opcode_name(op)));
+          if (!literal(op) && !container(op) && !reference(op))
+            bad(fmt::format("opcode 0x{:02x} ({}), which torch.save of a state dict does not write: refused", op,
+                            opcode_name(op)));
       }
     }
   }
 
  private:
+  // Scalars and strings pushed as they are; false: not such an opcode.
+  bool literal(uint8_t op) {
+    switch (op) {
+      case 'N': push(make(Kind::None)); break;
+      case 0x88: push(make_int(Kind::Bool, 1)); break;
+      case 0x89: push(make_int(Kind::Bool, 0)); break;
+      case 'J': push(make_int(Kind::Int, le<int32_t>())); break;
+      case 'K': push(make_int(Kind::Int, u8())); break;
+      case 'M': push(make_int(Kind::Int, le<uint16_t>())); break;
+      case 0x8a: push(make_int(Kind::Int, long1())); break;
+      case 'G': {  // BINFLOAT: big-endian
+        uint64_t bits = 0;
+        for (int k = 0; k < 8; ++k) bits = (bits << 8) | u8();
+        Obj* o = make(Kind::Float);
+        std::memcpy(&o->f, &bits, 8);
+        push(o);
+        break;
+      }
+      case 'X': push(make_str(Kind::Str, le<uint32_t>())); break;
+      case 0x8c: push(make_str(Kind::Str, u8())); break;
+      case 0x8d: push(make_str(Kind::Str, le<uint64_t>())); break;
+      case 'B': push(make_str(Kind::Bytes, le<uint32_t>())); break;
+      case 'C': push(make_str(Kind::Bytes, u8())); break;
+      default: return false;
+    }
+    return true;
+  }
+
+  // Tuples, lists, dicts and the marks that delimit their items; false: not such an opcode.
+  bool container(uint8_t op) {
+    switch (op) {
+      case ')': push(make(Kind::Tuple)); break;
+      case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+        Obj* t = make(Kind::Tuple);
+        t->items.resize(op - 0x84);
+        for (size_t k = t->items.size(); k-- > 0;) t->items[k] = pop();
+        push(t);
+        break;
+      }
+      case 't': {
+        Obj* t = make(Kind::Tuple);
+        t->items = pop_mark();
+        push(t);
+        break;
+      }
+      case ']': push(make(Kind::List)); break;
+      case '}': push(make(Kind::Dict)); break;
+      case '(':
+        if (marks_.size() >= kMaxStack) bad("too many marks");
+        marks_.push_back(stack_.size());
+        break;
+      case 'a': {  // APPEND
+        Obj* v = pop();
+        expect(top(), Kind::List, "APPEND")->items.push_back(v);
+        break;
+      }
+      case 'e': {  // APPENDS
+        std::vector<Obj*> vs = pop_mark();
+        Obj* list = expect(top(), Kind::List, "APPENDS");
+        list->items.insert(list->items.end(), vs.begin(), vs.end());
+        break;
+      }
+      case 's': {  // SETITEM
+        Obj* v = pop();
+        Obj* k = pop();
+        set_item(expect(top(), Kind::Dict, "SETITEM"), k, v);
+        break;
+      }
+      case 'u': {  // SETITEMS
+        std::vector<Obj*> kv = pop_mark();
+        if (kv.size() % 2) bad("SETITEMS with an odd number of items");
+        Obj* d = expect(top(), Kind::Dict, "SETITEMS");
+        for (size_t k = 0; k < kv.size(); k += 2) set_item(d, kv[k], kv[k + 1]);
+        break;
+      }
+      default: return false;
+    }
+    return true;
+  }
+
+  // The memo, the allowed globals, storages (persistent ids) and the calls that make dicts and tensors; false: not
+  // such an opcode.
+  bool reference(uint8_t op) {
+    switch (op) {
+      case 'q': memo_put(u8()); break;
+      case 'r': memo_put(le<uint32_t>()); break;
+      case 0x94: memo_put(static_cast<uint32_t>(memo_.size())); break;
+      case 'h': memo_get(u8()); break;
+      case 'j': memo_get(le<uint32_t>()); break;
+      case 'c': {  // GLOBAL "module\nname\n"
+        const std::string module = line(), name = line();
+        push(make_global(module, name));
+        break;
+      }
+      case 0x93: {  // STACK_GLOBAL
+        Obj* name = expect(pop(), Kind::Str, "STACK_GLOBAL's name");
+        Obj* module = expect(pop(), Kind::Str, "STACK_GLOBAL's module");
+        push(make_global(module->s, name->s));
+        break;
+      }
+      case 'Q': push(persistent(pop())); break;  // BINPERSID
+      case 'R': {                                 // REDUCE
+        Obj* args = expect(pop(), Kind::Tuple, "REDUCE's arguments");
+        Obj* fn = expect(pop(), Kind::Global, "REDUCE's callable");
+        push(reduce(fn, args->items));
+        break;
+      }
+      case 'b': {  // BUILD: an OrderedDict's attributes (state_dict's _metadata) or a tensor's: nothing to set
+        Obj* state = pop();
+        const Kind target = top()->kind;
+        if ((target != Kind::Dict && target != Kind::Tensor) || (state->kind != Kind::Dict && state->kind != Kind::None &&
+                                                                 state->kind != Kind::Tuple))
+          bad(fmt::format("BUILD of {} with {}", kind_name(target), kind_name(state->kind)));
+        break;
+      }
+      default: return false;
+    }
+    return true;
+  }
+
   [[noreturn]] void bad(const std::string& why) const {
     DPT_THROW(CheckpointError, "{}: data.pkl: {} (at byte {})", where_, why, pos_ ? pos_ - 1 : 0);
   }
