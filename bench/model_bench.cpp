@@ -481,6 +481,7 @@ int main(int argc, char** argv) {
                                          [&](const std::string& name) { return has("model.name=" + name); });
     if (token_model && !has("data.dataset=")) overrides.insert(overrides.begin(), "data.dataset=tokens");
     cfg = trainer::load_config(o.config_path, overrides);
+    if (const std::string resolved = trainer::resolve_model_config(cfg.model); !resolved.empty()) spdlog::info("{}", resolved);
     if (!std::getenv("DPT_LOG_LEVEL")) spdlog::set_level(parse_log_level(cfg.log.level));
     if (o.batch == 0) o.batch = cfg.train.batch_size;
   } catch (const Error& e) {

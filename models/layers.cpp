@@ -17,16 +17,28 @@ std::vector<int64_t> nchw(const Tensor& x, const char* who) {
 
 // ---- Linear ---------------------------------------------------------------------------------------------
 
-Linear::Linear(int64_t in_features, int64_t out_features, bool relu)
-    : in_(in_features), out_(out_features), relu_(relu) {
+Linear::Linear(int64_t in_features, int64_t out_features, bool relu, bool bias)
+    : in_(in_features), out_(out_features), relu_(relu), bias_(bias) {
   DPT_CHECK(in_ > 0 && out_ > 0, "Linear({}, {})", in_, out_);
+  DPT_CHECK(bias_ || !relu_, "Linear({}, {}): the fused ReLU runs in the bias pass, which a layer without bias lacks",
+            in_, out_);
 }
 
-std::string Linear::kind() const { return fmt::format("Linear{}({}->{})", relu_ ? "+ReLU" : "", in_, out_); }
+std::string Linear::kind() const {
+  return fmt::format("Linear{}({}->{}{})", relu_ ? "+ReLU" : "", in_, out_, bias_ ? "" : ", no bias");
+}
 
-std::vector<ParamSpec> Linear::param_specs() const { return {{"weight", {out_, in_}}, {"bias", {out_}}}; }
+std::vector<ParamSpec> Linear::param_specs() const {
+  if (!bias_) return {{"weight", {out_, in_}}};
+  return {{"weight", {out_, in_}}, {"bias", {out_}}};
+}
 
 void Linear::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
+  if (!bias_) {
+    bind_views(params, {&w_});
+    bind_views(grads, {&dw_});
+    return;
+  }
   bind_views(params, {&w_, &b_});
   bind_views(grads, {&dw_, &db_});
 }
@@ -37,10 +49,11 @@ void Linear::init_params(std::mt19937_64& rng) {
   float* w = w_.data<float>();
   if (normal_std_ > 0.0f) {
     for (size_t i = 0; i < w_.numel(); ++i) w[i] = normal(rng, 0.0f, normal_std_);
-    std::fill_n(b_.data<float>(), b_.numel(), 0.0f);
+    if (bias_) std::fill_n(b_.data<float>(), b_.numel(), 0.0f);
     return;
   }
   for (size_t i = 0; i < w_.numel(); ++i) w[i] = uniform(rng, -bound, bound);
+  if (!bias_) return;
   float* b = b_.data<float>();
   for (size_t i = 0; i < b_.numel(); ++i) b[i] = uniform(rng, -bound, bound);
 }
@@ -50,19 +63,28 @@ void Linear::bind_bf16(std::vector<Tensor> params16) {
     w16_ = b16_ = Tensor();
     return;
   }
+  if (!bias_) {
+    bind_views(params16, {&w16_});
+    return;
+  }
   bind_views(params16, {&w16_, &b16_});
 }
 
 const Tensor& Linear::forward_bf16(const Tensor& x, Kernels& k) {
   DPT_CHECK(w16_.defined() && !relu_, "Linear({}, {}) got bf16 input without the bf16 fast path", in_, out_);
+  DPT_CHECK(bias_ || !fuse_gelu_, "Linear({}, {}): the fused GELU epilogue needs a bias", in_, out_);
   const int64_t batch = x.dim(0);
   x_ = x;
   x_shape_ = x.shape();
   ensure_shape(y_, {batch, out_}, x.device(), DType::BF16);
   if (fuse_gelu_) ensure_shape(pre16_, {batch, out_}, x.device(), DType::BF16);
   const MatmulShape s{.trans_a = false, .trans_b = true, .M = batch, .N = out_, .K = in_, .lda = in_, .ldb = in_,
-                      .ldd = out_, .epilogue = fuse_gelu_ ? MatmulEpilogue::BiasGelu : MatmulEpilogue::Bias};
-  k.matmul_bf16(s, {.a = x.data<BFloat16>(), .b = w16_.data<BFloat16>(), .d = y_.raw(), .bias = b16_.data<BFloat16>(),
+                      .ldd = out_,
+                      .epilogue = fuse_gelu_ ? MatmulEpilogue::BiasGelu
+                                  : bias_    ? MatmulEpilogue::Bias
+                                             : MatmulEpilogue::None};
+  k.matmul_bf16(s, {.a = x.data<BFloat16>(), .b = w16_.data<BFloat16>(), .d = y_.raw(),
+                    .bias = bias_ ? b16_.data<BFloat16>() : nullptr,
                     .aux = fuse_gelu_ ? pre16_.data<BFloat16>() : nullptr});
   return y_;
 }
@@ -79,8 +101,10 @@ const Tensor& Linear::backward_bf16(const Tensor& dy, Kernels& k) {
   }
   // dW[out, in] += d^T[out, B] x[B, in], db[out] += the column sums of d: one matmul and its bias-gradient epilogue.
   const MatmulShape dw{.trans_a = true, .trans_b = false, .M = out_, .N = in_, .K = batch, .lda = out_, .ldb = in_,
-                       .ldd = in_, .d_f32 = true, .accumulate = true, .epilogue = MatmulEpilogue::BiasGrad};
-  k.matmul_bf16(dw, {.a = d, .b = x_.data<BFloat16>(), .d = dw_.raw(), .bias_grad = db_.data<float>()});
+                       .ldd = in_, .d_f32 = true, .accumulate = true,
+                       .epilogue = bias_ ? MatmulEpilogue::BiasGrad : MatmulEpilogue::None};
+  k.matmul_bf16(dw, {.a = d, .b = x_.data<BFloat16>(), .d = dw_.raw(),
+                     .bias_grad = bias_ ? db_.data<float>() : nullptr});
   if (!needs_input_grad_) return none_;
   // dx[B, in] = d[B, out] W[out, in]
   ensure_shape(dx_, x_shape_, dy.device(), DType::BF16);
@@ -101,7 +125,7 @@ const Tensor& Linear::run_forward(const Tensor& x, Kernels& k) {
   ensure_shape(y_, {batch, out_}, x.device());
   float* y = y_.data<float>();
   k.gemm(false, true, batch, out_, in_, 1.0f, x.data<float>(), in_, w_.data<float>(), in_, 0.0f, y, out_);
-  k.bias_act(y, b_.data<float>(), y, batch, out_, relu_);
+  if (bias_) k.bias_act(y, b_.data<float>(), y, batch, out_, relu_);
   return y_;
 }
 
@@ -117,7 +141,7 @@ const Tensor& Linear::run_backward(const Tensor& dy, Kernels& k) {
   }
   // dW[out, in] += dpre^T[out, B] x[B, in];  db += column sums of dpre;  dx[B, in] = dpre[B, out] W[out, in]
   k.gemm(true, false, out_, in_, batch, 1.0f, d, out_, x_.data<float>(), in_, 1.0f, dw_.data<float>(), in_);
-  k.bias_grad_accumulate(d, db_.data<float>(), batch, out_);
+  if (bias_) k.bias_grad_accumulate(d, db_.data<float>(), batch, out_);
   if (!needs_input_grad_) return none_;
   ensure_shape(dx_, x_shape_, dy.device());
   k.gemm(false, false, batch, in_, out_, 1.0f, d, out_, w_.data<float>(), in_, 0.0f, dx_.data<float>(), in_);

@@ -16,11 +16,12 @@
 
 namespace dpt::models {
 
-// y = x W^T + b (PyTorch's layout: W is [out, in]), optionally followed by ReLU fused into the bias pass.
+// y = x W^T + b (PyTorch's layout: W is [out, in]), optionally followed by ReLU fused into the bias pass; without a
+// bias (nn.Linear(bias=False): Llama's projections) y = x W^T and the module has the weight alone.
 // Any input [n, ...] of in_features values per example is read as [n, in] (flattened, as nn.Flatten).
 class Linear final : public Module {
  public:
-  Linear(int64_t in_features, int64_t out_features, bool relu = false);
+  Linear(int64_t in_features, int64_t out_features, bool relu = false, bool bias = true);
   std::string kind() const override;
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
@@ -43,6 +44,7 @@ class Linear final : public Module {
  private:
   int64_t in_, out_;
   bool relu_;
+  bool bias_;
   bool fuse_gelu_ = false;
   float normal_std_ = 0.0f;  // > 0: N(0, normal_std_) weights and zero biases
   Tensor w_, b_, dw_, db_;

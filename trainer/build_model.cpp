@@ -3,8 +3,12 @@
 #include "trainer/build_model.h"
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "core/bfloat16.h"
 #include "core/safetensors.h"
@@ -27,12 +31,54 @@ Tensor widen_to_f32(const Tensor& t) {
     o[i] = t.dtype() == DType::BF16 ? to_float(t.data<BFloat16>()[i]) : static_cast<float>(t.data<double>()[i]);
   return out;
 }
+namespace fs = std::filesystem;
+
+// A sharded checkpoint: `index` (model.safetensors.index.json, pytorch_model.bin.index.json) maps every tensor to the
+// file beside it that holds it; each file is read once, in name order, and must hold the tensors mapped to it.
+SafetensorsFile read_sharded(const fs::path& index) {
+  std::ifstream f(index, std::ios::binary);
+  std::ostringstream text;
+  text << f.rdbuf();
+  if (!f) DPT_THROW(IoError, "reading {}", index.string());
+  std::map<std::string, std::set<std::string>> by_file;  // shard -> the tensors the index puts there
+  try {
+    const auto j = nlohmann::json::parse(text.str());
+    for (const auto& [name, file] : j.at("weight_map").items()) by_file[file.get<std::string>()].insert(name);
+  } catch (const nlohmann::json::exception& e) {
+    DPT_THROW(IoError, "{}: not a shard index (an object with a weight_map of tensor names to files): {}",
+              index.string(), e.what());
+  }
+  SafetensorsFile all;
+  for (const auto& [file, names] : by_file) {
+    if (file.find('/') != std::string::npos || file.starts_with("."))
+      DPT_THROW(IoError, "{}: shard '{}' is not a file name beside the index", index.string(), file);
+    SafetensorsFile shard = read_weights_file((index.parent_path() / file).string());
+    for (const std::string& name : names)
+      if (!shard.find(name))
+        DPT_THROW(IoError, "{}: the index puts {} in {}, which does not hold it", index.string(), name, file);
+    for (auto& nt : shard.tensors)
+      if (names.count(nt.name)) all.tensors.push_back(std::move(nt));
+  }
+  return all;
+}
+
 }  // namespace
+
+SafetensorsFile read_weights(const std::string& path) {
+  if (!fs::is_directory(path)) return read_weights_file(path);
+  const fs::path dir(path);
+  for (const char* index : {"model.safetensors.index.json", "pytorch_model.bin.index.json"})
+    if (fs::is_regular_file(dir / index)) return read_sharded(dir / index);
+  for (const char* file : {"model.safetensors", "pytorch_model.bin"})
+    if (fs::is_regular_file(dir / file)) return read_weights_file((dir / file).string());
+  DPT_THROW(IoError, "{} is a folder without weights: it holds none of model.safetensors, "
+            "model.safetensors.index.json (and its shards), pytorch_model.bin, pytorch_model.bin.index.json", path);
+}
 
 std::string load_pretrained(models::Model& model, const ModelConfig& m, const std::string& path) {
   SafetensorsFile file;
   try {
-    file = read_weights_file(path);  // safetensors, or torch.save's zip (a .pth, a pytorch_model.bin)
+    file = read_weights(path);  // safetensors, torch.save's zip (a .pth, a pytorch_model.bin), or a folder of them
   } catch (const Error& e) {
     DPT_THROW(ConfigError, "model.init_from: {}", e.what());
   }

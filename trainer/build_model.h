@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/safetensors.h"
 #include "models/model.h"
 #include "trainer/config.h"
 
@@ -29,6 +30,11 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
 // must equal the token embedding, the tie); the note names the layout. wte may have vocab_size rows (Hugging
 // Face's 50257) or the padded count (models::padded_vocab): padding rows are filled with 0.
 std::string load_pretrained(models::Model& model, const ModelConfig& m, const std::string& path);
+
+// The weights model.init_from names: a file (safetensors, or torch.save's zip), or a Hugging Face model folder: its
+// model.safetensors.index.json (or pytorch_model.bin.index.json) and the shards it names, else its model.safetensors,
+// else its pytorch_model.bin. IoError naming what is missing or inconsistent.
+SafetensorsFile read_weights(const std::string& path);
 
 // Training FLOPs (forward and backward) per loss row for the progress line's MFU: the family's estimate (a GPT's
 // per token at block_size, models::gpt_flops_per_token); 0 for a family without one.

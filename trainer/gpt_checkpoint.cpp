@@ -3,10 +3,12 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
 #include "data/bpe.h"
@@ -41,18 +43,78 @@ void write_whole(const fs::path& file, Write&& write) {
 // ConfigError unless the checkpoint's model family generates text (a GPT).
 void require_generating(const SavedRun& target, const char* who) {
   if (!model_card(target.config.model.name).generates)
-    DPT_THROW(ConfigError, "{} holds a {} model: {} needs a GPT (model.name = {})", target.checkpoint.path,
-              target.config.model.name, who, fmt::join(model_names(ModelInput::tokens), " or "));
+    DPT_THROW(ConfigError, "{} holds a {} model: {} needs a GPT (model.name = gpt)", target.checkpoint.path,
+              target.config.model.name, who);
 }
 
-// The checkpoint's GPT on `device`; ConfigError for another model.
-std::unique_ptr<models::Model> gpt_of(const SavedRun& target, Device device, const char* who) {
+// The checkpoint's model on `device`.
+std::unique_ptr<models::Model> model_of(const SavedRun& target, Device device) {
   const LoadedCheckpoint& ck = target.checkpoint;
   const Config& cfg = target.config;
-  require_generating(target, who);
   auto model = build_model(cfg.model, {cfg.model.block_size + 1}, cfg.model.vocab_size, device);
   model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
   return model;
+}
+
+void write_text(const fs::path& file, const std::string& text) {
+  write_whole(file, [&](const std::string& tmp) {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.close();
+    if (!f) DPT_THROW(IoError, "writing {}: {}", tmp, std::strerror(errno));
+  });
+}
+
+// The export's tensors in shards of at most `max_bytes` each (a tensor larger than that alone in one), in order.
+std::vector<std::vector<NamedTensor>> shards_of(const std::vector<NamedTensor>& tensors, uint64_t max_bytes) {
+  std::vector<std::vector<NamedTensor>> shards(1);
+  uint64_t bytes = 0;
+  for (const auto& nt : tensors) {
+    if (!shards.back().empty() && bytes + nt.tensor.bytes() > max_bytes) {
+      shards.emplace_back();
+      bytes = 0;
+    }
+    shards.back().push_back(nt);
+    bytes += nt.tensor.bytes();
+  }
+  return shards;
+}
+
+// Writes the weights into folder `out`: model.safetensors, or shards model-0000I-of-0000N.safetensors and the
+// model.safetensors.index.json transformers reads; what an earlier export left of the other form is removed after,
+// so that from_pretrained cannot find a stale file first. Returns the weights' part of the line export-weights prints.
+std::string write_weights_folder(const fs::path& out, const std::vector<NamedTensor>& tensors, uint64_t max_bytes) {
+  const auto shards = shards_of(tensors, max_bytes);
+  const fs::path index = out / "model.safetensors.index.json";
+  const auto stale_shard = [](const fs::path& p) {
+    const std::string n = p.filename().string();
+    return n.starts_with("model-") && n.ends_with(".safetensors") && n.find("-of-") != std::string::npos;
+  };
+  if (shards.size() == 1) {
+    write_whole(out / kExportWeightsFile, [&](const std::string& tmp) { write_safetensors(tmp, tensors); });
+    fs::remove(index);
+    for (const auto& e : fs::directory_iterator(out))
+      if (stale_shard(e.path())) fs::remove(e.path());
+    return kExportWeightsFile;
+  }
+  nlohmann::json map = nlohmann::json::object();
+  uint64_t total = 0;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    names.push_back(name);
+    write_whole(out / name, [&](const std::string& tmp) { write_safetensors(tmp, shards[i]); });
+    for (const auto& nt : shards[i]) {
+      map[nt.name] = name;
+      total += nt.tensor.bytes();
+    }
+  }
+  write_text(index, nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
+  fs::remove(out / kExportWeightsFile);
+  for (const auto& e : fs::directory_iterator(out))
+    if (stale_shard(e.path()) && std::find(names.begin(), names.end(), e.path().filename().string()) == names.end())
+      fs::remove(e.path());
+  return fmt::format("{} shards of at most {} bytes and model.safetensors.index.json", shards.size(), max_bytes);
 }
 
 }  // namespace
@@ -61,26 +123,25 @@ bool export_is_folder(const std::string& out) {
   return fs::is_directory(out) || !fs::path(out).filename().string().ends_with(".safetensors");
 }
 
-std::string export_weights(const std::string& path, const std::string& layout, const std::string& out) {
+std::string export_weights(const std::string& path, const std::string& layout, const std::string& out,
+                           uint64_t max_shard_bytes) {
   const SavedRun target = load_saved_run(path, {});
   const ModelFamily& family = model_family(target.config.model.name);
   if (!family.export_weights)
-    DPT_THROW(ConfigError, "{} holds a {} model: export-weights needs a GPT (model.name = {})", target.checkpoint.path,
+    DPT_THROW(ConfigError, "{} holds a {} model: export-weights takes model.name = {}", target.checkpoint.path,
               target.config.model.name, fmt::join(exporting_model_names(), " or "));
-  const auto model = gpt_of(target, Device::cpu(), "export-weights");
+  DPT_CHECK(max_shard_bytes > 0, "export-weights: a shard size of 0");
+  const auto model = model_of(target, Device::cpu());
   const ExportedWeights w = family.export_weights(*model, target.config.model, layout);
   const bool folder = export_is_folder(out);
-  const fs::path weights = folder ? fs::path(out) / kExportWeightsFile : fs::path(out);
+  std::string files;
   try {
-    if (folder) fs::create_directories(out);
-    write_whole(weights, [&](const std::string& tmp) { write_safetensors(tmp, w.tensors); });
-    if (folder && !w.config_json.empty()) {
-      write_whole(fs::path(out) / kHfConfigFile, [&](const std::string& tmp) {
-        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-        f << w.config_json;
-        f.close();
-        if (!f) DPT_THROW(IoError, "writing {}: {}", tmp, std::strerror(errno));
-      });
+    if (folder) {
+      fs::create_directories(out);
+      files = write_weights_folder(out, w.tensors, max_shard_bytes);
+      if (!w.config_json.empty()) write_text(fs::path(out) / kHfConfigFile, w.config_json);
+    } else {
+      write_whole(out, [&](const std::string& tmp) { write_safetensors(tmp, w.tensors); });
     }
   } catch (const std::exception& e) {
     DPT_THROW(IoError, "export-weights: writing {}: {}", out, e.what());
@@ -88,8 +149,8 @@ std::string export_weights(const std::string& path, const std::string& layout, c
   return fmt::format("{}: {} from {} in {} layout (vocabulary {}){}", folder ? (fs::path(out) / "").string() : out,
                      model->summary(), target.checkpoint.path, w.layout, target.config.model.vocab_size,
                      !folder                  ? ""
-                     : w.config_json.empty() ? "; model.safetensors"
-                                              : "; model.safetensors and config.json: " + w.loader);
+                     : w.config_json.empty() ? "; " + files
+                                              : "; " + files + " and config.json: " + w.loader);
 }
 
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {
@@ -111,7 +172,7 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
               "tokenizer it was trained with (--tokenizer DIR names the directory of that vocab.json and merges.txt)",
               ck.path, cfg.model.vocab_size, g.tokenizer_from, g.tokenizer->describe(), g.tokenizer->vocab_size());
   }
-  g.model = gpt_of(target, device, "generate");
+  g.model = model_of(target, device);
   g.block_size = cfg.model.block_size;
   g.vocab_size = cfg.model.vocab_size;
   g.from = ck.path;

@@ -44,6 +44,10 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
 inline constexpr const char* kExportWeightsFile = "model.safetensors";
 inline constexpr const char* kHfConfigFile = "config.json";
 bool export_is_folder(const std::string& out);  // an existing folder, or a name not ending in .safetensors
-std::string export_weights(const std::string& path, const std::string& layout, const std::string& out);
+// In a folder, weights over `max_shard_bytes` go into shards model-0000I-of-0000N.safetensors with
+// model.safetensors.index.json, as save_pretrained writes them (its max_shard_size, 5 GB by default).
+inline constexpr uint64_t kDefaultMaxShardBytes = 5'000'000'000;
+std::string export_weights(const std::string& path, const std::string& layout, const std::string& out,
+                           uint64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 }  // namespace dpt::trainer

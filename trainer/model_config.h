@@ -41,6 +41,21 @@ struct ModelConfig {
   int64_t vocab_size = 256;                  // gpt: vocabulary (256: byte-level tokens)
   int64_t block_size = 64;                   // gpt: context length
   bool recompute = false;                    // gpt: recompute attention probabilities and GELU in backward
+  // llama (models/llama/llama.h), with n_layer, n_head, n_embd, vocab_size and block_size above; all of them taken from
+  // a Hugging Face config.json when there is one (hf_config, or the folder init_from names: resolve_model_config).
+  int64_t n_kv_head = 0;                     // 0: n_head (multi-head attention)
+  int64_t head_dim = 0;                      // 0: n_embd / n_head
+  int64_t intermediate_size = 0;             // 0: default_intermediate_size(n_embd)
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000.0;
+  std::string rope_scaling = "";             // "" | "llama3"
+  double rope_factor = 8.0, rope_low_freq_factor = 1.0, rope_high_freq_factor = 4.0;  // llama3's
+  int64_t rope_original_max_positions = 8192;                                         // llama3's
+  int64_t max_position_embeddings = 0;       // what config.json says the model takes (0: block_size)
+  bool tie_embeddings = false;
+  std::string attention_bias = "none";       // none | qkv (Qwen2) | all (Llama's attention_bias: q, k, v and o)
+  bool mlp_bias = false;
+  std::string hf_config = "";                // a Hugging Face config.json, or a folder holding one
   int64_t in_channels = 0;                   // 0: the data set's
   int64_t num_classes = 0;                   // 0: the data set's
   bool sync_bn = false;                      // SyncBatchNorm across ranks

@@ -1,12 +1,18 @@
-// trainer/model_registry.cpp: the model families: the MLP, torchvision's ResNets, GPT-2.
+// trainer/model_registry.cpp: the model families: the MLP, torchvision's ResNets, GPT-2, the Llama family.
 #include "trainer/model_registry.h"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
 #include "core/check.h"
 #include "models/gpt/gpt.h"
 #include "models/gpt/weights.h"
+#include "models/llama/hf.h"
+#include "models/llama/llama.h"
 #include "models/resnet.h"
 
 namespace dpt::trainer {
@@ -16,7 +22,103 @@ models::GptOptions gpt_options(const ModelConfig& m) {
           .block_size = m.block_size, .recompute = m.recompute};
 }
 
+int64_t default_intermediate_size(int64_t n_embd) { return (8 * n_embd / 3 + 63) / 64 * 64; }
+
+models::LlamaOptions llama_options(const ModelConfig& m) {
+  models::LlamaOptions o;
+  o.n_layer = m.n_layer;
+  o.n_head = m.n_head;
+  o.n_kv_head = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
+  o.n_embd = m.n_embd;
+  o.head_dim = m.head_dim > 0 ? m.head_dim : m.n_embd / m.n_head;
+  o.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : default_intermediate_size(m.n_embd);
+  o.vocab_size = m.vocab_size;
+  o.max_positions = m.block_size;
+  o.rms_norm_eps = m.rms_norm_eps;
+  o.rope_theta = m.rope_theta;
+  if (!m.rope_scaling.empty())
+    o.rope_scaling = {.type = m.rope_scaling, .factor = m.rope_factor, .low_freq_factor = m.rope_low_freq_factor,
+                      .high_freq_factor = m.rope_high_freq_factor,
+                      .original_max_position_embeddings = m.rope_original_max_positions};
+  o.tie_embeddings = m.tie_embeddings;
+  o.qkv_bias = m.attention_bias != "none";
+  o.o_bias = m.attention_bias == "all";
+  o.mlp_bias = m.mlp_bias;
+  return o;
+}
+
 namespace {
+
+namespace fs = std::filesystem;
+
+// The config.json a llama's keys come from: model.hf_config (a file, or a folder holding config.json), else the
+// folder model.init_from names when it holds one; empty when neither.
+std::string hf_config_path(const ModelConfig& m) {
+  if (!m.hf_config.empty()) {
+    const fs::path p = fs::is_directory(m.hf_config) ? fs::path(m.hf_config) / "config.json" : fs::path(m.hf_config);
+    if (!fs::is_regular_file(p)) DPT_THROW(ConfigError, "model.hf_config = {}: no file {}", m.hf_config, p.string());
+    return p.string();
+  }
+  if (!m.init_from.empty() && fs::is_directory(m.init_from) && fs::is_regular_file(fs::path(m.init_from) / "config.json"))
+    return (fs::path(m.init_from) / "config.json").string();
+  return "";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::ostringstream s;
+  s << f.rdbuf();
+  if (!f) DPT_THROW(ConfigError, "reading {}", path);
+  return s.str();
+}
+
+// A llama's keys from its config.json. Each key the config sets to a value other than its default must agree.
+std::string resolve_llama(ModelConfig& m) {
+  const std::string path = hf_config_path(m);
+  if (path.empty()) return "";
+  const models::HfLlamaConfig hf = models::parse_hf_llama_config(read_text(path), path);
+  const models::LlamaOptions& o = hf.options;
+  const ModelConfig d;  // the defaults: a key still at its default takes config.json's value
+  const auto take = [&](auto ModelConfig::*field, auto value, const char* key, const char* json_key) {
+    using T = std::remove_reference_t<decltype(m.*field)>;
+    const T v = static_cast<T>(value);
+    if (m.*field != d.*field && m.*field != v)
+      DPT_THROW(ConfigError, "model.{} = {}, but {} says {} = {}: leave model.{} unset (config.json gives the model's "
+                "shape) or give the other config.json", key, m.*field, path, json_key, v, key);
+    m.*field = v;
+  };
+  take(&ModelConfig::n_layer, o.n_layer, "n_layer", "num_hidden_layers");
+  take(&ModelConfig::n_head, o.n_head, "n_head", "num_attention_heads");
+  take(&ModelConfig::n_kv_head, o.n_kv_head, "n_kv_head", "num_key_value_heads");
+  take(&ModelConfig::n_embd, o.n_embd, "n_embd", "hidden_size");
+  take(&ModelConfig::head_dim, o.head_dim, "head_dim", "head_dim");
+  take(&ModelConfig::intermediate_size, o.intermediate_size, "intermediate_size", "intermediate_size");
+  take(&ModelConfig::vocab_size, o.vocab_size, "vocab_size", "vocab_size");
+  take(&ModelConfig::rms_norm_eps, o.rms_norm_eps, "rms_norm_eps", "rms_norm_eps");
+  take(&ModelConfig::rope_theta, o.rope_theta, "rope_theta", "rope_theta");
+  take(&ModelConfig::rope_scaling, o.rope_scaling.type, "rope_scaling", "rope_scaling's type");
+  if (!o.rope_scaling.type.empty()) {
+    take(&ModelConfig::rope_factor, o.rope_scaling.factor, "rope_factor", "rope_scaling's factor");
+    take(&ModelConfig::rope_low_freq_factor, o.rope_scaling.low_freq_factor, "rope_low_freq_factor",
+         "rope_scaling's low_freq_factor");
+    take(&ModelConfig::rope_high_freq_factor, o.rope_scaling.high_freq_factor, "rope_high_freq_factor",
+         "rope_scaling's high_freq_factor");
+    take(&ModelConfig::rope_original_max_positions, o.rope_scaling.original_max_position_embeddings,
+         "rope_original_max_positions", "rope_scaling's original_max_position_embeddings");
+  }
+  take(&ModelConfig::max_position_embeddings, o.max_positions, "max_position_embeddings", "max_position_embeddings");
+  take(&ModelConfig::tie_embeddings, o.tie_embeddings, "tie_embeddings", "tie_word_embeddings");
+  take(&ModelConfig::attention_bias, std::string(o.o_bias ? "all" : o.qkv_bias ? "qkv" : "none"), "attention_bias",
+       "the attention's biases");
+  take(&ModelConfig::mlp_bias, o.mlp_bias, "mlp_bias", "mlp_bias");
+  if (m.block_size > o.max_positions)
+    DPT_THROW(ConfigError, "model.block_size = {} is longer than the {} positions {} says the model takes "
+              "(max_position_embeddings)", m.block_size, o.max_positions, path);
+  const models::LlamaOptions resolved = llama_options(m);
+  models::check_llama_options(resolved);
+  return fmt::format("model.* keys from {} ({}): {}, {} parameters", path, hf.model_type,
+                     models::llama_shape_name(resolved), models::llama_num_params(resolved));
+}
 
 std::unique_ptr<models::Model> build_mlp(const ModelConfig& m, const std::vector<int64_t>& sample_shape, int64_t classes,
                                          Device device) {
@@ -80,18 +182,53 @@ ExportedWeights gpt_export(const models::Model& model, const ModelConfig& m, std
           .loader = hf ? "GPT2LMHeadModel.from_pretrained(folder)" : ""};
 }
 
-// The functions of each card of kModelCards, in its order: build, import_weights, flops_per_row, export_weights.
+std::unique_ptr<models::Model> build_llama(const ModelConfig& m, const std::vector<int64_t>& sample_shape, int64_t,
+                                           Device device) {
+  DPT_CHECK(sample_shape.size() == 1 && sample_shape[0] == m.block_size + 1,
+            "llama with model.block_size = {} got examples of shape [{}]", m.block_size, fmt::join(sample_shape, ", "));
+  if (m.max_position_embeddings > 0 && m.block_size > m.max_position_embeddings)
+    DPT_THROW(ConfigError, "model.block_size = {} is longer than model.max_position_embeddings = {}", m.block_size,
+              m.max_position_embeddings);
+  return models::make_llama(llama_options(m), device);
+}
+
+double llama_flops(const ModelConfig& m) { return models::llama_flops_per_token(llama_options(m), m.block_size); }
+
+// A Hugging Face folder's tensors (models/llama/hf.h).
+std::vector<NamedTensor> llama_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
+                                       const ModelConfig& m, std::string* layout) {
+  return models::llama_import_weights(tensors, path, llama_options(m), layout);
+}
+
+// LlamaForCausalLM's (or Qwen2ForCausalLM's) folder: the weights and config.json.
+ExportedWeights llama_export(const models::Model& model, const ModelConfig& m, std::string_view layout) {
+  if (layout != "hf") DPT_THROW(ConfigError, "weight layout '{}': a llama exports in hf (Hugging Face's) only", layout);
+  const models::LlamaOptions o = llama_options(m);
+  std::string config = models::llama_hf_config_json(
+      o, m.max_position_embeddings > 0 ? m.max_position_embeddings : m.block_size);
+  const bool qwen2 = config.find("Qwen2ForCausalLM") != std::string::npos;
+  return {.tensors = models::llama_export_weights(model),
+          .config_json = std::move(config),
+          .layout = qwen2 ? "Hugging Face's Qwen2" : "Hugging Face's Llama",
+          .loader = qwen2 ? "Qwen2ForCausalLM.from_pretrained(folder)" : "LlamaForCausalLM.from_pretrained(folder)"};
+}
+
+// The functions of each card of kModelCards, in its order: build, import_weights, flops_per_row, export_weights,
+// resolve.
 struct Functions {
   decltype(ModelFamily::build) build;
   decltype(ModelFamily::import_weights) import_weights;
   decltype(ModelFamily::flops_per_row) flops_per_row;
   decltype(ModelFamily::export_weights) export_weights;
+  decltype(ModelFamily::resolve) resolve;
 };
 const std::array<Functions, kModelCards.size()>& functions() {
   static const std::array<Functions, kModelCards.size()> table{{
       {.build = build_mlp},                                                        // mlp
       {.build = build_resnet},                                                     // resnet
       {.build = build_gpt, .import_weights = gpt_weights, .flops_per_row = gpt_flops, .export_weights = gpt_export},  // gpt
+      {.build = build_llama, .import_weights = llama_weights, .flops_per_row = llama_flops,
+       .export_weights = llama_export, .resolve = resolve_llama},  // llama
   }};
   return table;
 }
@@ -104,12 +241,17 @@ const ModelFamily& model_family(std::string_view name) {
     for (size_t i = 0; i < kModelCards.size(); ++i) {
       const Functions& f = functions()[i];
       DPT_CHECK(f.build != nullptr, "model family {} has a card but no build function", kModelCards[i].name);
-      out.push_back({kModelCards[i], f.build, f.import_weights, f.flops_per_row, f.export_weights});
+      out.push_back({kModelCards[i], f.build, f.import_weights, f.flops_per_row, f.export_weights, f.resolve});
     }
     return out;
   }();
   const ModelCard& card = model_card(name);  // ConfigError for a name no family has
   return families[static_cast<size_t>(&card - kModelCards.data())];
+}
+
+std::string resolve_model_config(ModelConfig& m) {
+  const ModelFamily& family = model_family(m.name);
+  return family.resolve ? family.resolve(m) : "";
 }
 
 std::vector<std::string> exporting_model_names() {

@@ -27,6 +27,7 @@
 
 namespace dpt::models {
 struct GptOptions;
+struct LlamaOptions;
 }
 
 namespace dpt::trainer {
@@ -49,7 +50,7 @@ struct ModelCard {
 };
 
 // Every family, in the order model.name's help lists them; each has its functions in model_registry.cpp.
-inline constexpr std::array<ModelCard, 3> kModelCards{{
+inline constexpr std::array<ModelCard, 4> kModelCards{{
     {.name = "mlp", .reinit_head = true},
     {.name = "resnet", .reinit_head = true},
     {.name = "gpt",
@@ -58,6 +59,11 @@ inline constexpr std::array<ModelCard, 3> kModelCards{{
      .decay_matrices_only = true,
      .generates = true,
      .bf16_activations = true},
+    {.name = "llama",
+     .note = "Hugging Face's LlamaForCausalLM (Llama 2 and 3, SmolLM, TinyLlama; Qwen2): needs data.dataset = "
+             "tokens; float32 activations, no generation yet; its GPU kernels are compiled but not yet run on a GPU",
+     .input = ModelInput::tokens,
+     .decay_matrices_only = true},
 }};
 
 // The names, and the names of the families that train on `input`, as a config's help and errors list them:
@@ -79,12 +85,12 @@ inline const ModelCard& model_card(std::string_view name) {
     if (c.name == name) return c;
   DPT_THROW(ConfigError, "model.name = '{}': must be one of: {}", name, fmt::join(model_names(), ", "));
 }
-// model.name's help: the names, each family's note after them.
+// model.name's help: the names, each followed by its family's note.
 inline std::string model_name_help() {
-  std::string help = fmt::format("{}", fmt::join(model_names(), " | "));
+  std::vector<std::string> parts;
   for (const ModelCard& c : kModelCards)
-    if (!c.note.empty()) help += fmt::format(" ({})", c.note);
-  return help;
+    parts.push_back(c.note.empty() ? std::string(c.name) : fmt::format("{} ({})", c.name, c.note));
+  return fmt::format("{}", fmt::join(parts, " | "));
 }
 
 // export-weights: a model's weights for another program.
@@ -113,7 +119,15 @@ struct ModelFamily : ModelCard {
   // family lacks). Empty: the family has no layout out.
   std::function<ExportedWeights(const models::Model& model, const ModelConfig& m, std::string_view layout)>
       export_weights;
+  // At start-up, before anything reads `m`: completes the model.* keys from elsewhere (a llama's from a Hugging Face
+  // config.json) and returns a line saying what it took from where (empty: nothing). ConfigError for a source that
+  // cannot be read or that disagrees with a key the config sets. Empty: the keys are complete as given.
+  std::function<std::string(ModelConfig& m)> resolve;
 };
+
+// The family's resolve on `m` (resolve_model_config(cfg.model) right after the config is loaded, on every rank);
+// returns its line, empty when it did nothing.
+std::string resolve_model_config(ModelConfig& m);
 
 // The names of the families that export-weights takes (those with export_weights).
 std::vector<std::string> exporting_model_names();
@@ -123,5 +137,10 @@ const ModelFamily& model_family(std::string_view name);
 
 // The GPT family's options from its model.* keys (for the tools made for it: generation, its benchmark table).
 models::GptOptions gpt_options(const ModelConfig& m);
+// The Llama family's options from its (resolved) model.* keys: a 0 of n_kv_head, head_dim, intermediate_size or
+// max_position_embeddings takes its default; the RoPE tables cover model.block_size positions.
+models::LlamaOptions llama_options(const ModelConfig& m);
+// model.intermediate_size = 0: 8/3 n_embd rounded up to a multiple of 64 (Llama's sizing of the SwiGLU MLP).
+int64_t default_intermediate_size(int64_t n_embd);
 
 }  // namespace dpt::trainer

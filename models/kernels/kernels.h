@@ -128,11 +128,13 @@ class Kernels {
   // Token windows [n, T + 1] (floats holding token ids, exact below 2^24) to the model's int32 input [n, T] (each
   // window's first T) and the next tokens [n * T] (its last T).
   virtual void split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T);
-  // y[r] = wte[tokens[r]] + wpe[r mod T], rows x C; a token outside [0, vocab) throws (CPU).
+  // y[r] = wte[tokens[r]] + wpe[r mod T], rows x C; a token outside [0, vocab) throws (CPU). wpe nullptr: no
+  // position embedding (Llama's RoPE turns q and k instead), y[r] = wte[tokens[r]].
   virtual void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows,
                                  int64_t T, int64_t C, int64_t vocab);
   // dwte[tokens[r]] += dy[r]; dwpe[r mod T] += dy[r] (accumulates, in row order: deterministic). A token
-  // outside [0, vocab) throws on the CPU and adds nothing to dwte on the GPU (forward made its loss NaN).
+  // outside [0, vocab) throws on the CPU and adds nothing to dwte on the GPU (forward made its loss NaN). dwpe
+  // nullptr: no position embedding.
   virtual void embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
                                   int64_t T, int64_t C, int64_t vocab);
   // LayerNorm over each row of C values (biased variance, as nn.LayerNorm): y = (x - mean) * rstd * gamma +

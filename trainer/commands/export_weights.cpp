@@ -1,6 +1,6 @@
-// trainer/commands/export_weights.cpp: `dptrain export-weights`: a GPT checkpoint's weights as safetensors other
-// programs load: a folder for Hugging Face's GPT2LMHeadModel.from_pretrained (model.safetensors and config.json), or
-// one file in Hugging Face's GPT-2 layout or nanoGPT's state_dict.
+// trainer/commands/export_weights.cpp: `dptrain export-weights`: a GPT's or a Llama's checkpoint weights as safetensors
+// other programs load: a folder for Hugging Face's from_pretrained (model.safetensors or its shards, and config.json),
+// or one file in Hugging Face's layout or (a GPT) nanoGPT's state_dict.
 #include <spdlog/spdlog.h>
 
 #include "trainer/build_model.h"
@@ -11,28 +11,47 @@ namespace dpt::trainer::commands {
 namespace {
 
 struct ExportWeightsArgs {
-  std::string checkpoint, layout = "hf", out;
+  std::string checkpoint, layout = "hf", out, max_shard_size = "5GB";
 };
+
+// "5GB", "200MB", "64KB", "1000" (bytes), decimal units as save_pretrained's max_shard_size; ConfigError otherwise.
+uint64_t parse_size(const std::string& text) {
+  size_t used = 0;
+  double value = 0;
+  try {
+    value = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  const std::string unit = text.substr(used);
+  const double scale = unit.empty() || unit == "B" ? 1.0 : unit == "KB" ? 1e3 : unit == "MB" ? 1e6 : unit == "GB" ? 1e9 : 0.0;
+  if (used == 0 || scale == 0.0 || !(value * scale >= 1.0))
+    DPT_THROW(ConfigError, "--max-shard-size {}: a size such as 5GB, 500MB, 64KB or a byte count", text);
+  return static_cast<uint64_t>(value * scale);
+}
 
 }  // namespace
 
 Command add_export_weights(CLI::App& root) {
   auto a = std::make_shared<ExportWeightsArgs>();
   CLI::App* cmd = root.add_subcommand(
-      "export-weights", "write a GPT checkpoint's weights for other programs: a folder that transformers' "
-                        "GPT2LMHeadModel.from_pretrained loads (model.safetensors in Hugging Face's GPT-2 layout and "
-                        "its config.json), or one safetensors file in that layout or nanoGPT's state_dict; trains "
-                        "nothing");
+      "export-weights", "write a GPT's or a Llama's checkpoint weights for other programs: a folder that transformers' "
+                        "from_pretrained loads (GPT2LMHeadModel, LlamaForCausalLM or Qwen2ForCausalLM: "
+                        "model.safetensors, or shards and their index, and config.json), or one safetensors file in "
+                        "that layout or (a GPT) nanoGPT's state_dict; trains nothing");
   cmd->footer(
       "Examples:\n"
       "  dptrain export-weights --checkpoint runs/gpt_tiny/checkpoints --out gpt_tiny\n"
       "    then in Python: transformers.GPT2LMHeadModel.from_pretrained(\"gpt_tiny\")\n"
       "  dptrain export-weights --checkpoint runs/gpt_tiny/checkpoints --layout nanogpt --out gpt_tiny.safetensors\n"
-      "model.init_from reads either layout back (the file, or the folder's model.safetensors).");
+      "  dptrain export-weights --checkpoint runs/llama_tiny/checkpoints --out llama_tiny\n"
+      "    then in Python: transformers.AutoModelForCausalLM.from_pretrained(\"llama_tiny\")\n"
+      "model.init_from reads every layout back (the file, or the folder).");
   add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("--layout", a->layout,
-                  "hf: no transformer. prefix, Conv1D weights [in, out], no lm_head, and config.json in a folder; "
-                  "nanogpt: nn.Linear weights [out, in], lm_head.weight a copy of wte")
+                  "hf: Hugging Face's names and shapes, and config.json in a folder (a GPT: no transformer. prefix, "
+                  "Conv1D weights [in, out], no lm_head; a llama: LlamaForCausalLM's, lm_head.weight unless tied); "
+                  "nanogpt (a GPT only): nn.Linear weights [out, in], lm_head.weight a copy of wte")
       ->check(CLI::IsMember({"hf", "nanogpt"}))
       ->capture_default_str();
   cmd->add_option("--out", a->out,
@@ -40,10 +59,14 @@ Command add_export_weights(CLI::App& root) {
                   "path ending in .safetensors: that one file, the weights alone. Each file is written whole "
                   "(FILE.tmp, then renamed)")
       ->required();
+  cmd->add_option("--max-shard-size", a->max_shard_size,
+                  "in a folder, weights larger than this go into shards model-0000I-of-0000N.safetensors with "
+                  "model.safetensors.index.json, as save_pretrained's max_shard_size (decimal KB, MB, GB)")
+      ->capture_default_str();
   return {cmd, [a] {
             return run_alone([&] {
               spdlog::info("export-weights: wrote {}",
-                           export_weights(a->checkpoint, a->layout, a->out));
+                           export_weights(a->checkpoint, a->layout, a->out, parse_size(a->max_shard_size)));
             });
           }};
 }

@@ -4,6 +4,7 @@
 
 #include "trainer/commands/commands.h"
 #include "trainer/commands/job.h"
+#include "trainer/model_registry.h"
 #include "trainer/preemption.h"
 #include "trainer/trainer.h"
 
@@ -18,6 +19,7 @@ struct TrainArgs {
 };
 
 int train_job(const TrainArgs& a) {
+  std::string resolved;  // what the model family took from elsewhere (a llama's config.json), said by rank 0
   return run_job({
       .name = "dptrain",
       .stop_handlers = true,
@@ -25,11 +27,14 @@ int train_job(const TrainArgs& a) {
       .load_config =
           [&](std::string& origin) {
             origin = a.config_path.empty() ? "<defaults>" : a.config_path;
-            return load_config(a.config_path, a.overrides);
+            Config cfg = load_config(a.config_path, a.overrides);
+            resolved = resolve_model_config(cfg.model);
+            return cfg;
           },
       .work =
           [&](Job& job) {
             const bool lead = job.env.rank == 0;
+            if (lead && !resolved.empty()) spdlog::info("{}", resolved);
             const RunResult result = train(job.config, {.resume = a.resume, .device = job.device}, *job.pg);
             if (result.stop_signal) {
               job.pg.reset();

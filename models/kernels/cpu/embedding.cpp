@@ -2,6 +2,8 @@
 // token windows into input and next tokens, on the CPU.
 #include "models/kernels/cpu/cpu_kernels.h"
 
+#include <algorithm>
+
 
 
 namespace dpt::models {
@@ -13,8 +15,12 @@ void CpuKernels::embedding_forward(const int32_t* tokens, const float* wte, cons
     if (tok < 0 || tok >= vocab)
       DPT_THROW(ConfigError, "token {} at position {} is outside the vocabulary [0, {})", tok, r, vocab);
     const float* e = wte + static_cast<int64_t>(tok) * C;
-    const float* p = wpe + (r % T) * C;
     float* o = y + r * C;
+    if (!wpe) {
+      std::copy_n(e, C, o);
+      continue;
+    }
+    const float* p = wpe + (r % T) * C;
     for (int64_t c = 0; c < C; ++c) o[c] = e[c] + p[c];
   }
 }
@@ -34,6 +40,10 @@ void CpuKernels::embedding_backward(const int32_t* tokens, const float* dy, floa
       DPT_THROW(InternalError, "embedding backward: token {} at row {} outside the vocabulary of {}", tokens[r], r, vocab);
     const float* g = dy + r * C;
     float* e = dwte + static_cast<int64_t>(tokens[r]) * C;
+    if (!dwpe) {
+      for (int64_t c = 0; c < C; ++c) e[c] += g[c];
+      continue;
+    }
     float* p = dwpe + (r % T) * C;
     for (int64_t c = 0; c < C; ++c) {
       e[c] += g[c];

@@ -12,14 +12,17 @@ namespace dpt::models::cuda_launch {
 
 namespace {
 
-// y[r, c] = wte[tokens[r], c] + wpe[r mod T, c]; NaN for the whole row when the token is outside [0, vocab).
+// y[r, c] = wte[tokens[r], c] + wpe[r mod T, c] (wpe nullptr: wte's alone); NaN for the whole row when the token is
+// outside [0, vocab).
 __global__ void embedding_forward_kernel(const int32_t* tokens, const float* wte, const float* wpe, float* y,
                                          size_t total, int64_t T, int64_t C, int64_t vocab) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int64_t r = static_cast<int64_t>(i) / C, c = static_cast<int64_t>(i) - r * C;
     const int32_t tok = tokens[r];
-    y[i] = tok >= 0 && tok < vocab ? wte[static_cast<int64_t>(tok) * C + c] + wpe[(r % T) * C + c] : NAN;
+    const bool ok = tok >= 0 && tok < vocab;
+    const float e = ok ? wte[static_cast<int64_t>(tok) * C + c] : NAN;
+    y[i] = wpe ? e + wpe[(r % T) * C + c] : e;
   }
 }
 
@@ -101,10 +104,12 @@ cudaError_t embedding_backward(const int32_t* tokens, const float* dy, float* dw
                                cudaStream_t s) {
   if (rows < 0 || rows > INT_MAX || T < 1 || C < 0) return cudaErrorInvalidValue;
   if (rows == 0 || C == 0) return cudaSuccess;
-  const int64_t positions = rows < T ? rows : T;  // the rows of dwpe that get anything
-  const size_t npe = static_cast<size_t>(positions * C);
-  embedding_dwpe_kernel<<<blocks_for(npe), kThreads, 0, s>>>(dy, dwpe, rows, T, C, npe);
-  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  if (dwpe) {  // nullptr: no position embedding
+    const int64_t positions = rows < T ? rows : T;  // the rows of dwpe that get anything
+    const size_t npe = static_cast<size_t>(positions * C);
+    embedding_dwpe_kernel<<<blocks_for(npe), kThreads, 0, s>>>(dy, dwpe, rows, T, C, npe);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
 
   const int n = static_cast<int>(rows);
   size_t temp = 0;

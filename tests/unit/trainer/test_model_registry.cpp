@@ -14,16 +14,17 @@ using namespace dpt;
 using namespace dpt::trainer;
 
 TEST_CASE("model families: names, help and lookup", "[trainer][registry]") {
-  CHECK(model_names() == std::vector<std::string>{"mlp", "resnet", "gpt"});
-  CHECK(model_names(ModelInput::tokens) == std::vector<std::string>{"gpt"});
+  CHECK(model_names() == std::vector<std::string>{"mlp", "resnet", "gpt", "llama"});
+  CHECK(model_names(ModelInput::tokens) == std::vector<std::string>{"gpt", "llama"});
   CHECK(model_names(ModelInput::examples) == std::vector<std::string>{"mlp", "resnet"});
-  // model.name's help, as --help and the configuration reference printed it before the registry.
-  CHECK(model_name_help() == "mlp | resnet | gpt (GPT-2 as nanoGPT: needs data.dataset = tokens; its GPU kernels are "
-                             "compiled but not yet run on a GPU)");
+  // model.name's help: each name followed by its family's note.
+  CHECK(model_name_help().starts_with("mlp | resnet | gpt (GPT-2 as nanoGPT: needs data.dataset = tokens; its GPU "
+                                      "kernels are compiled but not yet run on a GPU) | llama (Hugging Face's "
+                                      "LlamaForCausalLM"));
   for (const std::string& name : model_names()) CHECK(model_family(name).name == name);
-  CHECK_THROWS_WITH(model_family("llama"), Catch::Contains("model.name = 'llama': must be one of: mlp, resnet, gpt"));
-  CHECK_THROWS_AS(model_family("llama"), ConfigError);
-  CHECK_THROWS_WITH(parse_config("[model]\nname = \"llama\"\n", "t.toml"), Catch::Contains("must be one of: mlp, resnet, gpt"));
+  CHECK_THROWS_WITH(model_family("mamba"), Catch::Contains("model.name = 'mamba': must be one of: mlp, resnet, gpt, llama"));
+  CHECK_THROWS_AS(model_family("mamba"), ConfigError);
+  CHECK_THROWS_WITH(parse_config("[model]\nname = \"mamba\"\n", "t.toml"), Catch::Contains("must be one of: mlp, resnet, gpt, llama"));
 }
 
 TEST_CASE("model families: what each builds, trains on and how it groups weight decay", "[trainer][registry]") {
@@ -71,7 +72,7 @@ TEST_CASE("model families: what each builds, trains on and how it groups weight 
   CHECK(std::string(make_task(gpt.input, m.block_size, {m.block_size + 1}, Device::cpu())->unit()) == "tokens");
 
   // Layouts out: only the GPT has them; Hugging Face's comes with its config.json, nanoGPT's alone.
-  CHECK(exporting_model_names() == std::vector<std::string>{"gpt"});
+  CHECK(exporting_model_names() == std::vector<std::string>{"gpt", "llama"});
   CHECK_FALSE(mlp.export_weights);
   CHECK_FALSE(resnet.export_weights);
   REQUIRE(gpt.export_weights);

@@ -59,7 +59,7 @@ TEST_CASE("language-model task: windows of T + 1 tokens become inputs B x T and 
 
 TEST_CASE("a GPT needs token shards and token shards need a GPT", "[trainer][task]") {
   REQUIRE_THROWS_WITH(parse_config("[model]\nname = \"gpt\"\n", "t.toml"),
-                      Catch::Contains("model.name = gpt goes with data.dataset = tokens"));
+                      Catch::Contains("model.name = gpt or llama goes with data.dataset = tokens"));
   REQUIRE_THROWS_AS(parse_config("[data]\ndataset = \"tokens\"\n", "t.toml"), ConfigError);
   const Config c = parse_config("[model]\nname = \"gpt\"\nn_embd = 48\n[data]\ndataset = \"tokens\"\ndir = \"x\"\n", "t.toml");
   REQUIRE(c.model.n_embd == 48);

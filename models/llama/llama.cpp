@@ -1,0 +1,371 @@
+// models/llama/llama.cpp: see llama.h.
+#include "models/llama/llama.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace dpt::models {
+
+namespace {
+
+std::unique_ptr<Linear> normal_linear(int64_t in, int64_t out, bool bias, double stddev) {
+  auto l = std::make_unique<Linear>(in, out, /*relu=*/false, bias);
+  l->set_normal_init(static_cast<float>(stddev));
+  return l;
+}
+
+std::vector<int64_t> btc(const Tensor& x, int64_t c, const char* who) {
+  DPT_CHECK(x.ndim() == 3 && x.dim(2) == c && x.dtype() == DType::F32, "{} takes float32 [B, T, {}], got {} {}", who,
+            c, dtype_name(x.dtype()), x.shape_str());
+  return x.shape();
+}
+
+// out (of `shape`) = a + b + c, element by element: the input gradient of a layer reading its input three (or two: c
+// nullptr) ways.
+void sum_into(Tensor& out, const std::vector<int64_t>& shape, const Tensor& a, const Tensor& b, const Tensor* c,
+              Kernels& k) {
+  ensure_shape(out, shape, a.device());
+  DPT_CHECK(out.numel() == a.numel() && b.numel() == a.numel() && (!c || c->numel() == a.numel()),
+            "sum_into: {} from {}, {}", out.shape_str(), a.shape_str(), b.shape_str());
+  k.add(a.data<float>(), b.data<float>(), out.data<float>(), a.numel(), false);
+  if (c) k.add(out.data<float>(), c->data<float>(), out.data<float>(), a.numel(), false);
+}
+
+}  // namespace
+
+// ---- options --------------------------------------------------------------------------------------------------
+
+void check_llama_options(const LlamaOptions& o) {
+  if (o.n_layer < 1 || o.n_head < 1 || o.n_kv_head < 1 || o.n_embd < 1 || o.head_dim < 1 ||
+      o.intermediate_size < 1 || o.vocab_size < 1 || o.max_positions < 1)
+    DPT_THROW(ConfigError, "llama: n_layer {}, n_head {}, n_kv_head {}, n_embd {}, head_dim {}, intermediate_size {}, "
+              "vocab_size {}, max positions {}: each must be >= 1", o.n_layer, o.n_head, o.n_kv_head, o.n_embd,
+              o.head_dim, o.intermediate_size, o.vocab_size, o.max_positions);
+  if (o.n_head % o.n_kv_head != 0)
+    DPT_THROW(ConfigError, "llama: n_head {} is not a multiple of n_kv_head {} (each key/value head serves n_head / "
+              "n_kv_head query heads)", o.n_head, o.n_kv_head);
+  if (!(o.rms_norm_eps > 0)) DPT_THROW(ConfigError, "llama: rms_norm_eps must be positive, got {}", o.rms_norm_eps);
+  rope_inv_freq(o.head_dim, o.rope_theta, o.rope_scaling);  // an odd head_dim, theta <= 0, an unknown scaling
+}
+
+int64_t llama_num_params(const LlamaOptions& o) {
+  const int64_t c = o.n_embd, q = o.n_head * o.head_dim, kv = o.n_kv_head * o.head_dim, i = o.intermediate_size;
+  const int64_t attn = c * q + 2 * c * kv + q * c + (o.qkv_bias ? q + 2 * kv : 0) + (o.o_bias ? c : 0);
+  const int64_t mlp = 3 * c * i + (o.mlp_bias ? 2 * i + c : 0);
+  const int64_t block = attn + mlp + 2 * c;  // and the two RMSNorms
+  return o.vocab_size * c * (o.tie_embeddings ? 1 : 2) + o.n_layer * block + c;
+}
+
+double llama_flops_per_token(const LlamaOptions& o, int64_t T) {
+  const int64_t n = llama_num_params(o) - (o.tie_embeddings ? 0 : o.vocab_size * o.n_embd);
+  return 6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o.n_layer * T * o.n_head * o.head_dim);
+}
+
+void RopeTables::to(Device device) {
+  if (cos.defined() && cos.device() == device) return;
+  const auto n = static_cast<int64_t>(cos_host.size());
+  Tensor c = Tensor::empty({n}), s = Tensor::empty({n});
+  std::copy(cos_host.begin(), cos_host.end(), c.data<float>());
+  std::copy(sin_host.begin(), sin_host.end(), s.data<float>());
+  cos = c.to(device);
+  sin = s.to(device);
+}
+
+// ---- RMSNorm ----------------------------------------------------------------------------------------------------
+
+RmsNorm::RmsNorm(int64_t channels, float eps) : c_(channels), eps_(eps) {
+  DPT_CHECK(c_ > 0 && eps_ > 0, "RmsNorm({}, eps {})", c_, eps_);
+}
+
+std::string RmsNorm::kind() const { return fmt::format("RmsNorm({})", c_); }
+
+void RmsNorm::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
+  bind_views(params, {&gamma_});
+  bind_views(grads, {&dgamma_});
+}
+
+void RmsNorm::init_params(std::mt19937_64&) { std::fill_n(gamma_.data<float>(), gamma_.numel(), 1.0f); }
+
+const Tensor& RmsNorm::run_forward(const Tensor& x, Kernels& k) {
+  DPT_CHECK(x.ndim() >= 1 && x.dim(x.ndim() - 1) == c_ && x.dtype() == DType::F32, "RmsNorm({}) got input {} {}", c_,
+            dtype_name(x.dtype()), x.shape_str());
+  const int64_t rows = static_cast<int64_t>(x.numel()) / c_;
+  x_ = x;
+  ensure_shape(rstd_, {rows}, x.device());
+  ensure_shape(y_, x.shape(), x.device());
+  k.rmsnorm_forward(x.data<float>(), gamma_.data<float>(), y_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
+  return y_;
+}
+
+const Tensor& RmsNorm::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == x_.shape() && dy.dtype() == DType::F32, "RmsNorm backward got {} for input {}",
+            dy.shape_str(), x_.shape_str());
+  ensure_shape(dx_, x_.shape(), dy.device());
+  k.rmsnorm_backward(dy.data<float>(), x_.data<float>(), gamma_.data<float>(), rstd_.data<float>(), dx_.data<float>(),
+                     dgamma_.data<float>(), static_cast<int64_t>(x_.numel()) / c_, c_);
+  return dx_;
+}
+
+// ---- attention ----------------------------------------------------------------------------------------------------
+
+LlamaAttention::LlamaAttention(const LlamaOptions& o, RopeTables* rope)
+    : c_(o.n_embd), n_head_(o.n_head), n_kv_(o.n_kv_head), hd_(o.head_dim), rope_(rope) {
+  const double s = o.initializer_range;
+  q_proj_ = add("q_proj", normal_linear(c_, n_head_ * hd_, o.qkv_bias, s));
+  k_proj_ = add("k_proj", normal_linear(c_, n_kv_ * hd_, o.qkv_bias, s));
+  v_proj_ = add("v_proj", normal_linear(c_, n_kv_ * hd_, o.qkv_bias, s));
+  o_proj_ = add("o_proj", normal_linear(n_head_ * hd_, c_, o.o_bias, s));
+}
+
+std::string LlamaAttention::kind() const {
+  return fmt::format("LlamaAttention({}, {} heads of {}, {} key/value heads)", c_, n_head_, hd_, n_kv_);
+}
+
+// Shapes: q [rows, H D] (head h at columns h D), k and v [rows, KV D]; scores per (sequence, head) [T, T]. The g =
+// H / KV query heads of key/value head j are heads j g .. j g + g - 1: one batched gemm over them, reading j's keys
+// (stride 0) for each.
+const Tensor& LlamaAttention::run_forward(const Tensor& x, Kernels& k) {
+  const auto shape = btc(x, c_, "LlamaAttention");
+  b_ = shape[0];
+  t_ = shape[1];
+  const int64_t rows = b_ * t_, hq = n_head_ * hd_, hkv = n_kv_ * hd_, g = n_head_ / n_kv_, tt = t_ * t_;
+  const Tensor x2 = x.reshape({rows, c_});
+  q_ = q_proj_->forward(x2, k);  // handles on the projections' outputs, turned in place
+  k_ = k_proj_->forward(x2, k);
+  v_ = v_proj_->forward(x2, k);
+  rope_->to(x.device());
+  DPT_CHECK(static_cast<int64_t>(rope_->cos_host.size()) >= t_ * (hd_ / 2), "LlamaAttention: {} positions, the "
+            "RoPE tables have {}", t_, rope_->cos_host.size() / static_cast<size_t>(hd_ / 2));
+  k.rope(q_.data<float>(), rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_head_, hd_, hq, false);
+  k.rope(k_.data<float>(), rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_kv_, hd_, hkv, false);
+  ensure_shape(att_, {b_, n_head_, t_, t_}, x.device());
+  ensure_shape(y_, {rows, hq}, x.device());
+  const float *q = q_.data<float>(), *kk = k_.data<float>(), *v = v_.data<float>();
+  float *att = att_.data<float>(), *y = y_.data<float>();
+  for (int64_t b = 0; b < b_; ++b)
+    for (int64_t j = 0; j < n_kv_; ++j)  // s = q k^T for the g heads of group j
+      k.gemm_strided_batched(false, true, t_, t_, hd_, 1.0f, q + b * t_ * hq + j * g * hd_, hq, hd_,
+                             kk + b * t_ * hkv + j * hd_, hkv, 0, 0.0f, att + (b * n_head_ + j * g) * tt, t_, tt, g);
+  k.causal_softmax_forward(att, b_ * n_head_, t_, t_, 1.0f / std::sqrt(static_cast<float>(hd_)));
+  for (int64_t b = 0; b < b_; ++b)
+    for (int64_t j = 0; j < n_kv_; ++j)  // y = att v
+      k.gemm_strided_batched(false, false, t_, hd_, t_, 1.0f, att + (b * n_head_ + j * g) * tt, t_, tt,
+                             v + b * t_ * hkv + j * hd_, hkv, 0, 0.0f, y + b * t_ * hq + j * g * hd_, hq, hd_, g);
+  out_ = o_proj_->forward(y_, k).reshape({b_, t_, c_});
+  return out_;
+}
+
+const Tensor& LlamaAttention::run_backward(const Tensor& dout, Kernels& k) {
+  DPT_CHECK(dout.ndim() == 3 && dout.dim(0) == b_ && dout.dim(1) == t_ && dout.dim(2) == c_,
+            "LlamaAttention backward got {}", dout.shape_str());
+  const int64_t rows = b_ * t_, hq = n_head_ * hd_, hkv = n_kv_ * hd_, g = n_head_ / n_kv_, tt = t_ * t_;
+  const Tensor& dy = o_proj_->backward(dout.reshape({rows, c_}), k);  // d(loss)/d(attention output) [rows, H D]
+  ensure_shape(datt_, att_.shape(), dout.device());
+  ensure_shape(dq_, {rows, hq}, dout.device());
+  ensure_shape(dk_, {rows, hkv}, dout.device());
+  ensure_shape(dv_, {rows, hkv}, dout.device());
+  const float *q = q_.data<float>(), *kk = k_.data<float>(), *v = v_.data<float>(), *att = att_.data<float>();
+  const float* gy = dy.data<float>();
+  float *datt = datt_.data<float>(), *dq = dq_.data<float>(), *dk = dk_.data<float>(), *dv = dv_.data<float>();
+  for (int64_t b = 0; b < b_; ++b)
+    for (int64_t j = 0; j < n_kv_; ++j) {
+      // datt = dy v^T for the group's heads; dv_j = sum over them of att^T dy (each head adds onto the last).
+      k.gemm_strided_batched(false, true, t_, t_, hd_, 1.0f, gy + b * t_ * hq + j * g * hd_, hq, hd_,
+                             v + b * t_ * hkv + j * hd_, hkv, 0, 0.0f, datt + (b * n_head_ + j * g) * tt, t_, tt, g);
+      for (int64_t i = 0; i < g; ++i) {
+        const int64_t h = j * g + i;
+        k.gemm(true, false, t_, hd_, t_, 1.0f, att + (b * n_head_ + h) * tt, t_, gy + b * t_ * hq + h * hd_, hq,
+               i == 0 ? 0.0f : 1.0f, dv + b * t_ * hkv + j * hd_, hkv);
+      }
+    }
+  // Through the softmax and its 1/sqrt(head_dim): datt becomes d(loss)/d(q k^T).
+  k.causal_softmax_backward(att, datt, b_ * n_head_, t_, 1.0f / std::sqrt(static_cast<float>(hd_)));
+  for (int64_t b = 0; b < b_; ++b)
+    for (int64_t j = 0; j < n_kv_; ++j) {
+      // dq = ds k for the group's heads; dk_j = sum over them of ds^T q.
+      k.gemm_strided_batched(false, false, t_, hd_, t_, 1.0f, datt + (b * n_head_ + j * g) * tt, t_, tt,
+                             kk + b * t_ * hkv + j * hd_, hkv, 0, 0.0f, dq + b * t_ * hq + j * g * hd_, hq, hd_, g);
+      for (int64_t i = 0; i < g; ++i) {
+        const int64_t h = j * g + i;
+        k.gemm(true, false, t_, hd_, t_, 1.0f, datt + (b * n_head_ + h) * tt, t_, q + b * t_ * hq + h * hd_, hq,
+               i == 0 ? 0.0f : 1.0f, dk + b * t_ * hkv + j * hd_, hkv);
+      }
+    }
+  // RoPE is a rotation: its gradient turns back by the same angle.
+  k.rope(dq, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_head_, hd_, hq, true);
+  k.rope(dk, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_kv_, hd_, hkv, true);
+  const Tensor& dxq = q_proj_->backward(dq_, k);
+  const Tensor& dxk = k_proj_->backward(dk_, k);
+  const Tensor& dxv = v_proj_->backward(dv_, k);
+  sum_into(dx_, {b_, t_, c_}, dxq, dxk, &dxv, k);
+  return dx_;
+}
+
+// ---- MLP --------------------------------------------------------------------------------------------------------
+
+LlamaMlp::LlamaMlp(const LlamaOptions& o) : c_(o.n_embd), inter_(o.intermediate_size) {
+  const double s = o.initializer_range;
+  gate_proj_ = add("gate_proj", normal_linear(c_, inter_, o.mlp_bias, s));
+  up_proj_ = add("up_proj", normal_linear(c_, inter_, o.mlp_bias, s));
+  down_proj_ = add("down_proj", normal_linear(inter_, c_, o.mlp_bias, s));
+}
+
+std::string LlamaMlp::kind() const { return fmt::format("LlamaMlp({} -> 2 x {} -> {})", c_, inter_, c_); }
+
+const Tensor& LlamaMlp::run_forward(const Tensor& x, Kernels& k) {
+  shape_ = btc(x, c_, "LlamaMlp");
+  const Tensor x2 = x.reshape({shape_[0] * shape_[1], c_});
+  gate_ = gate_proj_->forward(x2, k);
+  up_ = up_proj_->forward(x2, k);
+  ensure_shape(h_, gate_.shape(), x.device());
+  k.swiglu_forward(gate_.data<float>(), up_.data<float>(), h_.data<float>(), h_.numel());
+  out_ = down_proj_->forward(h_, k).reshape(shape_);
+  return out_;
+}
+
+const Tensor& LlamaMlp::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == shape_, "LlamaMlp backward got {}", dy.shape_str());
+  const Tensor& dh = down_proj_->backward(dy.reshape({shape_[0] * shape_[1], c_}), k);
+  ensure_shape(dgate_, gate_.shape(), dy.device());
+  ensure_shape(dup_, up_.shape(), dy.device());
+  k.swiglu_backward(gate_.data<float>(), up_.data<float>(), dh.data<float>(), dgate_.data<float>(), dup_.data<float>(),
+                    dh.numel());
+  const Tensor& dxg = gate_proj_->backward(dgate_, k);
+  const Tensor& dxu = up_proj_->backward(dup_, k);
+  sum_into(dx_, shape_, dxg, dxu, nullptr, k);
+  return dx_;
+}
+
+// ---- block --------------------------------------------------------------------------------------------------------
+
+LlamaBlock::LlamaBlock(const LlamaOptions& o, RopeTables* rope) {
+  const auto eps = static_cast<float>(o.rms_norm_eps);
+  input_layernorm_ = add("input_layernorm", std::make_unique<RmsNorm>(o.n_embd, eps));
+  self_attn_ = add("self_attn", std::make_unique<LlamaAttention>(o, rope));
+  post_attention_layernorm_ = add("post_attention_layernorm", std::make_unique<RmsNorm>(o.n_embd, eps));
+  mlp_ = add("mlp", std::make_unique<LlamaMlp>(o));
+}
+
+std::string LlamaBlock::kind() const { return fmt::format("LlamaBlock({})", self_attn_->kind()); }
+
+const Tensor& LlamaBlock::run_forward(const Tensor& x, Kernels& k) {
+  const Tensor& a = self_attn_->forward(input_layernorm_->forward(x, k), k);
+  ensure_shape(r1_, x.shape(), x.device());
+  k.add(x.data<float>(), a.data<float>(), r1_.data<float>(), x.numel(), false);
+  const Tensor& m = mlp_->forward(post_attention_layernorm_->forward(r1_, k), k);
+  ensure_shape(y_, x.shape(), x.device());
+  k.add(r1_.data<float>(), m.data<float>(), y_.data<float>(), x.numel(), false);
+  return y_;
+}
+
+const Tensor& LlamaBlock::run_backward(const Tensor& dy, Kernels& k) {
+  DPT_CHECK(dy.shape() == y_.shape(), "LlamaBlock backward got {}", dy.shape_str());
+  const Tensor& dm = post_attention_layernorm_->backward(mlp_->backward(dy, k), k);
+  ensure_shape(dr1_, dy.shape(), dy.device());
+  k.add(dy.data<float>(), dm.data<float>(), dr1_.data<float>(), dy.numel(), false);
+  const Tensor& da = input_layernorm_->backward(self_attn_->backward(dr1_, k), k);
+  ensure_shape(dx_, dy.shape(), dy.device());
+  k.add(dr1_.data<float>(), da.data<float>(), dx_.data<float>(), dy.numel(), false);
+  return dx_;
+}
+
+// ---- LlamaModel -----------------------------------------------------------------------------------------------------
+
+LlamaModel::LlamaModel(const LlamaOptions& o) : o_(o), rope_(std::make_unique<RopeTables>()) {
+  check_llama_options(o);
+  rope_tables(o.max_positions, o.head_dim, o.rope_theta, o.rope_scaling, rope_->cos_host, rope_->sin_host);
+  auto layers = std::make_unique<Sequential>();
+  for (int64_t i = 0; i < o.n_layer; ++i) layers->append(std::make_unique<LlamaBlock>(o, rope_.get()));
+  layers_ = add("layers", std::move(layers));
+  norm_ = add("norm", std::make_unique<RmsNorm>(o.n_embd, static_cast<float>(o.rms_norm_eps)));
+}
+
+std::string LlamaModel::kind() const {
+  return fmt::format("LlamaModel({} blocks of {})", o_.n_layer, o_.n_embd);
+}
+
+std::vector<ParamSpec> LlamaModel::param_specs() const { return {{"embed_tokens.weight", {o_.vocab_size, o_.n_embd}}}; }
+
+void LlamaModel::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor>) {
+  bind_views(params, {&embed_});
+  bind_views(grads, {&dembed_});
+}
+
+void LlamaModel::init_params(std::mt19937_64& rng) {
+  float* p = embed_.data<float>();
+  for (size_t i = 0; i < embed_.numel(); ++i) p[i] = normal(rng, 0.0f, static_cast<float>(o_.initializer_range));
+}
+
+const Tensor& LlamaModel::run_forward(const Tensor& tokens, Kernels& k) {
+  DPT_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "llama takes int32 tokens [B, T], got {} {}",
+            dtype_name(tokens.dtype()), tokens.shape_str());
+  const int64_t b = tokens.dim(0), t = tokens.dim(1);
+  if (t < 1 || t > o_.max_positions)
+    DPT_THROW(ConfigError, "llama: a sequence of {} tokens; the model takes at most {}", t, o_.max_positions);
+  tokens_ = tokens;
+  ensure_shape(emb_, {b, t, o_.n_embd}, tokens.device());
+  k.embedding_forward(tokens.data<int32_t>(), embed_.data<float>(), nullptr, emb_.data<float>(), b * t, t, o_.n_embd,
+                      o_.vocab_size);
+  return norm_->forward(layers_->forward(emb_, k), k);
+}
+
+const Tensor& LlamaModel::run_backward(const Tensor& dy, Kernels& k) {
+  const Tensor& d = layers_->backward(norm_->backward(dy, k), k);
+  k.embedding_backward(tokens_.data<int32_t>(), d.data<float>(), dembed_.data<float>(), nullptr,
+                       tokens_.dim(0) * tokens_.dim(1), tokens_.dim(1), o_.n_embd, o_.vocab_size);
+  return none_;
+}
+
+// ---- LlamaForCausalLM ---------------------------------------------------------------------------------------------
+
+Llama::Llama(const LlamaOptions& o) : o_(o) {
+  model_ = add("model", std::make_unique<LlamaModel>(o));
+  if (!o.tie_embeddings) lm_head_ = add("lm_head", normal_linear(o.n_embd, o.vocab_size, false, o.initializer_range));
+}
+
+std::string Llama::kind() const {
+  return fmt::format("Llama({}, {} head)", model_->kind(), o_.tie_embeddings ? "tied" : "untied");
+}
+
+const Tensor& Llama::run_forward(const Tensor& tokens, Kernels& k) {
+  h_ = model_->forward(tokens, k);  // [B, T, C]
+  const int64_t rows = h_.dim(0) * h_.dim(1), c = o_.n_embd, v = o_.vocab_size;
+  if (lm_head_) return lm_head_->forward(h_.reshape({rows, c}), k);
+  ensure_shape(logits_, {rows, v}, h_.device());
+  k.gemm(false, true, rows, v, c, 1.0f, h_.data<float>(), c, model_->embed().data<float>(), c, 0.0f,
+         logits_.data<float>(), v);
+  return logits_;
+}
+
+const Tensor& Llama::run_backward(const Tensor& dlogits, Kernels& k) {
+  const int64_t rows = h_.dim(0) * h_.dim(1), c = o_.n_embd, v = o_.vocab_size;
+  DPT_CHECK(dlogits.ndim() == 2 && dlogits.dim(0) == rows && dlogits.dim(1) == v, "llama backward got {} for {} rows",
+            dlogits.shape_str(), rows);
+  if (lm_head_) {
+    dh_ = lm_head_->backward(dlogits, k).reshape(h_.shape());
+    model_->backward(dh_, k);
+    return none_;
+  }
+  // The tied head: dh = dlogits embed; d(embed) += dlogits^T h (the lookup's share comes in the model's backward).
+  ensure_shape(dh_, h_.shape(), dlogits.device());
+  k.gemm(false, false, rows, c, v, 1.0f, dlogits.data<float>(), v, model_->embed().data<float>(), c, 0.0f,
+         dh_.data<float>(), c);
+  k.gemm(true, false, v, c, rows, 1.0f, dlogits.data<float>(), v, h_.data<float>(), c, 1.0f,
+         model_->embed_grad().data<float>(), c);
+  model_->backward(dh_, k);
+  return none_;
+}
+
+std::string llama_shape_name(const LlamaOptions& o) {
+  const std::string heads =
+      o.n_kv_head == o.n_head ? fmt::format("{}", o.n_head) : fmt::format("{}/{}", o.n_head, o.n_kv_head);
+  return fmt::format("llama L{} H{} C{} I{} V{} T{}{}", o.n_layer, heads, o.n_embd, o.intermediate_size, o.vocab_size,
+                     o.max_positions, o.tie_embeddings ? " tied" : "");
+}
+
+std::unique_ptr<Model> make_llama(const LlamaOptions& o, Device device) {
+  check_llama_options(o);
+  return std::make_unique<Model>(std::make_unique<Llama>(o), llama_shape_name(o), device);
+}
+
+}  // namespace dpt::models

@@ -1,0 +1,259 @@
+// tests/unit/trainer/test_llama_config.cpp: the Llama family's entry in the model registry: its model.* keys, a Hugging
+// Face config.json read into them (resolve_model_config: from model.hf_config or model.init_from's folder), the
+// keys of config.json that are refused by name, the config.json an export writes (read back to the same options), and
+// reading a sharded Hugging Face folder (read_weights).
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/check.h"
+#include "core/safetensors.h"
+#include "models/llama/hf.h"
+#include "models/llama/llama.h"
+#include "trainer/build_model.h"
+#include "trainer/config.h"
+#include "trainer/model_registry.h"
+
+using namespace dpt;
+using namespace dpt::trainer;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+// A fresh folder under the temp directory.
+fs::path fresh_dir(const std::string& name) {
+  const fs::path d = fs::temp_directory_path() / ("dpt_llama_config_" + name);
+  fs::remove_all(d);
+  fs::create_directories(d);
+  return d;
+}
+
+void write(const fs::path& p, const std::string& text) {
+  std::ofstream f(p, std::ios::binary);
+  f << text;
+}
+
+// SmolLM-135M's config.json, as the hub has it (sizes, ids, dtypes, the harmless keys).
+json smollm() {
+  return json::parse(R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 0,
+    "eos_token_id": 0, "hidden_act": "silu", "hidden_size": 576, "initializer_range": 0.02,
+    "intermediate_size": 1536, "max_position_embeddings": 2048, "model_type": "llama", "num_attention_heads": 9,
+    "num_hidden_layers": 30, "num_key_value_heads": 3, "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": null, "rope_theta": 10000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.1", "use_cache": true, "vocab_size": 49152})");
+}
+
+ModelConfig llama_keys() {
+  ModelConfig m;
+  m.name = "llama";
+  m.block_size = 64;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("llama: built from its model.* keys, with the defaults they leave", "[trainer][registry][llama]") {
+  ModelConfig m = llama_keys();
+  m.n_layer = 2;
+  m.n_head = 4;
+  m.n_kv_head = 2;
+  m.n_embd = 32;
+  m.vocab_size = 50;
+  const models::LlamaOptions o = llama_options(m);
+  CHECK(o.head_dim == 8);
+  CHECK(o.intermediate_size == default_intermediate_size(32));
+  CHECK(default_intermediate_size(32) == 128);   // 8/3 x 32 = 85.3, up to 128
+  CHECK(default_intermediate_size(128) == 384);  // 341.3, up to 384
+  CHECK(o.max_positions == 64);
+  CHECK_FALSE(o.qkv_bias);
+  const ModelFamily& llama = model_family("llama");
+  CHECK(llama.input == ModelInput::tokens);
+  CHECK(llama.decay_matrices_only);
+  CHECK_FALSE(llama.generates);
+  auto model = build_model(m, {65}, 0, Device::cpu());
+  CHECK(model->summary().starts_with("llama L2 H4/2 C32 I128 V50 T64"));
+  CHECK(static_cast<int64_t>(model->num_params()) == models::llama_num_params(o));
+  CHECK(train_flops_per_row(m) == models::llama_flops_per_token(o, 64));
+  m.attention_bias = "qkv";
+  CHECK(llama_options(m).qkv_bias);
+  CHECK_FALSE(llama_options(m).o_bias);
+  m.attention_bias = "all";
+  CHECK(llama_options(m).o_bias);
+  CHECK(resolve_model_config(m).empty());  // no config.json anywhere: the keys stand as given
+  m.max_position_embeddings = 32;
+  CHECK_THROWS_WITH(build_model(m, {65}, 0, Device::cpu()), Catch::Contains("longer than model.max_position_embeddings"));
+}
+
+TEST_CASE("llama: a Hugging Face config.json gives the model.* keys", "[trainer][registry][llama]") {
+  const fs::path dir = fresh_dir("resolve");
+  write(dir / "config.json", smollm().dump());
+  ModelConfig m = llama_keys();
+  m.init_from = dir.string();  // a model folder: its config.json is read
+  const std::string line = resolve_model_config(m);
+  CHECK_THAT(line, Catch::Contains("config.json (llama): llama L30 H9/3 C576 I1536 V49152 T64 tied"));
+  CHECK(m.n_layer == 30);
+  CHECK(m.n_head == 9);
+  CHECK(m.n_kv_head == 3);
+  CHECK(m.n_embd == 576);
+  CHECK(m.head_dim == 64);
+  CHECK(m.vocab_size == 49152);
+  CHECK(m.rms_norm_eps == 1e-5);
+  CHECK(m.tie_embeddings);
+  CHECK(m.max_position_embeddings == 2048);
+  CHECK(resolve_model_config(m) == line);  // again (a restart): the same keys, no conflict
+  CHECK(models::llama_num_params(llama_options(m)) == 134515008);  // SmolLM-135M's count
+
+  // model.hf_config names the file (or its folder); a key the config sets otherwise is an error naming both.
+  ModelConfig other = llama_keys();
+  other.hf_config = (dir / "config.json").string();
+  other.n_layer = 12;
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model.n_layer = 12, but") &&
+                                                  Catch::Contains("num_hidden_layers = 30"));
+  other = llama_keys();
+  other.hf_config = dir.string();
+  other.block_size = 4096;
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("longer than the 2048 positions"));
+  other = llama_keys();
+  other.hf_config = (dir / "missing.json").string();
+  CHECK_THROWS_AS(resolve_model_config(other), ConfigError);
+
+  // Llama 3's rope scaling and Qwen2's biases.
+  json l3 = smollm();
+  l3["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  l3["eos_token_id"] = {128001, 128008};
+  write(dir / "config.json", l3.dump());
+  m = llama_keys();
+  m.hf_config = dir.string();
+  resolve_model_config(m);
+  CHECK(m.rope_scaling == "llama3");
+  CHECK(m.rope_factor == 32.0);
+  json qwen = smollm();
+  qwen["model_type"] = "qwen2";
+  qwen.erase("attention_bias");
+  qwen["use_sliding_window"] = false;
+  qwen["sliding_window"] = 4096;
+  qwen["max_window_layers"] = 21;
+  write(dir / "config.json", qwen.dump());
+  m = llama_keys();
+  m.hf_config = dir.string();
+  resolve_model_config(m);
+  CHECK(m.attention_bias == "qkv");
+}
+
+TEST_CASE("llama: config.json keys that would change the arithmetic are refused by name", "[trainer][registry][llama]") {
+  const auto refused = [](json j, const std::string& why) {
+    INFO(j.dump());
+    CHECK_THROWS_WITH(models::parse_hf_llama_config(j.dump(), "c.json"), Catch::Contains(why));
+  };
+  json j = smollm();
+  j["use_qk_norm"] = true;
+  refused(j, "key 'use_qk_norm' = true is not one dptrain reads");
+  j = smollm();
+  j["hidden_act"] = "gelu";
+  refused(j, "hidden_act = \"gelu\"");
+  j = smollm();
+  j["attention_dropout"] = 0.1;
+  refused(j, "attention_dropout = 0.1");
+  j = smollm();
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}};
+  refused(j, "rope_scaling type 'yarn'");
+  j = smollm();
+  j["model_type"] = "gemma";
+  refused(j, "model_type 'gemma'");
+  j = smollm();
+  j["model_type"] = "qwen2";
+  j["use_sliding_window"] = true;
+  refused(j, "use_sliding_window = true");
+  j = smollm();
+  j["model_type"] = "mistral";
+  j["sliding_window"] = 1024;
+  refused(j, "sliding_window = 1024");
+  j["sliding_window"] = nullptr;  // Mistral v0.3: no window
+  CHECK(models::parse_hf_llama_config(j.dump(), "c.json").model_type == "mistral");
+  j = smollm();
+  j["quantization_config"] = {{"quant_method", "gptq"}};
+  refused(j, "quantization_config");
+  j = smollm();
+  j["auto_map"] = {{"AutoModelForCausalLM", "modeling.Model"}};
+  refused(j, "auto_map");
+  j = smollm();
+  j.erase("hidden_size");
+  refused(j, "hidden_size is missing");
+  j = smollm();
+  j["num_key_value_heads"] = 4;
+  refused(j, "not a multiple of n_kv_head 4");
+  refused(json::array(), "holds an object");
+  CHECK_THROWS_WITH(models::parse_hf_llama_config("{", "c.json"), Catch::Contains("not valid JSON"));
+}
+
+TEST_CASE("llama: the config.json an export writes reads back to the same model", "[trainer][registry][llama]") {
+  for (const std::string bias : {"none", "qkv", "all"}) {
+    ModelConfig m = llama_keys();
+    m.n_layer = 2;
+    m.n_head = 4;
+    m.n_kv_head = 1;
+    m.n_embd = 16;
+    m.vocab_size = 40;
+    m.rms_norm_eps = 1e-5;
+    m.rope_theta = 500000.0;
+    m.attention_bias = bias;
+    m.tie_embeddings = bias == "qkv";
+    if (bias == "all") {
+      m.rope_scaling = "llama3";
+      m.rope_factor = 8;
+      m.rope_original_max_positions = 32;
+    }
+    const models::LlamaOptions o = llama_options(m);
+    auto model = build_model(m, {65}, 0, Device::cpu());
+    model->init(3);
+    const ExportedWeights w = model_family("llama").export_weights(*model, m, "hf");
+    INFO(w.config_json);
+    CHECK(w.layout == (bias == "qkv" ? "Hugging Face's Qwen2" : "Hugging Face's Llama"));
+    const models::HfLlamaConfig back = models::parse_hf_llama_config(w.config_json, "exported");
+    CHECK(back.model_type == (bias == "qkv" ? "qwen2" : "llama"));
+    CHECK(models::llama_shape_name(back.options) == models::llama_shape_name(o));
+    CHECK(back.options.max_positions == 64);
+    CHECK(back.options.qkv_bias == o.qkv_bias);
+    CHECK(back.options.o_bias == o.o_bias);
+    CHECK(back.options.rope_theta == o.rope_theta);
+    CHECK(back.options.rms_norm_eps == o.rms_norm_eps);
+    CHECK(back.options.rope_scaling.type == o.rope_scaling.type);
+    CHECK(back.options.rope_scaling.original_max_position_embeddings ==
+          o.rope_scaling.original_max_position_embeddings);
+    size_t heads = 0;
+    for (const auto& nt : w.tensors) heads += nt.name == "lm_head.weight";
+    CHECK(heads == (m.tie_embeddings ? 0u : 1u));  // save_pretrained leaves a tied head out
+    CHECK_THROWS_AS(model_family("llama").export_weights(*model, m, "nanogpt"), ConfigError);
+  }
+}
+
+TEST_CASE("llama: a sharded Hugging Face folder reads as one set of weights", "[trainer][registry][llama]") {
+  const fs::path dir = fresh_dir("shards");
+  Tensor a = Tensor::zeros({2, 3}), b = Tensor::zeros({4}), c = Tensor::zeros({1});
+  a.data<float>()[1] = 1.5f;
+  b.data<float>()[3] = -2.0f;
+  write_safetensors((dir / "model-00001-of-00002.safetensors").string(), {{"x.weight", a}, {"y.bias", b}});
+  write_safetensors((dir / "model-00002-of-00002.safetensors").string(), {{"z", c}});
+  write(dir / "model.safetensors.index.json",
+        R"({"metadata": {"total_size": 44}, "weight_map": {"x.weight": "model-00001-of-00002.safetensors",
+            "y.bias": "model-00001-of-00002.safetensors", "z": "model-00002-of-00002.safetensors"}})");
+  const SafetensorsFile all = read_weights(dir.string());
+  REQUIRE(all.tensors.size() == 3);
+  REQUIRE(all.find("x.weight")->data<float>()[1] == 1.5f);
+  REQUIRE(all.find("y.bias")->data<float>()[3] == -2.0f);
+  REQUIRE(all.find("z"));
+  write(dir / "model.safetensors.index.json",
+        R"({"weight_map": {"x.weight": "model-00002-of-00002.safetensors"}})");
+  CHECK_THROWS_WITH(read_weights(dir.string()), Catch::Contains("puts x.weight in model-00002-of-00002.safetensors"));
+  write(dir / "model.safetensors.index.json", R"({"weight_map": {"x.weight": "../elsewhere.safetensors"}})");
+  CHECK_THROWS_WITH(read_weights(dir.string()), Catch::Contains("not a file name beside the index"));
+  const fs::path empty = fresh_dir("empty");
+  CHECK_THROWS_WITH(read_weights(empty.string()), Catch::Contains("a folder without weights"));
+  fs::remove_all(dir);
+  fs::remove_all(empty);
+}
