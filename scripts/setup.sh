@@ -115,18 +115,20 @@ fi
 #   tensorboard   TensorBoard's own event-file reader, which integration.tensorboard reads dptrain's event files
 #                 back with (Debian has no tensorboard)
 #   transformers  Hugging Face's GPT2LMHeadModel.from_pretrained, which integration.hf_from_pretrained loads
-#                 dptrain export-weights' folder with; 4.40.2 runs on Debian's torch 1.13 (tested; it brings
-#                 tokenizers, safetensors and huggingface-hub)
+#                 dptrain export-weights' folder with, and LlamaForCausalLM / Qwen2ForCausalLM, the reference of
+#                 integration.llama_hf_parity; 4.45.2 is the newest that runs on Debian's torch 1.13 with Llama 3's
+#                 rope scaling (tested; it brings tokenizers, safetensors and huggingface-hub)
 TEST_VENV=/opt/dptrain/test-venv  # tests/integration/tensorboard.sh and hf_from_pretrained.sh name the same path
-VENV_PKGS=("tensorboard tensorboard==2.21.0" "transformers transformers==4.40.2")  # "module requirement"
+VENV_PKGS=("tensorboard tensorboard==2.21.0" "transformers transformers==4.45.2")  # "module requirement"
 if [ ! -x "$TEST_VENV/bin/python" ]; then
   echo "setup: creating the test venv $TEST_VENV (tests only)"
   $SUDO /usr/bin/python3 -m venv --system-site-packages "$TEST_VENV"
 fi
 for p in "${VENV_PKGS[@]}"; do
   read -r module requirement <<<"$p"
-  if "$TEST_VENV/bin/python" -c "import $module" 2>/dev/null; then
-    echo "setup: $TEST_VENV has $module"
+  # Installed when the venv lacks the pinned version (an older one is upgraded).
+  if "$TEST_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('${requirement%%==*}') != '${requirement##*==}')" 2>/dev/null; then
+    echo "setup: $TEST_VENV has $module ($requirement)"
   else
     echo "setup: installing PyPI $requirement into $TEST_VENV (tests only)"
     $SUDO "$TEST_VENV/bin/pip" install --quiet --disable-pip-version-check "$requirement"

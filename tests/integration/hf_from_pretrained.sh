@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # integration.hf_from_pretrained (issue 23): a GPT that dptrain trained loads into Hugging Face transformers (PyPI
-# 4.40, in the test venv scripts/setup.sh --tests makes, on Debian's torch) with GPT2LMHeadModel.from_pretrained:
+# 4.45, in the test venv scripts/setup.sh --tests makes, on Debian's torch) with GPT2LMHeadModel.from_pretrained:
 #  - dptrain export-weights --layout hf --out FOLDER writes FOLDER/model.safetensors, with the {"format": "pt"}
 #    metadata transformers requires, and FOLDER/config.json (GPT-2's config: the model's sizes, GELU(tanh) as
 #    gelu_new, LayerNorm's epsilon, the tied head);

@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# integration.llama_hf_parity (issue 35): dptrain's Llama family against Hugging Face transformers (4.45 in the test
+# venv, on Debian's torch 1.13, CPU, float32):
+#  - four tiny random models saved by save_pretrained (tests/support/python/llama_hf.py: Llama MHA untied; Llama GQA
+#    tied with Llama 3 rope scaling, head_dim other than hidden / heads, attention and MLP biases, sharded safetensors;
+#    Qwen2 multi-query in bfloat16; Llama in pytorch_model.bin) load through model.init_from's own code (dpt-llama-io:
+#    config.json resolved into the model.* keys, the folder's weights imported), and give transformers' logits and
+#    loss to 1e-5, every gradient to 1e-4 of its largest, and after ten AdamW steps the same losses and weights to 1e-4;
+#  - `dptrain` fine-tunes one of them (model.init_from = the folder) on byte tokens, on 1 rank and on 2 ranks under
+#    DDP and ZeRO stage 3 (equal to the 1-rank run with the same global batch), and `export-weights` of the result,
+#    in shards, loads with AutoModelForCausalLM.from_pretrained to the same logits, and reads back into dptrain bit
+#    for bit;
+#  - a folder whose tied head differs from its embedding, and a config.json key dptrain does not know, are errors
+#    naming them.
+# Skipped (exit 77, saying why) when the venv lacks transformers 4.45 or later (Llama 3's rope scaling).
+source "$(dirname "$0")/lib/common.bash"
+HF_PY=/opt/dptrain/test-venv/bin/python  # scripts/setup.sh --tests names the same venv
+REF=$DPT_SOURCE_DIR/tests/support/python/llama_hf.py
+LLAMA_IO=$DPT_BUILD_DIR/tests/dpt-llama-io
+"$HF_PY" -c "import transformers, sys; sys.exit(tuple(map(int, transformers.__version__.split('.')[:2])) < (4, 45))" \
+  2>/dev/null || { echo "SKIP: no transformers >= 4.45 in the test venv ($HF_PY); scripts/setup.sh --tests installs it"; exit 77; }
+
+for v in llama_mha llama_gqa_tied qwen2_bf16 llama_bin; do
+  d=$WORK/$v
+  mkdir -p "$d"
+  "$HF_PY" "$REF" make "$v" "$d" || fail "making $v"
+  "$LLAMA_IO" --model "$d/model" --input "$d/input.safetensors" --out "$d/out" --steps 10 > "$d/io.log" 2>&1 \
+    || { cat "$d/io.log"; fail "dpt-llama-io failed on $v"; }
+  echo "== $v: $(tail -1 "$d/io.log")"
+  "$HF_PY" "$REF" check "$v" "$d" 10 > "$d/check.log" 2>&1 || { cat "$d/check.log"; fail "$v differs from transformers"; }
+  grep -E "^ok +(logits|loss|step 9 loss):" "$d/check.log"
+done
+ls "$WORK/llama_gqa_tied/model" | grep -q "model-00002-of-" || fail "the sharded variant was not sharded"
+
+# A tied head that differs from the embedding, and an unknown key of config.json: errors that name them.
+cp -r "$WORK/llama_mha/model" "$WORK/untied_as_tied"
+sed -i 's/"tie_word_embeddings": false/"tie_word_embeddings": true/' "$WORK/untied_as_tied/config.json"
+if out=$("$LLAMA_IO" --model "$WORK/untied_as_tied" --input "$WORK/llama_mha/input.safetensors" --out "$WORK/x" 2>&1); then
+  fail "a tied model whose lm_head differs loaded"
+fi
+grep -q "lm_head.weight differs from model.embed_tokens.weight" <<<"$out" || fail "unclear error for the head: $out"
+cp -r "$WORK/llama_mha/model" "$WORK/unknown_key"
+sed -i 's/"model_type": "llama"/"model_type": "llama", "use_qk_norm": true/' "$WORK/unknown_key/config.json"
+if out=$("$LLAMA_IO" --model "$WORK/unknown_key" --input "$WORK/llama_mha/input.safetensors" --out "$WORK/x" 2>&1); then
+  fail "an unknown config.json key was ignored"
+fi
+grep -q "key 'use_qk_norm' = true is not one dptrain reads" <<<"$out" || fail "unclear error for the key: $out"
+
+# Fine-tuning the Qwen2 folder (bf16 weights) with dptrain: 1 rank with 8 windows per step, 2 ranks with 4 each under
+# DDP and ZeRO 3.
+"$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 \
+  || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
+FT=(data.dataset=tokens data.dir="$WORK/fort" model.name=llama model.init_from="$WORK/qwen2_bf16/model" model.block_size=8
+    train.device=cpu train.epochs=1 train.max_steps=12 train.optimizer=adamw train.lr=3e-3 train.weight_decay=0.1
+    train.clip_grad_norm=1.0 data.train_limit=400 data.test_limit=64 train.progress_interval_s=1000 dist.backend=gloo
+    checkpoint.every_epochs=1 --resume never)
+run() {  # run NAME NPROC ARGS...
+  local name=$1 n=$2
+  shift 2
+  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" "${FT[@]}" "$@" checkpoint.dir="$WORK/$name" > "$WORK/$name.log" 2>&1 \
+    || { cat "$WORK/$name.log"; fail "$name failed"; }
+}
+run one 1 train.batch_size=8
+grep -q "model.\* keys from $WORK/qwen2_bf16/model/config.json (qwen2): llama L2 H4/1 C16 I40 V256 T8" "$WORK/one.log" \
+  || { cat "$WORK/one.log"; fail "the run did not say where its model.* keys came from"; }
+grep -q "model: weights from $WORK/qwen2_bf16/model; Hugging Face layout" "$WORK/one.log" || { grep -i "init_from\|weights" "$WORK/one.log"; fail "no init_from line"; }
+run ddp 2 train.batch_size=4
+run zero3 2 train.batch_size=4 dist.zero=3
+last=$(ls -d "$WORK/one"/step-* | tail -1 | xargs basename)
+echo -n "2 ranks DDP vs 1 rank: "
+"$PY" "$CKPT_PY" compare "$WORK/one/$last" "$WORK/ddp/$last" 1e-5 || fail "2-rank DDP differs from 1 rank"
+echo -n "2 ranks ZeRO 3 vs 1 rank: "
+"$PY" "$CKPT_PY" compare "$WORK/one/$last" "$WORK/zero3/$last" 1e-5 || fail "2-rank ZeRO 3 differs from 1 rank"
+
+# export-weights in shards: transformers loads it to dptrain's logits; dptrain reads it back bit for bit.
+"$DPTRAIN" export-weights --checkpoint "$WORK/one" --out "$WORK/export" --max-shard-size 20KB > "$WORK/export.log" 2>&1 \
+  || { cat "$WORK/export.log"; fail "export-weights failed"; }
+cat "$WORK/export.log"
+grep -q "Qwen2ForCausalLM.from_pretrained" "$WORK/export.log" || fail "the export did not name Qwen2's loader"
+[ -f "$WORK/export/model.safetensors.index.json" ] && [ -f "$WORK/export/model-00003-of-00003.safetensors" ] \
+  && [ ! -f "$WORK/export/model.safetensors" ] || fail "not 3 shards and their index in $WORK/export: $(ls "$WORK/export")"
+"$LLAMA_IO" --model "$WORK/export" --input "$WORK/llama_mha/input.safetensors" --out "$WORK/export_io" > "$WORK/export_io.log" 2>&1 \
+  || { cat "$WORK/export_io.log"; fail "dptrain could not read its export back"; }
+"$PY" "$CKPT_PY" files_close "$WORK/one/$last/model.safetensors" "$WORK/export_io/state.safetensors" 0 \
+  || fail "the export did not read back bit for bit"
+"$HF_PY" "$REF" logits "$WORK/export" "$WORK/llama_mha/input.safetensors" "$WORK/hf_logits.safetensors" \
+  || fail "transformers could not load the export"
+"$PY" - "$WORK/export_io/out.safetensors" "$WORK/hf_logits.safetensors" <<'PYEOF' || fail "the export's logits differ"
+import sys
+sys.path.insert(0, __import__("os").environ["DPT_SOURCE_DIR"] + "/tests/support/python")
+import ckpt, numpy as np
+a = ckpt.load(sys.argv[1])["logits"].astype(np.float64)
+b = ckpt.load(sys.argv[2])["logits"]
+err = float(np.abs(a - b).max())
+print(f"export: transformers' logits vs dptrain's: max |a-b| {err:.2e}")
+sys.exit(0 if err <= 1e-5 * max(1.0, float(np.abs(b).max())) else 1)
+PYEOF
+# The same folder exported again whole: one model.safetensors, and nothing left of the shards for from_pretrained to
+# find first.
+"$DPTRAIN" export-weights --checkpoint "$WORK/one" --out "$WORK/export" > "$WORK/export2.log" 2>&1 \
+  || { cat "$WORK/export2.log"; fail "export-weights (whole) failed"; }
+[ "$(ls "$WORK/export")" = "$(printf 'config.json\nmodel.safetensors')" ] || fail "stale files after a whole export: $(ls "$WORK/export")"
+echo "PASS: the Llama family matches transformers (Llama MHA, GQA tied with Llama 3 rope, Qwen2 bf16, pytorch_model.bin): logits, loss, gradients, ten AdamW steps; DDP and ZeRO 3 equal 1 rank; the sharded export loads both ways"
