@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "core/check.h"
 
@@ -41,7 +42,8 @@ void sync_parent_dir(const std::string& path) {
 
 // ---- writer ----
 
-TokenShardWriter::TokenShardWriter(std::string path) : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
+TokenShardWriter::TokenShardWriter(std::string path, TokenWidth width)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp"), width_(width) {
   file_ = std::fopen(tmp_path_.c_str(), "wb");
   if (file_ == nullptr) DPT_THROW(IoError, "{}: cannot create: {}", tmp_path_, errno_text());
   // A zero header for now; finish() rewrites it with the count. A constructor that throws gets no destructor:
@@ -71,51 +73,54 @@ void TokenShardWriter::write_raw(const void* data, size_t bytes) {
   }
 }
 
-void TokenShardWriter::append(std::span<const int32_t> tokens) {
+// Tokens as T (uint16 or uint32), in chunks; every one checked before any is written, so a refused append leaves
+// the shard as it was.
+template <class T, class Src>
+void TokenShardWriter::write_tokens(std::span<const Src> tokens) {
   DPT_CHECK(file_ != nullptr, "append to the finished shard {}", path_);
   if (count_ + static_cast<int64_t>(tokens.size()) > kMaxShardTokenCount) {
     DPT_THROW(ConfigError, "{}: more than {} tokens do not fit one shard (header[2] is an int32)", path_,
               kMaxShardTokenCount);
   }
-  // Every token is checked before any is written, so a refused append leaves the shard as it was.
+  const int64_t max = width_ == TokenWidth::u16 ? kMaxShardToken : kMaxShardTokenU32;
   for (size_t i = 0; i < tokens.size(); ++i) {
-    const int32_t t = tokens[i];
-    if (t < 0 || t > kMaxShardToken) {
-      DPT_THROW(ConfigError, "{}: token {} at position {} is outside [0, {}]: shards hold uint16 tokens", path_, t,
-                count_ + static_cast<int64_t>(i), kMaxShardToken);
+    const auto t = static_cast<int64_t>(tokens[i]);
+    if (t < 0 || t > max) {
+      DPT_THROW(ConfigError, "{}: token {} at position {} is outside [0, {}]: {}", path_, t,
+                count_ + static_cast<int64_t>(i), max,
+                width_ == TokenWidth::u16 ? "this shard holds uint16 tokens"
+                                          : "tokens travel to the model as float32, exact up to 2^24");
     }
   }
   constexpr size_t kChunk = 1 << 16;
-  std::array<uint16_t, kChunk> buf;
+  std::vector<T> buf(std::min(kChunk, tokens.size()));
   for (size_t start = 0; start < tokens.size(); start += kChunk) {
     const size_t n = std::min(kChunk, tokens.size() - start);
-    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<uint16_t>(tokens[start + i]);
-    write_raw(buf.data(), n * sizeof(uint16_t));
+    for (size_t i = 0; i < n; ++i) buf[i] = static_cast<T>(tokens[start + i]);
+    write_raw(buf.data(), n * sizeof(T));
   }
   count_ += static_cast<int64_t>(tokens.size());
 }
 
+void TokenShardWriter::append(std::span<const int32_t> tokens) {
+  if (width_ == TokenWidth::u16)
+    write_tokens<uint16_t>(tokens);
+  else
+    write_tokens<uint32_t>(tokens);
+}
+
 void TokenShardWriter::append(std::span<const uint8_t> bytes) {
-  DPT_CHECK(file_ != nullptr, "append to the finished shard {}", path_);
-  if (count_ + static_cast<int64_t>(bytes.size()) > kMaxShardTokenCount) {
-    DPT_THROW(ConfigError, "{}: more than {} tokens do not fit one shard (header[2] is an int32)", path_,
-              kMaxShardTokenCount);
-  }
-  constexpr size_t kChunk = 1 << 16;
-  std::array<uint16_t, kChunk> buf;
-  for (size_t start = 0; start < bytes.size(); start += kChunk) {
-    const size_t n = std::min(kChunk, bytes.size() - start);
-    for (size_t i = 0; i < n; ++i) buf[i] = bytes[start + i];
-    write_raw(buf.data(), n * sizeof(uint16_t));
-  }
-  count_ += static_cast<int64_t>(bytes.size());
+  if (width_ == TokenWidth::u16)
+    write_tokens<uint16_t>(bytes);
+  else
+    write_tokens<uint32_t>(bytes);
 }
 
 void TokenShardWriter::finish() {
   DPT_CHECK(file_ != nullptr, "finish() called twice on {}", path_);
   std::array<int32_t, kTokenShardHeaderInts> header{};
-  header[0] = kTokenShardMagic;
-  header[1] = kTokenShardVersion;
+  header[0] = width_ == TokenWidth::u16 ? kTokenShardMagic : kTokenShardMagicU32;
+  header[1] = width_ == TokenWidth::u16 ? kTokenShardVersion : kTokenShardVersionU32;
   header[2] = static_cast<int32_t>(count_);
   std::FILE* f = std::exchange(file_, nullptr);
   const bool ok = std::fseek(f, 0, SEEK_SET) == 0 &&
@@ -136,8 +141,8 @@ void TokenShardWriter::finish() {
   sync_parent_dir(path_);
 }
 
-void write_token_shard(const std::string& path, std::span<const int32_t> tokens) {
-  TokenShardWriter w(path);
+void write_token_shard(const std::string& path, std::span<const int32_t> tokens, TokenWidth width) {
+  TokenShardWriter w(path, width);
   w.append(tokens);
   w.finish();
 }
@@ -173,16 +178,19 @@ TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
   int32_t header[3];
   std::memcpy(header, map_, sizeof header);
   try {
-    if (header[0] != kTokenShardMagic) {
-      bad_shard(path_, fmt::format("bad magic {} (0x{:08X}), expected {} (llm.c's GPT-2 uint16 shards)", header[0],
-                                   static_cast<uint32_t>(header[0]), kTokenShardMagic));
+    if (header[0] != kTokenShardMagic && header[0] != kTokenShardMagicU32) {
+      bad_shard(path_, fmt::format("bad magic {} (0x{:08X}), expected {} (llm.c's GPT-2 uint16 shards) or {} (its "
+                                   "Llama 3 uint32 shards)", header[0], static_cast<uint32_t>(header[0]),
+                                   kTokenShardMagic, kTokenShardMagicU32));
     }
-    if (header[1] != kTokenShardVersion) {
-      bad_shard(path_, fmt::format("version {}, expected {}", header[1], kTokenShardVersion));
+    width_ = header[0] == kTokenShardMagic ? TokenWidth::u16 : TokenWidth::u32;
+    const int32_t version = width_ == TokenWidth::u16 ? kTokenShardVersion : kTokenShardVersionU32;
+    if (header[1] != version) {
+      bad_shard(path_, fmt::format("version {}, expected {} for magic {}", header[1], version, header[0]));
     }
     if (header[2] < 0) bad_shard(path_, fmt::format("negative token count {} in the header", header[2]));
     const size_t count = static_cast<size_t>(header[2]);
-    const size_t expected = kTokenShardHeaderBytes + count * sizeof(uint16_t);
+    const size_t expected = kTokenShardHeaderBytes + count * (width_ == TokenWidth::u16 ? 2 : 4);
     if (bytes != expected) {
       bad_shard(path_, fmt::format("{} bytes, expected {} for the {} tokens its header declares ({})", bytes, expected,
                                    count,
@@ -194,7 +202,7 @@ TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
     unmap();
     throw;
   }
-  tokens_ = reinterpret_cast<const uint16_t*>(static_cast<const char*>(map_) + kTokenShardHeaderBytes);
+  tokens_ = static_cast<const char*>(map_) + kTokenShardHeaderBytes;
   // Windows are read in random order.
   if (count_ != 0) ::madvise(map_, map_bytes_, MADV_RANDOM);
 }
@@ -214,7 +222,8 @@ TokenShard::TokenShard(TokenShard&& other) noexcept
       map_(std::exchange(other.map_, nullptr)),
       map_bytes_(std::exchange(other.map_bytes_, 0)),
       tokens_(std::exchange(other.tokens_, nullptr)),
-      count_(std::exchange(other.count_, 0)) {}
+      count_(std::exchange(other.count_, 0)),
+      width_(other.width_) {}
 
 TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
   if (this != &other) {
@@ -224,8 +233,34 @@ TokenShard& TokenShard::operator=(TokenShard&& other) noexcept {
     map_bytes_ = std::exchange(other.map_bytes_, 0);
     tokens_ = std::exchange(other.tokens_, nullptr);
     count_ = std::exchange(other.count_, 0);
+    width_ = other.width_;
   }
   return *this;
+}
+
+namespace {
+// f(tokens, count) on the shard's tokens as their own type.
+template <class F>
+auto with_tokens(const void* tokens, size_t count, TokenWidth width, F&& f) {
+  return width == TokenWidth::u16 ? f(static_cast<const uint16_t*>(tokens), count)
+                                  : f(static_cast<const uint32_t*>(tokens), count);
+}
+}  // namespace
+
+size_t TokenShard::find_at_least(uint32_t limit, size_t from) const {
+  return with_tokens(tokens_, count_, width_, [&](const auto* t, size_t n) {
+    for (size_t i = from; i < n; ++i)
+      if (t[i] >= limit) return i;
+    return n;
+  });
+}
+
+int64_t TokenShard::max_token() const {
+  return with_tokens(tokens_, count_, width_, [](const auto* t, size_t n) {
+    int64_t best = -1;
+    for (size_t i = 0; i < n; ++i) best = std::max<int64_t>(best, t[i]);
+    return best;
+  });
 }
 
 // ---- windows ----
@@ -264,26 +299,25 @@ std::pair<size_t, size_t> TokenWindows::locate(size_t index) const {
 
 void TokenWindows::get(size_t index, int32_t* out) const {
   const auto [shard, start] = locate(index);
-  const uint16_t* src = shards_[shard].tokens().data() + start;
+  const TokenShard& s = shards_[shard];
   const size_t n = window_tokens();
-  for (size_t i = 0; i < n; ++i) out[i] = src[i];
+  for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(s[start + i]);
 }
 
 int64_t TokenWindows::max_token() const {
   int64_t best = -1;
-  for (const TokenShard& s : shards_) {
-    for (uint16_t t : s.tokens()) best = std::max<int64_t>(best, t);
-  }
+  for (const TokenShard& s : shards_) best = std::max(best, s.max_token());
   return best;
 }
 
 void TokenWindows::check_vocab(int64_t vocab_size) const {
+  DPT_CHECK(vocab_size >= 1, "vocabulary of {}", vocab_size);
+  const auto limit = static_cast<uint32_t>(std::min<int64_t>(vocab_size, UINT32_MAX));
   for (const TokenShard& s : shards_) {
-    const auto toks = s.tokens();
-    const auto it = std::find_if(toks.begin(), toks.end(), [&](uint16_t t) { return t >= vocab_size; });
-    if (it != toks.end()) {
-      DPT_THROW(ConfigError, "{}: token {} at position {} is not below the vocabulary size {}", s.path(), *it,
-                it - toks.begin(), vocab_size);
+    const size_t at = s.find_at_least(limit);
+    if (at != s.size()) {
+      DPT_THROW(ConfigError, "{}: token {} at position {} is not below the vocabulary size {}", s.path(), s[at], at,
+                vocab_size);
     }
   }
 }

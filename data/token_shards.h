@@ -2,8 +2,9 @@
 // language model reads from them, and finding a split's shards in a directory.
 //
 // The format (llm.c, dev/data/data_common.py write_datafile and llmc/dataloader.h): a header of 256
-// little-endian int32 (header[0] = magic 20240520, header[1] = version 1, header[2] = token count, the rest
-// 0), then `count` little-endian uint16 tokens, so a shard is exactly 1024 + 2 * count bytes. llm.c's own
+// little-endian int32 (header[0] = magic, header[1] = version, header[2] = token count, the rest 0), then `count`
+// little-endian tokens: GPT-2's form, magic 20240520 version 1, uint16 tokens (1024 + 2 * count bytes), or Llama 3's,
+// magic 20240801 version 7, uint32 tokens (1024 + 4 * count bytes), for vocabularies past 65,536 ids. llm.c's own
 // shards and ours are interchangeable.
 //
 // Windows follow llm.c's loader: a window is block_size + 1 consecutive tokens (inputs = the first
@@ -22,22 +23,32 @@
 
 namespace dpt::data {
 
-inline constexpr int32_t kTokenShardMagic = 20240520;
+inline constexpr int32_t kTokenShardMagic = 20240520;     // uint16 tokens (GPT-2's)
 inline constexpr int32_t kTokenShardVersion = 1;
+inline constexpr int32_t kTokenShardMagicU32 = 20240801;  // uint32 tokens (Llama 3's)
+inline constexpr int32_t kTokenShardVersionU32 = 7;
 inline constexpr size_t kTokenShardHeaderInts = 256;
 inline constexpr size_t kTokenShardHeaderBytes = kTokenShardHeaderInts * sizeof(int32_t);
-inline constexpr int64_t kMaxShardToken = 65535;                 // tokens are uint16
+inline constexpr int64_t kMaxShardToken = 65535;                 // the largest uint16 token
+// The largest token the pipeline carries: windows travel as float32 (exact integers up to 2^24) to the model.
+inline constexpr int64_t kMaxShardTokenU32 = (int64_t{1} << 24) - 1;
 inline constexpr int64_t kMaxShardTokenCount = INT32_MAX;        // header[2] is an int32
+
+// A shard's token width: uint16 (llm.c's GPT-2 shards) or uint32 (its Llama 3 shards).
+enum class TokenWidth { u16, u32 };
+// The width a vocabulary of `vocab_size` ids needs: u16 up to 65,536 ids, else u32.
+inline TokenWidth token_width_for(int64_t vocab_size) { return vocab_size <= kMaxShardToken + 1 ? TokenWidth::u16 : TokenWidth::u32; }
 static_assert(kTokenShardHeaderBytes == 1024);
 // The header and the tokens are read and written in place (mmap, fwrite): little-endian hosts only.
 static_assert(std::endian::native == std::endian::little, "token shards are little-endian");
 
 // Writes one shard by streaming: PATH.tmp is written, fsynced and renamed to PATH by finish(). Tokens
-// outside [0, 65535] and more than INT32_MAX tokens are refused (ConfigError, naming the path and the token);
-// failed writes are IoError. A writer destroyed before finish() removes PATH.tmp and leaves PATH as it was.
+// outside [0, 65535] (u16; [0, 2^24 - 1] u32) and more than INT32_MAX tokens are refused (ConfigError, naming the
+// path and the token); failed writes are IoError. A writer destroyed before finish() removes PATH.tmp and leaves
+// PATH as it was.
 class TokenShardWriter {
  public:
-  explicit TokenShardWriter(std::string path);
+  explicit TokenShardWriter(std::string path, TokenWidth width = TokenWidth::u16);
   ~TokenShardWriter();
   TokenShardWriter(const TokenShardWriter&) = delete;
   TokenShardWriter& operator=(const TokenShardWriter&) = delete;
@@ -50,17 +61,21 @@ class TokenShardWriter {
 
  private:
   void write_raw(const void* data, size_t bytes);
+  template <class T, class Src>
+  void write_tokens(std::span<const Src> tokens);
   std::string path_, tmp_path_;
+  TokenWidth width_;
   std::FILE* file_ = nullptr;
   int64_t count_ = 0;
 };
 
 // The whole shard in one call (PATH.tmp, fsync, rename).
-void write_token_shard(const std::string& path, std::span<const int32_t> tokens);
+void write_token_shard(const std::string& path, std::span<const int32_t> tokens, TokenWidth width = TokenWidth::u16);
 
-// One shard, memory-mapped read-only and validated when opened. A file that is not a valid shard (shorter
-// than the header, wrong magic, wrong version, negative count, a size other than 1024 + 2 * count:
-// truncated or with trailing bytes) is an IoError whose message names the file and says what is wrong.
+// One shard, memory-mapped read-only and validated when opened, of either width (by its magic). A file that is not a
+// valid shard (shorter than the header, an unknown magic, a version other than its magic's, negative count, a size
+// other than 1024 + width * count: truncated or with trailing bytes) is an IoError whose message names the file and
+// says what is wrong.
 // Reads are const and safe from any number of threads. Move-only.
 class TokenShard {
  public:
@@ -73,16 +88,23 @@ class TokenShard {
 
   const std::string& path() const { return path_; }
   size_t size() const { return count_; }  // token count
-  std::span<const uint16_t> tokens() const { return {tokens_, count_}; }
-  uint16_t operator[](size_t i) const { return tokens_[i]; }
+  TokenWidth width() const { return width_; }
+  uint32_t operator[](size_t i) const {
+    return width_ == TokenWidth::u16 ? static_cast<const uint16_t*>(tokens_)[i] : static_cast<const uint32_t*>(tokens_)[i];
+  }
+  // The first token >= limit at or after `from`, or size().
+  size_t find_at_least(uint32_t limit, size_t from = 0) const;
+  // The largest token (-1 for an empty shard).
+  int64_t max_token() const;
 
  private:
   void unmap();
   std::string path_;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
-  const uint16_t* tokens_ = nullptr;
+  const void* tokens_ = nullptr;
   size_t count_ = 0;
+  TokenWidth width_ = TokenWidth::u16;
 };
 
 // The training windows over a list of shards (in the order given: pass find_token_shards()'s sorted list).

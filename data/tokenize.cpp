@@ -89,14 +89,14 @@ std::vector<std::string> collect_files(const std::vector<std::string>& inputs, T
 // One split's shards: <dir>/<name>_<split>_NNNNNN.bin, each at most shard_tokens tokens.
 class SplitWriter {
  public:
-  SplitWriter(fs::path dir, std::string prefix, size_t shard_tokens)
-      : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens) {}
+  SplitWriter(fs::path dir, std::string prefix, size_t shard_tokens, TokenWidth width)
+      : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens), width_(width) {}
 
   void append(std::span<const int32_t> tokens) {
     while (!tokens.empty()) {
       if (!writer_) {
         names_.push_back(fmt::format("{}_{:06d}.bin", prefix_, names_.size()));
-        writer_ = std::make_unique<TokenShardWriter>((dir_ / names_.back()).string());
+        writer_ = std::make_unique<TokenShardWriter>((dir_ / names_.back()).string(), width_);
       }
       const size_t room = shard_tokens_ - static_cast<size_t>(writer_->count());
       const size_t n = std::min(room, tokens.size());
@@ -117,13 +117,14 @@ class SplitWriter {
   fs::path dir_;
   std::string prefix_;
   size_t shard_tokens_;
+  TokenWidth width_;
   std::unique_ptr<TokenShardWriter> writer_;
   std::vector<std::string> names_;
   uint64_t tokens_ = 0;
 };
 
-// ConfigError for options tokenize_text cannot run with (nothing in or out, bounds, a tokenizer whose ids do not fit
-// uint16 shards); the shards' name.
+// ConfigError for options tokenize_text cannot run with (nothing in or out, bounds, a tokenizer whose ids the
+// pipeline cannot carry); the shards' name.
 std::string checked_shard_name(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
   if (opts.inputs.empty()) DPT_THROW(ConfigError, "tokenize: no input given");
   if (opts.out_dir.empty()) DPT_THROW(ConfigError, "tokenize: no output directory given");
@@ -134,9 +135,9 @@ std::string checked_shard_name(const TokenizeOptions& opts, const Tokenizer& tok
   if (opts.shard_tokens < 1 || opts.shard_tokens > static_cast<size_t>(kMaxShardTokenCount)) {
     DPT_THROW(ConfigError, "tokenize: shard_tokens must be in [1, {}], got {}", kMaxShardTokenCount, opts.shard_tokens);
   }
-  if (tokenizer.vocab_size() > kMaxShardToken + 1) {
-    DPT_THROW(ConfigError, "tokenize: the tokenizer, {}, has ids up to {}: token shards hold uint16 ids (at most {})",
-              tokenizer.describe(), tokenizer.vocab_size() - 1, kMaxShardToken);
+  if (tokenizer.vocab_size() > kMaxShardTokenU32 + 1) {
+    DPT_THROW(ConfigError, "tokenize: the tokenizer, {}, has ids up to {}: token windows carry ids up to {}",
+              tokenizer.describe(), tokenizer.vocab_size() - 1, kMaxShardTokenU32);
   }
   const std::string name = opts.name.empty() ? tokenizer.name() : opts.name;
   if (name.empty() || name.find_first_of("_/") != std::string::npos) {
@@ -157,8 +158,10 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
   OutputDir out(opts.out_dir, opts.force);
   summary.out_dir = out.path().string();
   try {
-    SplitWriter train(out.staging(), name + "_train", opts.shard_tokens);
-    SplitWriter val(out.staging(), name + "_val", opts.shard_tokens);
+    // uint16 shards (llm.c's GPT-2 form) for up to 65,536 ids, uint32 (its Llama 3 form) past that.
+    const TokenWidth width = token_width_for(tokenizer.vocab_size());
+    SplitWriter train(out.staging(), name + "_train", opts.shard_tokens, width);
+    SplitWriter val(out.staging(), name + "_val", opts.shard_tokens, width);
     uint64_t block = 0;      // the block the next token falls in
     size_t in_block = 0;     // tokens of that block already routed
     auto route = [&](std::span<const int32_t> tokens) {

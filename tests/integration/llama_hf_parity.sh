@@ -11,7 +11,8 @@
 #    in shards, loads with AutoModelForCausalLM.from_pretrained to the same logits, and reads back into dptrain bit
 #    for bit;
 #  - a folder whose tied head differs from its embedding, and a config.json key dptrain does not know, are errors
-#    naming them.
+#    naming them;
+#  - llm.c's uint32 token shards (its Llama 3 form) with ids past 65535 train a llama of that vocabulary.
 # Skipped (exit 77, saying why) when the venv lacks transformers 4.45 or later (Llama 3's rope scaling).
 source "$(dirname "$0")/lib/common.bash"
 HF_PY=/opt/dptrain/test-venv/bin/python  # scripts/setup.sh --tests names the same venv
@@ -100,4 +101,31 @@ PYEOF
 "$DPTRAIN" export-weights --checkpoint "$WORK/one" --out "$WORK/export" > "$WORK/export2.log" 2>&1 \
   || { cat "$WORK/export2.log"; fail "export-weights (whole) failed"; }
 [ "$(ls "$WORK/export")" = "$(printf 'config.json\nmodel.safetensors')" ] || fail "stale files after a whole export: $(ls "$WORK/export")"
+# llm.c's uint32 shards (its Llama 3 form: magic 20240801, version 7), written here as its data_common.py writes them,
+# with ids past 65535: a llama of vocabulary 70000 trains on them.
+"$PY" - "$WORK/u32" <<'PYEOF' || fail "writing uint32 shards"
+import os, sys
+import numpy as np
+d = sys.argv[1]
+os.makedirs(d)
+rng = np.random.default_rng(3)
+for split, n in (("train", 4000), ("val", 600)):
+    tokens = rng.integers(0, 70000, n).astype(np.uint32)
+    header = np.zeros(256, dtype=np.int32)
+    header[:3] = (20240801, 7, n)
+    with open(os.path.join(d, f"llama3_{split}_000000.bin"), "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+PYEOF
+"$DPTRAIN" data.dataset=tokens data.dir="$WORK/u32" model.name=llama model.vocab_size=70000 model.n_layer=1 model.n_head=2 \
+  model.n_embd=16 model.block_size=16 train.device=cpu train.epochs=1 train.max_steps=5 train.batch_size=4 \
+  train.optimizer=adamw train.lr=1e-3 train.progress_interval_s=1000 checkpoint.dir="$WORK/u32run" --resume never \
+  > "$WORK/u32.log" 2>&1 || { cat "$WORK/u32.log"; fail "training on uint32 shards failed"; }
+grep -q "done: 5 steps" "$WORK/u32.log" || { cat "$WORK/u32.log"; fail "no 5 steps on uint32 shards"; }
+if out=$("$DPTRAIN" data.dataset=tokens data.dir="$WORK/u32" model.name=llama model.vocab_size=65536 model.n_layer=1 \
+  model.n_head=2 model.n_embd=16 model.block_size=16 train.device=cpu train.max_steps=1 checkpoint.dir="$WORK/u32bad" 2>&1); then
+  fail "tokens past the vocabulary were accepted"
+fi
+grep -q "is not below the vocabulary size 65536" <<<"$out" || fail "unclear error for a token past the vocabulary: $out"
+
 echo "PASS: the Llama family matches transformers (Llama MHA, GQA tied with Llama 3 rope, Qwen2 bf16, pytorch_model.bin): logits, loss, gradients, ten AdamW steps; DDP and ZeRO 3 equal 1 rank; the sharded export loads both ways"

@@ -502,13 +502,32 @@ TEST_CASE("tokenize_text writes GPT-2 shards, streams big files in pieces and sa
   REQUIRE(load_tokenizer(dir.path / "out")->encode(small) == bpe.encode(small));
   REQUIRE_FALSE(fs::exists(dir.path / "out.tmp"));
 
-  // Ids beyond uint16: refused before anything is written.
+  // Ids beyond uint16: uint32 shards (llm.c's Llama 3 form), every id kept.
   test::TempDir wide;
   write_text(wide.file("vocab.json"), "{\"a\": 0, \"b\": 65536}");
   write_text(wide.file("merges.txt"), "#version: 0.2\n");
+  write_text(wide.file("ab.txt"), std::string(3000, 'a') + std::string(3000, 'b'));
+  o.inputs = {wide.file("ab.txt")};
   o.out_dir = (wide.path / "out").string();
-  REQUIRE_THROWS_WITH(tokenize_text(o, Gpt2Bpe(wide.path / "vocab.json", wide.path / "merges.txt")),
-                      Catch::Contains("ids up to 65536") && Catch::Contains("uint16"));
-  REQUIRE_FALSE(fs::exists(wide.path / "out"));
-  REQUIRE_FALSE(fs::exists(wide.path / "out.tmp"));
+  const Gpt2Bpe ab(wide.path / "vocab.json", wide.path / "merges.txt");
+  const TokenizeSummary w = tokenize_text(o, ab);
+  REQUIRE(w.train_tokens + w.val_tokens == 6000);
+  std::vector<uint32_t> ids;
+  for (const auto* names : {&w.train_shards, &w.val_shards})
+    for (const std::string& n : *names) {
+      const TokenShard sh((wide.path / "out" / n).string());
+      REQUIRE(sh.width() == TokenWidth::u32);
+      for (size_t i = 0; i < sh.size(); ++i) ids.push_back(sh[i]);
+    }
+  REQUIRE(std::count(ids.begin(), ids.end(), 65536u) == 3000);
+  REQUIRE(std::count(ids.begin(), ids.end(), 0u) == 3000);
+  // Ids past what float32 windows carry exactly (2^24): the vocabulary itself is refused, before anything is written.
+  test::TempDir huge;
+  write_text(huge.file("vocab.json"), "{\"a\": 0, \"b\": 16777216}");
+  write_text(huge.file("merges.txt"), "#version: 0.2\n");
+  o.out_dir = (huge.path / "out").string();
+  REQUIRE_THROWS_WITH(tokenize_text(o, Gpt2Bpe(huge.path / "vocab.json", huge.path / "merges.txt")),
+                      Catch::Contains("has id 16777216") && Catch::Contains("[0, 16777215]"));
+  REQUIRE_FALSE(fs::exists(huge.path / "out"));
+  REQUIRE_FALSE(fs::exists(huge.path / "out.tmp"));
 }

@@ -91,7 +91,7 @@ TEST_CASE("token shards round trip in llm.c's layout", "[data][tokens]") {
     TokenShard s(path);
     REQUIRE(s.size() == n);
     REQUIRE(s.path() == path);
-    for (size_t i = 0; i < n; ++i) REQUIRE(s[i] == toks[i]);
+    for (size_t i = 0; i < n; ++i) REQUIRE(s[i] == static_cast<uint32_t>(toks[i]));
     TokenShard moved = std::move(s);
     REQUIRE(moved.size() == n);
   }
@@ -125,7 +125,57 @@ TEST_CASE("the shard writer refuses tokens that are not uint16 and leaves nothin
   REQUIRE_FALSE(fs::exists(path));  // not before finish()
   w.finish();
   TokenShard s(path);
-  REQUIRE(std::vector<uint16_t>(s.tokens().begin(), s.tokens().end()) == std::vector<uint16_t>{0, 255, 10, 1000, 1001});
+  REQUIRE(s.width() == TokenWidth::u16);
+  std::vector<uint32_t> got;
+  for (size_t i = 0; i < s.size(); ++i) got.push_back(s[i]);
+  REQUIRE(got == std::vector<uint32_t>{0, 255, 10, 1000, 1001});
+}
+
+TEST_CASE("uint32 token shards (llm.c's Llama 3 form: magic 20240801, version 7)", "[data][tokens]") {
+  test::TempDir dir;
+  const std::string path = dir.file("llama_train_000000.bin");
+  // Tokens past uint16: Llama 3's ids reach 128,255.
+  std::vector<int32_t> tokens{0, 65535, 65536, 128255, 128000, 7, 99999, 3, 128001};
+  write_token_shard(path, tokens, TokenWidth::u32);
+  const std::string raw = read_bytes(path);
+  REQUIRE(raw.size() == 1024 + 4 * tokens.size());
+  int32_t header[3];
+  std::memcpy(header, raw.data(), sizeof header);
+  REQUIRE(header[0] == 20240801);
+  REQUIRE(header[1] == 7);
+  REQUIRE(header[2] == static_cast<int32_t>(tokens.size()));
+  uint32_t third;
+  std::memcpy(&third, raw.data() + 1024 + 2 * 4, 4);  // little-endian uint32 tokens after the header
+  REQUIRE(third == 65536);
+  const TokenShard s(path);
+  REQUIRE(s.width() == TokenWidth::u32);
+  REQUIRE(s.size() == tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) REQUIRE(s[i] == static_cast<uint32_t>(tokens[i]));
+  REQUIRE(s.max_token() == 128255);
+  TokenWindows w({path}, 4);
+  REQUIRE(w.size() == 2);
+  std::vector<int32_t> out(5);
+  w.get(1, out.data());
+  REQUIRE(out == std::vector<int32_t>{128000, 7, 99999, 3, 128001});
+  REQUIRE(w.max_token() == 128255);
+  REQUIRE_NOTHROW(w.check_vocab(128256));
+  REQUIRE_THROWS_WITH(w.check_vocab(128000), Catch::Contains("token 128255 at position 3 is not below the vocabulary size 128000"));
+  // The width follows the vocabulary; uint16 refuses what only uint32 holds, uint32 what float32 windows cannot carry.
+  REQUIRE(token_width_for(65536) == TokenWidth::u16);
+  REQUIRE(token_width_for(65537) == TokenWidth::u32);
+  REQUIRE_THROWS_WITH(write_token_shard(dir.file("narrow.bin"), tokens), Catch::Contains("token 65536 at position 2"));
+  const std::vector<int32_t> too_big{1 << 24};
+  REQUIRE_THROWS_WITH(write_token_shard(dir.file("wide.bin"), too_big, TokenWidth::u32),
+                      Catch::Contains("exact up to 2^24"));
+  // A version that is not its magic's, and a size for the other width, are named.
+  std::string b = raw;
+  set_header_int(b, 1, 1);
+  write_bytes(dir.file("v1.bin"), b);
+  expect_bad_shard(dir.file("v1.bin"), "version 1, expected 7 for magic 20240801");
+  b = raw;
+  set_header_int(b, 2, static_cast<int32_t>(2 * tokens.size()));  // as many bytes as uint16 tokens would need
+  write_bytes(dir.file("count32.bin"), b);
+  expect_bad_shard(dir.file("count32.bin"), "expected 1096 for the 18 tokens");
 }
 
 TEST_CASE("corrupt shards are errors that name the file and the fault", "[data][tokens]") {
@@ -387,7 +437,7 @@ TEST_CASE("tokenize_bytes routes blocks to train and val and cuts shards", "[dat
     for (const std::string& n : names) {
       TokenShard sh((dir.path / "out" / n).string());
       REQUIRE(sh.size() <= 4);
-      for (uint16_t t : sh.tokens()) text += static_cast<char>(t);
+      for (size_t i = 0; i < sh.size(); ++i) text += static_cast<char>(sh[i]);
     }
     return text;
   };
