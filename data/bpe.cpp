@@ -118,15 +118,20 @@ std::string pcre2_message(int code) {
 
 struct Gpt2Bpe::Regex {
   pcre2_code* code = nullptr;
-  Regex() {
+  // GPT-2's pattern, or a tokenizer.json's (`where` names it in errors).
+  explicit Regex(const std::string& pattern = kGpt2Pattern, const std::string& where = "") {
     int err = 0;
     PCRE2_SIZE offset = 0;
     // UTF: the pattern and the text are UTF-8; UCP: \s is Unicode's white space, as in Python's regex module;
     // MATCH_INVALID_UTF: bytes that are not valid UTF-8 match nothing instead of failing the whole match.
-    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kGpt2Pattern), PCRE2_ZERO_TERMINATED,
+    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                          PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
-    if (code == nullptr) {
+    if (code == nullptr && where.empty()) {
       DPT_THROW(InternalError, "PCRE2 refuses GPT-2's pattern at offset {}: {}", offset, pcre2_message(err));
+    }
+    if (code == nullptr) {
+      DPT_THROW(ConfigError, "{}: PCRE2 cannot compile the pre-tokenizer's pattern at offset {}: {}", where, offset,
+                pcre2_message(err));
     }
     pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // several times faster; without JIT (unsupported CPU) it still works
   }
@@ -139,33 +144,176 @@ std::string Gpt2Bpe::byte_symbol(uint8_t b) {
   return {static_cast<char>(0xC0 | (cp >> 6)), static_cast<char>(0x80 | (cp & 0x3F))};
 }
 
-Gpt2Bpe::Gpt2Bpe(const fs::path& vocab_json, const fs::path& merges_txt)
-    : vocab_path_(vocab_json), merges_path_(merges_txt), regex_(std::make_unique<Regex>()) {
-  load_merges(merges_txt, load_vocab(vocab_json));
-}
-
 Gpt2Bpe::~Gpt2Bpe() = default;
 
-std::unordered_map<std::string, int32_t> Gpt2Bpe::load_vocab(const fs::path& path) {
-  const std::string text = read_file(path);
+Gpt2Bpe::Gpt2Bpe(const fs::path& vocab_json, const fs::path& merges_txt)
+    : vocab_path_(vocab_json), merges_path_(merges_txt), regex_(std::make_unique<Regex>()) {
+  const std::string text = read_file(vocab_json);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    DPT_THROW(ConfigError, "{}: not valid JSON: {}", path.string(), e.what());
+    DPT_THROW(ConfigError, "{}: not valid JSON: {}", vocab_json.string(), e.what());
   }
+  load_merges(merges_txt, set_vocab(j, vocab_json.string()));
+}
+
+namespace {
+
+// tokenizer.json's value at `key` of `j`, or nullptr when absent or null.
+const nlohmann::json* field(const nlohmann::json& j, const char* key) {
+  const auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string type_of(const nlohmann::json& j) {
+  const nlohmann::json* t = field(j, "type");
+  return t && t->is_string() ? t->get<std::string>() : "?";
+}
+
+}  // namespace
+
+Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
+    : vocab_path_(tokenizer_json), merges_path_(tokenizer_json), hf_(true), json_path_(tokenizer_json) {
+  const std::string where = tokenizer_json.string();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(tokenizer_json));
+  } catch (const nlohmann::json::exception& e) {
+    DPT_THROW(ConfigError, "{}: not valid JSON: {}", where, e.what());
+  }
+  if (!j.is_object()) DPT_THROW(ConfigError, "{}: a tokenizer.json holds an object", where);
+  if (const nlohmann::json* n = field(j, "normalizer"))
+    DPT_THROW(ConfigError, "{}: normalizer {}: dptrain's byte-level BPE reads tokenizers without a normalizer", where,
+              type_of(*n));
+  const nlohmann::json* model = field(j, "model");
+  if (!model || type_of(*model) != "BPE")
+    DPT_THROW(ConfigError, "{}: model type {}: dptrain reads byte-level BPE tokenizers (model.type BPE), not "
+              "WordPiece or Unigram (SentencePiece's)", where, model ? type_of(*model) : "missing");
+  for (const char* key : {"dropout", "unk_token"})
+    if (field(*model, key)) DPT_THROW(ConfigError, "{}: model.{} = {}: not read by dptrain", where, key, (*model)[key].dump());
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (const nlohmann::json* v = field(*model, key); v && !(v->is_string() && v->get<std::string>().empty()))
+      DPT_THROW(ConfigError, "{}: model.{} = {}: not byte-level BPE as dptrain reads it", where, key, v->dump());
+  if (const nlohmann::json* v = field(*model, "byte_fallback"); v && v->is_boolean() && v->get<bool>())
+    DPT_THROW(ConfigError, "{}: model.byte_fallback = true (SentencePiece-style byte tokens): not read by dptrain", where);
+  if (const nlohmann::json* d = field(j, "decoder"); d && type_of(*d) != "ByteLevel")
+    DPT_THROW(ConfigError, "{}: decoder {}: dptrain decodes byte-level BPE (decoder ByteLevel)", where, type_of(*d));
+  read_hf_pre_tokenizer(j);
+  const nlohmann::json* vocab = field(*model, "vocab");
+  const nlohmann::json* merges = field(*model, "merges");
+  if (!vocab || !merges || !merges->is_array())
+    DPT_THROW(ConfigError, "{}: model.vocab (an object) and model.merges (an array) are needed", where);
+  int64_t added_end = 0;  // ids of added tokens may lie past the vocabulary
+  if (const nlohmann::json* added = field(j, "added_tokens"); added && added->is_array())
+    for (const auto& t : *added)
+      if (t.is_object() && t.contains("id") && t["id"].is_number_integer())
+        added_end = std::max(added_end, t["id"].get<int64_t>() + 1);
+  const auto id_of = set_vocab(*vocab, where + " (model.vocab)", std::min(added_end, kMaxVocabId + 1));
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const auto& m : *merges) {
+    if (m.is_string()) {  // "a b": the tokens of a byte-level vocabulary hold no space (it is spelled U+0120)
+      const std::string line = m.get<std::string>();
+      const size_t space = line.find(' ');
+      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos)
+        DPT_THROW(ConfigError, "{}: merge \"{}\" is not two tokens separated by one space", where, line);
+      pairs.emplace_back(line.substr(0, space), line.substr(space + 1));
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      pairs.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    } else {
+      DPT_THROW(ConfigError, "{}: merge {} is neither \"a b\" nor [\"a\", \"b\"]", where, m.dump());
+    }
+  }
+  set_merges(pairs, id_of);
+  if (const nlohmann::json* v = field(*model, "ignore_merges"); v && v->is_boolean() && v->get<bool>()) {
+    ignore_merges_ = true;
+    word_id_ = id_of;
+  }
+  read_hf_added_tokens(j, id_of);
+}
+
+void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
+  const std::string where = json_path_.string();
+  const nlohmann::json* pt = field(j, "pre_tokenizer");
+  if (!pt) DPT_THROW(ConfigError, "{}: no pre_tokenizer: dptrain reads byte-level BPE (ByteLevel)", where);
+  // A ByteLevel step: its own regex is GPT-2's (use_regex, the default) or none; never a prefix space.
+  auto byte_level = [&](const nlohmann::json& b) {
+    if (const nlohmann::json* v = field(b, "add_prefix_space"); v && v->is_boolean() && v->get<bool>())
+      DPT_THROW(ConfigError, "{}: pre_tokenizer ByteLevel with add_prefix_space = true: not read by dptrain", where);
+    const nlohmann::json* r = field(b, "use_regex");
+    return !r || !r->is_boolean() || r->get<bool>();
+  };
+  std::string pattern;
+  if (type_of(*pt) == "ByteLevel") {
+    if (!byte_level(*pt)) DPT_THROW(ConfigError, "{}: pre_tokenizer ByteLevel without its regex and no Split", where);
+    pattern = kGpt2Pattern;
+  } else if (type_of(*pt) == "Sequence" && field(*pt, "pretokenizers") && (*pt)["pretokenizers"].is_array() &&
+             (*pt)["pretokenizers"].size() == 2 && type_of((*pt)["pretokenizers"][0]) == "Split" &&
+             type_of((*pt)["pretokenizers"][1]) == "ByteLevel") {
+    const nlohmann::json& split = (*pt)["pretokenizers"][0];
+    const nlohmann::json* regex = field(split, "pattern");
+    const nlohmann::json* behavior = field(split, "behavior");
+    const nlohmann::json* invert = field(split, "invert");
+    if (!regex || !regex->is_object() || !regex->contains("Regex") || !(*regex)["Regex"].is_string() || !behavior ||
+        *behavior != "Isolated" || (invert && *invert != false))
+      DPT_THROW(ConfigError, "{}: pre_tokenizer Split {}: dptrain reads a Regex pattern, behavior Isolated, not "
+                "inverted", where, split.dump());
+    if (byte_level((*pt)["pretokenizers"][1]))
+      DPT_THROW(ConfigError, "{}: a Split followed by ByteLevel with use_regex = true: not read by dptrain", where);
+    pattern = (*regex)["Regex"].get<std::string>();
+  } else {
+    DPT_THROW(ConfigError, "{}: pre_tokenizer {}: dptrain reads ByteLevel, or a Sequence of Split (Regex, Isolated) "
+              "and ByteLevel (use_regex false)", where, pt->dump().substr(0, 200));
+  }
+  regex_ = std::make_unique<Regex>(pattern, where);
+}
+
+void Gpt2Bpe::read_hf_added_tokens(const nlohmann::json& j, const std::unordered_map<std::string, int32_t>&) {
+  const std::string where = json_path_.string();
+  const nlohmann::json* added = field(j, "added_tokens");
+  if (!added) return;
+  if (!added->is_array()) DPT_THROW(ConfigError, "{}: added_tokens is not an array", where);
+  for (const auto& t : *added) {
+    if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() || !t.contains("content") ||
+        !t["content"].is_string() || t["content"].get<std::string>().empty())
+      DPT_THROW(ConfigError, "{}: added token {} needs an id and a non-empty content", where, t.dump());
+    for (const char* flag : {"lstrip", "rstrip", "single_word"})
+      if (t.contains(flag) && t[flag].is_boolean() && t[flag].get<bool>())
+        DPT_THROW(ConfigError, "{}: added token {} has {} = true: not read by dptrain", where, t["content"].dump(),
+                  flag);
+    const int64_t id = t["id"].get<int64_t>();
+    const std::string content = t["content"].get<std::string>();
+    if (id < 0 || id > kMaxVocabId) DPT_THROW(ConfigError, "{}: added token {} has id {}", where, t["content"].dump(), id);
+    const auto i = static_cast<size_t>(id);
+    if (id_known_[i] && id_bytes_[i] != content) {
+      std::string known;
+      token_bytes(content, known);
+      if (id_bytes_[i] != known)
+        DPT_THROW(ConfigError, "{}: added token {} has id {}, which the vocabulary gives another token", where,
+                  t["content"].dump(), id);
+    }
+    id_known_[i] = true;
+    id_bytes_[i] = content;  // an added token decodes to its text as it is
+    added_.emplace_back(content, static_cast<int32_t>(id));
+    added_newline_ |= content.find('\n') != std::string::npos;
+  }
+}
+
+std::unordered_map<std::string, int32_t> Gpt2Bpe::set_vocab(const nlohmann::json& j, const std::string& where,
+                                                            int64_t min_size) {
   if (!j.is_object() || j.empty()) {
-    DPT_THROW(ConfigError, "{}: a vocabulary is a non-empty JSON object of token -> id, got {}", path.string(),
+    DPT_THROW(ConfigError, "{}: a vocabulary is a non-empty JSON object of token -> id, got {}", where,
               j.is_object() ? "an empty object" : j.type_name());
   }
   int64_t max_id = -1;
   for (const auto& [token, value] : j.items()) {
     if (!value.is_number_integer() || value.get<int64_t>() < 0 || value.get<int64_t>() > kMaxVocabId) {
-      DPT_THROW(ConfigError, "{}: token \"{}\" has id {}: ids are whole numbers in [0, {}]", path.string(), token,
+      DPT_THROW(ConfigError, "{}: token \"{}\" has id {}: ids are whole numbers in [0, {}]", where, token,
                 value.dump(), kMaxVocabId);
     }
     max_id = std::max(max_id, value.get<int64_t>());
   }
+  max_id = std::max(max_id, min_size - 1);
   id_bytes_.assign(static_cast<size_t>(max_id + 1), {});
   id_known_.assign(static_cast<size_t>(max_id + 1), false);
   std::vector<std::string> id_token(static_cast<size_t>(max_id + 1));
@@ -173,7 +321,7 @@ std::unordered_map<std::string, int32_t> Gpt2Bpe::load_vocab(const fs::path& pat
   for (const auto& [token, value] : j.items()) {
     const auto id = static_cast<size_t>(value.get<int64_t>());
     if (id_known_[id]) {
-      DPT_THROW(ConfigError, "{}: tokens \"{}\" and \"{}\" both have id {}", path.string(), id_token[id], token, id);
+      DPT_THROW(ConfigError, "{}: tokens \"{}\" and \"{}\" both have id {}", where, id_token[id], token, id);
     }
     id_known_[id] = true;
     id_token[id] = token;
@@ -188,11 +336,7 @@ std::unordered_map<std::string, int32_t> Gpt2Bpe::load_vocab(const fs::path& pat
 
 void Gpt2Bpe::load_merges(const fs::path& path, const std::unordered_map<std::string, int32_t>& id_of) {
   const std::string text = read_file(path);
-  struct Line {
-    std::string left, right;  // bytes
-    bool in_alphabet;         // both parts spelled in the byte alphabet (else they can never be formed)
-  };
-  std::vector<Line> lines;
+  std::vector<std::pair<std::string, std::string>> pairs;
   size_t line_no = 0;
   for (size_t start = 0; start < text.size();) {
     size_t end = text.find('\n', start);
@@ -215,9 +359,23 @@ void Gpt2Bpe::load_merges(const fs::path& path, const std::unordered_map<std::st
       DPT_THROW(ConfigError, "{}:{}: a merge is two tokens separated by a space, got \"{}\"", path.string(), line_no,
                 line);
     }
+    pairs.emplace_back(fields[0], fields[1]);
+  }
+  set_merges(pairs, id_of);
+}
+
+void Gpt2Bpe::set_merges(const std::vector<std::pair<std::string, std::string>>& pairs,
+                         const std::unordered_map<std::string, int32_t>& id_of) {
+  struct Line {
+    std::string left, right;  // bytes
+    bool in_alphabet;         // both parts spelled in the byte alphabet (else they can never be formed)
+  };
+  std::vector<Line> lines;
+  lines.reserve(pairs.size());
+  for (const auto& [left, right] : pairs) {
     Line l;
-    const bool a = token_bytes(fields[0], l.left);
-    const bool b = token_bytes(fields[1], l.right);
+    const bool a = token_bytes(left, l.left);
+    const bool b = token_bytes(right, l.right);
     l.in_alphabet = a && b;
     lines.push_back(std::move(l));
   }
@@ -250,6 +408,9 @@ void Gpt2Bpe::load_merges(const fs::path& path, const std::unordered_map<std::st
 }
 
 std::string Gpt2Bpe::describe() const {
+  if (hf_)
+    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens)", json_path_.string(),
+                       vocab_size(), merge_lines_, added_.size());
   return fmt::format("GPT-2 BPE (vocab {}, {} merges)", vocab_size(), merge_lines_);
 }
 
@@ -280,6 +441,12 @@ void Gpt2Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) cons
   // either part). A candidate is stale when either symbol has changed since it was pushed (symbols only grow, so
   // comparing them is enough).
   DPT_CHECK(word.size() < static_cast<size_t>(INT32_MAX), "a pre-token of {} bytes", word.size());
+  if (ignore_merges_) {  // a pre-token that is a vocabulary token whole is that token (tokenizers' ignore_merges)
+    if (const auto it = word_id_.find(std::string(word)); it != word_id_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
   const auto n = static_cast<int32_t>(word.size());
   std::vector<int32_t> sym(word.size()), next(word.size()), prev(word.size());
   for (int32_t i = 0; i < n; ++i) {
@@ -328,10 +495,38 @@ void Gpt2Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) cons
   }
 }
 
+void Gpt2Bpe::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+  for (const std::string_view word : pre_tokenize(text)) encode_word(word, out);
+}
+
 std::vector<int32_t> Gpt2Bpe::encode(std::string_view text) const {
   std::vector<int32_t> ids;
   ids.reserve(text.size() / 3);
-  for (const std::string_view word : pre_tokenize(text)) encode_word(word, ids);
+  if (added_.empty()) {
+    encode_plain(text, ids);
+    return ids;
+  }
+  // The added tokens first: the leftmost occurrence of any, the longest where several start at one place; the text
+  // between goes through the pre-tokenizer and the merges.
+  std::vector<size_t> next(added_.size());
+  for (size_t k = 0; k < added_.size(); ++k) next[k] = text.find(added_[k].first);
+  size_t pos = 0;
+  while (true) {
+    size_t best = std::string_view::npos, best_k = 0;
+    for (size_t k = 0; k < added_.size(); ++k) {
+      if (next[k] != std::string_view::npos && next[k] < pos) next[k] = text.find(added_[k].first, pos);
+      if (next[k] == std::string_view::npos) continue;
+      if (next[k] < best || (next[k] == best && added_[k].first.size() > added_[best_k].first.size())) {
+        best = next[k];
+        best_k = k;
+      }
+    }
+    if (best == std::string_view::npos) break;
+    encode_plain(text.substr(pos, best - pos), ids);
+    ids.push_back(added_[best_k].second);
+    pos = best + added_[best_k].first.size();
+  }
+  encode_plain(text.substr(pos), ids);
   return ids;
 }
 
@@ -348,6 +543,14 @@ std::string Gpt2Bpe::decode(std::span<const int32_t> ids) const {
 }
 
 size_t Gpt2Bpe::safe_cut(std::string_view text) const {
+  if (hf_) {
+    if (added_newline_) return 0;
+    for (size_t i = text.size(); i-- > 1;) {
+      const char c = text[i];
+      if (text[i - 1] == '\n' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return i;
+    }
+    return 0;
+  }
   for (size_t i = text.size(); i-- > 1;) {
     if ((text[i] == ' ' || text[i] == '\n') && text[i - 1] >= '!' && text[i - 1] <= '~') return i;
   }
@@ -355,7 +558,9 @@ size_t Gpt2Bpe::safe_cut(std::string_view text) const {
 }
 
 void Gpt2Bpe::save(const fs::path& dir) const {
-  for (const auto& [from, name] : {std::pair{vocab_path_, kBpeVocabFile}, std::pair{merges_path_, kBpeMergesFile}}) {
+  const auto files = hf_ ? std::vector{std::pair{json_path_, kHfTokenizerFile}}
+                         : std::vector{std::pair{vocab_path_, kBpeVocabFile}, std::pair{merges_path_, kBpeMergesFile}};
+  for (const auto& [from, name] : files) {
     const fs::path to = dir / name;
     std::error_code ec;
     if (fs::equivalent(from, to, ec)) continue;

@@ -29,6 +29,17 @@
 //  - decode: a vocabulary token with characters outside GPT-2's byte alphabet (an added token such as "<pad>"
 //    is inside it; "\u2581x" is not) decodes to its own UTF-8 bytes for those characters.
 // A missing or unreadable file is an IoError, bad content a ConfigError; both name the file (and the line).
+//
+// The same tokenizer from a Hugging Face tokenizer.json (the `tokenizers` library's format), for byte-level BPE models
+// (GPT-2's, Llama 3's, Qwen2's, SmolLM's): model.type BPE with its vocab and merges (strings "a b" or pairs [a, b]) and
+// ignore_merges (a pre-token that is a vocabulary token whole is that token, before any merge: Llama 3's); the
+// pre-tokenizer ByteLevel (GPT-2's pattern), or a Sequence of Split(Regex, Isolated) and ByteLevel without its own
+// regex (the Split's pattern instead: Llama 3's, Qwen2's); added_tokens (<|begin_of_text|>, <|endoftext|>, ...),
+// which the text is split on first (leftmost, the longest at one place), each its own id, as `tokenizers` encodes.
+// Refused by name: a normalizer (Qwen2's NFC among them), another model type (WordPiece, Unigram: SentencePiece's),
+// another pre-tokenizer or decoder, byte_fallback, dropout, a continuing_subword_prefix or end_of_word_suffix,
+// add_prefix_space, and added tokens with lstrip, rstrip or single_word. The post-processor (a BOS template) is not
+// applied: encode() is `tokenizers`' encode(text, add_special_tokens=False).
 #pragma once
 
 #include <filesystem>
@@ -37,13 +48,19 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "data/tokenizer.h"
 
 namespace dpt::data {
 
+inline constexpr const char* kHfTokenizerFile = "tokenizer.json";
+
 class Gpt2Bpe final : public Tokenizer {
  public:
   Gpt2Bpe(const std::filesystem::path& vocab_json, const std::filesystem::path& merges_txt);
+  // From a Hugging Face tokenizer.json (above).
+  explicit Gpt2Bpe(const std::filesystem::path& tokenizer_json);
   ~Gpt2Bpe() override;
   Gpt2Bpe(const Gpt2Bpe&) = delete;
   Gpt2Bpe& operator=(const Gpt2Bpe&) = delete;
@@ -51,12 +68,15 @@ class Gpt2Bpe final : public Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const override;
   std::string decode(std::span<const int32_t> ids) const override;
   int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
-  std::string name() const override { return "gpt2"; }
+  std::string name() const override { return hf_ ? "bpe" : "gpt2"; }
   std::string describe() const override;
-  // Before a ' ' or '\n' that follows a printable ASCII character: no pre-token spans that point, and what
-  // comes after it cannot change the pre-tokens before it.
+  // GPT-2's files: before a ' ' or '\n' that follows a printable ASCII character: no pre-token spans that point,
+  // and what comes after it cannot change the pre-tokens before it. A tokenizer.json: between a '\n' and an ASCII
+  // letter (GPT-2's, Llama 3's and Qwen2's patterns all end a pre-token there; 0, no cut, when an added token
+  // holds a '\n').
   size_t safe_cut(std::string_view text) const override;
-  // Copies the two files, as they are, to DIR/vocab.json and DIR/merges.txt.
+  // Copies the two files, as they are, to DIR/vocab.json and DIR/merges.txt (or tokenizer.json to
+  // DIR/tokenizer.json).
   void save(const std::filesystem::path& dir) const override;
 
   // The pre-tokens of `text` (step 1 above), as views into it; together they are the whole text.
@@ -70,9 +90,19 @@ class Gpt2Bpe final : public Tokenizer {
     int32_t rank;
     int32_t result;  // a symbol
   };
-  // Fills id_bytes_ and id_known_; returns bytes -> id for the tokens spelled in GPT-2's byte alphabet.
-  std::unordered_map<std::string, int32_t> load_vocab(const std::filesystem::path& path);
+  // Fills id_bytes_ and id_known_ from a JSON object of token -> id (`where` names it in errors), with room for ids
+  // up to min_size - 1; returns bytes -> id for the tokens spelled in GPT-2's byte alphabet.
+  std::unordered_map<std::string, int32_t> set_vocab(const nlohmann::json& vocab, const std::string& where,
+                                                     int64_t min_size = 0);
   void load_merges(const std::filesystem::path& path, const std::unordered_map<std::string, int32_t>& id_of);
+  // The merges as token pairs in GPT-2's spelling, in rank order.
+  void set_merges(const std::vector<std::pair<std::string, std::string>>& pairs,
+                  const std::unordered_map<std::string, int32_t>& id_of);
+  // tokenizer.json's parts (the constructor's steps).
+  void read_hf_pre_tokenizer(const nlohmann::json& j);
+  void read_hf_added_tokens(const nlohmann::json& j, const std::unordered_map<std::string, int32_t>& id_of);
+  // Appends the ids of a stretch of text without added tokens.
+  void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
   // Appends the ids of one pre-token.
   void encode_word(std::string_view word, std::vector<int32_t>& out) const;
   static uint64_t pair_key(int32_t a, int32_t b) {
@@ -89,6 +119,14 @@ class Gpt2Bpe final : public Tokenizer {
   size_t merge_lines_ = 0;
   struct Regex;                            // the compiled PCRE2 pattern
   std::unique_ptr<Regex> regex_;
+  // tokenizer.json's: where from, its pre-tokenizer pattern, ignore_merges and the whole-word ids it uses, the
+  // added tokens (text, id) the input is split on first.
+  bool hf_ = false;
+  std::filesystem::path json_path_;
+  bool ignore_merges_ = false;
+  std::unordered_map<std::string, int32_t> word_id_;
+  std::vector<std::pair<std::string, int32_t>> added_;
+  bool added_newline_ = false;
 };
 
 }  // namespace dpt::data

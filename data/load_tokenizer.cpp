@@ -1,4 +1,4 @@
-// data/load_tokenizer.cpp: bytes or GPT-2 BPE, from what a directory holds (see load_tokenizer.h).
+// data/load_tokenizer.cpp: bytes, GPT-2 BPE or a tokenizer.json, from what a directory holds (see load_tokenizer.h).
 #include "data/load_tokenizer.h"
 
 #include "core/check.h"
@@ -8,6 +8,7 @@ namespace dpt::data {
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir) {
   std::error_code ec;
+  if (std::filesystem::exists(dir / kHfTokenizerFile, ec)) return std::make_unique<Gpt2Bpe>(dir / kHfTokenizerFile);
   const std::filesystem::path vocab = dir / kBpeVocabFile, merges = dir / kBpeMergesFile;
   const bool has_vocab = std::filesystem::exists(vocab, ec), has_merges = std::filesystem::exists(merges, ec);
   if (has_vocab && has_merges) return std::make_unique<Gpt2Bpe>(vocab, merges);

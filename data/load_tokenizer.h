@@ -1,5 +1,6 @@
 // data/load_tokenizer.h: the tokenizer a token-shard directory was written with (tokenize's output, a data.dir):
-// GPT-2 BPE (data/bpe.h) when it holds vocab.json and merges.txt, bytes (data/tokenizer.h) otherwise.
+// a Hugging Face tokenizer.json's byte-level BPE when it holds one, GPT-2 BPE (data/bpe.h) when it holds vocab.json and
+// merges.txt, bytes (data/tokenizer.h) otherwise.
 #pragma once
 
 #include <filesystem>
@@ -9,8 +10,8 @@
 
 namespace dpt::data {
 
-// DIR/vocab.json + DIR/merges.txt: GPT-2 BPE from them; neither: bytes (also when DIR does not exist). Only
-// one of the two is a ConfigError naming the other.
+// DIR/tokenizer.json: byte-level BPE from it; else DIR/vocab.json + DIR/merges.txt: GPT-2 BPE from them; neither:
+// bytes (also when DIR does not exist). Only one of the two is a ConfigError naming the other.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir);
 
 }  // namespace dpt::data

@@ -161,7 +161,10 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
   GptCheckpoint g;
   if (!tokenizer_dir.empty()) {
     const std::filesystem::path dir(tokenizer_dir);
-    g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir / data::kBpeVocabFile, dir / data::kBpeMergesFile);
+    if (std::filesystem::exists(dir / data::kHfTokenizerFile))
+      g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir / data::kHfTokenizerFile);
+    else
+      g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir / data::kBpeVocabFile, dir / data::kBpeMergesFile);
     g.tokenizer_from = tokenizer_dir;
   } else {
     g.tokenizer = data::load_tokenizer(cfg.data.dir);

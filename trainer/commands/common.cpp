@@ -60,8 +60,8 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
   cmd.add_flag("--no-kv-cache", s.no_kv_cache,
                prefix + "run the whole window for every token (a sliding window) instead of caching keys and values");
   cmd.add_option("--tokenizer", s.tokenizer,
-                 prefix + "a directory with the vocab.json and merges.txt (GPT-2 BPE) the model was trained with "
-                          "(default: the checkpoint's data.dir, where `dptrain tokenize` copies them)");
+                 prefix + "a directory with the tokenizer.json, or the vocab.json and merges.txt (GPT-2 BPE), the model "
+                          "was trained with (default: the checkpoint's data.dir, where `dptrain tokenize` copies them)");
 }
 
 CLI::Validator whole_number() {

@@ -52,8 +52,9 @@ Command add_generate(CLI::App& root) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = root.add_subcommand(
       "generate", "sample text from a GPT checkpoint (on the GPU when there is one) and print it; trains nothing. The "
-                  "prompt is encoded and the output decoded with the tokenizer of the checkpoint's data set (GPT-2 BPE "
-                  "when data.dir holds vocab.json and merges.txt, else bytes), or --tokenizer's");
+                  "prompt is encoded and the output decoded with the tokenizer of the checkpoint's data set (a "
+                  "tokenizer.json's BPE, or GPT-2 BPE when data.dir holds vocab.json and merges.txt, else bytes), or "
+                  "--tokenizer's");
   cmd->footer("Example: dptrain generate --checkpoint runs/gpt_tiny/checkpoints --prompt \"Q: \" --tokens 300");
   add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("--prompt", a->prompt, "the text to continue")->capture_default_str();

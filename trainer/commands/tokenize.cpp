@@ -1,9 +1,11 @@
 // trainer/commands/tokenize.cpp: `dptrain tokenize`: text files as token shards in llm.c's format,
 // OUT/bytes_{train,val}_000000.bin, or with GPT-2 BPE OUT/gpt2_{train,val}_000000.bin beside a copy of its vocab.json
-// and merges.txt; trains nothing.
+// and merges.txt, or with a Hugging Face tokenizer.json OUT/bpe_{train,val}_000000.bin beside a copy of it; trains
+// nothing.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <vector>
 
@@ -18,6 +20,7 @@ struct TokenizeArgs {
   std::vector<std::string> inputs;
   std::string out;
   std::string vocab, merges;  // GPT-2 BPE when given (both), else bytes
+  std::string tokenizer;      // a tokenizer.json, or a folder holding one
   size_t val_every = 10;
   bool force = false;
 };
@@ -39,7 +42,10 @@ int tokenize(const TokenizeArgs& a) {
       }
     };
     std::unique_ptr<data::Tokenizer> tokenizer;
-    if (a.vocab.empty()) {
+    if (!a.tokenizer.empty()) {
+      const std::filesystem::path p(a.tokenizer);
+      tokenizer = std::make_unique<data::Gpt2Bpe>(std::filesystem::is_directory(p) ? p / data::kHfTokenizerFile : p);
+    } else if (a.vocab.empty()) {
       tokenizer = std::make_unique<data::ByteTokenizer>();
     } else {
       tokenizer = std::make_unique<data::Gpt2Bpe>(a.vocab, a.merges);
@@ -67,13 +73,16 @@ Command add_tokenize(CLI::App& root) {
       "tokenize",
       "write text as token shards in llm.c's .bin format, then exit; trains nothing. Byte-level by default (token = "
       "byte, vocab 256): OUT/bytes_train_000000.bin and OUT/bytes_val_000000.bin; GPT-2 BPE with --vocab and "
-      "--merges: OUT/gpt2_*.bin, and the two files copied into OUT");
+      "--merges: OUT/gpt2_*.bin, and the two files copied into OUT; a Hugging Face tokenizer.json's byte-level BPE "
+      "with --tokenizer: OUT/bpe_*.bin, and tokenizer.json copied into OUT. Past 65,536 ids the shards hold uint32 "
+      "tokens (llm.c's Llama 3 form)");
   cmd->footer(
       "The inputs are read in order (a directory: its regular files recursively, sorted by path; *.dat files and\n"
       "files with a NUL byte skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
       "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own.\n"
       "Example: dptrain tokenize --input /usr/share/games/fortunes --out runs/fortunes\n"
-      "         dptrain tokenize --input corpus/ --vocab gpt2/vocab.json --merges gpt2/merges.txt --out runs/corpus");
+      "         dptrain tokenize --input corpus/ --vocab gpt2/vocab.json --merges gpt2/merges.txt --out runs/corpus\n"
+      "         dptrain tokenize --input corpus/ --tokenizer SmolLM-135M --out runs/corpus_smollm");
   cmd->add_option("--input", a->inputs, "a text file or a directory of them (repeatable)")->required();
   add_out_dir_option(*cmd, a->out);
   cmd->add_option("--val-every", a->val_every, "every Nth block of 4096 tokens goes to the val split")
@@ -81,11 +90,17 @@ Command add_tokenize(CLI::App& root) {
       ->capture_default_str();
   add_force_flag(*cmd, a->force);
   CLI::Option* vocab = cmd->add_option(
-      "--vocab", a->vocab, "GPT-2 BPE: its vocab.json (token -> id; ids must fit uint16), with --merges");
+      "--vocab", a->vocab, "GPT-2 BPE: its vocab.json (token -> id), with --merges");
   CLI::Option* merges =
       cmd->add_option("--merges", a->merges, "GPT-2 BPE: its merges.txt (one merge a line), with --vocab");
   vocab->needs(merges);
   merges->needs(vocab);
+  CLI::Option* hf = cmd->add_option(
+      "--tokenizer", a->tokenizer,
+      "a Hugging Face tokenizer.json, or a model folder holding one: byte-level BPE (GPT-2's, Llama 3's, Qwen2's "
+      "pre-tokenizers without a normalizer; its added tokens split out of the text; no BOS is added)");
+  hf->excludes(vocab);
+  hf->excludes(merges);
   return {cmd, [a] { return tokenize(*a); }};
 }
 

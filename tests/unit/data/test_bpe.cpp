@@ -6,8 +6,10 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "core/check.h"
@@ -530,4 +532,112 @@ TEST_CASE("tokenize_text writes GPT-2 shards, streams big files in pieces and sa
                       Catch::Contains("has id 16777216") && Catch::Contains("[0, 16777215]"));
   REQUIRE_FALSE(fs::exists(huge.path / "out"));
   REQUIRE_FALSE(fs::exists(huge.path / "out.tmp"));
+}
+
+namespace {
+
+// A tokenizer.json by hand: the 256 bytes as ids 0..255 (byte b is id b), merges "h e" -> 256, "l l" -> 257,
+// ["he", "ll"] -> 258, the whole word "hello" as 259 (no merge makes it), an added token <|eot|> as 300 (ids 260..299
+// unused), Llama 3's pre-tokenizer; `edit` changes the JSON before it is written.
+fs::path hand_tokenizer(const test::TempDir& dir, bool ignore_merges,
+                        const std::function<void(nlohmann::json&)>& edit = {}) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[Gpt2Bpe::byte_symbol(static_cast<uint8_t>(b))] = b;
+  vocab["he"] = 256;
+  vocab["ll"] = 257;
+  vocab["hell"] = 258;
+  vocab["hello"] = 259;
+  vocab["<|eot|>"] = 300;
+  nlohmann::json j = {
+      {"version", "1.0"},
+      {"normalizer", nullptr},
+      {"pre_tokenizer",
+       {{"type", "Sequence"},
+        {"pretokenizers",
+         {{{"type", "Split"},
+           {"pattern", {{"Regex", "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}"
+                                  "\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"}}},
+           {"behavior", "Isolated"},
+           {"invert", false}},
+          {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", true}, {"use_regex", false}}}}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"added_tokens",
+       {{{"id", 300}, {"content", "<|eot|>"}, {"single_word", false}, {"lstrip", false}, {"rstrip", false},
+         {"normalized", false}, {"special", true}}}},
+      {"model",
+       {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr}, {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr}, {"fuse_unk", false}, {"byte_fallback", false},
+        {"ignore_merges", ignore_merges}, {"vocab", vocab},
+        {"merges", nlohmann::json::array({"h e", "l l", nlohmann::json::array({"he", "ll"})})}}}};
+  if (edit) edit(j);
+  const fs::path p = dir.path / "tokenizer.json";
+  write_text(p.string(), j.dump());
+  return p;
+}
+
+}  // namespace
+
+TEST_CASE("tokenizer.json: byte-level BPE with ignore_merges and added tokens, worked out by hand", "[data][bpe]") {
+  test::TempDir dir;
+  const Gpt2Bpe t(hand_tokenizer(dir, /*ignore_merges=*/true));
+  REQUIRE(t.vocab_size() == 301);
+  REQUIRE(t.name() == "bpe");
+  REQUIRE_THAT(t.describe(), Catch::Contains("(vocab 301, 3 merges, 1 added tokens)"));
+  // "hello" is a vocabulary token whole: ignore_merges takes it; " world" is one pre-token (Llama 3's pattern keeps
+  // the space), bytes only; <|eot|> is split out before pre-tokenizing; "hell" merges to 258.
+  const std::vector<int32_t> want{259, ' ', 'w', 'o', 'r', 'l', 'd', 300, 258};
+  REQUIRE(t.encode("hello world<|eot|>hell") == want);
+  REQUIRE(t.decode(want) == "hello world<|eot|>hell");
+  REQUIRE(t.encode("<|eot|><|eot|>") == std::vector<int32_t>{300, 300});
+  REQUIRE(t.encode("<|eot|") == std::vector<int32_t>{'<', '|', 'e', 'o', 't', '|'});  // not quite an added token
+  const Gpt2Bpe merged(hand_tokenizer(dir, /*ignore_merges=*/false));
+  REQUIRE(merged.encode("hello") == std::vector<int32_t>{258, 'o'});
+  // Any bytes round trip, invalid UTF-8 included.
+  std::mt19937_64 rng(5);
+  for (int i = 0; i < 50; ++i) {
+    std::string s;
+    for (int k = 0; k < 40; ++k) s += static_cast<char>(rng() % 8 == 0 ? "<|eot|>hel\n"[rng() % 11] : rng() % 256);
+    REQUIRE(t.decode(t.encode(s)) == s);
+  }
+  REQUIRE_THROWS_WITH(t.decode(std::vector<int32_t>{280}), Catch::Contains("token id 280 is not in the vocabulary"));
+  // Cut between a newline and an ASCII letter only; never when an added token holds a newline.
+  REQUIRE(t.safe_cut("ab\ncd") == 3);
+  REQUIRE(t.safe_cut("ab\n1\n ") == 0);
+  const Gpt2Bpe nl(hand_tokenizer(dir, true, [](nlohmann::json& j) {
+    j["added_tokens"][0]["content"] = "<|\nx|>";
+    j["model"]["vocab"].erase("<|eot|>");  // an added token need not be in the vocabulary
+  }));
+  REQUIRE(nl.safe_cut("ab\ncd") == 0);
+  // load_tokenizer finds it, save copies it.
+  test::TempDir out;
+  t.save(out.path);
+  REQUIRE(read_text(out.path / "tokenizer.json") == read_text(dir.path / "tokenizer.json"));
+  REQUIRE(load_tokenizer(out.path)->encode("hello") == std::vector<int32_t>{259});
+}
+
+TEST_CASE("tokenizer.json: what dptrain does not read is refused by name", "[data][bpe]") {
+  test::TempDir dir;
+  const auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& why) {
+    INFO(why);
+    REQUIRE_THROWS_WITH(Gpt2Bpe(hand_tokenizer(dir, true, edit)), Catch::Contains(why));
+  };
+  refused([](nlohmann::json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer NFC");
+  refused([](nlohmann::json& j) { j["model"]["type"] = "WordPiece"; }, "model type WordPiece");
+  refused([](nlohmann::json& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback = true");
+  refused([](nlohmann::json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout = 0.1");
+  refused([](nlohmann::json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, "continuing_subword_prefix");
+  refused([](nlohmann::json& j) { j["decoder"] = {{"type", "Metaspace"}}; }, "decoder Metaspace");
+  refused([](nlohmann::json& j) { j["pre_tokenizer"] = {{"type", "Whitespace"}}; }, "pre_tokenizer {\"type\":\"Whitespace\"}");
+  refused([](nlohmann::json& j) { j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", true}}; },
+          "add_prefix_space = true");
+  refused([](nlohmann::json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(unclosed"; },
+          "cannot compile the pre-tokenizer's pattern");
+  refused([](nlohmann::json& j) { j["added_tokens"][0]["rstrip"] = true; }, "has rstrip = true");
+  refused([](nlohmann::json& j) { j["added_tokens"][0]["id"] = 65; }, "has id 65, which the vocabulary gives another");
+  refused([](nlohmann::json& j) { j["model"]["merges"].push_back(3); }, "is neither");
+  // GPT-2's own form: ByteLevel with its regex, no Split.
+  const Gpt2Bpe gpt2(hand_tokenizer(dir, false, [](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+  }));
+  REQUIRE(gpt2.pre_tokenize("hello world") == std::vector<std::string_view>{"hello", " world"});
 }

@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""tests/support/python/hf_tokenizers.py: Hugging Face `tokenizers` (in the test venv), the reference of dptrain's
+tokenizer.json reader (integration.tokenizer_json).
+
+  hf_tokenizers.py train STYLE OUT_DIR FILE...   trains a byte-level BPE tokenizer of STYLE on the files and saves
+                                                 OUT_DIR/tokenizer.json
+  hf_tokenizers.py check TOKENIZER SHARDS BLOCK VAL_EVERY FILE...
+                                                 encodes each file on its own (add_special_tokens=False), as
+                                                 `dptrain tokenize` does, deals blocks of BLOCK tokens to train and val
+                                                 (every VAL_EVERY-th to val) and compares with the shards in SHARDS
+                                                 (llm.c's .bin, uint16 or uint32); checks decode(encode(text)) == text
+
+Styles (the pre-tokenizer patterns are the models' own):
+  gpt2     ByteLevel pre-tokenizer (GPT-2's pattern), <|endoftext|>
+  llama3   Split(Llama 3's pattern, isolated) then ByteLevel without its regex, ignore_merges, Llama 3's special
+           tokens (<|begin_of_text|>, <|end_of_text|>, <|eot_id|>, ...)
+  qwen2    Split(Qwen2's pattern) then ByteLevel without its regex, <|endoftext|>, <|im_start|>, <|im_end|> (Qwen2's
+           own tokenizer.json adds an NFC normalizer, which dptrain refuses by name)
+"""
+import glob
+import os
+import sys
+
+import numpy as np
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+          r"\s+(?!\S)|\s+")
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+         r"\s+(?!\S)|\s+")
+
+
+def train(style, out, files):
+    if style == "gpt2":
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        special = ["<|endoftext|>"]
+    elif style in ("llama3", "qwen2"):
+        tok = Tokenizer(models.BPE(ignore_merges=style == "llama3"))
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(LLAMA3 if style == "llama3" else QWEN2), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        special = (["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
+                   if style == "llama3" else ["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    else:
+        raise SystemExit(f"unknown style {style}")
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=900, special_tokens=special,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train(files, trainer)
+    os.makedirs(out, exist_ok=True)
+    tok.save(os.path.join(out, "tokenizer.json"))
+    print(f"{style}: {tok.get_vocab_size()} ids")
+
+
+def read_shard(path):
+    raw = open(path, "rb").read()
+    header = np.frombuffer(raw[:1024], dtype=np.int32)
+    dtype = {20240520: np.uint16, 20240801: np.uint32}[int(header[0])]
+    return np.frombuffer(raw[1024:], dtype=dtype).astype(np.int64)
+
+
+def check(tokenizer, shards, block, val_every, files):
+    tok = Tokenizer.from_file(tokenizer)
+    ids = []
+    for f in files:
+        text = open(f, "rb").read().decode("utf-8")
+        enc = tok.encode(text, add_special_tokens=False).ids
+        back = tok.decode(enc, skip_special_tokens=False)
+        assert back == text, f"{f}: tokenizers' own decode(encode(text)) differs"
+        ids.extend(enc)
+    want = {"train": [], "val": []}
+    for b in range(0, len(ids), block):
+        want["val" if (b // block) % val_every == val_every - 1 else "train"].extend(ids[b:b + block])
+    ok = True
+    for split in ("train", "val"):
+        got = np.concatenate([read_shard(p) for p in sorted(glob.glob(os.path.join(shards, f"*_{split}_*.bin")))])
+        w = np.array(want[split], dtype=np.int64)
+        if got.shape != w.shape or not (got == w).all():
+            n = min(len(got), len(w))
+            first = int(np.argmax(got[:n] != w[:n])) if (got[:n] != w[:n]).any() else n
+            print(f"BAD {split}: {len(got)} tokens, tokenizers gives {len(w)}; first difference at {first}: "
+                  f"dptrain {got[first:first + 8].tolist()} tokenizers {w[first:first + 8].tolist()}")
+            ok = False
+        else:
+            print(f"ok {split}: {len(got)} tokens equal tokenizers'")
+    return ok
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "train":
+        train(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif sys.argv[1] == "check":
+        sys.exit(0 if check(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:]) else 1)
+    else:
+        raise SystemExit(__doc__)
