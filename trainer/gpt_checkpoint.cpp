@@ -40,11 +40,15 @@ void write_whole(const fs::path& file, Write&& write) {
   }
 }
 
-// ConfigError unless the checkpoint's model family generates text (a GPT).
+// ConfigError unless the checkpoint's model family generates text (a GPT, a Llama).
 void require_generating(const SavedRun& target, const char* who) {
-  if (!model_card(target.config.model.name).generates)
-    DPT_THROW(ConfigError, "{} holds a {} model: {} needs a GPT (model.name = gpt)", target.checkpoint.path,
-              target.config.model.name, who);
+  if (!model_card(target.config.model.name).generates) {
+    std::vector<std::string> names;
+    for (const ModelCard& c : kModelCards)
+      if (c.generates) names.emplace_back(c.name);
+    DPT_THROW(ConfigError, "{} holds a {} model: {} needs a language model (model.name = {})", target.checkpoint.path,
+              target.config.model.name, who, fmt::join(names, " or "));
+  }
 }
 
 // The checkpoint's model on `device`.

@@ -1,5 +1,5 @@
 // trainer/gpt_checkpoint.h: a trained GPT out of a checkpoint, for `dptrain generate` (text through models::generate,
-// models/gpt/generate.h: sampling, the KV cache) and `dptrain export-weights` (models/gpt/weights.h's layouts).
+// models/generate.h: sampling, the KV cache) and `dptrain export-weights` (models/gpt/weights.h's layouts).
 // The prompt and the output are token ids of the checkpoint's tokenizer (data/tokenizer.h: the one its data set
 // was written with, bytes or GPT-2 BPE).
 #pragma once
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "data/tokenizer.h"
-#include "models/gpt/generate.h"
+#include "models/generate.h"
 #include "models/gpt/weights.h"
 #include "models/model.h"
 

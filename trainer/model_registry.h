@@ -61,9 +61,10 @@ inline constexpr std::array<ModelCard, 4> kModelCards{{
      .bf16_activations = true},
     {.name = "llama",
      .note = "Hugging Face's LlamaForCausalLM (Llama 2 and 3, SmolLM, TinyLlama; Qwen2): needs data.dataset = "
-             "tokens; float32 activations, no generation yet; its GPU kernels are compiled but not yet run on a GPU",
+             "tokens; float32 activations; its GPU kernels are compiled but not yet run on a GPU",
      .input = ModelInput::tokens,
-     .decay_matrices_only = true},
+     .decay_matrices_only = true,
+     .generates = true},
 }};
 
 // The names, and the names of the families that train on `input`, as a config's help and errors list them:

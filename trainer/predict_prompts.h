@@ -8,7 +8,7 @@
 
 #include "comm/process_group.h"
 #include "core/tensor.h"
-#include "models/gpt/generate.h"
+#include "models/generate.h"
 #include "trainer/predict.h"
 
 namespace dpt::trainer {

@@ -20,6 +20,7 @@
 #include <memory>
 #include <string>
 
+#include "models/kv_cache.h"
 #include "models/layers.h"
 #include "models/model.h"
 
@@ -46,12 +47,6 @@ struct GptScratch {
   Tensor att, datt, gelu;
 };
 
-// Keys and values of the positions a generation has seen, per layer: [batch, block_size, C] each, the heads
-// side by side as in the qkv projection. `len` positions are filled.
-struct KvCache {
-  int64_t batch = 0, len = 0;
-  std::vector<Tensor> k, v;  // one per layer
-};
 
 // Multi-head causal self-attention on [B, T, C]: c_attn (C -> 3C: q, k, v, each [B, T, n_head, C / n_head]),
 // softmax(q k^T / sqrt(head size)) over the positions up to each one, times v, heads concatenated, c_proj.
@@ -168,7 +163,7 @@ class GptTransformer final : public Module {
 };
 
 // The whole model: transformer, then logits = ln_f output x wte^T (the tied head).
-class Gpt final : public Module {
+class Gpt final : public Module, public KvCachedLm {
  public:
   explicit Gpt(const GptOptions& o);
   std::string kind() const override;
@@ -185,9 +180,9 @@ class Gpt final : public Module {
   // keys and values of every layer are kept (2 x n_layer x batch x block_size x n_embd floats on `device`),
   // so a step costs one position's work instead of the whole window's. A sequence cannot grow past
   // block_size (ConfigError); end_kv_cache frees the cache and returns to whole-sequence forwards.
-  void begin_kv_cache(int64_t batch, Device device);
-  void end_kv_cache();
-  int64_t kv_cache_len() const { return cache_ ? cache_->len : 0; }
+  void begin_kv_cache(int64_t batch, Device device) override;
+  void end_kv_cache() override;
+  int64_t kv_cache_len() const override { return cache_ ? cache_->len : 0; }
 
  protected:
   const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;

@@ -125,6 +125,7 @@ std::string LlamaAttention::kind() const {
 // H / KV query heads of key/value head j are heads j g .. j g + g - 1: one batched gemm over them, reading j's keys
 // (stride 0) for each.
 const Tensor& LlamaAttention::run_forward(const Tensor& x, Kernels& k) {
+  if (cache_) return cached_forward(x, k);
   const auto shape = btc(x, c_, "LlamaAttention");
   b_ = shape[0];
   t_ = shape[1];
@@ -155,7 +156,56 @@ const Tensor& LlamaAttention::run_forward(const Tensor& x, Kernels& k) {
   return out_;
 }
 
+// The new positions' keys (turned by their positions, pos0 on) and values join the cache; each query attends to the
+// cached positions up to its own (the last t rows of a causal softmax over len).
+const Tensor& LlamaAttention::cached_forward(const Tensor& x, Kernels& k) {
+  const auto shape = btc(x, c_, "LlamaAttention");
+  DPT_CHECK(!training(), "a KV cache is for generation: evaluation mode only");
+  KvCache& cache = *cache_;
+  const int64_t b = shape[0], tn = shape[1], hq = n_head_ * hd_, hkv = n_kv_ * hd_, g = n_head_ / n_kv_;
+  Tensor& kc = cache.k.at(layer_);
+  Tensor& vc = cache.v.at(layer_);
+  const int64_t cap = kc.dim(1), pos0 = cache.len, len = pos0 + tn;
+  DPT_CHECK(b == cache.batch && len <= cap, "KV cache of {} x {}: {} sequences of {} new after {}", cache.batch, cap, b,
+            tn, pos0);
+  const Tensor x2 = x.reshape({b * tn, c_});
+  q_ = q_proj_->forward(x2, k);
+  k_ = k_proj_->forward(x2, k);
+  v_ = v_proj_->forward(x2, k);
+  rope_->to(x.device());
+  k.rope(q_.data<float>(), rope_->cos.data<float>(), rope_->sin.data<float>(), b * tn, tn, pos0, n_head_, hd_, hq, false);
+  k.rope(k_.data<float>(), rope_->cos.data<float>(), rope_->sin.data<float>(), b * tn, tn, pos0, n_kv_, hd_, hkv, false);
+  for (int64_t i = 0; i < b; ++i) {  // rows i tn .. of k and v become positions pos0.. of sequence i
+    const auto from = static_cast<size_t>(i * tn * hkv), at = static_cast<size_t>((i * cap + pos0) * hkv);
+    kc.view(at, {tn * hkv}).copy_from(k_.view(from, {tn * hkv}), k.stream());
+    vc.view(at, {tn * hkv}).copy_from(v_.view(from, {tn * hkv}), k.stream());
+  }
+  // The scores in a buffer of the largest size so far: one allocation, not one per generated token.
+  const auto att_numel = static_cast<size_t>(b * n_head_ * tn * len);
+  if (!datt_.defined() || datt_.numel() < att_numel || datt_.device() != x.device())
+    datt_ = Tensor::empty({b * n_head_ * tn * cap}, DType::F32, x.device());
+  float* att = datt_.data<float>();  // datt_ is free: backward never runs with a cache
+  ensure_shape(y_, {b * tn, hq}, x.device());
+  const int64_t tl = tn * len;
+  const float *q = q_.data<float>(), *kk = kc.data<float>(), *v = vc.data<float>();
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < n_kv_; ++j)
+      k.gemm_strided_batched(false, true, tn, len, hd_, 1.0f, q + i * tn * hq + j * g * hd_, hq, hd_,
+                             kk + i * cap * hkv + j * hd_, hkv, 0, 0.0f, att + (i * n_head_ + j * g) * tl, len, tl, g);
+  k.causal_softmax_forward(att, b * n_head_, tn, len, 1.0f / std::sqrt(static_cast<float>(hd_)));
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t j = 0; j < n_kv_; ++j)
+      k.gemm_strided_batched(false, false, tn, hd_, len, 1.0f, att + (i * n_head_ + j * g) * tl, len, tl,
+                             v + i * cap * hkv + j * hd_, hkv, 0, 0.0f, y_.data<float>() + i * tn * hq + j * g * hd_,
+                             hq, hd_, g);
+  b_ = b;
+  t_ = tn;
+  out_ = o_proj_->forward(y_, k).reshape({b, tn, c_});
+  return out_;
+}
+
 const Tensor& LlamaAttention::run_backward(const Tensor& dout, Kernels& k) {
+  DPT_CHECK(!cache_, "no backward through a KV cache's forward");
   DPT_CHECK(dout.ndim() == 3 && dout.dim(0) == b_ && dout.dim(1) == t_ && dout.dim(2) == c_,
             "LlamaAttention backward got {}", dout.shape_str());
   const int64_t rows = b_ * t_, hq = n_head_ * hd_, hkv = n_kv_ * hd_, g = n_head_ / n_kv_, tt = t_ * t_;
@@ -296,12 +346,19 @@ void LlamaModel::init_params(std::mt19937_64& rng) {
   for (size_t i = 0; i < embed_.numel(); ++i) p[i] = normal(rng, 0.0f, static_cast<float>(o_.initializer_range));
 }
 
+void LlamaModel::use_cache(KvCache* cache) {
+  cache_ = cache;
+  size_t layer = 0;
+  for (const auto& [name, block] : layers_->children())
+    dynamic_cast<LlamaBlock&>(*block).self_attn().use_cache(cache, layer++);
+}
+
 const Tensor& LlamaModel::run_forward(const Tensor& tokens, Kernels& k) {
   DPT_CHECK(tokens.ndim() == 2 && tokens.dtype() == DType::I32, "llama takes int32 tokens [B, T], got {} {}",
             dtype_name(tokens.dtype()), tokens.shape_str());
-  const int64_t b = tokens.dim(0), t = tokens.dim(1);
-  if (t < 1 || t > o_.max_positions)
-    DPT_THROW(ConfigError, "llama: a sequence of {} tokens; the model takes at most {}", t, o_.max_positions);
+  const int64_t b = tokens.dim(0), t = tokens.dim(1), pos0 = cache_ ? cache_->len : 0;
+  if (t < 1 || pos0 + t > o_.max_positions)
+    DPT_THROW(ConfigError, "llama: a sequence of {} tokens; the model takes at most {}", pos0 + t, o_.max_positions);
   tokens_ = tokens;
   ensure_shape(emb_, {b, t, o_.n_embd}, tokens.device());
   k.embedding_forward(tokens.data<int32_t>(), embed_.data<float>(), nullptr, emb_.data<float>(), b * t, t, o_.n_embd,
@@ -327,8 +384,26 @@ std::string Llama::kind() const {
   return fmt::format("Llama({}, {} head)", model_->kind(), o_.tie_embeddings ? "tied" : "untied");
 }
 
+void Llama::begin_kv_cache(int64_t batch, Device device) {
+  DPT_CHECK(batch >= 1, "KV cache for {} sequences", batch);
+  cache_ = std::make_unique<KvCache>();
+  cache_->batch = batch;
+  const int64_t width = o_.n_kv_head * o_.head_dim;
+  for (int64_t l = 0; l < o_.n_layer; ++l) {
+    cache_->k.push_back(Tensor::empty({batch, o_.max_positions, width}, DType::F32, device));
+    cache_->v.push_back(Tensor::empty({batch, o_.max_positions, width}, DType::F32, device));
+  }
+  model_->use_cache(cache_.get());
+}
+
+void Llama::end_kv_cache() {
+  model_->use_cache(nullptr);
+  cache_.reset();
+}
+
 const Tensor& Llama::run_forward(const Tensor& tokens, Kernels& k) {
   h_ = model_->forward(tokens, k);  // [B, T, C]
+  if (cache_) cache_->len += tokens.dim(1);
   const int64_t rows = h_.dim(0) * h_.dim(1), c = o_.n_embd, v = o_.vocab_size;
   if (lm_head_) return lm_head_->forward(h_.reshape({rows, c}), k);
   ensure_shape(logits_, {rows, v}, h_.device());
@@ -338,6 +413,7 @@ const Tensor& Llama::run_forward(const Tensor& tokens, Kernels& k) {
 }
 
 const Tensor& Llama::run_backward(const Tensor& dlogits, Kernels& k) {
+  DPT_CHECK(!cache_, "no backward with a KV cache (generation only)");
   const int64_t rows = h_.dim(0) * h_.dim(1), c = o_.n_embd, v = o_.vocab_size;
   DPT_CHECK(dlogits.ndim() == 2 && dlogits.dim(0) == rows && dlogits.dim(1) == v, "llama backward got {} for {} rows",
             dlogits.shape_str(), rows);

@@ -13,8 +13,8 @@
 //
 // Input: int32 tokens [B, T] with T <= max_positions. Output: float32 logits [B * T, vocab_size] (row b * T + t),
 // what the softmax cross-entropy takes. The vocabulary is not padded (Hugging Face's sizes are the tensors' sizes).
-// Float32 activations on every kernel set; the bf16 fast path and KV-cache generation are not built for this
-// family yet.
+// Float32 activations on every kernel set; KV-cache generation as the GPT's (models/generate.h); the bf16 fast path
+// is not built for this family yet.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "models/kv_cache.h"
 #include "models/layers.h"
 #include "models/model.h"
 #include "models/rope.h"
@@ -92,6 +93,12 @@ class LlamaAttention final : public Module {
  public:
   LlamaAttention(const LlamaOptions& o, RopeTables* rope);
   std::string kind() const override;
+  // With a cache (evaluation only): x holds the new positions [B, t] after cache->len cached ones; their keys (turned)
+  // and values join layer `layer`'s tensors and the queries attend to every cached position. nullptr: none.
+  void use_cache(KvCache* cache, size_t layer) {
+    cache_ = cache;
+    layer_ = layer;
+  }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -104,6 +111,9 @@ class LlamaAttention final : public Module {
   int64_t b_ = 0, t_ = 0;
   Tensor q_, k_, v_;  // after RoPE (q, k): what backward reads
   Tensor att_, y_, out_, datt_, dq_, dk_, dv_, dx_;
+  KvCache* cache_ = nullptr;
+  size_t layer_ = 0;
+  const Tensor& cached_forward(const Tensor& x, Kernels& k);
 };
 
 // gate_proj and up_proj (C -> intermediate), SiLU(gate) * up, down_proj (intermediate -> C), on [B, T, C].
@@ -128,6 +138,7 @@ class LlamaBlock final : public Module {
  public:
   LlamaBlock(const LlamaOptions& o, RopeTables* rope);
   std::string kind() const override;
+  LlamaAttention& self_attn() { return *self_attn_; }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -151,6 +162,8 @@ class LlamaModel final : public Module {
   void init_params(std::mt19937_64& rng) override;
   const Tensor& embed() const { return embed_; }
   const Tensor& embed_grad() const { return dembed_; }
+  // Every attention layer uses `cache` (nullptr: none); positions then start at cache->len.
+  void use_cache(KvCache* cache);
 
  protected:
   const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;
@@ -163,14 +176,19 @@ class LlamaModel final : public Module {
   RmsNorm* norm_;
   Tensor embed_, dembed_;
   Tensor tokens_, emb_;
+  KvCache* cache_ = nullptr;
 };
 
-// LlamaForCausalLM: model, then logits = norm output x lm_head^T (or embed_tokens^T when tied).
-class Llama final : public Module {
+// LlamaForCausalLM: model, then logits = norm output x lm_head^T (or embed_tokens^T when tied). Generation with a KV
+// cache (KvCachedLm): 2 x n_layer x batch x max_positions x n_kv_head x head_dim floats on `device`.
+class Llama final : public Module, public KvCachedLm {
  public:
   explicit Llama(const LlamaOptions& o);
   std::string kind() const override;
   const LlamaOptions& options() const { return o_; }
+  void begin_kv_cache(int64_t batch, Device device) override;
+  void end_kv_cache() override;
+  int64_t kv_cache_len() const override { return cache_ ? cache_->len : 0; }
   // The tied head reads the model's embed_tokens and accumulates into its gradient.
   const Module* uses_params_of() const override { return o_.tie_embeddings ? model_ : nullptr; }
 
@@ -183,6 +201,7 @@ class Llama final : public Module {
   LlamaModel* model_;
   Linear* lm_head_ = nullptr;  // nullptr when tied
   Tensor h_, logits_, dh_;
+  std::unique_ptr<KvCache> cache_;
 };
 
 // The shape in a word: "llama L2 H4/2 C64 I192 V256 T64" (H query/key-value heads when they differ; " tied" when

@@ -12,6 +12,7 @@
 #    for bit;
 #  - a folder whose tied head differs from its embedding, and a config.json key dptrain does not know, are errors
 #    naming them;
+#  - greedy generation from the fine-tuned checkpoint (with the KV cache and without) equals transformers' generate();
 #  - llm.c's uint32 token shards (its Llama 3 form) with ids past 65535 train a llama of that vocabulary.
 # Skipped (exit 77, saying why) when the venv lacks transformers 4.45 or later (Llama 3's rope scaling).
 source "$(dirname "$0")/lib/common.bash"
@@ -51,7 +52,7 @@ grep -q "key 'use_qk_norm' = true is not one dptrain reads" <<<"$out" || fail "u
 # DDP and ZeRO 3.
 "$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 \
   || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
-FT=(data.dataset=tokens data.dir="$WORK/fort" model.name=llama model.init_from="$WORK/qwen2_bf16/model" model.block_size=8
+FT=(data.dataset=tokens data.dir="$WORK/fort" model.name=llama model.init_from="$WORK/qwen2_bf16/model" model.block_size=16
     train.device=cpu train.epochs=1 train.max_steps=12 train.optimizer=adamw train.lr=3e-3 train.weight_decay=0.1
     train.clip_grad_norm=1.0 data.train_limit=400 data.test_limit=64 train.progress_interval_s=1000 dist.backend=gloo
     checkpoint.every_epochs=1 --resume never)
@@ -62,7 +63,7 @@ run() {  # run NAME NPROC ARGS...
     || { cat "$WORK/$name.log"; fail "$name failed"; }
 }
 run one 1 train.batch_size=8
-grep -q "model.\* keys from $WORK/qwen2_bf16/model/config.json (qwen2): llama L2 H4/1 C16 I40 V256 T8" "$WORK/one.log" \
+grep -q "model.\* keys from $WORK/qwen2_bf16/model/config.json (qwen2): llama L2 H4/1 C16 I40 V256 T16" "$WORK/one.log" \
   || { cat "$WORK/one.log"; fail "the run did not say where its model.* keys came from"; }
 grep -q "model: weights from $WORK/qwen2_bf16/model; Hugging Face layout" "$WORK/one.log" || { grep -i "init_from\|weights" "$WORK/one.log"; fail "no init_from line"; }
 run ddp 2 train.batch_size=4
@@ -96,6 +97,27 @@ err = float(np.abs(a - b).max())
 print(f"export: transformers' logits vs dptrain's: max |a-b| {err:.2e}")
 sys.exit(0 if err <= 1e-5 * max(1.0, float(np.abs(b).max())) else 1)
 PYEOF
+# Greedy generation (top-k 1) from the fine-tuned checkpoint equals transformers' greedy generate() of the export, with
+# the KV cache and without; 12 new bytes after a 4-byte prompt fill the 16 positions.
+"$DPTRAIN" generate --checkpoint "$WORK/one" --prompt "The " --tokens 12 --top-k 1 > "$WORK/gen_cache.txt" 2> "$WORK/gen.log" \
+  || { cat "$WORK/gen.log"; fail "generate from the llama failed"; }
+"$DPTRAIN" generate --checkpoint "$WORK/one" --prompt "The " --tokens 12 --top-k 1 --no-kv-cache > "$WORK/gen_window.txt" \
+  2>> "$WORK/gen.log" || { cat "$WORK/gen.log"; fail "generate --no-kv-cache failed"; }
+cmp "$WORK/gen_cache.txt" "$WORK/gen_window.txt" || fail "greedy text with and without the KV cache differs"
+"$HF_PY" - "$WORK/export" "$WORK/gen_cache.txt" <<'PYEOF' || fail "greedy generation differs from transformers'"
+import sys, warnings
+import torch, transformers
+warnings.filterwarnings("ignore")
+model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+prompt = torch.tensor([list(b"The ")])
+out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
+                     pad_token_id=0)
+want = bytes(out[0].tolist())
+got = open(sys.argv[2], "rb").read().rstrip(b"\n")
+print(f"greedy: dptrain {got!r}, transformers {want!r}")
+sys.exit(0 if got == want else 1)
+PYEOF
+
 # The same folder exported again whole: one model.safetensors, and nothing left of the shards for from_pretrained to
 # find first.
 "$DPTRAIN" export-weights --checkpoint "$WORK/one" --out "$WORK/export" > "$WORK/export2.log" 2>&1 \

@@ -95,7 +95,7 @@ grep -q "weights from .*hf.safetensors; Hugging Face layout" "$WORK/from_hf.log"
 grep -q "weights from .*nano.safetensors; nanoGPT layout" "$WORK/from_nano.log" || fail "the nanoGPT export did not load"
 "$DPTRAIN" train.max_steps=1 data.train_limit=64 data.test_limit=64 train.device=cpu checkpoint.dir="$WORK/mlp" \
   --resume never > "$WORK/mlp.log" 2>&1 || { cat "$WORK/mlp.log"; fail "the MLP run failed"; }
-expect_exit 2 "holds a mlp model: export-weights needs a GPT" \
+expect_exit 2 "holds a mlp model: export-weights takes model.name = gpt or llama" \
   "$DPTRAIN" export-weights --checkpoint "$WORK/mlp" --out "$WORK/mlp.safetensors"
 
 if out=$("$DPTRAIN" generate --checkpoint "$WORK/nothing-here" 2>&1); then fail "generate without a checkpoint ran"; fi

@@ -1,4 +1,4 @@
-// trainer/commands/generate.cpp: `dptrain generate`: text from a GPT checkpoint, on the GPU if there is one, to
+// trainer/commands/generate.cpp: `dptrain generate`: text from a GPT or Llama checkpoint, on the GPU if there is one, to
 // stdout (the prompt, then what follows it); the log goes to stderr.
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -51,7 +51,7 @@ void generate_text(const GenerateArgs& args) {
 Command add_generate(CLI::App& root) {
   auto a = std::make_shared<GenerateArgs>();
   CLI::App* cmd = root.add_subcommand(
-      "generate", "sample text from a GPT checkpoint (on the GPU when there is one) and print it; trains nothing. The "
+      "generate", "sample text from a GPT or Llama checkpoint (on the GPU when there is one) and print it; trains nothing. The "
                   "prompt is encoded and the output decoded with the tokenizer of the checkpoint's data set (a "
                   "tokenizer.json's BPE, or GPT-2 BPE when data.dir holds vocab.json and merges.txt, else bytes), or "
                   "--tokenizer's");

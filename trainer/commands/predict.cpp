@@ -79,7 +79,7 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "in batches of --batch-size dealt to the ranks in turn, with the checkpoint's evaluation preprocessing; rank 0 "
       "writes one line per image, in sorted path order, to --out (as OUT.tmp, renamed when complete): the same bytes "
       "on any number of ranks, for the same CPU kernels and threads per rank (1 thread and 2 or more round "
-      "OpenBLAS's long products differently; the run's 'device cpu: threads' line says how many); trains nothing. With a GPT checkpoint --input is a text file of prompts, one a line, and each line of "
+      "OpenBLAS's long products differently; the run's 'device cpu: threads' line says how many); trains nothing. With a GPT or Llama checkpoint --input is a text file of prompts, one a line, and each line of "
       "OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
       "prompts of one token length (past the block size: as the block size) are generated --batch-size at a time with "
       "one KV cache, the batches dealt to the ranks in turn (a batch's products may round the logits' last bits "

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <map>
 
-#include "models/gpt/generate.h"
+#include "models/generate.h"
 #include "models/gpt/gpt.h"
 
 using namespace dpt;

@@ -11,6 +11,7 @@
 
 #include "model_testing.h"
 #include "models/kernels/cpu/cpu_kernels.h"
+#include "models/generate.h"
 #include "models/llama/llama.h"
 
 using namespace dpt;
@@ -238,4 +239,61 @@ TEST_CASE("Llama: options that cannot build a model are refused by name", "[mode
   model->init(1);
   std::mt19937_64 rng(2);
   REQUIRE_THROWS_WITH(model->forward(random_tokens(1, 9, o.vocab_size, rng)), Catch::Contains("at most 8"));
+}
+
+TEST_CASE("Llama with a KV cache: token by token gives the whole sequence's logits (GQA, tied, biases)",
+          "[models][llama]") {
+  std::mt19937_64 rng(14);
+  LlamaOptions o = tiny(4, 2);
+  o.tie_embeddings = true;
+  o.qkv_bias = true;
+  auto model = make_llama(o);
+  model->init(15);
+  model = scaled(std::move(model), 4.0f);
+  model->set_training(false);
+  auto& llama = dynamic_cast<Llama&>(model->root());
+  const int64_t b = 2, t = o.max_positions, v = o.vocab_size;
+  Tensor x = random_tokens(b, t, v, rng);
+  const Tensor full = model->forward(x).to(Device::cpu());
+  Tensor want = Tensor::empty(full.shape());
+  want.copy_from(full);
+  llama.begin_kv_cache(b, Device::cpu());
+  // A prompt of 3 positions, then one at a time, then two, until the cache is full.
+  int64_t pos = 0;
+  for (int64_t n : {3, 1, 1, 2, 1}) {
+    Tensor step = Tensor::empty({b, n}, DType::I32);
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < n; ++j) step.data<int32_t>()[i * n + j] = x.data<int32_t>()[i * t + pos + j];
+    const Tensor& got = model->forward(step);
+    REQUIRE(got.shape() == std::vector<int64_t>{b * n, v});
+    for (int64_t i = 0; i < b; ++i)
+      for (int64_t j = 0; j < n; ++j)
+        for (int64_t c = 0; c < v; ++c)
+          REQUIRE(got.data<float>()[(i * n + j) * v + c] == Approx(want.data<float>()[(i * t + pos + j) * v + c]).margin(1e-5));
+    pos += n;
+    REQUIRE(llama.kv_cache_len() == pos);
+  }
+  Tensor one = Tensor::zeros({b, 1}, DType::I32);
+  REQUIRE_THROWS_WITH(model->forward(one), Catch::Contains("at most 8"));  // 9 positions
+  llama.end_kv_cache();
+  REQUIRE(model->forward(x).shape() == want.shape());  // whole sequences again
+}
+
+TEST_CASE("Llama generates: greedy with and without the KV cache agree, and sampling is seeded", "[models][llama]") {
+  LlamaOptions o = tiny(4, 1);
+  o.vocab_size = 40;
+  o.max_positions = 16;
+  auto model = make_llama(o);
+  model->init(21);
+  model = scaled(std::move(model), 4.0f);
+  const std::vector<int32_t> prompt{3, 1, 4};
+  const SampleOptions greedy{.top_k = 1};
+  const auto cached = generate(*model, o.max_positions, prompt, 10, greedy, 1);
+  const auto window = generate(*model, o.max_positions, prompt, 10, greedy, 1, /*kv_cache=*/false);
+  REQUIRE(cached.size() == 13);
+  REQUIRE(cached == window);
+  REQUIRE(std::vector<int32_t>(cached.begin(), cached.begin() + 3) == prompt);
+  const SampleOptions sample{.temperature = 1.0};
+  REQUIRE(generate(*model, o.max_positions, prompt, 10, sample, 7) == generate(*model, o.max_positions, prompt, 10, sample, 7));
+  REQUIRE(dynamic_cast<Llama&>(model->root()).kv_cache_len() == 0);  // ended
 }

@@ -73,7 +73,7 @@ TEST_CASE("llama: built from its model.* keys, with the defaults they leave", "[
   const ModelFamily& llama = model_family("llama");
   CHECK(llama.input == ModelInput::tokens);
   CHECK(llama.decay_matrices_only);
-  CHECK_FALSE(llama.generates);
+  CHECK(llama.generates);
   auto model = build_model(m, {65}, 0, Device::cpu());
   CHECK(model->summary().starts_with("llama L2 H4/2 C32 I128 V50 T64"));
   CHECK(static_cast<int64_t>(model->num_params()) == models::llama_num_params(o));

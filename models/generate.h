@@ -1,4 +1,4 @@
-// models/gpt/generate.h: text from a GPT: autoregressive sampling with temperature and top-k, seeded, so the same
+// models/generate.h: text from a language model (a GPT, a Llama: a root that is a KvCachedLm): autoregressive sampling with temperature and top-k, seeded, so the same
 // seed gives the same tokens. With the KV cache (the default) each new token costs one position's forward: the
 // prompt's last block_size tokens go through once, then one token at a time. When the cache is full (block_size
 // positions), it starts again from the last block_size / 2 tokens, so a long text keeps at least half a window of
@@ -29,7 +29,7 @@ struct SampleOptions {
 // the lower index). top_k = 1 is argmax.
 int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng);
 
-// `count` new tokens after `prompt` (at least one token), from `model` (a GPT with this block_size, on any
+// `count` new tokens after `prompt` (at least one token), from `model` (a GPT or a Llama with this block_size, on any
 // device: the logits come back to the host for sampling). generate_batch of this one prompt.
 std::vector<int32_t> generate(Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
                               const SampleOptions& o, uint64_t seed, bool kv_cache = true);

@@ -1,11 +1,11 @@
-// models/gpt/generate.cpp: sampling and autoregressive generation from a GPT (see generate.h).
-#include "models/gpt/generate.h"
+// models/generate.cpp: sampling and autoregressive generation from a language model (see generate.h).
+#include "models/generate.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-#include "models/gpt/gpt.h"
+#include "models/kv_cache.h"
 #include "models/module.h"
 
 namespace dpt::models {
@@ -55,8 +55,8 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
               prompts[0].size(), block_size);
   std::vector<std::mt19937_64> rngs(seeds.begin(), seeds.end());
   model.set_training(false);
-  auto* gpt = dynamic_cast<Gpt*>(&model.root());
-  DPT_CHECK(gpt, "generate needs a GPT, not {}", model.summary());
+  auto* gpt = dynamic_cast<KvCachedLm*>(&model.root());
+  DPT_CHECK(gpt, "generate needs a language model with a KV cache (a GPT, a Llama), not {}", model.summary());
   const auto rows = static_cast<int64_t>(batch);
   // Feeds the last t tokens of every sequence ([batch, t]) and appends to each the token sampled from the logits
   // of its last position: row (i + 1) t - 1 of [batch t, vocab].

@@ -1,0 +1,32 @@
+// models/kv_cache.h: the KV cache of autoregressive generation (models/generate.h), shared by the language models that
+// keep one (the GPT, the Llama family): per layer, the keys and values of the positions a generation has seen.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace dpt::models {
+
+// Keys and values per layer: [batch, positions, width] each (the heads side by side as the projections give them;
+// a Llama's keys after RoPE). `len` positions are filled.
+struct KvCache {
+  int64_t batch = 0, len = 0;
+  std::vector<Tensor> k, v;  // one per layer
+};
+
+// A model root that generates with a KV cache. After begin_kv_cache, each forward (in evaluation mode) takes only the
+// next tokens [batch, t] of the sequences, which continue the cached positions, and returns their logits; a step
+// then costs one position's work instead of the whole window's. A sequence cannot grow past the model's longest
+// (ConfigError); begin_kv_cache again starts an empty cache; end_kv_cache frees it and returns to whole-sequence
+// forwards.
+class KvCachedLm {
+ public:
+  virtual ~KvCachedLm() = default;
+  virtual void begin_kv_cache(int64_t batch, Device device) = 0;
+  virtual void end_kv_cache() = 0;
+  virtual int64_t kv_cache_len() const = 0;
+};
+
+}  // namespace dpt::models
