@@ -127,7 +127,7 @@ run one4 1 4
   || fail "batch 4 and batch 8 gave the same parameters: the comparison cannot tell"
 
 if out=$("$DPTRAIN" model.name=gpt train.max_steps=1 checkpoint.dir="$WORK/bad" 2>&1); then fail "a GPT on images ran"; fi
-grep -q "model.name = gpt goes with data.dataset = tokens" <<<"$out" || fail "unclear error for a GPT on images: $out"
+grep -q "model.name = gpt or llama goes with data.dataset = tokens" <<<"$out" || fail "unclear error for a GPT on images: $out"
 if out=$("$DPTRAIN" "${GPT[@]}" model.vocab_size=100 train.max_steps=1 checkpoint.dir="$WORK/bad" 2>&1); then
   fail "tokens beyond the vocabulary were accepted"
 fi
