@@ -1,7 +1,8 @@
 // tests/unit/gpu/test_llama_kernels.cpp: the CUDA set's Llama-family kernels (issue 35) against the CPU set's
 // (tests/unit/models/test_llama_kernels.cpp checks those against finite differences and closed forms): RMSNorm
 // forward and backward (dgamma accumulating onto random values), SwiGLU forward and backward (in place too), the
-// rotary embedding on the q and k heads of a fused qkv row (the v heads untouched) and back. Fresh random inputs
+// rotary embedding on the q and k heads of a fused qkv row (the v heads untouched) and back; the embedding without
+// positions; and the whole Llama (models/llama) moved to the GPU against the CPU, KV-cache steps included. Fresh random inputs
 // from fixed seeds; outputs start as NaN on the device, so an element left unwritten fails. Tolerances: the row
 // sums in double on both sides (a few float ulps apart); the element-wise ones one float operation sequence each
 // (expf and sinf/cosf may differ by an ulp between the host's libm and CUDA's).
@@ -12,6 +13,7 @@
 
 #include "core/check.h"
 #include "gpu_testing.h"
+#include "models/llama/llama.h"
 #include "models/rope.h"
 
 using namespace dpt;
@@ -102,4 +104,108 @@ TEST_CASE("cuda rope matches the CPU on a fused qkv row's q and k heads, and bac
   const Diff back = compare(to_host(got), qkv, 1e-5, 1e-5);
   INFO("after forward and inverse: " << back);
   CHECK(back.bad == 0);
+}
+
+// The Llama's embedding has no position table: wpe and dwpe nullptr.
+TEST_CASE("cuda embedding without positions (wpe nullptr) is the CPU's bit for bit, forward and backward",
+          "[gpu][llama]") {
+  std::mt19937 rng(93);
+  const int64_t rows = 45, T = 9, C = 70, vocab = 300;
+  Tensor tokens = Tensor::empty({rows}, DType::I32);
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  for (int64_t r = 0; r < rows; ++r) tokens.data<int32_t>()[r] = r % 7 == 0 ? 5 : dist(rng);  // repeats included
+  const Tensor wte = random_floats({vocab, C}, rng), dy = random_floats({rows, C}, rng);
+  const Tensor dwte0 = random_floats({vocab, C}, rng);
+  Tensor want = Tensor::empty({rows, C}), want_dwte = copy_to(dwte0, Device::cpu());
+  cpu_kernels().embedding_forward(tokens.data<int32_t>(), wte.data<float>(), nullptr, want.data<float>(), rows, T, C,
+                                  vocab);
+  cpu_kernels().embedding_backward(tokens.data<int32_t>(), dy.data<float>(), want_dwte.data<float>(), nullptr, rows, T,
+                                   C, vocab);
+  const Tensor dtok = to_device(tokens), dwte = to_device(wte), ddy = to_device(dy);
+  Tensor y = nan_on_device({rows, C}), gdwte = to_device(dwte0);
+  gpu_kernels().embedding_forward(dtok.data<int32_t>(), dwte.data<float>(), nullptr, y.data<float>(), rows, T, C, vocab);
+  gpu_kernels().embedding_backward(dtok.data<int32_t>(), ddy.data<float>(), gdwte.data<float>(), nullptr, rows, T, C,
+                                   vocab);
+  const Diff fwd = compare(to_host(y), want), bwd = compare(to_host(gdwte), want_dwte);
+  INFO("y: " << fwd << "; dwte: " << bwd);
+  CHECK(fwd.bad == 0);
+  CHECK(fwd.max_abs == 0.0);
+  CHECK(bwd.bad == 0);
+  CHECK(bwd.max_abs == 0.0);
+}
+
+// A Llama (grouped-query: 4 query heads over 2, head_dim 10, biases on q/k/v: Qwen2's; untied and tied) on the CPU and
+// the same one moved to cuda:0, weights 4x the initialisation's: one forward, the mean softmax cross-entropy, one
+// backward, then generation's KV-cache forwards (a prompt of 5, then 1 token). Tolerances as the GPT's whole-model
+// test: logits, loss and d(logits) 1e-5 relative L2, every parameter gradient 1e-4.
+TEST_CASE("a Llama moved to cuda reproduces the CPU's logits, loss, every gradient and its KV-cache steps",
+          "[gpu][model][llama]") {
+  for (const bool tied : {false, true}) {
+    CAPTURE(tied);
+    LlamaOptions o;
+    o.n_layer = 2;
+    o.n_head = 4;
+    o.n_kv_head = 2;
+    o.n_embd = 36;
+    o.head_dim = 10;
+    o.intermediate_size = 50;
+    o.vocab_size = 97;
+    o.max_positions = 16;
+    o.qkv_bias = true;
+    o.tie_embeddings = tied;
+    o.rope_theta = 1000.0;
+    constexpr int64_t kBatch = 3, kT = 11;
+    auto cpu_model = make_llama(o), gpu_model = make_llama(o);
+    cpu_model->init(42);
+    gpu_model->init(42);
+    for (auto* m : {cpu_model.get(), gpu_model.get()})
+      for (size_t i = 0; i < m->num_params(); ++i) m->params().data<float>()[i] *= 4.0f;
+    gpu_model->to(gpu());
+    std::mt19937 rng(113);
+    Tensor tokens = Tensor::empty({kBatch, kT}, DType::I32), labels = Tensor::empty({kBatch * kT}, DType::I32);
+    std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(o.vocab_size - 1));
+    for (int64_t i = 0; i < kBatch * kT; ++i) {
+      tokens.data<int32_t>()[i] = dist(rng);
+      labels.data<int32_t>()[i] = dist(rng);
+    }
+    cpu_model->zero_grad();
+    gpu_model->zero_grad();
+    const Tensor& cpu_logits = cpu_model->forward(tokens);
+    const Tensor& gpu_logits = gpu_model->forward(to_device(tokens));
+    {
+      const Diff d = compare(to_host(gpu_logits), cpu_logits);
+      INFO("logits: " << d);
+      REQUIRE(d.nonfinite == 0);
+      REQUIRE(d.rel_l2 < 1e-5);
+    }
+    SoftmaxCrossEntropy cpu_loss, gpu_loss;
+    const LossResult want = cpu_loss.forward_backward(cpu_logits, labels, cpu_model->kernels());
+    const LossResult got = gpu_loss.forward_backward(gpu_logits, to_device(labels), gpu_model->kernels());
+    INFO(fmt::format("loss sum: gpu {}, cpu {}", got.loss_sum, want.loss_sum));
+    REQUIRE(rel_err(got.loss_sum, want.loss_sum) < 1e-5);
+    cpu_model->backward(cpu_loss.grad());
+    gpu_model->backward(gpu_loss.grad());
+    const Tensor got_grads = to_host(gpu_model->grads());
+    for (const NamedParam& np : cpu_model->named_params()) {
+      const Diff d = compare(got_grads.data<float>() + np.offset, cpu_model->grads().data<float>() + np.offset,
+                             np.param.numel());
+      INFO(np.name << ": " << d);
+      REQUIRE(d.nonfinite == 0);
+      REQUIRE(d.rel_l2 < 1e-4);
+    }
+    // Generation's forwards: a prompt of 5 positions, then one more, through each side's KV cache.
+    for (auto* m : {cpu_model.get(), gpu_model.get()}) {
+      m->set_training(false);
+      dynamic_cast<Llama&>(m->root()).begin_kv_cache(kBatch, m->device());
+    }
+    for (const int64_t n : {int64_t{5}, int64_t{1}}) {
+      Tensor step = Tensor::empty({kBatch, n}, DType::I32);
+      for (int64_t i = 0; i < kBatch * n; ++i) step.data<int32_t>()[i] = dist(rng);
+      const Tensor& c = cpu_model->forward(step);
+      const Diff d = compare(to_host(gpu_model->forward(to_device(step))), c);
+      INFO("KV-cache step of " << n << ": " << d);
+      REQUIRE(d.nonfinite == 0);
+      REQUIRE(d.rel_l2 < 1e-5);
+    }
+  }
 }
