@@ -4,6 +4,8 @@
 #include "data/bpe.h"
 
 #include <pcre2.h>
+#include <unicode/bytestream.h>
+#include <unicode/normalizer2.h>
 
 #include <nlohmann/json.hpp>
 
@@ -114,6 +116,54 @@ std::string pcre2_message(int code) {
   return reinterpret_cast<const char*>(buf.data());
 }
 
+// The length of the valid UTF-8 sequence at text[i] (1 to 4), or 0 when the bytes there are not one.
+size_t valid_utf8_at(std::string_view text, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<uint8_t>(text[i + k]); };
+  const uint8_t c = b(0);
+  const size_t left = text.size() - i;
+  const auto cont = [&](size_t k) { return k < left && (b(k) & 0xC0) == 0x80; };
+  if (c < 0x80) return 1;
+  if (c >= 0xC2 && c <= 0xDF) return cont(1) ? 2 : 0;
+  if (c >= 0xE0 && c <= 0xEF) {
+    if (!cont(1) || !cont(2)) return 0;
+    if (c == 0xE0 && b(1) < 0xA0) return 0;  // overlong
+    if (c == 0xED && b(1) > 0x9F) return 0;  // surrogates
+    return 3;
+  }
+  if (c >= 0xF0 && c <= 0xF4) {
+    if (!cont(1) || !cont(2) || !cont(3)) return 0;
+    if ((c == 0xF0 && b(1) < 0x90) || (c == 0xF4 && b(1) > 0x8F)) return 0;
+    return 4;
+  }
+  return 0;
+}
+
+// Unicode NFC (ICU) of the valid UTF-8 runs of `text`; bytes that are not valid UTF-8 are kept as they are.
+std::string nfc(std::string_view text) {
+  UErrorCode err = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
+  if (U_FAILURE(err)) DPT_THROW(InternalError, "ICU's NFC normalizer: {}", u_errorName(err));
+  std::string out;
+  out.reserve(text.size());
+  icu::StringByteSink<std::string> sink(&out);
+  for (size_t i = 0; i < text.size();) {
+    size_t end = i;
+    while (end < text.size()) {
+      const size_t len = valid_utf8_at(text, end);
+      if (len == 0) break;
+      end += len;
+    }
+    if (end > i) {
+      const icu::StringPiece run(text.data() + i, static_cast<int32_t>(end - i));
+      n->normalizeUTF8(0, run, sink, nullptr, err);
+      if (U_FAILURE(err)) DPT_THROW(InternalError, "ICU's NFC normalization failed: {}", u_errorName(err));
+      i = end;
+    }
+    for (; i < text.size() && valid_utf8_at(text, i) == 0; ++i) out.push_back(text[i]);
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Gpt2Bpe::Regex {
@@ -183,9 +233,12 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
     DPT_THROW(ConfigError, "{}: not valid JSON: {}", where, e.what());
   }
   if (!j.is_object()) DPT_THROW(ConfigError, "{}: a tokenizer.json holds an object", where);
-  if (const nlohmann::json* n = field(j, "normalizer"))
-    DPT_THROW(ConfigError, "{}: normalizer {}: dptrain's byte-level BPE reads tokenizers without a normalizer", where,
-              type_of(*n));
+  if (const nlohmann::json* n = field(j, "normalizer")) {
+    if (type_of(*n) != "NFC")
+      DPT_THROW(ConfigError, "{}: normalizer {}: dptrain's byte-level BPE reads tokenizers without a normalizer or "
+                "with NFC (Qwen2's)", where, type_of(*n));
+    nfc_ = true;
+  }
   const nlohmann::json* model = field(j, "model");
   if (!model || type_of(*model) != "BPE")
     DPT_THROW(ConfigError, "{}: model type {}: dptrain reads byte-level BPE tokenizers (model.type BPE), not "
@@ -409,8 +462,8 @@ void Gpt2Bpe::set_merges(const std::vector<std::pair<std::string, std::string>>&
 
 std::string Gpt2Bpe::describe() const {
   if (hf_)
-    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens)", json_path_.string(),
-                       vocab_size(), merge_lines_, added_.size());
+    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens{})", json_path_.string(),
+                       vocab_size(), merge_lines_, added_.size(), nfc_ ? ", NFC" : "");
   return fmt::format("GPT-2 BPE (vocab {}, {} merges)", vocab_size(), merge_lines_);
 }
 
@@ -496,6 +549,11 @@ void Gpt2Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) cons
 }
 
 void Gpt2Bpe::encode_plain(std::string_view text, std::vector<int32_t>& out) const {
+  if (nfc_) {  // normalized first, as tokenizers does between the added tokens
+    const std::string normal = nfc(text);
+    for (const std::string_view word : pre_tokenize(normal)) encode_word(word, out);
+    return;
+  }
   for (const std::string_view word : pre_tokenize(text)) encode_word(word, out);
 }
 

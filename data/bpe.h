@@ -35,8 +35,9 @@
 // ignore_merges (a pre-token that is a vocabulary token whole is that token, before any merge: Llama 3's); the
 // pre-tokenizer ByteLevel (GPT-2's pattern), or a Sequence of Split(Regex, Isolated) and ByteLevel without its own
 // regex (the Split's pattern instead: Llama 3's, Qwen2's); added_tokens (<|begin_of_text|>, <|endoftext|>, ...),
-// which the text is split on first (leftmost, the longest at one place), each its own id, as `tokenizers` encodes.
-// Refused by name: a normalizer (Qwen2's NFC among them), another model type (WordPiece, Unigram: SentencePiece's),
+// which the text is split on first (leftmost, the longest at one place), each its own id, as `tokenizers` encodes;
+// the normalizer NFC (Qwen2's), applied to the text between the added tokens (ICU; bytes that are not valid UTF-8
+// are left as they are, so decode(encode(x)) is NFC(x) there). Refused by name: another normalizer, another model type (WordPiece, Unigram: SentencePiece's),
 // another pre-tokenizer or decoder, byte_fallback, dropout, a continuing_subword_prefix or end_of_word_suffix,
 // add_prefix_space, and added tokens with lstrip, rstrip or single_word. The post-processor (a BOS template) is not
 // applied: encode() is `tokenizers`' encode(text, add_special_tokens=False).
@@ -124,6 +125,7 @@ class Gpt2Bpe final : public Tokenizer {
   bool hf_ = false;
   std::filesystem::path json_path_;
   bool ignore_merges_ = false;
+  bool nfc_ = false;  // the text between added tokens is normalized to Unicode NFC first
   std::unordered_map<std::string, int32_t> word_id_;
   std::vector<std::pair<std::string, int32_t>> added_;
   bool added_newline_ = false;

@@ -98,7 +98,7 @@ Command add_tokenize(CLI::App& root) {
   CLI::Option* hf = cmd->add_option(
       "--tokenizer", a->tokenizer,
       "a Hugging Face tokenizer.json, or a model folder holding one: byte-level BPE (GPT-2's, Llama 3's, Qwen2's "
-      "pre-tokenizers without a normalizer; its added tokens split out of the text; no BOS is added)");
+      "pre-tokenizers, no normalizer or NFC; its added tokens split out of the text; no BOS is added)");
   hf->excludes(vocab);
   hf->excludes(merges);
   return {cmd, [a] { return tokenize(*a); }};

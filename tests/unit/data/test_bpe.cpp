@@ -621,7 +621,7 @@ TEST_CASE("tokenizer.json: what dptrain does not read is refused by name", "[dat
     INFO(why);
     REQUIRE_THROWS_WITH(Gpt2Bpe(hand_tokenizer(dir, true, edit)), Catch::Contains(why));
   };
-  refused([](nlohmann::json& j) { j["normalizer"] = {{"type", "NFC"}}; }, "normalizer NFC");
+  refused([](nlohmann::json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "normalizer Lowercase");
   refused([](nlohmann::json& j) { j["model"]["type"] = "WordPiece"; }, "model type WordPiece");
   refused([](nlohmann::json& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback = true");
   refused([](nlohmann::json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout = 0.1");
@@ -635,6 +635,11 @@ TEST_CASE("tokenizer.json: what dptrain does not read is refused by name", "[dat
   refused([](nlohmann::json& j) { j["added_tokens"][0]["rstrip"] = true; }, "has rstrip = true");
   refused([](nlohmann::json& j) { j["added_tokens"][0]["id"] = 65; }, "has id 65, which the vocabulary gives another");
   refused([](nlohmann::json& j) { j["model"]["merges"].push_back(3); }, "is neither");
+  // NFC (Qwen2's normalizer): "e" + U+0301 becomes U+00E9 before pre-tokenizing; bytes that are not UTF-8 stay.
+  const Gpt2Bpe nfc(hand_tokenizer(dir, true, [](nlohmann::json& j) { j["normalizer"] = {{"type", "NFC"}}; }));
+  REQUIRE_THAT(nfc.describe(), Catch::Contains(", NFC)"));
+  REQUIRE(nfc.decode(nfc.encode("caf" "e\xcc\x81")) == "caf\xc3\xa9");
+  REQUIRE(nfc.decode(nfc.encode("\xff" "e\xcc\x81" "\xfe<|eot|>")) == "\xff\xc3\xa9\xfe<|eot|>");
   // GPT-2's own form: ByteLevel with its regex, no Split.
   const Gpt2Bpe gpt2(hand_tokenizer(dir, false, [](nlohmann::json& j) {
     j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
