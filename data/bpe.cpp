@@ -4,8 +4,7 @@
 #include "data/bpe.h"
 
 #include <pcre2.h>
-#include <unicode/bytestream.h>
-#include <unicode/normalizer2.h>
+#include <utf8proc.h>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +12,7 @@
 #include <array>
 #include <climits>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -138,14 +138,10 @@ size_t valid_utf8_at(std::string_view text, size_t i) {
   return 0;
 }
 
-// Unicode NFC (ICU) of the valid UTF-8 runs of `text`; bytes that are not valid UTF-8 are kept as they are.
+// Unicode NFC (utf8proc) of the valid UTF-8 runs of `text`; bytes that are not valid UTF-8 are kept as they are.
 std::string nfc(std::string_view text) {
-  UErrorCode err = U_ZERO_ERROR;
-  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
-  if (U_FAILURE(err)) DPT_THROW(InternalError, "ICU's NFC normalizer: {}", u_errorName(err));
   std::string out;
   out.reserve(text.size());
-  icu::StringByteSink<std::string> sink(&out);
   for (size_t i = 0; i < text.size();) {
     size_t end = i;
     while (end < text.size()) {
@@ -154,9 +150,13 @@ std::string nfc(std::string_view text) {
       end += len;
     }
     if (end > i) {
-      const icu::StringPiece run(text.data() + i, static_cast<int32_t>(end - i));
-      n->normalizeUTF8(0, run, sink, nullptr, err);
-      if (U_FAILURE(err)) DPT_THROW(InternalError, "ICU's NFC normalization failed: {}", u_errorName(err));
+      utf8proc_uint8_t* mapped = nullptr;
+      const utf8proc_ssize_t n =
+          utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data() + i), static_cast<utf8proc_ssize_t>(end - i),
+                       &mapped, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+      if (n < 0) DPT_THROW(InternalError, "utf8proc's NFC of {} bytes: {}", end - i, utf8proc_errmsg(n));
+      out.append(reinterpret_cast<const char*>(mapped), static_cast<size_t>(n));
+      std::free(mapped);
       i = end;
     }
     for (; i < text.size() && valid_utf8_at(text, i) == 0; ++i) out.push_back(text[i]);
@@ -237,7 +237,7 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
     if (type_of(*n) != "NFC")
       DPT_THROW(ConfigError, "{}: normalizer {}: dptrain's byte-level BPE reads tokenizers without a normalizer or "
                 "with NFC (Qwen2's)", where, type_of(*n));
-    nfc_ = true;
+    nfc_ = true;  // utf8proc's
   }
   const nlohmann::json* model = field(j, "model");
   if (!model || type_of(*model) != "BPE")

@@ -36,7 +36,7 @@
 // pre-tokenizer ByteLevel (GPT-2's pattern), or a Sequence of Split(Regex, Isolated) and ByteLevel without its own
 // regex (the Split's pattern instead: Llama 3's, Qwen2's); added_tokens (<|begin_of_text|>, <|endoftext|>, ...),
 // which the text is split on first (leftmost, the longest at one place), each its own id, as `tokenizers` encodes;
-// the normalizer NFC (Qwen2's), applied to the text between the added tokens (ICU; bytes that are not valid UTF-8
+// the normalizer NFC (Qwen2's), applied to the text between the added tokens (utf8proc; bytes that are not valid UTF-8
 // are left as they are, so decode(encode(x)) is NFC(x) there). Refused by name: another normalizer, another model type (WordPiece, Unigram: SentencePiece's),
 // another pre-tokenizer or decoder, byte_fallback, dropout, a continuing_subword_prefix or end_of_word_suffix,
 // add_prefix_space, and added tokens with lstrip, rstrip or single_word. The post-processor (a BOS template) is not

@@ -40,7 +40,7 @@ PKGS=(
   catch2                             # the unit tests, which the default build (DPT_BUILD_TESTS=ON) compiles
   libtomlplusplus-dev nlohmann-json3-dev zlib1g-dev
   libpcre2-dev                       # GPT-2 BPE: the pre-tokenizer regex (\p{L}, lookahead, UTF-8)
-  libicu-dev                         # tokenizer.json's NFC normalizer (Qwen2's)
+  libutf8proc-dev                    # tokenizer.json's NFC normalizer (Qwen2's)
   libzip-dev                         # PyTorch's torch.save files (.pth, pytorch_model.bin) for model.init_from
   libjpeg62-turbo-dev libpng-dev     # image folders: JPEG (libjpeg-turbo) and PNG decoding and writing
   libdnnl-dev                        # oneDNN: the CPU convolutions (fp32, and bf16 on AVX-512)
