@@ -1,6 +1,8 @@
 // core/safetensors.cpp: safetensors reader and writer with per-tensor CRC32.
 #include "core/safetensors.h"
 
+#include "core/half.h"
+
 #include <fcntl.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -136,7 +138,9 @@ SafetensorsFile read_safetensors(const std::string& path) {
       for (auto& [k, v] : header["__metadata__"].items()) out.metadata[k] = v.get<std::string>();
     for (auto& [name, info] : header.items()) {
       if (name == "__metadata__") continue;
-      auto dtype = parse_st_dtype(info.at("dtype").get<std::string>());
+      // F16 (Hugging Face's fp16 weights) is read as float32, exactly: 2 bytes an element in the file.
+      const bool f16 = info.at("dtype") == "F16";
+      auto dtype = f16 ? std::optional<DType>(DType::F32) : parse_st_dtype(info.at("dtype").get<std::string>());
       if (!dtype) DPT_THROW(CheckpointError, "{}: tensor {} has unsupported dtype {}", path, name, info.at("dtype").dump());
       // Integers only: nlohmann reads a number too large for 64 bits as a double, and converting that to an
       // integer is undefined (found by tests/fuzz: a dimension of 2.2e38).
@@ -153,7 +157,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
                   info.at("data_offsets").dump(), data_size);
       // The shape's size, checked before allocating: a hostile shape must neither allocate terabytes nor
       // wrap around to the range's length ([2^32, 2^32] of U8 "fitted" 0 bytes: found by tests/fuzz).
-      uint64_t need = dtype_size(*dtype);
+      uint64_t need = f16 ? 2 : dtype_size(*dtype);
       for (int64_t d : shape) {
         if (d < 0 || __builtin_mul_overflow(need, static_cast<uint64_t>(d), &need))
           DPT_THROW(CheckpointError, "{}: tensor {} has an impossible shape {}", path, name, info.at("shape").dump());
@@ -162,10 +166,18 @@ SafetensorsFile read_safetensors(const std::string& path) {
         DPT_THROW(CheckpointError, "{}: tensor {} shape [{}] needs {} bytes, its range holds {}", path, name,
                   fmt::join(shape, ", "), need, offs[1] - offs[0]);
       Tensor t = Tensor::empty(shape, *dtype);
-      std::memcpy(t.raw(), data + offs[0], t.bytes());
+      if (f16) {
+        for (size_t i = 0; i < t.numel(); ++i) {
+          uint16_t h;
+          std::memcpy(&h, data + offs[0] + 2 * i, 2);
+          t.data<float>()[i] = half_to_float(h);
+        }
+      } else {
+        std::memcpy(t.raw(), data + offs[0], t.bytes());
+      }
       auto crc = out.metadata.find("crc32:" + name);
       if (crc != out.metadata.end()) {
-        std::string actual = fmt::format("{:08x}", crc32_of(t.raw(), t.bytes()));
+        std::string actual = fmt::format("{:08x}", crc32_of(data + offs[0], offs[1] - offs[0]));
         if (actual != crc->second)
           DPT_THROW(CheckpointError, "{}: tensor {} is corrupted: CRC32 {} but the header says {}", path, name, actual,
                     crc->second);

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "core/safetensors.h"
 
 namespace dpt::trainer {
@@ -50,7 +51,7 @@ SafetensorsFile unpickle_state_dict(const uint8_t* pkl, size_t size, const Stora
 // Weights from a file, whichever of the two formats it is in: safetensors, or torch.save's zip.
 SafetensorsFile read_weights_file(const std::string& path);
 
-// IEEE half precision to float32, exactly (subnormals, infinities and NaNs kept).
-float half_to_float(uint16_t h);
+// IEEE half precision to float32, exactly (core/half.h).
+using dpt::half_to_float;
 
 }  // namespace dpt::trainer

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # integration.llama_hf_parity (issue 35): dptrain's Llama family against Hugging Face transformers (4.45 in the test
 # venv, on Debian's torch 1.13, CPU, float32):
-#  - four tiny random models saved by save_pretrained (tests/support/python/llama_hf.py: Llama MHA untied; Llama GQA
+#  - four tiny random models saved by save_pretrained (tests/support/python/llama_hf.py: Llama MHA untied in fp16; Llama GQA
 #    tied with Llama 3 rope scaling, head_dim other than hidden / heads, attention and MLP biases, sharded safetensors;
 #    Qwen2 multi-query in bfloat16; Llama in pytorch_model.bin) load through model.init_from's own code (dpt-llama-io:
 #    config.json resolved into the model.* keys, the folder's weights imported), and give transformers' logits and

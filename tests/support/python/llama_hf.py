@@ -14,7 +14,8 @@ dptrain's Llama family (integration.llama_hf_parity). Runs in the test venv (tra
   llama_hf.py logits DIR INPUT OUT the logits of a folder from_pretrained (AutoModelForCausalLM) on INPUT's x.0
 
 Variants (weights N(0, 0.2): attention far from uniform, so its gradient matters; RMSNorm weights not all 1):
-  llama_mha        Llama, 4 heads, untied head, model.safetensors
+  llama_mha        Llama, 4 heads, untied head, model.safetensors in float16 (dptrain widens; the reference loads the
+                   same fp16 values as float32)
   llama_gqa_tied   Llama, 4 query heads over 2 key/value heads, tied head, Llama 3 rope scaling, head_dim 6 (not
                    hidden / heads), attention_bias and mlp_bias, sharded (several model-*.safetensors + index)
   qwen2_bf16       Qwen2 (biases on q, k, v), 4 heads over 1, saved in bfloat16 (dptrain widens; the reference
@@ -72,6 +73,8 @@ def make(variant, d):
         model.save_pretrained(out, max_shard_size="20KB")
     elif variant == "qwen2_bf16":
         model.to(torch.bfloat16).save_pretrained(out)
+    elif variant == "llama_mha":
+        model.half().save_pretrained(out)
     elif variant == "llama_bin":
         model.save_pretrained(out, safe_serialization=False)
     else:

@@ -8,10 +8,12 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
@@ -285,6 +287,35 @@ TEST_CASE("safetensors: a shape or range that is not 64-bit integers is an error
     f.close();
     REQUIRE_THROWS_WITH(read_safetensors((dir / "h.safetensors").string()),
                         Catch::Contains("not a list of 64-bit integers"));
+  }
+}
+
+TEST_CASE("safetensors: F16 tensors (fp16 weights) read as float32, exactly, their CRC over the file's bytes",
+          "[checkpoint]") {
+  const fs::path dir = fresh_dir("st_f16");
+  // 1.0, -2.5, 65504 (the largest half), the smallest subnormal 2^-24, -inf: as fp16 bits.
+  const std::vector<uint16_t> halves{0x3C00, 0xC100, 0x7BFF, 0x0001, 0xFC00};
+  const std::vector<float> want{1.0f, -2.5f, 65504.0f, std::ldexp(1.0f, -24), -std::numeric_limits<float>::infinity()};
+  std::string body(reinterpret_cast<const char*>(halves.data()), 2 * halves.size());
+  for (const bool good_crc : {true, false}) {
+    const std::string crc = good_crc ? fmt::format("{:08x}", crc32_of(body.data(), body.size())) : "00000000";
+    const std::string header = R"({"__metadata__":{"crc32:h":")" + crc +
+                               R"("},"h":{"dtype":"F16","shape":[5],"data_offsets":[0,10]}})";
+    std::ofstream f(dir / "h.safetensors", std::ios::binary | std::ios::trunc);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << body;
+    f.close();
+    if (!good_crc) {
+      REQUIRE_THROWS_WITH(read_safetensors((dir / "h.safetensors").string()), Catch::Contains("is corrupted"));
+      continue;
+    }
+    const SafetensorsFile file = read_safetensors((dir / "h.safetensors").string());
+    const Tensor* h = file.find("h");
+    REQUIRE(h);
+    REQUIRE(h->dtype() == DType::F32);
+    REQUIRE(h->shape() == std::vector<int64_t>{5});
+    for (size_t i = 0; i < want.size(); ++i) REQUIRE(h->data<float>()[i] == want[i]);
   }
 }
 
