@@ -75,6 +75,7 @@ put("safetensors", "two", safetensors([("w", "F32", [2, 2], struct.pack("<4f", 1
                                        ("step", "I64", [], struct.pack("<q", 7))]))
 put("safetensors", "nocrc", safetensors([("b", "BF16", [3], b"\x80\x3f\x00\x40\x40\x40"),
                                          ("u", "U8", [0], b"")], crc=False))
+put("safetensors", "f16", safetensors([("h", "F16", [2, 2], struct.pack("<4H", 0x3C00, 0xC100, 0x7BFF, 0x0001))]))
 
 
 # torch.save's format (trainer/torch_file.h): data.pkl, a protocol-2 pickle of an OrderedDict whose tensors are
