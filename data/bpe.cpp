@@ -30,6 +30,12 @@ namespace fs = std::filesystem;
 // GPT-2's pre-tokenizer (openai/gpt-2 src/encoder.py).
 constexpr const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 
+// Llama 3's and Qwen2's pre-tokenizer patterns, as their tokenizer.json's Split has them: safe_cut's rule is known to
+// hold for these and GPT-2's.
+constexpr const char* kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr const char* kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 // Larger ids would only make id_bytes_ huge (GPT-2 has 50257, the largest vocabularies a few 100k).
 constexpr int64_t kMaxVocabId = (int64_t{1} << 24) - 1;
 
@@ -319,6 +325,7 @@ void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
               "and ByteLevel (use_regex false)", where, pt->dump().substr(0, 200));
   }
   regex_ = std::make_unique<Regex>(pattern, where);
+  known_pattern_ = pattern == kGpt2Pattern || pattern == kLlama3Pattern || pattern == kQwen2Pattern;
 }
 
 void Gpt2Bpe::read_hf_added_tokens(const nlohmann::json& j, const std::unordered_map<std::string, int32_t>&) {
@@ -602,7 +609,7 @@ std::string Gpt2Bpe::decode(std::span<const int32_t> ids) const {
 
 size_t Gpt2Bpe::safe_cut(std::string_view text) const {
   if (hf_) {
-    if (added_newline_) return 0;
+    if (added_newline_ || !known_pattern_) return 0;
     for (size_t i = text.size(); i-- > 1;) {
       const char c = text[i];
       if (text[i - 1] == '\n' && ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'))) return i;

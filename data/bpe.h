@@ -36,11 +36,12 @@
 // pre-tokenizer ByteLevel (GPT-2's pattern), or a Sequence of Split(Regex, Isolated) and ByteLevel without its own
 // regex (the Split's pattern instead: Llama 3's, Qwen2's); added_tokens (<|begin_of_text|>, <|endoftext|>, ...),
 // which the text is split on first (leftmost, the longest at one place), each its own id, as `tokenizers` encodes;
-// the normalizer NFC (Qwen2's), applied to the text between the added tokens (utf8proc; bytes that are not valid UTF-8
-// are left as they are, so decode(encode(x)) is NFC(x) there). Refused by name: another normalizer, another model type (WordPiece, Unigram: SentencePiece's),
-// another pre-tokenizer or decoder, byte_fallback, dropout, a continuing_subword_prefix or end_of_word_suffix,
-// add_prefix_space, and added tokens with lstrip, rstrip or single_word. The post-processor (a BOS template) is not
-// applied: encode() is `tokenizers`' encode(text, add_special_tokens=False).
+// the normalizer NFC (Qwen2's), applied to the text between the added tokens (utf8proc; bytes that are not valid
+// UTF-8 are left as they are, so decode(encode(x)) is NFC(x) there). Refused by name: another normalizer, another
+// model type (WordPiece, Unigram: SentencePiece's), another pre-tokenizer or decoder, byte_fallback, dropout, an
+// unk_token, a continuing_subword_prefix or end_of_word_suffix, add_prefix_space, and added tokens with lstrip,
+// rstrip or single_word. The post-processor (a BOS template) is not applied: encode() is `tokenizers`'
+// encode(text, add_special_tokens=False).
 #pragma once
 
 #include <filesystem>
@@ -73,8 +74,8 @@ class Gpt2Bpe final : public Tokenizer {
   std::string describe() const override;
   // GPT-2's files: before a ' ' or '\n' that follows a printable ASCII character: no pre-token spans that point,
   // and what comes after it cannot change the pre-tokens before it. A tokenizer.json: between a '\n' and an ASCII
-  // letter (GPT-2's, Llama 3's and Qwen2's patterns all end a pre-token there; 0, no cut, when an added token
-  // holds a '\n').
+  // letter (GPT-2's, Llama 3's and Qwen2's patterns all end a pre-token there); 0, no cut, for another pattern or
+  // when an added token holds a '\n'.
   size_t safe_cut(std::string_view text) const override;
   // Copies the two files, as they are, to DIR/vocab.json and DIR/merges.txt (or tokenizer.json to
   // DIR/tokenizer.json).
@@ -129,6 +130,7 @@ class Gpt2Bpe final : public Tokenizer {
   std::unordered_map<std::string, int32_t> word_id_;
   std::vector<std::pair<std::string, int32_t>> added_;
   bool added_newline_ = false;
+  bool known_pattern_ = false;  // GPT-2's, Llama 3's or Qwen2's pattern: safe_cut's rule holds
 };
 
 }  // namespace dpt::data

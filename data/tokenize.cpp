@@ -187,12 +187,18 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
       } else {
         ++summary.files;
         pending.clear();
+        size_t no_cut = 0;  // pending's first bytes, already searched for a cut without one (the search is from the end)
         for_each_chunk(path, buf, [&](std::span<const uint8_t> chunk) {
           summary.bytes += chunk.size();
           pending.append(reinterpret_cast<const char*>(chunk.data()), chunk.size());
-          const size_t cut = tokenizer.safe_cut(pending);
+          // Only the new bytes (and the one before them, which a cut looks back at) are searched: text without a cut
+          // for a long way costs linear time, not quadratic.
+          const size_t from = no_cut > 0 ? no_cut - 1 : 0;
+          size_t cut = tokenizer.safe_cut(std::string_view(pending).substr(from));
+          cut = cut > 0 ? cut + from : 0;
           route(tokenizer.encode(std::string_view(pending).substr(0, cut)));
           pending.erase(0, cut);
+          no_cut = cut > 0 ? 0 : pending.size();
           return true;
         });
         route(tokenizer.encode(pending));

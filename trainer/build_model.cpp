@@ -65,12 +65,16 @@ SafetensorsFile read_sharded(const fs::path& index) {
 }  // namespace
 
 SafetensorsFile read_weights(const std::string& path) {
-  if (!fs::is_directory(path)) return read_weights_file(path);
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return read_weights_file(path);
   const fs::path dir(path);
-  for (const char* index : {"model.safetensors.index.json", "pytorch_model.bin.index.json"})
-    if (fs::is_regular_file(dir / index)) return read_sharded(dir / index);
-  for (const char* file : {"model.safetensors", "pytorch_model.bin"})
-    if (fs::is_regular_file(dir / file)) return read_weights_file((dir / file).string());
+  // transformers' order: safetensors before pytorch_model.bin, a whole file before an index.
+  for (const char* name : {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                           "pytorch_model.bin.index.json"}) {
+    const fs::path p = dir / name;
+    if (!fs::is_regular_file(p, ec)) continue;
+    return std::string_view(name).ends_with(".index.json") ? read_sharded(p) : read_weights_file(p.string());
+  }
   DPT_THROW(IoError, "{} is a folder without weights: it holds none of model.safetensors, "
             "model.safetensors.index.json (and its shards), pytorch_model.bin, pytorch_model.bin.index.json", path);
 }

@@ -31,9 +31,9 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
 // Face's 50257) or the padded count (models::padded_vocab): padding rows are filled with 0.
 std::string load_pretrained(models::Model& model, const ModelConfig& m, const std::string& path);
 
-// The weights model.init_from names: a file (safetensors, or torch.save's zip), or a Hugging Face model folder: its
-// model.safetensors.index.json (or pytorch_model.bin.index.json) and the shards it names, else its model.safetensors,
-// else its pytorch_model.bin. IoError naming what is missing or inconsistent.
+// The weights model.init_from names: a file (safetensors, or torch.save's zip), or a Hugging Face model folder, in
+// transformers' order: its model.safetensors, else model.safetensors.index.json and the shards it names, else
+// pytorch_model.bin, else pytorch_model.bin.index.json and its shards. IoError naming what is missing or inconsistent.
 SafetensorsFile read_weights(const std::string& path);
 
 // Training FLOPs (forward and backward) per loss row for the progress line's MFU: the family's estimate (a GPT's

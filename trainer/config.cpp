@@ -277,7 +277,7 @@ const std::vector<Field>& schema() {
       field("model.mlp_bias", &C::model, &ModelConfig::mlp_bias, "llama: biases on gate_proj, up_proj and down_proj"),
       field("model.hf_config", &C::model, &ModelConfig::hf_config, "llama: a Hugging Face config.json (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM without a sliding window), or a folder holding one, that gives every llama key above and model.n_layer, n_head, n_embd, vocab_size; a key it sets that the config also sets to another value is an error, and a key of config.json that would change the arithmetic and that dptrain does not read is refused by name. Empty: the config.json of the folder model.init_from names, if it has one"),
       field("model.sync_bn", &C::model, &ModelConfig::sync_bn, "SyncBatchNorm: batch statistics over all ranks' batches (all-reduced each forward and backward)"),
-      field("model.init_from", &C::model, &ModelConfig::init_from, "weights to start from, in safetensors or in PyTorch's torch.save format (a .pth, a pytorch_model.bin: read without running any of its code): a dptrain checkpoint's model.safetensors; for a ResNet a torchvision state_dict (fc is re-initialised when its class count differs); for a GPT nanoGPT's or Hugging Face's GPT-2 layout (the hub's model.safetensors or pytorch_model.bin); for a llama a Hugging Face model folder (config.json beside model.safetensors, or model.safetensors.index.json and its shards, or pytorch_model.bin), LlamaForCausalLM's names, bf16 or fp32"),
+      field("model.init_from", &C::model, &ModelConfig::init_from, "weights to start from, in safetensors or in PyTorch's torch.save format (a .pth, a pytorch_model.bin: read without running any of its code): a dptrain checkpoint's model.safetensors; for a ResNet a torchvision state_dict (fc is re-initialised when its class count differs); for a GPT nanoGPT's or Hugging Face's GPT-2 layout (the hub's model.safetensors or pytorch_model.bin); for a llama a Hugging Face model folder (config.json beside model.safetensors, or model.safetensors.index.json and its shards, or pytorch_model.bin, or their shards with an index), LlamaForCausalLM's names, fp32, bf16 or fp16"),
       field("dist.backend", &C::dist, &DistConfig::backend, "auto (nccl with a GPU per rank, else mpi under mpirun, else gloo) | gloo | mpi | nccl", one_of({"auto", "gloo", "mpi", "nccl"})),
       field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", Check<double>([](const double& v) {
               return v > 0 && v <= 1e7 ? "" : std::string("must be in (0, 10000000] seconds");
@@ -344,6 +344,7 @@ void set_field(Config& c, const Field& f, const toml::node& n, const std::string
   std::string problem;
   if (!f.set(c, n, problem)) DPT_THROW(ConfigError, "{}{}: expected {}, got {}", where, f.key, f.type, describe(n));
   if (!problem.empty()) DPT_THROW(ConfigError, "{}{} = {}: {}", where, f.key, node_text(n), problem);
+  if (f.key.starts_with("model.")) c.model.given.insert(f.key.substr(6));  // what a model's resolve must not overrule
 }
 
 std::string where_of(const toml::node& n) {

@@ -85,39 +85,57 @@ std::vector<std::vector<NamedTensor>> shards_of(const std::vector<NamedTensor>& 
 }
 
 // Writes the weights into folder `out`: model.safetensors, or shards model-0000I-of-0000N.safetensors and the
-// model.safetensors.index.json transformers reads; what an earlier export left of the other form is removed after,
-// so that from_pretrained cannot find a stale file first. Returns the weights' part of the line export-weights prints.
+// model.safetensors.index.json transformers reads. Every new file is written first beside its name (NAME.tmp, fsynced);
+// then what an earlier export left of the other form is removed (the index among the first: from here a stop leaves
+// a folder from which nothing loads, never old and new weights mixed); then the new files are renamed into place, the
+// index last. Returns the weights' part of the line export-weights prints.
 std::string write_weights_folder(const fs::path& out, const std::vector<NamedTensor>& tensors, uint64_t max_bytes) {
   const auto shards = shards_of(tensors, max_bytes);
   const fs::path index = out / "model.safetensors.index.json";
-  const auto stale_shard = [](const fs::path& p) {
-    const std::string n = p.filename().string();
-    return n.starts_with("model-") && n.ends_with(".safetensors") && n.find("-of-") != std::string::npos;
+  std::vector<std::pair<fs::path, fs::path>> moves;  // NAME.tmp -> NAME, in the order they go into place
+  const auto write_tmp = [&](const fs::path& file, const auto& write) {
+    const fs::path tmp = file.string() + ".tmp";
+    moves.emplace_back(tmp, file);
+    write(tmp.string());
   };
-  if (shards.size() == 1) {
-    write_whole(out / kExportWeightsFile, [&](const std::string& tmp) { write_safetensors(tmp, tensors); });
-    fs::remove(index);
-    for (const auto& e : fs::directory_iterator(out))
-      if (stale_shard(e.path())) fs::remove(e.path());
-    return kExportWeightsFile;
-  }
-  nlohmann::json map = nlohmann::json::object();
-  uint64_t total = 0;
   std::vector<std::string> names;
-  for (size_t i = 0; i < shards.size(); ++i) {
-    const std::string name = fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
-    names.push_back(name);
-    write_whole(out / name, [&](const std::string& tmp) { write_safetensors(tmp, shards[i]); });
-    for (const auto& nt : shards[i]) {
-      map[nt.name] = name;
-      total += nt.tensor.bytes();
+  try {
+    if (shards.size() == 1) {
+      write_tmp(out / kExportWeightsFile, [&](const std::string& tmp) { write_safetensors(tmp, tensors); });
+    } else {
+      nlohmann::json map = nlohmann::json::object();
+      uint64_t total = 0;
+      for (size_t i = 0; i < shards.size(); ++i) {
+        names.push_back(fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size()));
+        write_tmp(out / names.back(), [&](const std::string& tmp) { write_safetensors(tmp, shards[i]); });
+        for (const auto& nt : shards[i]) {
+          map[nt.name] = names.back();
+          total += nt.tensor.bytes();
+        }
+      }
+      const std::string text = nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n";
+      write_tmp(index, [&](const std::string& tmp) {
+        std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+        f << text;
+        f.close();
+        if (!f) DPT_THROW(IoError, "writing {}: {}", tmp, std::strerror(errno));
+      });
     }
+  } catch (...) {
+    std::error_code ec;
+    for (const auto& [tmp, file] : moves) fs::remove(tmp, ec);
+    throw;
   }
-  write_text(index, nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
-  fs::remove(out / kExportWeightsFile);
-  for (const auto& e : fs::directory_iterator(out))
-    if (stale_shard(e.path()) && std::find(names.begin(), names.end(), e.path().filename().string()) == names.end())
-      fs::remove(e.path());
+  // What an earlier export left: the index first, then a whole file the shards replace, then shards not written now.
+  fs::remove(index);
+  if (shards.size() > 1) fs::remove(out / kExportWeightsFile);
+  for (const auto& e : fs::directory_iterator(out)) {
+    const std::string n = e.path().filename().string();
+    const bool shard = n.starts_with("model-") && n.ends_with(".safetensors") && n.find("-of-") != std::string::npos;
+    if (shard && std::find(names.begin(), names.end(), n) == names.end()) fs::remove(e.path());
+  }
+  for (const auto& [tmp, file] : moves) fs::rename(tmp, file);
+  if (shards.size() == 1) return kExportWeightsFile;
   return fmt::format("{} shards of at most {} bytes and model.safetensors.index.json", shards.size(), max_bytes);
 }
 
@@ -165,7 +183,10 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
   GptCheckpoint g;
   if (!tokenizer_dir.empty()) {
     const std::filesystem::path dir(tokenizer_dir);
-    if (std::filesystem::exists(dir / data::kHfTokenizerFile))
+    std::error_code ec;
+    if (std::filesystem::is_regular_file(dir, ec))  // a tokenizer.json named itself
+      g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir);
+    else if (std::filesystem::exists(dir / data::kHfTokenizerFile, ec))
       g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir / data::kHfTokenizerFile);
     else
       g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir / data::kBpeVocabFile, dir / data::kBpeMergesFile);
@@ -176,7 +197,8 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
   }
   if (g.tokenizer->vocab_size() > cfg.model.vocab_size) {
     DPT_THROW(ConfigError, "{}: the model's vocab_size is {}, but the tokenizer from {}, {}, has {} ids: not the "
-              "tokenizer it was trained with (--tokenizer DIR names the directory of that vocab.json and merges.txt)",
+              "tokenizer it was trained with (--tokenizer names its tokenizer.json, or the directory of that tokenizer.json or "
+              "vocab.json and merges.txt)",
               ck.path, cfg.model.vocab_size, g.tokenizer_from, g.tokenizer->describe(), g.tokenizer->vocab_size());
   }
   g.model = model_of(target, device);

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,9 @@ struct ModelConfig {
   std::string attention_bias = "none";       // none | qkv (Qwen2) | all (Llama's attention_bias: q, k, v and o)
   bool mlp_bias = false;
   std::string hf_config = "";                // a Hugging Face config.json, or a folder holding one
+  // The model.* keys (without "model.") the config file or an override set, whatever their value: a family's resolve
+  // (trainer/model_registry.h) takes the others from elsewhere and refuses to contradict these. Not a key itself.
+  std::set<std::string> given;
   int64_t in_channels = 0;                   // 0: the data set's
   int64_t num_classes = 0;                   // 0: the data set's
   bool sync_bn = false;                      // SyncBatchNorm across ranks

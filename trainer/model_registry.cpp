@@ -30,6 +30,9 @@ models::LlamaOptions llama_options(const ModelConfig& m) {
   o.n_head = m.n_head;
   o.n_kv_head = m.n_kv_head > 0 ? m.n_kv_head : m.n_head;
   o.n_embd = m.n_embd;
+  if (m.head_dim == 0 && m.n_embd % m.n_head != 0)
+    DPT_THROW(ConfigError, "model.n_embd = {} is not a multiple of model.n_head = {}: set model.head_dim (the width of "
+              "each head) or another n_embd", m.n_embd, m.n_head);
   o.head_dim = m.head_dim > 0 ? m.head_dim : m.n_embd / m.n_head;
   o.intermediate_size = m.intermediate_size > 0 ? m.intermediate_size : default_intermediate_size(m.n_embd);
   o.vocab_size = m.vocab_size;
@@ -54,12 +57,15 @@ namespace fs = std::filesystem;
 // The config.json a llama's keys come from: model.hf_config (a file, or a folder holding config.json), else the
 // folder model.init_from names when it holds one; empty when neither.
 std::string hf_config_path(const ModelConfig& m) {
+  std::error_code ec;  // an unreadable path is "not there": the error below, or none (no config.json to take)
   if (!m.hf_config.empty()) {
-    const fs::path p = fs::is_directory(m.hf_config) ? fs::path(m.hf_config) / "config.json" : fs::path(m.hf_config);
-    if (!fs::is_regular_file(p)) DPT_THROW(ConfigError, "model.hf_config = {}: no file {}", m.hf_config, p.string());
+    const fs::path p =
+        fs::is_directory(m.hf_config, ec) ? fs::path(m.hf_config) / "config.json" : fs::path(m.hf_config);
+    if (!fs::is_regular_file(p, ec)) DPT_THROW(ConfigError, "model.hf_config = {}: no file {}", m.hf_config, p.string());
     return p.string();
   }
-  if (!m.init_from.empty() && fs::is_directory(m.init_from) && fs::is_regular_file(fs::path(m.init_from) / "config.json"))
+  if (!m.init_from.empty() && fs::is_directory(m.init_from, ec) &&
+      fs::is_regular_file(fs::path(m.init_from) / "config.json", ec))
     return (fs::path(m.init_from) / "config.json").string();
   return "";
 }
@@ -78,11 +84,11 @@ std::string resolve_llama(ModelConfig& m) {
   if (path.empty()) return "";
   const models::HfLlamaConfig hf = models::parse_hf_llama_config(read_text(path), path);
   const models::LlamaOptions& o = hf.options;
-  const ModelConfig d;  // the defaults: a key still at its default takes config.json's value
+  // A key the config set (m.given) must agree; the others take config.json's value.
   const auto take = [&](auto ModelConfig::*field, auto value, const char* key, const char* json_key) {
     using T = std::remove_reference_t<decltype(m.*field)>;
     const T v = static_cast<T>(value);
-    if (m.*field != d.*field && m.*field != v)
+    if (m.given.count(key) && m.*field != v)
       DPT_THROW(ConfigError, "model.{} = {}, but {} says {} = {}: leave model.{} unset (config.json gives the model's "
                 "shape) or give the other config.json", key, m.*field, path, json_key, v, key);
     m.*field = v;

@@ -27,7 +27,7 @@ const std::set<std::string>& harmless_keys() {
       "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
       "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "cross_attention_hidden_size",
       "pretraining_tp",  // Llama's: splits its matmuls into slices, the same sums
-      "max_window_layers", "sliding_window", "use_sliding_window", "layer_types",  // checked below
+      "max_window_layers", "sliding_window", "use_sliding_window", "layer_types", "use_mrope",  // checked below
       "_attn_implementation_autoset", "attn_implementation"};
   return keys;
 }
@@ -98,11 +98,16 @@ void refuse_sliding_window(const json& j, const std::string& type, int64_t max_p
   if (type == "qwen2" && bool_key(j, "use_sliding_window", false, source))
     DPT_THROW(ConfigError, "{}: use_sliding_window = true: dptrain's attention is over the whole causal window", source);
   if (type == "mistral") {
+    // MistralConfig's default window, when the key is absent, is 4096.
     const json* w = get(j, "sliding_window");
-    if (w && (!w->is_number_integer() || w->get<int64_t>() < max_positions))
+    const bool absent = j.find("sliding_window") == j.end();
+    if ((w && (!w->is_number_integer() || w->get<int64_t>() < max_positions)) || (absent && max_positions > 4096))
       DPT_THROW(ConfigError, "{}: sliding_window = {} below max_position_embeddings {}: dptrain's attention is over "
-                "the whole causal window", source, w->dump(), max_positions);
+                "the whole causal window", source, w ? w->dump() : "4096 (MistralConfig's default)", max_positions);
   }
+  if (bool_key(j, "use_mrope", false, source))
+    DPT_THROW(ConfigError, "{}: use_mrope = true (multimodal rotary embeddings): dptrain's RoPE is one-dimensional",
+              source);
   if (const json* layers = get(j, "layer_types"); layers && layers->is_array())
     for (const json& l : *layers)
       if (!l.is_string() || l.get<std::string>() != "full_attention")

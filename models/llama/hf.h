@@ -15,7 +15,7 @@
 namespace dpt::models {
 
 // What a config.json says: the options (max_positions = max_position_embeddings) and the ids of its special tokens
-// (-1: none), which an export writes back.
+// (-1: none; an export does not carry them yet: its config.json says null).
 struct HfLlamaConfig {
   LlamaOptions options;
   std::string model_type;  // llama | qwen2 | mistral
@@ -28,7 +28,8 @@ struct HfLlamaConfig {
 // too), max_position_embeddings, vocab_size, tie_word_embeddings, attention_bias (Llama's: q, k, v and o), mlp_bias;
 // Qwen2's q/k/v biases. ConfigError, naming the key: a missing size, hidden_act other than silu, a nonzero
 // attention_dropout, a sliding window (Qwen2's use_sliding_window, Mistral's sliding_window below
-// max_position_embeddings), quantization_config, auto_map (custom code), another rope type, and any key that is
+// max_position_embeddings, 4096 when absent), use_mrope = true, quantization_config, auto_map (custom code), another
+// rope type, and any key that is
 // neither read here nor one of PretrainedConfig's that leave the network's arithmetic alone (names, ids, dtypes,
 // generation defaults): what it would change cannot be known, so it is not ignored.
 HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::string& source);

@@ -123,6 +123,11 @@ PYEOF
 "$DPTRAIN" export-weights --checkpoint "$WORK/one" --out "$WORK/export" > "$WORK/export2.log" 2>&1 \
   || { cat "$WORK/export2.log"; fail "export-weights (whole) failed"; }
 [ "$(ls "$WORK/export")" = "$(printf 'config.json\nmodel.safetensors')" ] || fail "stale files after a whole export: $(ls "$WORK/export")"
+# And in shards again over the whole file: the whole file goes (transformers would load it first), no temporaries stay.
+"$DPTRAIN" export-weights --checkpoint "$WORK/one" --out "$WORK/export" --max-shard-size 20KB > "$WORK/export3.log" 2>&1 \
+  || { cat "$WORK/export3.log"; fail "export-weights (shards over a whole file) failed"; }
+[ "$(ls "$WORK/export" | tr '\n' ' ')" = "config.json model-00001-of-00003.safetensors model-00002-of-00003.safetensors \
+model-00003-of-00003.safetensors model.safetensors.index.json " ] || fail "after shards over a whole file: $(ls "$WORK/export")"
 # llm.c's uint32 shards (its Llama 3 form: magic 20240801, version 7), written here as its data_common.py writes them,
 # with ids past 65535: a llama of vocabulary 70000 trains on them.
 "$PY" - "$WORK/u32" <<'PYEOF' || fail "writing uint32 shards"

@@ -3,6 +3,8 @@
 // or one file in Hugging Face's layout or (a GPT) nanoGPT's state_dict.
 #include <spdlog/spdlog.h>
 
+#include <cmath>
+
 #include "trainer/build_model.h"
 #include "trainer/commands/commands.h"
 #include "trainer/gpt_checkpoint.h"
@@ -25,8 +27,8 @@ uint64_t parse_size(const std::string& text) {
   }
   const std::string unit = text.substr(used);
   const double scale = unit.empty() || unit == "B" ? 1.0 : unit == "KB" ? 1e3 : unit == "MB" ? 1e6 : unit == "GB" ? 1e9 : 0.0;
-  if (used == 0 || scale == 0.0 || !(value * scale >= 1.0))
-    DPT_THROW(ConfigError, "--max-shard-size {}: a size such as 5GB, 500MB, 64KB or a byte count", text);
+  if (used == 0 || scale == 0.0 || !std::isfinite(value) || !(value * scale >= 1.0) || value * scale > 1e18)
+    DPT_THROW(ConfigError, "--max-shard-size {}: a size such as 5GB, 500MB, 64KB or a byte count (at most 1e18)", text);
   return static_cast<uint64_t>(value * scale);
 }
 

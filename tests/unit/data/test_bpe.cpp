@@ -608,6 +608,12 @@ TEST_CASE("tokenizer.json: byte-level BPE with ignore_merges and added tokens, w
     j["model"]["vocab"].erase("<|eot|>");  // an added token need not be in the vocabulary
   }));
   REQUIRE(nl.safe_cut("ab\ncd") == 0);
+  // A pattern other than GPT-2's, Llama 3's and Qwen2's: no cut is known to be safe.
+  const Gpt2Bpe custom(hand_tokenizer(dir, true, [](nlohmann::json& j) {
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "\\w+|\\s+|.";
+  }));
+  REQUIRE(custom.safe_cut("ab\ncd") == 0);
+  REQUIRE(custom.encode("ab cd") == std::vector<int32_t>{'a', 'b', ' ', 'c', 'd'});
   // load_tokenizer finds it, save copies it.
   test::TempDir out;
   t.save(out.path);

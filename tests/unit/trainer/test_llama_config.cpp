@@ -111,8 +111,17 @@ TEST_CASE("llama: a Hugging Face config.json gives the model.* keys", "[trainer]
   ModelConfig other = llama_keys();
   other.hf_config = (dir / "config.json").string();
   other.n_layer = 12;
+  other.given.insert("n_layer");
   CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model.n_layer = 12, but") &&
                                                   Catch::Contains("num_hidden_layers = 30"));
+  // A key set to its default value is set all the same: config.json may not overrule it (through the config's own
+  // parser, which records what the file and the overrides set).
+  const Config given = parse_config(fmt::format("[model]\nname = \"llama\"\nhf_config = \"{}\"\ntie_embeddings = false\n"
+                                                "[data]\ndataset = \"tokens\"\n", dir.string()), "t.toml");
+  CHECK(given.model.given.count("tie_embeddings"));
+  ModelConfig untie = given.model;
+  CHECK_THROWS_WITH(resolve_model_config(untie), Catch::Contains("model.tie_embeddings = false, but") &&
+                                                  Catch::Contains("tie_word_embeddings = true"));
   other = llama_keys();
   other.hf_config = dir.string();
   other.block_size = 4096;
@@ -252,6 +261,13 @@ TEST_CASE("llama: a sharded Hugging Face folder reads as one set of weights", "[
   CHECK_THROWS_WITH(read_weights(dir.string()), Catch::Contains("puts x.weight in model-00002-of-00002.safetensors"));
   write(dir / "model.safetensors.index.json", R"({"weight_map": {"x.weight": "../elsewhere.safetensors"}})");
   CHECK_THROWS_WITH(read_weights(dir.string()), Catch::Contains("not a file name beside the index"));
+  // transformers' order: a whole model.safetensors first, even beside an index (here a .bin index whose shards were
+  // never downloaded).
+  write(dir / "pytorch_model.bin.index.json", R"({"weight_map": {"x.weight": "pytorch_model-00001-of-00002.bin"}})");
+  write_safetensors((dir / "model.safetensors").string(), {{"whole", c}});
+  const SafetensorsFile whole = read_weights(dir.string());
+  REQUIRE(whole.tensors.size() == 1);
+  REQUIRE(whole.find("whole"));
   const fs::path empty = fresh_dir("empty");
   CHECK_THROWS_WITH(read_weights(empty.string()), Catch::Contains("a folder without weights"));
   fs::remove_all(dir);
