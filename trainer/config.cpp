@@ -188,10 +188,11 @@ Check<std::string> one_of(std::vector<std::string> choices) {
   };
 }
 
-// Over 80 lines on purpose: the table itself, one row per key, every key of every section in one place.
-const std::vector<Field>& schema() {
+// The schema's table, one row per key, in four parts (each a table of its own section's keys, long on purpose).
+// train.*: the loop, the optimizer and its schedule.
+std::vector<Field> train_fields() {
   using C = Config;
-  static const std::vector<Field> fields = {
+  return {
       field("train.epochs", &C::train, &TrainConfig::epochs, "passes over the training set", at_least<int64_t>(1)),
       field("train.batch_size", &C::train, &TrainConfig::batch_size, "examples per step PER RANK (global = this x world size)", at_least<int64_t>(1)),
       field("train.device", &C::train, &TrainConfig::device, "auto (cuda:LOCAL_RANK when GPUs exist, else cpu with a warning) | cpu | cuda (error without a GPU)"),
@@ -220,7 +221,14 @@ const std::vector<Field>& schema() {
       field("train.clip_grad_norm", &C::train, &TrainConfig::clip_grad_norm, "clip the global gradient L2 norm (after averaging) to this; 0: off", at_least(0.0)),
       field("train.eval_batch_size", &C::train, &TrainConfig::eval_batch_size, "batch size for evaluation", at_least<int64_t>(1)),
       field("train.progress_interval_s", &C::train, &TrainConfig::progress_interval_s, "seconds between rank 0's progress lines within an epoch", positive()),
-      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic | tokens (llm.c .bin token shards in DIR, split by the words train and val in their names; `dptrain tokenize` writes them; for model.name = gpt)"),
+  };
+}
+
+// data.*: the data sets and their loading.
+std::vector<Field> data_fields() {
+  using C = Config;
+  return {
+      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic | tokens (llm.c .bin token shards in DIR, split by the words train and val in their names; `dptrain tokenize` writes them; for model.name = gpt or llama)"),
       field("data.dir", &C::data, &DataConfig::dir, "fashion-mnist: directory of the IDX .gz files; imagefolder: the folder holding train/ and val/; tokens: the directory of the shards"),
       field("data.augment", &C::data, &DataConfig::augment, "training transform: none | crop_flip (pad + random crop + horizontal flip) | random_resized_crop (imagefolder: torchvision's RandomResizedCrop + flip); drawn from (seed, epoch, index)", one_of({"none", "crop_flip", "random_resized_crop"})),
       field("data.padding", &C::data, &DataConfig::padding, "crop_flip: zero pixels added on each side before the random crop", at_least<int64_t>(0)),
@@ -244,6 +252,13 @@ const std::vector<Field>& schema() {
               return (v.size() == 1 || v.size() == 3) && std::all_of(v.begin(), v.end(), [](int64_t d) { return d >= 1; })
                          ? "" : std::string("must be [F] or [C, H, W], every value >= 1");
             })),
+  };
+}
+
+// model.*: the model families' keys (trainer/model_registry.h).
+std::vector<Field> model_fields() {
+  using C = Config;
+  return {
       field("model.name", &C::model, &ModelConfig::name, model_name_help(), one_of(model_names())),
       field("model.hidden", &C::model, &ModelConfig::hidden, "hidden layer widths of the MLP", all_positive()),
       field("model.depth", &C::model, &ModelConfig::depth, "resnet: 18 | 34 (basic blocks) | 50 (bottlenecks), torchvision's block counts; ignored when model.blocks is set", Check<int64_t>([](const int64_t& v) {
@@ -278,6 +293,13 @@ const std::vector<Field>& schema() {
       field("model.hf_config", &C::model, &ModelConfig::hf_config, "llama: a Hugging Face config.json (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM without a sliding window), or a folder holding one, that gives every llama key above and model.n_layer, n_head, n_embd, vocab_size; a key it sets that the config also sets to another value is an error, and a key of config.json that would change the arithmetic and that dptrain does not read is refused by name. Empty: the config.json of the folder model.init_from names, if it has one"),
       field("model.sync_bn", &C::model, &ModelConfig::sync_bn, "SyncBatchNorm: batch statistics over all ranks' batches (all-reduced each forward and backward)"),
       field("model.init_from", &C::model, &ModelConfig::init_from, "weights to start from, in safetensors or in PyTorch's torch.save format (a .pth, a pytorch_model.bin: read without running any of its code): a dptrain checkpoint's model.safetensors; for a ResNet a torchvision state_dict (fc is re-initialised when its class count differs); for a GPT nanoGPT's or Hugging Face's GPT-2 layout (the hub's model.safetensors or pytorch_model.bin); for a llama a Hugging Face model folder (config.json beside model.safetensors, or model.safetensors.index.json and its shards, or pytorch_model.bin, or their shards with an index), LlamaForCausalLM's names, fp32, bf16 or fp16"),
+  };
+}
+
+// dist.*, checkpoint.*, log.*: the job around the model.
+std::vector<Field> run_fields() {
+  using C = Config;
+  return {
       field("dist.backend", &C::dist, &DistConfig::backend, "auto (nccl with a GPU per rank, else mpi under mpirun, else gloo) | gloo | mpi | nccl", one_of({"auto", "gloo", "mpi", "nccl"})),
       field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", Check<double>([](const double& v) {
               return v > 0 && v <= 1e7 ? "" : std::string("must be in (0, 10000000] seconds");
@@ -302,6 +324,17 @@ const std::vector<Field>& schema() {
       field("log.memory", &C::log, &LogConfig::memory, "every progress line (and progress record) also shows memory: dptrain's tensors on the training device now and at peak, host RSS, and a GPU's used memory; without it they come once per epoch"),
       field("log.curves", &C::log, &LogConfig::curves, "rank 0 redraws curves.png beside metrics.jsonl after every epoch and when the run stops early, as `dptrain plot` does (needs gnuplot; a failure to draw is a warning, not an error)"),
   };
+}
+
+const std::vector<Field>& schema() {
+  static const std::vector<Field> fields = [] {
+    std::vector<Field> all;
+    for (std::vector<Field> (*part)() : {train_fields, data_fields, model_fields, run_fields}) {
+      std::vector<Field> rows = part();
+      all.insert(all.end(), std::make_move_iterator(rows.begin()), std::make_move_iterator(rows.end()));
+    }
+    return all;
+  }();
   return fields;
 }
 
