@@ -148,8 +148,9 @@ TEST_CASE("Llama: causal, and RoPE makes attention depend on relative positions 
   bool changed = false;
   for (int64_t i = 4 * v; i < 6 * v; ++i) changed |= after.data<float>()[i] != keep.data<float>()[i];
   REQUIRE(changed);
-  // No position embedding: a sequence of one repeated token gives the same logits at every position (every query
-  // sees keys at the same relative offsets of equal content, and the softmax averages equal values).
+  // No position table: a sequence of one repeated token gives the same logits at every position (the values are all
+  // equal, whatever the attention weights: this shows the absence of a position embedding, not RoPE, which the
+  // relative-position check below and integration.llama_hf_parity test).
   Tensor same = Tensor::empty({1, 5}, DType::I32);
   for (int i = 0; i < 5; ++i) same.data<int32_t>()[i] = 3;
   const Tensor& s = model->forward(same);
@@ -296,4 +297,10 @@ TEST_CASE("Llama generates: greedy with and without the KV cache agree, and samp
   const SampleOptions sample{.temperature = 1.0};
   REQUIRE(generate(*model, o.max_positions, prompt, 10, sample, 7) == generate(*model, o.max_positions, prompt, 10, sample, 7));
   REQUIRE(dynamic_cast<Llama&>(model->root()).kv_cache_len() == 0);  // ended
+  // Past the 16 positions the cache starts again from the last half window (positions from 0 again), twice here: the
+  // text goes on, and its first 13 tokens are those above.
+  const auto longer = generate(*model, o.max_positions, prompt, 40, greedy, 1);
+  REQUIRE(longer.size() == 43);
+  REQUIRE(std::vector<int32_t>(longer.begin(), longer.begin() + 13) == cached);
+  for (const int32_t t : longer) REQUIRE((t >= 0 && t < o.vocab_size));
 }
