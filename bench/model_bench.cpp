@@ -277,16 +277,22 @@ Result describe_run(const models::Model& model, const trainer::Config& cfg, Devi
   r.device = device.str();
   r.device_name = device.is_cuda() ? cuda::device_description(device.index)
                                    : fmt::format("cpu (OpenBLAS {} kernels)", models::blas_core());
-  if (gpt) {
-    const models::GptOptions go = trainer::gpt_options(cfg.model);
+  if (gpt) {  // a language model: the GPT, or another family (a llama) with its own FLOPs from the registry
     r.tokens = true;
-    r.model = fmt::format("gpt-L{}-C{}", go.n_layer, go.n_embd);
-    r.seq = go.block_size;
-    r.vocab = go.vocab_size;
-    r.padded_vocab = models::padded_vocab(go);
-    r.params_no_wpe = models::gpt_num_params(go, /*with_wpe=*/false);
-    r.flops_per_token = models::gpt_flops_per_token(go, go.block_size);
+    r.seq = cfg.model.block_size;
+    r.vocab = cfg.model.vocab_size;
     r.peak_flops = device.is_cuda() ? cuda::dense_bf16_peak_flops(cuda::device_name(device.index)) : 0.0;
+    if (dynamic_cast<const models::Gpt*>(&model.root())) {
+      const models::GptOptions go = trainer::gpt_options(cfg.model);
+      r.model = fmt::format("gpt-L{}-C{}", go.n_layer, go.n_embd);
+      r.padded_vocab = models::padded_vocab(go);
+      r.params_no_wpe = models::gpt_num_params(go, /*with_wpe=*/false);
+      r.flops_per_token = models::gpt_flops_per_token(go, go.block_size);
+    } else {
+      r.model = fmt::format("{}-L{}-C{}", cfg.model.name, cfg.model.n_layer, cfg.model.n_embd);
+      r.padded_vocab = r.vocab;
+      r.flops_per_token = trainer::train_flops_per_row(cfg.model);
+    }
   }
   return r;
 }
@@ -497,10 +503,13 @@ int main(int argc, char** argv) {
                r.model, r.params, r.device_name, trainer::choice_name(cfg.train.optimizer), cfg.train.lr);
     const std::string peak =
         r.peak_flops > 0 ? fmt::format("{:.0f} TFLOP/s", r.peak_flops / 1e12) : std::string("- (unknown here)");
-    if (r.tokens)
+    if (r.tokens && r.params_no_wpe > 0)
       fmt::print("# tokens: vocab {} (padded to {}), T {}; {:.4g} FLOP/token (6 N + 12 L T C, N = {} without wpe); "
                  "MFU against a dense bf16 peak of {}\n",
                  r.vocab, r.padded_vocab, r.seq, r.flops_per_token, r.params_no_wpe, peak);
+    else if (r.tokens)
+      fmt::print("# tokens: vocab {}, T {}; {:.4g} FLOP/token (the family's estimate); MFU against a dense bf16 "
+                 "peak of {}\n", r.vocab, r.seq, r.flops_per_token, peak);
     fmt::print("# warmup {} steps, timed {} steps ({})\n", o.warmup, o.steps,
                r.device.starts_with("cuda") ? "CUDA events on the compute stream" : "steady_clock");
     if (o.phase_steps > 0) {

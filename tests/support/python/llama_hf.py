@@ -12,6 +12,12 @@ dptrain's Llama family (integration.llama_hf_parity). Runs in the test venv (tra
                                    decay on the matrices only, as dptrain's auto grouping): each step's loss to 1e-5
                                    and the final weights to 1e-4
   llama_hf.py logits DIR INPUT OUT the logits of a folder from_pretrained (AutoModelForCausalLM) on INPUT's x.0
+  llama_hf.py bench [--threads N] [--batch B] [--warmup W] [--steps S]
+                                   the twin of `dpt-model-bench --config configs/llama_tiny.toml` on the CPU:
+                                   LlamaForCausalLM of llama_tiny's shape (4 layers, 4 query heads over 2, 128 wide,
+                                   SwiGLU 384, vocabulary 256, untied), one batch of random tokens [B, 65], then W
+                                   untimed and S timed steps of forward + mean cross-entropy + backward + AdamW (lr
+                                   1e-3, betas (0.9, 0.95), weight decay 0.1 on the matrices); prints tokens/s
 
 Variants (weights N(0, 0.2): attention far from uniform, so its gradient matters; RMSNorm weights not all 1):
   llama_mha        Llama, 4 heads, untied head, model.safetensors in float16 (dptrain widens; the reference loads the
@@ -152,6 +158,47 @@ def logits(d, inp, out):
         ckpt.save(out, {"logits": model(x).logits.reshape(x.numel(), -1).double().numpy()})
 
 
+def bench(argv):
+    import argparse
+    import time
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=20)
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(1)
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                   rms_norm_eps=1e-5, tie_word_embeddings=False)
+    model = transformers.LlamaForCausalLM(cfg).float()
+    params = dict(model.named_parameters())
+    opt = torch.optim.AdamW([{"params": [p for p in params.values() if p.dim() >= 2], "weight_decay": 0.1},
+                             {"params": [p for p in params.values() if p.dim() < 2], "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.95), eps=1e-8)
+    w = torch.randint(0, 256, (a.batch, 65))
+    x, y = w[:, :-1].contiguous(), w[:, 1:].contiguous()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        logits = model(x).logits
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 256), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        return loss
+
+    for _ in range(a.warmup):
+        step()
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        loss = step()
+    dt = (time.perf_counter() - t0) / a.steps
+    print(f"transformers {transformers.__version__} torch {torch.__version__} LlamaForCausalLM llama_tiny, batch "
+          f"{a.batch} T 64, {a.threads} thread(s): {dt * 1e3:.2f} ms/step, {a.batch * 64 / dt:.0f} tokens/s, "
+          f"loss {loss.item():.4f}")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "make":
@@ -160,5 +207,7 @@ if __name__ == "__main__":
         sys.exit(0 if check(sys.argv[2], sys.argv[3], int(sys.argv[4])) else 1)
     elif cmd == "logits":
         logits(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif cmd == "bench":
+        bench(sys.argv[2:])
     else:
         raise SystemExit(__doc__)
