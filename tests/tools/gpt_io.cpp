@@ -19,19 +19,6 @@
 #include "step_output.h"
 #include "trainer/build_model.h"
 
-namespace {
-
-// An int64 or int32 tensor as int32.
-dpt::Tensor as_i32(const dpt::Tensor& t) {
-  dpt::Tensor out = dpt::Tensor::empty(t.shape(), dpt::DType::I32);
-  for (size_t i = 0; i < t.numel(); ++i)
-    out.data<int32_t>()[i] =
-        t.dtype() == dpt::DType::I64 ? static_cast<int32_t>(t.data<int64_t>()[i]) : t.data<int32_t>()[i];
-  return out;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   using namespace dpt;
   CLI::App app{"dpt-gpt-io: one forward/backward of a dptrain GPT on given tokens (PyTorch parity tests)"};
@@ -52,7 +39,7 @@ int main(int argc, char** argv) {
     const Tensor* x = in.find("x");
     const Tensor* y = in.find("y");
     DPT_CHECK(x && y && x->ndim() == 2 && y->shape() == x->shape(), "{} needs x and y [B, T]", input);
-    const Tensor tokens = as_i32(*x), labels = as_i32(*y);
+    const Tensor tokens = test::as_i32(*x), labels = test::as_i32(*y);
 
     auto model = models::make_gpt(o);
     model->init(1);

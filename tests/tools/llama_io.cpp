@@ -18,18 +18,6 @@
 #include "trainer/model_registry.h"
 #include "trainer/optimizer.h"
 
-namespace {
-
-dpt::Tensor as_i32(const dpt::Tensor& t) {
-  dpt::Tensor out = dpt::Tensor::empty(t.shape(), dpt::DType::I32);
-  for (size_t i = 0; i < t.numel(); ++i)
-    out.data<int32_t>()[i] =
-        t.dtype() == dpt::DType::I64 ? static_cast<int32_t>(t.data<int64_t>()[i]) : t.data<int32_t>()[i];
-  return out;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) {
   using namespace dpt;
   CLI::App app{"dpt-llama-io: a dptrain Llama from a Hugging Face folder, one forward/backward and AdamW steps"};
@@ -51,10 +39,10 @@ int main(int argc, char** argv) {
     const SafetensorsFile in = read_safetensors(input);
     std::vector<Tensor> xs, ys;
     for (int i = 0; in.find("x." + std::to_string(i)); ++i) {
-      xs.push_back(as_i32(*in.find("x." + std::to_string(i))));
+      xs.push_back(test::as_i32(*in.find("x." + std::to_string(i))));
       const Tensor* y = in.find("y." + std::to_string(i));
       DPT_CHECK(y && y->shape() == xs.back().shape() && y->ndim() == 2, "{}: y.{} [B, T] missing", input, i);
-      ys.push_back(as_i32(*y));
+      ys.push_back(test::as_i32(*y));
     }
     DPT_CHECK(!xs.empty(), "{} holds no x.0", input);
 

@@ -1,4 +1,4 @@
-// tests/tools/step_output.h: what the parity tools (dpt-model-io, dpt-gpt-io) write after one training step,
+// tests/tools/step_output.h: what the parity tools (dpt-model-io, dpt-gpt-io, dpt-llama-io) write after one training step,
 // for the PyTorch side to compare: logits, the mean loss and grad.<param> (out.safetensors, plus any `extra`
 // tensors), and the model's state (state.safetensors), both in DIR.
 #pragma once
@@ -13,6 +13,14 @@
 #include "models/model.h"
 
 namespace dpt::test {
+
+// An int64 or int32 tensor as int32 (token ids from numpy or torch).
+inline Tensor as_i32(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::I32);
+  for (size_t i = 0; i < t.numel(); ++i)
+    out.data<int32_t>()[i] = t.dtype() == DType::I64 ? static_cast<int32_t>(t.data<int64_t>()[i]) : t.data<int32_t>()[i];
+  return out;
+}
 
 // The files from explicit tensors: `grads` as grad.<name>, `state` as state.safetensors.
 inline void write_step_tensors(const std::string& dir, const Tensor& logits, const models::LossResult& r,

@@ -69,6 +69,20 @@ inline void check_gradients(models::Model& model, Tensor x, uint64_t seed, float
   check(model.params().data<float>(), model.num_params(), dp.data(), "parameter");
 }
 
+// Tokens [b, t] drawn uniformly from [0, vocab) by `rng`.
+inline Tensor random_tokens(int64_t b, int64_t t, int64_t vocab, std::mt19937_64& rng) {
+  Tensor x = Tensor::empty({b, t}, DType::I32);
+  for (size_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+  return x;
+}
+
+// Every parameter of `m` multiplied by `factor` (weights larger than an initialisation's, so that every path carries a
+// gradient well above the finite differences' noise).
+inline std::unique_ptr<models::Model> scaled(std::unique_ptr<models::Model> m, float factor) {
+  for (size_t i = 0; i < m->num_params(); ++i) m->params().data<float>()[i] *= factor;
+  return m;
+}
+
 // A module as a whole Model on the CPU, initialised from `seed`.
 template <class M>
 std::unique_ptr<models::Model> wrap(std::unique_ptr<M> m, uint64_t seed = 3) {

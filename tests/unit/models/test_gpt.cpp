@@ -18,21 +18,11 @@ using namespace dpt;
 using namespace dpt::models;
 using dpt::test::check_gradients;
 using dpt::test::random_tensor;
+using dpt::test::random_tokens;
+using dpt::test::scaled;
 using dpt::test::wrap;
 
 namespace {
-
-Tensor random_tokens(int64_t b, int64_t t, int64_t vocab, std::mt19937_64& rng) {
-  Tensor x = Tensor::empty({b, t}, DType::I32);
-  for (size_t i = 0; i < x.numel(); ++i) x.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
-  return x;
-}
-
-// Every parameter of `m` multiplied by `factor`.
-std::unique_ptr<Model> scaled(std::unique_ptr<Model> m, float factor) {
-  for (size_t i = 0; i < m->num_params(); ++i) m->params().data<float>()[i] *= factor;
-  return m;
-}
 
 GptOptions tiny(int64_t n_layer = 2) {
   GptOptions o;
