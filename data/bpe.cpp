@@ -288,7 +288,7 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
     ignore_merges_ = true;
     word_id_ = id_of;
   }
-  read_hf_added_tokens(j, id_of);
+  read_hf_added_tokens(j);
 }
 
 void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
@@ -328,7 +328,7 @@ void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
   known_pattern_ = pattern == kGpt2Pattern || pattern == kLlama3Pattern || pattern == kQwen2Pattern;
 }
 
-void Gpt2Bpe::read_hf_added_tokens(const nlohmann::json& j, const std::unordered_map<std::string, int32_t>&) {
+void Gpt2Bpe::read_hf_added_tokens(const nlohmann::json& j) {
   const std::string where = json_path_.string();
   const nlohmann::json* added = field(j, "added_tokens");
   if (!added) return;

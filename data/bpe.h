@@ -102,7 +102,7 @@ class Gpt2Bpe final : public Tokenizer {
                   const std::unordered_map<std::string, int32_t>& id_of);
   // tokenizer.json's parts (the constructor's steps).
   void read_hf_pre_tokenizer(const nlohmann::json& j);
-  void read_hf_added_tokens(const nlohmann::json& j, const std::unordered_map<std::string, int32_t>& id_of);
+  void read_hf_added_tokens(const nlohmann::json& j);
   // Appends the ids of a stretch of text without added tokens.
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
   // Appends the ids of one pre-token.

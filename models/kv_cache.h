@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "core/check.h"
 #include "core/tensor.h"
 
 namespace dpt::models {
@@ -14,6 +16,18 @@ namespace dpt::models {
 struct KvCache {
   int64_t batch = 0, len = 0;
   std::vector<Tensor> k, v;  // one per layer
+
+  // An empty cache of `layers` layers, each [batch, positions, width] for keys and for values, on `device`.
+  static std::unique_ptr<KvCache> make(int64_t layers, int64_t batch, int64_t positions, int64_t width, Device device) {
+    DPT_CHECK(batch >= 1, "KV cache for {} sequences", batch);
+    auto c = std::make_unique<KvCache>();
+    c->batch = batch;
+    for (int64_t l = 0; l < layers; ++l) {
+      c->k.push_back(Tensor::empty({batch, positions, width}, DType::F32, device));
+      c->v.push_back(Tensor::empty({batch, positions, width}, DType::F32, device));
+    }
+    return c;
+  }
 };
 
 // A model root that generates with a KV cache. After begin_kv_cache, each forward (in evaluation mode) takes only the

@@ -399,13 +399,7 @@ Gpt::Gpt(const GptOptions& o) : o_(o), scratch_(std::make_unique<GptScratch>()) 
 std::string Gpt::kind() const { return fmt::format("Gpt({})", transformer_->kind()); }
 
 void Gpt::begin_kv_cache(int64_t batch, Device device) {
-  DPT_CHECK(batch >= 1, "KV cache for {} sequences", batch);
-  cache_ = std::make_unique<KvCache>();
-  cache_->batch = batch;
-  for (int64_t l = 0; l < o_.n_layer; ++l) {
-    cache_->k.push_back(Tensor::empty({batch, o_.block_size, o_.n_embd}, DType::F32, device));
-    cache_->v.push_back(Tensor::empty({batch, o_.block_size, o_.n_embd}, DType::F32, device));
-  }
+  cache_ = KvCache::make(o_.n_layer, batch, o_.block_size, o_.n_embd, device);
   transformer_->use_cache(cache_.get());
 }
 

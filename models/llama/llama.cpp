@@ -31,6 +31,44 @@ void sum_into(Tensor& out, const std::vector<int64_t>& shape, const Tensor& a, c
   if (c) k.add(out.data<float>(), c->data<float>(), out.data<float>(), a.numel(), false);
 }
 
+// The grouped-query products, per sequence and key/value head j over its g = H / KV query heads (one batched gemm,
+// the key/value head's rows read for each: stride 0). Queries (or their gradients) are rows of H heads of d, `tq` a
+// sequence; keys and values rows of KV heads of d, `kv_seq` rows apart between sequences; scores [b, H, tq, tk].
+struct GroupedHeads {
+  int64_t b, tq, tk, heads, kv_heads, d, kv_seq;
+};
+
+// s[i, h] = q[i, h] k[i, h / g]^T (tq x tk per sequence and query head).
+void grouped_scores(Kernels& k, const GroupedHeads& s, const float* q, const float* keys, float* scores) {
+  const int64_t hq = s.heads * s.d, hkv = s.kv_heads * s.d, g = s.heads / s.kv_heads, st = s.tq * s.tk;
+  for (int64_t i = 0; i < s.b; ++i)
+    for (int64_t j = 0; j < s.kv_heads; ++j)
+      k.gemm_strided_batched(false, true, s.tq, s.tk, s.d, 1.0f, q + i * s.tq * hq + j * g * s.d, hq, s.d,
+                             keys + i * s.kv_seq * hkv + j * s.d, hkv, 0, 0.0f, scores + (i * s.heads + j * g) * st,
+                             s.tk, st, g);
+}
+
+// y[i, h] = p[i, h] v[i, h / g] (tq x d per sequence and query head), into rows of H heads.
+void grouped_values(Kernels& k, const GroupedHeads& s, const float* p, const float* values, float* y) {
+  const int64_t hq = s.heads * s.d, hkv = s.kv_heads * s.d, g = s.heads / s.kv_heads, st = s.tq * s.tk;
+  for (int64_t i = 0; i < s.b; ++i)
+    for (int64_t j = 0; j < s.kv_heads; ++j)
+      k.gemm_strided_batched(false, false, s.tq, s.d, s.tk, 1.0f, p + (i * s.heads + j * g) * st, s.tk, st,
+                             values + i * s.kv_seq * hkv + j * s.d, hkv, 0, 0.0f, y + i * s.tq * hq + j * g * s.d, hq,
+                             s.d, g);
+}
+
+// out[i, j] = sum over the query heads h of group j of p[i, h]^T x[i, h] (tk x d per sequence and key/value head,
+// rows of KV heads): the gradients of keys and values, which every query head of the group adds to (beta 0 for the
+// first, then 1).
+void grouped_kv_grad(Kernels& k, const GroupedHeads& s, const float* p, const float* x, float* out) {
+  const int64_t hq = s.heads * s.d, hkv = s.kv_heads * s.d, g = s.heads / s.kv_heads, st = s.tq * s.tk;
+  for (int64_t i = 0; i < s.b; ++i)
+    for (int64_t h = 0; h < s.heads; ++h)
+      k.gemm(true, false, s.tk, s.d, s.tq, 1.0f, p + (i * s.heads + h) * st, s.tk, x + i * s.tq * hq + h * s.d, hq,
+             h % g == 0 ? 0.0f : 1.0f, out + i * s.kv_seq * hkv + (h / g) * s.d, hkv);
+}
+
 }  // namespace
 
 // ---- options --------------------------------------------------------------------------------------------------
@@ -129,7 +167,7 @@ const Tensor& LlamaAttention::run_forward(const Tensor& x, Kernels& k) {
   const auto shape = btc(x, c_, "LlamaAttention");
   b_ = shape[0];
   t_ = shape[1];
-  const int64_t rows = b_ * t_, hq = n_head_ * hd_, hkv = n_kv_ * hd_, g = n_head_ / n_kv_, tt = t_ * t_;
+  const int64_t rows = b_ * t_, hq = n_head_ * hd_, hkv = n_kv_ * hd_;
   const Tensor x2 = x.reshape({rows, c_});
   q_ = q_proj_->forward(x2, k);  // handles on the projections' outputs, turned in place
   k_ = k_proj_->forward(x2, k);
@@ -141,17 +179,10 @@ const Tensor& LlamaAttention::run_forward(const Tensor& x, Kernels& k) {
   k.rope(k_.data<float>(), rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_kv_, hd_, hkv, false);
   ensure_shape(att_, {b_, n_head_, t_, t_}, x.device());
   ensure_shape(y_, {rows, hq}, x.device());
-  const float *q = q_.data<float>(), *kk = k_.data<float>(), *v = v_.data<float>();
-  float *att = att_.data<float>(), *y = y_.data<float>();
-  for (int64_t b = 0; b < b_; ++b)
-    for (int64_t j = 0; j < n_kv_; ++j)  // s = q k^T for the g heads of group j
-      k.gemm_strided_batched(false, true, t_, t_, hd_, 1.0f, q + b * t_ * hq + j * g * hd_, hq, hd_,
-                             kk + b * t_ * hkv + j * hd_, hkv, 0, 0.0f, att + (b * n_head_ + j * g) * tt, t_, tt, g);
-  k.causal_softmax_forward(att, b_ * n_head_, t_, t_, 1.0f / std::sqrt(static_cast<float>(hd_)));
-  for (int64_t b = 0; b < b_; ++b)
-    for (int64_t j = 0; j < n_kv_; ++j)  // y = att v
-      k.gemm_strided_batched(false, false, t_, hd_, t_, 1.0f, att + (b * n_head_ + j * g) * tt, t_, tt,
-                             v + b * t_ * hkv + j * hd_, hkv, 0, 0.0f, y + b * t_ * hq + j * g * hd_, hq, hd_, g);
+  const GroupedHeads gh{.b = b_, .tq = t_, .tk = t_, .heads = n_head_, .kv_heads = n_kv_, .d = hd_, .kv_seq = t_};
+  grouped_scores(k, gh, q_.data<float>(), k_.data<float>(), att_.data<float>());  // s = q k^T
+  k.causal_softmax_forward(att_.data<float>(), b_ * n_head_, t_, t_, 1.0f / std::sqrt(static_cast<float>(hd_)));
+  grouped_values(k, gh, att_.data<float>(), v_.data<float>(), y_.data<float>());  // y = att v
   out_ = o_proj_->forward(y_, k).reshape({b_, t_, c_});
   return out_;
 }
@@ -162,7 +193,7 @@ const Tensor& LlamaAttention::cached_forward(const Tensor& x, Kernels& k) {
   const auto shape = btc(x, c_, "LlamaAttention");
   DPT_CHECK(!training(), "a KV cache is for generation: evaluation mode only");
   KvCache& cache = *cache_;
-  const int64_t b = shape[0], tn = shape[1], hq = n_head_ * hd_, hkv = n_kv_ * hd_, g = n_head_ / n_kv_;
+  const int64_t b = shape[0], tn = shape[1], hq = n_head_ * hd_, hkv = n_kv_ * hd_;
   Tensor& kc = cache.k.at(layer_);
   Tensor& vc = cache.v.at(layer_);
   const int64_t cap = kc.dim(1), pos0 = cache.len, len = pos0 + tn;
@@ -186,18 +217,10 @@ const Tensor& LlamaAttention::cached_forward(const Tensor& x, Kernels& k) {
     datt_ = Tensor::empty({b * n_head_ * tn * cap}, DType::F32, x.device());
   float* att = datt_.data<float>();  // datt_ is free: backward never runs with a cache
   ensure_shape(y_, {b * tn, hq}, x.device());
-  const int64_t tl = tn * len;
-  const float *q = q_.data<float>(), *kk = kc.data<float>(), *v = vc.data<float>();
-  for (int64_t i = 0; i < b; ++i)
-    for (int64_t j = 0; j < n_kv_; ++j)
-      k.gemm_strided_batched(false, true, tn, len, hd_, 1.0f, q + i * tn * hq + j * g * hd_, hq, hd_,
-                             kk + i * cap * hkv + j * hd_, hkv, 0, 0.0f, att + (i * n_head_ + j * g) * tl, len, tl, g);
+  const GroupedHeads gh{.b = b, .tq = tn, .tk = len, .heads = n_head_, .kv_heads = n_kv_, .d = hd_, .kv_seq = cap};
+  grouped_scores(k, gh, q_.data<float>(), kc.data<float>(), att);
   k.causal_softmax_forward(att, b * n_head_, tn, len, 1.0f / std::sqrt(static_cast<float>(hd_)));
-  for (int64_t i = 0; i < b; ++i)
-    for (int64_t j = 0; j < n_kv_; ++j)
-      k.gemm_strided_batched(false, false, tn, hd_, len, 1.0f, att + (i * n_head_ + j * g) * tl, len, tl,
-                             v + i * cap * hkv + j * hd_, hkv, 0, 0.0f, y_.data<float>() + i * tn * hq + j * g * hd_,
-                             hq, hd_, g);
+  grouped_values(k, gh, att, vc.data<float>(), y_.data<float>());
   b_ = b;
   t_ = tn;
   out_ = o_proj_->forward(y_, k).reshape({b, tn, c_});
@@ -208,39 +231,22 @@ const Tensor& LlamaAttention::run_backward(const Tensor& dout, Kernels& k) {
   DPT_CHECK(!cache_, "no backward through a KV cache's forward");
   DPT_CHECK(dout.ndim() == 3 && dout.dim(0) == b_ && dout.dim(1) == t_ && dout.dim(2) == c_,
             "LlamaAttention backward got {}", dout.shape_str());
-  const int64_t rows = b_ * t_, hq = n_head_ * hd_, hkv = n_kv_ * hd_, g = n_head_ / n_kv_, tt = t_ * t_;
+  const int64_t rows = b_ * t_, hq = n_head_ * hd_, hkv = n_kv_ * hd_;
   const Tensor& dy = o_proj_->backward(dout.reshape({rows, c_}), k);  // d(loss)/d(attention output) [rows, H D]
   ensure_shape(datt_, att_.shape(), dout.device());
   ensure_shape(dq_, {rows, hq}, dout.device());
   ensure_shape(dk_, {rows, hkv}, dout.device());
   ensure_shape(dv_, {rows, hkv}, dout.device());
-  const float *q = q_.data<float>(), *kk = k_.data<float>(), *v = v_.data<float>(), *att = att_.data<float>();
+  const GroupedHeads gh{.b = b_, .tq = t_, .tk = t_, .heads = n_head_, .kv_heads = n_kv_, .d = hd_, .kv_seq = t_};
   const float* gy = dy.data<float>();
-  float *datt = datt_.data<float>(), *dq = dq_.data<float>(), *dk = dk_.data<float>(), *dv = dv_.data<float>();
-  for (int64_t b = 0; b < b_; ++b)
-    for (int64_t j = 0; j < n_kv_; ++j) {
-      // datt = dy v^T for the group's heads; dv_j = sum over them of att^T dy (each head adds onto the last).
-      k.gemm_strided_batched(false, true, t_, t_, hd_, 1.0f, gy + b * t_ * hq + j * g * hd_, hq, hd_,
-                             v + b * t_ * hkv + j * hd_, hkv, 0, 0.0f, datt + (b * n_head_ + j * g) * tt, t_, tt, g);
-      for (int64_t i = 0; i < g; ++i) {
-        const int64_t h = j * g + i;
-        k.gemm(true, false, t_, hd_, t_, 1.0f, att + (b * n_head_ + h) * tt, t_, gy + b * t_ * hq + h * hd_, hq,
-               i == 0 ? 0.0f : 1.0f, dv + b * t_ * hkv + j * hd_, hkv);
-      }
-    }
+  float *dq = dq_.data<float>(), *dk = dk_.data<float>();
+  grouped_scores(k, gh, gy, v_.data<float>(), datt_.data<float>());             // datt = dy v^T
+  grouped_kv_grad(k, gh, att_.data<float>(), gy, dv_.data<float>());           // dv = sum of att^T dy over a group
   // Through the softmax and its 1/sqrt(head_dim): datt becomes d(loss)/d(q k^T).
-  k.causal_softmax_backward(att, datt, b_ * n_head_, t_, 1.0f / std::sqrt(static_cast<float>(hd_)));
-  for (int64_t b = 0; b < b_; ++b)
-    for (int64_t j = 0; j < n_kv_; ++j) {
-      // dq = ds k for the group's heads; dk_j = sum over them of ds^T q.
-      k.gemm_strided_batched(false, false, t_, hd_, t_, 1.0f, datt + (b * n_head_ + j * g) * tt, t_, tt,
-                             kk + b * t_ * hkv + j * hd_, hkv, 0, 0.0f, dq + b * t_ * hq + j * g * hd_, hq, hd_, g);
-      for (int64_t i = 0; i < g; ++i) {
-        const int64_t h = j * g + i;
-        k.gemm(true, false, t_, hd_, t_, 1.0f, datt + (b * n_head_ + h) * tt, t_, q + b * t_ * hq + h * hd_, hq,
-               i == 0 ? 0.0f : 1.0f, dk + b * t_ * hkv + j * hd_, hkv);
-      }
-    }
+  k.causal_softmax_backward(att_.data<float>(), datt_.data<float>(), b_ * n_head_, t_,
+                            1.0f / std::sqrt(static_cast<float>(hd_)));
+  grouped_values(k, gh, datt_.data<float>(), k_.data<float>(), dq);            // dq = ds k
+  grouped_kv_grad(k, gh, datt_.data<float>(), q_.data<float>(), dk);           // dk = sum of ds^T q over a group
   // RoPE is a rotation: its gradient turns back by the same angle.
   k.rope(dq, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_head_, hd_, hq, true);
   k.rope(dk, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_kv_, hd_, hkv, true);
@@ -385,14 +391,7 @@ std::string Llama::kind() const {
 }
 
 void Llama::begin_kv_cache(int64_t batch, Device device) {
-  DPT_CHECK(batch >= 1, "KV cache for {} sequences", batch);
-  cache_ = std::make_unique<KvCache>();
-  cache_->batch = batch;
-  const int64_t width = o_.n_kv_head * o_.head_dim;
-  for (int64_t l = 0; l < o_.n_layer; ++l) {
-    cache_->k.push_back(Tensor::empty({batch, o_.max_positions, width}, DType::F32, device));
-    cache_->v.push_back(Tensor::empty({batch, o_.max_positions, width}, DType::F32, device));
-  }
+  cache_ = KvCache::make(o_.n_layer, batch, o_.max_positions, o_.n_kv_head * o_.head_dim, device);
   model_->use_cache(cache_.get());
 }
 

@@ -56,17 +56,20 @@ int main(int argc, char** argv) {
     std::cerr << "weights: " << trainer::load_pretrained(*model, m, model_dir) << "\n";
 
     models::SoftmaxCrossEntropy loss;
+    Tensor logits;  // batch 0's, before any step
     auto step = [&](size_t i) {
       model->zero_grad();
-      const Tensor& logits = model->forward(xs[i]);
+      const Tensor& out = model->forward(xs[i]);
+      if (!logits.defined()) {
+        logits = Tensor::empty(out.shape());
+        logits.copy_from(out);
+      }
       const models::LossResult r =
-          loss.forward_backward(logits, ys[i].reshape({static_cast<int64_t>(ys[i].numel())}), model->kernels());
+          loss.forward_backward(out, ys[i].reshape({static_cast<int64_t>(ys[i].numel())}), model->kernels());
       model->backward(loss.grad());
       return r;
     };
     const models::LossResult first = step(0);
-    Tensor logits = Tensor::empty(model->forward(xs[0]).shape());
-    logits.copy_from(model->forward(xs[0]));
     std::vector<NamedTensor> grads;
     for (const auto& np : model->named_params()) {
       Tensor g = Tensor::empty(np.grad.shape());
