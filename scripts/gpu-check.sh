@@ -23,6 +23,11 @@
 #                                  non-zero when any step failed. Logs: $OUT/gpu-check.log (everything) and
 #                                  $OUT/gpu-check/ (one log per step; packed into gpu-check-logs.tar.xz when OUT
 #                                  is set); /tmp/gpu-check/ when OUT is unset.
+#   scripts/gpu-check.sh run --only STEP...   THERE: only the steps whose names match these shell patterns
+#                                  ('bench_*'); a comparison step needs the runs it compares named too.
+#   scripts/gpu-check.sh run --again   THERE, on the same warm machine: the steps of the last run that did not
+#                                  PASS (failed, or SKIPPED (budget)), with the runs their comparisons read.
+#                                  A step the budget left no time for is recorded as SKIPPED (budget), never PASS.
 #   scripts/gpu-check.sh resnet-bench   THERE: only the ResNet benchmark (dpt-model-bench against PyTorch,
 #                                  scripts/bench/resnet_bench.sh --gpu) with the bundled programs; its table
 #                                  goes to stdout and $OUT/resnet-bench.md (a few minutes).
@@ -350,11 +355,53 @@ run_timed() {
   return "$rc"
 }
 
+# Which steps run: all, or (run --only PATTERN...) those whose name matches one of the shell patterns, or (run
+# --again) those of the last run on this machine that did not PASS, with the runs a comparison reads
+# (again_groups). Every run leaves its step table in STATE_DIR for --again (the machine stays warm between calls
+# for a short while, and $OUT is emptied before each).
+STATE_DIR=/tmp/gpu-check-state
+ONLY=()
+selected() {
+  ((${#ONLY[@]})) || return 0
+  local p
+  for p in "${ONLY[@]}"; do
+    # shellcheck disable=SC2053  # a pattern on purpose
+    [[ $1 == $p ]] && return 0
+  done
+  return 1
+}
+
+# Steps that must run together: a comparison reads the logs of the two runs before it.
+again_groups() {
+  cat <<'GROUPS'
+train_cuda_nccl_1rank train_cpu_1rank compare_gpu_cpu
+train_cuda_gpt train_cpu_gpt compare_gpt_gpu_cpu generate_gpu_cpu
+train_cuda_gpt_bf16act train_cpu_gpt_bf16act compare_gpt_bf16act_gpu_cpu
+GROUPS
+}
+
+# Sets ONLY to the steps of STATE_DIR/steps.tsv that did not PASS, and their groups' other steps.
+select_again() {
+  local state=$STATE_DIR/steps.tsv name result rest group g
+  [ -s "$state" ] || die "run --again: no earlier run's $state on this machine (a fresh machine keeps nothing): use run or run --only"
+  while IFS=$'\t' read -r name result rest; do
+    [ "$result" = PASS ] && continue
+    ONLY+=("$name")
+    while read -r group; do
+      [[ " $group " == *" $name "* ]] || continue
+      for g in $group; do ONLY+=("$g"); done
+    done < <(again_groups)
+  done <"$state"
+  ((${#ONLY[@]})) || die "run --again: every step of the last run passed"
+  log "run --again: $(printf '%s\n' "${ONLY[@]}" | sort -u | tr '\n' ' ')"
+}
+
 # run_step NAME FUNCTION [ARGS...]: runs one step; FUNCTION gets its log file first and sets NOTE. A failed
 # step is recorded (and its log's tail shown), never fatal.
 run_step() {
   local name=$1 fn=$2 start result
   shift 2
+  selected "$name" || return 0
   local logfile=$STEP_DIR/$name.log
   : >"$logfile"
   NOTE=""
@@ -363,6 +410,8 @@ run_step() {
   log ""
   log "==== $name"
   if "$fn" "$logfile" "$@"; then result=PASS; else result=FAIL; fi
+  # A step the budget left no time for is SKIPPED (budget), never PASS, and is not counted as run.
+  if [ "$result" = FAIL ] && [[ $RUN_STATUS == "not started"* || $NOTE == "not started"* ]]; then result="SKIPPED (budget)"; fi
   [ -z "$RUN_STATUS" ] || NOTE="$RUN_STATUS; $NOTE"
   local took=$(($(date +%s) - start))
   {
@@ -733,6 +782,48 @@ step_bench_gpt() {
   return $((rc != 0))
 }
 
+# `dptrain generate` on the GPU against the CPU (issue 30, item 4), from the checkpoint train_cuda_gpt wrote (fp32):
+# greedy (--top-k 1) and sampled with a seed (--seed 7, temperature 1), 64 bytes each. PASS when each pair of texts
+# is equal; else the note says at which character they part (fp32 logits can round differently on the two sides).
+step_generate_gpu_cpu() {
+  local logfile=$1 ckpt=$WORK/train_cuda_gpt/checkpoints mode dev rc ok=0 a b i
+  [ -d "$ckpt" ] || ckpt=$WORK/train_cuda_gpt
+  if ! ls -d "$ckpt"/step-* >/dev/null 2>&1 && ! ls -d "$ckpt"/*/step-* >/dev/null 2>&1; then
+    NOTE="no checkpoint under $WORK/train_cuda_gpt (did train_cuda_gpt run?)"
+    return 1
+  fi
+  NOTE=""
+  for mode in greedy seeded; do
+    local args=(--tokens 64 --prompt "The ")
+    [ "$mode" = greedy ] && args+=(--top-k 1) || args+=(--seed 7)
+    for dev in cuda cpu; do
+      rc=0
+      echo "---- $mode on $dev:" >>"$logfile"
+      # The text (stdout) into its own file; the logs (stderr) into the step's log.
+      run_timed "$logfile" 60 bash -c 'out=$1; shift; exec "$@" >"$out"' _ "$WORK/generate_${mode}_$dev.txt" \
+        "${DPT_ENV[@]}" "$B_BIN/dptrain" generate --checkpoint "$ckpt" --device "$dev" "${args[@]}" || rc=$?
+      cat "$WORK/generate_${mode}_$dev.txt" >>"$logfile" 2>/dev/null || true
+      if ((rc != 0)); then
+        NOTE+="$mode on $dev: exit $rc$(first_error "$logfile"); "
+        ok=1
+      fi
+    done
+    ((ok == 0)) || continue
+    a=$(cat "$WORK/generate_${mode}_cuda.txt")
+    b=$(cat "$WORK/generate_${mode}_cpu.txt")
+    if [ "$a" = "$b" ] && [ -n "$a" ]; then
+      NOTE+="$mode: GPU text = CPU text (${#a} chars); "
+    else
+      i=0
+      while ((i < ${#a} && i < ${#b})) && [ "${a:i:1}" = "${b:i:1}" ]; do i=$((i + 1)); done
+      NOTE+="$mode: GPU and CPU texts part at character $i of ${#a}/${#b}; "
+      ok=1
+    fi
+  done
+  echo "$NOTE" >>"$logfile"
+  return "$ok"
+}
+
 # -- set-up and summary ---------------------------------------------------------------------------------
 
 # The unit tests look for the data set in /usr/share/datasets/fashion-mnist (skipped when absent). Where that
@@ -853,6 +944,17 @@ summary() {
   log "$table"
   echo "$table" >"$LOG_ROOT/gpu-check-summary.md"
   write_results
+  # For run --again on this machine: the step table (a run --only's selection, merged into the last full table).
+  mkdir -p "$STATE_DIR"
+  if [ -s "$STEP_DIR/steps.tsv" ]; then
+    if [ -s "$STATE_DIR/steps.tsv" ] && ((${#ONLY[@]})); then
+      awk -F'\t' 'NR == FNR { new[$1] = $0; next } ($1 in new) { print new[$1]; delete new[$1]; next } { print }
+        END { for (k in new) print new[k] }' "$STEP_DIR/steps.tsv" "$STATE_DIR/steps.tsv" >"$STATE_DIR/steps.new"
+      mv "$STATE_DIR/steps.new" "$STATE_DIR/steps.tsv"
+    else
+      cp "$STEP_DIR/steps.tsv" "$STATE_DIR/steps.tsv"
+    fi
+  fi
   pack_logs
   if ((failed)); then
     log "gpu-check: $failed of ${#STEP_NAMES[@]} steps FAILED"
@@ -862,6 +964,16 @@ summary() {
 }
 
 run_all() {
+  case ${1:-} in
+    --only)
+      shift
+      (($#)) || die "run --only needs step names (shell patterns), e.g. run --only 'bench_*'"
+      ONLY=("$@")
+      ;;
+    --again) ;;
+    "") ;;
+    *) die "run: unknown option $1 (run, run --only STEP..., run --again)" ;;
+  esac
   BUDGET=${GPU_CHECK_BUDGET_S:-540}
   START=$(date +%s)
   DEADLINE=$((START + BUDGET))
@@ -873,20 +985,13 @@ run_all() {
   # As under ctest; DPT_SOURCE_DIR: test_config reads the shipped configs from the bundle's configs/.
   UNIT_ENV=("${DPT_ENV[@]}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "DPT_SOURCE_DIR=$ROOT/$BUNDLE")
   header
+  [ "${1:-}" != --again ] || select_again
+  ((${#ONLY[@]} == 0)) || log "steps: only those matching ${ONLY[*]}"
   trap remove_links EXIT
   make_compat_links
 
   run_step unit_gpu step_unit_gpu
   run_step sanitize_fastpath step_sanitize_fastpath
-  local t units=()
-  for t in unit_core unit_models unit_comm unit_data unit_trainer unit_launcher; do
-    [ -x "$B_BIN/$t" ] && units+=("$t")
-  done
-  for t in "$B_BIN"/unit_*; do  # any other unit test program, in name order
-    t=$(basename "$t")
-    [[ $t == unit_gpu || " ${units[*]} " == *" $t "* ]] || units+=("$t")
-  done
-  for t in "${units[@]}"; do run_step "$t" step_unit "$t"; done
   run_step train_cuda_nccl_1rank step_train_gpu
   run_step train_cpu_1rank step_train_cpu
   run_step compare_gpu_cpu step_compare
@@ -902,6 +1007,7 @@ run_all() {
   run_step train_cuda_gpt step_train_gpt_gpu
   run_step train_cpu_gpt step_train_gpt_cpu
   run_step compare_gpt_gpu_cpu step_compare_gpt
+  run_step generate_gpu_cpu step_generate_gpu_cpu
   # The transformer fast path (cuBLASLt, cuDNN's fused attention, the fused classifier and AdamW) against its CPU
   # reference loops, through the whole product.
   run_step train_cuda_gpt_bf16act step_train_gpt_gpu train.precision=bf16 train.bf16_activations=true
@@ -911,6 +1017,17 @@ run_all() {
   run_step bench_gpt step_bench_gpt
   run_step bench step_bench
   run_step bench_resnet step_bench_resnet
+  # The CPU unit tests last: CI runs them on every change; here they only show the bundle's programs work on this
+  # machine with a GPU present (the device and memory tests take the CUDA branch).
+  local t units=()
+  for t in unit_core unit_trainer unit_models unit_comm unit_data unit_launcher; do
+    [ -x "$B_BIN/$t" ] && units+=("$t")
+  done
+  for t in "$B_BIN"/unit_*; do  # any other unit test program, in name order
+    t=$(basename "$t")
+    [[ $t == unit_gpu || " ${units[*]} " == *" $t "* ]] || units+=("$t")
+  done
+  for t in "${units[@]}"; do run_step "$t" step_unit "$t"; done
   summary
 }
 
@@ -935,7 +1052,7 @@ gpt_bench_only() {
 
 case ${1:-} in
   bundle) bundle ;;
-  run) run_all ;;
+  run) shift; run_all "$@" ;;
   resnet-bench) resnet_bench_only ;;
   gpt-bench) gpt_bench_only ;;
   unpack)
