@@ -133,11 +133,15 @@ def tables(docs_path, md_path):
     if runs:
         r = runs[0]
         steps = r.get("steps", [])
-        failed = [s["name"] for s in steps if s.get("status") != "PASS"]
+        skipped = [s["name"] for s in steps if str(s.get("status", "")).startswith("SKIPPED")]
+        failed = [s["name"] for s in steps if s.get("status") != "PASS" and s["name"] not in skipped]
+        n_pass = len(steps) - len(failed) - len(skipped)
+        why = ([f"failed: {', '.join(failed)}"] if failed else []) + \
+              ([f"not run, no time left in the budget: {', '.join(skipped)}"] if skipped else [])
         lines += ["", f"**Newest run:** {r.get('device', '?')}, driver {r.get('driver', '?')}, CUDA {r.get('cuda', '?')}, "
                       f"cuDNN {r.get('cudnn', '?')}; {r.get('date', '?')}, commit `{str(r.get('commit', '?'))[:12]}`. "
-                      f"Steps: {len(steps) - len(failed)} of {len(steps)} PASS"
-                      + (f" (failed: {', '.join(failed)})." if failed else ".")]
+                      f"Steps: {n_pass} of {len(steps)} PASS"
+                      + (f" ({'; '.join(why)})." if why else ".")]
         bench = r.get("bench", [])
         if bench:
             lines += ["", "| model | program | mode | batch | precision | throughput | MFU | ratio (vs) |",
