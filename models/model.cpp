@@ -36,8 +36,9 @@ Model::Model(std::unique_ptr<Module> root, std::string name, Device device)
     for (const auto& s : bs) buffers += numel_of(s.shape);
     for (const auto& c : cs) counters_.emplace_back(prefixes[i] + c.name, c.value);
   }
-  allocate(Device::cpu(), static_cast<int64_t>(params), static_cast<int64_t>(buffers));
-  if (device != Device::cpu()) to(device);
+  // Straight on the device (zeros, as a copy of host zeros would be): a model too large for the GPU fails there at
+  // once with the device's out-of-memory error, never after filling the host with its zeros first.
+  allocate(device, static_cast<int64_t>(params), static_cast<int64_t>(buffers));
 }
 
 void Model::allocate(Device device, int64_t total_params, int64_t total_buffers) {

@@ -621,8 +621,9 @@ step_memory_gpu() {
   local report epoch_mem
   report=$(grep -m1 -oE 'memory per rank: parameters 2.55 MiB, gradients 2.55 MiB, optimizer state 2.55 MiB, activations [0-9.]+ [KMG]iB' "$logfile" || true)
   epoch_mem=$(grep -m1 -oE 'epoch 1/1 memory: .*device [0-9.]+ [KMG]iB of [0-9.]+ [KMG]iB used' "$logfile" || true)
-  if [ -z "$report" ] || [ -z "$epoch_mem" ] || ! grep -q '"kind":"memory".*"device_used_bytes"' "$dir/metrics.jsonl"; then
-    NOTE="memory report missing or wrong: '${report:-none}' / '${epoch_mem:-none}'"
+  if [ -z "$report" ] || [ -z "$epoch_mem" ] ||
+    ! grep '"kind":"memory"' "$dir/metrics.jsonl" | grep -q '"device_used_bytes":[1-9]'; then  # keys sorted: no order
+    NOTE="memory report missing or wrong: '${report:-none}' / '${epoch_mem:-none}' / metrics.jsonl's memory record: $(grep -c '"kind":"memory"' "$dir/metrics.jsonl" 2>/dev/null || true), with device_used_bytes: $(grep '"kind":"memory"' "$dir/metrics.jsonl" 2>/dev/null | grep -c device_used_bytes || true)"
     return 1
   fi
   NOTE="${report#memory per rank: }; ${epoch_mem#epoch 1/1 memory: }"
@@ -673,6 +674,7 @@ step_bench_resnet() {
   left=$((DEADLINE - $(date +%s) - 20))
   per_run=$((left / 6))
   ((per_run <= 120)) || per_run=120
+  ((per_run >= 30)) || per_run=30  # PyTorch's start alone takes ~10 s: a shorter limit fails every PyTorch row
   run_timed "$logfile" 600 env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPT_LIB_PATH="$DPT_LD" \
     BENCH_LOG_DIR="$STEP_DIR/bench_resnet" BENCH_RUN_TIMEOUT_S="$per_run" BENCH_RESULTS="$STEP_DIR/results-resnet.jsonl" \
     bash scripts/bench/resnet_bench.sh --gpu ||

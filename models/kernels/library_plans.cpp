@@ -39,6 +39,15 @@ LtMatmulPlan lt_matmul_plan(const MatmulShape& s, bool keep_aux) {
   return p;
 }
 
+std::string lt_epilogue_unfusable(const LtMatmulPlan& p) {
+  const std::pair<const char*, int64_t> dims[] = {{"m", p.m},       {"n", p.n},       {"k", p.k},
+                                                  {"lda", p.a.ld}, {"ldb", p.b.ld}, {"ldd", p.d.ld}};
+  for (const auto& [name, v] : dims)
+    if (v % 8 != 0) return fmt::format("{} {} is not a multiple of 8", name, v);
+  if (p.aux_ld % 8 != 0) return fmt::format("aux_ld {} is not a multiple of 8", p.aux_ld);
+  return {};
+}
+
 std::string describe(const LtMatmulPlan& p) {
   static constexpr const char* kEpilogue[] = {"default", "bias", "gelu_bias", "gelu_aux_bias", "bgradb"};
   const auto layout = [](const LtLayout& l) { return fmt::format("{}x{}/{}", l.rows, l.cols, l.ld); };

@@ -48,6 +48,11 @@ struct LtMatmulPlan {
 
 // The plan for s; `keep_aux`: BiasGelu keeps the pre-activation (GeluAuxBias) rather than not (GeluBias).
 LtMatmulPlan lt_matmul_plan(const MatmulShape& s, bool keep_aux);
+// Empty when cuBLASLt's fused epilogue may run plan p; else why not. Only where m, n, k and every leading dimension
+// are multiples of 8 (16-byte rows of bf16): on an H200 (2026-11-26, cuBLASLt 13) an odd shape's bias epilogue
+// rounded the product to bf16 before adding the bias (0.3% relative error), where the fallback kernels round once,
+// as the CPU set does. Transformer widths are multiples of 8 anyway.
+std::string lt_epilogue_unfusable(const LtMatmulPlan& p);
 // One line naming the plan's fields, for error messages and logs ("m 768 n 4096 k 3072 A N 768x3072/768 ...").
 std::string describe(const LtMatmulPlan& p);
 

@@ -9,6 +9,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 #include <limits>
@@ -167,6 +168,11 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
                         .aux = p.epilogue == LtEpilogue::GeluAuxBias ? o.aux : nullptr};
   const std::array<uint32_t, 5> align{alignment_of(o.b), alignment_of(o.a), alignment_of(o.d),
                                       alignment_of(p.bias_len ? ptrs.bias : nullptr), alignment_of(ptrs.aux)};
+  // Fused epilogues only on 16-byte-aligned shapes and pointers (library_plans.h says why).
+  if (!lt_epilogue_unfusable(p).empty() || std::ranges::any_of(align, [](uint32_t a) { return a < 16; })) {
+    matmul_unfused(s, o);
+    return;
+  }
   LtEntry& e = lt_entry(st, p, align, ptrs);
   if (!e.have_algo) {  // no algorithm with this epilogue: the product, then our kernels
     matmul_unfused(s, o);

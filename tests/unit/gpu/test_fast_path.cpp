@@ -72,8 +72,9 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
   struct Dims {
     int64_t M, N, K;
   };
-  // A GPT-like shape (multiples of 8: cuBLASLt's epilogue algorithms apply) and an odd one (they may not: then the
-  // fallback kernels run even when fused epilogues are asked for).
+  // A GPT-like shape (multiples of 8: cuBLASLt's epilogue algorithms apply) and an odd one (lt_epilogue_unfusable:
+  // the fallback kernels run even when fused epilogues are asked for; on an H200 cuBLASLt's own bias epilogue
+  // rounded such a shape's product twice).
   for (const Dims dims : {Dims{96, 192, 64}, Dims{37, 13, 21}})
     for (bool fused : {true, false})
       for (bool ta : {false, true})

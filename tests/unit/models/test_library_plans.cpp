@@ -170,6 +170,25 @@ TEST_CASE("lt_matmul_plan: a GPT-2 layer's three matmuls, field by field", "[pla
   CHECK(x.beta == 0.0f);
   CHECK(describe(x) == "m 768 n 16384 k 3072 A N 768x3072/768 B N 3072x16384/3072 D 768x16384/768 bf16 beta 0 "
                        "epilogue default");
+  // All three are 16-byte-aligned shapes: cuBLASLt's fused epilogues may run them.
+  CHECK(lt_epilogue_unfusable(f).empty());
+  CHECK(lt_epilogue_unfusable(w).empty());
+  CHECK(lt_epilogue_unfusable(x).empty());
+}
+
+TEST_CASE("lt_epilogue_unfusable: fused epilogues only where every dimension is a multiple of 8", "[plans]") {
+  // The shape whose fused bias epilogue rounded twice on an H200 (docs/gpu-results.json, 2026-11-26).
+  const MatmulShape odd{.M = 37, .N = 13, .K = 21, .lda = 21, .ldb = 13, .ldd = 13, .epilogue = MatmulEpilogue::Bias};
+  CHECK(lt_epilogue_unfusable(lt_matmul_plan(odd, false)) == "m 13 is not a multiple of 8");
+  // A padded leading dimension that is a multiple of 8 is fine; one that is not is enough to refuse (our A's is
+  // cuBLASLt's B's).
+  const MatmulShape ld{.M = 64, .N = 64, .K = 64, .lda = 64, .ldb = 72, .ldd = 64, .epilogue = MatmulEpilogue::Bias};
+  CHECK(lt_epilogue_unfusable(lt_matmul_plan(ld, false)) == "");
+  const MatmulShape ld_odd{.M = 64, .N = 64, .K = 64, .lda = 66, .ldb = 64, .ldd = 64,
+                           .d_f32 = true, .epilogue = MatmulEpilogue::BiasGrad};
+  CHECK(lt_epilogue_unfusable(lt_matmul_plan(ld_odd, false)) == "ldb 66 is not a multiple of 8");
+  const MatmulShape k_odd{.M = 64, .N = 64, .K = 60, .lda = 64, .ldb = 64, .ldd = 64, .epilogue = MatmulEpilogue::Bias};
+  CHECK(lt_epilogue_unfusable(lt_matmul_plan(k_odd, false)) == "k 60 is not a multiple of 8");
 }
 
 TEST_CASE("sdpa_plan: every q, k, v, o and stats element is where the fused layouts keep it", "[plans]") {
