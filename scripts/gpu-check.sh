@@ -915,7 +915,7 @@ write_results() {
   python3 scripts/bench/results.py run --out "$LOG_ROOT/gpu-results.json" --steps "$steps" --info "device=$device" \
     "driver=$driver" "cuda=$(info_get cuda_version)" "cudnn=$(info_get cudnn_version)" "cudnn_library=${cudnn_lib:-?}" \
     "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)" "commit=$(info_get git_head_full)" \
-    "changed_files=$(info_get git_changed_files)" "budget_s=$BUDGET" "host=${HOSTNAME:-?}" \
+    "changed_files=$(info_get git_changed_files)" "budget_s=$BUDGET" "host=${HOSTNAME:-?}" "only=${ONLY[*]}" \
     "$STEP_DIR"/results-gpt.jsonl "$STEP_DIR"/results-mlp.jsonl "$STEP_DIR"/results-resnet.jsonl &&
     log "results: $LOG_ROOT/gpu-results.json" || log "WARNING: gpu-results.json not written"
 }

@@ -13,7 +13,9 @@
   results.py merge RUN.json DOCS.json  put the run first in DOCS.json's "runs" (created when missing), the older
                                        runs kept; a run of the same commit and date replaces its earlier copy
   results.py tables DOCS.json MD       write the newest run's tables, and a line per older run, into MD between
-                                       its <!-- gpu-results:begin --> and <!-- gpu-results:end --> markers
+                                       its <!-- gpu-results:begin --> and <!-- gpu-results:end --> markers; where
+                                       a run reran only some steps (its "only" field, gpu-check.sh run --only or
+                                       --again), the latest result of each step and benchmark row, naming its run
 
 Only the standard library: it runs on the GPU machine (its python3) and here.
 """
@@ -125,6 +127,36 @@ def fmt(v, spec):
     return "-" if v is None else format(v, spec)
 
 
+def run_label(r):
+    return f"{str(r.get('date', '?'))[:16]}, `{str(r.get('commit', '?'))[:7]}`"
+
+
+def latest_steps(runs):
+    """The newest result of each step over the runs (newest first), in the order of the newest full run's steps."""
+    order, latest = [], {}
+    full = next((r for r in runs if not r.get("only")), runs[0])
+    for r in [full] + runs:
+        for s in r.get("steps", []):
+            if s["name"] not in order:
+                order.append(s["name"])
+    for r in runs:
+        for s in r.get("steps", []):
+            latest.setdefault(s["name"], (s, r))
+    return [latest[n] for n in order]
+
+
+def latest_rows(runs):
+    """The newest benchmark row of each (model, program, mode, batch, precision) over the runs, with its run."""
+    keys, latest = [], {}
+    for r in reversed(runs):  # oldest first, so a newer row replaces an older one in place
+        for b in r.get("bench", []):
+            k = (b["model"], b["program"], b["mode"], b["batch"], b["precision"])
+            if k not in latest:
+                keys.append(k)
+            latest[k] = (b, r)
+    return [latest[k] for k in keys]
+
+
 def tables(docs_path, md_path):
     runs = json.load(open(docs_path, encoding="utf-8")).get("runs", []) if os.path.exists(docs_path) else []
     lines = ["Made by `python3 scripts/bench/results.py tables docs/gpu-results.json docs/benchmarks.md` from "
@@ -140,18 +172,28 @@ def tables(docs_path, md_path):
               ([f"not run, no time left in the budget: {', '.join(skipped)}"] if skipped else [])
         lines += ["", f"**Newest run:** {r.get('device', '?')}, driver {r.get('driver', '?')}, CUDA {r.get('cuda', '?')}, "
                       f"cuDNN {r.get('cudnn', '?')}; {r.get('date', '?')}, commit `{str(r.get('commit', '?'))[:12]}`. "
-                      f"Steps: {n_pass} of {len(steps)} PASS"
+                      + (f"Only the steps matching {r['only']} (`run --only`). " if r.get("only") else "")
+                      + f"Steps: {n_pass} of {len(steps)} PASS"
                       + (f" ({'; '.join(why)})." if why else ".")]
-        bench = r.get("bench", [])
-        if bench:
-            lines += ["", "| model | program | mode | batch | precision | throughput | MFU | ratio (vs) |",
-                      "|---|---|---|---:|---|---:|---:|---|"]
-            for b in bench:
+        mixed = any(x.get("only") for x in runs)  # reruns of some steps: show each step's and row's latest
+        if mixed:
+            lines += ["", "The latest result of each step over the recorded runs (a `run --only` reruns some steps; "
+                          "each row names its run):", "", "| step | result | run | note |", "|---|---|---|---|"]
+            for s, sr in latest_steps(runs):
+                note = str(s.get("note", "")).replace("|", "/")
+                note = note if len(note) <= 140 else note[:137] + "..."
+                lines.append(f"| {s['name']} | {s.get('status', '?')} | {run_label(sr)} | {note} |")
+        rows = latest_rows(runs) if mixed else [(b, r) for b in r.get("bench", [])]
+        if rows:
+            lines += ["", "| model | program | mode | batch | precision | throughput | MFU | ratio (vs) |"
+                          + (" run |" if mixed else ""),
+                      "|---|---|---|---:|---|---:|---:|---|" + ("---|" if mixed else "")]
+            for b, br in rows:
                 t = "no result" if b.get("throughput") is None else f"{b['throughput']:,.0f} {b['unit']}"
                 mfu = "-" if b.get("mfu") is None else f"{100 * b['mfu']:.1f}%"
                 ratio = "-" if not b.get("reference") else f"{fmt(b.get('ratio'), '.2f')} (vs {b['reference']})"
                 lines.append(f"| {b['model']} | {b['program']} | {b['mode']} | {b['batch']} | {b['precision']} | "
-                             f"{t} | {mfu} | {ratio} |")
+                             f"{t} | {mfu} | {ratio} |" + (f" {run_label(br)} |" if mixed else ""))
         if len(runs) > 1:
             lines.append("")
         for old in runs[1:]:
@@ -159,7 +201,8 @@ def tables(docs_path, md_path):
             n_pass = sum(1 for x in s if x.get("status") == "PASS")
             lines.append(f"- Earlier: {old.get('device', '?')}, {old.get('date', '?')}, commit "
                          f"`{str(old.get('commit', '?'))[:12]}`: {n_pass} of {len(s)} steps PASS, "
-                         f"{len(old.get('bench', []))} benchmark rows.")
+                         f"{len(old.get('bench', []))} benchmark rows"
+                         + (f" (only the steps matching {old['only']})." if old.get("only") else "."))
     text = open(md_path, encoding="utf-8").read()
     if BEGIN not in text or END not in text:
         sys.exit(f"results.py tables: {md_path} has no {BEGIN} ... {END} block")

@@ -75,6 +75,28 @@ grep -q "^- Earlier: NVIDIA H100 80GB HBM3, 2026-11-25T10:00:00Z, commit \`aaaaa
 cp "$md" "$WORK/once.md"
 "$PY" "$R" tables "$docs" "$md"
 cmp -s "$md" "$WORK/once.md" || fail "tables: a second run changed the file"
+
+# ---- a rerun of some steps (run --only / --again): the latest result of each step and row, naming its run -----
+printf 'bench_gpt\tPASS\t200\tran\n' > "$WORK/steps3.tsv"
+printf '{"model": "gpt2-124m", "program": "dptrain", "mode": "step", "batch": 16, "precision": "bf16", "throughput": 560000, "unit": "tokens/s", "mfu": 0.48, "reference": "torch-compile"}\n{"model": "gpt2-124m", "program": "torch-compile", "mode": "compile", "batch": 16, "precision": "bf16", "throughput": 480000, "unit": "tokens/s", "mfu": null, "reference": null}\n' > "$WORK/rows3.jsonl"
+"$PY" "$R" run --out "$WORK/run3.json" --steps "$WORK/steps3.tsv" --info "device=NVIDIA H100 80GB HBM3" driver=580.1 \
+  cuda=13.0 cudnn=9.19.0 date=2026-11-26T10:00:00Z commit=cccccccccccccccc only=bench_gpt "$WORK/rows3.jsonl"
+cp "$docs" "$WORK/docs3.json"
+"$PY" "$R" merge "$WORK/run3.json" "$WORK/docs3.json"
+"$PY" "$R" tables "$WORK/docs3.json" "$md"
+cat "$md"
+grep -qF "commit \`cccccccccccc\`. Only the steps matching bench_gpt (\`run --only\`). Steps: 1 of 1 PASS." "$md" \
+  || fail "tables: the rerun's line"
+grep -qF "| unit_gpu | PASS | 2026-11-26T09:00, \`bbbbbbb\` |" "$md" || fail "tables: a step not rerun keeps its run's result"
+grep -qF "| bench_gpt | PASS | 2026-11-26T10:00, \`ccccccc\` | ran |" "$md" || fail "tables: the rerun step's newer result"
+grep -qF "| gpt2-124m | dptrain | step | 16 | bf16 | 560,000 tokens/s | 48.0% | 1.17 (vs torch-compile) | 2026-11-26T10:00, \`ccccccc\` |" "$md" \
+  || fail "tables: the rerun's row replaces the older one"
+grep -qF "| gpt2-124m | dptrain | loop | 16 | bf16 | no result | - | - (vs torch-compile) | 2026-11-26T09:00, \`bbbbbbb\` |" "$md" \
+  || fail "tables: a row not rerun stays, naming its run"
+[ "$(grep -c '| gpt2-124m | dptrain | step | 16 |' "$md")" = 1 ] || fail "tables: the step row twice"
+grep -q "^- Earlier: NVIDIA H100 80GB HBM3, 2026-11-26T09:00:00Z, commit \`bbbbbbbbbbbb\`: 2 of 3 steps PASS, 7 benchmark rows.$" "$md" \
+  || fail "tables: the full run's line"
+
 set +e
 out=$("$PY" "$R" tables "$docs" "$WORK/rows.jsonl" 2>&1)
 rc=$?
