@@ -19,7 +19,7 @@ TEST_CASE("model families: names, help and lookup", "[trainer][registry]") {
   CHECK(model_names(ModelInput::examples) == std::vector<std::string>{"mlp", "resnet"});
   // model.name's help: each name followed by its family's note.
   CHECK(model_name_help().starts_with("mlp | resnet | gpt (GPT-2 as nanoGPT: needs data.dataset = tokens; its GPU "
-                                      "kernels are compiled but not yet run on a GPU) | llama (Hugging Face's "
+                                      "kernels passed their tests on an H200) | llama (Hugging Face's "
                                       "LlamaForCausalLM"));
   for (const std::string& name : model_names()) CHECK(model_family(name).name == name);
   CHECK_THROWS_WITH(model_family("mamba"), Catch::Contains("model.name = 'mamba': must be one of: mlp, resnet, gpt, llama"));
