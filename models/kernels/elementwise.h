@@ -199,6 +199,12 @@ DPT_HD float clip_factor(const double* sum_squares, double max_norm) {
   return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
 }
 
+// A token window's element v: token t as t, or, where the loss must not train on predicting it (a prompt's token
+// in fine-tuning data), as -(t + 1). As the model's input it is t either way; as a target, t or kIgnoreLabel.
+DPT_HD int32_t window_token(float v) { return v < 0.0f ? static_cast<int32_t>(-v) - 1 : static_cast<int32_t>(v); }
+DPT_HD int32_t window_target(float v) { return v < 0.0f ? kIgnoreLabel : static_cast<int32_t>(v); }
+DPT_HD float masked_window_token(int32_t t) { return -static_cast<float>(t) - 1.0f; }
+
 // The classifier's gradient for one logit z of a row with maximum zmax and log_sum = log(sum exp(z - zmax)):
 // dscale * (softmax(z) - [z's column is the label]).
 DPT_HD float xent_grad(float z, float zmax, float log_sum, bool is_label, float dscale) {

@@ -6,6 +6,10 @@
 
 namespace dpt::models {
 
+// The label of a target that the loss skips (softmax_xent, classifier_bf16): no loss, no hit, a zero gradient.
+// Fine-tuning data marks a prompt's tokens so, to train on the completion's alone.
+inline constexpr int32_t kIgnoreLabel = -1;
+
 struct SgdParams {
   float lr = 0.1f;
   float momentum = 0.0f;

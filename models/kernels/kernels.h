@@ -57,8 +57,10 @@ class Kernels {
   virtual void relu_backward(const float* y, const float* dy, float* dx, size_t n) = 0;
   // Mean softmax cross-entropy over `rows` examples of `cols` classes. Writes d(mean loss)/d(logits) to
   // dlogits when non-null. Accumulates into stats (2 doubles on the device): stats[0] += the summed (not
-  // mean) loss, stats[1] += the number of argmax hits; so a step needs no host synchronisation. A label
-  // outside [0, cols) throws on the CPU; on the GPU it makes that row's loss NaN.
+  // mean) loss, stats[1] += the number of argmax hits; so a step needs no host synchronisation. A label of
+  // kIgnoreLabel (-1: a masked target, a prompt's token in fine-tuning) adds no loss and no hit and gets a zero
+  // gradient (the mean still divides by `rows`). Any other label outside [0, cols) throws on the CPU; on the GPU
+  // it makes that row's loss NaN.
   virtual void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                             double* stats) = 0;
   // One optimizer update over n parameters.
@@ -126,7 +128,8 @@ class Kernels {
   // UnsupportedError naming the operation (both sets here have them).
 
   // Token windows [n, T + 1] (floats holding token ids, exact below 2^24) to the model's int32 input [n, T] (each
-  // window's first T) and the next tokens [n * T] (its last T).
+  // window's first T) and the next tokens [n * T] (its last T). A token stored as -(t + 1) (a masked target:
+  // elementwise::masked_window_token) is t as an input and kIgnoreLabel as a target.
   virtual void split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T);
   // y[r] = wte[tokens[r]] + wpe[r mod T], rows x C; a token outside [0, vocab) throws (CPU). wpe nullptr: no
   // position embedding (Llama's RoPE turns q and k instead), y[r] = wte[tokens[r]].
@@ -192,8 +195,8 @@ class Kernels {
   // padding, never read): per row, loss = logsumexp(z) - z[label] in float32; stats[0] += the summed loss and
   // stats[1] += the argmax hits (softmax_xent's). Then, when dscale != 0, the logits are overwritten by their
   // gradient dscale * (softmax(z) - onehot(label)) rounded to bf16, the padding columns by 0: the float32
-  // [rows, vocab] tensor never exists. A label outside [0, vocab) throws on the CPU and makes the row's loss and
-  // gradient NaN on the GPU.
+  // [rows, vocab] tensor never exists. A kIgnoreLabel row adds nothing and its gradient is 0 (softmax_xent's); any
+  // other label outside [0, vocab) throws on the CPU and makes the row's loss and gradient NaN on the GPU.
   virtual void classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
                                float dscale, double* stats);
   // AdamW over n parameters in one pass (one launch on a GPU): each gradient first multiplied by clip_by_norm's

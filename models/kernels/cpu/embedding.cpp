@@ -1,6 +1,7 @@
 // models/kernels/cpu/embedding.cpp: GPT's token and position embedding, forward and backward, and the split of
 // token windows into input and next tokens, on the CPU.
 #include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/elementwise.h"
 
 #include <algorithm>
 
@@ -28,8 +29,8 @@ void CpuKernels::embedding_forward(const int32_t* tokens, const float* wte, cons
 void CpuKernels::split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T) {
   for (int64_t r = 0; r < n; ++r)
     for (int64_t i = 0; i < T; ++i) {
-      input[r * T + i] = static_cast<int32_t>(windows[r * (T + 1) + i]);
-      next[r * T + i] = static_cast<int32_t>(windows[r * (T + 1) + i + 1]);
+      input[r * T + i] = elementwise::window_token(windows[r * (T + 1) + i]);
+      next[r * T + i] = elementwise::window_target(windows[r * (T + 1) + i + 1]);
     }
 }
 

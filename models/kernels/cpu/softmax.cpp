@@ -19,6 +19,10 @@ void CpuKernels::softmax_xent(const float* logits, const int32_t* labels, float*
   for (int64_t r = 0; r < rows; ++r) {
     const float* z = logits + r * cols;
     const int32_t label = labels[r];
+    if (label == kIgnoreLabel) {  // no loss, no hit, no gradient
+      if (dlogits) std::fill_n(dlogits + r * cols, cols, 0.0f);
+      continue;
+    }
     DPT_CHECK(label >= 0 && label < cols, "label {} outside [0, {})", label, cols);
     int64_t argmax = 0;
     float zmax = z[0];
@@ -54,6 +58,10 @@ void CpuKernels::classifier_bf16(BFloat16* logits, const int32_t* labels, int64_
   for (int64_t r = 0; r < rows; ++r) {
     BFloat16* row = logits + r * ld;
     const int32_t label = labels[r];
+    if (label == kIgnoreLabel) {  // no loss, no hit, a zero gradient
+      if (dscale != 0.0f) std::fill_n(row, ld, BFloat16{0});
+      continue;
+    }
     DPT_CHECK(label >= 0 && label < vocab, "label {} outside [0, {})", label, vocab);
     int64_t argmax = 0;
     for (int64_t c = 0; c < vocab; ++c) {

@@ -141,8 +141,8 @@ __global__ void split_token_windows_kernel(const float* windows, int32_t* input,
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
     const int64_t r = static_cast<int64_t>(i) / T, t = static_cast<int64_t>(i) - r * T;
     const float* w = windows + r * (T + 1) + t;
-    input[i] = static_cast<int32_t>(w[0]);
-    next[i] = static_cast<int32_t>(w[1]);
+    input[i] = elementwise::window_token(w[0]);
+    next[i] = elementwise::window_target(w[1]);
   }
 }
 

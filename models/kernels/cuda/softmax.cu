@@ -38,9 +38,9 @@ __global__ void xent_rows_kernel(const float* logits, const int32_t* labels, flo
   for (int off = 16; off > 0; off /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, off);
   const float log_sum = logf(sum);
   const int32_t label = labels[r];
-  const bool valid = label >= 0 && label < cols;
+  const bool valid = label >= 0 && label < cols, ignored = label == kIgnoreLabel;
   if (lane == 0) {
-    row_loss[r] = valid ? log_sum - (z[label] - zmax) : NAN;
+    row_loss[r] = ignored ? 0.0f : valid ? log_sum - (z[label] - zmax) : NAN;
     row_hit[r] = valid && arg == label ? 1.0f : 0.0f;
   }
   if (dlogits) {
@@ -48,7 +48,7 @@ __global__ void xent_rows_kernel(const float* logits, const int32_t* labels, flo
     float* d = dlogits + r * cols;
     for (int64_t c = lane; c < cols; c += 32) {
       const float p = expf(z[c] - zmax - log_sum);
-      d[c] = valid ? (p - (c == label ? 1.0f : 0.0f)) * inv_rows : NAN;
+      d[c] = ignored ? 0.0f : valid ? (p - (c == label ? 1.0f : 0.0f)) * inv_rows : NAN;
     }
   }
 }
@@ -106,16 +106,17 @@ __global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, 
   }
   const float zmax = sm[0], log_sum = logf(ss[0]);
   const int32_t label = labels[r];
-  const bool valid = label >= 0 && label < vocab;
+  const bool valid = label >= 0 && label < vocab, ignored = label == kIgnoreLabel;
   if (threadIdx.x == 0) {
-    row_loss[r] = valid ? log_sum - (to_float(z[label]) - zmax) : NAN;
+    row_loss[r] = ignored ? 0.0f : valid ? log_sum - (to_float(z[label]) - zmax) : NAN;
     row_hit[r] = valid && sa[0] == label ? 1.0f : 0.0f;
   }
   if (dscale == 0.0f) return;
   __syncthreads();  // every thread has read z[label] and sa[0] before the row is overwritten
   for (int64_t c = threadIdx.x; c < ld; c += kThreads) {
     float g = 0.0f;
-    if (c < vocab) g = valid ? elementwise::xent_grad(to_float(z[c]), zmax, log_sum, c == label, dscale) : NAN;
+    if (c < vocab && !ignored)
+      g = valid ? elementwise::xent_grad(to_float(z[c]), zmax, log_sum, c == label, dscale) : NAN;
     z[c] = to_bfloat16(g);
   }
 }

@@ -19,6 +19,7 @@
 
 #include "gpu_testing.h"
 #include "models/gpt/gpt.h"
+#include "models/kernels/elementwise.h"
 #include "models/kernels/factory.h"
 #include "models/model.h"
 
@@ -724,7 +725,11 @@ TEST_CASE("cuda split_token_windows gives the CPU's inputs and next tokens", "[g
   std::mt19937 rng(120);
   Tensor windows = Tensor::empty({n, T + 1});
   std::uniform_int_distribution<int> token(0, 65535);
-  for (size_t i = 0; i < windows.numel(); ++i) windows.data<float>()[i] = static_cast<float>(token(rng));
+  // One token in four masked as a target (-(t + 1)): the input t, the target kIgnoreLabel.
+  for (size_t i = 0; i < windows.numel(); ++i) {
+    const int t = token(rng);
+    windows.data<float>()[i] = t % 4 == 0 ? models::elementwise::masked_window_token(t) : static_cast<float>(t);
+  }
   Tensor want_in = Tensor::empty({n, T}, DType::I32), want_next = Tensor::empty({n * T}, DType::I32);
   cpu_kernels().split_token_windows(windows.data<float>(), want_in.data<int32_t>(), want_next.data<int32_t>(), n, T);
   const Tensor dw = to_device(windows);

@@ -6,6 +6,7 @@
 // relative) plus the float32 accumulation's error (a few 2^-24 of the sum of the terms' magnitudes).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -289,6 +290,69 @@ TEST_CASE("classifier_bf16 on the CPU: loss, hits and the bf16 gradient against 
   labels[3] = static_cast<int32_t>(vocab);  // a padding column is never a label
   CHECK_THROWS_WITH(cpu().classifier_bf16(again.data(), labels.data(), rows, vocab, ld, 0.0f, st),
                     Catch::Contains("outside [0, 300)"));
+}
+
+// A masked target (kIgnoreLabel): the row adds no loss and no hit and gets a zero gradient; every other row is what
+// it is alone (each row's loss and gradient depend on that row only: the same bits). Both loss kernels.
+TEST_CASE("softmax_xent and classifier_bf16 skip kIgnoreLabel targets", "[fastpath]") {
+  std::mt19937 rng(8);
+  const int64_t rows = 6, vocab = 37, ld = 40;
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  std::vector<float> z(static_cast<size_t>(rows * vocab));
+  for (auto& x : z) x = u(rng);
+  const std::vector<int32_t> labels{3, kIgnoreLabel, 36, kIgnoreLabel, 0, 11};
+  // softmax_xent (float32 logits): against each valid row run alone, its gradient's 1/rows restored.
+  std::vector<float> d(z.size(), NAN);
+  double stats[2] = {0.25, 1.0};
+  cpu().softmax_xent(z.data(), labels.data(), d.data(), rows, vocab, stats);
+  double loss = 0.25, hits = 1.0;
+  for (int64_t r = 0; r < rows; ++r) {
+    CAPTURE(r);
+    const float* row_d = d.data() + r * vocab;
+    if (labels[r] == kIgnoreLabel) {
+      CHECK(std::all_of(row_d, row_d + vocab, [](float g) { return g == 0.0f; }));
+      continue;
+    }
+    std::vector<float> one(static_cast<size_t>(vocab));
+    double st[2] = {0, 0};
+    cpu().softmax_xent(z.data() + r * vocab, &labels[r], one.data(), 1, vocab, st);
+    loss += st[0];
+    hits += st[1];
+    for (int64_t c = 0; c < vocab; ++c) CHECK(row_d[c] == one[c] * (1.0f / static_cast<float>(rows)));
+  }
+  CHECK(stats[0] == loss);  // the same doubles added in the same order
+  CHECK(stats[1] == hits);
+  // classifier_bf16: the same rows as bf16, gradient in place, padding zeroed; against each valid row alone.
+  std::vector<BFloat16> zb(static_cast<size_t>(rows * ld));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < ld; ++c) zb[r * ld + c] = to_bfloat16(c < vocab ? z[r * vocab + c] : 9.0f);
+  const auto before = zb;
+  const float dscale = 0.125f;
+  double sb[2] = {0, 0};
+  cpu().classifier_bf16(zb.data(), labels.data(), rows, vocab, ld, dscale, sb);
+  double loss_b = 0, hits_b = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    CAPTURE(r);
+    if (labels[r] == kIgnoreLabel) {
+      CHECK(std::all_of(zb.begin() + r * ld, zb.begin() + (r + 1) * ld, [](BFloat16 g) { return g.bits == 0; }));
+      continue;
+    }
+    std::vector<BFloat16> one(before.begin() + r * ld, before.begin() + (r + 1) * ld);
+    double st[2] = {0, 0};
+    cpu().classifier_bf16(one.data(), &labels[r], 1, vocab, ld, dscale, st);
+    loss_b += st[0];
+    hits_b += st[1];
+    CHECK(std::memcmp(one.data(), zb.data() + r * ld, static_cast<size_t>(ld) * sizeof(BFloat16)) == 0);
+  }
+  CHECK(sb[0] == loss_b);
+  CHECK(sb[1] == hits_b);
+  CHECK(loss_b > 0.0);
+  // Only -1 is skipped: any other negative label is still refused.
+  const std::vector<int32_t> bad{3, -2, 36, 1, 0, 11};
+  CHECK_THROWS_WITH(cpu().softmax_xent(z.data(), bad.data(), nullptr, rows, vocab, stats),
+                    Catch::Contains("label -2 outside [0, 37)"));
+  CHECK_THROWS_WITH(cpu().classifier_bf16(zb.data(), bad.data(), rows, vocab, ld, 0.0f, sb),
+                    Catch::Contains("label -2 outside [0, 37)"));
 }
 
 TEST_CASE("adamw_fused on the CPU: the bits of clip_by_norm then adamw_update run by run", "[fastpath]") {

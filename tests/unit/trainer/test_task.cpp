@@ -3,7 +3,10 @@
 // inputs and next tokens (closed form), also for a short last batch; a GPT config needs token shards.
 #include <catch2/catch.hpp>
 
+#include <vector>
+
 #include "core/check.h"
+#include "models/kernels/elementwise.h"
 #include "trainer/config.h"
 #include "trainer/task.h"
 
@@ -55,6 +58,23 @@ TEST_CASE("language-model task: windows of T + 1 tokens become inputs B x T and 
   REQUIRE(std::string(task->unit()) == "tokens");
   data::Batch wrong = batch_of(2, 4);  // windows of 4, not T + 1 = 5
   REQUIRE_THROWS_AS(task->prepare(wrong), InternalError);
+}
+
+TEST_CASE("language-model task: a token stored as -(t + 1) is input t and an ignored target", "[trainer][task]") {
+  auto task = make_language_model_task(4, Device::cpu());
+  data::Batch b = batch_of(2, 5);
+  // Window 0: tokens 100..104, 102 and 104 masked as targets; window 1 (105..109): 105 masked, which is only
+  // an input (a window's first token is no target), so nothing of it is ignored.
+  float* w = b.features.data<float>();
+  w[2] = models::elementwise::masked_window_token(102);
+  w[4] = models::elementwise::masked_window_token(104);
+  w[5] = models::elementwise::masked_window_token(105);
+  task->prepare(b);
+  const int32_t* in = task->input().data<int32_t>();
+  const int32_t* next = task->targets().data<int32_t>();
+  CHECK(std::vector<int32_t>(in, in + 8) == std::vector<int32_t>{100, 101, 102, 103, 105, 106, 107, 108});
+  CHECK(std::vector<int32_t>(next, next + 8) ==
+        std::vector<int32_t>{101, models::kIgnoreLabel, 103, models::kIgnoreLabel, 106, 107, 108, 109});
 }
 
 TEST_CASE("a GPT needs token shards and token shards need a GPT", "[trainer][task]") {
