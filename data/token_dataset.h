@@ -1,7 +1,9 @@
 // data/token_dataset.h: TokenWindowDataset, the token windows of a split's shards (token_shards.h) as a
 // Dataset, so the sampler, the loader and the training loop serve a language model as they serve images.
 // Example i is window i: block_size + 1 tokens as floats (exact: tokens are below 2^16), inputs the first
-// block_size and targets the last block_size (the language-modelling task splits them); its label is 0.
+// block_size and targets the last block_size (the language-modelling task splits them); its label is 0. Where a
+// shard has a loss mask (token_shards.h), a target that is context only is written as -(t + 1)
+// (masked_window_value), which the task reads as input t and an ignored target.
 #pragma once
 
 #include <memory>
@@ -26,6 +28,7 @@ class TokenWindowDataset final : public Dataset {
 
  private:
   std::unique_ptr<TokenWindows> windows_;
+  bool masked_ = false;  // a shard has a loss mask: its context-only targets are written as -(t + 1)
   int64_t vocab_size_;
   std::string name_;
 };

@@ -147,6 +147,70 @@ void write_token_shard(const std::string& path, std::span<const int32_t> tokens,
   w.finish();
 }
 
+// ---- loss masks ----
+
+std::string token_mask_path(const std::string& shard_path) {
+  const std::string_view bin = ".bin";
+  if (shard_path.size() > bin.size() && shard_path.ends_with(bin))
+    return shard_path.substr(0, shard_path.size() - bin.size()) + ".mask";
+  return shard_path + ".mask";
+}
+
+void write_token_mask(const std::string& path, std::span<const uint8_t> trained) {
+  if (trained.size() > static_cast<size_t>(kMaxShardTokenCount))
+    DPT_THROW(ConfigError, "{}: {} tokens, more than a shard holds ({})", path, trained.size(), kMaxShardTokenCount);
+  std::vector<uint8_t> bytes(kTokenShardHeaderBytes + (trained.size() + 7) / 8, 0);
+  const std::array<int32_t, 3> header{kTokenMaskMagic, kTokenMaskVersion, static_cast<int32_t>(trained.size())};
+  std::memcpy(bytes.data(), header.data(), sizeof header);
+  for (size_t i = 0; i < trained.size(); ++i)
+    if (trained[i]) bytes[kTokenShardHeaderBytes + i / 8] |= static_cast<uint8_t>(1u << (i % 8));
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) DPT_THROW(IoError, "{}: cannot create: {}", tmp, errno_text());
+  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0 &&
+                  ::fsync(::fileno(f)) == 0;
+  const std::string why = ok ? "" : errno_text();
+  const bool closed = std::fclose(f) == 0;
+  std::error_code ec;
+  if (!ok || !closed) {
+    fs::remove(tmp, ec);
+    DPT_THROW(IoError, "{}: write failed: {}", tmp, ok ? errno_text() : why);
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    DPT_THROW(IoError, "{}: cannot rename {} into place: {}", path, tmp, ec.message());
+  }
+  sync_parent_dir(path);
+}
+
+TokenMask::TokenMask(std::string path, size_t shard_tokens) : path_(std::move(path)), count_(shard_tokens) {
+  std::error_code ec;
+  const auto bytes = fs::file_size(path_, ec);
+  if (ec) DPT_THROW(IoError, "{}: cannot read the loss mask: {}", path_, ec.message());
+  const size_t expected = kTokenShardHeaderBytes + (shard_tokens + 7) / 8;
+  if (bytes != expected)
+    DPT_THROW(IoError, "{}: loss mask of {} bytes, expected {} for its shard's {} tokens", path_, bytes, expected,
+              shard_tokens);
+  std::FILE* f = std::fopen(path_.c_str(), "rb");
+  if (f == nullptr) DPT_THROW(IoError, "{}: cannot open: {}", path_, errno_text());
+  std::vector<uint8_t> all(expected);
+  const bool read = std::fread(all.data(), 1, expected, f) == expected;
+  std::fclose(f);
+  if (!read) DPT_THROW(IoError, "{}: cannot read {} bytes", path_, expected);
+  int32_t header[3];
+  std::memcpy(header, all.data(), sizeof header);
+  if (header[0] != kTokenMaskMagic || header[1] != kTokenMaskVersion)
+    DPT_THROW(IoError, "{}: not a loss mask: magic {} version {}, expected {} version {}", path_, header[0], header[1],
+              kTokenMaskMagic, kTokenMaskVersion);
+  if (header[2] < 0 || static_cast<size_t>(header[2]) != shard_tokens)
+    DPT_THROW(IoError, "{}: a loss mask of {} tokens beside a shard of {}", path_, header[2], shard_tokens);
+  bits_.assign(all.begin() + kTokenShardHeaderBytes, all.end());
+  if (shard_tokens % 8 != 0 && (bits_.back() >> (shard_tokens % 8)) != 0)
+    DPT_THROW(IoError, "{}: bits set past its {} tokens", path_, shard_tokens);
+  for (const uint8_t b : bits_) trained_ += static_cast<size_t>(std::popcount(b));
+}
+
 // ---- reader ----
 
 TokenShard::TokenShard(std::string path) : path_(std::move(path)) {
@@ -272,8 +336,12 @@ TokenWindows::TokenWindows(const std::vector<std::string>& files, int64_t block_
   first_window_.reserve(files.size() + 1);
   const auto t = static_cast<size_t>(block_size);
   size_t total = 0;
+  masks_.reserve(files.size());
   for (const std::string& f : files) {
     shards_.emplace_back(f);
+    const std::string mask = token_mask_path(f);
+    if (fs::exists(mask)) masks_.emplace_back(std::in_place, mask, shards_.back().size());
+    else masks_.emplace_back();
     first_window_.push_back(total);
     const size_t n = shards_.back().size();
     total += n >= t + 1 ? (n - 1) / t : 0;
@@ -297,11 +365,18 @@ std::pair<size_t, size_t> TokenWindows::locate(size_t index) const {
   return {shard, (index - first_window_[shard]) * static_cast<size_t>(block_size_)};
 }
 
-void TokenWindows::get(size_t index, int32_t* out) const {
+void TokenWindows::get(size_t index, int32_t* out, uint8_t* trained) const {
   const auto [shard, start] = locate(index);
   const TokenShard& s = shards_[shard];
   const size_t n = window_tokens();
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<int32_t>(s[start + i]);
+  if (trained == nullptr) return;
+  const std::optional<TokenMask>& m = masks_[shard];
+  for (size_t i = 0; i < n; ++i) trained[i] = m ? m->trained(start + i) : 1;
+}
+
+bool TokenWindows::masked() const {
+  return std::any_of(masks_.begin(), masks_.end(), [](const auto& m) { return m.has_value(); });
 }
 
 int64_t TokenWindows::max_token() const {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -107,6 +108,41 @@ class TokenShard {
   TokenWidth width_ = TokenWidth::u16;
 };
 
+// ---- loss masks --------------------------------------------------------------------------------------------------
+// A shard NAME.bin may have a loss mask NAME.mask beside it (dptrain's own; fine-tuning data, where the loss trains
+// on a completion's tokens and not on its prompt's): a header of 256 little-endian int32 (header[0] =
+// kTokenMaskMagic, header[1] = kTokenMaskVersion, header[2] = the shard's token count, the rest 0), then one bit a
+// token, least significant bit first (bit i % 8 of byte i / 8): 1 where the token is trained as a target, 0 where it
+// is only context; the unused bits of the last byte 0. A shard without a mask trains on every token.
+inline constexpr int32_t kTokenMaskMagic = 20251126;
+inline constexpr int32_t kTokenMaskVersion = 1;
+
+// NAME.mask for NAME.bin (PATH + ".mask" for a path not ending in ".bin").
+std::string token_mask_path(const std::string& shard_path);
+
+// Writes PATH (as PATH.tmp, fsynced, renamed into place): trained[i] != 0 where token i is a trained target.
+void write_token_mask(const std::string& path, std::span<const uint8_t> trained);
+
+// A loss mask read whole and validated against its shard's token count: a wrong magic or version, another count, a
+// size other than 1024 + ceil(count / 8), or a set unused bit is an IoError naming the file and what is wrong.
+class TokenMask {
+ public:
+  TokenMask(std::string path, size_t shard_tokens);
+  bool trained(size_t i) const { return (bits_[i / 8] >> (i % 8)) & 1u; }
+  size_t size() const { return count_; }
+  size_t trained_count() const { return trained_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::vector<uint8_t> bits_;
+  size_t count_ = 0, trained_ = 0;
+};
+
+// A window's token t, as TokenWindowDataset writes it where t is context only (not a trained target): -(t + 1)
+// (models/kernels/elementwise.h's window_token and window_target read it back).
+inline float masked_window_value(uint32_t t) { return -static_cast<float>(t) - 1.0f; }
+
 // The training windows over a list of shards (in the order given: pass find_token_shards()'s sorted list).
 // Shard s of n tokens holds (n - 1) / block_size windows when n >= block_size + 1, else none; window w of
 // a shard covers its tokens [w * block_size, w * block_size + block_size], and the trailing tokens that do not
@@ -121,9 +157,12 @@ class TokenWindows {
   size_t window_tokens() const { return static_cast<size_t>(block_size_) + 1; }
   const std::vector<TokenShard>& shards() const { return shards_; }
 
-  // Writes window `index`'s block_size + 1 tokens to out (inputs = out[0..T), targets = out[1..T]).
+  // Writes window `index`'s block_size + 1 tokens to out (inputs = out[0..T), targets = out[1..T]); with
+  // `trained`, also whether each is a trained target (its shard's mask; 1 for a shard without one).
   // index >= size() is an InternalError.
-  void get(size_t index, int32_t* out) const;
+  void get(size_t index, int32_t* out, uint8_t* trained = nullptr) const;
+  // Whether any shard has a loss mask (token_mask_path beside it).
+  bool masked() const;
   // Where window `index` lives: (shard, first token in that shard).
   std::pair<size_t, size_t> locate(size_t index) const;
 
@@ -134,6 +173,7 @@ class TokenWindows {
 
  private:
   std::vector<TokenShard> shards_;
+  std::vector<std::optional<TokenMask>> masks_;  // per shard
   std::vector<size_t> first_window_;  // per shard: the global index of its first window; then the total
   int64_t block_size_ = 0;
   size_t total_windows_ = 0;

@@ -12,6 +12,7 @@
 
 #include "core/check.h"
 #include "data/sampler.h"
+#include "data/token_dataset.h"
 #include "data/token_shards.h"
 #include "data/tokenize.h"
 #include "tests/support/temp_dir.h"
@@ -248,6 +249,61 @@ TEST_CASE("token windows: counts and contents in closed form, never across shard
     }
     REQUIRE_THROWS_AS(w.get(w.size(), out.data()), InternalError);
   }
+}
+
+TEST_CASE("loss masks beside shards: windows and the dataset mark context-only targets", "[data][tokens]") {
+  test::TempDir dir;
+  // Split "train": a.bin (21 tokens) with a mask, b.bin (9 tokens) without one (every token trained).
+  const std::string a = dir.file("x_train_a.bin"), b = dir.file("x_train_b.bin");
+  write_token_shard(a, counting(100, 21));
+  write_token_shard(b, counting(200, 9));
+  std::vector<uint8_t> trained(21);
+  for (size_t i = 0; i < trained.size(); ++i) trained[i] = i % 3 != 0;  // 0, 3, 6, ... context only
+  REQUIRE(token_mask_path(a) == dir.file("x_train_a.mask"));
+  REQUIRE(token_mask_path("odd") == "odd.mask");
+  write_token_mask(token_mask_path(a), trained);
+  REQUIRE(fs::file_size(token_mask_path(a)) == 1024 + 3);
+  REQUIRE(!fs::exists(token_mask_path(a) + ".tmp"));
+  const TokenMask m(token_mask_path(a), 21);
+  REQUIRE(m.trained_count() == 14);
+  for (size_t i = 0; i < 21; ++i) REQUIRE(m.trained(i) == (i % 3 != 0));
+
+  TokenWindows w({a, b}, 4);
+  REQUIRE(w.masked());
+  REQUIRE(w.size() == 5 + 2);
+  std::vector<int32_t> out(5);
+  std::vector<uint8_t> t(5);
+  w.get(1, out.data(), t.data());  // a's tokens 4..8
+  REQUIRE(out == std::vector<int32_t>{104, 105, 106, 107, 108});
+  REQUIRE(t == std::vector<uint8_t>{1, 1, 0, 1, 1});
+  w.get(5, out.data(), t.data());  // b's tokens 0..4: no mask, all trained
+  REQUIRE(out == std::vector<int32_t>{200, 201, 202, 203, 204});
+  REQUIRE(t == std::vector<uint8_t>{1, 1, 1, 1, 1});
+  REQUIRE(!TokenWindows({b}, 4).masked());
+
+  // The dataset: a context-only target as -(t + 1); a window's first token (an input only) as itself.
+  TokenWindowDataset ds(dir.path.string(), "train", 4, 300);
+  std::vector<float> f(5);
+  ds.get(2, f.data());  // a's tokens 8..12: 9 and 12 context only; 8 first
+  REQUIRE(f == std::vector<float>{108, masked_window_value(109), 110, 111, masked_window_value(112)});
+  REQUIRE(masked_window_value(109) == -110.0f);
+  ds.get(0, f.data());  // tokens 0..4: token 0 (context only) is first, so written as itself
+  REQUIRE(f == std::vector<float>{100, 101, 102, masked_window_value(103), 104});
+
+  // Every fault named: another token count, a bad magic, a wrong size, a bit past the end.
+  write_token_mask(token_mask_path(b), std::vector<uint8_t>(8, 1));
+  REQUIRE_THROWS_WITH(TokenWindows({b}, 4), Catch::Contains("x_train_b.mask") && Catch::Contains("expected 1026"));
+  write_token_mask(token_mask_path(b), std::vector<uint8_t>(16, 1));
+  REQUIRE_THROWS_WITH(TokenWindows({b}, 4), Catch::Contains("a loss mask of 16 tokens beside a shard of 9"));
+  write_token_mask(token_mask_path(b), std::vector<uint8_t>(9, 1));
+  std::string bytes = read_bytes(token_mask_path(b));
+  REQUIRE(TokenWindows({b}, 4).masked());
+  bytes.back() = static_cast<char>(0x03);  // token 8 and a ninth bit past the end
+  write_bytes(token_mask_path(b), bytes);
+  REQUIRE_THROWS_WITH(TokenWindows({b}, 4), Catch::Contains("bits set past its 9 tokens"));
+  bytes[0] = 'x';
+  write_bytes(token_mask_path(b), bytes);
+  REQUIRE_THROWS_WITH(TokenWindows({b}, 4), Catch::Contains("not a loss mask"));
 }
 
 TEST_CASE("token windows skip short shards and refuse no windows at all", "[data][tokens]") {

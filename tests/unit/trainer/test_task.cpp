@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "data/token_shards.h"
 #include "models/kernels/elementwise.h"
 #include "trainer/config.h"
 #include "trainer/task.h"
@@ -70,6 +71,7 @@ TEST_CASE("language-model task: a token stored as -(t + 1) is input t and an ign
   w[4] = models::elementwise::masked_window_token(104);
   w[5] = models::elementwise::masked_window_token(105);
   task->prepare(b);
+  REQUIRE(models::elementwise::masked_window_token(102) == data::masked_window_value(102));  // one convention
   const int32_t* in = task->input().data<int32_t>();
   const int32_t* next = task->targets().data<int32_t>();
   CHECK(std::vector<int32_t>(in, in + 8) == std::vector<int32_t>{100, 101, 102, 103, 105, 106, 107, 108});
