@@ -354,7 +354,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
   const uint64_t data_seed = static_cast<uint64_t>(cfg.train.seed) + 1;
   auto [x, y] = gpt ? random_tokens(o.batch, T, cfg.model.vocab_size, device, data_seed)
                     : random_images(o, device, data_seed);
-  Tensor stats = Tensor::zeros({2}, DType::F64, device);  // summed loss, correct: on the device
+  Tensor stats = Tensor::zeros({3}, DType::F64, device);  // summed loss, correct: on the device
 
   Result r = describe_run(*model, cfg, device, gpt);
   const int64_t rows_per_step = gpt ? o.batch * T : o.batch;  // loss rows: examples, or tokens

@@ -340,7 +340,8 @@ void SoftmaxCrossEntropy::accumulate(const Tensor& logits, const Tensor& labels,
   DPT_CHECK_EQ(labels.numel(), static_cast<size_t>(rows));
   DPT_CHECK(labels.device() == logits.device() && stats.device() == logits.device(),
             "logits on {}, labels on {}, stats on {}", logits.device().str(), labels.device().str(), stats.device().str());
-  DPT_CHECK_EQ(stats.numel(), 2u);
+  DPT_CHECK_EQ(stats.numel(), 3u);
+  k.count_targets(labels.data<int32_t>(), rows, stats.data<double>() + 2);
   if (logits.dtype() == DType::BF16) {
     const float dscale = backward && rows > 0 ? static_cast<float>(grad_scale / static_cast<double>(rows)) : 0.0f;
     k.classifier_bf16(logits.data<BFloat16>(), labels.data<int32_t>(), rows, cols, cols, dscale, stats.data<double>());
@@ -354,11 +355,11 @@ void SoftmaxCrossEntropy::accumulate(const Tensor& logits, const Tensor& labels,
 }
 
 LossResult SoftmaxCrossEntropy::run(const Tensor& logits, const Tensor& labels, Kernels& k, bool backward) {
-  ensure_shape(stats_, {2}, logits.device(), DType::F64).zero_(k.stream());
+  ensure_shape(stats_, {3}, logits.device(), DType::F64).zero_(k.stream());
   accumulate(logits, labels, k, stats_, backward);
   const Tensor host = stats_.to(Device::cpu());  // synchronous
   const double* s = host.data<double>();
-  return {.loss_sum = s[0], .correct = static_cast<int64_t>(s[1]), .count = logits.dim(0)};
+  return {.loss_sum = s[0], .correct = static_cast<int64_t>(s[1]), .count = static_cast<int64_t>(s[2])};
 }
 
 LossResult SoftmaxCrossEntropy::forward(const Tensor& logits, const Tensor& labels, Kernels& k) {

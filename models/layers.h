@@ -209,14 +209,15 @@ void shared_view(Tensor& view, Tensor& storage, const std::vector<int64_t>& shap
 struct LossResult {
   double loss_sum = 0.0;  // summed over the batch
   int64_t correct = 0;
-  int64_t count = 0;
+  int64_t count = 0;       // the targets counted: the batch's rows but those labelled kIgnoreLabel
 };
 
 // Mean softmax cross-entropy over a batch. The backward variants also leave d(mean loss)/d(logits) in grad().
 class SoftmaxCrossEntropy {
  public:
-  // The training step's form: no host synchronisation. `stats` (F64 [2], on the logits' device) gets
-  // stats[0] += summed loss, stats[1] += correct predictions. With backward, grad() is d(mean loss)/d(logits) times
+  // The training step's form: no host synchronisation. `stats` (F64 [3], on the logits' device) gets
+  // stats[0] += summed loss, stats[1] += correct predictions, stats[2] += the targets counted (rows not labelled
+  // kIgnoreLabel: a masked token's row adds nothing). With backward, grad() is d(mean loss)/d(logits) times
   // grad_scale (gradient accumulation's 1 / micro-batches, fp16's loss scale). bf16 logits (the transformer fast
   // path: Gpt's with bf16 activations) go through the fused classifier, which overwrites them in place with that
   // gradient: grad() is then the logits tensor itself.

@@ -35,8 +35,7 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
   data::Loader loader(test, shard, lo);
   Feeder feeder(device, model.kernels().stream());
   models::SoftmaxCrossEntropy loss;
-  Tensor stats = Tensor::zeros({2}, DType::F64, device);  // loss sum, correct: accumulated on the device
-  double count = 0;
+  Tensor stats = Tensor::zeros({3}, DType::F64, device);  // loss sum, correct, targets: accumulated on the device
   model.set_training(false);  // BatchNorm: running statistics
   struct BackToTraining {
     models::Model& m;
@@ -47,7 +46,6 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
     task.prepare(batch);
     loss.accumulate(model.forward(task.input()), task.targets(), model.kernels(), stats, /*backward=*/false);
     feeder.step_done();
-    count += static_cast<double>(task.rows());
   }
   for (size_t i = batches; i < forwards; ++i) model.forward(task.input());  // the collective gathers, in step
   feeder.release(loader);
@@ -56,7 +54,7 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
   double* s = sums.data<double>();
   s[0] = host_stats.data<double>()[0];
   s[1] = host_stats.data<double>()[1];
-  s[2] = count;
+  s[2] = host_stats.data<double>()[2];  // the targets counted (masked tokens are not)
   pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .what = "eval stats"})->wait();
   DPT_CHECK_GT(s[2], 0.0);
   return {s[0] / s[2], s[1] / s[2], s[2]};

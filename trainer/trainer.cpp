@@ -72,15 +72,19 @@ struct Epoch {
   int64_t sample0 = 0;      // the examples of the epoch's order consumed before first_batch (by the whole job)
   int64_t first_step = 0;   // the optimizer steps done when it began
   std::vector<size_t> indices;  // this rank's examples from first_batch on, kept for DPT_DEBUG_SAMPLE_LOG only
-  Tensor stats;             // summed loss, correct: on the device, no synchronisation per step
-  int64_t seen = 0;         // rows this rank trained
+  Tensor stats;             // summed loss, correct, targets counted: on the device, no synchronisation per step
+  int64_t seen = 0;         // rows this rank trained (tokens: every position, masked ones too)
   Clock::time_point t0 = Clock::now();
   double lr = 0, grad_norm = 0;
   // The last step's gradient sum of squares, on the device: clipping without fp16 reads it only there (no host
   // synchronisation per step), the progress line when it prints.
   Tensor grad_ss;
   bool grad_ss_fresh = false;
-  double loss_sum() const { return stats.to(Device::cpu()).data<double>()[0]; }
+  // The summed loss and the targets it counts (a host synchronisation).
+  std::pair<double, double> loss_and_count() const {
+    const Tensor host = stats.to(Device::cpu());
+    return {host.data<double>()[0], host.data<double>()[2]};
+  }
 };
 
 class Trainer {
@@ -447,7 +451,7 @@ void Trainer::train_epoch(int64_t epoch) {
     return;
   }
   Epoch ep{.index = epoch, .first_batch = first_batch, .end_batch = first_batch + batches, .sample0 = sample0,
-           .first_step = step_, .stats = Tensor::zeros({2}, DType::F64, device_),
+           .first_step = step_, .stats = Tensor::zeros({3}, DType::F64, device_),
            .grad_ss = Tensor::zeros({1}, DType::F64, device_)};
   if (faults_.logs_samples()) ep.indices = indices;
   data::Loader loader(*ds_.train, std::move(indices), loader_options_);
@@ -589,31 +593,33 @@ Progress Trainer::progress(Epoch& ep, int64_t next_batch) {
   int64_t run_left = epoch_left + (t_.epochs - ep.index - 1) * spe_;
   if (t_.max_steps > 0) run_left = std::min(run_left, (t_.max_steps - step_) * K_);
   const int64_t evals_left = t_.max_steps > 0 && step_ + epoch_left / K_ >= t_.max_steps ? 1 : t_.epochs - ep.index;
+  const auto [loss_sum, counted] = ep.loss_and_count();
   return {.step = step_, .epoch = ep.index, .batch = next_batch, .batches = ep.end_batch,
-          .loss = ep.loss_sum() / static_cast<double>(ep.seen), .lr = ep.lr,
+          .loss = counted > 0 ? loss_sum / counted : 0.0, .lr = ep.lr,
           .grad_norm = t_.clip_grad_norm > 0 ? ep.grad_norm : -1.0, .rows = ep.seen, .elapsed_s = elapsed,
           .eta = estimate_eta(next_batch - ep.first_batch, elapsed, epoch_left, run_left, evals_left, last_eval_s_)};
 }
 
 // After an epoch's steps: its figures from every rank, the replica check, evaluation, the reports, a checkpoint.
 void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
-  const double loss_sum = ep.loss_sum();  // waits for the epoch's last step
+  const auto [loss_sum, counted] = ep.loss_and_count();  // waits for the epoch's last step
   const double compute_s = timer_->compute_s(), comm_s = timer_->comm_s();
   const double epoch_s = seconds_since(ep.t0);
   ctx_.phase = fmt::format("evaluating after epoch {} (train.eval_batch_size {})", ep.index + 1, t_.eval_batch_size);
   reporter_->epoch_measured(
       {.compute_s = compute_s, .data_wait_s = data_wait_s, .comm_s = comm_s, .steps = step_ - ep.first_step});
-  // Training loss averaged over every rank's examples.
-  Tensor tl = Tensor::empty({2}, DType::F64);
+  // Training loss averaged over every rank's counted targets; throughput over every rank's rows.
+  Tensor tl = Tensor::empty({3}, DType::F64);
   tl.data<double>()[0] = loss_sum;
   tl.data<double>()[1] = static_cast<double>(ep.seen);
+  tl.data<double>()[2] = counted;
   pg_.allreduce(tl, {.op = comm::ReduceOp::Sum, .what = "loss stats"})->wait();
-  const double global_seen = tl.data<double>()[1];
+  const double global_seen = tl.data<double>()[1], global_counted = tl.data<double>()[2];
   check_replicas(*model_, pg_, ep.index + 1, /*with_buffers=*/false, dp_.get());
   const auto eval_t0 = Clock::now();
   const EvalResult ev = evaluate_saved_model();
   last_eval_s_ = seconds_since(eval_t0);
-  const EpochStats es{.epoch = ep.index + 1, .train_loss = global_seen > 0 ? tl.data<double>()[0] / global_seen : 0.0,
+  const EpochStats es{.epoch = ep.index + 1, .train_loss = global_counted > 0 ? tl.data<double>()[0] / global_counted : 0.0,
                       .test_loss = ev.loss, .test_acc = ev.acc,
                       .samples_per_s = epoch_s > 0 ? global_seen / epoch_s : 0.0,
                       .compute_s = compute_s, .comm_s = comm_s, .data_s = data_wait_s};

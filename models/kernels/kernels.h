@@ -63,6 +63,9 @@ class Kernels {
   // it makes that row's loss NaN.
   virtual void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                             double* stats) = 0;
+  // out[0] += the number of the n labels that are not kIgnoreLabel: the targets a loss counts (on the device, no
+  // host synchronisation).
+  virtual void count_targets(const int32_t* labels, int64_t n, double* out) = 0;
   // One optimizer update over n parameters.
   virtual void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, const SgdParams& p) = 0;
   virtual void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) = 0;

@@ -39,6 +39,7 @@ class CpuKernels final : public Kernels {
   void bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu) override;
   void bias_grad_accumulate(const float* dy, float* db, int64_t rows, int64_t cols) override;
   void relu_backward(const float* y, const float* dy, float* dx, size_t n) override;
+  void count_targets(const int32_t* labels, int64_t n, double* out) override;
   void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                     double* stats) override;
   void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, const SgdParams& p) override;

@@ -11,6 +11,11 @@
 
 namespace dpt::models {
 
+void CpuKernels::count_targets(const int32_t* labels, int64_t n, double* out) {
+  DPT_CHECK(n >= 0, "count_targets of {} labels", n);
+  out[0] += static_cast<double>(std::count_if(labels, labels + n, [](int32_t l) { return l != kIgnoreLabel; }));
+}
+
 void CpuKernels::softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                               double* stats) {
   double loss = 0.0;

@@ -110,6 +110,7 @@ class CudaKernels final : public Kernels {
   void gelu_forward(const float* x, float* y, size_t n) override;
   void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override;
   // softmax.cpp
+  void count_targets(const int32_t* labels, int64_t n, double* out) override;
   void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                     double* stats) override;
   void causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) override;

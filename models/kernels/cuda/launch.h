@@ -32,6 +32,8 @@ cudaError_t gelu_backward(const float* x, const float* dy, float* dx, size_t n, 
 // fixed-order reduction adds the batch's sums into stats[0..1] (deterministic: no atomics).
 cudaError_t softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                          float* row_loss, float* row_hit, double* stats, cudaStream_t s);
+// out[0] += the labels that are not kIgnoreLabel, counted by one block in a fixed order.
+cudaError_t count_targets(const int32_t* labels, int64_t n, double* out, cudaStream_t s);
 // Causal softmax in place over count x rows x cols (1 <= rows <= cols): one warp per row; row i keeps columns
 // j <= i + cols - rows, 0 after them. The max, the float sum of exp(scale s - max) over the warp, then the products
 // by 1 / sum. Masked columns are written, never read.

@@ -7,6 +7,11 @@
 
 namespace dpt::models {
 
+void CudaKernels::count_targets(const int32_t* labels, int64_t n, double* out) {
+  DPT_CHECK(n >= 0, "count_targets of {} labels", n);
+  DPT_CUDA_CHECK(cuda_launch::count_targets(labels, n, out, stream()));
+}
+
 void CudaKernels::softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                                double* stats) {
   DPT_CHECK(cols > 0, "softmax over {} classes", cols);

@@ -55,6 +55,24 @@ __global__ void xent_rows_kernel(const float* logits, const int32_t* labels, flo
 
 }  // namespace
 
+namespace {
+
+__global__ void count_targets_kernel(const int32_t* labels, int64_t n, double* out) {
+  double count = 0.0, none = 0.0;
+  for (int64_t i = threadIdx.x; i < n; i += kThreads) count += labels[i] != kIgnoreLabel ? 1.0 : 0.0;
+  block_sum_pair(count, none);
+  if (threadIdx.x == 0) out[0] += count;
+}
+
+}  // namespace
+
+cudaError_t count_targets(const int32_t* labels, int64_t n, double* out, cudaStream_t s) {
+  if (n < 0) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  count_targets_kernel<<<1, kThreads, 0, s>>>(labels, n, out);
+  return cudaGetLastError();
+}
+
 cudaError_t softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                          float* row_loss, float* row_hit, double* stats, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;

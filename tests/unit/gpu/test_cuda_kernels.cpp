@@ -420,6 +420,21 @@ TEST_CASE("cuda softmax_xent matches the CPU: loss sum, hits, dlogits, stats acc
   }
 }
 
+TEST_CASE("cuda count_targets counts the labels that are not kIgnoreLabel, as the CPU", "[gpu][kernels]") {
+  const int64_t n = GENERATE(as<int64_t>{}, 0, 1, 255, 256, 257, 100003);
+  CAPTURE(n);
+  std::mt19937 rng(9);
+  Tensor labels = Tensor::empty({n}, DType::I32);
+  std::uniform_int_distribution<int32_t> lab(-1, 5);  // one in seven ignored
+  for (int64_t i = 0; i < n; ++i) labels.data<int32_t>()[i] = lab(rng);
+  Tensor want = doubles({2.5});
+  cpu_kernels().count_targets(labels.data<int32_t>(), n, want.data<double>());
+  const Tensor d = to_device(labels);
+  Tensor got = to_device(doubles({2.5}));
+  gpu_kernels().count_targets(d.data<int32_t>(), n, got.data<double>());
+  REQUIRE(to_host(got).data<double>()[0] == want.data<double>()[0]);
+}
+
 TEST_CASE("cuda softmax_xent: a label out of range makes the loss NaN (the CPU throws)", "[gpu][kernels]") {
   const int32_t bad_label = GENERATE(-2, 10, 1000);  // -1 is kIgnoreLabel
   CAPTURE(bad_label);

@@ -346,7 +346,7 @@ TEST_CASE("a GPT with bf16 activations on cuda matches its CPU fast path: loss a
     cpu_model->zero_grad();
     gpu_model->zero_grad();
     SoftmaxCrossEntropy cpu_loss, gpu_loss;
-    Tensor cpu_stats = Tensor::zeros({2}, DType::F64), gpu_stats = to_device(Tensor::zeros({2}, DType::F64));
+    Tensor cpu_stats = Tensor::zeros({3}, DType::F64), gpu_stats = to_device(Tensor::zeros({3}, DType::F64));
     const Tensor& cl = cpu_model->forward(tokens);
     const Tensor& gl = gpu_model->forward(d_tokens);
     REQUIRE(gl.dtype() == DType::BF16);
@@ -355,6 +355,7 @@ TEST_CASE("a GPT with bf16 activations on cuda matches its CPU fast path: loss a
     const double want = cpu_stats.data<double>()[0], got = to_host(gpu_stats).data<double>()[0];
     INFO(fmt::format("loss sum: gpu {}, cpu {}", got, want));
     CHECK(rel_err(got, want) < 1e-3);
+    CHECK(to_host(gpu_stats).data<double>()[2] == static_cast<double>(labels.numel()));  // the targets counted
     cpu_model->backward(cpu_loss.grad());
     gpu_model->backward(gpu_loss.grad());
     const Tensor got_grads = to_host(gpu_model->grads());

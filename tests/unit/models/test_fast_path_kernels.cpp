@@ -347,6 +347,10 @@ TEST_CASE("softmax_xent and classifier_bf16 skip kIgnoreLabel targets", "[fastpa
   CHECK(sb[0] == loss_b);
   CHECK(sb[1] == hits_b);
   CHECK(loss_b > 0.0);
+  // count_targets: the rows the mean divides by (4 of 6), added to what is there.
+  double counted = 1.0;
+  cpu().count_targets(labels.data(), rows, &counted);
+  CHECK(counted == 5.0);
   // Only -1 is skipped: any other negative label is still refused.
   const std::vector<int32_t> bad{3, -2, 36, 1, 0, 11};
   CHECK_THROWS_WITH(cpu().softmax_xent(z.data(), bad.data(), nullptr, rows, vocab, stats),

@@ -40,7 +40,7 @@ struct Step {
 Step step(Model& m, const Tensor& tokens, const Tensor& targets, double grad_scale = 1.0) {
   Kernels& k = m.kernels();
   SoftmaxCrossEntropy loss;
-  Tensor stats = Tensor::zeros({2}, DType::F64);
+  Tensor stats = Tensor::zeros({3}, DType::F64);
   m.zero_grad();
   const Tensor& logits = m.forward(tokens);
   Step s;
