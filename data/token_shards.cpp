@@ -38,6 +38,25 @@ void sync_parent_dir(const std::string& path) {
   ::close(fd);
 }
 
+// The end of writing `tmp` through `f` (`ok`: every write so far succeeded): flush, fsync and close it, then rename
+// it to `path` and sync the directory. On any failure `tmp` is removed and an IoError names what failed.
+void commit_file(std::FILE* f, bool ok, const std::string& tmp, const std::string& path) {
+  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const std::string why = ok ? "" : errno_text();
+  const bool closed = std::fclose(f) == 0;
+  std::error_code ec;
+  if (!ok || !closed) {
+    fs::remove(tmp, ec);
+    DPT_THROW(IoError, "{}: write failed: {}", tmp, ok ? errno_text() : why);
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    fs::remove(tmp, ec);
+    DPT_THROW(IoError, "{}: cannot rename {} into place: {}", path, tmp, ec.message());
+  }
+  sync_parent_dir(path);
+}
+
 }  // namespace
 
 // ---- writer ----
@@ -124,21 +143,8 @@ void TokenShardWriter::finish() {
   header[2] = static_cast<int32_t>(count_);
   std::FILE* f = std::exchange(file_, nullptr);
   const bool ok = std::fseek(f, 0, SEEK_SET) == 0 &&
-                  std::fwrite(header.data(), 1, kTokenShardHeaderBytes, f) == kTokenShardHeaderBytes &&
-                  std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
-  const std::string why = ok ? "" : errno_text();
-  const bool closed = std::fclose(f) == 0;
-  std::error_code ec;
-  if (!ok || !closed) {
-    fs::remove(tmp_path_, ec);
-    DPT_THROW(IoError, "{}: write failed: {}", tmp_path_, ok ? errno_text() : why);
-  }
-  fs::rename(tmp_path_, path_, ec);
-  if (ec) {
-    fs::remove(tmp_path_, ec);
-    DPT_THROW(IoError, "{}: cannot rename {} into place: {}", path_, tmp_path_, ec.message());
-  }
-  sync_parent_dir(path_);
+                  std::fwrite(header.data(), 1, kTokenShardHeaderBytes, f) == kTokenShardHeaderBytes;
+  commit_file(f, ok, tmp_path_, path_);
 }
 
 void write_token_shard(const std::string& path, std::span<const int32_t> tokens, TokenWidth width) {
@@ -167,21 +173,7 @@ void write_token_mask(const std::string& path, std::span<const uint8_t> trained)
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) DPT_THROW(IoError, "{}: cannot create: {}", tmp, errno_text());
-  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size() && std::fflush(f) == 0 &&
-                  ::fsync(::fileno(f)) == 0;
-  const std::string why = ok ? "" : errno_text();
-  const bool closed = std::fclose(f) == 0;
-  std::error_code ec;
-  if (!ok || !closed) {
-    fs::remove(tmp, ec);
-    DPT_THROW(IoError, "{}: write failed: {}", tmp, ok ? errno_text() : why);
-  }
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    DPT_THROW(IoError, "{}: cannot rename {} into place: {}", path, tmp, ec.message());
-  }
-  sync_parent_dir(path);
+  commit_file(f, std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size(), tmp, path);
 }
 
 TokenMask::TokenMask(std::string path, size_t shard_tokens) : path_(std::move(path)), count_(shard_tokens) {
