@@ -212,7 +212,10 @@ struct LossResult {
   int64_t count = 0;       // the targets counted: the batch's rows but those labelled kIgnoreLabel
 };
 
-// Mean softmax cross-entropy over a batch. The backward variants also leave d(mean loss)/d(logits) in grad().
+// Mean softmax cross-entropy over a batch. The backward variants also leave d(mean loss)/d(logits) in grad(). A row
+// labelled kIgnoreLabel (a masked target) adds no loss and no gradient, and the means differ: the reported loss
+// (LossResult, stats[0] / stats[2]) is over the counted targets, the gradient divides by every row (so ranks with
+// different shares of masked rows still add up to the whole batch's gradient).
 class SoftmaxCrossEntropy {
  public:
   // The training step's form: no host synchronisation. `stats` (F64 [3], on the logits' device) gets

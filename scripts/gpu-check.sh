@@ -328,6 +328,7 @@ STEP_SECONDS=()
 STEP_NOTES=()
 NOTE=""
 RUN_STATUS=""
+RUN_STARTED=0  # whether the current step started any command (else a failure for lack of budget is SKIPPED)
 LINKS_MADE=()
 
 log() { printf '%s\n' "$*" | tee -a "$MAIN_LOG"; }
@@ -345,6 +346,7 @@ run_timed() {
     return 124
   fi
   ((limit <= left)) || limit=$left
+  RUN_STARTED=1
   echo "\$ $* (timeout ${limit}s)" >>"$logfile"
   timeout -k 10 "$limit" "$@" >>"$logfile" 2>&1 </dev/null || rc=$?
   if ((rc == 124 || rc == 137)); then
@@ -393,6 +395,7 @@ select_again() {
     done < <(again_groups)
   done <"$state"
   ((${#ONLY[@]})) || die "run --again: every step of the last run passed"
+  mapfile -t ONLY < <(printf '%s\n' "${ONLY[@]}" | sort -u)
   log "run --again: $(printf '%s\n' "${ONLY[@]}" | sort -u | tr '\n' ' ')"
 }
 
@@ -406,12 +409,16 @@ run_step() {
   : >"$logfile"
   NOTE=""
   RUN_STATUS=""
+  RUN_STARTED=0
   start=$(date +%s)
   log ""
   log "==== $name"
   if "$fn" "$logfile" "$@"; then result=PASS; else result=FAIL; fi
-  # A step the budget left no time for is SKIPPED (budget), never PASS, and is not counted as run.
-  if [ "$result" = FAIL ] && [[ $RUN_STATUS == "not started"* || $NOTE == "not started"* ]]; then result="SKIPPED (budget)"; fi
+  # A step the budget left no time for is SKIPPED (budget), never PASS, and is not counted as run; one that started a
+  # command and failed stays FAIL even when a later command of it found no time left.
+  if [ "$result" = FAIL ] && ((RUN_STARTED == 0)) && [[ $RUN_STATUS == "not started"* || $NOTE == "not started"* ]]; then
+    result="SKIPPED (budget)"
+  fi
   [ -z "$RUN_STATUS" ] || NOTE="$RUN_STATUS; $NOTE"
   local took=$(($(date +%s) - start))
   {
@@ -788,7 +795,14 @@ step_bench_gpt() {
 # greedy (--top-k 1) and sampled with a seed (--seed 7, temperature 1), 64 bytes each. PASS when each pair of texts
 # is equal; else the note says at which character they part (fp32 logits can round differently on the two sides).
 step_generate_gpu_cpu() {
-  local logfile=$1 ckpt=$WORK/train_cuda_gpt/checkpoints mode dev rc ok=0 a b i
+  local logfile=$1 ckpt=$WORK/train_cuda_gpt/checkpoints mode dev rc ok=0 a b i k trained=0
+  for k in "${!STEP_NAMES[@]}"; do
+    [ "${STEP_NAMES[$k]}" = train_cuda_gpt ] && [ "${STEP_RESULTS[$k]}" = PASS ] && trained=1
+  done
+  if ((trained == 0)); then  # never an older run's checkpoint
+    NOTE="train_cuda_gpt did not pass in this run (run --only: name it too)"
+    return 1
+  fi
   [ -d "$ckpt" ] || ckpt=$WORK/train_cuda_gpt
   if ! ls -d "$ckpt"/step-* >/dev/null 2>&1 && ! ls -d "$ckpt"/*/step-* >/dev/null 2>&1; then
     NOTE="no checkpoint under $WORK/train_cuda_gpt (did train_cuda_gpt run?)"
@@ -972,7 +986,7 @@ run_all() {
       (($#)) || die "run --only needs step names (shell patterns), e.g. run --only 'bench_*'"
       ONLY=("$@")
       ;;
-    --again) ;;
+    --again) ;;  # select_again, once the log is open
     "") ;;
     *) die "run: unknown option $1 (run, run --only STEP..., run --again)" ;;
   esac
@@ -1030,6 +1044,7 @@ run_all() {
     [[ $t == unit_gpu || " ${units[*]} " == *" $t "* ]] || units+=("$t")
   done
   for t in "${units[@]}"; do run_step "$t" step_unit "$t"; done
+  ((${#STEP_NAMES[@]})) || die "run: no step matches ${ONLY[*]} (the step names are in docs/DEVELOPERS.md)"
   summary
 }
 

@@ -56,7 +56,9 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
   s[1] = host_stats.data<double>()[1];
   s[2] = host_stats.data<double>()[2];  // the targets counted (masked tokens are not)
   pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .what = "eval stats"})->wait();
-  DPT_CHECK_GT(s[2], 0.0);
+  if (!(s[2] > 0.0))
+    DPT_THROW(ConfigError, "{}: no target to evaluate: its loss masks (NAME.mask beside the shards) train no token "
+              "of it", test.name());
   return {s[0] / s[2], s[1] / s[2], s[2]};
 }
 

@@ -146,11 +146,11 @@ def latest_steps(runs):
 
 
 def latest_rows(runs):
-    """The newest benchmark row of each (model, program, mode, batch, precision) over the runs, with its run."""
+    """The newest benchmark row of each (device, model, program, mode, batch, precision) over the runs, with its run."""
     keys, latest = [], {}
-    for r in reversed(runs):  # oldest first, so a newer row replaces an older one in place
+    for r in reversed(runs):  # oldest first, so a newer row replaces an older one in place (on the same device)
         for b in r.get("bench", []):
-            k = (b["model"], b["program"], b["mode"], b["batch"], b["precision"])
+            k = (r.get("device"), b["model"], b["program"], b["mode"], b["batch"], b["precision"])
             if k not in latest:
                 keys.append(k)
             latest[k] = (b, r)

@@ -303,9 +303,9 @@ TEST_CASE("softmax_xent and classifier_bf16 skip kIgnoreLabel targets", "[fastpa
   const std::vector<int32_t> labels{3, kIgnoreLabel, 36, kIgnoreLabel, 0, 11};
   // softmax_xent (float32 logits): against each valid row run alone, its gradient's 1/rows restored.
   std::vector<float> d(z.size(), NAN);
-  double stats[2] = {0.25, 1.0};
+  double stats[2] = {0.0, 0.0};
   cpu().softmax_xent(z.data(), labels.data(), d.data(), rows, vocab, stats);
-  double loss = 0.25, hits = 1.0;
+  double loss = 0.0, hits = 0.0;
   for (int64_t r = 0; r < rows; ++r) {
     CAPTURE(r);
     const float* row_d = d.data() + r * vocab;
@@ -320,7 +320,7 @@ TEST_CASE("softmax_xent and classifier_bf16 skip kIgnoreLabel targets", "[fastpa
     hits += st[1];
     for (int64_t c = 0; c < vocab; ++c) CHECK(row_d[c] == one[c] * (1.0f / static_cast<float>(rows)));
   }
-  CHECK(stats[0] == loss);  // the same doubles added in the same order
+  CHECK(stats[0] == loss);  // the same doubles added in the same order (the kernel's sum, then 0 + it)
   CHECK(stats[1] == hits);
   // classifier_bf16: the same rows as bf16, gradient in place, padding zeroed; against each valid row alone.
   std::vector<BFloat16> zb(static_cast<size_t>(rows * ld));
