@@ -212,6 +212,7 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& vocab_json, const fs::path& merges_txt)
     DPT_THROW(ConfigError, "{}: not valid JSON: {}", vocab_json.string(), e.what());
   }
   load_merges(merges_txt, set_vocab(j, vocab_json.string()));
+  eos_ = token_id("<|endoftext|>");
 }
 
 namespace {
@@ -289,6 +290,76 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
     word_id_ = id_of;
   }
   read_hf_added_tokens(j);
+  read_hf_special_tokens(j);
+}
+
+std::optional<int32_t> Gpt2Bpe::token_id(std::string_view token) const {
+  if (token.empty()) return std::nullopt;
+  for (const auto& [content, id] : added_)
+    if (content == token) return id;
+  for (size_t i = 0; i < id_bytes_.size(); ++i)
+    if (id_known_[i] && id_bytes_[i] == token) return static_cast<int32_t>(i);
+  return std::nullopt;
+}
+
+void Gpt2Bpe::read_hf_special_tokens(const nlohmann::json& j) {
+  // The post-processor's template (tokenizers' TemplateProcessing, alone or in a Sequence): a special token
+  // before $A is what encode(add_special_tokens=True) puts first.
+  auto from_template = [&](const nlohmann::json& p) -> std::optional<int32_t> {
+    const nlohmann::json* single = field(p, "single");
+    if (!single || !single->is_array() || single->size() < 2 || !(*single)[0].is_object() ||
+        !(*single)[0].contains("SpecialToken"))
+      return std::nullopt;
+    const nlohmann::json& st = (*single)[0]["SpecialToken"];
+    if (!st.is_object() || !st.contains("id") || !st["id"].is_string()) return std::nullopt;
+    const std::string name = st["id"].get<std::string>();
+    if (const nlohmann::json* special = field(p, "special_tokens"); special && special->is_object() &&
+        special->contains(name)) {
+      const nlohmann::json& ids = (*special)[name]["ids"];
+      if (ids.is_array() && ids.size() == 1 && ids[0].is_number_integer()) return ids[0].get<int32_t>();
+    }
+    return token_id(name);
+  };
+  if (const nlohmann::json* pp = field(j, "post_processor")) {
+    if (type_of(*pp) == "TemplateProcessing") {
+      bos_ = from_template(*pp);
+    } else if (type_of(*pp) == "Sequence" && field(*pp, "processors") && (*pp)["processors"].is_array()) {
+      for (const auto& p : (*pp)["processors"])
+        if (type_of(p) == "TemplateProcessing") bos_ = from_template(p);
+    }
+  }
+  eos_ = token_id("<|endoftext|>");
+  const fs::path config = json_path_.parent_path() / kHfTokenizerConfigFile;
+  std::error_code ec;
+  if (!fs::is_regular_file(config, ec)) return;
+  config_path_ = config;
+  const std::string where = config.string();
+  nlohmann::json c;
+  try {
+    c = nlohmann::json::parse(read_file(config));
+  } catch (const nlohmann::json::exception& e) {
+    DPT_THROW(ConfigError, "{}: not valid JSON: {}", where, e.what());
+  }
+  if (!c.is_object()) DPT_THROW(ConfigError, "{}: a tokenizer_config.json holds an object", where);
+  // A special token as tokenizer_config.json writes it: "<|endoftext|>", or {"content": "<|endoftext|>", ...}.
+  auto named = [&](const char* key) -> std::optional<int32_t> {
+    const nlohmann::json* v = field(c, key);
+    if (!v) return std::nullopt;
+    const nlohmann::json* text = v->is_object() ? field(*v, "content") : v;
+    if (!text || !text->is_string())
+      DPT_THROW(ConfigError, "{}: {} = {}: a token is a string or an object with its \"content\"", where, key,
+                v->dump());
+    const std::optional<int32_t> id = token_id(text->get<std::string>());
+    if (!id) DPT_THROW(ConfigError, "{}: {} = {}: no such token in {}", where, key, text->dump(), json_path_.string());
+    return id;
+  };
+  if (field(c, "eos_token")) eos_ = named("eos_token");
+  const std::optional<int32_t> bos = named("bos_token");
+  if (const nlohmann::json* add = field(c, "add_bos_token"); add && add->is_boolean()) {
+    if (add->get<bool>() && !bos)
+      DPT_THROW(ConfigError, "{}: add_bos_token = true without a bos_token", where);
+    bos_ = add->get<bool>() ? bos : std::nullopt;
+  }
 }
 
 void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
@@ -622,9 +693,16 @@ size_t Gpt2Bpe::safe_cut(std::string_view text) const {
   return 0;
 }
 
+std::vector<fs::path> Gpt2Bpe::source_files() const {
+  std::vector<fs::path> files = hf_ ? std::vector{json_path_} : std::vector{vocab_path_, merges_path_};
+  if (!config_path_.empty()) files.push_back(config_path_);
+  return files;
+}
+
 void Gpt2Bpe::save(const fs::path& dir) const {
-  const auto files = hf_ ? std::vector{std::pair{json_path_, kHfTokenizerFile}}
-                         : std::vector{std::pair{vocab_path_, kBpeVocabFile}, std::pair{merges_path_, kBpeMergesFile}};
+  auto files = hf_ ? std::vector{std::pair{json_path_, kHfTokenizerFile}}
+                   : std::vector{std::pair{vocab_path_, kBpeVocabFile}, std::pair{merges_path_, kBpeMergesFile}};
+  if (!config_path_.empty()) files.emplace_back(config_path_, kHfTokenizerConfigFile);
   for (const auto& [from, name] : files) {
     const fs::path to = dir / name;
     std::error_code ec;

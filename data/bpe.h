@@ -41,7 +41,12 @@
 // model type (WordPiece, Unigram: SentencePiece's), another pre-tokenizer or decoder, byte_fallback, dropout, an
 // unk_token, a continuing_subword_prefix or end_of_word_suffix, add_prefix_space, and added tokens with lstrip,
 // rstrip or single_word. The post-processor (a BOS template) is not applied: encode() is `tokenizers`'
-// encode(text, add_special_tokens=False).
+// encode(text, add_special_tokens=False); bos_id() says which token its template puts first.
+// Special tokens: a tokenizer_config.json beside the tokenizer.json (as Hugging Face model folders have it) gives
+// eos_token and bos_token (a string, or an object with its "content") and add_bos_token (true: bos_id() is its
+// bos_token; false: none, whatever the template says); a token it names that the tokenizer lacks is a ConfigError
+// naming the file. Without one, eos_id() is <|endoftext|> where the tokenizer has that token (GPT-2's, Qwen2's,
+// SmolLM's); GPT-2's vocab.json has it too. save() copies tokenizer_config.json with tokenizer.json.
 #pragma once
 
 #include <filesystem>
@@ -57,6 +62,7 @@
 namespace dpt::data {
 
 inline constexpr const char* kHfTokenizerFile = "tokenizer.json";
+inline constexpr const char* kHfTokenizerConfigFile = "tokenizer_config.json";
 
 class Gpt2Bpe final : public Tokenizer {
  public:
@@ -80,6 +86,10 @@ class Gpt2Bpe final : public Tokenizer {
   // Copies the two files, as they are, to DIR/vocab.json and DIR/merges.txt (or tokenizer.json to
   // DIR/tokenizer.json).
   void save(const std::filesystem::path& dir) const override;
+  std::vector<std::filesystem::path> source_files() const override;
+  std::optional<int32_t> token_id(std::string_view token) const override;
+  std::optional<int32_t> eos_id() const override { return eos_; }
+  std::optional<int32_t> bos_id() const override { return bos_; }
 
   // The pre-tokens of `text` (step 1 above), as views into it; together they are the whole text.
   std::vector<std::string_view> pre_tokenize(std::string_view text) const;
@@ -103,6 +113,9 @@ class Gpt2Bpe final : public Tokenizer {
   // tokenizer.json's parts (the constructor's steps).
   void read_hf_pre_tokenizer(const nlohmann::json& j);
   void read_hf_added_tokens(const nlohmann::json& j);
+  // bos_ from the post-processor's template, then tokenizer_config.json beside the tokenizer.json (if any) and the
+  // <|endoftext|> default for eos_.
+  void read_hf_special_tokens(const nlohmann::json& j);
   // Appends the ids of a stretch of text without added tokens.
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
   // Appends the ids of one pre-token.
@@ -131,6 +144,8 @@ class Gpt2Bpe final : public Tokenizer {
   std::vector<std::pair<std::string, int32_t>> added_;
   bool added_newline_ = false;
   bool known_pattern_ = false;  // GPT-2's, Llama 3's or Qwen2's pattern: safe_cut's rule holds
+  std::filesystem::path config_path_;  // tokenizer_config.json beside tokenizer.json, when there is one
+  std::optional<int32_t> eos_, bos_;
 };
 
 }  // namespace dpt::data

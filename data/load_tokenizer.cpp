@@ -19,4 +19,17 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir) {
   return std::make_unique<ByteTokenizer>();
 }
 
+std::unique_ptr<Tokenizer> open_tokenizer(const std::filesystem::path& path) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path, ec)) return std::make_unique<Gpt2Bpe>(path);
+  if (!std::filesystem::is_directory(path, ec))
+    DPT_THROW(ConfigError, "tokenizer {}: no such file or directory", path.string());
+  const std::filesystem::path vocab = path / kBpeVocabFile, merges = path / kBpeMergesFile;
+  if (!std::filesystem::exists(path / kHfTokenizerFile, ec) && !std::filesystem::exists(vocab, ec) &&
+      !std::filesystem::exists(merges, ec))
+    DPT_THROW(ConfigError, "tokenizer {}: the directory holds no {}, and no {} with {}", path.string(),
+              kHfTokenizerFile, kBpeVocabFile, kBpeMergesFile);
+  return load_tokenizer(path);
+}
+
 }  // namespace dpt::data

@@ -14,4 +14,8 @@ namespace dpt::data {
 // bytes (also when DIR does not exist). Only one of the two is a ConfigError naming the other.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& dir);
 
+// The tokenizer a user names (tokenize --tokenizer, data.tokenizer, generate --tokenizer): a tokenizer.json file, or a
+// directory holding tokenizer.json, or vocab.json and merges.txt. A path naming none of these is a ConfigError.
+std::unique_ptr<Tokenizer> open_tokenizer(const std::filesystem::path& path);
+
 }  // namespace dpt::data

@@ -3,15 +3,20 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <span>
 #include <system_error>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/check.h"
+#include "data/jsonl.h"
 #include "data/output_dir.h"
 #include "data/token_shards.h"
 
@@ -57,9 +62,11 @@ bool has_nul(const std::string& path, std::vector<uint8_t>& buf) {
   return found;
 }
 
-// The files to read, in order: each input as given; a directory's regular files recursively, sorted by
-// path. Symlinks inside directories are not followed (fortunes' *.u8 links would double the corpus).
-std::vector<std::string> collect_files(const std::vector<std::string>& inputs, TokenizeSummary& summary) {
+// The files to read, in order: each input as given; a directory's regular files recursively (only those whose name
+// ends with `suffix`, when given), sorted by path. Symlinks inside directories are not followed (fortunes' *.u8 links
+// would double the corpus); skipped_links counts them.
+std::vector<std::string> collect_files(const std::vector<std::string>& inputs, size_t& skipped_links,
+                                       std::string_view suffix = {}) {
   std::vector<std::string> files;
   for (const std::string& input : inputs) {
     std::error_code ec;
@@ -74,8 +81,8 @@ std::vector<std::string> collect_files(const std::vector<std::string>& inputs, T
     for (auto it = fs::recursive_directory_iterator(input, ec); !ec && it != fs::recursive_directory_iterator();
          it.increment(ec)) {
       if (it->is_symlink(ec)) {
-        ++summary.skipped_links;
-      } else if (it->is_regular_file(ec)) {
+        ++skipped_links;
+      } else if (it->is_regular_file(ec) && it->path().filename().string().ends_with(suffix)) {
         found.push_back(it->path().string());
       }
     }
@@ -86,13 +93,17 @@ std::vector<std::string> collect_files(const std::vector<std::string>& inputs, T
   return files;
 }
 
-// One split's shards: <dir>/<name>_<split>_NNNNNN.bin, each at most shard_tokens tokens.
+// One split's shards: <dir>/<name>_<split>_NNNNNN.bin, each at most shard_tokens tokens; `masked`: each with its
+// loss mask NAME.mask (token_shards.h) from the bits append() is given.
 class SplitWriter {
  public:
-  SplitWriter(fs::path dir, std::string prefix, size_t shard_tokens, TokenWidth width)
-      : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens), width_(width) {}
+  SplitWriter(fs::path dir, std::string prefix, size_t shard_tokens, TokenWidth width, bool masked = false)
+      : dir_(std::move(dir)), prefix_(std::move(prefix)), shard_tokens_(shard_tokens), width_(width), masked_(masked) {}
 
-  void append(std::span<const int32_t> tokens) {
+  // `trained`: one byte a token (non-zero: a trained target), when masked.
+  void append(std::span<const int32_t> tokens, std::span<const uint8_t> trained = {}) {
+    DPT_CHECK(trained.size() == (masked_ ? tokens.size() : 0), "SplitWriter: {} mask bits for {} tokens",
+              trained.size(), tokens.size());
     while (!tokens.empty()) {
       if (!writer_) {
         names_.push_back(fmt::format("{}_{:06d}.bin", prefix_, names_.size()));
@@ -101,16 +112,26 @@ class SplitWriter {
       const size_t room = shard_tokens_ - static_cast<size_t>(writer_->count());
       const size_t n = std::min(room, tokens.size());
       writer_->append(tokens.first(n));
+      if (masked_) {
+        bits_.insert(bits_.end(), trained.begin(), trained.begin() + static_cast<std::ptrdiff_t>(n));
+        for (size_t i = 0; i < n; ++i) trained_ += trained[i] != 0;
+        trained = trained.subspan(n);
+      }
       tokens_ += n;
       tokens = tokens.subspan(n);
       if (static_cast<size_t>(writer_->count()) == shard_tokens_) close();
     }
   }
   void close() {
-    if (writer_) writer_->finish();
+    if (writer_) {
+      if (masked_) write_token_mask(token_mask_path(writer_->path()), bits_);
+      writer_->finish();
+    }
     writer_.reset();
+    bits_.clear();
   }
   uint64_t tokens() const { return tokens_; }
+  uint64_t trained() const { return trained_; }
   const std::vector<std::string>& names() const { return names_; }
 
  private:
@@ -118,28 +139,31 @@ class SplitWriter {
   std::string prefix_;
   size_t shard_tokens_;
   TokenWidth width_;
+  bool masked_;
   std::unique_ptr<TokenShardWriter> writer_;
+  std::vector<uint8_t> bits_;  // the open shard's mask, a byte a token
   std::vector<std::string> names_;
-  uint64_t tokens_ = 0;
+  uint64_t tokens_ = 0, trained_ = 0;
 };
 
-// ConfigError for options tokenize_text cannot run with (nothing in or out, bounds, a tokenizer whose ids the
-// pipeline cannot carry); the shards' name.
-std::string checked_shard_name(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
-  if (opts.inputs.empty()) DPT_THROW(ConfigError, "tokenize: no input given");
-  if (opts.out_dir.empty()) DPT_THROW(ConfigError, "tokenize: no output directory given");
-  if (opts.block_tokens < 1) DPT_THROW(ConfigError, "tokenize: block_tokens must be >= 1");
-  if (opts.val_every < 2) {
-    DPT_THROW(ConfigError, "tokenize: --val-every must be >= 2 (every Nth block is validation), got {}", opts.val_every);
+// ConfigError for options a tokenize cannot run with (nothing in or out, bounds, a tokenizer whose ids the
+// pipeline cannot carry); the shards' name. `unit`: what val_every counts ("block", "document").
+std::string checked_shard_name(const std::vector<std::string>& inputs, const std::string& out_dir,
+                               const std::string& wanted_name, size_t val_every, size_t shard_tokens,
+                               const Tokenizer& tokenizer, const char* unit) {
+  if (inputs.empty()) DPT_THROW(ConfigError, "tokenize: no input given");
+  if (out_dir.empty()) DPT_THROW(ConfigError, "tokenize: no output directory given");
+  if (val_every < 2) {
+    DPT_THROW(ConfigError, "tokenize: --val-every must be >= 2 (every Nth {} is validation), got {}", unit, val_every);
   }
-  if (opts.shard_tokens < 1 || opts.shard_tokens > static_cast<size_t>(kMaxShardTokenCount)) {
-    DPT_THROW(ConfigError, "tokenize: shard_tokens must be in [1, {}], got {}", kMaxShardTokenCount, opts.shard_tokens);
+  if (shard_tokens < 1 || shard_tokens > static_cast<size_t>(kMaxShardTokenCount)) {
+    DPT_THROW(ConfigError, "tokenize: shard_tokens must be in [1, {}], got {}", kMaxShardTokenCount, shard_tokens);
   }
   if (tokenizer.vocab_size() > kMaxShardTokenU32 + 1) {
     DPT_THROW(ConfigError, "tokenize: the tokenizer, {}, has ids up to {}: token windows carry ids up to {}",
               tokenizer.describe(), tokenizer.vocab_size() - 1, kMaxShardTokenU32);
   }
-  const std::string name = opts.name.empty() ? tokenizer.name() : opts.name;
+  const std::string name = wanted_name.empty() ? tokenizer.name() : wanted_name;
   if (name.empty() || name.find_first_of("_/") != std::string::npos) {
     DPT_THROW(ConfigError, "tokenize: shard name '{}' must be non-empty, without '_' or '/'", name);
   }
@@ -149,11 +173,13 @@ std::string checked_shard_name(const TokenizeOptions& opts, const Tokenizer& tok
 }  // namespace
 
 TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
-  const std::string name = checked_shard_name(opts, tokenizer);
+  if (opts.block_tokens < 1) DPT_THROW(ConfigError, "tokenize: block_tokens must be >= 1");
+  const std::string name = checked_shard_name(opts.inputs, opts.out_dir, opts.name, opts.val_every, opts.shard_tokens,
+                                              tokenizer, "block");
 
   TokenizeSummary summary;
   summary.tokenizer = tokenizer.describe();
-  const std::vector<std::string> files = collect_files(opts.inputs, summary);
+  const std::vector<std::string> files = collect_files(opts.inputs, summary.skipped_links);
 
   OutputDir out(opts.out_dir, opts.force);
   summary.out_dir = out.path().string();
@@ -231,5 +257,205 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
 }
 
 TokenizeSummary tokenize_bytes(const TokenizeOptions& opts) { return tokenize_text(opts, ByteTokenizer()); }
+
+// ---- JSON Lines ----
+
+namespace {
+
+constexpr int kJsonlSourceVersion = 1;
+constexpr size_t kBadLineExamples = 5;
+
+// A file as jsonl_source.json records it: absolute path, size, modification time.
+nlohmann::json file_stamp(const std::string& path) {
+  std::error_code ec;
+  const fs::path abs = fs::absolute(path, ec);
+  const auto bytes = fs::file_size(path, ec);
+  if (ec) DPT_THROW(IoError, "{}: cannot read its size: {}", path, ec.message());
+  const auto time = fs::last_write_time(path, ec);
+  if (ec) DPT_THROW(IoError, "{}: cannot read its time: {}", path, ec.message());
+  return {{"path", abs.lexically_normal().string()},
+          {"bytes", bytes},
+          {"mtime_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::file_clock::to_sys(time).time_since_epoch()).count()}};
+}
+
+// What tokenize_jsonl is asked to do, as jsonl_source.json's "request" holds it.
+nlohmann::json jsonl_request(const JsonlOptions& opts, const Tokenizer& tokenizer,
+                             const std::vector<std::string>& files) {
+  nlohmann::json inputs = nlohmann::json::array(), tokenizer_files = nlohmann::json::array();
+  for (const std::string& f : files) inputs.push_back(file_stamp(f));
+  for (const fs::path& f : tokenizer.source_files()) tokenizer_files.push_back(file_stamp(f.string()));
+  return {{"version", kJsonlSourceVersion},
+          {"inputs", inputs},
+          {"tokenizer", {{"name", tokenizer.describe()}, {"files", tokenizer_files}}},
+          {"name", opts.name},
+          {"val_every", opts.val_every},
+          {"shard_tokens", opts.shard_tokens},
+          {"eos_token", opts.eos_token},
+          {"skip_bad_lines", opts.skip_bad_lines}};
+}
+
+// The end-of-text id documents end with: opts.eos_token's, else the tokenizer's.
+int32_t jsonl_eos(const JsonlOptions& opts, const Tokenizer& tokenizer) {
+  if (!opts.eos_token.empty()) {
+    const std::optional<int32_t> id = tokenizer.token_id(opts.eos_token);
+    if (!id)
+      DPT_THROW(ConfigError, "tokenize: the end-of-text token {} is not one token of {}",
+                nlohmann::json(opts.eos_token).dump(), tokenizer.describe());
+    return *id;
+  }
+  const std::optional<int32_t> id = tokenizer.eos_id();
+  if (!id)
+    DPT_THROW(ConfigError, "tokenize: JSON Lines documents end with an end-of-text token, and {} names none (no "
+              "tokenizer_config.json eos_token, no <|endoftext|>): name one (data.eos_token, or --eos-token)",
+              tokenizer.describe());
+  return *id;
+}
+
+}  // namespace
+
+JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer) {
+  const std::string name = checked_shard_name(opts.inputs, opts.out_dir, opts.name, opts.val_every, opts.shard_tokens,
+                                              tokenizer, "document");
+  JsonlSummary summary;
+  summary.tokenizer = tokenizer.describe();
+  summary.eos = jsonl_eos(opts, tokenizer);
+  summary.bos = tokenizer.bos_id().value_or(-1);
+  size_t skipped_links = 0;
+  const std::vector<std::string> files = collect_files(opts.inputs, skipped_links, ".jsonl");
+  if (files.empty()) DPT_THROW(ConfigError, "tokenize: no *.jsonl file in {}", fmt::join(opts.inputs, ", "));
+  const nlohmann::json request = jsonl_request(opts, tokenizer, files);
+  uint64_t total_bytes = 0;
+  for (const auto& f : request["inputs"]) total_bytes += f["bytes"].get<uint64_t>();
+
+  OutputDir out(opts.out_dir, opts.force);
+  summary.out_dir = out.path().string();
+  try {
+    const TokenWidth width = token_width_for(tokenizer.vocab_size());
+    SplitWriter train(out.staging(), name + "_train", opts.shard_tokens, width, true);
+    SplitWriter val(out.staging(), name + "_val", opts.shard_tokens, width, true);
+    std::vector<int32_t> tokens;
+    std::vector<uint8_t> trained;
+    auto add = [&](std::span<const int32_t> ids, uint8_t bit) {
+      tokens.insert(tokens.end(), ids.begin(), ids.end());
+      trained.insert(trained.end(), ids.size(), bit);
+    };
+    uint64_t documents = 0, reported = 0;
+    std::string line;
+    for (const std::string& path : files) {
+      std::ifstream in(path, std::ios::binary);
+      if (!in) DPT_THROW(IoError, "{}: cannot open: {}", path, std::strerror(errno));
+      ++summary.files;
+      for (size_t line_no = 1; std::getline(in, line); ++line_no) {
+        summary.bytes += line.size() + 1;
+        std::optional<JsonlRecord> record;
+        try {
+          record = parse_jsonl_record(line);
+        } catch (const ConfigError& e) {
+          const std::string where = fmt::format("{}:{}: {}", path, line_no, e.what());
+          if (!opts.skip_bad_lines)
+            DPT_THROW(ConfigError, "{} (data.skip_bad_lines = true, or tokenize --skip-bad-lines, skips such lines)",
+                      where);
+          ++summary.bad_lines;
+          if (summary.bad_line_examples.size() < kBadLineExamples) summary.bad_line_examples.push_back(where);
+          continue;
+        }
+        if (!record) continue;  // a blank line
+        tokens.clear();
+        trained.clear();
+        if (summary.bos >= 0) add(std::span(&summary.bos, 1), 0);
+        if (record->prompt) add(tokenizer.encode(*record->prompt), 0);
+        add(tokenizer.encode(record->text), 1);
+        add(std::span(&summary.eos, 1), 1);
+        ++(record->prompt ? summary.prompt_documents : summary.text_documents);
+        const bool to_val = documents % opts.val_every == opts.val_every - 1;
+        (to_val ? val : train).append(tokens, trained);
+        ++(to_val ? summary.val_documents : summary.train_documents);
+        ++documents;
+        if (opts.progress && summary.bytes - reported > (size_t{4} << 20)) {
+          reported = summary.bytes;
+          opts.progress(summary.bytes, total_bytes);
+        }
+      }
+      if (in.bad()) DPT_THROW(IoError, "{}: read failed: {}", path, std::strerror(errno));
+    }
+    if (opts.progress) opts.progress(summary.bytes, total_bytes);
+    train.close();
+    val.close();
+    summary.train_tokens = train.tokens();
+    summary.val_tokens = val.tokens();
+    summary.train_trained = train.trained();
+    summary.val_trained = val.trained();
+    summary.train_shards = train.names();
+    summary.val_shards = val.names();
+    if (documents == 0)
+      DPT_THROW(ConfigError, "tokenize: no record in {} ({} files{})", fmt::join(files, ", "), files.size(),
+                summary.bad_lines > 0 ? fmt::format(", {} malformed lines skipped", summary.bad_lines) : "");
+    if (summary.train_documents == 0 || summary.val_documents == 0)
+      DPT_THROW(ConfigError, "tokenize: {} document(s), and every {}-th goes to validation: too few for both splits (lower "
+                "--val-every / data.val_every, or give more records)", documents, opts.val_every);
+    nlohmann::json source = {
+        {"request", request},
+        {"written",
+         {{"documents", {{"train", summary.train_documents}, {"val", summary.val_documents}}},
+          {"tokens", {{"train", summary.train_tokens}, {"val", summary.val_tokens}}},
+          {"trained", {{"train", summary.train_trained}, {"val", summary.val_trained}}},
+          {"shards", {{"train", summary.train_shards}, {"val", summary.val_shards}}},
+          {"eos", summary.eos},
+          {"bos", summary.bos},
+          {"bad_lines", summary.bad_lines}}}};
+    std::ofstream stamp(out.staging() / kJsonlSourceFile);
+    stamp << source.dump(2) << "\n";
+    stamp.close();
+    if (!stamp) DPT_THROW(IoError, "{}: write failed", (out.staging() / kJsonlSourceFile).string());
+    tokenizer.save(out.staging());
+  } catch (const fs::filesystem_error& e) {
+    DPT_THROW(IoError, "tokenize to {}: {}", out.path().string(), e.what());
+  }
+  out.commit();
+  return summary;
+}
+
+bool jsonl_shards_current(const JsonlOptions& opts, const Tokenizer& tokenizer, std::string* why) {
+  auto stale = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return false;
+  };
+  const fs::path dir(opts.out_dir), stamp_path = dir / kJsonlSourceFile;
+  std::error_code ec;
+  if (!fs::is_regular_file(stamp_path, ec)) return stale(fmt::format("no {}", stamp_path.string()));
+  nlohmann::json source;
+  try {
+    std::ifstream in(stamp_path);
+    source = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    return stale(fmt::format("{} is not valid JSON", stamp_path.string()));
+  }
+  size_t skipped_links = 0;
+  const std::vector<std::string> files = collect_files(opts.inputs, skipped_links, ".jsonl");
+  const nlohmann::json request = jsonl_request(opts, tokenizer, files);
+  if (!source.is_object() || !source.contains("request") || !source.contains("written"))
+    return stale(fmt::format("{} is not one tokenize wrote", stamp_path.string()));
+  const nlohmann::json& had = source["request"];
+  if (had != request) {
+    for (const auto& [key, value] : request.items())
+      if (!had.contains(key) || had[key] != value)
+        return stale(key == "inputs" ? "the inputs changed (their list, sizes or times)"
+                     : key == "tokenizer" ? "the tokenizer changed"
+                                          : fmt::format("{} changed", key));
+    return stale("the request changed");
+  }
+  for (const char* split : {"train", "val"}) {
+    const nlohmann::json& names = source["written"]["shards"][split];
+    if (!names.is_array() || names.empty()) return stale(fmt::format("{} lists no {} shard", stamp_path.string(), split));
+    for (const auto& n : names) {
+      if (!n.is_string()) return stale(fmt::format("{} lists a shard that is not a name", stamp_path.string()));
+      const fs::path shard = dir / n.get<std::string>();
+      if (!fs::is_regular_file(shard, ec) || !fs::is_regular_file(token_mask_path(shard.string()), ec))
+        return stale(fmt::format("{} or its mask is missing", shard.string()));
+    }
+  }
+  return true;
+}
 
 }  // namespace dpt::data

@@ -56,4 +56,58 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
 // tokenize_text with the byte-level tokenizer (token = byte, vocab 256).
 TokenizeSummary tokenize_bytes(const TokenizeOptions& opts);
 
+// ---- fine-tuning data: JSON Lines (data/jsonl.h) ------------------------------------------------------------------
+// Each record is a document, tokenized as [BOS] prompt completion EOS or [BOS] text EOS (BOS when the tokenizer puts
+// one first, Tokenizer::bos_id; EOS the tokenizer's eos_id(), or the token `eos_token` names), the prompt and the
+// completion encoded apart. Documents go to the splits whole: the d-th document read (in file order, then line
+// order; 0-based) to val when d % val_every == val_every - 1, else to train. Each split's documents are packed end
+// to end into shards OUT/<name>_<split>_NNNNNN.bin of at most `shard_tokens` tokens, each with its loss mask
+// NAME.mask (token_shards.h): 1 for the tokens of a text, of a completion and each EOS (trained targets), 0 for a
+// prompt's tokens and the BOS (context only). A training window then cuts the packed stream wherever it falls: it
+// may end one document and begin the next, which attends back across the EOS, as packed pretraining data does in
+// llm.c, nanoGPT and Hugging Face's examples. OUT/jsonl_source.json records what was read (each input's absolute
+// path, size and modification time, the tokenizer and its source_files()' sizes and times, the options) and what was
+// written, so jsonl_shards_current() can tell whether OUT still answers a request. The tokenizer saves itself into
+// OUT (load_tokenizer(OUT) finds it). Written as OUT.tmp and renamed into place, as tokenize_text's output is.
+inline constexpr const char* kJsonlSourceFile = "jsonl_source.json";
+
+struct JsonlOptions {
+  std::vector<std::string> inputs;  // files (any name), or directories: their *.jsonl files, recursively, by path
+  std::string out_dir;
+  std::string name;                 // shard name prefix; empty: the tokenizer's name()
+  size_t val_every = 10;            // >= 2: every val_every-th document is validation
+  size_t shard_tokens = 100'000'000;
+  bool force = false;
+  std::string eos_token;            // the end-of-text token's text; empty: the tokenizer's eos_id()
+  bool skip_bad_lines = false;      // a malformed line is skipped and counted (false: an error naming it)
+  // Called every few MB and at the end: (bytes read, bytes in all the inputs).
+  std::function<void(uint64_t bytes_done, uint64_t bytes_total)> progress;
+};
+
+struct JsonlSummary {
+  std::string out_dir;
+  std::string tokenizer;      // its describe()
+  size_t files = 0;
+  uint64_t bytes = 0;
+  size_t text_documents = 0, prompt_documents = 0;
+  size_t bad_lines = 0;                       // skipped (skip_bad_lines)
+  std::vector<std::string> bad_line_examples;  // the first five: "FILE:LINE: what is wrong"
+  int32_t eos = -1, bos = -1;                  // the ids used; bos -1: none
+  uint64_t train_documents = 0, val_documents = 0;
+  uint64_t train_tokens = 0, val_tokens = 0;
+  uint64_t train_trained = 0, val_trained = 0;  // tokens whose mask bit is 1
+  std::vector<std::string> train_shards, val_shards;  // file names inside out_dir (each with its .mask)
+};
+
+// ConfigError for bad options, a tokenizer without an end-of-text token (and no eos_token), an eos_token that is
+// not one token, a malformed line (naming FILE:LINE and what is wrong, unless skip_bad_lines), no document, or too
+// few documents for a val split; IoError for missing inputs, a non-empty OUT without force, failed reads or writes.
+// Nothing is left in OUT on an error.
+JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer);
+
+// Whether opts.out_dir holds the shards tokenize_jsonl(opts, tokenizer) would write: its jsonl_source.json records
+// the same request (inputs unchanged in size and time, the same tokenizer and options) and every shard and mask it
+// lists is there. When not, *why (if given) says what differs.
+bool jsonl_shards_current(const JsonlOptions& opts, const Tokenizer& tokenizer, std::string* why = nullptr);
+
 }  // namespace dpt::data

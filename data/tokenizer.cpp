@@ -22,4 +22,9 @@ std::string ByteTokenizer::decode(std::span<const int32_t> ids) const {
   return text;
 }
 
+std::optional<int32_t> ByteTokenizer::token_id(std::string_view token) const {
+  if (token.size() != 1) return std::nullopt;
+  return static_cast<uint8_t>(token[0]);
+}
+
 }  // namespace dpt::data

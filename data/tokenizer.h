@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -40,6 +41,19 @@ class Tokenizer {
   virtual size_t safe_cut(std::string_view text) const = 0;
   // Writes into `dir` what load_tokenizer(dir) needs to make this tokenizer again.
   virtual void save(const std::filesystem::path& dir) const = 0;
+  // The files the tokenizer was read from (what save() copies); none for bytes.
+  virtual std::vector<std::filesystem::path> source_files() const { return {}; }
+
+  // The id of `token` when that text is one token (an added token, or a vocabulary entry spelled that way): what
+  // data.eos_token names. nullopt otherwise.
+  virtual std::optional<int32_t> token_id(std::string_view token) const = 0;
+  // The end-of-text token the tokenizer names (tokenizer_config.json's eos_token; else <|endoftext|> where the
+  // vocabulary has it, as GPT-2's does), which fine-tuning data (data/jsonl.h) puts after each document.
+  virtual std::optional<int32_t> eos_id() const { return std::nullopt; }
+  // The token the tokenizer puts before each text when it adds special tokens (tokenizer.json's post-processor
+  // template starting with one, Llama 3's <|begin_of_text|>; tokenizer_config.json's add_bos_token with its
+  // bos_token). encode() never adds it; fine-tuning data puts it before each document.
+  virtual std::optional<int32_t> bos_id() const { return std::nullopt; }
 };
 
 class ByteTokenizer final : public Tokenizer {
@@ -51,6 +65,8 @@ class ByteTokenizer final : public Tokenizer {
   std::string describe() const override { return "byte-level (vocab 256)"; }
   size_t safe_cut(std::string_view text) const override { return text.size(); }
   void save(const std::filesystem::path&) const override {}
+  // A single byte is a token; bytes have no end-of-text token (data.eos_token may name a byte, "\n").
+  std::optional<int32_t> token_id(std::string_view token) const override;
 };
 
 }  // namespace dpt::data

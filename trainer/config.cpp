@@ -47,9 +47,24 @@ template <> struct Kind<std::string> {
     return n.is_string() ? n.value<std::string>() : std::nullopt;
   }
   static std::string show(const std::string& v) {
-    std::ostringstream os;
-    os << toml::value<std::string>(v);  // quoted and escaped as TOML
-    return os.str();
+    // toml++ writes a string with a line break as a multi-line literal ('''\n'''), whose first line break a reader
+    // drops: such strings (data.eos_token = "\n") are written as basic strings with escapes here instead.
+    if (std::none_of(v.begin(), v.end(), [](char ch) { return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f; })) {
+      std::ostringstream os;
+      os << toml::value<std::string>(v);  // quoted and escaped as TOML
+      return os.str();
+    }
+    std::string out = "\"";
+    for (const char ch : v) {
+      const auto u = static_cast<unsigned char>(ch);
+      if (ch == '"' || ch == '\\') out += {'\\', ch};
+      else if (ch == '\n') out += "\\n";
+      else if (ch == '\t') out += "\\t";
+      else if (ch == '\r') out += "\\r";
+      else if (u < 0x20 || u == 0x7f) out += fmt::format("\\u{:04X}", u);
+      else out += ch;
+    }
+    return out + "\"";
   }
 };
 template <> struct Kind<std::vector<int64_t>> {
@@ -65,6 +80,27 @@ template <> struct Kind<std::vector<int64_t>> {
     return out;
   }
   static std::string show(const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ", ")); }
+};
+
+// An array of strings; one string is an array of one (data.jsonl = "a.jsonl", or data.jsonl=a.jsonl on the command line).
+template <> struct Kind<std::vector<std::string>> {
+  static constexpr const char* name = "array of strings";
+  static std::optional<std::vector<std::string>> read(const toml::node& n) {
+    if (n.is_string()) return std::vector<std::string>{*n.value<std::string>()};
+    const toml::array* a = n.as_array();
+    if (!a) return std::nullopt;
+    std::vector<std::string> out;
+    for (const auto& e : *a) {
+      if (!e.is_string()) return std::nullopt;
+      out.push_back(*e.value<std::string>());
+    }
+    return out;
+  }
+  static std::string show(const std::vector<std::string>& v) {
+    std::vector<std::string> parts;
+    for (const std::string& s : v) parts.push_back(Kind<std::string>::show(s));
+    return fmt::format("[{}]", fmt::join(parts, ", "));
+  }
 };
 
 template <> struct Kind<std::vector<double>> {
@@ -228,8 +264,13 @@ std::vector<Field> train_fields() {
 std::vector<Field> data_fields() {
   using C = Config;
   return {
-      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic | tokens (llm.c .bin token shards in DIR, split by the words train and val in their names; `dptrain tokenize` writes them; for model.name = gpt or llama)"),
-      field("data.dir", &C::data, &DataConfig::dir, "fashion-mnist: directory of the IDX .gz files; imagefolder: the folder holding train/ and val/; tokens: the directory of the shards"),
+      field("data.dataset", &C::data, &DataConfig::dataset, "fashion-mnist | imagefolder (DIR/train/<class>/*.png|jpg and DIR/val/...; `dptrain export-images` writes one) | synthetic | tokens (llm.c .bin token shards in DIR, split by the words train and val in their names; `dptrain tokenize` writes them; for model.name = gpt or llama) | jsonl (fine-tuning records, data.jsonl, tokenized once by rank 0 into token shards with loss masks in data.dir, then read as tokens; for model.name = gpt or llama)"),
+      field("data.dir", &C::data, &DataConfig::dir, "fashion-mnist: directory of the IDX .gz files; imagefolder: the folder holding train/ and val/; tokens: the directory of the shards; jsonl: where its shards are written (reused while data.jsonl, the tokenizer and the options are unchanged: DIR/jsonl_source.json records them)"),
+      field("data.jsonl", &C::data, &DataConfig::jsonl, "jsonl: JSON Lines files (or directories of *.jsonl files), one record a line: {\"text\": ...} (every token trained) or {\"prompt\": ..., \"completion\": ...} (the completion's tokens trained, the prompt's context only); each document is [BOS] prompt completion EOS, packed end to end into windows of model.block_size"),
+      field("data.tokenizer", &C::data, &DataConfig::tokenizer, "jsonl: the tokenizer: a Hugging Face tokenizer.json (with its tokenizer_config.json beside it for the EOS and BOS), or a folder holding one, or vocab.json and merges.txt; empty: model.init_from's folder when it holds one, else bytes (then data.eos_token must name a byte)"),
+      field("data.eos_token", &C::data, &DataConfig::eos_token, "jsonl: the token that ends each document, as text; empty: the tokenizer's (tokenizer_config.json's eos_token, else <|endoftext|>)"),
+      field("data.skip_bad_lines", &C::data, &DataConfig::skip_bad_lines, "jsonl: skip a malformed line with a warning, counted (false: stop with an error naming its file and line)"),
+      field("data.val_every", &C::data, &DataConfig::val_every, "jsonl: every Nth record goes to the val split (the evaluation's held-out documents)", at_least<int64_t>(2)),
       field("data.augment", &C::data, &DataConfig::augment, "training transform: none | crop_flip (pad + random crop + horizontal flip) | random_resized_crop (imagefolder: torchvision's RandomResizedCrop + flip); drawn from (seed, epoch, index)", one_of({"none", "crop_flip", "random_resized_crop"})),
       field("data.padding", &C::data, &DataConfig::padding, "crop_flip: zero pixels added on each side before the random crop", at_least<int64_t>(0)),
       field("data.image_size", &C::data, &DataConfig::image_size, "imagefolder: height = width of the images the model sees (training crop, evaluation center crop)", at_least<int64_t>(1)),
@@ -443,8 +484,10 @@ void apply_override(Config& c, const std::string& item) {
   } catch (const toml::parse_error&) {
     parsed = false;
   }
-  if (f->type == std::string(Kind<std::string>::name) && (!parsed || !t["v"].is_string())) {
-    // Bare words are strings: dist.backend=gloo.
+  const bool strings = f->type == std::string(Kind<std::vector<std::string>>::name);
+  if ((f->type == std::string(Kind<std::string>::name) && (!parsed || !t["v"].is_string())) ||
+      (strings && (!parsed || !(t["v"].is_string() || t["v"].is_array())))) {
+    // Bare words are strings: dist.backend=gloo; for an array of strings, one: data.jsonl=train.jsonl.
     if (!valid_utf8(value)) DPT_THROW(ConfigError, "{}{}: the value is not valid UTF-8", where, f->key);
     set_field(c, *f, toml::value<std::string>(value), where);
     return;
@@ -479,12 +522,20 @@ void validate(const Config& c, const std::string& source) {
       DPT_THROW(ConfigError, "{}train.bf16_activations = true with dist.zero = 3: the bf16 copy of the parameters "
                 "needs them whole on every rank; use dist.zero = 0, 1 or 2", where);
   }
-  if ((model_card(c.model.name).input == ModelInput::tokens) != (c.data.dataset == DatasetKind::tokens))
+  if ((model_card(c.model.name).input == ModelInput::tokens) != token_data(c.data.dataset))
     DPT_THROW(ConfigError,
               "{}model.name = {} with data.dataset = {}: a language model trains on token shards and token shards "
-              "train only a language model (model.name = {} goes with data.dataset = tokens)",
+              "train only a language model (model.name = {} goes with data.dataset = tokens or jsonl)",
               source.empty() ? "" : source + ": ", c.model.name, choice_name(c.data.dataset),
               fmt::join(model_names(ModelInput::tokens), " or "));
+  if (c.data.dataset == DatasetKind::jsonl) {
+    const std::string where = source.empty() ? "" : source + ": ";
+    if (c.data.jsonl.empty())
+      DPT_THROW(ConfigError, "{}data.dataset = jsonl needs data.jsonl: the JSON Lines files to read", where);
+    if (c.data.dir == DataConfig{}.dir)
+      DPT_THROW(ConfigError, "{}data.dataset = jsonl writes its token shards to data.dir: set it (data.dir = "
+                "runs/my_data, say)", where);
+  }
 }
 
 }  // namespace

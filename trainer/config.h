@@ -26,7 +26,9 @@ enum class DecayParams { automatic, all, matrices };  // train.weight_decay_para
 enum class GradDtype { fp32, bf16 };
 enum class OnCheckpointError { stop, warn };
 enum class DeviceChoice { automatic, cpu, cuda };  // train.device: auto | cpu | cuda
-enum class DatasetKind { fashion_mnist, imagefolder, synthetic, tokens };  // data.dataset
+enum class DatasetKind { fashion_mnist, imagefolder, synthetic, tokens, jsonl };  // data.dataset
+// Token shards a language model reads: data.dataset = tokens, or jsonl (tokenized into token shards in data.dir).
+inline bool token_data(DatasetKind k) { return k == DatasetKind::tokens || k == DatasetKind::jsonl; }
 
 // The words a choice is written with in a config (and printed with), in the enum's order (trainer/choice.h).
 template <> struct ChoiceNames<OptimizerKind> { static constexpr std::array<std::string_view, 2> names{"sgd", "adamw"}; };
@@ -38,7 +40,7 @@ template <> struct ChoiceNames<GradDtype> { static constexpr std::array<std::str
 template <> struct ChoiceNames<OnCheckpointError> { static constexpr std::array<std::string_view, 2> names{"stop", "warn"}; };
 template <> struct ChoiceNames<DeviceChoice> { static constexpr std::array<std::string_view, 3> names{"auto", "cpu", "cuda"}; };
 template <> struct ChoiceNames<DatasetKind> {
-  static constexpr std::array<std::string_view, 4> names{"fashion-mnist", "imagefolder", "synthetic", "tokens"};
+  static constexpr std::array<std::string_view, 5> names{"fashion-mnist", "imagefolder", "synthetic", "tokens", "jsonl"};
 };
 // train.precision: the models' Precision (F32, BF16, F16) as a config writes it.
 template <> struct ChoiceNames<models::Precision> {
@@ -95,6 +97,12 @@ struct DataConfig {
   int64_t synthetic_train_size = 8192;
   int64_t synthetic_test_size = 2048;
   std::vector<int64_t> synthetic_shape = {784};  // one example's shape: [F] or [C, H, W]
+  // jsonl: fine-tuning records (data/jsonl.h), tokenized once into token shards with loss masks in `dir`.
+  std::vector<std::string> jsonl;  // files, or directories of *.jsonl files
+  std::string tokenizer;           // "": model.init_from's folder when it holds one, else bytes
+  std::string eos_token;           // "": the tokenizer's
+  bool skip_bad_lines = false;
+  int64_t val_every = 10;          // every Nth record is validation
 };
 
 struct DistConfig {

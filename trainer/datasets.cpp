@@ -1,7 +1,19 @@
 // trainer/datasets.cpp: the data sets of a config (trainer/datasets.h).
 #include "trainer/datasets.h"
 
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <exception>
+#include <filesystem>
+#include <thread>
+
 #include "core/check.h"
+#include "core/tensor.h"
+#include "data/bpe.h"
+#include "data/load_tokenizer.h"
+#include "data/output_dir.h"
 #include "data/augmented.h"
 #include "data/export.h"
 #include "data/idx.h"
@@ -46,7 +58,7 @@ Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed)
     }
     ds.test = data::load_fashion_mnist(d.dir, false, static_cast<size_t>(d.test_limit));
     ds.classes = class_names(d);
-  } else if (d.dataset == DatasetKind::tokens) {
+  } else if (token_data(d.dataset)) {
     ds.train = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "train", m.block_size, m.vocab_size),
                        d.train_limit);
     ds.test = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "val", m.block_size, m.vocab_size),
@@ -77,6 +89,122 @@ Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed)
     ds.test = std::make_unique<data::Subset>(all, n_train, n_test);
   }
   return ds;
+}
+
+std::unique_ptr<data::Tokenizer> jsonl_tokenizer(const Config& cfg) {
+  if (!cfg.data.tokenizer.empty()) return data::open_tokenizer(cfg.data.tokenizer);
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path from(cfg.model.init_from);
+  if (!cfg.model.init_from.empty() && fs::is_directory(from, ec) &&
+      (fs::exists(from / data::kHfTokenizerFile, ec) || fs::exists(from / data::kBpeVocabFile, ec)))
+    return data::load_tokenizer(from);
+  return std::make_unique<data::ByteTokenizer>();
+}
+
+void log_jsonl_summary(const data::JsonlSummary& s, double seconds) {
+  spdlog::info("tokenize: {} JSON Lines files, {:.1f} MB: {} documents ({} text, {} prompt/completion){}", s.files,
+               s.bytes / 1e6, s.text_documents + s.prompt_documents, s.text_documents, s.prompt_documents,
+               s.bad_lines == 0 ? std::string() : fmt::format("; skipped {} malformed lines", s.bad_lines));
+  for (const std::string& bad : s.bad_line_examples) spdlog::warn("tokenize: skipped {}", bad);
+  spdlog::info("tokenize: each document is {}its text (or prompt, then completion), then EOS = id {}; {}",
+               s.bos >= 0 ? fmt::format("BOS = id {}, then ", s.bos) : "", s.eos, s.tokenizer);
+  spdlog::info("tokenize: wrote train {} documents, {} tokens ({} trained) in {} shards; val {} documents, {} tokens "
+               "({} trained) in {} shards; to {} in {:.2f} s",
+               s.train_documents, s.train_tokens, s.train_trained, s.train_shards.size(), s.val_documents,
+               s.val_tokens, s.val_trained, s.val_shards.size(), s.out_dir, seconds);
+}
+
+namespace {
+
+// Rank 0's part of prepare_data: reuse data.dir, or tokenize into it.
+void prepare_jsonl(const Config& cfg, bool log) {
+  const DataConfig& d = cfg.data;
+  const std::unique_ptr<data::Tokenizer> tokenizer = jsonl_tokenizer(cfg);
+  data::JsonlOptions o;
+  o.inputs = d.jsonl;
+  o.out_dir = d.dir;
+  o.val_every = static_cast<size_t>(d.val_every);
+  o.eos_token = d.eos_token;
+  o.skip_bad_lines = d.skip_bad_lines;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool ours = fs::is_regular_file(fs::path(d.dir) / data::kJsonlSourceFile, ec);
+  std::string why;
+  try {
+    if (data::jsonl_shards_current(o, *tokenizer, &why)) {
+      if (log) spdlog::info("data: {} holds data.jsonl's token shards already ({}): reused", d.dir, data::kJsonlSourceFile);
+      return;
+    }
+  } catch (const IoError& e) {
+    if (!ours) throw;
+    // The records are gone (an evaluation elsewhere, a cleaned-up folder): the shards written from them still serve.
+    if (log) spdlog::warn("data: {}; reading the token shards {} holds, written from them earlier", e.what(), d.dir);
+    return;
+  }
+  if (!ours && data::non_empty_directory(d.dir))
+    DPT_THROW(ConfigError, "data.dir = {} holds files, and no {}: not shards that data.dataset = jsonl wrote; name a new "
+              "or empty folder for them (nothing in it was changed)", d.dir, data::kJsonlSourceFile);
+  if (ours && log) spdlog::warn("data: tokenizing data.jsonl into {} again: {}", d.dir, why);
+  o.force = ours;
+  const auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  o.progress = [&](uint64_t done, uint64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (log && done < total && now - last > std::chrono::seconds(10)) {
+      last = now;
+      spdlog::info("tokenize: {:.1f} of {:.1f} MB", done / 1e6, total / 1e6);
+    }
+  };
+  const data::JsonlSummary s = data::tokenize_jsonl(o, *tokenizer);
+  if (log) log_jsonl_summary(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+}
+
+}  // namespace
+
+void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool log) {
+  if (cfg.data.dataset != DatasetKind::jsonl) return;
+  const bool lead = pg.rank() == 0;
+  if (pg.size() == 1) {
+    prepare_jsonl(cfg, log);
+    return;
+  }
+  std::exception_ptr error;
+  std::atomic<bool> done{false};
+  std::thread worker;
+  if (lead)
+    worker = std::thread([&] {
+      try {
+        prepare_jsonl(cfg, log);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      done = true;
+    });
+  // Every rank: [rank 0 finished, rank 0 failed], summed, every half second (rank 0 checks its worker more often).
+  bool failed = false;
+  try {
+    for (;;) {
+      if (lead)
+        for (int i = 0; i < 10 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      Tensor flags = Tensor::empty({2}, DType::I64);
+      flags.data<int64_t>()[0] = lead && done ? 1 : 0;
+      flags.data<int64_t>()[1] = lead && done && error ? 1 : 0;
+      pg.allreduce(flags, {.op = comm::ReduceOp::Sum, .what = "data preparation (rank 0 tokenizes data.jsonl)"})->wait();
+      if (flags.data<int64_t>()[0] > 0) {
+        failed = flags.data<int64_t>()[1] > 0;
+        break;
+      }
+    }
+  } catch (...) {
+    if (worker.joinable()) worker.join();
+    throw;
+  }
+  if (worker.joinable()) worker.join();
+  if (error) std::rethrow_exception(error);
+  if (failed)
+    DPT_THROW(ConfigError, "data.dataset = jsonl: rank 0 could not prepare data.dir = {} (its log says why)",
+              cfg.data.dir);
 }
 
 }  // namespace dpt::trainer

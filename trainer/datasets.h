@@ -1,5 +1,6 @@
-// trainer/datasets.h: the train and test sets a config names (data.dataset: fashion-mnist, tokens, imagefolder,
-// synthetic), with data.train_limit / test_limit and data.augment applied.
+// trainer/datasets.h: the train and test sets a config names (data.dataset: fashion-mnist, tokens, jsonl, imagefolder,
+// synthetic), with data.train_limit / test_limit and data.augment applied; and prepare_data, which tokenizes a
+// jsonl data set once, on rank 0, before any rank reads it.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "comm/process_group.h"
 #include "data/dataset.h"
+#include "data/tokenize.h"
+#include "data/tokenizer.h"
 #include "trainer/config.h"
 
 namespace dpt::trainer {
@@ -22,6 +26,22 @@ struct Datasets {
 std::vector<std::string> class_names(const DataConfig& d);
 
 // `seed` drives the random transforms and the synthetic set; ConfigError for a transform the data set does not take.
+// data.dataset = jsonl reads data.dir's token shards: prepare_data makes them first.
 Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed);
+
+// data.dataset = jsonl: the tokenizer its records are tokenized with: data.tokenizer (open_tokenizer), else the folder
+// model.init_from names when it holds a tokenizer.json (or vocab.json and merges.txt), else bytes.
+std::unique_ptr<data::Tokenizer> jsonl_tokenizer(const Config& cfg);
+
+// data.dataset = jsonl: data.dir holds the token shards of data.jsonl (data/tokenize.h's tokenize_jsonl) once this
+// returns on every rank. Rank 0 reuses them when their jsonl_source.json matches (same files, sizes and times, same
+// tokenizer and options), else tokenizes again (a data.dir that holds other files is refused, not overwritten); the
+// other ranks wait in a collective each half second, so tokenizing for longer than dist.timeout_s is no hang. When
+// rank 0 fails, it throws its error and the others a ConfigError saying so. `log`: rank 0 reports what it did. Other
+// data sets: nothing to do. data.dir must be a folder every rank reads (one file system for the job's nodes).
+void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool log = true);
+
+// Rank 0's lines for a tokenize_jsonl run (trainer and `dptrain tokenize`).
+void log_jsonl_summary(const data::JsonlSummary& s, double seconds);
 
 }  // namespace dpt::trainer

@@ -183,6 +183,8 @@ class Trainer {
 // ---- set up -------------------------------------------------------------------------------------------------
 
 void Trainer::load_data() {
+  ctx_.phase = "preparing the data";
+  prepare_data(cfg_, pg_);
   ds_ = make_datasets(cfg_.data, cfg_.model, static_cast<uint64_t>(t_.seed));
   if (lead_)
     spdlog::info("data: {} train / {} test examples ({}), {} per rank per step, {} global{}", ds_.train->size(),

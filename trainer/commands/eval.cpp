@@ -36,7 +36,7 @@ int eval_job(const EvalArgs& a) {
               spdlog::info("eval: {} (step {}, {}): loss {:.4f}{} accuracy {:.4f} over {:.0f} {} ({}) on {} rank(s)",
                            target->checkpoint.path, target->checkpoint.state.step, r.model, r.loss,
                            r.unit == "tokens" ? fmt::format(" perplexity {:.3f}", std::exp(r.loss)) : "", r.acc,
-                           r.rows, r.unit, job.config.data.dataset == DatasetKind::tokens ? "the val shards" : "the test split",
+                           r.rows, r.unit, token_data(job.config.data.dataset) ? "the val shards" : "the test split",
                            job.env.world_size);
             return 0;
           },

@@ -1,7 +1,7 @@
 // trainer/commands/tokenize.cpp: `dptrain tokenize`: text files as token shards in llm.c's format,
 // OUT/bytes_{train,val}_000000.bin, or with GPT-2 BPE OUT/gpt2_{train,val}_000000.bin beside a copy of its vocab.json
-// and merges.txt, or with a Hugging Face tokenizer.json OUT/bpe_{train,val}_000000.bin beside a copy of it; trains
-// nothing.
+// and merges.txt, or with a Hugging Face tokenizer.json OUT/bpe_{train,val}_000000.bin beside a copy of it; JSON Lines
+// fine-tuning records (data/jsonl.h) as shards with loss masks (data/tokenize.h's tokenize_jsonl); trains nothing.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -10,8 +10,10 @@
 #include <vector>
 
 #include "data/bpe.h"
+#include "data/load_tokenizer.h"
 #include "data/tokenize.h"
 #include "trainer/commands/commands.h"
+#include "trainer/datasets.h"
 
 namespace dpt::trainer::commands {
 namespace {
@@ -23,10 +25,57 @@ struct TokenizeArgs {
   std::string tokenizer;      // a tokenizer.json, or a folder holding one
   size_t val_every = 10;
   bool force = false;
+  std::string format = "auto";  // auto | text | jsonl
+  std::string eos_token;        // jsonl: the end-of-text token (empty: the tokenizer's)
+  bool skip_bad_lines = false;  // jsonl
 };
+
+// auto: jsonl when every input is a *.jsonl file, text when none is; a mix is an error.
+bool jsonl_format(const TokenizeArgs& a) {
+  if (a.format != "auto") return a.format == "jsonl";
+  size_t jsonl = 0;
+  for (const std::string& in : a.inputs) jsonl += std::filesystem::path(in).extension() == ".jsonl";
+  if (jsonl != 0 && jsonl != a.inputs.size())
+    DPT_THROW(ConfigError, "tokenize: some inputs are *.jsonl and some are not: say which they all are with "
+              "--format text or --format jsonl");
+  return jsonl != 0;
+}
+
+int tokenize_jsonl(const TokenizeArgs& a, const data::Tokenizer& tokenizer) {
+  const auto start = std::chrono::steady_clock::now();
+  data::JsonlOptions o;
+  o.inputs = a.inputs;
+  o.out_dir = a.out;
+  o.val_every = a.val_every;
+  o.force = a.force;
+  o.eos_token = a.eos_token;
+  o.skip_bad_lines = a.skip_bad_lines;
+  auto last = start;
+  o.progress = [&](uint64_t done, uint64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done < total && now - last > std::chrono::seconds(2)) {
+      last = now;
+      spdlog::info("tokenize: {:.1f} of {:.1f} MB", done / 1e6, total / 1e6);
+    }
+  };
+  const data::JsonlSummary s = data::tokenize_jsonl(o, tokenizer);
+  log_jsonl_summary(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return 0;
+}
 
 int tokenize(const TokenizeArgs& a) {
   return run_writer("tokenize", a.out, a.force, [&] {
+    const bool jsonl = jsonl_format(a);
+    if (!jsonl && (!a.eos_token.empty() || a.skip_bad_lines))
+      DPT_THROW(ConfigError, "tokenize: --eos-token and --skip-bad-lines are for JSON Lines inputs (--format jsonl)");
+    if (jsonl) {
+      std::unique_ptr<data::Tokenizer> tokenizer =
+          !a.tokenizer.empty() ? data::open_tokenizer(a.tokenizer)
+          : a.vocab.empty()    ? std::unique_ptr<data::Tokenizer>(std::make_unique<data::ByteTokenizer>())
+                               : std::make_unique<data::Gpt2Bpe>(a.vocab, a.merges);
+      tokenize_jsonl(a, *tokenizer);
+      return;
+    }
     const auto start = std::chrono::steady_clock::now();
     data::TokenizeOptions o;
     o.inputs = a.inputs;
@@ -43,8 +92,7 @@ int tokenize(const TokenizeArgs& a) {
     };
     std::unique_ptr<data::Tokenizer> tokenizer;
     if (!a.tokenizer.empty()) {
-      const std::filesystem::path p(a.tokenizer);
-      tokenizer = std::make_unique<data::Gpt2Bpe>(std::filesystem::is_directory(p) ? p / data::kHfTokenizerFile : p);
+      tokenizer = data::open_tokenizer(a.tokenizer);
     } else if (a.vocab.empty()) {
       tokenizer = std::make_unique<data::ByteTokenizer>();
     } else {
@@ -74,18 +122,26 @@ Command add_tokenize(CLI::App& root) {
       "write text as token shards in llm.c's .bin format, then exit; trains nothing. Byte-level by default (token = "
       "byte, vocab 256): OUT/bytes_train_000000.bin and OUT/bytes_val_000000.bin; GPT-2 BPE with --vocab and "
       "--merges: OUT/gpt2_*.bin, and the two files copied into OUT; a Hugging Face tokenizer.json's byte-level BPE "
-      "with --tokenizer: OUT/bpe_*.bin, and tokenizer.json copied into OUT. Past 65,536 ids the shards hold uint32 "
-      "tokens (llm.c's Llama 3 form)");
+      "with --tokenizer: OUT/bpe_*.bin, and tokenizer.json (and tokenizer_config.json) copied into OUT. Past 65,536 "
+      "ids the shards hold uint32 tokens (llm.c's Llama 3 form). JSON Lines fine-tuning records ({\"text\": ...} or "
+      "{\"prompt\": ..., \"completion\": ...} a line) become shards with loss masks: the completions trained, the "
+      "prompts context only");
   cmd->footer(
       "The inputs are read in order (a directory: its regular files recursively, sorted by path; *.dat files and\n"
       "files with a NUL byte skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
       "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own.\n"
+      "JSON Lines (inputs named *.jsonl, or --format jsonl; a directory: its *.jsonl files): each record is a\n"
+      "document, [BOS] prompt completion EOS (BOS if the tokenizer adds one; EOS its eos_token or <|endoftext|>, or\n"
+      "--eos-token), packed end to end; every Nth document goes to val. A malformed line is an error naming\n"
+      "FILE:LINE, or is skipped and counted with --skip-bad-lines. OUT/jsonl_source.json records what was read.\n"
       "Example: dptrain tokenize --input /usr/share/games/fortunes --out runs/fortunes\n"
       "         dptrain tokenize --input corpus/ --vocab gpt2/vocab.json --merges gpt2/merges.txt --out runs/corpus\n"
-      "         dptrain tokenize --input corpus/ --tokenizer SmolLM-135M --out runs/corpus_smollm");
+      "         dptrain tokenize --input corpus/ --tokenizer SmolLM-135M --out runs/corpus_smollm\n"
+      "         dptrain tokenize --input qa.jsonl --tokenizer SmolLM-135M --out runs/qa_smollm");
   cmd->add_option("--input", a->inputs, "a text file or a directory of them (repeatable)")->required();
   add_out_dir_option(*cmd, a->out);
-  cmd->add_option("--val-every", a->val_every, "every Nth block of 4096 tokens goes to the val split")
+  cmd->add_option("--val-every", a->val_every,
+                  "every Nth block of 4096 tokens (JSON Lines: every Nth document) goes to the val split")
       ->check(CLI::Range(size_t{2}, size_t{1} << 40))
       ->capture_default_str();
   add_force_flag(*cmd, a->force);
@@ -98,9 +154,19 @@ Command add_tokenize(CLI::App& root) {
   CLI::Option* hf = cmd->add_option(
       "--tokenizer", a->tokenizer,
       "a Hugging Face tokenizer.json, or a model folder holding one: byte-level BPE (GPT-2's, Llama 3's, Qwen2's "
-      "pre-tokenizers, no normalizer or NFC; its added tokens split out of the text; no BOS is added)");
+      "pre-tokenizers, no normalizer or NFC; its added tokens split out of the text; no BOS is added to text files; "
+      "JSON Lines documents begin with the BOS its template or tokenizer_config.json adds); or a folder with "
+      "vocab.json and merges.txt");
   hf->excludes(vocab);
   hf->excludes(merges);
+  cmd->add_option("--format", a->format, "auto (JSON Lines when every input is a *.jsonl file), text or jsonl")
+      ->check(CLI::IsMember({"auto", "text", "jsonl"}))
+      ->capture_default_str();
+  cmd->add_option("--eos-token", a->eos_token,
+                  "JSON Lines: the token that ends each document, as text (default: the tokenizer's eos_token, or "
+                  "<|endoftext|>; bytes have none: --eos-token $'\\n' names the newline byte)");
+  cmd->add_flag("--skip-bad-lines", a->skip_bad_lines,
+                "JSON Lines: skip a malformed line (counted, the first five named) instead of stopping at it");
   return {cmd, [a] { return tokenize(*a); }};
 }
 

@@ -129,7 +129,7 @@ TEST_CASE("device, precision, data set and the ResNet's block and stem are choic
     REQUIRE_THAT(defaults, Catch::Contains(line));
   REQUIRE_THROWS_WITH(load_config("", {"train.precision=fp8"}), Catch::Contains("must be one of: fp32, bf16, fp16"));
   REQUIRE_THROWS_WITH(load_config("", {"data.dataset=cifar"}),
-                      Catch::Contains("must be one of: fashion-mnist, imagefolder, synthetic, tokens"));
+                      Catch::Contains("must be one of: fashion-mnist, imagefolder, synthetic, tokens, jsonl"));
   // choice.h: a word to its value and back; the words for a message.
   REQUIRE(parse_choice<DatasetKind>("fashion-mnist") == DatasetKind::fashion_mnist);
   REQUIRE_FALSE(parse_choice<DatasetKind>("fashion_mnist").has_value());
@@ -227,4 +227,30 @@ TEST_CASE("a bare-word override must be valid UTF-8", "[config]") {
   const Config c = parse_config("", "t.toml", {std::string("model.init_from=w\xc3\xa9ights-\xe2\x82\xac-\xf0\x9f\x98\x80")});
   CHECK(c.model.init_from == "w\xc3\xa9ights-\xe2\x82\xac-\xf0\x9f\x98\x80");
   CHECK(parse_config(to_toml(c), "printed.toml").model.init_from == c.model.init_from);
+}
+
+TEST_CASE("data.dataset = jsonl: its files as an array of strings, one bare word an array of one", "[config]") {
+  const std::vector<std::string> base{"data.dataset=jsonl", "model.name=llama", "data.dir=runs/qa"};
+  auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> all = base;
+    all.insert(all.end(), more.begin(), more.end());
+    return load_config("", all);
+  };
+  REQUIRE(with({"data.jsonl=train.jsonl"}).data.jsonl == std::vector<std::string>{"train.jsonl"});
+  REQUIRE(with({"data.jsonl=[\"a.jsonl\", \"b dir\"]"}).data.jsonl == std::vector<std::string>{"a.jsonl", "b dir"});
+  const Config c = parse_config("[data]\ndataset = \"jsonl\"\njsonl = \"qa.jsonl\"\ndir = \"runs/qa\"\n"
+                                "eos_token = \"\\n\"\n[model]\nname = \"gpt\"\n", "jsonl.toml");
+  REQUIRE(c.data.jsonl == std::vector<std::string>{"qa.jsonl"});
+  REQUIRE(c.data.eos_token == "\n");
+  REQUIRE(token_data(c.data.dataset));
+  REQUIRE(to_toml(parse_config(to_toml(c), "round-trip")) == to_toml(c));
+  REQUIRE_THAT(to_toml(c), Catch::Contains("jsonl = ['qa.jsonl']"));
+  REQUIRE_THAT(to_toml(c), Catch::Contains("eos_token = \"\\n\"\n"));  // not a multi-line literal: its first line break would be dropped
+  REQUIRE_THROWS_WITH(with({"data.jsonl=[1]"}), Catch::Contains("expected array of strings"));
+  REQUIRE_THROWS_WITH(with({}), Catch::Contains("data.dataset = jsonl needs data.jsonl"));
+  REQUIRE_THROWS_WITH(load_config("", {"data.dataset=jsonl", "model.name=llama", "data.jsonl=a.jsonl"}),
+                      Catch::Contains("writes its token shards to data.dir: set it"));
+  REQUIRE_THROWS_WITH(load_config("", {"data.dataset=jsonl", "data.jsonl=a.jsonl", "data.dir=x"}),
+                      Catch::Contains("goes with data.dataset = tokens or jsonl"));
+  REQUIRE_THROWS_WITH(with({"data.jsonl=a.jsonl", "data.val_every=1"}), Catch::Contains("data.val_every"));
 }
