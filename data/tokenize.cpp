@@ -279,15 +279,27 @@ nlohmann::json file_stamp(const std::string& path) {
                            std::chrono::file_clock::to_sys(time).time_since_epoch()).count()}};
 }
 
+// A tokenizer file as jsonl_source.json records it: its name and a hash of its bytes (FNV-1a 64), so a copy of the
+// same tokenizer elsewhere (a model folder, the shards' own copy) is the same tokenizer.
+nlohmann::json content_stamp(const fs::path& path) {
+  std::vector<uint8_t> buf;
+  uint64_t h = 1469598103934665603ull;
+  for_each_chunk(path.string(), buf, [&](std::span<const uint8_t> chunk) {
+    for (const uint8_t b : chunk) h = (h ^ b) * 1099511628211ull;
+    return true;
+  });
+  return {{"file", path.filename().string()}, {"fnv1a64", fmt::format("{:016x}", h)}};
+}
+
 // What tokenize_jsonl is asked to do, as jsonl_source.json's "request" holds it.
 nlohmann::json jsonl_request(const JsonlOptions& opts, const Tokenizer& tokenizer,
                              const std::vector<std::string>& files) {
   nlohmann::json inputs = nlohmann::json::array(), tokenizer_files = nlohmann::json::array();
   for (const std::string& f : files) inputs.push_back(file_stamp(f));
-  for (const fs::path& f : tokenizer.source_files()) tokenizer_files.push_back(file_stamp(f.string()));
+  for (const fs::path& f : tokenizer.source_files()) tokenizer_files.push_back(content_stamp(f));
   return {{"version", kJsonlSourceVersion},
           {"inputs", inputs},
-          {"tokenizer", {{"name", tokenizer.describe()}, {"files", tokenizer_files}}},
+          {"tokenizer", {{"name", tokenizer.name()}, {"vocab_size", tokenizer.vocab_size()}, {"files", tokenizer_files}}},
           {"name", opts.name},
           {"val_every", opts.val_every},
           {"shard_tokens", opts.shard_tokens},

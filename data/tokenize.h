@@ -66,7 +66,7 @@ TokenizeSummary tokenize_bytes(const TokenizeOptions& opts);
 // prompt's tokens and the BOS (context only). A training window then cuts the packed stream wherever it falls: it
 // may end one document and begin the next, which attends back across the EOS, as packed pretraining data does in
 // llm.c, nanoGPT and Hugging Face's examples. OUT/jsonl_source.json records what was read (each input's absolute
-// path, size and modification time, the tokenizer and its source_files()' sizes and times, the options) and what was
+// path, size and modification time, the tokenizer and a hash of each of its source_files(), the options) and what was
 // written, so jsonl_shards_current() can tell whether OUT still answers a request. The tokenizer saves itself into
 // OUT (load_tokenizer(OUT) finds it). Written as OUT.tmp and renamed into place, as tokenize_text's output is.
 inline constexpr const char* kJsonlSourceFile = "jsonl_source.json";

@@ -82,8 +82,14 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
   };
   if (kv_cache) gpt->begin_kv_cache(rows, model.device());
   size_t unfed = 0;  // tokens at the end of every sequence not in the cache yet (while it holds some)
+  // A sequence that sampled the stop token steps on with the others (they share the windows and the cache); what it
+  // samples after it is cut off below.
+  std::vector<size_t> starts;
+  for (const auto& p : prompts) starts.push_back(p.size());
+  std::vector<bool> stopped(batch, false);
+  size_t running = batch;
   try {
-    for (int64_t n = 0; n < count; ++n) {
+    for (int64_t n = 0; n < count && running > 0; ++n) {
       const size_t end = prompts[0].size();
       size_t t = std::min(end, bs);  // the sliding window
       if (kv_cache && gpt->kv_cache_len() > 0) {
@@ -97,12 +103,24 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
       step(t);
       unfed = 1;
       if (progress) progress(rows);
+      if (o.stop_token >= 0)
+        for (size_t i = 0; i < batch; ++i)
+          if (!stopped[i] && prompts[i].back() == o.stop_token) {
+            stopped[i] = true;
+            --running;
+          }
     }
   } catch (...) {
     if (kv_cache) gpt->end_kv_cache();
     throw;
   }
   if (kv_cache) gpt->end_kv_cache();
+  if (o.stop_token >= 0)
+    for (size_t i = 0; i < batch; ++i) {
+      const auto from = prompts[i].begin() + static_cast<std::ptrdiff_t>(starts[i]);
+      const auto stop = std::find(from, prompts[i].end(), o.stop_token);
+      if (stop != prompts[i].end()) prompts[i].erase(stop + 1, prompts[i].end());
+    }
   return prompts;
 }
 

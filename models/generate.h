@@ -23,6 +23,7 @@ struct SampleOptions {
   int64_t top_k = 0;         // sample among the k most likely tokens only (0: all)
   int64_t vocab_limit = 0;   // sample among ids below this only (0: all): the tokenizer's vocabulary, when the
                              // model's is larger (padded)
+  int32_t stop_token = -1;   // a sequence ends with this token once it samples it (the tokenizer's EOS); -1: none
 };
 
 // One token drawn from softmax(logits / temperature) restricted to the top_k largest logits (ties broken by
@@ -30,7 +31,8 @@ struct SampleOptions {
 int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng);
 
 // `count` new tokens after `prompt` (at least one token), from `model` (a GPT or a Llama with this block_size, on any
-// device: the logits come back to the host for sampling). generate_batch of this one prompt.
+// device: the logits come back to the host for sampling); fewer when o.stop_token is sampled, which then ends the
+// sequence (as Hugging Face's generate() ends at eos_token_id). generate_batch of this one prompt.
 std::vector<int32_t> generate(Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
                               const SampleOptions& o, uint64_t seed, bool kv_cache = true);
 
@@ -43,7 +45,8 @@ using GenerateProgress = std::function<void(int64_t tokens)>;
 // in lockstep: the same positions, the same cache restarts; sequence i then follows exactly generate's steps for
 // prompts[i] and seeds[i]. Its text is generate's whenever the logits are: a GEMM of more rows may round their
 // last bits differently (OpenBLAS does), which changes a token only where a draw lands within that rounding of a
-// boundary between two tokens.
+// boundary between two tokens. A sequence that samples o.stop_token ends with it (the batch stops stepping once every
+// sequence has); the others go on, their tokens unchanged.
 std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_size,
                                                  std::vector<std::vector<int32_t>> prompts, int64_t count,
                                                  const SampleOptions& o, const std::vector<uint64_t>& seeds,

@@ -154,14 +154,35 @@ std::string export_weights(const std::string& path, const std::string& layout, c
               target.config.model.name, fmt::join(exporting_model_names(), " or "));
   DPT_CHECK(max_shard_bytes > 0, "export-weights: a shard size of 0");
   const auto model = model_of(target, Device::cpu());
-  const ExportedWeights w = family.export_weights(*model, target.config.model, layout);
+  ExportedWeights w = family.export_weights(*model, target.config.model, layout);
   const bool folder = export_is_folder(out);
+  // A Hugging Face folder gets the run's tokenizer (what its data.dir holds: tokenize and data.dataset = jsonl save it
+  // there) and its special token ids in config.json; bytes have no tokenizer file to give.
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::error_code ec;
+  if (folder && !w.config_json.empty() && token_data(target.config.data.dataset) &&
+      fs::is_directory(target.config.data.dir, ec)) {
+    tokenizer = data::load_tokenizer(target.config.data.dir);
+    if (tokenizer->source_files().empty()) tokenizer.reset();
+  }
+  if (tokenizer) {
+    nlohmann::json config = nlohmann::json::parse(w.config_json);
+    if (const auto bos = tokenizer->bos_id()) config["bos_token_id"] = *bos;
+    if (const auto eos = tokenizer->eos_id()) config["eos_token_id"] = *eos;
+    w.config_json = config.dump(2) + "\n";
+  }
   std::string files;
   try {
     if (folder) {
       fs::create_directories(out);
       files = write_weights_folder(out, w.tensors, max_shard_bytes);
       if (!w.config_json.empty()) write_text(fs::path(out) / kHfConfigFile, w.config_json);
+      if (tokenizer) {
+        tokenizer->save(out);
+        std::vector<std::string> names;
+        for (const fs::path& f : tokenizer->source_files()) names.push_back(f.filename().string());
+        files += fmt::format(", {} (the run's tokenizer, from {})", fmt::join(names, ", "), target.config.data.dir);
+      }
     } else {
       write_whole(out, [&](const std::string& tmp) { write_safetensors(tmp, w.tensors); });
     }

@@ -49,6 +49,7 @@ PredictSummary predict_prompts(const std::string& checkpoint, const PromptOption
   for (size_t j = rank; j < batches.size(); j += world) my_prompts += batches[j].size();
   models::SampleOptions sampling = o.sampling;
   sampling.vocab_limit = tokenizer.vocab_size();
+  if (o.stop_at_eos) sampling.stop_token = tokenizer.eos_id().value_or(-1);
   const auto new_tokens = static_cast<size_t>(o.tokens);
   if (rank == 0)
     spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "
@@ -71,7 +72,9 @@ PredictSummary predict_prompts(const std::string& checkpoint, const PromptOption
                                std::vector<uint64_t>(batches[j].size(), o.seed), o.kv_cache, count_tokens);
     for (size_t r = 0; r < out.size(); ++r) {
       const std::string& prompt = prompts[batches[j][r]];
-      const std::string text = tokenizer.decode(out[r]);
+      const bool eos = sampling.stop_token >= 0 && out[r].size() > encoded[batches[j][r]].size() &&
+                       out[r].back() == sampling.stop_token;
+      const std::string text = tokenizer.decode(std::span(out[r]).first(out[r].size() - (eos ? 1 : 0)));
       mine.emplace_back(batches[j][r], o.format == PredictFormat::jsonl
                                            ? "{\"prompt\": " + json_string(prompt) + ", \"text\": " + json_string(text) + "}\n"
                                            : csv_field(prompt) + "," + csv_field(text) + "\n");

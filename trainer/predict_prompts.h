@@ -25,6 +25,7 @@ struct PromptOptions {
   std::string tokenizer;      // as `dptrain generate --tokenizer` (empty: the checkpoint's data.dir)
   int64_t tokens = 200;       // new tokens per prompt
   models::SampleOptions sampling;  // temperature, top_k (vocab_limit: the tokenizer's, set here)
+  bool stop_at_eos = true;    // a text ends at the tokenizer's end-of-text token, left out of it (generate's default)
   uint64_t seed = 42;         // every prompt: the text `dptrain generate --seed` gives for it
   bool kv_cache = true;
   int64_t batch_size = 64;    // prompts generated side by side (prompt_batches)

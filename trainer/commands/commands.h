@@ -65,6 +65,7 @@ struct SamplingArgs {
   int64_t top_k = 0;
   uint64_t seed = 42;
   bool no_kv_cache = false;
+  bool ignore_eos = false;  // sample past the tokenizer's end-of-text token
 };
 void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top_k_flag, const std::string& prefix,
                           const std::string& seed_help);

@@ -59,6 +59,9 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
   cmd.add_option("--seed", s.seed, prefix + seed_help)->capture_default_str();
   cmd.add_flag("--no-kv-cache", s.no_kv_cache,
                prefix + "run the whole window for every token (a sliding window) instead of caching keys and values");
+  cmd.add_flag("--ignore-eos", s.ignore_eos,
+               prefix + "go on past the tokenizer's end-of-text token (by default a text ends there, left out of the "
+                        "output, as Hugging Face's generate() ends at eos_token_id)");
   cmd.add_option("--tokenizer", s.tokenizer,
                  prefix + "a directory with the tokenizer.json, or the vocab.json and merges.txt (GPT-2 BPE), the model "
                           "was trained with (default: the checkpoint's data.dir, where `dptrain tokenize` copies them)");

@@ -38,9 +38,16 @@ void generate_text(const GenerateArgs& args) {
   }
   if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
   const std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
-  const auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
-                            {.temperature = a.temperature, .top_k = a.top_k, .vocab_limit = tokenizer.vocab_size()},
-                            a.seed, /*kv_cache=*/!a.no_kv_cache);
+  const int32_t eos = a.ignore_eos ? -1 : tokenizer.eos_id().value_or(-1);
+  auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
+                              {.temperature = a.temperature, .top_k = a.top_k, .vocab_limit = tokenizer.vocab_size(),
+                               .stop_token = eos},
+                              a.seed, /*kv_cache=*/!a.no_kv_cache);
+  if (eos >= 0 && out.size() > prompt.size() && out.back() == eos) {
+    spdlog::info("generate: the end-of-text token (id {}) after {} new tokens: the text ends there (--ignore-eos goes on)",
+                 eos, out.size() - prompt.size());
+    out.pop_back();
+  }
   const std::string text = tokenizer.decode(out);
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);

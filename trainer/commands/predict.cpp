@@ -48,6 +48,7 @@ int predict_job(const PredictArgs& a) {
               const SamplingArgs& g = a.sampling;
               const PromptOptions o{.input = a.input, .out = a.out, .tokenizer = g.tokenizer, .tokens = g.tokens,
                                     .sampling = {.temperature = g.temperature, .top_k = g.top_k},
+                                    .stop_at_eos = !g.ignore_eos,
                                     .seed = g.seed, .kv_cache = !g.no_kv_cache, .batch_size = a.batch_size,
                                     .format = format,
                                     .progress_interval_s = target->config.train.progress_interval_s};

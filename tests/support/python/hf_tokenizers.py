@@ -9,6 +9,17 @@ tokenizer.json reader (integration.tokenizer_json).
                                                  `dptrain tokenize` does, deals blocks of BLOCK tokens to train and val
                                                  (every VAL_EVERY-th to val) and compares with the shards in SHARDS
                                                  (llm.c's .bin, uint16 or uint32); checks decode(encode(text)) == text
+  hf_tokenizers.py folder STYLE OUT_DIR FILE...  as train, then makes OUT_DIR a model folder's tokenizer: a BOS
+                                                 template (TemplateProcessing "BOS $A") for llama3 and
+                                                 tokenizer_config.json naming its bos_token and eos_token
+  hf_tokenizers.py jsonl FOLDER SHARDS VAL_EVERY BLOCK FILE...
+                                                 the fine-tuning shards `dptrain tokenize` writes from JSON Lines,
+                                                 built here with transformers' AutoTokenizer.from_pretrained(FOLDER):
+                                                 each record tok(prompt) (its BOS included) + tok(completion, no
+                                                 special tokens) + [eos_token_id] (or tok(text) + [eos]), masks 0 for
+                                                 the BOS and prompt, 1 for the rest; every VAL_EVERY-th record to val;
+                                                 compares tokens and masks with SHARDS and prints the val windows'
+                                                 trained targets at BLOCK tokens a window
 
 Styles (the pre-tokenizer patterns are the models' own):
   gpt2     ByteLevel pre-tokenizer (GPT-2's pattern), <|endoftext|>
@@ -18,12 +29,13 @@ Styles (the pre-tokenizer patterns are the models' own):
            <|im_end|>
 """
 import glob
+import json
 import os
 import sys
 import unicodedata
 
 import numpy as np
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
           r"\s+(?!\S)|\s+")
@@ -54,6 +66,71 @@ def train(style, out, files):
     os.makedirs(out, exist_ok=True)
     tok.save(os.path.join(out, "tokenizer.json"))
     print(f"{style}: {tok.get_vocab_size()} ids")
+
+
+def folder(style, out, files):
+    train(style, out, files)
+    tok = Tokenizer.from_file(os.path.join(out, "tokenizer.json"))
+    if style == "llama3":
+        bos, eos = "<|begin_of_text|>", "<|end_of_text|>"
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                           special_tokens=[(bos, tok.token_to_id(bos))])
+        tok.save(os.path.join(out, "tokenizer.json"))
+    else:
+        bos = eos = "<|endoftext|>"
+    # eos_token as older transformers write it (an AddedToken object), bos_token as a string: dptrain reads both.
+    eos_token = {"__type": "AddedToken", "content": eos, "lstrip": False, "normalized": False, "rstrip": False,
+                 "single_word": False, "special": True}
+    json.dump({"bos_token": bos, "eos_token": eos_token, "model_max_length": 4096,
+               "tokenizer_class": "PreTrainedTokenizerFast"}, open(os.path.join(out, "tokenizer_config.json"), "w"))
+
+
+def read_mask(path, n):
+    raw = open(path, "rb").read()
+    header = np.frombuffer(raw[:12], dtype=np.int32)
+    assert int(header[0]) == 20251126 and int(header[1]) == 1 and int(header[2]) == n, (path, header)
+    return np.unpackbits(np.frombuffer(raw[1024:], dtype=np.uint8), bitorder="little")[:n].astype(np.int64)
+
+
+def jsonl(folder_, shards, val_every, block, files):
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(folder_)
+    prefix = tok("")["input_ids"]  # the BOS its template adds, or nothing
+    want = {"train": ([], []), "val": ([], [])}
+    d = 0
+    for f in files:
+        for line in open(f, encoding="utf-8"):
+            if not line.strip():
+                continue
+            r = json.loads(line)
+            if "text" in r:
+                ids = tok(r["text"])["input_ids"]
+                bits = [0] * len(prefix) + [1] * (len(ids) - len(prefix))
+            else:
+                p = tok(r["prompt"])["input_ids"]
+                c = tok(r["completion"], add_special_tokens=False)["input_ids"]
+                ids, bits = p + c, [0] * len(p) + [1] * len(c)
+            ids, bits = ids + [tok.eos_token_id], bits + [1]
+            split = "val" if d % val_every == val_every - 1 else "train"
+            want[split][0].extend(ids)
+            want[split][1].extend(bits)
+            d += 1
+    ok = True
+    for split in ("train", "val"):
+        paths = sorted(glob.glob(os.path.join(shards, f"*_{split}_*.bin")))
+        got = np.concatenate([read_shard(p) for p in paths])
+        got_bits = np.concatenate([read_mask(p[:-4] + ".mask", len(read_shard(p))) for p in paths])
+        w, wb = np.array(want[split][0], dtype=np.int64), np.array(want[split][1], dtype=np.int64)
+        if got.shape != w.shape or not (got == w).all() or not (got_bits == wb).all():
+            print(f"BAD {split}: {len(got)} tokens ({int(got_bits.sum())} trained), transformers gives {len(w)} "
+                  f"({int(wb.sum())} trained)")
+            ok = False
+        else:
+            print(f"ok {split}: {len(got)} tokens and their {int(got_bits.sum())} trained bits equal transformers'")
+        if split == "val":
+            windows = (len(w) - 1) // block
+            print(f"val targets {sum(int(wb[k * block + 1:k * block + block + 1].sum()) for k in range(windows))}")
+    return ok
 
 
 def read_shard(path):
@@ -93,6 +170,10 @@ def check(tokenizer, shards, block, val_every, files):
 if __name__ == "__main__":
     if sys.argv[1] == "train":
         train(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif sys.argv[1] == "folder":
+        folder(sys.argv[2], sys.argv[3], sys.argv[4:])
+    elif sys.argv[1] == "jsonl":
+        sys.exit(0 if jsonl(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:]) else 1)
     elif sys.argv[1] == "check":
         sys.exit(0 if check(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:]) else 1)
     else:

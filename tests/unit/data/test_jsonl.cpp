@@ -80,7 +80,7 @@ std::vector<int32_t> bytes_of(const std::string& s) { return {s.begin(), s.end()
 
 }  // namespace
 
-TEST_CASE("jsonl records: text, prompt and completion; what is malformed is said", "[data][jsonl]") {
+TEST_CASE("jsonl records: text, prompt and completion, and what is malformed is said", "[data][jsonl]") {
   auto r = parse_jsonl_record(R"({"text": "hi", "id": 7})");
   REQUIRE(r);
   REQUIRE_FALSE(r->prompt);
@@ -242,7 +242,7 @@ TEST_CASE("tokenize_jsonl packs documents with loss masks, worked out by hand", 
   REQUIRE(TokenWindows(find_token_shards((dir.path / "out").string(), "train"), 4).masked());
 }
 
-TEST_CASE("tokenize_jsonl: malformed lines named or skipped; what it cannot do is refused", "[data][jsonl]") {
+TEST_CASE("tokenize_jsonl: malformed lines named or skipped, and what it cannot do refused", "[data][jsonl]") {
   test::TempDir dir;
   write_text(dir.path / "d.jsonl",
              "{\"text\": \"one\"}\n{\"text\": \"two\"}\n{\"prompt\": \"x\"}\n{\"text\": \"three\"}\nnope\n");

@@ -5,6 +5,7 @@
 // prompts generated side by side gives each its own generate text.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -134,4 +135,39 @@ TEST_CASE("generate_batch: each sequence gets generate's tokens for its prompt a
   REQUIRE_THROWS_WITH(generate_batch(*model, o.block_size, {{1, 2, 3}, std::vector<int32_t>(9, 1)}, 4, sampling, {1, 1}),
                       Catch::Contains("their windows differ"));
   REQUIRE_THROWS(generate_batch(*model, o.block_size, {{1}, {2}}, 4, sampling, {1}));  // a seed per prompt
+}
+
+TEST_CASE("generate_batch: a sequence ends at the stop token, the others go on unchanged, and when all ended it stops",
+          "[models][generate]") {
+  models::GptOptions o{.n_layer = 1, .n_head = 2, .n_embd = 16, .vocab_size = 12, .block_size = 8};
+  auto model = models::make_gpt(o);
+  model->init(4);
+  const SampleOptions free{.temperature = 1.0};
+  const std::vector<std::vector<int32_t>> prompts{{5, 6, 7}, {1, 2, 3}, {7, 7, 7}};
+  const std::vector<uint64_t> seeds{1, 2, 3};
+  const auto full = generate_batch(*model, o.block_size, prompts, 19, free, seeds);
+  // The stop token: sequence 0's second new token (its first is another here: it ends after 2).
+  const int32_t stop = full[0][4];
+  SampleOptions stopping = free;
+  stopping.stop_token = stop;
+  int64_t steps = 0;
+  const auto got = generate_batch(*model, o.block_size, prompts, 19, stopping, seeds, true, [&](int64_t) { ++steps; });
+  size_t last = 0;  // the step at which the last sequence ended (or 19)
+  for (size_t i = 0; i < 3; ++i) {
+    CAPTURE(i, stop);
+    const auto from = full[i].begin() + 3;
+    const auto at = std::find(from, full[i].end(), stop);
+    const std::vector<int32_t> want(full[i].begin(), at == full[i].end() ? at : at + 1);
+    REQUIRE(got[i] == want);
+    last = std::max(last, want.size() - 3);
+    // generate() of one prompt ends the same way.
+    REQUIRE(generate(*model, o.block_size, prompts[i], 19, stopping, seeds[i]) == want);
+  }
+  REQUIRE(got[0].size() == 5);
+  REQUIRE(static_cast<size_t>(steps) == last);
+  // A prompt that holds the stop token is no stop: only sampled tokens are.
+  const auto free_out = generate(*model, o.block_size, {stop, stop}, 6, free, 9);
+  const auto at = std::find(free_out.begin() + 2, free_out.end(), stop);
+  REQUIRE(generate(*model, o.block_size, {stop, stop}, 6, stopping, 9) ==
+          std::vector<int32_t>(free_out.begin(), at == free_out.end() ? at : at + 1));
 }
