@@ -11,7 +11,9 @@
 #    uninterrupted run's weights bit for bit; the shards are tokenized once and reused, and again when a file
 #    changes; a malformed line stops the job on every rank naming FILE:LINE (nothing written) or is skipped with
 #    data.skip_bad_lines; a data.dir holding other files is refused; an evaluation whose records are gone reads the
-#    shards already written.
+#    shards already written;
+#  - greedy `generate` from the fine-tuned model ends its answer at the tokenizer's EOS, as transformers' generate()
+#    does at eos_token_id; --ignore-eos samples past it.
 # Skipped (exit 77, saying why) when the test venv lacks transformers.
 source "$(dirname "$0")/lib/common.bash"
 HF_PY=/opt/dptrain/test-venv/bin/python  # scripts/setup.sh --tests names the same venv
@@ -103,6 +105,16 @@ mkdir "$WORK/res" && cp -r "$WORK/ft2/step-00000056" "$WORK/res/"
 grep -q "reused" "$WORK/res.log" || { cat "$WORK/res.log"; fail "the resumed run did not reuse the shards"; }
 echo -n "resumed at step 56 vs uninterrupted: "
 "$PY" "$CKPT_PY" compare "$WORK/ft2/$(basename "$last")" "$WORK/res/$(basename "$last")" 0 || fail "the resumed run differs"
+
+# Greedy text from the fine-tuned model ends at the tokenizer's EOS (<|end_of_text|>), left out; --ignore-eos goes on.
+gen() { "$DPTRAIN" generate --checkpoint "$WORK/ft2" --prompt $'Shout: the program works\nAnswer:' --tokens 24 \
+  --top-k 1 "$@" 2>> "$WORK/gen.log"; }
+full=$(gen --ignore-eos) || { cat "$WORK/gen.log"; fail "generate --ignore-eos failed"; }
+ended=$(gen) || { cat "$WORK/gen.log"; fail "generate failed"; }
+echo "greedy: $(echo "$ended" | tail -1) | with --ignore-eos: $(echo "$full" | tail -1 | cut -c1-80)"
+[[ "$full" == *"<|end_of_text|>"* ]] || fail "the fine-tuned model never ended a completion: nothing to check"
+[ "$ended" = "${full%%<|end_of_text|>*}" ] || fail "generate did not end the text at the EOS"
+grep -q "the end-of-text token (id 1) after" "$WORK/gen.log" || { cat "$WORK/gen.log"; fail "no line saying the text ended"; }
 
 # A changed file is tokenized again (and said so); a malformed line stops every rank, naming it, or is skipped.
 cp "$WORK/qa.jsonl" "$WORK/bad.jsonl"
