@@ -73,8 +73,15 @@ struct BnShape {
 // One causal self-attention over b sequences of t positions, n_head heads of head_size: qkv [b, t, 3, n_head,
 // head_size] (the fused c_attn projection's output: q, then k, then v, each the heads side by side), out [b, t,
 // n_head, head_size], stats [b, n_head, t]. The scores are scaled by 1 / sqrt(head_size).
+// Causal self-attention over a fused qkv buffer [b, t, n_head + 2 kv_heads, head_size]: the query heads, then the key
+// heads, then the value heads of each position (GPT-2's [b, t, 3, n_head, head_size] when kv_heads = n_head).
+// Grouped-query attention (the Llama family's): n_kv_head key/value heads, query head h reading key/value head
+// h / (n_head / n_kv_head); 0 means n_head (multi-head).
 struct AttentionShape {
   int64_t b = 0, t = 0, n_head = 0, head_size = 0;
+  int64_t n_kv_head = 0;
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t qkv_width() const { return (n_head + 2 * kv_heads()) * head_size; }  // a position's row in qkv
 };
 
 // What a bf16 matmul does after the product, in float32, before rounding its output (cuBLASLt's epilogues):

@@ -95,6 +95,23 @@ void Kernels::layernorm_backward_bf16(const BFloat16*, const BFloat16*, const fl
   no_kernel(*this, "layernorm_backward_bf16");
 }
 void Kernels::add_bf16(const BFloat16*, const BFloat16*, BFloat16*, size_t) { no_kernel(*this, "add_bf16"); }
+void Kernels::rmsnorm_forward_bf16(const BFloat16*, const float*, BFloat16*, float*, int64_t, int64_t, float) {
+  no_kernel(*this, "rmsnorm_forward_bf16");
+}
+void Kernels::rmsnorm_backward_bf16(const BFloat16*, const BFloat16*, const float*, const float*, BFloat16*, float*,
+                                    int64_t, int64_t) {
+  no_kernel(*this, "rmsnorm_backward_bf16");
+}
+void Kernels::swiglu_forward_bf16(const BFloat16*, const BFloat16*, BFloat16*, size_t) {
+  no_kernel(*this, "swiglu_forward_bf16");
+}
+void Kernels::swiglu_backward_bf16(const BFloat16*, const BFloat16*, const BFloat16*, BFloat16*, BFloat16*, size_t) {
+  no_kernel(*this, "swiglu_backward_bf16");
+}
+void Kernels::rope_bf16(BFloat16*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        bool) {
+  no_kernel(*this, "rope_bf16");
+}
 void Kernels::gelu_backward_bf16(const BFloat16*, const BFloat16*, BFloat16*, size_t) {
   no_kernel(*this, "gelu_backward_bf16");
 }
@@ -123,8 +140,10 @@ void check_matmul(const MatmulShape& s, const MatmulOperands& o) {
 }
 
 void check_attention(const AttentionShape& s) {
-  DPT_CHECK(s.b >= 1 && s.t >= 1 && s.n_head >= 1 && s.head_size >= 1, "attention shape b {} t {} heads {} size {}",
-            s.b, s.t, s.n_head, s.head_size);
+  DPT_CHECK(s.b >= 1 && s.t >= 1 && s.n_head >= 1 && s.head_size >= 1 && s.n_kv_head >= 0 &&
+                s.n_head % s.kv_heads() == 0,
+            "attention shape b {} t {} heads {} (key/value heads {}) size {}", s.b, s.t, s.n_head, s.n_kv_head,
+            s.head_size);
 }
 
 }  // namespace dpt::models

@@ -168,6 +168,18 @@ class Kernels {
   // models/rope.h). inverse: turned back (backward: the gradient rotates by the opposite angle).
   virtual void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
                     int64_t head_dim, int64_t stride, bool inverse);
+  // The same three on bf16 activations (x, y, dy, dx, gate, up, dgate, dup; the Llama family's transformer fast path):
+  // the float32 kernels' arithmetic on the widened values, each output rounded to bf16 once; gamma, rstd and dgamma
+  // float32; rope_bf16 turns each pair in float32 and rounds both values.
+  virtual void rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows,
+                                    int64_t C, float eps);
+  virtual void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
+                                     BFloat16* dx, float* dgamma, int64_t rows, int64_t C);
+  virtual void swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n);
+  virtual void swiglu_backward_bf16(const BFloat16* gate, const BFloat16* up, const BFloat16* dy, BFloat16* dgate,
+                                    BFloat16* dup, size_t n);
+  virtual void rope_bf16(BFloat16* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0,
+                         int64_t heads, int64_t head_dim, int64_t stride, bool inverse);
   // GELU with the tanh approximation (GPT-2's, nn.GELU(approximate="tanh")); y may alias x, dx may alias dy.
   virtual void gelu_forward(const float* x, float* y, size_t n);
   virtual void gelu_backward(const float* x, const float* dy, float* dx, size_t n);
@@ -187,11 +199,13 @@ class Kernels {
   // D = op(A) op(B) and the epilogue (MatmulShape, MatmulEpilogue). `o` holds the pointers the epilogue needs:
   // bias [N] (Bias, BiasGelu), aux [M, N] (BiasGelu; may be null), bias_grad [M] (BiasGrad, accumulated).
   virtual void matmul_bf16(const MatmulShape& s, const MatmulOperands& o);
-  // Causal self-attention (AttentionShape): out = softmax(q k^T / sqrt(head_size) over the positions up to each
-  // query) v per sequence and head, rounded to bf16; stats[b, h, i] = the float32 natural-log logsumexp of query
-  // i's scaled scores (what backward needs instead of the [b, n_head, t, t] probabilities, which never exist).
+  // Causal self-attention (AttentionShape; grouped-query when s.n_kv_head < s.n_head): out [b, t, n_head, head_size] =
+  // softmax(q k^T / sqrt(head_size) over the positions up to each query) v per sequence and query head (with its
+  // key/value head), rounded to bf16; stats[b, h, i] = the float32 natural-log logsumexp of query i's scaled scores
+  // (what backward needs instead of the [b, n_head, t, t] probabilities, which never exist).
   virtual void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s);
-  // From forward's qkv, out and stats and d(loss)/d(out): dqkv [b, t, 3, n_head, head_size] (overwritten).
+  // From forward's qkv, out and stats and d(loss)/d(out): dqkv in qkv's layout (overwritten); a key/value head's
+  // gradient sums its query heads'.
   virtual void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,
                                   BFloat16* dqkv, const AttentionShape& s);
   // The fused classifier over bf16 logits [rows, ld] of which the first `vocab` columns are the vocabulary (the rest

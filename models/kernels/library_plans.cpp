@@ -57,14 +57,16 @@ std::string describe(const LtMatmulPlan& p) {
 }
 
 SdpaPlan sdpa_plan(const AttentionShape& s) {
-  const int64_t c = s.n_head * s.head_size, c3 = 3 * c;
+  const int64_t c = s.n_head * s.head_size, w = s.qkv_width(), ckv = s.kv_heads() * s.head_size;
   SdpaPlan p;
-  // Position t of sequence b is row b * t + t of qkv [b * t, 3C]; head h is columns h * head_size.. of each part.
-  const std::array<int64_t, 4> dim{s.b, s.n_head, s.t, s.head_size};
-  const std::array<int64_t, 4> in_qkv{s.t * c3, s.head_size, c3, 1};
+  // Position t of sequence b is row b * t + t of qkv [b * t, W] (W = (n_head + 2 kv_heads) head_size); query head h is
+  // its columns h * head_size.., key/value head g columns C + g * head_size.. and C + C_kv + g * head_size.. (cuDNN
+  // reads grouped-query attention from k's and v's head count).
+  const std::array<int64_t, 4> dim{s.b, s.n_head, s.t, s.head_size}, kv_dim{s.b, s.kv_heads(), s.t, s.head_size};
+  const std::array<int64_t, 4> in_qkv{s.t * w, s.head_size, w, 1};
   p.q = {dim, in_qkv, 0};
-  p.k = {dim, in_qkv, c};
-  p.v = {dim, in_qkv, 2 * c};
+  p.k = {kv_dim, in_qkv, c};
+  p.v = {kv_dim, in_qkv, c + ckv};
   p.o = {dim, {s.t * c, s.head_size, c, 1}, 0};
   p.stats = {{s.b, s.n_head, s.t, 1}, {s.n_head * s.t, s.t, 1, 1}, 0};
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.head_size));

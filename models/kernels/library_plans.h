@@ -59,7 +59,8 @@ std::string describe(const LtMatmulPlan& p);
 // ---- cuDNN SDPA -----------------------------------------------------------------------------------------------
 
 // A 4-D tensor of the attention graph: dims {b, h, s, d} in cuDNN's order, strides in elements, and where its
-// first element lies from the start of its buffer (q, k, v share the qkv buffer: offsets 0, C and 2C).
+// first element lies from the start of its buffer (q, k, v share the qkv buffer: offsets 0, C and C + C_kv, C_kv the
+// key/value heads' width: 2C for multi-head attention).
 struct SdpaTensor {
   std::array<int64_t, 4> dim{}, stride{};
   int64_t offset = 0;

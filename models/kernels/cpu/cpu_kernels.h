@@ -87,6 +87,15 @@ class CpuKernels final : public Kernels {
                        size_t n) override;
   void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
             int64_t head_dim, int64_t stride, bool inverse) override;
+  void rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows, int64_t C,
+                            float eps) override;
+  void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd, BFloat16* dx,
+                             float* dgamma, int64_t rows, int64_t C) override;
+  void swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) override;
+  void swiglu_backward_bf16(const BFloat16* gate, const BFloat16* up, const BFloat16* dy, BFloat16* dgate, BFloat16* dup,
+                            size_t n) override;
+  void rope_bf16(BFloat16* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
+                 int64_t head_dim, int64_t stride, bool inverse) override;
   void gelu_forward(const float* x, float* y, size_t n) override;
   void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override;
   void causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) override;

@@ -32,7 +32,8 @@ namespace {
 enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
 
 std::string shape_str(const AttentionShape& s) {
-  return fmt::format("b {} t {} heads {} head size {}", s.b, s.t, s.n_head, s.head_size);
+  return fmt::format("b {} t {} heads {} (key/value heads {}) head size {}", s.b, s.t, s.n_head, s.kv_heads(),
+                     s.head_size);
 }
 
 void check_fe(fe::error_t e, const char* what, const AttentionShape& s) {
@@ -96,7 +97,7 @@ std::shared_ptr<fe::graph::Graph> attention_graph(const AttentionShape& s, bool 
 }  // namespace
 
 struct AttentionGraphs {
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, std::shared_ptr<fe::graph::Graph>> graphs;
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>, std::shared_ptr<fe::graph::Graph>> graphs;
   Tensor workspace;
 };
 
@@ -117,7 +118,7 @@ namespace {
 // The graph of shape s and direction, built on first use; the workspace grown to what it needs.
 fe::graph::Graph& graph_for(AttentionGraphs& a, cudnnHandle_t h, const AttentionShape& s, bool backward,
                             Device device) {
-  auto& g = a.graphs[{s.b, s.t, s.n_head, s.head_size, backward}];
+  auto& g = a.graphs[{s.b, s.t, s.n_head, s.kv_heads(), s.head_size, backward}];
   if (!g) {
     const auto build = [&](bool deterministic) {
       auto built = attention_graph(s, backward, 0, deterministic);

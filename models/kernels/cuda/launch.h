@@ -178,15 +178,20 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
 // RMSNorm forward: one warp per row, the sum of squares in double (as the CPU set). Backward: dgamma += sum_r dy xhat
 // over layernorm_splits() runs of rows in a fixed order (partials: C * layernorm_splits(rows) floats of scratch),
 // then dx one warp per row (dx may alias dy).
-cudaError_t rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
-                            float eps, cudaStream_t s);
-cudaError_t rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd, float* dx,
-                             float* dgamma, int64_t rows, int64_t C, float* partials, cudaStream_t s);
-cudaError_t swiglu_forward(const float* gate, const float* up, float* y, size_t n, cudaStream_t s);
-cudaError_t swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, float* dup, size_t n,
+// Each over float32 or bf16 activations (T = float, BFloat16: read widened, written rounded once).
+template <class T>
+cudaError_t rmsnorm_forward(const T* x, const float* gamma, T* y, float* rstd, int64_t rows, int64_t C, float eps,
                             cudaStream_t s);
+template <class T>
+cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const float* rstd, T* dx, float* dgamma,
+                             int64_t rows, int64_t C, float* partials, cudaStream_t s);
+template <class T>
+cudaError_t swiglu_forward(const T* gate, const T* up, T* y, size_t n, cudaStream_t s);
+template <class T>
+cudaError_t swiglu_backward(const T* gate, const T* up, const T* dy, T* dgate, T* dup, size_t n, cudaStream_t s);
 // Rotary embeddings in place, one thread per (row, head, pair) (Kernels::rope).
-cudaError_t rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
+template <class T>
+cudaError_t rope(T* x, const float* cos, const float* sin, int64_t rows, int64_t T_, int64_t pos0, int64_t heads,
                  int64_t head_dim, int64_t stride, bool inverse, cudaStream_t s);
 
 // ---- the transformer fast path: bf16 activations --------------------------------------------------------------

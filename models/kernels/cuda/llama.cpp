@@ -35,4 +35,31 @@ void CudaKernels::rope(float* x, const float* cos, const float* sin, int64_t row
   DPT_CUDA_CHECK(cuda_launch::rope(x, cos, sin, rows, T, pos0, heads, head_dim, stride, inverse, stream()));
 }
 
+void CudaKernels::rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows,
+                                       int64_t C, float eps) {
+  check_row_shape(rows, C, "rmsnorm (bf16)");
+  DPT_CUDA_CHECK(cuda_launch::rmsnorm_forward(x, gamma, y, rstd, rows, C, eps, stream()));
+}
+
+void CudaKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
+                                        BFloat16* dx, float* dgamma, int64_t rows, int64_t C) {
+  check_row_shape(rows, C, "rmsnorm backward (bf16)");
+  if (rows == 0) return;
+  DPT_CUDA_CHECK(cuda_launch::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C, ln_partials(rows, C), stream()));
+}
+
+void CudaKernels::swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) {
+  DPT_CUDA_CHECK(cuda_launch::swiglu_forward(gate, up, y, n, stream()));
+}
+
+void CudaKernels::swiglu_backward_bf16(const BFloat16* gate, const BFloat16* up, const BFloat16* dy, BFloat16* dgate,
+                                       BFloat16* dup, size_t n) {
+  DPT_CUDA_CHECK(cuda_launch::swiglu_backward(gate, up, dy, dgate, dup, n, stream()));
+}
+
+void CudaKernels::rope_bf16(BFloat16* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0,
+                            int64_t heads, int64_t head_dim, int64_t stride, bool inverse) {
+  DPT_CUDA_CHECK(cuda_launch::rope(x, cos, sin, rows, T, pos0, heads, head_dim, stride, inverse, stream()));
+}
+
 }  // namespace dpt::models

@@ -78,6 +78,36 @@ std::ostream& operator<<(std::ostream& os, const Diff& d);
 // |got - want| / |want| for doubles, |got - want| when want is 0.
 double rel_err(double got, double want);
 
+// ---- bf16 tensors (the transformer fast path's activations) ----
+inline constexpr uint16_t kBf16NaN = 0x7FC0;
+inline constexpr double kBf16Step = 0x1p-7;  // bf16's relative step: one rounding is within half of it
+
+inline Tensor bf16_random(std::vector<int64_t> shape, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::empty(std::move(shape), DType::BF16);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (size_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i] = to_bfloat16(u(rng));
+  return t;
+}
+
+inline Tensor bf16_nan(std::vector<int64_t> shape) {
+  Tensor t = Tensor::empty(std::move(shape), DType::BF16);
+  for (size_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i] = BFloat16{kBf16NaN};
+  return t;
+}
+
+// A host bf16 tensor widened to float32 (exact).
+inline Tensor widened(const Tensor& t) {
+  DPT_CHECK(t.dtype() == DType::BF16, "widened: a bf16 tensor");
+  Tensor out = Tensor::empty(t.shape());
+  for (size_t i = 0; i < t.numel(); ++i) out.data<float>()[i] = to_float(t.data<BFloat16>()[i]);
+  return out;
+}
+
+// The device bf16 tensor `got` against the host bf16 `want`, as floats.
+inline Diff compare_bf16(const Tensor& got_device, const Tensor& want, double abs, double rel) {
+  return compare(widened(to_host(got_device)), widened(want), abs, rel);
+}
+
 // ---- low precision ------------------------------------------------------------------------------------------
 
 // Sets the CPU and the GPU kernel sets to `p` while it lives, then both back to F32 (also when a REQUIRE throws),

@@ -29,35 +29,6 @@ using namespace dpt::gpu_test;
 
 namespace {
 
-constexpr uint16_t kBf16NaN = 0x7FC0;
-constexpr double kBf16Step = 0x1p-7;
-
-Tensor bf16_random(std::vector<int64_t> shape, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
-  Tensor t = Tensor::empty(std::move(shape), DType::BF16);
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (size_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i] = to_bfloat16(u(rng));
-  return t;
-}
-
-Tensor bf16_nan(std::vector<int64_t> shape) {
-  Tensor t = Tensor::empty(std::move(shape), DType::BF16);
-  for (size_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i] = BFloat16{kBf16NaN};
-  return t;
-}
-
-// A host bf16 tensor widened to float32 (exact).
-Tensor widened(const Tensor& t) {
-  REQUIRE(t.dtype() == DType::BF16);
-  Tensor out = Tensor::empty(t.shape());
-  for (size_t i = 0; i < t.numel(); ++i) out.data<float>()[i] = to_float(t.data<BFloat16>()[i]);
-  return out;
-}
-
-// The device bf16 tensor `got` against the host bf16 `want`, as floats.
-Diff compare_bf16(const Tensor& got_device, const Tensor& want, double abs, double rel) {
-  return compare(widened(to_host(got_device)), widened(want), abs, rel);
-}
-
 CudaKernels& cuda_set() { return dynamic_cast<CudaKernels&>(gpu_kernels()); }
 
 struct Restore {
@@ -130,14 +101,18 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
 
 TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward and backward", "[gpu][fastpath]") {
   std::mt19937 rng(44);
-  for (const AttentionShape s : {AttentionShape{2, 64, 4, 32}, AttentionShape{1, 128, 2, 64}, AttentionShape{2, 17, 2, 16}}) {
-    CAPTURE(s.b, s.t, s.n_head, s.head_size);
-    const int64_t C = s.n_head * s.head_size, rows = s.b * s.t;
-    const Tensor qkv = bf16_random({rows, 3 * C}, rng, -2.0f, 2.0f), dout = bf16_random({rows, C}, rng);
-    Tensor out_cpu = bf16_nan({rows, C}), dqkv_cpu = bf16_nan({rows, 3 * C});
+  // Multi-head, and grouped-query (the Llama family's: 4 query heads over 2 key/value heads, 9 over 3 as SmolLM-135M,
+  // 4 over 1: multi-query).
+  for (const AttentionShape s : {AttentionShape{2, 64, 4, 32}, AttentionShape{1, 128, 2, 64}, AttentionShape{2, 17, 2, 16},
+                                 AttentionShape{2, 64, 4, 32, 2}, AttentionShape{1, 96, 9, 64, 3},
+                                 AttentionShape{2, 33, 4, 16, 1}}) {
+    CAPTURE(s.b, s.t, s.n_head, s.head_size, s.n_kv_head);
+    const int64_t C = s.n_head * s.head_size, rows = s.b * s.t, W = s.qkv_width();
+    const Tensor qkv = bf16_random({rows, W}, rng, -2.0f, 2.0f), dout = bf16_random({rows, C}, rng);
+    Tensor out_cpu = bf16_nan({rows, C}), dqkv_cpu = bf16_nan({rows, W});
     Tensor stats_cpu = filled({s.b, s.n_head, s.t}, kNaN);
     Tensor dqkv_dev = to_device(qkv), ddout = to_device(dout);
-    Tensor out_gpu = to_device(bf16_nan({rows, C})), dqkv_gpu = to_device(bf16_nan({rows, 3 * C}));
+    Tensor out_gpu = to_device(bf16_nan({rows, C})), dqkv_gpu = to_device(bf16_nan({rows, W}));
     Tensor stats_gpu = nan_on_device({s.b, s.n_head, s.t});
 #if !DPT_HAVE_CUDNN_FRONTEND
     REQUIRE_THROWS_AS(gpu_kernels().attention_forward(dqkv_dev.data<BFloat16>(), out_gpu.data<BFloat16>(),

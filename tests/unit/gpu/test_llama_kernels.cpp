@@ -2,7 +2,8 @@
 // (tests/unit/models/test_llama_kernels.cpp checks those against finite differences and closed forms): RMSNorm
 // forward and backward (dgamma accumulating onto random values), SwiGLU forward and backward (in place too), the
 // rotary embedding on the q and k heads of a fused qkv row (the v heads untouched) and back; the embedding without
-// positions; and the whole Llama (models/llama) moved to the GPU against the CPU, KV-cache steps included. Fresh random inputs
+// positions; the same three on bf16 activations (the fast path's); and the whole Llama (models/llama) moved to the GPU
+// against the CPU, KV-cache steps included. Fresh random inputs
 // from fixed seeds; outputs start as NaN on the device, so an element left unwritten fails. Tolerances: the row
 // sums in double on both sides (a few float ulps apart); the element-wise ones one float operation sequence each
 // (expf and sinf/cosf may differ by an ulp between the host's libm and CUDA's).
@@ -104,6 +105,72 @@ TEST_CASE("cuda rope matches the CPU on a fused qkv row's q and k heads, and bac
   const Diff back = compare(to_host(got), qkv, 1e-5, 1e-5);
   INFO("after forward and inverse: " << back);
   CHECK(back.bad == 0);
+}
+
+// The Llama family's fast path kernels on bf16 activations: the GPU's against the CPU set's (which
+// tests/unit/models/test_llama_kernels.cpp finds equal to the float32 kernels on the widened values, rounded once).
+// The same arithmetic on both sides: equal within one bf16 rounding step (a float32 ulp apart before rounding can
+// round to neighbouring bf16 values); rstd and dgamma float32 as the float32 kernels'.
+TEST_CASE("cuda bf16 RMSNorm, SwiGLU and rope match the CPU's", "[gpu][llama][fastpath]") {
+  std::mt19937 rng(94);
+  for (const int64_t C : {int64_t{576}, int64_t{37}}) {  // SmolLM-135M's width, and an odd one
+    const int64_t rows = 300;
+    CAPTURE(C);
+    const Tensor x = bf16_random({rows, C}, rng, -3.0f, 3.0f), dy = bf16_random({rows, C}, rng);
+    const Tensor gamma = random_floats({C}, rng, 0.5f, 1.5f), dg0 = random_floats({C}, rng);
+    Tensor y = bf16_nan({rows, C}), dx = bf16_nan({rows, C}), rstd = filled({rows}, kNaN);
+    Tensor dg = copy_to(dg0, Device::cpu());
+    Tensor gx = to_device(x), gdy = to_device(dy), ggamma = to_device(gamma), gdg = to_device(dg0);
+    Tensor gy = to_device(bf16_nan({rows, C})), gdx = to_device(bf16_nan({rows, C})), grstd = nan_on_device({rows});
+    cpu_kernels().rmsnorm_forward_bf16(x.data<BFloat16>(), gamma.data<float>(), y.data<BFloat16>(), rstd.data<float>(),
+                                       rows, C, 1e-5f);
+    gpu_kernels().rmsnorm_forward_bf16(gx.data<BFloat16>(), ggamma.data<float>(), gy.data<BFloat16>(),
+                                       grstd.data<float>(), rows, C, 1e-5f);
+    cpu_kernels().rmsnorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
+                                        rstd.data<float>(), dx.data<BFloat16>(), dg.data<float>(), rows, C);
+    gpu_kernels().rmsnorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                        grstd.data<float>(), gdx.data<BFloat16>(), gdg.data<float>(), rows, C);
+    const Diff d_y = compare_bf16(gy, y, 1e-6, kBf16Step), d_rstd = compare(to_host(grstd), rstd, 0.0, 1e-6);
+    const Diff d_dx = compare_bf16(gdx, dx, 1e-5, kBf16Step), d_dg = compare(to_host(gdg), dg, 1e-4, 1e-5);
+    INFO("y: " << d_y << "\nrstd: " << d_rstd << "\ndx: " << d_dx << "\ndgamma: " << d_dg);
+    CHECK(d_y.bad + d_rstd.bad + d_dx.bad + d_dg.bad == 0);
+  }
+  // SwiGLU, the backward in place over its inputs as the fast path runs it.
+  const int64_t n = 100003;
+  const Tensor gate = bf16_random({n}, rng, -6.0f, 6.0f), up = bf16_random({n}, rng, -2.0f, 2.0f);
+  const Tensor g = bf16_random({n}, rng);
+  Tensor y = bf16_nan({n}), dgate = copy_to(gate, Device::cpu()), dup = copy_to(up, Device::cpu());
+  Tensor ggate = to_device(gate), gup = to_device(up), gg = to_device(g), gy = to_device(bf16_nan({n}));
+  const auto N = static_cast<size_t>(n);
+  cpu_kernels().swiglu_forward_bf16(gate.data<BFloat16>(), up.data<BFloat16>(), y.data<BFloat16>(), N);
+  gpu_kernels().swiglu_forward_bf16(ggate.data<BFloat16>(), gup.data<BFloat16>(), gy.data<BFloat16>(), N);
+  cpu_kernels().swiglu_backward_bf16(dgate.data<BFloat16>(), dup.data<BFloat16>(), g.data<BFloat16>(),
+                                     dgate.data<BFloat16>(), dup.data<BFloat16>(), N);
+  gpu_kernels().swiglu_backward_bf16(ggate.data<BFloat16>(), gup.data<BFloat16>(), gg.data<BFloat16>(),
+                                     ggate.data<BFloat16>(), gup.data<BFloat16>(), N);
+  const Diff s_y = compare_bf16(gy, y, 1e-6, kBf16Step), s_dg = compare_bf16(ggate, dgate, 1e-6, kBf16Step);
+  const Diff s_du = compare_bf16(gup, dup, 1e-6, kBf16Step);
+  INFO("swiglu y: " << s_y << "\ndgate: " << s_dg << "\ndup: " << s_du);
+  CHECK(s_y.bad + s_dg.bad + s_du.bad == 0);
+  // rope on a fused qkv row's q and k heads (9 query heads over 3 key/value heads of 64, SmolLM-135M's), and back.
+  const int64_t B = 2, T = 33, hq = 9, hkv = 3, D = 64, pos0 = 4, stride = (hq + 2 * hkv) * D;
+  std::vector<float> cos, sin;
+  rope_tables(pos0 + T, D, 10000.0, {}, cos, sin);
+  Tensor tcos = Tensor::empty({pos0 + T, D / 2}), tsin = Tensor::empty({pos0 + T, D / 2});
+  std::copy(cos.begin(), cos.end(), tcos.data<float>());
+  std::copy(sin.begin(), sin.end(), tsin.data<float>());
+  const Tensor qkv = bf16_random({B * T, stride}, rng, -2.0f, 2.0f);
+  Tensor want = copy_to(qkv, Device::cpu()), got = to_device(qkv), gcos = to_device(tcos), gsin = to_device(tsin);
+  for (const bool inverse : {false, true}) {
+    CAPTURE(inverse);
+    cpu_kernels().rope_bf16(want.data<BFloat16>(), tcos.data<float>(), tsin.data<float>(), B * T, T, pos0, hq + hkv, D,
+                            stride, inverse);
+    gpu_kernels().rope_bf16(got.data<BFloat16>(), gcos.data<float>(), gsin.data<float>(), B * T, T, pos0, hq + hkv, D,
+                            stride, inverse);
+    const Diff d = compare_bf16(got, want, 1e-6, kBf16Step);
+    INFO("qkv: " << d);
+    CHECK(d.bad == 0);
+  }
 }
 
 // The Llama's embedding has no position table: wpe and dwpe nullptr.

@@ -126,7 +126,8 @@ TEST_CASE("matmul_bf16 refuses epilogues without their operands", "[fastpath]") 
 
 namespace {
 
-// Causal attention in double from its definition, on the widened bf16 qkv [b, t, 3, H, hs]: out, the logsumexp per
+// Causal attention in double from its definition, on the widened bf16 qkv [b, t, H + 2 G, hs] (G key/value heads, query
+// head h reading key/value head h / (H / G); G = H: [b, t, 3, H, hs]): out, the logsumexp per
 // query, and (from dout) dqkv through the probabilities: dV = P^T dO, dP = dO V^T, dS = P (dP - D), dQ = scale dS K,
 // dK = scale dS^T Q, where D_i = dO_i . O_i is taken from `out16`, the kernel's bf16 output (FlashAttention's and
 // cuDNN's backward read the forward's rounded O; the exact rowsum(P dP) differs from it by O's rounding).
@@ -142,8 +143,11 @@ AttnRef attention_reference(const std::vector<BFloat16>& qkv, const std::vector<
   r.out.assign(static_cast<size_t>(s.b * T * C), 0.0);
   r.lse.assign(static_cast<size_t>(s.b * s.n_head * T), 0.0);
   r.dqkv.assign(qkv.size(), 0.0);
+  const int64_t G = s.kv_heads(), W = s.qkv_width();
+  // Element d of head h (a query head for part 0, its key/value head for parts 1 and 2) at position t.
   const auto at = [&](int64_t b, int64_t t, int part, int64_t h, int64_t d) {
-    return (b * T + t) * 3 * C + part * C + h * hs + d;
+    const int64_t head = part == 0 ? h : (part == 1 ? s.n_head : s.n_head + G) + h / (s.n_head / G);
+    return (b * T + t) * W + head * hs + d;
   };
   for (int64_t b = 0; b < s.b; ++b)
     for (int64_t h = 0; h < s.n_head; ++h) {
@@ -194,10 +198,12 @@ AttnRef attention_reference(const std::vector<BFloat16>& qkv, const std::vector<
 
 TEST_CASE("attention on the CPU: out, logsumexp and dqkv against double", "[fastpath]") {
   std::mt19937 rng(5);
-  for (const AttentionShape s : {AttentionShape{2, 9, 3, 8}, AttentionShape{1, 1, 2, 16}, AttentionShape{1, 17, 1, 32}}) {
-    CAPTURE(s.b, s.t, s.n_head, s.head_size);
+  // Multi-head, and grouped-query (4 query heads over 2 key/value heads; 3 over 1: multi-query).
+  for (const AttentionShape s : {AttentionShape{2, 9, 3, 8}, AttentionShape{1, 1, 2, 16}, AttentionShape{1, 17, 1, 32},
+                                 AttentionShape{2, 9, 4, 8, 2}, AttentionShape{1, 7, 3, 16, 1}}) {
+    CAPTURE(s.b, s.t, s.n_head, s.head_size, s.n_kv_head);
     const int64_t C = s.n_head * s.head_size;
-    const auto qkv = random_bf16(static_cast<size_t>(s.b * s.t * 3 * C), rng, -2.0f, 2.0f);
+    const auto qkv = random_bf16(static_cast<size_t>(s.b * s.t * s.qkv_width()), rng, -2.0f, 2.0f);
     const auto dout = random_bf16(static_cast<size_t>(s.b * s.t * C), rng);
     std::vector<BFloat16> out(static_cast<size_t>(s.b * s.t * C), BFloat16{0x7FC0}),
         dqkv(qkv.size(), BFloat16{0x7FC0});
@@ -208,12 +214,14 @@ TEST_CASE("attention on the CPU: out, logsumexp and dqkv against double", "[fast
     size_t bad_out = 0, bad_lse = 0, bad_d = 0;
     for (size_t i = 0; i < out.size(); ++i) bad_out += !bf16_close(f(out[i]), r.out[i], 2.0 * s.t);
     for (size_t i = 0; i < stats.size(); ++i) bad_lse += !(std::abs(stats[i] - r.lse[i]) <= 1e-5 * (1 + std::abs(r.lse[i])));
-    // dqkv: one bf16 rounding of float32 sums over the sequence (of terms up to ~4 in size).
+    // dqkv: one bf16 rounding of float32 sums over the sequence (of terms up to ~4 in size; a key/value head's over
+    // its group's query heads too).
+    const double terms = 4.0 * s.t * s.head_size * static_cast<double>(s.n_head / s.kv_heads());
     double max_err = 0;
     for (size_t i = 0; i < dqkv.size(); ++i) {
       const double err = std::abs(f(dqkv[i]) - r.dqkv[i]);
       max_err = std::max(max_err, err);
-      bad_d += !(err <= std::ldexp(1.0, -8) * std::abs(r.dqkv[i]) + 1e-5 * 4.0 * s.t * s.head_size);
+      bad_d += !(err <= std::ldexp(1.0, -8) * std::abs(r.dqkv[i]) + 1e-5 * terms);
     }
     CAPTURE(max_err);
     CHECK(bad_out == 0);

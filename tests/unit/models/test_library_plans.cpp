@@ -192,36 +192,47 @@ TEST_CASE("lt_epilogue_unfusable: fused epilogues only where every dimension is 
 }
 
 TEST_CASE("sdpa_plan: every q, k, v, o and stats element is where the fused layouts keep it", "[plans]") {
-  for (const AttentionShape s : {AttentionShape{2, 5, 3, 8}, AttentionShape{1, 1, 1, 16}, AttentionShape{3, 7, 4, 32}}) {
-    CAPTURE(s.b, s.t, s.n_head, s.head_size);
+  // Multi-head (GPT-2's [b, t, 3, n_head, head_size]) and grouped-query (the Llama family's: query heads, then the
+  // key heads, then the value heads of each position).
+  for (const AttentionShape s : {AttentionShape{2, 5, 3, 8}, AttentionShape{1, 1, 1, 16}, AttentionShape{3, 7, 4, 32},
+                                 AttentionShape{2, 5, 4, 8, 2}, AttentionShape{1, 3, 6, 16, 1},
+                                 AttentionShape{2, 4, 2, 8, 2}}) {
+    CAPTURE(s.b, s.t, s.n_head, s.head_size, s.n_kv_head);
     const SdpaPlan p = sdpa_plan(s);
-    const int64_t C = s.n_head * s.head_size;
+    const int64_t C = s.n_head * s.head_size, G = s.kv_heads(), Ckv = G * s.head_size, W = C + 2 * Ckv;
     const auto addr = [](const SdpaTensor& x, int64_t b, int64_t h, int64_t t, int64_t d) {
       return x.offset + b * x.stride[0] + h * x.stride[1] + t * x.stride[2] + d * x.stride[3];
     };
     std::set<int64_t> qkv_seen, o_seen, stats_seen;
     for (int64_t b = 0; b < s.b; ++b)
-      for (int64_t h = 0; h < s.n_head; ++h)
-        for (int64_t t = 0; t < s.t; ++t) {
+      for (int64_t t = 0; t < s.t; ++t) {
+        const int64_t row = (b * s.t + t) * W;
+        for (int64_t h = 0; h < s.n_head; ++h) {
           for (int64_t d = 0; d < s.head_size; ++d) {
-            const int64_t row = (b * s.t + t) * 3 * C + h * s.head_size + d;  // [b, t, 3, n_head, head_size]
-            CHECK(addr(p.q, b, h, t, d) == row);
-            CHECK(addr(p.k, b, h, t, d) == row + C);
-            CHECK(addr(p.v, b, h, t, d) == row + 2 * C);
+            CHECK(addr(p.q, b, h, t, d) == row + h * s.head_size + d);
             CHECK(addr(p.o, b, h, t, d) == (b * s.t + t) * C + h * s.head_size + d);  // [b, t, n_head, head_size]
-            for (const SdpaTensor* x : {&p.q, &p.k, &p.v}) qkv_seen.insert(addr(*x, b, h, t, d));
+            qkv_seen.insert(addr(p.q, b, h, t, d));
             o_seen.insert(addr(p.o, b, h, t, d));
           }
           CHECK(addr(p.stats, b, h, t, 0) == (b * s.n_head + h) * s.t + t);  // [b, n_head, t], packed
           stats_seen.insert(addr(p.stats, b, h, t, 0));
         }
+        for (int64_t g = 0; g < G; ++g)
+          for (int64_t d = 0; d < s.head_size; ++d) {
+            CHECK(addr(p.k, b, g, t, d) == row + C + g * s.head_size + d);
+            CHECK(addr(p.v, b, g, t, d) == row + C + Ckv + g * s.head_size + d);
+            qkv_seen.insert(addr(p.k, b, g, t, d));
+            qkv_seen.insert(addr(p.v, b, g, t, d));
+          }
+      }
     // Each layout covered once: no two elements share an address, none is left out.
-    CHECK(qkv_seen.size() == static_cast<size_t>(s.b * s.t * 3 * C));
-    CHECK(*qkv_seen.rbegin() == s.b * s.t * 3 * C - 1);
+    CHECK(W == s.qkv_width());
+    CHECK(qkv_seen.size() == static_cast<size_t>(s.b * s.t * W));
+    CHECK(*qkv_seen.rbegin() == s.b * s.t * W - 1);
     CHECK(o_seen.size() == static_cast<size_t>(s.b * s.t * C));
     CHECK(stats_seen.size() == static_cast<size_t>(s.b * s.n_head * s.t));
-    for (const SdpaTensor* x : {&p.q, &p.k, &p.v, &p.o})
-      CHECK(x->dim == std::array<int64_t, 4>{s.b, s.n_head, s.t, s.head_size});
+    for (const SdpaTensor* x : {&p.q, &p.o}) CHECK(x->dim == std::array<int64_t, 4>{s.b, s.n_head, s.t, s.head_size});
+    for (const SdpaTensor* x : {&p.k, &p.v}) CHECK(x->dim == std::array<int64_t, 4>{s.b, G, s.t, s.head_size});
     CHECK(p.stats.dim == std::array<int64_t, 4>{s.b, s.n_head, s.t, 1});
     CHECK(p.scale == Approx(1.0 / std::sqrt(static_cast<double>(s.head_size))));
   }
@@ -240,8 +251,10 @@ TEST_CASE("the fused attention's cuDNN graphs validate for an H100 and an A100, 
   // cuDNN's frontend checks the graph (tensor shapes and strides, types, the causal mask, the statistics) against
   // its support surface for a given compute capability without touching a device. Building plans needs one.
   for (int sm : {90, 80})
-    for (const AttentionShape s : {AttentionShape{16, 1024, 12, 64}, AttentionShape{16, 64, 4, 32}, AttentionShape{2, 7, 2, 8}}) {
-      CAPTURE(sm, s.b, s.t, s.n_head, s.head_size);
+    for (const AttentionShape s : {AttentionShape{16, 1024, 12, 64}, AttentionShape{16, 64, 4, 32}, AttentionShape{2, 7, 2, 8},
+                                   AttentionShape{8, 512, 9, 64, 3}, AttentionShape{4, 64, 4, 32, 2},
+                                   AttentionShape{2, 16, 8, 64, 1}}) {  // grouped-query: SmolLM-135M's, llama_tiny's, MQA
+      CAPTURE(sm, s.b, s.t, s.n_head, s.head_size, s.n_kv_head);
       CHECK(validate_attention_graphs(s, sm) == "");
     }
   // A head size cuDNN refuses is refused here too, with cuDNN's own words.

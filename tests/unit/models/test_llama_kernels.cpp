@@ -166,3 +166,73 @@ TEST_CASE("rope_inv_freq: theta^(-2i/d), and Llama 3's scaling band by band", "[
   CHECK_THROWS_WITH(rope_inv_freq(64, 1e4, RopeScaling{.type = "llama3", .low_freq_factor = 4, .high_freq_factor = 1}),
                     Catch::Contains("0 < low < high"));
 }
+
+namespace {
+
+std::vector<BFloat16> to_bf16(const std::vector<float>& v) {
+  std::vector<BFloat16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_bfloat16(v[i]);
+  return out;
+}
+std::vector<float> widen(const std::vector<BFloat16>& v) {
+  std::vector<float> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
+  return out;
+}
+// bf16 bits equal to the rounding of the float32 results: the same arithmetic, one rounding.
+size_t rounding_mismatches(const std::vector<BFloat16>& got, const std::vector<float>& want) {
+  size_t bad = 0;
+  for (size_t i = 0; i < got.size(); ++i) bad += got[i].bits != to_bfloat16(want[i]).bits;
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("the bf16 RMSNorm, SwiGLU and rope are the float32 kernels on the widened values, rounded once",
+          "[models][llama]") {
+  std::mt19937 rng(17);
+  const int64_t rows = 19, C = 40;
+  const auto x16 = to_bf16(random_vec(rows * C, rng, -3.0f, 3.0f)), dy16 = to_bf16(random_vec(rows * C, rng));
+  const auto gamma = random_vec(C, rng, 0.5f, 1.5f), dg0 = random_vec(C, rng);
+  const auto x = widen(x16), dy = widen(dy16);
+  // RMSNorm: y, dx rounded from the float32 kernel's; rstd and dgamma (float32) the same bits.
+  std::vector<float> y(x.size()), rstd(rows), dx(x.size()), dg = dg0, rstd16(rows, NAN), dg16 = dg0;
+  std::vector<BFloat16> y16(x.size()), dx16(x.size());
+  cpu().rmsnorm_forward(x.data(), gamma.data(), y.data(), rstd.data(), rows, C, 1e-5f);
+  cpu().rmsnorm_forward_bf16(x16.data(), gamma.data(), y16.data(), rstd16.data(), rows, C, 1e-5f);
+  cpu().rmsnorm_backward(dy.data(), x.data(), gamma.data(), rstd.data(), dx.data(), dg.data(), rows, C);
+  cpu().rmsnorm_backward_bf16(dy16.data(), x16.data(), gamma.data(), rstd16.data(), dx16.data(), dg16.data(), rows, C);
+  CHECK(rounding_mismatches(y16, y) == 0);
+  CHECK(rstd16 == rstd);
+  CHECK(rounding_mismatches(dx16, dx) == 0);
+  CHECK(dg16 == dg);
+  // SwiGLU, in place too.
+  const size_t n = 1000;
+  const auto gate16 = to_bf16(random_vec(n, rng, -6.0f, 6.0f)), up16 = to_bf16(random_vec(n, rng, -2.0f, 2.0f));
+  const auto g16 = to_bf16(random_vec(n, rng));
+  const auto gate = widen(gate16), up = widen(up16), g = widen(g16);
+  std::vector<float> s(n), dgate(n), dup(n);
+  cpu().swiglu_forward(gate.data(), up.data(), s.data(), n);
+  cpu().swiglu_backward(gate.data(), up.data(), g.data(), dgate.data(), dup.data(), n);
+  std::vector<BFloat16> s16(n), a16 = gate16, b16 = up16;
+  cpu().swiglu_forward_bf16(gate16.data(), up16.data(), s16.data(), n);
+  cpu().swiglu_backward_bf16(a16.data(), b16.data(), g16.data(), a16.data(), b16.data(), n);  // in place
+  CHECK(rounding_mismatches(s16, s) == 0);
+  CHECK(rounding_mismatches(a16, dgate) == 0);
+  CHECK(rounding_mismatches(b16, dup) == 0);
+  // rope on the q and k heads of fused qkv rows (2 query heads, 1 key/value head of 8); the v head untouched.
+  const int64_t T = 5, D = 8, heads = 2, kv = 1, stride = (heads + 2 * kv) * D;
+  std::vector<float> cos, sin;
+  rope_tables(T + 3, D, 10000.0, {}, cos, sin);
+  const auto q16 = to_bf16(random_vec(2 * T * stride, rng, -2.0f, 2.0f));
+  auto q = widen(q16);
+  auto r16 = q16;
+  for (const bool inverse : {false, true}) {
+    cpu().rope(q.data(), cos.data(), sin.data(), 2 * T, T, 3, heads + kv, D, stride, inverse);
+    cpu().rope_bf16(r16.data(), cos.data(), sin.data(), 2 * T, T, 3, heads + kv, D, stride, inverse);
+    CHECK(rounding_mismatches(r16, q) == 0);
+    q = widen(r16);  // the next pass starts from the rounded values, as the bf16 kernel does
+  }
+  for (int64_t r = 0; r < 2 * T; ++r)
+    for (int64_t c = (heads + kv) * D; c < stride; ++c) CHECK(r16[r * stride + c].bits == q16[r * stride + c].bits);
+}
