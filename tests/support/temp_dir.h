@@ -1,5 +1,5 @@
 // tests/support/temp_dir.h: TempDir, a fresh directory under /tmp for one test, removed when it ends, and
-// read_file, a file's bytes back. The one TempDir of the C++ tests (unit tests of every layer include it as
+// read_file and write_file, a file's bytes back and out. The one TempDir of the C++ tests (unit tests of every layer include it as
 // "tests/support/temp_dir.h").
 #pragma once
 
@@ -46,6 +46,12 @@ inline std::string read_file(const std::filesystem::path& p) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// Writes `text` to the file at `p` as it is (replacing it).
+inline void write_file(const std::filesystem::path& p, std::string_view text) {
+  std::ofstream out(p, std::ios::binary | std::ios::trunc);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
 }
 
 }  // namespace dpt::test

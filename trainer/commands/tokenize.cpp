@@ -41,6 +41,13 @@ bool jsonl_format(const TokenizeArgs& a) {
   return jsonl != 0;
 }
 
+// The tokenizer the options name: --tokenizer's, GPT-2 BPE from --vocab and --merges, else bytes.
+std::unique_ptr<data::Tokenizer> named_tokenizer(const TokenizeArgs& a) {
+  if (!a.tokenizer.empty()) return data::open_tokenizer(a.tokenizer);
+  if (a.vocab.empty()) return std::make_unique<data::ByteTokenizer>();
+  return std::make_unique<data::Gpt2Bpe>(a.vocab, a.merges);
+}
+
 int tokenize_jsonl(const TokenizeArgs& a, const data::Tokenizer& tokenizer) {
   const auto start = std::chrono::steady_clock::now();
   data::JsonlOptions o;
@@ -68,11 +75,8 @@ int tokenize(const TokenizeArgs& a) {
     const bool jsonl = jsonl_format(a);
     if (!jsonl && (!a.eos_token.empty() || a.skip_bad_lines))
       DPT_THROW(ConfigError, "tokenize: --eos-token and --skip-bad-lines are for JSON Lines inputs (--format jsonl)");
+    const std::unique_ptr<data::Tokenizer> tokenizer = named_tokenizer(a);
     if (jsonl) {
-      std::unique_ptr<data::Tokenizer> tokenizer =
-          !a.tokenizer.empty() ? data::open_tokenizer(a.tokenizer)
-          : a.vocab.empty()    ? std::unique_ptr<data::Tokenizer>(std::make_unique<data::ByteTokenizer>())
-                               : std::make_unique<data::Gpt2Bpe>(a.vocab, a.merges);
       tokenize_jsonl(a, *tokenizer);
       return;
     }
@@ -90,14 +94,6 @@ int tokenize(const TokenizeArgs& a) {
         spdlog::info("tokenize: {}/{} files, {:.1f} MB", done, total, bytes / 1e6);
       }
     };
-    std::unique_ptr<data::Tokenizer> tokenizer;
-    if (!a.tokenizer.empty()) {
-      tokenizer = data::open_tokenizer(a.tokenizer);
-    } else if (a.vocab.empty()) {
-      tokenizer = std::make_unique<data::ByteTokenizer>();
-    } else {
-      tokenizer = std::make_unique<data::Gpt2Bpe>(a.vocab, a.merges);
-    }
     const data::TokenizeSummary s = data::tokenize_text(o, *tokenizer);
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     const size_t skipped = s.skipped_dat + s.skipped_binary;

@@ -1,6 +1,7 @@
 // models/kernels/cpu/layernorm.cpp: LayerNorm forward and backward on the CPU (row sums in double), on float32 or
 // bf16 activations (one template: bf16 read widened, written rounded once).
 #include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/cpu/activation_io.h"
 
 #include <cmath>
 
@@ -8,10 +9,8 @@ namespace dpt::models {
 
 namespace {
 
-inline float ld(const float* p, int64_t i) { return p[i]; }
-inline float ld(const BFloat16* p, int64_t i) { return to_float(p[i]); }
-inline void st(float* p, int64_t i, float v) { p[i] = v; }
-inline void st(BFloat16* p, int64_t i, float v) { p[i] = to_bfloat16(v); }
+using cpu_act::ld;
+using cpu_act::st;
 
 template <class T>
 void layernorm_forward_rows(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,

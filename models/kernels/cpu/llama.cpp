@@ -2,6 +2,7 @@
 // RMSNorm (row sums in double), SwiGLU and rotary embeddings, their per-element arithmetic elementwise.h's; one template
 // each over float32 or bf16 activations (bf16 read widened, written rounded once).
 #include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/cpu/activation_io.h"
 
 #include <cmath>
 
@@ -12,10 +13,8 @@ namespace dpt::models {
 
 namespace {
 
-inline float ld(const float* p, int64_t i) { return p[i]; }
-inline float ld(const BFloat16* p, int64_t i) { return to_float(p[i]); }
-inline void st(float* p, int64_t i, float v) { p[i] = v; }
-inline void st(BFloat16* p, int64_t i, float v) { p[i] = to_bfloat16(v); }
+using cpu_act::ld;
+using cpu_act::st;
 
 template <class T>
 void rmsnorm_forward_rows(const T* x, const float* gamma, T* y, float* rstd, int64_t rows, int64_t C, float eps) {

@@ -26,11 +26,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void write_text(const fs::path& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-}
-
 std::vector<int32_t> shard_tokens(const fs::path& path) {
   const TokenShard s(path.string());
   std::vector<int32_t> out(s.size());
@@ -65,7 +60,7 @@ fs::path tokenizer_json(const fs::path& dir, const std::function<void(nlohmann::
                       {"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", nlohmann::json::array()}}}};
   if (edit) edit(j);
   fs::create_directories(dir);
-  write_text(dir / "tokenizer.json", j.dump());
+  test::write_file(dir / "tokenizer.json", j.dump());
   return dir / "tokenizer.json";
 }
 
@@ -121,7 +116,7 @@ TEST_CASE("tokenizer special tokens: tokenizer_config.json, the template's BOS, 
   // The template puts <|bos|> first; tokenizer_config.json names <|eot|> (as an object, the way transformers writes
   // it) the end of text.
   const fs::path t = tokenizer_json(dir.path / "llama", [](nlohmann::json& j) { j["post_processor"] = bos_template(); });
-  write_text(dir.path / "llama" / "tokenizer_config.json",
+  test::write_file(dir.path / "llama" / "tokenizer_config.json",
              R"({"eos_token": {"content": "<|eot|>", "special": true}, "bos_token": "<|bos|>", "model_max_length": 8})");
   const Gpt2Bpe llama(t);
   REQUIRE(llama.bos_id() == 257);
@@ -139,15 +134,15 @@ TEST_CASE("tokenizer special tokens: tokenizer_config.json, the template's BOS, 
                            {"processors", {{{"type", "ByteLevel"}, {"add_prefix_space", false}}, bos_template()}}};
   });
   REQUIRE(Gpt2Bpe(dir.path / "seq" / "tokenizer.json").bos_id() == 257);
-  write_text(dir.path / "seq" / "tokenizer_config.json", R"({"add_bos_token": false, "bos_token": "<|bos|>"})");
+  test::write_file(dir.path / "seq" / "tokenizer_config.json", R"({"add_bos_token": false, "bos_token": "<|bos|>"})");
   REQUIRE_FALSE(Gpt2Bpe(dir.path / "seq" / "tokenizer.json").bos_id());
-  write_text(dir.path / "plain" / "tokenizer_config.json", R"({"add_bos_token": true, "bos_token": "<|eot|>"})");
+  test::write_file(dir.path / "plain" / "tokenizer_config.json", R"({"add_bos_token": true, "bos_token": "<|eot|>"})");
   REQUIRE(Gpt2Bpe(dir.path / "plain" / "tokenizer.json").bos_id() == 258);
   // A token it names that the tokenizer lacks is an error naming the file.
-  write_text(dir.path / "plain" / "tokenizer_config.json", R"({"eos_token": "</s>"})");
+  test::write_file(dir.path / "plain" / "tokenizer_config.json", R"({"eos_token": "</s>"})");
   REQUIRE_THROWS_WITH(Gpt2Bpe(dir.path / "plain" / "tokenizer.json"),
                       Catch::Contains("tokenizer_config.json: eos_token = \"</s>\": no such token in"));
-  write_text(dir.path / "plain" / "tokenizer_config.json", R"({"add_bos_token": true})");
+  test::write_file(dir.path / "plain" / "tokenizer_config.json", R"({"add_bos_token": true})");
   REQUIRE_THROWS_WITH(Gpt2Bpe(dir.path / "plain" / "tokenizer.json"), Catch::Contains("add_bos_token = true without a bos_token"));
   // Bytes: a single byte is a token, and none ends a text.
   const ByteTokenizer bytes;
@@ -166,15 +161,15 @@ TEST_CASE("tokenize_jsonl packs documents with loss masks, worked out by hand", 
   test::TempDir dir;
   // Five documents; every 2nd goes to val (1, 3); EOS is the newline byte. A directory's files in path order:
   // more/c.jsonl before more/deeper/b.jsonl.
-  write_text(dir.path / "a.jsonl",
+  test::write_file(dir.path / "a.jsonl",
              "{\"prompt\": \"Q\", \"completion\": \"ab\"}\n"  // doc 0: train
              "\n"                                           // blank: no document
              "{\"text\": \"xy\"}\n"                          // doc 1: val
              "{\"prompt\": \"PQ\", \"completion\": \"\"}\n");  // doc 2: train
   fs::create_directories(dir.path / "more" / "deeper");
-  write_text(dir.path / "more" / "c.jsonl", "{\"prompt\": \"p\", \"completion\": \"c\"}\n");  // doc 3: val
-  write_text(dir.path / "more" / "deeper" / "b.jsonl", "{\"text\": \"z\"}");  // doc 4: train (no final newline)
-  write_text(dir.path / "more" / "notes.txt", "not read: only *.jsonl in a directory");
+  test::write_file(dir.path / "more" / "c.jsonl", "{\"prompt\": \"p\", \"completion\": \"c\"}\n");  // doc 3: val
+  test::write_file(dir.path / "more" / "deeper" / "b.jsonl", "{\"text\": \"z\"}");  // doc 4: train (no final newline)
+  test::write_file(dir.path / "more" / "notes.txt", "not read: only *.jsonl in a directory");
   JsonlOptions o;
   o.inputs = {(dir.path / "a.jsonl").string(), (dir.path / "more").string()};
   o.out_dir = (dir.path / "out").string();
@@ -210,10 +205,10 @@ TEST_CASE("tokenize_jsonl packs documents with loss masks, worked out by hand", 
   other.val_every = 3;
   REQUIRE_FALSE(jsonl_shards_current(other, bytes, &why));
   REQUIRE(why == "val_every changed");
-  write_text(dir.path / "more" / "c.jsonl", "{\"prompt\": \"p\", \"completion\": \"cc\"}\n");
+  test::write_file(dir.path / "more" / "c.jsonl", "{\"prompt\": \"p\", \"completion\": \"cc\"}\n");
   REQUIRE_FALSE(jsonl_shards_current(o, bytes, &why));
   REQUIRE(why == "the inputs changed (their list, sizes or times)");
-  write_text(dir.path / "more" / "new.jsonl", "{\"text\": \"n\"}\n");
+  test::write_file(dir.path / "more" / "new.jsonl", "{\"text\": \"n\"}\n");
   REQUIRE_FALSE(jsonl_shards_current(o, bytes, &why));
   fs::remove(dir.path / "more" / "new.jsonl");
   // A token past 255 in a tokenizer.json (BOS from its template, EOS <|endoftext|>): BOS context only, EOS trained.
@@ -244,7 +239,7 @@ TEST_CASE("tokenize_jsonl packs documents with loss masks, worked out by hand", 
 
 TEST_CASE("tokenize_jsonl: malformed lines named or skipped, and what it cannot do refused", "[data][jsonl]") {
   test::TempDir dir;
-  write_text(dir.path / "d.jsonl",
+  test::write_file(dir.path / "d.jsonl",
              "{\"text\": \"one\"}\n{\"text\": \"two\"}\n{\"prompt\": \"x\"}\n{\"text\": \"three\"}\nnope\n");
   JsonlOptions o;
   o.inputs = {(dir.path / "d.jsonl").string()};
