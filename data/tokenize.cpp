@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <span>
 #include <system_error>
 #include <vector>
@@ -307,13 +308,31 @@ nlohmann::json jsonl_request(const JsonlOptions& opts, const Tokenizer& tokenize
           {"skip_bad_lines", opts.skip_bad_lines}};
 }
 
+// The JSON Lines files to read: collect_files' (directories: their *.jsonl), each file once (by its canonical path: a
+// file given twice, or both alone and inside a directory given, would put its records in both splits). A directory
+// without a *.jsonl file is a ConfigError naming it.
+std::vector<std::string> collect_jsonl_files(const std::vector<std::string>& inputs) {
+  std::vector<std::string> files;
+  std::set<fs::path> seen;
+  for (const std::string& input : inputs) {
+    size_t skipped_links = 0;
+    const std::vector<std::string> found = collect_files({input}, skipped_links, ".jsonl");
+    std::error_code ec;
+    if (found.empty() && fs::is_directory(input, ec))
+      DPT_THROW(ConfigError, "tokenize: no *.jsonl file in the directory {}", input);
+    for (const std::string& f : found)
+      if (seen.insert(fs::weakly_canonical(f, ec)).second) files.push_back(f);
+  }
+  return files;
+}
+
 // The end-of-text id documents end with: opts.eos_token's, else the tokenizer's.
 int32_t jsonl_eos(const JsonlOptions& opts, const Tokenizer& tokenizer) {
   if (!opts.eos_token.empty()) {
     const std::optional<int32_t> id = tokenizer.token_id(opts.eos_token);
     if (!id)
       DPT_THROW(ConfigError, "tokenize: the end-of-text token {} is not one token of {}",
-                nlohmann::json(opts.eos_token).dump(), tokenizer.describe());
+                nlohmann::json(opts.eos_token).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace), tokenizer.describe());
     return *id;
   }
   const std::optional<int32_t> id = tokenizer.eos_id();
@@ -333,8 +352,7 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
   summary.tokenizer = tokenizer.describe();
   summary.eos = jsonl_eos(opts, tokenizer);
   summary.bos = tokenizer.bos_id().value_or(-1);
-  size_t skipped_links = 0;
-  const std::vector<std::string> files = collect_files(opts.inputs, skipped_links, ".jsonl");
+  const std::vector<std::string> files = collect_jsonl_files(opts.inputs);
   if (files.empty()) DPT_THROW(ConfigError, "tokenize: no *.jsonl file in {}", fmt::join(opts.inputs, ", "));
   const nlohmann::json request = jsonl_request(opts, tokenizer, files);
   uint64_t total_bytes = 0;
@@ -417,7 +435,7 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
           {"bos", summary.bos},
           {"bad_lines", summary.bad_lines}}}};
     std::ofstream stamp(out.staging() / kJsonlSourceFile);
-    stamp << source.dump(2) << "\n";
+    stamp << source.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     stamp.close();
     if (!stamp) DPT_THROW(IoError, "{}: write failed", (out.staging() / kJsonlSourceFile).string());
     tokenizer.save(out.staging());
@@ -443,9 +461,7 @@ bool jsonl_shards_current(const JsonlOptions& opts, const Tokenizer& tokenizer, 
   } catch (const nlohmann::json::exception& e) {
     return stale(fmt::format("{} is not valid JSON", stamp_path.string()));
   }
-  size_t skipped_links = 0;
-  const std::vector<std::string> files = collect_files(opts.inputs, skipped_links, ".jsonl");
-  const nlohmann::json request = jsonl_request(opts, tokenizer, files);
+  const nlohmann::json request = jsonl_request(opts, tokenizer, collect_jsonl_files(opts.inputs));
   if (!source.is_object() || !source.contains("request") || !source.contains("written"))
     return stale(fmt::format("{} is not one tokenize wrote", stamp_path.string()));
   const nlohmann::json& had = source["request"];

@@ -3,7 +3,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <chrono>
 #include <exception>
 #include <filesystem>
@@ -117,9 +123,40 @@ void log_jsonl_summary(const data::JsonlSummary& s, double seconds) {
 
 namespace {
 
-// Rank 0's part of prepare_data: reuse data.dir, or tokenize into it.
-void prepare_jsonl(const Config& cfg, bool log) {
+// An exclusive flock on PATH (created if need be), held while the object lives: two jobs preparing one data.dir take
+// turns, the second then finding the first's shards current. Where PATH cannot be created (a read-only folder of
+// shards an evaluation reads) it goes on unlocked, with a warning: nothing can be written there either.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) {
+      spdlog::warn("data: cannot create the lock file {} ({}): going on without it", path, std::strerror(errno));
+      return;
+    }
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd_);
+      DPT_THROW(IoError, "{}: cannot lock: {}", path, std::strerror(e));
+    }
+  }
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+  }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Rank 0's part of prepare_data: reuse data.dir, or tokenize into it, holding DIR.lock (beside it) throughout.
+void prepare_jsonl(const Config& cfg, bool log, bool records_may_be_gone) {
   const DataConfig& d = cfg.data;
+  const FileLock lock(std::filesystem::path(d.dir).lexically_normal().string() + ".lock");
   const std::unique_ptr<data::Tokenizer> tokenizer = jsonl_tokenizer(cfg);
   data::JsonlOptions o;
   o.inputs = d.jsonl;
@@ -137,8 +174,9 @@ void prepare_jsonl(const Config& cfg, bool log) {
       return;
     }
   } catch (const IoError& e) {
-    if (!ours) throw;
-    // The records are gone (an evaluation elsewhere, a cleaned-up folder): the shards written from them still serve.
+    if (!ours || !records_may_be_gone) throw;
+    // An evaluation whose records are gone (elsewhere, a cleaned-up folder): the shards written from them still serve.
+    // (Training never does this: a data.jsonl that names a missing file is an error there.)
     if (log) spdlog::warn("data: {}; reading the token shards {} holds, written from them earlier", e.what(), d.dir);
     return;
   }
@@ -162,11 +200,11 @@ void prepare_jsonl(const Config& cfg, bool log) {
 
 }  // namespace
 
-void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool log) {
+void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool records_may_be_gone, bool log) {
   if (cfg.data.dataset != DatasetKind::jsonl) return;
   const bool lead = pg.rank() == 0;
   if (pg.size() == 1) {
-    prepare_jsonl(cfg, log);
+    prepare_jsonl(cfg, log, records_may_be_gone);
     return;
   }
   std::exception_ptr error;
@@ -175,7 +213,7 @@ void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool log) {
   if (lead)
     worker = std::thread([&] {
       try {
-        prepare_jsonl(cfg, log);
+        prepare_jsonl(cfg, log, records_may_be_gone);
       } catch (...) {
         error = std::current_exception();
       }

@@ -35,11 +35,13 @@ std::unique_ptr<data::Tokenizer> jsonl_tokenizer(const Config& cfg);
 
 // data.dataset = jsonl: data.dir holds the token shards of data.jsonl (data/tokenize.h's tokenize_jsonl) once this
 // returns on every rank. Rank 0 reuses them when their jsonl_source.json matches (same files, sizes and times, same
-// tokenizer and options), else tokenizes again (a data.dir that holds other files is refused, not overwritten); the
+// tokenizer and options), else tokenizes again (a data.dir that holds other files is refused, not overwritten), holding
+// an flock on DATA_DIR.lock throughout, so jobs sharing a data.dir take turns; `records_may_be_gone` (an evaluation):
+// when a file of data.jsonl is missing, shards written earlier are read with a warning (else an IoError); the
 // other ranks wait in a collective each half second, so tokenizing for longer than dist.timeout_s is no hang. When
 // rank 0 fails, it throws its error and the others a ConfigError saying so. `log`: rank 0 reports what it did. Other
 // data sets: nothing to do. data.dir must be a folder every rank reads (one file system for the job's nodes).
-void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool log = true);
+void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool records_may_be_gone, bool log = true);
 
 // Rank 0's lines for a tokenize_jsonl run (trainer and `dptrain tokenize`).
 void log_jsonl_summary(const data::JsonlSummary& s, double seconds);

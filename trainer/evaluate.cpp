@@ -65,7 +65,7 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
 EvalReport evaluate_checkpoint(const SavedRun& target, comm::ProcessGroup& pg, Device device) {
   const Config& cfg = target.config;
   const LoadedCheckpoint& ck = target.checkpoint;
-  prepare_data(cfg, pg);
+  prepare_data(cfg, pg, /*records_may_be_gone=*/true);
   Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed));
   const std::vector<int64_t> sample_shape = ds.test->sample_shape();
   auto model = build_model(cfg.model, sample_shape, ds.test->num_classes(), device);

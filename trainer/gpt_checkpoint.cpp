@@ -167,8 +167,9 @@ std::string export_weights(const std::string& path, const std::string& layout, c
   }
   if (tokenizer) {
     nlohmann::json config = nlohmann::json::parse(w.config_json);
+    const SpecialTokens special = run_special_tokens(target.config, *tokenizer);
     if (const auto bos = tokenizer->bos_id()) config["bos_token_id"] = *bos;
-    if (const auto eos = tokenizer->eos_id()) config["eos_token_id"] = *eos;
+    if (special.eos >= 0) config["eos_token_id"] = special.eos;
     w.config_json = config.dump(2) + "\n";
   }
   std::string files;
@@ -194,6 +195,15 @@ std::string export_weights(const std::string& path, const std::string& layout, c
                      !folder                  ? ""
                      : w.config_json.empty() ? "; " + files
                                               : "; " + files + " and config.json: " + w.loader);
+}
+
+SpecialTokens run_special_tokens(const Config& cfg, const data::Tokenizer& tokenizer) {
+  SpecialTokens t;
+  const std::optional<int32_t> eos =
+      cfg.data.eos_token.empty() ? tokenizer.eos_id() : tokenizer.token_id(cfg.data.eos_token);
+  t.eos = eos.value_or(-1);
+  if (cfg.data.dataset == DatasetKind::jsonl) t.bos = tokenizer.bos_id().value_or(-1);
+  return t;
 }
 
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {
@@ -222,6 +232,9 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
               "vocab.json and merges.txt)",
               ck.path, cfg.model.vocab_size, g.tokenizer_from, g.tokenizer->describe(), g.tokenizer->vocab_size());
   }
+  const SpecialTokens special = run_special_tokens(cfg, *g.tokenizer);
+  g.eos = special.eos;
+  g.bos = special.bos;
   g.model = model_of(target, device);
   g.block_size = cfg.model.block_size;
   g.vocab_size = cfg.model.vocab_size;

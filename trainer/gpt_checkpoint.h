@@ -13,6 +13,7 @@
 #include "models/generate.h"
 #include "models/gpt/weights.h"
 #include "models/model.h"
+#include "trainer/config.h"
 
 namespace dpt::trainer {
 
@@ -24,7 +25,17 @@ struct GptCheckpoint {
   std::string from;                           // the checkpoint loaded
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::string tokenizer_from;                 // the directory it was read from
+  // The run's special tokens (run_special_tokens): what its documents ended with, and began with; -1: none.
+  int32_t eos = -1, bos = -1;
 };
+
+// The special tokens a run's documents were written with: eos, data.eos_token's id when it names one, else the
+// tokenizer's eos_id(); bos, for data.dataset = jsonl (whose documents begin with it), the tokenizer's bos_id(). -1
+// where there is none. What generation stops at and prompts begin with, and what an export's config.json says.
+struct SpecialTokens {
+  int32_t eos = -1, bos = -1;
+};
+SpecialTokens run_special_tokens(const Config& cfg, const data::Tokenizer& tokenizer);
 
 // `path` is a checkpoint (step-N/) or a checkpoint directory (its newest valid one); the checkpoint's effective
 // config says what to build. The tokenizer: GPT-2 BPE from `tokenizer_dir`'s vocab.json and merges.txt when

@@ -184,7 +184,7 @@ class Trainer {
 
 void Trainer::load_data() {
   ctx_.phase = "preparing the data";
-  prepare_data(cfg_, pg_);
+  prepare_data(cfg_, pg_, /*records_may_be_gone=*/false);
   ds_ = make_datasets(cfg_.data, cfg_.model, static_cast<uint64_t>(t_.seed));
   if (lead_)
     spdlog::info("data: {} train / {} test examples ({}), {} per rank per step, {} global{}", ds_.train->size(),

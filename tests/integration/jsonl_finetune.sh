@@ -12,8 +12,10 @@
 #    changes; a malformed line stops the job on every rank naming FILE:LINE (nothing written) or is skipped with
 #    data.skip_bad_lines; a data.dir holding other files is refused; an evaluation whose records are gone reads the
 #    shards already written;
-#  - greedy `generate` from the fine-tuned model ends its answer at the tokenizer's EOS, as transformers' generate()
-#    does at eos_token_id; --ignore-eos samples past it.
+#  - two jobs started together on one data.dir take turns (one tokenizes, one reuses); a missing data.jsonl file is an
+#    error in training; `tokenize` reads a directory of *.jsonl as JSON Lines, a file given twice once;
+#  - greedy `generate` from the fine-tuned model (its prompt begun with the BOS the documents began with) ends its
+#    answer at the tokenizer's EOS, as transformers' generate() does at eos_token_id; --ignore-eos samples past it.
 # Skipped (exit 77, saying why) when the test venv lacks transformers.
 source "$(dirname "$0")/lib/common.bash"
 HF_PY=/opt/dptrain/test-venv/bin/python  # scripts/setup.sh --tests names the same venv
@@ -132,6 +134,21 @@ expect_exit 2 "bad.jsonl:801: \"prompt\" without \"completion\"" "$DPRUN" --npro
   data.skip_bad_lines=true data.dir="$WORK/bad" checkpoint.dir="$WORK/badck" > "$WORK/skip.log" 2>&1 \
   || { cat "$WORK/skip.log"; fail "data.skip_bad_lines did not skip"; }
 grep -q "skipped $WORK/bad.jsonl:801" "$WORK/skip.log" || { cat "$WORK/skip.log"; fail "the skipped line is not named"; }
+# Two jobs started together on one fresh data.dir take turns (DIR.lock): one tokenizes, the other reuses its shards.
+for j in 1 2; do
+  "$DPTRAIN" "${JSONL[@]}" "${SHORT[@]}" data.dir="$WORK/shared" checkpoint.dir="$WORK/both$j" > "$WORK/both$j.log" 2>&1 &
+done
+wait %1 || { cat "$WORK/both1.log"; fail "the first of two jobs on one data.dir failed"; }
+wait %2 || { cat "$WORK/both2.log"; fail "the second of two jobs on one data.dir failed"; }
+[ "$(cat "$WORK"/both[12].log | grep -c "reused")" = 1 ] || { cat "$WORK"/both[12].log; fail "not one tokenizing and one reusing"; }
+# Training with a data.jsonl file that is missing is an error, even with shards in data.dir (eval reads them: below).
+expect_exit 1 "qa_typo.jsonl: no such file" "$DPTRAIN" data.dataset=jsonl data.jsonl="$WORK/qa_typo.jsonl" "${SHORT[@]}" \
+  data.dir="$WORK/qa" checkpoint.dir="$WORK/typo"
+# tokenize of a directory holding *.jsonl files: JSON Lines without --format; a file given twice read once.
+mkdir "$WORK/dir_in" && cp "$WORK/qa.jsonl" "$WORK/dir_in/"
+"$DPTRAIN" tokenize --input "$WORK/dir_in" --input "$WORK/dir_in/qa.jsonl" --tokenizer "$TOK" --out "$WORK/dir_out" \
+  > "$WORK/dir_out.log" 2>&1 || { cat "$WORK/dir_out.log"; fail "tokenize of a directory of JSON Lines failed"; }
+grep -q "tokenize: 1 JSON Lines files, .*: 800 documents" "$WORK/dir_out.log" || { cat "$WORK/dir_out.log"; fail "the directory was not read as JSON Lines once"; }
 expect_exit 2 "holds files, and no jsonl_source.json" "$DPTRAIN" "${JSONL[@]}" "${SHORT[@]}" data.dir="$WORK/fortunes" \
   checkpoint.dir="$WORK/foreign"
 # The records gone: eval reads the shards they left.

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <span>
 
 #include "core/check.h"
 #include "core/cuda.h"
@@ -37,8 +38,9 @@ void generate_text(const GenerateArgs& args) {
                  ck.vocab_size, ck.tokenizer_from);
   }
   if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
-  const std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
-  const int32_t eos = a.ignore_eos ? -1 : tokenizer.eos_id().value_or(-1);
+  std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
+  if (ck.bos >= 0) prompt.insert(prompt.begin(), ck.bos);  // the run's documents began with it (jsonl)
+  const int32_t eos = a.ignore_eos ? -1 : ck.eos;
   auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
                               {.temperature = a.temperature, .top_k = a.top_k, .vocab_limit = tokenizer.vocab_size(),
                                .stop_token = eos},
@@ -48,7 +50,7 @@ void generate_text(const GenerateArgs& args) {
                  eos, out.size() - prompt.size());
     out.pop_back();
   }
-  const std::string text = tokenizer.decode(out);
+  const std::string text = tokenizer.decode(std::span(out).subspan(ck.bos >= 0 ? 1 : 0));
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
 }

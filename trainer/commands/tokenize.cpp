@@ -30,14 +30,25 @@ struct TokenizeArgs {
   bool skip_bad_lines = false;  // jsonl
 };
 
-// auto: jsonl when every input is a *.jsonl file, text when none is; a mix is an error.
+// Whether an input is JSON Lines to --format auto: a *.jsonl file, or a directory holding one (at any depth).
+bool looks_jsonl(const std::string& input) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(input, ec)) return fs::path(input).extension() == ".jsonl";
+  for (auto it = fs::recursive_directory_iterator(input, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec))
+    if (it->path().extension() == ".jsonl" && it->is_regular_file(ec)) return true;
+  return false;
+}
+
+// auto: jsonl when every input looks like JSON Lines, text when none does; a mix is an error.
 bool jsonl_format(const TokenizeArgs& a) {
   if (a.format != "auto") return a.format == "jsonl";
   size_t jsonl = 0;
-  for (const std::string& in : a.inputs) jsonl += std::filesystem::path(in).extension() == ".jsonl";
+  for (const std::string& in : a.inputs) jsonl += looks_jsonl(in);
   if (jsonl != 0 && jsonl != a.inputs.size())
-    DPT_THROW(ConfigError, "tokenize: some inputs are *.jsonl and some are not: say which they all are with "
-              "--format text or --format jsonl");
+    DPT_THROW(ConfigError, "tokenize: some inputs are JSON Lines (*.jsonl files, or directories holding them) and some "
+              "are not: say which they all are with --format text or --format jsonl");
   return jsonl != 0;
 }
 
@@ -126,7 +137,8 @@ Command add_tokenize(CLI::App& root) {
       "The inputs are read in order (a directory: its regular files recursively, sorted by path; *.dat files and\n"
       "files with a NUL byte skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
       "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own.\n"
-      "JSON Lines (inputs named *.jsonl, or --format jsonl; a directory: its *.jsonl files): each record is a\n"
+      "JSON Lines (inputs named *.jsonl or directories holding them, or --format jsonl; a directory: its *.jsonl\n"
+      "files; a file given twice is read once): each record is a\n"
       "document, [BOS] prompt completion EOS (BOS if the tokenizer adds one; EOS its eos_token or <|endoftext|>, or\n"
       "--eos-token), packed end to end; every Nth document goes to val. A malformed line is an error naming\n"
       "FILE:LINE, or is skipped and counted with --skip-bad-lines. OUT/jsonl_source.json records what was read.\n"

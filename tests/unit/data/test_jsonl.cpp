@@ -205,12 +205,20 @@ TEST_CASE("tokenize_jsonl packs documents with loss masks, worked out by hand", 
   other.val_every = 3;
   REQUIRE_FALSE(jsonl_shards_current(other, bytes, &why));
   REQUIRE(why == "val_every changed");
+  test::write_file(dir.path / "more" / "new.jsonl", "{\"text\": \"n\"}\n");  // a file more in a directory given
+  REQUIRE_FALSE(jsonl_shards_current(o, bytes, &why));
+  REQUIRE(why == "the inputs changed (their list, sizes or times)");
+  fs::remove(dir.path / "more" / "new.jsonl");
+  REQUIRE(jsonl_shards_current(o, bytes, &why));
   test::write_file(dir.path / "more" / "c.jsonl", "{\"prompt\": \"p\", \"completion\": \"cc\"}\n");
   REQUIRE_FALSE(jsonl_shards_current(o, bytes, &why));
   REQUIRE(why == "the inputs changed (their list, sizes or times)");
-  test::write_file(dir.path / "more" / "new.jsonl", "{\"text\": \"n\"}\n");
-  REQUIRE_FALSE(jsonl_shards_current(o, bytes, &why));
-  fs::remove(dir.path / "more" / "new.jsonl");
+  // A file given twice, or alone and inside a directory given, is read once (its records would land in both splits).
+  JsonlOptions twice = o;
+  twice.out_dir = (dir.path / "out_twice").string();
+  twice.inputs.push_back((dir.path / "a.jsonl").string());
+  twice.inputs.push_back((dir.path / "more" / "c.jsonl").string());
+  REQUIRE(tokenize_jsonl(twice, bytes).files == 3);
   // A token past 255 in a tokenizer.json (BOS from its template, EOS <|endoftext|>): BOS context only, EOS trained.
   const Gpt2Bpe bpe(tokenizer_json(dir.path / "tok", [](nlohmann::json& j) { j["post_processor"] = bos_template(); }));
   JsonlOptions ob = o;
@@ -272,7 +280,9 @@ TEST_CASE("tokenize_jsonl: malformed lines named or skipped, and what it cannot 
   REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("3 document(s), and every 5-th goes to validation"));
   fs::create_directories(dir.path / "none");
   few.inputs = {(dir.path / "none").string()};
-  REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("no *.jsonl file in"));
+  REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("no *.jsonl file in the directory"));
+  few.inputs = {(dir.path / "d.jsonl").string(), (dir.path / "none").string()};  // beside another input too
+  REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("no *.jsonl file in the directory"));
   few.inputs = {(dir.path / "missing.jsonl").string()};
   REQUIRE_THROWS_AS(tokenize_jsonl(few, bytes), IoError);
   // A non-empty output directory is refused unless forced.
