@@ -108,6 +108,8 @@ std::unique_ptr<data::Tokenizer> jsonl_tokenizer(const Config& cfg) {
   return std::make_unique<data::ByteTokenizer>();
 }
 
+namespace {
+
 void log_jsonl_summary(const data::JsonlSummary& s, double seconds) {
   spdlog::info("tokenize: {} JSON Lines files, {:.1f} MB: {} documents ({} text, {} prompt/completion){}", s.files,
                s.bytes / 1e6, s.text_documents + s.prompt_documents, s.text_documents, s.prompt_documents,
@@ -119,6 +121,24 @@ void log_jsonl_summary(const data::JsonlSummary& s, double seconds) {
                "({} trained) in {} shards; to {} in {:.2f} s",
                s.train_documents, s.train_tokens, s.train_trained, s.train_shards.size(), s.val_documents,
                s.val_tokens, s.val_trained, s.val_shards.size(), s.out_dir, seconds);
+}
+
+}  // namespace
+
+data::JsonlSummary tokenize_jsonl_logged(data::JsonlOptions o, const data::Tokenizer& tokenizer,
+                                         double progress_interval_s, bool log) {
+  const auto start = std::chrono::steady_clock::now();
+  auto last = start;
+  o.progress = [&](uint64_t done, uint64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (log && done < total && std::chrono::duration<double>(now - last).count() > progress_interval_s) {
+      last = now;
+      spdlog::info("tokenize: {:.1f} of {:.1f} MB", done / 1e6, total / 1e6);
+    }
+  };
+  data::JsonlSummary s = data::tokenize_jsonl(o, tokenizer);
+  if (log) log_jsonl_summary(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return s;
 }
 
 namespace {
@@ -185,17 +205,7 @@ void prepare_jsonl(const Config& cfg, bool log, bool records_may_be_gone) {
               "or empty folder for them (nothing in it was changed)", d.dir, data::kJsonlSourceFile);
   if (ours && log) spdlog::warn("data: tokenizing data.jsonl into {} again: {}", d.dir, why);
   o.force = ours;
-  const auto start = std::chrono::steady_clock::now();
-  auto last = start;
-  o.progress = [&](uint64_t done, uint64_t total) {
-    const auto now = std::chrono::steady_clock::now();
-    if (log && done < total && now - last > std::chrono::seconds(10)) {
-      last = now;
-      spdlog::info("tokenize: {:.1f} of {:.1f} MB", done / 1e6, total / 1e6);
-    }
-  };
-  const data::JsonlSummary s = data::tokenize_jsonl(o, *tokenizer);
-  if (log) log_jsonl_summary(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  tokenize_jsonl_logged(o, *tokenizer, 10.0, log);
 }
 
 }  // namespace

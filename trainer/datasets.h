@@ -43,7 +43,9 @@ std::unique_ptr<data::Tokenizer> jsonl_tokenizer(const Config& cfg);
 // data sets: nothing to do. data.dir must be a folder every rank reads (one file system for the job's nodes).
 void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool records_may_be_gone, bool log = true);
 
-// Rank 0's lines for a tokenize_jsonl run (trainer and `dptrain tokenize`).
-void log_jsonl_summary(const data::JsonlSummary& s, double seconds);
+// tokenize_jsonl with a progress line every `progress_interval_s` seconds of a long run and a summary after it (when
+// `log`): what the trainer's rank 0 and `dptrain tokenize` run. o.progress is set here.
+data::JsonlSummary tokenize_jsonl_logged(data::JsonlOptions o, const data::Tokenizer& tokenizer,
+                                         double progress_interval_s, bool log = true);
 
 }  // namespace dpt::trainer

@@ -232,9 +232,7 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
               "vocab.json and merges.txt)",
               ck.path, cfg.model.vocab_size, g.tokenizer_from, g.tokenizer->describe(), g.tokenizer->vocab_size());
   }
-  const SpecialTokens special = run_special_tokens(cfg, *g.tokenizer);
-  g.eos = special.eos;
-  g.bos = special.bos;
+  g.special = run_special_tokens(cfg, *g.tokenizer);
   g.model = model_of(target, device);
   g.block_size = cfg.model.block_size;
   g.vocab_size = cfg.model.vocab_size;

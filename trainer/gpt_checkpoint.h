@@ -18,6 +18,13 @@
 namespace dpt::trainer {
 
 // The GPT a checkpoint holds, on `device`, and the tokenizer of its text.
+// The special tokens a run's documents were written with: eos, data.eos_token's id when it names one, else the
+// tokenizer's eos_id(); bos, for data.dataset = jsonl (whose documents begin with it), the tokenizer's bos_id(). -1
+// where there is none. What generation stops at and prompts begin with, and what an export's config.json says.
+struct SpecialTokens {
+  int32_t eos = -1, bos = -1;
+};
+
 struct GptCheckpoint {
   std::unique_ptr<models::Model> model;
   int64_t block_size = 0;
@@ -25,16 +32,9 @@ struct GptCheckpoint {
   std::string from;                           // the checkpoint loaded
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::string tokenizer_from;                 // the directory it was read from
-  // The run's special tokens (run_special_tokens): what its documents ended with, and began with; -1: none.
-  int32_t eos = -1, bos = -1;
+  SpecialTokens special;                      // the run's (run_special_tokens)
 };
 
-// The special tokens a run's documents were written with: eos, data.eos_token's id when it names one, else the
-// tokenizer's eos_id(); bos, for data.dataset = jsonl (whose documents begin with it), the tokenizer's bos_id(). -1
-// where there is none. What generation stops at and prompts begin with, and what an export's config.json says.
-struct SpecialTokens {
-  int32_t eos = -1, bos = -1;
-};
 SpecialTokens run_special_tokens(const Config& cfg, const data::Tokenizer& tokenizer);
 
 // `path` is a checkpoint (step-N/) or a checkpoint directory (its newest valid one); the checkpoint's effective

@@ -41,7 +41,7 @@ PredictSummary predict_prompts(const std::string& checkpoint, const PromptOption
   std::vector<size_t> counts;
   for (const std::string& p : prompts) {
     encoded.push_back(tokenizer.encode(p));
-    if (ck.bos >= 0) encoded.back().insert(encoded.back().begin(), ck.bos);  // as the run's documents began (jsonl)
+    if (ck.special.bos >= 0) encoded.back().insert(encoded.back().begin(), ck.special.bos);  // as the run's documents began (jsonl)
     counts.push_back(encoded.back().size());
   }
   const std::vector<std::vector<size_t>> batches = prompt_batches(counts, ck.block_size, o.batch_size);
@@ -50,7 +50,7 @@ PredictSummary predict_prompts(const std::string& checkpoint, const PromptOption
   for (size_t j = rank; j < batches.size(); j += world) my_prompts += batches[j].size();
   models::SampleOptions sampling = o.sampling;
   sampling.vocab_limit = tokenizer.vocab_size();
-  if (o.stop_at_eos) sampling.stop_token = ck.eos;
+  if (o.stop_at_eos) sampling.stop_token = ck.special.eos;
   const auto new_tokens = static_cast<size_t>(o.tokens);
   if (rank == 0)
     spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "
@@ -75,7 +75,7 @@ PredictSummary predict_prompts(const std::string& checkpoint, const PromptOption
       const std::string& prompt = prompts[batches[j][r]];
       const bool eos = sampling.stop_token >= 0 && out[r].size() > encoded[batches[j][r]].size() &&
                        out[r].back() == sampling.stop_token;
-      const size_t from = ck.bos >= 0 ? 1 : 0;
+      const size_t from = ck.special.bos >= 0 ? 1 : 0;
       const std::string text = tokenizer.decode(std::span(out[r]).subspan(from, out[r].size() - from - (eos ? 1 : 0)));
       mine.emplace_back(batches[j][r], o.format == PredictFormat::jsonl
                                            ? "{\"prompt\": " + json_string(prompt) + ", \"text\": " + json_string(text) + "}\n"

@@ -39,8 +39,8 @@ void generate_text(const GenerateArgs& args) {
   }
   if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
   std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
-  if (ck.bos >= 0) prompt.insert(prompt.begin(), ck.bos);  // the run's documents began with it (jsonl)
-  const int32_t eos = a.ignore_eos ? -1 : ck.eos;
+  if (ck.special.bos >= 0) prompt.insert(prompt.begin(), ck.special.bos);  // the run's documents began with it (jsonl)
+  const int32_t eos = a.ignore_eos ? -1 : ck.special.eos;
   auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
                               {.temperature = a.temperature, .top_k = a.top_k, .vocab_limit = tokenizer.vocab_size(),
                                .stop_token = eos},
@@ -50,7 +50,7 @@ void generate_text(const GenerateArgs& args) {
                  eos, out.size() - prompt.size());
     out.pop_back();
   }
-  const std::string text = tokenizer.decode(std::span(out).subspan(ck.bos >= 0 ? 1 : 0));
+  const std::string text = tokenizer.decode(std::span(out).subspan(ck.special.bos >= 0 ? 1 : 0));
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
 }

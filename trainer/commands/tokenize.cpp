@@ -59,8 +59,7 @@ std::unique_ptr<data::Tokenizer> named_tokenizer(const TokenizeArgs& a) {
   return std::make_unique<data::Gpt2Bpe>(a.vocab, a.merges);
 }
 
-int tokenize_jsonl(const TokenizeArgs& a, const data::Tokenizer& tokenizer) {
-  const auto start = std::chrono::steady_clock::now();
+void tokenize_jsonl(const TokenizeArgs& a, const data::Tokenizer& tokenizer) {
   data::JsonlOptions o;
   o.inputs = a.inputs;
   o.out_dir = a.out;
@@ -68,17 +67,7 @@ int tokenize_jsonl(const TokenizeArgs& a, const data::Tokenizer& tokenizer) {
   o.force = a.force;
   o.eos_token = a.eos_token;
   o.skip_bad_lines = a.skip_bad_lines;
-  auto last = start;
-  o.progress = [&](uint64_t done, uint64_t total) {
-    const auto now = std::chrono::steady_clock::now();
-    if (done < total && now - last > std::chrono::seconds(2)) {
-      last = now;
-      spdlog::info("tokenize: {:.1f} of {:.1f} MB", done / 1e6, total / 1e6);
-    }
-  };
-  const data::JsonlSummary s = data::tokenize_jsonl(o, tokenizer);
-  log_jsonl_summary(s, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  return 0;
+  tokenize_jsonl_logged(o, tokenizer, 2.0);
 }
 
 int tokenize(const TokenizeArgs& a) {
