@@ -73,34 +73,47 @@ void Linear::bind_bf16(std::vector<Tensor> params16) {
 const Tensor& Linear::forward_bf16(const Tensor& x, Kernels& k) {
   DPT_CHECK(w16_.defined() && !relu_, "Linear({}, {}) got bf16 input without the bf16 fast path", in_, out_);
   DPT_CHECK(bias_ || !fuse_gelu_, "Linear({}, {}): the fused GELU epilogue needs a bias", in_, out_);
+  DPT_CHECK(!packed_ || !fuse_gelu_, "Linear({}, {}): a packed output has no fused GELU", in_, out_);
   const int64_t batch = x.dim(0);
   x_ = x;
   x_shape_ = x.shape();
-  ensure_shape(y_, {batch, out_}, x.device(), DType::BF16);
+  Tensor& out = packed_ ? *packed_ : y_;
+  if (packed_)
+    DPT_CHECK(out.dtype() == DType::BF16 && out.ndim() == 2 && out.dim(0) == batch && packed_col0_ >= 0 &&
+                  packed_col0_ + out_ <= out.dim(1) && out.device() == x.device(),
+              "Linear({}, {}): packed output {} {} for {} rows from column {}", in_, out_, dtype_name(out.dtype()),
+              out.shape_str(), batch, packed_col0_);
+  else
+    ensure_shape(y_, {batch, out_}, x.device(), DType::BF16);
+  const int64_t ldd = packed_ ? out.dim(1) : out_, col0 = packed_ ? packed_col0_ : 0;
   if (fuse_gelu_) ensure_shape(pre16_, {batch, out_}, x.device(), DType::BF16);
   const MatmulShape s{.trans_a = false, .trans_b = true, .M = batch, .N = out_, .K = in_, .lda = in_, .ldb = in_,
-                      .ldd = out_,
+                      .ldd = ldd,
                       .epilogue = fuse_gelu_ ? MatmulEpilogue::BiasGelu
                                   : bias_    ? MatmulEpilogue::Bias
                                              : MatmulEpilogue::None};
-  k.matmul_bf16(s, {.a = x.data<BFloat16>(), .b = w16_.data<BFloat16>(), .d = y_.raw(),
+  k.matmul_bf16(s, {.a = x.data<BFloat16>(), .b = w16_.data<BFloat16>(), .d = out.data<BFloat16>() + col0,
                     .bias = bias_ ? b16_.data<BFloat16>() : nullptr,
                     .aux = fuse_gelu_ ? pre16_.data<BFloat16>() : nullptr});
-  return y_;
+  return out;
 }
 
 const Tensor& Linear::backward_bf16(const Tensor& dy, Kernels& k) {
   const int64_t batch = x_.dim(0);
-  DPT_CHECK(dy.dtype() == DType::BF16 && dy.numel() == static_cast<size_t>(batch * out_),
-            "Linear bf16 backward got {} {}", dtype_name(dy.dtype()), dy.shape_str());
-  const BFloat16* d = dy.data<BFloat16>();
+  // The gradient's row stride: out_, or the packed width (this layer's columns from packed_col0_ on).
+  const int64_t ld = packed_ ? dy.dim(dy.ndim() - 1) : out_;
+  DPT_CHECK(dy.dtype() == DType::BF16 && dy.numel() == static_cast<size_t>(batch * ld) &&
+                (!packed_ || packed_col0_ + out_ <= ld),
+            "Linear({}, {}) bf16 backward got {} {}", in_, out_, dtype_name(dy.dtype()), dy.shape_str());
+  const BFloat16* d = dy.data<BFloat16>() + (packed_ ? packed_col0_ : 0);
   if (fuse_gelu_) {  // through the GELU first: d(pre) = dy * gelu'(pre)
     ensure_shape(dpre_, {batch, out_}, dy.device(), DType::BF16);
     k.gelu_backward_bf16(pre16_.data<BFloat16>(), d, dpre_.data<BFloat16>(), dy.numel());
     d = dpre_.data<BFloat16>();
   }
   // dW[out, in] += d^T[out, B] x[B, in], db[out] += the column sums of d: one matmul and its bias-gradient epilogue.
-  const MatmulShape dw{.trans_a = true, .trans_b = false, .M = out_, .N = in_, .K = batch, .lda = out_, .ldb = in_,
+  const int64_t lda = fuse_gelu_ ? out_ : ld;  // (dpre_ is [batch, out_])
+  const MatmulShape dw{.trans_a = true, .trans_b = false, .M = out_, .N = in_, .K = batch, .lda = lda, .ldb = in_,
                        .ldd = in_, .d_f32 = true, .accumulate = true,
                        .epilogue = bias_ ? MatmulEpilogue::BiasGrad : MatmulEpilogue::None};
   k.matmul_bf16(dw, {.a = d, .b = x_.data<BFloat16>(), .d = dw_.raw(),
@@ -108,7 +121,7 @@ const Tensor& Linear::backward_bf16(const Tensor& dy, Kernels& k) {
   if (!needs_input_grad_) return none_;
   // dx[B, in] = d[B, out] W[out, in]
   ensure_shape(dx_, x_shape_, dy.device(), DType::BF16);
-  const MatmulShape dx{.M = batch, .N = in_, .K = out_, .lda = out_, .ldb = in_, .ldd = in_};
+  const MatmulShape dx{.M = batch, .N = in_, .K = out_, .lda = lda, .ldb = in_, .ldd = in_};
   k.matmul_bf16(dx, {.a = d, .b = w16_.data<BFloat16>(), .d = dx_.raw()});
   return dx_;
 }

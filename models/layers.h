@@ -36,6 +36,15 @@ class Linear final : public Module {
   // On bf16 input (the transformer fast path): y = GELU(x W^T + b) in the matmul's epilogue, the pre-activation kept
   // for backward (the GELU module after this layer is then not called: GptMlp). Float32 input is unaffected.
   void fuse_gelu_bf16(bool on) { fuse_gelu_ = on; }
+  // On bf16 input: write the output into columns [col0, col0 + out_features) of `packed` (bf16 [batch, width], which
+  // the caller sizes before each forward; forward returns it), and read the gradient from the same columns of the
+  // [batch, width] tensor backward gets: projections of one input side by side in one buffer without copies
+  // (LlamaAttention's q, k and v in the rows the fused attention reads). nullptr: an output of its own. Float32 input
+  // is unaffected.
+  void pack_bf16_output(Tensor* packed, int64_t col0) {
+    packed_ = packed;
+    packed_col0_ = col0;
+  }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -46,6 +55,8 @@ class Linear final : public Module {
   bool relu_;
   bool bias_;
   bool fuse_gelu_ = false;
+  Tensor* packed_ = nullptr;  // pack_bf16_output
+  int64_t packed_col0_ = 0;
   float normal_std_ = 0.0f;  // > 0: N(0, normal_std_) weights and zero biases
   Tensor w_, b_, dw_, db_;
   Tensor w16_, b16_;  // the bf16 copies (bind_bf16)

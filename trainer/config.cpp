@@ -233,7 +233,7 @@ std::vector<Field> train_fields() {
       field("train.batch_size", &C::train, &TrainConfig::batch_size, "examples per step PER RANK (global = this x world size)", at_least<int64_t>(1)),
       field("train.device", &C::train, &TrainConfig::device, "auto (cuda:LOCAL_RANK when GPUs exist, else cpu with a warning) | cpu | cuda (error without a GPU)"),
       field("train.precision", &C::train, &TrainConfig::precision, "fp32 | bf16 | fp16: the arithmetic of matrix products and convolutions (operands rounded, float32 accumulation); master weights, optimizer state, loss, norms and BatchNorm statistics stay fp32; fp16 adds dynamic loss scaling (GradScaler's: 65536, halve and skip on inf/NaN, double after 2000 clean steps). On the CPU, bf16 convolutions run in oneDNN's bf16 kernels where the CPU has AVX-512; the rest of bf16 and all of fp16 are emulated (float32 arithmetic on rounded operands, slower than fp32)"),
-      field("train.bf16_activations", &C::train, &TrainConfig::bf16_activations, "the transformer fast path (model.name = gpt, with train.precision = bf16): in training, the activations between layers stay bf16 (matmuls with their bias and GELU fused, the fused flash attention, the fused softmax cross-entropy over bf16 logits; cuBLASLt and cuDNN on a GPU), the matmuls read a bf16 copy of the parameters rounded at each step, and parameters, gradients, optimizer state, LayerNorm statistics and the loss stay float32; evaluation runs the float32 path. Not with dist.zero = 3. On a GPU it ran on an H200 and matched the CPU (docs/gpus.md)"),
+      field("train.bf16_activations", &C::train, &TrainConfig::bf16_activations, "the transformer fast path (model.name = gpt or llama, with train.precision = bf16): in training, the activations between layers stay bf16 (matmuls with their bias and GELU fused, the fused flash attention, the fused softmax cross-entropy over bf16 logits; cuBLASLt and cuDNN on a GPU), the matmuls read a bf16 copy of the parameters rounded at each step, and parameters, gradients, optimizer state, LayerNorm/RMSNorm statistics and the loss stay float32; evaluation runs the float32 path. Not with dist.zero = 3. On a GPU the GPT's ran on an H200 and matched the CPU (docs/gpus.md); the Llama's (grouped-query attention, bf16 RMSNorm, SwiGLU and RoPE) is compiled and has never run on a GPU"),
       field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw"),
       field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
@@ -514,7 +514,7 @@ void validate(const Config& c, const std::string& source) {
     const std::string where = source.empty() ? "" : source + ": ";
     if (!model_card(c.model.name).bf16_activations)
       DPT_THROW(ConfigError, "{}train.bf16_activations = true with model.name = {}: bf16 activations are the "
-                "transformer fast path (model.name = gpt)", where, c.model.name);
+                "transformer fast path (model.name = {})", where, c.model.name, fmt::join(bf16_activation_models(), " or "));
     if (c.train.precision != models::Precision::BF16)
       DPT_THROW(ConfigError, "{}train.bf16_activations = true needs train.precision = bf16 (it is {})", where,
                 choice_name(c.train.precision));

@@ -61,10 +61,12 @@ inline constexpr std::array<ModelCard, 4> kModelCards{{
      .bf16_activations = true},
     {.name = "llama",
      .note = "Hugging Face's LlamaForCausalLM (Llama 2 and 3, SmolLM, TinyLlama; Qwen2): needs data.dataset = "
-             "tokens; float32 activations; its GPU kernels passed their tests on an H200",
+             "tokens or jsonl; its float32 GPU kernels passed their tests on an H200, its transformer fast path "
+             "(train.bf16_activations) is compiled and has never run on a GPU",
      .input = ModelInput::tokens,
      .decay_matrices_only = true,
-     .generates = true},
+     .generates = true,
+     .bf16_activations = true},
 }};
 
 // The names, and the names of the families that train on `input`, as a config's help and errors list them:
@@ -78,6 +80,13 @@ inline std::vector<std::string> model_names(ModelInput input) {
   std::vector<std::string> names;
   for (const ModelCard& c : kModelCards)
     if (c.input == input) names.emplace_back(c.name);
+  return names;
+}
+// The families with the transformer fast path (train.bf16_activations).
+inline std::vector<std::string> bf16_activation_models() {
+  std::vector<std::string> names;
+  for (const ModelCard& c : kModelCards)
+    if (c.bf16_activations) names.emplace_back(c.name);
   return names;
 }
 // The card of `name`; ConfigError naming the choices for another.

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/bfloat16_convert.h"
+
 namespace dpt::models {
 
 namespace {
@@ -14,10 +16,22 @@ std::unique_ptr<Linear> normal_linear(int64_t in, int64_t out, bool bias, double
   return l;
 }
 
+// [B, T, c], float32 (or bf16 with bf16 activations).
 std::vector<int64_t> btc(const Tensor& x, int64_t c, const char* who) {
-  DPT_CHECK(x.ndim() == 3 && x.dim(2) == c && x.dtype() == DType::F32, "{} takes float32 [B, T, {}], got {} {}", who,
-            c, dtype_name(x.dtype()), x.shape_str());
+  DPT_CHECK(x.ndim() == 3 && x.dim(2) == c && (x.dtype() == DType::F32 || x.dtype() == DType::BF16),
+            "{} takes float32 or bf16 [B, T, {}], got {} {}", who, c, dtype_name(x.dtype()), x.shape_str());
   return x.shape();
+}
+
+// out (of `shape`, bf16) = bf16(bf16(a + b) + c) (c nullptr: bf16(a + b)): the bf16 form of sum_into.
+void sum_into_bf16(Tensor& out, const std::vector<int64_t>& shape, const Tensor& a, const Tensor& b, const Tensor* c,
+                   Kernels& k) {
+  ensure_shape(out, shape, a.device(), DType::BF16);
+  DPT_CHECK(out.numel() == a.numel() && b.numel() == a.numel() && (!c || c->numel() == a.numel()) &&
+                a.dtype() == DType::BF16 && b.dtype() == DType::BF16 && (!c || c->dtype() == DType::BF16),
+            "sum_into_bf16: {} from {}, {}", out.shape_str(), a.shape_str(), b.shape_str());
+  k.add_bf16(a.data<BFloat16>(), b.data<BFloat16>(), out.data<BFloat16>(), a.numel());
+  if (c) k.add_bf16(out.data<BFloat16>(), c->data<BFloat16>(), out.data<BFloat16>(), a.numel());
 }
 
 // out (of `shape`) = a + b + c, element by element: the input gradient of a layer reading its input three (or two: c
@@ -125,19 +139,31 @@ void RmsNorm::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::v
 void RmsNorm::init_params(std::mt19937_64&) { std::fill_n(gamma_.data<float>(), gamma_.numel(), 1.0f); }
 
 const Tensor& RmsNorm::run_forward(const Tensor& x, Kernels& k) {
-  DPT_CHECK(x.ndim() >= 1 && x.dim(x.ndim() - 1) == c_ && x.dtype() == DType::F32, "RmsNorm({}) got input {} {}", c_,
-            dtype_name(x.dtype()), x.shape_str());
+  DPT_CHECK(x.ndim() >= 1 && x.dim(x.ndim() - 1) == c_ && (x.dtype() == DType::F32 || x.dtype() == DType::BF16),
+            "RmsNorm({}) got input {} {}", c_, dtype_name(x.dtype()), x.shape_str());
   const int64_t rows = static_cast<int64_t>(x.numel()) / c_;
   x_ = x;
   ensure_shape(rstd_, {rows}, x.device());
+  if (x.dtype() == DType::BF16) {  // the fast path: bf16 in and out, float32 statistics and weight
+    ensure_shape(y_, x.shape(), x.device(), DType::BF16);
+    k.rmsnorm_forward_bf16(x.data<BFloat16>(), gamma_.data<float>(), y_.data<BFloat16>(), rstd_.data<float>(), rows,
+                           c_, eps_);
+    return y_;
+  }
   ensure_shape(y_, x.shape(), x.device());
   k.rmsnorm_forward(x.data<float>(), gamma_.data<float>(), y_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
   return y_;
 }
 
 const Tensor& RmsNorm::run_backward(const Tensor& dy, Kernels& k) {
-  DPT_CHECK(dy.shape() == x_.shape() && dy.dtype() == DType::F32, "RmsNorm backward got {} for input {}",
-            dy.shape_str(), x_.shape_str());
+  DPT_CHECK(dy.shape() == x_.shape() && dy.dtype() == x_.dtype(), "RmsNorm backward got {} {} for input {} {}",
+            dtype_name(dy.dtype()), dy.shape_str(), dtype_name(x_.dtype()), x_.shape_str());
+  if (x_.dtype() == DType::BF16) {
+    ensure_shape(dx_, x_.shape(), dy.device(), DType::BF16);
+    k.rmsnorm_backward_bf16(dy.data<BFloat16>(), x_.data<BFloat16>(), gamma_.data<float>(), rstd_.data<float>(),
+                            dx_.data<BFloat16>(), dgamma_.data<float>(), static_cast<int64_t>(x_.numel()) / c_, c_);
+    return dx_;
+  }
   ensure_shape(dx_, x_.shape(), dy.device());
   k.rmsnorm_backward(dy.data<float>(), x_.data<float>(), gamma_.data<float>(), rstd_.data<float>(), dx_.data<float>(),
                      dgamma_.data<float>(), static_cast<int64_t>(x_.numel()) / c_, c_);
@@ -153,6 +179,55 @@ LlamaAttention::LlamaAttention(const LlamaOptions& o, RopeTables* rope)
   k_proj_ = add("k_proj", normal_linear(c_, n_kv_ * hd_, o.qkv_bias, s));
   v_proj_ = add("v_proj", normal_linear(c_, n_kv_ * hd_, o.qkv_bias, s));
   o_proj_ = add("o_proj", normal_linear(n_head_ * hd_, c_, o.o_bias, s));
+  // bf16 activations: the three projections side by side in qkv16_, as the fused attention reads them.
+  q_proj_->pack_bf16_output(&qkv16_, 0);
+  k_proj_->pack_bf16_output(&qkv16_, n_head_ * hd_);
+  v_proj_->pack_bf16_output(&qkv16_, (n_head_ + n_kv_) * hd_);
+}
+
+AttentionShape LlamaAttention::fused_shape() const {
+  return {.b = b_, .t = t_, .n_head = n_head_, .head_size = hd_, .n_kv_head = n_kv_};
+}
+
+// q, k and v into their columns of qkv16_ (each row: the n_head query heads, the n_kv key heads, the n_kv value heads),
+// q and k turned in place, then the fused attention: y16_ and the logsumexp backward needs.
+const Tensor& LlamaAttention::forward_bf16(const Tensor& x, Kernels& k) {
+  const AttentionShape s = fused_shape();
+  const int64_t rows = b_ * t_, w = s.qkv_width();
+  const Tensor x2 = x.reshape({rows, c_});
+  ensure_shape(qkv16_, {rows, w}, x.device(), DType::BF16);
+  q_proj_->forward(x2, k);
+  k_proj_->forward(x2, k);
+  v_proj_->forward(x2, k);
+  BFloat16* qkv = qkv16_.data<BFloat16>();
+  k.rope_bf16(qkv, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_head_, hd_, w, false);
+  k.rope_bf16(qkv + n_head_ * hd_, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_kv_, hd_, w,
+              false);
+  ensure_shape(y16_, {rows, n_head_ * hd_}, x.device(), DType::BF16);
+  ensure_shape(stats_, {b_, n_head_, t_}, x.device());
+  k.attention_forward(qkv, y16_.data<BFloat16>(), stats_.data<float>(), s);
+  out_ = o_proj_->forward(y16_, k).reshape({b_, t_, c_});
+  return out_;
+}
+
+// Through o_proj and the fused attention into dqkv16_ (the key/value heads' gradients summed over their groups), the
+// q and k columns turned back (RoPE's gradient), then each projection's backward from its columns.
+const Tensor& LlamaAttention::backward_bf16(const Tensor& dout, Kernels& k) {
+  const AttentionShape s = fused_shape();
+  const int64_t rows = b_ * t_, w = s.qkv_width();
+  const Tensor& dy = o_proj_->backward(dout.reshape({rows, c_}), k);  // bf16 d(loss)/d(attention output)
+  ensure_shape(dqkv16_, {rows, w}, dout.device(), DType::BF16);
+  BFloat16* dqkv = dqkv16_.data<BFloat16>();
+  k.attention_backward(qkv16_.data<BFloat16>(), y16_.data<BFloat16>(), dy.data<BFloat16>(), stats_.data<float>(), dqkv,
+                       s);
+  k.rope_bf16(dqkv, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_head_, hd_, w, true);
+  k.rope_bf16(dqkv + n_head_ * hd_, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_kv_, hd_, w,
+              true);
+  const Tensor& dxq = q_proj_->backward(dqkv16_, k);
+  const Tensor& dxk = k_proj_->backward(dqkv16_, k);
+  const Tensor& dxv = v_proj_->backward(dqkv16_, k);
+  sum_into_bf16(dx_, {b_, t_, c_}, dxq, dxk, &dxv, k);
+  return dx_;
 }
 
 std::string LlamaAttention::kind() const {
@@ -168,13 +243,14 @@ const Tensor& LlamaAttention::run_forward(const Tensor& x, Kernels& k) {
   b_ = shape[0];
   t_ = shape[1];
   const int64_t rows = b_ * t_, hq = n_head_ * hd_, hkv = n_kv_ * hd_;
+  rope_->to(x.device());
+  DPT_CHECK(static_cast<int64_t>(rope_->cos_host.size()) >= t_ * (hd_ / 2), "LlamaAttention: {} positions, the "
+            "RoPE tables have {}", t_, rope_->cos_host.size() / static_cast<size_t>(hd_ / 2));
+  if (x.dtype() == DType::BF16) return forward_bf16(x, k);
   const Tensor x2 = x.reshape({rows, c_});
   q_ = q_proj_->forward(x2, k);  // handles on the projections' outputs, turned in place
   k_ = k_proj_->forward(x2, k);
   v_ = v_proj_->forward(x2, k);
-  rope_->to(x.device());
-  DPT_CHECK(static_cast<int64_t>(rope_->cos_host.size()) >= t_ * (hd_ / 2), "LlamaAttention: {} positions, the "
-            "RoPE tables have {}", t_, rope_->cos_host.size() / static_cast<size_t>(hd_ / 2));
   k.rope(q_.data<float>(), rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_head_, hd_, hq, false);
   k.rope(k_.data<float>(), rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_kv_, hd_, hkv, false);
   ensure_shape(att_, {b_, n_head_, t_, t_}, x.device());
@@ -231,6 +307,7 @@ const Tensor& LlamaAttention::run_backward(const Tensor& dout, Kernels& k) {
   DPT_CHECK(!cache_, "no backward through a KV cache's forward");
   DPT_CHECK(dout.ndim() == 3 && dout.dim(0) == b_ && dout.dim(1) == t_ && dout.dim(2) == c_,
             "LlamaAttention backward got {}", dout.shape_str());
+  if (dout.dtype() == DType::BF16) return backward_bf16(dout, k);
   const int64_t rows = b_ * t_, hq = n_head_ * hd_, hkv = n_kv_ * hd_;
   const Tensor& dy = o_proj_->backward(dout.reshape({rows, c_}), k);  // d(loss)/d(attention output) [rows, H D]
   ensure_shape(datt_, att_.shape(), dout.device());
@@ -273,6 +350,12 @@ const Tensor& LlamaMlp::run_forward(const Tensor& x, Kernels& k) {
   const Tensor x2 = x.reshape({shape_[0] * shape_[1], c_});
   gate_ = gate_proj_->forward(x2, k);
   up_ = up_proj_->forward(x2, k);
+  if (x.dtype() == DType::BF16) {
+    ensure_shape(h_, gate_.shape(), x.device(), DType::BF16);
+    k.swiglu_forward_bf16(gate_.data<BFloat16>(), up_.data<BFloat16>(), h_.data<BFloat16>(), h_.numel());
+    out_ = down_proj_->forward(h_, k).reshape(shape_);
+    return out_;
+  }
   ensure_shape(h_, gate_.shape(), x.device());
   k.swiglu_forward(gate_.data<float>(), up_.data<float>(), h_.data<float>(), h_.numel());
   out_ = down_proj_->forward(h_, k).reshape(shape_);
@@ -282,6 +365,16 @@ const Tensor& LlamaMlp::run_forward(const Tensor& x, Kernels& k) {
 const Tensor& LlamaMlp::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == shape_, "LlamaMlp backward got {}", dy.shape_str());
   const Tensor& dh = down_proj_->backward(dy.reshape({shape_[0] * shape_[1], c_}), k);
+  if (dy.dtype() == DType::BF16) {
+    ensure_shape(dgate_, gate_.shape(), dy.device(), DType::BF16);
+    ensure_shape(dup_, up_.shape(), dy.device(), DType::BF16);
+    k.swiglu_backward_bf16(gate_.data<BFloat16>(), up_.data<BFloat16>(), dh.data<BFloat16>(), dgate_.data<BFloat16>(),
+                           dup_.data<BFloat16>(), dh.numel());
+    const Tensor& dxg = gate_proj_->backward(dgate_, k);
+    const Tensor& dxu = up_proj_->backward(dup_, k);
+    sum_into_bf16(dx_, shape_, dxg, dxu, nullptr, k);
+    return dx_;
+  }
   ensure_shape(dgate_, gate_.shape(), dy.device());
   ensure_shape(dup_, up_.shape(), dy.device());
   k.swiglu_backward(gate_.data<float>(), up_.data<float>(), dh.data<float>(), dgate_.data<float>(), dup_.data<float>(),
@@ -306,6 +399,14 @@ std::string LlamaBlock::kind() const { return fmt::format("LlamaBlock({})", self
 
 const Tensor& LlamaBlock::run_forward(const Tensor& x, Kernels& k) {
   const Tensor& a = self_attn_->forward(input_layernorm_->forward(x, k), k);
+  if (x.dtype() == DType::BF16) {  // the residual stream in bf16
+    ensure_shape(r1_, x.shape(), x.device(), DType::BF16);
+    k.add_bf16(x.data<BFloat16>(), a.data<BFloat16>(), r1_.data<BFloat16>(), x.numel());
+    const Tensor& m = mlp_->forward(post_attention_layernorm_->forward(r1_, k), k);
+    ensure_shape(y_, x.shape(), x.device(), DType::BF16);
+    k.add_bf16(r1_.data<BFloat16>(), m.data<BFloat16>(), y_.data<BFloat16>(), x.numel());
+    return y_;
+  }
   ensure_shape(r1_, x.shape(), x.device());
   k.add(x.data<float>(), a.data<float>(), r1_.data<float>(), x.numel(), false);
   const Tensor& m = mlp_->forward(post_attention_layernorm_->forward(r1_, k), k);
@@ -316,6 +417,15 @@ const Tensor& LlamaBlock::run_forward(const Tensor& x, Kernels& k) {
 
 const Tensor& LlamaBlock::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == y_.shape(), "LlamaBlock backward got {}", dy.shape_str());
+  if (dy.dtype() == DType::BF16) {
+    const Tensor& dm = post_attention_layernorm_->backward(mlp_->backward(dy, k), k);
+    ensure_shape(dr1_, dy.shape(), dy.device(), DType::BF16);
+    k.add_bf16(dy.data<BFloat16>(), dm.data<BFloat16>(), dr1_.data<BFloat16>(), dy.numel());
+    const Tensor& da = input_layernorm_->backward(self_attn_->backward(dr1_, k), k);
+    ensure_shape(dx_, dy.shape(), dy.device(), DType::BF16);
+    k.add_bf16(dr1_.data<BFloat16>(), da.data<BFloat16>(), dx_.data<BFloat16>(), dy.numel());
+    return dx_;
+  }
   const Tensor& dm = post_attention_layernorm_->backward(mlp_->backward(dy, k), k);
   ensure_shape(dr1_, dy.shape(), dy.device());
   k.add(dy.data<float>(), dm.data<float>(), dr1_.data<float>(), dy.numel(), false);
@@ -347,6 +457,14 @@ void LlamaModel::bind(std::vector<Tensor> params, std::vector<Tensor> grads, std
   bind_views(grads, {&dembed_});
 }
 
+void LlamaModel::bind_bf16(std::vector<Tensor> params16) {
+  if (params16.empty()) {
+    embed16_ = Tensor();
+    return;
+  }
+  bind_views(params16, {&embed16_});
+}
+
 void LlamaModel::init_params(std::mt19937_64& rng) {
   float* p = embed_.data<float>();
   for (size_t i = 0; i < embed_.numel(); ++i) p[i] = normal(rng, 0.0f, static_cast<float>(o_.initializer_range));
@@ -369,12 +487,22 @@ const Tensor& LlamaModel::run_forward(const Tensor& tokens, Kernels& k) {
   ensure_shape(emb_, {b, t, o_.n_embd}, tokens.device());
   k.embedding_forward(tokens.data<int32_t>(), embed_.data<float>(), nullptr, emb_.data<float>(), b * t, t, o_.n_embd,
                       o_.vocab_size);
+  if (bf16_ && training_ && !cache_) {  // the fast path: the float32 embedding (from the masters) rounded once
+    ensure_shape(emb16_, emb_.shape(), emb_.device(), DType::BF16);
+    to_bfloat16(emb_, emb16_, 1.0f, k.stream());
+    return norm_->forward(layers_->forward(emb16_, k), k);
+  }
   return norm_->forward(layers_->forward(emb_, k), k);
 }
 
 const Tensor& LlamaModel::run_backward(const Tensor& dy, Kernels& k) {
-  const Tensor& d = layers_->backward(norm_->backward(dy, k), k);
-  k.embedding_backward(tokens_.data<int32_t>(), d.data<float>(), dembed_.data<float>(), nullptr,
+  const Tensor* d = &layers_->backward(norm_->backward(dy, k), k);
+  if (d->dtype() == DType::BF16) {  // the embedding's gradient widened (exactly) for its float32 kernel
+    ensure_shape(demb_, d->shape(), d->device());
+    from_bfloat16(*d, demb_, k.stream());
+    d = &demb_;
+  }
+  k.embedding_backward(tokens_.data<int32_t>(), d->data<float>(), dembed_.data<float>(), nullptr,
                        tokens_.dim(0) * tokens_.dim(1), tokens_.dim(1), o_.n_embd, o_.vocab_size);
   return none_;
 }
@@ -404,7 +532,13 @@ const Tensor& Llama::run_forward(const Tensor& tokens, Kernels& k) {
   h_ = model_->forward(tokens, k);  // [B, T, C]
   if (cache_) cache_->len += tokens.dim(1);
   const int64_t rows = h_.dim(0) * h_.dim(1), c = o_.n_embd, v = o_.vocab_size;
-  if (lm_head_) return lm_head_->forward(h_.reshape({rows, c}), k);
+  if (lm_head_) return lm_head_->forward(h_.reshape({rows, c}), k);  // bf16 logits on bf16 h
+  if (h_.dtype() == DType::BF16) {  // the tied head in bf16: logits = h embed16^T
+    ensure_shape(logits_, {rows, v}, h_.device(), DType::BF16);
+    const MatmulShape s{.trans_a = false, .trans_b = true, .M = rows, .N = v, .K = c, .lda = c, .ldb = c, .ldd = v};
+    k.matmul_bf16(s, {.a = h_.data<BFloat16>(), .b = model_->embed16().data<BFloat16>(), .d = logits_.raw()});
+    return logits_;
+  }
   ensure_shape(logits_, {rows, v}, h_.device());
   k.gemm(false, true, rows, v, c, 1.0f, h_.data<float>(), c, model_->embed().data<float>(), c, 0.0f,
          logits_.data<float>(), v);
@@ -422,6 +556,16 @@ const Tensor& Llama::run_backward(const Tensor& dlogits, Kernels& k) {
     return none_;
   }
   // The tied head: dh = dlogits embed; d(embed) += dlogits^T h (the lookup's share comes in the model's backward).
+  if (dlogits.dtype() == DType::BF16) {
+    ensure_shape(dh_, h_.shape(), dlogits.device(), DType::BF16);
+    const MatmulShape dh{.M = rows, .N = c, .K = v, .lda = v, .ldb = c, .ldd = c};
+    k.matmul_bf16(dh, {.a = dlogits.data<BFloat16>(), .b = model_->embed16().data<BFloat16>(), .d = dh_.raw()});
+    const MatmulShape dw{.trans_a = true, .M = v, .N = c, .K = rows, .lda = v, .ldb = c, .ldd = c, .d_f32 = true,
+                         .accumulate = true};
+    k.matmul_bf16(dw, {.a = dlogits.data<BFloat16>(), .b = h_.data<BFloat16>(), .d = model_->embed_grad().raw()});
+    model_->backward(dh_, k);
+    return none_;
+  }
   ensure_shape(dh_, h_.shape(), dlogits.device());
   k.gemm(false, false, rows, c, v, 1.0f, dlogits.data<float>(), v, model_->embed().data<float>(), c, 0.0f,
          dh_.data<float>(), c);

@@ -13,8 +13,15 @@
 //
 // Input: int32 tokens [B, T] with T <= max_positions. Output: float32 logits [B * T, vocab_size] (row b * T + t),
 // what the softmax cross-entropy takes. The vocabulary is not padded (Hugging Face's sizes are the tensors' sizes).
-// Float32 activations on every kernel set; KV-cache generation as the GPT's (models/generate.h); the bf16 fast path
-// is not built for this family yet.
+// Float32 activations on every kernel set; KV-cache generation as the GPT's (models/generate.h).
+//
+// The transformer fast path (Model::set_bf16_activations, train.bf16_activations), as the GPT's: a training forward
+// rounds the float32 embedding to bf16 once and keeps bf16 activations from there on (RMSNorm with float32 statistics,
+// bf16 residual stream); q_proj, k_proj and v_proj write side by side into one bf16 qkv buffer [rows, (n_head + 2
+// n_kv_head) head_dim] (Linear::pack_bf16_output), RoPE turns its q and k heads in place, and the kernel set's fused
+// grouped-query attention (cuDNN's on a GPU) reads it; SwiGLU on bf16; the LM head returns bf16 logits [B * T,
+// vocab_size] (no padding), which the loss's fused classifier overwrites with their gradient. Evaluation and
+// generation run the float32 path.
 #pragma once
 
 #include <cstdint>
@@ -82,7 +89,7 @@ class RmsNorm final : public Module {
   int64_t c_;
   float eps_;
   Tensor gamma_, dgamma_;
-  Tensor x_, y_, rstd_, dx_;
+  Tensor x_, y_, rstd_, dx_;  // y_ and dx_ bf16 on bf16 input
 };
 
 // Causal self-attention with RoPE and grouped-query heads on [B, T, C]: q = q_proj(x) [B, T, n_head, head_dim],
@@ -111,9 +118,15 @@ class LlamaAttention final : public Module {
   int64_t b_ = 0, t_ = 0;
   Tensor q_, k_, v_;  // after RoPE (q, k): what backward reads
   Tensor att_, y_, out_, datt_, dq_, dk_, dv_, dx_;
+  // bf16 activations: q, k and v side by side (the projections' packed output, q and k turned), its gradient, the
+  // fused attention's output and its logsumexp per query [B, n_head, T].
+  Tensor qkv16_, dqkv16_, y16_, stats_;
   KvCache* cache_ = nullptr;
   size_t layer_ = 0;
   const Tensor& cached_forward(const Tensor& x, Kernels& k);
+  const Tensor& forward_bf16(const Tensor& x, Kernels& k);
+  const Tensor& backward_bf16(const Tensor& dout, Kernels& k);
+  AttentionShape fused_shape() const;  // the last forward's, for the fused attention
 };
 
 // gate_proj and up_proj (C -> intermediate), SiLU(gate) * up, down_proj (intermediate -> C), on [B, T, C].
@@ -130,7 +143,7 @@ class LlamaMlp final : public Module {
   int64_t c_, inter_;
   Linear *gate_proj_, *up_proj_, *down_proj_;
   std::vector<int64_t> shape_;
-  Tensor gate_, up_, h_, out_, dgate_, dup_, dx_;
+  Tensor gate_, up_, h_, out_, dgate_, dup_, dx_;  // bf16 (h_, dgate_, dup_, dx_ too) on bf16 input
 };
 
 // x + self_attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).
@@ -162,6 +175,8 @@ class LlamaModel final : public Module {
   void init_params(std::mt19937_64& rng) override;
   const Tensor& embed() const { return embed_; }
   const Tensor& embed_grad() const { return dembed_; }
+  const Tensor& embed16() const { return embed16_; }  // the bf16 copy (bf16 activations)
+  void bind_bf16(std::vector<Tensor> params16) override;
   // Every attention layer uses `cache` (nullptr: none); positions then start at cache->len.
   void use_cache(KvCache* cache);
 
@@ -174,8 +189,9 @@ class LlamaModel final : public Module {
   std::unique_ptr<RopeTables> rope_;
   Sequential* layers_;
   RmsNorm* norm_;
-  Tensor embed_, dembed_;
+  Tensor embed_, dembed_, embed16_;
   Tensor tokens_, emb_;
+  Tensor emb16_, demb_;  // bf16 activations: the embedding rounded to bf16; its gradient widened to float32
   KvCache* cache_ = nullptr;
 };
 
@@ -191,6 +207,8 @@ class Llama final : public Module, public KvCachedLm {
   int64_t kv_cache_len() const override { return cache_ ? cache_->len : 0; }
   // The tied head reads the model's embed_tokens and accumulates into its gradient.
   const Module* uses_params_of() const override { return o_.tie_embeddings ? model_ : nullptr; }
+  // The transformer fast path: a training forward returns bf16 logits [B * T, vocab_size].
+  bool supports_bf16_activations() const override { return true; }
 
  protected:
   const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;

