@@ -14,7 +14,8 @@
 #                                  gloo sharing the GPU, fp32 and bf16 all-reduce;
 #                                  configs/fmnist_resnet.toml for 1 epoch in fp32, bf16, fp16; configs/gpt_tiny.toml
 #                                  for 50 steps on the GPU and on the CPU, compared, and again with the transformer
-#                                  fast path (train.bf16_activations); the memory report and an
+#                                  fast path (train.bf16_activations); configs/llama_tiny.toml the same
+#                                  ways; the memory report and an
 #                                  out-of-memory message on the GPU) and the benchmarks (the GPT-2
 #                                  124M one of scripts/bench/gpt_bench.sh --gpu, the MLP one, then the ResNet rows
 #                                  of scripts/bench/resnet_bench.sh --gpu, each with what is left of the budget),
@@ -379,6 +380,8 @@ again_groups() {
 train_cuda_nccl_1rank train_cpu_1rank compare_gpu_cpu
 train_cuda_gpt train_cpu_gpt compare_gpt_gpu_cpu generate_gpu_cpu
 train_cuda_gpt_bf16act train_cpu_gpt_bf16act compare_gpt_bf16act_gpu_cpu
+train_cuda_llama train_cpu_llama compare_llama_gpu_cpu
+train_cuda_llama_bf16act train_cpu_llama_bf16act compare_llama_bf16act_gpu_cpu
 GROUPS
 }
 
@@ -696,15 +699,17 @@ step_bench_resnet() {
 # fp32) on the bundle's token shards, GPT_STEPS optimizer steps on one rank with a progress line every step,
 # then the evaluation on 256 validation windows: on the GPU over NCCL, and the same on the CPU (gloo). Further
 # arguments are config overrides (the transformer fast path: train.precision=bf16 train.bf16_activations=true).
+# train_lm runs another language model's config the same way (configs/llama_tiny.toml: the Llama family).
 GPT_STEPS=50
-train_gpt() {
-  local logfile=$1 device=$2 backend=$3 limit=$4 rc=0 line
-  shift 4
+train_gpt() { train_lm gpt_tiny "$@"; }
+train_lm() {
+  local config=$1 logfile=$2 device=$3 backend=$4 limit=$5 rc=0 line
+  shift 5
   if [ ! -d "$BUNDLE/tokens" ]; then
     NOTE="no $BUNDLE/tokens (bundle makes it with dptrain tokenize from Debian's fortunes: were they installed?)"
     return 1
   fi
-  run_timed "$logfile" "$limit" "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/gpt_tiny.toml" \
+  run_timed "$logfile" "$limit" "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/$config.toml" \
     "train.device=$device" "dist.backend=$backend" "data.dir=$BUNDLE/tokens" "train.max_steps=$GPT_STEPS" \
     data.test_limit=256 train.progress_interval_s=0.001 "checkpoint.dir=$WORK/$(basename "$logfile" .log)" \
     --resume never "$@" || rc=$?
@@ -722,6 +727,8 @@ train_gpt() {
 
 step_train_gpt_gpu() { train_gpt "$1" cuda nccl 120 "${@:2}"; }
 step_train_gpt_cpu() { train_gpt "$1" cpu gloo 120 "${@:2}"; }
+step_train_llama_gpu() { train_lm llama_tiny "$1" cuda nccl 120 "${@:2}"; }
+step_train_llama_cpu() { train_lm llama_tiny "$1" cpu gloo 120 "${@:2}"; }
 
 # GPU against CPU for the GPT: the loss at the first and the last step both runs printed, the running training
 # loss of the epoch line and the validation loss within GPU_CHECK_LOSS_TOL, the next-byte accuracy within
@@ -1029,6 +1036,14 @@ run_all() {
   run_step train_cuda_gpt_bf16act step_train_gpt_gpu train.precision=bf16 train.bf16_activations=true
   run_step train_cpu_gpt_bf16act step_train_gpt_cpu train.precision=bf16 train.bf16_activations=true
   run_step compare_gpt_bf16act_gpu_cpu step_compare_gpt train_cuda_gpt_bf16act train_cpu_gpt_bf16act 5
+  # The Llama family (configs/llama_tiny.toml: grouped-query attention, RMSNorm, RoPE, SwiGLU) the same ways: float32
+  # activations, then its fast path (q/k/v packed for cuDNN's grouped-query attention, bf16 RMSNorm, SwiGLU, RoPE).
+  run_step train_cuda_llama step_train_llama_gpu
+  run_step train_cpu_llama step_train_llama_cpu
+  run_step compare_llama_gpu_cpu step_compare_gpt train_cuda_llama train_cpu_llama
+  run_step train_cuda_llama_bf16act step_train_llama_gpu train.precision=bf16 train.bf16_activations=true
+  run_step train_cpu_llama_bf16act step_train_llama_cpu train.precision=bf16 train.bf16_activations=true
+  run_step compare_llama_bf16act_gpu_cpu step_compare_gpt train_cuda_llama_bf16act train_cpu_llama_bf16act 5
   run_step torchrun_2x step_torchrun
   run_step bench_gpt step_bench_gpt
   run_step bench step_bench

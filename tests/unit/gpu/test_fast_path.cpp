@@ -2,7 +2,8 @@
 // tests/unit/models/test_fast_path_kernels.cpp checks against double): the bf16 matmul through cuBLASLt with each
 // epilogue, fused and through the fallback kernels; cuDNN's fused flash attention forward and backward (and that a
 // rerun gives the same bits); the fused classifier; the fused AdamW; the bf16 LayerNorm, residual add and GELU
-// backward; then a whole GPT with bf16 activations (train.bf16_activations) on the GPU against the same model's CPU
+// backward; then a whole GPT and a whole Llama (grouped-query, and tied with biases) with bf16 activations
+// (train.bf16_activations) on the GPU against the same model's CPU
 // fast path, forward, fused loss and backward, twice. Fresh random inputs from fixed seeds, never
 // zeros; every output the GPU writes starts as NaN on the device (bf16 0x7FC0), so an element left unwritten fails;
 // outputs it accumulates into start random. Each comparison prints the tensor's name, the first bad and the worst
@@ -19,6 +20,7 @@
 #include "gpu_testing.h"
 #include "models/kernels/cuda/cuda_kernels.h"
 #include "models/gpt/gpt.h"
+#include "models/llama/llama.h"
 #include "models/kernels/factory.h"
 #include "models/layers.h"
 #include "models/model.h"
@@ -296,6 +298,56 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
   }
 }
 
+namespace {
+
+// One training step of a model with bf16 activations on cuda against the same model's CPU fast path, twice (the
+// cached cuBLASLt plans and cuDNN graphs again): the loss, the targets counted and every parameter's gradient.
+// Every `mask_every`-th label is kIgnoreLabel (0: none).
+void check_fast_path_step(Model& cpu_model, Model& gpu_model, int64_t vocab, int64_t batch, int64_t t,
+                          int64_t mask_every = 0) {
+  for (auto* m : {&cpu_model, &gpu_model}) m->set_bf16_activations(true);
+  std::mt19937 rng(113);
+  Tensor tokens = Tensor::empty({batch, t}, DType::I32), labels = Tensor::empty({batch * t}, DType::I32);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  int64_t counted = 0;
+  for (size_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = tok(rng);
+  for (size_t i = 0; i < labels.numel(); ++i) {
+    const bool masked = mask_every > 0 && static_cast<int64_t>(i) % mask_every == mask_every - 1;
+    labels.data<int32_t>()[i] = masked ? kIgnoreLabel : tok(rng);
+    counted += !masked;
+  }
+  const Tensor d_tokens = to_device(tokens), d_labels = to_device(labels);
+  for (int repeat = 0; repeat < 2; ++repeat) {
+    CAPTURE(repeat);
+    cpu_model.zero_grad();
+    gpu_model.zero_grad();
+    SoftmaxCrossEntropy cpu_loss, gpu_loss;
+    Tensor cpu_stats = Tensor::zeros({3}, DType::F64), gpu_stats = to_device(Tensor::zeros({3}, DType::F64));
+    const Tensor& cl = cpu_model.forward(tokens);
+    const Tensor& gl = gpu_model.forward(d_tokens);
+    REQUIRE(gl.dtype() == DType::BF16);
+    REQUIRE(gl.shape() == cl.shape());
+    cpu_loss.accumulate(cl, labels, cpu_model.kernels(), cpu_stats, true, 0.5);
+    gpu_loss.accumulate(gl, d_labels, gpu_model.kernels(), gpu_stats, true, 0.5);
+    const double want = cpu_stats.data<double>()[0], got = to_host(gpu_stats).data<double>()[0];
+    INFO(fmt::format("loss sum: gpu {}, cpu {}", got, want));
+    CHECK(rel_err(got, want) < 1e-3);
+    CHECK(to_host(gpu_stats).data<double>()[2] == static_cast<double>(counted));  // the targets counted
+    cpu_model.backward(cpu_loss.grad());
+    gpu_model.backward(gpu_loss.grad());
+    const Tensor got_grads = to_host(gpu_model.grads());
+    for (const NamedParam& np : cpu_model.named_params()) {
+      const Diff d = compare(got_grads.data<float>() + np.offset, cpu_model.grads().data<float>() + np.offset,
+                             np.param.numel());
+      INFO(np.name << ": " << d);
+      CHECK(d.nonfinite == 0);
+      CHECK(d.rel_l2 < 3e-2);  // bf16 activations rounded at other points of float32 sums: a few bf16 steps
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("a GPT with bf16 activations on cuda matches its CPU fast path: loss and every gradient",
           "[gpu][fastpath][model]") {
   GptOptions o;
@@ -304,42 +356,37 @@ TEST_CASE("a GPT with bf16 activations on cuda matches its CPU fast path: loss a
   o.n_embd = 128;  // head size 32, as configs/gpt_tiny.toml
   o.vocab_size = 300;
   o.block_size = 64;
-  constexpr int64_t kBatch = 4, kT = 64;
   auto cpu_model = make_gpt(o), gpu_model = make_gpt(o);
   cpu_model->init(42);
   gpu_model->init(42);
   gpu_model->to(gpu());
-  for (auto* m : {cpu_model.get(), gpu_model.get()}) m->set_bf16_activations(true);
-  std::mt19937 rng(113);
-  Tensor tokens = Tensor::empty({kBatch, kT}, DType::I32), labels = Tensor::empty({kBatch * kT}, DType::I32);
-  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(o.vocab_size - 1));
-  for (size_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = tok(rng);
-  for (size_t i = 0; i < labels.numel(); ++i) labels.data<int32_t>()[i] = tok(rng);
-  const Tensor d_tokens = to_device(tokens), d_labels = to_device(labels);
-  for (int repeat = 0; repeat < 2; ++repeat) {  // twice: the cached cuBLASLt plans and cuDNN graphs again
-    CAPTURE(repeat);
-    cpu_model->zero_grad();
-    gpu_model->zero_grad();
-    SoftmaxCrossEntropy cpu_loss, gpu_loss;
-    Tensor cpu_stats = Tensor::zeros({3}, DType::F64), gpu_stats = to_device(Tensor::zeros({3}, DType::F64));
-    const Tensor& cl = cpu_model->forward(tokens);
-    const Tensor& gl = gpu_model->forward(d_tokens);
-    REQUIRE(gl.dtype() == DType::BF16);
-    cpu_loss.accumulate(cl, labels, cpu_model->kernels(), cpu_stats, true, 0.5);
-    gpu_loss.accumulate(gl, d_labels, gpu_model->kernels(), gpu_stats, true, 0.5);
-    const double want = cpu_stats.data<double>()[0], got = to_host(gpu_stats).data<double>()[0];
-    INFO(fmt::format("loss sum: gpu {}, cpu {}", got, want));
-    CHECK(rel_err(got, want) < 1e-3);
-    CHECK(to_host(gpu_stats).data<double>()[2] == static_cast<double>(labels.numel()));  // the targets counted
-    cpu_model->backward(cpu_loss.grad());
-    gpu_model->backward(gpu_loss.grad());
-    const Tensor got_grads = to_host(gpu_model->grads());
-    for (const NamedParam& np : cpu_model->named_params()) {
-      const Diff d = compare(got_grads.data<float>() + np.offset, cpu_model->grads().data<float>() + np.offset,
-                             np.param.numel());
-      INFO(np.name << ": " << d);
-      CHECK(d.nonfinite == 0);
-      CHECK(d.rel_l2 < 3e-2);  // bf16 activations rounded at other points of float32 sums: a few bf16 steps
-    }
+  check_fast_path_step(*cpu_model, *gpu_model, o.vocab_size, 4, 64);
+}
+
+// The Llama's fast path: q/k/v packed into the fused attention's rows, RoPE on bf16, cuDNN's grouped-query
+// attention, bf16 RMSNorm and SwiGLU, logits over the unpadded vocabulary; with masked targets (fine-tuning data).
+TEST_CASE("a Llama with bf16 activations on cuda matches its CPU fast path: grouped-query untied, and multi-head tied "
+          "with Qwen2's q/k/v biases", "[gpu][fastpath][model][llama_fast]") {
+  LlamaOptions o;
+  o.n_layer = 2;
+  o.n_head = 4;
+  o.n_kv_head = 2;
+  o.n_embd = 128;
+  o.head_dim = 32;  // configs/llama_tiny.toml's
+  o.intermediate_size = 256;
+  o.vocab_size = 300;
+  o.max_positions = 64;
+  o.rope_theta = 500000.0;
+  SECTION("grouped-query, untied") {}
+  SECTION("multi-head, tied, q/k/v biases, vocabulary 301") {
+    o.n_kv_head = 4;
+    o.tie_embeddings = true;
+    o.qkv_bias = true;
+    o.vocab_size = 301;  // an odd row stride for the logits: cuBLASLt's unaligned fallback
   }
+  auto cpu_model = make_llama(o), gpu_model = make_llama(o);
+  cpu_model->init(42);
+  gpu_model->init(42);
+  gpu_model->to(gpu());
+  check_fast_path_step(*cpu_model, *gpu_model, o.vocab_size, 4, 64, 7);
 }
