@@ -377,6 +377,8 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
       if (!in) DPT_THROW(IoError, "{}: cannot open: {}", path, std::strerror(errno));
       ++summary.files;
       for (size_t line_no = 1; std::getline(in, line); ++line_no) {
+        if (opts.cancelled && opts.cancelled())
+          DPT_THROW(Error, "tokenize: cancelled at {}:{}; {} was left as it was", path, line_no, opts.out_dir);
         summary.bytes += line.size() + 1;
         std::optional<JsonlRecord> record;
         try {

@@ -82,6 +82,9 @@ struct JsonlOptions {
   bool skip_bad_lines = false;      // a malformed line is skipped and counted (false: an error naming it)
   // Called every few MB and at the end: (bytes read, bytes in all the inputs).
   std::function<void(uint64_t bytes_done, uint64_t bytes_total)> progress;
+  // Asked before each line (null: never): true stops the tokenization with an Error saying so, OUT left as it was
+  // (the trainer's rank 0 when a peer has failed and nobody waits for the shards any more).
+  std::function<bool()> cancelled;
 };
 
 struct JsonlSummary {

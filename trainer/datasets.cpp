@@ -173,8 +173,9 @@ class FileLock {
   int fd_ = -1;
 };
 
-// Rank 0's part of prepare_data: reuse data.dir, or tokenize into it, holding DIR.lock (beside it) throughout.
-void prepare_jsonl(const Config& cfg, bool log, bool records_may_be_gone) {
+// Rank 0's part of prepare_data: reuse data.dir, or tokenize into it, holding DIR.lock (beside it) throughout. A
+// tokenization stops (an Error, data.dir left as it was) once `abandon` is set (null: never).
+void prepare_jsonl(const Config& cfg, bool log, bool records_may_be_gone, const std::atomic<bool>* abandon = nullptr) {
   const DataConfig& d = cfg.data;
   const FileLock lock(std::filesystem::path(d.dir).lexically_normal().string() + ".lock");
   const std::unique_ptr<data::Tokenizer> tokenizer = jsonl_tokenizer(cfg);
@@ -184,6 +185,7 @@ void prepare_jsonl(const Config& cfg, bool log, bool records_may_be_gone) {
   o.val_every = static_cast<size_t>(d.val_every);
   o.eos_token = d.eos_token;
   o.skip_bad_lines = d.skip_bad_lines;
+  if (abandon) o.cancelled = [abandon] { return abandon->load(std::memory_order_relaxed); };
   namespace fs = std::filesystem;
   std::error_code ec;
   const bool ours = fs::is_regular_file(fs::path(d.dir) / data::kJsonlSourceFile, ec);
@@ -218,12 +220,12 @@ void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool records_may_be
     return;
   }
   std::exception_ptr error;
-  std::atomic<bool> done{false};
+  std::atomic<bool> done{false}, abandon{false};
   std::thread worker;
   if (lead)
     worker = std::thread([&] {
       try {
-        prepare_jsonl(cfg, log, records_may_be_gone);
+        prepare_jsonl(cfg, log, records_may_be_gone, &abandon);
       } catch (...) {
         error = std::current_exception();
       }
@@ -245,6 +247,9 @@ void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool records_may_be
       }
     }
   } catch (...) {
+    // A peer failed (or the collective timed out): nobody waits for the shards; the tokenization stops at its next
+    // line instead of running to the end before this rank can leave.
+    abandon = true;
     if (worker.joinable()) worker.join();
     throw;
   }

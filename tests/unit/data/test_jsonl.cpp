@@ -290,3 +290,34 @@ TEST_CASE("tokenize_jsonl: malformed lines named or skipped, and what it cannot 
   o.force = true;
   REQUIRE(tokenize_jsonl(o, bytes).bad_lines == 2);
 }
+
+TEST_CASE("tokenize_jsonl stops when cancelled, the output folder as it was", "[data][jsonl]") {
+  test::TempDir dir;
+  std::string lines;
+  for (int i = 0; i < 50; ++i) lines += "{\"text\": \"line " + std::to_string(i) + "\"}\n";
+  test::write_file(dir.path / "d.jsonl", lines);
+  JsonlOptions o;
+  o.inputs = {(dir.path / "d.jsonl").string()};
+  o.out_dir = (dir.path / "out").string();
+  o.val_every = 2;
+  o.eos_token = "\n";
+  const ByteTokenizer bytes;
+  // Cancelled at the 21st line asked about: an Error naming it; nothing written, no staging folder left.
+  int asked = 0;
+  o.cancelled = [&] { return ++asked > 20; };
+  REQUIRE_THROWS_WITH(tokenize_jsonl(o, bytes), Catch::Contains("cancelled at " + (dir.path / "d.jsonl").string() +
+                                                                ":21"));
+  REQUIRE_FALSE(fs::exists(dir.path / "out"));
+  REQUIRE_FALSE(fs::exists(dir.path / "out.tmp"));
+  // An earlier output replaced by force survives a cancelled rerun whole.
+  o.cancelled = nullptr;
+  const JsonlSummary s = tokenize_jsonl(o, bytes);
+  REQUIRE(s.train_documents + s.val_documents == 50);
+  const auto before = shard_tokens(dir.path / "out" / "bytes_train_000000.bin");
+  o.force = true;
+  o.cancelled = [] { return true; };
+  REQUIRE_THROWS_WITH(tokenize_jsonl(o, bytes), Catch::Contains("left as it was"));
+  REQUIRE(shard_tokens(dir.path / "out" / "bytes_train_000000.bin") == before);
+  REQUIRE(fs::exists(dir.path / "out" / kJsonlSourceFile));
+  REQUIRE_FALSE(fs::exists(dir.path / "out.tmp"));
+}
