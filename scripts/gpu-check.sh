@@ -381,6 +381,7 @@ train_cuda_nccl_1rank train_cpu_1rank compare_gpu_cpu
 train_cuda_gpt train_cpu_gpt compare_gpt_gpu_cpu generate_gpu_cpu
 train_cuda_gpt_bf16act train_cpu_gpt_bf16act compare_gpt_bf16act_gpu_cpu
 train_cuda_llama train_cpu_llama compare_llama_gpu_cpu
+train_cuda_resnet_fp32 predict_gpu_cpu
 train_cuda_llama_bf16act train_cpu_llama_bf16act compare_llama_bf16act_gpu_cpu
 GROUPS
 }
@@ -661,6 +662,67 @@ step_train_resnet() {
   run_learns "$logfile" 240 0.6 "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_resnet.toml" \
     train.device=cuda dist.backend=nccl "data.dir=$BUNDLE/data" train.epochs=1 "train.precision=$precision" \
     "checkpoint.dir=$WORK/resnet_$precision" --resume never
+}
+
+# dptrain predict with the ResNet that train_cuda_resnet_fp32 trained, on the GPU and on the CPU, over 500
+# Fashion-MNIST validation images (dptrain export-images): the same top-1 class for every image, or, where they
+# differ, a near tie on the CPU (its two best probabilities within PREDICT_TIE); the largest difference of the top-1
+# probability is in the note.
+PREDICT_TIE=1e-3
+step_predict_gpu_cpu() {
+  local logfile=$1 ckpt=$WORK/resnet_fp32 images=$WORK/predict_images dev rc=0 k trained=0
+  for k in "${!STEP_NAMES[@]}"; do
+    [ "${STEP_NAMES[$k]}" = train_cuda_resnet_fp32 ] && [ "${STEP_RESULTS[$k]}" = PASS ] && trained=1
+  done
+  if ((trained == 0)); then  # never an older run's checkpoint
+    NOTE="train_cuda_resnet_fp32 did not pass in this run (run --only: name it too)"
+    return 1
+  fi
+  rm -rf "$images"
+  run_timed "$logfile" 60 "${DPT_ENV[@]}" "$B_BIN/dptrain" export-images --data-dir "$BUNDLE/data" --out "$images" \
+    --limit 500 || { NOTE="export-images: exit $?$(first_error "$logfile")"; return 1; }
+  for dev in cuda cpu; do
+    run_timed "$logfile" 90 "${DPT_ENV[@]}" "$B_BIN/dptrain" predict --checkpoint "$ckpt" --input "$images/val" \
+      --out "$WORK/predict_$dev.jsonl" --top-k 2 "train.device=$dev" || rc=$?
+    ((rc == 0)) || { NOTE="predict on $dev: exit $rc$(first_error "$logfile")"; return 1; }
+  done
+  NOTE=$(predict_compare "$WORK/predict_cuda.jsonl" "$WORK/predict_cpu.jsonl" "$PREDICT_TIE" 2>>"$logfile") || rc=1
+  echo "$NOTE" >>"$logfile"
+  [ -n "$NOTE" ] || NOTE="the comparison printed nothing (see the log)"
+  return "$rc"
+}
+
+# predict_compare GPU.jsonl CPU.jsonl TIE: one line saying how the two predictions agree; exit 1 when an image's
+# top-1 differs without a near tie on the CPU side, or the files list other images.
+predict_compare() {
+  python3 - "$@" <<'PY'
+import json, sys
+def load(path):
+    with open(path) as f:
+        return {r["path"]: r for r in map(json.loads, f) if r.get("path")}
+gpu, cpu, tie = load(sys.argv[1]), load(sys.argv[2]), float(sys.argv[3])
+if not cpu or sorted(gpu) != sorted(cpu):
+    print(f"the files list other images: {len(gpu)} on the GPU, {len(cpu)} on the CPU")
+    sys.exit(1)
+same, ties, bad, worst = 0, [], [], 0.0
+for path, c in cpu.items():
+    g = gpu[path]
+    if "error" in c or "error" in g:
+        bad.append(f"{path}: {c.get('error') or g.get('error')}")
+        continue
+    gt, ct = g["top"], c["top"]
+    if gt[0]["index"] == ct[0]["index"]:
+        same += 1
+        worst = max(worst, abs(gt[0]["prob"] - ct[0]["prob"]))
+    elif len(ct) > 1 and ct[0]["prob"] - ct[1]["prob"] <= tie:
+        ties.append(path)
+    else:
+        bad.append(f"{path}: GPU {gt[0]['class']} {gt[0]['prob']}, CPU {ct[0]['class']} {ct[0]['prob']}")
+print(f"{same} of {len(cpu)} images: the same top-1 (top-1 probability within {worst:.2g}); "
+      f"{len(ties)} near tie(s) on the CPU (within {tie:g}) part; {len(bad)} differ"
+      + (f": {'; '.join(bad[:3])}" if bad else ""))
+sys.exit(1 if bad else 0)
+PY
 }
 
 step_bench() {
@@ -1027,6 +1089,7 @@ run_all() {
   run_step memory_cuda step_memory_gpu
   run_step oom_cuda step_oom_gpu
   for p in fp32 bf16 fp16; do run_step "train_cuda_resnet_$p" step_train_resnet "$p"; done
+  run_step predict_gpu_cpu step_predict_gpu_cpu
   run_step train_cuda_gpt step_train_gpt_gpu
   run_step train_cpu_gpt step_train_gpt_cpu
   run_step compare_gpt_gpu_cpu step_compare_gpt
