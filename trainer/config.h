@@ -52,7 +52,7 @@ struct TrainConfig {
   int64_t batch_size = 64;  // per rank
   DeviceChoice device = DeviceChoice::automatic;
   models::Precision precision = models::Precision::F32;  // GEMM and convolution arithmetic; fp16 adds loss scaling
-  bool bf16_activations = false;  // the transformer fast path (GPT): bf16 activations in training; needs precision bf16
+  bool bf16_activations = false;  // the transformer fast path (GPT, Llama): bf16 activations in training; needs precision bf16
   OptimizerKind optimizer = OptimizerKind::sgd;
   double lr = 0.05;
   double momentum = 0.9;

@@ -11,9 +11,10 @@
 // (absent when tied). RoPE is Hugging Face's (rotate_half: dimension i pairs with i + head_dim / 2), its tables from
 // models/rope.h. Initialisation is LlamaPreTrainedModel's: every weight N(0, initializer_range), biases 0, RMSNorm 1.
 //
-// Input: int32 tokens [B, T] with T <= max_positions. Output: float32 logits [B * T, vocab_size] (row b * T + t),
-// what the softmax cross-entropy takes. The vocabulary is not padded (Hugging Face's sizes are the tensors' sizes).
-// Float32 activations on every kernel set; KV-cache generation as the GPT's (models/generate.h).
+// Input: int32 tokens [B, T] with T <= max_positions. Output: float32 logits [B * T, vocab_size] (row b * T + t; bf16
+// in a training step of the fast path below), what the softmax cross-entropy takes. The vocabulary is not padded
+// (Hugging Face's sizes are the tensors' sizes). Float32 activations on every kernel set outside the fast path;
+// KV-cache generation as the GPT's (models/generate.h).
 //
 // The transformer fast path (Model::set_bf16_activations, train.bf16_activations), as the GPT's: a training forward
 // rounds the float32 embedding to bf16 once and keeps bf16 activations from there on (RMSNorm with float32 statistics,

@@ -3,9 +3,10 @@
 # the fused attention, the fused classifier, float32 masters) trains a GPT and a Llama (grouped-query attention, bf16
 # RMSNorm, SwiGLU and RoPE, q/k/v packed for the fused attention) end to end through dptrain, on the CPU kernel set
 # (the reference loops the GPU's cuBLASLt / cuDNN path is tested against). For each:
-#  - 300 AdamW steps on 1 rank reach the float32 path's validation loss within 3% (same seed, same data; the two
-#    arithmetics' trajectories part by 1-2% at this length, measured over seeds 1, 2 and 1337 for the Llama), well
-#    below the untrained ln 256 = 5.55 nats per byte;
+#  - 300 AdamW steps on 1 rank (warm-up and clipping: a steady run, whose end does not hang on where rounding sent
+#    it) reach the float32 path's validation loss (same seed, same data) within 0.5% for the GPT and 2% for the Llama
+#    (measured over seeds 1, 2 and 1337: at most 0.01% and 0.8%), well below the untrained ln 256 = 5.55 nats per
+#    byte;
 #  - with 2 ranks over Gloo, DDP and ZeRO stage 2 (its held gradient buckets: the layers' hooks around the bf16
 #    backward) reach the same parameters as each other after 10 SGD steps, and those of 1 rank within bf16's
 #    rounding;
@@ -17,21 +18,28 @@ source "$(dirname "$0")/lib/common.bash"
 COMMON=(data.dataset=tokens data.dir="$WORK/fort" model.n_layer=2 model.n_embd=64 model.block_size=32
         train.device=cpu train.epochs=1 train.progress_interval_s=1000 data.test_limit=512)
 GPT=("${COMMON[@]}" model.name=gpt model.n_head=2)
-# 4 query heads of 16 over 2 key/value heads; the untied head.
-LLAMA=("${COMMON[@]}" model.name=llama model.n_head=4 model.n_kv_head=2 model.intermediate_size=128)
+# 4 query heads of 16 over 2 key/value heads; the head tied to the embedding (the untied one: unit_models
+# [llama][bf16act], gpu-check's llama_tiny).
+LLAMA=("${COMMON[@]}" model.name=llama model.n_head=4 model.n_kv_head=2 model.intermediate_size=128
+       model.tie_embeddings=true)
 FAST=(train.precision=bf16 train.bf16_activations=true)
+ADAMW=(train.batch_size=16 train.optimizer=adamw train.lr=1e-3 train.warmup_steps=30 train.clip_grad_norm=1.0)
 
 learn() {  # learn NAME ARGS...: 300 AdamW steps of $family on 1 rank
   local name=$1
   shift
-  "$DPTRAIN" "${MODEL[@]}" train.batch_size=16 train.optimizer=adamw train.lr=3e-3 train.max_steps=300 \
+  "$DPTRAIN" "${MODEL[@]}" "${ADAMW[@]}" train.max_steps=300 \
     checkpoint.dir="$WORK/$family-$name" --resume never "$@" > "$WORK/$family-$name.log" 2>&1 \
     || { cat "$WORK/$family-$name.log"; fail "$family $name failed"; }
 }
-# SGD's rate: at 0.1 the Llama's 10 steps amplify the last bits of float32 sums that differ between 1 and 2 ranks,
-# through bf16 roundings that then fall the other way, to 2.4e-3 (0.4e-3 at 0.05, 6e-7 at 0.02; the GPT 1.6e-5 at
-# 0.1); the comparison is of the arithmetic, not of that chaos.
+# SGD's rate: 1 and 2 ranks sum the float32 gradients in other orders, which now and then sends a bf16 rounding of a
+# parameter copy the other way; the step after carries that difference times the rate. At 0.1 the Llama's 10 steps
+# amplify it to 2.4e-3 (untied; 6e-7 at 0.02); the tied Llama used here measures 4.1e-5 at 0.02, 2.1e-5 at 0.01;
+# the GPT 1.6e-5 at 0.1. The comparison is of the arithmetic, not of that chaos: the bounds are 5x what was measured
+# or more, far below what a gradient left out of the reduction moves (rate x gradient x steps).
 declare -A SGD_LR=([gpt]=0.1 [llama]=0.02)
+# What each family is held to: the validation loss's relative distance to the float32 run's; 1 x 8 against 2 x 4.
+declare -A LOSS_REL=([gpt]=0.005 [llama]=0.02) ONE_VS_TWO=([gpt]=2e-3 [llama]=2e-4)
 run() {  # run NAME NPROC BATCH ARGS...: 10 SGD steps of $family with bf16 activations
   local name=$1 n=$2 b=$3
   shift 3
@@ -53,14 +61,15 @@ for family in gpt llama; do
   l32=$(grep -o "test_loss [0-9.]*" "$W-fp32.log" | tail -1 | cut -d' ' -f2)
   l16=$(grep -o "test_loss [0-9.]*" "$W-fast.log" | tail -1 | cut -d' ' -f2)
   echo "$family: validation loss after 300 steps: float32 $l32, bf16 activations $l16"
-  awk -v a="$l16" -v b="$l32" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.03 * b && a < 4.0) }' \
+  awk -v a="$l16" -v b="$l32" -v r="${LOSS_REL[$family]}" \
+    'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < r * b && a < 4.0) }' \
     || fail "$family: bf16 activations reach $l16, the float32 path $l32"
 
   # The checkpoint evaluates (float32 path) to the run's own final loss, and resumes.
   "$DPTRAIN" eval --checkpoint "$W-fast" > "$W-eval.log" 2>&1 || { cat "$W-eval.log"; fail "$family: eval failed"; }
   e=$(grep -o "eval: .* loss [0-9.]*" "$W-eval.log" | grep -o "[0-9.]*$")
   awk -v a="$e" -v b="$l16" 'BEGIN { exit !(a - b < 2e-4 && b - a < 2e-4) }' || fail "$family: eval gives $e, the run $l16"
-  "$DPTRAIN" "${MODEL[@]}" "${FAST[@]}" train.batch_size=16 train.optimizer=adamw train.lr=3e-3 train.max_steps=310 \
+  "$DPTRAIN" "${MODEL[@]}" "${FAST[@]}" "${ADAMW[@]}" train.max_steps=310 \
     checkpoint.dir="$W-fast" > "$W-resume.log" 2>&1 || { cat "$W-resume.log"; fail "$family: the resume failed"; }
   grep -q "resumed from .*step-00000300" "$W-resume.log" || { cat "$W-resume.log"; fail "$family: did not resume"; }
 
@@ -69,7 +78,8 @@ for family in gpt llama; do
   run zero2 2 4 dist.zero=2
   grep -q "zero: stage 2" "$W-zero2.log" || { cat "$W-zero2.log"; fail "$family: ZeRO stage 2 did not run"; }
   "$PY" "$CKPT_PY" compare "$W-ddp/step-00000010" "$W-zero2/step-00000010" 1e-6 || fail "$family: ZeRO-2 != DDP"
-  "$PY" "$CKPT_PY" compare "$W-one8/step-00000010" "$W-ddp/step-00000010" 2e-3 || fail "$family: 2 x 4 != 1 x 8"
+  "$PY" "$CKPT_PY" compare "$W-one8/step-00000010" "$W-ddp/step-00000010" "${ONE_VS_TWO[$family]}" \
+    || fail "$family: 2 x 4 != 1 x 8"
 done
 
 expect_exit 2 "bf16 activations are the transformer fast path (model.name = gpt or llama)" \
