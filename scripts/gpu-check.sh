@@ -457,6 +457,17 @@ catch2_summary() { grep -E 'All tests passed|test cases:|No tests ran' "$1" | ta
 
 # -- the steps ------------------------------------------------------------------------------------------
 
+# passed_in_this_run STEP: true when STEP ran and passed in this run; else false with the note saying so. A step that
+# reads another's output (a checkpoint) asks first: never an older run's output.
+passed_in_this_run() {
+  local k
+  for k in "${!STEP_NAMES[@]}"; do
+    [ "${STEP_NAMES[$k]}" = "$1" ] && [ "${STEP_RESULTS[$k]}" = PASS ] && return 0
+  done
+  NOTE="$1 did not pass in this run (run --only: name it too)"
+  return 1
+}
+
 step_unit_gpu() {
   local logfile=$1 rc=0
   if [ ! -x "$B_BIN/unit_gpu" ]; then
@@ -670,14 +681,8 @@ step_train_resnet() {
 # probability is in the note.
 PREDICT_TIE=1e-3
 step_predict_gpu_cpu() {
-  local logfile=$1 ckpt=$WORK/resnet_fp32 images=$WORK/predict_images dev rc=0 k trained=0
-  for k in "${!STEP_NAMES[@]}"; do
-    [ "${STEP_NAMES[$k]}" = train_cuda_resnet_fp32 ] && [ "${STEP_RESULTS[$k]}" = PASS ] && trained=1
-  done
-  if ((trained == 0)); then  # never an older run's checkpoint
-    NOTE="train_cuda_resnet_fp32 did not pass in this run (run --only: name it too)"
-    return 1
-  fi
+  local logfile=$1 ckpt=$WORK/resnet_fp32 images=$WORK/predict_images dev rc=0
+  passed_in_this_run train_cuda_resnet_fp32 || return 1
   rm -rf "$images"
   run_timed "$logfile" 60 "${DPT_ENV[@]}" "$B_BIN/dptrain" export-images --data-dir "$BUNDLE/data" --out "$images" \
     --limit 500 || { NOTE="export-images: exit $?$(first_error "$logfile")"; return 1; }
@@ -864,14 +869,8 @@ step_bench_gpt() {
 # greedy (--top-k 1) and sampled with a seed (--seed 7, temperature 1), 64 bytes each. PASS when each pair of texts
 # is equal; else the note says at which character they part (fp32 logits can round differently on the two sides).
 step_generate_gpu_cpu() {
-  local logfile=$1 ckpt=$WORK/train_cuda_gpt/checkpoints mode dev rc ok=0 a b i k trained=0
-  for k in "${!STEP_NAMES[@]}"; do
-    [ "${STEP_NAMES[$k]}" = train_cuda_gpt ] && [ "${STEP_RESULTS[$k]}" = PASS ] && trained=1
-  done
-  if ((trained == 0)); then  # never an older run's checkpoint
-    NOTE="train_cuda_gpt did not pass in this run (run --only: name it too)"
-    return 1
-  fi
+  local logfile=$1 ckpt=$WORK/train_cuda_gpt/checkpoints mode dev rc ok=0 a b i
+  passed_in_this_run train_cuda_gpt || return 1
   [ -d "$ckpt" ] || ckpt=$WORK/train_cuda_gpt
   if ! ls -d "$ckpt"/step-* >/dev/null 2>&1 && ! ls -d "$ckpt"/*/step-* >/dev/null 2>&1; then
     NOTE="no checkpoint under $WORK/train_cuda_gpt (did train_cuda_gpt run?)"

@@ -8,7 +8,9 @@
 #include <random>
 #include <vector>
 
+#include "core/bfloat16_convert.h"
 #include "core/tensor.h"
+#include "models/layers.h"
 #include "models/model.h"
 #include "models/module.h"
 
@@ -89,6 +91,44 @@ std::unique_ptr<models::Model> wrap(std::unique_ptr<M> m, uint64_t seed = 3) {
   auto model = std::make_unique<models::Model>(std::move(m), "test", Device::cpu());
   model->init(seed);
   return model;
+}
+
+// One training step's forward and backward of a language model (the trainer's loss call) on the host: its loss (the
+// mean over the counted targets), a host copy of the flat gradients and of the logits (float32; bf16 widened). The
+// fast-path tests compare a model with bf16 activations against its float32 path with it.
+struct LmStep {
+  double loss = 0;
+  Tensor grads;
+  Tensor logits;
+};
+
+inline LmStep lm_step(models::Model& m, const Tensor& tokens, const Tensor& targets, double grad_scale = 1.0) {
+  models::Kernels& k = m.kernels();
+  models::SoftmaxCrossEntropy loss;
+  Tensor stats = Tensor::zeros({3}, DType::F64);
+  m.zero_grad();
+  const Tensor& logits = m.forward(tokens);
+  LmStep s;
+  s.logits = Tensor::empty(logits.shape());
+  for (size_t i = 0; i < logits.numel(); ++i)
+    s.logits.data<float>()[i] =
+        logits.dtype() == DType::BF16 ? to_float(logits.data<BFloat16>()[i]) : logits.data<float>()[i];
+  loss.accumulate(logits, targets, k, stats, /*backward=*/true, grad_scale);
+  m.backward(loss.grad());
+  s.loss = stats.data<double>()[0] / stats.data<double>()[2];
+  s.grads = Tensor::empty(m.grads().shape());
+  s.grads.copy_from(m.grads());
+  return s;
+}
+
+// ||got - want|| / ||want|| (||got - want|| when want is 0).
+inline double rel_l2(const float* got, const float* want, size_t n) {
+  double d = 0, w = 0;
+  for (size_t i = 0; i < n; ++i) {
+    d += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
+    w += static_cast<double>(want[i]) * want[i];
+  }
+  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
 }
 
 }  // namespace dpt::test

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <random>
 
+#include "model_testing.h"
 #include "models/gpt/gpt.h"
 #include "models/kernels/factory.h"
 #include "models/layers.h"
@@ -30,41 +31,6 @@ GptOptions small() {
   return o;
 }
 
-struct Step {
-  double loss = 0;
-  Tensor grads;   // a host copy of the flat gradients
-  Tensor logits;  // a host copy, float32 (bf16 widened)
-};
-
-// One training step's forward and backward of `m` on (tokens, targets), with the trainer's loss call.
-Step step(Model& m, const Tensor& tokens, const Tensor& targets, double grad_scale = 1.0) {
-  Kernels& k = m.kernels();
-  SoftmaxCrossEntropy loss;
-  Tensor stats = Tensor::zeros({3}, DType::F64);
-  m.zero_grad();
-  const Tensor& logits = m.forward(tokens);
-  Step s;
-  s.logits = Tensor::empty(logits.shape());
-  for (size_t i = 0; i < logits.numel(); ++i)
-    s.logits.data<float>()[i] =
-        logits.dtype() == DType::BF16 ? to_float(logits.data<BFloat16>()[i]) : logits.data<float>()[i];
-  loss.accumulate(logits, targets, k, stats, /*backward=*/true, grad_scale);
-  m.backward(loss.grad());
-  s.loss = stats.data<double>()[0] / static_cast<double>(targets.numel());
-  s.grads = Tensor::empty(m.grads().shape());
-  s.grads.copy_from(m.grads());
-  return s;
-}
-
-double rel_l2(const float* got, const float* want, size_t n) {
-  double d = 0, w = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    w += static_cast<double>(want[i]) * want[i];
-  }
-  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
-}
-
 struct Fixture {
   std::unique_ptr<Model> fp32 = make_gpt(small()), bf16 = make_gpt(small());
   Tensor tokens = Tensor::empty({3, 16}, DType::I32), targets = Tensor::empty({48}, DType::I32);
@@ -82,8 +48,8 @@ struct Fixture {
 
 TEST_CASE("gpt with bf16 activations: the float32 path's loss and gradients within bf16's rounding", "[gpt][bf16act]") {
   Fixture f;
-  const Step want = step(*f.fp32, f.tokens, f.targets);
-  const Step got = step(*f.bf16, f.tokens, f.targets);
+  const test::LmStep want = test::lm_step(*f.fp32, f.tokens, f.targets);
+  const test::LmStep got = test::lm_step(*f.bf16, f.tokens, f.targets);
   CAPTURE(want.loss, got.loss);
   CHECK(std::isfinite(got.loss));
   CHECK(std::abs(got.loss - want.loss) <= 1e-2 * std::abs(want.loss));
@@ -105,27 +71,29 @@ TEST_CASE("gpt with bf16 activations: the float32 path's loss and gradients with
   CHECK(std::sqrt(d / w) < 2e-2);
   // Every parameter's gradient: bf16 activations through two layers cost a few 2^-8 of relative L2.
   for (const NamedParam& p : f.fp32->named_params()) {
-    const double e = rel_l2(got.grads.data<float>() + p.offset, want.grads.data<float>() + p.offset, p.param.numel());
+    const double e =
+        test::rel_l2(got.grads.data<float>() + p.offset, want.grads.data<float>() + p.offset, p.param.numel());
     INFO(p.name << ": relative L2 " << e);
     CHECK(e < 3e-2);
   }
-  CHECK(rel_l2(got.grads.data<float>(), want.grads.data<float>(), got.grads.numel()) < 1.5e-2);
+  CHECK(test::rel_l2(got.grads.data<float>(), want.grads.data<float>(), got.grads.numel()) < 1.5e-2);
 }
 
 TEST_CASE("gpt with bf16 activations: the same bits again, grad_scale scales the gradient", "[gpt][bf16act]") {
   Fixture f;
-  const Step a = step(*f.bf16, f.tokens, f.targets);
-  const Step b = step(*f.bf16, f.tokens, f.targets);
+  const test::LmStep a = test::lm_step(*f.bf16, f.tokens, f.targets);
+  const test::LmStep b = test::lm_step(*f.bf16, f.tokens, f.targets);
   CHECK(std::memcmp(a.grads.raw(), b.grads.raw(), a.grads.bytes()) == 0);
   CHECK(a.loss == b.loss);
   // Half the gradient: the classifier's dscale (bf16 rounding of the half is exact: a power of two).
-  const Step h = step(*f.bf16, f.tokens, f.targets, 0.5);
-  CHECK(rel_l2(h.grads.data<float>(), a.grads.data<float>(), a.grads.numel()) == Approx(0.5).margin(1e-2));
+  const test::LmStep h = test::lm_step(*f.bf16, f.tokens, f.targets, 0.5);
+  CHECK(test::rel_l2(h.grads.data<float>(), a.grads.data<float>(), a.grads.numel()) == Approx(0.5).margin(1e-2));
 }
 
 TEST_CASE("gpt with bf16 activations evaluates in float32, bit for bit the float32 path", "[gpt][bf16act]") {
   Fixture f;
-  (void)step(*f.bf16, f.tokens, f.targets);  // a training step first: its bf16 buffers must not leak into evaluation
+  // A training step first: its bf16 buffers must not leak into evaluation.
+  (void)test::lm_step(*f.bf16, f.tokens, f.targets);
   f.fp32->set_training(false);
   f.bf16->set_training(false);
   const Tensor want = f.fp32->forward(f.tokens).to(Device::cpu());

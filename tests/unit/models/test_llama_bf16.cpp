@@ -58,40 +58,6 @@ LlamaOptions qwen2() {
   return o;
 }
 
-struct Step {
-  double loss = 0;
-  Tensor grads;   // a host copy of the flat gradients
-  Tensor logits;  // a host copy, float32 (bf16 widened)
-};
-
-Step step(Model& m, const Tensor& tokens, const Tensor& targets) {
-  Kernels& k = m.kernels();
-  SoftmaxCrossEntropy loss;
-  Tensor stats = Tensor::zeros({3}, DType::F64);
-  m.zero_grad();
-  const Tensor& logits = m.forward(tokens);
-  Step s;
-  s.logits = Tensor::empty(logits.shape());
-  for (size_t i = 0; i < logits.numel(); ++i)
-    s.logits.data<float>()[i] =
-        logits.dtype() == DType::BF16 ? to_float(logits.data<BFloat16>()[i]) : logits.data<float>()[i];
-  loss.accumulate(logits, targets, k, stats, /*backward=*/true);
-  m.backward(loss.grad());
-  s.loss = stats.data<double>()[0] / stats.data<double>()[2];
-  s.grads = Tensor::empty(m.grads().shape());
-  s.grads.copy_from(m.grads());
-  return s;
-}
-
-double rel_l2(const float* got, const float* want, size_t n) {
-  double d = 0, w = 0;
-  for (size_t i = 0; i < n; ++i) {
-    d += (static_cast<double>(got[i]) - want[i]) * (static_cast<double>(got[i]) - want[i]);
-    w += static_cast<double>(want[i]) * want[i];
-  }
-  return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
-}
-
 struct Fixture {
   LlamaOptions o;
   std::unique_ptr<Model> fp32, bf16;
@@ -119,20 +85,21 @@ struct Fixture {
 
 void check_against_float32(const LlamaOptions& o) {
   Fixture f(o);
-  const Step want = step(*f.fp32, f.tokens, f.targets);
-  const Step got = step(*f.bf16, f.tokens, f.targets);
+  const test::LmStep want = test::lm_step(*f.fp32, f.tokens, f.targets);
+  const test::LmStep got = test::lm_step(*f.bf16, f.tokens, f.targets);
   REQUIRE(got.logits.shape() == want.logits.shape());
   REQUIRE(got.logits.dim(1) == o.vocab_size);  // no padding: Hugging Face's vocabulary as it is
   CAPTURE(want.loss, got.loss);
   CHECK(std::isfinite(got.loss));
   CHECK(std::abs(got.loss - want.loss) <= 1e-2 * std::abs(want.loss));
-  CHECK(rel_l2(got.logits.data<float>(), want.logits.data<float>(), got.logits.numel()) < 2e-2);
+  CHECK(test::rel_l2(got.logits.data<float>(), want.logits.data<float>(), got.logits.numel()) < 2e-2);
   for (const NamedParam& p : f.fp32->named_params()) {
-    const double e = rel_l2(got.grads.data<float>() + p.offset, want.grads.data<float>() + p.offset, p.param.numel());
+    const double e =
+        test::rel_l2(got.grads.data<float>() + p.offset, want.grads.data<float>() + p.offset, p.param.numel());
     INFO(p.name << ": relative L2 " << e);
     CHECK(e < 4e-2);
   }
-  CHECK(rel_l2(got.grads.data<float>(), want.grads.data<float>(), got.grads.numel()) < 2e-2);
+  CHECK(test::rel_l2(got.grads.data<float>(), want.grads.data<float>(), got.grads.numel()) < 2e-2);
 }
 
 }  // namespace
@@ -155,8 +122,8 @@ TEST_CASE("llama with bf16 activations, Qwen2's shape (grouped-query, q/k/v bias
 TEST_CASE("llama with bf16 activations: the same bits again, evaluation the float32 path bit for bit, and training "
           "again after it", "[llama][bf16act]") {
   Fixture f(gqa());
-  const Step a = step(*f.bf16, f.tokens, f.targets);
-  const Step b = step(*f.bf16, f.tokens, f.targets);
+  const test::LmStep a = test::lm_step(*f.bf16, f.tokens, f.targets);
+  const test::LmStep b = test::lm_step(*f.bf16, f.tokens, f.targets);
   CHECK(std::memcmp(a.grads.raw(), b.grads.raw(), a.grads.bytes()) == 0);
   CHECK(a.loss == b.loss);
   f.fp32->set_training(false);
@@ -168,7 +135,7 @@ TEST_CASE("llama with bf16 activations: the same bits again, evaluation the floa
   // Back to training after an evaluation (whose float32 buffers the layers now hold): the first step's bits again.
   f.bf16->set_training(true);
   CHECK(f.bf16->forward(f.tokens).dtype() == DType::BF16);
-  const Step c = step(*f.bf16, f.tokens, f.targets);
+  const test::LmStep c = test::lm_step(*f.bf16, f.tokens, f.targets);
   CHECK(std::memcmp(a.grads.raw(), c.grads.raw(), a.grads.bytes()) == 0);
   CHECK(a.loss == c.loss);
 }
