@@ -487,6 +487,19 @@ step_unit_gpu() {
   return $((rc != 0))
 }
 
+# NCCL's watchdog on the GPU (unit_gpu's hidden "[nccl_watchdog]" case, in a process of its own: the communicator it
+# aborts leaves a queued collective behind): a collective that cannot finish is aborted after dist.timeout_s and
+# named in the reason on_fatal gets.
+step_nccl_watchdog() {
+  local logfile=$1 rc=0
+  [ -x "$B_BIN/unit_gpu" ] || { NOTE="unit_gpu is not in the bundle"; return 1; }
+  run_timed "$logfile" 60 "${UNIT_ENV[@]}" "$B_BIN/unit_gpu" "[nccl_watchdog]" || rc=$?
+  NOTE=$(grep -m1 -o "on_fatal after .*" "$logfile" | cut -c1-160 || true)
+  [ -n "$NOTE" ] || NOTE=$(catch2_summary "$logfile")
+  ((rc == 0)) || NOTE="exit $rc: $NOTE"
+  return $((rc != 0))
+}
+
 # The fast path's own kernels and library calls (unit_gpu "[fastpath]", without the whole-model case) and the Llama
 # family's kernels ("[llama]") under compute-sanitizer's memcheck: an out-of-bounds or misaligned access in a kernel
 # that has never run shows here by name and address even where the numbers happen to pass. At most 60 s; skipped where there is no compute-sanitizer.
@@ -1076,6 +1089,7 @@ run_all() {
 
   run_step unit_gpu step_unit_gpu
   run_step sanitize_fastpath step_sanitize_fastpath
+  run_step nccl_watchdog step_nccl_watchdog
   run_step train_cuda_nccl_1rank step_train_gpu
   run_step train_cpu_1rank step_train_cpu
   run_step compare_gpu_cpu step_compare

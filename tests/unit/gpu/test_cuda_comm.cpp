@@ -1,12 +1,18 @@
 // tests/unit/gpu/test_cuda_comm.cpp: collectives on GPU tensors. NCCL with one rank (one GPU admits one NCCL
 // rank): allreduce Sum/Avg/Max, broadcast, allgather (also in place on a stream, as ZeRO gathers parameters),
-// reduce_scatter, barrier, host tensors through the device, stream ordering through Work::block, wrong-device errors.
+// reduce_scatter, barrier, host tensors through the device, stream ordering through Work::block, wrong-device errors;
+// its watchdog aborting a collective that cannot finish (a hidden case gpu-check runs alone).
 // Gloo with two ranks as threads sharing the GPU through HostStagedGroup: device tensors staged through pinned
 // memory, closed-form results.
 #include <catch2/catch.hpp>
 
+#include <cuda_runtime.h>
+
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "comm/gloo_backend.h"
@@ -189,4 +195,53 @@ TEST_CASE("gloo with two ranks sharing the GPU: device tensors staged through pi
           throw std::runtime_error(fmt::format("broadcast n {} element {}", n, i));
     }
   });
+}
+
+// NCCL's watchdog on a real GPU (issue 30, item 5; the launcher-level exit 3 and its reason file are the same code
+// as the gloo watchdog's, tested on the CPU): a collective whose stream cannot get to it (the caller's stream held
+// by a host function until released) outlives a 1 s timeout; the watchdog aborts the communicator, on_fatal gets the
+// reason naming the collective, and the group refuses every later call. Hidden ([.]) from the whole unit_gpu run:
+// gpu-check's nccl_watchdog step runs it alone, since the aborted communicator's queued collective then runs when
+// the stream is released, and whatever that does to the context stays in that process.
+TEST_CASE("nccl, one rank: the watchdog aborts a collective that cannot finish, and names it",
+          "[.][gpu][nccl_watchdog]") {
+  std::mutex m;
+  std::condition_variable cv;
+  std::string reason;
+  NcclOptions o;
+  o.timeout = 1s;
+  o.on_fatal = [&](const std::string& why) {
+    const std::lock_guard<std::mutex> lock(m);
+    if (reason.empty()) reason = why;
+    cv.notify_all();
+  };
+  auto pg = std::make_unique<NcclProcessGroup>(0, 1, gpu().index, nccl_unique_id(), o);
+  cuda::Stream held;
+  std::atomic<bool> release{false};
+  const cudaHostFn_t hold = [](void* flag) {
+    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(1ms);
+  };
+  REQUIRE(cudaLaunchHostFunc(static_cast<cudaStream_t>(held.get()), hold, &release) == cudaSuccess);
+  Tensor d = Tensor::zeros({1024}, DType::F32, gpu());
+  const auto start = std::chrono::steady_clock::now();
+  auto work = pg->allreduce(d, {.op = ReduceOp::Sum, .stream = held.get(), .what = "allreduce #7 (bucket 0, step 3)"});
+  std::string why;
+  {
+    std::unique_lock<std::mutex> lock(m);
+    cv.wait_for(lock, 30s, [&] { return !reason.empty(); });  // never a hang: released below either way
+    why = reason;
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  release = true;
+  WARN("on_fatal after " << seconds << " s: " << why);  // printed whether it passes or not: the step's note
+  CHECK_FALSE(why.empty());  // before the stream was released: the watchdog needs nothing from the stuck stream
+  CHECK_THAT(why, Contains("allreduce #7 (bucket 0, step 3)") && Contains("did not finish within dist.timeout_s = 1 s"));
+  CHECK_THAT(why, Catch::StartsWith(std::string(kHangPrefix)));
+  CHECK_THROWS_WITH(work->wait(), Contains("unusable"));
+  CHECK_THROWS_AS(pg->allreduce(d), CommError);
+  try {
+    held.synchronize();
+  } catch (const std::exception& e) {
+    WARN("after the abort, the released stream reported: " << e.what());
+  }
 }
