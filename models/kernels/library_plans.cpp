@@ -76,7 +76,7 @@ SdpaPlan sdpa_plan(const AttentionShape& s) {
 std::string sdpa_unsupported(const AttentionShape& s) {
   if (s.head_size % 8 != 0 || s.head_size > 128)
     return fmt::format("cuDNN's fused attention takes a head size that is a multiple of 8 and at most 128; this "
-                       "model's is {} (n_embd / n_head)",
+                       "model's is {} (a GPT's n_embd / n_head, a Llama's head_dim)",
                        s.head_size);
   return "";
 }
