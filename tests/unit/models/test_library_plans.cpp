@@ -253,7 +253,10 @@ TEST_CASE("the fused attention's cuDNN graphs validate for an H100 and an A100, 
   for (int sm : {90, 80})
     for (const AttentionShape s : {AttentionShape{16, 1024, 12, 64}, AttentionShape{16, 64, 4, 32}, AttentionShape{2, 7, 2, 8},
                                    AttentionShape{8, 512, 9, 64, 3}, AttentionShape{4, 64, 4, 32, 2},
-                                   AttentionShape{2, 16, 8, 64, 1}}) {  // grouped-query: SmolLM-135M's, llama_tiny's, MQA
+                                   AttentionShape{2, 16, 8, 64, 1}, AttentionShape{16, 64, 4, 32, 2},
+                                   AttentionShape{1, 2048, 32, 64, 8}, AttentionShape{1, 4096, 32, 128, 8}}) {
+      // grouped-query: SmolLM-135M's, unit_gpu [llama_fast]'s, MQA, configs/llama_tiny.toml's, Llama 3.2 1B's and
+      // Llama 3 8B's
       CAPTURE(sm, s.b, s.t, s.n_head, s.head_size, s.n_kv_head);
       CHECK(validate_attention_graphs(s, sm) == "");
     }
