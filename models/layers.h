@@ -32,6 +32,8 @@ class Linear final : public Module {
 
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
+  bool has_bias() const { return bias_; }
+  const Tensor& weight16() const { return w16_; }  // the bf16 copy of the weight (undefined off the fast path)
   void bind_bf16(std::vector<Tensor> params16) override;
   // On bf16 input (the transformer fast path): y = GELU(x W^T + b) in the matmul's epilogue, the pre-activation kept
   // for backward (the GELU module after this layer is then not called: GptMlp). Float32 input is unaffected.

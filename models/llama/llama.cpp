@@ -223,11 +223,39 @@ const Tensor& LlamaAttention::backward_bf16(const Tensor& dout, Kernels& k) {
   k.rope_bf16(dqkv, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_head_, hd_, w, true);
   k.rope_bf16(dqkv + n_head_ * hd_, rope_->cos.data<float>(), rope_->sin.data<float>(), rows, t_, 0, n_kv_, hd_, w,
               true);
-  const Tensor& dxq = q_proj_->backward(dqkv16_, k);
-  const Tensor& dxk = k_proj_->backward(dqkv16_, k);
-  const Tensor& dxv = v_proj_->backward(dqkv16_, k);
-  sum_into_bf16(dx_, {b_, t_, c_}, dxq, dxk, &dxv, k);
+  if (!qkv_weights_adjacent()) {  // each projection's input gradient, summed
+    const Tensor& dxq = q_proj_->backward(dqkv16_, k);
+    const Tensor& dxk = k_proj_->backward(dqkv16_, k);
+    const Tensor& dxv = v_proj_->backward(dqkv16_, k);
+    sum_into_bf16(dx_, {b_, t_, c_}, dxq, dxk, &dxv, k);
+    return dx_;
+  }
+  // The three weights are one [w, C] matrix in the bf16 copy: the projections' backward make their weight gradients
+  // alone (their hooks fire as ever), and dx = dqkv Wqkv is one matmul, rounded once.
+  struct WeightGradsOnly {
+    Linear* p[3];
+    WeightGradsOnly(Linear* q, Linear* kk, Linear* v) : p{q, kk, v} {
+      for (Linear* l : p) l->set_needs_input_grad(false);
+    }
+    ~WeightGradsOnly() {
+      for (Linear* l : p) l->set_needs_input_grad(true);
+    }
+  };
+  {
+    const WeightGradsOnly only(q_proj_, k_proj_, v_proj_);
+    for (Linear* l : {q_proj_, k_proj_, v_proj_}) l->backward(dqkv16_, k);
+  }
+  ensure_shape(dx_, {b_, t_, c_}, dout.device(), DType::BF16);
+  const MatmulShape dx{.M = rows, .N = c_, .K = w, .lda = w, .ldb = c_, .ldd = c_};
+  k.matmul_bf16(dx, {.a = dqkv, .b = q_proj_->weight16().data<BFloat16>(), .d = dx_.raw()});
   return dx_;
+}
+
+bool LlamaAttention::qkv_weights_adjacent() const {
+  if (q_proj_->has_bias() || !q_proj_->weight16().defined()) return false;
+  const BFloat16* q = q_proj_->weight16().data<BFloat16>();
+  return k_proj_->weight16().data<BFloat16>() == q + n_head_ * hd_ * c_ &&
+         v_proj_->weight16().data<BFloat16>() == q + (n_head_ + n_kv_) * hd_ * c_;
 }
 
 std::string LlamaAttention::kind() const {
