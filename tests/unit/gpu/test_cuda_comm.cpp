@@ -217,11 +217,17 @@ TEST_CASE("nccl, one rank: the watchdog aborts a collective that cannot finish, 
   };
   auto pg = std::make_unique<NcclProcessGroup>(0, 1, gpu().index, nccl_unique_id(), o);
   cuda::Stream held;
-  std::atomic<bool> release{false};
-  const cudaHostFn_t hold = [](void* flag) {
-    while (!static_cast<std::atomic<bool>*>(flag)->load()) std::this_thread::sleep_for(1ms);
+  // Static: the host function may read it after this scope is left by an exception. The guard releases the stream
+  // on every way out, before the stream and the group are destroyed (declared after them).
+  static std::atomic<bool> release;
+  release = false;
+  struct Release {
+    ~Release() { release = true; }
+  } const guard;
+  const cudaHostFn_t hold = [](void*) {
+    while (!release.load()) std::this_thread::sleep_for(1ms);
   };
-  REQUIRE(cudaLaunchHostFunc(static_cast<cudaStream_t>(held.get()), hold, &release) == cudaSuccess);
+  REQUIRE(cudaLaunchHostFunc(static_cast<cudaStream_t>(held.get()), hold, nullptr) == cudaSuccess);
   Tensor d = Tensor::zeros({1024}, DType::F32, gpu());
   const auto start = std::chrono::steady_clock::now();
   auto work = pg->allreduce(d, {.op = ReduceOp::Sum, .stream = held.get(), .what = "allreduce #7 (bucket 0, step 3)"});
