@@ -108,19 +108,23 @@ struct NcclProcessGroup::Impl {
     if (!broken.empty()) throw CommError(fmt::format("[rank {}] nccl process group is unusable: {}", rank, broken));
   }
 
-  // Aborts the communicator once (so peers and our own stream stop waiting on it) and reports why.
+  // Marks the group broken once (every later call refuses), reports why through on_fatal, then aborts the communicator
+  // (so peers and our own stream stop waiting on it). on_fatal first: main()'s ends the process there, and
+  // ncclCommAbort frees memory, which can wait for the device, so a kernel or stream that never finishes would
+  // otherwise keep the process from ever reporting the hang.
   void abort_comm(const std::string& why) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (!broken.empty()) return;
       broken = why;
-      if (comm) {
-        (void)ncclCommAbort(comm);
-        comm = nullptr;
-      }
     }
-    spdlog::error("nccl: {}; communicator aborted", why);
+    spdlog::error("nccl: {}; aborting the communicator", why);
     if (on_fatal) on_fatal(why);
+    std::lock_guard<std::mutex> lock(mu);
+    if (comm) {
+      (void)ncclCommAbort(comm);
+      comm = nullptr;
+    }
   }
 
   // An asynchronous NCCL error (a peer failed, a network error), or "" while healthy.

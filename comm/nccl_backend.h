@@ -5,10 +5,11 @@
 // stream wait for it (no host synchronisation), wait() blocks the host. Gradient averaging uses ncclAvg.
 //
 // Failure: a watchdog thread follows every outstanding collective. When one outlives the timeout, or NCCL
-// reports an asynchronous error (a peer died, a network error), it aborts the communicator (ncclCommAbort)
-// so nothing waits on it forever, records why, and calls NcclOptions::on_fatal (main() ends the process
-// there, so the launcher tears the job down). Every later call throws CommError with that reason. Errors
-// carry NCCL's own message and the rank.
+// reports an asynchronous error (a peer died, a network error), it records why, calls NcclOptions::on_fatal
+// (main() ends the process there, so the launcher tears the job down), then aborts the communicator
+// (ncclCommAbort) so nothing waits on it forever: on_fatal first, as the abort can itself wait for a device that
+// never finishes. Every later call throws CommError with that reason. Errors carry NCCL's own message and the
+// rank.
 //
 // allreduce and broadcast also take host tensors, for small bookkeeping values: they go to the device and
 // back, and the call returns when they are done. The other collectives need tensors on this rank's GPU.

@@ -82,6 +82,7 @@ class Module {
   virtual bool supports_bf16_activations() const { return false; }
   // false: backward need not compute d(loss)/d(input) (the first layer: nobody needs it).
   virtual void set_needs_input_grad(bool needed) { needs_input_grad_ = needed; }
+  bool needs_input_grad() const { return needs_input_grad_; }
 
   const std::vector<std::pair<std::string, Module*>>& children() const { return child_views_; }
   // Called by backward() once this module's own parameter gradients are complete (the Model sets it).

@@ -487,14 +487,14 @@ step_unit_gpu() {
   return $((rc != 0))
 }
 
-# NCCL's watchdog on the GPU (unit_gpu's hidden "[nccl_watchdog]" case, in a process of its own: the communicator it
-# aborts leaves a queued collective behind): a collective that cannot finish is aborted after dist.timeout_s and
-# named in the reason on_fatal gets.
+# NCCL's watchdog on the GPU (unit_gpu's hidden "[nccl_watchdog]" case, in a process of its own: an abort that waits
+# for the device, or a context it leaves broken, costs only that process): a collective that cannot finish is
+# reported to on_fatal after dist.timeout_s, named, while its stream is still held.
 step_nccl_watchdog() {
   local logfile=$1 rc=0
   [ -x "$B_BIN/unit_gpu" ] || { NOTE="unit_gpu is not in the bundle"; return 1; }
   run_timed "$logfile" 60 "${UNIT_ENV[@]}" "$B_BIN/unit_gpu" "[nccl_watchdog]" || rc=$?
-  NOTE=$(grep -m1 -o "on_fatal after .*" "$logfile" | cut -c1-160 || true)
+  NOTE=$(grep -m1 -o "nccl_watchdog: on_fatal .*" "$logfile" | cut -c16-180 || true)
   [ -n "$NOTE" ] || NOTE=$(catch2_summary "$logfile")
   ((rc == 0)) || NOTE="exit $rc: $NOTE"
   return $((rc != 0))
@@ -701,7 +701,7 @@ step_predict_gpu_cpu() {
     --limit 500 || { NOTE="export-images: exit $?$(first_error "$logfile")"; return 1; }
   for dev in cuda cpu; do
     run_timed "$logfile" 90 "${DPT_ENV[@]}" "$B_BIN/dptrain" predict --checkpoint "$ckpt" --input "$images/val" \
-      --out "$WORK/predict_$dev.jsonl" --top-k 2 "train.device=$dev" || rc=$?
+      --out "$WORK/predict_$dev.jsonl" --top-k 2 "train.device=$dev" dist.backend=auto || rc=$?
     ((rc == 0)) || { NOTE="predict on $dev: exit $rc$(first_error "$logfile")"; return 1; }
   done
   NOTE=$(predict_compare "$WORK/predict_cuda.jsonl" "$WORK/predict_cpu.jsonl" "$PREDICT_TIE" 2>>"$logfile") || rc=1

@@ -232,13 +232,17 @@ const Tensor& LlamaAttention::backward_bf16(const Tensor& dout, Kernels& k) {
   }
   // The three weights are one [w, C] matrix in the bf16 copy: the projections' backward make their weight gradients
   // alone (their hooks fire as ever), and dx = dqkv Wqkv is one matmul, rounded once.
-  struct WeightGradsOnly {
+  struct WeightGradsOnly {  // each projection's needs_input_grad off for this backward, then as it was
     Linear* p[3];
+    bool was[3];
     WeightGradsOnly(Linear* q, Linear* kk, Linear* v) : p{q, kk, v} {
-      for (Linear* l : p) l->set_needs_input_grad(false);
+      for (int i = 0; i < 3; ++i) {
+        was[i] = p[i]->needs_input_grad();
+        p[i]->set_needs_input_grad(false);
+      }
     }
     ~WeightGradsOnly() {
-      for (Linear* l : p) l->set_needs_input_grad(true);
+      for (int i = 0; i < 3; ++i) p[i]->set_needs_input_grad(was[i]);
     }
   };
   {

@@ -107,6 +107,10 @@ class LlamaAttention final : public Module {
     cache_ = cache;
     layer_ = layer;
   }
+  // bf16 activations: q_proj's, k_proj's and v_proj's bf16 weights one after another (no biases between them in the
+  // flat parameters), one [(n_head + 2 n_kv_head) head_dim, C] matrix, so the input gradient is one matmul; else
+  // each projection's, summed.
+  bool qkv_weights_adjacent() const;
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -128,9 +132,6 @@ class LlamaAttention final : public Module {
   const Tensor& forward_bf16(const Tensor& x, Kernels& k);
   const Tensor& backward_bf16(const Tensor& dout, Kernels& k);
   AttentionShape fused_shape() const;  // the last forward's, for the fused attention
-  // q_proj's, k_proj's and v_proj's bf16 weights one after another (no biases between them in the flat parameters):
-  // one [(n_head + 2 n_kv_head) head_dim, C] matrix, so the input gradient is one matmul.
-  bool qkv_weights_adjacent() const;
 };
 
 // gate_proj and up_proj (C -> intermediate), SiLU(gate) * up, down_proj (intermediate -> C), on [B, T, C].

@@ -7,8 +7,8 @@
 #    then fine-tuned from that folder on 2 ranks with data.dataset = jsonl (the tokenizer found in model.init_from's
 #    folder): the loss on the held-out completions falls (dptrain eval of the pretrained model against the fine-tuned
 #    one, over exactly the val targets the masks train, counted here from the records), and the same fine-tune on the
-#    transformer fast path (train.bf16_activations: masked targets through the fused bf16 classifier) ends within 2%
-#    of the float32 one;
+#    transformer fast path (train.bf16_activations: masked targets through the fused bf16 classifier) ends within
+#    0.5% of the float32 one;
 #  - 2 ranks train as 1 on the same jsonl data, and a run resumed from its first epoch's checkpoint ends with the
 #    uninterrupted run's weights bit for bit; the shards are tokenized once and reused, and again when a file
 #    changes; a malformed line stops the job on every rank naming FILE:LINE (nothing written) or is skipped with
@@ -100,7 +100,7 @@ after=$(eval_loss "$WORK/ft2" "$WORK/eval_ft.log")
 echo "held-out completions ($val_targets targets): loss $before pretrained, $after fine-tuned"
 awk -v a="$after" -v b="$before" 'BEGIN { exit !(a < 0.7 * b) }' || fail "the loss on held-out completions did not fall by 30%"
 # The same fine-tune (1 rank) on the transformer fast path: masked targets through the fused bf16 classifier, the
-# weights from the Hugging Face folder; the held-out loss within 2% of the float32 run's.
+# weights from the Hugging Face folder; the held-out loss within 0.5% of the float32 run's (measured: 0.01%).
 "$DPTRAIN" "${FT[@]}" --resume never data.dir="$WORK/qa" train.batch_size=16 train.precision=bf16 \
   train.bf16_activations=true checkpoint.dir="$WORK/ftfast" > "$WORK/ftfast.log" 2>&1 \
   || { cat "$WORK/ftfast.log"; fail "fine-tuning on the fast path failed"; }
@@ -108,7 +108,7 @@ grep -q "activations: bf16 in training" "$WORK/ftfast.log" || { cat "$WORK/ftfas
 one=$(eval_loss "$WORK/ft1" "$WORK/eval_ft1.log")
 fast=$(eval_loss "$WORK/ftfast" "$WORK/eval_ftfast.log")
 echo "held-out completions after fine-tuning on 1 rank: float32 $one, bf16 activations $fast"
-awk -v a="$fast" -v b="$one" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.02 * b) }' \
+awk -v a="$fast" -v b="$one" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d < 0.005 * b) }' \
   || fail "the fast path's fine-tune reaches $fast, the float32 one $one"
 last=$(ls -d "$WORK"/ft1/step-* | tail -1)
 echo -n "1 rank vs 2 ranks: "
@@ -168,4 +168,4 @@ expect_exit 2 "holds files, and no jsonl_source.json" "$DPTRAIN" "${JSONL[@]}" "
 mv "$WORK/qa.jsonl" "$WORK/moved.jsonl"
 "$DPTRAIN" eval --checkpoint "$WORK/again" > "$WORK/gone.log" 2>&1 || { cat "$WORK/gone.log"; fail "eval without the records failed"; }
 grep -q "reading the token shards $WORK/qa holds" "$WORK/gone.log" || { cat "$WORK/gone.log"; fail "no warning that the records are gone"; }
-echo "PASS: jsonl fine-tuning: tokens and masks equal transformers'; the held-out completion loss falls $before -> $after; 2 ranks = 1; tokenized once, again on change; bad lines named or skipped"
+echo "PASS: jsonl fine-tuning: tokens and masks equal transformers'; the held-out completion loss falls $before -> $after (on the fast path: $fast); 2 ranks = 1; tokenized once, again on change; bad lines named or skipped"

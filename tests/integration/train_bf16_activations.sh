@@ -33,9 +33,9 @@ learn() {  # learn NAME ARGS...: 300 AdamW steps of $family on 1 rank
     || { cat "$WORK/$family-$name.log"; fail "$family $name failed"; }
 }
 # SGD's rate: 1 and 2 ranks sum the float32 gradients in other orders, which now and then sends a bf16 rounding of a
-# parameter copy the other way; the step after carries that difference times the rate. At 0.1 the Llama's 10 steps
-# amplify it to 2.4e-3 (untied, its q/k/v input gradients then summed in bf16; 6e-7 at 0.02); the tied Llama used
-# here measures 3.2e-6 at 0.02; the GPT 1.6e-5 at 0.1. The comparison is of the arithmetic, not of that chaos: the
+# parameter copy the other way; the step after carries that difference times the rate. At 0.1 an untied Llama's 10
+# steps amplified it to 2.4e-3 (when its q/k/v input gradients were still summed in bf16; 6e-7 at 0.02); the tied
+# Llama used here measures 3.2e-6 at 0.02; the GPT 1.6e-5 at 0.1. The comparison is of the arithmetic, not of that chaos: the
 # bounds are about 10x what was measured or more, far below what a gradient left out of the reduction moves (rate x
 # gradient x steps).
 declare -A SGD_LR=([gpt]=0.1 [llama]=0.02)

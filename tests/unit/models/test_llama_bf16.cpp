@@ -9,6 +9,7 @@
 // tests/unit/gpu/test_fast_path.cpp against this one.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -83,8 +84,23 @@ struct Fixture {
   }
 };
 
+// The first attention layer of a Llama model.
+const LlamaAttention& first_attention(const Model& m) {
+  const Module* at = &m.root();
+  for (const char* name : {"model", "layers", "0", "self_attn"}) {
+    const auto& kids = at->children();
+    const auto it = std::find_if(kids.begin(), kids.end(), [&](const auto& c) { return c.first == name; });
+    REQUIRE(it != kids.end());
+    at = it->second;
+  }
+  return dynamic_cast<const LlamaAttention&>(*at);
+}
+
 void check_against_float32(const LlamaOptions& o) {
   Fixture f(o);
+  // Which input-gradient path q, k and v take: one matmul over their adjacent weights without biases, else three.
+  CHECK(first_attention(*f.bf16).qkv_weights_adjacent() == !o.qkv_bias);
+  CHECK_FALSE(first_attention(*f.fp32).qkv_weights_adjacent());  // no bf16 copy at all
   const test::LmStep want = test::lm_step(*f.fp32, f.tokens, f.targets);
   const test::LmStep got = test::lm_step(*f.bf16, f.tokens, f.targets);
   REQUIRE(got.logits.shape() == want.logits.shape());
