@@ -343,6 +343,40 @@ int32_t jsonl_eos(const JsonlOptions& opts, const Tokenizer& tokenizer) {
   return *id;
 }
 
+// The record on `line` (line_no of `path`); nullopt for a blank line, or for a malformed one when skip_bad_lines (counted
+// in the summary, the first few named), else a ConfigError naming FILE:LINE.
+std::optional<JsonlRecord> parse_or_skip(const std::string& line, const std::string& path, size_t line_no,
+                                         bool skip_bad_lines, JsonlSummary& summary) {
+  try {
+    return parse_jsonl_record(line);
+  } catch (const ConfigError& e) {
+    const std::string where = fmt::format("{}:{}: {}", path, line_no, e.what());
+    if (!skip_bad_lines)
+      DPT_THROW(ConfigError, "{} (data.skip_bad_lines = true, or tokenize --skip-bad-lines, skips such lines)", where);
+    ++summary.bad_lines;
+    if (summary.bad_line_examples.size() < kBadLineExamples) summary.bad_line_examples.push_back(where);
+    return std::nullopt;
+  }
+}
+
+// DIR/jsonl_source.json: what was read (`request`) and what was written.
+void write_jsonl_source(const fs::path& dir, const nlohmann::json& request, const JsonlSummary& summary) {
+  const nlohmann::json source = {
+      {"request", request},
+      {"written",
+       {{"documents", {{"train", summary.train_documents}, {"val", summary.val_documents}}},
+        {"tokens", {{"train", summary.train_tokens}, {"val", summary.val_tokens}}},
+        {"trained", {{"train", summary.train_trained}, {"val", summary.val_trained}}},
+        {"shards", {{"train", summary.train_shards}, {"val", summary.val_shards}}},
+        {"eos", summary.eos},
+        {"bos", summary.bos},
+        {"bad_lines", summary.bad_lines}}}};
+  std::ofstream stamp(dir / kJsonlSourceFile);
+  stamp << source.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  stamp.close();
+  if (!stamp) DPT_THROW(IoError, "{}: write failed", (dir / kJsonlSourceFile).string());
+}
+
 }  // namespace
 
 JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer) {
@@ -380,19 +414,8 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
         if (opts.cancelled && opts.cancelled())
           DPT_THROW(Error, "tokenize: cancelled at {}:{}; {} was left as it was", path, line_no, opts.out_dir);
         summary.bytes += line.size() + 1;
-        std::optional<JsonlRecord> record;
-        try {
-          record = parse_jsonl_record(line);
-        } catch (const ConfigError& e) {
-          const std::string where = fmt::format("{}:{}: {}", path, line_no, e.what());
-          if (!opts.skip_bad_lines)
-            DPT_THROW(ConfigError, "{} (data.skip_bad_lines = true, or tokenize --skip-bad-lines, skips such lines)",
-                      where);
-          ++summary.bad_lines;
-          if (summary.bad_line_examples.size() < kBadLineExamples) summary.bad_line_examples.push_back(where);
-          continue;
-        }
-        if (!record) continue;  // a blank line
+        const std::optional<JsonlRecord> record = parse_or_skip(line, path, line_no, opts.skip_bad_lines, summary);
+        if (!record) continue;  // a blank line, or a malformed one skipped
         tokens.clear();
         trained.clear();
         if (summary.bos >= 0) add(std::span(&summary.bos, 1), 0);
@@ -426,20 +449,7 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
     if (summary.train_documents == 0 || summary.val_documents == 0)
       DPT_THROW(ConfigError, "tokenize: {} document(s), and every {}-th goes to validation: too few for both splits (lower "
                 "--val-every / data.val_every, or give more records)", documents, opts.val_every);
-    nlohmann::json source = {
-        {"request", request},
-        {"written",
-         {{"documents", {{"train", summary.train_documents}, {"val", summary.val_documents}}},
-          {"tokens", {{"train", summary.train_tokens}, {"val", summary.val_tokens}}},
-          {"trained", {{"train", summary.train_trained}, {"val", summary.val_trained}}},
-          {"shards", {{"train", summary.train_shards}, {"val", summary.val_shards}}},
-          {"eos", summary.eos},
-          {"bos", summary.bos},
-          {"bad_lines", summary.bad_lines}}}};
-    std::ofstream stamp(out.staging() / kJsonlSourceFile);
-    stamp << source.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    stamp.close();
-    if (!stamp) DPT_THROW(IoError, "{}: write failed", (out.staging() / kJsonlSourceFile).string());
+    write_jsonl_source(out.staging(), request, summary);
     tokenizer.save(out.staging());
   } catch (const fs::filesystem_error& e) {
     DPT_THROW(IoError, "tokenize to {}: {}", out.path().string(), e.what());
