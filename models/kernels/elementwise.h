@@ -211,4 +211,53 @@ DPT_HD float xent_grad(float z, float zmax, float log_sum, bool is_label, float 
   return dscale * (expf(z - zmax - log_sum) - (is_label ? 1.0f : 0.0f));
 }
 
+// The fused classifier's pass 1 for one thread (and, merged, for a block): a running maximum m, the sum of
+// exp(x - m) over the columns seen, and the first column holding the maximum. Columns are pushed in increasing
+// order, so a strict > keeps the first. Trivial (no initialisers), so CUDA can keep an array of them in shared
+// memory; online_softmax_start makes an empty one.
+struct OnlineSoftmax {
+  float m, sum;
+  int64_t arg;
+
+  DPT_HD void push(float x, int64_t c) {
+    if (x > m) {
+      sum = sum * expf(m - x) + 1.0f;  // expf(-inf) = 0 for the first column
+      m = x;
+      arg = c;
+    } else {
+      sum += expf(x - m);
+    }
+  }
+  // Eight adjacent columns c0, c0 + 1, ... (those below vocab): their maximum first (one rescale at most), then one
+  // exp each. A NaN column makes the sum NaN, as push does.
+  DPT_HD void push8(const float* x, int64_t c0, int64_t vocab) {
+    float cm = m;
+    int64_t ca = -1;
+    for (int i = 0; i < 8; ++i)
+      if (c0 + i < vocab && x[i] > cm) {
+        cm = x[i];
+        ca = c0 + i;
+      }
+    if (ca >= 0) {
+      sum *= expf(m - cm);  // expf(-inf) = 0 before the first column
+      m = cm;
+      arg = ca;
+    }
+    for (int i = 0; i < 8; ++i)
+      if (c0 + i < vocab) sum += expf(x[i] - m);
+  }
+  // Another thread's columns merged in; on equal maxima the lower column wins.
+  DPT_HD void merge(const OnlineSoftmax& o) {
+    const float mx = fmaxf(m, o.m);
+    const float s1 = m == -INFINITY ? 0.0f : sum * expf(m - mx);
+    const float s2 = o.m == -INFINITY ? 0.0f : o.sum * expf(o.m - mx);
+    if (o.m > m || (o.m == m && o.arg < arg)) arg = o.arg;
+    m = mx;
+    sum = s1 + s2;
+  }
+};
+
+// An OnlineSoftmax before any column; `none` is the argmax it reports (the vocabulary size: no column).
+DPT_HD OnlineSoftmax online_softmax_start(int64_t none) { return {-INFINITY, 0.0f, none}; }
+
 }  // namespace dpt::models::elementwise

@@ -86,56 +86,73 @@ cudaError_t softmax_xent(const float* logits, const int32_t* labels, float* dlog
 
 namespace {
 
+// Eight bf16 in one 16-byte load or store.
+union Bf16x8 {
+  uint4 raw;
+  BFloat16 v[8];
+};
+
 // One block per row: each thread an online softmax (running maximum and sum of exp relative to it) and the first
-// argmax of its columns; the block's threads combined in a fixed tree; then the gradient over the row.
+// argmax of its columns; the block's threads combined in a fixed tree; then the gradient over the row. kVec: the row
+// is read and written eight columns at a time (16-byte aligned rows, ld a multiple of 8), each thread's vectors in
+// increasing order, two loads in flight; else one column at a time.
+template <bool kVec>
 __global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, int64_t vocab, int64_t ld,
                                        float dscale, float* row_loss, float* row_hit) {
-  __shared__ float sm[kThreads], ss[kThreads];
-  __shared__ int64_t sa[kThreads];
+  __shared__ elementwise::OnlineSoftmax part[kThreads];
   const int64_t r = blockIdx.x;
   BFloat16* z = logits + r * ld;
-  float m = -INFINITY, sum = 0.0f;
-  int64_t arg = vocab;
-  for (int64_t c = threadIdx.x; c < vocab; c += kThreads) {
-    const float x = to_float(z[c]);
-    if (x > m) {
-      sum = sum * expf(m - x) + 1.0f;  // expf(-inf) = 0 for the first column
-      m = x;
-      arg = c;
-    } else {
-      sum += expf(x - m);
+  elementwise::OnlineSoftmax acc = elementwise::online_softmax_start(vocab);
+  if constexpr (kVec) {
+    const auto* zv = reinterpret_cast<const uint4*>(z);
+    const int64_t nvec = (vocab + 7) / 8;  // the vectors holding real columns
+    for (int64_t v0 = threadIdx.x; v0 < nvec; v0 += 2 * kThreads) {
+      Bf16x8 in[2];
+      const int64_t v1 = v0 + kThreads;
+      in[0].raw = zv[v0];
+      if (v1 < nvec) in[1].raw = zv[v1];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        if (u == 1 && v1 >= nvec) break;
+        float x[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) x[i] = to_float(in[u].v[i]);
+        acc.push8(x, (u == 0 ? v0 : v1) * 8, vocab);
+      }
     }
+  } else {
+    for (int64_t c = threadIdx.x; c < vocab; c += kThreads) acc.push(to_float(z[c]), c);
   }
-  sm[threadIdx.x] = m;
-  ss[threadIdx.x] = sum;
-  sa[threadIdx.x] = arg;
+  part[threadIdx.x] = acc;
   __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) {
-      const float m1 = sm[threadIdx.x], m2 = sm[threadIdx.x + w], mx = fmaxf(m1, m2);
-      const float s1 = m1 == -INFINITY ? 0.0f : ss[threadIdx.x] * expf(m1 - mx);
-      const float s2 = m2 == -INFINITY ? 0.0f : ss[threadIdx.x + w] * expf(m2 - mx);
-      const int64_t a1 = sa[threadIdx.x], a2 = sa[threadIdx.x + w];
-      if (m2 > m1 || (m2 == m1 && a2 < a1)) sa[threadIdx.x] = a2;
-      sm[threadIdx.x] = mx;
-      ss[threadIdx.x] = s1 + s2;
-    }
+  for (int w = kThreads / 2; w > 0; w /= 2) {  // a fixed tree: thread i takes in thread i + w
+    if (threadIdx.x < w) part[threadIdx.x].merge(part[threadIdx.x + w]);
     __syncthreads();
   }
-  const float zmax = sm[0], log_sum = logf(ss[0]);
+  const float zmax = part[0].m, log_sum = logf(part[0].sum);
   const int32_t label = labels[r];
   const bool valid = label >= 0 && label < vocab, ignored = label == kIgnoreLabel;
   if (threadIdx.x == 0) {
     row_loss[r] = ignored ? 0.0f : valid ? log_sum - (to_float(z[label]) - zmax) : NAN;
-    row_hit[r] = valid && sa[0] == label ? 1.0f : 0.0f;
+    row_hit[r] = valid && part[0].arg == label ? 1.0f : 0.0f;
   }
   if (dscale == 0.0f) return;
-  __syncthreads();  // every thread has read z[label] and sa[0] before the row is overwritten
-  for (int64_t c = threadIdx.x; c < ld; c += kThreads) {
-    float g = 0.0f;
-    if (c < vocab && !ignored)
-      g = valid ? elementwise::xent_grad(to_float(z[c]), zmax, log_sum, c == label, dscale) : NAN;
-    z[c] = to_bfloat16(g);
+  __syncthreads();  // every thread has read z[label] and part[0] before the row is overwritten
+  const auto grad = [&](float x, int64_t c) {
+    if (c >= vocab || ignored) return 0.0f;
+    return valid ? elementwise::xent_grad(x, zmax, log_sum, c == label, dscale) : NAN;
+  };
+  if constexpr (kVec) {
+    auto* zv = reinterpret_cast<uint4*>(z);
+    for (int64_t v = threadIdx.x; v < ld / 8; v += kThreads) {
+      Bf16x8 io;
+      io.raw = zv[v];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) io.v[i] = to_bfloat16(grad(to_float(io.v[i]), v * 8 + i));
+      zv[v] = io.raw;
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < ld; c += kThreads) z[c] = to_bfloat16(c < vocab ? grad(to_float(z[c]), c) : 0.0f);
   }
 }
 
@@ -145,8 +162,11 @@ cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t row
                             float dscale, float* row_loss, float* row_hit, double* stats, cudaStream_t s) {
   if (rows == 0) return cudaSuccess;
   if (rows > 2147483647LL) return cudaErrorInvalidValue;
-  classifier_bf16_kernel<<<static_cast<unsigned int>(rows), kThreads, 0, s>>>(logits, labels, vocab, ld, dscale,
-                                                                              row_loss, row_hit);
+  const auto grid = static_cast<unsigned int>(rows);
+  if (ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0)
+    classifier_bf16_kernel<true><<<grid, kThreads, 0, s>>>(logits, labels, vocab, ld, dscale, row_loss, row_hit);
+  else
+    classifier_bf16_kernel<false><<<grid, kThreads, 0, s>>>(logits, labels, vocab, ld, dscale, row_loss, row_hit);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   reduce_pair_kernel<float><<<1, kThreads, 0, s>>>(row_loss, row_hit, static_cast<size_t>(rows), stats);
   return cudaGetLastError();

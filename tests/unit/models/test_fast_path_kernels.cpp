@@ -302,6 +302,62 @@ TEST_CASE("classifier_bf16 on the CPU: loss, hits and the bf16 gradient against 
 
 // A masked target (kIgnoreLabel): the row adds no loss and no hit and gets a zero gradient; every other row is what
 // it is alone (each row's loss and gradient depend on that row only: the same bits). Both loss kernels.
+// The CUDA classifier's pass 1 walked as its block walks a row: 256 threads, each pushing its columns (eight at a
+// time from vector v = thread, thread + 256, ..., or one at a time), then merged in the kernel's fixed tree.
+elementwise::OnlineSoftmax classifier_pass1(const std::vector<float>& z, int64_t vocab, bool vectors) {
+  constexpr int kThreads = 256;
+  std::vector<elementwise::OnlineSoftmax> part(kThreads, elementwise::online_softmax_start(vocab));
+  for (int t = 0; t < kThreads; ++t) {
+    if (vectors) {
+      for (int64_t v = t; v < (vocab + 7) / 8; v += kThreads) part[t].push8(z.data() + v * 8, v * 8, vocab);
+    } else {
+      for (int64_t c = t; c < vocab; c += kThreads) part[t].push(z[c], c);
+    }
+  }
+  for (int w = kThreads / 2; w > 0; w /= 2)
+    for (int t = 0; t < w; ++t) part[t].merge(part[t + w]);
+  return part[0];
+}
+
+TEST_CASE("the classifier's online softmax: eight columns at a time or one, merged over a block, against double",
+          "[fastpath]") {
+  std::mt19937 rng(77);
+  for (const int64_t vocab : {int64_t{1}, int64_t{7}, int64_t{301}, int64_t{2048}, int64_t{50257}}) {
+    CAPTURE(vocab);
+    std::vector<float> z(static_cast<size_t>((vocab + 7) / 8 * 8), 1e30f);  // beyond vocab: never read as a column
+    const auto bf = random_bf16(static_cast<size_t>(vocab), rng, -8.0f, 8.0f);
+    for (int64_t c = 0; c < vocab; ++c) z[c] = to_float(bf[c]);
+    int64_t first = 0;
+    for (int64_t c = 1; c < vocab; ++c) first = z[c] > z[first] ? c : first;
+    double sum = 0;
+    for (int64_t c = 0; c < vocab; ++c) sum += std::exp(static_cast<double>(z[c]) - z[first]);
+    for (const bool vectors : {true, false}) {
+      CAPTURE(vectors);
+      const auto got = classifier_pass1(z, vocab, vectors);
+      CHECK(got.m == z[first]);
+      CHECK(got.arg == first);  // bf16 draws from [-8, 8]: a long row holds its maximum more than once
+      CHECK(std::abs(got.sum - sum) <= 1e-5 * sum);
+    }
+  }
+  // The maximum in a later vector than a larger count of near-maximal columns; -inf columns count 0; a NaN column
+  // makes the sum NaN (the loss shows it); a row of -inf alone sums to 0 both ways (the merge drops the threads with
+  // no finite column), so its loss log(0) - (-inf - -inf) is NaN.
+  std::vector<float> z(4096, -1.0f);
+  z[9] = 3.0f;
+  z[4000] = 3.0f;
+  z[17] = -INFINITY;
+  auto got = classifier_pass1(z, 4096, true);
+  CHECK(got.m == 3.0f);
+  CHECK(got.arg == 9);
+  CHECK(std::abs(got.sum - (2.0 + 4093 * std::exp(-4.0))) <= 1e-5 * got.sum);
+  z[100] = NAN;
+  CHECK(std::isnan(classifier_pass1(z, 4096, true).sum));
+  CHECK(std::isnan(classifier_pass1(z, 4096, false).sum));
+  const std::vector<float> all_inf(16, -INFINITY);
+  CHECK(classifier_pass1(all_inf, 16, true).sum == 0.0f);
+  CHECK(classifier_pass1(all_inf, 16, false).sum == 0.0f);
+}
+
 TEST_CASE("softmax_xent and classifier_bf16 skip kIgnoreLabel targets", "[fastpath]") {
   std::mt19937 rng(8);
   const int64_t rows = 6, vocab = 37, ld = 40;
