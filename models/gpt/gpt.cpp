@@ -449,11 +449,13 @@ const Tensor& Gpt::run_backward(const Tensor& dlogits, Kernels& k) {
   const int64_t rows = dlogits.dim(0);
   const Tensor& h = h_;
   if (dlogits.dtype() == DType::BF16) {
-    // dh = dlogits wte over the real vocabulary; d(wte) += dlogits^T h (float32, accumulating).
+    // dh = dlogits wte; d(wte) += dlogits^T h (float32, accumulating). Over the padded vocabulary, as llm.c does:
+    // the classifier wrote 0 into the padding columns, so they add exact zeros (wte's padding rows stay 0), and every
+    // dimension stays a multiple of 8 for cuBLASLt.
     ensure_shape(dh_, h.shape(), dlogits.device(), DType::BF16);
-    const MatmulShape dh{.M = rows, .N = c, .K = v, .lda = vp, .ldb = c, .ldd = c};
+    const MatmulShape dh{.M = rows, .N = c, .K = vp, .lda = vp, .ldb = c, .ldd = c};
     k.matmul_bf16(dh, {.a = dlogits.data<BFloat16>(), .b = transformer_->wte16().data<BFloat16>(), .d = dh_.raw()});
-    const MatmulShape dw{.trans_a = true, .M = v, .N = c, .K = rows, .lda = vp, .ldb = c, .ldd = c, .d_f32 = true,
+    const MatmulShape dw{.trans_a = true, .M = vp, .N = c, .K = rows, .lda = vp, .ldb = c, .ldd = c, .d_f32 = true,
                          .accumulate = true};
     k.matmul_bf16(dw, {.a = dlogits.data<BFloat16>(), .b = h.data<BFloat16>(),
                        .d = transformer_->wte_grad().raw()});

@@ -77,6 +77,16 @@ TEST_CASE("gpt with bf16 activations: the float32 path's loss and gradients with
     CHECK(e < 3e-2);
   }
   CHECK(test::rel_l2(got.grads.data<float>(), want.grads.data<float>(), got.grads.numel()) < 1.5e-2);
+  // The head's backward runs over the padded vocabulary: wte's padding rows get exactly no gradient.
+  size_t wte_rows = 0, padding_grads = 0;
+  for (const NamedParam& p : f.bf16->named_params()) {
+    if (p.name.find("wte") == std::string::npos) continue;
+    wte_rows += static_cast<size_t>(p.param.dim(0));
+    for (size_t i = static_cast<size_t>(small().vocab_size * small().n_embd); i < p.param.numel(); ++i)
+      padding_grads += got.grads.data<float>()[p.offset + i] != 0.0f;
+  }
+  CHECK(wte_rows == static_cast<size_t>(vp));
+  CHECK(padding_grads == 0);
 }
 
 TEST_CASE("gpt with bf16 activations: the same bits again, grad_scale scales the gradient", "[gpt][bf16act]") {
