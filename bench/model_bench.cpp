@@ -110,6 +110,7 @@ struct Result {
   double flops_per_token = 0;
   double peak_flops = 0;  // dense bf16 peak of the device; 0: unknown (no MFU)
   double mfu = 0;
+  std::vector<std::string> library_choices;  // Kernels::library_choices() after the run
 };
 
 // "resnet18: 11181642 parameters" -> "resnet18"; "resnet18 (small stem): ..." -> "resnet18-small"; a
@@ -395,6 +396,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
     clock.add(r.phase_ms);
   }
   for (double& ms : r.phase_ms) ms /= std::max(o.phase_steps, 1);
+  r.library_choices = k.library_choices();
   return r;
 }
 
@@ -521,6 +523,7 @@ int main(int argc, char** argv) {
                              total > 0 ? 100 * r.phase_ms[i] / total : 0.0);
       fmt::print("# phases, mean of {} more steps: {}; sum {:.2f} ms\n", o.phase_steps, parts, total);
     }
+    for (const std::string& c : r.library_choices) fmt::print("# {}\n", c);
     fmt::print("#\n");
     if (r.tokens) {
       print_gpt_header();

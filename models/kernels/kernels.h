@@ -11,6 +11,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "models/kernels/kernel_params.h"
@@ -39,6 +41,9 @@ class Kernels {
     if (p != Precision::F32) DPT_THROW(UnsupportedError, "the {} kernel set computes in float32 only", device().str());
   }
   virtual Precision precision() const { return Precision::F32; }
+  // What the vendor libraries chose for the shapes run so far (a GPU set's cuBLASLt algorithms), a line each, for a
+  // benchmark's report; nothing on the CPU.
+  virtual std::vector<std::string> library_choices() const { return {}; }
 
   // C[M,N] = alpha * op(A) * op(B) + beta * C, with op(X) = X or X^T; lda/ldb/ldc are row strides.
   virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,

@@ -2,7 +2,9 @@
 // device, and the checks several operation families share. The operations are in the family files beside this one.
 #include "models/kernels/cuda/cuda_kernels.h"
 
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "core/cuda_check.h"
 #include "models/kernels/cuda/launch.h"
@@ -17,6 +19,7 @@ CudaKernels::CudaKernels(int index) : index_(index) {
   // FP32 GEMMs in full precision: TF32 would be faster but leaves the CPU path's results by ~1e-3.
   DPT_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH));
   partials_ = Tensor::empty({cuda_launch::kSumSquaresBlocks + 1}, DType::F64, device());
+  if (const char* b = std::getenv("DPT_TUNE_BGRAD"); b && std::string_view(b) == "separate") lt_bgrad_fused_ = false;
 }
 
 CudaKernels::~CudaKernels() {

@@ -28,7 +28,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/check.h"
 #include "core/cuda.h"
@@ -168,6 +170,13 @@ class CudaKernels final : public Kernels {
   // matmul.cu's epilogue kernels (the fallback for shapes cuBLASLt has no epilogue algorithm for; the [gpu] tests
   // run both ways).
   void set_lt_epilogues(bool on) { lt_epilogues_ = on; }
+  // Whether a weight gradient's bias gradient comes from cuBLASLt's BGRADB epilogue (the default) or from the plain
+  // product (which cuBLASLt may split along K) and then matmul.cu's deterministic column sums, as llm.c computes it.
+  // For the GPU window's A/B: DPT_TUNE_BGRAD=separate in the environment starts with false; the [gpu] tests run both.
+  void set_lt_bgrad_fused(bool on) { lt_bgrad_fused_ = on; }
+  // One line per cuBLASLt plan made so far: its shape, and the algorithm cuBLASLt's heuristic chose (tile, split-K,
+  // stages, waves), or what ran instead. For the benchmark's report: where a GEMM's time may go.
+  std::vector<std::string> library_choices() const override;
   // attention.cpp (cuDNN's fused flash attention through its frontend; DPT_HAVE_CUDNN_FRONTEND)
   void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) override;
   void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,
@@ -226,6 +235,7 @@ class CudaKernels final : public Kernels {
   std::array<Tensor, 3> narrow_;
   std::unique_ptr<LtState, LtStateDeleter> lt_;
   bool lt_epilogues_ = true;
+  bool lt_bgrad_fused_ = true;
   Tensor lt_bias_scratch_, lt_acc_scratch_;
   std::unique_ptr<AttentionGraphs, AttentionGraphsDeleter> attention_;
 #if DPT_HAVE_CUDNN

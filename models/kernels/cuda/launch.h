@@ -215,9 +215,14 @@ cudaError_t adamw_fused(float* param, BFloat16* param16, const float* grad, floa
 // as the fused epilogue. One thread per element.
 cudaError_t bias_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux,
                                int64_t M, int64_t N, bool gelu, cudaStream_t s);
-// bias_grad[i] += sum over k < K of a[i * stride_i + k * stride_k] (float32, in k order): one thread per i.
+// bias_grad[i] += sum over k < K of a[i * stride_i + k * stride_k], in float32 and a fixed order (deterministic): K
+// cut into bias_grad_bf16_splits(K) runs of about kBiasGradRun (a function of K only); each run's sum, by 8 threads
+// striding over it and then added in thread order, goes into scratch[split * M + i] (scratch holds splits * M
+// floats); then each i adds its runs' sums in run order. Coalesced for stride_i 1 (a weight gradient's dy).
+constexpr int64_t kBiasGradRun = 512, kBiasGradMaxSplits = 128;
+int64_t bias_grad_bf16_splits(int64_t K);
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
-                           float* bias_grad, cudaStream_t s);
+                           float* bias_grad, float* scratch, cudaStream_t s);
 // The fast path's element-wise operations on bf16 activations (elementwise.cu), each in float32, rounded once:
 // y = a + b (the residual stream), and dx = dy * gelu'(pre) from the pre-activation the matmul's GELU epilogue kept.
 cudaError_t add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n, cudaStream_t s);

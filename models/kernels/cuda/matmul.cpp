@@ -51,6 +51,20 @@ void set_desc(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr, const
   DPT_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d, attr, &value, sizeof(value)));
 }
 
+// The heuristic's algorithm in a few words: its id, tile, split-K count and reduction, stages, and waves.
+std::string describe_algo(const cublasLtMatmulHeuristicResult_t& h) {
+  const auto get = [&](cublasLtMatmulAlgoConfigAttributes_t attr) {
+    uint32_t v = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoConfigGetAttribute(&h.algo, attr, &v, sizeof(v), &written) != CUBLAS_STATUS_SUCCESS)
+      return std::string("?");
+    return std::to_string(v);
+  };
+  return fmt::format("algo {} tile {} split-k {} reduction {} stages {} waves {:.2f}", get(CUBLASLT_ALGO_CONFIG_ID),
+                     get(CUBLASLT_ALGO_CONFIG_TILE_ID), get(CUBLASLT_ALGO_CONFIG_SPLITK_NUM),
+                     get(CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME), get(CUBLASLT_ALGO_CONFIG_STAGES_ID), h.wavesCount);
+}
+
 }  // namespace
 
 // One plan's descriptors and algorithm.
@@ -59,6 +73,7 @@ struct LtEntry {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulHeuristicResult_t heuristic{};
   bool have_algo = false;
+  std::string choice;  // what runs, for library_choices()
   ~LtEntry() {
     if (d) (void)cublasLtMatrixLayoutDestroy(d);
     if (b) (void)cublasLtMatrixLayoutDestroy(b);
@@ -71,6 +86,7 @@ struct LtState {
   cublasLtHandle_t handle = nullptr;
   Tensor workspace;
   std::map<std::string, std::unique_ptr<LtEntry>> entries;
+  std::vector<std::string> separate_bgrad;  // the plans whose bias gradient ran as our column sums
   ~LtState() {
     entries.clear();
     if (handle) (void)cublasLtDestroy(handle);
@@ -130,9 +146,10 @@ LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t,
                                                            &e->heuristic, &found);
   (void)cublasLtMatmulPreferenceDestroy(pref);
   e->have_algo = hs == CUBLAS_STATUS_SUCCESS && found > 0;
-  if (!e->have_algo)
-    spdlog::info("cuBLASLt has no algorithm for {} ({}): {}", key, cublasGetStatusName(hs),
-                 p.epilogue == LtEpilogue::Default ? "cublasGemmEx runs it" : "the epilogue runs as kernels of our own");
+  const char* instead =
+      p.epilogue == LtEpilogue::Default ? "cublasGemmEx runs it" : "the epilogue runs as kernels of our own";
+  e->choice = fmt::format("{}: {}", key, e->have_algo ? describe_algo(e->heuristic) : fmt::format("none, {}", instead));
+  if (!e->have_algo) spdlog::info("cuBLASLt has no algorithm for {} ({}): {}", key, cublasGetStatusName(hs), instead);
   slot = std::move(e);
   return *slot;
 }
@@ -151,7 +168,13 @@ LtState& CudaKernels::lt() {
 void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   check_matmul(s, o);
   if (s.M == 0 || s.N == 0) return;
-  if (s.K == 0 || s.epilogue == MatmulEpilogue::None || !lt_epilogues_) {
+  const bool separate_bgrad = s.epilogue == MatmulEpilogue::BiasGrad && !lt_bgrad_fused_;
+  if (s.K == 0 || s.epilogue == MatmulEpilogue::None || !lt_epilogues_ || separate_bgrad) {
+    if (separate_bgrad) {
+      LtState& st = lt();
+      const std::string what = describe(lt_matmul_plan(s, false));
+      if (std::ranges::find(st.separate_bgrad, what) == st.separate_bgrad.end()) st.separate_bgrad.push_back(what);
+    }
     matmul_unfused(s, o);
     return;
   }
@@ -224,11 +247,15 @@ void CudaKernels::matmul_unfused(const MatmulShape& s, const MatmulOperands& o) 
                                                      s.ldd, o.bias, o.aux, s.M, s.N,
                                                      s.epilogue == MatmulEpilogue::BiasGelu, stream()));
       return;
-    case MatmulEpilogue::BiasGrad:
+    case MatmulEpilogue::BiasGrad: {
       // op(A)[i, k]: A stored K x M (transposed: element (i, k) at k * lda + i) or M x K (at i * lda + k).
+      const auto parts = static_cast<size_t>(cuda_launch::bias_grad_bf16_splits(s.K) * s.M);
+      if (lt_bias_scratch_.numel() < parts)
+        lt_bias_scratch_ = Tensor::empty({static_cast<int64_t>(parts)}, DType::F32, device());
       DPT_CUDA_CHECK(cuda_launch::bias_grad_bf16(o.a, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1, s.M, s.K,
-                                                 o.bias_grad, stream()));
+                                                 o.bias_grad, lt_bias_scratch_.data<float>(), stream()));
       return;
+    }
   }
 }
 
@@ -252,6 +279,15 @@ void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& 
   }
   DPT_CUBLAS_CHECK(cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
                                   &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream()));
+}
+
+std::vector<std::string> CudaKernels::library_choices() const {
+  std::vector<std::string> out;
+  if (!lt_) return out;
+  for (const auto& [key, e] : lt_->entries) out.push_back("cuBLASLt " + e->choice);
+  for (const std::string& p : lt_->separate_bgrad)
+    out.push_back(fmt::format("bias gradient of {}: the plain product, then column sums (DPT_TUNE_BGRAD)", p));
+  return out;
 }
 
 }  // namespace dpt::models

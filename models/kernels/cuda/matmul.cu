@@ -23,12 +23,32 @@ __global__ void bias_epilogue_bf16_kernel(const float* acc, BFloat16* d, int64_t
   }
 }
 
-__global__ void bias_grad_bf16_kernel(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
-                                      float* bias_grad) {
+// Stage 1 of the bias gradient: a block of 32 x 8 threads owns 32 outputs i and the run of k of its split
+// (blockIdx.y). Thread (x, y) adds a[i, k] for k = start + y, + 8, ... in order; then row y = 0 adds the 8 partials in
+// y order into part[split * M + i]. With stride_i 1 (a weight gradient's dy, row-major) a warp reads 32 adjacent
+// values per k.
+__global__ void bias_grad_partial_kernel(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
+                                         int64_t run, float* part) {
+  __shared__ float acc_s[8][33];
+  const int64_t i = blockIdx.x * 32 + threadIdx.x;
+  const int64_t k0 = blockIdx.y * run, k1 = k0 + run < K ? k0 + run : K;
+  float acc = 0.0f;
+  if (i < M)
+    for (int64_t k = k0 + threadIdx.y; k < k1; k += 8) acc += to_float(a[i * stride_i + k * stride_k]);
+  acc_s[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y != 0 || i >= M) return;
+  float sum = 0.0f;
+  for (int y = 0; y < 8; ++y) sum += acc_s[y][threadIdx.x];
+  part[blockIdx.y * M + i] = sum;
+}
+
+// Stage 2: bias_grad[i] += the splits' partials, in split order.
+__global__ void bias_grad_finish_kernel(const float* part, int64_t M, int64_t splits, float* bias_grad) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float sum = 0.0f;
-    for (int64_t k = 0; k < K; ++k) sum += to_float(a[i * stride_i + k * stride_k]);
+    for (int64_t sp = 0; sp < splits; ++sp) sum += part[sp * M + i];
     bias_grad[i] += sum;
   }
 }
@@ -43,11 +63,19 @@ cudaError_t bias_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const
   return cudaGetLastError();
 }
 
+int64_t bias_grad_bf16_splits(int64_t K) {
+  const int64_t splits = (K + kBiasGradRun - 1) / kBiasGradRun;
+  return splits < 1 ? 1 : splits > kBiasGradMaxSplits ? kBiasGradMaxSplits : splits;
+}
+
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
-                           float* bias_grad, cudaStream_t s) {
-  if (M == 0) return cudaSuccess;
-  bias_grad_bf16_kernel<<<blocks_for(static_cast<size_t>(M)), kThreads, 0, s>>>(a, stride_i, stride_k, M, K,
-                                                                                 bias_grad);
+                           float* bias_grad, float* scratch, cudaStream_t s) {
+  if (M == 0 || K == 0) return cudaSuccess;
+  const int64_t splits = bias_grad_bf16_splits(K), run = (K + splits - 1) / splits;
+  const dim3 grid(static_cast<unsigned int>((M + 31) / 32), static_cast<unsigned int>(splits)), block(32, 8);
+  bias_grad_partial_kernel<<<grid, block, 0, s>>>(a, stride_i, stride_k, M, K, run, scratch);
+  if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  bias_grad_finish_kernel<<<blocks_for(static_cast<size_t>(M)), kThreads, 0, s>>>(scratch, M, splits, bias_grad);
   return cudaGetLastError();
 }
 

@@ -34,7 +34,10 @@ namespace {
 CudaKernels& cuda_set() { return dynamic_cast<CudaKernels&>(gpu_kernels()); }
 
 struct Restore {
-  ~Restore() { cuda_set().set_lt_epilogues(true); }
+  ~Restore() {
+    cuda_set().set_lt_epilogues(true);
+    cuda_set().set_lt_bgrad_fused(true);
+  }
 };
 
 }  // namespace
@@ -47,9 +50,10 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
   };
   // A GPT-like shape (multiples of 8: cuBLASLt's epilogue algorithms apply) and an odd one (lt_epilogue_unfusable:
   // the fallback kernels run even when fused epilogues are asked for; on an H200 cuBLASLt's own bias epilogue
-  // rounded such a shape's product twice).
-  for (const Dims dims : {Dims{96, 192, 64}, Dims{37, 13, 21}})
-    for (bool fused : {true, false})
+  // rounded such a shape's product twice), and a long K (the bias gradient's column sums in 5 runs, the last short).
+  // Modes: every epilogue fused; fused but the bias gradient as column sums (DPT_TUNE_BGRAD=separate); none fused.
+  for (const Dims dims : {Dims{96, 192, 64}, Dims{37, 13, 21}, Dims{40, 24, 2100}})
+    for (int mode : {0, 1, 2})
       for (bool ta : {false, true})
         for (bool tb : {false, true})
           for (auto ep : {MatmulEpilogue::None, MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad})
@@ -58,8 +62,9 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
                                                                                    ep == MatmulEpilogue::BiasGelu;
               if ((wants_f32 && !f32) || (wants_bf16 && f32)) continue;
               const auto [M, N, K] = dims;
-              CAPTURE(M, N, K, fused, ta, tb, static_cast<int>(ep), f32);
-              cuda_set().set_lt_epilogues(fused);
+              CAPTURE(M, N, K, mode, ta, tb, static_cast<int>(ep), f32);
+              cuda_set().set_lt_epilogues(mode != 2);
+              cuda_set().set_lt_bgrad_fused(mode == 0);
               const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldd = N;
               const Tensor a = bf16_random({ta ? K : M, lda}, rng), b = bf16_random({tb ? N : K, ldb}, rng);
               const Tensor bias = bf16_random({N}, rng);
