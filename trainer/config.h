@@ -53,6 +53,7 @@ struct TrainConfig {
   DeviceChoice device = DeviceChoice::automatic;
   models::Precision precision = models::Precision::F32;  // GEMM and convolution arithmetic; fp16 adds loss scaling
   bool bf16_activations = false;  // the transformer fast path (GPT, Llama): bf16 activations in training; needs precision bf16
+  bool deterministic = true;  // GPU: only library algorithms that give the same bits on every run (Kernels::set_deterministic)
   OptimizerKind optimizer = OptimizerKind::sgd;
   double lr = 0.05;
   double momentum = 0.9;

@@ -44,6 +44,10 @@ class Kernels {
   // What the vendor libraries chose for the shapes run so far (a GPU set's cuBLASLt algorithms), a line each, for a
   // benchmark's report; nothing on the CPU.
   virtual std::vector<std::string> library_choices() const { return {}; }
+  // train.deterministic: whether a GPU set keeps to library algorithms that give the same bits on every run (the
+  // default), or may also take faster ones that add in a varying order (cuDNN's attention backward and convolution
+  // algorithms that use atomics). The CPU set is deterministic either way.
+  virtual void set_deterministic(bool) {}
 
   // C[M,N] = alpha * op(A) * op(B) + beta * C, with op(X) = X or X^T; lda/ldb/ldc are row strides.
   virtual void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,

@@ -12,6 +12,10 @@
 #                   cuBLASLt matmuls with fused epilogues, cuDNN's fused attention, the fused classifier, the fused
 #                   AdamW); bf16 only. Its per-phase split and kernel breakdown as the step row's
 #         fastloop  the loop row with train.bf16_activations = true; bf16 only
+#         fastsep   the fast row with DPT_TUNE_BGRAD=separate: each weight gradient's bias gradient from our column
+#                   sums after the plain product, not cuBLASLt's BGRADB epilogue (an A/B for tuning; bf16 only)
+#         fastnd    the fast row with train.deterministic = false: cuDNN's default (non-deterministic) attention
+#                   backward, as PyTorch's SDPA backward is (an A/B; bf16 only)
 #         loop      dprun --nproc-per-node 1 -- dptrain (the product): token shards through the loader, pinned
 #                   host-to-device copies, the NCCL process group and the DDP reducer with overlap on (a single
 #                   rank has nothing to all-reduce: the reducer is idle), the LR schedule; timed from the
@@ -38,8 +42,8 @@
 #   BENCH_DEADLINE              a Unix time: no run goes past it (each run's timeout shrinks to fit; a run
 #                               with less than 15 s left is not started), so the report is always written
 #                               (scripts/gpu-check.sh run sets it from its budget)
-#   BENCH_ROWS                  which rows, a subset of "step fast loop fastloop eager compile" (default: all; fast
-#                               and fastloop only in bf16)
+#   BENCH_ROWS                  which rows, a subset of "step fast fastsep fastnd loop fastloop eager compile"
+#                               (default: all; the fast rows only in bf16)
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
 #   BENCH_LOG_DIR               each run's output and JSON (default $OUT/gpt-bench-logs, else /tmp/gpt-bench)
 #   BENCH_STRICT=1              exit 2 when a GPU target is missed (default: only reported)
@@ -84,7 +88,7 @@ LOG_DIR=${LOG_DIR:-/tmp/gpt-bench}
 REPORT=${OUT:+$OUT/gpt-bench.md}
 REPORT=${REPORT:-/tmp/gpt-bench.md}
 RESULTS=${BENCH_RESULTS:-${REPORT%.md}.jsonl}
-read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step fast loop fastloop eager compile}"
+read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step fast fastsep fastnd loop fastloop eager compile}"
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "gpt_bench: BENCH_REPEATS must be a positive integer" >&2; exit 2; }
 mkdir -p "$LOG_DIR" "$(dirname "$REPORT")" "$(dirname "$RESULTS")"
 rm -f "$RESULTS"
@@ -286,6 +290,16 @@ run_rows() {
     measure fast "json" "$log" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$S" \
       --phase-steps "$P" --json "$log.json" "${SHAPE_KV[@]}" train.bf16_activations=true
   fi
+  local variant tune
+  for variant in fastsep fastnd; do  # the fast row again with one tuning choice flipped, for an A/B in one window
+    want "$variant" && [ "$PREC" = bf16 ] || continue
+    tune=(env)
+    [ "$variant" != fastsep ] || tune=(env DPT_TUNE_BGRAD=separate)
+    log=$LOG_DIR/${variant}_dptrain_$rep.log
+    measure "$variant" "json" "$log" "${tune[@]}" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" \
+      --steps "$S" --phase-steps "$P" --json "$log.json" "${SHAPE_KV[@]}" train.bf16_activations=true \
+      "train.deterministic=$([ "$variant" = fastnd ] && echo false || echo true)"
+  done
   # dptrain's kernel breakdown next, before PyTorch's rows: it is what tuning needs, and a short GPU window ran out
   # of time before it when it came last (H200, 2026-11-26).
   if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && want step; then profile_kernels; fi
@@ -440,7 +454,8 @@ fmt_tps() { if [ -n "$1" ]; then printf "%.0f" "$1"; else echo -; fi; }
 fmt_mfu() { if [ -n "$1" ]; then awk -v m="$1" 'BEGIN { printf "%.1f%%", 100 * m }'; else echo -; fi; }
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else echo n/a; fi; }
 declare -A M=() R=() F=()
-for k in step fast loop fastloop eager compile; do
+ALL_ROWS=(step fast fastsep fastnd loop fastloop eager compile)
+for k in "${ALL_ROWS[@]}"; do
   # shellcheck disable=SC2086 # the collected numbers split on purpose
   { M[$k]=$(median ${MS[$k]:-}); R[$k]=$(median ${TPS[$k]:-}); F[$k]=$(median ${MFU[$k]:-}); }
 done
@@ -449,11 +464,13 @@ declare -A WHAT=(
   [fast]="dptrain | step, bf16 activations (the transformer fast path)"
   [loop]="dptrain | training loop (dprun + dptrain, 1 rank, $BACKEND, DDP reducer overlap on, token shards through the loader)"
   [fastloop]="dptrain | training loop, bf16 activations"
+  [fastsep]="dptrain | step, bf16 activations, bias gradients as column sums (DPT_TUNE_BGRAD=separate)"
+  [fastnd]="dptrain | step, bf16 activations, train.deterministic = false"
   [eager]="PyTorch $torch_version | eager"
   [compile]="PyTorch $torch_version | torch.compile"
 )
 rows=()
-for k in step fast loop fastloop eager compile; do
+for k in "${ALL_ROWS[@]}"; do
   want "$k" || continue
   if [[ $k == fast* ]] && [ "$PREC" != bf16 ]; then continue; fi
   cell=$(fmt_tps "${R[$k]}")
@@ -466,9 +483,9 @@ done
 # The rows for docs/gpu-results.json: dptrain's against torch.compile (the target's reference).
 model=gpt-L$L-C$C-T$T
 [ "$L/$C/$V/$T" != 12/768/50257/1024 ] || model=gpt2-124m
-declare -A PROGRAM=([step]=dptrain [fast]=dptrain [loop]=dptrain [fastloop]=dptrain [eager]=torch-eager
-  [compile]=torch-compile)
-for k in step fast loop fastloop eager compile; do
+declare -A PROGRAM=([step]=dptrain [fast]=dptrain [fastsep]=dptrain [fastnd]=dptrain [loop]=dptrain [fastloop]=dptrain
+  [eager]=torch-eager [compile]=torch-compile)
+for k in "${ALL_ROWS[@]}"; do
   want "$k" || continue
   if [[ $k == fast* ]] && [ "$PREC" != bf16 ]; then continue; fi
   ref=""
@@ -506,6 +523,13 @@ f=$LOG_DIR/step_dptrain_1.log
 [ -f "$f" ] && phases=$(grep -m1 '^# phases' "$f" | sed 's/^# //' || true)
 f=$LOG_DIR/fast_dptrain_1.log
 [ -f "$f" ] && fast_phases=$(grep -m1 '^# phases' "$f" | sed 's/^# //' || true)
+# The fast path's library choices (cuBLASLt's algorithm per GEMM shape), and each A/B variant's phases.
+choices="" variant_phases=()
+[ -f "$f" ] && choices=$(grep -E '^# (cuBLASLt|bias gradient) ' "$f" | sed 's/^# /- /' || true)
+for k in fastsep fastnd; do
+  f=$LOG_DIR/${k}_dptrain_1.log
+  [ -f "$f" ] && grep -q '^# phases' "$f" && variant_phases+=("$k: $(grep -m1 '^# phases' "$f" | sed 's/^# //')")
+done
 report=$(
   echo "# GPT benchmark: dptrain vs PyTorch"
   echo
@@ -528,6 +552,16 @@ report=$(
   if [ -n "$fast_phases" ]; then
     echo
     echo "dptrain's fast path (bf16 activations) by phase: $fast_phases"
+  fi
+  for v in "${variant_phases[@]}"; do
+    echo
+    echo "A/B $v"
+  done
+  if [ -n "$choices" ]; then
+    echo
+    echo "The fast path's GEMMs: what cuBLASLt's heuristic chose per shape"
+    echo
+    echo "$choices"
   fi
   if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && want step; then
     echo

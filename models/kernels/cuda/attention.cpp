@@ -6,7 +6,7 @@
 // operation graph, heuristic A's plans, support check, plan build) and cached with the largest workspace any needs,
 // as llm.c's cudnn_att.cpp does (heuristics A, then cuDNN's fallback list). The backward asks for cuDNN's deterministic
 // algorithm, so a rerun gives the same bits as every other kernel of this set; where this cuDNN has none for the shape,
-// its default one, with a warning.
+// its default one, with a warning; with set_deterministic(false) (train.deterministic = false), its default one.
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include "models/kernels/library_plans.h"
@@ -97,7 +97,8 @@ std::shared_ptr<fe::graph::Graph> attention_graph(const AttentionShape& s, bool 
 }  // namespace
 
 struct AttentionGraphs {
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool>, std::shared_ptr<fe::graph::Graph>> graphs;
+  // (b, t, heads, kv heads, head size, backward, deterministic)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, std::shared_ptr<fe::graph::Graph>> graphs;
   Tensor workspace;
 };
 
@@ -107,6 +108,7 @@ std::string validate_attention_graphs(const AttentionShape& s, int sm) {
   try {
     (void)attention_graph(s, false, sm);
     (void)attention_graph(s, true, sm);
+    (void)attention_graph(s, true, sm, /*deterministic=*/false);  // train.deterministic = false
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -117,8 +119,8 @@ namespace {
 
 // The graph of shape s and direction, built on first use; the workspace grown to what it needs.
 fe::graph::Graph& graph_for(AttentionGraphs& a, cudnnHandle_t h, const AttentionShape& s, bool backward,
-                            Device device) {
-  auto& g = a.graphs[{s.b, s.t, s.n_head, s.kv_heads(), s.head_size, backward}];
+                            bool deterministic, Device device) {
+  auto& g = a.graphs[{s.b, s.t, s.n_head, s.kv_heads(), s.head_size, backward, backward && deterministic}];
   if (!g) {
     const auto build = [&](bool deterministic) {
       auto built = attention_graph(s, backward, 0, deterministic);
@@ -131,9 +133,9 @@ fe::graph::Graph& graph_for(AttentionGraphs& a, cudnnHandle_t h, const Attention
     };
     std::shared_ptr<fe::graph::Graph> built;
     try {
-      built = build(true);
+      built = build(!backward || deterministic);
     } catch (const DeviceError& e) {
-      if (!backward) throw;
+      if (!backward || !deterministic) throw;
       // This cuDNN has no deterministic backward for the shape: the default one (reruns may then differ in the
       // last bits of dq, dk, dv), said once per shape.
       spdlog::warn("cuDNN's deterministic attention backward is unavailable ({}); using its default one", e.what());
@@ -161,7 +163,7 @@ void CudaKernels::attention_forward(const BFloat16* qkv, BFloat16* out, float* s
   check_attention(s);
   if (const std::string why = sdpa_unsupported(s); !why.empty()) DPT_THROW(UnsupportedError, "{}", why);
   AttentionGraphs& a = attention_graphs();
-  fe::graph::Graph& g = graph_for(a, cudnn(), s, false, device());
+  fe::graph::Graph& g = graph_for(a, cudnn(), s, false, deterministic_, device());
   const SdpaPlan p = sdpa_plan(s);
   std::unordered_map<int64_t, void*> pack{{kQ, ptr(qkv, p.q.offset)}, {kK, ptr(qkv, p.k.offset)},
                                           {kV, ptr(qkv, p.v.offset)}, {kO, out}, {kStats, stats}};
@@ -173,7 +175,7 @@ void CudaKernels::attention_backward(const BFloat16* qkv, const BFloat16* out, c
   check_attention(s);
   if (const std::string why = sdpa_unsupported(s); !why.empty()) DPT_THROW(UnsupportedError, "{}", why);
   AttentionGraphs& a = attention_graphs();
-  fe::graph::Graph& g = graph_for(a, cudnn(), s, true, device());
+  fe::graph::Graph& g = graph_for(a, cudnn(), s, true, deterministic_, device());
   const SdpaPlan p = sdpa_plan(s);
   std::unordered_map<int64_t, void*> pack{
       {kQ, ptr(qkv, p.q.offset)},     {kK, ptr(qkv, p.k.offset)},     {kV, ptr(qkv, p.v.offset)},

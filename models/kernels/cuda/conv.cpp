@@ -56,8 +56,8 @@ cudnnDataType_t cudnn_type(Precision p) {
   return p == Precision::BF16 ? CUDNN_DATA_BFLOAT16 : p == Precision::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
 }
 
-ConvKey conv_key(const ConvShape& cs, Precision p) {
-  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, p};
+ConvKey conv_key(const ConvShape& cs, Precision p, bool deterministic) {
+  return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, p, deterministic};
 }
 
 size_t x_count(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.c * cs.h * cs.w); }
@@ -71,12 +71,14 @@ size_t y_count(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.k * c
 // The cuDNN descriptors of one (ConvShape, Precision), and the algorithm of each direction, chosen the first time
 // that direction runs. cuDNN's heuristics choose (cudnnGet*_v7), not timing (cudnnFind*): the choice then depends
 // only on the shape, the precision and the GPU, so two runs, or two ranks, make the same one and get the same
-// bits. Only deterministic algorithms qualify. In FP32, none that needs TF32 tensor cores (kConvAllowTf32); in
+// bits. Only deterministic algorithms qualify, unless set_deterministic(false) (train.deterministic = false): then
+// cuDNN's first choice whatever its determinism, as PyTorch's default (cudnn.deterministic off). In FP32, none that needs TF32 tensor cores (kConvAllowTf32); in
 // BF16 / F16, x, w and y are 16-bit (PSEUDO_BFLOAT16 / PSEUDO_HALF: float32 compute type) and tensor cores are
 // welcome (they multiply the 16-bit operands exactly and accumulate in float32).
 class ConvPlan {
  public:
-  ConvPlan(const ConvShape& cs, Precision precision) : precision_(precision) {
+  ConvPlan(const ConvShape& cs, Precision precision, bool deterministic)
+      : precision_(precision), deterministic_(deterministic) {
     constexpr int64_t kMax = std::numeric_limits<int>::max();
     DPT_CHECK(cs.n * cs.c * cs.h * cs.w <= kMax && cs.n * cs.k * cs.p * cs.q <= kMax &&
                   cs.k * cs.c * cs.r * cs.s <= kMax,
@@ -171,23 +173,26 @@ class ConvPlan {
     return m == CUDNN_TENSOR_OP_MATH && (precision_ != Precision::F32 || kConvAllowTf32);
   }
 
-  // The first algorithm in cuDNN's ranking that it supports here, that is deterministic, whose math type suits
-  // the precision, and whose workspace (asked again for that algorithm) fits kConvMaxWorkspaceBytes.
+  // The first algorithm in cuDNN's ranking that it supports here, that is deterministic (when deterministic_),
+  // whose math type suits the precision, and whose workspace (asked again for that algorithm) fits
+  // kConvMaxWorkspaceBytes.
   template <class Algo, class Perf, class WorkspaceFn>
   std::unique_ptr<Choice<Algo>> choose(const Perf* perf, int count, const char* what, WorkspaceFn workspace) const {
     for (int i = 0; i < count; ++i) {
       const Perf& pf = perf[i];
-      if (pf.status != CUDNN_STATUS_SUCCESS || pf.determinism != CUDNN_DETERMINISTIC) continue;
+      if (pf.status != CUDNN_STATUS_SUCCESS || (deterministic_ && pf.determinism != CUDNN_DETERMINISTIC)) continue;
       if (!math_allowed(pf.mathType)) continue;
       size_t bytes = 0;
       if (workspace(pf.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kConvMaxWorkspaceBytes) continue;
       return std::make_unique<Choice<Algo>>(Choice<Algo>{pf.algo, bytes});
     }
-    DPT_THROW(UnsupportedError, "cuDNN offers no deterministic {} {} convolution algorithm for this shape "
-              "(with at most {} MiB of workspace)", precision_name(precision_), what, kConvMaxWorkspaceBytes >> 20);
+    DPT_THROW(UnsupportedError, "cuDNN offers no {}{} {} convolution algorithm for this shape (with at most {} MiB of "
+              "workspace)", deterministic_ ? "deterministic " : "", precision_name(precision_), what,
+              kConvMaxWorkspaceBytes >> 20);
   }
 
   Precision precision_;
+  bool deterministic_;
 
   cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
   cudnnFilterDescriptor_t w_ = nullptr;
@@ -265,10 +270,10 @@ cudnnHandle_t CudaKernels::cudnn() {
 
 // One plan per shape and precision seen (a run has a handful: each layer's, and the last, smaller batch's).
 ConvPlan& CudaKernels::plan_for(const ConvShape& cs) {
-  auto [it, added] = plans_.try_emplace(conv_key(cs, precision_));
+  auto [it, added] = plans_.try_emplace(conv_key(cs, precision_, deterministic_));
   if (added) {
     try {
-      it->second.reset(new ConvPlan(cs, precision_));  // the deleter is ConvPlanDeleter, not std::default_delete
+      it->second.reset(new ConvPlan(cs, precision_, deterministic_));  // the deleter is ConvPlanDeleter, not std::default_delete
     } catch (...) {
       plans_.erase(it);
       throw;

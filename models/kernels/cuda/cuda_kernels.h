@@ -52,13 +52,14 @@
 namespace dpt::models {
 
 #if DPT_HAVE_CUDNN
-// A convolution's cuDNN descriptors and the algorithm of each direction (conv.cpp), one per shape and precision.
+// A convolution's cuDNN descriptors and the algorithm of each direction (conv.cpp), one per shape, precision and
+// determinism (set_deterministic).
 class ConvPlan;
 struct ConvPlanDeleter {
   void operator()(ConvPlan* plan) const;  // conv.cpp, where ConvPlan is complete
 };
 using ConvKey =
-    std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, Precision>;
+    std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, Precision, bool>;
 #endif
 
 // cuBLASLt's handle, workspace and per-plan descriptors (matmul.cpp).
@@ -86,6 +87,8 @@ class CudaKernels final : public Kernels {
   StreamHandle stream() const override { return stream_->get(); }
   void set_precision(Precision p) override;
   Precision precision() const override { return precision_; }
+  void set_deterministic(bool on) override { deterministic_ = on; }
+  bool deterministic() const { return deterministic_; }
 
   // gemm.cpp
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -235,6 +238,7 @@ class CudaKernels final : public Kernels {
   std::array<Tensor, 3> narrow_;
   std::unique_ptr<LtState, LtStateDeleter> lt_;
   bool lt_epilogues_ = true;
+  bool deterministic_ = true;
   bool lt_bgrad_fused_ = true;
   Tensor lt_bias_scratch_, lt_acc_scratch_;
   std::unique_ptr<AttentionGraphs, AttentionGraphsDeleter> attention_;
