@@ -150,30 +150,22 @@ cudaError_t gelu_backward(const float* x, const float* dy, float* dx, size_t n, 
 
 namespace {
 
-__global__ void add_bf16_kernel(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    y[i] = to_bfloat16(to_float(a[i]) + to_float(b[i]));
-}
-
-__global__ void gelu_backward_bf16_kernel(const BFloat16* pre, const BFloat16* dy, BFloat16* dx, size_t n) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<size_t>(gridDim.x) * blockDim.x)
-    dx[i] = to_bfloat16(to_float(dy[i]) * elementwise::gelu_grad(to_float(pre[i])));
-}
+struct AddOp {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+// (pre, dy) -> dy * gelu'(pre)
+struct GeluBackwardOp {
+  __device__ float operator()(float pre, float dy) const { return dy * elementwise::gelu_grad(pre); }
+};
 
 }  // namespace
 
 cudaError_t add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n, cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
-  add_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(a, b, y, n);
-  return cudaGetLastError();
+  return map2_bf16(a, b, y, n, AddOp{}, s);
 }
 
 cudaError_t gelu_backward_bf16(const BFloat16* pre, const BFloat16* dy, BFloat16* dx, size_t n, cudaStream_t s) {
-  if (n == 0) return cudaSuccess;
-  gelu_backward_bf16_kernel<<<blocks_for(n), kThreads, 0, s>>>(pre, dy, dx, n);
-  return cudaGetLastError();
+  return map2_bf16(pre, dy, dx, n, GeluBackwardOp{}, s);
 }
 
 }  // namespace dpt::models::cuda_launch

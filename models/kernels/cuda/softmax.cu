@@ -86,12 +86,6 @@ cudaError_t softmax_xent(const float* logits, const int32_t* labels, float* dlog
 
 namespace {
 
-// Eight bf16 in one 16-byte load or store.
-union Bf16x8 {
-  uint4 raw;
-  BFloat16 v[8];
-};
-
 // One block per row: each thread an online softmax (running maximum and sum of exp relative to it) and the first
 // argmax of its columns; the block's threads combined in a fixed tree; then the gradient over the row. kVec: the row
 // is read and written eight columns at a time (16-byte aligned rows, ld a multiple of 8), each thread's vectors in

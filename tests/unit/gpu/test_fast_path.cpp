@@ -320,6 +320,17 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
     INFO("add: " << d_sum << "\ngelu backward (tanhf may differ by an ulp): " << d_gelu);
     CHECK(d_sum.bad == 0);
     CHECK(d_gelu.bad == 0);
+    // Eight elements per 16-byte access above (C 768; C 37 leaves a tail of 4); one element in, the pointers are
+    // 2-byte aligned only: one at a time, the same bits, and nothing written before the first element.
+    Tensor gsum1 = to_device(bf16_nan({rows, C})), gdgelu1 = to_device(bf16_nan({rows, C}));
+    gpu_kernels().add_bf16(gx.data<BFloat16>() + 1, gdy.data<BFloat16>() + 1, gsum1.data<BFloat16>() + 1, n - 1);
+    gpu_kernels().gelu_backward_bf16(gx.data<BFloat16>() + 1, gdy.data<BFloat16>() + 1, gdgelu1.data<BFloat16>() + 1,
+                                     n - 1);
+    const Tensor h_sum = to_host(gsum), h_sum1 = to_host(gsum1), h_gelu = to_host(gdgelu), h_gelu1 = to_host(gdgelu1);
+    CHECK(std::isnan(to_float(h_sum1.data<BFloat16>()[0])));
+    CHECK(std::isnan(to_float(h_gelu1.data<BFloat16>()[0])));
+    CHECK(std::memcmp(h_sum1.data<BFloat16>() + 1, h_sum.data<BFloat16>() + 1, (n - 1) * sizeof(BFloat16)) == 0);
+    CHECK(std::memcmp(h_gelu1.data<BFloat16>() + 1, h_gelu.data<BFloat16>() + 1, (n - 1) * sizeof(BFloat16)) == 0);
   }
 }
 
