@@ -98,6 +98,58 @@ cudaError_t map2_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t 
   return cudaGetLastError();
 }
 
+// The columns c < C of one row that lane `lane` of a warp owns, in the order the lane visits them: with vec (bf16
+// rows, C a multiple of 8, 16-byte aligned) eight adjacent columns per 16-byte load, vectors lane, lane + 32, ...;
+// else columns lane, lane + 32, ... f(c, a[c], b[c]) for each (b may be a).
+template <class T, class F>
+__device__ __forceinline__ void for_lane_columns(const T* a, const T* b, int64_t C, int lane, bool vec, F&& f) {
+  if constexpr (sizeof(T) == 2) {
+    if (vec) {
+      const auto* av = reinterpret_cast<const uint4*>(a);
+      const auto* bv = reinterpret_cast<const uint4*>(b);
+      for (int64_t v = lane; v < C / 8; v += 32) {
+        Bf16x8 x, z;
+        x.raw = av[v];
+        z.raw = bv[v];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) f(v * 8 + i, to_float(x.v[i]), to_float(z.v[i]));
+      }
+      return;
+    }
+  }
+  for (int64_t c = lane; c < C; c += 32) f(c, load_act(a, c), load_act(b, c));
+}
+
+// out[c] = f(c, a[c], b[c]) over the lane's columns as for_lane_columns walks them; out may alias a or b (each
+// vector, or column, is read before the lane writes it).
+template <class T, class F>
+__device__ __forceinline__ void map_lane_columns(const T* a, const T* b, T* out, int64_t C, int lane, bool vec,
+                                                 F&& f) {
+  if constexpr (sizeof(T) == 2) {
+    if (vec) {
+      const auto* av = reinterpret_cast<const uint4*>(a);
+      const auto* bv = reinterpret_cast<const uint4*>(b);
+      auto* ov = reinterpret_cast<uint4*>(out);
+      for (int64_t v = lane; v < C / 8; v += 32) {
+        Bf16x8 x, z, o;
+        x.raw = av[v];
+        z.raw = bv[v];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o.v[i] = to_bfloat16(f(v * 8 + i, to_float(x.v[i]), to_float(z.v[i])));
+        ov[v] = o.raw;
+      }
+      return;
+    }
+  }
+  for (int64_t c = lane; c < C; c += 32) store_act(out, c, f(c, load_act(a, c), load_act(b, c)));
+}
+
+// Whether rows of C bf16 elements starting at these pointers can be walked eight columns at a time.
+template <class T, class... P>
+__host__ bool rows_vectorizable(int64_t C, const P*... p) {
+  return sizeof(T) == 2 && C % 8 == 0 && aligned16(p...);
+}
+
 // The row kernels below give each row one warp: kThreads / 32 rows per block.
 constexpr int kWarpsPerBlock = kThreads / 32;
 static_assert(kWarpsPerBlock == kRowsPerBlock, "launch.h's kRowsPerBlock is the row kernels' warps per block");

@@ -10,25 +10,27 @@ namespace {
 
 // One warp per row. The sums are doubles (C / 32 additions per lane, then the warp): the CPU set's arithmetic, so
 // mean and rstd almost always round to the same floats. y = (x - mean) * rstd * gamma + beta; y may alias x (each
-// lane reads and writes only its own columns, the last pass after the shuffles).
+// lane reads and writes only its own columns, the last pass after the shuffles). vec: bf16 rows read and written
+// eight columns at a time (for_lane_columns).
 template <class T>
 __global__ void layernorm_forward_kernel(const T* x, const float* gamma, const float* beta, T* y, float* mean,
-                                         float* rstd, int64_t rows, int64_t C, float eps) {
+                                         float* rstd, int64_t rows, int64_t C, float eps, bool vec) {
   const int lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;  // the whole warp: r is the warp's
   const T* in = x + r * C;
   double sum = 0.0;
-  for (int64_t c = lane; c < C; c += 32) sum += load_act(in, c);
+  for_lane_columns(in, in, C, lane, vec, [&](int64_t, float v, float) { sum += v; });
   const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
   double var = 0.0;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float d = load_act(in, c) - m;
+  for_lane_columns(in, in, C, lane, vec, [&](int64_t, float v, float) {
+    const float d = v - m;
     var += static_cast<double>(d) * d;
-  }
+  });
   const float s = static_cast<float>(1.0 / sqrt(warp_sum(var) / static_cast<double>(C) + eps));
   T* out = y + r * C;
-  for (int64_t c = lane; c < C; c += 32) store_act(out, c, (load_act(in, c) - m) * s * gamma[c] + beta[c]);
+  map_lane_columns(in, in, out, C, lane, vec,
+                   [&](int64_t c, float v, float) { return (v - m) * s * gamma[c] + beta[c]; });
   if (lane == 0) {
     mean[r] = m;
     rstd[r] = s;
@@ -42,7 +44,8 @@ cudaError_t layernorm_forward(const T* x, const float* gamma, const float* beta,
                               int64_t rows, int64_t C, float eps, cudaStream_t s) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
-  layernorm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+  const bool vec = rows_vectorizable<T>(C, x, y);
+  layernorm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps, vec);
   return cudaGetLastError();
 }
 template cudaError_t layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*,
@@ -53,10 +56,11 @@ template cudaError_t layernorm_forward<BFloat16>(const BFloat16*, const float*, 
 namespace {
 
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma; one warp per row, the two
-// means summed in double (as the CPU set). dx may alias dy (a lane's columns are read before it writes them).
+// means summed in double (as the CPU set). dx may alias dy (a lane's columns are read before it writes them). vec:
+// bf16 rows eight columns at a time (for_lane_columns).
 template <class T>
 __global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const float* gamma, const float* mean,
-                                             const float* rstd, T* dx, int64_t rows, int64_t C) {
+                                             const float* rstd, T* dx, int64_t rows, int64_t C, bool vec) {
   const int lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;
@@ -64,19 +68,19 @@ __global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const floa
   const T* in = x + r * C;
   const float m = mean[r], s = rstd[r];
   double sum_d = 0.0, sum_dx = 0.0;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float xhat = (load_act(in, c) - m) * s;
-    const float d = load_act(g, c) * gamma[c];
+  for_lane_columns(g, in, C, lane, vec, [&](int64_t c, float gv, float xv) {
+    const float xhat = (xv - m) * s;
+    const float d = gv * gamma[c];
     sum_d += d;
     sum_dx += static_cast<double>(d) * xhat;
-  }
+  });
   const float mean_d = static_cast<float>(warp_sum(sum_d) / static_cast<double>(C));
   const float mean_dx = static_cast<float>(warp_sum(sum_dx) / static_cast<double>(C));
   T* out = dx + r * C;
-  for (int64_t c = lane; c < C; c += 32) {
-    const float xhat = (load_act(in, c) - m) * s;
-    store_act(out, c, s * (load_act(g, c) * gamma[c] - mean_d - xhat * mean_dx));
-  }
+  map_lane_columns(g, in, out, C, lane, vec, [&](int64_t c, float gv, float xv) {
+    const float xhat = (xv - m) * s;
+    return s * (gv * gamma[c] - mean_d - xhat * mean_dx);
+  });
 }
 
 // grid (ceil(C / 32), splits), block 32 x 32: run `split` of the rows (layernorm_splits), 32 columns. Thread (x, y)
@@ -141,7 +145,8 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
   layernorm_param_finish_kernel<<<blocks_for(static_cast<size_t>(C)), kThreads, 0, s>>>(partials, C, splits, dgamma,
                                                                                          dbeta);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  layernorm_backward_dx_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, mean, rstd, dx, rows, C);
+  const bool vec = rows_vectorizable<T>(C, dy, x, dx);
+  layernorm_backward_dx_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, mean, rstd, dx, rows, C, vec);
   return cudaGetLastError();
 }
 template cudaError_t layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*,
