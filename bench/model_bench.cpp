@@ -333,7 +333,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
   } catch (const UnsupportedError& e) {
     DPT_THROW(ConfigError, "train.precision = {} on {}: {}", trainer::choice_name(cfg.train.precision), device.str(), e.what());
   }
-  model->kernels().set_deterministic(cfg.train.deterministic);  // as dptrain's trainer sets it
+  model->set_deterministic(cfg.train.deterministic);  // as dptrain's trainer sets it
   if (cfg.train.bf16_activations) {
     try {
       model->set_bf16_activations(true);  // the transformer fast path, as dptrain's trainer sets it

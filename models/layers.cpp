@@ -98,6 +98,13 @@ const Tensor& Linear::forward_bf16(const Tensor& x, Kernels& k) {
   return out;
 }
 
+void Linear::chain_gelu_bf16(Linear& fc, Linear& proj) {
+  DPT_CHECK(fc.fuse_gelu_ && fc.out_ == proj.in_ && !proj.fuse_gelu_ && !fc.packed_ && !proj.packed_,
+            "chain_gelu_bf16: Linear({}, {}) with its GELU, then Linear({}, {})", fc.in_, fc.out_, proj.in_, proj.out_);
+  fc.grad_is_pre_ = true;
+  proj.dgelu_pre_ = &fc.pre16_;
+}
+
 const Tensor& Linear::backward_bf16(const Tensor& dy, Kernels& k) {
   const int64_t batch = x_.dim(0);
   // The gradient's row stride: out_, or the packed width (this layer's columns from packed_col0_ on).
@@ -106,7 +113,7 @@ const Tensor& Linear::backward_bf16(const Tensor& dy, Kernels& k) {
                 (!packed_ || packed_col0_ + out_ <= ld),
             "Linear({}, {}) bf16 backward got {} {}", in_, out_, dtype_name(dy.dtype()), dy.shape_str());
   const BFloat16* d = dy.data<BFloat16>() + (packed_ ? packed_col0_ : 0);
-  if (fuse_gelu_) {  // through the GELU first: d(pre) = dy * gelu'(pre)
+  if (fuse_gelu_ && !grad_is_pre_) {  // through the GELU first: d(pre) = dy * gelu'(pre)
     ensure_shape(dpre_, {batch, out_}, dy.device(), DType::BF16);
     k.gelu_backward_bf16(pre16_.data<BFloat16>(), d, dpre_.data<BFloat16>(), dy.numel());
     d = dpre_.data<BFloat16>();
@@ -119,10 +126,16 @@ const Tensor& Linear::backward_bf16(const Tensor& dy, Kernels& k) {
   k.matmul_bf16(dw, {.a = d, .b = x_.data<BFloat16>(), .d = dw_.raw(),
                      .bias_grad = bias_ ? db_.data<float>() : nullptr});
   if (!needs_input_grad_) return none_;
-  // dx[B, in] = d[B, out] W[out, in]
+  // dx[B, in] = d[B, out] W[out, in], or, after chain_gelu_bf16, through the GELU before it: * gelu'(its pre)
   ensure_shape(dx_, x_shape_, dy.device(), DType::BF16);
-  const MatmulShape dx{.M = batch, .N = in_, .K = out_, .lda = lda, .ldb = in_, .ldd = in_};
-  k.matmul_bf16(dx, {.a = d, .b = w16_.data<BFloat16>(), .d = dx_.raw()});
+  if (dgelu_pre_)
+    DPT_CHECK(dgelu_pre_->dtype() == DType::BF16 && dgelu_pre_->numel() == static_cast<size_t>(batch * in_),
+              "Linear({}, {}): the GELU's pre-activation {} {} for {} rows", in_, out_,
+              dtype_name(dgelu_pre_->dtype()), dgelu_pre_->shape_str(), batch);
+  const MatmulShape dx{.M = batch, .N = in_, .K = out_, .lda = lda, .ldb = in_, .ldd = in_,
+                       .epilogue = dgelu_pre_ ? MatmulEpilogue::DGelu : MatmulEpilogue::None};
+  k.matmul_bf16(dx, {.a = d, .b = w16_.data<BFloat16>(), .d = dx_.raw(),
+                     .aux = dgelu_pre_ ? dgelu_pre_->data<BFloat16>() : nullptr});
   return dx_;
 }
 
@@ -357,6 +370,9 @@ void SoftmaxCrossEntropy::accumulate(const Tensor& logits, const Tensor& labels,
   k.count_targets(labels.data<int32_t>(), rows, stats.data<double>() + 2);
   if (logits.dtype() == DType::BF16) {
     const float dscale = backward && rows > 0 ? static_cast<float>(grad_scale / static_cast<double>(rows)) : 0.0f;
+    // dscale 0 means "no gradient" to the classifier: the logits would stay where the gradient should be.
+    DPT_CHECK(!backward || rows == 0 || dscale != 0.0f, "the fused classifier's gradient scale {} / {} rows is 0 in "
+              "float32", grad_scale, rows);
     k.classifier_bf16(logits.data<BFloat16>(), labels.data<int32_t>(), rows, cols, cols, dscale, stats.data<double>());
     if (backward) dlogits_ = logits;  // overwritten with the gradient
     return;

@@ -38,6 +38,11 @@ class Linear final : public Module {
   // On bf16 input (the transformer fast path): y = GELU(x W^T + b) in the matmul's epilogue, the pre-activation kept
   // for backward (the GELU module after this layer is then not called: GptMlp). Float32 input is unaffected.
   void fuse_gelu_bf16(bool on) { fuse_gelu_ = on; }
+  // The bf16 fast path's GELU between fc (with fuse_gelu_bf16) and proj, the Linear after it (a GPT's MLP): proj's
+  // input gradient comes out of its matmul already through GELU's gradient (the DGelu epilogue, reading fc's
+  // pre-activation: one rounding, not two, and no pass of its own), and fc takes the gradient it gets as its
+  // pre-activation's. Float32 input is unaffected.
+  static void chain_gelu_bf16(Linear& fc, Linear& proj);
   // On bf16 input: write the output into columns [col0, col0 + out_features) of `packed` (bf16 [batch, width], which
   // the caller sizes before each forward; forward returns it), and read the gradient from the same columns of the
   // [batch, width] tensor backward gets: projections of one input side by side in one buffer without copies
@@ -57,6 +62,8 @@ class Linear final : public Module {
   bool relu_;
   bool bias_;
   bool fuse_gelu_ = false;
+  const Tensor* dgelu_pre_ = nullptr;  // chain_gelu_bf16's proj: the pre-activation its input gradient goes through
+  bool grad_is_pre_ = false;           // chain_gelu_bf16's fc: a bf16 gradient is its pre-activation's already
   Tensor* packed_ = nullptr;  // pack_bf16_output
   int64_t packed_col0_ = 0;
   float normal_std_ = 0.0f;  // > 0: N(0, normal_std_) weights and zero biases

@@ -186,6 +186,7 @@ void Model::to(Device device) {
   const Tensor old = params_, old_buffers = buffers_;
   allocate(device, static_cast<int64_t>(old.numel()), static_cast<int64_t>(old_buffers.numel()));
   if (precision_ != Precision::F32) kernels_->set_precision(precision_);  // the new device's set must take it
+  kernels_->set_deterministic(deterministic_);
   params_.copy_from(old);
   if (old_buffers.numel()) buffers_.copy_from(old_buffers);
 }
@@ -212,8 +213,14 @@ void Model::set_precision(Precision p) {
   precision_ = p;
 }
 
+void Model::set_deterministic(bool on) {
+  kernels_->set_deterministic(on);
+  deterministic_ = on;
+}
+
 const Tensor& Model::forward(const Tensor& x) {
   kernels_->set_precision(precision_);
+  kernels_->set_deterministic(deterministic_);
   // The fast path's matmuls read the bf16 copy: rounded afresh from the float32 masters the last update changed.
   if (bf16_ && root_->training()) to_bfloat16(params_, params16_, 1.0f, kernels_->stream());
   if (hooks_.forward_begin) hooks_.forward_begin();
@@ -225,6 +232,7 @@ const Tensor& Model::forward(const Tensor& x) {
 const Tensor& Model::backward(const Tensor& dlogits, const GradsReady& grads_ready) {
   grads_ready_ = &grads_ready;
   kernels_->set_precision(precision_);
+  kernels_->set_deterministic(deterministic_);
   try {
     if (hooks_.backward_begin) hooks_.backward_begin();
     const Tensor& dx = root_->backward(dlogits, *kernels_);

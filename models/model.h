@@ -69,6 +69,10 @@ class Model {
   // backward; throws UnsupportedError when this model's kernel set cannot compute in it.
   void set_precision(Precision p);
   Precision precision() const { return precision_; }
+  // train.deterministic (Kernels::set_deterministic), kept here and applied to the kernel set at every forward and
+  // backward like the precision: the set is shared by the device's models, and a move changes the set.
+  void set_deterministic(bool on);
+  bool deterministic() const { return deterministic_; }
   // The transformer fast path (train.bf16_activations): in training mode the activations pass between the layers in
   // bf16, the matmuls (cuBLASLt on a GPU) read a bf16 copy of the parameters that each training forward refreshes
   // from params() (one rounding pass), and the loss takes bf16 logits (the fused classifier); parameters,
@@ -139,6 +143,7 @@ class Model {
   std::vector<std::pair<std::string, int64_t*>> counters_;
   const GradsReady* grads_ready_ = nullptr;  // during backward()
   Precision precision_ = Precision::F32;
+  bool deterministic_ = true;
 
   void allocate(Device device, int64_t total_params, int64_t total_buffers);
 };

@@ -208,7 +208,7 @@ void Trainer::build_model_and_optimizer() {
   model_->init(rng_());
   try {
     model_->set_precision(t_.precision);
-    model_->kernels().set_deterministic(t_.deterministic);
+    model_->set_deterministic(t_.deterministic);
   } catch (const UnsupportedError& e) {
     DPT_THROW(ConfigError, "train.precision = {} on {}: {}; use train.precision = fp32 there", choice_name(t_.precision),
               device_.str(), e.what());

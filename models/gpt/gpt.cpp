@@ -199,6 +199,7 @@ GptMlp::GptMlp(int64_t n_embd, int64_t n_layer) : c_(n_embd) {
   c_fc_->fuse_gelu_bf16(true);  // bf16 activations: GELU in c_fc's matmul epilogue (the gelu module is skipped)
   gelu_ = add("gelu", std::make_unique<Gelu>());
   c_proj_ = add("c_proj", normal_linear(4 * c_, c_, residual_std(n_layer)));
+  Linear::chain_gelu_bf16(*c_fc_, *c_proj_);  // and c_proj's input gradient through GELU's in its epilogue
 }
 
 std::string GptMlp::kind() const { return fmt::format("Mlp({} -> {} -> {})", c_, 4 * c_, c_); }
@@ -221,7 +222,7 @@ void GptMlp::use_scratch(GptScratch* scratch) {
 
 const Tensor& GptMlp::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == shape_, "Mlp backward got {}", dy.shape_str());
-  if (dy.dtype() == DType::BF16) {
+  if (dy.dtype() == DType::BF16) {  // c_proj's input gradient comes through GELU's already (chain_gelu_bf16)
     dx_ = c_fc_->backward(c_proj_->backward(dy.reshape({shape_[0] * shape_[1], c_}), k), k).reshape(shape_);
     return dx_;
   }

@@ -213,8 +213,9 @@ DPT_HD float xent_grad(float z, float zmax, float log_sum, bool is_label, float 
 
 // The fused classifier's pass 1 for one thread (and, merged, for a block): a running maximum m, the sum of
 // exp(x - m) over the columns seen, and the first column holding the maximum. Columns are pushed in increasing
-// order, so a strict > keeps the first. Trivial (no initialisers), so CUDA can keep an array of them in shared
-// memory; online_softmax_start makes an empty one.
+// order, so a strict > keeps the first. A -inf column adds exactly 0 (also before any finite one: exp(-inf - -inf)
+// would be NaN); a NaN column makes the sum NaN. Trivial (no initialisers), so CUDA can keep an array of them in
+// shared memory; online_softmax_start makes an empty one.
 struct OnlineSoftmax {
   float m, sum;
   int64_t arg;
@@ -224,7 +225,7 @@ struct OnlineSoftmax {
       sum = sum * expf(m - x) + 1.0f;  // expf(-inf) = 0 for the first column
       m = x;
       arg = c;
-    } else {
+    } else if (x != -INFINITY) {
       sum += expf(x - m);
     }
   }
@@ -244,7 +245,7 @@ struct OnlineSoftmax {
       arg = ca;
     }
     for (int i = 0; i < 8; ++i)
-      if (c0 + i < vocab) sum += expf(x[i] - m);
+      if (c0 + i < vocab && x[i] != -INFINITY) sum += expf(x[i] - m);
   }
   // Another thread's columns merged in; on equal maxima the lower column wins.
   DPT_HD void merge(const OnlineSoftmax& o) {

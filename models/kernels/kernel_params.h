@@ -91,7 +91,9 @@ struct AttentionShape {
 //             `aux` [M, N] (row stride N) when aux is non-null: what GELU's backward reads
 //   BiasGrad  D = op(A) op(B) as None (float32 D, accumulating or not), and bias_grad[row] += sum over K of
 //             op(A)[row, k]: a Linear's weight gradient dW = dY^T X with its bias gradient db = sum of dY's rows
-enum class MatmulEpilogue : uint8_t { None, Bias, BiasGelu, BiasGrad };
+//   DGelu     D = op(A) op(B) * gelu'(aux) (D bf16), aux [M, N] (row stride N) the pre-activation BiasGelu kept: the
+//             input gradient of the Linear after a GELU, carried through the GELU's backward in one rounding
+enum class MatmulEpilogue : uint8_t { None, Bias, BiasGelu, BiasGrad, DGelu };
 
 // A row-major bf16 matmul D[M, N] = op(A)[M, K] op(B)[K, N] (op(X) = X or X^T as trans_a / trans_b say), with
 // float32 accumulation. lda, ldb, ldd are the row strides of A, B and D as stored (A is K x M when trans_a).

@@ -134,8 +134,12 @@ void check_matmul(const MatmulShape& s, const MatmulOperands& o) {
     case MatmulEpilogue::BiasGrad:
       DPT_CHECK(s.d_f32 && o.bias_grad, "matmul_bf16's bias gradient comes with float32 D (a weight gradient)");
       break;
+    case MatmulEpilogue::DGelu:
+      DPT_CHECK(!s.d_f32 && !s.accumulate && o.aux, "matmul_bf16's GELU-gradient epilogue writes bf16 D from aux");
+      break;
   }
-  DPT_CHECK(s.epilogue == MatmulEpilogue::BiasGelu || !o.aux, "matmul_bf16: aux is BiasGelu's");
+  DPT_CHECK(s.epilogue == MatmulEpilogue::BiasGelu || s.epilogue == MatmulEpilogue::DGelu || !o.aux,
+            "matmul_bf16: aux is BiasGelu's or DGelu's");
   DPT_CHECK((s.M == 0 || s.N == 0) || (o.d && (s.K == 0 || (o.a && o.b))), "matmul_bf16: null operand");
 }
 

@@ -35,6 +35,10 @@ LtMatmulPlan lt_matmul_plan(const MatmulShape& s, bool keep_aux) {
       p.epilogue = LtEpilogue::BGradB;  // our bias gradient sums op(A) over K: cuBLASLt's B over its k
       p.bias_len = p.n;
       break;
+    case MatmulEpilogue::DGelu:
+      p.epilogue = LtEpilogue::DGelu;  // aux [M, N] row-major, packed: column-major m x n with ld m
+      p.aux_ld = p.m;
+      break;
   }
   return p;
 }
@@ -49,7 +53,7 @@ std::string lt_epilogue_unfusable(const LtMatmulPlan& p) {
 }
 
 std::string describe(const LtMatmulPlan& p) {
-  static constexpr const char* kEpilogue[] = {"default", "bias", "gelu_bias", "gelu_aux_bias", "bgradb"};
+  static constexpr const char* kEpilogue[] = {"default", "bias", "gelu_bias", "gelu_aux_bias", "bgradb", "dgelu"};
   const auto layout = [](const LtLayout& l) { return fmt::format("{}x{}/{}", l.rows, l.cols, l.ld); };
   return fmt::format("m {} n {} k {} A {} {} B {} {} D {} {} beta {} epilogue {}", p.m, p.n, p.k,
                      p.trans_a ? "T" : "N", layout(p.a), p.trans_b ? "T" : "N", layout(p.b), layout(p.d),

@@ -26,6 +26,7 @@ enum class LtEpilogue : uint8_t {
   GeluBias,     // CUBLASLT_EPILOGUE_GELU_BIAS: gelu(. + bias), no aux
   GeluAuxBias,  // CUBLASLT_EPILOGUE_GELU_AUX_BIAS: also the pre-activation into aux (ld aux_ld)
   BGradB,       // CUBLASLT_EPILOGUE_BGRADB: bias gradient = the sum of cuBLASLt's B (our op(A)) over k, length n
+  DGelu,        // CUBLASLT_EPILOGUE_DGELU: . * gelu'(aux), aux the pre-activation GeluAuxBias kept (ld aux_ld)
 };
 
 // A column-major matrix as cublasLtMatrixLayoutCreate takes it: rows, cols, leading dimension (elements).
@@ -42,7 +43,7 @@ struct LtMatmulPlan {
   float beta = 0.0f;                      // 1 when accumulating into D
   LtEpilogue epilogue = LtEpilogue::Default;
   int64_t bias_len = 0;                   // Bias / Gelu*: m; BGradB: n; else 0
-  int64_t aux_ld = 0;                     // GeluAuxBias: the aux matrix's leading dimension (m: packed)
+  int64_t aux_ld = 0;                     // GeluAuxBias, DGelu: the aux matrix's leading dimension (m: packed)
   bool operator==(const LtMatmulPlan&) const = default;
 };
 

@@ -51,6 +51,10 @@ void CpuKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
         out = to_bfloat16(acc);
         continue;
       }
+      if (s.epilogue == MatmulEpilogue::DGelu) {
+        out = to_bfloat16(acc * elementwise::gelu_grad(to_float(o.aux[i * s.N + j])));
+        continue;
+      }
       const float pre = acc + to_float(o.bias[j]);
       if (s.epilogue == MatmulEpilogue::Bias) {
         out = to_bfloat16(pre);

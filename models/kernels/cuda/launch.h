@@ -215,6 +215,10 @@ cudaError_t adamw_fused(float* param, BFloat16* param16, const float* grad, floa
 // as the fused epilogue. One thread per element.
 cudaError_t bias_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux,
                                int64_t M, int64_t N, bool gelu, cudaStream_t s);
+// d[i, j] = bf16(acc[i, j] * gelu'(aux[i, j])) (acc and aux packed [M, N], d row stride ldd): the GELU-gradient
+// epilogue's fallback, one rounding as the fused one. One thread per element.
+cudaError_t dgelu_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* aux, int64_t M, int64_t N,
+                                cudaStream_t s);
 // bias_grad[i] += sum over k < K of a[i * stride_i + k * stride_k], in float32 and a fixed order (deterministic): K
 // cut into bias_grad_bf16_splits(K) runs of about kBiasGradRun (a function of K only); each run's sum, by 8 threads
 // striding over it and then added in thread order, goes into scratch[split * M + i] (scratch holds splits * M

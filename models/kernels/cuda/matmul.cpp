@@ -42,6 +42,7 @@ cublasLtEpilogue_t lt_epilogue(LtEpilogue e) {
     case LtEpilogue::GeluBias: return CUBLASLT_EPILOGUE_GELU_BIAS;
     case LtEpilogue::GeluAuxBias: return CUBLASLT_EPILOGUE_GELU_AUX_BIAS;
     case LtEpilogue::BGradB: return CUBLASLT_EPILOGUE_BGRADB;
+    case LtEpilogue::DGelu: return CUBLASLT_EPILOGUE_DGELU;
   }
   return CUBLASLT_EPILOGUE_DEFAULT;
 }
@@ -121,7 +122,7 @@ LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t,
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type);
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptrs.bias);
   }
-  if (p.epilogue == LtEpilogue::GeluAuxBias) {  // aux of D's type (bf16), the default
+  if (p.epilogue == LtEpilogue::GeluAuxBias || p.epilogue == LtEpilogue::DGelu) {  // aux of D's type (bf16)
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, p.aux_ld);
     set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, ptrs.aux);
   }
@@ -188,7 +189,8 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
     bgrad_scratch = lt_bias_scratch_.data<float>();
   }
   const LtPointers ptrs{.bias = bgrad_scratch ? static_cast<const void*>(bgrad_scratch) : o.bias,
-                        .aux = p.epilogue == LtEpilogue::GeluAuxBias ? o.aux : nullptr};
+                        .aux = p.epilogue == LtEpilogue::GeluAuxBias || p.epilogue == LtEpilogue::DGelu ? o.aux
+                                                                                                       : nullptr};
   const std::array<uint32_t, 5> align{alignment_of(o.b), alignment_of(o.a), alignment_of(o.d),
                                       alignment_of(p.bias_len ? ptrs.bias : nullptr), alignment_of(ptrs.aux)};
   // Fused epilogues only on 16-byte-aligned shapes and pointers (library_plans.h says why).
@@ -216,13 +218,15 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   if (bgrad_scratch) DPT_CUDA_CHECK(cuda_launch::add(o.bias_grad, bgrad_scratch, o.bias_grad, s.M, false, stream()));
 }
 
-// The product without a fused epilogue, then the epilogue as matmul.cu's kernels. Bias and bias + GELU take the
-// product in float32 scratch ([M, N]) and round once, as the fused epilogue and the CPU set do; the others write D.
+// The product without a fused epilogue, then the epilogue as matmul.cu's kernels. Bias, bias + GELU and the GELU
+// gradient take the product in float32 scratch ([M, N]) and round once, as the fused epilogue and the CPU set do;
+// the others write D.
 void CudaKernels::matmul_unfused(const MatmulShape& s, const MatmulOperands& o) {
   MatmulShape plain = s;
   plain.epilogue = MatmulEpilogue::None;
   MatmulOperands into = o;
-  const bool bias_epilogue = s.epilogue == MatmulEpilogue::Bias || s.epilogue == MatmulEpilogue::BiasGelu;
+  const bool bias_epilogue = s.epilogue == MatmulEpilogue::Bias || s.epilogue == MatmulEpilogue::BiasGelu ||
+                             s.epilogue == MatmulEpilogue::DGelu;
   if (bias_epilogue) {  // the float32 product first
     const size_t count = static_cast<size_t>(s.M * s.N);
     if (lt_acc_scratch_.numel() < count) lt_acc_scratch_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F32, device());
@@ -246,6 +250,10 @@ void CudaKernels::matmul_unfused(const MatmulShape& s, const MatmulOperands& o) 
       DPT_CUDA_CHECK(cuda_launch::bias_epilogue_bf16(lt_acc_scratch_.data<float>(), static_cast<BFloat16*>(o.d),
                                                      s.ldd, o.bias, o.aux, s.M, s.N,
                                                      s.epilogue == MatmulEpilogue::BiasGelu, stream()));
+      return;
+    case MatmulEpilogue::DGelu:
+      DPT_CUDA_CHECK(cuda_launch::dgelu_epilogue_bf16(lt_acc_scratch_.data<float>(), static_cast<BFloat16*>(o.d),
+                                                      s.ldd, o.aux, s.M, s.N, stream()));
       return;
     case MatmulEpilogue::BiasGrad: {
       // op(A)[i, k]: A stored K x M (transposed: element (i, k) at k * lda + i) or M x K (at i * lda + k).

@@ -23,6 +23,16 @@ __global__ void bias_epilogue_bf16_kernel(const float* acc, BFloat16* d, int64_t
   }
 }
 
+__global__ void dgelu_epilogue_bf16_kernel(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* aux,
+                                           int64_t M, int64_t N) {
+  const size_t total = static_cast<size_t>(M) * static_cast<size_t>(N);
+  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = static_cast<int64_t>(e / N), j = static_cast<int64_t>(e % N);
+    d[i * ldd + j] = to_bfloat16(acc[e] * elementwise::gelu_grad(to_float(aux[e])));
+  }
+}
+
 // Stage 1 of the bias gradient: a block of 32 x 8 threads owns 32 outputs i and the run of k of its split
 // (blockIdx.y). Thread (x, y) adds a[i, k] for k = start + y, + 8, ... in order; then row y = 0 adds the 8 partials in
 // y order into part[split * M + i]. With stride_i 1 (a weight gradient's dy, row-major) a warp reads 32 adjacent
@@ -60,6 +70,13 @@ cudaError_t bias_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const
   if (M == 0 || N == 0) return cudaSuccess;
   bias_epilogue_bf16_kernel<<<blocks_for(static_cast<size_t>(M * N)), kThreads, 0, s>>>(acc, d, ldd, bias, aux, M, N,
                                                                                         gelu);
+  return cudaGetLastError();
+}
+
+cudaError_t dgelu_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* aux, int64_t M, int64_t N,
+                                cudaStream_t s) {
+  if (M == 0 || N == 0) return cudaSuccess;
+  dgelu_epilogue_bf16_kernel<<<blocks_for(static_cast<size_t>(M * N)), kThreads, 0, s>>>(acc, d, ldd, aux, M, N);
   return cudaGetLastError();
 }
 

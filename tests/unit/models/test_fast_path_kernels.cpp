@@ -43,11 +43,13 @@ TEST_CASE("matmul_bf16 on the CPU: the product and every epilogue against double
   const int64_t M = 9, N = 13, K = 21;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (auto ep : {MatmulEpilogue::None, MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad})
+      for (auto ep : {MatmulEpilogue::None, MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad,
+                      MatmulEpilogue::DGelu})
         for (bool f32 : {false, true}) {
           const bool wants_f32 = ep == MatmulEpilogue::BiasGrad;
           const bool wants_bf16 = ep == MatmulEpilogue::Bias || ep == MatmulEpilogue::BiasGelu;
-          if ((wants_f32 && !f32) || (wants_bf16 && f32)) continue;
+          const bool dgelu = ep == MatmulEpilogue::DGelu;
+          if ((wants_f32 && !f32) || ((wants_bf16 || dgelu) && f32)) continue;
           CAPTURE(ta, tb, static_cast<int>(ep), f32);
           const int64_t lda = (ta ? M : K) + 2, ldb = (tb ? K : N) + 1, ldd = N + 3;
           const auto a = random_bf16(static_cast<size_t>((ta ? K : M) * lda), rng);
@@ -59,11 +61,12 @@ TEST_CASE("matmul_bf16 on the CPU: the product and every epilogue against double
           for (float& x : bgrad) x = u(rng);
           const std::vector<float> d32_before = d32, bgrad_before = bgrad;
           std::vector<BFloat16> d16(static_cast<size_t>(M * ldd), BFloat16{0x7FC0}), aux(static_cast<size_t>(M * N));
+          if (dgelu) aux = random_bf16(static_cast<size_t>(M * N), rng, -3.0f, 3.0f);  // the pre-activation read
           MatmulShape s{.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldd = ldd,
                         .d_f32 = f32, .accumulate = f32, .epilogue = ep};
           MatmulOperands o{.a = a.data(), .b = b.data(), .d = f32 ? static_cast<void*>(d32.data()) : d16.data(),
                            .bias = wants_bf16 ? bias.data() : nullptr,
-                           .aux = ep == MatmulEpilogue::BiasGelu ? aux.data() : nullptr,
+                           .aux = ep == MatmulEpilogue::BiasGelu || dgelu ? aux.data() : nullptr,
                            .bias_grad = wants_f32 ? bgrad.data() : nullptr};
           cpu().matmul_bf16(s, o);
           const auto A = [&](int64_t i, int64_t k) { return f(ta ? a[k * lda + i] : a[i * lda + k]); };
@@ -86,6 +89,11 @@ TEST_CASE("matmul_bf16 on the CPU: the product and every epilogue against double
               if (ep == MatmulEpilogue::BiasGelu) {
                 bad += !bf16_close(f(aux[i * N + j]), want, scale);
                 want = elementwise::gelu(static_cast<float>(want));
+              }
+              if (dgelu) {  // the product through GELU's gradient at the pre-activation, rounded once
+                const double g = elementwise::gelu_grad(to_float(aux[i * N + j]));
+                want *= g;
+                scale *= std::abs(g);
               }
               bad += !bf16_close(f(d16[i * ldd + j]), want, scale);
             }
@@ -119,6 +127,13 @@ TEST_CASE("matmul_bf16 refuses epilogues without their operands", "[fastpath]") 
   CHECK_THROWS_WITH(cpu().matmul_bf16(s, o), Catch::Contains("bias epilogues"));
   s.epilogue = MatmulEpilogue::BiasGrad;  // bf16 D
   CHECK_THROWS_WITH(cpu().matmul_bf16(s, o), Catch::Contains("bias gradient"));
+  s.epilogue = MatmulEpilogue::DGelu;  // no pre-activation to read
+  CHECK_THROWS_WITH(cpu().matmul_bf16(s, o), Catch::Contains("GELU-gradient epilogue"));
+  s.epilogue = MatmulEpilogue::None;  // an aux nobody reads
+  std::vector<BFloat16> aux(4);
+  o.aux = aux.data();
+  CHECK_THROWS_WITH(cpu().matmul_bf16(s, o), Catch::Contains("aux is BiasGelu's or DGelu's"));
+  o.aux = nullptr;
   s.epilogue = MatmulEpilogue::None;
   s.ldd = 1;  // shorter than a row of D
   CHECK_THROWS_WITH(cpu().matmul_bf16(s, o), Catch::Contains("row strides"));
@@ -339,17 +354,30 @@ TEST_CASE("the classifier's online softmax: eight columns at a time or one, merg
       CHECK(std::abs(got.sum - sum) <= 1e-5 * sum);
     }
   }
-  // The maximum in a later vector than a larger count of near-maximal columns; -inf columns count 0; a NaN column
-  // makes the sum NaN (the loss shows it); a row of -inf alone sums to 0 both ways (the merge drops the threads with
-  // no finite column), so its loss log(0) - (-inf - -inf) is NaN.
+  // The maximum twice (the first one wins), -inf columns count 0; a NaN column makes the sum NaN (the loss shows
+  // it); a row of -inf alone sums to 0 both ways, so its loss log(0) - (-inf - -inf) is NaN.
   std::vector<float> z(4096, -1.0f);
   z[9] = 3.0f;
   z[4000] = 3.0f;
   z[17] = -INFINITY;
-  auto got = classifier_pass1(z, 4096, true);
-  CHECK(got.m == 3.0f);
-  CHECK(got.arg == 9);
-  CHECK(std::abs(got.sum - (2.0 + 4093 * std::exp(-4.0))) <= 1e-5 * got.sum);
+  for (const bool vectors : {true, false}) {
+    CAPTURE(vectors);
+    const auto got = classifier_pass1(z, 4096, vectors);
+    CHECK(got.m == 3.0f);
+    CHECK(got.arg == 9);
+    CHECK(std::abs(got.sum - (2.0 + 4093 * std::exp(-4.0))) <= 1e-5 * got.sum);
+  }
+  // -inf in the first columns a thread sees (its first vector whole, or its first column) counts 0, not NaN.
+  std::vector<float> lead(4096, -1.0f);
+  std::fill_n(lead.begin(), 8 * 256 + 8, -INFINITY);  // thread 0's first two vectors, every thread's first vector
+  lead[4000] = 2.0f;
+  for (const bool vectors : {true, false}) {
+    CAPTURE(vectors);
+    const auto got = classifier_pass1(lead, 4096, vectors);
+    CHECK(got.m == 2.0f);
+    CHECK(got.arg == 4000);
+    CHECK(std::abs(got.sum - (1.0 + (4096 - 2056 - 1) * std::exp(-3.0))) <= 1e-5 * got.sum);
+  }
   z[100] = NAN;
   CHECK(std::isnan(classifier_pass1(z, 4096, true).sum));
   CHECK(std::isnan(classifier_pass1(z, 4096, false).sum));

@@ -170,6 +170,19 @@ TEST_CASE("lt_matmul_plan: a GPT-2 layer's three matmuls, field by field", "[pla
   CHECK(x.beta == 0.0f);
   CHECK(describe(x) == "m 768 n 16384 k 3072 A N 768x3072/768 B N 3072x16384/3072 D 768x16384/768 bf16 beta 0 "
                        "epilogue default");
+  // mlp.c_proj's input gradient through c_fc's GELU: d(pre) [rows, 4C] = dy [rows, C] x W [C, 4C] * gelu'(pre), the
+  // pre-activation read as aux in c_fc's forward layout (column-major 4C x rows, ld 4C).
+  MatmulShape dpre{.M = rows, .N = 4 * C, .K = C, .lda = C, .ldb = 4 * C, .ldd = 4 * C,
+                   .epilogue = MatmulEpilogue::DGelu};
+  const LtMatmulPlan g = lt_matmul_plan(dpre, false);
+  CHECK(g.m == 4 * C);
+  CHECK(g.n == rows);
+  CHECK(g.d == LtLayout{4 * C, rows, 4 * C});
+  CHECK(g.epilogue == LtEpilogue::DGelu);
+  CHECK(g.aux_ld == f.aux_ld);  // what c_fc's GELU_AUX_BIAS wrote
+  CHECK(g.bias_len == 0);
+  CHECK(lt_epilogue_unfusable(g).empty());
+  CHECK(describe(g).ends_with("epilogue dgelu"));
   // All three are 16-byte-aligned shapes: cuBLASLt's fused epilogues may run them.
   CHECK(lt_epilogue_unfusable(f).empty());
   CHECK(lt_epilogue_unfusable(w).empty());
