@@ -135,7 +135,8 @@ void check_matmul(const MatmulShape& s, const MatmulOperands& o) {
       DPT_CHECK(s.d_f32 && o.bias_grad, "matmul_bf16's bias gradient comes with float32 D (a weight gradient)");
       break;
     case MatmulEpilogue::DGelu:
-      DPT_CHECK(!s.d_f32 && !s.accumulate && o.aux, "matmul_bf16's GELU-gradient epilogue writes bf16 D from aux");
+      DPT_CHECK(!s.d_f32 && !s.accumulate && o.aux && !o.bias,
+                "matmul_bf16's GELU-gradient epilogue writes bf16 D from aux (and takes no bias)");
       break;
   }
   DPT_CHECK(s.epilogue == MatmulEpilogue::BiasGelu || s.epilogue == MatmulEpilogue::DGelu || !o.aux,

@@ -25,7 +25,7 @@ struct MatmulOperands {
   const BFloat16* b = nullptr;
   void* d = nullptr;
   const BFloat16* bias = nullptr;  // [N]: Bias, BiasGelu
-  BFloat16* aux = nullptr;         // [M, N], row stride N: BiasGelu's pre-activation (null: not kept)
+  BFloat16* aux = nullptr;         // [M, N], row stride N: BiasGelu's pre-activation (null: not kept), DGelu's input
   float* bias_grad = nullptr;      // [M]: BiasGrad, accumulated
 };
 

@@ -211,6 +211,7 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   if (rs == CUBLAS_STATUS_NOT_SUPPORTED) {  // the heuristic's algorithm refused these operands after all
     spdlog::info("cuBLASLt refused {} at run time: the epilogue runs as kernels of our own from now on", describe(p));
     e.have_algo = false;
+    e.choice += " (refused at run time: our kernels run it)";
     matmul_unfused(s, o);
     return;
   }
