@@ -178,8 +178,10 @@ DPT_HD double clip_coefficient(double sum_squares, double max_norm) { return max
 // ---- the transformer fast path ---------------------------------------------------------------------------------
 
 // The fused AdamW's weight decay: whether element i lies in one of the ranges [edges[2j], edges[2j + 1]) (sorted,
-// n_edges even): an odd number of edges at or below i. A binary search: log2(n_edges) loads per element.
-DPT_HD bool in_decay_range(const uint64_t* edges, size_t n_edges, uint64_t i) {
+// n_edges even): an odd number of edges at or below i. decay_edge_after: the index of the first edge above i, by a
+// binary search (log2(n_edges) loads); in_decay_range: its parity; decay_flags4: elements i0 .. i0 + 3 (the CUDA
+// kernel's four at a time) with one search where no edge falls among them.
+DPT_HD size_t decay_edge_after(const uint64_t* edges, size_t n_edges, uint64_t i) {
   size_t lo = 0, hi = n_edges;  // the first edge above i is in [lo, hi]
   while (lo < hi) {
     const size_t mid = lo + (hi - lo) / 2;
@@ -188,7 +190,15 @@ DPT_HD bool in_decay_range(const uint64_t* edges, size_t n_edges, uint64_t i) {
     else
       hi = mid;
   }
-  return (lo & 1u) != 0;
+  return lo;
+}
+DPT_HD bool in_decay_range(const uint64_t* edges, size_t n_edges, uint64_t i) {
+  return (decay_edge_after(edges, n_edges, i) & 1u) != 0;
+}
+DPT_HD void decay_flags4(const uint64_t* edges, size_t n_edges, uint64_t i0, bool* decay) {
+  const size_t after = decay_edge_after(edges, n_edges, i0);
+  const bool uniform = after == n_edges || edges[after] > i0 + 3;
+  for (int e = 0; e < 4; ++e) decay[e] = uniform ? (after & 1u) != 0 : in_decay_range(edges, n_edges, i0 + e);
 }
 
 // The fused AdamW's gradient factor from the gradients' sum of squares: clip_by_norm's float factor when it is

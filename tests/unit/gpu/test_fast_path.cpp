@@ -304,6 +304,30 @@ TEST_CASE("cuda adamw_fused matches the CPU and writes the bf16 copy of its own 
     for (size_t i = 0; i < n; ++i) bad16 += p16.data<BFloat16>()[i].bits != to_bfloat16(got.data<float>()[i]).bits;
     CHECK(bad16 == 0);
   }
+  // Above, four elements at a time (aligned buffers; edges inside a four at 40001 and 99999, a tail of 3). The same
+  // update with every pointer one element in (a ZeRO shard's offset, say) runs one element at a time: the same bits.
+  const Tensor p0 = random_floats({len}, rng), g0 = random_floats({len}, rng);
+  const auto shifted = [&](const Tensor& t) {  // [len + 1] on the device, t from element 1 on
+    Tensor h = filled({len + 1}, 0.0f);
+    std::memcpy(h.data<float>() + 1, t.raw(), t.bytes());
+    return to_device(h);
+  };
+  Tensor pa = to_device(p0), ga = to_device(g0), ma = to_device(filled({len}, 0.0f)), va = to_device(filled({len}, 0.0f));
+  Tensor pb = shifted(p0), gb = shifted(g0), mb = to_device(filled({len + 1}, 0.0f));
+  Tensor vb = to_device(filled({len + 1}, 0.0f));
+  Tensor p16a = to_device(bf16_nan({len})), p16b = to_device(bf16_nan({len + 1}));
+  ap.step = 1;
+  const auto* dev_edges = reinterpret_cast<const uint64_t*>(dedges.raw());
+  gpu_kernels().adamw_fused(pa.data<float>(), p16a.data<BFloat16>(), ga.data<float>(), ma.data<float>(),
+                            va.data<float>(), n, ap, dev_edges, edge_list.size(), nullptr, 0.0);
+  gpu_kernels().adamw_fused(pb.data<float>() + 1, p16b.data<BFloat16>() + 1, gb.data<float>() + 1, mb.data<float>() + 1,
+                            vb.data<float>() + 1, n, ap, dev_edges, edge_list.size(), nullptr, 0.0);
+  for (const auto& [a, b] : {std::pair{&pa, &pb}, std::pair{&ma, &mb}, std::pair{&va, &vb}}) {
+    const Tensor ha = to_host(*a), hb = to_host(*b);
+    CHECK(std::memcmp(ha.raw(), hb.data<float>() + 1, ha.bytes()) == 0);
+  }
+  const Tensor h16a = to_host(p16a), h16b = to_host(p16b);
+  CHECK(std::memcmp(h16a.raw(), h16b.data<BFloat16>() + 1, h16a.bytes()) == 0);
 }
 
 TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "[gpu][fastpath]") {

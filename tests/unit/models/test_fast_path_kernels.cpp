@@ -505,6 +505,17 @@ TEST_CASE("in_decay_range: the parity of the edges at or below an index", "[fast
   for (uint64_t i = 0; i < 12; ++i) got.push_back(elementwise::in_decay_range(e, 6, i));
   CHECK(got == std::vector<int>{0, 0, 1, 1, 1, 1, 0, 0, 0, 1, 0, 0});
   CHECK(!elementwise::in_decay_range(e, 0, 3));
+  // Four at a time (the CUDA kernel's): element by element the same, edges inside a four or not, none at all too.
+  const uint64_t wide[] = {0, 8, 13, 40, 41, 42, 47, 100};
+  for (const auto& [edges, count] : {std::pair{e, size_t{6}}, std::pair{wide, size_t{8}}, std::pair{e, size_t{0}}})
+    for (uint64_t i0 = 0; i0 < 104; i0 += 4) {
+      bool four[4];
+      elementwise::decay_flags4(edges, count, i0, four);
+      for (int k = 0; k < 4; ++k) {
+        CAPTURE(count, i0, k);
+        CHECK(four[k] == elementwise::in_decay_range(edges, count, i0 + static_cast<uint64_t>(k)));
+      }
+    }
 }
 
 TEST_CASE("the bf16 LayerNorm, residual add and GELU backward: the float32 kernels on widened values, rounded once",
