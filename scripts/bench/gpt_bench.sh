@@ -528,7 +528,7 @@ f=$LOG_DIR/fast_dptrain_1.log
 [ -f "$f" ] && fast_phases=$(grep -m1 '^# phases' "$f" | sed 's/^# //' || true)
 # The fast path's library choices (cuBLASLt's algorithm per GEMM shape), and each A/B variant's phases.
 choices="" variant_phases=()
-[ -f "$f" ] && choices=$(grep -E '^# (cuBLASLt|bias gradient) ' "$f" | sed 's/^# /- /' || true)
+[ -f "$f" ] && choices=$(grep -E '^# (cuBLASLt|bias gradients:) ' "$f" | sed 's/^# /- /' || true)
 for k in fastsep fastnd; do
   f=$LOG_DIR/${k}_dptrain_1.log
   [ -f "$f" ] && grep -q '^# phases' "$f" && variant_phases+=("$k: $(grep -m1 '^# phases' "$f" | sed 's/^# //')")

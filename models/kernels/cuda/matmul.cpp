@@ -87,7 +87,6 @@ struct LtState {
   cublasLtHandle_t handle = nullptr;
   Tensor workspace;
   std::map<std::string, std::unique_ptr<LtEntry>> entries;
-  std::vector<std::string> separate_bgrad;  // the plans whose bias gradient ran as our column sums
   ~LtState() {
     entries.clear();
     if (handle) (void)cublasLtDestroy(handle);
@@ -171,11 +170,6 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   if (s.M == 0 || s.N == 0) return;
   const bool separate_bgrad = s.epilogue == MatmulEpilogue::BiasGrad && !lt_bgrad_fused_;
   if (s.K == 0 || s.epilogue == MatmulEpilogue::None || !lt_epilogues_ || separate_bgrad) {
-    if (separate_bgrad) {
-      LtState& st = lt();
-      const std::string what = describe(lt_matmul_plan(s, false));
-      if (std::ranges::find(st.separate_bgrad, what) == st.separate_bgrad.end()) st.separate_bgrad.push_back(what);
-    }
     matmul_unfused(s, o);
     return;
   }
@@ -226,9 +220,9 @@ void CudaKernels::matmul_unfused(const MatmulShape& s, const MatmulOperands& o) 
   MatmulShape plain = s;
   plain.epilogue = MatmulEpilogue::None;
   MatmulOperands into = o;
-  const bool bias_epilogue = s.epilogue == MatmulEpilogue::Bias || s.epilogue == MatmulEpilogue::BiasGelu ||
-                             s.epilogue == MatmulEpilogue::DGelu;
-  if (bias_epilogue) {  // the float32 product first
+  const bool via_f32 = s.epilogue == MatmulEpilogue::Bias || s.epilogue == MatmulEpilogue::BiasGelu ||
+                       s.epilogue == MatmulEpilogue::DGelu;
+  if (via_f32) {  // the float32 product first
     const size_t count = static_cast<size_t>(s.M * s.N);
     if (lt_acc_scratch_.numel() < count) lt_acc_scratch_ = Tensor::empty({static_cast<int64_t>(count)}, DType::F32, device());
     plain.d_f32 = true;
@@ -294,8 +288,9 @@ std::vector<std::string> CudaKernels::library_choices() const {
   std::vector<std::string> out;
   if (!lt_) return out;
   for (const auto& [key, e] : lt_->entries) out.push_back("cuBLASLt " + e->choice);
-  for (const std::string& p : lt_->separate_bgrad)
-    out.push_back(fmt::format("bias gradient of {}: the plain product, then column sums (DPT_TUNE_BGRAD)", p));
+  if (!lt_bgrad_fused_)
+    out.push_back("bias gradients: the plain product (its default-epilogue plan above), then our column sums "
+                  "(DPT_TUNE_BGRAD=separate)");
   return out;
 }
 
