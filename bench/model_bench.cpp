@@ -25,6 +25,12 @@
 // cudaProfilerStart and cudaProfilerStop, for `nsys profile --capture-range=cudaProfilerApi` (per-kernel
 // times of the timed steps only).
 //
+// --kernel-steps N: after those, N more steps on the model switched to models::TimedKernels (the same kernel set,
+// every call between two clock reads: CUDA events on a GPU): the time per step of each operation and shape of the
+// kernel set ("matmul_bf16 M 16384 N 2304 K 768, bias, bf16 D"), most first, and the time between calls (other
+// GPU work, the GPU idle), as comment lines and in the JSON. A per-kernel breakdown that needs no profiler, in a
+// second or two of device time.
+//
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -57,6 +63,7 @@
 #include "core/tensor.h"
 #include "models/gpt/gpt.h"
 #include "models/kernels/cpu/cpu_info.h"
+#include "models/kernels/timed_kernels.h"
 #include "models/layers.h"
 #include "models/model.h"
 #include "trainer/build_model.h"
@@ -84,6 +91,8 @@ struct Options {
   int warmup = 5;
   int steps = 20;
   int phase_steps = 0;
+  int kernel_steps = 0;
+  int kernel_lines = 30;
   bool profiler_range = false;
   std::string json_path;
 };
@@ -111,6 +120,9 @@ struct Result {
   double peak_flops = 0;  // dense bf16 peak of the device; 0: unknown (no MFU)
   double mfu = 0;
   std::vector<std::string> library_choices;  // Kernels::library_choices() after the run
+  // --kernel-steps: TimedKernels's rows, and its span and time between calls, per step.
+  std::vector<models::TimedKernels::Row> kernels;
+  double kernel_total_ms = 0, kernel_between_ms = 0;
 };
 
 // "resnet18: 11181642 parameters" -> "resnet18"; "resnet18 (small stem): ..." -> "resnet18-small"; a
@@ -195,6 +207,16 @@ void write_json(const std::string& path, const Result& r, const Options& o) {
     for (size_t i = 0; i < kPhases.size(); ++i) ph[kPhases[i]] = r.phase_ms[i];
     j["phase_steps"] = o.phase_steps;
     j["phase_ms_per_step"] = ph;
+  }
+  if (o.kernel_steps > 0) {
+    const double n = o.kernel_steps;
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& k : r.kernels)
+      rows.push_back({{"op", k.op}, {"shape", k.shape}, {"calls_per_step", k.calls / n}, {"ms_per_step", k.ms / n}});
+    j["kernel_steps"] = o.kernel_steps;
+    j["kernels"] = rows;
+    j["kernel_total_ms_per_step"] = r.kernel_total_ms / n;
+    j["kernel_between_ms_per_step"] = r.kernel_between_ms / n;
   }
   std::ofstream f(path);
   f << j.dump(2) << "\n";
@@ -397,8 +419,50 @@ Result run(const Options& o, const trainer::Config& cfg) {
     clock.add(r.phase_ms);
   }
   for (double& ms : r.phase_ms) ms /= std::max(o.phase_steps, 1);
+  // Then by operation: the same steps on the kernel set with a clock around every call (timed_kernels.h).
+  if (o.kernel_steps > 0) {
+    models::TimedKernels timed(k);
+    model->set_kernels(timed);
+    for (int i = 0; i < o.kernel_steps; ++i) {
+      model->zero_grad();
+      const Tensor& logits = model->forward(x);
+      loss.accumulate(logits, y, timed, stats, /*backward=*/true);
+      model->backward(loss.grad());
+      optimizer.step(lr);
+      timed.collect();
+    }
+    model->set_kernels(k);
+    r.kernels = timed.rows();
+    r.kernel_total_ms = timed.total_ms();
+    r.kernel_between_ms = timed.between_ms();
+  }
   r.library_choices = k.library_choices();
   return r;
+}
+
+// --kernel-steps's lines: per step, the span of the kernel set's calls and the time between them, then the
+// operations, most time first.
+void print_kernels(const Result& r, const Options& o) {
+  const double n = o.kernel_steps, span = r.kernel_total_ms / n;
+  const auto share = [&](double ms) { return span > 0 ? 100 * ms / span : 0.0; };
+  double in_calls = 0;
+  for (const auto& k : r.kernels) in_calls += k.ms / n;
+  fmt::print("# kernels, mean of {} more steps ({}): {:.3f} ms from the first call's start to the last one's end: "
+             "{:.3f} ms in {} operation(s) of the kernel set, {:.3f} ms ({:.1f}%) between calls\n",
+             o.kernel_steps, r.device.starts_with("cuda") ? "CUDA events around each call" : "steady_clock", span,
+             in_calls, r.kernels.size(), r.kernel_between_ms / n, share(r.kernel_between_ms / n));
+  fmt::print("# kernel {:>9} {:>6} {:>6}  {}\n", "ms/step", "%", "calls", "operation: shape");
+  const size_t shown = std::min(r.kernels.size(), static_cast<size_t>(o.kernel_lines));
+  for (size_t i = 0; i < shown; ++i) {
+    const auto& k = r.kernels[i];
+    fmt::print("# kernel {:>9.3f} {:>6.1f} {:>6g}  {}: {}\n", k.ms / n, share(k.ms / n), k.calls / n, k.op, k.shape);
+  }
+  if (shown < r.kernels.size()) {
+    double rest = 0;
+    for (size_t i = shown; i < r.kernels.size(); ++i) rest += r.kernels[i].ms / n;
+    fmt::print("# kernel {:>9.3f} {:>6.1f} {:>6}  the other {} operation(s) (--kernel-lines; all in the JSON)\n", rest,
+               share(rest), "", r.kernels.size() - shown);
+  }
 }
 
 // Parses the command line into `o`; returns the exit code when the program should stop (help, usage error).
@@ -428,6 +492,14 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--phase-steps", o.phase_steps,
                  "after the timed steps, this many steps timed phase by phase (forward, loss, backward, optimizer)")
       ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--kernel-steps", o.kernel_steps,
+                 "after those, this many steps with a clock around every kernel-set call: time per operation and "
+                 "shape (CUDA events on a GPU)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--kernel-lines", o.kernel_lines, "the operations --kernel-steps prints, most time first (the JSON "
+                 "has them all)")
+      ->check(CLI::PositiveNumber)
       ->capture_default_str();
   app.add_flag("--cuda-profiler-range", o.profiler_range,
                "the timed steps between cudaProfilerStart/Stop (nsys profile --capture-range=cudaProfilerApi)");
@@ -524,6 +596,7 @@ int main(int argc, char** argv) {
                              total > 0 ? 100 * r.phase_ms[i] / total : 0.0);
       fmt::print("# phases, mean of {} more steps: {}; sum {:.2f} ms\n", o.phase_steps, parts, total);
     }
+    if (o.kernel_steps > 0) print_kernels(r, o);
     for (const std::string& c : r.library_choices) fmt::print("# {}\n", c);
     fmt::print("#\n");
     if (r.tokens) {

@@ -245,6 +245,13 @@ const Tensor& Model::backward(const Tensor& dlogits, const GradsReady& grads_rea
   }
 }
 
+void Model::set_kernels(Kernels& k) {
+  DPT_CHECK(k.device() == device_, "a kernel set for {} given to a model on {}", k.device().str(), device_.str());
+  kernels_ = &k;
+  if (precision_ != Precision::F32) kernels_->set_precision(precision_);
+  kernels_->set_deterministic(deterministic_);
+}
+
 void Model::zero_grad() {
   if (grad_parts_.empty()) grads_.zero_(kernels_->stream());
   for (Tensor& part : grad_parts_)

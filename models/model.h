@@ -100,6 +100,10 @@ class Model {
   size_t num_params() const { return num_params_; }
   Device device() const { return device_; }
   Kernels& kernels() const { return *kernels_; }
+  // Runs the model on `k` from now on (forward, backward, the optimizer's step): a set for the model's device
+  // wrapping its own, as TimedKernels does for dpt-model-bench's per-operation breakdown. set_kernels(
+  // kernels_for(device())) goes back; so does moving the model. `k` must outlive its use here.
+  void set_kernels(Kernels& k);
   std::string summary() const;  // "mlp 784-512-512-10: 669706 parameters"
   // The module tree (to ask a model's own options: dynamic_cast<const Gpt*>(&root())).
   const Module& root() const { return *root_; }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <array>
+#include <compare>
 #include <cstdint>
 #include <string>
 
@@ -32,7 +33,7 @@ enum class LtEpilogue : uint8_t {
 // A column-major matrix as cublasLtMatrixLayoutCreate takes it: rows, cols, leading dimension (elements).
 struct LtLayout {
   int64_t rows = 0, cols = 0, ld = 0;
-  bool operator==(const LtLayout&) const = default;
+  auto operator<=>(const LtLayout&) const = default;
 };
 
 struct LtMatmulPlan {
@@ -44,7 +45,8 @@ struct LtMatmulPlan {
   LtEpilogue epilogue = LtEpilogue::Default;
   int64_t bias_len = 0;                   // Bias / Gelu*: m; BGradB: n; else 0
   int64_t aux_ld = 0;                     // GeluAuxBias, DGelu: the aux matrix's leading dimension (m: packed)
-  bool operator==(const LtMatmulPlan&) const = default;
+  // Ordered (the CUDA set's plan cache is a map keyed by plans; beta is 0 or 1, never NaN).
+  auto operator<=>(const LtMatmulPlan&) const = default;
 };
 
 // The plan for s; `keep_aux`: BiasGelu keeps the pre-activation (GeluAuxBias) rather than not (GeluBias).

@@ -24,8 +24,10 @@
 #         eager     tests/support/python/torch_gpt.py --mode eager (nanoGPT's model, F.scaled_dot_product_attention)
 #         compile   tests/support/python/torch_gpt.py --mode compile (torch.compile)
 #       Targets (reported; BENCH_STRICT=1 makes them count): the fast row (else step) / compile >= 1.1, its MFU
-#       >= 45%, its loop costs < 3% more per step than it. Then where the time goes: dptrain's kernels under nsys (the timed steps
-#       only, cudaProfilerApi range) or, without nsys, ncu (one step); with neither, the phase split only.
+#       >= 45%, its loop costs < 3% more per step than it. Then where the time goes: each dpt-model-bench row's
+#       --kernel-steps table (every call of the kernel set between two CUDA events: time per operation and shape, and
+#       the time between calls; no profiler needed, on the CPU too), then dptrain's kernels under nsys (the timed
+#       steps only, cudaProfilerApi range) or, without nsys, ncu (one step).
 #       PyTorch's kernels from torch.profiler (a few steps after its timed ones), per mode.
 #   scripts/bench/gpt_bench.sh --cpu    here: a tiny GPT (4 layers, 4 heads, 128 wide, vocab 256, T 64, batch 16),
 #       fp32, one thread per process, the same four rows (the loop over gloo; compile is skipped by a torch
@@ -37,6 +39,7 @@
 #   BENCH_PRECISION             bf16 | fp32 (default bf16 on the GPU, fp32 on the CPU)
 #   BENCH_WARMUP, BENCH_STEPS   untimed and timed steps per run (default 5 and 30 on the GPU, 2 and 10 on the CPU)
 #   BENCH_PHASE_STEPS           dpt-model-bench --phase-steps (default 5 on the GPU, 3 on the CPU)
+#   BENCH_KERNEL_STEPS          dpt-model-bench --kernel-steps (default 3 on the GPU, 2 on the CPU; 0: none)
 #   BENCH_REPEATS               runs per row, round-robin; the table gives the median (default 1)
 #   BENCH_RUN_TIMEOUT_S         per run (default 240 on the GPU, 120 on the CPU)
 #   BENCH_DEADLINE              a Unix time: no run goes past it (each run's timeout shrinks to fit; a run
@@ -45,6 +48,8 @@
 #   BENCH_ROWS                  which rows, a subset of "step fast fastsep fastnd loop fastloop eager compile"
 #                               (default: all; the fast rows only in bf16)
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
+#   BENCH_NCU                   1: ncu when there is no nsys; 0: never; auto (default): only when no --kernel-steps
+#                               table came back (ncu replays a GPT-2 step's kernels one by one: minutes)
 #   BENCH_LOG_DIR               each run's output and JSON (default $OUT/gpt-bench-logs, else /tmp/gpt-bench)
 #   BENCH_STRICT=1              exit 2 when a GPU target is missed (default: only reported)
 #   BENCH_SKIP_BUILD=1          CPU: do not build (default: builds dpt-model-bench, dptrain, dprun in $DPT_BUILD_DIR)
@@ -99,15 +104,19 @@ if ((GPU)); then
   WHERE=GPU DEV=cuda BACKEND=nccl
   L=${GPT_N_LAYER:-12} H=${GPT_N_HEAD:-12} C=${GPT_N_EMBD:-768} V=${GPT_VOCAB:-50257} T=${GPT_SEQ:-1024} B=${GPT_BATCH:-16}
   PREC=${BENCH_PRECISION:-bf16} W=${BENCH_WARMUP:-5} S=${BENCH_STEPS:-30} P=${BENCH_PHASE_STEPS:-5}
+  KS=${BENCH_KERNEL_STEPS:-3}
   RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-240}
 else
   WHERE=CPU DEV=cpu BACKEND=gloo
   L=${GPT_N_LAYER:-4} H=${GPT_N_HEAD:-4} C=${GPT_N_EMBD:-128} V=${GPT_VOCAB:-256} T=${GPT_SEQ:-64} B=${GPT_BATCH:-16}
   PREC=${BENCH_PRECISION:-fp32} W=${BENCH_WARMUP:-2} S=${BENCH_STEPS:-10} P=${BENCH_PHASE_STEPS:-3}
+  KS=${BENCH_KERNEL_STEPS:-2}
   RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-120}
 fi
 ((W >= 1)) || { echo "gpt_bench: BENCH_WARMUP must be >= 1 (torch.compile compiles in the first step)" >&2; exit 2; }
 ((S >= 4)) || { echo "gpt_bench: BENCH_STEPS must be >= 4 (the loop row is timed between progress lines)" >&2; exit 2; }
+[[ $KS =~ ^[0-9]+$ ]] || { echo "gpt_bench: BENCH_KERNEL_STEPS must be a number >= 0" >&2; exit 2; }
+KARGS=(--kernel-steps "$KS")
 
 # ---- programs ---------------------------------------------------------------------------------------------
 if ((CPU)) && [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
@@ -284,12 +293,12 @@ run_rows() {
   if want step; then
     log=$LOG_DIR/step_dptrain_$rep.log
     measure step "json" "$log" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$S" \
-      --phase-steps "$P" --json "$log.json" "${SHAPE_KV[@]}"
+      --phase-steps "$P" "${KARGS[@]}" --json "$log.json" "${SHAPE_KV[@]}"
   fi
   if want fast && [ "$PREC" = bf16 ]; then
     log=$LOG_DIR/fast_dptrain_$rep.log
     measure fast "json" "$log" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$S" \
-      --phase-steps "$P" --json "$log.json" "${SHAPE_KV[@]}" train.bf16_activations=true
+      --phase-steps "$P" "${KARGS[@]}" --json "$log.json" "${SHAPE_KV[@]}" train.bf16_activations=true
   fi
   # dptrain's kernel breakdown next, before PyTorch's rows: it is what tuning needs, and a short GPU window ran out
   # of time before it when it came last (H200, 2026-11-26).
@@ -334,7 +343,7 @@ run_rows() {
     [ "$variant" != fastsep ] || tune=(env DPT_TUNE_BGRAD=separate)
     log=$LOG_DIR/${variant}_dptrain_$rep.log
     measure "$variant" "json" "$log" "${tune[@]}" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" \
-      --steps "$S" --phase-steps "$P" --json "$log.json" "${SHAPE_KV[@]}" train.bf16_activations=true \
+      --steps "$S" --phase-steps "$P" "${KARGS[@]}" --json "$log.json" "${SHAPE_KV[@]}" train.bf16_activations=true \
       "train.deterministic=$([ "$variant" = fastnd ] && echo false || echo true)"
   done
 }
@@ -394,6 +403,35 @@ print(f"GEMM kernels (names with gemm, xmma, cutlass, cublas): {gemm / steps:.3f
 EOF
 }
 
+# op_table JSON: a markdown table of dpt-model-bench --kernel-steps's operations (the top 25, then the rest, and the
+# time between calls), per step.
+op_table() {
+  "$PY" - "$1" <<'EOF'
+import json, sys
+j = json.load(open(sys.argv[1]))
+rows, span = j.get("kernels") or [], j.get("kernel_total_ms_per_step") or 0.0
+if not rows or span <= 0:
+    sys.exit("no --kernel-steps rows in " + sys.argv[1])
+between = j.get("kernel_between_ms_per_step") or 0.0
+pct = lambda ms: f"{100 * ms / span:.1f}"
+print("| ms/step | % | calls/step | operation | shape |")
+print("|---:|---:|---:|---|---|")
+for r in rows[:25]:
+    print(f"| {r['ms_per_step']:.3f} | {pct(r['ms_per_step'])} | {r['calls_per_step']:g} | {r['op']} | {r['shape']} |")
+rest = rows[25:]
+if rest:
+    ms = sum(r["ms_per_step"] for r in rest)
+    print(f"| {ms:.3f} | {pct(ms)} | {sum(r['calls_per_step'] for r in rest):g} | the other {len(rest)} | |")
+print(f"| {between:.3f} | {pct(between)} | | between calls (other work: copies, zeroing; the GPU idle) | |")
+print(f"| {span:.3f} | 100.0 | {sum(r['calls_per_step'] for r in rows):g} | the step's span, first call to last | |")
+matmul = sum(r["ms_per_step"] for r in rows if r["op"] in ("matmul_bf16", "gemm", "gemm_strided_batched"))
+print()
+print(f"Matrix products (matmul_bf16, gemm, gemm_strided_batched): {matmul:.3f} ms/step ({pct(matmul)}%); the other operations: "
+      f"{span - between - matmul:.3f} ms/step ({pct(span - between - matmul)}%); between calls {between:.3f} ms/step "
+      f"({pct(between)}%).")
+EOF
+}
+
 KERNELS=""
 KERNEL_HOW=""
 profile_kernels() {
@@ -424,7 +462,19 @@ profile_kernels() {
     fi
     echo "  kernels: nsys gave no kernel table (exit $rc; see $rep.log)"
   fi
-  if ncu=${NCU:-$(find_tool ncu)} && [ -n "$ncu" ]; then
+  # ncu replays every kernel of a step one by one: minutes for GPT-2, which a short GPU window cannot spare. It runs
+  # when BENCH_NCU=1, or (auto) when no --kernel-steps table came back to say where the time goes.
+  local ncu_wanted=${BENCH_NCU:-auto} f
+  if [ "$ncu_wanted" = auto ]; then
+    ncu_wanted=1
+    for f in "$LOG_DIR"/fast_dptrain_1.log.json "$LOG_DIR"/step_dptrain_1.log.json; do
+      if [ -f "$f" ] && op_table "$f" >/dev/null 2>&1; then ncu_wanted=0; fi
+    done
+    if ((ncu_wanted == 0)); then
+      KERNEL_HOW="no nsys here, and ncu not run (BENCH_NCU=1 runs it): the --kernel-steps tables above say where the time goes"
+    fi
+  fi
+  if [ "$ncu_wanted" = 1 ] && ncu=${NCU:-$(find_tool ncu)} && [ -n "$ncu" ]; then
     echo "  kernels: $ncu (one step, every kernel replayed once)"
     rc=0
     limit=$(run_limit)
@@ -438,7 +488,7 @@ profile_kernels() {
     fi
     echo "  kernels: ncu gave no kernel table (exit $rc; see $rep.log)"
   fi
-  KERNEL_HOW="no per-kernel table: neither nsys nor ncu ran on this machine; the phase split above is what there is"
+  [ -n "$KERNEL_HOW" ] || KERNEL_HOW="no per-kernel table: neither nsys nor ncu ran on this machine; the phase split above is what there is"
   return 0
 }
 
@@ -566,6 +616,17 @@ report=$(
     echo
     echo "$choices"
   fi
+  for k in fast step; do
+    f=$LOG_DIR/${k}_dptrain_1.log.json
+    [ -f "$f" ] && ((KS > 0)) || continue
+    ops=$(op_table "$f" 2>/dev/null) || continue
+    echo
+    echo "## dptrain ($k row): where the time goes, by operation"
+    echo
+    echo "dpt-model-bench --kernel-steps $KS: $KS more steps after the timed ones, every call of the kernel set between two clock reads ($( ((GPU)) && echo "CUDA events on its stream" || echo steady_clock)); per step. The A/B rows' tables are in their logs' JSON."
+    echo
+    echo "$ops"
+  done
   if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && want step; then
     echo
     echo "## dptrain: where the time goes, by kernel"

@@ -83,10 +83,18 @@ struct LtEntry {
   }
 };
 
+// What an entry is cached under: the plan and its operands' alignments (compared as numbers: no string is formatted
+// on a call that finds its entry).
+struct LtKey {
+  LtMatmulPlan plan;
+  std::array<uint32_t, 5> align{};
+  auto operator<=>(const LtKey&) const = default;
+};
+
 struct LtState {
   cublasLtHandle_t handle = nullptr;
   Tensor workspace;
-  std::map<std::string, std::unique_ptr<LtEntry>> entries;
+  std::map<LtKey, std::unique_ptr<LtEntry>> entries;
   ~LtState() {
     entries.clear();
     if (handle) (void)cublasLtDestroy(handle);
@@ -107,10 +115,10 @@ struct LtPointers {
 // says so, and the caller falls back). The epilogue's pointers are set before the heuristic, which reads their
 // alignment from them (cublasLt.h), and again at every call (the same alignment: it is in the key).
 LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t, 5>& align, const LtPointers& ptrs) {
+  auto& slot = st.entries[LtKey{p, align}];
+  if (slot) return *slot;
   const std::string key =
       fmt::format("{} align {} {} {} {} {}", describe(p), align[0], align[1], align[2], align[3], align[4]);
-  auto& slot = st.entries[key];
-  if (slot) return *slot;
   auto e = std::make_unique<LtEntry>();
   DPT_CUBLAS_CHECK(cublasLtMatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   set_desc(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, p.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N);

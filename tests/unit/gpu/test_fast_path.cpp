@@ -25,6 +25,7 @@
 #include "models/llama/llama.h"
 #include "models/kernels/factory.h"
 #include "models/kernels/library_plans.h"
+#include "models/kernels/timed_kernels.h"
 #include "models/layers.h"
 #include "models/model.h"
 
@@ -501,4 +502,63 @@ TEST_CASE("a Llama with bf16 activations on cuda matches its CPU fast path: grou
   gpu_model->init(42);
   gpu_model->to(gpu());
   check_fast_path_step(*cpu_model, *gpu_model, o.vocab_size, 4, 64, 7);
+}
+
+// dpt-model-bench --kernel-steps's clock (TimedKernels: CUDA events around every call on the set's stream): a GPT step
+// through it gives the plain set's bits (deterministic cuDNN and cuBLASLt plans), every operation is timed, and the
+// calls and the time between them add up to the span within the events' resolution (about half a microsecond each).
+TEST_CASE("a GPT step on cuda through TimedKernels gives the plain set's bits and times every call",
+          "[gpu][fastpath][model][timed_kernels]") {
+  GptOptions o;
+  o.n_layer = 2;
+  o.n_head = 4;
+  o.n_embd = 128;
+  o.vocab_size = 300;
+  o.block_size = 64;
+  auto plain = make_gpt(o), timed_model = make_gpt(o);
+  for (auto* m : {plain.get(), timed_model.get()}) {
+    m->init(42);
+    m->to(gpu());
+    m->set_bf16_activations(true);
+  }
+  TimedKernels timed(gpu_kernels());
+  timed_model->set_kernels(timed);
+  std::mt19937 rng(5);
+  Tensor tokens = Tensor::empty({4, 64}, DType::I32), labels = Tensor::empty({256}, DType::I32);
+  for (size_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % 300);
+  for (size_t i = 0; i < labels.numel(); ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(rng() % 300);
+  const Tensor d_tokens = to_device(tokens), d_labels = to_device(labels);
+  for (int step = 0; step < 2; ++step) {
+    Tensor grads[2], logits[2];
+    int i = 0;
+    for (Model* m : {plain.get(), timed_model.get()}) {
+      SoftmaxCrossEntropy loss;
+      Tensor stats = to_device(Tensor::zeros({3}, DType::F64));
+      m->zero_grad();
+      const Tensor& l = m->forward(d_tokens);
+      logits[i] = to_host(l);
+      loss.accumulate(l, d_labels, m->kernels(), stats, true, 1.0);
+      m->backward(loss.grad());
+      grads[i++] = to_host(m->grads());
+    }
+    timed.collect();
+    CHECK(std::memcmp(logits[0].raw(), logits[1].raw(), logits[0].bytes()) == 0);
+    CHECK(std::memcmp(grads[0].raw(), grads[1].raw(), grads[0].bytes()) == 0);
+  }
+  timed_model->set_kernels(gpu_kernels());
+  const auto rows = timed.rows();
+  REQUIRE(!rows.empty());
+  double in_calls = 0;
+  int64_t calls = 0, matmuls = 0;
+  for (const auto& r : rows) {
+    INFO(r.op << ": " << r.shape << ", " << r.calls << " calls, " << r.ms << " ms");
+    CHECK(r.ms >= 0);
+    in_calls += r.ms;
+    calls += r.calls;
+    if (r.op == "matmul_bf16") matmuls += r.calls;
+  }
+  CHECK(matmuls == 2 * 3 * (4 * o.n_layer + 1));
+  INFO("span " << timed.total_ms() << " ms, in calls " << in_calls << " ms, between " << timed.between_ms() << " ms");
+  CHECK(timed.total_ms() > 0);
+  CHECK(std::abs(in_calls + timed.between_ms() - timed.total_ms()) <= 1e-3 * static_cast<double>(2 * calls));
 }

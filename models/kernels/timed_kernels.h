@@ -1,0 +1,178 @@
+// models/kernels/timed_kernels.h: TimedKernels, a Kernels that runs another set's operations and clocks each call:
+// CUDA events on the set's stream around every call on a GPU (device time), the host's steady_clock on the CPU
+// (whose kernels run before returning). What a step's time goes to, by operation and shape, without a profiler:
+// `dpt-model-bench --kernel-steps N` runs N steps on a model switched to it (Model::set_kernels) after its timed
+// steps, which run on the plain set. The results are the inner set's, bit for bit: it only adds clock reads.
+//
+// On a GPU each call is two event records on the stream, a few microseconds of host time each; while the GPU is
+// behind the host (a step of large kernels) they cost it nothing. Work that is not a call of the set (the
+// parameters' bf16 copy, zeroing the gradients, copies) and any idle GPU between calls add up in between_ms().
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "models/kernels/kernels.h"
+
+namespace dpt::cuda {
+class Event;
+}
+
+namespace dpt::models {
+
+class TimedKernels final : public Kernels {
+ public:
+  // Clocks `inner`'s calls; `inner` must outlive this.
+  explicit TimedKernels(Kernels& inner);
+  ~TimedKernels() override;
+  TimedKernels(const TimedKernels&) = delete;
+  TimedKernels& operator=(const TimedKernels&) = delete;
+
+  // One operation and shape's totals over the collected steps.
+  struct Row {
+    std::string op;     // the Kernels method: "matmul_bf16"
+    std::string shape;  // its sizes and variant: "M 16384 N 2304 K 768, bias, bf16"
+    int64_t calls = 0;
+    double ms = 0;
+  };
+  // Reads the clocks of the calls made since the last collect() (on a GPU: waits for the stream) and adds them
+  // to the totals; call it after each step (a step's calls must fit the events kept: they grow as needed).
+  void collect();
+  // The totals, most time first.
+  std::vector<Row> rows() const;
+  // From the first call's start to the last call's end of each collected span, summed over them.
+  double total_ms() const { return total_ms_; }
+  // The part of total_ms() between calls: another kernel, a copy, or the GPU idle.
+  double between_ms() const { return between_ms_; }
+  size_t collections() const { return collections_; }
+  // Forgets the totals (not the calls not yet collected).
+  void reset();
+
+  Device device() const override { return inner_.device(); }
+  StreamHandle stream() const override { return inner_.stream(); }
+  void set_precision(Precision p) override { inner_.set_precision(p); }
+  Precision precision() const override { return inner_.precision(); }
+  std::vector<std::string> library_choices() const override { return inner_.library_choices(); }
+  void set_deterministic(bool on) override { inner_.set_deterministic(on); }
+
+  void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) override;
+  void gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+                            int64_t lda, int64_t stride_a, const float* B, int64_t ldb, int64_t stride_b, float beta,
+                            float* C, int64_t ldc, int64_t stride_c, int64_t batch) override;
+  void bias_act(const float* x, const float* bias, float* y, int64_t rows, int64_t cols, bool relu) override;
+  void bias_grad_accumulate(const float* dy, float* db, int64_t rows, int64_t cols) override;
+  void relu_backward(const float* y, const float* dy, float* dx, size_t n) override;
+  void softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
+                    double* stats) override;
+  void count_targets(const int32_t* labels, int64_t n, double* out) override;
+  void sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, const SgdParams& p) override;
+  void adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) override;
+  void scale(float* x, size_t n, float alpha) override;
+
+  void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) override;
+  void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) override;
+  void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) override;
+  void bn_stats(const float* x, const BnShape& bs, double* sums) override;
+  void bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums, const BnShape& bs,
+                        float eps, float momentum, float* running_mean, float* running_var, float* save_mean,
+                        float* save_invstd, float* y) override;
+  void bn_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
+                       const float* running_var, const BnShape& bs, float eps, float* y) override;
+  void bn_backward_reduce(const float* dy, const float* x, const float* save_mean, const float* save_invstd,
+                          const BnShape& bs, double* sums, float* dgamma, float* dbeta) override;
+  void bn_backward_data(const float* dy, const float* x, const float* gamma, const float* save_mean,
+                        const float* save_invstd, const double* sums, const BnShape& bs, float* dx) override;
+  void relu(const float* x, float* y, size_t n) override;
+  void add(const float* a, const float* b, float* y, size_t n, bool relu) override;
+  void maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps) override;
+  void maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps) override;
+  void avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw) override;
+  void avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) override;
+  double sum_squares(const float* x, size_t n) override;
+  void sum_squares_to(const float* x, size_t n, double* out) override;
+  void clip_by_norm(float* x, size_t n, const double* ss, double max_norm) override;
+
+  void split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T) override;
+  void embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows, int64_t T,
+                         int64_t C, int64_t vocab) override;
+  void embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows, int64_t T,
+                          int64_t C, int64_t vocab) override;
+  void layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* rstd,
+                         int64_t rows, int64_t C, float eps) override;
+  void layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean, const float* rstd,
+                          float* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C) override;
+  void rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
+                       float eps) override;
+  void rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd, float* dx,
+                        float* dgamma, int64_t rows, int64_t C) override;
+  void swiglu_forward(const float* gate, const float* up, float* y, size_t n) override;
+  void swiglu_backward(const float* gate, const float* up, const float* dy, float* dgate, float* dup,
+                       size_t n) override;
+  void rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
+            int64_t head_dim, int64_t stride, bool inverse) override;
+  void rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows, int64_t C,
+                            float eps) override;
+  void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
+                             BFloat16* dx, float* dgamma, int64_t rows, int64_t C) override;
+  void swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) override;
+  void swiglu_backward_bf16(const BFloat16* gate, const BFloat16* up, const BFloat16* dy, BFloat16* dgate,
+                            BFloat16* dup, size_t n) override;
+  void rope_bf16(BFloat16* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0, int64_t heads,
+                 int64_t head_dim, int64_t stride, bool inverse) override;
+  void gelu_forward(const float* x, float* y, size_t n) override;
+  void gelu_backward(const float* x, const float* dy, float* dx, size_t n) override;
+  void causal_softmax_forward(float* s, int64_t count, int64_t rows, int64_t cols, float scale) override;
+  void causal_softmax_backward(const float* p, float* dp, int64_t count, int64_t T, float scale) override;
+
+  void matmul_bf16(const MatmulShape& s, const MatmulOperands& o) override;
+  void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) override;
+  void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,
+                          BFloat16* dqkv, const AttentionShape& s) override;
+  void classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld, float dscale,
+                       double* stats) override;
+  void adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                   const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges, const double* grad_ss,
+                   double max_norm) override;
+  void layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y, float* mean,
+                              float* rstd, int64_t rows, int64_t C, float eps) override;
+  void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
+                               const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
+                               int64_t C) override;
+  void add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) override;
+  void gelu_backward_bf16(const BFloat16* pre, const BFloat16* dy, BFloat16* dx, size_t n) override;
+
+ private:
+  struct Call {
+    const char* op;
+    std::string shape;
+    size_t start, end;  // clock marks
+  };
+  // Runs f() between two clock marks and keeps the call.
+  template <class F>
+  void timed(const char* op, std::string shape, F&& f);
+  size_t mark();                             // a clock reading now (the stream's position on a GPU)
+  double ms_between(size_t a, size_t b) const;  // from mark a to mark b; after collect()'s wait
+
+  Kernels& inner_;
+  bool cuda_ = false;
+  std::vector<std::unique_ptr<cuda::Event>> events_;            // GPU: marks, reused after each collect()
+  std::vector<std::chrono::steady_clock::time_point> times_;  // CPU: marks
+  size_t marks_ = 0;
+  std::vector<Call> calls_;  // since the last collect()
+  struct Total {
+    int64_t calls = 0;
+    double ms = 0;
+  };
+  std::map<std::pair<std::string, std::string>, Total> totals_;  // by (op, shape)
+  double total_ms_ = 0, between_ms_ = 0;
+  size_t collections_ = 0;
+};
+
+// A matmul's sizes and variant as TimedKernels names them ("M 16384 N 2304 K 768 A^T, bias, bf16 D").
+std::string describe_matmul(const MatmulShape& s);
+
+}  // namespace dpt::models

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# integration.model_bench: dpt-model-bench on the CPU, and the GPT benchmark script around it, at tiny sizes:
+#  - a GPT step's row and JSON (tokens/s, a finite loss), its phases, and --kernel-steps's time per operation: each
+#    operation counted as often as the model calls it per step (a GPT: the embedding once, LayerNorm 2L + 1 times;
+#    with bf16 activations 3 (4L + 1) bf16 matmuls, attention L times each way, one fused classifier), the
+#    operations and the time between them adding up to the span, --kernel-lines cutting the printed list;
+#  - an MLP's (images): its float32 GEMMs;
+#  - what it refuses (a negative --kernel-steps: exit 2);
+#  - scripts/bench/gpt_bench.sh --cpu with the step row only: its report has the step row's table by operation.
+source "$(dirname "$0")/lib/common.bash"
+BENCH=$DPT_BUILD_DIR/bench/dpt-model-bench
+GPT=(model.name=gpt model.n_layer=2 model.n_head=2 model.n_embd=32 model.vocab_size=100 model.block_size=16
+     train.device=cpu train.optimizer=adamw)
+L=2
+
+# check_json FILE EXPR...: each python expression over j (the JSON) and ops (op -> calls per step) is true.
+check_json() {
+  local file=$1
+  shift
+  "$PY" - "$file" "$@" <<'EOF' || fail "$file: a check failed"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+ops = {}
+for r in j.get("kernels", []):
+    ops[r["op"]] = ops.get(r["op"], 0) + r["calls_per_step"]
+for expr in sys.argv[2:]:
+    if not eval(expr):
+        print("false:", expr, "\nops:", ops, "\njson:", json.dumps(j)[:2000])
+        sys.exit(1)
+EOF
+}
+
+for mode in fp32 fast; do
+  extra=()
+  [ "$mode" = fp32 ] || extra=(train.precision=bf16 train.bf16_activations=true)
+  "$BENCH" --batch 2 --warmup 1 --steps 2 --phase-steps 1 --kernel-steps 2 --kernel-lines 100 --json "$WORK/$mode.json" "${GPT[@]}" \
+    "${extra[@]}" > "$WORK/$mode.out" 2> "$WORK/$mode.err" || { cat "$WORK/$mode.err"; fail "$mode: dpt-model-bench failed"; }
+  grep -q '^# phases, mean of 1 more steps: forward' "$WORK/$mode.out" || { cat "$WORK/$mode.out"; fail "$mode: no phases"; }
+  grep -q '^# kernels, mean of 2 more steps (steady_clock)' "$WORK/$mode.out" \
+    || { cat "$WORK/$mode.out"; fail "$mode: no kernels line"; }
+  grep -qE '^# kernel +[0-9.]+ +[0-9.]+ +1  embedding_forward: 32 x 32$' "$WORK/$mode.out" \
+    || { cat "$WORK/$mode.out"; fail "$mode: no embedding_forward row"; }
+  common=("j['kernel_steps'] == 2" "math.isfinite(j['loss'])" "j['tokens_per_s'] > 0"
+    "ops['embedding_forward'] == 1" "ops['embedding_backward'] == 1"
+    "abs(sum(r['ms_per_step'] for r in j['kernels']) + j['kernel_between_ms_per_step'] - j['kernel_total_ms_per_step']) < 1e-6 * j['kernel_total_ms_per_step'] + 1e-9"
+    "all(j['kernels'][i]['ms_per_step'] >= j['kernels'][i + 1]['ms_per_step'] for i in range(len(j['kernels']) - 1))")
+  if [ "$mode" = fp32 ]; then
+    check_json "$WORK/$mode.json" "${common[@]}" "ops['layernorm_forward'] == 2 * $L + 1" "ops['softmax_xent'] == 1" \
+      "'matmul_bf16' not in ops" "ops['adamw_fused'] == 1"
+  else
+    check_json "$WORK/$mode.json" "${common[@]}" "ops['layernorm_forward_bf16'] == 2 * $L + 1" \
+      "ops['matmul_bf16'] == 3 * (4 * $L + 1)" "ops['attention_forward'] == $L" "ops['attention_backward'] == $L" \
+      "ops['classifier_bf16'] == 1" "'softmax_xent' not in ops" "ops['adamw_fused'] == 1"
+  fi
+done
+
+# --kernel-lines: that many operations printed, then one line for the rest (the JSON keeps them all).
+"$BENCH" --batch 2 --warmup 1 --steps 2 --kernel-steps 1 --kernel-lines 3 --json "$WORK/lines.json" "${GPT[@]}" \
+  > "$WORK/lines.out" 2>&1 || { cat "$WORK/lines.out"; fail "--kernel-lines 3 failed"; }
+[ "$(grep -cE '^# kernel +[0-9.]+ +[0-9.]+ +[0-9.]+  [a-z_0-9]+: ' "$WORK/lines.out")" = 3 ] \
+  || { cat "$WORK/lines.out"; fail "--kernel-lines 3 did not print 3 operations"; }
+grep -qE '^# kernel +[0-9.]+ +[0-9.]+ +the other [0-9]+ operation\(s\)' "$WORK/lines.out" \
+  || { cat "$WORK/lines.out"; fail "no line for the other operations"; }
+check_json "$WORK/lines.json" "len(j['kernels']) > 3"
+
+# An MLP on images: float32 GEMMs and the bias kernels.
+"$BENCH" --batch 4 --shape 1,28,28 --warmup 1 --steps 2 --kernel-steps 1 --json "$WORK/mlp.json" model.name=mlp \
+  "model.hidden=[16]" train.device=cpu > "$WORK/mlp.out" 2>&1 || { cat "$WORK/mlp.out"; fail "mlp failed"; }
+check_json "$WORK/mlp.json" "ops['gemm'] >= 4" "ops['bias_act'] == 2" "ops['softmax_xent'] == 1"
+
+expect_exit 2 "kernel-steps" "$BENCH" --kernel-steps -1 "${GPT[@]}"
+
+# The benchmark script's report: the step row's table by operation (no torch rows: BENCH_ROWS=step).
+OUT="$WORK/gb" BENCH_ROWS=step BENCH_SKIP_BUILD=1 BENCH_WARMUP=1 BENCH_STEPS=4 BENCH_PHASE_STEPS=1 GPT_N_LAYER=2 \
+  GPT_N_EMBD=64 GPT_SEQ=32 GPT_BATCH=2 DPT_BUILD_DIR="$DPT_BUILD_DIR" bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" \
+  --cpu > "$WORK/gb.log" 2>&1 || { cat "$WORK/gb.log"; fail "gpt_bench.sh --cpu failed"; }
+grep -q '^## dptrain (step row): where the time goes, by operation' "$WORK/gb/gpt-bench.md" \
+  || { cat "$WORK/gb/gpt-bench.md"; fail "the report has no table by operation"; }
+grep -qE '^\| [0-9.]+ \| [0-9.]+ \| 2 \| gemm \| M 64 N 192 K 64 B\^T \|$' "$WORK/gb/gpt-bench.md" \
+  || { cat "$WORK/gb/gpt-bench.md"; fail "the report's table lacks the qkv product"; }
+grep -qE "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| the step's span" "$WORK/gb/gpt-bench.md" \
+  || { cat "$WORK/gb/gpt-bench.md"; fail "the report's table lacks the span"; }
+echo "model_bench: OK"

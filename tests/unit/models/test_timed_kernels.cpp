@@ -1,0 +1,179 @@
+// tests/unit/models/test_timed_kernels.cpp: models::TimedKernels, the kernel set dpt-model-bench --kernel-steps
+// clocks every call of: a model switched to it (Model::set_kernels) computes the plain set's bits; each call is
+// counted under its operation and shape (a GPT's matmuls: 4 per layer and the head forward, twice as many
+// backward); the calls and the time between them add up to the span; and it overrides every operation of the
+// Kernels interface (a new one left out would run the base's default, untimed or throwing). The CUDA set through it:
+// tests/unit/gpu/test_fast_path.cpp.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <random>
+#include <regex>
+#include <sstream>
+#include <string>
+
+#include "model_testing.h"
+#include "models/gpt/gpt.h"
+#include "models/kernels/factory.h"
+#include "models/kernels/timed_kernels.h"
+#include "models/layers.h"
+#include "models/model.h"
+
+using namespace dpt;
+using namespace dpt::models;
+
+namespace {
+
+GptOptions tiny() {
+  GptOptions o;
+  o.n_layer = 2;
+  o.n_head = 2;
+  o.n_embd = 32;
+  o.vocab_size = 100;
+  o.block_size = 16;
+  return o;
+}
+
+std::map<std::string, int64_t> calls_by_op(const TimedKernels& t) {
+  std::map<std::string, int64_t> by;
+  for (const auto& r : t.rows()) by[r.op] += r.calls;
+  return by;
+}
+
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream f(path);
+  REQUIRE(f.good());
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+}  // namespace
+
+TEST_CASE("TimedKernels: a GPT step through it gives the plain set's bits and counts each call", "[timed_kernels]") {
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    auto plain = make_gpt(tiny()), timed_model = make_gpt(tiny());
+    plain->init(5);
+    timed_model->init(5);
+    if (bf16) {
+      plain->set_bf16_activations(true);
+      timed_model->set_bf16_activations(true);
+    }
+    TimedKernels timed(timed_model->kernels());
+    timed_model->set_kernels(timed);
+    REQUIRE(&timed_model->kernels() == &timed);
+    std::mt19937_64 rng(9);
+    const Tensor tokens = test::random_tokens(3, 16, 100, rng);
+    Tensor targets = Tensor::empty({48}, DType::I32);
+    for (size_t i = 0; i < targets.numel(); ++i) targets.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
+    for (int step = 0; step < 2; ++step) {
+      const test::LmStep want = test::lm_step(*plain, tokens, targets);
+      const test::LmStep got = test::lm_step(*timed_model, tokens, targets);
+      CHECK(got.loss == want.loss);
+      CHECK(same_bits(got.logits, want.logits));
+      CHECK(same_bits(got.grads, want.grads));
+      timed.collect();
+    }
+    CHECK(timed.collections() == 2);
+    const auto by = calls_by_op(timed);
+    const int64_t L = tiny().n_layer, steps = 2;
+    if (bf16) {
+      // Forward: qkv, the attention's projection, c_fc, c_proj per layer and the head; backward: two products each.
+      CHECK(by.at("matmul_bf16") == steps * 3 * (4 * L + 1));
+      CHECK(by.at("attention_forward") == steps * L);
+      CHECK(by.at("attention_backward") == steps * L);
+      CHECK(by.at("classifier_bf16") == steps);
+      CHECK(by.at("layernorm_forward_bf16") == steps * (2 * L + 1));
+      CHECK(by.at("layernorm_backward_bf16") == steps * (2 * L + 1));
+      CHECK(by.count("gemm") == 0);
+    } else {
+      CHECK(by.at("layernorm_forward") == steps * (2 * L + 1));
+      CHECK(by.at("softmax_xent") == steps);
+      CHECK(by.count("matmul_bf16") == 0);
+    }
+    CHECK(by.at("embedding_forward") == steps);
+    CHECK(by.at("embedding_backward") == steps);
+    // The span is the calls and the gaps between them, to the clock's rounding.
+    double in_calls = 0;
+    for (const auto& r : timed.rows()) {
+      CHECK(r.ms >= 0);
+      CHECK(!r.shape.empty());
+      in_calls += r.ms;
+    }
+    CHECK(timed.total_ms() > 0);
+    CHECK(timed.between_ms() >= 0);
+    CHECK(std::abs(in_calls + timed.between_ms() - timed.total_ms()) <= 1e-9 + 1e-9 * timed.total_ms());
+    // Most time first.
+    const auto rows = timed.rows();
+    for (size_t i = 1; i < rows.size(); ++i) CHECK(rows[i - 1].ms >= rows[i].ms);
+    timed.reset();
+    CHECK(timed.rows().empty());
+    CHECK(timed.total_ms() == 0);
+    // Back to the device's own set.
+    timed_model->set_kernels(kernels_for(Device::cpu()));
+    CHECK(&timed_model->kernels() == &kernels_for(Device::cpu()));
+  }
+}
+
+TEST_CASE("TimedKernels: the optimizer's and a classifier's operations, by shape", "[timed_kernels]") {
+  std::mt19937_64 rng(3);
+  TimedKernels timed(kernels_for(Device::cpu()));
+  // Two shapes of one operation are two rows; the same shape twice is one row of two calls.
+  Tensor a = Tensor::empty({6, 4}), b = Tensor::empty({4, 5}), c = Tensor::zeros({6, 5}), c2 = Tensor::zeros({6, 5});
+  for (Tensor* t : {&a, &b})
+    for (size_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = uniform(rng, -1, 1);
+  timed.gemm(false, false, 6, 5, 4, 1.0f, a.data<float>(), 4, b.data<float>(), 5, 0.0f, c.data<float>(), 5);
+  kernels_for(Device::cpu()).gemm(false, false, 6, 5, 4, 1.0f, a.data<float>(), 4, b.data<float>(), 5, 0.0f,
+                                  c2.data<float>(), 5);
+  CHECK(same_bits(c, c2));
+  timed.gemm(false, false, 6, 5, 4, 1.0f, a.data<float>(), 4, b.data<float>(), 5, 1.0f, c.data<float>(), 5);
+  timed.gemm(false, false, 6, 5, 4, 1.0f, a.data<float>(), 4, b.data<float>(), 5, 1.0f, c.data<float>(), 5);
+  timed.gemm(false, false, 3, 5, 4, 1.0f, a.data<float>(), 4, b.data<float>(), 5, 0.0f, c.data<float>(), 5);
+  const double ss = timed.sum_squares(a.data<float>(), a.numel());
+  CHECK(ss == kernels_for(Device::cpu()).sum_squares(a.data<float>(), a.numel()));
+  timed.collect();
+  std::map<std::string, int64_t> by_shape;
+  for (const auto& r : timed.rows()) by_shape[r.op + ": " + r.shape] = r.calls;
+  CHECK(by_shape == std::map<std::string, int64_t>{{"gemm: M 6 N 5 K 4", 1},
+                                                   {"gemm: M 6 N 5 K 4, +=", 2},
+                                                   {"gemm: M 3 N 5 K 4", 1},
+                                                   {"sum_squares: n 24", 1}});
+  // A matmul's description names its epilogue, operand order and output.
+  MatmulShape s;
+  s.M = 16384;
+  s.N = 2304;
+  s.K = 768;
+  s.trans_b = true;
+  s.epilogue = MatmulEpilogue::Bias;
+  CHECK(describe_matmul(s) == "M 16384 N 2304 K 768 B^T, bias, bf16 D");
+  s.trans_b = false;
+  s.trans_a = true;
+  s.d_f32 = true;
+  s.accumulate = true;
+  s.epilogue = MatmulEpilogue::BiasGrad;
+  CHECK(describe_matmul(s) == "M 16384 N 2304 K 768 A^T, bias grad, f32 D +=");
+}
+
+TEST_CASE("TimedKernels overrides every operation of the Kernels interface", "[timed_kernels]") {
+  const std::string iface = slurp(std::string(DPT_SOURCE_DIR) + "/models/kernels/kernels.h");
+  const std::string timed = slurp(std::string(DPT_SOURCE_DIR) + "/models/kernels/timed_kernels.h");
+  const std::regex virtual_fn(R"(virtual\s+[\w:<>,\s\*&]*?\b(\w+)\s*\()");
+  size_t seen = 0;
+  for (auto it = std::sregex_iterator(iface.begin(), iface.end(), virtual_fn); it != std::sregex_iterator(); ++it) {
+    const std::string name = (*it)[1];
+    if (name == "Kernels") continue;  // the destructor (~Kernels)
+    ++seen;
+    const std::regex overridden("\\b" + name + R"(\s*\([^;{]*\)\s*(const\s*)?override\b)");
+    INFO(name << " is a virtual of Kernels that TimedKernels does not override");
+    CHECK(std::regex_search(timed, overridden));
+  }
+  CHECK(seen > 60);  // the regex found the interface
+}
