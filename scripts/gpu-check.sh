@@ -405,28 +405,78 @@ select_again() {
   log "run --again: $(printf '%s\n' "${ONLY[@]}" | sort -u | tr '\n' ' ')"
 }
 
+# Steps that need no GPU (the CPU halves of the GPU-against-CPU comparisons, the CPU unit tests that start no
+# network or processes) run beside the GPU steps from the start, in the background with 2 threads each (the GPU
+# machine has 16 cores; the GPU steps use one or two): start_background launches one, and its run_step, at its
+# place in the order, waits for it and records it like any other step (its own time, its log, its note). Before the
+# benchmarks every background step has finished (wait_background), so none of them shares the machine with a timing.
+declare -A BG_PID=()
+BG_THREADS=(OMP_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 MKL_NUM_THREADS=2)
+start_background() {  # NAME FUNCTION [ARGS...]
+  local name=$1 fn=$2
+  shift 2
+  selected "$name" || return 0
+  local logfile=$STEP_DIR/$name.log result=$STEP_DIR/$name.background
+  : >"$logfile"
+  rm -f "$result" "$result.tmp"
+  (
+    NOTE="" RUN_STATUS="" RUN_STARTED=0
+    DPT_ENV=("${DPT_ENV[@]}" "${BG_THREADS[@]}")
+    begin=$(date +%s) rc=0
+    "$fn" "$logfile" "$@" || rc=$?
+    printf '%s\n%s\n%s\n%s\n%s\n' "$rc" "$(($(date +%s) - begin))" "$RUN_STARTED" "$RUN_STATUS" "$NOTE" >"$result.tmp"
+    mv "$result.tmp" "$result"
+  ) &
+  BG_PID[$name]=$!
+}
+# join_background NAME: waits for NAME's background run; sets NOTE, RUN_STATUS, RUN_STARTED and BG_TOOK from it and
+# returns 0 when it passed.
+join_background() {
+  local name=$1 result=$STEP_DIR/$1.background rc
+  wait "${BG_PID[$name]}" 2>/dev/null || true
+  unset "BG_PID[$name]"
+  BG_TOOK=0
+  if [ ! -s "$result" ]; then
+    NOTE="its background run left no result (killed?)"
+    return 1
+  fi
+  { read -r rc; read -r BG_TOOK; read -r RUN_STARTED; read -r RUN_STATUS; read -r NOTE; } <"$result"
+  NOTE="${NOTE:+$NOTE; }beside the GPU steps"
+  return $((rc != 0))
+}
+# wait_background: every background step finished (their results stay for their run_step).
+wait_background() {
+  local pid
+  for pid in "${BG_PID[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+
 # run_step NAME FUNCTION [ARGS...]: runs one step; FUNCTION gets its log file first and sets NOTE. A failed
-# step is recorded (and its log's tail shown), never fatal.
+# step is recorded (and its log's tail shown), never fatal. A step start_background launched is waited for instead.
 run_step() {
-  local name=$1 fn=$2 start result
+  local name=$1 fn=$2 start result took
   shift 2
   selected "$name" || return 0
   local logfile=$STEP_DIR/$name.log
-  : >"$logfile"
   NOTE=""
   RUN_STATUS=""
   RUN_STARTED=0
   start=$(date +%s)
   log ""
   log "==== $name"
-  if "$fn" "$logfile" "$@"; then result=PASS; else result=FAIL; fi
+  if [ -n "${BG_PID[$name]:-}" ]; then
+    if join_background "$name"; then result=PASS; else result=FAIL; fi
+    took=$BG_TOOK
+  else
+    : >"$logfile"
+    if "$fn" "$logfile" "$@"; then result=PASS; else result=FAIL; fi
+    took=$(($(date +%s) - start))
+  fi
   # A step the budget left no time for is SKIPPED (budget), never PASS, and is not counted as run; one that started a
   # command and failed stays FAIL even when a later command of it found no time left.
   if [ "$result" = FAIL ] && ((RUN_STARTED == 0)) && [[ $RUN_STATUS == "not started"* || $NOTE == "not started"* ]]; then
     result="SKIPPED (budget)"
   fi
   [ -z "$RUN_STATUS" ] || NOTE="$RUN_STATUS; $NOTE"
-  local took=$(($(date +%s) - start))
   {
     echo "---- $name: output ($logfile)"
     cat "$logfile"
@@ -1089,6 +1139,18 @@ run_all() {
   trap remove_links EXIT
   make_compat_links
 
+  # Beside the GPU steps (start_background): the CPU halves, then the CPU unit tests that start no network or
+  # processes (unit_comm and unit_launcher stay last, in the foreground).
+  start_background train_cpu_1rank step_train_cpu
+  start_background train_cpu_gpt step_train_gpt_cpu
+  start_background train_cpu_gpt_bf16act step_train_gpt_cpu train.precision=bf16 train.bf16_activations=true
+  start_background train_cpu_llama step_train_llama_cpu
+  start_background train_cpu_llama_bf16act step_train_llama_cpu train.precision=bf16 train.bf16_activations=true
+  local t units=() quiet_units=(unit_core unit_trainer unit_models unit_data)
+  for t in "${quiet_units[@]}"; do
+    [ -x "$B_BIN/$t" ] && start_background "$t" step_unit "$t"
+  done
+
   run_step unit_gpu step_unit_gpu
   run_step sanitize_fastpath step_sanitize_fastpath
   run_step nccl_watchdog step_nccl_watchdog
@@ -1123,12 +1185,12 @@ run_all() {
   run_step train_cpu_llama_bf16act step_train_llama_cpu train.precision=bf16 train.bf16_activations=true
   run_step compare_llama_bf16act_gpu_cpu step_compare_gpt train_cuda_llama_bf16act train_cpu_llama_bf16act 5
   run_step torchrun_2x step_torchrun
+  wait_background  # nothing else on the CPU while the benchmarks time
   run_step bench_gpt step_bench_gpt
   run_step bench step_bench
   run_step bench_resnet step_bench_resnet
   # The CPU unit tests last: CI runs them on every change; here they only show the bundle's programs work on this
   # machine with a GPU present (the device and memory tests take the CUDA branch).
-  local t units=()
   for t in unit_core unit_trainer unit_models unit_comm unit_data unit_launcher; do
     [ -x "$B_BIN/$t" ] && units+=("$t")
   done
