@@ -27,9 +27,9 @@
 //
 // --kernel-steps N: after those, N more steps on the model switched to models::TimedKernels (the same kernel set,
 // every call between two clock reads: CUDA events on a GPU): the time per step of each operation and shape of the
-// kernel set ("matmul_bf16 M 16384 N 2304 K 768, bias, bf16 D"), most first, and the time between calls (other
-// GPU work, the GPU idle), as comment lines and in the JSON. A per-kernel breakdown that needs no profiler, in a
-// second or two of device time.
+// kernel set ("matmul_bf16: M 16384 N 2304 K 768 B^T, bias, bf16 D"), most first, and the rest of each step's span
+// (other GPU work, the GPU idle), as comment lines and in the JSON. A breakdown by call of the kernel set (one call
+// may launch several kernels) that needs no profiler, and only a few more steps of device time.
 //
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>
@@ -424,6 +424,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
     models::TimedKernels timed(k);
     model->set_kernels(timed);
     for (int i = 0; i < o.kernel_steps; ++i) {
+      timed.begin_step();  // the span from here: zeroing the gradients and the bf16 copy count, between calls
       model->zero_grad();
       const Tensor& logits = model->forward(x);
       loss.accumulate(logits, y, timed, stats, /*backward=*/true);
@@ -447,8 +448,8 @@ void print_kernels(const Result& r, const Options& o) {
   const auto share = [&](double ms) { return span > 0 ? 100 * ms / span : 0.0; };
   double in_calls = 0;
   for (const auto& k : r.kernels) in_calls += k.ms / n;
-  fmt::print("# kernels, mean of {} more steps ({}): {:.3f} ms from the first call's start to the last one's end: "
-             "{:.3f} ms in {} operation(s) of the kernel set, {:.3f} ms ({:.1f}%) between calls\n",
+  fmt::print("# kernels, mean of {} more steps ({}): a step's span {:.3f} ms: {:.3f} ms in {} operation(s) of the "
+             "kernel set, {:.3f} ms ({:.1f}%) outside them\n",
              o.kernel_steps, r.device.starts_with("cuda") ? "CUDA events around each call" : "steady_clock", span,
              in_calls, r.kernels.size(), r.kernel_between_ms / n, share(r.kernel_between_ms / n));
   fmt::print("# kernel {:>9} {:>6} {:>6}  {}\n", "ms/step", "%", "calls", "operation: shape");

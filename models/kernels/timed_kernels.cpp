@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "core/check.h"
 #include "core/cuda.h"
 
 namespace dpt::models {
@@ -73,7 +74,16 @@ void TimedKernels::timed(const char* op, std::string shape, F&& f) {
   calls_.push_back({op, std::move(shape), start, mark()});
 }
 
+void TimedKernels::begin_step() {
+  DPT_CHECK(marks_ == 0, "TimedKernels::begin_step after {} clock marks: call it before the step, after collect()",
+            marks_);
+  mark();
+  step_begun_ = true;
+}
+
 void TimedKernels::collect() {
+  // With begin_step(), the span runs from its mark to one taken now (the stream's position: everything enqueued).
+  const size_t end = step_begun_ ? mark() : 0;
   if (cuda_ && marks_ > 0) events_[marks_ - 1]->synchronize();
   for (size_t i = 0; i < calls_.size(); ++i) {
     const Call& c = calls_[i];
@@ -82,9 +92,16 @@ void TimedKernels::collect() {
     t.ms += ms_between(c.start, c.end);
     if (i > 0) between_ms_ += ms_between(calls_[i - 1].end, c.start);
   }
-  if (!calls_.empty()) total_ms_ += ms_between(calls_.front().start, calls_.back().end);
+  if (step_begun_) {
+    total_ms_ += ms_between(0, end);
+    between_ms_ += calls_.empty() ? ms_between(0, end)
+                                  : ms_between(0, calls_.front().start) + ms_between(calls_.back().end, end);
+  } else if (!calls_.empty()) {
+    total_ms_ += ms_between(calls_.front().start, calls_.back().end);
+  }
   calls_.clear();
   marks_ = 0;
+  step_begun_ = false;
   ++collections_;
 }
 
@@ -114,7 +131,9 @@ void TimedKernels::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, i
                                         int64_t stride_b, float beta, float* C, int64_t ldc, int64_t stride_c,
                                         int64_t batch) {
   timed("gemm_strided_batched",
-        fmt::format("{} x {}{}", batch, gemm_shape(trans_a, trans_b, M, N, K), in(inner_.precision())), [&] {
+        fmt::format("{} x {}{}{}", batch, gemm_shape(trans_a, trans_b, M, N, K), beta != 0 ? ", +=" : "",
+                    in(inner_.precision())),
+        [&] {
     inner_.gemm_strided_batched(trans_a, trans_b, M, N, K, alpha, A, lda, stride_a, B, ldb, stride_b, beta, C, ldc,
                                 stride_c, batch);
   });

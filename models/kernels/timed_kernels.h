@@ -4,9 +4,12 @@
 // `dpt-model-bench --kernel-steps N` runs N steps on a model switched to it (Model::set_kernels) after its timed
 // steps, which run on the plain set. The results are the inner set's, bit for bit: it only adds clock reads.
 //
-// On a GPU each call is two event records on the stream, a few microseconds of host time each; while the GPU is
-// behind the host (a step of large kernels) they cost it nothing. Work that is not a call of the set (the
-// parameters' bf16 copy, zeroing the gradients, copies) and any idle GPU between calls add up in between_ms().
+// A row is a call of the set, which may launch several CUDA kernels (a matmul whose epilogue runs as kernels of our
+// own) or none. On a GPU each call adds two event records on the stream, a few microseconds of host time each; while
+// the GPU runs behind the host (a step of large kernels) they should cost it little, which the window will tell.
+// Work that is not a call of the set (the parameters' bf16 copy, zeroing the gradients, copies) and any idle GPU
+// time add up in between_ms(): between calls, and, with begin_step(), from the step's start to its first call and
+// from its last call to collect().
 #pragma once
 
 #include <chrono>
@@ -38,14 +41,18 @@ class TimedKernels final : public Kernels {
     int64_t calls = 0;
     double ms = 0;
   };
+  // Marks the start of a step, before anything of it is enqueued (zeroing the gradients): its span then runs from
+  // here to collect(). Without it, from the step's first call to its last.
+  void begin_step();
   // Reads the clocks of the calls made since the last collect() (on a GPU: waits for the stream) and adds them
   // to the totals; call it after each step (a step's calls must fit the events kept: they grow as needed).
   void collect();
   // The totals, most time first.
   std::vector<Row> rows() const;
-  // From the first call's start to the last call's end of each collected span, summed over them.
+  // Each collected step's span (begin_step() to collect(), else its first call's start to its last call's end),
+  // summed over them.
   double total_ms() const { return total_ms_; }
-  // The part of total_ms() between calls: another kernel, a copy, or the GPU idle.
+  // The part of total_ms() outside the calls: another kernel, a copy, or the GPU idle.
   double between_ms() const { return between_ms_; }
   size_t collections() const { return collections_; }
   // Forgets the totals (not the calls not yet collected).
@@ -162,6 +169,7 @@ class TimedKernels final : public Kernels {
   std::vector<std::unique_ptr<cuda::Event>> events_;            // GPU: marks, reused after each collect()
   std::vector<std::chrono::steady_clock::time_point> times_;  // CPU: marks
   size_t marks_ = 0;
+  bool step_begun_ = false;  // begin_step() since the last collect(): mark 0 is the step's start
   std::vector<Call> calls_;  // since the last collect()
   struct Total {
     int64_t calls = 0;

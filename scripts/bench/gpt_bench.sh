@@ -115,7 +115,7 @@ else
 fi
 ((W >= 1)) || { echo "gpt_bench: BENCH_WARMUP must be >= 1 (torch.compile compiles in the first step)" >&2; exit 2; }
 ((S >= 4)) || { echo "gpt_bench: BENCH_STEPS must be >= 4 (the loop row is timed between progress lines)" >&2; exit 2; }
-[[ $KS =~ ^[0-9]+$ ]] || { echo "gpt_bench: BENCH_KERNEL_STEPS must be a number >= 0" >&2; exit 2; }
+[[ $KS =~ ^(0|[1-9][0-9]*)$ ]] || { echo "gpt_bench: BENCH_KERNEL_STEPS must be a number >= 0" >&2; exit 2; }
 KARGS=(--kernel-steps "$KS")
 
 # ---- programs ---------------------------------------------------------------------------------------------
@@ -242,6 +242,7 @@ measure() {
   local key=$1 kind=$2 log=$3 rc=0 ms="" tps="" mfu="" r limit
   shift 3
   limit=$(run_limit)
+  rm -f "$log.json"  # a reused log folder: never an earlier run's numbers
   if ((limit == 0)); then
     echo "  $key: not run: BENCH_DEADLINE reached"
     NOTE[$key]="not run: out of time (BENCH_DEADLINE)"
@@ -422,12 +423,12 @@ rest = rows[25:]
 if rest:
     ms = sum(r["ms_per_step"] for r in rest)
     print(f"| {ms:.3f} | {pct(ms)} | {sum(r['calls_per_step'] for r in rest):g} | the other {len(rest)} | |")
-print(f"| {between:.3f} | {pct(between)} | | between calls (other work: copies, zeroing; the GPU idle) | |")
-print(f"| {span:.3f} | 100.0 | {sum(r['calls_per_step'] for r in rows):g} | the step's span, first call to last | |")
+print(f"| {between:.3f} | {pct(between)} | | outside the calls (other work: the bf16 copy, zeroing; the GPU idle) | |")
+print(f"| {span:.3f} | 100.0 | {sum(r['calls_per_step'] for r in rows):g} | the step's span | |")
 matmul = sum(r["ms_per_step"] for r in rows if r["op"] in ("matmul_bf16", "gemm", "gemm_strided_batched"))
 print()
 print(f"Matrix products (matmul_bf16, gemm, gemm_strided_batched): {matmul:.3f} ms/step ({pct(matmul)}%); the other operations: "
-      f"{span - between - matmul:.3f} ms/step ({pct(span - between - matmul)}%); between calls {between:.3f} ms/step "
+      f"{span - between - matmul:.3f} ms/step ({pct(span - between - matmul)}%); outside the calls {between:.3f} ms/step "
       f"({pct(between)}%).")
 EOF
 }
@@ -468,10 +469,10 @@ profile_kernels() {
   if [ "$ncu_wanted" = auto ]; then
     ncu_wanted=1
     for f in "$LOG_DIR"/fast_dptrain_1.log.json "$LOG_DIR"/step_dptrain_1.log.json; do
-      if [ -f "$f" ] && op_table "$f" >/dev/null 2>&1; then ncu_wanted=0; fi
+      if ((KS > 0)) && [ -f "$f" ] && op_table "$f" >/dev/null 2>&1; then ncu_wanted=0; fi
     done
     if ((ncu_wanted == 0)); then
-      KERNEL_HOW="no nsys here, and ncu not run (BENCH_NCU=1 runs it): the --kernel-steps tables above say where the time goes"
+      KERNEL_HOW="no nsys table, and ncu not run (BENCH_NCU=1 runs it): the --kernel-steps tables above say where the time goes"
     fi
   fi
   if [ "$ncu_wanted" = 1 ] && ncu=${NCU:-$(find_tool ncu)} && [ -n "$ncu" ]; then
@@ -623,7 +624,7 @@ report=$(
     echo
     echo "## dptrain ($k row): where the time goes, by operation"
     echo
-    echo "dpt-model-bench --kernel-steps $KS: $KS more steps after the timed ones, every call of the kernel set between two clock reads ($( ((GPU)) && echo "CUDA events on its stream" || echo steady_clock)); per step. The A/B rows' tables are in their logs' JSON."
+    echo "dpt-model-bench --kernel-steps $KS: $KS more steps after the timed ones, every call of the kernel set between two clock reads ($( ((GPU)) && echo "CUDA events on its stream" || echo steady_clock)); per step. A call may launch several kernels. The A/B rows' tables are in their logs' JSON."
     echo
     echo "$ops"
   done

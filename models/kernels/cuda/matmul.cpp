@@ -115,8 +115,8 @@ struct LtPointers {
 // says so, and the caller falls back). The epilogue's pointers are set before the heuristic, which reads their
 // alignment from them (cublasLt.h), and again at every call (the same alignment: it is in the key).
 LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t, 5>& align, const LtPointers& ptrs) {
-  auto& slot = st.entries[LtKey{p, align}];
-  if (slot) return *slot;
+  const LtKey cache_key{p, align};
+  if (const auto it = st.entries.find(cache_key); it != st.entries.end()) return *it->second;
   const std::string key =
       fmt::format("{} align {} {} {} {} {}", describe(p), align[0], align[1], align[2], align[3], align[4]);
   auto e = std::make_unique<LtEntry>();
@@ -158,6 +158,8 @@ LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t,
       p.epilogue == LtEpilogue::Default ? "cublasGemmEx runs it" : "the epilogue runs as kernels of our own";
   e->choice = fmt::format("{}: {}", key, e->have_algo ? describe_algo(e->heuristic) : fmt::format("none, {}", instead));
   if (!e->have_algo) spdlog::info("cuBLASLt has no algorithm for {} ({}): {}", key, cublasGetStatusName(hs), instead);
+  // Cached only once whole: a library call that threw above leaves no empty entry behind.
+  auto& slot = st.entries[cache_key];
   slot = std::move(e);
   return *slot;
 }
