@@ -433,6 +433,45 @@ print(f"Matrix products (matmul_bf16, gemm, gemm_strided_batched): {matmul:.3f} 
 EOF
 }
 
+# op_compare BASE.json NAME=VARIANT.json...: per operation (summed over its shapes), ms/step in the base row and in
+# each variant, for the A/B rows: which operations a tuning choice moved. Operations under 0.5% of every row left out.
+op_compare() {
+  "$PY" - "$@" <<'EOF'
+import json, sys
+def by_op(path):
+    j = json.load(open(path))
+    if not j.get("kernels"):
+        raise SystemExit("no --kernel-steps rows in " + path)
+    out = {}
+    for r in j["kernels"]:
+        out[r["op"]] = out.get(r["op"], 0.0) + r["ms_per_step"]
+    out["(outside the calls)"] = j.get("kernel_between_ms_per_step") or 0.0
+    out["(the step's span)"] = j.get("kernel_total_ms_per_step") or 0.0
+    return out
+base = by_op(sys.argv[1])
+variants = []
+for arg in sys.argv[2:]:
+    name, path = arg.split("=", 1)
+    try:
+        variants.append((name, by_op(path)))
+    except (OSError, ValueError, SystemExit):
+        pass
+if not variants:
+    raise SystemExit("no variant with a table")
+span = base["(the step's span)"] or 1.0
+ops = sorted(base, key=lambda k: -base[k])
+ops = [k for k in ops if k.startswith("(") or max([base[k]] + [v.get(k, 0.0) for _, v in variants]) >= 0.005 * span]
+ops += sorted({k for _, v in variants for k in v} - set(base), key=lambda k: k)
+print("| operation | fast | " + " | ".join(f"{n} | {n} - fast" for n, _ in variants) + " |")
+print("|---|---:|" + "---:|---:|" * len(variants))
+for k in ops:
+    cells = [f"{base.get(k, 0.0):.3f}"]
+    for _, v in variants:
+        cells += [f"{v.get(k, 0.0):.3f}", f"{v.get(k, 0.0) - base.get(k, 0.0):+.3f}"]
+    print(f"| {k} | " + " | ".join(cells) + " |")
+EOF
+}
+
 KERNELS=""
 KERNEL_HOW=""
 profile_kernels() {
@@ -616,6 +655,14 @@ report=$(
     echo "The fast path's GEMMs: what cuBLASLt's heuristic chose per shape"
     echo
     echo "$choices"
+  fi
+  if ((KS > 0)) && [ -f "$LOG_DIR/fast_dptrain_1.log.json" ] &&
+    ab=$(op_compare "$LOG_DIR/fast_dptrain_1.log.json" "fastsep=$LOG_DIR/fastsep_dptrain_1.log.json" \
+      "fastnd=$LOG_DIR/fastnd_dptrain_1.log.json" 2>/dev/null); then
+    echo
+    echo "## The A/B rows against the fast row, by operation (ms/step, --kernel-steps $KS)"
+    echo
+    echo "$ab"
   fi
   for k in fast step; do
     f=$LOG_DIR/${k}_dptrain_1.log.json

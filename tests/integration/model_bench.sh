@@ -6,7 +6,8 @@
 #    operations and the time between them adding up to the span, --kernel-lines cutting the printed list;
 #  - an MLP's (images): its float32 GEMMs;
 #  - what it refuses (a negative --kernel-steps: exit 2);
-#  - scripts/bench/gpt_bench.sh --cpu with the step row only: its report has the step row's table by operation.
+#  - scripts/bench/gpt_bench.sh --cpu with the step row only: its report has the step row's table by operation; with
+#    the fast row and the fastsep A/B row: the A/B table by operation.
 source "$(dirname "$0")/lib/common.bash"
 BENCH=$DPT_BUILD_DIR/bench/dpt-model-bench
 GPT=(model.name=gpt model.n_layer=2 model.n_head=2 model.n_embd=32 model.vocab_size=100 model.block_size=16
@@ -80,4 +81,15 @@ grep -qE '^\| [0-9.]+ \| [0-9.]+ \| 2 \| gemm \| M 64 N 192 K 64 B\^T \|$' "$WOR
   || { cat "$WORK/gb/gpt-bench.md"; fail "the report's table lacks the qkv product"; }
 grep -qE "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| the step's span \|" "$WORK/gb/gpt-bench.md" \
   || { cat "$WORK/gb/gpt-bench.md"; fail "the report's table lacks the span"; }
+# The fast row and an A/B row: the A/B table by operation (the bias gradients as column sums move matmul_bf16's time;
+# here on the CPU only by noise).
+OUT="$WORK/ab" BENCH_PRECISION=bf16 BENCH_ROWS="fast fastsep" BENCH_SKIP_BUILD=1 BENCH_WARMUP=1 BENCH_STEPS=4 \
+  BENCH_PHASE_STEPS=1 GPT_N_LAYER=2 GPT_N_EMBD=64 GPT_SEQ=32 GPT_BATCH=2 DPT_BUILD_DIR="$DPT_BUILD_DIR" \
+  bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu > "$WORK/ab.log" 2>&1 || { cat "$WORK/ab.log"; fail "gpt_bench.sh A/B failed"; }
+grep -q '^## The A/B rows against the fast row, by operation' "$WORK/ab/gpt-bench.md" \
+  || { cat "$WORK/ab/gpt-bench.md"; fail "no A/B table"; }
+grep -qE '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [-+][0-9.]+ \|$' "$WORK/ab/gpt-bench.md" \
+  || { cat "$WORK/ab/gpt-bench.md"; fail "the A/B table lacks matmul_bf16"; }
+grep -q '^## dptrain (fast row): where the time goes, by operation' "$WORK/ab/gpt-bench.md" \
+  || { cat "$WORK/ab/gpt-bench.md"; fail "no table for the fast row"; }
 echo "model_bench: OK"
