@@ -27,7 +27,8 @@
 #       >= 45%, its loop costs < 3% more per step than it. Then where the time goes: each dpt-model-bench row's
 #       --kernel-steps table (every call of the kernel set between two CUDA events: time per operation and shape, and
 #       the time between calls; no profiler needed, on the CPU too), then dptrain's kernels under nsys (the timed
-#       steps only, cudaProfilerApi range) or, without nsys, ncu (one step).
+#       steps only, cudaProfilerApi range) or, without nsys, ncu (one step), and ncu's SpeedOfLight section for our
+#       own kernels of one step (how near each comes to the GPU's memory and SM limits; scripts/bench/ncu_sol.py).
 #       PyTorch's kernels from torch.profiler (a few steps after its timed ones), per mode.
 #   scripts/bench/gpt_bench.sh --cpu    here: a tiny GPT (4 layers, 4 heads, 128 wide, vocab 256, T 64, batch 16),
 #       fp32, one thread per process, the same four rows (the loop over gloo; compile is skipped by a torch
@@ -50,6 +51,8 @@
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
 #   BENCH_NCU                   1: ncu when there is no nsys; 0: never; auto (default): only when no --kernel-steps
 #                               table came back (ncu replays a GPT-2 step's kernels one by one: minutes)
+#   BENCH_NCU_SOL=0             GPU: no ncu SpeedOfLight table of dptrain's own kernels (one step, cuBLAS and cuDNN
+#                               left out; BENCH_NCU_SOL_TIMEOUT_S, default 120, caps it; it runs last)
 #   BENCH_LOG_DIR               each run's output and JSON (default $OUT/gpt-bench-logs, else /tmp/gpt-bench)
 #   BENCH_STRICT=1              exit 2 when a GPU target is missed (default: only reported)
 #   BENCH_SKIP_BUILD=1          CPU: do not build (default: builds dpt-model-bench, dptrain, dprun in $DPT_BUILD_DIR)
@@ -347,6 +350,8 @@ run_rows() {
       --steps "$S" --phase-steps "$P" "${KARGS[@]}" --json "$log.json" "${SHAPE_KV[@]}" train.bf16_activations=true \
       "train.deterministic=$([ "$variant" = fastnd ] && echo false || echo true)"
   done
+  # Last: ncu's SpeedOfLight for our own kernels (diagnostics; a short window's deadline takes it first).
+  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && want step; then sol_profile; fi
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk 'NF { v[++n] = $1 } END { if (n == 0) exit; if (n % 2) print v[(n + 1) / 2]; else print (v[n / 2] + v[n / 2 + 1]) / 2 }'; }
@@ -470,6 +475,40 @@ for k in ops:
         cells += [f"{v.get(k, 0.0):.3f}", f"{v.get(k, 0.0) - base.get(k, 0.0):+.3f}"]
     print(f"| {k} | " + " | ".join(cells) + " |")
 EOF
+}
+
+# Our own kernels against the GPU's limits: ncu's SpeedOfLight section (Memory, DRAM and SM throughput, % of peak)
+# for every kernel of ours (namespace dpt::) in one step of the fast row's model (else the step row's), cuBLAS and
+# cuDNN left out; scripts/bench/ncu_sol.py makes the table. A few replays per kernel: tens of seconds.
+SOL=""
+SOL_HOW=""
+sol_profile() {
+  local ncu rep=$LOG_DIR/dptrain_sol rc=0 limit fast=()
+  [ "${BENCH_NCU_SOL:-1}" = 1 ] || { SOL_HOW="not run (BENCH_NCU_SOL=0)"; return 0; }
+  if ! ncu=${NCU:-$(find_tool ncu)} || [ -z "$ncu" ]; then
+    SOL_HOW="not run: no ncu on this machine"
+    return 0
+  fi
+  limit=$(run_limit)
+  ((limit <= ${BENCH_NCU_SOL_TIMEOUT_S:-120})) || limit=${BENCH_NCU_SOL_TIMEOUT_S:-120}
+  if ((limit == 0)); then
+    SOL_HOW="not run: BENCH_DEADLINE reached"
+    return 0
+  fi
+  [ -z "${MS[fast]:-}" ] || fast=(train.bf16_activations=true)
+  echo "  kernels against the GPU's limits: $ncu --section SpeedOfLight (our kernels of one step)"
+  timeout -k 10 "$limit" "$ncu" --csv --page details --section SpeedOfLight --profile-from-start off \
+    --kernel-name-base demangled --kernel-name regex:'dpt::' "${DPT[@]}" "$MODEL_BENCH" --config "$CONFIG" \
+    --batch "$B" --warmup 1 --steps 1 --cuda-profiler-range "${SHAPE_KV[@]}" "${fast[@]}" \
+    >"$rep.csv" 2>"$rep.log" </dev/null || rc=$?
+  if ((rc == 0)) && SOL=$("$PY" scripts/bench/ncu_sol.py "$rep.csv" 1 2>>"$rep.log"); then
+    SOL_HOW="$("$ncu" --version 2>/dev/null | tail -1); one step of the $([ ${#fast[@]} -gt 0 ] && echo fast || echo step) row's model, every kernel of ours (dpt::) replayed at base clocks"
+    return 0
+  fi
+  SOL=""
+  SOL_HOW="ncu gave no table (exit $rc$( ((rc == 124 || rc == 137)) && echo ", timed out after ${limit}s"); see $(basename "$rep").log: $(grep -m1 -iE 'error|==ERROR==' "$rep.log" "$rep.csv" 2>/dev/null | cut -c1-160 | tr '|' '/' || true))"
+  echo "  kernels against the GPU's limits: $SOL_HOW"
+  return 0
 }
 
 KERNELS=""
@@ -681,6 +720,11 @@ report=$(
     echo
     echo "$KERNEL_HOW."
     [ -z "$KERNELS" ] || { echo; echo "$KERNELS"; }
+    echo
+    echo "## dptrain's own kernels against the GPU's limits (ncu SpeedOfLight)"
+    echo
+    echo "$SOL_HOW."
+    [ -z "$SOL" ] || { echo; echo "$SOL"; }
     for mode in compile eager; do
       tf=$LOG_DIR/torch_${mode}_kernels.txt
       [ -f "$tf" ] || continue

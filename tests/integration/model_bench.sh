@@ -7,7 +7,8 @@
 #  - an MLP's (images): its float32 GEMMs;
 #  - what it refuses (a negative --kernel-steps: exit 2);
 #  - scripts/bench/gpt_bench.sh --cpu with the step row only: its report has the step row's table by operation; with
-#    the fast row and the fastsep A/B row: the A/B table by operation.
+#    the fast row and the fastsep A/B row: the A/B table by operation;
+#  - scripts/bench/ncu_sol.py (the GPU report's ncu SpeedOfLight table) on a CSV in ncu's layout.
 source "$(dirname "$0")/lib/common.bash"
 BENCH=$DPT_BUILD_DIR/bench/dpt-model-bench
 GPT=(model.name=gpt model.n_layer=2 model.n_head=2 model.n_embd=32 model.vocab_size=100 model.block_size=16
@@ -92,4 +93,27 @@ grep -qE '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [-+][0-9.]+ \|$' "$WORK/ab/gp
   || { cat "$WORK/ab/gpt-bench.md"; fail "the A/B table lacks matmul_bf16"; }
 grep -q '^## dptrain (fast row): where the time goes, by operation' "$WORK/ab/gpt-bench.md" \
   || { cat "$WORK/ab/gpt-bench.md"; fail "no table for the fast row"; }
+# ncu_sol.py, the GPU report's SpeedOfLight table, on ncu's CSV layout (--csv --page details): two launches of one
+# kernel averaged weighted by their duration (30 us at 60%, 10 us at 80%: 65%), units converted, thousands separators
+# read, a metric no launch had shown as -, cuBLAS-free short names; no CSV: exit 1.
+Q='"'
+row() {  # ID KERNEL METRIC UNIT VALUE
+  echo "${Q}$1${Q},${Q}9${Q},${Q}dpt-model-bench${Q},${Q}h${Q},${Q}$2${Q},${Q}1${Q},${Q}7${Q},${Q}(256, 1, 1)${Q},${Q}(64, 1, 1)${Q},${Q}0${Q},${Q}9.0${Q},${Q}GPU Speed Of Light Throughput${Q},${Q}$3${Q},${Q}$4${Q},${Q}$5${Q}"
+}
+LN='void dpt::models::cuda_launch::(anonymous namespace)::layernorm_forward_kernel<dpt::BFloat16>(const T1 *, float *, long)'
+CL='void dpt::models::cuda_launch::classifier_kernel(dpt::BFloat16 *, const int *, long)'
+{
+  echo "==PROF== Connected to process 9"
+  echo '"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream","Block Size","Grid Size","Device","CC","Section Name","Metric Name","Metric Unit","Metric Value"'
+  row 0 "$LN" "Memory Throughput" % 60.00; row 0 "$LN" "DRAM Throughput" % 55.00
+  row 0 "$LN" "Duration" usecond 30.00; row 0 "$LN" "Compute (SM) Throughput" % 20.00; row 0 "$LN" "SM Frequency" Ghz 1.98
+  row 1 "$LN" "Memory Throughput" % 80.00; row 1 "$LN" "DRAM Throughput" % 75.00
+  row 1 "$LN" "Duration" msecond 0.01; row 1 "$LN" "Compute (SM) Throughput" % 40.00
+  row 2 "$CL" "Duration" usecond "1,200.00"; row 2 "$CL" "Memory Throughput" % 45.50
+} > "$WORK/sol.csv"
+"$PY" "$DPT_SOURCE_DIR/scripts/bench/ncu_sol.py" "$WORK/sol.csv" 1 > "$WORK/sol.md" || { cat "$WORK/sol.md"; fail "ncu_sol.py failed"; }
+grep -qxF '| `classifier_kernel` | 1 | 1200.0 | 96.8 | 45.5 | - | - |' "$WORK/sol.md" || { cat "$WORK/sol.md"; fail "ncu_sol.py: classifier row"; }
+grep -qxF '| `layernorm_forward_kernel<...>` | 2 | 40.0 | 3.2 | 65.0 | 60.0 | 25.0 |' "$WORK/sol.md" \
+  || { cat "$WORK/sol.md"; fail "ncu_sol.py: layernorm row"; }
+expect_exit 1 "no ncu CSV header" "$PY" "$DPT_SOURCE_DIR/scripts/bench/ncu_sol.py" /dev/null 1
 echo "model_bench: OK"
