@@ -232,7 +232,8 @@ struct OnlineSoftmax {
 
   DPT_HD void push(float x, int64_t c) {
     if (x > m) {
-      sum = sum * expf(m - x) + 1.0f;  // expf(-inf) = 0 for the first column
+      // expf(-inf) = 0 for the first column; expf(x - x) is 1, and NaN for x = +inf, as push8 and the CPU give it.
+      sum = sum * expf(m - x) + expf(x - x);
       m = x;
       arg = c;
     } else if (x != -INFINITY) {
@@ -257,11 +258,13 @@ struct OnlineSoftmax {
     for (int i = 0; i < 8; ++i)
       if (c0 + i < vocab && x[i] != -INFINITY) sum += expf(x[i] - m);
   }
-  // Another thread's columns merged in; on equal maxima the lower column wins.
+  // Another thread's columns merged in; on equal maxima the lower column wins. A side with no column above -inf
+  // keeps its sum as it is: 0, or NaN from a NaN column, which must reach the loss (expf(-inf - -inf) would be NaN
+  // for a sum of 0, and 0 in place of the sum would drop a NaN).
   DPT_HD void merge(const OnlineSoftmax& o) {
     const float mx = fmaxf(m, o.m);
-    const float s1 = m == -INFINITY ? 0.0f : sum * expf(m - mx);
-    const float s2 = o.m == -INFINITY ? 0.0f : o.sum * expf(o.m - mx);
+    const float s1 = m == -INFINITY ? sum : sum * expf(m - mx);
+    const float s2 = o.m == -INFINITY ? o.sum : o.sum * expf(o.m - mx);
     if (o.m > m || (o.m == m && o.arg < arg)) arg = o.arg;
     m = mx;
     sum = s1 + s2;

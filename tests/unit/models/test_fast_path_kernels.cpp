@@ -381,6 +381,18 @@ TEST_CASE("the classifier's online softmax: eight columns at a time or one, merg
   z[100] = NAN;
   CHECK(std::isnan(classifier_pass1(z, 4096, true).sum));
   CHECK(std::isnan(classifier_pass1(z, 4096, false).sum));
+  // A thread whose columns are all NaN (thread 0's vector 0, or its columns 0, 256, 512, 768 one at a time) keeps
+  // m = -inf with a NaN sum: the merge carries the NaN (it once took such a thread's sum as 0: a finite loss).
+  std::vector<float> nan_vector(1024, 0.5f), nan_columns(1024, 0.5f);
+  std::fill_n(nan_vector.begin(), 8, NAN);
+  for (const size_t c : {0, 256, 512, 768}) nan_columns[c] = NAN;
+  CHECK(std::isnan(classifier_pass1(nan_vector, 1000, true).sum));
+  CHECK(std::isnan(classifier_pass1(nan_columns, 1000, false).sum));
+  // An overflowed logit (+inf): exp(inf - inf) is NaN on every path, as the CPU set's loop gives it.
+  std::vector<float> pinf(1024, 0.5f);
+  pinf[300] = INFINITY;
+  CHECK(std::isnan(classifier_pass1(pinf, 1000, true).sum));
+  CHECK(std::isnan(classifier_pass1(pinf, 1000, false).sum));
   const std::vector<float> all_inf(16, -INFINITY);
   CHECK(classifier_pass1(all_inf, 16, true).sum == 0.0f);
   CHECK(classifier_pass1(all_inf, 16, false).sum == 0.0f);
