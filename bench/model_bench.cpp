@@ -441,7 +441,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
   return r;
 }
 
-// --kernel-steps's lines: per step, the span of the kernel set's calls and the time between them, then the
+// --kernel-steps's lines: per step, the span, the time in the kernel set's calls and outside them, then the
 // operations, most time first.
 void print_kernels(const Result& r, const Options& o) {
   const double n = o.kernel_steps, span = r.kernel_total_ms / n;
