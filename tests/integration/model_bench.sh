@@ -72,27 +72,28 @@ check_json "$WORK/mlp.json" "ops['gemm'] >= 4" "ops['bias_act'] == 2" "ops['soft
 
 expect_exit 2 "kernel-steps" "$BENCH" --kernel-steps -1 "${GPT[@]}"
 
-# The benchmark script's report: the step row's table by operation (no torch rows: BENCH_ROWS=step).
-OUT="$WORK/gb" BENCH_ROWS=step BENCH_SKIP_BUILD=1 BENCH_WARMUP=1 BENCH_STEPS=4 BENCH_PHASE_STEPS=1 GPT_N_LAYER=2 \
-  GPT_N_EMBD=64 GPT_SEQ=32 GPT_BATCH=2 DPT_BUILD_DIR="$DPT_BUILD_DIR" bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" \
-  --cpu > "$WORK/gb.log" 2>&1 || { cat "$WORK/gb.log"; fail "gpt_bench.sh --cpu failed"; }
-grep -q '^## dptrain (step row): where the time goes, by operation' "$WORK/gb/gpt-bench.md" \
-  || { cat "$WORK/gb/gpt-bench.md"; fail "the report has no table by operation"; }
-grep -qE '^\| [0-9.]+ \| [0-9.]+ \| 2 \| gemm \| M 64 N 192 K 64 B\^T \|$' "$WORK/gb/gpt-bench.md" \
-  || { cat "$WORK/gb/gpt-bench.md"; fail "the report's table lacks the qkv product"; }
-grep -qE "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| the step's span \|" "$WORK/gb/gpt-bench.md" \
-  || { cat "$WORK/gb/gpt-bench.md"; fail "the report's table lacks the span"; }
+# gpt_bench NAME ENV...: scripts/bench/gpt_bench.sh --cpu at a tiny shape (1 warm-up + 4 steps), its report in
+# $WORK/NAME/gpt-bench.md; ENV selects the rows. has NAME ERE WHAT: that report has a line matching ERE.
+gpt_bench() {
+  local name=$1
+  shift
+  env OUT="$WORK/$name" BENCH_SKIP_BUILD=1 BENCH_WARMUP=1 BENCH_STEPS=4 BENCH_PHASE_STEPS=1 GPT_N_LAYER=2 GPT_N_EMBD=64 \
+    GPT_SEQ=32 GPT_BATCH=2 DPT_BUILD_DIR="$DPT_BUILD_DIR" "$@" bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu \
+    > "$WORK/$name.log" 2>&1 || { cat "$WORK/$name.log"; fail "gpt_bench.sh --cpu ($*) failed"; }
+}
+has() { grep -qE "$2" "$WORK/$1/gpt-bench.md" || { cat "$WORK/$1/gpt-bench.md"; fail "$1's report: $3"; }; }
+
+# The step row's table by operation (no torch rows: BENCH_ROWS=step).
+gpt_bench gb BENCH_ROWS=step
+has gb '^## dptrain \(step row\): where the time goes, by operation' "no table by operation"
+has gb '^\| [0-9.]+ \| [0-9.]+ \| 2 \| gemm \| M 64 N 192 K 64 B\^T \|$' "the table lacks the qkv product"
+has gb "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| the step's span \|" "the table lacks the span"
 # The fast row and an A/B row: the A/B table by operation (the bias gradients as column sums move matmul_bf16's time;
 # here on the CPU only by noise).
-OUT="$WORK/ab" BENCH_PRECISION=bf16 BENCH_ROWS="fast fastsep" BENCH_SKIP_BUILD=1 BENCH_WARMUP=1 BENCH_STEPS=4 \
-  BENCH_PHASE_STEPS=1 GPT_N_LAYER=2 GPT_N_EMBD=64 GPT_SEQ=32 GPT_BATCH=2 DPT_BUILD_DIR="$DPT_BUILD_DIR" \
-  bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu > "$WORK/ab.log" 2>&1 || { cat "$WORK/ab.log"; fail "gpt_bench.sh A/B failed"; }
-grep -q '^## The A/B rows against the fast row, by operation' "$WORK/ab/gpt-bench.md" \
-  || { cat "$WORK/ab/gpt-bench.md"; fail "no A/B table"; }
-grep -qE '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [-+][0-9.]+ \|$' "$WORK/ab/gpt-bench.md" \
-  || { cat "$WORK/ab/gpt-bench.md"; fail "the A/B table lacks matmul_bf16"; }
-grep -q '^## dptrain (fast row): where the time goes, by operation' "$WORK/ab/gpt-bench.md" \
-  || { cat "$WORK/ab/gpt-bench.md"; fail "no table for the fast row"; }
+gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep"
+has ab '^## The A/B rows against the fast row, by operation' "no A/B table"
+has ab '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [-+][0-9.]+ \|$' "the A/B table lacks matmul_bf16"
+has ab '^## dptrain \(fast row\): where the time goes, by operation' "no table for the fast row"
 # ncu_sol.py, the GPU report's SpeedOfLight table, on ncu's CSV layout (--csv --page details): two launches of one
 # kernel averaged weighted by their duration (30 us at 60%, 10 us at 80%: 65%), units converted, thousands separators
 # read, a metric no launch had shown as -, cuBLAS-free short names; no CSV: exit 1.
