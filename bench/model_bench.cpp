@@ -497,7 +497,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--kernel-steps", o.kernel_steps,
                  "after those, this many steps with a clock around every kernel-set call: time per operation and "
                  "shape (CUDA events on a GPU)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--kernel-lines", o.kernel_lines, "the operations --kernel-steps prints, most time first (the JSON "
                  "has them all)")
       ->check(CLI::PositiveNumber)
@@ -514,6 +515,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       "  dpt-model-bench --batch 128 --shape 3,224,224 --classes 1000 model.name=resnet model.depth=34 \\\n"
       "      train.device=cuda train.precision=bf16 --json resnet34.json\n"
       "  dpt-model-bench --config configs/gpt2_124m.toml --batch 16 train.device=cuda   # GPT-2 124M, T 1024\n"
+      "  dpt-model-bench --config configs/gpt2_124m.toml --batch 16 --kernel-steps 3 train.device=cuda \\\n"
+      "      train.precision=bf16 train.bf16_activations=true   # the fast path, and its time by operation\n"
       "Exit status: 0 on success, 1 when the step failed or the loss was not finite, 2 for a usage or config "
       "error.");
   try {
