@@ -393,7 +393,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
     model->zero_grad();
     const Tensor& logits = model->forward(x);
     if (c) c->mark(1);
-    loss.accumulate(logits, y, k, stats, /*backward=*/true);
+    loss.accumulate(logits, y, model->kernels(), stats, /*backward=*/true);  // k, or --kernel-steps' TimedKernels
     if (c) c->mark(2);
     model->backward(loss.grad());
     if (c) c->mark(3);
@@ -425,11 +425,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
     model->set_kernels(timed);
     for (int i = 0; i < o.kernel_steps; ++i) {
       timed.begin_step();  // the span from here: zeroing the gradients and the bf16 copy count, between calls
-      model->zero_grad();
-      const Tensor& logits = model->forward(x);
-      loss.accumulate(logits, y, timed, stats, /*backward=*/true);
-      model->backward(loss.grad());
-      optimizer.step(lr);
+      step(nullptr);
       timed.collect();
     }
     model->set_kernels(k);
