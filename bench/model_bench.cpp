@@ -29,7 +29,10 @@
 // every call between two clock reads: CUDA events on a GPU): the time per step of each operation and shape of the
 // kernel set ("matmul_bf16: M 16384 N 2304 K 768 B^T, bias, bf16 D"), most first, and the rest of each step's span
 // (other GPU work, the GPU idle), as comment lines and in the JSON. A breakdown by call of the kernel set (one call
-// may launch several kernels) that needs no profiler, and only a few more steps of device time.
+// may launch several kernels) that needs no profiler, and only a few more steps of device time. Each row also gets
+// its work (TimedKernels's Work: FLOPs of its products, bytes it must move), the rates it reached, and, where the
+// device's peaks are known (the bf16 table and the memory's clock and bus on a GPU; --peak-tflops, --peak-gbps),
+// its floor: how far each operation, cuBLASLt's and cuDNN's included, sits from the roofline.
 //
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>
@@ -93,6 +96,8 @@ struct Options {
   int phase_steps = 0;
   int kernel_steps = 0;
   int kernel_lines = 30;
+  double peak_tflops = 0;  // 0: the device's from cuda::dense_bf16_peak_flops's table
+  double peak_gbps = 0;    // 0: the device's from its memory clock and bus width
   bool profiler_range = false;
   std::string json_path;
 };
@@ -123,7 +128,16 @@ struct Result {
   // --kernel-steps: TimedKernels's rows, and its span and time between calls, per step.
   std::vector<models::TimedKernels::Row> kernels;
   double kernel_total_ms = 0, kernel_between_ms = 0;
+  // The device's peaks for the rows' floors (TimedKernels::floor_ms): dense bf16 FLOP/s and memory bytes/s; 0 where
+  // not known (the CPU, a GPU not in the table).
+  double tensor_peak_flops = 0, peak_bytes_per_s = 0;
 };
+
+// A row's floor in ms per step (negative: not known) and the sum of the known ones.
+double kernel_floor_ms(const models::TimedKernels::Row& k, const Result& r, double steps) {
+  const double f = models::TimedKernels::floor_ms(k, r.tensor_peak_flops, r.peak_bytes_per_s);
+  return f < 0 ? f : f / steps;
+}
 
 // "resnet18: 11181642 parameters" -> "resnet18"; "resnet18 (small stem): ..." -> "resnet18-small"; a
 // name with spaces (model.blocks) keeps its first word.
@@ -211,12 +225,29 @@ void write_json(const std::string& path, const Result& r, const Options& o) {
   if (o.kernel_steps > 0) {
     const double n = o.kernel_steps;
     nlohmann::json rows = nlohmann::json::array();
-    for (const auto& k : r.kernels)
-      rows.push_back({{"op", k.op}, {"shape", k.shape}, {"calls_per_step", k.calls / n}, {"ms_per_step", k.ms / n}});
+    double floor_sum = 0;
+    int64_t floor_unknown = 0;
+    for (const auto& k : r.kernels) {
+      const double floor = kernel_floor_ms(k, r, n);
+      if (floor < 0) ++floor_unknown;
+      else floor_sum += floor;
+      rows.push_back({{"op", k.op},
+                      {"shape", k.shape},
+                      {"calls_per_step", k.calls / n},
+                      {"ms_per_step", k.ms / n},
+                      {"flops_per_step", k.flops / n},
+                      {"bytes_per_step", k.bytes / n},
+                      {"tensor_cores", k.tensor},
+                      {"floor_ms_per_step", floor < 0 ? nlohmann::json(nullptr) : nlohmann::json(floor)}});
+    }
     j["kernel_steps"] = o.kernel_steps;
     j["kernels"] = rows;
     j["kernel_total_ms_per_step"] = r.kernel_total_ms / n;
     j["kernel_between_ms_per_step"] = r.kernel_between_ms / n;
+    j["tensor_peak_flops"] = r.tensor_peak_flops;
+    j["peak_bytes_per_s"] = r.peak_bytes_per_s;
+    j["kernel_floor_ms_per_step"] = floor_sum;  // the known floors' sum
+    j["kernel_floor_unknown_rows"] = floor_unknown;
   }
   std::ofstream f(path);
   f << j.dump(2) << "\n";
@@ -300,6 +331,10 @@ Result describe_run(const models::Model& model, const trainer::Config& cfg, Devi
   r.device = device.str();
   r.device_name = device.is_cuda() ? cuda::device_description(device.index)
                                    : fmt::format("cpu (OpenBLAS {} kernels)", models::blas_core());
+  if (device.is_cuda()) {
+    r.tensor_peak_flops = cuda::dense_bf16_peak_flops(cuda::device_name(device.index));
+    r.peak_bytes_per_s = cuda::memory_bandwidth_bytes_per_s(device.index);
+  }
   if (gpt) {  // a language model: the GPT, or another family (a llama) with its own FLOPs from the registry
     r.tokens = true;
     r.seq = cfg.model.block_size;
@@ -381,6 +416,11 @@ Result run(const Options& o, const trainer::Config& cfg) {
   Tensor stats = Tensor::zeros({3}, DType::F64, device);  // summed loss, correct: on the device
 
   Result r = describe_run(*model, cfg, device, gpt);
+  if (o.peak_tflops > 0) {  // the user's peak over the table's: for MFU and the floors
+    r.tensor_peak_flops = o.peak_tflops * 1e12;
+    if (gpt) r.peak_flops = r.tensor_peak_flops;
+  }
+  if (o.peak_gbps > 0) r.peak_bytes_per_s = o.peak_gbps * 1e9;
   const int64_t rows_per_step = gpt ? o.batch * T : o.batch;  // loss rows: examples, or tokens
   const std::string example = gpt ? fmt::format("{}", T) : fmt::format("{}", fmt::join(o.shape, ", "));
   spdlog::info("{} on {}, precision {}, batch [{}, {}], {} warm-up + {} timed steps", model->summary(),
@@ -438,21 +478,43 @@ Result run(const Options& o, const trainer::Config& cfg) {
 }
 
 // --kernel-steps's lines: per step, the span, the time in the kernel set's calls and outside them, then the
-// operations, most time first.
+// operations, most time first, each with its achieved arithmetic and memory rates and its time over its floor
+// (TimedKernels::floor_ms: "-" where a peak is not known), and the floors' sum: the step on the roofline.
 void print_kernels(const Result& r, const Options& o) {
   const double n = o.kernel_steps, span = r.kernel_total_ms / n;
   const auto share = [&](double ms) { return span > 0 ? 100 * ms / span : 0.0; };
-  double in_calls = 0;
-  for (const auto& k : r.kernels) in_calls += k.ms / n;
+  double in_calls = 0, floor_sum = 0;
+  size_t floor_unknown = 0;
+  for (const auto& k : r.kernels) {
+    in_calls += k.ms / n;
+    const double f = kernel_floor_ms(k, r, n);
+    if (f < 0) ++floor_unknown;
+    else floor_sum += f;
+  }
   fmt::print("# kernels, mean of {} more steps ({}): a step's span {:.3f} ms: {:.3f} ms in {} operation(s) of the "
              "kernel set, {:.3f} ms ({:.1f}%) outside them\n",
              o.kernel_steps, r.device.starts_with("cuda") ? "CUDA events around each call" : "steady_clock", span,
              in_calls, r.kernels.size(), r.kernel_between_ms / n, share(r.kernel_between_ms / n));
-  fmt::print("# kernel {:>9} {:>6} {:>6}  {}\n", "ms/step", "%", "calls", "operation: shape");
+  if (r.peak_bytes_per_s > 0)
+    fmt::print("# kernels' floors: {:.3f} ms/step for {} operation(s) at the device's peaks ({} dense bf16, {:.4g} GB/s)"
+               "{}: the span is {:.2f}x that\n",
+               floor_sum, r.kernels.size() - floor_unknown,
+               r.tensor_peak_flops > 0 ? fmt::format("{:.4g} TFLOP/s", r.tensor_peak_flops / 1e12) : "- TFLOP/s",
+               r.peak_bytes_per_s / 1e9,
+               floor_unknown ? fmt::format(", {} without one", floor_unknown) : std::string(),
+               floor_sum > 0 ? span / floor_sum : 0.0);
+  fmt::print("# kernel {:>9} {:>6} {:>6} {:>8} {:>8} {:>7}  {}\n", "ms/step", "%", "calls", "TFLOP/s", "GB/s", "x floor",
+             "operation: shape");
+  const auto rate = [](double amount, double ms, double unit) {
+    return amount > 0 && ms > 0 ? fmt::format("{:.4g}", amount / (ms * 1e-3) / unit) : std::string("-");
+  };
   const size_t shown = std::min(r.kernels.size(), static_cast<size_t>(o.kernel_lines));
   for (size_t i = 0; i < shown; ++i) {
     const auto& k = r.kernels[i];
-    fmt::print("# kernel {:>9.3f} {:>6.1f} {:>6g}  {}: {}\n", k.ms / n, share(k.ms / n), k.calls / n, k.op, k.shape);
+    const double floor = kernel_floor_ms(k, r, n);
+    fmt::print("# kernel {:>9.3f} {:>6.1f} {:>6g} {:>8} {:>8} {:>7}  {}: {}\n", k.ms / n, share(k.ms / n), k.calls / n,
+               rate(k.flops, k.ms, 1e12), rate(k.bytes, k.ms, 1e9),
+               floor > 0 ? fmt::format("{:.2f}", k.ms / n / floor) : std::string("-"), k.op, k.shape);
   }
   if (shown < r.kernels.size()) {
     double rest = 0;
@@ -499,6 +561,14 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
                  "has them all)")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
+  app.add_option("--peak-tflops", o.peak_tflops,
+                 "the device's dense bf16 peak in TFLOP/s, for MFU and --kernel-steps' floors (default: dptrain's table "
+                 "of H100, H200, H800, A100 and A800; other devices have none, and no MFU)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--peak-gbps", o.peak_gbps,
+                 "the device's memory bandwidth in GB/s, for --kernel-steps' floors (default on a GPU: its memory clock "
+                 "x bus width x 2; none on the CPU)")
+      ->check(CLI::PositiveNumber);
   app.add_flag("--cuda-profiler-range", o.profiler_range,
                "the timed steps between cudaProfilerStart/Stop (nsys profile --capture-range=cudaProfilerApi)");
   app.add_option("--json", o.json_path, "also write the result to this file as JSON");
@@ -577,7 +647,7 @@ int main(int argc, char** argv) {
                "{} (lr {}), one batch made on the device\n",
                r.model, r.params, r.device_name, trainer::choice_name(cfg.train.optimizer), cfg.train.lr);
     const std::string peak =
-        r.peak_flops > 0 ? fmt::format("{:.0f} TFLOP/s", r.peak_flops / 1e12) : std::string("- (unknown here)");
+        r.peak_flops > 0 ? fmt::format("{:.4g} TFLOP/s", r.peak_flops / 1e12) : std::string("- (unknown here)");
     if (r.tokens && r.params_no_wpe > 0)
       fmt::print("# tokens: vocab {} (padded to {}), T {}; {:.4g} FLOP/token (6 N + 12 L T C, N = {} without wpe); "
                  "MFU against a dense bf16 peak of {}\n",

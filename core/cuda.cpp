@@ -59,6 +59,16 @@ std::string device_name(int index) {
   return prop.name;
 }
 
+double memory_bandwidth_bytes_per_s(int index) {
+  int khz = 0, bits = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, index) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0.0;
+  }
+  return 2.0 * khz * 1e3 * bits / 8.0;
+}
+
 void set_device(int index) { DPT_CUDA_CHECK(cudaSetDevice(index)); }
 int current_device() {
   int d = 0;
@@ -230,6 +240,7 @@ int device_count() { return 0; }
 std::string unavailable_reason() { return "this dptrain was built without CUDA"; }
 std::string device_description(int) { no_cuda("device_description"); }
 std::string device_name(int) { no_cuda("device_name"); }
+double memory_bandwidth_bytes_per_s(int) { no_cuda("memory_bandwidth_bytes_per_s"); }
 void set_device(int) { no_cuda("set_device"); }
 int current_device() { no_cuda("current_device"); }
 void device_synchronize() { no_cuda("device_synchronize"); }

@@ -924,7 +924,7 @@ step_bench_gpt() {
     BENCH_LOG_DIR="$STEP_DIR/bench_gpt" BENCH_DEADLINE=$(($(date +%s) + limit - 15)) BENCH_WARMUP=3 BENCH_STEPS=20 \
     BENCH_PHASE_STEPS=3 BENCH_PROFILE_STEPS=3 BENCH_RUN_TIMEOUT_S=180 BENCH_RESULTS="$STEP_DIR/results-gpt.jsonl" \
     bash scripts/bench/gpt_bench.sh --gpu || rc=$?
-  grep -E '^\||^targets|^dptrain.s step by phase|^GEMM kernels|^Matrix products' "$logfile" | tee -a "$MAIN_LOG" || true
+  grep -E '^\||^targets|^dptrain.s step by phase|^GEMM kernels|^Matrix products|^Floors' "$logfile" | tee -a "$MAIN_LOG" || true
   NOTE=$(grep -E '^targets' "$logfile" | tail -1 || true)
   ((rc == 0)) || NOTE="exit $rc ${NOTE}"
   return $((rc != 0))

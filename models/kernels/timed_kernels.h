@@ -10,6 +10,11 @@
 // Work that is not a call of the set (the parameters' bf16 copy, zeroing the gradients, copies) and any idle GPU
 // time add up in between_ms(): between calls, and, with begin_step(), from the step's start to its first call and
 // from its last call to collect().
+//
+// Each call also counts its work (Work): the products' arithmetic and the bytes its operands must move at least.
+// Against a device's peaks, a row's floor (floor_ms) is the least time its calls could take: the gap between a row's
+// time and its floor says which operations sit far from the roofline, library calls (cuBLASLt, cuDNN) included,
+// where ncu's section sees only our own kernels.
 #pragma once
 
 #include <chrono>
@@ -26,6 +31,19 @@ class Event;
 
 namespace dpt::models {
 
+// A call's work, the least it must do: `flops`, the products' arithmetic (a multiply-add 2 FLOPs; a causal
+// attention's masked half and its backward's recomputation not counted; elementwise arithmetic not counted), and
+// `bytes`, its operands in their dtypes each read once and its outputs each written once (an accumulated output read
+// and written). `tensor`: the products run in bf16 or fp16 (their peak is the tensor cores'), else float32.
+struct Work {
+  double flops = 0, bytes = 0;
+  bool tensor = false;
+};
+// The work of matmul_bf16 (aux: the BiasGelu pre-activation written) and of a causal attention's forward or backward
+// (backward twice the forward's products: dQ, dK, dV and dP).
+Work matmul_work(const MatmulShape& s, bool aux);
+Work attention_work(const AttentionShape& s, bool backward);
+
 class TimedKernels final : public Kernels {
  public:
   // Clocks `inner`'s calls; `inner` must outlive this.
@@ -40,7 +58,13 @@ class TimedKernels final : public Kernels {
     std::string shape;  // its sizes and variant: "M 16384 N 2304 K 768, bias, bf16"
     int64_t calls = 0;
     double ms = 0;
+    double flops = 0, bytes = 0;  // Work summed over the calls
+    bool tensor = false;
   };
+  // The least time a row's calls could take on a device with these peaks (FLOP/s of its products' kind: the bf16
+  // tensor-core peak for a `tensor` row; bytes/s of its memory): the larger of flops / peak and bytes / bandwidth.
+  // Negative when not known: a peak of 0 that the row needs (the CPU; a float32 product's peak is not in the table).
+  static double floor_ms(const Row& r, double tensor_peak_flops, double peak_bytes_per_s);
   // Marks the start of a step, before anything of it is enqueued (zeroing the gradients): its span then runs from
   // here to collect(). Without it, from the step's first call to its last.
   void begin_step();
@@ -156,11 +180,12 @@ class TimedKernels final : public Kernels {
   struct Call {
     const char* op;
     std::string shape;
+    Work work;
     size_t start, end;  // clock marks
   };
   // Runs f() between two clock marks and keeps the call.
   template <class F>
-  void timed(const char* op, std::string shape, F&& f);
+  void timed(const char* op, std::string shape, Work work, F&& f);
   size_t mark();                             // a clock reading now (the stream's position on a GPU)
   double ms_between(size_t a, size_t b) const;  // from mark a to mark b; after collect()'s wait
 
@@ -174,6 +199,8 @@ class TimedKernels final : public Kernels {
   struct Total {
     int64_t calls = 0;
     double ms = 0;
+    double flops = 0, bytes = 0;
+    bool tensor = false;
   };
   std::map<std::pair<std::string, std::string>, Total> totals_;  // by (op, shape)
   double total_ms_ = 0, between_ms_ = 0;

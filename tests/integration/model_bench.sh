@@ -40,12 +40,16 @@ for mode in fp32 fast; do
   grep -q '^# phases, mean of 1 more steps: forward' "$WORK/$mode.out" || { cat "$WORK/$mode.out"; fail "$mode: no phases"; }
   grep -q '^# kernels, mean of 2 more steps (steady_clock)' "$WORK/$mode.out" \
     || { cat "$WORK/$mode.out"; fail "$mode: no kernels line"; }
-  grep -qE '^# kernel +[0-9.]+ +[0-9.]+ +1  embedding_forward: 32 x 32$' "$WORK/$mode.out" \
+  # ms/step, %, calls, TFLOP/s ("-": no products), GB/s, x floor ("-": no peaks on the CPU), the operation.
+  grep -qE '^# kernel +[0-9.]+ +[0-9.]+ +1 +- +[0-9.e+-]+ +-  embedding_forward: 32 x 32$' "$WORK/$mode.out" \
     || { cat "$WORK/$mode.out"; fail "$mode: no embedding_forward row"; }
   common=("j['kernel_steps'] == 2" "math.isfinite(j['loss'])" "j['tokens_per_s'] > 0"
     "ops['embedding_forward'] == 1" "ops['embedding_backward'] == 1"
     "abs(sum(r['ms_per_step'] for r in j['kernels']) + j['kernel_between_ms_per_step'] - j['kernel_total_ms_per_step']) < 1e-6 * j['kernel_total_ms_per_step'] + 1e-9"
-    "all(j['kernels'][i]['ms_per_step'] >= j['kernels'][i + 1]['ms_per_step'] for i in range(len(j['kernels']) - 1))")
+    "all(j['kernels'][i]['ms_per_step'] >= j['kernels'][i + 1]['ms_per_step'] for i in range(len(j['kernels']) - 1))"
+    "all(r['bytes_per_step'] > 0 and r['floor_ms_per_step'] is None for r in j['kernels'])"
+    "j['peak_bytes_per_s'] == 0 and j['kernel_floor_unknown_rows'] == len(j['kernels'])")
+  ! grep -q "^# kernels' floors" "$WORK/$mode.out" || fail "$mode: floors printed without the device's peaks"
   if [ "$mode" = fp32 ]; then
     check_json "$WORK/$mode.json" "${common[@]}" "ops['layernorm_forward'] == 2 * $L + 1" "ops['softmax_xent'] == 1" \
       "'matmul_bf16' not in ops" "ops['adamw_fused'] == 1"
@@ -59,11 +63,36 @@ done
 # --kernel-lines: that many operations printed, then one line for the rest (the JSON keeps them all).
 "$BENCH" --batch 2 --warmup 1 --steps 2 --kernel-steps 1 --kernel-lines 3 --json "$WORK/lines.json" "${GPT[@]}" \
   > "$WORK/lines.out" 2>&1 || { cat "$WORK/lines.out"; fail "--kernel-lines 3 failed"; }
-[ "$(grep -cE '^# kernel +[0-9.]+ +[0-9.]+ +[0-9.]+  [a-z_0-9]+: ' "$WORK/lines.out")" = 3 ] \
+[ "$(grep -cE '^# kernel +[0-9.]+ +[0-9.]+ +[0-9.]+ +[-0-9.e+]+ +[-0-9.e+]+ +[-0-9.]+  [a-z_0-9]+: ' "$WORK/lines.out")" = 3 ] \
   || { cat "$WORK/lines.out"; fail "--kernel-lines 3 did not print 3 operations"; }
 grep -qE '^# kernel +[0-9.]+ +[0-9.]+ +the other [0-9]+ operation\(s\)' "$WORK/lines.out" \
   || { cat "$WORK/lines.out"; fail "no line for the other operations"; }
 check_json "$WORK/lines.json" "len(j['kernels']) > 3"
+
+# --peak-tflops, --peak-gbps: peaks the CPU lacks, so each row gets its floor, the larger of its FLOPs at the tensor
+# peak (bf16 products only) and its bytes at the bandwidth; the JSON's floors are that, their sum the printed one;
+# MFU is shown against that peak. On float32 activations the gemms' floors are not known (no float32 peak).
+for mode in fp32 fast; do
+  extra=()
+  [ "$mode" = fp32 ] || extra=(train.precision=bf16 train.bf16_activations=true)
+  "$BENCH" --batch 2 --warmup 1 --steps 2 --kernel-steps 2 --peak-tflops 0.05 --peak-gbps 5 --json "$WORK/peaks_$mode.json" \
+    "${GPT[@]}" "${extra[@]}" > "$WORK/peaks_$mode.out" 2>&1 || { cat "$WORK/peaks_$mode.out"; fail "peaks $mode failed"; }
+  grep -qE "^# kernels' floors: [0-9.]+ ms/step for [0-9]+ operation\(s\) at the device's peaks \(0.05 TFLOP/s dense bf16, 5 GB/s\)" \
+    "$WORK/peaks_$mode.out" || { cat "$WORK/peaks_$mode.out"; fail "peaks $mode: no floors line"; }
+  grep -qE '^ +dptrain +step .* bf16|fp32' "$WORK/peaks_$mode.out" || fail "peaks $mode: no table row"
+  floors=("j['tensor_peak_flops'] == 0.05e12 and j['peak_bytes_per_s'] == 5e9" "j['mfu'] is not None and j['mfu'] > 0"
+    "all(r['floor_ms_per_step'] is None or abs(r['floor_ms_per_step'] - 1e3 * max(r['flops_per_step'] / 0.05e12 if r['flops_per_step'] else 0, r['bytes_per_step'] / 5e9)) <= 1e-9 * r['floor_ms_per_step'] for r in j['kernels'])"
+    "abs(j['kernel_floor_ms_per_step'] - sum(r['floor_ms_per_step'] or 0 for r in j['kernels'])) <= 1e-9 * j['kernel_floor_ms_per_step']"
+    "j['kernel_floor_unknown_rows'] == sum(r['floor_ms_per_step'] is None for r in j['kernels'])")
+  if [ "$mode" = fp32 ]; then
+    check_json "$WORK/peaks_$mode.json" "${floors[@]}" \
+      "all((r['floor_ms_per_step'] is None) == (r['op'] in ('gemm', 'gemm_strided_batched')) for r in j['kernels'])"
+    grep -qE "^# kernels' floors: .*GB/s\), [0-9]+ without one: the span" "$WORK/peaks_$mode.out" || fail "peaks fp32: the unknown floors not said"
+  else
+    check_json "$WORK/peaks_$mode.json" "${floors[@]}" "j['kernel_floor_unknown_rows'] == 0" \
+      "all(r['tensor_cores'] for r in j['kernels'] if r['op'] in ('matmul_bf16', 'attention_forward', 'attention_backward'))"
+  fi
+done
 
 # An MLP on images: float32 GEMMs and the bias kernels.
 "$BENCH" --batch 4 --shape 1,28,28 --warmup 1 --steps 2 --kernel-steps 1 --json "$WORK/mlp.json" model.name=mlp \
@@ -86,11 +115,21 @@ has() { grep -qE "$2" "$WORK/$1/gpt-bench.md" || { cat "$WORK/$1/gpt-bench.md"; 
 # The step row's table by operation (no torch rows: BENCH_ROWS=step).
 gpt_bench gb BENCH_ROWS=step
 has gb '^## dptrain \(step row\): where the time goes, by operation' "no table by operation"
-has gb '^\| [0-9.]+ \| [0-9.]+ \| 2 \| gemm \| M 64 N 192 K 64 B\^T \|$' "the table lacks the qkv product"
-has gb "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| the step's span \|" "the table lacks the span"
+has gb '^\| [0-9.]+ \| [0-9.]+ \| 2 \| [0-9.e+-]+ \| [0-9.e+-]+ \| - \| gemm \| M 64 N 192 K 64 B\^T \|$' "the table lacks the qkv product"
+has gb "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| \| \| \| the step's span \|" "the table lacks the span"
+! grep -q '^Floors' "$WORK/gb/gpt-bench.md" || fail "gb's report: floors without the device's peaks"
 # The fast row and an A/B row: the A/B table by operation (the bias gradients as column sums move matmul_bf16's time;
 # here on the CPU only by noise).
-gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep"
+# dpt-model-bench given peaks (a wrapper: the CPU has none), so the fast row's table has floors: each row's time over
+# its floor, and the operations by the time above their floors.
+printf '#!/usr/bin/env bash\nexec %q --peak-tflops 0.05 --peak-gbps 5 "$@"\n' "$BENCH" > "$WORK/peaked-bench"
+chmod +x "$WORK/peaked-bench"
+gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep" MODEL_BENCH="$WORK/peaked-bench"
+has ab '^Floors \(each operation.*; 0.05 TFLOP/s dense bf16, 5 GB/s\): [0-9.]+ ms/step for [0-9]+ of the [0-9]+ rows; the span is [0-9.]+x that\.' \
+  "no floors line"
+has ab '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [-0-9.]+ \|$' "the floors' table lacks matmul_bf16"
+has ab '^\| [0-9.]+ \| [0-9.]+ \| [0-9]+ \| [0-9.e+-]+ \| [0-9.e+-]+ \| [0-9.]+ \| attention_backward \| b 2 t 32 ' \
+  "the fast row's table lacks attention_backward's rates and floor"
 has ab '^## The A/B rows against the fast row, by operation' "no A/B table"
 has ab '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [-+][0-9.]+ \|$' "the A/B table lacks matmul_bf16"
 has ab '^## dptrain \(fast row\): where the time goes, by operation' "no table for the fast row"

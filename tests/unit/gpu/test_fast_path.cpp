@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cuda.h"
 #include "gpu_testing.h"
 #include "models/kernels/cuda/cuda_kernels.h"
 #include "models/gpt/gpt.h"
@@ -558,6 +559,19 @@ TEST_CASE("a GPT step on cuda through TimedKernels gives the plain set's bits an
     if (r.op == "matmul_bf16") matmuls += r.calls;
   }
   CHECK(matmuls == 2 * 3 * (4 * o.n_layer + 1));
+  // The floors' peaks: the device's memory bandwidth from the driver (a GPU's is 0.1 to 100 TB/s) and, on a GPU in
+  // the table, its bf16 peak, which no row's products may beat (FLOPs counted too high would).
+  const double bw = cuda::memory_bandwidth_bytes_per_s(0), peak = cuda::dense_bf16_peak_flops(cuda::device_name(0));
+  INFO("memory bandwidth " << bw / 1e9 << " GB/s, bf16 peak " << peak / 1e12 << " TFLOP/s");
+  CHECK(bw > 1e11);
+  CHECK(bw < 1e14);
+  for (const auto& r : rows) {
+    INFO(r.op << ": " << r.shape << ", " << r.flops << " FLOPs, " << r.bytes << " bytes in " << r.ms << " ms");
+    CHECK(r.bytes > 0);
+    if (r.flops > 0) CHECK(r.tensor);
+    if (peak > 0 && r.flops > 0) CHECK(r.flops / (r.ms * 1e-3) <= 1.05 * peak);
+    if (peak > 0) CHECK(TimedKernels::floor_ms(r, peak, bw) > 0);
+  }
   INFO("span " << timed.total_ms() << " ms, in calls " << in_calls << " ms, between " << timed.between_ms() << " ms");
   CHECK(timed.total_ms() > 0);
   CHECK(std::abs(in_calls + timed.between_ms() - timed.total_ms()) <= 1e-3 * static_cast<double>(2 * calls));

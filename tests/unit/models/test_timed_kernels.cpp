@@ -216,6 +216,106 @@ TEST_CASE("TimedKernels: the optimizer's and a classifier's operations, by shape
   CHECK(describe_matmul(s) == "M 16384 N 2304 K 768 A^T, bias grad, f32 D +=");
 }
 
+TEST_CASE("TimedKernels: each call's work and floor, in closed form", "[timed_kernels]") {
+  // A matmul: 2 M N K FLOPs on tensor cores; A, B and D in their dtypes, and what the epilogue reads or writes.
+  MatmulShape s{.trans_b = true, .M = 16384, .N = 2304, .K = 768, .epilogue = MatmulEpilogue::Bias};
+  const double M = 16384, N = 2304, K = 768;
+  Work w = matmul_work(s, false);
+  CHECK(w.flops == 2 * M * N * K);
+  CHECK(w.bytes == 2 * M * K + 2 * K * N + 2 * M * N + 2 * N);
+  CHECK(w.tensor);
+  s.epilogue = MatmulEpilogue::BiasGelu;
+  CHECK(matmul_work(s, true).bytes == 2 * M * K + 2 * K * N + 2 * M * N + 2 * N + 2 * M * N);  // the kept pre-activation
+  CHECK(matmul_work(s, false).bytes == 2 * M * K + 2 * K * N + 2 * M * N + 2 * N);
+  s.epilogue = MatmulEpilogue::DGelu;
+  CHECK(matmul_work(s, false).bytes == 2 * M * K + 2 * K * N + 2 * M * N + 2 * M * N);  // reads the pre-activation
+  s = {.trans_a = true, .M = 768, .N = 2304, .K = 16384, .d_f32 = true, .accumulate = true,
+       .epilogue = MatmulEpilogue::BiasGrad};
+  w = matmul_work(s, false);
+  CHECK(w.flops == 2 * 768.0 * 2304 * 16384);
+  CHECK(w.bytes == 2 * 768.0 * 16384 + 2 * 16384.0 * 2304 + 4 * 768.0 * 2304 * 2 + 8 * 768.0);  // D and the bias read+written
+  s.K = 0;
+  CHECK(matmul_work(s, false).flops == 0);
+
+  // Causal attention: the (query, key) pairs a brute count gives, 2 head_size FLOPs a pair and product, 2 products
+  // forward and 4 backward; qkv (with its grouped key/value heads), out and the statistics moved once.
+  for (const int64_t kv : {int64_t{0}, int64_t{1}}) {
+    CAPTURE(kv);
+    const AttentionShape a{.b = 2, .t = 5, .n_head = 3, .head_size = 8, .n_kv_head = kv};
+    double pairs = 0;
+    for (int64_t i = 0; i < a.t; ++i)
+      for (int64_t j = 0; j <= i; ++j) pairs += 1;
+    const double heads = 2 * 3, width = (3 + 2 * (kv ? 1 : 3)) * 8.0;
+    const double qkv = 2.0 * 2 * 5 * width, out = 2.0 * 2 * 5 * 3 * 8, stats = 4.0 * heads * 5;
+    const Work f = attention_work(a, false), b = attention_work(a, true);
+    CHECK(f.flops == 2 * 2 * 8 * pairs * heads);
+    CHECK(b.flops == 2 * f.flops);
+    CHECK(f.bytes == qkv + out + stats);
+    CHECK(b.bytes == 2 * qkv + 2 * out + stats);
+    CHECK((f.tensor && b.tensor));
+  }
+
+  // The floor: the larger of the products' time at the tensor-core peak and the bytes' at the memory's bandwidth.
+  using Row = TimedKernels::Row;
+  const Row compute{.op = "matmul_bf16", .calls = 2, .ms = 5, .flops = 2e12, .bytes = 1e9, .tensor = true};
+  const Row memory{.op = "add_bf16", .calls = 1, .ms = 1, .bytes = 3e9};
+  const Row float32{.op = "gemm", .calls = 1, .ms = 1, .flops = 1e9, .bytes = 1e6};
+  CHECK(TimedKernels::floor_ms(compute, 1e12, 1e12) == Approx(2000));
+  CHECK(TimedKernels::floor_ms(compute, 1e15, 1e11) == Approx(10));  // memory-bound on this device
+  CHECK(TimedKernels::floor_ms(memory, 0, 1e12) == Approx(3));       // no FLOPs: the tensor peak not needed
+  CHECK(TimedKernels::floor_ms(compute, 0, 1e12) < 0);               // FLOPs without their peak
+  CHECK(TimedKernels::floor_ms(float32, 1e15, 1e12) < 0);            // a float32 product's peak is not in the table
+  CHECK(TimedKernels::floor_ms(memory, 1e15, 0) < 0);                // no bandwidth (the CPU)
+}
+
+TEST_CASE("TimedKernels: a GPT step's FLOPs by operation are the model's, in closed form", "[timed_kernels]") {
+  // Per token, 6 FLOPs per weight of a product (2 forward, 4 backward): per layer 12 C^2 (qkv 3 C^2, the projection
+  // C^2, the MLP 8 C^2) and the tied head C V. Attention on float32 activations multiplies whole T x T score
+  // matrices: 12 L T C per token (PaLM's count, models::gpt_flops_per_token's); the fast path's causal attention
+  // only the pairs at or below the diagonal, T (T + 1) / 2 of T^2.
+  const GptOptions o = tiny();
+  const double L = o.n_layer, C = o.n_embd, T = o.block_size, B = 3, tokens = B * T;
+  for (const bool bf16 : {false, true}) {
+    CAPTURE(bf16);
+    auto model = make_gpt(o);
+    model->init(5);
+    if (bf16) model->set_bf16_activations(true);
+    TimedKernels timed(model->kernels());
+    model->set_kernels(timed);
+    std::mt19937_64 rng(4);
+    const Tensor tokens_in = test::random_tokens(3, 16, 100, rng);
+    Tensor targets = Tensor::empty({48}, DType::I32);
+    for (size_t i = 0; i < targets.numel(); ++i) targets.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
+    (void)test::lm_step(*model, tokens_in, targets);
+    timed.collect();
+    std::map<std::string, double> flops;
+    bool products_on_tensor_cores = true;
+    for (const auto& r : timed.rows()) {
+      flops[r.op] += r.flops;
+      if (r.flops > 0) products_on_tensor_cores = products_on_tensor_cores && r.tensor;
+      CHECK(r.bytes > 0);
+    }
+    const double layers = 6 * 12 * C * C * L * tokens;
+    if (bf16) {
+      const double head = 6 * C * static_cast<double>(padded_vocab(o)) * tokens;  // over the padded vocabulary
+      CHECK(flops["matmul_bf16"] == Approx(layers + head).epsilon(1e-12));
+      CHECK(flops["attention_forward"] + flops["attention_backward"] ==
+            Approx(6 * L * B * C * T * (T + 1)).epsilon(1e-12));
+      CHECK(flops["attention_backward"] == Approx(2 * flops["attention_forward"]).epsilon(1e-12));
+      CHECK(products_on_tensor_cores);
+    } else {
+      const double head = 6 * C * o.vocab_size * tokens;
+      CHECK(flops["gemm"] + flops["gemm_strided_batched"] ==
+            Approx(layers + head + 12 * L * T * C * tokens).epsilon(1e-12));
+      CHECK(!products_on_tensor_cores);
+    }
+    double total = 0;
+    for (const auto& [op, f] : flops) total += f;
+    CHECK(total == Approx(flops[bf16 ? "matmul_bf16" : "gemm"] + flops["gemm_strided_batched"] +
+                          flops["attention_forward"] + flops["attention_backward"]));  // no other operation has FLOPs
+  }
+}
+
 // The source tree: $DPT_SOURCE_DIR or the folder above it (scripts/gpu-check.sh points it at the bundle inside the
 // working tree), else the tree this was built from; empty when none has the headers (a copied test program).
 fs::path kernel_headers() {
