@@ -34,6 +34,10 @@
 // device's peaks are known (the bf16 table and the memory's clock and bus on a GPU; --peak-tflops, --peak-gbps),
 // its floor: how far each operation, cuBLASLt's and cuDNN's included, sits from the roofline.
 //
+// --lt-sweep N: last, each cuBLASLt plan the run made called again on scratch operands with each of the first N
+// algorithms cuBLASLt's heuristic proposes, against the one it runs (Kernels::sweep_library_choices): whether the
+// heuristic's first choice leaves a GEMM's time on the table. A line each (and the JSON's library_sweep).
+//
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -96,11 +100,15 @@ struct Options {
   int phase_steps = 0;
   int kernel_steps = 0;
   int kernel_lines = 30;
+  int lt_sweep = 0;  // --lt-sweep: cuBLASLt's first N algorithms per plan, timed after the steps; 0: none
   double peak_tflops = 0;  // 0: the device's from cuda::dense_bf16_peak_flops's table
   double peak_gbps = 0;    // 0: the device's from its memory clock and bus width
   bool profiler_range = false;
   std::string json_path;
 };
+
+// --lt-sweep's timed calls per algorithm (after one untimed).
+constexpr int kSweepReps = 5;
 
 // The phases of a step, in order; --phase-steps times each.
 constexpr std::array<const char*, 4> kPhases = {"forward", "loss", "backward", "optimizer"};
@@ -125,6 +133,7 @@ struct Result {
   double peak_flops = 0;  // dense bf16 peak of the device; 0: unknown (no MFU)
   double mfu = 0;
   std::vector<std::string> library_choices;  // Kernels::library_choices() after the run
+  std::vector<std::string> library_sweep;    // Kernels::sweep_library_choices() after that (--lt-sweep)
   // --kernel-steps: TimedKernels's rows, and its span and time between calls, per step.
   std::vector<models::TimedKernels::Row> kernels;
   double kernel_total_ms = 0, kernel_between_ms = 0;
@@ -133,10 +142,30 @@ struct Result {
   double tensor_peak_flops = 0, peak_bytes_per_s = 0;
 };
 
-// A row's floor in ms per step (negative: not known) and the sum of the known ones.
+// A row's floor in ms per step (negative: not known).
 double kernel_floor_ms(const models::TimedKernels::Row& k, const Result& r, double steps) {
   const double f = models::TimedKernels::floor_ms(k, r.tensor_peak_flops, r.peak_bytes_per_s);
   return f < 0 ? f : f / steps;
+}
+
+// Over the rows whose floor is known: the floors' sum and the time those rows took, per step; and how many rows
+// have none.
+struct FloorSums {
+  double floor_ms = 0, ms = 0;
+  int64_t unknown = 0;
+};
+FloorSums floor_sums(const Result& r, double steps) {
+  FloorSums f;
+  for (const auto& k : r.kernels) {
+    const double floor = kernel_floor_ms(k, r, steps);
+    if (floor < 0) {
+      ++f.unknown;
+    } else {
+      f.floor_ms += floor;
+      f.ms += k.ms / steps;
+    }
+  }
+  return f;
 }
 
 // "resnet18: 11181642 parameters" -> "resnet18"; "resnet18 (small stem): ..." -> "resnet18-small"; a
@@ -225,12 +254,8 @@ void write_json(const std::string& path, const Result& r, const Options& o) {
   if (o.kernel_steps > 0) {
     const double n = o.kernel_steps;
     nlohmann::json rows = nlohmann::json::array();
-    double floor_sum = 0;
-    int64_t floor_unknown = 0;
     for (const auto& k : r.kernels) {
       const double floor = kernel_floor_ms(k, r, n);
-      if (floor < 0) ++floor_unknown;
-      else floor_sum += floor;
       rows.push_back({{"op", k.op},
                       {"shape", k.shape},
                       {"calls_per_step", k.calls / n},
@@ -246,9 +271,13 @@ void write_json(const std::string& path, const Result& r, const Options& o) {
     j["kernel_between_ms_per_step"] = r.kernel_between_ms / n;
     j["tensor_peak_flops"] = r.tensor_peak_flops;
     j["peak_bytes_per_s"] = r.peak_bytes_per_s;
-    j["kernel_floor_ms_per_step"] = floor_sum;  // the known floors' sum
-    j["kernel_floor_unknown_rows"] = floor_unknown;
+    const FloorSums fs = floor_sums(r, n);
+    j["kernel_floor_ms_per_step"] = fs.floor_ms;       // the known floors' sum
+    j["kernel_floor_rows_ms_per_step"] = fs.ms;        // the time of the rows with a floor
+    j["kernel_floor_unknown_rows"] = fs.unknown;
   }
+  if (!r.library_choices.empty()) j["library_choices"] = r.library_choices;
+  if (o.lt_sweep > 0) j["library_sweep"] = r.library_sweep;
   std::ofstream f(path);
   f << j.dump(2) << "\n";
   if (!f) DPT_THROW(IoError, "--json {}: cannot write it", path);
@@ -474,35 +503,38 @@ Result run(const Options& o, const trainer::Config& cfg) {
     r.kernel_between_ms = timed.between_ms();
   }
   r.library_choices = k.library_choices();
+  if (o.lt_sweep > 0) {  // last: diagnostics only, on scratch operands; a failure is reported, never the run's
+    try {
+      r.library_sweep = k.sweep_library_choices(o.lt_sweep, kSweepReps);
+      if (r.library_sweep.empty())
+        r.library_sweep.push_back(fmt::format("library sweep: no library plan to sweep on {}", device.str()));
+    } catch (const std::exception& e) {
+      r.library_sweep.push_back(fmt::format("library sweep: failed: {}", e.what()));
+    }
+  }
   return r;
 }
 
 // --kernel-steps's lines: per step, the span, the time in the kernel set's calls and outside them, then the
 // operations, most time first, each with its achieved arithmetic and memory rates and its time over its floor
-// (TimedKernels::floor_ms: "-" where a peak is not known), and the floors' sum: the step on the roofline.
+// (TimedKernels::floor_ms: "-" where a peak is not known), and the floors' sum against those rows' time.
 void print_kernels(const Result& r, const Options& o) {
   const double n = o.kernel_steps, span = r.kernel_total_ms / n;
   const auto share = [&](double ms) { return span > 0 ? 100 * ms / span : 0.0; };
-  double in_calls = 0, floor_sum = 0;
-  size_t floor_unknown = 0;
-  for (const auto& k : r.kernels) {
-    in_calls += k.ms / n;
-    const double f = kernel_floor_ms(k, r, n);
-    if (f < 0) ++floor_unknown;
-    else floor_sum += f;
-  }
+  double in_calls = 0;
+  for (const auto& k : r.kernels) in_calls += k.ms / n;
+  const FloorSums fs = floor_sums(r, n);
   fmt::print("# kernels, mean of {} more steps ({}): a step's span {:.3f} ms: {:.3f} ms in {} operation(s) of the "
              "kernel set, {:.3f} ms ({:.1f}%) outside them\n",
              o.kernel_steps, r.device.starts_with("cuda") ? "CUDA events around each call" : "steady_clock", span,
              in_calls, r.kernels.size(), r.kernel_between_ms / n, share(r.kernel_between_ms / n));
-  if (r.peak_bytes_per_s > 0)
+  if (r.peak_bytes_per_s > 0 && fs.floor_ms > 0)
     fmt::print("# kernels' floors: {:.3f} ms/step for {} operation(s) at the device's peaks ({} dense bf16, {:.4g} GB/s)"
-               "{}: the span is {:.2f}x that\n",
-               floor_sum, r.kernels.size() - floor_unknown,
+               "{}: they took {:.3f} ms/step, {:.2f}x that\n",
+               fs.floor_ms, static_cast<int64_t>(r.kernels.size()) - fs.unknown,
                r.tensor_peak_flops > 0 ? fmt::format("{:.4g} TFLOP/s", r.tensor_peak_flops / 1e12) : "- TFLOP/s",
-               r.peak_bytes_per_s / 1e9,
-               floor_unknown ? fmt::format(", {} without one", floor_unknown) : std::string(),
-               floor_sum > 0 ? span / floor_sum : 0.0);
+               r.peak_bytes_per_s / 1e9, fs.unknown ? fmt::format(", {} without one", fs.unknown) : std::string(),
+               fs.ms, fs.ms / fs.floor_ms);
   fmt::print("# kernel {:>9} {:>6} {:>6} {:>8} {:>8} {:>7}  {}\n", "ms/step", "%", "calls", "TFLOP/s", "GB/s", "x floor",
              "operation: shape");
   const auto rate = [](double amount, double ms, double unit) {
@@ -560,6 +592,12 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--kernel-lines", o.kernel_lines, "the operations --kernel-steps prints, most time first (the JSON "
                  "has them all)")
       ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--lt-sweep", o.lt_sweep,
+                 "after the steps, each cuBLASLt plan the run made timed again on scratch operands with the first N "
+                 "algorithms cuBLASLt's heuristic proposes (" + std::to_string(kSweepReps) +
+                     " calls each), against the one it runs: whether another would pay (GPU; 0: none)")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops,
                  "the device's dense bf16 peak in TFLOP/s, for MFU and --kernel-steps' floors (default: dptrain's table "
@@ -668,6 +706,7 @@ int main(int argc, char** argv) {
     }
     if (o.kernel_steps > 0) print_kernels(r, o);
     for (const std::string& c : r.library_choices) fmt::print("# {}\n", c);
+    for (const std::string& c : r.library_sweep) fmt::print("# {}\n", c);
     fmt::print("#\n");
     if (r.tokens) {
       print_gpt_header();

@@ -37,7 +37,8 @@ std::string device_name(int index);
 // 835e12, H100 PCIe 756e12, A100 312e12); 0 for a device not in this table (MFU is then not shown).
 double dense_bf16_peak_flops(const std::string& name);
 // Device `index`'s peak memory bandwidth in bytes/s, from the driver's memory clock and bus width (2 transfers a
-// clock: an H100 SXM's 2619 MHz x 5120 bits gives 3.35e12); 0 when the driver reports neither.
+// clock: an H100 SXM's 2619 MHz x 5120 bits gives 3.35e12); 0 when the driver does not report both. On a MIG slice,
+// the whole GPU's.
 double memory_bandwidth_bytes_per_s(int index);
 
 void set_device(int index);

@@ -44,6 +44,11 @@ class Kernels {
   // What the vendor libraries chose for the shapes run so far (a GPU set's cuBLASLt algorithms), a line each, for a
   // benchmark's report; nothing on the CPU.
   virtual std::vector<std::string> library_choices() const { return {}; }
+  // For a benchmark's report, after its steps: each library plan made so far run again on scratch operands with each
+  // of the first `candidates` algorithms the library's heuristic proposes (`reps` timed calls each, after one untimed),
+  // a line each: the chosen algorithm's time against the fastest's (a GPU set's cuBLASLt plans). Whether another
+  // algorithm than the heuristic's first would pay. Nothing on the CPU; a plan that fails says so in its line.
+  virtual std::vector<std::string> sweep_library_choices(int candidates, int reps) { return {}; }
   // train.deterministic: whether a GPU set keeps to library algorithms that give the same bits on every run (the
   // default), or may also take faster ones that add in a varying order (cuDNN's attention backward and convolution
   // algorithms that use atomics). The CPU set is deterministic either way.

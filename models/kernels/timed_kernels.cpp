@@ -52,9 +52,12 @@ Work gemm_work(int64_t M, int64_t N, int64_t K, bool accumulate, int64_t batch, 
           .tensor = p != Precision::F32};
 }
 
-Work conv_work(const ConvShape& c, Precision p) {
+// A convolution's product; `w_accumulated`: the weight gradient, read and written (conv2d_backward_weight adds).
+Work conv_work(const ConvShape& c, Precision p, bool w_accumulated = false) {
   const double x = 1.0 * c.n * c.c * c.h * c.w, w = 1.0 * c.k * c.c * c.r * c.s, y = 1.0 * c.n * c.k * c.p * c.q;
-  return {.flops = 2.0 * y * c.c * c.r * c.s, .bytes = 4.0 * (x + w + y), .tensor = p != Precision::F32};
+  return {.flops = 2.0 * y * c.c * c.r * c.s,
+          .bytes = 4.0 * (x + (w_accumulated ? 2 : 1) * w + y),
+          .tensor = p != Precision::F32};
 }
 
 double bn_elems(const BnShape& b) { return 1.0 * b.n * b.c * b.hw; }
@@ -197,7 +200,8 @@ void TimedKernels::reset() {
 void TimedKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                         int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   timed("gemm", gemm_shape(trans_a, trans_b, M, N, K) + (beta != 0 ? ", +=" : "") + in(inner_.precision()),
-        gemm_work(M, N, K, beta != 0, 1, inner_.precision()), [&] { inner_.gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); });
+        gemm_work(M, N, K, beta != 0, 1, inner_.precision()),
+        [&] { inner_.gemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc); });
 }
 void TimedKernels::gemm_strided_batched(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                                         const float* A, int64_t lda, int64_t stride_a, const float* B, int64_t ldb,
@@ -216,7 +220,8 @@ void TimedKernels::bias_act(const float* x, const float* bias, float* y, int64_t
         mem(4.0 * (2.0 * rows * cols + cols)), [&] { inner_.bias_act(x, bias, y, rows, cols, relu); });
 }
 void TimedKernels::bias_grad_accumulate(const float* dy, float* db, int64_t rows, int64_t cols) {
-  timed("bias_grad_accumulate", rows_cols(rows, cols), mem(4.0 * (1.0 * rows * cols + 2.0 * cols)), [&] { inner_.bias_grad_accumulate(dy, db, rows, cols); });
+  timed("bias_grad_accumulate", rows_cols(rows, cols), mem(4.0 * (1.0 * rows * cols + 2.0 * cols)),
+        [&] { inner_.bias_grad_accumulate(dy, db, rows, cols); });
 }
 void TimedKernels::relu_backward(const float* y, const float* dy, float* dx, size_t n) {
   timed("relu_backward", count(n), mem(12.0 * n), [&] { inner_.relu_backward(y, dy, dx, n); });
@@ -224,13 +229,15 @@ void TimedKernels::relu_backward(const float* y, const float* dy, float* dx, siz
 void TimedKernels::softmax_xent(const float* logits, const int32_t* labels, float* dlogits, int64_t rows, int64_t cols,
                                 double* stats) {
   timed("softmax_xent", rows_cols(rows, cols) + (dlogits ? ", gradient" : ""),
-        mem(4.0 * rows * cols * (dlogits ? 2 : 1) + 4.0 * rows), [&] { inner_.softmax_xent(logits, labels, dlogits, rows, cols, stats); });
+        mem(4.0 * rows * cols * (dlogits ? 2 : 1) + 4.0 * rows),
+        [&] { inner_.softmax_xent(logits, labels, dlogits, rows, cols, stats); });
 }
 void TimedKernels::count_targets(const int32_t* labels, int64_t n, double* out) {
   timed("count_targets", count(static_cast<size_t>(n)), mem(4.0 * n), [&] { inner_.count_targets(labels, n, out); });
 }
 void TimedKernels::sgd_update(float* param, const float* grad, float* momentum_buf, size_t n, const SgdParams& p) {
-  timed("sgd_update", count(n), mem((momentum_buf ? 20.0 : 12.0) * n), [&] { inner_.sgd_update(param, grad, momentum_buf, n, p); });
+  timed("sgd_update", count(n), mem((momentum_buf ? 20.0 : 12.0) * n),
+        [&] { inner_.sgd_update(param, grad, momentum_buf, n, p); });
 }
 void TimedKernels::adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) {
   timed("adamw_update", count(n), mem(28.0 * n), [&] { inner_.adamw_update(param, grad, m, v, n, p); });
@@ -240,13 +247,16 @@ void TimedKernels::scale(float* x, size_t n, float alpha) {
 }
 
 void TimedKernels::conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) {
-  timed("conv2d_forward", conv(cs) + in(inner_.precision()), conv_work(cs, inner_.precision()), [&] { inner_.conv2d_forward(x, w, y, cs); });
+  timed("conv2d_forward", conv(cs) + in(inner_.precision()), conv_work(cs, inner_.precision()),
+        [&] { inner_.conv2d_forward(x, w, y, cs); });
 }
 void TimedKernels::conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) {
-  timed("conv2d_backward_data", conv(cs) + in(inner_.precision()), conv_work(cs, inner_.precision()), [&] { inner_.conv2d_backward_data(dy, w, dx, cs); });
+  timed("conv2d_backward_data", conv(cs) + in(inner_.precision()), conv_work(cs, inner_.precision()),
+        [&] { inner_.conv2d_backward_data(dy, w, dx, cs); });
 }
 void TimedKernels::conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) {
-  timed("conv2d_backward_weight", conv(cs) + in(inner_.precision()), conv_work(cs, inner_.precision()), [&] { inner_.conv2d_backward_weight(dy, x, dw, cs); });
+  timed("conv2d_backward_weight", conv(cs) + in(inner_.precision()), conv_work(cs, inner_.precision(), true),
+        [&] { inner_.conv2d_backward_weight(dy, x, dw, cs); });
 }
 void TimedKernels::bn_stats(const float* x, const BnShape& bs, double* sums) {
   timed("bn_stats", bn(bs), mem(4.0 * bn_elems(bs)), [&] { inner_.bn_stats(x, bs, sums); });
@@ -262,13 +272,15 @@ void TimedKernels::bn_forward_train(const float* x, const float* gamma, const fl
 void TimedKernels::bn_forward_eval(const float* x, const float* gamma, const float* beta, const float* running_mean,
                                    const float* running_var, const BnShape& bs, float eps, float* y) {
   timed("bn_forward_eval", bn(bs),
-        mem(8.0 * bn_elems(bs)), [&] { inner_.bn_forward_eval(x, gamma, beta, running_mean, running_var, bs, eps, y); });
+        mem(8.0 * bn_elems(bs)),
+        [&] { inner_.bn_forward_eval(x, gamma, beta, running_mean, running_var, bs, eps, y); });
 }
 void TimedKernels::bn_backward_reduce(const float* dy, const float* x, const float* save_mean,
                                       const float* save_invstd, const BnShape& bs, double* sums, float* dgamma,
                                       float* dbeta) {
   timed("bn_backward_reduce", bn(bs),
-        mem(8.0 * bn_elems(bs)), [&] { inner_.bn_backward_reduce(dy, x, save_mean, save_invstd, bs, sums, dgamma, dbeta); });
+        mem(8.0 * bn_elems(bs)),
+        [&] { inner_.bn_backward_reduce(dy, x, save_mean, save_invstd, bs, sums, dgamma, dbeta); });
 }
 void TimedKernels::bn_backward_data(const float* dy, const float* x, const float* gamma, const float* save_mean,
                                     const float* save_invstd, const double* sums, const BnShape& bs, float* dx) {
@@ -282,16 +294,20 @@ void TimedKernels::add(const float* a, const float* b, float* y, size_t n, bool 
   timed("add", count(n) + (relu ? ", relu" : ""), mem(12.0 * n), [&] { inner_.add(a, b, y, n, relu); });
 }
 void TimedKernels::maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps) {
-  timed("maxpool2d_forward", pool(ps), mem(4.0 * ps.n * ps.c * (1.0 * ps.h * ps.w + 2.0 * ps.p * ps.q)), [&] { inner_.maxpool2d_forward(x, y, argmax, ps); });
+  timed("maxpool2d_forward", pool(ps), mem(4.0 * ps.n * ps.c * (1.0 * ps.h * ps.w + 2.0 * ps.p * ps.q)),
+        [&] { inner_.maxpool2d_forward(x, y, argmax, ps); });
 }
 void TimedKernels::maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx, const PoolShape& ps) {
-  timed("maxpool2d_backward", pool(ps), mem(4.0 * ps.n * ps.c * (1.0 * ps.h * ps.w + 2.0 * ps.p * ps.q)), [&] { inner_.maxpool2d_backward(dy, argmax, dx, ps); });
+  timed("maxpool2d_backward", pool(ps), mem(4.0 * ps.n * ps.c * (1.0 * ps.h * ps.w + 2.0 * ps.p * ps.q)),
+        [&] { inner_.maxpool2d_backward(dy, argmax, dx, ps); });
 }
 void TimedKernels::avgpool_forward(const float* x, float* y, int64_t rows, int64_t hw) {
-  timed("avgpool_forward", rows_cols(rows, hw), mem(4.0 * rows * (hw + 1.0)), [&] { inner_.avgpool_forward(x, y, rows, hw); });
+  timed("avgpool_forward", rows_cols(rows, hw), mem(4.0 * rows * (hw + 1.0)),
+        [&] { inner_.avgpool_forward(x, y, rows, hw); });
 }
 void TimedKernels::avgpool_backward(const float* dy, float* dx, int64_t rows, int64_t hw) {
-  timed("avgpool_backward", rows_cols(rows, hw), mem(4.0 * rows * (hw + 1.0)), [&] { inner_.avgpool_backward(dy, dx, rows, hw); });
+  timed("avgpool_backward", rows_cols(rows, hw), mem(4.0 * rows * (hw + 1.0)),
+        [&] { inner_.avgpool_backward(dy, dx, rows, hw); });
 }
 double TimedKernels::sum_squares(const float* x, size_t n) {
   double r = 0;
@@ -306,37 +322,46 @@ void TimedKernels::clip_by_norm(float* x, size_t n, const double* ss, double max
 }
 
 void TimedKernels::split_token_windows(const float* windows, int32_t* input, int32_t* next, int64_t n, int64_t T) {
-  timed("split_token_windows", rows_cols(n, T), mem(4.0 * n * (T + 1.0) + 8.0 * n * T), [&] { inner_.split_token_windows(windows, input, next, n, T); });
+  timed("split_token_windows", rows_cols(n, T), mem(4.0 * n * (T + 1.0) + 8.0 * n * T),
+        [&] { inner_.split_token_windows(windows, input, next, n, T); });
 }
+// The embeddings: each token's wte row read (or its dwte row read and written) once per token, as the gather and
+// the sorted runs do; wpe's rows once per position in use (every sequence's row t shares wpe[t]).
 void TimedKernels::embedding_forward(const int32_t* tokens, const float* wte, const float* wpe, float* y, int64_t rows,
                                      int64_t T, int64_t C, int64_t vocab) {
   timed("embedding_forward", rows_cols(rows, C),
-        mem(4.0 * rows + 8.0 * rows * C + (wpe ? 4.0 * std::min(rows, T) * C : 0.0)), [&] { inner_.embedding_forward(tokens, wte, wpe, y, rows, T, C, vocab); });
+        mem(4.0 * rows + 8.0 * rows * C + (wpe ? 4.0 * std::min(rows, T) * C : 0.0)),
+        [&] { inner_.embedding_forward(tokens, wte, wpe, y, rows, T, C, vocab); });
 }
 void TimedKernels::embedding_backward(const int32_t* tokens, const float* dy, float* dwte, float* dwpe, int64_t rows,
                                       int64_t T, int64_t C, int64_t vocab) {
   timed("embedding_backward", rows_cols(rows, C),
-        mem(4.0 * rows + 12.0 * rows * C + (dwpe ? 8.0 * std::min(rows, T) * C : 0.0)), [&] { inner_.embedding_backward(tokens, dy, dwte, dwpe, rows, T, C, vocab); });
+        mem(4.0 * rows + 12.0 * rows * C + (dwpe ? 8.0 * std::min(rows, T) * C : 0.0)),
+        [&] { inner_.embedding_backward(tokens, dy, dwte, dwpe, rows, T, C, vocab); });
 }
 void TimedKernels::layernorm_forward(const float* x, const float* gamma, const float* beta, float* y, float* mean,
                                      float* rstd, int64_t rows, int64_t C, float eps) {
   timed("layernorm_forward", rows_cols(rows, C),
-        mem(norm_bytes(rows, C, 4, 2, 2, false)), [&] { inner_.layernorm_forward(x, gamma, beta, y, mean, rstd, rows, C, eps); });
+        mem(norm_bytes(rows, C, 4, 2, 2, false)),
+        [&] { inner_.layernorm_forward(x, gamma, beta, y, mean, rstd, rows, C, eps); });
 }
 void TimedKernels::layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                                       const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
                                       int64_t C) {
   timed("layernorm_backward", rows_cols(rows, C),
-        mem(norm_bytes(rows, C, 4, 2, 2, true)), [&] { inner_.layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C); });
+        mem(norm_bytes(rows, C, 4, 2, 2, true)),
+        [&] { inner_.layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C); });
 }
 void TimedKernels::rmsnorm_forward(const float* x, const float* gamma, float* y, float* rstd, int64_t rows, int64_t C,
                                    float eps) {
-  timed("rmsnorm_forward", rows_cols(rows, C), mem(norm_bytes(rows, C, 4, 1, 1, false)), [&] { inner_.rmsnorm_forward(x, gamma, y, rstd, rows, C, eps); });
+  timed("rmsnorm_forward", rows_cols(rows, C), mem(norm_bytes(rows, C, 4, 1, 1, false)),
+        [&] { inner_.rmsnorm_forward(x, gamma, y, rstd, rows, C, eps); });
 }
 void TimedKernels::rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd, float* dx,
                                     float* dgamma, int64_t rows, int64_t C) {
   timed("rmsnorm_backward", rows_cols(rows, C),
-        mem(norm_bytes(rows, C, 4, 1, 1, true)), [&] { inner_.rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C); });
+        mem(norm_bytes(rows, C, 4, 1, 1, true)),
+        [&] { inner_.rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C); });
 }
 void TimedKernels::swiglu_forward(const float* gate, const float* up, float* y, size_t n) {
   timed("swiglu_forward", count(n), mem(12.0 * n), [&] { inner_.swiglu_forward(gate, up, y, n); });
@@ -348,29 +373,34 @@ void TimedKernels::swiglu_backward(const float* gate, const float* up, const flo
 void TimedKernels::rope(float* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0,
                         int64_t heads, int64_t head_dim, int64_t stride, bool inverse) {
   timed("rope", fmt::format("{} rows, {} heads x {}{}", rows, heads, head_dim, inverse ? ", inverse" : ""),
-        mem(rope_bytes(rows, T, heads, head_dim, 4)), [&] { inner_.rope(x, cos, sin, rows, T, pos0, heads, head_dim, stride, inverse); });
+        mem(rope_bytes(rows, T, heads, head_dim, 4)),
+        [&] { inner_.rope(x, cos, sin, rows, T, pos0, heads, head_dim, stride, inverse); });
 }
 void TimedKernels::rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows,
                                         int64_t C, float eps) {
   timed("rmsnorm_forward_bf16", rows_cols(rows, C),
-        mem(norm_bytes(rows, C, 2, 1, 1, false)), [&] { inner_.rmsnorm_forward_bf16(x, gamma, y, rstd, rows, C, eps); });
+        mem(norm_bytes(rows, C, 2, 1, 1, false)),
+        [&] { inner_.rmsnorm_forward_bf16(x, gamma, y, rstd, rows, C, eps); });
 }
 void TimedKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                                          BFloat16* dx, float* dgamma, int64_t rows, int64_t C) {
   timed("rmsnorm_backward_bf16", rows_cols(rows, C),
-        mem(norm_bytes(rows, C, 2, 1, 1, true)), [&] { inner_.rmsnorm_backward_bf16(dy, x, gamma, rstd, dx, dgamma, rows, C); });
+        mem(norm_bytes(rows, C, 2, 1, 1, true)),
+        [&] { inner_.rmsnorm_backward_bf16(dy, x, gamma, rstd, dx, dgamma, rows, C); });
 }
 void TimedKernels::swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) {
   timed("swiglu_forward_bf16", count(n), mem(6.0 * n), [&] { inner_.swiglu_forward_bf16(gate, up, y, n); });
 }
 void TimedKernels::swiglu_backward_bf16(const BFloat16* gate, const BFloat16* up, const BFloat16* dy, BFloat16* dgate,
                                         BFloat16* dup, size_t n) {
-  timed("swiglu_backward_bf16", count(n), mem(10.0 * n), [&] { inner_.swiglu_backward_bf16(gate, up, dy, dgate, dup, n); });
+  timed("swiglu_backward_bf16", count(n), mem(10.0 * n),
+        [&] { inner_.swiglu_backward_bf16(gate, up, dy, dgate, dup, n); });
 }
 void TimedKernels::rope_bf16(BFloat16* x, const float* cos, const float* sin, int64_t rows, int64_t T, int64_t pos0,
                              int64_t heads, int64_t head_dim, int64_t stride, bool inverse) {
   timed("rope_bf16", fmt::format("{} rows, {} heads x {}{}", rows, heads, head_dim, inverse ? ", inverse" : ""),
-        mem(rope_bytes(rows, T, heads, head_dim, 2)), [&] { inner_.rope_bf16(x, cos, sin, rows, T, pos0, heads, head_dim, stride, inverse); });
+        mem(rope_bytes(rows, T, heads, head_dim, 2)),
+        [&] { inner_.rope_bf16(x, cos, sin, rows, T, pos0, heads, head_dim, stride, inverse); });
 }
 void TimedKernels::gelu_forward(const float* x, float* y, size_t n) {
   timed("gelu_forward", count(n), mem(8.0 * n), [&] { inner_.gelu_forward(x, y, n); });
@@ -391,33 +421,39 @@ void TimedKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   timed("matmul_bf16", describe_matmul(s), matmul_work(s, o.aux != nullptr), [&] { inner_.matmul_bf16(s, o); });
 }
 void TimedKernels::attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) {
-  timed("attention_forward", attention(s), attention_work(s, false), [&] { inner_.attention_forward(qkv, out, stats, s); });
+  timed("attention_forward", attention(s), attention_work(s, false),
+        [&] { inner_.attention_forward(qkv, out, stats, s); });
 }
 void TimedKernels::attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout,
                                       const float* stats, BFloat16* dqkv, const AttentionShape& s) {
-  timed("attention_backward", attention(s), attention_work(s, true), [&] { inner_.attention_backward(qkv, out, dout, stats, dqkv, s); });
+  timed("attention_backward", attention(s), attention_work(s, true),
+        [&] { inner_.attention_backward(qkv, out, dout, stats, dqkv, s); });
 }
 void TimedKernels::classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
                                    float dscale, double* stats) {
   timed("classifier_bf16", rows_cols(rows, vocab) + (dscale != 0 ? ", gradient" : ""),
-        mem(2.0 * rows * vocab + (dscale != 0 ? 2.0 * rows * ld : 0.0) + 4.0 * rows), [&] { inner_.classifier_bf16(logits, labels, rows, vocab, ld, dscale, stats); });
+        mem(2.0 * rows * vocab + (dscale != 0 ? 2.0 * rows * ld : 0.0) + 4.0 * rows),
+        [&] { inner_.classifier_bf16(logits, labels, rows, vocab, ld, dscale, stats); });
 }
 void TimedKernels::adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
                                const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges,
                                const double* grad_ss, double max_norm) {
   timed("adamw_fused", count(n) + (param16 ? ", bf16 copy" : "") + (grad_ss ? ", clip" : ""),
-        mem((param16 ? 30.0 : 28.0) * n), [&] { inner_.adamw_fused(param, param16, grad, m, v, n, p, decay_edges, n_edges, grad_ss, max_norm); });
+        mem((param16 ? 30.0 : 28.0) * n),
+        [&] { inner_.adamw_fused(param, param16, grad, m, v, n, p, decay_edges, n_edges, grad_ss, max_norm); });
 }
 void TimedKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
                                           float* mean, float* rstd, int64_t rows, int64_t C, float eps) {
   timed("layernorm_forward_bf16", rows_cols(rows, C),
-        mem(norm_bytes(rows, C, 2, 2, 2, false)), [&] { inner_.layernorm_forward_bf16(x, gamma, beta, y, mean, rstd, rows, C, eps); });
+        mem(norm_bytes(rows, C, 2, 2, 2, false)),
+        [&] { inner_.layernorm_forward_bf16(x, gamma, beta, y, mean, rstd, rows, C, eps); });
 }
 void TimedKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma,
                                            const float* mean, const float* rstd, BFloat16* dx, float* dgamma,
                                            float* dbeta, int64_t rows, int64_t C) {
   timed("layernorm_backward_bf16", rows_cols(rows, C),
-        mem(norm_bytes(rows, C, 2, 2, 2, true)), [&] { inner_.layernorm_backward_bf16(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C); });
+        mem(norm_bytes(rows, C, 2, 2, 2, true)),
+        [&] { inner_.layernorm_backward_bf16(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C); });
 }
 void TimedKernels::add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) {
   timed("add_bf16", count(n), mem(6.0 * n), [&] { inner_.add_bf16(a, b, y, n); });

@@ -87,6 +87,9 @@ class TimedKernels final : public Kernels {
   void set_precision(Precision p) override { inner_.set_precision(p); }
   Precision precision() const override { return inner_.precision(); }
   std::vector<std::string> library_choices() const override { return inner_.library_choices(); }
+  std::vector<std::string> sweep_library_choices(int candidates, int reps) override {
+    return inner_.sweep_library_choices(candidates, reps);
+  }
   void set_deterministic(bool on) override { inner_.set_deterministic(on); }
 
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

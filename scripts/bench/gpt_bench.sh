@@ -51,6 +51,8 @@
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
 #   BENCH_NCU                   1: ncu when there is no nsys; 0: never; auto (default): only when no --kernel-steps
 #                               table came back (ncu replays a GPT-2 step's kernels one by one: minutes)
+#   BENCH_LT_SWEEP              dpt-model-bench --lt-sweep for the fast row's first run: each cuBLASLt plan timed with
+#                               the first N algorithms its heuristic proposes (default 8 on the GPU, 0 on the CPU)
 #   BENCH_NCU_SOL=0             GPU: no ncu SpeedOfLight table of dptrain's own kernels (one step, cuBLAS and cuDNN
 #                               left out; BENCH_NCU_SOL_TIMEOUT_S, default 120, caps it; it runs last)
 #   BENCH_LOG_DIR               each run's output and JSON (default $OUT/gpt-bench-logs, else /tmp/gpt-bench)
@@ -107,18 +109,19 @@ if ((GPU)); then
   WHERE=GPU DEV=cuda BACKEND=nccl
   L=${GPT_N_LAYER:-12} H=${GPT_N_HEAD:-12} C=${GPT_N_EMBD:-768} V=${GPT_VOCAB:-50257} T=${GPT_SEQ:-1024} B=${GPT_BATCH:-16}
   PREC=${BENCH_PRECISION:-bf16} W=${BENCH_WARMUP:-5} S=${BENCH_STEPS:-30} P=${BENCH_PHASE_STEPS:-5}
-  KS=${BENCH_KERNEL_STEPS:-3}
+  KS=${BENCH_KERNEL_STEPS:-3} LTS=${BENCH_LT_SWEEP:-8}
   RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-240}
 else
   WHERE=CPU DEV=cpu BACKEND=gloo
   L=${GPT_N_LAYER:-4} H=${GPT_N_HEAD:-4} C=${GPT_N_EMBD:-128} V=${GPT_VOCAB:-256} T=${GPT_SEQ:-64} B=${GPT_BATCH:-16}
   PREC=${BENCH_PRECISION:-fp32} W=${BENCH_WARMUP:-2} S=${BENCH_STEPS:-10} P=${BENCH_PHASE_STEPS:-3}
-  KS=${BENCH_KERNEL_STEPS:-2}
+  KS=${BENCH_KERNEL_STEPS:-2} LTS=${BENCH_LT_SWEEP:-0}
   RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-120}
 fi
 ((W >= 1)) || { echo "gpt_bench: BENCH_WARMUP must be >= 1 (torch.compile compiles in the first step)" >&2; exit 2; }
 ((S >= 4)) || { echo "gpt_bench: BENCH_STEPS must be >= 4 (the loop row is timed between progress lines)" >&2; exit 2; }
 [[ $KS =~ ^(0|[1-9][0-9]*)$ ]] || { echo "gpt_bench: BENCH_KERNEL_STEPS must be a number >= 0" >&2; exit 2; }
+[[ $LTS =~ ^(0|[1-9][0-9]*)$ ]] || { echo "gpt_bench: BENCH_LT_SWEEP must be a number >= 0" >&2; exit 2; }
 KARGS=(--kernel-steps "$KS")
 
 # ---- programs ---------------------------------------------------------------------------------------------
@@ -302,7 +305,8 @@ run_rows() {
   if want fast && [ "$PREC" = bf16 ]; then
     log=$LOG_DIR/fast_dptrain_$rep.log
     measure fast "json" "$log" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$S" \
-      --phase-steps "$P" "${KARGS[@]}" --json "$log.json" "${SHAPE_KV[@]}" train.bf16_activations=true
+      --phase-steps "$P" "${KARGS[@]}" --lt-sweep "$( ((rep == 1)) && echo "$LTS" || echo 0)" --json "$log.json" \
+      "${SHAPE_KV[@]}" train.bf16_activations=true
   fi
   # dptrain's kernel breakdown next, before PyTorch's rows: it is what tuning needs, and a short GPU window ran out
   # of time before it when it came last (H200, 2026-11-26).
@@ -426,7 +430,7 @@ def rate(amount, ms, unit):
     return f"{amount / (ms * 1e-3) / unit:.4g}" if amount and ms > 0 else "-"
 def over(r):
     f = r.get("floor_ms_per_step")
-    return f"{r['ms_per_step'] / f:.2f}" if f else "-"
+    return f"{r['ms_per_step'] / f:.2f}" if f else "-"  # none known, or 0 (nothing to move)
 print("| ms/step | % | calls/step | TFLOP/s | GB/s | x floor | operation | shape |")
 print("|---:|---:|---:|---:|---:|---:|---|---|")
 for r in rows[:25]:
@@ -444,25 +448,27 @@ print()
 print(f"Matrix products (matmul_bf16, gemm, gemm_strided_batched): {matmul:.3f} ms/step ({pct(matmul)}%); the other operations: "
       f"{span - between - matmul:.3f} ms/step ({pct(span - between - matmul)}%); outside the calls {between:.3f} ms/step "
       f"({pct(between)}%).")
-known = [r for r in rows if r.get("floor_ms_per_step")]
-if known:
+known = [r for r in rows if r.get("floor_ms_per_step") is not None]
+floor = sum(r["floor_ms_per_step"] for r in known)
+if floor > 0:
     by = {}
     for r in known:
         ms, fl = by.get(r["op"], (0.0, 0.0))
         by[r["op"]] = (ms + r["ms_per_step"], fl + r["floor_ms_per_step"])
-    floor = sum(fl for _, fl in by.values())
+    known_ms = sum(ms for ms, _ in by.values())
     unknown = len(rows) - len(known)
     peaks = f"{(j.get('tensor_peak_flops') or 0) / 1e12:.4g} TFLOP/s dense bf16, {(j.get('peak_bytes_per_s') or 0) / 1e9:.4g} GB/s"
     print()
     print(f"Floors (each operation's FLOPs at the tensor-core peak or its bytes at the memory's bandwidth, whichever "
-          f"takes longer; {peaks}): {floor:.3f} ms/step for {len(known)} of the {len(rows)} rows; the span is "
-          f"{span / floor:.2f}x that" + (f" ({unknown} row(s) without a floor)." if unknown else ".") +
+          f"takes longer; {peaks}): {floor:.3f} ms/step for {len(known)} of the {len(rows)} rows, which took "
+          f"{known_ms:.3f} ms/step, {known_ms / floor:.2f}x that" +
+          (f" ({unknown} row(s) without a floor)." if unknown else ".") +
           " By operation, most time above its floor first:")
     print()
     print("| operation | ms/step | floor ms/step | x floor | above the floor, ms/step |")
     print("|---|---:|---:|---:|---:|")
     for op, (ms, fl) in sorted(by.items(), key=lambda kv: -(kv[1][0] - kv[1][1])):
-        print(f"| {op} | {ms:.3f} | {fl:.3f} | {ms / fl:.2f} | {ms - fl:.3f} |")
+        print(f"| {op} | {ms:.3f} | {fl:.3f} | {f'{ms / fl:.2f}' if fl > 0 else '-'} | {ms - fl:.3f} |")
 EOF
 }
 
@@ -685,7 +691,9 @@ f=$LOG_DIR/fast_dptrain_1.log
 [ -f "$f" ] && fast_phases=$(grep -m1 '^# phases' "$f" | sed 's/^# //' || true)
 # The fast path's library choices (cuBLASLt's algorithm per GEMM shape), and each A/B variant's phases.
 choices="" variant_phases=()
-[ -f "$f" ] && choices=$(grep -E '^# (cuBLASLt|bias gradients:) ' "$f" | sed 's/^# /- /' || true)
+[ -f "$f" ] && choices=$(grep -E '^# (cuBLASLt|bias gradients:) ' "$f" | grep -v '^# cuBLASLt sweep ' | sed 's/^# /- /' || true)
+sweep=""
+[ -f "$f" ] && sweep=$(grep -E '^# (cuBLASLt sweep|library sweep:) ' "$f" | sed 's/^# /- /' || true)
 for k in fastsep fastnd; do
   f=$LOG_DIR/${k}_dptrain_1.log
   [ -f "$f" ] && grep -q '^# phases' "$f" && variant_phases+=("$k: $(grep -m1 '^# phases' "$f" | sed 's/^# //')")
@@ -722,6 +730,12 @@ report=$(
     echo "The fast path's GEMMs: what cuBLASLt's heuristic chose per shape"
     echo
     echo "$choices"
+  fi
+  if [ -n "$sweep" ]; then
+    echo
+    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes, timed on scratch operands (dpt-model-bench --lt-sweep $LTS): whether another than the first would pay"
+    echo
+    echo "$sweep"
   fi
   if ((KS > 0)) && [ -f "$LOG_DIR/fast_dptrain_1.log.json" ] &&
     ab=$(op_compare "$LOG_DIR/fast_dptrain_1.log.json" "fastsep=$LOG_DIR/fastsep_dptrain_1.log.json" \

@@ -79,20 +79,28 @@ for mode in fp32 fast; do
     "${GPT[@]}" "${extra[@]}" > "$WORK/peaks_$mode.out" 2>&1 || { cat "$WORK/peaks_$mode.out"; fail "peaks $mode failed"; }
   grep -qE "^# kernels' floors: [0-9.]+ ms/step for [0-9]+ operation\(s\) at the device's peaks \(0.05 TFLOP/s dense bf16, 5 GB/s\)" \
     "$WORK/peaks_$mode.out" || { cat "$WORK/peaks_$mode.out"; fail "peaks $mode: no floors line"; }
-  grep -qE '^ +dptrain +step .* bf16|fp32' "$WORK/peaks_$mode.out" || fail "peaks $mode: no table row"
+  grep -qE '^ +dptrain +step .* (bf16|fp32) ' "$WORK/peaks_$mode.out" || fail "peaks $mode: no table row"
   floors=("j['tensor_peak_flops'] == 0.05e12 and j['peak_bytes_per_s'] == 5e9" "j['mfu'] is not None and j['mfu'] > 0"
     "all(r['floor_ms_per_step'] is None or abs(r['floor_ms_per_step'] - 1e3 * max(r['flops_per_step'] / 0.05e12 if r['flops_per_step'] else 0, r['bytes_per_step'] / 5e9)) <= 1e-9 * r['floor_ms_per_step'] for r in j['kernels'])"
     "abs(j['kernel_floor_ms_per_step'] - sum(r['floor_ms_per_step'] or 0 for r in j['kernels'])) <= 1e-9 * j['kernel_floor_ms_per_step']"
+    "abs(j['kernel_floor_rows_ms_per_step'] - sum(r['ms_per_step'] for r in j['kernels'] if r['floor_ms_per_step'] is not None)) <= 1e-9 * j['kernel_floor_rows_ms_per_step']"
     "j['kernel_floor_unknown_rows'] == sum(r['floor_ms_per_step'] is None for r in j['kernels'])")
   if [ "$mode" = fp32 ]; then
     check_json "$WORK/peaks_$mode.json" "${floors[@]}" \
       "all((r['floor_ms_per_step'] is None) == (r['op'] in ('gemm', 'gemm_strided_batched')) for r in j['kernels'])"
-    grep -qE "^# kernels' floors: .*GB/s\), [0-9]+ without one: the span" "$WORK/peaks_$mode.out" || fail "peaks fp32: the unknown floors not said"
+    grep -qE "^# kernels' floors: .*GB/s\), [0-9]+ without one: they took [0-9.]+ ms/step, [0-9.]+x that$" "$WORK/peaks_$mode.out" || fail "peaks fp32: the unknown floors not said"
   else
     check_json "$WORK/peaks_$mode.json" "${floors[@]}" "j['kernel_floor_unknown_rows'] == 0" \
       "all(r['tensor_cores'] for r in j['kernels'] if r['op'] in ('matmul_bf16', 'attention_forward', 'attention_backward'))"
   fi
 done
+
+# --lt-sweep: on the CPU no library plan to sweep, said in a line and the JSON; a negative count refused.
+"$BENCH" --batch 2 --warmup 1 --steps 1 --lt-sweep 3 --json "$WORK/sweep.json" "${GPT[@]}" > "$WORK/sweep.out" 2>&1 \
+  || { cat "$WORK/sweep.out"; fail "--lt-sweep 3 failed"; }
+grep -qx '# library sweep: no library plan to sweep on cpu' "$WORK/sweep.out" || { cat "$WORK/sweep.out"; fail "no sweep line"; }
+check_json "$WORK/sweep.json" "j['library_sweep'] == ['library sweep: no library plan to sweep on cpu']"
+expect_exit 2 "lt-sweep" "$BENCH" --lt-sweep -1 "${GPT[@]}"
 
 # An MLP on images: float32 GEMMs and the bias kernels.
 "$BENCH" --batch 4 --shape 1,28,28 --warmup 1 --steps 2 --kernel-steps 1 --json "$WORK/mlp.json" model.name=mlp \
@@ -124,8 +132,9 @@ has gb "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| \| \| \| the step's span \|" "the tabl
 # its floor, and the operations by the time above their floors.
 printf '#!/usr/bin/env bash\nexec %q --peak-tflops 0.05 --peak-gbps 5 "$@"\n' "$BENCH" > "$WORK/peaked-bench"
 chmod +x "$WORK/peaked-bench"
-gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep" MODEL_BENCH="$WORK/peaked-bench"
-has ab '^Floors \(each operation.*; 0.05 TFLOP/s dense bf16, 5 GB/s\): [0-9.]+ ms/step for [0-9]+ of the [0-9]+ rows; the span is [0-9.]+x that\.' \
+gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep" MODEL_BENCH="$WORK/peaked-bench" BENCH_LT_SWEEP=2
+has ab '^- library sweep: no library plan to sweep on cpu$' "no --lt-sweep section"
+has ab '^Floors \(each operation.*; 0.05 TFLOP/s dense bf16, 5 GB/s\): [0-9.]+ ms/step for [0-9]+ of the [0-9]+ rows, which took [0-9.]+ ms/step, [0-9.]+x that\.' \
   "no floors line"
 has ab '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [-0-9.]+ \|$' "the floors' table lacks matmul_bf16"
 has ab '^\| [0-9.]+ \| [0-9.]+ \| [0-9]+ \| [0-9.e+-]+ \| [0-9.e+-]+ \| [0-9.]+ \| attention_backward \| b 2 t 32 ' \

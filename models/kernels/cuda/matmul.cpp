@@ -294,6 +294,104 @@ void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& 
                                   &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream()));
 }
 
+// Each plan with an algorithm, again on scratch operands: cuBLASLt's first `candidates` proposals for the same
+// descriptors and alignments, each called once untimed and then `reps` times between two events, against the algorithm
+// the plan runs. The descriptor's epilogue pointers are pointed at scratch here; matmul_bf16 sets them again at its
+// every call. A plan whose sweep fails (out of memory, a library status) says so in its line; the rest go on.
+std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps) {
+  std::vector<std::string> out;
+  if (!lt_ || candidates < 1 || reps < 1) return out;
+  LtState& st = *lt_;
+  constexpr int kMaxCandidates = 16;
+  candidates = std::min(candidates, kMaxCandidates);
+  cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
+  for (auto& [key, e] : st.entries) {
+    if (!e->have_algo) continue;
+    const LtMatmulPlan& p = key.plan;
+    try {
+      // Scratch of each layout's extent (column-major: ld x cols), filled with 0x3c bytes (bf16 0.0115, float32
+      // 0.0115): finite, non-zero operands.
+      const auto scratch = [&](int64_t elems, size_t elem_bytes) {
+        Tensor t = Tensor::empty({std::max<int64_t>(elems, 1) * static_cast<int64_t>(elem_bytes)}, DType::U8, device());
+        DPT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0x3c, t.numel(), stream()));
+        return t;
+      };
+      Tensor a = scratch(p.a.ld * p.a.cols, 2), b = scratch(p.b.ld * p.b.cols, 2),
+             d = scratch(p.d.ld * p.d.cols, p.d_f32 ? 4 : 2);
+      Tensor bias, aux;
+      if (p.bias_len > 0) {
+        bias = scratch(p.bias_len, p.epilogue == LtEpilogue::BGradB ? 4 : 2);
+        set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias.raw()));
+      }
+      if (p.epilogue == LtEpilogue::GeluAuxBias || p.epilogue == LtEpilogue::DGelu) {
+        aux = scratch(p.aux_ld * p.n, 2);
+        set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux.raw()));
+      }
+      cublasLtMatmulPreference_t pref = nullptr;
+      DPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const uint64_t ws = kLtWorkspaceBytes;
+      const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
+        return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
+      };
+      std::array<cublasLtMatmulHeuristicResult_t, kMaxCandidates> found_algos{};
+      int found = 0;
+      cublasStatus_t hs = set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
+      if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]);
+      if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]);
+      if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]);
+      if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]);
+      if (hs == CUBLAS_STATUS_SUCCESS)
+        hs = cublasLtMatmulAlgoGetHeuristic(st.handle, e->desc, e->a, e->b, e->d, e->d, pref, candidates,
+                                            found_algos.data(), &found);
+      (void)cublasLtMatmulPreferenceDestroy(pref);
+      DPT_CUBLAS_CHECK(hs);
+      const float alpha = 1.0f, beta = p.beta;
+      // ms per call of one algorithm; negative when cuBLASLt refuses it for these operands.
+      const auto time_algo = [&](const cublasLtMatmulAlgo_t& algo) -> double {
+        const auto call = [&] {
+          return cublasLtMatmul(st.handle, e->desc, &alpha, a.raw(), e->a, b.raw(), e->b, &beta, d.raw(), e->d,
+                                d.raw(), e->d, &algo, st.workspace.raw(), kLtWorkspaceBytes, stream());
+        };
+        const cublasStatus_t first = call();
+        if (first == CUBLAS_STATUS_NOT_SUPPORTED) return -1.0;
+        DPT_CUBLAS_CHECK(first);
+        start.record(stream());
+        for (int i = 0; i < reps; ++i) DPT_CUBLAS_CHECK(call());
+        stop.record(stream());
+        stop.synchronize();
+        return stop.elapsed_ms_since(start) / reps;
+      };
+      const double chosen = time_algo(e->heuristic.algo);
+      double best = chosen;
+      int best_i = -1, tried = 0;
+      for (int i = 0; i < found; ++i) {
+        if (found_algos[i].state != CUBLAS_STATUS_SUCCESS) continue;
+        const double ms = time_algo(found_algos[i].algo);
+        if (ms < 0) continue;
+        ++tried;
+        if (best < 0 || ms < best) {
+          best = ms;
+          best_i = i;
+        }
+      }
+      const std::string head = fmt::format("cuBLASLt sweep {}", describe(p));
+      if (chosen < 0) {
+        out.push_back(fmt::format("{}: the algorithm it runs refused the scratch operands; {} candidate(s) ran{}", head,
+                                  tried, best_i < 0 ? std::string() : fmt::format(", fastest {:.4f} ms", best)));
+      } else if (best_i < 0) {
+        out.push_back(fmt::format("{}: chosen {:.4f} ms; none of {} candidate(s) faster", head, chosen, tried));
+      } else {
+        out.push_back(fmt::format("{}: chosen {:.4f} ms, fastest {:.4f} ms ({:.1f}% less; candidate {} of {}: {})", head,
+                                  chosen, best, 100.0 * (chosen - best) / chosen, best_i + 1, found,
+                                  describe_algo(found_algos[best_i])));
+      }
+    } catch (const std::exception& ex) {
+      out.push_back(fmt::format("cuBLASLt sweep {}: failed: {}", describe(p), ex.what()));
+    }
+  }
+  return out;
+}
+
 std::vector<std::string> CudaKernels::library_choices() const {
   std::vector<std::string> out;
   if (!lt_) return out;

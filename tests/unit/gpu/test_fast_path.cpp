@@ -137,6 +137,69 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
             }
 }
 
+// dpt-model-bench --lt-sweep: every cuBLASLt plan made so far timed with its heuristic's first candidates on scratch
+// operands, a line each; it points the plans' epilogue pointers at its scratch, so the products after it must still
+// write the caller's bias-GELU pre-activation and bias gradient (poisoned first), and match the CPU.
+TEST_CASE("cuBLASLt sweep times every plan on scratch and leaves the next products right", "[gpu][fastpath]") {
+  Restore restore;
+  std::mt19937 rng(71);
+  const int64_t M = 64, N = 96, K = 128;
+  const auto run = [&](MatmulEpilogue ep, const char* what) {
+    INFO(what);
+    const bool grad = ep == MatmulEpilogue::BiasGrad;
+    // The forward's x W^T for Bias / BiasGelu; the weight gradient's dY^T X for BiasGrad.
+    const int64_t m = grad ? N : M, n = grad ? K : N, k = grad ? M : K;
+    MatmulShape s{.trans_a = grad, .trans_b = !grad, .M = m, .N = n, .K = k, .lda = grad ? m : k, .ldb = grad ? n : k,
+                  .ldd = n, .d_f32 = grad, .accumulate = grad, .epilogue = ep};
+    const Tensor a = bf16_random({grad ? k : m, grad ? m : k}, rng), b = bf16_random({grad ? k : n, grad ? n : k}, rng);
+    const Tensor bias = bf16_random({n}, rng), d0 = random_floats({m, n}, rng), bg0 = random_floats({m}, rng);
+    Tensor d_cpu = grad ? copy_to(d0, Device::cpu()) : bf16_nan({m, n}), aux_cpu = bf16_nan({m, n});
+    Tensor bg_cpu = copy_to(bg0, Device::cpu());
+    Tensor d_gpu = grad ? to_device(d0) : to_device(bf16_nan({m, n})), aux_gpu = to_device(aux_cpu);
+    Tensor bg_gpu = to_device(bg0), da = to_device(a), db = to_device(b), dbias = to_device(bias);
+    const bool gelu = ep == MatmulEpilogue::BiasGelu;
+    cpu_kernels().matmul_bf16(s, {.a = a.data<BFloat16>(), .b = b.data<BFloat16>(), .d = d_cpu.raw(),
+                                  .bias = grad ? nullptr : bias.data<BFloat16>(),
+                                  .aux = gelu ? aux_cpu.data<BFloat16>() : nullptr,
+                                  .bias_grad = grad ? bg_cpu.data<float>() : nullptr});
+    gpu_kernels().matmul_bf16(s, {.a = da.data<BFloat16>(), .b = db.data<BFloat16>(), .d = d_gpu.raw(),
+                                  .bias = grad ? nullptr : dbias.data<BFloat16>(),
+                                  .aux = gelu ? aux_gpu.data<BFloat16>() : nullptr,
+                                  .bias_grad = grad ? bg_gpu.data<float>() : nullptr});
+    const double err = 4.0 * static_cast<double>(k) * 0x1p-24 + 1e-6;
+    const Diff dd = grad ? compare(to_host(d_gpu), d_cpu, err, 1e-6) : compare_bf16(d_gpu, d_cpu, err, kBf16Step);
+    INFO("D: " << dd);
+    CHECK(dd.bad == 0);
+    if (gelu) {
+      const Diff dx = compare_bf16(aux_gpu, aux_cpu, err, kBf16Step);
+      INFO("aux: " << dx);
+      CHECK(dx.bad == 0);
+    }
+    if (grad) {
+      const Diff dg = compare(to_host(bg_gpu), bg_cpu, err, 1e-6);
+      INFO("bias_grad: " << dg);
+      CHECK(dg.bad == 0);
+    }
+  };
+  const MatmulEpilogue eps[] = {MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad};
+  for (const auto ep : eps) run(ep, "before the sweep");
+  const std::vector<std::string> lines = cuda_set().sweep_library_choices(3, 2);
+  size_t with_algo = 0;
+  for (const std::string& c : cuda_set().library_choices())
+    if (c.starts_with("cuBLASLt ") && c.find(": none,") == std::string::npos) ++with_algo;
+  INFO("plans with an algorithm: " << with_algo);
+  CHECK(lines.size() == with_algo);
+  CHECK(with_algo >= 3);
+  for (const std::string& line : lines) {
+    INFO(line);
+    CHECK(line.starts_with("cuBLASLt sweep m "));
+    CHECK(line.find("failed") == std::string::npos);
+    CHECK(line.find(" ms") != std::string::npos);
+  }
+  for (const auto ep : eps) run(ep, "after the sweep");
+  CHECK(cuda_set().sweep_library_choices(0, 2).empty());
+}
+
 TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward and backward", "[gpu][fastpath]") {
   std::mt19937 rng(44);
   // train.deterministic = false: cuDNN's default backward (it may add in a varying order), within the same bounds.

@@ -255,6 +255,24 @@ TEST_CASE("TimedKernels: each call's work and floor, in closed form", "[timed_ke
     CHECK((f.tensor && b.tensor));
   }
 
+  // The fused AdamW over n parameters: the float32 parameter, m and v read and written, the gradient read, and the
+  // bf16 copy written when asked for.
+  {
+    TimedKernels t(kernels_for(Device::cpu()));
+    const size_t n = 64;
+    std::vector<float> p(n, 0.5f), g(n, 0.1f), m(n, 0.0f), v(n, 0.0f);
+    std::vector<BFloat16> h(n);
+    AdamWParams ap;
+    ap.step = 1;
+    t.adamw_fused(p.data(), h.data(), g.data(), m.data(), v.data(), n, ap, nullptr, 0, nullptr, 0.0);
+    t.adamw_fused(p.data(), nullptr, g.data(), m.data(), v.data(), n, ap, nullptr, 0, nullptr, 0.0);
+    t.collect();
+    std::map<std::string, double> by;
+    for (const auto& r : t.rows()) by[r.shape] = r.bytes;
+    CHECK(by.at("n 64, bf16 copy") == n * (2 * 4 + 4 + 2 * 4 + 2 * 4 + 2));
+    CHECK(by.at("n 64") == n * (2 * 4 + 4 + 2 * 4 + 2 * 4));
+  }
+
   // The floor: the larger of the products' time at the tensor-core peak and the bytes' at the memory's bandwidth.
   using Row = TimedKernels::Row;
   const Row compute{.op = "matmul_bf16", .calls = 2, .ms = 5, .flops = 2e12, .bytes = 1e9, .tensor = true};
@@ -308,6 +326,34 @@ TEST_CASE("TimedKernels: a GPT step's FLOPs by operation are the model's, in clo
       CHECK(flops["gemm"] + flops["gemm_strided_batched"] ==
             Approx(layers + head + 12 * L * T * C * tokens).epsilon(1e-12));
       CHECK(!products_on_tensor_cores);
+    }
+    if (bf16) {
+      // The memory-bound operations' bytes, tensor by tensor (bf16 activations 2 bytes, float32 4): the residual adds
+      // read two and write one rows x C each, 2 per layer forward and 2 backward; LayerNorm forward reads x, gamma,
+      // beta and writes y, mean, rstd; backward reads dy, x, gamma, mean, rstd, writes dx and adds into dgamma, dbeta;
+      // the classifier reads and writes every padded column (the loss hands it the padded logits, whose padding the
+      // head's -inf bias keeps out of the softmax) and reads the labels.
+      std::map<std::string, double> bytes;
+      std::map<std::string, int64_t> calls;
+      for (const auto& r : timed.rows()) {
+        bytes[r.op] += r.bytes;
+        calls[r.op] += r.calls;
+      }
+      const double rows = tokens, rc = rows * C, act = 2, f32 = 4;
+      const double Vp = static_cast<double>(padded_vocab(o));
+      CHECK(calls["add_bf16"] == 4 * o.n_layer);
+      CHECK(bytes["add_bf16"] == Approx(4 * L * (3 * act * rc)).epsilon(1e-12));
+      const double ln = 2 * L + 1;
+      CHECK(bytes["layernorm_forward_bf16"] ==
+            Approx(ln * (act * rc + 2 * f32 * C + act * rc + 2 * f32 * rows)).epsilon(1e-12));
+      CHECK(bytes["layernorm_backward_bf16"] ==
+            Approx(ln * (2 * act * rc + f32 * C + 2 * f32 * rows + act * rc + 2 * (2 * f32 * C))).epsilon(1e-12));
+      CHECK(bytes["classifier_bf16"] == Approx(2 * act * rows * Vp + 4 * rows).epsilon(1e-12));
+      // The embedding: the tokens, a wte row per token, wpe's T rows, the float32 output; backward reads dy and adds
+      // into a dwte row per token and dwpe's T rows.
+      CHECK(bytes["embedding_forward"] == Approx(4 * rows + f32 * rc + f32 * T * C + f32 * rc).epsilon(1e-12));
+      CHECK(bytes["embedding_backward"] ==
+            Approx(4 * rows + f32 * rc + 2 * f32 * rc + 2 * f32 * T * C).epsilon(1e-12));
     }
     double total = 0;
     for (const auto& [op, f] : flops) total += f;
