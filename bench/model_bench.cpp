@@ -529,14 +529,14 @@ void print_kernels(const Result& r, const Options& o) {
              o.kernel_steps, r.device.starts_with("cuda") ? "CUDA events around each call" : "steady_clock", span,
              in_calls, r.kernels.size(), r.kernel_between_ms / n, share(r.kernel_between_ms / n));
   if (r.peak_bytes_per_s > 0 && fs.floor_ms > 0)
-    fmt::print("# kernels' floors: {:.3f} ms/step for {} operation(s) at the device's peaks ({} dense bf16, {:.4g} GB/s)"
-               "{}: they took {:.3f} ms/step, {:.2f}x that\n",
+    fmt::print("# kernels' floors: {:.3f} ms/step for {} operation(s) at the device's peaks ({} dense bf16, "
+               "{:.4g} GB/s){}: they took {:.3f} ms/step, {:.2f}x that\n",
                fs.floor_ms, static_cast<int64_t>(r.kernels.size()) - fs.unknown,
                r.tensor_peak_flops > 0 ? fmt::format("{:.4g} TFLOP/s", r.tensor_peak_flops / 1e12) : "- TFLOP/s",
                r.peak_bytes_per_s / 1e9, fs.unknown ? fmt::format(", {} without one", fs.unknown) : std::string(),
                fs.ms, fs.ms / fs.floor_ms);
-  fmt::print("# kernel {:>9} {:>6} {:>6} {:>8} {:>8} {:>7}  {}\n", "ms/step", "%", "calls", "TFLOP/s", "GB/s", "x floor",
-             "operation: shape");
+  fmt::print("# kernel {:>9} {:>6} {:>6} {:>8} {:>8} {:>7}  {}\n", "ms/step", "%", "calls", "TFLOP/s", "GB/s",
+             "x floor", "operation: shape");
   const auto rate = [](double amount, double ms, double unit) {
     return amount > 0 && ms > 0 ? fmt::format("{:.4g}", amount / (ms * 1e-3) / unit) : std::string("-");
   };
@@ -595,17 +595,17 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       ->capture_default_str();
   app.add_option("--lt-sweep", o.lt_sweep,
                  "after the steps, each cuBLASLt plan the run made timed again on scratch operands with the first N "
-                 "algorithms cuBLASLt's heuristic proposes (" + std::to_string(kSweepReps) +
+                 "algorithms cuBLASLt's heuristic proposes (at most 16; " + std::to_string(kSweepReps) +
                      " calls each), against the one it runs: whether another would pay (GPU; 0: none)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops,
-                 "the device's dense bf16 peak in TFLOP/s, for MFU and --kernel-steps' floors (default: dptrain's table "
-                 "of H100, H200, H800, A100 and A800; other devices have none, and no MFU)")
+                 "the device's dense bf16 peak in TFLOP/s, for MFU and --kernel-steps' floors (default: dptrain's "
+                 "table of H100, H200, H800, A100 and A800; other devices have none, and no MFU)")
       ->check(CLI::PositiveNumber);
   app.add_option("--peak-gbps", o.peak_gbps,
-                 "the device's memory bandwidth in GB/s, for --kernel-steps' floors (default on a GPU: its memory clock "
-                 "x bus width x 2; none on the CPU)")
+                 "the device's memory bandwidth in GB/s, for --kernel-steps' floors (default on a GPU: its memory "
+                 "clock x bus width x 2; none on the CPU)")
       ->check(CLI::PositiveNumber);
   app.add_flag("--cuda-profiler-range", o.profiler_range,
                "the timed steps between cudaProfilerStart/Stop (nsys profile --capture-range=cudaProfilerApi)");

@@ -225,7 +225,8 @@ TEST_CASE("TimedKernels: each call's work and floor, in closed form", "[timed_ke
   CHECK(w.bytes == 2 * M * K + 2 * K * N + 2 * M * N + 2 * N);
   CHECK(w.tensor);
   s.epilogue = MatmulEpilogue::BiasGelu;
-  CHECK(matmul_work(s, true).bytes == 2 * M * K + 2 * K * N + 2 * M * N + 2 * N + 2 * M * N);  // the kept pre-activation
+  // With the pre-activation kept (aux written).
+  CHECK(matmul_work(s, true).bytes == 2 * M * K + 2 * K * N + 2 * M * N + 2 * N + 2 * M * N);
   CHECK(matmul_work(s, false).bytes == 2 * M * K + 2 * K * N + 2 * M * N + 2 * N);
   s.epilogue = MatmulEpilogue::DGelu;
   CHECK(matmul_work(s, false).bytes == 2 * M * K + 2 * K * N + 2 * M * N + 2 * M * N);  // reads the pre-activation
@@ -233,7 +234,8 @@ TEST_CASE("TimedKernels: each call's work and floor, in closed form", "[timed_ke
        .epilogue = MatmulEpilogue::BiasGrad};
   w = matmul_work(s, false);
   CHECK(w.flops == 2 * 768.0 * 2304 * 16384);
-  CHECK(w.bytes == 2 * 768.0 * 16384 + 2 * 16384.0 * 2304 + 4 * 768.0 * 2304 * 2 + 8 * 768.0);  // D and the bias read+written
+  // D and the bias gradient read and written.
+  CHECK(w.bytes == 2 * 768.0 * 16384 + 2 * 16384.0 * 2304 + 4 * 768.0 * 2304 * 2 + 8 * 768.0);
   s.K = 0;
   CHECK(matmul_work(s, false).flops == 0);
 
