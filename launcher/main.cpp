@@ -73,8 +73,8 @@ Restarts (--max-restarts N; on several nodes see "Elastic jobs" below): after a 
 job has been torn down as above, dprun prints "rank R failed (...); restart k of N" and starts every
 rank again with DPT_RESTART_COUNT=k, the same MASTER_ADDR and MASTER_PORT (a port dprun chose itself is
 replaced by a new free one if something else has taken it meanwhile). With --log-dir, the new attempt's
-output is appended to each rank's log. A program resumes from its own checkpoints (dptrain does, with
---resume auto). There is no restart after SIGINT, SIGTERM, SIGHUP or SIGUSR1 to dprun (even during a
+output is appended to each rank's log. A program resumes from its own checkpoints (dptrain does: with
+--resume auto, and on a restart also with --resume never or PATH, which apply to the first attempt). There is no restart after SIGINT, SIGTERM, SIGHUP or SIGUSR1 to dprun (even during a
 teardown), after a preemption (exit 75) or when the program cannot be started; after the N-th restart
 fails, dprun exits as without restarts.
 

@@ -156,6 +156,7 @@ class Trainer {
   StreamHandle stream_{};  // the compute stream (nullptr on the CPU)
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<CheckpointManager> ckpt_;
+  std::string set_aside_reason_ = "invalid";  // what resume() names the checkpoints newer than the chosen one
   TrainState start_;
   bool overlap_ = true, sync_buffers_ = false;
   std::optional<data::DistributedSampler> sampler_;
@@ -270,32 +271,56 @@ void Trainer::resume() {
   ckpt_ = std::make_unique<CheckpointManager>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
   faults_.checkpoints_opened(*ckpt_);
   std::optional<LoadedCheckpoint> loaded = choose_checkpoint(*ckpt_);
-  if (!loaded) return;
-  restore(*loaded);
-  result_.resumed_from_step = start_.step;
+  if (loaded) restore(*loaded);  // a checkpoint this run cannot continue from throws here, with nothing moved
+  // Checkpoints newer than the one we continue from (invalid ones skipped by auto, or those of the run that --resume
+  // PATH abandons) must neither be loaded by a later --resume auto nor outrank the new run's checkpoints when
+  // pruning: keep them, under another name. Only once the chosen one has loaded.
+  if (lead_ && (opts_.resume != "never" || opts_.restart > 0))
+    ckpt_->set_aside_after(loaded ? loaded->state.step : -1, set_aside_reason_);
+  if (loaded) result_.resumed_from_step = start_.step;
 }
 
 std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManager& ckpt) {
   std::optional<LoadedCheckpoint> loaded;
-  if (opts_.resume == "never") {
+  // On a launcher's restart, --resume never and PATH were the first attempt's: this attempt goes on from the job's
+  // own checkpoints (RunOptions::restart).
+  const bool restarted = opts_.restart > 0 && opts_.resume != "auto";
+  bool from_dir = opts_.resume == "auto";  // the chosen checkpoint is checkpoint.dir's (else PATH)
+  if (opts_.resume == "never" && !restarted) {
     if (lead_) {
       size_t n = ckpt.remove_all();
       if (n) spdlog::warn("--resume never: deleted {} checkpoint(s) of an earlier run in {}", n, ckpt.dir());
     }
+  } else if (opts_.resume == "never") {
+    from_dir = true;
+    if (lead_) {
+      loaded = ckpt.load_latest();
+      spdlog::info("restart {}: --resume never applied to the job's first attempt; this one goes on from {}",
+                   opts_.restart, loaded ? loaded->path : std::string("the start (no checkpoint of this job yet)"));
+    }
   } else if (lead_) {
     loaded = opts_.resume == "auto" ? ckpt.load_latest() : CheckpointManager::load(opts_.resume);
-    // Checkpoints newer than the one we continue from (invalid ones skipped by auto, or those of the run
-    // that --resume PATH abandons) must neither be loaded by a later --resume auto nor outrank the new
-    // run's checkpoints when pruning: keep them, under another name.
-    ckpt.set_aside_after(loaded ? loaded->state.step : -1, opts_.resume == "auto" ? "invalid" : "abandoned");
+    if (restarted) {
+      std::optional<LoadedCheckpoint> own = ckpt.load_latest();
+      if (own && own->state.step > loaded->state.step) {
+        spdlog::info("restart {}: --resume {} applied to the job's first attempt; this one goes on from {}, its newest "
+                     "checkpoint", opts_.restart, opts_.resume, own->path);
+        loaded = std::move(own);
+        from_dir = true;
+      }
+    }
   }
-  Tensor chosen = Tensor::empty({1}, DType::I64);
+  // Rank 0's choice, to every rank: the step, and whether it is checkpoint.dir's.
+  Tensor chosen = Tensor::empty({2}, DType::I64);
   chosen.data<int64_t>()[0] = loaded ? loaded->state.step : -1;
+  chosen.data<int64_t>()[1] = from_dir ? 1 : 0;
   pg_.broadcast(chosen, {.what = "resume step"})->wait();
   const int64_t chosen_step = chosen.data<int64_t>()[0];
+  from_dir = chosen.data<int64_t>()[1] != 0;
   if (chosen_step >= 0 && !lead_)
-    loaded = CheckpointManager::load(opts_.resume == "auto" ? ckpt.path_for_step(chosen_step) : opts_.resume);
+    loaded = CheckpointManager::load(from_dir ? ckpt.path_for_step(chosen_step) : opts_.resume);
   if (loaded) DPT_CHECK_EQ(loaded->state.step, chosen_step);
+  set_aside_reason_ = opts_.resume == "auto" || (restarted && from_dir) ? "invalid" : "abandoned";
   return loaded;
 }
 

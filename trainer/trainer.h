@@ -16,6 +16,11 @@ struct RunOptions {
   // auto: continue from the newest valid checkpoint in checkpoint.dir, if any; never: start fresh, deleting
   // the checkpoints already in checkpoint.dir; any other value: the path of one checkpoint to continue from.
   std::string resume = "auto";
+  // The launcher's restart count (DPT_RESTART_COUNT, torchrun's TORCHELASTIC_RESTART_COUNT): on a restart (> 0)
+  // --resume never and PATH applied to the job's first attempt; the attempt goes on from the job's own newest
+  // checkpoint in checkpoint.dir instead (never: as auto; PATH: the newer of PATH and that one), so a restart keeps
+  // the failed attempt's progress.
+  int restart = 0;
   // Where this rank trains (choose_device()); a CUDA device must be current already.
   Device device = Device::cpu();
 };

@@ -41,6 +41,23 @@ left=$(pgrep -af "$WORK/ckpt" | grep -v pgrep)
 [ -z "$left" ] || fail "trainer restart: processes left behind: $left"
 echo "ok: a rank failing once is restarted (DPT_RESTART_COUNT=1) and the trainer resumes and finishes (${TOOK}s)"
 
+# 1b. The same job started with --resume never (as scripts/run.sh starts it): the first attempt starts fresh, and the
+#     restart goes on from the first attempt's step 24 instead of deleting it and starting over.
+mkdir -p "$WORK/ckpt_never/step-00000099"  # an earlier run's leftover, which the first attempt deletes
+run --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- sh -c \
+  'if [ "$DPT_RESTART_COUNT" = 0 ]; then export DPT_DEBUG_FAIL_AT_STEP=25 DPT_DEBUG_FAIL_RANK=1; fi
+   exec "$0" "$@"' "$DPTRAIN" --config "$CONFIG" --resume never data.train_limit=1200 data.test_limit=200 \
+  train.epochs=3 train.batch_size=32 checkpoint.every_steps=4 train.progress_interval_s=1000 \
+  checkpoint.dir="$WORK/ckpt_never"
+[ "$RC" = 0 ] || fail "--resume never, restarted: dprun exited $RC"
+grep -q 'restart 1: --resume never applied to the job.s first attempt; this one goes on from .*step-00000024' \
+  "$WORK/out" "$WORK/err" || fail "--resume never, restarted: the restart did not say it goes on from step 24"
+grep -q 'resumed from .*step-00000024 (step 24, epoch 2, batch 5)' "$WORK/out" "$WORK/err" ||
+  fail "--resume never, restarted: did not resume from step 24"
+[ ! -e "$WORK/ckpt_never/step-00000099" ] || fail "--resume never: the earlier run's checkpoint was not deleted"
+[ -f "$WORK/ckpt_never/step-00000057/COMPLETE" ] || fail "--resume never, restarted: no final checkpoint at step 57"
+echo "ok: --resume never applies to the first attempt; a restart goes on from the job's own step 24 (${TOOK}s)"
+
 # 2. Rank 1 fails every time: after 2 restarts dprun gives up with its exit code, naming it.
 run --nproc-per-node 2 --max-restarts 2 --grace-period 1 -- sh -c \
   'echo "attempt $DPT_RESTART_COUNT"; [ "$RANK" = 1 ] && exit 3; exec sleep $SLEEP_FOR'

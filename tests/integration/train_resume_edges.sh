@@ -14,6 +14,14 @@ for s in 19 38 57; do
   [ -f "$WORK/a/step-000000$s/COMPLETE" ] || { ls "$WORK/a"; fail "no checkpoint at step $s"; }
 done
 
+# 1b. --resume PATH of a checkpoint this model cannot load (another hidden width) fails before anything in
+#     checkpoint.dir is moved: step 57 stays where a later --resume auto finds it.
+out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" "model.hidden=[24]" checkpoint.dir="$WORK/a" \
+  --resume "$WORK/a/step-00000019" 2>&1) && { echo "$out"; fail "a checkpoint of another model loaded"; }
+echo "$out" | tail -2
+[ -f "$WORK/a/step-00000057/COMPLETE" ] && ! ls -d "$WORK/a"/abandoned-* 2>/dev/null \
+  || { ls "$WORK/a"; fail "a failed --resume PATH moved the run's checkpoints aside"; }
+
 # 2. Continue from step 19 (the end of epoch 1) on ONE rank: epochs 2 and 3 take 38 steps each.
 out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/a" --resume "$WORK/a/step-00000019" 2>&1) \
   || { echo "$out"; fail "resume on one rank failed"; }

@@ -35,7 +35,7 @@ int train_job(const TrainArgs& a) {
           [&](Job& job) {
             const bool lead = job.env.rank == 0;
             if (lead && !resolved.empty()) spdlog::info("{}", resolved);
-            const RunResult result = train(job.config, {.resume = a.resume, .device = job.device}, *job.pg);
+            const RunResult result = train(job.config, {.resume = a.resume, .restart = job.env.restart_count, .device = job.device}, *job.pg);
             if (result.stop_signal) {
               job.pg.reset();
               if (lead && result.failed_checkpoint_step == result.steps)
