@@ -83,7 +83,8 @@ json state_to_json(const TrainState& s) {
           {"seed", s.seed}, {"dataset_size", s.dataset_size}, {"drop_last", s.drop_last},
           {"rng", s.rng}, {"config_hash", s.config_hash}, {"config", s.config_toml},
           {"optimizer_steps", s.optimizer_steps}, {"loss_scale", s.loss_scale},
-          {"scale_growth_tracker", s.scale_growth_tracker}, {"skipped_steps", s.skipped_steps}, {"classes", s.classes}};
+          {"scale_growth_tracker", s.scale_growth_tracker}, {"skipped_steps", s.skipped_steps}, {"classes", s.classes},
+          {"epoch_loss_sum", s.epoch_loss_sum}, {"epoch_loss_count", s.epoch_loss_count}};
 }
 
 TrainState state_from_json(const std::string& text, const std::string& path) {
@@ -113,6 +114,8 @@ TrainState state_from_json(const std::string& text, const std::string& path) {
     s.scale_growth_tracker = j.value("scale_growth_tracker", int64_t{0});
     s.skipped_steps = j.value("skipped_steps", int64_t{0});
     s.classes = j.value("classes", std::vector<std::string>{});  // absent before predict: none
+    s.epoch_loss_sum = j.value("epoch_loss_sum", 0.0);  // absent before it was saved: the rest of the epoch only
+    s.epoch_loss_count = j.value("epoch_loss_count", 0.0);
     return s;
   } catch (const json::exception& e) {
     DPT_THROW(CheckpointError, "{}: malformed training state: {}", path, e.what());

@@ -58,6 +58,10 @@ struct TrainState {
   // The class names in label order (trainer/datasets.h's class_names; `dptrain predict` prints them); empty for a
   // GPT, and in checkpoints written before they were saved.
   std::vector<std::string> classes;
+  // Mid-epoch (samples_in_epoch > 0): the epoch's summed training loss and the targets it counts, over every rank's
+  // steps so far, so the resumed epoch's train_loss covers the whole epoch; 0 at an epoch's end and in checkpoints
+  // written before it was saved (the epoch's figure then covers the steps after the resume).
+  double epoch_loss_sum = 0, epoch_loss_count = 0;
 };
 
 struct LoadedCheckpoint {

@@ -73,6 +73,8 @@ struct Epoch {
   int64_t first_step = 0;   // the optimizer steps done when it began
   std::vector<size_t> indices;  // this rank's examples from first_batch on, kept for DPT_DEBUG_SAMPLE_LOG only
   Tensor stats;             // summed loss, correct, targets counted: on the device, no synchronisation per step
+  // Resumed mid-epoch: the summed loss and counted targets of every rank's steps before the checkpoint (TrainState).
+  double carried_loss = 0, carried_count = 0;
   int64_t seen = 0;         // rows this rank trained (tokens: every position, masked ones too)
   Clock::time_point t0 = Clock::now();
   double lr = 0, grad_norm = 0;
@@ -128,6 +130,7 @@ class Trainer {
   int64_t batches_for(size_t samples) const;       // a rank's batches in `samples` examples of an epoch
   int64_t samples_at(const Epoch& ep, int64_t next_batch) const;  // the epoch's examples the job has consumed
   Progress progress(Epoch& ep, int64_t next_batch);
+  void carry_epoch_loss(const Epoch& ep);
   void end_epoch(Epoch& ep, double data_wait_s);
   EvalResult evaluate_saved_model();
   // ---- checkpoints, the end
@@ -157,6 +160,7 @@ class Trainer {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<CheckpointManager> ckpt_;
   std::string set_aside_reason_ = "invalid";  // what resume() names the checkpoints newer than the chosen one
+  std::pair<double, double> epoch_loss_carry_{0.0, 0.0};  // carry_epoch_loss's, for a mid-epoch save()
   TrainState start_;
   bool overlap_ = true, sync_buffers_ = false;
   std::optional<data::DistributedSampler> sampler_;
@@ -480,6 +484,8 @@ void Trainer::train_epoch(int64_t epoch) {
   }
   Epoch ep{.index = epoch, .first_batch = first_batch, .end_batch = first_batch + batches, .sample0 = sample0,
            .first_step = step_, .stats = Tensor::zeros({3}, DType::F64, device_),
+           .carried_loss = sample0 > 0 ? start_.epoch_loss_sum : 0.0,
+           .carried_count = sample0 > 0 ? start_.epoch_loss_count : 0.0,
            .grad_ss = Tensor::zeros({1}, DType::F64, device_)};
   if (faults_.logs_samples()) ep.indices = indices;
   data::Loader loader(*ds_.train, std::move(indices), loader_options_);
@@ -593,23 +599,38 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
   ctx_.phase.clear();  // no formatting on the hot path: where() formats the step only for an error
   ctx_.step = step_ + 1;
   if (reporter_->progress_due()) reporter_->progress(progress(ep, next_batch));
-  if (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0 && !epoch_done)
+  if (cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0 && !epoch_done) {
+    carry_epoch_loss(ep);
     save(ep.index, next_batch, samples_at(ep, next_batch));
+  }
   faults_.step_done(step_, *model_);
   const int64_t save_epoch = epoch_done ? ep.index + 1 : ep.index, save_batch = epoch_done ? 0 : next_batch;
   const int64_t save_samples = epoch_done ? 0 : samples_at(ep, next_batch);
   if (t_.max_steps > 0 && step_ >= t_.max_steps) {
     stopped_ = true;
+    if (save_samples > 0) carry_epoch_loss(ep);
     save(save_epoch, save_batch, save_samples);
     return true;
   }
   // Preemption: did any rank get SIGUSR1 or SIGTERM? The ranks ask at the same step boundaries, so they all stop
   // after the same step, none of them inside a collective.
   if (const int sig = stop_agreement_->poll(step_)) {
+    if (save_samples > 0) carry_epoch_loss(ep);
     stop_for_signal(sig, save_epoch, save_batch, save_samples);
     return true;
   }
   return false;
+}
+
+// Before a mid-epoch checkpoint, on every rank (a collective, at a step boundary all ranks share): the epoch's
+// summed loss and counted targets over every rank so far, with what a resume carried in, for save()'s TrainState.
+void Trainer::carry_epoch_loss(const Epoch& ep) {
+  const auto [loss_sum, counted] = ep.loss_and_count();
+  Tensor t = Tensor::empty({2}, DType::F64);
+  t.data<double>()[0] = loss_sum;
+  t.data<double>()[1] = counted;
+  pg_.allreduce(t, {.op = comm::ReduceOp::Sum, .what = "the epoch's loss for the checkpoint"})->wait();
+  epoch_loss_carry_ = {t.data<double>()[0] + ep.carried_loss, t.data<double>()[1] + ep.carried_count};
 }
 
 // The progress line's figures (a host synchronisation: the loss so far, and the gradient norm when clipping).
@@ -642,6 +663,8 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
   tl.data<double>()[1] = static_cast<double>(ep.seen);
   tl.data<double>()[2] = counted;
   pg_.allreduce(tl, {.op = comm::ReduceOp::Sum, .what = "loss stats"})->wait();
+  tl.data<double>()[0] += ep.carried_loss;  // resumed mid-epoch: the steps before the checkpoint too
+  tl.data<double>()[2] += ep.carried_count;
   const double global_seen = tl.data<double>()[1], global_counted = tl.data<double>()[2];
   check_replicas(*model_, pg_, ep.index + 1, /*with_buffers=*/false, dp_.get());
   const auto eval_t0 = Clock::now();
@@ -691,7 +714,9 @@ void Trainer::save(int64_t epoch, int64_t next_batch, int64_t samples) {
                 .drop_last = t_.drop_last, .rng = "", .optimizer_steps = optimizer_->steps(),
                 .loss_scale = scaler_.enabled() ? scaler_.scale() : 0.0,
                 .scale_growth_tracker = scaler_.growth_tracker(), .skipped_steps = scaler_.skipped(),
-                .config_toml = to_toml(user_cfg_), .config_hash = config_hash(user_cfg_), .classes = ds_.classes};
+                .config_toml = to_toml(user_cfg_), .config_hash = config_hash(user_cfg_), .classes = ds_.classes,
+                .epoch_loss_sum = samples > 0 ? epoch_loss_carry_.first : 0.0,
+                .epoch_loss_count = samples > 0 ? epoch_loss_carry_.second : 0.0};
   std::ostringstream os;
   os << rng_;
   st.rng = os.str();

@@ -56,6 +56,11 @@ grep -q "64 global (train.global_batch_size: 1 rank(s) x 2 micro-batch(es) of 32
 ! grep -q "the global batch is now" "$WORK/shrink.log" || fail "shrink: says the global batch changed"
 same ref shrink 48 1e-6
 once shrink 2,1
+# Epoch 1's training loss covers the whole epoch (the checkpoint carries the 10 steps before it), as the uninterrupted
+# run's does: not only the 14 steps after the resume.
+eloss() { grep -oP "epoch $2/2 loss \K[0-9.]+" "$WORK/$1.log" | tail -1; }
+awk -v a="$(eloss ref 1)" -v b="$(eloss shrink 1)" 'BEGIN { d = a - b; exit !(a > 0 && d < 2e-4 && d > -2e-4) }' ||
+  fail "epoch 1's training loss after the resume is $(eloss shrink 1), the uninterrupted run's $(eloss ref 1)"
 resize grow 1 2 "${G64[@]}"
 same ref grow 48 1e-6
 once grow 1,2
