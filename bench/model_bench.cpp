@@ -55,6 +55,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -65,6 +66,7 @@
 #endif
 
 #include "core/check.h"
+#include "core/cli_checks.h"
 #include "core/cuda.h"
 #include "core/logging.h"
 #include "core/tensor.h"
@@ -567,46 +569,65 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("-c,--config", o.config_path, "TOML experiment file, as dptrain's (optional)")
       ->check(CLI::ExistingFile);
   app.add_option("--batch", o.batch, "examples (a GPT: sequences) per step (default: train.batch_size)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--shape", o.shape, "one example's shape C,H,W (images; a GPT reads model.block_size tokens)")
-      ->delimiter(',')
-      ->expected(3)
-      ->check(CLI::PositiveNumber)
-      ->capture_default_str();
+      ->check(dpt::cli::Positive);
+  // One argument "C,H,W" (a list option would also take the config overrides after it as its values).
+  app.add_option_function<std::string>(
+         "--shape",
+         [&o](const std::string& text) {
+           std::vector<int64_t> dims;
+           std::istringstream in(text);
+           for (std::string part; std::getline(in, part, ',');) {
+             size_t used = 0;
+             int64_t v = 0;
+             try {
+               v = std::stoll(part, &used);
+             } catch (const std::exception&) {
+               used = 0;
+             }
+             if (used == 0 || used != part.size() || v < 1)
+               throw CLI::ValidationError("--shape", fmt::format("'{}' is not C,H,W (three positive integers)", text));
+             dims.push_back(v);
+           }
+           if (dims.size() != 3 || text.back() == ',')
+             throw CLI::ValidationError("--shape", fmt::format("'{}' is not C,H,W (three positive integers)", text));
+           o.shape = dims;
+         },
+         "one example's shape C,H,W (images; a GPT reads model.block_size tokens)")
+      ->default_str(fmt::format("{}", fmt::join(o.shape, ",")));
   app.add_option("--classes", o.classes, "label classes (the model's unless model.num_classes is set; not a GPT's)")
-      ->check(CLI::PositiveNumber)
+      ->check(dpt::cli::Positive)
       ->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed steps first (allocations, algorithm choices, caches)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(dpt::cli::NonNegative)
       ->capture_default_str();
-  app.add_option("--steps", o.steps, "timed steps")->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--steps", o.steps, "timed steps")->check(dpt::cli::Positive)->capture_default_str();
   app.add_option("--phase-steps", o.phase_steps,
                  "after the timed steps, this many steps timed phase by phase (forward, loss, backward, optimizer)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   app.add_option("--kernel-steps", o.kernel_steps,
                  "after those, this many steps with a clock around every kernel-set call: time per operation and "
                  "shape (CUDA events on a GPU)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   app.add_option("--kernel-lines", o.kernel_lines, "the operations --kernel-steps prints, most time first (the JSON "
                  "has them all)")
-      ->check(CLI::PositiveNumber)
+      ->check(dpt::cli::Positive)
       ->capture_default_str();
   app.add_option("--lt-sweep", o.lt_sweep,
                  "after the steps, each cuBLASLt plan the run made timed again on scratch operands with the first N "
                  "algorithms cuBLASLt's heuristic proposes (at most 16; " + std::to_string(kSweepReps) +
                      " calls each), against the one it runs: whether another would pay (GPU; 0: none)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops,
                  "the device's dense bf16 peak in TFLOP/s, for MFU and --kernel-steps' floors (default: dptrain's "
                  "table of H100, H200, H800, A100 and A800; other devices have none, and no MFU)")
-      ->check(CLI::PositiveNumber);
+      ->check(dpt::cli::Positive);
   app.add_option("--peak-gbps", o.peak_gbps,
                  "the device's memory bandwidth in GB/s, for --kernel-steps' floors (default on a GPU: its memory "
                  "clock x bus width x 2; none on the CPU)")
-      ->check(CLI::PositiveNumber);
+      ->check(dpt::cli::Positive);
   app.add_flag("--cuda-profiler-range", o.profiler_range,
                "the timed steps between cudaProfilerStart/Stop (nsys profile --capture-range=cudaProfilerApi)");
   app.add_option("--json", o.json_path, "also write the result to this file as JSON");

@@ -2,6 +2,7 @@
 #include "core/logging.h"
 
 #include <spdlog/sinks/sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -84,7 +85,16 @@ void show_live_line(const std::string& text) {
 void init_logging(int rank, int world_size, const std::string& level) {
   set_error_rank(rank);
   const char* live = std::getenv("DPT_LIVE_LINE");
-  if (rank == 0 && !live_sink() && (live ? std::string(live) == "1" : ::isatty(STDOUT_FILENO) == 1)) {
+  // Open MPI hands each rank a pseudo-terminal for its output whatever mpirun's own output is (a file, a pipe), so a
+  // terminal there says nothing of the user's: under it, no colours and no live line (DPT_LIVE_LINE=1 still asks for
+  // one).
+  const bool open_mpi = std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr;
+  if (open_mpi)
+    for (const auto& sink : spdlog::default_logger()->sinks())
+      if (auto color = std::dynamic_pointer_cast<spdlog::sinks::stdout_color_sink_mt>(sink))
+        color->set_color_mode(spdlog::color_mode::never);
+  const bool terminal = ::isatty(STDOUT_FILENO) == 1 && !open_mpi;
+  if (rank == 0 && !live_sink() && (live ? std::string(live) == "1" : terminal)) {
     auto logger = spdlog::default_logger();
     if (logger->sinks().size() == 1) {
       live_sink() = std::make_shared<LiveLineSink>(logger->sinks().front());

@@ -219,12 +219,12 @@ Transform::Transform(TransformOptions opts) : opts_(std::move(opts)) {
     const char* what = values == &opts_.mean ? "mean" : "std";
     if (values->size() == 1) values->resize(static_cast<size_t>(o.channels), values->front());
     if (values->size() != static_cast<size_t>(o.channels)) {
-      DPT_THROW(ConfigError, "transform: {} has {} values, expected 1 or {} (one per channel)", what, values->size(),
-                o.channels);
+      DPT_THROW(ConfigError, "data.{} has {} values; data.channels = {} takes {} (one per channel, or one for all)",
+                what, values->size(), o.channels, o.channels == 1 ? "1" : fmt::format("1 or {}", o.channels));
     }
   }
   for (float s : o.std) {
-    if (!(s > 0.0f)) DPT_THROW(ConfigError, "transform: std values must be > 0, got [{}]", fmt::join(o.std, ", "));
+    if (!(s > 0.0f)) DPT_THROW(ConfigError, "data.std values must be > 0, got [{}]", fmt::join(o.std, ", "));
   }
   if (o.size < 0 || o.resize < 0 || o.padding < 0) {
     DPT_THROW(ConfigError, "transform: size ({}), resize ({}) and padding ({}) must be >= 0", o.size, o.resize, o.padding);

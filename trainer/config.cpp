@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <set>
 #include <sstream>
 
 #include "core/check.h"
@@ -497,12 +498,19 @@ void apply_override(Config& c, const std::string& item) {
   set_field(c, *f, *t.get("v"), where);
 }
 
-void validate(const Config& c, const std::string& source) {
+// `source` names where the values came from (the file, "<defaults>"); `overrides` are the command line's key=value
+// overrides applied on top: a key one of them set is the command line's, not the file's.
+void validate(const Config& c, const std::string& file, const std::vector<std::string>& overrides) {
+  std::set<std::string> overridden;
+  for (const std::string& o : overrides) overridden.insert(o.substr(0, o.find('=')));
   for (const auto& f : schema()) {
     std::string problem = f.check(c);
-    if (!problem.empty())
-      DPT_THROW(ConfigError, "{}{} = {}: {}", source.empty() ? "" : source + ": ", f.key, f.show(c), problem);
+    if (problem.empty()) continue;
+    const std::string from = overridden.contains(f.key) ? "the command line" : file;
+    DPT_THROW(ConfigError, "{}{} = {}: {}", from.empty() ? "" : from + ": ", f.key, f.show(c), problem);
   }
+  // The checks across keys: the file's values with the command line's on top.
+  const std::string source = overrides.empty() || file.empty() ? file : file + " with the command line's overrides";
   if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
     DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
               source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
@@ -546,7 +554,7 @@ Config parse_config(const std::string& toml_text, const std::string& source_name
   Config c;
   apply_table(c, parse_toml(toml_text, source_name), "");
   for (const auto& o : overrides) apply_override(c, o);
-  validate(c, source_name);
+  validate(c, source_name, overrides);
   return c;
 }
 
@@ -565,7 +573,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     apply_table(c, t, "");
   }
   for (const auto& o : overrides) apply_override(c, o);
-  validate(c, path);
+  validate(c, path, overrides);
   return c;
 }
 

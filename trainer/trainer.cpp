@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -290,6 +291,13 @@ std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManag
   // own checkpoints (RunOptions::restart).
   const bool restarted = opts_.restart > 0 && opts_.resume != "auto";
   bool from_dir = opts_.resume == "auto";  // the chosen checkpoint is checkpoint.dir's (else PATH)
+  // A PATH that is no directory is a bad command line (exit 2), on every rank before anything is loaded.
+  if (opts_.resume != "auto" && opts_.resume != "never") {
+    std::error_code ec;
+    if (!std::filesystem::is_directory(opts_.resume, ec))
+      DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never or the path of a "
+                "step-N checkpoint)", opts_.resume);
+  }
   if (opts_.resume == "never" && !restarted) {
     if (lead_) {
       size_t n = ckpt.remove_all();

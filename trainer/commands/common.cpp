@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "core/check.h"
+#include "core/cli_checks.h"
 #include "core/logging.h"
 #include "data/output_dir.h"
 
@@ -50,11 +51,11 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
   cmd.add_option("--temperature", s.temperature, prefix + "divides the logits: below 1 sharper, above 1 flatter")
-      ->check(CLI::PositiveNumber)
+      ->check(dpt::cli::Positive)
       ->capture_default_str();
   cmd.add_option(top_k_flag, s.top_k, prefix + "sample among the k most likely tokens only (0: all; 1: greedy)" +
                                           (top_k_flag == "--top-k" ? "" : ": generate's --top-k"))
-      ->check(CLI::NonNegativeNumber)
+      ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   cmd.add_option("--seed", s.seed, prefix + seed_help)->capture_default_str();
   cmd.add_flag("--no-kv-cache", s.no_kv_cache,

@@ -66,7 +66,8 @@ Command add_generate(CLI::App& root) {
                   "--tokenizer's");
   cmd->footer("Example: dptrain generate --checkpoint runs/gpt_tiny/checkpoints --prompt \"Q: \" --tokens 300");
   add_checkpoint_option(*cmd, a->checkpoint);
-  cmd->add_option("--prompt", a->prompt, "the text to continue")->capture_default_str();
+  cmd->add_option("--prompt", a->prompt, "the text to continue; not empty (the default is one newline)")
+      ->default_str("\"\\n\"");
   cmd->add_option("--device", a->device, "auto (cuda if available, else cpu) | cpu | cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();

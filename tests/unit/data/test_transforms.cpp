@@ -340,7 +340,13 @@ TEST_CASE("transform options are validated", "[data][transforms]") {
                         o.channels = 3;
                         o.mean = {0.1f, 0.2f};
                       }),
-                      Catch::Contains("mean has 2 values, expected 1 or 3"));
+                      Catch::Contains("data.mean has 2 values; data.channels = 3 takes 1 or 3"));
+  // One channel with the default three-value mean: the message names the keys, and takes 1 (not "1 or 1").
+  REQUIRE_THROWS_WITH(make([](TransformOptions& o) {
+                        o.channels = 1;
+                        o.mean = {0.1f, 0.2f, 0.3f};
+                      }),
+                      Catch::Equals("data.mean has 3 values; data.channels = 1 takes 1 (one per channel, or one for all)"));
   REQUIRE_THROWS_AS(make([](TransformOptions& o) { o.std = {0.0f}; }), ConfigError);
   REQUIRE_THROWS_AS(make([](TransformOptions& o) { o.padding = -1; }), ConfigError);
   REQUIRE_THROWS_WITH(make([](TransformOptions& o) { o.mode = TransformMode::random_resized_crop; }),

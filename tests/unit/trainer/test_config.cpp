@@ -78,6 +78,15 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   REQUIRE_THROWS_WITH(load_config("", {"dist.backend=nccl2"}), Catch::Contains("must be one of: auto, gloo, mpi"));
   REQUIRE_THROWS_WITH(load_config("", {"train.batch_size=0"}), Catch::Contains("train.batch_size = 0: must be >= 1"));
   REQUIRE_THROWS_WITH(load_config("", {"train.lr"}), Catch::Contains("is not key=value"));
+  // A bad value is blamed on where it came from: the command line's override, or the file.
+  const std::string ok_file = write_temp("e.toml", "[train]\nepochs = 10\n");
+  REQUIRE_THROWS_WITH(load_config(ok_file, {"train.epochs=-1"}),
+                      Catch::StartsWith("the command line: train.epochs = -1: must be >= 1"));
+  const std::string bad_file = write_temp("f.toml", "[train]\nepochs = -2\n");
+  REQUIRE_THROWS_WITH(load_config(bad_file, {"train.lr=0.1"}),
+                      Catch::StartsWith(bad_file + ": train.epochs = -2: must be >= 1"));
+  REQUIRE_THROWS_WITH(load_config(ok_file, {"train.warmup_steps=5", "train.warmup_epochs=1"}),
+                      Catch::StartsWith(ok_file + " with the command line's overrides: train.warmup_epochs = 1"));
   REQUIRE_THROWS_WITH(load_config(write_temp("d.toml", "[train\nlr=1"), {}), Catch::Contains("dpt_test_d.toml:1"));
   REQUIRE_THROWS_AS(load_config("/nonexistent/x.toml", {}), ConfigError);
 }

@@ -1,0 +1,33 @@
+// core/cli_checks.h: the command-line checks dptrain's programs share. CLI11's own PositiveNumber and
+// NonNegativeNumber name the whole double range when they refuse a value ("Value 0 not in range 0.000000 to
+// 1797693134862315708145..."); these say what the value must be.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <string>
+
+namespace dpt::cli {
+
+namespace detail {
+inline CLI::Validator at_least(bool strict, const char* desc) {
+  return CLI::Validator(
+      [strict](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end != text.c_str() + text.size()) return "'" + text + "' is not a number";
+        if (strict ? !(v > 0) : !(v >= 0))
+          return std::string("must be ") + (strict ? "> 0" : ">= 0") + " (got " + text + ")";
+        return {};
+      },
+      desc);
+}
+}  // namespace detail
+
+// A number above 0.
+inline const CLI::Validator Positive = detail::at_least(true, "POSITIVE");
+// A number of 0 or more.
+inline const CLI::Validator NonNegative = detail::at_least(false, "NONNEGATIVE");
+
+}  // namespace dpt::cli
