@@ -84,7 +84,7 @@ json state_to_json(const TrainState& s) {
           {"rng", s.rng}, {"config_hash", s.config_hash}, {"config", s.config_toml},
           {"optimizer_steps", s.optimizer_steps}, {"loss_scale", s.loss_scale},
           {"scale_growth_tracker", s.scale_growth_tracker}, {"skipped_steps", s.skipped_steps}, {"classes", s.classes},
-          {"epoch_loss_sum", s.epoch_loss_sum}, {"epoch_loss_count", s.epoch_loss_count}};
+          {"epoch_loss_sum", s.epoch_loss_sum}, {"epoch_loss_count", s.epoch_loss_count}, {"job", s.job}};
 }
 
 TrainState state_from_json(const std::string& text, const std::string& path) {
@@ -116,6 +116,7 @@ TrainState state_from_json(const std::string& text, const std::string& path) {
     s.classes = j.value("classes", std::vector<std::string>{});  // absent before predict: none
     s.epoch_loss_sum = j.value("epoch_loss_sum", 0.0);  // absent before it was saved: the rest of the epoch only
     s.epoch_loss_count = j.value("epoch_loss_count", 0.0);
+    s.job = j.value("job", std::string());  // absent before restarts went on from their own job's checkpoints
     return s;
   } catch (const json::exception& e) {
     DPT_THROW(CheckpointError, "{}: malformed training state: {}", path, e.what());
@@ -478,6 +479,26 @@ std::optional<LoadedCheckpoint> CheckpointManager::load_latest() const {
     }
   }
   return std::nullopt;
+}
+
+std::optional<LoadedCheckpoint> CheckpointManager::load_latest_of_job(const std::string& job) const {
+  auto all = complete();
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    try {
+      const fs::path state = fs::path(*it) / kStateFile;
+      if (state_from_json(read_file(state), state.string()).job != job) continue;
+      return load(*it);
+    } catch (const CheckpointError& e) {
+      spdlog::warn("skipping invalid checkpoint: {}", e.what());
+    }
+  }
+  return std::nullopt;
+}
+
+std::string CheckpointManager::path_of_step(int64_t step) const {
+  for (const std::string& p : complete())
+    if (step_of(fs::path(p).filename().string()) == step) return p;
+  return path_for_step(step);
 }
 
 size_t CheckpointManager::set_aside_after(int64_t step, const std::string& reason) const {

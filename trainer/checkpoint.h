@@ -62,6 +62,9 @@ struct TrainState {
   // steps so far, so the resumed epoch's train_loss covers the whole epoch; 0 at an epoch's end and in checkpoints
   // written before it was saved (the epoch's figure then covers the steps after the resume).
   double epoch_loss_sum = 0, epoch_loss_count = 0;
+  // The launcher's job that wrote it (RunOptions::job: the same across the job's restarts; empty when unknown and in
+  // checkpoints written before it was saved): a restart goes on only from its own job's checkpoints.
+  std::string job;
 };
 
 struct LoadedCheckpoint {
@@ -100,6 +103,10 @@ class CheckpointManager {
   // The newest checkpoint that loads and validates; invalid ones are skipped with a warning naming what is
   // wrong. nullopt when there is none.
   std::optional<LoadedCheckpoint> load_latest() const;
+  // The newest checkpoint written by `job` (TrainState::job; its state.json read first) that loads and validates.
+  std::optional<LoadedCheckpoint> load_latest_of_job(const std::string& job) const;
+  // The complete checkpoint of `step` in dir as it is named there (step-36 or step-00000036), else path_for_step.
+  std::string path_of_step(int64_t step) const;
   // Deletes every checkpoint (and leftover temporary directory) in dir; returns how many were removed.
   size_t remove_all() const;
   // Renames every checkpoint newer than `step` (complete or not) to "<reason>-step-N", so that a run

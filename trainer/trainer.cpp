@@ -287,38 +287,34 @@ void Trainer::resume() {
 
 std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManager& ckpt) {
   std::optional<LoadedCheckpoint> loaded;
-  // On a launcher's restart, --resume never and PATH were the first attempt's: this attempt goes on from the job's
-  // own checkpoints (RunOptions::restart).
+  const bool path_given = opts_.resume != "auto" && opts_.resume != "never";
+  // A launcher's restart of a job started with --resume never or PATH: those were the first attempt's. This attempt
+  // goes on from the job's own newest checkpoint (TrainState::job) when there is one, else does as the first did
+  // (which may have failed before it got here).
   const bool restarted = opts_.restart > 0 && opts_.resume != "auto";
-  bool from_dir = opts_.resume == "auto";  // the chosen checkpoint is checkpoint.dir's (else PATH)
   // A PATH that is no directory is a bad command line (exit 2), on every rank before anything is loaded.
-  if (opts_.resume != "auto" && opts_.resume != "never") {
+  if (path_given && !restarted) {
     std::error_code ec;
     if (!std::filesystem::is_directory(opts_.resume, ec))
       DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never or the path of a "
-                "step-N checkpoint)", opts_.resume);
+                "step-N checkpoint){}", opts_.resume, ec ? ": " + ec.message() : std::string());
   }
-  if (opts_.resume == "never" && !restarted) {
-    if (lead_) {
-      size_t n = ckpt.remove_all();
-      if (n) spdlog::warn("--resume never: deleted {} checkpoint(s) of an earlier run in {}", n, ckpt.dir());
-    }
-  } else if (opts_.resume == "never") {
-    from_dir = true;
-    if (lead_) {
-      loaded = ckpt.load_latest();
-      spdlog::info("restart {}: --resume never applied to the job's first attempt; this one goes on from {}",
-                   opts_.restart, loaded ? loaded->path : std::string("the start (no checkpoint of this job yet)"));
-    }
-  } else if (lead_) {
-    loaded = opts_.resume == "auto" ? ckpt.load_latest() : CheckpointManager::load(opts_.resume);
-    if (restarted) {
-      std::optional<LoadedCheckpoint> own = ckpt.load_latest();
-      if (own && own->state.step > loaded->state.step) {
-        spdlog::info("restart {}: --resume {} applied to the job's first attempt; this one goes on from {}, its newest "
-                     "checkpoint", opts_.restart, opts_.resume, own->path);
-        loaded = std::move(own);
-        from_dir = true;
+  bool from_dir = opts_.resume == "auto";  // the chosen checkpoint is checkpoint.dir's (else PATH)
+  if (lead_) {
+    if (restarted && !opts_.job.empty()) loaded = ckpt.load_latest_of_job(opts_.job);
+    if (loaded) {
+      from_dir = true;
+      spdlog::info("restart {}: --resume {} applied to the job's first attempt; this one goes on from {}, the job's "
+                   "newest checkpoint", opts_.restart, opts_.resume, loaded->path);
+    } else {
+      if (restarted)
+        spdlog::info("restart {}: no checkpoint of this job in {}{}: --resume {} as in the first attempt",
+                     opts_.restart, ckpt.dir(), opts_.job.empty() ? " (the launcher names no job)" : "", opts_.resume);
+      if (opts_.resume == "never") {
+        const size_t n = ckpt.remove_all();
+        if (n) spdlog::warn("--resume never: deleted {} checkpoint(s) of an earlier run in {}", n, ckpt.dir());
+      } else {
+        loaded = opts_.resume == "auto" ? ckpt.load_latest() : CheckpointManager::load(opts_.resume);
       }
     }
   }
@@ -330,9 +326,9 @@ std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManag
   const int64_t chosen_step = chosen.data<int64_t>()[0];
   from_dir = chosen.data<int64_t>()[1] != 0;
   if (chosen_step >= 0 && !lead_)
-    loaded = CheckpointManager::load(from_dir ? ckpt.path_for_step(chosen_step) : opts_.resume);
+    loaded = CheckpointManager::load(from_dir ? ckpt.path_of_step(chosen_step) : opts_.resume);
   if (loaded) DPT_CHECK_EQ(loaded->state.step, chosen_step);
-  set_aside_reason_ = opts_.resume == "auto" || (restarted && from_dir) ? "invalid" : "abandoned";
+  set_aside_reason_ = from_dir ? "invalid" : "abandoned";
   return loaded;
 }
 
@@ -724,7 +720,8 @@ void Trainer::save(int64_t epoch, int64_t next_batch, int64_t samples) {
                 .scale_growth_tracker = scaler_.growth_tracker(), .skipped_steps = scaler_.skipped(),
                 .config_toml = to_toml(user_cfg_), .config_hash = config_hash(user_cfg_), .classes = ds_.classes,
                 .epoch_loss_sum = samples > 0 ? epoch_loss_carry_.first : 0.0,
-                .epoch_loss_count = samples > 0 ? epoch_loss_carry_.second : 0.0};
+                .epoch_loss_count = samples > 0 ? epoch_loss_carry_.second : 0.0, .job = opts_.job};
+  epoch_loss_carry_ = {0.0, 0.0};  // used once: a mid-epoch save without carry_epoch_loss before it stores 0
   std::ostringstream os;
   os << rng_;
   st.rng = os.str();

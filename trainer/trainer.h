@@ -21,6 +21,9 @@ struct RunOptions {
   // checkpoint in checkpoint.dir instead (never: as auto; PATH: the newer of PATH and that one), so a restart keeps
   // the failed attempt's progress.
   int restart = 0;
+  // The launcher's job, the same in all its attempts (train.cpp's job_identity: dprun's job token hashed, torchrun's
+  // run id, Slurm's job id; empty when none): saved in every checkpoint, so a restart knows its job's own.
+  std::string job;
   // Where this rank trains (choose_device()); a CUDA device must be current already.
   Device device = Device::cpu();
 };

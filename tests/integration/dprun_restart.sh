@@ -58,6 +58,40 @@ grep -q 'resumed from .*step-00000024 (step 24, epoch 2, batch 5)' "$WORK/out" "
 [ -f "$WORK/ckpt_never/step-00000057/COMPLETE" ] || fail "--resume never, restarted: no final checkpoint at step 57"
 echo "ok: --resume never applies to the first attempt; a restart goes on from the job's own step 24 (${TOOK}s)"
 
+TINY=(data.train_limit=1200 data.test_limit=200 train.epochs=3 train.batch_size=32 checkpoint.every_steps=4
+      train.progress_interval_s=1000)
+# 1c. The first attempt dies before it got to --resume never (rank 1 at start-up): the restart finds no checkpoint of
+#     its own job (the one there is another job's, case 1's step 57), so it does as the first attempt would: deletes
+#     it and trains from the start.
+mkdir -p "$WORK/ckpt_early" && cp -r "$WORK/ckpt/step-00000057" "$WORK/ckpt_early/"
+run --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- sh -c \
+  'if [ "$DPT_RESTART_COUNT" = 0 ] && [ "$RANK" = 1 ]; then exit 3; fi
+   exec "$0" "$@"' "$DPTRAIN" --config "$CONFIG" --resume never "${TINY[@]}" checkpoint.dir="$WORK/ckpt_early"
+[ "$RC" = 0 ] || fail "early failure: dprun exited $RC"
+grep -q 'restart 1: no checkpoint of this job in .*: --resume never as in the first attempt' "$WORK/out" "$WORK/err" ||
+  fail "early failure: the restart did not say it does as the first attempt"
+grep -q 'resumed from' "$WORK/out" "$WORK/err" && fail "early failure: the restart resumed another job's checkpoint"
+grep -q 'deleted 1 checkpoint(s) of an earlier run' "$WORK/out" "$WORK/err" || fail "early failure: step 57 not deleted"
+[ -f "$WORK/ckpt_early/step-00000057/COMPLETE" ] || fail "early failure: no final checkpoint at step 57"
+echo "ok: a first attempt that died before --resume never: the restart deletes another job's checkpoint (${TOOK}s)"
+
+# 1d. --resume PATH inside checkpoint.dir, which checkpoint.keep = 2 prunes before the failure at step 25: the restart
+#     goes on from the job's own step 24 (PATH is gone).
+"$DPTRAIN" --config "$CONFIG" "${TINY[@]}" train.max_steps=8 checkpoint.dir="$WORK/ckpt_path" > "$WORK/path0.log" 2>&1 ||
+  { cat "$WORK/path0.log"; fail "the run to step 8 failed"; }
+run --nproc-per-node 2 --max-restarts 1 --grace-period 2 -- sh -c \
+  'if [ "$DPT_RESTART_COUNT" = 0 ]; then export DPT_DEBUG_FAIL_AT_STEP=25 DPT_DEBUG_FAIL_RANK=1; fi
+   exec "$0" "$@"' "$DPTRAIN" --config "$CONFIG" --resume "$WORK/ckpt_path/step-00000008" "${TINY[@]}" \
+  checkpoint.keep=2 checkpoint.dir="$WORK/ckpt_path"
+[ "$RC" = 0 ] || fail "--resume PATH, restarted: dprun exited $RC"
+[ ! -e "$WORK/ckpt_path/step-00000008" ] || fail "--resume PATH: step 8 was not pruned (the case needs it gone)"
+grep -q 'restart 1: --resume .*step-00000008 applied to the job.s first attempt; this one goes on from .*step-00000024' \
+  "$WORK/out" "$WORK/err" || fail "--resume PATH, restarted: did not go on from the job's step 24"
+grep -q 'done: [0-9]* steps' "$WORK/out" "$WORK/err" || fail "--resume PATH, restarted: the job did not finish"
+last=$(ls -d "$WORK/ckpt_path"/step-* | tail -1)
+[ "${last##*step-}" -gt 24 ] || { ls "$WORK/ckpt_path"; fail "--resume PATH, restarted: no checkpoint after step 24"; }
+echo "ok: --resume PATH pruned away before a restart: the restart goes on from the job's own step 24 (${TOOK}s)"
+
 # 2. Rank 1 fails every time: after 2 restarts dprun gives up with its exit code, naming it.
 run --nproc-per-node 2 --max-restarts 2 --grace-period 1 -- sh -c \
   'echo "attempt $DPT_RESTART_COUNT"; [ "$RANK" = 1 ] && exit 3; exec sleep $SLEEP_FOR'

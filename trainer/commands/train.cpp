@@ -2,6 +2,9 @@
 // (trainer/trainer.h), resuming from the newest checkpoint unless told otherwise.
 #include <spdlog/spdlog.h>
 
+#include <cstdlib>
+#include <filesystem>
+
 #include "trainer/commands/commands.h"
 #include "trainer/commands/job.h"
 #include "trainer/model_registry.h"
@@ -17,6 +20,19 @@ struct TrainArgs {
   std::vector<std::string> overrides;
   std::shared_ptr<bool> print_config;
 };
+
+// The launcher's job, the same in every attempt of it (RunOptions::job): dprun's per-job token (a secret: only its
+// FNV-1a 64 hash is kept), torchrun's run id, Slurm's job id; empty under a launcher that names none.
+std::string job_identity(const comm::DistEnv& env) {
+  if (!env.store_token.empty()) {
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char c : env.store_token) h = (h ^ c) * 1099511628211ull;
+    return fmt::format("dprun-{:016x}", h);
+  }
+  for (const auto& [var, name] : {std::pair{"TORCHELASTIC_RUN_ID", "torchrun"}, std::pair{"SLURM_JOB_ID", "slurm"}})
+    if (const char* id = std::getenv(var); id && *id) return fmt::format("{}-{}", name, id);
+  return {};
+}
 
 int train_job(const TrainArgs& a) {
   std::string resolved;  // what the model family took from elsewhere (a llama's config.json), said by rank 0
@@ -35,7 +51,17 @@ int train_job(const TrainArgs& a) {
           [&](Job& job) {
             const bool lead = job.env.rank == 0;
             if (lead && !resolved.empty()) spdlog::info("{}", resolved);
-            const RunResult result = train(job.config, {.resume = a.resume, .restart = job.env.restart_count, .device = job.device}, *job.pg);
+            // A --resume PATH that is no directory, said before the data and the model are built (the trainer
+            // checks it too, as late as that); a restart may go on from the job's own checkpoints instead.
+            std::error_code ec;
+            if (a.resume != "auto" && a.resume != "never" && job.env.restart_count == 0 &&
+                !std::filesystem::is_directory(a.resume, ec))
+              DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never or the "
+                        "path of a step-N checkpoint){}", a.resume, ec ? ": " + ec.message() : std::string());
+            const RunResult result = train(job.config,
+                                            {.resume = a.resume, .restart = job.env.restart_count,
+                                             .job = job_identity(job.env), .device = job.device},
+                                            *job.pg);
             if (result.stop_signal) {
               job.pg.reset();
               if (lead && result.failed_checkpoint_step == result.steps)
