@@ -6,10 +6,10 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <random>
