@@ -574,6 +574,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option_function<std::string>(
          "--shape",
          [&o](const std::string& text) {
+           const auto bad = [&] {
+             return CLI::ValidationError("--shape", fmt::format("'{}' is not C,H,W (three positive integers)", text));
+           };
            std::vector<int64_t> dims;
            std::istringstream in(text);
            for (std::string part; std::getline(in, part, ',');) {
@@ -582,14 +585,12 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
              try {
                v = std::stoll(part, &used);
              } catch (const std::exception&) {
-               used = 0;
+               throw bad();
              }
-             if (used == 0 || used != part.size() || v < 1)
-               throw CLI::ValidationError("--shape", fmt::format("'{}' is not C,H,W (three positive integers)", text));
+             if (used != part.size() || v < 1) throw bad();
              dims.push_back(v);
            }
-           if (dims.size() != 3 || text.back() == ',')
-             throw CLI::ValidationError("--shape", fmt::format("'{}' is not C,H,W (three positive integers)", text));
+           if (dims.size() != 3 || text.back() == ',') throw bad();
            o.shape = dims;
          },
          "one example's shape C,H,W (images; a GPT reads model.block_size tokens)")

@@ -295,16 +295,86 @@ void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& 
                                   &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream()));
 }
 
-// Each plan with an algorithm, again on scratch operands: cuBLASLt's first `candidates` proposals for the same
-// descriptors and alignments, each called once untimed and then `reps` times between two events, against the algorithm
-// the plan runs. The descriptor's epilogue pointers are pointed at scratch here; matmul_bf16 sets them again at its
-// every call. A plan whose sweep fails (out of memory, a library status) says so in its line; the rest go on.
+namespace {
+
+constexpr int kMaxSweepCandidates = 16;
+
+// A plan's operands for the sweep: scratch of each layout's extent (column-major: ld x cols), filled with 0x3c bytes
+// (bf16 and float32 0.0115: finite, non-zero), and the epilogue's bias and aux, at which the plan's descriptor is
+// pointed (matmul_bf16 points it at the caller's again at its every call). Scratch is 256-byte aligned, which the
+// plan's own bias and aux may not be (its key's last two alignments): a candidate could need more than a model gives.
+struct SweepOperands {
+  Tensor a, b, d, bias, aux;
+};
+
+SweepOperands sweep_operands(LtEntry& e, const LtMatmulPlan& p, Device device, cudaStream_t stream) {
+  const auto scratch = [&](int64_t elems, size_t elem_bytes) {
+    Tensor t = Tensor::empty({std::max<int64_t>(elems, 1) * static_cast<int64_t>(elem_bytes)}, DType::U8, device);
+    DPT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0x3c, t.numel(), stream));
+    return t;
+  };
+  SweepOperands o{.a = scratch(p.a.ld * p.a.cols, 2), .b = scratch(p.b.ld * p.b.cols, 2),
+                  .d = scratch(p.d.ld * p.d.cols, p.d_f32 ? 4 : 2)};
+  if (p.bias_len > 0) {
+    o.bias = scratch(p.bias_len, p.epilogue == LtEpilogue::BGradB ? 4 : 2);
+    set_desc(e.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(o.bias.raw()));
+  }
+  if (p.epilogue == LtEpilogue::GeluAuxBias || p.epilogue == LtEpilogue::DGelu) {
+    o.aux = scratch(p.aux_ld * p.n, 2);
+    set_desc(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(o.aux.raw()));
+  }
+  return o;
+}
+
+// cuBLASLt's first `n` proposals for the plan's descriptors and alignments, into `out`; how many (none when the
+// heuristic fails: the chosen algorithm is still timed).
+int sweep_candidates(LtState& st, LtEntry& e, const LtKey& key, int n,
+                     std::array<cublasLtMatmulHeuristicResult_t, kMaxSweepCandidates>& out) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  DPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = kLtWorkspaceBytes;
+  const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
+    return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
+  };
+  int found = 0;
+  cublasStatus_t hs = set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
+  if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]);
+  if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]);
+  if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]);
+  if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]);
+  if (hs == CUBLAS_STATUS_SUCCESS)
+    hs = cublasLtMatmulAlgoGetHeuristic(st.handle, e.desc, e.a, e.b, e.d, e.d, pref, n, out.data(), &found);
+  (void)cublasLtMatmulPreferenceDestroy(pref);
+  return hs == CUBLAS_STATUS_SUCCESS ? found : 0;
+}
+
+// ms per call of one algorithm on the sweep's operands: one untimed call, then `reps` between two events; negative
+// when cuBLASLt does not run it on these operands (any status but success on the untimed call).
+double time_lt_algo(LtState& st, LtEntry& e, const LtMatmulPlan& p, SweepOperands& o, const cublasLtMatmulAlgo_t& algo,
+                    int reps, cuda::Event& start, cuda::Event& stop, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = p.beta;
+  const auto call = [&] {
+    return cublasLtMatmul(st.handle, e.desc, &alpha, o.a.raw(), e.a, o.b.raw(), e.b, &beta, o.d.raw(), e.d, o.d.raw(),
+                          e.d, &algo, st.workspace.raw(), kLtWorkspaceBytes, stream);
+  };
+  if (call() != CUBLAS_STATUS_SUCCESS) return -1.0;
+  start.record(stream);
+  for (int i = 0; i < reps; ++i) DPT_CUBLAS_CHECK(call());
+  stop.record(stream);
+  stop.synchronize();
+  return stop.elapsed_ms_since(start) / reps;
+}
+
+}  // namespace
+
+// Each plan with an algorithm, again on scratch operands (sweep_operands): cuBLASLt's first `candidates` proposals
+// for the same descriptors and alignments (sweep_candidates), each timed (time_lt_algo) against the algorithm the
+// plan runs. A plan whose sweep fails (out of memory, a library status) says so in its line; the rest go on.
 std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps) {
   std::vector<std::string> out;
   if (!lt_ || candidates < 1 || reps < 1) return out;
   LtState& st = *lt_;
-  constexpr int kMaxCandidates = 16;
-  candidates = std::min(candidates, kMaxCandidates);
+  candidates = std::min(candidates, kMaxSweepCandidates);
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
   for (auto& [key, e] : st.entries) {
     const LtMatmulPlan& p = key.plan;
@@ -315,68 +385,20 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
       continue;
     }
     try {
-      // Scratch of each layout's extent (column-major: ld x cols), filled with 0x3c bytes (bf16 0.0115, float32
-      // 0.0115): finite, non-zero operands. The epilogue's bias and aux are 256-byte aligned here, which the plan's
-      // own may not be (its key's last two alignments): a candidate could need more than the model's buffers give.
-      const auto scratch = [&](int64_t elems, size_t elem_bytes) {
-        Tensor t = Tensor::empty({std::max<int64_t>(elems, 1) * static_cast<int64_t>(elem_bytes)}, DType::U8, device());
-        DPT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0x3c, t.numel(), stream()));
-        return t;
-      };
-      Tensor a = scratch(p.a.ld * p.a.cols, 2), b = scratch(p.b.ld * p.b.cols, 2),
-             d = scratch(p.d.ld * p.d.cols, p.d_f32 ? 4 : 2);
-      Tensor bias, aux;
-      if (p.bias_len > 0) {
-        bias = scratch(p.bias_len, p.epilogue == LtEpilogue::BGradB ? 4 : 2);
-        set_desc(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, static_cast<const void*>(bias.raw()));
-      }
-      if (p.epilogue == LtEpilogue::GeluAuxBias || p.epilogue == LtEpilogue::DGelu) {
-        aux = scratch(p.aux_ld * p.n, 2);
-        set_desc(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, static_cast<void*>(aux.raw()));
-      }
-      // The heuristic's candidates; none when it fails (the chosen algorithm is still timed).
-      cublasLtMatmulPreference_t pref = nullptr;
-      DPT_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
-      const uint64_t ws = kLtWorkspaceBytes;
-      const auto set_pref = [&](cublasLtMatmulPreferenceAttributes_t attr, const auto& value) {
-        return cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value));
-      };
-      std::array<cublasLtMatmulHeuristicResult_t, kMaxCandidates> found_algos{};
-      int found = 0;
-      cublasStatus_t hs = set_pref(CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, ws);
-      if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align[0]);
-      if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align[1]);
-      if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align[2]);
-      if (hs == CUBLAS_STATUS_SUCCESS) hs = set_pref(CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align[2]);
-      if (hs == CUBLAS_STATUS_SUCCESS)
-        hs = cublasLtMatmulAlgoGetHeuristic(st.handle, e->desc, e->a, e->b, e->d, e->d, pref, candidates,
-                                            found_algos.data(), &found);
-      (void)cublasLtMatmulPreferenceDestroy(pref);
-      if (hs != CUBLAS_STATUS_SUCCESS) found = 0;
-      const float alpha = 1.0f, beta = p.beta;
-      // ms per call of one algorithm; negative when cuBLASLt does not run it on these operands (any status but
-      // success on its untimed first call).
-      const auto time_algo = [&](const cublasLtMatmulAlgo_t& algo) -> double {
-        const auto call = [&] {
-          return cublasLtMatmul(st.handle, e->desc, &alpha, a.raw(), e->a, b.raw(), e->b, &beta, d.raw(), e->d,
-                                d.raw(), e->d, &algo, st.workspace.raw(), kLtWorkspaceBytes, stream());
-        };
-        if (call() != CUBLAS_STATUS_SUCCESS) return -1.0;
-        start.record(stream());
-        for (int i = 0; i < reps; ++i) DPT_CUBLAS_CHECK(call());
-        stop.record(stream());
-        stop.synchronize();
-        return stop.elapsed_ms_since(start) / reps;
+      SweepOperands ops = sweep_operands(*e, p, device(), stream());
+      std::array<cublasLtMatmulHeuristicResult_t, kMaxSweepCandidates> found_algos{};
+      const int found = sweep_candidates(st, *e, key, candidates, found_algos);
+      const auto time = [&](const cublasLtMatmulAlgo_t& algo) {
+        return time_lt_algo(st, *e, p, ops, algo, reps, start, stop, stream());
       };
       // The chosen algorithm timed first and again last (the faster of the two: the first may pay for the clocks
       // ramping up after the allocations); a candidate that is the chosen algorithm itself is not timed again.
-      double chosen = time_algo(e->heuristic.algo);
-      double best = -1;
+      double chosen = time(e->heuristic.algo), best = -1;
       int best_i = -1, tried = 0, refused = 0;
       for (int i = 0; i < found; ++i) {
         if (found_algos[i].state != CUBLAS_STATUS_SUCCESS) continue;
         if (std::memcmp(&found_algos[i].algo, &e->heuristic.algo, sizeof(cublasLtMatmulAlgo_t)) == 0) continue;
-        const double ms = time_algo(found_algos[i].algo);
+        const double ms = time(found_algos[i].algo);
         if (ms < 0) {
           ++refused;
           continue;
@@ -388,7 +410,7 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
         }
       }
       if (chosen >= 0) {
-        const double again = time_algo(e->heuristic.algo);
+        const double again = time(e->heuristic.algo);
         if (again >= 0 && again < chosen) chosen = again;
       }
       const std::string others =
