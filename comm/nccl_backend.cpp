@@ -340,8 +340,8 @@ NcclProcessGroup::~NcclProcessGroup() {
   }
 }
 
-// Host tensors (the trainer's small bookkeeping reductions: loss sums, the resume step) take a round trip
-// through the device: copied over, reduced, copied back before the call returns.
+// Host tensors (the trainer's small bookkeeping reductions: loss sums, the resume step; predict's gathered text)
+// take a round trip through the device: copied over, reduced or gathered, copied back before the call returns.
 template <class F>
 std::shared_ptr<Work> via_device(int device, Tensor& host, F&& collective) {
   Tensor on_device = host.to(Device::cuda(device));
@@ -376,6 +376,11 @@ std::shared_ptr<Work> NcclProcessGroup::broadcast(Tensor& tensor, const Broadcas
 
 std::shared_ptr<Work> NcclProcessGroup::allgather(const Tensor& input, Tensor& output,
                                                   const AllgatherOptions& opts) {
+  if (input.device().is_cpu() && output.device().is_cpu()) {  // predict's text and sizes: over the device and back
+    Tensor in_device = input.to(Device::cuda(impl_->device));
+    return via_device(impl_->device, output,
+                      [&](Tensor& out) { return allgather(in_device, out, {.what = opts.what}); });
+  }
   check_device_tensor(*impl_, "allgather", input);
   check_device_tensor(*impl_, "allgather", output);
   detail::check_allgather_shapes(backend(), input, output, rank(), size());

@@ -242,8 +242,14 @@ TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward
                                      stats_cpu.data<float>(), dqkv_cpu.data<BFloat16>(), s);
     gpu_kernels().attention_backward(dqkv_dev.data<BFloat16>(), out_gpu.data<BFloat16>(), ddout.data<BFloat16>(),
                                      stats_gpu.data<float>(), dqkv_gpu.data<BFloat16>(), s);
-    const Diff d_dqkv = compare_bf16(dqkv_gpu, dqkv_cpu, 5e-3, 2 * kBf16Step);
+    // Grouped-query: each key/value head's gradient sums its group's query heads (n_head / n_kv_head partial
+    // products, each from cuDNN's bf16 probabilities), so its absolute bound is that many times the one-head bound:
+    // the H200 runs saw |diff| up to 1.14x the one-head bound there (0.007 on 0.025, relative L2 0.0032). The
+    // relative L2 bound keeps the test sharp: a wrong head mapping gives about 1.
+    const double group = static_cast<double>(s.n_head) / static_cast<double>(s.kv_heads());
+    const Diff d_dqkv = compare_bf16(dqkv_gpu, dqkv_cpu, 5e-3 * group, 2 * kBf16Step);
     INFO("dqkv: " << d_dqkv);
+    CHECK(d_dqkv.rel_l2 < 0.01);
     CHECK(d_dqkv.bad == 0);
     if (!deterministic) continue;
     // cuDNN's deterministic backward: the same bits again.
