@@ -166,8 +166,20 @@ inline int64_t layernorm_splits(int64_t rows) {
   const int64_t runs = (rows + kLnRowsPerSplit - 1) / kLnRowsPerSplit;
   return runs < 1 ? 1 : (runs > kLnMaxSplits ? kLnMaxSplits : runs);
 }
+// Bf16 rows of C columns (a multiple of 8, 16-byte aligned) are held in registers, a warp's lane eight columns per
+// vector: the forward's up to kLnRowMaxColumns; the backward's up to kLnBackwardRowMaxColumns (its lanes also hold
+// their columns' sums) runs fused instead: each warp reads its rows' dy and x once, writes dx, and sums its columns'
+// dy xhat and dy over its rows; a block of kThreads sums kLnRowsPerBlock rows (its warps' sums added in warp order),
+// the runs' partials then added per column in a fixed tree. layernorm_rows_splits(rows) runs.
+inline constexpr int64_t kLnRowsPerBlock = 32;
+inline constexpr int kLnMaxLaneVectors = 16;
+inline constexpr int64_t kLnRowMaxColumns = kLnMaxLaneVectors * 32 * 8;  // 4096
+inline constexpr int kLnBackwardMaxLaneVectors = 4;
+inline constexpr int64_t kLnBackwardRowMaxColumns = kLnBackwardMaxLaneVectors * 32 * 8;  // 1024: GPT-2 small, medium
+inline int64_t layernorm_rows_splits(int64_t rows) { return (rows + kLnRowsPerBlock - 1) / kLnRowsPerBlock; }
 inline size_t layernorm_partials_count(int64_t rows, int64_t C) {
-  return static_cast<size_t>(2 * C * layernorm_splits(rows));
+  const int64_t a = layernorm_splits(rows), b = layernorm_rows_splits(rows);
+  return static_cast<size_t>(2 * C * (a > b ? a : b));
 }
 template <class T>
 cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,

@@ -1,7 +1,11 @@
 // models/kernels/cuda/layernorm.cu: LayerNorm forward (one warp per row) and backward (dx per row; dgamma and dbeta
 // in a fixed order over runs of rows: no atomics); kernels first, then their launcher. The kernels are templates over
 // the activations' type (x, y, dy, dx): float, or bf16 for the transformer fast path (read widened, written rounded
-// once); gamma, beta, mean, rstd and the parameter gradients are float32 either way.
+// once); gamma, beta, mean, rstd and the parameter gradients are float32 either way. Bf16 rows of up to 4096
+// columns (a multiple of 8, 16-byte aligned) are held in registers: each read once, forward and backward (the
+// backward's dx and its parameter sums in one pass), the same arithmetic per row.
+#include <type_traits>
+
 #include "models/kernels/cuda/common.cuh"
 
 namespace dpt::models::cuda_launch {
@@ -37,6 +41,96 @@ __global__ void layernorm_forward_kernel(const T* x, const float* gamma, const f
   }
 }
 
+// A bf16 row in registers: lane `lane` holds the row's vectors lane, lane + 32, ..., lane + 32 (NV - 1) (eight
+// columns each; those past the row's nvec vectors are not read). The order every loop below walks a lane's columns
+// is for_lane_columns' order: the same sums, the same bits as the kernels that read the row again per pass.
+template <int NV>
+__device__ __forceinline__ void load_lane_row(const BFloat16* row, int64_t nvec, int lane, Bf16x8 (&out)[NV]) {
+  const auto* p = reinterpret_cast<const uint4*>(row);
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if (lane + 32 * k < nvec) out[k].raw = p[lane + 32 * k];
+}
+
+// layernorm_forward_kernel's arithmetic over a row read once (rows of up to 32 NV vectors).
+template <int NV>
+__global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
+                                              float* mean, float* rstd, int64_t rows, int64_t C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int64_t nvec = C / 8;
+  Bf16x8 in[NV];
+  load_lane_row(x + r * C, nvec, lane, in);
+  double sum = 0.0;
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if (lane + 32 * k < nvec)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) sum += to_float(in[k].v[i]);
+  const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
+  double var = 0.0;
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+    if (lane + 32 * k < nvec)
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float d = to_float(in[k].v[i]) - m;
+        var += static_cast<double>(d) * d;
+      }
+  const float s = static_cast<float>(1.0 / sqrt(warp_sum(var) / static_cast<double>(C) + eps));
+  auto* out = reinterpret_cast<uint4*>(y + r * C);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t v = lane + 32 * k;
+    if (v >= nvec) continue;
+    Bf16x8 o;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t c = v * 8 + i;
+      o.v[i] = to_bfloat16((to_float(in[k].v[i]) - m) * s * gamma[c] + beta[c]);
+    }
+    out[v] = o.raw;
+  }
+  if (lane == 0) {
+    mean[r] = m;
+    rstd[r] = s;
+  }
+}
+
+// Calls f(std::integral_constant<int, NV>{}) with the fewest vectors per lane NV (of 1, 2, 3, 4, 6, 8, 12, 16, up to
+// kMax) that hold a row of C columns (C a multiple of 8 that kMax vectors per lane hold).
+template <int kMax, class F>
+cudaError_t with_lane_vectors(int64_t C, F&& f) {
+  const int64_t need = (C / 8 + 31) / 32;
+  cudaError_t e = cudaErrorInvalidValue;
+  bool done = false;
+  const auto try_nv = [&](auto nv) {
+    if constexpr (decltype(nv)::value <= kMax) {
+      if (!done && need <= decltype(nv)::value) {
+        done = true;
+        e = f(nv);
+      }
+    }
+  };
+  try_nv(std::integral_constant<int, 1>{});
+  try_nv(std::integral_constant<int, 2>{});
+  try_nv(std::integral_constant<int, 3>{});
+  try_nv(std::integral_constant<int, 4>{});
+  try_nv(std::integral_constant<int, 6>{});
+  try_nv(std::integral_constant<int, 8>{});
+  try_nv(std::integral_constant<int, 12>{});
+  try_nv(std::integral_constant<int, 16>{});
+  return e;
+}
+
+// Whether a bf16 LayerNorm of rows of C columns runs on rows held in registers (forward up to kLnRowMaxColumns,
+// backward up to kLnBackwardRowMaxColumns: its per-column sums take registers too).
+template <class T, class... P>
+bool rows_in_registers(int64_t C, int64_t max_columns, const P*... p) {
+  return rows_vectorizable<T>(C, p...) && C <= max_columns;
+}
+
 }  // namespace
 
 template <class T>
@@ -44,6 +138,14 @@ cudaError_t layernorm_forward(const T* x, const float* gamma, const float* beta,
                               int64_t rows, int64_t C, float eps, cudaStream_t s) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
+  if constexpr (sizeof(T) == 2) {
+    if (rows_in_registers<T>(C, kLnRowMaxColumns, x, y))
+      return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
+        layernorm_forward_rows_kernel<decltype(nv)::value>
+            <<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+        return cudaGetLastError();
+      });
+  }
   const bool vec = rows_vectorizable<T>(C, x, y);
   layernorm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps, vec);
   return cudaGetLastError();
@@ -129,6 +231,110 @@ __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, 
   }
 }
 
+// The fused bf16 backward over rows held in registers (launch.h: kLnRowsPerBlock rows a block, block `split` the
+// split-th run). Each warp: rows split * kLnRowsPerBlock + warp, + kWarpsPerBlock, ...; per row dy and x read once,
+// the two means as layernorm_backward_dx_kernel (the same sums in the same order: the same dx), dx written (it may
+// alias dy: the lane's vectors are in registers first), and its columns' dy xhat and dy added to the lane's sums.
+// Then the block's warps add their sums in warp order in shared memory and the run's partials are written as
+// layernorm_param_partials_kernel's: partials[split * C + c] (dy xhat), partials[(splits + split) * C + c] (dy).
+template <int NV>
+__global__ void layernorm_backward_rows_kernel(const BFloat16* dy, const BFloat16* x, const float* gamma,
+                                               const float* mean, const float* rstd, BFloat16* dx, int64_t rows,
+                                               int64_t C, int64_t splits, float* partials) {
+  static_assert(NV <= kLnBackwardMaxLaneVectors);
+  __shared__ float block_sums[2 * kLnBackwardRowMaxColumns];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t split = blockIdx.x, nvec = C / 8;
+  float acc_g[NV][8], acc_b[NV][8];
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc_g[k][i] = acc_b[k][i] = 0.0f;
+  const int64_t end = (split + 1) * kLnRowsPerBlock < rows ? (split + 1) * kLnRowsPerBlock : rows;
+  for (int64_t r = split * kLnRowsPerBlock + warp; r < end; r += kWarpsPerBlock) {
+    Bf16x8 g[NV], in[NV];
+    load_lane_row(dy + r * C, nvec, lane, g);
+    load_lane_row(x + r * C, nvec, lane, in);
+    const float m = mean[r], s = rstd[r];
+    double sum_d = 0.0, sum_dx = 0.0;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      if (lane + 32 * k >= nvec) continue;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int64_t c = (lane + 32 * k) * 8 + i;
+        const float gv = to_float(g[k].v[i]), xhat = (to_float(in[k].v[i]) - m) * s;
+        const float d = gv * gamma[c];
+        sum_d += d;
+        sum_dx += static_cast<double>(d) * xhat;
+        acc_g[k][i] += gv * xhat;
+        acc_b[k][i] += gv;
+      }
+    }
+    const float mean_d = static_cast<float>(warp_sum(sum_d) / static_cast<double>(C));
+    const float mean_dx = static_cast<float>(warp_sum(sum_dx) / static_cast<double>(C));
+    auto* out = reinterpret_cast<uint4*>(dx + r * C);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t v = lane + 32 * k;
+      if (v >= nvec) continue;
+      Bf16x8 o;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int64_t c = v * 8 + i;
+        const float xhat = (to_float(in[k].v[i]) - m) * s;
+        o.v[i] = to_bfloat16(s * (to_float(g[k].v[i]) * gamma[c] - mean_d - xhat * mean_dx));
+      }
+      out[v] = o.raw;
+    }
+  }
+  for (int w = 0; w < kWarpsPerBlock; ++w) {  // warp order: the same sums on every run
+    if (warp == w) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        if (lane + 32 * k >= nvec) continue;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int64_t c = (lane + 32 * k) * 8 + i;
+          block_sums[c] = w == 0 ? acc_g[k][i] : block_sums[c] + acc_g[k][i];
+          block_sums[C + c] = w == 0 ? acc_b[k][i] : block_sums[C + c] + acc_b[k][i];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t c = threadIdx.x; c < C; c += kThreads) {
+    partials[split * C + c] = block_sums[c];
+    partials[(splits + split) * C + c] = block_sums[C + c];
+  }
+}
+
+// grid ceil(C / 32), block 32 x 32: thread (x, y) adds runs y, y + 32, ... of column c in order, then row y = 0 the
+// 32 sums in order: dgamma[c] += the runs' dy xhat, dbeta[c] += their dy. A fixed tree: the same bits on every run.
+__global__ void layernorm_param_reduce_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,
+                                              float* dbeta) {
+  __shared__ float part_g[32][33], part_b[32][33];
+  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  float sg = 0.0f, sb = 0.0f;
+  if (c < C)
+    for (int64_t k = threadIdx.y; k < splits; k += 32) {
+      sg += partials[k * C + c];
+      sb += partials[(splits + k) * C + c];
+    }
+  part_g[threadIdx.y][threadIdx.x] = sg;
+  part_b[threadIdx.y][threadIdx.x] = sb;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float tg = 0.0f, tb = 0.0f;
+    for (int k = 0; k < 32; ++k) {
+      tg += part_g[k][threadIdx.x];
+      tb += part_b[k][threadIdx.x];
+    }
+    dgamma[c] += tg;
+    dbeta[c] += tb;
+  }
+}
+
 }  // namespace
 
 template <class T>
@@ -137,6 +343,21 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
                                cudaStream_t s) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
+  if constexpr (sizeof(T) == 2) {
+    if (rows_in_registers<T>(C, kLnBackwardRowMaxColumns, dy, x, dx)) {
+      const int64_t splits = layernorm_rows_splits(rows);
+      if (splits > 2147483647LL) return cudaErrorInvalidValue;
+      const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
+        layernorm_backward_rows_kernel<decltype(nv)::value><<<static_cast<unsigned int>(splits), kThreads, 0, s>>>(
+            dy, x, gamma, mean, rstd, dx, rows, C, splits, partials);
+        return cudaGetLastError();
+      });
+      if (e != cudaSuccess) return e;
+      layernorm_param_reduce_kernel<<<static_cast<unsigned int>((C + 31) / 32), dim3(32, 32), 0, s>>>(
+          partials, C, splits, dgamma, dbeta);
+      return cudaGetLastError();
+    }
+  }
   // dgamma and dbeta first: they read dy, which dx may alias.
   const int64_t splits = layernorm_splits(rows);
   const dim3 grid(static_cast<unsigned int>((C + 31) / 32), static_cast<unsigned int>(splits));

@@ -150,6 +150,80 @@ __global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, 
   }
 }
 
+// classifier_bf16_kernel<true>'s work with the row read from global memory once: one block of kRowThreads per row
+// keeps the row's real vectors (ceil(vocab / 8) of them, 16 bytes each) in shared memory, pushed as they arrive (each
+// thread its vectors in increasing order, four loads in flight), the threads combined in a fixed tree, then the
+// gradient computed from shared memory and written over the row (the padding columns 0). GPT-2's 50257-column rows
+// take 100 KB: two blocks to an H100's or H200's SM.
+constexpr int kRowThreads = 512;
+__global__ void __launch_bounds__(kRowThreads)
+    classifier_bf16_row_kernel(BFloat16* logits, const int32_t* labels, int64_t vocab, int64_t ld, float dscale,
+                               float* row_loss, float* row_hit) {
+  extern __shared__ uint4 row[];  // the row's real vectors
+  __shared__ elementwise::OnlineSoftmax part[kRowThreads];
+  const int64_t r = blockIdx.x, nvec = (vocab + 7) / 8;
+  auto* zv = reinterpret_cast<uint4*>(logits + r * ld);
+  elementwise::OnlineSoftmax acc = elementwise::online_softmax_start(vocab);
+  constexpr int kInFlight = 4;
+  for (int64_t v0 = threadIdx.x; v0 < nvec; v0 += kInFlight * kRowThreads) {
+    Bf16x8 in[kInFlight];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u)
+      if (v0 + u * kRowThreads < nvec) in[u].raw = zv[v0 + u * kRowThreads];
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t v = v0 + u * kRowThreads;
+      if (v >= nvec) break;
+      row[v] = in[u].raw;
+      float x[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) x[i] = to_float(in[u].v[i]);
+      acc.push8(x, v * 8, vocab);
+    }
+  }
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = kRowThreads / 2; w > 0; w /= 2) {  // a fixed tree: thread i takes in thread i + w
+    if (threadIdx.x < w) part[threadIdx.x].merge(part[threadIdx.x + w]);
+    __syncthreads();
+  }
+  const float zmax = part[0].m, log_sum = logf(part[0].sum);
+  const int32_t label = labels[r];
+  const bool valid = label >= 0 && label < vocab, ignored = label == kIgnoreLabel;
+  if (threadIdx.x == 0) {
+    const float zl = valid ? to_float(reinterpret_cast<const BFloat16*>(row)[label]) : 0.0f;
+    row_loss[r] = ignored ? 0.0f : valid ? log_sum - (zl - zmax) : NAN;
+    row_hit[r] = valid && part[0].arg == label ? 1.0f : 0.0f;
+  }
+  if (dscale == 0.0f) return;
+  for (int64_t v = threadIdx.x; v < ld / 8; v += kRowThreads) {
+    Bf16x8 io;
+    if (v < nvec) io.raw = row[v];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int64_t c = v * 8 + i;
+      const float g = c >= vocab || ignored ? 0.0f
+                      : valid               ? elementwise::xent_grad(to_float(io.v[i]), zmax, log_sum, c == label, dscale)
+                                            : NAN;
+      io.v[i] = to_bfloat16(g);
+    }
+    zv[v] = io.raw;
+  }
+}
+
+// Whether classifier_bf16_row_kernel can hold a row of `vocab` columns on this device (after opting in to shared
+// memory beyond the default 48 KB); false on any error, and the two-pass kernel runs.
+bool row_fits_shared_memory(int64_t vocab) {
+  const size_t bytes = static_cast<size_t>((vocab + 7) / 8) * sizeof(uint4);
+  int device = 0, optin = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return false;
+  const size_t fixed = sizeof(elementwise::OnlineSoftmax) * kRowThreads;
+  if (bytes + fixed > static_cast<size_t>(optin)) return false;
+  return cudaFuncSetAttribute(classifier_bf16_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              static_cast<int>(bytes)) == cudaSuccess;
+}
+
 }  // namespace
 
 cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
@@ -157,7 +231,11 @@ cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t row
   if (rows == 0) return cudaSuccess;
   if (rows > 2147483647LL) return cudaErrorInvalidValue;
   const auto grid = static_cast<unsigned int>(rows);
-  if (ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0)
+  const bool vec = ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  if (vec && row_fits_shared_memory(vocab))
+    classifier_bf16_row_kernel<<<grid, kRowThreads, static_cast<size_t>((vocab + 7) / 8) * sizeof(uint4), s>>>(
+        logits, labels, vocab, ld, dscale, row_loss, row_hit);
+  else if (vec)
     classifier_bf16_kernel<true><<<grid, kThreads, 0, s>>>(logits, labels, vocab, ld, dscale, row_loss, row_hit);
   else
     classifier_bf16_kernel<false><<<grid, kThreads, 0, s>>>(logits, labels, vocab, ld, dscale, row_loss, row_hit);

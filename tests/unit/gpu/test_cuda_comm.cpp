@@ -1,6 +1,7 @@
 // tests/unit/gpu/test_cuda_comm.cpp: collectives on GPU tensors. NCCL with one rank (one GPU admits one NCCL
 // rank): allreduce Sum/Avg/Max, broadcast, allgather (also in place on a stream, as ZeRO gathers parameters),
-// reduce_scatter, barrier, host tensors through the device, stream ordering through Work::block, wrong-device errors;
+// reduce_scatter, barrier, host tensors through the device (allreduce, broadcast, allgather), stream ordering
+// through Work::block, wrong-device errors;
 // its watchdog aborting a collective that cannot finish (a hidden case gpu-check runs alone).
 // Gloo with two ranks as threads sharing the GPU through HostStagedGroup: device tensors staged through pinned
 // memory, closed-form results.
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <atomic>
 #include <condition_variable>
 #include <future>
@@ -110,6 +112,11 @@ TEST_CASE("nccl: host tensors go through the device, block() orders a stream wit
   step.data<int64_t>()[0] = 12345678901;
   pg->broadcast(step)->wait();
   REQUIRE(step.data<int64_t>()[0] == 12345678901);
+  Tensor text = Tensor::zeros({3}, DType::U8);  // predict's gathered lines
+  std::memcpy(text.data<uint8_t>(), "ok\n", 3);
+  Tensor all = Tensor::zeros({3}, DType::U8);
+  pg->allgather(text, all)->wait();
+  REQUIRE(std::memcmp(all.data<uint8_t>(), "ok\n", 3) == 0);
 
   // The caller's stream produces the tensor, the collective runs after it, and a copy enqueued on the stream
   // after block() sees the result: ordering by events only.

@@ -274,9 +274,12 @@ TEST_CASE("cuda classifier_bf16 matches the CPU: loss, hits, the gradient in pla
   struct Dims {
     int64_t rows, vocab, ld;
   };
-  // Eight columns at a time where ld is a multiple of 8 (with a part-real last vector for 50257), one at a time for
-  // ld 303. Bf16 draws from [-6, 6] repeat a long row's maximum: rows 1 and 3 check that the first one is the hit.
-  for (const Dims d : {Dims{33, 1000, 1024}, Dims{4, 50257, 50304}, Dims{1, 1, 8}, Dims{5, 301, 303}}) {
+  // Eight columns at a time where ld is a multiple of 8 (with a part-real last vector for 50257), the row held in
+  // shared memory where it fits (GPT-2's 50257 does on an H100 or H200), else read twice (Llama 3's 128256 does not);
+  // one at a time for ld 303. Bf16 draws from [-6, 6] repeat a long row's maximum: rows 1 and 3 check that the first
+  // one is the hit.
+  for (const Dims d : {Dims{33, 1000, 1024}, Dims{4, 50257, 50304}, Dims{1, 1, 8}, Dims{5, 301, 303},
+                       Dims{4, 128256, 128256}}) {
     CAPTURE(d.rows, d.vocab, d.ld);
     const Tensor logits = bf16_random({d.rows, d.ld}, rng, -6.0f, 6.0f);
     Tensor labels = Tensor::empty({d.rows}, DType::I32);
@@ -405,7 +408,11 @@ TEST_CASE("cuda adamw_fused matches the CPU and writes the bf16 copy of its own 
 
 TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "[gpu][fastpath]") {
   std::mt19937 rng(77);
-  for (const int64_t C : {int64_t{768}, int64_t{37}}) {
+  // Rows held in registers (forward up to 4096 columns, 1 to 16 vectors a lane; the fused backward up to 1024): 768
+  // (3 vectors a lane), 64 (one vector on 8 of the 32 lanes), 1024 (4, the backward's largest), 1600 (the forward's
+  // 8 with 7 real, the backward read per pass); 4104 past both; 37 one column at a time. 300 rows: the backward's
+  // runs of 32, the last one part.
+  for (const int64_t C : {int64_t{768}, int64_t{64}, int64_t{1024}, int64_t{1600}, int64_t{4104}, int64_t{37}}) {
     const int64_t rows = 300;
     CAPTURE(C);
     const Tensor x = bf16_random({rows, C}, rng, -3.0f, 3.0f), dy = bf16_random({rows, C}, rng);
@@ -434,7 +441,18 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
     INFO("y: " << d_y << "\nmean: " << d_mean << "\nrstd: " << d_rstd << "\ndx: " << d_dx << "\ndgamma: " << d_dg
                << "\ndbeta: " << d_db);
     CHECK(d_y.bad + d_mean.bad + d_rstd.bad + d_dx.bad + d_dg.bad + d_db.bad == 0);
-    {  // The same rows one element into their buffers: C 768 but 2-byte aligned, so one column at a time again.
+    {  // The parameter sums in a fixed order: the same bits again.
+      Tensor gdg2 = to_device(dg0), gdb2 = to_device(db0), gdx2 = to_device(bf16_nan({rows, C}));
+      gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                            gmean.data<float>(), grstd.data<float>(), gdx2.data<BFloat16>(),
+                                            gdg2.data<float>(), gdb2.data<float>(), rows, C);
+      const Tensor a = to_host(gdg), b = to_host(gdg2), c = to_host(gdb), d = to_host(gdb2);
+      const Tensor e = to_host(gdx), f = to_host(gdx2);
+      CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+      CHECK(std::memcmp(c.raw(), d.raw(), c.bytes()) == 0);
+      CHECK(std::memcmp(e.raw(), f.raw(), e.bytes()) == 0);
+    }
+    {  // The same rows one element into their buffers: 2-byte aligned, so one column at a time again.
       Tensor x1 = bf16_nan({rows * C + 1}), dy1 = bf16_nan({rows * C + 1});
       std::memcpy(x1.data<BFloat16>() + 1, x.raw(), x.bytes());
       std::memcpy(dy1.data<BFloat16>() + 1, dy.raw(), dy.bytes());
