@@ -61,8 +61,8 @@ inline constexpr std::array<ModelCard, 4> kModelCards{{
      .bf16_activations = true},
     {.name = "llama",
      .note = "Hugging Face's LlamaForCausalLM (Llama 2 and 3, SmolLM, TinyLlama; Qwen2): needs data.dataset = "
-             "tokens or jsonl; its float32 GPU kernels passed their tests on an H200, its transformer fast path "
-             "(train.bf16_activations) is compiled and has never run on a GPU",
+             "tokens or jsonl; its GPU kernels, float32 and its transformer fast path (train.bf16_activations), "
+             "passed their tests on an H200",
      .input = ModelInput::tokens,
      .decay_matrices_only = true,
      .generates = true,
