@@ -43,7 +43,7 @@ __global__ void layernorm_forward_kernel(const T* x, const float* gamma, const f
 
 // A bf16 row in registers: lane `lane` holds the row's vectors lane, lane + 32, ..., lane + 32 (NV - 1) (eight
 // columns each; those past the row's nvec vectors are not read). The order every loop below walks a lane's columns
-// is for_lane_columns' order: the same sums, the same bits as the kernels that read the row again per pass.
+// is for_lane_columns' order: the same sums in the same order as the kernels that read the row again per pass.
 template <int NV>
 __device__ __forceinline__ void load_lane_row(const BFloat16* row, int64_t nvec, int lane, Bf16x8 (&out)[NV]) {
   const auto* p = reinterpret_cast<const uint4*>(row);

@@ -3,6 +3,8 @@
 // forward and backward (one warp per row).
 #include <cfloat>
 #include <cmath>
+#include <map>
+#include <mutex>
 
 #include "models/kernels/cuda/common.cuh"
 
@@ -156,7 +158,7 @@ __global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, 
 // gradient computed from shared memory and written over the row (the padding columns 0). GPT-2's 50257-column rows
 // take 100 KB: two blocks to an H100's or H200's SM.
 constexpr int kRowThreads = 512;
-__global__ void __launch_bounds__(kRowThreads)
+__global__ void __launch_bounds__(kRowThreads, 2)
     classifier_bf16_row_kernel(BFloat16* logits, const int32_t* labels, int64_t vocab, int64_t ld, float dscale,
                                float* row_loss, float* row_hit) {
   extern __shared__ uint4 row[];  // the row's real vectors
@@ -211,17 +213,37 @@ __global__ void __launch_bounds__(kRowThreads)
   }
 }
 
-// Whether classifier_bf16_row_kernel can hold a row of `vocab` columns on this device (after opting in to shared
-// memory beyond the default 48 KB); false on any error, and the two-pass kernel runs.
+// Whether classifier_bf16_row_kernel can hold a row of `vocab` columns on the current device. Once per device: its
+// opt-in limit on a block's shared memory read, and the kernel allowed all of it less its static part (beyond the
+// default 48 KB). Any error there leaves no error pending (the two-pass kernel then runs, its launch checked alone).
 bool row_fits_shared_memory(int64_t vocab) {
-  const size_t bytes = static_cast<size_t>((vocab + 7) / 8) * sizeof(uint4);
-  int device = 0, optin = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) return false;
-  if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) return false;
-  const size_t fixed = sizeof(elementwise::OnlineSoftmax) * kRowThreads;
-  if (bytes + fixed > static_cast<size_t>(optin)) return false;
-  return cudaFuncSetAttribute(classifier_bf16_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              static_cast<int>(bytes)) == cudaSuccess;
+  static std::mutex mu;
+  static std::map<int, size_t> room;  // device -> dynamic bytes the kernel may take (0: none)
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  size_t bytes_allowed = 0;
+  {
+    const std::lock_guard<std::mutex> lock(mu);
+    const auto it = room.find(device);
+    if (it != room.end()) {
+      bytes_allowed = it->second;
+    } else {
+      int optin = 0;
+      const size_t fixed = sizeof(elementwise::OnlineSoftmax) * kRowThreads;
+      if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
+          static_cast<size_t>(optin) > fixed &&
+          cudaFuncSetAttribute(classifier_bf16_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               optin - static_cast<int>(fixed)) == cudaSuccess)
+        bytes_allowed = static_cast<size_t>(optin) - fixed;
+      else
+        (void)cudaGetLastError();
+      room[device] = bytes_allowed;
+    }
+  }
+  return static_cast<size_t>((vocab + 7) / 8) * sizeof(uint4) <= bytes_allowed;
 }
 
 }  // namespace

@@ -275,11 +275,11 @@ TEST_CASE("cuda classifier_bf16 matches the CPU: loss, hits, the gradient in pla
     int64_t rows, vocab, ld;
   };
   // Eight columns at a time where ld is a multiple of 8 (with a part-real last vector for 50257), the row held in
-  // shared memory where it fits (GPT-2's 50257 does on an H100 or H200), else read twice (Llama 3's 128256 does not);
-  // one at a time for ld 303. Bf16 draws from [-6, 6] repeat a long row's maximum: rows 1 and 3 check that the first
-  // one is the hit.
+  // shared memory where it fits (GPT-2's 50257 does on an H100 or H200), else read twice (128250 of 128256 does not:
+  // a part-real last vector and padding there too); one at a time for ld 303. Bf16 draws from [-6, 6] repeat a long
+  // row's maximum: rows 1 and 3 check that the first one is the hit.
   for (const Dims d : {Dims{33, 1000, 1024}, Dims{4, 50257, 50304}, Dims{1, 1, 8}, Dims{5, 301, 303},
-                       Dims{4, 128256, 128256}}) {
+                       Dims{4, 128250, 128256}}) {
     CAPTURE(d.rows, d.vocab, d.ld);
     const Tensor logits = bf16_random({d.rows, d.ld}, rng, -6.0f, 6.0f);
     Tensor labels = Tensor::empty({d.rows}, DType::I32);
@@ -409,11 +409,13 @@ TEST_CASE("cuda adamw_fused matches the CPU and writes the bf16 copy of its own 
 TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "[gpu][fastpath]") {
   std::mt19937 rng(77);
   // Rows held in registers (forward up to 4096 columns, 1 to 16 vectors a lane; the fused backward up to 1024): 768
-  // (3 vectors a lane), 64 (one vector on 8 of the 32 lanes), 1024 (4, the backward's largest), 1600 (the forward's
-  // 8 with 7 real, the backward read per pass); 4104 past both; 37 one column at a time. 300 rows: the backward's
-  // runs of 32, the last one part.
-  for (const int64_t C : {int64_t{768}, int64_t{64}, int64_t{1024}, int64_t{1600}, int64_t{4104}, int64_t{37}}) {
-    const int64_t rows = 300;
+  // (3 vectors a lane), 64 (one vector on 8 of the 32 lanes), 512 (2), 1024 (4, the backward's largest), 1280 (6),
+  // 1600 (8 with 7 real), 3072 (12), 4096 (16) (past 1024 the backward reads per pass); 4104 past both; 37 one column
+  // at a time. 1091 rows: 35 of the backward's runs of 32 (more than the 32 rows of its final tree), the last of
+  // 3 rows (5 of its 8 warps with none).
+  for (const int64_t C : {int64_t{768}, int64_t{64}, int64_t{512}, int64_t{1024}, int64_t{1280}, int64_t{1600},
+                          int64_t{3072}, int64_t{4096}, int64_t{4104}, int64_t{37}}) {
+    const int64_t rows = 1091;
     CAPTURE(C);
     const Tensor x = bf16_random({rows, C}, rng, -3.0f, 3.0f), dy = bf16_random({rows, C}, rng);
     const Tensor gamma = random_floats({C}, rng, 0.5f, 1.5f), beta = random_floats({C}, rng);
@@ -451,6 +453,15 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
       CHECK(std::memcmp(c.raw(), d.raw(), c.bytes()) == 0);
       CHECK(std::memcmp(e.raw(), f.raw(), e.bytes()) == 0);
+      // dx over dy (each row read before it is written): the same dx and sums again.
+      Tensor inplace = to_device(dy), gdg3 = to_device(dg0), gdb3 = to_device(db0);
+      gpu_kernels().layernorm_backward_bf16(inplace.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                            gmean.data<float>(), grstd.data<float>(), inplace.data<BFloat16>(),
+                                            gdg3.data<float>(), gdb3.data<float>(), rows, C);
+      const Tensor g = to_host(inplace), h = to_host(gdg3), i = to_host(gdb3);
+      CHECK(std::memcmp(e.raw(), g.raw(), e.bytes()) == 0);
+      CHECK(std::memcmp(a.raw(), h.raw(), a.bytes()) == 0);
+      CHECK(std::memcmp(c.raw(), i.raw(), c.bytes()) == 0);
     }
     {  // The same rows one element into their buffers: 2-byte aligned, so one column at a time again.
       Tensor x1 = bf16_nan({rows * C + 1}), dy1 = bf16_nan({rows * C + 1});
