@@ -233,7 +233,9 @@ void write_json(const std::string& path, const Result& r, const Options& o) {
                    {"images_per_s", r.images_per_s},
                    {"loss", r.loss},
                    {"overrides", o.overrides}};
-  if (r.tokens) {
+  if (r.tokens) {  // token windows, not images: their rate under its own name
+    j.erase("images_per_s");
+    j["sequences_per_s"] = r.images_per_s;
     j["mode"] = "step";
     j["seq"] = r.seq;
     j["vocab"] = r.vocab;

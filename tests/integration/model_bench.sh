@@ -44,6 +44,7 @@ for mode in fp32 fast; do
   grep -qE '^# kernel +[0-9.]+ +[0-9.]+ +1 +- +[0-9.e+-]+ +-  embedding_forward: 32 x 32$' "$WORK/$mode.out" \
     || { cat "$WORK/$mode.out"; fail "$mode: no embedding_forward row"; }
   common=("j['kernel_steps'] == 2" "math.isfinite(j['loss'])" "j['tokens_per_s'] > 0"
+          "abs(j['sequences_per_s'] * j['seq'] - j['tokens_per_s']) < 1e-6 * j['tokens_per_s']" "'images_per_s' not in j"
     "ops['embedding_forward'] == 1" "ops['embedding_backward'] == 1"
     "abs(sum(r['ms_per_step'] for r in j['kernels']) + j['kernel_between_ms_per_step'] - j['kernel_total_ms_per_step']) < 1e-6 * j['kernel_total_ms_per_step'] + 1e-9"
     "all(j['kernels'][i]['ms_per_step'] >= j['kernels'][i + 1]['ms_per_step'] for i in range(len(j['kernels']) - 1))"
@@ -105,7 +106,8 @@ expect_exit 2 "lt-sweep" "$BENCH" --lt-sweep -1 "${GPT[@]}"
 # An MLP on images: float32 GEMMs and the bias kernels.
 "$BENCH" --batch 4 --shape 1,28,28 --warmup 1 --steps 2 --kernel-steps 1 --json "$WORK/mlp.json" model.name=mlp \
   "model.hidden=[16]" train.device=cpu > "$WORK/mlp.out" 2>&1 || { cat "$WORK/mlp.out"; fail "mlp failed"; }
-check_json "$WORK/mlp.json" "ops['gemm'] >= 4" "ops['bias_act'] == 2" "ops['softmax_xent'] == 1"
+check_json "$WORK/mlp.json" "ops['gemm'] >= 4" "ops['bias_act'] == 2" "ops['softmax_xent'] == 1" \
+  "j['images_per_s'] > 0" "'sequences_per_s' not in j"
 
 expect_exit 2 "kernel-steps" "$BENCH" --kernel-steps -1 "${GPT[@]}"
 

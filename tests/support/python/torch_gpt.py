@@ -272,7 +272,7 @@ def run(args):
     r = {"program": "pytorch", "mode": args.mode, "model": model_name, "seq": args.seq, "batch": args.batch,
          "precision": args.precision, "device": str(device), "device_name": name, "ranks": 1,
          "warmup": args.warmup, "steps": args.steps, "warmup_s": warmup_s, "ms_per_step": seconds * 1e3 / args.steps,
-         "images_per_s": args.batch * args.steps / seconds, "tokens_per_s": tokens_per_s, "loss": loss,
+         "sequences_per_s": args.batch * args.steps / seconds, "tokens_per_s": tokens_per_s, "loss": loss,
          "vocab": args.vocab, "padded_vocab": vocab, "params": n_params, "params_no_wpe": n,
          "flops_per_token": flops_per_token, "peak_flops": peak,
          "mfu": tokens_per_s * flops_per_token / peak if peak > 0 else None,
