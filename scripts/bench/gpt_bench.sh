@@ -691,7 +691,7 @@ f=$LOG_DIR/fast_dptrain_1.log
 [ -f "$f" ] && fast_phases=$(grep -m1 '^# phases' "$f" | sed 's/^# //' || true)
 # The fast path's library choices (cuBLASLt's algorithm per GEMM shape), and each A/B variant's phases.
 choices="" variant_phases=()
-[ -f "$f" ] && choices=$(grep -E '^# (cuBLASLt|bias gradients:) ' "$f" | grep -v '^# cuBLASLt sweep ' | sed 's/^# /- /' || true)
+[ -f "$f" ] && choices=$(grep -E '^# (cuBLASLt|bias gradients:|cuDNN attention) ' "$f" | grep -v '^# cuBLASLt sweep ' | sed 's/^# /- /' || true)
 sweep=""
 [ -f "$f" ] && sweep=$(grep -E '^# (cuBLASLt sweep|library sweep:) ' "$f" | sed 's/^# /- /' || true)
 for k in fastsep fastnd; do
@@ -727,7 +727,7 @@ report=$(
   done
   if [ -n "$choices" ]; then
     echo
-    echo "The fast path's GEMMs: what cuBLASLt's heuristic chose per shape"
+    echo "The fast path's library plans: what cuBLASLt's heuristic chose per GEMM shape, and cuDNN's plan (engine and knobs) per attention graph"
     echo
     echo "$choices"
   fi

@@ -100,6 +100,7 @@ struct AttentionGraphs {
   // (b, t, heads, kv heads, head size, backward, deterministic)
   std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, std::shared_ptr<fe::graph::Graph>> graphs;
   Tensor workspace;
+  std::vector<std::string> choices;  // per graph built: its shape and the plan (engine and knobs) cuDNN chose
 };
 
 void AttentionGraphsDeleter::operator()(AttentionGraphs* g) const { delete g; }
@@ -145,6 +146,12 @@ fe::graph::Graph& graph_for(AttentionGraphs& a, cudnnHandle_t h, const Attention
     check_fe(built->get_workspace_size(ws), "asking the workspace size", s);
     if (static_cast<size_t>(ws) > a.workspace.numel())
       a.workspace = Tensor::empty({std::max<int64_t>(ws, 1)}, DType::U8, device);
+    std::string plan;
+    if (built->get_plan_name(plan).is_bad()) plan = "(unnamed)";
+    a.choices.push_back(fmt::format("cuDNN attention {} b {} t {} heads {} kv heads {} x {}{}: plan {}, workspace {:.1f} MiB",
+                                    backward ? "backward" : "forward", s.b, s.t, s.n_head, s.kv_heads(), s.head_size,
+                                    backward ? (deterministic ? " (deterministic asked)" : " (default)") : "", plan,
+                                    static_cast<double>(ws) / (1 << 20)));
     g = std::move(built);
   }
   return *g;
@@ -157,6 +164,10 @@ void* ptr(const BFloat16* p, int64_t offset) { return const_cast<BFloat16*>(p) +
 AttentionGraphs& CudaKernels::attention_graphs() {
   if (!attention_) attention_.reset(new AttentionGraphs);
   return *attention_;
+}
+
+std::vector<std::string> CudaKernels::attention_choices() const {
+  return attention_ ? attention_->choices : std::vector<std::string>{};
 }
 
 void CudaKernels::attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) {
@@ -197,6 +208,8 @@ AttentionGraphs& CudaKernels::attention_graphs() {
   if (!attention_) attention_.reset(new AttentionGraphs);
   return *attention_;
 }
+
+std::vector<std::string> CudaKernels::attention_choices() const { return {}; }
 
 void CudaKernels::attention_forward(const BFloat16*, BFloat16*, float*, const AttentionShape&) {
   DPT_THROW(UnsupportedError, "attention_forward on {}: {}", device().str(), validate_attention_graphs({}, 0));

@@ -217,6 +217,7 @@ class CudaKernels final : public Kernels {
   const void* narrowed(const float* src, int64_t rows, int64_t cols, int64_t ld, int slot);
   // attention.cpp
   AttentionGraphs& attention_graphs();
+  std::vector<std::string> attention_choices() const;  // the plan cuDNN chose per graph built, for library_choices
   // matmul.cpp
   LtState& lt();
   void matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o);

@@ -442,11 +442,13 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
 
 std::vector<std::string> CudaKernels::library_choices() const {
   std::vector<std::string> out;
-  if (!lt_) return out;
-  for (const auto& [key, e] : lt_->entries) out.push_back("cuBLASLt " + e->choice);
-  if (!lt_bgrad_fused_)
-    out.push_back("bias gradients: the plain product (its default-epilogue plan above), then our column sums "
-                  "(DPT_TUNE_BGRAD=separate)");
+  if (lt_) {
+    for (const auto& [key, e] : lt_->entries) out.push_back("cuBLASLt " + e->choice);
+    if (!lt_bgrad_fused_)
+      out.push_back("bias gradients: the plain product (its default-epilogue plan above), then our column sums "
+                    "(DPT_TUNE_BGRAD=separate)");
+  }
+  for (std::string& c : attention_choices()) out.push_back(std::move(c));
   return out;
 }
 

@@ -259,6 +259,17 @@ TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward
     const Tensor second = to_host(dqkv_gpu);
     CHECK(std::memcmp(first.raw(), second.raw(), first.bytes()) == 0);
   }
+#if DPT_HAVE_CUDNN_FRONTEND
+  // Each graph built names the plan cuDNN chose (dpt-model-bench prints them with cuBLASLt's).
+  const std::vector<std::string> choices = gpu_kernels().library_choices();
+  const auto named = [&](const std::string& head) {
+    return std::any_of(choices.begin(), choices.end(), [&](const std::string& c) {
+      return c.starts_with(head) && c.find(": plan ") != std::string::npos;
+    });
+  };
+  CHECK(named("cuDNN attention forward b 2 t 64 heads 4 kv heads 2 x 32: plan "));
+  CHECK(named("cuDNN attention backward b 1 t 96 heads 9 kv heads 3 x 64 (default): plan "));
+#endif
 }
 
 TEST_CASE("cuda attention refuses a head size cuDNN's fused attention cannot take", "[gpu][fastpath]") {
