@@ -103,6 +103,7 @@ struct Options {
   int kernel_steps = 0;
   int kernel_lines = 30;
   int lt_sweep = 0;  // --lt-sweep: cuBLASLt's first N algorithms per plan, timed after the steps; 0: none
+  int lt_tune = 0;   // --lt-tune: the same after the warm-up steps, the fastest kept (train.autotune); 0: none
   double peak_tflops = 0;  // 0: the device's from cuda::dense_bf16_peak_flops's table
   double peak_gbps = 0;    // 0: the device's from its memory clock and bus width
   bool profiler_range = false;
@@ -136,6 +137,7 @@ struct Result {
   double mfu = 0;
   std::vector<std::string> library_choices;  // Kernels::library_choices() after the run
   std::vector<std::string> library_sweep;    // Kernels::sweep_library_choices() after that (--lt-sweep)
+  std::vector<std::string> library_tune;     // its adopting run after the warm-up steps (--lt-tune)
   // --kernel-steps: TimedKernels's rows, and its span and time between calls, per step.
   std::vector<models::TimedKernels::Row> kernels;
   double kernel_total_ms = 0, kernel_between_ms = 0;
@@ -282,6 +284,7 @@ void write_json(const std::string& path, const Result& r, const Options& o) {
   }
   if (!r.library_choices.empty()) j["library_choices"] = r.library_choices;
   if (o.lt_sweep > 0) j["library_sweep"] = r.library_sweep;
+  if (o.lt_tune > 0) j["library_tune"] = r.library_tune;
   std::ofstream f(path);
   f << j.dump(2) << "\n";
   if (!f) DPT_THROW(IoError, "--json {}: cannot write it", path);
@@ -475,6 +478,11 @@ Result run(const Options& o, const trainer::Config& cfg) {
   };
 
   for (int i = 0; i < o.warmup; ++i) step(nullptr);
+  if (o.lt_tune > 0) {  // as train.autotune after a first step: the timed steps run what it kept
+    r.library_tune = k.sweep_library_choices(o.lt_tune, kSweepReps, /*adopt=*/true);
+    if (r.library_tune.empty())
+      r.library_tune.push_back(fmt::format("library tune: no library plan to tune on {}", device.str()));
+  }
   stats.zero_(stream);
   const double seconds = time_steps([&] { step(nullptr); }, o, device, stream);
   const Tensor s = stats.to(Device::cpu());  // synchronous
@@ -509,7 +517,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
   r.library_choices = k.library_choices();
   if (o.lt_sweep > 0) {  // last: diagnostics only, on scratch operands; a failure is reported, never the run's
     try {
-      r.library_sweep = k.sweep_library_choices(o.lt_sweep, kSweepReps);
+      r.library_sweep = k.sweep_library_choices(o.lt_sweep, kSweepReps, /*adopt=*/false);
       if (r.library_sweep.empty())
         r.library_sweep.push_back(fmt::format("library sweep: no library plan to sweep on {}", device.str()));
     } catch (const std::exception& e) {
@@ -623,6 +631,11 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
                      " calls each), against the one it runs: whether another would pay (GPU; 0: none)")
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
+  app.add_option("--lt-tune", o.lt_tune,
+                 "after the warm-up steps, the same as --lt-sweep, and a plan whose fastest candidate is 3% faster "
+                 "(timed twice) runs it in the timed steps: train.autotune's tuning (GPU; 0: none)")
+      ->check(dpt::cli::NonNegative)
+      ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops,
                  "the device's dense bf16 peak in TFLOP/s, for MFU and --kernel-steps' floors (default: dptrain's "
                  "table of H100, H200, H800, A100 and A800; other devices have none, and no MFU)")
@@ -730,6 +743,7 @@ int main(int argc, char** argv) {
     }
     if (o.kernel_steps > 0) print_kernels(r, o);
     for (const std::string& c : r.library_choices) fmt::print("# {}\n", c);
+    for (const std::string& c : r.library_tune) fmt::print("# tune: {}\n", c);
     for (const std::string& c : r.library_sweep) fmt::print("# {}\n", c);
     fmt::print("#\n");
     if (r.tokens) {

@@ -54,6 +54,7 @@ struct TrainConfig {
   models::Precision precision = models::Precision::F32;  // GEMM and convolution arithmetic; fp16 adds loss scaling
   bool bf16_activations = false;  // the transformer fast path (GPT, Llama): bf16 activations in training; needs precision bf16
   bool deterministic = true;  // GPU: only library algorithms that give the same bits on every run (Kernels::set_deterministic)
+  bool autotune = false;  // GPU: after the first step, each cuBLASLt plan timed with its candidates, the fastest kept
   OptimizerKind optimizer = OptimizerKind::sgd;
   double lr = 0.05;
   double momentum = 0.9;

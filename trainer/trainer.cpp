@@ -132,6 +132,7 @@ class Trainer {
   int64_t samples_at(const Epoch& ep, int64_t next_batch) const;  // the epoch's examples the job has consumed
   Progress progress(Epoch& ep, int64_t next_batch);
   void carry_epoch_loss(const Epoch& ep);
+  void autotune();
   void end_epoch(Epoch& ep, double data_wait_s);
   EvalResult evaluate_saved_model();
   // ---- checkpoints, the end
@@ -599,6 +600,7 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
     // otherwise the gathered peak is 0.
     ctx_.memory.params = static_cast<int64_t>(dp_->param_bytes() + dp_->gathered_peak_bytes());
     reporter_->first_step(step_);
+    if (t_.autotune) autotune();
   }
   ctx_.phase.clear();  // no formatting on the hot path: where() formats the step only for an error
   ctx_.step = step_ + 1;
@@ -624,6 +626,26 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
     return true;
   }
   return false;
+}
+
+// train.autotune, after this process's first step (every plan of a training step made): each rank times its
+// cuBLASLt plans' candidates on scratch operands and keeps the faster ones (Kernels::sweep_library_choices).
+void Trainer::autotune() {
+  constexpr int kCandidates = 8, kReps = 5;
+  const auto t0 = Clock::now();
+  const std::vector<std::string> lines = model_->kernels().sweep_library_choices(kCandidates, kReps, /*adopt=*/true);
+  if (lines.empty()) {
+    spdlog::info("train.autotune: no library plan to tune on {}", model_->kernels().device().str());
+    return;
+  }
+  int64_t adopted = 0;
+  for (const std::string& line : lines) {
+    if (line.find("; adopted") == std::string::npos) continue;
+    ++adopted;
+    spdlog::info("train.autotune: {}", line);
+  }
+  spdlog::info("train.autotune: {} plan(s) timed with up to {} candidates each in {:.1f} s; {} now run a faster one",
+               lines.size(), kCandidates, seconds_since(t0), adopted);
 }
 
 // Before a mid-epoch checkpoint, on every rank (a collective, at a step boundary all ranks share): the epoch's

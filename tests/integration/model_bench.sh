@@ -102,6 +102,12 @@ done
 grep -qx '# library sweep: no library plan to sweep on cpu' "$WORK/sweep.out" || { cat "$WORK/sweep.out"; fail "no sweep line"; }
 check_json "$WORK/sweep.json" "j['library_sweep'] == ['library sweep: no library plan to sweep on cpu']"
 expect_exit 2 "lt-sweep" "$BENCH" --lt-sweep -1 "${GPT[@]}"
+# --lt-tune: the same, after the warm-up steps, as "# tune: ..." lines and library_tune.
+"$BENCH" --batch 2 --warmup 1 --steps 1 --lt-tune 3 --json "$WORK/tune.json" "${GPT[@]}" > "$WORK/tune.out" 2>&1 \
+  || { cat "$WORK/tune.out"; fail "--lt-tune 3 failed"; }
+grep -qx '# tune: library tune: no library plan to tune on cpu' "$WORK/tune.out" || { cat "$WORK/tune.out"; fail "no tune line"; }
+check_json "$WORK/tune.json" "j['library_tune'] == ['library tune: no library plan to tune on cpu']" "'library_sweep' not in j"
+expect_exit 2 "lt-tune" "$BENCH" --lt-tune -1 "${GPT[@]}"
 
 # An MLP on images: float32 GEMMs and the bias kernels.
 "$BENCH" --batch 4 --shape 1,28,28 --warmup 1 --steps 2 --kernel-steps 1 --json "$WORK/mlp.json" model.name=mlp \
@@ -134,15 +140,17 @@ has gb "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| \| \| \| the step's span \|" "the tabl
 # its floor, and the operations by the time above their floors.
 printf '#!/usr/bin/env bash\nexec %q --peak-tflops 0.05 --peak-gbps 5 "$@"\n' "$BENCH" > "$WORK/peaked-bench"
 chmod +x "$WORK/peaked-bench"
-gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep" MODEL_BENCH="$WORK/peaked-bench" BENCH_LT_SWEEP=2
+gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep fasttune" MODEL_BENCH="$WORK/peaked-bench" BENCH_LT_SWEEP=2
 has ab '^- library sweep: no library plan to sweep on cpu$' "no --lt-sweep section"
+has ab '^- library tune: no library plan to tune on cpu$' "no --lt-tune section (the fasttune row)"
+has ab '^\| dptrain \| step, bf16 activations, cuBLASLt plans tuned after the warm-up' "no fasttune row"
 has ab '^Floors \(each operation.*; 0.05 TFLOP/s dense bf16, 5 GB/s\): [0-9.]+ ms/step for [0-9]+ of the [0-9]+ rows, which took [0-9.]+ ms/step, [0-9.]+x that\.' \
   "no floors line"
 has ab '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [-0-9.]+ \|$' "the floors' table lacks matmul_bf16"
 has ab '^\| [0-9.]+ \| [0-9.]+ \| [0-9]+ \| [0-9.e+-]+ \| [0-9.e+-]+ \| [0-9.]+ \| attention_backward \| b 2 t 32 ' \
   "the fast row's table lacks attention_backward's rates and floor"
 has ab '^## The A/B rows against the fast row, by operation' "no A/B table"
-has ab '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [-+][0-9.]+ \|$' "the A/B table lacks matmul_bf16"
+has ab '^\| matmul_bf16 \| [0-9.]+( \| [0-9.]+ \| [-+][0-9.]+){2} \|$' "the A/B table lacks matmul_bf16 (fasttune, fastsep)"
 has ab '^## dptrain \(fast row\): where the time goes, by operation' "no table for the fast row"
 # ncu_sol.py, the GPU report's SpeedOfLight table, on ncu's CSV layout (--csv --page details): two launches of one
 # kernel averaged weighted by their duration (30 us at 60%, 10 us at 80%: 65%), units converted, thousands separators

@@ -83,6 +83,13 @@ for family in gpt llama; do
     || fail "$family: 2 x 4 != 1 x 8"
 done
 
+# train.autotune: after the first step, once; on the CPU there is no library plan to tune, and training goes on.
+"$DPTRAIN" "${GPT[@]}" "${FAST[@]}" train.autotune=true train.max_steps=3 checkpoint.dir="$WORK/tune" \
+  > "$WORK/tune.log" 2>&1 || { cat "$WORK/tune.log"; fail "train.autotune: the run failed"; }
+[ "$(grep -c 'train.autotune: no library plan to tune on cpu' "$WORK/tune.log")" = 1 ] \
+  || { cat "$WORK/tune.log"; fail "train.autotune: not said once"; }
+[ -d "$WORK/tune/step-00000003" ] || { ls "$WORK/tune"; fail "train.autotune: no checkpoint after 3 steps"; }
+
 expect_exit 2 "bf16 activations are the transformer fast path (model.name = gpt or llama)" \
   "$DPTRAIN" train.bf16_activations=true train.precision=bf16 train.max_steps=1 checkpoint.dir="$WORK/bad"
 expect_exit 2 "train.bf16_activations = true needs train.precision = bf16 (it is fp32)" \

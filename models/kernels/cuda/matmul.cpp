@@ -369,8 +369,9 @@ double time_lt_algo(LtState& st, LtEntry& e, const LtMatmulPlan& p, SweepOperand
 
 // Each plan with an algorithm, again on scratch operands (sweep_operands): cuBLASLt's first `candidates` proposals
 // for the same descriptors and alignments (sweep_candidates), each timed (time_lt_algo) against the algorithm the
-// plan runs. A plan whose sweep fails (out of memory, a library status) says so in its line; the rest go on.
-std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps) {
+// plan runs. A plan whose sweep fails (out of memory, a library status) says so in its line; the rest go on. adopt:
+// a candidate kTuneMargin faster than the plan's algorithm, and again when both are timed once more, replaces it.
+std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps, bool adopt) {
   std::vector<std::string> out;
   if (!lt_ || candidates < 1 || reps < 1) return out;
   LtState& st = *lt_;
@@ -378,8 +379,9 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
   for (auto& [key, e] : st.entries) {
     const LtMatmulPlan& p = key.plan;
-    const std::string head = fmt::format("cuBLASLt sweep {} align {} {} {} {} {}", describe(p), key.align[0],
-                                         key.align[1], key.align[2], key.align[3], key.align[4]);
+    const std::string plan = fmt::format("{} align {} {} {} {} {}", describe(p), key.align[0], key.align[1],
+                                         key.align[2], key.align[3], key.align[4]);
+    const std::string head = "cuBLASLt sweep " + plan;
     if (!e->have_algo) {  // a line for every plan: library_choices' count
       out.push_back(fmt::format("{}: skipped (no cuBLASLt algorithm runs it)", head));
       continue;
@@ -423,9 +425,22 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
         out.push_back(fmt::format("{}: chosen {:.4f} ms; {}, none faster{}", head, chosen, others,
                                   best_i < 0 ? std::string() : fmt::format(" (the best {:.4f} ms)", best)));
       } else {
-        out.push_back(fmt::format("{}: chosen {:.4f} ms; {}, the fastest {:.4f} ms ({:.1f}% less; candidate {}: {})",
+        std::string adopted;
+        if (adopt && best <= chosen * (1.0 - kTuneMargin)) {
+          const double chosen_again = time(e->heuristic.algo), best_again = time(found_algos[best_i].algo);
+          if (chosen_again >= 0 && best_again >= 0 && best_again <= chosen_again * (1.0 - kTuneMargin)) {
+            e->choice = fmt::format("{}: {} (tuned: {:.4f} ms against the heuristic's first, {}, {:.4f} ms)",
+                                    plan, describe_algo(found_algos[best_i]), best_again,
+                                    describe_algo(e->heuristic), chosen_again);
+            e->heuristic = found_algos[best_i];
+            adopted = "; adopted";
+          } else {
+            adopted = "; not adopted (timed again: under the margin)";
+          }
+        }
+        out.push_back(fmt::format("{}: chosen {:.4f} ms; {}, the fastest {:.4f} ms ({:.1f}% less; candidate {}: {}){}",
                                   head, chosen, others, best, 100.0 * (chosen - best) / chosen, best_i + 1,
-                                  describe_algo(found_algos[best_i])));
+                                  describe_algo(found_algos[best_i]), adopted));
       }
     } catch (const std::exception& ex) {
       out.push_back(fmt::format("{}: failed: {}", head, ex.what()));

@@ -184,7 +184,7 @@ TEST_CASE("cuBLASLt sweep times every plan on scratch and leaves the next produc
   const MatmulEpilogue eps[] = {MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad};
   for (const auto ep : eps) run(ep, "before the sweep");
   // A line per plan made so far (the earlier cases' too): timed, or skipped where no cuBLASLt algorithm runs it.
-  const std::vector<std::string> lines = cuda_set().sweep_library_choices(3, 2);
+  const std::vector<std::string> lines = cuda_set().sweep_library_choices(3, 2, false);
   size_t plans = 0, timed = 0;
   for (const std::string& c : cuda_set().library_choices())
     if (c.starts_with("cuBLASLt ")) ++plans;
@@ -199,7 +199,16 @@ TEST_CASE("cuBLASLt sweep times every plan on scratch and leaves the next produc
   }
   CHECK(timed >= 3);  // this case's three plans at least
   for (const auto ep : eps) run(ep, "after the sweep");
-  CHECK(cuda_set().sweep_library_choices(0, 2).empty());
+  CHECK(cuda_set().sweep_library_choices(0, 2, false).empty());
+  // Adopting (train.autotune): whatever each plan then runs gives the CPU's results still; a plan that switched says
+  // so in its line and in library_choices.
+  const std::vector<std::string> tuned = cuda_set().sweep_library_choices(3, 2, true);
+  CHECK(tuned.size() == plans);
+  size_t adopted = 0, marked = 0;
+  for (const std::string& line : tuned) adopted += line.find("; adopted") != std::string::npos;
+  for (const std::string& c : cuda_set().library_choices()) marked += c.find(" (tuned: ") != std::string::npos;
+  CHECK(marked >= adopted);
+  for (const auto ep : eps) run(ep, "after tuning");
 }
 
 TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward and backward", "[gpu][fastpath]") {
