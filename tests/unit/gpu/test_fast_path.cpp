@@ -42,6 +42,7 @@ struct Restore {
   ~Restore() {
     cuda_set().set_lt_epilogues(true);
     cuda_set().set_lt_bgrad_fused(true);
+    cuda_set().set_wgrad_mode(CudaKernels::WgradMode::Fused);
   }
 };
 
@@ -57,9 +58,11 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
   // the fallback kernels run even when fused epilogues are asked for; on an H200 cuBLASLt's own bias epilogue
   // rounded such a shape's product twice), and a long K (the bias gradient's column sums in 5 runs of 421, the last
   // 417).
-  // Modes: every epilogue fused; fused but the bias gradient as column sums (DPT_TUNE_BGRAD=separate); none fused.
+  // Modes: every epilogue fused; fused but the bias gradient as column sums (DPT_TUNE_BGRAD=separate); none fused;
+  // the accumulating products (weight gradients) into float32 scratch, then added (DPT_TUNE_WGRAD=f32: the same
+  // arithmetic); into bf16 scratch (DPT_TUNE_WGRAD=bf16: the product rounded once, within a bf16 step of it).
   for (const Dims dims : {Dims{96, 192, 64}, Dims{37, 13, 21}, Dims{40, 24, 2101}})
-    for (int mode : {0, 1, 2})
+    for (int mode : {0, 1, 2, 3, 4})
       for (bool ta : {false, true})
         for (bool tb : {false, true})
           for (auto ep : {MatmulEpilogue::None, MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad,
@@ -69,10 +72,14 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
                                                                                    ep == MatmulEpilogue::BiasGelu;
               const bool dgelu = ep == MatmulEpilogue::DGelu;  // reads aux: the pre-activation
               if ((wants_f32 && !f32) || ((wants_bf16 || dgelu) && f32)) continue;
+              if (mode >= 3 && !f32) continue;  // the weight-gradient modes change accumulating products only
               const auto [M, N, K] = dims;
               CAPTURE(M, N, K, mode, ta, tb, static_cast<int>(ep), f32);
               cuda_set().set_lt_epilogues(mode != 2);
-              cuda_set().set_lt_bgrad_fused(mode == 0);
+              cuda_set().set_lt_bgrad_fused(mode != 1);
+              cuda_set().set_wgrad_mode(mode == 3   ? CudaKernels::WgradMode::F32
+                                        : mode == 4 ? CudaKernels::WgradMode::Bf16
+                                                    : CudaKernels::WgradMode::Fused);
               const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldd = N;
               const Tensor a = bf16_random({ta ? K : M, lda}, rng), b = bf16_random({tb ? N : K, ldb}, rng);
               const Tensor bias = bf16_random({N}, rng);
@@ -102,8 +109,14 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
               // cuBLASLt's own gelu' may also be a faster approximation than ours (CUTLASS's tanh.approx is good to
               // about 2e-4): 1e-3 absolute more for DGelu, still far below what a wrong aux layout gives.
               const double sum_err = (dgelu ? 1.2 : 1.0) * 4.0 * static_cast<double>(K) * 0x1p-24 + (dgelu ? 1e-3 : 0.0);
-              const Diff dd = f32 ? compare(to_host(d_gpu), d_cpu, sum_err + 1e-6, 1e-6)
-                                  : compare_bf16(d_gpu, d_cpu, sum_err + 1e-6, kBf16Step);
+              std::vector<double> product(static_cast<size_t>(M * ldd));  // |op(A) op(B)|: what bf16 mode rounds
+              for (size_t i = 0; i < product.size(); ++i)
+                product[i] = f32 ? std::fabs(static_cast<double>(d_cpu.data<float>()[i]) - d0.data<float>()[i]) : 0.0;
+              const Tensor d_host = f32 ? to_host(d_gpu) : Tensor();
+              const Diff dd = mode == 4 ? compare(d_host.data<float>(), d_cpu.data<float>(), product.size(),
+                                                  sum_err + 1e-6, kBf16Step, product.data())
+                              : f32     ? compare(d_host, d_cpu, sum_err + 1e-6, 1e-6)
+                                        : compare_bf16(d_gpu, d_cpu, sum_err + 1e-6, kBf16Step);
               INFO("D: " << dd);
               CHECK(dd.bad == 0);
               // On the GPT-like shape with every epilogue fused, in the layout the models use each epilogue in (the
