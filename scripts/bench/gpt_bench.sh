@@ -486,13 +486,17 @@ EOF
 op_compare() {
   "$PY" - "$@" <<'EOF'
 import json, sys
+def summed(j, key, keep=lambda r: True):  # ms/step of the --kernel-steps rows kept, summed by key(row)
+    out = {}
+    for r in j.get("kernels", []):
+        if keep(r):
+            out[key(r)] = out.get(key(r), 0.0) + r["ms_per_step"]
+    return out
 def by_op(path):
     j = json.load(open(path))
     if not j.get("kernels"):
         raise SystemExit("no --kernel-steps rows in " + path)
-    out = {}
-    for r in j["kernels"]:
-        out[r["op"]] = out.get(r["op"], 0.0) + r["ms_per_step"]
+    out = summed(j, lambda r: r["op"])
     out["(outside the calls)"] = j.get("kernel_between_ms_per_step") or 0.0
     out["(the step's span)"] = j.get("kernel_total_ms_per_step") or 0.0
     return out
@@ -519,11 +523,7 @@ for k in ops:
     print(f"| {k} | " + " | ".join(cells) + " |")
 # The matrix products shape by shape, where a variant moved one by 0.02 ms/step or more (the weight gradients' A/B).
 def by_shape(path):
-    out = {}
-    for r in json.load(open(path)).get("kernels", []):
-        if r["op"] == "matmul_bf16":
-            out[r["shape"]] = out.get(r["shape"], 0.0) + r["ms_per_step"]
-    return out
+    return summed(json.load(open(path)), lambda r: r["shape"], lambda r: r["op"] == "matmul_bf16")
 base_s = by_shape(sys.argv[1])
 var_s = []
 for arg in sys.argv[2:]:

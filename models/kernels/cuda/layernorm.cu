@@ -52,6 +52,32 @@ __device__ __forceinline__ void load_lane_row(const BFloat16* row, int64_t nvec,
     if (lane + 32 * k < nvec) out[k].raw = p[lane + 32 * k];
 }
 
+// f(k, i, c) for the lane's columns of the row in that order: element i of its k-th vector, column c.
+template <int NV, class F>
+__device__ __forceinline__ void for_lane_row(int64_t nvec, int lane, F&& f) {
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    if (lane + 32 * k >= nvec) continue;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) f(k, i, (lane + 32 * k) * 8 + i);
+  }
+}
+
+// row's lane columns = bf16(f(k, i, c)), a vector per 16-byte store (for_lane_row's order).
+template <int NV, class F>
+__device__ __forceinline__ void store_lane_row(BFloat16* row, int64_t nvec, int lane, F&& f) {
+  auto* out = reinterpret_cast<uint4*>(row);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t v = lane + 32 * k;
+    if (v >= nvec) continue;
+    Bf16x8 o;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o.v[i] = to_bfloat16(f(k, i, v * 8 + i));
+    out[v] = o.raw;
+  }
+}
+
 // layernorm_forward_kernel's arithmetic over a row read once (rows of up to 32 NV vectors).
 template <int NV>
 __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
@@ -63,35 +89,16 @@ __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* ga
   Bf16x8 in[NV];
   load_lane_row(x + r * C, nvec, lane, in);
   double sum = 0.0;
-#pragma unroll
-  for (int k = 0; k < NV; ++k)
-    if (lane + 32 * k < nvec)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) sum += to_float(in[k].v[i]);
+  for_lane_row<NV>(nvec, lane, [&](int k, int i, int64_t) { sum += to_float(in[k].v[i]); });
   const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
   double var = 0.0;
-#pragma unroll
-  for (int k = 0; k < NV; ++k)
-    if (lane + 32 * k < nvec)
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float d = to_float(in[k].v[i]) - m;
-        var += static_cast<double>(d) * d;
-      }
+  for_lane_row<NV>(nvec, lane, [&](int k, int i, int64_t) {
+    const float d = to_float(in[k].v[i]) - m;
+    var += static_cast<double>(d) * d;
+  });
   const float s = static_cast<float>(1.0 / sqrt(warp_sum(var) / static_cast<double>(C) + eps));
-  auto* out = reinterpret_cast<uint4*>(y + r * C);
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int64_t v = lane + 32 * k;
-    if (v >= nvec) continue;
-    Bf16x8 o;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int64_t c = v * 8 + i;
-      o.v[i] = to_bfloat16((to_float(in[k].v[i]) - m) * s * gamma[c] + beta[c]);
-    }
-    out[v] = o.raw;
-  }
+  store_lane_row<NV>(y + r * C, nvec, lane,
+                     [&](int k, int i, int64_t c) { return (to_float(in[k].v[i]) - m) * s * gamma[c] + beta[c]; });
   if (lane == 0) {
     mean[r] = m;
     rstd[r] = s;
@@ -257,50 +264,27 @@ __global__ void layernorm_backward_rows_kernel(const BFloat16* dy, const BFloat1
     load_lane_row(x + r * C, nvec, lane, in);
     const float m = mean[r], s = rstd[r];
     double sum_d = 0.0, sum_dx = 0.0;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      if (lane + 32 * k >= nvec) continue;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int64_t c = (lane + 32 * k) * 8 + i;
-        const float gv = to_float(g[k].v[i]), xhat = (to_float(in[k].v[i]) - m) * s;
-        const float d = gv * gamma[c];
-        sum_d += d;
-        sum_dx += static_cast<double>(d) * xhat;
-        acc_g[k][i] += gv * xhat;
-        acc_b[k][i] += gv;
-      }
-    }
+    for_lane_row<NV>(nvec, lane, [&](int k, int i, int64_t c) {
+      const float gv = to_float(g[k].v[i]), xhat = (to_float(in[k].v[i]) - m) * s;
+      const float d = gv * gamma[c];
+      sum_d += d;
+      sum_dx += static_cast<double>(d) * xhat;
+      acc_g[k][i] += gv * xhat;
+      acc_b[k][i] += gv;
+    });
     const float mean_d = static_cast<float>(warp_sum(sum_d) / static_cast<double>(C));
     const float mean_dx = static_cast<float>(warp_sum(sum_dx) / static_cast<double>(C));
-    auto* out = reinterpret_cast<uint4*>(dx + r * C);
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int64_t v = lane + 32 * k;
-      if (v >= nvec) continue;
-      Bf16x8 o;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const int64_t c = v * 8 + i;
-        const float xhat = (to_float(in[k].v[i]) - m) * s;
-        o.v[i] = to_bfloat16(s * (to_float(g[k].v[i]) * gamma[c] - mean_d - xhat * mean_dx));
-      }
-      out[v] = o.raw;
-    }
+    store_lane_row<NV>(dx + r * C, nvec, lane, [&](int k, int i, int64_t c) {
+      const float xhat = (to_float(in[k].v[i]) - m) * s;
+      return s * (to_float(g[k].v[i]) * gamma[c] - mean_d - xhat * mean_dx);
+    });
   }
   for (int w = 0; w < kWarpsPerBlock; ++w) {  // warp order: the same sums on every run
-    if (warp == w) {
-#pragma unroll
-      for (int k = 0; k < NV; ++k) {
-        if (lane + 32 * k >= nvec) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int64_t c = (lane + 32 * k) * 8 + i;
-          block_sums[c] = w == 0 ? acc_g[k][i] : block_sums[c] + acc_g[k][i];
-          block_sums[C + c] = w == 0 ? acc_b[k][i] : block_sums[C + c] + acc_b[k][i];
-        }
-      }
-    }
+    if (warp == w)
+      for_lane_row<NV>(nvec, lane, [&](int k, int i, int64_t c) {
+        block_sums[c] = w == 0 ? acc_g[k][i] : block_sums[c] + acc_g[k][i];
+        block_sums[C + c] = w == 0 ? acc_b[k][i] : block_sums[C + c] + acc_b[k][i];
+      });
     __syncthreads();
   }
   for (int64_t c = threadIdx.x; c < C; c += kThreads) {

@@ -88,6 +88,18 @@ cudaError_t softmax_xent(const float* logits, const int32_t* labels, float* dlog
 
 namespace {
 
+// The block's threads' states merged in a fixed tree (thread i takes in thread i + w; blockDim.x a power of two):
+// the row's, returned to every thread. `part`: the block's shared array, blockDim.x of them.
+__device__ elementwise::OnlineSoftmax merge_block(elementwise::OnlineSoftmax* part, const elementwise::OnlineSoftmax& acc) {
+  part[threadIdx.x] = acc;
+  __syncthreads();
+  for (unsigned int w = blockDim.x / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) part[threadIdx.x].merge(part[threadIdx.x + w]);
+    __syncthreads();
+  }
+  return part[0];
+}
+
 // One block per row: each thread an online softmax (running maximum and sum of exp relative to it) and the first
 // argmax of its columns; the block's threads combined in a fixed tree; then the gradient over the row. kVec: the row
 // is read and written eight columns at a time (16-byte aligned rows, ld a multiple of 8), each thread's vectors in
@@ -119,21 +131,16 @@ __global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, 
   } else {
     for (int64_t c = threadIdx.x; c < vocab; c += kThreads) acc.push(to_float(z[c]), c);
   }
-  part[threadIdx.x] = acc;
-  __syncthreads();
-  for (int w = kThreads / 2; w > 0; w /= 2) {  // a fixed tree: thread i takes in thread i + w
-    if (threadIdx.x < w) part[threadIdx.x].merge(part[threadIdx.x + w]);
-    __syncthreads();
-  }
-  const float zmax = part[0].m, log_sum = logf(part[0].sum);
+  const elementwise::OnlineSoftmax all = merge_block(part, acc);
+  const float zmax = all.m, log_sum = logf(all.sum);
   const int32_t label = labels[r];
   const bool valid = label >= 0 && label < vocab, ignored = label == kIgnoreLabel;
   if (threadIdx.x == 0) {
     row_loss[r] = ignored ? 0.0f : valid ? log_sum - (to_float(z[label]) - zmax) : NAN;
-    row_hit[r] = valid && part[0].arg == label ? 1.0f : 0.0f;
+    row_hit[r] = valid && all.arg == label ? 1.0f : 0.0f;
   }
   if (dscale == 0.0f) return;
-  __syncthreads();  // every thread has read z[label] and part[0] before the row is overwritten
+  __syncthreads();  // every thread has read z[label] and the merged state before the row is overwritten
   const auto grad = [&](float x, int64_t c) {
     if (c >= vocab || ignored) return 0.0f;
     return valid ? elementwise::xent_grad(x, zmax, log_sum, c == label, dscale) : NAN;
@@ -183,19 +190,14 @@ __global__ void __launch_bounds__(kRowThreads, 2)
       acc.push8(x, v * 8, vocab);
     }
   }
-  part[threadIdx.x] = acc;
-  __syncthreads();
-  for (int w = kRowThreads / 2; w > 0; w /= 2) {  // a fixed tree: thread i takes in thread i + w
-    if (threadIdx.x < w) part[threadIdx.x].merge(part[threadIdx.x + w]);
-    __syncthreads();
-  }
-  const float zmax = part[0].m, log_sum = logf(part[0].sum);
+  const elementwise::OnlineSoftmax all = merge_block(part, acc);  // its barriers also order the row's stores
+  const float zmax = all.m, log_sum = logf(all.sum);
   const int32_t label = labels[r];
   const bool valid = label >= 0 && label < vocab, ignored = label == kIgnoreLabel;
   if (threadIdx.x == 0) {
     const float zl = valid ? to_float(reinterpret_cast<const BFloat16*>(row)[label]) : 0.0f;
     row_loss[r] = ignored ? 0.0f : valid ? log_sum - (zl - zmax) : NAN;
-    row_hit[r] = valid && part[0].arg == label ? 1.0f : 0.0f;
+    row_hit[r] = valid && all.arg == label ? 1.0f : 0.0f;
   }
   if (dscale == 0.0f) return;
   for (int64_t v = threadIdx.x; v < ld / 8; v += kRowThreads) {
