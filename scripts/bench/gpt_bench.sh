@@ -514,13 +514,15 @@ span = base["(the step's span)"] or 1.0
 ops = sorted(base, key=lambda k: -base[k])
 ops = [k for k in ops if k.startswith("(") or max([base[k]] + [v.get(k, 0.0) for _, v in variants]) >= 0.005 * span]
 ops += sorted({k for _, v in variants for k in v} - set(base), key=lambda k: k)
-print("| operation | fast | " + " | ".join(f"{n} | {n} - fast" for n, _ in variants) + " |")
-print("|---|---:|" + "---:|---:|" * len(variants))
-for k in ops:
-    cells = [f"{base.get(k, 0.0):.3f}"]
-    for _, v in variants:
-        cells += [f"{v.get(k, 0.0):.3f}", f"{v.get(k, 0.0) - base.get(k, 0.0):+.3f}"]
-    print(f"| {k} | " + " | ".join(cells) + " |")
+def table(title, rows, base, variants):  # a row per key: the fast row's ms/step, each variant's and its difference
+    print(f"| {title} | fast | " + " | ".join(f"{n} | {n} - fast" for n, _ in variants) + " |")
+    print("|---|---:|" + "---:|---:|" * len(variants))
+    for k in rows:
+        cells = [f"{base.get(k, 0.0):.3f}"]
+        for _, v in variants:
+            cells += [f"{v.get(k, 0.0):.3f}", f"{v.get(k, 0.0) - base.get(k, 0.0):+.3f}"]
+        print(f"| {k} | " + " | ".join(cells) + " |")
+table("operation", ops, base, variants)
 # The matrix products shape by shape, where a variant moved one by 0.02 ms/step or more (the weight gradients' A/B).
 def by_shape(path):
     return summed(json.load(open(path)), lambda r: r["shape"], lambda r: r["op"] == "matmul_bf16")
@@ -534,13 +536,7 @@ shapes = [k for k in sorted(base_s, key=lambda k: -base_s[k])
           if any(abs(v.get(k, 0.0) - base_s[k]) >= 0.02 for _, v in var_s)]
 if shapes:
     print()
-    print("| matmul_bf16 shape | fast | " + " | ".join(f"{n} | {n} - fast" for n, _ in var_s) + " |")
-    print("|---|---:|" + "---:|---:|" * len(var_s))
-    for k in shapes:
-        cells = [f"{base_s[k]:.3f}"]
-        for _, v in var_s:
-            cells += [f"{v.get(k, 0.0):.3f}", f"{v.get(k, 0.0) - base_s[k]:+.3f}"]
-        print(f"| {k} | " + " | ".join(cells) + " |")
+    table("matmul_bf16 shape", shapes, base_s, var_s)
 EOF
 }
 
