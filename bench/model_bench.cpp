@@ -479,9 +479,13 @@ Result run(const Options& o, const trainer::Config& cfg) {
 
   for (int i = 0; i < o.warmup; ++i) step(nullptr);
   if (o.lt_tune > 0) {  // as train.autotune after a first step: the timed steps run what it kept
-    r.library_tune = k.sweep_library_choices(o.lt_tune, kSweepReps, /*adopt=*/true);
-    if (r.library_tune.empty())
-      r.library_tune.push_back(fmt::format("library tune: no library plan to tune on {}", device.str()));
+    try {
+      r.library_tune = k.sweep_library_choices(o.lt_tune, kSweepReps, models::Kernels::kTuneMargin);
+      if (r.library_tune.empty())
+        r.library_tune.push_back(fmt::format("library tune: no library plan to tune on {}", device.str()));
+    } catch (const std::exception& e) {
+      r.library_tune.push_back(fmt::format("library tune: failed: {}", e.what()));
+    }
   }
   stats.zero_(stream);
   const double seconds = time_steps([&] { step(nullptr); }, o, device, stream);
@@ -517,7 +521,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
   r.library_choices = k.library_choices();
   if (o.lt_sweep > 0) {  // last: diagnostics only, on scratch operands; a failure is reported, never the run's
     try {
-      r.library_sweep = k.sweep_library_choices(o.lt_sweep, kSweepReps, /*adopt=*/false);
+      r.library_sweep = k.sweep_library_choices(o.lt_sweep, kSweepReps, std::nullopt);
       if (r.library_sweep.empty())
         r.library_sweep.push_back(fmt::format("library sweep: no library plan to sweep on {}", device.str()));
     } catch (const std::exception& e) {

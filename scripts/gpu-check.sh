@@ -1140,7 +1140,7 @@ run_all() {
   make_compat_links
 
   # Beside the GPU steps (start_background): the CPU halves, then the CPU unit tests that start no network or
-  # processes (unit_comm and unit_launcher stay last, in the foreground).
+  # processes (unit_comm and unit_launcher run in the foreground, after the GPU steps, before the benchmarks).
   start_background train_cpu_1rank step_train_cpu
   start_background train_cpu_gpt step_train_gpt_cpu
   start_background train_cpu_gpt_bf16act step_train_gpt_cpu train.precision=bf16 train.bf16_activations=true

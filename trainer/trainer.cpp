@@ -633,19 +633,24 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
 void Trainer::autotune() {
   constexpr int kCandidates = 8, kReps = 5;
   const auto t0 = Clock::now();
-  const std::vector<std::string> lines = model_->kernels().sweep_library_choices(kCandidates, kReps, /*adopt=*/true);
+  const std::vector<std::string> lines =
+      model_->kernels().sweep_library_choices(kCandidates, kReps, models::Kernels::kTuneMargin);
   if (lines.empty()) {
     spdlog::info("train.autotune: no library plan to tune on {}", model_->kernels().device().str());
     return;
   }
-  int64_t adopted = 0;
+  int64_t timed = 0, adopted = 0;
   for (const std::string& line : lines) {
+    // A sticky CUDA error stopped the sweep: the device is unusable, and the run stops here, saying why.
+    if (line.starts_with("cuBLASLt sweep stopped")) DPT_THROW(DeviceError, "train.autotune: {}", line);
+    if (line.find(": failed: ") != std::string::npos) spdlog::warn("train.autotune: {}", line);
+    if (line.find(": chosen ") != std::string::npos) ++timed;
     if (line.find("; adopted") == std::string::npos) continue;
     ++adopted;
     spdlog::info("train.autotune: {}", line);
   }
-  spdlog::info("train.autotune: {} plan(s) timed with up to {} candidates each in {:.1f} s; {} now run a faster one",
-               lines.size(), kCandidates, seconds_since(t0), adopted);
+  spdlog::info("train.autotune: {} of {} plan(s) timed with up to {} candidates each in {:.1f} s; {} now run a faster "
+               "one", timed, lines.size(), kCandidates, seconds_since(t0), adopted);
 }
 
 // Before a mid-epoch checkpoint, on every rank (a collective, at a step boundary all ranks share): the epoch's

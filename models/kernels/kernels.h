@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,11 +49,15 @@ class Kernels {
   // of the first `candidates` algorithms the library's heuristic proposes (`reps` timed calls each, after one untimed),
   // a line each: the chosen algorithm's time against the fastest's (a GPU set's cuBLASLt plans). Whether another
   // algorithm than the heuristic's first would pay. Nothing on the CPU; a plan that fails says so in its line.
-  // adopt (train.autotune, dpt-model-bench --lt-tune): a plan whose fastest candidate beats the algorithm it runs by
-  // kTuneMargin or more, timed twice, runs that candidate from then on (its line says so). Each algorithm gives the
-  // same bits on every call, but which one wins may differ between runs.
+  // adopt_margin (train.autotune and dpt-model-bench --lt-tune give kTuneMargin): a plan whose fastest candidate
+  // beats the algorithm it runs by that fraction or more, timed twice, runs that candidate from then on (its line
+  // says so; a plan whose epilogue pointers are less aligned than the sweep's scratch is not switched). Each
+  // algorithm gives the same bits on every call, but which one wins may differ between runs. nullopt: report only.
   static constexpr double kTuneMargin = 0.03;
-  virtual std::vector<std::string> sweep_library_choices(int candidates, int reps, bool adopt) { return {}; }
+  virtual std::vector<std::string> sweep_library_choices(int candidates, int reps,
+                                                         std::optional<double> adopt_margin) {
+    return {};
+  }
   // train.deterministic: whether a GPU set keeps to library algorithms that give the same bits on every run (the
   // default), or may also take faster ones that add in a varying order (cuDNN's attention backward and convolution
   // algorithms that use atomics). The CPU set is deterministic either way.

@@ -87,8 +87,9 @@ class TimedKernels final : public Kernels {
   void set_precision(Precision p) override { inner_.set_precision(p); }
   Precision precision() const override { return inner_.precision(); }
   std::vector<std::string> library_choices() const override { return inner_.library_choices(); }
-  std::vector<std::string> sweep_library_choices(int candidates, int reps, bool adopt) override {
-    return inner_.sweep_library_choices(candidates, reps, adopt);
+  std::vector<std::string> sweep_library_choices(int candidates, int reps,
+                                                 std::optional<double> adopt_margin) override {
+    return inner_.sweep_library_choices(candidates, reps, adopt_margin);
   }
   void set_deterministic(bool on) override { inner_.set_deterministic(on); }
 

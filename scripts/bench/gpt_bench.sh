@@ -348,7 +348,7 @@ run_rows() {
       "dist.backend=$BACKEND" dist.overlap=true "checkpoint.dir=$TMP/ckpt" --resume never "${extra[@]}"
     rm -rf "$TMP/ckpt"
   done
-  local variant tune
+  local variant tune lt
   # The fast row again with one tuning choice flipped, for an A/B in one window; last, so that a short window's
   # deadline takes these before the rows the targets need.
   for variant in fasttune fastwbf16 fastwf32 fastsep fastnd; do
@@ -534,6 +534,7 @@ for arg in sys.argv[2:]:
         var_s.append((name, by_shape(path)))
 shapes = [k for k in sorted(base_s, key=lambda k: -base_s[k])
           if any(abs(v.get(k, 0.0) - base_s[k]) >= 0.02 for _, v in var_s)]
+shapes += sorted({k for _, v in var_s for k in v} - set(base_s))  # a variant's own products
 if shapes:
     print()
     table("matmul_bf16 shape", shapes, base_s, var_s)

@@ -190,7 +190,8 @@ class CudaKernels final : public Kernels {
   std::vector<std::string> library_choices() const override;
   // Every cuBLASLt plan with an algorithm: its heuristic's first `candidates` algorithms timed on scratch operands of
   // the plan's layouts (the epilogue's bias and aux vectors scratch too: no buffer of a model is touched).
-  std::vector<std::string> sweep_library_choices(int candidates, int reps, bool adopt) override;
+  std::vector<std::string> sweep_library_choices(int candidates, int reps,
+                                                 std::optional<double> adopt_margin) override;
   // attention.cpp (cuDNN's fused flash attention through its frontend; DPT_HAVE_CUDNN_FRONTEND)
   void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) override;
   void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,

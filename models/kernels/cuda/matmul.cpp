@@ -15,6 +15,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <optional>
 #include <string>
 
 #include "core/cuda_check.h"
@@ -74,6 +75,8 @@ struct LtEntry {
   cublasLtMatmulDesc_t desc = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, d = nullptr;
   cublasLtMatmulHeuristicResult_t heuristic{};
+  cublasLtMatmulHeuristicResult_t untuned{};  // the heuristic's first, kept while a tuned algorithm runs
+  bool tuned = false;
   bool have_algo = false;
   std::string choice;  // what runs, for library_choices()
   ~LtEntry() {
@@ -217,6 +220,15 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   const float alpha = 1.0f, beta = p.beta;
   const cublasStatus_t rs = cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
                                            &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream());
+  if (rs == CUBLAS_STATUS_NOT_SUPPORTED && e.tuned) {  // a tuned algorithm refused them: the heuristic's again
+    spdlog::info("cuBLASLt refused the tuned algorithm for {} at run time: the heuristic's first runs it again",
+                 describe(p));
+    e.heuristic = e.untuned;
+    e.tuned = false;
+    e.choice += " (the tuned algorithm was refused at run time: the heuristic's first runs)";
+    matmul_bf16(s, o);
+    return;
+  }
   if (rs == CUBLAS_STATUS_NOT_SUPPORTED) {  // the heuristic's algorithm refused these operands after all
     spdlog::info("cuBLASLt refused {} at run time: the epilogue runs as kernels of our own from now on", describe(p));
     e.have_algo = false;
@@ -401,7 +413,8 @@ double time_lt_algo(LtState& st, LtEntry& e, const LtMatmulPlan& p, SweepOperand
 // for the same descriptors and alignments (sweep_candidates), each timed (time_lt_algo) against the algorithm the
 // plan runs. A plan whose sweep fails (out of memory, a library status) says so in its line; the rest go on. adopt:
 // a candidate kTuneMargin faster than the plan's algorithm, and again when both are timed once more, replaces it.
-std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps, bool adopt) {
+std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps,
+                                                          std::optional<double> adopt_margin) {
   std::vector<std::string> out;
   if (!lt_ || candidates < 1 || reps < 1) return out;
   LtState& st = *lt_;
@@ -456,13 +469,22 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
                                   best_i < 0 ? std::string() : fmt::format(" (the best {:.4f} ms)", best)));
       } else {
         std::string adopted;
-        if (adopt && best <= chosen * (1.0 - kTuneMargin)) {
+        // The candidates were proposed for the scratch's 256-byte-aligned bias and aux: a plan whose own are less
+        // aligned keeps the heuristic's choice for them.
+        const bool epilogue_aligned =
+            (p.bias_len == 0 || key.align[3] >= 256) && (ops.aux.numel() == 0 || key.align[4] >= 256);
+        const double margin = adopt_margin.value_or(0.0);
+        if (adopt_margin && best <= chosen * (1.0 - margin) && !epilogue_aligned) {
+          adopted = "; not adopted (its bias or aux pointer is less aligned than the sweep's)";
+        } else if (adopt_margin && best <= chosen * (1.0 - margin)) {
           const double chosen_again = time(e->heuristic.algo), best_again = time(found_algos[best_i].algo);
-          if (chosen_again >= 0 && best_again >= 0 && best_again <= chosen_again * (1.0 - kTuneMargin)) {
+          if (chosen_again >= 0 && best_again >= 0 && best_again <= chosen_again * (1.0 - margin)) {
             e->choice = fmt::format("{}: {} (tuned: {:.4f} ms against the heuristic's first, {}, {:.4f} ms)",
                                     plan, describe_algo(found_algos[best_i]), best_again,
                                     describe_algo(e->heuristic), chosen_again);
+            if (!e->tuned) e->untuned = e->heuristic;
             e->heuristic = found_algos[best_i];
+            e->tuned = true;
             adopted = "; adopted";
           } else {
             adopted = "; not adopted (timed again: under the margin)";
