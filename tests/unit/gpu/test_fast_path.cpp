@@ -151,6 +151,45 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
             }
 }
 
+// DPT_TUNE_WGRAD's weight gradients into a float32 D whose rows are longer than N (a gradient inside a wider
+// buffer): the product into packed scratch, then added row by row; the columns past N untouched, in every mode.
+TEST_CASE("cuda matmul_bf16 weight gradients through scratch keep D's row stride", "[gpu][fastpath]") {
+  Restore restore;
+  std::mt19937 rng(35);
+  const int64_t M = 64, N = 96, K = 128, ldd = 104;  // dW[M, N] += dY^T[M, K] X[K, N], D rows of 104 floats
+  const Tensor a = bf16_random({K, M}, rng), b = bf16_random({K, N}, rng);
+  const Tensor d0 = random_floats({M, ldd}, rng), bg0 = random_floats({M}, rng);
+  const MatmulShape s{.trans_a = true, .trans_b = false, .M = M, .N = N, .K = K, .lda = M, .ldb = N, .ldd = ldd,
+                      .d_f32 = true, .accumulate = true, .epilogue = MatmulEpilogue::BiasGrad};
+  Tensor d_cpu = copy_to(d0, Device::cpu()), bg_cpu = copy_to(bg0, Device::cpu());
+  cpu_kernels().matmul_bf16(s, {.a = a.data<BFloat16>(), .b = b.data<BFloat16>(), .d = d_cpu.raw(),
+                                .bias_grad = bg_cpu.data<float>()});
+  std::vector<double> product(static_cast<size_t>(M * ldd));
+  for (size_t i = 0; i < product.size(); ++i)
+    product[i] = std::fabs(static_cast<double>(d_cpu.data<float>()[i]) - d0.data<float>()[i]);
+  const double err = 4.0 * static_cast<double>(K) * 0x1p-24 + 1e-6;
+  for (const auto mode : {CudaKernels::WgradMode::Fused, CudaKernels::WgradMode::F32, CudaKernels::WgradMode::Bf16}) {
+    CAPTURE(static_cast<int>(mode));
+    cuda_set().set_wgrad_mode(mode);
+    Tensor da = to_device(a), db = to_device(b), d_gpu = to_device(d0), bg_gpu = to_device(bg0);
+    gpu_kernels().matmul_bf16(s, {.a = da.data<BFloat16>(), .b = db.data<BFloat16>(), .d = d_gpu.raw(),
+                                  .bias_grad = bg_gpu.data<float>()});
+    const Tensor got = to_host(d_gpu);
+    const bool bf16 = mode == CudaKernels::WgradMode::Bf16;
+    const Diff dd = compare(got.data<float>(), d_cpu.data<float>(), product.size(), err, bf16 ? kBf16Step : 1e-6,
+                            bf16 ? product.data() : nullptr);
+    const Diff dg = compare(to_host(bg_gpu), bg_cpu, err, 1e-6);
+    INFO("D: " << dd << "\nbias_grad: " << dg);
+    CHECK(dd.bad == 0);
+    CHECK(dg.bad == 0);
+    bool padding_kept = true;  // columns N..ldd of every row: d0's bits
+    for (int64_t i = 0; i < M; ++i)
+      padding_kept &= std::memcmp(got.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N,
+                                  static_cast<size_t>(ldd - N) * sizeof(float)) == 0;
+    CHECK(padding_kept);
+  }
+}
+
 // dpt-model-bench --lt-sweep: every cuBLASLt plan made so far timed with its heuristic's first candidates on scratch
 // operands, a line each; it points the plans' epilogue pointers at its scratch, so the products after it must still
 // write the caller's bias-GELU pre-activation and bias gradient (poisoned first), and match the CPU.
