@@ -407,6 +407,30 @@ double time_lt_algo(LtState& st, LtEntry& e, const LtMatmulPlan& p, SweepOperand
   return stop.elapsed_ms_since(start) / reps;
 }
 
+// The sweep's adopting step (train.autotune): the fastest candidate replaces the plan's algorithm when it beats it
+// by `margin` (a fraction; negative: even when slower, up to that much) on the first timing and again when both are
+// timed once more; the heuristic's first is kept in `untuned` (a refusal at run time goes back to it). Not where
+// the plan's bias or aux pointer is less aligned than the scratch's 256 bytes the candidates were proposed for.
+// What happened, as the end of the plan's line.
+template <class Time>
+std::string adopt_if_faster(LtEntry& e, const LtKey& key, const std::string& plan, const SweepOperands& ops,
+                            const cublasLtMatmulHeuristicResult_t& best_algo, double chosen, double best,
+                            double margin, Time&& time) {
+  if (best > chosen * (1.0 - margin)) return "";
+  const bool epilogue_aligned =
+      (key.plan.bias_len == 0 || key.align[3] >= 256) && (ops.aux.numel() == 0 || key.align[4] >= 256);
+  if (!epilogue_aligned) return "; not adopted (its bias or aux pointer is less aligned than the sweep's)";
+  const double chosen_again = time(e.heuristic.algo), best_again = time(best_algo.algo);
+  if (chosen_again < 0 || best_again < 0 || best_again > chosen_again * (1.0 - margin))
+    return "; not adopted (timed again: under the margin)";
+  e.choice = fmt::format("{}: {} (tuned: {:.4f} ms against the heuristic's first, {}, {:.4f} ms)", plan,
+                         describe_algo(best_algo), best_again, describe_algo(e.heuristic), chosen_again);
+  if (!e.tuned) e.untuned = e.heuristic;
+  e.heuristic = best_algo;
+  e.tuned = true;
+  return "; adopted";
+}
+
 }  // namespace
 
 // Each plan with an algorithm, again on scratch operands (sweep_operands): cuBLASLt's first `candidates` proposals
@@ -461,35 +485,17 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
       const std::string others =
           fmt::format("{} other candidate(s) of {} timed{}", tried, found,
                       refused ? fmt::format(", {} refused these operands", refused) : std::string());
+      const std::string adopted =
+          adopt_margin && chosen >= 0 && best_i >= 0
+              ? adopt_if_faster(*e, key, plan, ops, found_algos[best_i], chosen, best, *adopt_margin, time)
+              : std::string();
       if (chosen < 0) {
         out.push_back(fmt::format("{}: the algorithm it runs refused the scratch operands; {}{}", head, others,
                                   best_i < 0 ? std::string() : fmt::format(", fastest {:.4f} ms", best)));
       } else if (best_i < 0 || best >= chosen) {
-        out.push_back(fmt::format("{}: chosen {:.4f} ms; {}, none faster{}", head, chosen, others,
-                                  best_i < 0 ? std::string() : fmt::format(" (the best {:.4f} ms)", best)));
+        out.push_back(fmt::format("{}: chosen {:.4f} ms; {}, none faster{}{}", head, chosen, others,
+                                  best_i < 0 ? std::string() : fmt::format(" (the best {:.4f} ms)", best), adopted));
       } else {
-        std::string adopted;
-        // The candidates were proposed for the scratch's 256-byte-aligned bias and aux: a plan whose own are less
-        // aligned keeps the heuristic's choice for them.
-        const bool epilogue_aligned =
-            (p.bias_len == 0 || key.align[3] >= 256) && (ops.aux.numel() == 0 || key.align[4] >= 256);
-        const double margin = adopt_margin.value_or(0.0);
-        if (adopt_margin && best <= chosen * (1.0 - margin) && !epilogue_aligned) {
-          adopted = "; not adopted (its bias or aux pointer is less aligned than the sweep's)";
-        } else if (adopt_margin && best <= chosen * (1.0 - margin)) {
-          const double chosen_again = time(e->heuristic.algo), best_again = time(found_algos[best_i].algo);
-          if (chosen_again >= 0 && best_again >= 0 && best_again <= chosen_again * (1.0 - margin)) {
-            e->choice = fmt::format("{}: {} (tuned: {:.4f} ms against the heuristic's first, {}, {:.4f} ms)",
-                                    plan, describe_algo(found_algos[best_i]), best_again,
-                                    describe_algo(e->heuristic), chosen_again);
-            if (!e->tuned) e->untuned = e->heuristic;
-            e->heuristic = found_algos[best_i];
-            e->tuned = true;
-            adopted = "; adopted";
-          } else {
-            adopted = "; not adopted (timed again: under the margin)";
-          }
-        }
         out.push_back(fmt::format("{}: chosen {:.4f} ms; {}, the fastest {:.4f} ms ({:.1f}% less; candidate {}: {}){}",
                                   head, chosen, others, best, 100.0 * (chosen - best) / chosen, best_i + 1,
                                   describe_algo(found_algos[best_i]), adopted));
