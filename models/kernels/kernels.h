@@ -52,7 +52,8 @@ class Kernels {
   // adopt_margin (train.autotune and dpt-model-bench --lt-tune give kTuneMargin): a plan whose fastest candidate
   // beats the algorithm it runs by that fraction or more, timed twice, runs that candidate from then on (its line
   // says so; a plan whose epilogue pointers are less aligned than the sweep's scratch is not switched). Each
-  // algorithm gives the same bits on every call, but which one wins may differ between runs. nullopt: report only.
+  // algorithm gives the same bits on every call, but which one wins may differ between runs. nullopt: report only; a
+  // negative margin adopts the fastest candidate even when it is slower by up to that fraction (for tests).
   static constexpr double kTuneMargin = 0.03;
   virtual std::vector<std::string> sweep_library_choices(int candidates, int reps,
                                                          std::optional<double> adopt_margin) {
