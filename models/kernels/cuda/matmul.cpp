@@ -170,6 +170,19 @@ LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t,
 
 }  // namespace
 
+namespace {
+
+// A tuned algorithm refused real operands at run time: the plan runs the heuristic's first again (said once).
+void untune(LtEntry& e, const std::string& what) {
+  spdlog::info("cuBLASLt refused the tuned algorithm for {} at run time: the heuristic's first runs it again", what);
+  e.heuristic = e.untuned;
+  e.tuned = false;
+  e.choice = e.choice.substr(0, e.choice.find(": ")) + ": " + describe_algo(e.untuned) +
+             " (a tuned algorithm was refused at run time)";
+}
+
+}  // namespace
+
 LtState& CudaKernels::lt() {
   if (!lt_) {
     lt_.reset(new LtState);
@@ -221,11 +234,7 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   const cublasStatus_t rs = cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
                                            &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream());
   if (rs == CUBLAS_STATUS_NOT_SUPPORTED && e.tuned) {  // a tuned algorithm refused them: the heuristic's again
-    spdlog::info("cuBLASLt refused the tuned algorithm for {} at run time: the heuristic's first runs it again",
-                 describe(p));
-    e.heuristic = e.untuned;
-    e.tuned = false;
-    e.choice += " (the tuned algorithm was refused at run time: the heuristic's first runs)";
+    untune(e, describe(p));
     matmul_bf16(s, o);
     return;
   }
@@ -333,8 +342,14 @@ void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& 
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
-  DPT_CUBLAS_CHECK(cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
-                                  &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream()));
+  const cublasStatus_t rs = cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
+                                           &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream());
+  if (rs == CUBLAS_STATUS_NOT_SUPPORTED && e.tuned) {  // a tuned algorithm refused them: the heuristic's again
+    untune(e, describe(p));
+    matmul_bf16_plain(s, o);
+    return;
+  }
+  DPT_CUBLAS_CHECK(rs);
 }
 
 namespace {
@@ -423,11 +438,11 @@ std::string adopt_if_faster(LtEntry& e, const LtKey& key, const std::string& pla
   const double chosen_again = time(e.heuristic.algo), best_again = time(best_algo.algo);
   if (chosen_again < 0 || best_again < 0 || best_again > chosen_again * (1.0 - margin))
     return "; not adopted (timed again: under the margin)";
-  e.choice = fmt::format("{}: {} (tuned: {:.4f} ms against the heuristic's first, {}, {:.4f} ms)", plan,
-                         describe_algo(best_algo), best_again, describe_algo(e.heuristic), chosen_again);
   if (!e.tuned) e.untuned = e.heuristic;
+  e.choice = fmt::format("{}: {} (tuned: {:.4f} ms against the algorithm it ran, {}, {:.4f} ms)", plan,
+                         describe_algo(best_algo), best_again, describe_algo(e.heuristic), chosen_again);
   e.heuristic = best_algo;
-  e.tuned = true;
+  e.tuned = std::memcmp(&best_algo.algo, &e.untuned.algo, sizeof(cublasLtMatmulAlgo_t)) != 0;
   return "; adopted";
 }
 
@@ -435,8 +450,8 @@ std::string adopt_if_faster(LtEntry& e, const LtKey& key, const std::string& pla
 
 // Each plan with an algorithm, again on scratch operands (sweep_operands): cuBLASLt's first `candidates` proposals
 // for the same descriptors and alignments (sweep_candidates), each timed (time_lt_algo) against the algorithm the
-// plan runs. A plan whose sweep fails (out of memory, a library status) says so in its line; the rest go on. adopt:
-// a candidate kTuneMargin faster than the plan's algorithm, and again when both are timed once more, replaces it.
+// plan runs. A plan whose sweep fails (out of memory, a library status) says so in its line; the rest go on. With
+// adopt_margin, the fastest candidate may replace the plan's algorithm (adopt_if_faster).
 std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps,
                                                           std::optional<double> adopt_margin) {
   std::vector<std::string> out;
