@@ -18,9 +18,6 @@
 #                   backward, as PyTorch's SDPA backward is (an A/B; bf16 only)
 #         fasttune  the fast row with --lt-tune 8 (train.autotune's tuning after the warm-up steps: each cuBLASLt
 #                   plan's fastest of 8 candidates kept when 3% faster; an A/B; bf16 only)
-#         fastwbf16 the fast row with DPT_TUNE_WGRAD=bf16: each weight gradient's product rounded to bf16 scratch,
-#                   then added to the float32 gradient (torch.autocast's numerics), not accumulated by cuBLASLt into
-#                   float32 (an A/B; bf16 only); fastwf32: the same into float32 scratch (named in BENCH_ROWS only)
 #         loop      dprun --nproc-per-node 1 -- dptrain (the product): token shards through the loader, pinned
 #                   host-to-device copies, the NCCL process group and the DDP reducer with overlap on (a single
 #                   rank has nothing to all-reduce: the reducer is idle), the LR schedule; timed from the
@@ -51,8 +48,8 @@
 #   BENCH_DEADLINE              a Unix time: no run goes past it (each run's timeout shrinks to fit; a run
 #                               with less than 15 s left is not started), so the report is always written
 #                               (scripts/gpu-check.sh run sets it from its budget)
-#   BENCH_ROWS                  which rows, a subset of "step fast fasttune fastwbf16 fastwf32 fastsep fastnd loop
-#                               fastloop eager compile"
+#   BENCH_ROWS                  which rows, a subset of "step fast fasttune fastsep fastnd loop fastloop eager
+#                               compile"
 #                               (default: all; the fast rows only in bf16)
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
 #   BENCH_NCU                   1: ncu when there is no nsys; 0: never; auto (default): only when no --kernel-steps
@@ -104,7 +101,7 @@ LOG_DIR=${LOG_DIR:-/tmp/gpt-bench}
 REPORT=${OUT:+$OUT/gpt-bench.md}
 REPORT=${REPORT:-/tmp/gpt-bench.md}
 RESULTS=${BENCH_RESULTS:-${REPORT%.md}.jsonl}
-read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step fast fasttune fastwbf16 fastnd loop fastloop eager compile}"
+read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step fast fasttune fastnd loop fastloop eager compile}"
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "gpt_bench: BENCH_REPEATS must be a positive integer" >&2; exit 2; }
 mkdir -p "$LOG_DIR" "$(dirname "$REPORT")" "$(dirname "$RESULTS")"
 rm -f "$RESULTS"
@@ -351,12 +348,10 @@ run_rows() {
   local variant tune lt
   # The fast row again with one tuning choice flipped, for an A/B in one window; last, so that a short window's
   # deadline takes these before the rows the targets need.
-  for variant in fasttune fastwbf16 fastwf32 fastsep fastnd; do
+  for variant in fasttune fastsep fastnd; do
     want "$variant" && [ "$PREC" = bf16 ] || continue
     tune=(env) lt=()
     [ "$variant" != fastsep ] || tune=(env DPT_TUNE_BGRAD=separate)
-    [ "$variant" != fastwbf16 ] || tune=(env DPT_TUNE_WGRAD=bf16)
-    [ "$variant" != fastwf32 ] || tune=(env DPT_TUNE_WGRAD=f32)
     [ "$variant" != fasttune ] || lt=(--lt-tune 8)
     log=$LOG_DIR/${variant}_dptrain_$rep.log
     measure "$variant" "json" "$log" "${tune[@]}" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" \
@@ -650,7 +645,7 @@ fmt_tps() { if [ -n "$1" ]; then printf "%.0f" "$1"; else echo -; fi; }
 fmt_mfu() { if [ -n "$1" ]; then awk -v m="$1" 'BEGIN { printf "%.1f%%", 100 * m }'; else echo -; fi; }
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else echo n/a; fi; }
 declare -A M=() R=() F=()
-ALL_ROWS=(step fast fasttune fastwbf16 fastwf32 fastsep fastnd loop fastloop eager compile)
+ALL_ROWS=(step fast fasttune fastsep fastnd loop fastloop eager compile)
 for k in "${ALL_ROWS[@]}"; do
   # shellcheck disable=SC2086 # the collected numbers split on purpose
   { M[$k]=$(median ${MS[$k]:-}); R[$k]=$(median ${TPS[$k]:-}); F[$k]=$(median ${MFU[$k]:-}); }
@@ -663,8 +658,6 @@ declare -A WHAT=(
   [fastsep]="dptrain | step, bf16 activations, bias gradients as column sums (DPT_TUNE_BGRAD=separate)"
   [fastnd]="dptrain | step, bf16 activations, train.deterministic = false"
   [fasttune]="dptrain | step, bf16 activations, cuBLASLt plans tuned after the warm-up (--lt-tune 8, as train.autotune)"
-  [fastwbf16]="dptrain | step, bf16 activations, weight gradients rounded to bf16, then added (DPT_TUNE_WGRAD=bf16)"
-  [fastwf32]="dptrain | step, bf16 activations, weight gradients into float32 scratch, then added (DPT_TUNE_WGRAD=f32)"
   [eager]="PyTorch $torch_version | eager"
   [compile]="PyTorch $torch_version | torch.compile"
 )
@@ -682,7 +675,7 @@ done
 # The rows for docs/gpu-results.json: dptrain's against torch.compile (the target's reference).
 model=gpt-L$L-C$C-T$T
 [ "$L/$C/$V/$T" != 12/768/50257/1024 ] || model=gpt2-124m
-declare -A PROGRAM=([step]=dptrain [fast]=dptrain [fasttune]=dptrain [fastwbf16]=dptrain [fastwf32]=dptrain [fastsep]=dptrain [fastnd]=dptrain [loop]=dptrain [fastloop]=dptrain
+declare -A PROGRAM=([step]=dptrain [fast]=dptrain [fasttune]=dptrain [fastsep]=dptrain [fastnd]=dptrain [loop]=dptrain [fastloop]=dptrain
   [eager]=torch-eager [compile]=torch-compile)
 for k in "${ALL_ROWS[@]}"; do
   want "$k" || continue
@@ -730,7 +723,7 @@ sweep=""
 tunes=""
 f=$LOG_DIR/fasttune_dptrain_1.log
 [ -f "$f" ] && tunes=$(grep -E '^# tune: ' "$f" | sed 's/^# tune: /- /' || true)
-for k in fasttune fastwbf16 fastwf32 fastsep fastnd; do
+for k in fasttune fastsep fastnd; do
   f=$LOG_DIR/${k}_dptrain_1.log
   [ -f "$f" ] && grep -q '^# phases' "$f" && variant_phases+=("$k: $(grep -m1 '^# phases' "$f" | sed 's/^# //')")
 done
@@ -781,7 +774,6 @@ report=$(
   fi
   if ((KS > 0)) && [ -f "$LOG_DIR/fast_dptrain_1.log.json" ] &&
     ab=$(op_compare "$LOG_DIR/fast_dptrain_1.log.json" "fasttune=$LOG_DIR/fasttune_dptrain_1.log.json" \
-      "fastwbf16=$LOG_DIR/fastwbf16_dptrain_1.log.json" "fastwf32=$LOG_DIR/fastwf32_dptrain_1.log.json" \
       "fastsep=$LOG_DIR/fastsep_dptrain_1.log.json" "fastnd=$LOG_DIR/fastnd_dptrain_1.log.json" 2>/dev/null); then
     echo
     echo "## The A/B rows against the fast row, by operation (ms/step, --kernel-steps $KS)"

@@ -140,7 +140,7 @@ has gb "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| \| \| \| the step's span \|" "the tabl
 # its floor, and the operations by the time above their floors.
 printf '#!/usr/bin/env bash\nexec %q --peak-tflops 0.05 --peak-gbps 5 "$@"\n' "$BENCH" > "$WORK/peaked-bench"
 chmod +x "$WORK/peaked-bench"
-gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep fasttune fastwbf16" MODEL_BENCH="$WORK/peaked-bench" \
+gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep fasttune fastnd" MODEL_BENCH="$WORK/peaked-bench" \
   BENCH_LT_SWEEP=2
 has ab '^- library sweep: no library plan to sweep on cpu$' "no --lt-sweep section"
 has ab '^- library tune: no library plan to tune on cpu$' "no --lt-tune section (the fasttune row)"
@@ -151,8 +151,8 @@ has ab '^\| matmul_bf16 \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| [-0-9.]+ \|$' "the f
 has ab '^\| [0-9.]+ \| [0-9.]+ \| [0-9]+ \| [0-9.e+-]+ \| [0-9.e+-]+ \| [0-9.]+ \| attention_backward \| b 2 t 32 ' \
   "the fast row's table lacks attention_backward's rates and floor"
 has ab '^## The A/B rows against the fast row, by operation' "no A/B table"
-has ab '^\| matmul_bf16 \| [0-9.]+( \| [0-9.]+ \| [-+][0-9.]+){3} \|$' "the A/B table lacks matmul_bf16 (fasttune, fastwbf16, fastsep)"
-has ab '^\| dptrain \| step, bf16 activations, weight gradients rounded to bf16, then added' "no fastwbf16 row"
+has ab '^\| matmul_bf16 \| [0-9.]+( \| [0-9.]+ \| [-+][0-9.]+){3} \|$' "the A/B table lacks matmul_bf16 (fasttune, fastsep, fastnd)"
+has ab '^\| dptrain \| step, bf16 activations, train.deterministic = false' "no fastnd row"
 has ab '^## dptrain \(fast row\): where the time goes, by operation' "no table for the fast row"
 # ncu_sol.py, the GPU report's SpeedOfLight table, on ncu's CSV layout (--csv --page details): two launches of one
 # kernel averaged weighted by their duration (30 us at 60%, 10 us at 80%: 65%), units converted, thousands separators

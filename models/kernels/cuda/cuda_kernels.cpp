@@ -20,10 +20,6 @@ CudaKernels::CudaKernels(int index) : index_(index) {
   DPT_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH));
   partials_ = Tensor::empty({cuda_launch::kSumSquaresBlocks + 1}, DType::F64, device());
   if (const char* b = std::getenv("DPT_TUNE_BGRAD"); b && std::string_view(b) == "separate") lt_bgrad_fused_ = false;
-  if (const char* w = std::getenv("DPT_TUNE_WGRAD")) {
-    if (std::string_view(w) == "f32") wgrad_mode_ = WgradMode::F32;
-    if (std::string_view(w) == "bf16") wgrad_mode_ = WgradMode::Bf16;
-  }
 }
 
 CudaKernels::~CudaKernels() {

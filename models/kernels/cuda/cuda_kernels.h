@@ -177,14 +177,6 @@ class CudaKernels final : public Kernels {
   // product (which cuBLASLt may split along K) and then matmul.cu's deterministic column sums, as llm.c computes it.
   // For the GPU window's A/B: DPT_TUNE_BGRAD=separate in the environment starts with false; the [gpu] tests run both.
   void set_lt_bgrad_fused(bool on) { lt_bgrad_fused_ = on; }
-  // How an accumulating float32 product (a weight gradient: dW += dY^T X) runs. Fused (the default): cuBLASLt adds
-  // into D itself (beta 1). F32: the product into float32 scratch (beta 0), then added into D by our kernel, the
-  // same arithmetic. Bf16: the product rounded once to bf16 scratch, then added (as torch.autocast's weight gradients
-  // are; its bias gradient from our column sums). The H200 ran the fused weight gradients at about half the rate of
-  // PyTorch's bf16 ones; DPT_TUNE_WGRAD=f32 or bf16 in the environment starts with the others, for the GPU window's
-  // A/B; the [gpu] tests run all three.
-  enum class WgradMode { Fused, F32, Bf16 };
-  void set_wgrad_mode(WgradMode m) { wgrad_mode_ = m; }
   // One line per cuBLASLt plan made so far: its shape, and the algorithm cuBLASLt's heuristic chose (tile, split-K,
   // stages, waves), or what ran instead. For the benchmark's report: where a GEMM's time may go.
   std::vector<std::string> library_choices() const override;
@@ -231,7 +223,6 @@ class CudaKernels final : public Kernels {
   LtState& lt();
   void matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o);
   void matmul_unfused(const MatmulShape& s, const MatmulOperands& o);
-  void matmul_wgrad_scratch(const MatmulShape& s, const MatmulOperands& o);
   void bias_grad_columns(const MatmulShape& s, const MatmulOperands& o);
 #if DPT_HAVE_CUDNN
   // conv.cpp
@@ -255,8 +246,6 @@ class CudaKernels final : public Kernels {
   bool lt_epilogues_ = true;
   bool deterministic_ = true;
   bool lt_bgrad_fused_ = true;
-  WgradMode wgrad_mode_ = WgradMode::Fused;
-  Tensor lt_wgrad_scratch_;  // DPT_TUNE_WGRAD's product before it is added
   Tensor lt_bias_scratch_, lt_acc_scratch_;
   std::unique_ptr<AttentionGraphs, AttentionGraphsDeleter> attention_;
 #if DPT_HAVE_CUDNN

@@ -239,10 +239,6 @@ cudaError_t dgelu_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, cons
 // striding over it and then added in thread order, goes into scratch[split * M + i] (scratch holds splits * M
 // floats); then each i adds its runs' sums in run order. Coalesced for stride_i 1 (a weight gradient's dy).
 constexpr int64_t kBiasGradRun = 512, kBiasGradMaxSplits = 128;
-// d[i * ldd + j] += src[i * N + j] for i < M, j < N: src packed float32, or bf16 (src_bf16) widened. One thread per
-// element (DPT_TUNE_WGRAD: a weight gradient computed into scratch, then added to the float32 gradient).
-cudaError_t accumulate_f32(float* d, int64_t ldd, const void* src, bool src_bf16, int64_t M, int64_t N,
-                           cudaStream_t s);
 int64_t bias_grad_bf16_splits(int64_t K);
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
                            float* bias_grad, float* scratch, cudaStream_t s);

@@ -195,10 +195,6 @@ LtState& CudaKernels::lt() {
 void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   check_matmul(s, o);
   if (s.M == 0 || s.N == 0) return;
-  if (s.accumulate && s.K > 0 && wgrad_mode_ != WgradMode::Fused) {
-    matmul_wgrad_scratch(s, o);
-    return;
-  }
   const bool separate_bgrad = s.epilogue == MatmulEpilogue::BiasGrad && !lt_bgrad_fused_;
   if (s.K == 0 || s.epilogue == MatmulEpilogue::None || !lt_epilogues_ || separate_bgrad) {
     matmul_unfused(s, o);
@@ -299,29 +295,6 @@ void CudaKernels::bias_grad_columns(const MatmulShape& s, const MatmulOperands& 
   if (lt_bias_scratch_.numel() < parts) lt_bias_scratch_ = Tensor::empty({static_cast<int64_t>(parts)}, DType::F32, device());
   DPT_CUDA_CHECK(cuda_launch::bias_grad_bf16(o.a, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1, s.M, s.K, o.bias_grad,
                                              lt_bias_scratch_.data<float>(), stream()));
-}
-
-// DPT_TUNE_WGRAD = f32 or bf16 (set_wgrad_mode): the accumulating product into packed scratch [M, N] with beta 0
-// (f32: its bias gradient from the same plan's epilogue as the fused mode's; bf16: the product rounded once, the
-// bias gradient from our column sums), then added into D.
-void CudaKernels::matmul_wgrad_scratch(const MatmulShape& s, const MatmulOperands& o) {
-  const bool bf16 = wgrad_mode_ == WgradMode::Bf16;
-  const auto bytes = static_cast<size_t>(s.M * s.N) * (bf16 ? sizeof(BFloat16) : sizeof(float));
-  if (lt_wgrad_scratch_.numel() < bytes) lt_wgrad_scratch_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device());
-  MatmulShape t = s;
-  t.accumulate = false;
-  t.d_f32 = !bf16;
-  t.ldd = s.N;
-  MatmulOperands into = o;
-  into.d = lt_wgrad_scratch_.raw();
-  if (bf16) {  // no bf16-D bias-gradient epilogue: the product alone
-    t.epilogue = MatmulEpilogue::None;
-    into.bias_grad = nullptr;
-  }
-  matmul_bf16(t, into);  // not accumulating: the usual path
-  DPT_CUDA_CHECK(cuda_launch::accumulate_f32(static_cast<float*>(o.d), s.ldd, lt_wgrad_scratch_.raw(), bf16, s.M, s.N,
-                                             stream()));
-  if (bf16 && s.epilogue == MatmulEpilogue::BiasGrad) bias_grad_columns(s, o);
 }
 
 // The plain product (no epilogue) through cuBLASLt; where cuBLASLt proposes no algorithm for it (an odd leading
@@ -535,10 +508,6 @@ std::vector<std::string> CudaKernels::library_choices() const {
     if (!lt_bgrad_fused_)
       out.push_back("bias gradients: the plain product (its default-epilogue plan above), then our column sums "
                     "(DPT_TUNE_BGRAD=separate)");
-    if (wgrad_mode_ != WgradMode::Fused)
-      out.push_back(fmt::format("weight gradients: the product into {} scratch (its plan above, beta 0), then added "
-                                "(DPT_TUNE_WGRAD={})", wgrad_mode_ == WgradMode::Bf16 ? "bf16" : "float32",
-                                wgrad_mode_ == WgradMode::Bf16 ? "bf16" : "f32"));
   }
   for (std::string& c : attention_choices()) out.push_back(std::move(c));
   return out;

@@ -63,29 +63,7 @@ __global__ void bias_grad_finish_kernel(const float* part, int64_t M, int64_t sp
   }
 }
 
-// d[i * ldd + j] += src[i * N + j] (src float32, or bf16 widened): a weight gradient computed into scratch, added.
-template <class T>
-__global__ void accumulate_f32_kernel(float* d, int64_t ldd, const T* src, int64_t M, int64_t N) {
-  const size_t total = static_cast<size_t>(M) * static_cast<size_t>(N);
-  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < total;
-       e += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int64_t i = static_cast<int64_t>(e / N), j = static_cast<int64_t>(e % N);
-    d[i * ldd + j] += load_act(src, static_cast<int64_t>(e));
-  }
-}
-
 }  // namespace
-
-cudaError_t accumulate_f32(float* d, int64_t ldd, const void* src, bool src_bf16, int64_t M, int64_t N,
-                           cudaStream_t s) {
-  if (M == 0 || N == 0) return cudaSuccess;
-  const unsigned int blocks = blocks_for(static_cast<size_t>(M * N));
-  if (src_bf16)
-    accumulate_f32_kernel<<<blocks, kThreads, 0, s>>>(d, ldd, static_cast<const BFloat16*>(src), M, N);
-  else
-    accumulate_f32_kernel<<<blocks, kThreads, 0, s>>>(d, ldd, static_cast<const float*>(src), M, N);
-  return cudaGetLastError();
-}
 
 cudaError_t bias_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux,
                                int64_t M, int64_t N, bool gelu, cudaStream_t s) {

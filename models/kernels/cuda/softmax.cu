@@ -3,8 +3,6 @@
 // forward and backward (one warp per row).
 #include <cfloat>
 #include <cmath>
-#include <map>
-#include <mutex>
 
 #include "models/kernels/cuda/common.cuh"
 
@@ -159,95 +157,6 @@ __global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, 
   }
 }
 
-// classifier_bf16_kernel<true>'s work with the row read from global memory once: one block of kRowThreads per row
-// keeps the row's real vectors (ceil(vocab / 8) of them, 16 bytes each) in shared memory, pushed as they arrive (each
-// thread its vectors in increasing order, four loads in flight), the threads combined in a fixed tree, then the
-// gradient computed from shared memory and written over the row (the padding columns 0). GPT-2's 50257-column rows
-// take 100 KB: two blocks to an H100's or H200's SM.
-constexpr int kRowThreads = 512;
-__global__ void __launch_bounds__(kRowThreads, 2)
-    classifier_bf16_row_kernel(BFloat16* logits, const int32_t* labels, int64_t vocab, int64_t ld, float dscale,
-                               float* row_loss, float* row_hit) {
-  extern __shared__ uint4 row[];  // the row's real vectors
-  __shared__ elementwise::OnlineSoftmax part[kRowThreads];
-  const int64_t r = blockIdx.x, nvec = (vocab + 7) / 8;
-  auto* zv = reinterpret_cast<uint4*>(logits + r * ld);
-  elementwise::OnlineSoftmax acc = elementwise::online_softmax_start(vocab);
-  constexpr int kInFlight = 4;
-  for (int64_t v0 = threadIdx.x; v0 < nvec; v0 += kInFlight * kRowThreads) {
-    Bf16x8 in[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u)
-      if (v0 + u * kRowThreads < nvec) in[u].raw = zv[v0 + u * kRowThreads];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int64_t v = v0 + u * kRowThreads;
-      if (v >= nvec) break;
-      row[v] = in[u].raw;
-      float x[8];
-#pragma unroll
-      for (int i = 0; i < 8; ++i) x[i] = to_float(in[u].v[i]);
-      acc.push8(x, v * 8, vocab);
-    }
-  }
-  const elementwise::OnlineSoftmax all = merge_block(part, acc);  // its barriers also order the row's stores
-  const float zmax = all.m, log_sum = logf(all.sum);
-  const int32_t label = labels[r];
-  const bool valid = label >= 0 && label < vocab, ignored = label == kIgnoreLabel;
-  if (threadIdx.x == 0) {
-    const float zl = valid ? to_float(reinterpret_cast<const BFloat16*>(row)[label]) : 0.0f;
-    row_loss[r] = ignored ? 0.0f : valid ? log_sum - (zl - zmax) : NAN;
-    row_hit[r] = valid && all.arg == label ? 1.0f : 0.0f;
-  }
-  if (dscale == 0.0f) return;
-  for (int64_t v = threadIdx.x; v < ld / 8; v += kRowThreads) {
-    Bf16x8 io;
-    if (v < nvec) io.raw = row[v];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int64_t c = v * 8 + i;
-      const float g = c >= vocab || ignored ? 0.0f
-                      : valid               ? elementwise::xent_grad(to_float(io.v[i]), zmax, log_sum, c == label, dscale)
-                                            : NAN;
-      io.v[i] = to_bfloat16(g);
-    }
-    zv[v] = io.raw;
-  }
-}
-
-// Whether classifier_bf16_row_kernel can hold a row of `vocab` columns on the current device. Once per device: its
-// opt-in limit on a block's shared memory read, and the kernel allowed all of it less its static part (beyond the
-// default 48 KB). Any error there leaves no error pending (the two-pass kernel then runs, its launch checked alone).
-bool row_fits_shared_memory(int64_t vocab) {
-  static std::mutex mu;
-  static std::map<int, size_t> room;  // device -> dynamic bytes the kernel may take (0: none)
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  size_t bytes_allowed = 0;
-  {
-    const std::lock_guard<std::mutex> lock(mu);
-    const auto it = room.find(device);
-    if (it != room.end()) {
-      bytes_allowed = it->second;
-    } else {
-      int optin = 0;
-      const size_t fixed = sizeof(elementwise::OnlineSoftmax) * kRowThreads;
-      if (cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) == cudaSuccess &&
-          static_cast<size_t>(optin) > fixed &&
-          cudaFuncSetAttribute(classifier_bf16_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               optin - static_cast<int>(fixed)) == cudaSuccess)
-        bytes_allowed = static_cast<size_t>(optin) - fixed;
-      else
-        (void)cudaGetLastError();
-      room[device] = bytes_allowed;
-    }
-  }
-  return static_cast<size_t>((vocab + 7) / 8) * sizeof(uint4) <= bytes_allowed;
-}
-
 }  // namespace
 
 cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
@@ -256,10 +165,7 @@ cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t row
   if (rows > 2147483647LL) return cudaErrorInvalidValue;
   const auto grid = static_cast<unsigned int>(rows);
   const bool vec = ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
-  if (vec && row_fits_shared_memory(vocab))
-    classifier_bf16_row_kernel<<<grid, kRowThreads, static_cast<size_t>((vocab + 7) / 8) * sizeof(uint4), s>>>(
-        logits, labels, vocab, ld, dscale, row_loss, row_hit);
-  else if (vec)
+  if (vec)
     classifier_bf16_kernel<true><<<grid, kThreads, 0, s>>>(logits, labels, vocab, ld, dscale, row_loss, row_hit);
   else
     classifier_bf16_kernel<false><<<grid, kThreads, 0, s>>>(logits, labels, vocab, ld, dscale, row_loss, row_hit);
