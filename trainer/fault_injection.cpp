@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <chrono>
 #include <cstring>
 #include <iterator>
@@ -23,6 +24,7 @@ FailureInjection FailureInjection::from_env() {
   if (const char* s = std::getenv("DPT_DEBUG_SLOW_RANK")) f.slow_rank = std::atoi(s);
   if (const char* s = std::getenv("DPT_DEBUG_SLOW_MS")) f.slow_ms = std::atoi(s);
   if (const char* s = std::getenv("DPT_DEBUG_INF_AT_STEP")) f.inf_step = std::atoll(s);
+  if (const char* s = std::getenv("DPT_DEBUG_SIGNAL_AT_STEP")) f.signal_step = std::atoll(s);
   if (const char* b = std::getenv("DPT_DEBUG_PERTURB_BUFFERS_RANK")) f.perturb_buffers_rank = std::atoi(b);
   if (const char* s = std::getenv("DPT_DEBUG_FAIL_AT_STEP")) f.step = std::atoll(s);
   if (const char* r = std::getenv("DPT_DEBUG_FAIL_RANK")) f.rank = std::atoi(r);
@@ -73,6 +75,7 @@ void FaultInjector::step_done(int64_t step, models::Model& model) const {
   }
   if (step == f_.step && rank_ == f_.rank)
     DPT_THROW(InternalError, "injected failure after step {} (DPT_DEBUG_FAIL_AT_STEP)", step);
+  if (step == f_.signal_step && rank_ == f_.rank) std::raise(SIGUSR1);  // caught: trainer/preemption.h
 }
 
 void FaultInjector::samples_trained(int64_t resumed_from, int64_t step, int64_t epoch, int world,

@@ -20,6 +20,8 @@ namespace dpt::trainer {
 // initial broadcast, which must undo it; DPT_DEBUG_INF_AT_STEP=N makes rank 0 put an inf into the loss
 // gradient of optimizer step N (1-based), an overflow that fp16 loss scaling must skip (tests only).
 // DPT_DEBUG_SLOW_RANK=R with DPT_DEBUG_SLOW_MS=M makes rank R sleep M ms in each step's compute (a straggler).
+// DPT_DEBUG_SIGNAL_AT_STEP=N makes rank DPT_DEBUG_FAIL_RANK raise SIGUSR1 in itself once it has finished optimizer
+// step N (a preemption at a step chosen in advance: on one rank the run stops after that very step).
 // DPT_DEBUG_CKPT_FAIL_STEPS=N[,M...] makes rank DPT_DEBUG_CKPT_FAIL_RANK's (default 0) write of the checkpoints of
 // those steps fail midway, after its first file, as a full disk would (CheckpointManager::fail_writes_at).
 // DPT_DEBUG_SAMPLE_LOG=FILE makes every rank append, for each micro-batch it trains, one line naming the examples
@@ -36,6 +38,7 @@ struct FailureInjection {
   int diverge_rank = -1;
   int perturb_buffers_rank = -1;
   int64_t inf_step = -1;
+  int64_t signal_step = -1;
   int slow_rank = -1;
   int slow_ms = 0;
   std::vector<int64_t> ckpt_fail_steps;

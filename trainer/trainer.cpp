@@ -74,6 +74,7 @@ struct Epoch {
   int64_t first_step = 0;   // the optimizer steps done when it began
   std::vector<size_t> indices;  // this rank's examples from first_batch on, kept for DPT_DEBUG_SAMPLE_LOG only
   Tensor stats;             // summed loss, correct, targets counted: on the device, no synchronisation per step
+  bool finished = false;    // its last step taken
   // Resumed mid-epoch: the summed loss and counted targets of every rank's steps before the checkpoint (TrainState).
   double carried_loss = 0, carried_count = 0;
   int64_t seen = 0;         // rows this rank trained (tokens: every position, masked ones too)
@@ -503,6 +504,10 @@ void Trainer::train_epoch(int64_t epoch) {
   }
   feeder_->release(loader);
   if (result_.stop_signal) {
+    // Stopped at the epoch's last step: the epoch is whole and its checkpoint (written) resumes at the next one, so
+    // its evaluation and its line come now or never. The checkpoint first: a kill during the evaluation loses no
+    // training.
+    if (ep.finished) end_epoch(ep, loader.wait_seconds());
     reporter_->stopped();
     return;
   }
@@ -593,6 +598,7 @@ bool Trainer::update(Epoch& ep) {
 // After an optimizer step: reports, checkpoints, and whether the run stops here (train.max_steps, a stop signal).
 bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
   const bool epoch_done = next_batch == ep.end_batch;
+  ep.finished = epoch_done;
   if (first_step_) {
     first_step_ = false;
     // ZeRO stage 3: the parameters a rank holds in a step are its shard plus the buckets gathered at once (measured:
@@ -712,7 +718,7 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
   const bool last_epoch = ep.index + 1 == t_.epochs;
   const bool epoch_due = cfg_.checkpoint.every_epochs > 0 && (ep.index + 1) % cfg_.checkpoint.every_epochs == 0;
   const bool step_due = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
-  if (!stopped_ && (last_epoch || epoch_due || step_due)) save(ep.index + 1, 0, 0);
+  if (!stopped_ && !result_.stop_signal && (last_epoch || epoch_due || step_due)) save(ep.index + 1, 0, 0);
 }
 
 // The test figures of the model a checkpoint holds: rank 0's parameters and rank 0's buffers. Parameters are equal

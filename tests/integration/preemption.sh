@@ -9,6 +9,8 @@
 #  5. Under ZeRO stage 3 (dist.zero=3: parameters, gradients and optimizer state sharded; each rank writes its
 #     optimizer shard): SIGUSR1 to dprun, exit 75, and the resumed run's weights equal the DDP reference's bitwise
 #     (on 2 ranks stage 3 computes what DDP does, to the bit: integration.train_zero).
+#  6. A stop at an epoch's last step evaluates that epoch and prints its line before the exit (one rank, the stop
+#     injected after a chosen step).
 source "$(dirname "$0")/lib/common.bash"
 set +e
 # 1200 examples / 2 ranks / batch 16 = 38 steps per epoch; 8 epochs = 304 steps, a progress line every step.
@@ -128,5 +130,43 @@ grep -q "resumed from .*step-$(printf %08d "$S") (step $S," "$WORK/z.resume.log"
 "$PY" "$CKPT_PY" compare "$WORK/ref/$FINAL" "$WORK/z/$FINAL" 0 >/dev/null ||
   fail "zero=3: the resumed run's final weights differ from the uninterrupted DDP run's"
 echo "ok: resumed from step $S under dist.zero=3, final weights bitwise equal to DDP's"
+# ---- 6. A stop at an epoch's last step: that epoch's evaluation and line before the exit ---------------------
+# One rank (the stop lands on the very step the signal came after): 320 examples / batch 16 = 20 steps an epoch.
+# DPT_DEBUG_SIGNAL_AT_STEP raises SIGUSR1 in the rank after that step. At step 20 (epoch 1's last) the stopped run
+# prints epoch 1's line, the uninterrupted run's figures, and records it in metrics.jsonl; the resumed run starts at
+# epoch 2 and does not print epoch 1 again. At step 15 (mid-epoch) no epoch line: its evaluation comes on resume.
+ONE=(--config "$CONFIG" data.train_limit=320 data.test_limit=100 train.epochs=2 train.batch_size=16)
+"$DPTRAIN" "${ONE[@]}" checkpoint.dir="$WORK/one_ref" >"$WORK/one_ref.log" 2>&1 ||
+  { cat "$WORK/one_ref.log"; fail "the one-rank reference run failed"; }
+epoch_line() { grep -oE "epoch $2/2 loss [0-9.]+ test_loss [0-9.]+ test_acc [0-9.]+" "$1"; }
+want=$(epoch_line "$WORK/one_ref.log" 1)
+[ -n "$want" ] || fail "the one-rank reference has no epoch 1 line"
+for at in 20 15; do
+  DPT_DEBUG_SIGNAL_AT_STEP=$at "$DPTRAIN" "${ONE[@]}" checkpoint.dir="$WORK/one_$at" log.dir="$WORK/one_$at/log" \
+    >"$WORK/one_$at.log" 2>&1
+  rc=$?
+  [ $rc = 75 ] || { cat "$WORK/one_$at.log"; fail "signal after step $at: exit $rc, expected 75"; }
+  [ "$(stopped_step "$WORK/one_$at.log")" = "$at" ] || { cat "$WORK/one_$at.log"; fail "did not stop at step $at"; }
+  got=$(epoch_line "$WORK/one_$at.log" 1)
+  records=$(grep -c '"kind":"epoch"' "$WORK/one_$at/log/metrics.jsonl")
+  if [ "$at" = 20 ]; then
+    [ "$got" = "$want" ] || { cat "$WORK/one_$at.log"; fail "stopped at epoch 1's last step: '$got', expected '$want'"; }
+    [ "$records" = 1 ] || fail "stopped at epoch 1's last step: $records epoch records in metrics.jsonl, expected 1"
+  else
+    [ -z "$got" ] && [ "$records" = 0 ] || { cat "$WORK/one_$at.log"; fail "stopped mid-epoch: an epoch line"; }
+  fi
+  "$DPTRAIN" "${ONE[@]}" checkpoint.dir="$WORK/one_$at" >"$WORK/one_$at.resume.log" 2>&1 ||
+    { cat "$WORK/one_$at.resume.log"; fail "the run stopped after step $at did not resume"; }
+  if [ "$at" = 20 ]; then
+    [ -z "$(epoch_line "$WORK/one_$at.resume.log" 1)" ] || fail "resumed after epoch 1's last step: epoch 1 again"
+  else
+    [ "$(epoch_line "$WORK/one_$at.resume.log" 1)" = "$want" ] || fail "resumed mid-epoch 1: not the reference's line"
+  fi
+  [ "$(epoch_line "$WORK/one_$at.resume.log" 2)" = "$(epoch_line "$WORK/one_ref.log" 2)" ] ||
+    fail "resumed after step $at: epoch 2's line differs from the reference's"
+  "$PY" "$CKPT_PY" compare "$WORK/one_ref/step-00000040" "$WORK/one_$at/step-00000040" 0 >/dev/null ||
+    fail "resumed after step $at: final weights differ from the uninterrupted run's"
+done
+echo "ok: a stop at an epoch's last step prints and records that epoch (the reference's figures), once"
 no_processes_left "$WORK"
 echo PASS
