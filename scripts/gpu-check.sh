@@ -15,7 +15,8 @@
 #                                  configs/fmnist_resnet.toml for 1 epoch in fp32, bf16, fp16; configs/gpt_tiny.toml
 #                                  for 50 steps on the GPU and on the CPU, compared, and again with the transformer
 #                                  fast path (train.bf16_activations); configs/llama_tiny.toml the same
-#                                  ways; the memory report and an
+#                                  ways; the memory report, alone and against PyTorch's max_memory_allocated
+#                                  (scripts/bench/torch_memory.py), and an
 #                                  out-of-memory message on the GPU) and the benchmarks (the GPT-2
 #                                  124M one of scripts/bench/gpt_bench.sh --gpu, the MLP one, then the ResNet rows
 #                                  of scripts/bench/resnet_bench.sh --gpu, each with what is left of the budget),
@@ -716,6 +717,63 @@ step_memory_gpu() {
   NOTE="${report#memory per rank: }; ${epoch_mem#epoch 1/1 memory: }"
 }
 
+# The memory report against PyTorch (issue 30): dptrain's peak tensor memory (the metrics file's memory record,
+# tensor_peak_bytes, after the first step) within MEMORY_TOL of torch.cuda.max_memory_allocated less cuBLAS's
+# workspaces (which PyTorch's allocator holds and dptrain does not count among its tensors) for the same MLP, batch and
+# SGD with momentum (scripts/bench/torch_memory.py, the machine's PyTorch). The MLP is big (784-8192-8192-10, 73.6M
+# parameters: 295 MB each of parameters, gradients and momentum) so that workspaces, activations and the allocator's
+# rounding are small beside it. The parameter bytes must agree exactly (else the two models differ).
+MEMORY_HIDDEN=8192,8192
+MEMORY_BATCH=64
+MEMORY_TOL=0.10
+step_memory_vs_torch() {
+  local logfile=$1 rc=0 dir=$WORK/memory_vs_torch py=${PYTHON:-python3}
+  rm -rf "$dir"
+  run_timed "$logfile" 90 "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" \
+    train.device=cuda dist.backend=nccl "data.dir=$BUNDLE/data" "model.hidden=[$MEMORY_HIDDEN]" \
+    "train.batch_size=$MEMORY_BATCH" train.max_steps=3 data.test_limit=1000 log.memory=true \
+    "checkpoint.dir=$dir/checkpoints" --resume never || rc=$?
+  ((rc == 0)) || { NOTE="dptrain: exit $rc$(first_error "$logfile")"; return 1; }
+  # Its JSON line (stdout) into its own file; its messages (stderr) into the step's log.
+  # shellcheck disable=SC2016  # $1 and $@ are the inner shell's
+  run_timed "$logfile" 90 bash -c 'out=$1; shift; exec "$@" >"$out"' _ "$dir/torch.json" "$py" \
+    scripts/bench/torch_memory.py --device cuda --hidden "$MEMORY_HIDDEN" --batch-size "$MEMORY_BATCH" --steps 3 ||
+    rc=$?
+  cat "$dir/torch.json" >>"$logfile" 2>/dev/null || true
+  ((rc == 0)) || { NOTE="torch_memory.py ($py): exit $rc$(first_error "$logfile")"; return 1; }
+  NOTE=$(memory_compare "$dir/metrics.jsonl" "$dir/torch.json" "$MEMORY_TOL" 2>>"$logfile") || rc=1
+  echo "$NOTE" >>"$logfile"
+  [ -n "$NOTE" ] || NOTE="the comparison printed nothing (see the log)"
+  return "$rc"
+}
+
+# memory_compare METRICS.jsonl TORCH.json TOL: one line giving dptrain's peak tensors, torch's max_memory_allocated
+# less its workspace, and their ratio; exit 1 when the ratio is off 1 by more than TOL or the parameter bytes differ.
+memory_compare() {
+  python3 - "$@" <<'PY'
+import json, sys
+with open(sys.argv[1]) as f:
+    mem = [r for r in map(json.loads, f) if r.get("kind") == "memory"]
+with open(sys.argv[2]) as f:
+    t = json.loads(f.read().strip().splitlines()[-1])
+tol = float(sys.argv[3])
+if not mem:
+    print("no memory record in dptrain's metrics file")
+    sys.exit(1)
+m = mem[0]
+mib = lambda b: f"{b / 2**20:.1f} MiB"
+ours, ws = m["tensor_peak_bytes"], t["workspace_bytes"]
+ref = t["max_memory_allocated"] - ws
+ratio = ours / ref if ref > 0 else float("inf")
+close, same = abs(ratio - 1) <= tol, m["param_bytes"] == t["param_bytes"]
+print(f"dptrain peak tensors {mib(ours)} ({ours} B), torch max_memory_allocated {mib(t['max_memory_allocated'])} "
+      f"- workspace {mib(ws)} = {mib(ref)}: ratio {ratio:.3f} (within {tol:g}: {'yes' if close else 'NO'}); "
+      f"parameters {m['param_bytes']} B / {t['param_bytes']} B{'' if same else ' DIFFER (not the same model)'}; "
+      f"torch {t.get('torch', '?')}")
+sys.exit(0 if close and same else 1)
+PY
+}
+
 # An out-of-memory on the GPU: an MLP of 68.9G parameters (275 GB of them alone) cannot be allocated; dptrain must
 # exit 1 with the message naming the device, the size and the phase.
 step_oom_gpu() {
@@ -1164,6 +1222,7 @@ run_all() {
   run_step train_cuda_gloo_2rank_zero2 step_train_gloo2 dist.zero=2 train.clip_grad_norm=1.0
   run_step train_cuda_gloo_2rank_zero3 step_train_gloo2 dist.zero=3 train.clip_grad_norm=1.0 dist.bucket_cap_mb=1
   run_step memory_cuda step_memory_gpu
+  run_step memory_vs_torch step_memory_vs_torch
   run_step oom_cuda step_oom_gpu
   for p in fp32 bf16 fp16; do run_step "train_cuda_resnet_$p" step_train_resnet "$p"; done
   run_step predict_gpu_cpu step_predict_gpu_cpu
