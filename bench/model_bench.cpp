@@ -35,8 +35,9 @@
 // its floor: how far each operation, cuBLASLt's and cuDNN's included, sits from the roofline.
 //
 // --lt-sweep N: last, each cuBLASLt plan the run made called again on scratch operands with each of the first N
-// algorithms cuBLASLt's heuristic proposes, against the one it runs (Kernels::sweep_library_choices): whether the
-// heuristic's first choice leaves a GEMM's time on the table. A line each (and the JSON's library_sweep).
+// algorithms cuBLASLt's heuristic proposes and split-K variants of the first few, against the one it runs
+// (Kernels::sweep_library_choices): whether the heuristic's first choice leaves a GEMM's time on the table. A line
+// each (and the JSON's library_sweep).
 //
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>
@@ -631,8 +632,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       ->capture_default_str();
   app.add_option("--lt-sweep", o.lt_sweep,
                  "after the steps, each cuBLASLt plan the run made timed again on scratch operands with the first N "
-                 "algorithms cuBLASLt's heuristic proposes (at most 16; " + std::to_string(kSweepReps) +
-                     " calls each), against the one it runs: whether another would pay (GPU; 0: none)")
+                 "algorithms cuBLASLt's heuristic proposes (at most 16) and split-K variants of the one it runs "
+                 "and the next two (2-16 parts), " + std::to_string(kSweepReps) +
+                     " calls each, against the one it runs: whether another would pay (GPU; 0: none)")
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   app.add_option("--lt-tune", o.lt_tune,

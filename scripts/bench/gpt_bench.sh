@@ -55,7 +55,8 @@
 #   BENCH_NCU                   1: ncu when there is no nsys; 0: never; auto (default): only when no --kernel-steps
 #                               table came back (ncu replays a GPT-2 step's kernels one by one: minutes)
 #   BENCH_LT_SWEEP              dpt-model-bench --lt-sweep for the fast row's first run: each cuBLASLt plan timed with
-#                               the first N algorithms its heuristic proposes (default 8 on the GPU, 0 on the CPU)
+#                               the first N algorithms its heuristic proposes and split-K variants of the first
+#                               three (default 8 on the GPU, 0 on the CPU)
 #   BENCH_NCU_SOL=0             GPU: no ncu SpeedOfLight table of dptrain's own kernels (one step, cuBLAS and cuDNN
 #                               left out; BENCH_NCU_SOL_TIMEOUT_S, default 120, caps it; it runs last)
 #   BENCH_LOG_DIR               each run's output and JSON (default $OUT/gpt-bench-logs, else /tmp/gpt-bench)
@@ -762,7 +763,7 @@ report=$(
   fi
   if [ -n "$sweep" ]; then
     echo
-    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes, timed on scratch operands (dpt-model-bench --lt-sweep $LTS): whether another than the first would pay"
+    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes and split-K variants of the first three, timed on scratch operands (dpt-model-bench --lt-sweep $LTS): whether another than the first would pay"
     echo
     echo "$sweep"
   fi

@@ -177,6 +177,10 @@ class CudaKernels final : public Kernels {
   // product (which cuBLASLt may split along K) and then matmul.cu's deterministic column sums, as llm.c computes it.
   // For the GPU window's A/B: DPT_TUNE_BGRAD=separate in the environment starts with false; the [gpu] tests run both.
   void set_lt_bgrad_fused(bool on) { lt_bgrad_fused_ = on; }
+  // For the [gpu] tests: the plans made from now on split the heuristic's first algorithm along K into `splits`
+  // parts where cuBLASLt accepts that (their library_choices line says "split-k N forced", or "refused"); 0 or 1:
+  // the heuristic's as it is. The sweep's split-K variants (train.autotune may adopt one) are such algorithms.
+  void set_lt_splitk(int splits);
   // One line per cuBLASLt plan made so far: its shape, and the algorithm cuBLASLt's heuristic chose (tile, split-K,
   // stages, waves), or what ran instead. For the benchmark's report: where a GEMM's time may go.
   std::vector<std::string> library_choices() const override;

@@ -17,6 +17,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/cuda_check.h"
 #include <spdlog/spdlog.h>
@@ -92,6 +93,7 @@ struct LtEntry {
 struct LtKey {
   LtMatmulPlan plan;
   std::array<uint32_t, 5> align{};
+  int32_t splitk = 0;  // set_lt_splitk's forced split-K count when the plan was made (0: none)
   auto operator<=>(const LtKey&) const = default;
 };
 
@@ -99,6 +101,7 @@ struct LtState {
   cublasLtHandle_t handle = nullptr;
   Tensor workspace;
   std::map<LtKey, std::unique_ptr<LtEntry>> entries;
+  int32_t forced_splitk = 0;  // set_lt_splitk
   ~LtState() {
     entries.clear();
     if (handle) (void)cublasLtDestroy(handle);
@@ -115,11 +118,48 @@ struct LtPointers {
   void* aux = nullptr;
 };
 
+// `algo` split along K into `splits` parts, if cuBLASLt accepts that for the entry's descriptors within the workspace:
+// the configured algorithm with its check's figures (waves, workspace), else nothing. The parts' sums stay float32:
+// in the workspace (the compute type), or, where D is float32, in D itself (in place, or D's type). Every scheme
+// adds the parts in a fixed order (cublasLt.h: counters keep the in-place one sequential): the same bits every call.
+std::optional<cublasLtMatmulHeuristicResult_t> split_k(LtState& st, LtEntry& e, const LtMatmulPlan& p,
+                                                       const cublasLtMatmulAlgo_t& algo, int32_t splits) {
+  if (splits < 2) return std::nullopt;
+  int32_t supported = 0;
+  uint32_t mask = 0;
+  size_t written = 0;
+  if (cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT, &supported, sizeof(supported),
+                                        &written) != CUBLAS_STATUS_SUCCESS ||
+      supported == 0 ||
+      cublasLtMatmulAlgoCapGetAttribute(&algo, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK, &mask, sizeof(mask),
+                                        &written) != CUBLAS_STATUS_SUCCESS)
+    return std::nullopt;
+  for (const uint32_t scheme : {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_INPLACE,
+                                CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE}) {
+    if ((mask & scheme) == 0 || (scheme != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE && !p.d_f32)) continue;
+    cublasLtMatmulHeuristicResult_t r{};
+    r.algo = algo;
+    if (cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits)) !=
+            CUBLAS_STATUS_SUCCESS ||
+        cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                             sizeof(scheme)) != CUBLAS_STATUS_SUCCESS)
+      continue;
+    const cublasLtMatmulAlgo_t configured = r.algo;  // the check fills the result but never its algo
+    if (cublasLtMatmulAlgoCheck(st.handle, e.desc, e.a, e.b, e.d, e.d, &configured, &r) != CUBLAS_STATUS_SUCCESS ||
+        r.workspaceSize > kLtWorkspaceBytes)
+      continue;
+    r.algo = configured;
+    r.state = CUBLAS_STATUS_SUCCESS;
+    return r;
+  }
+  return std::nullopt;
+}
+
 // The entry for plan p with these operands' alignments: descriptors, then cuBLASLt's first algorithm (none: the entry
 // says so, and the caller falls back). The epilogue's pointers are set before the heuristic, which reads their
 // alignment from them (cublasLt.h), and again at every call (the same alignment: it is in the key).
 LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t, 5>& align, const LtPointers& ptrs) {
-  const LtKey cache_key{p, align};
+  const LtKey cache_key{p, align, st.forced_splitk};
   if (const auto it = st.entries.find(cache_key); it != st.entries.end()) return *it->second;
   const std::string key =
       fmt::format("{} align {} {} {} {} {}", describe(p), align[0], align[1], align[2], align[3], align[4]);
@@ -158,9 +198,16 @@ LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t,
                                                            &e->heuristic, &found);
   (void)cublasLtMatmulPreferenceDestroy(pref);
   e->have_algo = hs == CUBLAS_STATUS_SUCCESS && found > 0;
+  std::string forced;  // set_lt_splitk (the [gpu] tests): the heuristic's first split, where cuBLASLt accepts that
+  if (e->have_algo && st.forced_splitk > 1) {
+    const auto split = split_k(st, *e, p, e->heuristic.algo, st.forced_splitk);
+    if (split) e->heuristic = *split;
+    forced = fmt::format(" (split-k {} {})", st.forced_splitk, split ? "forced" : "refused: the heuristic's");
+  }
   const char* instead =
       p.epilogue == LtEpilogue::Default ? "cublasGemmEx runs it" : "the epilogue runs as kernels of our own";
-  e->choice = fmt::format("{}: {}", key, e->have_algo ? describe_algo(e->heuristic) : fmt::format("none, {}", instead));
+  e->choice = fmt::format("{}: {}{}", key,
+                          e->have_algo ? describe_algo(e->heuristic) : fmt::format("none, {}", instead), forced);
   if (!e->have_algo) spdlog::info("cuBLASLt has no algorithm for {} ({}): {}", key, cublasGetStatusName(hs), instead);
   // Cached only once whole: a library call that threw above leaves no empty entry behind.
   auto& slot = st.entries[cache_key];
@@ -395,6 +442,35 @@ double time_lt_algo(LtState& st, LtEntry& e, const LtMatmulPlan& p, SweepOperand
   return stop.elapsed_ms_since(start) / reps;
 }
 
+// Split-K variants for the sweep, appended to `cands` (cuBLASLt's proposals): the plan's own algorithm and the
+// first two other proposals, each split along K into each of kSplits parts that cuBLASLt accepts (split_k) and no
+// candidate already is. The heuristic rarely proposes them where they pay: a weight gradient's product (K the batch's
+// tokens, M x N a few tiles) fills a fraction of the SMs unsplit (GPT-2 124M's on an H200: 0.3-0.9 waves, 310-510
+// TFLOP/s, where PyTorch's split-K kernels ran such shapes at about 800). How many were appended.
+int add_split_k_variants(LtState& st, LtEntry& e, const LtMatmulPlan& p,
+                         std::vector<cublasLtMatmulHeuristicResult_t>& cands) {
+  constexpr int32_t kSplits[] = {2, 3, 4, 6, 8, 12, 16};
+  const auto same = [](const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
+    return std::memcmp(&x, &y, sizeof(cublasLtMatmulAlgo_t)) == 0;
+  };
+  std::vector<cublasLtMatmulAlgo_t> bases{e.heuristic.algo};
+  for (const auto& c : cands)
+    if (bases.size() < 3 && c.state == CUBLAS_STATUS_SUCCESS &&
+        std::ranges::none_of(bases, [&](const cublasLtMatmulAlgo_t& b) { return same(b, c.algo); }))
+      bases.push_back(c.algo);
+  int added = 0;
+  for (const cublasLtMatmulAlgo_t& base : bases)
+    for (const int32_t splits : kSplits) {
+      const auto v = split_k(st, e, p, base, splits);
+      if (!v || same(v->algo, e.heuristic.algo) ||
+          std::ranges::any_of(cands, [&](const cublasLtMatmulHeuristicResult_t& c) { return same(c.algo, v->algo); }))
+        continue;
+      cands.push_back(*v);
+      ++added;
+    }
+  return added;
+}
+
 // The sweep's adopting step (train.autotune): the fastest candidate replaces the plan's algorithm when it beats it
 // by `margin` (a fraction; negative: even when slower, up to that much) on the first timing and again when both are
 // timed once more; the heuristic's first is kept in `untuned` (a refusal at run time goes back to it). Not where
@@ -422,8 +498,9 @@ std::string adopt_if_faster(LtEntry& e, const LtKey& key, const std::string& pla
 }  // namespace
 
 // Each plan with an algorithm, again on scratch operands (sweep_operands): cuBLASLt's first `candidates` proposals
-// for the same descriptors and alignments (sweep_candidates), each timed (time_lt_algo) against the algorithm the
-// plan runs. A plan whose sweep fails (out of memory, a library status) says so in its line; the rest go on. With
+// for the same descriptors and alignments (sweep_candidates) and split-K variants (add_split_k_variants), each
+// timed (time_lt_algo) against the algorithm the plan runs. A plan whose sweep fails (out of memory, a library
+// status) says so in its line; the rest go on. With
 // adopt_margin, the fastest candidate may replace the plan's algorithm (adopt_if_faster).
 std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps,
                                                           std::optional<double> adopt_margin) {
@@ -443,8 +520,10 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
     }
     try {
       SweepOperands ops = sweep_operands(*e, p, device(), stream());
-      std::array<cublasLtMatmulHeuristicResult_t, kMaxSweepCandidates> found_algos{};
-      const int found = sweep_candidates(st, *e, key, candidates, found_algos);
+      std::array<cublasLtMatmulHeuristicResult_t, kMaxSweepCandidates> proposed{};
+      const int found = sweep_candidates(st, *e, key, candidates, proposed);
+      std::vector<cublasLtMatmulHeuristicResult_t> found_algos(proposed.begin(), proposed.begin() + found);
+      const int variants = add_split_k_variants(st, *e, p, found_algos);
       const auto time = [&](const cublasLtMatmulAlgo_t& algo) {
         return time_lt_algo(st, *e, p, ops, algo, reps, start, stop, stream());
       };
@@ -452,7 +531,7 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
       // ramping up after the allocations); a candidate that is the chosen algorithm itself is not timed again.
       double chosen = time(e->heuristic.algo), best = -1;
       int best_i = -1, tried = 0, refused = 0;
-      for (int i = 0; i < found; ++i) {
+      for (int i = 0; i < static_cast<int>(found_algos.size()); ++i) {
         if (found_algos[i].state != CUBLAS_STATUS_SUCCESS) continue;
         if (std::memcmp(&found_algos[i].algo, &e->heuristic.algo, sizeof(cublasLtMatmulAlgo_t)) == 0) continue;
         const double ms = time(found_algos[i].algo);
@@ -471,7 +550,8 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
         if (again >= 0 && again < chosen) chosen = again;
       }
       const std::string others =
-          fmt::format("{} other candidate(s) of {} timed{}", tried, found,
+          fmt::format("{} other candidate(s) of {}{} timed{}", tried, found,
+                      variants ? fmt::format(" and {} split-K variant(s)", variants) : std::string(),
                       refused ? fmt::format(", {} refused these operands", refused) : std::string());
       const std::string adopted =
           adopt_margin && chosen >= 0 && best_i >= 0
@@ -500,6 +580,8 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
   }
   return out;
 }
+
+void CudaKernels::set_lt_splitk(int splits) { lt().forced_splitk = splits; }
 
 std::vector<std::string> CudaKernels::library_choices() const {
   std::vector<std::string> out;

@@ -43,6 +43,7 @@ struct Restore {
   ~Restore() {
     cuda_set().set_lt_epilogues(true);
     cuda_set().set_lt_bgrad_fused(true);
+    cuda_set().set_lt_splitk(0);
   }
 };
 
@@ -58,9 +59,12 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
   // the fallback kernels run even when fused epilogues are asked for; on an H200 cuBLASLt's own bias epilogue
   // rounded such a shape's product twice), and a long K (the bias gradient's column sums in 5 runs of 421, the last
   // 417).
-  // Modes: every epilogue fused; fused but the bias gradient as column sums (DPT_TUNE_BGRAD=separate); none fused.
-  for (const Dims dims : {Dims{96, 192, 64}, Dims{37, 13, 21}, Dims{40, 24, 2101}})
-    for (int mode : {0, 1, 2})
+  // A shape of GPT's kind with a long K (a weight gradient's: the split-K variants' use).
+  // Modes: every epilogue fused; fused but the bias gradient as column sums (DPT_TUNE_BGRAD=separate); none fused;
+  // every epilogue fused with the heuristic's algorithm split along K into 4 parts where cuBLASLt accepts that (the
+  // sweep's split-K variants, which train.autotune may adopt).
+  for (const Dims dims : {Dims{96, 192, 64}, Dims{37, 13, 21}, Dims{40, 24, 2101}, Dims{64, 128, 1024}})
+    for (int mode : {0, 1, 2, 3})
       for (bool ta : {false, true})
         for (bool tb : {false, true})
           for (auto ep : {MatmulEpilogue::None, MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad,
@@ -74,6 +78,7 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
               CAPTURE(M, N, K, mode, ta, tb, static_cast<int>(ep), f32);
               cuda_set().set_lt_epilogues(mode != 2);
               cuda_set().set_lt_bgrad_fused(mode != 1);
+              cuda_set().set_lt_splitk(mode == 3 ? 4 : 0);
               const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldd = N;
               const Tensor a = bf16_random({ta ? K : M, lda}, rng), b = bf16_random({tb ? N : K, ldb}, rng);
               const Tensor bias = bf16_random({N}, rng);
@@ -136,6 +141,15 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
                 CHECK(dg.bad == 0);
               }
             }
+  // Mode 3 reached split-K algorithms: the GPT-like shapes' plans say so (cuBLASLt split the weight gradient's
+  // product with its BGRADB epilogue on the H200: its heuristic chose that for GPT-2's 3072 x 768 one).
+  size_t forced = 0, refused = 0;
+  for (const std::string& c : cuda_set().library_choices()) {
+    forced += c.find("(split-k 4 forced)") != std::string::npos;
+    refused += c.find("(split-k 4 refused") != std::string::npos;
+  }
+  INFO("plans split 4 ways: " << forced << ", refused: " << refused);
+  CHECK(forced >= 1);
 }
 
 // Weight gradients into a float32 D whose rows are longer than N (a gradient inside a wider buffer): the columns
