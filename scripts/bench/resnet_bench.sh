@@ -25,6 +25,10 @@
 #   BENCH_IDLE_WAIT_S           CPU: before each run, wait up to this long for other processes to go quiet
 #                               (under BENCH_IDLE_BUSY_PCT percent of the machine, default 10); default 60, 0: don't
 #   BENCH_STRICT=1              exit 2 when a GPU target is missed (default: only reported)
+#   BENCH_KERNEL_STEPS          dpt-model-bench --kernel-steps for dptrain's step rows (default 3; 0: none): after
+#                               the timed steps, that many more with every call of the kernel set between two clock
+#                               reads (CUDA events on a GPU); the report then says, per row, where the step's time
+#                               goes by operation and how far each sits above its floor (scripts/bench/op_table.py)
 #   BENCH_SKIP_BUILD=1          CPU: do not build (default: builds dpt-model-bench, dptrain, dprun in $DPT_BUILD_DIR)
 #   DPT_BUILD_DIR               default build;  DPT_JOBS  build parallelism (default: all cores)
 #   MODEL_BENCH, DPTRAIN, DPRUN the programs (GPU default: .gpu-bundle/bin/..., when unpacked, else the build's)
@@ -66,6 +70,8 @@ LOG_DIR=${LOG_DIR:-/tmp/resnet-bench}
 REPORT=${OUT:+$OUT/resnet-bench.md}
 REPORT=${REPORT:-/tmp/resnet-bench.md}
 RESULTS=${BENCH_RESULTS:-${REPORT%.md}.jsonl}
+KS=${BENCH_KERNEL_STEPS:-3}
+[[ $KS =~ ^[0-9]+$ ]] || { echo "resnet_bench: BENCH_KERNEL_STEPS must be a non-negative integer" >&2; exit 2; }
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "resnet_bench: BENCH_REPEATS must be a positive integer" >&2; exit 2; }
 mkdir -p "$LOG_DIR" "$(dirname "$REPORT")" "$(dirname "$RESULTS")"
 rm -f "$RESULTS"
@@ -207,8 +213,8 @@ gpu_rows() {
     fi
     local log=$LOG_DIR/${id}_dptrain_$rep.log
     measure "$id/dptrain" json "$log" "${DPT[@]}" "$MODEL_BENCH" --batch "$batch" --shape "$shape" --classes "$classes" \
-      --warmup "$W" --steps "$S" --json "$log.json" model.name=resnet "model.depth=$depth" train.device=cuda \
-      "train.precision=$prec"
+      --warmup "$W" --steps "$S" --kernel-steps "$KS" --json "$log.json" model.name=resnet "model.depth=$depth" \
+      train.device=cuda "train.precision=$prec"
     log=$LOG_DIR/${id}_pytorch_$rep.log
     measure "$id/pytorch" json "$log" "$PY" tests/support/python/torch_resnet.py --model "resnet$depth" --batch "$batch" \
       --shape "$shape" --classes "$classes" --precision "$prec" --device cuda --warmup "$W" --steps "$S" --json "$log.json"
@@ -233,7 +239,7 @@ cpu_rows() {
   fi
   log=$LOG_DIR/${id}_dptrain_$rep.log
   measure "$id/dptrain" json "$log" "${dpt_env[@]}" "$MODEL_BENCH" --batch "$B" --shape 3,32,32 --classes 10 \
-    --warmup "$W" --steps "$S" --json "$log.json" model.name=resnet model.depth=18 train.device=cpu
+    --warmup "$W" --steps "$S" --kernel-steps "$KS" --json "$log.json" model.name=resnet model.depth=18 train.device=cpu
   log=$LOG_DIR/${id}_pytorch_$rep.log
   measure "$id/pytorch" json "$log" "${torch_env[@]}" "$PY" tests/support/python/torch_resnet.py --model resnet18 --batch "$B" \
     --shape 3,32,32 --classes 10 --device cpu --threads 1 --warmup "$W" --steps "$S" --json "$log.json"
@@ -318,6 +324,18 @@ report=$(
     echo
     echo "targets: $(printf '%s; ' "${targets[@]}" | sed 's/; $//')"
   fi
+  # Where dptrain's step time goes, per step row (its first run's --kernel-steps table).
+  for id in "${ROWS[@]}"; do
+    f=$LOG_DIR/${id}_dptrain_1.log.json
+    ((KS > 0)) && [ -f "$f" ] || continue
+    ops=$("$PY" scripts/bench/op_table.py "$f" 2>/dev/null) || continue
+    echo
+    echo "## dptrain, $(cut -d'|' -f1-5 <<<"${LABEL[$id]}" | xargs): where the time goes, by operation"
+    echo
+    echo "dpt-model-bench --kernel-steps $KS: $KS more steps after the timed ones, every call of the kernel set between two clock reads (CUDA events on a GPU); per step. A call may launch several kernels."
+    echo
+    echo "$ops"
+  done
 )
 echo
 echo "$report"
