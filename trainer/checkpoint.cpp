@@ -77,7 +77,7 @@ std::optional<int64_t> step_of(const std::string& dirname) {
 }
 
 json state_to_json(const TrainState& s) {
-  return {{"format_version", kFormatVersion}, {"step", s.step}, {"epoch", s.epoch},
+  json j = {{"format_version", kFormatVersion}, {"step", s.step}, {"epoch", s.epoch},
           {"batch_in_epoch", s.batch_in_epoch}, {"samples_in_epoch", s.samples_in_epoch},
           {"world_size", s.world_size}, {"batch_size", s.batch_size}, {"step_samples", s.step_samples},
           {"seed", s.seed}, {"dataset_size", s.dataset_size}, {"drop_last", s.drop_last},
@@ -85,6 +85,11 @@ json state_to_json(const TrainState& s) {
           {"optimizer_steps", s.optimizer_steps}, {"loss_scale", s.loss_scale},
           {"scale_growth_tracker", s.scale_growth_tracker}, {"skipped_steps", s.skipped_steps}, {"classes", s.classes},
           {"epoch_loss_sum", s.epoch_loss_sum}, {"epoch_loss_count", s.epoch_loss_count}, {"job", s.job}};
+  if (const PendingEpoch& p = s.pending_epoch; p.epoch > 0)
+    j["pending_epoch"] = {{"epoch", p.epoch},         {"train_loss", p.train_loss}, {"samples_per_s", p.samples_per_s},
+                          {"compute_s", p.compute_s}, {"comm_s", p.comm_s},         {"data_s", p.data_s},
+                          {"lr", p.lr},               {"epoch_s", p.epoch_s}};
+  return j;
 }
 
 TrainState state_from_json(const std::string& text, const std::string& path) {
@@ -117,6 +122,14 @@ TrainState state_from_json(const std::string& text, const std::string& path) {
     s.epoch_loss_sum = j.value("epoch_loss_sum", 0.0);  // absent before it was saved: the rest of the epoch only
     s.epoch_loss_count = j.value("epoch_loss_count", 0.0);
     s.job = j.value("job", std::string());  // absent before restarts went on from their own job's checkpoints
+    if (j.contains("pending_epoch")) {  // only after a stop signal at an epoch's last step
+      const json& p = j.at("pending_epoch");
+      s.pending_epoch = {.epoch = p.at("epoch").get<int64_t>(), .train_loss = p.at("train_loss").get<double>(),
+                         .samples_per_s = p.at("samples_per_s").get<double>(),
+                         .compute_s = p.at("compute_s").get<double>(), .comm_s = p.at("comm_s").get<double>(),
+                         .data_s = p.at("data_s").get<double>(), .lr = p.at("lr").get<double>(),
+                         .epoch_s = p.at("epoch_s").get<double>()};
+    }
     return s;
   } catch (const json::exception& e) {
     DPT_THROW(CheckpointError, "{}: malformed training state: {}", path, e.what());

@@ -33,6 +33,14 @@ struct NamedParam;
 
 namespace dpt::trainer {
 
+// An epoch whose training ended at a checkpoint written for a stop signal (its last step was the stop's), with its
+// figures but the evaluation's: the resumed run evaluates it and prints its line first, so that the stopped run
+// leaves within its grace period and the epoch's line is not lost. epoch 0: none.
+struct PendingEpoch {
+  int64_t epoch = 0;  // 1-based, as printed
+  double train_loss = 0, samples_per_s = 0, compute_s = 0, comm_s = 0, data_s = 0, lr = 0, epoch_s = 0;
+};
+
 struct TrainState {
   int64_t step = 0;            // optimizer steps done
   int64_t epoch = 0;           // the epoch to continue (0-based); == epochs when training is finished
@@ -65,6 +73,7 @@ struct TrainState {
   // The launcher's job that wrote it (RunOptions::job: the same across the job's restarts; empty when unknown and in
   // checkpoints written before it was saved): a restart goes on only from its own job's checkpoints.
   std::string job;
+  PendingEpoch pending_epoch;  // absent (epoch 0) but after a stop signal at an epoch's last step
 };
 
 struct LoadedCheckpoint {

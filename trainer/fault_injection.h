@@ -21,7 +21,8 @@ namespace dpt::trainer {
 // gradient of optimizer step N (1-based), an overflow that fp16 loss scaling must skip (tests only).
 // DPT_DEBUG_SLOW_RANK=R with DPT_DEBUG_SLOW_MS=M makes rank R sleep M ms in each step's compute (a straggler).
 // DPT_DEBUG_SIGNAL_AT_STEP=N makes rank DPT_DEBUG_FAIL_RANK raise SIGUSR1 in itself once it has finished optimizer
-// step N (a preemption at a step chosen in advance: on one rank the run stops after that very step).
+// step N (a preemption at a step chosen in advance: on one rank the run stops after that very step; on several,
+// after the step at which the ranks next agree, every step once a step takes over 0.2 s: DPT_DEBUG_SLOW_MS).
 // DPT_DEBUG_CKPT_FAIL_STEPS=N[,M...] makes rank DPT_DEBUG_CKPT_FAIL_RANK's (default 0) write of the checkpoints of
 // those steps fail midway, after its first file, as a full disk would (CheckpointManager::fail_writes_at).
 // DPT_DEBUG_SAMPLE_LOG=FILE makes every rank append, for each micro-batch it trains, one line naming the examples
@@ -62,7 +63,8 @@ class FaultInjector {
   // A step's backward is done, before its gradients are reduced: DPT_DEBUG_SLOW_RANK (a sleep of DPT_DEBUG_SLOW_MS).
   void backward_done() const;
   // Optimizer step `step` is done: DPT_DEBUG_DIVERGE_RANK (after step 1: one parameter nudged; not under ZeRO stage
-  // 3, whose model holds no flat parameter buffer), DPT_DEBUG_FAIL_AT_STEP (InternalError).
+  // 3, whose model holds no flat parameter buffer), DPT_DEBUG_FAIL_AT_STEP (InternalError), DPT_DEBUG_SIGNAL_AT_STEP
+  // (SIGUSR1 raised in this process).
   void step_done(int64_t step, models::Model& model) const;
   // DPT_DEBUG_SAMPLE_LOG: whether to call samples_trained, and the line of a micro-batch of optimizer step `step`
   // (1-based) that trained examples indices[0, n).

@@ -14,6 +14,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "core/cuda.h"
 #include "core/memory.h"
@@ -74,7 +75,7 @@ struct Epoch {
   int64_t first_step = 0;   // the optimizer steps done when it began
   std::vector<size_t> indices;  // this rank's examples from first_batch on, kept for DPT_DEBUG_SAMPLE_LOG only
   Tensor stats;             // summed loss, correct, targets counted: on the device, no synchronisation per step
-  bool finished = false;    // its last step taken
+  const data::Loader* loader = nullptr;  // its loader (the time spent waiting for batches)
   // Resumed mid-epoch: the summed loss and counted targets of every rank's steps before the checkpoint (TrainState).
   double carried_loss = 0, carried_count = 0;
   int64_t seen = 0;         // rows this rank trained (tokens: every position, masked ones too)
@@ -106,6 +107,7 @@ class Trainer {
     resume();
     sync_replicas();
     prepare_steps();
+    if (start_.pending_epoch.epoch > 0) report_pending_epoch();
     for (int64_t epoch = start_.epoch; epoch < t_.epochs && !stopped_ && !result_.stop_signal; ++epoch)
       train_epoch(epoch);
     finish();
@@ -134,7 +136,12 @@ class Trainer {
   Progress progress(Epoch& ep, int64_t next_batch);
   void carry_epoch_loss(const Epoch& ep);
   void autotune();
-  void end_epoch(Epoch& ep, double data_wait_s);
+  // An epoch's end: its figures (measure_epoch: collective), the replicas checked, the evaluation, its line, and a
+  // checkpoint when one is due. report_pending_epoch: a resumed run's evaluation and line of the epoch its
+  // checkpoint's stop signal ended (TrainState::pending_epoch).
+  PendingEpoch measure_epoch(Epoch& ep);
+  void end_epoch(Epoch& ep);
+  void report_pending_epoch();
   EvalResult evaluate_saved_model();
   // ---- checkpoints, the end
   // A checkpoint to continue with batch `next_batch` of `epoch`, `samples` of its examples consumed.
@@ -185,6 +192,7 @@ class Trainer {
   bool first_step_ = true;  // of this invocation: it measures the activations
   bool stopped_ = false;    // train.max_steps reached
   double last_eval_s_ = 0;  // the last evaluation's time, for the run's ETA
+  PendingEpoch pending_epoch_;  // for the stop signal's checkpoint at an epoch's end
   RunResult result_;
 };
 
@@ -495,6 +503,7 @@ void Trainer::train_epoch(int64_t epoch) {
            .grad_ss = Tensor::zeros({1}, DType::F64, device_)};
   if (faults_.logs_samples()) ep.indices = indices;
   data::Loader loader(*ds_.train, std::move(indices), loader_options_);
+  ep.loader = &loader;
   DPT_CHECK_EQ(static_cast<int64_t>(loader.num_batches()), batches);
   timer_->reset();
   reporter_->epoch_started();
@@ -504,14 +513,10 @@ void Trainer::train_epoch(int64_t epoch) {
   }
   feeder_->release(loader);
   if (result_.stop_signal) {
-    // Stopped at the epoch's last step: the epoch is whole and its checkpoint (written) resumes at the next one, so
-    // its evaluation and its line come now or never. The checkpoint first: a kill during the evaluation loses no
-    // training.
-    if (ep.finished) end_epoch(ep, loader.wait_seconds());
     reporter_->stopped();
     return;
   }
-  end_epoch(ep, loader.wait_seconds());
+  end_epoch(ep);
 }
 
 // One micro-batch; after the last of an optimizer step's, the step itself.
@@ -598,7 +603,6 @@ bool Trainer::update(Epoch& ep) {
 // After an optimizer step: reports, checkpoints, and whether the run stops here (train.max_steps, a stop signal).
 bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
   const bool epoch_done = next_batch == ep.end_batch;
-  ep.finished = epoch_done;
   if (first_step_) {
     first_step_ = false;
     // ZeRO stage 3: the parameters a rank holds in a step are its shard plus the buckets gathered at once (measured:
@@ -628,6 +632,9 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
   // after the same step, none of them inside a collective.
   if (const int sig = stop_agreement_->poll(step_)) {
     if (save_samples > 0) carry_epoch_loss(ep);
+    // At the epoch's last step: its figures go into the checkpoint, its evaluation to the resumed run (an
+    // evaluation now could outlast the signal's grace period: the launcher's --stop-timeout, Slurm's USR1@T).
+    if (epoch_done) pending_epoch_ = measure_epoch(ep);
     stop_for_signal(sig, save_epoch, save_batch, save_samples);
     return true;
   }
@@ -687,14 +694,15 @@ Progress Trainer::progress(Epoch& ep, int64_t next_batch) {
 }
 
 // After an epoch's steps: its figures from every rank, the replica check, evaluation, the reports, a checkpoint.
-void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
+// The epoch's figures but the evaluation's: training loss over every rank's counted targets, throughput over every
+// rank's rows, rank 0's time split; every rank's timings gathered (Reporter::epoch_measured). Collective.
+PendingEpoch Trainer::measure_epoch(Epoch& ep) {
   const auto [loss_sum, counted] = ep.loss_and_count();  // waits for the epoch's last step
   const double compute_s = timer_->compute_s(), comm_s = timer_->comm_s();
+  const double data_wait_s = ep.loader ? ep.loader->wait_seconds() : 0.0;
   const double epoch_s = seconds_since(ep.t0);
-  ctx_.phase = fmt::format("evaluating after epoch {} (train.eval_batch_size {})", ep.index + 1, t_.eval_batch_size);
   reporter_->epoch_measured(
       {.compute_s = compute_s, .data_wait_s = data_wait_s, .comm_s = comm_s, .steps = step_ - ep.first_step});
-  // Training loss averaged over every rank's counted targets; throughput over every rank's rows.
   Tensor tl = Tensor::empty({3}, DType::F64);
   tl.data<double>()[0] = loss_sum;
   tl.data<double>()[1] = static_cast<double>(ep.seen);
@@ -703,22 +711,50 @@ void Trainer::end_epoch(Epoch& ep, double data_wait_s) {
   tl.data<double>()[0] += ep.carried_loss;  // resumed mid-epoch: the steps before the checkpoint too
   tl.data<double>()[2] += ep.carried_count;
   const double global_seen = tl.data<double>()[1], global_counted = tl.data<double>()[2];
+  return {.epoch = ep.index + 1, .train_loss = global_counted > 0 ? tl.data<double>()[0] / global_counted : 0.0,
+          .samples_per_s = epoch_s > 0 ? global_seen / epoch_s : 0.0, .compute_s = compute_s, .comm_s = comm_s,
+          .data_s = data_wait_s, .lr = ep.lr, .epoch_s = epoch_s};
+}
+
+void Trainer::end_epoch(Epoch& ep) {
+  ctx_.phase = fmt::format("evaluating after epoch {} (train.eval_batch_size {})", ep.index + 1, t_.eval_batch_size);
+  const PendingEpoch m = measure_epoch(ep);
   check_replicas(*model_, pg_, ep.index + 1, /*with_buffers=*/false, dp_.get());
   const auto eval_t0 = Clock::now();
   const EvalResult ev = evaluate_saved_model();
   last_eval_s_ = seconds_since(eval_t0);
-  const EpochStats es{.epoch = ep.index + 1, .train_loss = global_counted > 0 ? tl.data<double>()[0] / global_counted : 0.0,
-                      .test_loss = ev.loss, .test_acc = ev.acc,
-                      .samples_per_s = epoch_s > 0 ? global_seen / epoch_s : 0.0,
-                      .compute_s = compute_s, .comm_s = comm_s, .data_s = data_wait_s};
+  const EpochStats es{.epoch = m.epoch, .train_loss = m.train_loss, .test_loss = ev.loss, .test_acc = ev.acc,
+                      .samples_per_s = m.samples_per_s, .compute_s = m.compute_s, .comm_s = m.comm_s,
+                      .data_s = m.data_s};
   result_.epochs.push_back(es);
   result_.final_test_acc = ev.acc;
   result_.final_test_loss = ev.loss;
-  reporter_->epoch_done({.step = step_, .stats = es, .lr = ep.lr, .epoch_s = epoch_s, .max_steps_reached = stopped_});
+  reporter_->epoch_done({.step = step_, .stats = es, .lr = m.lr, .epoch_s = m.epoch_s, .max_steps_reached = stopped_});
   const bool last_epoch = ep.index + 1 == t_.epochs;
   const bool epoch_due = cfg_.checkpoint.every_epochs > 0 && (ep.index + 1) % cfg_.checkpoint.every_epochs == 0;
   const bool step_due = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
-  if (!stopped_ && !result_.stop_signal && (last_epoch || epoch_due || step_due)) save(ep.index + 1, 0, 0);
+  if (!stopped_ && (last_epoch || epoch_due || step_due)) save(ep.index + 1, 0, 0);
+}
+
+// Resumed from a stop signal's checkpoint at an epoch's end: that epoch's evaluation (of the model the checkpoint
+// holds, which the epoch ended with) and its line, with the training figures the stopped run measured. No
+// checkpoint: the one resumed from is this one.
+void Trainer::report_pending_epoch() {
+  const PendingEpoch& p = start_.pending_epoch;
+  ctx_.phase = fmt::format("evaluating epoch {}, which a stop signal ended (train.eval_batch_size {})", p.epoch,
+                           t_.eval_batch_size);
+  const auto eval_t0 = Clock::now();
+  const EvalResult ev = evaluate_saved_model();
+  last_eval_s_ = seconds_since(eval_t0);
+  const EpochStats es{.epoch = p.epoch, .train_loss = p.train_loss, .test_loss = ev.loss, .test_acc = ev.acc,
+                      .samples_per_s = p.samples_per_s, .compute_s = p.compute_s, .comm_s = p.comm_s,
+                      .data_s = p.data_s};
+  result_.epochs.push_back(es);
+  result_.final_test_acc = ev.acc;
+  result_.final_test_loss = ev.loss;
+  reporter_->epoch_done(
+      {.step = step_, .stats = es, .lr = p.lr, .epoch_s = p.epoch_s, .evaluated_after_resume = true});
+  ctx_.phase.clear();
 }
 
 // The test figures of the model a checkpoint holds: rank 0's parameters and rank 0's buffers. Parameters are equal
@@ -753,7 +789,8 @@ void Trainer::save(int64_t epoch, int64_t next_batch, int64_t samples) {
                 .scale_growth_tracker = scaler_.growth_tracker(), .skipped_steps = scaler_.skipped(),
                 .config_toml = to_toml(user_cfg_), .config_hash = config_hash(user_cfg_), .classes = ds_.classes,
                 .epoch_loss_sum = samples > 0 ? epoch_loss_carry_.first : 0.0,
-                .epoch_loss_count = samples > 0 ? epoch_loss_carry_.second : 0.0, .job = opts_.job};
+                .epoch_loss_count = samples > 0 ? epoch_loss_carry_.second : 0.0, .job = opts_.job,
+                .pending_epoch = std::exchange(pending_epoch_, PendingEpoch{})};
   epoch_loss_carry_ = {0.0, 0.0};  // used once: a mid-epoch save without carry_epoch_loss before it stores 0
   std::ostringstream os;
   os << rng_;

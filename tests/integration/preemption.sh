@@ -9,8 +9,8 @@
 #  5. Under ZeRO stage 3 (dist.zero=3: parameters, gradients and optimizer state sharded; each rank writes its
 #     optimizer shard): SIGUSR1 to dprun, exit 75, and the resumed run's weights equal the DDP reference's bitwise
 #     (on 2 ranks stage 3 computes what DDP does, to the bit: integration.train_zero).
-#  6. A stop at an epoch's last step evaluates that epoch and prints its line before the exit (one rank, the stop
-#     injected after a chosen step).
+#  6. A stop at an epoch's last step: the stopped run leaves at once; the resumed run evaluates that epoch and prints
+#     its line first (one rank, the stop injected after a chosen step).
 source "$(dirname "$0")/lib/common.bash"
 set +e
 # 1200 examples / 2 ranks / batch 16 = 38 steps per epoch; 8 epochs = 304 steps, a progress line every step.
@@ -130,11 +130,12 @@ grep -q "resumed from .*step-$(printf %08d "$S") (step $S," "$WORK/z.resume.log"
 "$PY" "$CKPT_PY" compare "$WORK/ref/$FINAL" "$WORK/z/$FINAL" 0 >/dev/null ||
   fail "zero=3: the resumed run's final weights differ from the uninterrupted DDP run's"
 echo "ok: resumed from step $S under dist.zero=3, final weights bitwise equal to DDP's"
-# ---- 6. A stop at an epoch's last step: that epoch's evaluation and line before the exit ---------------------
+# ---- 6. A stop at an epoch's last step: that epoch's evaluation and line come first in the resumed run -------
 # One rank (the stop lands on the very step the signal came after): 320 examples / batch 16 = 20 steps an epoch.
 # DPT_DEBUG_SIGNAL_AT_STEP raises SIGUSR1 in the rank after that step. At step 20 (epoch 1's last) the stopped run
-# prints epoch 1's line, the uninterrupted run's figures, and records it in metrics.jsonl; the resumed run starts at
-# epoch 2 and does not print epoch 1 again. At step 15 (mid-epoch) no epoch line: its evaluation comes on resume.
+# leaves without evaluating (the grace period is for the checkpoint); its checkpoint holds epoch 1's figures, and
+# the resumed run evaluates epoch 1 first: its line is the uninterrupted run's, its metrics record says so, and it
+# comes once. At step 15 (mid-epoch) the resumed run finishes epoch 1 and prints its line as usual.
 ONE=(--config "$CONFIG" data.train_limit=320 data.test_limit=100 train.epochs=2 train.batch_size=16)
 "$DPTRAIN" "${ONE[@]}" checkpoint.dir="$WORK/one_ref" >"$WORK/one_ref.log" 2>&1 ||
   { cat "$WORK/one_ref.log"; fail "the one-rank reference run failed"; }
@@ -147,26 +148,41 @@ for at in 20 15; do
   rc=$?
   [ $rc = 75 ] || { cat "$WORK/one_$at.log"; fail "signal after step $at: exit $rc, expected 75"; }
   [ "$(stopped_step "$WORK/one_$at.log")" = "$at" ] || { cat "$WORK/one_$at.log"; fail "did not stop at step $at"; }
-  got=$(epoch_line "$WORK/one_$at.log" 1)
-  records=$(grep -c '"kind":"epoch"' "$WORK/one_$at/log/metrics.jsonl")
-  if [ "$at" = 20 ]; then
-    [ "$got" = "$want" ] || { cat "$WORK/one_$at.log"; fail "stopped at epoch 1's last step: '$got', expected '$want'"; }
-    [ "$records" = 1 ] || fail "stopped at epoch 1's last step: $records epoch records in metrics.jsonl, expected 1"
-  else
-    [ -z "$got" ] && [ "$records" = 0 ] || { cat "$WORK/one_$at.log"; fail "stopped mid-epoch: an epoch line"; }
-  fi
-  "$DPTRAIN" "${ONE[@]}" checkpoint.dir="$WORK/one_$at" >"$WORK/one_$at.resume.log" 2>&1 ||
+  [ -z "$(epoch_line "$WORK/one_$at.log" 1)" ] || { cat "$WORK/one_$at.log"; fail "stopped at step $at: an epoch line"; }
+  grep -q '"kind":"epoch"' "$WORK/one_$at/log/metrics.jsonl" && fail "stopped at step $at: an epoch record"
+  pending=$(grep -c '"pending_epoch"' "$WORK/one_$at/step-$(printf %08d "$at")/state.json")
+  [ "$pending" = "$([ "$at" = 20 ] && echo 1 || echo 0)" ] || fail "stopped at step $at: pending_epoch in state.json: $pending"
+  "$DPTRAIN" "${ONE[@]}" checkpoint.dir="$WORK/one_$at" log.dir="$WORK/one_$at/log2" >"$WORK/one_$at.resume.log" 2>&1 ||
     { cat "$WORK/one_$at.resume.log"; fail "the run stopped after step $at did not resume"; }
-  if [ "$at" = 20 ]; then
-    [ -z "$(epoch_line "$WORK/one_$at.resume.log" 1)" ] || fail "resumed after epoch 1's last step: epoch 1 again"
-  else
-    [ "$(epoch_line "$WORK/one_$at.resume.log" 1)" = "$want" ] || fail "resumed mid-epoch 1: not the reference's line"
-  fi
+  [ "$(epoch_line "$WORK/one_$at.resume.log" 1)" = "$want" ] ||
+    { cat "$WORK/one_$at.resume.log"; fail "resumed after step $at: epoch 1's line is not the reference's '$want'"; }
+  after=$(grep -c 'epoch 1/2: evaluated after the resume' "$WORK/one_$at.resume.log")
+  records=$(grep '"kind":"epoch"' "$WORK/one_$at/log2/metrics.jsonl" | grep -c '"evaluated_after_resume":true')
+  [ "$after/$records" = "$([ "$at" = 20 ] && echo 1/1 || echo 0/0)" ] ||
+    fail "resumed after step $at: 'evaluated after the resume' lines/records $after/$records"
   [ "$(epoch_line "$WORK/one_$at.resume.log" 2)" = "$(epoch_line "$WORK/one_ref.log" 2)" ] ||
     fail "resumed after step $at: epoch 2's line differs from the reference's"
   "$PY" "$CKPT_PY" compare "$WORK/one_ref/step-00000040" "$WORK/one_$at/step-00000040" 0 >/dev/null ||
     fail "resumed after step $at: final weights differ from the uninterrupted run's"
 done
-echo "ok: a stop at an epoch's last step prints and records that epoch (the reference's figures), once"
+echo "ok: a stop at an epoch's last step: that epoch's line (the reference's figures) from the resumed run, once"
+# The same on 2 ranks under ZeRO stage 3 (320 / (2 x 16) = 10 steps an epoch), rank 0 slowed to 0.25 s a step so
+# that the ranks agree on a stop at every step (trainer/preemption.h: about every 0.2 s): the stop lands after step
+# 10. Both ranks measure the epoch and evaluate it after the resume (collectives), and its line is the
+# uninterrupted run's.
+TWO=("$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${ONE[@]}" dist.zero=3)
+"${TWO[@]}" checkpoint.dir="$WORK/two_ref" >"$WORK/two_ref.log" 2>&1 || { cat "$WORK/two_ref.log"; fail "2-rank zero=3 reference"; }
+DPT_DEBUG_SIGNAL_AT_STEP=10 DPT_DEBUG_SLOW_RANK=0 DPT_DEBUG_SLOW_MS=250 "${TWO[@]}" checkpoint.dir="$WORK/two" \
+  >"$WORK/two.log" 2>&1
+rc=$?
+[ $rc = 75 ] || { cat "$WORK/two.log"; fail "2 ranks, zero=3, signal after step 10: exit $rc, expected 75"; }
+[ "$(stopped_step "$WORK/two.log")" = 10 ] || { cat "$WORK/two.log"; fail "2 ranks, zero=3: did not stop at step 10"; }
+"${TWO[@]}" checkpoint.dir="$WORK/two" >"$WORK/two.resume.log" 2>&1 || { cat "$WORK/two.resume.log"; fail "2 ranks: resume"; }
+[ "$(epoch_line "$WORK/two.resume.log" 1)" = "$(epoch_line "$WORK/two_ref.log" 1)" ] &&
+  grep -q 'epoch 1/2: evaluated after the resume' "$WORK/two.resume.log" ||
+  { cat "$WORK/two.resume.log"; fail "2 ranks, zero=3: epoch 1's line after the resume is not the reference's"; }
+"$PY" "$CKPT_PY" compare "$WORK/two_ref/step-00000020" "$WORK/two/step-00000020" 0 >/dev/null ||
+  fail "2 ranks, zero=3: final weights differ from the uninterrupted run's"
+echo "ok: the same on 2 ranks under dist.zero=3"
 no_processes_left "$WORK"
 echo PASS

@@ -147,6 +147,9 @@ void Reporter::epoch_done(const EpochEnd& e) {
                "time {:.2f}s (compute {:.2f}s comm {:.2f}s data wait {:.2f}s)",
                es.epoch, t.epochs, es.train_loss, es.test_loss, es.test_acc, setup_.unit, es.samples_per_s,
                mfu_text(es.samples_per_s), e.lr, e.epoch_s, es.compute_s, es.comm_s, es.data_s);
+  if (e.evaluated_after_resume)
+    spdlog::info("epoch {}/{}: evaluated after the resume (a stop signal came at its last step): its test figures "
+                 "are this run's, the others the stopped run's", es.epoch, t.epochs);
   if (scaler_.enabled())
     spdlog::info("fp16 loss scale {:g}; {} step(s) skipped so far for inf/NaN gradients", scaler_.scale(),
                  scaler_.skipped());
@@ -162,6 +165,12 @@ void Reporter::epoch_done(const EpochEnd& e) {
   j["compute_s"] = es.compute_s;
   j["comm_s"] = es.comm_s;
   j["data_wait_s"] = es.data_s;
+  if (e.evaluated_after_resume) {
+    j["evaluated_after_resume"] = true;
+    metrics_->write(j);
+    draw_curves();
+    return;
+  }
   add_memory(j, epoch_memory_);
   metrics_->write(j);
   spdlog::info("epoch {}/{} memory: {}", es.epoch, t.epochs, memory_text(epoch_memory_));

@@ -54,6 +54,9 @@ struct EpochEnd {
   double lr = 0;
   double epoch_s = 0;
   bool max_steps_reached = false;  // the run stops after this epoch (train.max_steps)
+  // A resumed run's evaluation of the epoch its checkpoint's stop signal ended (TrainState::pending_epoch): the
+  // training figures are the stopped run's; no per-rank timings or memory of that epoch here.
+  bool evaluated_after_resume = false;
 };
 
 class Reporter {

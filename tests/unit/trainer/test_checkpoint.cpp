@@ -153,6 +153,28 @@ TEST_CASE("checkpoints keep the class names, one written before they were saved 
   REQUIRE(old.state.step_samples == -1);
 }
 
+TEST_CASE("a stop signal's checkpoint keeps the epoch it ended, whose evaluation is the resumed run's", "[checkpoint]") {
+  auto dir = fresh_dir("pending");
+  CheckpointManager m(dir.string(), 3);
+  std::vector<NamedTensor> model = {{"fc.bias", filled({3}, 0)}};
+  TrainState st = state_at(20);
+  st.pending_epoch = {.epoch = 2, .train_loss = 1.25, .samples_per_s = 4321.5, .compute_s = 0.5, .comm_s = 0.125,
+                      .data_s = 0.0625, .lr = 0.0375, .epoch_s = 0.75};
+  const PendingEpoch got = CheckpointManager::load(m.save(model, {}, st)).state.pending_epoch;
+  CHECK(got.epoch == 2);
+  CHECK(got.train_loss == 1.25);
+  CHECK(got.samples_per_s == 4321.5);
+  CHECK(got.compute_s == 0.5);
+  CHECK(got.comm_s == 0.125);
+  CHECK(got.data_s == 0.0625);
+  CHECK(got.lr == 0.0375);
+  CHECK(got.epoch_s == 0.75);
+  // None (every other checkpoint): no key written, and none read back.
+  const std::string plain = m.save(model, {}, state_at(21));
+  CHECK(test::read_file(fs::path(plain) / "state.json").find("pending_epoch") == std::string::npos);
+  CHECK(CheckpointManager::load(plain).state.pending_epoch.epoch == 0);
+}
+
 TEST_CASE("a truncated, corrupted or unfinished checkpoint is rejected and resume falls back", "[checkpoint]") {
   auto dir = fresh_dir("bad");
   CheckpointManager m(dir.string(), 5);
