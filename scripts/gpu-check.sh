@@ -555,7 +555,8 @@ step_nccl_watchdog() {
 
 # The fast path's own kernels and library calls (unit_gpu "[fastpath]", without the whole-model case) and the Llama
 # family's kernels ("[llama]") under compute-sanitizer's memcheck: an out-of-bounds or misaligned access in a kernel
-# that has never run shows here by name and address even where the numbers happen to pass. At most 60 s; skipped where there is no compute-sanitizer.
+# that has never run shows here by name and address even where the numbers happen to pass. At most 90 s (12 s on
+# the H200 before the split-K cases); skipped where there is no compute-sanitizer.
 step_sanitize_fastpath() {
   local logfile=$1 rc=0 cs
   cs=$(command -v compute-sanitizer 2>/dev/null || true)
@@ -568,7 +569,7 @@ step_sanitize_fastpath() {
     NOTE="unit_gpu is not in the bundle"
     return 1
   fi
-  run_timed "$logfile" 60 "${UNIT_ENV[@]}" "$cs" --tool memcheck --error-exitcode 3 --print-limit 20 \
+  run_timed "$logfile" 90 "${UNIT_ENV[@]}" "$cs" --tool memcheck --error-exitcode 3 --print-limit 20 \
     "$B_BIN/unit_gpu" "[fastpath]~[model],[llama]" || rc=$?
   NOTE="$(grep -m1 -E 'ERROR SUMMARY' "$logfile" || true) $(catch2_summary "$logfile")"
   ((rc == 0)) || NOTE="exit $rc: $NOTE"

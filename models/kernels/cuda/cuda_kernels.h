@@ -181,6 +181,9 @@ class CudaKernels final : public Kernels {
   // parts where cuBLASLt accepts that (their library_choices line says "split-k N forced", or "refused"); 0 or 1:
   // the heuristic's as it is. The sweep's split-K variants (train.autotune may adopt one) are such algorithms.
   void set_lt_splitk(int splits);
+  // How many algorithms the cuBLASLt sweep splits along K (the plan's own and the heuristic's next proposals; 3 by
+  // default, 0: no split-K variants). The [gpu] sweep case takes 1, to stay short under compute-sanitizer.
+  void set_lt_split_bases(size_t n) { lt_split_bases_ = n; }
   // One line per cuBLASLt plan made so far: its shape, and the algorithm cuBLASLt's heuristic chose (tile, split-K,
   // stages, waves), or what ran instead. For the benchmark's report: where a GEMM's time may go.
   std::vector<std::string> library_choices() const override;
@@ -250,6 +253,7 @@ class CudaKernels final : public Kernels {
   bool lt_epilogues_ = true;
   bool deterministic_ = true;
   bool lt_bgrad_fused_ = true;
+  size_t lt_split_bases_ = 3;
   Tensor lt_bias_scratch_, lt_acc_scratch_;
   std::unique_ptr<AttentionGraphs, AttentionGraphsDeleter> attention_;
 #if DPT_HAVE_CUDNN

@@ -120,8 +120,10 @@ struct LtPointers {
 
 // `algo` split along K into `splits` parts, if cuBLASLt accepts that for the entry's descriptors within the workspace:
 // the configured algorithm with its check's figures (waves, workspace), else nothing. The parts' sums stay float32:
-// in the workspace (the compute type), or, where D is float32, in D itself (in place, or D's type). Every scheme
-// adds the parts in a fixed order (cublasLt.h: counters keep the in-place one sequential): the same bits every call.
+// in the workspace in the compute type, or, where D is float32, in D itself (in place) or in the workspace in D's
+// type. cublasLt.h says the in-place scheme's counters keep its additions sequential, and the other two reduce the
+// parts in a separate step: neither is an atomic accumulation, so a given algorithm gives the same bits every call
+// (an inference from the header, which promises it in so many words only for the in-place one).
 std::optional<cublasLtMatmulHeuristicResult_t> split_k(LtState& st, LtEntry& e, const LtMatmulPlan& p,
                                                        const cublasLtMatmulAlgo_t& algo, int32_t splits) {
   if (splits < 2) return std::nullopt;
@@ -201,7 +203,11 @@ LtEntry& lt_entry(LtState& st, const LtMatmulPlan& p, const std::array<uint32_t,
   std::string forced;  // set_lt_splitk (the [gpu] tests): the heuristic's first split, where cuBLASLt accepts that
   if (e->have_algo && st.forced_splitk > 1) {
     const auto split = split_k(st, *e, p, e->heuristic.algo, st.forced_splitk);
-    if (split) e->heuristic = *split;
+    if (split) {  // as a tuned algorithm: refused at run time, the heuristic's runs again (untune)
+      e->untuned = e->heuristic;
+      e->tuned = true;
+      e->heuristic = *split;
+    }
     forced = fmt::format(" (split-k {} {})", st.forced_splitk, split ? "forced" : "refused: the heuristic's");
   }
   const char* instead =
@@ -443,11 +449,13 @@ double time_lt_algo(LtState& st, LtEntry& e, const LtMatmulPlan& p, SweepOperand
 }
 
 // Split-K variants for the sweep, appended to `cands` (cuBLASLt's proposals): the plan's own algorithm and the
-// first two other proposals, each split along K into each of kSplits parts that cuBLASLt accepts (split_k) and no
-// candidate already is. The heuristic rarely proposes them where they pay: a weight gradient's product (K the batch's
-// tokens, M x N a few tiles) fills a fraction of the SMs unsplit (GPT-2 124M's on an H200: 0.3-0.9 waves, 310-510
-// TFLOP/s, where PyTorch's split-K kernels ran such shapes at about 800). How many were appended.
-int add_split_k_variants(LtState& st, LtEntry& e, const LtMatmulPlan& p,
+// first `bases` - 1 other proposals, each split along K into each of kSplits parts that cuBLASLt accepts (split_k) and
+// no candidate already is. The heuristic's proposals for a shape share one split count or two: GPT-2 124M's weight
+// gradients on an H200 (K the batch's 16384 tokens, M x N a few tiles) ran split 2-3 ways at 0.3-0.5 waves, or
+// unsplit at 0.8-0.9, at 310-510 TFLOP/s where PyTorch's kernels ran such shapes at about 800; the sweep found two of
+// them 3-11% faster with another tile, unsplit. The variants try the other split counts of the same tiles. How many
+// were appended.
+int add_split_k_variants(LtState& st, LtEntry& e, const LtMatmulPlan& p, size_t bases_max,
                          std::vector<cublasLtMatmulHeuristicResult_t>& cands) {
   constexpr int32_t kSplits[] = {2, 3, 4, 6, 8, 12, 16};
   const auto same = [](const cublasLtMatmulAlgo_t& x, const cublasLtMatmulAlgo_t& y) {
@@ -455,7 +463,7 @@ int add_split_k_variants(LtState& st, LtEntry& e, const LtMatmulPlan& p,
   };
   std::vector<cublasLtMatmulAlgo_t> bases{e.heuristic.algo};
   for (const auto& c : cands)
-    if (bases.size() < 3 && c.state == CUBLAS_STATUS_SUCCESS &&
+    if (bases.size() < bases_max && c.state == CUBLAS_STATUS_SUCCESS &&
         std::ranges::none_of(bases, [&](const cublasLtMatmulAlgo_t& b) { return same(b, c.algo); }))
       bases.push_back(c.algo);
   int added = 0;
@@ -523,7 +531,7 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
       std::array<cublasLtMatmulHeuristicResult_t, kMaxSweepCandidates> proposed{};
       const int found = sweep_candidates(st, *e, key, candidates, proposed);
       std::vector<cublasLtMatmulHeuristicResult_t> found_algos(proposed.begin(), proposed.begin() + found);
-      const int variants = add_split_k_variants(st, *e, p, found_algos);
+      const int variants = add_split_k_variants(st, *e, p, lt_split_bases_, found_algos);
       const auto time = [&](const cublasLtMatmulAlgo_t& algo) {
         return time_lt_algo(st, *e, p, ops, algo, reps, start, stop, stream());
       };
