@@ -142,6 +142,7 @@ class Trainer {
   PendingEpoch measure_epoch(Epoch& ep);
   void end_epoch(Epoch& ep);
   void report_pending_epoch();
+  void evaluate_and_report(const PendingEpoch& m, bool after_resume);
   EvalResult evaluate_saved_model();
   // ---- checkpoints, the end
   // A checkpoint to continue with batch `next_batch` of `epoch`, `samples` of its examples consumed.
@@ -720,16 +721,7 @@ void Trainer::end_epoch(Epoch& ep) {
   ctx_.phase = fmt::format("evaluating after epoch {} (train.eval_batch_size {})", ep.index + 1, t_.eval_batch_size);
   const PendingEpoch m = measure_epoch(ep);
   check_replicas(*model_, pg_, ep.index + 1, /*with_buffers=*/false, dp_.get());
-  const auto eval_t0 = Clock::now();
-  const EvalResult ev = evaluate_saved_model();
-  last_eval_s_ = seconds_since(eval_t0);
-  const EpochStats es{.epoch = m.epoch, .train_loss = m.train_loss, .test_loss = ev.loss, .test_acc = ev.acc,
-                      .samples_per_s = m.samples_per_s, .compute_s = m.compute_s, .comm_s = m.comm_s,
-                      .data_s = m.data_s};
-  result_.epochs.push_back(es);
-  result_.final_test_acc = ev.acc;
-  result_.final_test_loss = ev.loss;
-  reporter_->epoch_done({.step = step_, .stats = es, .lr = m.lr, .epoch_s = m.epoch_s, .max_steps_reached = stopped_});
+  evaluate_and_report(m, /*after_resume=*/false);
   const bool last_epoch = ep.index + 1 == t_.epochs;
   const bool epoch_due = cfg_.checkpoint.every_epochs > 0 && (ep.index + 1) % cfg_.checkpoint.every_epochs == 0;
   const bool step_due = cfg_.checkpoint.every_steps > 0 && step_ % cfg_.checkpoint.every_steps == 0;
@@ -743,18 +735,23 @@ void Trainer::report_pending_epoch() {
   const PendingEpoch& p = start_.pending_epoch;
   ctx_.phase = fmt::format("evaluating epoch {}, which a stop signal ended (train.eval_batch_size {})", p.epoch,
                            t_.eval_batch_size);
+  evaluate_and_report(p, /*after_resume=*/true);
+  ctx_.phase.clear();
+}
+
+// An epoch's evaluation (collective), with its training figures `m`: the run's result, its line and record.
+void Trainer::evaluate_and_report(const PendingEpoch& m, bool after_resume) {
   const auto eval_t0 = Clock::now();
   const EvalResult ev = evaluate_saved_model();
   last_eval_s_ = seconds_since(eval_t0);
-  const EpochStats es{.epoch = p.epoch, .train_loss = p.train_loss, .test_loss = ev.loss, .test_acc = ev.acc,
-                      .samples_per_s = p.samples_per_s, .compute_s = p.compute_s, .comm_s = p.comm_s,
-                      .data_s = p.data_s};
+  const EpochStats es{.epoch = m.epoch, .train_loss = m.train_loss, .test_loss = ev.loss, .test_acc = ev.acc,
+                      .samples_per_s = m.samples_per_s, .compute_s = m.compute_s, .comm_s = m.comm_s,
+                      .data_s = m.data_s};
   result_.epochs.push_back(es);
   result_.final_test_acc = ev.acc;
   result_.final_test_loss = ev.loss;
-  reporter_->epoch_done(
-      {.step = step_, .stats = es, .lr = p.lr, .epoch_s = p.epoch_s, .evaluated_after_resume = true});
-  ctx_.phase.clear();
+  reporter_->epoch_done({.step = step_, .stats = es, .lr = m.lr, .epoch_s = m.epoch_s, .max_steps_reached = stopped_,
+                         .evaluated_after_resume = after_resume});
 }
 
 // The test figures of the model a checkpoint holds: rank 0's parameters and rank 0's buffers. Parameters are equal
