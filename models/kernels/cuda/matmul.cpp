@@ -234,6 +234,23 @@ void untune(LtEntry& e, const std::string& what) {
              " (a tuned algorithm was refused at run time)";
 }
 
+// One cuBLASLt call of the entry's algorithm (D = alpha op(A) op(B) + beta D, the operands swapped for column
+// major); a tuned algorithm that cuBLASLt refuses at run time is undone (untune) and the heuristic's first tried in
+// its place. The last call's status.
+cublasStatus_t lt_matmul(LtState& st, LtEntry& e, const LtMatmulPlan& p, const MatmulOperands& o, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = p.beta;
+  const auto call = [&] {
+    return cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d, &e.heuristic.algo,
+                          st.workspace.raw(), kLtWorkspaceBytes, stream);
+  };
+  cublasStatus_t rs = call();
+  if (rs == CUBLAS_STATUS_NOT_SUPPORTED && e.tuned) {
+    untune(e, describe(p));
+    rs = call();
+  }
+  return rs;
+}
+
 }  // namespace
 
 LtState& CudaKernels::lt() {
@@ -279,14 +296,7 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   }
   if (p.bias_len > 0) set_desc(e.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, ptrs.bias);
   if (ptrs.aux) set_desc(e.desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, ptrs.aux);
-  const float alpha = 1.0f, beta = p.beta;
-  const cublasStatus_t rs = cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
-                                           &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream());
-  if (rs == CUBLAS_STATUS_NOT_SUPPORTED && e.tuned) {  // a tuned algorithm refused them: the heuristic's again
-    untune(e, describe(p));
-    matmul_bf16(s, o);
-    return;
-  }
+  const cublasStatus_t rs = lt_matmul(st, e, p, o, stream());
   if (rs == CUBLAS_STATUS_NOT_SUPPORTED) {  // the heuristic's algorithm refused these operands after all
     spdlog::info("cuBLASLt refused {} at run time: the epilogue runs as kernels of our own from now on", describe(p));
     e.have_algo = false;
@@ -356,8 +366,8 @@ void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& 
   LtState& st = lt();
   const LtMatmulPlan p = lt_matmul_plan(s, false);
   LtEntry& e = lt_entry(st, p, {alignment_of(o.b), alignment_of(o.a), alignment_of(o.d), 256, 256}, {});
-  const float alpha = 1.0f, beta = p.beta;
   if (!e.have_algo) {
+    const float alpha = 1.0f, beta = p.beta;
     constexpr int64_t kMax = std::numeric_limits<int>::max();
     DPT_CHECK(p.m <= kMax && p.n <= kMax && p.k <= kMax && p.a.ld <= kMax && p.b.ld <= kMax && p.d.ld <= kMax,
               "bf16 matmul {}: beyond cuBLAS's int range and without a cuBLASLt algorithm", describe(p));
@@ -368,14 +378,7 @@ void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& 
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
-  const cublasStatus_t rs = cublasLtMatmul(st.handle, e.desc, &alpha, o.b, e.a, o.a, e.b, &beta, o.d, e.d, o.d, e.d,
-                                           &e.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream());
-  if (rs == CUBLAS_STATUS_NOT_SUPPORTED && e.tuned) {  // a tuned algorithm refused them: the heuristic's again
-    untune(e, describe(p));
-    matmul_bf16_plain(s, o);
-    return;
-  }
-  DPT_CUBLAS_CHECK(rs);
+  DPT_CUBLAS_CHECK(lt_matmul(st, e, p, o, stream()));
 }
 
 namespace {
