@@ -65,6 +65,48 @@ union Bf16x8 {
   BFloat16 v[8];
 };
 
+// The two bf16 of a 32-bit word, widened exactly: the low half is the lower address (column c), the high c + 1.
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xFFFF0000u); }
+
+// bf16(lo) | bf16(hi) << 16, each rounded to nearest even: one cvt on sm_80 and later (finite values and infinities
+// give to_bfloat16's bits; a NaN stays a NaN, its payload may differ), to_bfloat16 twice before.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  uint32_t w;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w) : "f"(hi), "f"(lo));
+  return w;
+#else
+  return static_cast<uint32_t>(to_bfloat16(lo).bits) | static_cast<uint32_t>(to_bfloat16(hi).bits) << 16;
+#endif
+}
+
+// Eight bf16 (one 16-byte vector, the lowest column first) widened; and eight floats rounded into one.
+__device__ __forceinline__ void unpack_bf16x8(const uint4& w, float (&x)[8]) {
+  x[0] = bf16_lo(w.x);
+  x[1] = bf16_hi(w.x);
+  x[2] = bf16_lo(w.y);
+  x[3] = bf16_hi(w.y);
+  x[4] = bf16_lo(w.z);
+  x[5] = bf16_hi(w.z);
+  x[6] = bf16_lo(w.w);
+  x[7] = bf16_hi(w.w);
+}
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&y)[8]) {
+  return make_uint4(pack_bf16x2(y[0], y[1]), pack_bf16x2(y[2], y[3]), pack_bf16x2(y[4], y[5]),
+                    pack_bf16x2(y[6], y[7]));
+}
+
+// 2^t by the special-function unit (ex2.approx.ftz: relative error about 2^-22; 2^-inf = 0, NaN stays NaN;
+// results below 2^-126 flush to 0). exp(x - m) = ex2(fmaf(x, kLog2e, -m * kLog2e)): two instructions where expf
+// takes about eight, for kernels that take one per element.
+constexpr float kLog2e = 1.44269504088896340736f;
+__device__ __forceinline__ float ex2_approx(float t) {
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
+  return r;
+}
+
 // Whether every pointer is 16-byte aligned: the bf16 kernels' eight-at-a-time path.
 template <class... P>
 __host__ bool aligned16(const P*... p) {

@@ -3,7 +3,8 @@
 // the activations' type (x, y, dy, dx): float, or bf16 for the transformer fast path (read widened, written rounded
 // once); gamma, beta, mean, rstd and the parameter gradients are float32 either way. Bf16 rows of up to 4096
 // columns (a multiple of 8, 16-byte aligned) are held in registers: each read once, forward and backward (the
-// backward's dx and its parameter sums in one pass), the same arithmetic per row.
+// backward's dx and its parameter sums in one pass), gamma and beta read eight at a time, the row sums per lane in
+// float32 (a few float ulps from the double sums of the kernels that walk the row again per pass).
 #include <type_traits>
 
 #include "models/kernels/cuda/common.cuh"
@@ -42,8 +43,7 @@ __global__ void layernorm_forward_kernel(const T* x, const float* gamma, const f
 }
 
 // A bf16 row in registers: lane `lane` holds the row's vectors lane, lane + 32, ..., lane + 32 (NV - 1) (eight
-// columns each; those past the row's nvec vectors are not read). The order every loop below walks a lane's columns
-// is for_lane_columns' order: the same sums in the same order as the kernels that read the row again per pass.
+// columns each; those past the row's nvec vectors are not read), the vectors in for_lane_columns' order.
 template <int NV>
 __device__ __forceinline__ void load_lane_row(const BFloat16* row, int64_t nvec, int lane, Bf16x8 (&out)[NV]) {
   const auto* p = reinterpret_cast<const uint4*>(row);
@@ -52,33 +52,28 @@ __device__ __forceinline__ void load_lane_row(const BFloat16* row, int64_t nvec,
     if (lane + 32 * k < nvec) out[k].raw = p[lane + 32 * k];
 }
 
-// f(k, i, c) for the lane's columns of the row in that order: element i of its k-th vector, column c.
-template <int NV, class F>
-__device__ __forceinline__ void for_lane_row(int64_t nvec, int lane, F&& f) {
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    if (lane + 32 * k >= nvec) continue;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) f(k, i, (lane + 32 * k) * 8 + i);
-  }
+// The eight values of a vector summed in a fixed tree.
+__device__ __forceinline__ float sum8(const float (&a)[8]) {
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
-// row's lane columns = bf16(f(k, i, c)), a vector per 16-byte store (for_lane_row's order).
-template <int NV, class F>
-__device__ __forceinline__ void store_lane_row(BFloat16* row, int64_t nvec, int lane, F&& f) {
-  auto* out = reinterpret_cast<uint4*>(row);
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int64_t v = lane + 32 * k;
-    if (v >= nvec) continue;
-    Bf16x8 o;
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o.v[i] = to_bfloat16(f(k, i, v * 8 + i));
-    out[v] = o.raw;
-  }
+// Eight float32 parameters of columns 8 v .. 8 v + 7 in two 16-byte loads (p 16-byte aligned).
+__device__ __forceinline__ void load_params8(const float* p, int64_t v, float (&out)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[2 * v], b = reinterpret_cast<const float4*>(p)[2 * v + 1];
+  out[0] = a.x;
+  out[1] = a.y;
+  out[2] = a.z;
+  out[3] = a.w;
+  out[4] = b.x;
+  out[5] = b.y;
+  out[6] = b.z;
+  out[7] = b.w;
 }
 
-// layernorm_forward_kernel's arithmetic over a row read once (rows of up to 32 NV vectors).
+// The bf16 forward over a row read once (rows of up to 32 NV vectors; gamma and beta 16-byte aligned, read eight at
+// a time). Each lane sums its columns in float32 (each vector in a fixed tree, the vectors in order: a few float
+// ulps from a sum in double, and no float-to-double conversion per element, which runs at a sixteenth of the float
+// rate), the warp the lanes' sums in double. Both passes over the registers: the mean, then the squared deviations.
 template <int NV>
 __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
                                               float* mean, float* rstd, int64_t rows, int64_t C, float eps) {
@@ -88,17 +83,39 @@ __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* ga
   const int64_t nvec = C / 8;
   Bf16x8 in[NV];
   load_lane_row(x + r * C, nvec, lane, in);
-  double sum = 0.0;
-  for_lane_row<NV>(nvec, lane, [&](int k, int i, int64_t) { sum += to_float(in[k].v[i]); });
-  const float m = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
-  double var = 0.0;
-  for_lane_row<NV>(nvec, lane, [&](int k, int i, int64_t) {
-    const float d = to_float(in[k].v[i]) - m;
-    var += static_cast<double>(d) * d;
-  });
-  const float s = static_cast<float>(1.0 / sqrt(warp_sum(var) / static_cast<double>(C) + eps));
-  store_lane_row<NV>(y + r * C, nvec, lane,
-                     [&](int k, int i, int64_t c) { return (to_float(in[k].v[i]) - m) * s * gamma[c] + beta[c]; });
+  float part = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    if (lane + 32 * k >= nvec) continue;
+    float v[8];
+    unpack_bf16x8(in[k].raw, v);
+    part += sum8(v);
+  }
+  const float m = static_cast<float>(warp_sum(static_cast<double>(part)) / static_cast<double>(C));
+  part = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    if (lane + 32 * k >= nvec) continue;
+    float v[8];
+    unpack_bf16x8(in[k].raw, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = (v[i] - m) * (v[i] - m);
+    part += sum8(v);
+  }
+  const float s = static_cast<float>(1.0 / sqrt(warp_sum(static_cast<double>(part)) / static_cast<double>(C) + eps));
+  auto* out = reinterpret_cast<uint4*>(y + r * C);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t vi = lane + 32 * k;
+    if (vi >= nvec) continue;
+    float v[8], g[8], b[8];
+    unpack_bf16x8(in[k].raw, v);
+    load_params8(gamma, vi, g);
+    load_params8(beta, vi, b);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = (v[i] - m) * s * g[i] + b[i];
+    out[vi] = pack_bf16x8(v);
+  }
   if (lane == 0) {
     mean[r] = m;
     rstd[r] = s;
@@ -146,7 +163,7 @@ cudaError_t layernorm_forward(const T* x, const float* gamma, const float* beta,
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if constexpr (sizeof(T) == 2) {
-    if (rows_in_registers<T>(C, kLnRowMaxColumns, x, y))
+    if (rows_in_registers<T>(C, kLnRowMaxColumns, x, y, gamma, beta))
       return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
         layernorm_forward_rows_kernel<decltype(nv)::value>
             <<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
@@ -240,14 +257,17 @@ __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, 
 
 // The fused bf16 backward over rows held in registers (launch.h: kLnRowsPerBlock rows a block, block `split` the
 // split-th run). Each warp: rows split * kLnRowsPerBlock + warp, + kWarpsPerBlock, ...; per row dy and x read once,
-// the two means as layernorm_backward_dx_kernel (the same sums in the same order: the same dx), dx written (it may
-// alias dy: the lane's vectors are in registers first), and its columns' dy xhat and dy added to the lane's sums.
-// Then the block's warps add their sums in warp order in shared memory and the run's partials are written as
-// layernorm_param_partials_kernel's: partials[split * C + c] (dy xhat), partials[(splits + split) * C + c] (dy).
+// gamma eight at a time (16-byte aligned), the two means summed as the forward's (float32 per lane, each vector in a
+// fixed tree; double over the warp), dx written (it may alias dy: the lane's vectors are in registers first), and
+// its columns' dy xhat and dy added to the lane's sums. Then the block's warps add their sums in warp order in
+// shared memory (element i of vector v at i * nvec + v: a warp's 32 lanes touch 32 banks) and the run's partials are
+// written as layernorm_param_partials_kernel's: partials[split * C + c] (dy xhat), partials[(splits + split) * C + c]
+// (dy). At most two blocks' registers per SM asked (launch bounds): 16 warps streaming rows.
 template <int NV>
-__global__ void layernorm_backward_rows_kernel(const BFloat16* dy, const BFloat16* x, const float* gamma,
-                                               const float* mean, const float* rstd, BFloat16* dx, int64_t rows,
-                                               int64_t C, int64_t splits, float* partials) {
+__global__ void __launch_bounds__(kThreads, 2)
+    layernorm_backward_rows_kernel(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
+                                   const float* rstd, BFloat16* dx, int64_t rows, int64_t C, int64_t splits,
+                                   float* partials) {
   static_assert(NV <= kLnBackwardMaxLaneVectors);
   __shared__ float block_sums[2 * kLnBackwardRowMaxColumns];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -263,59 +283,84 @@ __global__ void layernorm_backward_rows_kernel(const BFloat16* dy, const BFloat1
     load_lane_row(dy + r * C, nvec, lane, g);
     load_lane_row(x + r * C, nvec, lane, in);
     const float m = mean[r], s = rstd[r];
-    double sum_d = 0.0, sum_dx = 0.0;
-    for_lane_row<NV>(nvec, lane, [&](int k, int i, int64_t c) {
-      const float gv = to_float(g[k].v[i]), xhat = (to_float(in[k].v[i]) - m) * s;
-      const float d = gv * gamma[c];
-      sum_d += d;
-      sum_dx += static_cast<double>(d) * xhat;
-      acc_g[k][i] += gv * xhat;
-      acc_b[k][i] += gv;
-    });
-    const float mean_d = static_cast<float>(warp_sum(sum_d) / static_cast<double>(C));
-    const float mean_dx = static_cast<float>(warp_sum(sum_dx) / static_cast<double>(C));
-    store_lane_row<NV>(dx + r * C, nvec, lane, [&](int k, int i, int64_t c) {
-      const float xhat = (to_float(in[k].v[i]) - m) * s;
-      return s * (to_float(g[k].v[i]) * gamma[c] - mean_d - xhat * mean_dx);
-    });
+    float part_d = 0.0f, part_dx = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t vi = lane + 32 * k;
+      if (vi >= nvec) continue;
+      float gv[8], xh[8], gm[8], d[8], dxh[8];
+      unpack_bf16x8(g[k].raw, gv);
+      unpack_bf16x8(in[k].raw, xh);
+      load_params8(gamma, vi, gm);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        xh[i] = (xh[i] - m) * s;
+        d[i] = gv[i] * gm[i];
+        dxh[i] = d[i] * xh[i];
+        acc_g[k][i] += gv[i] * xh[i];
+        acc_b[k][i] += gv[i];
+      }
+      part_d += sum8(d);
+      part_dx += sum8(dxh);
+    }
+    const float mean_d = static_cast<float>(warp_sum(static_cast<double>(part_d)) / static_cast<double>(C));
+    const float mean_dx = static_cast<float>(warp_sum(static_cast<double>(part_dx)) / static_cast<double>(C));
+    auto* out = reinterpret_cast<uint4*>(dx + r * C);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t vi = lane + 32 * k;
+      if (vi >= nvec) continue;
+      float gv[8], xh[8], gm[8];
+      unpack_bf16x8(g[k].raw, gv);
+      unpack_bf16x8(in[k].raw, xh);
+      load_params8(gamma, vi, gm);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) gv[i] = s * (gv[i] * gm[i] - mean_d - (xh[i] - m) * s * mean_dx);
+      out[vi] = pack_bf16x8(gv);
+    }
   }
   for (int w = 0; w < kWarpsPerBlock; ++w) {  // warp order: the same sums on every run
-    if (warp == w)
-      for_lane_row<NV>(nvec, lane, [&](int k, int i, int64_t c) {
-        block_sums[c] = w == 0 ? acc_g[k][i] : block_sums[c] + acc_g[k][i];
-        block_sums[C + c] = w == 0 ? acc_b[k][i] : block_sums[C + c] + acc_b[k][i];
-      });
+    if (warp == w) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int64_t vi = lane + 32 * k;
+        if (vi >= nvec) continue;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int64_t at = i * nvec + vi;
+          block_sums[at] = w == 0 ? acc_g[k][i] : block_sums[at] + acc_g[k][i];
+          block_sums[C + at] = w == 0 ? acc_b[k][i] : block_sums[C + at] + acc_b[k][i];
+        }
+      }
+    }
     __syncthreads();
   }
   for (int64_t c = threadIdx.x; c < C; c += kThreads) {
-    partials[split * C + c] = block_sums[c];
-    partials[(splits + split) * C + c] = block_sums[C + c];
+    const int64_t at = (c % 8) * nvec + c / 8;
+    partials[split * C + c] = block_sums[at];
+    partials[(splits + split) * C + c] = block_sums[C + at];
   }
 }
 
-// grid ceil(C / 32), block 32 x 32: thread (x, y) adds runs y, y + 32, ... of column c in order, then row y = 0 the
-// 32 sums in order: dgamma[c] += the runs' dy xhat, dbeta[c] += their dy. A fixed tree: the same bits on every run.
+// grid (ceil(C / 32), 2), block 32 x 32: block y = 0 the dy xhat sums into dgamma, y = 1 the dy sums into dbeta.
+// Thread (x, y) adds runs y, y + 32, ... of column c in order (four loads in flight), then row y = 0 the 32 sums in
+// order: out[c] += the runs' sum. A fixed tree: the same bits on every run.
 __global__ void layernorm_param_reduce_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,
                                               float* dbeta) {
-  __shared__ float part_g[32][33], part_b[32][33];
+  __shared__ float part[32][33];
   const int64_t c = blockIdx.x * 32 + threadIdx.x;
-  float sg = 0.0f, sb = 0.0f;
-  if (c < C)
-    for (int64_t k = threadIdx.y; k < splits; k += 32) {
-      sg += partials[k * C + c];
-      sb += partials[(splits + k) * C + c];
-    }
-  part_g[threadIdx.y][threadIdx.x] = sg;
-  part_b[threadIdx.y][threadIdx.x] = sb;
+  const float* p = partials + (blockIdx.y == 0 ? 0 : splits * C);
+  float sum = 0.0f;
+  if (c < C) {
+#pragma unroll 4
+    for (int64_t k = threadIdx.y; k < splits; k += 32) sum += p[k * C + c];
+  }
+  part[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
   if (threadIdx.y == 0 && c < C) {
-    float tg = 0.0f, tb = 0.0f;
-    for (int k = 0; k < 32; ++k) {
-      tg += part_g[k][threadIdx.x];
-      tb += part_b[k][threadIdx.x];
-    }
-    dgamma[c] += tg;
-    dbeta[c] += tb;
+    float t = 0.0f;
+    for (int k = 0; k < 32; ++k) t += part[k][threadIdx.x];
+    (blockIdx.y == 0 ? dgamma : dbeta)[c] += t;
   }
 }
 
@@ -328,7 +373,7 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if constexpr (sizeof(T) == 2) {
-    if (rows_in_registers<T>(C, kLnBackwardRowMaxColumns, dy, x, dx)) {
+    if (rows_in_registers<T>(C, kLnBackwardRowMaxColumns, dy, x, dx, gamma)) {
       const int64_t splits = layernorm_rows_splits(rows);
       if (splits > 2147483647LL) return cudaErrorInvalidValue;
       const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
@@ -337,7 +382,7 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
         return cudaGetLastError();
       });
       if (e != cudaSuccess) return e;
-      layernorm_param_reduce_kernel<<<static_cast<unsigned int>((C + 31) / 32), dim3(32, 32), 0, s>>>(
+      layernorm_param_reduce_kernel<<<dim3(static_cast<unsigned int>((C + 31) / 32), 2), dim3(32, 32), 0, s>>>(
           partials, C, splits, dgamma, dbeta);
       return cudaGetLastError();
     }

@@ -98,37 +98,16 @@ __device__ elementwise::OnlineSoftmax merge_block(elementwise::OnlineSoftmax* pa
   return part[0];
 }
 
-// One block per row: each thread an online softmax (running maximum and sum of exp relative to it) and the first
-// argmax of its columns; the block's threads combined in a fixed tree; then the gradient over the row. kVec: the row
-// is read and written eight columns at a time (16-byte aligned rows, ld a multiple of 8), each thread's vectors in
-// increasing order, two loads in flight; else one column at a time.
-template <bool kVec>
+// One block per row, one column at a time (rows whose stride is not a multiple of 8, or unaligned): each thread an
+// online softmax (running maximum and sum of exp relative to it) and the first argmax of its columns; the block's
+// threads combined in a fixed tree; then the gradient over the row.
 __global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, int64_t vocab, int64_t ld,
                                        float dscale, float* row_loss, float* row_hit) {
   __shared__ elementwise::OnlineSoftmax part[kThreads];
   const int64_t r = blockIdx.x;
   BFloat16* z = logits + r * ld;
   elementwise::OnlineSoftmax acc = elementwise::online_softmax_start(vocab);
-  if constexpr (kVec) {
-    const auto* zv = reinterpret_cast<const uint4*>(z);
-    const int64_t nvec = (vocab + 7) / 8;  // the vectors holding real columns
-    for (int64_t v0 = threadIdx.x; v0 < nvec; v0 += 2 * kThreads) {
-      Bf16x8 in[2];
-      const int64_t v1 = v0 + kThreads;
-      in[0].raw = zv[v0];
-      if (v1 < nvec) in[1].raw = zv[v1];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {
-        if (u == 1 && v1 >= nvec) break;
-        float x[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) x[i] = to_float(in[u].v[i]);
-        acc.push8(x, (u == 0 ? v0 : v1) * 8, vocab);
-      }
-    }
-  } else {
-    for (int64_t c = threadIdx.x; c < vocab; c += kThreads) acc.push(to_float(z[c]), c);
-  }
+  for (int64_t c = threadIdx.x; c < vocab; c += kThreads) acc.push(to_float(z[c]), c);
   const elementwise::OnlineSoftmax all = merge_block(part, acc);
   const float zmax = all.m, log_sum = logf(all.sum);
   const int32_t label = labels[r];
@@ -139,21 +118,164 @@ __global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, 
   }
   if (dscale == 0.0f) return;
   __syncthreads();  // every thread has read z[label] and the merged state before the row is overwritten
-  const auto grad = [&](float x, int64_t c) {
-    if (c >= vocab || ignored) return 0.0f;
-    return valid ? elementwise::xent_grad(x, zmax, log_sum, c == label, dscale) : NAN;
-  };
-  if constexpr (kVec) {
-    auto* zv = reinterpret_cast<uint4*>(z);
-    for (int64_t v = threadIdx.x; v < ld / 8; v += kThreads) {
-      Bf16x8 io;
-      io.raw = zv[v];
+  for (int64_t c = threadIdx.x; c < ld; c += kThreads) {
+    float g = 0.0f;
+    if (c < vocab && !ignored)
+      g = valid ? elementwise::xent_grad(to_float(z[c]), zmax, log_sum, c == label, dscale) : NAN;
+    z[c] = to_bfloat16(g);
+  }
+}
+
+// Rows read eight columns at a time (16-byte aligned, ld a multiple of 8): llm.c's shape (its fused classifier), one
+// block of kClassifierThreads per row. About one row per SM is in flight, a few MiB in all, so pass 2 finds the row
+// that pass 1 read still in L2; pass 1 visits each thread's vectors from the last down, so the row's start, where
+// pass 2 begins, is the latest read. Per element: a widening, a compare, an fmaf and an ex2 (ex2_approx) in pass 1;
+// an fmaf, an ex2, a multiply and half a two-to-one rounding in pass 2. Vectors with padding columns or the label
+// take a per-column path. The result (relative to the CPU set's expf in double: a few 1e-7) goes through
+// softmax_xent's and the CPU classifier's rules: the first argmax is the hit, a -inf column adds 0, a NaN or +inf
+// column makes the row's loss NaN.
+constexpr int kClassifierThreads = 1024;
+
+// One thread's columns folded into its running state (m, sum relative to m, arg; ml = m * kLog2e): a vector of
+// eight columns x[0..7] from column c0 (the row's last vector with its padding columns set to -inf: never a maximum,
+// and 2^-inf adds exactly 0). The thread visits its vectors from the last down, so on a tie with its maximum so far
+// the vector's (lower) column wins. The vector's maximum by fmaxf (which passes over NaN, as a strict > does); its
+// first column only when it reaches the running maximum, which after a row's first vectors is rare.
+struct ClassifierPass1 {
+  float m = -INFINITY, sum = 0.0f, ml = -INFINITY;
+  int arg;
+
+  __device__ __forceinline__ void push(const float (&x)[8], int c0) {
+    const float cm = fmaxf(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])), fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
+    if (cm >= m && cm > -INFINITY) {  // false for NaN (all eight NaN) and for a vector of -inf
+      int ci = 7;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) io.v[i] = to_bfloat16(grad(to_float(io.v[i]), v * 8 + i));
-      zv[v] = io.raw;
+      for (int i = 6; i >= 0; --i)
+        if (x[i] == cm) ci = i;  // the first column holding it
+      if (cm > m) {
+        sum *= ex2_approx((m - cm) * kLog2e);  // 0 when m was -inf: 0 stays 0, a NaN stays NaN
+        m = cm;
+        ml = m * kLog2e;
+      }
+      arg = c0 + ci;
     }
-  } else {
-    for (int64_t c = threadIdx.x; c < ld; c += kThreads) z[c] = to_bfloat16(c < vocab ? grad(to_float(z[c]), c) : 0.0f);
+    if (m == -INFINITY) {  // no column above -inf yet: this vector's are -inf (adding 0) or NaN
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+        if (isnan(x[i])) sum = x[i];
+      return;
+    }
+    float e[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) e[i] = ex2_approx(fmaf(x[i], kLog2e, -ml));
+    sum += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+  }
+};
+
+// The warp's states merged by butterfly shuffles (OnlineSoftmax::merge is symmetric: every lane ends with the same
+// bits, the same on every run).
+__device__ __forceinline__ elementwise::OnlineSoftmax warp_merge(elementwise::OnlineSoftmax a) {
+  for (int off = 16; off > 0; off /= 2) {
+    elementwise::OnlineSoftmax o;
+    o.m = __shfl_xor_sync(0xffffffffu, a.m, off);
+    o.sum = __shfl_xor_sync(0xffffffffu, a.sum, off);
+    o.arg = __shfl_xor_sync(0xffffffffu, static_cast<long long>(a.arg), off);
+    a.merge(o);
+  }
+  return a;
+}
+
+__global__ void __launch_bounds__(kClassifierThreads, 2)
+    classifier_bf16_vec_kernel(BFloat16* logits, const int32_t* labels, int vocab, int ld, float dscale,
+                               float* row_loss, float* row_hit) {
+  constexpr int T = kClassifierThreads, kWarps = T / 32;
+  __shared__ elementwise::OnlineSoftmax warp_states[kWarps];
+  __shared__ elementwise::OnlineSoftmax row_state;
+  const int64_t r = blockIdx.x;
+  BFloat16* z = logits + r * ld;
+  auto* zv = reinterpret_cast<uint4*>(z);
+  const int nvec = (vocab + 7) / 8;  // the vectors holding real columns
+  const int tid = static_cast<int>(threadIdx.x);
+
+  ClassifierPass1 acc;
+  acc.arg = vocab;  // none
+  if (tid < nvec) {
+    // The thread's last vector, then down by T; two loads in flight.
+    for (int v0 = tid + (nvec - 1 - tid) / T * T; v0 >= 0; v0 -= 2 * T) {
+      const int v1 = v0 - T;
+      uint4 w0 = zv[v0], w1;
+      if (v1 >= 0) w1 = zv[v1];
+      float x[8];
+      unpack_bf16x8(w0, x);
+      if (vocab - v0 * 8 < 8) {  // the row's last vector, part padding
+#pragma unroll
+        for (int i = 1; i < 8; ++i)
+          if (v0 * 8 + i >= vocab) x[i] = -INFINITY;
+      }
+      acc.push(x, v0 * 8);
+      if (v1 < 0) break;
+      unpack_bf16x8(w1, x);
+      acc.push(x, v1 * 8);  // below the last vector: all real
+    }
+  }
+  elementwise::OnlineSoftmax st;
+  st.m = acc.m;
+  st.sum = acc.sum;
+  st.arg = acc.arg;
+  st = warp_merge(st);
+  if (tid % 32 == 0) warp_states[tid / 32] = st;
+  __syncthreads();
+  if (tid < 32) {
+    st = warp_merge(warp_states[tid]);  // kWarps == 32: one state a lane
+    if (tid == 0) row_state = st;
+  }
+  __syncthreads();
+  const elementwise::OnlineSoftmax all = row_state;
+  const float zmax = all.m, log_sum = logf(all.sum);
+  const int32_t label = labels[r];
+  const bool valid = label >= 0 && label < vocab, ignored = label == kIgnoreLabel;
+  if (tid == 0) {
+    row_loss[r] = ignored ? 0.0f : valid ? log_sum - (to_float(z[label]) - zmax) : NAN;
+    row_hit[r] = valid && all.arg == label ? 1.0f : 0.0f;
+  }
+  if (dscale == 0.0f) return;
+  __syncthreads();  // thread 0 has read z[label] before the row is overwritten
+  const int lvec = ld / 8;
+  if (ignored || !valid) {  // zeros; NaN in the real columns for a label outside the vocabulary
+    for (int v = tid; v < lvec; v += T) {
+      float g[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) g[i] = !ignored && v * 8 + i < vocab ? NAN : 0.0f;
+      zv[v] = pack_bf16x8(g);
+    }
+    return;
+  }
+  // p = exp(x - zmax - log_sum) = 2^(x kLog2e - pl); the gradient dscale (p - [column is the label]).
+  const float pl = (zmax + log_sum) * kLog2e;
+  const int full = vocab / 8;  // vectors whose eight columns are real
+  const auto grad = [&](const uint4& w, int v) {
+    float x[8], g[8];
+    unpack_bf16x8(w, x);
+    const int c0 = v * 8;
+    if (v < full && (label < c0 || label >= c0 + 8)) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) g[i] = dscale * ex2_approx(fmaf(x[i], kLog2e, -pl));
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int c = c0 + i;
+        g[i] = c < vocab ? dscale * (ex2_approx(fmaf(x[i], kLog2e, -pl)) - (c == label ? 1.0f : 0.0f)) : 0.0f;
+      }
+    }
+    return pack_bf16x8(g);
+  };
+  for (int v0 = tid; v0 < lvec; v0 += 2 * T) {  // two loads in flight, then their two stores
+    const int v1 = v0 + T;
+    const uint4 w0 = zv[v0];
+    uint4 w1;
+    if (v1 < lvec) w1 = zv[v1];
+    zv[v0] = grad(w0, v0);
+    if (v1 < lvec) zv[v1] = grad(w1, v1);
   }
 }
 
@@ -164,11 +286,13 @@ cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t row
   if (rows == 0) return cudaSuccess;
   if (rows > 2147483647LL) return cudaErrorInvalidValue;
   const auto grid = static_cast<unsigned int>(rows);
-  const bool vec = ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0;
+  // The vector kernel indexes a row's columns in int (labels are int32 already).
+  const bool vec = ld % 8 == 0 && reinterpret_cast<uintptr_t>(logits) % 16 == 0 && ld <= 2147483647LL;
   if (vec)
-    classifier_bf16_kernel<true><<<grid, kThreads, 0, s>>>(logits, labels, vocab, ld, dscale, row_loss, row_hit);
+    classifier_bf16_vec_kernel<<<grid, kClassifierThreads, 0, s>>>(logits, labels, static_cast<int>(vocab),
+                                                                    static_cast<int>(ld), dscale, row_loss, row_hit);
   else
-    classifier_bf16_kernel<false><<<grid, kThreads, 0, s>>>(logits, labels, vocab, ld, dscale, row_loss, row_hit);
+    classifier_bf16_kernel<<<grid, kThreads, 0, s>>>(logits, labels, vocab, ld, dscale, row_loss, row_hit);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   reduce_pair_kernel<float><<<1, kThreads, 0, s>>>(row_loss, row_hit, static_cast<size_t>(rows), stats);
   return cudaGetLastError();

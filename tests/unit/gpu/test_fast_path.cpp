@@ -410,6 +410,54 @@ TEST_CASE("cuda classifier_bf16 matches the CPU: loss, hits, the gradient in pla
       CHECK(padding == 0);
     }
   }
+  {  // -inf columns add 0 (whole vectors of them, before and after the maximum, and one beside the label); a row's
+     // NaN column makes the loss NaN. Vocabulary 1000 of 1024 (eight columns at a time), then 301 of 303 (one).
+    for (const Dims d : {Dims{3, 1000, 1024}, Dims{3, 301, 303}}) {
+      CAPTURE(d.rows, d.vocab, d.ld);
+      Tensor logits = bf16_random({d.rows, d.ld}, rng, -6.0f, 6.0f);
+      BFloat16* z = logits.data<BFloat16>();
+      const BFloat16 ninf = to_bfloat16(-INFINITY);
+      for (int64_t r = 0; r < d.rows; ++r) {
+        for (int64_t c = 0; c < 40; ++c) z[r * d.ld + c] = ninf;                 // the first five vectors
+        for (int64_t c = d.vocab - 50; c < d.vocab; ++c) z[r * d.ld + c] = ninf;  // the last ones
+        z[r * d.ld + 101] = ninf;
+      }
+      Tensor labels = Tensor::empty({d.rows}, DType::I32);
+      labels.data<int32_t>()[0] = 100;
+      labels.data<int32_t>()[1] = 7;  // a -inf column: the loss is +inf on both sides
+      labels.data<int32_t>()[2] = 200;
+      Tensor row0 = Tensor::empty({1, d.ld}, DType::BF16);
+      std::memcpy(row0.raw(), logits.raw(), row0.bytes());
+      Tensor want = copy_to(row0, Device::cpu()), got = to_device(row0), dlabels = to_device(labels);
+      const Tensor first_rows = copy_to(logits, Device::cpu());
+      double cpu_stats[2] = {0.0, 0.0};
+      Tensor gpu_stats = to_device(Tensor::zeros({2}, DType::F64));
+      // Row 0 alone for a finite loss and its gradient; then all three (row 1's loss is +inf).
+      cpu_kernels().classifier_bf16(want.data<BFloat16>(), labels.data<int32_t>(), 1, d.vocab, d.ld, 0.5f,
+                                    cpu_stats);
+      gpu_kernels().classifier_bf16(got.data<BFloat16>(), dlabels.data<int32_t>(), 1, d.vocab, d.ld, 0.5f,
+                                    gpu_stats.data<double>());
+      CHECK(rel_err(to_host(gpu_stats).data<double>()[0], cpu_stats[0]) < 1e-5);
+      const Diff dg = compare_bf16(got, want, 0.5e-6, kBf16Step);
+      INFO("dlogits with -inf columns: " << dg);
+      CHECK(dg.bad == 0);
+      const Tensor host = to_host(got);
+      CHECK(host.data<BFloat16>()[40].bits == 0);  // a -inf column's gradient is 0
+      Tensor all = to_device(first_rows), all_stats = to_device(Tensor::zeros({2}, DType::F64));
+      gpu_kernels().classifier_bf16(all.data<BFloat16>(), dlabels.data<int32_t>(), 3, d.vocab, d.ld, 0.0f,
+                                    all_stats.data<double>());
+      CHECK(std::isinf(to_host(all_stats).data<double>()[0]));
+      Tensor with_nan = copy_to(first_rows, Device::cpu());
+      with_nan.data<BFloat16>()[2 * d.ld + 500 % d.vocab] = to_bfloat16(NAN);
+      Tensor gnan = to_device(with_nan), nan_stats = to_device(Tensor::zeros({2}, DType::F64));
+      Tensor lab2 = Tensor::empty({1}, DType::I32);
+      lab2.data<int32_t>()[0] = 200;
+      Tensor dlab2 = to_device(lab2);
+      gpu_kernels().classifier_bf16(gnan.data<BFloat16>() + 2 * d.ld, dlab2.data<int32_t>(), 1, d.vocab, d.ld, 0.0f,
+                                    nan_stats.data<double>());
+      CHECK(std::isnan(to_host(nan_stats).data<double>()[0]));
+    }
+  }
   // A label outside the vocabulary: that row's loss is NaN (the GPU cannot throw), so the step is visibly wrong.
   Tensor logits = to_device(bf16_random({2, 8}, rng));
   Tensor labels = Tensor::empty({2}, DType::I32);
@@ -515,8 +563,8 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
     gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
                                           gmean.data<float>(), grstd.data<float>(), gdx.data<BFloat16>(),
                                           gdg.data<float>(), gdb.data<float>(), rows, C);
-    // The float32 row statistics in double, as the CPU: equal but for the sums' order (a few float ulps); a bf16
-    // output one step apart at most.
+    // The float32 row statistics: the CPU sums in double, the GPU's register rows per lane in float32 and over the
+    // warp in double: a few float ulps apart; a bf16 output one step apart at most.
     const Diff d_y = compare_bf16(gy, y, 1e-6, kBf16Step), d_mean = compare(to_host(gmean), mean, 1e-6, 1e-6);
     const Diff d_rstd = compare(to_host(grstd), rstd, 0.0, 1e-6), d_dx = compare_bf16(gdx, dx, 1e-5, kBf16Step);
     const Diff d_dg = compare(to_host(gdg), dg, 1e-4, 1e-5), d_db = compare(to_host(gdb), db, 1e-4, 1e-5);
@@ -565,6 +613,23 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       const Diff u_y = compare_bf16(y1, y, 1e-6, kBf16Step), u_dx = compare_bf16(dx1, dx, 1e-5, kBf16Step);
       INFO("unaligned y: " << u_y << "\nunaligned dx: " << u_dx);
       CHECK(u_y.bad + u_dx.bad == 0);
+    }
+    {  // gamma and beta one float into their buffers, the rows aligned: the kernels that read them one at a time.
+      Tensor g1 = Tensor::empty({C + 1}), b1 = Tensor::empty({C + 1});
+      std::memcpy(g1.data<float>() + 1, gamma.raw(), gamma.bytes());
+      std::memcpy(b1.data<float>() + 1, beta.raw(), beta.bytes());
+      Tensor gg1 = to_device(g1), gb1 = to_device(b1), gy2 = to_device(bf16_nan({rows, C}));
+      Tensor gdx2 = to_device(bf16_nan({rows, C})), gdg2 = to_device(dg0), gdb2 = to_device(db0);
+      gpu_kernels().layernorm_forward_bf16(gx.data<BFloat16>(), gg1.data<float>() + 1, gb1.data<float>() + 1,
+                                           gy2.data<BFloat16>(), gmean.data<float>(), grstd.data<float>(), rows, C,
+                                           1e-5f);
+      gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), gg1.data<float>() + 1,
+                                            gmean.data<float>(), grstd.data<float>(), gdx2.data<BFloat16>(),
+                                            gdg2.data<float>(), gdb2.data<float>(), rows, C);
+      const Diff p_y = compare_bf16(gy2, y, 1e-6, kBf16Step), p_dx = compare_bf16(gdx2, dx, 1e-5, kBf16Step);
+      const Diff p_dg = compare(to_host(gdg2), dg, 1e-4, 1e-5), p_db = compare(to_host(gdb2), db, 1e-4, 1e-5);
+      INFO("unaligned gamma, y: " << p_y << "\ndx: " << p_dx << "\ndgamma: " << p_dg << "\ndbeta: " << p_db);
+      CHECK(p_y.bad + p_dx.bad + p_dg.bad + p_db.bad == 0);
     }
     // The element-wise pair: one float operation and one rounding each: the same bits.
     const size_t n = static_cast<size_t>(rows * C);
