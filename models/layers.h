@@ -188,6 +188,10 @@ class LayerNorm final : public Module {
  public:
   explicit LayerNorm(int64_t channels, float eps = 1e-5f);
   std::string kind() const override;
+  // backward(dy) + residual: the input gradient plus the gradient of a residual stream around the norm (a
+  // transformer block's). With bf16 activations in one pass (the sum rounded once: Kernels::layernorm_backward_bf16's
+  // residual); in float32 the backward, then Kernels::add. residual has the input's shape and dtype.
+  const Tensor& backward_add(const Tensor& dy, const Tensor& residual, Kernels& k);
   std::vector<ParamSpec> param_specs() const override { return {{"weight", {c_}}, {"bias", {c_}}}; }
   void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
   void init_params(std::mt19937_64& rng) override;
@@ -201,6 +205,7 @@ class LayerNorm final : public Module {
   float eps_;
   Tensor gamma_, beta_, dgamma_, dbeta_;
   Tensor x_, y_, mean_, rstd_, dx_;
+  const Tensor* residual_ = nullptr;  // backward_add's, for the run_backward it calls
 };
 
 // GELU with the tanh approximation (GPT-2's; nn.GELU(approximate="tanh")), elementwise, any shape.

@@ -263,23 +263,11 @@ const Tensor& GptBlock::run_forward(const Tensor& x, Kernels& k) {
 
 const Tensor& GptBlock::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == y_.shape(), "Block backward got {}", dy.shape_str());
-  if (dy.dtype() == DType::BF16) {
-    const Tensor& dm = ln_2_->backward(mlp_->backward(dy, k), k);
-    ensure_shape(dr1_, dy.shape(), dy.device(), DType::BF16);
-    k.add_bf16(dy.data<BFloat16>(), dm.data<BFloat16>(), dr1_.data<BFloat16>(), dy.numel());
-    const Tensor& da = ln_1_->backward(attn_->backward(dr1_, k), k);
-    ensure_shape(dx_, dy.shape(), dy.device(), DType::BF16);
-    k.add_bf16(dr1_.data<BFloat16>(), da.data<BFloat16>(), dx_.data<BFloat16>(), dy.numel());
-    return dx_;
-  }
-  // d(r1) = dy (the residual) + what flows back through mlp(ln_2(r1)); d(x) likewise through attn(ln_1(x)).
-  const Tensor& dm = ln_2_->backward(mlp_->backward(dy, k), k);
-  ensure_shape(dr1_, dy.shape(), dy.device());
-  k.add(dy.data<float>(), dm.data<float>(), dr1_.data<float>(), dy.numel(), false);
-  const Tensor& da = ln_1_->backward(attn_->backward(dr1_, k), k);
-  ensure_shape(dx_, dy.shape(), dy.device());
-  k.add(dr1_.data<float>(), da.data<float>(), dx_.data<float>(), dy.numel(), false);
-  return dx_;
+  // d(r1) = dy (the residual) + what flows back through mlp(ln_2(r1)); d(x) likewise through attn(ln_1(x)). Each
+  // sum is the norm's (LayerNorm::backward_add: with bf16 activations inside its one pass, rounded once; in float32
+  // the same sum as an add after it), in the norm's input-gradient buffer.
+  const Tensor& dr1 = ln_2_->backward_add(mlp_->backward(dy, k), dy, k);
+  return ln_1_->backward_add(attn_->backward(dr1, k), dr1, k);
 }
 
 // ---- transformer ----------------------------------------------------------------------------------------------

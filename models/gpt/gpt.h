@@ -126,7 +126,7 @@ class GptBlock final : public Module {
   LayerNorm *ln_1_, *ln_2_;
   CausalSelfAttention* attn_;
   GptMlp* mlp_;
-  Tensor r1_, y_, dr1_, dx_;
+  Tensor r1_, y_;
 };
 
 // The `transformer` of nanoGPT: owns wte.weight [padded vocab, C] and wpe.weight [block_size, C]; children h (the

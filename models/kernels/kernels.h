@@ -249,12 +249,14 @@ class Kernels {
                            const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges, const double* grad_ss,
                            double max_norm);
   // LayerNorm on bf16 activations (x, y, dy, dx): layernorm_forward / layernorm_backward's arithmetic on the widened
-  // values, each output rounded once; gamma, beta, mean, rstd and the parameter gradients float32.
+  // values, each output rounded once; gamma, beta, mean, rstd and the parameter gradients float32. The backward's
+  // `residual` (null: none): the gradient of a residual stream around the norm, added to dx in float32 before its one
+  // rounding (dx = bf16(dx + residual), the block's separate add_bf16 fused away); it may alias dx (or dy).
   virtual void layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
                                       float* mean, float* rstd, int64_t rows, int64_t C, float eps);
   virtual void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                        const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
-                                       int64_t C);
+                                       int64_t C, const BFloat16* residual);
   // y = bf16(a + b): the residual stream. y may alias a or b.
   virtual void add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n);
   // dx = bf16(dy * gelu'(pre)), pre the pre-activation matmul_bf16's BiasGelu kept (aux). dx may alias dy.

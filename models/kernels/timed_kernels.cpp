@@ -450,10 +450,10 @@ void TimedKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma,
 }
 void TimedKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma,
                                            const float* mean, const float* rstd, BFloat16* dx, float* dgamma,
-                                           float* dbeta, int64_t rows, int64_t C) {
-  timed("layernorm_backward_bf16", rows_cols(rows, C),
-        mem(norm_bytes(rows, C, 2, 2, 2, true)),
-        [&] { inner_.layernorm_backward_bf16(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C); });
+                                           float* dbeta, int64_t rows, int64_t C, const BFloat16* residual) {
+  timed("layernorm_backward_bf16", rows_cols(rows, C) + (residual ? ", + residual" : ""),
+        mem(norm_bytes(rows, C, 2, 2, 2, true) + (residual ? 2.0 * static_cast<double>(rows * C) : 0.0)),
+        [&] { inner_.layernorm_backward_bf16(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, residual); });
 }
 void TimedKernels::add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) {
   timed("add_bf16", count(n), mem(6.0 * n), [&] { inner_.add_bf16(a, b, y, n); });

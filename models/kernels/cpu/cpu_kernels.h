@@ -117,7 +117,7 @@ class CpuKernels final : public Kernels {
                               float* rstd, int64_t rows, int64_t C, float eps) override;
   void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
-                               int64_t C) override;
+                               int64_t C, const BFloat16* residual) override;
   void add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) override;
   void gelu_backward_bf16(const BFloat16* pre, const BFloat16* dy, BFloat16* dx, size_t n) override;
 };

@@ -33,9 +33,11 @@ void layernorm_forward_rows(const T* x, const float* gamma, const float* beta, T
   }
 }
 
+// residual (null: none): added to dx in float32 before its one rounding; it may alias dx (each column read before it
+// is written).
 template <class T>
 void layernorm_backward_rows(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd, T* dx,
-                             float* dgamma, float* dbeta, int64_t rows, int64_t C) {
+                             float* dgamma, float* dbeta, int64_t rows, int64_t C, const T* residual) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* g = dy + r * C;
     const T* in = x + r * C;
@@ -54,9 +56,11 @@ void layernorm_backward_rows(const T* dy, const T* x, const float* gamma, const 
     const float mean_d = static_cast<float>(sum_d / static_cast<double>(C));
     const float mean_dx = static_cast<float>(sum_dx / static_cast<double>(C));
     T* out = dx + r * C;
+    const T* res = residual ? residual + r * C : nullptr;
     for (int64_t c = 0; c < C; ++c) {
       const float xhat = (ld(in, c) - m) * s;
-      st(out, c, s * (ld(g, c) * gamma[c] - mean_d - xhat * mean_dx));
+      const float v = s * (ld(g, c) * gamma[c] - mean_d - xhat * mean_dx);
+      st(out, c, res ? v + ld(res, c) : v);
     }
   }
 }
@@ -71,7 +75,7 @@ void CpuKernels::layernorm_forward(const float* x, const float* gamma, const flo
 void CpuKernels::layernorm_backward(const float* dy, const float* x, const float* gamma, const float* mean,
                                     const float* rstd, float* dx, float* dgamma, float* dbeta, int64_t rows,
                                     int64_t C) {
-  layernorm_backward_rows(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C);
+  layernorm_backward_rows(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, static_cast<const float*>(nullptr));
 }
 
 void CpuKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
@@ -81,8 +85,8 @@ void CpuKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, c
 
 void CpuKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                          const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
-                                         int64_t C) {
-  layernorm_backward_rows(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C);
+                                         int64_t C, const BFloat16* residual) {
+  layernorm_backward_rows(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, residual);
 }
 
 }  // namespace dpt::models

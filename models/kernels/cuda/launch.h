@@ -185,10 +185,11 @@ inline size_t layernorm_partials_count(int64_t rows, int64_t C) {
   const int64_t a = layernorm_splits(rows), b = layernorm_rows_splits(rows);
   return static_cast<size_t>(2 * C * (a > b ? a : b));
 }
+// residual (null: none): Kernels::layernorm_backward_bf16's, added to dx before its rounding; it may alias dx.
 template <class T>
 cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
-                               T* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, float* partials,
-                               cudaStream_t s);
+                               T* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, const T* residual,
+                               float* partials, cudaStream_t s);
 
 // ---- the Llama family (llama.cu) ------------------------------------------------------------------------------
 // RMSNorm forward: one warp per row, the sum of squares in double (as the CPU set). Backward: dgamma += sum_r dy xhat

@@ -26,7 +26,7 @@ void CudaKernels::layernorm_backward(const float* dy, const float* x, const floa
   check_row_shape(rows, C, "layernorm backward");
   if (rows == 0) return;  // nothing to accumulate, nothing to write
   DPT_CUDA_CHECK(cuda_launch::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C,
-                                                 ln_partials(rows, C), stream()));
+                                                 static_cast<const float*>(nullptr), ln_partials(rows, C), stream()));
 }
 
 void CudaKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
@@ -37,10 +37,10 @@ void CudaKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, 
 
 void CudaKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                           const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
-                                          int64_t C) {
+                                          int64_t C, const BFloat16* residual) {
   check_row_shape(rows, C, "layernorm backward");
   if (rows == 0) return;
-  DPT_CUDA_CHECK(cuda_launch::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C,
+  DPT_CUDA_CHECK(cuda_launch::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, residual,
                                                  ln_partials(rows, C), stream()));
 }
 

@@ -182,11 +182,13 @@ template cudaError_t layernorm_forward<BFloat16>(const BFloat16*, const float*, 
 namespace {
 
 // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma; one warp per row, the two
-// means summed in double (as the CPU set). dx may alias dy (a lane's columns are read before it writes them). vec:
-// bf16 rows eight columns at a time (for_lane_columns).
+// means summed in double (as the CPU set); residual (null: none) added before the one rounding. dx may alias dy or
+// residual (a lane's columns are read before it writes them). vec: bf16 rows eight columns at a time
+// (for_lane_columns).
 template <class T>
 __global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const float* gamma, const float* mean,
-                                             const float* rstd, T* dx, int64_t rows, int64_t C, bool vec) {
+                                             const float* rstd, T* dx, int64_t rows, int64_t C, bool vec,
+                                             const T* residual) {
   const int lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;
@@ -203,9 +205,11 @@ __global__ void layernorm_backward_dx_kernel(const T* dy, const T* x, const floa
   const float mean_d = static_cast<float>(warp_sum(sum_d) / static_cast<double>(C));
   const float mean_dx = static_cast<float>(warp_sum(sum_dx) / static_cast<double>(C));
   T* out = dx + r * C;
+  const T* res = residual ? residual + r * C : nullptr;
   map_lane_columns(g, in, out, C, lane, vec, [&](int64_t c, float gv, float xv) {
     const float xhat = (xv - m) * s;
-    return s * (gv * gamma[c] - mean_d - xhat * mean_dx);
+    const float v = s * (gv * gamma[c] - mean_d - xhat * mean_dx);
+    return res ? v + load_act(res, c) : v;
   });
 }
 
@@ -259,7 +263,8 @@ __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, 
 // split-th run). Each warp: rows split * kLnRowsPerBlock + warp, + kWarpsPerBlock, ...; per row dy and x read once,
 // gamma eight at a time (16-byte aligned), the two means summed as the forward's (float32 per lane, each vector in a
 // fixed tree; double over the warp), dx written (it may alias dy: the lane's vectors are in registers first), and
-// its columns' dy xhat and dy added to the lane's sums. Then the block's warps add their sums in warp order in
+// its columns' dy xhat and dy added to the lane's sums; residual (null: none, else 16-byte aligned) added to dx
+// before its rounding. Then the block's warps add their sums in warp order in
 // shared memory (element i of vector v at i * nvec + v: a warp's 32 lanes touch 32 banks) and the run's partials are
 // written as layernorm_param_partials_kernel's: partials[split * C + c] (dy xhat), partials[(splits + split) * C + c]
 // (dy). At most two blocks' registers per SM asked (launch bounds): 16 warps streaming rows.
@@ -267,7 +272,7 @@ template <int NV>
 __global__ void __launch_bounds__(kThreads, 2)
     layernorm_backward_rows_kernel(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                    const float* rstd, BFloat16* dx, int64_t rows, int64_t C, int64_t splits,
-                                   float* partials) {
+                                   float* partials, const BFloat16* residual) {
   static_assert(NV <= kLnBackwardMaxLaneVectors);
   __shared__ float block_sums[2 * kLnBackwardRowMaxColumns];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -316,6 +321,12 @@ __global__ void __launch_bounds__(kThreads, 2)
       load_params8(gamma, vi, gm);
 #pragma unroll
       for (int i = 0; i < 8; ++i) gv[i] = s * (gv[i] * gm[i] - mean_d - (xh[i] - m) * s * mean_dx);
+      if (residual) {  // its vector read before dx's is written: it may be dx
+        float rv[8];
+        unpack_bf16x8(reinterpret_cast<const uint4*>(residual + r * C)[vi], rv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) gv[i] += rv[i];
+      }
       out[vi] = pack_bf16x8(gv);
     }
   }
@@ -368,17 +379,17 @@ __global__ void layernorm_param_reduce_kernel(const float* partials, int64_t C, 
 
 template <class T>
 cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
-                               T* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, float* partials,
-                               cudaStream_t s) {
+                               T* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, const T* residual,
+                               float* partials, cudaStream_t s) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if constexpr (sizeof(T) == 2) {
-    if (rows_in_registers<T>(C, kLnBackwardRowMaxColumns, dy, x, dx, gamma)) {
+    if (rows_in_registers<T>(C, kLnBackwardRowMaxColumns, dy, x, dx, gamma, residual)) {  // null: aligned
       const int64_t splits = layernorm_rows_splits(rows);
       if (splits > 2147483647LL) return cudaErrorInvalidValue;
       const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
         layernorm_backward_rows_kernel<decltype(nv)::value><<<static_cast<unsigned int>(splits), kThreads, 0, s>>>(
-            dy, x, gamma, mean, rstd, dx, rows, C, splits, partials);
+            dy, x, gamma, mean, rstd, dx, rows, C, splits, partials, residual);
         return cudaGetLastError();
       });
       if (e != cudaSuccess) return e;
@@ -396,13 +407,15 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
                                                                                          dbeta);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const bool vec = rows_vectorizable<T>(C, dy, x, dx);
-  layernorm_backward_dx_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, mean, rstd, dx, rows, C, vec);
+  layernorm_backward_dx_kernel<T>
+      <<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, mean, rstd, dx, rows, C, vec, residual);
   return cudaGetLastError();
 }
 template cudaError_t layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*,
-                                               float*, float*, float*, int64_t, int64_t, float*, cudaStream_t);
+                                               float*, float*, float*, int64_t, int64_t, const float*, float*,
+                                               cudaStream_t);
 template cudaError_t layernorm_backward<BFloat16>(const BFloat16*, const BFloat16*, const float*, const float*,
-                                                  const float*, BFloat16*, float*, float*, int64_t, int64_t, float*,
-                                                  cudaStream_t);
+                                                  const float*, BFloat16*, float*, float*, int64_t, int64_t,
+                                                  const BFloat16*, float*, cudaStream_t);
 
 }  // namespace dpt::models::cuda_launch

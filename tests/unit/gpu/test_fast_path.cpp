@@ -559,10 +559,10 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
                                          gy.data<BFloat16>(), gmean.data<float>(), grstd.data<float>(), rows, C, 1e-5f);
     cpu_kernels().layernorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
                                           mean.data<float>(), rstd.data<float>(), dx.data<BFloat16>(),
-                                          dg.data<float>(), db.data<float>(), rows, C);
+                                          dg.data<float>(), db.data<float>(), rows, C, nullptr);
     gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
                                           gmean.data<float>(), grstd.data<float>(), gdx.data<BFloat16>(),
-                                          gdg.data<float>(), gdb.data<float>(), rows, C);
+                                          gdg.data<float>(), gdb.data<float>(), rows, C, nullptr);
     // The float32 row statistics: the CPU sums in double, the GPU's register rows per lane in float32 and over the
     // warp in double: a few float ulps apart; a bf16 output one step apart at most.
     const Diff d_y = compare_bf16(gy, y, 1e-6, kBf16Step), d_mean = compare(to_host(gmean), mean, 1e-6, 1e-6);
@@ -575,7 +575,7 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       Tensor gdg2 = to_device(dg0), gdb2 = to_device(db0), gdx2 = to_device(bf16_nan({rows, C}));
       gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
                                             gmean.data<float>(), grstd.data<float>(), gdx2.data<BFloat16>(),
-                                            gdg2.data<float>(), gdb2.data<float>(), rows, C);
+                                            gdg2.data<float>(), gdb2.data<float>(), rows, C, nullptr);
       const Tensor a = to_host(gdg), b = to_host(gdg2), c = to_host(gdb), d = to_host(gdb2);
       const Tensor e = to_host(gdx), f = to_host(gdx2);
       CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
@@ -585,7 +585,7 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       Tensor inplace = to_device(dy), gdg3 = to_device(dg0), gdb3 = to_device(db0);
       gpu_kernels().layernorm_backward_bf16(inplace.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
                                             gmean.data<float>(), grstd.data<float>(), inplace.data<BFloat16>(),
-                                            gdg3.data<float>(), gdb3.data<float>(), rows, C);
+                                            gdg3.data<float>(), gdb3.data<float>(), rows, C, nullptr);
       const Tensor g = to_host(inplace), h = to_host(gdg3), i = to_host(gdb3);
       CHECK(std::memcmp(e.raw(), g.raw(), e.bytes()) == 0);
       CHECK(std::memcmp(a.raw(), h.raw(), a.bytes()) == 0);
@@ -603,7 +603,7 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
                                            C, 1e-5f);
       gpu_kernels().layernorm_backward_bf16(gdy1.data<BFloat16>() + 1, gx1.data<BFloat16>() + 1, ggamma.data<float>(),
                                             gmean.data<float>(), grstd.data<float>(), gdx1.data<BFloat16>() + 1,
-                                            gdg1.data<float>(), gdb1.data<float>(), rows, C);
+                                            gdg1.data<float>(), gdb1.data<float>(), rows, C, nullptr);
       const Tensor hy1 = to_host(gy1), hdx1 = to_host(gdx1);
       CHECK(std::isnan(to_float(hy1.data<BFloat16>()[0])));
       CHECK(std::isnan(to_float(hdx1.data<BFloat16>()[0])));
@@ -625,11 +625,31 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
                                            1e-5f);
       gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), gg1.data<float>() + 1,
                                             gmean.data<float>(), grstd.data<float>(), gdx2.data<BFloat16>(),
-                                            gdg2.data<float>(), gdb2.data<float>(), rows, C);
+                                            gdg2.data<float>(), gdb2.data<float>(), rows, C, nullptr);
       const Diff p_y = compare_bf16(gy2, y, 1e-6, kBf16Step), p_dx = compare_bf16(gdx2, dx, 1e-5, kBf16Step);
       const Diff p_dg = compare(to_host(gdg2), dg, 1e-4, 1e-5), p_db = compare(to_host(gdb2), db, 1e-4, 1e-5);
       INFO("unaligned gamma, y: " << p_y << "\ndx: " << p_dx << "\ndgamma: " << p_dg << "\ndbeta: " << p_db);
       CHECK(p_y.bad + p_dx.bad + p_dg.bad + p_db.bad == 0);
+    }
+    {  // A residual gradient added before dx's rounding (the CPU's arithmetic), then the same with it in dx's buffer.
+      const Tensor res = bf16_random({rows, C}, rng);
+      Tensor dxr = bf16_nan({rows, C}), dgr = copy_to(dg0, Device::cpu()), dbr = copy_to(db0, Device::cpu());
+      cpu_kernels().layernorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
+                                            mean.data<float>(), rstd.data<float>(), dxr.data<BFloat16>(),
+                                            dgr.data<float>(), dbr.data<float>(), rows, C, res.data<BFloat16>());
+      Tensor gres = to_device(res), gdxr = to_device(bf16_nan({rows, C})), gdgr = to_device(dg0), gdbr = to_device(db0);
+      gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                            gmean.data<float>(), grstd.data<float>(), gdxr.data<BFloat16>(),
+                                            gdgr.data<float>(), gdbr.data<float>(), rows, C, gres.data<BFloat16>());
+      const Diff r_dx = compare_bf16(gdxr, dxr, 1e-5, kBf16Step);  // as dx's above
+      Tensor ginplace = to_device(res), gdg4 = to_device(dg0), gdb4 = to_device(db0);
+      gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                            gmean.data<float>(), grstd.data<float>(), ginplace.data<BFloat16>(),
+                                            gdg4.data<float>(), gdb4.data<float>(), rows, C, ginplace.data<BFloat16>());
+      const Tensor a = to_host(gdxr), b = to_host(ginplace);
+      INFO("dx + residual: " << r_dx);
+      CHECK(r_dx.bad == 0);
+      CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
     }
     // The element-wise pair: one float operation and one rounding each: the same bits.
     const size_t n = static_cast<size_t>(rows * C);

@@ -560,7 +560,7 @@ TEST_CASE("the bf16 LayerNorm, residual add and GELU backward: the float32 kerne
                                1e-5f);
   cpu().layernorm_forward(xf.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), rows, C, 1e-5f);
   cpu().layernorm_backward_bf16(dy.data(), x.data(), gamma.data(), mean16.data(), rstd16.data(), dx16.data(),
-                                dg16.data(), db16.data(), rows, C);
+                                dg16.data(), db16.data(), rows, C, nullptr);
   cpu().layernorm_backward(dyf.data(), xf.data(), gamma.data(), mean.data(), rstd.data(), dx.data(), dg.data(),
                            db.data(), rows, C);
   size_t bad = 0;
@@ -573,6 +573,24 @@ TEST_CASE("the bf16 LayerNorm, residual add and GELU backward: the float32 kerne
   CHECK(rstd16 == rstd);
   CHECK(dg16 == dg);
   CHECK(db16 == db);
+  {  // With a residual gradient: dx + residual in float32, rounded once (not dx rounded, then added and rounded), also
+     // with the residual in dx's buffer.
+    const auto res = random_bf16(n, rng);
+    std::vector<BFloat16> dxr(n), inplace = res;
+    std::vector<float> dgr(C, 0.25f), dbr(C, -0.5f);
+    cpu().layernorm_backward_bf16(dy.data(), x.data(), gamma.data(), mean16.data(), rstd16.data(), dxr.data(),
+                                  dgr.data(), dbr.data(), rows, C, res.data());
+    cpu().layernorm_backward_bf16(dy.data(), x.data(), gamma.data(), mean16.data(), rstd16.data(), inplace.data(),
+                                  dgr.data(), dbr.data(), rows, C, inplace.data());
+    size_t off = 0, twice = 0;
+    for (size_t i = 0; i < n; ++i) {
+      off += dxr[i].bits != to_bfloat16(dx[i] + to_float(res[i])).bits;
+      twice += dxr[i].bits != to_bfloat16(to_float(dx16[i]) + to_float(res[i])).bits;
+    }
+    CHECK(off == 0);
+    CHECK(twice > 0);  // the two roundings differ somewhere: the check above can tell them apart
+    CHECK(std::memcmp(dxr.data(), inplace.data(), n * sizeof(BFloat16)) == 0);
+  }
   // The residual add and GELU's backward from the pre-activation.
   std::vector<BFloat16> sum(n), dgelu(n);
   cpu().add_bf16(x.data(), dy.data(), sum.data(), n);
