@@ -221,7 +221,8 @@ DPT_HD float xent_grad(float z, float zmax, float log_sum, bool is_label, float 
   return dscale * (expf(z - zmax - log_sum) - (is_label ? 1.0f : 0.0f));
 }
 
-// The fused classifier's pass 1 for one thread (and, merged, for a block): a running maximum m, the sum of
+// The fused classifier's pass 1 for one thread of its one-column-at-a-time kernel, and the state every thread's and
+// warp's pass 1 is merged as (also the vector kernel's, OnlineSoftmax8, below): a running maximum m, the sum of
 // exp(x - m) over the columns seen, and the first column holding the maximum. Columns are pushed in increasing
 // order, so a strict > keeps the first. A -inf column adds exactly 0 (also before any finite one: exp(-inf - -inf)
 // would be NaN); a NaN column makes the sum NaN. Trivial (no initialisers), so CUDA can keep an array of them in
@@ -232,31 +233,13 @@ struct OnlineSoftmax {
 
   DPT_HD void push(float x, int64_t c) {
     if (x > m) {
-      // expf(-inf) = 0 for the first column; expf(x - x) is 1, and NaN for x = +inf, as push8 and the CPU give it.
+      // expf(-inf) = 0 for the first column; expf(x - x) is 1, and NaN for x = +inf, as the CPU gives it.
       sum = sum * expf(m - x) + expf(x - x);
       m = x;
       arg = c;
     } else if (x != -INFINITY) {
       sum += expf(x - m);
     }
-  }
-  // Eight adjacent columns c0, c0 + 1, ... (those below vocab): their maximum first (one rescale at most), then one
-  // exp each. A NaN column makes the sum NaN, as push does.
-  DPT_HD void push8(const float* x, int64_t c0, int64_t vocab) {
-    float cm = m;
-    int64_t ca = -1;
-    for (int i = 0; i < 8; ++i)
-      if (c0 + i < vocab && x[i] > cm) {
-        cm = x[i];
-        ca = c0 + i;
-      }
-    if (ca >= 0) {
-      sum *= expf(m - cm);  // expf(-inf) = 0 before the first column
-      m = cm;
-      arg = ca;
-    }
-    for (int i = 0; i < 8; ++i)
-      if (c0 + i < vocab && x[i] != -INFINITY) sum += expf(x[i] - m);
   }
   // Another thread's columns merged in; on equal maxima the lower column wins. A side with no column above -inf
   // keeps its sum as it is: 0, or NaN from a NaN column, which must reach the loss (expf(-inf - -inf) would be NaN
@@ -273,5 +256,55 @@ struct OnlineSoftmax {
 
 // An OnlineSoftmax before any column; `none` is the argmax it reports (the vocabulary size: no column).
 DPT_HD OnlineSoftmax online_softmax_start(int64_t none) { return {-INFINITY, 0.0f, none}; }
+
+// 2^t: on a GPU the special-function unit's ex2.approx.ftz (relative error about 2^-22; results below 2^-126
+// flushed to 0; 2^-inf = 0, NaN stays NaN), one instruction where expf takes about eight; std::exp2 on the CPU,
+// where it serves the CPU mirror of the fused classifier's walk in unit.models.
+inline constexpr float kLog2e = 1.44269504088896340736f;
+DPT_HD float exp2_fast(float t) {
+#if defined(__CUDA_ARCH__)
+  float r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
+  return r;
+#else
+  return std::exp2(t);
+#endif
+}
+
+// The vector classifier's pass 1 for one thread (cuda/softmax.cu; its warps' states then merged as OnlineSoftmax):
+// a running maximum m, the sum of exp(x - m) = 2^((x - m) kLog2e) over the columns seen and the first column holding
+// the maximum, fed vectors of eight columns x[0..7] from column c0 (the row's last vector with its padding columns
+// set to -inf: never a maximum, and 2^-inf adds exactly 0). The thread visits its vectors from the row's end down,
+// so on a tie with its maximum so far the vector's (lower) column wins. The vector's maximum by fmaxf (which passes
+// over NaN, as a strict > does); its first column looked for only when it reaches the running maximum, which after
+// a row's first vectors is rare. A -inf column adds 0, a NaN column makes the sum NaN (also while m is still -inf),
+// a +inf column too (2^(inf - inf)), as OnlineSoftmax::push.
+struct OnlineSoftmax8 {
+  float m = -INFINITY, sum = 0.0f;
+  int arg;  // the vocabulary size until a column is seen
+
+  DPT_HD void push(const float (&x)[8], int c0) {
+    const float cm = fmaxf(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])), fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
+    if (cm >= m && cm > -INFINITY) {  // false for NaN (all eight NaN) and for a vector of -inf
+      int ci = 7;
+      for (int i = 6; i >= 0; --i)
+        if (x[i] == cm) ci = i;  // the first column holding it
+      if (cm > m) {
+        sum *= exp2_fast((m - cm) * kLog2e);  // 0 when m was -inf: 0 stays 0, a NaN stays NaN
+        m = cm;
+      }
+      arg = c0 + ci;
+    }
+    if (m == -INFINITY) {  // no column above -inf yet: this vector's are -inf (adding 0) or NaN
+      for (int i = 0; i < 8; ++i)
+        if (x[i] != x[i]) sum = x[i];
+      return;
+    }
+    float e[8];
+    for (int i = 0; i < 8; ++i) e[i] = exp2_fast((x[i] - m) * kLog2e);
+    sum += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+  }
+  DPT_HD OnlineSoftmax state() const { return {m, sum, arg}; }
+};
 
 }  // namespace dpt::models::elementwise

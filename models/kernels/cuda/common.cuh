@@ -97,16 +97,6 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&y)[8]) {
                     pack_bf16x2(y[6], y[7]));
 }
 
-// 2^t by the special-function unit (ex2.approx.ftz: relative error about 2^-22; 2^-inf = 0, NaN stays NaN;
-// results below 2^-126 flush to 0). exp(x - m) = ex2(fmaf(x, kLog2e, -m * kLog2e)): two instructions where expf
-// takes about eight, for kernels that take one per element.
-constexpr float kLog2e = 1.44269504088896340736f;
-__device__ __forceinline__ float ex2_approx(float t) {
-  float r;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(t));
-  return r;
-}
-
 // Whether every pointer is 16-byte aligned: the bf16 kernels' eight-at-a-time path.
 template <class... P>
 __host__ bool aligned16(const P*... p) {

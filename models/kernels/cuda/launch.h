@@ -218,7 +218,8 @@ cudaError_t rope(T* x, const float* cos, const float* sin, int64_t rows, int64_t
 // dscale != 0: the row overwritten by elementwise::xent_grad in bf16, the padding columns by 0. Then a fixed-order
 // reduction adds the rows' sums into stats[0..1]. row_loss and row_hit are scratch of `rows` floats each. Rows
 // read eight columns at a time (ld a multiple of 8, 16-byte aligned) take 1024 threads and exp as ex2.approx of
-// one fmaf (a few 1e-7 relative from expf); others 256 threads and expf, one column at a time.
+// the CPU's float argument times log2(e) (about 1e-6 relative from expf); others 256 threads and expf, one column
+// at a time.
 cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t rows, int64_t vocab, int64_t ld,
                             float dscale, float* row_loss, float* row_hit, double* stats, cudaStream_t s);
 // The fused AdamW (optimizer.cu): one grid-stride launch over n elements; each thread reads the clip factor from

@@ -72,7 +72,7 @@ __device__ __forceinline__ void load_params8(const float* p, int64_t v, float (&
 
 // The bf16 forward over a row read once (rows of up to 32 NV vectors; gamma and beta 16-byte aligned, read eight at
 // a time). Each lane sums its columns in float32 (each vector in a fixed tree, the vectors in order: a few float
-// ulps from a sum in double, and no float-to-double conversion per element, which runs at a sixteenth of the float
+// ulps from a sum in double, and no float-to-double conversion per element, which runs at an eighth of the float
 // rate), the warp the lanes' sums in double. Both passes over the registers: the mean, then the squared deviations.
 template <int NV>
 __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,

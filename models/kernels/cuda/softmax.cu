@@ -127,50 +127,16 @@ __global__ void classifier_bf16_kernel(BFloat16* logits, const int32_t* labels, 
 }
 
 // Rows read eight columns at a time (16-byte aligned, ld a multiple of 8): llm.c's shape (its fused classifier), one
-// block of kClassifierThreads per row. About one row per SM is in flight, a few MiB in all, so pass 2 finds the row
-// that pass 1 read still in L2; pass 1 visits each thread's vectors from the last down, so the row's start, where
-// pass 2 begins, is the latest read. Per element: a widening, a compare, an fmaf and an ex2 (ex2_approx) in pass 1;
-// an fmaf, an ex2, a multiply and half a two-to-one rounding in pass 2. Vectors with padding columns or the label
-// take a per-column path. The result (relative to the CPU set's expf in double: a few 1e-7) goes through
+// block of kClassifierThreads per row, at most two blocks an SM (32 registers), so about two rows per SM are in
+// flight, some 50 MB in all for GPT-2's 100 KB rows, and pass 2 should find the row that pass 1 read still in L2;
+// pass 1 visits each thread's vectors from the last down (elementwise::OnlineSoftmax8), so the row's start, where
+// pass 2 begins, is the latest read. Per element about five instructions a pass: a widening, a share of the vector's
+// fmaxf, a subtract, a multiply and an ex2 (elementwise::exp2_fast) and an add in pass 1; a widening, two subtracts,
+// a multiply, an ex2, a multiply and half a two-to-one rounding in pass 2. Vectors with padding columns or the label
+// take a per-column path. The result (relative to the CPU's expf: about 1e-6, far inside a bf16 step) follows
 // softmax_xent's and the CPU classifier's rules: the first argmax is the hit, a -inf column adds 0, a NaN or +inf
 // column makes the row's loss NaN.
 constexpr int kClassifierThreads = 1024;
-
-// One thread's columns folded into its running state (m, sum relative to m, arg; ml = m * kLog2e): a vector of
-// eight columns x[0..7] from column c0 (the row's last vector with its padding columns set to -inf: never a maximum,
-// and 2^-inf adds exactly 0). The thread visits its vectors from the last down, so on a tie with its maximum so far
-// the vector's (lower) column wins. The vector's maximum by fmaxf (which passes over NaN, as a strict > does); its
-// first column only when it reaches the running maximum, which after a row's first vectors is rare.
-struct ClassifierPass1 {
-  float m = -INFINITY, sum = 0.0f, ml = -INFINITY;
-  int arg;
-
-  __device__ __forceinline__ void push(const float (&x)[8], int c0) {
-    const float cm = fmaxf(fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3])), fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
-    if (cm >= m && cm > -INFINITY) {  // false for NaN (all eight NaN) and for a vector of -inf
-      int ci = 7;
-#pragma unroll
-      for (int i = 6; i >= 0; --i)
-        if (x[i] == cm) ci = i;  // the first column holding it
-      if (cm > m) {
-        sum *= ex2_approx((m - cm) * kLog2e);  // 0 when m was -inf: 0 stays 0, a NaN stays NaN
-        m = cm;
-        ml = m * kLog2e;
-      }
-      arg = c0 + ci;
-    }
-    if (m == -INFINITY) {  // no column above -inf yet: this vector's are -inf (adding 0) or NaN
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-        if (isnan(x[i])) sum = x[i];
-      return;
-    }
-    float e[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) e[i] = ex2_approx(fmaf(x[i], kLog2e, -ml));
-    sum += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
-  }
-};
 
 // The warp's states merged by butterfly shuffles (OnlineSoftmax::merge is symmetric: every lane ends with the same
 // bits, the same on every run).
@@ -197,7 +163,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
   const int nvec = (vocab + 7) / 8;  // the vectors holding real columns
   const int tid = static_cast<int>(threadIdx.x);
 
-  ClassifierPass1 acc;
+  elementwise::OnlineSoftmax8 acc;
   acc.arg = vocab;  // none
   if (tid < nvec) {
     // The thread's last vector, then down by T; two loads in flight.
@@ -218,11 +184,7 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
       acc.push(x, v1 * 8);  // below the last vector: all real
     }
   }
-  elementwise::OnlineSoftmax st;
-  st.m = acc.m;
-  st.sum = acc.sum;
-  st.arg = acc.arg;
-  st = warp_merge(st);
+  elementwise::OnlineSoftmax st = warp_merge(acc.state());
   if (tid % 32 == 0) warp_states[tid / 32] = st;
   __syncthreads();
   if (tid < 32) {
@@ -250,8 +212,9 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
     }
     return;
   }
-  // p = exp(x - zmax - log_sum) = 2^(x kLog2e - pl); the gradient dscale (p - [column is the label]).
-  const float pl = (zmax + log_sum) * kLog2e;
+  // p = exp(x - zmax - log_sum) (the CPU's float argument) = 2^(that kLog2e); the gradient dscale (p - [label]).
+  using elementwise::exp2_fast;
+  using elementwise::kLog2e;
   const int full = vocab / 8;  // vectors whose eight columns are real
   const auto grad = [&](const uint4& w, int v) {
     float x[8], g[8];
@@ -259,12 +222,13 @@ __global__ void __launch_bounds__(kClassifierThreads, 2)
     const int c0 = v * 8;
     if (v < full && (label < c0 || label >= c0 + 8)) {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) g[i] = dscale * ex2_approx(fmaf(x[i], kLog2e, -pl));
+      for (int i = 0; i < 8; ++i) g[i] = dscale * exp2_fast((x[i] - zmax - log_sum) * kLog2e);
     } else {
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
         const int c = c0 + i;
-        g[i] = c < vocab ? dscale * (ex2_approx(fmaf(x[i], kLog2e, -pl)) - (c == label ? 1.0f : 0.0f)) : 0.0f;
+        const float p = exp2_fast((x[i] - zmax - log_sum) * kLog2e);
+        g[i] = c < vocab ? dscale * (p - (c == label ? 1.0f : 0.0f)) : 0.0f;
       }
     }
     return pack_bf16x8(g);

@@ -410,22 +410,25 @@ TEST_CASE("cuda classifier_bf16 matches the CPU: loss, hits, the gradient in pla
       CHECK(padding == 0);
     }
   }
-  {  // -inf columns add 0 (whole vectors of them, before and after the maximum, and one beside the label); a row's
-     // NaN column makes the loss NaN. Vocabulary 1000 of 1024 (eight columns at a time), then 301 of 303 (one).
-    for (const Dims d : {Dims{3, 1000, 1024}, Dims{3, 301, 303}}) {
+  {  // -inf columns add 0 (whole vectors of them at the row's start and end, and one beside the label); a row's NaN
+     // column makes the loss NaN. Vocabulary 1000 of 1024 (eight columns at a time, a vector a thread), 50257 of
+     // 50304 (up to seven vectors a thread, walked from the last down: the -inf ones first and last, with 8200
+     // columns of them at each end), then 301 of 303 (one column at a time).
+    for (const Dims d : {Dims{3, 1000, 1024}, Dims{3, 50257, 50304}, Dims{3, 301, 303}}) {
       CAPTURE(d.rows, d.vocab, d.ld);
       Tensor logits = bf16_random({d.rows, d.ld}, rng, -6.0f, 6.0f);
       BFloat16* z = logits.data<BFloat16>();
       const BFloat16 ninf = to_bfloat16(-INFINITY);
+      const int64_t ends = d.vocab > 20000 ? 8 * 1024 + 8 : 40, label0 = d.vocab / 2;
       for (int64_t r = 0; r < d.rows; ++r) {
-        for (int64_t c = 0; c < 40; ++c) z[r * d.ld + c] = ninf;                 // the first five vectors
-        for (int64_t c = d.vocab - 50; c < d.vocab; ++c) z[r * d.ld + c] = ninf;  // the last ones
-        z[r * d.ld + 101] = ninf;
+        for (int64_t c = 0; c < ends; ++c) z[r * d.ld + c] = ninf;
+        for (int64_t c = d.vocab - ends; c < d.vocab; ++c) z[r * d.ld + c] = ninf;
+        z[r * d.ld + label0 + 1] = ninf;
       }
       Tensor labels = Tensor::empty({d.rows}, DType::I32);
-      labels.data<int32_t>()[0] = 100;
+      labels.data<int32_t>()[0] = static_cast<int32_t>(label0);
       labels.data<int32_t>()[1] = 7;  // a -inf column: the loss is +inf on both sides
-      labels.data<int32_t>()[2] = 200;
+      labels.data<int32_t>()[2] = static_cast<int32_t>(label0 - 1);
       Tensor row0 = Tensor::empty({1, d.ld}, DType::BF16);
       std::memcpy(row0.raw(), logits.raw(), row0.bytes());
       Tensor want = copy_to(row0, Device::cpu()), got = to_device(row0), dlabels = to_device(labels);
@@ -442,16 +445,18 @@ TEST_CASE("cuda classifier_bf16 matches the CPU: loss, hits, the gradient in pla
       INFO("dlogits with -inf columns: " << dg);
       CHECK(dg.bad == 0);
       const Tensor host = to_host(got);
-      CHECK(host.data<BFloat16>()[40].bits == 0);  // a -inf column's gradient is 0
+      CHECK(host.data<BFloat16>()[ends - 1].bits == 0);  // a -inf column's gradient is 0
+      CHECK(host.data<BFloat16>()[label0 + 1].bits == 0);
+      CHECK(host.data<BFloat16>()[ends].bits != 0);  // a finite one's is not (here p > 1e-10)
       Tensor all = to_device(first_rows), all_stats = to_device(Tensor::zeros({2}, DType::F64));
       gpu_kernels().classifier_bf16(all.data<BFloat16>(), dlabels.data<int32_t>(), 3, d.vocab, d.ld, 0.0f,
                                     all_stats.data<double>());
       CHECK(std::isinf(to_host(all_stats).data<double>()[0]));
       Tensor with_nan = copy_to(first_rows, Device::cpu());
-      with_nan.data<BFloat16>()[2 * d.ld + 500 % d.vocab] = to_bfloat16(NAN);
+      with_nan.data<BFloat16>()[2 * d.ld + label0 + 7] = to_bfloat16(NAN);
       Tensor gnan = to_device(with_nan), nan_stats = to_device(Tensor::zeros({2}, DType::F64));
       Tensor lab2 = Tensor::empty({1}, DType::I32);
-      lab2.data<int32_t>()[0] = 200;
+      lab2.data<int32_t>()[0] = static_cast<int32_t>(label0 - 1);
       Tensor dlab2 = to_device(lab2);
       gpu_kernels().classifier_bf16(gnan.data<BFloat16>() + 2 * d.ld, dlab2.data<int32_t>(), 1, d.vocab, d.ld, 0.0f,
                                     nan_stats.data<double>());

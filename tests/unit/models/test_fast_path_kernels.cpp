@@ -324,21 +324,53 @@ TEST_CASE("classifier_bf16 on the CPU: loss, hits and the bf16 gradient against 
 
 // A masked target (kIgnoreLabel): the row adds no loss and no hit and gets a zero gradient; every other row is what
 // it is alone (each row's loss and gradient depend on that row only: the same bits). Both loss kernels.
-// The CUDA classifier's pass 1 walked as its block walks a row: 256 threads, each pushing its columns (eight at a
-// time from vector v = thread, thread + 256, ..., or one at a time), then merged in the kernel's fixed tree.
+// The CUDA classifier's pass 1 walked as its blocks walk a row (cuda/softmax.cu). Vectors: 1024 threads, thread t
+// pushing vectors t, t + 1024, ... from the last down into an OnlineSoftmax8 (the row's last vector with its padding
+// set to -inf), then each warp's 32 states merged by xor butterflies (lane l with lane l ^ off, off 16 down to 1),
+// then the 32 warps' likewise. One column at a time: 256 threads pushing columns t, t + 256, ... into an
+// OnlineSoftmax, merged in a fixed tree.
 elementwise::OnlineSoftmax classifier_pass1(const std::vector<float>& z, int64_t vocab, bool vectors) {
-  constexpr int kThreads = 256;
-  std::vector<elementwise::OnlineSoftmax> part(kThreads, elementwise::online_softmax_start(vocab));
-  for (int t = 0; t < kThreads; ++t) {
-    if (vectors) {
-      for (int64_t v = t; v < (vocab + 7) / 8; v += kThreads) part[t].push8(z.data() + v * 8, v * 8, vocab);
-    } else {
+  if (!vectors) {
+    constexpr int kThreads = 256;
+    std::vector<elementwise::OnlineSoftmax> part(kThreads, elementwise::online_softmax_start(vocab));
+    for (int t = 0; t < kThreads; ++t)
       for (int64_t c = t; c < vocab; c += kThreads) part[t].push(z[c], c);
-    }
+    for (int w = kThreads / 2; w > 0; w /= 2)
+      for (int t = 0; t < w; ++t) part[t].merge(part[t + w]);
+    return part[0];
   }
-  for (int w = kThreads / 2; w > 0; w /= 2)
-    for (int t = 0; t < w; ++t) part[t].merge(part[t + w]);
-  return part[0];
+  constexpr int kThreads = 1024;
+  const int nvec = static_cast<int>((vocab + 7) / 8);
+  std::vector<elementwise::OnlineSoftmax> state(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    elementwise::OnlineSoftmax8 acc;
+    acc.arg = static_cast<int>(vocab);
+    if (t < nvec)
+      for (int v = t + (nvec - 1 - t) / kThreads * kThreads; v >= 0; v -= kThreads) {
+        float x[8];
+        for (int i = 0; i < 8; ++i) x[i] = v * 8 + i < vocab ? z[v * 8 + i] : -INFINITY;
+        acc.push(x, v * 8);
+      }
+    state[t] = acc.state();
+  }
+  const auto butterfly = [](std::vector<elementwise::OnlineSoftmax>& s, size_t first) {  // 32 states from first
+    for (int off = 16; off > 0; off /= 2) {
+      std::vector<elementwise::OnlineSoftmax> next(s.begin() + first, s.begin() + first + 32);
+      for (int l = 0; l < 32; ++l) next[l].merge(s[first + (l ^ off)]);
+      std::copy(next.begin(), next.end(), s.begin() + first);
+    }
+  };
+  std::vector<elementwise::OnlineSoftmax> warps(32);
+  for (int w = 0; w < 32; ++w) {
+    butterfly(state, static_cast<size_t>(32 * w));
+    for (int l = 1; l < 32; ++l) {  // every lane ends with the same bits
+      CHECK(state[32 * w + l].m == state[32 * w].m);
+      CHECK(state[32 * w + l].arg == state[32 * w].arg);
+    }
+    warps[w] = state[32 * w];
+  }
+  butterfly(warps, 0);
+  return warps[0];
 }
 
 TEST_CASE("the classifier's online softmax: eight columns at a time or one, merged over a block, against double",
@@ -374,9 +406,10 @@ TEST_CASE("the classifier's online softmax: eight columns at a time or one, merg
     CHECK(got.arg == 9);
     CHECK(std::abs(got.sum - (2.0 + 4093 * std::exp(-4.0))) <= 1e-5 * got.sum);
   }
-  // -inf in the first columns a thread sees (its first vector whole, or its first column) counts 0, not NaN.
+  // -inf in the first columns a thread sees counts 0, not NaN: one column at a time, thread 0's first two columns
+  // and every thread's first; by vectors, threads 0 to 256's only vector.
   std::vector<float> lead(4096, -1.0f);
-  std::fill_n(lead.begin(), 8 * 256 + 8, -INFINITY);  // thread 0's first two vectors, every thread's first vector
+  std::fill_n(lead.begin(), 8 * 256 + 8, -INFINITY);
   lead[4000] = 2.0f;
   for (const bool vectors : {true, false}) {
     CAPTURE(vectors);
@@ -384,6 +417,43 @@ TEST_CASE("the classifier's online softmax: eight columns at a time or one, merg
     CHECK(got.m == 2.0f);
     CHECK(got.arg == 4000);
     CHECK(std::abs(got.sum - (1.0 + (4096 - 2056 - 1) * std::exp(-3.0))) <= 1e-5 * got.sum);
+  }
+  {  // By vectors, threads holding several (vocabulary 20000: 2500 vectors, threads 0 to 451 three, the others two),
+     // walked from the last down. The maximum in one thread's vectors 1 and 1025 (columns 9 and 8201) and twice in
+     // one vector (12): the first column, 9, whatever the order of the visits. Every thread's last vectors -inf (the
+     // first it sees: its running maximum still -inf when the finite ones come) or its first ones -inf.
+    const int64_t V = 20000;
+    std::vector<float> many(static_cast<size_t>(V));
+    const auto bf = random_bf16(static_cast<size_t>(V), rng, -8.0f, 2.0f);
+    for (int64_t c = 0; c < V; ++c) many[c] = to_float(bf[c]);
+    many[9] = many[8201] = many[12] = 3.0f;
+    const auto exact = [&](const std::vector<float>& row) {
+      double s = 0.0;
+      float mx = -INFINITY;
+      for (float v : row) mx = std::max(mx, v);
+      for (float v : row) s += std::exp(static_cast<double>(v) - mx);
+      return s;
+    };
+    auto got = classifier_pass1(many, V, true);
+    CHECK(got.m == 3.0f);
+    CHECK(got.arg == 9);
+    CHECK(std::abs(got.sum - exact(many)) <= 1e-5 * got.sum);
+    auto tail = many;
+    std::fill(tail.begin() + 8 * 1024 * 2, tail.end(), -INFINITY);  // vectors 2048 on: threads 0-451's first visit
+    got = classifier_pass1(tail, V, true);
+    CHECK(got.arg == 9);
+    CHECK(std::abs(got.sum - exact(tail)) <= 1e-5 * got.sum);
+    auto head = many;
+    std::fill(head.begin(), head.begin() + 8 * 1024 + 8, -INFINITY);  // every thread's first vector, thread 0's two
+    head[9000] = 4.0f;
+    got = classifier_pass1(head, V, true);
+    CHECK(got.m == 4.0f);
+    CHECK(got.arg == 9000);
+    CHECK(std::abs(got.sum - exact(head)) <= 1e-5 * got.sum);
+    // A thread's first visit all NaN (m still -inf), then finite vectors: the NaN stays.
+    auto nan_first = many;
+    std::fill_n(nan_first.begin() + 8 * 2048, 8, NAN);  // vector 2048: thread 0's first visit
+    CHECK(std::isnan(classifier_pass1(nan_first, V, true).sum));
   }
   z[100] = NAN;
   CHECK(std::isnan(classifier_pass1(z, 4096, true).sum));
