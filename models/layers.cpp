@@ -435,16 +435,20 @@ const Tensor& LayerNorm::run_forward(const Tensor& x, Kernels& k) {
   return y_;
 }
 
-const Tensor& LayerNorm::backward_add(const Tensor& dy, const Tensor& residual, Kernels& k) {
-  DPT_CHECK(residual.shape() == x_.shape() && residual.dtype() == x_.dtype(),
-            "LayerNorm backward's residual gradient is {} {} for input {} {}", dtype_name(residual.dtype()),
-            residual.shape_str(), dtype_name(x_.dtype()), x_.shape_str());
+const Tensor& ResidualNorm::backward_add(const Tensor& dy, const Tensor& residual, Kernels& k) {
+  DPT_CHECK(residual.shape() == dy.shape() && residual.dtype() == dy.dtype(),
+            "{} backward's residual gradient is {} {} for a gradient {} {}", kind(), dtype_name(residual.dtype()),
+            residual.shape_str(), dtype_name(dy.dtype()), dy.shape_str());
   struct Reset {
     const Tensor*& r;
     ~Reset() { r = nullptr; }
   } reset{residual_};
   residual_ = &residual;
-  return backward(dy, k);  // Module::backward: the hooks run as for any backward
+  return backward(dy, k);
+}
+
+void ResidualNorm::add_residual(Tensor& dx, Kernels& k) const {
+  if (residual_) k.add(residual_->data<float>(), dx.data<float>(), dx.data<float>(), dx.numel(), false);
 }
 
 const Tensor& LayerNorm::run_backward(const Tensor& dy, Kernels& k) {
@@ -455,13 +459,13 @@ const Tensor& LayerNorm::run_backward(const Tensor& dy, Kernels& k) {
     ensure_shape(dx_, x_.shape(), dy.device(), DType::BF16);
     k.layernorm_backward_bf16(dy.data<BFloat16>(), x_.data<BFloat16>(), gamma_.data<float>(), mean_.data<float>(),
                               rstd_.data<float>(), dx_.data<BFloat16>(), dgamma_.data<float>(), dbeta_.data<float>(),
-                              rows, c_, residual_ ? residual_->data<BFloat16>() : nullptr);
+                              rows, c_, residual_bf16());
     return dx_;
   }
   ensure_shape(dx_, x_.shape(), dy.device());
   k.layernorm_backward(dy.data<float>(), x_.data<float>(), gamma_.data<float>(), mean_.data<float>(),
                        rstd_.data<float>(), dx_.data<float>(), dgamma_.data<float>(), dbeta_.data<float>(), rows, c_);
-  if (residual_) k.add(residual_->data<float>(), dx_.data<float>(), dx_.data<float>(), dx_.numel(), false);
+  add_residual(dx_, k);
   return dx_;
 }
 

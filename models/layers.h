@@ -184,14 +184,29 @@ class AdaptiveAvgPool2d final : public Module {
 
 // Layer normalisation over the last dimension (nn.LayerNorm(C): eps 1e-5, weight 1, bias 0): any input whose
 // last dimension is C, read as [rows, C]; the output has the input's shape.
-class LayerNorm final : public Module {
+// A norm whose backward can also add the gradient of a residual stream around it (a transformer block's
+// x + f(norm(x))): backward_add(dy, residual) = backward(dy) + residual, in the norm's input-gradient buffer; with
+// bf16 activations inside the norm's one pass (the sum rounded once: the kernels' `residual`), in float32 the backward
+// then Kernels::add (add_residual). LayerNorm, and the Llama family's RmsNorm.
+class ResidualNorm : public Module {
+ public:
+  // residual: dy's shape and dtype. The hooks run as for backward (Module::backward).
+  const Tensor& backward_add(const Tensor& dy, const Tensor& residual, Kernels& k);
+
+ protected:
+  // backward_add's residual while its backward runs, else null.
+  const BFloat16* residual_bf16() const { return residual_ ? residual_->data<BFloat16>() : nullptr; }
+  // dx += the residual in float32, when backward_add gave one (the sum add() made before the fused form).
+  void add_residual(Tensor& dx, Kernels& k) const;
+
+ private:
+  const Tensor* residual_ = nullptr;
+};
+
+class LayerNorm final : public ResidualNorm {
  public:
   explicit LayerNorm(int64_t channels, float eps = 1e-5f);
   std::string kind() const override;
-  // backward(dy) + residual: the input gradient plus the gradient of a residual stream around the norm (a
-  // transformer block's). With bf16 activations in one pass (the sum rounded once: Kernels::layernorm_backward_bf16's
-  // residual); in float32 the backward, then Kernels::add. residual has the input's shape and dtype.
-  const Tensor& backward_add(const Tensor& dy, const Tensor& residual, Kernels& k);
   std::vector<ParamSpec> param_specs() const override { return {{"weight", {c_}}, {"bias", {c_}}}; }
   void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
   void init_params(std::mt19937_64& rng) override;
@@ -205,7 +220,6 @@ class LayerNorm final : public Module {
   float eps_;
   Tensor gamma_, beta_, dgamma_, dbeta_;
   Tensor x_, y_, mean_, rstd_, dx_;
-  const Tensor* residual_ = nullptr;  // backward_add's, for the run_backward it calls
 };
 
 // GELU with the tanh approximation (GPT-2's; nn.GELU(approximate="tanh")), elementwise, any shape.

@@ -99,7 +99,7 @@ void Kernels::rmsnorm_forward_bf16(const BFloat16*, const float*, BFloat16*, flo
   no_kernel(*this, "rmsnorm_forward_bf16");
 }
 void Kernels::rmsnorm_backward_bf16(const BFloat16*, const BFloat16*, const float*, const float*, BFloat16*, float*,
-                                    int64_t, int64_t) {
+                                    int64_t, int64_t, const BFloat16*) {
   no_kernel(*this, "rmsnorm_backward_bf16");
 }
 void Kernels::swiglu_forward_bf16(const BFloat16*, const BFloat16*, BFloat16*, size_t) {

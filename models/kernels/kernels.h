@@ -197,8 +197,9 @@ class Kernels {
   // float32; rope_bf16 turns each pair in float32 and rounds both values.
   virtual void rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows,
                                     int64_t C, float eps);
+  // residual (null: none): as layernorm_backward_bf16's, added to dx before its one rounding; it may alias dx.
   virtual void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
-                                     BFloat16* dx, float* dgamma, int64_t rows, int64_t C);
+                                     BFloat16* dx, float* dgamma, int64_t rows, int64_t C, const BFloat16* residual);
   virtual void swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n);
   virtual void swiglu_backward_bf16(const BFloat16* gate, const BFloat16* up, const BFloat16* dy, BFloat16* dgate,
                                     BFloat16* dup, size_t n);

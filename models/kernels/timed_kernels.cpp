@@ -383,10 +383,11 @@ void TimedKernels::rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, B
         [&] { inner_.rmsnorm_forward_bf16(x, gamma, y, rstd, rows, C, eps); });
 }
 void TimedKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
-                                         BFloat16* dx, float* dgamma, int64_t rows, int64_t C) {
-  timed("rmsnorm_backward_bf16", rows_cols(rows, C),
-        mem(norm_bytes(rows, C, 2, 1, 1, true)),
-        [&] { inner_.rmsnorm_backward_bf16(dy, x, gamma, rstd, dx, dgamma, rows, C); });
+                                         BFloat16* dx, float* dgamma, int64_t rows, int64_t C,
+                                         const BFloat16* residual) {
+  timed("rmsnorm_backward_bf16", rows_cols(rows, C) + (residual ? ", + residual" : ""),
+        mem(norm_bytes(rows, C, 2, 1, 1, true) + (residual ? 2.0 * static_cast<double>(rows * C) : 0.0)),
+        [&] { inner_.rmsnorm_backward_bf16(dy, x, gamma, rstd, dx, dgamma, rows, C, residual); });
 }
 void TimedKernels::swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) {
   timed("swiglu_forward_bf16", count(n), mem(6.0 * n), [&] { inner_.swiglu_forward_bf16(gate, up, y, n); });

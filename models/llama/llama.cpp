@@ -161,12 +161,14 @@ const Tensor& RmsNorm::run_backward(const Tensor& dy, Kernels& k) {
   if (x_.dtype() == DType::BF16) {
     ensure_shape(dx_, x_.shape(), dy.device(), DType::BF16);
     k.rmsnorm_backward_bf16(dy.data<BFloat16>(), x_.data<BFloat16>(), gamma_.data<float>(), rstd_.data<float>(),
-                            dx_.data<BFloat16>(), dgamma_.data<float>(), static_cast<int64_t>(x_.numel()) / c_, c_);
+                            dx_.data<BFloat16>(), dgamma_.data<float>(), static_cast<int64_t>(x_.numel()) / c_, c_,
+                            residual_bf16());
     return dx_;
   }
   ensure_shape(dx_, x_.shape(), dy.device());
   k.rmsnorm_backward(dy.data<float>(), x_.data<float>(), gamma_.data<float>(), rstd_.data<float>(), dx_.data<float>(),
                      dgamma_.data<float>(), static_cast<int64_t>(x_.numel()) / c_, c_);
+  add_residual(dx_, k);
   return dx_;
 }
 
@@ -449,22 +451,9 @@ const Tensor& LlamaBlock::run_forward(const Tensor& x, Kernels& k) {
 
 const Tensor& LlamaBlock::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == y_.shape(), "LlamaBlock backward got {}", dy.shape_str());
-  if (dy.dtype() == DType::BF16) {
-    const Tensor& dm = post_attention_layernorm_->backward(mlp_->backward(dy, k), k);
-    ensure_shape(dr1_, dy.shape(), dy.device(), DType::BF16);
-    k.add_bf16(dy.data<BFloat16>(), dm.data<BFloat16>(), dr1_.data<BFloat16>(), dy.numel());
-    const Tensor& da = input_layernorm_->backward(self_attn_->backward(dr1_, k), k);
-    ensure_shape(dx_, dy.shape(), dy.device(), DType::BF16);
-    k.add_bf16(dr1_.data<BFloat16>(), da.data<BFloat16>(), dx_.data<BFloat16>(), dy.numel());
-    return dx_;
-  }
-  const Tensor& dm = post_attention_layernorm_->backward(mlp_->backward(dy, k), k);
-  ensure_shape(dr1_, dy.shape(), dy.device());
-  k.add(dy.data<float>(), dm.data<float>(), dr1_.data<float>(), dy.numel(), false);
-  const Tensor& da = input_layernorm_->backward(self_attn_->backward(dr1_, k), k);
-  ensure_shape(dx_, dy.shape(), dy.device());
-  k.add(dr1_.data<float>(), da.data<float>(), dx_.data<float>(), dy.numel(), false);
-  return dx_;
+  // As GptBlock's: each residual sum made by its norm's backward (ResidualNorm::backward_add).
+  const Tensor& dr1 = post_attention_layernorm_->backward_add(mlp_->backward(dy, k), dy, k);
+  return input_layernorm_->backward_add(self_attn_->backward(dr1, k), dr1, k);
 }
 
 // ---- LlamaModel -----------------------------------------------------------------------------------------------------

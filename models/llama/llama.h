@@ -74,7 +74,7 @@ struct RopeTables {
 
 // RMSNorm over the last dimension (LlamaRMSNorm: y = x / sqrt(mean(x^2) + eps) * weight, statistics in float32):
 // any input whose last dimension is C, read as [rows, C]; weight 1 at initialisation.
-class RmsNorm final : public Module {
+class RmsNorm final : public ResidualNorm {
  public:
   RmsNorm(int64_t channels, float eps);
   std::string kind() const override;
@@ -166,7 +166,7 @@ class LlamaBlock final : public Module {
   RmsNorm *input_layernorm_, *post_attention_layernorm_;
   LlamaAttention* self_attn_;
   LlamaMlp* mlp_;
-  Tensor r1_, y_, dr1_, dx_;
+  Tensor r1_, y_;
 };
 
 // LlamaModel (the `model.` of the names): owns embed_tokens.weight [vocab, C]; children layers ("0", "1", ...) and

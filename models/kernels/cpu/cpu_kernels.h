@@ -90,7 +90,7 @@ class CpuKernels final : public Kernels {
   void rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows, int64_t C,
                             float eps) override;
   void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd, BFloat16* dx,
-                             float* dgamma, int64_t rows, int64_t C) override;
+                             float* dgamma, int64_t rows, int64_t C, const BFloat16* residual) override;
   void swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) override;
   void swiglu_backward_bf16(const BFloat16* gate, const BFloat16* up, const BFloat16* dy, BFloat16* dgate, BFloat16* dup,
                             size_t n) override;

@@ -29,9 +29,10 @@ void rmsnorm_forward_rows(const T* x, const float* gamma, T* y, float* rstd, int
   }
 }
 
+// residual (null: none): added to dx in float32 before its one rounding; it may alias dx.
 template <class T>
 void rmsnorm_backward_rows(const T* dy, const T* x, const float* gamma, const float* rstd, T* dx, float* dgamma,
-                           int64_t rows, int64_t C) {
+                           int64_t rows, int64_t C, const T* residual) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* g = dy + r * C;
     const T* in = x + r * C;
@@ -44,7 +45,11 @@ void rmsnorm_backward_rows(const T* dy, const T* x, const float* gamma, const fl
     }
     const float mean = static_cast<float>(sum / static_cast<double>(C));
     T* out = dx + r * C;
-    for (int64_t c = 0; c < C; ++c) st(out, c, s * (ld(g, c) * gamma[c] - ld(in, c) * s * mean));
+    const T* res = residual ? residual + r * C : nullptr;
+    for (int64_t c = 0; c < C; ++c) {
+      const float v = s * (ld(g, c) * gamma[c] - ld(in, c) * s * mean);
+      st(out, c, res ? v + ld(res, c) : v);
+    }
   }
 }
 
@@ -95,7 +100,7 @@ void CpuKernels::rmsnorm_forward(const float* x, const float* gamma, float* y, f
 
 void CpuKernels::rmsnorm_backward(const float* dy, const float* x, const float* gamma, const float* rstd, float* dx,
                                   float* dgamma, int64_t rows, int64_t C) {
-  rmsnorm_backward_rows(dy, x, gamma, rstd, dx, dgamma, rows, C);
+  rmsnorm_backward_rows(dy, x, gamma, rstd, dx, dgamma, rows, C, static_cast<const float*>(nullptr));
 }
 
 void CpuKernels::swiglu_forward(const float* gate, const float* up, float* y, size_t n) {
@@ -118,8 +123,9 @@ void CpuKernels::rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFl
 }
 
 void CpuKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
-                                       BFloat16* dx, float* dgamma, int64_t rows, int64_t C) {
-  rmsnorm_backward_rows(dy, x, gamma, rstd, dx, dgamma, rows, C);
+                                       BFloat16* dx, float* dgamma, int64_t rows, int64_t C,
+                                       const BFloat16* residual) {
+  rmsnorm_backward_rows(dy, x, gamma, rstd, dx, dgamma, rows, C, residual);
 }
 
 void CpuKernels::swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) {

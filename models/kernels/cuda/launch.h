@@ -194,14 +194,16 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
 // ---- the Llama family (llama.cu) ------------------------------------------------------------------------------
 // RMSNorm forward: one warp per row, the sum of squares in double (as the CPU set). Backward: dgamma += sum_r dy xhat
 // over layernorm_splits() runs of rows in a fixed order (partials: C * layernorm_splits(rows) floats of scratch),
-// then dx one warp per row (dx may alias dy).
+// then dx one warp per row (dx may alias dy); residual (null: none) added to dx before its rounding (it may alias dx).
+// Bf16 rows that fit (as LayerNorm's, up to kLnRowMaxColumns forward and kLnBackwardRowMaxColumns backward, 16-byte
+// aligned) are held in registers, the backward fused into one pass over layernorm_rows_splits(rows) runs.
 // Each over float32 or bf16 activations (T = float, BFloat16: read widened, written rounded once).
 template <class T>
 cudaError_t rmsnorm_forward(const T* x, const float* gamma, T* y, float* rstd, int64_t rows, int64_t C, float eps,
                             cudaStream_t s);
 template <class T>
 cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const float* rstd, T* dx, float* dgamma,
-                             int64_t rows, int64_t C, float* partials, cudaStream_t s);
+                             int64_t rows, int64_t C, const T* residual, float* partials, cudaStream_t s);
 template <class T>
 cudaError_t swiglu_forward(const T* gate, const T* up, T* y, size_t n, cudaStream_t s);
 template <class T>

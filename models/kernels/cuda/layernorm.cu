@@ -5,8 +5,6 @@
 // columns (a multiple of 8, 16-byte aligned) are held in registers: each read once, forward and backward (the
 // backward's dx and its parameter sums in one pass), gamma and beta read eight at a time, the row sums per lane in
 // float32 (a few float ulps from the double sums of the kernels that walk the row again per pass).
-#include <type_traits>
-
 #include "models/kernels/cuda/common.cuh"
 
 namespace dpt::models::cuda_launch {
@@ -40,34 +38,6 @@ __global__ void layernorm_forward_kernel(const T* x, const float* gamma, const f
     mean[r] = m;
     rstd[r] = s;
   }
-}
-
-// A bf16 row in registers: lane `lane` holds the row's vectors lane, lane + 32, ..., lane + 32 (NV - 1) (eight
-// columns each; those past the row's nvec vectors are not read), the vectors in for_lane_columns' order.
-template <int NV>
-__device__ __forceinline__ void load_lane_row(const BFloat16* row, int64_t nvec, int lane, Bf16x8 (&out)[NV]) {
-  const auto* p = reinterpret_cast<const uint4*>(row);
-#pragma unroll
-  for (int k = 0; k < NV; ++k)
-    if (lane + 32 * k < nvec) out[k].raw = p[lane + 32 * k];
-}
-
-// The eight values of a vector summed in a fixed tree.
-__device__ __forceinline__ float sum8(const float (&a)[8]) {
-  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
-}
-
-// Eight float32 parameters of columns 8 v .. 8 v + 7 in two 16-byte loads (p 16-byte aligned).
-__device__ __forceinline__ void load_params8(const float* p, int64_t v, float (&out)[8]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[2 * v], b = reinterpret_cast<const float4*>(p)[2 * v + 1];
-  out[0] = a.x;
-  out[1] = a.y;
-  out[2] = a.z;
-  out[3] = a.w;
-  out[4] = b.x;
-  out[5] = b.y;
-  out[6] = b.z;
-  out[7] = b.w;
 }
 
 // The bf16 forward over a row read once (rows of up to 32 NV vectors; gamma and beta 16-byte aligned, read eight at
@@ -120,39 +90,6 @@ __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* ga
     mean[r] = m;
     rstd[r] = s;
   }
-}
-
-// Calls f(std::integral_constant<int, NV>{}) with the fewest vectors per lane NV (of 1, 2, 3, 4, 6, 8, 12, 16, up to
-// kMax) that hold a row of C columns (C a multiple of 8 that kMax vectors per lane hold).
-template <int kMax, class F>
-cudaError_t with_lane_vectors(int64_t C, F&& f) {
-  const int64_t need = (C / 8 + 31) / 32;
-  cudaError_t e = cudaErrorInvalidValue;
-  bool done = false;
-  const auto try_nv = [&](auto nv) {
-    if constexpr (decltype(nv)::value <= kMax) {
-      if (!done && need <= decltype(nv)::value) {
-        done = true;
-        e = f(nv);
-      }
-    }
-  };
-  try_nv(std::integral_constant<int, 1>{});
-  try_nv(std::integral_constant<int, 2>{});
-  try_nv(std::integral_constant<int, 3>{});
-  try_nv(std::integral_constant<int, 4>{});
-  try_nv(std::integral_constant<int, 6>{});
-  try_nv(std::integral_constant<int, 8>{});
-  try_nv(std::integral_constant<int, 12>{});
-  try_nv(std::integral_constant<int, 16>{});
-  return e;
-}
-
-// Whether a bf16 LayerNorm of rows of C columns runs on rows held in registers (forward up to kLnRowMaxColumns,
-// backward up to kLnBackwardRowMaxColumns: its per-column sums take registers too).
-template <class T, class... P>
-bool rows_in_registers(int64_t C, int64_t max_columns, const P*... p) {
-  return rows_vectorizable<T>(C, p...) && C <= max_columns;
 }
 
 }  // namespace
@@ -353,28 +290,6 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-// grid (ceil(C / 32), 2), block 32 x 32: block y = 0 the dy xhat sums into dgamma, y = 1 the dy sums into dbeta.
-// Thread (x, y) adds runs y, y + 32, ... of column c in order (four loads in flight), then row y = 0 the 32 sums in
-// order: out[c] += the runs' sum. A fixed tree: the same bits on every run.
-__global__ void layernorm_param_reduce_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,
-                                              float* dbeta) {
-  __shared__ float part[32][33];
-  const int64_t c = blockIdx.x * 32 + threadIdx.x;
-  const float* p = partials + (blockIdx.y == 0 ? 0 : splits * C);
-  float sum = 0.0f;
-  if (c < C) {
-#pragma unroll 4
-    for (int64_t k = threadIdx.y; k < splits; k += 32) sum += p[k * C + c];
-  }
-  part[threadIdx.y][threadIdx.x] = sum;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float t = 0.0f;
-    for (int k = 0; k < 32; ++k) t += part[k][threadIdx.x];
-    (blockIdx.y == 0 ? dgamma : dbeta)[c] += t;
-  }
-}
-
 }  // namespace
 
 template <class T>
@@ -393,7 +308,7 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
         return cudaGetLastError();
       });
       if (e != cudaSuccess) return e;
-      layernorm_param_reduce_kernel<<<dim3(static_cast<unsigned int>((C + 31) / 32), 2), dim3(32, 32), 0, s>>>(
+      column_runs_reduce_kernel<<<dim3(static_cast<unsigned int>((C + 31) / 32), 2), dim3(32, 32), 0, s>>>(
           partials, C, splits, dgamma, dbeta);
       return cudaGetLastError();
     }

@@ -18,7 +18,8 @@ void CudaKernels::rmsnorm_backward(const float* dy, const float* x, const float*
   check_row_shape(rows, C, "rmsnorm backward");
   if (rows == 0) return;
   // ln_partials holds 2 C floats per split: more than the C per split this needs.
-  DPT_CUDA_CHECK(cuda_launch::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C, ln_partials(rows, C), stream()));
+  DPT_CUDA_CHECK(cuda_launch::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C, static_cast<const float*>(nullptr),
+                                               ln_partials(rows, C), stream()));
 }
 
 void CudaKernels::swiglu_forward(const float* gate, const float* up, float* y, size_t n) {
@@ -42,10 +43,12 @@ void CudaKernels::rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BF
 }
 
 void CudaKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
-                                        BFloat16* dx, float* dgamma, int64_t rows, int64_t C) {
+                                        BFloat16* dx, float* dgamma, int64_t rows, int64_t C,
+                                        const BFloat16* residual) {
   check_row_shape(rows, C, "rmsnorm backward (bf16)");
   if (rows == 0) return;
-  DPT_CUDA_CHECK(cuda_launch::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C, ln_partials(rows, C), stream()));
+  DPT_CUDA_CHECK(
+      cuda_launch::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C, residual, ln_partials(rows, C), stream()));
 }
 
 void CudaKernels::swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) {

@@ -1,7 +1,7 @@
 // models/kernels/cuda/llama.cu: the Llama family's layers on the GPU: RMSNorm forward (one warp per row, the sum of
 // squares in double as the CPU set) and backward (dx per row; dgamma in a fixed order over runs of rows, as
-// layernorm.cu: no atomics), SwiGLU, and the rotary embeddings (one thread per pair); kernels first, then their
-// launchers. The per-element arithmetic is elementwise.h's, shared with the CPU set. The kernels are templates over the
+// layernorm.cu: no atomics; bf16 rows held in registers as layernorm.cu's, read once, the backward fused into one
+// pass), SwiGLU, and the rotary embeddings (one thread per pair); kernels first, then their launchers. The per-element arithmetic is elementwise.h's, shared with the CPU set. The kernels are templates over the
 // activations' type: float, or bf16 for the transformer fast path (read widened, written rounded once); gamma, rstd and
 // dgamma float32 either way.
 #include "models/kernels/cuda/common.cuh"
@@ -28,10 +28,11 @@ __global__ void rmsnorm_forward_kernel(const T* x, const float* gamma, T* y, flo
   if (lane == 0) rstd[r] = s;
 }
 
-// dx = rstd * (dy * gamma - xhat * mean(dy * gamma * xhat)); one warp per row. dx may alias dy.
+// dx = rstd * (dy * gamma - xhat * mean(dy * gamma * xhat)) (+ residual, null: none, before the one rounding); one
+// warp per row. dx may alias dy or residual.
 template <class T>
 __global__ void rmsnorm_backward_dx_kernel(const T* dy, const T* x, const float* gamma, const float* rstd, T* dx,
-                                           int64_t rows, int64_t C) {
+                                           int64_t rows, int64_t C, const T* residual) {
   const int lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;
@@ -43,8 +44,128 @@ __global__ void rmsnorm_backward_dx_kernel(const T* dy, const T* x, const float*
     sum += static_cast<double>(load_act(g, c)) * gamma[c] * (load_act(in, c) * s);
   const float mean = static_cast<float>(warp_sum(sum) / static_cast<double>(C));
   T* out = dx + r * C;
-  for (int64_t c = lane; c < C; c += 32)
-    store_act(out, c, s * (load_act(g, c) * gamma[c] - load_act(in, c) * s * mean));
+  const T* res = residual ? residual + r * C : nullptr;
+  for (int64_t c = lane; c < C; c += 32) {
+    const float v = s * (load_act(g, c) * gamma[c] - load_act(in, c) * s * mean);
+    store_act(out, c, res ? v + load_act(res, c) : v);
+  }
+}
+
+// The bf16 forward over a row held in registers (layernorm_forward_rows_kernel's walk: rows of up to 32 NV vectors,
+// gamma 16-byte aligned and read eight at a time, the sum of squares per lane in float32, each vector in a fixed
+// tree, then over the warp in double). y = x * rstd * gamma, rounded once.
+template <int NV>
+__global__ void rmsnorm_forward_rows_kernel(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd,
+                                            int64_t rows, int64_t C, float eps) {
+  const int lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
+  if (r >= rows) return;
+  const int64_t nvec = C / 8;
+  Bf16x8 in[NV];
+  load_lane_row(x + r * C, nvec, lane, in);
+  float part = 0.0f;
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    if (lane + 32 * k >= nvec) continue;
+    float v[8];
+    unpack_bf16x8(in[k].raw, v);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] *= v[i];
+    part += sum8(v);
+  }
+  const float s = static_cast<float>(1.0 / sqrt(warp_sum(static_cast<double>(part)) / static_cast<double>(C) + eps));
+  auto* out = reinterpret_cast<uint4*>(y + r * C);
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t vi = lane + 32 * k;
+    if (vi >= nvec) continue;
+    float v[8], g[8];
+    unpack_bf16x8(in[k].raw, v);
+    load_params8(gamma, vi, g);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] = v[i] * s * g[i];
+    out[vi] = pack_bf16x8(v);
+  }
+  if (lane == 0) rstd[r] = s;
+}
+
+// The fused bf16 backward over rows held in registers, layernorm_backward_rows_kernel's walk (kLnRowsPerBlock rows a
+// block, block `split` the split-th run; per row dy and x read once, gamma eight at a time): dx (+ residual, null:
+// none, else 16-byte aligned; it and dy may be dx) written, and the lane's sums of dy xhat over its rows added in
+// warp order in shared memory into partials[split * C + c] (column_runs_reduce_kernel adds the runs).
+template <int NV>
+__global__ void __launch_bounds__(kThreads, 2)
+    rmsnorm_backward_rows_kernel(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
+                                 BFloat16* dx, int64_t rows, int64_t C, float* partials, const BFloat16* residual) {
+  static_assert(NV <= kLnBackwardMaxLaneVectors);
+  __shared__ float block_sums[kLnBackwardRowMaxColumns];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t split = blockIdx.x, nvec = C / 8;
+  float acc[NV][8];
+#pragma unroll
+  for (int k = 0; k < NV; ++k)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[k][i] = 0.0f;
+  const int64_t end = (split + 1) * kLnRowsPerBlock < rows ? (split + 1) * kLnRowsPerBlock : rows;
+  for (int64_t r = split * kLnRowsPerBlock + warp; r < end; r += kWarpsPerBlock) {
+    Bf16x8 g[NV], in[NV];
+    load_lane_row(dy + r * C, nvec, lane, g);
+    load_lane_row(x + r * C, nvec, lane, in);
+    const float s = rstd[r];
+    float part = 0.0f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t vi = lane + 32 * k;
+      if (vi >= nvec) continue;
+      float gv[8], xh[8], gm[8], t[8];
+      unpack_bf16x8(g[k].raw, gv);
+      unpack_bf16x8(in[k].raw, xh);
+      load_params8(gamma, vi, gm);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        xh[i] *= s;
+        t[i] = gv[i] * gm[i] * xh[i];
+        acc[k][i] += gv[i] * xh[i];
+      }
+      part += sum8(t);
+    }
+    const float mean = static_cast<float>(warp_sum(static_cast<double>(part)) / static_cast<double>(C));
+    auto* out = reinterpret_cast<uint4*>(dx + r * C);
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+      const int64_t vi = lane + 32 * k;
+      if (vi >= nvec) continue;
+      float gv[8], xv[8], gm[8];
+      unpack_bf16x8(g[k].raw, gv);
+      unpack_bf16x8(in[k].raw, xv);
+      load_params8(gamma, vi, gm);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) gv[i] = s * (gv[i] * gm[i] - xv[i] * s * mean);
+      if (residual) {  // its vector read before dx's is written: it may be dx
+        float rv[8];
+        unpack_bf16x8(reinterpret_cast<const uint4*>(residual + r * C)[vi], rv);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) gv[i] += rv[i];
+      }
+      out[vi] = pack_bf16x8(gv);
+    }
+  }
+  for (int w = 0; w < kWarpsPerBlock; ++w) {  // warp order: the same sums on every run
+    if (warp == w) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int64_t vi = lane + 32 * k;
+        if (vi >= nvec) continue;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+          const int64_t at = i * nvec + vi;  // transposed: a warp's lanes on 32 banks
+          block_sums[at] = w == 0 ? acc[k][i] : block_sums[at] + acc[k][i];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t c = threadIdx.x; c < C; c += kThreads) partials[split * C + c] = block_sums[(c % 8) * nvec + c / 8];
 }
 
 // grid (ceil(C / 32), splits), block 32 x 32: the run's sum of dy * xhat per column into partials[split * C + c].
@@ -122,22 +243,45 @@ cudaError_t rmsnorm_forward(const T* x, const float* gamma, T* y, float* rstd, i
                             cudaStream_t s) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
+  if constexpr (sizeof(T) == 2) {
+    if (rows_in_registers<T>(C, kLnRowMaxColumns, x, y, gamma))
+      return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
+        rmsnorm_forward_rows_kernel<decltype(nv)::value>
+            <<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, y, rstd, rows, C, eps);
+        return cudaGetLastError();
+      });
+  }
   rmsnorm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, y, rstd, rows, C, eps);
   return cudaGetLastError();
 }
 
 template <class T>
 cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const float* rstd, T* dx, float* dgamma,
-                             int64_t rows, int64_t C, float* partials, cudaStream_t s) {
+                             int64_t rows, int64_t C, const T* residual, float* partials, cudaStream_t s) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
+  if constexpr (sizeof(T) == 2) {
+    if (rows_in_registers<T>(C, kLnBackwardRowMaxColumns, dy, x, dx, gamma, residual)) {  // null: aligned
+      const int64_t splits = layernorm_rows_splits(rows);
+      if (splits > 2147483647LL) return cudaErrorInvalidValue;
+      const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
+        rmsnorm_backward_rows_kernel<decltype(nv)::value><<<static_cast<unsigned int>(splits), kThreads, 0, s>>>(
+            dy, x, gamma, rstd, dx, rows, C, partials, residual);
+        return cudaGetLastError();
+      });
+      if (e != cudaSuccess) return e;
+      column_runs_reduce_kernel<<<dim3(static_cast<unsigned int>((C + 31) / 32), 1), dim3(32, 32), 0, s>>>(
+          partials, C, splits, dgamma, nullptr);
+      return cudaGetLastError();
+    }
+  }
   const int64_t splits = layernorm_splits(rows);  // dgamma first: it reads dy, which dx may alias
   const dim3 grid(static_cast<unsigned int>((C + 31) / 32), static_cast<unsigned int>(splits));
   rmsnorm_param_partials_kernel<T><<<grid, dim3(32, 32), 0, s>>>(dy, x, rstd, rows, C, splits, partials);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   rmsnorm_param_finish_kernel<<<blocks_for(static_cast<size_t>(C)), kThreads, 0, s>>>(partials, C, splits, dgamma);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  rmsnorm_backward_dx_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, rstd, dx, rows, C);
+  rmsnorm_backward_dx_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, rstd, dx, rows, C, residual);
   return cudaGetLastError();
 }
 
@@ -169,7 +313,7 @@ cudaError_t rope(T* x, const float* cos, const float* sin, int64_t rows, int64_t
 #define DPT_LLAMA_INSTANTIATE(T)                                                                                      \
   template cudaError_t rmsnorm_forward<T>(const T*, const float*, T*, float*, int64_t, int64_t, float, cudaStream_t); \
   template cudaError_t rmsnorm_backward<T>(const T*, const T*, const float*, const float*, T*, float*, int64_t,       \
-                                           int64_t, float*, cudaStream_t);                                            \
+                                           int64_t, const T*, float*, cudaStream_t);                                  \
   template cudaError_t swiglu_forward<T>(const T*, const T*, T*, size_t, cudaStream_t);                               \
   template cudaError_t swiglu_backward<T>(const T*, const T*, const T*, T*, T*, size_t, cudaStream_t);                \
   template cudaError_t rope<T>(T*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,  \

@@ -9,6 +9,7 @@
 // (expf and sinf/cosf may differ by an ulp between the host's libm and CUDA's).
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -113,7 +114,10 @@ TEST_CASE("cuda rope matches the CPU on a fused qkv row's q and k heads, and bac
 // round to neighbouring bf16 values); rstd and dgamma float32 as the float32 kernels'.
 TEST_CASE("cuda bf16 RMSNorm, SwiGLU and rope match the CPU's", "[gpu][llama][fastpath]") {
   std::mt19937 rng(94);
-  for (const int64_t C : {int64_t{576}, int64_t{37}}) {  // SmolLM-135M's width, and an odd one
+  // SmolLM-135M's width (576: rows in registers, 3 vectors a lane, the backward fused), Llama 3.2 1B's (2048: the
+  // forward in registers, the backward per pass), 1024 (the fused backward's largest) and an odd one (one column at a
+  // time). 300 rows: 10 of the backward's runs of 32, the last of 12 rows.
+  for (const int64_t C : {int64_t{576}, int64_t{2048}, int64_t{1024}, int64_t{37}}) {
     const int64_t rows = 300;
     CAPTURE(C);
     const Tensor x = bf16_random({rows, C}, rng, -3.0f, 3.0f), dy = bf16_random({rows, C}, rng);
@@ -127,13 +131,34 @@ TEST_CASE("cuda bf16 RMSNorm, SwiGLU and rope match the CPU's", "[gpu][llama][fa
     gpu_kernels().rmsnorm_forward_bf16(gx.data<BFloat16>(), ggamma.data<float>(), gy.data<BFloat16>(),
                                        grstd.data<float>(), rows, C, 1e-5f);
     cpu_kernels().rmsnorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
-                                        rstd.data<float>(), dx.data<BFloat16>(), dg.data<float>(), rows, C);
+                                        rstd.data<float>(), dx.data<BFloat16>(), dg.data<float>(), rows, C, nullptr);
     gpu_kernels().rmsnorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
-                                        grstd.data<float>(), gdx.data<BFloat16>(), gdg.data<float>(), rows, C);
+                                        grstd.data<float>(), gdx.data<BFloat16>(), gdg.data<float>(), rows, C, nullptr);
     const Diff d_y = compare_bf16(gy, y, 1e-6, kBf16Step), d_rstd = compare(to_host(grstd), rstd, 0.0, 1e-6);
     const Diff d_dx = compare_bf16(gdx, dx, 1e-5, kBf16Step), d_dg = compare(to_host(gdg), dg, 1e-4, 1e-5);
     INFO("y: " << d_y << "\nrstd: " << d_rstd << "\ndx: " << d_dx << "\ndgamma: " << d_dg);
     CHECK(d_y.bad + d_rstd.bad + d_dx.bad + d_dg.bad == 0);
+    // With a residual gradient added before dx's rounding (the CPU's arithmetic), then with it in dx's buffer (and
+    // dgamma the same bits again: a fixed order).
+    const Tensor res = bf16_random({rows, C}, rng);
+    Tensor dxr = bf16_nan({rows, C}), dgr = copy_to(dg0, Device::cpu());
+    cpu_kernels().rmsnorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
+                                        rstd.data<float>(), dxr.data<BFloat16>(), dgr.data<float>(), rows, C,
+                                        res.data<BFloat16>());
+    Tensor gres = to_device(res), gdxr = to_device(bf16_nan({rows, C})), gdgr = to_device(dg0);
+    gpu_kernels().rmsnorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                        grstd.data<float>(), gdxr.data<BFloat16>(), gdgr.data<float>(), rows, C,
+                                        gres.data<BFloat16>());
+    const Diff r_dx = compare_bf16(gdxr, dxr, 1e-5, kBf16Step);
+    INFO("dx + residual: " << r_dx);
+    CHECK(r_dx.bad == 0);
+    Tensor ginplace = to_device(res), gdg2 = to_device(dg0);
+    gpu_kernels().rmsnorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                        grstd.data<float>(), ginplace.data<BFloat16>(), gdg2.data<float>(), rows, C,
+                                        ginplace.data<BFloat16>());
+    const Tensor a = to_host(gdxr), b = to_host(ginplace), c = to_host(gdgr), d = to_host(gdg2);
+    CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
+    CHECK(std::memcmp(c.raw(), d.raw(), c.bytes()) == 0);
   }
   // SwiGLU, the backward in place over its inputs as the fast path runs it.
   const int64_t n = 100003;

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <complex>
 #include <numbers>
 #include <random>
@@ -201,11 +202,30 @@ TEST_CASE("the bf16 RMSNorm, SwiGLU and rope are the float32 kernels on the wide
   cpu().rmsnorm_forward(x.data(), gamma.data(), y.data(), rstd.data(), rows, C, 1e-5f);
   cpu().rmsnorm_forward_bf16(x16.data(), gamma.data(), y16.data(), rstd16.data(), rows, C, 1e-5f);
   cpu().rmsnorm_backward(dy.data(), x.data(), gamma.data(), rstd.data(), dx.data(), dg.data(), rows, C);
-  cpu().rmsnorm_backward_bf16(dy16.data(), x16.data(), gamma.data(), rstd16.data(), dx16.data(), dg16.data(), rows, C);
+  cpu().rmsnorm_backward_bf16(dy16.data(), x16.data(), gamma.data(), rstd16.data(), dx16.data(), dg16.data(), rows, C,
+                              nullptr);
   CHECK(rounding_mismatches(y16, y) == 0);
   CHECK(rstd16 == rstd);
   CHECK(rounding_mismatches(dx16, dx) == 0);
   CHECK(dg16 == dg);
+  {  // With a residual gradient: dx + residual in float32, rounded once (not twice); in dx's buffer too.
+    const auto res16 = to_bf16(random_vec(rows * C, rng));
+    std::vector<BFloat16> dxr(x.size()), inplace = res16;
+    std::vector<float> dgr = dg0;
+    cpu().rmsnorm_backward_bf16(dy16.data(), x16.data(), gamma.data(), rstd16.data(), dxr.data(), dgr.data(), rows, C,
+                                res16.data());
+    cpu().rmsnorm_backward_bf16(dy16.data(), x16.data(), gamma.data(), rstd16.data(), inplace.data(), dgr.data(), rows,
+                                C, inplace.data());
+    std::vector<float> sum(x.size());
+    size_t twice = 0;
+    for (size_t i = 0; i < sum.size(); ++i) {
+      sum[i] = dx[i] + to_float(res16[i]);
+      twice += dxr[i].bits != to_bfloat16(to_float(dx16[i]) + to_float(res16[i])).bits;
+    }
+    CHECK(rounding_mismatches(dxr, sum) == 0);
+    CHECK(twice > 0);  // two roundings differ somewhere: the check above tells them apart
+    CHECK(std::memcmp(dxr.data(), inplace.data(), dxr.size() * sizeof(BFloat16)) == 0);
+  }
   // SwiGLU, in place too.
   const size_t n = 1000;
   const auto gate16 = to_bf16(random_vec(n, rng, -6.0f, 6.0f)), up16 = to_bf16(random_vec(n, rng, -2.0f, 2.0f));
