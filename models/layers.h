@@ -182,8 +182,6 @@ class AdaptiveAvgPool2d final : public Module {
   Tensor y_, dx_;
 };
 
-// Layer normalisation over the last dimension (nn.LayerNorm(C): eps 1e-5, weight 1, bias 0): any input whose
-// last dimension is C, read as [rows, C]; the output has the input's shape.
 // A norm whose backward can also add the gradient of a residual stream around it (a transformer block's
 // x + f(norm(x))): backward_add(dy, residual) = backward(dy) + residual, in the norm's input-gradient buffer; with
 // bf16 activations inside the norm's one pass (the sum rounded once: the kernels' `residual`), in float32 the backward
@@ -203,6 +201,8 @@ class ResidualNorm : public Module {
   const Tensor* residual_ = nullptr;
 };
 
+// Layer normalisation over the last dimension (nn.LayerNorm(C): eps 1e-5, weight 1, bias 0): any input whose
+// last dimension is C, read as [rows, C]; the output has the input's shape.
 class LayerNorm final : public ResidualNorm {
  public:
   explicit LayerNorm(int64_t channels, float eps = 1e-5f);

@@ -264,7 +264,7 @@ const Tensor& GptBlock::run_forward(const Tensor& x, Kernels& k) {
 const Tensor& GptBlock::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == y_.shape(), "Block backward got {}", dy.shape_str());
   // d(r1) = dy (the residual) + what flows back through mlp(ln_2(r1)); d(x) likewise through attn(ln_1(x)). Each
-  // sum is the norm's (LayerNorm::backward_add: with bf16 activations inside its one pass, rounded once; in float32
+  // sum is the norm's (ResidualNorm::backward_add: with bf16 activations inside its one pass, rounded once; in float32
   // the same sum as an add after it: ResidualNorm), in the norm's input-gradient buffer.
   const Tensor& dr1 = ln_2_->backward_add(mlp_->backward(dy, k), dy, k);
   return ln_1_->backward_add(attn_->backward(dr1, k), dr1, k);

@@ -269,11 +269,59 @@ bool rows_in_registers(int64_t C, int64_t max_columns, const P*... p) {
   return rows_vectorizable<T>(C, p...) && C <= max_columns;
 }
 
+// out[vi] = bf16(v + the residual row's vector vi) (residual_row null: bf16(v)), the residual's vector read first: it
+// may be out's row. The fused norm backwards' dx.
+__device__ __forceinline__ void store_vector_plus(uint4* out, const BFloat16* residual_row, int64_t vi,
+                                                  float (&v)[8]) {
+  if (residual_row) {
+    float rv[8];
+    unpack_bf16x8(reinterpret_cast<const uint4*>(residual_row)[vi], rv);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] += rv[i];
+  }
+  out[vi] = pack_bf16x8(v);
+}
+
+// The fused norm backwards' per-column sums over a block's rows, kArrays of them (each lane's columns' acc[a][k][i],
+// its vectors as load_lane_row holds them): added over the block's warps in warp order (the same sums on every run)
+// in shared memory, transposed (element i of vector v at i * nvec + v: a warp's lanes on 32 banks), then written as
+// run `split` of `splits`: partials[(a * splits + split) * C + c] (column_runs_reduce_kernel's layout). block_sums:
+// kArrays * C floats of shared memory. Every thread of the block calls it.
+template <int kArrays, int NV>
+__device__ __forceinline__ void write_block_column_sums(const float (&acc)[kArrays][NV][8], float* block_sums,
+                                                        int64_t nvec, int64_t C, int64_t split, int64_t splits,
+                                                        float* partials) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  for (int w = 0; w < kWarpsPerBlock; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int k = 0; k < NV; ++k) {
+        const int64_t vi = lane + 32 * k;
+        if (vi >= nvec) continue;
+#pragma unroll
+        for (int i = 0; i < 8; ++i)
+#pragma unroll
+          for (int a = 0; a < kArrays; ++a) {
+            float& sum = block_sums[a * C + i * nvec + vi];
+            sum = w == 0 ? acc[a][k][i] : sum + acc[a][k][i];
+          }
+      }
+    }
+    __syncthreads();
+  }
+  for (int64_t c = threadIdx.x; c < C; c += kThreads)
+#pragma unroll
+    for (int a = 0; a < kArrays; ++a)
+      partials[(a * splits + split) * C + c] = block_sums[a * C + (c % 8) * nvec + c / 8];
+}
+
 // The per-column sums of runs of rows, added up: partials holds gridDim.y arrays of `splits` runs of C columns
 // (partials[(y * splits + k) * C + c]); grid (ceil(C / 32), 1 or 2), block 32 x 32: block y the array into out0
 // (y = 0: LayerNorm's dgamma, RMSNorm's) or out1 (y = 1: LayerNorm's dbeta). Thread (x, y) adds runs y, y + 32, ...
 // of column c in order (four loads in flight), then row y = 0 the 32 sums in order: out[c] += the runs' sum. A fixed
 // tree: the same bits on every run.
+// (A template only so that the .cu files that include this and do not launch it compile no copy.)
+template <class = void>
 __global__ void column_runs_reduce_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,
                                           float* dbeta) {
   __shared__ float part[32][33];

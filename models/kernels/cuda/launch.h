@@ -193,10 +193,11 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
 
 // ---- the Llama family (llama.cu) ------------------------------------------------------------------------------
 // RMSNorm forward: one warp per row, the sum of squares in double (as the CPU set). Backward: dgamma += sum_r dy xhat
-// over layernorm_splits() runs of rows in a fixed order (partials: C * layernorm_splits(rows) floats of scratch),
-// then dx one warp per row (dx may alias dy); residual (null: none) added to dx before its rounding (it may alias dx).
-// Bf16 rows that fit (as LayerNorm's, up to kLnRowMaxColumns forward and kLnBackwardRowMaxColumns backward, 16-byte
-// aligned) are held in registers, the backward fused into one pass over layernorm_rows_splits(rows) runs.
+// over layernorm_splits() runs of rows in a fixed order, then dx one warp per row (dx may alias dy); residual (null:
+// none) added to dx before its rounding (it may alias dx). Bf16 rows that fit (as LayerNorm's, up to
+// kLnRowMaxColumns forward and kLnBackwardRowMaxColumns backward, 16-byte aligned) are held in registers, summed per
+// lane in float32 and over the warp in double, the backward fused into one pass over layernorm_rows_splits(rows)
+// runs. partials: layernorm_partials_count(rows, C) floats of scratch (either way, C per run needed).
 // Each over float32 or bf16 activations (T = float, BFloat16: read widened, written rounded once).
 template <class T>
 cudaError_t rmsnorm_forward(const T* x, const float* gamma, T* y, float* rstd, int64_t rows, int64_t C, float eps,

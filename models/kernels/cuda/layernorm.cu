@@ -214,11 +214,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ float block_sums[2 * kLnBackwardRowMaxColumns];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t split = blockIdx.x, nvec = C / 8;
-  float acc_g[NV][8], acc_b[NV][8];
+  float acc[2][NV][8];  // per column: the sums of dy xhat, of dy
 #pragma unroll
   for (int k = 0; k < NV; ++k)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc_g[k][i] = acc_b[k][i] = 0.0f;
+    for (int i = 0; i < 8; ++i) acc[0][k][i] = acc[1][k][i] = 0.0f;
   const int64_t end = (split + 1) * kLnRowsPerBlock < rows ? (split + 1) * kLnRowsPerBlock : rows;
   for (int64_t r = split * kLnRowsPerBlock + warp; r < end; r += kWarpsPerBlock) {
     Bf16x8 g[NV], in[NV];
@@ -239,8 +239,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         xh[i] = (xh[i] - m) * s;
         d[i] = gv[i] * gm[i];
         dxh[i] = d[i] * xh[i];
-        acc_g[k][i] += gv[i] * xh[i];
-        acc_b[k][i] += gv[i];
+        acc[0][k][i] += gv[i] * xh[i];
+        acc[1][k][i] += gv[i];
       }
       part_d += sum8(d);
       part_dx += sum8(dxh);
@@ -258,36 +258,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       load_params8(gamma, vi, gm);
 #pragma unroll
       for (int i = 0; i < 8; ++i) gv[i] = s * (gv[i] * gm[i] - mean_d - (xh[i] - m) * s * mean_dx);
-      if (residual) {  // its vector read before dx's is written: it may be dx
-        float rv[8];
-        unpack_bf16x8(reinterpret_cast<const uint4*>(residual + r * C)[vi], rv);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) gv[i] += rv[i];
-      }
-      out[vi] = pack_bf16x8(gv);
+      store_vector_plus(out, residual ? residual + r * C : nullptr, vi, gv);
     }
   }
-  for (int w = 0; w < kWarpsPerBlock; ++w) {  // warp order: the same sums on every run
-    if (warp == w) {
-#pragma unroll
-      for (int k = 0; k < NV; ++k) {
-        const int64_t vi = lane + 32 * k;
-        if (vi >= nvec) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int64_t at = i * nvec + vi;
-          block_sums[at] = w == 0 ? acc_g[k][i] : block_sums[at] + acc_g[k][i];
-          block_sums[C + at] = w == 0 ? acc_b[k][i] : block_sums[C + at] + acc_b[k][i];
-        }
-      }
-    }
-    __syncthreads();
-  }
-  for (int64_t c = threadIdx.x; c < C; c += kThreads) {
-    const int64_t at = (c % 8) * nvec + c / 8;
-    partials[split * C + c] = block_sums[at];
-    partials[(splits + split) * C + c] = block_sums[C + at];
-  }
+  write_block_column_sums(acc, block_sums, nvec, C, split, splits, partials);
 }
 
 }  // namespace
@@ -308,7 +282,7 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
         return cudaGetLastError();
       });
       if (e != cudaSuccess) return e;
-      column_runs_reduce_kernel<<<dim3(static_cast<unsigned int>((C + 31) / 32), 2), dim3(32, 32), 0, s>>>(
+      column_runs_reduce_kernel<><<<dim3(static_cast<unsigned int>((C + 31) / 32), 2), dim3(32, 32), 0, s>>>(
           partials, C, splits, dgamma, dbeta);
       return cudaGetLastError();
     }

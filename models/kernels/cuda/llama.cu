@@ -1,9 +1,10 @@
 // models/kernels/cuda/llama.cu: the Llama family's layers on the GPU: RMSNorm forward (one warp per row, the sum of
 // squares in double as the CPU set) and backward (dx per row; dgamma in a fixed order over runs of rows, as
-// layernorm.cu: no atomics; bf16 rows held in registers as layernorm.cu's, read once, the backward fused into one
-// pass), SwiGLU, and the rotary embeddings (one thread per pair); kernels first, then their launchers. The per-element arithmetic is elementwise.h's, shared with the CPU set. The kernels are templates over the
-// activations' type: float, or bf16 for the transformer fast path (read widened, written rounded once); gamma, rstd and
-// dgamma float32 either way.
+// layernorm.cu: no atomics; bf16 rows held in registers as layernorm.cu's, read once, summed per lane in float32 and
+// over the warp in double, the backward fused into one pass), SwiGLU, and the rotary embeddings (one thread per
+// pair); kernels first, then their launchers. The per-element arithmetic is elementwise.h's, shared with the CPU set.
+// The kernels are templates over the activations' type: float, or bf16 for the transformer fast path (read widened,
+// written rounded once); gamma, rstd and dgamma float32 either way.
 #include "models/kernels/cuda/common.cuh"
 
 namespace dpt::models::cuda_launch {
@@ -101,11 +102,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   __shared__ float block_sums[kLnBackwardRowMaxColumns];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t split = blockIdx.x, nvec = C / 8;
-  float acc[NV][8];
+  float acc[1][NV][8];  // per column: the sum of dy xhat
 #pragma unroll
   for (int k = 0; k < NV; ++k)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[k][i] = 0.0f;
+    for (int i = 0; i < 8; ++i) acc[0][k][i] = 0.0f;
   const int64_t end = (split + 1) * kLnRowsPerBlock < rows ? (split + 1) * kLnRowsPerBlock : rows;
   for (int64_t r = split * kLnRowsPerBlock + warp; r < end; r += kWarpsPerBlock) {
     Bf16x8 g[NV], in[NV];
@@ -125,7 +126,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int i = 0; i < 8; ++i) {
         xh[i] *= s;
         t[i] = gv[i] * gm[i] * xh[i];
-        acc[k][i] += gv[i] * xh[i];
+        acc[0][k][i] += gv[i] * xh[i];
       }
       part += sum8(t);
     }
@@ -141,31 +142,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       load_params8(gamma, vi, gm);
 #pragma unroll
       for (int i = 0; i < 8; ++i) gv[i] = s * (gv[i] * gm[i] - xv[i] * s * mean);
-      if (residual) {  // its vector read before dx's is written: it may be dx
-        float rv[8];
-        unpack_bf16x8(reinterpret_cast<const uint4*>(residual + r * C)[vi], rv);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) gv[i] += rv[i];
-      }
-      out[vi] = pack_bf16x8(gv);
+      store_vector_plus(out, residual ? residual + r * C : nullptr, vi, gv);
     }
   }
-  for (int w = 0; w < kWarpsPerBlock; ++w) {  // warp order: the same sums on every run
-    if (warp == w) {
-#pragma unroll
-      for (int k = 0; k < NV; ++k) {
-        const int64_t vi = lane + 32 * k;
-        if (vi >= nvec) continue;
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          const int64_t at = i * nvec + vi;  // transposed: a warp's lanes on 32 banks
-          block_sums[at] = w == 0 ? acc[k][i] : block_sums[at] + acc[k][i];
-        }
-      }
-    }
-    __syncthreads();
-  }
-  for (int64_t c = threadIdx.x; c < C; c += kThreads) partials[split * C + c] = block_sums[(c % 8) * nvec + c / 8];
+  write_block_column_sums(acc, block_sums, nvec, C, split, gridDim.x, partials);  // a block per run
 }
 
 // grid (ceil(C / 32), splits), block 32 x 32: the run's sum of dy * xhat per column into partials[split * C + c].
@@ -270,7 +250,7 @@ cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const 
         return cudaGetLastError();
       });
       if (e != cudaSuccess) return e;
-      column_runs_reduce_kernel<<<dim3(static_cast<unsigned int>((C + 31) / 32), 1), dim3(32, 32), 0, s>>>(
+      column_runs_reduce_kernel<><<<dim3(static_cast<unsigned int>((C + 31) / 32), 1), dim3(32, 32), 0, s>>>(
           partials, C, splits, dgamma, nullptr);
       return cudaGetLastError();
     }

@@ -660,6 +660,14 @@ TEST_CASE("the bf16 LayerNorm, residual add and GELU backward: the float32 kerne
     CHECK(off == 0);
     CHECK(twice > 0);  // the two roundings differ somewhere: the check above can tell them apart
     CHECK(std::memcmp(dxr.data(), inplace.data(), n * sizeof(BFloat16)) == 0);
+    // The parameter sums as without the residual: from the same start, two backwards without it.
+    std::vector<float> dg_once(C, 0.25f), db_once(C, -0.5f);
+    cpu().layernorm_backward_bf16(dy.data(), x.data(), gamma.data(), mean16.data(), rstd16.data(), dx16.data(),
+                                  dg_once.data(), db_once.data(), rows, C, nullptr);
+    cpu().layernorm_backward_bf16(dy.data(), x.data(), gamma.data(), mean16.data(), rstd16.data(), dx16.data(),
+                                  dg_once.data(), db_once.data(), rows, C, nullptr);
+    CHECK(dgr == dg_once);
+    CHECK(dbr == db_once);
   }
   // The residual add and GELU's backward from the pre-activation.
   std::vector<BFloat16> sum(n), dgelu(n);

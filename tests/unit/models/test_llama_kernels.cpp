@@ -225,6 +225,12 @@ TEST_CASE("the bf16 RMSNorm, SwiGLU and rope are the float32 kernels on the wide
     CHECK(rounding_mismatches(dxr, sum) == 0);
     CHECK(twice > 0);  // two roundings differ somewhere: the check above tells them apart
     CHECK(std::memcmp(dxr.data(), inplace.data(), dxr.size() * sizeof(BFloat16)) == 0);
+    std::vector<float> dg_twice = dg0;  // dgamma as two backwards without the residual
+    std::vector<BFloat16> scratch(x.size());
+    for (int rep = 0; rep < 2; ++rep)
+      cpu().rmsnorm_backward_bf16(dy16.data(), x16.data(), gamma.data(), rstd16.data(), scratch.data(),
+                                  dg_twice.data(), rows, C, nullptr);
+    CHECK(dgr == dg_twice);
   }
   // SwiGLU, in place too.
   const size_t n = 1000;
