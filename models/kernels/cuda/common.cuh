@@ -217,6 +217,21 @@ __device__ __forceinline__ void load_lane_row(const BFloat16* row, int64_t nvec,
     if (lane + 32 * k < nvec) out[k].raw = p[lane + 32 * k];
 }
 
+// f(k, vi) for each vector the lane holds of a row of nvec (load_lane_row's: vi = lane + 32 k < nvec), k unrolled.
+template <int NV, class F>
+__device__ __forceinline__ void for_lane_vectors(int64_t nvec, int lane, F&& f) {
+#pragma unroll
+  for (int k = 0; k < NV; ++k) {
+    const int64_t vi = lane + 32 * k;
+    if (vi < nvec) f(k, vi);
+  }
+}
+
+// The lanes' float32 partial sums of a row of C added over the warp in double, divided by C: the row's mean.
+__device__ __forceinline__ float warp_mean(float part, int64_t C) {
+  return static_cast<float>(warp_sum(static_cast<double>(part)) / static_cast<double>(C));
+}
+
 // The eight values of a vector summed in a fixed tree.
 __device__ __forceinline__ float sum8(const float (&a)[8]) {
   return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
@@ -293,11 +308,8 @@ __device__ __forceinline__ void write_block_column_sums(const float (&acc)[kArra
                                                         float* partials) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   for (int w = 0; w < kWarpsPerBlock; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int k = 0; k < NV; ++k) {
-        const int64_t vi = lane + 32 * k;
-        if (vi >= nvec) continue;
+    if (warp == w)
+      for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
 #pragma unroll
         for (int i = 0; i < 8; ++i)
 #pragma unroll
@@ -305,8 +317,7 @@ __device__ __forceinline__ void write_block_column_sums(const float (&acc)[kArra
             float& sum = block_sums[a * C + i * nvec + vi];
             sum = w == 0 ? acc[a][k][i] : sum + acc[a][k][i];
           }
-      }
-    }
+      });
     __syncthreads();
   }
   for (int64_t c = threadIdx.x; c < C; c += kThreads)

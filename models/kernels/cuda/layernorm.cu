@@ -54,30 +54,23 @@ __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* ga
   Bf16x8 in[NV];
   load_lane_row(x + r * C, nvec, lane, in);
   float part = 0.0f;
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    if (lane + 32 * k >= nvec) continue;
+  for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t) {
     float v[8];
     unpack_bf16x8(in[k].raw, v);
     part += sum8(v);
-  }
-  const float m = static_cast<float>(warp_sum(static_cast<double>(part)) / static_cast<double>(C));
+  });
+  const float m = warp_mean(part, C);
   part = 0.0f;
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    if (lane + 32 * k >= nvec) continue;
+  for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t) {
     float v[8];
     unpack_bf16x8(in[k].raw, v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = (v[i] - m) * (v[i] - m);
     part += sum8(v);
-  }
+  });
   const float s = static_cast<float>(1.0 / sqrt(warp_sum(static_cast<double>(part)) / static_cast<double>(C) + eps));
   auto* out = reinterpret_cast<uint4*>(y + r * C);
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int64_t vi = lane + 32 * k;
-    if (vi >= nvec) continue;
+  for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
     float v[8], g[8], b[8];
     unpack_bf16x8(in[k].raw, v);
     load_params8(gamma, vi, g);
@@ -85,7 +78,7 @@ __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* ga
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = (v[i] - m) * s * g[i] + b[i];
     out[vi] = pack_bf16x8(v);
-  }
+  });
   if (lane == 0) {
     mean[r] = m;
     rstd[r] = s;
@@ -226,10 +219,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     load_lane_row(x + r * C, nvec, lane, in);
     const float m = mean[r], s = rstd[r];
     float part_d = 0.0f, part_dx = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int64_t vi = lane + 32 * k;
-      if (vi >= nvec) continue;
+    for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
       float gv[8], xh[8], gm[8], d[8], dxh[8];
       unpack_bf16x8(g[k].raw, gv);
       unpack_bf16x8(in[k].raw, xh);
@@ -244,14 +234,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
       part_d += sum8(d);
       part_dx += sum8(dxh);
-    }
-    const float mean_d = static_cast<float>(warp_sum(static_cast<double>(part_d)) / static_cast<double>(C));
-    const float mean_dx = static_cast<float>(warp_sum(static_cast<double>(part_dx)) / static_cast<double>(C));
+    });
+    const float mean_d = warp_mean(part_d, C), mean_dx = warp_mean(part_dx, C);
     auto* out = reinterpret_cast<uint4*>(dx + r * C);
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int64_t vi = lane + 32 * k;
-      if (vi >= nvec) continue;
+    for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
       float gv[8], xh[8], gm[8];
       unpack_bf16x8(g[k].raw, gv);
       unpack_bf16x8(in[k].raw, xh);
@@ -259,7 +245,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int i = 0; i < 8; ++i) gv[i] = s * (gv[i] * gm[i] - mean_d - (xh[i] - m) * s * mean_dx);
       store_vector_plus(out, residual ? residual + r * C : nullptr, vi, gv);
-    }
+    });
   }
   write_block_column_sums(acc, block_sums, nvec, C, split, splits, partials);
 }

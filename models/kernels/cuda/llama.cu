@@ -65,28 +65,23 @@ __global__ void rmsnorm_forward_rows_kernel(const BFloat16* x, const float* gamm
   Bf16x8 in[NV];
   load_lane_row(x + r * C, nvec, lane, in);
   float part = 0.0f;
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    if (lane + 32 * k >= nvec) continue;
+  for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t) {
     float v[8];
     unpack_bf16x8(in[k].raw, v);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] *= v[i];
     part += sum8(v);
-  }
+  });
   const float s = static_cast<float>(1.0 / sqrt(warp_sum(static_cast<double>(part)) / static_cast<double>(C) + eps));
   auto* out = reinterpret_cast<uint4*>(y + r * C);
-#pragma unroll
-  for (int k = 0; k < NV; ++k) {
-    const int64_t vi = lane + 32 * k;
-    if (vi >= nvec) continue;
+  for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
     float v[8], g[8];
     unpack_bf16x8(in[k].raw, v);
     load_params8(gamma, vi, g);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] = v[i] * s * g[i];
     out[vi] = pack_bf16x8(v);
-  }
+  });
   if (lane == 0) rstd[r] = s;
 }
 
@@ -114,10 +109,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     load_lane_row(x + r * C, nvec, lane, in);
     const float s = rstd[r];
     float part = 0.0f;
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int64_t vi = lane + 32 * k;
-      if (vi >= nvec) continue;
+    for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
       float gv[8], xh[8], gm[8], t[8];
       unpack_bf16x8(g[k].raw, gv);
       unpack_bf16x8(in[k].raw, xh);
@@ -129,13 +121,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         acc[0][k][i] += gv[i] * xh[i];
       }
       part += sum8(t);
-    }
-    const float mean = static_cast<float>(warp_sum(static_cast<double>(part)) / static_cast<double>(C));
+    });
+    const float mean = warp_mean(part, C);
     auto* out = reinterpret_cast<uint4*>(dx + r * C);
-#pragma unroll
-    for (int k = 0; k < NV; ++k) {
-      const int64_t vi = lane + 32 * k;
-      if (vi >= nvec) continue;
+    for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
       float gv[8], xv[8], gm[8];
       unpack_bf16x8(g[k].raw, gv);
       unpack_bf16x8(in[k].raw, xv);
@@ -143,7 +132,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll
       for (int i = 0; i < 8; ++i) gv[i] = s * (gv[i] * gm[i] - xv[i] * s * mean);
       store_vector_plus(out, residual ? residual + r * C : nullptr, vi, gv);
-    }
+    });
   }
   write_block_column_sums(acc, block_sums, nvec, C, split, gridDim.x, partials);  // a block per run
 }
