@@ -111,7 +111,10 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
               const double sum_err = (dgelu ? 1.2 : 1.0) * 4.0 * static_cast<double>(K) * 0x1p-24 + (dgelu ? 1e-3 : 0.0);
               const Diff dd = f32 ? compare(to_host(d_gpu), d_cpu, sum_err + 1e-6, 1e-6)
                                   : compare_bf16(d_gpu, d_cpu, sum_err + 1e-6, kBf16Step);
-              INFO("D: " << dd);
+              const std::string key = "cuBLASLt " + describe(lt_matmul_plan(s, aux)) + " align";
+              const std::vector<std::string> made = cuda_set().library_choices();
+              const auto chosen = std::ranges::find_if(made, [&](const std::string& c) { return c.starts_with(key); });
+              INFO("D: " << dd << "\nchoice: " << (chosen == made.end() ? std::string("(none made)") : *chosen));
               CHECK(dd.bad == 0);
               // On the GPT-like shape with every epilogue fused, in the layout the models use each epilogue in (the
               // forward's x W^T, the weight gradient's dY^T X, the input gradient's dY W), cuBLASLt's epilogue ran
@@ -603,11 +606,13 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       Tensor gx1 = to_device(x1), gdy1 = to_device(dy1);
       Tensor gy1 = to_device(bf16_nan({rows * C + 1})), gdx1 = to_device(bf16_nan({rows * C + 1}));
       Tensor gdg1 = to_device(dg0), gdb1 = to_device(db0);
+      // Their own statistics: the one-column kernels sum in another order (gmean's bits serve the residual case).
+      Tensor gmean1 = nan_on_device({rows}), grstd1 = nan_on_device({rows});
       gpu_kernels().layernorm_forward_bf16(gx1.data<BFloat16>() + 1, ggamma.data<float>(), gbeta.data<float>(),
-                                           gy1.data<BFloat16>() + 1, gmean.data<float>(), grstd.data<float>(), rows,
+                                           gy1.data<BFloat16>() + 1, gmean1.data<float>(), grstd1.data<float>(), rows,
                                            C, 1e-5f);
       gpu_kernels().layernorm_backward_bf16(gdy1.data<BFloat16>() + 1, gx1.data<BFloat16>() + 1, ggamma.data<float>(),
-                                            gmean.data<float>(), grstd.data<float>(), gdx1.data<BFloat16>() + 1,
+                                            gmean1.data<float>(), grstd1.data<float>(), gdx1.data<BFloat16>() + 1,
                                             gdg1.data<float>(), gdb1.data<float>(), rows, C, nullptr);
       const Tensor hy1 = to_host(gy1), hdx1 = to_host(gdx1);
       CHECK(std::isnan(to_float(hy1.data<BFloat16>()[0])));
@@ -625,11 +630,12 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       std::memcpy(b1.data<float>() + 1, beta.raw(), beta.bytes());
       Tensor gg1 = to_device(g1), gb1 = to_device(b1), gy2 = to_device(bf16_nan({rows, C}));
       Tensor gdx2 = to_device(bf16_nan({rows, C})), gdg2 = to_device(dg0), gdb2 = to_device(db0);
+      Tensor gmean2 = nan_on_device({rows}), grstd2 = nan_on_device({rows});
       gpu_kernels().layernorm_forward_bf16(gx.data<BFloat16>(), gg1.data<float>() + 1, gb1.data<float>() + 1,
-                                           gy2.data<BFloat16>(), gmean.data<float>(), grstd.data<float>(), rows, C,
+                                           gy2.data<BFloat16>(), gmean2.data<float>(), grstd2.data<float>(), rows, C,
                                            1e-5f);
       gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), gg1.data<float>() + 1,
-                                            gmean.data<float>(), grstd.data<float>(), gdx2.data<BFloat16>(),
+                                            gmean2.data<float>(), grstd2.data<float>(), gdx2.data<BFloat16>(),
                                             gdg2.data<float>(), gdb2.data<float>(), rows, C, nullptr);
       const Diff p_y = compare_bf16(gy2, y, 1e-6, kBf16Step), p_dx = compare_bf16(gdx2, dx, 1e-5, kBf16Step);
       const Diff p_dg = compare(to_host(gdg2), dg, 1e-4, 1e-5), p_db = compare(to_host(gdb2), db, 1e-4, 1e-5);
