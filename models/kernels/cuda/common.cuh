@@ -277,78 +277,93 @@ cudaError_t with_lane_vectors(int64_t C, F&& f) {
 }
 
 // Whether a bf16 LayerNorm or RMSNorm of rows of C columns runs on rows held in registers (forward up to
-// kLnRowMaxColumns, backward up to kLnBackwardRowMaxColumns: its per-column sums take registers too), every pointer
+// kLnRowMaxColumns, backward up to kLnBackwardRowMaxColumns: its per-column sums take shared memory), every pointer
 // (null ones pass) 16-byte aligned.
 template <class T, class... P>
 bool rows_in_registers(int64_t C, int64_t max_columns, const P*... p) {
   return rows_vectorizable<T>(C, p...) && C <= max_columns;
 }
 
-// out[vi] = bf16(v + the residual row's vector vi) (residual_row null: bf16(v)), the residual's vector read first: it
-// may be out's row. The fused norm backwards' dx.
-__device__ __forceinline__ void store_vector_plus(uint4* out, const BFloat16* residual_row, int64_t vi,
-                                                  float (&v)[8]) {
-  if (residual_row) {
+// out[vi] = bf16(v + res) (res: the residual row's vector vi, read with the row before any of it is written: the
+// residual may be out's row), or bf16(v) without a residual. The fused norm backwards' dx.
+__device__ __forceinline__ void store_vector_plus(uint4* out, int64_t vi, float (&v)[8], bool has_residual,
+                                                  const Bf16x8& res) {
+  if (has_residual) {
     float rv[8];
-    unpack_bf16x8(reinterpret_cast<const uint4*>(residual_row)[vi], rv);
+    unpack_bf16x8(res.raw, rv);
 #pragma unroll
     for (int i = 0; i < 8; ++i) v[i] += rv[i];
   }
   out[vi] = pack_bf16x8(v);
 }
 
-// The fused norm backwards' per-column sums over a block's rows, kArrays of them (each lane's columns' acc[a][k][i],
-// its vectors as load_lane_row holds them): added over the block's warps in warp order (the same sums on every run)
-// in shared memory, transposed (element i of vector v at i * nvec + v: a warp's lanes on 32 banks), then written as
-// run `split` of `splits`: partials[(a * splits + split) * C + c] (column_runs_reduce_kernel's layout). block_sums:
-// kArrays * C floats of shared memory. Every thread of the block calls it.
-template <int kArrays, int NV>
-__device__ __forceinline__ void write_block_column_sums(const float (&acc)[kArrays][NV][8], float* block_sums,
-                                                        int64_t nvec, int64_t C, int64_t split, int64_t splits,
-                                                        float* partials) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  for (int w = 0; w < kWarpsPerBlock; ++w) {
-    if (warp == w)
-      for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
+// The fused norm backwards' per-column sums over a block's rows, kArrays of them per warp, in the block's dynamic
+// shared memory (warp_column_sums_bytes): warp w's array a at smem[(w * kArrays + a) * C], element i of the lane's
+// vector vi (load_lane_row's) at i * nvec + vi, so a warp's 32 lanes touch 32 banks. Each lane adds to its own
+// columns only (no synchronisation until the block's end), the rows of its warp in order, as registers would; they
+// free the registers (48 a lane for LayerNorm at 768 columns) for more warps and the residual row in flight.
+template <int kArrays>
+struct WarpColumnSums {
+  float* sums;  // this warp's kArrays * C
+  int64_t C, nvec;
+  __device__ WarpColumnSums(float* smem, int64_t c)
+      : sums(smem + static_cast<int64_t>(threadIdx.x / 32) * kArrays * c), C(c), nvec(c / 8) {}
+  __device__ float& at(int a, int i, int64_t vi) { return sums[a * C + i * nvec + vi]; }
+  template <int NV>
+  __device__ void zero(int lane) {
+    for_lane_vectors<NV>(nvec, lane, [&](int, int64_t vi) {
 #pragma unroll
-        for (int i = 0; i < 8; ++i)
+      for (int a = 0; a < kArrays; ++a)
 #pragma unroll
-          for (int a = 0; a < kArrays; ++a) {
-            float& sum = block_sums[a * C + i * nvec + vi];
-            sum = w == 0 ? acc[a][k][i] : sum + acc[a][k][i];
-          }
-      });
-    __syncthreads();
+        for (int i = 0; i < 8; ++i) at(a, i, vi) = 0.0f;
+    });
   }
-  for (int64_t c = threadIdx.x; c < C; c += kThreads)
-#pragma unroll
-    for (int a = 0; a < kArrays; ++a)
-      partials[(a * splits + split) * C + c] = block_sums[a * C + (c % 8) * nvec + c / 8];
+};
+inline size_t warp_column_sums_bytes(int arrays, int64_t C) {
+  return static_cast<size_t>(kWarpsPerBlock) * static_cast<size_t>(arrays) * static_cast<size_t>(C) * sizeof(float);
 }
 
-// The per-column sums of runs of rows, added up: partials holds gridDim.y arrays of `splits` runs of C columns
-// (partials[(y * splits + k) * C + c]); grid (ceil(C / 32), 1 or 2), block 32 x 32: block y the array into out0
-// (y = 0: LayerNorm's dgamma, RMSNorm's) or out1 (y = 1: LayerNorm's dbeta). Thread (x, y) adds runs y, y + 32, ...
-// of column c in order (four loads in flight), then row y = 0 the 32 sums in order: out[c] += the runs' sum. A fixed
-// tree: the same bits on every run.
+// The block's warps' sums (WarpColumnSums) added in warp order (the same sums on every run) and written as run
+// `split` of `splits` in their transposed order: partials[(a * splits + split) * C + i * nvec + v] for column 8 v + i
+// (column_runs_reduce_kernel's layout): consecutive threads read consecutive words and write consecutive floats.
+// Every thread of the block calls it.
+template <int kArrays>
+__device__ __forceinline__ void write_warp_column_sums(const float* smem, int64_t C, int64_t split, int64_t splits,
+                                                       float* partials) {
+  __syncthreads();
+  for (int64_t j = threadIdx.x; j < kArrays * C; j += kThreads) {
+    float sum = smem[j];
+#pragma unroll
+    for (int w = 1; w < kWarpsPerBlock; ++w) sum += smem[w * kArrays * C + j];
+    const int64_t a = j / C;
+    partials[(a * splits + split) * C + (j - a * C)] = sum;
+  }
+}
+
+// The per-column sums of runs of rows, added up: partials holds gridDim.y arrays of `splits` runs of C columns in
+// write_warp_column_sums' order (partials[(y * splits + k) * C + t], t = i * nvec + v for column 8 v + i, nvec =
+// C / 8); grid (ceil(C / 32), 1 or 2), block 32 x 32: block y the array into out0 (y = 0: LayerNorm's dgamma,
+// RMSNorm's) or out1 (y = 1: LayerNorm's dbeta). Thread (x, y) adds runs y, y + 32, ... of entry t in order (four
+// loads in flight), then row y = 0 the 32 sums in order: out[column] += the runs' sum. A fixed tree: the same bits on
+// every run.
 // (A template only so that the .cu files that include this and do not launch it compile no copy.)
 template <class = void>
 __global__ void column_runs_reduce_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,
                                           float* dbeta) {
   __shared__ float part[32][33];
-  const int64_t c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t t = blockIdx.x * 32 + threadIdx.x, nvec = C / 8;
   const float* p = partials + (blockIdx.y == 0 ? 0 : splits * C);
   float sum = 0.0f;
-  if (c < C) {
+  if (t < C) {
 #pragma unroll 4
-    for (int64_t k = threadIdx.y; k < splits; k += 32) sum += p[k * C + c];
+    for (int64_t k = threadIdx.y; k < splits; k += 32) sum += p[k * C + t];
   }
   part[threadIdx.y][threadIdx.x] = sum;
   __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    float t = 0.0f;
-    for (int k = 0; k < 32; ++k) t += part[k][threadIdx.x];
-    (blockIdx.y == 0 ? dgamma : dbeta)[c] += t;
+  if (threadIdx.y == 0 && t < C) {
+    float total = 0.0f;
+    for (int k = 0; k < 32; ++k) total += part[k][threadIdx.x];
+    (blockIdx.y == 0 ? dgamma : dbeta)[(t % nvec) * 8 + t / nvec] += total;
   }
 }
 

@@ -171,10 +171,11 @@ inline int64_t layernorm_splits(int64_t rows) {
   return runs < 1 ? 1 : (runs > kLnMaxSplits ? kLnMaxSplits : runs);
 }
 // Bf16 rows of C columns (a multiple of 8, 16-byte aligned) are held in registers, a warp's lane eight columns per
-// vector: the forward's up to kLnRowMaxColumns; the backward's up to kLnBackwardRowMaxColumns (its lanes also hold
-// their columns' sums) runs fused instead: each warp reads its rows' dy and x once, writes dx, and sums its columns'
-// dy xhat and dy over its rows; a block of kThreads sums kLnRowsPerBlock rows (its warps' sums added in warp order),
-// the runs' partials then added per column in a fixed tree. layernorm_rows_splits(rows) runs.
+// vector: the forward's up to kLnRowMaxColumns; the backward's up to kLnBackwardRowMaxColumns (its warps' column
+// sums, 8 KB a warp at 1024 columns, live in shared memory) runs fused instead: each warp reads its rows' dy, x and
+// residual once, writes dx, and sums its columns' dy xhat and dy over its rows; a block of kThreads sums
+// kLnRowsPerBlock rows (its warps' sums added in warp order), the runs' partials then added per column in a fixed
+// tree. layernorm_rows_splits(rows) runs.
 inline constexpr int64_t kLnRowsPerBlock = 32;
 inline constexpr int kLnMaxLaneVectors = 16;
 inline constexpr int64_t kLnRowMaxColumns = kLnMaxLaneVectors * 32 * 8;  // 4096

@@ -190,33 +190,32 @@ __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, 
 }
 
 // The fused bf16 backward over rows held in registers (launch.h: kLnRowsPerBlock rows a block, block `split` the
-// split-th run). Each warp: rows split * kLnRowsPerBlock + warp, + kWarpsPerBlock, ...; per row dy and x read once,
-// gamma eight at a time (16-byte aligned), the two means summed as the forward's (float32 per lane, each vector in a
-// fixed tree; double over the warp), dx written (it may alias dy: the lane's vectors are in registers first), and
-// its columns' dy xhat and dy added to the lane's sums; residual (null: none, else 16-byte aligned) added to dx
-// before its rounding. Then the block's warps add their sums in warp order in
-// shared memory (element i of vector v at i * nvec + v: a warp's 32 lanes touch 32 banks) and the run's partials are
-// written as layernorm_param_partials_kernel's: partials[split * C + c] (dy xhat), partials[(splits + split) * C + c]
-// (dy). At most two blocks' registers per SM asked (launch bounds): 16 warps streaming rows.
+// split-th run). Each warp: rows split * kLnRowsPerBlock + warp, + kWarpsPerBlock, ...; per row dy, x and the
+// residual (null: none, else 16-byte aligned) read once, together, gamma eight at a time (16-byte aligned), the two
+// means summed as the forward's (float32 per lane, each vector in a fixed tree; double over the warp), dx written (it
+// may alias dy or the residual: the lane's vectors are in registers first) with the residual added before its
+// rounding, and its columns' dy xhat and dy added to the warp's sums in shared memory (WarpColumnSums, dynamic:
+// warp_column_sums_bytes(2, C)). Then the block adds its warps' sums in warp order and writes the run's partials,
+// partials[split * C + t] (dy xhat) and partials[(splits + split) * C + t] (dy) in write_warp_column_sums' order.
+// Launch bounds ask three blocks' registers per SM (24 warps streaming rows; the sums' 48 KB a block at 768 columns
+// let four).
 template <int NV>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, 3)
     layernorm_backward_rows_kernel(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                    const float* rstd, BFloat16* dx, int64_t rows, int64_t C, int64_t splits,
                                    float* partials, const BFloat16* residual) {
   static_assert(NV <= kLnBackwardMaxLaneVectors);
-  __shared__ float block_sums[2 * kLnBackwardRowMaxColumns];
+  extern __shared__ float warp_sums[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t split = blockIdx.x, nvec = C / 8;
-  float acc[2][NV][8];  // per column: the sums of dy xhat, of dy
-#pragma unroll
-  for (int k = 0; k < NV; ++k)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[0][k][i] = acc[1][k][i] = 0.0f;
+  WarpColumnSums<2> acc(warp_sums, C);  // per column: the sums of dy xhat (0), of dy (1)
+  acc.zero<NV>(lane);
   const int64_t end = (split + 1) * kLnRowsPerBlock < rows ? (split + 1) * kLnRowsPerBlock : rows;
   for (int64_t r = split * kLnRowsPerBlock + warp; r < end; r += kWarpsPerBlock) {
-    Bf16x8 g[NV], in[NV];
+    Bf16x8 g[NV], in[NV], res[NV];
     load_lane_row(dy + r * C, nvec, lane, g);
     load_lane_row(x + r * C, nvec, lane, in);
+    if (residual) load_lane_row(residual + r * C, nvec, lane, res);
     const float m = mean[r], s = rstd[r];
     float part_d = 0.0f, part_dx = 0.0f;
     for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
@@ -229,8 +228,8 @@ __global__ void __launch_bounds__(kThreads, 2)
         xh[i] = (xh[i] - m) * s;
         d[i] = gv[i] * gm[i];
         dxh[i] = d[i] * xh[i];
-        acc[0][k][i] += gv[i] * xh[i];
-        acc[1][k][i] += gv[i];
+        acc.at(0, i, vi) += gv[i] * xh[i];
+        acc.at(1, i, vi) += gv[i];
       }
       part_d += sum8(d);
       part_dx += sum8(dxh);
@@ -244,10 +243,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       load_params8(gamma, vi, gm);
 #pragma unroll
       for (int i = 0; i < 8; ++i) gv[i] = s * (gv[i] * gm[i] - mean_d - (xh[i] - m) * s * mean_dx);
-      store_vector_plus(out, residual ? residual + r * C : nullptr, vi, gv);
+      store_vector_plus(out, vi, gv, residual != nullptr, res[k]);
     });
   }
-  write_block_column_sums(acc, block_sums, nvec, C, split, splits, partials);
+  write_warp_column_sums<2>(warp_sums, C, split, splits, partials);
 }
 
 }  // namespace
@@ -262,9 +261,15 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
     if (rows_in_registers<T>(C, kLnBackwardRowMaxColumns, dy, x, dx, gamma, residual)) {  // null: aligned
       const int64_t splits = layernorm_rows_splits(rows);
       if (splits > 2147483647LL) return cudaErrorInvalidValue;
+      const size_t smem = warp_column_sums_bytes(2, C);  // 64 KB at 1024 columns: past the default 48 KB
       const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
-        layernorm_backward_rows_kernel<decltype(nv)::value><<<static_cast<unsigned int>(splits), kThreads, 0, s>>>(
-            dy, x, gamma, mean, rstd, dx, rows, C, splits, partials, residual);
+        const auto kernel = layernorm_backward_rows_kernel<decltype(nv)::value>;
+        if (const cudaError_t a =
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+            a != cudaSuccess)
+          return a;
+        kernel<<<static_cast<unsigned int>(splits), kThreads, smem, s>>>(dy, x, gamma, mean, rstd, dx, rows, C, splits,
+                                                                          partials, residual);
         return cudaGetLastError();
       });
       if (e != cudaSuccess) return e;

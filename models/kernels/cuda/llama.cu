@@ -86,27 +86,26 @@ __global__ void rmsnorm_forward_rows_kernel(const BFloat16* x, const float* gamm
 }
 
 // The fused bf16 backward over rows held in registers, layernorm_backward_rows_kernel's walk (kLnRowsPerBlock rows a
-// block, block `split` the split-th run; per row dy and x read once, gamma eight at a time): dx (+ residual, null:
-// none, else 16-byte aligned; it and dy may be dx) written, and the lane's sums of dy xhat over its rows added in
-// warp order in shared memory into partials[split * C + c] (column_runs_reduce_kernel adds the runs).
+// block, block `split` the split-th run; per row dy, x and the residual (null: none, else 16-byte aligned) read once,
+// together, gamma eight at a time): dx (+ residual; it and dy may be dx) written, and the columns' dy xhat added to
+// the warp's sums in shared memory (WarpColumnSums, dynamic: warp_column_sums_bytes(1, C)), then the block's warps'
+// in warp order into partials[split * C + t] (write_warp_column_sums' order; column_runs_reduce_kernel adds the runs).
 template <int NV>
-__global__ void __launch_bounds__(kThreads, 2)
+__global__ void __launch_bounds__(kThreads, 3)
     rmsnorm_backward_rows_kernel(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                                  BFloat16* dx, int64_t rows, int64_t C, float* partials, const BFloat16* residual) {
   static_assert(NV <= kLnBackwardMaxLaneVectors);
-  __shared__ float block_sums[kLnBackwardRowMaxColumns];
+  extern __shared__ float warp_sums[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t split = blockIdx.x, nvec = C / 8;
-  float acc[1][NV][8];  // per column: the sum of dy xhat
-#pragma unroll
-  for (int k = 0; k < NV; ++k)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[0][k][i] = 0.0f;
+  WarpColumnSums<1> acc(warp_sums, C);  // per column: the sum of dy xhat
+  acc.zero<NV>(lane);
   const int64_t end = (split + 1) * kLnRowsPerBlock < rows ? (split + 1) * kLnRowsPerBlock : rows;
   for (int64_t r = split * kLnRowsPerBlock + warp; r < end; r += kWarpsPerBlock) {
-    Bf16x8 g[NV], in[NV];
+    Bf16x8 g[NV], in[NV], res[NV];
     load_lane_row(dy + r * C, nvec, lane, g);
     load_lane_row(x + r * C, nvec, lane, in);
+    if (residual) load_lane_row(residual + r * C, nvec, lane, res);
     const float s = rstd[r];
     float part = 0.0f;
     for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
@@ -118,7 +117,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       for (int i = 0; i < 8; ++i) {
         xh[i] *= s;
         t[i] = gv[i] * gm[i] * xh[i];
-        acc[0][k][i] += gv[i] * xh[i];
+        acc.at(0, i, vi) += gv[i] * xh[i];
       }
       part += sum8(t);
     });
@@ -131,10 +130,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       load_params8(gamma, vi, gm);
 #pragma unroll
       for (int i = 0; i < 8; ++i) gv[i] = s * (gv[i] * gm[i] - xv[i] * s * mean);
-      store_vector_plus(out, residual ? residual + r * C : nullptr, vi, gv);
+      store_vector_plus(out, vi, gv, residual != nullptr, res[k]);
     });
   }
-  write_block_column_sums(acc, block_sums, nvec, C, split, gridDim.x, partials);  // a block per run
+  write_warp_column_sums<1>(warp_sums, C, split, gridDim.x, partials);  // a block per run
 }
 
 // grid (ceil(C / 32), splits), block 32 x 32: the run's sum of dy * xhat per column into partials[split * C + c].
@@ -234,8 +233,9 @@ cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const 
       const int64_t splits = layernorm_rows_splits(rows);
       if (splits > 2147483647LL) return cudaErrorInvalidValue;
       const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
-        rmsnorm_backward_rows_kernel<decltype(nv)::value><<<static_cast<unsigned int>(splits), kThreads, 0, s>>>(
-            dy, x, gamma, rstd, dx, rows, C, partials, residual);
+        rmsnorm_backward_rows_kernel<decltype(nv)::value>
+            <<<static_cast<unsigned int>(splits), kThreads, warp_column_sums_bytes(1, C), s>>>(  // 32 KB at most
+                dy, x, gamma, rstd, dx, rows, C, partials, residual);
         return cudaGetLastError();
       });
       if (e != cudaSuccess) return e;
