@@ -44,7 +44,7 @@
 # Environment: DPT_BUILD_DIR (default build), DPT_SKIP_BUILD=1 (bundle what is built), GPU_CHECK_BUDGET_S
 # (run: seconds for all the steps, default 540; the run ends within ~9.5 minutes, under the device tool's 10-minute
 # limit per command), GPU_CHECK_LOSS_TOL / GPU_CHECK_ACC_TOL (default 0.01), GPU_CHECK_GPT_ROWS (bench_gpt's
-# gpt_bench.sh BENCH_ROWS; default all but the float32 training loop),
+# gpt_bench.sh BENCH_ROWS; default all but the float32 activations' step and loop),
 # GPU_CHECK_NO_LINKS=1 (run: make no temporary links, see make_compat_links).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -970,8 +970,9 @@ step_compare_gpt() {
 # and torch.compile, with the per-kernel breakdown. It runs before the MLP and ResNet benchmarks and leaves
 # them GPU_CHECK_BENCH_RESERVE_S (default 100) of the budget; gpt_bench.sh ends its runs by the deadline it is
 # given, so its report is written even when time runs short (rows not run say so). Its rows leave out the float32
-# training loop (`loop`, 24 s on the H200; the fast path's loop, `fastloop`, is the one with a target): in the third
-# window of 2026-11-27 the run had 145 s and the last row, `fastnd`, found its deadline passed.
+# activations' step and loop (`step`, `loop`: 25 and 24 s on the H200, their numbers unchanged since the first
+# window; GPU_CHECK_GPT_ROWS adds them back): in the third window of 2026-11-27 the run had 145 s and the last row,
+# `fastnd`, found its deadline passed.
 step_bench_gpt() {
   local logfile=$1 rc=0 left limit
   left=$((DEADLINE - $(date +%s) - 20))
@@ -983,7 +984,7 @@ step_bench_gpt() {
   fi
   run_timed "$logfile" "$limit" env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPTRAIN="$B_BIN/dptrain" \
     DPRUN="$B_BIN/dprun" DPT_LIB_PATH="$DPT_LD" GPT_CONFIG="$BUNDLE/configs/gpt2_124m.toml" \
-    BENCH_ROWS="${GPU_CHECK_GPT_ROWS:-step fast compile eager fastloop fasttune fastnd}" \
+    BENCH_ROWS="${GPU_CHECK_GPT_ROWS:-fast compile eager fastloop fasttune fastnd}" \
     BENCH_LOG_DIR="$STEP_DIR/bench_gpt" BENCH_DEADLINE=$(($(date +%s) + limit - 15)) BENCH_WARMUP=3 BENCH_STEPS=20 \
     BENCH_PHASE_STEPS=3 BENCH_PROFILE_STEPS=3 BENCH_RUN_TIMEOUT_S=180 BENCH_RESULTS="$STEP_DIR/results-gpt.jsonl" \
     bash scripts/bench/gpt_bench.sh --gpu || rc=$?

@@ -314,7 +314,7 @@ run_rows() {
   fi
   # dptrain's kernel breakdown next, before PyTorch's rows: it is what tuning needs, and a short GPU window ran out
   # of time before it when it came last (H200, 2026-11-26).
-  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && want step; then profile_kernels; fi
+  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && { want step || want fast; }; then profile_kernels; fi
   for mode in compile eager; do
     want "$mode" || continue
     log=$LOG_DIR/${mode}_pytorch_$rep.log
@@ -360,7 +360,7 @@ run_rows() {
       train.bf16_activations=true "train.deterministic=$([ "$variant" = fastnd ] && echo false || echo true)"
   done
   # Last: ncu's SpeedOfLight for our own kernels (diagnostics; a short window's deadline takes it first).
-  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && want step; then sol_profile; fi
+  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && { want step || want fast; }; then sol_profile; fi
 }
 
 median() { printf '%s\n' "$@" | sort -g | awk 'NF { v[++n] = $1 } END { if (n == 0) exit; if (n % 2) print v[(n + 1) / 2]; else print (v[n / 2] + v[n / 2 + 1]) / 2 }'; }
@@ -737,7 +737,7 @@ report=$(
     echo
     echo "$ops"
   done
-  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && want step; then
+  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && { want step || want fast; }; then
     echo
     echo "## dptrain: where the time goes, by kernel"
     echo
