@@ -420,19 +420,38 @@ void LayerNorm::init_params(std::mt19937_64&) {
 const Tensor& LayerNorm::run_forward(const Tensor& x, Kernels& k) {
   DPT_CHECK(x.ndim() >= 1 && x.dim(x.ndim() - 1) == c_, "LayerNorm({}) got input {}", c_, x.shape_str());
   const int64_t rows = static_cast<int64_t>(x.numel()) / c_;
-  x_ = x;
+  const PendingAdd& add = pending_add();  // b set: the input normalised is *add.sum = x + *add.b
+  x_ = add.b ? *add.sum : x;
   ensure_shape(mean_, {rows}, x.device());
   ensure_shape(rstd_, {rows}, x.device());
   if (x.dtype() == DType::BF16) {  // the fast path: bf16 in and out, float32 statistics and parameters
     ensure_shape(y_, x.shape(), x.device(), DType::BF16);
-    k.layernorm_forward_bf16(x.data<BFloat16>(), gamma_.data<float>(), beta_.data<float>(), y_.data<BFloat16>(),
-                             mean_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
+    if (add.b)
+      k.add_layernorm_forward_bf16(x.data<BFloat16>(), add.b->data<BFloat16>(), add.sum->data<BFloat16>(),
+                                   gamma_.data<float>(), beta_.data<float>(), y_.data<BFloat16>(), mean_.data<float>(),
+                                   rstd_.data<float>(), rows, c_, eps_);
+    else
+      k.layernorm_forward_bf16(x.data<BFloat16>(), gamma_.data<float>(), beta_.data<float>(), y_.data<BFloat16>(),
+                               mean_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
     return y_;
   }
+  if (add.b) k.add(x.data<float>(), add.b->data<float>(), add.sum->data<float>(), x.numel(), false);
   ensure_shape(y_, x.shape(), x.device());
-  k.layernorm_forward(x.data<float>(), gamma_.data<float>(), beta_.data<float>(), y_.data<float>(),
+  k.layernorm_forward(x_.data<float>(), gamma_.data<float>(), beta_.data<float>(), y_.data<float>(),
                       mean_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
   return y_;
+}
+
+const Tensor& ResidualNorm::forward_add(const Tensor& a, const Tensor& b, Tensor& sum, Kernels& k) {
+  DPT_CHECK(b.shape() == a.shape() && b.dtype() == a.dtype(), "{} forward's addend is {} {} for {} {}", kind(),
+            dtype_name(b.dtype()), b.shape_str(), dtype_name(a.dtype()), a.shape_str());
+  ensure_shape(sum, a.shape(), a.device(), a.dtype());
+  struct Reset {
+    PendingAdd& p;
+    ~Reset() { p = {}; }
+  } reset{add_};
+  add_ = {&b, &sum};
+  return forward(a, k);
 }
 
 const Tensor& ResidualNorm::backward_add(const Tensor& dy, const Tensor& residual, Kernels& k) {

@@ -188,16 +188,28 @@ class AdaptiveAvgPool2d final : public Module {
 // then Kernels::add (add_residual). LayerNorm, and the Llama family's RmsNorm.
 class ResidualNorm : public Module {
  public:
+  // The norm of sum = a + b (add_bf16's, or add()'s in float32), sum grown to a's shape and dtype and kept by the
+  // caller as the residual stream; the norm saves it as its input. b: a's shape and dtype. With bf16 activations
+  // the add is inside the norm's pass where the kernel set fuses them (Kernels::add_layernorm_forward_bf16,
+  // add_rmsnorm_forward_bf16: the same bits as the two calls). The hooks run as for forward (Module::forward).
+  const Tensor& forward_add(const Tensor& a, const Tensor& b, Tensor& sum, Kernels& k);
   // residual: dy's shape and dtype. The hooks run as for backward (Module::backward).
   const Tensor& backward_add(const Tensor& dy, const Tensor& residual, Kernels& k);
 
  protected:
+  // forward_add's addend and sum while its forward runs, else null: the input x is then the first summand.
+  struct PendingAdd {
+    const Tensor* b = nullptr;
+    Tensor* sum = nullptr;
+  };
+  const PendingAdd& pending_add() const { return add_; }
   // backward_add's residual while its backward runs, else null.
   const BFloat16* residual_bf16() const { return residual_ ? residual_->data<BFloat16>() : nullptr; }
   // dx += the residual in float32, when backward_add gave one (the sum add() made before the fused form).
   void add_residual(Tensor& dx, Kernels& k) const;
 
  private:
+  PendingAdd add_;
   const Tensor* residual_ = nullptr;
 };
 

@@ -245,17 +245,13 @@ std::string GptBlock::kind() const { return fmt::format("Block({})", attn_->kind
 
 const Tensor& GptBlock::run_forward(const Tensor& x, Kernels& k) {
   const Tensor& a = attn_->forward(ln_1_->forward(x, k), k);
+  // r1 = x + a, made by ln_2 (ResidualNorm::forward_add: with bf16 activations inside its pass).
+  const Tensor& m = mlp_->forward(ln_2_->forward_add(x, a, r1_, k), k);
   if (x.dtype() == DType::BF16) {  // the residual stream in bf16
-    ensure_shape(r1_, x.shape(), x.device(), DType::BF16);
-    k.add_bf16(x.data<BFloat16>(), a.data<BFloat16>(), r1_.data<BFloat16>(), x.numel());
-    const Tensor& m = mlp_->forward(ln_2_->forward(r1_, k), k);
     ensure_shape(y_, x.shape(), x.device(), DType::BF16);
     k.add_bf16(r1_.data<BFloat16>(), m.data<BFloat16>(), y_.data<BFloat16>(), x.numel());
     return y_;
   }
-  ensure_shape(r1_, x.shape(), x.device());
-  k.add(x.data<float>(), a.data<float>(), r1_.data<float>(), x.numel(), false);
-  const Tensor& m = mlp_->forward(ln_2_->forward(r1_, k), k);
   ensure_shape(y_, x.shape(), x.device());
   k.add(r1_.data<float>(), m.data<float>(), y_.data<float>(), x.numel(), false);
   return y_;

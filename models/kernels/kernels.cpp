@@ -95,8 +95,19 @@ void Kernels::layernorm_backward_bf16(const BFloat16*, const BFloat16*, const fl
   no_kernel(*this, "layernorm_backward_bf16");
 }
 void Kernels::add_bf16(const BFloat16*, const BFloat16*, BFloat16*, size_t) { no_kernel(*this, "add_bf16"); }
+void Kernels::add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                         const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows,
+                                         int64_t C, float eps) {
+  add_bf16(a, b, sum, static_cast<size_t>(rows * C));
+  layernorm_forward_bf16(sum, gamma, beta, y, mean, rstd, rows, C, eps);
+}
 void Kernels::rmsnorm_forward_bf16(const BFloat16*, const float*, BFloat16*, float*, int64_t, int64_t, float) {
   no_kernel(*this, "rmsnorm_forward_bf16");
+}
+void Kernels::add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                       BFloat16* y, float* rstd, int64_t rows, int64_t C, float eps) {
+  add_bf16(a, b, sum, static_cast<size_t>(rows * C));
+  rmsnorm_forward_bf16(sum, gamma, y, rstd, rows, C, eps);
 }
 void Kernels::rmsnorm_backward_bf16(const BFloat16*, const BFloat16*, const float*, const float*, BFloat16*, float*,
                                     int64_t, int64_t, const BFloat16*) {

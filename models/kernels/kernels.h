@@ -197,6 +197,9 @@ class Kernels {
   // float32; rope_bf16 turns each pair in float32 and rounds both values.
   virtual void rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows,
                                     int64_t C, float eps);
+  // sum = bf16(a + b), then rmsnorm_forward_bf16 of sum: as add_layernorm_forward_bf16 (the default runs the two).
+  virtual void add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                        BFloat16* y, float* rstd, int64_t rows, int64_t C, float eps);
   // residual (null: none): as layernorm_backward_bf16's, added to dx before its one rounding; it may alias dx.
   virtual void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                                      BFloat16* dx, float* dgamma, int64_t rows, int64_t C, const BFloat16* residual);
@@ -258,6 +261,12 @@ class Kernels {
   virtual void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                        const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
                                        int64_t C, const BFloat16* residual);
+  // sum = bf16(a + b) (add_bf16's), then layernorm_forward_bf16 of sum: the residual stream's add and the norm after
+  // it, in one pass where a kernel set fuses them (the CUDA set's rows held in registers), the same bits either way.
+  // sum may alias a or b. The default runs the two calls.
+  virtual void add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                          const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows,
+                                          int64_t C, float eps);
   // y = bf16(a + b): the residual stream. y may alias a or b.
   virtual void add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n);
   // dx = bf16(dy * gelu'(pre)), pre the pre-activation matmul_bf16's BiasGelu kept (aux). dx may alias dy.

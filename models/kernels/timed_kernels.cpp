@@ -382,6 +382,12 @@ void TimedKernels::rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, B
         mem(norm_bytes(rows, C, 2, 1, 1, false)),
         [&] { inner_.rmsnorm_forward_bf16(x, gamma, y, rstd, rows, C, eps); });
 }
+void TimedKernels::add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                            BFloat16* y, float* rstd, int64_t rows, int64_t C, float eps) {
+  timed("rmsnorm_forward_bf16", rows_cols(rows, C) + ", residual add before",
+        mem(norm_bytes(rows, C, 2, 1, 1, false) + 4.0 * static_cast<double>(rows * C)),
+        [&] { inner_.add_rmsnorm_forward_bf16(a, b, sum, gamma, y, rstd, rows, C, eps); });
+}
 void TimedKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                                          BFloat16* dx, float* dgamma, int64_t rows, int64_t C,
                                          const BFloat16* residual) {
@@ -455,6 +461,13 @@ void TimedKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x
   timed("layernorm_backward_bf16", rows_cols(rows, C) + (residual ? ", + residual" : ""),
         mem(norm_bytes(rows, C, 2, 2, 2, true) + (residual ? 2.0 * static_cast<double>(rows * C) : 0.0)),
         [&] { inner_.layernorm_backward_bf16(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, residual); });
+}
+void TimedKernels::add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                              const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows,
+                                              int64_t C, float eps) {
+  timed("layernorm_forward_bf16", rows_cols(rows, C) + ", residual add before",
+        mem(norm_bytes(rows, C, 2, 2, 2, false) + 4.0 * static_cast<double>(rows * C)),
+        [&] { inner_.add_layernorm_forward_bf16(a, b, sum, gamma, beta, y, mean, rstd, rows, C, eps); });
 }
 void TimedKernels::add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) {
   timed("add_bf16", count(n), mem(6.0 * n), [&] { inner_.add_bf16(a, b, y, n); });

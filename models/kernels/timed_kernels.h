@@ -151,6 +151,8 @@ class TimedKernels final : public Kernels {
             int64_t head_dim, int64_t stride, bool inverse) override;
   void rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows, int64_t C,
                             float eps) override;
+  void add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma, BFloat16* y,
+                                float* rstd, int64_t rows, int64_t C, float eps) override;
   void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                              BFloat16* dx, float* dgamma, int64_t rows, int64_t C, const BFloat16* residual) override;
   void swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) override;
@@ -177,6 +179,9 @@ class TimedKernels final : public Kernels {
   void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
                                int64_t C, const BFloat16* residual) override;
+  void add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                  const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows, int64_t C,
+                                  float eps) override;
   void add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n) override;
   void gelu_backward_bf16(const BFloat16* pre, const BFloat16* dy, BFloat16* dx, size_t n) override;
 

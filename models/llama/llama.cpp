@@ -142,16 +142,22 @@ const Tensor& RmsNorm::run_forward(const Tensor& x, Kernels& k) {
   DPT_CHECK(x.ndim() >= 1 && x.dim(x.ndim() - 1) == c_ && (x.dtype() == DType::F32 || x.dtype() == DType::BF16),
             "RmsNorm({}) got input {} {}", c_, dtype_name(x.dtype()), x.shape_str());
   const int64_t rows = static_cast<int64_t>(x.numel()) / c_;
-  x_ = x;
+  const PendingAdd& add = pending_add();  // b set: the input normalised is *add.sum = x + *add.b
+  x_ = add.b ? *add.sum : x;
   ensure_shape(rstd_, {rows}, x.device());
   if (x.dtype() == DType::BF16) {  // the fast path: bf16 in and out, float32 statistics and weight
     ensure_shape(y_, x.shape(), x.device(), DType::BF16);
-    k.rmsnorm_forward_bf16(x.data<BFloat16>(), gamma_.data<float>(), y_.data<BFloat16>(), rstd_.data<float>(), rows,
-                           c_, eps_);
+    if (add.b)
+      k.add_rmsnorm_forward_bf16(x.data<BFloat16>(), add.b->data<BFloat16>(), add.sum->data<BFloat16>(),
+                                 gamma_.data<float>(), y_.data<BFloat16>(), rstd_.data<float>(), rows, c_, eps_);
+    else
+      k.rmsnorm_forward_bf16(x.data<BFloat16>(), gamma_.data<float>(), y_.data<BFloat16>(), rstd_.data<float>(), rows,
+                             c_, eps_);
     return y_;
   }
+  if (add.b) k.add(x.data<float>(), add.b->data<float>(), add.sum->data<float>(), x.numel(), false);
   ensure_shape(y_, x.shape(), x.device());
-  k.rmsnorm_forward(x.data<float>(), gamma_.data<float>(), y_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
+  k.rmsnorm_forward(x_.data<float>(), gamma_.data<float>(), y_.data<float>(), rstd_.data<float>(), rows, c_, eps_);
   return y_;
 }
 
@@ -433,17 +439,13 @@ std::string LlamaBlock::kind() const { return fmt::format("LlamaBlock({})", self
 
 const Tensor& LlamaBlock::run_forward(const Tensor& x, Kernels& k) {
   const Tensor& a = self_attn_->forward(input_layernorm_->forward(x, k), k);
+  // r1 = x + a, made by post_attention_layernorm (ResidualNorm::forward_add), as GptBlock's.
+  const Tensor& m = mlp_->forward(post_attention_layernorm_->forward_add(x, a, r1_, k), k);
   if (x.dtype() == DType::BF16) {  // the residual stream in bf16
-    ensure_shape(r1_, x.shape(), x.device(), DType::BF16);
-    k.add_bf16(x.data<BFloat16>(), a.data<BFloat16>(), r1_.data<BFloat16>(), x.numel());
-    const Tensor& m = mlp_->forward(post_attention_layernorm_->forward(r1_, k), k);
     ensure_shape(y_, x.shape(), x.device(), DType::BF16);
     k.add_bf16(r1_.data<BFloat16>(), m.data<BFloat16>(), y_.data<BFloat16>(), x.numel());
     return y_;
   }
-  ensure_shape(r1_, x.shape(), x.device());
-  k.add(x.data<float>(), a.data<float>(), r1_.data<float>(), x.numel(), false);
-  const Tensor& m = mlp_->forward(post_attention_layernorm_->forward(r1_, k), k);
   ensure_shape(y_, x.shape(), x.device());
   k.add(r1_.data<float>(), m.data<float>(), y_.data<float>(), x.numel(), false);
   return y_;

@@ -227,6 +227,28 @@ __device__ __forceinline__ void for_lane_vectors(int64_t nvec, int lane, F&& f) 
   }
 }
 
+// load_lane_row of x's row at `offset`, or, with an addend (null: none), of bf16(x + addend) (add_bf16's one
+// rounding), which is written to sum's row first: the two rows are in registers before, so sum may alias either.
+// The norms' forward after a residual add.
+template <int NV>
+__device__ __forceinline__ void load_lane_row_sum(const BFloat16* x, const BFloat16* addend, BFloat16* sum,
+                                                  int64_t offset, int64_t nvec, int lane, Bf16x8 (&out)[NV]) {
+  load_lane_row(x + offset, nvec, lane, out);
+  if (!addend) return;
+  Bf16x8 add[NV];
+  load_lane_row(addend + offset, nvec, lane, add);
+  auto* row = reinterpret_cast<uint4*>(sum + offset);
+  for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t vi) {
+    float v[8], w[8];
+    unpack_bf16x8(out[k].raw, v);
+    unpack_bf16x8(add[k].raw, w);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] += w[i];
+    out[k].raw = pack_bf16x8(v);
+    row[vi] = out[k].raw;
+  });
+}
+
 // The lanes' float32 partial sums of a row of C added over the warp in double, divided by C: the row's mean.
 __device__ __forceinline__ float warp_mean(float part, int64_t C) {
   return static_cast<float>(warp_sum(static_cast<double>(part)) / static_cast<double>(C));

@@ -114,6 +114,8 @@ class CudaKernels final : public Kernels {
             int64_t head_dim, int64_t stride, bool inverse) override;
   void rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd, int64_t rows, int64_t C,
                             float eps) override;
+  void add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma, BFloat16* y,
+                                float* rstd, int64_t rows, int64_t C, float eps) override;
   void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd, BFloat16* dx,
                              float* dgamma, int64_t rows, int64_t C, const BFloat16* residual) override;
   void swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) override;
@@ -203,6 +205,9 @@ class CudaKernels final : public Kernels {
                    const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges, const double* grad_ss,
                    double max_norm) override;
   // layernorm.cpp, elementwise.cpp
+  void add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                  const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows, int64_t C,
+                                  float eps) override;
   void layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y, float* mean,
                               float* rstd, int64_t rows, int64_t C, float eps) override;
   void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,

@@ -157,6 +157,11 @@ cudaError_t split_token_windows(const float* windows, int32_t* input, int32_t* n
 template <class T>
 cudaError_t layernorm_forward(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,
                               int64_t rows, int64_t C, float eps, cudaStream_t s);
+// sum = bf16(a + b) (add_bf16's rounding), then layernorm_forward of sum; rows held in registers (below) do both in
+// one pass (each row read and summed before it is written: sum may alias a or b), else add_bf16 runs first.
+cudaError_t add_layernorm_forward(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                  const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows, int64_t C,
+                                  float eps, cudaStream_t s);
 // LayerNorm backward. dx (overwritten): one warp per row. dgamma += sum_r dy xhat and dbeta += sum_r dy,
 // deterministic: the rows are cut into layernorm_splits() runs (a function of the shape only); a block of 32 x 32
 // threads sums 32 columns of one run (row-strided per thread, then the 32 partials in order) into `partials`; then
@@ -203,6 +208,9 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
 template <class T>
 cudaError_t rmsnorm_forward(const T* x, const float* gamma, T* y, float* rstd, int64_t rows, int64_t C, float eps,
                             cudaStream_t s);
+// sum = bf16(a + b), then rmsnorm_forward of sum: as add_layernorm_forward.
+cudaError_t add_rmsnorm_forward(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma, BFloat16* y,
+                                float* rstd, int64_t rows, int64_t C, float eps, cudaStream_t s);
 template <class T>
 cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const float* rstd, T* dx, float* dgamma,
                              int64_t rows, int64_t C, const T* residual, float* partials, cudaStream_t s);

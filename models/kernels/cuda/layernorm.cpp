@@ -35,6 +35,13 @@ void CudaKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, 
   DPT_CUDA_CHECK(cuda_launch::layernorm_forward(x, gamma, beta, y, mean, rstd, rows, C, eps, stream()));
 }
 
+void CudaKernels::add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                             const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows,
+                                             int64_t C, float eps) {
+  check_row_shape(rows, C, "layernorm");
+  DPT_CUDA_CHECK(cuda_launch::add_layernorm_forward(a, b, sum, gamma, beta, y, mean, rstd, rows, C, eps, stream()));
+}
+
 void CudaKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                           const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
                                           int64_t C, const BFloat16* residual) {

@@ -44,15 +44,18 @@ __global__ void layernorm_forward_kernel(const T* x, const float* gamma, const f
 // a time). Each lane sums its columns in float32 (each vector in a fixed tree, the vectors in order: a few float
 // ulps from a sum in double, and no float-to-double conversion per element, which runs at an eighth of the float
 // rate), the warp the lanes' sums in double. Both passes over the registers: the mean, then the squared deviations.
+// addend (null: none, else 16-byte aligned, as sum): the row normalised is sum's = bf16(x + addend), written first
+// (add_bf16's one rounding; the rows of x and addend are in registers before it: sum may alias either).
 template <int NV>
 __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
-                                              float* mean, float* rstd, int64_t rows, int64_t C, float eps) {
+                                              float* mean, float* rstd, int64_t rows, int64_t C, float eps,
+                                              const BFloat16* addend, BFloat16* sum) {
   const int lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;
   const int64_t nvec = C / 8;
   Bf16x8 in[NV];
-  load_lane_row(x + r * C, nvec, lane, in);
+  load_lane_row_sum(x, addend, sum, r * C, nvec, lane, in);
   float part = 0.0f;
   for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t) {
     float v[8];
@@ -96,13 +99,28 @@ cudaError_t layernorm_forward(const T* x, const float* gamma, const float* beta,
     if (rows_in_registers<T>(C, kLnRowMaxColumns, x, y, gamma, beta))
       return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
         layernorm_forward_rows_kernel<decltype(nv)::value>
-            <<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps);
+            <<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps, nullptr, nullptr);
         return cudaGetLastError();
       });
   }
   const bool vec = rows_vectorizable<T>(C, x, y);
   layernorm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps, vec);
   return cudaGetLastError();
+}
+
+cudaError_t add_layernorm_forward(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                  const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows, int64_t C,
+                                  float eps, cudaStream_t s) {
+  if (rows < 0 || C < 1) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (rows_in_registers<BFloat16>(C, kLnRowMaxColumns, a, b, sum, y, gamma, beta))
+    return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
+      layernorm_forward_rows_kernel<decltype(nv)::value>
+          <<<row_blocks(rows), kThreads, 0, s>>>(a, gamma, beta, y, mean, rstd, rows, C, eps, b, sum);
+      return cudaGetLastError();
+    });
+  if (const cudaError_t e = add_bf16(a, b, sum, static_cast<size_t>(rows * C), s); e != cudaSuccess) return e;
+  return layernorm_forward<BFloat16>(sum, gamma, beta, y, mean, rstd, rows, C, eps, s);
 }
 template cudaError_t layernorm_forward<float>(const float*, const float*, const float*, float*, float*, float*,
                                               int64_t, int64_t, float, cudaStream_t);

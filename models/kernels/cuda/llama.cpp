@@ -42,6 +42,12 @@ void CudaKernels::rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BF
   DPT_CUDA_CHECK(cuda_launch::rmsnorm_forward(x, gamma, y, rstd, rows, C, eps, stream()));
 }
 
+void CudaKernels::add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
+                                           BFloat16* y, float* rstd, int64_t rows, int64_t C, float eps) {
+  check_row_shape(rows, C, "rmsnorm (bf16)");
+  DPT_CUDA_CHECK(cuda_launch::add_rmsnorm_forward(a, b, sum, gamma, y, rstd, rows, C, eps, stream()));
+}
+
 void CudaKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                                         BFloat16* dx, float* dgamma, int64_t rows, int64_t C,
                                         const BFloat16* residual) {

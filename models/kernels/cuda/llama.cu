@@ -54,16 +54,18 @@ __global__ void rmsnorm_backward_dx_kernel(const T* dy, const T* x, const float*
 
 // The bf16 forward over a row held in registers (layernorm_forward_rows_kernel's walk: rows of up to 32 NV vectors,
 // gamma 16-byte aligned and read eight at a time, the sum of squares per lane in float32, each vector in a fixed
-// tree, then over the warp in double). y = x * rstd * gamma, rounded once.
+// tree, then over the warp in double). y = x * rstd * gamma, rounded once. addend (null: none): the row normalised is
+// sum's = bf16(x + addend), written first (load_lane_row_sum).
 template <int NV>
 __global__ void rmsnorm_forward_rows_kernel(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd,
-                                            int64_t rows, int64_t C, float eps) {
+                                            int64_t rows, int64_t C, float eps, const BFloat16* addend,
+                                            BFloat16* sum) {
   const int lane = threadIdx.x % 32;
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;
   const int64_t nvec = C / 8;
   Bf16x8 in[NV];
-  load_lane_row(x + r * C, nvec, lane, in);
+  load_lane_row_sum(x, addend, sum, r * C, nvec, lane, in);
   float part = 0.0f;
   for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t) {
     float v[8];
@@ -215,12 +217,26 @@ cudaError_t rmsnorm_forward(const T* x, const float* gamma, T* y, float* rstd, i
     if (rows_in_registers<T>(C, kLnRowMaxColumns, x, y, gamma))
       return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
         rmsnorm_forward_rows_kernel<decltype(nv)::value>
-            <<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, y, rstd, rows, C, eps);
+            <<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, y, rstd, rows, C, eps, nullptr, nullptr);
         return cudaGetLastError();
       });
   }
   rmsnorm_forward_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, y, rstd, rows, C, eps);
   return cudaGetLastError();
+}
+
+cudaError_t add_rmsnorm_forward(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma, BFloat16* y,
+                                float* rstd, int64_t rows, int64_t C, float eps, cudaStream_t s) {
+  if (rows < 0 || C < 1) return cudaErrorInvalidValue;
+  if (rows == 0) return cudaSuccess;
+  if (rows_in_registers<BFloat16>(C, kLnRowMaxColumns, a, b, sum, y, gamma))
+    return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
+      rmsnorm_forward_rows_kernel<decltype(nv)::value>
+          <<<row_blocks(rows), kThreads, 0, s>>>(a, gamma, y, rstd, rows, C, eps, b, sum);
+      return cudaGetLastError();
+    });
+  if (const cudaError_t e = add_bf16(a, b, sum, static_cast<size_t>(rows * C), s); e != cudaSuccess) return e;
+  return rmsnorm_forward<BFloat16>(sum, gamma, y, rstd, rows, C, eps, s);
 }
 
 template <class T>

@@ -599,6 +599,37 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       CHECK(std::memcmp(a.raw(), h.raw(), a.bytes()) == 0);
       CHECK(std::memcmp(c.raw(), i.raw(), c.bytes()) == 0);
     }
+    {  // The residual add before the norm (add_layernorm_forward_bf16, fused where the rows are held in registers): the
+       // sum the CPU's add_bf16 bits; sum, y and the statistics the GPU's two calls' bits; then in place over the first
+       // summand.
+      const Tensor b = bf16_random({rows, C}, rng);
+      Tensor sum = bf16_nan({rows, C});
+      cpu_kernels().add_bf16(x.data<BFloat16>(), b.data<BFloat16>(), sum.data<BFloat16>(),
+                             static_cast<size_t>(rows * C));
+      Tensor gb = to_device(b), gsum = to_device(bf16_nan({rows, C})), gy2 = to_device(bf16_nan({rows, C}));
+      Tensor gsum3 = to_device(bf16_nan({rows, C})), gy3 = to_device(bf16_nan({rows, C})), ga = to_device(x);
+      Tensor gm2 = nan_on_device({rows}), gr2 = nan_on_device({rows}), gm3 = nan_on_device({rows});
+      Tensor gr3 = nan_on_device({rows});
+      gpu_kernels().add_layernorm_forward_bf16(gx.data<BFloat16>(), gb.data<BFloat16>(), gsum.data<BFloat16>(),
+                                               ggamma.data<float>(), gbeta.data<float>(), gy2.data<BFloat16>(),
+                                               gm2.data<float>(), gr2.data<float>(), rows, C, 1e-5f);
+      gpu_kernels().add_bf16(gx.data<BFloat16>(), gb.data<BFloat16>(), gsum3.data<BFloat16>(),
+                             static_cast<size_t>(rows * C));
+      gpu_kernels().layernorm_forward_bf16(gsum3.data<BFloat16>(), ggamma.data<float>(), gbeta.data<float>(),
+                                           gy3.data<BFloat16>(), gm3.data<float>(), gr3.data<float>(), rows, C, 1e-5f);
+      const Tensor hsum = to_host(gsum), hy2 = to_host(gy2), hm2 = to_host(gm2), hr2 = to_host(gr2);
+      CHECK(std::memcmp(hsum.raw(), sum.raw(), sum.bytes()) == 0);
+      CHECK(std::memcmp(hsum.raw(), to_host(gsum3).raw(), sum.bytes()) == 0);
+      CHECK(std::memcmp(hy2.raw(), to_host(gy3).raw(), hy2.bytes()) == 0);
+      CHECK(std::memcmp(hm2.raw(), to_host(gm3).raw(), hm2.bytes()) == 0);
+      CHECK(std::memcmp(hr2.raw(), to_host(gr3).raw(), hr2.bytes()) == 0);
+      Tensor gy4 = to_device(bf16_nan({rows, C})), gm4 = nan_on_device({rows}), gr4 = nan_on_device({rows});
+      gpu_kernels().add_layernorm_forward_bf16(ga.data<BFloat16>(), gb.data<BFloat16>(), ga.data<BFloat16>(),
+                                               ggamma.data<float>(), gbeta.data<float>(), gy4.data<BFloat16>(),
+                                               gm4.data<float>(), gr4.data<float>(), rows, C, 1e-5f);
+      CHECK(std::memcmp(to_host(ga).raw(), sum.raw(), sum.bytes()) == 0);
+      CHECK(std::memcmp(to_host(gy4).raw(), hy2.raw(), hy2.bytes()) == 0);
+    }
     {  // The same rows one element into their buffers: 2-byte aligned, so one column at a time again.
       Tensor x1 = bf16_nan({rows * C + 1}), dy1 = bf16_nan({rows * C + 1});
       std::memcpy(x1.data<BFloat16>() + 1, x.raw(), x.bytes());

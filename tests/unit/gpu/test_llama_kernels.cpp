@@ -138,6 +138,34 @@ TEST_CASE("cuda bf16 RMSNorm, SwiGLU and rope match the CPU's", "[gpu][llama][fa
     const Diff d_dx = compare_bf16(gdx, dx, 1e-5, kBf16Step), d_dg = compare(to_host(gdg), dg, 1e-4, 1e-5);
     INFO("y: " << d_y << "\nrstd: " << d_rstd << "\ndx: " << d_dx << "\ndgamma: " << d_dg);
     CHECK(d_y.bad + d_rstd.bad + d_dx.bad + d_dg.bad == 0);
+    {  // The residual add before the norm (add_rmsnorm_forward_bf16, fused where the rows are held in registers): the
+       // sum the CPU's add_bf16 bits, sum, y and rstd the GPU's two calls' bits; then in place over the first summand.
+      const Tensor b = bf16_random({rows, C}, rng);
+      Tensor sum = bf16_nan({rows, C});
+      cpu_kernels().add_bf16(x.data<BFloat16>(), b.data<BFloat16>(), sum.data<BFloat16>(),
+                             static_cast<size_t>(rows * C));
+      Tensor gb = to_device(b), gsum = to_device(bf16_nan({rows, C})), gy2 = to_device(bf16_nan({rows, C}));
+      Tensor gsum3 = to_device(bf16_nan({rows, C})), gy3 = to_device(bf16_nan({rows, C}));
+      Tensor grstd2 = nan_on_device({rows}), grstd3 = nan_on_device({rows}), ga = to_device(x);
+      gpu_kernels().add_rmsnorm_forward_bf16(gx.data<BFloat16>(), gb.data<BFloat16>(), gsum.data<BFloat16>(),
+                                             ggamma.data<float>(), gy2.data<BFloat16>(), grstd2.data<float>(), rows, C,
+                                             1e-5f);
+      gpu_kernels().add_bf16(gx.data<BFloat16>(), gb.data<BFloat16>(), gsum3.data<BFloat16>(),
+                             static_cast<size_t>(rows * C));
+      gpu_kernels().rmsnorm_forward_bf16(gsum3.data<BFloat16>(), ggamma.data<float>(), gy3.data<BFloat16>(),
+                                         grstd3.data<float>(), rows, C, 1e-5f);
+      const Tensor hsum = to_host(gsum), hy2 = to_host(gy2), hr2 = to_host(grstd2);
+      CHECK(std::memcmp(hsum.raw(), sum.raw(), sum.bytes()) == 0);
+      CHECK(std::memcmp(hsum.raw(), to_host(gsum3).raw(), sum.bytes()) == 0);
+      CHECK(std::memcmp(hy2.raw(), to_host(gy3).raw(), hy2.bytes()) == 0);
+      CHECK(std::memcmp(hr2.raw(), to_host(grstd3).raw(), hr2.bytes()) == 0);
+      Tensor gy4 = to_device(bf16_nan({rows, C})), grstd4 = nan_on_device({rows});
+      gpu_kernels().add_rmsnorm_forward_bf16(ga.data<BFloat16>(), gb.data<BFloat16>(), ga.data<BFloat16>(),
+                                             ggamma.data<float>(), gy4.data<BFloat16>(), grstd4.data<float>(), rows, C,
+                                             1e-5f);
+      CHECK(std::memcmp(to_host(ga).raw(), sum.raw(), sum.bytes()) == 0);
+      CHECK(std::memcmp(to_host(gy4).raw(), hy2.raw(), hy2.bytes()) == 0);
+    }
     // With a residual gradient added before dx's rounding (the GPU may fuse it into an fma, one rounding where the CPU
     // has two: within the tolerance), then with it in dx's buffer; dgamma the same bits as without the residual.
     const Tensor res = bf16_random({rows, C}, rng);

@@ -131,4 +131,49 @@ inline double rel_l2(const float* got, const float* want, size_t n) {
   return w > 0 ? std::sqrt(d / w) : std::sqrt(d);
 }
 
+// ResidualNorm::forward_add(a, b, sum) against the kernel set's add then forward(sum), on `norm` (a module of `model`,
+// on the CPU), rows x c, in float32 and with bf16 activations: the same sum and output, then (backward after each)
+// the same input gradient and parameter gradients, bit for bit; the second path's sum kept as the norm's input.
+inline void check_forward_add(models::Model& model, models::ResidualNorm& norm, int64_t rows, int64_t c,
+                              std::mt19937_64& rng) {
+  models::Kernels& k = model.kernels();
+  for (const DType dt : {DType::F32, DType::BF16}) {
+    CAPTURE(dtype_name(dt));
+    const auto input = [&](float scale) {
+      const Tensor f = random_tensor({rows, c}, rng, scale);
+      if (dt == DType::F32) return f;
+      Tensor h = Tensor::empty({rows, c}, DType::BF16);
+      to_bfloat16(f, h);
+      return h;
+    };
+    const Tensor a = input(2.0f), b = input(1.0f), dy = input(1.0f);
+    const auto bytes_of = [](const Tensor& t) {
+      return std::vector<unsigned char>(static_cast<const unsigned char*>(t.raw()),
+                                        static_cast<const unsigned char*>(t.raw()) + t.bytes());
+    };
+    Tensor sum1 = Tensor::empty({rows, c}, dt), sum2;
+    if (dt == DType::F32)
+      k.add(a.data<float>(), b.data<float>(), sum1.data<float>(), a.numel(), false);
+    else
+      k.add_bf16(a.data<BFloat16>(), b.data<BFloat16>(), sum1.data<BFloat16>(), a.numel());
+    model.zero_grad();
+    const auto y1 = bytes_of(norm.forward(sum1, k));
+    const auto dx1 = bytes_of(norm.backward(dy, k));
+    const auto g1 = bytes_of(model.grads());
+    model.zero_grad();
+    const auto y2 = bytes_of(norm.forward_add(a, b, sum2, k));
+    const auto dx2 = bytes_of(norm.backward(dy, k));
+    const auto g2 = bytes_of(model.grads());
+    REQUIRE(sum2.shape() == sum1.shape());
+    REQUIRE(sum2.dtype() == dt);
+    CHECK(bytes_of(sum2) == bytes_of(sum1));
+    CHECK(y2 == y1);
+    CHECK(dx2 == dx1);
+    CHECK(g2 == g1);
+    // The addend of another shape: refused before anything runs.
+    const Tensor odd = Tensor::empty({rows, c + 1}, dt);
+    CHECK_THROWS(norm.forward_add(a, odd, sum2, k));
+  }
+}
+
 }  // namespace dpt::test

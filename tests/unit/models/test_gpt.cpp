@@ -83,6 +83,16 @@ TEST_CASE("LayerNorm: zero mean and unit variance per row, then the affine map, 
   for (int64_t i = 0; i < n; ++i) REQUIRE(gdy.data<float>()[i] == gdx.data<float>()[i]);
 }
 
+TEST_CASE("LayerNorm::forward_add: the norm of a + b with the sum kept, as the add and then the norm, bit for bit",
+          "[models][gpt]") {
+  std::mt19937_64 rng(21);
+  auto ln = std::make_unique<LayerNorm>(24);
+  LayerNorm& norm = *ln;
+  auto model = wrap(std::move(ln));
+  for (size_t i = 0; i < model->num_params(); ++i) model->params().data<float>()[i] = models::uniform(rng, 0.5f, 1.5f);
+  dpt::test::check_forward_add(*model, norm, 5, 24, rng);
+}
+
 TEST_CASE("causal softmax: each row sums to one over j <= i, zero above the diagonal", "[models][gpt]") {
   std::mt19937_64 rng(2);
   Kernels& k = kernels_for(Device::cpu());

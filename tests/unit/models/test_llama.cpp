@@ -107,6 +107,16 @@ TEST_CASE("Llama layers: gradients match finite differences", "[models][llama]")
   }
 }
 
+TEST_CASE("RmsNorm::forward_add: the norm of a + b with the sum kept, as the add and then the norm, bit for bit",
+          "[models][llama]") {
+  std::mt19937_64 rng(22);
+  auto rms = std::make_unique<RmsNorm>(24, 1e-6f);
+  RmsNorm& norm = *rms;
+  auto model = wrap(std::move(rms));
+  for (size_t i = 0; i < model->num_params(); ++i) model->params().data<float>()[i] = models::uniform(rng, 0.5f, 1.5f);
+  dpt::test::check_forward_add(*model, norm, 5, 24, rng);
+}
+
 TEST_CASE("Llama: every parameter's gradient matches finite differences, untied and tied heads", "[models][llama]") {
   std::mt19937_64 rng(4);
   for (const bool tied : {false, true}) {
