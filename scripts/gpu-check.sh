@@ -384,6 +384,7 @@ again_groups() {
 train_cuda_nccl_1rank train_cpu_1rank compare_gpu_cpu
 train_cuda_gpt train_cpu_gpt compare_gpt_gpu_cpu generate_gpu_cpu
 train_cuda_gpt_bf16act train_cpu_gpt_bf16act compare_gpt_bf16act_gpu_cpu
+train_cuda_gpt_autotune train_cpu_gpt_bf16act compare_gpt_autotune_gpu_cpu
 train_cuda_llama train_cpu_llama compare_llama_gpu_cpu
 train_cuda_resnet_fp32 predict_gpu_cpu
 train_cuda_llama_bf16act train_cpu_llama_bf16act compare_llama_bf16act_gpu_cpu
@@ -920,6 +921,20 @@ train_lm() {
 step_train_gpt_gpu() { train_gpt "$1" cuda nccl 120 "${@:2}"; }
 step_train_gpt_cpu() { train_gpt "$1" cpu gloo 120 "${@:2}"; }
 step_train_llama_gpu() { train_lm llama_tiny "$1" cuda nccl 120 "${@:2}"; }
+# train.autotune inside dptrain (issue 33; its tuning ran before only in dpt-model-bench --lt-tune): the fast path's
+# GPT with its cuBLASLt plans timed after the first step. PASS when it trains and its log has the tuning's summary
+# line; compare_gpt_autotune_gpu_cpu then holds its losses to the CPU fast path's (the tuned algorithms round alike:
+# the bf16 comparison's tolerances).
+step_train_gpt_autotune() {
+  local logfile=$1 summary
+  train_gpt "$logfile" cuda nccl 120 train.precision=bf16 train.bf16_activations=true train.autotune=true || return 1
+  summary=$(grep -m1 -o 'train.autotune: [0-9]* of [0-9]* plan(s) timed.*' "$logfile" || true)
+  if [ -z "$summary" ]; then
+    NOTE="no 'train.autotune: ... plan(s) timed' line in the log; $NOTE"
+    return 1
+  fi
+  NOTE="$NOTE; ${summary:0:160}"
+}
 step_train_llama_cpu() { train_lm llama_tiny "$1" cpu gloo 120 "${@:2}"; }
 
 # GPU against CPU for the GPT: the loss at the first and the last step both runs printed, the running training
@@ -1241,6 +1256,8 @@ run_all() {
   run_step train_cuda_gpt_bf16act step_train_gpt_gpu train.precision=bf16 train.bf16_activations=true
   run_step train_cpu_gpt_bf16act step_train_gpt_cpu train.precision=bf16 train.bf16_activations=true
   run_step compare_gpt_bf16act_gpu_cpu step_compare_gpt train_cuda_gpt_bf16act train_cpu_gpt_bf16act 5
+  run_step train_cuda_gpt_autotune step_train_gpt_autotune
+  run_step compare_gpt_autotune_gpu_cpu step_compare_gpt train_cuda_gpt_autotune train_cpu_gpt_bf16act 5
   # The Llama family (configs/llama_tiny.toml: grouped-query attention, RMSNorm, RoPE, SwiGLU) the same ways: float32
   # activations, then its fast path (q/k/v packed for cuDNN's grouped-query attention, bf16 RMSNorm, SwiGLU, RoPE).
   run_step train_cuda_llama step_train_llama_gpu
