@@ -933,6 +933,10 @@ step_train_gpt_autotune() {
     NOTE="no 'train.autotune: ... plan(s) timed' line in the log; $NOTE"
     return 1
   fi
+  if ! grep -q '^train.autotune: [1-9][0-9]* of' <<<"$summary"; then  # every plan's sweep failed: a warning each
+    NOTE="train.autotune timed no plan: ${summary:0:160}"
+    return 1
+  fi
   NOTE="$NOTE; ${summary:0:160}"
 }
 step_train_llama_cpu() { train_lm llama_tiny "$1" cpu gloo 120 "${@:2}"; }

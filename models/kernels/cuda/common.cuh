@@ -227,14 +227,13 @@ __device__ __forceinline__ void for_lane_vectors(int64_t nvec, int lane, F&& f) 
   }
 }
 
-// load_lane_row of x's row at `offset`, or, with an addend (null: none), of bf16(x + addend) (add_bf16's one
-// rounding), which is written to sum's row first: the two rows are in registers before, so sum may alias either.
-// The norms' forward after a residual add.
+// The lane's vectors of bf16(x + addend)'s row at `offset` (add_bf16's one rounding), as load_lane_row holds them,
+// written to sum's row first: the two rows are in registers before, so sum may alias either. The norms' forward
+// after a residual add.
 template <int NV>
 __device__ __forceinline__ void load_lane_row_sum(const BFloat16* x, const BFloat16* addend, BFloat16* sum,
                                                   int64_t offset, int64_t nvec, int lane, Bf16x8 (&out)[NV]) {
   load_lane_row(x + offset, nvec, lane, out);
-  if (!addend) return;
   Bf16x8 add[NV];
   load_lane_row(addend + offset, nvec, lane, add);
   auto* row = reinterpret_cast<uint4*>(sum + offset);
@@ -367,7 +366,7 @@ __device__ __forceinline__ void write_warp_column_sums(const float* smem, int64_
 // C / 8); grid (ceil(C / 32), 1 or 2), block 32 x 32: block y the array into out0 (y = 0: LayerNorm's dgamma,
 // RMSNorm's) or out1 (y = 1: LayerNorm's dbeta). Thread (x, y) adds runs y, y + 32, ... of entry t in order (four
 // loads in flight), then row y = 0 the 32 sums in order: out[column] += the runs' sum. A fixed tree: the same bits on
-// every run.
+// every run. C a multiple of 8 (the register rows': rows_in_registers).
 // (A template only so that the .cu files that include this and do not launch it compile no copy.)
 template <class = void>
 __global__ void column_runs_reduce_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,

@@ -44,9 +44,10 @@ __global__ void layernorm_forward_kernel(const T* x, const float* gamma, const f
 // a time). Each lane sums its columns in float32 (each vector in a fixed tree, the vectors in order: a few float
 // ulps from a sum in double, and no float-to-double conversion per element, which runs at an eighth of the float
 // rate), the warp the lanes' sums in double. Both passes over the registers: the mean, then the squared deviations.
-// addend (null: none, else 16-byte aligned, as sum): the row normalised is sum's = bf16(x + addend), written first
-// (add_bf16's one rounding; the rows of x and addend are in registers before it: sum may alias either).
-template <int NV>
+// kAdd: the row normalised is sum's = bf16(x + addend) (16-byte aligned), written first (add_bf16's one rounding;
+// the rows of x and addend are in registers before it: sum may alias either); a separate instance, so that the plain
+// norm keeps its registers (ptxas, sm_90: 40 both at 768 columns, 94 and 164 at 4096).
+template <int NV, bool kAdd>
 __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
                                               float* mean, float* rstd, int64_t rows, int64_t C, float eps,
                                               const BFloat16* addend, BFloat16* sum) {
@@ -55,7 +56,10 @@ __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* ga
   if (r >= rows) return;
   const int64_t nvec = C / 8;
   Bf16x8 in[NV];
-  load_lane_row_sum(x, addend, sum, r * C, nvec, lane, in);
+  if constexpr (kAdd)
+    load_lane_row_sum(x, addend, sum, r * C, nvec, lane, in);
+  else
+    load_lane_row(x + r * C, nvec, lane, in);
   float part = 0.0f;
   for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t) {
     float v[8];
@@ -98,7 +102,7 @@ cudaError_t layernorm_forward(const T* x, const float* gamma, const float* beta,
   if constexpr (sizeof(T) == 2) {
     if (rows_in_registers<T>(C, kLnRowMaxColumns, x, y, gamma, beta))
       return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
-        layernorm_forward_rows_kernel<decltype(nv)::value>
+        layernorm_forward_rows_kernel<decltype(nv)::value, false>
             <<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, beta, y, mean, rstd, rows, C, eps, nullptr, nullptr);
         return cudaGetLastError();
       });
@@ -115,7 +119,7 @@ cudaError_t add_layernorm_forward(const BFloat16* a, const BFloat16* b, BFloat16
   if (rows == 0) return cudaSuccess;
   if (rows_in_registers<BFloat16>(C, kLnRowMaxColumns, a, b, sum, y, gamma, beta))
     return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
-      layernorm_forward_rows_kernel<decltype(nv)::value>
+      layernorm_forward_rows_kernel<decltype(nv)::value, true>
           <<<row_blocks(rows), kThreads, 0, s>>>(a, gamma, beta, y, mean, rstd, rows, C, eps, b, sum);
       return cudaGetLastError();
     });
@@ -216,7 +220,8 @@ __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, 
 // warp_column_sums_bytes(2, C)). Then the block adds its warps' sums in warp order and writes the run's partials,
 // partials[split * C + t] (dy xhat) and partials[(splits + split) * C + t] (dy) in write_warp_column_sums' order.
 // Launch bounds ask three blocks' registers per SM (24 warps streaming rows; the sums' 48 KB a block at 768 columns
-// let four).
+// let four; at four vectors a lane, 1024 columns, 80 registers spill 8 bytes on sm_90, and two blocks' 128 spilled
+// 68).
 template <int NV>
 __global__ void __launch_bounds__(kThreads, 3)
     layernorm_backward_rows_kernel(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,

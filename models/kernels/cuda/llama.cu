@@ -54,9 +54,9 @@ __global__ void rmsnorm_backward_dx_kernel(const T* dy, const T* x, const float*
 
 // The bf16 forward over a row held in registers (layernorm_forward_rows_kernel's walk: rows of up to 32 NV vectors,
 // gamma 16-byte aligned and read eight at a time, the sum of squares per lane in float32, each vector in a fixed
-// tree, then over the warp in double). y = x * rstd * gamma, rounded once. addend (null: none): the row normalised is
-// sum's = bf16(x + addend), written first (load_lane_row_sum).
-template <int NV>
+// tree, then over the warp in double). y = x * rstd * gamma, rounded once. kAdd: the row normalised is sum's =
+// bf16(x + addend), written first (load_lane_row_sum; as layernorm_forward_rows_kernel's).
+template <int NV, bool kAdd>
 __global__ void rmsnorm_forward_rows_kernel(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd,
                                             int64_t rows, int64_t C, float eps, const BFloat16* addend,
                                             BFloat16* sum) {
@@ -65,7 +65,10 @@ __global__ void rmsnorm_forward_rows_kernel(const BFloat16* x, const float* gamm
   if (r >= rows) return;
   const int64_t nvec = C / 8;
   Bf16x8 in[NV];
-  load_lane_row_sum(x, addend, sum, r * C, nvec, lane, in);
+  if constexpr (kAdd)
+    load_lane_row_sum(x, addend, sum, r * C, nvec, lane, in);
+  else
+    load_lane_row(x + r * C, nvec, lane, in);
   float part = 0.0f;
   for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t) {
     float v[8];
@@ -97,6 +100,8 @@ __global__ void __launch_bounds__(kThreads, 3)
     rmsnorm_backward_rows_kernel(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                                  BFloat16* dx, int64_t rows, int64_t C, float* partials, const BFloat16* residual) {
   static_assert(NV <= kLnBackwardMaxLaneVectors);
+  // One array a warp within the default 48 KB of dynamic shared memory (LayerNorm's two ask for more).
+  static_assert(kWarpsPerBlock * kLnBackwardRowMaxColumns * sizeof(float) <= 48 * 1024);
   extern __shared__ float warp_sums[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int64_t split = blockIdx.x, nvec = C / 8;
@@ -216,7 +221,7 @@ cudaError_t rmsnorm_forward(const T* x, const float* gamma, T* y, float* rstd, i
   if constexpr (sizeof(T) == 2) {
     if (rows_in_registers<T>(C, kLnRowMaxColumns, x, y, gamma))
       return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
-        rmsnorm_forward_rows_kernel<decltype(nv)::value>
+        rmsnorm_forward_rows_kernel<decltype(nv)::value, false>
             <<<row_blocks(rows), kThreads, 0, s>>>(x, gamma, y, rstd, rows, C, eps, nullptr, nullptr);
         return cudaGetLastError();
       });
@@ -231,7 +236,7 @@ cudaError_t add_rmsnorm_forward(const BFloat16* a, const BFloat16* b, BFloat16* 
   if (rows == 0) return cudaSuccess;
   if (rows_in_registers<BFloat16>(C, kLnRowMaxColumns, a, b, sum, y, gamma))
     return with_lane_vectors<kLnMaxLaneVectors>(C, [&](auto nv) {
-      rmsnorm_forward_rows_kernel<decltype(nv)::value>
+      rmsnorm_forward_rows_kernel<decltype(nv)::value, true>
           <<<row_blocks(rows), kThreads, 0, s>>>(a, gamma, y, rstd, rows, C, eps, b, sum);
       return cudaGetLastError();
     });
@@ -250,7 +255,7 @@ cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const 
       if (splits > 2147483647LL) return cudaErrorInvalidValue;
       const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
         rmsnorm_backward_rows_kernel<decltype(nv)::value>
-            <<<static_cast<unsigned int>(splits), kThreads, warp_column_sums_bytes(1, C), s>>>(  // 32 KB at most
+            <<<static_cast<unsigned int>(splits), kThreads, warp_column_sums_bytes(1, C), s>>>(  // within 48 KB
                 dy, x, gamma, rstd, dx, rows, C, partials, residual);
         return cudaGetLastError();
       });

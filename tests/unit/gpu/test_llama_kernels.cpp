@@ -165,6 +165,32 @@ TEST_CASE("cuda bf16 RMSNorm, SwiGLU and rope match the CPU's", "[gpu][llama][fa
                                              1e-5f);
       CHECK(std::memcmp(to_host(ga).raw(), sum.raw(), sum.bytes()) == 0);
       CHECK(std::memcmp(to_host(gy4).raw(), hy2.raw(), hy2.bytes()) == 0);
+      Tensor gb5 = to_device(b), gy5 = to_device(bf16_nan({rows, C}));  // in place over the second summand
+      gpu_kernels().add_rmsnorm_forward_bf16(gx.data<BFloat16>(), gb5.data<BFloat16>(), gb5.data<BFloat16>(),
+                                             ggamma.data<float>(), gy5.data<BFloat16>(), grstd4.data<float>(), rows, C,
+                                             1e-5f);
+      CHECK(std::memcmp(to_host(gb5).raw(), sum.raw(), sum.bytes()) == 0);
+      CHECK(std::memcmp(to_host(gy5).raw(), hy2.raw(), hy2.bytes()) == 0);
+      // Every row one element into its buffer (the add, then the norm one column at a time): the sum's bits, y as
+      // the CPU's norm of that sum.
+      Tensor a1 = bf16_nan({rows * C + 1}), b1 = bf16_nan({rows * C + 1});
+      std::memcpy(a1.data<BFloat16>() + 1, x.raw(), x.bytes());
+      std::memcpy(b1.data<BFloat16>() + 1, b.raw(), b.bytes());
+      Tensor ga1 = to_device(a1), gb1 = to_device(b1), gs1 = to_device(bf16_nan({rows * C + 1}));
+      Tensor gy1 = to_device(bf16_nan({rows * C + 1}));
+      gpu_kernels().add_rmsnorm_forward_bf16(ga1.data<BFloat16>() + 1, gb1.data<BFloat16>() + 1,
+                                             gs1.data<BFloat16>() + 1, ggamma.data<float>(), gy1.data<BFloat16>() + 1,
+                                             grstd4.data<float>(), rows, C, 1e-5f);
+      Tensor ysum = bf16_nan({rows, C}), r5 = filled({rows}, kNaN);
+      cpu_kernels().rmsnorm_forward_bf16(sum.data<BFloat16>(), gamma.data<float>(), ysum.data<BFloat16>(),
+                                         r5.data<float>(), rows, C, 1e-5f);
+      const Tensor hs1 = to_host(gs1), hy1 = to_host(gy1);
+      Tensor ys1 = bf16_nan({rows, C});
+      std::memcpy(ys1.raw(), hy1.data<BFloat16>() + 1, ys1.bytes());
+      CHECK(std::memcmp(hs1.data<BFloat16>() + 1, sum.raw(), sum.bytes()) == 0);
+      const Diff u_y = compare_bf16(ys1, ysum, 1e-6, kBf16Step);
+      INFO("unaligned add then norm, y: " << u_y);
+      CHECK(u_y.bad == 0);
     }
     // With a residual gradient added before dx's rounding (the GPU may fuse it into an fma, one rounding where the CPU
     // has two: within the tolerance), then with it in dx's buffer; dgamma the same bits as without the residual.

@@ -170,9 +170,15 @@ inline void check_forward_add(models::Model& model, models::ResidualNorm& norm, 
     CHECK(y2 == y1);
     CHECK(dx2 == dx1);
     CHECK(g2 == g1);
-    // The addend of another shape: refused before anything runs.
-    const Tensor odd = Tensor::empty({rows, c + 1}, dt);
+    // The pending add is gone afterwards: a plain forward normalises its own input again.
+    CHECK(bytes_of(norm.forward(sum1, k)) == y1);
+    // The addend of another shape: refused before anything runs; summands the norm refuses (another width): the
+    // pending add is cleared on the way out, and a plain forward is the norm of its input again.
+    const Tensor odd = Tensor::zeros({rows, c + 1}, dt);
     CHECK_THROWS(norm.forward_add(a, odd, sum2, k));
+    Tensor odd_sum;
+    CHECK_THROWS(norm.forward_add(odd, odd, odd_sum, k));
+    CHECK(bytes_of(norm.forward(sum1, k)) == y1);
   }
 }
 
