@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <ostream>
 #include <random>
 #include <vector>
@@ -93,6 +94,21 @@ inline Tensor bf16_nan(std::vector<int64_t> shape) {
   Tensor t = Tensor::empty(std::move(shape), DType::BF16);
   for (size_t i = 0; i < t.numel(); ++i) t.data<BFloat16>()[i] = BFloat16{kBf16NaN};
   return t;
+}
+
+// A host bf16 tensor's values one element into a device buffer of numel + 1 (its first element NaN): pass
+// `.data<BFloat16>() + 1`, rows 2-byte aligned and never 16, to reach the kernels' unaligned paths. shifted_back:
+// such a buffer's values after its first element, on the host, in `shape`.
+inline Tensor shifted_on_device(const Tensor& host) {
+  Tensor t = bf16_nan({static_cast<int64_t>(host.numel()) + 1});
+  std::memcpy(t.data<BFloat16>() + 1, host.raw(), host.bytes());
+  return to_device(t);
+}
+inline Tensor shifted_back(const Tensor& device, std::vector<int64_t> shape) {
+  const Tensor h = to_host(device);
+  Tensor out = bf16_nan(std::move(shape));
+  std::memcpy(out.raw(), h.data<BFloat16>() + 1, out.bytes());
+  return out;
 }
 
 // A host bf16 tensor widened to float32 (exact).
