@@ -248,6 +248,17 @@ __device__ __forceinline__ void load_lane_row_sum(const BFloat16* x, const BFloa
   });
 }
 
+// The row a norm's forward normalises: x's (load_lane_row), or with kAdd bf16(x + addend)'s, written to sum
+// (load_lane_row_sum).
+template <bool kAdd, int NV>
+__device__ __forceinline__ void load_norm_row(const BFloat16* x, const BFloat16* addend, BFloat16* sum, int64_t offset,
+                                              int64_t nvec, int lane, Bf16x8 (&out)[NV]) {
+  if constexpr (kAdd)
+    load_lane_row_sum(x, addend, sum, offset, nvec, lane, out);
+  else
+    load_lane_row(x + offset, nvec, lane, out);
+}
+
 // The lanes' float32 partial sums of a row of C added over the warp in double, divided by C: the row's mean.
 __device__ __forceinline__ float warp_mean(float part, int64_t C) {
   return static_cast<float>(warp_sum(static_cast<double>(part)) / static_cast<double>(C));

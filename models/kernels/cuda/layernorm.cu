@@ -56,10 +56,7 @@ __global__ void layernorm_forward_rows_kernel(const BFloat16* x, const float* ga
   if (r >= rows) return;
   const int64_t nvec = C / 8;
   Bf16x8 in[NV];
-  if constexpr (kAdd)
-    load_lane_row_sum(x, addend, sum, r * C, nvec, lane, in);
-  else
-    load_lane_row(x + r * C, nvec, lane, in);
+  load_norm_row<kAdd>(x, addend, sum, r * C, nvec, lane, in);
   float part = 0.0f;
   for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t) {
     float v[8];
@@ -287,10 +284,11 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
       const size_t smem = warp_column_sums_bytes(2, C);  // 64 KB at 1024 columns: past the default 48 KB
       const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
         const auto kernel = layernorm_backward_rows_kernel<decltype(nv)::value>;
-        if (const cudaError_t a =
-                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-            a != cudaSuccess)
-          return a;
+        if (smem > 48 * 1024)  // past the default: asked for (a host call, so only where needed)
+          if (const cudaError_t a =
+                  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+              a != cudaSuccess)
+            return a;
         kernel<<<static_cast<unsigned int>(splits), kThreads, smem, s>>>(dy, x, gamma, mean, rstd, dx, rows, C, splits,
                                                                           partials, residual);
         return cudaGetLastError();

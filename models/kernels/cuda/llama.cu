@@ -55,7 +55,7 @@ __global__ void rmsnorm_backward_dx_kernel(const T* dy, const T* x, const float*
 // The bf16 forward over a row held in registers (layernorm_forward_rows_kernel's walk: rows of up to 32 NV vectors,
 // gamma 16-byte aligned and read eight at a time, the sum of squares per lane in float32, each vector in a fixed
 // tree, then over the warp in double). y = x * rstd * gamma, rounded once. kAdd: the row normalised is sum's =
-// bf16(x + addend), written first (load_lane_row_sum; as layernorm_forward_rows_kernel's).
+// bf16(x + addend), written first (load_norm_row; as layernorm_forward_rows_kernel's).
 template <int NV, bool kAdd>
 __global__ void rmsnorm_forward_rows_kernel(const BFloat16* x, const float* gamma, BFloat16* y, float* rstd,
                                             int64_t rows, int64_t C, float eps, const BFloat16* addend,
@@ -65,10 +65,7 @@ __global__ void rmsnorm_forward_rows_kernel(const BFloat16* x, const float* gamm
   if (r >= rows) return;
   const int64_t nvec = C / 8;
   Bf16x8 in[NV];
-  if constexpr (kAdd)
-    load_lane_row_sum(x, addend, sum, r * C, nvec, lane, in);
-  else
-    load_lane_row(x + r * C, nvec, lane, in);
+  load_norm_row<kAdd>(x, addend, sum, r * C, nvec, lane, in);
   float part = 0.0f;
   for_lane_vectors<NV>(nvec, lane, [&](int k, int64_t) {
     float v[8];
