@@ -1,5 +1,5 @@
 // trainer/optimizer.cpp: SGD and AdamW steps through the model's kernel set: AdamW as one fused pass per owned piece
-// (adamw_fused: clipping and the per-element weight decay inside), SGD run by run.
+// (adamw_fused: clipping, the per-element weight decay and the fast path's bf16 copy inside), SGD run by run.
 #include "trainer/optimizer.h"
 
 #include <algorithm>
@@ -85,6 +85,9 @@ void Optimizer::step(double lr, const double* grad_ss, double max_norm) {
   const auto param_at = [&](size_t offset, size_t at) { return params + (shard_params_.defined() ? at : offset); };
   const auto grad_at = [&](size_t offset, size_t at) { return grads + (shard_grads_.defined() ? at : offset); };
   if (cfg_.optimizer == OptimizerKind::adamw) {
+    // The fast path's bf16 copy, written in the same pass (the next training forward then skips its rounding
+    // pass): where this update covers the whole flat buffer. A sharded update's pieces would leave the others' stale.
+    BFloat16* params16 = sharded_ || shard_params_.defined() ? nullptr : model_.params16_data();
     const models::AdamWParams ap{.lr = static_cast<float>(lr),
                                  .beta1 = static_cast<float>(cfg_.beta1),
                                  .beta2 = static_cast<float>(cfg_.beta2),
@@ -100,10 +103,11 @@ void Optimizer::step(double lr, const double* grad_ss, double max_norm) {
         else
           edges = reinterpret_cast<const uint64_t*>(pc.decay_edges.raw());
       }
-      k.adamw_fused(param_at(pc.offset, pc.at), nullptr, grad_at(pc.offset, pc.at),
+      k.adamw_fused(param_at(pc.offset, pc.at), params16 ? params16 + pc.offset : nullptr, grad_at(pc.offset, pc.at),
                     slots_[0].second.data<float>() + pc.at, slots_[1].second.data<float>() + pc.at, pc.count, pp,
                     edges, pc.n_edges, grad_ss, max_norm);
     }
+    if (params16) model_.params16_written();
     ++steps_;
     return;
   }

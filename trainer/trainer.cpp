@@ -833,6 +833,9 @@ void Trainer::stop_for_signal(int sig, int64_t epoch, int64_t next_batch, int64_
 
 void Trainer::finish() {
   result_.steps = step_;
+  if (lead_ && model_->bf16_activations())  // AdamW writes the copy in its pass (Model::params16_written)
+    spdlog::debug("the fast path's bf16 copy of the parameters: rounded by {} training forward(s) in this run; the "
+                  "others read the copy the optimizer's update wrote", model_->params16_roundings());
   if (result_.epochs.empty() && !result_.stop_signal) {
     // Nothing left to train (resumed at the end): where the model stands.
     const EvalResult ev = evaluate_saved_model();

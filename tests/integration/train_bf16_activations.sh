@@ -11,6 +11,7 @@
 #    backward) reach the same parameters as each other after 10 SGD steps, and those of 1 rank within bf16's
 #    rounding;
 #  - a bf16-activation checkpoint resumes, and evaluates (the float32 path) to the run's own loss;
+#  - AdamW's update writes the parameters' bf16 copy: only the first training forward rounds them (SGD: every one);
 #  - what it refuses: another model, another precision, ZeRO stage 3: clear errors, exit 2.
 source "$(dirname "$0")/lib/common.bash"
 "$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 \
@@ -81,6 +82,16 @@ for family in gpt llama; do
   "$PY" "$CKPT_PY" compare "$W-ddp/step-00000010" "$W-zero2/step-00000010" 1e-6 || fail "$family: ZeRO-2 != DDP"
   "$PY" "$CKPT_PY" compare "$W-one8/step-00000010" "$W-ddp/step-00000010" "${ONE_VS_TWO[$family]}" \
     || fail "$family: 2 x 4 != 1 x 8"
+done
+
+# AdamW writes the bf16 copy of the parameters in its pass: after the first step no forward rounds them again (the
+# same bits: unit_trainer [optimizer][bf16act]); SGD leaves the copy to each forward.
+for opt in adamw sgd; do
+  DPT_LOG_LEVEL=debug "$DPTRAIN" "${GPT[@]}" "${FAST[@]}" train.optimizer=$opt train.max_steps=4 \
+    checkpoint.dir="$WORK/copy-$opt" > "$WORK/copy-$opt.log" 2>&1 || { cat "$WORK/copy-$opt.log"; fail "$opt run failed"; }
+  want=$([ $opt = adamw ] && echo 1 || echo 4)
+  grep -q "bf16 copy of the parameters: rounded by $want training forward(s) in this run" "$WORK/copy-$opt.log" \
+    || { grep "bf16 copy" "$WORK/copy-$opt.log"; fail "$opt: the bf16 copy not rounded by $want forward(s)"; }
 done
 
 # train.autotune: after the first step, once; on the CPU there is no library plan to tune, and training goes on.

@@ -1,9 +1,14 @@
 // tests/unit/trainer/test_optimizer.cpp: which parameters weight decay reaches. With zero gradients, one
-// AdamW step only decays: p -> p (1 - lr wd) where it applies, p unchanged elsewhere (closed form).
+// AdamW step only decays: p -> p (1 - lr wd) where it applies, p unchanged elsewhere (closed form). A sharded
+// optimizer against the whole one. AdamW writing the fast path's bf16 copy in its pass: the same training, bit for
+// bit, as the forward's own rounding pass, which then runs once.
 #include <catch2/catch.hpp>
 
+#include <cstring>
+#include <random>
 #include <vector>
 
+#include "../models/model_testing.h"
 #include "models/gpt/gpt.h"
 #include "trainer/optimizer.h"
 
@@ -84,5 +89,109 @@ TEST_CASE("a sharded optimizer updates its pieces exactly as the whole one does,
     for (const auto& r : pieces)
       for (size_t i = 0; i < r.count; ++i, ++at)
         REQUIRE(sb.slots[s].tensor.data<float>()[at] == sa.slots[s].tensor.data<float>()[r.offset + i]);
+  }
+}
+
+namespace {
+
+// GPT's fast path on the CPU, two layers, with tokens and targets of its vocabulary.
+struct FastGpt {
+  models::GptOptions o{.n_layer = 2, .n_head = 2, .n_embd = 32, .vocab_size = 100, .block_size = 16};
+  std::unique_ptr<models::Model> model = models::make_gpt(o);
+  Tensor tokens = Tensor::empty({2, 16}, DType::I32), targets = Tensor::empty({32}, DType::I32);
+  FastGpt() {
+    model->init(11);
+    model->set_bf16_activations(true);
+    std::mt19937 rng(4);
+    for (size_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
+    for (size_t i = 0; i < targets.numel(); ++i) targets.data<int32_t>()[i] = static_cast<int32_t>(rng() % 100);
+  }
+  // How many elements of the bf16 copy are not bf16(params()) (read through the const accessor: no invalidation).
+  size_t stale() const {
+    const models::Model& m = *model;
+    size_t bad = 0;
+    for (size_t i = 0; i < m.num_params(); ++i)
+      bad += m.params16().data<BFloat16>()[i].bits != to_bfloat16(m.params().data<float>()[i]).bits;
+    return bad;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("AdamW writes the fast path's bf16 copy in its pass: the same training, one rounding pass",
+          "[trainer][optimizer][bf16act]") {
+  TrainConfig t;
+  t.optimizer = OptimizerKind::adamw;
+  t.weight_decay = 0.1;
+  FastGpt fused, rounded;  // `rounded`: mutable params() before each forward, so that forward rounds (as before)
+  Optimizer a(t, *fused.model, /*decay_matrices_only=*/true), b(t, *rounded.model, true);
+  for (int step = 1; step <= 3; ++step) {
+    CAPTURE(step);
+    (void)rounded.model->params();
+    CHECK_FALSE(rounded.model->params16_current());
+    const test::LmStep x = test::lm_step(*fused.model, fused.tokens, fused.targets);
+    const test::LmStep y = test::lm_step(*rounded.model, rounded.tokens, rounded.targets);
+    CHECK(x.loss == y.loss);
+    REQUIRE(std::memcmp(x.grads.raw(), y.grads.raw(), x.grads.bytes()) == 0);
+    a.step(1e-2, nullptr, 0.0);
+    b.step(1e-2, nullptr, 0.0);
+    CHECK(fused.model->params16_current());
+    CHECK(fused.stale() == 0);  // the update's copy: every element bf16 of its updated parameter
+    const models::Model &fm = *fused.model, &rm = *rounded.model;  // const: reading does not drop the copy
+    REQUIRE(std::memcmp(fm.params().raw(), rm.params().raw(), fm.params().bytes()) == 0);
+  }
+  CHECK(fused.model->params16_roundings() == 1);  // the first forward's only
+  CHECK(rounded.model->params16_roundings() == 3);
+  // The update's copy serves one forward: a second before the next update rounds (gradient accumulation's micro-steps).
+  (void)test::lm_step(*fused.model, fused.tokens, fused.targets);
+  CHECK(fused.model->params16_roundings() == 1);
+  CHECK_FALSE(fused.model->params16_current());
+  (void)test::lm_step(*fused.model, fused.tokens, fused.targets);
+  CHECK(fused.model->params16_roundings() == 2);
+  // Anything writing the parameters outside the update: the next forward rounds afresh, and reads the new values.
+  a.step(1e-2, nullptr, 0.0);
+  CHECK(fused.model->params16_current());
+  fused.model->params().data<float>()[0] += 1.0f;
+  CHECK_FALSE(fused.model->params16_current());
+  (void)test::lm_step(*fused.model, fused.tokens, fused.targets);
+  CHECK(fused.model->params16_roundings() == 3);
+  CHECK(fused.stale() == 0);
+  a.step(1e-2, nullptr, 0.0);
+  const std::vector<NamedTensor> state = fused.model->state();
+  const std::vector<Tensor> copies = [&] {
+    std::vector<Tensor> c;
+    for (const NamedTensor& nt : state) {
+      c.push_back(Tensor::empty(nt.tensor.shape(), nt.tensor.dtype()));
+      c.back().copy_from(nt.tensor);
+    }
+    return c;
+  }();
+  fused.model->load_state(
+      [&](const std::string& name) -> const Tensor* {
+        for (size_t i = 0; i < state.size(); ++i)
+          if (state[i].name == name) return &copies[i];
+        return nullptr;
+      },
+      "test");
+  CHECK_FALSE(fused.model->params16_current());
+}
+
+TEST_CASE("a sharded or SGD update leaves the fast path's bf16 copy to the forward", "[trainer][optimizer][bf16act]") {
+  const OptimizerKind kind = GENERATE(OptimizerKind::adamw, OptimizerKind::sgd);
+  INFO(choice_name(kind));
+  TrainConfig t;
+  t.optimizer = kind;
+  FastGpt g;
+  const size_t n = g.model->num_params();
+  Optimizer whole(t, *g.model, true), pieces(t, *g.model, true, {{0, n / 2}, {n / 2, n - n / 2}});
+  for (Optimizer* opt : {&whole, &pieces}) {
+    if (opt == &whole && kind == OptimizerKind::adamw) continue;  // the case above
+    const int64_t before = g.model->params16_roundings();
+    (void)test::lm_step(*g.model, g.tokens, g.targets);
+    opt->step(1e-2, nullptr, 0.0);
+    CHECK_FALSE(g.model->params16_current());
+    (void)test::lm_step(*g.model, g.tokens, g.targets);
+    CHECK(g.model->params16_roundings() == before + 2);
+    CHECK(g.stale() == 0);
   }
 }
