@@ -643,7 +643,8 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
 }
 
 // train.autotune, after this process's first step (every plan of a training step made): each rank times its
-// cuBLASLt plans' candidates on scratch operands and keeps the faster ones (Kernels::sweep_library_choices).
+// cuBLASLt plans' candidates and its cuDNN attention graphs' plans on scratch operands and keeps the faster ones
+// (Kernels::sweep_library_choices).
 void Trainer::autotune() {
   constexpr int kCandidates = 8, kReps = 5;
   const auto t0 = Clock::now();
@@ -656,7 +657,7 @@ void Trainer::autotune() {
   int64_t timed = 0, adopted = 0;
   for (const std::string& line : lines) {
     // A sticky CUDA error stopped the sweep: the device is unusable, and the run stops here, saying why.
-    if (line.starts_with("cuBLASLt sweep stopped")) DPT_THROW(DeviceError, "train.autotune: {}", line);
+    if (line.find(" sweep stopped: ") != std::string::npos) DPT_THROW(DeviceError, "train.autotune: {}", line);
     if (line.find(": failed: ") != std::string::npos) spdlog::warn("train.autotune: {}", line);
     if (line.find(": chosen ") != std::string::npos) ++timed;
     if (line.find("; adopted") == std::string::npos) continue;

@@ -1,6 +1,7 @@
 // models/kernels/library_plans.cpp: see library_plans.h.
 #include "models/kernels/library_plans.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -75,6 +76,19 @@ SdpaPlan sdpa_plan(const AttentionShape& s) {
   p.stats = {{s.b, s.n_head, s.t, 1}, {s.n_head * s.t, s.t, 1, 1}, 0};
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.head_size));
   return p;
+}
+
+SdpaExtents sdpa_extents(const SdpaPlan& p) {
+  const auto end = [](const SdpaTensor& x) {
+    int64_t last = x.offset;
+    for (size_t i = 0; i < 4; ++i) last += (x.dim[i] - 1) * x.stride[i];
+    return last + 1;
+  };
+  return {.qkv = std::max({end(p.q), end(p.k), end(p.v)}), .out = end(p.o), .stats = end(p.stats)};
+}
+
+bool tune_adopts(double chosen_ms, double best_ms, double margin) {
+  return chosen_ms >= 0 && best_ms >= 0 && best_ms <= chosen_ms * (1.0 - margin);
 }
 
 std::string sdpa_unsupported(const AttentionShape& s) {

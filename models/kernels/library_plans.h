@@ -5,7 +5,8 @@
 //                   maps the fields onto cublasLtMatmulDesc / cublasLtMatrixLayout attributes one to one);
 //   sdpa_plan       a causal self-attention (AttentionShape) as cuDNN's SDPA graph sees it: q, k, v, o, the
 //                   statistics and the gradients as 4-D tensors {batch, head, sequence, head dim} with element
-//                   strides into the fused qkv buffer (cuda/attention.cpp builds the frontend's graph from it).
+//                   strides into the fused qkv buffer (cuda/attention.cpp builds the frontend's graph from it);
+//   tune_adopts     when a timed candidate replaces a plan's algorithm or engine (train.autotune).
 #pragma once
 
 #include <array>
@@ -79,8 +80,21 @@ struct SdpaPlan {
 };
 
 SdpaPlan sdpa_plan(const AttentionShape& s);
+// How many elements each buffer of a plan spans (one past its last element): qkv (and dqkv), out (and dO), stats.
+// What a sweep's scratch operands need (cuda/attention.cpp: train.autotune times cuDNN's plans on them).
+struct SdpaExtents {
+  int64_t qkv = 0, out = 0, stats = 0;
+};
+SdpaExtents sdpa_extents(const SdpaPlan& p);
 // Empty when cuDNN's fused attention takes this shape; else why not (head_size a multiple of 8, at most 128:
 // the bf16 flash attention kernels' limits for forward and backward).
 std::string sdpa_unsupported(const AttentionShape& s);
+
+// ---- Tuning (train.autotune, dpt-model-bench --lt-tune) ---------------------------------------------------------
+
+// Whether a candidate timed at `best_ms` replaces the plan's own, timed at `chosen_ms`: faster by `margin` or more (a
+// fraction of chosen_ms; negative: even when slower, by up to that fraction: tests). Negative times (a run refused)
+// never adopt. The sweeps ask it twice: on the first timings and again on a second timing of both.
+bool tune_adopts(double chosen_ms, double best_ms, double margin);
 
 }  // namespace dpt::models

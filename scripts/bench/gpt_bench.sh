@@ -663,9 +663,11 @@ f=$LOG_DIR/fast_dptrain_1.log
 [ -f "$f" ] && fast_phases=$(grep -m1 '^# phases' "$f" | sed 's/^# //' || true)
 # The fast path's library choices (cuBLASLt's algorithm per GEMM shape), and each A/B variant's phases.
 choices="" variant_phases=()
-[ -f "$f" ] && choices=$(grep -E '^# (cuBLASLt|bias gradients:|cuDNN attention) ' "$f" | grep -v '^# cuBLASLt sweep ' | sed 's/^# /- /' || true)
+[ -f "$f" ] && choices=$(grep -E '^# (cuBLASLt|bias gradients:|cuDNN attention) ' "$f" \
+  | grep -vE '^# (cuBLASLt|cuDNN attention) sweep ' | sed 's/^# /- /' || true)
 sweep=""
-[ -f "$f" ] && sweep=$(grep -E '^# (cuBLASLt sweep|library sweep:) ' "$f" | sed 's/^# /- /' || true)
+[ -f "$f" ] && sweep=$(grep -E '^# (cuBLASLt sweep|cuDNN attention sweep|library sweep:) ' "$f" \
+  | sed 's/^# /- /' || true)
 tunes=""
 f=$LOG_DIR/fasttune_dptrain_1.log
 [ -f "$f" ] && tunes=$(grep -E '^# tune: ' "$f" | sed 's/^# tune: /- /' || true)
@@ -708,7 +710,7 @@ report=$(
   fi
   if [ -n "$sweep" ]; then
     echo
-    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes and split-K variants of the first three, timed on scratch operands (dpt-model-bench --lt-sweep $LTS): whether another than the first would pay"
+    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes and split-K variants of the first three, timed on scratch operands (dpt-model-bench --lt-sweep $LTS), then each cuDNN attention graph with up to $LTS of the plans cuDNN proposes: whether another than the first would pay"
     echo
     echo "$sweep"
   fi

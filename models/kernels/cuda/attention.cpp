@@ -16,7 +16,12 @@
 
 #include <spdlog/spdlog.h>
 
+#include "core/cuda_check.h"
+
+#include <algorithm>
+#include <chrono>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <unordered_map>
 #endif
@@ -96,11 +101,19 @@ std::shared_ptr<fe::graph::Graph> attention_graph(const AttentionShape& s, bool 
 
 }  // namespace
 
+// A graph built for one shape and direction, and the plan of it that runs.
+struct AttentionEntry {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t plan = -1;  // the graph's plan at this index (train.autotune's); -1: the plan build_plans chose
+  AttentionShape shape;
+  bool backward = false, deterministic = false;  // as built (a deterministic backward may have fallen back)
+  std::string plan_name, choice;                 // library_choices' line
+};
+
 struct AttentionGraphs {
-  // (b, t, heads, kv heads, head size, backward, deterministic)
-  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, std::shared_ptr<fe::graph::Graph>> graphs;
-  Tensor workspace;
-  std::vector<std::string> choices;  // per graph built: its shape and the plan (engine and knobs) cuDNN chose
+  // (b, t, heads, kv heads, head size, backward, deterministic asked)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool>, AttentionEntry> graphs;
+  Tensor workspace;  // the largest any running plan needs
 };
 
 void AttentionGraphsDeleter::operator()(AttentionGraphs* g) const { delete g; }
@@ -118,46 +131,185 @@ std::string validate_attention_graphs(const AttentionShape& s, int sm) {
 
 namespace {
 
+// A graph of shape s and direction through its support check: its plans proposed by heuristics A, then cuDNN's
+// fallback list, not built yet.
+std::shared_ptr<fe::graph::Graph> proposed_graph(cudnnHandle_t h, const AttentionShape& s, bool backward,
+                                                 bool deterministic) {
+  auto g = attention_graph(s, backward, 0, deterministic);
+  check_fe(g->build_operation_graph(h), "building the operation graph", s);
+  check_fe(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}), "creating execution plans", s);
+  check_fe(g->check_support(h), "checking support", s);
+  return g;
+}
+
+std::string direction(const AttentionEntry& e, bool asked_deterministic) {
+  return fmt::format("{} b {} t {} heads {} kv heads {} x {}{}", e.backward ? "backward" : "forward", e.shape.b,
+                     e.shape.t, e.shape.n_head, e.shape.kv_heads(), e.shape.head_size,
+                     !e.backward                          ? ""
+                     : e.deterministic                    ? " (deterministic asked)"
+                     : asked_deterministic ? " (deterministic asked; cuDNN's default one: none for the shape)"
+                                           : " (default)");
+}
+
 // The graph of shape s and direction, built on first use; the workspace grown to what it needs.
-fe::graph::Graph& graph_for(AttentionGraphs& a, cudnnHandle_t h, const AttentionShape& s, bool backward,
-                            bool deterministic, Device device) {
-  auto& g = a.graphs[{s.b, s.t, s.n_head, s.kv_heads(), s.head_size, backward, backward && deterministic}];
-  if (!g) {
+AttentionEntry& graph_for(AttentionGraphs& a, cudnnHandle_t h, const AttentionShape& s, bool backward,
+                          bool deterministic, Device device) {
+  AttentionEntry& e = a.graphs[{s.b, s.t, s.n_head, s.kv_heads(), s.head_size, backward, backward && deterministic}];
+  if (!e.graph) {
     const auto build = [&](bool deterministic) {
-      auto built = attention_graph(s, backward, 0, deterministic);
-      check_fe(built->build_operation_graph(h), "building the operation graph", s);
-      check_fe(built->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
-               "creating execution plans", s);
-      check_fe(built->check_support(h), "checking support", s);
+      auto built = proposed_graph(h, s, backward, deterministic);
       check_fe(built->build_plans(h), "building the plans", s);
       return built;
     };
     std::shared_ptr<fe::graph::Graph> built;
+    e.deterministic = backward && deterministic;
     try {
       built = build(!backward || deterministic);
-    } catch (const DeviceError& e) {
+    } catch (const DeviceError& ex) {
       if (!backward || !deterministic) throw;
       // This cuDNN has no deterministic backward for the shape: the default one (reruns may then differ in the
       // last bits of dq, dk, dv), said once per shape.
-      spdlog::warn("cuDNN's deterministic attention backward is unavailable ({}); using its default one", e.what());
+      spdlog::warn("cuDNN's deterministic attention backward is unavailable ({}); using its default one", ex.what());
       built = build(false);
+      e.deterministic = false;
     }
     int64_t ws = 0;
     check_fe(built->get_workspace_size(ws), "asking the workspace size", s);
     if (static_cast<size_t>(ws) > a.workspace.numel())
       a.workspace = Tensor::empty({std::max<int64_t>(ws, 1)}, DType::U8, device);
-    std::string plan;
-    if (built->get_plan_name(plan).is_bad()) plan = "(unnamed)";
-    a.choices.push_back(fmt::format("cuDNN attention {} b {} t {} heads {} kv heads {} x {}{}: plan {}, workspace {:.1f} MiB",
-                                    backward ? "backward" : "forward", s.b, s.t, s.n_head, s.kv_heads(), s.head_size,
-                                    backward ? (deterministic ? " (deterministic asked)" : " (default)") : "", plan,
-                                    static_cast<double>(ws) / (1 << 20)));
-    g = std::move(built);
+    if (built->get_plan_name(e.plan_name).is_bad()) e.plan_name = "(unnamed)";
+    e.shape = s;
+    e.backward = backward;
+    e.choice = fmt::format("cuDNN attention {}: plan {}, workspace {:.1f} MiB", direction(e, deterministic),
+                           e.plan_name, static_cast<double>(ws) / (1 << 20));
+    e.graph = std::move(built);
   }
-  return *g;
+  return e;
 }
 
-void* ptr(const BFloat16* p, int64_t offset) { return const_cast<BFloat16*>(p) + offset; }
+void* ptr(const void* p, int64_t offset) { return const_cast<BFloat16*>(static_cast<const BFloat16*>(p)) + offset; }
+
+// The variant pack: the graph's tensors at their places in the fused buffers (sdpa_plan); the backward's when dqkv.
+std::unordered_map<int64_t, void*> attention_pack(const SdpaPlan& p, const void* qkv, const void* out,
+                                                  const void* stats, const void* dout = nullptr,
+                                                  void* dqkv = nullptr) {
+  std::unordered_map<int64_t, void*> pack{{kQ, ptr(qkv, p.q.offset)}, {kK, ptr(qkv, p.k.offset)},
+                                          {kV, ptr(qkv, p.v.offset)}, {kO, ptr(out, 0)},
+                                          {kStats, const_cast<void*>(stats)}};
+  if (dqkv) {
+    pack.insert({{kDO, ptr(dout, 0)}, {kDQ, ptr(dqkv, p.q.offset)}, {kDK, ptr(dqkv, p.k.offset)},
+                 {kDV, ptr(dqkv, p.v.offset)}});
+  }
+  return pack;
+}
+
+fe::error_t run_plan(fe::graph::Graph& g, int64_t plan, cudnnHandle_t h, std::unordered_map<int64_t, void*>& pack,
+                     void* workspace) {
+  return plan < 0 ? g.execute(h, pack, workspace) : g.execute_plan_at_index(h, pack, workspace, plan);
+}
+
+// ms per call of a graph's plan (-1: the one build_plans chose) on the sweep's operands: one untimed call, then `reps`
+// between two events; negative when cuDNN refuses to run it.
+double time_plan(fe::graph::Graph& g, int64_t plan, cudnnHandle_t h, std::unordered_map<int64_t, void*>& pack,
+                 void* workspace, int reps, cuda::Event& start, cuda::Event& stop, cudaStream_t stream) {
+  if (run_plan(g, plan, h, pack, workspace).is_bad()) return -1.0;
+  start.record(stream);
+  for (int i = 0; i < reps; ++i)
+    if (run_plan(g, plan, h, pack, workspace).is_bad()) return -1.0;
+  stop.record(stream);
+  stop.synchronize();
+  return stop.elapsed_ms_since(start) / reps;
+}
+
+// One graph's sweep: up to `candidates` plans of cuDNN's proposals for the same graph, built (the heuristic's order)
+// and timed on scratch operands against the plan the graph runs; with `margin`, the fastest replaces it when
+// tune_adopts says so twice. Its line.
+std::string sweep_attention(AttentionGraphs& a, AttentionEntry& e, cudnnHandle_t h, int candidates, int reps,
+                            std::optional<double> margin, Device device, cudaStream_t stream) {
+  const AttentionShape& s = e.shape;
+  const std::string head = "cuDNN attention sweep " + direction(e, e.deterministic);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto all = proposed_graph(h, s, e.backward, e.deterministic);
+  const auto proposed = static_cast<int64_t>(all->get_execution_plan_count());
+  std::vector<int64_t> built;
+  std::vector<std::string> names;
+  int64_t ws_max = 0;
+  for (int64_t i = 0; i < proposed && static_cast<int64_t>(built.size()) < candidates; ++i) {
+    int64_t ws = 0;
+    std::string name;
+    if (all->build_plan_at_index(i).is_bad() || all->get_workspace_size_plan_at_index(i, ws).is_bad()) continue;
+    if (all->get_plan_name_at_index(i, name).is_bad()) name = fmt::format("(plan {})", i);
+    if (name == e.plan_name) continue;  // the plan the graph runs: timed as that
+    built.push_back(i);
+    names.push_back(name);
+    ws_max = std::max(ws_max, ws);
+  }
+  // Scratch: the plan's buffers filled with 0x3c bytes (bf16 0.0115; float32 statistics 0.0115), and a workspace
+  // for the largest plan.
+  const SdpaPlan p = sdpa_plan(s);
+  const SdpaExtents x = sdpa_extents(p);
+  const auto scratch = [&](int64_t bytes) {
+    Tensor t = Tensor::empty({std::max<int64_t>(bytes, 1)}, DType::U8, device);
+    DPT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0x3c, t.numel(), stream));
+    return t;
+  };
+  Tensor qkv = scratch(2 * x.qkv), out = scratch(2 * x.out), stats = scratch(4 * x.stats);
+  Tensor dout = e.backward ? scratch(2 * x.out) : Tensor(), dqkv = e.backward ? scratch(2 * x.qkv) : Tensor();
+  Tensor ws = scratch(std::max<int64_t>(ws_max, static_cast<int64_t>(a.workspace.numel())));
+  auto pack = attention_pack(p, qkv.raw(), out.raw(), stats.raw(), e.backward ? dout.raw() : nullptr,
+                             e.backward ? dqkv.raw() : nullptr);
+  cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
+  const auto time = [&](fe::graph::Graph& g, int64_t plan) {
+    return time_plan(g, plan, h, pack, ws.raw(), reps, start, stop, stream);
+  };
+  double chosen = time(*e.graph, e.plan), best = -1;
+  size_t best_j = 0, tried = 0, refused = 0;
+  for (size_t j = 0; j < built.size(); ++j) {
+    const double ms = time(*all, built[j]);
+    if (ms < 0) {
+      ++refused;
+      continue;
+    }
+    ++tried;
+    if (best < 0 || ms < best) {
+      best = ms;
+      best_j = j;
+    }
+  }
+  if (chosen >= 0) {  // again last, the faster of the two (as the cuBLASLt sweep)
+    const double again = time(*e.graph, e.plan);
+    if (again >= 0 && again < chosen) chosen = again;
+  }
+  // Building plans may compile kernels (cuDNN's runtime-fused engines): the line says what the sweep cost.
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string others = fmt::format("{} other plan(s) of {} proposed timed{} ({:.1f} s)", tried, proposed,
+                                         refused ? fmt::format(", {} refused these operands", refused) : "", seconds);
+  std::string adopted;
+  if (margin && tried > 0 && tune_adopts(chosen, best, *margin)) {
+    const double chosen_again = time(*e.graph, e.plan), best_again = time(*all, built[best_j]);
+    if (!tune_adopts(chosen_again, best_again, *margin)) {
+      adopted = "; not adopted (timed again: under the margin)";
+    } else {
+      int64_t need = 0;
+      check_fe(all->get_workspace_size_plan_at_index(built[best_j], need), "asking a plan's workspace size", s);
+      if (static_cast<size_t>(need) > a.workspace.numel()) a.workspace = Tensor::empty({need}, DType::U8, device);
+      e.choice = fmt::format("cuDNN attention {}: plan {} (tuned: {:.4f} ms against the plan it ran, {}, {:.4f} "
+                             "ms), workspace {:.1f} MiB", direction(e, e.deterministic), names[best_j], best_again,
+                             e.plan_name, chosen_again, static_cast<double>(need) / (1 << 20));
+      e.graph = all;
+      e.plan = built[best_j];
+      e.plan_name = names[best_j];
+      adopted = "; adopted";
+    }
+  }
+  if (chosen < 0)
+    return fmt::format("{}: the plan it runs refused the scratch operands; {}", head, others);
+  if (tried == 0 || best >= chosen)
+    return fmt::format("{}: chosen {:.4f} ms ({}); {}, none faster{}{}", head, chosen, e.plan_name, others,
+                       tried ? fmt::format(" (the best {:.4f} ms)", best) : "", adopted);
+  return fmt::format("{}: chosen {:.4f} ms ({}); {}, the fastest {:.4f} ms ({:.1f}% less; {}){}", head, chosen,
+                     e.plan_name, others, best, 100.0 * (chosen - best) / chosen, names[best_j], adopted);
+}
 
 }  // namespace
 
@@ -167,18 +319,37 @@ AttentionGraphs& CudaKernels::attention_graphs() {
 }
 
 std::vector<std::string> CudaKernels::attention_choices() const {
-  return attention_ ? attention_->choices : std::vector<std::string>{};
+  std::vector<std::string> out;
+  if (attention_)
+    for (const auto& [key, e] : attention_->graphs) out.push_back(e.choice);
+  return out;
+}
+
+std::vector<std::string> CudaKernels::sweep_attention_plans(int candidates, int reps, std::optional<double> margin) {
+  std::vector<std::string> out;
+  if (!attention_) return out;
+  for (auto& [key, e] : attention_->graphs) {
+    try {
+      out.push_back(sweep_attention(*attention_, e, cudnn(), candidates, reps, margin, device(), stream()));
+    } catch (const std::exception& ex) {
+      out.push_back(fmt::format("cuDNN attention sweep {}: failed: {}", direction(e, e.deterministic), ex.what()));
+      const cudaError_t sticky = cudaPeekAtLastError();
+      if (sticky != cudaSuccess && sticky != cudaErrorMemoryAllocation) {
+        out.push_back(fmt::format("cuDNN attention sweep stopped: {}", cudaGetErrorString(sticky)));
+        break;
+      }
+    }
+  }
+  return out;
 }
 
 void CudaKernels::attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) {
   check_attention(s);
   if (const std::string why = sdpa_unsupported(s); !why.empty()) DPT_THROW(UnsupportedError, "{}", why);
   AttentionGraphs& a = attention_graphs();
-  fe::graph::Graph& g = graph_for(a, cudnn(), s, false, deterministic_, device());
-  const SdpaPlan p = sdpa_plan(s);
-  std::unordered_map<int64_t, void*> pack{{kQ, ptr(qkv, p.q.offset)}, {kK, ptr(qkv, p.k.offset)},
-                                          {kV, ptr(qkv, p.v.offset)}, {kO, out}, {kStats, stats}};
-  check_fe(g.execute(cudnn(), pack, a.workspace.raw()), "running the forward graph", s);  // null: no workspace
+  AttentionEntry& e = graph_for(a, cudnn(), s, false, deterministic_, device());
+  auto pack = attention_pack(sdpa_plan(s), qkv, out, stats);
+  check_fe(run_plan(*e.graph, e.plan, cudnn(), pack, a.workspace.raw()), "running the forward graph", s);
 }
 
 void CudaKernels::attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout,
@@ -186,13 +357,9 @@ void CudaKernels::attention_backward(const BFloat16* qkv, const BFloat16* out, c
   check_attention(s);
   if (const std::string why = sdpa_unsupported(s); !why.empty()) DPT_THROW(UnsupportedError, "{}", why);
   AttentionGraphs& a = attention_graphs();
-  fe::graph::Graph& g = graph_for(a, cudnn(), s, true, deterministic_, device());
-  const SdpaPlan p = sdpa_plan(s);
-  std::unordered_map<int64_t, void*> pack{
-      {kQ, ptr(qkv, p.q.offset)},     {kK, ptr(qkv, p.k.offset)},     {kV, ptr(qkv, p.v.offset)},
-      {kO, ptr(out, 0)},              {kDO, ptr(dout, 0)},            {kStats, const_cast<float*>(stats)},
-      {kDQ, ptr(dqkv, p.q.offset)},   {kDK, ptr(dqkv, p.k.offset)},   {kDV, ptr(dqkv, p.v.offset)}};
-  check_fe(g.execute(cudnn(), pack, a.workspace.raw()), "running the backward graph", s);
+  AttentionEntry& e = graph_for(a, cudnn(), s, true, deterministic_, device());
+  auto pack = attention_pack(sdpa_plan(s), qkv, out, stats, dout, dqkv);
+  check_fe(run_plan(*e.graph, e.plan, cudnn(), pack, a.workspace.raw()), "running the backward graph", s);
 }
 
 #else  // no cuDNN frontend (or no cuDNN): the fused attention is unavailable, and says so
@@ -210,6 +377,7 @@ AttentionGraphs& CudaKernels::attention_graphs() {
 }
 
 std::vector<std::string> CudaKernels::attention_choices() const { return {}; }
+std::vector<std::string> CudaKernels::sweep_attention_plans(int, int, std::optional<double>) { return {}; }
 
 void CudaKernels::attention_forward(const BFloat16*, BFloat16*, float*, const AttentionShape&) {
   DPT_THROW(UnsupportedError, "attention_forward on {}: {}", device().str(), validate_attention_graphs({}, 0));

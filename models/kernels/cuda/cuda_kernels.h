@@ -190,9 +190,14 @@ class CudaKernels final : public Kernels {
   // stages, waves), or what ran instead. For the benchmark's report: where a GEMM's time may go.
   std::vector<std::string> library_choices() const override;
   // Every cuBLASLt plan with an algorithm: its heuristic's first `candidates` algorithms timed on scratch operands of
-  // the plan's layouts (the epilogue's bias and aux vectors scratch too: no buffer of a model is touched).
+  // the plan's layouts (the epilogue's bias and aux vectors scratch too: no buffer of a model is touched); then every
+  // cuDNN attention graph: up to `candidates` of the plans cuDNN proposes for it, on scratch likewise.
   std::vector<std::string> sweep_library_choices(int candidates, int reps,
                                                  std::optional<double> adopt_margin) override;
+  // Its part for the attention graphs built so far (attention.cpp): each timed with up to `candidates` of the plans
+  // cuDNN proposes on scratch operands, a line each ("cuDNN attention sweep ..."); with `margin`, the fastest
+  // replaces the plan it runs where tune_adopts says so twice. Public for the [gpu] tests.
+  std::vector<std::string> sweep_attention_plans(int candidates, int reps, std::optional<double> margin);
   // attention.cpp (cuDNN's fused flash attention through its frontend; DPT_HAVE_CUDNN_FRONTEND)
   void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) override;
   void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,
@@ -231,6 +236,8 @@ class CudaKernels final : public Kernels {
   // attention.cpp
   AttentionGraphs& attention_graphs();
   std::vector<std::string> attention_choices() const;  // the plan cuDNN chose per graph built, for library_choices
+  // matmul.cpp: the cuBLASLt plans' part, into `out`; false when a sticky CUDA error stopped it.
+  bool sweep_lt_plans(int candidates, int reps, std::optional<double> adopt_margin, std::vector<std::string>& out);
   // matmul.cpp
   LtState& lt();
   void matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o);

@@ -502,13 +502,12 @@ template <class Time>
 std::string adopt_if_faster(LtEntry& e, const LtKey& key, const std::string& plan, const SweepOperands& ops,
                             const cublasLtMatmulHeuristicResult_t& best_algo, double chosen, double best,
                             double margin, Time&& time) {
-  if (best > chosen * (1.0 - margin)) return "";
+  if (!tune_adopts(chosen, best, margin)) return "";
   const bool epilogue_aligned =
       (key.plan.bias_len == 0 || key.align[3] >= 256) && (ops.aux.numel() == 0 || key.align[4] >= 256);
   if (!epilogue_aligned) return "; not adopted (its bias or aux pointer is less aligned than the sweep's)";
   const double chosen_again = time(e.heuristic.algo), best_again = time(best_algo.algo);
-  if (chosen_again < 0 || best_again < 0 || best_again > chosen_again * (1.0 - margin))
-    return "; not adopted (timed again: under the margin)";
+  if (!tune_adopts(chosen_again, best_again, margin)) return "; not adopted (timed again: under the margin)";
   if (!e.tuned) e.untuned = e.heuristic;
   e.choice = fmt::format("{}: {} (tuned: {:.4f} ms against the algorithm it ran, {}, {:.4f} ms)", plan,
                          describe_algo(best_algo), best_again, describe_algo(e.heuristic), chosen_again);
@@ -523,13 +522,23 @@ std::string adopt_if_faster(LtEntry& e, const LtKey& key, const std::string& pla
 // for the same descriptors and alignments (sweep_candidates) and split-K variants (add_split_k_variants), each
 // timed (time_lt_algo) against the algorithm the plan runs. A plan whose sweep fails (out of memory, a library
 // status) says so in its line; the rest go on. With
-// adopt_margin, the fastest candidate may replace the plan's algorithm (adopt_if_faster).
+// adopt_margin, the fastest candidate may replace the plan's algorithm (adopt_if_faster). Then each cuDNN attention
+// graph with up to `candidates` of its proposed plans (sweep_attention_plans).
 std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps,
                                                           std::optional<double> adopt_margin) {
   std::vector<std::string> out;
-  if (!lt_ || candidates < 1 || reps < 1) return out;
-  LtState& st = *lt_;
+  if (candidates < 1 || reps < 1) return out;
   candidates = std::min(candidates, kMaxSweepCandidates);
+  if (lt_ && !sweep_lt_plans(candidates, reps, adopt_margin, out)) return out;
+  // Then cuDNN's attention graphs (attention.cpp), the same way.
+  for (std::string& line : sweep_attention_plans(candidates, reps, adopt_margin)) out.push_back(std::move(line));
+  return out;
+}
+
+// The cuBLASLt plans' sweep, a line each into `out`; false when a sticky CUDA error stopped it.
+bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double> adopt_margin,
+                                 std::vector<std::string>& out) {
+  LtState& st = *lt_;
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
   for (auto& [key, e] : st.entries) {
     const LtMatmulPlan& p = key.plan;
@@ -596,11 +605,11 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
       const cudaError_t sticky = cudaPeekAtLastError();
       if (sticky != cudaSuccess && sticky != cudaErrorMemoryAllocation) {
         out.push_back(fmt::format("cuBLASLt sweep stopped: {}", cudaGetErrorString(sticky)));
-        break;
+        return false;
       }
     }
   }
-  return out;
+  return true;
 }
 
 void CudaKernels::set_lt_splitk(int splits) { lt().forced_splitk = splits; }

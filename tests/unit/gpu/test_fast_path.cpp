@@ -344,6 +344,79 @@ TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward
 #endif
 }
 
+// train.autotune's attention part: every cuDNN graph built so far timed against up to 4 of the plans cuDNN proposes,
+// on scratch; adopting with a margin of -1 (a plan up to twice as slow), each graph that had another plan to time runs
+// it from then on, and forward and backward still give the CPU's results (the deterministic backward its same bits).
+TEST_CASE("cuDNN attention sweep times each graph's plans, and an adopted plan still matches the CPU",
+          "[gpu][fastpath]") {
+#if !DPT_HAVE_CUDNN_FRONTEND
+  CHECK(cuda_set().sweep_attention_plans(4, 2, std::nullopt).empty());
+#else
+  std::mt19937 rng(45);
+  const AttentionShape s{2, 64, 4, 32, 2};
+  const int64_t C = s.n_head * s.head_size, rows = s.b * s.t, W = s.qkv_width();
+  const Tensor qkv = bf16_random({rows, W}, rng, -2.0f, 2.0f), dout = bf16_random({rows, C}, rng);
+  Tensor out_cpu = bf16_nan({rows, C}), dqkv_cpu = bf16_nan({rows, W}), stats_cpu = filled({s.b, s.n_head, s.t}, kNaN);
+  cpu_kernels().attention_forward(qkv.data<BFloat16>(), out_cpu.data<BFloat16>(), stats_cpu.data<float>(), s);
+  cpu_kernels().attention_backward(qkv.data<BFloat16>(), out_cpu.data<BFloat16>(), dout.data<BFloat16>(),
+                                   stats_cpu.data<float>(), dqkv_cpu.data<BFloat16>(), s);
+  const Tensor dqkv_in = to_device(qkv), ddout = to_device(dout);
+  const auto check_gpu = [&](const char* when) {
+    INFO(when);
+    Tensor out = to_device(bf16_nan({rows, C})), dqkv = to_device(bf16_nan({rows, W}));
+    Tensor stats = nan_on_device({s.b, s.n_head, s.t});
+    gpu_kernels().attention_forward(dqkv_in.data<BFloat16>(), out.data<BFloat16>(), stats.data<float>(), s);
+    const Diff d_out = compare_bf16(out, out_cpu, 2e-3, kBf16Step);
+    gpu_kernels().attention_backward(dqkv_in.data<BFloat16>(), out.data<BFloat16>(), ddout.data<BFloat16>(),
+                                     stats.data<float>(), dqkv.data<BFloat16>(), s);
+    const Tensor first = to_host(dqkv);
+    const Diff d_dqkv = compare_bf16(dqkv, dqkv_cpu, 1e-2, 2 * kBf16Step);  // 2 query heads per key/value head
+    gpu_kernels().attention_backward(dqkv_in.data<BFloat16>(), out.data<BFloat16>(), ddout.data<BFloat16>(),
+                                     stats.data<float>(), dqkv.data<BFloat16>(), s);
+    const Tensor second = to_host(dqkv);
+    INFO("out: " << d_out << "\ndqkv: " << d_dqkv);
+    CHECK(d_out.bad == 0);
+    CHECK(d_dqkv.bad == 0);
+    CHECK(d_dqkv.rel_l2 < 0.01);
+    CHECK(std::memcmp(first.raw(), second.raw(), first.bytes()) == 0);
+  };
+  check_gpu("before the sweep");
+  size_t graphs = 0;
+  for (const std::string& c : cuda_set().library_choices()) graphs += c.starts_with("cuDNN attention ");
+  const auto other_plans = [](const std::string& line) {  // "N other plan(s) of M proposed timed"
+    const size_t at = line.find(" other plan(s) of ");
+    REQUIRE(at != std::string::npos);
+    const size_t from = line.rfind(' ', at - 1) + 1;
+    return std::stoi(line.substr(from, at - from));
+  };
+  const std::vector<std::string> lines = cuda_set().sweep_attention_plans(4, 2, std::nullopt);
+  CHECK(lines.size() == graphs);  // this process's graphs (the earlier cases' too), a line each
+  for (const std::string& line : lines) {
+    INFO(line);
+    CHECK(line.starts_with("cuDNN attention sweep "));
+    CHECK(line.find("failed") == std::string::npos);
+    CHECK(line.find(": chosen ") != std::string::npos);
+    CHECK(line.find("adopted") == std::string::npos);  // reporting only
+  }
+  check_gpu("after the sweep");
+  const std::vector<std::string> tuned = cuda_set().sweep_attention_plans(4, 2, -1.0);
+  REQUIRE(tuned.size() == graphs);
+  size_t with_others = 0, adopted = 0, marked = 0;
+  for (const std::string& line : tuned) {
+    INFO(line);
+    if (other_plans(line) == 0) continue;
+    ++with_others;
+    adopted += line.find("; adopted") != std::string::npos;
+  }
+  for (const std::string& c : cuda_set().library_choices())
+    marked += c.starts_with("cuDNN attention ") && c.find(" (tuned: ") != std::string::npos;
+  WARN(with_others << " of " << graphs << " attention graph(s) had another plan to time; " << adopted << " adopted");
+  CHECK(adopted == marked);
+  CHECK(adopted + 1 >= with_others);  // -1: a plan up to twice as slow; timed twice, one may land outside
+  check_gpu("after adopting");
+#endif
+}
+
 TEST_CASE("cuda attention refuses a head size cuDNN's fused attention cannot take", "[gpu][fastpath]") {
   const AttentionShape s{1, 8, 2, 12};
   Tensor qkv = to_device(bf16_nan({8, 72})), out = to_device(bf16_nan({8, 24}));

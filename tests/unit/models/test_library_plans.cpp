@@ -248,7 +248,23 @@ TEST_CASE("sdpa_plan: every q, k, v, o and stats element is where the fused layo
     for (const SdpaTensor* x : {&p.k, &p.v}) CHECK(x->dim == std::array<int64_t, 4>{s.b, G, s.t, s.head_size});
     CHECK(p.stats.dim == std::array<int64_t, 4>{s.b, s.n_head, s.t, 1});
     CHECK(p.scale == Approx(1.0 / std::sqrt(static_cast<double>(s.head_size))));
+    // The buffers' spans (a sweep's scratch): exactly the fused layouts' sizes.
+    const SdpaExtents e = sdpa_extents(p);
+    CHECK(e.qkv == s.b * s.t * W);
+    CHECK(e.out == s.b * s.t * C);
+    CHECK(e.stats == s.b * s.n_head * s.t);
   }
+}
+
+TEST_CASE("tune_adopts: a candidate replaces the plan's own only when faster by the margin", "[plans]") {
+  CHECK(tune_adopts(1.0, 0.97, 0.03));
+  CHECK(tune_adopts(1.0, 0.5, 0.03));
+  CHECK_FALSE(tune_adopts(1.0, 0.98, 0.03));
+  CHECK(tune_adopts(1.0, 1.0, 0.0));  // margin 0: as fast is enough
+  CHECK(tune_adopts(1.0, 1.5, -1.0));                 // a negative margin: slower, up to that fraction (tests)
+  CHECK_FALSE(tune_adopts(1.0, 2.5, -1.0));
+  CHECK_FALSE(tune_adopts(-1.0, 0.5, 0.03));  // the plan's own refused the operands: nothing to compare against
+  CHECK_FALSE(tune_adopts(1.0, -1.0, 0.03));  // the candidate refused them
 }
 
 TEST_CASE("sdpa_unsupported names the head sizes cuDNN's fused attention takes", "[plans]") {
