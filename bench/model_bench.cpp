@@ -37,7 +37,8 @@
 // --lt-sweep N: last, each cuBLASLt plan the run made called again on scratch operands with each of the first N
 // algorithms cuBLASLt's heuristic proposes and split-K variants of the first few, against the one it runs
 // (Kernels::sweep_library_choices): whether the heuristic's first choice leaves a GEMM's time on the table; then each
-// cuDNN attention graph with up to N of the plans cuDNN proposes for it. A line each (and the JSON's library_sweep).
+// cuDNN attention graph with up to N (at most 4) of the plans cuDNN proposes for it. A line each (and the JSON's
+// library_sweep).
 //
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>
@@ -635,7 +636,7 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
                  "algorithms cuBLASLt's heuristic proposes (at most 16) and split-K variants of the one it runs "
                  "and the next two (2-16 parts), " + std::to_string(kSweepReps) +
                      " calls each, against the one it runs: whether another would pay; then each cuDNN attention "
-                     "graph with up to N of the plans cuDNN proposes (GPU; 0: none)")
+                     "graph with up to N (at most 4) of the plans cuDNN proposes (GPU; 0: none)")
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   app.add_option("--lt-tune", o.lt_tune,

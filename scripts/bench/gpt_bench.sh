@@ -710,7 +710,7 @@ report=$(
   fi
   if [ -n "$sweep" ]; then
     echo
-    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes and split-K variants of the first three, timed on scratch operands (dpt-model-bench --lt-sweep $LTS), then each cuDNN attention graph with up to $LTS of the plans cuDNN proposes: whether another than the first would pay"
+    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes and split-K variants of the first three, timed on scratch operands (dpt-model-bench --lt-sweep $LTS), then each cuDNN attention graph with up to 4 of the plans cuDNN proposes: whether another than the first would pay"
     echo
     echo "$sweep"
   fi

@@ -154,8 +154,10 @@ std::string direction(const AttentionEntry& e, bool asked_deterministic) {
 // The graph of shape s and direction, built on first use; the workspace grown to what it needs.
 AttentionEntry& graph_for(AttentionGraphs& a, cudnnHandle_t h, const AttentionShape& s, bool backward,
                           bool deterministic, Device device) {
-  AttentionEntry& e = a.graphs[{s.b, s.t, s.n_head, s.kv_heads(), s.head_size, backward, backward && deterministic}];
-  if (!e.graph) {
+  const auto key = std::tuple{s.b, s.t, s.n_head, s.kv_heads(), s.head_size, backward, backward && deterministic};
+  if (auto it = a.graphs.find(key); it != a.graphs.end()) return it->second;
+  AttentionEntry e;  // entered once built: a build that throws leaves no entry behind
+  {
     const auto build = [&](bool deterministic) {
       auto built = proposed_graph(h, s, backward, deterministic);
       check_fe(built->build_plans(h), "building the plans", s);
@@ -184,7 +186,7 @@ AttentionEntry& graph_for(AttentionGraphs& a, cudnnHandle_t h, const AttentionSh
                            e.plan_name, static_cast<double>(ws) / (1 << 20));
     e.graph = std::move(built);
   }
-  return e;
+  return a.graphs.emplace(key, std::move(e)).first->second;
 }
 
 void* ptr(const void* p, int64_t offset) { return const_cast<BFloat16*>(static_cast<const BFloat16*>(p)) + offset; }
@@ -212,10 +214,14 @@ fe::error_t run_plan(fe::graph::Graph& g, int64_t plan, cudnnHandle_t h, std::un
 // between two events; negative when cuDNN refuses to run it.
 double time_plan(fe::graph::Graph& g, int64_t plan, cudnnHandle_t h, std::unordered_map<int64_t, void*>& pack,
                  void* workspace, int reps, cuda::Event& start, cuda::Event& stop, cudaStream_t stream) {
-  if (run_plan(g, plan, h, pack, workspace).is_bad()) return -1.0;
+  const auto refused = [] {
+    (void)cudaGetLastError();  // a refused launch's error, cleared: it must not be blamed on the next kernel
+    return -1.0;
+  };
+  if (run_plan(g, plan, h, pack, workspace).is_bad()) return refused();
   start.record(stream);
   for (int i = 0; i < reps; ++i)
-    if (run_plan(g, plan, h, pack, workspace).is_bad()) return -1.0;
+    if (run_plan(g, plan, h, pack, workspace).is_bad()) return refused();
   stop.record(stream);
   stop.synchronize();
   return stop.elapsed_ms_since(start) / reps;
@@ -235,11 +241,13 @@ std::string sweep_attention(AttentionGraphs& a, AttentionEntry& e, cudnnHandle_t
   std::vector<std::string> names;
   int64_t ws_max = 0;
   for (int64_t i = 0; i < proposed && static_cast<int64_t>(built.size()) < candidates; ++i) {
-    int64_t ws = 0;
+    // Named before it is built (a build may compile kernels): the plan the graph runs is timed as that, and a
+    // plan both heuristics proposed once.
     std::string name;
-    if (all->build_plan_at_index(i).is_bad() || all->get_workspace_size_plan_at_index(i, ws).is_bad()) continue;
     if (all->get_plan_name_at_index(i, name).is_bad()) name = fmt::format("(plan {})", i);
-    if (name == e.plan_name) continue;  // the plan the graph runs: timed as that
+    if (name == e.plan_name || std::ranges::find(names, name) != names.end()) continue;
+    int64_t ws = 0;
+    if (all->build_plan_at_index(i).is_bad() || all->get_workspace_size_plan_at_index(i, ws).is_bad()) continue;
     built.push_back(i);
     names.push_back(name);
     ws_max = std::max(ws_max, ws);
@@ -255,7 +263,8 @@ std::string sweep_attention(AttentionGraphs& a, AttentionEntry& e, cudnnHandle_t
   };
   Tensor qkv = scratch(2 * x.qkv), out = scratch(2 * x.out), stats = scratch(4 * x.stats);
   Tensor dout = e.backward ? scratch(2 * x.out) : Tensor(), dqkv = e.backward ? scratch(2 * x.qkv) : Tensor();
-  Tensor ws = scratch(std::max<int64_t>(ws_max, static_cast<int64_t>(a.workspace.numel())));
+  // The plans' workspace: the running plans' own where it is large enough (it is scratch between calls).
+  Tensor ws = static_cast<size_t>(ws_max) <= a.workspace.numel() ? a.workspace : scratch(ws_max);
   auto pack = attention_pack(p, qkv.raw(), out.raw(), stats.raw(), e.backward ? dout.raw() : nullptr,
                              e.backward ? dqkv.raw() : nullptr);
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
@@ -284,6 +293,7 @@ std::string sweep_attention(AttentionGraphs& a, AttentionEntry& e, cudnnHandle_t
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::string others = fmt::format("{} other plan(s) of {} proposed timed{} ({:.1f} s)", tried, proposed,
                                          refused ? fmt::format(", {} refused these operands", refused) : "", seconds);
+  const std::string ran = e.plan_name;  // before an adoption renames it
   std::string adopted;
   if (margin && tried > 0 && tune_adopts(chosen, best, *margin)) {
     const double chosen_again = time(*e.graph, e.plan), best_again = time(*all, built[best_j]);
@@ -305,10 +315,10 @@ std::string sweep_attention(AttentionGraphs& a, AttentionEntry& e, cudnnHandle_t
   if (chosen < 0)
     return fmt::format("{}: the plan it runs refused the scratch operands; {}", head, others);
   if (tried == 0 || best >= chosen)
-    return fmt::format("{}: chosen {:.4f} ms ({}); {}, none faster{}{}", head, chosen, e.plan_name, others,
+    return fmt::format("{}: chosen {:.4f} ms ({}); {}, none faster{}{}", head, chosen, ran, others,
                        tried ? fmt::format(" (the best {:.4f} ms)", best) : "", adopted);
-  return fmt::format("{}: chosen {:.4f} ms ({}); {}, the fastest {:.4f} ms ({:.1f}% less; {}){}", head, chosen,
-                     e.plan_name, others, best, 100.0 * (chosen - best) / chosen, names[best_j], adopted);
+  return fmt::format("{}: chosen {:.4f} ms ({}); {}, the fastest {:.4f} ms ({:.1f}% less; {}){}", head, chosen, ran,
+                     others, best, 100.0 * (chosen - best) / chosen, names[best_j], adopted);
 }
 
 }  // namespace

@@ -523,15 +523,18 @@ std::string adopt_if_faster(LtEntry& e, const LtKey& key, const std::string& pla
 // timed (time_lt_algo) against the algorithm the plan runs. A plan whose sweep fails (out of memory, a library
 // status) says so in its line; the rest go on. With
 // adopt_margin, the fastest candidate may replace the plan's algorithm (adopt_if_faster). Then each cuDNN attention
-// graph with up to `candidates` of its proposed plans (sweep_attention_plans).
+// graph with up to `candidates` (at most 4) of its proposed plans (sweep_attention_plans).
 std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps,
                                                           std::optional<double> adopt_margin) {
   std::vector<std::string> out;
   if (candidates < 1 || reps < 1) return out;
   candidates = std::min(candidates, kMaxSweepCandidates);
   if (lt_ && !sweep_lt_plans(candidates, reps, adopt_margin, out)) return out;
-  // Then cuDNN's attention graphs (attention.cpp), the same way.
-  for (std::string& line : sweep_attention_plans(candidates, reps, adopt_margin)) out.push_back(std::move(line));
+  // Then cuDNN's attention graphs (attention.cpp), the same way, with at most kMaxAttentionCandidates plans each:
+  // building a plan may compile kernels, and the GPU window's check runs the sweep three times.
+  constexpr int kMaxAttentionCandidates = 4;
+  for (std::string& line : sweep_attention_plans(std::min(candidates, kMaxAttentionCandidates), reps, adopt_margin))
+    out.push_back(std::move(line));
   return out;
 }
 
