@@ -86,9 +86,13 @@ class Model {
   // updated value as the forward's pass would: the same bits): the copy's data, nullptr off the fast path. Once it
   // has written the whole copy, params16_written(): the next training forward then skips its rounding pass (a read
   // of params() and a write of the copy: about 0.75 GB for GPT-2 124M). That forward only; and mutable params(),
-  // to() and load_state() drop it first, so nothing else that changes the parameters can hide behind a stale copy.
+  // to(), load_state() and params_written() drop it first, so nothing else that changes the parameters can hide
+  // behind a stale copy.
   BFloat16* params16_data() { return params16_.defined() ? params16_.data<BFloat16>() : nullptr; }
   void params16_written() { params16_current_ = params16_.defined(); }
+  // A write into the parameters through views taken earlier (param_storage(), named_params(), ZeRO's pieces): the
+  // next training forward rounds them afresh.
+  void params_written() { params16_current_ = false; }
   bool params16_current() const { return params16_current_; }
   // How many training forwards rounded params() into the bf16 copy (the others used an update's): tests, benches.
   int64_t params16_roundings() const { return params16_roundings_; }

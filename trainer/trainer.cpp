@@ -397,6 +397,7 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
 // broadcast of the module's state at construction); SyncBatchNorm's all-reduce is wired in.
 void Trainer::sync_replicas() {
   faults_.replicas_syncing(*model_);
+  model_->params_written();  // the broadcast below writes through param_storage()
   dp_->with_full_params([&] {  // ZeRO stage 3: the whole model, for the broadcast and the check
     for (Tensor& part : model_->param_storage())
       pg_.broadcast(part, {.root = 0, .stream = stream_, .what = "initial params"})->wait();

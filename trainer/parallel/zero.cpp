@@ -137,6 +137,7 @@ void Zero::reduce_after_backward() {  // bucket by bucket, now
 }
 
 void Zero::after_update() {
+  model_.params_written();  // the gathers write through param_pieces_ (a sharded update never marks the bf16 copy)
   for (size_t b = 0; b < param_pieces_.size(); ++b) {
     Pieces& p = param_pieces_[b];
     if (p.chunk.numel() == 0) continue;
