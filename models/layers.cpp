@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 namespace dpt::models {
 
@@ -464,6 +465,56 @@ const Tensor& ResidualNorm::backward_add(const Tensor& dy, const Tensor& residua
   } reset{residual_};
   residual_ = &residual;
   return backward(dy, k);
+}
+
+void ResidualBlock::hand_off(const Tensor* input_addend, bool defer_output) {
+  in_addend_ = input_addend;
+  defer_ = defer_output;
+}
+
+// hand_off's settings are taken at the forward's start: a forward that throws leaves none for the next.
+const Tensor& ResidualBlock::first_norm(ResidualNorm& norm, const Tensor& x, Kernels& k) {
+  const Tensor* addend = std::exchange(in_addend_, nullptr);
+  deferring_ = std::exchange(defer_, false);
+  out_addend_ = nullptr;
+  input_ = addend ? &x_sum_ : &x;
+  return addend ? norm.forward_add(x, *addend, x_sum_, k) : norm.forward(x, k);
+}
+
+const Tensor& ResidualBlock::output(const Tensor& m, Kernels& k) {
+  if (deferring_) {
+    out_addend_ = &m;
+    return r1_;
+  }
+  ensure_shape(y_, r1_.shape(), r1_.device(), r1_.dtype());
+  if (r1_.dtype() == DType::BF16)  // the residual stream in bf16
+    k.add_bf16(r1_.data<BFloat16>(), m.data<BFloat16>(), y_.data<BFloat16>(), r1_.numel());
+  else
+    k.add(r1_.data<float>(), m.data<float>(), y_.data<float>(), r1_.numel(), false);
+  return y_;
+}
+
+const Tensor& run_handing_off(Module& blocks, const Tensor& x, ResidualNorm& final_norm, Tensor& sum, Kernels& k) {
+  std::vector<ResidualBlock*> list;
+  for (const auto& [name, child] : blocks.children()) {
+    auto* block = dynamic_cast<ResidualBlock*>(child);
+    DPT_CHECK(block, "{}: block {} ({}) is not a ResidualBlock", blocks.kind(), name, child->kind());
+    list.push_back(block);
+  }
+  DPT_CHECK(!list.empty(), "{}: no block to run", blocks.kind());
+  const Tensor* h = &x;
+  const Tensor* addend = nullptr;
+  try {
+    for (ResidualBlock* block : list) {
+      block->hand_off(addend, /*defer_output=*/true);
+      h = &block->forward(*h, k);
+      addend = block->output_addend();
+    }
+  } catch (...) {  // a hook that threw before a block's first norm: nothing handed off stays for a later forward
+    for (ResidualBlock* block : list) block->hand_off(nullptr, false);
+    throw;
+  }
+  return final_norm.forward_add(*h, *addend, sum, k);
 }
 
 void ResidualNorm::add_residual(Tensor& dx, Kernels& k) const {

@@ -213,6 +213,41 @@ class ResidualNorm : public Module {
   const Tensor* residual_ = nullptr;
 };
 
+// A pre-norm transformer block, x -> r1 = x + f(norm1(x)) -> y = r1 + g(norm2(r1)) (GptBlock, LlamaBlock), whose
+// residual stream the fast path hands to the next block without the sum at its end (run_handing_off): block i returns
+// r1 and keeps g's output m as output_addend(); block i+1's first norm makes its input x = r1 + m inside its pass
+// (ResidualNorm::forward_add, fused by the GPU set), and the final norm does the same after the last block. The same
+// bits as the sums made apart (the kernels' contract); one pass over the stream less per block. The backward is
+// unchanged: the gradient of a sum reaches both summands as it is.
+class ResidualBlock : public Module {
+ public:
+  // For the next forward only: its input is x + *input_addend (made by the first norm into this block's buffer;
+  // null: x itself), and with defer_output it returns r1, leaving m as output_addend() for the caller to add.
+  void hand_off(const Tensor* input_addend, bool defer_output);
+  const Tensor* output_addend() const { return out_addend_; }
+
+ protected:
+  // run_forward's parts: the first norm of the block's input (x, or x plus the handed-off addend: input() after),
+  // and the block's output r1_ + m (or r1_ itself, deferring).
+  const Tensor& first_norm(ResidualNorm& norm, const Tensor& x, Kernels& k);
+  const Tensor& input() const { return *input_; }
+  const Tensor& output(const Tensor& m, Kernels& k);
+  // The output's shape, for run_backward's check (y_ stays empty while deferring).
+  const std::vector<int64_t>& output_shape() const { return r1_.shape(); }
+  Tensor r1_;
+
+ private:
+  const Tensor* in_addend_ = nullptr;
+  bool defer_ = false, deferring_ = false;  // hand_off's; this forward's
+  const Tensor* out_addend_ = nullptr;
+  const Tensor* input_ = nullptr;
+  Tensor x_sum_, y_;
+};
+
+// The blocks of `blocks` (ResidualBlocks, at least one) on x with the residual stream handed from block to block,
+// then `final_norm` of the last block's output, made in its pass into `sum`. The blocks' hooks run as in forward.
+const Tensor& run_handing_off(Module& blocks, const Tensor& x, ResidualNorm& final_norm, Tensor& sum, Kernels& k);
+
 // Layer normalisation over the last dimension (nn.LayerNorm(C): eps 1e-5, weight 1, bias 0): any input whose
 // last dimension is C, read as [rows, C]; the output has the input's shape.
 class LayerNorm final : public ResidualNorm {

@@ -243,22 +243,17 @@ GptBlock::GptBlock(int64_t n_embd, int64_t n_head, int64_t n_layer) {
 
 std::string GptBlock::kind() const { return fmt::format("Block({})", attn_->kind()); }
 
-const Tensor& GptBlock::run_forward(const Tensor& x, Kernels& k) {
-  const Tensor& a = attn_->forward(ln_1_->forward(x, k), k);
+const Tensor& GptBlock::run_forward(const Tensor& x_in, Kernels& k) {
+  const Tensor& h = first_norm(*ln_1_, x_in, k);  // ln_1(x): x the input, or the input plus the handed-off addend
+  const Tensor& x = input();
+  const Tensor& a = attn_->forward(h, k);
   // r1 = x + a, made by ln_2 (ResidualNorm::forward_add: with bf16 activations inside its pass).
   const Tensor& m = mlp_->forward(ln_2_->forward_add(x, a, r1_, k), k);
-  if (x.dtype() == DType::BF16) {  // the residual stream in bf16
-    ensure_shape(y_, x.shape(), x.device(), DType::BF16);
-    k.add_bf16(r1_.data<BFloat16>(), m.data<BFloat16>(), y_.data<BFloat16>(), x.numel());
-    return y_;
-  }
-  ensure_shape(y_, x.shape(), x.device());
-  k.add(r1_.data<float>(), m.data<float>(), y_.data<float>(), x.numel(), false);
-  return y_;
+  return output(m, k);  // r1 + m, or r1 with m handed to the next norm (ResidualBlock)
 }
 
 const Tensor& GptBlock::run_backward(const Tensor& dy, Kernels& k) {
-  DPT_CHECK(dy.shape() == y_.shape(), "Block backward got {}", dy.shape_str());
+  DPT_CHECK(dy.shape() == output_shape(), "Block backward got {}", dy.shape_str());
   // d(r1) = dy (the residual) + what flows back through mlp(ln_2(r1)); d(x) likewise through attn(ln_1(x)). Each
   // sum is the norm's (ResidualNorm::backward_add: with bf16 activations inside its one pass, rounded once; in float32
   // the same sum as an add after it: ResidualNorm), in the norm's input-gradient buffer.
@@ -356,6 +351,8 @@ const Tensor& GptTransformer::run_forward(const Tensor& tokens, Kernels& k) {
   if (bf16_ && training_ && !cache_) {  // the fast path: the float32 embedding (from the masters) rounded once
     ensure_shape(emb16_, emb_.shape(), emb_.device(), DType::BF16);
     to_bfloat16(emb_, emb16_, 1.0f, k.stream());
+    // Each block's last residual sum made by the next norm in its pass (ResidualBlock), ln_f's into lnf_in_.
+    if (hand_off_) return run_handing_off(*h_, emb16_, *ln_f_, lnf_in_, k);
     return ln_f_->forward(h_->forward(emb16_, k), k);
   }
   return ln_f_->forward(h_->forward(emb_, k), k);

@@ -111,7 +111,7 @@ class GptMlp final : public Module {
 };
 
 // x + attn(ln_1(x)), then + mlp(ln_2(.)).
-class GptBlock final : public Module {
+class GptBlock final : public ResidualBlock {
  public:
   GptBlock(int64_t n_embd, int64_t n_head, int64_t n_layer);
   std::string kind() const override;
@@ -126,7 +126,6 @@ class GptBlock final : public Module {
   LayerNorm *ln_1_, *ln_2_;
   CausalSelfAttention* attn_;
   GptMlp* mlp_;
-  Tensor r1_, y_;
 };
 
 // The `transformer` of nanoGPT: owns wte.weight [padded vocab, C] and wpe.weight [block_size, C]; children h (the
@@ -146,6 +145,9 @@ class GptTransformer final : public Module {
   void use_cache(KvCache* cache);
   // Every block uses `scratch`.
   void use_scratch(GptScratch* scratch);
+  // The fast path hands the residual stream from block to block (run_handing_off; on by default); off: each block
+  // makes its own output sum, as before (the same bits: the tests compare the two).
+  void set_residual_hand_off(bool on) { hand_off_ = on; }
 
  protected:
   const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;
@@ -155,6 +157,8 @@ class GptTransformer final : public Module {
   GptOptions o_;
   Sequential* h_;
   LayerNorm* ln_f_;
+  bool hand_off_ = true;
+  Tensor lnf_in_;  // the last block's output, made by ln_f (the hand-off)
   Tensor wte_, wpe_, dwte_, dwpe_;
   Tensor wte16_, wpe16_;
   Tensor tokens_, emb_;
@@ -183,6 +187,8 @@ class Gpt final : public Module, public KvCachedLm {
   void begin_kv_cache(int64_t batch, Device device) override;
   void end_kv_cache() override;
   int64_t kv_cache_len() const override { return cache_ ? cache_->len : 0; }
+  // GptTransformer::set_residual_hand_off.
+  void set_residual_hand_off(bool on) { transformer_->set_residual_hand_off(on); }
 
  protected:
   const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;

@@ -437,22 +437,17 @@ LlamaBlock::LlamaBlock(const LlamaOptions& o, RopeTables* rope) {
 
 std::string LlamaBlock::kind() const { return fmt::format("LlamaBlock({})", self_attn_->kind()); }
 
-const Tensor& LlamaBlock::run_forward(const Tensor& x, Kernels& k) {
-  const Tensor& a = self_attn_->forward(input_layernorm_->forward(x, k), k);
+const Tensor& LlamaBlock::run_forward(const Tensor& x_in, Kernels& k) {
+  const Tensor& h = first_norm(*input_layernorm_, x_in, k);  // as GptBlock's (ResidualBlock)
+  const Tensor& x = input();
+  const Tensor& a = self_attn_->forward(h, k);
   // r1 = x + a, made by post_attention_layernorm (ResidualNorm::forward_add), as GptBlock's.
   const Tensor& m = mlp_->forward(post_attention_layernorm_->forward_add(x, a, r1_, k), k);
-  if (x.dtype() == DType::BF16) {  // the residual stream in bf16
-    ensure_shape(y_, x.shape(), x.device(), DType::BF16);
-    k.add_bf16(r1_.data<BFloat16>(), m.data<BFloat16>(), y_.data<BFloat16>(), x.numel());
-    return y_;
-  }
-  ensure_shape(y_, x.shape(), x.device());
-  k.add(r1_.data<float>(), m.data<float>(), y_.data<float>(), x.numel(), false);
-  return y_;
+  return output(m, k);
 }
 
 const Tensor& LlamaBlock::run_backward(const Tensor& dy, Kernels& k) {
-  DPT_CHECK(dy.shape() == y_.shape(), "LlamaBlock backward got {}", dy.shape_str());
+  DPT_CHECK(dy.shape() == output_shape(), "LlamaBlock backward got {}", dy.shape_str());
   // As GptBlock's: each residual sum made by its norm's backward (ResidualNorm::backward_add).
   const Tensor& dr1 = post_attention_layernorm_->backward_add(mlp_->backward(dy, k), dy, k);
   return input_layernorm_->backward_add(self_attn_->backward(dr1, k), dr1, k);
@@ -513,6 +508,8 @@ const Tensor& LlamaModel::run_forward(const Tensor& tokens, Kernels& k) {
   if (bf16_ && training_ && !cache_) {  // the fast path: the float32 embedding (from the masters) rounded once
     ensure_shape(emb16_, emb_.shape(), emb_.device(), DType::BF16);
     to_bfloat16(emb_, emb16_, 1.0f, k.stream());
+    // Each layer's last residual sum made by the next norm in its pass (ResidualBlock), norm's into norm_in_.
+    if (hand_off_) return run_handing_off(*layers_, emb16_, *norm_, norm_in_, k);
     return norm_->forward(layers_->forward(emb16_, k), k);
   }
   return norm_->forward(layers_->forward(emb_, k), k);

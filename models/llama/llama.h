@@ -152,7 +152,7 @@ class LlamaMlp final : public Module {
 };
 
 // x + self_attn(input_layernorm(x)), then + mlp(post_attention_layernorm(.)).
-class LlamaBlock final : public Module {
+class LlamaBlock final : public ResidualBlock {
  public:
   LlamaBlock(const LlamaOptions& o, RopeTables* rope);
   std::string kind() const override;
@@ -166,7 +166,6 @@ class LlamaBlock final : public Module {
   RmsNorm *input_layernorm_, *post_attention_layernorm_;
   LlamaAttention* self_attn_;
   LlamaMlp* mlp_;
-  Tensor r1_, y_;
 };
 
 // LlamaModel (the `model.` of the names): owns embed_tokens.weight [vocab, C]; children layers ("0", "1", ...) and
@@ -184,6 +183,8 @@ class LlamaModel final : public Module {
   void bind_bf16(std::vector<Tensor> params16) override;
   // Every attention layer uses `cache` (nullptr: none); positions then start at cache->len.
   void use_cache(KvCache* cache);
+  // As GptTransformer's: the fast path hands the residual stream from layer to layer (on by default).
+  void set_residual_hand_off(bool on) { hand_off_ = on; }
 
  protected:
   const Tensor& run_forward(const Tensor& tokens, Kernels& k) override;
@@ -194,6 +195,8 @@ class LlamaModel final : public Module {
   std::unique_ptr<RopeTables> rope_;
   Sequential* layers_;
   RmsNorm* norm_;
+  bool hand_off_ = true;
+  Tensor norm_in_;  // the last layer's output, made by norm (the hand-off)
   Tensor embed_, dembed_, embed16_;
   Tensor tokens_, emb_;
   Tensor emb16_, demb_;  // bf16 activations: the embedding rounded to bf16; its gradient widened to float32
@@ -210,6 +213,8 @@ class Llama final : public Module, public KvCachedLm {
   void begin_kv_cache(int64_t batch, Device device) override;
   void end_kv_cache() override;
   int64_t kv_cache_len() const override { return cache_ ? cache_->len : 0; }
+  // LlamaModel::set_residual_hand_off.
+  void set_residual_hand_off(bool on) { model_->set_residual_hand_off(on); }
   // The tied head reads the model's embed_tokens and accumulates into its gradient.
   const Module* uses_params_of() const override { return o_.tie_embeddings ? model_ : nullptr; }
   // The transformer fast path: a training forward returns bf16 logits [B * T, vocab_size].

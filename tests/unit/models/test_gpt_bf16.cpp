@@ -100,6 +100,16 @@ TEST_CASE("gpt with bf16 activations: the same bits again, grad_scale scales the
   CHECK(test::rel_l2(h.grads.data<float>(), a.grads.data<float>(), a.grads.numel()) == Approx(0.5).margin(1e-2));
 }
 
+TEST_CASE("gpt with bf16 activations: the residual stream handed from block to block, the same bits as each block's "
+          "own sum", "[gpt][bf16act]") {
+  Fixture f;
+  auto off = make_gpt(small());
+  off->init(7);
+  off->set_bf16_activations(true);
+  dynamic_cast<Gpt&>(off->root()).set_residual_hand_off(false);
+  test::check_residual_hand_off(*f.bf16, *off, f.tokens, f.targets);
+}
+
 TEST_CASE("gpt with bf16 activations evaluates in float32, bit for bit the float32 path", "[gpt][bf16act]") {
   Fixture f;
   // A training step first: its bf16 buffers must not leak into evaluation.

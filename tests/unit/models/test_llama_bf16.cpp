@@ -156,6 +156,18 @@ TEST_CASE("llama with bf16 activations: the same bits again, evaluation the floa
   CHECK(a.loss == c.loss);
 }
 
+TEST_CASE("llama with bf16 activations: the residual stream handed from layer to layer, the same bits as each "
+          "layer's own sum", "[llama][bf16act]") {
+  for (const LlamaOptions& o : {gqa(), mha_tied_biases()}) {
+    Fixture f(o);
+    auto off = make_llama(o);
+    off->params().copy_from(f.fp32->params());
+    off->set_bf16_activations(true);
+    dynamic_cast<Llama&>(off->root()).set_residual_hand_off(false);
+    test::check_residual_hand_off(*f.bf16, *off, f.tokens, f.targets);
+  }
+}
+
 TEST_CASE("Linear's packed bf16 output: its columns of the shared buffer, the same bits as its own output, and the "
           "same gradients from those columns", "[llama][bf16act]") {
   std::mt19937_64 rng(5);
