@@ -7,9 +7,9 @@
 // A row is a call of the set, which may launch several CUDA kernels (a matmul whose epilogue runs as kernels of our
 // own) or none. On a GPU each call adds two event records on the stream, a few microseconds of host time each; while
 // the GPU runs behind the host (a step of large kernels) they should cost it little, which the window will tell.
-// Work that is not a call of the set (the parameters' bf16 copy, zeroing the gradients, copies) and any idle GPU
-// time add up in between_ms(): between calls, and, with begin_step(), from the step's start to its first call and
-// from its last call to collect().
+// Work that is not a call of the set (zeroing the gradients, the first forward's bf16 copy of the parameters,
+// copies) and any idle GPU time add up in between_ms(): between calls, and, with begin_step(), from the step's start
+// to its first call and from its last call to collect().
 //
 // Each call also counts its work (Work): the products' arithmetic and the bytes its operands must move at least.
 // Against a device's peaks, a row's floor (floor_ms) is the least time its calls could take: the gap between a row's

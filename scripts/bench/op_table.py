@@ -29,7 +29,7 @@ rest = rows[25:]
 if rest:
     ms = sum(r["ms_per_step"] for r in rest)
     print(f"| {ms:.3f} | {pct(ms)} | {sum(r['calls_per_step'] for r in rest):g} | | | | the other {len(rest)} | |")
-print(f"| {between:.3f} | {pct(between)} | | | | | outside the calls (other work: the bf16 copy, zeroing; the GPU idle) | |")
+print(f"| {between:.3f} | {pct(between)} | | | | | outside the calls (other work: zeroing the gradients, the embedding's bf16 rounding; the GPU idle) | |")
 print(f"| {span:.3f} | 100.0 | {sum(r['calls_per_step'] for r in rows):g} | | | | the step's span | |")
 matmul = sum(r["ms_per_step"] for r in rows if r["op"] in ("matmul_bf16", "gemm", "gemm_strided_batched"))
 print()
