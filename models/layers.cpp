@@ -478,12 +478,20 @@ const Tensor& ResidualBlock::first_norm(ResidualNorm& norm, const Tensor& x, Ker
   deferring_ = std::exchange(defer_, false);
   out_addend_ = nullptr;
   input_ = addend ? &x_sum_ : &x;
-  return addend ? norm.forward_add(x, *addend, x_sum_, k) : norm.forward(x, k);
+  if (addend) return norm.forward_add(x, *addend, x_sum_, k);
+  x_sum_ = Tensor();  // not this forward's (an evaluation's, say): held by nothing else once the norm runs
+  return norm.forward(x, k);
+}
+
+const Tensor& ResidualBlock::input() const {
+  DPT_CHECK(input_, "{}: input() before first_norm()", kind());
+  return *input_;
 }
 
 const Tensor& ResidualBlock::output(const Tensor& m, Kernels& k) {
   if (deferring_) {
     out_addend_ = &m;
+    y_ = Tensor();  // an evaluation's float32 output, say: the fast path keeps no output of its own
     return r1_;
   }
   ensure_shape(y_, r1_.shape(), r1_.device(), r1_.dtype());
@@ -510,7 +518,7 @@ const Tensor& run_handing_off(Module& blocks, const Tensor& x, ResidualNorm& fin
       h = &block->forward(*h, k);
       addend = block->output_addend();
     }
-  } catch (...) {  // a hook that threw before a block's first norm: nothing handed off stays for a later forward
+  } catch (...) {  // a block that threw before its first norm: nothing handed off stays for a later forward
     for (ResidualBlock* block : list) block->hand_off(nullptr, false);
     throw;
   }

@@ -230,7 +230,7 @@ class ResidualBlock : public Module {
   // run_forward's parts: the first norm of the block's input (x, or x plus the handed-off addend: input() after),
   // and the block's output r1_ + m (or r1_ itself, deferring).
   const Tensor& first_norm(ResidualNorm& norm, const Tensor& x, Kernels& k);
-  const Tensor& input() const { return *input_; }
+  const Tensor& input() const;
   const Tensor& output(const Tensor& m, Kernels& k);
   // The output's shape, for run_backward's check (y_ stays empty while deferring).
   const std::vector<int64_t>& output_shape() const { return r1_.shape(); }

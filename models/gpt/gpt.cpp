@@ -355,6 +355,7 @@ const Tensor& GptTransformer::run_forward(const Tensor& tokens, Kernels& k) {
     if (hand_off_) return run_handing_off(*h_, emb16_, *ln_f_, lnf_in_, k);
     return ln_f_->forward(h_->forward(emb16_, k), k);
   }
+  lnf_in_ = Tensor();  // the fast path's, held by nothing else once ln_f runs
   return ln_f_->forward(h_->forward(emb_, k), k);
 }
 

@@ -512,6 +512,7 @@ const Tensor& LlamaModel::run_forward(const Tensor& tokens, Kernels& k) {
     if (hand_off_) return run_handing_off(*layers_, emb16_, *norm_, norm_in_, k);
     return norm_->forward(layers_->forward(emb16_, k), k);
   }
+  norm_in_ = Tensor();  // the fast path's, held by nothing else once norm runs
   return norm_->forward(layers_->forward(emb_, k), k);
 }
 

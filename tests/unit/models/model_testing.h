@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -124,22 +125,26 @@ inline LmStep lm_step(models::Model& m, const Tensor& tokens, const Tensor& targ
 
 // The fast path's residual hand-off (ResidualBlock, run_handing_off) against each block making its own output sum:
 // `on` and `off` the same model with bf16 activations, `off` with the hand-off turned off. Two training steps (the
-// second after an evaluation, which runs the float32 path and must find nothing handed off), each the same loss,
-// logits and gradients bit for bit, and the evaluation's logits too.
+// second after an evaluation, which runs the float32 path and must find nothing handed off, and on the tokens
+// reversed: a buffer left from the first would show), each the same loss, logits and gradients bit for bit, and the
+// evaluation's logits too.
 inline void check_residual_hand_off(models::Model& on, models::Model& off, const Tensor& tokens,
                                     const Tensor& targets) {
+  Tensor reversed = Tensor::empty(tokens.shape(), tokens.dtype());
+  std::reverse_copy(tokens.data<int32_t>(), tokens.data<int32_t>() + tokens.numel(), reversed.data<int32_t>());
   for (int round = 0; round < 2; ++round) {
     CAPTURE(round);
-    const LmStep a = lm_step(on, tokens, targets), b = lm_step(off, tokens, targets);
+    const Tensor& x = round == 0 ? tokens : reversed;
+    const LmStep a = lm_step(on, x, targets), b = lm_step(off, x, targets);
     CHECK(a.loss == b.loss);
     CHECK(std::memcmp(a.logits.raw(), b.logits.raw(), a.logits.bytes()) == 0);
     CHECK(std::memcmp(a.grads.raw(), b.grads.raw(), a.grads.bytes()) == 0);
     on.set_training(false);
     off.set_training(false);
-    const Tensor x = on.forward(tokens).to(Device::cpu());
-    const Tensor& y = off.forward(tokens);
-    REQUIRE(x.dtype() == DType::F32);
-    CHECK(std::memcmp(x.raw(), y.raw(), x.bytes()) == 0);
+    const Tensor e = on.forward(x).to(Device::cpu());
+    const Tensor& f = off.forward(x);
+    REQUIRE(e.dtype() == DType::F32);
+    CHECK(std::memcmp(e.raw(), f.raw(), e.bytes()) == 0);
     on.set_training(true);
     off.set_training(true);
   }

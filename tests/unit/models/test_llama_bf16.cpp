@@ -12,11 +12,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <random>
+#include <string>
 
 #include "core/bfloat16_convert.h"
 #include "model_testing.h"
 #include "models/kernels/factory.h"
+#include "models/kernels/timed_kernels.h"
 #include "models/layers.h"
 #include "models/llama/llama.h"
 #include "models/model.h"
@@ -165,6 +168,25 @@ TEST_CASE("llama with bf16 activations: the residual stream handed from layer to
     off->set_bf16_activations(true);
     dynamic_cast<Llama&>(off->root()).set_residual_hand_off(false);
     test::check_residual_hand_off(*f.bf16, *off, f.tokens, f.targets);
+    // The hand-off is on by default: a training step runs one add_bf16 a layer fewer than without it (the backward's
+    // input-gradient sums remain), and every norm but the first adds before normalising.
+    const auto count = [&](Model& m) {
+      TimedKernels timed(m.kernels());
+      m.set_kernels(timed);
+      (void)test::lm_step(m, f.tokens, f.targets);
+      timed.collect();
+      m.set_kernels(kernels_for(Device::cpu()));
+      std::map<std::string, int64_t> calls;
+      for (const auto& r : timed.rows())
+        calls[r.op + (r.shape.find("residual add before") != std::string::npos ? " (add)" : "")] += r.calls;
+      return calls;
+    };
+    auto with = count(*f.bf16), without = count(*off);
+    CHECK(with["matmul_bf16"] > 0);  // the step was timed
+    CHECK(without["add_bf16"] - with["add_bf16"] == o.n_layer);
+    CHECK(with["rmsnorm_forward_bf16 (add)"] == 2 * o.n_layer);
+    CHECK(with["rmsnorm_forward_bf16"] == 1);
+    CHECK(without["rmsnorm_forward_bf16 (add)"] == o.n_layer);
   }
 }
 
