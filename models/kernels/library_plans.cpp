@@ -91,6 +91,18 @@ bool tune_adopts(double chosen_ms, double best_ms, double margin) {
   return chosen_ms >= 0 && best_ms >= 0 && best_ms <= chosen_ms * (1.0 - margin);
 }
 
+void SweepTally::add(int index, double ms) {
+  if (ms < 0) {
+    ++refused;
+    return;
+  }
+  ++tried;
+  if (best < 0 || ms < best_ms) {
+    best_ms = ms;
+    best = index;
+  }
+}
+
 std::string sdpa_unsupported(const AttentionShape& s) {
   if (s.head_size % 8 != 0 || s.head_size > 128)
     return fmt::format("cuDNN's fused attention takes a head size that is a multiple of 8 and at most 128; this "

@@ -6,7 +6,8 @@
 //   sdpa_plan       a causal self-attention (AttentionShape) as cuDNN's SDPA graph sees it: q, k, v, o, the
 //                   statistics and the gradients as 4-D tensors {batch, head, sequence, head dim} with element
 //                   strides into the fused qkv buffer (cuda/attention.cpp builds the frontend's graph from it);
-//   tune_adopts     when a timed candidate replaces a plan's algorithm or engine (train.autotune).
+//   tune_adopts     when a timed candidate replaces a plan's algorithm or engine (train.autotune); SweepTally, the
+//                   sweeps' count of their candidates' times.
 #pragma once
 
 #include <array>
@@ -96,5 +97,12 @@ std::string sdpa_unsupported(const AttentionShape& s);
 // fraction of chosen_ms; negative: even when slower, by up to that fraction: tests). Negative times (a run refused)
 // never adopt. The sweeps ask it twice: on the first timings and again on a second timing of both.
 bool tune_adopts(double chosen_ms, double best_ms, double margin);
+// A sweep's tally of its candidates' times (ms; negative: the candidate refused the operands): how many ran, how many
+// refused, and the fastest (its index as given to add; -1: none ran).
+struct SweepTally {
+  int tried = 0, refused = 0, best = -1;
+  double best_ms = -1;
+  void add(int index, double ms);
+};
 
 }  // namespace dpt::models

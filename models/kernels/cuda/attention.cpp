@@ -271,20 +271,12 @@ std::string sweep_attention(AttentionGraphs& a, AttentionEntry& e, cudnnHandle_t
   const auto time = [&](fe::graph::Graph& g, int64_t plan) {
     return time_plan(g, plan, h, pack, ws.raw(), reps, start, stop, stream);
   };
-  double chosen = time(*e.graph, e.plan), best = -1;
-  size_t best_j = 0, tried = 0, refused = 0;
-  for (size_t j = 0; j < built.size(); ++j) {
-    const double ms = time(*all, built[j]);
-    if (ms < 0) {
-      ++refused;
-      continue;
-    }
-    ++tried;
-    if (best < 0 || ms < best) {
-      best = ms;
-      best_j = j;
-    }
-  }
+  double chosen = time(*e.graph, e.plan);
+  SweepTally tally;
+  for (size_t j = 0; j < built.size(); ++j) tally.add(static_cast<int>(j), time(*all, built[j]));
+  const int tried = tally.tried, refused = tally.refused;
+  const double best = tally.best_ms;
+  const auto best_j = static_cast<size_t>(std::max(tally.best, 0));
   if (chosen >= 0) {  // again last, the faster of the two (as the cuBLASLt sweep)
     const double again = time(*e.graph, e.plan);
     if (again >= 0 && again < chosen) chosen = again;

@@ -563,22 +563,15 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
       };
       // The chosen algorithm timed first and again last (the faster of the two: the first may pay for the clocks
       // ramping up after the allocations); a candidate that is the chosen algorithm itself is not timed again.
-      double chosen = time(e->heuristic.algo), best = -1;
-      int best_i = -1, tried = 0, refused = 0;
+      double chosen = time(e->heuristic.algo);
+      SweepTally tally;
       for (int i = 0; i < static_cast<int>(found_algos.size()); ++i) {
         if (found_algos[i].state != CUBLAS_STATUS_SUCCESS) continue;
         if (std::memcmp(&found_algos[i].algo, &e->heuristic.algo, sizeof(cublasLtMatmulAlgo_t)) == 0) continue;
-        const double ms = time(found_algos[i].algo);
-        if (ms < 0) {
-          ++refused;
-          continue;
-        }
-        ++tried;
-        if (best < 0 || ms < best) {
-          best = ms;
-          best_i = i;
-        }
+        tally.add(i, time(found_algos[i].algo));
       }
+      const int best_i = tally.best, tried = tally.tried, refused = tally.refused;
+      const double best = tally.best_ms;
       if (chosen >= 0) {
         const double again = time(e->heuristic.algo);
         if (again >= 0 && again < chosen) chosen = again;

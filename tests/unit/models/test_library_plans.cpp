@@ -267,6 +267,24 @@ TEST_CASE("tune_adopts: a candidate replaces the plan's own only when faster by 
   CHECK_FALSE(tune_adopts(1.0, -1.0, 0.03));  // the candidate refused them
 }
 
+TEST_CASE("SweepTally counts the candidates that ran and refused, and keeps the first fastest", "[plans]") {
+  SweepTally t;
+  CHECK(t.best == -1);
+  t.add(3, 0.5);
+  t.add(4, -1.0);
+  t.add(5, 0.25);
+  t.add(6, 0.25);  // as fast: the first stays
+  t.add(7, 0.75);
+  CHECK(t.tried == 4);
+  CHECK(t.refused == 1);
+  CHECK(t.best == 5);
+  CHECK(t.best_ms == 0.25);
+  SweepTally none;
+  none.add(0, -1.0);
+  CHECK(none.best == -1);
+  CHECK(none.tried == 0);
+}
+
 TEST_CASE("sdpa_unsupported names the head sizes cuDNN's fused attention takes", "[plans]") {
   CHECK(sdpa_unsupported({16, 1024, 12, 64}).empty());
   CHECK(sdpa_unsupported({1, 64, 4, 32}).empty());  // configs/gpt_tiny.toml
