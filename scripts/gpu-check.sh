@@ -922,9 +922,9 @@ step_train_gpt_gpu() { train_gpt "$1" cuda nccl 120 "${@:2}"; }
 step_train_gpt_cpu() { train_gpt "$1" cpu gloo 120 "${@:2}"; }
 step_train_llama_gpu() { train_lm llama_tiny "$1" cuda nccl 120 "${@:2}"; }
 # train.autotune inside dptrain (issue 33; its tuning ran before only in dpt-model-bench --lt-tune): the fast path's
-# GPT with its cuBLASLt plans timed after the first step. PASS when it trains and its log has the tuning's summary
-# line; compare_gpt_autotune_gpu_cpu then holds its losses to the CPU fast path's (the tuned algorithms round alike:
-# the bf16 comparison's tolerances).
+# GPT with its cuBLASLt plans and cuDNN attention graphs timed after the first step. PASS when it trains and its log
+# has the tuning's summary line; compare_gpt_autotune_gpu_cpu then holds its losses to the CPU fast path's (the tuned
+# algorithms round alike: the bf16 comparison's tolerances).
 step_train_gpt_autotune() {
   local logfile=$1 summary
   train_gpt "$logfile" cuda nccl 120 train.precision=bf16 train.bf16_activations=true train.autotune=true || return 1
