@@ -525,6 +525,13 @@ const Tensor& run_handing_off(Module& blocks, const Tensor& x, ResidualNorm& fin
   return final_norm.forward_add(*h, *addend, sum, k);
 }
 
+const Tensor& run_blocks(Module& blocks, const Tensor& x, ResidualNorm& final_norm, Tensor& sum, bool hand_off,
+                         Kernels& k) {
+  if (hand_off) return run_handing_off(blocks, x, final_norm, sum, k);
+  sum = Tensor();
+  return final_norm.forward(blocks.forward(x, k), k);
+}
+
 void ResidualNorm::add_residual(Tensor& dx, Kernels& k) const {
   if (residual_) k.add(residual_->data<float>(), dx.data<float>(), dx.data<float>(), dx.numel(), false);
 }

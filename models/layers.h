@@ -247,6 +247,10 @@ class ResidualBlock : public Module {
 // The blocks of `blocks` (ResidualBlocks, at least one) on x with the residual stream handed from block to block,
 // then `final_norm` of the last block's output, made in its pass into `sum`. The blocks' hooks run as in forward.
 const Tensor& run_handing_off(Module& blocks, const Tensor& x, ResidualNorm& final_norm, Tensor& sum, Kernels& k);
+// A transformer's blocks then its final norm: handing off (run_handing_off) or each block making its own output sum
+// (`sum` then released: held by nothing else once the norm runs).
+const Tensor& run_blocks(Module& blocks, const Tensor& x, ResidualNorm& final_norm, Tensor& sum, bool hand_off,
+                         Kernels& k);
 
 // Layer normalisation over the last dimension (nn.LayerNorm(C): eps 1e-5, weight 1, bias 0): any input whose
 // last dimension is C, read as [rows, C]; the output has the input's shape.

@@ -46,7 +46,7 @@ void Model::allocate(Device device, int64_t total_params, int64_t total_buffers)
   kernels_ = &kernels_for(device);
   params_ = Tensor::zeros({total_params}, DType::F32, device);
   params16_ = bf16_ ? Tensor::zeros({total_params}, DType::BF16, device) : Tensor();
-  params16_current_ = false;
+  params_written();
   num_params_ = static_cast<size_t>(total_params);
   grads_ = Tensor::zeros({total_params}, DType::F32, device);
   buffers_ = Tensor::zeros({total_buffers}, DType::F32, device);
@@ -126,7 +126,7 @@ void Model::set_bf16_activations(bool on) {
     params16_ = Tensor();
   }
   bf16_ = on;
-  params16_current_ = false;
+  params_written();
   root_->set_bf16_activations(on);
   for (const Owner& o : owners_) rebind(o);
 }
@@ -196,7 +196,7 @@ void Model::to(Device device) {
 void Model::init(uint64_t seed) {
   // Initialisation draws on the host (the same numbers on every machine), then moves to the device.
   const Device device = device_;
-  params16_current_ = false;
+  params_written();
   to(Device::cpu());
   std::mt19937_64 rng(seed);
   for (const Owner& o : owners_) o.module->init_params(rng);
@@ -231,7 +231,7 @@ const Tensor& Model::forward(const Tensor& x) {
       to_bfloat16(params_, params16_, 1.0f, kernels_->stream());
       ++params16_roundings_;
     }
-    params16_current_ = false;
+    params16_current_ = false;  // the update's copy serves this forward only
   }
   if (hooks_.forward_begin) hooks_.forward_begin();
   const Tensor& y = root_->forward(x, *kernels_);
@@ -301,7 +301,7 @@ std::vector<NamedTensor> Model::state() const {
 }
 
 void Model::load_state(const std::function<const Tensor*(const std::string&)>& find, const std::string& source) {
-  params16_current_ = false;
+  params_written();
   std::vector<std::pair<Tensor, const Tensor*>> copies;
   for (const NamedTensor& nt : state()) {
     const Tensor* src = find(nt.name);

@@ -105,7 +105,7 @@ class Model {
   size_t set_batch_norm_sync(const BatchNorm2d::AllReduceSum& sum);
 
   Tensor& params() {  // mutable: whatever writes through it, the bf16 copy is rounded afresh (params16_written)
-    params16_current_ = false;
+    params_written();
     return params_;
   }
   Tensor& grads() { return grads_; }

@@ -352,11 +352,9 @@ const Tensor& GptTransformer::run_forward(const Tensor& tokens, Kernels& k) {
     ensure_shape(emb16_, emb_.shape(), emb_.device(), DType::BF16);
     to_bfloat16(emb_, emb16_, 1.0f, k.stream());
     // Each block's last residual sum made by the next norm in its pass (ResidualBlock), ln_f's into lnf_in_.
-    if (hand_off_) return run_handing_off(*h_, emb16_, *ln_f_, lnf_in_, k);
-    return ln_f_->forward(h_->forward(emb16_, k), k);
+    return run_blocks(*h_, emb16_, *ln_f_, lnf_in_, hand_off_, k);
   }
-  lnf_in_ = Tensor();  // the fast path's, held by nothing else once ln_f runs
-  return ln_f_->forward(h_->forward(emb_, k), k);
+  return run_blocks(*h_, emb_, *ln_f_, lnf_in_, /*hand_off=*/false, k);
 }
 
 const Tensor& GptTransformer::run_backward(const Tensor& dy, Kernels& k) {

@@ -509,11 +509,9 @@ const Tensor& LlamaModel::run_forward(const Tensor& tokens, Kernels& k) {
     ensure_shape(emb16_, emb_.shape(), emb_.device(), DType::BF16);
     to_bfloat16(emb_, emb16_, 1.0f, k.stream());
     // Each layer's last residual sum made by the next norm in its pass (ResidualBlock), norm's into norm_in_.
-    if (hand_off_) return run_handing_off(*layers_, emb16_, *norm_, norm_in_, k);
-    return norm_->forward(layers_->forward(emb16_, k), k);
+    return run_blocks(*layers_, emb16_, *norm_, norm_in_, hand_off_, k);
   }
-  norm_in_ = Tensor();  // the fast path's, held by nothing else once norm runs
-  return norm_->forward(layers_->forward(emb_, k), k);
+  return run_blocks(*layers_, emb_, *norm_, norm_in_, /*hand_off=*/false, k);
 }
 
 const Tensor& LlamaModel::run_backward(const Tensor& dy, Kernels& k) {
