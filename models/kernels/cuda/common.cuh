@@ -6,9 +6,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <type_traits>
 
 #include "models/kernels/cuda/launch.h"
+#include "models/kernels/row_runs.h"
 
 namespace dpt::models::cuda_launch {
 namespace {
@@ -353,6 +357,43 @@ struct WarpColumnSums {
 };
 inline size_t warp_column_sums_bytes(int arrays, int64_t C) {
   return static_cast<size_t>(kWarpsPerBlock) * static_cast<size_t>(arrays) * static_cast<size_t>(C) * sizeof(float);
+}
+
+// How many blocks of `kernel` (kThreads threads, smem bytes of dynamic shared memory, asked for beforehand where past
+// the default 48 KB) the current device runs at once: its multiprocessors times
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor. Asked once per device, kernel and smem (a mutex-guarded map: ranks
+// on threads share the process), then read from the map.
+template <class K>
+cudaError_t resident_blocks(K* kernel, size_t smem, int64_t& out) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, const void*, size_t>, int64_t> known;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const auto key = std::make_tuple(device, reinterpret_cast<const void*>(kernel), smem);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (const auto it = known.find(key); it != known.end()) {
+    out = it->second;
+    return cudaSuccess;
+  }
+  int sms = 0, per_sm = 0;
+  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
+    return e;
+  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+      e != cudaSuccess)
+    return e;
+  out = static_cast<int64_t>(sms) * per_sm;
+  known.emplace(key, out);
+  return cudaSuccess;
+}
+
+// The fused norm backwards' runs over `rows` rows (row_runs.h): kLnRowsPerBlock rows a run at least, at most the
+// blocks of `kernel` the device holds at once, so that one wave takes every row. Launches index the grid in 32 bits.
+template <class K>
+cudaError_t norm_backward_runs(K* kernel, size_t smem, int64_t rows, int64_t& runs) {
+  int64_t resident = 0;
+  if (const cudaError_t e = resident_blocks(kernel, smem, resident); e != cudaSuccess) return e;
+  runs = row_runs(rows, kLnRowsPerBlock, resident);
+  return runs > 2147483647LL ? cudaErrorInvalidValue : cudaSuccess;
 }
 
 // The block's warps' sums (WarpColumnSums) added in warp order (the same sums on every run) and written as run

@@ -12,6 +12,7 @@
 
 #include "core/bfloat16.h"
 #include "models/kernels/elementwise.h"
+#include "models/kernels/row_runs.h"
 
 namespace dpt::models::cuda_launch {
 
@@ -166,9 +167,9 @@ cudaError_t add_layernorm_forward(const BFloat16* a, const BFloat16* b, BFloat16
 // deterministic: the rows are cut into layernorm_splits() runs (a function of the shape only); a block of 32 x 32
 // threads sums 32 columns of one run (row-strided per thread, then the 32 partials in order) into `partials`; then
 // one thread per column adds its runs in order. Bf16 rows that fit in registers take the fused pass below instead
-// (layernorm_rows_splits() runs of kLnRowsPerBlock rows, their sums added per column in a fixed tree): the same
-// shape and pointers' alignment give the same bits on every run. `partials` is scratch of
-// layernorm_partials_count() floats (2 C floats per run: 3 MB for GPT-2 124M's 16384 rows of 768).
+// (layernorm_backward_runs() runs, their sums added per column in a fixed tree): the same shape, pointers'
+// alignment and GPU give the same bits on every run. `partials` is scratch of layernorm_partials_count() floats
+// (2 C floats per run: at most 3 MB for GPT-2 124M's 16384 rows of 768).
 inline constexpr int64_t kLnRowsPerSplit = 256;
 inline constexpr int64_t kLnMaxSplits = 128;
 inline int64_t layernorm_splits(int64_t rows) {
@@ -178,19 +179,24 @@ inline int64_t layernorm_splits(int64_t rows) {
 // Bf16 rows of C columns (a multiple of 8, 16-byte aligned) are held in registers, a warp's lane eight columns per
 // vector: the forward's up to kLnRowMaxColumns; the backward's up to kLnBackwardRowMaxColumns (its warps' column
 // sums, 8 KB a warp at 1024 columns, live in shared memory) runs fused instead: each warp reads its rows' dy, x and
-// residual once, writes dx, and sums its columns' dy xhat and dy over its rows; a block of kThreads sums
-// kLnRowsPerBlock rows (its warps' sums added in warp order), the runs' partials then added per column in a fixed
-// tree. layernorm_rows_splits(rows) runs.
+// residual once, writes dx, and sums its columns' dy xhat and dy over its rows; a block of kThreads sums a run of
+// rows (its warps' sums added in warp order), the runs' partials then added per column in a fixed tree. The runs
+// (row_runs.h): kLnRowsPerBlock rows each at least, at most the blocks the GPU holds at once (one wave; 396 on an
+// H200 at 768 columns), the rows shared out evenly; layernorm_rows_splits(rows), the uncapped count, sizes the scratch.
 inline constexpr int64_t kLnRowsPerBlock = 32;
 inline constexpr int kLnMaxLaneVectors = 16;
 inline constexpr int64_t kLnRowMaxColumns = kLnMaxLaneVectors * 32 * 8;  // 4096
 inline constexpr int kLnBackwardMaxLaneVectors = 4;
 inline constexpr int64_t kLnBackwardRowMaxColumns = kLnBackwardMaxLaneVectors * 32 * 8;  // 1024: GPT-2 small, medium
-inline int64_t layernorm_rows_splits(int64_t rows) { return (rows + kLnRowsPerBlock - 1) / kLnRowsPerBlock; }
+inline int64_t layernorm_rows_splits(int64_t rows) { return row_runs(rows, kLnRowsPerBlock, 0); }
 inline size_t layernorm_partials_count(int64_t rows, int64_t C) {
   const int64_t a = layernorm_splits(rows), b = layernorm_rows_splits(rows);
   return static_cast<size_t>(2 * C * (a > b ? a : b));
 }
+// The runs the fused bf16 backward takes for `rows` rows of C columns on the current device (0: C takes the other
+// kernels); rmsnorm_backward_runs the same for RMSNorm's. Host calls (the occupancy asked once, then remembered).
+cudaError_t layernorm_backward_runs(int64_t rows, int64_t C, int64_t& runs);
+cudaError_t rmsnorm_backward_runs(int64_t rows, int64_t C, int64_t& runs);
 // residual (null: none): Kernels::layernorm_backward_bf16's, added to dx before its rounding; it may alias dx.
 template <class T>
 cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
@@ -202,8 +208,8 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
 // over layernorm_splits() runs of rows in a fixed order, then dx one warp per row (dx may alias dy); residual (null:
 // none) added to dx before its rounding (it may alias dx). Bf16 rows that fit (as LayerNorm's, up to
 // kLnRowMaxColumns forward and kLnBackwardRowMaxColumns backward, 16-byte aligned) are held in registers, summed per
-// lane in float32 and over the warp in double, the backward fused into one pass over layernorm_rows_splits(rows)
-// runs. partials: layernorm_partials_count(rows, C) floats of scratch (either way, C per run needed).
+// lane in float32 and over the warp in double, the backward fused into one pass over rmsnorm_backward_runs() runs.
+// partials: layernorm_partials_count(rows, C) floats of scratch (either way, C per run needed).
 // Each over float32 or bf16 activations (T = float, BFloat16: read widened, written rounded once).
 template <class T>
 cudaError_t rmsnorm_forward(const T* x, const float* gamma, T* y, float* rstd, int64_t rows, int64_t C, float eps,

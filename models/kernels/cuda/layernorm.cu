@@ -208,8 +208,8 @@ __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, 
   }
 }
 
-// The fused bf16 backward over rows held in registers (launch.h: kLnRowsPerBlock rows a block, block `split` the
-// split-th run). Each warp: rows split * kLnRowsPerBlock + warp, + kWarpsPerBlock, ...; per row dy, x and the
+// The fused bf16 backward over rows held in registers (launch.h: block `split` the split-th of `splits` runs,
+// row_runs.h's run_begin). Each warp: the run's first row + warp, + kWarpsPerBlock, ...; per row dy, x and the
 // residual (null: none, else 16-byte aligned) read once, together, gamma eight at a time (16-byte aligned), the two
 // means summed as the forward's (float32 per lane, each vector in a fixed tree; double over the warp), dx written (it
 // may alias dy or the residual: the lane's vectors are in registers first) with the residual added before its
@@ -230,8 +230,8 @@ __global__ void __launch_bounds__(kThreads, 3)
   const int64_t split = blockIdx.x, nvec = C / 8;
   WarpColumnSums<2> acc(warp_sums, C);  // per column: the sums of dy xhat (0), of dy (1)
   acc.zero<NV>(lane);
-  const int64_t end = (split + 1) * kLnRowsPerBlock < rows ? (split + 1) * kLnRowsPerBlock : rows;
-  for (int64_t r = split * kLnRowsPerBlock + warp; r < end; r += kWarpsPerBlock) {
+  const int64_t end = run_begin(split + 1, splits, rows);
+  for (int64_t r = run_begin(split, splits, rows) + warp; r < end; r += kWarpsPerBlock) {
     Bf16x8 g[NV], in[NV], res[NV];
     load_lane_row(dy + r * C, nvec, lane, g);
     load_lane_row(x + r * C, nvec, lane, in);
@@ -269,7 +269,28 @@ __global__ void __launch_bounds__(kThreads, 3)
   write_warp_column_sums<2>(warp_sums, C, split, splits, partials);
 }
 
+// The fused backward's shared memory asked for where past the default 48 KB (64 KB at 1024 columns; a host call,
+// so only where needed), then its runs over `rows` (norm_backward_runs: one wave of the blocks the GPU holds).
+template <class K>
+cudaError_t layernorm_backward_rows_ready(K* kernel, size_t smem, int64_t rows, int64_t& runs) {
+  if (smem > 48 * 1024)
+    if (const cudaError_t a =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+        a != cudaSuccess)
+      return a;
+  return norm_backward_runs(kernel, smem, rows, runs);
+}
+
 }  // namespace
+
+cudaError_t layernorm_backward_runs(int64_t rows, int64_t C, int64_t& runs) {
+  runs = 0;
+  if (rows < 1 || C < 1 || C % 8 != 0 || C > kLnBackwardRowMaxColumns) return cudaSuccess;
+  return with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
+    return layernorm_backward_rows_ready(layernorm_backward_rows_kernel<decltype(nv)::value>,
+                                         warp_column_sums_bytes(2, C), rows, runs);
+  });
+}
 
 template <class T>
 cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
@@ -279,16 +300,12 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
   if (rows == 0) return cudaSuccess;
   if constexpr (sizeof(T) == 2) {
     if (rows_in_registers<T>(C, kLnBackwardRowMaxColumns, dy, x, dx, gamma, residual)) {  // null: aligned
-      const int64_t splits = layernorm_rows_splits(rows);
-      if (splits > 2147483647LL) return cudaErrorInvalidValue;
-      const size_t smem = warp_column_sums_bytes(2, C);  // 64 KB at 1024 columns: past the default 48 KB
+      const size_t smem = warp_column_sums_bytes(2, C);
+      int64_t splits = 0;
       const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
         const auto kernel = layernorm_backward_rows_kernel<decltype(nv)::value>;
-        if (smem > 48 * 1024)  // past the default: asked for (a host call, so only where needed)
-          if (const cudaError_t a =
-                  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-              a != cudaSuccess)
-            return a;
+        if (const cudaError_t a = layernorm_backward_rows_ready(kernel, smem, rows, splits); a != cudaSuccess)
+          return a;
         kernel<<<static_cast<unsigned int>(splits), kThreads, smem, s>>>(dy, x, gamma, mean, rstd, dx, rows, C, splits,
                                                                           partials, residual);
         return cudaGetLastError();

@@ -87,8 +87,8 @@ __global__ void rmsnorm_forward_rows_kernel(const BFloat16* x, const float* gamm
   if (lane == 0) rstd[r] = s;
 }
 
-// The fused bf16 backward over rows held in registers, layernorm_backward_rows_kernel's walk (kLnRowsPerBlock rows a
-// block, block `split` the split-th run; per row dy, x and the residual (null: none, else 16-byte aligned) read once,
+// The fused bf16 backward over rows held in registers, layernorm_backward_rows_kernel's walk (block `split` the
+// split-th of gridDim.x runs, row_runs.h; per row dy, x and the residual (null: none, else 16-byte aligned) read once,
 // together, gamma eight at a time): dx (+ residual; it and dy may be dx) written, and the columns' dy xhat added to
 // the warp's sums in shared memory (WarpColumnSums, dynamic: warp_column_sums_bytes(1, C)), then the block's warps'
 // in warp order into partials[split * C + t] (write_warp_column_sums' order; column_runs_reduce_kernel adds the runs).
@@ -101,11 +101,11 @@ __global__ void __launch_bounds__(kThreads, 3)
   static_assert(kWarpsPerBlock * kLnBackwardRowMaxColumns * sizeof(float) <= 48 * 1024);
   extern __shared__ float warp_sums[];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t split = blockIdx.x, nvec = C / 8;
+  const int64_t split = blockIdx.x, splits = gridDim.x, nvec = C / 8;
   WarpColumnSums<1> acc(warp_sums, C);  // per column: the sum of dy xhat
   acc.zero<NV>(lane);
-  const int64_t end = (split + 1) * kLnRowsPerBlock < rows ? (split + 1) * kLnRowsPerBlock : rows;
-  for (int64_t r = split * kLnRowsPerBlock + warp; r < end; r += kWarpsPerBlock) {
+  const int64_t end = run_begin(split + 1, splits, rows);
+  for (int64_t r = run_begin(split, splits, rows) + warp; r < end; r += kWarpsPerBlock) {
     Bf16x8 g[NV], in[NV], res[NV];
     load_lane_row(dy + r * C, nvec, lane, g);
     load_lane_row(x + r * C, nvec, lane, in);
@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 3)
       store_vector_plus(out, vi, gv, residual != nullptr, res[k]);
     });
   }
-  write_warp_column_sums<1>(warp_sums, C, split, gridDim.x, partials);  // a block per run
+  write_warp_column_sums<1>(warp_sums, C, split, splits, partials);  // a block per run
 }
 
 // grid (ceil(C / 32), splits), block 32 x 32: the run's sum of dy * xhat per column into partials[split * C + c].
@@ -241,6 +241,15 @@ cudaError_t add_rmsnorm_forward(const BFloat16* a, const BFloat16* b, BFloat16* 
   return rmsnorm_forward<BFloat16>(sum, gamma, y, rstd, rows, C, eps, s);
 }
 
+cudaError_t rmsnorm_backward_runs(int64_t rows, int64_t C, int64_t& runs) {
+  runs = 0;
+  if (rows < 1 || C < 1 || C % 8 != 0 || C > kLnBackwardRowMaxColumns) return cudaSuccess;
+  return with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
+    return norm_backward_runs(rmsnorm_backward_rows_kernel<decltype(nv)::value>, warp_column_sums_bytes(1, C), rows,
+                              runs);
+  });
+}
+
 template <class T>
 cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const float* rstd, T* dx, float* dgamma,
                              int64_t rows, int64_t C, const T* residual, float* partials, cudaStream_t s) {
@@ -248,12 +257,13 @@ cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const 
   if (rows == 0) return cudaSuccess;
   if constexpr (sizeof(T) == 2) {
     if (rows_in_registers<T>(C, kLnBackwardRowMaxColumns, dy, x, dx, gamma, residual)) {  // null: aligned
-      const int64_t splits = layernorm_rows_splits(rows);
-      if (splits > 2147483647LL) return cudaErrorInvalidValue;
+      int64_t splits = 0;
       const cudaError_t e = with_lane_vectors<kLnBackwardMaxLaneVectors>(C, [&](auto nv) {
-        rmsnorm_backward_rows_kernel<decltype(nv)::value>
-            <<<static_cast<unsigned int>(splits), kThreads, warp_column_sums_bytes(1, C), s>>>(  // within 48 KB
-                dy, x, gamma, rstd, dx, rows, C, partials, residual);
+        const auto kernel = rmsnorm_backward_rows_kernel<decltype(nv)::value>;
+        const size_t smem = warp_column_sums_bytes(1, C);  // within the default 48 KB
+        if (const cudaError_t a = norm_backward_runs(kernel, smem, rows, splits); a != cudaSuccess) return a;
+        kernel<<<static_cast<unsigned int>(splits), kThreads, smem, s>>>(dy, x, gamma, rstd, dx, rows, C, partials,
+                                                                          residual);
         return cudaGetLastError();
       });
       if (e != cudaSuccess) return e;

@@ -23,6 +23,7 @@
 #include "core/cuda.h"
 #include "gpu_testing.h"
 #include "models/kernels/cuda/cuda_kernels.h"
+#include "models/kernels/cuda/launch.h"
 #include "models/gpt/gpt.h"
 #include "models/llama/llama.h"
 #include "models/kernels/factory.h"
@@ -624,8 +625,7 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
   // Rows held in registers (forward up to 4096 columns, 1 to 16 vectors a lane; the fused backward up to 1024): 768
   // (3 vectors a lane), 64 (one vector on 8 of the 32 lanes), 512 (2), 1024 (4, the backward's largest), 1280 (6),
   // 1600 (8 with 7 real), 3072 (12), 4096 (16) (past 1024 the backward reads per pass); 4104 past both; 37 one column
-  // at a time. 1091 rows: 35 of the backward's runs of 32 (more than the 32 rows of its final tree), the last of
-  // 3 rows (5 of its 8 warps with none).
+  // at a time. 1091 rows: the backward's 35 runs (more than the 32 rows of its final tree), of 31 or 32 rows.
   for (const int64_t C : {int64_t{768}, int64_t{64}, int64_t{512}, int64_t{1024}, int64_t{1280}, int64_t{1600},
                           int64_t{3072}, int64_t{4096}, int64_t{4104}, int64_t{37}}) {
     const int64_t rows = 1091;
@@ -817,6 +817,92 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
     CHECK(std::isnan(to_float(h_gelu1.data<BFloat16>()[0])));
     CHECK(std::memcmp(h_sum1.data<BFloat16>() + 1, h_sum.data<BFloat16>() + 1, (n - 1) * sizeof(BFloat16)) == 0);
     CHECK(std::memcmp(h_gelu1.data<BFloat16>() + 1, h_gelu.data<BFloat16>() + 1, (n - 1) * sizeof(BFloat16)) == 0);
+  }
+}
+
+TEST_CASE("cuda fused norm backwards share more rows than one wave of 32-row runs among the blocks the GPU holds",
+          "[gpu][fastpath]") {
+  // The fused bf16 LayerNorm and RMSNorm backwards run at most as many blocks as the GPU holds at once (row_runs.h):
+  // past 32 rows a block for all of them (GPT-2 124M's 16384 rows on an H200), each block takes an even share of
+  // the rows. Against the CPU, a residual added, and the same bits again; 5 rows (one run, 3 of 8 warps with none).
+  std::mt19937 rng(131);
+  for (const int64_t C : {int64_t{768}, int64_t{1024}}) {
+    int64_t ln_cap = 0, rms_cap = 0;
+    REQUIRE(cuda_launch::layernorm_backward_runs(int64_t{1} << 40, C, ln_cap) == cudaSuccess);
+    REQUIRE(cuda_launch::rmsnorm_backward_runs(int64_t{1} << 40, C, rms_cap) == cudaSuccess);
+    REQUIRE(ln_cap > 0);
+    REQUIRE(rms_cap > 0);
+    const int64_t cap = std::max(ln_cap, rms_cap);
+    for (const int64_t rows : {cap * cuda_launch::kLnRowsPerBlock + cap / 2 + 7, int64_t{5}}) {
+      CAPTURE(C, rows, ln_cap, rms_cap);
+      int64_t ln_runs = 0, rms_runs = 0;
+      REQUIRE(cuda_launch::layernorm_backward_runs(rows, C, ln_runs) == cudaSuccess);
+      REQUIRE(cuda_launch::rmsnorm_backward_runs(rows, C, rms_runs) == cudaSuccess);
+      CHECK(ln_runs == (rows == 5 ? 1 : ln_cap));  // capped: fewer runs than rows / 32
+      CHECK(rms_runs == (rows == 5 ? 1 : rms_cap));
+      if (rows > 5) CHECK(ln_runs < cuda_launch::layernorm_rows_splits(rows));
+      const Tensor x = bf16_random({rows, C}, rng, -3.0f, 3.0f), dy = bf16_random({rows, C}, rng);
+      const Tensor res = bf16_random({rows, C}, rng), gamma = random_floats({C}, rng, 0.5f, 1.5f);
+      const Tensor beta = random_floats({C}, rng), dg0 = random_floats({C}, rng), db0 = random_floats({C}, rng);
+      // The statistics from the CPU's forward, on both sides: the backwards see the same inputs.
+      Tensor y = bf16_nan({rows, C}), mean = filled({rows}, kNaN), rstd = filled({rows}, kNaN);
+      cpu_kernels().layernorm_forward_bf16(x.data<BFloat16>(), gamma.data<float>(), beta.data<float>(),
+                                           y.data<BFloat16>(), mean.data<float>(), rstd.data<float>(), rows, C, 1e-5f);
+      Tensor dx = bf16_nan({rows, C}), dg = copy_to(dg0, Device::cpu()), db = copy_to(db0, Device::cpu());
+      cpu_kernels().layernorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
+                                            mean.data<float>(), rstd.data<float>(), dx.data<BFloat16>(),
+                                            dg.data<float>(), db.data<float>(), rows, C, res.data<BFloat16>());
+      const Tensor gx = to_device(x), gdy = to_device(dy), gres = to_device(res), ggamma = to_device(gamma);
+      const Tensor gmean = to_device(mean), grstd = to_device(rstd);
+      Tensor first_dx, first_dg, first_db;
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        CAPTURE(repeat);
+        Tensor gdx = to_device(bf16_nan({rows, C})), gdg = to_device(dg0), gdb = to_device(db0);
+        gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                              gmean.data<float>(), grstd.data<float>(), gdx.data<BFloat16>(),
+                                              gdg.data<float>(), gdb.data<float>(), rows, C, gres.data<BFloat16>());
+        const Tensor hdx = to_host(gdx), hdg = to_host(gdg), hdb = to_host(gdb);
+        const Diff d_dx = compare_bf16(gdx, dx, 1e-5, kBf16Step);
+        const Diff d_dg = compare(hdg, dg, 1e-4, 1e-5), d_db = compare(hdb, db, 1e-4, 1e-5);
+        INFO("layernorm dx: " << d_dx << "\ndgamma: " << d_dg << "\ndbeta: " << d_db);
+        CHECK(d_dx.bad + d_dg.bad + d_db.bad == 0);
+        if (repeat == 0) {
+          first_dx = hdx;
+          first_dg = hdg;
+          first_db = hdb;
+        } else {
+          CHECK(std::memcmp(hdx.raw(), first_dx.raw(), hdx.bytes()) == 0);
+          CHECK(std::memcmp(hdg.raw(), first_dg.raw(), hdg.bytes()) == 0);
+          CHECK(std::memcmp(hdb.raw(), first_db.raw(), hdb.bytes()) == 0);
+        }
+      }
+      Tensor ry = bf16_nan({rows, C}), rrstd = filled({rows}, kNaN);
+      cpu_kernels().rmsnorm_forward_bf16(x.data<BFloat16>(), gamma.data<float>(), ry.data<BFloat16>(),
+                                         rrstd.data<float>(), rows, C, 1e-5f);
+      Tensor rdx = bf16_nan({rows, C}), rdg = copy_to(dg0, Device::cpu());
+      cpu_kernels().rmsnorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
+                                          rrstd.data<float>(), rdx.data<BFloat16>(), rdg.data<float>(), rows, C,
+                                          res.data<BFloat16>());
+      const Tensor grrstd = to_device(rrstd);
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        CAPTURE(repeat);
+        Tensor gdx = to_device(bf16_nan({rows, C})), gdg = to_device(dg0);
+        gpu_kernels().rmsnorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                            grrstd.data<float>(), gdx.data<BFloat16>(), gdg.data<float>(), rows, C,
+                                            gres.data<BFloat16>());
+        const Tensor hdx = to_host(gdx), hdg = to_host(gdg);
+        const Diff d_dx = compare_bf16(gdx, rdx, 1e-5, kBf16Step), d_dg = compare(hdg, rdg, 1e-4, 1e-5);
+        INFO("rmsnorm dx: " << d_dx << "\ndgamma: " << d_dg);
+        CHECK(d_dx.bad + d_dg.bad == 0);
+        if (repeat == 0) {
+          first_dx = hdx;
+          first_dg = hdg;
+        } else {
+          CHECK(std::memcmp(hdx.raw(), first_dx.raw(), hdx.bytes()) == 0);
+          CHECK(std::memcmp(hdg.raw(), first_dg.raw(), hdg.bytes()) == 0);
+        }
+      }
+    }
   }
 }
 

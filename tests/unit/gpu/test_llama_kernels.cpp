@@ -116,7 +116,7 @@ TEST_CASE("cuda bf16 RMSNorm, SwiGLU and rope match the CPU's", "[gpu][llama][fa
   std::mt19937 rng(94);
   // SmolLM-135M's width (576: rows in registers, 3 vectors a lane, the backward fused), Llama 3.2 1B's (2048: the
   // forward in registers, the backward per pass), 1024 (the fused backward's largest) and an odd one (one column at a
-  // time). 300 rows: 10 of the backward's runs of 32, the last of 12 rows.
+  // time). 300 rows: the backward's 10 runs of 30 rows.
   for (const int64_t C : {int64_t{576}, int64_t{2048}, int64_t{1024}, int64_t{37}}) {
     const int64_t rows = 300;
     CAPTURE(C);

@@ -16,6 +16,7 @@
 
 #include "models/kernels/elementwise.h"
 #include "models/kernels/factory.h"
+#include "models/kernels/row_runs.h"
 
 using namespace dpt;
 using namespace dpt::models;
@@ -605,6 +606,42 @@ TEST_CASE("in_decay_range: the parity of the edges at or below an index", "[fast
         CHECK(four[k] == elementwise::in_decay_range(edges, count, i0 + static_cast<uint64_t>(k)));
       }
     }
+}
+
+TEST_CASE("row_runs and run_begin: the fused norm backwards' runs, one wave at most, every row once, in order",
+          "[fastpath]") {
+  // Uncapped: one run per 32 rows (the last shorter); capped at the blocks a GPU holds (396: an H200's three a
+  // multiprocessor at 768 columns): GPT-2 124M's 16384 rows in 396 runs of 41 or 42.
+  CHECK(row_runs(16384, 32, 0) == 512);
+  CHECK(row_runs(16384, 32, 396) == 396);
+  CHECK(row_runs(16384, 32, 600) == 512);
+  CHECK(row_runs(1091, 32, 396) == 35);
+  CHECK(row_runs(5, 32, 396) == 1);
+  CHECK(row_runs(0, 32, 396) == 1);  // at least one (the launchers return before launching for no rows)
+  CHECK(row_runs(int64_t{1} << 40, 32, 0) == int64_t{1} << 35);
+  for (const auto& [rows, max_runs] : {std::pair<int64_t, int64_t>{16384, 396}, {16384, 0}, {1091, 396}, {300, 0},
+                                       {5, 132}, {0, 396}, {12877, 396}, {1000003, 528}}) {
+    CAPTURE(rows, max_runs);
+    const int64_t runs = row_runs(rows, 32, max_runs);
+    CHECK(run_begin(0, runs, rows) == 0);
+    CHECK(run_begin(runs, runs, rows) == rows);
+    int64_t shortest = rows, longest = 0;
+    for (int64_t k = 0; k < runs; ++k) {
+      const int64_t len = run_begin(k + 1, runs, rows) - run_begin(k, runs, rows);
+      shortest = std::min(shortest, len);
+      longest = std::max(longest, len);
+      if (k > 0) CHECK(len <= run_begin(k, runs, rows) - run_begin(k - 1, runs, rows));  // the longer runs first
+    }
+    CHECK(longest - shortest <= 1);                     // shared out evenly
+    if (max_runs == 0 || runs < max_runs) CHECK(longest <= 32);  // uncapped: never more than 32 rows a block
+  }
+  CHECK(run_begin(1, 396, 16384) == 42);  // 16384 = 396 * 41 + 148: the first 148 runs of 42 rows
+  CHECK(run_begin(148, 396, 16384) == 148 * 42);
+  CHECK(run_begin(149, 396, 16384) == 148 * 42 + 41);
+  // No product that overflows: rows near 2^62 over many runs.
+  const int64_t huge = int64_t{1} << 62;
+  CHECK(run_begin(999, 1000, huge) == 999 * (huge / 1000) + std::min<int64_t>(999, huge % 1000));
+  CHECK(run_begin(1000, 1000, huge) == huge);
 }
 
 TEST_CASE("the bf16 LayerNorm, residual add and GELU backward: the float32 kernels on widened values, rounded once",
