@@ -999,6 +999,81 @@ TEST_CASE("a Llama with bf16 activations on cuda matches its CPU fast path: grou
   check_fast_path_step(*cpu_model, *gpu_model, o.vocab_size, 4, 64, 7);
 }
 
+// The residual hand-off on the GPU (each block's last residual add made by the next norm in its pass:
+// add_layernorm_forward_bf16 / add_rmsnorm_forward_bf16, fused where the rows are held in registers) against each block
+// making its own sum: two training steps (other tokens in the second) with an evaluation between them (the float32
+// path, which must find nothing handed off), the same logits, loss and gradients bit for bit. On the CPU the kernel
+// set runs the add and the norm as two calls (unit_models [bf16act]); here the fused kernels run.
+TEST_CASE("a GPT and a Llama on cuda hand the residual stream from block to block: the same bits as each block's "
+          "own sum", "[gpu][fastpath][model]") {
+  const auto check = [](Model& on, Model& off, int64_t vocab) {
+    std::mt19937 rng(17);
+    for (Model* m : {&on, &off}) m->set_bf16_activations(true);
+    for (int round = 0; round < 2; ++round) {
+      CAPTURE(round);
+      Tensor tokens = Tensor::empty({4, 64}, DType::I32), labels = Tensor::empty({256}, DType::I32);
+      for (size_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+      for (size_t i = 0; i < labels.numel(); ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+      const Tensor d_tokens = to_device(tokens), d_labels = to_device(labels);
+      Tensor logits[2], grads[2], stats[2], eval[2];
+      int i = 0;
+      for (Model* m : {&on, &off}) {
+        SoftmaxCrossEntropy loss;
+        Tensor st = to_device(Tensor::zeros({3}, DType::F64));
+        m->zero_grad();
+        const Tensor& l = m->forward(d_tokens);
+        REQUIRE(l.dtype() == DType::BF16);
+        logits[i] = to_host(l);  // before the loss: the classifier writes its gradient over the logits
+        loss.accumulate(l, d_labels, m->kernels(), st, true, 1.0);
+        m->backward(loss.grad());
+        grads[i] = to_host(m->grads());
+        stats[i] = to_host(st);
+        m->set_training(false);
+        eval[i++] = to_host(m->forward(d_tokens));
+        m->set_training(true);
+      }
+      CHECK(stats[0].data<double>()[0] == stats[1].data<double>()[0]);
+      CHECK(std::memcmp(logits[0].raw(), logits[1].raw(), logits[0].bytes()) == 0);
+      CHECK(std::memcmp(grads[0].raw(), grads[1].raw(), grads[0].bytes()) == 0);
+      REQUIRE(eval[0].bytes() == eval[1].bytes());
+      CHECK(std::memcmp(eval[0].raw(), eval[1].raw(), eval[0].bytes()) == 0);
+    }
+  };
+  SECTION("gpt") {
+    GptOptions o;
+    o.n_layer = 3;
+    o.n_head = 4;
+    o.n_embd = 128;
+    o.vocab_size = 300;
+    o.block_size = 64;
+    auto on = make_gpt(o), off = make_gpt(o);
+    for (auto* m : {on.get(), off.get()}) {
+      m->init(42);
+      m->to(gpu());
+    }
+    dynamic_cast<Gpt&>(off->root()).set_residual_hand_off(false);
+    check(*on, *off, o.vocab_size);
+  }
+  SECTION("llama") {
+    LlamaOptions o;
+    o.n_layer = 3;
+    o.n_head = 4;
+    o.n_kv_head = 2;
+    o.n_embd = 128;
+    o.head_dim = 32;
+    o.intermediate_size = 256;
+    o.vocab_size = 300;
+    o.max_positions = 64;
+    auto on = make_llama(o), off = make_llama(o);
+    for (auto* m : {on.get(), off.get()}) {
+      m->init(42);
+      m->to(gpu());
+    }
+    dynamic_cast<Llama&>(off->root()).set_residual_hand_off(false);
+    check(*on, *off, o.vocab_size);
+  }
+}
+
 // dpt-model-bench --kernel-steps's clock (TimedKernels: CUDA events around every call on the set's stream): a GPT step
 // through it gives the plain set's bits (deterministic cuDNN and cuBLASLt plans), every operation is timed, and the
 // calls and the time between them add up to the span within the events' resolution (about half a microsecond each).
