@@ -154,6 +154,19 @@ has ab '^## The A/B rows against the fast row, by operation' "no A/B table"
 has ab '^\| matmul_bf16 \| [0-9.]+( \| [0-9.]+ \| [-+][0-9.]+){3} \|$' "the A/B table lacks matmul_bf16 (fasttune, fastsep, fastnd)"
 has ab '^\| dptrain \| step, bf16 activations, train.deterministic = false' "no fastnd row"
 has ab '^## dptrain \(fast row\): where the time goes, by operation' "no table for the fast row"
+# BENCH_DEADLINE already passed: no run starts. An A/B row left out is noted and the script succeeds (gpu-check's
+# bench_gpt step passes when every target row gave its number); a target row left out fails it, noted too.
+env OUT="$WORK/late" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 BENCH_ROWS=fastnd BENCH_DEADLINE="$(date +%s)" \
+  DPT_BUILD_DIR="$DPT_BUILD_DIR" bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu > "$WORK/late.log" 2>&1 \
+  || { cat "$WORK/late.log"; fail "gpt_bench.sh: an A/B row left out by the deadline failed the script"; }
+has late '^\| dptrain \| step, bf16 activations, train.deterministic = false \| - \| not run: out of time' \
+  "the A/B row left out is not noted"
+rc=0
+env OUT="$WORK/late2" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastnd" BENCH_DEADLINE="$(date +%s)" \
+  DPT_BUILD_DIR="$DPT_BUILD_DIR" bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu > "$WORK/late2.log" 2>&1 || rc=$?
+((rc == 1)) || { cat "$WORK/late2.log"; fail "gpt_bench.sh: the fast row left out by the deadline gave exit $rc, not 1"; }
+has late2 '^\| dptrain \| step, bf16 activations \(the transformer fast path\) \| - \| not run: out of time' \
+  "the fast row left out is not noted"
 # ncu_sol.py, the GPU report's SpeedOfLight table, on ncu's CSV layout (--csv --page details): two launches of one
 # kernel averaged weighted by their duration (30 us at 60%, 10 us at 80%: 65%), units converted, thousands separators
 # read, a metric no launch had shown as -, cuBLAS-free short names; no CSV: exit 1.
