@@ -119,10 +119,11 @@ const Tensor& Linear::backward_bf16(const Tensor& dy, Kernels& k) {
     k.gelu_backward_bf16(pre16_.data<BFloat16>(), d, dpre_.data<BFloat16>(), dy.numel());
     d = dpre_.data<BFloat16>();
   }
-  // dW[out, in] += d^T[out, B] x[B, in], db[out] += the column sums of d: one matmul and its bias-gradient epilogue.
+  // dW[out, in] += d^T[out, B] x[B, in], db[out] += the column sums of d: one matmul and its bias-gradient epilogue
+  // (= with fresh grads: nothing read, and the bias gradient straight from cuBLASLt's epilogue).
   const int64_t lda = fuse_gelu_ ? out_ : ld;  // (dpre_ is [batch, out_])
   const MatmulShape dw{.trans_a = true, .trans_b = false, .M = out_, .N = in_, .K = batch, .lda = lda, .ldb = in_,
-                       .ldd = in_, .d_f32 = true, .accumulate = true,
+                       .ldd = in_, .d_f32 = true, .accumulate = !fresh_grads_,
                        .epilogue = bias_ ? MatmulEpilogue::BiasGrad : MatmulEpilogue::None};
   k.matmul_bf16(dw, {.a = d, .b = x_.data<BFloat16>(), .d = dw_.raw(),
                      .bias_grad = bias_ ? db_.data<float>() : nullptr});
@@ -167,8 +168,13 @@ const Tensor& Linear::run_backward(const Tensor& dy, Kernels& k) {
     d = dpre_.data<float>();
   }
   // dW[out, in] += dpre^T[out, B] x[B, in];  db += column sums of dpre;  dx[B, in] = dpre[B, out] W[out, in]
-  k.gemm(true, false, out_, in_, batch, 1.0f, d, out_, x_.data<float>(), in_, 1.0f, dw_.data<float>(), in_);
-  if (bias_) k.bias_grad_accumulate(d, db_.data<float>(), batch, out_);
+  // (fresh grads: dW written, db zeroed first)
+  k.gemm(true, false, out_, in_, batch, 1.0f, d, out_, x_.data<float>(), in_, fresh_grads_ ? 0.0f : 1.0f,
+         dw_.data<float>(), in_);
+  if (bias_) {
+    if (fresh_grads_) db_.zero_(k.stream());
+    k.bias_grad_accumulate(d, db_.data<float>(), batch, out_);
+  }
   if (!needs_input_grad_) return none_;
   ensure_shape(dx_, x_shape_, dy.device());
   k.gemm(false, false, batch, in_, out_, 1.0f, d, out_, w_.data<float>(), in_, 0.0f, dx_.data<float>(), in_);
@@ -544,10 +550,14 @@ const Tensor& LayerNorm::run_backward(const Tensor& dy, Kernels& k) {
     ensure_shape(dx_, x_.shape(), dy.device(), DType::BF16);
     k.layernorm_backward_bf16(dy.data<BFloat16>(), x_.data<BFloat16>(), gamma_.data<float>(), mean_.data<float>(),
                               rstd_.data<float>(), dx_.data<BFloat16>(), dgamma_.data<float>(), dbeta_.data<float>(),
-                              rows, c_, residual_bf16());
+                              rows, c_, residual_bf16(), /*accumulate=*/!fresh_grads_);
     return dx_;
   }
   ensure_shape(dx_, x_.shape(), dy.device());
+  if (fresh_grads_) {  // the float32 kernel adds: from 0
+    dgamma_.zero_(k.stream());
+    dbeta_.zero_(k.stream());
+  }
   k.layernorm_backward(dy.data<float>(), x_.data<float>(), gamma_.data<float>(), mean_.data<float>(),
                        rstd_.data<float>(), dx_.data<float>(), dgamma_.data<float>(), dbeta_.data<float>(), rows, c_);
   add_residual(dx_, k);

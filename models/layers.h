@@ -33,6 +33,7 @@ class Linear final : public Module {
   int64_t in_features() const { return in_; }
   int64_t out_features() const { return out_; }
   bool has_bias() const { return bias_; }
+  bool writes_fresh_grads() const override { return true; }
   const Tensor& weight16() const { return w16_; }  // the bf16 copy of the weight (undefined off the fast path)
   void bind_bf16(std::vector<Tensor> params16) override;
   // On bf16 input (the transformer fast path): y = GELU(x W^T + b) in the matmul's epilogue, the pre-activation kept
@@ -261,6 +262,7 @@ class LayerNorm final : public ResidualNorm {
   std::vector<ParamSpec> param_specs() const override { return {{"weight", {c_}}, {"bias", {c_}}}; }
   void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
   void init_params(std::mt19937_64& rng) override;
+  bool writes_fresh_grads() const override { return true; }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;

@@ -243,14 +243,19 @@ const Tensor& Model::backward(const Tensor& dlogits, const GradsReady& grads_rea
   grads_ready_ = &grads_ready;
   kernels_->set_precision(precision_);
   kernels_->set_deterministic(deterministic_);
+  const bool fresh = fresh_pending_;  // zero_grad left the gradients to this backward
+  fresh_pending_ = false;
+  if (fresh) root_->set_fresh_grads(true);
   try {
     if (hooks_.backward_begin) hooks_.backward_begin();
     const Tensor& dx = root_->backward(dlogits, *kernels_);
     if (hooks_.backward_end) hooks_.backward_end();
     grads_ready_ = nullptr;
+    if (fresh) root_->set_fresh_grads(false);
     return dx;
   } catch (...) {
     grads_ready_ = nullptr;
+    if (fresh) root_->set_fresh_grads(false);
     throw;
   }
 }
@@ -263,6 +268,13 @@ void Model::set_kernels(Kernels& k) {
 }
 
 void Model::zero_grad() {
+  // The next backward writes every gradient itself (Module::set_fresh_grads) where every owner of parameters can.
+  const auto writes_fresh = [](const Owner& o) {
+    return o.module->param_specs().empty() || o.module->writes_fresh_grads();
+  };
+  fresh_pending_ = fresh_allowed_ && bf16_ && root_->training() && grad_parts_.empty() &&
+                   std::ranges::all_of(owners_, writes_fresh);
+  if (fresh_pending_) return;
   if (grad_parts_.empty()) grads_.zero_(kernels_->stream());
   for (Tensor& part : grad_parts_)
     if (part.storage().resident()) part.zero_(kernels_->stream());

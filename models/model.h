@@ -42,7 +42,17 @@ class Model {
   using GradsReady = std::function<void(size_t first, size_t end)>;
   // Returns d(loss)/d(input), undefined when the first layer was built without it (every built-in model).
   const Tensor& backward(const Tensor& dlogits, const GradsReady& grads_ready = {});
+  // Zeroes the gradients; or, training on the transformer fast path with whole gradients (not split_grads) where
+  // every module with parameters writes_fresh_grads(), leaves them as they are and has the next backward write them
+  // (Module::set_fresh_grads: PyTorch's zero_grad(set_to_none=True)), so that a step makes no pass of its own over
+  // them (0.5 GB for GPT-2 124M), the weight gradients' products read nothing, and the bias gradients come straight
+  // from cuBLASLt's epilogue. Until that backward grads() holds what it held: nothing may read it in between.
   void zero_grad();
+  // Whether zero_grad may leave the gradients to the next backward (the default); off, it always zeroes them (the
+  // tests compare the two).
+  void set_fresh_grads_allowed(bool on) { fresh_allowed_ = on; }
+  // Whether the last zero_grad left the gradients to the next backward, which has not run yet.
+  bool fresh_grads_pending() const { return fresh_pending_; }
   // What ZeRO hangs on the passes (stages 2 and 3). The per-module hooks are called with named_params() [first, end):
   // the module's own parameters, or those of the module it uses_params_of() (a tied weight), for every module that
   // has either (hook_ranges() lists them, in tree order): before and after its forward, before its backward writes
@@ -160,6 +170,7 @@ class Model {
   bool params16_current_ = false;  // params16_ written by an update since the last training forward
   int64_t params16_roundings_ = 0;
   bool bf16_ = false;
+  bool fresh_allowed_ = true, fresh_pending_ = false;  // set_fresh_grads_allowed, zero_grad's hand-over
   size_t num_params_ = 0;
   std::vector<NamedParam> named_;
   std::vector<NamedTensor> named_buffers_;

@@ -31,6 +31,11 @@ void Module::set_bf16_activations(bool on) {
   for (auto& [name, child] : child_views_) child->set_bf16_activations(on);
 }
 
+void Module::set_fresh_grads(bool on) {
+  fresh_grads_ = on;
+  for (auto& [name, child] : child_views_) child->set_fresh_grads(on);
+}
+
 std::string Sequential::kind() const {
   std::string s = "Sequential(";
   for (size_t i = 0; i < children().size(); ++i) s += (i ? ", " : "") + children()[i].second->kind();

@@ -10,7 +10,9 @@
 // forward() and backward() are the public, non-virtual entry points; modules implement run_forward and
 // run_backward. backward() ACCUMULATES parameter gradients (+=), so gradient accumulation over micro-batches
 // is free, and calls the module's grads-ready hook (set by the Model) as soon as the module's own parameter
-// gradients are complete: the point a bucketed all-reduce starts from.
+// gradients are complete: the point a bucketed all-reduce starts from. The exception: a backward with fresh grads
+// (set_fresh_grads, the transformer fast path's first backward after Model::zero_grad, which then leaves the gradients
+// as they were, as PyTorch's zero_grad(set_to_none=True)) writes each of its own parameters' gradients in full.
 // Outputs and saved activations are kept between steps and reallocated only when a shape changes.
 #pragma once
 
@@ -80,6 +82,15 @@ class Module {
   void set_bf16_activations(bool on);
   bool bf16_activations() const { return bf16_; }
   virtual bool supports_bf16_activations() const { return false; }
+  // Fresh grads, for this module and all below it: the next backward writes (=) each own parameter's gradient in
+  // full instead of adding to it, or zeroes it before adding; whatever the gradient buffer held is never read. Only
+  // the Model sets it, for the first backward after a zero_grad that skipped its pass, and only when every module
+  // with parameters writes_fresh_grads().
+  void set_fresh_grads(bool on);
+  bool fresh_grads() const { return fresh_grads_; }
+  // Whether this module's backward honours set_fresh_grads for its own parameters (a module without parameters need
+  // not say).
+  virtual bool writes_fresh_grads() const { return false; }
   // false: backward need not compute d(loss)/d(input) (the first layer: nobody needs it).
   virtual void set_needs_input_grad(bool needed) { needs_input_grad_ = needed; }
   bool needs_input_grad() const { return needs_input_grad_; }
@@ -112,6 +123,7 @@ class Module {
 
   bool training_ = true;
   bool bf16_ = false;
+  bool fresh_grads_ = false;
   bool needs_input_grad_ = true;
   Tensor none_;  // the undefined tensor backward returns when no input gradient is needed
 

@@ -358,6 +358,11 @@ const Tensor& GptTransformer::run_forward(const Tensor& tokens, Kernels& k) {
 }
 
 const Tensor& GptTransformer::run_backward(const Tensor& dy, Kernels& k) {
+  if (fresh_grads_) {  // the lookup's backward adds into both: from 0, but for wte what the head wrote
+    if (!head_wrote_grad_) dwte_.zero_(k.stream());
+    dwpe_.zero_(k.stream());
+  }
+  head_wrote_grad_ = false;
   const Tensor* d = &h_->backward(ln_f_->backward(dy, k), k);
   if (d->dtype() == DType::BF16) {  // the embedding's gradient widened (exactly) for its float32 kernel
     ensure_shape(demb_, d->shape(), d->device());
@@ -437,9 +442,10 @@ const Tensor& Gpt::run_backward(const Tensor& dlogits, Kernels& k) {
     const MatmulShape dh{.M = rows, .N = c, .K = vp, .lda = vp, .ldb = c, .ldd = c};
     k.matmul_bf16(dh, {.a = dlogits.data<BFloat16>(), .b = transformer_->wte16().data<BFloat16>(), .d = dh_.raw()});
     const MatmulShape dw{.trans_a = true, .M = vp, .N = c, .K = rows, .lda = vp, .ldb = c, .ldd = c, .d_f32 = true,
-                         .accumulate = true};
+                         .accumulate = !fresh_grads_};  // fresh grads: every padded row written
     k.matmul_bf16(dw, {.a = dlogits.data<BFloat16>(), .b = h.data<BFloat16>(),
                        .d = transformer_->wte_grad().raw()});
+    transformer_->head_wrote_wte_grad();
     transformer_->backward(dh_, k);
     return none_;
   }
@@ -448,8 +454,10 @@ const Tensor& Gpt::run_backward(const Tensor& dlogits, Kernels& k) {
   ensure_shape(dh_, h.shape(), dlogits.device());
   k.gemm(false, false, rows, c, v, 1.0f, dlogits.data<float>(), vp, transformer_->wte().data<float>(), c, 0.0f,
          dh_.data<float>(), c);
+  if (fresh_grads_) transformer_->zero_wte_grad(k);  // the padding rows too, which this product leaves
   k.gemm(true, false, v, c, rows, 1.0f, dlogits.data<float>(), vp, h.data<float>(), c, 1.0f,
          transformer_->wte_grad().data<float>(), c);
+  transformer_->head_wrote_wte_grad();
   transformer_->backward(dh_, k);
   return none_;
 }

@@ -141,6 +141,12 @@ class GptTransformer final : public Module {
   const Tensor& wte_grad() const { return dwte_; }
   const Tensor& wte16() const { return wte16_; }  // the bf16 copy (bf16 activations)
   void bind_bf16(std::vector<Tensor> params16) override;
+  // Fresh grads (Module::set_fresh_grads): the tied head wrote (=) wte's gradient in this backward, before this
+  // module's (Gpt::run_backward says so here); otherwise this backward zeroes it. wpe's gradient is zeroed before the
+  // lookup's backward, which adds.
+  bool writes_fresh_grads() const override { return true; }
+  void head_wrote_wte_grad() { head_wrote_grad_ = true; }
+  void zero_wte_grad(Kernels& k) { dwte_.zero_(k.stream()); }
   // Every attention layer uses `cache` (nullptr: none); positions then start at cache->len.
   void use_cache(KvCache* cache);
   // Every block uses `scratch`.
@@ -158,6 +164,7 @@ class GptTransformer final : public Module {
   Sequential* h_;
   LayerNorm* ln_f_;
   bool hand_off_ = true;
+  bool head_wrote_grad_ = false;  // head_wrote_wte_grad, for this backward
   Tensor lnf_in_;  // the last block's output, made by ln_f (the hand-off)
   Tensor wte_, wpe_, dwte_, dwpe_;
   Tensor wte16_, wpe16_;

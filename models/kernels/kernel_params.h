@@ -90,7 +90,8 @@ struct AttentionShape {
 //   BiasGelu  D = gelu(op(A) op(B) + bias[col]); the pre-activation op(A) op(B) + bias, rounded to bf16, into
 //             `aux` [M, N] (row stride N) when aux is non-null: what GELU's backward reads
 //   BiasGrad  D = op(A) op(B) as None (float32 D, accumulating or not), and bias_grad[row] += sum over K of
-//             op(A)[row, k]: a Linear's weight gradient dW = dY^T X with its bias gradient db = sum of dY's rows
+//             op(A)[row, k] (= when D is overwritten): a Linear's weight gradient dW = dY^T X with its bias gradient
+//             db = sum of dY's rows
 //   DGelu     D = op(A) op(B) * gelu'(aux) (D bf16), aux [M, N] (row stride N) the pre-activation BiasGelu kept: the
 //             input gradient of the Linear after a GELU, carried through the GELU's backward in one rounding
 enum class MatmulEpilogue : uint8_t { None, Bias, BiasGelu, BiasGrad, DGelu };
@@ -102,7 +103,7 @@ struct MatmulShape {
   int64_t M = 0, N = 0, K = 0;
   int64_t lda = 0, ldb = 0, ldd = 0;
   bool d_f32 = false;       // D is float32 (a weight gradient); else bf16 (an activation)
-  bool accumulate = false;  // D += op(A) op(B) (float32 D only); else D is overwritten
+  bool accumulate = false;  // D += op(A) op(B) (float32 D only; BiasGrad's bias_grad too); else D is overwritten
   MatmulEpilogue epilogue = MatmulEpilogue::None;
 };
 

@@ -91,7 +91,7 @@ void Kernels::layernorm_forward_bf16(const BFloat16*, const float*, const float*
   no_kernel(*this, "layernorm_forward_bf16");
 }
 void Kernels::layernorm_backward_bf16(const BFloat16*, const BFloat16*, const float*, const float*, const float*,
-                                      BFloat16*, float*, float*, int64_t, int64_t, const BFloat16*) {
+                                      BFloat16*, float*, float*, int64_t, int64_t, const BFloat16*, bool) {
   no_kernel(*this, "layernorm_backward_bf16");
 }
 void Kernels::add_bf16(const BFloat16*, const BFloat16*, BFloat16*, size_t) { no_kernel(*this, "add_bf16"); }
@@ -110,7 +110,7 @@ void Kernels::add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFl
   rmsnorm_forward_bf16(sum, gamma, y, rstd, rows, C, eps);
 }
 void Kernels::rmsnorm_backward_bf16(const BFloat16*, const BFloat16*, const float*, const float*, BFloat16*, float*,
-                                    int64_t, int64_t, const BFloat16*) {
+                                    int64_t, int64_t, const BFloat16*, bool) {
   no_kernel(*this, "rmsnorm_backward_bf16");
 }
 void Kernels::swiglu_forward_bf16(const BFloat16*, const BFloat16*, BFloat16*, size_t) {

@@ -27,7 +27,7 @@ struct MatmulOperands {
   void* d = nullptr;
   const BFloat16* bias = nullptr;  // [N]: Bias, BiasGelu
   BFloat16* aux = nullptr;         // [M, N], row stride N: BiasGelu's pre-activation (null: not kept), DGelu's input
-  float* bias_grad = nullptr;      // [M]: BiasGrad, accumulated
+  float* bias_grad = nullptr;      // [M]: BiasGrad's, accumulated or overwritten as D (MatmulShape::accumulate)
 };
 
 class Kernels {
@@ -201,8 +201,14 @@ class Kernels {
   virtual void add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
                                         BFloat16* y, float* rstd, int64_t rows, int64_t C, float eps);
   // residual (null: none): as layernorm_backward_bf16's, added to dx before its one rounding; it may alias dx.
+  // dgamma accumulates, or with accumulate false is overwritten (layernorm_backward_bf16's).
   virtual void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
-                                     BFloat16* dx, float* dgamma, int64_t rows, int64_t C, const BFloat16* residual);
+                                     BFloat16* dx, float* dgamma, int64_t rows, int64_t C, const BFloat16* residual,
+                                     bool accumulate);
+  void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
+                             BFloat16* dx, float* dgamma, int64_t rows, int64_t C, const BFloat16* residual) {
+    rmsnorm_backward_bf16(dy, x, gamma, rstd, dx, dgamma, rows, C, residual, true);
+  }
   virtual void swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n);
   virtual void swiglu_backward_bf16(const BFloat16* gate, const BFloat16* up, const BFloat16* dy, BFloat16* dgate,
                                     BFloat16* dup, size_t n);
@@ -225,7 +231,7 @@ class Kernels {
   // attention (its frontend's graph API) and kernels of its own. Shapes and epilogues: kernel_params.h.
 
   // D = op(A) op(B) and the epilogue (MatmulShape, MatmulEpilogue). `o` holds the pointers the epilogue needs:
-  // bias [N] (Bias, BiasGelu), aux [M, N] (BiasGelu; may be null), bias_grad [M] (BiasGrad, accumulated).
+  // bias [N] (Bias, BiasGelu), aux [M, N] (BiasGelu; may be null), bias_grad [M] (BiasGrad; accumulated as D is).
   virtual void matmul_bf16(const MatmulShape& s, const MatmulOperands& o);
   // Causal self-attention (AttentionShape; grouped-query when s.n_kv_head < s.n_head): out [b, t, n_head, head_size] =
   // softmax(q k^T / sqrt(head_size) over the positions up to each query) v per sequence and query head (with its
@@ -258,9 +264,16 @@ class Kernels {
   // rounding (dx = bf16(dx + residual), the block's separate add_bf16 fused away); it may alias dx (or dy).
   virtual void layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
                                       float* mean, float* rstd, int64_t rows, int64_t C, float eps);
+  // dgamma and dbeta accumulate (+=) with `accumulate`, else are overwritten: a step's first backward after
+  // Model::zero_grad left the gradients as they were (Module::set_fresh_grads). The 11-argument call accumulates.
   virtual void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                        const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
-                                       int64_t C, const BFloat16* residual);
+                                       int64_t C, const BFloat16* residual, bool accumulate);
+  void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
+                               const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C,
+                               const BFloat16* residual) {
+    layernorm_backward_bf16(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, residual, true);
+  }
   // sum = bf16(a + b) (add_bf16's), then layernorm_forward_bf16 of sum: the residual stream's add and the norm after
   // it, in one pass where a kernel set fuses them (the CUDA set's rows held in registers), the same bits either way.
   // sum may alias a or b. The default runs the two calls.

@@ -390,10 +390,10 @@ void TimedKernels::add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b
 }
 void TimedKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                                          BFloat16* dx, float* dgamma, int64_t rows, int64_t C,
-                                         const BFloat16* residual) {
+                                         const BFloat16* residual, bool accumulate) {
   timed("rmsnorm_backward_bf16", rows_cols(rows, C) + (residual ? ", + residual" : ""),
         mem(norm_bytes(rows, C, 2, 1, 1, true) + (residual ? 2.0 * static_cast<double>(rows * C) : 0.0)),
-        [&] { inner_.rmsnorm_backward_bf16(dy, x, gamma, rstd, dx, dgamma, rows, C, residual); });
+        [&] { inner_.rmsnorm_backward_bf16(dy, x, gamma, rstd, dx, dgamma, rows, C, residual, accumulate); });
 }
 void TimedKernels::swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) {
   timed("swiglu_forward_bf16", count(n), mem(6.0 * n), [&] { inner_.swiglu_forward_bf16(gate, up, y, n); });
@@ -457,10 +457,13 @@ void TimedKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma,
 }
 void TimedKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma,
                                            const float* mean, const float* rstd, BFloat16* dx, float* dgamma,
-                                           float* dbeta, int64_t rows, int64_t C, const BFloat16* residual) {
+                                           float* dbeta, int64_t rows, int64_t C, const BFloat16* residual,
+                                           bool accumulate) {
   timed("layernorm_backward_bf16", rows_cols(rows, C) + (residual ? ", + residual" : ""),
         mem(norm_bytes(rows, C, 2, 2, 2, true) + (residual ? 2.0 * static_cast<double>(rows * C) : 0.0)),
-        [&] { inner_.layernorm_backward_bf16(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, residual); });
+        [&] {
+          inner_.layernorm_backward_bf16(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, residual, accumulate);
+        });
 }
 void TimedKernels::add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
                                               const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows,

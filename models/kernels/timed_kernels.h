@@ -153,8 +153,10 @@ class TimedKernels final : public Kernels {
                             float eps) override;
   void add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma, BFloat16* y,
                                 float* rstd, int64_t rows, int64_t C, float eps) override;
+  using Kernels::rmsnorm_backward_bf16;
   void rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
-                             BFloat16* dx, float* dgamma, int64_t rows, int64_t C, const BFloat16* residual) override;
+                             BFloat16* dx, float* dgamma, int64_t rows, int64_t C, const BFloat16* residual,
+                             bool accumulate) override;
   void swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) override;
   void swiglu_backward_bf16(const BFloat16* gate, const BFloat16* up, const BFloat16* dy, BFloat16* dgate,
                             BFloat16* dup, size_t n) override;
@@ -176,9 +178,10 @@ class TimedKernels final : public Kernels {
                    double max_norm) override;
   void layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y, float* mean,
                               float* rstd, int64_t rows, int64_t C, float eps) override;
+  using Kernels::layernorm_backward_bf16;
   void layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
-                               int64_t C, const BFloat16* residual) override;
+                               int64_t C, const BFloat16* residual, bool accumulate) override;
   void add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
                                   const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows, int64_t C,
                                   float eps) override;

@@ -168,10 +168,11 @@ const Tensor& RmsNorm::run_backward(const Tensor& dy, Kernels& k) {
     ensure_shape(dx_, x_.shape(), dy.device(), DType::BF16);
     k.rmsnorm_backward_bf16(dy.data<BFloat16>(), x_.data<BFloat16>(), gamma_.data<float>(), rstd_.data<float>(),
                             dx_.data<BFloat16>(), dgamma_.data<float>(), static_cast<int64_t>(x_.numel()) / c_, c_,
-                            residual_bf16());
+                            residual_bf16(), /*accumulate=*/!fresh_grads_);
     return dx_;
   }
   ensure_shape(dx_, x_.shape(), dy.device());
+  if (fresh_grads_) dgamma_.zero_(k.stream());  // the float32 kernel adds: from 0
   k.rmsnorm_backward(dy.data<float>(), x_.data<float>(), gamma_.data<float>(), rstd_.data<float>(), dx_.data<float>(),
                      dgamma_.data<float>(), static_cast<int64_t>(x_.numel()) / c_, c_);
   add_residual(dx_, k);
@@ -515,6 +516,10 @@ const Tensor& LlamaModel::run_forward(const Tensor& tokens, Kernels& k) {
 }
 
 const Tensor& LlamaModel::run_backward(const Tensor& dy, Kernels& k) {
+  // Fresh grads: the tied head wrote embed_tokens' gradient before (Llama::run_backward: head_wrote_embed_grad), else
+  // it is zeroed here for the lookup's scatter-add, which adds.
+  if (fresh_grads_ && !head_wrote_grad_) dembed_.zero_(k.stream());
+  head_wrote_grad_ = false;
   const Tensor* d = &layers_->backward(norm_->backward(dy, k), k);
   if (d->dtype() == DType::BF16) {  // the embedding's gradient widened (exactly) for its float32 kernel
     ensure_shape(demb_, d->shape(), d->device());
@@ -580,16 +585,18 @@ const Tensor& Llama::run_backward(const Tensor& dlogits, Kernels& k) {
     const MatmulShape dh{.M = rows, .N = c, .K = v, .lda = v, .ldb = c, .ldd = c};
     k.matmul_bf16(dh, {.a = dlogits.data<BFloat16>(), .b = model_->embed16().data<BFloat16>(), .d = dh_.raw()});
     const MatmulShape dw{.trans_a = true, .M = v, .N = c, .K = rows, .lda = v, .ldb = c, .ldd = c, .d_f32 = true,
-                         .accumulate = true};
+                         .accumulate = !fresh_grads_};
     k.matmul_bf16(dw, {.a = dlogits.data<BFloat16>(), .b = h_.data<BFloat16>(), .d = model_->embed_grad().raw()});
+    model_->head_wrote_embed_grad();
     model_->backward(dh_, k);
     return none_;
   }
   ensure_shape(dh_, h_.shape(), dlogits.device());
   k.gemm(false, false, rows, c, v, 1.0f, dlogits.data<float>(), v, model_->embed().data<float>(), c, 0.0f,
          dh_.data<float>(), c);
-  k.gemm(true, false, v, c, rows, 1.0f, dlogits.data<float>(), v, h_.data<float>(), c, 1.0f,
+  k.gemm(true, false, v, c, rows, 1.0f, dlogits.data<float>(), v, h_.data<float>(), c, fresh_grads_ ? 0.0f : 1.0f,
          model_->embed_grad().data<float>(), c);
+  model_->head_wrote_embed_grad();
   model_->backward(dh_, k);
   return none_;
 }

@@ -81,6 +81,7 @@ class RmsNorm final : public ResidualNorm {
   std::vector<ParamSpec> param_specs() const override { return {{"weight", {c_}}}; }
   void bind(std::vector<Tensor> params, std::vector<Tensor> grads, std::vector<Tensor> buffers) override;
   void init_params(std::mt19937_64& rng) override;
+  bool writes_fresh_grads() const override { return true; }
 
  protected:
   const Tensor& run_forward(const Tensor& x, Kernels& k) override;
@@ -180,6 +181,10 @@ class LlamaModel final : public Module {
   const Tensor& embed() const { return embed_; }
   const Tensor& embed_grad() const { return dembed_; }
   const Tensor& embed16() const { return embed16_; }  // the bf16 copy (bf16 activations)
+  // Fresh grads (Module::set_fresh_grads): the tied head wrote (=) embed_tokens' gradient in this backward, before
+  // this module's; otherwise its backward zeroes it before the lookup's scatter-add.
+  bool writes_fresh_grads() const override { return true; }
+  void head_wrote_embed_grad() { head_wrote_grad_ = true; }
   void bind_bf16(std::vector<Tensor> params16) override;
   // Every attention layer uses `cache` (nullptr: none); positions then start at cache->len.
   void use_cache(KvCache* cache);
@@ -196,6 +201,7 @@ class LlamaModel final : public Module {
   Sequential* layers_;
   RmsNorm* norm_;
   bool hand_off_ = true;
+  bool head_wrote_grad_ = false;  // head_wrote_embed_grad, for this backward
   Tensor norm_in_;  // the last layer's output, made by norm (the hand-off)
   Tensor embed_, dembed_, embed16_;
   Tensor tokens_, emb_;

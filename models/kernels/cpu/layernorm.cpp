@@ -3,6 +3,7 @@
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "models/kernels/cpu/activation_io.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace dpt::models {
@@ -85,7 +86,11 @@ void CpuKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, c
 
 void CpuKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                          const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
-                                         int64_t C, const BFloat16* residual) {
+                                         int64_t C, const BFloat16* residual, bool accumulate) {
+  if (!accumulate) {  // overwritten: the sums from 0, as after zero_grad (the same bits)
+    std::fill_n(dgamma, C, 0.0f);
+    std::fill_n(dbeta, C, 0.0f);
+  }
   layernorm_backward_rows(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, residual);
 }
 

@@ -4,6 +4,7 @@
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "models/kernels/cpu/activation_io.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/check.h"
@@ -124,7 +125,8 @@ void CpuKernels::rmsnorm_forward_bf16(const BFloat16* x, const float* gamma, BFl
 
 void CpuKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                                        BFloat16* dx, float* dgamma, int64_t rows, int64_t C,
-                                       const BFloat16* residual) {
+                                       const BFloat16* residual, bool accumulate) {
+  if (!accumulate) std::fill_n(dgamma, C, 0.0f);  // overwritten: the sums from 0, as after zero_grad
   rmsnorm_backward_rows(dy, x, gamma, rstd, dx, dgamma, rows, C, residual);
 }
 

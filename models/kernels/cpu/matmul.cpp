@@ -64,11 +64,11 @@ void CpuKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
       out = to_bfloat16(elementwise::gelu(pre));
     }
   if (s.epilogue == MatmulEpilogue::BiasGrad) {
-    // bias_grad[i] += sum over k of op(A)[i, k], summed in float32 in k order.
+    // bias_grad[i] += sum over k of op(A)[i, k] (= when D is overwritten), summed in float32 in k order.
     for (int64_t i = 0; i < s.M; ++i) {
       float sum = 0.0f;
       for (int64_t k = 0; k < s.K; ++k) sum += s.trans_a ? a[static_cast<size_t>(k * a_cols + i)] : a[static_cast<size_t>(i * a_cols + k)];
-      o.bias_grad[i] += sum;
+      o.bias_grad[i] = s.accumulate ? o.bias_grad[i] + sum : sum;
     }
   }
 }

@@ -376,11 +376,13 @@ cudaError_t resident_blocks(K* kernel, size_t smem, int64_t& out) {
     return cudaSuccess;
   }
   int sms = 0, per_sm = 0;
-  if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
+  cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
+  if (e == cudaSuccess && per_sm < 1) e = cudaErrorInvalidConfiguration;  // the kernel fits no multiprocessor
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // returned, not left for a later launch's check to find
     return e;
-  if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem);
-      e != cudaSuccess)
-    return e;
+  }
   out = static_cast<int64_t>(sms) * per_sm;
   known.emplace(key, out);
   return cudaSuccess;
@@ -417,12 +419,12 @@ __device__ __forceinline__ void write_warp_column_sums(const float* smem, int64_
 // write_warp_column_sums' order (partials[(y * splits + k) * C + t], t = i * nvec + v for column 8 v + i, nvec =
 // C / 8); grid (ceil(C / 32), 1 or 2), block 32 x 32: block y the array into out0 (y = 0: LayerNorm's dgamma,
 // RMSNorm's) or out1 (y = 1: LayerNorm's dbeta). Thread (x, y) adds runs y, y + 32, ... of entry t in order (four
-// loads in flight), then row y = 0 the 32 sums in order: out[column] += the runs' sum. A fixed tree: the same bits on
-// every run. C a multiple of 8 (the register rows': rows_in_registers).
+// loads in flight), then row y = 0 the 32 sums in order: out[column] += the runs' sum (= without `accumulate`). A
+// fixed tree: the same bits on every run. C a multiple of 8 (the register rows': rows_in_registers).
 // (A template only so that the .cu files that include this and do not launch it compile no copy.)
 template <class = void>
 __global__ void column_runs_reduce_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,
-                                          float* dbeta) {
+                                          float* dbeta, bool accumulate) {
   __shared__ float part[32][33];
   const int64_t t = blockIdx.x * 32 + threadIdx.x, nvec = C / 8;
   const float* p = partials + (blockIdx.y == 0 ? 0 : splits * C);
@@ -436,7 +438,8 @@ __global__ void column_runs_reduce_kernel(const float* partials, int64_t C, int6
   if (threadIdx.y == 0 && t < C) {
     float total = 0.0f;
     for (int k = 0; k < 32; ++k) total += part[k][threadIdx.x];
-    (blockIdx.y == 0 ? dgamma : dbeta)[(t % nvec) * 8 + t / nvec] += total;
+    float& out = (blockIdx.y == 0 ? dgamma : dbeta)[(t % nvec) * 8 + t / nvec];
+    out = accumulate ? out + total : total;
   }
 }
 

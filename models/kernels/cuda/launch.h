@@ -167,8 +167,10 @@ cudaError_t add_layernorm_forward(const BFloat16* a, const BFloat16* b, BFloat16
 // deterministic: the rows are cut into layernorm_splits() runs (a function of the shape only); a block of 32 x 32
 // threads sums 32 columns of one run (row-strided per thread, then the 32 partials in order) into `partials`; then
 // one thread per column adds its runs in order. Bf16 rows that fit in registers take the fused pass below instead
-// (layernorm_backward_runs() runs, their sums added per column in a fixed tree): the same shape, pointers'
-// alignment and GPU give the same bits on every run. `partials` is scratch of layernorm_partials_count() floats
+// (layernorm_backward_runs() runs, their sums added per column in a fixed tree): the same shape and pointers'
+// alignment give the same bits on every run on the same device configuration and binary (the runs follow the
+// blocks the GPU holds at once: its multiprocessors, a MIG slice's, times the blocks the kernel's registers and
+// shared memory let each hold). `partials` is scratch of layernorm_partials_count() floats
 // (2 C floats per run: at most 3 MB for GPT-2 124M's 16384 rows of 768).
 inline constexpr int64_t kLnRowsPerSplit = 256;
 inline constexpr int64_t kLnMaxSplits = 128;
@@ -181,8 +183,8 @@ inline int64_t layernorm_splits(int64_t rows) {
 // sums, 8 KB a warp at 1024 columns, live in shared memory) runs fused instead: each warp reads its rows' dy, x and
 // residual once, writes dx, and sums its columns' dy xhat and dy over its rows; a block of kThreads sums a run of
 // rows (its warps' sums added in warp order), the runs' partials then added per column in a fixed tree. The runs
-// (row_runs.h): kLnRowsPerBlock rows each at least, at most the blocks the GPU holds at once (one wave; 396 on an
-// H200 at 768 columns), the rows shared out evenly; layernorm_rows_splits(rows), the uncapped count, sizes the scratch.
+// (row_runs.h): kLnRowsPerBlock rows each at least, at most the blocks the GPU holds at once (one wave; by the
+// register count, 396 on an H200 at 768 columns), the rows shared out evenly; layernorm_rows_splits(rows), the uncapped count, sizes the scratch.
 inline constexpr int64_t kLnRowsPerBlock = 32;
 inline constexpr int kLnMaxLaneVectors = 16;
 inline constexpr int64_t kLnRowMaxColumns = kLnMaxLaneVectors * 32 * 8;  // 4096
@@ -198,10 +200,11 @@ inline size_t layernorm_partials_count(int64_t rows, int64_t C) {
 cudaError_t layernorm_backward_runs(int64_t rows, int64_t C, int64_t& runs);
 cudaError_t rmsnorm_backward_runs(int64_t rows, int64_t C, int64_t& runs);
 // residual (null: none): Kernels::layernorm_backward_bf16's, added to dx before its rounding; it may alias dx.
+// accumulate false: dgamma and dbeta are overwritten (Kernels::layernorm_backward_bf16's).
 template <class T>
 cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
                                T* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, const T* residual,
-                               float* partials, cudaStream_t s);
+                               float* partials, cudaStream_t s, bool accumulate = true);
 
 // ---- the Llama family (llama.cu) ------------------------------------------------------------------------------
 // RMSNorm forward: one warp per row, the sum of squares in double (as the CPU set). Backward: dgamma += sum_r dy xhat
@@ -219,7 +222,8 @@ cudaError_t add_rmsnorm_forward(const BFloat16* a, const BFloat16* b, BFloat16* 
                                 float* rstd, int64_t rows, int64_t C, float eps, cudaStream_t s);
 template <class T>
 cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const float* rstd, T* dx, float* dgamma,
-                             int64_t rows, int64_t C, const T* residual, float* partials, cudaStream_t s);
+                             int64_t rows, int64_t C, const T* residual, float* partials, cudaStream_t s,
+                             bool accumulate = true);
 template <class T>
 cudaError_t swiglu_forward(const T* gate, const T* up, T* y, size_t n, cudaStream_t s);
 template <class T>
@@ -257,14 +261,15 @@ cudaError_t bias_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const
 // epilogue's fallback, one rounding as the fused one. One thread per element.
 cudaError_t dgelu_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* aux, int64_t M, int64_t N,
                                 cudaStream_t s);
-// bias_grad[i] += sum over k < K of a[i * stride_i + k * stride_k], in float32 and a fixed order (deterministic): K
-// cut into bias_grad_bf16_splits(K) runs of about kBiasGradRun (a function of K only); each run's sum, by 8 threads
-// striding over it and then added in thread order, goes into scratch[split * M + i] (scratch holds splits * M
-// floats); then each i adds its runs' sums in run order. Coalesced for stride_i 1 (a weight gradient's dy).
+// bias_grad[i] += sum over k < K of a[i * stride_i + k * stride_k] (= without `accumulate`), in float32 and a fixed
+// order (deterministic): K cut into bias_grad_bf16_splits(K) runs of about kBiasGradRun (a function of K only); each
+// run's sum, by 8 threads striding over it and then added in thread order, goes into scratch[split * M + i] (scratch
+// holds splits * M floats); then each i adds its runs' sums in run order. Coalesced for stride_i 1 (a weight
+// gradient's dy).
 constexpr int64_t kBiasGradRun = 512, kBiasGradMaxSplits = 128;
 int64_t bias_grad_bf16_splits(int64_t K);
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
-                           float* bias_grad, float* scratch, cudaStream_t s);
+                           float* bias_grad, float* scratch, bool accumulate, cudaStream_t s);
 // The fast path's element-wise operations on bf16 activations (elementwise.cu), each in float32, rounded once:
 // y = a + b (the residual stream), and dx = dy * gelu'(pre) from the pre-activation the matmul's GELU epilogue kept.
 cudaError_t add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n, cudaStream_t s);

@@ -44,11 +44,17 @@ void CudaKernels::add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* 
 
 void CudaKernels::layernorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* mean,
                                           const float* rstd, BFloat16* dx, float* dgamma, float* dbeta, int64_t rows,
-                                          int64_t C, const BFloat16* residual) {
+                                          int64_t C, const BFloat16* residual, bool accumulate) {
   check_row_shape(rows, C, "layernorm backward");
-  if (rows == 0) return;
+  if (rows == 0) {  // no rows: nothing to add, or the sums are 0
+    if (!accumulate && C > 0) {
+      DPT_CUDA_CHECK(cudaMemsetAsync(dgamma, 0, static_cast<size_t>(C) * sizeof(float), stream()));
+      DPT_CUDA_CHECK(cudaMemsetAsync(dbeta, 0, static_cast<size_t>(C) * sizeof(float), stream()));
+    }
+    return;
+  }
   DPT_CUDA_CHECK(cuda_launch::layernorm_backward(dy, x, gamma, mean, rstd, dx, dgamma, dbeta, rows, C, residual,
-                                                 ln_partials(rows, C), stream()));
+                                                 ln_partials(rows, C), stream(), accumulate));
 }
 
 }  // namespace dpt::models

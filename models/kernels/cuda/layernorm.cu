@@ -193,9 +193,10 @@ __global__ void layernorm_param_partials_kernel(const T* dy, const T* x, const f
   }
 }
 
-// One thread per column adds its runs in order: dgamma[c] += the sum of dy * xhat, dbeta[c] += the sum of dy.
+// One thread per column adds its runs in order: dgamma[c] += the sum of dy * xhat, dbeta[c] += the sum of dy (=
+// without `accumulate`).
 __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,
-                                              float* dbeta) {
+                                              float* dbeta, bool accumulate) {
   for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < C;
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float sg = 0.0f, sb = 0.0f;
@@ -203,8 +204,8 @@ __global__ void layernorm_param_finish_kernel(const float* partials, int64_t C, 
       sg += partials[k * C + c];
       sb += partials[(splits + k) * C + c];
     }
-    dgamma[c] += sg;
-    dbeta[c] += sb;
+    dgamma[c] = accumulate ? dgamma[c] + sg : sg;
+    dbeta[c] = accumulate ? dbeta[c] + sb : sb;
   }
 }
 
@@ -295,7 +296,7 @@ cudaError_t layernorm_backward_runs(int64_t rows, int64_t C, int64_t& runs) {
 template <class T>
 cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, const float* mean, const float* rstd,
                                T* dx, float* dgamma, float* dbeta, int64_t rows, int64_t C, const T* residual,
-                               float* partials, cudaStream_t s) {
+                               float* partials, cudaStream_t s, bool accumulate) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if constexpr (sizeof(T) == 2) {
@@ -312,7 +313,7 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
       });
       if (e != cudaSuccess) return e;
       column_runs_reduce_kernel<><<<dim3(static_cast<unsigned int>((C + 31) / 32), 2), dim3(32, 32), 0, s>>>(
-          partials, C, splits, dgamma, dbeta);
+          partials, C, splits, dgamma, dbeta, accumulate);
       return cudaGetLastError();
     }
   }
@@ -322,7 +323,7 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
   layernorm_param_partials_kernel<T><<<grid, dim3(32, 32), 0, s>>>(dy, x, mean, rstd, rows, C, splits, partials);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   layernorm_param_finish_kernel<<<blocks_for(static_cast<size_t>(C)), kThreads, 0, s>>>(partials, C, splits, dgamma,
-                                                                                         dbeta);
+                                                                                         dbeta, accumulate);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const bool vec = rows_vectorizable<T>(C, dy, x, dx);
   layernorm_backward_dx_kernel<T>
@@ -331,9 +332,9 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
 }
 template cudaError_t layernorm_backward<float>(const float*, const float*, const float*, const float*, const float*,
                                                float*, float*, float*, int64_t, int64_t, const float*, float*,
-                                               cudaStream_t);
+                                               cudaStream_t, bool);
 template cudaError_t layernorm_backward<BFloat16>(const BFloat16*, const BFloat16*, const float*, const float*,
                                                   const float*, BFloat16*, float*, float*, int64_t, int64_t,
-                                                  const BFloat16*, float*, cudaStream_t);
+                                                  const BFloat16*, float*, cudaStream_t, bool);
 
 }  // namespace dpt::models::cuda_launch

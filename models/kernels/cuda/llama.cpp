@@ -50,11 +50,15 @@ void CudaKernels::add_rmsnorm_forward_bf16(const BFloat16* a, const BFloat16* b,
 
 void CudaKernels::rmsnorm_backward_bf16(const BFloat16* dy, const BFloat16* x, const float* gamma, const float* rstd,
                                         BFloat16* dx, float* dgamma, int64_t rows, int64_t C,
-                                        const BFloat16* residual) {
+                                        const BFloat16* residual, bool accumulate) {
   check_row_shape(rows, C, "rmsnorm backward (bf16)");
-  if (rows == 0) return;
-  DPT_CUDA_CHECK(
-      cuda_launch::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C, residual, ln_partials(rows, C), stream()));
+  if (rows == 0) {  // no rows: nothing to add, or the sums are 0
+    if (!accumulate && C > 0)
+      DPT_CUDA_CHECK(cudaMemsetAsync(dgamma, 0, static_cast<size_t>(C) * sizeof(float), stream()));
+    return;
+  }
+  DPT_CUDA_CHECK(cuda_launch::rmsnorm_backward(dy, x, gamma, rstd, dx, dgamma, rows, C, residual,
+                                               ln_partials(rows, C), stream(), accumulate));
 }
 
 void CudaKernels::swiglu_forward_bf16(const BFloat16* gate, const BFloat16* up, BFloat16* y, size_t n) {

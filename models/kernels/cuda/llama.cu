@@ -161,12 +161,14 @@ __global__ void rmsnorm_param_partials_kernel(const T* dy, const T* x, const flo
   }
 }
 
-__global__ void rmsnorm_param_finish_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma) {
+// dgamma[c] += its runs' sums in order (= without `accumulate`).
+__global__ void rmsnorm_param_finish_kernel(const float* partials, int64_t C, int64_t splits, float* dgamma,
+                                            bool accumulate) {
   for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < C;
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float sum = 0.0f;
     for (int64_t k = 0; k < splits; ++k) sum += partials[k * C + c];
-    dgamma[c] += sum;
+    dgamma[c] = accumulate ? dgamma[c] + sum : sum;
   }
 }
 
@@ -252,7 +254,8 @@ cudaError_t rmsnorm_backward_runs(int64_t rows, int64_t C, int64_t& runs) {
 
 template <class T>
 cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const float* rstd, T* dx, float* dgamma,
-                             int64_t rows, int64_t C, const T* residual, float* partials, cudaStream_t s) {
+                             int64_t rows, int64_t C, const T* residual, float* partials, cudaStream_t s,
+                             bool accumulate) {
   if (rows < 0 || C < 1) return cudaErrorInvalidValue;
   if (rows == 0) return cudaSuccess;
   if constexpr (sizeof(T) == 2) {
@@ -268,7 +271,7 @@ cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const 
       });
       if (e != cudaSuccess) return e;
       column_runs_reduce_kernel<><<<dim3(static_cast<unsigned int>((C + 31) / 32), 1), dim3(32, 32), 0, s>>>(
-          partials, C, splits, dgamma, nullptr);
+          partials, C, splits, dgamma, nullptr, accumulate);
       return cudaGetLastError();
     }
   }
@@ -276,7 +279,8 @@ cudaError_t rmsnorm_backward(const T* dy, const T* x, const float* gamma, const 
   const dim3 grid(static_cast<unsigned int>((C + 31) / 32), static_cast<unsigned int>(splits));
   rmsnorm_param_partials_kernel<T><<<grid, dim3(32, 32), 0, s>>>(dy, x, rstd, rows, C, splits, partials);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  rmsnorm_param_finish_kernel<<<blocks_for(static_cast<size_t>(C)), kThreads, 0, s>>>(partials, C, splits, dgamma);
+  rmsnorm_param_finish_kernel<<<blocks_for(static_cast<size_t>(C)), kThreads, 0, s>>>(partials, C, splits, dgamma,
+                                                                                       accumulate);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   rmsnorm_backward_dx_kernel<T><<<row_blocks(rows), kThreads, 0, s>>>(dy, x, gamma, rstd, dx, rows, C, residual);
   return cudaGetLastError();
@@ -310,7 +314,7 @@ cudaError_t rope(T* x, const float* cos, const float* sin, int64_t rows, int64_t
 #define DPT_LLAMA_INSTANTIATE(T)                                                                                      \
   template cudaError_t rmsnorm_forward<T>(const T*, const float*, T*, float*, int64_t, int64_t, float, cudaStream_t); \
   template cudaError_t rmsnorm_backward<T>(const T*, const T*, const float*, const float*, T*, float*, int64_t,       \
-                                           int64_t, const T*, float*, cudaStream_t);                                  \
+                                           int64_t, const T*, float*, cudaStream_t, bool);                            \
   template cudaError_t swiglu_forward<T>(const T*, const T*, T*, size_t, cudaStream_t);                               \
   template cudaError_t swiglu_backward<T>(const T*, const T*, const T*, T*, T*, size_t, cudaStream_t);                \
   template cudaError_t rope<T>(T*, const float*, const float*, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,  \

@@ -282,14 +282,16 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   }
   LtState& st = lt();
   const LtMatmulPlan p = lt_matmul_plan(s, o.aux != nullptr);
-  // The bias gradient epilogue writes (not adds) a float32 vector: into scratch, then added to bias_grad.
+  // The bias gradient epilogue writes (not adds) a float32 vector: into bias_grad when D is overwritten too (a
+  // step's first backward: Module::set_fresh_grads), else into scratch, then added to bias_grad.
   float* bgrad_scratch = nullptr;
-  if (p.epilogue == LtEpilogue::BGradB) {
+  if (p.epilogue == LtEpilogue::BGradB && s.accumulate) {
     if (lt_bias_scratch_.numel() < static_cast<size_t>(s.M))
       lt_bias_scratch_ = Tensor::empty({s.M}, DType::F32, device());
     bgrad_scratch = lt_bias_scratch_.data<float>();
   }
-  const LtPointers ptrs{.bias = bgrad_scratch ? static_cast<const void*>(bgrad_scratch) : o.bias,
+  const void* bias_ptr = p.epilogue == LtEpilogue::BGradB ? static_cast<const void*>(o.bias_grad) : o.bias;
+  const LtPointers ptrs{.bias = bgrad_scratch ? static_cast<const void*>(bgrad_scratch) : bias_ptr,
                         .aux = p.epilogue == LtEpilogue::GeluAuxBias || p.epilogue == LtEpilogue::DGelu ? o.aux
                                                                                                        : nullptr};
   const std::array<uint32_t, 5> align{alignment_of(o.b), alignment_of(o.a), alignment_of(o.d),
@@ -361,13 +363,13 @@ void CudaKernels::matmul_unfused(const MatmulShape& s, const MatmulOperands& o) 
   }
 }
 
-// bias_grad[i] += sum over K of op(A)[i, k], our deterministic column sums. op(A)[i, k]: A stored K x M
+// bias_grad[i] += sum over K of op(A)[i, k] (= when D is overwritten), our deterministic column sums. op(A)[i, k]: A stored K x M
 // (transposed: element (i, k) at k * lda + i) or M x K (at i * lda + k).
 void CudaKernels::bias_grad_columns(const MatmulShape& s, const MatmulOperands& o) {
   const auto parts = static_cast<size_t>(cuda_launch::bias_grad_bf16_splits(s.K) * s.M);
   if (lt_bias_scratch_.numel() < parts) lt_bias_scratch_ = Tensor::empty({static_cast<int64_t>(parts)}, DType::F32, device());
   DPT_CUDA_CHECK(cuda_launch::bias_grad_bf16(o.a, s.trans_a ? 1 : s.lda, s.trans_a ? s.lda : 1, s.M, s.K, o.bias_grad,
-                                             lt_bias_scratch_.data<float>(), stream()));
+                                             lt_bias_scratch_.data<float>(), s.accumulate, stream()));
 }
 
 // The plain product (no epilogue) through cuBLASLt; where cuBLASLt proposes no algorithm for it (an odd leading

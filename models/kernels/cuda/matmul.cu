@@ -53,13 +53,14 @@ __global__ void bias_grad_partial_kernel(const BFloat16* a, int64_t stride_i, in
   part[blockIdx.y * M + i] = sum;
 }
 
-// Stage 2: bias_grad[i] += the splits' partials, in split order.
-__global__ void bias_grad_finish_kernel(const float* part, int64_t M, int64_t splits, float* bias_grad) {
+// Stage 2: bias_grad[i] += the splits' partials, in split order (= without `accumulate`).
+__global__ void bias_grad_finish_kernel(const float* part, int64_t M, int64_t splits, float* bias_grad,
+                                        bool accumulate) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float sum = 0.0f;
     for (int64_t sp = 0; sp < splits; ++sp) sum += part[sp * M + i];
-    bias_grad[i] += sum;
+    bias_grad[i] = accumulate ? bias_grad[i] + sum : sum;
   }
 }
 
@@ -86,13 +87,16 @@ int64_t bias_grad_bf16_splits(int64_t K) {
 }
 
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
-                           float* bias_grad, float* scratch, cudaStream_t s) {
-  if (M == 0 || K == 0) return cudaSuccess;
+                           float* bias_grad, float* scratch, bool accumulate, cudaStream_t s) {
+  if (M == 0) return cudaSuccess;
+  if (K == 0)  // no rows: nothing to add, or the sums are 0
+    return accumulate ? cudaSuccess : cudaMemsetAsync(bias_grad, 0, static_cast<size_t>(M) * sizeof(float), s);
   const int64_t splits = bias_grad_bf16_splits(K), run = (K + splits - 1) / splits;
   const dim3 grid(static_cast<unsigned int>((M + 31) / 32), static_cast<unsigned int>(splits)), block(32, 8);
   bias_grad_partial_kernel<<<grid, block, 0, s>>>(a, stride_i, stride_k, M, K, run, scratch);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  bias_grad_finish_kernel<<<blocks_for(static_cast<size_t>(M)), kThreads, 0, s>>>(scratch, M, splits, bias_grad);
+  bias_grad_finish_kernel<<<blocks_for(static_cast<size_t>(M)), kThreads, 0, s>>>(scratch, M, splits, bias_grad,
+                                                                                    accumulate);
   return cudaGetLastError();
 }
 

@@ -71,20 +71,22 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
         for (bool tb : {false, true})
           for (auto ep : {MatmulEpilogue::None, MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu, MatmulEpilogue::BiasGrad,
                           MatmulEpilogue::DGelu})
-            for (bool f32 : {false, true}) {
+            for (bool f32 : {false, true})
+              for (bool acc : {true, false}) {  // float32 D added to, or overwritten (fresh grads: D and bias_grad NaN)
               const bool wants_f32 = ep == MatmulEpilogue::BiasGrad, wants_bf16 = ep == MatmulEpilogue::Bias ||
                                                                                    ep == MatmulEpilogue::BiasGelu;
               const bool dgelu = ep == MatmulEpilogue::DGelu;  // reads aux: the pre-activation
-              if ((wants_f32 && !f32) || ((wants_bf16 || dgelu) && f32)) continue;
+              if ((wants_f32 && !f32) || ((wants_bf16 || dgelu) && f32) || (!f32 && !acc)) continue;
               const auto [M, N, K] = dims;
-              CAPTURE(M, N, K, mode, ta, tb, static_cast<int>(ep), f32);
+              CAPTURE(M, N, K, mode, ta, tb, static_cast<int>(ep), f32, acc);
               cuda_set().set_lt_epilogues(mode != 2);
               cuda_set().set_lt_bgrad_fused(mode != 1);
               cuda_set().set_lt_splitk(mode == 3 ? 4 : 0);
               const int64_t lda = ta ? M : K, ldb = tb ? K : N, ldd = N;
               const Tensor a = bf16_random({ta ? K : M, lda}, rng), b = bf16_random({tb ? N : K, ldb}, rng);
               const Tensor bias = bf16_random({N}, rng);
-              const Tensor d0 = random_floats({M, ldd}, rng), bg0 = random_floats({M}, rng);
+              const Tensor d0 = acc ? random_floats({M, ldd}, rng) : filled({M, ldd}, kNaN);
+              const Tensor bg0 = acc ? random_floats({M}, rng) : filled({M}, kNaN);
               Tensor d_cpu = f32 ? copy_to(d0, Device::cpu()) : bf16_nan({M, ldd});
               // BiasGelu writes aux (poisoned first); DGelu reads it (the same random pre-activation on both sides).
               Tensor aux_cpu = dgelu ? bf16_random({M, N}, rng, -3.0f, 3.0f) : bf16_nan({M, N});
@@ -94,7 +96,7 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
               Tensor aux_gpu = to_device(aux_cpu), bg_gpu = to_device(bg0);
               const bool aux = ep == MatmulEpilogue::BiasGelu || dgelu;
               MatmulShape s{.trans_a = ta, .trans_b = tb, .M = M, .N = N, .K = K, .lda = lda, .ldb = ldb, .ldd = ldd,
-                            .d_f32 = f32, .accumulate = f32, .epilogue = ep};
+                            .d_f32 = f32, .accumulate = f32 && acc, .epilogue = ep};
               cpu_kernels().matmul_bf16(
                   s, {.a = a.data<BFloat16>(), .b = b.data<BFloat16>(), .d = d_cpu.raw(),
                       .bias = wants_bf16 ? bias.data<BFloat16>() : nullptr,
@@ -820,6 +822,54 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
   }
 }
 
+// Fresh grads (Module::set_fresh_grads): the norms' parameter gradients overwritten, whatever they held (NaN here),
+// against the CPU's; the register rows' kernels (768), the per-pass ones (37 columns, 4104) and no rows at all.
+TEST_CASE("cuda bf16 LayerNorm and RMSNorm backward overwrite their parameter gradients when asked", "[gpu][fastpath]") {
+  std::mt19937 rng(137);
+  for (const int64_t C : {int64_t{768}, int64_t{37}, int64_t{4104}})
+    for (const int64_t rows : {int64_t{300}, int64_t{0}}) {
+      CAPTURE(C, rows);
+      const int64_t r = std::max<int64_t>(rows, 1);
+      const Tensor x = bf16_random({r, C}, rng, -3.0f, 3.0f), dy = bf16_random({r, C}, rng);
+      const Tensor gamma = random_floats({C}, rng, 0.5f, 1.5f), beta = random_floats({C}, rng);
+      Tensor y = bf16_nan({r, C}), mean = filled({r}, kNaN), rstd = filled({r}, kNaN);
+      cpu_kernels().layernorm_forward_bf16(x.data<BFloat16>(), gamma.data<float>(), beta.data<float>(),
+                                           y.data<BFloat16>(), mean.data<float>(), rstd.data<float>(), rows, C, 1e-5f);
+      Tensor dx = bf16_nan({r, C}), dg = filled({C}, kNaN), db = filled({C}, kNaN);
+      cpu_kernels().layernorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
+                                            mean.data<float>(), rstd.data<float>(), dx.data<BFloat16>(),
+                                            dg.data<float>(), db.data<float>(), rows, C, nullptr, false);
+      const Tensor gx = to_device(x), gdy = to_device(dy), ggamma = to_device(gamma), gmean = to_device(mean);
+      const Tensor grstd = to_device(rstd);
+      Tensor gdx = to_device(bf16_nan({r, C})), gdg = nan_on_device({C}), gdb = nan_on_device({C});
+      gpu_kernels().layernorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                            gmean.data<float>(), grstd.data<float>(), gdx.data<BFloat16>(),
+                                            gdg.data<float>(), gdb.data<float>(), rows, C, nullptr, false);
+      const Diff d_dg = compare(to_host(gdg), dg, 1e-4, 1e-5), d_db = compare(to_host(gdb), db, 1e-4, 1e-5);
+      INFO("layernorm dgamma: " << d_dg << "\ndbeta: " << d_db);
+      CHECK(d_dg.bad + d_db.bad == 0);
+      if (rows > 0) {
+        const Diff d_dx = compare_bf16(gdx, dx, 1e-5, kBf16Step);
+        INFO("dx: " << d_dx);
+        CHECK(d_dx.bad == 0);
+      }
+      Tensor ry = bf16_nan({r, C}), rrstd = filled({r}, kNaN), rdg = filled({C}, kNaN);
+      cpu_kernels().rmsnorm_forward_bf16(x.data<BFloat16>(), gamma.data<float>(), ry.data<BFloat16>(),
+                                         rrstd.data<float>(), rows, C, 1e-5f);
+      cpu_kernels().rmsnorm_backward_bf16(dy.data<BFloat16>(), x.data<BFloat16>(), gamma.data<float>(),
+                                          rrstd.data<float>(), dx.data<BFloat16>(), rdg.data<float>(), rows, C,
+                                          nullptr, false);
+      const Tensor grrstd = to_device(rrstd);
+      Tensor grdg = nan_on_device({C});
+      gpu_kernels().rmsnorm_backward_bf16(gdy.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
+                                          grrstd.data<float>(), gdx.data<BFloat16>(), grdg.data<float>(), rows, C,
+                                          nullptr, false);
+      const Diff r_dg = compare(to_host(grdg), rdg, 1e-4, 1e-5);
+      INFO("rmsnorm dgamma: " << r_dg);
+      CHECK(r_dg.bad == 0);
+    }
+}
+
 TEST_CASE("cuda fused norm backwards share more rows than one wave of 32-row runs among the blocks the GPU holds",
           "[gpu][fastpath]") {
   // The fused bf16 LayerNorm and RMSNorm backwards run at most as many blocks as the GPU holds at once (row_runs.h):
@@ -841,6 +891,9 @@ TEST_CASE("cuda fused norm backwards share more rows than one wave of 32-row run
       CHECK(ln_runs == (rows == 5 ? 1 : ln_cap));  // capped: fewer runs than rows / 32
       CHECK(rms_runs == (rows == 5 ? 1 : rms_cap));
       if (rows > 5) CHECK(ln_runs < cuda_launch::layernorm_rows_splits(rows));
+      // The CPU reference adds the parameter sums a row at a time in float32: its own error grows with the rows
+      // (about 2e-4 at 13k rows, where a column's sum near 0 leaves the relative term nothing).
+      const double sum_abs = std::max(1e-4, 2.0 * static_cast<double>(rows) * 0x1p-24);
       const Tensor x = bf16_random({rows, C}, rng, -3.0f, 3.0f), dy = bf16_random({rows, C}, rng);
       const Tensor res = bf16_random({rows, C}, rng), gamma = random_floats({C}, rng, 0.5f, 1.5f);
       const Tensor beta = random_floats({C}, rng), dg0 = random_floats({C}, rng), db0 = random_floats({C}, rng);
@@ -863,7 +916,7 @@ TEST_CASE("cuda fused norm backwards share more rows than one wave of 32-row run
                                               gdg.data<float>(), gdb.data<float>(), rows, C, gres.data<BFloat16>());
         const Tensor hdx = to_host(gdx), hdg = to_host(gdg), hdb = to_host(gdb);
         const Diff d_dx = compare_bf16(gdx, dx, 1e-5, kBf16Step);
-        const Diff d_dg = compare(hdg, dg, 1e-4, 1e-5), d_db = compare(hdb, db, 1e-4, 1e-5);
+        const Diff d_dg = compare(hdg, dg, sum_abs, 1e-5), d_db = compare(hdb, db, sum_abs, 1e-5);
         INFO("layernorm dx: " << d_dx << "\ndgamma: " << d_dg << "\ndbeta: " << d_db);
         CHECK(d_dx.bad + d_dg.bad + d_db.bad == 0);
         if (repeat == 0) {
@@ -891,7 +944,7 @@ TEST_CASE("cuda fused norm backwards share more rows than one wave of 32-row run
                                             grrstd.data<float>(), gdx.data<BFloat16>(), gdg.data<float>(), rows, C,
                                             gres.data<BFloat16>());
         const Tensor hdx = to_host(gdx), hdg = to_host(gdg);
-        const Diff d_dx = compare_bf16(gdx, rdx, 1e-5, kBf16Step), d_dg = compare(hdg, rdg, 1e-4, 1e-5);
+        const Diff d_dx = compare_bf16(gdx, rdx, 1e-5, kBf16Step), d_dg = compare(hdg, rdg, sum_abs, 1e-5);
         INFO("rmsnorm dx: " << d_dx << "\ndgamma: " << d_dg);
         CHECK(d_dx.bad + d_dg.bad == 0);
         if (repeat == 0) {
@@ -1001,9 +1054,10 @@ TEST_CASE("a Llama with bf16 activations on cuda matches its CPU fast path: grou
 
 // The residual hand-off on the GPU (each block's last residual add made by the next norm in its pass:
 // add_layernorm_forward_bf16 / add_rmsnorm_forward_bf16, fused where the rows are held in registers) against each block
-// making its own sum: two training steps (other tokens in the second) with an evaluation between them (the float32
-// path, which must find nothing handed off), the same logits, loss and gradients bit for bit. On the CPU the kernel
-// set runs the add and the norm as two calls (unit_models [bf16act]); here the fused kernels run.
+// making its own sum: two forward and backward passes (other tokens in the second), each followed by an evaluation
+// (the float32 path, which must find nothing handed off), the same logits, loss statistics and gradients bit for bit.
+// On the CPU the kernel set runs the add and the norm as two calls (unit_models [bf16act]); here the fused kernels
+// run, and the first pass, through TimedKernels, counts them: no add_bf16 with the hand-off, some without.
 TEST_CASE("a GPT and a Llama on cuda hand the residual stream from block to block: the same bits as each block's "
           "own sum", "[gpu][fastpath][model]") {
   const auto check = [](Model& on, Model& off, int64_t vocab) {
@@ -1016,23 +1070,35 @@ TEST_CASE("a GPT and a Llama on cuda hand the residual stream from block to bloc
       for (size_t i = 0; i < labels.numel(); ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
       const Tensor d_tokens = to_device(tokens), d_labels = to_device(labels);
       Tensor logits[2], grads[2], stats[2], eval[2];
+      int64_t adds[2] = {0, 0};
       int i = 0;
       for (Model* m : {&on, &off}) {
         SoftmaxCrossEntropy loss;
         Tensor st = to_device(Tensor::zeros({3}, DType::F64));
+        TimedKernels timed(gpu_kernels());  // the same bits as the plain set (the TimedKernels case below)
+        if (round == 0) m->set_kernels(timed);
         m->zero_grad();
         const Tensor& l = m->forward(d_tokens);
         REQUIRE(l.dtype() == DType::BF16);
         logits[i] = to_host(l);  // before the loss: the classifier writes its gradient over the logits
         loss.accumulate(l, d_labels, m->kernels(), st, true, 1.0);
         m->backward(loss.grad());
+        if (round == 0) {
+          timed.collect();
+          m->set_kernels(gpu_kernels());
+          for (const auto& r : timed.rows()) adds[i] += r.op == "add_bf16" ? r.calls : 0;
+        }
         grads[i] = to_host(m->grads());
         stats[i] = to_host(st);
         m->set_training(false);
         eval[i++] = to_host(m->forward(d_tokens));
         m->set_training(true);
       }
-      CHECK(stats[0].data<double>()[0] == stats[1].data<double>()[0]);
+      if (round == 0) {
+        CHECK(adds[0] == 0);  // the hand-off ran: no residual add of its own in the step
+        CHECK(adds[1] > 0);
+      }
+      CHECK(std::memcmp(stats[0].raw(), stats[1].raw(), stats[0].bytes()) == 0);
       CHECK(std::memcmp(logits[0].raw(), logits[1].raw(), logits[0].bytes()) == 0);
       CHECK(std::memcmp(grads[0].raw(), grads[1].raw(), grads[0].bytes()) == 0);
       REQUIRE(eval[0].bytes() == eval[1].bytes());
@@ -1071,6 +1137,103 @@ TEST_CASE("a GPT and a Llama on cuda hand the residual stream from block to bloc
     }
     dynamic_cast<Llama&>(off->root()).set_residual_hand_off(false);
     check(*on, *off, o.vocab_size);
+  }
+}
+
+// Fresh grads on the GPU (Model::zero_grad leaving the gradients to the next backward: cuBLASLt's weight gradients with
+// beta 0 and their bias gradients straight from the BGRADB epilogue, the norms' sums written, the embeddings' zeroed
+// first) against zeroing them: the gradients poisoned with NaN, two micro-batches a step, two steps; the same loss
+// sums and gradients (as floats: -0 and +0 alike).
+TEST_CASE("a GPT and a Llama on cuda leave zero_grad's pass to the next backward: the gradients of zeroing them",
+          "[gpu][fastpath][model]") {
+  const auto check = [](Model& fresh, Model& zeroed, int64_t vocab) {
+    std::mt19937 rng(19);
+    for (Model* m : {&fresh, &zeroed}) m->set_bf16_activations(true);
+    zeroed.set_fresh_grads_allowed(false);
+    Tensor tokens[2], labels = Tensor::empty({256}, DType::I32);
+    for (Tensor& t : tokens) {
+      t = Tensor::empty({4, 64}, DType::I32);
+      for (size_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+    }
+    for (size_t i = 0; i < labels.numel(); ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+    const Tensor d_tokens[2] = {to_device(tokens[0]), to_device(tokens[1])}, d_labels = to_device(labels);
+    for (int step = 0; step < 2; ++step) {
+      CAPTURE(step);
+      Tensor grads[2], stats[2];
+      int i = 0;
+      for (Model* m : {&fresh, &zeroed}) {
+        m->zero_grad();
+        CHECK(m->fresh_grads_pending() == (m == &fresh));
+        if (m == &fresh) m->grads().copy_from(filled({static_cast<int64_t>(m->grads().numel())}, kNaN));
+        stats[i] = to_device(Tensor::zeros({3}, DType::F64));
+        for (int micro = 0; micro < 2; ++micro) {
+          SoftmaxCrossEntropy loss;
+          loss.accumulate(m->forward(d_tokens[micro]), d_labels, m->kernels(), stats[i], true, 0.5);
+          m->backward(loss.grad());
+        }
+        grads[i] = to_host(m->grads());
+        stats[i] = to_host(stats[i]);
+        ++i;
+      }
+      CHECK(stats[0].data<double>()[0] == stats[1].data<double>()[0]);
+      size_t differ = 0, nonfinite = 0;
+      for (size_t j = 0; j < grads[0].numel(); ++j) {
+        differ += !(grads[0].data<float>()[j] == grads[1].data<float>()[j]);
+        nonfinite += !std::isfinite(grads[0].data<float>()[j]);
+      }
+      CHECK(nonfinite == 0);
+      CHECK(differ == 0);
+    }
+  };
+  SECTION("gpt") {
+    GptOptions o;
+    o.n_layer = 2;
+    o.n_head = 4;
+    o.n_embd = 128;
+    o.vocab_size = 300;
+    o.block_size = 80;  // past the 64 positions trained: wpe's last rows get no gradient, and must read 0
+    auto fresh = make_gpt(o), zeroed = make_gpt(o);
+    for (auto* m : {fresh.get(), zeroed.get()}) {
+      m->init(42);
+      m->to(gpu());
+    }
+    check(*fresh, *zeroed, o.vocab_size);
+  }
+  SECTION("llama, untied, q/k/v biases") {
+    LlamaOptions o;
+    o.n_layer = 2;
+    o.n_head = 4;
+    o.n_kv_head = 2;
+    o.n_embd = 128;
+    o.head_dim = 32;
+    o.intermediate_size = 256;
+    o.vocab_size = 300;
+    o.max_positions = 64;
+    o.qkv_bias = true;
+    auto fresh = make_llama(o), zeroed = make_llama(o);
+    for (auto* m : {fresh.get(), zeroed.get()}) {
+      m->init(42);
+      m->to(gpu());
+    }
+    check(*fresh, *zeroed, o.vocab_size);
+  }
+  SECTION("llama, tied") {
+    LlamaOptions o;
+    o.n_layer = 2;
+    o.n_head = 4;
+    o.n_kv_head = 4;
+    o.n_embd = 128;
+    o.head_dim = 32;
+    o.intermediate_size = 256;
+    o.vocab_size = 300;
+    o.max_positions = 64;
+    o.tie_embeddings = true;
+    auto fresh = make_llama(o), zeroed = make_llama(o);
+    for (auto* m : {fresh.get(), zeroed.get()}) {
+      m->init(42);
+      m->to(gpu());
+    }
+    check(*fresh, *zeroed, o.vocab_size);
   }
 }
 

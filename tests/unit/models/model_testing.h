@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <random>
 #include <vector>
@@ -147,6 +148,50 @@ inline void check_residual_hand_off(models::Model& on, models::Model& off, const
     CHECK(std::memcmp(e.raw(), f.raw(), e.bytes()) == 0);
     on.set_training(true);
     off.set_training(true);
+  }
+}
+
+// Model::zero_grad leaving the gradients to the next backward (fresh grads, Module::set_fresh_grads) against zeroing
+// them: `fresh` and `zeroed` the same model with bf16 activations, `zeroed` with set_fresh_grads_allowed(false). Two
+// steps, each: zero_grad, then `fresh`'s gradients poisoned with NaN (whatever they hold must never be read), then
+// two micro-batches (the second, on the tokens reversed, adds onto the first, as gradient accumulation does). The
+// same losses, and the same gradients as floats (a -0 written where 0 + -0 gave +0 matches).
+inline void check_fresh_grads(models::Model& fresh, models::Model& zeroed, const Tensor& tokens,
+                              const Tensor& targets) {
+  Tensor reversed = Tensor::empty(tokens.shape(), tokens.dtype());
+  std::reverse_copy(tokens.data<int32_t>(), tokens.data<int32_t>() + tokens.numel(), reversed.data<int32_t>());
+  zeroed.set_fresh_grads_allowed(false);
+  for (int step = 0; step < 2; ++step) {
+    CAPTURE(step);
+    double losses[2][2] = {};
+    int m = 0;
+    for (models::Model* model : {&fresh, &zeroed}) {
+      model->zero_grad();
+      CHECK(model->fresh_grads_pending() == (model == &fresh));
+      if (model == &fresh)
+        std::fill_n(model->grads().data<float>(), model->grads().numel(), std::numeric_limits<float>::quiet_NaN());
+      for (int micro = 0; micro < 2; ++micro) {
+        models::Kernels& k = model->kernels();
+        models::SoftmaxCrossEntropy loss;
+        Tensor stats = Tensor::zeros({3}, DType::F64);
+        loss.accumulate(model->forward(micro == 0 ? tokens : reversed), targets, k, stats, /*backward=*/true, 0.5);
+        model->backward(loss.grad());
+        CHECK(!model->fresh_grads_pending());
+        losses[m][micro] = stats.data<double>()[0];
+      }
+      ++m;
+    }
+    CHECK(losses[0][0] == losses[1][0]);
+    CHECK(losses[0][1] == losses[1][1]);
+    const float* a = fresh.grads().data<float>();
+    const float* b = zeroed.grads().data<float>();
+    size_t differ = 0, nonfinite = 0;
+    for (size_t i = 0; i < fresh.grads().numel(); ++i) {
+      differ += !(a[i] == b[i]);
+      nonfinite += !std::isfinite(a[i]);
+    }
+    CHECK(nonfinite == 0);
+    CHECK(differ == 0);
   }
 }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <tuple>
@@ -606,6 +607,63 @@ TEST_CASE("in_decay_range: the parity of the edges at or below an index", "[fast
         CHECK(four[k] == elementwise::in_decay_range(edges, count, i0 + static_cast<uint64_t>(k)));
       }
     }
+}
+
+TEST_CASE("the parameter gradients overwritten (fresh grads): matmul_bf16's weight and bias gradients and the norms' "
+          "dgamma and dbeta, the same bits as added onto zeros, whatever the buffers held", "[fastpath]") {
+  // A step's first backward after Model::zero_grad left the gradients as they were (Module::set_fresh_grads).
+  std::mt19937 rng(23);
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const int64_t K : {int64_t{21}, int64_t{0}}) {  // K 0: no rows, the sums 0
+    CAPTURE(K);
+    const int64_t M = 9, N = 13;
+    const auto a = random_bf16(static_cast<size_t>(std::max<int64_t>(K, 1) * M), rng);  // dy^T: A stored K x M
+    const auto b = random_bf16(static_cast<size_t>(std::max<int64_t>(K, 1) * N), rng);
+    std::vector<float> d_add(static_cast<size_t>(M * N), 0.0f), bg_add(static_cast<size_t>(M), 0.0f);
+    std::vector<float> d_new(static_cast<size_t>(M * N), nan), bg_new(static_cast<size_t>(M), nan);
+    MatmulShape s{.trans_a = true, .M = M, .N = N, .K = K, .lda = M, .ldb = N, .ldd = N, .d_f32 = true,
+                  .accumulate = true, .epilogue = MatmulEpilogue::BiasGrad};
+    cpu().matmul_bf16(s, {.a = a.data(), .b = b.data(), .d = d_add.data(), .bias_grad = bg_add.data()});
+    s.accumulate = false;
+    cpu().matmul_bf16(s, {.a = a.data(), .b = b.data(), .d = d_new.data(), .bias_grad = bg_new.data()});
+    CHECK(d_new == d_add);  // as floats: a -0 written where 0 + -0 gave +0 would still match
+    CHECK(bg_new == bg_add);
+  }
+  for (const int64_t rows : {int64_t{37}, int64_t{0}}) {
+    CAPTURE(rows);
+    const int64_t C = 24;
+    const size_t n = static_cast<size_t>(std::max<int64_t>(rows, 1) * C);
+    const auto x = random_bf16(n, rng, -2.0f, 2.0f), dy = random_bf16(n, rng), res = random_bf16(n, rng);
+    std::vector<float> gamma(static_cast<size_t>(C)), beta(static_cast<size_t>(C));
+    std::uniform_real_distribution<float> u(0.5f, 1.5f);
+    for (float& g : gamma) g = u(rng);
+    for (float& g : beta) g = u(rng) - 1.0f;
+    std::vector<BFloat16> y(n), dx1(n), dx2(n);
+    std::vector<float> mean(static_cast<size_t>(std::max<int64_t>(rows, 1))), rstd(mean.size());
+    cpu().layernorm_forward_bf16(x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data(), rows, C,
+                                 1e-5f);
+    std::vector<float> dg_add(static_cast<size_t>(C), 0.0f), db_add(dg_add), dg_new(static_cast<size_t>(C), nan);
+    std::vector<float> db_new(dg_new);
+    cpu().layernorm_backward_bf16(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx1.data(),
+                                  dg_add.data(), db_add.data(), rows, C, res.data());
+    cpu().layernorm_backward_bf16(dy.data(), x.data(), gamma.data(), mean.data(), rstd.data(), dx2.data(),
+                                  dg_new.data(), db_new.data(), rows, C, res.data(), /*accumulate=*/false);
+    CHECK(dg_new == dg_add);
+    CHECK(db_new == db_add);
+    CHECK(std::memcmp(dx1.data(), dx2.data(), dx1.size() * sizeof(BFloat16)) == 0);
+    cpu().rmsnorm_forward_bf16(x.data(), gamma.data(), y.data(), rstd.data(), rows, C, 1e-5f);
+    std::vector<float> rg_add(static_cast<size_t>(C), 0.0f), rg_new(static_cast<size_t>(C), nan);
+    cpu().rmsnorm_backward_bf16(dy.data(), x.data(), gamma.data(), rstd.data(), dx1.data(), rg_add.data(), rows, C,
+                                nullptr);
+    cpu().rmsnorm_backward_bf16(dy.data(), x.data(), gamma.data(), rstd.data(), dx2.data(), rg_new.data(), rows, C,
+                                nullptr, /*accumulate=*/false);
+    CHECK(rg_new == rg_add);
+    // Accumulating adds onto what is there.
+    std::vector<float> rg_twice = rg_add;
+    cpu().rmsnorm_backward_bf16(dy.data(), x.data(), gamma.data(), rstd.data(), dx2.data(), rg_twice.data(), rows, C,
+                                nullptr, /*accumulate=*/true);
+    for (int64_t c = 0; c < C; ++c) CHECK(rg_twice[c] == Approx(2.0 * rg_add[c]).epsilon(1e-5).margin(1e-6));
+  }
 }
 
 TEST_CASE("row_runs and run_begin: the fused norm backwards' runs, one wave at most, every row once, in order",

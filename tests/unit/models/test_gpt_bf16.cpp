@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "model_testing.h"
@@ -98,6 +99,41 @@ TEST_CASE("gpt with bf16 activations: the same bits again, grad_scale scales the
   // Half the gradient: the classifier's dscale (bf16 rounding of the half is exact: a power of two).
   const test::LmStep h = test::lm_step(*f.bf16, f.tokens, f.targets, 0.5);
   CHECK(test::rel_l2(h.grads.data<float>(), a.grads.data<float>(), a.grads.numel()) == Approx(0.5).margin(1e-2));
+}
+
+TEST_CASE("gpt with bf16 activations: zero_grad leaves the gradients to the next backward, which writes them all",
+          "[gpt][bf16act]") {
+  Fixture f;
+  auto zeroed = make_gpt(small());
+  zeroed->init(7);
+  zeroed->set_bf16_activations(true);
+  test::check_fresh_grads(*f.bf16, *zeroed, f.tokens, f.targets);
+  // The float32 path, evaluation, and a model told not to: zero_grad zeroes.
+  f.fp32->zero_grad();
+  CHECK(!f.fp32->fresh_grads_pending());
+  f.bf16->set_fresh_grads_allowed(false);
+  f.bf16->zero_grad();
+  CHECK(!f.bf16->fresh_grads_pending());
+  f.bf16->set_fresh_grads_allowed(true);
+  f.bf16->set_training(false);
+  f.bf16->zero_grad();
+  CHECK(!f.bf16->fresh_grads_pending());
+  // Fresh grads on a float32 pass (the fast path turned off after zero_grad): every module's float32 backward writes
+  // its gradients too (Linear's product with beta 0, the norms' and the embedding's zeroed first, the head's).
+  f.bf16->set_training(true);
+  f.bf16->zero_grad();
+  REQUIRE(f.bf16->fresh_grads_pending());
+  std::fill_n(f.bf16->grads().data<float>(), f.bf16->grads().numel(), std::numeric_limits<float>::quiet_NaN());
+  f.bf16->set_bf16_activations(false);
+  const test::LmStep want = test::lm_step(*f.fp32, f.tokens, f.targets);
+  models::SoftmaxCrossEntropy loss;
+  Tensor stats = Tensor::zeros({3}, DType::F64);
+  loss.accumulate(f.bf16->forward(f.tokens), f.targets, f.bf16->kernels(), stats, true, 1.0);
+  f.bf16->backward(loss.grad());
+  size_t differ = 0;
+  for (size_t i = 0; i < want.grads.numel(); ++i)
+    differ += !(f.bf16->grads().data<float>()[i] == want.grads.data<float>()[i]);
+  CHECK(differ == 0);
 }
 
 TEST_CASE("gpt with bf16 activations: the residual stream handed from block to block, the same bits as each block's "

@@ -159,6 +159,23 @@ TEST_CASE("llama with bf16 activations: the same bits again, evaluation the floa
   CHECK(a.loss == c.loss);
 }
 
+TEST_CASE("llama with bf16 activations: zero_grad leaves the gradients to the next backward, which writes them all "
+          "(untied and tied heads, q/k/v biases)", "[llama][bf16act]") {
+  for (const LlamaOptions& o : {gqa(), mha_tied_biases(), qwen2()}) {
+    Fixture f(o);
+    auto zeroed = make_llama(o);
+    zeroed->params().copy_from(f.fp32->params());
+    zeroed->set_bf16_activations(true);
+    test::check_fresh_grads(*f.bf16, *zeroed, f.tokens, f.targets);
+    // Off the fast path, or in evaluation, zero_grad zeroes as before.
+    f.fp32->zero_grad();
+    CHECK(!f.fp32->fresh_grads_pending());
+    f.bf16->set_training(false);
+    f.bf16->zero_grad();
+    CHECK(!f.bf16->fresh_grads_pending());
+  }
+}
+
 TEST_CASE("llama with bf16 activations: the residual stream handed from layer to layer, the same bits as each "
           "layer's own sum", "[llama][bf16act]") {
   for (const LlamaOptions& o : {gqa(), mha_tied_biases()}) {
