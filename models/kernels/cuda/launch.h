@@ -184,7 +184,8 @@ inline int64_t layernorm_splits(int64_t rows) {
 // residual once, writes dx, and sums its columns' dy xhat and dy over its rows; a block of kThreads sums a run of
 // rows (its warps' sums added in warp order), the runs' partials then added per column in a fixed tree. The runs
 // (row_runs.h): kLnRowsPerBlock rows each at least, at most the blocks the GPU holds at once (one wave; by the
-// register count, 396 on an H200 at 768 columns), the rows shared out evenly; layernorm_rows_splits(rows), the uncapped count, sizes the scratch.
+// register count, 396 on an H200 at 768 columns), the rows shared out evenly; layernorm_rows_splits(rows), the
+// uncapped count, sizes the scratch.
 inline constexpr int64_t kLnRowsPerBlock = 32;
 inline constexpr int kLnMaxLaneVectors = 16;
 inline constexpr int64_t kLnRowMaxColumns = kLnMaxLaneVectors * 32 * 8;  // 4096

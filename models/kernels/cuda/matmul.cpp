@@ -363,8 +363,8 @@ void CudaKernels::matmul_unfused(const MatmulShape& s, const MatmulOperands& o) 
   }
 }
 
-// bias_grad[i] += sum over K of op(A)[i, k] (= when D is overwritten), our deterministic column sums. op(A)[i, k]: A stored K x M
-// (transposed: element (i, k) at k * lda + i) or M x K (at i * lda + k).
+// bias_grad[i] += sum over K of op(A)[i, k] (= when D is overwritten), our deterministic column sums. op(A)[i, k]:
+// A stored K x M (transposed: element (i, k) at k * lda + i) or M x K (at i * lda + k).
 void CudaKernels::bias_grad_columns(const MatmulShape& s, const MatmulOperands& o) {
   const auto parts = static_cast<size_t>(cuda_launch::bias_grad_bf16_splits(s.K) * s.M);
   if (lt_bias_scratch_.numel() < parts) lt_bias_scratch_ = Tensor::empty({static_cast<int64_t>(parts)}, DType::F32, device());

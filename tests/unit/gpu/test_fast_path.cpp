@@ -824,7 +824,8 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
 
 // Fresh grads (Module::set_fresh_grads): the norms' parameter gradients overwritten, whatever they held (NaN here),
 // against the CPU's; the register rows' kernels (768), the per-pass ones (37 columns, 4104) and no rows at all.
-TEST_CASE("cuda bf16 LayerNorm and RMSNorm backward overwrite their parameter gradients when asked", "[gpu][fastpath]") {
+TEST_CASE("cuda bf16 LayerNorm and RMSNorm backward overwrite their parameter gradients when asked",
+          "[gpu][fastpath]") {
   std::mt19937 rng(137);
   for (const int64_t C : {int64_t{768}, int64_t{37}, int64_t{4104}})
     for (const int64_t rows : {int64_t{300}, int64_t{0}}) {
