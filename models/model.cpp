@@ -69,8 +69,9 @@ void Model::allocate(Device device, int64_t total_params, int64_t total_buffers)
     o.bend = named_buffers_.size();
     rebind(o);
     if (o.first == o.end) continue;
-    const size_t first = o.first, end = o.end;
-    o.module->set_grads_ready_hook([this, first, end] {
+    const size_t first = o.first, end = o.end, index = static_cast<size_t>(&o - owners_.data());
+    o.module->set_grads_ready_hook([this, first, end, index] {
+      if (index < fresh_written_.size()) fresh_written_[index] = 1;
       if (grads_ready_ && *grads_ready_) (*grads_ready_)(first, end);
     });
     hook(o.module, first, end);
@@ -245,17 +246,36 @@ const Tensor& Model::backward(const Tensor& dlogits, const GradsReady& grads_rea
   kernels_->set_deterministic(deterministic_);
   const bool fresh = fresh_pending_;  // zero_grad left the gradients to this backward
   fresh_pending_ = false;
-  if (fresh) root_->set_fresh_grads(true);
+  if (fresh) {
+    root_->set_fresh_grads(true);
+    fresh_written_.assign(owners_.size(), 0);  // the grads-ready hooks mark the owners whose backward ran
+  }
   try {
     if (hooks_.backward_begin) hooks_.backward_begin();
     const Tensor& dx = root_->backward(dlogits, *kernels_);
+    if (fresh) {
+      // An owner whose backward did not run wrote nothing: its gradients are zero, as after zeroing them all (the
+      // data-parallel reducer sends a bucket's whole range). Before backward_end: ZeRO's hooks see them whole.
+      for (size_t i = 0; i < owners_.size(); ++i)
+        if (!fresh_written_[i] && owners_[i].first < owners_[i].end) {
+          const NamedParam& a = named_[owners_[i].first];
+          const NamedParam& b = named_[owners_[i].end - 1];
+          const auto n = static_cast<int64_t>(b.offset + b.param.numel() - a.offset);
+          grads_.view(a.offset, {n}).zero_(kernels_->stream());
+        }
+      root_->set_fresh_grads(false);
+      fresh_written_.clear();
+    }
     if (hooks_.backward_end) hooks_.backward_end();
     grads_ready_ = nullptr;
-    if (fresh) root_->set_fresh_grads(false);
     return dx;
   } catch (...) {
     grads_ready_ = nullptr;
-    if (fresh) root_->set_fresh_grads(false);
+    if (fresh) {  // partly written: the next backward writes them all again
+      root_->set_fresh_grads(false);
+      fresh_written_.clear();
+      fresh_pending_ = true;
+    }
     throw;
   }
 }
@@ -269,11 +289,13 @@ void Model::set_kernels(Kernels& k) {
 
 void Model::zero_grad() {
   // The next backward writes every gradient itself (Module::set_fresh_grads) where every owner of parameters can.
+  // The modules that use another's parameters (a tied head) must write first (=) too, and tell the owner.
   const auto writes_fresh = [](const Owner& o) {
     return o.module->param_specs().empty() || o.module->writes_fresh_grads();
   };
+  const auto user_writes_fresh = [](const auto& tied) { return tied.first->writes_fresh_grads(); };
   fresh_pending_ = fresh_allowed_ && bf16_ && root_->training() && grad_parts_.empty() &&
-                   std::ranges::all_of(owners_, writes_fresh);
+                   std::ranges::all_of(owners_, writes_fresh) && std::ranges::all_of(tied_, user_writes_fresh);
   if (fresh_pending_) return;
   if (grad_parts_.empty()) grads_.zero_(kernels_->stream());
   for (Tensor& part : grad_parts_)

@@ -171,6 +171,7 @@ class Model {
   int64_t params16_roundings_ = 0;
   bool bf16_ = false;
   bool fresh_allowed_ = true, fresh_pending_ = false;  // set_fresh_grads_allowed, zero_grad's hand-over
+  std::vector<char> fresh_written_;  // during a fresh backward: per owner, whether its grads-ready hook ran
   size_t num_params_ = 0;
   std::vector<NamedParam> named_;
   std::vector<NamedTensor> named_buffers_;

@@ -179,8 +179,10 @@ class Gpt final : public Module, public KvCachedLm {
   explicit Gpt(const GptOptions& o);
   std::string kind() const override;
   const GptOptions& options() const { return o_; }
-  // The tied LM head reads the transformer's wte and accumulates into its gradient.
+  // The tied LM head reads the transformer's wte and accumulates into its gradient (writes it first, with fresh
+  // grads, and says so: GptTransformer::head_wrote_wte_grad).
   const Module* uses_params_of() const override { return transformer_; }
+  bool writes_fresh_grads() const override { return true; }
   // The transformer fast path (Model::set_bf16_activations): a training forward keeps bf16 activations from the
   // embedding on, and returns bf16 logits [B * T, padded_vocab] (the padding columns -inf, from a bias of the LM
   // head's matmul), which the loss's fused classifier overwrites with their gradient.

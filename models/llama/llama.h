@@ -221,8 +221,10 @@ class Llama final : public Module, public KvCachedLm {
   int64_t kv_cache_len() const override { return cache_ ? cache_->len : 0; }
   // LlamaModel::set_residual_hand_off.
   void set_residual_hand_off(bool on) { model_->set_residual_hand_off(on); }
-  // The tied head reads the model's embed_tokens and accumulates into its gradient.
+  // The tied head reads the model's embed_tokens and accumulates into its gradient (writes it first, with fresh
+  // grads, and says so: LlamaModel::head_wrote_embed_grad).
   const Module* uses_params_of() const override { return o_.tie_embeddings ? model_ : nullptr; }
+  bool writes_fresh_grads() const override { return true; }
   // The transformer fast path: a training forward returns bf16 logits [B * T, vocab_size].
   bool supports_bf16_activations() const override { return true; }
 

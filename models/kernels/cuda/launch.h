@@ -209,7 +209,8 @@ cudaError_t layernorm_backward(const T* dy, const T* x, const float* gamma, cons
 
 // ---- the Llama family (llama.cu) ------------------------------------------------------------------------------
 // RMSNorm forward: one warp per row, the sum of squares in double (as the CPU set). Backward: dgamma += sum_r dy xhat
-// over layernorm_splits() runs of rows in a fixed order, then dx one warp per row (dx may alias dy); residual (null:
+// (= without `accumulate`) over layernorm_splits() runs of rows in a fixed order, then dx one warp per row (dx may
+// alias dy); residual (null:
 // none) added to dx before its rounding (it may alias dx). Bf16 rows that fit (as LayerNorm's, up to
 // kLnRowMaxColumns forward and kLnBackwardRowMaxColumns backward, 16-byte aligned) are held in registers, summed per
 // lane in float32 and over the warp in double, the backward fused into one pass over rmsnorm_backward_runs() runs.

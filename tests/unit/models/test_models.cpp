@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "model_testing.h"
@@ -233,4 +234,57 @@ TEST_CASE("gemm in bf16 and fp16: operands rounded, float32 arithmetic, and fp16
   k.gemm(true, false, 1, 1, 2, 1.0f, at, 1, b, 1, 0.0f, &c, 1);
   k.set_precision(Precision::F32);
   REQUIRE(c == 2.0f);
+}
+
+namespace {
+
+// A root over two Linears whose backward runs only the first (as if the loss never reached the second), on bf16
+// activations: fresh grads (Model::zero_grad leaving the gradients to the next backward) must still give the second
+// zero gradients, as zeroing them would.
+class FirstOnly final : public Module {
+ public:
+  FirstOnly() {
+    a_ = add("a", std::make_unique<Linear>(8, 8));
+    b_ = add("b", std::make_unique<Linear>(8, 8));
+  }
+  std::string kind() const override { return "FirstOnly"; }
+  bool supports_bf16_activations() const override { return true; }
+
+ protected:
+  const Tensor& run_forward(const Tensor& x, Kernels& k) override {
+    b_->forward(x, k);
+    return a_->forward(x, k);
+  }
+  const Tensor& run_backward(const Tensor& dy, Kernels& k) override { return a_->backward(dy, k); }
+
+ private:
+  Linear *a_, *b_;
+};
+
+}  // namespace
+
+TEST_CASE("fresh grads: a module whose backward did not run ends with zero gradients, not the buffer's old values",
+          "[bf16act]") {
+  std::mt19937_64 rng(5);
+  Model fresh(std::make_unique<FirstOnly>(), "first-only", Device::cpu());
+  Model zeroed(std::make_unique<FirstOnly>(), "first-only", Device::cpu());
+  fresh.init(3);
+  zeroed.init(3);
+  zeroed.set_fresh_grads_allowed(false);
+  Tensor x = Tensor::empty({4, 8}, DType::BF16), dy = Tensor::empty({4, 8}, DType::BF16);
+  to_bfloat16(random_tensor({4, 8}, rng, 1.0f), x);
+  to_bfloat16(random_tensor({4, 8}, rng, 1.0f), dy);
+  for (Model* m : {&fresh, &zeroed}) {
+    m->set_bf16_activations(true);
+    std::fill_n(m->grads().data<float>(), m->grads().numel(), std::numeric_limits<float>::quiet_NaN());
+    m->zero_grad();
+    m->forward(x);
+    m->backward(dy);
+  }
+  size_t differ = 0;
+  for (size_t i = 0; i < fresh.grads().numel(); ++i)
+    differ += !(fresh.grads().data<float>()[i] == zeroed.grads().data<float>()[i]);
+  CHECK(differ == 0);
+  // The second Linear's gradients (its weight and bias, after the first's 72) are all zero.
+  for (size_t i = 72; i < fresh.grads().numel(); ++i) CHECK(fresh.grads().data<float>()[i] == 0.0f);
 }
