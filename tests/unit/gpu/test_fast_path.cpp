@@ -14,7 +14,9 @@
 #include <cmath>
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <string>
+#include <utility>
 #include <random>
 #include <optional>
 #include <vector>
@@ -1053,6 +1055,44 @@ TEST_CASE("a Llama with bf16 activations on cuda matches its CPU fast path: grou
   check_fast_path_step(*cpu_model, *gpu_model, o.vocab_size, 4, 64, 7);
 }
 
+namespace {
+
+// configs/gpt_tiny.toml's and configs/llama_tiny.toml's shapes (head size 32), with n_layer layers.
+GptOptions tiny_gpt(int64_t n_layer) {
+  GptOptions o;
+  o.n_layer = n_layer;
+  o.n_head = 4;
+  o.n_embd = 128;
+  o.vocab_size = 300;
+  o.block_size = 64;
+  return o;
+}
+LlamaOptions tiny_llama(int64_t n_layer) {
+  LlamaOptions o;
+  o.n_layer = n_layer;
+  o.n_head = 4;
+  o.n_kv_head = 2;
+  o.n_embd = 128;
+  o.head_dim = 32;
+  o.intermediate_size = 256;
+  o.vocab_size = 300;
+  o.max_positions = 64;
+  return o;
+}
+
+// The same model twice on the GPU, from the same seed (make_gpt, make_llama).
+template <class Make, class Options>
+std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> gpu_twins(Make make, const Options& o) {
+  std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> p{make(o, Device::cpu()), make(o, Device::cpu())};
+  for (Model* m : {p.first.get(), p.second.get()}) {
+    m->init(42);
+    m->to(gpu());
+  }
+  return p;
+}
+
+}  // namespace
+
 // The residual hand-off on the GPU (each block's last residual add made by the next norm in its pass:
 // add_layernorm_forward_bf16 / add_rmsnorm_forward_bf16, fused where the rows are held in registers) against each block
 // making its own sum: two forward and backward passes (other tokens in the second), each followed by an evaluation
@@ -1107,35 +1147,14 @@ TEST_CASE("a GPT and a Llama on cuda hand the residual stream from block to bloc
     }
   };
   SECTION("gpt") {
-    GptOptions o;
-    o.n_layer = 3;
-    o.n_head = 4;
-    o.n_embd = 128;
-    o.vocab_size = 300;
-    o.block_size = 64;
-    auto on = make_gpt(o), off = make_gpt(o);
-    for (auto* m : {on.get(), off.get()}) {
-      m->init(42);
-      m->to(gpu());
-    }
+    const GptOptions o = tiny_gpt(3);
+    auto [on, off] = gpu_twins(make_gpt, o);
     dynamic_cast<Gpt&>(off->root()).set_residual_hand_off(false);
     check(*on, *off, o.vocab_size);
   }
   SECTION("llama") {
-    LlamaOptions o;
-    o.n_layer = 3;
-    o.n_head = 4;
-    o.n_kv_head = 2;
-    o.n_embd = 128;
-    o.head_dim = 32;
-    o.intermediate_size = 256;
-    o.vocab_size = 300;
-    o.max_positions = 64;
-    auto on = make_llama(o), off = make_llama(o);
-    for (auto* m : {on.get(), off.get()}) {
-      m->init(42);
-      m->to(gpu());
-    }
+    const LlamaOptions o = tiny_llama(3);
+    auto [on, off] = gpu_twins(make_llama, o);
     dynamic_cast<Llama&>(off->root()).set_residual_hand_off(false);
     check(*on, *off, o.vocab_size);
   }
@@ -1186,55 +1205,24 @@ TEST_CASE("a GPT and a Llama on cuda leave zero_grad's pass to the next backward
       CHECK(differ == 0);
     }
   };
+  const auto twins = [&](auto make, const auto& o) {
+    auto [fresh, zeroed] = gpu_twins(make, o);
+    check(*fresh, *zeroed, o.vocab_size);
+  };
   SECTION("gpt") {
-    GptOptions o;
-    o.n_layer = 2;
-    o.n_head = 4;
-    o.n_embd = 128;
-    o.vocab_size = 300;
+    GptOptions o = tiny_gpt(2);
     o.block_size = 80;  // past the 64 positions trained: wpe's last rows get no gradient, and must read 0
-    auto fresh = make_gpt(o), zeroed = make_gpt(o);
-    for (auto* m : {fresh.get(), zeroed.get()}) {
-      m->init(42);
-      m->to(gpu());
-    }
-    check(*fresh, *zeroed, o.vocab_size);
+    twins(make_gpt, o);
   }
+  LlamaOptions o = tiny_llama(2);
   SECTION("llama, untied, q/k/v biases") {
-    LlamaOptions o;
-    o.n_layer = 2;
-    o.n_head = 4;
-    o.n_kv_head = 2;
-    o.n_embd = 128;
-    o.head_dim = 32;
-    o.intermediate_size = 256;
-    o.vocab_size = 300;
-    o.max_positions = 64;
     o.qkv_bias = true;
-    auto fresh = make_llama(o), zeroed = make_llama(o);
-    for (auto* m : {fresh.get(), zeroed.get()}) {
-      m->init(42);
-      m->to(gpu());
-    }
-    check(*fresh, *zeroed, o.vocab_size);
+    twins(make_llama, o);
   }
   SECTION("llama, tied") {
-    LlamaOptions o;
-    o.n_layer = 2;
-    o.n_head = 4;
     o.n_kv_head = 4;
-    o.n_embd = 128;
-    o.head_dim = 32;
-    o.intermediate_size = 256;
-    o.vocab_size = 300;
-    o.max_positions = 64;
     o.tie_embeddings = true;
-    auto fresh = make_llama(o), zeroed = make_llama(o);
-    for (auto* m : {fresh.get(), zeroed.get()}) {
-      m->init(42);
-      m->to(gpu());
-    }
-    check(*fresh, *zeroed, o.vocab_size);
+    twins(make_llama, o);
   }
 }
 

@@ -195,6 +195,26 @@ inline void check_fresh_grads(models::Model& fresh, models::Model& zeroed, const
   }
 }
 
+// Fresh grads on a float32 pass: `bf16` (bf16 activations, training) told to leave its gradients to the next backward
+// (zero_grad), its gradients then poisoned with NaN and the fast path turned off: every module's float32 backward
+// must write its gradients too, the same as `fp32`'s (the same parameters, float32 path, zeroed) as floats.
+inline void check_fresh_grads_float32(models::Model& bf16, models::Model& fp32, const Tensor& tokens,
+                                      const Tensor& targets) {
+  bf16.zero_grad();
+  REQUIRE(bf16.fresh_grads_pending());
+  std::fill_n(bf16.grads().data<float>(), bf16.grads().numel(), std::numeric_limits<float>::quiet_NaN());
+  bf16.set_bf16_activations(false);
+  const LmStep want = lm_step(fp32, tokens, targets);
+  models::SoftmaxCrossEntropy loss;
+  Tensor stats = Tensor::zeros({3}, DType::F64);
+  loss.accumulate(bf16.forward(tokens), targets, bf16.kernels(), stats, /*backward=*/true, 1.0);
+  bf16.backward(loss.grad());
+  size_t differ = 0;
+  const float* got = bf16.grads().data<float>();
+  for (size_t i = 0; i < want.grads.numel(); ++i) differ += !(got[i] == want.grads.data<float>()[i]);
+  CHECK(differ == 0);
+}
+
 // ||got - want|| / ||want|| (||got - want|| when want is 0).
 inline double rel_l2(const float* got, const float* want, size_t n) {
   double d = 0, w = 0;

@@ -118,22 +118,10 @@ TEST_CASE("gpt with bf16 activations: zero_grad leaves the gradients to the next
   f.bf16->set_training(false);
   f.bf16->zero_grad();
   CHECK(!f.bf16->fresh_grads_pending());
-  // Fresh grads on a float32 pass (the fast path turned off after zero_grad): every module's float32 backward writes
-  // its gradients too (Linear's product with beta 0, the norms' and the embedding's zeroed first, the head's).
+  // Fresh grads on a float32 pass (the fast path turned off after zero_grad): Linear's product with beta 0, the norms'
+  // and the embedding's gradients zeroed first, the head's.
   f.bf16->set_training(true);
-  f.bf16->zero_grad();
-  REQUIRE(f.bf16->fresh_grads_pending());
-  std::fill_n(f.bf16->grads().data<float>(), f.bf16->grads().numel(), std::numeric_limits<float>::quiet_NaN());
-  f.bf16->set_bf16_activations(false);
-  const test::LmStep want = test::lm_step(*f.fp32, f.tokens, f.targets);
-  models::SoftmaxCrossEntropy loss;
-  Tensor stats = Tensor::zeros({3}, DType::F64);
-  loss.accumulate(f.bf16->forward(f.tokens), f.targets, f.bf16->kernels(), stats, true, 1.0);
-  f.bf16->backward(loss.grad());
-  size_t differ = 0;
-  for (size_t i = 0; i < want.grads.numel(); ++i)
-    differ += !(f.bf16->grads().data<float>()[i] == want.grads.data<float>()[i]);
-  CHECK(differ == 0);
+  test::check_fresh_grads_float32(*f.bf16, *f.fp32, f.tokens, f.targets);
 }
 
 TEST_CASE("gpt with bf16 activations: the residual stream handed from block to block, the same bits as each block's "
