@@ -51,7 +51,9 @@ class Kernels {
   // algorithm than the heuristic's first would pay. Nothing on the CPU; a plan that fails says so in its line.
   // adopt_margin (train.autotune and dpt-model-bench --lt-tune give kTuneMargin): a plan whose fastest candidate
   // beats the algorithm it runs by that fraction or more, timed twice, runs that candidate from then on (its line
-  // says so; a plan whose epilogue pointers are less aligned than the sweep's scratch is not switched). Each
+  // says so; a plan whose epilogue pointers are less aligned than the sweep's scratch is not switched). A bias
+  // gradient's plan is also timed against that gradient apart (the plain product, then the set's column sums) and
+  // switched to whichever way is faster by the margin. Each
   // algorithm gives the same bits on every call, but which one wins may differ between runs. nullopt: report only; a
   // negative margin adopts the fastest candidate even when it is slower by up to that fraction (for tests).
   static constexpr double kTuneMargin = 0.03;

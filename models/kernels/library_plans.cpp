@@ -44,6 +44,20 @@ LtMatmulPlan lt_matmul_plan(const MatmulShape& s, bool keep_aux) {
   return p;
 }
 
+LtMatmulPlan lt_plain_plan(const LtMatmulPlan& p) {
+  LtMatmulPlan plain = p;
+  plain.epilogue = LtEpilogue::Default;
+  plain.bias_len = 0;
+  plain.aux_ld = 0;
+  return plain;
+}
+
+LtColumnSums lt_column_sums(const LtMatmulPlan& p) {
+  // cuBLASLt's B is n x k column-major when transposed (our A as stored, K x M row-major: element (i, k) at k ld + i),
+  // else k x n (element (k, i) at i ld + k).
+  return p.trans_b ? LtColumnSums{p.n, p.k, 1, p.b.ld} : LtColumnSums{p.n, p.k, p.b.ld, 1};
+}
+
 std::string lt_epilogue_unfusable(const LtMatmulPlan& p) {
   const std::pair<const char*, int64_t> dims[] = {{"m", p.m},       {"n", p.n},       {"k", p.k},
                                                   {"lda", p.a.ld}, {"ldb", p.b.ld}, {"ldd", p.d.ld}};

@@ -53,6 +53,16 @@ struct LtMatmulPlan {
 
 // The plan for s; `keep_aux`: BiasGelu keeps the pre-activation (GeluAuxBias) rather than not (GeluBias).
 LtMatmulPlan lt_matmul_plan(const MatmulShape& s, bool keep_aux);
+// p's product without its epilogue: the plan the CUDA set runs (matmul_unfused) where it computes p's epilogue with
+// kernels of its own, as the bias gradient apart (train.autotune's alternative to the BGRADB epilogue).
+LtMatmulPlan lt_plain_plan(const LtMatmulPlan& p);
+// A BGradB plan's bias gradient apart as the CUDA set's column sums read it: bias_grad[i] = the sum over k < K of
+// cuBLASLt's B (our op(A)) at i * stride_i + k * stride_k, for i < M (cuBLASLt's n, our M).
+struct LtColumnSums {
+  int64_t M = 0, K = 0, stride_i = 0, stride_k = 0;
+  bool operator==(const LtColumnSums&) const = default;
+};
+LtColumnSums lt_column_sums(const LtMatmulPlan& p);
 // Empty when cuBLASLt's fused epilogue may run plan p; else why not. Only where m, n, k and every leading dimension
 // are multiples of 8 (16-byte rows of bf16): on an H200 (2026-11-26, cuBLASLt 13) an odd shape's bias epilogue
 // rounded the product to bf16 before adding the bias (0.3% relative error), where the fallback kernels round once,

@@ -677,6 +677,13 @@ sweep=""
 tunes=""
 f=$LOG_DIR/fasttune_dptrain_1.log
 [ -f "$f" ] && tunes=$(grep -E '^# tune: ' "$f" | sed 's/^# tune: /- /' || true)
+# Each weight gradient fused against its bias gradient apart, from the sweep (report only) and the fasttune row's
+# tuning (which adopts the faster way): scripts/bench/bias_grad_apart.py's tables.
+apart_sweep="" apart_tune=""
+[ -n "$sweep" ] && apart_sweep=$(printf '%s\n' "$sweep" > "$TMP/sweep.txt" &&
+  "$PY" scripts/bench/bias_grad_apart.py "$TMP/sweep.txt" 2>/dev/null || true)
+[ -n "$tunes" ] && apart_tune=$(printf '%s\n' "$tunes" > "$TMP/tune.txt" &&
+  "$PY" scripts/bench/bias_grad_apart.py "$TMP/tune.txt" 2>/dev/null || true)
 for k in fasttune fastsep fastnd; do
   f=$LOG_DIR/${k}_dptrain_1.log
   [ -f "$f" ] && grep -q '^# phases' "$f" && variant_phases+=("$k: $(grep -m1 '^# phases' "$f" | sed 's/^# //')")
@@ -725,6 +732,24 @@ report=$(
     echo "The fasttune row's tuning (dpt-model-bench --lt-tune 8 after its warm-up steps, as train.autotune): each plan's candidates timed, the fastest kept when 3% faster twice"
     echo
     echo "$tunes"
+  fi
+  if [ -n "$apart_sweep$apart_tune" ]; then
+    echo
+    echo "## Weight gradients: the bias gradient fused (cuBLASLt's BGRADB epilogue) or apart (the plain product, then our column sums)"
+    echo
+    echo "Per call, on scratch operands, as train.autotune weighs them (the fused way's time leaves out the add of its scratch when accumulating)."
+    if [ -n "$apart_sweep" ]; then
+      echo
+      echo "The fast row's sweep (report only; the fast row runs every one fused):"
+      echo
+      echo "$apart_sweep"
+    fi
+    if [ -n "$apart_tune" ]; then
+      echo
+      echo "The fasttune row's tuning (a way 3% faster twice is adopted):"
+      echo
+      echo "$apart_tune"
+    fi
   fi
   if ((KS > 0)) && [ -f "$LOG_DIR/fast_dptrain_1.log.json" ] &&
     ab=$(op_compare "$LOG_DIR/fast_dptrain_1.log.json" "fasttune=$LOG_DIR/fasttune_dptrain_1.log.json" \

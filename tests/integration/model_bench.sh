@@ -190,4 +190,21 @@ grep -qxF '| `classifier_kernel` | 1 | 1200.0 | 96.8 | 45.5 | - | - |' "$WORK/so
 grep -qxF '| `layernorm_forward_kernel<...>` | 2 | 40.0 | 3.2 | 65.0 | 60.0 | 25.0 |' "$WORK/sol.md" \
   || { cat "$WORK/sol.md"; fail "ncu_sol.py: layernorm row"; }
 expect_exit 1 "no ncu CSV header" "$PY" "$DPT_SOURCE_DIR/scripts/bench/ncu_sol.py" /dev/null 1
+# bias_grad_apart.py, the GPU report's table of weight gradients fused against their bias gradient apart, on the
+# sweep's lines as dpt-model-bench prints them (--lt-sweep: "# ", --lt-tune: "# tune: "; gpt_bench's "- "): one row
+# per bias-gradient plan, a refused way as -, what the tuning adopted; no such line: exit 1.
+SW='cuBLASLt sweep m 768 n 3072 k 16384 A N 768x16384/768 B T 3072x16384/3072 D 768x3072/768 f32 beta 0 epilogue bgradb align 256 256 256 256 256: chosen 0.1450 ms; 12 other candidate(s) of 8 timed, none faster'
+{
+  echo "# $SW; the bias gradient apart (the plain product 0.0960 ms, our column sums 0.0250 ms): 0.1210 ms against 0.1450 ms fused"
+  echo "# tune: ${SW/n 3072/n 768}; the bias gradient apart (the plain product refused, our column sums 0.0080 ms): refused against 0.0520 ms fused; adopted apart"
+  echo "- cuBLASLt sweep m 768 n 16384 k 768 A N 768x768/768 B N 768x16384/768 D 768x16384/768 bf16 beta 0 epilogue default align 256 256 256 256 256: chosen 0.0349 ms"
+} > "$WORK/apart.txt"
+"$PY" "$DPT_SOURCE_DIR/scripts/bench/bias_grad_apart.py" "$WORK/apart.txt" > "$WORK/apart.md" \
+  || { cat "$WORK/apart.md"; fail "bias_grad_apart.py failed"; }
+grep -qxF '| 768 x 3072, k 16384 | 0.1450 | 0.1210 | 0.0960 | 0.0250 | -0.0240 |  |' "$WORK/apart.md" \
+  || { cat "$WORK/apart.md"; fail "bias_grad_apart.py: the 768 x 3072 row"; }
+grep -qxF '| 768 x 768, k 16384 | 0.0520 | - | - | 0.0080 | - | adopted apart |' "$WORK/apart.md" \
+  || { cat "$WORK/apart.md"; fail "bias_grad_apart.py: the refused row"; }
+[ "$(grep -c '^| 768 x' "$WORK/apart.md")" = 2 ] || { cat "$WORK/apart.md"; fail "bias_grad_apart.py: a row too many"; }
+expect_exit 1 "no weight-gradient line" "$PY" "$DPT_SOURCE_DIR/scripts/bench/bias_grad_apart.py" /dev/null
 echo "model_bench: OK"

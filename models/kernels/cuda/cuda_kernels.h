@@ -192,8 +192,10 @@ class CudaKernels final : public Kernels {
   // stages, waves), or what ran instead. For the benchmark's report: where a GEMM's time may go.
   std::vector<std::string> library_choices() const override;
   // Every cuBLASLt plan with an algorithm: its heuristic's first `candidates` algorithms timed on scratch operands of
-  // the plan's layouts (the epilogue's bias and aux vectors scratch too: no buffer of a model is touched); then every
-  // cuDNN attention graph: up to `candidates` of the plans cuDNN proposes for it, on scratch likewise.
+  // the plan's layouts (the epilogue's bias and aux vectors scratch too: no buffer of a model is touched); each
+  // bias-gradient plan also against its gradient apart (its plain twin, swept with the rest, then matmul.cu's column
+  // sums: compare_apart); then every cuDNN attention graph: up to `candidates` of the plans cuDNN proposes for it, on
+  // scratch likewise.
   std::vector<std::string> sweep_library_choices(int candidates, int reps,
                                                  std::optional<double> adopt_margin) override;
   // Its part for the attention graphs built so far (attention.cpp): each timed with up to `candidates` of the plans

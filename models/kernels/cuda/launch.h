@@ -267,9 +267,13 @@ cudaError_t dgelu_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, cons
 // order (deterministic): K cut into bias_grad_bf16_splits(K) runs of about kBiasGradRun (a function of K only); each
 // run's sum, by 8 threads striding over it and then added in thread order, goes into scratch[split * M + i] (scratch
 // holds splits * M floats); then each i adds its runs' sums in run order. Coalesced for stride_i 1 (a weight
-// gradient's dy).
-constexpr int64_t kBiasGradRun = 512, kBiasGradMaxSplits = 128;
+// gradient's dy), and there eight columns a thread in 16-byte loads where bias_grad_bf16_x8 says so (the same
+// additions in the same order: the same bits). Runs of 128 rows: GPT-2 124M's 16384 tokens in 128 runs, so that even
+// its 768-column gradients fill the GPU (3 x 128 blocks of 256 threads).
+constexpr int64_t kBiasGradRun = 128, kBiasGradMaxSplits = 128;
 int64_t bias_grad_bf16_splits(int64_t K);
+// Whether bias_grad_bf16 reads eight columns at a time: stride_i 1, stride_k and M multiples of 8, a 16-byte aligned.
+bool bias_grad_bf16_x8(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M);
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
                            float* bias_grad, float* scratch, bool accumulate, cudaStream_t s);
 // The fast path's element-wise operations on bf16 activations (elementwise.cu), each in float32, rounded once:

@@ -5,6 +5,8 @@
 // heuristic (the first algorithm cuBLASLt proposes), made on first use and cached; one workspace, allocated once.
 // Where cuBLASLt proposes no algorithm for an epilogue (or set_lt_epilogues(false)), the plain product runs and the
 // epilogue is matmul.cu's kernels; where it proposes none for the plain product either, cuBLAS's cublasGemmEx runs it.
+// train.autotune's sweep (sweep_library_choices) may switch a plan to another of cuBLASLt's algorithms, and a bias
+// gradient's plan to the plain product and matmul.cu's column sums where that is faster (compare_apart).
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include <cublasLt.h>
@@ -79,6 +81,9 @@ struct LtEntry {
   cublasLtMatmulHeuristicResult_t untuned{};  // the heuristic's first, kept while a tuned algorithm runs
   bool tuned = false;
   bool have_algo = false;
+  // A bias-gradient plan that train.autotune found faster apart (compare_apart): matmul_bf16 runs its plain twin
+  // (lt_plain_plan) and then our column sums instead of the BGRADB epilogue.
+  bool apart = false;
   std::string choice;  // what runs, for library_choices()
   ~LtEntry() {
     if (d) (void)cublasLtMatrixLayoutDestroy(d);
@@ -302,6 +307,10 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
     return;
   }
   LtEntry& e = lt_entry(st, p, align, ptrs);
+  if (e.apart) {  // train.autotune timed this bias gradient faster apart (compare_apart)
+    matmul_unfused(s, o);
+    return;
+  }
   if (!e.have_algo) {  // no algorithm with this epilogue: the product, then our kernels
     matmul_unfused(s, o);
     return;
@@ -447,21 +456,31 @@ int sweep_candidates(LtState& st, LtEntry& e, const LtKey& key, int n,
   return hs == CUBLAS_STATUS_SUCCESS ? found : 0;
 }
 
-// ms per call of one algorithm on the sweep's operands: one untimed call, then `reps` between two events; negative
-// when cuBLASLt does not run it on these operands (any status but success on the untimed call).
-double time_lt_algo(LtState& st, LtEntry& e, const LtMatmulPlan& p, SweepOperands& o, const cublasLtMatmulAlgo_t& algo,
-                    int reps, cuda::Event& start, cuda::Event& stop, cudaStream_t stream) {
-  const float alpha = 1.0f, beta = p.beta;
-  const auto call = [&] {
-    return cublasLtMatmul(st.handle, e.desc, &alpha, o.a.raw(), e.a, o.b.raw(), e.b, &beta, o.d.raw(), e.d, o.d.raw(),
-                          e.d, &algo, st.workspace.raw(), kLtWorkspaceBytes, stream);
-  };
+// ms per call of `call` (cuBLASLt's status, or CUBLAS_STATUS_EXECUTION_FAILED for a kernel that did not launch): one
+// untimed call, then `reps` between two events; negative when the untimed call did not succeed.
+template <class Call>
+double time_calls(Call&& call, int reps, cuda::Event& start, cuda::Event& stop, cudaStream_t stream) {
   if (call() != CUBLAS_STATUS_SUCCESS) return -1.0;
   start.record(stream);
   for (int i = 0; i < reps; ++i) DPT_CUBLAS_CHECK(call());
   stop.record(stream);
   stop.synchronize();
   return stop.elapsed_ms_since(start) / reps;
+}
+
+// One call of an algorithm on the sweep's operands (the plan's descriptors, its epilogue's pointers already set).
+cublasStatus_t call_lt_algo(LtState& st, LtEntry& e, const LtMatmulPlan& p, SweepOperands& o,
+                            const cublasLtMatmulAlgo_t& algo, cudaStream_t stream) {
+  const float alpha = 1.0f, beta = p.beta;
+  return cublasLtMatmul(st.handle, e.desc, &alpha, o.a.raw(), e.a, o.b.raw(), e.b, &beta, o.d.raw(), e.d, o.d.raw(),
+                        e.d, &algo, st.workspace.raw(), kLtWorkspaceBytes, stream);
+}
+
+// ms per call of one algorithm on the sweep's operands; negative when cuBLASLt does not run it on them (any status
+// but success on the untimed call).
+double time_lt_algo(LtState& st, LtEntry& e, const LtMatmulPlan& p, SweepOperands& o, const cublasLtMatmulAlgo_t& algo,
+                    int reps, cuda::Event& start, cuda::Event& stop, cudaStream_t stream) {
+  return time_calls([&] { return call_lt_algo(st, e, p, o, algo, stream); }, reps, start, stop, stream);
 }
 
 // Split-K variants for the sweep, appended to `cands` (cuBLASLt's proposals): the plan's own algorithm and the
@@ -518,6 +537,64 @@ std::string adopt_if_faster(LtEntry& e, const LtKey& key, const std::string& pla
   return "; adopted";
 }
 
+// The key of a bias-gradient plan's plain twin: lt_plain_plan, with the alignments matmul_bf16_plain asks for.
+LtKey plain_twin_key(const LtKey& key, int32_t forced_splitk) {
+  return LtKey{lt_plain_plan(key.plan), {key.align[0], key.align[1], key.align[2], 256, 256}, forced_splitk};
+}
+
+// A bias-gradient plan (BGRADB) against its bias gradient apart, on scratch operands: the plain twin's product with
+// the twin's algorithm (the one it runs: tuned already where this sweep adopted one), then our column sums
+// (cuda_launch::bias_grad_bf16, reading the product's own operand). With `margin`, the faster way replaces the one the
+// plan runs (its `apart`) where tune_adopts says so on two timings of both. The fused way's time leaves out the add
+// of its scratch into the gradient when accumulating (a launch over M floats): the comparison leans to the fused one.
+// What it found, as the end of the plan's line.
+std::string compare_apart(LtState& st, LtEntry& e, const LtMatmulPlan& p, LtEntry& twin, std::optional<double> margin,
+                          int reps, Device device, cudaStream_t stream, cuda::Event& start, cuda::Event& stop) {
+  const LtMatmulPlan tp = lt_plain_plan(p);
+  SweepOperands ops = sweep_operands(e, p, device, stream);  // the twin's layouts are the plan's: one set serves both
+  const LtColumnSums cs = lt_column_sums(p);
+  const bool accumulate = p.beta != 0.0f;
+  Tensor bias_grad = Tensor::empty({std::max<int64_t>(cs.M, 1)}, DType::F32, device);
+  DPT_CUDA_CHECK(cudaMemsetAsync(bias_grad.raw(), 0x3c, bias_grad.numel() * sizeof(float), stream));
+  Tensor parts = Tensor::empty({std::max<int64_t>(cuda_launch::bias_grad_bf16_splits(cs.K) * cs.M, 1)}, DType::F32,
+                               device);
+  const auto* a = static_cast<const BFloat16*>(ops.b.raw());  // cuBLASLt's B: our A, whose columns are summed
+  const auto sums = [&] {
+    return cuda_launch::bias_grad_bf16(a, cs.stride_i, cs.stride_k, cs.M, cs.K, bias_grad.data<float>(),
+                                       parts.data<float>(), accumulate, stream) == cudaSuccess
+               ? CUBLAS_STATUS_SUCCESS
+               : CUBLAS_STATUS_EXECUTION_FAILED;
+  };
+  const auto product = [&] { return call_lt_algo(st, twin, tp, ops, twin.heuristic.algo, stream); };
+  const auto apart = [&] {
+    const cublasStatus_t r = product();
+    return r == CUBLAS_STATUS_SUCCESS ? sums() : r;
+  };
+  const auto fused = [&] { return call_lt_algo(st, e, p, ops, e.heuristic.algo, stream); };
+  const auto time = [&](auto&& call) { return time_calls(call, reps, start, stop, stream); };
+  double fused_ms = time(fused), apart_ms = time(apart);
+  const double product_ms = time(product), sums_ms = time(sums);
+  const auto ms = [](double t) { return t < 0 ? std::string("refused") : fmt::format("{:.4f} ms", t); };
+  std::string line = fmt::format("; the bias gradient apart (the plain product {}, our column sums {}): {} against {} "
+                                 "fused{}",
+                                 ms(product_ms), ms(sums_ms), ms(apart_ms), ms(fused_ms),
+                                 e.apart ? " (runs apart)" : "");
+  if (!margin) return line;
+  // The way the plan runs now against the other, as adopt_if_faster weighs a candidate.
+  const bool was_apart = e.apart;
+  if (!tune_adopts(was_apart ? apart_ms : fused_ms, was_apart ? fused_ms : apart_ms, *margin)) return line;
+  fused_ms = time(fused);
+  apart_ms = time(apart);
+  if (!tune_adopts(was_apart ? apart_ms : fused_ms, was_apart ? fused_ms : apart_ms, *margin))
+    return line + "; not adopted (timed again: under the margin)";
+  e.apart = !was_apart;
+  e.choice += e.apart ? fmt::format(" (tuned: the bias gradient apart, {:.4f} ms against the fused epilogue's {:.4f} ms)",
+                                    apart_ms, fused_ms)
+                      : fmt::format(" (tuned: the fused epilogue again, {:.4f} ms against {:.4f} ms apart)", fused_ms,
+                                    apart_ms);
+  return line + (e.apart ? "; adopted apart" : "; adopted fused again");
+}
+
 }  // namespace
 
 // Each plan with an algorithm, again on scratch operands (sweep_operands): cuBLASLt's first `candidates` proposals
@@ -545,8 +622,26 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
                                  std::vector<std::string>& out) {
   LtState& st = *lt_;
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
+  // Each bias-gradient plan's plain twin is made first (if no product made it already), so that it is swept, and
+  // tuned, with the rest before compare_apart times it against the fused plan.
+  std::vector<LtKey> bgrad_keys;
+  for (const auto& [key, e] : st.entries)
+    if (key.plan.epilogue == LtEpilogue::BGradB && e->have_algo) bgrad_keys.push_back(key);
+  std::map<LtKey, std::string> twin_failed;  // why a twin could not be made, said in its plan's line
+  for (const LtKey& key : bgrad_keys) {
+    const LtKey twin = plain_twin_key(key, st.forced_splitk);
+    if (st.entries.contains(twin)) continue;
+    try {
+      lt_entry(st, twin.plan, twin.align, {}).choice +=
+          " (made by the sweep: a bias gradient's plain product, to time it apart against its fused epilogue)";
+    } catch (const std::exception& ex) {
+      twin_failed[key] = ex.what();
+    }
+  }
+  std::map<const LtEntry*, size_t> bgrad_line;  // each bias-gradient plan's line in `out`
   for (auto& [key, e] : st.entries) {
     const LtMatmulPlan& p = key.plan;
+    if (p.epilogue == LtEpilogue::BGradB) bgrad_line[e.get()] = out.size();
     const std::string plan = fmt::format("{} align {} {} {} {} {}", describe(p), key.align[0], key.align[1],
                                          key.align[2], key.align[3], key.align[4]);
     const std::string head = "cuBLASLt sweep " + plan;
@@ -600,6 +695,30 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
     } catch (const std::exception& ex) {
       out.push_back(fmt::format("{}: failed: {}", head, ex.what()));
       // A sticky CUDA error (the context is lost) fails every plan after it: say so once and stop.
+      const cudaError_t sticky = cudaPeekAtLastError();
+      if (sticky != cudaSuccess && sticky != cudaErrorMemoryAllocation) {
+        out.push_back(fmt::format("cuBLASLt sweep stopped: {}", cudaGetErrorString(sticky)));
+        return false;
+      }
+    }
+  }
+  // Then each bias-gradient plan against its bias gradient apart, said at the end of its line.
+  for (const LtKey& key : bgrad_keys) {
+    LtEntry& e = *st.entries.at(key);
+    std::string& line = out[bgrad_line.at(&e)];
+    if (const auto failed = twin_failed.find(key); failed != twin_failed.end()) {
+      line += fmt::format("; the bias gradient apart: failed: its plain product's plan: {}", failed->second);
+      continue;
+    }
+    const auto twin = st.entries.find(plain_twin_key(key, st.forced_splitk));
+    if (twin == st.entries.end() || !twin->second->have_algo) {
+      line += "; the bias gradient apart: no cuBLASLt algorithm for its plain product";
+      continue;
+    }
+    try {
+      line += compare_apart(st, e, key.plan, *twin->second, adopt_margin, reps, device(), stream(), start, stop);
+    } catch (const std::exception& ex) {
+      line += fmt::format("; the bias gradient apart: failed: {}", ex.what());
       const cudaError_t sticky = cudaPeekAtLastError();
       if (sticky != cudaSuccess && sticky != cudaErrorMemoryAllocation) {
         out.push_back(fmt::format("cuBLASLt sweep stopped: {}", cudaGetErrorString(sticky)));

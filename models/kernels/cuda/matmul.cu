@@ -53,6 +53,36 @@ __global__ void bias_grad_partial_kernel(const BFloat16* a, int64_t stride_i, in
   part[blockIdx.y * M + i] = sum;
 }
 
+// Stage 1 eight columns at a time, where stride_i is 1 and a, stride_k and M are multiples of 8 elements (16-byte
+// loads; a weight gradient's dy): thread (x, y) owns the 8 outputs i = (blockIdx.x * 32 + x) * 8 .. + 7 and adds
+// their values for k = start + y, + 8, ... in order, as 8 threads of the kernel above would; then the block's 256
+// columns each add their 8 partials in y order: the same additions in the same order, so the same bits.
+__global__ void bias_grad_partial_x8_kernel(const BFloat16* a, int64_t stride_k, int64_t M, int64_t K, int64_t run,
+                                            float* part) {
+  __shared__ float acc_s[8][32][9];  // [y][x][column of x's 8], padded against bank conflicts
+  const int64_t i0 = (static_cast<int64_t>(blockIdx.x) * 32 + threadIdx.x) * 8;
+  const int64_t k0 = blockIdx.y * run, k1 = k0 + run < K ? k0 + run : K;
+  float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  if (i0 < M) {
+#pragma unroll 4
+    for (int64_t k = k0 + threadIdx.y; k < k1; k += 8) {
+      float x[8];
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(a + k * stride_k + i0), x);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) acc[j] += x[j];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < 8; ++j) acc_s[threadIdx.y][threadIdx.x][j] = acc[j];
+  __syncthreads();
+  const int t = static_cast<int>(threadIdx.y * 32 + threadIdx.x);  // the block's column t
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * 256 + t;
+  if (i >= M) return;
+  float sum = 0.0f;
+  for (int y = 0; y < 8; ++y) sum += acc_s[y][t / 8][t % 8];
+  part[blockIdx.y * M + i] = sum;
+}
+
 // Stage 2: bias_grad[i] += the splits' partials, in split order (= without `accumulate`).
 __global__ void bias_grad_finish_kernel(const float* part, int64_t M, int64_t splits, float* bias_grad,
                                         bool accumulate) {
@@ -86,14 +116,24 @@ int64_t bias_grad_bf16_splits(int64_t K) {
   return splits < 1 ? 1 : splits > kBiasGradMaxSplits ? kBiasGradMaxSplits : splits;
 }
 
+bool bias_grad_bf16_x8(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M) {
+  return stride_i == 1 && stride_k % 8 == 0 && M % 8 == 0 && aligned16(a);
+}
+
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
                            float* bias_grad, float* scratch, bool accumulate, cudaStream_t s) {
   if (M == 0) return cudaSuccess;
   if (K == 0)  // no rows: nothing to add, or the sums are 0
     return accumulate ? cudaSuccess : cudaMemsetAsync(bias_grad, 0, static_cast<size_t>(M) * sizeof(float), s);
   const int64_t splits = bias_grad_bf16_splits(K), run = (K + splits - 1) / splits;
-  const dim3 grid(static_cast<unsigned int>((M + 31) / 32), static_cast<unsigned int>(splits)), block(32, 8);
-  bias_grad_partial_kernel<<<grid, block, 0, s>>>(a, stride_i, stride_k, M, K, run, scratch);
+  const dim3 block(32, 8);
+  if (bias_grad_bf16_x8(a, stride_i, stride_k, M)) {
+    const dim3 grid(static_cast<unsigned int>((M + 255) / 256), static_cast<unsigned int>(splits));
+    bias_grad_partial_x8_kernel<<<grid, block, 0, s>>>(a, stride_k, M, K, run, scratch);
+  } else {
+    const dim3 grid(static_cast<unsigned int>((M + 31) / 32), static_cast<unsigned int>(splits));
+    bias_grad_partial_kernel<<<grid, block, 0, s>>>(a, stride_i, stride_k, M, K, run, scratch);
+  }
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   bias_grad_finish_kernel<<<blocks_for(static_cast<size_t>(M)), kThreads, 0, s>>>(scratch, M, splits, bias_grad,
                                                                                     accumulate);

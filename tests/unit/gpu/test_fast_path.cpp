@@ -61,8 +61,8 @@ TEST_CASE("cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fuse
   };
   // A GPT-like shape (multiples of 8: cuBLASLt's epilogue algorithms apply) and an odd one (lt_epilogue_unfusable:
   // the fallback kernels run even when fused epilogues are asked for; on an H200 cuBLASLt's own bias epilogue
-  // rounded such a shape's product twice), and a long K (the bias gradient's column sums in 5 runs of 421, the last
-  // 417).
+  // rounded such a shape's product twice), and a long K (the bias gradient's column sums in 17 runs of 124, the last
+  // 117; with A transposed, M = 40 columns eight at a time, else one).
   // A shape of GPT's kind with a long K (a weight gradient's: the split-K variants' use).
   // Modes: every epilogue fused; fused but the bias gradient as column sums (DPT_TUNE_BGRAD=separate); none fused;
   // every epilogue fused with the heuristic's algorithm split along K into 4 parts where cuBLASLt accepts that (the
@@ -274,7 +274,68 @@ TEST_CASE("cuBLASLt sweep times every plan on scratch and leaves the next produc
   for (const std::string& c : cuda_set().library_choices()) marked += c.find(" (tuned: ") != std::string::npos;
   CHECK(adopted >= 1);
   CHECK(marked == adopted);
+  // Each bias-gradient plan was also timed against its gradient apart (its plain twin's product, a plan of its own
+  // swept with the rest, then our column sums); where the margin of -1 switched it, library_choices says so, and the
+  // products after tuning (BiasGrad's through the plain product and the column sums then) still match the CPU.
+  size_t bgrad_lines = 0, apart = 0, apart_marked = 0;
+  for (const std::string& line : tuned) {
+    if (line.find(" epilogue bgradb ") == std::string::npos || line.find(": chosen ") == std::string::npos) continue;
+    INFO(line);
+    ++bgrad_lines;
+    CHECK(line.find("; the bias gradient apart (the plain product ") != std::string::npos);
+    CHECK(line.find("apart: failed") == std::string::npos);
+    apart += line.find("; adopted apart") != std::string::npos;
+  }
+  for (const std::string& c : cuda_set().library_choices())
+    apart_marked += c.find(" (tuned: the bias gradient apart, ") != std::string::npos;
+  CHECK(bgrad_lines >= 1);
+  CHECK(apart_marked == apart);
   for (const auto ep : eps) run(ep, "after tuning");
+}
+
+TEST_CASE("cuda bias gradient column sums: eight columns a load give the one-column kernel's bits", "[gpu][fastpath]") {
+  // bias_grad_bf16, the bias gradient apart from its product (train.autotune's alternative to cuBLASLt's BGRADB
+  // epilogue, and its fallback): where stride_i is 1 and the rows are 16-byte aligned (a weight gradient's dy:
+  // GPT-2 124M's 768 to 3072 columns over 16384 tokens) it reads eight columns a thread, else one. The same values
+  // in rows one element longer take the one-column kernel: the same additions in the same order, so the same bits;
+  // both against double sums on the CPU. Written (accumulate false: NaN first) and added to.
+  std::mt19937 rng(157);
+  for (const auto& [M, K] : {std::pair<int64_t, int64_t>{768, 16384}, {200, 1000}, {8, 3}, {264, 129}})
+    for (const bool accumulate : {false, true}) {
+      CAPTURE(M, K, accumulate);
+      const Tensor a = bf16_random({K, M}, rng);  // op(A)[i, k] at k * M + i
+      Tensor wide = bf16_random({K, M + 1}, rng);
+      for (int64_t k = 0; k < K; ++k)
+        std::memcpy(wide.data<BFloat16>() + k * (M + 1), a.data<BFloat16>() + k * M,
+                    static_cast<size_t>(M) * sizeof(BFloat16));
+      const Tensor bg0 = random_floats({M}, rng);
+      const Tensor da = to_device(a), dwide = to_device(wide);
+      REQUIRE(cuda_launch::bias_grad_bf16_x8(da.data<BFloat16>(), 1, M, M));
+      REQUIRE_FALSE(cuda_launch::bias_grad_bf16_x8(dwide.data<BFloat16>(), 1, M + 1, M));
+      const int64_t parts = cuda_launch::bias_grad_bf16_splits(K) * M;
+      Tensor parts8 = nan_on_device({parts}), parts1 = nan_on_device({parts});
+      Tensor out8 = accumulate ? to_device(bg0) : nan_on_device({M});
+      Tensor out1 = accumulate ? to_device(bg0) : nan_on_device({M});
+      REQUIRE(cuda_launch::bias_grad_bf16(da.data<BFloat16>(), 1, M, M, K, out8.data<float>(), parts8.data<float>(),
+                                          accumulate, nullptr) == cudaSuccess);
+      REQUIRE(cuda_launch::bias_grad_bf16(dwide.data<BFloat16>(), 1, M + 1, M, K, out1.data<float>(),
+                                          parts1.data<float>(), accumulate, nullptr) == cudaSuccess);
+      REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+      const Tensor h8 = to_host(out8), h1 = to_host(out1);
+      Tensor want = Tensor::empty({M}, DType::F32);
+      for (int64_t i = 0; i < M; ++i) {
+        double sum = accumulate ? static_cast<double>(bg0.data<float>()[i]) : 0.0;
+        for (int64_t k = 0; k < K; ++k) sum += static_cast<double>(to_float(a.data<BFloat16>()[k * M + i]));
+        want.data<float>()[i] = static_cast<float>(sum);
+      }
+      // K terms in [-1, 1] added in float32: off by at most ~K 2^-24 of their magnitudes' sum (as the matmul case).
+      const double err = 4.0 * static_cast<double>(K) * 0x1p-24 + 1e-6;
+      const Diff d8 = compare(h8, want, err, 1e-6), d1 = compare(h1, want, err, 1e-6);
+      INFO("eight columns a load: " << d8 << "\none column: " << d1);
+      CHECK(d8.bad == 0);
+      CHECK(d1.bad == 0);
+      CHECK(std::memcmp(h8.raw(), h1.raw(), h8.bytes()) == 0);
+    }
 }
 
 TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward and backward", "[gpu][fastpath]") {

@@ -189,6 +189,30 @@ TEST_CASE("lt_matmul_plan: a GPT-2 layer's three matmuls, field by field", "[pla
   CHECK(lt_epilogue_unfusable(x).empty());
 }
 
+TEST_CASE("lt_plain_plan and lt_column_sums: the bias gradient apart is the plain product and our A's column sums",
+          "[plans]") {
+  // What train.autotune times against the BGRADB epilogue must be what matmul_bf16 then runs (matmul_unfused): the
+  // plan of the same shape without its epilogue, and the column sums bias_grad_columns reads from the shape.
+  for (const bool ta : {true, false})
+    for (const bool acc : {true, false})
+      for (const auto ep : {MatmulEpilogue::BiasGrad, MatmulEpilogue::Bias, MatmulEpilogue::BiasGelu,
+                            MatmulEpilogue::DGelu}) {
+        CAPTURE(ta, acc, static_cast<int>(ep));
+        const int64_t M = 3072, N = 768, K = 16384, lda = ta ? M + 8 : K + 8;
+        const bool f32 = ep == MatmulEpilogue::BiasGrad;
+        const MatmulShape s{.trans_a = ta, .trans_b = false, .M = M, .N = N, .K = K, .lda = lda, .ldb = N + 16,
+                            .ldd = N + 24, .d_f32 = f32, .accumulate = f32 && acc, .epilogue = ep};
+        MatmulShape none = s;
+        none.epilogue = MatmulEpilogue::None;
+        const LtMatmulPlan p = lt_matmul_plan(s, ep == MatmulEpilogue::BiasGelu);
+        CHECK(lt_plain_plan(p) == lt_matmul_plan(none, false));
+        CHECK(lt_plain_plan(p).epilogue == LtEpilogue::Default);
+        if (ep != MatmulEpilogue::BiasGrad) continue;
+        // bias_grad_columns: op(A)[i, k] at (ta ? k * lda + i : i * lda + k), i < M, k < K.
+        CHECK(lt_column_sums(p) == LtColumnSums{M, K, ta ? 1 : lda, ta ? lda : 1});
+      }
+}
+
 TEST_CASE("lt_epilogue_unfusable: fused epilogues only where every dimension is a multiple of 8", "[plans]") {
   // The shape whose fused bias epilogue rounded twice on an H200 (docs/gpu-results.json, 2026-11-26).
   const MatmulShape odd{.M = 37, .N = 13, .K = 21, .lda = 21, .ldb = 13, .ldd = 13, .epilogue = MatmulEpilogue::Bias};
