@@ -269,7 +269,7 @@ cudaError_t dgelu_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, cons
 // holds splits * M floats); then each i adds its runs' sums in run order. Coalesced for stride_i 1 (a weight
 // gradient's dy), and there eight columns a thread in 16-byte loads where bias_grad_bf16_x8 says so (the same
 // additions in the same order: the same bits). Runs of 128 rows: GPT-2 124M's 16384 tokens in 128 runs, so that even
-// its 768-column gradients fill the GPU (3 x 128 blocks of 256 threads).
+// its 768-column gradients run 3 x 128 blocks of 256 threads (a third of an H100's thread slots; 32 runs gave 96).
 constexpr int64_t kBiasGradRun = 128, kBiasGradMaxSplits = 128;
 int64_t bias_grad_bf16_splits(int64_t K);
 // Whether bias_grad_bf16 reads eight columns at a time: stride_i 1, stride_k and M multiples of 8, a 16-byte aligned.

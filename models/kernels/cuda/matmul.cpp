@@ -84,6 +84,7 @@ struct LtEntry {
   // A bias-gradient plan that train.autotune found faster apart (compare_apart): matmul_bf16 runs its plain twin
   // (lt_plain_plan) and then our column sums instead of the BGRADB epilogue.
   bool apart = false;
+  std::string apart_note;  // while apart: how it was timed, appended to `choice` in library_choices()
   std::string choice;  // what runs, for library_choices()
   ~LtEntry() {
     if (d) (void)cublasLtMatrixLayoutDestroy(d);
@@ -545,9 +546,9 @@ LtKey plain_twin_key(const LtKey& key, int32_t forced_splitk) {
 // A bias-gradient plan (BGRADB) against its bias gradient apart, on scratch operands: the plain twin's product with
 // the twin's algorithm (the one it runs: tuned already where this sweep adopted one), then our column sums
 // (cuda_launch::bias_grad_bf16, reading the product's own operand). With `margin`, the faster way replaces the one the
-// plan runs (its `apart`) where tune_adopts says so on two timings of both. The fused way's time leaves out the add
-// of its scratch into the gradient when accumulating (a launch over M floats): the comparison leans to the fused one.
-// What it found, as the end of the plan's line.
+// plan runs (its `apart`) where tune_adopts says so on two timings of both. The fused way, when accumulating, adds its
+// epilogue's vector into the gradient after the product, as matmul_bf16 does. What it found, as the end of the plan's
+// line.
 std::string compare_apart(LtState& st, LtEntry& e, const LtMatmulPlan& p, LtEntry& twin, std::optional<double> margin,
                           int reps, Device device, cudaStream_t stream, cuda::Event& start, cuda::Event& stop) {
   const LtMatmulPlan tp = lt_plain_plan(p);
@@ -570,7 +571,14 @@ std::string compare_apart(LtState& st, LtEntry& e, const LtMatmulPlan& p, LtEntr
     const cublasStatus_t r = product();
     return r == CUBLAS_STATUS_SUCCESS ? sums() : r;
   };
-  const auto fused = [&] { return call_lt_algo(st, e, p, ops, e.heuristic.algo, stream); };
+  const auto fused = [&] {
+    const cublasStatus_t r = call_lt_algo(st, e, p, ops, e.heuristic.algo, stream);
+    if (r != CUBLAS_STATUS_SUCCESS || !accumulate) return r;
+    return cuda_launch::add(bias_grad.data<float>(), static_cast<const float*>(ops.bias.raw()), bias_grad.data<float>(),
+                            static_cast<size_t>(cs.M), false, stream) == cudaSuccess
+               ? CUBLAS_STATUS_SUCCESS
+               : CUBLAS_STATUS_EXECUTION_FAILED;
+  };
   const auto time = [&](auto&& call) { return time_calls(call, reps, start, stop, stream); };
   double fused_ms = time(fused), apart_ms = time(apart);
   const double product_ms = time(product), sums_ms = time(sums);
@@ -588,10 +596,9 @@ std::string compare_apart(LtState& st, LtEntry& e, const LtMatmulPlan& p, LtEntr
   if (!tune_adopts(was_apart ? apart_ms : fused_ms, was_apart ? fused_ms : apart_ms, *margin))
     return line + "; not adopted (timed again: under the margin)";
   e.apart = !was_apart;
-  e.choice += e.apart ? fmt::format(" (tuned: the bias gradient apart, {:.4f} ms against the fused epilogue's {:.4f} ms)",
-                                    apart_ms, fused_ms)
-                      : fmt::format(" (tuned: the fused epilogue again, {:.4f} ms against {:.4f} ms apart)", fused_ms,
-                                    apart_ms);
+  e.apart_note = e.apart ? fmt::format(" (tuned: the bias gradient apart, {:.4f} ms against the fused epilogue's "
+                                       "{:.4f} ms)", apart_ms, fused_ms)
+                         : std::string();
   return line + (e.apart ? "; adopted apart" : "; adopted fused again");
 }
 
@@ -624,9 +631,11 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
   // Each bias-gradient plan's plain twin is made first (if no product made it already), so that it is swept, and
   // tuned, with the rest before compare_apart times it against the fused plan.
-  std::vector<LtKey> bgrad_keys;
+  // Not the plans made under another set_lt_splitk (the [gpu] tests'): matmul_bf16 no longer looks them up.
+  std::vector<LtKey> bgrad_keys, bgrad_other_split;
   for (const auto& [key, e] : st.entries)
-    if (key.plan.epilogue == LtEpilogue::BGradB && e->have_algo) bgrad_keys.push_back(key);
+    if (key.plan.epilogue == LtEpilogue::BGradB && e->have_algo)
+      (key.splitk == st.forced_splitk ? bgrad_keys : bgrad_other_split).push_back(key);
   std::map<LtKey, std::string> twin_failed;  // why a twin could not be made, said in its plan's line
   for (const LtKey& key : bgrad_keys) {
     const LtKey twin = plain_twin_key(key, st.forced_splitk);
@@ -703,6 +712,9 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
     }
   }
   // Then each bias-gradient plan against its bias gradient apart, said at the end of its line.
+  for (const LtKey& key : bgrad_other_split)
+    out[bgrad_line.at(st.entries.at(key).get())] += fmt::format(
+        "; the bias gradient apart: not timed (a plan made under a forced split-K of {})", key.splitk);
   for (const LtKey& key : bgrad_keys) {
     LtEntry& e = *st.entries.at(key);
     std::string& line = out[bgrad_line.at(&e)];
@@ -734,7 +746,7 @@ void CudaKernels::set_lt_splitk(int splits) { lt().forced_splitk = splits; }
 std::vector<std::string> CudaKernels::library_choices() const {
   std::vector<std::string> out;
   if (lt_) {
-    for (const auto& [key, e] : lt_->entries) out.push_back("cuBLASLt " + e->choice);
+    for (const auto& [key, e] : lt_->entries) out.push_back("cuBLASLt " + e->choice + (e->apart ? e->apart_note : ""));
     if (!lt_bgrad_fused_)
       out.push_back("bias gradients: the plain product (its default-epilogue plan above), then our column sums "
                     "(DPT_TUNE_BGRAD=separate)");

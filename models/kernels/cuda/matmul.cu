@@ -66,8 +66,11 @@ __global__ void bias_grad_partial_x8_kernel(const BFloat16* a, int64_t stride_k,
   if (i0 < M) {
 #pragma unroll 4
     for (int64_t k = k0 + threadIdx.y; k < k1; k += 8) {
+      // One 16-byte load into a register copy (a reference into global memory would be read field by field: two
+      // 8-byte loads).
+      const uint4 w = __ldg(reinterpret_cast<const uint4*>(a + k * stride_k + i0));
       float x[8];
-      unpack_bf16x8(*reinterpret_cast<const uint4*>(a + k * stride_k + i0), x);
+      unpack_bf16x8(w, x);
 #pragma unroll
       for (int j = 0; j < 8; ++j) acc[j] += x[j];
     }
@@ -89,7 +92,8 @@ __global__ void bias_grad_finish_kernel(const float* part, int64_t M, int64_t sp
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float sum = 0.0f;
-    for (int64_t sp = 0; sp < splits; ++sp) sum += part[sp * M + i];
+#pragma unroll 16
+    for (int64_t sp = 0; sp < splits; ++sp) sum += part[sp * M + i];  // the loads ahead, the additions in order
     bias_grad[i] = accumulate ? bias_grad[i] + sum : sum;
   }
 }
