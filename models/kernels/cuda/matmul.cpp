@@ -624,29 +624,148 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
   return out;
 }
 
-// The cuBLASLt plans' sweep, a line each into `out`; false when a sticky CUDA error stopped it.
-bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double> adopt_margin,
-                                 std::vector<std::string>& out) {
-  LtState& st = *lt_;
-  cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
-  // Each bias-gradient plan's plain twin is made first (if no product made it already), so that it is swept, and
-  // tuned, with the rest before compare_apart times it against the fused plan.
-  // Not the plans made under another set_lt_splitk (the [gpu] tests'): matmul_bf16 no longer looks them up.
-  std::vector<LtKey> bgrad_keys, bgrad_other_split;
+namespace {
+
+// After a plan's sweep threw: a sticky CUDA error (the context is lost) fails every plan after it, so the sweep says
+// so once (a line into `out`) and stops (true); anything else (out of memory, a library status) lets it go on.
+bool sticky_stop(std::vector<std::string>& out) {
+  const cudaError_t sticky = cudaPeekAtLastError();
+  if (sticky == cudaSuccess || sticky == cudaErrorMemoryAllocation) return false;
+  out.push_back(fmt::format("cuBLASLt sweep stopped: {}", cudaGetErrorString(sticky)));
+  return true;
+}
+
+// The bias-gradient plans a sweep compares with their gradient apart (`keys`), and those made under another
+// set_lt_splitk (the [gpu] tests': matmul_bf16 no longer looks them up, so they are not compared); `twin_failed`: why
+// a plan's plain twin could not be made.
+struct BgradPlans {
+  std::vector<LtKey> keys, other_split;
+  std::map<LtKey, std::string> twin_failed;
+};
+
+// Each bias-gradient plan's plain twin made first (if no product made it already), so that the sweep times, and
+// tunes, it with the rest before compare_apart weighs it against the fused plan.
+BgradPlans make_plain_twins(LtState& st) {
+  BgradPlans b;
   for (const auto& [key, e] : st.entries)
     if (key.plan.epilogue == LtEpilogue::BGradB && e->have_algo)
-      (key.splitk == st.forced_splitk ? bgrad_keys : bgrad_other_split).push_back(key);
-  std::map<LtKey, std::string> twin_failed;  // why a twin could not be made, said in its plan's line
-  for (const LtKey& key : bgrad_keys) {
+      (key.splitk == st.forced_splitk ? b.keys : b.other_split).push_back(key);
+  for (const LtKey& key : b.keys) {
     const LtKey twin = plain_twin_key(key, st.forced_splitk);
     if (st.entries.contains(twin)) continue;
     try {
       lt_entry(st, twin.plan, twin.align, {}).choice +=
           " (made by the sweep: a bias gradient's plain product, to time it apart against its fused epilogue)";
     } catch (const std::exception& ex) {
-      twin_failed[key] = ex.what();
+      b.twin_failed[key] = ex.what();
     }
   }
+  return b;
+}
+
+// What a plan's sweep needs besides the plan: how many candidates, timed calls and split-K bases, the adopting
+// margin, and where to run.
+struct SweepSettings {
+  int candidates = 0, reps = 0;
+  size_t split_bases = 0;
+  std::optional<double> adopt_margin;
+  Device device;
+  cudaStream_t stream = nullptr;
+  cuda::Event* start = nullptr;
+  cuda::Event* stop = nullptr;
+};
+
+// One plan with an algorithm on scratch operands (sweep_operands): cuBLASLt's first proposals (sweep_candidates) and
+// split-K variants (add_split_k_variants), each timed against the algorithm the plan runs, and with a margin the
+// fastest adopted (adopt_if_faster). Its line after `head`; throws what a library call threw.
+std::string sweep_plan(LtState& st, const LtKey& key, LtEntry& e, const std::string& plan, const std::string& head,
+                       const SweepSettings& w) {
+  const LtMatmulPlan& p = key.plan;
+  SweepOperands ops = sweep_operands(e, p, w.device, w.stream);
+  std::array<cublasLtMatmulHeuristicResult_t, kMaxSweepCandidates> proposed{};
+  const int found = sweep_candidates(st, e, key, w.candidates, proposed);
+  std::vector<cublasLtMatmulHeuristicResult_t> found_algos(proposed.begin(), proposed.begin() + found);
+  const int variants = add_split_k_variants(st, e, p, w.split_bases, found_algos);
+  const auto time = [&](const cublasLtMatmulAlgo_t& algo) {
+    return time_lt_algo(st, e, p, ops, algo, w.reps, *w.start, *w.stop, w.stream);
+  };
+  // The chosen algorithm timed first and again last (the faster of the two: the first may pay for the clocks
+  // ramping up after the allocations); a candidate that is the chosen algorithm itself is not timed again.
+  double chosen = time(e.heuristic.algo);
+  SweepTally tally;
+  for (int i = 0; i < static_cast<int>(found_algos.size()); ++i) {
+    if (found_algos[i].state != CUBLAS_STATUS_SUCCESS) continue;
+    if (std::memcmp(&found_algos[i].algo, &e.heuristic.algo, sizeof(cublasLtMatmulAlgo_t)) == 0) continue;
+    tally.add(i, time(found_algos[i].algo));
+  }
+  const int best_i = tally.best, tried = tally.tried, refused = tally.refused;
+  const double best = tally.best_ms;
+  if (chosen >= 0) {
+    const double again = time(e.heuristic.algo);
+    if (again >= 0 && again < chosen) chosen = again;
+  }
+  const std::string others =
+      fmt::format("{} other candidate(s) of {}{} timed{}", tried, found,
+                  variants ? fmt::format(" and {} split-K variant(s)", variants) : std::string(),
+                  refused ? fmt::format(", {} refused these operands", refused) : std::string());
+  const std::string adopted =
+      w.adopt_margin && chosen >= 0 && best_i >= 0
+          ? adopt_if_faster(e, key, plan, ops, found_algos[best_i], chosen, best, *w.adopt_margin, time)
+          : std::string();
+  if (chosen < 0)
+    return fmt::format("{}: the algorithm it runs refused the scratch operands; {}{}", head, others,
+                       best_i < 0 ? std::string() : fmt::format(", fastest {:.4f} ms", best));
+  if (best_i < 0 || best >= chosen)
+    return fmt::format("{}: chosen {:.4f} ms; {}, none faster{}{}", head, chosen, others,
+                       best_i < 0 ? std::string() : fmt::format(" (the best {:.4f} ms)", best), adopted);
+  return fmt::format("{}: chosen {:.4f} ms; {}, the fastest {:.4f} ms ({:.1f}% less; candidate {}: {}){}", head,
+                     chosen, others, best, 100.0 * (chosen - best) / chosen, best_i + 1,
+                     describe_algo(found_algos[best_i]), adopted);
+}
+
+// Each bias-gradient plan against its bias gradient apart (compare_apart), said at the end of its line in `out`
+// (`line_of`: each plan's line); false when a sticky CUDA error stopped it.
+bool weigh_apart(LtState& st, const BgradPlans& b, const std::map<const LtEntry*, size_t>& line_of,
+                 const SweepSettings& w, std::vector<std::string>& out) {
+  for (const LtKey& key : b.other_split)
+    out[line_of.at(st.entries.at(key).get())] += fmt::format(
+        "; the bias gradient apart: not timed (a plan made under a forced split-K of {})", key.splitk);
+  for (const LtKey& key : b.keys) {
+    LtEntry& e = *st.entries.at(key);
+    std::string& line = out[line_of.at(&e)];
+    if (const auto failed = b.twin_failed.find(key); failed != b.twin_failed.end()) {
+      line += fmt::format("; the bias gradient apart: failed: its plain product's plan: {}", failed->second);
+      continue;
+    }
+    const auto twin = st.entries.find(plain_twin_key(key, st.forced_splitk));
+    if (twin == st.entries.end() || !twin->second->have_algo) {
+      line += "; the bias gradient apart: no cuBLASLt algorithm for its plain product";
+      continue;
+    }
+    try {
+      line += compare_apart(st, e, key.plan, *twin->second, w.adopt_margin, w.reps, w.device, w.stream, *w.start,
+                            *w.stop);
+    } catch (const std::exception& ex) {
+      line += fmt::format("; the bias gradient apart: failed: {}", ex.what());
+      if (sticky_stop(out)) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+// The cuBLASLt plans' sweep, a line each into `out`: the bias-gradient plans' plain twins made, every plan swept
+// (sweep_plan), then the bias-gradient plans weighed against their gradient apart (weigh_apart); false when a sticky
+// CUDA error stopped it.
+bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double> adopt_margin,
+                                 std::vector<std::string>& out) {
+  LtState& st = *lt_;
+  cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
+  const SweepSettings w{.candidates = candidates, .reps = reps, .split_bases = lt_split_bases_,
+                        .adopt_margin = adopt_margin, .device = device(), .stream = stream(), .start = &start,
+                        .stop = &stop};
+  const BgradPlans bgrad = make_plain_twins(st);
   std::map<const LtEntry*, size_t> bgrad_line;  // each bias-gradient plan's line in `out`
   for (auto& [key, e] : st.entries) {
     const LtMatmulPlan& p = key.plan;
@@ -659,86 +778,13 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
       continue;
     }
     try {
-      SweepOperands ops = sweep_operands(*e, p, device(), stream());
-      std::array<cublasLtMatmulHeuristicResult_t, kMaxSweepCandidates> proposed{};
-      const int found = sweep_candidates(st, *e, key, candidates, proposed);
-      std::vector<cublasLtMatmulHeuristicResult_t> found_algos(proposed.begin(), proposed.begin() + found);
-      const int variants = add_split_k_variants(st, *e, p, lt_split_bases_, found_algos);
-      const auto time = [&](const cublasLtMatmulAlgo_t& algo) {
-        return time_lt_algo(st, *e, p, ops, algo, reps, start, stop, stream());
-      };
-      // The chosen algorithm timed first and again last (the faster of the two: the first may pay for the clocks
-      // ramping up after the allocations); a candidate that is the chosen algorithm itself is not timed again.
-      double chosen = time(e->heuristic.algo);
-      SweepTally tally;
-      for (int i = 0; i < static_cast<int>(found_algos.size()); ++i) {
-        if (found_algos[i].state != CUBLAS_STATUS_SUCCESS) continue;
-        if (std::memcmp(&found_algos[i].algo, &e->heuristic.algo, sizeof(cublasLtMatmulAlgo_t)) == 0) continue;
-        tally.add(i, time(found_algos[i].algo));
-      }
-      const int best_i = tally.best, tried = tally.tried, refused = tally.refused;
-      const double best = tally.best_ms;
-      if (chosen >= 0) {
-        const double again = time(e->heuristic.algo);
-        if (again >= 0 && again < chosen) chosen = again;
-      }
-      const std::string others =
-          fmt::format("{} other candidate(s) of {}{} timed{}", tried, found,
-                      variants ? fmt::format(" and {} split-K variant(s)", variants) : std::string(),
-                      refused ? fmt::format(", {} refused these operands", refused) : std::string());
-      const std::string adopted =
-          adopt_margin && chosen >= 0 && best_i >= 0
-              ? adopt_if_faster(*e, key, plan, ops, found_algos[best_i], chosen, best, *adopt_margin, time)
-              : std::string();
-      if (chosen < 0) {
-        out.push_back(fmt::format("{}: the algorithm it runs refused the scratch operands; {}{}", head, others,
-                                  best_i < 0 ? std::string() : fmt::format(", fastest {:.4f} ms", best)));
-      } else if (best_i < 0 || best >= chosen) {
-        out.push_back(fmt::format("{}: chosen {:.4f} ms; {}, none faster{}{}", head, chosen, others,
-                                  best_i < 0 ? std::string() : fmt::format(" (the best {:.4f} ms)", best), adopted));
-      } else {
-        out.push_back(fmt::format("{}: chosen {:.4f} ms; {}, the fastest {:.4f} ms ({:.1f}% less; candidate {}: {}){}",
-                                  head, chosen, others, best, 100.0 * (chosen - best) / chosen, best_i + 1,
-                                  describe_algo(found_algos[best_i]), adopted));
-      }
+      out.push_back(sweep_plan(st, key, *e, plan, head, w));
     } catch (const std::exception& ex) {
       out.push_back(fmt::format("{}: failed: {}", head, ex.what()));
-      // A sticky CUDA error (the context is lost) fails every plan after it: say so once and stop.
-      const cudaError_t sticky = cudaPeekAtLastError();
-      if (sticky != cudaSuccess && sticky != cudaErrorMemoryAllocation) {
-        out.push_back(fmt::format("cuBLASLt sweep stopped: {}", cudaGetErrorString(sticky)));
-        return false;
-      }
+      if (sticky_stop(out)) return false;
     }
   }
-  // Then each bias-gradient plan against its bias gradient apart, said at the end of its line.
-  for (const LtKey& key : bgrad_other_split)
-    out[bgrad_line.at(st.entries.at(key).get())] += fmt::format(
-        "; the bias gradient apart: not timed (a plan made under a forced split-K of {})", key.splitk);
-  for (const LtKey& key : bgrad_keys) {
-    LtEntry& e = *st.entries.at(key);
-    std::string& line = out[bgrad_line.at(&e)];
-    if (const auto failed = twin_failed.find(key); failed != twin_failed.end()) {
-      line += fmt::format("; the bias gradient apart: failed: its plain product's plan: {}", failed->second);
-      continue;
-    }
-    const auto twin = st.entries.find(plain_twin_key(key, st.forced_splitk));
-    if (twin == st.entries.end() || !twin->second->have_algo) {
-      line += "; the bias gradient apart: no cuBLASLt algorithm for its plain product";
-      continue;
-    }
-    try {
-      line += compare_apart(st, e, key.plan, *twin->second, adopt_margin, reps, device(), stream(), start, stop);
-    } catch (const std::exception& ex) {
-      line += fmt::format("; the bias gradient apart: failed: {}", ex.what());
-      const cudaError_t sticky = cudaPeekAtLastError();
-      if (sticky != cudaSuccess && sticky != cudaErrorMemoryAllocation) {
-        out.push_back(fmt::format("cuBLASLt sweep stopped: {}", cudaGetErrorString(sticky)));
-        return false;
-      }
-    }
-  }
-  return true;
+  return weigh_apart(st, bgrad, bgrad_line, w, out);
 }
 
 void CudaKernels::set_lt_splitk(int splits) { lt().forced_splitk = splits; }
