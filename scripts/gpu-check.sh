@@ -4,14 +4,16 @@
 #
 #   scripts/gpu-check.sh bundle    HERE (the build machine): build, then make .gpu-bundle/ (< 60 MiB):
 #                                  payload.tar.xz (bin/: dptrain, dprun, the test programs, the bench programs
-#                                  dpt-model-bench and dpt-allreduce-perf; lib/: the shared libraries they need
-#                                  that the GPU machine lacks), data/ (Fashion-MNIST), tokens/ (byte-level token
+#                                  dpt-model-bench and dpt-allreduce-perf, Open MPI's mpirun; lib/: the shared
+#                                  libraries they need that the GPU machine lacks, lib/openmpi/: Open MPI's
+#                                  runtime, see stage_openmpi), data/ (Fashion-MNIST), tokens/ (byte-level token
 #                                  shards of two of Debian's fortune files, made by the built `dptrain tokenize`),
 #                                  configs/, BUNDLE_INFO. Idempotent.
 #   scripts/gpu-check.sh run       THERE, from the repository root, with .gpu-bundle carried: unpack, run the
 #                                  GPU unit tests (the fast path's again under compute-sanitizer), the other
 #                                  unit tests, short trainings (1 rank NCCL, 1 rank CPU, compared; 2 ranks over
-#                                  gloo sharing the GPU, fp32 and bf16 all-reduce;
+#                                  gloo sharing the GPU, fp32 and bf16 all-reduce, ZeRO 1-3; 2 over mpi, under
+#                                  the bundle's mpirun;
 #                                  configs/fmnist_resnet.toml for 1 epoch in fp32, bf16, fp16; configs/gpt_tiny.toml
 #                                  for 50 steps on the GPU and on the CPU, compared, and again with the transformer
 #                                  fast path (train.bf16_activations); configs/llama_tiny.toml the same
@@ -40,6 +42,10 @@
 #   scripts/gpu-check.sh unpack    unpack the payload into .gpu-bundle/{bin,lib} (run does it itself; for trying
 #                                  the bundle here; `bundle` removes them again so the carried folder stays small)
 #   scripts/gpu-check.sh libpath   print the LD_LIBRARY_PATH the bundled programs need on this machine
+#   scripts/gpu-check.sh mpirun ARGS...   the bundle's mpirun with its environment (openmpi_env), e.g.
+#                                  mpirun -np 2 .gpu-bundle/bin/dptrain ... dist.backend=mpi (after unpack)
+#   scripts/gpu-check.sh openmpi-stage DIR   HERE: only Open MPI's runtime and its libraries, into DIR/{bin,lib}
+#                                  (integration.gpu_bundle_openmpi); openmpi-env DIR/lib prints its environment
 #
 # Environment: DPT_BUILD_DIR (default build), DPT_SKIP_BUILD=1 (bundle what is built), GPU_CHECK_BUDGET_S
 # (run: seconds for all the steps, default 540; the run ends within ~9.5 minutes, under the device tool's 10-minute
@@ -81,6 +87,44 @@ lib_class() {
   esac
 }
 
+# Open MPI's runtime, for the steps that run two ranks over mpi (the GPU machine has no Open MPI): Debian's mpirun
+# (orterun), the MCA components that need no fabric library (those for UCX, libfabric, verbs and PSM stay behind, with
+# OpenSHMEM's: ranks sharing one machine talk over shared memory, and Debian's parameter file turns most of them off),
+# PMIx's components, the help texts and the parameter files, under lib/openmpi/ of DEST (openmpi_env names the
+# folders). Prints mpirun's and the components' paths, one a line: the bundle carries the libraries they need.
+OMPI_FABRIC_LIBS='^(libuc[mpst]|libpsm|libibverbs|librdmacm|libfabric|libefa|libinfinipath|libnl-|liboshmem|'
+OMPI_FABRIC_LIBS+='libmca_common_(ucx|ofi|verbs))'
+stage_openmpi() {
+  local dest=$1 orterun pkglibdir pkgdatadir sysconfdir pmix f deps
+  orterun=$(command -v orterun || true)
+  if [ -z "$orterun" ] || ! command -v ompi_info >/dev/null; then
+    die "no orterun or ompi_info (apt-get install openmpi-bin)"
+  fi
+  pkglibdir=$(ompi_info --path pkglibdir --parsable | sed -n 's/^path:pkglibdir://p')
+  pkgdatadir=$(ompi_info --path pkgdatadir --parsable | sed -n 's/^path:pkgdatadir://p')
+  sysconfdir=$(ompi_info --path sysconfdir --parsable | sed -n 's/^path:sysconfdir://p')
+  pmix=$(dirname "$(ldconfig -p | awk '$1 == "libpmix.so.2" { print $NF; exit }')")/pmix2
+  if [ ! -d "$pkglibdir" ] || [ ! -d "$pkgdatadir" ] || [ ! -f "$sysconfdir/openmpi-mca-params.conf" ] ||
+    [ ! -d "$pmix/lib/pmix" ]; then
+    die "Open MPI's folders are not where ompi_info says ($pkglibdir, $pkgdatadir, $sysconfdir) or no $pmix/lib/pmix"
+  fi
+  local o=$dest/lib/openmpi
+  mkdir -p "$dest/bin" "$o/openmpi3" "$o/share" "$o/etc" "$o/pmix/lib"
+  cp -p "$orterun" "$dest/bin/mpirun"
+  echo "$orterun"
+  for f in "$pkglibdir"/*.so; do
+    deps=$(ldd "$f" | awk '{ print $1 }')
+    grep -qE "$OMPI_FABRIC_LIBS" <<<"$deps" && continue
+    cp -p "$f" "$o/openmpi3/"
+    echo "$f"
+  done
+  cp -pr "$pkgdatadir" "$o/share/openmpi"
+  cp -p "$sysconfdir"/* "$o/etc/"
+  cp -pr "$pmix/lib/pmix" "$o/pmix/lib/"  # its components (libpmix itself: a library like the others)
+  cp -pr "$pmix/share" "$o/pmix/"
+  find "$pmix/lib/pmix" -name '*.so' | sort
+}
+
 bundle() {
   local build_dir=${DPT_BUILD_DIR:-build}
   if [ "${DPT_SKIP_BUILD:-0}" = 1 ]; then
@@ -112,11 +156,14 @@ bundle() {
   trap 'rm -rf "$STAGE"' EXIT
   mkdir -p "$STAGE/bin" "$STAGE/lib/compat"
   cp -p "${bins[@]}" "$STAGE/bin/"
+  local ompi_objs=()
+  stage_openmpi "$STAGE" >"$STAGE/openmpi-objects"  # (outside bin/ and lib/: not in the payload)
+  mapfile -t ompi_objs <"$STAGE/openmpi-objects"
 
   # The shared libraries: ldd lists the whole closure. Copy each (dereferenced) under its soname.
   local -A carried=() compat=() cuda=()
   local name path line missing=()
-  for f in "${bins[@]}"; do
+  for f in "${bins[@]}" "${ompi_objs[@]}"; do
     while read -r name path; do
       case $(lib_class "$name") in
         glibc | driver) ;;  # the machine's own
@@ -315,6 +362,45 @@ setup_libpath() {
     USING_COMPAT=yes
   fi
   rm -f "$probe_err"
+}
+
+# The environment (NAME=value, one a line) under which the Open MPI that stage_openmpi put in LIB (the bundle's
+# lib/, an absolute path) runs from there: its folders for Open MPI's and PMIx's own lookups (each named, since
+# Debian's are not all under one prefix; PMIx's parameter file names its components' folder, which the environment
+# overrides), root allowed (the GPU machine runs us as root), and shared memory without single-copy (CMA's
+# process_vm_readv, which a container's seccomp profile may refuse: copy-in/copy-out works anywhere). mpirun passes its
+# environment on to the ranks it starts, whose libmpi loads its components the same way.
+openmpi_env() {
+  local lib=$1 o=$1/openmpi
+  printf '%s\n' "OPAL_PREFIX=$o" "OPAL_EXEC_PREFIX=$o" "OPAL_LIBDIR=$lib" "OPAL_PKGLIBDIR=$o/openmpi3" \
+    "OPAL_DATADIR=$o/share" "OPAL_PKGDATADIR=$o/share/openmpi" "OPAL_SYSCONFDIR=$o/etc" \
+    "PMIX_PREFIX=$o/pmix" "PMIX_EXEC_PREFIX=$o/pmix" "PMIX_LIBDIR=$o/pmix/lib" "PMIX_PKGLIBDIR=$o/pmix/lib/pmix" \
+    "PMIX_DATADIR=$o/pmix/share" "PMIX_PKGDATADIR=$o/pmix/share/pmix" "PMIX_SYSCONFDIR=$o/pmix/share" \
+    "PMIX_MCA_mca_base_component_path=$o/pmix/lib/pmix" \
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+}
+
+# For the tests (integration.gpu_bundle_openmpi): stage_openmpi into DEST with the libraries mpirun and the
+# components need (those glibc and the driver do not give) in DEST/lib, as the bundle carries them.
+openmpi_stage_only() {
+  local dest=$1 f name path
+  [ -n "$dest" ] || die "openmpi-stage needs a folder"
+  mkdir -p "$dest/lib"
+  stage_openmpi "$dest" >"$dest/openmpi-objects"
+  while read -r f; do
+    while read -r name path; do
+      case $(lib_class "$name") in
+        carry) [ "$path" = "not" ] || [ -e "$dest/lib/$name" ] || cp -L "$path" "$dest/lib/$name" ;;
+      esac
+    done < <(ldd "$f" | awk '$2 == "=>" { print $1, $3 }')
+  done <"$dest/openmpi-objects"
+}
+
+# Sets OMPI_ENV: openmpi_env for the unpacked bundle's lib/.
+bundle_openmpi_env() {
+  local lib=$B_LIB
+  [[ $lib == /* ]] || lib=$ROOT/$lib
+  mapfile -t OMPI_ENV < <(openmpi_env "$lib")
 }
 
 # --------------------------------------------------------------------------------------------------------
@@ -694,6 +780,19 @@ step_train_gloo2() {
   run_learns "$logfile" 150 0.8 "${DPT_ENV[@]}" "$B_BIN/dprun" --nproc-per-node 2 -- \
     "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" train.device=cuda dist.backend=gloo \
     "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/gloo2_$(echo "$*" | tr -c 'a-z0-9' _)" \
+    --resume never "$@"
+}
+
+# Two ranks sharing the GPU over mpi: the bundle's mpirun (Open MPI's runtime as stage_openmpi bundled it, found
+# through OMPI_ENV) starting dptrain twice; extra arguments are config overrides, as step_train_gloo2's. Open MPI
+# passes mpirun's environment (the bundle's libraries among it) on to the ranks.
+step_train_mpi2() {
+  local logfile=$1
+  shift
+  [ -x "$B_BIN/mpirun" ] || { NOTE="no mpirun in the bundle (bundled before it carried Open MPI)"; return 1; }
+  run_learns "$logfile" 150 0.8 "${DPT_ENV[@]}" "${OMPI_ENV[@]}" "$B_BIN/mpirun" --oversubscribe --bind-to none \
+    -np 2 "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" train.device=cuda dist.backend=mpi \
+    "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/mpi2_$(echo "$*" | tr -c 'a-z0-9' _)" \
     --resume never "$@"
 }
 
@@ -1214,6 +1313,7 @@ run_all() {
   unpack_bundle
   setup_libpath
   DPT_ENV=(env "LD_LIBRARY_PATH=$DPT_LD")
+  bundle_openmpi_env
   # As under ctest; DPT_SOURCE_DIR: test_config reads the shipped configs from the bundle's configs/.
   UNIT_ENV=("${DPT_ENV[@]}" OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "DPT_SOURCE_DIR=$ROOT/$BUNDLE")
   header
@@ -1246,6 +1346,9 @@ run_all() {
   run_step train_cuda_gloo_2rank_zero1_clip_bf16 step_train_gloo2 dist.zero=1 train.clip_grad_norm=1.0 dist.grad_dtype=bf16
   run_step train_cuda_gloo_2rank_zero2 step_train_gloo2 dist.zero=2 train.clip_grad_norm=1.0
   run_step train_cuda_gloo_2rank_zero3 step_train_gloo2 dist.zero=3 train.clip_grad_norm=1.0 dist.bucket_cap_mb=1
+  run_step train_cuda_mpi_2rank step_train_mpi2
+  run_step train_cuda_mpi_2rank_zero1_clip_bf16 step_train_mpi2 dist.zero=1 train.clip_grad_norm=1.0 \
+    dist.grad_dtype=bf16
   run_step memory_cuda step_memory_gpu
   run_step memory_vs_torch step_memory_vs_torch
   run_step oom_cuda step_oom_gpu
@@ -1319,6 +1422,15 @@ case ${1:-} in
     unpack_bundle
     echo "unpacked into $B_BIN and $B_LIB; try: LD_LIBRARY_PATH=$(setup_libpath && echo "$DPT_LD") $B_BIN/dptrain --help"
     ;;
+  mpirun)
+    shift
+    unpack_bundle
+    setup_libpath
+    bundle_openmpi_env
+    exec env "LD_LIBRARY_PATH=$DPT_LD" "${OMPI_ENV[@]}" "$B_BIN/mpirun" "$@"
+    ;;
+  openmpi-stage) openmpi_stage_only "${2:-}" ;;
+  openmpi-env) openmpi_env "${2:?openmpi-env needs the lib folder}" ;;
   libpath)
     unpack_bundle
     setup_libpath
