@@ -473,6 +473,7 @@ train_cuda_gpt_bf16act train_cpu_gpt_bf16act compare_gpt_bf16act_gpu_cpu
 train_cuda_gpt_autotune train_cpu_gpt_bf16act compare_gpt_autotune_gpu_cpu
 train_cuda_llama train_cpu_llama compare_llama_gpu_cpu
 train_cuda_resnet_fp32 predict_gpu_cpu
+equiv_cuda_1rank_b128 equiv_cuda_gloo_2rank equiv_cuda_mpi_2rank
 train_cuda_llama_bf16act train_cpu_llama_bf16act compare_llama_bf16act_gpu_cpu
 GROUPS
 }
@@ -794,6 +795,50 @@ step_train_mpi2() {
     -np 2 "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" train.device=cuda dist.backend=mpi \
     "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/mpi2_$(echo "$*" | tr -c 'a-z0-9' _)" \
     --resume never "$@"
+}
+
+# Two ranks sharing the GPU train like one rank with the doubled batch (issue 30): EQUIV_STEPS steps of the MLP from
+# the same seed, batch 64 a rank on two ranks (gloo under dprun, mpi under the bundle's mpirun) against batch 128 on
+# one rank over NCCL; the last checkpoints' tensors (parameters and momentum) agree within EQUIV_TOL
+# (tests/support/python/ckpt.py compare: the largest |a - b| of any tensor, as the CPU's integration tests compare
+# 1 x 2B with 2 x B). The two-rank steps compare against equiv_cuda_1rank_b128's checkpoint of this run.
+EQUIV_STEPS=20
+EQUIV_TOL=${GPU_CHECK_EQUIV_TOL:-1e-4}
+equiv_run() {  # LOGFILE NAME LAUNCHER... :: ARGS...: a run of EQUIV_STEPS steps into $WORK/equiv_NAME
+  local logfile=$1 name=$2 rc=0 launcher=()
+  shift 2
+  while [ "$1" != :: ]; do launcher+=("$1"); shift; done
+  shift
+  rm -rf "$WORK/equiv_$name"
+  run_timed "$logfile" 120 "${launcher[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" \
+    "data.dir=$BUNDLE/data" train.device=cuda train.max_steps=$EQUIV_STEPS train.progress_interval_s=1000 \
+    "checkpoint.dir=$WORK/equiv_$name" --resume never "$@" || rc=$?
+  ((rc == 0)) || { NOTE="exit $rc$(first_error "$logfile")"; return 1; }
+  EQUIV_CKPT=$WORK/equiv_$name/step-$(printf %08d $EQUIV_STEPS)
+  [ -d "$EQUIV_CKPT" ] || { NOTE="no checkpoint at step $EQUIV_STEPS"; return 1; }
+}
+step_equiv_1rank() {
+  equiv_run "$1" 1x128 "${DPT_ENV[@]}" :: dist.backend=nccl train.batch_size=128 || return 1
+  NOTE="1 rank, batch 128, nccl: $EQUIV_STEPS steps"
+}
+step_equiv_2rank() {  # LOGFILE gloo|mpi
+  local logfile=$1 backend=$2 out launcher rc d
+  passed_in_this_run equiv_cuda_1rank_b128 || return 1
+  if [ "$backend" = mpi ]; then
+    [ -x "$B_BIN/mpirun" ] || { NOTE="no mpirun in the bundle"; return 1; }
+    launcher=("${DPT_ENV[@]}" "${OMPI_ENV[@]}" "$B_BIN/mpirun" --oversubscribe --bind-to none -np 2)
+  else
+    launcher=("${DPT_ENV[@]}" "$B_BIN/dprun" --nproc-per-node 2 --)
+  fi
+  equiv_run "$logfile" "2x64_$backend" "${launcher[@]}" :: "dist.backend=$backend" train.batch_size=64 || return 1
+  out=$("${PYTHON:-python3}" tests/support/python/ckpt.py compare "$WORK/equiv_1x128/step-$(printf %08d $EQUIV_STEPS)" \
+    "$EQUIV_CKPT" "$EQUIV_TOL" 2>&1) && rc=0 || rc=$?
+  echo "$out" >>"$logfile"
+  d=$(sed -n 's/^max |a-b| = \([^ ]*\) .*/\1/p' <<<"$out")  # (no '|' in a note: it ends up in Markdown tables)
+  NOTE="2 ranks x batch 64 ($backend) against 1 x 128 (nccl) after $EQUIV_STEPS steps: "
+  if [ -n "$d" ]; then NOTE+="the largest difference of any tensor $d (tolerance $EQUIV_TOL)"
+  else NOTE+=$(tail -1 <<<"$out" | tr '|' /); fi
+  return $((rc != 0))
 }
 
 # The memory report on a GPU (issue 11): one rank over NCCL with log.memory = true. The report gives the MLP's
@@ -1346,6 +1391,9 @@ run_all() {
   run_step train_cuda_gloo_2rank_zero1_clip_bf16 step_train_gloo2 dist.zero=1 train.clip_grad_norm=1.0 dist.grad_dtype=bf16
   run_step train_cuda_gloo_2rank_zero2 step_train_gloo2 dist.zero=2 train.clip_grad_norm=1.0
   run_step train_cuda_gloo_2rank_zero3 step_train_gloo2 dist.zero=3 train.clip_grad_norm=1.0 dist.bucket_cap_mb=1
+  run_step equiv_cuda_1rank_b128 step_equiv_1rank
+  run_step equiv_cuda_gloo_2rank step_equiv_2rank gloo
+  run_step equiv_cuda_mpi_2rank step_equiv_2rank mpi
   run_step train_cuda_mpi_2rank step_train_mpi2
   run_step train_cuda_mpi_2rank_zero1_clip_bf16 step_train_mpi2 dist.zero=1 train.clip_grad_norm=1.0 \
     dist.grad_dtype=bf16
