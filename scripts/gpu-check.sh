@@ -474,6 +474,7 @@ train_cuda_gpt_autotune train_cpu_gpt_bf16act compare_gpt_autotune_gpu_cpu
 train_cuda_llama train_cpu_llama compare_llama_gpu_cpu
 train_cuda_resnet_fp32 predict_gpu_cpu
 equiv_cuda_1rank_b128 equiv_cuda_gloo_2rank equiv_cuda_mpi_2rank
+equiv_cuda_1rank_b128 equiv_cuda_gloo_2rank equiv_cuda_gloo_2rank_zero1 equiv_cuda_gloo_2rank_zero2 equiv_cuda_gloo_2rank_zero3
 train_cuda_llama_bf16act train_cpu_llama_bf16act compare_llama_bf16act_gpu_cpu
 GROUPS
 }
@@ -797,13 +798,19 @@ step_train_mpi2() {
     --resume never "$@"
 }
 
-# Two ranks sharing the GPU train like one rank with the doubled batch (issue 30): EQUIV_STEPS steps of the MLP from
-# the same seed, batch 64 a rank on two ranks (gloo under dprun, mpi under the bundle's mpirun) against batch 128 on
-# one rank over NCCL; the last checkpoints' tensors (parameters and momentum) agree within EQUIV_TOL
-# (tests/support/python/ckpt.py compare: the largest |a - b| of any tensor, as the CPU's integration tests compare
-# 1 x 2B with 2 x B). The two-rank steps compare against equiv_cuda_1rank_b128's checkpoint of this run.
+# Two ranks sharing the GPU train like one rank with the doubled batch, and ZeRO like DDP (issue 30): EQUIV_STEPS
+# steps of the MLP from the same seed, batch 64 a rank on two ranks (gloo under dprun, mpi under the bundle's mpirun)
+# against batch 128 on one rank over NCCL, and ZeRO stages 1-3 on two ranks over gloo against DDP on the same two;
+# the last checkpoints' tensors (parameters and momentum) compared by tests/support/python/ckpt.py (the largest
+# |a - b| of any tensor, as the CPU's integration tests compare 1 x 2B with 2 x B, and ZeRO with DDP). Each
+# comparison reads the checkpoint of a step before it in this run.
 EQUIV_STEPS=20
 EQUIV_TOL=${GPU_CHECK_EQUIV_TOL:-1e-4}
+# ZeRO against DDP on the same ranks: the same sums (of two floats: no order) and an elementwise update, so the CPU's
+# integration.train_zero finds them bitwise equal; the tolerance leaves the last bit to the GPU's optimizer kernel
+# run over shards.
+EQUIV_ZERO_TOL=${GPU_CHECK_EQUIV_ZERO_TOL:-1e-6}
+equiv_ckpt() { echo "$WORK/equiv_$1/step-$(printf %08d $EQUIV_STEPS)"; }
 equiv_run() {  # LOGFILE NAME LAUNCHER... :: ARGS...: a run of EQUIV_STEPS steps into $WORK/equiv_NAME
   local logfile=$1 name=$2 rc=0 launcher=()
   shift 2
@@ -814,15 +821,25 @@ equiv_run() {  # LOGFILE NAME LAUNCHER... :: ARGS...: a run of EQUIV_STEPS steps
     "data.dir=$BUNDLE/data" train.device=cuda train.max_steps=$EQUIV_STEPS train.progress_interval_s=1000 \
     "checkpoint.dir=$WORK/equiv_$name" --resume never "$@" || rc=$?
   ((rc == 0)) || { NOTE="exit $rc$(first_error "$logfile")"; return 1; }
-  EQUIV_CKPT=$WORK/equiv_$name/step-$(printf %08d $EQUIV_STEPS)
-  [ -d "$EQUIV_CKPT" ] || { NOTE="no checkpoint at step $EQUIV_STEPS"; return 1; }
+  [ -d "$(equiv_ckpt "$name")" ] || { NOTE="no checkpoint at step $EQUIV_STEPS"; return 1; }
+}
+equiv_compare() {  # LOGFILE REFERENCE NAME TOL WHAT: NAME's checkpoint against REFERENCE's; sets NOTE
+  local logfile=$1 ref=$2 name=$3 tol=$4 what=$5 out rc d
+  out=$("${PYTHON:-python3}" tests/support/python/ckpt.py compare "$(equiv_ckpt "$ref")" "$(equiv_ckpt "$name")" \
+    "$tol" 2>&1) && rc=0 || rc=$?
+  echo "$out" >>"$logfile"
+  d=$(sed -n 's/^max |a-b| = \([^ ]*\) .*/\1/p' <<<"$out")  # (no '|' in a note: it ends up in Markdown tables)
+  NOTE="$what after $EQUIV_STEPS steps: "
+  if [ -n "$d" ]; then NOTE+="the largest difference of any tensor $d (tolerance $tol)"
+  else NOTE+=$(tail -1 <<<"$out" | tr '|' /); fi
+  return $((rc != 0))
 }
 step_equiv_1rank() {
   equiv_run "$1" 1x128 "${DPT_ENV[@]}" :: dist.backend=nccl train.batch_size=128 || return 1
   NOTE="1 rank, batch 128, nccl: $EQUIV_STEPS steps"
 }
 step_equiv_2rank() {  # LOGFILE gloo|mpi
-  local logfile=$1 backend=$2 out launcher rc d
+  local logfile=$1 backend=$2 launcher
   passed_in_this_run equiv_cuda_1rank_b128 || return 1
   if [ "$backend" = mpi ]; then
     [ -x "$B_BIN/mpirun" ] || { NOTE="no mpirun in the bundle"; return 1; }
@@ -831,14 +848,16 @@ step_equiv_2rank() {  # LOGFILE gloo|mpi
     launcher=("${DPT_ENV[@]}" "$B_BIN/dprun" --nproc-per-node 2 --)
   fi
   equiv_run "$logfile" "2x64_$backend" "${launcher[@]}" :: "dist.backend=$backend" train.batch_size=64 || return 1
-  out=$("${PYTHON:-python3}" tests/support/python/ckpt.py compare "$WORK/equiv_1x128/step-$(printf %08d $EQUIV_STEPS)" \
-    "$EQUIV_CKPT" "$EQUIV_TOL" 2>&1) && rc=0 || rc=$?
-  echo "$out" >>"$logfile"
-  d=$(sed -n 's/^max |a-b| = \([^ ]*\) .*/\1/p' <<<"$out")  # (no '|' in a note: it ends up in Markdown tables)
-  NOTE="2 ranks x batch 64 ($backend) against 1 x 128 (nccl) after $EQUIV_STEPS steps: "
-  if [ -n "$d" ]; then NOTE+="the largest difference of any tensor $d (tolerance $EQUIV_TOL)"
-  else NOTE+=$(tail -1 <<<"$out" | tr '|' /); fi
-  return $((rc != 0))
+  equiv_compare "$logfile" 1x128 "2x64_$backend" "$EQUIV_TOL" "2 ranks x batch 64 ($backend) against 1 x 128 (nccl)"
+}
+step_equiv_zero() {  # LOGFILE STAGE: stage 3 with 1 MB buckets (the MLP's 2.6 MB in three)
+  local logfile=$1 stage=$2 extra=()
+  passed_in_this_run equiv_cuda_gloo_2rank || return 1
+  ((stage == 3)) && extra=(dist.bucket_cap_mb=1)
+  equiv_run "$logfile" "2x64_gloo_zero$stage" "${DPT_ENV[@]}" "$B_BIN/dprun" --nproc-per-node 2 -- :: \
+    dist.backend=gloo train.batch_size=64 "dist.zero=$stage" "${extra[@]}" || return 1
+  equiv_compare "$logfile" 2x64_gloo "2x64_gloo_zero$stage" "$EQUIV_ZERO_TOL" \
+    "ZeRO stage $stage against DDP (2 ranks x batch 64, gloo)"
 }
 
 # The memory report on a GPU (issue 11): one rank over NCCL with log.memory = true. The report gives the MLP's
@@ -1394,6 +1413,7 @@ run_all() {
   run_step equiv_cuda_1rank_b128 step_equiv_1rank
   run_step equiv_cuda_gloo_2rank step_equiv_2rank gloo
   run_step equiv_cuda_mpi_2rank step_equiv_2rank mpi
+  for t in 1 2 3; do run_step "equiv_cuda_gloo_2rank_zero$t" step_equiv_zero "$t"; done
   run_step train_cuda_mpi_2rank step_train_mpi2
   run_step train_cuda_mpi_2rank_zero1_clip_bf16 step_train_mpi2 dist.zero=1 train.clip_grad_norm=1.0 \
     dist.grad_dtype=bf16
