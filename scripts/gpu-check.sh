@@ -959,11 +959,18 @@ step_oom_gpu() {
 
 # The small ResNet of configs/fmnist_resnet.toml on the GPU (cuDNN convolutions, BatchNorm, pooling kernels),
 # one epoch on one rank over NCCL, in a given train.precision (bf16/fp16: the tensor-core path).
+# In fp16 the epoch's loss-scaling line must be there, its scale a finite positive number (issue 30: "loss scale
+# finite, skipped steps reported"); the note gives it.
 step_train_resnet() {
-  local logfile=$1 precision=$2
+  local logfile=$1 precision=$2 scaling scale
   run_learns "$logfile" 240 0.6 "${DPT_ENV[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_resnet.toml" \
     train.device=cuda dist.backend=nccl "data.dir=$BUNDLE/data" train.epochs=1 "train.precision=$precision" \
-    "checkpoint.dir=$WORK/resnet_$precision" --resume never
+    "checkpoint.dir=$WORK/resnet_$precision" --resume never || return 1
+  [ "$precision" = fp16 ] || return 0
+  scaling=$(grep -oE 'fp16 loss scale [^;]+; [0-9]+ step\(s\) skipped' "$logfile" | tail -1 || true)
+  scale=$(awk '{ sub(/;$/, "", $4); print $4 }' <<<"$scaling")
+  NOTE+="; ${scaling:-no loss-scaling line}"
+  [ -n "$scaling" ] && awk -v s="$scale" 'BEGIN { exit !(s + 0 > 0 && s + 0 < 1e38 && s == s + 0) }'
 }
 
 # dptrain predict with the ResNet that train_cuda_resnet_fp32 trained, on the GPU and on the CPU, over 500
