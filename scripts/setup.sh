@@ -33,6 +33,7 @@ done
 # Building and training (scripts/run.sh).
 PKGS=(
   build-essential cmake pkg-config
+  ccache                             # CMake compiles through it: another clone of the same sources hits its cache
   libopenblas-dev                    # CPU GEMMs
   openmpi-bin libopenmpi-dev         # MPI backend, mpirun
   libgloo-dev                        # Gloo backend
