@@ -636,12 +636,14 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
                  "algorithms cuBLASLt's heuristic proposes (at most 16) and split-K variants of the one it runs "
                  "and the next two (2-16 parts), " + std::to_string(kSweepReps) +
                      " calls each, against the one it runs: whether another would pay; then each cuDNN attention "
-                     "graph with up to N (at most 4) of the plans cuDNN proposes (GPU; 0: none)")
+                     "graph with up to N (at most 4) of the plans cuDNN proposes, and each convolution's directions "
+                     "with every other algorithm cuDNN has for them (GPU; 0: none)")
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   app.add_option("--lt-tune", o.lt_tune,
                  "after the warm-up steps, the same as --lt-sweep, and a plan whose fastest candidate is 3% faster "
-                 "(timed twice) runs it in the timed steps: train.autotune's tuning (GPU; 0: none)")
+                 "(timed twice) runs it in the timed steps: train.autotune's tuning, as cudnn.benchmark for the "
+                 "convolutions (GPU; 0: none)")
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops,

@@ -644,8 +644,8 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
 }
 
 // train.autotune, after this process's first step (every plan of a training step made): each rank times its
-// cuBLASLt plans' candidates and its cuDNN attention graphs' plans on scratch operands and keeps the faster ones
-// (Kernels::sweep_library_choices).
+// cuBLASLt plans' candidates, its cuDNN attention graphs' plans and its convolutions' algorithms on scratch operands
+// and keeps the faster ones (Kernels::sweep_library_choices).
 void Trainer::autotune() {
   constexpr int kCandidates = 8, kReps = 5;
   const auto t0 = Clock::now();

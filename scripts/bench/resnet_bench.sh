@@ -29,6 +29,9 @@
 #                               the timed steps, that many more with every call of the kernel set between two clock
 #                               reads (CUDA events on a GPU); the report then says, per row, where the step's time
 #                               goes by operation and how far each sits above its floor (scripts/bench/op_table.py)
+#   BENCH_RESNET_TUNE           GPU: dptrain's rows run dpt-model-bench --lt-tune N after the warm-up (train.autotune:
+#                               each convolution's algorithms timed and the fastest kept, as PyTorch's rows run
+#                               cudnn.benchmark); default 8, 0: cuDNN's heuristics only
 #   BENCH_SKIP_BUILD=1          CPU: do not build (default: builds dpt-model-bench, dptrain, dprun in $DPT_BUILD_DIR)
 #   DPT_BUILD_DIR               default build;  DPT_JOBS  build parallelism (default: all cores)
 #   MODEL_BENCH, DPTRAIN, DPRUN the programs (GPU default: .gpu-bundle/bin/..., when unpacked, else the build's)
@@ -195,7 +198,10 @@ declare -A LABEL=() TARGET=() META=()  # META: "model mode batch precision" of t
 
 # ---- GPU rows ---------------------------------------------------------------------------------------------
 gpu_rows() {
-  local W=${BENCH_WARMUP:-10} S=${BENCH_STEPS:-50} rep=$1 id
+  local W=${BENCH_WARMUP:-10} S=${BENCH_STEPS:-50} rep=$1 id tune=()
+  # dptrain's side tunes its convolutions (and GEMMs) after the warm-up as PyTorch's runs cudnn.benchmark:
+  # dpt-model-bench --lt-tune, train.autotune's sweep (BENCH_RESNET_TUNE candidates; 0: heuristics only).
+  ((${BENCH_RESNET_TUNE:-8} > 0)) && tune=(--lt-tune "${BENCH_RESNET_TUNE:-8}")
   RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-120}
   CPU_ROW=0
   # id: model depth shape batch classes precision target
@@ -213,8 +219,8 @@ gpu_rows() {
     fi
     local log=$LOG_DIR/${id}_dptrain_$rep.log
     measure "$id/dptrain" json "$log" "${DPT[@]}" "$MODEL_BENCH" --batch "$batch" --shape "$shape" --classes "$classes" \
-      --warmup "$W" --steps "$S" --kernel-steps "$KS" --json "$log.json" model.name=resnet "model.depth=$depth" \
-      train.device=cuda "train.precision=$prec"
+      --warmup "$W" --steps "$S" --kernel-steps "$KS" "${tune[@]}" --json "$log.json" model.name=resnet \
+      "model.depth=$depth" train.device=cuda "train.precision=$prec"
     log=$LOG_DIR/${id}_pytorch_$rep.log
     measure "$id/pytorch" json "$log" "$PY" tests/support/python/torch_resnet.py --model "resnet$depth" --batch "$batch" \
       --shape "$shape" --classes "$classes" --precision "$prec" --device cuda --warmup "$W" --steps "$S" --json "$log.json"
@@ -335,6 +341,17 @@ report=$(
     echo "dpt-model-bench --kernel-steps $KS: $KS more steps after the timed ones, every call of the kernel set between two clock reads (CUDA events on a GPU); per step. A call may launch several kernels."
     echo
     echo "$ops"
+  done
+  # What the tuning switched, per GPU row (its first run's "# tune:" lines that adopted another algorithm).
+  for id in "${ROWS[@]}"; do
+    f=$LOG_DIR/${id}_dptrain_1.log
+    [ -f "$f" ] && grep -q '^# tune: ' "$f" || continue
+    echo
+    timed=$(grep -c '^# tune: .*: chosen ' "$f" || true)
+    echo "## dptrain, $(cut -d'|' -f1-5 <<<"${LABEL[$id]}" | xargs): what --lt-tune switched ($timed timed)"
+    echo
+    grep '^# tune: ' "$f" | grep -E '; adopted|failed|stopped' | sed 's/^# tune: /- /' ||
+      echo "- nothing: every plan kept its algorithm"
   done
 )
 echo

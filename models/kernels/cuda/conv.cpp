@@ -1,15 +1,19 @@
 // models/kernels/cuda/conv.cpp: the convolutions through cuDNN 9 (its legacy cudnnConvolution* API), when the build
 // found it (DPT_HAVE_CUDNN): one plan (descriptors and the algorithm of each direction) per shape and precision,
-// deterministic algorithms only, strict FP32 by default (no TF32). Without cuDNN the convolutions throw
-// UnsupportedError naming it.
+// deterministic algorithms only, strict FP32 by default (no TF32). train.autotune times each plan's directions with
+// the other algorithms it may run and keeps a faster one (sweep_conv_plans: compiled, never run on a GPU). Without
+// cuDNN the convolutions throw UnsupportedError naming it.
 #include "models/kernels/cuda/cuda_kernels.h"
 
+#include <algorithm>
 #include <array>
+#include <functional>
 #include <limits>
 #include <memory>
 
 #include "core/cuda_check.h"
 #include "models/kernels/cuda/launch.h"
+#include "models/kernels/library_plans.h"
 
 #if DPT_HAVE_CUDNN
 // cuDNN's status string, and its last error message (cuDNN 9 says there which check failed, e.g. a bad shape).
@@ -63,6 +67,26 @@ ConvKey conv_key(const ConvShape& cs, Precision p, bool deterministic) {
 size_t x_count(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.c * cs.h * cs.w); }
 size_t w_count(const ConvShape& cs) { return static_cast<size_t>(cs.k * cs.c * cs.r * cs.s); }
 size_t y_count(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.k * cs.p * cs.q); }
+
+// cuDNN's names of its algorithms (cudnn_cnn.h's enums, in order), for the sweep's lines.
+std::string algo_name(cudnnConvolutionFwdAlgo_t a) {
+  static constexpr std::array<const char*, 8> kNames = {"implicit gemm", "implicit precomp gemm", "gemm", "direct",
+                                                        "fft", "fft tiling", "winograd", "winograd nonfused"};
+  const auto i = static_cast<size_t>(a);
+  return i < kNames.size() ? kNames[i] : fmt::format("algorithm {}", i);
+}
+std::string algo_name(cudnnConvolutionBwdDataAlgo_t a) {
+  static constexpr std::array<const char*, 6> kNames = {"algo 0", "algo 1", "fft", "fft tiling", "winograd",
+                                                        "winograd nonfused"};
+  const auto i = static_cast<size_t>(a);
+  return i < kNames.size() ? kNames[i] : fmt::format("algorithm {}", i);
+}
+std::string algo_name(cudnnConvolutionBwdFilterAlgo_t a) {
+  static constexpr std::array<const char*, 7> kNames = {"algo 0", "algo 1", "fft", "algo 3", "winograd",
+                                                        "winograd nonfused", "fft tiling"};
+  const auto i = static_cast<size_t>(a);
+  return i < kNames.size() ? kNames[i] : fmt::format("algorithm {}", i);
+}
 #endif
 
 }  // namespace
@@ -78,7 +102,7 @@ size_t y_count(const ConvShape& cs) { return static_cast<size_t>(cs.n * cs.k * c
 class ConvPlan {
  public:
   ConvPlan(const ConvShape& cs, Precision precision, bool deterministic)
-      : precision_(precision), deterministic_(deterministic) {
+      : cs_(cs), precision_(precision), deterministic_(deterministic) {
     constexpr int64_t kMax = std::numeric_limits<int>::max();
     DPT_CHECK(cs.n * cs.c * cs.h * cs.w <= kMax && cs.n * cs.k * cs.p * cs.q <= kMax &&
                   cs.k * cs.c * cs.r * cs.s <= kMax,
@@ -165,7 +189,28 @@ class ConvPlan {
   cudnnFilterDescriptor_t w() const { return w_; }
   cudnnConvolutionDescriptor_t conv() const { return conv_; }
 
+  // train.autotune (CudaKernels::sweep_conv_plans): each direction chosen so far, timed on scratch operands of this
+  // plan's shape and type (no tensor of a model is touched) with every other algorithm of cuDNN's ranking that
+  // choose() would accept (deterministic when asked, the math type, the workspace), against the one it runs; with
+  // `margin`, the fastest replaces it where tune_adopts says so twice (the second time on fresh timings of both).
+  // A line per direction into `out`.
+  void sweep(cudnnHandle_t h, Device device, cudaStream_t stream, int reps, std::optional<double> margin,
+             std::vector<std::string>& out);
+
  private:
+  // One direction's sweep: its ranking `perf` (count entries), its workspace query and a call of it with an
+  // algorithm on the scratch operands (the workspace given); the chosen algorithm replaced on adoption.
+  template <class Algo, class Perf>
+  std::string sweep_direction(const char* what, Choice<Algo>& chosen, const Perf* perf, int count,
+                              const std::function<cudnnStatus_t(Algo, size_t*)>& workspace_of,
+                              const std::function<cudnnStatus_t(Algo, void*, size_t)>& run, Device device,
+                              cudaStream_t stream, int reps, std::optional<double> margin);
+  std::string describe() const {
+    return fmt::format("x [{}, {}, {}, {}] w [{}, {}, {}, {}] stride {} pad {}, {}{}", cs_.n, cs_.c, cs_.h, cs_.w,
+                       cs_.k, cs_.c, cs_.r, cs_.s, cs_.stride, cs_.pad, precision_name(precision_),
+                       deterministic_ ? ", deterministic" : "");
+  }
+
   // Whether an algorithm's math type suits this plan's precision: in FP32 no tensor cores (they would mean TF32)
   // unless kConvAllowTf32; in BF16 / F16 tensor cores too, but no conversion of the operands to another type.
   bool math_allowed(cudnnMathType_t m) const {
@@ -191,6 +236,7 @@ class ConvPlan {
               kConvMaxWorkspaceBytes >> 20);
   }
 
+  ConvShape cs_;
   Precision precision_;
   bool deterministic_;
 
@@ -203,6 +249,138 @@ class ConvPlan {
 };
 
 void ConvPlanDeleter::operator()(ConvPlan* plan) const { delete plan; }
+
+template <class Algo, class Perf>
+std::string ConvPlan::sweep_direction(const char* what, Choice<Algo>& chosen, const Perf* perf, int count,
+                                      const std::function<cudnnStatus_t(Algo, size_t*)>& workspace_of,
+                                      const std::function<cudnnStatus_t(Algo, void*, size_t)>& run, Device device,
+                                      cudaStream_t stream, int reps, std::optional<double> margin) {
+  const std::string head = fmt::format("cuDNN convolution sweep {} {}", describe(), what);
+  // The candidates: choose()'s conditions, each algorithm once (the ranking may list one per math type).
+  std::vector<Choice<Algo>> cands;
+  for (int i = 0; i < count; ++i) {
+    const Perf& pf = perf[i];
+    if (pf.status != CUDNN_STATUS_SUCCESS || (deterministic_ && pf.determinism != CUDNN_DETERMINISTIC)) continue;
+    if (!math_allowed(pf.mathType) || pf.algo == chosen.algo) continue;
+    if (std::ranges::any_of(cands, [&](const Choice<Algo>& c) { return c.algo == pf.algo; })) continue;
+    size_t bytes = 0;
+    if (workspace_of(pf.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kConvMaxWorkspaceBytes) continue;
+    cands.push_back({pf.algo, bytes});
+  }
+  Tensor ws;  // the candidates' workspace, grown as they need it
+  cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
+  const auto time = [&](const Choice<Algo>& c) {  // ms per call; negative when cuDNN refuses it here
+    if (c.workspace > ws.bytes()) ws = Tensor::empty({static_cast<int64_t>(c.workspace)}, DType::U8, device);
+    void* p = c.workspace ? ws.raw() : nullptr;
+    if (run(c.algo, p, c.workspace) != CUDNN_STATUS_SUCCESS) return -1.0;
+    start.record(stream);
+    for (int i = 0; i < reps; ++i)
+      if (run(c.algo, p, c.workspace) != CUDNN_STATUS_SUCCESS) return -1.0;
+    stop.record(stream);
+    stop.synchronize();
+    return static_cast<double>(stop.elapsed_ms_since(start)) / reps;
+  };
+  double chosen_ms = time(chosen);
+  SweepTally tally;
+  for (size_t j = 0; j < cands.size(); ++j) tally.add(static_cast<int>(j), time(cands[j]));
+  if (chosen_ms >= 0) {  // again last, the faster of the two (as the other sweeps)
+    const double again = time(chosen);
+    if (again >= 0 && again < chosen_ms) chosen_ms = again;
+  }
+  const std::string ran = algo_name(chosen.algo);  // before an adoption replaces it
+  const std::string others =
+      fmt::format("{} other algorithm(s) timed{}", tally.tried,
+                  tally.refused ? fmt::format(", {} refused these operands", tally.refused) : "");
+  if (chosen_ms < 0) return fmt::format("{}: the algorithm it runs ({}) refused the scratch operands; {}", head, ran,
+                                        others);
+  // The fastest candidate replaces the chosen algorithm where tune_adopts says so twice (a negative margin: the tests'
+  // way to switch even to a slower one).
+  std::string adopted;
+  const Choice<Algo> best = tally.tried ? cands[static_cast<size_t>(tally.best)] : chosen;
+  if (margin && tally.tried > 0 && tune_adopts(chosen_ms, tally.best_ms, *margin)) {
+    const double chosen_again = time(chosen), best_again = time(best);
+    if (tune_adopts(chosen_again, best_again, *margin)) {
+      chosen = best;
+      adopted = fmt::format("; adopted (timed again: {:.4f} ms against {:.4f})", best_again, chosen_again);
+    } else {
+      adopted = "; not adopted (timed again: under the margin)";
+    }
+  }
+  if (tally.tried == 0 || tally.best_ms >= chosen_ms)
+    return fmt::format("{}: chosen {} {:.4f} ms; {}{}{}", head, ran, chosen_ms,
+                       cands.empty() ? "no other algorithm this plan may run" : others,
+                       tally.tried ? fmt::format(", none faster (the best {:.4f} ms, {})", tally.best_ms,
+                                                 algo_name(best.algo))
+                                   : "",
+                       adopted);
+  return fmt::format("{}: chosen {} {:.4f} ms; {}, the fastest {} {:.4f} ms ({:.1f}% less){}", head, ran, chosen_ms,
+                     others, algo_name(best.algo), tally.best_ms, 100.0 * (chosen_ms - tally.best_ms) / chosen_ms,
+                     adopted);
+}
+
+void ConvPlan::sweep(cudnnHandle_t h, Device device, cudaStream_t stream, int reps, std::optional<double> margin,
+                     std::vector<std::string>& out) {
+  if (!fwd_ && !bwd_data_ && !bwd_filter_) return;
+  // Scratch x, w and y in this plan's type, filled with 0x3c bytes (float32 0.0115; bf16 and fp16 small and finite).
+  const size_t elem = precision_ == Precision::F32 ? 4 : 2;
+  const auto scratch = [&](size_t count) {
+    Tensor t = Tensor::empty({static_cast<int64_t>(std::max<size_t>(count * elem, 1))}, DType::U8, device);
+    DPT_CUDA_CHECK(cudaMemsetAsync(t.raw(), 0x3c, t.bytes(), stream));
+    return t;
+  };
+  Tensor sx = scratch(x_count(cs_)), sw = scratch(w_count(cs_)), sy = scratch(y_count(cs_));
+  const float one = 1.0f, zero = 0.0f;
+  // As the training calls run them: backward filter accumulates (beta 1) in F32.
+  const float* filter_beta = precision_ == Precision::F32 ? &one : &zero;
+  if (fwd_) {
+    std::array<cudnnConvolutionFwdAlgoPerf_t, CUDNN_CONVOLUTION_FWD_ALGO_COUNT> perf{};
+    int count = 0;
+    DPT_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, x_, w_, conv_, y_, static_cast<int>(perf.size()),
+                                                           &count, perf.data()));
+    out.push_back(sweep_direction<cudnnConvolutionFwdAlgo_t>(
+        "forward", *fwd_, perf.data(), count,
+        [&](cudnnConvolutionFwdAlgo_t a, size_t* b) {
+          return cudnnGetConvolutionForwardWorkspaceSize(h, x_, w_, conv_, y_, a, b);
+        },
+        [&](cudnnConvolutionFwdAlgo_t a, void* ws, size_t bytes) {
+          return cudnnConvolutionForward(h, &one, x_, sx.raw(), w_, sw.raw(), conv_, a, ws, bytes, &zero, y_,
+                                         sy.raw());
+        },
+        device, stream, reps, margin));
+  }
+  if (bwd_data_) {
+    std::array<cudnnConvolutionBwdDataAlgoPerf_t, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT> perf{};
+    int count = 0;
+    DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w_, y_, conv_, x_, static_cast<int>(perf.size()),
+                                                                &count, perf.data()));
+    out.push_back(sweep_direction<cudnnConvolutionBwdDataAlgo_t>(
+        "backward data", *bwd_data_, perf.data(), count,
+        [&](cudnnConvolutionBwdDataAlgo_t a, size_t* b) {
+          return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w_, y_, conv_, x_, a, b);
+        },
+        [&](cudnnConvolutionBwdDataAlgo_t a, void* ws, size_t bytes) {
+          return cudnnConvolutionBackwardData(h, &one, w_, sw.raw(), y_, sy.raw(), conv_, a, ws, bytes, &zero, x_,
+                                              sx.raw());
+        },
+        device, stream, reps, margin));
+  }
+  if (bwd_filter_) {
+    std::array<cudnnConvolutionBwdFilterAlgoPerf_t, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT> perf{};
+    int count = 0;
+    DPT_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x_, y_, conv_, w_, static_cast<int>(perf.size()),
+                                                                  &count, perf.data()));
+    out.push_back(sweep_direction<cudnnConvolutionBwdFilterAlgo_t>(
+        "backward filter", *bwd_filter_, perf.data(), count,
+        [&](cudnnConvolutionBwdFilterAlgo_t a, size_t* b) {
+          return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x_, y_, conv_, w_, a, b);
+        },
+        [&](cudnnConvolutionBwdFilterAlgo_t a, void* ws, size_t bytes) {
+          return cudnnConvolutionBackwardFilter(h, &one, x_, sx.raw(), y_, sy.raw(), conv_, a, ws, bytes, filter_beta,
+                                                w_, sw.raw());
+        },
+        device, stream, reps, margin));
+  }
+}
 
 // In BF16 / F16 the inputs go through conv_in (rounded into 16-bit scratch), the output through conv_out (16-bit
 // scratch) and conv_finish (widened into the caller's float32 buffer); in F32 cuDNN reads and writes the caller's
@@ -282,6 +460,24 @@ ConvPlan& CudaKernels::plan_for(const ConvShape& cs) {
   return *it->second;
 }
 
+std::vector<std::string> CudaKernels::sweep_conv_plans(int reps, std::optional<double> margin) {
+  std::vector<std::string> out;
+  if (reps < 1) return out;
+  for (auto& [key, plan] : plans_) {
+    try {
+      plan->sweep(cudnn(), device(), stream(), reps, margin, out);
+    } catch (const std::exception& ex) {
+      out.push_back(fmt::format("cuDNN convolution sweep: failed: {}", ex.what()));
+      const cudaError_t sticky = cudaPeekAtLastError();
+      if (sticky != cudaSuccess && sticky != cudaErrorMemoryAllocation) {
+        out.push_back(fmt::format("cuDNN convolution sweep stopped: {}", cudaGetErrorString(sticky)));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 // The convolutions' workspace, shared by all of them (the stream serialises them); nullptr for 0 bytes.
 void* CudaKernels::workspace(size_t bytes) {
   if (bytes == 0) return nullptr;
@@ -315,6 +511,8 @@ void CudaKernels::conv2d_forward(const float*, const float*, float*, const ConvS
 void CudaKernels::conv2d_backward_data(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
 
 void CudaKernels::conv2d_backward_weight(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
+
+std::vector<std::string> CudaKernels::sweep_conv_plans(int, std::optional<double>) { return {}; }
 
 void CudaKernels::no_cudnn() {
   DPT_THROW(UnsupportedError, "convolutions on the GPU need cuDNN 9, which this dptrain was built without "

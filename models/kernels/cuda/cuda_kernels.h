@@ -195,13 +195,19 @@ class CudaKernels final : public Kernels {
   // the plan's layouts (the epilogue's bias and aux vectors scratch too: no buffer of a model is touched); each
   // bias-gradient plan also against its gradient apart (its plain twin, swept with the rest, then matmul.cu's column
   // sums: compare_apart); then every cuDNN attention graph: up to `candidates` of the plans cuDNN proposes for it, on
-  // scratch likewise.
+  // scratch likewise; then every convolution plan's directions (sweep_conv_plans: cuDNN has at most 8 algorithms a
+  // direction, all timed).
   std::vector<std::string> sweep_library_choices(int candidates, int reps,
                                                  std::optional<double> adopt_margin) override;
   // Its part for the attention graphs built so far (attention.cpp): each timed with up to `candidates` of the plans
   // cuDNN proposes on scratch operands, a line each ("cuDNN attention sweep ..."); with `margin`, the fastest
   // replaces the plan it runs where tune_adopts says so twice. Public for the [gpu] tests.
   std::vector<std::string> sweep_attention_plans(int candidates, int reps, std::optional<double> margin);
+  // Its part for the convolution plans made so far (conv.cpp): each direction a plan has run timed against every
+  // other algorithm of cuDNN's ranking the plan may run, on scratch operands, a line each ("cuDNN convolution sweep
+  // ..."); with `margin`, the fastest replaces the one it runs where tune_adopts says so twice. Public for the [gpu]
+  // tests.
+  std::vector<std::string> sweep_conv_plans(int reps, std::optional<double> margin);
   // attention.cpp (cuDNN's fused flash attention through its frontend; DPT_HAVE_CUDNN_FRONTEND)
   void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) override;
   void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,

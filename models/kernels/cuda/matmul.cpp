@@ -609,7 +609,8 @@ std::string compare_apart(LtState& st, LtEntry& e, const LtMatmulPlan& p, LtEntr
 // timed (time_lt_algo) against the algorithm the plan runs. A plan whose sweep fails (out of memory, a library
 // status) says so in its line; the rest go on. With
 // adopt_margin, the fastest candidate may replace the plan's algorithm (adopt_if_faster). Then each cuDNN attention
-// graph with up to `candidates` (at most 4) of its proposed plans (sweep_attention_plans).
+// graph with up to `candidates` (at most 4) of its proposed plans (sweep_attention_plans), and each convolution plan
+// (sweep_conv_plans).
 std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int reps,
                                                           std::optional<double> adopt_margin) {
   std::vector<std::string> out;
@@ -621,6 +622,9 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
   constexpr int kMaxAttentionCandidates = 4;
   for (std::string& line : sweep_attention_plans(std::min(candidates, kMaxAttentionCandidates), reps, adopt_margin))
     out.push_back(std::move(line));
+  if (!out.empty() && out.back().find(" sweep stopped: ") != std::string::npos) return out;
+  // Then the convolutions (conv.cpp): every algorithm cuDNN has for a direction (at most 8), as cudnn.benchmark.
+  for (std::string& line : sweep_conv_plans(reps, adopt_margin)) out.push_back(std::move(line));
   return out;
 }
 

@@ -6,6 +6,7 @@
 // test states its tolerance and why; "exact" means the same float operations in the same order on both sides.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "gpu_testing.h"
+#include "models/kernels/cuda/cuda_kernels.h"
 #include "models/kernels/kernels.h"
 
 using namespace dpt;
@@ -117,30 +119,19 @@ ConvData conv_data(const ConvShape& cs, std::mt19937& rng) {
 
 }  // namespace
 
-// cuDNN (FMA math, no TF32; its own choice among deterministic algorithms: implicit GEMM, Winograd, FFT...)
-// against the CPU's im2col + OpenBLAS. Tolerance: each element within 1e-5 of s_i, the sum of the absolute values
-// of its terms (for dw, plus |dw before|): the magnitude a float sum's rounding error scales with. For K terms
-// a float dot product is off by ~sqrt(K) 2^-24 s typically (K <= 288 here: ~1e-6 s), K 2^-24 s at worst;
-// Winograd's and FFT's transforms add a few roundings more. Outputs that are overwritten start as NaN; dw starts
-// random and must come back as dw + the gradient (conv2d_backward_weight accumulates).
-TEST_CASE("cuda conv2d forward, backward data and backward weight match the CPU", "[gpu][kernels]") {
-  const std::vector<ConvShape> cases = conv_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 11)));
-  // train.deterministic = false: cuDNN's first algorithm whatever its determinism, within the same bounds.
-  const bool deterministic = GENERATE(true, false);
-  REQUIRE(which < cases.size());
-  const ConvShape cs = cases[which];
-  INFO(str(cs) << (deterministic ? "" : ", non-deterministic algorithms allowed"));
-  gpu_kernels().set_deterministic(deterministic);
-  struct Restore {
-    ~Restore() { gpu_kernels().set_deterministic(true); }
-  } restore;
-  std::mt19937 rng(21);
-  const ConvData in = conv_data(cs, rng);
+namespace {
+
+// The three directions of cs on the GPU (fp32, the algorithms its plan runs now) against the CPU's im2col + OpenBLAS.
+// Tolerance: each element within 1e-5 of s_i, the sum of the absolute values of its terms (for dw, plus |dw
+// before|): the magnitude a float sum's rounding error scales with. For K terms a float dot product is off by
+// ~sqrt(K) 2^-24 s typically (K <= 288 here: ~1e-6 s), K 2^-24 s at worst; Winograd's and FFT's transforms add a few
+// roundings more. Outputs that are overwritten start as NaN; dw starts random and must come back as dw + the
+// gradient (conv2d_backward_weight accumulates).
+void check_conv_fp32(const ConvShape& cs, const ConvData& in) {
   const Tensor x = to_device(in.x), w = to_device(in.w), dy = to_device(in.dy);
   const size_t ny = in.dy.numel(), nx = in.x.numel(), nw = in.w.numel();
-
-  SECTION("forward") {
+  {
+    INFO("forward");
     Tensor want = Tensor::empty({cs.n, cs.k, cs.p, cs.q});
     cpu_kernels().conv2d_forward(in.x.data<float>(), in.w.data<float>(), want.data<float>(), cs);
     Tensor y = nan_on_device({cs.n, cs.k, cs.p, cs.q});
@@ -155,7 +146,8 @@ TEST_CASE("cuda conv2d forward, backward data and backward weight match the CPU"
     REQUIRE(d.nonfinite == 0);
     REQUIRE(d.bad == 0);
   }
-  SECTION("backward data (overwrites dx)") {
+  {
+    INFO("backward data (overwrites dx)");
     Tensor want = Tensor::empty({cs.n, cs.c, cs.h, cs.w});
     cpu_kernels().conv2d_backward_data(in.dy.data<float>(), in.w.data<float>(), want.data<float>(), cs);
     Tensor dx = nan_on_device({cs.n, cs.c, cs.h, cs.w});
@@ -170,7 +162,8 @@ TEST_CASE("cuda conv2d forward, backward data and backward weight match the CPU"
     REQUIRE(d.nonfinite == 0);
     REQUIRE(d.bad == 0);
   }
-  SECTION("backward weight (accumulates into dw)") {
+  {
+    INFO("backward weight (accumulates into dw)");
     Tensor want = copy_to(in.dw0, Device::cpu());
     cpu_kernels().conv2d_backward_weight(in.dy.data<float>(), in.x.data<float>(), want.data<float>(), cs);
     Tensor dw = to_device(in.dw0);
@@ -185,6 +178,71 @@ TEST_CASE("cuda conv2d forward, backward data and backward weight match the CPU"
     INFO(d);
     REQUIRE(d.bad == 0);
     if (cs.n == 0) REQUIRE(compare(got, in.dw0).bad == 0);  // an empty batch adds nothing
+  }
+}
+
+CudaKernels& cuda_set() { return dynamic_cast<CudaKernels&>(gpu_kernels()); }
+
+}  // namespace
+
+// cuDNN (FMA math, no TF32; its own choice among deterministic algorithms: implicit GEMM, Winograd, FFT...)
+// against the CPU (check_conv_fp32).
+TEST_CASE("cuda conv2d forward, backward data and backward weight match the CPU", "[gpu][kernels]") {
+  const std::vector<ConvShape> cases = conv_cases();
+  const auto which = static_cast<size_t>(GENERATE(range(0, 11)));
+  // train.deterministic = false: cuDNN's first algorithm whatever its determinism, within the same bounds.
+  const bool deterministic = GENERATE(true, false);
+  REQUIRE(which < cases.size());
+  const ConvShape cs = cases[which];
+  INFO(str(cs) << (deterministic ? "" : ", non-deterministic algorithms allowed"));
+  gpu_kernels().set_deterministic(deterministic);
+  struct Restore {
+    ~Restore() { gpu_kernels().set_deterministic(true); }
+  } restore;
+  std::mt19937 rng(21);
+  check_conv_fp32(cs, conv_data(cs, rng));
+}
+
+// train.autotune's convolution sweep (sweep_conv_plans) on plans of two shapes that have run all three directions:
+// a line per direction, each timed; with a margin of -100 every direction with another algorithm it may run switches
+// to the fastest of them (one at least: these shapes have several deterministic algorithms a direction). Then the
+// switched algorithms still match the CPU (check_conv_fp32) and still give the same bits on a rerun (deterministic
+// ones only were candidates). With no margin nothing switches.
+TEST_CASE("cuda conv2d after train.autotune's sweep: the algorithms switched still match the CPU, bit-reproducibly",
+          "[gpu][kernels]") {
+  std::mt19937 rng(25);
+  const ConvShape a = conv_shape(3, 16, 14, 14, 32, 3, 3, 1, 1), b = conv_shape(1, 3, 23, 19, 5, 7, 7, 2, 3);
+  const ConvData in_a = conv_data(a, rng), in_b = conv_data(b, rng);
+  check_conv_fp32(a, in_a);  // the plans made, every direction run
+  check_conv_fp32(b, in_b);
+  const auto count = [](const std::vector<std::string>& lines, const char* what) {
+    return std::ranges::count_if(lines, [&](const std::string& l) { return l.find(what) != std::string::npos; });
+  };
+  const auto joined = [](const std::vector<std::string>& lines) {
+    std::string all;
+    for (const std::string& l : lines) all += l + "\n";
+    return all;
+  };
+  const std::vector<std::string> looked = cuda_set().sweep_conv_plans(2, std::nullopt);
+  INFO(joined(looked));
+  REQUIRE(count(looked, ": chosen ") >= 6);
+  REQUIRE(count(looked, "adopted") == 0);
+  REQUIRE(count(looked, "failed") == 0);
+  const std::vector<std::string> tuned = cuda_set().sweep_conv_plans(2, -100.0);
+  INFO(joined(tuned));
+  REQUIRE(count(tuned, ": chosen ") >= 6);
+  REQUIRE(count(tuned, "; adopted") >= 1);
+  REQUIRE(count(tuned, "failed") == 0);
+  for (const auto& [cs, in] : {std::pair{a, in_a}, std::pair{b, in_b}}) {
+    INFO(str(cs));
+    check_conv_fp32(cs, in);
+    const Tensor x = to_device(in.x), w = to_device(in.w);
+    Tensor y[2];
+    for (Tensor& yr : y) {
+      yr = nan_on_device({cs.n, cs.k, cs.p, cs.q});
+      gpu_kernels().conv2d_forward(x.data<float>(), w.data<float>(), yr.data<float>(), cs);
+    }
+    REQUIRE(bytes_differ<float>(to_host(y[0]), to_host(y[1])) == 0);
   }
 }
 
