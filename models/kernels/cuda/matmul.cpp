@@ -308,11 +308,9 @@ void CudaKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
     return;
   }
   LtEntry& e = lt_entry(st, p, align, ptrs);
-  if (e.apart) {  // train.autotune timed this bias gradient faster apart (compare_apart)
-    matmul_unfused(s, o);
-    return;
-  }
-  if (!e.have_algo) {  // no algorithm with this epilogue: the product, then our kernels
+  // train.autotune timed this bias gradient faster apart (compare_apart), or cuBLASLt has no algorithm with this
+  // epilogue: the product, then our kernels.
+  if (e.apart || !e.have_algo) {
     matmul_unfused(s, o);
     return;
   }
