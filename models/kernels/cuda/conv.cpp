@@ -269,20 +269,36 @@ std::string ConvPlan::sweep_direction(const char* what, Choice<Algo>& chosen, co
   }
   Tensor ws;  // the candidates' workspace, grown as they need it
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
-  const auto time = [&](const Choice<Algo>& c) {  // ms per call; negative when cuDNN refuses it here
-    if (c.workspace > ws.bytes()) ws = Tensor::empty({static_cast<int64_t>(c.workspace)}, DType::U8, device);
-    void* p = c.workspace ? ws.raw() : nullptr;
-    if (run(c.algo, p, c.workspace) != CUDNN_STATUS_SUCCESS) return -1.0;
+  const auto refused = [] {
+    (void)cudaGetLastError();  // a refused launch's error, cleared: it must not be blamed on the next kernel
+    return -1.0;
+  };
+  // ms per call over `calls` calls between two events; negative when cuDNN refuses it here.
+  const auto timed_calls = [&](const Choice<Algo>& c, void* p, int calls) {
     start.record(stream);
-    for (int i = 0; i < reps; ++i)
-      if (run(c.algo, p, c.workspace) != CUDNN_STATUS_SUCCESS) return -1.0;
+    for (int i = 0; i < calls; ++i)
+      if (run(c.algo, p, c.workspace) != CUDNN_STATUS_SUCCESS) return refused();
     stop.record(stream);
     stop.synchronize();
-    return static_cast<double>(stop.elapsed_ms_since(start)) / reps;
+    return static_cast<double>(stop.elapsed_ms_since(start)) / calls;
+  };
+  // ms per call: one untimed call, then `reps` timed. With a `cutoff`, one timed call first, and where that is slower
+  // than the cutoff, its time: an algorithm twice as slow as the one the plan runs cannot win, and some (FFT at 224
+  // px) take tens of ms a call.
+  const auto time = [&](const Choice<Algo>& c, double cutoff = -1) {
+    if (c.workspace > ws.bytes()) ws = Tensor::empty({static_cast<int64_t>(c.workspace)}, DType::U8, device);
+    void* p = c.workspace ? ws.raw() : nullptr;
+    if (run(c.algo, p, c.workspace) != CUDNN_STATUS_SUCCESS) return refused();
+    if (cutoff > 0) {
+      const double first = timed_calls(c, p, 1);
+      if (first < 0 || first > cutoff) return first;
+    }
+    return timed_calls(c, p, reps);
   };
   double chosen_ms = time(chosen);
   SweepTally tally;
-  for (size_t j = 0; j < cands.size(); ++j) tally.add(static_cast<int>(j), time(cands[j]));
+  for (size_t j = 0; j < cands.size(); ++j)
+    tally.add(static_cast<int>(j), time(cands[j], chosen_ms > 0 ? 2 * chosen_ms : -1));
   if (chosen_ms >= 0) {  // again last, the faster of the two (as the other sweeps)
     const double again = time(chosen);
     if (again >= 0 && again < chosen_ms) chosen_ms = again;
