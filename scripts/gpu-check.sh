@@ -89,8 +89,9 @@ lib_class() {
 }
 
 # Open MPI's runtime, for the steps that run two ranks over mpi (the GPU machine has no Open MPI): Debian's mpirun
-# (orterun), the MCA components that need no fabric library (those for UCX, libfabric, verbs and PSM stay behind, with
-# OpenSHMEM's: ranks sharing one machine talk over shared memory, and Debian's parameter file turns most of them off),
+# (orterun), the MCA components that need no fabric library (those for UCX, libfabric, verbs, PSM and netlink stay
+# behind, with OpenSHMEM's: ranks sharing one machine talk over shared memory, and Debian's parameter file turns most
+# of them off),
 # PMIx's components, the help texts and the parameter files, under lib/openmpi/ of DEST (openmpi_env names the
 # folders). Prints mpirun's and the components' paths, one a line: the bundle carries the libraries they need.
 OMPI_FABRIC_LIBS='^(libuc[mpst]|libpsm|libibverbs|librdmacm|libfabric|libefa|libinfinipath|libnl-|liboshmem|'
@@ -104,12 +105,15 @@ stage_openmpi() {
   pkglibdir=$(ompi_info --path pkglibdir --parsable | sed -n 's/^path:pkglibdir://p')
   pkgdatadir=$(ompi_info --path pkgdatadir --parsable | sed -n 's/^path:pkgdatadir://p')
   sysconfdir=$(ompi_info --path sysconfdir --parsable | sed -n 's/^path:sysconfdir://p')
-  pmix=$(dirname "$(ldconfig -p | awk '$1 == "libpmix.so.2" { print $NF; exit }')")/pmix2
+  # PMIx's folder: two up from the library the PMIx component links (Debian: .../pmix2/lib/libpmix.so.2.6.2).
+  pmix=$(ldd "$pkglibdir/mca_pmix_ext3x.so" 2>/dev/null | awk '$1 == "libpmix.so.2" { print $3; exit }' || true)
+  [ -z "$pmix" ] || pmix=$(dirname "$(dirname "$(readlink -f "$pmix")")")
   if [ ! -d "$pkglibdir" ] || [ ! -d "$pkgdatadir" ] || [ ! -f "$sysconfdir/openmpi-mca-params.conf" ] ||
     [ ! -d "$pmix/lib/pmix" ]; then
     die "Open MPI's folders are not where ompi_info says ($pkglibdir, $pkgdatadir, $sysconfdir) or no $pmix/lib/pmix"
   fi
   local o=$dest/lib/openmpi
+  rm -rf "$o"  # staged afresh (copying the help texts' folder again would nest it)
   mkdir -p "$dest/bin" "$o/openmpi3" "$o/share" "$o/etc" "$o/pmix/lib"
   cp -p "$orterun" "$dest/bin/mpirun"
   echo "$orterun"
@@ -182,8 +186,10 @@ bundle() {
 
   # What the machine's glibc / libstdc++ must provide, for the check on the other side.
   local glibc_need glibcxx_need
-  glibc_need=$(objdump -T "$STAGE"/bin/* "$STAGE"/lib/*.so* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
-  glibcxx_need=$(objdump -T "$STAGE"/bin/* "$STAGE"/lib/*.so* 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)
+  local objs=("$STAGE"/bin/* "$STAGE"/lib/*.so*)
+  mapfile -t -O "${#objs[@]}" objs < <(find "$STAGE/lib/openmpi" -name '*.so' | sort)  # the components too
+  glibc_need=$(objdump -T "${objs[@]}" 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)
+  glibcxx_need=$(objdump -T "${objs[@]}" 2>/dev/null | grep -o 'GLIBCXX_[0-9.]*' | sort -uV | tail -1)
 
   # The payload: a reproducible tar (sorted, fixed owners and times), xz-compressed (OpenBLAS alone is
   # 36 MB, 4 MB compressed: uncompressed, programs + libraries + data would not fit the carry limit).
@@ -368,8 +374,10 @@ setup_libpath() {
 # The environment (NAME=value, one a line) under which the Open MPI that stage_openmpi put in LIB (the bundle's
 # lib/, an absolute path) runs from there: its folders for Open MPI's and PMIx's own lookups (each named, since
 # Debian's are not all under one prefix; PMIx's parameter file names its components' folder, which the environment
-# overrides), root allowed (the GPU machine runs us as root), and shared memory without single-copy (CMA's
-# process_vm_readv, which a container's seccomp profile may refuse: copy-in/copy-out works anywhere). mpirun passes its
+# overrides), root allowed (the GPU machine runs us as root), shared memory without single-copy (CMA's
+# process_vm_readv, which a container's seccomp profile may refuse: copy-in/copy-out works anywhere), and the local
+# launcher alone (plm isolated: mpirun's default one wants an ssh or rsh program even for local ranks, and the GPU
+# machine may have neither). mpirun passes its
 # environment on to the ranks it starts, whose libmpi loads its components the same way.
 openmpi_env() {
   local lib=$1 o=$1/openmpi
@@ -378,7 +386,8 @@ openmpi_env() {
     "PMIX_PREFIX=$o/pmix" "PMIX_EXEC_PREFIX=$o/pmix" "PMIX_LIBDIR=$o/pmix/lib" "PMIX_PKGLIBDIR=$o/pmix/lib/pmix" \
     "PMIX_DATADIR=$o/pmix/share" "PMIX_PKGDATADIR=$o/pmix/share/pmix" "PMIX_SYSCONFDIR=$o/pmix/share" \
     "PMIX_MCA_mca_base_component_path=$o/pmix/lib/pmix" \
-    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none \
+    OMPI_MCA_plm=isolated
 }
 
 # For the tests (integration.gpu_bundle_openmpi): stage_openmpi into DEST with the libraries mpirun and the
@@ -803,8 +812,8 @@ step_train_mpi2() {
 # steps of the MLP from the same seed, clipped to a gradient norm of 1 (it clips: on the CPU that moves the weights
 # by 7.5e-3 in 20 steps), batch 64 a rank on two ranks (gloo under dprun, mpi under the bundle's mpirun) against
 # batch 128 on one rank over NCCL, and ZeRO stages 1-3 on two ranks over gloo against DDP on the same two;
-# the last checkpoints' tensors (parameters and momentum) compared by tests/support/python/ckpt.py (the largest
-# |a - b| of any tensor, as the CPU's integration tests compare 1 x 2B with 2 x B, and ZeRO with DDP). Each
+# the last checkpoints compared by tests/support/python/ckpt.py (the largest |a - b| of any tensor, as the CPU's
+# integration tests compare 1 x 2B with 2 x B, and ZeRO with DDP; equiv_compare says which tensors). Each
 # comparison reads the checkpoint of a step before it in this run.
 EQUIV_STEPS=20
 EQUIV_TOL=${GPU_CHECK_EQUIV_TOL:-1e-4}
@@ -825,14 +834,22 @@ equiv_run() {  # LOGFILE NAME LAUNCHER... :: ARGS...: a run of EQUIV_STEPS steps
   ((rc == 0)) || { NOTE="exit $rc$(first_error "$logfile")"; return 1; }
   [ -d "$(equiv_ckpt "$name")" ] || { NOTE="no checkpoint at step $EQUIV_STEPS"; return 1; }
 }
-equiv_compare() {  # LOGFILE REFERENCE NAME TOL WHAT: NAME's checkpoint against REFERENCE's; sets NOTE
-  local logfile=$1 ref=$2 name=$3 tol=$4 what=$5 out rc d
-  out=$("${PYTHON:-python3}" tests/support/python/ckpt.py compare "$(equiv_ckpt "$ref")" "$(equiv_ckpt "$name")" \
-    "$tol" 2>&1) && rc=0 || rc=$?
+# NAME's checkpoint against REFERENCE's: the parameters (model.safetensors), and the optimizer state (momentum) where
+# both wrote it whole (optimizer.safetensors; ZeRO writes it in shards a rank, which are not compared); sets NOTE.
+equiv_compare() {  # LOGFILE REFERENCE NAME TOL WHAT
+  local logfile=$1 ref=$2 name=$3 tol=$4 what=$5 out rc d opt="" a b
+  a=$(equiv_ckpt "$ref") b=$(equiv_ckpt "$name")
+  out=$("${PYTHON:-python3}" tests/support/python/ckpt.py compare "$a" "$b" "$tol" 2>&1) && rc=0 || rc=$?
+  if ((rc == 0)) && [ -f "$a/optimizer.safetensors" ] && [ -f "$b/optimizer.safetensors" ]; then
+    out+=$'\n'$("${PYTHON:-python3}" tests/support/python/ckpt.py compare_file "$a/optimizer.safetensors" \
+      "$b/optimizer.safetensors" "$tol" 2>&1) && rc=0 || rc=$?
+    opt=" and momentum"
+  fi
   echo "$out" >>"$logfile"
-  d=$(sed -n 's/^max |a-b| = \([^ ]*\) .*/\1/p' <<<"$out")  # (no '|' in a note: it ends up in Markdown tables)
+  # The largest of the comparisons' differences (no '|' in a note: it ends up in Markdown tables).
+  d=$(sed -n 's/^max |a-b| = \([^ ]*\) .*/\1/p' <<<"$out" | sort -g | tail -1)
   NOTE="$what after $EQUIV_STEPS steps: "
-  if [ -n "$d" ]; then NOTE+="the largest difference of any tensor $d (tolerance $tol)"
+  if ((rc == 0)) && [ -n "$d" ]; then NOTE+="parameters$opt within $d of each other (tolerance $tol)"
   else NOTE+=$(tail -1 <<<"$out" | tr '|' /); fi
   return $((rc != 0))
 }

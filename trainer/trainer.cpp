@@ -665,8 +665,9 @@ void Trainer::autotune() {
     ++adopted;
     spdlog::info("train.autotune: {}", line);
   }
-  spdlog::info("train.autotune: {} of {} plan(s) timed with up to {} candidates each in {:.1f} s; {} now run a faster "
-               "one", timed, lines.size(), kCandidates, seconds_since(t0), adopted);
+  spdlog::info("train.autotune: {} of {} plan(s) timed with up to {} candidates each (a convolution's direction: every "
+               "algorithm cuDNN has for it) in {:.1f} s; {} now run a faster one", timed, lines.size(), kCandidates,
+               seconds_since(t0), adopted);
 }
 
 // Before a mid-epoch checkpoint, on every rank (a collective, at a step boundary all ranks share): the epoch's

@@ -30,8 +30,9 @@
 #                               reads (CUDA events on a GPU); the report then says, per row, where the step's time
 #                               goes by operation and how far each sits above its floor (scripts/bench/op_table.py)
 #   BENCH_RESNET_TUNE           GPU: dptrain's rows run dpt-model-bench --lt-tune N after the warm-up (train.autotune:
-#                               each convolution's algorithms timed and the fastest kept, as PyTorch's rows run
-#                               cudnn.benchmark); default 8, 0: cuDNN's heuristics only
+#                               each convolution's algorithms timed, all of them whatever N, and the fastest kept,
+#                               as PyTorch's rows run cudnn.benchmark; N counts only for GEMM plans); default 8,
+#                               0: cuDNN's heuristics only
 #   BENCH_SKIP_BUILD=1          CPU: do not build (default: builds dpt-model-bench, dptrain, dprun in $DPT_BUILD_DIR)
 #   DPT_BUILD_DIR               default build;  DPT_JOBS  build parallelism (default: all cores)
 #   MODEL_BENCH, DPTRAIN, DPRUN the programs (GPU default: .gpu-bundle/bin/..., when unpacked, else the build's)

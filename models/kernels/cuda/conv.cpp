@@ -337,7 +337,9 @@ std::string ConvPlan::sweep_direction(const char* what, Choice<Algo>& chosen, co
 void ConvPlan::sweep(cudnnHandle_t h, Device device, cudaStream_t stream, int reps, std::optional<double> margin,
                      std::vector<std::string>& out) {
   if (!fwd_ && !bwd_data_ && !bwd_filter_) return;
-  // Scratch x, w and y in this plan's type, filled with 0x3c bytes (float32 0.0115; bf16 and fp16 small and finite).
+  // Scratch x, w and y in this plan's type, filled with 0x3c bytes (float32 0.0115, bf16 0.0115, fp16 1.06: the
+  // directions write each other's inputs, so in fp16 a wide layer's values may overflow to inf, which changes no
+  // algorithm's time).
   const size_t elem = precision_ == Precision::F32 ? 4 : 2;
   const auto scratch = [&](size_t count) {
     Tensor t = Tensor::empty({static_cast<int64_t>(std::max<size_t>(count * elem, 1))}, DType::U8, device);
@@ -476,10 +478,15 @@ ConvPlan& CudaKernels::plan_for(const ConvShape& cs) {
   return *it->second;
 }
 
-std::vector<std::string> CudaKernels::sweep_conv_plans(int reps, std::optional<double> margin) {
+std::vector<std::string> CudaKernels::sweep_conv_plans(int reps, std::optional<double> margin,
+                                                       std::span<const ConvShape> only) {
   std::vector<std::string> out;
   if (reps < 1) return out;
   for (auto& [key, plan] : plans_) {
+    if (!only.empty() && std::ranges::none_of(only, [&, k = key](const ConvShape& cs) {
+          return conv_key(cs, precision_, deterministic_) == k;
+        }))
+      continue;
     try {
       plan->sweep(cudnn(), device(), stream(), reps, margin, out);
     } catch (const std::exception& ex) {
@@ -528,7 +535,9 @@ void CudaKernels::conv2d_backward_data(const float*, const float*, float*, const
 
 void CudaKernels::conv2d_backward_weight(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
 
-std::vector<std::string> CudaKernels::sweep_conv_plans(int, std::optional<double>) { return {}; }
+std::vector<std::string> CudaKernels::sweep_conv_plans(int, std::optional<double>, std::span<const ConvShape>) {
+  return {};
+}
 
 void CudaKernels::no_cudnn() {
   DPT_THROW(UnsupportedError, "convolutions on the GPU need cuDNN 9, which this dptrain was built without "

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -205,9 +206,10 @@ class CudaKernels final : public Kernels {
   std::vector<std::string> sweep_attention_plans(int candidates, int reps, std::optional<double> margin);
   // Its part for the convolution plans made so far (conv.cpp): each direction a plan has run timed against every
   // other algorithm of cuDNN's ranking the plan may run, on scratch operands, a line each ("cuDNN convolution sweep
-  // ..."); with `margin`, the fastest replaces the one it runs where tune_adopts says so twice. Public for the [gpu]
-  // tests.
-  std::vector<std::string> sweep_conv_plans(int reps, std::optional<double> margin);
+  // ..."); with `margin`, the fastest replaces the one it runs where tune_adopts says so twice. `only` (the [gpu]
+  // tests'): the plans of these shapes in the current precision and determinism alone (empty: every plan).
+  std::vector<std::string> sweep_conv_plans(int reps, std::optional<double> margin,
+                                            std::span<const ConvShape> only = {});
   // attention.cpp (cuDNN's fused flash attention through its frontend; DPT_HAVE_CUDNN_FRONTEND)
   void attention_forward(const BFloat16* qkv, BFloat16* out, float* stats, const AttentionShape& s) override;
   void attention_backward(const BFloat16* qkv, const BFloat16* out, const BFloat16* dout, const float* stats,

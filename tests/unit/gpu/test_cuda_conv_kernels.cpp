@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -203,11 +204,12 @@ TEST_CASE("cuda conv2d forward, backward data and backward weight match the CPU"
   check_conv_fp32(cs, conv_data(cs, rng));
 }
 
-// train.autotune's convolution sweep (sweep_conv_plans) on plans of two shapes that have run all three directions:
-// a line per direction, each timed; with a margin of -100 every direction with another algorithm it may run switches
-// to the fastest of them (one at least: these shapes have several deterministic algorithms a direction). Then the
-// switched algorithms still match the CPU (check_conv_fp32) and still give the same bits on a rerun (deterministic
-// ones only were candidates). With no margin nothing switches.
+// train.autotune's convolution sweep (sweep_conv_plans, here on these two shapes' fp32 plans alone) after all three
+// directions have run: a line per direction, each timed; with a margin of -100 every direction with another
+// algorithm it may run switches to the fastest of them (one at least: these shapes have several deterministic
+// algorithms a direction). Then the switched algorithms still match the CPU (check_conv_fp32) and give the same bits
+// on a rerun, every direction (deterministic ones only were candidates). With no margin nothing switches. (The two
+// plans keep their switched algorithms for the tests after this one: deterministic ones, within the same bounds.)
 TEST_CASE("cuda conv2d after train.autotune's sweep: the algorithms switched still match the CPU, bit-reproducibly",
           "[gpu][kernels]") {
   std::mt19937 rng(25);
@@ -223,26 +225,34 @@ TEST_CASE("cuda conv2d after train.autotune's sweep: the algorithms switched sti
     for (const std::string& l : lines) all += l + "\n";
     return all;
   };
-  const std::vector<std::string> looked = cuda_set().sweep_conv_plans(2, std::nullopt);
+  const std::array<ConvShape, 2> shapes{a, b};
+  const std::vector<std::string> looked = cuda_set().sweep_conv_plans(2, std::nullopt, shapes);
   INFO(joined(looked));
-  REQUIRE(count(looked, ": chosen ") >= 6);
+  REQUIRE(count(looked, ": chosen ") == 6);  // 2 plans x 3 directions, and only those
+  REQUIRE(count(looked, "x [3, 16, 14, 14] w [32, 16, 3, 3] stride 1 pad 1, fp32, deterministic") == 3);
   REQUIRE(count(looked, "adopted") == 0);
   REQUIRE(count(looked, "failed") == 0);
-  const std::vector<std::string> tuned = cuda_set().sweep_conv_plans(2, -100.0);
+  const std::vector<std::string> tuned = cuda_set().sweep_conv_plans(2, -100.0, shapes);
   INFO(joined(tuned));
-  REQUIRE(count(tuned, ": chosen ") >= 6);
+  REQUIRE(count(tuned, ": chosen ") == 6);
   REQUIRE(count(tuned, "; adopted") >= 1);
   REQUIRE(count(tuned, "failed") == 0);
   for (const auto& [cs, in] : {std::pair{a, in_a}, std::pair{b, in_b}}) {
     INFO(str(cs));
     check_conv_fp32(cs, in);
-    const Tensor x = to_device(in.x), w = to_device(in.w);
-    Tensor y[2];
-    for (Tensor& yr : y) {
-      yr = nan_on_device({cs.n, cs.k, cs.p, cs.q});
-      gpu_kernels().conv2d_forward(x.data<float>(), w.data<float>(), yr.data<float>(), cs);
+    const Tensor x = to_device(in.x), w = to_device(in.w), dy = to_device(in.dy);
+    Tensor y[2], dx[2], dw[2];
+    for (int run = 0; run < 2; ++run) {
+      y[run] = nan_on_device({cs.n, cs.k, cs.p, cs.q});
+      dx[run] = nan_on_device({cs.n, cs.c, cs.h, cs.w});
+      dw[run] = to_device(in.dw0);
+      gpu_kernels().conv2d_forward(x.data<float>(), w.data<float>(), y[run].data<float>(), cs);
+      gpu_kernels().conv2d_backward_data(dy.data<float>(), w.data<float>(), dx[run].data<float>(), cs);
+      gpu_kernels().conv2d_backward_weight(dy.data<float>(), x.data<float>(), dw[run].data<float>(), cs);
     }
     REQUIRE(bytes_differ<float>(to_host(y[0]), to_host(y[1])) == 0);
+    REQUIRE(bytes_differ<float>(to_host(dx[0]), to_host(dx[1])) == 0);
+    REQUIRE(bytes_differ<float>(to_host(dw[0]), to_host(dw[1])) == 0);
   }
 }
 
