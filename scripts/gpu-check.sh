@@ -406,11 +406,13 @@ openmpi_stage_only() {
   done <"$dest/openmpi-objects"
 }
 
-# Sets OMPI_ENV: openmpi_env for the unpacked bundle's lib/.
+# Sets OMPI_ENV: openmpi_env for the unpacked bundle's lib/; and MPIRUN2: the two-rank mpi steps' launcher (the
+# bundle's mpirun with that environment and DPT_ENV's libraries).
 bundle_openmpi_env() {
   local lib=$B_LIB
   [[ $lib == /* ]] || lib=$ROOT/$lib
   mapfile -t OMPI_ENV < <(openmpi_env "$lib")
+  MPIRUN2=("${DPT_ENV[@]}" "${OMPI_ENV[@]}" "$B_BIN/mpirun" --oversubscribe --bind-to none -np 2)
 }
 
 # --------------------------------------------------------------------------------------------------------
@@ -802,8 +804,8 @@ step_train_mpi2() {
   local logfile=$1
   shift
   [ -x "$B_BIN/mpirun" ] || { NOTE="no mpirun in the bundle (bundled before it carried Open MPI)"; return 1; }
-  run_learns "$logfile" 150 0.8 "${DPT_ENV[@]}" "${OMPI_ENV[@]}" "$B_BIN/mpirun" --oversubscribe --bind-to none \
-    -np 2 "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" train.device=cuda dist.backend=mpi \
+  run_learns "$logfile" 150 0.8 "${MPIRUN2[@]}" "$B_BIN/dptrain" --config "$BUNDLE/configs/fmnist_mlp.toml" \
+    train.device=cuda dist.backend=mpi \
     "data.dir=$BUNDLE/data" train.epochs=1 "checkpoint.dir=$WORK/mpi2_$(echo "$*" | tr -c 'a-z0-9' _)" \
     --resume never "$@"
 }
@@ -862,7 +864,7 @@ step_equiv_2rank() {  # LOGFILE gloo|mpi
   passed_in_this_run equiv_cuda_1rank_b128 || return 1
   if [ "$backend" = mpi ]; then
     [ -x "$B_BIN/mpirun" ] || { NOTE="no mpirun in the bundle"; return 1; }
-    launcher=("${DPT_ENV[@]}" "${OMPI_ENV[@]}" "$B_BIN/mpirun" --oversubscribe --bind-to none -np 2)
+    launcher=("${MPIRUN2[@]}")
   else
     launcher=("${DPT_ENV[@]}" "$B_BIN/dprun" --nproc-per-node 2 --)
   fi

@@ -218,6 +218,16 @@ class ConvPlan {
     return m == CUDNN_TENSOR_OP_MATH && (precision_ != Precision::F32 || kConvAllowTf32);
   }
 
+  // Whether this plan may run the ranking's entry `pf`: supported here, deterministic (when deterministic_), its math
+  // type suiting the precision, and its workspace (asked again for that algorithm: `bytes`) within
+  // kConvMaxWorkspaceBytes. choose() and the sweep's candidates alike.
+  template <class Perf, class WorkspaceFn>
+  bool usable(const Perf& pf, const WorkspaceFn& workspace, size_t* bytes) const {
+    if (pf.status != CUDNN_STATUS_SUCCESS || (deterministic_ && pf.determinism != CUDNN_DETERMINISTIC)) return false;
+    if (!math_allowed(pf.mathType)) return false;
+    return workspace(pf.algo, bytes) == CUDNN_STATUS_SUCCESS && *bytes <= kConvMaxWorkspaceBytes;
+  }
+
   // The first algorithm in cuDNN's ranking that it supports here, that is deterministic (when deterministic_),
   // whose math type suits the precision, and whose workspace (asked again for that algorithm) fits
   // kConvMaxWorkspaceBytes.
@@ -225,11 +235,8 @@ class ConvPlan {
   std::unique_ptr<Choice<Algo>> choose(const Perf* perf, int count, const char* what, WorkspaceFn workspace) const {
     for (int i = 0; i < count; ++i) {
       const Perf& pf = perf[i];
-      if (pf.status != CUDNN_STATUS_SUCCESS || (deterministic_ && pf.determinism != CUDNN_DETERMINISTIC)) continue;
-      if (!math_allowed(pf.mathType)) continue;
       size_t bytes = 0;
-      if (workspace(pf.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kConvMaxWorkspaceBytes) continue;
-      return std::make_unique<Choice<Algo>>(Choice<Algo>{pf.algo, bytes});
+      if (usable(pf, workspace, &bytes)) return std::make_unique<Choice<Algo>>(Choice<Algo>{pf.algo, bytes});
     }
     DPT_THROW(UnsupportedError, "cuDNN offers no {}{} {} convolution algorithm for this shape (with at most {} MiB of "
               "workspace)", deterministic_ ? "deterministic " : "", precision_name(precision_), what,
@@ -256,16 +263,14 @@ std::string ConvPlan::sweep_direction(const char* what, Choice<Algo>& chosen, co
                                       const std::function<cudnnStatus_t(Algo, void*, size_t)>& run, Device device,
                                       cudaStream_t stream, int reps, std::optional<double> margin) {
   const std::string head = fmt::format("cuDNN convolution sweep {} {}", describe(), what);
-  // The candidates: choose()'s conditions, each algorithm once (the ranking may list one per math type).
+  // The candidates: those choose() would take (usable), each algorithm once (the ranking may list one per math type).
   std::vector<Choice<Algo>> cands;
   for (int i = 0; i < count; ++i) {
     const Perf& pf = perf[i];
-    if (pf.status != CUDNN_STATUS_SUCCESS || (deterministic_ && pf.determinism != CUDNN_DETERMINISTIC)) continue;
-    if (!math_allowed(pf.mathType) || pf.algo == chosen.algo) continue;
-    if (std::ranges::any_of(cands, [&](const Choice<Algo>& c) { return c.algo == pf.algo; })) continue;
+    if (pf.algo == chosen.algo || std::ranges::any_of(cands, [&](const Choice<Algo>& c) { return c.algo == pf.algo; }))
+      continue;
     size_t bytes = 0;
-    if (workspace_of(pf.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kConvMaxWorkspaceBytes) continue;
-    cands.push_back({pf.algo, bytes});
+    if (usable(pf, workspace_of, &bytes)) cands.push_back({pf.algo, bytes});
   }
   Tensor ws;  // the candidates' workspace, grown as they need it
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
