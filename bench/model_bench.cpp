@@ -40,6 +40,11 @@
 // cuDNN attention graph with up to N (at most 4) of the plans cuDNN proposes for it. A line each (and the JSON's
 // library_sweep).
 //
+// --cuda-graph (GPU): the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured
+// after the warm-up (and --lt-tune), the optimizer's update launched after it as in the other steps: what a graph
+// saves in launches and gaps between kernels against the same step launched call by call (gpt_bench.sh's fastgraph
+// row). A call of the step that cannot be captured fails the run, naming the call.
+//
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -109,6 +114,7 @@ struct Options {
   double peak_tflops = 0;  // 0: the device's from cuda::dense_bf16_peak_flops's table
   double peak_gbps = 0;    // 0: the device's from its memory clock and bus width
   bool profiler_range = false;
+  bool cuda_graph = false;  // --cuda-graph: the timed steps' forward, loss and backward replayed as one CUDA graph
   std::string json_path;
 };
 
@@ -140,6 +146,7 @@ struct Result {
   std::vector<std::string> library_choices;  // Kernels::library_choices() after the run
   std::vector<std::string> library_sweep;    // Kernels::sweep_library_choices() after that (--lt-sweep)
   std::vector<std::string> library_tune;     // its adopting run after the warm-up steps (--lt-tune)
+  size_t graph_nodes = 0;                    // --cuda-graph: the nodes of the captured step
   // --kernel-steps: TimedKernels's rows, and its span and time between calls, per step.
   std::vector<models::TimedKernels::Row> kernels;
   double kernel_total_ms = 0, kernel_between_ms = 0;
@@ -253,6 +260,7 @@ void write_json(const std::string& path, const Result& r, const Options& o) {
     j["shape"] = o.shape;
     j["classes"] = o.classes;
   }
+  if (o.cuda_graph) j["cuda_graph_nodes"] = r.graph_nodes;
   if (o.phase_steps > 0) {
     nlohmann::json ph;
     for (size_t i = 0; i < kPhases.size(); ++i) ph[kPhases[i]] = r.phase_ms[i];
@@ -415,6 +423,9 @@ double time_steps(const std::function<void()>& step, const Options& o, Device de
 Result run(const Options& o, const trainer::Config& cfg) {
   const Device device =
       trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
+  if (o.cuda_graph && !device.is_cuda())
+    DPT_THROW(ConfigError, "--cuda-graph captures a GPU step: the run is on {} ({})", device.str(),
+              cuda::device_count() == 0 ? cuda::unavailable_reason() : "train.device = cpu");
   if (device.is_cuda()) cuda::set_device(device.index);
   const trainer::ModelCard& family = trainer::model_card(cfg.model.name);
   const bool gpt = family.input == trainer::ModelInput::tokens;  // token windows in, the GPT table out
@@ -466,7 +477,8 @@ Result run(const Options& o, const trainer::Config& cfg) {
 
   const double lr = cfg.train.lr;  // constant: the schedule costs nothing and would only blur the comparison
   PhaseClock clock(device.is_cuda(), stream);
-  auto step = [&](PhaseClock* c) {
+  // The step up to the optimizer's update (what --cuda-graph captures), then the update.
+  auto gradients = [&](PhaseClock* c) {
     if (c) c->mark(0);
     model->zero_grad();
     const Tensor& logits = model->forward(x);
@@ -475,6 +487,9 @@ Result run(const Options& o, const trainer::Config& cfg) {
     if (c) c->mark(2);
     model->backward(loss.grad());
     if (c) c->mark(3);
+  };
+  auto step = [&](PhaseClock* c) {
+    gradients(c);
     optimizer.step(lr);
     if (c) c->mark(4);
   };
@@ -489,8 +504,25 @@ Result run(const Options& o, const trainer::Config& cfg) {
       r.library_tune.push_back(fmt::format("library tune: failed: {}", e.what()));
     }
   }
+  cuda::Graph graph;
+  if (o.cuda_graph) {
+    // One more step first, as it will be captured: whatever the warm-up's last plans (--lt-tune's) allocate on first
+    // use is made before the capture, which takes every buffer at the address it has then.
+    step(nullptr);
+    graph = cuda::Graph::capture(stream, [&] { gradients(nullptr); });
+    r.graph_nodes = graph.nodes();
+    spdlog::info("CUDA graph: a step's zeroing, forward, loss and backward captured: {} nodes", r.graph_nodes);
+    graph.launch(stream);  // once before the clock (capturing ran nothing)
+    optimizer.step(lr);
+  }
   stats.zero_(stream);
-  const double seconds = time_steps([&] { step(nullptr); }, o, device, stream);
+  const double seconds = time_steps(
+      [&] {
+        if (!graph.defined()) return step(nullptr);
+        graph.launch(stream);
+        optimizer.step(lr);
+      },
+      o, device, stream);
   const Tensor s = stats.to(Device::cpu());  // synchronous
   r.loss = s.data<double>()[0] / static_cast<double>(rows_per_step * o.steps);
   r.ms_per_step = seconds * 1e3 / o.steps;
@@ -656,6 +688,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       ->check(dpt::cli::Positive);
   app.add_flag("--cuda-profiler-range", o.profiler_range,
                "the timed steps between cudaProfilerStart/Stop (nsys profile --capture-range=cudaProfilerApi)");
+  app.add_flag("--cuda-graph", o.cuda_graph,
+               "the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured after "
+               "the warm-up (and --lt-tune); the optimizer's update launched after it (GPU)");
   app.add_option("--json", o.json_path, "also write the result to this file as JSON");
   app.add_option("overrides", o.overrides,
                  "dptrain config overrides, key=value: model.name=resnet model.depth=18 train.device=cuda "
@@ -742,6 +777,9 @@ int main(int argc, char** argv) {
                  "peak of {}\n", r.vocab, r.seq, r.flops_per_token, peak);
     fmt::print("# warmup {} steps, timed {} steps ({})\n", o.warmup, o.steps,
                r.device.starts_with("cuda") ? "CUDA events on the compute stream" : "steady_clock");
+    if (o.cuda_graph)
+      fmt::print("# CUDA graph: each timed step one launch of a graph of {} nodes (zeroing, forward, loss, backward, "
+                 "captured after the warm-up), then the optimizer's update\n", r.graph_nodes);
     if (o.phase_steps > 0) {
       double total = 0;
       for (double ms : r.phase_ms) total += ms;

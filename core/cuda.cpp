@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <mutex>
 #include <set>
+#include <utility>
 
 #include "core/cuda_check.h"
 #endif
@@ -226,6 +227,59 @@ void memset_zero(void* dst, size_t bytes, StreamHandle stream) {
   DPT_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
+Graph::~Graph() {
+  if (exec_) (void)cudaGraphExecDestroy(exec_);
+}
+Graph::Graph(Graph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)), nodes_(other.nodes_) {}
+Graph& Graph::operator=(Graph&& other) noexcept {
+  if (this != &other) {
+    if (exec_) (void)cudaGraphExecDestroy(exec_);
+    exec_ = std::exchange(other.exec_, nullptr);
+    nodes_ = other.nodes_;
+  }
+  return *this;
+}
+
+Graph Graph::capture(StreamHandle stream, const std::function<void()>& work) {
+  DPT_CHECK(stream != nullptr, "a CUDA graph is captured from an explicit stream");
+  DPT_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t graph = nullptr;
+  // Ends the capture whatever happened (the stream must not stay in capture mode) and drops what it made.
+  const auto end_capture = [&] {
+    const cudaError_t e = cudaStreamEndCapture(stream, &graph);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return e;
+  };
+  try {
+    work();
+  } catch (...) {
+    (void)end_capture();
+    if (graph) (void)cudaGraphDestroy(graph);
+    throw;
+  }
+  const cudaError_t ended = end_capture();
+  if (ended != cudaSuccess) {
+    if (graph) (void)cudaGraphDestroy(graph);
+    DPT_THROW(DeviceError, "capturing a CUDA graph: {}: {} (a call of the captured work invalidated it)",
+              cudaGetErrorName(ended), cudaGetErrorString(ended));
+  }
+  Graph g;
+  size_t n = 0;
+  cudaError_t e = cudaGraphGetNodes(graph, nullptr, &n);
+  // Memory the captured work allocates from the pool and does not free is freed before each launch reuses it.
+  if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&g.exec_, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+  (void)cudaGraphDestroy(graph);
+  DPT_CUDA_CHECK(e);
+  g.nodes_ = n;
+  DPT_CUDA_CHECK(cudaGraphUpload(g.exec_, stream));  // the first launch then costs what the later ones do
+  return g;
+}
+
+void Graph::launch(StreamHandle stream) const {
+  DPT_CHECK(exec_ != nullptr, "launching a CUDA graph that was never captured");
+  DPT_CUDA_CHECK(cudaGraphLaunch(exec_, stream));
+}
+
 #else  // CPU-only build
 
 namespace {
@@ -255,6 +309,11 @@ void Event::block(StreamHandle) const { no_cuda("a CUDA event"); }
 bool Event::query() const { no_cuda("a CUDA event"); }
 void Event::synchronize() const { no_cuda("a CUDA event"); }
 float Event::elapsed_ms_since(const Event&) const { no_cuda("a CUDA event"); }
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+Graph Graph::capture(StreamHandle, const std::function<void()>&) { no_cuda("a CUDA graph"); }
+void Graph::launch(StreamHandle) const { no_cuda("a CUDA graph"); }
 void* malloc_device(size_t) { no_cuda("device memory"); }
 void free_device(void*) noexcept {}
 void* malloc_device_async(size_t, StreamHandle) { no_cuda("device memory"); }

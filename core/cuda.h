@@ -8,11 +8,13 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <string>
 
 // The runtime's own opaque types: cudaStream_t is CUstream_st*, cudaEvent_t is CUevent_st*.
 struct CUstream_st;
 struct CUevent_st;
+struct CUgraphExec_st;
 
 namespace dpt {
 
@@ -78,6 +80,34 @@ class Event {
 
  private:
   CUevent_st* event_ = nullptr;
+};
+
+// A CUDA graph: the work one thread enqueues on a stream, captured once (cudaStreamBeginCapture) and then launched
+// as one unit, so that the hundreds of kernels of a training step cost one launch. Capture is thread-local: a call
+// of the capturing thread that could synchronise or is not stream-ordered (cudaMalloc, cudaFree, a copy to pageable
+// host memory, a stream or event synchronisation) fails with its own CUDA error, naming the call, and the capture
+// with it; other threads (the loader's copies, a watchdog's event queries) are not affected. The captured work
+// reads and writes the addresses it saw: everything it touches must stay allocated, in place, while the graph is
+// launched (a buffer reallocated by a run outside the graph makes the graph write where it no longer should).
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(Graph&& other) noexcept;
+  Graph& operator=(Graph&& other) noexcept;
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  // Captures what `work` enqueues on `stream` and instantiates it (none of it runs: launch() does). When `work`
+  // throws or the capture fails, the stream leaves capture mode, nothing is kept, and the error propagates
+  // (DeviceError "capturing ...: CUDA error ..." for the capture's own failure).
+  static Graph capture(StreamHandle stream, const std::function<void()>& work);
+  void launch(StreamHandle stream) const;
+  bool defined() const { return exec_ != nullptr; }
+  size_t nodes() const { return nodes_; }  // kernels, copies and memsets captured
+
+ private:
+  CUgraphExec_st* exec_ = nullptr;
+  size_t nodes_ = 0;
 };
 
 // Throws OutOfMemoryError naming the device, `bytes` and what the device had free when cudaMalloc fails for

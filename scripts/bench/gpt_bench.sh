@@ -18,6 +18,9 @@
 #                   backward, as PyTorch's SDPA backward is (an A/B; bf16 only)
 #         fasttune  the fast row with --lt-tune 8 (train.autotune's tuning after the warm-up steps: each cuBLASLt
 #                   plan's fastest of 8 candidates kept when 3% faster; an A/B; bf16 only)
+#         fastgraph the fast row with --cuda-graph: each timed step one launch of a CUDA graph of the step's zeroing,
+#                   forward, loss and backward (captured after the warm-up), then the optimizer's update: what a
+#                   graph saves in launches and gaps between kernels (an A/B; bf16, GPU only)
 #         loop      dprun --nproc-per-node 1 -- dptrain (the product): token shards through the loader, pinned
 #                   host-to-device copies, the NCCL process group and the DDP reducer with overlap on (a single
 #                   rank has nothing to all-reduce: the reducer is idle), the LR schedule; timed from the
@@ -49,9 +52,9 @@
 #                               with less than 15 s left is not started), so the report is always written
 #                               (scripts/gpu-check.sh run sets it from its budget). A row left out so is noted
 #                               "not run: out of time" and fails the script, except an A/B row (fasttune,
-#                               fastsep, fastnd: diagnostics of one tuning choice, no target of their own)
-#   BENCH_ROWS                  which rows, a subset of "step fast fasttune fastsep fastnd loop fastloop eager
-#                               compile"
+#                               fastgraph, fastsep, fastnd: diagnostics of one choice, no target of their own)
+#   BENCH_ROWS                  which rows, a subset of "step fast fasttune fastgraph fastsep fastnd loop fastloop
+#                               eager compile"
 #                               (default: all; the fast rows only in bf16)
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
 #   BENCH_NCU                   1: ncu when there is no nsys; 0: never; auto (default): only when no --kernel-steps
@@ -104,7 +107,7 @@ LOG_DIR=${LOG_DIR:-/tmp/gpt-bench}
 REPORT=${OUT:+$OUT/gpt-bench.md}
 REPORT=${REPORT:-/tmp/gpt-bench.md}
 RESULTS=${BENCH_RESULTS:-${REPORT%.md}.jsonl}
-read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step fast fasttune fastnd loop fastloop eager compile}"
+read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step fast fasttune fastgraph fastnd loop fastloop eager compile}"
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "gpt_bench: BENCH_REPEATS must be a positive integer" >&2; exit 2; }
 mkdir -p "$LOG_DIR" "$(dirname "$REPORT")" "$(dirname "$RESULTS")"
 rm -f "$RESULTS"
@@ -251,7 +254,7 @@ run_limit() {
 
 # The A/B rows: the fast row again with one tuning choice flipped, compared with it operation by operation; no target
 # is taken from them, so one the deadline leaves out is noted, not failed (a run of one that fails still fails).
-is_ab_row() { [[ " fasttune fastsep fastnd " == *" $1 "* ]]; }
+is_ab_row() { [[ " fasttune fastgraph fastsep fastnd " == *" $1 "* ]]; }
 
 # measure KEY KIND LOG CMD...: KIND json (the command writes $LOG.json) or loop (dptrain's progress lines).
 measure() {
@@ -353,16 +356,19 @@ run_rows() {
     rm -rf "$TMP/ckpt"
   done
   local variant tune lt
-  # The fast row again with one tuning choice flipped, for an A/B in one window; last, so that a short window's
-  # deadline takes these before the rows the targets need.
-  for variant in fasttune fastsep fastnd; do
+  # The fast row again with one choice flipped, for an A/B in one window; last, so that a short window's deadline
+  # takes these before the rows the targets need. fastgraph (GPU only) times its graph's launches alone: its phase
+  # and kernel steps would run call by call, as the fast row's do.
+  for variant in fasttune fastgraph fastsep fastnd; do
     want "$variant" && [ "$PREC" = bf16 ] || continue
-    tune=(env) lt=()
+    [ "$variant" != fastgraph ] || ((GPU)) || continue
+    tune=(env) lt=(--phase-steps "$P" "${KARGS[@]}")
     [ "$variant" != fastsep ] || tune=(env DPT_TUNE_BGRAD=separate)
-    [ "$variant" != fasttune ] || lt=(--lt-tune 8)
+    [ "$variant" != fasttune ] || lt+=(--lt-tune 8)
+    [ "$variant" != fastgraph ] || lt=(--cuda-graph)
     log=$LOG_DIR/${variant}_dptrain_$rep.log
     measure "$variant" "json" "$log" "${tune[@]}" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" \
-      --steps "$S" --phase-steps "$P" "${KARGS[@]}" "${lt[@]}" --json "$log.json" "${SHAPE_KV[@]}" \
+      --steps "$S" "${lt[@]}" --json "$log.json" "${SHAPE_KV[@]}" \
       train.bf16_activations=true "train.deterministic=$([ "$variant" = fastnd ] && echo false || echo true)"
   done
   # Last: ncu's SpeedOfLight for our own kernels (diagnostics; a short window's deadline takes it first).
@@ -597,7 +603,7 @@ fmt_tps() { if [ -n "$1" ]; then printf "%.0f" "$1"; else echo -; fi; }
 fmt_mfu() { if [ -n "$1" ]; then awk -v m="$1" 'BEGIN { printf "%.1f%%", 100 * m }'; else echo -; fi; }
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else echo n/a; fi; }
 declare -A M=() R=() F=()
-ALL_ROWS=(step fast fasttune fastsep fastnd loop fastloop eager compile)
+ALL_ROWS=(step fast fasttune fastgraph fastsep fastnd loop fastloop eager compile)
 for k in "${ALL_ROWS[@]}"; do
   # shellcheck disable=SC2086 # the collected numbers split on purpose
   { M[$k]=$(median ${MS[$k]:-}); R[$k]=$(median ${TPS[$k]:-}); F[$k]=$(median ${MFU[$k]:-}); }
@@ -610,6 +616,7 @@ declare -A WHAT=(
   [fastsep]="dptrain | step, bf16 activations, bias gradients as column sums (DPT_TUNE_BGRAD=separate)"
   [fastnd]="dptrain | step, bf16 activations, train.deterministic = false"
   [fasttune]="dptrain | step, bf16 activations, cuBLASLt plans tuned after the warm-up (--lt-tune 8, as train.autotune)"
+  [fastgraph]="dptrain | step, bf16 activations, zeroing, forward, loss and backward one CUDA graph (--cuda-graph)"
   [eager]="PyTorch $torch_version | eager"
   [compile]="PyTorch $torch_version | torch.compile"
 )
@@ -617,6 +624,7 @@ rows=()
 for k in "${ALL_ROWS[@]}"; do
   want "$k" || continue
   if [[ $k == fast* ]] && [ "$PREC" != bf16 ]; then continue; fi
+  if [ "$k" = fastgraph ] && ((GPU == 0)); then continue; fi
   cell=$(fmt_tps "${R[$k]}")
   [ -n "${R[$k]}" ] || cell="${NOTE[$k]:-no result}"
   runs=${RUNS[$k]:--}
@@ -627,11 +635,13 @@ done
 # The rows for docs/gpu-results.json: dptrain's against torch.compile (the target's reference).
 model=gpt-L$L-C$C-T$T
 [ "$L/$C/$V/$T" != 12/768/50257/1024 ] || model=gpt2-124m
-declare -A PROGRAM=([step]=dptrain [fast]=dptrain [fasttune]=dptrain [fastsep]=dptrain [fastnd]=dptrain [loop]=dptrain [fastloop]=dptrain
+declare -A PROGRAM=([step]=dptrain [fast]=dptrain [fasttune]=dptrain [fastgraph]=dptrain [fastsep]=dptrain
+  [fastnd]=dptrain [loop]=dptrain [fastloop]=dptrain
   [eager]=torch-eager [compile]=torch-compile)
 for k in "${ALL_ROWS[@]}"; do
   want "$k" || continue
   if [[ $k == fast* ]] && [ "$PREC" != bf16 ]; then continue; fi
+  if [ "$k" = fastgraph ] && ((GPU == 0)); then continue; fi
   ref=""
   [ "${PROGRAM[$k]}" != dptrain ] || ref=torch-compile
   "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" "program=${PROGRAM[$k]}" "mode=$k" "batch=$B" \
@@ -688,6 +698,9 @@ for k in fasttune fastsep fastnd; do
   f=$LOG_DIR/${k}_dptrain_1.log
   [ -f "$f" ] && grep -q '^# phases' "$f" && variant_phases+=("$k: $(grep -m1 '^# phases' "$f" | sed 's/^# //')")
 done
+graph_line=""
+f=$LOG_DIR/fastgraph_dptrain_1.log
+[ -f "$f" ] && graph_line=$(grep -m1 '^# CUDA graph: ' "$f" | sed 's/^# //' || true)
 report=$(
   echo "# GPT benchmark: dptrain vs PyTorch"
   echo
@@ -715,6 +728,10 @@ report=$(
     echo
     echo "A/B $v"
   done
+  if [ -n "$graph_line" ]; then
+    echo
+    echo "A/B fastgraph: $graph_line"
+  fi
   if [ -n "$choices" ]; then
     echo
     echo "The fast path's library plans: what cuBLASLt's heuristic chose per GEMM shape, and cuDNN's plan (engine and knobs) per attention graph"

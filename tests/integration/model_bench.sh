@@ -5,7 +5,7 @@
 #    with bf16 activations 3 (4L + 1) bf16 matmuls, attention L times each way, one fused classifier), the
 #    operations and the time between them adding up to the span, --kernel-lines cutting the printed list;
 #  - an MLP's (images): its float32 GEMMs;
-#  - what it refuses (a negative --kernel-steps: exit 2);
+#  - what it refuses (a negative --kernel-steps, --cuda-graph on the CPU: exit 2);
 #  - scripts/bench/gpt_bench.sh --cpu with the step row only: its report has the step row's table by operation; with
 #    the fast row and the fastsep A/B row: the A/B table by operation;
 #  - scripts/bench/ncu_sol.py (the GPU report's ncu SpeedOfLight table) on a CSV in ncu's layout.
@@ -116,6 +116,9 @@ check_json "$WORK/mlp.json" "ops['gemm'] >= 4" "ops['bias_act'] == 2" "ops['soft
   "j['images_per_s'] > 0" "'sequences_per_s' not in j"
 
 expect_exit 2 "kernel-steps" "$BENCH" --kernel-steps -1 "${GPT[@]}"
+# --cuda-graph captures a GPU step: on the CPU a usage error naming it and the device (the GPU check runs it).
+expect_exit 2 "--cuda-graph captures a GPU step: the run is on cpu" "$BENCH" --cuda-graph --batch 2 --steps 1 \
+  "${GPT[@]}"
 
 # gpt_bench NAME ENV...: scripts/bench/gpt_bench.sh --cpu at a tiny shape (1 warm-up + 4 steps), its report in
 # $WORK/NAME/gpt-bench.md; ENV selects the rows. has NAME ERE WHAT: that report has a line matching ERE.
@@ -140,8 +143,12 @@ has gb "^\| [0-9.]+ \| 100.0 \| [0-9]+ \| \| \| \| the step's span \|" "the tabl
 # its floor, and the operations by the time above their floors.
 printf '#!/usr/bin/env bash\nexec %q --peak-tflops 0.05 --peak-gbps 5 "$@"\n' "$BENCH" > "$WORK/peaked-bench"
 chmod +x "$WORK/peaked-bench"
-gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep fasttune fastnd" MODEL_BENCH="$WORK/peaked-bench" \
+gpt_bench ab BENCH_PRECISION=bf16 "BENCH_ROWS=fast fastsep fasttune fastnd fastgraph" MODEL_BENCH="$WORK/peaked-bench" \
   BENCH_LT_SWEEP=2
+# fastgraph (--cuda-graph) is a GPU row: on the CPU it is neither run nor reported.
+! grep -q 'CUDA graph' "$WORK/ab/gpt-bench.md" || fail "ab's report: a CUDA graph row on the CPU"
+[ -f "$WORK/ab/gpt-bench-logs/fast_dptrain_1.log" ] || fail "ab: no fast row log (where fastgraph's would be)"
+[ ! -e "$WORK/ab/gpt-bench-logs/fastgraph_dptrain_1.log" ] || fail "gpt_bench.sh --cpu ran the fastgraph row"
 has ab '^- library sweep: no library plan to sweep on cpu$' "no --lt-sweep section"
 has ab '^- library tune: no library plan to tune on cpu$' "no --lt-tune section (the fasttune row)"
 has ab '^\| dptrain \| step, bf16 activations, cuBLASLt plans tuned after the warm-up' "no fasttune row"

@@ -1369,3 +1369,94 @@ TEST_CASE("a GPT step on cuda through TimedKernels gives the plain set's bits an
   CHECK(timed.total_ms() > 0);
   CHECK(std::abs(in_calls + timed.between_ms() - timed.total_ms()) <= 1e-3 * static_cast<double>(2 * calls));
 }
+
+namespace {
+
+// What three training steps of a model with bf16 activations left: each step's summed loss, the last gradients, and
+// the parameters after each AdamW update (the fused one over the whole flat buffer, writing the bf16 copy the next
+// forward reads, as dptrain's optimizer does).
+struct ThreeSteps {
+  std::vector<double> losses;
+  std::vector<Tensor> params;
+  Tensor grads;
+  size_t nodes = 0;
+};
+
+// The steps eagerly, or (`graph`) the first eagerly and the next two as launches of one CUDA graph of zero_grad,
+// forward, loss and backward captured after it, each followed by the update launched as usual (dpt-model-bench
+// --cuda-graph's timed steps).
+ThreeSteps three_steps(Model& model, const Tensor& tokens, const Tensor& labels, bool graph) {
+  model.set_bf16_activations(true);
+  Kernels& k = model.kernels();
+  const StreamHandle s = k.stream();
+  const auto n = static_cast<int64_t>(model.grads().numel());
+  Tensor m = to_device(filled({n}, 0.0f)), v = to_device(filled({n}, 0.0f));
+  Tensor stats = to_device(Tensor::zeros({3}, DType::F64));
+  SoftmaxCrossEntropy loss;
+  const auto gradients = [&] {
+    model.zero_grad();
+    loss.accumulate(model.forward(tokens), labels, k, stats, /*backward=*/true, 1.0);
+    model.backward(loss.grad());
+  };
+  ThreeSteps out;
+  cuda::Graph g;
+  for (int64_t step = 1; step <= 3; ++step) {
+    stats.zero_(s);
+    if (graph && step == 2) {
+      g = cuda::Graph::capture(s, gradients);
+      out.nodes = g.nodes();
+    }
+    if (g.defined())
+      g.launch(s);
+    else
+      gradients();
+    const AdamWParams ap{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = step};
+    k.adamw_fused(model.params().data<float>(), model.params16_data(), model.grads().data<float>(), m.data<float>(),
+                  v.data<float>(), static_cast<size_t>(n), ap, nullptr, 0, nullptr, 0.0);
+    model.params16_written();
+    out.losses.push_back(to_host(stats).data<double>()[0]);
+    out.params.push_back(to_host(model.params()));
+  }
+  out.grads = to_host(model.grads());
+  return out;
+}
+
+}  // namespace
+
+// A CUDA graph of the fast path's step (dpt-model-bench --cuda-graph): zero_grad, forward, the fused classifier and
+// backward captured once (cuBLASLt, cuDNN's attention graphs, our kernels: every call the step makes must be one a
+// stream capture takes) and launched for the next steps gives the eager steps' bits: each step's loss, the
+// parameters after each update (the graph reads the bf16 copy the update wrote, and the gradients the graph wrote),
+// the last gradients. Twins from one seed; the eager one runs all its steps first, so that nothing the kernel set
+// shares is reallocated under the graph.
+TEST_CASE("a GPT and a Llama step on cuda captured as one CUDA graph and launched again give the eager steps' bits",
+          "[gpu][fastpath][model][cuda_graph]") {
+  const auto check = [](Model& eager, Model& graphed, int64_t vocab, const char* name) {
+    std::mt19937 rng(23);
+    Tensor tokens = Tensor::empty({4, 64}, DType::I32), labels = Tensor::empty({256}, DType::I32);
+    for (size_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+    for (size_t i = 0; i < labels.numel(); ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
+    const Tensor d_tokens = to_device(tokens), d_labels = to_device(labels);
+    const ThreeSteps want = three_steps(eager, d_tokens, d_labels, false);
+    const ThreeSteps got = three_steps(graphed, d_tokens, d_labels, true);
+    std::printf("cuda_graph: the %s step captured as %zu nodes\n", name, got.nodes);
+    std::fflush(stdout);
+    CHECK(got.nodes > 0);
+    for (size_t i = 0; i < want.losses.size(); ++i) {
+      CAPTURE(i);
+      CHECK(std::isfinite(want.losses[i]));
+      CHECK(got.losses[i] == want.losses[i]);
+      CHECK(std::memcmp(got.params[i].raw(), want.params[i].raw(), want.params[i].bytes()) == 0);
+    }
+    CHECK(std::memcmp(want.params[2].raw(), want.params[1].raw(), want.params[1].bytes()) != 0);  // the steps moved
+    CHECK(std::memcmp(got.grads.raw(), want.grads.raw(), want.grads.bytes()) == 0);
+  };
+  SECTION("gpt") {
+    auto [eager, graphed] = gpu_twins(make_gpt, tiny_gpt(2));
+    check(*eager, *graphed, 300, "gpt");
+  }
+  SECTION("llama, grouped-query, untied") {
+    auto [eager, graphed] = gpu_twins(make_llama, tiny_llama(2));
+    check(*eager, *graphed, 300, "llama");
+  }
+}

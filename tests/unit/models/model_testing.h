@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/bfloat16_convert.h"
+#include "core/memory.h"
 #include "core/tensor.h"
 #include "models/layers.h"
 #include "models/model.h"
@@ -122,6 +123,29 @@ inline LmStep lm_step(models::Model& m, const Tensor& tokens, const Tensor& targ
   s.grads = Tensor::empty(m.grads().shape());
   s.grads.copy_from(m.grads());
   return s;
+}
+
+// A steady training step (zero_grad, forward, loss, backward) of `m` allocates no tensor memory once two steps have
+// run: every buffer it uses stays at its address from step to step, which a CUDA graph of the step needs (it replays
+// the addresses it captured; dpt-model-bench --cuda-graph, tests/unit/gpu's [cuda_graph] case on the GPU's own
+// kernels). Counted on this thread (core/memory.h), one byte allocated or freed anywhere in the step shows.
+inline void check_steady_step_allocates_nothing(models::Model& m, const Tensor& tokens, const Tensor& targets) {
+  models::SoftmaxCrossEntropy loss;
+  Tensor stats = Tensor::zeros({3}, DType::F64);
+  const auto step = [&] {
+    m.zero_grad();
+    loss.accumulate(m.forward(tokens), targets, m.kernels(), stats, /*backward=*/true);
+    m.backward(loss.grad());
+  };
+  step();
+  step();
+  reset_thread_allocations(m.grads().device());
+  step();
+  const ThreadAllocations a = thread_allocations();
+  stop_thread_allocations();
+  CHECK(a.peak == 0);
+  CHECK(a.net == 0);
+  CHECK(std::isfinite(stats.data<double>()[0]));
 }
 
 // The fast path's residual hand-off (ResidualBlock, run_handing_off) against each block making its own output sum:

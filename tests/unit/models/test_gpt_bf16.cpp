@@ -124,6 +124,12 @@ TEST_CASE("gpt with bf16 activations: zero_grad leaves the gradients to the next
   test::check_fresh_grads_float32(*f.bf16, *f.fp32, f.tokens, f.targets);
 }
 
+TEST_CASE("gpt with bf16 activations: a steady training step allocates nothing (what a CUDA graph of it needs)",
+          "[gpt][bf16act]") {
+  Fixture f;
+  test::check_steady_step_allocates_nothing(*f.bf16, f.tokens, f.targets);
+}
+
 TEST_CASE("gpt with bf16 activations: the residual stream handed from block to block, the same bits as each block's "
           "own sum", "[gpt][bf16act]") {
   Fixture f;

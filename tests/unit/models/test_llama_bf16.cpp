@@ -181,6 +181,14 @@ TEST_CASE("llama with bf16 activations: zero_grad leaves the gradients to the ne
   }
 }
 
+TEST_CASE("llama with bf16 activations: a steady training step allocates nothing (what a CUDA graph of it needs), "
+          "grouped-query and Qwen2's shape", "[llama][bf16act]") {
+  for (const LlamaOptions& o : {gqa(), qwen2()}) {
+    Fixture f(o);
+    test::check_steady_step_allocates_nothing(*f.bf16, f.tokens, f.targets);
+  }
+}
+
 TEST_CASE("llama with bf16 activations: the residual stream handed from layer to layer, the same bits as each "
           "layer's own sum", "[llama][bf16act]") {
   for (const LlamaOptions& o : {gqa(), mha_tied_biases()}) {
