@@ -40,6 +40,11 @@
 // cuDNN attention graph with up to N (at most 4) of the plans cuDNN proposes for it. A line each (and the JSON's
 // library_sweep).
 //
+// --trace-steps N (GPU): after those, N more steps with CUPTI's activity records on (bench/kernel_trace.h): each
+// kernel, copy and memset by name with its device time per step, most first, as torch.profiler tabulates PyTorch's
+// (the same format: gpt_bench.sh sets the two side by side); the library calls' own kernels by name (cuBLASLt's
+// kernel per product, cuDNN's inside an attention call). Without CUPTI a line says why; the run's numbers stand.
+//
 // --cuda-graph (GPU): the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured
 // after the warm-up (and --lt-tune), the optimizer's update launched after it as in the other steps: what a graph
 // saves in launches and gaps between kernels against the same step launched call by call (gpt_bench.sh's fastgraph
@@ -76,6 +81,7 @@
 #include "core/cli_checks.h"
 #include "core/cuda.h"
 #include "core/logging.h"
+#include "bench/kernel_trace.h"
 #include "core/tensor.h"
 #include "models/gpt/gpt.h"
 #include "models/kernels/cpu/cpu_info.h"
@@ -111,6 +117,7 @@ struct Options {
   int kernel_lines = 30;
   int lt_sweep = 0;  // --lt-sweep: cuBLASLt's first N algorithms per plan, timed after the steps; 0: none
   int lt_tune = 0;   // --lt-tune: the same after the warm-up steps, the fastest kept (train.autotune); 0: none
+  int trace_steps = 0;  // --trace-steps: steps traced with CUPTI after the others; 0: none
   double peak_tflops = 0;  // 0: the device's from cuda::dense_bf16_peak_flops's table
   double peak_gbps = 0;    // 0: the device's from its memory clock and bus width
   bool profiler_range = false;
@@ -147,6 +154,9 @@ struct Result {
   std::vector<std::string> library_sweep;    // Kernels::sweep_library_choices() after that (--lt-sweep)
   std::vector<std::string> library_tune;     // its adopting run after the warm-up steps (--lt-tune)
   size_t graph_nodes = 0;                    // --cuda-graph: the nodes of the captured step
+  // --trace-steps: CUPTI's rows (summed over the traced steps), and a line saying what the trace was or why none.
+  std::vector<bench::KernelTrace::Row> trace;
+  std::string trace_note;
   // --kernel-steps: TimedKernels's rows, and its span and time between calls, per step.
   std::vector<models::TimedKernels::Row> kernels;
   double kernel_total_ms = 0, kernel_between_ms = 0;
@@ -261,6 +271,15 @@ void write_json(const std::string& path, const Result& r, const Options& o) {
     j["classes"] = o.classes;
   }
   if (o.cuda_graph) j["cuda_graph_nodes"] = r.graph_nodes;
+  if (o.trace_steps > 0) {
+    nlohmann::json rows = nlohmann::json::array();
+    for (const auto& t : r.trace)
+      rows.push_back({{"name", t.name}, {"calls_per_step", static_cast<double>(t.calls) / o.trace_steps},
+                      {"ms_per_step", t.ms / o.trace_steps}});
+    j["trace_steps"] = o.trace_steps;
+    j["trace"] = rows;
+    j["trace_note"] = r.trace_note;
+  }
   if (o.phase_steps > 0) {
     nlohmann::json ph;
     for (size_t i = 0; i < kPhases.size(); ++i) ph[kPhases[i]] = r.phase_ms[i];
@@ -420,6 +439,38 @@ double time_steps(const std::function<void()>& step, const Options& o, Device de
   return end.elapsed_ms_since(start) / 1e3;
 }
 
+// --trace-steps: o.trace_steps calls of `step` under CUPTI's activity records, into r.trace; what happened (or why
+// there is no trace) into r.trace_note. Never fails the run: the trace is a diagnostic.
+void trace_kernels(Result& r, const Options& o, Device device, StreamHandle stream, const std::function<void()>& step) {
+  if (!device.is_cuda()) {
+    r.trace_note = "kernel trace: none on the CPU (CUPTI records GPU work)";
+    return;
+  }
+  bench::KernelTrace trace;
+  if (!trace.ok()) {
+    r.trace_note = "kernel trace: " + trace.why();
+    return;
+  }
+  try {
+    cuda::stream_synchronize(stream);  // the steps before stay out of it
+    trace.start();
+    for (int i = 0; i < o.trace_steps; ++i) step();
+    cuda::stream_synchronize(stream);
+    trace.stop();
+  } catch (const std::exception& e) {
+    r.trace_note = fmt::format("kernel trace: failed: {}", e.what());
+    return;
+  }
+  r.trace = trace.rows();
+  double ms = 0;
+  for (const auto& t : r.trace) ms += t.ms;
+  r.trace_note = fmt::format("kernel trace, {} more step(s) ({}): {:.3f} ms/step of GPU work under {} name(s)",
+                             o.trace_steps, trace.version(), ms / o.trace_steps, r.trace.size());
+  if (trace.unreadable() > 0)
+    r.trace_note += fmt::format("; {} record(s) unreadable (another CUPTI's record layout?)", trace.unreadable());
+  if (trace.dropped() > 0) r.trace_note += fmt::format("; {} record(s) dropped by CUPTI", trace.dropped());
+}
+
 Result run(const Options& o, const trainer::Config& cfg) {
   const Device device =
       trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
@@ -552,6 +603,7 @@ Result run(const Options& o, const trainer::Config& cfg) {
     r.kernel_total_ms = timed.total_ms();
     r.kernel_between_ms = timed.between_ms();
   }
+  if (o.trace_steps > 0) trace_kernels(r, o, device, stream, [&] { step(nullptr); });
   r.library_choices = k.library_choices();
   if (o.lt_sweep > 0) {  // last: diagnostics only, on scratch operands; a failure is reported, never the run's
     try {
@@ -603,6 +655,22 @@ void print_kernels(const Result& r, const Options& o) {
     for (size_t i = shown; i < r.kernels.size(); ++i) rest += r.kernels[i].ms / n;
     fmt::print("# kernel {:>9.3f} {:>6.1f} {:>6}  the other {} operation(s) (--kernel-lines; all in the JSON)\n", rest,
                share(rest), "", r.kernels.size() - shown);
+  }
+}
+
+// --trace-steps's lines: what the trace was, then its rows in torch_gpt.py --profile-out's columns (ms/step, %,
+// calls/step, kernel), the first --kernel-lines of them.
+void print_trace(const Result& r, const Options& o) {
+  fmt::print("# {}\n", r.trace_note);
+  if (r.trace.empty()) return;
+  double total = 0;
+  for (const auto& t : r.trace) total += t.ms;
+  fmt::print("# trace {:>8} {:>6} {:>11}  {}\n", "ms/step", "%", "calls/step", "kernel");
+  const size_t shown = std::min(r.trace.size(), static_cast<size_t>(o.kernel_lines));
+  for (size_t i = 0; i < shown; ++i) {
+    const auto& t = r.trace[i];
+    fmt::print("# trace {:>8.3f} {:>6.1f} {:>11.1f}  {}\n", t.ms / o.trace_steps, total > 0 ? 100 * t.ms / total : 0.0,
+               static_cast<double>(t.calls) / o.trace_steps, t.name);
   }
 }
 
@@ -688,6 +756,12 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       ->check(dpt::cli::Positive);
   app.add_flag("--cuda-profiler-range", o.profiler_range,
                "the timed steps between cudaProfilerStart/Stop (nsys profile --capture-range=cudaProfilerApi)");
+  app.add_option("--trace-steps", o.trace_steps,
+                 "after the others, this many steps with CUPTI's activity records on: each GPU kernel, copy and "
+                 "memset by name with its time per step, as torch.profiler's table (GPU; CUPTI loaded at run time, "
+                 "DPT_CUPTI_LIB names its file; 0: none)")
+      ->check(dpt::cli::NonNegative)
+      ->capture_default_str();
   app.add_flag("--cuda-graph", o.cuda_graph,
                "the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured after "
                "the warm-up (and --lt-tune); the optimizer's update launched after it (GPU)");
@@ -790,6 +864,7 @@ int main(int argc, char** argv) {
       fmt::print("# phases, mean of {} more steps: {}; sum {:.2f} ms\n", o.phase_steps, parts, total);
     }
     if (o.kernel_steps > 0) print_kernels(r, o);
+    if (o.trace_steps > 0) print_trace(r, o);
     for (const std::string& c : r.library_choices) fmt::print("# {}\n", c);
     for (const std::string& c : r.library_tune) fmt::print("# tune: {}\n", c);
     for (const std::string& c : r.library_sweep) fmt::print("# {}\n", c);

@@ -327,15 +327,17 @@ tarfile.open(sys.argv[1], "r:xz").extractall(sys.argv[2], **kw)' "$BUNDLE/payloa
 cuda_lib_dirs() {
   {
     local d
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib \
+      /usr/local/cuda/extras/CUPTI/lib64; do  # the last: CUPTI, for dpt-model-bench --trace-steps (dlopen)
       [ -d "$d" ] && echo "$d"
     done
     if command -v python3 >/dev/null 2>&1; then
       python3 - <<'EOF' 2>/dev/null || true
 import glob, importlib, os
-want = ("libcublas.so", "libcublasLt.so", "libnccl.so", "libcudart.so", "libcudnn.so", "libnvrtc.so")
+want = ("libcublas.so", "libcublasLt.so", "libnccl.so", "libcudart.so", "libcudnn.so", "libnvrtc.so", "libcupti.so")
 roots = []
-for mod in ("nvidia", "nvidia.cu13", "nvidia.nccl", "nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cudnn"):
+for mod in ("nvidia", "nvidia.cu13", "nvidia.nccl", "nvidia.cublas", "nvidia.cuda_runtime", "nvidia.cudnn",
+            "nvidia.cuda_cupti"):
     try:
         m = importlib.import_module(mod)
     except Exception:

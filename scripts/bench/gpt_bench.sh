@@ -31,8 +31,9 @@
 #       Targets (reported; BENCH_STRICT=1 makes them count): the fast row (else step) / compile >= 1.1, its MFU
 #       >= 45%, its loop costs < 3% more per step than it. Then where the time goes: each dpt-model-bench row's
 #       --kernel-steps table (every call of the kernel set between two CUDA events: time per operation and shape, and
-#       the time between calls; no profiler needed, on the CPU too), then dptrain's kernels under nsys (the timed
-#       steps only, cudaProfilerApi range) or, without nsys, ncu (one step), and ncu's SpeedOfLight section for our
+#       the time between calls; no profiler needed, on the CPU too), then dptrain's kernels by name from the fast
+#       row's CUPTI trace (--trace-steps: as torch.profiler's table for PyTorch), else under nsys (the timed steps
+#       only, cudaProfilerApi range) or, without nsys, ncu (one step), and ncu's SpeedOfLight section for our
 #       own kernels of one step (how near each comes to the GPU's memory and SM limits; scripts/bench/ncu_sol.py).
 #       PyTorch's kernels from torch.profiler (a few steps after its timed ones), per mode.
 #   scripts/bench/gpt_bench.sh --cpu    here: a tiny GPT (4 layers, 4 heads, 128 wide, vocab 256, T 64, batch 16),
@@ -57,6 +58,10 @@
 #                               eager compile"
 #                               (default: all; the fast rows only in bf16)
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
+#   BENCH_TRACE_STEPS           dpt-model-bench --trace-steps for the fast row's first run: that many steps under
+#                               CUPTI's activity records, dptrain's kernels by name as torch.profiler's table gives
+#                               PyTorch's (default 3 on the GPU, 0 on the CPU); when it came back, nsys and ncu are
+#                               not run
 #   BENCH_NCU                   1: ncu when there is no nsys; 0: never; auto (default): only when no --kernel-steps
 #                               table came back (ncu replays a GPT-2 step's kernels one by one: minutes)
 #   BENCH_LT_SWEEP              dpt-model-bench --lt-sweep for the fast row's first run: each cuBLASLt plan timed with
@@ -132,6 +137,8 @@ fi
 [[ $KS =~ ^(0|[1-9][0-9]*)$ ]] || { echo "gpt_bench: BENCH_KERNEL_STEPS must be a number >= 0" >&2; exit 2; }
 [[ $LTS =~ ^(0|[1-9][0-9]*)$ ]] || { echo "gpt_bench: BENCH_LT_SWEEP must be a number >= 0" >&2; exit 2; }
 KARGS=(--kernel-steps "$KS")
+TRACE=${BENCH_TRACE_STEPS:-$( ((GPU)) && echo 3 || echo 0)}
+[[ $TRACE =~ ^[0-9]+$ ]] || { echo "gpt_bench: BENCH_TRACE_STEPS must be a count" >&2; exit 2; }
 
 # ---- programs ---------------------------------------------------------------------------------------------
 if ((CPU)) && [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
@@ -318,12 +325,15 @@ run_rows() {
   if want fast && [ "$PREC" = bf16 ]; then
     log=$LOG_DIR/fast_dptrain_$rep.log
     measure fast "json" "$log" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$S" \
-      --phase-steps "$P" "${KARGS[@]}" --lt-sweep "$( ((rep == 1)) && echo "$LTS" || echo 0)" --json "$log.json" \
-      "${SHAPE_KV[@]}" train.bf16_activations=true
+      --phase-steps "$P" "${KARGS[@]}" --lt-sweep "$( ((rep == 1)) && echo "$LTS" || echo 0)" \
+      --trace-steps "$( ((rep == 1)) && echo "$TRACE" || echo 0)" --json "$log.json" "${SHAPE_KV[@]}" \
+      train.bf16_activations=true
   fi
   # dptrain's kernel breakdown next, before PyTorch's rows: it is what tuning needs, and a short GPU window ran out
   # of time before it when it came last (H200, 2026-11-26).
-  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && { want step || want fast; }; then profile_kernels; fi
+  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && { want step || want fast; }; then profile_kernels
+  elif ((rep == 1 && TRACE > 0)); then trace_kernels_table || true
+  fi
   for mode in compile eager; do
     want "$mode" || continue
     log=$LOG_DIR/${mode}_pytorch_$rep.log
@@ -530,8 +540,30 @@ sol_profile() {
 
 KERNELS=""
 KERNEL_HOW=""
+# The fast row's CUPTI trace (--trace-steps) into KERNELS and KERNEL_HOW when it came back: the table PyTorch's rows
+# get from torch.profiler, at no further GPU time (then nsys and ncu are not needed). Returns 1 when there is none.
+trace_kernels_table() {
+  local traced=$LOG_DIR/fast_dptrain_1.log
+  if [ -f "$traced" ] && grep -qE '^# trace +[0-9]' "$traced"; then
+    KERNEL_HOW="the fast row's $(grep -m1 '^# kernel trace, ' "$traced" | sed 's/^# kernel trace, //')"
+    KERNEL_HOW+="; the first 25 by time (all in its log's JSON)"
+    KERNELS=$(
+      echo '```'
+      grep -m1 -E '^# trace +ms/step' "$traced" | sed 's/^# trace //'
+      grep -E '^# trace +[0-9]' "$traced" | head -n 25 | sed 's/^# trace //'
+      echo '```'
+    )
+    return 0
+  fi
+  if [ -f "$traced" ] && grep -q '^# kernel trace: ' "$traced"; then
+    echo "  kernels: $(grep -m1 '^# kernel trace: ' "$traced" | sed 's/^# //')"
+  fi
+  return 1
+}
+
 profile_kernels() {
   local nsys ncu rep=$LOG_DIR/dptrain_kernels steps=${BENCH_PROFILE_STEPS:-5} rc=0 limit
+  trace_kernels_table && return 0
   limit=$(run_limit)
   if ((limit == 0)); then
     KERNEL_HOW="no per-kernel table: BENCH_DEADLINE reached before the profile"
@@ -787,17 +819,19 @@ report=$(
     echo
     echo "$ops"
   done
-  if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && { want step || want fast; }; then
+  if { ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && { want step || want fast; }; } || [ -n "$KERNELS" ]; then
     echo
     echo "## dptrain: where the time goes, by kernel"
     echo
     echo "$KERNEL_HOW."
     [ -z "$KERNELS" ] || { echo; echo "$KERNELS"; }
-    echo
-    echo "## dptrain's own kernels against the GPU's limits (ncu SpeedOfLight)"
-    echo
-    echo "$SOL_HOW."
-    [ -z "$SOL" ] || { echo; echo "$SOL"; }
+    if ((GPU)); then
+      echo
+      echo "## dptrain's own kernels against the GPU's limits (ncu SpeedOfLight)"
+      echo
+      echo "$SOL_HOW."
+      [ -z "$SOL" ] || { echo; echo "$SOL"; }
+    fi
     for mode in compile eager; do
       tf=$LOG_DIR/torch_${mode}_kernels.txt
       [ -f "$tf" ] || continue

@@ -5,9 +5,11 @@
 #    with bf16 activations 3 (4L + 1) bf16 matmuls, attention L times each way, one fused classifier), the
 #    operations and the time between them adding up to the span, --kernel-lines cutting the printed list;
 #  - an MLP's (images): its float32 GEMMs;
-#  - what it refuses (a negative --kernel-steps, --cuda-graph on the CPU: exit 2);
+#  - what it refuses (a negative --kernel-steps or --trace-steps, --cuda-graph on the CPU: exit 2); --trace-steps on
+#    the CPU: a line saying there is no trace;
 #  - scripts/bench/gpt_bench.sh --cpu with the step row only: its report has the step row's table by operation; with
-#    the fast row and the fastsep A/B row: the A/B table by operation;
+#    the fast row and the fastsep A/B row: the A/B table by operation; the table by kernel name from the fast row's
+#    CUPTI trace lines (a wrapper adds a GPU's); the fastgraph row neither run nor reported on the CPU;
 #  - scripts/bench/ncu_sol.py (the GPU report's ncu SpeedOfLight table) on a CSV in ncu's layout.
 source "$(dirname "$0")/lib/common.bash"
 BENCH=$DPT_BUILD_DIR/bench/dpt-model-bench
@@ -109,6 +111,15 @@ grep -qx '# tune: library tune: no library plan to tune on cpu' "$WORK/tune.out"
 check_json "$WORK/tune.json" "j['library_tune'] == ['library tune: no library plan to tune on cpu']" "'library_sweep' not in j"
 expect_exit 2 "lt-tune" "$BENCH" --lt-tune -1 "${GPT[@]}"
 
+# --trace-steps: on the CPU no trace (CUPTI records GPU work), said in a line and the JSON; a negative count refused.
+"$BENCH" --batch 2 --warmup 1 --steps 1 --trace-steps 2 --json "$WORK/trace.json" "${GPT[@]}" > "$WORK/trace.out" 2>&1 \
+  || { cat "$WORK/trace.out"; fail "--trace-steps 2 failed"; }
+grep -qx '# kernel trace: none on the CPU (CUPTI records GPU work)' "$WORK/trace.out" \
+  || { cat "$WORK/trace.out"; fail "no trace line"; }
+check_json "$WORK/trace.json" "j['trace_steps'] == 2 and j['trace'] == []" \
+  "j['trace_note'].startswith('kernel trace: none')"
+expect_exit 2 "trace-steps" "$BENCH" --trace-steps -1 "${GPT[@]}"
+
 # An MLP on images: float32 GEMMs and the bias kernels.
 "$BENCH" --batch 4 --shape 1,28,28 --warmup 1 --steps 2 --kernel-steps 1 --json "$WORK/mlp.json" model.name=mlp \
   "model.hidden=[16]" train.device=cpu > "$WORK/mlp.out" 2>&1 || { cat "$WORK/mlp.out"; fail "mlp failed"; }
@@ -161,6 +172,28 @@ has ab '^## The A/B rows against the fast row, by operation' "no A/B table"
 has ab '^\| matmul_bf16 \| [0-9.]+( \| [0-9.]+ \| [-+][0-9.]+){3} \|$' "the A/B table lacks matmul_bf16 (fasttune, fastsep, fastnd)"
 has ab '^\| dptrain \| step, bf16 activations, train.deterministic = false' "no fastnd row"
 has ab '^## dptrain \(fast row\): where the time goes, by operation' "no table for the fast row"
+# The report's table of dptrain's kernels by name from the fast row's CUPTI trace: here from a wrapper that adds a
+# GPU's trace lines to dpt-model-bench's (the CPU has none), in the columns torch.profiler's table has.
+cat > "$WORK/traced-bench" <<EOF
+#!/usr/bin/env bash
+traced=0
+for a in "\$@"; do [ "\$a" = --trace-steps ] && traced=1; done
+$(printf %q "$BENCH") "\$@" | grep -v '^# kernel trace: ' || exit \${PIPESTATUS[0]}
+if ((traced)) && [[ " \$* " == *" --trace-steps 2 "* ]]; then
+  echo '# kernel trace, 2 more step(s) (CUPTI API 130001 (built against 130001)): 1.000 ms/step of GPU work under 2 name(s)'
+  echo '# trace  ms/step      %  calls/step  kernel'
+  echo '# trace    0.600   60.0         2.0  nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT'
+  echo '# trace    0.400   40.0         1.0  memset'
+fi
+EOF
+chmod +x "$WORK/traced-bench"
+gpt_bench traced BENCH_PRECISION=bf16 BENCH_ROWS=fast BENCH_TRACE_STEPS=2 MODEL_BENCH="$WORK/traced-bench"
+has traced '^## dptrain: where the time goes, by kernel$' "no section by kernel"
+has traced "^the fast row's 2 more step\(s\) \(CUPTI API 130001 .*under 2 name\(s\); the first 25 by time" \
+  "no trace line"
+has traced '^ +ms/step +% +calls/step +kernel$' "no trace header"
+has traced '^ +0.600 +60.0 +2.0  nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT$' "no kernel row"
+! grep -q 'SpeedOfLight' "$WORK/traced/gpt-bench.md" || fail "traced: an ncu section on the CPU"
 # BENCH_DEADLINE already passed: no run starts. An A/B row left out is noted and the script succeeds (gpu-check's
 # bench_gpt step passes when every target row gave its number); a target row left out fails it, noted too.
 env OUT="$WORK/late" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 BENCH_ROWS=fastnd BENCH_DEADLINE="$(date +%s)" \
