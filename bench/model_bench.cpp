@@ -48,7 +48,8 @@
 // --cuda-graph (GPU): the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured
 // after the warm-up (and --lt-tune), the optimizer's update launched after it as in the other steps: what a graph
 // saves in launches and gaps between kernels against the same step launched call by call (gpt_bench.sh's fastgraph
-// row). A call of the step that cannot be captured fails the run, naming the call.
+// row). Only for the transformer fast path (train.bf16_activations), the one path whose capture the tests check. A
+// call of the step that cannot be captured fails the run (a checked call naming itself).
 //
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>
@@ -474,9 +475,12 @@ void trace_kernels(Result& r, const Options& o, Device device, StreamHandle stre
 Result run(const Options& o, const trainer::Config& cfg) {
   const Device device =
       trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
+  if (o.cuda_graph && !cfg.train.bf16_activations)
+    DPT_THROW(ConfigError, "--cuda-graph is for the transformer fast path (train.bf16_activations = true), the one "
+                           "whose capture is tested (a float32 step, BatchNorm's host-side counters, are not)");
   if (o.cuda_graph && !device.is_cuda())
     DPT_THROW(ConfigError, "--cuda-graph captures a GPU step: the run is on {} ({})", device.str(),
-              cuda::device_count() == 0 ? cuda::unavailable_reason() : "train.device = cpu");
+              cfg.train.device == trainer::DeviceChoice::cpu ? "train.device = cpu" : cuda::unavailable_reason());
   if (device.is_cuda()) cuda::set_device(device.index);
   const trainer::ModelCard& family = trainer::model_card(cfg.model.name);
   const bool gpt = family.input == trainer::ModelInput::tokens;  // token windows in, the GPT table out
@@ -556,22 +560,33 @@ Result run(const Options& o, const trainer::Config& cfg) {
     }
   }
   cuda::Graph graph;
+  bool reads_copy = false;  // the captured forward reads the update's bf16 copy of the parameters (no rounding pass)
   if (o.cuda_graph) {
     // One more step first, as it will be captured: whatever the warm-up's last plans (--lt-tune's) allocate on first
     // use is made before the capture, which takes every buffer at the address it has then.
     step(nullptr);
+    reads_copy = model->params16_current();  // what the forward decides while captured, fixed in the graph
     graph = cuda::Graph::capture(stream, [&] { gradients(nullptr); });
     r.graph_nodes = graph.nodes();
     spdlog::info("CUDA graph: a step's zeroing, forward, loss and backward captured: {} nodes", r.graph_nodes);
-    graph.launch(stream);  // once before the clock (capturing ran nothing)
-    optimizer.step(lr);
   }
+  // One step from the graph: it holds the forward's choice made while capturing, so a graph that reads the bf16 copy
+  // must find one the last update wrote (then used up, as the forward would: params_written), before every launch.
+  const auto graph_step = [&] {
+    DPT_CHECK(!reads_copy || model->params16_current(), "--cuda-graph: the captured forward reads the bf16 copy of "
+              "the parameters, and the last update did not write it");
+    graph.launch(stream);
+    if (reads_copy) model->params_written();
+    optimizer.step(lr);
+  };
+  if (o.cuda_graph) graph_step();  // once before the clock (capturing ran nothing)
   stats.zero_(stream);
   const double seconds = time_steps(
       [&] {
-        if (!graph.defined()) return step(nullptr);
-        graph.launch(stream);
-        optimizer.step(lr);
+        if (graph.defined())
+          graph_step();
+        else
+          step(nullptr);
       },
       o, device, stream);
   const Tensor s = stats.to(Device::cpu());  // synchronous

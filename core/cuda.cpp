@@ -230,12 +230,13 @@ void memset_zero(void* dst, size_t bytes, StreamHandle stream) {
 Graph::~Graph() {
   if (exec_) (void)cudaGraphExecDestroy(exec_);
 }
-Graph::Graph(Graph&& other) noexcept : exec_(std::exchange(other.exec_, nullptr)), nodes_(other.nodes_) {}
+Graph::Graph(Graph&& other) noexcept
+    : exec_(std::exchange(other.exec_, nullptr)), nodes_(std::exchange(other.nodes_, 0)) {}
 Graph& Graph::operator=(Graph&& other) noexcept {
   if (this != &other) {
     if (exec_) (void)cudaGraphExecDestroy(exec_);
     exec_ = std::exchange(other.exec_, nullptr);
-    nodes_ = other.nodes_;
+    nodes_ = std::exchange(other.nodes_, 0);
   }
   return *this;
 }
@@ -265,11 +266,18 @@ Graph Graph::capture(StreamHandle stream, const std::function<void()>& work) {
   }
   Graph g;
   size_t n = 0;
+  const char* failed = "cudaGraphGetNodes";
   cudaError_t e = cudaGraphGetNodes(graph, nullptr, &n);
   // Memory the captured work allocates from the pool and does not free is freed before each launch reuses it.
-  if (e == cudaSuccess) e = cudaGraphInstantiateWithFlags(&g.exec_, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+  if (e == cudaSuccess) {
+    failed = "cudaGraphInstantiateWithFlags";
+    e = cudaGraphInstantiateWithFlags(&g.exec_, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
+  }
   (void)cudaGraphDestroy(graph);
-  DPT_CUDA_CHECK(e);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    DPT_THROW(DeviceError, "a captured CUDA graph: {} failed: {}: {}", failed, cudaGetErrorName(e), cudaGetErrorString(e));
+  }
   g.nodes_ = n;
   DPT_CUDA_CHECK(cudaGraphUpload(g.exec_, stream));  // the first launch then costs what the later ones do
   return g;

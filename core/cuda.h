@@ -85,10 +85,12 @@ class Event {
 // A CUDA graph: the work one thread enqueues on a stream, captured once (cudaStreamBeginCapture) and then launched
 // as one unit, so that the hundreds of kernels of a training step cost one launch. Capture is thread-local: a call
 // of the capturing thread that could synchronise or is not stream-ordered (cudaMalloc, cudaFree, a copy to pageable
-// host memory, a stream or event synchronisation) fails with its own CUDA error, naming the call, and the capture
-// with it; other threads (the loader's copies, a watchdog's event queries) are not affected. The captured work
-// reads and writes the addresses it saw: everything it touches must stay allocated, in place, while the graph is
-// launched (a buffer reallocated by a run outside the graph makes the graph write where it no longer should).
+// host memory, a stream or event synchronisation) fails and invalidates the capture; a checked call throws there,
+// naming itself, while an unchecked one (a tensor's release) shows at the next checked call or at the capture's end.
+// Other threads (the loader's copies, a watchdog's event queries) are not affected. The captured work reads and
+// writes the addresses it saw, and any decision the host made while capturing is fixed in it: everything it
+// touches must stay allocated, in place, while the graph is launched (a buffer reallocated by a run outside the
+// graph makes the graph write where it no longer should), and what the host decided must hold at every launch.
 class Graph {
  public:
   Graph() = default;
@@ -103,7 +105,7 @@ class Graph {
   static Graph capture(StreamHandle stream, const std::function<void()>& work);
   void launch(StreamHandle stream) const;
   bool defined() const { return exec_ != nullptr; }
-  size_t nodes() const { return nodes_; }  // kernels, copies and memsets captured
+  size_t nodes() const { return nodes_; }  // the graph's top-level nodes: kernels, copies, memsets, events, ...
 
  private:
   CUgraphExec_st* exec_ = nullptr;

@@ -38,17 +38,19 @@ size_t debug_limit() {
 
 struct ThreadCounter {
   int slot = -1;  // the device watched; -1: none
-  int64_t net = 0, peak = 0;
+  int64_t net = 0, peak = 0, allocations = 0, releases = 0;
 };
 thread_local ThreadCounter thread_counter;
 
 }  // namespace
 
-void reset_thread_allocations(Device device) { thread_counter = {slot_of(device), 0, 0}; }
+void reset_thread_allocations(Device device) { thread_counter = {slot_of(device), 0, 0, 0, 0}; }
 
 void stop_thread_allocations() { thread_counter = {}; }
 
-ThreadAllocations thread_allocations() { return {thread_counter.net, thread_counter.peak}; }
+ThreadAllocations thread_allocations() {
+  return {thread_counter.net, thread_counter.peak, thread_counter.allocations, thread_counter.releases};
+}
 
 ThreadAllocationsPaused::ThreadAllocationsPaused() : slot_(thread_counter.slot) { thread_counter.slot = -1; }
 ThreadAllocationsPaused::~ThreadAllocationsPaused() { thread_counter.slot = slot_; }
@@ -71,6 +73,7 @@ void note_allocation(Device device, size_t bytes) {
   if (thread_counter.slot == slot_of(device)) {
     thread_counter.net += static_cast<int64_t>(bytes);
     thread_counter.peak = std::max(thread_counter.peak, thread_counter.net);
+    ++thread_counter.allocations;
   }
   const size_t now = c.current.fetch_add(bytes) + bytes;
   size_t peak = c.peak.load();
@@ -79,7 +82,10 @@ void note_allocation(Device device, size_t bytes) {
 }
 
 void note_release(Device device, size_t bytes) {
-  if (thread_counter.slot == slot_of(device)) thread_counter.net -= static_cast<int64_t>(bytes);
+  if (thread_counter.slot == slot_of(device)) {
+    thread_counter.net -= static_cast<int64_t>(bytes);
+    ++thread_counter.releases;
+  }
   counter(device).current.fetch_sub(bytes);
 }
 

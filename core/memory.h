@@ -24,6 +24,7 @@ void reset_peak_tensor_memory(Device device);
 // training step's activations are its peak: the loader's threads, allocating batches meanwhile, do not count.
 struct ThreadAllocations {
   int64_t net = 0, peak = 0;
+  int64_t allocations = 0, releases = 0;  // how many of each (a buffer freed and made again at its size nets 0)
 };
 void reset_thread_allocations(Device device);
 void stop_thread_allocations();  // stops counting (the figures return to 0)

@@ -51,7 +51,8 @@
 # Environment: DPT_BUILD_DIR (default build), DPT_SKIP_BUILD=1 (bundle what is built), GPU_CHECK_BUDGET_S
 # (run: seconds for all the steps, default 540; the run ends within ~9.5 minutes, under the device tool's 10-minute
 # limit per command), GPU_CHECK_LOSS_TOL / GPU_CHECK_ACC_TOL (default 0.01), GPU_CHECK_GPT_ROWS (bench_gpt's
-# gpt_bench.sh BENCH_ROWS; default all but the float32 activations' step and loop),
+# gpt_bench.sh BENCH_ROWS; default "fast compile eager fastloop fasttune fastgraph": not the float32 activations'
+# step and loop, nor the A/B rows fastnd and fastsep),
 # GPU_CHECK_NO_LINKS=1 (run: make no temporary links, see make_compat_links).
 set -euo pipefail
 cd "$(dirname "$0")/.."

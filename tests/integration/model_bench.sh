@@ -127,9 +127,12 @@ check_json "$WORK/mlp.json" "ops['gemm'] >= 4" "ops['bias_act'] == 2" "ops['soft
   "j['images_per_s'] > 0" "'sequences_per_s' not in j"
 
 expect_exit 2 "kernel-steps" "$BENCH" --kernel-steps -1 "${GPT[@]}"
-# --cuda-graph captures a GPU step: on the CPU a usage error naming it and the device (the GPU check runs it).
-expect_exit 2 "--cuda-graph captures a GPU step: the run is on cpu" "$BENCH" --cuda-graph --batch 2 --steps 1 \
-  "${GPT[@]}"
+# --cuda-graph captures the fast path's GPU step: without bf16 activations, or on the CPU, a usage error naming what
+# is missing (the GPU check runs it).
+expect_exit 2 "--cuda-graph is for the transformer fast path (train.bf16_activations = true)" "$BENCH" --cuda-graph \
+  --batch 2 --steps 1 "${GPT[@]}"
+expect_exit 2 "--cuda-graph captures a GPU step: the run is on cpu (train.device = cpu)" "$BENCH" --cuda-graph \
+  --batch 2 --steps 1 "${GPT[@]}" train.precision=bf16 train.bf16_activations=true
 
 # gpt_bench NAME ENV...: scripts/bench/gpt_bench.sh --cpu at a tiny shape (1 warm-up + 4 steps), its report in
 # $WORK/NAME/gpt-bench.md; ENV selects the rows. has NAME ERE WHAT: that report has a line matching ERE.

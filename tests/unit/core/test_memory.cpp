@@ -55,6 +55,7 @@ TEST_CASE("thread_allocations counts this thread's allocations only, and their p
   reset_thread_allocations(cpu);
   std::thread([&] { elsewhere = Tensor::empty({250}, DType::F32); }).join();  // another thread's 1000 B
   REQUIRE(thread_allocations().net == 0);
+  REQUIRE(thread_allocations().allocations == 0);
   {
     Tensor a = Tensor::empty({100}, DType::F64);  // 800 B
     Tensor b = Tensor::empty({50}, DType::F32);   // 200 B
@@ -62,9 +63,22 @@ TEST_CASE("thread_allocations counts this thread's allocations only, and their p
   }
   REQUIRE(thread_allocations().net == 0);
   REQUIRE(thread_allocations().peak == 1000);
+  CHECK(thread_allocations().allocations == 2);
+  CHECK(thread_allocations().releases == 2);
   elsewhere = Tensor();  // released here: net goes below zero, the peak stays
   REQUIRE(thread_allocations().net == -1000);
   REQUIRE(thread_allocations().peak == 1000);
+  CHECK(thread_allocations().releases == 3);
+  // A buffer given back and made again at its size nets nothing, and never passes the peak: the counts show it.
+  reset_thread_allocations(cpu);
+  Tensor again = Tensor::empty({64});
+  reset_thread_allocations(cpu);
+  again = Tensor();
+  again = Tensor::empty({64});
+  CHECK(thread_allocations().net == 0);
+  CHECK(thread_allocations().peak == 0);
+  CHECK(thread_allocations().allocations == 1);
+  CHECK(thread_allocations().releases == 1);
   stop_thread_allocations();
   Tensor after = Tensor::empty({10});
   REQUIRE(thread_allocations().net == 0);
