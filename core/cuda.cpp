@@ -276,7 +276,8 @@ Graph Graph::capture(StreamHandle stream, const std::function<void()>& work) {
   (void)cudaGraphDestroy(graph);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    DPT_THROW(DeviceError, "a captured CUDA graph: {} failed: {}: {}", failed, cudaGetErrorName(e), cudaGetErrorString(e));
+    DPT_THROW(DeviceError, "a captured CUDA graph: {} failed: {}: {}", failed, cudaGetErrorName(e),
+              cudaGetErrorString(e));
   }
   g.nodes_ = n;
   DPT_CUDA_CHECK(cudaGraphUpload(g.exec_, stream));  // the first launch then costs what the later ones do
