@@ -31,8 +31,8 @@
 #       Targets (reported; BENCH_STRICT=1 makes them count): the fast row (else step) / compile >= 1.1, its MFU
 #       >= 45%, its loop costs < 3% more per step than it. Then where the time goes: each dpt-model-bench row's
 #       --kernel-steps table (every call of the kernel set between two CUDA events: time per operation and shape, and
-#       the time between calls; no profiler needed, on the CPU too), then dptrain's kernels by name from the fast
-#       row's CUPTI trace (--trace-steps: as torch.profiler's table for PyTorch), else under nsys (the timed steps
+#       the time between calls; no profiler needed, on the CPU too), then dptrain's kernels by name from a CUPTI
+#       trace (dpt-model-bench --trace-steps: as torch.profiler's table for PyTorch), else under nsys (the timed steps
 #       only, cudaProfilerApi range) or, without nsys, ncu (one step), and ncu's SpeedOfLight section for our
 #       own kernels of one step (how near each comes to the GPU's memory and SM limits; scripts/bench/ncu_sol.py).
 #       PyTorch's kernels from torch.profiler (a few steps after its timed ones), per mode.
@@ -58,10 +58,10 @@
 #                               eager compile"
 #                               (default: all; the fast rows only in bf16)
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
-#   BENCH_TRACE_STEPS           dpt-model-bench --trace-steps for the fast row's first run: that many steps under
-#                               CUPTI's activity records, dptrain's kernels by name as torch.profiler's table gives
-#                               PyTorch's (default 3 on the GPU, 0 on the CPU); when it came back, nsys and ncu are
-#                               not run
+#   BENCH_TRACE_STEPS           dpt-model-bench --trace-steps, in a run of its own after the fast row: that many
+#                               steps under CUPTI's activity records, dptrain's kernels by name as torch.profiler's
+#                               table gives PyTorch's (default 3 on the GPU, 0 on the CPU); when it came back, nsys
+#                               and ncu are not run
 #   BENCH_NCU                   1: ncu when there is no nsys; 0: never; auto (default): only when no --kernel-steps
 #                               table came back (ncu replays a GPT-2 step's kernels one by one: minutes)
 #   BENCH_LT_SWEEP              dpt-model-bench --lt-sweep for the fast row's first run: each cuBLASLt plan timed with
@@ -325,9 +325,8 @@ run_rows() {
   if want fast && [ "$PREC" = bf16 ]; then
     log=$LOG_DIR/fast_dptrain_$rep.log
     measure fast "json" "$log" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps "$S" \
-      --phase-steps "$P" "${KARGS[@]}" --lt-sweep "$( ((rep == 1)) && echo "$LTS" || echo 0)" \
-      --trace-steps "$( ((rep == 1)) && echo "$TRACE" || echo 0)" --json "$log.json" "${SHAPE_KV[@]}" \
-      train.bf16_activations=true
+      --phase-steps "$P" "${KARGS[@]}" --lt-sweep "$( ((rep == 1)) && echo "$LTS" || echo 0)" --json "$log.json" \
+      "${SHAPE_KV[@]}" train.bf16_activations=true
   fi
   # dptrain's kernel breakdown next, before PyTorch's rows: it is what tuning needs, and a short GPU window ran out
   # of time before it when it came last (H200, 2026-11-26).
@@ -540,12 +539,22 @@ sol_profile() {
 
 KERNELS=""
 KERNEL_HOW=""
-# The fast row's CUPTI trace (--trace-steps) into KERNELS and KERNEL_HOW when it came back: the table PyTorch's rows
-# get from torch.profiler, at no further GPU time (then nsys and ncu are not needed). Returns 1 when there is none.
+# dptrain's kernels by name from CUPTI (dpt-model-bench --trace-steps $TRACE, in a run of its own, so that a fault
+# of the tracing costs no row its number): the table PyTorch's rows get from torch.profiler, into KERNELS and
+# KERNEL_HOW (then nsys and ncu are not needed). The fast path's step when its row gave a number, else the step
+# row's. Returns 1 when no table came back.
 trace_kernels_table() {
-  local traced=$LOG_DIR/fast_dptrain_1.log
-  if [ -f "$traced" ] && grep -qE '^# trace +[0-9]' "$traced"; then
-    KERNEL_HOW="the fast row's $(grep -m1 '^# kernel trace, ' "$traced" | sed 's/^# kernel trace, //')"
+  local traced=$LOG_DIR/trace_dptrain.log limit fast=()
+  ((TRACE > 0)) || return 1
+  limit=$(run_limit)
+  ((limit > 0)) || return 1
+  [ -z "${MS[fast]:-}" ] || fast=(train.bf16_activations=true)
+  echo "  kernels: dpt-model-bench --trace-steps $TRACE (CUPTI)"
+  timeout -k 10 "$limit" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps 1 \
+    --trace-steps "$TRACE" --json "$traced.json" "${SHAPE_KV[@]}" "${fast[@]}" >"$traced" 2>&1 </dev/null || true
+  if grep -qE '^# trace +[0-9]' "$traced"; then
+    KERNEL_HOW="$( ((${#fast[@]})) && echo "the fast path's" || echo "the step's") $(grep -m1 '^# kernel trace, ' \
+      "$traced" | sed 's/^# kernel trace, //')"
     KERNEL_HOW+="; the first 25 by time (all in its log's JSON)"
     KERNELS=$(
       echo '```'
@@ -555,9 +564,7 @@ trace_kernels_table() {
     )
     return 0
   fi
-  if [ -f "$traced" ] && grep -q '^# kernel trace: ' "$traced"; then
-    echo "  kernels: $(grep -m1 '^# kernel trace: ' "$traced" | sed 's/^# //')"
-  fi
+  echo "  kernels: no trace ($(grep -m1 -E '^# kernel trace: |error' "$traced" | sed 's/^# //' || echo "see $traced"))"
   return 1
 }
 

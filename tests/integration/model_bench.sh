@@ -8,8 +8,8 @@
 #  - what it refuses (a negative --kernel-steps or --trace-steps, --cuda-graph on the CPU: exit 2); --trace-steps on
 #    the CPU: a line saying there is no trace;
 #  - scripts/bench/gpt_bench.sh --cpu with the step row only: its report has the step row's table by operation; with
-#    the fast row and the fastsep A/B row: the A/B table by operation; the table by kernel name from the fast row's
-#    CUPTI trace lines (a wrapper adds a GPU's); the fastgraph row neither run nor reported on the CPU;
+#    the fast row and the fastsep A/B row: the A/B table by operation; the table by kernel name from a CUPTI trace
+#    run's lines (a wrapper adds a GPU's); the fastgraph row neither run nor reported on the CPU;
 #  - scripts/bench/ncu_sol.py (the GPU report's ncu SpeedOfLight table) on a CSV in ncu's layout.
 source "$(dirname "$0")/lib/common.bash"
 BENCH=$DPT_BUILD_DIR/bench/dpt-model-bench
@@ -175,8 +175,8 @@ has ab '^## The A/B rows against the fast row, by operation' "no A/B table"
 has ab '^\| matmul_bf16 \| [0-9.]+( \| [0-9.]+ \| [-+][0-9.]+){3} \|$' "the A/B table lacks matmul_bf16 (fasttune, fastsep, fastnd)"
 has ab '^\| dptrain \| step, bf16 activations, train.deterministic = false' "no fastnd row"
 has ab '^## dptrain \(fast row\): where the time goes, by operation' "no table for the fast row"
-# The report's table of dptrain's kernels by name from the fast row's CUPTI trace: here from a wrapper that adds a
-# GPU's trace lines to dpt-model-bench's (the CPU has none), in the columns torch.profiler's table has.
+# The report's table of dptrain's kernels by name from a CUPTI trace (a run of its own after the fast row): here from
+# a wrapper that adds a GPU's trace lines to dpt-model-bench's (the CPU has none), in torch.profiler's columns.
 cat > "$WORK/traced-bench" <<EOF
 #!/usr/bin/env bash
 traced=0
@@ -192,7 +192,7 @@ EOF
 chmod +x "$WORK/traced-bench"
 gpt_bench traced BENCH_PRECISION=bf16 BENCH_ROWS=fast BENCH_TRACE_STEPS=2 MODEL_BENCH="$WORK/traced-bench"
 has traced '^## dptrain: where the time goes, by kernel$' "no section by kernel"
-has traced "^the fast row's 2 more step\(s\) \(CUPTI API 130001 .*under 2 name\(s\); the first 25 by time" \
+has traced "^the fast path's 2 more step\(s\) \(CUPTI API 130001 .*under 2 name\(s\); the first 25 by time" \
   "no trace line"
 has traced '^ +ms/step +% +calls/step +kernel$' "no trace header"
 has traced '^ +0.600 +60.0 +2.0  nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT$' "no kernel row"
