@@ -19,7 +19,6 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 
-#include <atomic>
 #include <cstring>
 #endif
 
@@ -76,12 +75,15 @@ struct KernelTrace::Impl {
   StringFn result_string = nullptr;
   VersionFn get_version = nullptr;
 
-  std::mutex mu;  // CUPTI may hand buffers back on a thread of its own
+  std::mutex mu;  // rows and the counts (rows() may read while CUPTI's thread adds)
   std::map<std::string, Row> rows;
-  int64_t unreadable = 0, dropped = 0;
+  int64_t unreadable = 0, untimed = 0, dropped = 0;
   bool running = false;
 
-  static std::atomic<Impl*> active;  // the trace CUPTI's callbacks feed (one at a time)
+  // The trace CUPTI's callbacks feed (one at a time), and the lock held across looking it up and adding to it: stop()
+  // clears it under the lock, so a buffer CUPTI's thread hands back late never reaches a trace that is gone.
+  static Impl* active;
+  static std::mutex active_mu;
 
   template <class F>
   bool load(F& f, const char* symbol) {
@@ -90,7 +92,7 @@ struct KernelTrace::Impl {
     return f != nullptr;
   }
 
-  void check(CUptiResult r, const char* what) const {
+  void check(CUptiResult r, const std::string& what) const {
     if (r == CUPTI_SUCCESS) return;
     const char* s = nullptr;
     if (result_string) (void)result_string(r, &s);
@@ -104,8 +106,16 @@ struct KernelTrace::Impl {
   }
 
   static void CUPTIAPI completed(CUcontext ctx, uint32_t stream, uint8_t* buffer, size_t, size_t valid) {
-    Impl* self = active.load();
-    if (self && buffer) self->add(ctx, stream, buffer, valid);
+    try {
+      const std::lock_guard<std::mutex> lock(active_mu);
+      if (active && buffer) active->add(ctx, stream, buffer, valid);
+    } catch (...) {  // nothing may unwind through CUPTI's frames: the buffer's records are lost, and counted
+      const std::lock_guard<std::mutex> lock(active_mu);
+      if (active) {
+        const std::lock_guard<std::mutex> rows_lock(active->mu);
+        ++active->unreadable;
+      }
+    }
     std::free(buffer);
   }
 
@@ -130,6 +140,10 @@ struct KernelTrace::Impl {
       } else {
         continue;
       }
+      if (start == 0 || end == 0) {  // CUPTI had no device memory for the record's timestamps
+        ++untimed;
+        continue;
+      }
       if (name.empty() || end < start || end - start > kMaxRecordNs) {
         ++unreadable;
         continue;
@@ -144,17 +158,21 @@ struct KernelTrace::Impl {
   }
 };
 
-std::atomic<KernelTrace::Impl*> KernelTrace::Impl::active{nullptr};
+KernelTrace::Impl* KernelTrace::Impl::active = nullptr;
+std::mutex KernelTrace::Impl::active_mu;
 
 KernelTrace::KernelTrace() : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
-  std::vector<std::string> names;
-  if (const char* own = std::getenv("DPT_CUPTI_LIB"); own && *own) names.emplace_back(own);
-  names.insert(names.end(), {"libcupti.so.13", "libcupti.so"});
-  for (const std::string& n : names)
+  std::vector<std::string> names = {"libcupti.so.13", "libcupti.so"};
+  if (const char* own = std::getenv("DPT_CUPTI_LIB"); own && *own) names = {own};  // that file, or none
+  std::vector<std::string> errors;
+  for (const std::string& n : names) {
     if ((m.lib = dlopen(n.c_str(), RTLD_NOW | RTLD_LOCAL))) break;
+    const char* e = dlerror();
+    errors.push_back(e ? e : n + ": not loaded");
+  }
   if (!m.lib) {
-    m.why = fmt::format("CUPTI not found ({}; set DPT_CUPTI_LIB to its file)", fmt::join(names, ", "));
+    m.why = fmt::format("CUPTI not loaded ({}; DPT_CUPTI_LIB names its file)", fmt::join(errors, "; "));
     return;
   }
   if (!(m.load(m.register_callbacks, "cuptiActivityRegisterCallbacks") && m.load(m.enable, "cuptiActivityEnable") &&
@@ -190,13 +208,18 @@ std::string KernelTrace::version() const {
 void KernelTrace::start() {
   Impl& m = *impl_;
   DPT_CHECK(ok(), "kernel trace: {}", m.why);
-  DPT_CHECK(!m.running && Impl::active.load() == nullptr, "kernel trace: one trace at a time");
-  Impl::active = &m;
+  {
+    const std::lock_guard<std::mutex> lock(Impl::active_mu);
+    DPT_CHECK(!m.running && Impl::active == nullptr, "kernel trace: one trace at a time");
+    Impl::active = &m;
+  }
   try {
     m.check(m.register_callbacks(&Impl::requested, &Impl::completed), "registering the buffer callbacks");
-    for (CUpti_ActivityKind k : kKinds) m.check(m.enable(k), "enabling an activity kind");
+    for (CUpti_ActivityKind k : kKinds)
+      m.check(m.enable(k), fmt::format("enabling activity kind {}", static_cast<int>(k)));
   } catch (...) {
     for (CUpti_ActivityKind k : kKinds) (void)m.disable(k);
+    const std::lock_guard<std::mutex> lock(Impl::active_mu);
     Impl::active = nullptr;
     throw;
   }
@@ -209,7 +232,10 @@ void KernelTrace::stop() {
   m.running = false;
   for (CUpti_ActivityKind k : kKinds) (void)m.disable(k);
   const CUptiResult r = m.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  Impl::active = nullptr;
+  {
+    const std::lock_guard<std::mutex> lock(Impl::active_mu);
+    Impl::active = nullptr;
+  }
   m.check(r, "flushing the activity buffers");
 }
 
@@ -223,6 +249,10 @@ std::vector<KernelTrace::Row> KernelTrace::rows() const {
 int64_t KernelTrace::unreadable() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->unreadable;
+}
+int64_t KernelTrace::untimed() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->untimed;
 }
 int64_t KernelTrace::dropped() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
@@ -243,6 +273,7 @@ void KernelTrace::start() { DPT_THROW(UnsupportedError, "kernel trace: {}", impl
 void KernelTrace::stop() {}
 std::vector<KernelTrace::Row> KernelTrace::rows() const { return {}; }
 int64_t KernelTrace::unreadable() const { return 0; }
+int64_t KernelTrace::untimed() const { return 0; }
 int64_t KernelTrace::dropped() const { return 0; }
 
 #endif

@@ -2,8 +2,8 @@
 // torch.profiler's table shows for PyTorch (its CUPTI activity records), for dpt-model-bench --trace-steps, so that
 // the GPT benchmark's report can set dptrain's kernels beside PyTorch's (cuBLASLt's kernel for each product, cuDNN's
 // kernels inside an attention call). CUPTI's activity API, loaded at run time (dlopen "libcupti.so.13", then
-// "libcupti.so"; DPT_CUPTI_LIB names another file): no link-time dependency, and a machine without CUPTI runs
-// everything else. Kernels, copies and memsets are recorded (their start and end on the GPU); nothing is replayed or
+// "libcupti.so"; DPT_CUPTI_LIB names the one file to load instead): no link-time dependency, and a machine without
+// CUPTI runs everything else. Kernels, copies and memsets are recorded (their start and end on the GPU); nothing is replayed or
 // serialised, so the times are the run's own.
 #pragma once
 
@@ -28,15 +28,17 @@ class KernelTrace {
   KernelTrace& operator=(const KernelTrace&) = delete;
   bool ok() const;
   const std::string& why() const;
-  std::string version() const;  // "CUPTI 130001" (cuptiGetVersion's API version)
+  std::string version() const;  // "CUPTI API 130001 (built against 130001)": cuptiGetVersion's, and the headers'.
   // Records from here until stop(), which the caller calls after the traced work has finished on the device (a
   // stream synchronisation); stop() flushes CUPTI's buffers and adds their records to rows(). Throws on a CUPTI error.
   void start();
   void stop();
   // Per kernel name, most time first. Records whose fields make no sense (an end before its start, a duration over
-  // a minute, no name: another CUPTI's record layout than the headers this was built with) are counted apart.
+  // a minute, no name: another CUPTI's record layout than the headers this was built with) are counted apart, and
+  // so are records without timestamps (CUPTI lacked device memory for them).
   std::vector<Row> rows() const;
   int64_t unreadable() const;
+  int64_t untimed() const;
   int64_t dropped() const;  // records CUPTI dropped for lack of buffer space
 
  private:

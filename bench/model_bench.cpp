@@ -34,16 +34,17 @@
 // device's peaks are known (the bf16 table and the memory's clock and bus on a GPU; --peak-tflops, --peak-gbps),
 // its floor: how far each operation, cuBLASLt's and cuDNN's included, sits from the roofline.
 //
-// --lt-sweep N: last, each cuBLASLt plan the run made called again on scratch operands with each of the first N
+// --lt-sweep N: after those, each cuBLASLt plan the run made called again on scratch operands with each of the first N
 // algorithms cuBLASLt's heuristic proposes and split-K variants of the first few, against the one it runs
 // (Kernels::sweep_library_choices): whether the heuristic's first choice leaves a GEMM's time on the table; then each
 // cuDNN attention graph with up to N (at most 4) of the plans cuDNN proposes for it. A line each (and the JSON's
 // library_sweep).
 //
-// --trace-steps N (GPU): after those, N more steps with CUPTI's activity records on (bench/kernel_trace.h): each
-// kernel, copy and memset by name with its device time per step, most first, as torch.profiler tabulates PyTorch's
-// (the same format: gpt_bench.sh sets the two side by side); the library calls' own kernels by name (cuBLASLt's
-// kernel per product, cuDNN's inside an attention call). Without CUPTI a line says why; the run's numbers stand.
+// --trace-steps N (GPU): last (after --lt-sweep), N more steps, launched call by call, with CUPTI's activity records
+// on (bench/kernel_trace.h): each kernel, copy and memset by name with its device time per step, most first, as
+// torch.profiler tabulates PyTorch's (the same format: gpt_bench.sh sets the two side by side); the library calls'
+// own kernels by name (cuBLASLt's kernel per product, cuDNN's inside an attention call). Without CUPTI a line says
+// why; the run's numbers stand.
 //
 // --cuda-graph (GPU): the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured
 // after the warm-up (and --lt-tune), the optimizer's update launched after it as in the other steps: what a graph
@@ -453,10 +454,10 @@ void trace_kernels(Result& r, const Options& o, Device device, StreamHandle stre
     return;
   }
   try {
-    cuda::stream_synchronize(stream);  // the steps before stay out of it
+    cuda::device_synchronize();  // the steps before stay out of it
     trace.start();
     for (int i = 0; i < o.trace_steps; ++i) step();
-    cuda::stream_synchronize(stream);
+    cuda::device_synchronize();  // every stream's work in, before the flush
     trace.stop();
   } catch (const std::exception& e) {
     r.trace_note = fmt::format("kernel trace: failed: {}", e.what());
@@ -469,6 +470,8 @@ void trace_kernels(Result& r, const Options& o, Device device, StreamHandle stre
                              o.trace_steps, trace.version(), ms / o.trace_steps, r.trace.size());
   if (trace.unreadable() > 0)
     r.trace_note += fmt::format("; {} record(s) unreadable (another CUPTI's record layout?)", trace.unreadable());
+  if (trace.untimed() > 0)
+    r.trace_note += fmt::format("; {} record(s) without timestamps (left out)", trace.untimed());
   if (trace.dropped() > 0) r.trace_note += fmt::format("; {} record(s) dropped by CUPTI", trace.dropped());
 }
 
@@ -618,7 +621,6 @@ Result run(const Options& o, const trainer::Config& cfg) {
     r.kernel_total_ms = timed.total_ms();
     r.kernel_between_ms = timed.between_ms();
   }
-  if (o.trace_steps > 0) trace_kernels(r, o, device, stream, [&] { step(nullptr); });
   r.library_choices = k.library_choices();
   if (o.lt_sweep > 0) {  // last: diagnostics only, on scratch operands; a failure is reported, never the run's
     try {
@@ -629,6 +631,8 @@ Result run(const Options& o, const trainer::Config& cfg) {
       r.library_sweep.push_back(fmt::format("library sweep: failed: {}", e.what()));
     }
   }
+  // Last: CUPTI stays loaded once used, so nothing timed comes after it.
+  if (o.trace_steps > 0) trace_kernels(r, o, device, stream, [&] { step(nullptr); });
   return r;
 }
 
@@ -674,7 +678,7 @@ void print_kernels(const Result& r, const Options& o) {
 }
 
 // --trace-steps's lines: what the trace was, then its rows in torch_gpt.py --profile-out's columns (ms/step, %,
-// calls/step, kernel), the first --kernel-lines of them.
+// calls/step, kernel: its first 140 characters, as there; whole in the JSON), the first --kernel-lines of them.
 void print_trace(const Result& r, const Options& o) {
   fmt::print("# {}\n", r.trace_note);
   if (r.trace.empty()) return;
@@ -685,7 +689,7 @@ void print_trace(const Result& r, const Options& o) {
   for (size_t i = 0; i < shown; ++i) {
     const auto& t = r.trace[i];
     fmt::print("# trace {:>8.3f} {:>6.1f} {:>11.1f}  {}\n", t.ms / o.trace_steps, total > 0 ? 100 * t.ms / total : 0.0,
-               static_cast<double>(t.calls) / o.trace_steps, t.name);
+               static_cast<double>(t.calls) / o.trace_steps, t.name.substr(0, 140));
   }
 }
 
@@ -772,9 +776,9 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_flag("--cuda-profiler-range", o.profiler_range,
                "the timed steps between cudaProfilerStart/Stop (nsys profile --capture-range=cudaProfilerApi)");
   app.add_option("--trace-steps", o.trace_steps,
-                 "after the others, this many steps with CUPTI's activity records on: each GPU kernel, copy and "
-                 "memset by name with its time per step, as torch.profiler's table (GPU; CUPTI loaded at run time, "
-                 "DPT_CUPTI_LIB names its file; 0: none)")
+                 "last, this many steps (launched call by call, also with --cuda-graph) with CUPTI's activity "
+                 "records on: each GPU kernel, copy and memset by name with its time per step, as torch.profiler's "
+                 "table (GPU; CUPTI loaded at run time, DPT_CUPTI_LIB names its file; 0: none)")
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   app.add_flag("--cuda-graph", o.cuda_graph,

@@ -60,8 +60,9 @@
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
 #   BENCH_TRACE_STEPS           dpt-model-bench --trace-steps, in a run of its own after the fast row: that many
 #                               steps under CUPTI's activity records, dptrain's kernels by name as torch.profiler's
-#                               table gives PyTorch's (default 3 on the GPU, 0 on the CPU); when it came back, nsys
-#                               and ncu are not run
+#                               table gives PyTorch's (default 3 on the GPU, 0 on the CPU; BENCH_TRACE_TIMEOUT_S,
+#                               default 60, caps the run); when it came back, the timing table from nsys or ncu is not
+#                               made (ncu's SpeedOfLight pass still runs)
 #   BENCH_NCU                   1: ncu when there is no nsys; 0: never; auto (default): only when no --kernel-steps
 #                               table came back (ncu replays a GPT-2 step's kernels one by one: minutes)
 #   BENCH_LT_SWEEP              dpt-model-bench --lt-sweep for the fast row's first run: each cuBLASLt plan timed with
@@ -331,7 +332,7 @@ run_rows() {
   # dptrain's kernel breakdown next, before PyTorch's rows: it is what tuning needs, and a short GPU window ran out
   # of time before it when it came last (H200, 2026-11-26).
   if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && { want step || want fast; }; then profile_kernels
-  elif ((rep == 1 && TRACE > 0)); then trace_kernels_table || true
+  elif ((GPU == 0 && rep == 1 && TRACE > 0)); then trace_kernels_table || true
   fi
   for mode in compile eager; do
     want "$mode" || continue
@@ -544,15 +545,19 @@ KERNEL_HOW=""
 # KERNEL_HOW (then nsys and ncu are not needed). The fast path's step when its row gave a number, else the step
 # row's. Returns 1 when no table came back.
 trace_kernels_table() {
-  local traced=$LOG_DIR/trace_dptrain.log limit fast=()
+  local traced=$LOG_DIR/trace_dptrain.log limit fast=() rc=0 why
   ((TRACE > 0)) || return 1
   limit=$(run_limit)
   ((limit > 0)) || return 1
+  # Its own cap: a trace that hangs must not take the time the rows after it need.
+  ((limit <= ${BENCH_TRACE_TIMEOUT_S:-60})) || limit=${BENCH_TRACE_TIMEOUT_S:-60}
   [ -z "${MS[fast]:-}" ] || fast=(train.bf16_activations=true)
   echo "  kernels: dpt-model-bench --trace-steps $TRACE (CUPTI)"
+  rm -f "$traced.json"
   timeout -k 10 "$limit" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" --steps 1 \
-    --trace-steps "$TRACE" --json "$traced.json" "${SHAPE_KV[@]}" "${fast[@]}" >"$traced" 2>&1 </dev/null || true
-  if grep -qE '^# trace +[0-9]' "$traced"; then
+    --trace-steps "$TRACE" --json "$traced.json" "${SHAPE_KV[@]}" "${fast[@]}" >"$traced" 2>&1 </dev/null || rc=$?
+  if ((rc == 124 || rc == 137)); then echo "timed out after ${limit}s" >>"$traced"; fi
+  if ((rc == 0)) && grep -qE '^# trace +[0-9]' "$traced"; then
     KERNEL_HOW="$( ((${#fast[@]})) && echo "the fast path's" || echo "the step's") $(grep -m1 '^# kernel trace, ' \
       "$traced" | sed 's/^# kernel trace, //')"
     KERNEL_HOW+="; the first 25 by time (all in its log's JSON)"
@@ -564,7 +569,9 @@ trace_kernels_table() {
     )
     return 0
   fi
-  echo "  kernels: no trace ($(grep -m1 -E '^# kernel trace: |error' "$traced" | sed 's/^# //' || echo "see $traced"))"
+  why=$(grep -m1 -E '^# kernel trace' "$traced" | sed 's/^# //' || true)
+  [ -n "$why" ] || why=$(tail -n 1 "$traced" | cut -c1-200)
+  echo "  kernels: no trace (exit $rc: ${why:-an empty log}; see $traced)"
   return 1
 }
 
@@ -832,7 +839,7 @@ report=$(
     echo
     echo "$KERNEL_HOW."
     [ -z "$KERNELS" ] || { echo; echo "$KERNELS"; }
-    if ((GPU)); then
+    if ((GPU)) && [ -n "$SOL_HOW" ]; then
       echo
       echo "## dptrain's own kernels against the GPU's limits (ncu SpeedOfLight)"
       echo

@@ -179,15 +179,18 @@ has ab '^## dptrain \(fast row\): where the time goes, by operation' "no table f
 # a wrapper that adds a GPU's trace lines to dpt-model-bench's (the CPU has none), in torch.profiler's columns.
 cat > "$WORK/traced-bench" <<EOF
 #!/usr/bin/env bash
-traced=0
-for a in "\$@"; do [ "\$a" = --trace-steps ] && traced=1; done
-$(printf %q "$BENCH") "\$@" | grep -v '^# kernel trace: ' || exit \${PIPESTATUS[0]}
-if ((traced)) && [[ " \$* " == *" --trace-steps 2 "* ]]; then
+# A GPU's trace lines only for the trace's own run (one timed step, 2 traced), none in any row's.
+$(printf %q "$BENCH") "\$@" > "\$0.out.\$\$" || { rc=\$?; cat "\$0.out.\$\$"; rm -f "\$0.out.\$\$"; exit \$rc; }
+if [[ " \$* " == *" --steps 1 --trace-steps 2 "* ]]; then
+  grep -v '^# kernel trace: ' "\$0.out.\$\$"
   echo '# kernel trace, 2 more step(s) (CUPTI API 130001 (built against 130001)): 1.000 ms/step of GPU work under 2 name(s)'
   echo '# trace  ms/step      %  calls/step  kernel'
   echo '# trace    0.600   60.0         2.0  nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT'
   echo '# trace    0.400   40.0         1.0  memset'
+else
+  cat "\$0.out.\$\$"
 fi
+rm -f "\$0.out.\$\$"
 EOF
 chmod +x "$WORK/traced-bench"
 gpt_bench traced BENCH_PRECISION=bf16 BENCH_ROWS=fast BENCH_TRACE_STEPS=2 MODEL_BENCH="$WORK/traced-bench"
@@ -197,6 +200,12 @@ has traced "^the fast path's 2 more step\(s\) \(CUPTI API 130001 .*under 2 name\
 has traced '^ +ms/step +% +calls/step +kernel$' "no trace header"
 has traced '^ +0.600 +60.0 +2.0  nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT$' "no kernel row"
 ! grep -q 'SpeedOfLight' "$WORK/traced/gpt-bench.md" || fail "traced: an ncu section on the CPU"
+! grep -q '^# trace ' "$WORK/traced/gpt-bench-logs/fast_dptrain_1.log" || fail "traced: the fast row itself was traced"
+# Without a trace (the real dpt-model-bench on the CPU): the log says why, and the report has no table by kernel.
+gpt_bench untraced BENCH_PRECISION=bf16 BENCH_ROWS=fast BENCH_TRACE_STEPS=2
+grep -q '^  kernels: no trace (exit 0: kernel trace: none on the CPU' "$WORK/untraced.log" \
+  || { cat "$WORK/untraced.log"; fail "untraced: no line saying why there is no trace"; }
+! grep -q 'by kernel' "$WORK/untraced/gpt-bench.md" || fail "untraced: a section by kernel without a trace"
 # BENCH_DEADLINE already passed: no run starts. An A/B row left out is noted and the script succeeds (gpu-check's
 # bench_gpt step passes when every target row gave its number); a target row left out fails it, noted too.
 env OUT="$WORK/late" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 BENCH_ROWS=fastnd BENCH_DEADLINE="$(date +%s)" \
