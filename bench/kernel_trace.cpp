@@ -258,6 +258,10 @@ int64_t KernelTrace::dropped() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
   return impl_->dropped;
 }
+void KernelTrace::add_records(uint8_t* buffer, size_t valid) {
+  DPT_CHECK(ok(), "kernel trace: {}", impl_->why);
+  impl_->add(nullptr, 0, buffer, valid);
+}
 
 #else  // no CUPTI headers at build time
 
@@ -275,6 +279,7 @@ std::vector<KernelTrace::Row> KernelTrace::rows() const { return {}; }
 int64_t KernelTrace::unreadable() const { return 0; }
 int64_t KernelTrace::untimed() const { return 0; }
 int64_t KernelTrace::dropped() const { return 0; }
+void KernelTrace::add_records(uint8_t*, size_t) { DPT_THROW(UnsupportedError, "kernel trace: {}", impl_->why); }
 
 #endif
 

@@ -7,6 +7,7 @@
 // serialised, so the times are the run's own.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +40,9 @@ class KernelTrace {
   std::vector<Row> rows() const;
   int64_t unreadable() const;
   int64_t untimed() const;
+  // What CUPTI's buffer callback does with a buffer it hands back while a trace runs: each record read into rows()
+  // (tests feed it records made by hand; CUPTI's own reader walks the buffer, so CUPTI must have loaded).
+  void add_records(uint8_t* buffer, size_t valid);
   int64_t dropped() const;  // records CUPTI dropped for lack of buffer space
 
  private:
