@@ -52,6 +52,14 @@ LtMatmulPlan lt_plain_plan(const LtMatmulPlan& p) {
   return plain;
 }
 
+LtMatmulPlan lt_autocast_plan(const LtMatmulPlan& p) {
+  LtMatmulPlan a = lt_plain_plan(p);
+  a.d_f32 = false;
+  a.beta = 0.0f;
+  a.any_reduction = true;
+  return a;
+}
+
 LtColumnSums lt_column_sums(const LtMatmulPlan& p) {
   // cuBLASLt's B is n x k column-major when transposed (our A as stored, K x M row-major: element (i, k) at k ld + i),
   // else k x n (element (k, i) at i ld + k).
@@ -70,9 +78,10 @@ std::string lt_epilogue_unfusable(const LtMatmulPlan& p) {
 std::string describe(const LtMatmulPlan& p) {
   static constexpr const char* kEpilogue[] = {"default", "bias", "gelu_bias", "gelu_aux_bias", "bgradb", "dgelu"};
   const auto layout = [](const LtLayout& l) { return fmt::format("{}x{}/{}", l.rows, l.cols, l.ld); };
-  return fmt::format("m {} n {} k {} A {} {} B {} {} D {} {} beta {} epilogue {}", p.m, p.n, p.k,
+  return fmt::format("m {} n {} k {} A {} {} B {} {} D {} {} beta {} epilogue {}{}", p.m, p.n, p.k,
                      p.trans_a ? "T" : "N", layout(p.a), p.trans_b ? "T" : "N", layout(p.b), layout(p.d),
-                     p.d_f32 ? "f32" : "bf16", p.beta, kEpilogue[static_cast<int>(p.epilogue)]);
+                     p.d_f32 ? "f32" : "bf16", p.beta, kEpilogue[static_cast<int>(p.epilogue)],
+                     p.any_reduction ? " any-reduction" : "");
 }
 
 SdpaPlan sdpa_plan(const AttentionShape& s) {

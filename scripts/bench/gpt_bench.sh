@@ -786,7 +786,7 @@ report=$(
   fi
   if [ -n "$sweep" ]; then
     echo
-    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes and split-K variants of the first three, timed on scratch operands (dpt-model-bench --lt-sweep $LTS), then each cuDNN attention graph with up to 4 of the plans cuDNN proposes: whether another than the first would pay"
+    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes and split-K variants of the first three, timed on scratch operands (dpt-model-bench --lt-sweep $LTS), then each cuDNN attention graph with up to 4 of the plans cuDNN proposes: whether another than the first would pay. A plan marked any-reduction is a weight gradient as torch.autocast computes it (written into bf16, no epilogue, split-K parts added in any type), timed beside ours for comparison only: no product runs it"
     echo
     echo "$sweep"
   fi

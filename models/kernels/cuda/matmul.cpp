@@ -130,7 +130,8 @@ struct LtPointers {
 // heuristic's first algorithm for a DGELU product with both operands transposed, K 1024 and a bf16 D was 0.34% off in
 // relative L2 (24 times the [gpu] case's bound at worst); with this mask the case passed. split_k keeps to the same.
 uint32_t reduction_schemes(const LtMatmulPlan& p) {
-  return p.d_f32 ? uint32_t{CUBLASLT_REDUCTION_SCHEME_MASK} : uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE};
+  return p.d_f32 || p.any_reduction ? uint32_t{CUBLASLT_REDUCTION_SCHEME_MASK}
+                                    : uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE};
 }
 
 // `algo` split along K into `splits` parts, if cuBLASLt accepts that for the entry's descriptors within the workspace:
@@ -646,14 +647,24 @@ struct BgradPlans {
 };
 
 // Each bias-gradient plan's plain twin made first (if no product made it already), so that the sweep times, and
-// tunes, it with the rest before compare_apart weighs it against the fused plan.
-BgradPlans make_plain_twins(LtState& st) {
+// tunes, it with the rest before compare_apart weighs it against the fused plan. With `autocast` (a report-only
+// sweep) also its product as torch.autocast computes it (lt_autocast_plan), timed as a plan of its own: no product
+// runs it, so adopting nothing there changes no step.
+BgradPlans make_plain_twins(LtState& st, bool autocast) {
   BgradPlans b;
   for (const auto& [key, e] : st.entries)
     if (key.plan.epilogue == LtEpilogue::BGradB && e->have_algo)
       (key.splitk == st.forced_splitk ? b.keys : b.other_split).push_back(key);
   for (const LtKey& key : b.keys) {
     const LtKey twin = plain_twin_key(key, st.forced_splitk);
+    if (autocast && !st.entries.contains({lt_autocast_plan(key.plan), twin.align, st.forced_splitk})) {
+      try {
+        lt_entry(st, lt_autocast_plan(key.plan), twin.align, {}).choice +=
+            " (made by the sweep: this weight gradient as torch.autocast computes it, written into bf16; report only)";
+      } catch (const std::exception& ex) {
+        spdlog::info("cuBLASLt: no autocast twin for {}: {}", describe(key.plan), ex.what());
+      }
+    }
     if (st.entries.contains(twin)) continue;
     try {
       lt_entry(st, twin.plan, twin.align, {}).choice +=
@@ -717,12 +728,17 @@ std::string sweep_plan(LtState& st, const LtKey& key, LtEntry& e, const std::str
   if (chosen < 0)
     return fmt::format("{}: the algorithm it runs refused the scratch operands; {}{}", head, others,
                        best_i < 0 ? std::string() : fmt::format(", fastest {:.4f} ms", best));
+  // The rate: 2 m n k over the time (what the GPU report sets beside PyTorch's kernels for the same product).
+  const auto rate = [&](double ms) {
+    return fmt::format("{:.0f} TFLOP/s", 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
+                                             static_cast<double>(p.k) / (ms * 1e-3) / 1e12);
+  };
   if (best_i < 0 || best >= chosen)
-    return fmt::format("{}: chosen {:.4f} ms; {}, none faster{}{}", head, chosen, others,
+    return fmt::format("{}: chosen {:.4f} ms ({}); {}, none faster{}{}", head, chosen, rate(chosen), others,
                        best_i < 0 ? std::string() : fmt::format(" (the best {:.4f} ms)", best), adopted);
-  return fmt::format("{}: chosen {:.4f} ms; {}, the fastest {:.4f} ms ({:.1f}% less; candidate {}: {}){}", head,
-                     chosen, others, best, 100.0 * (chosen - best) / chosen, best_i + 1,
-                     describe_algo(found_algos[best_i]), adopted);
+  return fmt::format("{}: chosen {:.4f} ms ({}); {}, the fastest {:.4f} ms ({}, {:.1f}% less; candidate {}: {}){}",
+                     head, chosen, rate(chosen), others, best, rate(best), 100.0 * (chosen - best) / chosen,
+                     best_i + 1, describe_algo(found_algos[best_i]), adopted);
 }
 
 // Each bias-gradient plan against its bias gradient apart (compare_apart), said at the end of its line in `out`
@@ -767,7 +783,7 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
   const SweepSettings w{.candidates = candidates, .reps = reps, .split_bases = lt_split_bases_,
                         .adopt_margin = adopt_margin, .device = device(), .stream = stream(), .start = &start,
                         .stop = &stop};
-  const BgradPlans bgrad = make_plain_twins(st);
+  const BgradPlans bgrad = make_plain_twins(st, /*autocast=*/!adopt_margin);
   std::map<const LtEntry*, size_t> bgrad_line;  // each bias-gradient plan's line in `out`
   for (auto& [key, e] : st.entries) {
     const LtMatmulPlan& p = key.plan;

@@ -260,10 +260,16 @@ TEST_CASE("cuBLASLt sweep times every plan on scratch and leaves the next produc
     CHECK(line.find("failed") == std::string::npos);
     if (line.find(": skipped (no cuBLASLt algorithm") != std::string::npos) continue;
     CHECK(line.find(": chosen ") != std::string::npos);
+    CHECK(line.find(" TFLOP/s); ") != std::string::npos);  // the chosen algorithm's rate
     ++timed;
     with_splits += line.find(" split-K variant(s) timed") != std::string::npos;
   }
   CHECK(timed >= 3);  // this case's three plans at least
+  // A report-only sweep also times each weight gradient as torch.autocast computes it (lt_autocast_plan: bf16 D,
+  // written, no epilogue), a plan of its own that no product runs: this case's weight gradients' twin at least.
+  CHECK(std::ranges::count_if(lines, [](const std::string& l) {
+          return l.find(" epilogue default any-reduction ") != std::string::npos;
+        }) >= 1);
   // Where the matmul case ran before in this process (its K-1024 plans, which cuBLASLt split 4 ways there), some
   // plan's algorithm had split-K variants.
   const std::vector<std::string> made = cuda_set().library_choices();

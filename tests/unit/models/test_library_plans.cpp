@@ -210,6 +210,22 @@ TEST_CASE("lt_plain_plan and lt_column_sums: the bias gradient apart is the plai
         if (ep != MatmulEpilogue::BiasGrad) continue;
         // bias_grad_columns: op(A)[i, k] at (ta ? k * lda + i : i * lda + k), i < M, k < K.
         CHECK(lt_column_sums(p) == LtColumnSums{M, K, ta ? 1 : lda, ta ? lda : 1});
+        // The sweep's report-only twin, as torch.autocast computes the weight gradient: the same product and layouts,
+        // written (beta 0) into bf16, no epilogue, split-K parts added in any type; a plan of its own (never one a
+        // product runs: those add their parts in float32), said so in its description.
+        MatmulShape autocast = none;
+        autocast.d_f32 = false;
+        autocast.accumulate = false;
+        LtMatmulPlan want = lt_matmul_plan(autocast, false);
+        CHECK(!want.any_reduction);
+        const LtMatmulPlan a = lt_autocast_plan(p);
+        CHECK(a != want);
+        want.any_reduction = true;
+        CHECK(a == want);
+        CHECK(a.beta == 0.0f);
+        CHECK(!a.d_f32);
+        CHECK(a.epilogue == LtEpilogue::Default);
+        CHECK(describe(a) == describe(lt_matmul_plan(autocast, false)) + " any-reduction");
       }
 }
 
