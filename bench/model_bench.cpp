@@ -475,20 +475,37 @@ void trace_kernels(Result& r, const Options& o, Device device, StreamHandle stre
   if (trace.dropped() > 0) r.trace_note += fmt::format("; {} record(s) dropped by CUPTI", trace.dropped());
 }
 
-Result run(const Options& o, const trainer::Config& cfg) {
-  const Device device =
-      trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
-  if (o.cuda_graph && !cfg.train.bf16_activations)
-    DPT_THROW(ConfigError, "--cuda-graph is for the transformer fast path (train.bf16_activations = true), the one "
-                           "whose capture is tested (a float32 step, BatchNorm's host-side counters, are not)");
-  if (o.cuda_graph && !device.is_cuda())
-    DPT_THROW(ConfigError, "--cuda-graph captures a GPU step: the run is on {} ({})", device.str(),
-              cfg.train.device == trainer::DeviceChoice::cpu ? "train.device = cpu" : cuda::unavailable_reason());
-  if (device.is_cuda()) cuda::set_device(device.index);
-  const trainer::ModelCard& family = trainer::model_card(cfg.model.name);
-  const bool gpt = family.input == trainer::ModelInput::tokens;  // token windows in, the GPT table out
-  const int64_t T = cfg.model.block_size;
-  const std::vector<int64_t> sample_shape = gpt ? std::vector<int64_t>{T + 1} : o.shape;
+// The timed steps' rates into r: ms per step, examples/s, and for a GPT tokens/s and MFU.
+void add_rates(Result& r, const Options& o, double seconds, int64_t rows_per_step) {
+  r.ms_per_step = seconds * 1e3 / o.steps;
+  r.images_per_s = static_cast<double>(o.batch * o.steps) / seconds;
+  if (r.tokens) {
+    r.tokens_per_s = static_cast<double>(rows_per_step * o.steps) / seconds;
+    if (r.peak_flops > 0) r.mfu = r.tokens_per_s * r.flops_per_token / r.peak_flops;
+  }
+}
+
+// --kernel-steps: o.kernel_steps calls of `step` with `model` on models::TimedKernels over its kernel set (every call
+// between two clock reads), into r's rows; the model's own set again after.
+void time_operations(Result& r, const Options& o, models::Model& model, const std::function<void()>& step) {
+  models::Kernels& k = model.kernels();
+  models::TimedKernels timed(k);
+  model.set_kernels(timed);
+  for (int i = 0; i < o.kernel_steps; ++i) {
+    timed.begin_step();  // the span from here: zeroing the gradients and the bf16 copy count, between calls
+    step();
+    timed.collect();
+  }
+  model.set_kernels(k);
+  r.kernels = timed.rows();
+  r.kernel_total_ms = timed.total_ms();
+  r.kernel_between_ms = timed.between_ms();
+}
+
+// The model as dptrain's trainer sets it up (init, training mode, precision, determinism, bf16 activations) on
+// `device`; ConfigError for a precision or fast path the model or device does not support.
+std::unique_ptr<models::Model> bench_model(const Options& o, const trainer::Config& cfg,
+                                           const std::vector<int64_t>& sample_shape, Device device) {
   auto model = trainer::build_model(cfg.model, sample_shape, o.classes, device);
   model->init(static_cast<uint64_t>(cfg.train.seed));
   model->set_training(true);
@@ -509,6 +526,69 @@ Result run(const Options& o, const trainer::Config& cfg) {
   if (cfg.train.precision == models::Precision::F16)
     spdlog::warn("train.precision = fp16: no loss scaling here (timing only; dptrain's fp16 step also unscales and "
                  "checks the gradients)");
+  return model;
+}
+
+// The kernel set's library sweep (--lt-sweep: margin nullopt) or tuning (--lt-tune: a margin), its lines; a failure,
+// or nothing to sweep, said in a line (a diagnostic: never the run's failure).
+std::vector<std::string> library_lines(models::Kernels& k, int candidates, std::optional<double> margin,
+                                       Device device) {
+  const char* what = margin ? "library tune" : "library sweep";
+  try {
+    std::vector<std::string> lines = k.sweep_library_choices(candidates, kSweepReps, margin);
+    if (lines.empty()) lines.push_back(fmt::format("{}: no library plan to {} on {}", what, margin ? "tune" : "sweep",
+                                                   device.str()));
+    return lines;
+  } catch (const std::exception& e) {
+    return {fmt::format("{}: failed: {}", what, e.what())};
+  }
+}
+
+// --cuda-graph: a step's zeroing, forward, loss and backward (`gradients`) captured once, after one more eager `step`
+// (whatever the warm-up's last plans, --lt-tune's, allocate on first use is made before the capture, which takes
+// every buffer at the address it has then), and launched as one unit each step, the update after it.
+class StepGraph {
+ public:
+  void capture(models::Model& model, StreamHandle stream, const std::function<void()>& step,
+               const std::function<void()>& gradients) {
+    step();
+    reads_copy_ = model.params16_current();  // what the forward decides while captured, fixed in the graph
+    graph_ = cuda::Graph::capture(stream, gradients);
+    spdlog::info("CUDA graph: a step's zeroing, forward, loss and backward captured: {} nodes", graph_.nodes());
+  }
+  // One step from the graph, then `update`. The graph holds the forward's choice made while capturing, so a graph
+  // that reads the bf16 copy of the parameters must find one the last update wrote before every launch (then used
+  // up, as the forward would: params_written).
+  void step(models::Model& model, StreamHandle stream, const std::function<void()>& update) const {
+    DPT_CHECK(!reads_copy_ || model.params16_current(), "--cuda-graph: the captured forward reads the bf16 copy of "
+              "the parameters, and the last update did not write it");
+    graph_.launch(stream);
+    if (reads_copy_) model.params_written();
+    update();
+  }
+  bool defined() const { return graph_.defined(); }
+  size_t nodes() const { return graph_.nodes(); }
+
+ private:
+  cuda::Graph graph_;
+  bool reads_copy_ = false;  // the captured forward reads the update's bf16 copy (no rounding pass)
+};
+
+Result run(const Options& o, const trainer::Config& cfg) {
+  const Device device =
+      trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
+  if (o.cuda_graph && !cfg.train.bf16_activations)
+    DPT_THROW(ConfigError, "--cuda-graph is for the transformer fast path (train.bf16_activations = true), the one "
+                           "whose capture is tested (a float32 step, BatchNorm's host-side counters, are not)");
+  if (o.cuda_graph && !device.is_cuda())
+    DPT_THROW(ConfigError, "--cuda-graph captures a GPU step: the run is on {} ({})", device.str(),
+              cfg.train.device == trainer::DeviceChoice::cpu ? "train.device = cpu" : cuda::unavailable_reason());
+  if (device.is_cuda()) cuda::set_device(device.index);
+  const trainer::ModelCard& family = trainer::model_card(cfg.model.name);
+  const bool gpt = family.input == trainer::ModelInput::tokens;  // token windows in, the GPT table out
+  const int64_t T = cfg.model.block_size;
+  const std::vector<int64_t> sample_shape = gpt ? std::vector<int64_t>{T + 1} : o.shape;
+  auto model = bench_model(o, cfg, sample_shape, device);
   // Weight decay as dptrain's training loop decides it (trainer.cpp): the family's grouping under auto.
   const bool decay_matrices_only =
       cfg.train.weight_decay_params == trainer::DecayParams::matrices ||
@@ -553,53 +633,27 @@ Result run(const Options& o, const trainer::Config& cfg) {
   };
 
   for (int i = 0; i < o.warmup; ++i) step(nullptr);
-  if (o.lt_tune > 0) {  // as train.autotune after a first step: the timed steps run what it kept
-    try {
-      r.library_tune = k.sweep_library_choices(o.lt_tune, kSweepReps, models::Kernels::kTuneMargin);
-      if (r.library_tune.empty())
-        r.library_tune.push_back(fmt::format("library tune: no library plan to tune on {}", device.str()));
-    } catch (const std::exception& e) {
-      r.library_tune.push_back(fmt::format("library tune: failed: {}", e.what()));
-    }
-  }
-  cuda::Graph graph;
-  bool reads_copy = false;  // the captured forward reads the update's bf16 copy of the parameters (no rounding pass)
+  // As train.autotune after a first step: the timed steps run what it kept.
+  if (o.lt_tune > 0) r.library_tune = library_lines(k, o.lt_tune, models::Kernels::kTuneMargin, device);
+  StepGraph graph;
+  const auto update = [&] { optimizer.step(lr); };
   if (o.cuda_graph) {
-    // One more step first, as it will be captured: whatever the warm-up's last plans (--lt-tune's) allocate on first
-    // use is made before the capture, which takes every buffer at the address it has then.
-    step(nullptr);
-    reads_copy = model->params16_current();  // what the forward decides while captured, fixed in the graph
-    graph = cuda::Graph::capture(stream, [&] { gradients(nullptr); });
+    graph.capture(*model, stream, [&] { step(nullptr); }, [&] { gradients(nullptr); });
     r.graph_nodes = graph.nodes();
-    spdlog::info("CUDA graph: a step's zeroing, forward, loss and backward captured: {} nodes", r.graph_nodes);
+    graph.step(*model, stream, update);  // once before the clock (capturing ran nothing)
   }
-  // One step from the graph: it holds the forward's choice made while capturing, so a graph that reads the bf16 copy
-  // must find one the last update wrote (then used up, as the forward would: params_written), before every launch.
-  const auto graph_step = [&] {
-    DPT_CHECK(!reads_copy || model->params16_current(), "--cuda-graph: the captured forward reads the bf16 copy of "
-              "the parameters, and the last update did not write it");
-    graph.launch(stream);
-    if (reads_copy) model->params_written();
-    optimizer.step(lr);
-  };
-  if (o.cuda_graph) graph_step();  // once before the clock (capturing ran nothing)
   stats.zero_(stream);
   const double seconds = time_steps(
       [&] {
         if (graph.defined())
-          graph_step();
+          graph.step(*model, stream, update);
         else
           step(nullptr);
       },
       o, device, stream);
   const Tensor s = stats.to(Device::cpu());  // synchronous
   r.loss = s.data<double>()[0] / static_cast<double>(rows_per_step * o.steps);
-  r.ms_per_step = seconds * 1e3 / o.steps;
-  r.images_per_s = static_cast<double>(o.batch * o.steps) / seconds;
-  if (gpt) {
-    r.tokens_per_s = static_cast<double>(rows_per_step * o.steps) / seconds;
-    if (r.peak_flops > 0) r.mfu = r.tokens_per_s * r.flops_per_token / r.peak_flops;
-  }
+  add_rates(r, o, seconds, rows_per_step);
 
   // Where the time goes, after the timed steps (their clock reads would otherwise sit inside the timing).
   for (int i = 0; i < o.phase_steps; ++i) {
@@ -608,29 +662,10 @@ Result run(const Options& o, const trainer::Config& cfg) {
   }
   for (double& ms : r.phase_ms) ms /= std::max(o.phase_steps, 1);
   // Then by operation: the same steps on the kernel set with a clock around every call (timed_kernels.h).
-  if (o.kernel_steps > 0) {
-    models::TimedKernels timed(k);
-    model->set_kernels(timed);
-    for (int i = 0; i < o.kernel_steps; ++i) {
-      timed.begin_step();  // the span from here: zeroing the gradients and the bf16 copy count, between calls
-      step(nullptr);
-      timed.collect();
-    }
-    model->set_kernels(k);
-    r.kernels = timed.rows();
-    r.kernel_total_ms = timed.total_ms();
-    r.kernel_between_ms = timed.between_ms();
-  }
+  if (o.kernel_steps > 0) time_operations(r, o, *model, [&] { step(nullptr); });
   r.library_choices = k.library_choices();
-  if (o.lt_sweep > 0) {  // last: diagnostics only, on scratch operands; a failure is reported, never the run's
-    try {
-      r.library_sweep = k.sweep_library_choices(o.lt_sweep, kSweepReps, std::nullopt);
-      if (r.library_sweep.empty())
-        r.library_sweep.push_back(fmt::format("library sweep: no library plan to sweep on {}", device.str()));
-    } catch (const std::exception& e) {
-      r.library_sweep.push_back(fmt::format("library sweep: failed: {}", e.what()));
-    }
-  }
+  // Diagnostics only, on scratch operands.
+  if (o.lt_sweep > 0) r.library_sweep = library_lines(k, o.lt_sweep, std::nullopt, device);
   // Last: CUPTI stays loaded once used, so nothing timed comes after it.
   if (o.trace_steps > 0) trace_kernels(r, o, device, stream, [&] { step(nullptr); });
   return r;
