@@ -245,11 +245,11 @@ expect_exit 1 "no ncu CSV header" "$PY" "$DPT_SOURCE_DIR/scripts/bench/ncu_sol.p
 # bias_grad_apart.py, the GPU report's table of weight gradients fused against their bias gradient apart, on the
 # sweep's lines as dpt-model-bench prints them (--lt-sweep: "# ", --lt-tune: "# tune: "; gpt_bench's "- "): one row
 # per bias-gradient plan, a refused way as -, what the tuning adopted; no such line: exit 1.
-SW='cuBLASLt sweep m 768 n 3072 k 16384 A N 768x16384/768 B T 3072x16384/3072 D 768x3072/768 f32 beta 0 epilogue bgradb align 256 256 256 256 256: chosen 0.1450 ms; 12 other candidate(s) of 8 timed, none faster'
+SW='cuBLASLt sweep m 768 n 3072 k 16384 A N 768x16384/768 B T 3072x16384/3072 D 768x3072/768 f32 beta 0 epilogue bgradb align 256 256 256 256 256: chosen 0.1450 ms (533 TFLOP/s); 12 other candidate(s) of 8 timed, none faster'
 {
   echo "# $SW; the bias gradient apart (the plain product 0.0960 ms, our column sums 0.0250 ms): 0.1210 ms against 0.1450 ms fused"
   echo "# tune: ${SW/n 3072/n 768}; the bias gradient apart (the plain product refused, our column sums 0.0080 ms): refused against 0.0520 ms fused; adopted apart"
-  echo "- cuBLASLt sweep m 768 n 16384 k 768 A N 768x768/768 B N 768x16384/768 D 768x16384/768 bf16 beta 0 epilogue default align 256 256 256 256 256: chosen 0.0349 ms"
+  echo "- cuBLASLt sweep m 768 n 16384 k 768 A N 768x768/768 B N 768x16384/768 D 768x16384/768 bf16 beta 0 epilogue default align 256 256 256 256 256: chosen 0.0349 ms (554 TFLOP/s); 7 other candidate(s) of 8 timed, none faster"
 } > "$WORK/apart.txt"
 "$PY" "$DPT_SOURCE_DIR/scripts/bench/bias_grad_apart.py" "$WORK/apart.txt" > "$WORK/apart.md" \
   || { cat "$WORK/apart.md"; fail "bias_grad_apart.py failed"; }

@@ -129,6 +129,7 @@ struct LtPointers {
 // output type, each part's sum would be rounded to bf16 before they are added). On the H200 (2026-11-27) the
 // heuristic's first algorithm for a DGELU product with both operands transposed, K 1024 and a bf16 D was 0.34% off in
 // relative L2 (24 times the [gpu] case's bound at worst); with this mask the case passed. split_k keeps to the same.
+// The sweep's report-only twins (any_reduction: torch.autocast's products) may use every scheme.
 uint32_t reduction_schemes(const LtMatmulPlan& p) {
   return p.d_f32 || p.any_reduction ? uint32_t{CUBLASLT_REDUCTION_SCHEME_MASK}
                                     : uint32_t{CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE};
@@ -154,7 +155,7 @@ std::optional<cublasLtMatmulHeuristicResult_t> split_k(LtState& st, LtEntry& e, 
     return std::nullopt;
   for (const uint32_t scheme : {CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, CUBLASLT_REDUCTION_SCHEME_INPLACE,
                                 CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE}) {
-    if ((mask & scheme) == 0 || (scheme != CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE && !p.d_f32)) continue;
+    if ((mask & scheme) == 0 || (reduction_schemes(p) & scheme) == 0) continue;
     cublasLtMatmulHeuristicResult_t r{};
     r.algo = algo;
     if (cublasLtMatmulAlgoConfigSetAttribute(&r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splits, sizeof(splits)) !=
@@ -646,25 +647,38 @@ struct BgradPlans {
   std::map<LtKey, std::string> twin_failed;
 };
 
+// Each weight gradient's product as torch.autocast computes it (lt_autocast_plan: a report-only sweep's), timed as
+// a plan of its own: every float32-D plan (the weight gradients, with their bias gradient in the epilogue or
+// without a bias, as the LM head's) once, by its operands' layouts. No product runs these, and the sweep adopts
+// nothing for them.
+void make_autocast_twins(LtState& st) {
+  std::vector<LtKey> wgrads;
+  for (const auto& [key, e] : st.entries)
+    if (key.plan.d_f32 && (key.plan.epilogue == LtEpilogue::BGradB || key.plan.epilogue == LtEpilogue::Default) &&
+        key.splitk == st.forced_splitk)
+      wgrads.push_back(key);
+  for (const LtKey& key : wgrads) {
+    const LtKey twin = plain_twin_key(key, st.forced_splitk);
+    const LtMatmulPlan plan = lt_autocast_plan(key.plan);
+    if (st.entries.contains({plan, twin.align, st.forced_splitk})) continue;
+    try {
+      lt_entry(st, plan, twin.align, {}).choice +=
+          " (made by the sweep: a weight gradient as torch.autocast computes it, written into bf16; report only)";
+    } catch (const std::exception& ex) {
+      spdlog::info("cuBLASLt: no autocast twin for {}: {}", describe(key.plan), ex.what());
+    }
+  }
+}
+
 // Each bias-gradient plan's plain twin made first (if no product made it already), so that the sweep times, and
-// tunes, it with the rest before compare_apart weighs it against the fused plan. With `autocast` (a report-only
-// sweep) also its product as torch.autocast computes it (lt_autocast_plan), timed as a plan of its own: no product
-// runs it, so adopting nothing there changes no step.
-BgradPlans make_plain_twins(LtState& st, bool autocast) {
+// tunes, it with the rest before compare_apart weighs it against the fused plan.
+BgradPlans make_plain_twins(LtState& st) {
   BgradPlans b;
   for (const auto& [key, e] : st.entries)
     if (key.plan.epilogue == LtEpilogue::BGradB && e->have_algo)
       (key.splitk == st.forced_splitk ? b.keys : b.other_split).push_back(key);
   for (const LtKey& key : b.keys) {
     const LtKey twin = plain_twin_key(key, st.forced_splitk);
-    if (autocast && !st.entries.contains({lt_autocast_plan(key.plan), twin.align, st.forced_splitk})) {
-      try {
-        lt_entry(st, lt_autocast_plan(key.plan), twin.align, {}).choice +=
-            " (made by the sweep: this weight gradient as torch.autocast computes it, written into bf16; report only)";
-      } catch (const std::exception& ex) {
-        spdlog::info("cuBLASLt: no autocast twin for {}: {}", describe(key.plan), ex.what());
-      }
-    }
     if (st.entries.contains(twin)) continue;
     try {
       lt_entry(st, twin.plan, twin.align, {}).choice +=
@@ -783,7 +797,8 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
   const SweepSettings w{.candidates = candidates, .reps = reps, .split_bases = lt_split_bases_,
                         .adopt_margin = adopt_margin, .device = device(), .stream = stream(), .start = &start,
                         .stop = &stop};
-  const BgradPlans bgrad = make_plain_twins(st, /*autocast=*/!adopt_margin);
+  if (!adopt_margin) make_autocast_twins(st);  // a report-only sweep's
+  const BgradPlans bgrad = make_plain_twins(st);
   std::map<const LtEntry*, size_t> bgrad_line;  // each bias-gradient plan's line in `out`
   for (auto& [key, e] : st.entries) {
     const LtMatmulPlan& p = key.plan;
@@ -796,7 +811,9 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
       continue;
     }
     try {
-      out.push_back(sweep_plan(st, key, *e, plan, head, w));
+      SweepSettings plan_w = w;
+      if (p.any_reduction) plan_w.adopt_margin.reset();  // an autocast twin: timed for the report, never adopted
+      out.push_back(sweep_plan(st, key, *e, plan, head, plan_w));
     } catch (const std::exception& ex) {
       out.push_back(fmt::format("{}: failed: {}", head, ex.what()));
       if (sticky_stop(out)) return false;
