@@ -1378,20 +1378,21 @@ TEST_CASE("a GPT step on cuda through TimedKernels gives the plain set's bits an
 
 namespace {
 
-// What three training steps of a model with bf16 activations left: each step's summed loss, the last gradients, and
+// What four training steps of a model with bf16 activations left: each step's summed loss, the last gradients, and
 // the parameters after each AdamW update (the fused one over the whole flat buffer, writing the bf16 copy the next
 // forward reads, as dptrain's optimizer does).
-struct ThreeSteps {
+struct FourSteps {
   std::vector<double> losses;
   std::vector<Tensor> params;
   Tensor grads;
   size_t nodes = 0;
 };
 
-// The steps eagerly, or (`graph`) the first eagerly and the next two as launches of one CUDA graph of zero_grad,
-// forward, loss and backward captured after it, each followed by the update launched as usual (dpt-model-bench
+// The steps eagerly, or (`graph`) the first two eagerly (the second reads the update's bf16 copy, as every later
+// step: whatever that path first allocates is made) and the next two as launches of one CUDA graph of zero_grad,
+// forward, loss and backward captured after them, each followed by the update launched as usual (dpt-model-bench
 // --cuda-graph's timed steps).
-ThreeSteps three_steps(Model& model, const Tensor& tokens, const Tensor& labels, bool graph) {
+FourSteps four_steps(Model& model, const Tensor& tokens, const Tensor& labels, bool graph) {
   model.set_bf16_activations(true);
   Kernels& k = model.kernels();
   const StreamHandle s = k.stream();
@@ -1404,11 +1405,11 @@ ThreeSteps three_steps(Model& model, const Tensor& tokens, const Tensor& labels,
     loss.accumulate(model.forward(tokens), labels, k, stats, /*backward=*/true, 1.0);
     model.backward(loss.grad());
   };
-  ThreeSteps out;
+  FourSteps out;
   cuda::Graph g;
-  for (int64_t step = 1; step <= 3; ++step) {
+  for (int64_t step = 1; step <= 4; ++step) {
     stats.zero_(s);
-    if (graph && step == 2) {
+    if (graph && step == 3) {
       g = cuda::Graph::capture(s, gradients);
       out.nodes = g.nodes();
     }
@@ -1433,8 +1434,8 @@ ThreeSteps three_steps(Model& model, const Tensor& tokens, const Tensor& labels,
 // backward captured once (cuBLASLt, cuDNN's attention graphs, our kernels: every call the step makes must be one a
 // stream capture takes) and launched for the next steps gives the eager steps' bits: each step's loss, the
 // parameters after each update (the graph reads the bf16 copy the update wrote, and the gradients the graph wrote),
-// the last gradients. Twins from one seed; the eager one runs all its steps first, so that nothing the kernel set
-// shares is reallocated under the graph.
+// the last gradients, over four steps, the last two from the graph. Twins from one seed; the eager one runs all its
+// steps first, so that nothing the kernel set shares is reallocated under the graph.
 TEST_CASE("a GPT and a Llama step on cuda captured as one CUDA graph and launched again give the eager steps' bits",
           "[gpu][fastpath][model][cuda_graph]") {
   const auto check = [](Model& eager, Model& graphed, int64_t vocab, const char* name) {
@@ -1443,8 +1444,8 @@ TEST_CASE("a GPT and a Llama step on cuda captured as one CUDA graph and launche
     for (size_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
     for (size_t i = 0; i < labels.numel(); ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(rng() % vocab);
     const Tensor d_tokens = to_device(tokens), d_labels = to_device(labels);
-    const ThreeSteps want = three_steps(eager, d_tokens, d_labels, false);
-    const ThreeSteps got = three_steps(graphed, d_tokens, d_labels, true);
+    const FourSteps want = four_steps(eager, d_tokens, d_labels, false);
+    const FourSteps got = four_steps(graphed, d_tokens, d_labels, true);
     std::printf("cuda_graph: the %s step captured as %zu nodes\n", name, got.nodes);
     std::fflush(stdout);
     CHECK(got.nodes > 0);
@@ -1454,7 +1455,7 @@ TEST_CASE("a GPT and a Llama step on cuda captured as one CUDA graph and launche
       CHECK(got.losses[i] == want.losses[i]);
       CHECK(std::memcmp(got.params[i].raw(), want.params[i].raw(), want.params[i].bytes()) == 0);
     }
-    CHECK(std::memcmp(want.params[2].raw(), want.params[1].raw(), want.params[1].bytes()) != 0);  // the steps moved
+    CHECK(std::memcmp(want.params[3].raw(), want.params[2].raw(), want.params[2].bytes()) != 0);  // the steps moved
     CHECK(std::memcmp(got.grads.raw(), want.grads.raw(), want.grads.bytes()) == 0);
   };
   SECTION("gpt") {

@@ -128,22 +128,34 @@ inline LmStep lm_step(models::Model& m, const Tensor& tokens, const Tensor& targ
 // A steady training step (zero_grad, forward, loss, backward) of `m` allocates no tensor memory once two steps have
 // run: every buffer it uses stays at its address from step to step, which a CUDA graph of the step needs (it replays
 // the addresses it captured; dpt-model-bench --cuda-graph, tests/unit/gpu's [cuda_graph] case on the GPU's own
-// kernels). Counted on this thread (core/memory.h): any allocation or release in the step shows, one freed and made
-// again at its size too (it nets nothing, but its address may change).
+// kernels). Each step ends with the fused AdamW writing the fast path's bf16 copy (params16_written), as dptrain's
+// optimizer does, so the steps after the first read that copy: the forward's path a graph captures. Counted on this
+// thread (core/memory.h): any allocation or release in the step shows, one freed and made again at its size too (it
+// nets nothing, but its address may change).
 inline void check_steady_step_allocates_nothing(models::Model& m, const Tensor& tokens, const Tensor& targets) {
   models::SoftmaxCrossEntropy loss;
   Tensor stats = Tensor::zeros({3}, DType::F64);
+  const size_t n = m.grads().numel();
+  Tensor adam_m = Tensor::zeros({static_cast<int64_t>(n)}), adam_v = Tensor::zeros({static_cast<int64_t>(n)});
+  int64_t t = 0;
   const auto step = [&] {
     m.zero_grad();
     loss.accumulate(m.forward(tokens), targets, m.kernels(), stats, /*backward=*/true);
     m.backward(loss.grad());
+    const models::AdamWParams ap{.lr = 1e-3f, .weight_decay = 0.1f, .step = ++t};
+    m.kernels().adamw_fused(m.params().data<float>(), m.params16_data(), m.grads().data<float>(),
+                            adam_m.data<float>(), adam_v.data<float>(), n, ap, nullptr, 0, nullptr, 0.0);
+    m.params16_written();
   };
   step();
   step();
+  REQUIRE(m.params16_current() == m.bf16_activations());  // the next forward reads the update's copy
+  const int64_t roundings = m.params16_roundings();
   reset_thread_allocations(m.grads().device());
   step();
   const ThreadAllocations a = thread_allocations();
   stop_thread_allocations();
+  CHECK(m.params16_roundings() == roundings);  // it did: no rounding pass
   CHECK(a.allocations == 0);
   CHECK(a.releases == 0);
   CHECK(a.net == 0);
