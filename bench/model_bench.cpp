@@ -580,6 +580,10 @@ Result run(const Options& o, const trainer::Config& cfg) {
   if (o.cuda_graph && !cfg.train.bf16_activations)
     DPT_THROW(ConfigError, "--cuda-graph is for the transformer fast path (train.bf16_activations = true), the one "
                            "whose capture is tested (a float32 step, BatchNorm's host-side counters, are not)");
+  // train.autotune_bf16_grads widens the tuning, which here is --lt-tune's (train.autotune itself, which the config
+  // check asks for with it, means nothing to this program).
+  if (cfg.train.autotune_bf16_grads && o.lt_tune == 0)
+    DPT_THROW(ConfigError, "train.autotune_bf16_grads = true widens --lt-tune's tuning: give --lt-tune N");
   if (o.cuda_graph && !device.is_cuda())
     DPT_THROW(ConfigError, "--cuda-graph captures a GPU step: the run is on {} ({})", device.str(),
               cfg.train.device == trainer::DeviceChoice::cpu ? "train.device = cpu" : cuda::unavailable_reason());
@@ -634,7 +638,10 @@ Result run(const Options& o, const trainer::Config& cfg) {
 
   for (int i = 0; i < o.warmup; ++i) step(nullptr);
   // As train.autotune after a first step: the timed steps run what it kept.
-  if (o.lt_tune > 0) r.library_tune = library_lines(k, o.lt_tune, models::Kernels::kTuneMargin, device);
+  if (o.lt_tune > 0) {
+    k.set_autotune_bf16_grads(cfg.train.autotune_bf16_grads);
+    r.library_tune = library_lines(k, o.lt_tune, models::Kernels::kTuneMargin, device);
+  }
   StepGraph graph;
   const auto update = [&] { optimizer.step(lr); };
   if (o.cuda_graph) {

@@ -1116,12 +1116,14 @@ step_train_gpt_gpu() { train_gpt "$1" cuda nccl 120 "${@:2}"; }
 step_train_gpt_cpu() { train_gpt "$1" cpu gloo 120 "${@:2}"; }
 step_train_llama_gpu() { train_lm llama_tiny "$1" cuda nccl 120 "${@:2}"; }
 # train.autotune inside dptrain (issue 33; its tuning ran before only in dpt-model-bench --lt-tune): the fast path's
-# GPT with its cuBLASLt plans and cuDNN attention graphs timed after the first step. PASS when it trains and its log
-# has the tuning's summary line; compare_gpt_autotune_gpu_cpu then holds its losses to the CPU fast path's (the tuned
-# algorithms round alike: the bf16 comparison's tolerances).
+# GPT with its cuBLASLt plans and cuDNN attention graphs timed after the first step, its weight gradients allowed
+# torch.autocast's bf16 products where faster (train.autotune_bf16_grads). PASS when it trains and its log has the
+# tuning's summary line; compare_gpt_autotune_gpu_cpu then holds its losses to the CPU fast path's (the tuned
+# algorithms round alike, and a bf16 weight gradient is one more rounding: the bf16 comparison's tolerances).
 step_train_gpt_autotune() {
   local logfile=$1 summary
-  train_gpt "$logfile" cuda nccl 120 train.precision=bf16 train.bf16_activations=true train.autotune=true || return 1
+  train_gpt "$logfile" cuda nccl 120 train.precision=bf16 train.bf16_activations=true train.autotune=true \
+    train.autotune_bf16_grads=true || return 1
   summary=$(grep -m1 -o 'train.autotune: [0-9]* of [0-9]* plan(s) timed.*' "$logfile" || true)
   if [ -z "$summary" ]; then
     NOTE="no 'train.autotune: ... plan(s) timed' line in the log; $NOTE"

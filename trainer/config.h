@@ -55,6 +55,7 @@ struct TrainConfig {
   bool bf16_activations = false;  // the transformer fast path (GPT, Llama): bf16 activations in training; needs precision bf16
   bool deterministic = true;  // GPU: only library algorithms that give the same bits on every run (Kernels::set_deterministic)
   bool autotune = false;  // GPU: after the first step, each cuBLASLt plan timed with its candidates, the fastest kept
+  bool autotune_bf16_grads = false;  // with autotune: weight gradients may switch to bf16 products (torch.autocast's)
   OptimizerKind optimizer = OptimizerKind::sgd;
   double lr = 0.05;
   double momentum = 0.9;

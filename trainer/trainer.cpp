@@ -649,6 +649,7 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
 void Trainer::autotune() {
   constexpr int kCandidates = 8, kReps = 5;
   const auto t0 = Clock::now();
+  model_->kernels().set_autotune_bf16_grads(t_.autotune_bf16_grads);
   const std::vector<std::string> lines =
       model_->kernels().sweep_library_choices(kCandidates, kReps, models::Kernels::kTuneMargin);
   if (lines.empty()) {

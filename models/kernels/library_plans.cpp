@@ -56,6 +56,7 @@ LtMatmulPlan lt_autocast_plan(const LtMatmulPlan& p) {
   LtMatmulPlan a = lt_plain_plan(p);
   a.d_f32 = false;
   a.beta = 0.0f;
+  a.d.ld = a.d.rows;  // packed scratch: our row-major [M, N], row stride N (cuBLASLt's ld m)
   a.any_reduction = true;
   return a;
 }

@@ -48,7 +48,7 @@ struct LtMatmulPlan {
   int64_t bias_len = 0;                   // Bias / Gelu*: m; BGradB: n; else 0
   int64_t aux_ld = 0;                     // GeluAuxBias, DGelu: the aux matrix's leading dimension (m: packed)
   // Split-K parts may be added in D's type where D is bf16, as cuBLAS may for torch.autocast's products: only the
-  // sweep's report-only twins (lt_autocast_plan); the plans products run add their parts in float32.
+  // weight gradients' autocast twins (lt_autocast_plan); every other plan adds its parts in float32.
   bool any_reduction = false;
   // Ordered (the CUDA set's plan cache is a map keyed by plans; beta is 0 or 1, never NaN).
   auto operator<=>(const LtMatmulPlan&) const = default;
@@ -60,8 +60,10 @@ LtMatmulPlan lt_matmul_plan(const MatmulShape& s, bool keep_aux);
 // kernels of its own, as the bias gradient apart (train.autotune's alternative to the BGRADB epilogue).
 LtMatmulPlan lt_plain_plan(const LtMatmulPlan& p);
 // A weight gradient's product as PyTorch computes it under torch.autocast: p's plain product written (beta 0) into a
-// bf16 D, split-K parts added in any type: what dpt-model-bench --lt-sweep times beside each weight-gradient plan, to
-// say whether cuBLASLt reaches PyTorch's rate for that product (report only: no product runs it).
+// packed bf16 D (scratch: ld = m), split-K parts added in any type. Every sweep times it beside each float32-D
+// weight-gradient plan (whether cuBLASLt reaches PyTorch's rate for that product); with
+// train.autotune_bf16_grads a plan runs it where that is faster, then widens the scratch into its float32 D
+// (cuda_launch::widen_rows_bf16).
 LtMatmulPlan lt_autocast_plan(const LtMatmulPlan& p);
 // A BGradB plan's bias gradient apart as the CUDA set's column sums read it: bias_grad[i] = the sum over k < K of
 // cuBLASLt's B (our op(A)) at i * stride_i + k * stride_k, for i < M (cuBLASLt's n, our M).

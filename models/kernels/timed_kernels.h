@@ -91,6 +91,7 @@ class TimedKernels final : public Kernels {
                                                  std::optional<double> adopt_margin) override {
     return inner_.sweep_library_choices(candidates, reps, adopt_margin);
   }
+  void set_autotune_bf16_grads(bool on) override { inner_.set_autotune_bf16_grads(on); }
   void set_deterministic(bool on) override { inner_.set_deterministic(on); }
 
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

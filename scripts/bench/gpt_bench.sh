@@ -17,7 +17,8 @@
 #         fastnd    the fast row with train.deterministic = false: cuDNN's default (non-deterministic) attention
 #                   backward, as PyTorch's SDPA backward is (an A/B; bf16 only)
 #         fasttune  the fast row with --lt-tune 8 (train.autotune's tuning after the warm-up steps: each cuBLASLt
-#                   plan's fastest of 8 candidates kept when 3% faster; an A/B; bf16 only)
+#                   plan's fastest of 8 candidates kept when 3% faster; with train.autotune_bf16_grads, each float32
+#                   weight gradient's product may switch to torch.autocast's bf16 one; an A/B; bf16 only)
 #         fastgraph the fast row with --cuda-graph: each timed step one launch of a CUDA graph of the step's zeroing,
 #                   forward, loss and backward (captured after the warm-up), then the optimizer's update: what a
 #                   graph saves in launches and gaps between kernels (an A/B; bf16, GPU only)
@@ -368,13 +369,15 @@ run_rows() {
   local variant tune lt
   # The fast row again with one choice flipped, for an A/B in one window; last, so that a short window's deadline
   # takes these before the rows the targets need. fastgraph (GPU only) times its graph's launches alone: its phase
-  # and kernel steps would run call by call, as the fast row's do.
-  for variant in fasttune fastgraph fastsep fastnd; do
+  # and kernel steps would run call by call, as the fast row's do. It runs first of them: no window has measured it
+  # yet (fasttune ran in three), and it is the shortest (no sweep).
+  for variant in fastgraph fasttune fastsep fastnd; do
     want "$variant" && [ "$PREC" = bf16 ] || continue
     [ "$variant" != fastgraph ] || ((GPU)) || continue
     tune=(env) lt=(--phase-steps "$P" "${KARGS[@]}")
     [ "$variant" != fastsep ] || tune=(env DPT_TUNE_BGRAD=separate)
-    [ "$variant" != fasttune ] || lt+=(--lt-tune 8)
+    # fasttune: train.autotune's tuning, weight gradients allowed torch.autocast's bf16 products where faster.
+    [ "$variant" != fasttune ] || lt+=(--lt-tune 8 train.autotune=true train.autotune_bf16_grads=true)
     [ "$variant" != fastgraph ] || lt=(--cuda-graph)
     log=$LOG_DIR/${variant}_dptrain_$rep.log
     measure "$variant" "json" "$log" "${tune[@]}" "${DPT_RUN[@]}" "$MODEL_BENCH" --config "$CONFIG" --batch "$B" --warmup "$W" \
@@ -661,7 +664,7 @@ declare -A WHAT=(
   [fastloop]="dptrain | training loop, bf16 activations"
   [fastsep]="dptrain | step, bf16 activations, bias gradients as column sums (DPT_TUNE_BGRAD=separate)"
   [fastnd]="dptrain | step, bf16 activations, train.deterministic = false"
-  [fasttune]="dptrain | step, bf16 activations, cuBLASLt plans tuned after the warm-up (--lt-tune 8, as train.autotune)"
+  [fasttune]="dptrain | step, bf16 activations, cuBLASLt plans tuned after the warm-up (--lt-tune 8, as train.autotune with train.autotune_bf16_grads)"
   [fastgraph]="dptrain | step, bf16 activations, zeroing, forward, loss and backward one CUDA graph (--cuda-graph)"
   [eager]="PyTorch $torch_version | eager"
   [compile]="PyTorch $torch_version | torch.compile"
@@ -740,6 +743,11 @@ apart_sweep="" apart_tune=""
   "$PY" scripts/bench/bias_grad_apart.py "$TMP/sweep.txt" 2>/dev/null || true)
 [ -n "$tunes" ] && apart_tune=$(printf '%s\n' "$tunes" > "$TMP/tune.txt" &&
   "$PY" scripts/bench/bias_grad_apart.py "$TMP/tune.txt" 2>/dev/null || true)
+# Each float32 weight gradient's product against torch.autocast's way (into bf16, then widened), from the same lines
+# (train.autotune_bf16_grads: the fasttune row adopts the faster way).
+bf16_sweep="" bf16_tune=""
+[ -n "$sweep" ] && bf16_sweep=$("$PY" scripts/bench/bias_grad_apart.py --bf16 "$TMP/sweep.txt" 2>/dev/null || true)
+[ -n "$tunes" ] && bf16_tune=$("$PY" scripts/bench/bias_grad_apart.py --bf16 "$TMP/tune.txt" 2>/dev/null || true)
 for k in fasttune fastsep fastnd; do
   f=$LOG_DIR/${k}_dptrain_1.log
   [ -f "$f" ] && grep -q '^# phases' "$f" && variant_phases+=("$k: $(grep -m1 '^# phases' "$f" | sed 's/^# //')")
@@ -786,13 +794,13 @@ report=$(
   fi
   if [ -n "$sweep" ]; then
     echo
-    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes and split-K variants of the first three, timed on scratch operands (dpt-model-bench --lt-sweep $LTS), then each cuDNN attention graph with up to 4 of the plans cuDNN proposes: whether another than the first would pay. A plan marked any-reduction is a weight gradient as torch.autocast computes it (written into bf16, no epilogue, split-K parts added in any type), timed beside ours for comparison only: no product runs it"
+    echo "The fast path's GEMMs again, each with the first $LTS algorithms cuBLASLt's heuristic proposes and split-K variants of the first three, timed on scratch operands (dpt-model-bench --lt-sweep $LTS), then each cuDNN attention graph with up to 4 of the plans cuDNN proposes: whether another than the first would pay. A plan marked any-reduction is a weight gradient as torch.autocast computes it (written into bf16 scratch, no epilogue, split-K parts added in any type), timed beside ours; the fast row runs none (with train.autotune_bf16_grads, the fasttune row may)"
     echo
     echo "$sweep"
   fi
   if [ -n "$tunes" ]; then
     echo
-    echo "The fasttune row's tuning (dpt-model-bench --lt-tune 8 after its warm-up steps, as train.autotune): each plan's candidates timed, the fastest kept when 3% faster twice"
+    echo "The fasttune row's tuning (dpt-model-bench --lt-tune 8 after its warm-up steps, as train.autotune with train.autotune_bf16_grads): each plan's candidates timed, the fastest kept when 3% faster twice"
     echo
     echo "$tunes"
   fi
@@ -812,6 +820,24 @@ report=$(
       echo "The fasttune row's tuning (a way 3% faster twice is adopted):"
       echo
       echo "$apart_tune"
+    fi
+  fi
+  if [ -n "$bf16_sweep$bf16_tune" ]; then
+    echo
+    echo "## Weight gradients: float32 products, or as torch.autocast computes them (into bf16, then widened)"
+    echo
+    echo "Per call, on scratch operands, as train.autotune_bf16_grads weighs them: the plan's own product into the float32 gradient against its autocast twin (the same product written into bf16 scratch, split-K parts added in any type: PyTorch's nvjet kernels ran GPT-2's weight gradients at about 800 TFLOP/s in the third window of 2026-11-27), then widened into the gradient. A bias-gradient plan's plain product is its plain twin's row."
+    if [ -n "$bf16_sweep" ]; then
+      echo
+      echo "The fast row's sweep (report only; the fast row runs its own products):"
+      echo
+      echo "$bf16_sweep"
+    fi
+    if [ -n "$bf16_tune" ]; then
+      echo
+      echo "The fasttune row's tuning (train.autotune_bf16_grads: a way 3% faster twice is adopted):"
+      echo
+      echo "$bf16_tune"
     fi
   fi
   if ((KS > 0)) && [ -f "$LOG_DIR/fast_dptrain_1.log.json" ] &&

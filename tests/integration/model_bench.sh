@@ -110,6 +110,16 @@ expect_exit 2 "lt-sweep" "$BENCH" --lt-sweep -1 "${GPT[@]}"
 grep -qx '# tune: library tune: no library plan to tune on cpu' "$WORK/tune.out" || { cat "$WORK/tune.out"; fail "no tune line"; }
 check_json "$WORK/tune.json" "j['library_tune'] == ['library tune: no library plan to tune on cpu']" "'library_sweep' not in j"
 expect_exit 2 "lt-tune" "$BENCH" --lt-tune -1 "${GPT[@]}"
+# train.autotune_bf16_grads widens --lt-tune's tuning (the config check asks for train.autotune with it): without
+# --lt-tune a usage error naming why, without train.autotune the config check's; with both it tunes (nothing here).
+expect_exit 2 "train.autotune_bf16_grads = true widens --lt-tune's tuning: give --lt-tune N" "$BENCH" --batch 2 \
+  --warmup 1 --steps 1 "${GPT[@]}" train.autotune=true train.autotune_bf16_grads=true
+expect_exit 2 "train.autotune_bf16_grads = true needs train.autotune = true" "$BENCH" --batch 2 --lt-tune 3 \
+  "${GPT[@]}" train.autotune_bf16_grads=true
+"$BENCH" --batch 2 --warmup 1 --steps 1 --lt-tune 3 "${GPT[@]}" train.autotune=true train.autotune_bf16_grads=true \
+  > "$WORK/tune16.out" 2>&1 || { cat "$WORK/tune16.out"; fail "--lt-tune 3 with train.autotune_bf16_grads failed"; }
+grep -qx '# tune: library tune: no library plan to tune on cpu' "$WORK/tune16.out" \
+  || { cat "$WORK/tune16.out"; fail "no tune line with train.autotune_bf16_grads"; }
 
 # --trace-steps: on the CPU no trace (CUPTI records GPU work), said in a line and the JSON; a negative count refused.
 "$BENCH" --batch 2 --warmup 1 --steps 1 --trace-steps 2 --json "$WORK/trace.json" "${GPT[@]}" > "$WORK/trace.out" 2>&1 \
@@ -259,4 +269,29 @@ grep -qxF '| 768 x 768, k 16384 | 0.0520 | - | - | 0.0080 | - | adopted apart |'
   || { cat "$WORK/apart.md"; fail "bias_grad_apart.py: the refused row"; }
 [ "$(grep -c '^| 768 x' "$WORK/apart.md")" = 2 ] || { cat "$WORK/apart.md"; fail "bias_grad_apart.py: a row too many"; }
 expect_exit 1 "no weight-gradient line" "$PY" "$DPT_SOURCE_DIR/scripts/bench/bias_grad_apart.py" /dev/null
+# Its --bf16 table (train.autotune_bf16_grads): each float32 plain product against torch.autocast's way (the product
+# into bf16, widened), with both rates; a refused product as -; what the tuning adopted; the bias-gradient table
+# marks an apart product that ran via bf16. The lines as matmul.cpp's compare_bf16 and compare_apart format them.
+WG='cuBLASLt sweep m 3072 n 768 k 16384 A N 3072x16384/3072 B T 768x16384/768 D 3072x768/3072 f32 beta 0 epilogue default align 256 256 256 256 256: chosen 0.1264 ms (612 TFLOP/s); 12 other candidate(s) of 8 timed, none faster'
+{
+  echo "# ${WG/beta 0/beta 1}; as torch.autocast (the product into bf16 0.0970 ms, 797 TFLOP/s, widened into float32 0.0060 ms): 0.1030 ms against 0.1264 ms its own"
+  echo "# tune: $WG; as torch.autocast (the product into bf16 refused, widened into float32 0.0060 ms): refused against 0.1264 ms its own"
+  echo "- ${WG/n 768 k/n 769 k}; as torch.autocast (the product into bf16 0.0970 ms, 797 TFLOP/s, widened into float32 0.0060 ms): 0.1030 ms against 0.1264 ms its own; adopted via bf16"
+  echo "# tune: $SW; the bias gradient apart (the plain product 0.1030 ms via bf16, our column sums 0.0250 ms): 0.1280 ms against 0.1450 ms fused; adopted apart"
+} > "$WORK/bf16.txt"
+"$PY" "$DPT_SOURCE_DIR/scripts/bench/bias_grad_apart.py" --bf16 "$WORK/bf16.txt" > "$WORK/bf16.md" \
+  || { cat "$WORK/bf16.md"; fail "bias_grad_apart.py --bf16 failed"; }
+grep -qxF '| 3072 x 768, k 16384 | 1 | 0.1264 | 612 | 0.1030 | 0.0970 | 797 | 0.0060 | -0.0234 |  |' "$WORK/bf16.md" \
+  || { cat "$WORK/bf16.md"; fail "bias_grad_apart.py --bf16: the accumulating row"; }
+grep -qxF '| 3072 x 768, k 16384 | 0 | 0.1264 | 612 | - | - | - | 0.0060 | - |  |' "$WORK/bf16.md" \
+  || { cat "$WORK/bf16.md"; fail "bias_grad_apart.py --bf16: the refused row"; }
+grep -qxF '| 3072 x 769, k 16384 | 0 | 0.1264 | 612 | 0.1030 | 0.0970 | 798 | 0.0060 | -0.0234 | adopted via bf16 |' \
+  "$WORK/bf16.md" || { cat "$WORK/bf16.md"; fail "bias_grad_apart.py --bf16: the adopted row"; }
+[ "$(grep -c '^| 3072 x' "$WORK/bf16.md")" = 3 ] || { cat "$WORK/bf16.md"; fail "bias_grad_apart.py --bf16: rows"; }
+"$PY" "$DPT_SOURCE_DIR/scripts/bench/bias_grad_apart.py" "$WORK/bf16.txt" > "$WORK/apart-bf16.md" \
+  || { cat "$WORK/apart-bf16.md"; fail "bias_grad_apart.py on the --bf16 lines failed"; }
+grep -qxF '| 768 x 3072, k 16384 | 0.1450 | 0.1280 | 0.1030 (via bf16) | 0.0250 | -0.0170 | adopted apart |' \
+  "$WORK/apart-bf16.md" || { cat "$WORK/apart-bf16.md"; fail "bias_grad_apart.py: the product via bf16"; }
+expect_exit 1 "no weight-gradient line" "$PY" "$DPT_SOURCE_DIR/scripts/bench/bias_grad_apart.py" --bf16 \
+  "$WORK/apart.txt"
 echo "model_bench: OK"

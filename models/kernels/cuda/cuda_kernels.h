@@ -65,6 +65,7 @@ using ConvKey =
 
 // cuBLASLt's handle, workspace and per-plan descriptors (matmul.cpp).
 struct LtState;
+struct LtEntry;
 struct LtStateDeleter {
   void operator()(LtState* s) const;  // matmul.cpp, where LtState is complete
 };
@@ -182,6 +183,10 @@ class CudaKernels final : public Kernels {
   // product (which cuBLASLt may split along K) and then matmul.cu's deterministic column sums, as llm.c computes it.
   // For the GPU window's A/B: DPT_TUNE_BGRAD=separate in the environment starts with false; the [gpu] tests run both.
   void set_lt_bgrad_fused(bool on) { lt_bgrad_fused_ = on; }
+  // train.autotune_bf16_grads: the tuning sweep may switch a float32 weight gradient's product to torch.autocast's
+  // way (its autocast twin into bf16 scratch, then widened: compare_bf16) where that is faster; false (the default)
+  // also returns every plan switched so to its own product.
+  void set_autotune_bf16_grads(bool on) override;
   // For the [gpu] tests: the plans made from now on split the heuristic's first algorithm along K into `splits`
   // parts where cuBLASLt accepts that (their library_choices line says "split-k N forced", or "refused"); 0 or 1:
   // the heuristic's as it is. The sweep's split-K variants (train.autotune may adopt one) are such algorithms.
@@ -253,8 +258,10 @@ class CudaKernels final : public Kernels {
   bool sweep_lt_plans(int candidates, int reps, std::optional<double> adopt_margin, std::vector<std::string>& out);
   // matmul.cpp
   LtState& lt();
-  void matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o);
+  // `weight_grad`: a weight gradient's product (float32 D), which train.autotune_bf16_grads may run via bf16.
+  void matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o, bool weight_grad = false);
   void matmul_unfused(const MatmulShape& s, const MatmulOperands& o);
+  void matmul_via_bf16(const MatmulShape& s, const MatmulOperands& o, LtEntry& e);
   void bias_grad_columns(const MatmulShape& s, const MatmulOperands& o);
 #if DPT_HAVE_CUDNN
   // conv.cpp
@@ -278,8 +285,9 @@ class CudaKernels final : public Kernels {
   bool lt_epilogues_ = true;
   bool deterministic_ = true;
   bool lt_bgrad_fused_ = true;
+  bool lt_wgrad_bf16_ = false;  // set_autotune_bf16_grads
   size_t lt_split_bases_ = 3;
-  Tensor lt_bias_scratch_, lt_acc_scratch_;
+  Tensor lt_bias_scratch_, lt_acc_scratch_, lt_wgrad16_scratch_;
   std::unique_ptr<AttentionGraphs, AttentionGraphsDeleter> attention_;
 #if DPT_HAVE_CUDNN
   cudnnHandle_t cudnn_ = nullptr;

@@ -276,6 +276,13 @@ int64_t bias_grad_bf16_splits(int64_t K);
 bool bias_grad_bf16_x8(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M);
 cudaError_t bias_grad_bf16(const BFloat16* a, int64_t stride_i, int64_t stride_k, int64_t M, int64_t K,
                            float* bias_grad, float* scratch, bool accumulate, cudaStream_t s);
+// d[i * ldd + j] = float(src[i * N + j]) for i < M, j < N (exact), or += when accumulate: a weight gradient computed
+// as torch.autocast computes it (the product rounded to bf16 into packed scratch; train.autotune_bf16_grads), added
+// into its float32 gradient. Eight elements a thread in 16-byte accesses where widen_rows_bf16_x8 says so (N a
+// multiple of 8, ldd of 4, both pointers 16-byte aligned), else one: the same bits either way.
+bool widen_rows_bf16_x8(const BFloat16* src, int64_t N, const float* d, int64_t ldd);
+cudaError_t widen_rows_bf16(const BFloat16* src, int64_t M, int64_t N, float* d, int64_t ldd, bool accumulate,
+                            cudaStream_t s);
 // The fast path's element-wise operations on bf16 activations (elementwise.cu), each in float32, rounded once:
 // y = a + b (the residual stream), and dx = dy * gelu'(pre) from the pre-activation the matmul's GELU epilogue kept.
 cudaError_t add_bf16(const BFloat16* a, const BFloat16* b, BFloat16* y, size_t n, cudaStream_t s);

@@ -5,8 +5,10 @@
 // heuristic (the first algorithm cuBLASLt proposes), made on first use and cached; one workspace, allocated once.
 // Where cuBLASLt proposes no algorithm for an epilogue (or set_lt_epilogues(false)), the plain product runs and the
 // epilogue is matmul.cu's kernels; where it proposes none for the plain product either, cuBLAS's cublasGemmEx runs it.
-// train.autotune's sweep (sweep_library_choices) may switch a plan to another of cuBLASLt's algorithms, and a bias
-// gradient's plan to the plain product and matmul.cu's column sums where that is faster (compare_apart).
+// train.autotune's sweep (sweep_library_choices) may switch a plan to another of cuBLASLt's algorithms, a bias
+// gradient's plan to the plain product and matmul.cu's column sums where that is faster (compare_apart), and, with
+// train.autotune_bf16_grads, a float32 weight gradient's plain product to torch.autocast's way: the product into bf16
+// scratch, then widened into the gradient (compare_bf16).
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include <cublasLt.h>
@@ -85,6 +87,15 @@ struct LtEntry {
   // (lt_plain_plan) and then our column sums instead of the BGRADB epilogue.
   bool apart = false;
   std::string apart_note;  // while apart: how it was timed, appended to `choice` in library_choices()
+  // A float32 weight gradient's plain plan that train.autotune_bf16_grads found faster as torch.autocast computes it
+  // (compare_bf16): matmul_bf16_plain runs this autocast twin (lt_autocast_plan, an entry of the same state) into
+  // bf16 scratch and widens that into D. Null: the plan's own product.
+  LtEntry* via_bf16 = nullptr;
+  std::string via_note;  // while via_bf16: how it was timed, for library_choices()
+  // A weight gradient's plain product (matmul_bf16_plain was asked for one, or the sweep made it as a bias-gradient
+  // plan's twin): the only float32 plans torch.autocast's way may replace. Not the float32 products our fallback
+  // epilogues round once (matmul_unfused), whose plans look alike.
+  bool weight_grad = false;
   std::string choice;  // what runs, for library_choices()
   ~LtEntry() {
     if (d) (void)cublasLtMatrixLayoutDestroy(d);
@@ -353,7 +364,7 @@ void CudaKernels::matmul_unfused(const MatmulShape& s, const MatmulOperands& o) 
       DPT_CUDA_CHECK(cudaMemset2DAsync(into.d, static_cast<size_t>(plain.ldd) * d_size, 0,
                                        static_cast<size_t>(s.N) * d_size, static_cast<size_t>(s.M), stream()));
   } else {
-    matmul_bf16_plain(plain, into);
+    matmul_bf16_plain(plain, into, /*weight_grad=*/plain.d_f32 && !via_f32);
   }
   switch (s.epilogue) {
     case MatmulEpilogue::None: return;
@@ -384,10 +395,11 @@ void CudaKernels::bias_grad_columns(const MatmulShape& s, const MatmulOperands& 
 
 // The plain product (no epilogue) through cuBLASLt; where cuBLASLt proposes no algorithm for it (an odd leading
 // dimension or alignment), through cuBLAS's cublasGemmEx, which takes any (the same operands, swapped the same way).
-void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o) {
+void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& o, bool weight_grad) {
   LtState& st = lt();
   const LtMatmulPlan p = lt_matmul_plan(s, false);
   LtEntry& e = lt_entry(st, p, {alignment_of(o.b), alignment_of(o.a), alignment_of(o.d), 256, 256}, {});
+  e.weight_grad |= weight_grad;
   if (!e.have_algo) {
     const float alpha = 1.0f, beta = p.beta;
     constexpr int64_t kMax = std::numeric_limits<int>::max();
@@ -400,7 +412,37 @@ void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& 
                                   CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     return;
   }
+  if (weight_grad && e.via_bf16) {
+    matmul_via_bf16(s, o, e);
+    return;
+  }
   DPT_CUBLAS_CHECK(lt_matmul(st, e, p, o, stream()));
+}
+
+// A float32 weight gradient as torch.autocast computes it (train.autotune_bf16_grads adopted it for e's plan): the
+// product by e's autocast twin into packed bf16 scratch (one rounding; split-K parts added in any type), then widened
+// into D (written, or added to when accumulating). A twin that cuBLASLt refuses at run time hands the plan back to
+// its own product.
+void CudaKernels::matmul_via_bf16(const MatmulShape& s, const MatmulOperands& o, LtEntry& e) {
+  LtState& st = lt();
+  const LtMatmulPlan tp = lt_autocast_plan(lt_matmul_plan(s, false));
+  const auto bytes = static_cast<size_t>(s.M * s.N) * sizeof(BFloat16);
+  if (lt_wgrad16_scratch_.numel() < bytes)
+    lt_wgrad16_scratch_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device());
+  MatmulOperands into = o;
+  into.d = lt_wgrad16_scratch_.raw();
+  const cublasStatus_t rs = lt_matmul(st, *e.via_bf16, tp, into, stream());
+  if (rs == CUBLAS_STATUS_NOT_SUPPORTED) {
+    spdlog::info("cuBLASLt refused the bf16 product of {} at run time: the plan runs its own product again",
+                 describe(lt_matmul_plan(s, false)));
+    e.via_bf16 = nullptr;
+    e.via_note.clear();
+    DPT_CUBLAS_CHECK(lt_matmul(st, e, lt_matmul_plan(s, false), o, stream()));
+    return;
+  }
+  DPT_CUBLAS_CHECK(rs);
+  DPT_CUDA_CHECK(cuda_launch::widen_rows_bf16(static_cast<const BFloat16*>(into.d), s.M, s.N, static_cast<float*>(o.d),
+                                              s.ldd, s.accumulate, stream()));
 }
 
 namespace {
@@ -543,6 +585,83 @@ LtKey plain_twin_key(const LtKey& key, int32_t forced_splitk) {
   return LtKey{lt_plain_plan(key.plan), {key.align[0], key.align[1], key.align[2], 256, 256}, forced_splitk};
 }
 
+// The key of a float32 weight gradient's autocast twin (lt_autocast_plan): its D is 256-byte aligned scratch.
+LtKey autocast_twin_key(const LtKey& key, int32_t forced_splitk) {
+  return LtKey{lt_autocast_plan(key.plan), {key.align[0], key.align[1], 256, 256, 256}, forced_splitk};
+}
+
+// Plan p's rate at `ms` a call: 2 m n k over the time.
+std::string tflops(const LtMatmulPlan& p, double ms) {
+  return fmt::format("{:.0f} TFLOP/s", 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
+                                           static_cast<double>(p.k) / (ms * 1e-3) / 1e12);
+}
+
+cublasStatus_t status_of(cudaError_t e) {
+  return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+// Packed bf16 scratch for a float32-D plan's product as its autocast twin writes it (p.m x p.n, ld p.m).
+Tensor bf16_product_scratch(const LtMatmulPlan& p, Device device) {
+  return Tensor::empty({std::max<int64_t>(p.m * p.n, 1) * 2}, DType::U8, device);
+}
+
+// Plan p's product (a float32-D plain plan) on the sweep's operands by its autocast twin into `s16`
+// (bf16_product_scratch), then widened into the operands' D as matmul_via_bf16 does.
+cublasStatus_t call_via_bf16(LtState& st, LtEntry& twin, const LtMatmulPlan& p, SweepOperands& o, Tensor& s16,
+                             cudaStream_t stream) {
+  const float alpha = 1.0f, beta = 0.0f;
+  const cublasStatus_t r =
+      cublasLtMatmul(st.handle, twin.desc, &alpha, o.a.raw(), twin.a, o.b.raw(), twin.b, &beta, s16.raw(), twin.d,
+                     s16.raw(), twin.d, &twin.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream);
+  if (r != CUBLAS_STATUS_SUCCESS) return r;
+  return status_of(cuda_launch::widen_rows_bf16(static_cast<const BFloat16*>(s16.raw()), p.n, p.m,
+                                                static_cast<float*>(o.d.raw()), p.d.ld, p.beta != 0.0f, stream));
+}
+
+// A float32 weight gradient's plain plan (the LM head's, a bias-gradient plan's plain twin) against torch.autocast's
+// way on scratch operands: its autocast twin's product into bf16 (the twin's algorithm: tuned already where this
+// sweep adopted one), then widened into D. With `margin` (train.autotune_bf16_grads), the faster way replaces the
+// one the plan runs (its `via_bf16`) where tune_adopts says so on two timings of both. What it found, as the end of
+// the plan's line.
+std::string compare_bf16(LtState& st, LtEntry& e, const LtMatmulPlan& p, LtEntry& twin, std::optional<double> margin,
+                         int reps, Device device, cudaStream_t stream, cuda::Event& start, cuda::Event& stop) {
+  SweepOperands ops = sweep_operands(e, p, device, stream);
+  Tensor s16 = bf16_product_scratch(p, device);
+  const LtMatmulPlan tp = lt_autocast_plan(p);
+  const auto direct = [&] { return call_lt_algo(st, e, p, ops, e.heuristic.algo, stream); };
+  const auto via = [&] { return call_via_bf16(st, twin, p, ops, s16, stream); };
+  const auto product = [&] {
+    const float alpha = 1.0f, beta = 0.0f;
+    return cublasLtMatmul(st.handle, twin.desc, &alpha, ops.a.raw(), twin.a, ops.b.raw(), twin.b, &beta, s16.raw(),
+                          twin.d, s16.raw(), twin.d, &twin.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes,
+                          stream);
+  };
+  const auto widen = [&] {
+    return status_of(cuda_launch::widen_rows_bf16(static_cast<const BFloat16*>(s16.raw()), p.n, p.m,
+                                                  static_cast<float*>(ops.d.raw()), p.d.ld, p.beta != 0.0f, stream));
+  };
+  const auto time = [&](auto&& call) { return time_calls(call, reps, start, stop, stream); };
+  double direct_ms = time(direct), via_ms = time(via);
+  const double product_ms = time(product), widen_ms = time(widen);
+  const auto ms = [](double t) { return t < 0 ? std::string("refused") : fmt::format("{:.4f} ms", t); };
+  std::string line = fmt::format(
+      "; as torch.autocast (the product into bf16 {}{}, widened into float32 {}): {} against {} its own{}",
+      ms(product_ms), product_ms > 0 ? fmt::format(", {}", tflops(tp, product_ms)) : std::string(), ms(widen_ms),
+      ms(via_ms), ms(direct_ms), e.via_bf16 ? " (runs via bf16)" : "");
+  if (!margin) return line;
+  const bool was_via = e.via_bf16 != nullptr;
+  if (!tune_adopts(was_via ? via_ms : direct_ms, was_via ? direct_ms : via_ms, *margin)) return line;
+  direct_ms = time(direct);
+  via_ms = time(via);
+  if (!tune_adopts(was_via ? via_ms : direct_ms, was_via ? direct_ms : via_ms, *margin))
+    return line + "; not adopted (timed again: under the margin)";
+  e.via_bf16 = was_via ? nullptr : &twin;
+  e.via_note = was_via ? std::string()
+                       : fmt::format(" (tuned: as torch.autocast, the product into bf16 and widened, {:.4f} ms against "
+                                     "its own product's {:.4f} ms)", via_ms, direct_ms);
+  return line + (was_via ? "; adopted its own product again" : "; adopted via bf16");
+}
+
 // A bias-gradient plan (BGRADB) against its bias gradient apart, on scratch operands: the plain twin's product with
 // the twin's algorithm (the one it runs: tuned already where this sweep adopted one), then our column sums
 // (cuda_launch::bias_grad_bf16, reading the product's own operand). With `margin`, the faster way replaces the one the
@@ -566,7 +685,13 @@ std::string compare_apart(LtState& st, LtEntry& e, const LtMatmulPlan& p, LtEntr
                ? CUBLAS_STATUS_SUCCESS
                : CUBLAS_STATUS_EXECUTION_FAILED;
   };
-  const auto product = [&] { return call_lt_algo(st, twin, tp, ops, twin.heuristic.algo, stream); };
+  // The plain product the way matmul_bf16_plain runs it: the twin's own algorithm, or torch.autocast's way where
+  // train.autotune_bf16_grads switched the twin to that (compare_bf16, which runs first).
+  Tensor s16 = twin.via_bf16 ? bf16_product_scratch(tp, device) : Tensor();
+  const auto product = [&] {
+    return twin.via_bf16 ? call_via_bf16(st, *twin.via_bf16, tp, ops, s16, stream)
+                         : call_lt_algo(st, twin, tp, ops, twin.heuristic.algo, stream);
+  };
   const auto apart = [&] {
     const cublasStatus_t r = product();
     return r == CUBLAS_STATUS_SUCCESS ? sums() : r;
@@ -583,10 +708,10 @@ std::string compare_apart(LtState& st, LtEntry& e, const LtMatmulPlan& p, LtEntr
   double fused_ms = time(fused), apart_ms = time(apart);
   const double product_ms = time(product), sums_ms = time(sums);
   const auto ms = [](double t) { return t < 0 ? std::string("refused") : fmt::format("{:.4f} ms", t); };
-  std::string line = fmt::format("; the bias gradient apart (the plain product {}, our column sums {}): {} against {} "
-                                 "fused{}",
-                                 ms(product_ms), ms(sums_ms), ms(apart_ms), ms(fused_ms),
-                                 e.apart ? " (runs apart)" : "");
+  std::string line = fmt::format("; the bias gradient apart (the plain product {}{}, our column sums {}): {} against "
+                                 "{} fused{}",
+                                 ms(product_ms), twin.via_bf16 ? " via bf16" : "", ms(sums_ms), ms(apart_ms),
+                                 ms(fused_ms), e.apart ? " (runs apart)" : "");
   if (!margin) return line;
   // The way the plan runs now against the other, as adopt_if_faster weighs a candidate.
   const bool was_apart = e.apart;
@@ -647,23 +772,22 @@ struct BgradPlans {
   std::map<LtKey, std::string> twin_failed;
 };
 
-// Each weight gradient's product as torch.autocast computes it (lt_autocast_plan: a report-only sweep's), timed as
-// a plan of its own: every float32-D plan (the weight gradients, with their bias gradient in the epilogue or
-// without a bias, as the LM head's) once, by its operands' layouts. No product runs these, and the sweep adopts
-// nothing for them.
+// Each weight gradient's product as torch.autocast computes it (lt_autocast_plan: a report-only sweep's, or a tuning
+// one's under train.autotune_bf16_grads), swept as a plan of its own: every float32-D plan (the weight gradients,
+// with their bias gradient in the epilogue or without a bias, as the LM head's) once, by its operands' layouts.
+// compare_bf16 then times each float32-D plain plan against its twin's product widened into D.
 void make_autocast_twins(LtState& st) {
   std::vector<LtKey> wgrads;
   for (const auto& [key, e] : st.entries)
-    if (key.plan.d_f32 && (key.plan.epilogue == LtEpilogue::BGradB || key.plan.epilogue == LtEpilogue::Default) &&
+    if (key.plan.d_f32 && (key.plan.epilogue == LtEpilogue::BGradB || e->weight_grad) &&
         key.splitk == st.forced_splitk)
       wgrads.push_back(key);
   for (const LtKey& key : wgrads) {
-    const LtKey twin = plain_twin_key(key, st.forced_splitk);
-    const LtMatmulPlan plan = lt_autocast_plan(key.plan);
-    if (st.entries.contains({plan, twin.align, st.forced_splitk})) continue;
+    const LtKey twin = autocast_twin_key(key, st.forced_splitk);
+    if (st.entries.contains(twin)) continue;
     try {
-      lt_entry(st, plan, twin.align, {}).choice +=
-          " (made by the sweep: a weight gradient as torch.autocast computes it, written into bf16; report only)";
+      lt_entry(st, twin.plan, twin.align, {}).choice +=
+          " (made by the sweep: a weight gradient as torch.autocast computes it, written into bf16 scratch)";
     } catch (const std::exception& ex) {
       spdlog::info("cuBLASLt: no autocast twin for {}: {}", describe(key.plan), ex.what());
     }
@@ -679,9 +803,14 @@ BgradPlans make_plain_twins(LtState& st) {
       (key.splitk == st.forced_splitk ? b.keys : b.other_split).push_back(key);
   for (const LtKey& key : b.keys) {
     const LtKey twin = plain_twin_key(key, st.forced_splitk);
-    if (st.entries.contains(twin)) continue;
+    if (const auto it = st.entries.find(twin); it != st.entries.end()) {
+      it->second->weight_grad = true;
+      continue;
+    }
     try {
-      lt_entry(st, twin.plan, twin.align, {}).choice +=
+      LtEntry& made = lt_entry(st, twin.plan, twin.align, {});
+      made.weight_grad = true;
+      made.choice +=
           " (made by the sweep: a bias gradient's plain product, to time it apart against its fused epilogue)";
     } catch (const std::exception& ex) {
       b.twin_failed[key] = ex.what();
@@ -742,11 +871,8 @@ std::string sweep_plan(LtState& st, const LtKey& key, LtEntry& e, const std::str
   if (chosen < 0)
     return fmt::format("{}: the algorithm it runs refused the scratch operands; {}{}", head, others,
                        best_i < 0 ? std::string() : fmt::format(", fastest {:.4f} ms", best));
-  // The rate: 2 m n k over the time (what the GPU report sets beside PyTorch's kernels for the same product).
-  const auto rate = [&](double ms) {
-    return fmt::format("{:.0f} TFLOP/s", 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) *
-                                             static_cast<double>(p.k) / (ms * 1e-3) / 1e12);
-  };
+  // The rate (what the GPU report sets beside PyTorch's kernels for the same product).
+  const auto rate = [&](double ms) { return tflops(p, ms); };
   if (best_i < 0 || best >= chosen)
     return fmt::format("{}: chosen {:.4f} ms ({}); {}, none faster{}{}", head, chosen, rate(chosen), others,
                        best_i < 0 ? std::string() : fmt::format(" (the best {:.4f} ms)", best), adopted);
@@ -785,11 +911,40 @@ bool weigh_apart(LtState& st, const BgradPlans& b, const std::map<const LtEntry*
   return true;
 }
 
+// Each float32-D plain plan (a weight gradient without an epilogue) against its autocast twin's way (compare_bf16),
+// said at the end of its line in `out` (`line_of`: each plan's line); false when a sticky CUDA error stopped it. The
+// plans made under another forced split-K than the state's are left out, as weigh_apart leaves them. `margin`:
+// compare_bf16's (none: report only).
+bool weigh_bf16(LtState& st, const std::map<const LtEntry*, size_t>& line_of, const SweepSettings& w,
+                std::optional<double> margin, std::vector<std::string>& out) {
+  for (auto& [key, e] : st.entries) {
+    const LtMatmulPlan& p = key.plan;
+    if (!e->weight_grad || p.epilogue != LtEpilogue::Default || key.splitk != st.forced_splitk || !e->have_algo)
+      continue;
+    std::string& line = out[line_of.at(e.get())];
+    const auto twin = st.entries.find(autocast_twin_key(key, st.forced_splitk));
+    if (twin == st.entries.end()) continue;  // its making failed: make_autocast_twins logged why
+    if (!twin->second->have_algo) {
+      line += "; as torch.autocast: no cuBLASLt algorithm for its bf16 product";
+      continue;
+    }
+    try {
+      line += compare_bf16(st, *e, p, *twin->second, margin, w.reps, w.device, w.stream, *w.start, *w.stop);
+    } catch (const std::exception& ex) {
+      line += fmt::format("; as torch.autocast: failed: {}", ex.what());
+      if (sticky_stop(out)) return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
-// The cuBLASLt plans' sweep, a line each into `out`: the bias-gradient plans' plain twins made, every plan swept
-// (sweep_plan), then the bias-gradient plans weighed against their gradient apart (weigh_apart); false when a sticky
-// CUDA error stopped it.
+// The cuBLASLt plans' sweep, a line each into `out`: the weight gradients' autocast twins made (a report-only sweep,
+// or under train.autotune_bf16_grads), the bias-gradient plans' plain twins made, every plan swept (sweep_plan), then
+// the float32 plain plans weighed against their autocast twins (weigh_bf16), then the bias-gradient plans against
+// their gradient apart (weigh_apart, whose plain product runs as weigh_bf16 left it); false when a sticky CUDA error
+// stopped it.
 bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double> adopt_margin,
                                  std::vector<std::string>& out) {
   LtState& st = *lt_;
@@ -797,12 +952,13 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
   const SweepSettings w{.candidates = candidates, .reps = reps, .split_bases = lt_split_bases_,
                         .adopt_margin = adopt_margin, .device = device(), .stream = stream(), .start = &start,
                         .stop = &stop};
-  if (!adopt_margin) make_autocast_twins(st);  // a report-only sweep's
+  const bool twins = !adopt_margin || lt_wgrad_bf16_;  // a report-only sweep's, or train.autotune_bf16_grads's
+  if (twins) make_autocast_twins(st);
   const BgradPlans bgrad = make_plain_twins(st);
-  std::map<const LtEntry*, size_t> bgrad_line;  // each bias-gradient plan's line in `out`
+  std::map<const LtEntry*, size_t> line_of;  // each plan's line in `out`
   for (auto& [key, e] : st.entries) {
     const LtMatmulPlan& p = key.plan;
-    if (p.epilogue == LtEpilogue::BGradB) bgrad_line[e.get()] = out.size();
+    line_of[e.get()] = out.size();
     const std::string plan = fmt::format("{} align {} {} {} {} {}", describe(p), key.align[0], key.align[1],
                                          key.align[2], key.align[3], key.align[4]);
     const std::string head = "cuBLASLt sweep " + plan;
@@ -812,14 +968,26 @@ bool CudaKernels::sweep_lt_plans(int candidates, int reps, std::optional<double>
     }
     try {
       SweepSettings plan_w = w;
-      if (p.any_reduction) plan_w.adopt_margin.reset();  // an autocast twin: timed for the report, never adopted
+      // An autocast twin's algorithm is tuned only where a plan may run it (train.autotune_bf16_grads).
+      if (p.any_reduction && !lt_wgrad_bf16_) plan_w.adopt_margin.reset();
       out.push_back(sweep_plan(st, key, *e, plan, head, plan_w));
     } catch (const std::exception& ex) {
       out.push_back(fmt::format("{}: failed: {}", head, ex.what()));
       if (sticky_stop(out)) return false;
     }
   }
-  return weigh_apart(st, bgrad, bgrad_line, w, out);
+  // Report only unless train.autotune_bf16_grads: no plan switches to its twin's way.
+  if (twins && !weigh_bf16(st, line_of, w, lt_wgrad_bf16_ ? adopt_margin : std::nullopt, out)) return false;
+  return weigh_apart(st, bgrad, line_of, w, out);
+}
+
+void CudaKernels::set_autotune_bf16_grads(bool on) {
+  lt_wgrad_bf16_ = on;
+  if (on || !lt_) return;
+  for (auto& [key, e] : lt_->entries) {  // every plan back to its own product
+    e->via_bf16 = nullptr;
+    e->via_note.clear();
+  }
 }
 
 void CudaKernels::set_lt_splitk(int splits) { lt().forced_splitk = splits; }
@@ -827,7 +995,8 @@ void CudaKernels::set_lt_splitk(int splits) { lt().forced_splitk = splits; }
 std::vector<std::string> CudaKernels::library_choices() const {
   std::vector<std::string> out;
   if (lt_) {
-    for (const auto& [key, e] : lt_->entries) out.push_back("cuBLASLt " + e->choice + (e->apart ? e->apart_note : ""));
+    for (const auto& [key, e] : lt_->entries)
+      out.push_back("cuBLASLt " + e->choice + (e->apart ? e->apart_note : "") + (e->via_bf16 ? e->via_note : ""));
     if (!lt_bgrad_fused_)
       out.push_back("bias gradients: the plain product (its default-epilogue plan above), then our column sums "
                     "(DPT_TUNE_BGRAD=separate)");

@@ -98,7 +98,59 @@ __global__ void bias_grad_finish_kernel(const float* part, int64_t M, int64_t sp
   }
 }
 
+// d[i * ldd + j] (+)= float(src[i * N + j]): a weight gradient computed into packed bf16 scratch, widened (exact)
+// into the float32 gradient. One thread per element.
+__global__ void widen_rows_bf16_kernel(const BFloat16* src, int64_t M, int64_t N, float* d, int64_t ldd,
+                                       bool accumulate) {
+  const size_t total = static_cast<size_t>(M) * static_cast<size_t>(N);
+  for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < total;
+       e += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = static_cast<int64_t>(e / N), j = static_cast<int64_t>(e % N);
+    float& out = d[i * ldd + j];
+    out = accumulate ? out + to_float(src[e]) : to_float(src[e]);
+  }
+}
+
+// The same eight elements a thread (widen_rows_bf16_x8 says where): one 16-byte load of src, two of d when
+// accumulating, two 16-byte stores. The same one addition per element: the same bits.
+__global__ void widen_rows_bf16_x8_kernel(const BFloat16* src, int64_t M, int64_t N, float* d, int64_t ldd,
+                                          bool accumulate) {
+  const int64_t per_row = N / 8;
+  const size_t total = static_cast<size_t>(M) * static_cast<size_t>(per_row);
+  for (size_t v = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; v < total;
+       v += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const int64_t i = static_cast<int64_t>(v / per_row), j = static_cast<int64_t>(v % per_row) * 8;
+    const uint4 w = __ldg(reinterpret_cast<const uint4*>(src + i * N + j));
+    float x[8];
+    unpack_bf16x8(w, x);
+    auto* out = reinterpret_cast<float4*>(d + i * ldd + j);
+    float4 lo = make_float4(x[0], x[1], x[2], x[3]), hi = make_float4(x[4], x[5], x[6], x[7]);
+    if (accumulate) {
+      const float4 a = out[0], b = out[1];
+      lo = make_float4(a.x + lo.x, a.y + lo.y, a.z + lo.z, a.w + lo.w);
+      hi = make_float4(b.x + hi.x, b.y + hi.y, b.z + hi.z, b.w + hi.w);
+    }
+    out[0] = lo;
+    out[1] = hi;
+  }
+}
+
 }  // namespace
+
+bool widen_rows_bf16_x8(const BFloat16* src, int64_t N, const float* d, int64_t ldd) {
+  return N % 8 == 0 && ldd % 4 == 0 && aligned16(src) && aligned16(d);
+}
+
+cudaError_t widen_rows_bf16(const BFloat16* src, int64_t M, int64_t N, float* d, int64_t ldd, bool accumulate,
+                            cudaStream_t s) {
+  if (M == 0 || N == 0) return cudaSuccess;
+  if (widen_rows_bf16_x8(src, N, d, ldd))
+    widen_rows_bf16_x8_kernel<<<blocks_for(static_cast<size_t>(M * (N / 8))), kThreads, 0, s>>>(src, M, N, d, ldd,
+                                                                                                accumulate);
+  else
+    widen_rows_bf16_kernel<<<blocks_for(static_cast<size_t>(M * N)), kThreads, 0, s>>>(src, M, N, d, ldd, accumulate);
+  return cudaGetLastError();
+}
 
 cudaError_t bias_epilogue_bf16(const float* acc, BFloat16* d, int64_t ldd, const BFloat16* bias, BFloat16* aux,
                                int64_t M, int64_t N, bool gelu, cudaStream_t s) {

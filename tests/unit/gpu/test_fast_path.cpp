@@ -48,6 +48,7 @@ struct Restore {
     cuda_set().set_lt_bgrad_fused(true);
     cuda_set().set_lt_splitk(0);
     cuda_set().set_lt_split_bases(3);
+    cuda_set().set_autotune_bf16_grads(false);
   }
 };
 
@@ -308,6 +309,150 @@ TEST_CASE("cuBLASLt sweep times every plan on scratch and leaves the next produc
   CHECK(apart >= 2);
   CHECK(apart_marked == apart);
   run_all("after tuning");
+}
+
+// train.autotune_bf16_grads's widening of a weight gradient computed into packed bf16 scratch: d[i, j] (+)=
+// float(src[i, j]) in the gradient's row stride, eight elements a thread where widen_rows_bf16_x8 says so, else one;
+// against the CPU's float32 sums, which are the same single additions: the same bits. Written (NaN first) and added
+// to; the columns past N untouched.
+TEST_CASE("cuda widen_rows_bf16 adds bf16 scratch into a float32 gradient's rows", "[gpu][fastpath]") {
+  std::mt19937 rng(163);
+  struct Case {
+    int64_t M, N, ldd;
+    bool x8;
+  };
+  for (const Case c : {Case{64, 96, 96, true}, Case{33, 40, 52, true}, Case{17, 13, 13, false}, Case{8, 24, 26, false}})
+    for (const bool accumulate : {false, true}) {
+      CAPTURE(c.M, c.N, c.ldd, accumulate);
+      const Tensor src = bf16_random({c.M, c.N}, rng, -4.0f, 4.0f);
+      const Tensor d0 = accumulate ? random_floats({c.M, c.ldd}, rng) : filled({c.M, c.ldd}, kNaN);
+      Tensor want = copy_to(d0, Device::cpu());
+      for (int64_t i = 0; i < c.M; ++i)
+        for (int64_t j = 0; j < c.N; ++j) {
+          float& w = want.data<float>()[i * c.ldd + j];
+          const float x = to_float(src.data<BFloat16>()[i * c.N + j]);
+          w = accumulate ? w + x : x;
+        }
+      Tensor dsrc = to_device(src), d = to_device(d0);
+      CHECK(cuda_launch::widen_rows_bf16_x8(dsrc.data<BFloat16>(), c.N, d.data<float>(), c.ldd) == c.x8);
+      REQUIRE(cuda_launch::widen_rows_bf16(dsrc.data<BFloat16>(), c.M, c.N, d.data<float>(), c.ldd, accumulate,
+                                           static_cast<cudaStream_t>(cuda_set().stream())) == cudaSuccess);
+      const Tensor got = to_host(d);
+      // Bit for bit, the padding columns too (NaN where the gradient was written: compared as bits).
+      INFO("first differing element: " << [&] {
+        for (size_t e = 0; e < got.numel(); ++e)
+          if (std::memcmp(got.data<float>() + e, want.data<float>() + e, sizeof(float)) != 0)
+            return std::to_string(e) + ": " + std::to_string(got.data<float>()[e]) + " against " +
+                   std::to_string(want.data<float>()[e]);
+        return std::string("none");
+      }());
+      CHECK(std::memcmp(got.data<float>(), want.data<float>(), got.numel() * sizeof(float)) == 0);
+    }
+}
+
+// train.autotune_bf16_grads: a tuning sweep also weighs each float32 weight gradient's plain product (the LM head's
+// kind, and each bias-gradient plan's plain twin) against its autocast twin (the product into bf16 scratch, then
+// widened); a margin of -100 switches every one, and the bias-gradient plans to their gradient apart, whose plain
+// product then runs via bf16 too. The products after it: D within a bf16 rounding of each product (and, where
+// written, every element a bf16 value: the twin's way ran), the bias gradients as tight as before (our column
+// sums read the same operand); then the permission withdrawn, every plan back to its own product and as tight as
+// before. Shapes of their own, so that this case's plans are new to the process's earlier sweeps.
+TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where train.autotune_bf16_grads switches them",
+          "[gpu][fastpath]") {
+  Restore restore;
+  cuda_set().set_lt_split_bases(1);
+  std::mt19937 rng(167);
+  const int64_t M = 48, N = 80, K = 256;  // dW[M, N] (+)= dY^T[M, K] X[K, N]
+  enum class Way { own, bf16 };
+  const auto run = [&](MatmulEpilogue ep, bool fresh, Way way) {
+    const bool grad = ep == MatmulEpilogue::BiasGrad;
+    INFO((grad ? "with its bias gradient" : "without a bias") << (fresh ? ", fresh" : ", accumulating")
+                                                               << (way == Way::bf16 ? ", via bf16" : ", its own"));
+    const MatmulShape s{.trans_a = true, .trans_b = false, .M = M, .N = N, .K = K, .lda = M, .ldb = N, .ldd = N,
+                        .d_f32 = true, .accumulate = !fresh, .epilogue = ep};
+    const Tensor a = bf16_random({K, M}, rng), b = bf16_random({K, N}, rng);
+    const Tensor d0 = fresh ? filled({M, N}, kNaN) : random_floats({M, N}, rng);
+    const Tensor bg0 = fresh ? filled({M}, kNaN) : random_floats({M}, rng);
+    Tensor d_cpu = copy_to(d0, Device::cpu()), bg_cpu = copy_to(bg0, Device::cpu());
+    Tensor da = to_device(a), db = to_device(b), d_gpu = to_device(d0), bg_gpu = to_device(bg0);
+    cpu_kernels().matmul_bf16(s, {.a = a.data<BFloat16>(), .b = b.data<BFloat16>(), .d = d_cpu.raw(),
+                                  .bias_grad = grad ? bg_cpu.data<float>() : nullptr});
+    gpu_kernels().matmul_bf16(s, {.a = da.data<BFloat16>(), .b = db.data<BFloat16>(), .d = d_gpu.raw(),
+                                  .bias_grad = grad ? bg_gpu.data<float>() : nullptr});
+    const double err = 4.0 * static_cast<double>(K) * 0x1p-24 + 1e-6;
+    // Via bf16: each product rounded once to bf16 (half a step of it, at most about 1.5 sqrt(K) here), its split-K
+    // parts perhaps added in bf16 too: a step's worth of sqrt(K) bounds both; a wrong element is off by about the
+    // product itself (sqrt(K) / 3).
+    const double abs = way == Way::bf16 ? kBf16Step * std::sqrt(static_cast<double>(K)) : err;
+    const Tensor got = to_host(d_gpu);
+    const Diff dd = compare(got, d_cpu, abs, way == Way::bf16 ? 0.0 : 1e-6);
+    INFO("D: " << dd);
+    CHECK(dd.bad == 0);
+    if (fresh) {  // written from bf16 scratch: every element a bf16 value; from its own product: most are not
+      size_t bf16_values = 0;
+      for (size_t e = 0; e < got.numel(); ++e) {
+        const float x = got.data<float>()[e];
+        bf16_values += to_float(to_bfloat16(x)) == x;
+      }
+      if (way == Way::bf16) CHECK(bf16_values == got.numel());
+      else CHECK(bf16_values < got.numel() / 2);
+    }
+    if (grad) {
+      const Diff dg = compare(to_host(bg_gpu), bg_cpu, err, 1e-6);
+      INFO("bias_grad: " << dg);
+      CHECK(dg.bad == 0);
+    }
+  };
+  const auto run_all = [&](Way way) {
+    for (const auto ep : {MatmulEpilogue::None, MatmulEpilogue::BiasGrad})
+      for (const bool fresh : {true, false}) run(ep, fresh, way);
+  };
+  run_all(Way::own);
+  // Without the permission a tuning sweep makes no autocast twin and switches nothing to one (a margin no candidate
+  // can meet: this case's bias-gradient plans stay fused for the switch below).
+  for (const std::string& line : cuda_set().sweep_library_choices(3, 2, 100.0))
+    CHECK(line.find("as torch.autocast") == std::string::npos);
+  // A report-only sweep weighs every float32 plain plan against its twin, switching none.
+  const std::string plan_head = fmt::format("cuBLASLt sweep m {} n {} k {} ", N, M, K);
+  size_t reported = 0;
+  for (const std::string& line : cuda_set().sweep_library_choices(3, 2, std::nullopt)) {
+    if (!line.starts_with(plan_head) || line.find(" f32 ") == std::string::npos ||
+        line.find(" epilogue default ") == std::string::npos)
+      continue;
+    INFO(line);
+    CHECK(line.find("; as torch.autocast (the product into bf16 ") != std::string::npos);
+    CHECK(line.find("; adopted via bf16") == std::string::npos);
+    ++reported;
+  }
+  CHECK(reported >= 2);  // the plain product, fresh and accumulating
+  run_all(Way::own);
+  cuda_set().set_autotune_bf16_grads(true);
+  const std::vector<std::string> tuned = cuda_set().sweep_library_choices(3, 2, -100.0);
+  // Every float32 plain plan the process made switches (the earlier cases' too: withdrawing the permission below
+  // switches them back); this case's are counted apart.
+  size_t via = 0, own_via = 0, apart_via = 0;
+  for (const std::string& line : tuned) via += line.find("; adopted via bf16") != std::string::npos;
+  for (const std::string& line : tuned) {
+    if (!line.starts_with(plan_head)) continue;
+    INFO(line);
+    CHECK(line.find("failed") == std::string::npos);
+    own_via += line.find("; adopted via bf16") != std::string::npos;
+    apart_via += line.find(" epilogue bgradb ") != std::string::npos &&
+                 line.find("; the bias gradient apart (the plain product ") != std::string::npos &&
+                 line.find(" via bf16, our column sums ") != std::string::npos &&
+                 line.find("; adopted apart") != std::string::npos;
+  }
+  CHECK(own_via >= 2);    // fresh and accumulating plain products
+  CHECK(apart_via >= 2);  // fresh and accumulating bias-gradient plans, apart through them
+  size_t marked = 0;
+  for (const std::string& c : cuda_set().library_choices())
+    marked += c.find(" (tuned: as torch.autocast, the product into bf16 and widened, ") != std::string::npos;
+  CHECK(marked == via);
+  run_all(Way::bf16);
+  cuda_set().set_autotune_bf16_grads(false);  // withdrawn: every plan back to its own product
+  for (const std::string& c : cuda_set().library_choices())
+    CHECK(c.find(" (tuned: as torch.autocast") == std::string::npos);
+  run_all(Way::own);
 }
 
 TEST_CASE("cuda bias gradient column sums: eight columns a load give the one-column kernel's bits", "[gpu][fastpath]") {

@@ -210,12 +210,14 @@ TEST_CASE("lt_plain_plan and lt_column_sums: the bias gradient apart is the plai
         if (ep != MatmulEpilogue::BiasGrad) continue;
         // bias_grad_columns: op(A)[i, k] at (ta ? k * lda + i : i * lda + k), i < M, k < K.
         CHECK(lt_column_sums(p) == LtColumnSums{M, K, ta ? 1 : lda, ta ? lda : 1});
-        // The sweep's report-only twin, as torch.autocast computes the weight gradient: the same product and layouts,
-        // written (beta 0) into bf16, no epilogue, split-K parts added in any type; a plan of its own (never one a
-        // product runs: those add their parts in float32), said so in its description.
+        // The sweep's twin, as torch.autocast computes the weight gradient: the same product and operand layouts,
+        // written (beta 0) into packed bf16 scratch (row stride N, not the gradient's ldd), no epilogue, split-K
+        // parts added in any type; a plan of its own (every other plan adds its parts in float32), said so in its
+        // description.
         MatmulShape autocast = none;
         autocast.d_f32 = false;
         autocast.accumulate = false;
+        autocast.ldd = N;
         LtMatmulPlan want = lt_matmul_plan(autocast, false);
         CHECK(!want.any_reduction);
         const LtMatmulPlan a = lt_autocast_plan(p);
@@ -225,6 +227,8 @@ TEST_CASE("lt_plain_plan and lt_column_sums: the bias gradient apart is the plai
         CHECK(a.beta == 0.0f);
         CHECK(!a.d_f32);
         CHECK(a.epilogue == LtEpilogue::Default);
+        CHECK(a.d == LtLayout{N, M, N});
+        CHECK(p.d.ld == N + 24);
         CHECK(describe(a) == describe(lt_matmul_plan(autocast, false)) + " any-reduction");
       }
 }

@@ -225,6 +225,15 @@ TEST_CASE("train.global_batch_size: the micro-batch and accumulation per world s
                       Catch::Contains("leave train.accum_steps unset"));
 }
 
+TEST_CASE("train.autotune_bf16_grads widens train.autotune, and only with it", "[config]") {
+  CHECK(!load_config("", {}).train.autotune_bf16_grads);
+  const Config c = load_config("", {"train.autotune=true", "train.autotune_bf16_grads=true"});
+  CHECK(c.train.autotune);
+  CHECK(c.train.autotune_bf16_grads);
+  REQUIRE_THROWS_WITH(load_config("", {"train.autotune_bf16_grads=true"}),
+                      Catch::Contains("train.autotune_bf16_grads = true needs train.autotune = true"));
+}
+
 TEST_CASE("a bare-word override must be valid UTF-8", "[config]") {
   // 0xFF was taken as is, printed as \u00FF and read back as U+00FF: another config (found by fuzz_config).
   REQUIRE_THROWS_WITH(parse_config("", "t.toml", {std::string("model.init_from=a\xff" "b")}),
