@@ -408,11 +408,9 @@ TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where trai
       for (const bool fresh : {true, false}) run(ep, fresh, way);
   };
   run_all(Way::own);
-  // Without the permission a tuning sweep makes no autocast twin and switches nothing to one (a margin no candidate
-  // can meet: this case's bias-gradient plans stay fused for the switch below).
-  for (const std::string& line : cuda_set().sweep_library_choices(3, 2, 100.0))
-    CHECK(line.find("as torch.autocast") == std::string::npos);
-  // A report-only sweep weighs every float32 plain plan against its twin, switching none.
+  // A report-only sweep weighs every float32 plain plan against its twin, switching none (nor anything else: this
+  // case's bias-gradient plans stay fused for the switch below). Two sweeps of every plan the process made: the case
+  // runs under compute-sanitizer too.
   const std::string plan_head = fmt::format("cuBLASLt sweep m {} n {} k {} ", N, M, K);
   size_t reported = 0;
   for (const std::string& line : cuda_set().sweep_library_choices(3, 2, std::nullopt)) {
