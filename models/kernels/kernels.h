@@ -63,8 +63,10 @@ class Kernels {
   }
   // train.autotune_bf16_grads: whether a tuning sweep (an adopt_margin) may also switch a weight gradient's product
   // to torch.autocast's way (the product rounded to bf16, then added into the float32 gradient) where that is faster;
-  // false also returns every product switched so to its own. The bf16 products change the gradients' numerics (one
-  // bf16 rounding of each product, as torch.autocast's). Nothing on the CPU.
+  // false also returns every product switched so to its own (a bias-gradient plan the sweep switched apart stays
+  // apart, its plain product in float32 again). The bf16 products change the gradients' numerics: the product
+  // rounded to bf16, and its split-K parts perhaps added in bf16, as cuBLAS may for torch.autocast. Nothing on the
+  // CPU.
   virtual void set_autotune_bf16_grads(bool) {}
   // train.deterministic: whether a GPU set keeps to library algorithms that give the same bits on every run (the
   // default), or may also take faster ones that add in a varying order (cuDNN's attention backward and convolution

@@ -185,7 +185,7 @@ class CudaKernels final : public Kernels {
   void set_lt_bgrad_fused(bool on) { lt_bgrad_fused_ = on; }
   // train.autotune_bf16_grads: the tuning sweep may switch a float32 weight gradient's product to torch.autocast's
   // way (its autocast twin into bf16 scratch, then widened: compare_bf16) where that is faster; false (the default)
-  // also returns every plan switched so to its own product.
+  // also returns every plan switched so to its own product (the `apart` choices stay).
   void set_autotune_bf16_grads(bool on) override;
   // For the [gpu] tests: the plans made from now on split the heuristic's first algorithm along K into `splits`
   // parts where cuBLASLt accepts that (their library_choices line says "split-k N forced", or "refused"); 0 or 1:

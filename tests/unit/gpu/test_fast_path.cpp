@@ -364,14 +364,17 @@ TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where trai
   std::mt19937 rng(167);
   const int64_t M = 48, N = 80, K = 256;  // dW[M, N] (+)= dY^T[M, K] X[K, N]
   enum class Way { own, bf16 };
-  const auto run = [&](MatmulEpilogue ep, bool fresh, Way way) {
+  // Into a gradient of its own rows (ldd N: the eight-element widening), or inside a wider buffer (ldd N + 2: the
+  // one-element widening, the scratch still packed): the columns past N keep their bits.
+  const auto run = [&](MatmulEpilogue ep, bool fresh, int64_t ldd, Way way) {  // way: what is expected
     const bool grad = ep == MatmulEpilogue::BiasGrad;
     INFO((grad ? "with its bias gradient" : "without a bias") << (fresh ? ", fresh" : ", accumulating")
+                                                               << ", ldd " << ldd
                                                                << (way == Way::bf16 ? ", via bf16" : ", its own"));
-    const MatmulShape s{.trans_a = true, .trans_b = false, .M = M, .N = N, .K = K, .lda = M, .ldb = N, .ldd = N,
+    const MatmulShape s{.trans_a = true, .trans_b = false, .M = M, .N = N, .K = K, .lda = M, .ldb = N, .ldd = ldd,
                         .d_f32 = true, .accumulate = !fresh, .epilogue = ep};
     const Tensor a = bf16_random({K, M}, rng), b = bf16_random({K, N}, rng);
-    const Tensor d0 = fresh ? filled({M, N}, kNaN) : random_floats({M, N}, rng);
+    const Tensor d0 = fresh ? filled({M, ldd}, kNaN) : random_floats({M, ldd}, rng);
     const Tensor bg0 = fresh ? filled({M}, kNaN) : random_floats({M}, rng);
     Tensor d_cpu = copy_to(d0, Device::cpu()), bg_cpu = copy_to(bg0, Device::cpu());
     Tensor da = to_device(a), db = to_device(b), d_gpu = to_device(d0), bg_gpu = to_device(bg0);
@@ -379,13 +382,36 @@ TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where trai
                                   .bias_grad = grad ? bg_cpu.data<float>() : nullptr});
     gpu_kernels().matmul_bf16(s, {.a = da.data<BFloat16>(), .b = db.data<BFloat16>(), .d = d_gpu.raw(),
                                   .bias_grad = grad ? bg_gpu.data<float>() : nullptr});
+    // What the product ran as: its plain plan's line and its autocast twin's (the twin's split-K and reduction).
+    // Under Way::bf16 the plain plan runs via bf16 where the sweep switched it: every plan with a cuBLASLt algorithm
+    // (the sweep's checks below), so at least the 16-byte rows' (ldd N); the other's may have none.
+    MatmulShape plain = s;
+    plain.epilogue = MatmulEpilogue::None;
+    bool switched = false;
+    for (const std::string& c : cuda_set().library_choices()) {
+      const bool own = c.starts_with("cuBLASLt " + describe(lt_matmul_plan(plain, false)) + " align");
+      if (own || c.starts_with("cuBLASLt " + describe(lt_autocast_plan(lt_matmul_plan(plain, false))) + " align"))
+        UNSCOPED_INFO("plan: " << c);
+      switched |= own && c.find(" (tuned: as torch.autocast") != std::string::npos;
+    }
+    if (way == Way::bf16 && ldd == N) CHECK(switched);
+    if (!switched) way = Way::own;
     const double err = 4.0 * static_cast<double>(K) * 0x1p-24 + 1e-6;
-    // Via bf16: each product rounded once to bf16 (half a step of it, at most about 1.5 sqrt(K) here), its split-K
-    // parts perhaps added in bf16 too: a step's worth of sqrt(K) bounds both; a wrong element is off by about the
-    // product itself (sqrt(K) / 3).
-    const double abs = way == Way::bf16 ? kBf16Step * std::sqrt(static_cast<double>(K)) : err;
-    const Tensor got = to_host(d_gpu);
-    const Diff dd = compare(got, d_cpu, abs, way == Way::bf16 ? 0.0 : 1e-6);
+    // Via bf16: each product rounded to bf16 (half a step of it, at most about 1.5 sqrt(K) here), and where the twin's
+    // algorithm splits K and adds the parts in bf16 (in place, or in the output type), each part's sum rounded too:
+    // four steps' worth of sqrt(K) bounds them; a wrong element is off by about the product itself (sqrt(K) / 3).
+    const double abs = way == Way::bf16 ? 4.0 * kBf16Step * std::sqrt(static_cast<double>(K)) : err;
+    const Tensor got_rows = to_host(d_gpu);
+    Tensor got = Tensor::empty({M, N}, DType::F32), want = Tensor::empty({M, N}, DType::F32);
+    bool padding_kept = true;  // columns N..ldd of every row: d0's bits (NaN where fresh)
+    const auto row_bytes = static_cast<size_t>(N) * sizeof(float), pad_bytes = static_cast<size_t>(ldd - N) * 4;
+    for (int64_t i = 0; i < M; ++i) {
+      std::memcpy(got.data<float>() + i * N, got_rows.data<float>() + i * ldd, row_bytes);
+      std::memcpy(want.data<float>() + i * N, d_cpu.data<float>() + i * ldd, row_bytes);
+      padding_kept &= std::memcmp(got_rows.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N, pad_bytes) == 0;
+    }
+    CHECK(padding_kept);
+    const Diff dd = compare(got, want, abs, way == Way::bf16 ? 0.0 : 1e-6);
     INFO("D: " << dd);
     CHECK(dd.bad == 0);
     if (fresh) {  // written from bf16 scratch: every element a bf16 value; from its own product: most are not
@@ -405,7 +431,8 @@ TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where trai
   };
   const auto run_all = [&](Way way) {
     for (const auto ep : {MatmulEpilogue::None, MatmulEpilogue::BiasGrad})
-      for (const bool fresh : {true, false}) run(ep, fresh, way);
+      for (const bool fresh : {true, false})
+        for (const int64_t ldd : {N, N + 2}) run(ep, fresh, ldd, way);
   };
   run_all(Way::own);
   // A report-only sweep weighs every float32 plain plan against its twin, switching none (nor anything else: this
@@ -415,14 +442,14 @@ TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where trai
   size_t reported = 0;
   for (const std::string& line : cuda_set().sweep_library_choices(3, 2, std::nullopt)) {
     if (!line.starts_with(plan_head) || line.find(" f32 ") == std::string::npos ||
-        line.find(" epilogue default ") == std::string::npos)
+        line.find(" epilogue default ") == std::string::npos || line.find(": chosen ") == std::string::npos)
       continue;
     INFO(line);
     CHECK(line.find("; as torch.autocast (the product into bf16 ") != std::string::npos);
     CHECK(line.find("; adopted via bf16") == std::string::npos);
     ++reported;
   }
-  CHECK(reported >= 2);  // the plain product, fresh and accumulating
+  CHECK(reported >= 2);  // the plain product, fresh and accumulating (in 16-byte rows at least)
   run_all(Way::own);
   cuda_set().set_autotune_bf16_grads(true);
   const std::vector<std::string> tuned = cuda_set().sweep_library_choices(3, 2, -100.0);
@@ -434,14 +461,21 @@ TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where trai
     if (!line.starts_with(plan_head)) continue;
     INFO(line);
     CHECK(line.find("failed") == std::string::npos);
-    own_via += line.find("; adopted via bf16") != std::string::npos;
+    // Each of this case's float32 plain plans with an algorithm switches (a margin of -100).
+    if (line.find(" f32 ") != std::string::npos && line.find(" epilogue default ") != std::string::npos &&
+        line.find(": chosen ") != std::string::npos) {
+      CHECK(line.find("; adopted via bf16") != std::string::npos);
+      own_via += line.find("; adopted via bf16") != std::string::npos;
+    }
     apart_via += line.find(" epilogue bgradb ") != std::string::npos &&
                  line.find("; the bias gradient apart (the plain product ") != std::string::npos &&
                  line.find(" via bf16, our column sums ") != std::string::npos &&
                  line.find("; adopted apart") != std::string::npos;
   }
-  CHECK(own_via >= 2);    // fresh and accumulating plain products
-  CHECK(apart_via >= 2);  // fresh and accumulating bias-gradient plans, apart through them
+  CHECK(own_via >= 2);    // fresh and accumulating plain products (in 16-byte rows at least)
+  // Fresh and accumulating bias-gradient plans in 16-byte rows (an ldd of N + 2 fuses no epilogue: its bias gradient
+  // always runs apart, through the plain product), apart through their plain products.
+  CHECK(apart_via >= 2);
   size_t marked = 0;
   for (const std::string& c : cuda_set().library_choices())
     marked += c.find(" (tuned: as torch.autocast, the product into bf16 and widened, ") != std::string::npos;
