@@ -574,9 +574,8 @@ class StepGraph {
   bool reads_copy_ = false;  // the captured forward reads the update's bf16 copy (no rounding pass)
 };
 
-Result run(const Options& o, const trainer::Config& cfg) {
-  const Device device =
-      trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
+// The options this program refuses with this config on this device (ConfigError: a usage error).
+void check_options(const Options& o, const trainer::Config& cfg, const Device& device) {
   if (o.cuda_graph && !cfg.train.bf16_activations)
     DPT_THROW(ConfigError, "--cuda-graph is for the transformer fast path (train.bf16_activations = true), the one "
                            "whose capture is tested (a float32 step, BatchNorm's host-side counters, are not)");
@@ -587,6 +586,12 @@ Result run(const Options& o, const trainer::Config& cfg) {
   if (o.cuda_graph && !device.is_cuda())
     DPT_THROW(ConfigError, "--cuda-graph captures a GPU step: the run is on {} ({})", device.str(),
               cfg.train.device == trainer::DeviceChoice::cpu ? "train.device = cpu" : cuda::unavailable_reason());
+}
+
+Result run(const Options& o, const trainer::Config& cfg) {
+  const Device device =
+      trainer::choose_device(cfg.train.device, 0, cuda::device_count(), cuda::unavailable_reason());
+  check_options(o, cfg, device);
   if (device.is_cuda()) cuda::set_device(device.index);
   const trainer::ModelCard& family = trainer::model_card(cfg.model.name);
   const bool gpt = family.input == trainer::ModelInput::tokens;  // token windows in, the GPT table out

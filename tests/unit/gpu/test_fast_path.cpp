@@ -350,6 +350,79 @@ TEST_CASE("cuda widen_rows_bf16 adds bf16 scratch into a float32 gradient's rows
     }
 }
 
+namespace {
+
+// One weight gradient dW[M, N] (+)= dY^T[M, K] X[K, N] on the GPU against the CPU, for the bf16 weight-gradient case
+// below. Into a gradient of its own rows (ldd N: the eight-element widening), or inside a wider buffer (ldd N + 2:
+// the one-element widening, the scratch still packed): the columns past N keep their bits. `via_bf16`: what is
+// expected of its plain plan (the sweep switched it to its autocast twin).
+void check_weight_gradient(std::mt19937& rng, int64_t M, int64_t N, int64_t K, MatmulEpilogue ep, bool fresh,
+                           int64_t ldd, bool via_bf16) {
+  const bool grad = ep == MatmulEpilogue::BiasGrad;
+  INFO((grad ? "with its bias gradient" : "without a bias") << (fresh ? ", fresh" : ", accumulating")
+                                                             << ", ldd " << ldd
+                                                             << (via_bf16 ? ", via bf16" : ", its own"));
+  const MatmulShape s{.trans_a = true, .trans_b = false, .M = M, .N = N, .K = K, .lda = M, .ldb = N, .ldd = ldd,
+                      .d_f32 = true, .accumulate = !fresh, .epilogue = ep};
+  const Tensor a = bf16_random({K, M}, rng), b = bf16_random({K, N}, rng);
+  const Tensor d0 = fresh ? filled({M, ldd}, kNaN) : random_floats({M, ldd}, rng);
+  const Tensor bg0 = fresh ? filled({M}, kNaN) : random_floats({M}, rng);
+  Tensor d_cpu = copy_to(d0, Device::cpu()), bg_cpu = copy_to(bg0, Device::cpu());
+  Tensor da = to_device(a), db = to_device(b), d_gpu = to_device(d0), bg_gpu = to_device(bg0);
+  cpu_kernels().matmul_bf16(s, {.a = a.data<BFloat16>(), .b = b.data<BFloat16>(), .d = d_cpu.raw(),
+                                .bias_grad = grad ? bg_cpu.data<float>() : nullptr});
+  gpu_kernels().matmul_bf16(s, {.a = da.data<BFloat16>(), .b = db.data<BFloat16>(), .d = d_gpu.raw(),
+                                .bias_grad = grad ? bg_gpu.data<float>() : nullptr});
+  // What the product ran as: its plain plan's line and its autocast twin's (the twin's split-K and reduction).
+  // Expected via bf16, the plain plan runs via bf16 where the sweep switched it: every plan with a cuBLASLt algorithm
+  // (the case checks that its sweep switched each), so at least the 16-byte rows' (ldd N); the other's may have none.
+  MatmulShape plain = s;
+  plain.epilogue = MatmulEpilogue::None;
+  bool switched = false;
+  for (const std::string& c : cuda_set().library_choices()) {
+    const bool own = c.starts_with("cuBLASLt " + describe(lt_matmul_plan(plain, false)) + " align");
+    if (own || c.starts_with("cuBLASLt " + describe(lt_autocast_plan(lt_matmul_plan(plain, false))) + " align"))
+      UNSCOPED_INFO("plan: " << c);
+    switched |= own && c.find(" (tuned: as torch.autocast") != std::string::npos;
+  }
+  if (via_bf16 && ldd == N) CHECK(switched);
+  via_bf16 &= switched;
+  const double err = 4.0 * static_cast<double>(K) * 0x1p-24 + 1e-6;
+  // Via bf16: each product rounded to bf16 (half a step of it, at most about 1.5 sqrt(K) here), and where the twin's
+  // algorithm splits K and adds the parts in bf16 (in place, or in the output type), each part's sum rounded too:
+  // four steps' worth of sqrt(K) bounds them; a wrong element is off by about the product itself (sqrt(K) / 3).
+  const double abs = via_bf16 ? 4.0 * kBf16Step * std::sqrt(static_cast<double>(K)) : err;
+  const Tensor got_rows = to_host(d_gpu);
+  Tensor got = Tensor::empty({M, N}, DType::F32), want = Tensor::empty({M, N}, DType::F32);
+  bool padding_kept = true;  // columns N..ldd of every row: d0's bits (NaN where fresh)
+  const auto row_bytes = static_cast<size_t>(N) * sizeof(float), pad_bytes = static_cast<size_t>(ldd - N) * 4;
+  for (int64_t i = 0; i < M; ++i) {
+    std::memcpy(got.data<float>() + i * N, got_rows.data<float>() + i * ldd, row_bytes);
+    std::memcpy(want.data<float>() + i * N, d_cpu.data<float>() + i * ldd, row_bytes);
+    padding_kept &= std::memcmp(got_rows.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N, pad_bytes) == 0;
+  }
+  CHECK(padding_kept);
+  const Diff dd = compare(got, want, abs, via_bf16 ? 0.0 : 1e-6);
+  INFO("D: " << dd);
+  CHECK(dd.bad == 0);
+  if (fresh) {  // written from bf16 scratch: every element a bf16 value; from its own product: most are not
+    size_t bf16_values = 0;
+    for (size_t e = 0; e < got.numel(); ++e) {
+      const float x = got.data<float>()[e];
+      bf16_values += to_float(to_bfloat16(x)) == x;
+    }
+    if (via_bf16) CHECK(bf16_values == got.numel());
+    else CHECK(bf16_values < got.numel() / 2);
+  }
+  if (grad) {
+    const Diff dg = compare(to_host(bg_gpu), bg_cpu, err, 1e-6);
+    INFO("bias_grad: " << dg);
+    CHECK(dg.bad == 0);
+  }
+}
+
+}  // namespace
+
 // train.autotune_bf16_grads: a tuning sweep also weighs each float32 weight gradient's plain product (the LM head's
 // kind, and each bias-gradient plan's plain twin) against its autocast twin (the product into bf16 scratch, then
 // widened); a margin of -100 switches every one, and the bias-gradient plans to their gradient apart, whose plain
@@ -364,70 +437,8 @@ TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where trai
   std::mt19937 rng(167);
   const int64_t M = 48, N = 80, K = 256;  // dW[M, N] (+)= dY^T[M, K] X[K, N]
   enum class Way { own, bf16 };
-  // Into a gradient of its own rows (ldd N: the eight-element widening), or inside a wider buffer (ldd N + 2: the
-  // one-element widening, the scratch still packed): the columns past N keep their bits.
-  const auto run = [&](MatmulEpilogue ep, bool fresh, int64_t ldd, Way way) {  // way: what is expected
-    const bool grad = ep == MatmulEpilogue::BiasGrad;
-    INFO((grad ? "with its bias gradient" : "without a bias") << (fresh ? ", fresh" : ", accumulating")
-                                                               << ", ldd " << ldd
-                                                               << (way == Way::bf16 ? ", via bf16" : ", its own"));
-    const MatmulShape s{.trans_a = true, .trans_b = false, .M = M, .N = N, .K = K, .lda = M, .ldb = N, .ldd = ldd,
-                        .d_f32 = true, .accumulate = !fresh, .epilogue = ep};
-    const Tensor a = bf16_random({K, M}, rng), b = bf16_random({K, N}, rng);
-    const Tensor d0 = fresh ? filled({M, ldd}, kNaN) : random_floats({M, ldd}, rng);
-    const Tensor bg0 = fresh ? filled({M}, kNaN) : random_floats({M}, rng);
-    Tensor d_cpu = copy_to(d0, Device::cpu()), bg_cpu = copy_to(bg0, Device::cpu());
-    Tensor da = to_device(a), db = to_device(b), d_gpu = to_device(d0), bg_gpu = to_device(bg0);
-    cpu_kernels().matmul_bf16(s, {.a = a.data<BFloat16>(), .b = b.data<BFloat16>(), .d = d_cpu.raw(),
-                                  .bias_grad = grad ? bg_cpu.data<float>() : nullptr});
-    gpu_kernels().matmul_bf16(s, {.a = da.data<BFloat16>(), .b = db.data<BFloat16>(), .d = d_gpu.raw(),
-                                  .bias_grad = grad ? bg_gpu.data<float>() : nullptr});
-    // What the product ran as: its plain plan's line and its autocast twin's (the twin's split-K and reduction).
-    // Under Way::bf16 the plain plan runs via bf16 where the sweep switched it: every plan with a cuBLASLt algorithm
-    // (the sweep's checks below), so at least the 16-byte rows' (ldd N); the other's may have none.
-    MatmulShape plain = s;
-    plain.epilogue = MatmulEpilogue::None;
-    bool switched = false;
-    for (const std::string& c : cuda_set().library_choices()) {
-      const bool own = c.starts_with("cuBLASLt " + describe(lt_matmul_plan(plain, false)) + " align");
-      if (own || c.starts_with("cuBLASLt " + describe(lt_autocast_plan(lt_matmul_plan(plain, false))) + " align"))
-        UNSCOPED_INFO("plan: " << c);
-      switched |= own && c.find(" (tuned: as torch.autocast") != std::string::npos;
-    }
-    if (way == Way::bf16 && ldd == N) CHECK(switched);
-    if (!switched) way = Way::own;
-    const double err = 4.0 * static_cast<double>(K) * 0x1p-24 + 1e-6;
-    // Via bf16: each product rounded to bf16 (half a step of it, at most about 1.5 sqrt(K) here), and where the twin's
-    // algorithm splits K and adds the parts in bf16 (in place, or in the output type), each part's sum rounded too:
-    // four steps' worth of sqrt(K) bounds them; a wrong element is off by about the product itself (sqrt(K) / 3).
-    const double abs = way == Way::bf16 ? 4.0 * kBf16Step * std::sqrt(static_cast<double>(K)) : err;
-    const Tensor got_rows = to_host(d_gpu);
-    Tensor got = Tensor::empty({M, N}, DType::F32), want = Tensor::empty({M, N}, DType::F32);
-    bool padding_kept = true;  // columns N..ldd of every row: d0's bits (NaN where fresh)
-    const auto row_bytes = static_cast<size_t>(N) * sizeof(float), pad_bytes = static_cast<size_t>(ldd - N) * 4;
-    for (int64_t i = 0; i < M; ++i) {
-      std::memcpy(got.data<float>() + i * N, got_rows.data<float>() + i * ldd, row_bytes);
-      std::memcpy(want.data<float>() + i * N, d_cpu.data<float>() + i * ldd, row_bytes);
-      padding_kept &= std::memcmp(got_rows.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N, pad_bytes) == 0;
-    }
-    CHECK(padding_kept);
-    const Diff dd = compare(got, want, abs, way == Way::bf16 ? 0.0 : 1e-6);
-    INFO("D: " << dd);
-    CHECK(dd.bad == 0);
-    if (fresh) {  // written from bf16 scratch: every element a bf16 value; from its own product: most are not
-      size_t bf16_values = 0;
-      for (size_t e = 0; e < got.numel(); ++e) {
-        const float x = got.data<float>()[e];
-        bf16_values += to_float(to_bfloat16(x)) == x;
-      }
-      if (way == Way::bf16) CHECK(bf16_values == got.numel());
-      else CHECK(bf16_values < got.numel() / 2);
-    }
-    if (grad) {
-      const Diff dg = compare(to_host(bg_gpu), bg_cpu, err, 1e-6);
-      INFO("bias_grad: " << dg);
-      CHECK(dg.bad == 0);
-    }
+  const auto run = [&](MatmulEpilogue ep, bool fresh, int64_t ldd, Way way) {
+    check_weight_gradient(rng, M, N, K, ep, fresh, ldd, way == Way::bf16);
   };
   const auto run_all = [&](Way way) {
     for (const auto ep : {MatmulEpilogue::None, MatmulEpilogue::BiasGrad})
