@@ -16,8 +16,10 @@ CudaKernels::CudaKernels(int index) : index_(index) {
   stream_ = std::make_unique<cuda::Stream>();
   DPT_CUBLAS_CHECK(cublasCreate(&handle_));
   DPT_CUBLAS_CHECK(cublasSetStream(handle_, stream()));
-  // FP32 GEMMs in full precision: TF32 would be faster but leaves the CPU path's results by ~1e-3.
-  DPT_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_PEDANTIC_MATH));
+  // FP32 GEMMs in full precision: TF32 would be faster but leaves the CPU path's results by ~1e-3. cuBLAS's default
+  // mode keeps float32's precision (TF32 needs CUBLAS_TF32_TENSOR_OP_MATH or a _FAST compute type): what PyTorch
+  // runs with torch.backends.cuda.matmul.allow_tf32 = False (set_precision says why not the pedantic mode).
+  DPT_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
   partials_ = Tensor::empty({cuda_launch::kSumSquaresBlocks + 1}, DType::F64, device());
   if (const char* b = std::getenv("DPT_TUNE_BGRAD"); b && std::string_view(b) == "separate") lt_bgrad_fused_ = false;
 }
