@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # integration.gpu_cases (issue 30): what a GPU window's unit_gpu will run, checked on the build machine, where the
 # [gpu] cases themselves are skipped. unit_gpu lists its cases without a GPU: the listing exits 0 only when Catch took
-# every case (two cases of one name make it refuse the whole run, which would fail unit_gpu and sanitize_fastpath in a
-# window), and gpu-check.sh's filters select what they are meant to: sanitize_fastpath's the fast path's kernels and
-# library calls (the bf16 weight gradients' widening and tuning among them) and the Llama's, without the whole-model
-# cases; nccl_watchdog's its one hidden case, which a plain run leaves out.
+# every case (two cases of one name, or a bad tag, make it refuse the whole run, which would fail unit_gpu and
+# sanitize_fastpath in a window), and gpu-check.sh's filters select what they are meant to: sanitize_fastpath's the
+# fast path's kernels and library calls (the bf16 weight gradients' widening and tuning among them) and the Llama's
+# (its whole-model case too), not the GPT's whole-model cases; nccl_watchdog's its one hidden case, which a plain run
+# leaves out.
 source "$(dirname "$0")/lib/common.bash"
 GPU=$DPT_BUILD_DIR/tests/unit_gpu
 if [ ! -x "$GPU" ]; then
@@ -14,25 +15,21 @@ fi
 GPU_CHECK=$DPT_SOURCE_DIR/scripts/gpu-check.sh
 
 all=$("$GPU" --list-test-names-only) || { echo "$all"; fail "unit_gpu --list-test-names-only failed"; }
-n=$(grep -c . <<<"$all")
+n=$(grep -c . <<<"$all" || true)
 ((n >= 80)) || { echo "$all"; fail "unit_gpu lists $n cases (expected 80 or more)"; }
-# Every case of the sources is listed: their TEST_CASE count, less the hidden one and the one built only without
-# cuDNN (test_cuda_conv_kernels.cpp's #if !DPT_HAVE_CUDNN).
-defined=$(cat "$DPT_SOURCE_DIR"/tests/unit/gpu/*.cpp | grep -c '^TEST_CASE(')
-hidden=$("$GPU" --list-test-names-only '[.]' | grep -c .)
+hidden=$("$GPU" --list-test-names-only '[.]' | grep -c . || true)
 ((hidden == 1)) || fail "unit_gpu hides $hidden cases (expected 1: nccl_watchdog's)"
-((n + hidden == defined || n + hidden == defined - 1)) ||
-  fail "unit_gpu lists $n cases and hides $hidden of the $defined its sources define"
 
 # sanitize_fastpath's filter, as gpu-check.sh gives it.
-filter=$(grep -o '"\[fastpath\]~\[model\],\[llama\]"' "$GPU_CHECK" | tr -d '"')
+filter=$(grep -o '"\[fastpath\]~\[model\],\[llama\]"' "$GPU_CHECK" | tr -d '"' || true)
 [ -n "$filter" ] || fail "no [fastpath] filter in gpu-check.sh's sanitize_fastpath"
 sanitized=$("$GPU" --list-test-names-only "$filter") || fail "unit_gpu rejects the filter $filter"
 for want in "cuda matmul_bf16 (cuBLASLt) matches the CPU with every epilogue, fused and not" \
   "cuda widen_rows_bf16 adds bf16 scratch into a float32 gradient's rows" \
   "cuBLASLt weight gradients as torch.autocast computes them, where train.autotune_bf16_grads switches them" \
   "cuda attention (cuDNN fused flash attention) matches the CPU, forward and backward" \
-  "cuda classifier_bf16 matches the CPU: loss, hits, the gradient in place, the padding 0"; do
+  "cuda classifier_bf16 matches the CPU: loss, hits, the gradient in place, the padding 0" \
+  "a Llama moved to cuda reproduces the CPU's logits, loss, every gradient and its KV-cache steps"; do
   grep -qxF "$want" <<<"$sanitized" || { echo "$sanitized"; fail "sanitize_fastpath's filter leaves out: $want"; }
 done
 ! grep -q "^a GPT with bf16 activations on cuda" <<<"$sanitized" || fail "sanitize_fastpath's filter takes a GPT case"

@@ -11,15 +11,27 @@
 
 namespace dpt::models {
 
+namespace {
+
+// cuBLAS's math mode, for every precision: the default mode, which keeps each compute type's precision (no TF32 for
+// float32 GEMMs: that needs CUBLAS_TF32_TENSOR_OP_MATH or a _FAST compute type; TF32 would be faster but leaves the
+// CPU path's results by ~1e-3), as PyTorch's handle runs them with torch.backends.cuda.matmul.allow_tf32 = False;
+// the 16-bit GEMMs on the tensor cores, accumulating in float32 as CUBLAS_COMPUTE_32F asks, and no GEMM adding its
+// split-K parts in a 16-bit output type (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION: cublasGemmEx with a
+// bf16 D, as cuBLASLt's plans keep them too, reduction_schemes in matmul.cpp). Not the pedantic mode, which
+// prescribes the arithmetic of every phase and which cuBLAS's documentation describes as meant for numerical
+// studies and debugging rather than speed; until 2026-11-28 float32 GEMMs ran in it.
+constexpr auto kCublasMath =
+    static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+
+}  // namespace
+
 CudaKernels::CudaKernels(int index) : index_(index) {
   cuda::set_device(index);
   stream_ = std::make_unique<cuda::Stream>();
   DPT_CUBLAS_CHECK(cublasCreate(&handle_));
   DPT_CUBLAS_CHECK(cublasSetStream(handle_, stream()));
-  // FP32 GEMMs in full precision: TF32 would be faster but leaves the CPU path's results by ~1e-3. cuBLAS's default
-  // mode keeps float32's precision (TF32 needs CUBLAS_TF32_TENSOR_OP_MATH or a _FAST compute type): what PyTorch
-  // runs with torch.backends.cuda.matmul.allow_tf32 = False (set_precision says why not the pedantic mode).
-  DPT_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
+  DPT_CUBLAS_CHECK(cublasSetMathMode(handle_, kCublasMath));
   partials_ = Tensor::empty({cuda_launch::kSumSquaresBlocks + 1}, DType::F64, device());
   if (const char* b = std::getenv("DPT_TUNE_BGRAD"); b && std::string_view(b) == "separate") lt_bgrad_fused_ = false;
 }

@@ -1,4 +1,4 @@
-// models/kernels/cuda/precision.cpp: CudaKernels's precision (cuBLAS's math mode follows it) and the 16-bit scratch
+// models/kernels/cuda/precision.cpp: CudaKernels's precision (which GEMMs round their operands) and the 16-bit scratch
 // that gemm and the convolutions round their operands into under BF16 / F16 (the kernels: precision.cu).
 #include "models/kernels/cuda/cuda_kernels.h"
 
@@ -7,21 +7,11 @@
 
 namespace dpt::models {
 
-// Per kernel set (the model sets it before each pass). cuBLAS's math mode follows: the default mode for F32, which
-// keeps float32's precision (no TF32: that needs CUBLAS_TF32_TENSOR_OP_MATH), as PyTorch's handle does without
-// allow_tf32; for the 16-bit GEMMs the default mode too (tensor cores, accumulation in float32 as
-// CUBLAS_COMPUTE_32F asks), their split-K parts added in float32. Not the pedantic mode, which prescribes the
-// arithmetic of every phase and which cuBLAS's documentation describes as meant for numerical studies and
-// debugging rather than speed; until 2026-11-28 F32 ran in it. A call already queued keeps the mode it was queued
-// with.
+// Per kernel set (the model sets it before each pass): which GEMMs and convolutions round their operands to 16 bits.
+// cuBLAS's math mode is one for every precision (the constructor's: kCublasMath).
 void CudaKernels::set_precision(Precision p) {
   DPT_CHECK(p == Precision::F32 || p == Precision::BF16 || p == Precision::F16, "precision {}",
             static_cast<int>(p));
-  if (p == precision_) return;
-  DPT_CUBLAS_CHECK(cublasSetMathMode(
-      handle_, p == Precision::F32 ? CUBLAS_DEFAULT_MATH
-                                   : static_cast<cublasMath_t>(CUBLAS_DEFAULT_MATH |
-                                                               CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
   precision_ = p;
 }
 

@@ -239,7 +239,7 @@ TEST_CASE("cuda gemm in bf16 and fp16 matches the CPU gemm in the same precision
 }
 
 // The precision is the kernel set's state: it reads back as set, an invalid value is refused, and after a bf16 and
-// an fp16 GEMM (which switch cuBLAS's math mode and take the 16-bit path) F32 is float32 again: within the fp32
+// an fp16 GEMM (which take the 16-bit path) F32 is float32 again: within the fp32
 // test's 1e-5 of s and 1e-5 relative L2 of the CPU's float32 product (a 16-bit or TF32 product would be ~1e-3 off).
 TEST_CASE("cuda set_precision round trip: it reads back, and F32 after bf16 and fp16 is float32 again",
           "[gpu][kernels]") {

@@ -379,13 +379,16 @@ void check_weight_gradient(std::mt19937& rng, int64_t M, int64_t N, int64_t K, M
   MatmulShape plain = s;
   plain.epilogue = MatmulEpilogue::None;
   bool switched = false;
+  std::string plans;
   for (const std::string& c : cuda_set().library_choices()) {
     const bool own = c.starts_with("cuBLASLt " + describe(lt_matmul_plan(plain, false)) + " align");
     if (own || c.starts_with("cuBLASLt " + describe(lt_autocast_plan(lt_matmul_plan(plain, false))) + " align"))
-      UNSCOPED_INFO("plan: " << c);
+      plans += "\nplan: " + c;
     switched |= own && c.find(" (tuned: as torch.autocast") != std::string::npos;
   }
+  INFO("its plans:" << plans);
   if (via_bf16 && ldd == N) CHECK(switched);
+  if (via_bf16 && !switched) WARN("not switched to bf16 (no cuBLASLt algorithm for its plan?): checked as its own");
   via_bf16 &= switched;
   const double err = 4.0 * static_cast<double>(K) * 0x1p-24 + 1e-6;
   // Via bf16: each product rounded to bf16 (half a step of it, at most about 1.5 sqrt(K) here), and where the twin's
