@@ -809,7 +809,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
   app.add_option("--lt-tune", o.lt_tune,
                  "after the warm-up steps, the same as --lt-sweep, and a plan whose fastest candidate is 3% faster "
                  "(timed twice) runs it in the timed steps: train.autotune's tuning, as cudnn.benchmark for the "
-                 "convolutions (GPU; 0: none)")
+                 "convolutions; with train.autotune=true train.autotune_bf16_grads=true a weight gradient may also "
+                 "switch to torch.autocast's bf16 product (GPU; 0: none)")
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   app.add_option("--peak-tflops", o.peak_tflops,

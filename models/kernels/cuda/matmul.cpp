@@ -425,7 +425,7 @@ void CudaKernels::matmul_bf16_plain(const MatmulShape& s, const MatmulOperands& 
 // its own product.
 void CudaKernels::matmul_via_bf16(const MatmulShape& s, const MatmulOperands& o, LtEntry& e) {
   LtState& st = lt();
-  const LtMatmulPlan tp = lt_autocast_plan(lt_matmul_plan(s, false));
+  const LtMatmulPlan p = lt_matmul_plan(s, false), tp = lt_autocast_plan(p);
   const auto bytes = static_cast<size_t>(s.M * s.N) * sizeof(BFloat16);
   if (lt_wgrad16_scratch_.numel() < bytes)
     lt_wgrad16_scratch_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8, device());
@@ -434,10 +434,10 @@ void CudaKernels::matmul_via_bf16(const MatmulShape& s, const MatmulOperands& o,
   const cublasStatus_t rs = lt_matmul(st, *e.via_bf16, tp, into, stream());
   if (rs == CUBLAS_STATUS_NOT_SUPPORTED) {
     spdlog::info("cuBLASLt refused the bf16 product of {} at run time: the plan runs its own product again",
-                 describe(lt_matmul_plan(s, false)));
+                 describe(p));
     e.via_bf16 = nullptr;
     e.via_note.clear();
-    DPT_CUBLAS_CHECK(lt_matmul(st, e, lt_matmul_plan(s, false), o, stream()));
+    DPT_CUBLAS_CHECK(lt_matmul(st, e, p, o, stream()));
     return;
   }
   DPT_CUBLAS_CHECK(rs);
@@ -606,16 +606,20 @@ Tensor bf16_product_scratch(const LtMatmulPlan& p, Device device) {
 }
 
 // Plan p's product (a float32-D plain plan) on the sweep's operands by its autocast twin into `s16`
-// (bf16_product_scratch), then widened into the operands' D as matmul_via_bf16 does.
-cublasStatus_t call_via_bf16(LtState& st, LtEntry& twin, const LtMatmulPlan& p, SweepOperands& o, Tensor& s16,
-                             cudaStream_t stream) {
+// (bf16_product_scratch); then s16 widened into the operands' D, as matmul_via_bf16 does; call_via_bf16 both.
+cublasStatus_t call_bf16_product(LtState& st, LtEntry& twin, SweepOperands& o, Tensor& s16, cudaStream_t stream) {
   const float alpha = 1.0f, beta = 0.0f;
-  const cublasStatus_t r =
-      cublasLtMatmul(st.handle, twin.desc, &alpha, o.a.raw(), twin.a, o.b.raw(), twin.b, &beta, s16.raw(), twin.d,
-                     s16.raw(), twin.d, &twin.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream);
-  if (r != CUBLAS_STATUS_SUCCESS) return r;
+  return cublasLtMatmul(st.handle, twin.desc, &alpha, o.a.raw(), twin.a, o.b.raw(), twin.b, &beta, s16.raw(), twin.d,
+                        s16.raw(), twin.d, &twin.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes, stream);
+}
+cublasStatus_t widen_product(const LtMatmulPlan& p, SweepOperands& o, const Tensor& s16, cudaStream_t stream) {
   return status_of(cuda_launch::widen_rows_bf16(static_cast<const BFloat16*>(s16.raw()), p.n, p.m,
                                                 static_cast<float*>(o.d.raw()), p.d.ld, p.beta != 0.0f, stream));
+}
+cublasStatus_t call_via_bf16(LtState& st, LtEntry& twin, const LtMatmulPlan& p, SweepOperands& o, Tensor& s16,
+                             cudaStream_t stream) {
+  const cublasStatus_t r = call_bf16_product(st, twin, o, s16, stream);
+  return r == CUBLAS_STATUS_SUCCESS ? widen_product(p, o, s16, stream) : r;
 }
 
 // A float32 weight gradient's plain plan (the LM head's, a bias-gradient plan's plain twin) against torch.autocast's
@@ -630,16 +634,8 @@ std::string compare_bf16(LtState& st, LtEntry& e, const LtMatmulPlan& p, LtEntry
   const LtMatmulPlan tp = lt_autocast_plan(p);
   const auto direct = [&] { return call_lt_algo(st, e, p, ops, e.heuristic.algo, stream); };
   const auto via = [&] { return call_via_bf16(st, twin, p, ops, s16, stream); };
-  const auto product = [&] {
-    const float alpha = 1.0f, beta = 0.0f;
-    return cublasLtMatmul(st.handle, twin.desc, &alpha, ops.a.raw(), twin.a, ops.b.raw(), twin.b, &beta, s16.raw(),
-                          twin.d, s16.raw(), twin.d, &twin.heuristic.algo, st.workspace.raw(), kLtWorkspaceBytes,
-                          stream);
-  };
-  const auto widen = [&] {
-    return status_of(cuda_launch::widen_rows_bf16(static_cast<const BFloat16*>(s16.raw()), p.n, p.m,
-                                                  static_cast<float*>(ops.d.raw()), p.d.ld, p.beta != 0.0f, stream));
-  };
+  const auto product = [&] { return call_bf16_product(st, twin, ops, s16, stream); };
+  const auto widen = [&] { return widen_product(p, ops, s16, stream); };
   const auto time = [&](auto&& call) { return time_calls(call, reps, start, stop, stream); };
   double direct_ms = time(direct), via_ms = time(via);
   const double product_ms = time(product), widen_ms = time(widen);
