@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # GPU training throughput: dptrain (1 rank, CUDA, NCCL) against the PyTorch reference (torch_mlp.py, the same
-# MLP, data, optimizer and per-step host-to-device batch copies), at batch 64 and 1024, 2 epochs each;
-# samples/s of the LAST epoch (the first includes warm-up). Prints a markdown table, also written to
+# MLP, data, optimizer and per-step host-to-device batch copies), at batch 64 and 1024, 4 epochs each;
+# each side's figure is the MEDIAN samples/s of its epochs after the first (the first includes warm-up): an epoch at
+# batch 1024 is about 60 steps, 0.1 s, so one epoch's figure varied from window to window by up to 1.8x (0.66 to
+# 1.19 M samples/s on one H200). The table lists every measured epoch's figure, and dptrain's data wait in them (its
+# epoch lines' split: whether its loader, not its step, set the pace). Prints a markdown table, also written to
 # $OUT/gpu-bench.md when OUT is set. Targets: dptrain/PyTorch >= 2 at batch 64, >= 1 at batch 1024.
 #
 # Run on the GPU machine from the repository root; scripts/gpu-check.sh run calls it (step "bench") with:
@@ -10,7 +13,7 @@
 #                    bundle is there); python3 keeps the machine's libraries
 #   BENCH_DATA       Fashion-MNIST folder (default .gpu-bundle/data, else /usr/share/datasets/fashion-mnist)
 #   BENCH_CONFIG     default .gpu-bundle/configs/fmnist_mlp.toml, else configs/fmnist_mlp.toml
-#   BENCH_BATCHES    default "64 1024";  BENCH_EPOCHS  default 2;  BENCH_RUN_TIMEOUT_S  per run, default 120
+#   BENCH_BATCHES    default "64 1024";  BENCH_EPOCHS  default 4;  BENCH_RUN_TIMEOUT_S  per run, default 120
 #   BENCH_LOG_DIR    each run's output (default $OUT/gpu-bench-logs, else /tmp/gpu-bench)
 #   BENCH_STRICT=1   exit 2 when a target is missed (default: only reported)
 #   BENCH_RESULTS    the rows as JSON lines, in docs/gpu-results.json's shape (scripts/bench/results.py; default
@@ -35,7 +38,7 @@ first_dir() { for d in "$@"; do [ -e "$d" ] && { echo "$d"; return; }; done; ech
 DATA=${BENCH_DATA:-$(first_dir "$BUNDLE/data" /usr/share/datasets/fashion-mnist)}
 CONFIG=${BENCH_CONFIG:-$(first_dir "$BUNDLE/configs/fmnist_mlp.toml" configs/fmnist_mlp.toml)}
 read -r -a BATCHES <<<"${BENCH_BATCHES:-64 1024}"
-EPOCHS=${BENCH_EPOCHS:-2}
+EPOCHS=${BENCH_EPOCHS:-4}
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-120}
 LOG_DIR=${BENCH_LOG_DIR:-${OUT:+$OUT/gpu-bench-logs}}
 LOG_DIR=${LOG_DIR:-/tmp/gpu-bench}
@@ -45,14 +48,35 @@ RESULTS=${BENCH_RESULTS:-${OUT:-$LOG_DIR}/gpu-bench.jsonl}
 mkdir -p "$(dirname "$RESULTS")"
 rm -f "$RESULTS"
 
-# The samples/s of the last epoch line. dptrain: "... epoch 2/2 loss ... samples/s X ..."; torch_mlp.py:
+# Every epoch line's samples/s, one a line. dptrain: "... epoch 2/4 loss ... samples/s X ..."; torch_mlp.py:
 # "epoch 2 samples/s X ...".
-last_samples() {
-  grep -E "$2" "$1" | tail -1 | awk '{ for (i = 1; i < NF; i++) if ($i == "samples/s") { print $(i + 1); exit } }'
+epoch_rates() {
+  awk -v re="$2" '$0 ~ re { for (i = 1; i < NF; i++) if ($i == "samples/s") { print $(i + 1); break } }' "$1"
+}
+# The median of the rates on stdin after the first (the first alone when there is one); nothing for none.
+median_after_first() {
+  awk '{ v[NR] = $1 } END {
+    if (NR == 0) exit
+    if (NR == 1) { print v[1]; exit }
+    n = 0; for (i = 2; i <= NR; i++) w[++n] = v[i] + 0
+    for (i = 2; i <= n; i++) { x = w[i]; for (j = i - 1; j >= 1 && w[j] > x; j--) w[j + 1] = w[j]; w[j + 1] = x }
+    if (n % 2) printf "%.0f\n", w[(n + 1) / 2]; else printf "%.0f\n", (w[n / 2] + w[n / 2 + 1]) / 2 }'
+}
+# The rates after the first, comma-separated ("-" for none).
+rates_after_first() { awk 'NR > 1 { printf "%s%s", (n++ ? ", " : ""), $1 } END { if (!n) printf "-" }'; }
+# dptrain's data wait over its epochs after the first: "0.01 s of 0.25 s" from its lines' "time Ts (... data wait
+# Ws)"; "-" without them.
+data_wait() {
+  awk '/epoch [0-9]+\/[0-9]+ loss [0-9]/ {
+    t = w = ""; for (i = 1; i < NF; i++) { if ($i == "time") t = $(i + 1); if ($i == "wait") w = $(i + 1) }
+    sub(/s$/, "", t); sub(/s\)?$/, "", w)
+    if (++m > 1 && t != "" && w != "") { T += t; W += w; n++ } }
+    END { if (n) printf "%.2f s of %.2f s\n", W, T; else print "-" }' "$1" 2>/dev/null || echo "-"
 }
 
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
-echo "gpu_bench: ${gpu:-unknown GPU}, $EPOCHS epochs per run, samples/s of the last epoch; logs in $LOG_DIR"
+echo "gpu_bench: ${gpu:-unknown GPU}, $EPOCHS epochs per run, the median samples/s of the epochs after the first;" \
+  "logs in $LOG_DIR"
 
 rows=()
 ok=0
@@ -65,13 +89,15 @@ for b in "${BATCHES[@]}"; do
   timeout -k 10 "$RUN_TIMEOUT" env LD_LIBRARY_PATH="$DPT_LIB_PATH" "$DPTRAIN" --config "$CONFIG" \
     train.device=cuda dist.backend=nccl "train.batch_size=$b" "train.epochs=$EPOCHS" train.eval_batch_size=1024 \
     "data.dir=$DATA" "checkpoint.dir=/tmp/gc/bench_b$b" --resume never >"$dlog" 2>&1 </dev/null || rc=$?
-  d=$(last_samples "$dlog" 'epoch [0-9]+/[0-9]+ loss [0-9]' || true)
+  drates=$(epoch_rates "$dlog" 'epoch [0-9]+/[0-9]+ loss [0-9]' 2>/dev/null || true)
+  d=$(median_after_first <<<"$drates")
   ((rc == 0)) || { echo "  dptrain exit $rc (see $dlog):"; tail -n 5 "$dlog" | sed 's/^/  | /'; d=""; }
   echo "batch $b: PyTorch ..."
   rc=0
   timeout -k 10 "$RUN_TIMEOUT" "$PYTHON" tests/support/python/torch_mlp.py --data "$DATA" --batch-size "$b" \
     --epochs "$EPOCHS" --device cuda >"$tlog" 2>&1 </dev/null || rc=$?
-  t=$(last_samples "$tlog" '^epoch [0-9]+ samples/s' || true)
+  trates=$(epoch_rates "$tlog" '^epoch [0-9]+ samples/s' 2>/dev/null || true)
+  t=$(median_after_first <<<"$trates")
   ((rc == 0)) || { echo "  torch_mlp.py exit $rc (see $tlog):"; tail -n 5 "$tlog" | sed 's/^/  | /'; t=""; }
   if [ -n "$d" ] && [ -n "$t" ]; then
     r=$(awk -v d="$d" -v t="$t" 'BEGIN { printf "%.2f", d / t }')
@@ -80,7 +106,8 @@ for b in "${BATCHES[@]}"; do
     r="n/a"
     ok=1
   fi
-  rows+=("| $b | ${d:-failed} | ${t:-failed} | $r |")
+  spread="$(rates_after_first <<<"$drates") / $(rates_after_first <<<"$trates")"
+  rows+=("| $b | ${d:-failed} | ${t:-failed} | $r | $spread | $(data_wait "$dlog") |")
   "$PYTHON" scripts/bench/results.py row "$RESULTS" model=mlp program=dptrain mode=train "batch=$b" precision=fp32 \
     "throughput=$d" unit=samples/s reference=torch-eager
   "$PYTHON" scripts/bench/results.py row "$RESULTS" model=mlp program=torch-eager mode=train "batch=$b" precision=fp32 \
@@ -104,8 +131,9 @@ missed=0
 [[ $t64 != *"NOT met"* && $t1024 != *"NOT met"* ]] || missed=1
 
 table=$(
-  echo "| batch | dptrain samples/s | PyTorch samples/s | ratio |"
-  echo "|---|---|---|---|"
+  echo "| batch | dptrain samples/s | PyTorch samples/s | ratio | epochs 2-$EPOCHS, samples/s (dptrain / PyTorch) |\
+ dptrain's data wait in them |"
+  echo "|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 )
 targets="targets: $t64; $t1024"
@@ -117,7 +145,8 @@ if [ -n "${OUT:-}" ]; then
   {
     echo "# GPU benchmark: dptrain vs PyTorch"
     echo
-    echo "${gpu:-unknown GPU}; MLP 784-512-512-10, SGD momentum, Fashion-MNIST; 1 process; samples/s of epoch $EPOCHS of $EPOCHS;"
+    echo "${gpu:-unknown GPU}; MLP 784-512-512-10, SGD momentum, Fashion-MNIST; 1 process;" \
+      "the median samples/s of epochs 2-$EPOCHS;"
     echo "strict FP32 on both sides (TF32 off in PyTorch); $(date -u +%Y-%m-%dT%H:%M:%SZ)."
     echo
     echo "$table"
