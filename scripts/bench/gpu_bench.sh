@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # GPU training throughput: dptrain (1 rank, CUDA, NCCL) against the PyTorch reference (torch_mlp.py, the same
-# MLP, data, optimizer and per-step host-to-device batch copies), at batch 64 and 1024, 4 epochs each;
-# each side's figure is the MEDIAN samples/s of its epochs after the first (the first includes warm-up): an epoch at
-# batch 1024 is about 60 steps, 0.1 s, so one epoch's figure varied from window to window by up to 1.8x (0.66 to
-# 1.19 M samples/s on one H200). The table lists every measured epoch's figure, and dptrain's data wait in them (its
-# epoch lines' split: whether its loader, not its step, set the pace). Prints a markdown table, also written to
+# MLP, data, optimizer and per-step host-to-device batch copies), at batch 64 and 1024, 4 epochs each; each side's
+# figure is the MEDIAN samples/s of its epochs after the first (the first includes warm-up): an epoch at batch 1024 is
+# about 60 steps, 0.1 s, so one epoch's figure varied from window to window by up to 1.8x (0.66 to 1.19 M samples/s
+# over four H200 runs). The table lists every measured epoch's figure, and dptrain's data wait in them (its epoch
+# lines' split: whether its loader, not its step, set the pace). Prints a markdown table, also written to
 # $OUT/gpu-bench.md when OUT is set. Targets: dptrain/PyTorch >= 2 at batch 64, >= 1 at batch 1024.
 #
 # Run on the GPU machine from the repository root; scripts/gpu-check.sh run calls it (step "bench") with:
