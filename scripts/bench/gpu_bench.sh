@@ -55,12 +55,12 @@ epoch_rates() {
 }
 # The median of the rates on stdin after the first (the first alone when there is one); nothing for none.
 median_after_first() {
-  awk '{ v[NR] = $1 } END {
-    if (NR == 0) exit
-    if (NR == 1) { print v[1]; exit }
-    n = 0; for (i = 2; i <= NR; i++) w[++n] = v[i] + 0
-    for (i = 2; i <= n; i++) { x = w[i]; for (j = i - 1; j >= 1 && w[j] > x; j--) w[j + 1] = w[j]; w[j + 1] = x }
-    if (n % 2) printf "%.0f\n", w[(n + 1) / 2]; else printf "%.0f\n", (w[n / 2] + w[n / 2 + 1]) / 2 }'
+  local all
+  all=$(grep -v '^$' || true)
+  [ -n "$all" ] || return 0
+  if [ "$(wc -l <<<"$all")" -eq 1 ]; then echo "$all"; return 0; fi
+  sed 1d <<<"$all" | sort -g | awk '{ v[NR] = $1 } END {
+    if (NR % 2) printf "%.0f\n", v[(NR + 1) / 2]; else printf "%.0f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 # The rates after the first, comma-separated ("-" for none).
 rates_after_first() { awk 'NR > 1 { printf "%s%s", (n++ ? ", " : ""), $1 } END { if (!n) printf "-" }'; }
