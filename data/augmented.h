@@ -27,6 +27,7 @@ class AugmentedDataset : public Dataset {
   std::vector<int64_t> sample_shape() const override { return shape_; }
   void set_epoch(int64_t epoch) override { epoch_.store(epoch, std::memory_order_relaxed); }
   int32_t get(size_t index, float* features) const override;
+  void prefetch(size_t index) const override { base_->prefetch(index); }
 
   const ImageClassDataset& base() const { return *base_; }
   const Transform& transform() const { return transform_; }

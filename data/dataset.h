@@ -28,6 +28,10 @@ class Dataset {
   virtual void set_epoch(int64_t epoch) {}
   // Writes feature_count() floats to `features` and returns the label of example `index` (< size()).
   virtual int32_t get(size_t index, float* features) const = 0;
+  // A hint that get(index) comes soon: a data set held in memory starts bringing the example's bytes into the
+  // cache, so that get() does not wait for them (the Loader gives it two rows ahead). Reads nothing, changes
+  // nothing, never throws; an index past the end is ignored. The default does nothing.
+  virtual void prefetch(size_t index) const {}
 };
 
 }  // namespace dpt::data

@@ -49,6 +49,7 @@ class ImageClassDataset : public Dataset {
     return {1, static_cast<int64_t>(height_), static_cast<int64_t>(width_)};
   }
   int32_t get(size_t index, float* features) const override;
+  void prefetch(size_t index) const override;  // the image's cache lines (a shuffled epoch's reads miss them)
 
   size_t height() const { return height_; }
   size_t width() const { return width_; }

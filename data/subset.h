@@ -29,6 +29,9 @@ class Subset final : public Dataset {
     DPT_CHECK_LT(index, size_);
     return base_->get(begin_ + index * stride_, features);
   }
+  void prefetch(size_t index) const override {
+    if (index < size_) base_->prefetch(begin_ + index * stride_);
+  }
 
  private:
   std::shared_ptr<Dataset> base_;

@@ -172,6 +172,8 @@ TEST_CASE("load_idx_dataset checks that images and labels belong together", "[da
   REQUIRE(x[5] == Approx(-2.0f));
   REQUIRE(ds->image(2)[0] == 10);
   REQUIRE_THROWS_AS(ds->get(4, x.data()), InternalError);
+  // prefetch is a hint: any index, the last image's last byte included, and one past the end is ignored.
+  for (size_t i = 0; i <= 4; ++i) REQUIRE_NOTHROW(ds->prefetch(i));
 
   // limit keeps the first examples, and the class count of the whole file.
   auto first2 = load_idx_dataset(images, labels, "tiny", 0.5f, 0.25f, 2);

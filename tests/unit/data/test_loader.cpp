@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <algorithm>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <thread>
@@ -11,6 +12,7 @@
 #include "core/check.h"
 #include "data/loader.h"
 #include "data/sampler.h"
+#include "data/subset.h"
 #include "data/synthetic.h"
 
 using namespace dpt;
@@ -70,6 +72,24 @@ class BadLabelDataset : public CountingDataset {
  private:
   size_t bad_;
   int32_t label_;
+};
+
+// Records the examples it is asked to prefetch, in the order asked (several threads may ask).
+class PrefetchSpy : public CountingDataset {
+ public:
+  using CountingDataset::CountingDataset;
+  void prefetch(size_t index) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    asked_.push_back(index);
+  }
+  std::vector<size_t> asked() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return asked_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::vector<size_t> asked_;
 };
 
 std::vector<size_t> reversed(size_t n) {
@@ -416,4 +436,42 @@ TEST_CASE("a label outside 0..classes-1 is an IoError naming the example, on eve
     }
     REQUIRE(batches == 1);  // example 13 sits in the second batch of the reversed order (19..16, 15..12)
   }
+}
+
+TEST_CASE("the loader asks its data set to prefetch each example two of a thread's rows ahead", "[data][loader]") {
+  const auto indices = reversed(61);
+  const size_t ahead = Loader::kPrefetchRows;
+  for (size_t workers : {1, 3}) {
+    for (size_t start : {0, 2}) {
+      INFO("workers " << workers << ", starting at batch " << start);
+      PrefetchSpy spy(61, 5);
+      CountingDataset plain(61, 5);
+      Loader loader(spy, indices, {.batch_size = 7, .workers = workers}, start);
+      Loader reference(plain, indices, {.batch_size = 7}, start);
+      // The batches are the ones a data set without the hint gives.
+      while (auto a = reference.next()) {
+        auto b = loader.next();
+        REQUIRE(b.has_value());
+        REQUIRE(b->index == a->index);
+        for (size_t k = 0; k < a->size * 5; ++k) REQUIRE(b->features.data<float>()[k] == a->features.data<float>()[k]);
+      }
+      REQUIRE_FALSE(loader.next().has_value());
+      // Row r (from the first one read, start * 7) asks for the example of row r + 2 x workers, while there is one:
+      // every example from that row on, each once (in order with one worker; several threads ask in any order).
+      std::vector<size_t> asked = spy.asked();
+      const std::vector<size_t> expected(indices.begin() + static_cast<std::ptrdiff_t>(start * 7 + ahead * workers),
+                                         indices.end());
+      if (workers > 1) std::sort(asked.begin(), asked.end(), std::greater<>());
+      REQUIRE(asked == expected);
+    }
+  }
+}
+
+TEST_CASE("Subset passes a prefetch on to its base's example, and ignores one past its end", "[data][loader]") {
+  auto spy = std::make_shared<PrefetchSpy>(20);
+  Subset strided(spy, 1, 5, 3);  // examples 1, 4, 7, 10, 13
+  strided.prefetch(2);
+  strided.prefetch(4);
+  strided.prefetch(5);  // past the end: nothing
+  REQUIRE(spy->asked() == std::vector<size_t>{7, 13});
 }

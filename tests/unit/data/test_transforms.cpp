@@ -388,6 +388,18 @@ TEST_CASE("AugmentedDataset: an in-memory grey data set through the same transfo
     for (size_t j = 0; j < 36; ++j) REQUIRE(x[j] == Approx(y[j]).margin(1e-6));
   }
 
+  // A prefetch of example i is the base's prefetch of its example i (the image the transform reads).
+  struct Spy : ImageClassDataset {
+    using ImageClassDataset::ImageClassDataset;
+    void prefetch(size_t index) const override { asked.push_back(index); }
+    mutable std::vector<size_t> asked;
+  };
+  auto spy = std::make_shared<Spy>("tiny", side, side, pixels, labels, 3, 0.25f, 0.5f);
+  AugmentedDataset over_spy(spy, AugmentedDataset::crop_flip(*spy, 2, 7));
+  over_spy.prefetch(5);
+  over_spy.prefetch(0);
+  REQUIRE(spy->asked == std::vector<size_t>{5, 0});
+
   // crop_flip with padding 2: every example is a shifted (maybe mirrored) copy of the base image.
   AugmentedDataset aug(base, AugmentedDataset::crop_flip(*base, 2, 7));
   REQUIRE(aug.name() == "tiny+crop_flip");

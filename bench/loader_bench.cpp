@@ -1,0 +1,136 @@
+// bench/loader_bench.cpp: dpt-loader-bench, how fast dptrain's Loader fills batches from an in-memory data set
+// (Fashion-MNIST), with and without Dataset::prefetch, side by side in one process.
+//
+// Each epoch reads the whole training split in the DistributedSampler's shuffled order for that epoch (one rank),
+// in batches of --batch from --workers threads, as the trainer does, and consumes nothing but the batch: the
+// figure is what the loader alone can deliver (the GPU's MLP at batch 1024 asks about a million examples a
+// second). The two modes alternate epoch by epoch, so that both see the same machine: "prefetch" is the data set
+// as the trainer reads it; "no prefetch" the same data set behind a wrapper that forwards get() and drops the
+// hint. Prints one line per epoch and then a table: each mode's median examples/s and their ratio. Exit status:
+// 0, or 1 when the two modes' batches differ (the hint must change no byte), 2 for a bad command line.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/check.h"
+#include "core/cuda.h"
+#include "data/idx.h"
+#include "data/loader.h"
+#include "data/sampler.h"
+
+namespace {
+
+using namespace dpt;
+using namespace dpt::data;
+
+// The base data set without the hint: every call but prefetch() forwarded.
+class WithoutPrefetch final : public Dataset {
+ public:
+  explicit WithoutPrefetch(const Dataset& base) : base_(base) {}
+  size_t size() const override { return base_.size(); }
+  size_t feature_count() const override { return base_.feature_count(); }
+  int num_classes() const override { return base_.num_classes(); }
+  std::string name() const override { return base_.name(); }
+  std::vector<int64_t> sample_shape() const override { return base_.sample_shape(); }
+  int32_t get(size_t index, float* features) const override { return base_.get(index, features); }
+
+ private:
+  const Dataset& base_;
+};
+
+struct EpochResult {
+  double seconds = 0;
+  size_t examples = 0;
+  uint64_t checksum = 0;  // over every batch's bytes, features and labels: the same for both modes
+};
+
+uint64_t fold(uint64_t h, const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 1099511628211ull;  // FNV-1a
+  return h;
+}
+
+EpochResult run_epoch(const Dataset& ds, const std::vector<size_t>& order, const LoaderOptions& opts, bool check) {
+  EpochResult r;
+  r.checksum = 14695981039346656037ull;
+  const auto start = std::chrono::steady_clock::now();
+  Loader loader(ds, order, opts);
+  while (auto b = loader.next()) {
+    r.examples += b->size;
+    if (check) {
+      r.checksum = fold(r.checksum, b->features.raw(), b->size * ds.feature_count() * sizeof(float));
+      r.checksum = fold(r.checksum, b->labels.raw(), b->size * sizeof(int32_t));
+    }
+    loader.recycle(std::move(*b));
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return r;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string dir = kFashionMnistDir;
+  size_t batch = 1024, workers = 1;
+  int epochs = 6;
+  uint64_t seed = 42;
+  CLI::App app{"dpt-loader-bench: examples/s the Loader delivers from Fashion-MNIST in a shuffled order, with and "
+               "without Dataset::prefetch (the modes alternate epoch by epoch; the batches are checked to be the same)"};
+  app.add_option("--data", dir, "Fashion-MNIST directory")->capture_default_str();
+  app.add_option("--batch", batch, "examples a batch")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--workers", workers, "the loader's threads (data.workers)")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  app.add_option("--epochs", epochs, "epochs of each mode (the first of each is left out of the median when there "
+                 "are more)")->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--seed", seed, "the sampler's seed")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const auto ds = load_fashion_mnist(dir, /*train=*/true);
+    const WithoutPrefetch plain(*ds);
+    const DistributedSampler sampler({.dataset_size = ds->size(), .seed = seed});
+    const LoaderOptions opts{.batch_size = batch, .pin_memory = cuda::device_count() > 0, .workers = workers};
+    std::printf("# dpt-loader-bench: %s, %zu examples of %zu floats, batch %zu, %zu worker(s), %s memory, %d epochs "
+                "a mode\n", ds->name().c_str(), ds->size(), ds->feature_count(), batch, workers,
+                opts.pin_memory ? "pinned" : "pageable", epochs);
+    std::vector<double> rate[2];
+    bool same = true;
+    for (int e = 0; e < epochs; ++e) {
+      const std::vector<size_t> order = sampler.indices(e);
+      EpochResult r[2];
+      for (int m = 0; m < 2; ++m) {  // in turn: prefetch first in even epochs, second in odd ones
+        const int mode = (m + e) % 2;
+        r[mode] = run_epoch(mode == 0 ? static_cast<const Dataset&>(*ds) : plain, order, opts, /*check=*/e == 0);
+        rate[mode].push_back(static_cast<double>(r[mode].examples) / r[mode].seconds);
+      }
+      if (e == 0) same = r[0].checksum == r[1].checksum && r[0].examples == r[1].examples;
+      std::printf("epoch %d: prefetch %.3f M examples/s, no prefetch %.3f M examples/s\n", e + 1, rate[0].back() / 1e6,
+                  rate[1].back() / 1e6);
+    }
+    for (auto& v : rate)
+      if (v.size() > 1) v.erase(v.begin());
+    const double with = median(rate[0]), without = median(rate[1]);
+    std::printf("\n| mode | examples/s (median of epochs %s) |\n|---|---:|\n", epochs > 1 ? "2 on" : "1");
+    std::printf("| prefetch (the trainer's) | %.0f |\n| no prefetch | %.0f |\n", with, without);
+    std::printf("\nprefetch / no prefetch: %.2f\n", with / without);
+    if (!same) {
+      std::fprintf(stderr, "dpt-loader-bench: the batches with and without prefetch differ\n");
+      return 1;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dpt-loader-bench: %s\n", e.what());
+    return 1;
+  }
+}
