@@ -1064,6 +1064,19 @@ step_bench() {
   return $((rc != 0))
 }
 
+# How many examples a second this machine's CPU fills from Fashion-MNIST through dptrain's Loader (one worker, as the
+# bench step's dptrain; batch 1024), with and without Dataset::prefetch: what the MLP's row at batch 1024 can reach
+# when its loader sets the pace. A few seconds, before the benchmarks' timings, with nothing else running.
+step_loader_bench() {
+  local logfile=$1 rc=0
+  run_timed "$logfile" 60 "${DPT_ENV[@]}" "$B_BIN/dpt-loader-bench" --data "$BUNDLE/data" --batch 1024 --workers 1 \
+    --epochs 3 || rc=$?
+  NOTE=$(awk '/^\| prefetch/ { w = $(NF - 1) } /^\| no prefetch/ { n = $(NF - 1) } /^prefetch \/ no prefetch/ { r = $NF }
+    END { if (w != "") printf "examples/s, 1 worker, batch 1024: %s with prefetch, %s without (%sx)", w, n, r }' "$logfile")
+  ((rc == 0)) || NOTE="exit $rc$(first_error "$logfile")"
+  return $((rc != 0))
+}
+
 # The ResNet rows of issue 8 (scripts/bench/resnet_bench.sh --gpu): dpt-model-bench against torch_resnet.py,
 # 6 runs, each capped at a sixth of what is left of the budget (at most 120 s).
 step_bench_resnet() {
@@ -1486,6 +1499,7 @@ run_all() {
   done
   for t in "${units[@]}"; do run_step "$t" step_unit "$t"; done
   wait_background  # nothing else on the CPU while the benchmarks time
+  run_step loader_bench step_loader_bench
   run_step bench_gpt step_bench_gpt
   run_step bench step_bench
   run_step bench_resnet step_bench_resnet
