@@ -55,8 +55,10 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) override;
   std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output, const AllgatherOptions& opts = {}) override;
-  // An allreduce of a copy of `input` (Gloo's own reduce-scatter is unsound here: see gloo_backend.cpp), this rank's
-  // chunk copied out: twice the traffic of a true reduce-scatter, and a temporary the size of `input`.
+  // Two ranks (sum or avg): each sends the other its chunk of `input` and adds what it receives, the same bits as
+  // the allreduce's chunk, half its traffic. Otherwise an allreduce of a copy of `input` (Gloo's own reduce-scatter
+  // is unsound here: see gloo_backend.cpp), this rank's chunk copied out: twice the traffic of a true
+  // reduce-scatter, and a temporary the size of `input`.
   std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> barrier() override;
 
@@ -82,6 +84,7 @@ class GlooProcessGroup : public ProcessGroup {
   // Persistent float sum rings (two ranks), one per (buffer, count): created on first use, in the same order
   // on every rank (the contract of AllreduceOptions::persistent).
   std::map<std::pair<void*, size_t>, std::unique_ptr<gloo::Algorithm>> rings_;
+  Tensor received_;  // the two-rank reduce-scatter's receive buffer, grown as needed (guarded by mu_)
 };
 
 }  // namespace dpt::comm
