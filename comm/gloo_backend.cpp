@@ -138,19 +138,16 @@ template <class T>
 void add_chunks(T* out, const T* a, const T* b, size_t n) {
   for (size_t i = 0; i < n; ++i) out[i] = static_cast<T>(a[i] + b[i]);
 }
+template <class T>
+void add_chunks_as(void* out, const void* a, const void* b, size_t n) {
+  add_chunks(static_cast<T*>(out), static_cast<const T*>(a), static_cast<const T*>(b), n);
+}
 void add_chunks_of(DType dtype, void* out, const void* a, const void* b, size_t n) {
   switch (dtype) {
-    case DType::F32: add_chunks(static_cast<float*>(out), static_cast<const float*>(a), static_cast<const float*>(b), n);
-      break;
-    case DType::F64:
-      add_chunks(static_cast<double*>(out), static_cast<const double*>(a), static_cast<const double*>(b), n);
-      break;
-    case DType::I32:
-      add_chunks(static_cast<int32_t*>(out), static_cast<const int32_t*>(a), static_cast<const int32_t*>(b), n);
-      break;
-    case DType::I64:
-      add_chunks(static_cast<int64_t*>(out), static_cast<const int64_t*>(a), static_cast<const int64_t*>(b), n);
-      break;
+    case DType::F32: add_chunks_as<float>(out, a, b, n); break;
+    case DType::F64: add_chunks_as<double>(out, a, b, n); break;
+    case DType::I32: add_chunks_as<int32_t>(out, a, b, n); break;
+    case DType::I64: add_chunks_as<int64_t>(out, a, b, n); break;
     case DType::BF16: bf16_sum(out, a, b, n); break;
     case DType::U8: DPT_CHECK(false, "uint8 reduce_scatter passed the dtype check");
   }
