@@ -366,10 +366,15 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tens
   detail::check_reduce_dtype(backend(), "reduce_scatter", output, opts.op);
   detail::check_reduce_scatter_shapes(backend(), input, output, size());
   if (output.numel() == 0) return std::make_shared<CompletedWork>();
-  if (size() == 2 && opts.op != ReduceOp::Max) {
-    const size_t bytes = output.bytes();
+  const size_t bytes = output.bytes();
+  const char* in = static_cast<const char*>(input.raw());
+  const char* mine = in + static_cast<size_t>(rank()) * bytes;
+  const auto* out = static_cast<const char*>(output.raw());
+  // The sums are written element by element over this rank's chunk: an output inside the input anywhere else (never
+  // so in dptrain) takes the copying path.
+  const bool exchange_ok = out == mine || out + bytes <= in || out >= in + input.bytes();
+  if (size() == 2 && opts.op != ReduceOp::Max && exchange_ok) {
     const int peer = 1 - rank();
-    const char* mine = static_cast<const char*>(input.raw()) + static_cast<size_t>(rank()) * bytes;
     run(opts.what.empty() ? "reduce_scatter" : opts.what, [&] {
       if (!received_.defined() || received_.bytes() < bytes)
         received_ = Tensor::empty({static_cast<int64_t>(bytes)}, DType::U8);
@@ -382,7 +387,7 @@ std::shared_ptr<Work> GlooProcessGroup::reduce_scatter(const Tensor& input, Tens
       send->send(peer, slot, static_cast<size_t>(peer) * bytes, bytes);
       if (!recv->waitRecv(timeout) || !send->waitSend(timeout))
         DPT_THROW(CommError, "the exchange with rank {} was aborted", peer);
-      // Both messages are complete: the output may now overwrite any part of the input.
+      // Both messages are complete: the sums may now overwrite this rank's chunk.
       const void* theirs = received_.raw();
       add_chunks_of(output.dtype(), output.raw(), rank() == 0 ? mine : theirs, rank() == 0 ? theirs : mine,
                     output.numel());

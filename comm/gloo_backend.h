@@ -55,10 +55,10 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> broadcast(Tensor& tensor, const BroadcastOptions& opts = {}) override;
   std::shared_ptr<Work> allgather(const Tensor& input, Tensor& output, const AllgatherOptions& opts = {}) override;
-  // Two ranks (sum or avg): each sends the other its chunk of `input` and adds what it receives, the same bits as
-  // the allreduce's chunk, half its traffic. Otherwise an allreduce of a copy of `input` (Gloo's own reduce-scatter
-  // is unsound here: see gloo_backend.cpp), this rank's chunk copied out: twice the traffic of a true
-  // reduce-scatter, and a temporary the size of `input`.
+  // Two ranks (sum or avg; the output this rank's chunk of `input` or apart from it): each sends the other its chunk
+  // of `input` and adds what it receives, the same bits as the allreduce's chunk, half its traffic. Otherwise an
+  // allreduce of a copy of `input` (Gloo's own reduce-scatter is unsound here: see gloo_backend.cpp), this rank's
+  // chunk copied out: twice the traffic of a true reduce-scatter, and a temporary the size of `input`.
   std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> barrier() override;
 

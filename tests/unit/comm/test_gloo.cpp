@@ -414,7 +414,8 @@ TEST_CASE("gloo: persistent buffers (the gradient buckets), reused and interleav
 // Two ranks reduce-scatter through Gloo's point-to-point buffers (the rest through an allreduce): on random values,
 // where the order of additions shows in the last bits, each rank's chunk must be the bits the allreduce gives there
 // (float32 and float64, sum and avg; bfloat16, sum; the output inside the input, as ZeRO's shard lies),
-// the same again with other values (the receive buffer is reused), and with three ranks too (the allreduce path).
+// the same again with other values (the receive buffer is reused), then with the output another rank's chunk of the
+// input (the all-reduce of a copy), and with three ranks too (the allreduce path).
 TEST_CASE("gloo: reduce_scatter gives the allreduce's bits on random values", "[gloo][multirank]") {
   const int size = GENERATE(2, 3);
   INFO("world size " << size);
@@ -425,7 +426,7 @@ TEST_CASE("gloo: reduce_scatter gives the allreduce's bits on random values", "[
       for (size_t n : {size_t{1}, size_t{7}, size_t{1000}, size_t{70001}}) {
         for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg}) {
           if (dtype == DType::BF16 && op == ReduceOp::Avg) continue;  // refused (the closed-form checks test that)
-          for (int round = 0; round < 2; ++round) {
+          for (int round = 0; round < 3; ++round) {
             const std::string what = fmt::format("{} n={} op {} round {} rank {}", dtype_name(dtype), n,
                                                  op == ReduceOp::Sum ? "sum" : "avg", round, r);
             const auto total = static_cast<int64_t>(n) * size;
@@ -441,8 +442,9 @@ TEST_CASE("gloo: reduce_scatter gives the allreduce's bits on random values", "[
             Tensor whole = Tensor::empty({total}, dtype);
             std::memcpy(whole.raw(), in.raw(), in.bytes());
             pg.allreduce(whole, {.op = op})->wait();
-            // The output is this rank's own chunk of the input.
-            Tensor out = in.view(static_cast<size_t>(r) * n, {static_cast<int64_t>(n)});
+            // The output is this rank's own chunk of the input; in round 3 the next rank's chunk (the copying path).
+            const size_t at = static_cast<size_t>(round < 2 ? r : (r + 1) % size) * n;
+            Tensor out = in.view(at, {static_cast<int64_t>(n)});
             pg.reduce_scatter(in, out, {.op = op})->wait();
             const char* want = static_cast<const char*>(whole.raw()) + static_cast<size_t>(r) * out.bytes();
             const size_t width = dtype_size(dtype);
