@@ -1,13 +1,19 @@
-// bench/loader_bench.cpp: dpt-loader-bench, how fast dptrain's Loader fills batches from an in-memory data set
-// (Fashion-MNIST), with and without Dataset::prefetch, side by side in one process.
+// bench/loader_bench.cpp: dpt-loader-bench, how fast dptrain's Loader fills batches, consuming nothing else: what the
+// loader alone can deliver to a training step.
 //
-// Each epoch reads the whole training split in the DistributedSampler's shuffled order for that epoch (one rank),
-// in batches of --batch from --workers threads, as the trainer does, and consumes nothing but the batch: the
-// figure is what the loader alone can deliver (the GPU's MLP at batch 1024 asks about a million examples a
-// second). The two modes alternate epoch by epoch, so that both see the same machine: "prefetch" is the data set
-// as the trainer reads it; "no prefetch" the same data set behind a wrapper that forwards get() and drops the
-// hint. Prints one line per epoch and then a table: each mode's median examples/s and their ratio. Exit status:
-// 0, or 1 when the two modes' batches differ (the hint must change no byte), 2 for a bad command line.
+// Each epoch reads the training split in the DistributedSampler's shuffled order for that epoch (one rank), in
+// batches from a number of threads, as the trainer does.
+//  - Without --config: Fashion-MNIST in memory, with and without Dataset::prefetch, side by side: the two modes
+//    alternate epoch by epoch, so that both see the same machine ("prefetch" is the data set as the trainer reads
+//    it; "no prefetch" the same data set behind a wrapper that forwards get() and drops the hint; the GPU's MLP at
+//    batch 1024 asks about a million examples a second). Prints one line per epoch and a table of each mode's
+//    median examples/s and their ratio.
+//  - With --config FILE [key=value ...]: the training set dptrain would read with that config (an image folder:
+//    decoding and the random transforms in the workers), data.workers threads and train.batch_size (--workers and
+//    --batch override them), at most --max-batches batches an epoch; scripts/bench/loader_bench.sh sets it beside
+//    torchvision's ImageFolder and DataLoader. Prints one line per epoch and the median examples/s.
+// Exit status: 0, or 1 when the two modes' batches differ (the hint must change no byte) or the data cannot be read,
+// 2 for a bad command line or config.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -22,6 +28,8 @@
 #include "data/idx.h"
 #include "data/loader.h"
 #include "data/sampler.h"
+#include "trainer/config.h"
+#include "trainer/datasets.h"
 
 namespace {
 
@@ -55,11 +63,14 @@ uint64_t fold(uint64_t h, const void* data, size_t bytes) {
   return h;
 }
 
-EpochResult run_epoch(const Dataset& ds, const std::vector<size_t>& order, const LoaderOptions& opts, bool check) {
+// One epoch of `order` (its first max_batches batches; 0: all).
+EpochResult run_epoch(const Dataset& ds, std::vector<size_t> order, const LoaderOptions& opts, bool check,
+                      size_t max_batches = 0) {
+  if (max_batches > 0 && order.size() > max_batches * opts.batch_size) order.resize(max_batches * opts.batch_size);
   EpochResult r;
   r.checksum = 14695981039346656037ull;
   const auto start = std::chrono::steady_clock::now();
-  Loader loader(ds, order, opts);
+  Loader loader(ds, std::move(order), opts);
   while (auto b = loader.next()) {
     r.examples += b->size;
     if (check) {
@@ -78,23 +89,79 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// --config: the training set of a dptrain config, as the trainer reads it. Returns the exit status.
+int run_config(const std::string& path, const std::vector<std::string>& overrides, size_t batch, size_t workers,
+               int epochs, size_t max_batches) {
+  trainer::Config cfg;
+  trainer::Datasets ds;
+  try {
+    cfg = trainer::load_config(path, overrides);
+    if (batch == 0) batch = static_cast<size_t>(cfg.train.batch_size);
+    if (workers == 0) workers = static_cast<size_t>(cfg.data.workers);
+    ds = trainer::make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed));
+  } catch (const ConfigError& e) {
+    std::fprintf(stderr, "dpt-loader-bench: %s\n", e.what());
+    return 2;
+  }
+  const Dataset& train = *ds.train;
+  const DistributedSampler sampler(
+      {.dataset_size = train.size(), .seed = static_cast<uint64_t>(cfg.train.seed)});
+  const LoaderOptions opts{.batch_size = batch, .prefetch = static_cast<size_t>(cfg.data.prefetch),
+                           .pin_memory = cuda::device_count() > 0, .workers = workers};
+  std::printf("# dpt-loader-bench: %s (%s), %zu examples of %zu floats, batch %zu, %zu worker(s), %s memory, %d "
+              "epochs of at most %s batches\n", train.name().c_str(), path.c_str(), train.size(),
+              train.feature_count(), batch, workers, opts.pin_memory ? "pinned" : "pageable", epochs,
+              max_batches > 0 ? std::to_string(max_batches).c_str() : "all");
+  std::vector<double> rate;
+  for (int e = 0; e < epochs; ++e) {
+    ds.train->set_epoch(e);
+    const EpochResult r = run_epoch(train, sampler.indices(e), opts, /*check=*/false, max_batches);
+    rate.push_back(static_cast<double>(r.examples) / r.seconds);
+    std::printf("epoch %d: %zu examples in %.3f s, %.1f examples/s\n", e + 1, r.examples, r.seconds, rate.back());
+  }
+  if (rate.size() > 1) rate.erase(rate.begin());
+  std::printf("\nexamples/s (median of epochs %s): %.1f\n", epochs > 1 ? "2 on" : "1", median(rate));
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string dir = kFashionMnistDir;
-  size_t batch = 1024, workers = 1;
+  std::string dir = kFashionMnistDir, config;
+  std::vector<std::string> overrides;
+  size_t batch = 0, workers = 0, max_batches = 0;
   int epochs = 6;
   uint64_t seed = 42;
-  CLI::App app{"dpt-loader-bench: examples/s the Loader delivers from Fashion-MNIST in a shuffled order, with and "
-               "without Dataset::prefetch (the modes alternate epoch by epoch; the batches are checked to be the same)"};
-  app.add_option("--data", dir, "Fashion-MNIST directory")->capture_default_str();
-  app.add_option("--batch", batch, "examples a batch")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--workers", workers, "the loader's threads (data.workers)")->capture_default_str()
+  CLI::App app{"dpt-loader-bench: examples/s the Loader delivers in a shuffled order, consuming nothing else. "
+               "Without --config, from Fashion-MNIST with and without Dataset::prefetch (the modes alternate epoch by "
+               "epoch; the batches are checked to be the same); with it, from that config's training set"};
+  app.add_option("--data", dir, "Fashion-MNIST directory (without --config)")->capture_default_str();
+  app.add_option("-c,--config", config, "a dptrain config (TOML): time its training set as the trainer reads it");
+  app.add_option("--batch", batch, "examples a batch (default: 1024; with --config, train.batch_size)")
       ->check(CLI::PositiveNumber);
-  app.add_option("--epochs", epochs, "epochs of each mode (the first of each is left out of the median when there "
-                 "are more)")->capture_default_str()->check(CLI::PositiveNumber);
-  app.add_option("--seed", seed, "the sampler's seed")->capture_default_str();
+  app.add_option("--workers", workers, "the loader's threads (default: 1; with --config, data.workers)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--epochs", epochs, "epochs (of each mode; the first is left out of the median when there are more)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  app.add_option("--max-batches", max_batches, "with --config: at most this many batches an epoch (0: all)")
+      ->capture_default_str();
+  app.add_option("--seed", seed, "the sampler's seed (without --config; with it, train.seed)")->capture_default_str();
+  app.add_option("overrides", overrides, "with --config: dptrain config overrides, key=value (data.dir=DIR ...)");
   CLI11_PARSE(app, argc, argv);
+  if (config.empty() && !overrides.empty()) {
+    std::fprintf(stderr, "dpt-loader-bench: key=value overrides need --config\n");
+    return 2;
+  }
+  if (!config.empty()) {
+    try {
+      return run_config(config, overrides, batch, workers, epochs, max_batches);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "dpt-loader-bench: %s\n", e.what());
+      return 1;
+    }
+  }
+  if (batch == 0) batch = 1024;
+  if (workers == 0) workers = 1;
 
   try {
     const auto ds = load_fashion_mnist(dir, /*train=*/true);
