@@ -91,7 +91,7 @@ double median(std::vector<double> v) {
 
 // --config: the training set of a dptrain config, as the trainer reads it. Returns the exit status.
 int run_config(const std::string& path, const std::vector<std::string>& overrides, size_t batch, size_t workers,
-               int epochs, size_t max_batches) {
+               int epochs, size_t max_batches, bool checksum) {
   trainer::Config cfg;
   trainer::Datasets ds;
   try {
@@ -115,9 +115,11 @@ int run_config(const std::string& path, const std::vector<std::string>& override
   std::vector<double> rate;
   for (int e = 0; e < epochs; ++e) {
     ds.train->set_epoch(e);
-    const EpochResult r = run_epoch(train, sampler.indices(e), opts, /*check=*/false, max_batches);
+    const EpochResult r = run_epoch(train, sampler.indices(e), opts, checksum, max_batches);
     rate.push_back(static_cast<double>(r.examples) / r.seconds);
-    std::printf("epoch %d: %zu examples in %.3f s, %.1f examples/s\n", e + 1, r.examples, r.seconds, rate.back());
+    std::printf("epoch %d: %zu examples in %.3f s, %.1f examples/s", e + 1, r.examples, r.seconds, rate.back());
+    if (checksum) std::printf(", batches' FNV-1a %016llx", static_cast<unsigned long long>(r.checksum));
+    std::printf("\n");
   }
   if (rate.size() > 1) rate.erase(rate.begin());
   std::printf("\nexamples/s (median of epochs %s): %.1f\n", epochs > 1 ? "2 on" : "1", median(rate));
@@ -130,6 +132,7 @@ int main(int argc, char** argv) {
   std::string dir = kFashionMnistDir, config;
   std::vector<std::string> overrides;
   size_t batch = 0, workers = 0, max_batches = 0;
+  bool checksum = false;
   int epochs = 6;
   uint64_t seed = 42;
   CLI::App app{"dpt-loader-bench: examples/s the Loader delivers in a shuffled order, consuming nothing else. "
@@ -145,6 +148,8 @@ int main(int argc, char** argv) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   app.add_option("--max-batches", max_batches, "with --config: at most this many batches an epoch (0: all)")
       ->capture_default_str();
+  app.add_flag("--checksum", checksum, "with --config: print each epoch's FNV-1a hash of its batches' bytes (a change "
+               "that must not alter the data gives the same hashes; the hashing slows the epoch)");
   app.add_option("--seed", seed, "the sampler's seed (without --config; with it, train.seed)")->capture_default_str();
   app.add_option("overrides", overrides, "with --config: dptrain config overrides, key=value (data.dir=DIR ...)");
   CLI11_PARSE(app, argc, argv);
@@ -154,7 +159,7 @@ int main(int argc, char** argv) {
   }
   if (!config.empty()) {
     try {
-      return run_config(config, overrides, batch, workers, epochs, max_batches);
+      return run_config(config, overrides, batch, workers, epochs, max_batches, checksum);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "dpt-loader-bench: %s\n", e.what());
       return 1;

@@ -134,21 +134,30 @@ Planes to_planes(const ImageView& image) {
   return p;
 }
 
-Planes resize_bilinear(const Planes& in, const CropBox& box, int64_t out_height, int64_t out_width) {
-  DPT_CHECK(box.top >= 0 && box.left >= 0 && box.height > 0 && box.width > 0 && box.top + box.height <= in.height &&
-                box.left + box.width <= in.width,
-            "resize box [{}, {}, {}x{}] outside the {}x{} image", box.top, box.left, box.height, box.width, in.height,
-            in.width);
+namespace {
+
+// PIL's two passes (horizontal, then vertical) over the box of a source of `channels` x height x width pixels, where
+// row(c, y) points at row y of channel c and its elements lie `step` apart: the float planes (step 1) or 8-bit
+// interleaved pixels (step = channels), read as the same values (a byte converts to float and double exactly).
+template <class T, class Row>
+Planes resample(int64_t channels, int64_t height, int64_t width, int64_t step, Row row, const CropBox& box,
+                int64_t out_height, int64_t out_width) {
+  DPT_CHECK(box.top >= 0 && box.left >= 0 && box.height > 0 && box.width > 0 && box.top + box.height <= height &&
+                box.left + box.width <= width,
+            "resize box [{}, {}, {}x{}] outside the {}x{} image", box.top, box.left, box.height, box.width, height,
+            width);
   DPT_CHECK(out_height > 0 && out_width > 0, "resize to {}x{}", out_height, out_width);
   Planes out;
-  out.channels = in.channels;
+  out.channels = channels;
   out.height = out_height;
   out.width = out_width;
-  out.values.resize(static_cast<size_t>(in.channels * out_height * out_width));
-  const Taps tx = bilinear_taps(in.width, static_cast<double>(box.left), static_cast<double>(box.left + box.width), out_width);
-  const Taps ty = bilinear_taps(in.height, static_cast<double>(box.top), static_cast<double>(box.top + box.height), out_height);
+  out.values.resize(static_cast<size_t>(channels * out_height * out_width));
+  const Taps tx = bilinear_taps(width, static_cast<double>(box.left), static_cast<double>(box.left + box.width),
+                                out_width);
+  const Taps ty = bilinear_taps(height, static_cast<double>(box.top), static_cast<double>(box.top + box.height),
+                                out_height);
   // The vertical pass reads input rows [row0, row1): the horizontal pass resamples just those.
-  int64_t row0 = in.height, row1 = 0;
+  int64_t row0 = height, row1 = 0;
   for (int64_t i = 0; i < out_height; ++i) {
     const auto k = static_cast<size_t>(i);
     if (ty.count[k] == 0) continue;
@@ -158,31 +167,48 @@ Planes resize_bilinear(const Planes& in, const CropBox& box, int64_t out_height,
   if (row1 <= row0) row0 = row1 = 0;
   const int64_t rows = row1 - row0;
   std::vector<double> mid(static_cast<size_t>(rows * out_width));
-  for (int64_t c = 0; c < in.channels; ++c) {
+  std::vector<double> acc(static_cast<size_t>(out_width));
+  for (int64_t c = 0; c < channels; ++c) {
     for (int64_t r = 0; r < rows; ++r) {
-      const float* src = in.values.data() + (c * in.height + row0 + r) * in.width;
+      const T* src = row(c, row0 + r);
       double* dst = mid.data() + r * out_width;
       for (int64_t x = 0; x < out_width; ++x) {
         const auto k = static_cast<size_t>(x);
         const double* w = tx.weights.data() + x * tx.stride;
-        const float* s = src + tx.first[k];
-        double acc = 0.0;
-        for (int64_t j = 0; j < tx.count[k]; ++j) acc += w[j] * s[j];
-        dst[x] = acc;
+        const T* s = src + tx.first[k] * step;
+        double sum = 0.0;
+        for (int64_t j = 0; j < tx.count[k]; ++j) sum += w[j] * static_cast<double>(s[j * step]);
+        dst[x] = sum;
       }
     }
+    // Each output pixel's sum over its taps in tap order, as PIL's; the taps outermost, so that the additions of a
+    // row run over contiguous pixels.
     float* dst = out.values.data() + c * out_height * out_width;
     for (int64_t y = 0; y < out_height; ++y) {
       const auto k = static_cast<size_t>(y);
       const double* w = ty.weights.data() + y * ty.stride;
-      for (int64_t x = 0; x < out_width; ++x) {
-        double acc = 0.0;
-        for (int64_t j = 0; j < ty.count[k]; ++j) acc += w[j] * mid[static_cast<size_t>((ty.first[k] - row0 + j) * out_width + x)];
-        dst[y * out_width + x] = static_cast<float>(acc);
+      std::fill(acc.begin(), acc.end(), 0.0);
+      for (int64_t j = 0; j < ty.count[k]; ++j) {
+        const double wj = w[j];
+        const double* m = mid.data() + (ty.first[k] - row0 + j) * out_width;
+        for (int64_t x = 0; x < out_width; ++x) acc[static_cast<size_t>(x)] += wj * m[x];
       }
+      for (int64_t x = 0; x < out_width; ++x) dst[y * out_width + x] = static_cast<float>(acc[static_cast<size_t>(x)]);
     }
   }
   return out;
+}
+
+}  // namespace
+
+Planes resize_bilinear(const Planes& in, const CropBox& box, int64_t out_height, int64_t out_width) {
+  const auto row = [&](int64_t c, int64_t y) { return in.values.data() + (c * in.height + y) * in.width; };
+  return resample<float>(in.channels, in.height, in.width, 1, row, box, out_height, out_width);
+}
+
+Planes resize_bilinear(const ImageView& in, const CropBox& box, int64_t out_height, int64_t out_width) {
+  const auto row = [&](int64_t c, int64_t y) { return in.pixels + (y * in.width) * in.channels + c; };
+  return resample<uint8_t>(in.channels, in.height, in.width, in.channels, row, box, out_height, out_width);
 }
 
 Planes crop(const Planes& in, const CropBox& box) {
@@ -255,18 +281,19 @@ void Transform::apply(const ImageView& image, int64_t epoch, uint64_t index, flo
   DPT_CHECK(image.channels == o.channels, "transform for {} channels given an image with {}", o.channels, image.channels);
   DPT_CHECK(image.height > 0 && image.width > 0, "transform given an empty {}x{} image", image.height, image.width);
   CounterRng rng(o.seed, epoch, index, kTransformStream);
-  Planes p = to_planes(image);
+  // A resize reads the 8-bit pixels it needs itself; otherwise the whole image becomes float planes first.
+  Planes p;
   bool flip = false;
   if (o.mode == TransformMode::random_resized_crop) {
-    const CropBox box = random_resized_crop_box(p.height, p.width, o.scale_min, o.scale_max, o.ratio_min, o.ratio_max, rng);
-    p = resize_bilinear(p, box, o.size, o.size);
+    const CropBox box = random_resized_crop_box(image.height, image.width, o.scale_min, o.scale_max, o.ratio_min,
+                                                o.ratio_max, rng);
+    p = resize_bilinear(image, box, o.size, o.size);
     flip = rng.uniform() < o.flip_probability;
   } else {
-    if (o.resize > 0) {
-      int64_t h = 0, w = 0;
-      resized_shape(p.height, p.width, o.resize, &h, &w);
-      if (h != p.height || w != p.width) p = resize_bilinear(p, {0, 0, p.height, p.width}, h, w);
-    }
+    int64_t h = image.height, w = image.width;
+    if (o.resize > 0) resized_shape(image.height, image.width, o.resize, &h, &w);
+    p = h != image.height || w != image.width ? resize_bilinear(image, {0, 0, image.height, image.width}, h, w)
+                                               : to_planes(image);
     const int64_t out_h = o.size > 0 ? o.size : p.height, out_w = o.size > 0 ? o.size : p.width;
     if (o.mode == TransformMode::none) {
       if (out_h != p.height || out_w != p.width) p = crop(p, center_crop_box(p.height, p.width, o.size));

@@ -76,8 +76,10 @@ struct Planes {
 };
 
 Planes to_planes(const ImageView& image);
-// Resamples the box of `in` (inside the image) to out_height x out_width (antialiased bilinear, as PIL).
+// Resamples the box of `in` (inside the image) to out_height x out_width (antialiased bilinear, as PIL). From 8-bit
+// pixels: the same values as from their planes (to_planes), without converting what the box's taps never read.
 Planes resize_bilinear(const Planes& in, const CropBox& box, int64_t out_height, int64_t out_width);
+Planes resize_bilinear(const ImageView& in, const CropBox& box, int64_t out_height, int64_t out_width);
 // Cuts `box` out of `in`; where the box reaches outside the image the values are 0.
 Planes crop(const Planes& in, const CropBox& box);
 void flip_horizontal(Planes& planes);

@@ -3,8 +3,8 @@
 # epoch for both modes, the table of medians and their ratio, exit 0 (the batches with and without
 # Dataset::prefetch are the same bytes); a missing data directory is exit 1 with the install hint, a bad option 2.
 # With --config: an image folder of JPEGs (tests/support/python/make_jpeg_folder.py, 20 a class) read as
-# configs/imagefolder_resnet34.toml reads it, every example of each epoch, --max-batches cutting an epoch, a bad key
-# exit 2; scripts/bench/loader_bench.sh on that folder against torchvision's loader: its table row.
+# configs/imagefolder_resnet34.toml reads it, every example of each epoch, --checksum's hashes the same with 1 and 3
+# workers and different from epoch to epoch, --max-batches cutting an epoch, a bad key exit 2; scripts/bench/loader_bench.sh on that folder against torchvision's loader: its table row.
 # How fast either is is docs/benchmarks.md's business, not this test's.
 source "$(dirname "$0")/lib/common.bash"
 BENCH=$DPT_BUILD_DIR/bench/dpt-loader-bench
@@ -46,6 +46,16 @@ for e in 1 2; do
     fail "epoch $e did not read 40 images"
 done
 <<<"$out" grep -Eq '^examples/s \(median of epochs 2 on\): [1-9][0-9.]*$' || fail "no median"
+# --checksum: each epoch's hash of its batches, the same with 1 and 3 workers (the random crops drawn per example).
+hashes() {
+  "$BENCH" --config "$DPT_SOURCE_DIR/configs/imagefolder_resnet34.toml" --epochs 2 --batch 16 --checksum \
+    --workers "$1" "data.dir=$WORK/jpegs" | grep -oE "FNV-1a [0-9a-f]{16}$" || fail "no hashes with $1 worker(s)"
+}
+h1=$(hashes 1)
+h3=$(hashes 3)
+[ "$(wc -l <<<"$h1")" -eq 2 ] || fail "not one hash an epoch: $h1"
+[ "$h1" = "$h3" ] || fail "the batches differ with 1 and 3 workers: $h1 / $h3"
+[ "$(sed -n 1p <<<"$h1")" != "$(sed -n 2p <<<"$h1")" ] || fail "two epochs' random crops gave the same batches"
 out=$("$BENCH" --config "$DPT_SOURCE_DIR/configs/imagefolder_resnet34.toml" --epochs 1 --max-batches 2 --batch 16 \
   "data.dir=$WORK/jpegs") || fail "dpt-loader-bench --max-batches: exit $?"
 <<<"$out" grep -Eq "^epoch 1: 32 examples in" || fail "--max-batches 2 of 16 did not read 32 images: $out"

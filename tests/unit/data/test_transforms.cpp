@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <thread>
 
@@ -441,4 +442,32 @@ TEST_CASE("AugmentedDataset: an in-memory grey data set through the same transfo
   TransformOptions rgb = plain;
   rgb.channels = 3;
   REQUIRE_THROWS_AS(AugmentedDataset(base, rgb), ConfigError);
+}
+
+// The transforms resample 8-bit pixels directly (without float planes of the whole image first): the same bits as
+// resampling the planes, for grey and RGB, boxes inside the image, shrinking (antialiased, wide taps), enlarging and
+// both at once, as RandomResizedCrop's boxes and Resize's whole image ask.
+TEST_CASE("bilinear resize from 8-bit pixels gives the planes' bits", "[data][transforms]") {
+  for (int64_t channels : {1, 3}) {
+    const Image im = noise_image(57, 83, channels, static_cast<uint64_t>(channels));
+    const Planes p = to_planes(im.view());
+    const std::vector<std::pair<CropBox, std::pair<int64_t, int64_t>>> cases = {
+        {{0, 0, 57, 83}, {57, 83}},  {{0, 0, 57, 83}, {24, 24}}, {{0, 0, 57, 83}, {131, 200}},
+        {{3, 5, 40, 61}, {17, 9}},   {{10, 20, 7, 5}, {64, 48}}, {{56, 82, 1, 1}, {3, 4}},
+        {{1, 0, 50, 83}, {224, 7}},
+    };
+    for (const auto& [box, size] : cases) {
+      INFO(channels << " channels, box [" << box.top << ", " << box.left << ", " << box.height << "x" << box.width
+                    << "] to " << size.first << "x" << size.second);
+      const Planes from_bytes = resize_bilinear(im.view(), box, size.first, size.second);
+      const Planes from_planes = resize_bilinear(p, box, size.first, size.second);
+      REQUIRE(from_bytes.channels == channels);
+      REQUIRE(from_bytes.height == size.first);
+      REQUIRE(from_bytes.width == size.second);
+      REQUIRE(from_bytes.values.size() == from_planes.values.size());
+      REQUIRE(std::memcmp(from_bytes.values.data(), from_planes.values.data(),
+                          from_bytes.values.size() * sizeof(float)) == 0);
+    }
+    REQUIRE_THROWS_AS(resize_bilinear(im.view(), {50, 0, 8, 83}, 4, 4), InternalError);  // past the bottom
+  }
 }
