@@ -4,7 +4,8 @@
 # Dataset::prefetch are the same bytes); a missing data directory is exit 1 with the install hint, a bad option 2.
 # With --config: an image folder of JPEGs (tests/support/python/make_jpeg_folder.py, 20 a class) read as
 # configs/imagefolder_resnet34.toml reads it, every example of each epoch, --checksum's hashes the same with 1 and 3
-# workers and different from epoch to epoch, --max-batches cutting an epoch, a bad key exit 2; scripts/bench/loader_bench.sh on that folder against torchvision's loader: its table row.
+# workers and different from epoch to epoch, --max-batches cutting an epoch, a bad key exit 2;
+# scripts/bench/loader_bench.sh on that folder against torchvision's loader: its table row.
 # How fast either is is docs/benchmarks.md's business, not this test's.
 source "$(dirname "$0")/lib/common.bash"
 BENCH=$DPT_BUILD_DIR/bench/dpt-loader-bench
