@@ -181,7 +181,8 @@ int32_t ImageFolderDataset::get(size_t index, float* features) const {
   DPT_CHECK(index < size(), "index {} past the end of {} ({} examples)", index, root_, size());
   const int64_t epoch = epoch_.load(std::memory_order_relaxed);
   if (!skip_bad_images_) {
-    const Image image = read(index);
+    thread_local Image image;  // each loader thread's decoding buffer, reused image after image
+    read_image(path(index), transform_.options().channels, image);
     transform_.apply(image.view(), epoch, index, features);
     return labels_[index];
   }

@@ -316,9 +316,14 @@ void check_writable(const std::string& path, const ImageView& image, bool alpha_
 const char* to_string(ImageFormat format) { return format == ImageFormat::png ? "png" : "jpeg"; }
 
 Image read_image(const std::string& path, int channels) {
+  Image image;
+  read_image(path, channels, image);
+  return image;
+}
+
+void read_image(const std::string& path, int channels, Image& image) {
   DPT_CHECK(channels == 1 || channels == 3, "channels must be 1 or 3, got {}", channels);
   FilePtr file = open_file(path, "rb");
-  Image image;
   ImageHeader header;
   const ImageFormat format = sniff(file.get(), path);
   if (format == ImageFormat::png) {
@@ -337,7 +342,6 @@ Image read_image(const std::string& path, int channels) {
     image.channels = 1;
   }
   DPT_CHECK(image.channels == channels, "{}: decoded {} channels, wanted {}", path, image.channels, channels);
-  return image;
 }
 
 ImageHeader read_image_header(const std::string& path) {

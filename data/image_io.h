@@ -47,6 +47,9 @@ struct ImageHeader {
 
 // Decodes a PNG or JPEG file into `channels` (1: grey or 3: RGB) channels. IoError on any failure.
 Image read_image(const std::string& path, int channels);
+// The same into `image`, whose pixel buffer is reused (a loader thread decoding image after image then allocates,
+// and the kernel maps fresh pages, only when an image is larger than any before); on failure `image` is unspecified.
+void read_image(const std::string& path, int channels, Image& image);
 
 // Checks a file's signature and header (cheap: the pixel data is not read). IoError when it is not a PNG
 // or JPEG file, or its header is damaged; a file whose pixel data is damaged passes.

@@ -140,14 +140,13 @@ namespace {
 // row(c, y) points at row y of channel c and its elements lie `step` apart: the float planes (step 1) or 8-bit
 // interleaved pixels (step = channels), read as the same values (a byte converts to float and double exactly).
 template <class T, class Row>
-Planes resample(int64_t channels, int64_t height, int64_t width, int64_t step, Row row, const CropBox& box,
-                int64_t out_height, int64_t out_width) {
+void resample(int64_t channels, int64_t height, int64_t width, int64_t step, Row row, const CropBox& box,
+              int64_t out_height, int64_t out_width, Planes& out) {
   DPT_CHECK(box.top >= 0 && box.left >= 0 && box.height > 0 && box.width > 0 && box.top + box.height <= height &&
                 box.left + box.width <= width,
             "resize box [{}, {}, {}x{}] outside the {}x{} image", box.top, box.left, box.height, box.width, height,
             width);
   DPT_CHECK(out_height > 0 && out_width > 0, "resize to {}x{}", out_height, out_width);
-  Planes out;
   out.channels = channels;
   out.height = out_height;
   out.width = out_width;
@@ -166,8 +165,10 @@ Planes resample(int64_t channels, int64_t height, int64_t width, int64_t step, R
   }
   if (row1 <= row0) row0 = row1 = 0;
   const int64_t rows = row1 - row0;
-  std::vector<double> mid(static_cast<size_t>(rows * out_width));
-  std::vector<double> acc(static_cast<size_t>(out_width));
+  // Scratch kept by each thread, as the output's buffer may be (Transform::apply's): no fresh pages per image.
+  thread_local std::vector<double> mid, acc;
+  mid.resize(static_cast<size_t>(rows * out_width));
+  acc.resize(static_cast<size_t>(out_width));
   for (int64_t c = 0; c < channels; ++c) {
     for (int64_t r = 0; r < rows; ++r) {
       const T* src = row(c, row0 + r);
@@ -196,19 +197,26 @@ Planes resample(int64_t channels, int64_t height, int64_t width, int64_t step, R
       for (int64_t x = 0; x < out_width; ++x) dst[y * out_width + x] = static_cast<float>(acc[static_cast<size_t>(x)]);
     }
   }
-  return out;
 }
 
 }  // namespace
 
 Planes resize_bilinear(const Planes& in, const CropBox& box, int64_t out_height, int64_t out_width) {
   const auto row = [&](int64_t c, int64_t y) { return in.values.data() + (c * in.height + y) * in.width; };
-  return resample<float>(in.channels, in.height, in.width, 1, row, box, out_height, out_width);
+  Planes out;
+  resample<float>(in.channels, in.height, in.width, 1, row, box, out_height, out_width, out);
+  return out;
+}
+
+void resize_bilinear(const ImageView& in, const CropBox& box, int64_t out_height, int64_t out_width, Planes& out) {
+  const auto row = [&](int64_t c, int64_t y) { return in.pixels + (y * in.width) * in.channels + c; };
+  resample<uint8_t>(in.channels, in.height, in.width, in.channels, row, box, out_height, out_width, out);
 }
 
 Planes resize_bilinear(const ImageView& in, const CropBox& box, int64_t out_height, int64_t out_width) {
-  const auto row = [&](int64_t c, int64_t y) { return in.pixels + (y * in.width) * in.channels + c; };
-  return resample<uint8_t>(in.channels, in.height, in.width, in.channels, row, box, out_height, out_width);
+  Planes out;
+  resize_bilinear(in, box, out_height, out_width, out);
+  return out;
 }
 
 Planes crop(const Planes& in, const CropBox& box) {
@@ -281,19 +289,24 @@ void Transform::apply(const ImageView& image, int64_t epoch, uint64_t index, flo
   DPT_CHECK(image.channels == o.channels, "transform for {} channels given an image with {}", o.channels, image.channels);
   DPT_CHECK(image.height > 0 && image.width > 0, "transform given an empty {}x{} image", image.height, image.width);
   CounterRng rng(o.seed, epoch, index, kTransformStream);
-  // A resize reads the 8-bit pixels it needs itself; otherwise the whole image becomes float planes first.
-  Planes p;
+  // A resize reads the 8-bit pixels it needs itself, into this thread's planes (their buffer reused image after
+  // image); otherwise the whole image becomes float planes first.
+  thread_local Planes planes;
+  Planes& p = planes;
   bool flip = false;
   if (o.mode == TransformMode::random_resized_crop) {
     const CropBox box = random_resized_crop_box(image.height, image.width, o.scale_min, o.scale_max, o.ratio_min,
                                                 o.ratio_max, rng);
-    p = resize_bilinear(image, box, o.size, o.size);
+    resize_bilinear(image, box, o.size, o.size, p);
     flip = rng.uniform() < o.flip_probability;
   } else {
     int64_t h = image.height, w = image.width;
     if (o.resize > 0) resized_shape(image.height, image.width, o.resize, &h, &w);
-    p = h != image.height || w != image.width ? resize_bilinear(image, {0, 0, image.height, image.width}, h, w)
-                                               : to_planes(image);
+    if (h != image.height || w != image.width) {
+      resize_bilinear(image, {0, 0, image.height, image.width}, h, w, p);
+    } else {
+      p = to_planes(image);
+    }
     const int64_t out_h = o.size > 0 ? o.size : p.height, out_w = o.size > 0 ? o.size : p.width;
     if (o.mode == TransformMode::none) {
       if (out_h != p.height || out_w != p.width) p = crop(p, center_crop_box(p.height, p.width, o.size));

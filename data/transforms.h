@@ -80,6 +80,8 @@ Planes to_planes(const ImageView& image);
 // pixels: the same values as from their planes (to_planes), without converting what the box's taps never read.
 Planes resize_bilinear(const Planes& in, const CropBox& box, int64_t out_height, int64_t out_width);
 Planes resize_bilinear(const ImageView& in, const CropBox& box, int64_t out_height, int64_t out_width);
+// The same into `out`, whose buffer is reused.
+void resize_bilinear(const ImageView& in, const CropBox& box, int64_t out_height, int64_t out_width, Planes& out);
 // Cuts `box` out of `in`; where the box reaches outside the image the values are 0.
 Planes crop(const Planes& in, const CropBox& box);
 void flip_horizontal(Planes& planes);
