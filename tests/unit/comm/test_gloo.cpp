@@ -310,6 +310,18 @@ TEST_CASE("gloo: argument errors are reported before any communication", "[gloo]
   work->wait(0ms);
 }
 
+namespace {
+// What a barrier after a failed collective does: "barrier returned", or its error's text.
+std::string barrier_outcome(GlooProcessGroup& pg) {
+  try {
+    pg.barrier();
+    return "barrier returned";
+  } catch (const CommError& e) {
+    return e.what();
+  }
+}
+}  // namespace
+
 TEST_CASE("gloo: a collective that one rank never joins times out instead of hanging", "[gloo][multirank]") {
   std::promise<void> rank0_done;
   std::shared_future<void> done = rank0_done.get_future().share();
@@ -334,12 +346,7 @@ TEST_CASE("gloo: a collective that one rank never joins times out instead of han
     }
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // The group refuses further work rather than running on a transport in an unknown state.
-    try {
-      pg.barrier();
-      after = "barrier returned";
-    } catch (const CommError& e) {
-      after = e.what();
-    }
+    after = barrier_outcome(pg);
     rank0_done.set_value();
   });
   INFO(outcome);
@@ -481,12 +488,7 @@ TEST_CASE("gloo: a two-rank reduce_scatter one rank never joins times out, namin
     } catch (const CommError& e) {  // TimeoutError is one
       outcome = e.what();
     }
-    try {
-      pg.barrier();
-      after = "barrier returned";
-    } catch (const CommError& e) {
-      after = e.what();
-    }
+    after = barrier_outcome(pg);
     rank0_done.set_value();
   });
   INFO(outcome);
