@@ -95,7 +95,10 @@ void DataParallel::for_each_owned(const std::function<void(float*, size_t)>& fn)
 void DataParallel::with_full_params(const std::function<void()>& fn, bool /*changed*/) { fn(); }
 
 void DataParallel::for_each_gathered(const std::function<void(const Bucket&, const Tensor&)>& fn) {
-  for (const Bucket& b : buckets_) fn(b, model_.params().view(b.offset, {static_cast<int64_t>(b.count)}));
+  // Read through the const accessor: the mutable one would drop the update's bf16 copy (Model::params16_current),
+  // and the next forward would round the parameters again for nothing (the epoch's replica check reads them here).
+  const models::Model& model = model_;
+  for (const Bucket& b : buckets_) fn(b, model.params().view(b.offset, {static_cast<int64_t>(b.count)}));
 }
 
 std::vector<NamedTensor> DataParallel::model_state_on_host(bool lead) {

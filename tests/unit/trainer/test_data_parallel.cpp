@@ -20,6 +20,7 @@
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
 #include "core/check.h"
+#include "models/gpt/gpt.h"
 #include "models/model.h"
 #include "trainer/parallel/factory.h"
 #include "tests/support/gloo_ranks.h"
@@ -590,4 +591,24 @@ TEST_CASE("DataParallel zero = 3: with_full_params gathers every rank's pieces, 
   });
   REQUIRE(errors == "");
   CHECK(fmt::format("{}", fmt::join(fails, "\n")) == "");
+}
+
+// The epoch's replica check reads the parameters through for_each_gathered: reading must not drop the fast path's
+// bf16 copy that the update wrote (the next forward would round the parameters again for nothing).
+TEST_CASE("DataParallel::for_each_gathered reads the parameters without dropping the update's bf16 copy",
+          "[parallel][bf16act]") {
+  auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(5));
+  comm::GlooProcessGroup pg(store, 0, 1);
+  auto model = models::make_gpt({.n_layer = 1, .n_head = 2, .n_embd = 16, .vocab_size = 50, .block_size = 8});
+  model->init(3);
+  model->set_bf16_activations(true);
+  const auto dp = trainer::make_data_parallel(pg, *model, nullptr, {.bucket_cap_bytes = 4096});
+  model->params16_written();  // as AdamW's fused pass marks it
+  REQUIRE(model->params16_current());
+  size_t seen = 0;
+  dp->for_each_gathered([&](const trainer::Bucket&, const Tensor& params) { seen += params.numel(); });
+  CHECK(seen == model->num_params());
+  CHECK(model->params16_current());
+  trainer::check_replicas(*model, pg, 1, false, dp.get());
+  CHECK(model->params16_current());
 }
