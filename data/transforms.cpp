@@ -291,8 +291,7 @@ void Transform::apply(const ImageView& image, int64_t epoch, uint64_t index, flo
   CounterRng rng(o.seed, epoch, index, kTransformStream);
   // A resize reads the 8-bit pixels it needs itself, into this thread's planes (their buffer reused image after
   // image); otherwise the whole image becomes float planes first.
-  thread_local Planes planes;
-  Planes& p = planes;
+  thread_local Planes p;
   bool flip = false;
   if (o.mode == TransformMode::random_resized_crop) {
     const CropBox box = random_resized_crop_box(image.height, image.width, o.scale_min, o.scale_max, o.ratio_min,
