@@ -1,7 +1,8 @@
-// models/kernels/cpu/layernorm.cpp: LayerNorm forward and backward on the CPU (row sums in double), on float32 or
-// bf16 activations (one template: bf16 read widened, written rounded once).
+// models/kernels/cpu/layernorm.cpp: LayerNorm forward and backward on the CPU (row sums in double, row_sums.h), on
+// float32 or bf16 activations (one template: bf16 read widened, written rounded once).
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "models/kernels/cpu/activation_io.h"
+#include "models/kernels/cpu/row_sums.h"
 
 #include <algorithm>
 #include <cmath>
@@ -12,20 +13,19 @@ namespace {
 
 using cpu_act::ld;
 using cpu_act::st;
+using cpu_sums::sum8;
 
 template <class T>
 void layernorm_forward_rows(const T* x, const float* gamma, const float* beta, T* y, float* mean, float* rstd,
                             int64_t rows, int64_t C, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* in = x + r * C;
-    double sum = 0.0;
-    for (int64_t c = 0; c < C; ++c) sum += ld(in, c);
+    const double sum = sum8(C, [in](int64_t c) { return static_cast<double>(ld(in, c)); });
     const float m = static_cast<float>(sum / static_cast<double>(C));
-    double var = 0.0;
-    for (int64_t c = 0; c < C; ++c) {
+    const double var = sum8(C, [in, m](int64_t c) {
       const double d = ld(in, c) - m;
-      var += d * d;
-    }
+      return d * d;
+    });
     const float s = static_cast<float>(1.0 / std::sqrt(var / static_cast<double>(C) + eps));
     T* out = y + r * C;
     for (int64_t c = 0; c < C; ++c) st(out, c, (ld(in, c) - m) * s * gamma[c] + beta[c]);
@@ -44,16 +44,14 @@ void layernorm_backward_rows(const T* dy, const T* x, const float* gamma, const 
     const T* in = x + r * C;
     const float m = mean[r], s = rstd[r];
     // dx = rstd * (dxhat - mean(dxhat) - xhat * mean(dxhat * xhat)), dxhat = dy * gamma
-    double sum_d = 0.0, sum_dx = 0.0;
     for (int64_t c = 0; c < C; ++c) {
-      const float xhat = (ld(in, c) - m) * s;
       const float gc = ld(g, c);
-      const float d = gc * gamma[c];
-      sum_d += d;
-      sum_dx += static_cast<double>(d) * xhat;
-      dgamma[c] += gc * xhat;
+      dgamma[c] += gc * ((ld(in, c) - m) * s);
       dbeta[c] += gc;
     }
+    const double sum_d = sum8(C, [&](int64_t c) { return static_cast<double>(ld(g, c) * gamma[c]); });
+    const double sum_dx =
+        sum8(C, [&](int64_t c) { return static_cast<double>(ld(g, c) * gamma[c]) * ((ld(in, c) - m) * s); });
     const float mean_d = static_cast<float>(sum_d / static_cast<double>(C));
     const float mean_dx = static_cast<float>(sum_dx / static_cast<double>(C));
     T* out = dx + r * C;

@@ -1,13 +1,18 @@
 // models/kernels/cpu/llama.cpp: the Llama family's layers on the CPU (the reference the CUDA set is tested against):
-// RMSNorm (row sums in double), SwiGLU and rotary embeddings, their per-element arithmetic elementwise.h's; one template
-// each over float32 or bf16 activations (bf16 read widened, written rounded once).
+// RMSNorm (row sums in double, row_sums.h), SwiGLU (SiLU through oneDNN) and rotary embeddings, their per-element
+// arithmetic elementwise.h's; one template each over float32 or bf16 activations (bf16 read widened, written rounded
+// once).
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "models/kernels/cpu/activation_io.h"
 
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "core/check.h"
+#include "models/kernels/cpu/onednn_conv.h"
+#include "models/kernels/cpu/row_sums.h"
 #include "models/kernels/elementwise.h"
 
 namespace dpt::models {
@@ -16,13 +21,13 @@ namespace {
 
 using cpu_act::ld;
 using cpu_act::st;
+using cpu_sums::sum8;
 
 template <class T>
 void rmsnorm_forward_rows(const T* x, const float* gamma, T* y, float* rstd, int64_t rows, int64_t C, float eps) {
   for (int64_t r = 0; r < rows; ++r) {
     const T* in = x + r * C;
-    double ss = 0.0;
-    for (int64_t c = 0; c < C; ++c) ss += static_cast<double>(ld(in, c)) * ld(in, c);
+    const double ss = sum8(C, [in](int64_t c) { return static_cast<double>(ld(in, c)) * ld(in, c); });
     const float s = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(C) + eps));
     T* out = y + r * C;
     for (int64_t c = 0; c < C; ++c) st(out, c, ld(in, c) * s * gamma[c]);
@@ -38,12 +43,9 @@ void rmsnorm_backward_rows(const T* dy, const T* x, const float* gamma, const fl
     const T* g = dy + r * C;
     const T* in = x + r * C;
     const float s = rstd[r];
-    double sum = 0.0;  // sum of dy * gamma * xhat
-    for (int64_t c = 0; c < C; ++c) {
-      const float xhat = ld(in, c) * s;
-      sum += static_cast<double>(ld(g, c)) * gamma[c] * xhat;
-      dgamma[c] += ld(g, c) * xhat;
-    }
+    for (int64_t c = 0; c < C; ++c) dgamma[c] += ld(g, c) * (ld(in, c) * s);
+    // the sum of dy * gamma * xhat
+    const double sum = sum8(C, [&](int64_t c) { return static_cast<double>(ld(g, c)) * gamma[c] * (ld(in, c) * s); });
     const float mean = static_cast<float>(sum / static_cast<double>(C));
     T* out = dx + r * C;
     const T* res = residual ? residual + r * C : nullptr;
@@ -54,22 +56,80 @@ void rmsnorm_backward_rows(const T* dy, const T* x, const float* gamma, const fl
   }
 }
 
+// SwiGLU in chunks of kSwigluChunk elements: silu(gate) and its gradient through oneDNN's vectorised eltwise_swish
+// (onednn::silu_*), the products in plain loops; bf16 inputs widened into float scratch and the results rounded once,
+// so the bf16 kernels give the float32 kernels' results rounded. Each chunk reads all its inputs before it writes, so
+// the outputs may alias gate or up. Without oneDNN's primitive, elementwise.h's scalar formula.
+constexpr size_t kSwigluChunk = 16384;
+
+struct SwigluScratch {
+  std::vector<float> gate, up, dy, a, b;
+  void reserve(size_t n, bool widen) {
+    for (auto* v : {&a, &b}) v->resize(n);
+    if (widen)
+      for (auto* v : {&gate, &up, &dy}) v->resize(n);
+  }
+};
+
+SwigluScratch& swiglu_scratch() {
+  thread_local SwigluScratch s;
+  return s;
+}
+
+// The chunk's inputs as float: the arrays themselves for float32, widened copies for bf16.
+template <class T>
+const float* as_float(const T* p, size_t k, std::vector<float>& widened) {
+  if constexpr (std::is_same_v<T, float>) {
+    return p;
+  } else {
+    for (size_t i = 0; i < k; ++i) widened[i] = ld(p, static_cast<int64_t>(i));
+    return widened.data();
+  }
+}
+
 template <class T>
 void swiglu_forward_n(const T* gate, const T* up, T* y, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const auto k = static_cast<int64_t>(i);
-    st(y, k, elementwise::swiglu(ld(gate, k), ld(up, k)));
+  SwigluScratch& s = swiglu_scratch();
+  s.reserve(std::min(n, kSwigluChunk), !std::is_same_v<T, float>);
+  for (size_t i0 = 0; i0 < n; i0 += kSwigluChunk) {
+    const size_t k = std::min(kSwigluChunk, n - i0);
+    const float* g = as_float(gate + i0, k, s.gate);
+    const float* u = as_float(up + i0, k, s.up);
+    float* silu = s.a.data();
+    if (!onednn::silu_forward(g, silu, k))
+      for (size_t i = 0; i < k; ++i) silu[i] = elementwise::silu(g[i]);
+    T* out = y + i0;
+    for (size_t i = 0; i < k; ++i) st(out, static_cast<int64_t>(i), silu[i] * u[i]);
   }
 }
 
 template <class T>
 void swiglu_backward_n(const T* gate, const T* up, const T* dy, T* dgate, T* dup, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    const auto k = static_cast<int64_t>(i);
-    float dg, du;
-    elementwise::swiglu_grad(ld(gate, k), ld(up, k), ld(dy, k), dg, du);
-    st(dgate, k, dg);
-    st(dup, k, du);
+  SwigluScratch& s = swiglu_scratch();
+  s.reserve(std::min(n, kSwigluChunk), !std::is_same_v<T, float>);
+  for (size_t i0 = 0; i0 < n; i0 += kSwigluChunk) {
+    const size_t k = std::min(kSwigluChunk, n - i0);
+    const float* g = as_float(gate + i0, k, s.gate);
+    const float* u = as_float(up + i0, k, s.up);
+    const float* d = as_float(dy + i0, k, s.dy);
+    float* silu = s.a.data();  // silu(gate)
+    float* dg = s.b.data();    // dy * up, then dy * up * silu'(gate)
+    for (size_t i = 0; i < k; ++i) dg[i] = d[i] * u[i];
+    T* og = dgate + i0;
+    T* ou = dup + i0;
+    if (!onednn::silu_forward(g, silu, k) || !onednn::silu_backward(g, dg, dg, k)) {
+      for (size_t i = 0; i < k; ++i) {
+        float dgi, dui;
+        elementwise::swiglu_grad(g[i], u[i], d[i], dgi, dui);
+        st(ou, static_cast<int64_t>(i), dui);
+        st(og, static_cast<int64_t>(i), dgi);
+      }
+      continue;
+    }
+    for (size_t i = 0; i < k; ++i) {
+      st(ou, static_cast<int64_t>(i), d[i] * silu[i]);
+      st(og, static_cast<int64_t>(i), dg[i]);
+    }
   }
 }
 

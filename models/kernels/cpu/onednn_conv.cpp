@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -288,57 +289,79 @@ bool conv2d_backward_weight(const float* dy, const float* x, float* dw, const Co
   return run(Op::BackwardWeight, dy, x, dw, cs, p);
 }
 
-// ---- GELU ------------------------------------------------------------------------------------------------------
+// ---- GELU, SiLU, exp: oneDNN's vectorised eltwise kernels ------------------------------------------------------
 
 namespace {
 
-// The two GELU(tanh) primitives for one length, made once per thread and length (a GPT has a handful).
-struct Gelu {
+// An eltwise algorithm's two primitives for one length, made once per thread, algorithm and length (a model has a
+// handful of lengths).
+struct Eltwise {
   dnnl::eltwise_forward fwd;
   dnnl::eltwise_backward bwd;
   memory::desc md;
 };
 
-Gelu* gelu_for(size_t n) {
-  thread_local std::map<size_t, std::unique_ptr<Gelu>> cache;
-  auto it = cache.find(n);
+// alpha: the algorithm's parameter (swish's beta in x * sigmoid(alpha * x); unused by GELU).
+Eltwise* eltwise_for(dnnl::algorithm alg, float alpha, size_t n) {
+  thread_local std::map<std::pair<int, size_t>, std::unique_ptr<Eltwise>> cache;
+  const auto key = std::make_pair(static_cast<int>(alg), n);
+  auto it = cache.find(key);
   if (it != cache.end()) return it->second.get();
   if (cache.size() >= 64) cache.clear();  // lengths that keep changing: do not grow without bound
   try {
     const memory::desc md({static_cast<memory::dim>(n)}, dt::f32, tag::a);
-    const auto alg = dnnl::algorithm::eltwise_gelu_tanh;
     dnnl::eltwise_forward::primitive_desc fwd(
-        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, md, 0.0f, 0.0f), engine());
-    dnnl::eltwise_backward::primitive_desc bwd(dnnl::eltwise_backward::desc(alg, md, md, 0.0f, 0.0f), engine(), fwd);
-    auto g = std::make_unique<Gelu>(Gelu{dnnl::eltwise_forward(fwd), dnnl::eltwise_backward(bwd), md});
-    return cache.emplace(n, std::move(g)).first->second.get();
+        dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_training, alg, md, alpha, 0.0f), engine());
+    dnnl::eltwise_backward::primitive_desc bwd(dnnl::eltwise_backward::desc(alg, md, md, alpha, 0.0f), engine(), fwd);
+    auto e = std::make_unique<Eltwise>(Eltwise{dnnl::eltwise_forward(fwd), dnnl::eltwise_backward(bwd), md});
+    return cache.emplace(key, std::move(e)).first->second.get();
   } catch (const dnnl::error& e) {
-    spdlog::debug("oneDNN GELU for {} elements: {}", n, e.what());
+    spdlog::debug("oneDNN eltwise {} for {} elements: {}", static_cast<int>(alg), n, e.what());
     return nullptr;
   }
 }
 
 memory wrap(const memory::desc& md, const float* p) { return memory(md, engine(), const_cast<float*>(p)); }
 
-}  // namespace
-
-bool gelu_forward(const float* x, float* y, size_t n) {
+bool eltwise_forward(dnnl::algorithm alg, float alpha, const float* x, float* y, size_t n) {
   if (n == 0) return true;
-  Gelu* g = gelu_for(n);
-  if (!g) return false;
-  g->fwd.execute(stream(), {{DNNL_ARG_SRC, wrap(g->md, x)}, {DNNL_ARG_DST, wrap(g->md, y)}});
+  Eltwise* e = eltwise_for(alg, alpha, n);
+  if (!e) return false;
+  e->fwd.execute(stream(), {{DNNL_ARG_SRC, wrap(e->md, x)}, {DNNL_ARG_DST, wrap(e->md, y)}});
   stream().wait();
   return true;
 }
 
-bool gelu_backward(const float* x, const float* dy, float* dx, size_t n) {
+bool eltwise_backward(dnnl::algorithm alg, float alpha, const float* x, const float* dy, float* dx, size_t n) {
   if (n == 0) return true;
-  Gelu* g = gelu_for(n);
-  if (!g) return false;
-  g->bwd.execute(stream(), {{DNNL_ARG_SRC, wrap(g->md, x)}, {DNNL_ARG_DIFF_DST, wrap(g->md, dy)},
-                            {DNNL_ARG_DIFF_SRC, wrap(g->md, dx)}});
+  Eltwise* e = eltwise_for(alg, alpha, n);
+  if (!e) return false;
+  e->bwd.execute(stream(), {{DNNL_ARG_SRC, wrap(e->md, x)}, {DNNL_ARG_DIFF_DST, wrap(e->md, dy)},
+                            {DNNL_ARG_DIFF_SRC, wrap(e->md, dx)}});
   stream().wait();
   return true;
+}
+
+}  // namespace
+
+bool gelu_forward(const float* x, float* y, size_t n) {
+  return eltwise_forward(dnnl::algorithm::eltwise_gelu_tanh, 0.0f, x, y, n);
+}
+
+bool gelu_backward(const float* x, const float* dy, float* dx, size_t n) {
+  return eltwise_backward(dnnl::algorithm::eltwise_gelu_tanh, 0.0f, x, dy, dx, n);
+}
+
+bool exp_forward(const float* x, float* y, size_t n) {
+  return eltwise_forward(dnnl::algorithm::eltwise_exp, 0.0f, x, y, n);
+}
+
+bool silu_forward(const float* x, float* y, size_t n) {
+  return eltwise_forward(dnnl::algorithm::eltwise_swish, 1.0f, x, y, n);
+}
+
+bool silu_backward(const float* x, const float* dy, float* dx, size_t n) {
+  return eltwise_backward(dnnl::algorithm::eltwise_swish, 1.0f, x, dy, dx, n);
 }
 
 }  // namespace dpt::models::onednn

@@ -588,6 +588,19 @@ TEST_CASE("adamw_fused on the CPU: the bits of clip_by_norm then adamw_update ru
   cpu().adamw_update(pb.data(), g.data(), mb.data(), vb.data(), n, ap);
   CHECK(std::memcmp(pa.data(), pb.data(), n * sizeof(float)) == 0);
   CHECK_THROWS(cpu().adamw_fused(pa.data(), nullptr, g.data(), ma.data(), va.data(), n, ap, edges.data(), 3, nullptr, 0.0));
+  // Edges repeated (an empty range), none at 0, and one past the end: element by element by in_decay_range.
+  const std::vector<uint64_t> odd{2, 5, 5, 6, 9, 777, 990, 1200};
+  const elementwise::AdamWSteps steps = elementwise::adamw_steps(ap);
+  std::vector<float> pe = p0, me = m0, ve = v0;
+  for (size_t i = 0; i < n; ++i) {
+    const bool decay = elementwise::in_decay_range(odd.data(), odd.size(), i);
+    elementwise::adamw(pe[i], g[i], me[i], ve[i], decay ? steps.with_decay : steps.without_decay);
+  }
+  std::vector<float> pg = p0, mg = m0, vg = v0;
+  cpu().adamw_fused(pg.data(), nullptr, g.data(), mg.data(), vg.data(), n, ap, odd.data(), odd.size(), nullptr, 0.0);
+  CHECK(std::memcmp(pg.data(), pe.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(mg.data(), me.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(vg.data(), ve.data(), n * sizeof(float)) == 0);
 }
 
 TEST_CASE("in_decay_range: the parity of the edges at or below an index", "[fastpath]") {

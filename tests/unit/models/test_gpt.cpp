@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <numbers>
 #include <random>
@@ -110,6 +111,44 @@ TEST_CASE("causal softmax: each row sums to one over j <= i, zero above the diag
       for (int64_t j = 0; j <= i; ++j) z += std::exp(scale * in[j]);
       for (int64_t j = 0; j < t; ++j) REQUIRE(out[j] == Approx(j <= i ? std::exp(scale * in[j]) / z : 0.0).margin(1e-6));
     }
+}
+
+TEST_CASE("causal softmax over several of the CPU kernel's row blocks: exact to float rounding, a KV cache's last "
+          "rows the same bits as the square one's", "[models][gpt]") {
+  // 100 columns: blocks of 163 rows, so the blocks' edges fall inside the matrices.
+  std::mt19937_64 rng(3);
+  Kernels& k = kernels_for(Device::cpu());
+  const int64_t count = 4, t = 100, rows = 37;
+  const float scale = 0.3f;
+  Tensor s = random_tensor({count, t, t}, rng, 6.0f);
+  Tensor ref = Tensor::empty(s.shape());
+  ref.copy_from(s);
+  Tensor tail = Tensor::empty({count, rows, t});
+  for (int64_t m = 0; m < count; ++m)
+    std::copy_n(s.data<float>() + (m * t + t - rows) * t, rows * t, tail.data<float>() + m * rows * t);
+  k.causal_softmax_forward(s.data<float>(), count, t, t, scale);
+  k.causal_softmax_forward(tail.data<float>(), count, rows, t, scale);
+  double worst = 0;
+  for (int64_t m = 0; m < count; ++m)
+    for (int64_t i = 0; i < t; ++i) {
+      const float* in = ref.data<float>() + (m * t + i) * t;
+      const float* out = s.data<float>() + (m * t + i) * t;
+      double mx = -INFINITY, z = 0;
+      for (int64_t j = 0; j <= i; ++j) mx = std::max(mx, double(scale * in[j]));
+      for (int64_t j = 0; j <= i; ++j) z += std::exp(scale * in[j] - mx);
+      for (int64_t j = 0; j < t; ++j) {
+        const double want = j <= i ? std::exp(scale * in[j] - mx) / z : 0.0;
+        const double err = std::abs(out[j] - want) / (want + 1e-30);
+        worst = std::max(worst, j <= i ? err : std::abs(out[j]));
+        if (!(j <= i ? err < 1e-5 : out[j] == 0.0f)) FAIL_CHECK("[" << m << ", " << i << ", " << j << "] = " << out[j]
+                                                                    << ", exactly " << want);
+      }
+    }
+  INFO("worst relative error " << worst);
+  CHECK(worst < 1e-5);
+  for (int64_t m = 0; m < count; ++m)
+    REQUIRE(std::memcmp(tail.data<float>() + m * rows * t, s.data<float>() + (m * t + t - rows) * t,
+                        rows * t * sizeof(float)) == 0);
 }
 
 TEST_CASE("causal softmax of the last rows (a KV cache's queries) equals those rows of the square one", "[models][gpt]") {

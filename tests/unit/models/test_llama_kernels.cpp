@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "models/kernels/elementwise.h"
 #include "models/kernels/factory.h"
 #include "models/rope.h"
 
@@ -105,6 +106,43 @@ TEST_CASE("SwiGLU: silu(gate) * up, gradients match finite differences, in place
   cpu().swiglu_backward(g2.data(), u2.data(), w.data(), g2.data(), u2.data(), n);
   CHECK(g2 == dgate);
   CHECK(u2 == dup);
+}
+
+TEST_CASE("SwiGLU over several of the CPU kernel's chunks: the exact values to float rounding, every element "
+          "written, in place the same bits", "[models][llama]") {
+  // 40000 elements: two whole chunks of 16384 and a part (the kernels run oneDNN's SiLU chunk by chunk).
+  std::mt19937 rng(14);
+  const size_t n = 40000;
+  const std::vector<float> gate = random_vec(n, rng, -12, 12), up = random_vec(n, rng, -2, 2), w = random_vec(n, rng);
+  std::vector<float> y(n, NAN), dgate(n, NAN), dup(n, NAN);
+  cpu().swiglu_forward(gate.data(), up.data(), y.data(), n);
+  cpu().swiglu_backward(gate.data(), up.data(), w.data(), dgate.data(), dup.data(), n);
+  // Each against the formula in double, the error bounded relative to the sizes of the terms it adds (silu' is 0
+  // near gate = -1.28, where 1 + gate (1 - s) cancels).
+  double worst = 0;
+  size_t worst_at = 0;
+  auto compare = [&](const char* what, const std::vector<float>& got, size_t i, double want, double size) {
+    const double err = std::abs(got[i] - want) / (size + 1e-30);
+    if (!(err <= worst)) {  // NaN too
+      worst = std::isnan(err) ? INFINITY : err;
+      worst_at = i;
+    }
+    if (!(err < 1e-6)) FAIL_CHECK(what << "[" << i << "] = " << got[i] << ", exactly " << want);
+  };
+  for (size_t i = 0; i < n; ++i) {
+    const double x = gate[i], s = 1 / (1 + std::exp(-x)), u = up[i], d = w[i];
+    compare("y", y, i, x * s * u, std::abs(x * s * u));
+    compare("dgate", dgate, i, d * u * s * (1 + x * (1 - s)), std::abs(d * u) * s * (1 + std::abs(x) * (1 - s)));
+    compare("dup", dup, i, d * x * s, std::abs(d * x * s));
+  }
+  INFO("worst error " << worst << " (relative to the terms' sizes) at " << worst_at);
+  CHECK(worst < 1e-6);
+  std::vector<float> a = gate, b = up, c = up;
+  cpu().swiglu_forward(gate.data(), c.data(), c.data(), n);  // y over up
+  CHECK(std::memcmp(c.data(), y.data(), n * sizeof(float)) == 0);
+  cpu().swiglu_backward(a.data(), b.data(), w.data(), b.data(), a.data(), n);  // dgate over up, dup over gate
+  CHECK(std::memcmp(b.data(), dgate.data(), n * sizeof(float)) == 0);
+  CHECK(std::memcmp(a.data(), dup.data(), n * sizeof(float)) == 0);
 }
 
 TEST_CASE("rope: rotate_half pairs turned by position x inverse frequency, inverse undoes it", "[models][llama]") {
@@ -232,8 +270,8 @@ TEST_CASE("the bf16 RMSNorm, SwiGLU and rope are the float32 kernels on the wide
                                   dg_twice.data(), rows, C, nullptr);
     CHECK(dgr == dg_twice);
   }
-  // SwiGLU, in place too.
-  const size_t n = 1000;
+  // SwiGLU, in place too, over more than two of the CPU kernel's chunks.
+  const size_t n = 40000;
   const auto gate16 = to_bf16(random_vec(n, rng, -6.0f, 6.0f)), up16 = to_bf16(random_vec(n, rng, -2.0f, 2.0f));
   const auto g16 = to_bf16(random_vec(n, rng));
   const auto gate = widen(gate16), up = widen(up16), g = widen(g16);
