@@ -158,11 +158,15 @@ DPT_HD float gelu_grad(float x) {
 // SiLU (nn.SiLU, x sigmoid(x)) and SwiGLU's product silu(gate) * up, with the gradients of both inputs.
 DPT_HD float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 DPT_HD float silu(float x) { return x * sigmoid(x); }
-DPT_HD float swiglu(float gate, float up) { return silu(gate) * up; }
-DPT_HD void swiglu_grad(float gate, float up, float dy, float& dgate, float& dup) {
-  const float s = sigmoid(gate);
+// The _from_sigmoid forms take s = sigmoid(gate) computed elsewhere (the CPU set's, vectorised by oneDNN).
+DPT_HD float swiglu_from_sigmoid(float gate, float s, float up) { return gate * s * up; }
+DPT_HD float swiglu(float gate, float up) { return swiglu_from_sigmoid(gate, sigmoid(gate), up); }
+DPT_HD void swiglu_grad_from_sigmoid(float gate, float s, float up, float dy, float& dgate, float& dup) {
   dgate = dy * up * s * (1.0f + gate * (1.0f - s));
   dup = dy * gate * s;
+}
+DPT_HD void swiglu_grad(float gate, float up, float dy, float& dgate, float& dup) {
+  swiglu_grad_from_sigmoid(gate, sigmoid(gate), up, dy, dgate, dup);
 }
 // One rotary pair (HF's rotate_half: x[i] and x[i + head_dim / 2]) turned by the angle whose cosine and sine are c
 // and s (s negated: the inverse, backward's rotation).

@@ -1,7 +1,7 @@
 // models/kernels/cpu/llama.cpp: the Llama family's layers on the CPU (the reference the CUDA set is tested against):
-// RMSNorm (row sums in double, row_sums.h), SwiGLU (SiLU through oneDNN) and rotary embeddings, their per-element
-// arithmetic elementwise.h's; one template each over float32 or bf16 activations (bf16 read widened, written rounded
-// once).
+// RMSNorm (row sums in double, row_sums.h), SwiGLU (its sigmoid through oneDNN) and rotary embeddings, their
+// per-element arithmetic elementwise.h's; one template each over float32 or bf16 activations (bf16 read widened,
+// written rounded once).
 #include "models/kernels/cpu/cpu_kernels.h"
 #include "models/kernels/cpu/activation_io.h"
 
@@ -56,16 +56,16 @@ void rmsnorm_backward_rows(const T* dy, const T* x, const float* gamma, const fl
   }
 }
 
-// SwiGLU in chunks of kSwigluChunk elements: silu(gate) and its gradient through oneDNN's vectorised eltwise_swish
-// (onednn::silu_*), the products in plain loops; bf16 inputs widened into float scratch and the results rounded once,
-// so the bf16 kernels give the float32 kernels' results rounded. Each chunk reads all its inputs before it writes, so
-// the outputs may alias gate or up. Without oneDNN's primitive, elementwise.h's scalar formula.
+// SwiGLU in chunks of kSwigluChunk elements: each chunk's sigmoid(gate) through oneDNN's vectorised eltwise_logistic
+// (libm's expf otherwise), then elementwise.h's formulas from it in plain loops that vectorise; bf16 inputs widened
+// into float scratch and the results rounded once, so the bf16 kernels give the float32 kernels' results rounded.
+// Each chunk reads all its inputs before it writes, so the outputs may alias gate or up.
 constexpr size_t kSwigluChunk = 16384;
 
 struct SwigluScratch {
-  std::vector<float> gate, up, dy, a, b;
+  std::vector<float> gate, up, dy, sig;
   void reserve(size_t n, bool widen) {
-    for (auto* v : {&a, &b}) v->resize(n);
+    sig.resize(n);
     if (widen)
       for (auto* v : {&gate, &up, &dy}) v->resize(n);
   }
@@ -87,6 +87,12 @@ const float* as_float(const T* p, size_t k, std::vector<float>& widened) {
   }
 }
 
+// sig = sigmoid(g) over k elements.
+void sigmoid_chunk(const float* g, float* sig, size_t k) {
+  if (onednn::sigmoid_forward(g, sig, k)) return;
+  for (size_t i = 0; i < k; ++i) sig[i] = elementwise::sigmoid(g[i]);
+}
+
 template <class T>
 void swiglu_forward_n(const T* gate, const T* up, T* y, size_t n) {
   SwigluScratch& s = swiglu_scratch();
@@ -95,11 +101,11 @@ void swiglu_forward_n(const T* gate, const T* up, T* y, size_t n) {
     const size_t k = std::min(kSwigluChunk, n - i0);
     const float* g = as_float(gate + i0, k, s.gate);
     const float* u = as_float(up + i0, k, s.up);
-    float* silu = s.a.data();
-    if (!onednn::silu_forward(g, silu, k))
-      for (size_t i = 0; i < k; ++i) silu[i] = elementwise::silu(g[i]);
+    float* sig = s.sig.data();
+    sigmoid_chunk(g, sig, k);
     T* out = y + i0;
-    for (size_t i = 0; i < k; ++i) st(out, static_cast<int64_t>(i), silu[i] * u[i]);
+    for (size_t i = 0; i < k; ++i)
+      st(out, static_cast<int64_t>(i), elementwise::swiglu_from_sigmoid(g[i], sig[i], u[i]));
   }
 }
 
@@ -112,23 +118,15 @@ void swiglu_backward_n(const T* gate, const T* up, const T* dy, T* dgate, T* dup
     const float* g = as_float(gate + i0, k, s.gate);
     const float* u = as_float(up + i0, k, s.up);
     const float* d = as_float(dy + i0, k, s.dy);
-    float* silu = s.a.data();  // silu(gate)
-    float* dg = s.b.data();    // dy * up, then dy * up * silu'(gate)
-    for (size_t i = 0; i < k; ++i) dg[i] = d[i] * u[i];
+    float* sig = s.sig.data();
+    sigmoid_chunk(g, sig, k);
     T* og = dgate + i0;
     T* ou = dup + i0;
-    if (!onednn::silu_forward(g, silu, k) || !onednn::silu_backward(g, dg, dg, k)) {
-      for (size_t i = 0; i < k; ++i) {
-        float dgi, dui;
-        elementwise::swiglu_grad(g[i], u[i], d[i], dgi, dui);
-        st(ou, static_cast<int64_t>(i), dui);
-        st(og, static_cast<int64_t>(i), dgi);
-      }
-      continue;
-    }
     for (size_t i = 0; i < k; ++i) {
-      st(ou, static_cast<int64_t>(i), d[i] * silu[i]);
-      st(og, static_cast<int64_t>(i), dg[i]);
+      float dg, du;
+      elementwise::swiglu_grad_from_sigmoid(g[i], sig[i], u[i], d[i], dg, du);
+      st(og, static_cast<int64_t>(i), dg);
+      st(ou, static_cast<int64_t>(i), du);
     }
   }
 }

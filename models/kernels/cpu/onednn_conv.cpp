@@ -289,7 +289,7 @@ bool conv2d_backward_weight(const float* dy, const float* x, float* dw, const Co
   return run(Op::BackwardWeight, dy, x, dw, cs, p);
 }
 
-// ---- GELU, SiLU, exp: oneDNN's vectorised eltwise kernels ------------------------------------------------------
+// ---- GELU, sigmoid, exp: oneDNN's vectorised eltwise kernels ------------------------------------------------------
 
 namespace {
 
@@ -301,7 +301,7 @@ struct Eltwise {
   memory::desc md;
 };
 
-// alpha: the algorithm's parameter (swish's beta in x * sigmoid(alpha * x); unused by GELU).
+// alpha: the algorithm's parameter (unused by GELU, the logistic function and exp).
 Eltwise* eltwise_for(dnnl::algorithm alg, float alpha, size_t n) {
   thread_local std::map<std::pair<int, size_t>, std::unique_ptr<Eltwise>> cache;
   const auto key = std::make_pair(static_cast<int>(alg), n);
@@ -356,12 +356,8 @@ bool exp_forward(const float* x, float* y, size_t n) {
   return eltwise_forward(dnnl::algorithm::eltwise_exp, 0.0f, x, y, n);
 }
 
-bool silu_forward(const float* x, float* y, size_t n) {
-  return eltwise_forward(dnnl::algorithm::eltwise_swish, 1.0f, x, y, n);
-}
-
-bool silu_backward(const float* x, const float* dy, float* dx, size_t n) {
-  return eltwise_backward(dnnl::algorithm::eltwise_swish, 1.0f, x, dy, dx, n);
+bool sigmoid_forward(const float* x, float* y, size_t n) {
+  return eltwise_forward(dnnl::algorithm::eltwise_logistic, 0.0f, x, y, n);
 }
 
 }  // namespace dpt::models::onednn

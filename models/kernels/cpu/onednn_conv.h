@@ -1,4 +1,4 @@
-// models/kernels/cpu/onednn_conv.h: the CPU convolutions (and GELU, SiLU, exp) through oneDNN (Debian's libdnnl, the
+// models/kernels/cpu/onednn_conv.h: the CPU convolutions (and GELU, sigmoid, exp) through oneDNN (Debian's libdnnl, the
 // library PyTorch's CPU convolutions use). NCHW/OIHW float32 in and out, as the Kernels interface says; inside, the
 // primitive picks its own blocked layouts (reorders in and out) and, for bf16, rounds its inputs to bfloat16
 // and accumulates in float32. Each call returns false when oneDNN has no implementation for the shape and
@@ -23,11 +23,9 @@ bool conv2d_backward_weight(const float* dy, const float* x, float* dw, const Co
 // oneDNN has no primitive for it (the caller loops instead).
 bool gelu_forward(const float* x, float* y, size_t n);
 bool gelu_backward(const float* x, const float* dy, float* dx, size_t n);
-// SiLU, x * sigmoid(x) (oneDNN's eltwise_swish with beta 1; libm's scalar expf under SwiGLU made it a tenth of a
-// small Llama's CPU step): y = silu(x), dx = dy * silu'(x); the same aliasing and fallback as GELU.
-bool silu_forward(const float* x, float* y, size_t n);
-bool silu_backward(const float* x, const float* dy, float* dx, size_t n);
-// y = exp(x) (oneDNN's eltwise_exp: the causal softmax's); y may alias x; false as above.
+// y = sigmoid(x) (oneDNN's eltwise_logistic: SwiGLU's, where libm's scalar expf made it a tenth of a small Llama's
+// CPU step) and y = exp(x) (eltwise_exp: the softmaxes'); y may alias x; false as above.
+bool sigmoid_forward(const float* x, float* y, size_t n);
 bool exp_forward(const float* x, float* y, size_t n);
 
 // oneDNN is used unless DPT_CPU_CONV=im2col is set (for comparing the two, as the benchmark does); the tests
