@@ -22,7 +22,7 @@ run() {
     train.epochs=1 train.batch_size=64 dist.backend=gloo train.progress_interval_s=1000 \
     checkpoint.dir="$WORK/ckpt" --resume never 2>&1 | grep -oE 'epoch 1/1 loss .* samples/s [0-9]+' | grep -oE '[0-9]+$'
 }
-median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+source "$ROOT/scripts/bench/stats.bash"
 
 : > "$WORK/a"
 : > "$WORK/b"
@@ -33,6 +33,8 @@ for i in $(seq "$REPEATS"); do
   echo "$a" >> "$WORK/a"
   echo "$b" >> "$WORK/b"
 done
-ma=$(median < "$WORK/a")
-mb=$(median < "$WORK/b")
+mapfile -t runs_a <"$WORK/a"
+mapfile -t runs_b <"$WORK/b"
+ma=$(median "${runs_a[@]}")
+mb=$(median "${runs_b[@]}")
 echo "median: A ($A) $ma samples/s, B ($B) $mb samples/s, B/A $(awk -v a="$ma" -v b="$mb" 'BEGIN { printf "%.3f", b / a }')"

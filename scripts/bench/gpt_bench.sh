@@ -388,7 +388,7 @@ run_rows() {
   if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && { want step || want fast; }; then sol_profile; fi
 }
 
-median() { printf '%s\n' "$@" | sort -g | awk 'NF { v[++n] = $1 } END { if (n == 0) exit; if (n % 2) print v[(n + 1) / 2]; else print (v[n / 2] + v[n / 2 + 1]) / 2 }'; }
+source scripts/bench/stats.bash  # median
 
 # ---- per-kernel breakdown of dptrain's step (GPU) ---------------------------------------------------------
 find_tool() {  # NAME: the first executable NAME in PATH, /usr/local/cuda/bin, NVIDIA's usual install folders

@@ -21,6 +21,7 @@
 # Exit status: 0 when every run gave its number, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/stats.bash  # median
 
 BUNDLE=.gpu-bundle
 if [ -z "${DPTRAIN:-}" ]; then
@@ -59,8 +60,9 @@ median_after_first() {
   all=$(grep -v '^$' || true)
   [ -n "$all" ] || return 0
   if [ "$(wc -l <<<"$all")" -eq 1 ]; then echo "$all"; return 0; fi
-  sed 1d <<<"$all" | sort -g | awk '{ v[NR] = $1 } END {
-    if (NR % 2) printf "%.0f\n", v[(NR + 1) / 2]; else printf "%.0f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+  local rest
+  mapfile -t rest < <(sed 1d <<<"$all")
+  printf '%.0f\n' "$(median "${rest[@]}")"
 }
 # The rates after the first, comma-separated ("-" for none).
 rates_after_first() { awk 'NR > 1 { printf "%s%s", (n++ ? ", " : ""), $1 } END { if (!n) printf "-" }'; }

@@ -33,10 +33,7 @@ DIR=${BENCH_DIR:-$WORK/folder}
 
 # The median examples/s a run printed ("examples/s (median of epochs 2 on): X"), or nothing.
 figure() { sed -n 's/^examples\/s (median of epochs [^)]*): //p' "$1"; }
-median() {
-  sort -g | awk '{ v[NR] = $1 }
-    END { if (NR) printf "%.1f\n", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
+source scripts/bench/stats.bash  # median
 
 echo "loader_bench.sh: $(getconf _NPROCESSORS_ONLN) cores, $((2 * IMAGES)) JPEGs of 500x375 in $DIR, batch 32," \
   "$ROUNDS rounds"
@@ -55,8 +52,9 @@ for w in "${WORKERS[@]}"; do
     [ -z "$d" ] || d_runs+=("$d")
     [ -z "$t" ] || t_runs+=("$t")
   done
-  dm=$(printf '%s\n' "${d_runs[@]}" | grep . | median || true)
-  tm=$(printf '%s\n' "${t_runs[@]}" | grep . | median || true)
+  dm=$(median "${d_runs[@]}") tm=$(median "${t_runs[@]}")
+  [ -z "$dm" ] || dm=$(printf '%.1f' "$dm")
+  [ -z "$tm" ] || tm=$(printf '%.1f' "$tm")
   ratio=n/a
   [ -z "$dm" ] || [ -z "$tm" ] || ratio=$(awk -v d="$dm" -v t="$tm" 'BEGIN { printf "%.2f", d / t }')
   runs="$(IFS=,; echo "${d_runs[*]}") / $(IFS=,; echo "${t_runs[*]}")"

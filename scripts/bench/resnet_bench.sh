@@ -192,7 +192,7 @@ measure() {
   record "$key" "$ms" "$ips" "$foreign"
 }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+source scripts/bench/stats.bash  # median
 
 ROWS=()            # row ids, in table order
 declare -A LABEL=() TARGET=() META=()  # META: "model mode batch precision" of the row in gpu-results.json

@@ -123,11 +123,7 @@ field() {
   }' <<<"$line"
 }
 
-median() { # the median of the numbers given
-  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END {
-    if (NR == 0) exit
-    if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
+source scripts/bench/stats.bash  # median
 
 declare -A SPS=() COMPUTE=() COMM=() DATA_WAIT=() FOREIGN=()
 failed=0
