@@ -4,12 +4,38 @@
 
 #include <algorithm>
 
+#include "core/check.h"
 #include "models/kernels/elementwise.h"
 
 namespace dpt::models {
 
+namespace {
+
+// SGD's loop with its options fixed at compile time and its constants in a local copy (a write through param could
+// otherwise alias the caller's SgdParams, reloading them every element): the loop vectorises, each element the same
+// elementwise::sgd. It was a fifth of the Fashion-MNIST MLP's CPU run, one element at a time.
+template <bool kMomentum, bool kFirst, bool kNesterov>
+void sgd_loop(float* param, const float* grad, float* buf, size_t n, SgdParams q) {
+  q.first_step = kFirst;
+  q.nesterov = kNesterov;
+  if constexpr (!kMomentum) {
+    q.momentum = 0.0f;
+    for (size_t i = 0; i < n; ++i) elementwise::sgd(param[i], grad[i], nullptr, q);
+  } else {
+    for (size_t i = 0; i < n; ++i) elementwise::sgd(param[i], grad[i], buf + i, q);
+  }
+}
+
+}  // namespace
+
 void CpuKernels::sgd_update(float* param, const float* grad, float* buf, size_t n, const SgdParams& p) {
-  for (size_t i = 0; i < n; ++i) elementwise::sgd(param[i], grad[i], buf ? buf + i : nullptr, p);
+  if (p.momentum == 0.0f) return sgd_loop<false, false, false>(param, grad, buf, n, p);
+  DPT_CHECK(buf != nullptr, "sgd_update: momentum {} without a momentum buffer", p.momentum);
+  if (p.first_step)
+    return p.nesterov ? sgd_loop<true, true, true>(param, grad, buf, n, p)
+                      : sgd_loop<true, true, false>(param, grad, buf, n, p);
+  return p.nesterov ? sgd_loop<true, false, true>(param, grad, buf, n, p)
+                    : sgd_loop<true, false, false>(param, grad, buf, n, p);
 }
 
 void CpuKernels::adamw_update(float* param, const float* grad, float* m, float* v, size_t n, const AdamWParams& p) {

@@ -9,6 +9,7 @@
 
 #include "model_testing.h"
 #include "models/kernels/cpu/cpu_kernels.h"
+#include "models/kernels/elementwise.h"
 #include "models/kernels/factory.h"
 #include "models/model.h"
 
@@ -164,6 +165,34 @@ TEST_CASE("SGD with momentum, weight decay and nesterov follows PyTorch's update
   SgdParams nes{.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.0f, .nesterov = true, .first_step = true};
   k.sgd_update(&q, &g1, &qb, 1, nes);
   REQUIRE(q == Approx(1.0f - 0.1f * (0.5f + 0.9f * 0.5f)));
+}
+
+TEST_CASE("SGD over many elements: every option's loop gives elementwise::sgd's bits element by element", "[models]") {
+  Kernels& k = kernels_for(Device::cpu());
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-1, 1);
+  const size_t n = 1003;  // not a multiple of a vector's width
+  std::vector<float> p0(n), g(n), b0(n);
+  for (size_t i = 0; i < n; ++i) {
+    p0[i] = u(rng);
+    g[i] = u(rng);
+    b0[i] = u(rng);
+  }
+  for (const float momentum : {0.0f, 0.9f})
+    for (const bool first : {true, false})
+      for (const bool nesterov : {false, true}) {
+        CAPTURE(momentum, first, nesterov);
+        const SgdParams sp{.lr = 0.05f, .momentum = momentum, .weight_decay = 0.01f, .nesterov = nesterov,
+                           .first_step = first};
+        std::vector<float> pe = p0, be = b0, pk = p0, bk = b0;
+        for (size_t i = 0; i < n; ++i) elementwise::sgd(pe[i], g[i], momentum != 0.0f ? &be[i] : nullptr, sp);
+        k.sgd_update(pk.data(), g.data(), momentum != 0.0f ? bk.data() : nullptr, n, sp);
+        CHECK(std::memcmp(pk.data(), pe.data(), n * sizeof(float)) == 0);
+        CHECK(std::memcmp(bk.data(), be.data(), n * sizeof(float)) == 0);
+      }
+  std::vector<float> pk = p0;
+  CHECK_THROWS_WITH(k.sgd_update(pk.data(), g.data(), nullptr, n, SgdParams{.momentum = 0.9f}),
+                    Catch::Contains("without a momentum buffer"));
 }
 
 TEST_CASE("AdamW first step moves each parameter by lr against the gradient's sign", "[models]") {
