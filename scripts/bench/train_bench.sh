@@ -18,7 +18,8 @@
 #   BENCH_LOG_DIR         each run's output (default $OUT/train-bench-logs, else /tmp/train-bench-logs)
 #   BENCH_IDLE_WAIT_S     before each run, wait up to this long for the other processes' CPU use to fall under
 #                         BENCH_IDLE_BUSY_PCT percent of the machine (defaults 120 and 10); 0: don't wait
-#   BENCH_SGEMM_GFLOPS    large-SGEMM rate of this machine, all cores (default 134, measured for the issue)
+#   BENCH_SGEMM_GFLOPS    large-SGEMM rate of this machine, all cores (default: measured here, PyTorch's float32
+#                         2048x2048 matmul on OpenBLAS with one thread per core, the best of 5)
 #   BENCH_SKIP_SETUP=1, BENCH_SKIP_BUILD=1   skip those steps (reruns)
 #   BENCH_STRICT=1        exit 2 when a target is missed (default: only reported)
 #   PYTHON                the Python with Debian's torch (default /usr/bin/python3: a pyenv python3 earlier on
@@ -34,7 +35,7 @@ REPEATS=${BENCH_REPEATS:-3}
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-120}
 IDLE_WAIT=${BENCH_IDLE_WAIT_S:-120}
 IDLE_BUSY_PCT=${BENCH_IDLE_BUSY_PCT:-10}
-SGEMM_GFLOPS=${BENCH_SGEMM_GFLOPS:-134}
+SGEMM_GFLOPS=${BENCH_SGEMM_GFLOPS:-}
 BUILD_DIR=${DPT_BUILD_DIR:-build}
 PYTHON=${PYTHON:-/usr/bin/python3}
 DATA=/usr/share/datasets/fashion-mnist
@@ -58,12 +59,30 @@ mkdir -p "$LOG_DIR"
 CKPT=$(mktemp -d /tmp/train-bench-ckpt.XXXXXX)
 trap 'rm -rf "$CKPT"' EXIT
 
-OVERLAP=0
-"$DPTRAIN" --help 2>/dev/null | grep -q 'dist\.overlap' && OVERLAP=1
+OVERLAP=0  # (grep -q would stop reading the help at its first match, failing the pipeline with SIGPIPE)
+"$DPTRAIN" --help 2>/dev/null | grep 'dist\.overlap' >/dev/null && OVERLAP=1
 
 # ---- CPU accounting: busy jiffies of the whole machine and CPU seconds of our finished children ----------
 ACCOUNTING_TMP=$CKPT
 source scripts/bench/cpu_accounting.bash
+
+# ---- the machine's SGEMM rate (the cap a data-parallel MLP cannot pass), unless given ----------------------
+SGEMM_HOW="BENCH_SGEMM_GFLOPS"
+if [ -z "$SGEMM_GFLOPS" ]; then
+  SGEMM_GFLOPS=$(OMP_NUM_THREADS=$NCPU OPENBLAS_NUM_THREADS=$NCPU "$PYTHON" -c '
+import os, time, torch
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+n = 2048
+a, b = torch.randn(n, n), torch.randn(n, n)
+a @ b
+best = float("inf")
+for _ in range(5):
+    t0 = time.perf_counter()
+    a @ b
+    best = min(best, time.perf_counter() - t0)
+print(f"{2 * n ** 3 / best / 1e9:.0f}")')
+  SGEMM_HOW="measured: torch.matmul 2048^3, $NCPU threads, best of 5"
+fi
 
 # ---- the configurations -----------------------------------------------------------------------------------
 DPT_ARGS=(--config "$CONFIG" train.epochs=1 train.device=cpu --resume never)
@@ -253,7 +272,7 @@ else
   overlap_line="- exposed comm, overlap off / on: not measured (this dptrain has no \`dist.overlap\` key yet)"
 fi
 pct_of() { awk -v a="$1" -v c="$2" 'BEGIN { printf "%.0f%%", 100 * a / c }'; }
-cap_line="- SGEMM cap: $SGEMM_GFLOPS GFLOP/s (large SGEMM, both cores) / $FLOP_PER_EX FLOP per example (6 x (784x512 + 512x512 + 512x10): forward, backward data and weight GEMMs) = **$CAP samples/s**"
+cap_line="- SGEMM cap: $SGEMM_GFLOPS GFLOP/s (large SGEMM, all $NCPU cores; $SGEMM_HOW) / $FLOP_PER_EX FLOP per example (6 x (784x512 + 512x512 + 512x10): forward, backward data and weight GEMMs) = **$CAP samples/s**"
 for id in dpt_gloo_2 dpt_mpi_2; do
   [ -z "${MED[$id]:-}" ] || cap_line+="; dptrain 2 ranks ${BACKEND[$id]} reaches $(pct_of "${MED[$id]}" "$CAP") of it"
 done

@@ -4,13 +4,16 @@
 #include <omp.h>
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstdlib>
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
@@ -293,13 +296,18 @@ bool conv2d_backward_weight(const float* dy, const float* x, float* dw, const Co
 
 namespace {
 
-// An eltwise algorithm's two primitives for one length, made once per thread, algorithm and length (a model has a
-// handful of lengths).
+// An eltwise algorithm's two primitives for one length.
 struct Eltwise {
   dnnl::eltwise_forward fwd;
   dnnl::eltwise_backward bwd;
   memory::desc md;
 };
+
+// A length runs as its largest multiple of kEltwiseChunk elements in one call, then the rest rounded up to a power
+// of two (at least kEltwiseMinTail) in padded scratch: a few primitives per algorithm and thread however the lengths
+// vary (a KV cache's attention rows grow by one each token: a primitive made per length was JIT-compiled per token).
+constexpr size_t kEltwiseChunk = 16384;
+constexpr size_t kEltwiseMinTail = 256;
 
 // alpha: the algorithm's parameter (unused by GELU, the logistic function and exp).
 Eltwise* eltwise_for(dnnl::algorithm alg, float alpha, size_t n) {
@@ -307,7 +315,7 @@ Eltwise* eltwise_for(dnnl::algorithm alg, float alpha, size_t n) {
   const auto key = std::make_pair(static_cast<int>(alg), n);
   auto it = cache.find(key);
   if (it != cache.end()) return it->second.get();
-  if (cache.size() >= 64) cache.clear();  // lengths that keep changing: do not grow without bound
+  if (cache.size() >= 64) cache.clear();  // many different multiples of the chunk: do not grow without bound
   try {
     const memory::desc md({static_cast<memory::dim>(n)}, dt::f32, tag::a);
     dnnl::eltwise_forward::primitive_desc fwd(
@@ -323,23 +331,56 @@ Eltwise* eltwise_for(dnnl::algorithm alg, float alpha, size_t n) {
 
 memory wrap(const memory::desc& md, const float* p) { return memory(md, engine(), const_cast<float*>(p)); }
 
-bool eltwise_forward(dnnl::algorithm alg, float alpha, const float* x, float* y, size_t n) {
-  if (n == 0) return true;
-  Eltwise* e = eltwise_for(alg, alpha, n);
-  if (!e) return false;
-  e->fwd.execute(stream(), {{DNNL_ARG_SRC, wrap(e->md, x)}, {DNNL_ARG_DST, wrap(e->md, y)}});
-  stream().wait();
+// The padded length of a tail of t (0 < t < kEltwiseChunk) elements.
+size_t tail_length(size_t t) { return std::max(kEltwiseMinTail, std::bit_ceil(t)); }
+
+// Per-thread padded buffers for the tail: up to three operands (x, dy, and the result).
+float* tail_buffer(int slot) {
+  thread_local std::array<std::vector<float>, 3> buffers;
+  auto& b = buffers[static_cast<size_t>(slot)];
+  if (b.empty()) b.assign(kEltwiseChunk, 0.0f);
+  return b.data();
+}
+
+// y = f(x) (forward) or dx = dy * f'(x) (backward, dy non-null) over n elements; y may alias x and dx may alias dy.
+bool eltwise_run(dnnl::algorithm alg, float alpha, const float* x, const float* dy, float* out, size_t n) {
+  const size_t whole = n / kEltwiseChunk * kEltwiseChunk;
+  const size_t tail = n - whole;
+  Eltwise* head = whole ? eltwise_for(alg, alpha, whole) : nullptr;
+  Eltwise* last = tail ? eltwise_for(alg, alpha, tail_length(tail)) : nullptr;
+  if ((whole && !head) || (tail && !last)) return false;
+  auto execute = [&](Eltwise* e, const float* xs, const float* dys, float* o) {
+    if (dys)
+      e->bwd.execute(stream(), {{DNNL_ARG_SRC, wrap(e->md, xs)}, {DNNL_ARG_DIFF_DST, wrap(e->md, dys)},
+                                {DNNL_ARG_DIFF_SRC, wrap(e->md, o)}});
+    else
+      e->fwd.execute(stream(), {{DNNL_ARG_SRC, wrap(e->md, xs)}, {DNNL_ARG_DST, wrap(e->md, o)}});
+    stream().wait();
+  };
+  if (whole) execute(head, x, dy, out);
+  if (tail) {  // padded with zeros: a finite input for every algorithm here
+    float* xs = tail_buffer(0);
+    float* dys = dy ? tail_buffer(1) : nullptr;
+    float* o = tail_buffer(2);
+    const size_t len = tail_length(tail);
+    std::copy_n(x + whole, tail, xs);
+    std::fill(xs + tail, xs + len, 0.0f);
+    if (dys) {
+      std::copy_n(dy + whole, tail, dys);
+      std::fill(dys + tail, dys + len, 0.0f);
+    }
+    execute(last, xs, dys, o);
+    std::copy_n(o, tail, out + whole);
+  }
   return true;
 }
 
+bool eltwise_forward(dnnl::algorithm alg, float alpha, const float* x, float* y, size_t n) {
+  return eltwise_run(alg, alpha, x, nullptr, y, n);
+}
+
 bool eltwise_backward(dnnl::algorithm alg, float alpha, const float* x, const float* dy, float* dx, size_t n) {
-  if (n == 0) return true;
-  Eltwise* e = eltwise_for(alg, alpha, n);
-  if (!e) return false;
-  e->bwd.execute(stream(), {{DNNL_ARG_SRC, wrap(e->md, x)}, {DNNL_ARG_DIFF_DST, wrap(e->md, dy)},
-                            {DNNL_ARG_DIFF_SRC, wrap(e->md, dx)}});
-  stream().wait();
-  return true;
+  return eltwise_run(alg, alpha, x, dy, dx, n);
 }
 
 }  // namespace

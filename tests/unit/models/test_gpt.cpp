@@ -84,6 +84,30 @@ TEST_CASE("LayerNorm: zero mean and unit variance per row, then the affine map, 
   for (int64_t i = 0; i < n; ++i) REQUIRE(gdy.data<float>()[i] == gdx.data<float>()[i]);
 }
 
+TEST_CASE("GELU on the CPU: any length and offset gives each element the same bits (oneDNN's chunk and padded "
+          "tail)", "[models][gpt]") {
+  Kernels& k = kernels_for(Device::cpu());
+  std::mt19937 rng(8);
+  std::uniform_real_distribution<float> u(-6, 6);
+  const size_t n = 40001;  // two chunks of 16384 in one call, and a tail of 7233 padded to 8192
+  std::vector<float> x(n), dy(n), y(n), dx(n);
+  for (size_t i = 0; i < n; ++i) {
+    x[i] = u(rng);
+    dy[i] = u(rng);
+  }
+  k.gelu_forward(x.data(), y.data(), n);
+  k.gelu_backward(x.data(), dy.data(), dx.data(), n);
+  for (const size_t len : {size_t{1}, size_t{255}, size_t{257}, size_t{8191}, size_t{16384}, size_t{17385}})
+    for (const size_t off : {size_t{0}, size_t{3}, n - len}) {
+      CAPTURE(len, off);
+      std::vector<float> ys(len, NAN), dxs(len, NAN);
+      k.gelu_forward(x.data() + off, ys.data(), len);
+      k.gelu_backward(x.data() + off, dy.data() + off, dxs.data(), len);
+      CHECK(std::memcmp(ys.data(), y.data() + off, len * sizeof(float)) == 0);
+      CHECK(std::memcmp(dxs.data(), dx.data() + off, len * sizeof(float)) == 0);
+    }
+}
+
 TEST_CASE("LayerNorm::forward_add: the norm of a + b with the sum kept, as the add and then the norm, bit for bit",
           "[models][gpt]") {
   std::mt19937_64 rng(21);
