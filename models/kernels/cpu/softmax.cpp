@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "models/kernels/cpu/onednn_conv.h"
+#include "models/kernels/cpu/row_sums.h"
 #include "models/kernels/elementwise.h"
 
 namespace dpt::models {
@@ -24,7 +25,7 @@ void CpuKernels::softmax_xent(const float* logits, const int32_t* labels, float*
   const float inv_rows = rows > 0 ? 1.0f / static_cast<float>(rows) : 0.0f;
   // A block of rows at a time (about 16K elements, in cache): each row's logits less their maximum into e (the
   // gradient's rows, or scratch), one oneDNN exp over the block (vectorised, where libm's scalar exp was called per
-  // logit), then each row's sum in double, its loss and its gradient e / sum - onehot.
+  // logit), then each row's sum in double (row_sums.h), its loss and its gradient e / sum - onehot.
   thread_local std::vector<float> scratch, zmax;
   const int64_t block = std::max<int64_t>(1, 16384 / std::max<int64_t>(cols, 1));
   for (int64_t r0 = 0; r0 < rows; r0 += block) {
@@ -66,8 +67,7 @@ void CpuKernels::softmax_xent(const float* logits, const int32_t* labels, float*
         if (dlogits) std::fill_n(er, cols, 0.0f);
         continue;
       }
-      double sum = 0.0;
-      for (int64_t c = 0; c < cols; ++c) sum += er[c];
+      const double sum = cpu_sums::sum8(cols, [er](int64_t c) { return static_cast<double>(er[c]); });
       loss += std::log(sum) - static_cast<double>(logits[r * cols + label] - zmax[static_cast<size_t>(r - r0)]);
       if (!dlogits) continue;
       const double inv = 1.0 / sum;
@@ -140,8 +140,7 @@ void CpuKernels::causal_softmax_forward(float* s, int64_t count, int64_t rows, i
     for (int64_t r = r0; r < r1; ++r) {
       float* row = s + r * cols;
       const int64_t last = r % rows + cols - rows;
-      double sum = 0.0;
-      for (int64_t j = 0; j <= last; ++j) sum += row[j];
+      const double sum = cpu_sums::sum8(last + 1, [row](int64_t j) { return static_cast<double>(row[j]); });
       const float inv = static_cast<float>(1.0 / sum);
       for (int64_t j = 0; j <= last; ++j) row[j] *= inv;
       for (int64_t j = last + 1; j < cols; ++j) row[j] = 0.0f;
