@@ -14,6 +14,7 @@
 #include <gloo/common/logging.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/prefix_store.h>
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -245,6 +246,19 @@ GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int s
                                    e.what()));
   }
   context_ = std::move(ctx);
+  if (size == 2) {
+    // The persistent rings' own connection, in Gloo's synchronous mode: the thread running the ring reads its
+    // socket itself (blocking, with the connection's timeout), where the asynchronous mode's event-loop thread reads
+    // and then wakes it. On two busy cores each wake-up is a scheduling round trip.
+    auto rctx = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    rctx->setTimeout(to_gloo_timeout(timeout_));
+    gloo::rendezvous::PrefixStore prefixed("dpt_sync_ring", adapter);
+    call_gloo(fmt::format("gloo rendezvous (sync ring) on rank {} of {}", rank, size),
+              [&] { rctx->connectFullMesh(prefixed, device); });
+    call_gloo(fmt::format("gloo sync mode on rank {} of {}", rank, size),
+              [&] { rctx->getPair(1 - rank)->setSync(true, false); });
+    ring_context_ = std::move(rctx);
+  }
   // Everyone is connected when this returns; from here the store is no longer read.
   barrier();
 }
@@ -288,7 +302,7 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce(Tensor& tensor, const Allreduc
     run(opts.what.empty() ? "allreduce" : opts.what, [&] {
       auto& ring = rings_[{tensor.raw(), tensor.numel()}];
       if (!ring)
-        ring = std::make_unique<gloo::AllreduceRing<float>>(context_, std::vector<float*>{tensor.data<float>()},
+        ring = std::make_unique<gloo::AllreduceRing<float>>(ring_context_, std::vector<float*>{tensor.data<float>()},
                                                             static_cast<int>(tensor.numel()));
       ring->run();
     });

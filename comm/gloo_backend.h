@@ -62,7 +62,8 @@ class GlooProcessGroup : public ProcessGroup {
   std::shared_ptr<Work> reduce_scatter(const Tensor& input, Tensor& output, const AllreduceOptions& opts = {}) override;
   std::shared_ptr<Work> barrier() override;
 
-  // The timeout of later collectives (the rendezvous used the one given to the constructor).
+  // The timeout of later collectives (the rendezvous used the one given to the constructor; so do the two-rank
+  // persistent rings, whose synchronous connection takes its timeout when it connects).
   std::chrono::milliseconds timeout() const;
   void set_timeout(std::chrono::milliseconds timeout);
   // Where Gloo listens on this rank ("127.0.0.1", "eth0"...): for logs.
@@ -78,6 +79,7 @@ class GlooProcessGroup : public ProcessGroup {
   std::chrono::milliseconds timeout_;  // guarded by mu_
   std::string bind_description_;
   std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<gloo::Context> ring_context_;  // two ranks: the persistent rings' synchronous-mode connection
   mutable std::mutex mu_;  // one collective at a time: Gloo ops on a context must not interleave
   uint32_t tag_ = 0;
   std::string broken_;  // why the group is unusable, after a failed collective

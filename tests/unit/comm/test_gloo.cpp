@@ -357,6 +357,66 @@ TEST_CASE("gloo: a collective that one rank never joins times out instead of han
   CHECK_THAT(after, Contains("unusable"));
 }
 
+TEST_CASE("gloo: the two-rank persistent ring (its synchronous connection) times out with the group's timeout, "
+          "and fails at once when the peer is gone", "[gloo][multirank]") {
+  // A peer that never joins: the ring's blocking read times out after the timeout the group was made with.
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  std::string outcome, after;
+  double seconds = -1;
+  std::string errors = run_ranks(
+      2,
+      [&](GlooProcessGroup& pg) {
+        if (pg.rank() != 0) {
+          done.wait();
+          return;
+        }
+        Tensor t = Tensor::zeros({1000});
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          pg.allreduce(t, {.op = ReduceOp::Sum, .persistent = true, .what = "bucket 0 (step 3)"});
+          outcome = "returned";
+        } catch (const CommError& e) {  // TimeoutError is one
+          outcome = e.what();
+        }
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        after = barrier_outcome(pg);
+        rank0_done.set_value();
+      },
+      1500ms);
+  INFO(outcome);
+  CHECK(errors == "");
+  CHECK_THAT(outcome, Contains("gloo bucket 0 (step 3) on rank 0 of 2"));
+  CHECK(seconds >= 1.4);
+  CHECK(seconds < 10.0);
+  CHECK_THAT(after, Contains("unusable"));
+  // A peer whose group is gone (its process ended): the read sees the connection close, long before the timeout.
+  std::promise<void> rank1_gone;
+  std::shared_future<void> gone = rank1_gone.get_future().share();
+  std::string closed;
+  seconds = -1;
+  errors = run_ranks(
+      2,
+      [&](GlooProcessGroup& pg) {
+        if (pg.rank() != 0) return;  // its group is destroyed: the sockets close
+        Tensor t = Tensor::zeros({1000});
+        const auto start = std::chrono::steady_clock::now();
+        try {
+          pg.allreduce(t, {.op = ReduceOp::Sum, .persistent = true});
+          closed = "returned";
+        } catch (const CommError& e) {
+          closed = e.what();
+        }
+        seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      },
+      20s);
+  INFO(closed);
+  CHECK(errors == "");
+  CHECK_THAT(closed, Contains("rank 0 of 2"));
+  CHECK(closed != "returned");
+  CHECK(seconds < 15.0);
+}
+
 TEST_CASE("gloo: an allgather that one rank never joins times out, naming its label", "[gloo][multirank]") {
   std::promise<void> rank0_done;
   std::shared_future<void> done = rank0_done.get_future().share();
