@@ -112,7 +112,9 @@ struct DistConfig {
   std::string backend = "auto";  // auto | gloo | mpi | nccl
   double timeout_s = 300.0;
   double bucket_cap_mb = 25.0;  // gradient bucket size (the first bucket is at most 1 MB)
-  bool overlap = true;          // all-reduce buckets while backward runs (false: one all-reduce after it)
+  // auto | true | false: all-reduce buckets while backward runs (false: one all-reduce after it); auto: true when
+  // the model trains on a GPU, false on the CPU (where no core is idle for the overlap).
+  std::string overlap = "auto";
   bool broadcast_buffers = true;  // rank 0's buffers (BatchNorm running statistics) to every rank each step
   GradDtype grad_dtype = GradDtype::fp32;  // what the gradient all-reduce carries (bf16: half the bytes)
   int64_t zero = 0;               // 0: DDP; 1: ZeRO stage 1, the optimizer state sharded over the ranks; 2: gradients too; 3: parameters too

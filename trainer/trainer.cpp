@@ -119,6 +119,11 @@ class Trainer {
   void load_data();
   void build_model_and_optimizer();
   void build_data_parallel();
+  // dist.overlap: true or false as given; auto: true when the model trains on a GPU (the collectives overlap the
+  // GPU's compute), false on the CPU (with a rank per core no core is idle for the communication thread).
+  bool wanted_overlap() const {
+    return cfg_.dist.overlap == "true" || (cfg_.dist.overlap == "auto" && model_->device().is_cuda());
+  }
   void resume();
   std::optional<LoadedCheckpoint> choose_checkpoint(const CheckpointManager& ckpt);
   void restore(const LoadedCheckpoint& loaded);
@@ -269,7 +274,7 @@ void Trainer::build_model_and_optimizer() {
 // (sync_replicas).
 void Trainer::build_data_parallel() {
   ctx_.phase = "setting up the gradient buckets";
-  overlap_ = cfg_.dist.overlap && !(cfg_.model.sync_bn && world_ > 1 && !pg_.asynchronous());
+  overlap_ = wanted_overlap() && !(cfg_.model.sync_bn && world_ > 1 && !pg_.asynchronous());
   dp_ = make_data_parallel(
       pg_, *model_, stream_,
       DataParallelOptions{.bucket_cap_bytes = static_cast<size_t>(cfg_.dist.bucket_cap_mb * 1024 * 1024),
@@ -277,8 +282,12 @@ void Trainer::build_data_parallel() {
                           .overlap = overlap_,
                           .grad_dtype = cfg_.dist.grad_dtype == GradDtype::bf16 ? DType::BF16 : DType::F32,
                           .zero = static_cast<int>(cfg_.dist.zero)});
-  if (lead_)
+  if (lead_) {
     for (const std::string& line : dp_->setup_lines()) spdlog::info("{}", line);
+    if (world_ > 1 && cfg_.dist.overlap == "auto" && !overlap_ && model_->device().is_cpu())
+      spdlog::info("reducer: after backward, as dist.overlap = auto chooses on the CPU (no core is idle for an "
+                   "overlap; dist.overlap = true runs it)");
+  }
 }
 
 // Rank 0 chooses the checkpoint to continue from (or deletes them all for --resume never); every rank loads the
@@ -417,7 +426,7 @@ void Trainer::sync_replicas() {
   });
   if (lead_)
     spdlog::info("model: SyncBatchNorm in {} layer(s){}", n,
-                 overlap_ == cfg_.dist.overlap
+                 overlap_ == wanted_overlap()
                      ? ""
                      : fmt::format("; gradient buckets reduced after backward (no overlap with SyncBatchNorm on {})",
                                    pg_.backend()));

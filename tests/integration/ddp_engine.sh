@@ -2,7 +2,8 @@
 # The DDP engine changes nothing but speed, on gloo and mpi:
 #  - gradient accumulation: K micro-batches of B equal one step of K*B (1 rank), and N ranks x B x K equal
 #    1 rank x N*K*B (N = 2 on gloo and mpi, N = 3 on gloo);
-#  - bucketed all-reduce during backward (small buckets, several per step) equals one all-reduce after it;
+#  - bucketed all-reduce during backward (small buckets, several per step, dist.overlap=true) equals one all-reduce
+#    after it (dist.overlap=false; auto, the default, chooses it on the CPU and says so);
 #  - gradient clipping after the all-reduce: 2 ranks x 16 equal 1 rank x 32 with the same clipping, and
 #    clipping does change the result (negative control);
 #  - replicas stay identical (checked by dptrain every epoch); a rank nudged off is caught.
@@ -38,11 +39,13 @@ same one32 two8x2 2e-5
 same one32 mpi_two8x2 2e-5
 same one48 three8x2 2e-5
 grep -q "sizes" "$WORK/two8x2.log" || fail "no reducer line in the 2-rank log"
+grep -q "all-reduced after backward" "$WORK/two8x2.log" && grep -q "as dist.overlap = auto chooses on the CPU" \
+  "$WORK/two8x2.log" || { grep reducer "$WORK/two8x2.log"; fail "dist.overlap = auto did not reduce after backward"; }
 
 # Overlap: several buckets (0.5 MB cap) reduced during backward equal one all-reduce after it.
 dp two16_off 2 train.batch_size=16 dist.overlap=false
-dp two16_buckets 2 train.batch_size=16 dist.bucket_cap_mb=0.5
-mp mpi_three_buckets 3 train.batch_size=8 dist.bucket_cap_mb=0.5
+dp two16_buckets 2 train.batch_size=16 dist.bucket_cap_mb=0.5 dist.overlap=true
+mp mpi_three_buckets 3 train.batch_size=8 dist.bucket_cap_mb=0.5 dist.overlap=true
 dp one24 1 train.batch_size=24
 grep -q "4 bucket(s) of gradients all-reduced during backward" "$WORK/two16_buckets.log" \
   || { grep reducer "$WORK/two16_buckets.log"; fail "expected 4 buckets with dist.bucket_cap_mb=0.5"; }

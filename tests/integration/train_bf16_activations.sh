@@ -46,7 +46,8 @@ declare -A LOSS_REL=([gpt]=0.005 [llama]=0.02) ONE_VS_TWO=([gpt]=2e-3 [llama]=1e
 run() {  # run NAME NPROC BATCH ARGS...: 10 SGD steps of $family with bf16 activations
   local name=$1 n=$2 b=$3
   shift 3
-  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" "${MODEL[@]}" "${FAST[@]}" train.batch_size="$b" train.optimizer=sgd \
+  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" "${MODEL[@]}" "${FAST[@]}" dist.overlap=true train.batch_size="$b" \
+    train.optimizer=sgd \
     train.lr="${SGD_LR[$family]}" train.momentum=0.9 train.schedule=constant train.max_steps=10 data.train_limit=2000 \
     dist.backend=gloo checkpoint.dir="$WORK/$family-$name" --resume never "$@" > "$WORK/$family-$name.log" 2>&1 \
     || { cat "$WORK/$family-$name.log"; fail "$family $name failed"; }

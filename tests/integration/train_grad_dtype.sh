@@ -11,7 +11,7 @@ COMMON=(data.train_limit=2000 data.test_limit=1000 train.max_steps=40 train.prog
 run_dprun() {  # run_dprun NAME ARGS...: 2 ranks on gloo under dprun
   local name=$1
   shift
-  "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" dist.backend=gloo \
+  "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" dist.backend=gloo dist.overlap=true \
     checkpoint.dir="$WORK/$name" --resume never "$@" > "$WORK/$name.log" 2>&1 \
     || { cat "$WORK/$name.log"; fail "$name failed"; }
 }

@@ -48,9 +48,11 @@ GPT=(data.dataset=tokens data.dir="$WORK/fort" model.name=gpt model.n_layer=2 mo
      train.batch_size=4 data.train_limit=4000 data.test_limit=64 dist.bucket_cap_mb=0.05)
 
 run() {  # run NAME NPROC ARGS...: under dprun (gloo); the checkpoint in $WORK/NAME, metrics.jsonl in $WORK/NAME.metrics
+  # Buckets reduced during backward (dist.overlap=true, before the ARGS that may turn it off): the path with the
+  # layers' hooks, which the CPU's default (after backward) would leave untested here.
   local name=$1 n=$2
   shift 2
-  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" "$@" dist.backend=gloo train.progress_interval_s=1000 log.memory=true \
+  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" dist.overlap=true "$@" dist.backend=gloo train.progress_interval_s=1000 log.memory=true \
     checkpoint.dir="$WORK/$name" log.dir="$WORK/$name.metrics" > "$WORK/$name.log" 2>&1 \
     || { cat "$WORK/$name.log"; fail "$name failed"; }
 }

@@ -55,6 +55,16 @@ TEST_CASE("file values and key=value overrides, in that order", "[config]") {
   REQUIRE(load_config(write_temp("b.toml", "train.lr = 0.3\n"), {}).train.lr == 0.3);
 }
 
+TEST_CASE("dist.overlap: auto by default; true and false as TOML booleans or words; nothing else", "[config]") {
+  REQUIRE(load_config("", {}).dist.overlap == "auto");
+  REQUIRE(load_config("", {"dist.overlap=false"}).dist.overlap == "false");
+  REQUIRE(load_config("", {"dist.overlap=\"true\""}).dist.overlap == "true");
+  REQUIRE(load_config(write_temp("ov.toml", "[dist]\noverlap = false\n"), {}).dist.overlap == "false");
+  REQUIRE(load_config(write_temp("ov2.toml", "[dist]\noverlap = true\n"), {}).dist.overlap == "true");
+  REQUIRE_THROWS_WITH(load_config("", {"dist.overlap=sometimes"}), Catch::Contains("must be one of: auto, true, false"));
+  REQUIRE_THROWS_WITH(load_config("", {"dist.overlap=1"}), Catch::Contains("dist.overlap"));
+}
+
 TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[config]") {
   REQUIRE_THROWS_WITH(load_config("", {"train.lrr=0.1"}),
                       Catch::Contains("unknown config key 'train.lrr'") && Catch::Contains("did you mean 'train.lr'") &&
