@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <cctype>
 #include <cstring>
 #include <system_error>
@@ -220,6 +221,23 @@ GlooBind gloo_bind(const std::string& master_addr, const std::string& iface_list
             master_addr, last_error);
 }
 
+namespace {
+
+// The floats of one synchronous-mode ring: half the kernel's cap on a socket's send buffer (net.core.wmem_max;
+// Gloo asks for a buffer the size of the message, and the kernel doubles what it grants, up to twice the cap), so
+// that a rank's write completes while the peer is writing too. 2 MiB at most, 64 KiB at least (the cap unread).
+size_t sync_chunk_elements() {
+  static const size_t elements = [] {
+    size_t cap = 0;
+    std::ifstream("/proc/sys/net/core/wmem_max") >> cap;
+    const size_t bytes = std::clamp<size_t>(cap / 2, size_t{64} << 10, size_t{2} << 20);
+    return bytes / sizeof(float);
+  }();
+  return elements;
+}
+
+}  // namespace
+
 GlooProcessGroup::GlooProcessGroup(std::shared_ptr<Store> store, int rank, int size, const GlooOptions& opts)
     : ProcessGroup(rank, size), store_(std::move(store)), timeout_(opts.timeout) {
   DPT_CHECK(store_ != nullptr, "GlooProcessGroup needs a store");
@@ -300,11 +318,17 @@ std::shared_ptr<Work> GlooProcessGroup::allreduce(Tensor& tensor, const Allreduc
   if (tensor.numel() > 0 && opts.persistent && size() == 2 && tensor.dtype() == DType::F32 &&
       opts.op != ReduceOp::Max && tensor.numel() <= static_cast<size_t>(std::numeric_limits<int>::max())) {
     run(opts.what.empty() ? "allreduce" : opts.what, [&] {
-      auto& ring = rings_[{tensor.raw(), tensor.numel()}];
-      if (!ring)
-        ring = std::make_unique<gloo::AllreduceRing<float>>(ring_context_, std::vector<float*>{tensor.data<float>()},
-                                                            static_cast<int>(tensor.numel()));
-      ring->run();
+      // One ring per chunk, run in turn: in Gloo's synchronous mode both ranks write their chunk before either reads,
+      // so a chunk must fit in the socket's send buffer (a 25 MB bucket deadlocked until the timeout).
+      auto& rings = rings_[{tensor.raw(), tensor.numel()}];
+      if (rings.empty()) {
+        const size_t chunk = sync_chunk_elements();
+        for (size_t at = 0; at < tensor.numel(); at += chunk)
+          rings.push_back(std::make_unique<gloo::AllreduceRing<float>>(
+              ring_context_, std::vector<float*>{tensor.data<float>() + at},
+              static_cast<int>(std::min(chunk, tensor.numel() - at))));
+      }
+      for (auto& ring : rings) ring->run();
     });
     if (opts.op == ReduceOp::Avg) detail::divide_in_place(tensor, size());
   } else if (tensor.numel() > 0) {

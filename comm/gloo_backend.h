@@ -15,6 +15,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/process_group.h"
 #include "comm/store.h"
@@ -83,9 +84,9 @@ class GlooProcessGroup : public ProcessGroup {
   mutable std::mutex mu_;  // one collective at a time: Gloo ops on a context must not interleave
   uint32_t tag_ = 0;
   std::string broken_;  // why the group is unusable, after a failed collective
-  // Persistent float sum rings (two ranks), one per (buffer, count): created on first use, in the same order
-  // on every rank (the contract of AllreduceOptions::persistent).
-  std::map<std::pair<void*, size_t>, std::unique_ptr<gloo::Algorithm>> rings_;
+  // Persistent float sum rings (two ranks) per (buffer, count), one per chunk of the buffer, run in turn: created on
+  // first use, in the same order on every rank (the contract of AllreduceOptions::persistent).
+  std::map<std::pair<void*, size_t>, std::vector<std::unique_ptr<gloo::Algorithm>>> rings_;
   Tensor received_;  // the two-rank reduce-scatter's receive buffer, grown as needed (guarded by mu_)
 };
 

@@ -93,33 +93,36 @@ void sigmoid_chunk(const float* g, float* sig, size_t k) {
   for (size_t i = 0; i < k; ++i) sig[i] = elementwise::sigmoid(g[i]);
 }
 
-template <class T>
-void swiglu_forward_n(const T* gate, const T* up, T* y, size_t n) {
+// Runs fn(i0, k, g, u, sig, scratch) over n elements chunk by chunk: g and u the chunk's inputs as float,
+// sig = sigmoid(g).
+template <class T, class F>
+void over_swiglu_chunks(const T* gate, const T* up, size_t n, F&& fn) {
   SwigluScratch& s = swiglu_scratch();
   s.reserve(std::min(n, kSwigluChunk), !std::is_same_v<T, float>);
   for (size_t i0 = 0; i0 < n; i0 += kSwigluChunk) {
     const size_t k = std::min(kSwigluChunk, n - i0);
     const float* g = as_float(gate + i0, k, s.gate);
     const float* u = as_float(up + i0, k, s.up);
-    float* sig = s.sig.data();
-    sigmoid_chunk(g, sig, k);
-    T* out = y + i0;
-    for (size_t i = 0; i < k; ++i)
-      st(out, static_cast<int64_t>(i), elementwise::swiglu_from_sigmoid(g[i], sig[i], u[i]));
+    sigmoid_chunk(g, s.sig.data(), k);
+    fn(i0, k, g, u, s.sig.data(), s);
   }
 }
 
 template <class T>
+void swiglu_forward_n(const T* gate, const T* up, T* y, size_t n) {
+  over_swiglu_chunks(gate, up, n, [y](size_t i0, size_t k, const float* g, const float* u, const float* sig,
+                                      SwigluScratch&) {
+    T* out = y + i0;
+    for (size_t i = 0; i < k; ++i)
+      st(out, static_cast<int64_t>(i), elementwise::swiglu_from_sigmoid(g[i], sig[i], u[i]));
+  });
+}
+
+template <class T>
 void swiglu_backward_n(const T* gate, const T* up, const T* dy, T* dgate, T* dup, size_t n) {
-  SwigluScratch& s = swiglu_scratch();
-  s.reserve(std::min(n, kSwigluChunk), !std::is_same_v<T, float>);
-  for (size_t i0 = 0; i0 < n; i0 += kSwigluChunk) {
-    const size_t k = std::min(kSwigluChunk, n - i0);
-    const float* g = as_float(gate + i0, k, s.gate);
-    const float* u = as_float(up + i0, k, s.up);
+  over_swiglu_chunks(gate, up, n, [=](size_t i0, size_t k, const float* g, const float* u, const float* sig,
+                                      SwigluScratch& s) {
     const float* d = as_float(dy + i0, k, s.dy);
-    float* sig = s.sig.data();
-    sigmoid_chunk(g, sig, k);
     T* og = dgate + i0;
     T* ou = dup + i0;
     for (size_t i = 0; i < k; ++i) {
@@ -128,7 +131,7 @@ void swiglu_backward_n(const T* gate, const T* up, const T* dy, T* dgate, T* dup
       st(og, static_cast<int64_t>(i), dg);
       st(ou, static_cast<int64_t>(i), du);
     }
-  }
+  });
 }
 
 template <class T>

@@ -357,6 +357,27 @@ TEST_CASE("gloo: a collective that one rank never joins times out instead of han
   CHECK_THAT(after, Contains("unusable"));
 }
 
+TEST_CASE("gloo: a 96 MB persistent all-reduce of two ranks completes with the right sums (the synchronous "
+          "connection's chunks: whole, both ranks writing at once deadlocked)", "[gloo][multirank]") {
+  const size_t n = size_t{24} << 20;  // 96 MB of floats: more than a socket's send and receive buffers hold
+  Failures fails;
+  std::string errors = run_ranks(
+      2,
+      [&](GlooProcessGroup& pg) {
+        Tensor t = filled<float>(n, [&](size_t i) { return static_cast<float>(i % 1000) + pg.rank(); });
+        for (int round = 0; round < 2; ++round) {
+          if (round == 1)
+            for (size_t i = 0; i < n; ++i) t.data<float>()[i] = static_cast<float>(i % 1000) + pg.rank();
+          pg.allreduce(t, {.op = ReduceOp::Sum, .persistent = true, .what = "the big bucket"})->wait();
+          expect_equal<float>(fails, fmt::format("round {} rank {}", round, pg.rank()), t,
+                              [](size_t i) { return 2.0f * static_cast<float>(i % 1000) + 1.0f; });
+        }
+      },
+      20s);
+  CHECK(errors == "");
+  CHECK(fails.report() == "");
+}
+
 TEST_CASE("gloo: the two-rank persistent ring (its synchronous connection) times out with the group's timeout, "
           "and fails at once when the peer is gone", "[gloo][multirank]") {
   // A peer that never joins: the ring's blocking read times out after the timeout the group was made with.

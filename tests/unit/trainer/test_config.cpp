@@ -55,7 +55,7 @@ TEST_CASE("file values and key=value overrides, in that order", "[config]") {
   REQUIRE(load_config(write_temp("b.toml", "train.lr = 0.3\n"), {}).train.lr == 0.3);
 }
 
-TEST_CASE("dist.overlap: auto by default; true and false as TOML booleans or words; nothing else", "[config]") {
+TEST_CASE("dist.overlap: auto by default, true and false as TOML booleans or words, nothing else", "[config]") {
   REQUIRE(load_config("", {}).dist.overlap == "auto");
   REQUIRE(load_config("", {"dist.overlap=false"}).dist.overlap == "false");
   REQUIRE(load_config("", {"dist.overlap=\"true\""}).dist.overlap == "true");
