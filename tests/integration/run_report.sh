@@ -61,8 +61,8 @@ PY
 # 3. The live line: under a terminal (script(1) gives dprun one), rank 0's progress is redrawn in place. Rank 1
 # slowed down 10 ms a step, so that the 32 steps outlast several progress intervals however fast the machine (an
 # epoch took 0.02 s once the CPU path got faster: one line, and the check failed).
-DPT_DEBUG_SLOW_RANK=1 DPT_DEBUG_SLOW_MS=10 script -qec "$(printf '%q ' "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${RUN[@]}" train.epochs=1 \
-  train.progress_interval_s=0.02 checkpoint.dir="$WORK/c/checkpoints")" "$WORK/tty.log" > /dev/null 2>&1 \
+DPT_DEBUG_SLOW_RANK=1 DPT_DEBUG_SLOW_MS=10 script -qec "$(printf '%q ' "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" \
+  "${RUN[@]}" train.epochs=1 train.progress_interval_s=0.02 checkpoint.dir="$WORK/c/checkpoints")" "$WORK/tty.log" > /dev/null 2>&1 \
   || { cat "$WORK/tty.log"; fail "the run on a terminal failed"; }
 "$PY" - "$WORK/tty.log" <<'PY'
 import re, sys

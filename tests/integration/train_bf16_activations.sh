@@ -38,8 +38,8 @@ learn() {  # learn NAME ARGS...: 300 AdamW steps of $family on 1 rank
 # steps amplified it to 2.4e-3 (when its q/k/v input gradients were still summed in bf16; 6e-7 at 0.02). That chaos
 # depends on where the values fall, not on the arithmetic's accuracy: for the tied Llama used here at 0.02, seeds 1-6
 # measured 2.7e-6 to 8.8e-5 with libm's sigmoid in SwiGLU, 2.4e-6 to 1.2e-4 with oneDNN's swish and 2.9e-7 to 1.2e-4
-# with its logistic function (2026-11-29); the GPT 1.6e-5 at 0.1. The Llama's bound is about 8x the most measured, and 30x below what half the batch's gradient left out moves
-# (1 rank at batch 4 against 8: 3.05e-2, seed 1).
+# with its logistic function (2026-11-29); the GPT 1.6e-5 at 0.1. The Llama's bound is about 8x the most measured,
+# and 30x below what half the batch's gradient left out moves (1 rank at batch 4 against 8: 3.05e-2, seed 1).
 declare -A SGD_LR=([gpt]=0.1 [llama]=0.02)
 # What each family is held to: the validation loss's relative distance to the float32 run's; 1 x 8 against 2 x 4.
 declare -A LOSS_REL=([gpt]=0.005 [llama]=0.02) ONE_VS_TWO=([gpt]=2e-3 [llama]=1e-3)

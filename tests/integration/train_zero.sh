@@ -52,7 +52,8 @@ run() {  # run NAME NPROC ARGS...: under dprun (gloo); the checkpoint in $WORK/N
   # layers' hooks, which the CPU's default (after backward) would leave untested here.
   local name=$1 n=$2
   shift 2
-  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" dist.overlap=true "$@" dist.backend=gloo train.progress_interval_s=1000 log.memory=true \
+  "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" dist.overlap=true "$@" dist.backend=gloo train.progress_interval_s=1000 \
+    log.memory=true \
     checkpoint.dir="$WORK/$name" log.dir="$WORK/$name.metrics" > "$WORK/$name.log" 2>&1 \
     || { cat "$WORK/$name.log"; fail "$name failed"; }
 }

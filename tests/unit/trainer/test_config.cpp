@@ -61,7 +61,8 @@ TEST_CASE("dist.overlap: auto by default, true and false as TOML booleans or wor
   REQUIRE(load_config("", {"dist.overlap=\"true\""}).dist.overlap == "true");
   REQUIRE(load_config(write_temp("ov.toml", "[dist]\noverlap = false\n"), {}).dist.overlap == "false");
   REQUIRE(load_config(write_temp("ov2.toml", "[dist]\noverlap = true\n"), {}).dist.overlap == "true");
-  REQUIRE_THROWS_WITH(load_config("", {"dist.overlap=sometimes"}), Catch::Contains("must be one of: auto, true, false"));
+  REQUIRE_THROWS_WITH(load_config("", {"dist.overlap=sometimes"}),
+                      Catch::Contains("must be one of: auto, true, false"));
   REQUIRE_THROWS_WITH(load_config("", {"dist.overlap=1"}), Catch::Contains("dist.overlap"));
 }
 
