@@ -87,6 +87,29 @@ std::string run_ranks(int size, const std::function<void(GlooProcessGroup&)>& fn
   return all;
 }
 
+// Runs fn on rank 0 of two while rank 1 stays away until fn has returned (or thrown): a collective that rank 1
+// never joins.
+std::string rank0_alone(const std::function<void(GlooProcessGroup&)>& fn, std::chrono::milliseconds timeout = 30s) {
+  std::promise<void> rank0_done;
+  std::shared_future<void> done = rank0_done.get_future().share();
+  return run_ranks(
+      2,
+      [&](GlooProcessGroup& pg) {
+        if (pg.rank() != 0) {
+          done.wait();
+          return;
+        }
+        try {
+          fn(pg);
+        } catch (...) {
+          rank0_done.set_value();
+          throw;
+        }
+        rank0_done.set_value();
+      },
+      timeout);
+}
+
 template <class T>
 Tensor filled(size_t n, const std::function<T(size_t)>& f) {
   Tensor t = Tensor::empty({static_cast<int64_t>(n)}, dtype_of<T>());
@@ -323,16 +346,10 @@ std::string barrier_outcome(GlooProcessGroup& pg) {
 }  // namespace
 
 TEST_CASE("gloo: a collective that one rank never joins times out instead of hanging", "[gloo][multirank]") {
-  std::promise<void> rank0_done;
-  std::shared_future<void> done = rank0_done.get_future().share();
   std::string outcome;
   double seconds = -1;
   std::string after;
-  std::string errors = run_ranks(2, [&](GlooProcessGroup& pg) {
-    if (pg.rank() != 0) {
-      done.wait();  // stays away from the allreduce until rank 0 gave up
-      return;
-    }
+  std::string errors = rank0_alone([&](GlooProcessGroup& pg) {
     pg.set_timeout(500ms);
     Tensor t = Tensor::zeros({100});
     auto start = std::chrono::steady_clock::now();
@@ -347,7 +364,6 @@ TEST_CASE("gloo: a collective that one rank never joins times out instead of han
     seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     // The group refuses further work rather than running on a transport in an unknown state.
     after = barrier_outcome(pg);
-    rank0_done.set_value();
   });
   INFO(outcome);
   CHECK(errors == "");
@@ -381,17 +397,10 @@ TEST_CASE("gloo: a 96 MB persistent all-reduce of two ranks completes with the r
 TEST_CASE("gloo: the two-rank persistent ring (its synchronous connection) times out with the group's timeout, "
           "and fails at once when the peer is gone", "[gloo][multirank]") {
   // A peer that never joins: the ring's blocking read times out after the timeout the group was made with.
-  std::promise<void> rank0_done;
-  std::shared_future<void> done = rank0_done.get_future().share();
   std::string outcome, after;
   double seconds = -1;
-  std::string errors = run_ranks(
-      2,
+  std::string errors = rank0_alone(
       [&](GlooProcessGroup& pg) {
-        if (pg.rank() != 0) {
-          done.wait();
-          return;
-        }
         Tensor t = Tensor::zeros({1000});
         const auto start = std::chrono::steady_clock::now();
         try {
@@ -402,7 +411,6 @@ TEST_CASE("gloo: the two-rank persistent ring (its synchronous connection) times
         }
         seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         after = barrier_outcome(pg);
-        rank0_done.set_value();
       },
       1500ms);
   INFO(outcome);
@@ -412,8 +420,6 @@ TEST_CASE("gloo: the two-rank persistent ring (its synchronous connection) times
   CHECK(seconds < 10.0);
   CHECK_THAT(after, Contains("unusable"));
   // A peer whose group is gone (its process ended): the read sees the connection close, long before the timeout.
-  std::promise<void> rank1_gone;
-  std::shared_future<void> gone = rank1_gone.get_future().share();
   std::string closed;
   seconds = -1;
   errors = run_ranks(
@@ -439,14 +445,8 @@ TEST_CASE("gloo: the two-rank persistent ring (its synchronous connection) times
 }
 
 TEST_CASE("gloo: an allgather that one rank never joins times out, naming its label", "[gloo][multirank]") {
-  std::promise<void> rank0_done;
-  std::shared_future<void> done = rank0_done.get_future().share();
   std::string outcome;
-  std::string errors = run_ranks(2, [&](GlooProcessGroup& pg) {
-    if (pg.rank() != 0) {
-      done.wait();
-      return;
-    }
+  std::string errors = rank0_alone([&](GlooProcessGroup& pg) {
     pg.set_timeout(300ms);
     Tensor out = Tensor::zeros({8});
     Tensor slot = out.view(0, {4});
@@ -456,7 +456,6 @@ TEST_CASE("gloo: an allgather that one rank never joins times out, naming its la
     } catch (const CommError& e) {  // TimeoutError is one
       outcome = e.what();
     }
-    rank0_done.set_value();
   });
   INFO(outcome);
   CHECK(errors == "");
@@ -552,14 +551,8 @@ TEST_CASE("gloo: reduce_scatter gives the allreduce's bits on random values", "[
 }
 
 TEST_CASE("gloo: a two-rank reduce_scatter one rank never joins times out, naming its label", "[gloo][multirank]") {
-  std::promise<void> rank0_done;
-  std::shared_future<void> done = rank0_done.get_future().share();
   std::string outcome, after;
-  std::string errors = run_ranks(2, [&](GlooProcessGroup& pg) {
-    if (pg.rank() != 0) {
-      done.wait();
-      return;
-    }
+  std::string errors = rank0_alone([&](GlooProcessGroup& pg) {
     pg.set_timeout(300ms);
     Tensor in = Tensor::zeros({8});
     Tensor out = Tensor::zeros({4});
@@ -570,7 +563,6 @@ TEST_CASE("gloo: a two-rank reduce_scatter one rank never joins times out, namin
       outcome = e.what();
     }
     after = barrier_outcome(pg);
-    rank0_done.set_value();
   });
   INFO(outcome);
   CHECK(errors == "");
