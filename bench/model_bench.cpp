@@ -554,6 +554,9 @@ class StepGraph {
     step();
     reads_copy_ = model.params16_current();  // what the forward decides while captured, fixed in the graph
     graph_ = cuda::Graph::capture(stream, gradients);
+    // Capturing ran nothing, but the captured forward marked the copy used (Model::forward): the warm-up update's
+    // copy is still what the first launch reads.
+    if (reads_copy_) model.params16_written();
     spdlog::info("CUDA graph: a step's zeroing, forward, loss and backward captured: {} nodes", graph_.nodes());
   }
   // One step from the graph, then `update`. The graph holds the forward's choice made while capturing, so a graph

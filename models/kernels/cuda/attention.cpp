@@ -215,7 +215,7 @@ fe::error_t run_plan(fe::graph::Graph& g, int64_t plan, cudnnHandle_t h, std::un
 double time_plan(fe::graph::Graph& g, int64_t plan, cudnnHandle_t h, std::unordered_map<int64_t, void*>& pack,
                  void* workspace, int reps, cuda::Event& start, cuda::Event& stop, cudaStream_t stream) {
   const auto refused = [] {
-    (void)cudaGetLastError();  // a refused launch's error, cleared: it must not be blamed on the next kernel
+    cuda::clear_refusal("timing a cuDNN attention plan");  // a refused launch's error cleared; a sticky one throws
     return -1.0;
   };
   if (run_plan(g, plan, h, pack, workspace).is_bad()) return refused();
@@ -227,11 +227,14 @@ double time_plan(fe::graph::Graph& g, int64_t plan, cudnnHandle_t h, std::unorde
   return stop.elapsed_ms_since(start) / reps;
 }
 
+constexpr size_t kAttentionMaxSweepWorkspaceBytes = size_t{1} << 30;
+
 // One graph's sweep: up to `candidates` plans of cuDNN's proposals for the same graph, built (the heuristic's order)
 // and timed on scratch operands against the plan the graph runs; with `margin`, the fastest replaces it when
-// tune_adopts says so twice. Its line.
+// tune_adopts says so twice. Its line. `include_running` (set_attention_sweep_self): the running plan is built among
+// the candidates too, as a plan of the graph of proposals.
 std::string sweep_attention(AttentionGraphs& a, AttentionEntry& e, cudnnHandle_t h, int candidates, int reps,
-                            std::optional<double> margin, Device device, cudaStream_t stream) {
+                            std::optional<double> margin, Device device, cudaStream_t stream, bool include_running) {
   const AttentionShape& s = e.shape;
   const std::string head = "cuDNN attention sweep " + direction(e, e.deterministic);
   const auto t0 = std::chrono::steady_clock::now();
@@ -245,9 +248,12 @@ std::string sweep_attention(AttentionGraphs& a, AttentionEntry& e, cudnnHandle_t
     // plan both heuristics proposed once.
     std::string name;
     if (all->get_plan_name_at_index(i, name).is_bad()) name = fmt::format("(plan {})", i);
-    if (name == e.plan_name || std::ranges::find(names, name) != names.end()) continue;
+    if ((name == e.plan_name && !include_running) || std::ranges::find(names, name) != names.end()) continue;
     int64_t ws = 0;
     if (all->build_plan_at_index(i).is_bad() || all->get_workspace_size_plan_at_index(i, ws).is_bad()) continue;
+    // A workspace past 1 GiB and past the running plans' own: not a candidate (its allocation could take the
+    // memory training needs), as the convolution sweep's.
+    if (static_cast<size_t>(ws) > std::max(kAttentionMaxSweepWorkspaceBytes, a.workspace.numel())) continue;
     built.push_back(i);
     names.push_back(name);
     ws_max = std::max(ws_max, ws);
@@ -332,7 +338,8 @@ std::vector<std::string> CudaKernels::sweep_attention_plans(int candidates, int 
   if (!attention_) return out;
   for (auto& [key, e] : attention_->graphs) {
     try {
-      out.push_back(sweep_attention(*attention_, e, cudnn(), candidates, reps, margin, device(), stream()));
+      out.push_back(sweep_attention(*attention_, e, cudnn(), candidates, reps, margin, device(), stream(),
+                                    attention_sweep_self_));
     } catch (const std::exception& ex) {
       out.push_back(fmt::format("cuDNN attention sweep {}: failed: {}", direction(e, e.deterministic), ex.what()));
       const cudaError_t sticky = cudaPeekAtLastError();

@@ -275,7 +275,7 @@ std::string ConvPlan::sweep_direction(const char* what, Choice<Algo>& chosen, co
   Tensor ws;  // the candidates' workspace, grown as they need it
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
   const auto refused = [] {
-    (void)cudaGetLastError();  // a refused launch's error, cleared: it must not be blamed on the next kernel
+    cuda::clear_refusal("timing a cuDNN convolution algorithm");  // a refused launch's error cleared; a sticky one throws
     return -1.0;
   };
   // ms per call over `calls` calls between two events; negative when cuDNN refuses it here.

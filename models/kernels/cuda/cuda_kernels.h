@@ -194,6 +194,10 @@ class CudaKernels final : public Kernels {
   // How many algorithms the cuBLASLt sweep splits along K (the plan's own and the heuristic's next proposals; 3 by
   // default, 0: no split-K variants). The [gpu] sweep case takes 1, to stay short under compute-sanitizer.
   void set_lt_split_bases(size_t n) { lt_split_bases_ = n; }
+  // The [gpu] attention sweep case's: the sweep also builds the plan each graph runs, in the graph of cuDNN's
+  // proposals, as a candidate of its own, so that a margin adopting anything switches every graph to a plan index
+  // (execute_plan_at_index, the path a real adoption takes) even where cuDNN proposes no other plan.
+  void set_attention_sweep_self(bool on) { attention_sweep_self_ = on; }
   // One line per cuBLASLt plan made so far: its shape, and the algorithm cuBLASLt's heuristic chose (tile, split-K,
   // stages, waves), or what ran instead. For the benchmark's report: where a GEMM's time may go.
   std::vector<std::string> library_choices() const override;
@@ -205,6 +209,9 @@ class CudaKernels final : public Kernels {
   // direction, all timed).
   std::vector<std::string> sweep_library_choices(int candidates, int reps,
                                                  std::optional<double> adopt_margin) override;
+  // Its part for the cuBLASLt plans alone, public for the [gpu] tests of the product plans: a test counting lines
+  // would otherwise count the attention and convolution lines of the cases run before it in the same process.
+  std::vector<std::string> sweep_lt_only(int candidates, int reps, std::optional<double> adopt_margin);
   // Its part for the attention graphs built so far (attention.cpp): each timed with up to `candidates` of the plans
   // cuDNN proposes on scratch operands, a line each ("cuDNN attention sweep ..."); with `margin`, the fastest
   // replaces the plan it runs where tune_adopts says so twice. Public for the [gpu] tests.
@@ -287,6 +294,7 @@ class CudaKernels final : public Kernels {
   bool lt_bgrad_fused_ = true;
   bool lt_wgrad_bf16_ = false;  // set_autotune_bf16_grads
   size_t lt_split_bases_ = 3;
+  bool attention_sweep_self_ = false;
   Tensor lt_bias_scratch_, lt_acc_scratch_, lt_wgrad16_scratch_;
   std::unique_ptr<AttentionGraphs, AttentionGraphsDeleter> attention_;
 #if DPT_HAVE_CUDNN

@@ -749,6 +749,13 @@ std::vector<std::string> CudaKernels::sweep_library_choices(int candidates, int 
   return out;
 }
 
+std::vector<std::string> CudaKernels::sweep_lt_only(int candidates, int reps, std::optional<double> adopt_margin) {
+  std::vector<std::string> out;
+  if (candidates < 1 || reps < 1 || !lt_) return out;
+  sweep_lt_plans(std::min(candidates, kMaxSweepCandidates), reps, adopt_margin, out);
+  return out;
+}
+
 namespace {
 
 // After a plan's sweep threw: a sticky CUDA error (the context is lost) fails every plan after it, so the sweep says

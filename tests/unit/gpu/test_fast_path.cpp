@@ -249,8 +249,10 @@ TEST_CASE("cuBLASLt sweep times every plan on scratch and leaves the next produc
     run(MatmulEpilogue::BiasGrad, what, /*fresh=*/true);
   };
   run_all("before the sweep");
-  // A line per plan made so far (the earlier cases' too): timed, or skipped where no cuBLASLt algorithm runs it.
-  const std::vector<std::string> lines = cuda_set().sweep_library_choices(3, 2, std::nullopt);
+  // A line per cuBLASLt plan made so far (the earlier cases' too): timed, or skipped where no cuBLASLt algorithm runs
+  // it. sweep_lt_only: the attention graphs and convolution plans the earlier cases made have lines of their own in
+  // sweep_library_choices (the conv cases run first in this binary).
+  const std::vector<std::string> lines = cuda_set().sweep_lt_only(3, 2, std::nullopt);
   size_t plans = 0, timed = 0, with_splits = 0;
   for (const std::string& c : cuda_set().library_choices())
     if (c.starts_with("cuBLASLt ")) ++plans;
@@ -281,7 +283,7 @@ TEST_CASE("cuBLASLt sweep times every plan on scratch and leaves the next produc
   // Adopting (train.autotune): with a margin of -100 (a candidate up to 101 times the chosen algorithm's time) a plan
   // with another candidate switches to its fastest, and each bias-gradient plan to its gradient apart; each says so
   // in its line and in library_choices, and whatever each plan then runs gives the CPU's results still.
-  const std::vector<std::string> tuned = cuda_set().sweep_library_choices(3, 2, -100.0);
+  const std::vector<std::string> tuned = cuda_set().sweep_lt_only(3, 2, -100.0);
   CHECK(tuned.size() == plans);
   size_t adopted = 0, marked = 0;
   for (const std::string& line : tuned) adopted += line.find("; adopted") != std::string::npos;
@@ -454,7 +456,7 @@ TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where trai
   // runs under compute-sanitizer too.
   const std::string plan_head = fmt::format("cuBLASLt sweep m {} n {} k {} ", N, M, K);
   size_t reported = 0;
-  for (const std::string& line : cuda_set().sweep_library_choices(3, 2, std::nullopt)) {
+  for (const std::string& line : cuda_set().sweep_lt_only(3, 2, std::nullopt)) {
     if (!line.starts_with(plan_head) || line.find(" f32 ") == std::string::npos ||
         line.find(" epilogue default ") == std::string::npos || line.find(": chosen ") == std::string::npos)
       continue;
@@ -466,7 +468,7 @@ TEST_CASE("cuBLASLt weight gradients as torch.autocast computes them, where trai
   CHECK(reported >= 2);  // the plain product, fresh and accumulating (in 16-byte rows at least)
   run_all(Way::own);
   cuda_set().set_autotune_bf16_grads(true);
-  const std::vector<std::string> tuned = cuda_set().sweep_library_choices(3, 2, -100.0);
+  const std::vector<std::string> tuned = cuda_set().sweep_lt_only(3, 2, -100.0);
   // Every float32 plain plan the process made switches (the earlier cases' too: withdrawing the permission below
   // switches them back); this case's are counted apart.
   size_t via = 0, own_via = 0, apart_via = 0;
@@ -692,6 +694,19 @@ TEST_CASE("cuDNN attention sweep times each graph's plans, and an adopted plan s
                    << (own_adopted ? "" : "; none of this case's shape: its check after adopting runs the same plans"));
   CHECK(adopted == marked);
   check_gpu("after adopting");
+  // A forced switch, whatever cuDNN proposed besides: with the running plans among the candidates (one each: the
+  // heuristic's first proposal, which a graph runs unless a sweep switched it), a margin adopting anything moves
+  // every graph to a plan index of its graph of proposals, the path a real adoption takes (execute_plan_at_index).
+  cuda_set().set_attention_sweep_self(true);
+  const std::vector<std::string> forced = cuda_set().sweep_attention_plans(1, 2, -1e9);
+  cuda_set().set_attention_sweep_self(false);
+  REQUIRE(forced.size() == graphs);
+  for (const std::string& line : forced) {
+    INFO(line);
+    CHECK(line.find("failed") == std::string::npos);
+    CHECK(line.find("; adopted") != std::string::npos);
+  }
+  check_gpu("after a forced switch");
 #endif
 }
 
@@ -1601,7 +1616,10 @@ FourSteps four_steps(Model& model, const Tensor& tokens, const Tensor& labels, b
   for (int64_t step = 1; step <= 4; ++step) {
     stats.zero_(s);
     if (graph && step == 3) {
+      // The graph's forward reads the copy step 2's update wrote (no rounding pass), as dpt-model-bench's does.
+      CHECK(model.params16_current());
       g = cuda::Graph::capture(s, gradients);
+      model.params16_written();  // capturing ran nothing: the copy is still the one the first launch reads
       out.nodes = g.nodes();
     }
     if (g.defined())
@@ -1613,7 +1631,7 @@ FourSteps four_steps(Model& model, const Tensor& tokens, const Tensor& labels, b
                   v.data<float>(), static_cast<size_t>(n), ap, nullptr, 0, nullptr, 0.0);
     model.params16_written();
     out.losses.push_back(to_host(stats).data<double>()[0]);
-    out.params.push_back(to_host(model.params()));
+    out.params.push_back(to_host(std::as_const(model).params()));  // the const one: the copy stays current
   }
   out.grads = to_host(model.grads());
   return out;
