@@ -292,6 +292,13 @@ measure() {
     NOTE[$key]="skipped: $(grep -m1 SKIPPED "$log" | sed 's/.*SKIPPED: *//')"
     return 0
   fi
+  # An A/B row the deadline cut short (its limit below BENCH_RUN_TIMEOUT_S): noted as out of time, as one the deadline
+  # left out, not failed.
+  if ((rc == 124 || rc == 137)) && ((limit < RUN_TIMEOUT)) && is_ab_row "$key"; then
+    echo "  $key: cut short after ${limit}s by BENCH_DEADLINE"
+    NOTE[$key]="not run: out of time (BENCH_DEADLINE cut it after ${limit}s)"
+    return 0
+  fi
   if ((rc != 0)) || [ -z "$tps" ]; then
     echo "  $key: FAILED (exit $rc, see $log):"
     tail -n 5 "$log" | sed 's/^/  | /'

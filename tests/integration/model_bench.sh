@@ -229,6 +229,16 @@ env OUT="$WORK/late2" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 "BENCH_ROWS=fast f
 ((rc == 1)) || { cat "$WORK/late2.log"; fail "gpt_bench.sh: the fast row left out by the deadline gave exit $rc, not 1"; }
 has late2 '^\| dptrain \| step, bf16 activations \(the transformer fast path\) \| - \| not run: out of time' \
   "the fast row left out is not noted"
+# An A/B row that started but that the deadline cut short (its limit below BENCH_RUN_TIMEOUT_S, then the timeout):
+# noted as out of time, not failed, as one left out.
+printf '#!/usr/bin/env bash\nexec sleep 300\n' > "$WORK/slow-bench"
+chmod +x "$WORK/slow-bench"
+env OUT="$WORK/cut" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 BENCH_ROWS=fastnd BENCH_RUN_TIMEOUT_S=120 \
+  BENCH_DEADLINE="$(($(date +%s) + 30))" MODEL_BENCH="$WORK/slow-bench" DPT_BUILD_DIR="$DPT_BUILD_DIR" \
+  bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu > "$WORK/cut.log" 2>&1 \
+  || { cat "$WORK/cut.log"; fail "gpt_bench.sh: an A/B row the deadline cut short failed the script"; }
+has cut '^\| dptrain \| step, bf16 activations, train.deterministic = false \| - \| not run: out of time \(BENCH_DEADLINE cut it after' \
+  "the A/B row cut short is not noted"
 # ncu_sol.py, the GPU report's SpeedOfLight table, on ncu's CSV layout (--csv --page details): two launches of one
 # kernel averaged weighted by their duration (30 us at 60%, 10 us at 80%: 65%), units converted, thousands separators
 # read, a metric no launch had shown as -, cuBLAS-free short names; no CSV: exit 1.

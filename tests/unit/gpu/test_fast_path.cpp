@@ -913,9 +913,11 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
   // Rows held in registers (forward up to 4096 columns, 1 to 16 vectors a lane; the fused backward up to 1024): 768
   // (3 vectors a lane), 64 (one vector on 8 of the 32 lanes), 512 (2), 1024 (4, the backward's largest), 1280 (6),
   // 1600 (8 with 7 real), 3072 (12), 4096 (16) (past 1024 the backward reads per pass); 4104 past both; 37 one column
-  // at a time. 1091 rows: the backward's 35 runs (more than the 32 rows of its final tree), of 31 or 32 rows.
+  // at a time; 800 (4 with the last on 4 of the 32 lanes, the fused backward's two column-sum arrays past 48 KB of
+  // shared memory: 51200 bytes). 1091 rows: the backward's 35 runs (more than the 32 rows of its final tree), of 31
+  // or 32 rows.
   for (const int64_t C : {int64_t{768}, int64_t{64}, int64_t{512}, int64_t{1024}, int64_t{1280}, int64_t{1600},
-                          int64_t{3072}, int64_t{4096}, int64_t{4104}, int64_t{37}}) {
+                          int64_t{3072}, int64_t{4096}, int64_t{4104}, int64_t{37}, int64_t{800}}) {
     const int64_t rows = 1091;
     CAPTURE(C);
     const Tensor x = bf16_random({rows, C}, rng, -3.0f, 3.0f), dy = bf16_random({rows, C}, rng);
