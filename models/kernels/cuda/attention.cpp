@@ -333,10 +333,17 @@ std::vector<std::string> CudaKernels::attention_choices() const {
   return out;
 }
 
-std::vector<std::string> CudaKernels::sweep_attention_plans(int candidates, int reps, std::optional<double> margin) {
+std::vector<std::string> CudaKernels::sweep_attention_plans(int candidates, int reps, std::optional<double> margin,
+                                                          std::span<const AttentionShape> only) {
   std::vector<std::string> out;
   if (!attention_) return out;
+  const auto same = [](const AttentionShape& a, const AttentionShape& b) {
+    return a.b == b.b && a.t == b.t && a.n_head == b.n_head && a.head_size == b.head_size &&
+           a.kv_heads() == b.kv_heads();
+  };
   for (auto& [key, e] : attention_->graphs) {
+    if (!only.empty() && std::ranges::none_of(only, [&](const AttentionShape& o) { return same(o, e.shape); }))
+      continue;
     try {
       out.push_back(sweep_attention(*attention_, e, cudnn(), candidates, reps, margin, device(), stream(),
                                     attention_sweep_self_));
@@ -386,7 +393,10 @@ AttentionGraphs& CudaKernels::attention_graphs() {
 }
 
 std::vector<std::string> CudaKernels::attention_choices() const { return {}; }
-std::vector<std::string> CudaKernels::sweep_attention_plans(int, int, std::optional<double>) { return {}; }
+std::vector<std::string> CudaKernels::sweep_attention_plans(int, int, std::optional<double>,
+                                                          std::span<const AttentionShape>) {
+  return {};
+}
 
 void CudaKernels::attention_forward(const BFloat16*, BFloat16*, float*, const AttentionShape&) {
   DPT_THROW(UnsupportedError, "attention_forward on {}: {}", device().str(), validate_attention_graphs({}, 0));

@@ -214,8 +214,10 @@ class CudaKernels final : public Kernels {
   std::vector<std::string> sweep_lt_only(int candidates, int reps, std::optional<double> adopt_margin);
   // Its part for the attention graphs built so far (attention.cpp): each timed with up to `candidates` of the plans
   // cuDNN proposes on scratch operands, a line each ("cuDNN attention sweep ..."); with `margin`, the fastest
-  // replaces the plan it runs where tune_adopts says so twice. Public for the [gpu] tests.
-  std::vector<std::string> sweep_attention_plans(int candidates, int reps, std::optional<double> margin);
+  // replaces the plan it runs where tune_adopts says so twice. Public for the [gpu] tests; `only` (theirs): the graphs
+  // of these shapes alone (empty: every graph), since building a graph's plans may compile kernels.
+  std::vector<std::string> sweep_attention_plans(int candidates, int reps, std::optional<double> margin,
+                                                 std::span<const AttentionShape> only = {});
   // Its part for the convolution plans made so far (conv.cpp): each direction a plan has run timed against every
   // other algorithm of cuDNN's ranking the plan may run, on scratch operands, a line each ("cuDNN convolution sweep
   // ..."); with `margin`, the fastest replaces the one it runs where tune_adopts says so twice. `only` (the [gpu]

@@ -620,9 +620,10 @@ TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward
 #endif
 }
 
-// train.autotune's attention part: every cuDNN graph built so far timed against up to 4 of the plans cuDNN proposes,
-// on scratch; adopting with a margin of -1e9 (any plan, however slow), each graph that had another plan to time runs
-// it from then on, and forward and backward still give the CPU's results (the deterministic backward its same bits).
+// train.autotune's attention part, on this case's graphs (sweep_attention_plans' `only`): each timed against up to 4
+// of the plans cuDNN proposes, on scratch; adopting with a margin of -1e9 (any plan, however slow), each graph that had
+// another plan to time runs it from then on, and forward and backward still give the CPU's results (the
+// deterministic backward its same bits); then a forced switch of every graph to a plan index.
 TEST_CASE("cuDNN attention sweep times each graph's plans, and an adopted plan still matches the CPU",
           "[gpu][fastpath]") {
 #if !DPT_HAVE_CUDNN_FRONTEND
@@ -657,16 +658,26 @@ TEST_CASE("cuDNN attention sweep times each graph's plans, and an adopted plan s
     CHECK(std::memcmp(first.raw(), second.raw(), first.bytes()) == 0);
   };
   check_gpu("before the sweep");
+  // This shape's graphs alone (the earlier cases' 18 would each build up to 4 plans a sweep, and a build may compile
+  // kernels): forward and backward, deterministic as the set is.
+  const std::span<const AttentionShape> mine(&s, 1);
+  const auto of_mine = [](const std::string& line) {  // "... b 2 t 64 heads 4 kv heads 2 x 32: ..." or " (...):"
+    const std::string shape_text = " b 2 t 64 heads 4 kv heads 2 x 32";
+    const size_t at = line.find(shape_text);
+    return at != std::string::npos && at + shape_text.size() < line.size() &&
+           (line[at + shape_text.size()] == ':' || line[at + shape_text.size()] == ' ');
+  };
   size_t graphs = 0;
-  for (const std::string& c : cuda_set().library_choices()) graphs += c.starts_with("cuDNN attention ");
+  for (const std::string& c : cuda_set().library_choices()) graphs += c.starts_with("cuDNN attention ") && of_mine(c);
+  REQUIRE(graphs >= 2);  // forward and backward
   const auto other_plans = [](const std::string& line) {  // "N other plan(s) of M proposed timed"
     const size_t at = line.find(" other plan(s) of ");
     REQUIRE(at != std::string::npos);
     const size_t from = line.rfind(' ', at - 1) + 1;
     return std::stoi(line.substr(from, at - from));
   };
-  const std::vector<std::string> lines = cuda_set().sweep_attention_plans(4, 2, std::nullopt);
-  CHECK(lines.size() == graphs);  // this process's graphs (the earlier cases' too), a line each
+  const std::vector<std::string> lines = cuda_set().sweep_attention_plans(4, 2, std::nullopt, mine);
+  CHECK(lines.size() == graphs);  // a line each
   for (const std::string& line : lines) {
     INFO(line);
     CHECK(line.starts_with("cuDNN attention sweep "));
@@ -675,37 +686,41 @@ TEST_CASE("cuDNN attention sweep times each graph's plans, and an adopted plan s
     CHECK(line.find("adopted") == std::string::npos);  // reporting only
   }
   check_gpu("after the sweep");
-  const std::vector<std::string> tuned = cuda_set().sweep_attention_plans(4, 2, -1e9);
+  const std::vector<std::string> tuned = cuda_set().sweep_attention_plans(4, 2, -1e9, mine);
   REQUIRE(tuned.size() == graphs);
   size_t with_others = 0, adopted = 0, marked = 0;
-  bool own_adopted = false;  // this case's shape's graphs
   for (const std::string& line : tuned) {
     INFO(line);
+    CHECK(of_mine(line));
     if (other_plans(line) == 0) continue;
     ++with_others;
     const bool a = line.find("; adopted") != std::string::npos;
     CHECK(a);
     adopted += a;
-    own_adopted |= a && line.find(" b 2 t 64 heads 4 kv heads 2 x 32") != std::string::npos;
   }
   for (const std::string& c : cuda_set().library_choices())
-    marked += c.starts_with("cuDNN attention ") && c.find(" (tuned: ") != std::string::npos;
+    marked += c.starts_with("cuDNN attention ") && of_mine(c) && c.find(" (tuned: ") != std::string::npos;
   WARN(with_others << " of " << graphs << " attention graph(s) had another plan to time; " << adopted << " adopted"
-                   << (own_adopted ? "" : "; none of this case's shape: its check after adopting runs the same plans"));
+                   << (adopted ? "" : ": the check after adopting runs the same plans (the forced switch below not)"));
   CHECK(adopted == marked);
   check_gpu("after adopting");
   // A forced switch, whatever cuDNN proposed besides: with the running plans among the candidates (one each: the
   // heuristic's first proposal, which a graph runs unless a sweep switched it), a margin adopting anything moves
   // every graph to a plan index of its graph of proposals, the path a real adoption takes (execute_plan_at_index).
   cuda_set().set_attention_sweep_self(true);
-  const std::vector<std::string> forced = cuda_set().sweep_attention_plans(1, 2, -1e9);
+  const std::vector<std::string> forced = cuda_set().sweep_attention_plans(1, 2, -1e9, mine);
   cuda_set().set_attention_sweep_self(false);
   REQUIRE(forced.size() == graphs);
   for (const std::string& line : forced) {
     INFO(line);
+    CHECK(of_mine(line));
     CHECK(line.find("failed") == std::string::npos);
     CHECK(line.find("; adopted") != std::string::npos);
   }
+  size_t forced_marked = 0;
+  for (const std::string& c : cuda_set().library_choices())
+    forced_marked += c.starts_with("cuDNN attention ") && of_mine(c) && c.find(" (tuned: ") != std::string::npos;
+  CHECK(forced_marked == graphs);
   check_gpu("after a forced switch");
 #endif
 }
