@@ -674,7 +674,8 @@ step_unit_gpu() {
     NOTE="unit_gpu is not in the bundle: the bundle was built without CUDA (cuda_build=$(info_get cuda_build))"
     return 1
   fi
-  run_timed "$logfile" 120 "${UNIT_ENV[@]}" "$B_BIN/unit_gpu" || rc=$?
+  # 180 s: 27 s alone on the H200 at 9333afb; now beside the other GPU lanes, with the sweep cases added since.
+  run_timed "$logfile" 180 "${UNIT_ENV[@]}" "$B_BIN/unit_gpu" || rc=$?
   case $rc in
     0) NOTE=$(catch2_summary "$logfile") ;;
     77)
@@ -702,8 +703,9 @@ step_nccl_watchdog() {
 
 # The fast path's own kernels and library calls (unit_gpu "[fastpath]", without the whole-model case) and the Llama
 # family's kernels ("[llama]") under compute-sanitizer's memcheck: an out-of-bounds or misaligned access in a kernel
-# that has never run shows here by name and address even where the numbers happen to pass. At most 90 s (12 s on
-# the H200 before the split-K cases); skipped where there is no compute-sanitizer.
+# that has never run shows here by name and address even where the numbers happen to pass. At most 150 s (12 s and
+# 16 s on the H200 in 2026-11-27's windows; since then the sweep cases grew, and the other GPU lanes share the GPU);
+# skipped where there is no compute-sanitizer.
 step_sanitize_fastpath() {
   local logfile=$1 rc=0 cs
   cs=$(command -v compute-sanitizer 2>/dev/null || true)
@@ -716,7 +718,7 @@ step_sanitize_fastpath() {
     NOTE="unit_gpu is not in the bundle"
     return 1
   fi
-  run_timed "$logfile" 90 "${UNIT_ENV[@]}" "$cs" --tool memcheck --error-exitcode 3 --print-limit 20 \
+  run_timed "$logfile" 150 "${UNIT_ENV[@]}" "$cs" --tool memcheck --error-exitcode 3 --print-limit 20 \
     "$B_BIN/unit_gpu" "[fastpath]~[model],[llama]" || rc=$?
   NOTE="$(grep -m1 -E 'ERROR SUMMARY' "$logfile" || true) $(catch2_summary "$logfile")"
   ((rc == 0)) || NOTE="exit $rc: $NOTE"
