@@ -669,6 +669,9 @@ Result run(const Options& o, const trainer::Config& cfg) {
   const Tensor s = stats.to(Device::cpu());  // synchronous
   r.loss = s.data<double>()[0] / static_cast<double>(rows_per_step * o.steps);
   add_rates(r, o, seconds, rows_per_step);
+  // The row's number on file before the diagnostics after it (a crash or a hang there, in code a GPU may not have
+  // run yet, then costs the report its diagnostics, not the number); written again, whole, at the end.
+  if (!o.json_path.empty() && std::isfinite(r.loss)) write_json(o.json_path, r, o);
 
   // Where the time goes, after the timed steps (their clock reads would otherwise sit inside the timing).
   for (int i = 0; i < o.phase_steps; ++i) {

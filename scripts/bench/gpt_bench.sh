@@ -299,6 +299,18 @@ measure() {
     NOTE[$key]="not run: out of time (BENCH_DEADLINE cut it after ${limit}s)"
     return 0
   fi
+  # A dpt-model-bench run that wrote its number (the JSON is written right after the timed steps) and then failed in
+  # the diagnostics after them (phases, operations, the library sweep, the trace): the number is kept, the failure
+  # noted, and the run still counts as failed.
+  if ((rc != 0)) && [ "$kind" = json ] && [ -n "$tps" ]; then
+    echo "  $key: exit $rc after its timed steps (in the diagnostics after them; see $log):"
+    tail -n 5 "$log" | sed 's/^/  | /'
+    NOTE[$key]="exit $rc after its timed steps$( ((rc == 124 || rc == 137)) && echo ", timed out")$(first_error "$log")"
+    failed=1
+    [ -z "$mfu" ] || mfu=$(awk -v m="$mfu" 'BEGIN { printf "%.4f", m }')
+    record "$key" "$ms" "$tps" "$mfu"
+    return 0
+  fi
   if ((rc != 0)) || [ -z "$tps" ]; then
     echo "  $key: FAILED (exit $rc, see $log):"
     tail -n 5 "$log" | sed 's/^/  | /'

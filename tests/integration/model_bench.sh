@@ -229,6 +229,19 @@ env OUT="$WORK/late2" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 "BENCH_ROWS=fast f
 ((rc == 1)) || { cat "$WORK/late2.log"; fail "gpt_bench.sh: the fast row left out by the deadline gave exit $rc, not 1"; }
 has late2 '^\| dptrain \| step, bf16 activations \(the transformer fast path\) \| - \| not run: out of time' \
   "the fast row left out is not noted"
+# A run that wrote its number (dpt-model-bench writes its JSON right after the timed steps) and then failed, as a
+# crash in the diagnostics after them would: the row keeps its number, noted with the exit status; the script fails.
+printf '#!/usr/bin/env bash\n%q "$@"\nexit 3\n' "$BENCH" > "$WORK/failing-bench"
+chmod +x "$WORK/failing-bench"
+rc=0
+env OUT="$WORK/afterwards" BENCH_SKIP_BUILD=1 BENCH_WARMUP=1 BENCH_STEPS=4 BENCH_PHASE_STEPS=1 GPT_N_LAYER=2 \
+  GPT_N_EMBD=64 GPT_SEQ=32 GPT_BATCH=2 BENCH_PRECISION=bf16 BENCH_ROWS=fast MODEL_BENCH="$WORK/failing-bench" \
+  DPT_BUILD_DIR="$DPT_BUILD_DIR" bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu > "$WORK/afterwards.log" 2>&1 \
+  || rc=$?
+((rc == 1)) || { cat "$WORK/afterwards.log"; fail "gpt_bench.sh: a run failing after its number gave exit $rc, not 1"; }
+has afterwards '^\| dptrain \| step, bf16 activations \(the transformer fast path\) \| [0-9.]+ \| [0-9]+ \|' \
+  "the row lost its number"
+grep -q 'exit 3 after its timed steps' "$WORK/afterwards.log" || { cat "$WORK/afterwards.log"; fail "no note of the exit"; }
 # An A/B row that started but that the deadline cut short (its limit below BENCH_RUN_TIMEOUT_S, then the timeout):
 # noted as out of time, not failed, as one left out.
 printf '#!/usr/bin/env bash\nexec sleep 300\n' > "$WORK/slow-bench"
