@@ -241,7 +241,8 @@ env OUT="$WORK/afterwards" BENCH_SKIP_BUILD=1 BENCH_WARMUP=1 BENCH_STEPS=4 BENCH
 ((rc == 1)) || { cat "$WORK/afterwards.log"; fail "gpt_bench.sh: a run failing after its number gave exit $rc, not 1"; }
 has afterwards '^\| dptrain \| step, bf16 activations \(the transformer fast path\) \| [0-9.]+ \| [0-9]+ \|' \
   "the row lost its number"
-grep -q 'exit 3 after its timed steps' "$WORK/afterwards.log" || { cat "$WORK/afterwards.log"; fail "no note of the exit"; }
+grep -q 'exit 3 after its timed steps' "$WORK/afterwards.log" ||
+  { cat "$WORK/afterwards.log"; fail "no note of the exit"; }
 # An A/B row that started but that the deadline cut short (its limit below BENCH_RUN_TIMEOUT_S, then the timeout):
 # noted as out of time, not failed, as one left out.
 printf '#!/usr/bin/env bash\nexec sleep 300\n' > "$WORK/slow-bench"
