@@ -1265,7 +1265,8 @@ step_bench_gpt() {
   limit=$((left - ${GPU_CHECK_BENCH_RESERVE_S:-140}))
   ((limit <= 420)) || limit=420
   if ((limit < 60)); then
-    NOTE="not started: ${left}s left of the budget, ${GPU_CHECK_BENCH_RESERVE_S:-140}s of them kept for the other benchmarks"
+    NOTE="not started: ${left}s left of the budget, ${GPU_CHECK_BENCH_RESERVE_S:-140}s of them kept for the other"
+    NOTE+=" benchmarks"
     return 1
   fi
   run_timed "$logfile" "$limit" env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPTRAIN="$B_BIN/dptrain" \

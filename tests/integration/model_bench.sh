@@ -251,8 +251,8 @@ env OUT="$WORK/cut" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 BENCH_ROWS=fastnd BE
   BENCH_DEADLINE="$(($(date +%s) + 30))" MODEL_BENCH="$WORK/slow-bench" DPT_BUILD_DIR="$DPT_BUILD_DIR" \
   bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu > "$WORK/cut.log" 2>&1 \
   || { cat "$WORK/cut.log"; fail "gpt_bench.sh: an A/B row the deadline cut short failed the script"; }
-has cut '^\| dptrain \| step, bf16 activations, train.deterministic = false \| - \| not run: out of time \(BENCH_DEADLINE cut it after' \
-  "the A/B row cut short is not noted"
+cut_row='^\| dptrain \| step, bf16 activations, train.deterministic = false \| - \| not run: out of time'
+has cut "$cut_row"' \(BENCH_DEADLINE cut it after' "the A/B row cut short is not noted"
 # ncu_sol.py, the GPU report's SpeedOfLight table, on ncu's CSV layout (--csv --page details): two launches of one
 # kernel averaged weighted by their duration (30 us at 60%, 10 us at 80%: 65%), units converted, thousands separators
 # read, a metric no launch had shown as -, cuBLAS-free short names; no CSV: exit 1.

@@ -275,7 +275,8 @@ std::string ConvPlan::sweep_direction(const char* what, Choice<Algo>& chosen, co
   Tensor ws;  // the candidates' workspace, grown as they need it
   cuda::Event start(/*timing=*/true), stop(/*timing=*/true);
   const auto refused = [] {
-    cuda::clear_refusal("timing a cuDNN convolution algorithm");  // a refused launch's error cleared; a sticky one throws
+    // A refused launch's error cleared (not to be blamed on the next kernel); a sticky one throws.
+    cuda::clear_refusal("timing a cuDNN convolution algorithm");
     return -1.0;
   };
   // ms per call over `calls` calls between two events; negative when cuDNN refuses it here.
