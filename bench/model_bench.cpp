@@ -649,6 +649,9 @@ Result run(const Options& o, const trainer::Config& cfg) {
   if (o.lt_tune > 0) {
     k.set_autotune_bf16_grads(cfg.train.autotune_bf16_grads);
     r.library_tune = library_lines(k, o.lt_tune, models::Kernels::kTuneMargin, device);
+    // One more step before the clock: what the switched plans allocate on first use (a larger convolution
+    // workspace, a bf16 scratch) is not timed, as PyTorch's cudnn.benchmark rows' warm-up makes theirs.
+    if (!o.cuda_graph) step(nullptr);  // (--cuda-graph's capture runs one itself)
   }
   StepGraph graph;
   const auto update = [&] { optimizer.step(lr); };
