@@ -1254,11 +1254,10 @@ step_compare_gpt() {
 # GPU_CHECK_BENCH_RESERVE_S (default 140: on 2026-11-27 they took 31 and 68 s, and since then the MLP's runs have 4
 # epochs and the ResNet's dptrain rows sweep cuDNN's convolution algorithms) of the budget; gpt_bench.sh ends its runs
 # by the deadline it is given, so its report is written even when time runs short (rows not run say so). Its rows
-# leave out the float32
-# activations' step and loop (`step`, `loop`: 25 and 24 s on the H200, their numbers unchanged since the first
-# window; GPU_CHECK_GPT_ROWS adds them back): in the third window of 2026-11-27 the run had 145 s and the last row,
-# `fastnd`, found its deadline passed. `fastnd` (measured in two windows: about 1%) has made way for `fastgraph`, the
-# step as one CUDA graph (compiled, never run).
+# leave out the float32 activations' step and loop (`step`, `loop`: 25 and 24 s on the H200, their numbers unchanged
+# since the first window; GPU_CHECK_GPT_ROWS adds them back): in the third window of 2026-11-27 the run had 145 s and
+# the last row, `fastnd`, found its deadline passed. `fastnd` (measured in two windows: about 1%) has made way for
+# `fastgraph`, the step as one CUDA graph (compiled, never run).
 step_bench_gpt() {
   local logfile=$1 rc=0 left limit
   left=$((DEADLINE - $(date +%s) - 20))
