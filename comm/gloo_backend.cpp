@@ -25,9 +25,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <cctype>
 #include <cstring>
+#include <fstream>
 #include <system_error>
 
 #include "comm/collective_checks.h"

@@ -307,11 +307,7 @@ measure() {
     tail -n 5 "$log" | sed 's/^/  | /'
     NOTE[$key]="exit $rc after its timed steps$( ((rc == 124 || rc == 137)) && echo ", timed out")$(first_error "$log")"
     failed=1
-    [ -z "$mfu" ] || mfu=$(awk -v m="$mfu" 'BEGIN { printf "%.4f", m }')
-    record "$key" "$ms" "$tps" "$mfu"
-    return 0
-  fi
-  if ((rc != 0)) || [ -z "$tps" ]; then
+  elif ((rc != 0)) || [ -z "$tps" ]; then
     echo "  $key: FAILED (exit $rc, see $log):"
     tail -n 5 "$log" | sed 's/^/  | /'
     NOTE[$key]="failed (exit $rc$( ((rc == 124 || rc == 137)) && echo ", timed out"))$(first_error "$log")"

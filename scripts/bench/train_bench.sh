@@ -93,28 +93,23 @@ IDS+=(torch_1 torch_2 torch_ps_1 torch_ps_2)
 declare -A PROGRAM=([dpt_gloo_1]=dptrain [dpt_gloo_2]="dptrain (the default: after backward on the CPU)"
   [dpt_mpi_2]="dptrain (the default: after backward on the CPU)"
   [dpt_gloo_2_overlap]="dptrain, dist.overlap=true" [dpt_mpi_2_overlap]="dptrain, dist.overlap=true"
-  [dpt_gloo_2_nooverlap]="dptrain, dist.overlap=false" [dpt_mpi_2_nooverlap]="dptrain, dist.overlap=false"
   [torch_1]="PyTorch DDP" [torch_2]="PyTorch DDP"
   [torch_ps_1]="PyTorch DDP, per-sample DataLoader" [torch_ps_2]="PyTorch DDP, per-sample DataLoader")
-declare -A BACKEND=([dpt_gloo_1]=gloo [dpt_gloo_2]=gloo [dpt_mpi_2]=mpi [dpt_gloo_2_nooverlap]=gloo
-  [dpt_mpi_2_nooverlap]=mpi [dpt_gloo_2_overlap]=gloo [dpt_mpi_2_overlap]=mpi [torch_1]=gloo [torch_2]=gloo
-  [torch_ps_1]=gloo [torch_ps_2]=gloo)
-declare -A RANKS=([dpt_gloo_1]=1 [dpt_gloo_2]=2 [dpt_mpi_2]=2 [dpt_gloo_2_nooverlap]=2 [dpt_mpi_2_nooverlap]=2
-  [dpt_gloo_2_overlap]=2 [dpt_mpi_2_overlap]=2 [torch_1]=1 [torch_2]=2 [torch_ps_1]=1 [torch_ps_2]=2)
+declare -A BACKEND=([dpt_gloo_1]=gloo [dpt_gloo_2]=gloo [dpt_mpi_2]=mpi [dpt_gloo_2_overlap]=gloo
+  [dpt_mpi_2_overlap]=mpi [torch_1]=gloo [torch_2]=gloo [torch_ps_1]=gloo [torch_ps_2]=gloo)
+declare -A RANKS=([dpt_gloo_1]=1 [dpt_gloo_2]=2 [dpt_mpi_2]=2 [dpt_gloo_2_overlap]=2 [dpt_mpi_2_overlap]=2 [torch_1]=1 [torch_2]=2 [torch_ps_1]=1 [torch_ps_2]=2)
 
 run_one() { # ID LOG: runs configuration ID once, output to LOG
   local id=$1 log=$2 ck=$CKPT/$1
   case $id in
-    dpt_gloo_1 | dpt_gloo_2 | dpt_gloo_2_nooverlap | dpt_gloo_2_overlap)
+    dpt_gloo_1 | dpt_gloo_2 | dpt_gloo_2_overlap)
       local extra=()
-      [ "$id" = dpt_gloo_2_nooverlap ] && extra=(dist.overlap=false)
       [ "$id" = dpt_gloo_2_overlap ] && extra=(dist.overlap=true)
       timeout -k 10 "$RUN_TIMEOUT" "$DPRUN" --nproc-per-node "${RANKS[$id]}" -- "$DPTRAIN" "${DPT_ARGS[@]}" \
         dist.backend=gloo "checkpoint.dir=$ck" "${extra[@]}"
       ;;
-    dpt_mpi_2 | dpt_mpi_2_nooverlap | dpt_mpi_2_overlap)
+    dpt_mpi_2 | dpt_mpi_2_overlap)
       local extra=()
-      [ "$id" = dpt_mpi_2_nooverlap ] && extra=(dist.overlap=false)
       [ "$id" = dpt_mpi_2_overlap ] && extra=(dist.overlap=true)
       timeout -k 10 "$RUN_TIMEOUT" mpirun --allow-run-as-root --bind-to none -np 2 -x OMP_NUM_THREADS=1 \
         -x OPENBLAS_NUM_THREADS=1 -x MKL_NUM_THREADS=1 "$DPTRAIN" "${DPT_ARGS[@]}" dist.backend=mpi "checkpoint.dir=$ck" \
