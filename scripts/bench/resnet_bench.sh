@@ -21,6 +21,11 @@
 #   BENCH_WARMUP, BENCH_STEPS   untimed and timed steps per run (default 10 and 50 on the GPU, 2 and 5 on the CPU)
 #   BENCH_REPEATS               runs per row, round-robin; the table gives the median (default 1)
 #   BENCH_RUN_TIMEOUT_S         per run (default 120 on the GPU, 300 on the CPU)
+#   BENCH_DEADLINE              a Unix time: no run goes past it (each run's timeout shrinks to fit; a run with
+#                               less than 15 s left is not started), so that the report and the rows measured so
+#                               far are always written (scripts/gpu-check.sh run sets it from its budget). A run
+#                               left out or cut short so is noted "not run: out of time" in its row and fails
+#                               the script, as any run without its number does
 #   BENCH_LOG_DIR               each run's output and JSON (default $OUT/resnet-bench-logs, else /tmp/resnet-bench)
 #   BENCH_IDLE_WAIT_S           CPU: before each run, wait up to this long for other processes to go quiet
 #                               (under BENCH_IDLE_BUSY_PCT percent of the machine, default 10); default 60, 0: don't
@@ -142,8 +147,20 @@ dptrain_rate() {
     }' "$log"
 }
 
-declare -A MS=() IPS=() RUNS=() FOREIGN=()
+declare -A MS=() IPS=() RUNS=() FOREIGN=() NOTE=()
 failed=0
+
+# run_limit: the timeout of the next run: RUN_TIMEOUT, or less to end before BENCH_DEADLINE; 0 when fewer than 15 s
+# are left.
+run_limit() {
+  local limit=$RUN_TIMEOUT left
+  if [ -n "${BENCH_DEADLINE:-}" ]; then
+    left=$((BENCH_DEADLINE - $(date +%s)))
+    ((left >= limit)) || limit=$left
+    ((limit >= 15)) || limit=0
+  fi
+  echo "$limit"
+}
 
 # record KEY MS IMAGES_PER_S FOREIGN: one run's numbers, under KEY (ROW/dptrain or ROW/pytorch).
 record() {
@@ -156,13 +173,20 @@ record() {
 
 # measure KEY KIND LOG CMD...: KIND json (the command writes $LOG.json) or ddp:W:S:IMAGES (dptrain's log).
 measure() {
-  local key=$1 kind=$2 log=$3 rc=0 t0 t1 m0 m1 c0 c1 foreign ms="" ips=""
+  local key=$1 kind=$2 log=$3 rc=0 t0 t1 m0 m1 c0 c1 foreign ms="" ips="" limit
   shift 3
   if ((CPU_ROW)); then wait_idle; fi
+  limit=$(run_limit)
+  if ((limit == 0)); then
+    echo "  $key: not run: BENCH_DEADLINE reached"
+    NOTE[$key]="not run: out of time (BENCH_DEADLINE)"
+    failed=1
+    return 0
+  fi
   children_cpu_s >"$TMP/c0"  # not in $(...): a subshell's `times` knows none of this shell's children
   m0=$(machine_busy_s); t0=$(date +%s.%N)
   rm -f "$log.json"
-  timeout -k 10 "$RUN_TIMEOUT" "$@" >"$log" 2>&1 </dev/null || rc=$?
+  timeout -k 10 "$limit" "$@" >"$log" 2>&1 </dev/null || rc=$?
   t1=$(date +%s.%N); m1=$(machine_busy_s)
   children_cpu_s >"$TMP/c1"
   c0=$(<"$TMP/c0") c1=$(<"$TMP/c1")
@@ -179,8 +203,14 @@ measure() {
   # A run that wrote its whole result and was stopped while exiting (PyTorch's teardown under a short per-run limit;
   # seen on an H200, 2026-11-26) counts: its timed steps were over.
   if ((rc == 124 || rc == 137)) && [ "$kind" = json ] && [ -n "$ips" ]; then
-    echo "  $key: stopped at the ${RUN_TIMEOUT}s limit after writing its result: counted"
+    echo "  $key: stopped at the ${limit}s limit after writing its result: counted"
     rc=0
+  fi
+  if ((rc == 124 || rc == 137)) && ((limit < RUN_TIMEOUT)); then
+    echo "  $key: cut short after ${limit}s by BENCH_DEADLINE (see $log)"
+    NOTE[$key]="not run: out of time (BENCH_DEADLINE cut it after ${limit}s)"
+    failed=1
+    return 0
   fi
   if ((rc != 0)) || [ -z "$ips" ]; then
     echo "  $key: FAILED (exit $rc, see $log):"
@@ -309,7 +339,9 @@ for id in "${ROWS[@]}"; do
   fi
   note=""
   [[ $id != cpu_* ]] || ! awk -v f="$fmax" 'BEGIN { exit !(f > 0.1) }' || note=" (other processes used up to $fmax cores)"
-  rows+=("| ${LABEL[$id]} | $(fmt1 "$dm") | $(fmt1 "$di") | $(fmt1 "$tm") | $(fmt1 "$ti") | **$r**$note | $target | ${RUNS[$id/dptrain]:--} / ${RUNS[$id/pytorch]:--} |")
+  runs="${RUNS[$id/dptrain]:-${NOTE[$id/dptrain]:--}} / ${RUNS[$id/pytorch]:-${NOTE[$id/pytorch]:--}}"
+  line="| ${LABEL[$id]} | $(fmt1 "$dm") | $(fmt1 "$di") | $(fmt1 "$tm") | $(fmt1 "$ti") | **$r**$note | $target"
+  rows+=("$line | $runs |")
   # The rows for docs/gpu-results.json.
   read -r model mode batch prec <<<"${META[$id]}"
   "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" program=dptrain "mode=$mode" "batch=$batch" \

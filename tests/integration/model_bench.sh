@@ -10,6 +10,7 @@
 #  - scripts/bench/gpt_bench.sh --cpu with the step row only: its report has the step row's table by operation; with
 #    the fast row and the fastsep A/B row: the A/B table by operation; the table by kernel name from a CUPTI trace
 #    run's lines (a wrapper adds a GPU's); the fastgraph row neither run nor reported on the CPU;
+#  - scripts/bench/resnet_bench.sh under BENCH_DEADLINE: runs left out or cut short noted in a report still written;
 #  - scripts/bench/ncu_sol.py (the GPU report's ncu SpeedOfLight table) on a CSV in ncu's layout.
 source "$(dirname "$0")/lib/common.bash"
 BENCH=$DPT_BUILD_DIR/bench/dpt-model-bench
@@ -253,6 +254,34 @@ env OUT="$WORK/cut" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 BENCH_ROWS=fastnd BE
   || { cat "$WORK/cut.log"; fail "gpt_bench.sh: an A/B row the deadline cut short failed the script"; }
 cut_row='^\| dptrain \| step, bf16 activations, train.deterministic = false \| - \| not run: out of time'
 has cut "$cut_row"' \(BENCH_DEADLINE cut it after' "the A/B row cut short is not noted"
+# scripts/bench/resnet_bench.sh under BENCH_DEADLINE (gpu-check's bench_resnet step sets it), on the CPU with
+# stand-ins: a deadline already passed starts no run, and the report is still written with each row noted; a run the
+# deadline cuts short is noted as cut; both fail the script (every ResNet row has a target). OPENBLAS_CORETYPE set
+# skips the script's own probe of dpt-model-bench, and no waiting for an idle machine.
+resnet_bench() {  # NAME ENV...: the report in $WORK/NAME/resnet-bench.md, the exit status in $WORK/NAME.rc
+  local name=$1 rc=0
+  shift
+  env OUT="$WORK/$name" BENCH_SKIP_BUILD=1 BENCH_IDLE_WAIT_S=0 OPENBLAS_CORETYPE=Haswell PYTHON="$PY" \
+    DPT_BUILD_DIR="$DPT_BUILD_DIR" "$@" bash "$DPT_SOURCE_DIR/scripts/bench/resnet_bench.sh" --cpu \
+    > "$WORK/$name.log" 2>&1 || rc=$?
+  echo "$rc" > "$WORK/$name.rc"
+}
+has_resnet() { grep -qE "$2" "$WORK/$1/resnet-bench.md" || { cat "$WORK/$1.log"; fail "$1's ResNet report: $3"; }; }
+resnet_rc() {  # NAME WANT WHAT: the run's exit status is WANT
+  local rc
+  rc=$(cat "$WORK/$1.rc")
+  [ "$rc" = "$2" ] || { cat "$WORK/$1.log"; fail "resnet_bench.sh, $3: exit $rc, not $2"; }
+}
+late='not run: out of time \(BENCH_DEADLINE\)'
+resnet_bench rlate BENCH_DEADLINE="$(date +%s)"
+resnet_rc rlate 1 "runs left out"
+for row in 'step only' 'DDP over gloo.* \| 1 \|' 'DDP over gloo.* \| 2 \|'; do
+  has_resnet rlate "^\| CPU, $row.*\| $late / $late \|$" "the row '$row' left out is not noted"
+done
+resnet_bench rcut BENCH_DEADLINE="$(($(date +%s) + 30))" BENCH_RUN_TIMEOUT_S=120 MODEL_BENCH="$WORK/slow-bench"
+resnet_rc rcut 1 "a run cut short"
+has_resnet rcut "^\| CPU, step only .*\| not run: out of time \(BENCH_DEADLINE cut it after [0-9]+s\) / $late \|$" \
+  "the run cut short is not noted"
 # ncu_sol.py, the GPU report's SpeedOfLight table, on ncu's CSV layout (--csv --page details): two launches of one
 # kernel averaged weighted by their duration (30 us at 60%, 10 us at 80%: 65%), units converted, thousands separators
 # read, a metric no launch had shown as -, cuBLAS-free short names; no CSV: exit 1.
