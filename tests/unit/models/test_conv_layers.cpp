@@ -66,12 +66,16 @@ TEST_CASE("conv2d forward and both backwards match naive loops: oneDNN and im2co
   // {c, k, kernel, stride, pad, h, w}: ResNet's shapes in small (3x3 same, 3x3 stride 2, the 1x1 downsample on
   // an even size, where oneDNN's right padding is negative, the 7x7 stem) and odd ones; then the small-stem
   // ResNet's own on Fashion-MNIST: the 1-channel 28x28 stem (oneDNN pads its one channel to a block) and layer2's
-  // 28 -> 14 3x3 and 1x1 convolutions, at full size (integration.resnet_torch_parity's shapes).
+  // 28 -> 14 3x3 and 1x1 convolutions, at full size (integration.resnet_torch_parity's shapes); last, those with one
+  // output position whose window covers the input (one GEMM over the batch: ResNet's last stage at 32 px, 3x3 on
+  // 1x1 and 3x3 stride 2 on 2x2, a 5x5 stride 3 on 3x3, an unpadded 3x3 on 3x3, a 1x1 on 1x1).
   const std::vector<std::array<int64_t, 7>> shapes = {{16, 16, 3, 1, 1, 6, 6}, {8, 16, 3, 2, 1, 8, 8},
                                                       {8, 16, 1, 2, 0, 8, 8},  {3, 8, 7, 2, 3, 11, 10},
                                                       {5, 3, 1, 1, 0, 4, 3},   {3, 4, 3, 2, 1, 3, 3},
                                                       {1, 64, 3, 1, 1, 28, 28}, {64, 32, 3, 2, 1, 28, 28},
-                                                      {64, 32, 1, 2, 0, 28, 28}};
+                                                      {64, 32, 1, 2, 0, 28, 28}, {16, 24, 3, 1, 1, 1, 1},
+                                                      {8, 16, 3, 2, 1, 2, 2},  {4, 6, 5, 3, 2, 3, 3},
+                                                      {4, 5, 3, 2, 0, 3, 3},   {6, 4, 1, 1, 0, 1, 1}};
   for (const bool onednn_on : {true, false})
     for (const Precision prec : {Precision::F32, Precision::BF16, Precision::F16})
       for (auto [c, kk, r, stride, pad, h, w] : shapes) {
@@ -125,20 +129,22 @@ TEST_CASE("conv2d forward and both backwards match naive loops: oneDNN and im2co
 TEST_CASE("conv2d on an empty batch computes nothing and leaves dw as it was: oneDNN and im2col", "[models][conv]") {
   std::mt19937_64 rng(9);
   Kernels& k = kernels_for(Device::cpu());
-  ConvShape cs{.n = 0, .c = 4, .h = 5, .w = 5, .k = 6, .r = 3, .s = 3, .stride = 1, .pad = 1};
-  REQUIRE(conv_output_size(cs));
-  for (const bool onednn_on : {true, false}) {
-    INFO("oneDNN " << onednn_on);
-    const Tensor dw0 = random_tensor({6, 4, 3, 3}, rng);
-    Tensor dw = Tensor::empty(dw0.shape());
-    dw.copy_from(dw0);
-    float none = 0.0f;  // no element is read or written; any valid pointer does
-    models::onednn::set_enabled(onednn_on);
-    k.conv2d_forward(&none, dw0.data<float>(), &none, cs);
-    k.conv2d_backward_data(&none, dw0.data<float>(), &none, cs);
-    k.conv2d_backward_weight(&none, &none, dw.data<float>(), cs);
-    models::onednn::set_enabled(true);
-    for (size_t i = 0; i < dw.numel(); ++i) REQUIRE(dw.data<float>()[i] == dw0.data<float>()[i]);
+  for (const int64_t hw : {5, 1}) {  // 1: the single-window GEMM's path
+    for (const bool onednn_on : {true, false}) {
+      ConvShape cs{.n = 0, .c = 4, .h = hw, .w = hw, .k = 6, .r = 3, .s = 3, .stride = 1, .pad = 1};
+      REQUIRE(conv_output_size(cs));
+      INFO("oneDNN " << onednn_on << ", " << hw << "x" << hw);
+      const Tensor dw0 = random_tensor({6, 4, 3, 3}, rng);
+      Tensor dw = Tensor::empty(dw0.shape());
+      dw.copy_from(dw0);
+      float none = 0.0f;  // no element is read or written; any valid pointer does
+      models::onednn::set_enabled(onednn_on);
+      k.conv2d_forward(&none, dw0.data<float>(), &none, cs);
+      k.conv2d_backward_data(&none, dw0.data<float>(), &none, cs);
+      k.conv2d_backward_weight(&none, &none, dw.data<float>(), cs);
+      models::onednn::set_enabled(true);
+      for (size_t i = 0; i < dw.numel(); ++i) REQUIRE(dw.data<float>()[i] == dw0.data<float>()[i]);
+    }
   }
 }
 
