@@ -24,13 +24,21 @@ Precision thread_precision();
 // A copy of the rows x cols matrix at `src` (row stride ld) with every value rounded to `p`, packed (stride
 // cols), in one of two per-thread buffers (`which`: 0 or 1, one per operand).
 const float* rounded(const float* src, int64_t rows, int64_t cols, int64_t ld, Precision p, int which);
+// The float32 product C = alpha op(A) op(B) + beta C, row-major (BLAS's rules: beta 0 never reads C; K 0 scales C),
+// in oneDNN's sgemm (its JIT kernels for the CPU's own ISA: on this project's AVX-512 EPYC 1.7-2.1x OpenBLAS's
+// Haswell kernels, which OpenBLAS runs there, on the shapes of the MLP and the small transformers; 3-6x on one row)
+// or, with DPT_CPU_GEMM=openblas, OpenBLAS's. set_gemm_onednn overrides the choice for the calling thread (tests).
+bool gemm_onednn();
+void set_gemm_onednn(bool on);
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 }  // namespace detail
 
 class CpuKernels final : public Kernels {
  public:
   Device device() const override { return Device::cpu(); }
-  // BF16 and F16: gemm operands are rounded to the low precision, then multiplied in float32 (Debian's
-  // OpenBLAS has no bf16 or fp16 GEMM): the numerics of low-precision GEMMs, the speed of float32. The
+  // BF16 and F16: gemm operands are rounded to the low precision, then multiplied in float32 (detail::sgemm): the
+  // numerics of low-precision GEMMs, the speed of float32. The
   // convolutions run in oneDNN's bf16 kernels where the CPU has them, else likewise emulated. Per thread.
   void set_precision(Precision p) override;
   Precision precision() const override;

@@ -1,8 +1,10 @@
-// models/kernels/cpu/gemm.cpp: the CPU GEMM through OpenBLAS (cblas_sgemm), with the operands rounded first under
-// BF16 / F16 (precision.cpp); and which OpenBLAS kernels run (blas_core, blas_core_upgrade).
+// models/kernels/cpu/gemm.cpp: the CPU GEMM, in oneDNN's sgemm (default) or OpenBLAS's (DPT_CPU_GEMM=openblas), with
+// the operands rounded first under BF16 / F16 (precision.cpp); and which OpenBLAS kernels run (blas_core,
+// blas_core_upgrade).
 #include "models/kernels/cpu/cpu_kernels.h"
 
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
 #include <cctype>
@@ -33,6 +35,49 @@ std::string blas_core_upgrade() {
   return "";
 }
 
+namespace detail {
+
+namespace {
+thread_local int tl_gemm_onednn = -1;  // -1: as DPT_CPU_GEMM says
+}  // namespace
+
+bool gemm_onednn() {
+  static const bool by_env = [] {
+    const char* v = std::getenv("DPT_CPU_GEMM");
+    if (!v || !*v || std::string(v) == "onednn") return true;
+    if (std::string(v) == "openblas") return false;
+    DPT_THROW(ConfigError, "DPT_CPU_GEMM={}: expected onednn or openblas", v);
+  }();
+  return tl_gemm_onednn < 0 ? by_env : tl_gemm_onednn == 1;
+}
+
+void set_gemm_onednn(bool on) { tl_gemm_onednn = on ? 1 : 0; }
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // BLAS's rule, C = beta C (beta 0: C not read), which oneDNN's sgemm does not follow: it returns
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+    return;
+  }
+  if (gemm_onednn()) {
+    const dnnl_status_t st =
+        dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    DPT_CHECK(st == dnnl_success, "oneDNN sgemm {}x{}x{} (lda {}, ldb {}, ldc {}): status {}", M, N, K, lda, ldb, ldc,
+              static_cast<int>(st));
+    return;
+  }
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  DPT_CHECK(M <= kMax && N <= kMax && K <= kMax && lda <= kMax && ldb <= kMax && ldc <= kMax,
+            "gemm dimensions exceed the BLAS int range");
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B,
+              static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+}
+
+}  // namespace detail
+
 void CpuKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
                       int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   DPT_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm shape {}x{}x{}", M, N, K);
@@ -45,12 +90,7 @@ void CpuKernels::gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
     B = detail::rounded(B, trans_b ? N : K, trans_b ? K : N, ldb, p, 1);
     ldb = trans_b ? K : N;
   }
-  constexpr int64_t kMax = std::numeric_limits<int>::max();
-  DPT_CHECK(M <= kMax && N <= kMax && K <= kMax && lda <= kMax && ldb <= kMax && ldc <= kMax,
-            "gemm dimensions exceed the BLAS int range");
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
-              static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), alpha, A, static_cast<int>(lda), B,
-              static_cast<int>(ldb), beta, C, static_cast<int>(ldc));
+  detail::sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
 }  // namespace dpt::models

@@ -1,10 +1,8 @@
 // models/kernels/cpu/matmul.cpp: the bf16 matmul with its epilogues on the CPU, the reference of the CUDA set's
-// cuBLASLt one: the bf16 operands widened (exactly) into float32 copies, multiplied by OpenBLAS in float32 (whatever
-// the thread's precision: the operands are already bf16), then the epilogue per element in float32 and one rounding
-// of each bf16 output.
+// cuBLASLt one: the bf16 operands widened (exactly) into float32 copies, multiplied in float32 by detail::sgemm
+// (whatever the thread's precision: the operands are already bf16), then the epilogue per element in float32 and one
+// rounding of each bf16 output.
 #include "models/kernels/cpu/cpu_kernels.h"
-
-#include <cblas.h>
 
 #include <vector>
 
@@ -34,9 +32,7 @@ void CpuKernels::matmul_bf16(const MatmulShape& s, const MatmulOperands& o) {
   if (s.K > 0) {
     a = widened(o.a, a_rows, a_cols, s.lda);
     const std::vector<float> b = widened(o.b, b_rows, b_cols, s.ldb);
-    cblas_sgemm(CblasRowMajor, s.trans_a ? CblasTrans : CblasNoTrans, s.trans_b ? CblasTrans : CblasNoTrans,
-                static_cast<int>(s.M), static_cast<int>(s.N), static_cast<int>(s.K), 1.0f, a.data(),
-                static_cast<int>(a_cols), b.data(), static_cast<int>(b_cols), 0.0f, d.data(), static_cast<int>(s.N));
+    detail::sgemm(s.trans_a, s.trans_b, s.M, s.N, s.K, 1.0f, a.data(), a_cols, b.data(), b_cols, 0.0f, d.data(), s.N);
   }
   for (int64_t i = 0; i < s.M; ++i)
     for (int64_t j = 0; j < s.N; ++j) {

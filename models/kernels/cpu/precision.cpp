@@ -4,6 +4,7 @@
 #include "models/kernels/cpu/cpu_kernels.h"
 
 #include <cblas.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <cmath>
 #include <cstring>
@@ -18,15 +19,36 @@
 
 namespace dpt::models {
 
+namespace {
+
+// Which library multiplies the float32 matrices, and with what kernels.
+std::string describe_gemm() {
+  if (!detail::gemm_onednn()) return fmt::format("OpenBLAS ({} kernels; DPT_CPU_GEMM=openblas)", blas_core());
+  const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+  const char* name = isa == dnnl_cpu_isa_avx512_core_amx    ? "avx512_core_amx"
+                     : isa == dnnl_cpu_isa_avx512_core_bf16 ? "avx512_core_bf16"
+                     : isa == dnnl_cpu_isa_avx512_core_vnni ? "avx512_core_vnni"
+                     : isa == dnnl_cpu_isa_avx512_core      ? "avx512_core"
+                     : isa == dnnl_cpu_isa_avx2_vnni        ? "avx2_vnni"
+                     : isa == dnnl_cpu_isa_avx2             ? "avx2"
+                     : isa == dnnl_cpu_isa_avx              ? "avx"
+                     : isa == dnnl_cpu_isa_sse41            ? "sse41"
+                                                            : "other";
+  return fmt::format("oneDNN's sgemm ({}; DPT_CPU_GEMM=openblas: OpenBLAS's)", name);
+}
+
+}  // namespace
+
 std::string describe_cpu_arithmetic(Precision p) {
   const char* name = p == Precision::BF16 ? "bf16" : p == Precision::F16 ? "fp16" : "fp32";
   if (p == Precision::F32)
-    return fmt::format("fp32 on the CPU: convolutions in {}, matrix products in OpenBLAS ({} kernels)",
-                       onednn::enabled() ? onednn::describe() : "im2col + OpenBLAS (DPT_CPU_CONV=im2col)", blas_core());
-  const std::string emulated = fmt::format("operands rounded to {}, float32 arithmetic", name);
+    return fmt::format("fp32 on the CPU: convolutions in {}, matrix products in {}",
+                       onednn::enabled() ? onednn::describe() : "im2col + the GEMM (DPT_CPU_CONV=im2col)",
+                       describe_gemm());
+  const std::string emulated = fmt::format("operands rounded to {}, float32 arithmetic in {}", name, describe_gemm());
   if (p == Precision::BF16 && onednn::enabled() && onednn::supports(p))
     return fmt::format("bf16 on the CPU: convolutions in oneDNN's bf16 kernels (float32 accumulation); matrix "
-                       "products emulated ({}: Debian's OpenBLAS has no bf16 GEMM)", emulated);
+                       "products emulated ({})", emulated);
   return fmt::format("{} on the CPU is emulated: matrix products and convolutions with {} (no {} kernels for this "
                      "CPU in Debian's OpenBLAS or oneDNN): the numerics of {}, slower than fp32 (the rounding is an "
                      "extra pass)",

@@ -2,6 +2,7 @@
 // optimizer updates against closed forms; the CPU GEMM against a naive loop.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -33,29 +34,56 @@ double model_loss(Model& m, const Tensor& x, const Tensor& y) {
 
 }  // namespace
 
-TEST_CASE("gemm matches a naive loop for every transpose combination and odd sizes", "[models]") {
+TEST_CASE("gemm matches a naive loop for every transpose combination and odd sizes, in oneDNN and OpenBLAS",
+          "[models]") {
   std::mt19937_64 rng(1);
   Kernels& k = kernels_for(Device::cpu());
-  for (bool ta : {false, true})
-    for (bool tb : {false, true}) {
-      const int64_t M = 5, N = 7, K = 3;
-      Tensor A = ta ? random_tensor({K, M}, rng) : random_tensor({M, K}, rng);
-      Tensor B = tb ? random_tensor({N, K}, rng) : random_tensor({K, N}, rng);
-      Tensor C = random_tensor({M, N}, rng);
-      Tensor C0 = Tensor::empty({M, N});
-      C0.copy_from(C);
-      k.gemm(ta, tb, M, N, K, 2.0f, A.data<float>(), ta ? M : K, B.data<float>(), tb ? K : N, 0.5f, C.data<float>(), N);
-      for (int64_t i = 0; i < M; ++i)
-        for (int64_t j = 0; j < N; ++j) {
-          double s = 0;
-          for (int64_t p = 0; p < K; ++p) {
-            float a = ta ? A.data<float>()[p * M + i] : A.data<float>()[i * K + p];
-            float b = tb ? B.data<float>()[j * K + p] : B.data<float>()[p * N + j];
-            s += double(a) * b;
-          }
-          REQUIRE(C.data<float>()[i * N + j] == Approx(2.0 * s + 0.5 * C0.data<float>()[i * N + j]).margin(1e-5));
+  for (const bool onednn : {true, false})
+    for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{{5, 7, 3}, {37, 53, 29}, {1, 70, 33}})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          INFO("oneDNN " << onednn << ", " << M << "x" << N << "x" << K << ", trans " << ta << tb);
+          Tensor A = ta ? random_tensor({K, M}, rng) : random_tensor({M, K}, rng);
+          Tensor B = tb ? random_tensor({N, K}, rng) : random_tensor({K, N}, rng);
+          Tensor C = random_tensor({M, N}, rng);
+          Tensor C0 = Tensor::empty({M, N});
+          C0.copy_from(C);
+          models::detail::set_gemm_onednn(onednn);
+          k.gemm(ta, tb, M, N, K, 2.0f, A.data<float>(), ta ? M : K, B.data<float>(), tb ? K : N, 0.5f, C.data<float>(),
+                 N);
+          models::detail::set_gemm_onednn(true);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double s = 0;
+              for (int64_t p = 0; p < K; ++p) {
+                float a = ta ? A.data<float>()[p * M + i] : A.data<float>()[i * K + p];
+                float b = tb ? B.data<float>()[j * K + p] : B.data<float>()[p * N + j];
+                s += double(a) * b;
+              }
+              REQUIRE(C.data<float>()[i * N + j] == Approx(2.0 * s + 0.5 * C0.data<float>()[i * N + j]).margin(1e-4));
+            }
         }
-    }
+}
+
+TEST_CASE("gemm follows BLAS's rules for beta 0 and K 0 in both libraries", "[models]") {
+  std::mt19937_64 rng(3);
+  Kernels& k = kernels_for(Device::cpu());
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const bool onednn : {true, false}) {
+    INFO("oneDNN " << onednn);
+    models::detail::set_gemm_onednn(onednn);
+    Tensor A = random_tensor({4, 3}, rng), B = random_tensor({3, 5}, rng);
+    std::vector<float> C(20, nan);  // beta 0: C is never read, so its NaNs do not survive
+    k.gemm(false, false, 4, 5, 3, 1.0f, A.data<float>(), 3, B.data<float>(), 5, 0.0f, C.data(), 5);
+    for (float v : C) REQUIRE(std::isfinite(v));
+    std::vector<float> Z(20, nan);  // K 0, beta 0: C = 0 (oneDNN's sgemm alone would leave it)
+    k.gemm(false, false, 4, 5, 0, 1.0f, A.data<float>(), 1, B.data<float>(), 5, 0.0f, Z.data(), 5);
+    for (float v : Z) REQUIRE(v == 0.0f);
+    std::vector<float> H(20, 3.0f);  // K 0: C = beta C
+    k.gemm(false, false, 4, 5, 0, 1.0f, A.data<float>(), 1, B.data<float>(), 5, 0.5f, H.data(), 5);
+    for (float v : H) REQUIRE(v == 1.5f);
+  }
+  models::detail::set_gemm_onednn(true);
 }
 
 TEST_CASE("softmax cross-entropy: closed form for uniform logits and known gradient", "[models]") {
