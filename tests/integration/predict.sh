@@ -70,13 +70,15 @@ cmp "$WORK/r1.out" "$WORK/mpi.out" || fail "mpirun -np 2 wrote another file than
 echo "1, 2, 3 ranks (dprun) and 2 (mpirun): identical files"
 
 # Other CPU kernels and other thread counts: each its own numbers, and the same bytes on 1 and 2 ranks. The kernel
-# sets are those this CPU can run: OpenBLAS's Prescott (SSE3), Sandybridge (AVX) and Haswell (AVX2) GEMMs, oneDNN
-# capped at SSE4.1 / AVX / AVX2, and the convolutions as im2col + OpenBLAS.
+# sets are those this CPU can run: the GEMMs in OpenBLAS (DPT_CPU_GEMM=openblas) with its Prescott (SSE3) and Haswell
+# (AVX2) kernels, or in oneDNN's sgemm capped at AVX; oneDNN's convolutions capped at SSE4.1 / AVX / AVX2; the
+# convolutions as im2col + the GEMM.
 flags=$(grep -m1 '^flags' /proc/cpuinfo)
-VARIANTS=("OPENBLAS_CORETYPE=Prescott ONEDNN_MAX_CPU_ISA=SSE41" "OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2"
-          "DPT_CPU_CONV=im2col")
-grep -qw avx <<<"$flags" && VARIANTS+=("OPENBLAS_CORETYPE=Sandybridge ONEDNN_MAX_CPU_ISA=AVX")
-grep -qw avx2 <<<"$flags" && grep -qw fma <<<"$flags" && VARIANTS+=("OPENBLAS_CORETYPE=Haswell ONEDNN_MAX_CPU_ISA=AVX2")
+VARIANTS=("DPT_CPU_GEMM=openblas OPENBLAS_CORETYPE=Prescott ONEDNN_MAX_CPU_ISA=SSE41"
+          "OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=2" "DPT_CPU_CONV=im2col")
+grep -qw avx <<<"$flags" && VARIANTS+=("ONEDNN_MAX_CPU_ISA=AVX")
+grep -qw avx2 <<<"$flags" && grep -qw fma <<<"$flags" &&
+  VARIANTS+=("DPT_CPU_GEMM=openblas OPENBLAS_CORETYPE=Haswell ONEDNN_MAX_CPU_ISA=AVX2")
 for v in "${VARIANTS[@]}"; do
   read -ra vars <<<"$v"
   env "${vars[@]}" "$DPRUN" --nproc-per-node 1 -- "$DPTRAIN" predict --checkpoint "$CK" --input "$WORK/fm/val" \
