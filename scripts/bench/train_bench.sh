@@ -19,8 +19,9 @@
 #   BENCH_LOG_DIR         each run's output (default $OUT/train-bench-logs, else /tmp/train-bench-logs)
 #   BENCH_IDLE_WAIT_S     before each run, wait up to this long for the other processes' CPU use to fall under
 #                         BENCH_IDLE_BUSY_PCT percent of the machine (defaults 120 and 10); 0: don't wait
-#   BENCH_SGEMM_GFLOPS    large-SGEMM rate of this machine, all cores (default: measured here, PyTorch's float32
-#                         2048x2048 matmul on OpenBLAS with one thread per core, the best of 5)
+#   BENCH_SGEMM_GFLOPS    large-SGEMM rate of this machine, all cores (default: measured here, oneDNN's sgemm,
+#                         which dptrain's GEMMs run, 2048x2048 with one thread per core, the best of 5; PyTorch's
+#                         matmul on OpenBLAS is measured too and reported beside it)
 #   BENCH_SKIP_SETUP=1, BENCH_SKIP_BUILD=1   skip those steps (reruns)
 #   BENCH_STRICT=1        exit 2 when a target is missed (default: only reported)
 #   PYTHON                the Python with Debian's torch (default /usr/bin/python3: a pyenv python3 earlier on
@@ -69,20 +70,37 @@ source scripts/bench/cpu_accounting.bash
 
 # ---- the machine's SGEMM rate (the cap a data-parallel MLP cannot pass), unless given ----------------------
 SGEMM_HOW="BENCH_SGEMM_GFLOPS"
-if [ -z "$SGEMM_GFLOPS" ]; then
-  SGEMM_GFLOPS=$(OMP_NUM_THREADS=$NCPU OPENBLAS_NUM_THREADS=$NCPU "$PYTHON" -c '
-import os, time, torch
+# sgemm_gflops LIB: the best of 5 products 2048^3 on all cores, in GFLOP/s: LIB torch (torch.matmul: PyTorch's
+# OpenBLAS) or onednn (oneDNN's dnnl_sgemm, through ctypes: what dptrain's GEMMs run unless DPT_CPU_GEMM=openblas).
+sgemm_gflops() {
+  OMP_NUM_THREADS=$NCPU OPENBLAS_NUM_THREADS=$NCPU "$PYTHON" - "$1" <<'PYEOF'
+import ctypes, os, sys, time, torch
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 n = 2048
-a, b = torch.randn(n, n), torch.randn(n, n)
-a @ b
+a, b, c = torch.randn(n, n), torch.randn(n, n), torch.empty(n, n)
+if sys.argv[1] == "onednn":
+    f = ctypes.CDLL("libdnnl.so.2").dnnl_sgemm
+    f.restype = ctypes.c_int
+    f.argtypes = [ctypes.c_char, ctypes.c_char] + [ctypes.c_int64] * 3 + [ctypes.c_float, ctypes.c_void_p,
+                  ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int64]
+    def product():
+        assert f(b"N", b"N", n, n, n, 1.0, a.data_ptr(), n, b.data_ptr(), n, 0.0, c.data_ptr(), n) == 0
+else:
+    def product():
+        torch.matmul(a, b, out=c)
+product()
 best = float("inf")
 for _ in range(5):
     t0 = time.perf_counter()
-    a @ b
+    product()
     best = min(best, time.perf_counter() - t0)
-print(f"{2 * n ** 3 / best / 1e9:.0f}")')
-  SGEMM_HOW="measured: torch.matmul 2048^3, $NCPU threads, best of 5"
+print(f"{2 * n ** 3 / best / 1e9:.0f}")
+PYEOF
+}
+TORCH_SGEMM_GFLOPS=$(sgemm_gflops torch)
+if [ -z "$SGEMM_GFLOPS" ]; then
+  SGEMM_GFLOPS=$(sgemm_gflops onednn)
+  SGEMM_HOW="measured: oneDNN's sgemm, dptrain's GEMMs, 2048^3, $NCPU threads, best of 5"
 fi
 
 # ---- the configurations -----------------------------------------------------------------------------------
@@ -269,7 +287,7 @@ else
   overlap_line="- exposed comm, overlap off / on: not measured (this dptrain has no \`dist.overlap\` key yet)"
 fi
 pct_of() { awk -v a="$1" -v c="$2" 'BEGIN { printf "%.0f%%", 100 * a / c }'; }
-cap_line="- SGEMM cap: $SGEMM_GFLOPS GFLOP/s (large SGEMM, all $NCPU cores; $SGEMM_HOW) / $FLOP_PER_EX FLOP per example (6 x (784x512 + 512x512 + 512x10): forward, backward data and weight GEMMs) = **$CAP samples/s**"
+cap_line="- SGEMM cap: $SGEMM_GFLOPS GFLOP/s (large SGEMM, all $NCPU cores; $SGEMM_HOW; PyTorch's torch.matmul: $TORCH_SGEMM_GFLOPS) / $FLOP_PER_EX FLOP per example (6 x (784x512 + 512x512 + 512x10): forward, backward data and weight GEMMs) = **$CAP samples/s**"
 for id in dpt_gloo_2 dpt_mpi_2; do
   [ -z "${MED[$id]:-}" ] || cap_line+="; dptrain 2 ranks ${BACKEND[$id]} reaches $(pct_of "${MED[$id]}" "$CAP") of it"
 done
