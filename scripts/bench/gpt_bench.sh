@@ -249,17 +249,7 @@ record() {  # KEY MS TOKENS_PER_S MFU
   RUNS[$1]="${RUNS[$1]:+${RUNS[$1]}, }$(printf %.0f "$3")"
 }
 
-# run_limit: the timeout of the next run: BENCH_RUN_TIMEOUT_S, or less to end before BENCH_DEADLINE; 0 when
-# fewer than 15 s are left.
-run_limit() {
-  local limit=$RUN_TIMEOUT left
-  if [ -n "${BENCH_DEADLINE:-}" ]; then
-    left=$((BENCH_DEADLINE - $(date +%s)))
-    ((left >= limit)) || limit=$left
-    ((limit >= 15)) || limit=0
-  fi
-  echo "$limit"
-}
+source scripts/bench/stats.bash  # median, run_limit (the timeout of the next run, BENCH_DEADLINE)
 
 # The A/B rows: the fast row again with one tuning choice flipped, compared with it operation by operation; no target
 # is taken from them, so one the deadline leaves out is noted, not failed (a run of one that fails still fails).
@@ -403,7 +393,6 @@ run_rows() {
   if ((GPU)) && [ "${BENCH_PROFILE:-1}" != 0 ] && ((rep == 1)) && { want step || want fast; }; then sol_profile; fi
 }
 
-source scripts/bench/stats.bash  # median
 
 # ---- per-kernel breakdown of dptrain's step (GPU) ---------------------------------------------------------
 find_tool() {  # NAME: the first executable NAME in PATH, /usr/local/cuda/bin, NVIDIA's usual install folders

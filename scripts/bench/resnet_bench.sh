@@ -150,17 +150,7 @@ dptrain_rate() {
 declare -A MS=() IPS=() RUNS=() FOREIGN=() NOTE=()
 failed=0
 
-# run_limit: the timeout of the next run: RUN_TIMEOUT, or less to end before BENCH_DEADLINE; 0 when fewer than 15 s
-# are left.
-run_limit() {
-  local limit=$RUN_TIMEOUT left
-  if [ -n "${BENCH_DEADLINE:-}" ]; then
-    left=$((BENCH_DEADLINE - $(date +%s)))
-    ((left >= limit)) || limit=$left
-    ((limit >= 15)) || limit=0
-  fi
-  echo "$limit"
-}
+source scripts/bench/stats.bash  # median, run_limit (BENCH_DEADLINE)
 
 # record KEY MS IMAGES_PER_S FOREIGN: one run's numbers, under KEY (ROW/dptrain or ROW/pytorch).
 record() {
@@ -222,7 +212,6 @@ measure() {
   record "$key" "$ms" "$ips" "$foreign"
 }
 
-source scripts/bench/stats.bash  # median
 
 ROWS=()            # row ids, in table order
 declare -A LABEL=() TARGET=() META=()  # META: "model mode batch precision" of the row in gpu-results.json
