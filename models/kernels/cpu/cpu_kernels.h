@@ -38,8 +38,8 @@ class CpuKernels final : public Kernels {
  public:
   Device device() const override { return Device::cpu(); }
   // BF16 and F16: gemm operands are rounded to the low precision, then multiplied in float32 (detail::sgemm): the
-  // numerics of low-precision GEMMs, the speed of float32. The
-  // convolutions run in oneDNN's bf16 kernels where the CPU has them, else likewise emulated. Per thread.
+  // numerics of low-precision GEMMs, the speed of float32. The convolutions run in oneDNN's bf16 kernels where the
+  // CPU has them, else likewise emulated. Per thread.
   void set_precision(Precision p) override;
   Precision precision() const override;
   void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

@@ -56,7 +56,7 @@ void set_gemm_onednn(bool on) { tl_gemm_onednn = on ? 1 : 0; }
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
-  if (K == 0) {  // BLAS's rule, C = beta C (beta 0: C not read), which oneDNN's sgemm does not follow: it returns
+  if (K == 0) {  // BLAS's rule, C = beta C (beta 0: C not read); oneDNN's sgemm returns without touching C
     for (int64_t i = 0; i < M; ++i)
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
