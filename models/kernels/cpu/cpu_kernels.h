@@ -25,9 +25,11 @@ Precision thread_precision();
 // cols), in one of two per-thread buffers (`which`: 0 or 1, one per operand).
 const float* rounded(const float* src, int64_t rows, int64_t cols, int64_t ld, Precision p, int which);
 // The float32 product C = alpha op(A) op(B) + beta C, row-major (BLAS's rules: beta 0 never reads C; K 0 scales C),
-// in oneDNN's sgemm (its JIT kernels for the CPU's own ISA: on this project's AVX-512 EPYC 1.7-2.1x OpenBLAS's
-// Haswell kernels, which OpenBLAS runs there, on the shapes of the MLP and the small transformers; 3-6x on one row)
-// or, with DPT_CPU_GEMM=openblas, OpenBLAS's. set_gemm_onednn overrides the choice for the calling thread (tests).
+// in oneDNN's sgemm when OpenMP runs one thread (dprun's and the benchmarks' default; its JIT kernels for the CPU's
+// own ISA: on this project's AVX-512 EPYC 1.7-2.1x OpenBLAS's Haswell kernels, which OpenBLAS runs there, on the
+// shapes of the MLP and the small transformers; 3-6x on one row), signals held for the call (gemm.cpp says why);
+// in OpenBLAS with more threads or DPT_CPU_GEMM=openblas. set_gemm_onednn overrides DPT_CPU_GEMM for the calling
+// thread (tests).
 bool gemm_onednn();
 void set_gemm_onednn(bool on);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

@@ -5,13 +5,17 @@
 
 #include <cblas.h>
 #include <oneapi/dnnl/dnnl.h>
+#include <pthread.h>
 
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdlib>
 #include <limits>
 #include <set>
 #include <string>
+
+#include "models/kernels/cpu/onednn_conv.h"
 
 namespace dpt::models {
 
@@ -61,9 +65,18 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
       for (int64_t j = 0; j < N; ++j) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
     return;
   }
-  if (gemm_onednn()) {
+  if (gemm_onednn() && onednn::max_threads() == 1) {
+    // Debian's oneDNN 2.6.3 sgemm corrupts memory when a signal is delivered while its kernels run (a no-op SIGALRM
+    // handler firing every 37 us broke it within 1800 calls; its convolutions and OpenBLAS took the same unharmed):
+    // dptrain's stop handlers (SIGUSR1, SIGTERM) did, in integration.checkpoint_failure. So the calling thread
+    // holds every signal for the call, and they arrive after it (or at another thread); and oneDNN runs it on this
+    // thread alone: with more OpenMP threads its workers would take signals mid-kernel, so OpenBLAS runs those.
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_BLOCK, &all, &old);
     const dnnl_status_t st =
         dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
     DPT_CHECK(st == dnnl_success, "oneDNN sgemm {}x{}x{} (lda {}, ldb {}, ldc {}): status {}", M, N, K, lda, ldb, ldc,
               static_cast<int>(st));
     return;

@@ -24,6 +24,9 @@ namespace {
 // Which library multiplies the float32 matrices, and with what kernels.
 std::string describe_gemm() {
   if (!detail::gemm_onednn()) return fmt::format("OpenBLAS ({} kernels; DPT_CPU_GEMM=openblas)", blas_core());
+  if (onednn::max_threads() > 1)  // gemm.cpp: oneDNN's sgemm runs on one thread only
+    return fmt::format("OpenBLAS ({} kernels; with {} threads: oneDNN's sgemm runs with one)", blas_core(),
+                       onednn::max_threads());
   const dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
   const char* name = isa == dnnl_cpu_isa_avx512_core_amx    ? "avx512_core_amx"
                      : isa == dnnl_cpu_isa_avx512_core_bf16 ? "avx512_core_bf16"

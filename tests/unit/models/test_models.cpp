@@ -3,10 +3,14 @@
 #include <catch2/catch.hpp>
 
 #include <array>
+#include <csignal>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+
+#include <omp.h>
+#include <sys/time.h>
 
 #include "model_testing.h"
 #include "models/kernels/cpu/cpu_kernels.h"
@@ -84,6 +88,55 @@ TEST_CASE("gemm follows BLAS's rules for beta 0 and K 0 in both libraries", "[mo
     for (float v : H) REQUIRE(v == 1.5f);
   }
   models::detail::set_gemm_onednn(true);
+}
+
+// Debian's oneDNN 2.6.3 sgemm corrupted memory (wrong products, then malloc's abort) when a signal arrived while its
+// kernels ran; dptrain's stop handlers (SIGUSR1, SIGTERM) are such signals. gemm holds signals during oneDNN's call.
+TEST_CASE("gemm gives the same bits while signals arrive, in both libraries", "[models]") {
+  std::mt19937_64 rng(5);
+  Kernels& k = kernels_for(Device::cpu());
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // oneDNN's sgemm runs with one OpenMP thread only (gemm.cpp)
+  struct sigaction quiet {}, before {};
+  quiet.sa_handler = [](int) {};
+  sigemptyset(&quiet.sa_mask);
+  quiet.sa_flags = SA_RESTART;
+  REQUIRE(sigaction(SIGALRM, &quiet, &before) == 0);
+  for (const bool onednn : {true, false}) {
+    INFO("oneDNN " << onednn);
+    models::detail::set_gemm_onednn(onednn);
+    // The MLP's shapes at batch 32: forward, backward data, backward weights.
+    const std::vector<std::array<int64_t, 5>> shapes = {
+        {32, 512, 784, 0, 1}, {32, 784, 512, 0, 0}, {512, 784, 32, 1, 0}};  // M N K trans_a trans_b
+    std::vector<Tensor> a, b, want;
+    for (const auto& [M, N, K, ta, tb] : shapes) {
+      a.push_back(random_tensor(ta ? std::vector<int64_t>{K, M} : std::vector<int64_t>{M, K}, rng));
+      b.push_back(random_tensor(tb ? std::vector<int64_t>{N, K} : std::vector<int64_t>{K, N}, rng));
+      want.push_back(Tensor::zeros({M, N}));
+    }
+    auto product = [&](size_t i, Tensor& c) {
+      const auto& [M, N, K, ta, tb] = shapes[i];
+      k.gemm(ta, tb, M, N, K, 1.0f, a[i].data<float>(), ta ? M : K, b[i].data<float>(), tb ? K : N, 0.0f,
+             c.data<float>(), N);
+    };
+    for (size_t i = 0; i < shapes.size(); ++i) product(i, want[i]);
+    itimerval every{};  // a signal every 37 us, most of them inside a product
+    every.it_interval.tv_usec = every.it_value.tv_usec = 37;
+    REQUIRE(setitimer(ITIMER_REAL, &every, nullptr) == 0);
+    size_t differ = 0;
+    for (int round = 0; round < 100; ++round)
+      for (size_t i = 0; i < shapes.size(); ++i) {
+        Tensor got = Tensor::empty(want[i].shape());
+        product(i, got);
+        differ += std::memcmp(got.data<float>(), want[i].data<float>(), want[i].bytes()) != 0;
+      }
+    const itimerval off{};
+    setitimer(ITIMER_REAL, &off, nullptr);
+    CHECK(differ == 0);
+  }
+  models::detail::set_gemm_onednn(true);
+  sigaction(SIGALRM, &before, nullptr);
+  omp_set_num_threads(threads);
 }
 
 TEST_CASE("softmax cross-entropy: closed form for uniform logits and known gradient", "[models]") {
