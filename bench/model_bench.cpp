@@ -397,7 +397,7 @@ Result describe_run(const models::Model& model, const trainer::Config& cfg, Devi
   r.precision = trainer::choice_name(cfg.train.precision);
   r.device = device.str();
   r.device_name = device.is_cuda() ? cuda::device_description(device.index)
-                                   : fmt::format("cpu (OpenBLAS {} kernels)", models::blas_core());
+                                   : fmt::format("cpu (matrix products in {})", models::describe_cpu_gemm());
   if (device.is_cuda()) {
     r.tensor_peak_flops = cuda::dense_bf16_peak_flops(cuda::device_name(device.index));
     r.peak_bytes_per_s = cuda::memory_bandwidth_bytes_per_s(device.index);

@@ -24,42 +24,27 @@ namespace {
 constexpr int64_t kPlaneChains = 32;     // hw from which a plane is summed on its own (four chains a sum)
 constexpr int64_t kExpandMax = 1 << 16;  // c * hw up to which the element-wise passes expand coefficients
 
-// Sum and sum of squares of p[0, len) in double, four chains each.
-void plane_moments(const float* p, int64_t len, double& s, double& ss) {
+// Two sums over i < len in double, of term(i).a and term(i).b, four chains each, added to sa and sb.
+struct Pair {
+  double a, b;
+};
+template <class F>
+void add_sums(int64_t len, F&& term, double& sa, double& sb) {
   double a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 4 <= len; i += 4)
     for (int l = 0; l < 4; ++l) {
-      const double v = p[i + l];
-      a[l] += v;
-      b[l] += v * v;
+      const Pair t = term(i + l);
+      a[l] += t.a;
+      b[l] += t.b;
     }
   for (int l = 0; i < len; ++i, ++l) {
-    const double v = p[i];
-    a[l] += v;
-    b[l] += v * v;
+    const Pair t = term(i);
+    a[l] += t.a;
+    b[l] += t.b;
   }
-  s += (a[0] + a[1]) + (a[2] + a[3]);
-  ss += (b[0] + b[1]) + (b[2] + b[3]);
-}
-
-// Sum of g and of g * (x - mean) over [0, len) in double, four chains each.
-void plane_grad_sums(const float* g, const float* x, double mean, int64_t len, double& sg, double& sgx) {
-  double a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= len; i += 4)
-    for (int l = 0; l < 4; ++l) {
-      const double gv = g[i + l];
-      a[l] += gv;
-      b[l] += gv * (static_cast<double>(x[i + l]) - mean);
-    }
-  for (int l = 0; i < len; ++i, ++l) {
-    const double gv = g[i];
-    a[l] += gv;
-    b[l] += gv * (static_cast<double>(x[i]) - mean);
-  }
-  sg += (a[0] + a[1]) + (a[2] + a[3]);
-  sgx += (b[0] + b[1]) + (b[2] + b[3]);
+  sa += (a[0] + a[1]) + (a[2] + a[3]);
+  sb += (b[0] + b[1]) + (b[2] + b[3]);
 }
 
 // y[j] = x[j] * a[ch] + b[ch] over x [n, c, hw], j's channel ch; a, b have c entries.
@@ -95,7 +80,10 @@ void CpuKernels::bn_stats(const float* x, const BnShape& bs, double* sums) {
   std::vector<double> s(static_cast<size_t>(c), 0.0), ss(static_cast<size_t>(c), 0.0);
   if (hw >= kPlaneChains) {
     for (int64_t n = 0; n < bs.n; ++n)
-      for (int64_t ch = 0; ch < c; ++ch) plane_moments(x + (n * c + ch) * hw, hw, s[ch], ss[ch]);
+      for (int64_t ch = 0; ch < c; ++ch) {
+        const float* p = x + (n * c + ch) * hw;
+        add_sums(hw, [p](int64_t i) { const double v = p[i]; return Pair{v, v * v}; }, s[ch], ss[ch]);
+      }
   } else {  // one running sum per (channel, position) over the batch
     const int64_t row = c * hw;
     std::vector<double> cs(static_cast<size_t>(row), 0.0), css(static_cast<size_t>(row), 0.0);
@@ -153,8 +141,14 @@ void CpuKernels::bn_backward_reduce(const float* dy, const float* x, const float
   if (hw >= kPlaneChains) {
     for (int64_t n = 0; n < bs.n; ++n)
       for (int64_t ch = 0; ch < c; ++ch) {
-        const int64_t off = (n * c + ch) * hw;
-        plane_grad_sums(dy + off, x + off, save_mean[ch], hw, sdy[ch], sdyx[ch]);
+        const float* g = dy + (n * c + ch) * hw;
+        const float* xs = x + (n * c + ch) * hw;
+        const double mean = save_mean[ch];
+        const auto term = [&](int64_t i) {
+          const double gv = g[i];
+          return Pair{gv, gv * (static_cast<double>(xs[i]) - mean)};
+        };
+        add_sums(hw, term, sdy[ch], sdyx[ch]);
       }
   } else {  // one running sum per (channel, position) over the batch
     const int64_t row = c * hw;

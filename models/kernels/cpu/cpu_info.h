@@ -28,4 +28,8 @@ std::string describe_cpu_arithmetic(Precision p);
 // runs that must give the same bytes need the same counts (dprun sets OMP_NUM_THREADS=1 unless the user set it).
 std::string describe_cpu_threads();
 
+// Which library runs the float32 matrix products, and with what kernels: "oneDNN's sgemm (avx512_core; ...)" or
+// "OpenBLAS (Haswell kernels; ...)" (gemm.cpp's choice).
+std::string describe_cpu_gemm();
+
 }  // namespace dpt::models

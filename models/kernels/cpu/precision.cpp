@@ -19,10 +19,7 @@
 
 namespace dpt::models {
 
-namespace {
-
-// Which library multiplies the float32 matrices, and with what kernels.
-std::string describe_gemm() {
+std::string describe_cpu_gemm() {
   if (!detail::gemm_onednn()) return fmt::format("OpenBLAS ({} kernels; DPT_CPU_GEMM=openblas)", blas_core());
   if (onednn::max_threads() > 1)  // gemm.cpp: oneDNN's sgemm runs on one thread only
     return fmt::format("OpenBLAS ({} kernels; with {} threads: oneDNN's sgemm runs with one)", blas_core(),
@@ -40,15 +37,13 @@ std::string describe_gemm() {
   return fmt::format("oneDNN's sgemm ({}; DPT_CPU_GEMM=openblas: OpenBLAS's)", name);
 }
 
-}  // namespace
-
 std::string describe_cpu_arithmetic(Precision p) {
   const char* name = p == Precision::BF16 ? "bf16" : p == Precision::F16 ? "fp16" : "fp32";
   if (p == Precision::F32)
     return fmt::format("fp32 on the CPU: convolutions in {}, matrix products in {}",
                        onednn::enabled() ? onednn::describe() : "im2col + the GEMM (DPT_CPU_CONV=im2col)",
-                       describe_gemm());
-  const std::string emulated = fmt::format("operands rounded to {}, float32 arithmetic in {}", name, describe_gemm());
+                       describe_cpu_gemm());
+  const std::string emulated = fmt::format("operands rounded to {}, float32 arithmetic in {}", name, describe_cpu_gemm());
   if (p == Precision::BF16 && onednn::enabled() && onednn::supports(p))
     return fmt::format("bf16 on the CPU: convolutions in oneDNN's bf16 kernels (float32 accumulation); matrix "
                        "products emulated ({})", emulated);
