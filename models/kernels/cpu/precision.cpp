@@ -43,7 +43,8 @@ std::string describe_cpu_arithmetic(Precision p) {
     return fmt::format("fp32 on the CPU: convolutions in {}, matrix products in {}",
                        onednn::enabled() ? onednn::describe() : "im2col + the GEMM (DPT_CPU_CONV=im2col)",
                        describe_cpu_gemm());
-  const std::string emulated = fmt::format("operands rounded to {}, float32 arithmetic in {}", name, describe_cpu_gemm());
+  const std::string emulated =
+      fmt::format("operands rounded to {}, float32 arithmetic in {}", name, describe_cpu_gemm());
   if (p == Precision::BF16 && onednn::enabled() && onednn::supports(p))
     return fmt::format("bf16 on the CPU: convolutions in oneDNN's bf16 kernels (float32 accumulation); matrix "
                        "products emulated ({})", emulated);
