@@ -423,6 +423,15 @@ std::vector<std::string> find_token_shards(const std::string& dir, const std::st
   }
   if (ec) DPT_THROW(ConfigError, "token shards: cannot list {}: {}", dir, ec.message());
   if (names.empty()) DPT_THROW(ConfigError, "token shards: no {} shards: no file matches {}", split, pattern);
+  // A shard named for both splits (train_val.bin) would be read by both: the evaluation would score the
+  // training data. Refused by name rather than guessed.
+  const std::string other = split == "train" ? "val" : split == "val" ? "train" : "";
+  for (const std::string& n : names) {
+    if (!other.empty() && shard_name_matches(n, other)) {
+      DPT_THROW(ConfigError, "token shards: {}/{} has both 'train' and 'val' as words of its name, so both splits "
+                "would read it: rename it so that one of the two words is in its name", dir, n);
+    }
+  }
   std::sort(names.begin(), names.end());
   std::vector<std::string> paths;
   paths.reserve(names.size());

@@ -4,9 +4,11 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "core/check.h"
 #include "trainer/model_registry.h"
@@ -196,7 +198,18 @@ Field field(std::string key, S Config::*section, T S::*member, std::string help,
     }
     return true;
   };
-  f.check = [=](const Config& c) { return check ? check(c.*section.*member) : std::string{}; };
+  f.check = [=](const Config& c) {
+    // No key takes an infinity or a NaN: `lr = inf` once trained to NaN and exited 0. Refused before the key's
+    // own check, whose comparisons a NaN would slip through.
+    if constexpr (std::is_same_v<T, double>) {
+      if (!std::isfinite(c.*section.*member)) return std::string("must be a finite number");
+    } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+      const auto& v = c.*section.*member;
+      if (!std::all_of(v.begin(), v.end(), [](double d) { return std::isfinite(d); }))
+        return std::string("values must be finite numbers");
+    }
+    return check ? check(c.*section.*member) : std::string{};
+  };
   return f;
 }
 
@@ -287,7 +300,7 @@ std::vector<Field> data_fields() {
               return std::all_of(v.begin(), v.end(), [](double d) { return d > 0; }) ? "" : std::string("values must be > 0");
             })),
       field("data.skip_bad_images", &C::data, &DataConfig::skip_bad_images, "imagefolder: skip an unreadable or corrupt image with a warning (false: stop with an error naming it)"),
-      field("data.workers", &C::data, &DataConfig::workers, "threads reading, decoding and transforming examples for the loader", at_least<int64_t>(1)),
+      field("data.workers", &C::data, &DataConfig::workers, "threads reading, decoding and transforming examples for the loader (at most 1024)", Check<int64_t>([](const int64_t& v) { return v >= 1 && v <= 1024 ? "" : std::string("must be in [1, 1024] (threads of one process)"); })),
       field("data.train_limit", &C::data, &DataConfig::train_limit, "use only N training examples (0: all): Fashion-MNIST's first N; for image folders and token shards N spread evenly over the set (every (size / N)-th, so each class of a folder keeps its share)", at_least<int64_t>(0)),
       field("data.test_limit", &C::data, &DataConfig::test_limit, "use only N test examples (0: all), chosen as data.train_limit chooses them", at_least<int64_t>(0)),
       field("data.prefetch", &C::data, &DataConfig::prefetch, "batches the loader thread prepares ahead", at_least<int64_t>(1)),

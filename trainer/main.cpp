@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
+#include <iostream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,7 +61,24 @@ int main(int argc, char** argv) {
     const int rc = app.exit(e);  // prints help (rc 0) or the error and usage
     return rc == 0 ? 0 : kExitUsage;
   }
-  for (const Command& c : commands)
-    if (c.app != &app && c.app->parsed()) return c.run();
+  for (const Command& c : commands) {
+    if (c.app == &app || !c.app->parsed()) continue;
+    // The root's options are training's. Written before a subcommand (`dptrain data.dir=X eval ...`) they were
+    // once dropped without a word; eval and predict read --print-config from the root, the rest say so.
+    const bool takes_print_config = c.app->get_name() == "eval" || c.app->get_name() == "predict";
+    std::vector<std::string> misplaced;
+    for (const char* name : {"--config", "--resume", "overrides"})
+      if (app.count(name) > 0) misplaced.push_back(name == std::string("overrides") ? "key=value overrides" : name);
+    if (*print_config && !takes_print_config) misplaced.push_back("--print-config");
+    if (!misplaced.empty()) {
+      std::string list;
+      for (const std::string& m : misplaced) list += (list.empty() ? "" : ", ") + m;
+      std::cerr << "dptrain: " << list << " before the subcommand '" << c.app->get_name() << "' would be ignored: "
+                << "the options before a subcommand are training's; give the subcommand's own after it (dptrain "
+                << c.app->get_name() << " --help)\n";
+      return kExitUsage;
+    }
+    return c.run();
+  }
   return commands.front().run();  // no subcommand: train
 }

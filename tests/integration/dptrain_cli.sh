@@ -14,6 +14,23 @@ expect_exit 2 "must be one of: auto, gloo, mpi, nccl" "$DPTRAIN" --config "$CONF
 expect_exit 2 "must be one of: auto, cpu, cuda" "$DPTRAIN" --config "$CONFIG" train.device=gpu
 expect_exit 1 "apt-get install dataset-fashion-mnist" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" checkpoint.dir="$WORK/c"
 expect_exit 2 "File does not exist" "$DPTRAIN" --config "$WORK/missing.toml"
+# No key takes an infinity or a NaN (train.lr=inf once trained to NaN and exited 0), from the command line or a file.
+expect_exit 2 "train.lr = inf: must be a finite number" "$DPTRAIN" --config "$CONFIG" --print-config train.lr=inf
+expect_exit 2 "train.weight_decay = -inf: must be a finite number" "$DPTRAIN" --print-config train.weight_decay=-inf
+expect_exit 2 "data.mean = \[nan, 0.0, 0.0\]: values must be finite numbers" "$DPTRAIN" --print-config "data.mean=[nan,0,0]"
+printf '[train]\nlr = +inf\n' > "$WORK/inf.toml"
+expect_exit 2 "train.lr = inf: must be a finite number" "$DPTRAIN" --config "$WORK/inf.toml" --print-config
+expect_exit 2 "data.workers = 100000: must be in \[1, 1024\]" "$DPTRAIN" --print-config data.workers=100000
+# Training's options written before a subcommand would be dropped: refused, naming them, before anything runs.
+sub_args=(--checkpoint "$WORK/none" --input "$WORK/none" --out "$WORK/none")
+expect_exit 2 "key=value overrides before the subcommand 'eval' would be ignored" \
+  "$DPTRAIN" data.test_limit=10 eval --checkpoint "$WORK/none"
+expect_exit 2 "key=value overrides before the subcommand 'predict' would be ignored" \
+  "$DPTRAIN" data.test_limit=10 predict "${sub_args[@]}"
+expect_exit 2 "--config, --resume before the subcommand 'eval'" "$DPTRAIN" -c "$CONFIG" --resume never eval \
+  --checkpoint "$WORK/none"
+expect_exit 2 "--print-config before the subcommand 'generate'" "$DPTRAIN" --print-config generate \
+  --checkpoint "$WORK/none"
 
 # Without a GPU (this machine and CI): asking for one is a clear usage error; auto trains on the CPU and
 # says so once. (On a GPU machine, scripts/gpu-check.sh covers the GPU side.)

@@ -407,6 +407,12 @@ TEST_CASE("finding shards: a split is an underscore-separated word of the name, 
   REQUIRE_THROWS_WITH(find_token_shards(d + "/nothing", "train"), Catch::Contains(d + "/nothing"));
   REQUIRE_THROWS_AS(find_token_shards(d, "a_b"), ConfigError);
   REQUIRE_THROWS_AS(find_token_shards(d, ""), ConfigError);
+  // A name with both words would put the same tokens in training and evaluation: refused for either split.
+  { std::ofstream(dir.path / "mixed_train_val.bin") << "x"; }
+  for (const char* split : {"train", "val"}) {
+    REQUIRE_THROWS_WITH(find_token_shards(d, split), Catch::Contains("mixed_train_val.bin") &&
+                                                         Catch::Contains("both 'train' and 'val'"));
+  }
 }
 
 TEST_CASE("the sampler over token windows: disjoint across ranks, reshuffled per epoch", "[data][tokens]") {
