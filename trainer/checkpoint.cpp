@@ -526,7 +526,9 @@ size_t CheckpointManager::set_aside_after(int64_t step, const std::string& reaso
     fs::remove_all(to, ec);
     fs::rename(e.path(), to, ec);
     if (ec) DPT_THROW(CheckpointError, "cannot move {} aside to {}: {}", e.path().string(), to.string(), ec.message());
-    spdlog::warn("moved {} aside to {}: the run continues from step {}", e.path().string(), to.string(), step);
+    spdlog::warn("moved {} aside to {}: {}", e.path().string(), to.string(),
+                 step < 0 ? std::string("no valid checkpoint is left, the run starts afresh")
+                          : fmt::format("the run continues from step {}", step));
     ++n;
   }
   return n;

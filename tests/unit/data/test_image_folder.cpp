@@ -3,7 +3,6 @@
 // parallel workers on decoded images, and the Fashion-MNIST export read back pixel for pixel.
 #include <catch2/catch.hpp>
 #include <png.h>
-#include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -18,6 +17,7 @@
 #include "data/image_io.h"
 #include "data/loader.h"
 #include "data/random.h"
+#include "tests/support/log_capture.h"
 #include "tests/support/temp_dir.h"
 
 using namespace dpt;
@@ -95,17 +95,7 @@ TransformOptions plain(int64_t size, int channels) {
   return t;
 }
 
-// Captures what is logged (spdlog's default logger) while alive.
-struct LogCapture {
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(1000);
-  LogCapture() { spdlog::default_logger()->sinks().push_back(sink); }
-  ~LogCapture() { spdlog::default_logger()->sinks().pop_back(); }
-  size_t count(const std::string& text) const {
-    size_t n = 0;
-    for (const std::string& line : sink->last_formatted()) n += line.find(text) != std::string::npos ? 1 : 0;
-    return n;
-  }
-};
+using test::LogCapture;
 
 void require_io_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
   try {

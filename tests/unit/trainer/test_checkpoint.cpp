@@ -21,6 +21,7 @@
 #include "core/check.h"
 #include "models/model.h"
 #include "tests/support/gloo_ranks.h"
+#include "tests/support/log_capture.h"
 #include "tests/support/temp_dir.h"
 #include "trainer/checkpoint.h"
 
@@ -216,6 +217,13 @@ TEST_CASE("rewriting a step swaps atomically, pruning spares the new one, set_as
   REQUIRE(fs::exists(dir / "abandoned-step-00000030" / "COMPLETE"));
   REQUIRE(k.complete().size() == 1);
   REQUIRE(k.load_latest()->state.step == 20);
+
+  // Nothing valid left (step -1): every step is set aside, and the log says the run starts afresh, not "from step -1".
+  test::LogCapture log;
+  REQUIRE(k.set_aside_after(-1, "invalid") == 1);
+  REQUIRE(fs::exists(dir / "invalid-step-00000020" / "COMPLETE"));
+  REQUIRE(log.count("no valid checkpoint is left, the run starts afresh") == 1);
+  REQUIRE(log.count("step -1") == 0);
 }
 
 namespace {
