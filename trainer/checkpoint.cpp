@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <charconv>
 #include <cstdio>
 #include <cerrno>
@@ -697,6 +698,22 @@ void load_optimizer_shard(const LoadedCheckpoint& loaded, const std::vector<mode
 std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
   for (auto& nt : tensors) nt.tensor = nt.tensor.to(Device::cpu());
   return tensors;
+}
+
+std::pair<std::string, size_t> first_nonfinite(const std::vector<NamedTensor>& tensors) {
+  for (const NamedTensor& nt : tensors) {
+    size_t bad = 0;
+    const int64_t n = nt.tensor.numel();
+    if (nt.tensor.dtype() == DType::F32) {
+      const float* p = nt.tensor.data<float>();
+      for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(p[i]);
+    } else if (nt.tensor.dtype() == DType::F64) {
+      const double* p = nt.tensor.data<double>();
+      for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(p[i]);
+    }
+    if (bad > 0) return {nt.name, bad};
+  }
+  return {"", 0};
 }
 
 }  // namespace dpt::trainer

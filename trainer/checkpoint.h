@@ -170,4 +170,8 @@ void load_optimizer_shard(const LoadedCheckpoint& loaded, const std::vector<mode
 // Host copies of device tensors, for the checkpoint writer (host tensors pass through).
 std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors);
 
+// The name of the first floating-point host tensor holding an infinity or a NaN, and how many such values it holds;
+// an empty name when every value is finite. A diverged run's weights (train.lr too high) are not checkpointed.
+std::pair<std::string, size_t> first_nonfinite(const std::vector<NamedTensor>& tensors);
+
 }  // namespace dpt::trainer

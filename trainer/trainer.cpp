@@ -152,6 +152,7 @@ class Trainer {
   // ---- checkpoints, the end
   // A checkpoint to continue with batch `next_batch` of `epoch`, `samples` of its examples consumed.
   void save(int64_t epoch, int64_t next_batch, int64_t samples);
+  [[noreturn]] void throw_nonfinite(const std::string& name, size_t count) const;
   void stop_for_signal(int sig, int64_t epoch, int64_t next_batch, int64_t samples);
   void finish();
 
@@ -811,9 +812,18 @@ void Trainer::save(int64_t epoch, int64_t next_batch, int64_t samples) {
     if (sharded) {
       OptimizerShard shard = optimizer_->shard();
       shard.slots = on_host(std::move(shard.slots));
-      written = ckpt_->save_sharded(dp_->model_state_on_host(lead_), shard, st, pg_);
+      std::vector<NamedTensor> model_state = dp_->model_state_on_host(lead_);
+      // Every rank writes a part: they agree first (rank 0 holds the whole model) that the weights are finite.
+      Tensor bad = Tensor::empty({1}, DType::F64);
+      const auto [name, count] = first_nonfinite(model_state);
+      bad.data<double>()[0] = static_cast<double>(count);
+      pg_.allreduce(bad, {.op = comm::ReduceOp::Max, .what = "whether the weights are finite"})->wait();
+      if (bad.data<double>()[0] > 0) throw_nonfinite(name, static_cast<size_t>(bad.data<double>()[0]));
+      written = ckpt_->save_sharded(std::move(model_state), shard, st, pg_);
     } else {
-      written = ckpt_->save(on_host(model_->state()), on_host(optimizer_->state()), st);
+      std::vector<NamedTensor> model_state = on_host(model_->state());
+      if (const auto [name, count] = first_nonfinite(model_state); count > 0) throw_nonfinite(name, count);
+      written = ckpt_->save(std::move(model_state), on_host(optimizer_->state()), st);
     }
   } catch (const CheckpointError& e) {
     if (cfg_.checkpoint.on_error != OnCheckpointError::warn)
@@ -828,6 +838,16 @@ void Trainer::save(int64_t epoch, int64_t next_batch, int64_t samples) {
   result_.last_checkpoint = written;
   result_.last_checkpoint_step = step_;
   if (lead_) spdlog::info("checkpoint {} ({:.2f} s)", result_.last_checkpoint, seconds_since(t0));
+}
+
+// A diverged run (the loss went NaN: train.lr too high, no clipping) is not checkpointed: its weights would push good
+// checkpoints out (checkpoint.keep) and nothing could resume from them. checkpoint.on_error decides the rest: stop
+// (the run ends with exit 1, the earlier checkpoints kept) or warn (training goes on, no checkpoint written).
+void Trainer::throw_nonfinite(const std::string& name, size_t count) const {
+  DPT_THROW(CheckpointError, "checkpoint of step {} not written: the weights are not finite ({}{} holds {} NaN or "
+            "infinite value(s)): the training diverged; the earlier checkpoints are kept. Lower train.lr, or clip "
+            "the gradients (train.clip_grad_norm), or warm up (train.warmup_steps)", step_,
+            name.empty() ? "on another rank: " : "", name.empty() ? "a tensor" : name, count);
 }
 
 // Some rank got SIGUSR1 or SIGTERM: rank 0 checkpoints this step, and nobody leaves before it is written.

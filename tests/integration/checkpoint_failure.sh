@@ -116,4 +116,19 @@ grep -q "stopping for SIGUSR1 at step [0-9]* (.*; its checkpoint not written)" "
 grep -q "\[warning\] preempted at step [0-9]*, whose checkpoint was not written (checkpoint of step [0-9]* not written: .*injected failure.*); exiting with 75: the same command resumes from the newest checkpoint: none" \
   "$WORK/pre.log" || fail "the preempted run does not say that its checkpoint was not written"
 only_checkpoints "$WORK/pre"
+
+# 5. A diverged run writes no checkpoint of NaN weights (keep = 1 would have pruned the good one for it): resumed
+# from step 2 with train.lr = 1e30, its weights are infinite or NaN by step 4. stop: exit 1 naming the cause, step 2
+# kept. warn, under dist.zero = 1 on 2 ranks (the ranks agree before writing their parts): it trains on, writes none.
+"$DPTRAIN" "${RUN[@]}" train.max_steps=2 checkpoint.dir="$WORK/nan" > "$WORK/nan0.log" 2>&1 \
+  || { cat "$WORK/nan0.log"; fail "the healthy run before the diverged one failed"; }
+expect_exit 1 "checkpoint of step 4 not written: the weights are not finite (layers\.[0-9]\.[a-z]* holds [0-9]* NaN" \
+  "$DPTRAIN" "${RUN[@]}" train.lr=1e30 checkpoint.dir="$WORK/nan"
+only_checkpoints "$WORK/nan" step-00000002
+mkdir -p "$WORK/nanz"
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${RUN[@]}" dist.zero=1 train.lr=1e30 checkpoint.on_error=warn \
+  checkpoint.dir="$WORK/nanz" > "$WORK/nanz.log" 2>&1 || { cat "$WORK/nanz.log"; fail "the diverged warn run failed"; }
+[ "$(grep -c "\[warning\] checkpoint of step [246] not written: the weights are not finite" "$WORK/nanz.log")" = 3 ] \
+  || { cat "$WORK/nanz.log"; fail "ZeRO: expected a warning for each of steps 2, 4 and 6"; }
+only_checkpoints "$WORK/nanz"
 echo "PASS"
