@@ -700,6 +700,20 @@ std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors) {
   return tensors;
 }
 
+void check_same_classes(const std::string& path, const std::vector<std::string>& saved,
+                        const std::vector<std::string>& now) {
+  if (saved.empty() || now.empty() || saved == now) return;
+  size_t i = 0;
+  while (i < saved.size() && i < now.size() && saved[i] == now[i]) ++i;
+  const auto name = [](const std::vector<std::string>& v, size_t k) {
+    return k < v.size() ? fmt::format("'{}'", v[k]) : std::string("none");
+  };
+  DPT_THROW(ConfigError, "{} was trained on {} classes and the data set has {}; class {} was {} and is {} now, so its "
+            "labels would mean other classes. Give it the class folders it was trained on (the checkpoint's state.json "
+            "lists them under \"classes\"), or start a new run", path, saved.size(), now.size(), i, name(saved, i),
+            name(now, i));
+}
+
 std::pair<std::string, size_t> first_nonfinite(const std::vector<NamedTensor>& tensors) {
   for (const NamedTensor& nt : tensors) {
     size_t bad = 0;

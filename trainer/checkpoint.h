@@ -174,4 +174,10 @@ std::vector<NamedTensor> on_host(std::vector<NamedTensor> tensors);
 // an empty name when every value is finite. A diverged run's weights (train.lr too high) are not checkpointed.
 std::pair<std::string, size_t> first_nonfinite(const std::vector<NamedTensor>& tensors);
 
+// A classifier's checkpoint meets the data set it goes on with (a resume, eval): ConfigError when both name their
+// classes and the lists differ, since label i would then mean another class (an image folder's class folders renamed,
+// added or removed). `path` is the checkpoint's, `now` the data set's classes.
+void check_same_classes(const std::string& path, const std::vector<std::string>& saved,
+                        const std::vector<std::string>& now);
+
 }  // namespace dpt::trainer

@@ -356,6 +356,7 @@ std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManag
 // The model, optimizer, loss scale and RNG of `loaded`, and where its run stood (start_); ConfigError when this run
 // cannot continue where it stopped.
 void Trainer::restore(const LoadedCheckpoint& loaded) {
+  check_same_classes(loaded.path, loaded.state.classes, ds_.classes);
   if (loaded.model.tensors.size() != model_->state().size())
     DPT_THROW(CheckpointError, "{}: model.safetensors has {} tensors, this model has {} (model config changed?)",
               loaded.path, loaded.model.tensors.size(), model_->state().size());

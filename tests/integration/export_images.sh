@@ -2,7 +2,8 @@
 # dptrain export-images writes Fashion-MNIST as an image folder: the tree (10 class folders per split that
 # sort in label order, --limit images per split spread over the classes, 28x28 grey PNGs), a progress line and
 # a summary; it refuses a non-empty OUT (exit 1, OUT untouched) unless --force, which replaces it; it clears a
-# stale OUT.tmp and leaves none behind; bad arguments exit 2. The training command line is unchanged.
+# stale OUT.tmp and leaves none behind; bad arguments exit 2. The training command line is unchanged. A checkpoint
+# trained on the folder refuses (resume, eval) once a class folder is renamed.
 source "$(dirname "$0")/lib/common.bash"
 
 CLASSES="0_tshirt_top 1_trouser 2_pullover 3_dress 4_coat 5_sandal 6_shirt 7_sneaker 8_bag 9_ankle_boot"
@@ -84,4 +85,17 @@ help=$("$DPTRAIN" --help) || fail "dptrain --help failed"
 <<< "$help" grep -q "train.epochs" || fail "dptrain --help lost the config keys"
 toml=$("$DPTRAIN" --config "$CONFIG" --print-config train.lr=0.125) || fail "--print-config failed"
 <<< "$toml" grep -q "^lr = 0.125$" || fail "--print-config lacks the override"
+
+# 5. A classifier trained on a folder meets its classes again: with a class folder renamed (labels would mean other
+# classes), a resume and eval refuse, naming the class that changed; nothing is moved or written.
+"$DPTRAIN" export-images --out "$WORK/cls" --limit 100 > /dev/null 2>&1 || fail "export-images for the class check failed"
+FOLDER=(data.dataset=imagefolder data.dir="$WORK/cls" data.image_size=28 data.resize=0 data.channels=1
+        "data.mean=[0.5]" "data.std=[0.5]" "model.hidden=[32]" train.batch_size=16 train.progress_interval_s=1000)
+"$DPTRAIN" "${FOLDER[@]}" train.epochs=1 checkpoint.dir="$WORK/cls-ck" > "$WORK/cls.log" 2>&1 \
+  || { cat "$WORK/cls.log"; fail "training on the exported folder failed"; }
+for split in train val; do mv "$WORK/cls/$split/0_tshirt_top" "$WORK/cls/$split/zz_tshirt"; done
+expect_exit 2 "step-00000007 was trained on 10 classes and the data set has 10; class 0 was '0_tshirt_top' and is \
+'1_trouser' now" "$DPTRAIN" "${FOLDER[@]}" train.epochs=2 checkpoint.dir="$WORK/cls-ck"
+expect_exit 2 "class 0 was '0_tshirt_top' and is '1_trouser' now" "$DPTRAIN" eval --checkpoint "$WORK/cls-ck"
+[ "$(ls "$WORK/cls-ck" | tr '\n' ' ')" = "step-00000007 " ] || fail "the refused resume changed $WORK/cls-ck: $(ls "$WORK/cls-ck")"
 echo "PASS"
