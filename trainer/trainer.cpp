@@ -727,6 +727,11 @@ PendingEpoch Trainer::measure_epoch(Epoch& ep) {
   tl.data<double>()[0] += ep.carried_loss;  // resumed mid-epoch: the steps before the checkpoint too
   tl.data<double>()[2] += ep.carried_count;
   const double global_seen = tl.data<double>()[1], global_counted = tl.data<double>()[2];
+  // Loss masks that mask every target (a mask file of zeros) train nothing, and the loss reads 0: said, not hidden.
+  if (lead_ && global_seen > 0 && global_counted == 0)
+    spdlog::warn("epoch {} trained no target: the loss masks beside the training shards mask every token of its "
+                 "windows, so nothing was learned (its loss reads 0); check the .mask files in {}", ep.index + 1,
+                 cfg_.data.dir);
   return {.epoch = ep.index + 1, .train_loss = global_counted > 0 ? tl.data<double>()[0] / global_counted : 0.0,
           .samples_per_s = epoch_s > 0 ? global_seen / epoch_s : 0.0, .compute_s = compute_s, .comm_s = comm_s,
           .data_s = data_wait_s, .lr = ep.lr, .epoch_s = epoch_s};

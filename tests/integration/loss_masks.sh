@@ -8,16 +8,17 @@
 #    position, so each rank's share adds up to the whole batch's);
 #  - `dptrain eval` counts exactly the validation targets the mask trains ("over N tokens", N from the files), and
 #    its loss is the mean over them: here the loss of predicting letters, unlike the whole text's;
-#  - a mask of the wrong length is an error naming it, before training.
+#  - a mask of the wrong length is an error naming it, before training; masks of zeros warn that nothing trained.
 source "$(dirname "$0")/lib/common.bash"
 "$DPTRAIN" tokenize --input /usr/share/games/fortunes/computers --input /usr/share/games/fortunes/science \
   --out "$WORK/plain" > "$WORK/tokenize.log" 2>&1 || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
 ls "$WORK/plain"/*.bin > /dev/null || fail "no shards"
 cp -r "$WORK/plain" "$WORK/all"
 cp -r "$WORK/plain" "$WORK/letters"
+cp -r "$WORK/plain" "$WORK/none"
 
-# write_masks DIR KIND: NAME.mask beside each NAME.bin; KIND all (every bit 1) or letters (1 where the byte is an
-# ASCII letter). Prints "SPLIT TRAINED_TARGETS" for the val shard at block size $2's windows.
+# write_masks DIR KIND: NAME.mask beside each NAME.bin; KIND all (every bit 1), none (the train shards' every bit 0,
+# the val shards' 1) or letters (1 where the byte is an ASCII letter). Prints "SPLIT TRAINED_TARGETS" for the val shard at block size $2's windows.
 MASK_PY='
 import glob, os, struct, sys
 d, kind, T = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -26,7 +27,8 @@ for path in sorted(glob.glob(os.path.join(d, "*.bin"))):
     magic, version, n = struct.unpack("<3i", raw[:12])
     assert magic == 20240520 and version == 1, (path, magic, version)
     toks = struct.unpack("<%dH" % n, raw[1024:1024 + 2 * n])
-    bits = [1 if kind == "all" or (65 <= t <= 90 or 97 <= t <= 122) else 0 for t in toks]
+    none = kind == "none" and "_train_" in os.path.basename(path)
+    bits = [0 if none else 1 if kind in ("all", "none") or (65 <= t <= 90 or 97 <= t <= 122) else 0 for t in toks]
     out = bytearray(struct.pack("<3i", 20251126, 1, n) + bytes(1024 - 12))
     for i in range(0, n, 8):
         out.append(sum(b << j for j, b in enumerate(bits[i:i + 8])))
@@ -37,6 +39,7 @@ for path in sorted(glob.glob(os.path.join(d, "*.bin"))):
 '
 T=32
 "$PY" -c "$MASK_PY" "$WORK/all" all $T > /dev/null || fail "writing the all-ones masks failed"
+"$PY" -c "$MASK_PY" "$WORK/none" none $T > /dev/null || fail "writing the all-zeros masks failed"
 val_targets=$("$PY" -c "$MASK_PY" "$WORK/letters" letters $T) || fail "writing the letter masks failed"
 echo "letter masks: $val_targets validation targets trained"
 
@@ -54,6 +57,11 @@ epoch_line() { grep -oE "epoch 1/1 loss [0-9.]+ test_loss [0-9.]+" "$WORK/$1.log
 
 run plain plain 1 train.batch_size=16
 run all all 1 train.batch_size=16
+# Masks of zeros train nothing: the run says so rather than report a loss of 0 as if it had learned.
+run none none 2 train.batch_size=8
+grep -q "\[warning\] epoch 1 trained no target: the loss masks beside the training shards mask every token" \
+  "$WORK/none.log" || { cat "$WORK/none.log"; fail "no warning that the all-zeros masks trained nothing"; }
+! grep -q "trained no target" "$WORK/all.log" || fail "the all-ones run warned that it trained nothing"
 echo -n "all-ones mask vs none: "
 "$PY" "$CKPT_PY" compare "$(at plain)" "$(at all)" 0 || fail "a mask that trains every token changed the run"
 [ "$(epoch_line plain)" = "$(epoch_line all)" ] || fail "losses differ: $(epoch_line plain) / $(epoch_line all)"
