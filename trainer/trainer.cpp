@@ -25,6 +25,7 @@
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
+#include "trainer/dir_lock.h"
 #include "trainer/datasets.h"
 #include "trainer/evaluate.h"
 #include "trainer/fault_injection.h"
@@ -176,6 +177,7 @@ class Trainer {
   StreamHandle stream_{};  // the compute stream (nullptr on the CPU)
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<CheckpointManager> ckpt_;
+  std::optional<DirLock> dir_lock_;  // rank 0: checkpoint.dir is this run's (dir_lock.h)
   std::string set_aside_reason_ = "invalid";  // what resume() names the checkpoints newer than the chosen one
   std::pair<double, double> epoch_loss_carry_{0.0, 0.0};  // carry_epoch_loss's, for a mid-epoch save()
   TrainState start_;
@@ -294,6 +296,8 @@ void Trainer::build_data_parallel() {
 // Rank 0 chooses the checkpoint to continue from (or deletes them all for --resume never); every rank loads the
 // same one itself.
 void Trainer::resume() {
+  // Before anything in checkpoint.dir is read, deleted (--resume never) or set aside: another run's are not ours.
+  if (lead_) dir_lock_.emplace(cfg_.checkpoint.dir, opts_.job);
   ckpt_ = std::make_unique<CheckpointManager>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
   faults_.checkpoints_opened(*ckpt_);
   std::optional<LoadedCheckpoint> loaded = choose_checkpoint(*ckpt_);

@@ -5,16 +5,17 @@
 # and its last line says the newest checkpoint is older than its end; a later run resumes from it. stop (the
 # default): exit 1 with the error. Either way no .tmp-* folder is left. The same under dist.zero = 1 with rank 1's
 # shard failing: every rank takes the same decision. A run preempted while its writes fail exits 75 and says so.
+# A diverged run's NaN weights are not written; a second run in a checkpoint.dir in use is refused.
 source "$(dirname "$0")/lib/common.bash"
 # 1200 examples / 2 ranks / batch 32 = 19 steps per epoch; 6 steps, a checkpoint every 2: steps 2, 4 and 6.
 RUN=(--config "$CONFIG" data.train_limit=1200 data.test_limit=200 train.batch_size=32 train.epochs=1
      train.max_steps=6 checkpoint.every_steps=2 checkpoint.keep=1 train.progress_interval_s=1000)
 
-# only_checkpoints DIR NAME...: DIR holds exactly these entries (no .tmp-*, nothing pruned by mistake).
+# only_checkpoints DIR NAME...: DIR holds exactly these entries (no .tmp-*, nothing pruned by mistake), and .lock.
 only_checkpoints() {
   local dir=$1 got
   shift
-  got=$(ls -A "$dir" | tr '\n' ' ')
+  got=$(ls -A "$dir" | { grep -vx '\.lock' || true; } | tr '\n' ' ')  # .lock: the run's hold on it (dir_lock.h)
   [ "${got% }" = "$*" ] || fail "$dir holds '${got% }', expected '$*'"
 }
 
@@ -131,4 +132,16 @@ mkdir -p "$WORK/nanz"
 [ "$(grep -c "\[warning\] checkpoint of step [246] not written: the weights are not finite" "$WORK/nanz.log")" = 3 ] \
   || { cat "$WORK/nanz.log"; fail "ZeRO: expected a warning for each of steps 2, 4 and 6"; }
 only_checkpoints "$WORK/nanz"
+
+# 6. Two runs in one checkpoint.dir: the second is refused (exit 2), naming the holder, before it reads, deletes
+# (--resume never) or writes anything there. The other run is played by this shell holding the lock file (fd 9).
+mkdir -p "$WORK/busy/step-00000001" && echo "4242 otherhost torchrun-7" > "$WORK/busy/.lock"
+exec 9<> "$WORK/busy/.lock"
+flock -n 9 || fail "could not take the lock file to play the other run"
+expect_exit 2 "checkpoint.dir $WORK/busy is in use by another run (pid 4242 on otherhost, job torchrun-7)" \
+  "$DPTRAIN" "${RUN[@]}" checkpoint.dir="$WORK/busy" --resume never
+[ -d "$WORK/busy/step-00000001" ] || fail "the refused run deleted the other run's checkpoint"
+exec 9>&-  # released
+"$DPTRAIN" "${RUN[@]}" train.max_steps=2 checkpoint.dir="$WORK/busy" --resume never > "$WORK/busy.log" 2>&1 \
+  || { cat "$WORK/busy.log"; fail "the run after the other released the directory failed"; }
 echo "PASS"

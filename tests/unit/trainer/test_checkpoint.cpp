@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -24,6 +25,7 @@
 #include "tests/support/log_capture.h"
 #include "tests/support/temp_dir.h"
 #include "trainer/checkpoint.h"
+#include "trainer/dir_lock.h"
 
 using namespace dpt;
 using namespace dpt::trainer;
@@ -666,4 +668,31 @@ TEST_CASE("a corrupted or missing shard makes a sharded checkpoint invalid and r
   REQUIRE(c);
   REQUIRE(c->state.step == 1);
   require_loads_into_any_sharding(*c, m);
+}
+
+TEST_CASE("a checkpoint directory holds one run at a time; an earlier attempt of the same job does not block",
+          "[checkpoint]") {
+  auto dir = fresh_dir("dirlock") / "sub";  // created by the lock
+  {
+    DirLock a(dir.string(), "dprun-00ff");
+    REQUIRE(a.held());
+    std::ifstream f(dir / ".lock");
+    std::string pid, host, job;
+    f >> pid >> host >> job;
+    REQUIRE(pid == std::to_string(::getpid()));
+    REQUIRE(job == "dprun-00ff");
+    // Another job, or one that names none: refused, naming the holder.
+    for (const std::string other : {"dprun-0aaa", ""}) {
+      REQUIRE_THROWS_AS(DirLock(dir.string(), other), ConfigError);
+      REQUIRE_THROWS_WITH(DirLock(dir.string(), other),
+                          Catch::Contains("is in use by another run (pid " + pid) && Catch::Contains("job dprun-00ff"));
+    }
+    // The same job's next attempt while the old holder lingers: a warning, and no lock.
+    test::LogCapture log;
+    DirLock again(dir.string(), "dprun-00ff");
+    REQUIRE_FALSE(again.held());
+    REQUIRE(log.count("still held by an earlier attempt of this job") == 1);
+  }
+  DirLock b(dir.string(), "");  // released with its holder
+  REQUIRE(b.held());
 }
