@@ -36,7 +36,10 @@ std::vector<std::string> list_images(const fs::path& class_dir) {
   try {
     for (auto it = fs::recursive_directory_iterator(class_dir); it != fs::recursive_directory_iterator(); ++it) {
       const fs::directory_entry& e = *it;
-      if (!e.is_regular_file() || !is_image_name(e.path())) continue;
+      // A link whose target is gone is listed too, as torchvision lists it: an image that cannot be read is an
+      // error naming it (or left out under skip_bad_images), never silently one example fewer.
+      const bool dangling = e.is_symlink() && !e.exists();
+      if ((!e.is_regular_file() && !dangling) || !is_image_name(e.path())) continue;
       found.emplace_back(e.path().parent_path().lexically_relative(class_dir).string(), e.path().filename().string());
     }
   } catch (const fs::filesystem_error& e) {
@@ -99,7 +102,8 @@ std::vector<std::string> list_image_files(const std::string& dir) {
   try {
     for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
       const fs::directory_entry& e = *it;
-      if (e.is_regular_file() && is_image_name(e.path()))
+      const bool dangling = e.is_symlink() && !e.exists();  // listed, as in list_images: reading it names it
+      if ((e.is_regular_file() || dangling) && is_image_name(e.path()))
         names.push_back(e.path().lexically_relative(dir).string());
     }
   } catch (const fs::filesystem_error& e) {

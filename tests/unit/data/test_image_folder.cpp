@@ -305,6 +305,9 @@ TEST_CASE("list_image_files: every image below a folder, relative paths sorted b
   // Byte-wise: '/' (0x2f) < '.' is false ('.' is 0x2e), so "a.png" < "a/..."; upper case before lower case.
   REQUIRE(list_image_files(dir.file("in")) ==
           std::vector<std::string>{"B/x/y/0.Png", "a.png", "a/10.jpeg", "a/9.png", "a/Z.JPG", "b.png"});
+  // A link whose image is gone is listed: reading it names it (or --skip-bad leaves it out, warning).
+  fs::create_symlink(dir.file("gone.png"), dir.file("in/c.png"));
+  REQUIRE(list_image_files(dir.file("in")).back() == "c.png");
   fs::create_directories(dir.path / "empty");
   REQUIRE(list_image_files((dir.path / "empty").string()).empty());
   REQUIRE_THROWS_AS(list_image_files((dir.path / "missing").string()), IoError);
@@ -373,6 +376,17 @@ TEST_CASE("skip_bad_images: bad headers left out at scan, bad data replaced dete
   }
   REQUIRE(log.count("2.jpg") == 2);  // once per instance (per process, in a real run)
   REQUIRE(log.count("Premature end of JPEG file") == 2);
+
+  // A link to an image that is gone is listed as torchvision lists it: an error naming it, or left out when skipping.
+  fs::create_symlink(dir.file("set/gone.png"), dir.file("set/train/b/2.png"));
+  {
+    ImageFolderDataset strict(root, "train", plain(4, 1));
+    REQUIRE(strict.size() == 8);
+    require_io_error([&] { strict.get(5, x.data()); }, {"b/2.png"});
+    LogCapture skip_log;
+    REQUIRE(ImageFolderDataset(root, "train", plain(4, 1), true).skipped_at_scan() == 3);
+    REQUIRE(skip_log.count("b/2.png") == 1);
+  }
 
   // A class whose every file is bad is still an empty class: named.
   write_bytes(dir.file("set/train/c/1.png"), "now bad too");
