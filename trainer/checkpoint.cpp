@@ -546,6 +546,23 @@ size_t CheckpointManager::remove_all() const {
   return n;
 }
 
+void CheckpointManager::check_dir(const std::string& dir) {
+  const fs::path d(dir);
+  std::error_code ec;
+  if (fs::exists(d, ec) && !fs::is_directory(d, ec))
+    DPT_THROW(ConfigError, "checkpoint.dir = {} is not a directory: name a folder for the checkpoints", dir);
+  fs::create_directories(d, ec);
+  if (ec) DPT_THROW(ConfigError, "checkpoint.dir = {}: cannot create it: {}", dir, ec.message());
+  // A file made and removed, as a checkpoint's temporary directory would be (".tmp-": remove_all's, if left over).
+  const fs::path probe = d / fmt::format(".tmp-probe-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    DPT_THROW(ConfigError, "checkpoint.dir = {}: cannot write in it: {}: name a folder this process may write",
+              dir, std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
+}
+
 LoadedCheckpoint CheckpointManager::load_given(const std::string& path) {
   if (fs::exists(fs::path(path) / "COMPLETE")) return load(path);
   if (!fs::is_directory(path)) DPT_THROW(ConfigError, "--checkpoint {}: no such checkpoint or directory", path);

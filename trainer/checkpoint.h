@@ -130,6 +130,11 @@ class CheckpointManager {
   std::string path_for_step(int64_t step) const;
   const std::string& dir() const { return dir_; }
 
+  // At start-up, before anything is computed (rank 0): checkpoint.dir `dir` is a directory, created if need be, in
+  // which a file can be created (one is, and removed). ConfigError saying why not, so that an unusable one is not
+  // found at the first checkpoint, an epoch of training later.
+  static void check_dir(const std::string& dir);
+
   // Loads and validates one checkpoint directory; throws CheckpointError naming the file and the problem.
   static LoadedCheckpoint load(const std::string& path);
   // What a user's --checkpoint PATH means: the checkpoint PATH (one holding COMPLETE), or else the newest

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "trainer/checkpoint.h"
 #include "trainer/commands/commands.h"
 #include "trainer/commands/job.h"
 #include "trainer/model_registry.h"
@@ -58,6 +59,8 @@ int train_job(const TrainArgs& a) {
                 !std::filesystem::is_directory(a.resume, ec))
               DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never or the "
                         "path of a step-N checkpoint){}", a.resume, ec ? ": " + ec.message() : std::string());
+            // An unusable checkpoint.dir (a file, a read-only folder): said now, not at the first checkpoint.
+            if (lead) CheckpointManager::check_dir(job.config.checkpoint.dir);
             const RunResult result = train(job.config,
                                             {.resume = a.resume, .restart = job.env.restart_count,
                                              .job = job_identity(job.env), .device = job.device},
