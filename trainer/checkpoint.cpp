@@ -332,7 +332,8 @@ std::string CheckpointManager::commit(const std::string& tmp_dir, int64_t step,
   fsync_path(tmp);
 
   std::error_code ec;
-  if (fs::exists(final_path)) {
+  const bool replaced = fs::exists(final_path);
+  if (replaced) {
     // A checkpoint of this step exists (a rerun reached it again): swap the two atomically, so a crash
     // leaves one whole checkpoint of this step under the final name, never none.
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) != 0)
@@ -343,6 +344,12 @@ std::string CheckpointManager::commit(const std::string& tmp_dir, int64_t step,
   }
   fsync_path(dir);
 
+  if (replace_earlier_) {  // --resume never: the earlier run's checkpoints go now that this one is whole
+    replace_earlier_ = false;
+    if (const size_t n = remove_all(final_path.string()) + (replaced ? 1 : 0))
+      spdlog::warn("--resume never: deleted {} checkpoint(s) of an earlier run in {}, now that {} is written", n, dir_,
+                   final_path.string());
+  }
   auto all = complete();
   size_t excess = all.size() > static_cast<size_t>(keep_) ? all.size() - static_cast<size_t>(keep_) : 0;
   for (size_t i = 0; i < all.size() && excess > 0; ++i) {
@@ -532,12 +539,13 @@ size_t CheckpointManager::set_aside_after(int64_t step, const std::string& reaso
   return n;
 }
 
-size_t CheckpointManager::remove_all() const {
+size_t CheckpointManager::remove_all(const std::string& except) const {
   size_t n = 0;
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return 0;
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string name = e.path().filename().string();
+    if (!except.empty() && e.path() == fs::path(except)) continue;
     if (step_of(name) || name.starts_with(".tmp-") || name.starts_with(".old-")) {
       fs::remove_all(e.path(), ec);
       n += step_of(name).has_value();

@@ -290,8 +290,9 @@ void Trainer::build_data_parallel() {
   }
 }
 
-// Rank 0 chooses the checkpoint to continue from (or deletes them all for --resume never); every rank loads the
-// same one itself.
+// Rank 0 chooses the checkpoint to continue from; every rank loads the same one itself. --resume never: rank 0's
+// first checkpoint replaces the earlier run's (CheckpointManager::replace_earlier_on_next_write), so that a run which
+// fails before it has one (bad data found in the first epoch) leaves them as they were.
 void Trainer::resume() {
   ckpt_ = std::make_unique<CheckpointManager>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
   faults_.checkpoints_opened(*ckpt_);
@@ -300,8 +301,10 @@ void Trainer::resume() {
   // Checkpoints newer than the one we continue from (invalid ones skipped by auto, or those of the run that --resume
   // PATH abandons) must neither be loaded by a later --resume auto nor outrank the new run's checkpoints when
   // pruning: keep them, under another name. Only once the chosen one has loaded.
-  if (lead_ && (opts_.resume != "never" || opts_.restart > 0))
-    ckpt_->set_aside_after(loaded ? loaded->state.step : -1, set_aside_reason_);
+  // (Not for a fresh start: its first checkpoint replaces them all.)
+  const bool fresh = opts_.resume == "never" && !loaded;
+  if (lead_ && !fresh) ckpt_->set_aside_after(loaded ? loaded->state.step : -1, set_aside_reason_);
+  if (lead_ && fresh) ckpt_->replace_earlier_on_next_write();
   if (loaded) result_.resumed_from_step = start_.step;
 }
 
@@ -331,8 +334,10 @@ std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManag
         spdlog::info("restart {}: no checkpoint of this job in {}{}: --resume {} as in the first attempt",
                      opts_.restart, ckpt.dir(), opts_.job.empty() ? " (the launcher names no job)" : "", opts_.resume);
       if (opts_.resume == "never") {
-        const size_t n = ckpt.remove_all();
-        if (n) spdlog::warn("--resume never: deleted {} checkpoint(s) of an earlier run in {}", n, ckpt.dir());
+        if (const size_t n = ckpt.complete().size())
+          spdlog::info("--resume never: starting afresh; the {} checkpoint(s) of an earlier run in {} are deleted once "
+                       "this run's first checkpoint is written (a run that fails before then leaves them)", n,
+                       ckpt.dir());
       } else {
         loaded = opts_.resume == "auto" ? ckpt.load_latest() : CheckpointManager::load(opts_.resume);
       }

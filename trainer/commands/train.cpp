@@ -99,9 +99,10 @@ Command add_train(CLI::App& root, std::shared_ptr<bool> print_config) {
       ->check(CLI::ExistingFile);
   root.add_option("--resume", a->resume,
                   "auto: continue from the newest valid checkpoint in checkpoint.dir if there is one; never: start "
-                  "fresh and DELETE the checkpoints in checkpoint.dir; PATH: continue from that checkpoint. On a "
-                  "launcher's restart (DPT_RESTART_COUNT > 0) never and PATH were the first attempt's: the job goes "
-                  "on from its own newest checkpoint")
+                  "fresh and DELETE the checkpoints in checkpoint.dir once this run's first checkpoint is written (a "
+                  "run that fails before then leaves them); PATH: continue from that checkpoint. On a launcher's "
+                  "restart (DPT_RESTART_COUNT > 0) never and PATH were the first attempt's: the job goes on from its "
+                  "own newest checkpoint")
       ->capture_default_str();
   root.add_flag("--print-config", *print_config, "print the effective config as TOML and exit");
   root.add_option("overrides", a->overrides, "config overrides, key=value (e.g. train.lr=0.1 model.hidden=[256,256])");
