@@ -437,8 +437,12 @@ std::vector<std::string> CheckpointManager::complete() const {
 LoadedCheckpoint CheckpointManager::load_unchecked(const std::string& path) {
   const fs::path p(path);
   if (!fs::is_directory(p)) DPT_THROW(CheckpointError, "{}: not a checkpoint directory", path);
-  if (!fs::exists(p / kCompleteFile))
-    DPT_THROW(CheckpointError, "{}: not marked COMPLETE (its write was interrupted)", path);
+  if (!fs::exists(p / kCompleteFile)) {
+    if (step_of(p.filename().string()))
+      DPT_THROW(CheckpointError, "{}: not marked COMPLETE (its write was interrupted)", path);
+    DPT_THROW(CheckpointError, "{}: not marked COMPLETE: neither a checkpoint (a step-N folder holding COMPLETE) nor a "
+              "folder holding complete ones", path);
+  }
   json mark;
   std::vector<std::string> optimizer_files = {kOptimFile};
   try {

@@ -35,6 +35,12 @@ lr=$(echo "$out" | grep "epoch 2/3 loss" | grep -oP "lr \K[0-9.e+-]+")
 awk -v lr="$lr" 'BEGIN { exit !(lr > 0.0125 && lr < 0.0137) }' || fail "lr at the end of epoch 2 is $lr, expected 0.0131"
 out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/a" 2>&1)
 <<< "$out" grep -q "training already complete at step 95" || { echo "$out"; fail "auto resume did not pick step 95"; }
+# --resume PATH of a checkpoint directory (as eval takes it): its newest valid checkpoint, named.
+out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/b" --resume "$WORK/a" 2>&1) \
+  || { echo "$out"; fail "--resume of a checkpoint directory failed"; }
+<<< "$out" grep -q -- "--resume $WORK/a: a checkpoint directory; continuing from its newest valid checkpoint, \
+$WORK/a/step-00000095" || { echo "$out"; fail "--resume DIR did not name step 95"; }
+<<< "$out" grep -q "training already complete at step 95" || { echo "$out"; fail "--resume DIR did not take step 95"; }
 
 # 3. A run stopped by train.max_steps, run again, trains no further.
 for _ in 1 2; do

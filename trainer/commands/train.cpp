@@ -57,8 +57,9 @@ int train_job(const TrainArgs& a) {
             std::error_code ec;
             if (a.resume != "auto" && a.resume != "never" && job.env.restart_count == 0 &&
                 !std::filesystem::is_directory(a.resume, ec))
-              DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never or the "
-                        "path of a step-N checkpoint){}", a.resume, ec ? ": " + ec.message() : std::string());
+              DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never, or the "
+                        "path of a step-N checkpoint or of a checkpoint directory){}", a.resume,
+                        ec ? ": " + ec.message() : std::string());
             // An unusable checkpoint.dir (a file, a read-only folder): said now, not at the first checkpoint.
             if (lead) CheckpointManager::check_dir(job.config.checkpoint.dir);
             const RunResult result = train(job.config,
@@ -100,9 +101,9 @@ Command add_train(CLI::App& root, std::shared_ptr<bool> print_config) {
   root.add_option("--resume", a->resume,
                   "auto: continue from the newest valid checkpoint in checkpoint.dir if there is one; never: start "
                   "fresh and DELETE the checkpoints in checkpoint.dir once this run's first checkpoint is written (a "
-                  "run that fails before then leaves them); PATH: continue from that checkpoint. On a launcher's "
-                  "restart (DPT_RESTART_COUNT > 0) never and PATH were the first attempt's: the job goes on from its "
-                  "own newest checkpoint")
+                  "run that fails before then leaves them); PATH: continue from that checkpoint, or from the newest "
+                  "valid one in the checkpoint directory PATH. On a launcher's restart (DPT_RESTART_COUNT > 0) never "
+                  "and PATH were the first attempt's: the job goes on from its own newest checkpoint")
       ->capture_default_str();
   root.add_flag("--print-config", *print_config, "print the effective config as TOML and exit");
   root.add_option("overrides", a->overrides, "config overrides, key=value (e.g. train.lr=0.1 model.hidden=[256,256])");
