@@ -62,10 +62,20 @@ int train_job(const TrainArgs& a) {
                         ec ? ": " + ec.message() : std::string());
             // An unusable checkpoint.dir (a file, a read-only folder): said now, not at the first checkpoint.
             if (lead) CheckpointManager::check_dir(job.config.checkpoint.dir);
-            const RunResult result = train(job.config,
-                                            {.resume = a.resume, .restart = job.env.restart_count,
-                                             .job = job_identity(job.env), .device = job.device},
-                                            *job.pg);
+            RunResult result;
+            try {
+              result = train(job.config,
+                             {.resume = a.resume, .restart = job.env.restart_count, .job = job_identity(job.env),
+                              .device = job.device},
+                             *job.pg);
+            } catch (const StoppedBeforeTraining& e) {  // a wait at start-up gave up on a stop signal
+              job.pg.reset();
+              if (lead)
+                spdlog::warn("stopping before the first step: {}; nothing trained, no checkpoint to write; exiting "
+                             "with {} (the same command starts again)", e.what(), kExitPreempted);
+              spdlog::default_logger()->flush();
+              return kExitPreempted;
+            }
             if (result.stop_signal) {
               job.pg.reset();
               if (lead && result.failed_checkpoint_step == result.steps)
