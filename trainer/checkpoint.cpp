@@ -333,7 +333,8 @@ std::string CheckpointManager::commit(const std::string& tmp_dir, int64_t step,
   fsync_path(tmp);
 
   std::error_code ec;
-  if (fs::exists(final_path)) {
+  const bool replaced = fs::exists(final_path);
+  if (replaced) {
     // A checkpoint of this step exists (a rerun reached it again): swap the two atomically, so a crash
     // leaves one whole checkpoint of this step under the final name, never none.
     if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, final_path.c_str(), RENAME_EXCHANGE) != 0)
@@ -344,6 +345,12 @@ std::string CheckpointManager::commit(const std::string& tmp_dir, int64_t step,
   }
   fsync_path(dir);
 
+  if (replace_earlier_) {  // --resume never: the earlier run's checkpoints go now that this one is whole
+    replace_earlier_ = false;
+    if (const size_t n = remove_all(final_path.string()) + (replaced ? 1 : 0))
+      spdlog::warn("--resume never: deleted {} checkpoint(s) of an earlier run in {}, now that {} is written", n, dir_,
+                   final_path.string());
+  }
   auto all = complete();
   size_t excess = all.size() > static_cast<size_t>(keep_) ? all.size() - static_cast<size_t>(keep_) : 0;
   for (size_t i = 0; i < all.size() && excess > 0; ++i) {
@@ -431,8 +438,12 @@ std::vector<std::string> CheckpointManager::complete() const {
 LoadedCheckpoint CheckpointManager::load_unchecked(const std::string& path) {
   const fs::path p(path);
   if (!fs::is_directory(p)) DPT_THROW(CheckpointError, "{}: not a checkpoint directory", path);
-  if (!fs::exists(p / kCompleteFile))
-    DPT_THROW(CheckpointError, "{}: not marked COMPLETE (its write was interrupted)", path);
+  if (!fs::exists(p / kCompleteFile)) {
+    if (step_of(p.filename().string()))
+      DPT_THROW(CheckpointError, "{}: not marked COMPLETE (its write was interrupted)", path);
+    DPT_THROW(CheckpointError, "{}: not marked COMPLETE: neither a checkpoint (a step-N folder holding COMPLETE) nor a "
+              "folder holding complete ones", path);
+  }
   json mark;
   std::vector<std::string> optimizer_files = {kOptimFile};
   try {
@@ -535,18 +546,36 @@ size_t CheckpointManager::set_aside_after(int64_t step, const std::string& reaso
   return n;
 }
 
-size_t CheckpointManager::remove_all() const {
+size_t CheckpointManager::remove_all(const std::string& except) const {
   size_t n = 0;
   std::error_code ec;
   if (!fs::is_directory(dir_, ec)) return 0;
   for (const auto& e : fs::directory_iterator(dir_, ec)) {
     const std::string name = e.path().filename().string();
+    if (!except.empty() && e.path() == fs::path(except)) continue;
     if (step_of(name) || name.starts_with(".tmp-") || name.starts_with(".old-")) {
       fs::remove_all(e.path(), ec);
       n += step_of(name).has_value();
     }
   }
   return n;
+}
+
+void CheckpointManager::check_dir(const std::string& dir) {
+  const fs::path d(dir);
+  std::error_code ec;
+  if (fs::exists(d, ec) && !fs::is_directory(d, ec))
+    DPT_THROW(ConfigError, "checkpoint.dir = {} is not a directory: name a folder for the checkpoints", dir);
+  fs::create_directories(d, ec);
+  if (ec) DPT_THROW(ConfigError, "checkpoint.dir = {}: cannot create it: {}", dir, ec.message());
+  // A file made and removed, as a checkpoint's temporary directory would be (".tmp-": remove_all's, if left over).
+  const fs::path probe = d / fmt::format(".tmp-probe-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0)
+    DPT_THROW(ConfigError, "checkpoint.dir = {}: cannot write in it: {}: name a folder this process may write",
+              dir, std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 LoadedCheckpoint CheckpointManager::load_given(const std::string& path) {

@@ -116,8 +116,12 @@ class CheckpointManager {
   std::optional<LoadedCheckpoint> load_latest_of_job(const std::string& job) const;
   // The complete checkpoint of `step` in dir as it is named there (step-36 or step-00000036), else path_for_step.
   std::string path_of_step(int64_t step) const;
-  // Deletes every checkpoint (and leftover temporary directory) in dir; returns how many were removed.
-  size_t remove_all() const;
+  // Deletes every checkpoint (and leftover temporary directory) in dir but `except` (a path); returns how many
+  // checkpoints were removed.
+  size_t remove_all(const std::string& except = {}) const;
+  // --resume never: the next checkpoint this manager writes replaces every other one in dir, an earlier run's
+  // (remove_all, logged), once it is in place, before pruning; a run that fails before that leaves them as they were.
+  void replace_earlier_on_next_write() { replace_earlier_ = true; }
   // Renames every checkpoint newer than `step` (complete or not) to "<reason>-step-N", so that a run
   // continuing from `step` is not overtaken by checkpoints of the run it abandons: they keep their data
   // but are never loaded or pruned. Returns how many were moved.
@@ -129,6 +133,11 @@ class CheckpointManager {
 
   std::string path_for_step(int64_t step) const;
   const std::string& dir() const { return dir_; }
+
+  // At start-up, before anything is computed (rank 0): checkpoint.dir `dir` is a directory, created if need be, in
+  // which a file can be created (one is, and removed). ConfigError saying why not, so that an unusable one is not
+  // found at the first checkpoint, an epoch of training later.
+  static void check_dir(const std::string& dir);
 
   // Loads and validates one checkpoint directory; throws CheckpointError naming the file and the problem.
   static LoadedCheckpoint load(const std::string& path);
@@ -150,6 +159,7 @@ class CheckpointManager {
   std::string dir_;
   int64_t keep_;
   std::vector<int64_t> fail_steps_;
+  mutable bool replace_earlier_ = false;  // replace_earlier_on_next_write(); cleared by the write that does it
 };
 
 // Copies each tensor of `from` into the tensor of the same name in `into` (a model's or optimizer's state);

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <chrono>
 #include <exception>
@@ -28,6 +29,7 @@
 #include "data/synthetic.h"
 #include "data/token_dataset.h"
 #include "data/transforms.h"
+#include "trainer/preemption.h"
 
 namespace dpt::trainer {
 namespace {
@@ -145,10 +147,12 @@ namespace {
 
 // An exclusive flock on PATH (created if need be), held while the object lives: two jobs preparing one data.dir take
 // turns, the second then finding the first's shards current. Where PATH cannot be created (a read-only folder of
-// shards an evaluation reads) it goes on unlocked, with a warning: nothing can be written there either.
+// shards an evaluation reads) it goes on unlocked, with a warning: nothing can be written there either. While
+// another job holds it, the wait polls every 0.1 s: it says what it waits for once a second has gone by, and gives up
+// on a stop signal (StoppedBeforeTraining: trainer/preemption.h) or once `abandon` is set (a peer failed).
 class FileLock {
  public:
-  explicit FileLock(const std::string& path) {
+  FileLock(const std::string& path, const std::string& what, const std::atomic<bool>* abandon) {
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -156,20 +160,41 @@ class FileLock {
       spdlog::warn("data: cannot create the lock file {} ({}): going on without it", path, std::strerror(errno));
       return;
     }
-    while (::flock(fd_, LOCK_EX) != 0) {
-      if (errno == EINTR) continue;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    bool said = false;
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int e = errno;
-      ::close(fd_);
-      DPT_THROW(IoError, "{}: cannot lock: {}", path, std::strerror(e));
+      if (e != EWOULDBLOCK && e != EINTR) {
+        release();
+        DPT_THROW(IoError, "{}: cannot lock: {}", path, std::strerror(e));
+      }
+      if (const int sig = stop_signal()) {
+        release();
+        throw StoppedBeforeTraining(sig, fmt::format("{} while waiting {:.1f} s for {} (another job is {})",
+                                                     sig == SIGUSR1 ? "SIGUSR1" : "SIGTERM", waited(), path, what));
+      }
+      if (abandon && abandon->load(std::memory_order_relaxed)) {
+        release();
+        DPT_THROW(IoError, "{}: the wait for the lock abandoned: another rank failed", path);
+      }
+      if (!said && waited() >= 1.0) {
+        spdlog::info("data: waiting for {}: another job is {} (SIGTERM or SIGUSR1 stops this run)", path, what);
+        said = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
+    if (said) spdlog::info("data: got {} after {:.1f} s", path, waited());
   }
-  ~FileLock() {
-    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
-  }
+  ~FileLock() { release(); }
   FileLock(const FileLock&) = delete;
   FileLock& operator=(const FileLock&) = delete;
 
  private:
+  void release() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+    fd_ = -1;
+  }
   int fd_ = -1;
 };
 
@@ -177,7 +202,8 @@ class FileLock {
 // tokenization stops (an Error, data.dir left as it was) once `abandon` is set (null: never).
 void prepare_jsonl(const Config& cfg, bool log, bool records_may_be_gone, const std::atomic<bool>* abandon = nullptr) {
   const DataConfig& d = cfg.data;
-  const FileLock lock(std::filesystem::path(d.dir).lexically_normal().string() + ".lock");
+  const FileLock lock(std::filesystem::path(d.dir).lexically_normal().string() + ".lock",
+                      fmt::format("preparing data.dir = {}", d.dir), abandon);
   const std::unique_ptr<data::Tokenizer> tokenizer = jsonl_tokenizer(cfg);
   data::JsonlOptions o;
   o.inputs = d.jsonl;
@@ -221,28 +247,36 @@ void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool records_may_be
   }
   std::exception_ptr error;
   std::atomic<bool> done{false}, abandon{false};
+  std::atomic<int> stop{0};  // the stop signal rank 0's wait for the lock gave up on
   std::thread worker;
   if (lead)
     worker = std::thread([&] {
       try {
         prepare_jsonl(cfg, log, records_may_be_gone, &abandon);
+      } catch (const StoppedBeforeTraining& e) {
+        stop = e.signal;
+        error = std::current_exception();
       } catch (...) {
         error = std::current_exception();
       }
       done = true;
     });
-  // Every rank: [rank 0 finished, rank 0 failed], summed, every half second (rank 0 checks its worker more often).
+  // Every rank: [rank 0 finished, rank 0 failed, the stop signal it gave up on], summed, every half second (rank 0
+  // checks its worker more often).
   bool failed = false;
+  int stopped_by = 0;
   try {
     for (;;) {
       if (lead)
         for (int i = 0; i < 10 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-      Tensor flags = Tensor::empty({2}, DType::I64);
+      Tensor flags = Tensor::empty({3}, DType::I64);
       flags.data<int64_t>()[0] = lead && done ? 1 : 0;
       flags.data<int64_t>()[1] = lead && done && error ? 1 : 0;
+      flags.data<int64_t>()[2] = lead && done ? stop.load() : 0;
       pg.allreduce(flags, {.op = comm::ReduceOp::Sum, .what = "data preparation (rank 0 tokenizes data.jsonl)"})->wait();
       if (flags.data<int64_t>()[0] > 0) {
         failed = flags.data<int64_t>()[1] > 0;
+        stopped_by = static_cast<int>(flags.data<int64_t>()[2]);
         break;
       }
     }
@@ -255,6 +289,10 @@ void prepare_data(const Config& cfg, comm::ProcessGroup& pg, bool records_may_be
   }
   if (worker.joinable()) worker.join();
   if (error) std::rethrow_exception(error);
+  if (stopped_by)  // as rank 0: every rank stops as a stopped run does
+    throw StoppedBeforeTraining(stopped_by, fmt::format("rank 0 stopped for {} while waiting for the lock on data.dir "
+                                                        "= {}", stopped_by == SIGUSR1 ? "SIGUSR1" : "SIGTERM",
+                                                        cfg.data.dir));
   if (failed)
     DPT_THROW(ConfigError, "data.dataset = jsonl: rank 0 could not prepare data.dir = {} (its log says why)",
               cfg.data.dir);

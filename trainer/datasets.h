@@ -36,7 +36,8 @@ std::unique_ptr<data::Tokenizer> jsonl_tokenizer(const Config& cfg);
 // data.dataset = jsonl: data.dir holds the token shards of data.jsonl (data/tokenize.h's tokenize_jsonl) once this
 // returns on every rank. Rank 0 reuses them when their jsonl_source.json matches (same files, sizes and times, same
 // tokenizer and options), else tokenizes again (a data.dir that holds other files is refused, not overwritten), holding
-// an flock on DATA_DIR.lock throughout, so jobs sharing a data.dir take turns; `records_may_be_gone` (an evaluation):
+// an flock on DATA_DIR.lock throughout, so jobs sharing a data.dir take turns (a wait for it says so after a second,
+// and a stop signal to rank 0 ends it: every rank throws StoppedBeforeTraining); `records_may_be_gone` (an evaluation):
 // when a file of data.jsonl is missing, shards written earlier are read with a warning (else an IoError); the
 // other ranks wait in a collective each half second, so tokenizing for longer than dist.timeout_s is no hang. When
 // rank 0 fails, it throws its error and the others a ConfigError saying so. `log`: rank 0 reports what it did. Other

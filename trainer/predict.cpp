@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -95,6 +96,22 @@ std::string gather_text(const std::string& mine, comm::ProcessGroup& pg) {
     text.append(reinterpret_cast<const char*>(all.data<uint8_t>()) + r * longest,
                 static_cast<size_t>(lengths.data<int64_t>()[r]));
   return text;
+}
+
+void check_output_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_directory(path, ec))
+    DPT_THROW(ConfigError, "--out {} is a directory: give the path of the file to write", path);
+  if (const fs::path folder = fs::path(path).parent_path(); !folder.empty()) {
+    fs::create_directories(folder, ec);
+    if (ec) DPT_THROW(ConfigError, "--out {}: cannot create its folder {}: {}", path, folder.string(), ec.message());
+  }
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) DPT_THROW(ConfigError, "--out {}: cannot create {}: {}", path, tmp, std::strerror(errno));
+  ::close(fd);
+  ::unlink(tmp.c_str());
 }
 
 void write_file_atomically(const std::string& path, const std::string& text) {

@@ -74,6 +74,10 @@ std::string gather_text(const std::string& mine, comm::ProcessGroup& pg);
 // Writes `text` to `path` as path.tmp, fsynced, then renamed over `path`: a reader sees the old file or the whole
 // new one, and an interrupted write leaves at most path.tmp. IoError naming the file when a write fails.
 void write_file_atomically(const std::string& path, const std::string& text);
+// --out `path`, on rank 0 before anything is computed: not a directory, its folder created if need be (as
+// export-weights creates its --out), and path.tmp, which write_file_atomically writes, creatable (it is created and
+// removed). ConfigError saying why not, so that a bad --out is not found after every prediction is computed.
+void check_output_path(const std::string& path);
 
 // Lines given with their input index by every rank (each index in [0, n) exactly once over the ranks),
 // concatenated in index order on rank 0 (the others get ""). Collective.

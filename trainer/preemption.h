@@ -13,11 +13,21 @@
 #include <cstdint>
 
 #include "comm/process_group.h"
+#include "core/check.h"
 
 namespace dpt::trainer {
 
 // The exit code of a preempted run: EX_TEMPFAIL, "try again". The sbatch scripts requeue the job on it.
 inline constexpr int kExitPreempted = 75;
+
+// A stop signal acted on before the first training step, by a wait at start-up that gives up on it (data.dir's lock,
+// held by another job: trainer/datasets.h): nothing was trained and there is no checkpoint to write. dptrain exits
+// kExitPreempted, as a stopped run does, and the same command starts the run again. `signal`: the one received.
+class StoppedBeforeTraining : public Error {
+ public:
+  StoppedBeforeTraining(int signal, const std::string& what) : Error(what), signal(signal) {}
+  int signal;
+};
 
 // Installs the SIGUSR1 and SIGTERM handlers (idempotent).
 void install_stop_handlers();

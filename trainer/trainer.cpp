@@ -127,6 +127,8 @@ class Trainer {
   }
   void resume();
   std::optional<LoadedCheckpoint> choose_checkpoint(const CheckpointManager& ckpt);
+  LoadedCheckpoint load_resume_path(const std::string& path) const;
+  std::string resume_path_of_step(int64_t step) const;
   void restore(const LoadedCheckpoint& loaded);
   void sync_replicas();
   void prepare_steps();
@@ -293,8 +295,9 @@ void Trainer::build_data_parallel() {
   }
 }
 
-// Rank 0 chooses the checkpoint to continue from (or deletes them all for --resume never); every rank loads the
-// same one itself.
+// Rank 0 chooses the checkpoint to continue from; every rank loads the same one itself. --resume never: rank 0's
+// first checkpoint replaces the earlier run's (CheckpointManager::replace_earlier_on_next_write), so that a run which
+// fails before it has one (bad data found in the first epoch) leaves them as they were.
 void Trainer::resume() {
   // Before anything in checkpoint.dir is read, deleted (--resume never) or set aside: another run's are not ours.
   if (lead_) dir_lock_.emplace(cfg_.checkpoint.dir, opts_.job);
@@ -305,9 +308,35 @@ void Trainer::resume() {
   // Checkpoints newer than the one we continue from (invalid ones skipped by auto, or those of the run that --resume
   // PATH abandons) must neither be loaded by a later --resume auto nor outrank the new run's checkpoints when
   // pruning: keep them, under another name. Only once the chosen one has loaded.
-  if (lead_ && (opts_.resume != "never" || opts_.restart > 0))
-    ckpt_->set_aside_after(loaded ? loaded->state.step : -1, set_aside_reason_);
+  // (Not for a fresh start: its first checkpoint replaces them all.)
+  const bool fresh = opts_.resume == "never" && !loaded;
+  if (lead_ && !fresh) ckpt_->set_aside_after(loaded ? loaded->state.step : -1, set_aside_reason_);
+  if (lead_ && fresh) ckpt_->replace_earlier_on_next_write();
   if (loaded) result_.resumed_from_step = start_.step;
+}
+
+// --resume PATH, on rank 0: the checkpoint PATH (a step-N folder), or, where PATH holds checkpoints instead (a
+// checkpoint.dir), the newest valid one in it, as --resume auto takes checkpoint.dir's, saying which.
+LoadedCheckpoint Trainer::load_resume_path(const std::string& path) const {
+  if (!std::filesystem::exists(std::filesystem::path(path) / "COMPLETE")) {
+    const CheckpointManager dir(path, 1);
+    if (!dir.complete().empty()) {
+      std::optional<LoadedCheckpoint> newest = dir.load_latest();
+      if (!newest)
+        DPT_THROW(CheckpointError, "--resume {}: a checkpoint directory whose checkpoints are all invalid (the "
+                  "warnings above say why)", path);
+      spdlog::info("--resume {}: a checkpoint directory; continuing from its newest valid checkpoint, {}", path,
+                   newest->path);
+      return std::move(*newest);
+    }
+  }
+  return CheckpointManager::load(path);
+}
+
+// On the other ranks: the checkpoint of `step` that load_resume_path chose.
+std::string Trainer::resume_path_of_step(int64_t step) const {
+  if (std::filesystem::exists(std::filesystem::path(opts_.resume) / "COMPLETE")) return opts_.resume;
+  return CheckpointManager(opts_.resume, 1).path_of_step(step);
 }
 
 std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManager& ckpt) {
@@ -321,10 +350,14 @@ std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManag
   if (path_given && !restarted) {
     std::error_code ec;
     if (!std::filesystem::is_directory(opts_.resume, ec))
-      DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never or the path of a "
-                "step-N checkpoint){}", opts_.resume, ec ? ": " + ec.message() : std::string());
+      DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never, or the path of a "
+                "step-N checkpoint or of a checkpoint directory){}", opts_.resume,
+                ec ? ": " + ec.message() : std::string());
   }
-  bool from_dir = opts_.resume == "auto";  // the chosen checkpoint is checkpoint.dir's (else PATH)
+  // The chosen checkpoint is checkpoint.dir's (else PATH's): --resume auto, or a PATH that is checkpoint.dir.
+  std::error_code same_ec;
+  bool from_dir = opts_.resume == "auto" ||
+                  (path_given && std::filesystem::equivalent(opts_.resume, cfg_.checkpoint.dir, same_ec));
   if (lead_) {
     if (restarted && !opts_.job.empty()) loaded = ckpt.load_latest_of_job(opts_.job);
     if (loaded) {
@@ -336,10 +369,14 @@ std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManag
         spdlog::info("restart {}: no checkpoint of this job in {}{}: --resume {} as in the first attempt",
                      opts_.restart, ckpt.dir(), opts_.job.empty() ? " (the launcher names no job)" : "", opts_.resume);
       if (opts_.resume == "never") {
-        const size_t n = ckpt.remove_all();
-        if (n) spdlog::warn("--resume never: deleted {} checkpoint(s) of an earlier run in {}", n, ckpt.dir());
+        if (const size_t n = ckpt.complete().size())
+          spdlog::info("--resume never: starting afresh; the {} checkpoint(s) of an earlier run in {} are deleted once "
+                       "this run's first checkpoint is written (a run that fails before then leaves them)", n,
+                       ckpt.dir());
+      } else if (opts_.resume == "auto") {
+        loaded = ckpt.load_latest();
       } else {
-        loaded = opts_.resume == "auto" ? ckpt.load_latest() : CheckpointManager::load(opts_.resume);
+        loaded = load_resume_path(opts_.resume);
       }
     }
   }
@@ -351,7 +388,7 @@ std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManag
   const int64_t chosen_step = chosen.data<int64_t>()[0];
   from_dir = chosen.data<int64_t>()[1] != 0;
   if (chosen_step >= 0 && !lead_)
-    loaded = CheckpointManager::load(from_dir ? ckpt.path_of_step(chosen_step) : opts_.resume);
+    loaded = CheckpointManager::load(from_dir ? ckpt.path_of_step(chosen_step) : resume_path_of_step(chosen_step));
   if (loaded) DPT_CHECK_EQ(loaded->state.step, chosen_step);
   set_aside_reason_ = from_dir ? "invalid" : "abandoned";
   return loaded;

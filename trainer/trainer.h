@@ -14,7 +14,8 @@ namespace dpt::trainer {
 
 struct RunOptions {
   // auto: continue from the newest valid checkpoint in checkpoint.dir, if any; never: start fresh, deleting
-  // the checkpoints already in checkpoint.dir; any other value: the path of one checkpoint to continue from.
+  // the checkpoints already in checkpoint.dir once the first of this run's is written; any other value: the path of
+  // one checkpoint to continue from, or of a checkpoint directory (its newest valid checkpoint).
   std::string resume = "auto";
   // The launcher's restart count (DPT_RESTART_COUNT, torchrun's TORCHELASTIC_RESTART_COUNT): on a restart (> 0)
   // --resume never and PATH applied to the job's first attempt; the attempt goes on from the job's own newest

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # dptrain's command line tells the truth: --help lists every config key; bad keys, bad values and a
-# missing data set fail (exit 2 for usage, 1 for a missing data set) with a message that says what to do.
+# missing data set fail (exit 2 for usage, 1 for a missing data set) with a message that says what to do; so does an
+# unusable checkpoint.dir, at start-up.
 source "$(dirname "$0")/lib/common.bash"
 
 help=$("$DPTRAIN" --help)
@@ -31,6 +32,13 @@ expect_exit 2 "--config, --resume before the subcommand 'eval'" "$DPTRAIN" -c "$
   --checkpoint "$WORK/none"
 expect_exit 2 "--print-config before the subcommand 'generate'" "$DPTRAIN" --print-config generate \
   --checkpoint "$WORK/none"
+# An unusable checkpoint.dir is said at start-up (exit 2), before the data is read (there is none here: that would
+# exit 1), not at the first checkpoint after an epoch of training.
+touch "$WORK/ckfile"
+expect_exit 2 "checkpoint.dir = $WORK/ckfile is not a directory" "$DPTRAIN" --config "$CONFIG" \
+  data.dir="$WORK/nothing" checkpoint.dir="$WORK/ckfile"
+expect_exit 2 "checkpoint.dir = $WORK/ckfile/sub: cannot create it" "$DPTRAIN" --config "$CONFIG" \
+  data.dir="$WORK/nothing" checkpoint.dir="$WORK/ckfile/sub"
 
 # Without a GPU (this machine and CI): asking for one is a clear usage error; auto trains on the CPU and
 # says so once. (On a GPU machine, scripts/gpu-check.sh covers the GPU side.)

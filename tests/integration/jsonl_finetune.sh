@@ -14,8 +14,9 @@
 #    changes; a malformed line stops the job on every rank naming FILE:LINE (nothing written) or is skipped with
 #    data.skip_bad_lines; a data.dir holding other files is refused; an evaluation whose records are gone reads the
 #    shards already written;
-#  - two jobs started together on one data.dir take turns (one tokenizes, one reuses); a missing data.jsonl file is an
-#    error in training; `tokenize` reads a directory of *.jsonl as JSON Lines, a file given twice once;
+#  - two jobs started together on one data.dir take turns (one tokenizes, one reuses); one waiting for the lock says
+#    so and stops at once on SIGTERM (exit 75); a missing data.jsonl file is an error in training; `tokenize` reads
+#    a directory of *.jsonl as JSON Lines, a file given twice once;
 #  - greedy `generate` from the fine-tuned model (its prompt begun with the BOS the documents began with) ends its
 #    answer at the tokenizer's EOS, as transformers' generate() does at eos_token_id; --ignore-eos samples past it.
 # Skipped (exit 77, saying why) when the test venv lacks transformers.
@@ -154,6 +155,23 @@ done
 wait %1 || { cat "$WORK/both1.log"; fail "the first of two jobs on one data.dir failed"; }
 wait %2 || { cat "$WORK/both2.log"; fail "the second of two jobs on one data.dir failed"; }
 [ "$(cat "$WORK"/both[12].log | grep -c "reused")" = 1 ] || { cat "$WORK"/both[12].log; fail "not one tokenizing and one reusing"; }
+# A job waiting for another's DIR.lock says what it waits for after a second, and a SIGTERM (through dprun, to every
+# rank) stops it at once, before any step: exit 75, nothing trained, no checkpoint.
+"$PY" -c 'import fcntl, sys, time; f = open(sys.argv[1], "w"); fcntl.flock(f, fcntl.LOCK_EX); time.sleep(120)' \
+  "$WORK/held.lock" &
+HOLDER=$!
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${JSONL[@]}" "${SHORT[@]}" data.dir="$WORK/held" \
+  checkpoint.dir="$WORK/heldck" > "$WORK/held.log" 2>&1 &
+JOB=$!
+wait_log "$WORK/held.log" "data: waiting for $WORK/held.lock: another job is preparing data.dir = $WORK/held"
+kill -TERM "$JOB"
+rc=0
+wait "$JOB" || rc=$?
+kill "$HOLDER"
+[ "$rc" = 75 ] || { cat "$WORK/held.log"; fail "a job stopped while waiting for the lock exited $rc, not 75"; }
+grep -q "stopping before the first step: SIGTERM while waiting .* for $WORK/held.lock" "$WORK/held.log" \
+  || { cat "$WORK/held.log"; fail "no line saying the wait was given up for SIGTERM"; }
+[ -z "$(ls -A "$WORK/heldck")" ] && [ ! -e "$WORK/held" ] || fail "a job stopped before its first step wrote something"
 # Training with a data.jsonl file that is missing is an error, even with shards in data.dir (eval reads them: below).
 expect_exit 1 "qa_typo.jsonl: no such file" "$DPTRAIN" data.dataset=jsonl data.jsonl="$WORK/qa_typo.jsonl" "${SHORT[@]}" \
   data.dir="$WORK/qa" checkpoint.dir="$WORK/typo"

@@ -2,7 +2,8 @@
 # tests/integration/metrics_file.sh (issue 11): rank 0's RUN/metrics.jsonl. A 2-rank run of 2 epochs writes one
 # JSON object per progress line and per epoch beside its checkpoints; every key is in docs/watching.md's
 # "Metrics file" table with the type it gives; a resume to 3 epochs appends, its steps continuing; the epoch
-# records agree with the epoch lines; log.dir puts the file elsewhere.
+# records agree with the epoch lines; a fresh run beside it keeps the earlier file as metrics.jsonl.1; log.dir puts
+# the file elsewhere.
 source "$(dirname "$0")/lib/common.bash"
 RUN=(--config "$CONFIG" data.train_limit=2000 data.test_limit=200 train.batch_size=32 train.progress_interval_s=0.01
      train.clip_grad_norm=5)
@@ -79,6 +80,20 @@ for (e, loss, tl, acc), r in zip(lines, ea):
 print(f"ok: {len(a)} records, then {len(new)} appended on resume; {len(types)} documented keys, types as documented")
 PY
 [ $? = 0 ] || fail "metrics.jsonl does not match docs/watching.md's table"
+
+# A fresh run beside it (a sibling checkpoint.dir: they share RUN/metrics.jsonl) loses nothing of the file: one that
+# fails before its first record leaves it as it was (the unit test checks that), and once it writes one (here: the
+# memory record after step 1, then it fails) the earlier file is kept as metrics.jsonl.1, which the log says.
+cp "$WORK/run/metrics.jsonl" "$WORK/before.jsonl"
+DPT_DEBUG_FAIL_AT_STEP=1 "$DPTRAIN" "${RUN[@]}" train.epochs=1 checkpoint.dir="$WORK/run/sibling" --resume never \
+  > "$WORK/d.log" 2>&1 && { cat "$WORK/d.log"; fail "the run meant to fail after step 1 succeeded"; }
+M=$WORK/run/metrics.jsonl
+grep -q "metrics: this run starts afresh; the earlier run's $M is kept as $M.1" "$WORK/d.log" \
+  || { cat "$WORK/d.log"; fail "a fresh run did not say where the earlier metrics file went"; }
+cmp "$WORK/before.jsonl" "$M.1" || fail "metrics.jsonl.1 is not the earlier run's file"
+grep -q '"step":1,' "$M" && ! grep -q '"step":96,' "$M" \
+  || { cat "$M"; fail "the fresh run's metrics.jsonl is not its own"; }
+echo "ok: a fresh run keeps the earlier metrics file as metrics.jsonl.1"
 
 # log.dir: the file goes there instead.
 "$DPTRAIN" "${RUN[@]}" train.epochs=1 data.train_limit=500 checkpoint.dir="$WORK/c/checkpoints" log.dir="$WORK/logs" \

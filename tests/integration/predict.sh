@@ -8,6 +8,7 @@
 #    gives the same top-1 classes;
 #  - a corrupt and a truncated image: the run fails naming one and writes nothing; with --skip-bad both get an
 #    error line and every other line is the clean run's;
+#  - --out: a directory or an uncreatable folder refused (exit 2) before anything is computed, a missing folder made;
 #  - a list file; a checkpoint written before class names were saved (state.json without "classes") gives the same
 #    file; a Fashion-MNIST MLP predicts the exported images with its class names and a sensible accuracy;
 #  - --help says what the options are.
@@ -118,6 +119,19 @@ assert list(rows[0].keys()) == ["path", "index_1", "class_1", "prob_1", "index_2
 assert [r["path"] for r in rows] == [l["path"] for l in j]
 assert [r["class_1"] for r in rows] == [l["top"][0]["class"] for l in j]
 EOF
+
+# --out is checked before anything is computed (exit 2): a directory, or a folder that cannot be made (under a
+# file); a missing folder is created.
+mkdir "$WORK/outdir"
+expect_exit 2 "--out $WORK/outdir is a directory" "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" predict --checkpoint "$CK" \
+  --input "$WORK/fm/val" --out "$WORK/outdir"
+expect_exit 2 "--out $WORK/r1.out/p.out: cannot create its folder" "$DPTRAIN" predict --checkpoint "$CK" \
+  --input "$WORK/fm/val" --out "$WORK/r1.out/p.out"
+out=$("$DPTRAIN" predict --checkpoint "$CK" --input "$WORK/fm/val" --out "$WORK/new/sub/p.out" 2>&1) \
+  || { echo "$out"; fail "predict into a missing folder failed"; }
+<<< "$out" grep -q "predict: .*images/s" && [ -s "$WORK/new/sub/p.out" ] \
+  || { echo "$out"; fail "predict into a missing folder wrote nothing"; }
+echo "--out: a directory refused at once, a missing folder created"
 
 # A corrupt (not an image) and a truncated PNG among them.
 cp -r "$WORK/fm/val" "$WORK/bad"

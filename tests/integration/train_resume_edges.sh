@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Resume edge cases: checkpoints every N steps also at epoch ends; continuing from an older checkpoint on
 # another world size (the schedule follows the new run's epochs; the abandoned run's newer checkpoints are
-# set aside, not loaded later); rerunning a run that reached train.max_steps trains nothing.
+# set aside, not loaded later); rerunning a run that reached train.max_steps trains nothing; --resume never deletes
+# the earlier checkpoints only once its first own one is written.
 source "$(dirname "$0")/lib/common.bash"
 COMMON=(data.train_limit=1200 data.test_limit=500 train.epochs=3 train.batch_size=32 checkpoint.keep=5
         train.progress_interval_s=1000)
@@ -34,6 +35,12 @@ lr=$(echo "$out" | grep "epoch 2/3 loss" | grep -oP "lr \K[0-9.e+-]+")
 awk -v lr="$lr" 'BEGIN { exit !(lr > 0.0125 && lr < 0.0137) }' || fail "lr at the end of epoch 2 is $lr, expected 0.0131"
 out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/a" 2>&1)
 <<< "$out" grep -q "training already complete at step 95" || { echo "$out"; fail "auto resume did not pick step 95"; }
+# --resume PATH of a checkpoint directory (as eval takes it): its newest valid checkpoint, named.
+out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/b" --resume "$WORK/a" 2>&1) \
+  || { echo "$out"; fail "--resume of a checkpoint directory failed"; }
+<<< "$out" grep -q -- "--resume $WORK/a: a checkpoint directory; continuing from its newest valid checkpoint, \
+$WORK/a/step-00000095" || { echo "$out"; fail "--resume DIR did not name step 95"; }
+<<< "$out" grep -q "training already complete at step 95" || { echo "$out"; fail "--resume DIR did not take step 95"; }
 
 # 3. A run stopped by train.max_steps, run again, trains no further.
 for _ in 1 2; do
@@ -42,4 +49,17 @@ for _ in 1 2; do
 done
 grep -q "train.max_steps = 5 already reached" "$WORK/c.log" || { cat "$WORK/c.log"; fail "second run did not stop at once"; }
 [ ! -e "$WORK/c/step-00000006" ] || fail "the rerun trained a sixth step"
+
+# 4. --resume never deletes the earlier run's checkpoints only once its own first one is written: a run that fails
+#    before that (here after step 2; bad data found in the first epoch does the same) leaves step 5 in place.
+out=$(DPT_DEBUG_FAIL_AT_STEP=2 "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/c" --resume never \
+  2>&1) && { echo "$out"; fail "the run meant to fail after step 2 succeeded"; }
+<<< "$out" grep -q "the 1 checkpoint(s) of an earlier run in $WORK/c are deleted once this run's first checkpoint" \
+  || { echo "$out"; fail "--resume never did not say when the earlier checkpoints go"; }
+[ -f "$WORK/c/step-00000005/COMPLETE" ] || { ls "$WORK/c"; fail "a failed --resume never run deleted step 5"; }
+out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" train.max_steps=3 checkpoint.dir="$WORK/c" --resume never 2>&1) \
+  || { echo "$out"; fail "--resume never failed"; }
+<<< "$out" grep -q "deleted 1 checkpoint(s) of an earlier run in $WORK/c, now that $WORK/c/step-00000003 is written" \
+  || { echo "$out"; fail "--resume never did not say it deleted step 5"; }
+[ "$(ls "$WORK/c")" = "step-00000003" ] || { ls "$WORK/c"; fail "--resume never: expected step 3 alone"; }
 echo "PASS"

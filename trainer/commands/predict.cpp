@@ -8,6 +8,7 @@
 #include "trainer/commands/commands.h"
 #include "trainer/commands/job.h"
 #include "trainer/model_registry.h"
+#include "trainer/predict.h"
 #include "trainer/predict_images.h"
 #include "trainer/predict_prompts.h"
 
@@ -42,6 +43,8 @@ int predict_job(const PredictArgs& a) {
       .work =
           [&](Job& job) {
             const PredictFormat format = parse_predict_format(a.format);
+            // A bad --out (a directory, a folder that cannot be made), said before anything is computed.
+            if (job.env.rank == 0) check_output_path(a.out);
             const bool prompts = model_card(target->config.model.name).input == ModelInput::tokens;
             PredictSummary s;
             if (prompts) {
@@ -98,7 +101,9 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
                   "relative to the working directory; blank lines and # comments skipped); GPT: a file of prompts, one "
                   "a line (blank lines skipped)")
       ->required();
-  cmd->add_option("--out", a->out, "the output file; written as OUT.tmp, renamed to OUT (replacing it) when complete")
+  cmd->add_option("--out", a->out,
+                  "the output file (its folder created if need be); written as OUT.tmp, renamed to OUT (replacing it) "
+                  "when complete. Checked before anything is computed: a directory is refused (exit 2)")
       ->required();
   cmd->add_option("--batch-size", a->batch_size,
                   "images per forward pass (batches formed over all the images, the last one padded, dealt to the "

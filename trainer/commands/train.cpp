@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "trainer/checkpoint.h"
 #include "trainer/commands/commands.h"
 #include "trainer/commands/job.h"
 #include "trainer/model_registry.h"
@@ -56,12 +57,25 @@ int train_job(const TrainArgs& a) {
             std::error_code ec;
             if (a.resume != "auto" && a.resume != "never" && job.env.restart_count == 0 &&
                 !std::filesystem::is_directory(a.resume, ec))
-              DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never or the "
-                        "path of a step-N checkpoint){}", a.resume, ec ? ": " + ec.message() : std::string());
-            const RunResult result = train(job.config,
-                                            {.resume = a.resume, .restart = job.env.restart_count,
-                                             .job = job_identity(job.env), .device = job.device},
-                                            *job.pg);
+              DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never, or the "
+                        "path of a step-N checkpoint or of a checkpoint directory){}", a.resume,
+                        ec ? ": " + ec.message() : std::string());
+            // An unusable checkpoint.dir (a file, a read-only folder): said now, not at the first checkpoint.
+            if (lead) CheckpointManager::check_dir(job.config.checkpoint.dir);
+            RunResult result;
+            try {
+              result = train(job.config,
+                             {.resume = a.resume, .restart = job.env.restart_count, .job = job_identity(job.env),
+                              .device = job.device},
+                             *job.pg);
+            } catch (const StoppedBeforeTraining& e) {  // a wait at start-up gave up on a stop signal
+              job.pg.reset();
+              if (lead)
+                spdlog::warn("stopping before the first step: {}; nothing trained, no checkpoint to write; exiting "
+                             "with {} (the same command starts again)", e.what(), kExitPreempted);
+              spdlog::default_logger()->flush();
+              return kExitPreempted;
+            }
             if (result.stop_signal) {
               job.pg.reset();
               if (lead && result.failed_checkpoint_step == result.steps)
@@ -96,9 +110,10 @@ Command add_train(CLI::App& root, std::shared_ptr<bool> print_config) {
       ->check(CLI::ExistingFile);
   root.add_option("--resume", a->resume,
                   "auto: continue from the newest valid checkpoint in checkpoint.dir if there is one; never: start "
-                  "fresh and DELETE the checkpoints in checkpoint.dir; PATH: continue from that checkpoint. On a "
-                  "launcher's restart (DPT_RESTART_COUNT > 0) never and PATH were the first attempt's: the job goes "
-                  "on from its own newest checkpoint")
+                  "fresh and DELETE the checkpoints in checkpoint.dir once this run's first checkpoint is written (a "
+                  "run that fails before then leaves them); PATH: continue from that checkpoint, or from the newest "
+                  "valid one in the checkpoint directory PATH. On a launcher's restart (DPT_RESTART_COUNT > 0) never "
+                  "and PATH were the first attempt's: the job goes on from its own newest checkpoint")
       ->capture_default_str();
   root.add_flag("--print-config", *print_config, "print the effective config as TOML and exit");
   root.add_option("overrides", a->overrides, "config overrides, key=value (e.g. train.lr=0.1 model.hidden=[256,256])");

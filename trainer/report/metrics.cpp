@@ -1,6 +1,8 @@
 // trainer/report/metrics.cpp: the metrics file (trainer/report/metrics.h).
 #include "trainer/report/metrics.h"
 
+#include <spdlog/spdlog.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -48,17 +50,40 @@ void drop_records_after(const std::string& path, int64_t last_step) {
   if (ec) DPT_THROW(IoError, "cannot replace the metrics file {}: {}", path, ec.message());
 }
 
+// A fresh run's: an earlier run's non-empty file at `path` renamed to path.N, the first N free; that name, or empty.
+std::string keep_earlier_file(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec) || fs::file_size(path, ec) == 0 || ec) return {};
+  for (int n = 1;; ++n) {
+    const std::string to = fmt::format("{}.{}", path, n);
+    if (fs::exists(fs::symlink_status(to, ec))) continue;
+    fs::rename(path, to, ec);
+    if (ec) DPT_THROW(IoError, "cannot keep the earlier metrics file {} as {}: {}", path, to, ec.message());
+    return to;
+  }
+}
+
 }  // namespace
 
 MetricsLog::MetricsLog(const std::string& dir, int64_t start_step, bool tensorboard)
-    : path_((std::filesystem::path(dir) / "metrics.jsonl").string()) {
+    : dir_(dir), path_((std::filesystem::path(dir) / "metrics.jsonl").string()), start_step_(start_step),
+      with_tensorboard_(tensorboard) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) DPT_THROW(IoError, "cannot create log.dir {} for the metrics file: {}", dir, ec.message());
-  drop_records_after(path_, start_step);
+}
+
+// At the first record: a run that fails before it (bad data at start-up) leaves an earlier run's file as it was.
+void MetricsLog::open() {
+  if (start_step_ > 0) {
+    drop_records_after(path_, start_step_);
+  } else if (const std::string kept = keep_earlier_file(path_); !kept.empty()) {
+    spdlog::info("metrics: this run starts afresh; the earlier run's {} is kept as {}", path_, kept);
+  }
   file_ = std::fopen(path_.c_str(), "a");
   if (!file_) DPT_THROW(IoError, "cannot open the metrics file {}: {}", path_, std::strerror(errno));
-  if (tensorboard) tensorboard_ = std::make_unique<TensorBoardWriter>(dir, start_step);
+  if (with_tensorboard_) tensorboard_ = std::make_unique<TensorBoardWriter>(dir_, start_step_);
 }
 
 MetricsLog::~MetricsLog() {
@@ -66,6 +91,7 @@ MetricsLog::~MetricsLog() {
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
+  if (!file_) open();
   const std::string line = record.dump() + "\n";
   if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0)
     DPT_THROW(IoError, "cannot write the metrics file {}: {}", path_, std::strerror(errno));

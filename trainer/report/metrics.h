@@ -2,8 +2,11 @@
 // interval ("kind": "progress") and one per epoch ("kind": "epoch"), appended and flushed as written so that
 // `tail -f` and pandas.read_json(lines=True) both work while the run goes on. A resumed run appends to the same
 // file; its step numbers continue. Records of steps after the one a run starts from (those a crashed or preempted
-// run wrote after its last checkpoint, and every record when a run starts afresh) are dropped when the file is
-// opened, so each step appears once, as the curves will show it. Every key is listed in docs/watching.md ("Metrics file").
+// run wrote after its last checkpoint) are dropped when the run writes its first record, so each step appears once,
+// as the curves will show it; a run that starts afresh keeps an earlier run's file as metrics.jsonl.N (the first
+// free N) then and begins a new one. Nothing is touched before that first record: a run that fails at start-up
+// leaves the file as it was (sibling checkpoint.dirs share it). Every key is listed in docs/watching.md ("Metrics
+// file").
 // With log.tensorboard the same records also go to TensorBoard event files in the same folder (trainer/report/tensorboard.h).
 #pragma once
 
@@ -24,22 +27,26 @@ std::string metrics_dir(const Config& cfg);
 
 class MetricsLog {
  public:
-  // Opens DIR/metrics.jsonl for appending (creating DIR), first keeping only the records of steps up to
-  // `start_step` (the checkpoint's step; 0 for a fresh run); IoError naming the path when it cannot. With
-  // `tensorboard`, also starts a TensorBoard event file in DIR (TensorBoardWriter, which hides from TensorBoard the
-  // points after start_step that earlier files hold).
+  // DIR/metrics.jsonl, for the records of a run that starts after step `start_step` (the checkpoint's; 0 for a
+  // fresh run). Creates DIR now (IoError naming it when it cannot); the file itself is opened by the first write().
+  // With `tensorboard`, the first write() also starts a TensorBoard event file in DIR (TensorBoardWriter, which hides
+  // from TensorBoard the points after start_step that earlier files hold).
   MetricsLog(const std::string& dir, int64_t start_step, bool tensorboard);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
 
   // Appends `record` as one line and flushes it, and writes it to the event file when there is one; IoError when a
-  // write fails (a full disk).
+  // write fails (a full disk). The first one opens the file: a resumed run's drops the records of steps after
+  // start_step; a fresh run's renames an earlier file to metrics.jsonl.N (and says so) and starts a new one.
   void write(const nlohmann::json& record);
   const std::string& path() const { return path_; }
 
  private:
-  std::string path_;
+  void open();
+  std::string dir_, path_;
+  int64_t start_step_;
+  bool with_tensorboard_;
   std::FILE* file_ = nullptr;
   std::unique_ptr<TensorBoardWriter> tensorboard_;  // null without log.tensorboard
 };

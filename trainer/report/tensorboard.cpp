@@ -126,9 +126,10 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t start_step)
   // start_step, so its first point is at start_step + 1 or later: what an earlier run wrote after that checkpoint
   // (it crashed or was preempted, and those steps are done again) goes; what it wrote up to the checkpoint stays,
   // as metrics.jsonl keeps it (MetricsLog). Written by a fresh run too (start_step 0: S = 1, every earlier point
-  // goes, as metrics.jsonl's records do), and not only for an old run's files left here: the plugin accumulator
-  // (the TensorBoard server's) takes a run's first START as the session's start and purges only on later ones, so
-  // a resume's START purges only when the first file has one (integration.tensorboard fails without it).
+  // goes from view, as an earlier metrics.jsonl goes to metrics.jsonl.N), and not only for an old run's files left
+  // here: the plugin accumulator (the TensorBoard server's) takes a run's first START as the session's start and
+  // purges only on later ones, so a resume's START purges only when the first file has one (integration.tensorboard
+  // fails without it).
   // tensorboard-data-server ignores SessionLog; it replaces a tag's points at and after a step it reads again.
   tensorboard::Event start;
   start.set_wall_time(now);

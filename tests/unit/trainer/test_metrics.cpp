@@ -24,7 +24,8 @@ TEST_CASE("metrics_dir: log.dir, else the folder holding checkpoint.dir", "[trai
   REQUIRE(metrics_dir(cfg) == "logs/here");
 }
 
-TEST_CASE("MetricsLog keeps the records up to the start step and appends", "[trainer][metrics]") {
+TEST_CASE("MetricsLog keeps the records up to the start step and appends, a fresh run keeps the earlier file as .N",
+          "[trainer][metrics]") {
   const auto dir = std::filesystem::temp_directory_path() / "dpt_test_metrics";
   std::filesystem::remove_all(dir);
   auto lines = [&] {
@@ -38,14 +39,35 @@ TEST_CASE("MetricsLog keeps the records up to the start step and appends", "[tra
     for (int step : {10, 20, 30}) log.write({{"kind", "progress"}, {"step", step}});
   }
   {
-    MetricsLog log(dir.string(), 20, false);  // resumed from step 20: step 30 was done again
-    REQUIRE(lines() == "{\"kind\":\"progress\",\"step\":10}\n{\"kind\":\"progress\",\"step\":20}\n");
+    MetricsLog log(dir.string(), 20, false);  // resumed from step 20: step 30 was done again, dropped at the first
+    REQUIRE(lines().find("\"step\":30") != std::string::npos);  // record
     log.write({{"kind", "progress"}, {"step", 21}});
   }
   REQUIRE(lines() == "{\"kind\":\"progress\",\"step\":10}\n{\"kind\":\"progress\",\"step\":20}\n"
                      "{\"kind\":\"progress\",\"step\":21}\n");
   std::ofstream(dir / "metrics.jsonl", std::ios::app) << "not json, kept\n";
-  { MetricsLog fresh(dir.string(), 0, false); }  // a fresh run: no record of a step is kept
-  REQUIRE(lines() == "not json, kept\n");
+  const std::string earlier = lines();
+  { MetricsLog resumed(dir.string(), 10, false); }  // a run that fails before its first record changes nothing
+  { MetricsLog fresh(dir.string(), 0, false); }
+  REQUIRE(lines() == earlier);
+  REQUIRE_FALSE(std::filesystem::exists(dir / "metrics.jsonl.1"));
+  {
+    MetricsLog fresh(dir.string(), 0, false);  // a fresh run's first record: the earlier file kept as .1
+    fresh.write({{"kind", "progress"}, {"step", 1}});
+  }
+  REQUIRE(lines() == "{\"kind\":\"progress\",\"step\":1}\n");
+  {
+    std::ifstream in(dir / "metrics.jsonl.1");
+    std::stringstream s;
+    s << in.rdbuf();
+    REQUIRE(s.str() == earlier);
+  }
+  {
+    MetricsLog again(dir.string(), 0, false);  // and the next one's as .2
+    again.write({{"kind", "progress"}, {"step", 2}});
+  }
+  REQUIRE(lines() == "{\"kind\":\"progress\",\"step\":2}\n");
+  REQUIRE(std::filesystem::file_size(dir / "metrics.jsonl.2") ==
+          std::string("{\"kind\":\"progress\",\"step\":1}\n").size());
   std::filesystem::remove_all(dir);
 }
