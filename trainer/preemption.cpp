@@ -6,6 +6,7 @@
 #include <atomic>
 #include <csignal>
 #include <ctime>
+#include <utility>
 
 #include "core/tensor.h"
 
@@ -35,6 +36,34 @@ void install_stop_handlers() {
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // a blocking read or write in progress carries on
   for (int sig : {SIGUSR1, SIGTERM}) sigaction(sig, &sa, nullptr);
+}
+
+RendezvousStopWatch::RendezvousStopWatch(std::function<void(int)> on_stop) : on_stop_(std::move(on_stop)) {
+  // A signal that came during the start-up, at once: a rendezvous over before the thread's first look (one process)
+  // would leave it to training's first step otherwise.
+  if (const int sig = stop_signal()) on_stop_(sig);
+  thread_ = std::thread([this] {
+    std::unique_lock lock(mu_);
+    while (armed_) {
+      if (const int sig = stop_signal()) {
+        lock.unlock();
+        on_stop_(sig);  // ends the process
+        return;
+      }
+      cv_.wait_for(lock, kPoll);
+    }
+  });
+}
+
+RendezvousStopWatch::~RendezvousStopWatch() { disarm(); }
+
+void RendezvousStopWatch::disarm() {
+  {
+    std::lock_guard lock(mu_);
+    armed_ = false;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
 int stop_signal() { return g_signal.load(); }

@@ -1,7 +1,11 @@
-// Unit tests for trainer/preemption.h: the first SIGUSR1 or SIGTERM is recorded, later ones do not replace it.
+// Unit tests for trainer/preemption.h: the first SIGUSR1 or SIGTERM is recorded, later ones do not replace it;
+// RendezvousStopWatch acts on it until disarmed.
 #include <catch2/catch.hpp>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
+#include <thread>
 
 #include "trainer/preemption.h"
 
@@ -40,4 +44,30 @@ TEST_CASE("the first stop signal is kept and the process lives on", "[preemption
   REQUIRE(std::raise(SIGTERM) == 0);
   CHECK(stop_signal() == SIGTERM);
   CHECK(kExitPreempted == 75);
+}
+
+TEST_CASE("RendezvousStopWatch calls on_stop soon after a stop signal, and never once disarmed", "[preemption]") {
+  set_stop_signal(0);
+  std::atomic<int> got{0};
+  {
+    RendezvousStopWatch watch([&](int sig) { got = sig; });  // dptrain's ends the process; this one returns
+    std::this_thread::sleep_for(3 * RendezvousStopWatch::kPoll);
+    CHECK(got == 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    set_stop_signal(SIGUSR1);  // as the handler does
+    while (got == 0 && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5))
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    CHECK(got == SIGUSR1);
+    CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(1));
+  }
+  set_stop_signal(0);
+  got = 0;
+  {
+    RendezvousStopWatch watch([&](int sig) { got = sig; });
+    watch.disarm();  // the rendezvous is over: a later signal is the training's
+    set_stop_signal(SIGTERM);
+    std::this_thread::sleep_for(3 * RendezvousStopWatch::kPoll);
+    CHECK(got == 0);
+  }
+  set_stop_signal(0);
 }
