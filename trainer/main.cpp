@@ -15,6 +15,7 @@
 
 #include "models/kernels/cpu/cpu_info.h"
 #include "trainer/commands/commands.h"
+#include "trainer/preemption.h"
 
 namespace {
 
@@ -29,15 +30,26 @@ void reexec_for_fast_blas(char** argv) {
   const std::string from = dpt::models::blas_core();
   setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
   setenv("DPT_BLAS_REEXEC_FROM", from.c_str(), 1);
-  execv("/proc/self/exe", argv);
+  execv("/proc/self/exe", argv);  // keeps the signal mask: a SIGUSR1 or SIGTERM held so far stays pending
   // execv failed: carry on with the slow kernels (the note below says so).
   unsetenv("OPENBLAS_CORETYPE");
 }
+
+// Before every shared library's initializer (CUDA's, NCCL's, MPI's, OpenBLAS's: about 100 ms before main() here),
+// and so before any thread they start: from here on a SIGUSR1 or SIGTERM is held, not fatal (trainer/preemption.h).
+// Only the dynamic loader's few milliseconds come before it.
+void hold_stop_signals_at_load(int, char**, char**) { dpt::trainer::hold_stop_signals(); }
+[[gnu::section(".preinit_array"), gnu::used]] void (*const hold_at_load)(int, char**, char**) =
+    hold_stop_signals_at_load;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace dpt::trainer::commands;
+  // Held since the libraries loaded (hold_at_load; again here, idempotent): a stop signal during the start-up (twice
+  // with the re-exec below) waits for training's handler, or is released with its default action for the other
+  // commands (trainer/preemption.h).
+  dpt::trainer::hold_stop_signals();
   reexec_for_fast_blas(argv);
   CLI::App app{
       "dptrain: data-parallel training, one process per GPU or CPU slot.\n"
@@ -80,6 +92,7 @@ int main(int argc, char** argv) {
                 << c.app->get_name() << " --help)\n";
       return kExitUsage;
     }
+    dpt::trainer::release_stop_signals();  // only training stops cleanly on them
     return c.run();
   }
   return commands.front().run();  // no subcommand: train

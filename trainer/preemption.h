@@ -23,7 +23,14 @@ namespace dpt::trainer {
 // The exit code of a preempted run: EX_TEMPFAIL, "try again". The sbatch scripts requeue the job on it.
 inline constexpr int kExitPreempted = 75;
 
-// Installs the SIGUSR1 and SIGTERM handlers (idempotent).
+// main() blocks SIGUSR1 and SIGTERM first thing (hold_stop_signals), before its slow start-up and the re-exec for
+// OpenBLAS (execv keeps the signal mask and what is pending): a stop signal in the first tens of milliseconds once
+// killed the process (exit 138 or 143). One that arrives meanwhile stays pending until install_stop_handlers()
+// (a run that stops cleanly) or release_stop_signals() (every other command, which ends on them as by default).
+void hold_stop_signals();
+void release_stop_signals();
+// Installs the SIGUSR1 and SIGTERM handlers, then unblocks them in this thread (idempotent): a signal held since
+// hold_stop_signals() is recorded now.
 void install_stop_handlers();
 // The first stop signal received, 0 when none.
 int stop_signal();
@@ -37,7 +44,7 @@ void set_stop_signal(int sig);
 // the flag about every kPoll and calls on_stop(signal), which must end the process: before the first step there is
 // nothing to checkpoint or agree on. A stop once waited for the whole dist.timeout_s (under dprun, the whole
 // --stop-timeout, then SIGKILL). From construction until disarm() (or destruction); a signal received before
-// construction (during the start-up) calls on_stop in the constructor. (A rendezvous that fails because a
+// construction (held during the start-up) calls on_stop in the constructor. (A rendezvous that fails because a
 // peer stopped first, before this rank's thread looked, is the caller's to tell: trainer/commands/job.cpp.)
 class RendezvousStopWatch {
  public:

@@ -12,7 +12,7 @@
 #  6. A stop at an epoch's last step: the stopped run leaves at once; the resumed run evaluates that epoch and prints
 #     its line first (one rank, the stop injected after a chosen step).
 #  7. A stop before the first step: a rank waiting at the rendezvous (rank 1, rank 0, both ranks under dprun) exits
-#     75 at once, saying so.
+#     75 at once, saying so; a SIGUSR1 in dptrain's first milliseconds is a stop too (exit 75), not fatal.
 source "$(dirname "$0")/lib/common.bash"
 set +e
 # 1200 examples / 2 ranks / batch 16 = 38 steps per epoch; 8 epochs = 304 steps, a progress line every step.
@@ -187,10 +187,11 @@ rc=$?
   fail "2 ranks, zero=3: final weights differ from the uninterrupted run's"
 echo "ok: the same on 2 ranks under dist.zero=3"
 
-# ---- 7. A stop before the first step: at the rendezvous ---------------------------------------------------------
+# ---- 7. A stop before the first step: at the rendezvous, and in the first milliseconds -------------------------
 # A rank waiting for its peers (TcpStore connect or wait, Gloo) once ignored the stop until dist.timeout_s, then
 # exited 1; under dprun the whole --stop-timeout, then SIGKILL. Now it leaves at once with 75 (nothing to lose; the
-# same command starts the run again), saying so.
+# same command starts the run again), saying so. And a signal sent as soon as dptrain holds them (before its
+# libraries' initializers, ~100 ms before main: it once died of it, 138) is a stop too.
 RDZV=(--config "$CONFIG" data.train_limit=2000 train.epochs=1 dist.timeout_s=60)
 # stop_waiting NAME SIG ENV...: dptrain alone with ENV (its peer never comes), SIG after 1.5 s: exit 75 within 2 s.
 stop_waiting() {
@@ -234,5 +235,22 @@ took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
 [ "$(grep -c 'stopped by SIGUSR1 while waiting for the rendezvous' "$WORK/rdzv_dprun.log")" = 2 ] ||
   { cat "$WORK/rdzv_dprun.log"; fail "dprun: not both ranks said they stopped at the rendezvous"; }
 echo "ok: SIGUSR1 to dprun while its ranks wait for the rendezvous -> 75 in $took s"
+# The first milliseconds: SIGUSR1 as soon as /proc/PID/status shows SIGUSR1 and SIGTERM blocked (bits 10 and 15).
+"$DPTRAIN" --config "$CONFIG" data.train_limit=256 train.max_steps=2 checkpoint.dir="$WORK/early" \
+  >"$WORK/early.log" 2>&1 &
+pid=$!
+held=0
+for _ in $(seq 2000); do
+  blk=$(awk '/^SigBlk:/ { print $2 }' "/proc/$pid/status" 2>/dev/null) || break
+  [ -n "$blk" ] && (( (16#$blk & 0x4200) == 0x4200 )) && { held=1; break; }
+done
+kill -USR1 "$pid"
+wait "$pid"
+rc=$?
+[ $held = 1 ] || fail "early signal: dptrain never held SIGUSR1 and SIGTERM"
+[ $rc = 75 ] || { cat "$WORK/early.log"; fail "SIGUSR1 in dptrain's first milliseconds: exit $rc, expected 75"; }
+grep -q "stopped by SIGUSR1 while starting (before the first step" "$WORK/early.log" ||
+  { cat "$WORK/early.log"; fail "early signal: no line saying it stopped while starting"; }
+echo "ok: SIGUSR1 in dptrain's first milliseconds -> 75"
 no_processes_left "$WORK"
 echo PASS

@@ -69,7 +69,7 @@ int run_job(const JobSpec& spec) {
     std::cerr << "dptrain: " << e.what() << "\n";
     return kExitUsage;
   }
-  // Installed before the process group exists, so that a signal during start-up is not fatal either.
+  // main() has held SIGUSR1 and SIGTERM since it began; one that came meanwhile is recorded now.
   if (spec.stop_handlers) install_stop_handlers();
 
   Config cfg;

@@ -1,11 +1,13 @@
-// Unit tests for trainer/preemption.h: the first SIGUSR1 or SIGTERM is recorded, later ones do not replace it;
-// RendezvousStopWatch acts on it until disarmed.
+// Unit tests for trainer/preemption.h: the first SIGUSR1 or SIGTERM is recorded, later ones do not replace it; one
+// held since start-up is recorded by install_stop_handlers; RendezvousStopWatch acts on it until disarmed.
 #include <catch2/catch.hpp>
 
 #include <atomic>
 #include <chrono>
 #include <csignal>
 #include <thread>
+
+#include <pthread.h>
 
 #include "trainer/preemption.h"
 
@@ -44,6 +46,24 @@ TEST_CASE("the first stop signal is kept and the process lives on", "[preemption
   REQUIRE(std::raise(SIGTERM) == 0);
   CHECK(stop_signal() == SIGTERM);
   CHECK(kExitPreempted == 75);
+}
+
+TEST_CASE("a stop signal held since start-up is recorded when the handlers are installed", "[preemption]") {
+  SavedHandlers saved;
+  set_stop_signal(0);
+  hold_stop_signals();  // as main() does before its libraries' initializers
+  REQUIRE(std::raise(SIGTERM) == 0);  // held: neither fatal nor recorded yet
+  CHECK(stop_signal() == 0);
+  install_stop_handlers();  // the handler first, then the release: the pending SIGTERM is recorded
+  CHECK(stop_signal() == SIGTERM);
+  sigset_t now;
+  REQUIRE(pthread_sigmask(SIG_BLOCK, nullptr, &now) == 0);
+  CHECK_FALSE(sigismember(&now, SIGUSR1));
+  CHECK_FALSE(sigismember(&now, SIGTERM));
+  hold_stop_signals();
+  release_stop_signals();
+  REQUIRE(pthread_sigmask(SIG_BLOCK, nullptr, &now) == 0);
+  CHECK_FALSE(sigismember(&now, SIGTERM));
 }
 
 TEST_CASE("RendezvousStopWatch calls on_stop soon after a stop signal, and never once disarmed", "[preemption]") {
