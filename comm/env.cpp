@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cstdint>
 #include <optional>
+#include <utility>
 
 #include "core/check.h"
 
@@ -208,6 +209,53 @@ DistEnv detect_slurm(const EnvMap& env) {
   return d;
 }
 
+// RANK and WORLD_SIZE that dprun (DPT_LAUNCHER=dprun) or torchrun's agent (TORCHELASTIC_RUN_ID) set: such a
+// launcher may run inside mpirun or srun (scripts/slurm/dprun.sbatch: one dprun per node), and its numbering is
+// the job's. Others were set by hand, or left over in the shell.
+bool set_by_launcher(const EnvMap& env) {
+  const std::string* launcher = find(env, "DPT_LAUNCHER");
+  return (launcher && *launcher == "dprun") || has(env, "TORCHELASTIC_RUN_ID");
+}
+
+// RANK and WORLD_SIZE set by hand (`hand`) where mpirun or srun placed this process too: when both agree (and
+// LOCAL_RANK, when both give one), that launcher's view (its name, MPI); when they disagree, ConfigError naming
+// both. Leftovers once won silently: mpirun -np 2 started two processes that each trained alone as rank 0.
+DistEnv against_outer_launcher(const EnvMap& env, const DistEnv& hand) {
+  DistEnv outer;
+  const char *name = nullptr, *rank_var = nullptr, *world_var = nullptr, *local_var = nullptr;
+  if (has(env, "OMPI_COMM_WORLD_SIZE")) {
+    outer = detect_openmpi(env);
+    name = "mpirun";
+    rank_var = "OMPI_COMM_WORLD_RANK";
+    world_var = "OMPI_COMM_WORLD_SIZE";
+    local_var = "OMPI_COMM_WORLD_LOCAL_RANK";
+  } else if (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS")) {
+    outer = detect_slurm(env);
+    name = "Slurm";
+    rank_var = "SLURM_PROCID";
+    world_var = "SLURM_NTASKS";
+    local_var = "SLURM_LOCALID";
+  } else {
+    return hand;
+  }
+  const bool compare_local = has(env, "LOCAL_RANK") && has(env, local_var);
+  if (hand.rank == outer.rank && hand.world_size == outer.world_size &&
+      (!compare_local || hand.local_rank == outer.local_rank)) {
+    return outer;
+  }
+  std::string ours = fmt::format("RANK={}, WORLD_SIZE={}", hand.rank, hand.world_size);
+  std::string theirs = fmt::format("{}={}, {}={}", rank_var, outer.rank, world_var, outer.world_size);
+  if (compare_local && hand.local_rank != outer.local_rank) {
+    ours += fmt::format(", LOCAL_RANK={}", hand.local_rank);
+    theirs += fmt::format(", {}={}", local_var, outer.local_rank);
+  }
+  DPT_THROW(ConfigError,
+            "the environment places this process twice, and the two disagree: {} (set by hand or left over in the "
+            "shell: dprun would have set DPT_LAUNCHER=dprun) but {} (set by {}). Unset RANK and WORLD_SIZE to run "
+            "where {} placed it, or make them agree",
+            ours, theirs, name, name);
+}
+
 // ---- hostlists -------------------------------------------------------------------------------------------
 
 [[noreturn]] void bad_hostlist(const std::string& expr, const std::string& why) {
@@ -299,8 +347,18 @@ const char* launcher_name(Launcher l) {
 
 DistEnv detect_env(const EnvMap& env) {
   DistEnv d;
+  // One of the two alone would once start a single process training alone ("1 rank(s) via none").
+  for (const auto& [set, unset] : {std::pair{"WORLD_SIZE", "RANK"}, std::pair{"RANK", "WORLD_SIZE"}}) {
+    if (has(env, set) && !has(env, unset)) {
+      DPT_THROW(ConfigError,
+                "environment variable {}={} but {} is not set: set both to start a rank of a job by hand, or neither "
+                "for a single process",
+                set, *find(env, set), unset);
+    }
+  }
   if (has(env, "RANK") && has(env, "WORLD_SIZE")) {
     d = detect_dprun(env);
+    if (!set_by_launcher(env)) d = against_outer_launcher(env, d);
   } else if (has(env, "OMPI_COMM_WORLD_SIZE")) {
     d = detect_openmpi(env);
   } else if (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS")) {

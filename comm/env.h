@@ -36,7 +36,10 @@ struct DistEnv {
 using EnvMap = std::map<std::string, std::string>;
 
 // Pure function over a recorded environment; throws ConfigError on inconsistent or malformed values
-// (e.g. RANK >= WORLD_SIZE, a non-numeric port), naming the variable.
+// (e.g. RANK >= WORLD_SIZE, a non-numeric port, WORLD_SIZE without RANK), naming the variable. RANK and WORLD_SIZE
+// come first when dprun (DPT_LAUNCHER=dprun) or torchrun (TORCHELASTIC_RUN_ID) set them, even inside mpirun or
+// srun; set otherwise (by hand, or left over) next to OMPI_COMM_WORLD_* or SLURM_*, they must agree with those
+// (then the launcher is that one) or ConfigError names both.
 DistEnv detect_env(const EnvMap& env);
 // The current process's environment.
 EnvMap process_env();

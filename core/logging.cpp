@@ -135,19 +135,36 @@ bool write_reason_once(const std::string& path, const std::string& line) {
   return ok;
 }
 
-void exit_with_error(int code, const std::string& what) {
+namespace {
+// exit_with_error and exit_with_note: the first caller ends the process, any later one waits for that.
+void enter_exit_once() {
   static std::atomic<bool> dying{false};
   if (dying.exchange(true)) {
-    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));  // the first caller ends the process
+    for (;;) std::this_thread::sleep_for(std::chrono::seconds(1));
   }
+}
+
+[[noreturn]] void flush_and_exit(int code) {
   // No spdlog::shutdown(): another thread may be logging; flushing is enough before _Exit.
-  spdlog::error("{}", what);
-  if (const char* reason = std::getenv("DPT_REASON_FILE"))
-    write_reason_once(reason, fmt::format("rank {}: {}", error_rank(), what.substr(0, what.find('\n'))));
   spdlog::default_logger()->flush();
   std::fflush(stdout);
   std::fflush(stderr);
   std::_Exit(code);
+}
+}  // namespace
+
+void exit_with_error(int code, const std::string& what) {
+  enter_exit_once();
+  spdlog::error("{}", what);
+  if (const char* reason = std::getenv("DPT_REASON_FILE"))
+    write_reason_once(reason, fmt::format("rank {}: {}", error_rank(), what.substr(0, what.find('\n'))));
+  flush_and_exit(code);
+}
+
+void exit_with_note(int code, const std::string& what) {
+  enter_exit_once();
+  spdlog::warn("{}", what);
+  flush_and_exit(code);
 }
 
 }  // namespace dpt

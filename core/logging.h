@@ -32,6 +32,9 @@ spdlog::level::level_enum parse_log_level(const std::string& name);
 // When DPT_REASON_FILE is set (dprun sets it), the first line of `what`, as "rank R: ...", is also written there
 // unless a rank got there first: dprun prints it once as the job's reason.
 [[noreturn]] void exit_with_error(int code, const std::string& what);
+// The same for an end that is no failure (a stop signal before the first step): `what` logged as a warning, nothing
+// written to DPT_REASON_FILE. Single entry together with exit_with_error: whichever comes first ends the process.
+[[noreturn]] void exit_with_note(int code, const std::string& what);
 
 // Writes `line` + "\n" to `path` if no one has yet: a temporary file linked into place (O_EXCL semantics: the
 // first writer wins, a reader never sees half a line). Returns true if this call wrote it. Never throws; an

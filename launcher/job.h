@@ -117,7 +117,8 @@ class Job {
   // a deadline (the stop timeout) for the rest.
   void on_preempted_exit(const Rank& r);
   // After every rank has ended: when some rank stopped for preemption and every rank exited 0 or 75, the job
-  // was preempted (75); when some did not, the first of those is the job's failure.
+  // was preempted (75); when some did not, the first of those is the job's failure. After SIGUSR1 or SIGTERM to
+  // dprun with every rank exiting 0, the job completed (0; an elastic job's stop ended the round everywhere: 75).
   void settle_preemption();
 
   // ---- elastic jobs (job_elastic.cpp): the rendezvous rounds (launcher/rendezvous.h), keep-alives, other nodes' failures

@@ -95,15 +95,28 @@ void Job::on_preempted_exit(const Rank& r) {
 }
 
 void Job::settle_preemption() {
-  if (!preempted_exit_) return;
+  // preempting_ without preempted_exit_: dprun received SIGUSR1 or SIGTERM while the ranks ran (exit_code_ says
+  // 128 + N so far), and no rank has exited 75 (yet).
+  if (!preempted_exit_ && !preempting_) return;
   const Rank* bad = nullptr;
   for (const Rank& r : ranks_) {
     const bool clean = !r.status.signaled && (r.status.code == 0 || r.status.code == kPreemptedCode);
     if (!clean && !bad) bad = &r;
   }
-  if (!bad) {
+  if (!bad && (preempted_exit_ || elastic_)) {
+    // An elastic job published the stop as the round's end (on_stop_signal): the other nodes' ranks stopped for it
+    // and their dprun exits 75, so this node's does too, even if its own ranks had all finished.
     exit_code_ = kPreemptedCode;
-    note(fmt::format("the ranks stopped for preemption with a checkpoint; exit code {}", kPreemptedCode));
+    if (preempted_exit_)
+      note(fmt::format("the ranks stopped for preemption with a checkpoint; exit code {}", kPreemptedCode));
+    else
+      note(fmt::format("every rank exited 0 after {}, which ended the round on every node; exit code {}",
+                       signal_name(received_signal_), kPreemptedCode));
+  } else if (!bad) {
+    // Every rank exited 0 after the stop signal: the job completed (it was ending, or the program finished its
+    // work): nothing to resume, nothing to requeue. It once exited 128 + N, as if a rank had been killed.
+    exit_code_ = 0;
+    note(fmt::format("every rank exited 0 after {}: the job completed; exit code 0", signal_name(received_signal_)));
   } else if (exit_code_ == 0) {
     exit_code_ = bad->status.exit_code();
     note(fmt::format("rank {} {} while the others stopped for preemption", bad->global, bad->status.describe()));

@@ -127,6 +127,9 @@ Environment rank_environment(const Options& opts, const Placement& where, int lo
   env["MASTER_PORT"] = std::to_string(where.master_port);
   // std::string values ("0"s): assigning a char literal trips GCC 12's false -Wrestrict (GCC PR 105329).
   env["DPT_RESTART_COUNT"] = std::to_string(restart);  // 0 first; k on the k-th restart (--max-restarts)
+  // The numbering above is the job's, even where dprun runs inside mpirun or srun (one dprun per node), whose
+  // OMPI_COMM_WORLD_* or SLURM_* the ranks inherit: dptrain checks RANK against those only without this.
+  env["DPT_LAUNCHER"] = "dprun"s;
   // Through the environment only: a command line is world-readable in /proc/PID/cmdline, the environment is not.
   if (!opts.store_token.empty()) env["DPT_STORE_TOKEN"] = opts.store_token;
   // N ranks each starting one OpenMP thread per core would oversubscribe the machine N times (torchrun does

@@ -32,6 +32,8 @@ constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   MASTER_ADDR, MASTER_PORT --master-addr, --master-port (defaults above; elastic: a port the
                            master node's dprun finds free for each round)
   DPT_RESTART_COUNT        0; k in the k-th restart (--max-restarts; elastic: the round)
+  DPT_LAUNCHER             dprun: the variables above are dprun's (dptrain then takes them over
+                           OMPI_COMM_WORLD_* or SLURM_* inherited from an mpirun or srun around dprun)
   OMP_NUM_THREADS          1, unless it is set already (dprun says so on stderr when it sets it)
   DPT_RANK_PREFIXED        1 when dprun prefixes the output (no --log-dir)
   DPT_LIVE_LINE            1 when dprun prefixes the output and its stdout is a terminal: rank 0
@@ -67,7 +69,9 @@ or SIGTERM after SIGUSR1, is forwarded instead of cutting that short (SIGTERM tw
 still skip the wait): dptrain's ranks agree on the next
 step, rank 0 writes a checkpoint, and each exits 75. A rank that exits 75 on its own (it was signalled
 directly) is not a failure: dprun waits for the others the same way. When every rank exits 0 or 75 after
-that, dprun exits 75 (the job should be requeued; the same command resumes), otherwise as above.
+that, dprun exits 75 if any exited 75 (the job should be requeued; the same command resumes), 0 if all
+exited 0 (the job completed before it stopped: nothing to requeue; an elastic job, whose stop ends the
+round on every node, exits 75), otherwise as above.
 
 Restarts (--max-restarts N; on several nodes see "Elastic jobs" below): after a rank fails and the
 job has been torn down as above, dprun prints "rank R failed (...); restart k of N" and starts every
@@ -94,8 +98,9 @@ that round's failure. Losing node 0 (its dprun or its host) ends the job on ever
 (Slurm's --requeue). After the ranks of node 0 finish, its dprun waits up to --rdzv-timeout for the other
 nodes' to finish before it stops serving the rendezvous.
 
-Exit status: 0 when every rank exited 0 (in the last attempt); the failed rank's code as above; 75 when
-the ranks stopped for preemption; 2 for a command-line error; 1 when dprun itself failed.
+Exit status: 0 when every rank exited 0 (in the last attempt; after SIGUSR1 or SIGTERM too); the failed
+rank's code as above; 75 when the ranks stopped for preemption; 2 for a command-line error; 1 when dprun
+itself failed.
 
 Examples:
   dprun --nproc-per-node 4 -- build/trainer/dptrain --config configs/fmnist_mlp.toml

@@ -15,6 +15,7 @@
 
 #include "models/kernels/cpu/cpu_info.h"
 #include "trainer/commands/commands.h"
+#include "trainer/preemption.h"
 
 namespace {
 
@@ -29,27 +30,40 @@ void reexec_for_fast_blas(char** argv) {
   const std::string from = dpt::models::blas_core();
   setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
   setenv("DPT_BLAS_REEXEC_FROM", from.c_str(), 1);
-  execv("/proc/self/exe", argv);
+  execv("/proc/self/exe", argv);  // keeps the signal mask: a SIGUSR1 or SIGTERM held so far stays pending
   // execv failed: carry on with the slow kernels (the note below says so).
   unsetenv("OPENBLAS_CORETYPE");
 }
+
+// Before every shared library's initializer (CUDA's, NCCL's, MPI's, OpenBLAS's: about 100 ms before main() here),
+// and so before any thread they start: from here on a SIGUSR1 or SIGTERM is held, not fatal (trainer/preemption.h).
+// Only the dynamic loader's few milliseconds come before it.
+void hold_stop_signals_at_load(int, char**, char**) { dpt::trainer::hold_stop_signals(); }
+[[gnu::section(".preinit_array"), gnu::used]] void (*const hold_at_load)(int, char**, char**) =
+    hold_stop_signals_at_load;
 
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace dpt::trainer::commands;
+  // Held since the libraries loaded (hold_at_load; again here, idempotent): a stop signal during the start-up (twice
+  // with the re-exec below) waits for training's handler, or is released with its default action for the other
+  // commands (trainer/preemption.h).
+  dpt::trainer::hold_stop_signals();
   reexec_for_fast_blas(argv);
   CLI::App app{
       "dptrain: data-parallel training, one process per GPU or CPU slot.\n"
       "Start N copies with `dprun --nproc-per-node N -- dptrain ...`, `torchrun --nproc_per_node N --no_python\n"
       "dptrain ...`, `mpirun -np N dptrain ...` or `srun`; each finds its rank from the environment (RANK/WORLD_SIZE/\n"
       "MASTER_ADDR/MASTER_PORT, OMPI_COMM_WORLD_*, or SLURM_*; under torchrun, its agent's store). A single process\n"
-      "started by hand trains alone.\n"
+      "started by hand trains alone. RANK/WORLD_SIZE not set by dprun or torchrun must agree with mpirun's or Slurm's\n"
+      "variables where those are set too, and come together (else exit 2).\n"
       "SIGUSR1 or SIGTERM to any rank (Slurm's --signal, scancel, dprun forwarding): the ranks stop together after\n"
-      "the current step, rank 0 writes a checkpoint, and every rank exits with 75; the same command resumes.\n"
+      "the current step, rank 0 writes a checkpoint, and every rank exits with 75; the same command resumes. Before\n"
+      "the ranks have met (starting, waiting for the rendezvous) a rank stops at once and exits 75 too: nothing lost.\n"
       "Exit codes: 0 done, 1 failed, 2 bad command line or config, 3 hang (a collective outlived dist.timeout_s; the\n"
-      "message names the stuck rank), 75 preempted (checkpoint written; or stopped before the first step, e.g. while\n"
-      "waiting for data.dir's lock held by another job: nothing to write)."};
+      "message names the stuck rank), 75 preempted (checkpoint written; or stopped before the first step: before the\n"
+      "ranks met, or while waiting for data.dir's lock held by another job: nothing to write)."};
   auto print_config = std::make_shared<bool>(false);
   const std::vector<Command> commands = {  // in the order --help lists them
       add_train(app, print_config), add_export_images(app), add_tokenize(app), add_generate(app),
@@ -79,6 +93,7 @@ int main(int argc, char** argv) {
                 << c.app->get_name() << " --help)\n";
       return kExitUsage;
     }
+    dpt::trainer::release_stop_signals();  // only training stops cleanly on them
     return c.run();
   }
   return commands.front().run();  // no subcommand: train

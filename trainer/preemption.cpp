@@ -6,6 +6,9 @@
 #include <atomic>
 #include <csignal>
 #include <ctime>
+#include <utility>
+
+#include <pthread.h>
 
 #include "core/tensor.h"
 
@@ -29,12 +32,61 @@ extern "C" void on_stop_signal(int sig) {
 
 }  // namespace
 
+namespace {
+sigset_t stop_signal_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+}  // namespace
+
+void hold_stop_signals() {
+  const sigset_t set = stop_signal_set();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void release_stop_signals() {
+  const sigset_t set = stop_signal_set();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
 void install_stop_handlers() {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // a blocking read or write in progress carries on
   for (int sig : {SIGUSR1, SIGTERM}) sigaction(sig, &sa, nullptr);
+  release_stop_signals();  // after the handler: one held since main() began is recorded, not fatal
+}
+
+RendezvousStopWatch::RendezvousStopWatch(std::function<void(int)> on_stop) : on_stop_(std::move(on_stop)) {
+  // A signal that came during the start-up (held until install_stop_handlers), at once: a rendezvous over before the
+  // thread's first look (one process) would leave it to training's first step otherwise.
+  if (const int sig = stop_signal()) on_stop_(sig);
+  thread_ = std::thread([this] {
+    std::unique_lock lock(mu_);
+    while (armed_) {
+      if (const int sig = stop_signal()) {
+        lock.unlock();
+        on_stop_(sig);  // ends the process
+        return;
+      }
+      cv_.wait_for(lock, kPoll);
+    }
+  });
+}
+
+RendezvousStopWatch::~RendezvousStopWatch() { disarm(); }
+
+void RendezvousStopWatch::disarm() {
+  {
+    std::lock_guard lock(mu_);
+    armed_ = false;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
 }
 
 int stop_signal() { return g_signal.load(); }

@@ -6,14 +6,15 @@ source "$(dirname "$0")/lib/dprun.bash"
 # 1. Three ranks print their variables; output lines carry their rank's prefix.
 run --nproc-per-node 3 -- sh -c '
   echo "env RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE LOCAL_WORLD_SIZE=$LOCAL_WORLD_SIZE NODE_RANK=$NODE_RANK GROUP_RANK=$GROUP_RANK MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT"
-  echo "more RESTART=$DPT_RESTART_COUNT PREFIXED=$DPT_RANK_PREFIXED"
+  echo "more RESTART=$DPT_RESTART_COUNT PREFIXED=$DPT_RANK_PREFIXED LAUNCHER=$DPT_LAUNCHER"
   echo "stderr of $RANK" >&2
   printf "unfinished-$RANK"'
 [ "$RC" = 0 ] || fail "3 ranks: dprun exited $RC"
 for r in 0 1 2; do
   grep -Eqx "\[rank $r\] env RANK=$r LOCAL_RANK=$r WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 NODE_RANK=0 GROUP_RANK=0 MASTER_ADDR=127\.0\.0\.1 MASTER_PORT=[0-9]+" "$WORK/out" \
     || fail "rank $r: variables line missing or wrong"
-  grep -qx "\[rank $r\] more RESTART=0 PREFIXED=1" "$WORK/out" || fail "rank $r: DPT_RESTART_COUNT/DPT_RANK_PREFIXED"
+  grep -qx "\[rank $r\] more RESTART=0 PREFIXED=1 LAUNCHER=dprun" "$WORK/out" \
+    || fail "rank $r: DPT_RESTART_COUNT/DPT_RANK_PREFIXED/DPT_LAUNCHER"
   grep -qx "\[rank $r\] unfinished-$r" "$WORK/out" || fail "rank $r: unfinished last line not flushed with its prefix"
   grep -qx "\[rank $r\] stderr of $r" "$WORK/err" || fail "rank $r: stderr line missing from dprun's stderr"
 done
@@ -88,4 +89,28 @@ for r in 0 1 2; do
 done
 [ "$(ls "$WORK/logs/run1" | wc -l)" = 3 ] || fail "log-dir: expected exactly 3 files"
 echo "ok: --log-dir"
+
+# 7. dprun inside srun (scripts/slurm/dprun.sbatch: one dprun task per node), with RANK/WORLD_SIZE left over in its
+# own environment too: the ranks are dprun's (DPT_LAUNCHER=dprun), not Slurm's task nor the leftovers. Then the same
+# leftovers without dprun: dptrain refuses them (exit 2, naming both), and WORLD_SIZE alone too.
+DPTRAIN=$DPT_BUILD_DIR/trainer/dptrain
+TINY=(--config "$DPT_SOURCE_DIR/configs/fmnist_mlp.toml" data.train_limit=256 data.test_limit=64 train.max_steps=2
+      train.progress_interval_s=1000)
+SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0 SLURM_JOB_ID=4321 RANK=7 WORLD_SIZE=9 \
+  run --nproc-per-node 2 -- "$DPTRAIN" "${TINY[@]}" checkpoint.dir="$WORK/ckpt_nested"
+[ "$RC" = 0 ] || fail "dprun inside srun: exit $RC"
+grep -q "dptrain: 2 rank(s) via dprun" "$WORK/out" "$WORK/err" || fail "dprun inside srun: not 2 ranks via dprun"
+SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=0 RANK=0 WORLD_SIZE=1 timeout -k 5 60 "$DPTRAIN" "${TINY[@]}" \
+  checkpoint.dir="$WORK/ckpt_leftover" >"$WORK/out" 2>"$WORK/err" </dev/null
+RC=$?
+[ "$RC" = 2 ] || fail "RANK/WORLD_SIZE against SLURM_*: exit $RC, expected 2"
+grep -q "RANK=0, WORLD_SIZE=1 .* but SLURM_PROCID=1, SLURM_NTASKS=2 (set by Slurm)" "$WORK/err" \
+  || fail "RANK/WORLD_SIZE against SLURM_*: no message naming both"
+[ -e "$WORK/ckpt_leftover" ] && fail "RANK/WORLD_SIZE against SLURM_*: it trained"
+WORLD_SIZE=2 timeout -k 5 60 "$DPTRAIN" "${TINY[@]}" checkpoint.dir="$WORK/ckpt_alone" \
+  >"$WORK/out" 2>"$WORK/err" </dev/null
+RC=$?
+[ "$RC" = 2 ] || fail "WORLD_SIZE without RANK: exit $RC, expected 2"
+grep -q "WORLD_SIZE=2 but RANK is not set" "$WORK/err" || fail "WORLD_SIZE without RANK: no clear message"
+echo "ok: dprun's numbering inside srun; leftover RANK/WORLD_SIZE and WORLD_SIZE alone refused"
 echo "PASS"

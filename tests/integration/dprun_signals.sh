@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tests/integration/dprun_signals.sh: SIGTERM and SIGINT sent to dprun reach every rank and dprun exits
 # 128 + signal; a second one skips the grace period; a rank flooding its output does not delay them; SIGKILL
-# of dprun still takes the ranks with it (PR_SET_PDEATHSIG), leaving no orphan.
+# of dprun still takes the ranks with it (PR_SET_PDEATHSIG), leaving no orphan; ranks that all exit 0 after
+# SIGUSR1 or SIGTERM make dprun exit 0 (the job completed).
 source "$(dirname "$0")/lib/dprun.bash"
 
 sleepers() { pgrep -f "sleep $SLEEP_FOR" | wc -l; }
@@ -89,4 +90,24 @@ for _ in $(seq 30); do
 done
 [ "$(sleepers)" = 0 ] || fail "SIGKILL: ranks outlived dprun by 3 s"
 echo "ok: kill -9 of dprun takes the ranks with it"
+
+# 6. SIGUSR1 or SIGTERM to dprun, and every rank exits 0 (the job was finishing): the job completed, dprun exits 0
+#    (it once exited 138 or 143, as if a rank had been killed); one rank exiting 75 and the other 0: 75.
+for sig in USR1 TERM; do
+  start_dprun --nproc-per-node 2 -- sh -c "trap 'exit 0' $sig; sleep \$SLEEP_FOR & wait"
+  wait_for 2 "SIG$sig, ranks exit 0"
+  kill -$sig "$DPID"
+  wait_exit "SIG$sig, ranks exit 0"
+  [ "$RC" = 0 ] || fail "SIG$sig, every rank exits 0: dprun exited $RC, expected 0"
+  grep -q "every rank exited 0 after SIG$sig: the job completed; exit code 0" "$WORK/err" \
+    || fail "SIG$sig, every rank exits 0: no line saying the job completed"
+  wait_for 0 "SIG$sig, ranks exit 0: leftovers"
+done
+start_dprun --nproc-per-node 2 -- sh -c 'trap "exit \$((RANK == 0 ? 75 : 0))" USR1; sleep $SLEEP_FOR & wait'
+wait_for 2 "SIGUSR1, exits 75 and 0"
+kill -USR1 "$DPID"
+wait_exit "SIGUSR1, exits 75 and 0"
+[ "$RC" = 75 ] || fail "SIGUSR1, rank 0 exits 75 and rank 1 0: dprun exited $RC, expected 75"
+wait_for 0 "SIGUSR1, exits 75 and 0: leftovers"
+echo "ok: after SIGUSR1/SIGTERM, ranks exiting 0 -> 0; 75 and 0 -> 75"
 echo "PASS"

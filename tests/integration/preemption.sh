@@ -11,6 +11,8 @@
 #     (on 2 ranks stage 3 computes what DDP does, to the bit: integration.train_zero).
 #  6. A stop at an epoch's last step: the stopped run leaves at once; the resumed run evaluates that epoch and prints
 #     its line first (one rank, the stop injected after a chosen step).
+#  7. A stop before the first step: a rank waiting at the rendezvous (rank 1, rank 0, both ranks under dprun) exits
+#     75 at once, saying so; a SIGUSR1 in dptrain's first milliseconds is a stop too (exit 75), not fatal.
 source "$(dirname "$0")/lib/common.bash"
 set +e
 # 1200 examples / 2 ranks / batch 16 = 38 steps per epoch; 8 epochs = 304 steps, a progress line every step.
@@ -184,5 +186,71 @@ rc=$?
 "$PY" "$CKPT_PY" compare "$WORK/two_ref/step-00000020" "$WORK/two/step-00000020" 0 >/dev/null ||
   fail "2 ranks, zero=3: final weights differ from the uninterrupted run's"
 echo "ok: the same on 2 ranks under dist.zero=3"
+
+# ---- 7. A stop before the first step: at the rendezvous, and in the first milliseconds -------------------------
+# A rank waiting for its peers (TcpStore connect or wait, Gloo) once ignored the stop until dist.timeout_s, then
+# exited 1; under dprun the whole --stop-timeout, then SIGKILL. Now it leaves at once with 75 (nothing to lose; the
+# same command starts the run again), saying so. And a signal sent as soon as dptrain holds them (before its
+# libraries' initializers, ~100 ms before main: it once died of it, 138) is a stop too.
+RDZV=(--config "$CONFIG" data.train_limit=2000 train.epochs=1 dist.timeout_s=60)
+# stop_waiting NAME SIG ENV...: dptrain alone with ENV (its peer never comes), SIG after 1.5 s: exit 75 within 2 s.
+stop_waiting() {
+  local name=$1 sig=$2 pid rc t0 took
+  shift 2
+  env "$@" "$DPTRAIN" "${RDZV[@]}" checkpoint.dir="$WORK/rdzv_$name" >"$WORK/rdzv_$name.log" 2>&1 &
+  pid=$!
+  sleep 1.5
+  t0=$EPOCHREALTIME
+  kill -"$sig" "$pid"
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+  kill -0 "$pid" 2>/dev/null &&
+    { kill -KILL "$pid"; cat "$WORK/rdzv_$name.log"; fail "$name: alive 5 s after SIG$sig"; }
+  wait "$pid"
+  rc=$?
+  [ $rc = 75 ] || { cat "$WORK/rdzv_$name.log"; fail "$name: SIG$sig at the rendezvous: exit $rc, expected 75"; }
+  grep -q "stopped by SIG$sig while waiting for the rendezvous with the other ranks (before the first step" \
+    "$WORK/rdzv_$name.log" || { cat "$WORK/rdzv_$name.log"; fail "$name: no line saying it stopped at the rendezvous"; }
+  [ -e "$WORK/rdzv_$name/step-00000001" ] && fail "$name: it trained"
+  echo "ok: $name: SIG$sig at the rendezvous -> 75 in $took s"
+}
+stop_waiting rank1 TERM RANK=1 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29577
+stop_waiting rank0 USR1 RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=29578
+# Under dprun: node 0 of two (node 1 never starts), so both ranks wait for ranks 2 and 3. SIGUSR1 to dprun: both
+# ranks stop at once and dprun exits 75, well within --stop-timeout.
+DPT_STORE_TOKEN=preemption-test "$DPRUN" --nproc-per-node 2 --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 \
+  --master-port 29579 --stop-timeout 60 -- "$DPTRAIN" "${RDZV[@]}" checkpoint.dir="$WORK/rdzv_dprun" \
+  >"$WORK/rdzv_dprun.log" 2>&1 &
+DP=$!
+wait_log "$WORK/rdzv_dprun.log" "process group|device cpu"
+sleep 1
+t0=$EPOCHREALTIME
+kill -USR1 "$DP"
+for _ in $(seq 100); do kill -0 "$DP" 2>/dev/null || break; sleep 0.05; done
+kill -0 "$DP" 2>/dev/null && { kill -KILL "$DP"; cat "$WORK/rdzv_dprun.log"; fail "dprun: alive 5 s after SIGUSR1"; }
+wait "$DP"
+rc=$?
+took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+[ $rc = 75 ] || { cat "$WORK/rdzv_dprun.log"; fail "dprun, ranks at the rendezvous: exit $rc, expected 75"; }
+[ "$(grep -c 'stopped by SIGUSR1 while waiting for the rendezvous' "$WORK/rdzv_dprun.log")" = 2 ] ||
+  { cat "$WORK/rdzv_dprun.log"; fail "dprun: not both ranks said they stopped at the rendezvous"; }
+echo "ok: SIGUSR1 to dprun while its ranks wait for the rendezvous -> 75 in $took s"
+# The first milliseconds: SIGUSR1 as soon as /proc/PID/status shows SIGUSR1 and SIGTERM blocked (bits 10 and 15).
+"$DPTRAIN" --config "$CONFIG" data.train_limit=256 train.max_steps=2 checkpoint.dir="$WORK/early" \
+  >"$WORK/early.log" 2>&1 &
+pid=$!
+held=0
+for _ in $(seq 2000); do
+  blk=$(awk '/^SigBlk:/ { print $2 }' "/proc/$pid/status" 2>/dev/null) || break
+  [ -n "$blk" ] && (( (16#$blk & 0x4200) == 0x4200 )) && { held=1; break; }
+done
+kill -USR1 "$pid"
+wait "$pid"
+rc=$?
+[ $held = 1 ] || fail "early signal: dptrain never held SIGUSR1 and SIGTERM"
+[ $rc = 75 ] || { cat "$WORK/early.log"; fail "SIGUSR1 in dptrain's first milliseconds: exit $rc, expected 75"; }
+grep -q "stopped by SIGUSR1 while starting (before the first step" "$WORK/early.log" ||
+  { cat "$WORK/early.log"; fail "early signal: no line saying it stopped while starting"; }
+echo "ok: SIGUSR1 in dptrain's first milliseconds -> 75"
 no_processes_left "$WORK"
 echo PASS

@@ -11,6 +11,22 @@ echo "$out"
 acc=$(metric test_acc "$out")
 float_ge "$acc" 0.5 || fail "test_acc $acc after 40 steps"
 
+# RANK/WORLD_SIZE left over in the shell once made both processes train alone, on one checkpoint directory: now each
+# refuses (exit 2), naming both sources; leftovers that agree with mpirun's are fine, and the run is mpirun's.
+set +e
+out=$(RANK=0 WORLD_SIZE=1 "${MPIRUN[@]}" -np 2 "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" \
+      checkpoint.dir="$WORK/leftover" 2>&1)
+rc=$?
+set -e
+[ "$rc" = 2 ] || { echo "$out"; fail "leftover RANK=0 WORLD_SIZE=1 under mpirun -np 2: exit $rc, expected 2"; }
+<<< "$out" grep -q "RANK=0, WORLD_SIZE=1 .* but OMPI_COMM_WORLD_RANK=[01], OMPI_COMM_WORLD_SIZE=2 (set by mpirun)" \
+  || { echo "$out"; fail "leftover RANK/WORLD_SIZE: no message naming both"; }
+[ -e "$WORK/leftover" ] && fail "leftover RANK/WORLD_SIZE: it trained"
+out=$(RANK=0 WORLD_SIZE=1 "${MPIRUN[@]}" -np 1 "$DPTRAIN" --config "$CONFIG" data.train_limit=256 data.test_limit=64 \
+      train.max_steps=2 checkpoint.dir="$WORK/agree" 2>&1) || { echo "$out"; fail "agreeing RANK/WORLD_SIZE failed"; }
+<<< "$out" grep -q "1 rank(s) via openmpi" || { echo "$out"; fail "agreeing RANK/WORLD_SIZE: not mpirun's run"; }
+echo "ok: leftover RANK/WORLD_SIZE under mpirun refused; agreeing ones run as mpirun's"
+
 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/gloo" \
   > "$WORK/gloo.log" 2>&1 || { cat "$WORK/gloo.log"; fail "gloo run failed"; }
 "$PY" "$CKPT_PY" compare "$WORK/mpi/step-00000040" "$WORK/gloo/step-00000040" 2e-5 || fail "mpi and gloo runs differ"

@@ -4,8 +4,10 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 
 #include "comm/init.h"
 #include "core/check.h"
@@ -43,6 +45,18 @@ Device choose_and_set_device(const Config& cfg, const comm::DistEnv& env) {
   return device;
 }
 
+// A stop signal before the first step (trainer/preemption.h's RendezvousStopWatch): nothing trained, nothing to
+// checkpoint, so this rank leaves at once, with 75 as a stop after training began would: the same command starts
+// the run again (and resumes from the newest checkpoint as usual).
+[[noreturn]] void exit_stopped_before_training(int sig, const comm::DistEnv& env) {
+  const std::string name = sig == SIGUSR1 ? "SIGUSR1" : sig == SIGTERM ? "SIGTERM" : fmt::format("signal {}", sig);
+  exit_with_note(kExitPreempted,
+                 fmt::format("stopped by {} {} (before the first step: nothing to checkpoint); exiting with {}: the "
+                             "same command starts the run again",
+                             name, env.world_size > 1 ? "while waiting for the rendezvous with the other ranks"
+                                                      : "while starting", kExitPreempted));
+}
+
 }  // namespace
 
 int run_job(const JobSpec& spec) {
@@ -55,7 +69,7 @@ int run_job(const JobSpec& spec) {
     std::cerr << "dptrain: " << e.what() << "\n";
     return kExitUsage;
   }
-  // Installed before the process group exists, so that a signal during start-up is not fatal either.
+  // main() has held SIGUSR1 and SIGTERM since it began; one that came meanwhile is recorded now.
   if (spec.stop_handlers) install_stop_handlers();
 
   Config cfg;
@@ -77,25 +91,33 @@ int run_job(const JobSpec& spec) {
   // rank, before the real cause was printed.
   std::unique_ptr<comm::ProcessGroup> pg;
   int rc = 0;
+  bool waiting_for_peers = spec.stop_handlers;  // until the process group exists: a stop then ends the rank at once
   try {
     if (env.rank == 0)
       spdlog::info("{}: {} rank(s) via {}; config {} (hash {}):\n{}", spec.name, env.world_size,
                    comm::launcher_name(env.launcher), origin, config_hash(cfg), to_toml(cfg));
     const Device device = choose_and_set_device(cfg, env);
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
+    std::optional<RendezvousStopWatch> watch;
+    if (waiting_for_peers) watch.emplace([&env](int sig) { exit_stopped_before_training(sig, env); });
     pg = comm::init_process_group(
         env, {.backend = cfg.dist.backend, .timeout = timeout, .device = device, .interface = cfg.dist.interface,
               .on_fatal = [](const std::string& why) {
                 if (why.starts_with(comm::kHangPrefix)) die(kExitHang, why);
                 die(kExitError, "collective failed: " + why);
               }});
+    if (watch) watch->disarm();
     check_same_config(cfg, *pg);  // every rank: the same config and build, or ConfigError (exit 2)
+    // Its collective fails if a peer stopped inside the rendezvous just as this rank left it: a stop here too.
+    waiting_for_peers = false;
     Job job{.config = cfg, .env = env, .device = device, .pg = pg};
     rc = spec.work(job);
     pg.reset();  // orderly shutdown of the backend (MPI_Finalize and the like)
   } catch (const ConfigError& e) {
     die(kExitUsage, e.what());
   } catch (const std::exception& e) {
+    // A peer that stopped first (its store or connection gone) before this rank's watch saw its own signal.
+    if (waiting_for_peers && stop_signal()) exit_stopped_before_training(stop_signal(), env);
     die(kExitError, e.what());
   }
   return rc;

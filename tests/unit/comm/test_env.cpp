@@ -10,11 +10,12 @@ using namespace dpt::comm;
 using Catch::Matchers::Contains;
 
 namespace {
-// What torchrun/dprun set for rank 5 of 8 (4 per node, node 1).
+// What dprun sets for rank 5 of 8 (4 per node, node 1).
 EnvMap dprun_env() {
   return {{"RANK", "5"},           {"LOCAL_RANK", "1"},          {"WORLD_SIZE", "8"},
           {"LOCAL_WORLD_SIZE", "4"}, {"NODE_RANK", "1"},           {"MASTER_ADDR", "10.1.2.3"},
-          {"MASTER_PORT", "29501"}, {"DPT_RESTART_COUNT", "2"},   {"OMP_NUM_THREADS", "1"}};
+          {"MASTER_PORT", "29501"}, {"DPT_RESTART_COUNT", "2"},   {"OMP_NUM_THREADS", "1"},
+          {"DPT_LAUNCHER", "dprun"}};
 }
 // What mpirun -np 6 sets for rank 4 on the second of two nodes (3 per node), recorded from Open MPI 4.1.
 EnvMap ompi_env() {
@@ -85,13 +86,64 @@ TEST_CASE("detect_env: GROUP_RANK stands in for NODE_RANK, and defaults for the 
 }
 
 TEST_CASE("detect_env: dprun variables win over Open MPI and Slurm ones", "[env]") {
+  // dprun inside mpirun or srun (scripts/slurm/dprun.sbatch: one dprun per node): its numbering is the job's.
   EnvMap e = dprun_env();
   for (const auto& kv : ompi_env()) e.insert(kv);
   for (const auto& kv : slurm_env()) e.insert(kv);
   CHECK(detect_env(e).launcher == Launcher::Dprun);
+  CHECK(detect_env(e).rank == 5);
+  e.erase("DPT_LAUNCHER");  // torchrun's agent inside srun, the same
+  e["TORCHELASTIC_RUN_ID"] = "none";
+  CHECK(detect_env(e).launcher == Launcher::Torchrun);
+  CHECK(detect_env(e).rank == 5);
   EnvMap o = ompi_env();
-  for (const auto& kv : slurm_env()) o.insert(kv);
+  for (const auto& kv : slurm_env()) o.insert(kv);  // mpirun inside an sbatch script
   CHECK(detect_env(o).launcher == Launcher::OpenMPI);
+}
+
+TEST_CASE("detect_env: RANK and WORLD_SIZE set by hand must agree with mpirun's or Slurm's", "[env]") {
+  // Left over in the shell: RANK=0 WORLD_SIZE=1 mpirun -np 2 once made both processes train alone as rank 0.
+  EnvMap o = ompi_env();  // rank 4 of 6, local rank 1
+  o["RANK"] = "0";
+  o["WORLD_SIZE"] = "1";
+  CHECK_THROWS_AS(detect_env(o), ConfigError);
+  CHECK_THROWS_WITH(detect_env(o), Contains("RANK=0, WORLD_SIZE=1") &&
+                                       Contains("OMPI_COMM_WORLD_RANK=4, OMPI_COMM_WORLD_SIZE=6 (set by mpirun)") &&
+                                       Contains("Unset RANK and WORLD_SIZE"));
+  o["WORLD_SIZE"] = "6";  // the world agrees, the rank does not
+  CHECK_THROWS_WITH(detect_env(o), Contains("RANK=0, WORLD_SIZE=6") && Contains("OMPI_COMM_WORLD_RANK=4"));
+  o["RANK"] = "4";  // agreeing: mpirun's, with MPI
+  DistEnv d = detect_env(o);
+  CHECK(d.launcher == Launcher::OpenMPI);
+  CHECK(d.mpi_available);
+  CHECK(d.rank == 4);
+  CHECK(d.local_rank == 1);
+  o["LOCAL_RANK"] = "0";  // compared too where both give one
+  CHECK_THROWS_WITH(detect_env(o), Contains("LOCAL_RANK=0") && Contains("OMPI_COMM_WORLD_LOCAL_RANK=1"));
+  o["LOCAL_RANK"] = "1";
+  CHECK(detect_env(o).launcher == Launcher::OpenMPI);
+  o["DPT_LAUNCHER"] = "something";  // not dprun's mark
+  CHECK(detect_env(o).launcher == Launcher::OpenMPI);
+
+  EnvMap s = slurm_env();  // task 3 of 8
+  s["RANK"] = "0";
+  s["WORLD_SIZE"] = "1";
+  CHECK_THROWS_WITH(detect_env(s), Contains("RANK=0, WORLD_SIZE=1") &&
+                                       Contains("SLURM_PROCID=3, SLURM_NTASKS=8 (set by Slurm)"));
+  s["RANK"] = "3";
+  s["WORLD_SIZE"] = "8";
+  CHECK(detect_env(s).launcher == Launcher::Slurm);
+  CHECK(detect_env(s).master_addr == "node01");
+}
+
+TEST_CASE("detect_env: WORLD_SIZE without RANK, or RANK without WORLD_SIZE, is refused", "[env]") {
+  // Once a single process training alone ("1 rank(s) via none").
+  CHECK_THROWS_AS(detect_env({{"WORLD_SIZE", "2"}}), ConfigError);
+  CHECK_THROWS_WITH(detect_env({{"WORLD_SIZE", "2"}}), Contains("WORLD_SIZE=2 but RANK is not set"));
+  CHECK_THROWS_WITH(detect_env({{"RANK", "1"}}), Contains("RANK=1 but WORLD_SIZE is not set"));
+  EnvMap o = ompi_env();  // under mpirun too: the variable is dptrain's either way
+  o["WORLD_SIZE"] = "6";
+  CHECK_THROWS_WITH(detect_env(o), Contains("WORLD_SIZE=6 but RANK is not set"));
 }
 
 TEST_CASE("detect_env: Open MPI variables", "[env]") {

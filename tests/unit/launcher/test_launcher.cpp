@@ -57,11 +57,12 @@ TEST_CASE("single-node environment: ranks 0..N-1 of N on a port found free", "[l
     CHECK(env.at("MASTER_ADDR") == "127.0.0.1");
     CHECK(env.at("MASTER_PORT") == std::to_string(*o.master_port));
     CHECK(env.at("DPT_RESTART_COUNT") == "0");
+    CHECK(env.at("DPT_LAUNCHER") == "dprun");  // dptrain prefers these to an outer mpirun's or srun's (comm/env.h)
     CHECK(env.at("OMP_NUM_THREADS") == "1");
     CHECK(env.at("DPT_RANK_PREFIXED") == "1");
     CHECK(env.at("PATH") == "/usr/bin");  // the rest is inherited
     CHECK(env.at("HOME") == "/root");
-    CHECK(env.size() == inherited.size() + 11);
+    CHECK(env.size() == inherited.size() + 12);
   }
   REQUIRE_THROWS_AS(rank_environment(o, 3, inherited), InternalError);
   REQUIRE_THROWS_AS(rank_environment(o, -1, inherited), InternalError);
