@@ -670,7 +670,7 @@ TEST_CASE("a corrupted or missing shard makes a sharded checkpoint invalid and r
   require_loads_into_any_sharding(*c, m);
 }
 
-TEST_CASE("a checkpoint directory holds one run at a time; an earlier attempt of the same job does not block",
+TEST_CASE("a checkpoint directory holds one run at a time, but an earlier attempt of the same job does not block",
           "[checkpoint]") {
   auto dir = fresh_dir("dirlock") / "sub";  // created by the lock
   {
