@@ -6,57 +6,29 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "models/hf_config.h"
+
 namespace dpt::models {
 namespace {
 
 using nlohmann::json;
 
-// PretrainedConfig's keys (and the families' own) that leave the network's arithmetic alone: names, versions, token
-// ids, dtypes, output switches, generation defaults of older configs, and the sliding-window sizes that only matter
-// when a window is on (checked separately).
+using hf::bool_key;
+using hf::get;
+using hf::number_key;
+using hf::size_key;
+
+// PretrainedConfig's keys that leave the network's arithmetic alone (hf::pretrained_config_keys), and the families'
+// own: Llama's pretraining_tp, and the sliding-window sizes that only matter when a window is on (checked
+// separately).
 const std::set<std::string>& harmless_keys() {
-  static const std::set<std::string> keys{
-      "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype", "use_cache", "bos_token_id",
-      "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "initializer_range", "model_type",
-      "tokenizer_class", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
-      "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder", "id2label", "label2id",
-      "problem_type", "chunk_size_feed_forward", "pruned_heads", "finetuning_task", "prefix", "task_specific_params",
-      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
-      "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-      "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
-      "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-      "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "cross_attention_hidden_size",
-      "pretraining_tp",  // Llama's: splits its matmuls into slices, the same sums
-      "max_window_layers", "sliding_window", "use_sliding_window", "layer_types", "use_mrope",  // checked below
-      "_attn_implementation_autoset", "attn_implementation"};
+  static const std::set<std::string> keys = [] {
+    std::set<std::string> k = hf::pretrained_config_keys();
+    k.insert({"pretraining_tp",  // Llama's: splits its matmuls into slices, the same sums
+              "max_window_layers", "sliding_window", "use_sliding_window", "layer_types", "use_mrope"});  // below
+    return k;
+  }();
   return keys;
-}
-
-const json* get(const json& j, const char* key) {
-  const auto it = j.find(key);
-  return it == j.end() || it->is_null() ? nullptr : &*it;
-}
-
-int64_t size_key(const json& j, const char* key, const std::string& source) {
-  const json* v = get(j, key);
-  if (!v) DPT_THROW(ConfigError, "{}: {} is missing", source, key);
-  if (!v->is_number_integer() || v->get<int64_t>() < 1)
-    DPT_THROW(ConfigError, "{}: {} = {} must be a positive integer", source, key, v->dump());
-  return v->get<int64_t>();
-}
-
-double number_key(const json& j, const char* key, double fallback, const std::string& source) {
-  const json* v = get(j, key);
-  if (!v) return fallback;
-  if (!v->is_number()) DPT_THROW(ConfigError, "{}: {} = {} must be a number", source, key, v->dump());
-  return v->get<double>();
-}
-
-bool bool_key(const json& j, const char* key, bool fallback, const std::string& source) {
-  const json* v = get(j, key);
-  if (!v) return fallback;
-  if (!v->is_boolean()) DPT_THROW(ConfigError, "{}: {} = {} must be true or false", source, key, v->dump());
-  return v->get<bool>();
 }
 
 int64_t token_id(const json& j, const char* key) {
@@ -117,13 +89,7 @@ void refuse_sliding_window(const json& j, const std::string& type, int64_t max_p
 }  // namespace
 
 HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    DPT_THROW(ConfigError, "{}: not valid JSON: {}", source, e.what());
-  }
-  if (!j.is_object()) DPT_THROW(ConfigError, "{}: a config.json holds an object", source);
+  const json j = hf::parse_object(json_text, source);
   HfLlamaConfig c;
   const json* type = get(j, "model_type");
   c.model_type = type && type->is_string() ? type->get<std::string>() : "";

@@ -1,7 +1,7 @@
 // tests/unit/trainer/test_llama_config.cpp: the Llama family's entry in the model registry: its model.* keys, a Hugging
 // Face config.json read into them (resolve_model_config: from model.hf_config or model.init_from's folder), the
 // keys of config.json that are refused by name, the config.json an export writes (read back to the same options), and
-// reading a sharded Hugging Face folder (read_weights).
+// reading a sharded Hugging Face folder (read_weights); and the GPT's entry reading a GPT-2 config.json.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/safetensors.h"
+#include "models/gpt/weights.h"
 #include "models/llama/hf.h"
 #include "models/llama/llama.h"
 #include "trainer/build_model.h"
@@ -272,4 +273,55 @@ TEST_CASE("llama: a sharded Hugging Face folder reads as one set of weights", "[
   CHECK_THROWS_WITH(read_weights(empty.string()), Catch::Contains("a folder without weights"));
   fs::remove_all(dir);
   fs::remove_all(empty);
+}
+
+TEST_CASE("gpt: a Hugging Face GPT-2 config.json gives the model.* keys, or none when there is none",
+          "[trainer][registry][gpt]") {
+  const fs::path dir = fresh_dir("gpt");
+  ModelConfig m;
+  m.name = "gpt";
+  m.init_from = (dir / "model.safetensors").string();  // a file, not a folder: nanoGPT's, a state dict
+  CHECK(resolve_model_config(m).empty());
+  m.init_from = dir.string();  // a folder without config.json: the keys stand as given
+  CHECK(resolve_model_config(m).empty());
+  CHECK(m.n_head == 4);
+
+  json c = json::parse(models::gpt_hf_config_json({.n_layer = 2, .n_head = 8, .n_embd = 64, .vocab_size = 300,
+                                                    .block_size = 32}));
+  write(dir / "config.json", c.dump());
+  const std::string line = resolve_model_config(m);
+  CHECK_THAT(line, Catch::Contains("config.json (gpt2): gpt L2 H8 C64 V300 T32"));
+  CHECK(m.n_layer == 2);
+  CHECK(m.n_head == 8);
+  CHECK(m.n_embd == 64);
+  CHECK(m.vocab_size == 300);
+  CHECK(m.block_size == 32);
+  CHECK(resolve_model_config(m) == line);  // again (a restart): the same keys, no conflict
+
+  // A key the config sets to another value than config.json's is an error naming both, even at its default value.
+  const Config given = parse_config(fmt::format("[model]\nname = \"gpt\"\ninit_from = \"{}\"\nn_head = 4\n"
+                                                "[data]\ndataset = \"tokens\"\n", dir.string()), "t.toml");
+  ModelConfig other = given.model;
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model.n_head = 4, but") &&
+                                                  Catch::Contains("says n_head = 8"));
+  other = given.model;
+  other.given = {"block_size"};
+  other.block_size = 64;
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model.block_size = 64, but") &&
+                                                  Catch::Contains("n_positions = 32"));
+  // model.hf_config names it (or its folder) for weights from elsewhere; refused keys are refused by name.
+  other = ModelConfig{};
+  other.name = "gpt";
+  c["scale_attn_by_inverse_layer_idx"] = true;
+  write(dir / "other.json", c.dump());
+  other.hf_config = (dir / "other.json").string();
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("scale_attn_by_inverse_layer_idx = true"));
+
+  // A Llama's folder under model.name = gpt says which model.name reads it.
+  write(dir / "config.json", smollm().dump());
+  other = ModelConfig{};
+  other.name = "gpt";
+  other.init_from = dir.string();
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model_type 'llama'") &&
+                                                  Catch::Contains("model.name = llama"));
 }
