@@ -19,12 +19,13 @@ using hf::number_key;
 using hf::size_key;
 
 // PretrainedConfig's keys that leave the network's arithmetic alone (hf::pretrained_config_keys), and the families'
-// own: Llama's pretraining_tp, and the sliding-window sizes that only matter when a window is on (checked
-// separately).
+// own: Llama's pretraining_tp, nanotron's is_llama_config (SmolLM2's configs: a marker transformers ignores), and the
+// sliding-window sizes that only matter when a window is on (checked separately).
 const std::set<std::string>& harmless_keys() {
   static const std::set<std::string> keys = [] {
     std::set<std::string> k = hf::pretrained_config_keys();
     k.insert({"pretraining_tp",  // Llama's: splits its matmuls into slices, the same sums
+              "is_llama_config",
               "max_window_layers", "sliding_window", "use_sliding_window", "layer_types", "use_mrope"});  // below
     return k;
   }();
@@ -99,7 +100,8 @@ HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::str
   static const std::set<std::string> read{
       "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
       "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
-      "vocab_size", "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout"};
+      "vocab_size", "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
+      "rope_interleaved"};
   for (const auto& [key, value] : j.items()) {
     if (key == "quantization_config")
       DPT_THROW(ConfigError, "{}: quantization_config: dptrain reads full-precision weights (bf16, fp32), not "
@@ -132,6 +134,11 @@ HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::str
   o.mlp_bias = bool_key(j, "mlp_bias", false, source);
   if (const json* act = get(j, "hidden_act"); act && (!act->is_string() || act->get<std::string>() != "silu"))
     DPT_THROW(ConfigError, "{}: hidden_act = {}: dptrain's Llama MLP is SwiGLU (silu)", source, act->dump());
+  // nanotron's converter (SmolLM2's config.json) writes rope_interleaved: false is the rotate_half RoPE transformers
+  // and dptrain compute (transformers ignores the key); true would pair adjacent elements instead.
+  if (bool_key(j, "rope_interleaved", false, source))
+    DPT_THROW(ConfigError, "{}: rope_interleaved = true: dptrain's RoPE is Hugging Face's rotate_half form (the two "
+              "halves of each head paired), not the interleaved one", source);
   if (number_key(j, "attention_dropout", 0.0, source) != 0.0)
     DPT_THROW(ConfigError, "{}: attention_dropout = {}: dptrain's Llama has no dropout", source,
               get(j, "attention_dropout")->dump());

@@ -107,6 +107,13 @@ TEST_CASE("llama: a Hugging Face config.json gives the model.* keys", "[trainer]
   CHECK(m.max_position_embeddings == 2048);
   CHECK(resolve_model_config(m) == line);  // again (a restart): the same keys, no conflict
   CHECK(models::llama_num_params(llama_options(m)) == 134515008);  // SmolLM-135M's count
+  // SmolLM2's config.json (nanotron's converter) adds is_llama_config and rope_interleaved = false: the same model.
+  json smollm2 = smollm();
+  smollm2["is_llama_config"] = true;
+  smollm2["rope_interleaved"] = false;
+  const models::HfLlamaConfig two = models::parse_hf_llama_config(smollm2.dump(), "smollm2.json");
+  CHECK(models::llama_shape_name(two.options) ==
+        models::llama_shape_name(models::parse_hf_llama_config(smollm().dump(), "c.json").options));
 
   // model.hf_config names the file (or its folder); a key the config sets otherwise is an error naming both.
   ModelConfig other = llama_keys();
@@ -185,6 +192,9 @@ TEST_CASE("llama: config.json keys that would change the arithmetic are refused 
   refused(j, "sliding_window = 1024");
   j["sliding_window"] = nullptr;  // Mistral v0.3: no window
   CHECK(models::parse_hf_llama_config(j.dump(), "c.json").model_type == "mistral");
+  j = smollm();
+  j["rope_interleaved"] = true;  // nanotron's key: adjacent pairs rotated, not HF's halves
+  refused(j, "rope_interleaved = true");
   j = smollm();
   j["quantization_config"] = {{"quant_method", "gptq"}};
   refused(j, "quantization_config");
