@@ -90,6 +90,25 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   // parameters and buffers, before a family's layout import reads them.
   for (auto& nt : file.tensors)
     if (nt.tensor.dtype() == DType::BF16 || nt.tensor.dtype() == DType::F64) nt.tensor = widen_to_f32(nt.tensor);
+  // torch.compile's wrapper puts "_orig_mod." before every name of its module's state_dict (nanoGPT's ckpt.pt from
+  // train.py with compile = True): removed, as nanoGPT's sample.py removes it.
+  constexpr std::string_view kCompiledPrefix = "_orig_mod.";
+  size_t compiled = 0;
+  std::set<std::string> uncompiled;  // the names that lost it, for errors: the file's own name
+  for (auto& nt : file.tensors)
+    if (nt.name.starts_with(kCompiledPrefix)) {
+      nt.name.erase(0, kCompiledPrefix.size());
+      uncompiled.insert(nt.name);
+      ++compiled;
+    }
+  const auto file_name = [&](const std::string& name) {
+    return uncompiled.count(name) ? fmt::format("{} (the file's {}{})", name, kCompiledPrefix, name) : name;
+  };
+  const std::string compiled_note =
+      compiled ? fmt::format("torch.compile's {} prefix removed from {} names", kCompiledPrefix, compiled) : "";
+  const auto with_compiled_note = [&](const std::string& note) {
+    return compiled_note.empty() ? note : note.empty() ? compiled_note : note + "; " + compiled_note;
+  };
   const auto state = model.state();
   const ModelFamily& family = model_family(m.name);
   std::string layout;
@@ -99,7 +118,7 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   for (const auto& nt : file.tensors)
     if (!wanted.count(nt.name))
       DPT_THROW(ConfigError, "model.init_from {}: tensor {} is not in this model ({}): a different architecture?",
-                path, nt.name, model.summary());
+                path, file_name(nt.name), model.summary());
   // The classifier head: the last parameter pair. A different class count there keeps the fresh head.
   const auto& params = model.named_params();
   std::set<std::string> head;
@@ -128,11 +147,12 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   } catch (const CheckpointError& e) {
     DPT_THROW(ConfigError, "{}", e.what());
   }
-  if (family.import_weights) return fmt::format("{} layout", layout);
-  if (reinit.empty()) return "";
+  if (family.import_weights) return with_compiled_note(fmt::format("{} layout", layout));
+  if (reinit.empty()) return with_compiled_note("");
   const Tensor* w = file.find(reinit.front());
-  return fmt::format("{} has {} classes in {}, the model {}: {} re-initialised (fine-tuning)", reinit.front(),
-                     w->dim(0), path, params.back().param.dim(0), fmt::join(reinit, " and "));
+  return with_compiled_note(fmt::format("{} has {} classes in {}, the model {}: {} re-initialised (fine-tuning)",
+                                        reinit.front(), w->dim(0), path, params.back().param.dim(0),
+                                        fmt::join(reinit, " and ")));
 }
 
 double train_flops_per_row(const ModelConfig& m) {

@@ -55,7 +55,12 @@ GptLayout parse_gpt_layout(const std::string& name) {
 
 std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
                                             const GptOptions& o, std::string* layout) {
-  auto full = [](const std::string& n) { return n.starts_with("transformer.") || n == "lm_head.weight" ? n : "transformer." + n; };
+  // Hugging Face's names without the prefix (the hub's files) get it; any other name stays the file's, so that an
+  // error names what the file holds.
+  auto full = [](const std::string& n) {
+    const bool hf_top = n.starts_with("wte.") || n.starts_with("wpe.") || n.starts_with("h.") || n.starts_with("ln_f.");
+    return hf_top ? "transformer." + n : n;
+  };
   const int64_t n_embd = o.n_embd;
   const Tensor* c_attn = nullptr;
   for (const auto& nt : tensors)
