@@ -49,21 +49,39 @@ void read_rope(const json& j, LlamaOptions& o, const std::string& source) {
   }
   if (!r) return;
   if (!r->is_object()) DPT_THROW(ConfigError, "{}: {} = {} must be an object or null", source, name, r->dump());
-  std::string type = "default";
-  if (const json* t = get(*r, "rope_type")) type = t->is_string() ? t->get<std::string>() : t->dump();
-  else if (const json* t2 = get(*r, "type")) type = t2->is_string() ? t2->get<std::string>() : t2->dump();
+  const auto text = [](const json* t) { return t ? t->is_string() ? t->get<std::string>() : t->dump() : ""; };
+  const json* rope_type = get(*r, "rope_type");
+  const json* old_type = get(*r, "type");
+  // transformers 4.45 copies the older "type" over "rope_type" when both are there; a config whose two say different
+  // things is refused rather than read either way.
+  if (rope_type && old_type && *rope_type != *old_type)
+    DPT_THROW(ConfigError, "{}: {} has rope_type {} and type {}, which disagree (transformers 4.45 takes type, others "
+              "rope_type): give one", source, name, rope_type->dump(), old_type->dump());
+  const std::string type = rope_type ? text(rope_type) : old_type ? text(old_type) : "default";
   o.rope_theta = number_key(*r, "rope_theta", o.rope_theta, source);
   if (type == "default") return;
   if (type != "llama3")
     DPT_THROW(ConfigError, "{}: {} type '{}' is not one dptrain computes (it reads none, default and llama3)", source,
               name, type);
+  // Each of llama3's numbers must be there: transformers refuses the config without one (a KeyError), and a default
+  // filled in here would be a model nobody trained.
+  const auto required = [&](const char* key) {
+    const json* v = get(*r, key);
+    if (!v)
+      DPT_THROW(ConfigError, "{}: {} of type llama3 lacks {} (it needs factor, low_freq_factor, high_freq_factor and "
+                "original_max_position_embeddings)", source, name, key);
+    if (!v->is_number()) DPT_THROW(ConfigError, "{}: {}'s {} = {} must be a number", source, name, key, v->dump());
+    return v->get<double>();
+  };
   o.rope_scaling.type = "llama3";
-  o.rope_scaling.factor = number_key(*r, "factor", o.rope_scaling.factor, source);
-  o.rope_scaling.low_freq_factor = number_key(*r, "low_freq_factor", o.rope_scaling.low_freq_factor, source);
-  o.rope_scaling.high_freq_factor = number_key(*r, "high_freq_factor", o.rope_scaling.high_freq_factor, source);
-  o.rope_scaling.original_max_position_embeddings = static_cast<int64_t>(
-      number_key(*r, "original_max_position_embeddings",
-                 static_cast<double>(o.rope_scaling.original_max_position_embeddings), source));
+  o.rope_scaling.factor = required("factor");
+  o.rope_scaling.low_freq_factor = required("low_freq_factor");
+  o.rope_scaling.high_freq_factor = required("high_freq_factor");
+  const double original = required("original_max_position_embeddings");
+  if (original < 1 || original != static_cast<double>(static_cast<int64_t>(original)))
+    DPT_THROW(ConfigError, "{}: {}'s original_max_position_embeddings = {} must be a positive integer", source, name,
+              get(*r, "original_max_position_embeddings")->dump());
+  o.rope_scaling.original_max_position_embeddings = static_cast<int64_t>(original);
 }
 
 // ConfigError for a config.json whose sliding-window attention would be on for some sequence the model takes.

@@ -24,8 +24,8 @@ struct HfLlamaConfig {
 
 // Parses config.json's text (`source` names it in errors). Reads model_type llama, qwen2 or mistral and the keys that
 // make the arithmetic: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads,
-// head_dim, rms_norm_eps, rope_theta, rope_scaling (none, "default" or "llama3"; transformers 5's rope_parameters
-// too), max_position_embeddings, vocab_size, tie_word_embeddings, attention_bias (Llama's: q, k, v and o), mlp_bias;
+// head_dim, rms_norm_eps, rope_theta, rope_scaling (none, "default" or "llama3" with each of its four numbers;
+// transformers 5's rope_parameters too; "type" and "rope_type" must agree), max_position_embeddings, vocab_size, tie_word_embeddings, attention_bias (Llama's: q, k, v and o), mlp_bias;
 // Qwen2's q/k/v biases; SmolLM2's is_llama_config (a marker) and rope_interleaved = false (the RoPE computed here).
 // ConfigError, naming the key: a missing size, hidden_act other than silu, rope_interleaved = true, a nonzero
 // attention_dropout, a sliding window (Qwen2's use_sliding_window, Mistral's sliding_window below

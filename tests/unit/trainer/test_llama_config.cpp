@@ -193,6 +193,22 @@ TEST_CASE("llama: config.json keys that would change the arithmetic are refused 
   j["sliding_window"] = nullptr;  // Mistral v0.3: no window
   CHECK(models::parse_hf_llama_config(j.dump(), "c.json").model_type == "mistral");
   j = smollm();
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};  // transformers: KeyError, not defaults
+  refused(j, "rope_scaling of type llama3 lacks low_freq_factor");
+  j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+  refused(j, "lacks original_max_position_embeddings");
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  refused(j, "lacks factor");
+  j["rope_scaling"]["factor"] = 8.0;
+  j["rope_scaling"]["original_max_position_embeddings"] = 8192.5;
+  refused(j, "original_max_position_embeddings = 8192.5 must be a positive integer");
+  j["rope_scaling"] = {{"type", "linear"}, {"rope_type", "default"}, {"factor", 2.0}};  // transformers 4.45: linear
+  refused(j, "rope_scaling has rope_type \"default\" and type \"linear\", which disagree");
+  j["rope_scaling"] = {{"type", "llama3"}, {"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};  // both, agreeing
+  CHECK(models::parse_hf_llama_config(j.dump(), "c.json").options.rope_scaling.type == "llama3");
+  j = smollm();
   j["rope_interleaved"] = true;  // nanotron's key: adjacent pairs rotated, not HF's halves
   refused(j, "rope_interleaved = true");
   j = smollm();
