@@ -169,13 +169,17 @@ HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::str
 
 std::string llama_hf_config_json(const LlamaOptions& o, int64_t max_positions, int64_t bos_token_id,
                                  int64_t eos_token_id) {
-  const bool qwen2 = o.qkv_bias && !o.o_bias && !o.mlp_bias && o.head_dim * o.n_head == o.n_embd &&
-                     o.rope_scaling.type.empty();
+  // Qwen2ForCausalLM: biases on q, k and v only, head_dim = hidden_size / heads (Qwen2Config has no head_dim); its
+  // rotary embedding reads rope_scaling as Llama's does (transformers 4.45: llama3 included).
+  const bool qwen2 = o.qkv_bias && !o.o_bias && !o.mlp_bias && o.head_dim * o.n_head == o.n_embd;
   if (o.qkv_bias != o.o_bias && !qwen2)
-    DPT_THROW(ConfigError, "a Llama with biases on {} but not on {}{}: no Hugging Face class builds that (Llama's "
+    DPT_THROW(ConfigError, "a Llama with biases on {} but not on {}{}{}: no Hugging Face class builds that (Llama's "
               "attention_bias puts them on all four projections, Qwen2's on q, k and v with head_dim = hidden_size / "
-              "heads, no MLP biases and no rope scaling)", o.qkv_bias ? "q, k, v" : "o_proj",
-              o.qkv_bias ? "o_proj" : "q, k, v", o.mlp_bias ? " and MLP biases" : "");
+              "heads and no MLP biases)", o.qkv_bias ? "q, k, v" : "o_proj", o.qkv_bias ? "o_proj" : "q, k, v",
+              o.mlp_bias ? " and MLP biases" : "",
+              o.qkv_bias && o.head_dim * o.n_head != o.n_embd
+                  ? fmt::format(", head_dim {} x {} heads != hidden_size {}", o.head_dim, o.n_head, o.n_embd)
+                  : "");
   const auto id = [](int64_t v) { return v >= 0 ? json(v) : json(nullptr); };
   json config = {
       {"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},

@@ -35,8 +35,9 @@ struct HfLlamaConfig {
 // generation defaults): what it would change cannot be known, so it is not ignored.
 HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::string& source);
 
-// LlamaForCausalLM's config.json for `o` (Qwen2ForCausalLM's when the biases are Qwen2's: q, k, v only), with
-// max_position_embeddings `max_positions` and the special token ids (-1: null). Indented JSON text ending in a newline.
+// LlamaForCausalLM's config.json for `o` (Qwen2ForCausalLM's when the biases are Qwen2's: q, k, v only, and
+// head_dim = n_embd / n_head; rope_scaling either way), with max_position_embeddings `max_positions` and the special
+// token ids (-1: null). Indented JSON text ending in a newline. ConfigError for biases no Hugging Face class builds.
 std::string llama_hf_config_json(const LlamaOptions& o, int64_t max_positions, int64_t bos_token_id = -1,
                                  int64_t eos_token_id = -1);
 
