@@ -11,7 +11,8 @@
 #     a NEWOBJ, a list instead of a dict, the pre-1.6 format, a flipped byte in a stored tensor (its CRC-32); the
 #     marker file the calls would have written is absent;
 #  3. model.init_from = a .pth: a small ResNet's checkpoint converted to a .pth by torch trains on from it exactly as
-#     from the checkpoint's own model.safetensors (bitwise), and differently from a fresh start (the control); a GPT
+#     from the checkpoint's own model.safetensors (bitwise), and differently from a fresh start (the control), and so
+#     does the .pth without BatchNorm's num_batches_tracked (old torchvision downloads: counted from 0); a GPT
 #     exported in Hugging Face's layout and saved by torch in bfloat16 (a pytorch_model.bin) trains as the same
 #     bf16-rounded values from safetensors do; nanoGPT's ckpt.pt of a torch.compile'd model ("_orig_mod." before
 #     every name) trains as the same weights do, and a name the model lacks is named as the file has it.
@@ -86,6 +87,32 @@ echo -n "from .pth vs from .safetensors: "
 echo -n "from .pth vs fresh (must differ): "
 "$PY" "$CKPT_PY" differ "$WORK/from_pth/step-00000004" "$WORK/fresh/step-00000004" 1e-4 ||
   fail "init_from changed nothing: the comparison cannot tell"
+# The same .pth without BatchNorm's num_batches_tracked buffers (torchvision's downloads before 0.4.1 lack them;
+# PyTorch's load_state_dict(strict=True) takes it, counting from 0): it trains to the same weights, its counters 3
+# lower; a state dict lacking another buffer is refused naming it.
+"$PY" - "$WORK/start.pth" "$WORK/start_nonbt.pth" "$WORK/start_nomean.pth" <<'EOF' || fail "writing the old-style .pth"
+import collections, sys, torch
+sd = torch.load(sys.argv[1])
+torch.save(collections.OrderedDict((k, v) for k, v in sd.items() if not k.endswith("num_batches_tracked")), sys.argv[2])
+torch.save(collections.OrderedDict((k, v) for k, v in sd.items() if k != "bn1.running_mean"), sys.argv[3])
+EOF
+train from_nonbt 4 "${RES[@]}" model.init_from="$WORK/start_nonbt.pth"
+grep -q "num_batches_tracked absent from the file: 0" "$WORK/from_nonbt.log" ||
+  { cat "$WORK/from_nonbt.log"; fail "no note of the missing num_batches_tracked"; }
+"$PY" - "$WORK/from_nonbt/step-00000004/model.safetensors" "$WORK/from_pth/step-00000004/model.safetensors" <<'EOF' ||
+import os, sys
+sys.path.insert(0, os.environ["DPT_SOURCE_DIR"] + "/tests/support/python")
+import ckpt, numpy as np
+a, b = ckpt.load(sys.argv[1]), ckpt.load(sys.argv[2])
+assert a.keys() == b.keys(), set(a) ^ set(b)
+counters = [k for k in a if k.endswith("num_batches_tracked")]
+assert counters and all(int(a[k]) == 4 and int(b[k]) == 7 for k in counters), [(k, a[k], b[k]) for k in counters]
+assert all(np.array_equal(a[k], b[k]) for k in a if k not in counters), "the weights differ"
+print(f"from a .pth without num_batches_tracked: the same weights, {len(counters)} counters from 0")
+EOF
+  fail "training from the .pth without num_batches_tracked differs"
+expect_exit 2 "no tensor named bn1.running_mean" \
+  "$DPTRAIN" "${RES[@]}" train.max_steps=1 model.init_from="$WORK/start_nomean.pth" checkpoint.dir="$WORK/nomean"
 # A GPT in Hugging Face's layout as an older hub repository keeps it (pytorch_model.bin), in bfloat16: widened to
 # float32 before the layout import (Conv1D transposes, the vocabulary's padding), it trains as the same weights
 # (rounded to bfloat16) from safetensors do.
