@@ -61,6 +61,10 @@ std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tens
     const bool hf_top = n.starts_with("wte.") || n.starts_with("wpe.") || n.starts_with("h.") || n.starts_with("ln_f.");
     return hf_top ? "transformer." + n : n;
   };
+  for (const auto& nt : tensors)
+    if (nt.name == "model.embed_tokens.weight")
+      DPT_THROW(ConfigError, "model.init_from {}: {} is the token embedding of a Llama family's model "
+                "(LlamaForCausalLM's, Qwen2ForCausalLM's names), not GPT-2's: set model.name = llama", path, nt.name);
   const int64_t n_embd = o.n_embd;
   const Tensor* c_attn = nullptr;
   for (const auto& nt : tensors)

@@ -112,6 +112,9 @@ HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::str
   HfLlamaConfig c;
   const json* type = get(j, "model_type");
   c.model_type = type && type->is_string() ? type->get<std::string>() : "";
+  if (c.model_type == "gpt2")
+    DPT_THROW(ConfigError, "{}: model_type 'gpt2' is GPT-2, not a model of the Llama family: set model.name = gpt "
+              "(model.name = llama reads the config.json of llama, qwen2 and mistral)", source);
   if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "mistral")
     DPT_THROW(ConfigError, "{}: model_type '{}' is not one of the Llama family's dptrain builds (llama, qwen2, "
               "mistral)", source, c.model_type);
@@ -227,6 +230,10 @@ std::vector<NamedTensor> llama_import_weights(const std::vector<NamedTensor>& te
   std::vector<NamedTensor> out;
   const Tensor* head = nullptr;
   const Tensor* embed = nullptr;
+  for (const auto& nt : tensors)
+    if (nt.name == "wte.weight" || nt.name == "transformer.wte.weight")
+      DPT_THROW(ConfigError, "model.init_from {}: {} is GPT-2's token embedding (nanoGPT's or GPT2LMHeadModel's "
+                "names), not a Llama's: set model.name = gpt", path, nt.name);
   for (const auto& nt : tensors) {
     if (nt.name.ends_with(".rotary_emb.inv_freq")) continue;  // a buffer older transformers saved: recomputed here
     if (nt.name == "model.embed_tokens.weight") embed = &nt.tensor;

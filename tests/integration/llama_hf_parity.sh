@@ -13,7 +13,7 @@
 #  - the Qwen2 folder with Llama 3's rope_scaling added trains and exports as Qwen2ForCausalLM with it, to the same
 #    logits in transformers (and other ones without it);
 #  - a folder whose tied head differs from its embedding, and a config.json key dptrain does not know, are errors
-#    naming them;
+#    naming them; the Qwen2 folder under model.name = gpt is refused saying model.name = llama;
 #  - greedy generation from the fine-tuned checkpoint (with the KV cache and without) equals transformers' generate();
 #  - llm.c's uint32 token shards (its Llama 3 form) with ids past 65535 train a llama of that vocabulary.
 # Skipped (exit 77, saying why) when the venv lacks transformers 4.45 or later (Llama 3's rope scaling).
@@ -64,6 +64,9 @@ run() {  # run NAME NPROC ARGS...
   "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" "${FT[@]}" "$@" checkpoint.dir="$WORK/$name" > "$WORK/$name.log" 2>&1 \
     || { cat "$WORK/$name.log"; fail "$name failed"; }
 }
+# The folder under model.name = gpt: refused, saying which model.name reads it (not naming a tensor or the tie).
+expect_exit 2 "model_type 'qwen2' is a model of the Llama family, not GPT-2: set model.name = llama" \
+  "$DPTRAIN" "${FT[@]}" model.name=gpt checkpoint.dir="$WORK/as_gpt"
 run one 1 train.batch_size=8
 grep -q "model.\* keys from $WORK/qwen2_bf16/model/config.json (qwen2): llama L2 H4/1 C16 I40 V256 T16" "$WORK/one.log" \
   || { cat "$WORK/one.log"; fail "the run did not say where its model.* keys came from"; }

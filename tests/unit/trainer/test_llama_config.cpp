@@ -182,6 +182,8 @@ TEST_CASE("llama: config.json keys that would change the arithmetic are refused 
   j = smollm();
   j["model_type"] = "gemma";
   refused(j, "model_type 'gemma'");
+  j["model_type"] = "gpt2";  // model.name = llama given a GPT-2 folder: says which model.name reads it
+  refused(j, "model_type 'gpt2' is GPT-2, not a model of the Llama family: set model.name = gpt");
   j = smollm();
   j["model_type"] = "qwen2";
   j["use_sliding_window"] = true;
@@ -360,4 +362,15 @@ TEST_CASE("gpt: a Hugging Face GPT-2 config.json gives the model.* keys, or none
   other.init_from = dir.string();
   CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model_type 'llama'") &&
                                                   Catch::Contains("model.name = llama"));
+
+  // Without a config.json, the tensor names tell: a Llama's under model.name = gpt, GPT-2's under model.name = llama.
+  const Tensor w = Tensor::zeros({4, 2});
+  std::string layout;
+  CHECK_THROWS_WITH(models::gpt_import_weights({{"model.embed_tokens.weight", w}}, "f", {}, &layout),
+                    Catch::Contains("model.embed_tokens.weight is the token embedding of a Llama family's model") &&
+                    Catch::Contains("set model.name = llama"));
+  for (const char* name : {"wte.weight", "transformer.wte.weight"})
+    CHECK_THROWS_WITH(models::llama_import_weights({{name, w}}, "f", {}, &layout),
+                      Catch::Contains(fmt::format("{} is GPT-2's token embedding", name)) &&
+                      Catch::Contains("set model.name = gpt"));
 }
