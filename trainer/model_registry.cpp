@@ -54,8 +54,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The config.json a GPT's or a llama's keys come from: model.hf_config (a file, or a folder holding config.json), else the
-// folder model.init_from names when it holds one; empty when neither.
+// The config.json a GPT's or a llama's keys come from: model.hf_config (a file, or a folder holding config.json),
+// else the folder model.init_from names when it holds one; empty when neither.
 std::string hf_config_path(const ModelConfig& m) {
   std::error_code ec;  // an unreadable path is "not there": the error below, or none (no config.json to take)
   if (!m.hf_config.empty()) {

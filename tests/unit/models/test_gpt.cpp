@@ -516,7 +516,8 @@ TEST_CASE("GPT: a Hugging Face GPT-2 config.json gives the sizes; what dptrain's
   refused("n_layer", 0, "n_layer = 0 must be a positive integer");
   refused("use_fancy_attention", true, "key 'use_fancy_attention' = true is not one dptrain reads");
   refused("quantization_config", {{"quant_method", "gptq"}}, "quantization_config");
-  refused("model_type", "llama", "model_type 'llama' is a model of the Llama family, not GPT-2: set model.name = llama");
+  refused("model_type", "llama",
+          "model_type 'llama' is a model of the Llama family, not GPT-2: set model.name = llama");
   refused("model_type", "qwen2", "set model.name = llama");
   refused("model_type", "bert", "model_type 'bert' is not GPT-2");
   CHECK_THROWS_WITH(parse_hf_gpt2_config("[1]", "c.json"), Catch::Contains("holds an object"));
