@@ -90,6 +90,20 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   // parameters and buffers, before a family's layout import reads them.
   for (auto& nt : file.tensors)
     if (nt.tensor.dtype() == DType::BF16 || nt.tensor.dtype() == DType::F64) nt.tensor = widen_to_f32(nt.tensor);
+  // torch.compile's wrapper puts "_orig_mod." before every name of its module's state_dict (nanoGPT's ckpt.pt from
+  // train.py with compile = True): removed, as nanoGPT's sample.py removes it.
+  constexpr std::string_view kCompiledPrefix = "_orig_mod.";
+  size_t compiled = 0;
+  std::set<std::string> uncompiled;  // the names that lost it, for errors: the file's own name
+  for (auto& nt : file.tensors)
+    if (nt.name.starts_with(kCompiledPrefix)) {
+      nt.name.erase(0, kCompiledPrefix.size());
+      uncompiled.insert(nt.name);
+      ++compiled;
+    }
+  const auto file_name = [&](const std::string& name) {
+    return uncompiled.count(name) ? fmt::format("{} (the file's {}{})", name, kCompiledPrefix, name) : name;
+  };
   const auto state = model.state();
   const ModelFamily& family = model_family(m.name);
   std::string layout;
@@ -99,7 +113,7 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   for (const auto& nt : file.tensors)
     if (!wanted.count(nt.name))
       DPT_THROW(ConfigError, "model.init_from {}: tensor {} is not in this model ({}): a different architecture?",
-                path, nt.name, model.summary());
+                path, file_name(nt.name), model.summary());
   // The classifier head: the last parameter pair. A different class count there keeps the fresh head.
   const auto& params = model.named_params();
   std::set<std::string> head;
@@ -118,6 +132,18 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   for (const auto& name : reinit)
     for (const auto& nt : state)
       if (nt.name == name) keep[name] = nt.tensor.to(Device::cpu());
+  // BatchNorm's num_batches_tracked, which torchvision's downloads from before 0.4.1 lack: 0 where the file has
+  // none, as PyTorch's BatchNorm loads such a state dict (load_state_dict(strict=True) accepts it). Any other tensor
+  // the file lacks stays an error.
+  size_t untracked = 0;
+  for (const auto& nt : state)
+    if ((nt.name == "num_batches_tracked" || nt.name.ends_with(".num_batches_tracked")) &&
+        nt.tensor.dtype() == DType::I64 && !file.find(nt.name)) {
+      Tensor zero = Tensor::empty({}, DType::I64);
+      zero.data<int64_t>()[0] = 0;
+      keep[nt.name] = zero;
+      ++untracked;
+    }
   try {
     model.load_state(
         [&](const std::string& name) -> const Tensor* {
@@ -128,11 +154,18 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   } catch (const CheckpointError& e) {
     DPT_THROW(ConfigError, "{}", e.what());
   }
-  if (family.import_weights) return fmt::format("{} layout", layout);
-  if (reinit.empty()) return "";
-  const Tensor* w = file.find(reinit.front());
-  return fmt::format("{} has {} classes in {}, the model {}: {} re-initialised (fine-tuning)", reinit.front(),
-                     w->dim(0), path, params.back().param.dim(0), fmt::join(reinit, " and "));
+  std::vector<std::string> notes;
+  if (family.import_weights) notes.push_back(fmt::format("{} layout", layout));
+  if (!reinit.empty())
+    notes.push_back(fmt::format("{} has {} classes in {}, the model {}: {} re-initialised (fine-tuning)",
+                                reinit.front(), file.find(reinit.front())->dim(0), path, params.back().param.dim(0),
+                                fmt::join(reinit, " and ")));
+  if (untracked)
+    notes.push_back(fmt::format("{} num_batches_tracked absent from the file: 0, as PyTorch's BatchNorm loads them",
+                                untracked));
+  if (compiled)
+    notes.push_back(fmt::format("torch.compile's {} prefix removed from {} names", kCompiledPrefix, compiled));
+  return fmt::format("{}", fmt::join(notes, "; "));
 }
 
 double train_flops_per_row(const ModelConfig& m) {

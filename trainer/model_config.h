@@ -36,6 +36,8 @@ struct ModelConfig {
   models::ResNetBlock block = models::ResNetBlock::basic;  // resnet with blocks
   std::vector<int64_t> widths = {64, 128, 256, 512};  // resnet: planes per stage
   ResNetStem stem = ResNetStem::imagenet;    // resnet
+  // gpt: its sizes are taken from a Hugging Face GPT-2 config.json when there is one (hf_config, or the folder
+  // init_from names: resolve_model_config).
   int64_t n_layer = 4;                       // gpt: blocks
   int64_t n_head = 4;                        // gpt: attention heads
   int64_t n_embd = 128;                      // gpt: width
@@ -56,7 +58,7 @@ struct ModelConfig {
   bool tie_embeddings = false;
   std::string attention_bias = "none";       // none | qkv (Qwen2) | all (Llama's attention_bias: q, k, v and o)
   bool mlp_bias = false;
-  std::string hf_config = "";                // a Hugging Face config.json, or a folder holding one
+  std::string hf_config = "";                // gpt, llama: a Hugging Face config.json, or a folder holding one
   // The model.* keys (without "model.") the config file or an override set, whatever their value: a family's resolve
   // (trainer/model_registry.h) takes the others from elsewhere and refuses to contradict these. Not a key itself.
   std::set<std::string> given;

@@ -54,8 +54,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The config.json a llama's keys come from: model.hf_config (a file, or a folder holding config.json), else the
-// folder model.init_from names when it holds one; empty when neither.
+// The config.json a GPT's or a llama's keys come from: model.hf_config (a file, or a folder holding config.json),
+// else the folder model.init_from names when it holds one; empty when neither.
 std::string hf_config_path(const ModelConfig& m) {
   std::error_code ec;  // an unreadable path is "not there": the error below, or none (no config.json to take)
   if (!m.hf_config.empty()) {
@@ -78,14 +78,10 @@ std::string read_text(const std::string& path) {
   return s.str();
 }
 
-// A llama's keys from its config.json. Each key the config sets to a value other than its default must agree.
-std::string resolve_llama(ModelConfig& m) {
-  const std::string path = hf_config_path(m);
-  if (path.empty()) return "";
-  const models::HfLlamaConfig hf = models::parse_hf_llama_config(read_text(path), path);
-  const models::LlamaOptions& o = hf.options;
-  // A key the config set (m.given) must agree; the others take config.json's value.
-  const auto take = [&](auto ModelConfig::*field, auto value, const char* key, const char* json_key) {
+// take(field, value, key, json_key): model.`key` (m.*field) gets config.json's value of `json_key`; a key the config
+// set (m.given) must agree instead.
+auto key_taker(ModelConfig& m, const std::string& path) {
+  return [&m, &path](auto ModelConfig::*field, auto value, const char* key, const char* json_key) {
     using T = std::remove_reference_t<decltype(m.*field)>;
     const T v = static_cast<T>(value);
     if (m.given.count(key) && m.*field != v)
@@ -93,6 +89,34 @@ std::string resolve_llama(ModelConfig& m) {
                 "shape) or give the other config.json", key, m.*field, path, json_key, v, key);
     m.*field = v;
   };
+}
+
+// A GPT's keys from its Hugging Face GPT-2 config.json; none to take (the keys stand as given) when there is none, as
+// for nanoGPT's files and lone state dicts.
+std::string resolve_gpt(ModelConfig& m) {
+  const std::string path = hf_config_path(m);
+  if (path.empty()) return "";
+  const models::GptOptions o = models::parse_hf_gpt2_config(read_text(path), path);
+  const auto take = key_taker(m, path);
+  take(&ModelConfig::n_layer, o.n_layer, "n_layer", "n_layer");
+  take(&ModelConfig::n_head, o.n_head, "n_head", "n_head");
+  take(&ModelConfig::n_embd, o.n_embd, "n_embd", "n_embd");
+  take(&ModelConfig::vocab_size, o.vocab_size, "vocab_size", "vocab_size");
+  take(&ModelConfig::block_size, o.block_size, "block_size", "n_positions");
+  const models::GptOptions resolved = gpt_options(m);
+  models::check_gpt_options(resolved);
+  return fmt::format("model.* keys from {} (gpt2): gpt L{} H{} C{} V{} T{}, {} parameters", path, resolved.n_layer,
+                     resolved.n_head, resolved.n_embd, resolved.vocab_size, resolved.block_size,
+                     models::gpt_num_params(resolved));
+}
+
+// A llama's keys from its config.json. Each key the config sets to a value other than its default must agree.
+std::string resolve_llama(ModelConfig& m) {
+  const std::string path = hf_config_path(m);
+  if (path.empty()) return "";
+  const models::HfLlamaConfig hf = models::parse_hf_llama_config(read_text(path), path);
+  const models::LlamaOptions& o = hf.options;
+  const auto take = key_taker(m, path);
   take(&ModelConfig::n_layer, o.n_layer, "n_layer", "num_hidden_layers");
   take(&ModelConfig::n_head, o.n_head, "n_head", "num_attention_heads");
   take(&ModelConfig::n_kv_head, o.n_kv_head, "n_kv_head", "num_key_value_heads");
@@ -232,7 +256,8 @@ const std::array<Functions, kModelCards.size()>& functions() {
   static const std::array<Functions, kModelCards.size()> table{{
       {.build = build_mlp},                                                        // mlp
       {.build = build_resnet},                                                     // resnet
-      {.build = build_gpt, .import_weights = gpt_weights, .flops_per_row = gpt_flops, .export_weights = gpt_export},  // gpt
+      {.build = build_gpt, .import_weights = gpt_weights, .flops_per_row = gpt_flops, .export_weights = gpt_export,
+       .resolve = resolve_gpt},  // gpt
       {.build = build_llama, .import_weights = llama_weights, .flops_per_row = llama_flops,
        .export_weights = llama_export, .resolve = resolve_llama},  // llama
   }};

@@ -129,9 +129,9 @@ struct ModelFamily : ModelCard {
   // family lacks). Empty: the family has no layout out.
   std::function<ExportedWeights(const models::Model& model, const ModelConfig& m, std::string_view layout)>
       export_weights;
-  // At start-up, before anything reads `m`: completes the model.* keys from elsewhere (a llama's from a Hugging Face
-  // config.json) and returns a line saying what it took from where (empty: nothing). ConfigError for a source that
-  // cannot be read or that disagrees with a key the config sets. Empty: the keys are complete as given.
+  // At start-up, before anything reads `m`: completes the model.* keys from elsewhere (a GPT's or a llama's from a
+  // Hugging Face config.json) and returns a line saying what it took from where (empty: nothing). ConfigError for a
+  // source that cannot be read or that disagrees with a key the config sets. Empty: the keys are complete as given.
   std::function<std::string(ModelConfig& m)> resolve;
 };
 

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <set>
+
+#include "models/hf_config.h"
 
 namespace dpt::models {
 namespace {
@@ -52,7 +55,16 @@ GptLayout parse_gpt_layout(const std::string& name) {
 
 std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
                                             const GptOptions& o, std::string* layout) {
-  auto full = [](const std::string& n) { return n.starts_with("transformer.") || n == "lm_head.weight" ? n : "transformer." + n; };
+  // Hugging Face's names without the prefix (the hub's files) get it; any other name stays the file's, so that an
+  // error names what the file holds.
+  auto full = [](const std::string& n) {
+    const bool hf_top = n.starts_with("wte.") || n.starts_with("wpe.") || n.starts_with("h.") || n.starts_with("ln_f.");
+    return hf_top ? "transformer." + n : n;
+  };
+  for (const auto& nt : tensors)
+    if (nt.name == "model.embed_tokens.weight")
+      DPT_THROW(ConfigError, "model.init_from {}: {} is the token embedding of a Llama family's model "
+                "(LlamaForCausalLM's, Qwen2ForCausalLM's names), not GPT-2's: set model.name = llama", path, nt.name);
   const int64_t n_embd = o.n_embd;
   const Tensor* c_attn = nullptr;
   for (const auto& nt : tensors)
@@ -112,6 +124,80 @@ std::vector<NamedTensor> gpt_export_weights(const Model& model, GptLayout layout
     out.push_back({"lm_head.weight", head});  // nanoGPT's state_dict names the tied weight twice
   }
   return out;
+}
+
+GptOptions parse_hf_gpt2_config(const std::string& json_text, const std::string& source) {
+  using nlohmann::json;
+  const json j = hf::parse_object(json_text, source);
+  const json* type = hf::get(j, "model_type");
+  const std::string model_type = type && type->is_string() ? type->get<std::string>() : "";
+  if (model_type == "llama" || model_type == "qwen2" || model_type == "mistral")
+    DPT_THROW(ConfigError, "{}: model_type '{}' is a model of the Llama family, not GPT-2: set model.name = llama "
+              "(model.name = gpt reads GPT-2's config.json, model_type gpt2)", source, model_type);
+  if (model_type != "gpt2")
+    DPT_THROW(ConfigError, "{}: model_type '{}' is not GPT-2 (gpt2), the one model.name = gpt builds", source,
+              model_type);
+  // GPT2Config's keys that dptrain reads or checks below; its summary_* keys configure the heads of
+  // GPT2DoubleHeadsModel and GPT2ForSequenceClassification, not the LM head; n_ctx is a key of older configs that
+  // transformers no longer reads (n_positions is the context); dropout acts in training only, and dptrain's GPT trains
+  // without it (nanoGPT's fine-tuning default too), so the hub's 0.1 is accepted; _num_labels and
+  // gradient_checkpointing are older configs' switches with no effect on the arithmetic.
+  static const std::set<std::string> read{
+      "n_layer", "n_head", "n_embd", "vocab_size", "n_positions", "n_inner", "activation_function",
+      "layer_norm_epsilon", "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "reorder_and_upcast_attn",
+      "tie_word_embeddings", "resid_pdrop", "embd_pdrop", "attn_pdrop", "n_ctx", "summary_type", "summary_use_proj",
+      "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "_num_labels",
+      "gradient_checkpointing"};
+  for (const auto& [key, value] : j.items()) {
+    if (key == "quantization_config")
+      DPT_THROW(ConfigError, "{}: quantization_config: dptrain reads full-precision weights (bf16, fp32), not "
+                "quantized ones", source);
+    if (key == "auto_map")
+      DPT_THROW(ConfigError, "{}: auto_map: the model comes with its own modelling code, which dptrain does not run",
+                source);
+    if (!read.count(key) && !hf::pretrained_config_keys().count(key))
+      DPT_THROW(ConfigError, "{}: key '{}' = {} is not one dptrain reads, and it may change the model's arithmetic: "
+                "refused rather than ignored (remove it if it does not)", source, key, value.dump());
+  }
+  // GPT2Config's defaults for the keys a config.json may leave out (GPT-2 124M's sizes).
+  const auto size_or = [&](const char* key, int64_t fallback) {
+    return hf::get(j, key) ? hf::size_key(j, key, source) : fallback;
+  };
+  GptOptions o;
+  o.n_layer = size_or("n_layer", 12);
+  o.n_head = size_or("n_head", 12);
+  o.n_embd = size_or("n_embd", 768);
+  o.vocab_size = size_or("vocab_size", 50257);
+  o.block_size = size_or("n_positions", 1024);
+  if (const json* inner = hf::get(j, "n_inner"); inner && (!inner->is_number_integer() ||
+                                                            inner->get<int64_t>() != 4 * o.n_embd))
+    DPT_THROW(ConfigError, "{}: n_inner = {}: dptrain's GPT MLP is 4 n_embd = {} wide (n_inner null)", source,
+              inner->dump(), 4 * o.n_embd);
+  // gelu_new is GELU(tanh), gelu_pytorch_tanh the same function through torch's kernel; gelu would be GELU(erf).
+  if (const json* act = hf::get(j, "activation_function");
+      act && (!act->is_string() || (act->get<std::string>() != "gelu_new" &&
+                                    act->get<std::string>() != "gelu_pytorch_tanh")))
+    DPT_THROW(ConfigError, "{}: activation_function = {}: dptrain's GPT computes GELU(tanh) (gelu_new) only", source,
+              act->dump());
+  // The LayerNorms compute in float32, so an epsilon that rounds to the same float is the same arithmetic.
+  const double eps = hf::number_key(j, "layer_norm_epsilon", 1e-5, source);
+  if (static_cast<float>(eps) != kGptLayerNormEps)
+    DPT_THROW(ConfigError, "{}: layer_norm_epsilon = {}: dptrain's GPT LayerNorms use 1e-05 (GPT-2's)", source,
+              hf::get(j, "layer_norm_epsilon")->dump());
+  if (!hf::bool_key(j, "scale_attn_weights", true, source))
+    DPT_THROW(ConfigError, "{}: scale_attn_weights = false: dptrain's GPT scales the attention scores by "
+              "1 / sqrt(head size)", source);
+  if (hf::bool_key(j, "scale_attn_by_inverse_layer_idx", false, source))
+    DPT_THROW(ConfigError, "{}: scale_attn_by_inverse_layer_idx = true: dptrain's GPT does not scale the attention "
+              "scores by 1 / (layer + 1)", source);
+  if (hf::bool_key(j, "reorder_and_upcast_attn", false, source))
+    DPT_THROW(ConfigError, "{}: reorder_and_upcast_attn = true: dptrain's GPT does not compute the attention that "
+              "way", source);
+  if (!hf::bool_key(j, "tie_word_embeddings", true, source))
+    DPT_THROW(ConfigError, "{}: tie_word_embeddings = false: dptrain's GPT ties its LM head to the token embedding "
+              "(wte)", source);
+  check_gpt_options(o);
+  return o;
 }
 
 std::string gpt_hf_config_json(const GptOptions& o) {

@@ -26,7 +26,8 @@ GptLayout parse_gpt_layout(const std::string& name);  // "nanogpt" | "hf"; Confi
 // the four projection weights of each block transposed when they come from HF's Conv1D ([in, out], recognised by
 // c_attn's [C, 3C] shape); HF's causal-mask buffers (attn.bias, attn.masked_bias) dropped; lm_head.weight dropped
 // when it equals transformer.wte.weight (the tie), a ConfigError otherwise; wte of vocab_size rows padded with 0
-// to the model's (padded_vocab). `layout` gets "nanoGPT" or "Hugging Face".
+// to the model's (padded_vocab). `layout` gets "nanoGPT" or "Hugging Face". A Llama's names (model.embed_tokens.weight)
+// are a ConfigError saying model.name = llama.
 std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
                                             const GptOptions& o, std::string* layout);
 
@@ -34,6 +35,16 @@ std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tens
 // into nanoGPT's GPT(strict) or transformers' GPT2LMHeadModel.from_pretrained, and back through
 // gpt_import_weights. ConfigError when `model` is not a GPT.
 std::vector<NamedTensor> gpt_export_weights(const Model& model, GptLayout layout);
+
+// The options a Hugging Face GPT-2 config.json gives (GPT2Config, model_type gpt2; `source` names it in errors):
+// n_layer, n_head, n_embd, vocab_size, and n_positions as block_size (the rows of wpe), GPT2Config's defaults for the
+// ones it leaves out. ConfigError, naming the key, for what dptrain's GPT does not compute: another model_type (a
+// Llama family's says model.name = llama), n_inner other than null or 4 n_embd, activation_function other than
+// gelu_new (or gelu_pytorch_tanh, the same function), layer_norm_epsilon other than 1e-5, scale_attn_weights false,
+// scale_attn_by_inverse_layer_idx or reorder_and_upcast_attn true, tie_word_embeddings false, quantization_config,
+// auto_map, and any key that is neither GPT2Config's nor one of PretrainedConfig's that leave the arithmetic alone.
+// Dropout (resid_pdrop, embd_pdrop, attn_pdrop) is accepted: it acts in training only, where dptrain has none.
+GptOptions parse_hf_gpt2_config(const std::string& json_text, const std::string& source);
 
 // Hugging Face's config.json for a GPT of options `o` (transformers' GPT2Config, model_type gpt2,
 // GPT2LMHeadModel): the sizes (n_positions = n_ctx = block_size, vocab_size the real vocabulary, n_inner 4 n_embd),

@@ -6,57 +6,30 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "models/hf_config.h"
+
 namespace dpt::models {
 namespace {
 
 using nlohmann::json;
 
-// PretrainedConfig's keys (and the families' own) that leave the network's arithmetic alone: names, versions, token
-// ids, dtypes, output switches, generation defaults of older configs, and the sliding-window sizes that only matter
-// when a window is on (checked separately).
+using hf::bool_key;
+using hf::get;
+using hf::number_key;
+using hf::size_key;
+
+// PretrainedConfig's keys that leave the network's arithmetic alone (hf::pretrained_config_keys), and the families'
+// own: Llama's pretraining_tp, nanotron's is_llama_config (SmolLM2's configs: a marker transformers ignores), and the
+// sliding-window sizes that only matter when a window is on (checked separately).
 const std::set<std::string>& harmless_keys() {
-  static const std::set<std::string> keys{
-      "_name_or_path", "architectures", "transformers_version", "torch_dtype", "dtype", "use_cache", "bos_token_id",
-      "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id", "initializer_range", "model_type",
-      "tokenizer_class", "return_dict", "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16",
-      "is_encoder_decoder", "is_decoder", "add_cross_attention", "tie_encoder_decoder", "id2label", "label2id",
-      "problem_type", "chunk_size_feed_forward", "pruned_heads", "finetuning_task", "prefix", "task_specific_params",
-      "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
-      "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
-      "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
-      "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
-      "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "cross_attention_hidden_size",
-      "pretraining_tp",  // Llama's: splits its matmuls into slices, the same sums
-      "max_window_layers", "sliding_window", "use_sliding_window", "layer_types", "use_mrope",  // checked below
-      "_attn_implementation_autoset", "attn_implementation"};
+  static const std::set<std::string> keys = [] {
+    std::set<std::string> k = hf::pretrained_config_keys();
+    k.insert({"pretraining_tp",  // Llama's: splits its matmuls into slices, the same sums
+              "is_llama_config",
+              "max_window_layers", "sliding_window", "use_sliding_window", "layer_types", "use_mrope"});  // below
+    return k;
+  }();
   return keys;
-}
-
-const json* get(const json& j, const char* key) {
-  const auto it = j.find(key);
-  return it == j.end() || it->is_null() ? nullptr : &*it;
-}
-
-int64_t size_key(const json& j, const char* key, const std::string& source) {
-  const json* v = get(j, key);
-  if (!v) DPT_THROW(ConfigError, "{}: {} is missing", source, key);
-  if (!v->is_number_integer() || v->get<int64_t>() < 1)
-    DPT_THROW(ConfigError, "{}: {} = {} must be a positive integer", source, key, v->dump());
-  return v->get<int64_t>();
-}
-
-double number_key(const json& j, const char* key, double fallback, const std::string& source) {
-  const json* v = get(j, key);
-  if (!v) return fallback;
-  if (!v->is_number()) DPT_THROW(ConfigError, "{}: {} = {} must be a number", source, key, v->dump());
-  return v->get<double>();
-}
-
-bool bool_key(const json& j, const char* key, bool fallback, const std::string& source) {
-  const json* v = get(j, key);
-  if (!v) return fallback;
-  if (!v->is_boolean()) DPT_THROW(ConfigError, "{}: {} = {} must be true or false", source, key, v->dump());
-  return v->get<bool>();
 }
 
 int64_t token_id(const json& j, const char* key) {
@@ -76,21 +49,39 @@ void read_rope(const json& j, LlamaOptions& o, const std::string& source) {
   }
   if (!r) return;
   if (!r->is_object()) DPT_THROW(ConfigError, "{}: {} = {} must be an object or null", source, name, r->dump());
-  std::string type = "default";
-  if (const json* t = get(*r, "rope_type")) type = t->is_string() ? t->get<std::string>() : t->dump();
-  else if (const json* t2 = get(*r, "type")) type = t2->is_string() ? t2->get<std::string>() : t2->dump();
+  const auto text = [](const json* t) { return t ? t->is_string() ? t->get<std::string>() : t->dump() : ""; };
+  const json* rope_type = get(*r, "rope_type");
+  const json* old_type = get(*r, "type");
+  // transformers 4.45 copies the older "type" over "rope_type" when both are there; a config whose two say different
+  // things is refused rather than read either way.
+  if (rope_type && old_type && *rope_type != *old_type)
+    DPT_THROW(ConfigError, "{}: {} has rope_type {} and type {}, which disagree (transformers 4.45 takes type, others "
+              "rope_type): give one", source, name, rope_type->dump(), old_type->dump());
+  const std::string type = rope_type ? text(rope_type) : old_type ? text(old_type) : "default";
   o.rope_theta = number_key(*r, "rope_theta", o.rope_theta, source);
   if (type == "default") return;
   if (type != "llama3")
     DPT_THROW(ConfigError, "{}: {} type '{}' is not one dptrain computes (it reads none, default and llama3)", source,
               name, type);
+  // Each of llama3's numbers must be there: transformers refuses the config without one (a KeyError), and a default
+  // filled in here would be a model nobody trained.
+  const auto required = [&](const char* key) {
+    const json* v = get(*r, key);
+    if (!v)
+      DPT_THROW(ConfigError, "{}: {} of type llama3 lacks {} (it needs factor, low_freq_factor, high_freq_factor and "
+                "original_max_position_embeddings)", source, name, key);
+    if (!v->is_number()) DPT_THROW(ConfigError, "{}: {}'s {} = {} must be a number", source, name, key, v->dump());
+    return v->get<double>();
+  };
   o.rope_scaling.type = "llama3";
-  o.rope_scaling.factor = number_key(*r, "factor", o.rope_scaling.factor, source);
-  o.rope_scaling.low_freq_factor = number_key(*r, "low_freq_factor", o.rope_scaling.low_freq_factor, source);
-  o.rope_scaling.high_freq_factor = number_key(*r, "high_freq_factor", o.rope_scaling.high_freq_factor, source);
-  o.rope_scaling.original_max_position_embeddings = static_cast<int64_t>(
-      number_key(*r, "original_max_position_embeddings",
-                 static_cast<double>(o.rope_scaling.original_max_position_embeddings), source));
+  o.rope_scaling.factor = required("factor");
+  o.rope_scaling.low_freq_factor = required("low_freq_factor");
+  o.rope_scaling.high_freq_factor = required("high_freq_factor");
+  const double original = required("original_max_position_embeddings");
+  if (original < 1 || original != static_cast<double>(static_cast<int64_t>(original)))
+    DPT_THROW(ConfigError, "{}: {}'s original_max_position_embeddings = {} must be a positive integer", source, name,
+              get(*r, "original_max_position_embeddings")->dump());
+  o.rope_scaling.original_max_position_embeddings = static_cast<int64_t>(original);
 }
 
 // ConfigError for a config.json whose sliding-window attention would be on for some sequence the model takes.
@@ -117,23 +108,21 @@ void refuse_sliding_window(const json& j, const std::string& type, int64_t max_p
 }  // namespace
 
 HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::string& source) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::exception& e) {
-    DPT_THROW(ConfigError, "{}: not valid JSON: {}", source, e.what());
-  }
-  if (!j.is_object()) DPT_THROW(ConfigError, "{}: a config.json holds an object", source);
+  const json j = hf::parse_object(json_text, source);
   HfLlamaConfig c;
   const json* type = get(j, "model_type");
   c.model_type = type && type->is_string() ? type->get<std::string>() : "";
+  if (c.model_type == "gpt2")
+    DPT_THROW(ConfigError, "{}: model_type 'gpt2' is GPT-2, not a model of the Llama family: set model.name = gpt "
+              "(model.name = llama reads the config.json of llama, qwen2 and mistral)", source);
   if (c.model_type != "llama" && c.model_type != "qwen2" && c.model_type != "mistral")
     DPT_THROW(ConfigError, "{}: model_type '{}' is not one of the Llama family's dptrain builds (llama, qwen2, "
               "mistral)", source, c.model_type);
   static const std::set<std::string> read{
       "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
       "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
-      "vocab_size", "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout"};
+      "vocab_size", "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
+      "rope_interleaved"};
   for (const auto& [key, value] : j.items()) {
     if (key == "quantization_config")
       DPT_THROW(ConfigError, "{}: quantization_config: dptrain reads full-precision weights (bf16, fp32), not "
@@ -166,6 +155,11 @@ HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::str
   o.mlp_bias = bool_key(j, "mlp_bias", false, source);
   if (const json* act = get(j, "hidden_act"); act && (!act->is_string() || act->get<std::string>() != "silu"))
     DPT_THROW(ConfigError, "{}: hidden_act = {}: dptrain's Llama MLP is SwiGLU (silu)", source, act->dump());
+  // nanotron's converter (SmolLM2's config.json) writes rope_interleaved: false is the rotate_half RoPE transformers
+  // and dptrain compute (transformers ignores the key); true would pair adjacent elements instead.
+  if (bool_key(j, "rope_interleaved", false, source))
+    DPT_THROW(ConfigError, "{}: rope_interleaved = true: dptrain's RoPE is Hugging Face's rotate_half form (the two "
+              "halves of each head paired), not the interleaved one", source);
   if (number_key(j, "attention_dropout", 0.0, source) != 0.0)
     DPT_THROW(ConfigError, "{}: attention_dropout = {}: dptrain's Llama has no dropout", source,
               get(j, "attention_dropout")->dump());
@@ -178,13 +172,17 @@ HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::str
 
 std::string llama_hf_config_json(const LlamaOptions& o, int64_t max_positions, int64_t bos_token_id,
                                  int64_t eos_token_id) {
-  const bool qwen2 = o.qkv_bias && !o.o_bias && !o.mlp_bias && o.head_dim * o.n_head == o.n_embd &&
-                     o.rope_scaling.type.empty();
+  // Qwen2ForCausalLM: biases on q, k and v only, head_dim = hidden_size / heads (Qwen2Config has no head_dim); its
+  // rotary embedding reads rope_scaling as Llama's does (transformers 4.45: llama3 included).
+  const bool qwen2 = o.qkv_bias && !o.o_bias && !o.mlp_bias && o.head_dim * o.n_head == o.n_embd;
   if (o.qkv_bias != o.o_bias && !qwen2)
-    DPT_THROW(ConfigError, "a Llama with biases on {} but not on {}{}: no Hugging Face class builds that (Llama's "
+    DPT_THROW(ConfigError, "a Llama with biases on {} but not on {}{}{}: no Hugging Face class builds that (Llama's "
               "attention_bias puts them on all four projections, Qwen2's on q, k and v with head_dim = hidden_size / "
-              "heads, no MLP biases and no rope scaling)", o.qkv_bias ? "q, k, v" : "o_proj",
-              o.qkv_bias ? "o_proj" : "q, k, v", o.mlp_bias ? " and MLP biases" : "");
+              "heads and no MLP biases)", o.qkv_bias ? "q, k, v" : "o_proj", o.qkv_bias ? "o_proj" : "q, k, v",
+              o.mlp_bias ? " and MLP biases" : "",
+              o.qkv_bias && o.head_dim * o.n_head != o.n_embd
+                  ? fmt::format(", head_dim {} x {} heads != hidden_size {}", o.head_dim, o.n_head, o.n_embd)
+                  : "");
   const auto id = [](int64_t v) { return v >= 0 ? json(v) : json(nullptr); };
   json config = {
       {"architectures", {qwen2 ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
@@ -232,6 +230,10 @@ std::vector<NamedTensor> llama_import_weights(const std::vector<NamedTensor>& te
   std::vector<NamedTensor> out;
   const Tensor* head = nullptr;
   const Tensor* embed = nullptr;
+  for (const auto& nt : tensors)
+    if (nt.name == "wte.weight" || nt.name == "transformer.wte.weight")
+      DPT_THROW(ConfigError, "model.init_from {}: {} is GPT-2's token embedding (nanoGPT's or GPT2LMHeadModel's "
+                "names), not a Llama's: set model.name = gpt", path, nt.name);
   for (const auto& nt : tensors) {
     if (nt.name.ends_with(".rotary_emb.inv_freq")) continue;  // a buffer older transformers saved: recomputed here
     if (nt.name == "model.embed_tokens.weight") embed = &nt.tensor;

@@ -9,7 +9,11 @@
 #    tool, on the exported file) to 2e-5, while GELU(erf) in place of gelu_new moves them by more than 1e-4 (it
 #    moves the mean loss too little to see), so the comparison can tell;
 #  - the same file without the metadata fails from_pretrained (so the test can fail), and the .safetensors file
-#    form of --out (and --layout nanogpt into a folder) still writes the weights alone.
+#    form of --out (and --layout nanogpt into a folder) still writes the weights alone;
+#  - the exported folder as model.init_from gives the model.* sizes from its config.json (the same eval loss); a
+#    contradicting model.* key, and a config.json whose arithmetic dptrain's GPT does not compute (layer_norm_epsilon,
+#    activation_function gelu, scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn) or of a Llama, are refused
+#    by name; a folder without config.json still takes the model.* keys.
 # Skipped (exit 77, saying why) when the venv lacks transformers.
 source "$(dirname "$0")/lib/common.bash"
 HF_PY=/opt/dptrain/test-venv/bin/python  # scripts/setup.sh --tests names the same venv
@@ -120,6 +124,45 @@ except Exception as e:
 else:
     raise AssertionError("from_pretrained loaded a file without {'format': 'pt'}: the test could not fail")
 PYEOF
+
+# The exported folder back through model.init_from with no model.* sizes: its config.json gives them (the run logs
+# them, and its model evaluates to the same loss); a model.* key that contradicts it, and a config.json whose model
+# dptrain's GPT does not compute (Hugging Face's GPT-2 options that change the arithmetic, a Llama's model_type), are
+# refused by name with exit code 2 instead of loading into another model.
+FROM=(data.dataset=tokens data.dir="$WORK/fort" model.name=gpt train.device=cpu train.epochs=1 train.batch_size=16
+      train.optimizer=sgd train.lr=1e-30 train.max_steps=1 data.test_limit=256 train.progress_interval_s=1000
+      --resume never)
+"$DPTRAIN" "${FROM[@]}" model.init_from="$WORK/hf" checkpoint.dir="$WORK/again" > "$WORK/again.log" 2>&1 \
+  || { cat "$WORK/again.log"; fail "a run from the exported folder failed"; }
+grep -q "model.\* keys from $WORK/hf/config.json (gpt2): gpt L2 H2 C64 V256 T32" "$WORK/again.log" \
+  || { cat "$WORK/again.log"; fail "the run did not take its sizes from the folder's config.json"; }
+"$DPTRAIN" eval --checkpoint "$WORK/again" > "$WORK/again_eval.log" 2>&1 || { cat "$WORK/again_eval.log"; fail "eval"; }
+again=$(grep -oP "eval: .* loss \K[0-9.]+" "$WORK/again_eval.log")
+[ "$again" = "$loss" ] || fail "the model started from the exported folder evaluates to $again, the run's to $loss"
+expect_exit 2 "model.n_head = 4, but $WORK/hf/config.json says n_head = 2" \
+  "$DPTRAIN" "${FROM[@]}" model.init_from="$WORK/hf" model.n_head=4 checkpoint.dir="$WORK/refused"
+edited() {  # edited NAME JSON: $WORK/NAME, the exported folder with JSON merged into its config.json
+  cp -r "$WORK/hf" "$WORK/$1"
+  "$PY" -c 'import json, sys; p = sys.argv[1] + "/config.json"; c = json.load(open(p))
+c.update(json.loads(sys.argv[2])); json.dump(c, open(p, "w"))' "$WORK/$1" "$2"
+}
+edited eps '{"layer_norm_epsilon": 0.5}'
+edited erf '{"activation_function": "gelu"}'
+edited layer_idx '{"scale_attn_by_inverse_layer_idx": true}'
+edited upcast '{"reorder_and_upcast_attn": true}'
+edited llama '{"model_type": "llama"}'
+for refused in "eps:layer_norm_epsilon = 0.5" "erf:activation_function = \"gelu\"" \
+               "layer_idx:scale_attn_by_inverse_layer_idx = true" "upcast:reorder_and_upcast_attn = true" \
+               "llama:model_type 'llama' is a model of the Llama family, not GPT-2: set model.name = llama"; do
+  expect_exit 2 "${refused#*:}" \
+    "$DPTRAIN" "${FROM[@]}" model.init_from="$WORK/${refused%%:*}" checkpoint.dir="$WORK/refused"
+done
+# A folder without config.json (a state dict alone) keeps taking its sizes from the model.* keys.
+mkdir "$WORK/bare" && cp "$WORK/hf/model.safetensors" "$WORK/bare/"
+"$DPTRAIN" "${FROM[@]}" model.init_from="$WORK/bare" model.n_layer=2 model.n_head=2 model.n_embd=64 \
+  model.block_size=32 checkpoint.dir="$WORK/bare_run" > "$WORK/bare.log" 2>&1 \
+  || { cat "$WORK/bare.log"; fail "a folder without config.json"; }
+! grep -q "keys from" "$WORK/bare.log" || fail "keys taken from a config.json the folder does not hold"
 
 # The other forms of --out keep their meaning: a .safetensors path is that one file (no config.json beside it), and
 # --layout nanogpt into a folder writes model.safetensors alone (nanoGPT has no config.json).

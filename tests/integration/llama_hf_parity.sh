@@ -10,8 +10,10 @@
 #    DDP and ZeRO stage 3 (equal to the 1-rank run with the same global batch), and `export-weights` of the result,
 #    in shards, loads with AutoModelForCausalLM.from_pretrained to the same logits, and reads back into dptrain bit
 #    for bit;
+#  - the Qwen2 folder with Llama 3's rope_scaling added trains and exports as Qwen2ForCausalLM with it, to the same
+#    logits in transformers (and other ones without it);
 #  - a folder whose tied head differs from its embedding, and a config.json key dptrain does not know, are errors
-#    naming them;
+#    naming them; the Qwen2 folder under model.name = gpt is refused saying model.name = llama;
 #  - greedy generation from the fine-tuned checkpoint (with the KV cache and without) equals transformers' generate();
 #  - llm.c's uint32 token shards (its Llama 3 form) with ids past 65535 train a llama of that vocabulary.
 # Skipped (exit 77, saying why) when the venv lacks transformers 4.45 or later (Llama 3's rope scaling).
@@ -62,6 +64,9 @@ run() {  # run NAME NPROC ARGS...
   "$DPRUN" --nproc-per-node "$n" -- "$DPTRAIN" "${FT[@]}" "$@" checkpoint.dir="$WORK/$name" > "$WORK/$name.log" 2>&1 \
     || { cat "$WORK/$name.log"; fail "$name failed"; }
 }
+# The folder under model.name = gpt: refused, saying which model.name reads it (not naming a tensor or the tie).
+expect_exit 2 "model_type 'qwen2' is a model of the Llama family, not GPT-2: set model.name = llama" \
+  "$DPTRAIN" "${FT[@]}" model.name=gpt checkpoint.dir="$WORK/as_gpt"
 run one 1 train.batch_size=8
 grep -q "model.\* keys from $WORK/qwen2_bf16/model/config.json (qwen2): llama L2 H4/1 C16 I40 V256 T16" "$WORK/one.log" \
   || { cat "$WORK/one.log"; fail "the run did not say where its model.* keys came from"; }
@@ -97,6 +102,44 @@ err = float(np.abs(a - b).max())
 print(f"export: transformers' logits vs dptrain's: max |a-b| {err:.2e}")
 sys.exit(0 if err <= 1e-5 * max(1.0, float(np.abs(b).max())) else 1)
 PYEOF
+# Qwen2 with Llama 3's rope_scaling (transformers 4.45's Qwen2 reads it as Llama does): dptrain trains it, and its
+# export is a Qwen2ForCausalLM folder with that rope_scaling, which transformers loads to dptrain's logits; the same
+# folder without rope_scaling gives other logits (the scaling changes both frequencies of these 4-wide heads).
+cp -r "$WORK/qwen2_bf16/model" "$WORK/qwen2_rope"
+ROPE='{"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+       "original_max_position_embeddings": 8}'
+"$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["rope_scaling"] = json.loads(sys.argv[2])
+json.dump(c, open(sys.argv[1], "w"))' "$WORK/qwen2_rope/config.json" "$ROPE"
+"$DPTRAIN" "${FT[@]}" model.init_from="$WORK/qwen2_rope" train.max_steps=2 train.batch_size=8 \
+  checkpoint.dir="$WORK/rope" > "$WORK/rope.log" 2>&1 || { cat "$WORK/rope.log"; fail "training Qwen2 with rope"; }
+"$DPTRAIN" export-weights --checkpoint "$WORK/rope" --out "$WORK/export_rope" > "$WORK/export_rope.log" 2>&1 \
+  || { cat "$WORK/export_rope.log"; fail "export-weights of Qwen2 with rope_scaling failed"; }
+grep -q "Qwen2ForCausalLM.from_pretrained" "$WORK/export_rope.log" || { cat "$WORK/export_rope.log"; fail "not Qwen2"; }
+"$LLAMA_IO" --model "$WORK/export_rope" --input "$WORK/llama_mha/input.safetensors" --out "$WORK/export_rope_io" \
+  > "$WORK/export_rope_io.log" 2>&1 || { cat "$WORK/export_rope_io.log"; fail "dptrain could not read the export"; }
+"$HF_PY" "$REF" logits "$WORK/export_rope" "$WORK/llama_mha/input.safetensors" "$WORK/hf_rope.safetensors" \
+  || fail "transformers could not load the Qwen2 export with rope_scaling"
+cp -r "$WORK/export_rope" "$WORK/export_norope"
+"$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["rope_scaling"] = None
+json.dump(c, open(sys.argv[1], "w"))' "$WORK/export_norope/config.json"
+"$HF_PY" "$REF" logits "$WORK/export_norope" "$WORK/llama_mha/input.safetensors" "$WORK/hf_norope.safetensors" \
+  || fail "transformers could not load the Qwen2 export without rope_scaling"
+"$PY" - "$WORK/export_rope/config.json" "$WORK/export_rope_io/out.safetensors" "$WORK/hf_rope.safetensors" \
+  "$WORK/hf_norope.safetensors" <<'PYEOF' || fail "the Qwen2 export with rope_scaling differs"
+import json, sys
+sys.path.insert(0, __import__("os").environ["DPT_SOURCE_DIR"] + "/tests/support/python")
+import ckpt, numpy as np
+c = json.load(open(sys.argv[1]))
+assert c["architectures"] == ["Qwen2ForCausalLM"] and c["rope_scaling"]["rope_type"] == "llama3", c
+assert c["rope_scaling"]["original_max_position_embeddings"] == 8 and c["rope_scaling"]["factor"] == 8.0, c
+a = ckpt.load(sys.argv[2])["logits"].astype(np.float64)
+b, plain = ckpt.load(sys.argv[3])["logits"], ckpt.load(sys.argv[4])["logits"]
+err, control = float(np.abs(a - b).max()), float(np.abs(a - plain).max())
+print(f"Qwen2 + llama3 rope_scaling export: transformers' logits vs dptrain's: max |a-b| {err:.2e} "
+      f"(without rope_scaling: {control:.2e})")
+sys.exit(0 if err <= 1e-5 * max(1.0, float(np.abs(b).max())) and control > 1e-3 else 1)
+PYEOF
+
 # Greedy generation (top-k 1) from the fine-tuned checkpoint equals transformers' greedy generate() of the export, with
 # the KV cache and without; 12 new bytes after a 4-byte prompt fill the 16 positions.
 "$DPTRAIN" generate --checkpoint "$WORK/one" --prompt "The " --tokens 12 --top-k 1 > "$WORK/gen_cache.txt" 2> "$WORK/gen.log" \

@@ -11,9 +11,11 @@
 #     a NEWOBJ, a list instead of a dict, the pre-1.6 format, a flipped byte in a stored tensor (its CRC-32); the
 #     marker file the calls would have written is absent;
 #  3. model.init_from = a .pth: a small ResNet's checkpoint converted to a .pth by torch trains on from it exactly as
-#     from the checkpoint's own model.safetensors (bitwise), and differently from a fresh start (the control); a GPT
+#     from the checkpoint's own model.safetensors (bitwise), and differently from a fresh start (the control), and so
+#     does the .pth without BatchNorm's num_batches_tracked (old torchvision downloads: counted from 0); a GPT
 #     exported in Hugging Face's layout and saved by torch in bfloat16 (a pytorch_model.bin) trains as the same
-#     bf16-rounded values from safetensors do.
+#     bf16-rounded values from safetensors do; nanoGPT's ckpt.pt of a torch.compile'd model ("_orig_mod." before
+#     every name) trains as the same weights do, and a name the model lacks is named as the file has it.
 source "$(dirname "$0")/lib/common.bash"
 "$PY" -c "import torch, torchvision" 2>/dev/null ||
   fail "python3-torch and python3-torchvision are needed (scripts/setup.sh --tests)"
@@ -85,6 +87,32 @@ echo -n "from .pth vs from .safetensors: "
 echo -n "from .pth vs fresh (must differ): "
 "$PY" "$CKPT_PY" differ "$WORK/from_pth/step-00000004" "$WORK/fresh/step-00000004" 1e-4 ||
   fail "init_from changed nothing: the comparison cannot tell"
+# The same .pth without BatchNorm's num_batches_tracked buffers (torchvision's downloads before 0.4.1 lack them;
+# PyTorch's load_state_dict(strict=True) takes it, counting from 0): it trains to the same weights, its counters 3
+# lower; a state dict lacking another buffer is refused naming it.
+"$PY" - "$WORK/start.pth" "$WORK/start_nonbt.pth" "$WORK/start_nomean.pth" <<'EOF' || fail "writing the old-style .pth"
+import collections, sys, torch
+sd = torch.load(sys.argv[1])
+torch.save(collections.OrderedDict((k, v) for k, v in sd.items() if not k.endswith("num_batches_tracked")), sys.argv[2])
+torch.save(collections.OrderedDict((k, v) for k, v in sd.items() if k != "bn1.running_mean"), sys.argv[3])
+EOF
+train from_nonbt 4 "${RES[@]}" model.init_from="$WORK/start_nonbt.pth"
+grep -q "num_batches_tracked absent from the file: 0" "$WORK/from_nonbt.log" ||
+  { cat "$WORK/from_nonbt.log"; fail "no note of the missing num_batches_tracked"; }
+"$PY" - "$WORK/from_nonbt/step-00000004/model.safetensors" "$WORK/from_pth/step-00000004/model.safetensors" <<'EOF' ||
+import os, sys
+sys.path.insert(0, os.environ["DPT_SOURCE_DIR"] + "/tests/support/python")
+import ckpt, numpy as np
+a, b = ckpt.load(sys.argv[1]), ckpt.load(sys.argv[2])
+assert a.keys() == b.keys(), set(a) ^ set(b)
+counters = [k for k in a if k.endswith("num_batches_tracked")]
+assert counters and all(int(a[k]) == 4 and int(b[k]) == 7 for k in counters), [(k, a[k], b[k]) for k in counters]
+assert all(np.array_equal(a[k], b[k]) for k in a if k not in counters), "the weights differ"
+print(f"from a .pth without num_batches_tracked: the same weights, {len(counters)} counters from 0")
+EOF
+  fail "training from the .pth without num_batches_tracked differs"
+expect_exit 2 "no tensor named bn1.running_mean" \
+  "$DPTRAIN" "${RES[@]}" train.max_steps=1 model.init_from="$WORK/start_nomean.pth" checkpoint.dir="$WORK/nomean"
 # A GPT in Hugging Face's layout as an older hub repository keeps it (pytorch_model.bin), in bfloat16: widened to
 # float32 before the layout import (Conv1D transposes, the vocabulary's padding), it trains as the same weights
 # (rounded to bfloat16) from safetensors do.
@@ -113,6 +141,32 @@ grep -q "model: weights from $WORK/gpt_bf16.bin; Hugging Face layout" "$WORK/fro
 echo -n "GPT from a bf16 pytorch_model.bin vs from the same values in safetensors: "
 "$PY" "$CKPT_PY" compare "$WORK/from_bin/step-00000003" "$WORK/from_rounded/step-00000003" 0 ||
   fail "training from the bf16 .bin differs from training from the same values' safetensors"
+
+# nanoGPT's own ckpt.pt (train.py with its default compile = True): every name of its 'model' starts with
+# torch.compile's "_orig_mod.", which model.init_from removes as nanoGPT's sample.py does: it trains as the same
+# weights in nanoGPT's layout do; a name the model lacks is named as the file has it.
+"$DPTRAIN" export-weights --checkpoint "$WORK/gstart/step-00000002" --layout nanogpt --out "$WORK/gnano.safetensors" \
+  > "$WORK/gnano.log" 2>&1 || { cat "$WORK/gnano.log"; fail "export-weights --layout nanogpt failed"; }
+"$PY" - "$WORK/gnano.safetensors" "$WORK/ckpt.pt" "$WORK/ckpt_extra.pt" <<'EOF' || fail "writing ckpt.pt failed"
+import collections, os, sys
+sys.path.insert(0, os.environ["DPT_SOURCE_DIR"] + "/tests/support/python")
+import ckpt, torch
+sd = collections.OrderedDict(("_orig_mod." + k, torch.from_numpy(v.copy())) for k, v in ckpt.load(sys.argv[1]).items())
+base = {"model_args": dict(n_layer=2, n_head=2, n_embd=64, block_size=32, bias=True, vocab_size=256, dropout=0.0),
+        "iter_num": 2, "best_val_loss": torch.tensor(2.5), "config": {"compile": True}}
+torch.save({**base, "model": sd}, sys.argv[2])
+sd["_orig_mod.transformer.extra.weight"] = torch.ones(3)
+torch.save({**base, "model": sd}, sys.argv[3])
+EOF
+train from_compiled 3 "${GPT[@]}" model.init_from="$WORK/ckpt.pt"
+train from_nano 3 "${GPT[@]}" model.init_from="$WORK/gnano.safetensors"
+grep -q "model: weights from $WORK/ckpt.pt; nanoGPT layout; torch.compile's _orig_mod. prefix removed from 29 names" \
+  "$WORK/from_compiled.log" || { cat "$WORK/from_compiled.log"; fail "the compiled ckpt.pt's prefix was not removed"; }
+echo -n "GPT from nanoGPT's compiled ckpt.pt vs from the same weights in safetensors: "
+"$PY" "$CKPT_PY" compare "$WORK/from_compiled/step-00000003" "$WORK/from_nano/step-00000003" 0 ||
+  fail "training from the compiled ckpt.pt differs from training from the same weights"
+expect_exit 2 "tensor transformer.extra.weight (the file's _orig_mod.transformer.extra.weight) is not in this model" \
+  "$DPTRAIN" "${GPT[@]}" train.max_steps=1 model.init_from="$WORK/ckpt_extra.pt" checkpoint.dir="$WORK/extra"
 
 expect_exit 2 "model.init_from: .*os_system.pth: data.pkl: it names the global os.system" \
   "$DPTRAIN" "${RES[@]}" train.max_steps=1 model.init_from="$D/os_system.pth" checkpoint.dir="$WORK/evil"

@@ -1,7 +1,7 @@
 // tests/unit/models/test_gpt.cpp: the GPT's layers and the whole model on the CPU kernel set: LayerNorm, GELU,
 // causal self-attention, blocks and the tied-head GPT against central finite differences; LayerNorm, GELU and
 // the causal softmax against closed forms; causality; nanoGPT's names, shapes, counts and initialisation; the
-// config.json Hugging Face's GPT2LMHeadModel reads.
+// config.json Hugging Face's GPT2LMHeadModel reads, both ways (gpt_hf_config_json, parse_hf_gpt2_config).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -465,4 +465,60 @@ TEST_CASE("GPT: Hugging Face's config.json (GPT2Config) says this GPT's sizes, G
   REQUIRE(c.at("n_positions") == 32);
   REQUIRE(c.at("bos_token_id").is_null());  // no <|endoftext|> among 256 bytes
   REQUIRE(c.at("eos_token_id").is_null());
+}
+
+TEST_CASE("GPT: a Hugging Face GPT-2 config.json gives the sizes; what dptrain's GPT does not compute is refused by "
+          "name", "[models][gpt]") {
+  // The hub's gpt2/config.json, as it is (dropout 0.1, the summary_* keys of the double-heads model, n_ctx).
+  const nlohmann::json hub = nlohmann::json::parse(R"({
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1, "bos_token_id": 50256,
+    "embd_pdrop": 0.1, "eos_token_id": 50256, "initializer_range": 0.02, "layer_norm_epsilon": 1e-05,
+    "model_type": "gpt2", "n_ctx": 1024, "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+    "resid_pdrop": 0.1, "summary_activation": null, "summary_first_dropout": 0.1, "summary_proj_to_labels": true,
+    "summary_type": "cls_index", "summary_use_proj": true,
+    "task_specific_params": {"text-generation": {"do_sample": true, "max_length": 50}}, "vocab_size": 50257})");
+  GptOptions o = parse_hf_gpt2_config(hub.dump(), "c.json");
+  CHECK(o.n_layer == 12);
+  CHECK(o.n_head == 12);
+  CHECK(o.n_embd == 768);
+  CHECK(o.vocab_size == 50257);
+  CHECK(o.block_size == 1024);
+  // What an export writes reads back to the same sizes.
+  const GptOptions small{.n_layer = 3, .n_head = 4, .n_embd = 32, .vocab_size = 300, .block_size = 48};
+  o = parse_hf_gpt2_config(gpt_hf_config_json(small), "exported");
+  CHECK(o.n_layer == 3);
+  CHECK(o.n_head == 4);
+  CHECK(o.n_embd == 32);
+  CHECK(o.vocab_size == 300);
+  CHECK(o.block_size == 48);
+  nlohmann::json j = hub;
+  j["activation_function"] = "gelu_pytorch_tanh";  // GELU(tanh) too
+  j["layer_norm_epsilon"] = 9.999999747378752e-06;  // 1e-5f widened: the same float
+  j["n_inner"] = 3072;
+  CHECK(parse_hf_gpt2_config(j.dump(), "c.json").n_embd == 768);
+
+  const auto refused = [&](const char* key, const nlohmann::json& value, const std::string& why) {
+    nlohmann::json bad = hub;
+    bad[key] = value;
+    INFO(bad.dump());
+    CHECK_THROWS_WITH(parse_hf_gpt2_config(bad.dump(), "c.json"), Catch::Contains(why));
+  };
+  refused("activation_function", "gelu", "activation_function = \"gelu\"");
+  refused("activation_function", "relu", "activation_function = \"relu\"");
+  refused("layer_norm_epsilon", 0.5, "layer_norm_epsilon = 0.5");
+  refused("layer_norm_epsilon", 1e-6, "layer_norm_epsilon = 1e-06");
+  refused("scale_attn_by_inverse_layer_idx", true, "scale_attn_by_inverse_layer_idx = true");
+  refused("reorder_and_upcast_attn", true, "reorder_and_upcast_attn = true");
+  refused("scale_attn_weights", false, "scale_attn_weights = false");
+  refused("tie_word_embeddings", false, "tie_word_embeddings = false");
+  refused("n_inner", 1000, "n_inner = 1000");
+  refused("n_head", 7, "not a multiple of n_head 7");
+  refused("n_layer", 0, "n_layer = 0 must be a positive integer");
+  refused("use_fancy_attention", true, "key 'use_fancy_attention' = true is not one dptrain reads");
+  refused("quantization_config", {{"quant_method", "gptq"}}, "quantization_config");
+  refused("model_type", "llama",
+          "model_type 'llama' is a model of the Llama family, not GPT-2: set model.name = llama");
+  refused("model_type", "qwen2", "set model.name = llama");
+  refused("model_type", "bert", "model_type 'bert' is not GPT-2");
+  CHECK_THROWS_WITH(parse_hf_gpt2_config("[1]", "c.json"), Catch::Contains("holds an object"));
 }

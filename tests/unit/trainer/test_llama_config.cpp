@@ -1,7 +1,7 @@
 // tests/unit/trainer/test_llama_config.cpp: the Llama family's entry in the model registry: its model.* keys, a Hugging
 // Face config.json read into them (resolve_model_config: from model.hf_config or model.init_from's folder), the
 // keys of config.json that are refused by name, the config.json an export writes (read back to the same options), and
-// reading a sharded Hugging Face folder (read_weights).
+// reading a sharded Hugging Face folder (read_weights); and the GPT's entry reading a GPT-2 config.json.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -10,6 +10,7 @@
 
 #include "core/check.h"
 #include "core/safetensors.h"
+#include "models/gpt/weights.h"
 #include "models/llama/hf.h"
 #include "models/llama/llama.h"
 #include "trainer/build_model.h"
@@ -106,6 +107,13 @@ TEST_CASE("llama: a Hugging Face config.json gives the model.* keys", "[trainer]
   CHECK(m.max_position_embeddings == 2048);
   CHECK(resolve_model_config(m) == line);  // again (a restart): the same keys, no conflict
   CHECK(models::llama_num_params(llama_options(m)) == 134515008);  // SmolLM-135M's count
+  // SmolLM2's config.json (nanotron's converter) adds is_llama_config and rope_interleaved = false: the same model.
+  json smollm2 = smollm();
+  smollm2["is_llama_config"] = true;
+  smollm2["rope_interleaved"] = false;
+  const models::HfLlamaConfig two = models::parse_hf_llama_config(smollm2.dump(), "smollm2.json");
+  CHECK(models::llama_shape_name(two.options) ==
+        models::llama_shape_name(models::parse_hf_llama_config(smollm().dump(), "c.json").options));
 
   // model.hf_config names the file (or its folder); a key the config sets otherwise is an error naming both.
   ModelConfig other = llama_keys();
@@ -174,6 +182,8 @@ TEST_CASE("llama: config.json keys that would change the arithmetic are refused 
   j = smollm();
   j["model_type"] = "gemma";
   refused(j, "model_type 'gemma'");
+  j["model_type"] = "gpt2";  // model.name = llama given a GPT-2 folder: says which model.name reads it
+  refused(j, "model_type 'gpt2' is GPT-2, not a model of the Llama family: set model.name = gpt");
   j = smollm();
   j["model_type"] = "qwen2";
   j["use_sliding_window"] = true;
@@ -184,6 +194,25 @@ TEST_CASE("llama: config.json keys that would change the arithmetic are refused 
   refused(j, "sliding_window = 1024");
   j["sliding_window"] = nullptr;  // Mistral v0.3: no window
   CHECK(models::parse_hf_llama_config(j.dump(), "c.json").model_type == "mistral");
+  j = smollm();
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}};  // transformers: KeyError, not defaults
+  refused(j, "rope_scaling of type llama3 lacks low_freq_factor");
+  j["rope_scaling"] = {{"type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+  refused(j, "lacks original_max_position_embeddings");
+  j["rope_scaling"] = {{"rope_type", "llama3"}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                       {"original_max_position_embeddings", 8192}};
+  refused(j, "lacks factor");
+  j["rope_scaling"]["factor"] = 8.0;
+  j["rope_scaling"]["original_max_position_embeddings"] = 8192.5;
+  refused(j, "original_max_position_embeddings = 8192.5 must be a positive integer");
+  j["rope_scaling"] = {{"type", "linear"}, {"rope_type", "default"}, {"factor", 2.0}};  // transformers 4.45: linear
+  refused(j, "rope_scaling has rope_type \"default\" and type \"linear\", which disagree");
+  j["rope_scaling"] = {{"type", "llama3"}, {"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                       {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};  // both, agreeing
+  CHECK(models::parse_hf_llama_config(j.dump(), "c.json").options.rope_scaling.type == "llama3");
+  j = smollm();
+  j["rope_interleaved"] = true;  // nanotron's key: adjacent pairs rotated, not HF's halves
+  refused(j, "rope_interleaved = true");
   j = smollm();
   j["quantization_config"] = {{"quant_method", "gptq"}};
   refused(j, "quantization_config");
@@ -212,7 +241,7 @@ TEST_CASE("llama: the config.json an export writes reads back to the same model"
     m.rope_theta = 500000.0;
     m.attention_bias = bias;
     m.tie_embeddings = bias == "qkv";
-    if (bias == "all") {
+    if (bias != "none") {  // Llama's and Qwen2's both: transformers 4.45's Qwen2 reads rope_scaling too
       m.rope_scaling = "llama3";
       m.rope_factor = 8;
       m.rope_original_max_positions = 32;
@@ -234,11 +263,21 @@ TEST_CASE("llama: the config.json an export writes reads back to the same model"
     CHECK(back.options.rope_scaling.type == o.rope_scaling.type);
     CHECK(back.options.rope_scaling.original_max_position_embeddings ==
           o.rope_scaling.original_max_position_embeddings);
+    CHECK(back.options.rope_scaling.factor == o.rope_scaling.factor);
     size_t heads = 0;
     for (const auto& nt : w.tensors) heads += nt.name == "lm_head.weight";
     CHECK(heads == (m.tie_embeddings ? 0u : 1u));  // save_pretrained leaves a tied head out
     CHECK_THROWS_AS(model_family("llama").export_weights(*model, m, "nanogpt"), ConfigError);
   }
+  // Qwen2's biases with a head_dim other than hidden / heads: neither class builds it, and the error says why.
+  ModelConfig m = llama_keys();
+  m.n_head = 4;
+  m.n_embd = 16;
+  m.head_dim = 8;
+  m.attention_bias = "qkv";
+  auto model = build_model(m, {65}, 0, Device::cpu());
+  CHECK_THROWS_WITH(model_family("llama").export_weights(*model, m, "hf"),
+                    Catch::Contains("biases on q, k, v but not on o_proj, head_dim 8 x 4 heads != hidden_size 16"));
 }
 
 TEST_CASE("llama: a sharded Hugging Face folder reads as one set of weights", "[trainer][registry][llama]") {
@@ -272,4 +311,66 @@ TEST_CASE("llama: a sharded Hugging Face folder reads as one set of weights", "[
   CHECK_THROWS_WITH(read_weights(empty.string()), Catch::Contains("a folder without weights"));
   fs::remove_all(dir);
   fs::remove_all(empty);
+}
+
+TEST_CASE("gpt: a Hugging Face GPT-2 config.json gives the model.* keys, or none when there is none",
+          "[trainer][registry][gpt]") {
+  const fs::path dir = fresh_dir("gpt");
+  ModelConfig m;
+  m.name = "gpt";
+  m.init_from = (dir / "model.safetensors").string();  // a file, not a folder: nanoGPT's, a state dict
+  CHECK(resolve_model_config(m).empty());
+  m.init_from = dir.string();  // a folder without config.json: the keys stand as given
+  CHECK(resolve_model_config(m).empty());
+  CHECK(m.n_head == 4);
+
+  json c = json::parse(models::gpt_hf_config_json({.n_layer = 2, .n_head = 8, .n_embd = 64, .vocab_size = 300,
+                                                    .block_size = 32}));
+  write(dir / "config.json", c.dump());
+  const std::string line = resolve_model_config(m);
+  CHECK_THAT(line, Catch::Contains("config.json (gpt2): gpt L2 H8 C64 V300 T32"));
+  CHECK(m.n_layer == 2);
+  CHECK(m.n_head == 8);
+  CHECK(m.n_embd == 64);
+  CHECK(m.vocab_size == 300);
+  CHECK(m.block_size == 32);
+  CHECK(resolve_model_config(m) == line);  // again (a restart): the same keys, no conflict
+
+  // A key the config sets to another value than config.json's is an error naming both, even at its default value.
+  const Config given = parse_config(fmt::format("[model]\nname = \"gpt\"\ninit_from = \"{}\"\nn_head = 4\n"
+                                                "[data]\ndataset = \"tokens\"\n", dir.string()), "t.toml");
+  ModelConfig other = given.model;
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model.n_head = 4, but") &&
+                                                  Catch::Contains("says n_head = 8"));
+  other = given.model;
+  other.given = {"block_size"};
+  other.block_size = 64;
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model.block_size = 64, but") &&
+                                                  Catch::Contains("n_positions = 32"));
+  // model.hf_config names it (or its folder) for weights from elsewhere; refused keys are refused by name.
+  other = ModelConfig{};
+  other.name = "gpt";
+  c["scale_attn_by_inverse_layer_idx"] = true;
+  write(dir / "other.json", c.dump());
+  other.hf_config = (dir / "other.json").string();
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("scale_attn_by_inverse_layer_idx = true"));
+
+  // A Llama's folder under model.name = gpt says which model.name reads it.
+  write(dir / "config.json", smollm().dump());
+  other = ModelConfig{};
+  other.name = "gpt";
+  other.init_from = dir.string();
+  CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model_type 'llama'") &&
+                                                  Catch::Contains("model.name = llama"));
+
+  // Without a config.json, the tensor names tell: a Llama's under model.name = gpt, GPT-2's under model.name = llama.
+  const Tensor w = Tensor::zeros({4, 2});
+  std::string layout;
+  CHECK_THROWS_WITH(models::gpt_import_weights({{"model.embed_tokens.weight", w}}, "f", {}, &layout),
+                    Catch::Contains("model.embed_tokens.weight is the token embedding of a Llama family's model") &&
+                    Catch::Contains("set model.name = llama"));
+  for (const char* name : {"wte.weight", "transformer.wte.weight"})
+    CHECK_THROWS_WITH(models::llama_import_weights({{name, w}}, "f", {}, &layout),
+                      Catch::Contains(fmt::format("{} is GPT-2's token embedding", name)) &&
+                      Catch::Contains("set model.name = gpt"));
 }
