@@ -108,7 +108,8 @@ void Job::settle_preemption() {
     // and their dprun exits 75, so this node's does too, even if its own ranks had all finished.
     exit_code_ = kPreemptedCode;
     if (preempted_exit_)
-      note(fmt::format("the ranks stopped for preemption with a checkpoint; exit code {}", kPreemptedCode));
+      note(fmt::format("the ranks stopped for preemption (their log says whether a checkpoint was written); exit "
+                       "code {}", kPreemptedCode));
     else
       note(fmt::format("every rank exited 0 after {}, which ended the round on every node; exit code {}",
                        signal_name(received_signal_), kPreemptedCode));

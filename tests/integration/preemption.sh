@@ -66,7 +66,8 @@ took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
 S=$(stopped_step "$WORK/a.log")
 [ -n "$S" ] || { cat "$WORK/a.log"; fail "dprun + SIGUSR1: no 'stopping for SIGUSR1 at step S' line"; }
 [ -f "$WORK/a/step-$(printf %08d "$S")/COMPLETE" ] || fail "dprun + SIGUSR1: no complete checkpoint of step $S"
-grep -q "dprun: the ranks stopped for preemption with a checkpoint; exit code 75" "$WORK/a.log" ||
+grep -q "dprun: the ranks stopped for preemption (their log says whether a checkpoint was written); exit code 75" \
+  "$WORK/a.log" ||
   fail "dprun + SIGUSR1: no dprun line about the preemption"
 grep -q "SIGKILL to" "$WORK/a.log" && fail "dprun + SIGUSR1: a rank had to be killed"
 echo "ok: SIGUSR1 (+ SIGTERM, SIGUSR1) to dprun -> checkpoint of step $S, exit 75, ${took} s from the signal to dprun's exit"
