@@ -23,6 +23,21 @@ const std::set<std::string>& pretrained_config_keys() {
   return keys;
 }
 
+void refuse_unread_keys(const json& j, const std::set<std::string>& read, const std::set<std::string>& harmless,
+                        const std::string& source) {
+  for (const auto& [key, value] : j.items()) {
+    if (key == "quantization_config")
+      DPT_THROW(ConfigError, "{}: quantization_config: dptrain reads full-precision weights (bf16, fp32), not "
+                "quantized ones", source);
+    if (key == "auto_map")
+      DPT_THROW(ConfigError, "{}: auto_map: the model comes with its own modelling code, which dptrain does not run",
+                source);
+    if (!read.count(key) && !harmless.count(key))
+      DPT_THROW(ConfigError, "{}: key '{}' = {} is not one dptrain reads, and it may change the model's arithmetic: "
+                "refused rather than ignored (remove it if it does not)", source, key, value.dump());
+  }
+}
+
 json parse_object(const std::string& json_text, const std::string& source) {
   json j;
   try {

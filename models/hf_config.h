@@ -14,6 +14,12 @@ namespace dpt::models::hf {
 // switches, the generation defaults of older configs. A family adds its own.
 const std::set<std::string>& pretrained_config_keys();
 
+// Every key of config.json `j` is in `read` (what the family's reader reads or checks) or `harmless` (keys that leave
+// its arithmetic alone: pretrained_config_keys() and the family's own); ConfigError naming the first other key, since
+// an unknown key may change the arithmetic (quantization_config and auto_map are named for what they are).
+void refuse_unread_keys(const nlohmann::json& j, const std::set<std::string>& read,
+                        const std::set<std::string>& harmless, const std::string& source);
+
 // config.json's text parsed (`source` names it in errors): ConfigError when it is not JSON or not an object.
 nlohmann::json parse_object(const std::string& json_text, const std::string& source);
 

@@ -148,17 +148,7 @@ GptOptions parse_hf_gpt2_config(const std::string& json_text, const std::string&
       "tie_word_embeddings", "resid_pdrop", "embd_pdrop", "attn_pdrop", "n_ctx", "summary_type", "summary_use_proj",
       "summary_activation", "summary_proj_to_labels", "summary_first_dropout", "_num_labels",
       "gradient_checkpointing"};
-  for (const auto& [key, value] : j.items()) {
-    if (key == "quantization_config")
-      DPT_THROW(ConfigError, "{}: quantization_config: dptrain reads full-precision weights (bf16, fp32), not "
-                "quantized ones", source);
-    if (key == "auto_map")
-      DPT_THROW(ConfigError, "{}: auto_map: the model comes with its own modelling code, which dptrain does not run",
-                source);
-    if (!read.count(key) && !hf::pretrained_config_keys().count(key))
-      DPT_THROW(ConfigError, "{}: key '{}' = {} is not one dptrain reads, and it may change the model's arithmetic: "
-                "refused rather than ignored (remove it if it does not)", source, key, value.dump());
-  }
+  hf::refuse_unread_keys(j, read, hf::pretrained_config_keys(), source);
   // GPT2Config's defaults for the keys a config.json may leave out (GPT-2 124M's sizes).
   const auto size_or = [&](const char* key, int64_t fallback) {
     return hf::get(j, key) ? hf::size_key(j, key, source) : fallback;

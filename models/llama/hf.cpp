@@ -123,17 +123,7 @@ HfLlamaConfig parse_hf_llama_config(const std::string& json_text, const std::str
       "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling", "rope_parameters", "max_position_embeddings",
       "vocab_size", "tie_word_embeddings", "attention_bias", "mlp_bias", "hidden_act", "attention_dropout",
       "rope_interleaved"};
-  for (const auto& [key, value] : j.items()) {
-    if (key == "quantization_config")
-      DPT_THROW(ConfigError, "{}: quantization_config: dptrain reads full-precision weights (bf16, fp32), not "
-                "quantized ones", source);
-    if (key == "auto_map")
-      DPT_THROW(ConfigError, "{}: auto_map: the model comes with its own modelling code, which dptrain does not run",
-                source);
-    if (!read.count(key) && !harmless_keys().count(key))
-      DPT_THROW(ConfigError, "{}: key '{}' = {} is not one dptrain reads, and it may change the model's arithmetic: "
-                "refused rather than ignored (remove it if it does not)", source, key, value.dump());
-  }
+  hf::refuse_unread_keys(j, read, harmless_keys(), source);
   LlamaOptions& o = c.options;
   o.n_embd = size_key(j, "hidden_size", source);
   o.intermediate_size = size_key(j, "intermediate_size", source);
