@@ -22,7 +22,8 @@ set -e
 [ $rc = 2 ] || { echo "$out"; fail "dprun: exit code $rc, expected 2"; }
 msg="rank 1 was started with a config that differs from rank 0's: train.lr = 0.2 (rank 0: 0.05)"
 [ "$(echo "$out" | grep -cF "$msg")" -ge 1 ] || { echo "$out"; fail "dprun: no message naming rank 1 and train.lr"; }
-[ -e "$WORK/a" ] && [ -n "$(ls -A "$WORK/a" | { grep -vx '\.lock' || true; })" ] && fail "dprun: a checkpoint was written"
+[ -e "$WORK/a" ] && [ -n "$(ls -A "$WORK/a" | { grep -vx '\.lock' || true; })" ] &&
+  fail "dprun: a checkpoint was written"
 echo "$out" | grep -F "$msg" | head -2
 echo "ok: dprun, rank 1 with train.lr=0.2: exit 2, named"
 

@@ -18,7 +18,8 @@ expect_exit 2 "File does not exist" "$DPTRAIN" --config "$WORK/missing.toml"
 # No key takes an infinity or a NaN (train.lr=inf once trained to NaN and exited 0), from the command line or a file.
 expect_exit 2 "train.lr = inf: must be a finite number" "$DPTRAIN" --config "$CONFIG" --print-config train.lr=inf
 expect_exit 2 "train.weight_decay = -inf: must be a finite number" "$DPTRAIN" --print-config train.weight_decay=-inf
-expect_exit 2 "data.mean = \[nan, 0.0, 0.0\]: values must be finite numbers" "$DPTRAIN" --print-config "data.mean=[nan,0,0]"
+expect_exit 2 "data.mean = \[nan, 0.0, 0.0\]: values must be finite numbers" \
+  "$DPTRAIN" --print-config "data.mean=[nan,0,0]"
 printf '[train]\nlr = +inf\n' > "$WORK/inf.toml"
 expect_exit 2 "train.lr = inf: must be a finite number" "$DPTRAIN" --config "$WORK/inf.toml" --print-config
 expect_exit 2 "data.workers = 100000: must be in \[1, 1024\]" "$DPTRAIN" --print-config data.workers=100000

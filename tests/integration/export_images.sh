@@ -88,7 +88,8 @@ toml=$("$DPTRAIN" --config "$CONFIG" --print-config train.lr=0.125) || fail "--p
 
 # 5. A classifier trained on a folder meets its classes again: with a class folder renamed (labels would mean other
 # classes), a resume and eval refuse, naming the class that changed; nothing is moved or written.
-"$DPTRAIN" export-images --out "$WORK/cls" --limit 100 > /dev/null 2>&1 || fail "export-images for the class check failed"
+"$DPTRAIN" export-images --out "$WORK/cls" --limit 100 > /dev/null 2>&1 ||
+  fail "export-images for the class check failed"
 FOLDER=(data.dataset=imagefolder data.dir="$WORK/cls" data.image_size=28 data.resize=0 data.channels=1
         "data.mean=[0.5]" "data.std=[0.5]" "model.hidden=[32]" train.batch_size=16 train.progress_interval_s=1000)
 "$DPTRAIN" "${FOLDER[@]}" train.epochs=1 checkpoint.dir="$WORK/cls-ck" > "$WORK/cls.log" 2>&1 \
@@ -97,5 +98,6 @@ for split in train val; do mv "$WORK/cls/$split/0_tshirt_top" "$WORK/cls/$split/
 expect_exit 2 "step-00000007 was trained on 10 classes and the data set has 10; class 0 was '0_tshirt_top' and is \
 '1_trouser' now" "$DPTRAIN" "${FOLDER[@]}" train.epochs=2 checkpoint.dir="$WORK/cls-ck"
 expect_exit 2 "class 0 was '0_tshirt_top' and is '1_trouser' now" "$DPTRAIN" eval --checkpoint "$WORK/cls-ck"
-[ "$(ls "$WORK/cls-ck" | tr '\n' ' ')" = "step-00000007 " ] || fail "the refused resume changed $WORK/cls-ck: $(ls "$WORK/cls-ck")"
+[ "$(ls "$WORK/cls-ck" | tr '\n' ' ')" = "step-00000007 " ] ||
+  fail "the refused resume changed $WORK/cls-ck: $(ls "$WORK/cls-ck")"
 echo "PASS"

@@ -18,7 +18,8 @@ cp -r "$WORK/plain" "$WORK/letters"
 cp -r "$WORK/plain" "$WORK/none"
 
 # write_masks DIR KIND: NAME.mask beside each NAME.bin; KIND all (every bit 1), none (the train shards' every bit 0,
-# the val shards' 1) or letters (1 where the byte is an ASCII letter). Prints "SPLIT TRAINED_TARGETS" for the val shard at block size $2's windows.
+# the val shards' 1) or letters (1 where the byte is an ASCII letter). Prints "SPLIT TRAINED_TARGETS" for the val
+# shard at block size $2's windows.
 MASK_PY='
 import glob, os, struct, sys
 d, kind, T = sys.argv[1], sys.argv[2], int(sys.argv[3])
