@@ -240,7 +240,13 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
     DPT_THROW(ConfigError, "{}: not valid JSON: {}", where, e.what());
   }
   if (!j.is_object()) DPT_THROW(ConfigError, "{}: a tokenizer.json holds an object", where);
-  if (const nlohmann::json* n = field(j, "normalizer")) {
+  const nlohmann::json* n = field(j, "normalizer");
+  // A Sequence of none is no normalizer, and a Sequence of one is that one (tokenizers' own behaviour).
+  if (n && type_of(*n) == "Sequence") {
+    const nlohmann::json* list = field(*n, "normalizers");
+    if (list && list->is_array() && list->size() <= 1) n = list->empty() ? nullptr : &(*list)[0];
+  }
+  if (n) {
     if (type_of(*n) != "NFC")
       DPT_THROW(ConfigError, "{}: normalizer {}: dptrain's byte-level BPE reads tokenizers without a normalizer or "
                 "with NFC (Qwen2's)", where, type_of(*n));

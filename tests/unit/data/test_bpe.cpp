@@ -646,6 +646,18 @@ TEST_CASE("tokenizer.json: what dptrain does not read is refused by name", "[dat
   REQUIRE_THAT(nfc.describe(), Catch::Contains(", NFC)"));
   REQUIRE(nfc.decode(nfc.encode("caf" "e\xcc\x81")) == "caf\xc3\xa9");
   REQUIRE(nfc.decode(nfc.encode("\xff" "e\xcc\x81" "\xfe<|eot|>")) == "\xff\xc3\xa9\xfe<|eot|>");
+  // A Sequence of NFC alone is NFC; an empty Sequence is no normalizer; a longer one is refused, naming Sequence.
+  const Gpt2Bpe seq(hand_tokenizer(dir, true, [](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}}}};
+  }));
+  REQUIRE(seq.decode(seq.encode("caf" "e\xcc\x81")) == "caf\xc3\xa9");
+  const Gpt2Bpe none(hand_tokenizer(dir, true, [](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", nlohmann::json::array()}};
+  }));
+  REQUIRE(none.decode(none.encode("caf" "e\xcc\x81")) == "caf" "e\xcc\x81");
+  refused([](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "NFC"}}, {{"type", "Lowercase"}}}}};
+  }, "normalizer Sequence");
   // GPT-2's own form: ByteLevel with its regex, no Split.
   const Gpt2Bpe gpt2(hand_tokenizer(dir, false, [](nlohmann::json& j) {
     j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
