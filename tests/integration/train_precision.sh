@@ -33,10 +33,16 @@ ck=$WORK/fp16_skip/step-00000003
 run fp16_skip 4 train.precision=fp16
 grep -q "resumed from .*step-00000003" "$WORK/fp16_skip.log" || fail "did not resume"
 grep -q "step 4/38 .*loss_scale 32768 skipped 1" "$WORK/fp16_skip.log" || { grep "step 4/" "$WORK/fp16_skip.log"; fail "the resumed run lost the loss scale"; }
-# Without loss scaling (fp32) the same injected inf is not caught: the parameters become NaN. (A negative
-# control: it shows the injection reaches the gradients.)
-DPT_DEBUG_INF_AT_STEP=3 run fp32_inf 3 --resume never
-"$PY" "$CKPT_PY" finite "$WORK/fp32_inf/step-00000003" && fail "the injected inf did not reach fp32's parameters"
+# Without loss scaling (fp32) the same injected inf is not caught by a scale: the parameters become NaN, and the
+# checkpoint writer refuses them (a negative control: it shows the injection reaches the gradients and the weights).
+set +e
+DPT_DEBUG_INF_AT_STEP=3 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" train.max_steps=3 \
+  checkpoint.dir="$WORK/fp32_inf" --resume never > "$WORK/fp32_inf.log" 2>&1
+rc=$?
+set -e
+[ $rc -ne 0 ] && grep -q "checkpoint of step 3 not written: the weights are not finite" "$WORK/fp32_inf.log" \
+  || { cat "$WORK/fp32_inf.log"; fail "the injected inf did not reach fp32's parameters (exit $rc)"; }
+[ ! -e "$WORK/fp32_inf/step-00000003" ] || fail "a checkpoint of fp32's NaN parameters was written"
 
 # bf16 and fp16 arithmetic: different parameters, the same training.
 run fp32 30 --resume never
