@@ -69,7 +69,8 @@ or SIGTERM after SIGUSR1, is forwarded instead of cutting that short (SIGTERM tw
 still skip the wait): dptrain's ranks agree on the next
 step, rank 0 writes a checkpoint, and each exits 75. A rank that exits 75 on its own (it was signalled
 directly) is not a failure: dprun waits for the others the same way. When every rank exits 0 or 75 after
-that, dprun exits 75 if any exited 75 (the job should be requeued; the same command resumes), 0 if all
+that, dprun exits 75 if any exited 75 (the job should be requeued; the same command resumes, with
+dptrain's --resume auto), 0 if all
 exited 0 (the job completed before it stopped: nothing to requeue; an elastic job, whose stop ends the
 round on every node, exits 75), otherwise as above.
 
@@ -91,7 +92,8 @@ signal) is published there: every node tears its ranks down and joins the next r
 start again with DPT_RESTART_COUNT = the round (up to --max-restarts rounds after the first). A node not
 back within --rdzv-timeout is left out while at least MIN nodes remain; with fewer, the job ends with a
 message naming the missing node. A node that starts late joins the next round (after the next failure),
-up to MAX: the running nodes do not restart to admit it (dptrain resizes only at an epoch end).
+up to MAX: the running nodes do not restart to admit it (dptrain then resumes at the new world size
+from the newest checkpoint, mid-epoch included).
 Every other node's dprun sends node 0 a keep-alive about once a second; a node silent for --rdzv-timeout
 while the ranks run (its host hung or gone, its ranks' peers blocked on it) is declared lost, which is
 that round's failure. Losing node 0 (its dprun or its host) ends the job on every node: requeue it

@@ -59,8 +59,9 @@ int main(int argc, char** argv) {
       "started by hand trains alone. RANK/WORLD_SIZE not set by dprun or torchrun must agree with mpirun's or Slurm's\n"
       "variables where those are set too, and come together (else exit 2).\n"
       "SIGUSR1 or SIGTERM to any rank (Slurm's --signal, scancel, dprun forwarding): the ranks stop together after\n"
-      "the current step, rank 0 writes a checkpoint, and every rank exits with 75; the same command resumes. Before\n"
-      "the ranks have met (starting, waiting for the rendezvous) a rank stops at once and exits 75 too: nothing lost.\n"
+      "the current step, rank 0 writes a checkpoint, and every rank exits with 75; the same command resumes (with\n"
+      "--resume auto, the default). Before the ranks have met (starting, waiting for the rendezvous) a rank stops at\n"
+      "once and exits 75 too: nothing lost.\n"
       "Exit codes: 0 done, 1 failed, 2 bad command line or config, 3 hang (a collective outlived dist.timeout_s; the\n"
       "message names the stuck rank), 75 preempted (checkpoint written; or stopped before the first step: before the\n"
       "ranks met, or while waiting for data.dir's lock held by another job: nothing to write)."};

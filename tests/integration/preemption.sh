@@ -169,6 +169,16 @@ for at in 20 15; do
     fail "resumed after step $at: final weights differ from the uninterrupted run's"
 done
 echo "ok: a stop at an epoch's last step: that epoch's line (the reference's figures) from the resumed run, once"
+# The stopped run's last line says how to resume: "the same command" under --resume auto (the default); with
+# --resume never, which a rerun would apply again (starting afresh), it names --resume auto instead.
+grep -q "exiting with 75 (the same command resumes from it)" "$WORK/one_15.log" ||
+  { cat "$WORK/one_15.log"; fail "--resume auto: the stop line does not say that the same command resumes"; }
+DPT_DEBUG_SIGNAL_AT_STEP=5 "$DPTRAIN" "${ONE[@]}" checkpoint.dir="$WORK/one_never" --resume never \
+  >"$WORK/one_never.log" 2>&1
+rc=$?
+[ $rc = 75 ] && grep -q "exiting with 75 (the same command with --resume auto (not --resume never, which a rerun \
+would apply again) resumes from it)" "$WORK/one_never.log" ||
+  { cat "$WORK/one_never.log"; fail "--resume never: exit $rc, or the stop line does not name --resume auto"; }
 # The same on 2 ranks under ZeRO stage 3 (320 / (2 x 16) = 10 steps an epoch), rank 0 slowed to 0.25 s a step so
 # that the ranks agree on a stop at every step (trainer/preemption.h: about every 0.2 s): the stop lands after step
 # 10. Both ranks measure the epoch and evaluate it after the resume (collectives), and its line is the

@@ -78,14 +78,19 @@ int train_job(const TrainArgs& a) {
             }
             if (result.stop_signal) {
               job.pg.reset();
+              // --resume never or PATH would apply again to a rerun of this very command (a launcher's restart
+              // excepted: it goes on from the job's own newest checkpoint); --resume auto goes on from the newest.
+              const std::string how = a.resume == "auto" || job.env.restart_count > 0
+                                          ? "the same command resumes"
+                                          : fmt::format("the same command with --resume auto (not --resume {}, which "
+                                                        "a rerun would apply again) resumes", a.resume);
               if (lead && result.failed_checkpoint_step == result.steps)
-                spdlog::warn("preempted at step {}, whose checkpoint was not written ({}); exiting with {}: the same "
-                             "command resumes from the newest checkpoint: {}",
-                             result.steps, result.checkpoint_error, kExitPreempted, newest_checkpoint(result));
+                spdlog::warn("preempted at step {}, whose checkpoint was not written ({}); exiting with {}: {} from "
+                             "the newest checkpoint: {}",
+                             result.steps, result.checkpoint_error, kExitPreempted, how, newest_checkpoint(result));
               else if (lead)
-                spdlog::info("preempted: checkpoint of step {} written; exiting with {} (the same command resumes "
-                             "from it)",
-                             result.steps, kExitPreempted);
+                spdlog::info("preempted: checkpoint of step {} written; exiting with {} ({} from it)", result.steps,
+                             kExitPreempted, how);
               spdlog::default_logger()->flush();
               return kExitPreempted;
             }
