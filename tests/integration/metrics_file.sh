@@ -30,6 +30,13 @@ for row in re.findall(r"^\| (`.+?) \| .+? \| (.+?) \|", section, re.M):
     for i, k in enumerate(keys):
         types[k] = kinds[min(i, len(kinds) - 1)]
 assert types.get("step") == "integer" and types.get("loss") == "number", f"docs/watching.md table not parsed: {types}"
+# The "in" column: the record kinds a key may appear in ("all": any).
+KINDS = {"progress", "epoch", "ranks", "memory", "checkpoint_failed"}
+where = {}
+for row in re.findall(r"^\| (`.+?) \| (.+?) \|", section, re.M):
+    words = set(re.findall(r"[a-z_]+", row[1]))
+    for k in re.findall(r"`([a-z_]+)`", row[0]):
+        where[k] = KINDS if "all" in words else words & KINDS
 check = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
          "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
          "string": lambda v: isinstance(v, str)}
@@ -45,6 +52,7 @@ def records(path):
             for k, v in r.items():
                 assert k in types, f"{path}:{n}: key {k!r} is not in docs/watching.md's Metrics file table"
                 assert check[types[k]](v), f"{path}:{n}: {k} = {v!r} is not a {types[k]}"
+                assert r["kind"] in where[k], f"{path}:{n}: {k} in a {r['kind']} record; the table says {where[k]}"
             out.append(r)
     return out
 

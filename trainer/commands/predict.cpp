@@ -82,17 +82,18 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "predict the classes of many images with a checkpoint's classifier on every rank of the job, the sorted inputs "
       "in batches of --batch-size dealt to the ranks in turn, with the checkpoint's evaluation preprocessing; rank 0 "
       "writes one line per image, in sorted path order, to --out (as OUT.tmp, renamed when complete): the same bytes "
-      "on any number of ranks, for the same CPU kernels and threads per rank (with DPT_CPU_GEMM=openblas, 1 thread and "
-      "2 or more round long products differently; the run's 'device cpu: threads' line says how many); trains nothing. With a GPT or Llama checkpoint --input is a text file of prompts, one a line, and each line of "
+      "on any number of ranks, for the same CPU kernels and threads per rank (1 thread and 2 or more give other last "
+      "digits: one thread runs the products in oneDNN's sgemm, more in OpenBLAS; the run's 'device cpu: threads' line "
+      "says how many); trains nothing. With a GPT or Llama checkpoint --input is a text file of prompts, one a line, and each line of "
       "OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
       "prompts of one token length (past the block size: as the block size) are generated --batch-size at a time with "
       "one KV cache, the batches dealt to the ranks in turn (a batch's products may round the logits' last bits "
       "otherwise, which rarely turns a draw; --batch-size 1: exactly generate's text)");
   cmd->footer(
-      "Start it as training starts (dprun, mpirun, srun). A jsonl line: {\"path\": \"val/3_dress/17.png\", \"top\": "
-      "[{\"index\": 3, \"class\": \"3_dress\", \"prob\": 0.912345}, ...]} (path as under --input, the class names the "
-      "checkpoint was trained with, probabilities with 6 decimals); an unreadable image with --skip-bad: "
-      "{\"path\": ..., \"error\": ...}.\n"
+      "Start it as training starts (dprun, mpirun, srun). A jsonl line: {\"path\": \"3_dress/0017.png\", \"top\": "
+      "[{\"index\": 3, \"class\": \"3_dress\", \"prob\": 0.912345}, ...]} (the path relative to a folder --input, "
+      "the class names the checkpoint was trained with, probabilities with 6 decimals); an unreadable image with "
+      "--skip-bad: {\"path\": ..., \"error\": ...}.\n"
       "Example: dprun --nproc-per-node 2 -- dptrain predict --checkpoint runs/fmnist/checkpoints --input "
       "/tmp/fmnist-images/val --out preds.jsonl");
   add_checkpoint_option(*cmd, a->checkpoint);

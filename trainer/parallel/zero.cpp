@@ -172,9 +172,11 @@ std::vector<std::string> Zero::shard_lines(size_t optimizer_state_bytes, int64_t
   std::vector<std::string> lines;
   lines.push_back(fmt::format(
       "zero: stage {}: optimizer state sharded over {} ranks: this rank updates {} of {} parameters ({:.1f}%) and holds "
-      "{} of optimizer state; {} bucket(s) reduce-scattered{}, parameters all-gathered after each step",
+      "{} of optimizer state; {} bucket(s) reduce-scattered{}, {}",
       opts_.zero, pg_.size(), mine, whole, 100.0 * static_cast<double>(mine) / static_cast<double>(whole),
-      format_bytes(optimizer_state_bytes), buckets_.size(), opts_.overlap ? " during backward" : " after backward"));
+      format_bytes(optimizer_state_bytes), buckets_.size(), opts_.overlap ? " during backward" : " after backward",
+      opts_.zero >= 3 ? "parameters gathered bucket by bucket in forward and backward (none after the step)"
+                      : "parameters all-gathered after each step"));
   if (held()) {
     size_t largest = 0;
     for (const Bucket& b : buckets_) largest = std::max(largest, b.count * sizeof(float));
