@@ -347,14 +347,23 @@ const char* launcher_name(Launcher l) {
 
 DistEnv detect_env(const EnvMap& env) {
   DistEnv d;
-  // One of the two alone would once start a single process training alone ("1 rank(s) via none").
+  // One of the two alone would once start a single process training alone ("1 rank(s) via none"). Under mpirun or
+  // srun a lone leftover that agrees with their placement is let be; one that disagrees is named.
+  const bool outer = has(env, "OMPI_COMM_WORLD_SIZE") || (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS"));
   for (const auto& [set, unset] : {std::pair{"WORLD_SIZE", "RANK"}, std::pair{"RANK", "WORLD_SIZE"}}) {
-    if (has(env, set) && !has(env, unset)) {
-      DPT_THROW(ConfigError,
-                "environment variable {}={} but {} is not set: set both to start a rank of a job by hand, or neither "
-                "for a single process",
-                set, *find(env, set), unset);
+    if (!has(env, set) || has(env, unset)) continue;
+    if (outer) {
+      const DistEnv placed = has(env, "OMPI_COMM_WORLD_SIZE") ? detect_openmpi(env) : detect_slurm(env);
+      const int64_t want = std::string(set) == "RANK" ? placed.rank : placed.world_size;
+      if (std::to_string(want) == *find(env, set)) continue;
+      DPT_THROW(ConfigError, "environment variable {}={} (set by hand or left over in the shell) but {} placed this "
+                "process with {} {}: unset {}", set, *find(env, set),
+                has(env, "OMPI_COMM_WORLD_SIZE") ? "mpirun" : "Slurm", set, want, set);
     }
+    DPT_THROW(ConfigError,
+              "environment variable {}={} but {} is not set: set both to start a rank of a job by hand, or neither "
+              "for a single process",
+              set, *find(env, set), unset);
   }
   if (has(env, "RANK") && has(env, "WORLD_SIZE")) {
     d = detect_dprun(env);

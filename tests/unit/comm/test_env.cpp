@@ -141,9 +141,20 @@ TEST_CASE("detect_env: WORLD_SIZE without RANK, or RANK without WORLD_SIZE, is r
   CHECK_THROWS_AS(detect_env({{"WORLD_SIZE", "2"}}), ConfigError);
   CHECK_THROWS_WITH(detect_env({{"WORLD_SIZE", "2"}}), Contains("WORLD_SIZE=2 but RANK is not set"));
   CHECK_THROWS_WITH(detect_env({{"RANK", "1"}}), Contains("RANK=1 but WORLD_SIZE is not set"));
-  EnvMap o = ompi_env();  // under mpirun too: the variable is dptrain's either way
+  // Under mpirun or srun a lone leftover that agrees with their placement is let be; one that disagrees is named.
+  EnvMap o = ompi_env();
   o["WORLD_SIZE"] = "6";
-  CHECK_THROWS_WITH(detect_env(o), Contains("WORLD_SIZE=6 but RANK is not set"));
+  CHECK(detect_env(o).launcher == Launcher::OpenMPI);
+  CHECK(detect_env(o).world_size == 6);
+  o["WORLD_SIZE"] = "1";
+  CHECK_THROWS_WITH(detect_env(o), Contains("WORLD_SIZE=1 (set by hand or left over in the shell) but mpirun placed "
+                                            "this process with WORLD_SIZE 6: unset WORLD_SIZE"));
+  EnvMap s = slurm_env();
+  s["RANK"] = "3";
+  CHECK(detect_env(s).rank == 3);
+  s["RANK"] = "0";
+  CHECK_THROWS_WITH(detect_env(s), Contains("RANK=0 (set by hand or left over in the shell) but Slurm placed this "
+                                            "process with RANK 3"));
 }
 
 TEST_CASE("detect_env: Open MPI variables", "[env]") {
