@@ -43,12 +43,14 @@
 
 namespace dpt::trainer {
 
-Device choose_device(DeviceChoice requested, int local_rank, int device_count, const std::string& why_none) {
+Device choose_device(DeviceChoice requested, int local_rank, int device_count, const std::string& why_none,
+                     const std::string& option) {
   if (requested == DeviceChoice::cpu) return Device::cpu();
   if (device_count > 0) return Device::cuda(std::max(local_rank, 0) % device_count);
+  const std::string sep = option.starts_with("--") ? " " : " = ";  // a command-line option or a config key
   if (requested == DeviceChoice::cuda)
-    DPT_THROW(ConfigError, "train.device = cuda, but there is no usable GPU ({}); use train.device = auto or cpu",
-              why_none);
+    DPT_THROW(ConfigError, "{}{}cuda, but there is no usable GPU ({}); use {}{}auto or cpu", option, sep, why_none,
+              option, sep);
   return Device::cpu();
 }
 

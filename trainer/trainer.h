@@ -32,7 +32,9 @@ struct RunOptions {
 // The device of train.device = auto | cpu | cuda for the rank with LOCAL_RANK `local_rank`, given
 // `device_count` GPUs: auto means cuda:(local_rank mod device_count) when there are GPUs, else cpu; cuda
 // without a GPU is a ConfigError quoting `why_none` (cuda::unavailable_reason()).
-Device choose_device(DeviceChoice requested, int local_rank, int device_count, const std::string& why_none);
+// `option`: what the user set, named in the error without a GPU (a config key, or a subcommand's --device).
+Device choose_device(DeviceChoice requested, int local_rank, int device_count, const std::string& why_none,
+                     const std::string& option = "train.device");
 
 
 // Runs on every rank of `pg` with the same config. Throws on any error (a failed rank; its peers then fail

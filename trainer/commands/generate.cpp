@@ -25,7 +25,7 @@ void generate_text(const GenerateArgs& args) {
   const SamplingArgs& a = args.sampling;
   const std::optional<DeviceChoice> requested = parse_choice<DeviceChoice>(args.device);
   DPT_CHECK(requested.has_value(), "--device {}", args.device);  // CLI11 let only the choice's words through
-  const Device device = choose_device(*requested, 0, cuda::device_count(), cuda::unavailable_reason());
+  const Device device = choose_device(*requested, 0, cuda::device_count(), cuda::unavailable_reason(), "--device");
   if (device.is_cuda()) cuda::set_device(device.index);
   const GptCheckpoint ck = load_gpt_checkpoint(args.checkpoint, a.tokenizer, device);
   const data::Tokenizer& tokenizer = *ck.tokenizer;

@@ -22,6 +22,9 @@ TEST_CASE("choose_device: cuda:LOCAL_RANK mod the device count, else cpu", "[dev
   CHECK_THROWS_WITH(choose_device(Cuda, 0, 0, "CUDA driver version is insufficient"),
                     Contains("no usable GPU") && Contains("CUDA driver version is insufficient") &&
                         Contains("train.device = auto or cpu"));
+  // generate's --device: the option it names is the one the user gave.
+  CHECK_THROWS_WITH(choose_device(Cuda, 0, 0, "no driver", "--device"),
+                    Contains("--device cuda, but there is no usable GPU") && Contains("use --device auto or cpu"));
   // Another word never gets this far: the config refuses it.
   CHECK_THROWS_WITH(trainer::load_config("", {"train.device=tpu"}), Contains("must be one of: auto, cpu, cuda"));
   CHECK(trainer::load_config("", {"train.device=cuda"}).train.device == Cuda);
