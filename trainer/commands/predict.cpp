@@ -84,8 +84,8 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "writes one line per image, in sorted path order, to --out (as OUT.tmp, renamed when complete): the same bytes "
       "on any number of ranks, for the same CPU kernels and threads per rank (1 thread and 2 or more give other last "
       "digits: one thread runs the products in oneDNN's sgemm, more in OpenBLAS; the run's 'device cpu: threads' line "
-      "says how many); trains nothing. With a GPT or Llama checkpoint --input is a text file of prompts, one a line, and each line of "
-      "OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
+      "says how many); trains nothing. With a GPT or Llama checkpoint --input is a text file of prompts, one a line, "
+      "and each line of OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
       "prompts of one token length (past the block size: as the block size) are generated --batch-size at a time with "
       "one KV cache, the batches dealt to the ranks in turn (a batch's products may round the logits' last bits "
       "otherwise, which rarely turns a draw; --batch-size 1: exactly generate's text)");

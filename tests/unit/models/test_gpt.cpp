@@ -467,8 +467,8 @@ TEST_CASE("GPT: Hugging Face's config.json (GPT2Config) says this GPT's sizes, G
   REQUIRE(c.at("eos_token_id").is_null());
 }
 
-TEST_CASE("GPT: a Hugging Face GPT-2 config.json gives the sizes, and what dptrain's GPT does not compute is refused by "
-          "name", "[models][gpt]") {
+TEST_CASE("GPT: a Hugging Face GPT-2 config.json gives the sizes, and what dptrain's GPT does not compute is "
+          "refused by name", "[models][gpt]") {
   // The hub's gpt2/config.json, as it is (dropout 0.1, the summary_* keys of the double-heads model, n_ctx).
   const nlohmann::json hub = nlohmann::json::parse(R"({
     "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1, "bos_token_id": 50256,
