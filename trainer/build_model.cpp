@@ -155,7 +155,7 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
     DPT_THROW(ConfigError, "{}", e.what());
   }
   std::vector<std::string> notes;
-  if (family.import_weights) notes.push_back(fmt::format("{} layout", layout));
+  if (family.import_weights) notes.push_back(layout);
   if (!reinit.empty())
     notes.push_back(fmt::format("{} has {} classes in {}, the model {}: {} re-initialised (fine-tuning)",
                                 reinit.front(), file.find(reinit.front())->dim(0), path, params.back().param.dim(0),

@@ -102,11 +102,21 @@ std::string resolve_gpt(ModelConfig& m) {
   take(&ModelConfig::n_head, o.n_head, "n_head", "n_head");
   take(&ModelConfig::n_embd, o.n_embd, "n_embd", "n_embd");
   take(&ModelConfig::vocab_size, o.vocab_size, "vocab_size", "vocab_size");
-  take(&ModelConfig::block_size, o.block_size, "block_size", "n_positions");
+  // A shorter context than n_positions is the model cropped (nanoGPT's crop_block_size: wpe's first rows, the causal
+  // attention of the first positions unchanged); a longer one has no positions to embed.
+  std::string cropped;
+  if (m.given.count("block_size") && m.block_size < o.block_size)
+    cropped = fmt::format(" (n_positions {} cropped to model.block_size)", o.block_size);
+  else if (m.given.count("block_size") && m.block_size > o.block_size)
+    DPT_THROW(ConfigError, "model.block_size = {}, but {} says n_positions = {}: the model embeds no position past "
+              "{}; give model.block_size <= {} (a shorter context crops the model) or leave it unset", m.block_size,
+              path, o.block_size, o.block_size, o.block_size);
+  else
+    take(&ModelConfig::block_size, o.block_size, "block_size", "n_positions");
   const models::GptOptions resolved = gpt_options(m);
   models::check_gpt_options(resolved);
-  return fmt::format("model.* keys from {} (gpt2): gpt L{} H{} C{} V{} T{}, {} parameters", path, resolved.n_layer,
-                     resolved.n_head, resolved.n_embd, resolved.vocab_size, resolved.block_size,
+  return fmt::format("model.* keys from {} (gpt2): gpt L{} H{} C{} V{} T{}{}, {} parameters", path, resolved.n_layer,
+                     resolved.n_head, resolved.n_embd, resolved.vocab_size, resolved.block_size, cropped,
                      models::gpt_num_params(resolved));
 }
 

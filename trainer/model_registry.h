@@ -119,7 +119,8 @@ struct ModelFamily : ModelCard {
                                                int64_t classes, Device device)>
       build;
   // model.init_from: the file's tensors renamed and reshaped into the model's own names; `*layout` names the layout
-  // it found. Empty: the file holds the model's own names.
+  // it found ("Hugging Face layout") and any change beyond names and layouts (a crop). Empty: the file holds the
+  // model's own names.
   std::function<std::vector<NamedTensor>(const std::vector<NamedTensor>& tensors, const std::string& path,
                                          const ModelConfig& m, std::string* layout)>
       import_weights;

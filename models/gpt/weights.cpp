@@ -70,7 +70,7 @@ std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tens
   for (const auto& nt : tensors)
     if (full(nt.name) == "transformer.h.0.attn.c_attn.weight") c_attn = &nt.tensor;
   const bool hf = c_attn && c_attn->ndim() == 2 && c_attn->dim(0) == n_embd && c_attn->dim(1) == 3 * n_embd;
-  *layout = hf ? "Hugging Face" : "nanoGPT";
+  *layout = hf ? "Hugging Face layout" : "nanoGPT layout";
   std::vector<NamedTensor> out;
   const Tensor* head = nullptr;
   for (const auto& nt : tensors) {
@@ -87,6 +87,12 @@ std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tens
     } else if (name == "transformer.wte.weight" && f32_matrix && nt.tensor.dim(0) == o.vocab_size &&
                models::padded_vocab(o) != o.vocab_size) {
       out.push_back({name, with_rows(nt.tensor, models::padded_vocab(o))});  // the real vocabulary: pad
+    } else if (name == "transformer.wpe.weight" && f32_matrix && nt.tensor.dim(0) > o.block_size &&
+               nt.tensor.dim(1) == n_embd) {
+      // A shorter context than the file's: its first block_size positions, as nanoGPT's crop_block_size.
+      *layout += fmt::format(", {} cropped to its first {} of {} positions (model.block_size)", nt.name,
+                             o.block_size, nt.tensor.dim(0));
+      out.push_back({name, with_rows(nt.tensor, o.block_size)});
     } else {
       out.push_back({name, nt.tensor});
     }

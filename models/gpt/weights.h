@@ -26,8 +26,9 @@ GptLayout parse_gpt_layout(const std::string& name);  // "nanogpt" | "hf"; Confi
 // the four projection weights of each block transposed when they come from HF's Conv1D ([in, out], recognised by
 // c_attn's [C, 3C] shape); HF's causal-mask buffers (attn.bias, attn.masked_bias) dropped; lm_head.weight dropped
 // when it equals transformer.wte.weight (the tie), a ConfigError otherwise; wte of vocab_size rows padded with 0
-// to the model's (padded_vocab). `layout` gets "nanoGPT" or "Hugging Face". A Llama's names (model.embed_tokens.weight)
-// are a ConfigError saying model.name = llama.
+// to the model's (padded_vocab); wpe of more positions than block_size cut to its first block_size (nanoGPT's
+// crop_block_size). `layout` gets "nanoGPT layout" or "Hugging Face layout", and the crop when there was one. A Llama's
+// names (model.embed_tokens.weight) are a ConfigError saying model.name = llama.
 std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
                                             const GptOptions& o, std::string* layout);
 

@@ -216,7 +216,7 @@ std::string llama_hf_config_json(const LlamaOptions& o, int64_t max_positions, i
 
 std::vector<NamedTensor> llama_import_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
                                               const LlamaOptions& o, std::string* layout) {
-  *layout = "Hugging Face";
+  *layout = "Hugging Face layout";
   std::vector<NamedTensor> out;
   const Tensor* head = nullptr;
   const Tensor* embed = nullptr;

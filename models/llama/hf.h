@@ -45,7 +45,7 @@ std::string llama_hf_config_json(const LlamaOptions& o, int64_t max_positions, i
 // A Hugging Face folder's tensors (`path` names them in errors) as this model's: the names are the same; rotary
 // inv_freq buffers that older checkpoints saved are dropped (the tables are computed from the options); lm_head.weight
 // of a tied model is dropped when it equals model.embed_tokens.weight (what the tie means), ConfigError otherwise.
-// `layout` gets "Hugging Face". GPT-2's names (wte.weight, transformer.wte.weight) are a ConfigError saying
+// `layout` gets "Hugging Face layout". GPT-2's names (wte.weight, transformer.wte.weight) are a ConfigError saying
 // model.name = gpt.
 std::vector<NamedTensor> llama_import_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
                                               const LlamaOptions& o, std::string* layout);

@@ -13,7 +13,9 @@
 #  - the exported folder as model.init_from gives the model.* sizes from its config.json (the same eval loss); a
 #    contradicting model.* key, and a config.json whose arithmetic dptrain's GPT does not compute (layer_norm_epsilon,
 #    activation_function gelu, scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn) or of a Llama, are refused
-#    by name; a folder without config.json still takes the model.* keys.
+#    by name; a folder without config.json still takes the model.* keys;
+#  - a shorter model.block_size than the folder's n_positions crops the model (nanoGPT's crop_block_size: wpe's
+#    first rows), which scores 16-token windows as transformers' model does; a longer one is refused.
 # Skipped (exit 77, saying why) when the venv lacks transformers.
 source "$(dirname "$0")/lib/common.bash"
 HF_PY=/opt/dptrain/test-venv/bin/python  # scripts/setup.sh --tests names the same venv
@@ -37,7 +39,24 @@ cat "$WORK/export.log"
 [ -f "$WORK/hf/model.safetensors" ] && [ -f "$WORK/hf/config.json" ] || fail "no model.safetensors and config.json in $WORK/hf"
 [ -z "$(find "$WORK/hf" -name '*.tmp')" ] || fail "export-weights left temporaries in $WORK/hf"
 
-"$HF_PY" - "$WORK/hf" "$WORK/fort" 256 32 "$loss" "$WORK/bad" "$DPT_BUILD_DIR/tests/dpt-gpt-io" <<'PYEOF' || fail "see above"
+# Runs from the exported folder (model.init_from) that change nothing: one SGD step at lr 1e-30.
+FROM=(data.dataset=tokens data.dir="$WORK/fort" model.name=gpt train.device=cpu train.epochs=1 train.batch_size=16
+      train.optimizer=sgd train.lr=1e-30 train.max_steps=1 data.test_limit=256 train.progress_interval_s=1000
+      --resume never)
+# A shorter context than the folder's n_positions crops the model (nanoGPT's crop_block_size): wpe's first 16 rows;
+# transformers' model on 16-token windows scores the same loss (checked below).
+"$DPTRAIN" "${FROM[@]}" model.init_from="$WORK/hf" model.block_size=16 checkpoint.dir="$WORK/crop" \
+  > "$WORK/crop.log" 2>&1 || { cat "$WORK/crop.log"; fail "a run from the folder at model.block_size = 16 failed"; }
+grep -q "gpt L2 H2 C64 V256 T16 (n_positions 32 cropped to model.block_size)" "$WORK/crop.log" &&
+  grep -q "wpe.weight cropped to its first 16 of 32 positions" "$WORK/crop.log" \
+  || { cat "$WORK/crop.log"; fail "the run did not say it cropped the model to 16 positions"; }
+"$DPTRAIN" eval --checkpoint "$WORK/crop" > "$WORK/crop_eval.log" 2>&1 || { cat "$WORK/crop_eval.log"; fail "eval"; }
+crop_loss=$(grep -oP "eval: .* loss \K[0-9.]+" "$WORK/crop_eval.log")
+expect_exit 2 "model.block_size = 64, but $WORK/hf/config.json says n_positions = 32" \
+  "$DPTRAIN" "${FROM[@]}" model.init_from="$WORK/hf" model.block_size=64 checkpoint.dir="$WORK/refused"
+
+"$HF_PY" - "$WORK/hf" "$WORK/fort" 256 32 "$loss" "$WORK/bad" "$DPT_BUILD_DIR/tests/dpt-gpt-io" "$crop_loss" \
+  <<'PYEOF' || fail "see above"
 import glob, json, os, shutil, struct, subprocess, sys
 import numpy as np
 import torch
@@ -45,8 +64,8 @@ import transformers
 from safetensors.numpy import load_file, save_file
 from transformers import GPT2LMHeadModel
 
-folder, data_dir, windows, block, dpt_loss, bad, gpt_io = sys.argv[1:8]
-windows, block, dpt_loss = int(windows), int(block), float(dpt_loss)
+folder, data_dir, windows, block, dpt_loss, bad, gpt_io, crop_loss = sys.argv[1:9]
+windows, block, dpt_loss, crop_loss = int(windows), int(block), float(dpt_loss), float(crop_loss)
 print(f"transformers {transformers.__version__}, torch {torch.__version__}")
 
 with open(os.path.join(folder, "config.json")) as f:
@@ -60,15 +79,18 @@ assert not wrong, f"config.json: (has, expected): {wrong}"
 # The validation windows as dptrain makes them (data/token_shards.h, llm.c's loader): block + 1 tokens starting
 # every block tokens inside a shard, never across two; data.test_limit = N of them spread over all: every
 # (count / N)-th from the first (trainer/datasets.cpp).
-rows = []
-for shard in sorted(glob.glob(os.path.join(data_dir, "*_val_*.bin"))):
-    tokens = np.fromfile(shard, dtype=np.uint16)[512:].astype(np.int64)  # past the 1024-byte header
-    rows += [tokens[s:s + block + 1] for s in range(0, len(tokens) - block, block)]
-assert len(rows) > windows, len(rows)
-batch = torch.from_numpy(np.stack(rows[::len(rows) // windows][:windows]))
-assert batch.shape == (windows, block + 1), batch.shape
+def val_windows(block):
+    rows = []
+    for shard in sorted(glob.glob(os.path.join(data_dir, "*_val_*.bin"))):
+        tokens = np.fromfile(shard, dtype=np.uint16)[512:].astype(np.int64)  # past the 1024-byte header
+        rows += [tokens[s:s + block + 1] for s in range(0, len(tokens) - block, block)]
+    assert len(rows) > windows, len(rows)
+    batch = torch.from_numpy(np.stack(rows[::len(rows) // windows][:windows]))
+    assert batch.shape == (windows, block + 1), batch.shape
+    return batch
+batch = val_windows(block)
 
-def val_loss(model):
+def val_loss(model, batch=batch):
     model.eval()
     total = 0.0
     with torch.no_grad():
@@ -76,7 +98,7 @@ def val_loss(model):
             logits = model(chunk[:, :-1]).logits
             total += torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), chunk[:, 1:].reshape(-1),
                                                        reduction="sum").double().item()
-    return total / (windows * block)
+    return total / (batch.shape[0] * (batch.shape[1] - 1))
 
 model = GPT2LMHeadModel.from_pretrained(folder)
 assert model.lm_head.weight.data_ptr() == model.transformer.wte.weight.data_ptr(), "the head is not tied to wte"
@@ -84,6 +106,10 @@ hf = val_loss(model)
 print(f"GPT2LMHeadModel.from_pretrained: validation loss {hf:.6f}, dptrain eval {dpt_loss:.4f}")
 # eval prints 4 decimals: equal to within their rounding (5e-5) and float32 sums over 8192 tokens.
 assert abs(hf - dpt_loss) < 6e-5, f"transformers' loss {hf:.6f} != dptrain's {dpt_loss:.4f}"
+# The model cropped to 16 positions (model.block_size = 16) scores 16-token windows as transformers' uncropped one.
+hf16 = val_loss(model, val_windows(16))
+print(f"16-token windows: transformers {hf16:.6f}, dptrain cropped to block_size 16 {crop_loss:.4f}")
+assert abs(hf16 - crop_loss) < 6e-5, f"transformers' loss {hf16:.6f} != the cropped model's {crop_loss:.4f}"
 
 # Logits of 8 windows: dptrain's GPT (dpt-gpt-io loads the exported file as model.init_from does) against
 # transformers', and against transformers' with GELU(erf) ("gelu") in place of GELU(tanh) ("gelu_new").
@@ -129,9 +155,6 @@ PYEOF
 # them, and its model evaluates to the same loss); a model.* key that contradicts it, and a config.json whose model
 # dptrain's GPT does not compute (Hugging Face's GPT-2 options that change the arithmetic, a Llama's model_type), are
 # refused by name with exit code 2 instead of loading into another model.
-FROM=(data.dataset=tokens data.dir="$WORK/fort" model.name=gpt train.device=cpu train.epochs=1 train.batch_size=16
-      train.optimizer=sgd train.lr=1e-30 train.max_steps=1 data.test_limit=256 train.progress_interval_s=1000
-      --resume never)
 "$DPTRAIN" "${FROM[@]}" model.init_from="$WORK/hf" checkpoint.dir="$WORK/again" > "$WORK/again.log" 2>&1 \
   || { cat "$WORK/again.log"; fail "a run from the exported folder failed"; }
 grep -q "model.\* keys from $WORK/hf/config.json (gpt2): gpt L2 H2 C64 V256 T32" "$WORK/again.log" \

@@ -522,3 +522,22 @@ TEST_CASE("GPT: a Hugging Face GPT-2 config.json gives the sizes, and what dptra
   refused("model_type", "bert", "model_type 'bert' is not GPT-2");
   CHECK_THROWS_WITH(parse_hf_gpt2_config("[1]", "c.json"), Catch::Contains("holds an object"));
 }
+
+TEST_CASE("GPT: weights of a longer context load cropped to block_size (nanoGPT's crop_block_size), the rest as is",
+          "[models][gpt]") {
+  const GptOptions o = tiny();  // block_size 6, n_embd 8
+  std::mt19937_64 rng(7);
+  const Tensor wpe = random_tensor({10, o.n_embd}, rng);
+  const Tensor wte = random_tensor({o.vocab_size, o.n_embd}, rng);
+  std::string layout;
+  const auto out = gpt_import_weights({{"wpe.weight", wpe}, {"wte.weight", wte}}, "f", o, &layout);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].name == "transformer.wpe.weight");
+  REQUIRE(out[0].tensor.shape() == std::vector<int64_t>{o.block_size, o.n_embd});
+  CHECK(std::memcmp(out[0].tensor.data<float>(), wpe.data<float>(), o.block_size * o.n_embd * sizeof(float)) == 0);
+  CHECK(layout == "nanoGPT layout, wpe.weight cropped to its first 6 of 10 positions (model.block_size)");
+  // As many positions as the model, or fewer (a load error names the shape later): untouched, no note.
+  const auto same = gpt_import_weights({{"transformer.wpe.weight", out[0].tensor}}, "f", o, &layout);
+  CHECK(same[0].tensor.shape() == out[0].tensor.shape());
+  CHECK(layout == "nanoGPT layout");
+}

@@ -346,7 +346,13 @@ TEST_CASE("gpt: a Hugging Face GPT-2 config.json gives the model.* keys, or none
   other.given = {"block_size"};
   other.block_size = 64;
   CHECK_THROWS_WITH(resolve_model_config(other), Catch::Contains("model.block_size = 64, but") &&
-                                                  Catch::Contains("n_positions = 32"));
+                                                  Catch::Contains("n_positions = 32") &&
+                                                  Catch::Contains("give model.block_size <= 32"));
+  // A shorter context crops the model (nanoGPT's crop_block_size): model.block_size stands, the line says so.
+  other.block_size = 16;
+  CHECK_THAT(resolve_model_config(other), Catch::Contains("gpt L2 H8 C64 V300 T16 (n_positions 32 cropped"));
+  CHECK(other.block_size == 16);
+  CHECK(other.n_head == 8);
   // model.hf_config names it (or its folder) for weights from elsewhere; refused keys are refused by name.
   other = ModelConfig{};
   other.name = "gpt";
