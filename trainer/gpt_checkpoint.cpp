@@ -2,12 +2,15 @@
 #include "trainer/gpt_checkpoint.h"
 
 #include <fmt/ranges.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/safetensors.h"
@@ -139,6 +142,22 @@ std::string write_weights_folder(const fs::path& out, const std::vector<NamedTen
   return fmt::format("{} shards of at most {} bytes and model.safetensors.index.json", shards.size(), max_bytes);
 }
 
+// The files of folder `out` (not hidden ones, nor a repository's README.md) as (name, inode and modification time):
+// what an export finds there before it writes.
+std::map<std::string, std::pair<uint64_t, int64_t>> folder_files(const fs::path& out) {
+  std::map<std::string, std::pair<uint64_t, int64_t>> files;
+  std::error_code ec;
+  if (!fs::is_directory(out, ec)) return files;
+  for (const auto& e : fs::directory_iterator(out, ec)) {
+    const std::string n = e.path().filename().string();
+    struct stat st {};
+    if (n.starts_with(".") || n == "README.md" || ::stat(e.path().c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+    files[n] = {static_cast<uint64_t>(st.st_ino), static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 +
+                                                      st.st_mtim.tv_nsec};
+  }
+  return files;
+}
+
 }  // namespace
 
 bool export_is_folder(const std::string& out) {
@@ -173,8 +192,10 @@ std::string export_weights(const std::string& path, const std::string& layout, c
     w.config_json = config.dump(2) + "\n";
   }
   std::string files;
+  std::map<std::string, std::pair<uint64_t, int64_t>> before;
   try {
     if (folder) {
+      before = folder_files(out);
       fs::create_directories(out);
       files = write_weights_folder(out, w.tensors, max_shard_bytes);
       if (!w.config_json.empty()) write_text(fs::path(out) / kHfConfigFile, w.config_json);
@@ -189,6 +210,18 @@ std::string export_weights(const std::string& path, const std::string& layout, c
     }
   } catch (const std::exception& e) {
     DPT_THROW(IoError, "export-weights: writing {}: {}", out, e.what());
+  }
+  // Files an earlier occupant left (another model's pytorch_model.bin, generation_config.json, tokenizer files): kept,
+  // as transformers' save_pretrained keeps them, but named, since from_pretrained may read them beside these weights.
+  if (folder) {
+    std::vector<std::string> left;
+    for (const auto& [name, id] : folder_files(out))
+      if (auto it = before.find(name); it != before.end() && it->second == id) left.push_back(name);
+    if (!left.empty())
+      spdlog::warn("export-weights: {} also holds {} file(s) from before that this export did not write: {}; "
+                   "from_pretrained may read them beside the new weights (another model's weights, generation or "
+                   "tokenizer settings): remove them, or export into an empty folder", out, left.size(),
+                   fmt::join(left, ", "));
   }
   return fmt::format("{}: {} from {} in {} layout (vocabulary {}){}", folder ? (fs::path(out) / "").string() : out,
                      model->summary(), target.checkpoint.path, w.layout, target.config.model.vocab_size,

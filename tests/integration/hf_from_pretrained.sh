@@ -14,6 +14,8 @@
 #    contradicting model.* key, and a config.json whose arithmetic dptrain's GPT does not compute (layer_norm_epsilon,
 #    activation_function gelu, scale_attn_by_inverse_layer_idx, reorder_and_upcast_attn) or of a Llama, are refused
 #    by name; a folder without config.json still takes the model.* keys;
+#  - an export into a folder holding other files (another model's pytorch_model.bin, generation_config.json) keeps
+#    them and names them in a warning;
 #  - a shorter model.block_size than the folder's n_positions crops the model (nanoGPT's crop_block_size: wpe's
 #    first rows), which scores 16-token windows as transformers' model does; a longer one is refused.
 # Skipped (exit 77, saying why) when the venv lacks transformers.
@@ -38,6 +40,15 @@ echo "dptrain eval: loss $loss"
 cat "$WORK/export.log"
 [ -f "$WORK/hf/model.safetensors" ] && [ -f "$WORK/hf/config.json" ] || fail "no model.safetensors and config.json in $WORK/hf"
 [ -z "$(find "$WORK/hf" -name '*.tmp')" ] || fail "export-weights left temporaries in $WORK/hf"
+! grep -q "from before" "$WORK/export.log" || fail "a new folder's export warned of files from before"
+# Into a folder another model left files in: they stay (as save_pretrained leaves them), named in a warning; the
+# files of an earlier export of its own are replaced without one.
+cp -r "$WORK/hf" "$WORK/reused" && touch "$WORK/reused/pytorch_model.bin" "$WORK/reused/generation_config.json"
+"$DPTRAIN" export-weights --checkpoint "$WORK/run" --out "$WORK/reused" > "$WORK/reused.log" 2>&1 \
+  || { cat "$WORK/reused.log"; fail "export-weights into a used folder failed"; }
+grep -q "also holds 2 file(s) from before that this export did not write: generation_config.json, pytorch_model.bin" \
+  "$WORK/reused.log" || { cat "$WORK/reused.log"; fail "no warning naming the files another model left"; }
+cmp -s "$WORK/hf/model.safetensors" "$WORK/reused/model.safetensors" || fail "the re-export wrote other weights"
 
 # Runs from the exported folder (model.init_from) that change nothing: one SGD step at lr 1e-30.
 FROM=(data.dataset=tokens data.dir="$WORK/fort" model.name=gpt train.device=cpu train.epochs=1 train.batch_size=16
