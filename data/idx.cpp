@@ -254,7 +254,7 @@ std::unique_ptr<ImageClassDataset> load_fashion_mnist(const std::string& dir, bo
   constexpr int kClasses = 10;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) {
-    DPT_THROW(IoError, "Fashion-MNIST directory {} not found: {}", dir, kInstallHint);
+    DPT_THROW(ConfigError, "Fashion-MNIST directory {} not found: {}", dir, kInstallHint);
   }
   const std::string split = train ? "train" : "t10k";
   const std::string images = (fs::path(dir) / (split + "-images-idx3-ubyte.gz")).string();

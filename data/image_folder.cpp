@@ -79,11 +79,11 @@ std::vector<std::string> check_headers(const std::vector<std::string>& paths) {
 
 std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split) {
   std::error_code ec;
-  if (!fs::exists(dir, ec)) DPT_THROW(IoError, "image folder {} not found: {}", dir, expected_layout(dir, split));
-  if (!fs::is_directory(dir, ec)) DPT_THROW(IoError, "{} is not a directory: {}", dir, expected_layout(dir, split));
+  if (!fs::exists(dir, ec)) DPT_THROW(ConfigError, "image folder {} not found: {}", dir, expected_layout(dir, split));
+  if (!fs::is_directory(dir, ec)) DPT_THROW(ConfigError, "{} is not a directory: {}", dir, expected_layout(dir, split));
   const fs::path root = fs::path(dir) / split;
   if (!fs::is_directory(root, ec)) {
-    DPT_THROW(IoError, "{}: split folder not found: {}", root.string(), expected_layout(dir, split));
+    DPT_THROW(ConfigError, "{}: split folder not found: {}", root.string(), expected_layout(dir, split));
   }
   std::vector<std::string> classes;
   try {
@@ -120,7 +120,7 @@ ImageFolderDataset::ImageFolderDataset(const std::string& dir, const std::string
     DPT_THROW(ConfigError, "{}: an image folder needs an output image size > 0 (its images may differ in size)", root_);
   }
   classes_ = list_class_folders(dir, split);
-  if (classes_.empty()) DPT_THROW(IoError, "{}: no class folders: {}", root_, expected_layout(dir, split));
+  if (classes_.empty()) DPT_THROW(ConfigError, "{}: no class folders: {}", root_, expected_layout(dir, split));
 
   std::vector<std::string> paths;
   std::vector<int32_t> labels;

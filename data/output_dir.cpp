@@ -19,9 +19,9 @@ OutputDir::OutputDir(const std::string& dir, bool force) {
   if (out_.filename().empty()) out_ = out_.parent_path();  // "dir/" -> "dir"
   std::error_code ec;
   if (fs::exists(out_, ec) && !fs::is_directory(out_, ec))
-    DPT_THROW(IoError, "{}: exists and is not a directory", out_.string());
+    DPT_THROW(ConfigError, "{}: exists and is not a directory", out_.string());
   if (non_empty_directory(out_) && !force)
-    DPT_THROW(IoError, "{}: not empty: refusing to overwrite it (force replaces it)", out_.string());
+    DPT_THROW(ConfigError, "{}: not empty: refusing to overwrite it (force replaces it)", out_.string());
   tmp_ = out_.string() + ".tmp";
   try {
     if (!out_.parent_path().empty()) fs::create_directories(out_.parent_path());

@@ -72,7 +72,7 @@ std::vector<std::string> collect_files(const std::vector<std::string>& inputs, s
   for (const std::string& input : inputs) {
     std::error_code ec;
     const fs::file_status st = fs::status(input, ec);
-    if (!fs::exists(st)) DPT_THROW(IoError, "tokenize: input {}: no such file or directory", input);
+    if (!fs::exists(st)) DPT_THROW(ConfigError, "tokenize: input {}: no such file or directory", input);
     if (fs::is_regular_file(st)) {
       files.push_back(input);
       continue;

@@ -221,7 +221,7 @@ void prepare_jsonl(const Config& cfg, bool log, bool records_may_be_gone, const 
       if (log) spdlog::info("data: {} holds data.jsonl's token shards already ({}): reused", d.dir, data::kJsonlSourceFile);
       return;
     }
-  } catch (const IoError& e) {
+  } catch (const Error& e) {  // a record file gone (ConfigError, as a missing --input) or unreadable (IoError)
     if (!ours || !records_may_be_gone) throw;
     // An evaluation whose records are gone (elsewhere, a cleaned-up folder): the shards written from them still serve.
     // (Training never does this: a data.jsonl that names a missing file is an error there.)

@@ -71,7 +71,7 @@ std::string ImageInputs::file(size_t i) const { return root.empty() ? names.at(i
 
 ImageInputs list_image_inputs(const std::string& input) {
   std::error_code ec;
-  if (!fs::exists(input, ec)) DPT_THROW(IoError, "predict: --input {} not found", input);
+  if (!fs::exists(input, ec)) DPT_THROW(ConfigError, "predict: --input {} not found", input);
   ImageInputs in;
   if (fs::is_directory(input, ec)) {
     in.root = input;
@@ -158,7 +158,7 @@ std::vector<std::string> checkpoint_classes(const SavedRun& target) {
     spdlog::warn("predict: {} holds no class names (written before they were saved): those of {} in label order",
                  target.checkpoint.path, d.dataset == DatasetKind::imagefolder ? d.dir + "/train" : choice_name(d.dataset));
     return classes;
-  } catch (const IoError& e) {
+  } catch (const Error& e) {  // a folder gone (ConfigError) or unreadable (IoError)
     DPT_THROW(ConfigError,
               "predict: {} holds no class names (written before they were saved) and its image folder cannot give "
               "them ({}); name the folder it was trained on with data.dir=DIR",

@@ -13,7 +13,7 @@ expect_exit 2 "did you mean 'train.lr'" "$DPTRAIN" --config "$CONFIG" train.lrr=
 expect_exit 2 "train.epochs: expected integer" "$DPTRAIN" --config "$CONFIG" train.epochs=two
 expect_exit 2 "must be one of: auto, gloo, mpi, nccl" "$DPTRAIN" --config "$CONFIG" dist.backend=tcp
 expect_exit 2 "must be one of: auto, cpu, cuda" "$DPTRAIN" --config "$CONFIG" train.device=gpu
-expect_exit 1 "apt-get install dataset-fashion-mnist" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" checkpoint.dir="$WORK/c"
+expect_exit 2 "apt-get install dataset-fashion-mnist" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" checkpoint.dir="$WORK/c"
 expect_exit 2 "File does not exist" "$DPTRAIN" --config "$WORK/missing.toml"
 # No key takes an infinity or a NaN (train.lr=inf once trained to NaN and exited 0), from the command line or a file.
 expect_exit 2 "train.lr = inf: must be a finite number" "$DPTRAIN" --config "$CONFIG" --print-config train.lr=inf
@@ -33,13 +33,22 @@ expect_exit 2 "--config, --resume before the subcommand 'eval'" "$DPTRAIN" -c "$
   --checkpoint "$WORK/none"
 expect_exit 2 "--print-config before the subcommand 'generate'" "$DPTRAIN" --print-config generate \
   --checkpoint "$WORK/none"
-# An unusable checkpoint.dir is said at start-up (exit 2), before the data is read (there is none here: that would
-# exit 1), not at the first checkpoint after an epoch of training.
+# An unusable checkpoint.dir is said at start-up (exit 2), before the data is read (there is none here: that error
+# would name data.dir), not at the first checkpoint after an epoch of training.
 touch "$WORK/ckfile"
 expect_exit 2 "checkpoint.dir = $WORK/ckfile is not a directory" "$DPTRAIN" --config "$CONFIG" \
   data.dir="$WORK/nothing" checkpoint.dir="$WORK/ckfile"
 expect_exit 2 "checkpoint.dir = $WORK/ckfile/sub: cannot create it" "$DPTRAIN" --config "$CONFIG" \
   data.dir="$WORK/nothing" checkpoint.dir="$WORK/ckfile/sub"
+
+# A data.dir that holds no data set is the config's error, exit 2, for every data set that reads a folder (as for
+# Fashion-MNIST above).
+expect_exit 2 "image folder $WORK/nothing not found" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" \
+  data.dataset=imagefolder data.image_size=8 data.resize=0
+expect_exit 2 "token shards: $WORK/nothing is not a directory" "$DPTRAIN" data.dataset=tokens data.dir="$WORK/nothing" \
+  model.name=gpt
+expect_exit 2 "$WORK/ckfile is not a directory" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/ckfile" \
+  data.dataset=imagefolder data.image_size=8 data.resize=0
 
 # Without a GPU (this machine and CI): asking for one is a clear usage error; auto trains on the CPU and
 # says so once. (On a GPU machine, scripts/gpu-check.sh covers the GPU side.)

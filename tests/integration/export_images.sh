@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # dptrain export-images writes Fashion-MNIST as an image folder: the tree (10 class folders per split that
 # sort in label order, --limit images per split spread over the classes, 28x28 grey PNGs), a progress line and
-# a summary; it refuses a non-empty OUT (exit 1, OUT untouched) unless --force, which replaces it; it clears a
+# a summary; it refuses a non-empty OUT (exit 2, OUT untouched) unless --force, which replaces it; it clears a
 # stale OUT.tmp and leaves none behind; bad arguments exit 2. The training command line is unchanged. A checkpoint
 # trained on the folder refuses (resume, eval) once a class folder is renamed.
 source "$(dirname "$0")/lib/common.bash"
@@ -46,7 +46,7 @@ ls "$OUT/val/9_ankle_boot" | grep -qx "0000.png" || fail "the first test image (
 
 # 2. A non-empty OUT is refused (exit 1) and left as it was.
 touch "$OUT/marker"
-expect_exit 1 "not empty: refusing to overwrite it (--force replaces it)" "$DPTRAIN" export-images --out "$OUT" --limit 20
+expect_exit 2 "not empty: refusing to overwrite it (--force replaces it)" "$DPTRAIN" export-images --out "$OUT" --limit 20
 [ -f "$OUT/marker" ] || fail "the refused export touched $OUT"
 [ "$(find "$OUT/train" -type f | wc -l)" -eq 50 ] || fail "the refused export changed $OUT/train"
 
@@ -73,7 +73,7 @@ expect_exit 2 "limit 5 is below the 10 classes" "$DPTRAIN" export-images --out "
 expect_exit 2 "not expected" "$DPTRAIN" export-images --out "$WORK/bad" --limit 10 stray
 expect_exit 2 "\-\-bogus" "$DPTRAIN" export-images --out "$WORK/bad" --bogus
 [ ! -e "$WORK/bad" ] && [ ! -e "$WORK/bad.tmp" ] || fail "a refused command wrote $WORK/bad"
-expect_exit 1 "apt-get install dataset-fashion-mnist" "$DPTRAIN" export-images --out "$WORK/bad" --data-dir "$WORK/nothing"
+expect_exit 2 "apt-get install dataset-fashion-mnist" "$DPTRAIN" export-images --out "$WORK/bad" --data-dir "$WORK/nothing"
 
 # 6. The help tells the truth; the training command line is unchanged.
 help=$("$DPTRAIN" export-images --help) || fail "export-images --help failed"

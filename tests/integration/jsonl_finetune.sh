@@ -172,8 +172,9 @@ kill "$HOLDER"
 grep -q "stopping before the first step: SIGTERM while waiting .* for $WORK/held.lock" "$WORK/held.log" \
   || { cat "$WORK/held.log"; fail "no line saying the wait was given up for SIGTERM"; }
 [ -z "$(ls -A "$WORK/heldck")" ] && [ ! -e "$WORK/held" ] || fail "a job stopped before its first step wrote something"
-# Training with a data.jsonl file that is missing is an error, even with shards in data.dir (eval reads them: below).
-expect_exit 1 "qa_typo.jsonl: no such file" "$DPTRAIN" data.dataset=jsonl data.jsonl="$WORK/qa_typo.jsonl" "${SHORT[@]}" \
+# Training with a data.jsonl file that is missing is a config error (exit 2), even with shards in data.dir (eval
+# reads them: below).
+expect_exit 2 "qa_typo.jsonl: no such file" "$DPTRAIN" data.dataset=jsonl data.jsonl="$WORK/qa_typo.jsonl" "${SHORT[@]}" \
   data.dir="$WORK/qa" checkpoint.dir="$WORK/typo"
 # tokenize of a directory holding *.jsonl files: JSON Lines without --format; a file given twice read once.
 mkdir "$WORK/dir_in" && cp "$WORK/qa.jsonl" "$WORK/dir_in/"

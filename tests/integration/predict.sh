@@ -127,6 +127,9 @@ expect_exit 2 "--out $WORK/outdir is a directory" "$DPRUN" --nproc-per-node 2 --
   --input "$WORK/fm/val" --out "$WORK/outdir"
 expect_exit 2 "--out $WORK/r1.out/p.out: cannot create its folder" "$DPTRAIN" predict --checkpoint "$CK" \
   --input "$WORK/fm/val" --out "$WORK/r1.out/p.out"
+# A missing --input is a bad command line too (exit 2), as a missing --checkpoint is.
+expect_exit 2 "predict: --input $WORK/nothing not found" "$DPTRAIN" predict --checkpoint "$CK" \
+  --input "$WORK/nothing" --out "$WORK/p.out"
 out=$("$DPTRAIN" predict --checkpoint "$CK" --input "$WORK/fm/val" --out "$WORK/new/sub/p.out" 2>&1) \
   || { echo "$out"; fail "predict into a missing folder failed"; }
 <<< "$out" grep -q "predict: .*images/s" && [ -s "$WORK/new/sub/p.out" ] \

@@ -2,8 +2,8 @@
 # dptrain tokenize writes byte-level token shards in llm.c's format: the headers are right (magic 20240520,
 # version 1, count, zeros), the train and val tokens are exactly the input bytes in order once the val blocks
 # (every Nth block of 4096) are put back in place, *.dat and binary files are skipped and counted; a non-empty
-# OUT is refused (exit 1, untouched) unless --force, which replaces it; a missing input is exit 1 naming it,
-# bad arguments exit 2. Also on Debian's fortunes corpus when it is installed.
+# OUT is refused (exit 2, untouched) unless --force, which replaces it; a missing input is exit 2 naming it, as
+# are other bad arguments. Also on Debian's fortunes corpus when it is installed.
 source "$(dirname "$0")/lib/common.bash"
 
 
@@ -80,10 +80,10 @@ out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$WORK
   { echo "$out"; fail "tokenize with two inputs failed"; }
 check_shards "$WORK/two" 3 "$IN/b/three.txt" "$IN/a/one.txt"
 
-# 3. A non-empty OUT is refused (exit 1) and left as it was; --force replaces it.
+# 3. A non-empty OUT is refused (exit 2) and left as it was; --force replaces it.
 touch "$OUT/marker"
 before=$(md5sum "$OUT"/*.bin)
-expect_exit 1 "not empty: refusing to overwrite it (--force replaces it)" "$DPTRAIN" tokenize --input "$IN/a" --out "$OUT" --val-every 2
+expect_exit 2 "not empty: refusing to overwrite it (--force replaces it)" "$DPTRAIN" tokenize --input "$IN/a" --out "$OUT" --val-every 2
 [ -f "$OUT/marker" ] && [ "$(md5sum "$OUT"/*.bin)" = "$before" ] || fail "the refused tokenize touched $OUT"
 out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$OUT" --val-every 3 --force 2>&1) ||
   { echo "$out"; fail "--force failed"; }
@@ -91,9 +91,9 @@ out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$OUT"
 check_shards "$OUT" 3 "$IN/b/three.txt" "$IN/a/one.txt"
 [ ! -e "$OUT.tmp" ] && [ ! -e "$OUT.old" ] || fail "OUT.tmp or OUT.old left behind"
 
-# 4. Errors: a missing input (exit 1, named), too little text for a val block, bad arguments (exit 2);
+# 4. Errors, each exit 2 naming it: a missing input, too little text for a val block, bad arguments;
 # nothing written by any of them.
-expect_exit 1 "$WORK/nothing: no such file or directory" "$DPTRAIN" tokenize --input "$WORK/nothing" --out "$WORK/bad"
+expect_exit 2 "$WORK/nothing: no such file or directory" "$DPTRAIN" tokenize --input "$WORK/nothing" --out "$WORK/bad"
 expect_exit 2 "too little text for both splits" "$DPTRAIN" tokenize --input "$IN/b/three.txt" --out "$WORK/bad"
 expect_exit 2 "no text in" "$DPTRAIN" tokenize --input "$IN/b/image.bin" --out "$WORK/bad"
 expect_exit 2 "\-\-input is required" "$DPTRAIN" tokenize --out "$WORK/bad"

@@ -27,7 +27,7 @@ int run_alone(const std::function<void()>& body) {
 int run_writer(const char* name, const std::string& out, bool force, const std::function<void()>& body) {
   return run_alone([&] {
     if (!force && data::non_empty_directory(out))
-      die(kExitError, fmt::format("{}: {} is not empty: refusing to overwrite it (--force replaces it)", name, out));
+      die(kExitUsage, fmt::format("{}: {} is not empty: refusing to overwrite it (--force replaces it)", name, out));
     body();
   });
 }

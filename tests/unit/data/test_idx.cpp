@@ -201,7 +201,7 @@ TEST_CASE("load_idx_dataset checks that images and labels belong together", "[da
 }
 
 TEST_CASE("load_fashion_mnist names the directory and how to install it", "[data][idx]") {
-  REQUIRE_THROWS_AS(load_fashion_mnist("/nonexistent/fashion", true), IoError);
+  REQUIRE_THROWS_AS(load_fashion_mnist("/nonexistent/fashion", true), ConfigError);
   REQUIRE_THROWS_WITH(load_fashion_mnist("/nonexistent/fashion", true),
                       Catch::Contains("/nonexistent/fashion") && Catch::Contains("apt-get install dataset-fashion-mnist"));
   TempDir empty;

@@ -97,16 +97,19 @@ TransformOptions plain(int64_t size, int channels) {
 
 using test::LogCapture;
 
+template <class E = IoError>
 void require_io_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
   try {
     f();
-    FAIL("no IoError; expected one containing " << parts[0]);
-  } catch (const IoError& e) {
+    FAIL("no error of the expected type; expected one containing " << parts[0]);
+  } catch (const E& e) {
     const std::string msg = e.what();
     INFO(msg);
     for (const auto& p : parts) REQUIRE_THAT(msg, Catch::Contains(p));
   }
 }
+// A data.dir that is not an image folder is the config's error (exit 2), as a missing token shard folder is.
+const auto require_config_error = require_io_error<ConfigError>;
 
 }  // namespace
 
@@ -316,13 +319,13 @@ TEST_CASE("list_image_files: every image below a folder, relative paths sorted b
 TEST_CASE("image folder: missing or empty folders say what layout is expected", "[data][image_folder]") {
   TempDir dir;
   const std::string root = dir.path.string();
-  require_io_error([&] { ImageFolderDataset(root + "/nothing", "train", plain(8, 3)); },
-                   {root + "/nothing", "not found", "expected " + root + "/nothing/train/<class>/*.png"});
-  require_io_error([&] { ImageFolderDataset(root, "train", plain(8, 3)); },
-                   {root + "/train", "split folder not found", "<class>/*.png"});
+  require_config_error([&] { ImageFolderDataset(root + "/nothing", "train", plain(8, 3)); },
+                       {root + "/nothing", "not found", "expected " + root + "/nothing/train/<class>/*.png"});
+  require_config_error([&] { ImageFolderDataset(root, "train", plain(8, 3)); },
+                       {root + "/train", "split folder not found", "<class>/*.png"});
   fs::create_directories(dir.path / "train");
   write_bytes(dir.file("train/stray.png"), "a file, not a class folder");
-  require_io_error([&] { ImageFolderDataset(root, "train", plain(8, 3)); }, {root + "/train", "no class folders"});
+  require_config_error([&] { ImageFolderDataset(root, "train", plain(8, 3)); }, {root + "/train", "no class folders"});
   // Class folders, one without images (only other files): named, as torchvision does.
   write_png(dir.file("train/cat/1.png"), flat(2, 2, {1}).view());
   write_bytes(dir.file("train/dog/readme.txt"), "no images here");
@@ -330,7 +333,7 @@ TEST_CASE("image folder: missing or empty folders say what layout is expected", 
   require_io_error([&] { ImageFolderDataset(root, "train", plain(8, 3)); },
                    {"no images", "class folders dog, emu", "every class folder needs at least one"});
   write_bytes(dir.file("a-file"), "x");
-  require_io_error([&] { ImageFolderDataset(dir.file("a-file"), "train", plain(8, 3)); }, {"is not a directory"});
+  require_config_error([&] { ImageFolderDataset(dir.file("a-file"), "train", plain(8, 3)); }, {"is not a directory"});
   // An output size is required: folder images differ in size.
   REQUIRE_THROWS_AS(ImageFolderDataset(root, "train", plain(0, 3)), ConfigError);
 }
@@ -475,7 +478,7 @@ TEST_CASE("export_image_folder writes a folder that reads back pixel for pixel",
     }
   }
   // A non-empty OUT is refused without force, replaced with it; limit spreads over the classes.
-  require_io_error([&] { export_image_folder(train, test, o); }, {o.out_dir, "not empty", "force"});
+  require_config_error([&] { export_image_folder(train, test, o); }, {o.out_dir, "not empty", "force"});
   o.force = true;
   o.limit = 4;  // 2 + 1 + 1 per class
   o.format = ImageFormat::jpeg;

@@ -284,9 +284,9 @@ TEST_CASE("tokenize_jsonl: malformed lines named or skipped, and what it cannot 
   few.inputs = {(dir.path / "d.jsonl").string(), (dir.path / "none").string()};  // beside another input too
   REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("no *.jsonl file in the directory"));
   few.inputs = {(dir.path / "missing.jsonl").string()};
-  REQUIRE_THROWS_AS(tokenize_jsonl(few, bytes), IoError);
+  REQUIRE_THROWS_AS(tokenize_jsonl(few, bytes), ConfigError);  // a bad --input: exit 2
   // A non-empty output directory is refused unless forced.
-  REQUIRE_THROWS_AS(tokenize_jsonl(o, bytes), IoError);
+  REQUIRE_THROWS_AS(tokenize_jsonl(o, bytes), ConfigError);  // a bad --out: exit 2
   o.force = true;
   REQUIRE(tokenize_jsonl(o, bytes).bad_lines == 2);
 }

@@ -518,7 +518,7 @@ TEST_CASE("tokenize_bytes routes blocks to train and val and cuts shards", "[dat
   REQUIRE_FALSE(fs::exists(dir.path / "out.tmp"));
   o.val_every = 3;
   o.force = false;
-  REQUIRE_THROWS_AS(tokenize_bytes(o), IoError);
+  REQUIRE_THROWS_AS(tokenize_bytes(o), ConfigError);  // a bad --out: exit 2
   o.inputs = {(dir.path / "nothing").string()};
   REQUIRE_THROWS_WITH(tokenize_bytes(o), Catch::Contains("nothing") && Catch::Contains("no such file"));
 }
