@@ -3,6 +3,7 @@
 // travel through a store client of their own (MPI: a diagnostics store that rank 0 serves).
 #include "comm/init.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -269,6 +270,14 @@ std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, cons
 }  // namespace
 
 std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, const InitOptions& opts) {
+  // A peer that exits closes its sockets, and gloo writes to them with writev (no MSG_NOSIGNAL): SIGPIPE, whose
+  // default action killed this rank silently (exit 141, no message) before the collective could name the peer.
+  // Ignored for the process, as Python (and so PyTorch) ignores it: the write fails with EPIPE, the collective
+  // throws, and the rank exits 1 saying which peer went away.
+  struct sigaction ignore {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  ::sigaction(SIGPIPE, &ignore, nullptr);
   const std::string backend = resolve_backend(opts.backend, env, opts.device, cuda::device_count());
   DPT_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "rank {} of {}", env.rank,
             env.world_size);
