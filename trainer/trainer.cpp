@@ -517,7 +517,8 @@ void Trainer::prepare_steps() {
       cfg_, pg_, device_, scaler_, ctx_.memory,
       ReportSetup{.start_step = start_.step, .start_epoch = start_.epoch, .unit = task_->unit(),
                   .row_flops = train_flops_per_row(cfg_.model),
-                  .peak_flops = device_.is_cuda() ? cuda::dense_bf16_peak_flops(cuda::device_name(device_.index)) : 0.0});
+                  .peak_flops = device_.is_cuda() ? cuda::dense_bf16_peak_flops(cuda::device_name(device_.index)) : 0.0,
+                  .job = opts_.job});
   stopped_ = t_.max_steps > 0 && step_ >= t_.max_steps;  // resumed at or past the limit: nothing to do
 }
 

@@ -1,12 +1,16 @@
 // trainer/report/metrics.cpp: the metrics file (trainer/report/metrics.h).
 #include "trainer/report/metrics.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/check.h"
 
@@ -64,19 +68,108 @@ std::string keep_earlier_file(const std::string& path) {
   }
 }
 
+constexpr const char* kLockFile = ".metrics.lock";
+
+// Thrown when another live run holds DIR/.metrics.lock: for_run writes elsewhere, or says so.
+struct MetricsFolderTaken : ConfigError {
+  using ConfigError::ConfigError;
+};
+
+std::string host_name() {
+  char name[256] = {};
+  return ::gethostname(name, sizeof(name) - 1) == 0 && name[0] ? name : "unknown";
+}
+
+// The lock file's two lines: "pid host job" and the writer's checkpoint.dir.
+struct Writer {
+  std::string pid, host, job, checkpoint_dir;
+};
+Writer read_writer(int fd) {
+  char buf[4096] = {};
+  const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
+  std::istringstream in(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0));
+  Writer w;
+  std::string first;
+  std::getline(in, first);
+  std::getline(in, w.checkpoint_dir);
+  std::istringstream(first) >> w.pid >> w.host >> w.job;
+  return w;
+}
+
+std::string absolute_dir(const std::string& dir) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::absolute(dir, ec);
+  return (ec ? std::filesystem::path(dir) : p).lexically_normal().string();
+}
+
 }  // namespace
 
-MetricsLog::MetricsLog(const std::string& dir, int64_t start_step, bool tensorboard)
+MetricsLog::MetricsLog(const std::string& dir, int64_t start_step, bool tensorboard, const std::string& checkpoint_dir,
+                       const std::string& job)
     : dir_(dir), path_((std::filesystem::path(dir) / "metrics.jsonl").string()), start_step_(start_step),
       with_tensorboard_(tensorboard) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) DPT_THROW(IoError, "cannot create log.dir {} for the metrics file: {}", dir, ec.message());
+  if (checkpoint_dir.empty()) return;
+  checkpoint_dir_ = absolute_dir(checkpoint_dir);
+  const std::string lock = (std::filesystem::path(dir) / kLockFile).string();
+  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    spdlog::debug("metrics lock {}: not taken: {}", lock, std::strerror(errno));
+    return;
+  }
+  const Writer before = read_writer(fd);
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd);
+    if (err != EWOULDBLOCK) {  // a file system without flock
+      spdlog::debug("metrics lock {}: not taken: {}", lock, std::strerror(err));
+      return;
+    }
+    if (!job.empty() && before.job == job) {
+      spdlog::warn("{} is still held by an earlier attempt of this job (pid {} on {}), which has not exited yet; "
+                   "this attempt goes on without it", lock, before.pid, before.host);
+      previous_writer_ = before.checkpoint_dir;
+      return;
+    }
+    DPT_THROW(MetricsFolderTaken, "{} is being written by another run (pid {} on {}{}, checkpoint.dir {})", path_,
+              before.pid.empty() ? "?" : before.pid, before.host.empty() ? "?" : before.host,
+              before.job.empty() ? "" : ", job " + before.job,
+              before.checkpoint_dir.empty() ? "unknown" : before.checkpoint_dir);
+  }
+  previous_writer_ = before.checkpoint_dir;
+  const std::string line = fmt::format("{} {} {}\n{}\n", ::getpid(), host_name(), job, checkpoint_dir_);
+  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
+    spdlog::debug("metrics lock {}: could not write the writer: {}", lock, std::strerror(errno));
+  lock_fd_ = fd;
+}
+
+std::unique_ptr<MetricsLog> MetricsLog::for_run(const Config& cfg, int64_t start_step, const std::string& job) {
+  const std::string dir = metrics_dir(cfg);
+  try {
+    return std::make_unique<MetricsLog>(dir, start_step, cfg.log.tensorboard, cfg.checkpoint.dir, job);
+  } catch (const MetricsFolderTaken& e) {
+    if (!cfg.log.dir.empty())
+      DPT_THROW(ConfigError, "log.dir = {}: {}: two runs in one metrics file mix their records. Give this run its "
+                "own log.dir, or stop the other run first", cfg.log.dir, e.what());
+    spdlog::warn("metrics: {}, which shares this folder (sibling checkpoint.dirs); this run's records go to {} "
+                 "instead (log.dir chooses the folder)", e.what(), (std::filesystem::path(cfg.checkpoint.dir) /
+                                                                      "metrics.jsonl").string());
+    return std::make_unique<MetricsLog>(cfg.checkpoint.dir, start_step, cfg.log.tensorboard, cfg.checkpoint.dir,
+                                        job);
+  }
 }
 
 // At the first record: a run that fails before it (bad data at start-up) leaves an earlier run's file as it was.
 void MetricsLog::open() {
-  if (start_step_ > 0) {
+  if (start_step_ > 0 && !previous_writer_.empty() && previous_writer_ != checkpoint_dir_) {
+    // The folder's file is another run's (a sibling checkpoint.dir's, written since this run's last record): its
+    // records after start_step are not ours to drop.
+    if (const std::string kept = keep_earlier_file(path_); !kept.empty())
+      spdlog::warn("metrics: {} was last written by the run of checkpoint.dir {}, not this one's ({}): kept as {}; "
+                   "this run's records go on in a new {}", path_, previous_writer_, checkpoint_dir_, kept, path_);
+  } else if (start_step_ > 0) {
     drop_records_after(path_, start_step_);
   } else if (const std::string kept = keep_earlier_file(path_); !kept.empty()) {
     spdlog::info("metrics: this run starts afresh; the earlier run's {} is kept as {}", path_, kept);
@@ -88,6 +181,7 @@ void MetricsLog::open() {
 
 MetricsLog::~MetricsLog() {
   if (file_) std::fclose(file_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the flock; the file keeps naming the last writer
 }
 
 void MetricsLog::write(const nlohmann::json& record) {

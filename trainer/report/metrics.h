@@ -7,6 +7,10 @@
 // free N) then and begins a new one. Nothing is touched before that first record: a run that fails at start-up
 // leaves the file as it was (sibling checkpoint.dirs share it). Every key is listed in docs/watching.md ("Metrics
 // file").
+// Sibling checkpoint.dirs share a folder, so the writer holds DIR/.metrics.lock (flock) for the run, naming itself
+// (pid, host, job, checkpoint.dir): a second live run does not rename or append to the first's file but writes in
+// its own checkpoint.dir (MetricsLog::for_run), and a resumed run whose folder's file was last written by another
+// run's checkpoint.dir keeps that file as metrics.jsonl.N instead of dropping its records.
 // With log.tensorboard the same records also go to TensorBoard event files in the same folder (trainer/report/tensorboard.h).
 #pragma once
 
@@ -31,7 +35,14 @@ class MetricsLog {
   // fresh run). Creates DIR now (IoError naming it when it cannot); the file itself is opened by the first write().
   // With `tensorboard`, the first write() also starts a TensorBoard event file in DIR (TensorBoardWriter, which hides
   // from TensorBoard the points after start_step that earlier files hold).
-  MetricsLog(const std::string& dir, int64_t start_step, bool tensorboard);
+  // `checkpoint_dir` and `job` name the writer in DIR/.metrics.lock (taken now when free; empty: no lock taken, as
+  // the unit tests need none). Another live run holding it is a ConfigError (an earlier attempt of the same job: a
+  // warning, and no lock).
+  MetricsLog(const std::string& dir, int64_t start_step, bool tensorboard, const std::string& checkpoint_dir = "",
+             const std::string& job = "");
+  // Rank 0's for `cfg`: in metrics_dir(cfg); when another live run holds that folder's lock and log.dir did not name
+  // it (sibling checkpoint.dirs, a sweep started together), in checkpoint.dir instead, with a warning saying why.
+  static std::unique_ptr<MetricsLog> for_run(const Config& cfg, int64_t start_step, const std::string& job);
   ~MetricsLog();
   MetricsLog(const MetricsLog&) = delete;
   MetricsLog& operator=(const MetricsLog&) = delete;
@@ -41,10 +52,14 @@ class MetricsLog {
   // start_step; a fresh run's renames an earlier file to metrics.jsonl.N (and says so) and starts a new one.
   void write(const nlohmann::json& record);
   const std::string& path() const { return path_; }
+  const std::string& dir() const { return dir_; }
 
  private:
   void open();
   std::string dir_, path_;
+  std::string checkpoint_dir_;   // the writer's, absolute ("" without a lock)
+  std::string previous_writer_;  // the checkpoint.dir the lock file named before this run took it ("": unknown)
+  int lock_fd_ = -1;
   int64_t start_step_;
   bool with_tensorboard_;
   std::FILE* file_ = nullptr;

@@ -51,7 +51,7 @@ Reporter::Reporter(const Config& cfg, comm::ProcessGroup& pg, Device device, con
       setup_(setup),
       lead_(pg.rank() == 0),
       rate_key_(setup.unit + "_per_s") {
-  if (lead_) metrics_ = std::make_unique<MetricsLog>(metrics_dir(cfg), setup.start_step, cfg.log.tensorboard);
+  if (lead_) metrics_ = MetricsLog::for_run(cfg, setup.start_step, setup.job);
 }
 
 Reporter::~Reporter() = default;
@@ -194,9 +194,11 @@ void Reporter::stopped() { draw_curves(); }
 void Reporter::finished(const RunResult& r) {
   if (!lead_ || !r.epochs.empty() || r.stop_signal) return;
   const TrainConfig& t = cfg_.train;
+  // Not setup_.start_epoch: a mid-epoch checkpoint's, whose rest of the epoch may have made no full batch (drop_last
+  // on more ranks) and so no epoch line, while no epoch is left.
   const std::string why = t.max_steps > 0 && r.steps >= t.max_steps
                               ? fmt::format("train.max_steps = {} already reached", t.max_steps)
-                              : fmt::format("epoch {}/{}", setup_.start_epoch, t.epochs);
+                              : fmt::format("all {} epoch(s) done", t.epochs);
   spdlog::info("training already complete at step {} ({}): test_loss {:.4f} test_acc {:.4f}", r.steps, why,
                r.final_test_loss, r.final_test_acc);
 }
@@ -275,7 +277,7 @@ void Reporter::report_ranks(int64_t step, int64_t epoch) {
 void Reporter::draw_curves() {
   if (!lead_ || !cfg_.log.curves || curves_failed_) return;
   try {
-    const PlotReport r = plot_run({.run = metrics_dir(cfg_), .size = PlotSize{900, 600}});
+    const PlotReport r = plot_run({.run = metrics_->dir(), .size = PlotSize{900, 600}});
     spdlog::info("curves: {}", r.out);
   } catch (const std::exception& e) {
     curves_failed_ = true;

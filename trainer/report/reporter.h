@@ -33,6 +33,7 @@ struct ReportSetup {
   std::string unit;         // "samples" | "tokens": what a row is
   double row_flops = 0;     // training FLOPs per row (0: no MFU)
   double peak_flops = 0;    // the device's dense bf16 peak (0 on a CPU: no MFU)
+  std::string job;          // TrainState::job: names the metrics file's writer (MetricsLog::for_run)
 };
 
 // One progress line's figures. `loss` is this rank's mean over the epoch so far.

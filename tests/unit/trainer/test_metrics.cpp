@@ -71,3 +71,61 @@ TEST_CASE("MetricsLog keeps the records up to the start step and appends, a fres
           std::string("{\"kind\":\"progress\",\"step\":1}\n").size());
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("MetricsLog: sibling runs never rename, append to or cut each other's metrics file", "[trainer][metrics]") {
+  namespace fs = std::filesystem;
+  const fs::path run = fs::temp_directory_path() / "dpt_test_metrics_siblings";
+  fs::remove_all(run);
+  const auto text = [](const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  };
+  Config a, b;  // runs/sweep/lr1 and runs/sweep/lr2: both in runs/sweep/metrics.jsonl by default
+  a.checkpoint.dir = (run / "lr1").string();
+  b.checkpoint.dir = (run / "lr2").string();
+  {
+    // Started together: the second does not take the live file (which it would keep as .1 under the first's open
+    // handle) but writes in its own checkpoint.dir.
+    auto first = MetricsLog::for_run(a, 0, "job-a");
+    first->write({{"kind", "progress"}, {"step", 1}});
+    auto second = MetricsLog::for_run(b, 0, "job-b");
+    CHECK(second->dir() == b.checkpoint.dir);
+    second->write({{"kind", "progress"}, {"step", 5}});
+    first->write({{"kind", "progress"}, {"step", 2}});
+    CHECK(text(run / "metrics.jsonl") == "{\"kind\":\"progress\",\"step\":1}\n{\"kind\":\"progress\",\"step\":2}\n");
+    CHECK(text(run / "lr2" / "metrics.jsonl") == "{\"kind\":\"progress\",\"step\":5}\n");
+    CHECK_FALSE(fs::exists(run / "metrics.jsonl.1"));
+    // log.dir naming the taken folder is refused (exit 2), naming the run that writes it.
+    Config c = b;
+    c.log.dir = run.string();
+    CHECK_THROWS_AS(MetricsLog::for_run(c, 0, "job-c"), dpt::ConfigError);
+    CHECK_THROWS_WITH(MetricsLog::for_run(c, 0, "job-c"),
+                      Catch::Contains("log.dir = " + run.string()) && Catch::Contains("job job-a") &&
+                          Catch::Contains((run / "lr1").string()));
+    // A later attempt of the same job (its old rank 0 still exiting) goes on in the folder.
+    CHECK(MetricsLog::for_run(a, 2, "job-a")->dir() == run.string());
+  }
+  {
+    // One after the other: lr2 writes the folder's file fresh (lr1's kept as .1), then lr1 resumes from step 1.
+    // lr2's records after step 1 are not lr1's to drop: its file is kept whole as .2, lr1 starts a new one.
+    auto second = MetricsLog::for_run(b, 0, "job-b2");
+    for (int step : {1, 2, 3}) second->write({{"kind", "progress"}, {"step", step}});
+  }
+  const std::string lr2 = text(run / "metrics.jsonl");
+  {
+    auto resumed = MetricsLog::for_run(a, 1, "job-a2");
+    resumed->write({{"kind", "progress"}, {"step", 2}});
+  }
+  CHECK(text(run / "metrics.jsonl.2") == lr2);
+  CHECK(text(run / "metrics.jsonl") == "{\"kind\":\"progress\",\"step\":2}\n");
+  {
+    // lr1 resumes again: the file is its own now, and records after the start step go as before.
+    auto again = MetricsLog::for_run(a, 1, "job-a3");
+    again->write({{"kind", "progress"}, {"step", 2}});
+  }
+  CHECK(text(run / "metrics.jsonl") == "{\"kind\":\"progress\",\"step\":2}\n");
+  CHECK_FALSE(fs::exists(run / "metrics.jsonl.3"));
+  fs::remove_all(run);
+}
