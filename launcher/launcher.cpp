@@ -47,7 +47,7 @@ void validate(const Options& opts) {
   if (opts.master_addr && opts.master_addr->empty()) DPT_THROW(ConfigError, "--master-addr must not be empty");
   if (opts.nnodes > 1 && !opts.master_addr) {
     DPT_THROW(ConfigError, "--nnodes {} needs --master-addr: the address of node 0, reachable from every node",
-              opts.nnodes);
+              opts.min_nnodes ? fmt::format("{}:{}", *opts.min_nnodes, opts.nnodes) : std::to_string(opts.nnodes));
   }
   if (opts.master_port && (*opts.master_port < 1 || *opts.master_port > kMaxPort)) {
     DPT_THROW(ConfigError, "--master-port must be in 1..{} (got {})", kMaxPort, *opts.master_port);

@@ -178,6 +178,9 @@ TEST_CASE("validation: clear one-line errors naming the option", "[launcher]") {
   o = multi(2, 2, 0);
   o.master_addr.reset();
   require_invalid(o, "--nnodes 2 needs --master-addr");
+  o.min_nnodes = 1;  // elastic: named as given
+  require_invalid(o, "--nnodes 1:2 needs --master-addr");
+  o.min_nnodes.reset();
   o.master_addr = "";
   require_invalid(o, "--master-addr must not be empty");
 
