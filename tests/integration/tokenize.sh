@@ -75,6 +75,13 @@ echo "$out"
 check_shards "$OUT" 10 "${FILES[@]}"
 [ ! -e "$OUT.tmp" ] || fail "$OUT.tmp left behind"
 
+# Started as 2 ranks by dprun, tokenize runs once (rank 0, saying so): not two writers racing on one OUT.tmp.
+out=$("$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" tokenize --input "$IN" --out "$WORK/launched" 2>&1) \
+  || { echo "$out"; fail "tokenize under dprun failed"; }
+[ "$(<<< "$out" grep -c "wrote $((BYTES - 4096)) train tokens")" = 1 ] || { echo "$out"; fail "not one tokenize run"; }
+<<< "$out" grep -q "the launcher started 2, and rank 1 exits at once" || { echo "$out"; fail "no warning"; }
+check_shards "$WORK/launched" 10 "${FILES[@]}"
+
 # 2. Several inputs, in the order given (a file, then a directory), and --val-every 3.
 out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$WORK/two" --val-every 3 2>&1) ||
   { echo "$out"; fail "tokenize with two inputs failed"; }

@@ -40,7 +40,8 @@ Command add_config_reference(CLI::App& root);                                  /
 [[noreturn]] void die(int code, const std::string& what);
 
 // A command of one process that is not part of a job (generate, export-weights, plot): logging for rank 0 of 1,
-// then `body`; a ConfigError ends the process with kExitUsage, any other error with kExitError.
+// then `body`; a ConfigError ends the process with kExitUsage, any other error with kExitError. Started as several
+// ranks by a launcher, rank 0 runs `body` (warning that the others do nothing) and the others return 0 at once.
 int run_alone(const std::function<void()>& body);
 
 // A command that writes a data set to OUT and trains nothing (export-images, tokenize): run_alone, and a non-empty

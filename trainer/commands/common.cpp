@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "comm/env.h"
 #include "core/check.h"
 #include "core/cli_checks.h"
 #include "core/logging.h"
@@ -14,6 +15,20 @@ void die(int code, const std::string& what) { dpt::exit_with_error(code, what); 
 
 int run_alone(const std::function<void()>& body) {
   init_logging(0, 1);
+  // Started as N copies by a launcher (dprun, torchrun, mpirun, srun), each would do the whole work: N texts
+  // printed, N writers racing on one OUT.tmp. Rank 0 does it; the others end at once.
+  int rank = 0, world = 1;
+  try {
+    const comm::DistEnv env = comm::detect_env(comm::process_env());
+    rank = env.rank;
+    world = env.world_size;
+  } catch (const Error&) {  // a placement training would refuse: not this command's concern
+  }
+  if (world > 1 && rank != 0) return 0;
+  if (world > 1)
+    spdlog::warn("this command runs in one process: the launcher started {}, and {} at once without doing anything "
+                 "(start it alone, without the launcher)", world,
+                 world == 2 ? std::string("rank 1 exits") : fmt::format("ranks 1 to {} exit", world - 1));
   try {
     body();
   } catch (const ConfigError& e) {
