@@ -609,6 +609,62 @@ std::string to_toml(const Config& c) {
   return out;
 }
 
+std::vector<std::string> unread_keys(const Config& c) {
+  const std::string model = c.model.name;
+  const std::string dataset(choice_name(c.data.dataset));
+  const auto is_model = [&](std::initializer_list<const char*> names) {
+    return std::any_of(names.begin(), names.end(), [&](const char* n) { return model == n; });
+  };
+  struct Scope {
+    std::vector<const char*> keys;
+    bool applies;
+    std::string to, now;  // what the keys apply to; what this run has instead
+  };
+  const std::string model_now = "model.name = " + model, data_now = "data.dataset = " + dataset;
+  const std::vector<Scope> scopes = {
+      {{"data.jsonl", "data.tokenizer", "data.eos_token", "data.skip_bad_lines", "data.val_every"},
+       c.data.dataset == DatasetKind::jsonl, "data.dataset = jsonl", data_now},
+      {{"data.image_size", "data.resize", "data.channels", "data.mean", "data.std", "data.skip_bad_images"},
+       c.data.dataset == DatasetKind::imagefolder, "data.dataset = imagefolder", data_now},
+      {{"data.synthetic_train_size", "data.synthetic_test_size", "data.synthetic_shape"},
+       c.data.dataset == DatasetKind::synthetic, "data.dataset = synthetic", data_now},
+      {{"data.padding"}, c.data.augment == "crop_flip", "data.augment = crop_flip", "data.augment = " + c.data.augment},
+      {{"model.hidden"}, is_model({"mlp"}), "model.name = mlp", model_now},
+      {{"model.depth", "model.blocks", "model.block", "model.widths", "model.stem", "model.sync_bn"},
+       is_model({"resnet"}), "model.name = resnet", model_now},
+      {{"model.in_channels", "model.num_classes"}, is_model({"mlp", "resnet"}), "model.name = mlp or resnet",
+       model_now},
+      {{"model.n_layer", "model.n_head", "model.n_embd", "model.vocab_size", "model.block_size", "model.hf_config"},
+       is_model({"gpt", "llama"}), "model.name = gpt or llama", model_now},
+      {{"model.recompute"}, is_model({"gpt"}), "model.name = gpt", model_now},
+      {{"model.n_kv_head", "model.head_dim", "model.intermediate_size", "model.rms_norm_eps", "model.rope_theta",
+        "model.rope_scaling", "model.rope_factor", "model.rope_low_freq_factor", "model.rope_high_freq_factor",
+        "model.rope_original_max_positions", "model.max_position_embeddings", "model.tie_embeddings",
+        "model.attention_bias", "model.mlp_bias"},
+       is_model({"llama"}), "model.name = llama", model_now},
+      {{"train.momentum", "train.nesterov"}, c.train.optimizer == OptimizerKind::sgd, "train.optimizer = sgd",
+       fmt::format("train.optimizer = {}", choice_name(c.train.optimizer))},
+      {{"train.beta1", "train.beta2", "train.eps"}, c.train.optimizer == OptimizerKind::adamw,
+       "train.optimizer = adamw", fmt::format("train.optimizer = {}", choice_name(c.train.optimizer))},
+      {{"train.step_size", "train.gamma"}, c.train.schedule == ScheduleKind::step, "train.schedule = step",
+       fmt::format("train.schedule = {}", choice_name(c.train.schedule))},
+      {{"train.min_lr"}, c.train.schedule == ScheduleKind::cosine, "train.schedule = cosine",
+       fmt::format("train.schedule = {}", choice_name(c.train.schedule))},
+  };
+  static const Config defaults;
+  std::vector<std::string> out;
+  for (const Scope& s : scopes) {
+    if (s.applies) continue;
+    for (const char* key : s.keys) {
+      const Field* f = find_field(key);
+      DPT_CHECK(f, "unread_keys: no key {}", key);
+      if (f->show(c) != f->show(defaults))
+        out.push_back(fmt::format("{} = {} is not read: it applies to {} ({})", key, f->show(c), s.to, s.now));
+    }
+  }
+  return out;
+}
+
 std::string config_hash(const Config& c) {
   uint64_t h = 1469598103934665603ull;  // FNV-1a 64
   for (unsigned char ch : to_toml(c)) h = (h ^ ch) * 1099511628211ull;
@@ -703,8 +759,10 @@ std::string config_reference_markdown() {
       "\n"
       "An unknown key or a value of the wrong type is an error naming the key (exit code 2). Rank 0 prints the\n"
       "effective config at the start, every checkpoint stores it, and right after the rendezvous the ranks compare\n"
-      "its hash: a rank started with another config stops the job before the first step. Defaults are shown as\n"
-      "TOML values.\n"
+      "its hash: a rank started with another config stops the job before the first step. A key set to another value\n"
+      "than its default that the run's model, data set, optimizer or schedule does not read (`train.momentum` with\n"
+      "`train.optimizer = adamw`, `model.n_kv_head` with `model.name = gpt`) is named in a warning at the start.\n"
+      "Defaults are shown as TOML values.\n"
       "\n";
   out += fmt::format("Sections: {}.\n", fmt::join(links, ", "));
   for (const auto& sec : sections) {

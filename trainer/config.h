@@ -154,6 +154,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 Config parse_config(const std::string& toml_text, const std::string& source_name,
                     const std::vector<std::string>& overrides = {});
 
+// The keys `c` sets to another value than their default that its model, data set, optimizer or schedule does not
+// read (model.n_kv_head with model.name = gpt, train.momentum with adamw, data.eos_token with data.dataset = tokens):
+// one line each, naming the key and what it applies to. Rank 0 warns with them when training starts.
+std::vector<std::string> unread_keys(const Config& c);
+
 // The effective config as TOML, every key, in schema order.
 std::string to_toml(const Config& c);
 // A short stable hash of to_toml(c), hex.

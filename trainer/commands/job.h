@@ -25,6 +25,7 @@ struct Job {
 struct JobSpec {
   std::string name;            // the header line's: "dptrain", "dptrain eval"
   bool stop_handlers = false;  // SIGUSR1 and SIGTERM stop a run cleanly (trainer/preemption.h)
+  bool warn_unread_keys = false;  // rank 0 warns of keys set that nothing reads (unread_keys): training's own config
   bool print_config = false;   // print the effective config as TOML and exit
   // The config, and where it came from for the header line; ConfigError ends the rank with kExitUsage.
   std::function<Config(std::string& origin)> load_config;

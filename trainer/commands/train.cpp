@@ -40,6 +40,7 @@ int train_job(const TrainArgs& a) {
   return run_job({
       .name = "dptrain",
       .stop_handlers = true,
+      .warn_unread_keys = true,
       .print_config = *a.print_config,
       .load_config =
           [&](std::string& origin) {

@@ -39,6 +39,36 @@ TEST_CASE("the shipped configs parse", "[config]") {
   REQUIRE(c.data.dataset == DatasetKind::fashion_mnist);
 }
 
+TEST_CASE("unread_keys: a key set that the model, data set, optimizer or schedule does not read is named", "[config]") {
+  // The shipped configs set none (a key there that nothing reads would teach users a wrong setting).
+  for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/configs")) {
+    INFO(e.path());
+    CHECK(unread_keys(load_config(e.path().string(), {})) == std::vector<std::string>{});
+  }
+  CHECK(unread_keys(Config{}).empty());  // the defaults: none, whatever they are
+  const Config gpt = parse_config("", "t", {"model.name=gpt", "data.dataset=tokens", "model.n_kv_head=4",
+                                            "data.eos_token=e", "train.optimizer=adamw", "train.momentum=0.5",
+                                            "train.beta1=0.8", "train.schedule=constant", "train.min_lr=0.001",
+                                            "model.n_layer=2", "model.hidden=[8]"});
+  CHECK(unread_keys(gpt) ==
+        std::vector<std::string>{
+            "data.eos_token = 'e' is not read: it applies to data.dataset = jsonl (data.dataset = tokens)",
+            "model.hidden = [8] is not read: it applies to model.name = mlp (model.name = gpt)",
+            "model.n_kv_head = 4 is not read: it applies to model.name = llama (model.name = gpt)",
+            "train.momentum = 0.5 is not read: it applies to train.optimizer = sgd (train.optimizer = adamw)",
+            "train.min_lr = 0.001 is not read: it applies to train.schedule = cosine (train.schedule = constant)"});
+  // The same keys where they apply: none.
+  const Config llama = parse_config("", "t", {"model.name=llama", "data.dataset=jsonl", "data.jsonl=[\"a.jsonl\"]",
+                                              "data.dir=d", "model.n_kv_head=4", "data.eos_token=e"});
+  CHECK(unread_keys(llama).empty());
+  const Config resnet = parse_config("", "t", {"model.name=resnet", "data.image_size=64", "data.augment=none",
+                                               "data.padding=4", "model.sync_bn=true"});
+  CHECK(unread_keys(resnet) ==
+        std::vector<std::string>{
+            "data.image_size = 64 is not read: it applies to data.dataset = imagefolder (data.dataset = fashion-mnist)",
+            "data.padding = 4 is not read: it applies to data.augment = crop_flip (data.augment = none)"});
+}
+
 TEST_CASE("file values and key=value overrides, in that order", "[config]") {
   auto path = write_temp("a.toml", "[train]\nlr = 0.2\nepochs = 3\n[model]\nhidden = [64]\n");
   Config c = load_config(path, {"train.lr=0.5", "dist.backend=gloo", "model.hidden=[32, 16]", "train.nesterov=true",
