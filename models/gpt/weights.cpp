@@ -84,6 +84,12 @@ std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tens
     if (hf && is_conv1d_weight(name)) {
       DPT_CHECK(f32_matrix, "{}: {} is {} {}", path, nt.name, dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
       out.push_back({name, transposed(nt.tensor)});
+    } else if (name == "transformer.wte.weight" && f32_matrix && nt.tensor.dim(0) != o.vocab_size &&
+               nt.tensor.dim(0) != models::padded_vocab(o)) {
+      // Said in the vocabulary's terms: the load would name the padded shape the model holds, not vocab_size.
+      DPT_THROW(ConfigError, "model.init_from {}: {} has {} rows (tokens), but the model's vocab_size is {} "
+                "(model.vocab_size, or config.json's vocab_size): not this model's vocabulary", path, nt.name,
+                nt.tensor.dim(0), o.vocab_size);
     } else if (name == "transformer.wte.weight" && f32_matrix && nt.tensor.dim(0) == o.vocab_size &&
                models::padded_vocab(o) != o.vocab_size) {
       out.push_back({name, with_rows(nt.tensor, models::padded_vocab(o))});  // the real vocabulary: pad

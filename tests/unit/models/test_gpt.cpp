@@ -541,3 +541,18 @@ TEST_CASE("GPT: weights of a longer context load cropped to block_size (nanoGPT'
   CHECK(same[0].tensor.shape() == out[0].tensor.shape());
   CHECK(layout == "nanoGPT layout");
 }
+
+TEST_CASE("GPT: a token embedding of another vocabulary is refused in vocab_size's terms, not the padded shape's",
+          "[models][gpt]") {
+  GptOptions o = tiny();
+  o.vocab_size = 100;  // padded to 128
+  std::mt19937_64 rng(3);
+  std::string layout;
+  CHECK_THROWS_WITH(gpt_import_weights({{"wte.weight", random_tensor({90, o.n_embd}, rng)}}, "f", o, &layout),
+                    Catch::Contains("wte.weight has 90 rows (tokens), but the model's vocab_size is 100"));
+  // The real vocabulary is padded; the padded one is taken as it is.
+  for (int64_t rows : {int64_t{100}, padded_vocab(o)}) {
+    const auto out = gpt_import_weights({{"wte.weight", random_tensor({rows, o.n_embd}, rng)}}, "f", o, &layout);
+    CHECK(out[0].tensor.dim(0) == padded_vocab(o));
+  }
+}
