@@ -19,7 +19,7 @@ namespace dpt::trainer {
 
 std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vector<int64_t>& sample_shape,
                                            int64_t data_classes, Device device) {
-  return model_family(m.name).build(m, sample_shape, m.num_classes > 0 ? m.num_classes : data_classes, device);
+  return model_family(m.name).build(m, sample_shape, data_classes, device);
 }
 
 namespace {

@@ -15,7 +15,8 @@ namespace dpt::trainer {
 
 // `sample_shape` is one example's shape as the data set gives it ({C, H, W} for images, {F} for vectors);
 // model.in_channels / model.num_classes of 0 take the data set's. Throws ConfigError when the model cannot
-// take the data (a ResNet on flat vectors, a channel count that differs from the data's).
+// take the data (a ResNet on flat vectors, a channel count or a classifier's class count that differs from the
+// data's).
 std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vector<int64_t>& sample_shape,
                                            int64_t data_classes, Device device);
 
