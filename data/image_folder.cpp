@@ -24,12 +24,6 @@ std::string expected_layout(const std::string& dir, const std::string& split) {
   return fmt::format("expected {}/{}/<class>/*.png (or .jpg, .jpeg): one folder per class", dir, split);
 }
 
-bool is_image_name(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
-}
-
 // The image files below a class folder, as torchvision orders them: sorted by (folder, name), byte-wise.
 std::vector<std::string> list_images(const fs::path& class_dir) {
   std::vector<std::pair<std::string, std::string>> found;  // (folder relative to class_dir, file name)
@@ -76,6 +70,13 @@ std::vector<std::string> check_headers(const std::vector<std::string>& paths) {
 }
 
 }  // namespace
+
+bool is_image_name(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
+}
 
 std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split) {
   std::error_code ec;

@@ -30,6 +30,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -85,6 +86,9 @@ class ImageFolderDataset : public Dataset {
   mutable std::mutex bad_mu_;
   mutable std::unordered_set<size_t> bad_;  // examples whose decoding failed (skip_bad_images), warned once
 };
+
+// Whether a file name is an image's by its extension, as the folders are listed: .png, .jpg or .jpeg in any case.
+bool is_image_name(const std::filesystem::path& path);
 
 // The class folder names of dir/split, byte-wise sorted (the class order). IoError when it is missing.
 std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split);

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <system_error>
 
 #include "core/check.h"
@@ -290,15 +291,23 @@ bool png_encode(FILE* file, const ImageView* image, PngError* err) {
 
 // ---- dispatch --------------------------------------------------------------------------------------------
 
-// The format from the first bytes (PNG's 8-byte signature, JPEG's SOI marker + a marker), then rewinds.
+constexpr size_t kMagicBytes = 8;
+
+// The format from the first bytes (PNG's 8-byte signature, JPEG's SOI marker + a marker); none for others.
+std::optional<ImageFormat> format_from_magic(const unsigned char* magic, size_t got) {
+  if (got == kMagicBytes && png_sig_cmp(magic, 0, kMagicBytes) == 0) return ImageFormat::png;
+  if (got >= 3 && magic[0] == 0xFF && magic[1] == 0xD8 && magic[2] == 0xFF) return ImageFormat::jpeg;
+  return std::nullopt;
+}
+
+// The format from the first bytes, then rewinds.
 ImageFormat sniff(FILE* file, const std::string& path) {
-  unsigned char magic[8] = {};
+  unsigned char magic[kMagicBytes] = {};
   const size_t got = std::fread(magic, 1, sizeof magic, file);
   if (std::ferror(file)) fail(path, fmt::format("read failed: {}", errno_message(errno)));
   std::rewind(file);
   if (got == 0) fail(path, "empty file, expected a PNG or JPEG image");
-  if (got == sizeof magic && png_sig_cmp(magic, 0, sizeof magic) == 0) return ImageFormat::png;
-  if (got >= 3 && magic[0] == 0xFF && magic[1] == 0xD8 && magic[2] == 0xFF) return ImageFormat::jpeg;
+  if (const auto format = format_from_magic(magic, got)) return *format;
   fail(path, fmt::format("not a PNG or JPEG file (it starts with {:02X})", fmt::join(magic, magic + got, " ")));
 }
 
@@ -342,6 +351,15 @@ void read_image(const std::string& path, int channels, Image& image) {
     image.channels = 1;
   }
   DPT_CHECK(image.channels == channels, "{}: decoded {} channels, wanted {}", path, image.channels, channels);
+}
+
+std::optional<ImageFormat> image_signature(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return std::nullopt;
+  const FilePtr file(f);
+  unsigned char magic[kMagicBytes] = {};
+  const size_t got = std::fread(magic, 1, sizeof magic, f);
+  return format_from_magic(magic, got);
 }
 
 ImageHeader read_image_header(const std::string& path) {

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,10 @@ Image read_image(const std::string& path, int channels);
 // The same into `image`, whose pixel buffer is reused (a loader thread decoding image after image then allocates,
 // and the kernel maps fresh pages, only when an image is larger than any before); on failure `image` is unspecified.
 void read_image(const std::string& path, int channels, Image& image);
+
+// The format a file's first bytes announce (PNG's signature, JPEG's SOI marker), without reading further; none when
+// they announce neither or the file cannot be read. Never throws.
+std::optional<ImageFormat> image_signature(const std::string& path);
 
 // Checks a file's signature and header (cheap: the pixel data is not read). IoError when it is not a PNG
 // or JPEG file, or its header is damaged; a file whose pixel data is damaged passes.
