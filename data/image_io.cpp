@@ -109,6 +109,31 @@ void jpeg_message(j_common_ptr cinfo, int msg_level) {
   }
 }
 
+// (a * b) / 255 rounded, in Pillow's 8-bit fixed point (libImaging/ImPlatform.h's MULDIV255).
+inline unsigned muldiv255(unsigned a, unsigned b) {
+  const unsigned t = a * b + 128;
+  return ((t >> 8) + t) >> 8;
+}
+
+// One row of a CMYK JPEG (libjpeg's JCS_CMYK output: the samples as stored, a YCCK file's converted) to RGB (3) or
+// grey (1), as Pillow 9.4 reads it: every 4-component JPEG is taken as Adobe's inverted CMYK (JpegImagePlugin's rawmode
+// "CMYK;I"), so its C, M, Y, K are 255 minus the stored samples, then libImaging/Convert.c's cmyk2rgb:
+// R = (255 - K) - MULDIV255(C, 255 - K) (G from M, B from Y). Grey is that RGB's "L" (convert("L") goes through RGB).
+void cmyk_row(const uint8_t* in, size_t width, int channels, uint8_t* out) {
+  for (size_t x = 0; x < width; ++x, in += 4) {
+    const unsigned nk = 255u - (255u - in[3]);  // 255 - K, K = 255 - stored
+    uint8_t rgb[3];
+    for (int c = 0; c < 3; ++c) rgb[c] = static_cast<uint8_t>(nk - muldiv255(255u - in[c], nk));  // never below 0
+    if (channels == 1) {
+      *out++ = rgb_to_grey(rgb[0], rgb[1], rgb[2]);
+    } else {
+      *out++ = rgb[0];
+      *out++ = rgb[1];
+      *out++ = rgb[2];
+    }
+  }
+}
+
 bool jpeg_decode(FILE* file, int channels, bool header_only, Image* out, ImageHeader* header, JpegError* err) {
   jpeg_decompress_struct cinfo;
   cinfo.err = jpeg_std_error(&err->mgr);
@@ -127,24 +152,31 @@ bool jpeg_decode(FILE* file, int channels, bool header_only, Image* out, ImageHe
   header->width = cinfo.image_width;
   header->channels = cinfo.num_components;
   if (!header_only) {
-    if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-      set_message(err->message, "CMYK JPEG files are not supported (convert them to RGB)");
-      jpeg_destroy_decompress(&cinfo);
-      return false;
-    }
-    cinfo.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    // CMYK and YCCK (libjpeg turns YCCK into CMYK) are brought to RGB or grey row by row, as Pillow does (cmyk_row).
+    const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+    cinfo.out_color_space = cmyk ? JCS_CMYK : channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
     jpeg_start_decompress(&cinfo);
     out->height = cinfo.output_height;
     out->width = cinfo.output_width;
-    out->channels = cinfo.output_components;
-    const uint64_t row_bytes = uint64_t{cinfo.output_width} * static_cast<uint64_t>(cinfo.output_components);
+    out->channels = cmyk ? channels : cinfo.output_components;
+    const uint64_t row_bytes = uint64_t{cinfo.output_width} * static_cast<uint64_t>(out->channels);
     if (!try_resize(out->pixels, row_bytes * cinfo.output_height, err->message)) {
       jpeg_destroy_decompress(&cinfo);
       return false;
     }
+    // The CMYK row, in libjpeg's pool (freed by jpeg_destroy_decompress, also after a longjmp).
+    JSAMPARRAY cmyk_rows = cmyk ? (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
+                                                             cinfo.output_width * 4, 1)
+                                : nullptr;
     while (cinfo.output_scanline < cinfo.output_height) {
-      JSAMPROW row = out->pixels.data() + row_bytes * cinfo.output_scanline;
-      jpeg_read_scanlines(&cinfo, &row, 1);
+      uint8_t* dst = out->pixels.data() + row_bytes * cinfo.output_scanline;
+      if (cmyk) {
+        jpeg_read_scanlines(&cinfo, cmyk_rows, 1);
+        cmyk_row(cmyk_rows[0], cinfo.output_width, channels, dst);
+      } else {
+        JSAMPROW row = dst;
+        jpeg_read_scanlines(&cinfo, &row, 1);
+      }
     }
     jpeg_finish_decompress(&cinfo);
   }

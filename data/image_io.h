@@ -2,7 +2,11 @@
 //
 // Decoding follows what torchvision's ImageFolder gets from PIL's Image.convert("RGB") / convert("L"):
 //   - any PNG (grey 1..16 bits, grey + alpha, RGB, RGBA, palette, 8 or 16 bits, interlaced) and any
-//     greyscale or colour JPEG are read; the format comes from the file's first bytes, not its name;
+//     greyscale, colour, CMYK or YCCK JPEG are read; the format comes from the file's first bytes, not its name;
+//   - a CMYK or YCCK JPEG (4 components; libjpeg turns YCCK into CMYK) is read as Pillow 9.4 reads it: its samples
+//     inverted (Adobe's convention, which Pillow assumes for every CMYK JPEG), then Pillow's cmyk2rgb,
+//     R = (255 - K) - (C (255 - K) / 255, rounded in Pillow's fixed point), G and B from M and Y; grey is that RGB's
+//     "L" (PIL's convert("L") of CMYK goes through RGB). Equal to PIL's pixels (integration.image_decode);
 //   - alpha is dropped (not composited), a palette is expanded, 16-bit samples are scaled to 8 bits with
 //     libpng's rounding (png_set_scale_16: v * 255 / 65535, rounded), grey becomes RGB by replication;
 //   - RGB becomes grey with PIL's "L" weights, L = (299 R + 587 G + 114 B) / 1000 rounded, done here for
