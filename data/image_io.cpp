@@ -153,8 +153,11 @@ bool jpeg_decode(FILE* file, int channels, bool header_only, Image* out, ImageHe
   header->channels = cinfo.num_components;
   if (!header_only) {
     // CMYK and YCCK (libjpeg turns YCCK into CMYK) are brought to RGB or grey row by row, as Pillow does (cmyk_row).
+    // A colour JPEG read as grey is decoded to RGB and made grey by read_image, as PIL's convert("L") does: libjpeg's
+    // own grey output, the stored luma, differs from it by up to 18 levels where the RGB clips.
     const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
-    cinfo.out_color_space = cmyk ? JCS_CMYK : channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    const bool grey = cinfo.jpeg_color_space == JCS_GRAYSCALE;
+    cinfo.out_color_space = cmyk ? JCS_CMYK : channels == 1 && grey ? JCS_GRAYSCALE : JCS_RGB;
     jpeg_start_decompress(&cinfo);
     out->height = cinfo.output_height;
     out->width = cinfo.output_width;
@@ -375,7 +378,8 @@ void read_image(const std::string& path, int channels, Image& image) {
     if (!jpeg_decode(file.get(), channels, false, &image, &header, &err)) fail(path, fmt::format("bad JPEG: {}", err.message));
   }
   if (channels == 1 && image.channels == 3) {
-    // RGB PNG to grey, in place (see the header comment for why not libpng's png_set_rgb_to_gray).
+    // RGB to grey, in place, PIL's way (see the header comment for why not libpng's png_set_rgb_to_gray, nor libjpeg's
+    // grey output).
     const size_t n = static_cast<size_t>(image.height * image.width);
     uint8_t* p = image.pixels.data();
     for (size_t i = 0; i < n; ++i) p[i] = rgb_to_grey(p[3 * i], p[3 * i + 1], p[3 * i + 2]);

@@ -115,11 +115,15 @@ const auto require_config_error = require_io_error<ConfigError>;
 
 TEST_CASE("PNG decoding: grey, grey+alpha, RGB, RGBA, 16-bit, palette, 1-bit, interlaced", "[data][image]") {
   TempDir dir;
-  // 2 x 3 RGB pixels, and what PIL's "L" makes of them: (299 R + 587 G + 114 B) / 1000, rounded.
-  const std::vector<uint8_t> rgb = {255, 0, 0, 0, 255, 0, 0, 0, 255, 10, 20, 30, 200, 100, 50, 255, 255, 255};
-  const std::vector<uint8_t> rgb_grey = {76, 150, 29, 18, 124, 255};
+  // 2 x 3 RGB pixels, and what PIL's "L" makes of them: (19595 R + 38470 G + 7471 B + 0x8000) >> 16.
+  const std::vector<uint8_t> rgb = {255, 0, 0, 0, 255, 0, 0, 0, 250, 10, 20, 30, 200, 100, 50, 255, 255, 255};
+  const std::vector<uint8_t> rgb_grey = {76, 150, 28, 18, 124, 255};
   REQUIRE(rgb_to_grey(200, 100, 50) == 124);  // 124.2
   REQUIRE(rgb_to_grey(0, 255, 0) == 150);     // 149.685
+  // Where PIL's fixed point and the decimal weights part (9040 of the 2^24 colours; integration.image_decode checks
+  // all of them against PIL): (299 B) / 1000 rounds 28.5 up to 29, PIL gives 28.
+  REQUIRE(rgb_to_grey(0, 0, 250) == 28);
+  REQUIRE(rgb_to_grey(0, 4, 168) == 21);
   {
     RawPng p{3, 2, PNG_COLOR_TYPE_RGB, 8, false, rgb};
     write_raw_png(dir.file("rgb.png"), p);
@@ -163,7 +167,7 @@ TEST_CASE("PNG decoding: grey, grey+alpha, RGB, RGBA, 16-bit, palette, 1-bit, in
   }
   {  // Palette with transparency (tRNS): the palette's colours, alpha dropped; 4-bit indices, packed.
     RawPng p{3, 2, PNG_COLOR_TYPE_PALETTE, 4, false, {}};
-    p.palette = {{255, 0, 0}, {0, 255, 0}, {0, 0, 255}, {10, 20, 30}, {200, 100, 50}, {255, 255, 255}};
+    p.palette = {{255, 0, 0}, {0, 255, 0}, {0, 0, 250}, {10, 20, 30}, {200, 100, 50}, {255, 255, 255}};
     p.trns = {0, 128, 255};
     p.data = {0x01, 0x20, 0x34, 0x50};  // indices 0 1 2 | 3 4 5, 2 bytes per row (3 x 4 bits, padded)
     write_raw_png(dir.file("palette.png"), p);
@@ -198,7 +202,7 @@ TEST_CASE("JPEG decoding: a flat colour at quality 100 within 2, grey and colour
     REQUIRE(std::abs(rgb.pixels[static_cast<size_t>(3 * i + 1)] - 100) <= 2);
     REQUIRE(std::abs(rgb.pixels[static_cast<size_t>(3 * i + 2)] - 50) <= 2);
   }
-  // As grey: the luma, L = 124.2 for this colour.
+  // As grey: PIL's L of the decoded RGB, 124.2 for this colour.
   for (uint8_t v : read_image(dir.file("flat.jpg"), 1).pixels) REQUIRE(std::abs(v - 124) <= 2);
   // A grey JPEG, read as grey and as RGB (replicated).
   write_jpeg(dir.file("grey.JPEG"), flat(8, 8, {77}).view(), 100);
