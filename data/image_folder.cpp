@@ -115,8 +115,11 @@ std::vector<std::string> list_image_files(const std::string& dir) {
 }
 
 ImageFolderDataset::ImageFolderDataset(const std::string& dir, const std::string& split, TransformOptions transform,
-                                       bool skip_bad_images)
-    : root_((fs::path(dir) / split).string()), transform_(std::move(transform)), skip_bad_images_(skip_bad_images) {
+                                       bool skip_bad_images, BadImage bad_image)
+    : root_((fs::path(dir) / split).string()),
+      transform_(std::move(transform)),
+      skip_bad_images_(skip_bad_images),
+      bad_image_(bad_image) {
   if (transform_.options().size <= 0) {
     DPT_THROW(ConfigError, "{}: an image folder needs an output image size > 0 (its images may differ in size)", root_);
   }
@@ -191,8 +194,10 @@ int32_t ImageFolderDataset::get(size_t index, float* features) const {
     transform_.apply(image.view(), epoch, index, features);
     return labels_[index];
   }
-  // skip_bad_images: the first example from `index` on (wrapping around) that decodes stands in for it.
-  for (size_t step = 0; step < size(); ++step) {
+  // skip_bad_images: the first example from `index` on (wrapping around) that decodes stands in for it, or (leave_out)
+  // nothing does.
+  const size_t tries = bad_image_ == BadImage::leave_out ? 1 : size();
+  for (size_t step = 0; step < tries; ++step) {
     const size_t i = (index + step) % size();
     {
       std::lock_guard<std::mutex> lock(bad_mu_);
@@ -207,11 +212,19 @@ int32_t ImageFolderDataset::get(size_t index, float* features) const {
         std::lock_guard<std::mutex> lock(bad_mu_);
         first = bad_.insert(i).second;
       }
-      if (first) spdlog::warn("skip_bad_images: {}; examples that read it get the next readable one instead", e.what());
+      if (first)
+        spdlog::warn("skip_bad_images: {}; {}", e.what(),
+                     bad_image_ == BadImage::leave_out
+                         ? "left out of the evaluation (its loss and accuracy count it nowhere)"
+                         : "examples that read it get the next readable one instead");
       continue;
     }
     transform_.apply(image.view(), epoch, index, features);
     return labels_[i];
+  }
+  if (bad_image_ == BadImage::leave_out) {
+    std::fill(features, features + feature_count(), 0.0f);
+    return kLeftOut;
   }
   DPT_THROW(IoError, "{}: none of the {} images could be decoded", root_, size());
 }
@@ -228,7 +241,8 @@ std::unique_ptr<ImageFolderDataset> make_image_folder(const ImageFolderOptions& 
   t.std = opts.std;
   t.seed = opts.seed;
   const std::string split = train ? kTrainSplit : kValSplit;
-  auto dataset = std::make_unique<ImageFolderDataset>(opts.dir, split, std::move(t), opts.skip_bad_images);
+  auto dataset = std::make_unique<ImageFolderDataset>(opts.dir, split, std::move(t), opts.skip_bad_images,
+                                                      train ? BadImage::substitute : BadImage::leave_out);
 
   // The other split, where it exists, must name the same classes, or label k would mean two things.
   const std::string other = train ? kValSplit : kTrainSplit;

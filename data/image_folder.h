@@ -19,10 +19,15 @@
 //      a file that fails is left out of the data set, with one warning naming it. Every rank scans the same
 //      files, so every rank drops the same ones and the indices agree;
 //   2. a file whose header is fine but whose pixel data is damaged (a truncated JPEG, a bad zlib stream)
-//      is only found when get() decodes it. get(i) then returns example i+1 instead (or i+2, ..., wrapping
-//      around: the first that decodes), label included, and warns once per file per process. The
-//      substitute depends only on i and on which files are damaged, so every rank that reads example i gets
-//      the same features and label, and the sampler's permutation and the batch sizes are untouched.
+//      is only found when get() decodes it, and warned about once per file per process. What get(i) returns
+//      then is the data set's BadImage:
+//      - substitute (the training split): example i+1 instead (or i+2, ..., wrapping around: the first that
+//        decodes), label included. The substitute depends only on i and on which files are damaged, so every
+//        rank that reads example i gets the same features and label, and the sampler's permutation and the batch
+//        sizes are untouched;
+//      - leave_out (the evaluation split): zeros and kLeftOut (data/dataset.h), which the loss and the accuracy
+//        count nowhere, so an evaluation is over the readable images only, each once (a substitute would count
+//        another image twice).
 // The contents must not change while a run reads them (a file that becomes unreadable mid-run is skipped
 // from then on by the ranks that meet it).
 #pragma once
@@ -50,13 +55,16 @@ inline constexpr const char* kValSplit = "val";
 inline constexpr float kImageNetMean[3] = {0.485f, 0.456f, 0.406f};
 inline constexpr float kImageNetStd[3] = {0.229f, 0.224f, 0.225f};
 
+// What get() makes of an image that passed the scan but cannot be decoded, under skip_bad_images (see above).
+enum class BadImage { substitute, leave_out };
+
 class ImageFolderDataset : public Dataset {
  public:
   // Scans dir/split. transform.size must be > 0 (the images of a folder differ in size). Throws IoError for a
   // missing or empty folder, a class folder without images and (without skip_bad_images) unreadable
   // folders; ConfigError for bad transform options.
   ImageFolderDataset(const std::string& dir, const std::string& split, TransformOptions transform,
-                     bool skip_bad_images = false);
+                     bool skip_bad_images = false, BadImage bad_image = BadImage::substitute);
 
   size_t size() const override { return paths_.size(); }
   size_t feature_count() const override;
@@ -81,6 +89,7 @@ class ImageFolderDataset : public Dataset {
   std::vector<int32_t> labels_;
   Transform transform_;
   bool skip_bad_images_ = false;
+  BadImage bad_image_ = BadImage::substitute;
   size_t skipped_at_scan_ = 0;
   std::atomic<int64_t> epoch_{0};
   mutable std::mutex bad_mu_;
@@ -112,7 +121,8 @@ struct ImageFolderOptions {
 };
 
 // DIR/train with the `augment` transform (train = true), or DIR/val with the eval transform: [Resize(resize)]
-// + CenterCrop(image_size). Both split folders must hold the same class folders (else IoError naming
+// + CenterCrop(image_size). Under skip_bad_images, an image found damaged in get() is substituted in DIR/train
+// and left out in DIR/val (BadImage). Both split folders must hold the same class folders (else IoError naming
 // the differences), so that a label means the same class in both.
 std::unique_ptr<ImageFolderDataset> make_image_folder(const ImageFolderOptions& opts, bool train);
 

@@ -10,6 +10,8 @@
 #include "trainer/feeder.h"
 #include "trainer/model_registry.h"
 
+static_assert(dpt::data::kLeftOut == dpt::models::kIgnoreLabel, "an example a data set leaves out is a masked target");
+
 namespace dpt::trainer {
 
 EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test, const TrainConfig& t,
@@ -58,7 +60,7 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
   pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .what = "eval stats"})->wait();
   if (!(s[2] > 0.0))
     DPT_THROW(ConfigError, "{}: no target to evaluate: its loss masks (NAME.mask beside the shards) train no token "
-              "of it", test.name());
+              "of it, or (data.skip_bad_images) none of its images could be decoded", test.name());
   return {s[0] / s[2], s[1] / s[2], s[2]};
 }
 

@@ -384,6 +384,35 @@ TEST_CASE("skip_bad_images: bad headers left out at scan, bad data replaced dete
   REQUIRE(log.count("2.jpg") == 2);  // once per instance (per process, in a real run)
   REQUIRE(log.count("Premature end of JPEG file") == 2);
 
+  // An evaluation's way (BadImage::leave_out, make_image_folder's for val/): never another image, which would count
+  // it twice, but zeros and kLeftOut (the loss and accuracy count it nowhere), warned once; the Loader passes it on.
+  {
+    LogCapture eval_log;
+    ImageFolderDataset eval(root, "train", plain(4, 1), true, BadImage::leave_out);
+    for (int round = 0; round < 2; ++round) {
+      std::fill(x.begin(), x.end(), 7.0f);
+      REQUIRE(eval.get(1, x.data()) == kLeftOut);
+      for (float v : x) REQUIRE(v == 0.0f);
+      REQUIRE(eval.get(2, x.data()) == 1);
+      for (float v : x) REQUIRE(v == Approx(200 / 255.0f));
+    }
+    REQUIRE(eval_log.count("left out of the evaluation") == 1);
+    REQUIRE(eval_log.count("next readable") == 0);
+    Loader loader(eval, {0, 1, 2, 3, 4}, {.batch_size = 5});
+    const auto batch = loader.next();
+    REQUIRE(batch);
+    REQUIRE(std::vector<int32_t>(batch->labels.data<int32_t>(), batch->labels.data<int32_t>() + 5) ==
+            std::vector<int32_t>{0, kLeftOut, 1, 1, 2});
+
+    write_png(dir.file("set/val/a/0.png"), flat(4, 4, {10}).view());
+    fs::copy_file(dir.file("set/train/a/2.jpg"), dir.file("set/val/b/0.jpg"));  // the truncated JPEG
+    write_png(dir.file("set/val/c/0.png"), flat(4, 4, {30}).view());
+    ImageFolderOptions opts{.dir = root, .image_size = 4, .resize = 0, .mean = {0.0f}, .std = {1.0f}, .channels = 1,
+                            .skip_bad_images = true};
+    REQUIRE(make_image_folder(opts, false)->get(1, x.data()) == kLeftOut);
+    REQUIRE(make_image_folder(opts, true)->get(1, x.data()) == 1);  // training: b/0.png stands in for a/2.jpg
+  }
+
   // A link to an image that is gone is listed as torchvision lists it: an error naming it, or left out when skipping.
   fs::create_symlink(dir.file("set/gone.png"), dir.file("set/train/b/2.png"));
   {
