@@ -24,21 +24,51 @@ std::string expected_layout(const std::string& dir, const std::string& split) {
   return fmt::format("expected {}/{}/<class>/*.png (or .jpg, .jpeg): one folder per class", dir, split);
 }
 
+// The image files below `dir`, as os.walk(dir, followlinks=True) finds them (torchvision's ImageFolder): every
+// folder, links to folders followed, except a link to a folder it is inside (its own or an ancestor, `dir`'s
+// included, by their canonical paths: os.walk would follow it until the path is too long), which is left out with
+// a warning naming it. A link whose target is gone is listed too, as torchvision lists it: an image that cannot be
+// read is an error naming it (or left out under skip_bad_images), never silently one example fewer. Paths as the
+// walk reaches them (through the links).
+std::vector<fs::path> walk_images(const fs::path& dir) {
+  std::vector<fs::path> found;
+  try {
+    // inside[d]: the canonical path of the folder whose entries are at depth d (inside[0]: dir itself); above: dir's
+    // ancestors.
+    std::vector<fs::path> inside{fs::canonical(dir)}, above;
+    for (fs::path p = inside[0]; p.has_relative_path(); p = p.parent_path()) above.push_back(p.parent_path());
+    for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink);
+         it != fs::recursive_directory_iterator(); ++it) {
+      const fs::directory_entry& e = *it;
+      const auto depth = static_cast<size_t>(it.depth());
+      if (e.is_directory()) {
+        inside.resize(depth + 1);
+        fs::path target = fs::canonical(e.path());
+        if (e.is_symlink() && (std::find(inside.begin(), inside.end(), target) != inside.end() ||
+                               std::find(above.begin(), above.end(), target) != above.end())) {
+          spdlog::warn("{}: a link to {}, a folder it is inside: not followed (it would be a cycle)", e.path().string(),
+                       target.string());
+          it.disable_recursion_pending();
+          continue;
+        }
+        inside.push_back(std::move(target));  // the folder the iterator enters next
+        continue;
+      }
+      const bool dangling = e.is_symlink() && !e.exists();
+      if ((e.is_regular_file() || dangling) && is_image_name(e.path())) found.push_back(e.path());
+    }
+  } catch (const fs::filesystem_error& e) {
+    DPT_THROW(IoError, "{}: cannot list the images: {}{}", dir.string(), e.code().message(),
+              e.path1().empty() ? "" : fmt::format(" ({})", e.path1().string()));
+  }
+  return found;
+}
+
 // The image files below a class folder, as torchvision orders them: sorted by (folder, name), byte-wise.
 std::vector<std::string> list_images(const fs::path& class_dir) {
   std::vector<std::pair<std::string, std::string>> found;  // (folder relative to class_dir, file name)
-  try {
-    for (auto it = fs::recursive_directory_iterator(class_dir); it != fs::recursive_directory_iterator(); ++it) {
-      const fs::directory_entry& e = *it;
-      // A link whose target is gone is listed too, as torchvision lists it: an image that cannot be read is an
-      // error naming it (or left out under skip_bad_images), never silently one example fewer.
-      const bool dangling = e.is_symlink() && !e.exists();
-      if ((!e.is_regular_file() && !dangling) || !is_image_name(e.path())) continue;
-      found.emplace_back(e.path().parent_path().lexically_relative(class_dir).string(), e.path().filename().string());
-    }
-  } catch (const fs::filesystem_error& e) {
-    DPT_THROW(IoError, "{}: cannot list the images: {}", class_dir.string(), e.code().message());
-  }
+  for (const fs::path& p : walk_images(class_dir))
+    found.emplace_back(p.parent_path().lexically_relative(class_dir).string(), p.filename().string());
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
   paths.reserve(found.size());
@@ -100,16 +130,7 @@ std::vector<std::string> list_class_folders(const std::string& dir, const std::s
 
 std::vector<std::string> list_image_files(const std::string& dir) {
   std::vector<std::string> names;
-  try {
-    for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
-      const fs::directory_entry& e = *it;
-      const bool dangling = e.is_symlink() && !e.exists();  // listed, as in list_images: reading it names it
-      if ((e.is_regular_file() || dangling) && is_image_name(e.path()))
-        names.push_back(e.path().lexically_relative(dir).string());
-    }
-  } catch (const fs::filesystem_error& e) {
-    DPT_THROW(IoError, "{}: cannot list the images: {}", dir, e.code().message());
-  }
+  for (const fs::path& p : walk_images(dir)) names.push_back(p.lexically_relative(dir).string());
   std::sort(names.begin(), names.end());
   return names;
 }

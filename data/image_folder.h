@@ -4,9 +4,10 @@
 // run over the same folder:
 //   - the classes are the sub-folders of DIR/<split>; class index = position in the byte-wise sorted list of
 //     their names (so "10_x" sorts before "2_x": name folders so that they sort in label order);
-//   - a class's images are the files below its folder (sub-folders included, as os.walk; directory symlinks
-//     inside a class folder are not followed) whose extension is .png, .jpg or .jpeg in any case, sorted by
-//     (folder, file name) byte-wise; other files are ignored;
+//   - a class's images are the files below its folder (sub-folders included, and links to folders followed, as
+//     os.walk(followlinks=True); a link to a folder it is inside, which os.walk would follow until the path grew
+//     too long, is left out with a warning) whose extension is .png, .jpg or .jpeg in any case, sorted by
+//     (folder, file name) byte-wise, their paths through the links; other files are ignored;
 //   - a class folder without images is an error naming it, as torchvision's "Found no valid file for the
 //     classes ...".
 // Images are decoded inside get() (data/image_io.h), then transformed (data/transforms.h) into
@@ -102,8 +103,9 @@ bool is_image_name(const std::filesystem::path& path);
 // The class folder names of dir/split, byte-wise sorted (the class order). IoError when it is missing.
 std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split);
 
-// The image files below `dir` (recursively, as a class folder is read: .png, .jpg, .jpeg in any case, directory
-// symlinks not followed) as paths relative to `dir`, sorted byte-wise. IoError when `dir` cannot be listed.
+// The image files below `dir` (recursively, as a class folder is read: .png, .jpg, .jpeg in any case, links to
+// folders followed but into a cycle) as paths relative to `dir`, sorted byte-wise. IoError when `dir` cannot be
+// listed.
 std::vector<std::string> list_image_files(const std::string& dir);
 
 // What the trainer's data.* keys fill: see make_image_folder.

@@ -320,6 +320,43 @@ TEST_CASE("list_image_files: every image below a folder, relative paths sorted b
   REQUIRE_THROWS_AS(list_image_files((dir.path / "missing").string()), IoError);
 }
 
+TEST_CASE("linked folders are followed as os.walk(followlinks=True) follows them, a link into a cycle skipped",
+          "[data][image_folder]") {
+  TempDir dir;
+  const std::string root = dir.file("set");
+  write_png(dir.file("set/train/a/0.png"), flat(2, 2, {10}).view());
+  write_png(dir.file("set/train/a/sub/1.png"), flat(2, 2, {11}).view());
+  // Class b's only images sit behind a link (a folder elsewhere, as a data set assembled from links is).
+  write_png(dir.file("elsewhere/b_images/0.png"), flat(2, 2, {20}).view());
+  write_png(dir.file("elsewhere/b_images/deeper/1.png"), flat(2, 2, {21}).view());
+  fs::create_directories(dir.path / "set/train/b");
+  fs::create_directory_symlink(dir.path / "elsewhere/b_images", dir.path / "set/train/b/linked");
+  // Links to a folder they are inside (the class folder, an ancestor of it, the link's own folder) would never end:
+  // each is left out, warned, and the walk goes on. So is a folder reached again through two links.
+  fs::create_directory_symlink(dir.path / "set/train/a", dir.path / "set/train/a/sub/up");
+  fs::create_directory_symlink(dir.path / "set", dir.path / "set/train/a/root");
+  fs::create_directory_symlink(dir.path / "set/train/b/linked", dir.path / "elsewhere/b_images/deeper/again");
+  LogCapture log;
+  ImageFolderDataset ds(root, "train", plain(2, 1));
+  REQUIRE(ds.class_names() == std::vector<std::string>{"a", "b"});
+  REQUIRE(ds.size() == 4);
+  REQUIRE(ds.path(1) == dir.file("set/train/a/sub/1.png"));
+  REQUIRE(ds.path(2) == dir.file("set/train/b/linked/0.png"));  // the path through the link, as torchvision's
+  REQUIRE(ds.path(3) == dir.file("set/train/b/linked/deeper/1.png"));
+  REQUIRE(ds.label(3) == 1);
+  std::vector<float> x(4);
+  REQUIRE(ds.get(3, x.data()) == 1);
+  REQUIRE(x[0] == Approx(21 / 255.0f));
+  REQUIRE(log.count("a folder it is inside: not followed") == 3);
+  REQUIRE(log.count("a/sub/up: a link to") == 1);
+  REQUIRE(log.count("a/root: a link to") == 1);
+  REQUIRE(log.count("deeper/again: a link to") == 1);
+  // predict's listing of a folder follows them the same way.
+  REQUIRE(list_image_files(dir.file("set/train/b")) == std::vector<std::string>{"linked/0.png", "linked/deeper/1.png"});
+  REQUIRE(list_image_files(dir.file("set/train")) ==
+          std::vector<std::string>{"a/0.png", "a/sub/1.png", "b/linked/0.png", "b/linked/deeper/1.png"});
+}
+
 TEST_CASE("image folder: missing or empty folders say what layout is expected", "[data][image_folder]") {
   TempDir dir;
   const std::string root = dir.path.string();
