@@ -275,9 +275,9 @@ std::unique_ptr<ImageFolderDataset> make_image_folder(const ImageFolderOptions& 
       std::vector<std::string> only_ours, only_theirs;
       std::set_difference(ours.begin(), ours.end(), theirs.begin(), theirs.end(), std::back_inserter(only_ours));
       std::set_difference(theirs.begin(), theirs.end(), ours.begin(), ours.end(), std::back_inserter(only_theirs));
-      DPT_THROW(IoError, "{}: the class folders of {}/ and {}/ differ (only in {}: [{}]; only in {}: [{}]); both splits "
-                "need the same classes so that a label means the same class in both", opts.dir, split, other, split,
-                fmt::join(only_ours, ", "), other, fmt::join(only_theirs, ", "));
+      DPT_THROW(ConfigError, "{}: the class folders of {}/ and {}/ differ (only in {}: [{}]; only in {}: [{}]); both "
+                "splits need the same classes so that a label means the same class in both", opts.dir, split, other,
+                split, fmt::join(only_ours, ", "), other, fmt::join(only_theirs, ", "));
     }
   }
   return dataset;

@@ -124,8 +124,8 @@ struct ImageFolderOptions {
 
 // DIR/train with the `augment` transform (train = true), or DIR/val with the eval transform: [Resize(resize)]
 // + CenterCrop(image_size). Under skip_bad_images, an image found damaged in get() is substituted in DIR/train
-// and left out in DIR/val (BadImage). Both split folders must hold the same class folders (else IoError naming
-// the differences), so that a label means the same class in both.
+// and left out in DIR/val (BadImage). Both split folders must hold the same class folders (else ConfigError naming
+// the differences: the folders are the layout data.dir names), so that a label means the same class in both.
 std::unique_ptr<ImageFolderDataset> make_image_folder(const ImageFolderOptions& opts, bool train);
 
 }  // namespace dpt::data

@@ -512,7 +512,8 @@ TEST_CASE("the Loader gives identical batches with 1 and 3 workers on decoded im
 
   // The splits must name the same classes.
   fs::create_directories(dir.path / "set" / "val" / "c9");
-  require_io_error([&] { make_image_folder(opts, true); }, {"differ", "only in val: [c9]"});
+  // The layout data.dir names, like the other folder-layout errors: the config's error (exit 2).
+  require_config_error([&] { make_image_folder(opts, true); }, {"differ", "only in val: [c9]"});
 }
 
 TEST_CASE("export_image_folder writes a folder that reads back pixel for pixel", "[data][export]") {
