@@ -68,7 +68,7 @@ EvalReport evaluate_checkpoint(const SavedRun& target, comm::ProcessGroup& pg, D
   const Config& cfg = target.config;
   const LoadedCheckpoint& ck = target.checkpoint;
   prepare_data(cfg, pg, /*records_may_be_gone=*/true);
-  Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed));
+  Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed), Splits::test);
   check_same_classes(ck.path, ck.state.classes, ds.classes);
   const std::vector<int64_t> sample_shape = ds.test->sample_shape();
   auto model = build_model(cfg.model, sample_shape, ds.test->num_classes(), device);

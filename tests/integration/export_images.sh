@@ -4,7 +4,7 @@
 # a summary; it refuses a non-empty OUT (exit 2, OUT untouched) unless --force, which replaces it; it clears a
 # stale OUT.tmp and leaves none behind; bad arguments exit 2. The training command line is unchanged. A checkpoint
 # trained on the folder refuses (resume, eval) once a class folder is renamed. Its eval under data.skip_bad_images
-# leaves out an image that cannot be decoded (not replaced: counted once).
+# leaves out an image that cannot be decoded (not replaced: counted once), and needs no train/ folder.
 source "$(dirname "$0")/lib/common.bash"
 
 CLASSES="0_tshirt_top 1_trouser 2_pullover 3_dress 4_coat 5_sandal 6_shirt 7_sneaker 8_bag 9_ankle_boot"
@@ -126,6 +126,13 @@ read -r l2 a2 < <(grep -oP "\): loss \K[0-9.]+ accuracy [0-9.]+" <<<"$without" |
 awk -v l1="$l1" -v l2="$l2" -v a1="$a1" -v a2="$a2" 'BEGIN { d = l1 - l2; e = a1 - a2
   exit !(d * d <= 0.0002 * 0.0002 + 1e-12 && e * e <= (1 / 99) * (1 / 99) + 1e-12) }' ||
   fail "with the cut image left out: loss $l1 accuracy $a1; without the file: loss $l2 accuracy $a2"
+
+# 7. eval reads only the split it evaluates: a folder of val/ alone (no train/) gives the same numbers.
+mkdir "$WORK/val_only"
+cp -r "$WORK/cut_without/val" "$WORK/val_only/"
+only=$(eval_line data.dir="$WORK/val_only") || fail "eval of a folder without train/ failed"
+[ "$(grep -oP "\): \Kloss .*" <<<"$only")" = "$(grep -oP "\): \Kloss .*" <<<"$without")" ] ||
+  fail "eval of val/ alone: $only; with train/ beside it: $without"
 
 for split in train val; do mv "$WORK/cls/$split/0_tshirt_top" "$WORK/cls/$split/zz_tshirt"; done
 expect_exit 2 "step-00000007 was trained on 10 classes and the data set has 10; class 0 was '0_tshirt_top' and is \
