@@ -786,7 +786,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
          },
          "one example's shape C,H,W (images; a GPT reads model.block_size tokens)")
       ->default_str(fmt::format("{}", fmt::join(o.shape, ",")));
-  app.add_option("--classes", o.classes, "label classes (the model's unless model.num_classes is set; not a GPT's)")
+  app.add_option("--classes", o.classes,
+                 "label classes, the model's outputs (model.num_classes, when set, must equal it; not a GPT's)")
       ->check(dpt::cli::Positive)
       ->capture_default_str();
   app.add_option("--warmup", o.warmup, "untimed steps first (allocations, algorithm choices, caches)")

@@ -14,6 +14,11 @@
 
 namespace dpt::data {
 
+// The label get() returns for an example it leaves out (an evaluation split's image that could not be decoded, under
+// data.skip_bad_images): its features are zeros, and the loss and accuracy count it nowhere (it is the loss
+// kernels' models::kIgnoreLabel, a masked target).
+inline constexpr int32_t kLeftOut = -1;
+
 class Dataset {
  public:
   virtual ~Dataset() = default;
@@ -26,7 +31,7 @@ class Dataset {
   // The epoch whose random transforms get() applies (no effect on data sets without random transforms).
   // Called between epochs, never while get() runs.
   virtual void set_epoch(int64_t epoch) {}
-  // Writes feature_count() floats to `features` and returns the label of example `index` (< size()).
+  // Writes feature_count() floats to `features` and returns the label of example `index` (< size()), or kLeftOut.
   virtual int32_t get(size_t index, float* features) const = 0;
   // A hint that get(index) comes soon: a data set held in memory starts bringing the example's bytes into the
   // cache, so that get() does not wait for them (the Loader gives it two rows ahead). Reads nothing, changes

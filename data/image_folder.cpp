@@ -24,27 +24,51 @@ std::string expected_layout(const std::string& dir, const std::string& split) {
   return fmt::format("expected {}/{}/<class>/*.png (or .jpg, .jpeg): one folder per class", dir, split);
 }
 
-bool is_image_name(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
+// The image files below `dir`, as os.walk(dir, followlinks=True) finds them (torchvision's ImageFolder): every
+// folder, links to folders followed, except a link to a folder it is inside (its own or an ancestor, `dir`'s
+// included, by their canonical paths: os.walk would follow it until the path is too long), which is left out with
+// a warning naming it. A link whose target is gone is listed too, as torchvision lists it: an image that cannot be
+// read is an error naming it (or left out under skip_bad_images), never silently one example fewer. Paths as the
+// walk reaches them (through the links).
+std::vector<fs::path> walk_images(const fs::path& dir) {
+  std::vector<fs::path> found;
+  try {
+    // inside[d]: the canonical path of the folder whose entries are at depth d (inside[0]: dir itself); above: dir's
+    // ancestors.
+    std::vector<fs::path> inside{fs::canonical(dir)}, above;
+    for (fs::path p = inside[0]; p.has_relative_path(); p = p.parent_path()) above.push_back(p.parent_path());
+    for (auto it = fs::recursive_directory_iterator(dir, fs::directory_options::follow_directory_symlink);
+         it != fs::recursive_directory_iterator(); ++it) {
+      const fs::directory_entry& e = *it;
+      const auto depth = static_cast<size_t>(it.depth());
+      if (e.is_directory()) {
+        inside.resize(depth + 1);
+        fs::path target = fs::canonical(e.path());
+        if (e.is_symlink() && (std::find(inside.begin(), inside.end(), target) != inside.end() ||
+                               std::find(above.begin(), above.end(), target) != above.end())) {
+          spdlog::warn("{}: a link to {}, a folder it is inside: not followed (it would be a cycle)", e.path().string(),
+                       target.string());
+          it.disable_recursion_pending();
+          continue;
+        }
+        inside.push_back(std::move(target));  // the folder the iterator enters next
+        continue;
+      }
+      const bool dangling = e.is_symlink() && !e.exists();
+      if ((e.is_regular_file() || dangling) && is_image_name(e.path())) found.push_back(e.path());
+    }
+  } catch (const fs::filesystem_error& e) {
+    DPT_THROW(IoError, "{}: cannot list the images: {}{}", dir.string(), e.code().message(),
+              e.path1().empty() ? "" : fmt::format(" ({})", e.path1().string()));
+  }
+  return found;
 }
 
 // The image files below a class folder, as torchvision orders them: sorted by (folder, name), byte-wise.
 std::vector<std::string> list_images(const fs::path& class_dir) {
   std::vector<std::pair<std::string, std::string>> found;  // (folder relative to class_dir, file name)
-  try {
-    for (auto it = fs::recursive_directory_iterator(class_dir); it != fs::recursive_directory_iterator(); ++it) {
-      const fs::directory_entry& e = *it;
-      // A link whose target is gone is listed too, as torchvision lists it: an image that cannot be read is an
-      // error naming it (or left out under skip_bad_images), never silently one example fewer.
-      const bool dangling = e.is_symlink() && !e.exists();
-      if ((!e.is_regular_file() && !dangling) || !is_image_name(e.path())) continue;
-      found.emplace_back(e.path().parent_path().lexically_relative(class_dir).string(), e.path().filename().string());
-    }
-  } catch (const fs::filesystem_error& e) {
-    DPT_THROW(IoError, "{}: cannot list the images: {}", class_dir.string(), e.code().message());
-  }
+  for (const fs::path& p : walk_images(class_dir))
+    found.emplace_back(p.parent_path().lexically_relative(class_dir).string(), p.filename().string());
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
   paths.reserve(found.size());
@@ -77,6 +101,13 @@ std::vector<std::string> check_headers(const std::vector<std::string>& paths) {
 
 }  // namespace
 
+bool is_image_name(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
+}
+
 std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) DPT_THROW(ConfigError, "image folder {} not found: {}", dir, expected_layout(dir, split));
@@ -99,23 +130,17 @@ std::vector<std::string> list_class_folders(const std::string& dir, const std::s
 
 std::vector<std::string> list_image_files(const std::string& dir) {
   std::vector<std::string> names;
-  try {
-    for (auto it = fs::recursive_directory_iterator(dir); it != fs::recursive_directory_iterator(); ++it) {
-      const fs::directory_entry& e = *it;
-      const bool dangling = e.is_symlink() && !e.exists();  // listed, as in list_images: reading it names it
-      if ((e.is_regular_file() || dangling) && is_image_name(e.path()))
-        names.push_back(e.path().lexically_relative(dir).string());
-    }
-  } catch (const fs::filesystem_error& e) {
-    DPT_THROW(IoError, "{}: cannot list the images: {}", dir, e.code().message());
-  }
+  for (const fs::path& p : walk_images(dir)) names.push_back(p.lexically_relative(dir).string());
   std::sort(names.begin(), names.end());
   return names;
 }
 
 ImageFolderDataset::ImageFolderDataset(const std::string& dir, const std::string& split, TransformOptions transform,
-                                       bool skip_bad_images)
-    : root_((fs::path(dir) / split).string()), transform_(std::move(transform)), skip_bad_images_(skip_bad_images) {
+                                       bool skip_bad_images, BadImage bad_image)
+    : root_((fs::path(dir) / split).string()),
+      transform_(std::move(transform)),
+      skip_bad_images_(skip_bad_images),
+      bad_image_(bad_image) {
   if (transform_.options().size <= 0) {
     DPT_THROW(ConfigError, "{}: an image folder needs an output image size > 0 (its images may differ in size)", root_);
   }
@@ -190,8 +215,10 @@ int32_t ImageFolderDataset::get(size_t index, float* features) const {
     transform_.apply(image.view(), epoch, index, features);
     return labels_[index];
   }
-  // skip_bad_images: the first example from `index` on (wrapping around) that decodes stands in for it.
-  for (size_t step = 0; step < size(); ++step) {
+  // skip_bad_images: the first example from `index` on (wrapping around) that decodes stands in for it, or (leave_out)
+  // nothing does.
+  const size_t tries = bad_image_ == BadImage::leave_out ? 1 : size();
+  for (size_t step = 0; step < tries; ++step) {
     const size_t i = (index + step) % size();
     {
       std::lock_guard<std::mutex> lock(bad_mu_);
@@ -206,11 +233,19 @@ int32_t ImageFolderDataset::get(size_t index, float* features) const {
         std::lock_guard<std::mutex> lock(bad_mu_);
         first = bad_.insert(i).second;
       }
-      if (first) spdlog::warn("skip_bad_images: {}; examples that read it get the next readable one instead", e.what());
+      if (first)
+        spdlog::warn("skip_bad_images: {}; {}", e.what(),
+                     bad_image_ == BadImage::leave_out
+                         ? "left out of the evaluation (its loss and accuracy count it nowhere)"
+                         : "examples that read it get the next readable one instead");
       continue;
     }
     transform_.apply(image.view(), epoch, index, features);
     return labels_[i];
+  }
+  if (bad_image_ == BadImage::leave_out) {
+    std::fill(features, features + feature_count(), 0.0f);
+    return kLeftOut;
   }
   DPT_THROW(IoError, "{}: none of the {} images could be decoded", root_, size());
 }
@@ -227,7 +262,8 @@ std::unique_ptr<ImageFolderDataset> make_image_folder(const ImageFolderOptions& 
   t.std = opts.std;
   t.seed = opts.seed;
   const std::string split = train ? kTrainSplit : kValSplit;
-  auto dataset = std::make_unique<ImageFolderDataset>(opts.dir, split, std::move(t), opts.skip_bad_images);
+  auto dataset = std::make_unique<ImageFolderDataset>(opts.dir, split, std::move(t), opts.skip_bad_images,
+                                                      train ? BadImage::substitute : BadImage::leave_out);
 
   // The other split, where it exists, must name the same classes, or label k would mean two things.
   const std::string other = train ? kValSplit : kTrainSplit;
@@ -239,9 +275,9 @@ std::unique_ptr<ImageFolderDataset> make_image_folder(const ImageFolderOptions& 
       std::vector<std::string> only_ours, only_theirs;
       std::set_difference(ours.begin(), ours.end(), theirs.begin(), theirs.end(), std::back_inserter(only_ours));
       std::set_difference(theirs.begin(), theirs.end(), ours.begin(), ours.end(), std::back_inserter(only_theirs));
-      DPT_THROW(IoError, "{}: the class folders of {}/ and {}/ differ (only in {}: [{}]; only in {}: [{}]); both splits "
-                "need the same classes so that a label means the same class in both", opts.dir, split, other, split,
-                fmt::join(only_ours, ", "), other, fmt::join(only_theirs, ", "));
+      DPT_THROW(ConfigError, "{}: the class folders of {}/ and {}/ differ (only in {}: [{}]; only in {}: [{}]); both "
+                "splits need the same classes so that a label means the same class in both", opts.dir, split, other,
+                split, fmt::join(only_ours, ", "), other, fmt::join(only_theirs, ", "));
     }
   }
   return dataset;

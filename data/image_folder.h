@@ -4,9 +4,10 @@
 // run over the same folder:
 //   - the classes are the sub-folders of DIR/<split>; class index = position in the byte-wise sorted list of
 //     their names (so "10_x" sorts before "2_x": name folders so that they sort in label order);
-//   - a class's images are the files below its folder (sub-folders included, as os.walk; directory symlinks
-//     inside a class folder are not followed) whose extension is .png, .jpg or .jpeg in any case, sorted by
-//     (folder, file name) byte-wise; other files are ignored;
+//   - a class's images are the files below its folder (sub-folders included, and links to folders followed, as
+//     os.walk(followlinks=True); a link to a folder it is inside, which os.walk would follow until the path grew
+//     too long, is left out with a warning) whose extension is .png, .jpg or .jpeg in any case, sorted by
+//     (folder, file name) byte-wise, their paths through the links; other files are ignored;
 //   - a class folder without images is an error naming it, as torchvision's "Found no valid file for the
 //     classes ...".
 // Images are decoded inside get() (data/image_io.h), then transformed (data/transforms.h) into
@@ -19,10 +20,15 @@
 //      a file that fails is left out of the data set, with one warning naming it. Every rank scans the same
 //      files, so every rank drops the same ones and the indices agree;
 //   2. a file whose header is fine but whose pixel data is damaged (a truncated JPEG, a bad zlib stream)
-//      is only found when get() decodes it. get(i) then returns example i+1 instead (or i+2, ..., wrapping
-//      around: the first that decodes), label included, and warns once per file per process. The
-//      substitute depends only on i and on which files are damaged, so every rank that reads example i gets
-//      the same features and label, and the sampler's permutation and the batch sizes are untouched.
+//      is only found when get() decodes it, and warned about once per file per process. What get(i) returns
+//      then is the data set's BadImage:
+//      - substitute (the training split): example i+1 instead (or i+2, ..., wrapping around: the first that
+//        decodes), label included. The substitute depends only on i and on which files are damaged, so every
+//        rank that reads example i gets the same features and label, and the sampler's permutation and the batch
+//        sizes are untouched;
+//      - leave_out (the evaluation split): zeros and kLeftOut (data/dataset.h), which the loss and the accuracy
+//        count nowhere, so an evaluation is over the readable images only, each once (a substitute would count
+//        another image twice).
 // The contents must not change while a run reads them (a file that becomes unreadable mid-run is skipped
 // from then on by the ranks that meet it).
 #pragma once
@@ -30,6 +36,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -49,13 +56,16 @@ inline constexpr const char* kValSplit = "val";
 inline constexpr float kImageNetMean[3] = {0.485f, 0.456f, 0.406f};
 inline constexpr float kImageNetStd[3] = {0.229f, 0.224f, 0.225f};
 
+// What get() makes of an image that passed the scan but cannot be decoded, under skip_bad_images (see above).
+enum class BadImage { substitute, leave_out };
+
 class ImageFolderDataset : public Dataset {
  public:
   // Scans dir/split. transform.size must be > 0 (the images of a folder differ in size). Throws IoError for a
   // missing or empty folder, a class folder without images and (without skip_bad_images) unreadable
   // folders; ConfigError for bad transform options.
   ImageFolderDataset(const std::string& dir, const std::string& split, TransformOptions transform,
-                     bool skip_bad_images = false);
+                     bool skip_bad_images = false, BadImage bad_image = BadImage::substitute);
 
   size_t size() const override { return paths_.size(); }
   size_t feature_count() const override;
@@ -80,17 +90,22 @@ class ImageFolderDataset : public Dataset {
   std::vector<int32_t> labels_;
   Transform transform_;
   bool skip_bad_images_ = false;
+  BadImage bad_image_ = BadImage::substitute;
   size_t skipped_at_scan_ = 0;
   std::atomic<int64_t> epoch_{0};
   mutable std::mutex bad_mu_;
   mutable std::unordered_set<size_t> bad_;  // examples whose decoding failed (skip_bad_images), warned once
 };
 
+// Whether a file name is an image's by its extension, as the folders are listed: .png, .jpg or .jpeg in any case.
+bool is_image_name(const std::filesystem::path& path);
+
 // The class folder names of dir/split, byte-wise sorted (the class order). IoError when it is missing.
 std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split);
 
-// The image files below `dir` (recursively, as a class folder is read: .png, .jpg, .jpeg in any case, directory
-// symlinks not followed) as paths relative to `dir`, sorted byte-wise. IoError when `dir` cannot be listed.
+// The image files below `dir` (recursively, as a class folder is read: .png, .jpg, .jpeg in any case, links to
+// folders followed but into a cycle) as paths relative to `dir`, sorted byte-wise. IoError when `dir` cannot be
+// listed.
 std::vector<std::string> list_image_files(const std::string& dir);
 
 // What the trainer's data.* keys fill: see make_image_folder.
@@ -108,8 +123,9 @@ struct ImageFolderOptions {
 };
 
 // DIR/train with the `augment` transform (train = true), or DIR/val with the eval transform: [Resize(resize)]
-// + CenterCrop(image_size). Both split folders must hold the same class folders (else IoError naming
-// the differences), so that a label means the same class in both.
+// + CenterCrop(image_size). Under skip_bad_images, an image found damaged in get() is substituted in DIR/train
+// and left out in DIR/val (BadImage). Both split folders must hold the same class folders (else ConfigError naming
+// the differences: the folders are the layout data.dir names), so that a label means the same class in both.
 std::unique_ptr<ImageFolderDataset> make_image_folder(const ImageFolderOptions& opts, bool train);
 
 }  // namespace dpt::data

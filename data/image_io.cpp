@@ -18,6 +18,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <system_error>
 
 #include "core/check.h"
@@ -108,6 +109,31 @@ void jpeg_message(j_common_ptr cinfo, int msg_level) {
   }
 }
 
+// (a * b) / 255 rounded, in Pillow's 8-bit fixed point (libImaging/ImPlatform.h's MULDIV255).
+inline unsigned muldiv255(unsigned a, unsigned b) {
+  const unsigned t = a * b + 128;
+  return ((t >> 8) + t) >> 8;
+}
+
+// One row of a CMYK JPEG (libjpeg's JCS_CMYK output: the samples as stored, a YCCK file's converted) to RGB (3) or
+// grey (1), as Pillow 9.4 reads it: every 4-component JPEG is taken as Adobe's inverted CMYK (JpegImagePlugin's rawmode
+// "CMYK;I"), so its C, M, Y, K are 255 minus the stored samples, then libImaging/Convert.c's cmyk2rgb:
+// R = (255 - K) - MULDIV255(C, 255 - K) (G from M, B from Y). Grey is that RGB's "L" (convert("L") goes through RGB).
+void cmyk_row(const uint8_t* in, size_t width, int channels, uint8_t* out) {
+  for (size_t x = 0; x < width; ++x, in += 4) {
+    const unsigned nk = 255u - (255u - in[3]);  // 255 - K, K = 255 - stored
+    uint8_t rgb[3];
+    for (int c = 0; c < 3; ++c) rgb[c] = static_cast<uint8_t>(nk - muldiv255(255u - in[c], nk));  // never below 0
+    if (channels == 1) {
+      *out++ = rgb_to_grey(rgb[0], rgb[1], rgb[2]);
+    } else {
+      *out++ = rgb[0];
+      *out++ = rgb[1];
+      *out++ = rgb[2];
+    }
+  }
+}
+
 bool jpeg_decode(FILE* file, int channels, bool header_only, Image* out, ImageHeader* header, JpegError* err) {
   jpeg_decompress_struct cinfo;
   cinfo.err = jpeg_std_error(&err->mgr);
@@ -126,24 +152,34 @@ bool jpeg_decode(FILE* file, int channels, bool header_only, Image* out, ImageHe
   header->width = cinfo.image_width;
   header->channels = cinfo.num_components;
   if (!header_only) {
-    if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
-      set_message(err->message, "CMYK JPEG files are not supported (convert them to RGB)");
-      jpeg_destroy_decompress(&cinfo);
-      return false;
-    }
-    cinfo.out_color_space = channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    // CMYK and YCCK (libjpeg turns YCCK into CMYK) are brought to RGB or grey row by row, as Pillow does (cmyk_row).
+    // A colour JPEG read as grey is decoded to RGB and made grey by read_image, as PIL's convert("L") does: libjpeg's
+    // own grey output, the stored luma, differs from it by up to 18 levels where the RGB clips.
+    const bool cmyk = cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK;
+    const bool grey = cinfo.jpeg_color_space == JCS_GRAYSCALE;
+    cinfo.out_color_space = cmyk ? JCS_CMYK : channels == 1 && grey ? JCS_GRAYSCALE : JCS_RGB;
     jpeg_start_decompress(&cinfo);
     out->height = cinfo.output_height;
     out->width = cinfo.output_width;
-    out->channels = cinfo.output_components;
-    const uint64_t row_bytes = uint64_t{cinfo.output_width} * static_cast<uint64_t>(cinfo.output_components);
+    out->channels = cmyk ? channels : cinfo.output_components;
+    const uint64_t row_bytes = uint64_t{cinfo.output_width} * static_cast<uint64_t>(out->channels);
     if (!try_resize(out->pixels, row_bytes * cinfo.output_height, err->message)) {
       jpeg_destroy_decompress(&cinfo);
       return false;
     }
+    // The CMYK row, in libjpeg's pool (freed by jpeg_destroy_decompress, also after a longjmp).
+    JSAMPARRAY cmyk_rows = cmyk ? (*cinfo.mem->alloc_sarray)(reinterpret_cast<j_common_ptr>(&cinfo), JPOOL_IMAGE,
+                                                             cinfo.output_width * 4, 1)
+                                : nullptr;
     while (cinfo.output_scanline < cinfo.output_height) {
-      JSAMPROW row = out->pixels.data() + row_bytes * cinfo.output_scanline;
-      jpeg_read_scanlines(&cinfo, &row, 1);
+      uint8_t* dst = out->pixels.data() + row_bytes * cinfo.output_scanline;
+      if (cmyk) {
+        jpeg_read_scanlines(&cinfo, cmyk_rows, 1);
+        cmyk_row(cmyk_rows[0], cinfo.output_width, channels, dst);
+      } else {
+        JSAMPROW row = dst;
+        jpeg_read_scanlines(&cinfo, &row, 1);
+      }
     }
     jpeg_finish_decompress(&cinfo);
   }
@@ -290,15 +326,23 @@ bool png_encode(FILE* file, const ImageView* image, PngError* err) {
 
 // ---- dispatch --------------------------------------------------------------------------------------------
 
-// The format from the first bytes (PNG's 8-byte signature, JPEG's SOI marker + a marker), then rewinds.
+constexpr size_t kMagicBytes = 8;
+
+// The format from the first bytes (PNG's 8-byte signature, JPEG's SOI marker + a marker); none for others.
+std::optional<ImageFormat> format_from_magic(const unsigned char* magic, size_t got) {
+  if (got == kMagicBytes && png_sig_cmp(magic, 0, kMagicBytes) == 0) return ImageFormat::png;
+  if (got >= 3 && magic[0] == 0xFF && magic[1] == 0xD8 && magic[2] == 0xFF) return ImageFormat::jpeg;
+  return std::nullopt;
+}
+
+// The format from the first bytes, then rewinds.
 ImageFormat sniff(FILE* file, const std::string& path) {
-  unsigned char magic[8] = {};
+  unsigned char magic[kMagicBytes] = {};
   const size_t got = std::fread(magic, 1, sizeof magic, file);
   if (std::ferror(file)) fail(path, fmt::format("read failed: {}", errno_message(errno)));
   std::rewind(file);
   if (got == 0) fail(path, "empty file, expected a PNG or JPEG image");
-  if (got == sizeof magic && png_sig_cmp(magic, 0, sizeof magic) == 0) return ImageFormat::png;
-  if (got >= 3 && magic[0] == 0xFF && magic[1] == 0xD8 && magic[2] == 0xFF) return ImageFormat::jpeg;
+  if (const auto format = format_from_magic(magic, got)) return *format;
   fail(path, fmt::format("not a PNG or JPEG file (it starts with {:02X})", fmt::join(magic, magic + got, " ")));
 }
 
@@ -334,7 +378,8 @@ void read_image(const std::string& path, int channels, Image& image) {
     if (!jpeg_decode(file.get(), channels, false, &image, &header, &err)) fail(path, fmt::format("bad JPEG: {}", err.message));
   }
   if (channels == 1 && image.channels == 3) {
-    // RGB PNG to grey, in place (see the header comment for why not libpng's png_set_rgb_to_gray).
+    // RGB to grey, in place, PIL's way (see the header comment for why not libpng's png_set_rgb_to_gray, nor libjpeg's
+    // grey output).
     const size_t n = static_cast<size_t>(image.height * image.width);
     uint8_t* p = image.pixels.data();
     for (size_t i = 0; i < n; ++i) p[i] = rgb_to_grey(p[3 * i], p[3 * i + 1], p[3 * i + 2]);
@@ -342,6 +387,15 @@ void read_image(const std::string& path, int channels, Image& image) {
     image.channels = 1;
   }
   DPT_CHECK(image.channels == channels, "{}: decoded {} channels, wanted {}", path, image.channels, channels);
+}
+
+std::optional<ImageFormat> image_signature(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return std::nullopt;
+  const FilePtr file(f);
+  unsigned char magic[kMagicBytes] = {};
+  const size_t got = std::fread(magic, 1, sizeof magic, f);
+  return format_from_magic(magic, got);
 }
 
 ImageHeader read_image_header(const std::string& path) {

@@ -88,7 +88,7 @@ void Loader::fill_row(Batch& batch, size_t first, size_t k) const {
   y = dataset_.get(indices_[first + k], batch.features.data<float>() + k * features);
   // Checked here, for every device: a GPU loss kernel cannot throw, it would only train to NaN.
   const auto classes = static_cast<int32_t>(dataset_.num_classes());
-  if (y < 0 || y >= classes)
+  if ((y < 0 && y != kLeftOut) || y >= classes)
     DPT_THROW(IoError, "{}: example {} has label {}, outside [0, {})", dataset_.name(), indices_[first + k], y, classes);
 }
 

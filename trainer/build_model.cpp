@@ -19,7 +19,7 @@ namespace dpt::trainer {
 
 std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vector<int64_t>& sample_shape,
                                            int64_t data_classes, Device device) {
-  return model_family(m.name).build(m, sample_shape, m.num_classes > 0 ? m.num_classes : data_classes, device);
+  return model_family(m.name).build(m, sample_shape, data_classes, device);
 }
 
 namespace {
@@ -90,19 +90,40 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   // parameters and buffers, before a family's layout import reads them.
   for (auto& nt : file.tensors)
     if (nt.tensor.dtype() == DType::BF16 || nt.tensor.dtype() == DType::F64) nt.tensor = widen_to_f32(nt.tensor);
-  // torch.compile's wrapper puts "_orig_mod." before every name of its module's state_dict (nanoGPT's ckpt.pt from
-  // train.py with compile = True): removed, as nanoGPT's sample.py removes it.
-  constexpr std::string_view kCompiledPrefix = "_orig_mod.";
-  size_t compiled = 0;
-  std::set<std::string> uncompiled;  // the names that lost it, for errors: the file's own name
-  for (auto& nt : file.tensors)
-    if (nt.name.starts_with(kCompiledPrefix)) {
-      nt.name.erase(0, kCompiledPrefix.size());
-      uncompiled.insert(nt.name);
-      ++compiled;
+  // Wrappers' prefixes, removed: torch.compile's puts "_orig_mod." before every name of its module's state_dict
+  // (nanoGPT's ckpt.pt from train.py with compile = True), removed where present, as nanoGPT's sample.py removes it;
+  // DistributedDataParallel's puts "module." before every name (a state dict saved from the wrapper instead of its
+  // .module), removed when every name has it, as torch's consume_prefix_in_state_dict_if_present does (a model's own
+  // submodule may be called "module"). Repeated while one is found: DDP of a compiled model, or the other way round.
+  constexpr std::string_view kCompiledPrefix = "_orig_mod.", kDdpPrefix = "module.";
+  size_t compiled = 0, ddp = 0;
+  std::map<std::string, std::string> file_names;  // a name that lost a prefix -> the file's own, for errors
+  for (bool found = true; found;) {
+    found = false;
+    const auto strip = [&](NamedTensor& nt, std::string_view prefix) {
+      const auto it = file_names.find(nt.name);
+      std::string original = it != file_names.end() ? it->second : nt.name;
+      if (it != file_names.end()) file_names.erase(it);
+      nt.name.erase(0, prefix.size());
+      file_names[nt.name] = std::move(original);
+      found = true;
+    };
+    for (auto& nt : file.tensors)
+      if (nt.name.starts_with(kCompiledPrefix)) {
+        strip(nt, kCompiledPrefix);
+        ++compiled;
+      }
+    if (!file.tensors.empty() &&
+        std::all_of(file.tensors.begin(), file.tensors.end(), [&](const NamedTensor& nt) {
+          return nt.name.starts_with(kDdpPrefix);
+        })) {
+      for (auto& nt : file.tensors) strip(nt, kDdpPrefix);
+      ddp += file.tensors.size();
     }
+  }
   const auto file_name = [&](const std::string& name) {
-    return uncompiled.count(name) ? fmt::format("{} (the file's {}{})", name, kCompiledPrefix, name) : name;
+    const auto it = file_names.find(name);
+    return it != file_names.end() ? fmt::format("{} (the file's {})", name, it->second) : name;
   };
   const auto state = model.state();
   const ModelFamily& family = model_family(m.name);
@@ -165,6 +186,8 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
                                 untracked));
   if (compiled)
     notes.push_back(fmt::format("torch.compile's {} prefix removed from {} names", kCompiledPrefix, compiled));
+  if (ddp)
+    notes.push_back(fmt::format("DistributedDataParallel's {} prefix removed from {} names", kDdpPrefix, ddp));
   return fmt::format("{}", fmt::join(notes, "; "));
 }
 

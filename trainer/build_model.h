@@ -15,7 +15,8 @@ namespace dpt::trainer {
 
 // `sample_shape` is one example's shape as the data set gives it ({C, H, W} for images, {F} for vectors);
 // model.in_channels / model.num_classes of 0 take the data set's. Throws ConfigError when the model cannot
-// take the data (a ResNet on flat vectors, a channel count that differs from the data's).
+// take the data (a ResNet on flat vectors, a channel count or a classifier's class count that differs from the
+// data's).
 std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vector<int64_t>& sample_shape,
                                            int64_t data_classes, Device device);
 
@@ -29,9 +30,10 @@ std::unique_ptr<models::Model> build_model(const ModelConfig& m, const std::vect
 // or without the "transformer." prefix, Conv1D projection weights transposed, mask buffers ignored; lm_head.weight
 // must equal the token embedding, the tie); the note names the layout. wte may have vocab_size rows (Hugging
 // Face's 50257) or the padded count (models::padded_vocab): padding rows are filled with 0. The "_orig_mod." prefix
-// torch.compile's wrapper puts on every name (nanoGPT's compiled ckpt.pt) is removed first; BatchNorm's
-// num_batches_tracked, when the file lacks it (torchvision's downloads before 0.4.1), is 0, as PyTorch loads it. The
-// note says so.
+// torch.compile's wrapper puts on every name (nanoGPT's compiled ckpt.pt) is removed first, and so is the "module."
+// DistributedDataParallel's wrapper puts there (a state dict saved from the wrapper) when every name has it;
+// BatchNorm's num_batches_tracked, when the file lacks it (torchvision's downloads before 0.4.1), is 0, as PyTorch
+// loads it. The note says so.
 std::string load_pretrained(models::Model& model, const ModelConfig& m, const std::string& path);
 
 // The weights model.init_from names: a file (safetensors, or torch.save's zip), or a Hugging Face model folder, in

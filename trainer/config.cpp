@@ -327,7 +327,7 @@ std::vector<Field> model_fields() {
       field("model.widths", &C::model, &ModelConfig::widths, "resnet: planes per stage (torchvision: [64, 128, 256, 512])", all_positive()),
       field("model.stem", &C::model, &ModelConfig::stem, "resnet: imagenet (7x7 stride-2 conv + max pool, torchvision's) | small (3x3 stride-1 conv, no pool: 28x28 and 32x32 images)"),
       field("model.in_channels", &C::model, &ModelConfig::in_channels, "input channels (0: the data set's)", at_least<int64_t>(0)),
-      field("model.num_classes", &C::model, &ModelConfig::num_classes, "output classes (0: the data set's)", at_least<int64_t>(0)),
+      field("model.num_classes", &C::model, &ModelConfig::num_classes, "mlp, resnet: output classes (0: the data set's; another value must equal its class count)", at_least<int64_t>(0)),
       field("model.n_layer", &C::model, &ModelConfig::n_layer, "gpt, llama: transformer blocks", at_least<int64_t>(1)),
       field("model.n_head", &C::model, &ModelConfig::n_head, "gpt, llama: attention heads (a gpt's model.n_embd must be a multiple)", at_least<int64_t>(1)),
       field("model.n_embd", &C::model, &ModelConfig::n_embd, "gpt, llama: embedding width (hidden_size)", at_least<int64_t>(1)),

@@ -51,24 +51,28 @@ std::vector<std::string> class_names(const DataConfig& d) {
   return {};
 }
 
-Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed) {
+Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed, Splits splits) {
   Datasets ds;
+  const bool train = splits == Splits::both;
   const auto mode = data::parse_transform_mode(d.augment);
   if (d.dataset == DatasetKind::fashion_mnist) {
     if (mode == data::TransformMode::random_resized_crop)
       DPT_THROW(ConfigError, "data.augment = random_resized_crop is for image folders; Fashion-MNIST takes none or crop_flip");
-    auto train = data::load_fashion_mnist(d.dir, true, static_cast<size_t>(d.train_limit));
-    if (mode == data::TransformMode::crop_flip) {
-      const auto options = data::AugmentedDataset::crop_flip(*train, d.padding, seed);
-      ds.train = std::make_unique<data::AugmentedDataset>(std::move(train), options);
-    } else {
-      ds.train = std::move(train);
+    if (train) {
+      auto train_set = data::load_fashion_mnist(d.dir, true, static_cast<size_t>(d.train_limit));
+      if (mode == data::TransformMode::crop_flip) {
+        const auto options = data::AugmentedDataset::crop_flip(*train_set, d.padding, seed);
+        ds.train = std::make_unique<data::AugmentedDataset>(std::move(train_set), options);
+      } else {
+        ds.train = std::move(train_set);
+      }
     }
     ds.test = data::load_fashion_mnist(d.dir, false, static_cast<size_t>(d.test_limit));
     ds.classes = class_names(d);
   } else if (token_data(d.dataset)) {
-    ds.train = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "train", m.block_size, m.vocab_size),
-                       d.train_limit);
+    if (train)
+      ds.train = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "train", m.block_size, m.vocab_size),
+                         d.train_limit);
     ds.test = limited(std::make_unique<data::TokenWindowDataset>(d.dir, "val", m.block_size, m.vocab_size),
                       d.test_limit);
   } else if (d.dataset == DatasetKind::imagefolder) {
@@ -83,9 +87,10 @@ Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed)
     o.channels = static_cast<int>(d.channels);
     o.skip_bad_images = d.skip_bad_images;
     o.seed = seed;
-    ds.train = limited(data::make_image_folder(o, true), d.train_limit);
-    ds.test = limited(data::make_image_folder(o, false), d.test_limit);
-    ds.classes = class_names(d);
+    if (train) ds.train = limited(data::make_image_folder(o, true), d.train_limit);
+    auto test = data::make_image_folder(o, false);  // checks that train/, where it exists, has the same classes
+    ds.classes = train ? class_names(d) : test->class_names();
+    ds.test = limited(std::move(test), d.test_limit);
   } else {
     // One synthetic set split in two: the same labelling function, disjoint examples.
     const auto n_train = static_cast<size_t>(d.synthetic_train_size), n_test = static_cast<size_t>(d.synthetic_test_size);
@@ -93,7 +98,7 @@ Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed)
     for (int64_t dim : d.synthetic_shape) features *= dim;
     auto all = std::make_shared<data::SyntheticDataset>(n_train + n_test, static_cast<size_t>(features), 10, seed,
                                                         d.synthetic_shape);
-    ds.train = std::make_unique<data::Subset>(all, 0, n_train);
+    if (train) ds.train = std::make_unique<data::Subset>(all, 0, n_train);
     ds.test = std::make_unique<data::Subset>(all, n_train, n_test);
   }
   return ds;

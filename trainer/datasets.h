@@ -17,17 +17,22 @@
 namespace dpt::trainer {
 
 struct Datasets {
-  std::unique_ptr<data::Dataset> train, test;
+  std::unique_ptr<data::Dataset> train, test;  // train: null when only the test split was asked for
   std::vector<std::string> classes;  // class_names(d): what a label means, saved in checkpoints
 };
+
+// Which splits make_datasets builds: both (training), or the test split alone (an evaluation, which then needs
+// nothing of the training split: an image folder's train/ may be absent, Fashion-MNIST's training files unread).
+enum class Splits { both, test };
 
 // The class names of a config's data set, label order: Fashion-MNIST's folder names ("0_tshirt_top", ...), an image
 // folder's class folders (data.dir/train, listed: IoError when it is missing); empty for tokens and synthetic data.
 std::vector<std::string> class_names(const DataConfig& d);
 
 // `seed` drives the random transforms and the synthetic set; ConfigError for a transform the data set does not take.
-// data.dataset = jsonl reads data.dir's token shards: prepare_data makes them first.
-Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed);
+// data.dataset = jsonl reads data.dir's token shards: prepare_data makes them first. With Splits::test, an image
+// folder's classes are those of data.dir/val (which must equal train/'s where it exists).
+Datasets make_datasets(const DataConfig& d, const ModelConfig& m, uint64_t seed, Splits splits = Splits::both);
 
 // data.dataset = jsonl: the tokenizer its records are tokenized with: data.tokenizer (open_tokenizer), else the folder
 // model.init_from names when it holds a tokenizer.json (or vocab.json and merges.txt), else bytes.

@@ -10,6 +10,8 @@
 #include "trainer/feeder.h"
 #include "trainer/model_registry.h"
 
+static_assert(dpt::data::kLeftOut == dpt::models::kIgnoreLabel, "an example a data set leaves out is a masked target");
+
 namespace dpt::trainer {
 
 EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test, const TrainConfig& t,
@@ -58,7 +60,7 @@ EvalResult evaluate(models::Model& model, Task& task, const data::Dataset& test,
   pg.allreduce(sums, {.op = comm::ReduceOp::Sum, .what = "eval stats"})->wait();
   if (!(s[2] > 0.0))
     DPT_THROW(ConfigError, "{}: no target to evaluate: its loss masks (NAME.mask beside the shards) train no token "
-              "of it", test.name());
+              "of it, or (data.skip_bad_images) none of its images could be decoded", test.name());
   return {s[0] / s[2], s[1] / s[2], s[2]};
 }
 
@@ -66,7 +68,7 @@ EvalReport evaluate_checkpoint(const SavedRun& target, comm::ProcessGroup& pg, D
   const Config& cfg = target.config;
   const LoadedCheckpoint& ck = target.checkpoint;
   prepare_data(cfg, pg, /*records_may_be_gone=*/true);
-  Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed));
+  Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed), Splits::test);
   check_same_classes(ck.path, ck.state.classes, ds.classes);
   const std::vector<int64_t> sample_shape = ds.test->sample_shape();
   auto model = build_model(cfg.model, sample_shape, ds.test->num_classes(), device);

@@ -31,7 +31,8 @@ struct EvalReport {
   std::string model;         // the model's summary
 };
 // Evaluates the checkpoint's model on its config's test split (val shards for a GPT) on every rank of `pg`,
-// each rank its exact share, the sums reduced: the same numbers on any number of ranks.
+// each rank its exact share, the sums reduced: the same numbers on any number of ranks. Reads nothing of the
+// training split (make_datasets' Splits::test: an image folder's train/ may be absent).
 EvalReport evaluate_checkpoint(const SavedRun& target, comm::ProcessGroup& pg, Device device);
 
 }  // namespace dpt::trainer

@@ -160,8 +160,19 @@ std::string resolve_llama(ModelConfig& m) {
                      models::llama_shape_name(resolved), models::llama_num_params(resolved));
 }
 
-std::unique_ptr<models::Model> build_mlp(const ModelConfig& m, const std::vector<int64_t>& sample_shape, int64_t classes,
-                                         Device device) {
+// A classifier's outputs: model.num_classes, which must equal the data's class count when both are known (0: the
+// data's). Another count would train labels the head has no output for, or outputs no label names.
+int64_t classifier_outputs(const ModelConfig& m, int64_t data_classes) {
+  if (m.num_classes > 0 && data_classes > 0 && m.num_classes != data_classes)
+    DPT_THROW(ConfigError, "model.num_classes = {}, but the data has {} classes: leave model.num_classes = 0 (the "
+              "data's count) or set it to {}; a pretrained head of another class count (model.init_from) is "
+              "re-initialised for the data's", m.num_classes, data_classes, data_classes);
+  return m.num_classes > 0 ? m.num_classes : data_classes;
+}
+
+std::unique_ptr<models::Model> build_mlp(const ModelConfig& m, const std::vector<int64_t>& sample_shape,
+                                         int64_t data_classes, Device device) {
+  const int64_t classes = classifier_outputs(m, data_classes);
   int64_t features = 1;
   for (int64_t d : sample_shape) features *= d;
   if (m.in_channels > 0 && sample_shape.size() == 3 && m.in_channels != sample_shape[0])
@@ -170,7 +181,7 @@ std::unique_ptr<models::Model> build_mlp(const ModelConfig& m, const std::vector
 }
 
 std::unique_ptr<models::Model> build_resnet(const ModelConfig& m, const std::vector<int64_t>& sample_shape,
-                                            int64_t classes, Device device) {
+                                            int64_t data_classes, Device device) {
   if (sample_shape.size() != 3)
     DPT_THROW(ConfigError, "model.name = resnet needs images [C, H, W]; the data set gives examples of shape [{}]",
               fmt::join(sample_shape, ", "));
@@ -187,7 +198,7 @@ std::unique_ptr<models::Model> build_resnet(const ModelConfig& m, const std::vec
   o.in_channels = m.in_channels > 0 ? m.in_channels : sample_shape[0];
   if (o.in_channels != sample_shape[0])
     DPT_THROW(ConfigError, "model.in_channels = {}, but the data has {} channel(s)", o.in_channels, sample_shape[0]);
-  o.num_classes = classes;
+  o.num_classes = classifier_outputs(m, data_classes);
   o.small_stem = m.stem == ResNetStem::small;
   const std::string name =
       m.blocks.empty() ? fmt::format("resnet{}{}", m.depth, o.small_stem ? " (small stem)" : "")

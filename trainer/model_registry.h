@@ -113,8 +113,8 @@ struct ExportedWeights {
 
 // A family: its card and what it does (model_registry.cpp).
 struct ModelFamily : ModelCard {
-  // The model for examples of `sample_shape` ({C, H, W}, {F}; tokens: {block_size + 1}) and `classes` outputs.
-  // ConfigError when it cannot take the data.
+  // The model for examples of `sample_shape` ({C, H, W}, {F}; tokens: {block_size + 1}) of `classes` classes (a
+  // classifier's outputs; model.num_classes, when set, must equal it). ConfigError when it cannot take the data.
   std::function<std::unique_ptr<models::Model>(const ModelConfig& m, const std::vector<int64_t>& sample_shape,
                                                int64_t classes, Device device)>
       build;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <filesystem>
 #include <future>
+#include <optional>
 
 #include "core/check.h"
 #include "data/idx.h"
@@ -57,10 +58,10 @@ ImagePipeline image_pipeline(const Config& cfg, const std::string& checkpoint) {
 }
 
 // One batch of decoded images: `rows` x sample floats (rows = the padded batch size; the unused rows zero), and an
-// error message per image that could not be read (empty: fine).
+// error message per image that could not be read (none: fine).
 struct DecodedBatch {
   Tensor pixels;
-  std::vector<std::string> errors;
+  std::vector<std::optional<std::string>> errors;
 };
 
 }  // namespace
@@ -76,8 +77,16 @@ ImageInputs list_image_inputs(const std::string& input) {
   if (fs::is_directory(input, ec)) {
     in.root = input;
     in.names = data::list_image_files(input);
+  } else if (data::is_image_name(input) || data::image_signature(input)) {
+    in.names = {input};  // one image (one that cannot be decoded is an error naming it, as in a folder)
   } else {
     in.names = read_lines(input, /*skip_comments=*/true);
+    for (size_t i = 0; i < in.names.size(); ++i)
+      if (in.names[i].find('\0') != std::string::npos)
+        DPT_THROW(ConfigError, "predict: --input {}: its entry {} (counting non-blank, non-comment lines) holds a NUL "
+                  "byte: it is neither a list file (a text file of image paths, one a line) nor an image (named .png, "
+                  ".jpg or .jpeg, or starting with a PNG or JPEG signature); give a folder, a list file or an image",
+                  input, i + 1);
     std::sort(in.names.begin(), in.names.end());
   }
   return in;
@@ -166,6 +175,27 @@ std::vector<std::string> checkpoint_classes(const SavedRun& target) {
   }
 }
 
+std::string batch_lines(const LineFormat& lines, const ImageBatch& batch,
+                        const std::vector<std::optional<std::string>>& decode_errors, const Tensor& logits,
+                        const std::vector<std::string>& names, size_t* errors) {
+  DPT_CHECK(decode_errors.size() == batch.size() && logits.ndim() == 2 &&
+                logits.dim(0) >= static_cast<int64_t>(batch.size()),
+            "{} errors and logits {} for a batch of {}", decode_errors.size(), logits.shape_str(), batch.size());
+  const int64_t classes = logits.dim(1);
+  std::string text;
+  for (size_t i = batch.begin; i < batch.end; ++i) {
+    const std::optional<std::string>& err = decode_errors[i - batch.begin];
+    if (err) {  // an error is never a prediction, whatever its text says (an empty one included)
+      text += lines.error(names[i], err->empty() ? "cannot be read" : *err);
+      ++*errors;
+      continue;
+    }
+    text += lines.prediction(names[i], top_k(logits.data<float>() + (i - batch.begin) * static_cast<size_t>(classes),
+                                             classes, lines.k));
+  }
+  return text;
+}
+
 namespace {
 
 // The checkpoint's classifier on `device`, in evaluation mode (BatchNorm: running statistics), in its precision.
@@ -177,25 +207,6 @@ std::unique_ptr<models::Model> saved_classifier(const SavedRun& target, const st
   model->set_precision(target.config.train.precision);
   model->set_training(false);
   return model;
-}
-
-// A batch's lines, one per image in input order: its top k from the batch's `logits` (row i - batch.begin), or the
-// error its decoding met (counted in *errors).
-std::string batch_lines(const LineFormat& lines, const ImageBatch& batch, const std::vector<std::string>& decode_errors,
-                        const Tensor& logits, const std::vector<std::string>& names, size_t* errors) {
-  const int64_t classes = logits.dim(1);
-  std::string text;
-  for (size_t i = batch.begin; i < batch.end; ++i) {
-    const std::string& err = decode_errors[i - batch.begin];
-    if (!err.empty()) {
-      text += lines.error(names[i], err);
-      ++*errors;
-      continue;
-    }
-    text += lines.prediction(names[i], top_k(logits.data<float>() + (i - batch.begin) * static_cast<size_t>(classes),
-                                             classes, lines.k));
-  }
-  return text;
 }
 
 }  // namespace
@@ -232,7 +243,7 @@ PredictSummary predict_images(const SavedRun& target, const PredictOptions& o, c
   const size_t sample = static_cast<size_t>(pipe.sample_shape[0] * pipe.sample_shape[1] * pipe.sample_shape[2]);
   // Decodes a batch's inputs into `rows` rows (the unused rows zero); an unreadable image throws unless skip_bad.
   auto decode = [&](const ImageBatch& batch) {
-    DecodedBatch b{Tensor::zeros(shape), std::vector<std::string>(batch.size())};
+    DecodedBatch b{Tensor::zeros(shape), std::vector<std::optional<std::string>>(batch.size())};
     for (size_t i = batch.begin; i < batch.end; ++i) {
       try {
         const data::Image image = data::read_image(in.file(i), transform.options().channels);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,8 +19,10 @@ inline constexpr int kProbDigits = 6;  // decimals of a printed probability
 // ---- inputs and batches ----------------------------------------------------------------------------------------
 
 // What --input names: a folder's images (recursively, as data::list_image_files finds them) as paths relative to
-// the folder, or the lines of a list file (paths as written, relative ones to the working directory; blank lines
-// and lines starting with '#' skipped); either way sorted byte-wise. IoError when it cannot be read.
+// the folder; one image (a file named .png, .jpg or .jpeg in any case, or starting with a PNG's or JPEG's signature),
+// its path as given; or the lines of a list file (paths as written, relative ones to the working directory; blank
+// lines and lines starting with '#' skipped), sorted byte-wise. ConfigError when it does not exist or a list line
+// holds a NUL byte (a binary file, not a list); IoError when it cannot be read.
 struct ImageInputs {
   std::string root;                // the folder; empty for a list file
   std::vector<std::string> names;  // what the output prints, sorted
@@ -62,6 +65,12 @@ struct LineFormat {
   std::string prediction(const std::string& path, const std::vector<Scored>& top) const;
   std::string error(const std::string& path, const std::string& what) const;
 };
+
+// A batch's lines, one per image in input order: the error its decoding met (decode_errors[i - batch.begin], counted
+// in *errors; an error line even when its text is empty), or its top k from the batch's `logits` (row i - batch.begin).
+std::string batch_lines(const LineFormat& lines, const ImageBatch& batch,
+                        const std::vector<std::optional<std::string>>& decode_errors, const Tensor& logits,
+                        const std::vector<std::string>& names, size_t* errors);
 
 // ---- the run ---------------------------------------------------------------------------------------------------
 

@@ -9,8 +9,10 @@
 #  - a corrupt and a truncated image: the run fails naming one and writes nothing; with --skip-bad both get an
 #    error line and every other line is the clean run's;
 #  - --out: a directory or an uncreatable folder refused (exit 2) before anything is computed, a missing folder made;
-#  - a list file; a checkpoint written before class names were saved (state.json without "classes") gives the same
-#    file; a Fashion-MNIST MLP predicts the exported images with its class names and a sensible accuracy;
+#  - a list file; one image as --input (one line; a garbage one an error line, never a prediction); a binary file
+#    that is neither (a line holding a NUL byte) refused; a checkpoint written before class names were saved
+#    (state.json without "classes") gives the same file; a Fashion-MNIST MLP predicts the exported images with its
+#    class names and a sensible accuracy;
 #  - --help says what the options are.
 # Every byte-for-byte comparison holds by construction: each image is computed in the same batch, at the same row,
 # beside the same images, with the same kernels and thread count on both sides (a CPU's GEMM and convolution
@@ -161,6 +163,28 @@ echo "a corrupt image: an error naming it; --skip-bad: error lines, the rest unc
 [ "$(wc -l < "$WORK/list.out")" = 7 ] || fail "a list of 7 gave $(wc -l < "$WORK/list.out") lines"
 grep -F -f <(sed 's/.*/"path": "&"/' "$WORK/list.txt") "$WORK/r1.out" | cmp - "$WORK/list.out" ||
   fail "the list file's lines differ from the folder's"
+
+# One image as --input is one input (not a list file of its bytes): one line, its path as given. A file named as an
+# image that holds none gets its error (--skip-bad: an error line, never a prediction); a binary file that is neither
+# an image nor a list (a line holding a NUL byte) is refused.
+one=$(ls "$WORK"/fm/val/3_dress/*.png | head -1)
+"$DPTRAIN" predict --checkpoint "$CK" --input "$one" --out "$WORK/one.out" > "$WORK/one.log" 2>&1 ||
+  { cat "$WORK/one.log"; fail "predict of one image failed"; }
+grep -q "predict: 1 images in $one" "$WORK/one.log" || { cat "$WORK/one.log"; fail "one image not taken as one input"; }
+[ "$(wc -l < "$WORK/one.out")" = 1 ] && grep -q "^{\"path\": \"$one\", \"top\": \[{\"index\": " "$WORK/one.out" ||
+  { cat "$WORK/one.out"; fail "one image: not one prediction line for its path"; }
+cp "$WORK/bad/zz_bad/garbage.png" "$WORK/garbage.jpg"
+expect_exit 1 "predict: $WORK/garbage.jpg: not a PNG or JPEG file" "$DPTRAIN" predict --checkpoint "$CK" \
+  --input "$WORK/garbage.jpg" --out "$WORK/garbage.out"
+"$DPTRAIN" predict --checkpoint "$CK" --input "$WORK/garbage.jpg" --out "$WORK/garbage.out" --skip-bad \
+  > "$WORK/garbage.log" 2>&1 || { cat "$WORK/garbage.log"; fail "predict --skip-bad of a garbage image failed"; }
+[ "$(wc -l < "$WORK/garbage.out")" = 1 ] &&
+  grep -q "^{\"path\": \"$WORK/garbage.jpg\", \"error\": " "$WORK/garbage.out" ||
+  { cat "$WORK/garbage.out"; fail "a garbage image got no error line"; }
+printf 'GIF89a\x01\0\x01\0\n\0\0\0' > "$WORK/anim.gif"
+expect_exit 2 "predict: --input $WORK/anim.gif: its entry 1 .* holds a NUL byte" "$DPTRAIN" predict \
+  --checkpoint "$CK" --input "$WORK/anim.gif" --out "$WORK/gif.out" --skip-bad
+echo "one image as --input: one line; a garbage one an error line; a binary non-list refused"
 
 # A checkpoint written before class names were saved: its data.dir's class folders.
 OLD=$WORK/old_ck

@@ -15,7 +15,8 @@
 #     does the .pth without BatchNorm's num_batches_tracked (old torchvision downloads: counted from 0); a GPT
 #     exported in Hugging Face's layout and saved by torch in bfloat16 (a pytorch_model.bin) trains as the same
 #     bf16-rounded values from safetensors do; nanoGPT's ckpt.pt of a torch.compile'd model ("_orig_mod." before
-#     every name) trains as the same weights do, and a name the model lacks is named as the file has it.
+#     every name) trains as the same weights do, and a name the model lacks is named as the file has it; so does a
+#     state dict saved from a DistributedDataParallel wrapper ("module." before every name, also over "_orig_mod.").
 source "$(dirname "$0")/lib/common.bash"
 "$PY" -c "import torch, torchvision" 2>/dev/null ||
   fail "python3-torch and python3-torchvision are needed (scripts/setup.sh --tests)"
@@ -87,6 +88,38 @@ echo -n "from .pth vs from .safetensors: "
 echo -n "from .pth vs fresh (must differ): "
 "$PY" "$CKPT_PY" differ "$WORK/from_pth/step-00000004" "$WORK/fresh/step-00000004" 1e-4 ||
   fail "init_from changed nothing: the comparison cannot tell"
+# A state dict saved from a DistributedDataParallel wrapper (DDP(model).state_dict(): "module." before every name),
+# and one of DDP over a torch.compile'd model ("module._orig_mod."): the prefixes are removed, the log says so, and
+# each trains exactly as the plain .pth does; a name the model lacks is named as the file has it; a "module." on some
+# names only is a submodule's name, kept (and refused here: this model has none).
+"$PY" - "$WORK/start.pth" "$WORK/ddp.pth" "$WORK/ddp_compiled.pth" "$WORK/ddp_extra.pth" "$WORK/ddp_some.pth" <<'EOF' ||
+import collections, sys, torch
+sd = torch.load(sys.argv[1])
+prefixed = lambda prefix: collections.OrderedDict((prefix + k, v) for k, v in sd.items())
+torch.save(prefixed("module."), sys.argv[2])
+torch.save(prefixed("module._orig_mod."), sys.argv[3])
+torch.save(collections.OrderedDict(list(prefixed("module.").items()) + [("module.extra.weight", torch.ones(2))]),
+           sys.argv[4])
+torch.save(collections.OrderedDict(list(sd.items()) + [("module.extra.weight", torch.ones(2))]), sys.argv[5])
+EOF
+  fail "writing the DDP state dicts failed"
+n_names=$("$PY" -c 'import sys, torch; print(len(torch.load(sys.argv[1])))' "$WORK/start.pth")
+train from_ddp 4 "${RES[@]}" model.init_from="$WORK/ddp.pth"
+grep -q "model: weights from $WORK/ddp.pth; DistributedDataParallel's module. prefix removed from $n_names names" \
+  "$WORK/from_ddp.log" || { cat "$WORK/from_ddp.log"; fail "no note that DDP's module. prefix was removed"; }
+train from_ddp_compiled 4 "${RES[@]}" model.init_from="$WORK/ddp_compiled.pth"
+grep -q "torch.compile's _orig_mod. prefix removed from $n_names names; DistributedDataParallel's module. prefix \
+removed from $n_names names" "$WORK/from_ddp_compiled.log" ||
+  { cat "$WORK/from_ddp_compiled.log"; fail "no note that both prefixes were removed"; }
+for name in from_ddp from_ddp_compiled; do
+  echo -n "$name vs from .pth: "
+  "$PY" "$CKPT_PY" compare "$WORK/$name/step-00000004" "$WORK/from_pth/step-00000004" 0 ||
+    fail "training from the DDP state dict ($name) differs from training from the plain one"
+done
+expect_exit 2 "tensor extra.weight (the file's module.extra.weight) is not in this model" \
+  "$DPTRAIN" "${RES[@]}" train.max_steps=1 model.init_from="$WORK/ddp_extra.pth" checkpoint.dir="$WORK/ddp_extra"
+expect_exit 2 "tensor module.extra.weight is not in this model" \
+  "$DPTRAIN" "${RES[@]}" train.max_steps=1 model.init_from="$WORK/ddp_some.pth" checkpoint.dir="$WORK/ddp_some"
 # The same .pth without BatchNorm's num_batches_tracked buffers (torchvision's downloads before 0.4.1 lack them;
 # PyTorch's load_state_dict(strict=True) takes it, counting from 0): it trains to the same weights, its counters 3
 # lower; a state dict lacking another buffer is refused naming it.

@@ -98,9 +98,9 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "/tmp/fmnist-images/val --out preds.jsonl");
   add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("--input", a->input,
-                  "a folder of images (recursively: .png, .jpg, .jpeg in any case) or a list file (one path a line, "
-                  "relative to the working directory; blank lines and # comments skipped); GPT: a file of prompts, one "
-                  "a line (blank lines skipped)")
+                  "a folder of images (recursively: .png, .jpg, .jpeg in any case), one image (so named, or a file "
+                  "starting as a PNG or JPEG does) or a list file (one path a line, relative to the working directory; "
+                  "blank lines and # comments skipped); GPT: a file of prompts, one a line (blank lines skipped)")
       ->required();
   cmd->add_option("--out", a->out,
                   "the output file (its folder created if need be); written as OUT.tmp, renamed to OUT (replacing it) "

@@ -115,11 +115,15 @@ const auto require_config_error = require_io_error<ConfigError>;
 
 TEST_CASE("PNG decoding: grey, grey+alpha, RGB, RGBA, 16-bit, palette, 1-bit, interlaced", "[data][image]") {
   TempDir dir;
-  // 2 x 3 RGB pixels, and what PIL's "L" makes of them: (299 R + 587 G + 114 B) / 1000, rounded.
-  const std::vector<uint8_t> rgb = {255, 0, 0, 0, 255, 0, 0, 0, 255, 10, 20, 30, 200, 100, 50, 255, 255, 255};
-  const std::vector<uint8_t> rgb_grey = {76, 150, 29, 18, 124, 255};
+  // 2 x 3 RGB pixels, and what PIL's "L" makes of them: (19595 R + 38470 G + 7471 B + 0x8000) >> 16.
+  const std::vector<uint8_t> rgb = {255, 0, 0, 0, 255, 0, 0, 0, 250, 10, 20, 30, 200, 100, 50, 255, 255, 255};
+  const std::vector<uint8_t> rgb_grey = {76, 150, 28, 18, 124, 255};
   REQUIRE(rgb_to_grey(200, 100, 50) == 124);  // 124.2
   REQUIRE(rgb_to_grey(0, 255, 0) == 150);     // 149.685
+  // Where PIL's fixed point and the decimal weights part (9040 of the 2^24 colours; integration.image_decode checks
+  // all of them against PIL): (299 B) / 1000 rounds 28.5 up to 29, PIL gives 28.
+  REQUIRE(rgb_to_grey(0, 0, 250) == 28);
+  REQUIRE(rgb_to_grey(0, 4, 168) == 21);
   {
     RawPng p{3, 2, PNG_COLOR_TYPE_RGB, 8, false, rgb};
     write_raw_png(dir.file("rgb.png"), p);
@@ -163,7 +167,7 @@ TEST_CASE("PNG decoding: grey, grey+alpha, RGB, RGBA, 16-bit, palette, 1-bit, in
   }
   {  // Palette with transparency (tRNS): the palette's colours, alpha dropped; 4-bit indices, packed.
     RawPng p{3, 2, PNG_COLOR_TYPE_PALETTE, 4, false, {}};
-    p.palette = {{255, 0, 0}, {0, 255, 0}, {0, 0, 255}, {10, 20, 30}, {200, 100, 50}, {255, 255, 255}};
+    p.palette = {{255, 0, 0}, {0, 255, 0}, {0, 0, 250}, {10, 20, 30}, {200, 100, 50}, {255, 255, 255}};
     p.trns = {0, 128, 255};
     p.data = {0x01, 0x20, 0x34, 0x50};  // indices 0 1 2 | 3 4 5, 2 bytes per row (3 x 4 bits, padded)
     write_raw_png(dir.file("palette.png"), p);
@@ -198,7 +202,7 @@ TEST_CASE("JPEG decoding: a flat colour at quality 100 within 2, grey and colour
     REQUIRE(std::abs(rgb.pixels[static_cast<size_t>(3 * i + 1)] - 100) <= 2);
     REQUIRE(std::abs(rgb.pixels[static_cast<size_t>(3 * i + 2)] - 50) <= 2);
   }
-  // As grey: the luma, L = 124.2 for this colour.
+  // As grey: PIL's L of the decoded RGB, 124.2 for this colour.
   for (uint8_t v : read_image(dir.file("flat.jpg"), 1).pixels) REQUIRE(std::abs(v - 124) <= 2);
   // A grey JPEG, read as grey and as RGB (replicated).
   write_jpeg(dir.file("grey.JPEG"), flat(8, 8, {77}).view(), 100);
@@ -316,6 +320,43 @@ TEST_CASE("list_image_files: every image below a folder, relative paths sorted b
   REQUIRE_THROWS_AS(list_image_files((dir.path / "missing").string()), IoError);
 }
 
+TEST_CASE("linked folders are followed as os.walk(followlinks=True) follows them, a link into a cycle skipped",
+          "[data][image_folder]") {
+  TempDir dir;
+  const std::string root = dir.file("set");
+  write_png(dir.file("set/train/a/0.png"), flat(2, 2, {10}).view());
+  write_png(dir.file("set/train/a/sub/1.png"), flat(2, 2, {11}).view());
+  // Class b's only images sit behind a link (a folder elsewhere, as a data set assembled from links is).
+  write_png(dir.file("elsewhere/b_images/0.png"), flat(2, 2, {20}).view());
+  write_png(dir.file("elsewhere/b_images/deeper/1.png"), flat(2, 2, {21}).view());
+  fs::create_directories(dir.path / "set/train/b");
+  fs::create_directory_symlink(dir.path / "elsewhere/b_images", dir.path / "set/train/b/linked");
+  // Links to a folder they are inside (the class folder, an ancestor of it, the link's own folder) would never end:
+  // each is left out, warned, and the walk goes on. So is a folder reached again through two links.
+  fs::create_directory_symlink(dir.path / "set/train/a", dir.path / "set/train/a/sub/up");
+  fs::create_directory_symlink(dir.path / "set", dir.path / "set/train/a/root");
+  fs::create_directory_symlink(dir.path / "set/train/b/linked", dir.path / "elsewhere/b_images/deeper/again");
+  LogCapture log;
+  ImageFolderDataset ds(root, "train", plain(2, 1));
+  REQUIRE(ds.class_names() == std::vector<std::string>{"a", "b"});
+  REQUIRE(ds.size() == 4);
+  REQUIRE(ds.path(1) == dir.file("set/train/a/sub/1.png"));
+  REQUIRE(ds.path(2) == dir.file("set/train/b/linked/0.png"));  // the path through the link, as torchvision's
+  REQUIRE(ds.path(3) == dir.file("set/train/b/linked/deeper/1.png"));
+  REQUIRE(ds.label(3) == 1);
+  std::vector<float> x(4);
+  REQUIRE(ds.get(3, x.data()) == 1);
+  REQUIRE(x[0] == Approx(21 / 255.0f));
+  REQUIRE(log.count("a folder it is inside: not followed") == 3);
+  REQUIRE(log.count("a/sub/up: a link to") == 1);
+  REQUIRE(log.count("a/root: a link to") == 1);
+  REQUIRE(log.count("deeper/again: a link to") == 1);
+  // predict's listing of a folder follows them the same way.
+  REQUIRE(list_image_files(dir.file("set/train/b")) == std::vector<std::string>{"linked/0.png", "linked/deeper/1.png"});
+  REQUIRE(list_image_files(dir.file("set/train")) ==
+          std::vector<std::string>{"a/0.png", "a/sub/1.png", "b/linked/0.png", "b/linked/deeper/1.png"});
+}
+
 TEST_CASE("image folder: missing or empty folders say what layout is expected", "[data][image_folder]") {
   TempDir dir;
   const std::string root = dir.path.string();
@@ -380,6 +421,35 @@ TEST_CASE("skip_bad_images: bad headers left out at scan, bad data replaced dete
   REQUIRE(log.count("2.jpg") == 2);  // once per instance (per process, in a real run)
   REQUIRE(log.count("Premature end of JPEG file") == 2);
 
+  // An evaluation's way (BadImage::leave_out, make_image_folder's for val/): never another image, which would count
+  // it twice, but zeros and kLeftOut (the loss and accuracy count it nowhere), warned once; the Loader passes it on.
+  {
+    LogCapture eval_log;
+    ImageFolderDataset eval(root, "train", plain(4, 1), true, BadImage::leave_out);
+    for (int round = 0; round < 2; ++round) {
+      std::fill(x.begin(), x.end(), 7.0f);
+      REQUIRE(eval.get(1, x.data()) == kLeftOut);
+      for (float v : x) REQUIRE(v == 0.0f);
+      REQUIRE(eval.get(2, x.data()) == 1);
+      for (float v : x) REQUIRE(v == Approx(200 / 255.0f));
+    }
+    REQUIRE(eval_log.count("left out of the evaluation") == 1);
+    REQUIRE(eval_log.count("next readable") == 0);
+    Loader loader(eval, {0, 1, 2, 3, 4}, {.batch_size = 5});
+    const auto batch = loader.next();
+    REQUIRE(batch);
+    REQUIRE(std::vector<int32_t>(batch->labels.data<int32_t>(), batch->labels.data<int32_t>() + 5) ==
+            std::vector<int32_t>{0, kLeftOut, 1, 1, 2});
+
+    write_png(dir.file("set/val/a/0.png"), flat(4, 4, {10}).view());
+    fs::copy_file(dir.file("set/train/a/2.jpg"), dir.file("set/val/b/0.jpg"));  // the truncated JPEG
+    write_png(dir.file("set/val/c/0.png"), flat(4, 4, {30}).view());
+    ImageFolderOptions opts{.dir = root, .image_size = 4, .resize = 0, .mean = {0.0f}, .std = {1.0f}, .channels = 1,
+                            .skip_bad_images = true};
+    REQUIRE(make_image_folder(opts, false)->get(1, x.data()) == kLeftOut);
+    REQUIRE(make_image_folder(opts, true)->get(1, x.data()) == 1);  // training: b/0.png stands in for a/2.jpg
+  }
+
   // A link to an image that is gone is listed as torchvision lists it: an error naming it, or left out when skipping.
   fs::create_symlink(dir.file("set/gone.png"), dir.file("set/train/b/2.png"));
   {
@@ -442,7 +512,8 @@ TEST_CASE("the Loader gives identical batches with 1 and 3 workers on decoded im
 
   // The splits must name the same classes.
   fs::create_directories(dir.path / "set" / "val" / "c9");
-  require_io_error([&] { make_image_folder(opts, true); }, {"differ", "only in val: [c9]"});
+  // The layout data.dir names, like the other folder-layout errors: the config's error (exit 2).
+  require_config_error([&] { make_image_folder(opts, true); }, {"differ", "only in val: [c9]"});
 }
 
 TEST_CASE("export_image_folder writes a folder that reads back pixel for pixel", "[data][export]") {

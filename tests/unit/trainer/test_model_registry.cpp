@@ -86,3 +86,27 @@ TEST_CASE("model families: what each builds, trains on and how it groups weight 
   CHECK(nano.tensors.size() == hf.tensors.size() + 1);  // nanoGPT's lm_head.weight, HF's tie has none
   CHECK_THROWS_AS(gpt.export_weights(*model, m, "onnx"), ConfigError);
 }
+
+TEST_CASE("model families: model.num_classes must be the data's class count, or 0", "[trainer][registry]") {
+  ModelConfig m;
+  m.hidden = {8};
+  m.widths = {4, 8};
+  m.blocks = {1, 1};
+  m.stem = ResNetStem::small;
+  for (const char* name : {"mlp", "resnet"}) {
+    INFO(name);
+    m.name = name;
+    m.num_classes = 0;  // the data's: 3 outputs
+    CHECK(build_model(m, {1, 8, 8}, 3, Device::cpu())->named_params().back().param.dim(0) == 3);
+    m.num_classes = 3;  // the same count, given
+    CHECK(build_model(m, {1, 8, 8}, 3, Device::cpu())->named_params().back().param.dim(0) == 3);
+    // More outputs than classes (the extra ones never a label, nor a class name to predict), or fewer (labels
+    // without an output): a config error naming both counts, before anything trains.
+    for (int64_t n : {5, 2}) {
+      m.num_classes = n;
+      CHECK_THROWS_AS(build_model(m, {1, 8, 8}, 3, Device::cpu()), ConfigError);
+      CHECK_THROWS_WITH(build_model(m, {1, 8, 8}, 3, Device::cpu()),
+                        Catch::Contains(fmt::format("model.num_classes = {}, but the data has 3 classes", n)));
+    }
+  }
+}

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "core/check.h"
 #include "data/image_io.h"
@@ -116,6 +117,50 @@ TEST_CASE("inputs: a folder's images relative to it, or a list file's lines, sor
   REQUIRE_THROWS_WITH(list_image_inputs(dir.file("missing")), Catch::Contains("missing not found"));
   // Prompts keep their order and '#' lines.
   REQUIRE(read_lines(dir.file("list.txt"), false) == std::vector<std::string>{"z/1.png", "# a comment", "c.jpg", "/abs/x.png"});
+}
+
+TEST_CASE("inputs: one image is one input, by its name or its first bytes, and a binary list is refused", "[predict]") {
+  test::TempDir dir;
+  const data::Image px{.height = 2, .width = 2, .channels = 1, .pixels = {9, 8, 7, 6}};
+  data::write_png(dir.file("one.PNG"), px.view());
+  data::write_jpeg(dir.file("photo.jpeg"), px.view(), 90);
+  // An image is not a list of paths: its path, as given, is the one input.
+  for (const char* name : {"one.PNG", "photo.jpeg"}) {
+    const ImageInputs one = list_image_inputs(dir.file(name));
+    REQUIRE(one.root.empty());
+    REQUIRE(one.names == std::vector<std::string>{dir.file(name)});
+    REQUIRE(one.file(0) == dir.file(name));
+  }
+  // Without an image's name, its signature tells (what read_image decodes by).
+  fs::copy_file(dir.file("one.PNG"), dir.file("noext"));
+  fs::copy_file(dir.file("photo.jpeg"), dir.file("photo.bin"));
+  REQUIRE(list_image_inputs(dir.file("noext")).names == std::vector<std::string>{dir.file("noext")});
+  REQUIRE(list_image_inputs(dir.file("photo.bin")).names == std::vector<std::string>{dir.file("photo.bin")});
+  // A file named as an image but holding none is still one input (its decoding names it), not a list.
+  std::ofstream(dir.file("garbage.jpg")) << "a.png\nb.png\n";
+  REQUIRE(list_image_inputs(dir.file("garbage.jpg")).names == std::vector<std::string>{dir.file("garbage.jpg")});
+  // A binary file that is no image (a GIF here) is no list either: a line holding a NUL byte is refused.
+  const char gif[] = "GIF89a\x02\0\x02\0\n\0\0x.png\n";
+  std::ofstream(dir.file("anim.gif"), std::ios::binary) << std::string(gif, sizeof gif - 1);
+  REQUIRE_THROWS_AS(list_image_inputs(dir.file("anim.gif")), ConfigError);
+  REQUIRE_THROWS_WITH(list_image_inputs(dir.file("anim.gif")),
+                      Catch::Contains("anim.gif: its entry 1 (counting non-blank, non-comment lines) holds a NUL "
+                                      "byte"));
+}
+
+TEST_CASE("batch_lines: an image that could not be read gets an error line, never a prediction", "[predict]") {
+  const LineFormat jsonl{.format = PredictFormat::jsonl, .k = 1, .classes = {"a", "b"}};
+  const std::vector<std::string> names{"x.png", "y.png", "z.png"};
+  Tensor logits = Tensor::zeros({3, 2});
+  for (int i = 0; i < 3; ++i) logits.data<float>()[2 * i + 1] = 1.0f;  // every row: class b
+  // An error with an empty text (an exception whose what() is empty) is still an error.
+  const std::vector<std::optional<std::string>> errors{std::nullopt, std::string(), std::string("z.png: bad")};
+  size_t count = 0;
+  const std::string text = batch_lines(jsonl, {.index = 0, .begin = 0, .end = 3}, errors, logits, names, &count);
+  REQUIRE(count == 2);
+  REQUIRE(text.starts_with("{\"path\": \"x.png\", \"top\": [{\"index\": 1, \"class\": \"b\""));
+  REQUIRE(text.find("{\"path\": \"y.png\", \"error\": \"cannot be read\"}\n") != std::string::npos);
+  REQUIRE(text.ends_with("{\"path\": \"z.png\", \"error\": \"z.png: bad\"}\n"));
 }
 
 TEST_CASE("gather_text: every rank's text on rank 0 in rank order, on 1, 2 and 3 ranks", "[predict][multirank]") {
