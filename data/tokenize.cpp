@@ -182,7 +182,7 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
   summary.tokenizer = tokenizer.describe();
   const std::vector<std::string> files = collect_files(opts.inputs, summary.skipped_links);
 
-  OutputDir out(opts.out_dir, opts.force);
+  OutputDir out(opts.out_dir, opts.force, opts.inputs, FolderRead::every_file);
   summary.out_dir = out.path().string();
   try {
     // uint16 shards (llm.c's GPT-2 form) for up to 65,536 ids, uint32 (its Llama 3 form) past that.
@@ -392,7 +392,8 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
   uint64_t total_bytes = 0;
   for (const auto& f : request["inputs"]) total_bytes += f["bytes"].get<uint64_t>();
 
-  OutputDir out(opts.out_dir, opts.force);
+  // A folder's *.jsonl files only are read: an OUT inside one (holding none) is not.
+  OutputDir out(opts.out_dir, opts.force, opts.inputs, FolderRead::named_files);
   summary.out_dir = out.path().string();
   try {
     const TokenWidth width = token_width_for(tokenizer.vocab_size());

@@ -91,6 +91,32 @@ out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$OUT"
 check_shards "$OUT" 3 "$IN/b/three.txt" "$IN/a/one.txt"
 [ ! -e "$OUT.tmp" ] && [ ! -e "$OUT.old" ] || fail "OUT.tmp or OUT.old left behind"
 
+# 3b. OUT may not be an input, hold one (--force would replace it: the corpus deleted), or lie inside an input folder
+# (every file of which is read: a later run would read the shards): exit 2 whatever --force says, nothing touched.
+# Compared resolved: a relative path, a trailing slash and a symlink to the folder meet it. A file given as the
+# input may have OUT beside it.
+cp -r "$IN" "$WORK/corpus"
+ln -s "$WORK/corpus" "$WORK/corpus_link"
+corpus_sums() { (cd "$WORK/corpus" && find . -type f | LC_ALL=C sort | xargs md5sum); }
+before=$(corpus_sums)
+expect_exit 2 "out $WORK/corpus is the --input $WORK/corpus: writing there would delete it" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus" --out "$WORK/corpus" --force
+expect_exit 2 "out $WORK/corpus/a holds the --input $WORK/corpus/a/one.txt" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus/a/one.txt" --input "$WORK/corpus/b" --out "$WORK/corpus/a" --force
+expect_exit 2 "is the --input corpus_link" \
+  bash -c "cd '$WORK' && '$DPTRAIN' tokenize --input corpus_link --out ./corpus/ --force"
+expect_exit 2 "out $WORK/corpus holds the --input $WORK/corpus/b" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus/b" --out "$WORK/corpus" --force
+expect_exit 2 "is the --input $WORK/corpus.tmp" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus.tmp" --out "$WORK/corpus" --force
+expect_exit 2 "lies inside the --input folder $WORK/corpus, every file of which is read" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus" --out "$WORK/corpus/b/tok"
+[ "$(corpus_sums)" = "$before" ] && [ ! -e "$WORK/corpus/b/tok" ] || fail "a refused tokenize touched the corpus"
+out=$("$DPTRAIN" tokenize --input "$WORK/corpus/a/one.txt" --input "$WORK/corpus/b/three.txt" --out "$WORK/corpus/tok" \
+  --val-every 3 2>&1) ||
+  { echo "$out"; fail "OUT beside the files given as inputs was refused"; }
+rm -r "$WORK/corpus_link" "$WORK/corpus"
+
 # 4. Errors, each exit 2 naming it: a missing input, too little text for a val block, bad arguments;
 # nothing written by any of them.
 expect_exit 2 "$WORK/nothing: no such file or directory" "$DPTRAIN" tokenize --input "$WORK/nothing" --out "$WORK/bad"

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dpt::trainer::commands {
 
@@ -43,9 +44,11 @@ Command add_config_reference(CLI::App& root);                                  /
 // then `body`; a ConfigError ends the process with kExitUsage, any other error with kExitError.
 int run_alone(const std::function<void()>& body);
 
-// A command that writes a data set to OUT and trains nothing (export-images, tokenize): run_alone, and a non-empty
-// OUT is refused unless `force`.
-int run_writer(const char* name, const std::string& out, bool force, const std::function<void()>& body);
+// A command that writes a data set to OUT and trains nothing (export-images, tokenize): run_alone; an OUT that is or
+// holds one of `inputs` (named `input_name` in the message: "--input") is refused whatever `force` says
+// (data/output_dir.h's check_output_apart; OutputDir checks the rest), and a non-empty OUT unless `force`.
+int run_writer(const char* name, const std::string& out, bool force, const std::vector<std::string>& inputs,
+               const std::string& input_name, const std::function<void()>& body);
 
 // The options several commands share, defined once so that their help cannot drift apart:
 // --checkpoint PATH (required; a checkpoint or a checkpoint directory), --out DIR (required; a data set written

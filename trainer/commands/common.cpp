@@ -24,8 +24,14 @@ int run_alone(const std::function<void()>& body) {
   return 0;
 }
 
-int run_writer(const char* name, const std::string& out, bool force, const std::function<void()>& body) {
+int run_writer(const char* name, const std::string& out, bool force, const std::vector<std::string>& inputs,
+               const std::string& input_name, const std::function<void()>& body) {
   return run_alone([&] {
+    try {  // before the non-empty check: its advice, --force, would delete the input
+      data::check_output_apart(out, inputs, data::FolderRead::named_files, "--out", input_name);
+    } catch (const ConfigError& e) {
+      die(kExitUsage, fmt::format("{}: {}", name, e.what()));
+    }
     if (!force && data::non_empty_directory(out))
       die(kExitUsage, fmt::format("{}: {} is not empty: refusing to overwrite it (--force replaces it)", name, out));
     body();
@@ -38,7 +44,9 @@ void add_checkpoint_option(CLI::App& cmd, std::string& path) {
 }
 
 void add_out_dir_option(CLI::App& cmd, std::string& out) {
-  cmd.add_option("--out", out, "output directory; written as OUT.tmp, renamed to OUT when complete")->required();
+  cmd.add_option("--out", out,
+                 "output directory (never an input nor a folder holding one); written as OUT.tmp, renamed to OUT when "
+                 "complete")->required();
 }
 
 void add_force_flag(CLI::App& cmd, bool& force) {

@@ -71,7 +71,7 @@ void tokenize_jsonl(const TokenizeArgs& a, const data::Tokenizer& tokenizer) {
 }
 
 int tokenize(const TokenizeArgs& a) {
-  return run_writer("tokenize", a.out, a.force, [&] {
+  return run_writer("tokenize", a.out, a.force, a.inputs, "--input", [&] {
     const bool jsonl = jsonl_format(a);
     if (!jsonl && (!a.eos_token.empty() || a.skip_bad_lines))
       DPT_THROW(ConfigError, "tokenize: --eos-token and --skip-bad-lines are for JSON Lines inputs (--format jsonl)");
@@ -125,7 +125,8 @@ Command add_tokenize(CLI::App& root) {
   cmd->footer(
       "The inputs are read in order (a directory: its regular files recursively, sorted by path; *.dat files and\n"
       "files with a NUL byte skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
-      "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own.\n"
+      "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own. OUT may not\n"
+      "lie inside an input folder (a later run would read it): write it beside the corpus.\n"
       "JSON Lines (inputs named *.jsonl or directories holding them, or --format jsonl; a directory: its *.jsonl\n"
       "files; a file given twice is read once): each record is a\n"
       "document, [BOS] prompt completion EOS (BOS if the tokenizer adds one; EOS its eos_token or <|endoftext|>, or\n"
