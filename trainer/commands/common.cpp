@@ -73,7 +73,9 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
                         "output, as Hugging Face's generate() ends at eos_token_id)");
   cmd.add_option("--tokenizer", s.tokenizer,
                  prefix + "a directory with the tokenizer.json, or the vocab.json and merges.txt (GPT-2 BPE), the model "
-                          "was trained with (default: the checkpoint's data.dir, where `dptrain tokenize` copies them)");
+                          "was trained with, or the tokenizer.json itself (default: the checkpoint's data.dir, where "
+                          "`dptrain tokenize` copies them, resolved against the current directory; missing there, it "
+                          "is an error for a model with more ids than bytes)");
 }
 
 CLI::Validator whole_number() {
