@@ -117,6 +117,25 @@ out=$("$DPTRAIN" tokenize --input "$WORK/corpus/a/one.txt" --input "$WORK/corpus
   { echo "$out"; fail "OUT beside the files given as inputs was refused"; }
 rm -r "$WORK/corpus_link" "$WORK/corpus"
 
+# 3c. --format auto: a folder is JSON Lines only when all its files are *.jsonl (hidden ones aside); one mixing them
+# with text is refused (exit 2, naming the counts and --format; it read the *.jsonl alone and dropped the text), and
+# --format text reads it all.
+mkdir -p "$WORK/mixed/sub" "$WORK/jsonl_only/.git"
+cp "$IN/a/one.txt" "$WORK/mixed/" && cp "$IN/b/three.txt" "$WORK/mixed/sub/"
+for i in $(seq 21); do echo "{\"text\": \"record $i\"}"; done > "$WORK/mixed/meta.jsonl"
+expect_exit 2 "folder $WORK/mixed holds 1 \*.jsonl file and 2 other files (one.txt, sub/three.txt): --format" \
+  "$DPTRAIN" tokenize --input "$WORK/mixed" --out "$WORK/mixed_out" --eos-token $'\n'
+[ ! -e "$WORK/mixed_out" ] || fail "a refused tokenize of a mixed folder wrote its OUT"
+out=$("$DPTRAIN" tokenize --input "$WORK/mixed" --out "$WORK/mixed_out" --format text --val-every 3 2>&1) ||
+  { echo "$out"; fail "--format text of a mixed folder failed"; }
+mixed_bytes=$(cat "$WORK/mixed/meta.jsonl" "$IN/a/one.txt" "$IN/b/three.txt" | wc -c)
+<<< "$out" grep -q "tokenize: 3 files, $mixed_bytes bytes" ||
+  { echo "$out"; fail "--format text did not read every file of the mixed folder"; }
+cp "$WORK/mixed/meta.jsonl" "$WORK/jsonl_only/" && touch "$WORK/jsonl_only/.DS_Store" "$WORK/jsonl_only/.git/HEAD"
+out=$("$DPTRAIN" tokenize --input "$WORK/jsonl_only" --out "$WORK/jsonl_out" --eos-token $'\n' 2>&1) ||
+  { echo "$out"; fail "a folder of *.jsonl (and hidden files) was not read as JSON Lines"; }
+<<< "$out" grep -q "1 JSON Lines files, .*: 21 documents" || { echo "$out"; fail "not read as JSON Lines"; }
+
 # 4. Errors, each exit 2 naming it: a missing input, too little text for a val block, bad arguments;
 # nothing written by any of them.
 expect_exit 2 "$WORK/nothing: no such file or directory" "$DPTRAIN" tokenize --input "$WORK/nothing" --out "$WORK/bad"
