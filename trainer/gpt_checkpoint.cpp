@@ -280,7 +280,10 @@ SpecialTokens run_special_tokens(const Config& cfg, const data::Tokenizer& token
 }
 
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {
-  const SavedRun target = load_saved_run(path, {});
+  return load_gpt_checkpoint(load_saved_run(path, {}), tokenizer_dir, device);
+}
+
+GptCheckpoint load_gpt_checkpoint(const SavedRun& target, const std::string& tokenizer_dir, Device device) {
   const LoadedCheckpoint& ck = target.checkpoint;
   const Config& cfg = target.config;
   require_generating(target, "generate");

@@ -14,6 +14,7 @@
 #include "models/gpt/weights.h"
 #include "models/model.h"
 #include "trainer/config.h"
+#include "trainer/saved_run.h"
 
 namespace dpt::trainer {
 
@@ -45,6 +46,9 @@ SpecialTokens run_special_tokens(const Config& cfg, const data::Tokenizer& token
 // missing or without tokenizer files for a model with more ids than bytes (unless its shards are bytes_*: bytes
 // then), or no valid checkpoint.
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir = "",
+                                  Device device = Device::cpu());
+// The same for a checkpoint already loaded, with its config as given (overrides applied: its data.dir is read).
+GptCheckpoint load_gpt_checkpoint(const SavedRun& target, const std::string& tokenizer_dir = "",
                                   Device device = Device::cpu());
 
 // `dptrain export-weights`: the model of checkpoint `path` (as load_gpt_checkpoint finds it) written as safetensors

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "core/check.h"
+#include "trainer/choice.h"
 #include "trainer/gpt_checkpoint.h"
 
 namespace dpt::trainer {
@@ -29,10 +30,11 @@ std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token
   return batches;
 }
 
-PredictSummary predict_prompts(const std::string& checkpoint, const PromptOptions& o, comm::ProcessGroup& pg,
+PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, comm::ProcessGroup& pg,
                                Device device) {
   const auto start = std::chrono::steady_clock::now();
-  const GptCheckpoint ck = load_gpt_checkpoint(checkpoint, o.tokenizer, device);
+  const GptCheckpoint ck = load_gpt_checkpoint(target, o.tokenizer, device);
+  if (o.precision) ck.model->set_precision(*o.precision);
   const data::Tokenizer& tokenizer = *ck.tokenizer;
   const std::vector<std::string> prompts = read_lines(o.input, /*skip_comments=*/false);
   if (prompts.empty()) DPT_THROW(ConfigError, "predict: no prompts (non-blank lines) in {}", o.input);
@@ -54,10 +56,12 @@ PredictSummary predict_prompts(const std::string& checkpoint, const PromptOption
   const auto new_tokens = static_cast<size_t>(o.tokens);
   if (rank == 0)
     spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "
-                 "window together); {} from {} on {}; {} tokens each, temperature {}, top_k {}, seed {}{}; tokenizer {}",
+                 "window together); {} from {} on {}, {} products{}; {} tokens each, temperature {}, top_k {}, "
+                 "seed {}{}; tokenizer {}",
                  prompts.size(), o.input, world, batches.size(), o.batch_size, ck.model->summary(), ck.from,
-                 device.str(), o.tokens, sampling.temperature, sampling.top_k, o.seed,
-                 o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
+                 device.str(), o.precision ? choice_name(*o.precision) : "fp32",
+                 o.precision ? " (as asked)" : " (generate's; --precision sets them)", o.tokens,
+                 sampling.temperature, sampling.top_k, o.seed, o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
   std::vector<std::pair<size_t, std::string>> mine;
   ProgressLine progress(rank == 0, prompts.size() * new_tokens, pg.size(), o.progress_interval_s, "tokens");
   size_t done = 0;  // tokens generated here

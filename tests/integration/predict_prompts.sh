@@ -78,4 +78,20 @@ j = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
 rows = list(csv.DictReader(open(sys.argv[2], newline="", encoding="utf-8", errors="replace")))
 assert [(r["prompt"], r["text"]) for r in rows] == [(l["prompt"], l["text"]) for l in j]
 EOF
+# Options for images only are refused with a GPT (exit 2, naming the one meant), not accepted and ignored; --precision
+# is honoured: bf16 products (the log says so) sample other texts than float32's, generate's default.
+expect_exit 2 "predict: --top-k is the classes per image, and .* holds a gpt model: .* is --sample-top-k" \
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/refused.jsonl" --top-k 3
+expect_exit 2 "predict: --skip-bad skips unreadable images" \
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/refused.jsonl" --skip-bad
+[ ! -e "$WORK/refused.jsonl" ] || fail "a refused predict wrote its --out"
+grep -q "fp32 products (generate's; --precision sets them)" "$WORK/p1.log" ||
+  { cat "$WORK/p1.log"; fail "no fp32 in the log"; }
+for p in fp32 bf16; do  # every token a draw from all 256 (sensitive to the logits' rounding)
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/$p.jsonl" --tokens 100 --seed 3 \
+    --precision $p > "$WORK/$p.log" 2>&1 || { cat "$WORK/$p.log"; fail "--precision $p failed"; }
+  grep -q "$p products (as asked)" "$WORK/$p.log" || { cat "$WORK/$p.log"; fail "no $p in the log"; }
+done
+# 1100 draws from logits through bf16 products: all alike would mean the products ran in float32.
+! cmp -s "$WORK/fp32.jsonl" "$WORK/bf16.jsonl" || fail "--precision bf16 gave float32's texts: ignored"
 echo "PASS: prompts: generate's text for each, in input order, the same file on 1, 2 and 3 ranks"

@@ -115,6 +115,11 @@ expect_exit 2 "$NOTOK" bash -c "cd '$WORK/elsewhere' && '$DPTRAIN' predict --che
   --input '$WORK/prompts.txt' --out '$WORK/elsewhere/p.jsonl' --tokens 5"
 (cd "$WORK/elsewhere" && "$DPTRAIN" generate --checkpoint "$WORK/rel" --tokenizer "$OUT" --tokens 5 > /dev/null 2>&1) ||
   fail "generate --tokenizer from elsewhere failed"
+# predict's override of data.dir reaches the prompts (the tokenizer found there).
+(cd "$WORK/elsewhere" && "$DPTRAIN" predict --checkpoint "$WORK/rel" --input "$WORK/prompts.txt" --out p.jsonl \
+  --tokens 5 data.dir="$OUT" > "$WORK/pred.log" 2>&1) || { cat "$WORK/pred.log"; fail "predict data.dir=... failed"; }
+grep -q "tokenizer GPT-2 BPE (vocab 657" "$WORK/pred.log" ||
+  { cat "$WORK/pred.log"; fail "the override's tokenizer unused"; }
 mv "$OUT" "$OUT.moved"
 expect_exit 2 "its data.dir = $OUT ($OUT from the current directory) does not exist" \
   "$DPTRAIN" generate --checkpoint "$WORK/ck"
