@@ -75,7 +75,7 @@ EOF
 $PY - "$WORK/p1.jsonl" "$WORK/p.csv" <<'EOF' || fail "the csv output disagrees with jsonl"
 import csv, json, sys
 j = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
-rows = list(csv.DictReader(open(sys.argv[2], newline="", encoding="utf-8", errors="replace")))
+rows = list(csv.DictReader(open(sys.argv[2], newline="", encoding="utf-8")))  # strict: invalid UTF-8 is replaced
 assert [(r["prompt"], r["text"]) for r in rows] == [(l["prompt"], l["text"]) for l in j]
 EOF
 # Options for images only are refused with a GPT (exit 2, naming the one meant), not accepted and ignored; --precision
@@ -94,4 +94,17 @@ for p in fp32 bf16; do  # every token a draw from all 256 (sensitive to the logi
 done
 # 1100 draws from logits through bf16 products: all alike would mean the products ran in float32.
 ! cmp -s "$WORK/fp32.jsonl" "$WORK/bf16.jsonl" || fail "--precision bf16 gave float32's texts: ignored"
+# Bytes that are not UTF-8 (a prompt's 0xa5, a character cut short): U+FFFD in csv as in jsonl, both strict UTF-8.
+printf 'caf\xc3\xa9 \xa5 x\nok \xe2\x82\n' > "$WORK/bad_utf8.txt"
+for f in csv jsonl; do
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/bad_utf8.txt" --out "$WORK/bad_utf8.$f" --format $f \
+    --tokens 20 > "$WORK/bad_utf8.log" 2>&1 || { cat "$WORK/bad_utf8.log"; fail "predict --format $f failed"; }
+done
+$PY - "$WORK/bad_utf8.csv" "$WORK/bad_utf8.jsonl" <<'EOF' || fail "invalid UTF-8 is not U+FFFD in both outputs"
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1], newline="", encoding="utf-8")))  # strict
+lines = [json.loads(l) for l in open(sys.argv[2], encoding="utf-8")]
+assert [(r["prompt"], r["text"]) for r in rows] == [(l["prompt"], l["text"]) for l in lines], (rows, lines)
+assert rows[0]["prompt"] == "caf\u00e9 \ufffd x" and rows[1]["prompt"] == "ok \ufffd", rows
+EOF
 echo "PASS: prompts: generate's text for each, in input order, the same file on 1, 2 and 3 ranks"

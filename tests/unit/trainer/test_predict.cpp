@@ -99,6 +99,23 @@ TEST_CASE("jsonl and csv lines parse back, names escaped and quoted", "[predict]
   REQUIRE_THROWS_AS(parse_predict_format("xml"), ConfigError);
 }
 
+TEST_CASE("csv fields replace invalid UTF-8 with U+FFFD as the JSON Lines output does", "[predict]") {
+  const std::string fffd = "\xef\xbf\xbd";
+  // A lone continuation byte (0xa5), a character cut short at the end, an overlong form, valid text around them.
+  const std::string text = "caf\xc3\xa9 \xa5 ok, \xc0\xaf \xe2\x82";
+  const std::string field = csv_field(text);
+  REQUIRE(field.find('\xa5') == std::string::npos);
+  REQUIRE(field.front() == '"');  // the comma quotes it
+  const std::string unquoted = field.substr(1, field.size() - 2);
+  REQUIRE(unquoted == nlohmann::json::parse(json_string(text)).get<std::string>());  // the same bytes as JSON's
+  REQUIRE(unquoted.starts_with("caf\xc3\xa9 " + fffd + " ok, "));
+  REQUIRE(unquoted.ends_with(fffd));
+  REQUIRE(valid_utf8(unquoted) == unquoted);  // valid now: unchanged by another pass
+  REQUIRE(csv_field("plain") == "plain");
+  REQUIRE(csv_field("\xa5") == fffd);
+  REQUIRE(valid_utf8("\xe6\x97\xa5\xf0\x9f\x99\x82") == "\xe6\x97\xa5\xf0\x9f\x99\x82");  // 日 and an emoji
+}
+
 TEST_CASE("inputs: a folder's images relative to it, or a list file's lines, sorted", "[predict]") {
   test::TempDir dir;
   const data::Image px{.height = 1, .width = 1, .channels = 1, .pixels = {9}};
