@@ -22,8 +22,20 @@ namespace dpt::trainer {
 std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token_counts, int64_t block_size,
                                                 int64_t batch_size);
 
+// A prompts file's prompts, in order. A *.jsonl file: each record's "prompt" (data::parse_jsonl_prompt: the
+// fine-tuning records' format, so a prompt may span lines, "Q: ...\nA:"; a "completion" beside it ignored; blank lines
+// skipped; a malformed line a ConfigError naming FILE:LINE). Any other file: one prompt a line (a trailing '\r'
+// removed), lines empty or of white space alone skipped. `skipped` counts the blank lines either way (a prompt of
+// white space alone needs a .jsonl file). IoError when it cannot be read.
+struct PromptFile {
+  std::vector<std::string> prompts;
+  size_t skipped = 0;
+  bool jsonl = false;
+};
+PromptFile read_prompts(const std::string& path);
+
 struct PromptOptions {
-  std::string input, out;     // one prompt a line (blank lines skipped), in input order
+  std::string input, out;     // the prompts file (read_prompts), in input order
   std::string tokenizer;      // as `dptrain generate --tokenizer` (empty: the checkpoint's data.dir)
   int64_t tokens = 200;       // new tokens per prompt
   models::SampleOptions sampling;  // temperature, top_k (vocab_limit: the tokenizer's, set here)

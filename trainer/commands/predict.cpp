@@ -125,6 +125,7 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "on any number of ranks, for the same CPU kernels and threads per rank (1 thread and 2 or more give other last "
       "digits: one thread runs the products in oneDNN's sgemm, more in OpenBLAS; the run's 'device cpu: threads' line "
       "says how many); trains nothing. With a GPT or Llama checkpoint --input is a text file of prompts, one a line, "
+      "or a .jsonl file of {\"prompt\": ...} records (the fine-tuning format: a prompt may span lines), "
       "and each line of OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
       "prompts of one token length (past the block size: as the block size) are generated --batch-size at a time with "
       "one KV cache, the batches dealt to the ranks in turn (a batch's products may round the logits' last bits "
@@ -143,7 +144,9 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
   cmd->add_option("--input", a->input,
                   "a folder of images (recursively: .png, .jpg, .jpeg in any case) or a list file (one path a line, "
                   "relative to the working directory; blank lines and # comments skipped); GPT: a file of prompts, one "
-                  "a line (blank lines skipped)")
+                  "a line (lines blank or of white space alone skipped, and counted), or FILE.jsonl: a record a line, "
+                  "its \"prompt\" the prompt (data.dataset = jsonl's records; a \"completion\" ignored; a malformed "
+                  "line named FILE:LINE)")
       ->required();
   cmd->add_option("--out", a->out,
                   "the output file (its folder created if need be); written as OUT.tmp, renamed to OUT (replacing it) "

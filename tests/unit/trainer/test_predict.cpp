@@ -116,6 +116,30 @@ TEST_CASE("csv fields replace invalid UTF-8 with U+FFFD as the JSON Lines output
   REQUIRE(valid_utf8("\xe6\x97\xa5\xf0\x9f\x99\x82") == "\xe6\x97\xa5\xf0\x9f\x99\x82");  // 日 and an emoji
 }
 
+TEST_CASE("prompts files: a line each, blank lines counted, or .jsonl records whose prompts span lines", "[predict]") {
+  test::TempDir dir;
+  std::ofstream(dir.file("p.txt")) << "Q: one\n\n   \r\n# kept\r\n\t\nlast";
+  const PromptFile text = read_prompts(dir.file("p.txt"));
+  REQUIRE(text.prompts == std::vector<std::string>{"Q: one", "# kept", "last"});
+  REQUIRE(text.skipped == 3);
+  REQUIRE_FALSE(text.jsonl);
+
+  std::ofstream(dir.file("p.jsonl")) << R"({"prompt": "Q: 2+2?\nA:", "completion": " 4"})" "\n\n"
+                                     << R"({"prompt": "   ", "id": 3})" "\r\n" << R"({"prompt": "x\ty"})";
+  const PromptFile records = read_prompts(dir.file("p.jsonl"));
+  REQUIRE(records.prompts == std::vector<std::string>{"Q: 2+2?\nA:", "   ", "x\ty"});
+  REQUIRE(records.skipped == 1);
+  REQUIRE(records.jsonl);
+
+  std::ofstream(dir.file("bad.jsonl")) << R"({"prompt": "a"})" "\n" << R"({"text": "b"})" "\n";
+  REQUIRE_THROWS_AS(read_prompts(dir.file("bad.jsonl")), ConfigError);
+  REQUIRE_THROWS_WITH(read_prompts(dir.file("bad.jsonl")),
+                      Catch::Contains(dir.file("bad.jsonl") + ":2: a {\"text\": ...} record holds no prompt"));
+  std::ofstream(dir.file("broken.jsonl")) << "{\"prompt\": \"a\"\n";
+  REQUIRE_THROWS_WITH(read_prompts(dir.file("broken.jsonl")), Catch::Contains("broken.jsonl:1: not JSON"));
+  REQUIRE_THROWS_AS(read_prompts(dir.file("missing.txt")), IoError);
+}
+
 TEST_CASE("inputs: a folder's images relative to it, or a list file's lines, sorted", "[predict]") {
   test::TempDir dir;
   const data::Image px{.height = 1, .width = 1, .channels = 1, .pixels = {9}};
