@@ -145,6 +145,15 @@ expect_exit 2 "\-\-input is required" "$DPTRAIN" tokenize --out "$WORK/bad"
 expect_exit 2 "\-\-out is required" "$DPTRAIN" tokenize --input "$IN"
 expect_exit 2 "val-every" "$DPTRAIN" tokenize --input "$IN" --out "$WORK/bad" --val-every 1
 expect_exit 2 "val-every" "$DPTRAIN" tokenize --input "$IN" --out "$WORK/bad" --val-every -3
+# A folder of symlinks only: the links are named as skipped (not followed inside a folder), with the fix; a link given
+# as the input is read.
+mkdir "$WORK/links"
+ln -s "$IN/a/one.txt" "$WORK/links/one.txt" && ln -s "$IN/b/three.txt" "$WORK/links/three.txt"
+expect_exit 2 "no text in $WORK/links (0 files found); 2 symlinks inside the input folders skipped \
+($WORK/links/one.txt, $WORK/links/three.txt): links inside a folder are not followed .*give the files they point to" \
+  "$DPTRAIN" tokenize --input "$WORK/links" --out "$WORK/bad"
+"$DPTRAIN" tokenize --input "$WORK/links/one.txt" --input "$WORK/links/three.txt" --out "$WORK/links_out" \
+  --val-every 3 > /dev/null 2>&1 || fail "symlinks given as inputs were not read"
 [ ! -e "$WORK/bad" ] && [ ! -e "$WORK/bad.tmp" ] || fail "a refused command wrote $WORK/bad"
 help=$("$DPTRAIN" tokenize --help) || fail "tokenize --help failed"
 for word in --input --out --val-every --force 4096; do

@@ -62,6 +62,15 @@ printf '#version: 0.2\nĠ t\nh e x\n' > "$WORK/broken.txt"
 expect_exit 2 "$WORK/broken.txt:3: a merge is two tokens" "$DPTRAIN" "${TOK[@]}" --vocab "$WORK/vocab/vocab.json" --merges "$WORK/broken.txt"
 printf '{"a": 0, "b": 16777216}' > "$WORK/huge.json"
 expect_exit 2 "has id 16777216" "$DPTRAIN" "${TOK[@]}" --vocab "$WORK/huge.json" --merges "$WORK/vocab/merges.txt"
+# --tokenizer naming another file than a tokenizer.json: said to be none, with what it looks like and what to give.
+echo '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}' > "$WORK/config.json"
+for f in "vocab/vocab.json:a vocab.json (token -> id)" "config.json:a model's config.json"; do
+  expect_exit 2 "$WORK/${f%%:*}: not a tokenizer.json (it has no \"model\"): it looks like ${f#*:}; name a Hugging \
+Face tokenizer.json, or the folder holding it; for GPT-2's vocab.json and merges.txt, the folder holding both (or \
+tokenize's --vocab and --merges)" "$DPTRAIN" "${TOK[@]}" --tokenizer "$WORK/${f%%:*}"
+done
+expect_exit 2 "$WORK/vocab/merges.txt: not valid JSON, so not a tokenizer.json" \
+  "$DPTRAIN" "${TOK[@]}" --tokenizer "$WORK/vocab/merges.txt"
 [ ! -e "$BAD" ] && [ ! -e "$BAD.tmp" ] || fail "a refused tokenize wrote $BAD"
 help=$("$DPTRAIN" tokenize --help) || fail "tokenize --help failed"
 for word in --vocab --merges gpt2_; do grep -q -- "$word" <<< "$help" || fail "tokenize --help lacks $word"; done
