@@ -100,6 +100,21 @@ expect_exit 2 "holds a mlp model: export-weights takes model.name = gpt or llama
 
 if out=$("$DPTRAIN" generate --checkpoint "$WORK/nothing-here" 2>&1); then fail "generate without a checkpoint ran"; fi
 grep -q "no such checkpoint" <<<"$out" || fail "unclear error for a missing checkpoint: $out"
+# Sampling options out of range are refused when parsed (exit 2), not wrapped (--seed -1 was 2^64 - 1) or taken
+# (--temperature inf); generate and predict share them.
+for cmd in generate predict; do
+  [ $cmd = predict ] && more=(--input "$WORK/p.txt" --out "$WORK/p.jsonl") || more=()
+  expect_exit 2 "\-\-seed: must be a whole number >= 0, got '-1'" \
+    "$DPTRAIN" $cmd --checkpoint "$WORK/learn" "${more[@]}" --seed -1
+  expect_exit 2 "\-\-seed: must be at most 18446744073709551615 (2^64 - 1), got 99999999999999999999999" \
+    "$DPTRAIN" $cmd --checkpoint "$WORK/learn" "${more[@]}" --seed 99999999999999999999999
+  for t in inf nan -inf 1e999; do
+    expect_exit 2 "\-\-temperature: must be a finite number (got $t)" \
+      "$DPTRAIN" $cmd --checkpoint "$WORK/learn" "${more[@]}" --temperature $t
+  done
+done
+"$DPTRAIN" generate --checkpoint "$WORK/learn" --seed 18446744073709551615 --tokens 4 > /dev/null 2> "$WORK/gen.err" ||
+  { cat "$WORK/gen.err"; fail "the largest seed, 2^64 - 1, was refused"; }
 
 # dptrain eval on 1, 2 and 3 ranks: each validation window once (1024 windows x 32 tokens), the same loss, and
 # the loss of the run's own final evaluation.

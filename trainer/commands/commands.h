@@ -73,7 +73,7 @@ struct SamplingArgs {
 void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top_k_flag, const std::string& prefix,
                           const std::string& seed_help);
 
-// A `--limit`-like option's check: digits only (a size_t option would take "-3" as 2^64 - 3).
+// A `--limit`-like option's check: digits only (a size_t option would take "-3" as 2^64 - 3), at most 2^64 - 1.
 CLI::Validator whole_number();
 
 }  // namespace dpt::trainer::commands

@@ -3,6 +3,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
+#include <cstdlib>
+
 #include "core/check.h"
 #include "core/cli_checks.h"
 #include "core/logging.h"
@@ -65,7 +68,9 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
                                           (top_k_flag == "--top-k" ? "" : ": generate's --top-k"))
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
-  cmd.add_option("--seed", s.seed, prefix + seed_help)->capture_default_str();
+  cmd.add_option("--seed", s.seed, prefix + seed_help + " (a whole number in [0, 2^64 - 1])")
+      ->check(whole_number())
+      ->capture_default_str();
   cmd.add_flag("--no-kv-cache", s.no_kv_cache,
                prefix + "run the whole window for every token (a sliding window) instead of caching keys and values");
   cmd.add_flag("--ignore-eos", s.ignore_eos,
@@ -81,9 +86,12 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
 CLI::Validator whole_number() {
   return CLI::Validator(
       [](std::string& v) {
-        return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
-                   ? std::string()
-                   : "must be a whole number >= 0, got '" + v + "'";
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+          return "must be a whole number >= 0, got '" + v + "'";
+        errno = 0;
+        std::strtoull(v.c_str(), nullptr, 10);
+        if (errno == ERANGE) return "must be at most 18446744073709551615 (2^64 - 1), got " + v;
+        return std::string();
       },
       "");
 }
