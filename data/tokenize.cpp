@@ -94,6 +94,20 @@ std::vector<std::string> collect_files(const std::vector<std::string>& inputs, s
   return files;
 }
 
+// "1 block", "2 blocks".
+std::string counted(uint64_t n, std::string_view noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
+
+// "2nd", "3rd", "10th", "11th", "21st", "112th".
+std::string ordinal(uint64_t n) {
+  const uint64_t tens = n % 100, units = n % 10;
+  const char* suffix = tens >= 11 && tens <= 13 ? "th"
+                       : units == 1             ? "st"
+                       : units == 2             ? "nd"
+                       : units == 3             ? "rd"
+                                                : "th";
+  return fmt::format("{}{}", n, suffix);
+}
+
 // What a message says of symlinks skipped: "" for none, else "; N symlinks inside the input folders skipped (A, B,
 // ...): ..." with the fix.
 std::string skipped_links_note(std::vector<std::string> links) {
@@ -261,11 +275,12 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
                 skipped_links_note(links));
     }
     if (summary.train_tokens == 0 || summary.val_tokens == 0) {
+      const uint64_t blocks = block + (in_block > 0 ? 1 : 0);
       DPT_THROW(ConfigError,
-                "tokenize: {} bytes ({} tokens) make {} blocks of {} tokens and every {}th block is validation: too "
-                "little text for both splits (lower --val-every, or give more text)",
-                summary.bytes, summary.train_tokens + summary.val_tokens, block + (in_block > 0 ? 1 : 0),
-                opts.block_tokens, opts.val_every);
+                "tokenize: {} ({}) make {} of {} and every {} block is validation: too little text for both splits "
+                "(lower --val-every, or give more text)",
+                counted(summary.bytes, "byte"), counted(summary.train_tokens + summary.val_tokens, "token"),
+                counted(blocks, "block"), counted(opts.block_tokens, "token"), ordinal(opts.val_every));
     }
     tokenizer.save(out.staging());
   } catch (const fs::filesystem_error& e) {
@@ -463,11 +478,14 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
     summary.train_shards = train.names();
     summary.val_shards = val.names();
     if (documents == 0)
-      DPT_THROW(ConfigError, "tokenize: no record in {} ({} files{})", fmt::join(files, ", "), files.size(),
-                summary.bad_lines > 0 ? fmt::format(", {} malformed lines skipped", summary.bad_lines) : "");
+      DPT_THROW(ConfigError, "tokenize: no record in {} ({}{})", fmt::join(files, ", "), counted(files.size(), "file"),
+                summary.bad_lines > 0
+                    ? fmt::format(", {} skipped", counted(summary.bad_lines, "malformed line"))
+                    : "");
     if (summary.train_documents == 0 || summary.val_documents == 0)
-      DPT_THROW(ConfigError, "tokenize: {} document(s), and every {}-th goes to validation: too few for both splits (lower "
-                "--val-every / data.val_every, or give more records)", documents, opts.val_every);
+      DPT_THROW(ConfigError, "tokenize: {}, and every {} goes to validation: too few for both splits (lower "
+                "--val-every / data.val_every, or give more records)", counted(documents, "document"),
+                ordinal(opts.val_every));
     write_jsonl_source(out.staging(), request, summary);
     tokenizer.save(out.staging());
   } catch (const fs::filesystem_error& e) {

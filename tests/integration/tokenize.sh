@@ -140,6 +140,12 @@ out=$("$DPTRAIN" tokenize --input "$WORK/jsonl_only" --out "$WORK/jsonl_out" --e
 # nothing written by any of them.
 expect_exit 2 "$WORK/nothing: no such file or directory" "$DPTRAIN" tokenize --input "$WORK/nothing" --out "$WORK/bad"
 expect_exit 2 "too little text for both splits" "$DPTRAIN" tokenize --input "$IN/b/three.txt" --out "$WORK/bad"
+# ... said in English: ordinals and plurals.
+printf 'tiny' > "$WORK/tiny.txt"
+for n in 2:2nd 3:3rd 4:4th 11:11th 12:12th 13:13th 21:21st 22:22nd 101:101st 111:111th; do
+  expect_exit 2 "tokenize: 4 bytes (4 tokens) make 1 block of 4096 tokens and every ${n#*:} block is validation" \
+    "$DPTRAIN" tokenize --input "$WORK/tiny.txt" --out "$WORK/bad" --val-every "${n%%:*}"
+done
 expect_exit 2 "no text in" "$DPTRAIN" tokenize --input "$IN/b/image.bin" --out "$WORK/bad"
 expect_exit 2 "\-\-input is required" "$DPTRAIN" tokenize --out "$WORK/bad"
 expect_exit 2 "\-\-out is required" "$DPTRAIN" tokenize --input "$IN"

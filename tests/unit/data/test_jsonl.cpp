@@ -295,7 +295,9 @@ TEST_CASE("tokenize_jsonl: malformed lines named or skipped, and what it cannot 
   JsonlOptions few = o;
   few.out_dir = (dir.path / "out3").string();
   few.val_every = 5;
-  REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("3 document(s), and every 5-th goes to validation"));
+  REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("3 documents, and every 5th goes to validation"));
+  few.val_every = 22;
+  REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("3 documents, and every 22nd goes to validation"));
   fs::create_directories(dir.path / "none");
   few.inputs = {(dir.path / "none").string()};
   REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("no *.jsonl file in the directory"));
