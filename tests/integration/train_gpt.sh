@@ -86,6 +86,22 @@ assert np.array_equal(np.asarray(nano["lm_head.weight"]), np.asarray(hf["wte.wei
 assert len(nano) == len(hf) + 1, (len(nano), len(hf))
 print(f"exported: {len(hf)} tensors (Hugging Face), {len(nano)} (nanoGPT)")
 PYEOF
+# --max-shard-size as save_pretrained's max_shard_size reads it, binary units too: 100KiB shards exactly as 102400
+# bytes do, 0.0625MiB as 65536, 5GiB not at all; an unknown unit is refused.
+for size in 5GiB 100KiB 102400 0.0625MiB 65536; do
+  "$DPTRAIN" export-weights --checkpoint "$WORK/learn" --out "$WORK/sh_$size" --max-shard-size $size \
+    > "$WORK/sh_$size.log" 2>&1 || { cat "$WORK/sh_$size.log"; fail "export-weights --max-shard-size $size failed"; }
+done
+[ -f "$WORK/sh_5GiB/model.safetensors" ] && [ ! -e "$WORK/sh_5GiB/model.safetensors.index.json" ] ||
+  fail "--max-shard-size 5GiB sharded 0.2 MB of weights"
+for pair in 100KiB:102400 0.0625MiB:65536; do
+  a=$WORK/sh_${pair%%:*}/model.safetensors.index.json b=$WORK/sh_${pair#*:}/model.safetensors.index.json
+  [ -f "$a" ] && "$PY" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["weight_map"] !=
+    json.load(open(sys.argv[2]))["weight_map"])' "$a" "$b" ||
+    fail "--max-shard-size ${pair%%:*} is not ${pair#*:} bytes"
+done
+expect_exit 2 "\-\-max-shard-size 5XB: a size such as 5GB, 500MB, 64KB (decimal), 4GiB, 512MiB, 64KiB (binary)" \
+  "$DPTRAIN" export-weights --checkpoint "$WORK/learn" --out "$WORK/sh_bad" --max-shard-size 5XB
 for f in hf nano; do
   "$DPTRAIN" "${GPT[@]}" model.init_from="$WORK/$f.safetensors" train.max_steps=1 data.train_limit=64 \
     data.test_limit=64 checkpoint.dir="$WORK/from_$f" --resume never > "$WORK/from_$f.log" 2>&1 \
