@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
 #include <cstdlib>
 #include <string>
 
@@ -17,6 +18,7 @@ inline CLI::Validator at_least(bool strict, const char* desc) {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         if (text.empty() || end != text.c_str() + text.size()) return "'" + text + "' is not a number";
+        if (!std::isfinite(v)) return "must be a finite number (got " + text + ")";
         if (strict ? !(v > 0) : !(v >= 0))
           return std::string("must be ") + (strict ? "> 0" : ">= 0") + " (got " + text + ")";
         return {};
@@ -25,9 +27,9 @@ inline CLI::Validator at_least(bool strict, const char* desc) {
 }
 }  // namespace detail
 
-// A number above 0.
+// A finite number above 0 (inf and nan refused).
 inline const CLI::Validator Positive = detail::at_least(true, "POSITIVE");
-// A number of 0 or more.
+// A finite number of 0 or more.
 inline const CLI::Validator NonNegative = detail::at_least(false, "NONNEGATIVE");
 
 }  // namespace dpt::cli

@@ -228,6 +228,21 @@ std::string type_of(const nlohmann::json& j) {
   return t && t->is_string() ? t->get<std::string>() : "?";
 }
 
+// What a user who named another file than a tokenizer.json should give instead.
+constexpr const char* kNotTokenizerJsonFix =
+    "name a Hugging Face tokenizer.json, or the folder holding it; for GPT-2's vocab.json and merges.txt, the folder "
+    "holding both (or tokenize's --vocab and --merges)";
+
+// Why a JSON object without "model" is not a tokenizer.json: what it looks like instead, or "".
+std::string looks_like(const nlohmann::json& j) {
+  if (!j.empty() && std::all_of(j.begin(), j.end(), [](const nlohmann::json& v) { return v.is_number_integer(); }))
+    return ": it looks like a vocab.json (token -> id)";
+  if (field(j, "model_type") || field(j, "architectures")) return ": it looks like a model's config.json";
+  if (field(j, "tokenizer_class") || field(j, "added_tokens_decoder") || field(j, "eos_token"))
+    return ": it looks like a tokenizer_config.json";
+  return "";
+}
+
 }  // namespace
 
 Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
@@ -237,9 +252,13 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
   try {
     j = nlohmann::json::parse(read_file(tokenizer_json));
   } catch (const nlohmann::json::exception& e) {
-    DPT_THROW(ConfigError, "{}: not valid JSON: {}", where, e.what());
+    DPT_THROW(ConfigError, "{}: not valid JSON, so not a tokenizer.json ({}); {}", where, e.what(),
+              kNotTokenizerJsonFix);
   }
   if (!j.is_object()) DPT_THROW(ConfigError, "{}: a tokenizer.json holds an object", where);
+  if (!field(j, "model"))
+    DPT_THROW(ConfigError, "{}: not a tokenizer.json (it has no \"model\"){}; {}", where, looks_like(j),
+              kNotTokenizerJsonFix);
   const nlohmann::json* n = field(j, "normalizer");
   // A Sequence of none is no normalizer, and a Sequence of one is that one (tokenizers' own behaviour).
   if (n && type_of(*n) == "Sequence") {

@@ -104,7 +104,9 @@ ExportSummary export_image_folder(const ImageClassDataset& train, const ImageCla
     DPT_THROW(ConfigError, "export: JPEG quality must be in [1, 100], got {}", opts.jpeg_quality);
   }
 
-  OutputDir out(opts.out_dir, opts.force);
+  const std::vector<std::string> sources = opts.source_dir.empty() ? std::vector<std::string>{}
+                                                                    : std::vector{opts.source_dir};
+  OutputDir out(opts.out_dir, opts.force, sources, FolderRead::named_files, "--out", "--data-dir");
   ExportSummary summary;
   summary.out_dir = out.path().string();
   summary.classes = classes;

@@ -36,6 +36,9 @@ struct ExportOptions {
   // folder holds images; so limit must be 0 or >= the class count.
   size_t limit = 0;
   bool force = false;  // replace a non-empty out_dir
+  // The folder the data sets were read from (empty: none given): out_dir may not be it nor hold it (a forced
+  // replacement would delete it; data/output_dir.h's check_output_apart).
+  std::string source_dir;
   // One folder name per label; empty: the labels, zero-padded to one width ("0".."9", "00".."99", ...).
   std::vector<std::string> class_names;
   // Called now and then while writing, and once at the end of each split: (split, written, total).

@@ -25,9 +25,8 @@ std::string string_value(const nlohmann::json& j, const char* key) {
   return v.get<std::string>();
 }
 
-}  // namespace
-
-std::optional<JsonlRecord> parse_jsonl_record(std::string_view line) {
+// parse_jsonl_record, or with `completion_optional` also {"prompt": ...} alone (text then empty).
+std::optional<JsonlRecord> parse_record(std::string_view line, bool completion_optional) {
   if (line.find_first_not_of(" \t\r\n") == std::string_view::npos) return std::nullopt;
   nlohmann::json j;
   try {
@@ -44,11 +43,11 @@ std::optional<JsonlRecord> parse_jsonl_record(std::string_view line) {
     r.text = string_value(j, "text");
     return r;
   }
-  if (prompt != completion)
+  if (prompt != completion && !(completion_optional && prompt))
     DPT_THROW(ConfigError, "\"{}\" without \"{}\"", prompt ? "prompt" : "completion", prompt ? "completion" : "prompt");
   if (prompt) {
     r.prompt = string_value(j, "prompt");
-    r.text = string_value(j, "completion");
+    if (completion) r.text = string_value(j, "completion");
     return r;
   }
   if (j.contains("messages"))
@@ -58,6 +57,20 @@ std::optional<JsonlRecord> parse_jsonl_record(std::string_view line) {
   for (const auto& [key, value] : j.items()) keys += (keys.empty() ? "" : ", ") + nlohmann::json(key).dump();
   DPT_THROW(ConfigError, "no \"text\" and no \"prompt\"/\"completion\" (the record has {})",
             keys.empty() ? "no keys" : keys);
+}
+
+}  // namespace
+
+std::optional<JsonlRecord> parse_jsonl_record(std::string_view line) { return parse_record(line, false); }
+
+std::optional<std::string> parse_jsonl_prompt(std::string_view line) {
+  std::optional<JsonlRecord> r = parse_record(line, true);
+  if (!r) return std::nullopt;
+  if (!r->prompt)
+    DPT_THROW(ConfigError, "a {{\"text\": ...}} record holds no prompt: a prompt record is {{\"prompt\": ...}} (a "
+              "\"completion\" beside it is ignored)");
+  if (r->prompt->empty()) DPT_THROW(ConfigError, "an empty \"prompt\" (the text starts from the prompt's tokens)");
+  return std::move(r->prompt);
 }
 
 }  // namespace dpt::data

@@ -24,4 +24,10 @@ struct JsonlRecord {
 // malformed line (without its place: the caller adds file and line).
 std::optional<JsonlRecord> parse_jsonl_record(std::string_view line);
 
+// The prompt of one line of a prompts file (`dptrain predict --input PROMPTS.jsonl`): the "prompt" of a record as
+// parse_jsonl_record reads it (its "completion", the answer a fine-tune trained on, ignored), or of {"prompt": ...}
+// alone; nullopt for a blank line. ConfigError, as parse_jsonl_record's, for a malformed line, a {"text": ...} record
+// (no prompt in it) and an empty prompt.
+std::optional<std::string> parse_jsonl_prompt(std::string_view line);
+
 }  // namespace dpt::data

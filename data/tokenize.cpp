@@ -65,8 +65,8 @@ bool has_nul(const std::string& path, std::vector<uint8_t>& buf) {
 
 // The files to read, in order: each input as given; a directory's regular files recursively (only those whose name
 // ends with `suffix`, when given), sorted by path. Symlinks inside directories are not followed (fortunes' *.u8 links
-// would double the corpus); skipped_links counts them.
-std::vector<std::string> collect_files(const std::vector<std::string>& inputs, size_t& skipped_links,
+// would double the corpus); skipped_links gets their paths (those whose name ends with `suffix`).
+std::vector<std::string> collect_files(const std::vector<std::string>& inputs, std::vector<std::string>& skipped_links,
                                        std::string_view suffix = {}) {
   std::vector<std::string> files;
   for (const std::string& input : inputs) {
@@ -82,7 +82,7 @@ std::vector<std::string> collect_files(const std::vector<std::string>& inputs, s
     for (auto it = fs::recursive_directory_iterator(input, ec); !ec && it != fs::recursive_directory_iterator();
          it.increment(ec)) {
       if (it->is_symlink(ec)) {
-        ++skipped_links;
+        if (it->path().filename().string().ends_with(suffix)) skipped_links.push_back(it->path().string());
       } else if (it->is_regular_file(ec) && it->path().filename().string().ends_with(suffix)) {
         found.push_back(it->path().string());
       }
@@ -92,6 +92,32 @@ std::vector<std::string> collect_files(const std::vector<std::string>& inputs, s
     files.insert(files.end(), found.begin(), found.end());
   }
   return files;
+}
+
+// "1 block", "2 blocks".
+std::string counted(uint64_t n, std::string_view noun) { return fmt::format("{} {}{}", n, noun, n == 1 ? "" : "s"); }
+
+// "2nd", "3rd", "10th", "11th", "21st", "112th".
+std::string ordinal(uint64_t n) {
+  const uint64_t tens = n % 100, units = n % 10;
+  const char* suffix = tens >= 11 && tens <= 13 ? "th"
+                       : units == 1             ? "st"
+                       : units == 2             ? "nd"
+                       : units == 3             ? "rd"
+                                                : "th";
+  return fmt::format("{}{}", n, suffix);
+}
+
+// What a message says of symlinks skipped: "" for none, else "; N symlinks inside the input folders skipped (A, B,
+// ...): ..." with the fix.
+std::string skipped_links_note(std::vector<std::string> links) {
+  if (links.empty()) return "";
+  std::sort(links.begin(), links.end());
+  const size_t shown = std::min<size_t>(links.size(), 3);
+  return fmt::format("; {} symlink{} inside the input folders skipped ({}{}): links inside a folder are not followed "
+                     "(fortunes' *.u8 links would double its text); give the files they point to, or the links "
+                     "themselves, as --input", links.size(), links.size() == 1 ? "" : "s",
+                     fmt::join(links.begin(), links.begin() + shown, ", "), links.size() > shown ? ", ..." : "");
 }
 
 // One split's shards: <dir>/<name>_<split>_NNNNNN.bin, each at most shard_tokens tokens; `masked`: each with its
@@ -180,9 +206,11 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
 
   TokenizeSummary summary;
   summary.tokenizer = tokenizer.describe();
-  const std::vector<std::string> files = collect_files(opts.inputs, summary.skipped_links);
+  std::vector<std::string> links;
+  const std::vector<std::string> files = collect_files(opts.inputs, links);
+  summary.skipped_links = links.size();
 
-  OutputDir out(opts.out_dir, opts.force);
+  OutputDir out(opts.out_dir, opts.force, opts.inputs, FolderRead::every_file);
   summary.out_dir = out.path().string();
   try {
     // uint16 shards (llm.c's GPT-2 form) for up to 65,536 ids, uint32 (its Llama 3 form) past that.
@@ -239,15 +267,20 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
     summary.train_shards = train.names();
     summary.val_shards = val.names();
     if (summary.files == 0) {
-      DPT_THROW(ConfigError, "tokenize: no text in {} ({} files: {} *.dat, {} binary, all skipped)",
-                fmt::join(opts.inputs, ", "), files.size(), summary.skipped_dat, summary.skipped_binary);
+      DPT_THROW(ConfigError, "tokenize: no text in {} ({} file{} found{}){}", fmt::join(opts.inputs, ", "),
+                files.size(), files.size() == 1 ? "" : "s",
+                files.empty() ? ""
+                              : fmt::format(", all skipped: {} *.dat index, {} binary with a NUL byte",
+                                            summary.skipped_dat, summary.skipped_binary),
+                skipped_links_note(links));
     }
     if (summary.train_tokens == 0 || summary.val_tokens == 0) {
+      const uint64_t blocks = block + (in_block > 0 ? 1 : 0);
       DPT_THROW(ConfigError,
-                "tokenize: {} bytes ({} tokens) make {} blocks of {} tokens and every {}th block is validation: too "
-                "little text for both splits (lower --val-every, or give more text)",
-                summary.bytes, summary.train_tokens + summary.val_tokens, block + (in_block > 0 ? 1 : 0),
-                opts.block_tokens, opts.val_every);
+                "tokenize: {} ({}) make {} of {} and every {} block is validation: too little text for both splits "
+                "(lower --val-every, or give more text)",
+                counted(summary.bytes, "byte"), counted(summary.train_tokens + summary.val_tokens, "token"),
+                counted(blocks, "block"), counted(opts.block_tokens, "token"), ordinal(opts.val_every));
     }
     tokenizer.save(out.staging());
   } catch (const fs::filesystem_error& e) {
@@ -315,11 +348,11 @@ std::vector<std::string> collect_jsonl_files(const std::vector<std::string>& inp
   std::vector<std::string> files;
   std::set<fs::path> seen;
   for (const std::string& input : inputs) {
-    size_t skipped_links = 0;
-    const std::vector<std::string> found = collect_files({input}, skipped_links, ".jsonl");
+    std::vector<std::string> links;
+    const std::vector<std::string> found = collect_files({input}, links, ".jsonl");
     std::error_code ec;
     if (found.empty() && fs::is_directory(input, ec))
-      DPT_THROW(ConfigError, "tokenize: no *.jsonl file in the directory {}", input);
+      DPT_THROW(ConfigError, "tokenize: no *.jsonl file in the directory {}{}", input, skipped_links_note(links));
     for (const std::string& f : found)
       if (seen.insert(fs::weakly_canonical(f, ec)).second) files.push_back(f);
   }
@@ -392,7 +425,8 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
   uint64_t total_bytes = 0;
   for (const auto& f : request["inputs"]) total_bytes += f["bytes"].get<uint64_t>();
 
-  OutputDir out(opts.out_dir, opts.force);
+  // A folder's *.jsonl files only are read: an OUT inside one (holding none) is not.
+  OutputDir out(opts.out_dir, opts.force, opts.inputs, FolderRead::named_files);
   summary.out_dir = out.path().string();
   try {
     const TokenWidth width = token_width_for(tokenizer.vocab_size());
@@ -444,11 +478,14 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
     summary.train_shards = train.names();
     summary.val_shards = val.names();
     if (documents == 0)
-      DPT_THROW(ConfigError, "tokenize: no record in {} ({} files{})", fmt::join(files, ", "), files.size(),
-                summary.bad_lines > 0 ? fmt::format(", {} malformed lines skipped", summary.bad_lines) : "");
+      DPT_THROW(ConfigError, "tokenize: no record in {} ({}{})", fmt::join(files, ", "), counted(files.size(), "file"),
+                summary.bad_lines > 0
+                    ? fmt::format(", {} skipped", counted(summary.bad_lines, "malformed line"))
+                    : "");
     if (summary.train_documents == 0 || summary.val_documents == 0)
-      DPT_THROW(ConfigError, "tokenize: {} document(s), and every {}-th goes to validation: too few for both splits (lower "
-                "--val-every / data.val_every, or give more records)", documents, opts.val_every);
+      DPT_THROW(ConfigError, "tokenize: {}, and every {} goes to validation: too few for both splits (lower "
+                "--val-every / data.val_every, or give more records)", counted(documents, "document"),
+                ordinal(opts.val_every));
     write_jsonl_source(out.staging(), request, summary);
     tokenizer.save(out.staging());
   } catch (const fs::filesystem_error& e) {

@@ -48,9 +48,10 @@ struct TokenizeSummary {
   std::vector<std::string> train_shards, val_shards;  // file names inside out_dir
 };
 
-// ConfigError for bad options, a tokenizer with ids beyond uint16 (vocab_size() > 65536), an input that yields
-// no text, or a corpus too small for one block in each split; IoError for missing inputs, a non-empty OUT
-// without force and failed reads or writes.
+// ConfigError for bad options, a tokenizer with more ids than token shards carry, missing inputs, an input that
+// yields no text, a corpus too small for one block in each split, a non-empty OUT without force, or an OUT that is an
+// input, holds one or lies inside an input folder (data/output_dir.h's check_output_apart, FolderRead::every_file);
+// IoError for failed reads or writes.
 TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& tokenizer);
 
 // tokenize_text with the byte-level tokenizer (token = byte, vocab 256).
@@ -104,7 +105,8 @@ struct JsonlSummary {
 
 // ConfigError for bad options, a tokenizer without an end-of-text token (and no eos_token), an eos_token that is
 // not one token, a malformed line (naming FILE:LINE and what is wrong, unless skip_bad_lines), no document, or too
-// few documents for a val split; IoError for missing inputs, a non-empty OUT without force, failed reads or writes.
+// few documents for a val split, missing inputs, a non-empty OUT without force, an OUT that is or holds an input (an
+// OUT inside an input folder is fine: only its *.jsonl files are read); IoError for failed reads or writes.
 // Nothing is left in OUT on an error.
 JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer);
 

@@ -207,6 +207,9 @@ class FileLock {
 // tokenization stops (an Error, data.dir left as it was) once `abandon` is set (null: never).
 void prepare_jsonl(const Config& cfg, bool log, bool records_may_be_gone, const std::atomic<bool>* abandon = nullptr) {
   const DataConfig& d = cfg.data;
+  // Before anything: a data.dir that is or holds a record file would be replaced (deleting it) once its shards are
+  // stale.
+  data::check_output_apart(d.dir, d.jsonl, data::FolderRead::named_files, "data.dir", "data.jsonl");
   const FileLock lock(std::filesystem::path(d.dir).lexically_normal().string() + ".lock",
                       fmt::format("preparing data.dir = {}", d.dir), abandon);
   const std::unique_ptr<data::Tokenizer> tokenizer = jsonl_tokenizer(cfg);

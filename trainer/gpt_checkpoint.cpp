@@ -158,6 +158,41 @@ std::map<std::string, std::pair<uint64_t, int64_t>> folder_files(const fs::path&
   return files;
 }
 
+// Whether `dir` holds token shards the byte-level tokenizer wrote (tokenize names them bytes_{train,val}_*.bin): bytes
+// are then the run's tokenizer, whatever model.vocab_size says.
+bool holds_byte_shards(const fs::path& dir) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.starts_with("bytes_") && name.ends_with(".bin")) return true;
+  }
+  return false;
+}
+
+// The tokenizer of the run `cfg` describes: what its data.dir holds (tokenize and data.dataset = jsonl save it there),
+// read as the current directory resolves data.dir. Bytes when it holds no tokenizer file, but a ConfigError when the
+// model has more ids than bytes and data.dir's shards are not bytes_*: the run's tokenizer is elsewhere (data.dir
+// relative to where it trained, moved, or removed), and bytes would print garbage. `ck`: the checkpoint, for the
+// message.
+std::unique_ptr<data::Tokenizer> run_tokenizer(const Config& cfg, const std::string& ck) {
+  const std::string& dir = cfg.data.dir;
+  std::unique_ptr<data::Tokenizer> tokenizer = data::load_tokenizer(dir);
+  if (!tokenizer->source_files().empty() || cfg.model.vocab_size <= tokenizer->vocab_size() || holds_byte_shards(dir))
+    return tokenizer;
+  std::error_code ec;
+  const fs::path here = fs::absolute(dir, ec).lexically_normal();
+  DPT_THROW(ConfigError,
+            "{}: the run's tokenizer is not found: its data.dir = {} ({} from the current directory) {}, and the "
+            "model's vocab_size is {}, more than byte-level tokens' {}; name the tokenizer it was trained with: "
+            "--tokenizer DIR (a folder holding {}, or {} and {}) or --tokenizer FILE.json",
+            ck, dir, here.string(),
+            fs::is_directory(here, ec) ? fmt::format("holds no {}, nor {} and {}", data::kHfTokenizerFile,
+                                                     data::kBpeVocabFile, data::kBpeMergesFile)
+                                       : std::string("does not exist"),
+            cfg.model.vocab_size, tokenizer->vocab_size(), data::kHfTokenizerFile, data::kBpeVocabFile,
+            data::kBpeMergesFile);
+}
+
 }  // namespace
 
 bool export_is_folder(const std::string& out) {
@@ -184,6 +219,11 @@ std::string export_weights(const std::string& path, const std::string& layout, c
     tokenizer = data::load_tokenizer(target.config.data.dir);
     if (tokenizer->source_files().empty()) tokenizer.reset();
   }
+  if (folder && !w.config_json.empty() && token_data(target.config.data.dataset) && !tokenizer &&
+      target.config.model.vocab_size > data::ByteTokenizer().vocab_size() && !holds_byte_shards(target.config.data.dir))
+    spdlog::warn("export-weights: the run's data.dir = {} ({} from the current directory) holds no tokenizer file: {} "
+                 "gets none (copy the tokenizer the model was trained with into it)", target.config.data.dir,
+                 fs::absolute(target.config.data.dir, ec).lexically_normal().string(), out);
   if (tokenizer) {
     nlohmann::json config = nlohmann::json::parse(w.config_json);
     const SpecialTokens special = run_special_tokens(target.config, *tokenizer);
@@ -240,23 +280,19 @@ SpecialTokens run_special_tokens(const Config& cfg, const data::Tokenizer& token
 }
 
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {
-  const SavedRun target = load_saved_run(path, {});
+  return load_gpt_checkpoint(load_saved_run(path, {}), tokenizer_dir, device);
+}
+
+GptCheckpoint load_gpt_checkpoint(const SavedRun& target, const std::string& tokenizer_dir, Device device) {
   const LoadedCheckpoint& ck = target.checkpoint;
   const Config& cfg = target.config;
   require_generating(target, "generate");
   GptCheckpoint g;
   if (!tokenizer_dir.empty()) {
-    const std::filesystem::path dir(tokenizer_dir);
-    std::error_code ec;
-    if (std::filesystem::is_regular_file(dir, ec))  // a tokenizer.json named itself
-      g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir);
-    else if (std::filesystem::exists(dir / data::kHfTokenizerFile, ec))
-      g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir / data::kHfTokenizerFile);
-    else
-      g.tokenizer = std::make_unique<data::Gpt2Bpe>(dir / data::kBpeVocabFile, dir / data::kBpeMergesFile);
+    g.tokenizer = data::open_tokenizer(tokenizer_dir);  // a tokenizer.json, or a folder holding one or vocab + merges
     g.tokenizer_from = tokenizer_dir;
   } else {
-    g.tokenizer = data::load_tokenizer(cfg.data.dir);
+    g.tokenizer = run_tokenizer(cfg, ck.path);
     g.tokenizer_from = cfg.data.dir;
   }
   if (g.tokenizer->vocab_size() > cfg.model.vocab_size) {

@@ -14,6 +14,7 @@
 #include "models/gpt/weights.h"
 #include "models/model.h"
 #include "trainer/config.h"
+#include "trainer/saved_run.h"
 
 namespace dpt::trainer {
 
@@ -38,11 +39,16 @@ struct GptCheckpoint {
 SpecialTokens run_special_tokens(const Config& cfg, const data::Tokenizer& tokenizer);
 
 // `path` is a checkpoint (step-N/) or a checkpoint directory (its newest valid one); the checkpoint's effective
-// config says what to build. The tokenizer: GPT-2 BPE from `tokenizer_dir`'s vocab.json and merges.txt when
-// given, else the one the config's data.dir holds (data::load_tokenizer: bytes when it holds neither file).
-// ConfigError for anything but a GPT, a tokenizer whose vocabulary the model's does not cover, or no valid
-// checkpoint.
+// config says what to build. The tokenizer: `tokenizer_dir`'s when given (data::open_tokenizer: a tokenizer.json, or
+// a folder holding one, or vocab.json and merges.txt), else the one the config's data.dir holds, resolved against the
+// current directory (data::load_tokenizer: bytes when it holds none of those files). ConfigError for anything but a
+// GPT, a tokenizer whose vocabulary the model's does not cover, a --tokenizer path holding no tokenizer, a data.dir
+// missing or without tokenizer files for a model with more ids than bytes (unless its shards are bytes_*: bytes
+// then), or no valid checkpoint.
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir = "",
+                                  Device device = Device::cpu());
+// The same for a checkpoint already loaded, with its config as given (overrides applied: its data.dir is read).
+GptCheckpoint load_gpt_checkpoint(const SavedRun& target, const std::string& tokenizer_dir = "",
                                   Device device = Device::cpu());
 
 // `dptrain export-weights`: the model of checkpoint `path` (as load_gpt_checkpoint finds it) written as safetensors

@@ -27,7 +27,13 @@ std::string json_string(const std::string& s) {
   return nlohmann::json(s).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string csv_field(const std::string& s) {
+std::string valid_utf8(const std::string& s) {
+  if (std::all_of(s.begin(), s.end(), [](char c) { return static_cast<unsigned char>(c) < 0x80; })) return s;
+  return nlohmann::json::parse(json_string(s)).get<std::string>();  // json_string's replacement, byte for byte
+}
+
+std::string csv_field(const std::string& raw) {
+  const std::string s = valid_utf8(raw);
   if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
   std::string q = "\"";
   for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);

@@ -35,8 +35,11 @@ std::vector<std::string> read_lines(const std::string& path, bool skip_comments)
 enum class PredictFormat { jsonl, csv };
 PredictFormat parse_predict_format(const std::string& name);  // "jsonl" | "csv"; ConfigError otherwise
 
-// A JSON string literal of s (invalid UTF-8 replaced); s as one RFC 4180 csv field (quoted when it holds a comma, a
-// quote or a line break; quotes doubled).
+// s with every invalid UTF-8 sequence replaced by U+FFFD, as json_string replaces them (the same bytes either way), so
+// that both formats are valid UTF-8 text (a generated text may end inside a character, or hold bytes that are none).
+std::string valid_utf8(const std::string& s);
+// A JSON string literal of s (invalid UTF-8 replaced); s as one RFC 4180 csv field (invalid UTF-8 replaced, as in
+// JSON; quoted when it holds a comma, a quote or a line break; quotes doubled).
 std::string json_string(const std::string& s);
 std::string csv_field(const std::string& s);
 

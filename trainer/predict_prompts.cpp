@@ -4,10 +4,16 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 #include "core/check.h"
+#include "data/jsonl.h"
+#include "trainer/choice.h"
 #include "trainer/gpt_checkpoint.h"
 
 namespace dpt::trainer {
@@ -29,13 +35,51 @@ std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token
   return batches;
 }
 
-PredictSummary predict_prompts(const std::string& checkpoint, const PromptOptions& o, comm::ProcessGroup& pg,
+PromptFile read_prompts(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) DPT_THROW(IoError, "{}: cannot open: {}", path, std::strerror(errno));
+  PromptFile f;
+  f.jsonl = std::filesystem::path(path).extension() == ".jsonl";
+  std::string line;
+  for (size_t line_no = 1; std::getline(in, line); ++line_no) {
+    if (f.jsonl) {
+      std::optional<std::string> prompt;
+      try {
+        prompt = data::parse_jsonl_prompt(line);
+      } catch (const ConfigError& e) {
+        DPT_THROW(ConfigError, "predict: {}:{}: {}", path, line_no, e.what());
+      }
+      if (prompt)
+        f.prompts.push_back(std::move(*prompt));
+      else
+        ++f.skipped;
+      continue;
+    }
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t\r\v\f") == std::string::npos)
+      ++f.skipped;
+    else
+      f.prompts.push_back(std::move(line));
+  }
+  if (in.bad()) DPT_THROW(IoError, "{}: read failed: {}", path, std::strerror(errno));
+  return f;
+}
+
+PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, comm::ProcessGroup& pg,
                                Device device) {
   const auto start = std::chrono::steady_clock::now();
-  const GptCheckpoint ck = load_gpt_checkpoint(checkpoint, o.tokenizer, device);
+  const GptCheckpoint ck = load_gpt_checkpoint(target, o.tokenizer, device);
+  if (o.precision) ck.model->set_precision(*o.precision);
   const data::Tokenizer& tokenizer = *ck.tokenizer;
-  const std::vector<std::string> prompts = read_lines(o.input, /*skip_comments=*/false);
-  if (prompts.empty()) DPT_THROW(ConfigError, "predict: no prompts (non-blank lines) in {}", o.input);
+  const PromptFile file = read_prompts(o.input);
+  const std::vector<std::string>& prompts = file.prompts;
+  if (prompts.empty())
+    DPT_THROW(ConfigError, "predict: no prompts ({}) in {}",
+              file.jsonl ? "records with a \"prompt\"" : "non-blank lines", o.input);
+  if (file.skipped > 0 && pg.rank() == 0)
+    spdlog::info("predict: skipped {} blank line{} of {}{}", file.skipped, file.skipped == 1 ? "" : "s", o.input,
+                 file.jsonl ? "" : " (white space alone is no prompt there; a .jsonl prompts file, {\"prompt\": ...} "
+                                   "a line, carries any prompt)");
   // Every rank encodes every prompt: the batches depend on all the token counts.
   std::vector<std::vector<int32_t>> encoded;
   std::vector<size_t> counts;
@@ -54,10 +98,12 @@ PredictSummary predict_prompts(const std::string& checkpoint, const PromptOption
   const auto new_tokens = static_cast<size_t>(o.tokens);
   if (rank == 0)
     spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "
-                 "window together); {} from {} on {}; {} tokens each, temperature {}, top_k {}, seed {}{}; tokenizer {}",
+                 "window together); {} from {} on {}, {} products{}; {} tokens each, temperature {}, top_k {}, "
+                 "seed {}{}; tokenizer {}",
                  prompts.size(), o.input, world, batches.size(), o.batch_size, ck.model->summary(), ck.from,
-                 device.str(), o.tokens, sampling.temperature, sampling.top_k, o.seed,
-                 o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
+                 device.str(), o.precision ? choice_name(*o.precision) : "fp32",
+                 o.precision ? " (as asked)" : " (generate's; --precision sets them)", o.tokens,
+                 sampling.temperature, sampling.top_k, o.seed, o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
   std::vector<std::pair<size_t, std::string>> mine;
   ProgressLine progress(rank == 0, prompts.size() * new_tokens, pg.size(), o.progress_interval_s, "tokens");
   size_t done = 0;  // tokens generated here

@@ -66,6 +66,16 @@ mkdir -p "$WORK/empty" "$WORK/empty.tmp/train/junk"
 check_tree "$WORK/empty" png 10
 [ ! -e "$WORK/empty.tmp" ] || fail "the stale empty.tmp was not cleared"
 
+# 4b. OUT may not be --data-dir, nor hold it: --force would delete the data it was made from. Exit 2, nothing touched
+# (a folder of links to the data set here, so that even a failure deletes no more than links).
+mkdir -p "$WORK/dd/fm"
+ln -s /usr/share/datasets/fashion-mnist/*.gz "$WORK/dd/fm/"
+expect_exit 2 "out $WORK/dd/fm is the --data-dir $WORK/dd/fm: writing there would delete it" \
+  "$DPTRAIN" export-images --data-dir "$WORK/dd/fm" --out "$WORK/dd/fm" --limit 10 --force
+expect_exit 2 "out $WORK/dd holds the --data-dir $WORK/dd/fm/" \
+  "$DPTRAIN" export-images --data-dir "$WORK/dd/fm/" --out "$WORK/dd" --limit 10 --force
+[ "$(ls "$WORK/dd/fm" | wc -l)" = 4 ] && [ ! -e "$WORK/dd.tmp" ] || fail "a refused export touched its --data-dir"
+
 # 5. Bad arguments: exit 2, saying what is wrong; nothing written.
 expect_exit 2 "\-\-out is required" "$DPTRAIN" export-images --limit 10
 expect_exit 2 "gif not in {png,jpg}" "$DPTRAIN" export-images --out "$WORK/bad" --format gif

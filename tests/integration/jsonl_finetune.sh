@@ -183,6 +183,15 @@ mkdir "$WORK/dir_in" && cp "$WORK/qa.jsonl" "$WORK/dir_in/"
 grep -q "tokenize: 1 JSON Lines files, .*: 800 documents" "$WORK/dir_out.log" || { cat "$WORK/dir_out.log"; fail "the directory was not read as JSON Lines once"; }
 expect_exit 2 "holds files, and no jsonl_source.json" "$DPTRAIN" "${JSONL[@]}" "${SHORT[@]}" data.dir="$WORK/fortunes" \
   checkpoint.dir="$WORK/foreign"
+# A data.dir holding a data.jsonl file (shards written there before, so replacing them is allowed) is refused before
+# the stale shards are replaced, which would delete the record file; tokenize's --out the same.
+cp -r "$WORK/dir_out" "$WORK/inside" && cp "$WORK/qa.jsonl" "$WORK/inside/new.jsonl"
+expect_exit 2 "data.dir $WORK/inside holds the data.jsonl $WORK/inside/new.jsonl: writing there would delete it" \
+  "$DPTRAIN" data.dataset=jsonl data.jsonl="$WORK/inside/new.jsonl" "${SHORT[@]}" data.dir="$WORK/inside" \
+  checkpoint.dir="$WORK/insideck"
+expect_exit 2 "out $WORK/inside holds the --input $WORK/inside/new.jsonl" "$DPTRAIN" tokenize \
+  --input "$WORK/inside/new.jsonl" --tokenizer "$TOK" --out "$WORK/inside" --force
+cmp -s "$WORK/qa.jsonl" "$WORK/inside/new.jsonl" || fail "a refused run touched the record file in data.dir"
 # The records gone: eval reads the shards they left.
 mv "$WORK/qa.jsonl" "$WORK/moved.jsonl"
 "$DPTRAIN" eval --checkpoint "$WORK/again" > "$WORK/gone.log" 2>&1 || { cat "$WORK/gone.log"; fail "eval without the records failed"; }

@@ -215,9 +215,18 @@ print(sum(l["top"][0]["class"] == l["path"].split("/")[0] for l in lines) / len(
 echo "Fashion-MNIST MLP on the exported images: accuracy $fm_acc"
 float_ge "$fm_acc" 0.6 || fail "accuracy $fm_acc of the Fashion-MNIST MLP: its preprocessing is not the training one"
 
-# --help
+# A GPT's sampling options on an image classifier are refused (exit 2, naming the option), not ignored.
+for opt in "--temperature 0.5" "--tokens 10" "--sample-top-k 3" "--seed 3" --no-kv-cache --ignore-eos \
+           "--tokenizer $WORK"; do
+  expect_exit 2 "predict: ${opt%% *} samples text from a GPT or Llama's prompts, and .* holds a resnet model" \
+    "$DPTRAIN" predict --checkpoint "$CK" --input "$WORK/fm/val" --out "$WORK/refused.out" $opt
+done
+[ ! -e "$WORK/refused.out" ] || fail "a refused predict wrote its --out"
+
+# --help: every option, and which checkpoints each applies to
 help=$("$DPTRAIN" predict --help)
-for opt in --checkpoint --input --out --batch-size --top-k --precision --format --skip-bad "same bytes on any number"; do
+for opt in --checkpoint --input --out --batch-size --top-k --precision --format --skip-bad "same bytes on any number" \
+           "Options by checkpoint: images: --top-k, --skip-bad; GPT or Llama: --tokens"; do
   grep -q -- "$opt" <<<"$help" || fail "predict --help lacks $opt"
 done
 grep -q "^  predict " <<<"$("$DPTRAIN" --help)" || fail "dptrain --help does not list predict"

@@ -75,7 +75,71 @@ EOF
 $PY - "$WORK/p1.jsonl" "$WORK/p.csv" <<'EOF' || fail "the csv output disagrees with jsonl"
 import csv, json, sys
 j = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
-rows = list(csv.DictReader(open(sys.argv[2], newline="", encoding="utf-8", errors="replace")))
+rows = list(csv.DictReader(open(sys.argv[2], newline="", encoding="utf-8")))  # strict: invalid UTF-8 is replaced
 assert [(r["prompt"], r["text"]) for r in rows] == [(l["prompt"], l["text"]) for l in j]
+EOF
+# Options for images only are refused with a GPT (exit 2, naming the one meant), not accepted and ignored; --precision
+# is honoured: bf16 products (the log says so) sample other texts than float32's, generate's default.
+expect_exit 2 "predict: --top-k is the classes per image, and .* holds a gpt model: .* is --sample-top-k" \
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/refused.jsonl" --top-k 3
+expect_exit 2 "predict: --skip-bad skips unreadable images" \
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/refused.jsonl" --skip-bad
+[ ! -e "$WORK/refused.jsonl" ] || fail "a refused predict wrote its --out"
+grep -q "fp32 products (generate's; --precision sets them)" "$WORK/p1.log" ||
+  { cat "$WORK/p1.log"; fail "no fp32 in the log"; }
+for p in fp32 bf16; do  # every token a draw from all 256 (sensitive to the logits' rounding)
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/$p.jsonl" --tokens 100 --seed 3 \
+    --precision $p > "$WORK/$p.log" 2>&1 || { cat "$WORK/$p.log"; fail "--precision $p failed"; }
+  grep -q "$p products (as asked)" "$WORK/$p.log" || { cat "$WORK/$p.log"; fail "no $p in the log"; }
+done
+# 1100 draws from logits through bf16 products: all alike would mean the products ran in float32.
+! cmp -s "$WORK/fp32.jsonl" "$WORK/bf16.jsonl" || fail "--precision bf16 gave float32's texts: ignored"
+# A .jsonl prompts file (the fine-tuning records): each record's "prompt", which may span lines, its "completion"
+# ignored; its texts are generate's for those prompts. A malformed record is named FILE:LINE (exit 2). A text prompts
+# file's blank lines (white space alone) are skipped and counted in the log.
+"$PY" - "$WORK/prompts.jsonl" <<'EOF'
+import json, sys
+with open(sys.argv[1], "w") as f:
+    f.write(json.dumps({"prompt": "Q: What is a bug?\nA:", "completion": " a feature", "id": 1}) + "\n\n")
+    f.write(json.dumps({"prompt": "  The\n\n"}) + "\n")
+EOF
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.jsonl" --out "$WORK/pj.jsonl" --batch-size 1 \
+  "${SAMPLING[@]}" > "$WORK/pj.log" 2>&1 || { cat "$WORK/pj.log"; fail "predict of a .jsonl prompts file failed"; }
+grep -q "predict: skipped 1 blank line of $WORK/prompts.jsonl$" "$WORK/pj.log" ||
+  { cat "$WORK/pj.log"; fail "no count"; }
+$PY - "$DPTRAIN" "$WORK" "${SAMPLING[@]}" <<'EOF' || fail "the .jsonl prompts are not read as records"
+import json, subprocess, sys
+dptrain, work, sampling = sys.argv[1], sys.argv[2], sys.argv[3:]
+gen_args = [a if a != "--sample-top-k" else "--top-k" for a in sampling]
+lines = [json.loads(l) for l in open(f"{work}/pj.jsonl", encoding="utf-8")]
+assert [l["prompt"] for l in lines] == ["Q: What is a bug?\nA:", "  The\n\n"], lines
+for l in lines:
+    out = subprocess.run([dptrain, "generate", "--checkpoint", f"{work}/ck", "--prompt", l["prompt"], *gen_args],
+                         capture_output=True, check=True).stdout
+    assert l["text"] == out[:-1].decode("utf-8", errors="replace"), (l, out)
+print(f"a .jsonl prompts file: 2 records, multi-line prompts, generate's texts, e.g. {lines[0]['text']!r}")
+EOF
+cp "$WORK/prompts.jsonl" "$WORK/bad_prompts.jsonl" && echo '{"text": "no prompt"}' >> "$WORK/bad_prompts.jsonl"
+expect_exit 2 "predict: $WORK/bad_prompts.jsonl:4: a {\"text\": ...} record holds no prompt" \
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/bad_prompts.jsonl" --out "$WORK/bad_prompts.out"
+printf 'And\n   \n\nThe\n\t\n' > "$WORK/blank.txt"
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/blank.txt" --out "$WORK/blank.jsonl" --tokens 5 \
+  > "$WORK/blank.log" 2>&1 || { cat "$WORK/blank.log"; fail "predict of a file with blank lines failed"; }
+grep -q "predict: skipped 3 blank lines of $WORK/blank.txt (white space alone is no prompt there" "$WORK/blank.log" ||
+  { cat "$WORK/blank.log"; fail "the skipped blank lines are not counted"; }
+[ "$(wc -l < "$WORK/blank.jsonl")" = 2 ] || fail "not 2 lines for the 2 prompts"
+
+# Bytes that are not UTF-8 (a prompt's 0xa5, a character cut short): U+FFFD in csv as in jsonl, both strict UTF-8.
+printf 'caf\xc3\xa9 \xa5 x\nok \xe2\x82\n' > "$WORK/bad_utf8.txt"
+for f in csv jsonl; do
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/bad_utf8.txt" --out "$WORK/bad_utf8.$f" --format $f \
+    --tokens 20 > "$WORK/bad_utf8.log" 2>&1 || { cat "$WORK/bad_utf8.log"; fail "predict --format $f failed"; }
+done
+$PY - "$WORK/bad_utf8.csv" "$WORK/bad_utf8.jsonl" <<'EOF' || fail "invalid UTF-8 is not U+FFFD in both outputs"
+import csv, json, sys
+rows = list(csv.DictReader(open(sys.argv[1], newline="", encoding="utf-8")))  # strict
+lines = [json.loads(l) for l in open(sys.argv[2], encoding="utf-8")]
+assert [(r["prompt"], r["text"]) for r in rows] == [(l["prompt"], l["text"]) for l in lines], (rows, lines)
+assert rows[0]["prompt"] == "caf\u00e9 \ufffd x" and rows[1]["prompt"] == "ok \ufffd", rows
 EOF
 echo "PASS: prompts: generate's text for each, in input order, the same file on 1, 2 and 3 ranks"

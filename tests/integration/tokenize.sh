@@ -98,15 +98,75 @@ out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$OUT"
 check_shards "$OUT" 3 "$IN/b/three.txt" "$IN/a/one.txt"
 [ ! -e "$OUT.tmp" ] && [ ! -e "$OUT.old" ] || fail "OUT.tmp or OUT.old left behind"
 
+# 3b. OUT may not be an input, hold one (--force would replace it: the corpus deleted), or lie inside an input folder
+# (every file of which is read: a later run would read the shards): exit 2 whatever --force says, nothing touched.
+# Compared resolved: a relative path, a trailing slash and a symlink to the folder meet it. A file given as the
+# input may have OUT beside it.
+cp -r "$IN" "$WORK/corpus"
+ln -s "$WORK/corpus" "$WORK/corpus_link"
+corpus_sums() { (cd "$WORK/corpus" && find . -type f | LC_ALL=C sort | xargs md5sum); }
+before=$(corpus_sums)
+expect_exit 2 "out $WORK/corpus is the --input $WORK/corpus: writing there would delete it" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus" --out "$WORK/corpus" --force
+expect_exit 2 "out $WORK/corpus/a holds the --input $WORK/corpus/a/one.txt" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus/a/one.txt" --input "$WORK/corpus/b" --out "$WORK/corpus/a" --force
+expect_exit 2 "is the --input corpus_link" \
+  bash -c "cd '$WORK' && '$DPTRAIN' tokenize --input corpus_link --out ./corpus/ --force"
+expect_exit 2 "out $WORK/corpus holds the --input $WORK/corpus/b" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus/b" --out "$WORK/corpus" --force
+expect_exit 2 "is the --input $WORK/corpus.tmp" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus.tmp" --out "$WORK/corpus" --force
+expect_exit 2 "lies inside the --input folder $WORK/corpus, every file of which is read" \
+  "$DPTRAIN" tokenize --input "$WORK/corpus" --out "$WORK/corpus/b/tok"
+[ "$(corpus_sums)" = "$before" ] && [ ! -e "$WORK/corpus/b/tok" ] || fail "a refused tokenize touched the corpus"
+out=$("$DPTRAIN" tokenize --input "$WORK/corpus/a/one.txt" --input "$WORK/corpus/b/three.txt" --out "$WORK/corpus/tok" \
+  --val-every 3 2>&1) ||
+  { echo "$out"; fail "OUT beside the files given as inputs was refused"; }
+rm -r "$WORK/corpus_link" "$WORK/corpus"
+
+# 3c. --format auto: a folder is JSON Lines only when all its files are *.jsonl (hidden ones aside); one mixing them
+# with text is refused (exit 2, naming the counts and --format; it read the *.jsonl alone and dropped the text), and
+# --format text reads it all.
+mkdir -p "$WORK/mixed/sub" "$WORK/jsonl_only/.git"
+cp "$IN/a/one.txt" "$WORK/mixed/" && cp "$IN/b/three.txt" "$WORK/mixed/sub/"
+for i in $(seq 21); do echo "{\"text\": \"record $i\"}"; done > "$WORK/mixed/meta.jsonl"
+expect_exit 2 "folder $WORK/mixed holds 1 \*.jsonl file and 2 other files (one.txt, sub/three.txt): --format" \
+  "$DPTRAIN" tokenize --input "$WORK/mixed" --out "$WORK/mixed_out" --eos-token $'\n'
+[ ! -e "$WORK/mixed_out" ] || fail "a refused tokenize of a mixed folder wrote its OUT"
+out=$("$DPTRAIN" tokenize --input "$WORK/mixed" --out "$WORK/mixed_out" --format text --val-every 3 2>&1) ||
+  { echo "$out"; fail "--format text of a mixed folder failed"; }
+mixed_bytes=$(cat "$WORK/mixed/meta.jsonl" "$IN/a/one.txt" "$IN/b/three.txt" | wc -c)
+<<< "$out" grep -q "tokenize: 3 files, $mixed_bytes bytes" ||
+  { echo "$out"; fail "--format text did not read every file of the mixed folder"; }
+cp "$WORK/mixed/meta.jsonl" "$WORK/jsonl_only/" && touch "$WORK/jsonl_only/.DS_Store" "$WORK/jsonl_only/.git/HEAD"
+out=$("$DPTRAIN" tokenize --input "$WORK/jsonl_only" --out "$WORK/jsonl_out" --eos-token $'\n' 2>&1) ||
+  { echo "$out"; fail "a folder of *.jsonl (and hidden files) was not read as JSON Lines"; }
+<<< "$out" grep -q "1 JSON Lines files, .*: 21 documents" || { echo "$out"; fail "not read as JSON Lines"; }
+
 # 4. Errors, each exit 2 naming it: a missing input, too little text for a val block, bad arguments;
 # nothing written by any of them.
 expect_exit 2 "$WORK/nothing: no such file or directory" "$DPTRAIN" tokenize --input "$WORK/nothing" --out "$WORK/bad"
 expect_exit 2 "too little text for both splits" "$DPTRAIN" tokenize --input "$IN/b/three.txt" --out "$WORK/bad"
+# ... said in English: ordinals and plurals.
+printf 'tiny' > "$WORK/tiny.txt"
+for n in 2:2nd 3:3rd 4:4th 11:11th 12:12th 13:13th 21:21st 22:22nd 101:101st 111:111th; do
+  expect_exit 2 "tokenize: 4 bytes (4 tokens) make 1 block of 4096 tokens and every ${n#*:} block is validation" \
+    "$DPTRAIN" tokenize --input "$WORK/tiny.txt" --out "$WORK/bad" --val-every "${n%%:*}"
+done
 expect_exit 2 "no text in" "$DPTRAIN" tokenize --input "$IN/b/image.bin" --out "$WORK/bad"
 expect_exit 2 "\-\-input is required" "$DPTRAIN" tokenize --out "$WORK/bad"
 expect_exit 2 "\-\-out is required" "$DPTRAIN" tokenize --input "$IN"
 expect_exit 2 "val-every" "$DPTRAIN" tokenize --input "$IN" --out "$WORK/bad" --val-every 1
 expect_exit 2 "val-every" "$DPTRAIN" tokenize --input "$IN" --out "$WORK/bad" --val-every -3
+# A folder of symlinks only: the links are named as skipped (not followed inside a folder), with the fix; a link given
+# as the input is read.
+mkdir "$WORK/links"
+ln -s "$IN/a/one.txt" "$WORK/links/one.txt" && ln -s "$IN/b/three.txt" "$WORK/links/three.txt"
+expect_exit 2 "no text in $WORK/links (0 files found); 2 symlinks inside the input folders skipped \
+($WORK/links/one.txt, $WORK/links/three.txt): links inside a folder are not followed .*give the files they point to" \
+  "$DPTRAIN" tokenize --input "$WORK/links" --out "$WORK/bad"
+"$DPTRAIN" tokenize --input "$WORK/links/one.txt" --input "$WORK/links/three.txt" --out "$WORK/links_out" \
+  --val-every 3 > /dev/null 2>&1 || fail "symlinks given as inputs were not read"
 [ ! -e "$WORK/bad" ] && [ ! -e "$WORK/bad.tmp" ] || fail "a refused command wrote $WORK/bad"
 help=$("$DPTRAIN" tokenize --help) || fail "tokenize --help failed"
 for word in --input --out --val-every --force 4096; do

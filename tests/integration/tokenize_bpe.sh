@@ -9,7 +9,9 @@
 #  - bad --vocab / --merges: clear errors, nothing written;
 #  - a tiny GPT trained on those shards, and `dptrain generate`: the tokenizer found through the checkpoint's
 #    data.dir, or --tokenizer; the prompt comes back first, tokens decode to several bytes each; a tokenizer
-#    larger than the model's vocabulary is refused; without vocab.json a warning and bytes.
+#    larger than the model's vocabulary is refused; a --tokenizer folder without tokenizer files, and a data.dir
+#    without them or missing (moved, or relative to another directory), are refused (exit 2, naming the files and
+#    --tokenizer), not read as bytes; a model of byte shards with a larger vocabulary still reads bytes.
 source "$(dirname "$0")/lib/common.bash"
 BPE_PY=$DPT_SOURCE_DIR/tests/integration/lib/gpt2_bpe.py
 FORTUNES=/usr/share/games/fortunes
@@ -60,6 +62,15 @@ printf '#version: 0.2\nĠ t\nh e x\n' > "$WORK/broken.txt"
 expect_exit 2 "$WORK/broken.txt:3: a merge is two tokens" "$DPTRAIN" "${TOK[@]}" --vocab "$WORK/vocab/vocab.json" --merges "$WORK/broken.txt"
 printf '{"a": 0, "b": 16777216}' > "$WORK/huge.json"
 expect_exit 2 "has id 16777216" "$DPTRAIN" "${TOK[@]}" --vocab "$WORK/huge.json" --merges "$WORK/vocab/merges.txt"
+# --tokenizer naming another file than a tokenizer.json: said to be none, with what it looks like and what to give.
+echo '{"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}' > "$WORK/config.json"
+for f in "vocab/vocab.json:a vocab.json (token -> id)" "config.json:a model's config.json"; do
+  expect_exit 2 "$WORK/${f%%:*}: not a tokenizer.json (it has no \"model\"): it looks like ${f#*:}; name a Hugging \
+Face tokenizer.json, or the folder holding it; for GPT-2's vocab.json and merges.txt, the folder holding both (or \
+tokenize's --vocab and --merges)" "$DPTRAIN" "${TOK[@]}" --tokenizer "$WORK/${f%%:*}"
+done
+expect_exit 2 "$WORK/vocab/merges.txt: not valid JSON, so not a tokenizer.json" \
+  "$DPTRAIN" "${TOK[@]}" --tokenizer "$WORK/vocab/merges.txt"
 [ ! -e "$BAD" ] && [ ! -e "$BAD.tmp" ] || fail "a refused tokenize wrote $BAD"
 help=$("$DPTRAIN" tokenize --help) || fail "tokenize --help failed"
 for word in --vocab --merges gpt2_; do grep -q -- "$word" <<< "$help" || fail "tokenize --help lacks $word"; done
@@ -91,12 +102,52 @@ print(f"40 new tokens decoded to {new} bytes")
 EOF
 expect_exit 2 "the model's vocab_size is 657, but the tokenizer from $WORK/vocab_big, GPT-2 BPE (vocab 757, 500 merges), has 757 ids" \
   "$DPTRAIN" generate --checkpoint "$WORK/ck" --tokenizer "$WORK/vocab_big"
-expect_exit 1 "$WORK/nothing/vocab.json: cannot open" "$DPTRAIN" generate --checkpoint "$WORK/ck" --tokenizer "$WORK/nothing"
-# Without the tokenizer files in data.dir: bytes, with a warning (ids below 256 only, so the text decodes).
+expect_exit 2 "tokenizer $WORK/nothing: no such file or directory" \
+  "$DPTRAIN" generate --checkpoint "$WORK/ck" --tokenizer "$WORK/nothing"
+mkdir "$WORK/emptydir"
+expect_exit 2 "tokenizer $WORK/emptydir: the directory holds no tokenizer.json, and no vocab.json with merges.txt" \
+  "$DPTRAIN" generate --checkpoint "$WORK/ck" --tokenizer "$WORK/emptydir"
+# The run's tokenizer not found: never bytes for a model of 657 ids (garbage), but exit 2 naming data.dir as resolved
+# here, the files looked for and --tokenizer. A data.dir relative to where the run trained, read from elsewhere
+# (generate, and predict on prompts); then the folder moved away; then without its tokenizer files.
+(cd "$WORK" && "$DPTRAIN" data.dataset=tokens data.dir=bpe model.name=gpt model.vocab_size=657 model.n_layer=1 \
+  model.n_head=2 model.n_embd=32 model.block_size=16 train.device=cpu train.max_steps=2 train.batch_size=8 \
+  data.test_limit=64 train.progress_interval_s=1000 checkpoint.dir=rel --resume never > "$WORK/rel.log" 2>&1) ||
+  { cat "$WORK/rel.log"; fail "training with a relative data.dir failed"; }
+mkdir "$WORK/elsewhere"
+printf 'The cat\n' > "$WORK/prompts.txt"
+NOTOK="the run's tokenizer is not found: its data.dir = bpe ($WORK/elsewhere/bpe from the current directory) does not \
+exist, and the model's vocab_size is 657, more than byte-level tokens' 256; name the tokenizer it was trained with: \
+--tokenizer DIR (a folder holding tokenizer.json, or vocab.json and merges.txt)"
+expect_exit 2 "$NOTOK" bash -c "cd '$WORK/elsewhere' && '$DPTRAIN' generate --checkpoint '$WORK/rel' --tokens 5"
+expect_exit 2 "$NOTOK" bash -c "cd '$WORK/elsewhere' && '$DPTRAIN' predict --checkpoint '$WORK/rel' \
+  --input '$WORK/prompts.txt' --out '$WORK/elsewhere/p.jsonl' --tokens 5"
+(cd "$WORK/elsewhere" && "$DPTRAIN" generate --checkpoint "$WORK/rel" --tokenizer "$OUT" --tokens 5 > /dev/null 2>&1) ||
+  fail "generate --tokenizer from elsewhere failed"
+# predict's override of data.dir reaches the prompts (the tokenizer found there).
+(cd "$WORK/elsewhere" && "$DPTRAIN" predict --checkpoint "$WORK/rel" --input "$WORK/prompts.txt" --out p.jsonl \
+  --tokens 5 data.dir="$OUT" > "$WORK/pred.log" 2>&1) || { cat "$WORK/pred.log"; fail "predict data.dir=... failed"; }
+grep -q "tokenizer GPT-2 BPE (vocab 657" "$WORK/pred.log" ||
+  { cat "$WORK/pred.log"; fail "the override's tokenizer unused"; }
+mv "$OUT" "$OUT.moved"
+expect_exit 2 "its data.dir = $OUT ($OUT from the current directory) does not exist" \
+  "$DPTRAIN" generate --checkpoint "$WORK/ck"
+mv "$OUT.moved" "$OUT"
 rm "$OUT/vocab.json"
 expect_exit 2 "$OUT holds merges.txt but no vocab.json" "$DPTRAIN" generate --checkpoint "$WORK/ck"
 rm "$OUT/merges.txt"
-expect_exit 0 "byte-level tokens for a model of vocab_size 657" "$DPTRAIN" generate --checkpoint "$WORK/ck" --tokens 20
+expect_exit 2 "its data.dir = $OUT ($OUT from the current directory) holds no tokenizer.json, nor vocab.json and \
+merges.txt" "$DPTRAIN" generate --checkpoint "$WORK/ck" --tokens 20
+expect_exit 0 "data.dir = $OUT ($OUT from the current directory) holds no tokenizer file: $WORK/hf gets none" \
+  "$DPTRAIN" export-weights --checkpoint "$WORK/ck" --layout hf --out "$WORK/hf"
+# Byte shards (bytes_*.bin) under a model of 300 ids: bytes are its tokenizer, no error.
+"$DPTRAIN" tokenize --input "$FORTUNES/computers" --out "$WORK/bytes" > /dev/null 2>&1 || fail "tokenize (bytes) failed"
+"$DPTRAIN" data.dataset=tokens data.dir="$WORK/bytes" model.name=gpt model.vocab_size=300 model.n_layer=1 \
+  model.n_head=2 model.n_embd=32 model.block_size=16 train.device=cpu train.max_steps=2 train.batch_size=8 \
+  data.test_limit=64 train.progress_interval_s=1000 checkpoint.dir="$WORK/ck300" --resume never > "$WORK/b.log" 2>&1 ||
+  { cat "$WORK/b.log"; fail "training a 300-id model on byte shards failed"; }
+expect_exit 0 "byte-level tokens for a model of vocab_size 300 (its data.dir's shards are bytes_\*)" \
+  "$DPTRAIN" generate --checkpoint "$WORK/ck300" --tokens 20
 help=$("$DPTRAIN" generate --help) || fail "generate --help failed"
 grep -q -- "--tokenizer" <<< "$help" || fail "generate --help lacks --tokenizer"
 echo "PASS"

@@ -86,6 +86,22 @@ assert np.array_equal(np.asarray(nano["lm_head.weight"]), np.asarray(hf["wte.wei
 assert len(nano) == len(hf) + 1, (len(nano), len(hf))
 print(f"exported: {len(hf)} tensors (Hugging Face), {len(nano)} (nanoGPT)")
 PYEOF
+# --max-shard-size as save_pretrained's max_shard_size reads it, binary units too: 100KiB shards exactly as 102400
+# bytes do, 0.0625MiB as 65536, 5GiB not at all; an unknown unit is refused.
+for size in 5GiB 100KiB 102400 0.0625MiB 65536; do
+  "$DPTRAIN" export-weights --checkpoint "$WORK/learn" --out "$WORK/sh_$size" --max-shard-size $size \
+    > "$WORK/sh_$size.log" 2>&1 || { cat "$WORK/sh_$size.log"; fail "export-weights --max-shard-size $size failed"; }
+done
+[ -f "$WORK/sh_5GiB/model.safetensors" ] && [ ! -e "$WORK/sh_5GiB/model.safetensors.index.json" ] ||
+  fail "--max-shard-size 5GiB sharded 0.2 MB of weights"
+for pair in 100KiB:102400 0.0625MiB:65536; do
+  a=$WORK/sh_${pair%%:*}/model.safetensors.index.json b=$WORK/sh_${pair#*:}/model.safetensors.index.json
+  [ -f "$a" ] && "$PY" -c 'import json, sys; sys.exit(json.load(open(sys.argv[1]))["weight_map"] !=
+    json.load(open(sys.argv[2]))["weight_map"])' "$a" "$b" ||
+    fail "--max-shard-size ${pair%%:*} is not ${pair#*:} bytes"
+done
+expect_exit 2 "\-\-max-shard-size 5XB: a size such as 5GB, 500MB, 64KB (decimal), 4GiB, 512MiB, 64KiB (binary)" \
+  "$DPTRAIN" export-weights --checkpoint "$WORK/learn" --out "$WORK/sh_bad" --max-shard-size 5XB
 for f in hf nano; do
   "$DPTRAIN" "${GPT[@]}" model.init_from="$WORK/$f.safetensors" train.max_steps=1 data.train_limit=64 \
     data.test_limit=64 checkpoint.dir="$WORK/from_$f" --resume never > "$WORK/from_$f.log" 2>&1 \
@@ -100,6 +116,21 @@ expect_exit 2 "holds a mlp model: export-weights takes model.name = gpt or llama
 
 if out=$("$DPTRAIN" generate --checkpoint "$WORK/nothing-here" 2>&1); then fail "generate without a checkpoint ran"; fi
 grep -q "no such checkpoint" <<<"$out" || fail "unclear error for a missing checkpoint: $out"
+# Sampling options out of range are refused when parsed (exit 2), not wrapped (--seed -1 was 2^64 - 1) or taken
+# (--temperature inf); generate and predict share them.
+for cmd in generate predict; do
+  [ $cmd = predict ] && more=(--input "$WORK/p.txt" --out "$WORK/p.jsonl") || more=()
+  expect_exit 2 "\-\-seed: must be a whole number >= 0, got '-1'" \
+    "$DPTRAIN" $cmd --checkpoint "$WORK/learn" "${more[@]}" --seed -1
+  expect_exit 2 "\-\-seed: must be at most 18446744073709551615 (2^64 - 1), got 99999999999999999999999" \
+    "$DPTRAIN" $cmd --checkpoint "$WORK/learn" "${more[@]}" --seed 99999999999999999999999
+  for t in inf nan -inf 1e999; do
+    expect_exit 2 "\-\-temperature: must be a finite number (got $t)" \
+      "$DPTRAIN" $cmd --checkpoint "$WORK/learn" "${more[@]}" --temperature $t
+  done
+done
+"$DPTRAIN" generate --checkpoint "$WORK/learn" --seed 18446744073709551615 --tokens 4 > /dev/null 2> "$WORK/gen.err" ||
+  { cat "$WORK/gen.err"; fail "the largest seed, 2^64 - 1, was refused"; }
 
 # dptrain eval on 1, 2 and 3 ranks: each validation window once (1024 windows x 32 tokens), the same loss, and
 # the loss of the run's own final evaluation.

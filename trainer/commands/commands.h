@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace dpt::trainer::commands {
 
@@ -44,9 +45,11 @@ Command add_config_reference(CLI::App& root);                                  /
 // ranks by a launcher, rank 0 runs `body` (warning that the others do nothing) and the others return 0 at once.
 int run_alone(const std::function<void()>& body);
 
-// A command that writes a data set to OUT and trains nothing (export-images, tokenize): run_alone, and a non-empty
-// OUT is refused unless `force`.
-int run_writer(const char* name, const std::string& out, bool force, const std::function<void()>& body);
+// A command that writes a data set to OUT and trains nothing (export-images, tokenize): run_alone; an OUT that is or
+// holds one of `inputs` (named `input_name` in the message: "--input") is refused whatever `force` says
+// (data/output_dir.h's check_output_apart; OutputDir checks the rest), and a non-empty OUT unless `force`.
+int run_writer(const char* name, const std::string& out, bool force, const std::vector<std::string>& inputs,
+               const std::string& input_name, const std::function<void()>& body);
 
 // The options several commands share, defined once so that their help cannot drift apart:
 // --checkpoint PATH (required; a checkpoint or a checkpoint directory), --out DIR (required; a data set written
@@ -71,7 +74,7 @@ struct SamplingArgs {
 void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top_k_flag, const std::string& prefix,
                           const std::string& seed_help);
 
-// A `--limit`-like option's check: digits only (a size_t option would take "-3" as 2^64 - 3).
+// A `--limit`-like option's check: digits only (a size_t option would take "-3" as 2^64 - 3), at most 2^64 - 1.
 CLI::Validator whole_number();
 
 }  // namespace dpt::trainer::commands

@@ -3,6 +3,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
+#include <cstdlib>
+
 #include "comm/env.h"
 #include "core/check.h"
 #include "core/cli_checks.h"
@@ -39,8 +42,14 @@ int run_alone(const std::function<void()>& body) {
   return 0;
 }
 
-int run_writer(const char* name, const std::string& out, bool force, const std::function<void()>& body) {
+int run_writer(const char* name, const std::string& out, bool force, const std::vector<std::string>& inputs,
+               const std::string& input_name, const std::function<void()>& body) {
   return run_alone([&] {
+    try {  // before the non-empty check: its advice, --force, would delete the input
+      data::check_output_apart(out, inputs, data::FolderRead::named_files, "--out", input_name);
+    } catch (const ConfigError& e) {
+      die(kExitUsage, fmt::format("{}: {}", name, e.what()));
+    }
     if (!force && data::non_empty_directory(out))
       die(kExitUsage, fmt::format("{}: {} is not empty: refusing to overwrite it (--force replaces it)", name, out));
     body();
@@ -53,7 +62,9 @@ void add_checkpoint_option(CLI::App& cmd, std::string& path) {
 }
 
 void add_out_dir_option(CLI::App& cmd, std::string& out) {
-  cmd.add_option("--out", out, "output directory; written as OUT.tmp, renamed to OUT when complete")->required();
+  cmd.add_option("--out", out,
+                 "output directory (never an input nor a folder holding one); written as OUT.tmp, renamed to OUT when "
+                 "complete")->required();
 }
 
 void add_force_flag(CLI::App& cmd, bool& force) {
@@ -72,7 +83,9 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
                                           (top_k_flag == "--top-k" ? "" : ": generate's --top-k"))
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
-  cmd.add_option("--seed", s.seed, prefix + seed_help)->capture_default_str();
+  cmd.add_option("--seed", s.seed, prefix + seed_help + " (a whole number in [0, 2^64 - 1])")
+      ->check(whole_number())
+      ->capture_default_str();
   cmd.add_flag("--no-kv-cache", s.no_kv_cache,
                prefix + "run the whole window for every token (a sliding window) instead of caching keys and values");
   cmd.add_flag("--ignore-eos", s.ignore_eos,
@@ -80,15 +93,20 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
                         "output, as Hugging Face's generate() ends at eos_token_id)");
   cmd.add_option("--tokenizer", s.tokenizer,
                  prefix + "a directory with the tokenizer.json, or the vocab.json and merges.txt (GPT-2 BPE), the model "
-                          "was trained with (default: the checkpoint's data.dir, where `dptrain tokenize` copies them)");
+                          "was trained with, or the tokenizer.json itself (default: the checkpoint's data.dir, where "
+                          "`dptrain tokenize` copies them, resolved against the current directory; missing there, it "
+                          "is an error for a model with more ids than bytes)");
 }
 
 CLI::Validator whole_number() {
   return CLI::Validator(
       [](std::string& v) {
-        return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos
-                   ? std::string()
-                   : "must be a whole number >= 0, got '" + v + "'";
+        if (v.empty() || v.find_first_not_of("0123456789") != std::string::npos)
+          return "must be a whole number >= 0, got '" + v + "'";
+        errno = 0;
+        std::strtoull(v.c_str(), nullptr, 10);
+        if (errno == ERANGE) return "must be at most 18446744073709551615 (2^64 - 1), got " + v;
+        return std::string();
       },
       "");
 }

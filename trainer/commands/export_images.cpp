@@ -20,7 +20,7 @@ struct ExportImagesArgs {
 };
 
 int export_images(const ExportImagesArgs& a) {
-  return run_writer("export-images", a.out, a.force, [&] {
+  return run_writer("export-images", a.out, a.force, {a.data_dir}, "--data-dir", [&] {
     const auto start = std::chrono::steady_clock::now();
     auto train = data::load_fashion_mnist(a.data_dir, true);
     auto test = data::load_fashion_mnist(a.data_dir, false);
@@ -29,6 +29,7 @@ int export_images(const ExportImagesArgs& a) {
     o.format = a.format == "png" ? data::ImageFormat::png : data::ImageFormat::jpeg;
     o.limit = a.limit;
     o.force = a.force;
+    o.source_dir = a.data_dir;
     o.class_names = data::fashion_mnist_class_folders();
     o.progress = [](const std::string& split, size_t done, size_t total) {
       spdlog::info("export-images: {} {}/{} images", split, done, total);

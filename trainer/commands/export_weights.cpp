@@ -3,7 +3,9 @@
 // or one file in Hugging Face's layout or (a GPT) nanoGPT's state_dict.
 #include <spdlog/spdlog.h>
 
+#include <cctype>
 #include <cmath>
+#include <map>
 
 #include "trainer/build_model.h"
 #include "trainer/commands/commands.h"
@@ -16,7 +18,9 @@ struct ExportWeightsArgs {
   std::string checkpoint, layout = "hf", out, max_shard_size = "5GB";
 };
 
-// "5GB", "200MB", "64KB", "1000" (bytes), decimal units as save_pretrained's max_shard_size; ConfigError otherwise.
+// A size as save_pretrained's max_shard_size reads it (transformers' convert_file_size_to_int): a byte count, or a
+// number with a unit in any case: decimal KB, MB, GB (10^3, 10^6, 10^9 bytes), binary KiB, MiB, GiB (2^10, 2^20,
+// 2^30); a decimal unit ending in a lower-case b counts bits ("8Mb": 1 MB). ConfigError otherwise.
 uint64_t parse_size(const std::string& text) {
   size_t used = 0;
   double value = 0;
@@ -26,9 +30,17 @@ uint64_t parse_size(const std::string& text) {
     used = 0;
   }
   const std::string unit = text.substr(used);
-  const double scale = unit.empty() || unit == "B" ? 1.0 : unit == "KB" ? 1e3 : unit == "MB" ? 1e6 : unit == "GB" ? 1e9 : 0.0;
+  std::string upper = unit;
+  for (char& c : upper) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  const std::map<std::string, double> scales = {{"", 1.0},       {"B", 1.0},          {"KB", 1e3},
+                                                {"MB", 1e6},     {"GB", 1e9},         {"KIB", 1024.0},
+                                                {"MIB", 1048576.0}, {"GIB", 1073741824.0}};
+  const auto it = scales.find(upper);
+  double scale = it == scales.end() ? 0.0 : it->second;
+  if (upper.size() == 2 && upper != "B" && unit.back() == 'b') scale /= 8;  // "Mb": megabits
   if (used == 0 || scale == 0.0 || !std::isfinite(value) || !(value * scale >= 1.0) || value * scale > 1e18)
-    DPT_THROW(ConfigError, "--max-shard-size {}: a size such as 5GB, 500MB, 64KB or a byte count (at most 1e18)", text);
+    DPT_THROW(ConfigError, "--max-shard-size {}: a size such as 5GB, 500MB, 64KB (decimal), 4GiB, 512MiB, 64KiB "
+              "(binary) or a byte count (at most 1e18)", text);
   return static_cast<uint64_t>(value * scale);
 }
 
@@ -63,7 +75,8 @@ Command add_export_weights(CLI::App& root) {
       ->required();
   cmd->add_option("--max-shard-size", a->max_shard_size,
                   "in a folder, weights larger than this go into shards model-0000I-of-0000N.safetensors with "
-                  "model.safetensors.index.json, as save_pretrained's max_shard_size (decimal KB, MB, GB)")
+                  "model.safetensors.index.json, as save_pretrained's max_shard_size (decimal KB, MB, GB; binary KiB, "
+                  "MiB, GiB)")
       ->capture_default_str();
   return {cmd, [a] {
             return run_alone([&] {

@@ -32,10 +32,9 @@ void generate_text(const GenerateArgs& args) {
   spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, seed {}{}", ck.model->summary(),
                ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.seed, a.no_kv_cache ? ", no KV cache" : "");
   spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
-  if (tokenizer.name() == "bytes" && ck.vocab_size != 256) {
-    spdlog::warn("generate: byte-level tokens for a model of vocab_size {}: {} holds no vocab.json and merges.txt; "
-                 "if it was trained on GPT-2 BPE shards, --tokenizer DIR names their directory",
-                 ck.vocab_size, ck.tokenizer_from);
+  if (tokenizer.name() == "bytes" && ck.vocab_size != 256) {  // byte shards (load_gpt_checkpoint refuses others)
+    spdlog::info("generate: byte-level tokens for a model of vocab_size {} (its data.dir's shards are bytes_*): ids "
+                 "from 256 up are never sampled", ck.vocab_size);
   }
   if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
   std::vector<int32_t> prompt = tokenizer.encode(args.prompt);

@@ -3,6 +3,7 @@
 // of ranks (for the same threads per rank).
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "trainer/commands/commands.h"
@@ -25,7 +26,42 @@ struct PredictArgs {
   SamplingArgs sampling;  // prompts (a GPT checkpoint): generate's options
   std::vector<std::string> overrides;
   std::shared_ptr<const bool> print_config;
+  std::vector<std::string> given;  // the options given on the command line (as "--top-k"), for check_options
 };
+
+// The options that apply to one kind of checkpoint only: given with the other kind, they would be accepted and
+// ignored, so they are refused.
+constexpr const char* kImageOptions[] = {"--top-k", "--skip-bad"};
+constexpr const char* kPromptOptions[] = {"--tokens", "--temperature", "--sample-top-k", "--seed",
+                                          "--no-kv-cache", "--ignore-eos", "--tokenizer"};
+
+// ConfigError naming an option given that `target`'s checkpoint does not use, and the one meant where there is one.
+void check_options(const PredictArgs& a, const SavedRun& target) {
+  const bool prompts = model_card(target.config.model.name).input == ModelInput::tokens;
+  auto given = [&](const char* name) { return std::find(a.given.begin(), a.given.end(), name) != a.given.end(); };
+  const std::string model = fmt::format("{} holds a {} model", target.checkpoint.path, target.config.model.name);
+  if (prompts) {
+    if (given("--top-k"))
+      DPT_THROW(ConfigError, "predict: --top-k is the classes per image, and {}: its sampling among the k most likely "
+                "tokens is --sample-top-k (generate's --top-k)", model);
+    if (given("--skip-bad"))
+      DPT_THROW(ConfigError, "predict: --skip-bad skips unreadable images, and {}, whose prompts file has none to "
+                "skip; leave it out", model);
+    return;
+  }
+  for (const char* name : kPromptOptions)
+    if (given(name))
+      DPT_THROW(ConfigError, "predict: {} samples text from a GPT or Llama's prompts, and {}, which predicts the "
+                "classes of images; leave it out", name, model);
+}
+
+// Whether the command line asked for an arithmetic (--precision, or a train.precision= override): prompts then run
+// in it, else in float32, generate's, whatever the checkpoint trained in.
+bool precision_asked(const PredictArgs& a) {
+  return !a.precision.empty() || std::any_of(a.overrides.begin(), a.overrides.end(), [](const std::string& o) {
+           return o.starts_with("train.precision=");
+         });
+}
 
 int predict_job(const PredictArgs& a) {
   std::optional<SavedRun> target;  // the checkpoint, and its config
@@ -37,6 +73,7 @@ int predict_job(const PredictArgs& a) {
             std::vector<std::string> overrides = a.overrides;
             if (!a.precision.empty()) overrides.push_back("train.precision=" + a.precision);
             target = load_saved_run(a.checkpoint, overrides);
+            check_options(a, *target);
             origin = target->checkpoint.path + "'s";
             return target->config;
           },
@@ -54,8 +91,11 @@ int predict_job(const PredictArgs& a) {
                                     .stop_at_eos = !g.ignore_eos,
                                     .seed = g.seed, .kv_cache = !g.no_kv_cache, .batch_size = a.batch_size,
                                     .format = format,
-                                    .progress_interval_s = target->config.train.progress_interval_s};
-              s = predict_prompts(target->checkpoint.path, o, *job.pg, job.device);
+                                    .progress_interval_s = target->config.train.progress_interval_s,
+                                    .precision = precision_asked(a)
+                                                     ? std::optional(target->config.train.precision)
+                                                     : std::nullopt};
+              s = predict_prompts(*target, o, *job.pg, job.device);
             } else {
               const PredictOptions o{.input = a.input, .out = a.out, .batch_size = a.batch_size, .top_k = a.top_k,
                                      .format = format, .skip_bad = a.skip_bad};
@@ -85,6 +125,7 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "on any number of ranks, for the same CPU kernels and threads per rank (1 thread and 2 or more give other last "
       "digits: one thread runs the products in oneDNN's sgemm, more in OpenBLAS; the run's 'device cpu: threads' line "
       "says how many); trains nothing. With a GPT or Llama checkpoint --input is a text file of prompts, one a line, "
+      "or a .jsonl file of {\"prompt\": ...} records (the fine-tuning format: a prompt may span lines), "
       "and each line of OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
       "prompts of one token length (past the block size: as the block size) are generated --batch-size at a time with "
       "one KV cache, the batches dealt to the ranks in turn (a batch's products may round the logits' last bits "
@@ -94,13 +135,18 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "[{\"index\": 3, \"class\": \"3_dress\", \"prob\": 0.912345}, ...]} (the path relative to a folder --input, "
       "the class names the checkpoint was trained with, probabilities with 6 decimals); an unreadable image with "
       "--skip-bad: {\"path\": ..., \"error\": ...}.\n"
+      "Options by checkpoint: images: --top-k, --skip-bad; GPT or Llama: --tokens, --temperature, --sample-top-k, "
+      "--seed, --no-kv-cache, --ignore-eos, --tokenizer; both: --batch-size, --precision, --format. An option of the "
+      "other kind is refused (exit 2).\n"
       "Example: dprun --nproc-per-node 2 -- dptrain predict --checkpoint runs/fmnist/checkpoints --input "
       "/tmp/fmnist-images/val --out preds.jsonl");
   add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("--input", a->input,
                   "a folder of images (recursively: .png, .jpg, .jpeg in any case), one image (so named, or a file "
                   "starting as a PNG or JPEG does) or a list file (one path a line, relative to the working directory; "
-                  "blank lines and # comments skipped); GPT: a file of prompts, one a line (blank lines skipped)")
+                  "blank lines and # comments skipped); GPT: a file of prompts, one a line (lines blank or of white "
+                  "space alone skipped, and counted), or FILE.jsonl: a record a line, its \"prompt\" the prompt "
+                  "(data.dataset = jsonl's records; a \"completion\" ignored; a malformed line named FILE:LINE)")
       ->required();
   cmd->add_option("--out", a->out,
                   "the output file (its folder created if need be); written as OUT.tmp, renamed to OUT (replacing it) "
@@ -112,19 +158,20 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
                   "holds 2 x n_layer x batch x block_size x n_embd floats)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
-  cmd->add_option("--top-k", a->top_k, "most likely classes per image (at most the class count)")
+  cmd->add_option("--top-k", a->top_k,
+                  "images: most likely classes per image (at most the class count); a GPT's is --sample-top-k")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--precision", a->precision,
                   "fp32 | bf16 | fp16: the arithmetic of matrix products and convolutions (default: the checkpoint's "
-                  "train.precision)")
+                  "train.precision; GPT: fp32, generate's, unless given)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   cmd->add_option("--format", a->format, "jsonl (a JSON object a line) | csv (a header, then a row per image)")
       ->check(CLI::IsMember({"jsonl", "csv"}))
       ->capture_default_str();
   cmd->add_flag("--skip-bad", a->skip_bad,
-                "an image that cannot be read gets a line with its error and the run goes on (else the run fails "
-                "naming it, and writes nothing)");
+                "images: an image that cannot be read gets a line with its error and the run goes on (else the run "
+                "fails naming it, and writes nothing)");
   // Prompts: the options of `dptrain generate`, under the same names (--top-k is taken: --sample-top-k).
   add_sampling_options(*cmd, a->sampling, "--sample-top-k", "GPT: ",
                        "every prompt is sampled from this seed: its text is `dptrain generate --prompt P --seed S`'s "
@@ -132,7 +179,11 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
   cmd->add_option("overrides", a->overrides,
                   "overrides of the checkpoint's config, key=value (e.g. train.device=cpu, data.dir=... for a "
                   "checkpoint written before class names were saved)");
-  return {cmd, [a] { return predict_job(*a); }};
+  return {cmd, [a, cmd] {
+            for (const CLI::Option* o : cmd->get_options())
+              if (o->count() > 0 && !o->get_lnames().empty()) a->given.push_back("--" + o->get_lnames().front());
+            return predict_job(*a);
+          }};
 }
 
 }  // namespace dpt::trainer::commands

@@ -4,6 +4,7 @@
 // fine-tuning records (data/jsonl.h) as shards with loss masks (data/tokenize.h's tokenize_jsonl); trains nothing.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <memory>
@@ -30,15 +31,38 @@ struct TokenizeArgs {
   bool skip_bad_lines = false;  // jsonl
 };
 
-// Whether an input is JSON Lines to --format auto: a *.jsonl file, or a directory holding one (at any depth).
+// Whether an input is JSON Lines to --format auto: a *.jsonl file, or a directory whose regular files (at any depth;
+// hidden ones and those in hidden folders aside, symlinks not followed, as reading them does not) are all *.jsonl. A
+// directory holding both is a ConfigError naming the counts: as JSON Lines only its *.jsonl files would be read, as
+// text its *.jsonl files would be text; either silently drops or garbles part of it.
 bool looks_jsonl(const std::string& input) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (!fs::is_directory(input, ec)) return fs::path(input).extension() == ".jsonl";
+  size_t jsonl = 0;
+  std::vector<std::string> others;
   for (auto it = fs::recursive_directory_iterator(input, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec))
-    if (it->path().extension() == ".jsonl" && it->is_regular_file(ec)) return true;
-  return false;
+       it.increment(ec)) {
+    if (it->path().filename().string().starts_with(".")) {
+      if (it->is_directory(ec) && !it->is_symlink(ec)) it.disable_recursion_pending();
+      continue;
+    }
+    if (it->is_symlink(ec) || !it->is_regular_file(ec)) continue;
+    if (it->path().extension() == ".jsonl")
+      ++jsonl;
+    else
+      others.push_back(fs::relative(it->path(), input, ec).string());
+  }
+  if (jsonl > 0 && !others.empty()) {
+    std::sort(others.begin(), others.end());
+    const size_t shown = std::min<size_t>(others.size(), 3);
+    DPT_THROW(ConfigError, "tokenize: the folder {} holds {} *.jsonl file{} and {} other file{} ({}{}): --format jsonl "
+              "reads only its *.jsonl files, --format text reads every file as text; say which with --format, or give "
+              "the files apart as --input", input, jsonl, jsonl == 1 ? "" : "s", others.size(),
+              others.size() == 1 ? "" : "s", fmt::join(others.begin(), others.begin() + shown, ", "),
+              others.size() > shown ? ", ..." : "");
+  }
+  return jsonl > 0;
 }
 
 // auto: jsonl when every input looks like JSON Lines, text when none does; a mix is an error.
@@ -47,7 +71,7 @@ bool jsonl_format(const TokenizeArgs& a) {
   size_t jsonl = 0;
   for (const std::string& in : a.inputs) jsonl += looks_jsonl(in);
   if (jsonl != 0 && jsonl != a.inputs.size())
-    DPT_THROW(ConfigError, "tokenize: some inputs are JSON Lines (*.jsonl files, or directories holding them) and some "
+    DPT_THROW(ConfigError, "tokenize: some inputs are JSON Lines (*.jsonl files, or directories of them) and some "
               "are not: say which they all are with --format text or --format jsonl");
   return jsonl != 0;
 }
@@ -71,7 +95,7 @@ void tokenize_jsonl(const TokenizeArgs& a, const data::Tokenizer& tokenizer) {
 }
 
 int tokenize(const TokenizeArgs& a) {
-  return run_writer("tokenize", a.out, a.force, [&] {
+  return run_writer("tokenize", a.out, a.force, a.inputs, "--input", [&] {
     const bool jsonl = jsonl_format(a);
     if (!jsonl && (!a.eos_token.empty() || a.skip_bad_lines))
       DPT_THROW(ConfigError, "tokenize: --eos-token and --skip-bad-lines are for JSON Lines inputs (--format jsonl)");
@@ -123,10 +147,12 @@ Command add_tokenize(CLI::App& root) {
       "{\"prompt\": ..., \"completion\": ...} a line) become shards with loss masks: the completions trained, the "
       "prompts context only");
   cmd->footer(
-      "The inputs are read in order (a directory: its regular files recursively, sorted by path; *.dat files and\n"
-      "files with a NUL byte skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
-      "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own.\n"
-      "JSON Lines (inputs named *.jsonl or directories holding them, or --format jsonl; a directory: its *.jsonl\n"
+      "The inputs are read in order (a directory: its regular files recursively, sorted by path, symlinks inside it\n"
+      "not followed: give a link itself as --input; *.dat files and files with a NUL byte skipped) and cut into\n"
+      "blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
+      "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own. OUT may not\n"
+      "lie inside an input folder (a later run would read it): write it beside the corpus.\n"
+      "JSON Lines (inputs named *.jsonl or directories of them only, or --format jsonl; a directory: its *.jsonl\n"
       "files; a file given twice is read once): each record is a\n"
       "document, [BOS] prompt completion EOS (BOS if the tokenizer adds one; EOS its eos_token or <|endoftext|>, or\n"
       "--eos-token), packed end to end; every Nth document goes to val. A malformed line is an error naming\n"
@@ -156,7 +182,9 @@ Command add_tokenize(CLI::App& root) {
       "vocab.json and merges.txt");
   hf->excludes(vocab);
   hf->excludes(merges);
-  cmd->add_option("--format", a->format, "auto (JSON Lines when every input is a *.jsonl file), text or jsonl")
+  cmd->add_option("--format", a->format,
+                  "auto (JSON Lines when every input is a *.jsonl file or a folder whose files are all *.jsonl; a "
+                  "folder mixing *.jsonl and other files is refused), text or jsonl")
       ->check(CLI::IsMember({"auto", "text", "jsonl"}))
       ->capture_default_str();
   cmd->add_option("--eos-token", a->eos_token,

@@ -621,6 +621,29 @@ TEST_CASE("tokenizer.json: byte-level BPE with ignore_merges and added tokens, w
   REQUIRE(load_tokenizer(out.path)->encode("hello") == std::vector<int32_t>{259});
 }
 
+TEST_CASE("tokenizer.json: another file named in its place is said to be none, with what to give", "[data][bpe]") {
+  test::TempDir dir;
+  const TinyBpe good(kMerges);
+  const std::string fix = "name a Hugging Face tokenizer.json, or the folder holding it; for GPT-2's vocab.json and "
+                          "merges.txt, the folder holding both (or tokenize's --vocab and --merges)";
+  const std::vector<std::pair<std::string, std::string>> others = {
+      {read_text(good.vocab), "not a tokenizer.json (it has no \"model\"): it looks like a vocab.json (token -> id); "},
+      {R"({"model_type": "gpt2", "n_embd": 64, "architectures": ["GPT2LMHeadModel"]})",
+       "not a tokenizer.json (it has no \"model\"): it looks like a model's config.json; "},
+      {R"({"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>"})",
+       "not a tokenizer.json (it has no \"model\"): it looks like a tokenizer_config.json; "},
+      {R"({"name": "x"})", "not a tokenizer.json (it has no \"model\"); "},
+      {read_text(good.merges), "not valid JSON, so not a tokenizer.json ("},
+  };
+  for (const auto& [text, why] : others) {
+    INFO(text);
+    const std::string file = dir.file("given.json");
+    write_text(file, text);
+    REQUIRE_THROWS_AS(open_tokenizer(file), ConfigError);
+    REQUIRE_THROWS_WITH(open_tokenizer(file), Catch::Contains(file + ": " + why) && Catch::Contains(fix));
+  }
+}
+
 TEST_CASE("tokenizer.json: what dptrain does not read is refused by name", "[data][bpe]") {
   test::TempDir dir;
   const auto refused = [&](const std::function<void(nlohmann::json&)>& edit, const std::string& why) {

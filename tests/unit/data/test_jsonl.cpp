@@ -104,6 +104,24 @@ TEST_CASE("jsonl records: text, prompt and completion, and what is malformed is 
   bad("{\"text\": \"\xff\"}", "not JSON: ");  // invalid UTF-8
 }
 
+TEST_CASE("jsonl prompts: a record's prompt, completion optional and ignored, the rest refused", "[data][jsonl]") {
+  REQUIRE(*parse_jsonl_prompt(R"({"prompt": "Q: 2+2?\nA:", "completion": " 4", "id": 1})") == "Q: 2+2?\nA:");
+  REQUIRE(*parse_jsonl_prompt(R"({"prompt": "  "})") == "  ");  // white space is a prompt here
+  REQUIRE_FALSE(parse_jsonl_prompt(" \t"));
+  const auto bad = [](const char* line, const char* why) {
+    INFO(line);
+    REQUIRE_THROWS_AS(parse_jsonl_prompt(line), ConfigError);
+    REQUIRE_THROWS_WITH(parse_jsonl_prompt(line), Catch::Contains(why));
+  };
+  bad(R"({"text": "a"})", "a {\"text\": ...} record holds no prompt");
+  bad(R"({"prompt": ""})", "an empty \"prompt\"");
+  bad(R"({"prompt": 3})", "\"prompt\" is number, not a string");
+  bad(R"({"completion": "x"})", "\"completion\" without \"prompt\"");
+  bad(R"({"prompt": "x")", "not JSON: ");
+  // The training records keep needing both.
+  REQUIRE_THROWS_WITH(parse_jsonl_record(R"({"prompt": "x"})"), Catch::Contains("\"prompt\" without \"completion\""));
+}
+
 TEST_CASE("tokenizer special tokens: tokenizer_config.json, the template's BOS, <|endoftext|>", "[data][jsonl]") {
   test::TempDir dir;
   // No tokenizer_config.json: <|endoftext|> ends a text, nothing begins one.
@@ -277,7 +295,9 @@ TEST_CASE("tokenize_jsonl: malformed lines named or skipped, and what it cannot 
   JsonlOptions few = o;
   few.out_dir = (dir.path / "out3").string();
   few.val_every = 5;
-  REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("3 document(s), and every 5-th goes to validation"));
+  REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("3 documents, and every 5th goes to validation"));
+  few.val_every = 22;
+  REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("3 documents, and every 22nd goes to validation"));
   fs::create_directories(dir.path / "none");
   few.inputs = {(dir.path / "none").string()};
   REQUIRE_THROWS_WITH(tokenize_jsonl(few, bytes), Catch::Contains("no *.jsonl file in the directory"));

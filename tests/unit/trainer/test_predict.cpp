@@ -100,6 +100,47 @@ TEST_CASE("jsonl and csv lines parse back, names escaped and quoted", "[predict]
   REQUIRE_THROWS_AS(parse_predict_format("xml"), ConfigError);
 }
 
+TEST_CASE("csv fields replace invalid UTF-8 with U+FFFD as the JSON Lines output does", "[predict]") {
+  const std::string fffd = "\xef\xbf\xbd";
+  // A lone continuation byte (0xa5), a character cut short at the end, an overlong form, valid text around them.
+  const std::string text = "caf\xc3\xa9 \xa5 ok, \xc0\xaf \xe2\x82";
+  const std::string field = csv_field(text);
+  REQUIRE(field.find('\xa5') == std::string::npos);
+  REQUIRE(field.front() == '"');  // the comma quotes it
+  const std::string unquoted = field.substr(1, field.size() - 2);
+  REQUIRE(unquoted == nlohmann::json::parse(json_string(text)).get<std::string>());  // the same bytes as JSON's
+  REQUIRE(unquoted.starts_with("caf\xc3\xa9 " + fffd + " ok, "));
+  REQUIRE(unquoted.ends_with(fffd));
+  REQUIRE(valid_utf8(unquoted) == unquoted);  // valid now: unchanged by another pass
+  REQUIRE(csv_field("plain") == "plain");
+  REQUIRE(csv_field("\xa5") == fffd);
+  REQUIRE(valid_utf8("\xe6\x97\xa5\xf0\x9f\x99\x82") == "\xe6\x97\xa5\xf0\x9f\x99\x82");  // 日 and an emoji
+}
+
+TEST_CASE("prompts files: a line each, blank lines counted, or .jsonl records whose prompts span lines", "[predict]") {
+  test::TempDir dir;
+  std::ofstream(dir.file("p.txt")) << "Q: one\n\n   \r\n# kept\r\n\t\nlast";
+  const PromptFile text = read_prompts(dir.file("p.txt"));
+  REQUIRE(text.prompts == std::vector<std::string>{"Q: one", "# kept", "last"});
+  REQUIRE(text.skipped == 3);
+  REQUIRE_FALSE(text.jsonl);
+
+  std::ofstream(dir.file("p.jsonl")) << R"({"prompt": "Q: 2+2?\nA:", "completion": " 4"})" "\n\n"
+                                     << R"({"prompt": "   ", "id": 3})" "\r\n" << R"({"prompt": "x\ty"})";
+  const PromptFile records = read_prompts(dir.file("p.jsonl"));
+  REQUIRE(records.prompts == std::vector<std::string>{"Q: 2+2?\nA:", "   ", "x\ty"});
+  REQUIRE(records.skipped == 1);
+  REQUIRE(records.jsonl);
+
+  std::ofstream(dir.file("bad.jsonl")) << R"({"prompt": "a"})" "\n" << R"({"text": "b"})" "\n";
+  REQUIRE_THROWS_AS(read_prompts(dir.file("bad.jsonl")), ConfigError);
+  REQUIRE_THROWS_WITH(read_prompts(dir.file("bad.jsonl")),
+                      Catch::Contains(dir.file("bad.jsonl") + ":2: a {\"text\": ...} record holds no prompt"));
+  std::ofstream(dir.file("broken.jsonl")) << "{\"prompt\": \"a\"\n";
+  REQUIRE_THROWS_WITH(read_prompts(dir.file("broken.jsonl")), Catch::Contains("broken.jsonl:1: not JSON"));
+  REQUIRE_THROWS_AS(read_prompts(dir.file("missing.txt")), IoError);
+}
+
 TEST_CASE("inputs: a folder's images relative to it, or a list file's lines, sorted", "[predict]") {
   test::TempDir dir;
   const data::Image px{.height = 1, .width = 1, .channels = 1, .pixels = {9}};
