@@ -7,6 +7,22 @@
 
 namespace dpt::trainer {
 
+// Who a lock file names: its first line "pid host job", then a note (MetricsLog: the writer's checkpoint.dir).
+struct LockHolder {
+  std::string pid, host, job, note;
+};
+
+// One try at PATH (created when missing) with flock(LOCK_EX | LOCK_NB); when taken, this process is written in it
+// ("pid host job", then `note`). `before` is whom the file named before the try: the holder when another process
+// holds it, else the last one that did (empty fields for a new file). A file system without flock, or a PATH that
+// cannot be opened, gives neither held nor taken (a debug line).
+struct LockTry {
+  int fd = -1;          // >= 0: held until closed
+  bool taken = false;   // another process holds it
+  LockHolder before;
+};
+LockTry try_lock_file(const std::string& path, const std::string& job, const std::string& note = "");
+
 class DirLock {
  public:
   // Takes DIR/.lock (DIR created when missing), writing who holds it: "pid host job". ConfigError when another run

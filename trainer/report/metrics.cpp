@@ -1,9 +1,7 @@
 // trainer/report/metrics.cpp: the metrics file (trainer/report/metrics.h).
 #include "trainer/report/metrics.h"
 
-#include <fcntl.h>
 #include <spdlog/spdlog.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,6 +11,7 @@
 #include <sstream>
 
 #include "core/check.h"
+#include "trainer/dir_lock.h"
 
 namespace dpt::trainer {
 
@@ -75,27 +74,6 @@ struct MetricsFolderTaken : ConfigError {
   using ConfigError::ConfigError;
 };
 
-std::string host_name() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof(name) - 1) == 0 && name[0] ? name : "unknown";
-}
-
-// The lock file's two lines: "pid host job" and the writer's checkpoint.dir.
-struct Writer {
-  std::string pid, host, job, checkpoint_dir;
-};
-Writer read_writer(int fd) {
-  char buf[4096] = {};
-  const ssize_t n = ::pread(fd, buf, sizeof(buf) - 1, 0);
-  std::istringstream in(std::string(buf, n > 0 ? static_cast<size_t>(n) : 0));
-  Writer w;
-  std::string first;
-  std::getline(in, first);
-  std::getline(in, w.checkpoint_dir);
-  std::istringstream(first) >> w.pid >> w.host >> w.job;
-  return w;
-}
-
 std::string absolute_dir(const std::string& dir) {
   std::error_code ec;
   const std::filesystem::path p = std::filesystem::absolute(dir, ec);
@@ -114,35 +92,21 @@ MetricsLog::MetricsLog(const std::string& dir, int64_t start_step, bool tensorbo
   if (checkpoint_dir.empty()) return;
   checkpoint_dir_ = absolute_dir(checkpoint_dir);
   const std::string lock = (std::filesystem::path(dir) / kLockFile).string();
-  const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    spdlog::debug("metrics lock {}: not taken: {}", lock, std::strerror(errno));
+  const LockTry t = try_lock_file(lock, job, checkpoint_dir_);
+  const LockHolder& before = t.before;
+  previous_writer_ = before.note;
+  if (!t.taken) {
+    lock_fd_ = t.fd;
     return;
   }
-  const Writer before = read_writer(fd);
-  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    ::close(fd);
-    if (err != EWOULDBLOCK) {  // a file system without flock
-      spdlog::debug("metrics lock {}: not taken: {}", lock, std::strerror(err));
-      return;
-    }
-    if (!job.empty() && before.job == job) {
-      spdlog::warn("{} is still held by an earlier attempt of this job (pid {} on {}), which has not exited yet; "
-                   "this attempt goes on without it", lock, before.pid, before.host);
-      previous_writer_ = before.checkpoint_dir;
-      return;
-    }
-    DPT_THROW(MetricsFolderTaken, "{} is being written by another run (pid {} on {}{}, checkpoint.dir {})", path_,
-              before.pid.empty() ? "?" : before.pid, before.host.empty() ? "?" : before.host,
-              before.job.empty() ? "" : ", job " + before.job,
-              before.checkpoint_dir.empty() ? "unknown" : before.checkpoint_dir);
+  if (!job.empty() && before.job == job) {
+    spdlog::warn("{} is still held by an earlier attempt of this job (pid {} on {}), which has not exited yet; this "
+                 "attempt goes on without it", lock, before.pid, before.host);
+    return;
   }
-  previous_writer_ = before.checkpoint_dir;
-  const std::string line = fmt::format("{} {} {}\n{}\n", ::getpid(), host_name(), job, checkpoint_dir_);
-  if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()))
-    spdlog::debug("metrics lock {}: could not write the writer: {}", lock, std::strerror(errno));
-  lock_fd_ = fd;
+  DPT_THROW(MetricsFolderTaken, "{} is being written by another run (pid {} on {}{}, checkpoint.dir {})", path_,
+            before.pid.empty() ? "?" : before.pid, before.host.empty() ? "?" : before.host,
+            before.job.empty() ? "" : ", job " + before.job, before.note.empty() ? "unknown" : before.note);
 }
 
 std::unique_ptr<MetricsLog> MetricsLog::for_run(const Config& cfg, int64_t start_step, const std::string& job) {
