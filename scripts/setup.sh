@@ -62,6 +62,7 @@ TEST_PKGS=(
   clang libclang-rt-14-dev           # libFuzzer + ASan/UBSan (scripts/fuzz.sh); clang 14 on Debian 12, whose libFuzzer runtime is in libclang-rt-14-dev (only recommended, so named)
   slurmd slurmctld slurm-client munge  # integration.slurm starts a real one-node Slurm cluster on localhost
   iproute2                           # integration.two_hosts joins two network namespaces with a veth pair
+  strace                             # integration.train_resume_edges kills a run at an exact system call
   python3-venv                       # the venv that holds PyPI tensorboard and transformers (below)
 )
 ((BENCH || TESTS)) && PKGS+=("${TORCH_PKGS[@]}")

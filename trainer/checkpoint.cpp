@@ -333,6 +333,21 @@ std::string CheckpointManager::commit(const std::string& tmp_dir, int64_t step,
   fsync_path(tmp);
 
   std::error_code ec;
+  if (replace_earlier_) {
+    // --resume never: the earlier run's checkpoints are hidden (".old-step-N", never loaded) before this one appears,
+    // so that a kill from here on leaves no earlier checkpoint that --resume auto would take over this run's.
+    // The earlier run's checkpoint of this very step too: the new one then goes in by a plain rename.
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      const std::string name = e.path().filename().string();
+      if (!step_of(name)) continue;
+      const fs::path hidden = dir / (".old-" + name);
+      fs::remove_all(hidden, ec);
+      fs::rename(e.path(), hidden, ec);
+      if (ec) DPT_THROW(CheckpointError, "--resume never: cannot move {} aside to {}: {}", e.path().string(),
+                        hidden.string(), ec.message());
+    }
+    fsync_path(dir);
+  }
   const bool replaced = fs::exists(final_path);
   if (replaced) {
     // A checkpoint of this step exists (a rerun reached it again): swap the two atomically, so a crash
@@ -347,7 +362,7 @@ std::string CheckpointManager::commit(const std::string& tmp_dir, int64_t step,
 
   if (replace_earlier_) {  // --resume never: the earlier run's checkpoints go now that this one is whole
     replace_earlier_ = false;
-    if (const size_t n = remove_all(final_path.string()) + (replaced ? 1 : 0))
+    if (const size_t n = remove_all(final_path.string()))
       spdlog::warn("--resume never: deleted {} checkpoint(s) of an earlier run in {}, now that {} is written", n, dir_,
                    final_path.string());
   }
@@ -534,8 +549,11 @@ size_t CheckpointManager::set_aside_after(int64_t step, const std::string& reaso
     const std::string name = e.path().filename().string();
     auto s = step_of(name);
     if (!s || *s <= step) continue;
+    // A name of its own: an earlier set-aside of the same step (another --resume PATH fork, another invalid write of
+    // that step) keeps its data too.
     fs::path to = e.path().parent_path() / fmt::format("{}-{}", reason, name);
-    fs::remove_all(to, ec);
+    for (int k = 1; fs::exists(fs::symlink_status(to, ec)); ++k)
+      to = e.path().parent_path() / fmt::format("{}-{}.{}", reason, name, k);
     fs::rename(e.path(), to, ec);
     if (ec) DPT_THROW(CheckpointError, "cannot move {} aside to {}: {}", e.path().string(), to.string(), ec.message());
     spdlog::warn("moved {} aside to {}: {}", e.path().string(), to.string(),
@@ -555,7 +573,8 @@ size_t CheckpointManager::remove_all(const std::string& except) const {
     if (!except.empty() && e.path() == fs::path(except)) continue;
     if (step_of(name) || name.starts_with(".tmp-") || name.starts_with(".old-")) {
       fs::remove_all(e.path(), ec);
-      n += step_of(name).has_value();
+      // A checkpoint, or one that --resume never hid before its own first checkpoint appeared (commit).
+      n += step_of(name).has_value() || (name.starts_with(".old-") && step_of(name.substr(5)).has_value());
     }
   }
   return n;

@@ -119,12 +119,15 @@ class CheckpointManager {
   // Deletes every checkpoint (and leftover temporary directory) in dir but `except` (a path); returns how many
   // checkpoints were removed.
   size_t remove_all(const std::string& except = {}) const;
-  // --resume never: the next checkpoint this manager writes replaces every other one in dir, an earlier run's
-  // (remove_all, logged), once it is in place, before pruning; a run that fails before that leaves them as they were.
+  // --resume never: the next checkpoint this manager writes replaces every other one in dir, an earlier run's: they are
+  // renamed ".old-step-N" (never loaded) just before it goes into place and deleted once it is (remove_all, logged),
+  // before pruning; a run that fails before its first checkpoint leaves them as they were, and a kill between never
+  // leaves an earlier run's checkpoint that --resume auto would take over this run's.
   void replace_earlier_on_next_write() { replace_earlier_ = true; }
-  // Renames every checkpoint newer than `step` (complete or not) to "<reason>-step-N", so that a run
-  // continuing from `step` is not overtaken by checkpoints of the run it abandons: they keep their data
-  // but are never loaded or pruned. Returns how many were moved.
+  // Renames every checkpoint newer than `step` (complete or not) to "<reason>-step-N" ("<reason>-step-N.K", the
+  // first K free, when an earlier set-aside has that name), so that a run continuing from `step` is not overtaken by
+  // checkpoints of the run it abandons: they keep their data but are never loaded or pruned. Returns how many were
+  // moved.
   size_t set_aside_after(int64_t step, const std::string& reason) const;
 
   // Tests only (DPT_DEBUG_CKPT_FAIL_STEPS, trainer/fault_injection.h): a write of one of these steps fails midway,

@@ -62,4 +62,26 @@ out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" train.max_steps=3 checkpoint.
 <<< "$out" grep -q "deleted 1 checkpoint(s) of an earlier run in $WORK/c, now that $WORK/c/step-00000003 is written" \
   || { echo "$out"; fail "--resume never did not say it deleted step 5"; }
 [ "$(ls "$WORK/c")" = "step-00000003" ] || { ls "$WORK/c"; fail "--resume never: expected step 3 alone"; }
+
+# 5. A --resume never run SIGKILLed (by strace, at an exact system call) as its first checkpoint goes into place, or
+#    while it deletes the earlier run's: the next --resume auto never continues the earlier run (it once resumed
+#    from the earlier run's step 7). The earlier run: steps 3, 6, 7.
+command -v strace > /dev/null || fail "no strace: scripts/setup.sh --tests installs it"
+SHORT=("${COMMON[@]}" checkpoint.every_steps=3)
+"$DPTRAIN" --config "$CONFIG" "${SHORT[@]}" train.max_steps=7 checkpoint.dir="$WORK/k0" > "$WORK/k0.log" 2>&1 \
+  || { cat "$WORK/k0.log"; fail "the earlier run failed"; }
+killed_at() {  # killed_at NAME PATH SYSCALLS: a copy of k0 in $WORK/NAME, a --resume never run killed at SYSCALLS on PATH
+  cp -r "$WORK/k0" "$WORK/$1"
+  strace -f -o /dev/null -P "$2" -e trace="$3" -e inject="$3":signal=KILL "$DPTRAIN" --config "$CONFIG" \
+    "${SHORT[@]}" train.max_steps=3 train.lr=0.01 checkpoint.dir="$WORK/$1" --resume never > "$WORK/$1.log" 2>&1 \
+    && { cat "$WORK/$1.log"; fail "$1: the run was not killed"; }
+  out=$("$DPTRAIN" --config "$CONFIG" "${SHORT[@]}" train.max_steps=3 train.lr=0.01 checkpoint.dir="$WORK/$1" 2>&1) \
+    || { echo "$out"; fail "$1: the --resume auto run after the kill failed"; }
+  ! <<< "$out" grep -q "step-00000007\|step-00000006" || { echo "$out"; fail "$1: --resume auto took the earlier run's"; }
+}
+# Killed as the new step 3 is renamed into place: the earlier run's are hidden already, so auto starts afresh.
+killed_at rename "$WORK/rename/.tmp-step-00000003" rename,renameat,renameat2
+# Killed while the earlier run's step 6 is deleted: the new step 3 is in place, and auto continues from it.
+killed_at unlink "$WORK/unlink/.old-step-00000006" unlink,unlinkat,rmdir
+<<< "$out" grep -q "train.max_steps = 3 already reached" || { echo "$out"; fail "unlink: not continued from step 3"; }
 echo "PASS"

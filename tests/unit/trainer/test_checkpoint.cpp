@@ -226,6 +226,32 @@ TEST_CASE("rewriting a step swaps atomically, pruning spares the new one, set_as
   REQUIRE(fs::exists(dir / "invalid-step-00000020" / "COMPLETE"));
   REQUIRE(log.count("no valid checkpoint is left, the run starts afresh") == 1);
   REQUIRE(log.count("step -1") == 0);
+
+  // Another fork of the same step set aside: a name of its own, the first one's data kept.
+  k.save({{"w", filled({4}, 31)}}, {}, state_at(30));
+  REQUIRE(k.set_aside_after(20, "abandoned") == 1);
+  REQUIRE(fs::exists(dir / "abandoned-step-00000030.1" / "COMPLETE"));
+  REQUIRE(CheckpointManager::load((dir / "abandoned-step-00000030").string()).model.find("w")->data<float>()[0] == 30);
+  REQUIRE(CheckpointManager::load((dir / "abandoned-step-00000030.1").string()).model.find("w")->data<float>()[0] ==
+          31);
+}
+
+TEST_CASE("resume never: the earlier run's checkpoints go, its checkpoint of the same step too, none left hidden",
+          "[checkpoint]") {
+  auto dir = fresh_dir("replace_earlier");
+  {
+    CheckpointManager old(dir.string(), 5);
+    for (int64_t step : {3, 6, 7}) old.save({{"w", filled({4}, static_cast<float>(step))}}, {}, state_at(step));
+  }
+  // The earlier run's step 3 too is replaced, and nothing hidden stays behind. (A kill between the hiding and the
+  // deletion: integration.train_resume_edges, section 5.)
+  CheckpointManager fresh(dir.string(), 5);
+  fresh.replace_earlier_on_next_write();
+  fresh.save({{"w", filled({4}, 100)}}, {}, state_at(3));
+  REQUIRE(fresh.complete().size() == 1);
+  REQUIRE(fresh.load_latest()->state.step == 3);
+  REQUIRE(CheckpointManager::load(fresh.path_for_step(3)).model.find("w")->data<float>()[0] == 100);
+  for (const auto& e : fs::directory_iterator(dir)) CHECK_FALSE(e.path().filename().string().starts_with(".old-"));
 }
 
 namespace {
