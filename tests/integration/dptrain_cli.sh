@@ -40,6 +40,11 @@ expect_exit 2 "checkpoint.dir = $WORK/ckfile is not a directory" "$DPTRAIN" --co
   data.dir="$WORK/nothing" checkpoint.dir="$WORK/ckfile"
 expect_exit 2 "checkpoint.dir = $WORK/ckfile/sub: cannot create it" "$DPTRAIN" --config "$CONFIG" \
   data.dir="$WORK/nothing" checkpoint.dir="$WORK/ckfile/sub"
+# The same for the metrics file's folder (log.dir, or the folder of checkpoint.dir): once found at the first record.
+expect_exit 2 "log.dir = $WORK/ckfile is not a directory" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" \
+  checkpoint.dir="$WORK/ck_ok/c" log.dir="$WORK/ckfile"
+expect_exit 2 "log.dir = $WORK/ckfile/sub: cannot create it" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" \
+  checkpoint.dir="$WORK/ck_ok/c" log.dir="$WORK/ckfile/sub"
 
 # A data.dir that holds no data set is the config's error, exit 2, for every data set that reads a folder (as for
 # Fashion-MNIST above).

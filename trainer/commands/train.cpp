@@ -10,6 +10,7 @@
 #include "trainer/commands/job.h"
 #include "trainer/model_registry.h"
 #include "trainer/preemption.h"
+#include "trainer/report/metrics.h"
 #include "trainer/trainer.h"
 
 namespace dpt::trainer::commands {
@@ -63,6 +64,7 @@ int train_job(const TrainArgs& a) {
                         ec ? ": " + ec.message() : std::string());
             // An unusable checkpoint.dir (a file, a read-only folder): said now, not at the first checkpoint.
             if (lead) CheckpointManager::check_dir(job.config.checkpoint.dir);
+            if (lead) check_metrics_dir(job.config);  // the same for the metrics file's folder
             RunResult result;
             try {
               result = train(job.config,

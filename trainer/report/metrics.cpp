@@ -1,6 +1,7 @@
 // trainer/report/metrics.cpp: the metrics file (trainer/report/metrics.h).
 #include "trainer/report/metrics.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -21,6 +22,25 @@ std::string metrics_dir(const Config& cfg) {
   if (!dir.has_filename()) dir = dir.parent_path();  // "runs/x/checkpoints/": the folder is still "checkpoints"
   const std::filesystem::path parent = dir.parent_path();
   return parent.empty() ? "." : parent.string();
+}
+
+void check_metrics_dir(const Config& cfg) {
+  namespace fs = std::filesystem;
+  const std::string dir = metrics_dir(cfg);
+  const std::string what = cfg.log.dir.empty()
+                               ? fmt::format("{} (the folder of checkpoint.dir, where metrics.jsonl goes; log.dir "
+                                             "names another)", dir)
+                               : fmt::format("log.dir = {}", dir);
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_directory(dir, ec))
+    DPT_THROW(ConfigError, "{} is not a directory", what);
+  fs::create_directories(dir, ec);
+  if (ec) DPT_THROW(ConfigError, "{}: cannot create it: {}", what, ec.message());
+  const fs::path probe = fs::path(dir) / fmt::format(".metrics-probe-{}", ::getpid());
+  const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) DPT_THROW(ConfigError, "{}: cannot write in it: {}", what, std::strerror(errno));
+  ::close(fd);
+  ::unlink(probe.c_str());
 }
 
 namespace {

@@ -29,6 +29,11 @@ namespace dpt::trainer {
 // Where a run's metrics file goes: log.dir, or else the folder that holds checkpoint.dir ("." when it has none).
 std::string metrics_dir(const Config& cfg);
 
+// At start-up (rank 0), before the data is read: metrics_dir(cfg) is a folder, created if need be, in which a file
+// can be created (one is, and removed). ConfigError saying why not, so that a read-only one is not found at the first
+// record, after the data has loaded.
+void check_metrics_dir(const Config& cfg);
+
 class MetricsLog {
  public:
   // DIR/metrics.jsonl, for the records of a run that starts after step `start_step` (the checkpoint's; 0 for a
