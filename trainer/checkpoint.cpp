@@ -554,9 +554,11 @@ size_t CheckpointManager::set_aside_after(int64_t step, const std::string& reaso
     fs::path to = e.path().parent_path() / fmt::format("{}-{}", reason, name);
     for (int k = 1; fs::exists(fs::symlink_status(to, ec)); ++k)
       to = e.path().parent_path() / fmt::format("{}-{}.{}", reason, name, k);
+    const bool unmarked = !fs::exists(e.path() / kCompleteFile, ec);  // never listed, so never said to be invalid
     fs::rename(e.path(), to, ec);
     if (ec) DPT_THROW(CheckpointError, "cannot move {} aside to {}: {}", e.path().string(), to.string(), ec.message());
-    spdlog::warn("moved {} aside to {}: {}", e.path().string(), to.string(),
+    spdlog::warn("moved {} aside to {}{}: {}", e.path().string(), to.string(),
+                 unmarked ? " (it has no COMPLETE mark: a write that did not finish, or a damaged checkpoint)" : "",
                  step < 0 ? std::string("no valid checkpoint is left, the run starts afresh")
                           : fmt::format("the run continues from step {}", step));
     ++n;

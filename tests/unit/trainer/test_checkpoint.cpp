@@ -234,6 +234,11 @@ TEST_CASE("rewriting a step swaps atomically, pruning spares the new one, set_as
   REQUIRE(CheckpointManager::load((dir / "abandoned-step-00000030").string()).model.find("w")->data<float>()[0] == 30);
   REQUIRE(CheckpointManager::load((dir / "abandoned-step-00000030.1").string()).model.find("w")->data<float>()[0] ==
           31);
+  // A step folder without its COMPLETE mark is never listed, so never said to be invalid: its move says why.
+  fs::create_directories(dir / "step-00000050");
+  test::LogCapture moved;
+  REQUIRE(k.set_aside_after(20, "invalid") == 1);
+  REQUIRE(moved.count("invalid-step-00000050 (it has no COMPLETE mark") == 1);
 }
 
 TEST_CASE("resume never: the earlier run's checkpoints go, its checkpoint of the same step too, none left hidden",
