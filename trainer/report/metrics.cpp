@@ -66,7 +66,13 @@ void drop_records_after(const std::string& path, int64_t last_step) {
     std::ofstream out(tmp, std::ios::trunc);
     out << kept;
     out.flush();
-    if (!out) DPT_THROW(IoError, "cannot write {}: {}", tmp, std::strerror(errno));
+    if (!out) {
+      const int err = errno;
+      out.close();
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);  // a full disk: the file stays whole, and no empty .tmp beside it
+      DPT_THROW(IoError, "cannot write {}: {}", tmp, std::strerror(err));
+    }
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
