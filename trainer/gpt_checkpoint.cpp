@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -63,15 +64,6 @@ std::unique_ptr<models::Model> model_of(const SavedRun& target, Device device) {
   return model;
 }
 
-void write_text(const fs::path& file, const std::string& text) {
-  write_whole(file, [&](const std::string& tmp) {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    f << text;
-    f.close();
-    if (!f) DPT_THROW(IoError, "writing {}: {}", tmp, std::strerror(errno));
-  });
-}
-
 // The export's tensors in shards of at most `max_bytes` each (a tensor larger than that alone in one), in order.
 std::vector<std::vector<NamedTensor>> shards_of(const std::vector<NamedTensor>& tensors, uint64_t max_bytes) {
   std::vector<std::vector<NamedTensor>> shards(1);
@@ -91,8 +83,10 @@ std::vector<std::vector<NamedTensor>> shards_of(const std::vector<NamedTensor>& 
 // model.safetensors.index.json transformers reads. Every new file is written first beside its name (NAME.tmp, fsynced);
 // then what an earlier export left of the other form is removed (the index among the first: from here a stop leaves
 // a folder from which nothing loads, never old and new weights mixed); then the new files are renamed into place, the
-// index last. Returns the weights' part of the line export-weights prints.
-std::string write_weights_folder(const fs::path& out, const std::vector<NamedTensor>& tensors, uint64_t max_bytes) {
+// index last. `before_renames` runs once every new file is written, before anything in `out` changes. Returns the
+// weights' part of the line export-weights prints.
+std::string write_weights_folder(const fs::path& out, const std::vector<NamedTensor>& tensors, uint64_t max_bytes,
+                                 const std::function<void()>& before_renames) {
   const auto shards = shards_of(tensors, max_bytes);
   const fs::path index = out / "model.safetensors.index.json";
   std::vector<std::pair<fs::path, fs::path>> moves;  // NAME.tmp -> NAME, in the order they go into place
@@ -124,6 +118,7 @@ std::string write_weights_folder(const fs::path& out, const std::vector<NamedTen
         if (!f) DPT_THROW(IoError, "writing {}: {}", tmp, std::strerror(errno));
       });
     }
+    before_renames();
   } catch (...) {
     std::error_code ec;
     for (const auto& [tmp, file] : moves) fs::remove(tmp, ec);
@@ -237,8 +232,25 @@ std::string export_weights(const std::string& path, const std::string& layout, c
     if (folder) {
       before = folder_files(out);
       fs::create_directories(out);
-      files = write_weights_folder(out, w.tensors, max_shard_bytes);
-      if (!w.config_json.empty()) write_text(fs::path(out) / kHfConfigFile, w.config_json);
+      // config.json: written beside its name first, the earlier one removed before any weights change and the new
+      // one renamed in last, so that a kill midway leaves a folder without config.json (which from_pretrained
+      // refuses), never new weights beside an earlier model's config.json; a failed write changes nothing.
+      const fs::path config = fs::path(out) / kHfConfigFile, config_tmp = config.string() + ".tmp";
+      try {
+        files = write_weights_folder(out, w.tensors, max_shard_bytes, [&] {
+          if (w.config_json.empty()) return;
+          std::ofstream f(config_tmp, std::ios::binary | std::ios::trunc);
+          f << w.config_json;
+          f.close();
+          if (!f) DPT_THROW(IoError, "writing {}: {}", config_tmp.string(), std::strerror(errno));
+          fs::remove(config);
+        });
+      } catch (...) {
+        std::error_code ec;
+        fs::remove(config_tmp, ec);
+        throw;
+      }
+      if (!w.config_json.empty()) fs::rename(config_tmp, config);
       if (tokenizer) {
         tokenizer->save(out);
         std::vector<std::string> names;

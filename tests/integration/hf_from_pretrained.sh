@@ -49,6 +49,18 @@ cp -r "$WORK/hf" "$WORK/reused" && touch "$WORK/reused/pytorch_model.bin" "$WORK
 grep -q "also holds 2 file(s) from before that this export did not write: generation_config.json, pytorch_model.bin" \
   "$WORK/reused.log" || { cat "$WORK/reused.log"; fail "no warning naming the files another model left"; }
 cmp -s "$WORK/hf/model.safetensors" "$WORK/reused/model.safetensors" || fail "the re-export wrote other weights"
+# An export killed (by strace) as its weights go into place leaves no config.json beside them: the earlier one is
+# removed before any weights change and the new one goes in last, so from_pretrained refuses the folder instead of
+# loading new weights under an earlier model's config.json.
+command -v strace > /dev/null || fail "no strace: scripts/setup.sh --tests installs it"
+strace -f -o /dev/null -P "$WORK/reused/model.safetensors.tmp" -e trace=rename,renameat,renameat2 \
+  -e inject=rename,renameat,renameat2:signal=KILL "$DPTRAIN" export-weights --checkpoint "$WORK/run" \
+  --out "$WORK/reused" > "$WORK/killed.log" 2>&1 && { cat "$WORK/killed.log"; fail "the export was not killed"; }
+[ ! -e "$WORK/reused/config.json" ] && [ -e "$WORK/reused/config.json.tmp" ] \
+  || { ls "$WORK/reused"; fail "a killed export left config.json beside weights it was replacing"; }
+"$DPTRAIN" export-weights --checkpoint "$WORK/run" --out "$WORK/reused" > "$WORK/reused2.log" 2>&1 \
+  || { cat "$WORK/reused2.log"; fail "the export after a killed one failed"; }
+[ -e "$WORK/reused/config.json" ] && [ ! -e "$WORK/reused/config.json.tmp" ] || { ls "$WORK/reused"; fail "no config"; }
 
 # Runs from the exported folder (model.init_from) that change nothing: one SGD step at lr 1e-30.
 FROM=(data.dataset=tokens data.dir="$WORK/fort" model.name=gpt train.device=cpu train.epochs=1 train.batch_size=16

@@ -71,7 +71,9 @@ Command add_export_weights(CLI::App& root) {
   cmd->add_option("--out", a->out,
                   "a folder (created if needed): OUT/model.safetensors, and OUT/config.json with --layout hf; or a "
                   "path ending in .safetensors: that one file, the weights alone. Each file is written whole "
-                  "(FILE.tmp, then renamed)")
+                  "(FILE.tmp, then renamed); into a folder holding an earlier export, its config.json goes before "
+                  "any weights change and the new one comes last, so an export stopped midway leaves no config.json "
+                  "(refused by from_pretrained), never new weights under an earlier model's config")
       ->required();
   cmd->add_option("--max-shard-size", a->max_shard_size,
                   "in a folder, weights larger than this go into shards model-0000I-of-0000N.safetensors with "
