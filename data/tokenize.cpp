@@ -209,6 +209,12 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
   std::vector<std::string> links;
   const std::vector<std::string> files = collect_files(opts.inputs, links);
   summary.skipped_links = links.size();
+  // A *.dat file named as an input is read: only those found in a folder are taken for fortune's index files.
+  std::set<std::string> named;
+  for (const std::string& input : opts.inputs) {
+    std::error_code ec;
+    if (fs::is_regular_file(input, ec)) named.insert(input);
+  }
 
   OutputDir out(opts.out_dir, opts.force, opts.inputs, FolderRead::every_file);
   summary.out_dir = out.path().string();
@@ -235,7 +241,7 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
     std::string pending;     // text read but not yet encoded: it ends where the tokenizer cannot cut yet
     for (size_t i = 0; i < files.size(); ++i) {
       const std::string& path = files[i];
-      if (fs::path(path).filename().string().ends_with(".dat")) {
+      if (fs::path(path).filename().string().ends_with(".dat") && !named.count(path)) {
         ++summary.skipped_dat;
       } else if (has_nul(path, buf)) {
         ++summary.skipped_binary;

@@ -82,6 +82,11 @@ out=$("$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" tokenize --input "$IN" --out "$W
 <<< "$out" grep -q "the launcher started 2, and rank 1 exits at once" || { echo "$out"; fail "no warning"; }
 check_shards "$WORK/launched" 10 "${FILES[@]}"
 
+# A *.dat file named as an input is text to read (only those inside a folder are taken for fortune's index files).
+cat "${FILES[@]}" > "$WORK/corpus.dat"
+out=$("$DPTRAIN" tokenize --input "$WORK/corpus.dat" --out "$WORK/dat" 2>&1) || { echo "$out"; fail "a named .dat"; }
+check_shards "$WORK/dat" 10 "$WORK/corpus.dat"
+
 # 2. Several inputs, in the order given (a file, then a directory), and --val-every 3.
 out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$WORK/two" --val-every 3 2>&1) ||
   { echo "$out"; fail "tokenize with two inputs failed"; }

@@ -148,9 +148,9 @@ Command add_tokenize(CLI::App& root) {
       "prompts context only");
   cmd->footer(
       "The inputs are read in order (a directory: its regular files recursively, sorted by path, symlinks inside it\n"
-      "not followed: give a link itself as --input; *.dat files and files with a NUL byte skipped) and cut into\n"
-      "blocks of 4096 tokens; every Nth block goes to val, the rest to\n"
-      "train. Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own. OUT may not\n"
+      "not followed: give a link itself as --input; *.dat files found in a folder and files with a NUL byte\n"
+      "skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to train.\n"
+      "Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own. OUT may not\n"
       "lie inside an input folder (a later run would read it): write it beside the corpus.\n"
       "JSON Lines (inputs named *.jsonl or directories of them only, or --format jsonl; a directory: its *.jsonl\n"
       "files; a file given twice is read once): each record is a\n"
