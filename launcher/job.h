@@ -102,8 +102,9 @@ class Job {
   static bool is_preemption(int sig) { return sig == SIGUSR1 || sig == SIGTERM; }
   void on_stop_signal(int sig);
   // Sends `sig` to every rank's process group (a rank that has ended may have left processes behind in
-  // it), then gives the ranks the grace period before SIGKILL. `received`: dprun was sent `sig` itself.
-  void begin_stop(int sig, bool received);
+  // it), then gives the ranks the grace period (the stop timeout when preempting_) before SIGKILL. `why` starts
+  // dprun's line about it ("received SIGUSR1"), which is printed even with no rank running when `always_note`.
+  void begin_stop(int sig, const std::string& why, bool always_note);
   // DPT_REASON_FILE, given to every rank: a private temporary directory's "reason", where the rank that diagnoses
   // a failure (a hang report names the stuck rank) writes one line, first writer wins. Without the directory the
   // ranks get no variable, and the job runs all the same.
@@ -112,9 +113,10 @@ class Job {
   // after the name and signal of a rank killed by one, which could leave none); the file is removed so that a
   // restart starts without one.
   void print_reason();
-  // A rank exited kPreemptedCode: it stopped for a stop signal after all ranks agreed on the step and rank 0's
-  // checkpoint was written (dptrain), so the others are about to do the same. Not a failure: no teardown, but
-  // a deadline (the stop timeout) for the rest.
+  // A rank exited kPreemptedCode: it stopped for a stop signal, after all ranks agreed on the step and rank 0's
+  // checkpoint was written (dptrain), so the others are about to do the same; or alone, before the ranks could
+  // agree (at the rendezvous: dptrain's RendezvousStopWatch), so the others would wait for it. Not a failure (no
+  // restart), but a preemption of the rest: SIGTERM to each rank, as on SIGTERM to dprun, and the stop timeout.
   void on_preempted_exit(const Rank& r);
   // After every rank has ended: when some rank stopped for preemption and every rank exited 0 or 75, the job
   // was preempted (75); when some did not, the first of those is the job's failure. After SIGUSR1 or SIGTERM to

@@ -156,7 +156,7 @@ void Job::check_other_nodes() {
   note(fmt::format("{}: stopping this node's ranks", failure_));
   report_failure_once(f->first, failure_);
   exit_code_ = f->first;
-  begin_stop(SIGTERM, /*received=*/false);
+  begin_stop(SIGTERM, "stopping the other ranks", /*always_note=*/false);
 }
 
 std::optional<int> Job::after_elastic_attempt() {

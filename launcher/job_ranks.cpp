@@ -180,7 +180,7 @@ void Job::fail(const std::vector<Rank*>& failed, const std::vector<std::string>&
   failure_ = fmt::format("{}: rank {} failed ({})", elastic_ ? describe(rdzv_->self()) : "this node", *failed_rank_,
                          brief(failed_status_));
   report_failure_once(exit_code_, failure_, failed_status_.signaled);
-  begin_stop(SIGTERM, /*received=*/false);
+  begin_stop(SIGTERM, "stopping the other ranks", /*always_note=*/false);
 }
 
 void Job::kill_remaining() {

@@ -24,7 +24,7 @@ void Job::on_stop_signal(int sig) {
       report_failure_once(exit_code_, failure_);
     }
     preempting_ = is_preemption(sig);
-    begin_stop(sig, /*received=*/true);
+    begin_stop(sig, fmt::format("received {}", signal_name(sig)), /*always_note=*/true);
   } else if (phase_ == Phase::kStopping && preempting_ && (sig == SIGUSR1 || (sig == SIGTERM && first != SIGTERM))) {
     // The ranks are checkpointing: SIGUSR1 again, or SIGTERM after a SIGUSR1 (Slurm's warning, then its time
     // limit) must not cut that short. It is forwarded (a rank keeps only the first) and the deadline stays.
@@ -37,16 +37,15 @@ void Job::on_stop_signal(int sig) {
   }
 }
 
-void Job::begin_stop(int sig, bool received) {
+void Job::begin_stop(int sig, const std::string& why, bool always_note) {
   phase_ = Phase::kStopping;
   const double wait_s = preempting_ ? opts_.stop_timeout_s : opts_.grace_period_s;
   deadline_ = JobClock::now() + std::chrono::duration_cast<JobClock::duration>(std::chrono::duration<double>(wait_s));
-  std::string why = received ? fmt::format("received {}", signal_name(sig)) : "stopping the other ranks";
   std::vector<int> running = running_ranks();
   if (!running.empty()) {
     note(fmt::format("{}: sending {} to {}; SIGKILL after {} s to any still running", why, signal_name(sig),
                      join_ranks(running), wait_s));
-  } else if (received) {
+  } else if (always_note) {
     note(why);
   }
   signal_all(sig);
@@ -86,12 +85,13 @@ void Job::print_reason() {
 void Job::on_preempted_exit(const Rank& r) {
   preempted_exit_ = true;
   if (phase_ != Phase::kRunning) return;
-  note(fmt::format("rank {} stopped for preemption (exit code {}); waiting up to {} s for the others",
-                   r.global, kPreemptedCode, opts_.stop_timeout_s));
-  phase_ = Phase::kStopping;
+  // The others are told too, as if dprun had received SIGTERM itself. Ranks that agreed on the stop are exiting 75
+  // anyway (dptrain keeps the first signal: this one changes nothing). But a rank signalled alone before the ranks
+  // could agree (at the rendezvous) leaves at once, and its peers, still waiting for it there, would learn of it
+  // only from dist.timeout_s or the SIGKILL after --stop-timeout (dprun then exited 137, and nothing requeued).
   preempting_ = true;
-  deadline_ = JobClock::now() + std::chrono::duration_cast<JobClock::duration>(
-                                 std::chrono::duration<double>(opts_.stop_timeout_s));
+  begin_stop(SIGTERM, fmt::format("rank {} stopped for preemption (exit code {})", r.global, kPreemptedCode),
+             /*always_note=*/true);
 }
 
 void Job::settle_preemption() {

@@ -113,7 +113,9 @@ Environment current_environment();
 //
 // Preemption: SIGUSR1 and SIGTERM (to dprun, forwarded; or to a rank directly, which then exits 75) give the
 // ranks stop_timeout_s to checkpoint and exit before SIGKILL; SIGUSR1 again, or SIGTERM after SIGUSR1, is
-// forwarded rather than cutting that short (SIGTERM twice, SIGINT or SIGHUP skip the wait). A rank exiting 75 is not a failure: no teardown, no restart.
+// forwarded rather than cutting that short (SIGTERM twice, SIGINT or SIGHUP skip the wait). A rank exiting 75 is
+// not a failure (no restart), but the others are stopped as on SIGTERM to dprun: SIGTERM, stop_timeout_s (a rank
+// signalled alone at the rendezvous leaves its peers waiting for it there).
 //
 // With opts.max_restarts = N > 0, an attempt that ends because a rank failed is torn down as usual and then
 // every rank is started again (DPT_RESTART_COUNT 1, 2, ...), up to N times; the exit code is then the last

@@ -68,7 +68,8 @@ forwarded too, but the ranks get --stop-timeout seconds (default 60) before SIGK
 or SIGTERM after SIGUSR1, is forwarded instead of cutting that short (SIGTERM twice, SIGINT or SIGHUP
 still skip the wait): dptrain's ranks agree on the next
 step, rank 0 writes a checkpoint, and each exits 75. A rank that exits 75 on its own (it was signalled
-directly) is not a failure: dprun waits for the others the same way. When every rank exits 0 or 75 after
+directly) is not a failure: dprun sends the others SIGTERM (one signalled at the rendezvous leaves its peers
+waiting there) and waits for them the same way. When every rank exits 0 or 75 after
 that, dprun exits 75 if any exited 75 (the job should be requeued; the same command resumes, with
 dptrain's --resume auto), 0 if all
 exited 0 (the job completed before it stopped: nothing to requeue; an elastic job, whose stop ends the

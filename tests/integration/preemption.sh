@@ -12,7 +12,8 @@
 #  6. A stop at an epoch's last step: the stopped run leaves at once; the resumed run evaluates that epoch and prints
 #     its line first (one rank, the stop injected after a chosen step).
 #  7. A stop before the first step: a rank waiting at the rendezvous (rank 1, rank 0, both ranks under dprun) exits
-#     75 at once, saying so; a SIGUSR1 in dptrain's first milliseconds is a stop too (exit 75), not fatal.
+#     75 at once, saying so; one rank alone signalled under dprun brings the other along (dprun forwards SIGTERM:
+#     every rank and dprun exit 75 at once); a SIGUSR1 in dptrain's first milliseconds is a stop too (exit 75).
 source "$(dirname "$0")/lib/common.bash"
 set +e
 # 1200 examples / 2 ranks / batch 16 = 38 steps per epoch; 8 epochs = 304 steps, a progress line every step.
@@ -246,6 +247,69 @@ took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
 [ "$(grep -c 'stopped by SIGUSR1 while waiting for the rendezvous' "$WORK/rdzv_dprun.log")" = 2 ] ||
   { cat "$WORK/rdzv_dprun.log"; fail "dprun: not both ranks said they stopped at the rendezvous"; }
 echo "ok: SIGUSR1 to dprun while its ranks wait for the rendezvous -> 75 in $took s"
+# SIGUSR1 to ONE rank under dprun while the ranks start or wait at the rendezvous (Slurm's --signal or scancel to one
+# task): that rank exits 75 at once, and its peer, waiting for it at the rendezvous, can learn of it only from dprun.
+# dprun once just waited the whole --stop-timeout for it, SIGKILLed it and exited 137 (nothing requeued); now it
+# forwards SIGTERM to the others as soon as a rank exits 75: each says it stopped at the rendezvous, dprun exits 75
+# within a second. Node 0 of two again, so that the rendezvous cannot end before the signal, to rank 1 and to rank 0
+# (which hosts the store): as soon as both ranks are dptrain (not dprun's forked child, which holds the signals too)
+# holding or catching them, while they start; and once both wait, connected.
+# rank_pid DPRUN_PID R: the pid of rank R among dprun's children (once it runs the program: its environment).
+rank_pid() {
+  local p
+  for p in $(pgrep -P "$1"); do tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$2" && echo "$p"; done
+}
+# takes_stops PID: PID is dptrain and holds (SigBlk) or catches (SigCgt) SIGUSR1 and SIGTERM: a signal is a stop.
+takes_stops() {
+  [ "$(cat "/proc/$1/comm" 2>/dev/null)" = dptrain ] || return 1
+  local k v blk=0 cgt=0
+  while read -r k v; do
+    case $k in SigBlk:) blk=$v ;; SigCgt:) cgt=$v ;; esac
+  done <"/proc/$1/status"
+  (( (16#$blk & 0x4200) == 0x4200 || (16#$cgt & 0x4200) == 0x4200 ))
+}
+# one_rank_stops NAME R WHEN PORT: dprun on node 0 of two, SIGUSR1 to its rank R alone at WHEN (start: as soon as
+# both take it as a stop; waiting: a second after both wait); dprun exits 75 within 5 s, both ranks stopped at the
+# rendezvous, dprun forwarded SIGTERM, nothing killed, nothing left.
+one_rank_stops() {
+  local name=$1 r=$2 when=$3 port=$4 log=$WORK/rdzv_$1.log pid= peer= rc took
+  DPT_STORE_TOKEN=preemption-test "$DPRUN" --nproc-per-node 2 --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 \
+    --master-port "$port" --stop-timeout 20 -- "$DPTRAIN" "${RDZV[@]}" checkpoint.dir="$WORK/rdzv_$name" >"$log" 2>&1 &
+  DP=$!
+  # Both: a peer still in the dynamic loader would die of the SIGTERM (docs/checkpoints.md: before dptrain holds it).
+  for _ in $(seq 2000); do
+    [ -n "$pid" ] || pid=$(rank_pid "$DP" "$r")
+    [ -n "$peer" ] || peer=$(rank_pid "$DP" $((1 - r)))
+    [ -n "$pid" ] && [ -n "$peer" ] && takes_stops "$pid" && takes_stops "$peer" && break
+  done
+  [ -n "$pid" ] && [ -n "$peer" ] && takes_stops "$pid" && takes_stops "$peer" ||
+    { kill -KILL "$DP"; cat "$log"; fail "$name: the ranks never took SIGUSR1 and SIGTERM as stops"; }
+  if [ "$when" = waiting ]; then
+    wait_log "$log" "process group|device cpu"
+    sleep 1
+  fi
+  t0=$EPOCHREALTIME
+  kill -USR1 "$pid"
+  for _ in $(seq 100); do kill -0 "$DP" 2>/dev/null || break; sleep 0.05; done
+  kill -0 "$DP" 2>/dev/null && { kill -KILL "$DP"; cat "$log"; fail "$name: dprun alive 5 s after SIGUSR1 to rank $r"; }
+  wait "$DP"
+  rc=$?
+  took=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }')
+  [ $rc = 75 ] || { cat "$log"; fail "$name: SIGUSR1 to rank $r at the rendezvous: dprun exited $rc, expected 75"; }
+  grep -q "^\[rank $r\] .*stopped by SIGUSR1 while waiting for the rendezvous" "$log" &&
+    grep -q "^\[rank $((1 - r))\] .*stopped by SIGTERM while waiting for the rendezvous" "$log" ||
+    { cat "$log"; fail "$name: rank $r did not stop for SIGUSR1, or rank $((1 - r)) for SIGTERM, at the rendezvous"; }
+  grep -q "dprun: rank $r stopped for preemption (exit code 75): sending SIGTERM to rank $((1 - r))" "$log" ||
+    { cat "$log"; fail "$name: dprun did not forward SIGTERM to rank $((1 - r))"; }
+  grep -q "SIGKILL to" "$log" && { cat "$log"; fail "$name: a rank had to be killed"; }
+  [ -e "$WORK/rdzv_$name/step-00000001" ] && fail "$name: it trained"
+  no_processes_left "$WORK/rdzv_$name"
+  echo "ok: SIGUSR1 to rank $r alone ($when) at the rendezvous under dprun -> every rank 75, dprun 75 in $took s"
+}
+one_rank_stops start1 1 start 29580
+one_rank_stops start0 0 start 29581
+one_rank_stops waiting1 1 waiting 29582
+one_rank_stops waiting0 0 waiting 29583
 # The first milliseconds: SIGUSR1 as soon as /proc/PID/status shows SIGUSR1 and SIGTERM blocked (bits 10 and 15).
 "$DPTRAIN" --config "$CONFIG" data.train_limit=256 train.max_steps=2 checkpoint.dir="$WORK/early" \
   >"$WORK/early.log" 2>&1 &

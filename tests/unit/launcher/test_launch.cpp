@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -134,6 +135,29 @@ TEST_CASE("launch: restarts used up -> the failed rank's code, no restart for a 
   o.command = {"/nonexistent/dpt-no-such-program"};
   o.max_restarts = 3;
   REQUIRE(launch(o) == kExecFailedCode);
+}
+
+TEST_CASE("launch: a rank exiting 75 alone stops the others with SIGTERM -> 75, at once, no restart",
+          "[launcher][process]") {
+  // dptrain's rank signalled alone while the ranks wait at the rendezvous exits 75 at once; its peers, waiting for
+  // it there, learn of it only from dprun. Rank 1 exits 75 once rank 0 waits (its trap set: it stands for dptrain's
+  // handler); rank 0 stops only on the signal dprun forwards. It once got none: dprun waited the whole
+  // --stop-timeout, then SIGKILLed it and exited 137.
+  TempDir dir;
+  const std::string ready = (dir.path / "rank0-waits").string();
+  Options o = shell_job(2,
+                        fmt::format("echo \"attempt $DPT_RESTART_COUNT\"; if [ \"$RANK\" = 1 ]; then "
+                                    "while [ ! -e '{0}' ]; do sleep 0.01; done; exit 75; fi; "
+                                    "trap 'echo got TERM; exit 75' TERM; touch '{0}'; sleep 30 & wait",
+                                    ready),
+                        dir.path / "logs");
+  o.stop_timeout_s = 8;
+  o.max_restarts = 2;  // a 75 is no failure to restart from
+  const auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(launch(o) == kPreemptedCode);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
+  CHECK(read_file(dir.path / "logs" / "rank_0.log") == "attempt 0\ngot TERM\n");
+  CHECK(read_file(dir.path / "logs" / "rank_1.log") == "attempt 0\n");
 }
 
 TEST_CASE("ExitStatus names exit codes and signals", "[launcher]") {
