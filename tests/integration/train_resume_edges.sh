@@ -70,14 +70,16 @@ command -v strace > /dev/null || fail "no strace: scripts/setup.sh --tests insta
 SHORT=("${COMMON[@]}" checkpoint.every_steps=3)
 "$DPTRAIN" --config "$CONFIG" "${SHORT[@]}" train.max_steps=7 checkpoint.dir="$WORK/k0" > "$WORK/k0.log" 2>&1 \
   || { cat "$WORK/k0.log"; fail "the earlier run failed"; }
-killed_at() {  # killed_at NAME PATH SYSCALLS: a copy of k0 in $WORK/NAME, a --resume never run killed at SYSCALLS on PATH
+# killed_at NAME PATH SYSCALLS: a copy of k0 in $WORK/NAME; a --resume never run killed at SYSCALLS on PATH in it
+killed_at() {
   cp -r "$WORK/k0" "$WORK/$1"
   strace -f -o /dev/null -P "$2" -e trace="$3" -e inject="$3":signal=KILL "$DPTRAIN" --config "$CONFIG" \
     "${SHORT[@]}" train.max_steps=3 train.lr=0.01 checkpoint.dir="$WORK/$1" --resume never > "$WORK/$1.log" 2>&1 \
     && { cat "$WORK/$1.log"; fail "$1: the run was not killed"; }
   out=$("$DPTRAIN" --config "$CONFIG" "${SHORT[@]}" train.max_steps=3 train.lr=0.01 checkpoint.dir="$WORK/$1" 2>&1) \
     || { echo "$out"; fail "$1: the --resume auto run after the kill failed"; }
-  ! <<< "$out" grep -q "step-00000007\|step-00000006" || { echo "$out"; fail "$1: --resume auto took the earlier run's"; }
+  ! <<< "$out" grep -q "step-00000007\|step-00000006" \
+    || { echo "$out"; fail "$1: --resume auto took the earlier run's"; }
 }
 # Killed as the new step 3 is renamed into place: the earlier run's are hidden already, so auto starts afresh.
 killed_at rename "$WORK/rename/.tmp-step-00000003" rename,renameat,renameat2
