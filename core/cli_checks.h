@@ -31,5 +31,15 @@ inline CLI::Validator at_least(bool strict, const char* desc) {
 inline const CLI::Validator Positive = detail::at_least(true, "POSITIVE");
 // A finite number of 0 or more.
 inline const CLI::Validator NonNegative = detail::at_least(false, "NONNEGATIVE");
+// A probability mass: above 0, at most 1.
+inline const CLI::Validator Fraction = CLI::Validator(
+    [](std::string& text) -> std::string {
+      char* end = nullptr;
+      const double v = std::strtod(text.c_str(), &end);
+      if (text.empty() || end != text.c_str() + text.size()) return "'" + text + "' is not a number";
+      if (!(v > 0 && v <= 1)) return "must be in (0, 1] (got " + text + ")";
+      return {};
+    },
+    "(0, 1]");
 
 }  // namespace dpt::cli

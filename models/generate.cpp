@@ -12,8 +12,8 @@ namespace dpt::models {
 
 int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng) {
   if (o.vocab_limit > 0) vocab = std::min(vocab, o.vocab_limit);
-  DPT_CHECK(vocab > 0 && o.temperature > 0 && o.top_k >= 0, "sampling: vocab {}, temperature {}, top_k {}", vocab,
-            o.temperature, o.top_k);
+  DPT_CHECK(vocab > 0 && o.temperature > 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1,
+            "sampling: vocab {}, temperature {}, top_k {}, top_p {}", vocab, o.temperature, o.top_k, o.top_p);
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
   const int64_t k = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
@@ -24,6 +24,14 @@ int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o,
   const double top = logits[order[0]];
   double sum = 0;
   for (size_t i = 0; i < order.size(); ++i) sum += p[i] = std::exp((logits[order[i]] - top) / o.temperature);
+  if (o.top_p < 1) {  // the nucleus: a token stays while the mass above it is below top_p
+    double above = 0;
+    size_t kept = 0;
+    while (kept < p.size() && (kept == 0 || above < o.top_p * sum)) above += p[kept++];
+    p.resize(kept);
+    order.resize(kept);
+    sum = above;
+  }
   double u = uniform(rng, 0.0f, 1.0f) * sum;
   for (size_t i = 0; i < order.size(); ++i) {
     if (u < p[i]) return order[i];

@@ -21,13 +21,16 @@ namespace dpt::models {
 struct SampleOptions {
   double temperature = 1.0;  // > 0; logits are divided by it
   int64_t top_k = 0;         // sample among the k most likely tokens only (0: all)
+  double top_p = 1.0;        // then among the fewest most likely whose probabilities reach top_p (nucleus; 1: all)
   int64_t vocab_limit = 0;   // sample among ids below this only (0: all): the tokenizer's vocabulary, when the
                              // model's is larger (padded)
   int32_t stop_token = -1;   // a sequence ends with this token once it samples it (the tokenizer's EOS); -1: none
 };
 
 // One token drawn from softmax(logits / temperature) restricted to the top_k largest logits (ties broken by
-// the lower index). top_k = 1 is argmax.
+// the lower index), then to the nucleus: the most likely of those while the mass of the ones above them is below
+// top_p (the token that reaches top_p included; at least one), as Hugging Face's TopPLogitsWarper after its
+// TopKLogitsWarper. top_k = 1 is argmax.
 int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng);
 
 // `count` new tokens after `prompt` (at least one token), from `model` (a GPT or a Llama with this block_size, on any

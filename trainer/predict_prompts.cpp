@@ -99,11 +99,12 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   if (rank == 0)
     spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "
                  "window together); {} from {} on {}, {} products{}; {} tokens each, temperature {}, top_k {}, "
-                 "seed {}{}; tokenizer {}",
+                 "top_p {}, seed {}{}; tokenizer {}",
                  prompts.size(), o.input, world, batches.size(), o.batch_size, ck.model->summary(), ck.from,
                  device.str(), o.precision ? choice_name(*o.precision) : "fp32",
                  o.precision ? " (as asked)" : " (generate's; --precision sets them)", o.tokens,
-                 sampling.temperature, sampling.top_k, o.seed, o.kv_cache ? "" : ", no KV cache", tokenizer.describe());
+                 sampling.temperature, sampling.top_k, sampling.top_p, o.seed, o.kv_cache ? "" : ", no KV cache",
+                 tokenizer.describe());
   std::vector<std::pair<size_t, std::string>> mine;
   ProgressLine progress(rank == 0, prompts.size() * new_tokens, pg.size(), o.progress_interval_s, "tokens");
   size_t done = 0;  // tokens generated here

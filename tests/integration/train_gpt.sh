@@ -131,6 +131,19 @@ for cmd in generate predict; do
 done
 "$DPTRAIN" generate --checkpoint "$WORK/learn" --seed 18446744073709551615 --tokens 4 > /dev/null 2> "$WORK/gen.err" ||
   { cat "$WORK/gen.err"; fail "the largest seed, 2^64 - 1, was refused"; }
+# Nucleus sampling: --top-p in (0, 1] (predict: --sample-top-p); a tiny nucleus is the most likely token alone, so
+# its text is greedy's (--top-k 1) whatever the seed.
+for p in 0 1.5 -0.1 nan; do
+  expect_exit 2 "\-\-top-p: must be in (0, 1\] (got $p)" "$DPTRAIN" generate --checkpoint "$WORK/learn" --top-p $p
+  expect_exit 2 "\-\-sample-top-p: must be in (0, 1\] (got $p)" "$DPTRAIN" predict --checkpoint "$WORK/learn" \
+    --input "$WORK/p.txt" --out "$WORK/p.jsonl" --sample-top-p $p
+done
+greedy=$("$DPTRAIN" generate --checkpoint "$WORK/learn" --prompt "Q: " --tokens 40 --top-k 1 2> "$WORK/gen.err") \
+  || { cat "$WORK/gen.err"; fail "greedy generate failed"; }
+nucleus=$("$DPTRAIN" generate --checkpoint "$WORK/learn" --prompt "Q: " --tokens 40 --top-p 1e-6 --seed 5 \
+  2> "$WORK/gen.err") || { cat "$WORK/gen.err"; fail "generate --top-p failed"; }
+[ "$greedy" = "$nucleus" ] || fail "a tiny --top-p is not greedy: '$nucleus' against '$greedy'"
+grep -q "top_p 1e-06" "$WORK/gen.err" || { cat "$WORK/gen.err"; fail "the log does not say top_p"; }
 
 # dptrain eval on 1, 2 and 3 ranks: each validation window once (1024 windows x 32 tokens), the same loss, and
 # the loss of the run's own final evaluation.

@@ -67,12 +67,13 @@ struct SamplingArgs {
   int64_t tokens = 200;
   double temperature = 1.0;
   int64_t top_k = 0;
+  double top_p = 1.0;
   uint64_t seed = 42;
   bool no_kv_cache = false;
   bool ignore_eos = false;  // sample past the tokenizer's end-of-text token
 };
-void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top_k_flag, const std::string& prefix,
-                          const std::string& seed_help);
+void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top_k_flag, const std::string& top_p_flag,
+                          const std::string& prefix, const std::string& seed_help);
 
 // A `--limit`-like option's check: digits only (a size_t option would take "-3" as 2^64 - 3), at most 2^64 - 1.
 CLI::Validator whole_number();

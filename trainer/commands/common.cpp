@@ -71,8 +71,8 @@ void add_force_flag(CLI::App& cmd, bool& force) {
   cmd.add_flag("--force", force, "replace OUT when it exists and is not empty (else refused)");
 }
 
-void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top_k_flag, const std::string& prefix,
-                          const std::string& seed_help) {
+void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top_k_flag, const std::string& top_p_flag,
+                          const std::string& prefix, const std::string& seed_help) {
   cmd.add_option("--tokens", s.tokens, prefix + "new tokens to sample" + (prefix.empty() ? "" : " per prompt"))
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
@@ -82,6 +82,12 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
   cmd.add_option(top_k_flag, s.top_k, prefix + "sample among the k most likely tokens only (0: all; 1: greedy)" +
                                           (top_k_flag == "--top-k" ? "" : ": generate's --top-k"))
       ->check(dpt::cli::NonNegative)
+      ->capture_default_str();
+  cmd.add_option(top_p_flag, s.top_p,
+                 prefix + "then sample among the fewest most likely tokens whose probabilities add up to at least P "
+                          "(nucleus sampling, after top-k, as Hugging Face's top_p; 1: all)" +
+                     (top_p_flag == "--top-p" ? "" : ": generate's --top-p"))
+      ->check(dpt::cli::Fraction)
       ->capture_default_str();
   cmd.add_option("--seed", s.seed, prefix + seed_help + " (a whole number in [0, 2^64 - 1])")
       ->check(whole_number())

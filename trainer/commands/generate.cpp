@@ -29,8 +29,9 @@ void generate_text(const GenerateArgs& args) {
   if (device.is_cuda()) cuda::set_device(device.index);
   const GptCheckpoint ck = load_gpt_checkpoint(args.checkpoint, a.tokenizer, device);
   const data::Tokenizer& tokenizer = *ck.tokenizer;
-  spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, seed {}{}", ck.model->summary(),
-               ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.seed, a.no_kv_cache ? ", no KV cache" : "");
+  spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, top_p {}, seed {}{}",
+               ck.model->summary(), ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.top_p, a.seed,
+               a.no_kv_cache ? ", no KV cache" : "");
   spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
   if (tokenizer.name() == "bytes" && ck.vocab_size != 256) {  // byte shards (load_gpt_checkpoint refuses others)
     spdlog::info("generate: byte-level tokens for a model of vocab_size {} (its data.dir's shards are bytes_*): ids "
@@ -41,7 +42,8 @@ void generate_text(const GenerateArgs& args) {
   if (ck.special.bos >= 0) prompt.insert(prompt.begin(), ck.special.bos);  // the run's documents began with it (jsonl)
   const int32_t eos = a.ignore_eos ? -1 : ck.special.eos;
   auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
-                              {.temperature = a.temperature, .top_k = a.top_k, .vocab_limit = tokenizer.vocab_size(),
+                              {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
+                               .vocab_limit = tokenizer.vocab_size(),
                                .stop_token = eos},
                               a.seed, /*kv_cache=*/!a.no_kv_cache);
   if (eos >= 0 && out.size() > prompt.size() && out.back() == eos) {
@@ -70,7 +72,7 @@ Command add_generate(CLI::App& root) {
   cmd->add_option("--device", a->device, "auto (cuda if available, else cpu) | cpu | cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
-  add_sampling_options(*cmd, a->sampling, "--top-k", "", "the same seed gives the same text");
+  add_sampling_options(*cmd, a->sampling, "--top-k", "--top-p", "", "the same seed gives the same text");
   return {cmd, [a] {
             spdlog::set_default_logger(spdlog::stderr_color_mt("generate"));  // stdout carries the text alone
             return run_alone([&] { generate_text(*a); });

@@ -32,7 +32,7 @@ struct PredictArgs {
 // The options that apply to one kind of checkpoint only: given with the other kind, they would be accepted and
 // ignored, so they are refused.
 constexpr const char* kImageOptions[] = {"--top-k", "--skip-bad"};
-constexpr const char* kPromptOptions[] = {"--tokens", "--temperature", "--sample-top-k", "--seed",
+constexpr const char* kPromptOptions[] = {"--tokens", "--temperature", "--sample-top-k", "--sample-top-p", "--seed",
                                           "--no-kv-cache", "--ignore-eos", "--tokenizer"};
 
 // ConfigError naming an option given that `target`'s checkpoint does not use, and the one meant where there is one.
@@ -87,7 +87,7 @@ int predict_job(const PredictArgs& a) {
             if (prompts) {
               const SamplingArgs& g = a.sampling;
               const PromptOptions o{.input = a.input, .out = a.out, .tokenizer = g.tokenizer, .tokens = g.tokens,
-                                    .sampling = {.temperature = g.temperature, .top_k = g.top_k},
+                                    .sampling = {.temperature = g.temperature, .top_k = g.top_k, .top_p = g.top_p},
                                     .stop_at_eos = !g.ignore_eos,
                                     .seed = g.seed, .kv_cache = !g.no_kv_cache, .batch_size = a.batch_size,
                                     .format = format,
@@ -136,7 +136,7 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "the class names the checkpoint was trained with, probabilities with 6 decimals); an unreadable image with "
       "--skip-bad: {\"path\": ..., \"error\": ...}.\n"
       "Options by checkpoint: images: --top-k, --skip-bad; GPT or Llama: --tokens, --temperature, --sample-top-k, "
-      "--seed, --no-kv-cache, --ignore-eos, --tokenizer; both: --batch-size, --precision, --format. An option of the "
+      "--sample-top-p, --seed, --no-kv-cache, --ignore-eos, --tokenizer; both: --batch-size, --precision, --format. An option of the "
       "other kind is refused (exit 2).\n"
       "Example: dprun --nproc-per-node 2 -- dptrain predict --checkpoint runs/fmnist/checkpoints --input "
       "/tmp/fmnist-images/val --out preds.jsonl");
@@ -173,7 +173,7 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
                 "images: an image that cannot be read gets a line with its error and the run goes on (else the run "
                 "fails naming it, and writes nothing)");
   // Prompts: the options of `dptrain generate`, under the same names (--top-k is taken: --sample-top-k).
-  add_sampling_options(*cmd, a->sampling, "--sample-top-k", "GPT: ",
+  add_sampling_options(*cmd, a->sampling, "--sample-top-k", "--sample-top-p", "GPT: ",
                        "every prompt is sampled from this seed: its text is `dptrain generate --prompt P --seed S`'s "
                        "(exactly so with --batch-size 1)");
   cmd->add_option("overrides", a->overrides,

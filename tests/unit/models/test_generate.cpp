@@ -171,3 +171,29 @@ TEST_CASE("generate_batch: a sequence ends at the stop token, the others go on u
   REQUIRE(generate(*model, o.block_size, {stop, stop}, 6, stopping, 9) ==
           std::vector<int32_t>(free_out.begin(), at == free_out.end() ? at : at + 1));
 }
+
+TEST_CASE("sample_token: top_p keeps the nucleus, as Hugging Face's TopPLogitsWarper after top-k", "[models][generate]") {
+  // Probabilities 0.5, 0.3, 0.15, 0.05 (token 2 first, then 0, 3, 1). Each set below is the one transformers 4.45's
+  // TemperatureLogitsWarper, TopKLogitsWarper and TopPLogitsWarper keep on these logits (checked by hand).
+  const std::vector<float> logits{std::log(0.3f), std::log(0.05f), std::log(0.5f), std::log(0.15f)};
+  const int n = 20000;
+  const auto draw = [&](SampleOptions o) {
+    std::mt19937_64 rng(3);
+    std::map<int32_t, int> seen;
+    for (int i = 0; i < n; ++i) ++seen[sample_token(logits.data(), 4, o, rng)];
+    return seen;
+  };
+  // 0.75: 0.5 is below it, so the next token (0.3) joins and reaches it: {2, 0}, renormalised to 5/8 and 3/8.
+  auto seen = draw({.top_p = 0.75});
+  REQUIRE(seen.size() == 2);
+  CHECK(seen[2] / double(n) == Approx(0.625).margin(0.015));
+  CHECK(seen[0] / double(n) == Approx(0.375).margin(0.015));
+  CHECK(draw({.top_p = 0.9}).size() == 3);       // 0.8 below 0.9: token 3 too
+  CHECK(draw({.top_p = 0.4}) == std::map<int32_t, int>{{2, n}});  // the first token alone reaches it
+  CHECK(draw({.top_p = 1.0}).size() == 4);       // off
+  // After top-k = 2, the nucleus is of the renormalised pair: 0.5 / 0.8 = 0.625 is below 0.7, so both stay.
+  CHECK(draw({.top_k = 2, .top_p = 0.7}).size() == 2);
+  CHECK(draw({.top_k = 2, .top_p = 0.6}).size() == 1);
+  // Temperature comes first: at 0.1 token 2 holds nearly all the mass, alone in a 0.9 nucleus.
+  CHECK(draw({.temperature = 0.1, .top_p = 0.9}).size() == 1);
+}
