@@ -7,7 +7,7 @@
 #                scripts/run.sh runs this.
 #   --bench      adds the benchmarks' reference: Debian's PyTorch (python3-torch, python3-torchvision).
 #   --tests      adds every test-only tool: PyTorch and torchvision (parity tests), numpy, regex, clang with
-#                libFuzzer, Slurm and munge, iproute2, and PyPI's tensorboard and transformers in the venv
+#                libFuzzer, Slurm and munge, iproute2, strace, and PyPI's tensorboard and transformers in the venv
 #                /opt/dptrain/test-venv.
 #                scripts/test.sh runs this.
 set -euo pipefail
