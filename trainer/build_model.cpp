@@ -79,63 +79,72 @@ SafetensorsFile read_weights(const std::string& path) {
             "model.safetensors.index.json (and its shards), pytorch_model.bin, pytorch_model.bin.index.json", path);
 }
 
-std::string load_pretrained(models::Model& model, const ModelConfig& m, const std::string& path) {
+namespace {
+
+// model.init_from's file as float32 where it holds other floats (bf16 or float64 files become the dtype of every
+// model's parameters and buffers before a family's layout import reads them); a file that cannot be read is the
+// config's error.
+SafetensorsFile read_init_weights(const std::string& path) {
   SafetensorsFile file;
   try {
     file = read_weights(path);  // safetensors, torch.save's zip (a .pth, a pytorch_model.bin), or a folder of them
   } catch (const Error& e) {
     DPT_THROW(ConfigError, "model.init_from: {}", e.what());
   }
-  // Floating weights in another precision (bf16 or float64 files) become float32, the dtype of every model's
-  // parameters and buffers, before a family's layout import reads them.
   for (auto& nt : file.tensors)
     if (nt.tensor.dtype() == DType::BF16 || nt.tensor.dtype() == DType::F64) nt.tensor = widen_to_f32(nt.tensor);
-  // Wrappers' prefixes, removed: torch.compile's puts "_orig_mod." before every name of its module's state_dict
-  // (nanoGPT's ckpt.pt from train.py with compile = True), removed where present, as nanoGPT's sample.py removes it;
-  // DistributedDataParallel's puts "module." before every name (a state dict saved from the wrapper instead of its
-  // .module), removed when every name has it, as torch's consume_prefix_in_state_dict_if_present does (a model's own
-  // submodule may be called "module"). Repeated while one is found: DDP of a compiled model, or the other way round.
-  constexpr std::string_view kCompiledPrefix = "_orig_mod.", kDdpPrefix = "module.";
+  return file;
+}
+
+constexpr std::string_view kCompiledPrefix = "_orig_mod.", kDdpPrefix = "module.";
+
+// What strip_wrapper_prefixes removed, and the file's own name of each tensor that lost a prefix (for errors).
+struct Unwrapped {
   size_t compiled = 0, ddp = 0;
-  std::map<std::string, std::string> file_names;  // a name that lost a prefix -> the file's own, for errors
+  std::map<std::string, std::string> file_names;
+  std::string file_name(const std::string& name) const {
+    const auto it = file_names.find(name);
+    return it != file_names.end() ? fmt::format("{} (the file's {})", name, it->second) : name;
+  }
+};
+
+// Wrappers' prefixes, removed: torch.compile's puts "_orig_mod." before every name of its module's state_dict
+// (nanoGPT's ckpt.pt from train.py with compile = True), removed where present, as nanoGPT's sample.py removes it;
+// DistributedDataParallel's puts "module." before every name (a state dict saved from the wrapper instead of its
+// .module), removed when every name has it, as torch's consume_prefix_in_state_dict_if_present does (a model's own
+// submodule may be called "module"). Repeated while one is found: DDP of a compiled model, or the other way round.
+Unwrapped strip_wrapper_prefixes(std::vector<NamedTensor>& tensors) {
+  Unwrapped u;
   for (bool found = true; found;) {
     found = false;
     const auto strip = [&](NamedTensor& nt, std::string_view prefix) {
-      const auto it = file_names.find(nt.name);
-      std::string original = it != file_names.end() ? it->second : nt.name;
-      if (it != file_names.end()) file_names.erase(it);
+      const auto it = u.file_names.find(nt.name);
+      std::string original = it != u.file_names.end() ? it->second : nt.name;
+      if (it != u.file_names.end()) u.file_names.erase(it);
       nt.name.erase(0, prefix.size());
-      file_names[nt.name] = std::move(original);
+      u.file_names[nt.name] = std::move(original);
       found = true;
     };
-    for (auto& nt : file.tensors)
+    for (auto& nt : tensors)
       if (nt.name.starts_with(kCompiledPrefix)) {
         strip(nt, kCompiledPrefix);
-        ++compiled;
+        ++u.compiled;
       }
-    if (!file.tensors.empty() &&
-        std::all_of(file.tensors.begin(), file.tensors.end(), [&](const NamedTensor& nt) {
+    if (!tensors.empty() && std::all_of(tensors.begin(), tensors.end(), [&](const NamedTensor& nt) {
           return nt.name.starts_with(kDdpPrefix);
         })) {
-      for (auto& nt : file.tensors) strip(nt, kDdpPrefix);
-      ddp += file.tensors.size();
+      for (auto& nt : tensors) strip(nt, kDdpPrefix);
+      u.ddp += tensors.size();
     }
   }
-  const auto file_name = [&](const std::string& name) {
-    const auto it = file_names.find(name);
-    return it != file_names.end() ? fmt::format("{} (the file's {})", name, it->second) : name;
-  };
-  const auto state = model.state();
-  const ModelFamily& family = model_family(m.name);
-  std::string layout;
-  if (family.import_weights) file.tensors = family.import_weights(file.tensors, path, m, &layout);
-  std::set<std::string> wanted;
-  for (const auto& nt : state) wanted.insert(nt.name);
-  for (const auto& nt : file.tensors)
-    if (!wanted.count(nt.name))
-      DPT_THROW(ConfigError, "model.init_from {}: tensor {} is not in this model ({}): a different architecture?",
-                path, file_name(nt.name), model.summary());
-  // The classifier head: the last parameter pair. A different class count there keeps the fresh head.
+  return u;
+}
+
+// The classifier head (the last parameter pair, for a family that re-initialises it) where the file's has another
+// class count: those names, whose fresh tensors stand in for the file's in `keep` (fine-tuning).
+std::vector<std::string> fresh_head(const models::Model& model, const ModelFamily& family,
+                                    const std::vector<NamedTensor>& state, const SafetensorsFile& file,
+                                    std::map<std::string, Tensor>& keep) {
   const auto& params = model.named_params();
   std::set<std::string> head;
   if (params.size() >= 2 && family.reinit_head) {
@@ -149,13 +158,17 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
         src->ndim() >= 1 && std::equal(src->shape().begin() + 1, src->shape().end(), nt.tensor.shape().begin() + 1))
       reinit.push_back(nt.name);
   }
-  std::map<std::string, Tensor> keep;  // the fresh head, standing in for the file's
   for (const auto& name : reinit)
     for (const auto& nt : state)
       if (nt.name == name) keep[name] = nt.tensor.to(Device::cpu());
-  // BatchNorm's num_batches_tracked, which torchvision's downloads from before 0.4.1 lack: 0 where the file has
-  // none, as PyTorch's BatchNorm loads such a state dict (load_state_dict(strict=True) accepts it). Any other tensor
-  // the file lacks stays an error.
+  return reinit;
+}
+
+// BatchNorm's num_batches_tracked, which torchvision's downloads from before 0.4.1 lack: 0 in `keep` where the file
+// has none, as PyTorch's BatchNorm loads such a state dict (load_state_dict(strict=True) accepts it). Any other
+// tensor the file lacks stays an error. Returns how many.
+size_t untracked_batches(const std::vector<NamedTensor>& state, const SafetensorsFile& file,
+                         std::map<std::string, Tensor>& keep) {
   size_t untracked = 0;
   for (const auto& nt : state)
     if ((nt.name == "num_batches_tracked" || nt.name.ends_with(".num_batches_tracked")) &&
@@ -165,6 +178,27 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
       keep[nt.name] = zero;
       ++untracked;
     }
+  return untracked;
+}
+
+}  // namespace
+
+std::string load_pretrained(models::Model& model, const ModelConfig& m, const std::string& path) {
+  SafetensorsFile file = read_init_weights(path);
+  const Unwrapped unwrapped = strip_wrapper_prefixes(file.tensors);
+  const auto state = model.state();
+  const ModelFamily& family = model_family(m.name);
+  std::string layout;
+  if (family.import_weights) file.tensors = family.import_weights(file.tensors, path, m, &layout);
+  std::set<std::string> wanted;
+  for (const auto& nt : state) wanted.insert(nt.name);
+  for (const auto& nt : file.tensors)
+    if (!wanted.count(nt.name))
+      DPT_THROW(ConfigError, "model.init_from {}: tensor {} is not in this model ({}): a different architecture?",
+                path, unwrapped.file_name(nt.name), model.summary());
+  std::map<std::string, Tensor> keep;  // tensors standing in for the file's: a fresh head, zero counters
+  const std::vector<std::string> reinit = fresh_head(model, family, state, file, keep);
+  const size_t untracked = untracked_batches(state, file, keep);
   try {
     model.load_state(
         [&](const std::string& name) -> const Tensor* {
@@ -179,15 +213,17 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   if (family.import_weights) notes.push_back(layout);
   if (!reinit.empty())
     notes.push_back(fmt::format("{} has {} classes in {}, the model {}: {} re-initialised (fine-tuning)",
-                                reinit.front(), file.find(reinit.front())->dim(0), path, params.back().param.dim(0),
-                                fmt::join(reinit, " and ")));
+                                reinit.front(), file.find(reinit.front())->dim(0), path,
+                                model.named_params().back().param.dim(0), fmt::join(reinit, " and ")));
   if (untracked)
     notes.push_back(fmt::format("{} num_batches_tracked absent from the file: 0, as PyTorch's BatchNorm loads them",
                                 untracked));
-  if (compiled)
-    notes.push_back(fmt::format("torch.compile's {} prefix removed from {} names", kCompiledPrefix, compiled));
-  if (ddp)
-    notes.push_back(fmt::format("DistributedDataParallel's {} prefix removed from {} names", kDdpPrefix, ddp));
+  if (unwrapped.compiled)
+    notes.push_back(fmt::format("torch.compile's {} prefix removed from {} names", kCompiledPrefix,
+                                unwrapped.compiled));
+  if (unwrapped.ddp)
+    notes.push_back(fmt::format("DistributedDataParallel's {} prefix removed from {} names", kDdpPrefix,
+                                unwrapped.ddp));
   return fmt::format("{}", fmt::join(notes, "; "));
 }
 
