@@ -3,7 +3,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <span>
 
 #include "core/check.h"
@@ -52,8 +54,13 @@ void generate_text(const GenerateArgs& args) {
     out.pop_back();
   }
   const std::string text = tokenizer.decode(std::span(out).subspan(ck.special.bos >= 0 ? 1 : 0));
+  // A text that does not reach stdout (a full disk, a closed stdout) fails the command rather than exit 0 without it.
+  errno = 0;
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    DPT_THROW(IoError, "generate: writing the text to stdout failed: {}",
+              errno != 0 ? std::strerror(errno) : "an error on the stream");
 }
 
 }  // namespace

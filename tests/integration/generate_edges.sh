@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# integration.generate_edges: `dptrain generate` at its edges, on a tiny GPT trained for two steps on byte shards
+# (seconds):
+#  - a text that cannot be written to stdout (a full disk, a closed stdout) fails the command (exit 1, saying why)
+#    instead of exiting 0 without it.
+source "$(dirname "$0")/lib/common.bash"
+for i in $(seq 300); do echo "line $i: the quick brown fox jumps over the lazy dog; héllo wörld, 日本語"; done \
+  > "$WORK/corpus.txt"
+"$DPTRAIN" tokenize --input "$WORK/corpus.txt" --out "$WORK/bytes" --val-every 2 > "$WORK/tokenize.log" 2>&1 \
+  || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
+"$DPTRAIN" data.dataset=tokens data.dir="$WORK/bytes" model.name=gpt model.n_layer=1 model.n_head=2 model.n_embd=32 \
+  model.block_size=16 train.device=cpu train.batch_size=4 train.max_steps=2 train.epochs=1 data.test_limit=8 \
+  checkpoint.dir="$WORK/ck" --resume never > "$WORK/train.log" 2>&1 || { cat "$WORK/train.log"; fail "training failed"; }
+GEN=("$DPTRAIN" generate --checkpoint "$WORK/ck" --prompt "Q: " --tokens 8 --seed 3)
+
+# stdout that takes nothing: the command fails and says why.
+set +e
+"${GEN[@]}" > /dev/full 2> "$WORK/full.err"
+rc=$?
+set -e
+[ $rc -eq 1 ] || { cat "$WORK/full.err"; fail "generate into a full stdout exited $rc, not 1"; }
+grep -q "generate: writing the text to stdout failed: No space left on device" "$WORK/full.err" \
+  || { cat "$WORK/full.err"; fail "generate into a full stdout did not say why it failed"; }
+set +e
+"${GEN[@]}" >&- 2> "$WORK/closed.err"
+rc=$?
+set -e
+[ $rc -eq 1 ] || { cat "$WORK/closed.err"; fail "generate into a closed stdout exited $rc, not 1"; }
+text=$("${GEN[@]}" 2> "$WORK/gen.err") || { cat "$WORK/gen.err"; fail "generate failed"; }
+[ "${text:0:3}" = "Q: " ] || fail "generate's text does not start with the prompt: '$text'"
+
+echo "PASS: generate's edges"
