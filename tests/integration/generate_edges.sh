@@ -2,7 +2,9 @@
 # integration.generate_edges: `dptrain generate` at its edges, on a tiny GPT trained for two steps on byte shards
 # (seconds):
 #  - a text that cannot be written to stdout (a full disk, a closed stdout) fails the command (exit 1, saying why)
-#    instead of exiting 0 without it.
+#    instead of exiting 0 without it;
+#  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
+#    it is (exit 2), not "no such checkpoint".
 source "$(dirname "$0")/lib/common.bash"
 for i in $(seq 300); do echo "line $i: the quick brown fox jumps over the lazy dog; héllo wörld, 日本語"; done \
   > "$WORK/corpus.txt"
@@ -28,5 +30,13 @@ set -e
 [ $rc -eq 1 ] || { cat "$WORK/closed.err"; fail "generate into a closed stdout exited $rc, not 1"; }
 text=$("${GEN[@]}" 2> "$WORK/gen.err") || { cat "$WORK/gen.err"; fail "generate failed"; }
 [ "${text:0:3}" = "Q: " ] || fail "generate's text does not start with the prompt: '$text'"
+
+# A checkpoint's file, and a Hugging Face model folder (config.json beside the weights), named as --checkpoint.
+file=$(ls -d "$WORK"/ck/step-*/model.safetensors | head -1)
+expect_exit 2 "checkpoint $file: a file, not a checkpoint: name the checkpoint's folder" \
+  "$DPTRAIN" generate --checkpoint "$file"
+mkdir "$WORK/hf" && cp "$file" "$WORK/hf/" && echo '{"model_type": "gpt2"}' > "$WORK/hf/config.json"
+expect_exit 2 "checkpoint $WORK/hf: no complete, valid checkpoint in it; it holds a config.json, as a Hugging Face" \
+  "$DPTRAIN" generate --checkpoint "$WORK/hf"
 
 echo "PASS: generate's edges"
