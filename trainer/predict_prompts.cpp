@@ -86,6 +86,7 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   for (const std::string& p : prompts) {
     encoded.push_back(tokenizer.encode(p));
     if (ck.special.bos >= 0) encoded.back().insert(encoded.back().begin(), ck.special.bos);  // as the run's documents began (jsonl)
+    check_prompt(ck, encoded.back(), fmt::format("predict: the prompt '{}'", p));
     counts.push_back(encoded.back().size());
   }
   const std::vector<std::vector<size_t>> batches = prompt_batches(counts, ck.block_size, o.batch_size);
@@ -93,7 +94,7 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   size_t my_prompts = 0;
   for (size_t j = rank; j < batches.size(); j += world) my_prompts += batches[j].size();
   models::SampleOptions sampling = o.sampling;
-  sampling.vocab_limit = tokenizer.vocab_size();
+  sampling.vocab_limit = sampled_vocab(ck);
   if (o.stop_at_eos) sampling.stop_token = ck.special.eos;
   const auto new_tokens = static_cast<size_t>(o.tokens);
   if (rank == 0)

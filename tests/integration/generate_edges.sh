@@ -6,30 +6,47 @@
 #  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
 #    it is (exit 2), not "no such checkpoint".
 source "$(dirname "$0")/lib/common.bash"
-for i in $(seq 300); do echo "line $i: the quick brown fox jumps over the lazy dog; héllo wörld, 日本語"; done \
+for i in $(seq 300); do echo "line $i: the quick brown fox jumps over the lazy dog"; done \
   > "$WORK/corpus.txt"
 "$DPTRAIN" tokenize --input "$WORK/corpus.txt" --out "$WORK/bytes" --val-every 2 > "$WORK/tokenize.log" 2>&1 \
   || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
-"$DPTRAIN" data.dataset=tokens data.dir="$WORK/bytes" model.name=gpt model.n_layer=1 model.n_head=2 model.n_embd=32 \
+"$DPTRAIN" data.dataset=tokens data.dir="$WORK/bytes" model.name=gpt model.vocab_size=123 model.n_layer=1 model.n_head=2 model.n_embd=32 \
   model.block_size=16 train.device=cpu train.batch_size=4 train.max_steps=2 train.epochs=1 data.test_limit=8 \
   checkpoint.dir="$WORK/ck" --resume never > "$WORK/train.log" 2>&1 || { cat "$WORK/train.log"; fail "training failed"; }
-GEN=("$DPTRAIN" generate --checkpoint "$WORK/ck" --prompt "Q: " --tokens 8 --seed 3)
+GEN=("$DPTRAIN" generate --checkpoint "$WORK/ck" --tokens 8 --seed 3)
 
 # stdout that takes nothing: the command fails and says why.
 set +e
-"${GEN[@]}" > /dev/full 2> "$WORK/full.err"
+"${GEN[@]}" --prompt "Q: " > /dev/full 2> "$WORK/full.err"
 rc=$?
 set -e
 [ $rc -eq 1 ] || { cat "$WORK/full.err"; fail "generate into a full stdout exited $rc, not 1"; }
 grep -q "generate: writing the text to stdout failed: No space left on device" "$WORK/full.err" \
   || { cat "$WORK/full.err"; fail "generate into a full stdout did not say why it failed"; }
 set +e
-"${GEN[@]}" >&- 2> "$WORK/closed.err"
+"${GEN[@]}" --prompt "Q: " >&- 2> "$WORK/closed.err"
 rc=$?
 set -e
 [ $rc -eq 1 ] || { cat "$WORK/closed.err"; fail "generate into a closed stdout exited $rc, not 1"; }
-text=$("${GEN[@]}" 2> "$WORK/gen.err") || { cat "$WORK/gen.err"; fail "generate failed"; }
+text=$("${GEN[@]}" --prompt "Q: " 2> "$WORK/gen.err") || { cat "$WORK/gen.err"; fail "generate failed"; }
 [ "${text:0:3}" = "Q: " ] || fail "generate's text does not start with the prompt: '$text'"
+
+# Bytes for a model of 123 ids: the text's, and prompt bytes from 123 up refused, '{' (123, a padded id) as 'é'.
+grep -q "byte-level tokens for a model of vocab_size 123: bytes from 123 up are never sampled" "$WORK/gen.err" \
+  || { cat "$WORK/gen.err"; fail "generate does not say which bytes the model has"; }
+LC_ALL=C.UTF-8 "$PY" -c 'import sys; t = sys.argv[1]; assert all(ord(c) < 123 for c in t), t' "$text" \
+  || fail "generate sampled a byte outside the model's vocabulary: '$text'"
+expect_exit 2 "generate: the prompt: token 123 ('{') is outside the model's vocabulary of 123 ids (model.vocab_size)" \
+  "${GEN[@]}" --prompt "a{"
+expect_exit 2 "generate: the prompt: token 195 (the byte 0xC3) is outside the model's vocabulary of 123 ids" \
+  "${GEN[@]}" --prompt "é"
+printf 'line\nlé\n' > "$WORK/prompts.txt"
+expect_exit 2 "predict: the prompt 'lé': token 195 (the byte 0xC3) is outside the model's vocabulary of 123 ids" \
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/p.jsonl" --tokens 4
+printf 'line\nli\n' > "$WORK/prompts.txt"
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/p.jsonl" --tokens 4 \
+  > "$WORK/p.log" 2>&1 || { cat "$WORK/p.log"; fail "predict of ASCII prompts failed"; }
+[ "$(wc -l < "$WORK/p.jsonl")" = 2 ] || fail "predict wrote $(wc -l < "$WORK/p.jsonl") lines, not 2"
 
 # A checkpoint's file, and a Hugging Face model folder (config.json beside the weights), named as --checkpoint.
 file=$(ls -d "$WORK"/ck/step-*/model.safetensors | head -1)

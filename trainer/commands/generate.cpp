@@ -35,17 +35,21 @@ void generate_text(const GenerateArgs& args) {
                ck.model->summary(), ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.top_p, a.seed,
                a.no_kv_cache ? ", no KV cache" : "");
   spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
-  if (tokenizer.name() == "bytes" && ck.vocab_size != 256) {  // byte shards (load_gpt_checkpoint refuses others)
+  if (tokenizer.name() == "bytes" && ck.vocab_size > 256) {  // byte shards (load_gpt_checkpoint refuses others)
     spdlog::info("generate: byte-level tokens for a model of vocab_size {} (its data.dir's shards are bytes_*): ids "
                  "from 256 up are never sampled", ck.vocab_size);
+  } else if (tokenizer.name() == "bytes" && ck.vocab_size < 256) {
+    spdlog::info("generate: byte-level tokens for a model of vocab_size {}: bytes from {} up are never sampled, and "
+                 "refused in the prompt", ck.vocab_size, ck.vocab_size);
   }
   if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
   std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
   if (ck.special.bos >= 0) prompt.insert(prompt.begin(), ck.special.bos);  // the run's documents began with it (jsonl)
+  check_prompt(ck, prompt, "generate: the prompt");
   const int32_t eos = a.ignore_eos ? -1 : ck.special.eos;
   auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
                               {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
-                               .vocab_limit = tokenizer.vocab_size(),
+                               .vocab_limit = sampled_vocab(ck),
                                .stop_token = eos},
                               a.seed, /*kv_cache=*/!a.no_kv_cache);
   if (eos >= 0 && out.size() > prompt.size() && out.back() == eos) {
