@@ -3,6 +3,8 @@
 # (seconds):
 #  - a text that cannot be written to stdout (a full disk, a closed stdout) fails the command (exit 1, saying why)
 #    instead of exiting 0 without it;
+#  - predict's --out naming its --input (or --input being --out's OUT.tmp) is refused before anything is touched
+#    (the rename would have replaced the prompts with the texts);
 #  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
 #    it is (exit 2), not "no such checkpoint".
 source "$(dirname "$0")/lib/common.bash"
@@ -47,6 +49,16 @@ printf 'line\nli\n' > "$WORK/prompts.txt"
 "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/p.jsonl" --tokens 4 \
   > "$WORK/p.log" 2>&1 || { cat "$WORK/p.log"; fail "predict of ASCII prompts failed"; }
 [ "$(wc -l < "$WORK/p.jsonl")" = 2 ] || fail "predict wrote $(wc -l < "$WORK/p.jsonl") lines, not 2"
+
+# predict --out its own --input, or --input OUT.tmp (made and removed as --out is checked): refused, the prompts kept.
+cp "$WORK/prompts.txt" "$WORK/keep.txt"
+expect_exit 2 "out ./prompts.txt is the --input prompts.txt: writing there would delete it" \
+  bash -c 'cd "$1" && "$2" predict --checkpoint ck --input prompts.txt --out ./prompts.txt --tokens 4' _ "$WORK" "$DPTRAIN"
+cp "$WORK/prompts.txt" "$WORK/p.jsonl.tmp"
+expect_exit 2 "p.jsonl.tmp (beside --out $WORK/p.jsonl) is the --input $WORK/p.jsonl.tmp" \
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/p.jsonl.tmp" --out "$WORK/p.jsonl" --tokens 4
+cmp -s "$WORK/prompts.txt" "$WORK/keep.txt" && cmp -s "$WORK/p.jsonl.tmp" "$WORK/keep.txt" \
+  || fail "predict changed its prompts file"
 
 # A checkpoint's file, and a Hugging Face model folder (config.json beside the weights), named as --checkpoint.
 file=$(ls -d "$WORK"/ck/step-*/model.safetensors | head -1)
