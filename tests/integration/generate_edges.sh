@@ -12,9 +12,10 @@ for i in $(seq 300); do echo "line $i: the quick brown fox jumps over the lazy d
   > "$WORK/corpus.txt"
 "$DPTRAIN" tokenize --input "$WORK/corpus.txt" --out "$WORK/bytes" --val-every 2 > "$WORK/tokenize.log" 2>&1 \
   || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
-"$DPTRAIN" data.dataset=tokens data.dir="$WORK/bytes" model.name=gpt model.vocab_size=123 model.n_layer=1 model.n_head=2 model.n_embd=32 \
-  model.block_size=16 train.device=cpu train.batch_size=4 train.max_steps=2 train.epochs=1 data.test_limit=8 \
-  checkpoint.dir="$WORK/ck" --resume never > "$WORK/train.log" 2>&1 || { cat "$WORK/train.log"; fail "training failed"; }
+"$DPTRAIN" data.dataset=tokens data.dir="$WORK/bytes" model.name=gpt model.vocab_size=123 model.n_layer=1 \
+  model.n_head=2 model.n_embd=32 model.block_size=16 train.device=cpu train.batch_size=4 train.max_steps=2 \
+  train.epochs=1 data.test_limit=8 checkpoint.dir="$WORK/ck" --resume never > "$WORK/train.log" 2>&1 \
+  || { cat "$WORK/train.log"; fail "training failed"; }
 GEN=("$DPTRAIN" generate --checkpoint "$WORK/ck" --tokens 8 --seed 3)
 
 # stdout that takes nothing: the command fails and says why.
@@ -53,7 +54,8 @@ printf 'line\nli\n' > "$WORK/prompts.txt"
 # predict --out its own --input, or --input OUT.tmp (made and removed as --out is checked): refused, the prompts kept.
 cp "$WORK/prompts.txt" "$WORK/keep.txt"
 expect_exit 2 "out ./prompts.txt is the --input prompts.txt: writing there would delete it" \
-  bash -c 'cd "$1" && "$2" predict --checkpoint ck --input prompts.txt --out ./prompts.txt --tokens 4' _ "$WORK" "$DPTRAIN"
+  bash -c 'cd "$1" && "$2" predict --checkpoint ck --input prompts.txt --out ./prompts.txt --tokens 4' _ "$WORK" \
+  "$DPTRAIN"
 cp "$WORK/prompts.txt" "$WORK/p.jsonl.tmp"
 expect_exit 2 "p.jsonl.tmp (beside --out $WORK/p.jsonl) is the --input $WORK/p.jsonl.tmp" \
   "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/p.jsonl.tmp" --out "$WORK/p.jsonl" --tokens 4

@@ -150,8 +150,8 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       ->required();
   cmd->add_option("--out", a->out,
                   "the output file (its folder created if need be); written as OUT.tmp, renamed to OUT (replacing it) "
-                  "when complete. Checked before anything is computed: a directory, or the --input file itself, is refused "
-                  "(exit 2)")
+                  "when complete. Checked before anything is computed: a directory, or the --input file itself, is "
+                  "refused (exit 2)")
       ->required();
   cmd->add_option("--batch-size", a->batch_size,
                   "images per forward pass (batches formed over all the images, the last one padded, dealt to the "
