@@ -89,6 +89,12 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
     check_prompt(ck, encoded.back(), fmt::format("predict: the prompt '{}'", p));
     counts.push_back(encoded.back().size());
   }
+  const auto longer = static_cast<size_t>(std::count_if(
+      counts.begin(), counts.end(), [&](size_t n) { return static_cast<int64_t>(n) > ck.block_size; }));
+  if (longer > 0 && pg.rank() == 0)
+    spdlog::warn("predict: {} of the {} prompts are more tokens than the model's context (block_size {}): their texts "
+                 "continue from their last {} tokens, and the model never sees the ones before", longer,
+                 prompts.size(), ck.block_size, ck.block_size);
   const std::vector<std::vector<size_t>> batches = prompt_batches(counts, ck.block_size, o.batch_size);
   const auto world = static_cast<size_t>(pg.size()), rank = static_cast<size_t>(pg.rank());
   size_t my_prompts = 0;

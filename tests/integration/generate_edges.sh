@@ -3,6 +3,7 @@
 # (seconds):
 #  - a text that cannot be written to stdout (a full disk, a closed stdout) fails the command (exit 1, saying why)
 #    instead of exiting 0 without it;
+#  - a prompt longer than the context (block_size 16) is said in a warning (generate, predict), not cut silently;
 #  - predict's --out naming its --input (or --input being --out's OUT.tmp) is refused before anything is touched
 #    (the rename would have replaced the prompts with the texts);
 #  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
@@ -50,6 +51,17 @@ printf 'line\nli\n' > "$WORK/prompts.txt"
 "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/p.jsonl" --tokens 4 \
   > "$WORK/p.log" 2>&1 || { cat "$WORK/p.log"; fail "predict of ASCII prompts failed"; }
 [ "$(wc -l < "$WORK/p.jsonl")" = 2 ] || fail "predict wrote $(wc -l < "$WORK/p.jsonl") lines, not 2"
+
+# A prompt of more tokens than block_size: the model sees its last 16, and a warning says so.
+"${GEN[@]}" --prompt "line 12345678901234567890" > /dev/null 2> "$WORK/long.err" \
+  || { cat "$WORK/long.err"; fail "generate of a long prompt failed"; }
+grep -q "generate: the prompt is 25 tokens, more than the model's context (block_size 16): the text continues from its \
+last 16 tokens, and the model never sees the first 9" "$WORK/long.err" || { cat "$WORK/long.err"; fail "no warning"; }
+printf 'line 12345678901234567890\nline\n' > "$WORK/long.txt"
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/long.txt" --out "$WORK/long.jsonl" --tokens 4 \
+  > "$WORK/long.log" 2>&1 || { cat "$WORK/long.log"; fail "predict of a long prompt failed"; }
+grep -q "predict: 1 of the 2 prompts are more tokens than the model's context (block_size 16)" "$WORK/long.log" \
+  || { cat "$WORK/long.log"; fail "predict did not warn of a prompt longer than the context"; }
 
 # predict --out its own --input, or --input OUT.tmp (made and removed as --out is checked): refused, the prompts kept.
 cp "$WORK/prompts.txt" "$WORK/keep.txt"

@@ -46,6 +46,10 @@ void generate_text(const GenerateArgs& args) {
   std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
   if (ck.special.bos >= 0) prompt.insert(prompt.begin(), ck.special.bos);  // the run's documents began with it (jsonl)
   check_prompt(ck, prompt, "generate: the prompt");
+  if (std::ssize(prompt) > ck.block_size)
+    spdlog::warn("generate: the prompt is {} tokens, more than the model's context (block_size {}): the text continues "
+                 "from its last {} tokens, and the model never sees the first {}", prompt.size(), ck.block_size,
+                 ck.block_size, std::ssize(prompt) - ck.block_size);
   const int32_t eos = a.ignore_eos ? -1 : ck.special.eos;
   auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
                               {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
