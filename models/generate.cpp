@@ -13,9 +13,9 @@ namespace dpt::models {
 
 namespace {
 
-// The ids of the k largest logits, largest first, ties in id order: the first k of a stable sort by descending logit,
-// in O(vocab) for k = 1, O(vocab log k) for a smaller k, and otherwise one sort of 64-bit keys (a stable sort's indirect
-// comparisons over Llama 3's 128,256 ids took 20 ms a token, most of a small model's generation step).
+// The ids of the k largest logits, largest first, ties in id order: the first k of a stable sort by descending
+// logit, in O(vocab) for k = 1, O(vocab log k) for a smaller k, and otherwise one sort of 64-bit keys (a stable
+// sort's indirect comparisons over Llama 3's 128,256 ids took 20 ms a token, most of a small model's step).
 std::vector<int32_t> most_likely(const float* logits, int64_t vocab, int64_t k) {
   if (k == 1) {  // greedy: the first of the largest
     int64_t best = 0;

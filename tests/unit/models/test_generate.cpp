@@ -232,7 +232,8 @@ int32_t sample_token_by_stable_sort(const float* logits, int64_t vocab, const Sa
 
 }  // namespace
 
-TEST_CASE("sample_token draws what one stable sort of every id gives, ties, -0 and -inf included", "[models][generate]") {
+TEST_CASE("sample_token draws what one stable sort of every id gives, ties, -0 and -inf included",
+          "[models][generate]") {
   std::mt19937_64 gen(11);
   for (int round = 0; round < 60; ++round) {
     const int64_t vocab = 1 + static_cast<int64_t>(gen() % 700);
@@ -248,7 +249,8 @@ TEST_CASE("sample_token draws what one stable sort of every id gives, ties, -0 a
           const SampleOptions o{.temperature = temperature, .top_k = std::max<int64_t>(top_k, 0), .top_p = top_p};
           std::mt19937_64 a(static_cast<uint64_t>(round)), b(static_cast<uint64_t>(round));
           for (int draw = 0; draw < 5; ++draw)
-            REQUIRE(sample_token(logits.data(), vocab, o, a) == sample_token_by_stable_sort(logits.data(), vocab, o, b));
+            REQUIRE(sample_token(logits.data(), vocab, o, a) ==
+                    sample_token_by_stable_sort(logits.data(), vocab, o, b));
         }
   }
 }
