@@ -113,6 +113,7 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
                  sampling.temperature, sampling.top_k, sampling.top_p, o.seed, o.kv_cache ? "" : ", no KV cache",
                  tokenizer.describe());
   std::vector<std::pair<size_t, std::string>> mine;
+  size_t generated = 0;  // the new tokens of this rank's texts (an EOS that ended one included)
   ProgressLine progress(rank == 0, prompts.size() * new_tokens, pg.size(), o.progress_interval_s, "tokens");
   size_t done = 0;  // tokens generated here
   const auto count_tokens = [&](int64_t n) {
@@ -129,6 +130,7 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
       const std::string& prompt = prompts[batches[j][r]];
       const bool eos = sampling.stop_token >= 0 && out[r].size() > encoded[batches[j][r]].size() &&
                        out[r].back() == sampling.stop_token;
+      generated += out[r].size() - encoded[batches[j][r]].size();
       const size_t from = ck.special.bos >= 0 ? 1 : 0;
       const std::string text = tokenizer.decode(std::span(out[r]).subspan(from, out[r].size() - from - (eos ? 1 : 0)));
       mine.emplace_back(batches[j][r], o.format == PredictFormat::jsonl
@@ -138,7 +140,11 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   }
   const std::string text = gather_in_order(mine, prompts.size(), pg);
   if (rank == 0) write_file_atomically(o.out, (o.format == PredictFormat::csv ? "prompt,text\n" : "") + text);
-  return {prompts.size(), 0, seconds_since(start), ck.model->summary(), prompts.size() * new_tokens};
+  // The tokens generated, over the ranks: fewer than --tokens a prompt where texts ended at the EOS.
+  const std::string per_rank = gather_text(fmt::format("{}\n", generated), pg);
+  size_t total = 0;
+  for (size_t at = 0; at < per_rank.size(); at = per_rank.find('\n', at) + 1) total += std::stoull(per_rank.substr(at));
+  return {prompts.size(), 0, seconds_since(start), ck.model->summary(), total};
 }
 
 }  // namespace dpt::trainer

@@ -4,6 +4,8 @@
 #  - a text that cannot be written to stdout (a full disk, a closed stdout) fails the command (exit 1, saying why)
 #    instead of exiting 0 without it;
 #  - a prompt longer than the context (block_size 16) is said in a warning (generate, predict), not cut silently;
+#  - predict counts the tokens it generated, not --tokens for every prompt, when texts end at the EOS (a space here,
+#    data.eos_token as an override);
 #  - predict's --out naming its --input (or --input being --out's OUT.tmp) is refused before anything is touched
 #    (the rename would have replaced the prompts with the texts);
 #  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
@@ -51,6 +53,20 @@ printf 'line\nli\n' > "$WORK/prompts.txt"
 "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/p.jsonl" --tokens 4 \
   > "$WORK/p.log" 2>&1 || { cat "$WORK/p.log"; fail "predict of ASCII prompts failed"; }
 [ "$(wc -l < "$WORK/p.jsonl")" = 2 ] || fail "predict wrote $(wc -l < "$WORK/p.jsonl") lines, not 2"
+
+# predict's count of tokens generated: each text's new bytes, and the EOS of each text that ended at one.
+printf 'line\nli\nthe\n' > "$WORK/eos.txt"
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/eos.txt" --out "$WORK/eos.jsonl" --tokens 40 \
+  data.eos_token=" " > "$WORK/eos.log" 2>&1 || { cat "$WORK/eos.log"; fail "predict with an EOS failed"; }
+counted=$(grep -o "[0-9]* tokens generated" "$WORK/eos.log" | cut -d' ' -f1 || true)
+"$PY" - "$WORK/eos.jsonl" "$counted" <<'PYEOF' || fail "predict counted $counted tokens generated"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+new = [len(l["text"]) - len(l["prompt"]) for l in lines]
+want = sum(n + (n < 40) for n in new)  # a text shorter than 40 new tokens ended at the EOS, which counts
+assert any(n < 40 for n in new), f"no text ended at the EOS: {new}"
+assert sys.argv[2] and int(sys.argv[2]) == want, f"predict says {sys.argv[2]} tokens generated, the texts hold {want}"
+PYEOF
 
 # A prompt of more tokens than block_size: the model sees its last 16, and a warning says so.
 "${GEN[@]}" --prompt "line 12345678901234567890" > /dev/null 2> "$WORK/long.err" \

@@ -105,7 +105,8 @@ int predict_job(const PredictArgs& a) {
               spdlog::info("predict: wrote {} lines{} to {} in {:.1f} s: {:.1f} {}/s{} on {} rank(s) ({}, step {})",
                            s.inputs, prompts ? "" : fmt::format(" ({} unreadable image(s))", s.errors), a.out, s.seconds,
                            static_cast<double>(s.inputs) / s.seconds, prompts ? "prompts" : "images",
-                           prompts ? fmt::format(", {:.1f} tokens/s", static_cast<double>(s.tokens) / s.seconds) : "",
+                           prompts ? fmt::format(", {} tokens generated, {:.1f} tokens/s", s.tokens,
+                                                     static_cast<double>(s.tokens) / s.seconds) : "",
                            job.env.world_size, target->checkpoint.path, target->checkpoint.state.step);
             return 0;
           },
