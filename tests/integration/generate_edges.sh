@@ -8,6 +8,7 @@
 #    data.eos_token as an override);
 #  - predict's --out naming its --input (or --input being --out's OUT.tmp) is refused before anything is touched
 #    (the rename would have replaced the prompts with the texts);
+#  - an empty --prompt is refused before the checkpoint is read (a large model's load is not waited for);
 #  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
 #    it is (exit 2), not "no such checkpoint".
 source "$(dirname "$0")/lib/common.bash"
@@ -89,6 +90,8 @@ expect_exit 2 "p.jsonl.tmp (beside --out $WORK/p.jsonl) is the --input $WORK/p.j
   "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/p.jsonl.tmp" --out "$WORK/p.jsonl" --tokens 4
 cmp -s "$WORK/prompts.txt" "$WORK/keep.txt" && cmp -s "$WORK/p.jsonl.tmp" "$WORK/keep.txt" \
   || fail "predict changed its prompts file"
+
+expect_exit 2 "generate: --prompt must not be empty" "$DPTRAIN" generate --checkpoint "$WORK/not-read" --prompt ""
 
 # A checkpoint's file, and a Hugging Face model folder (config.json beside the weights), named as --checkpoint.
 file=$(ls -d "$WORK"/ck/step-*/model.safetensors | head -1)

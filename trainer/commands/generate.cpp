@@ -27,6 +27,8 @@ void generate_text(const GenerateArgs& args) {
   const SamplingArgs& a = args.sampling;
   const std::optional<DeviceChoice> requested = parse_choice<DeviceChoice>(args.device);
   DPT_CHECK(requested.has_value(), "--device {}", args.device);  // CLI11 let only the choice's words through
+  // Before the checkpoint loads (a large model takes a while): an empty prompt has nowhere to start.
+  if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
   const Device device = choose_device(*requested, 0, cuda::device_count(), cuda::unavailable_reason(), "--device");
   if (device.is_cuda()) cuda::set_device(device.index);
   const GptCheckpoint ck = load_gpt_checkpoint(args.checkpoint, a.tokenizer, device);
@@ -42,7 +44,6 @@ void generate_text(const GenerateArgs& args) {
     spdlog::info("generate: byte-level tokens for a model of vocab_size {}: bytes from {} up are never sampled, and "
                  "refused in the prompt", ck.vocab_size, ck.vocab_size);
   }
-  if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
   std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
   if (ck.special.bos >= 0) prompt.insert(prompt.begin(), ck.special.bos);  // the run's documents began with it (jsonl)
   check_prompt(ck, prompt, "generate: the prompt");
