@@ -36,6 +36,11 @@ std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token
 }
 
 PromptFile read_prompts(const std::string& path) {
+  std::error_code ec;  // a wrong --input is the command line's fault (exit 2), as for images
+  if (!std::filesystem::exists(path, ec)) DPT_THROW(ConfigError, "predict: --input {} not found", path);
+  if (std::filesystem::is_directory(path, ec))
+    DPT_THROW(ConfigError, "predict: --input {} is a directory: a GPT's or Llama's prompts are a file (one a line, or "
+              "a .jsonl of {{\"prompt\": ...}} records)", path);
   std::ifstream in(path, std::ios::binary);
   if (!in) DPT_THROW(IoError, "{}: cannot open: {}", path, std::strerror(errno));
   PromptFile f;
