@@ -272,5 +272,5 @@ TEST_CASE("sample_token over Llama 3's 128,256 ids takes well under a millisecon
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   CHECK(sum > 0);
-  CHECK(seconds < 0.5);  // 200 draws; 4 s when each sorted every id, 0.04 s now
+  CHECK(seconds < 1.0);  // 200 draws: 3 s when each sorted every id, 0.06 s now (this 2-core machine, loaded)
 }
