@@ -48,7 +48,7 @@ void check_output_apart(const std::string& out, const std::vector<std::string>& 
       if (!within(in, p)) continue;
       const std::string where = place == o.string() ? out_name + " " + out : fmt::format("{} (beside {} {})", place,
                                                                                           out_name, out);
-      DPT_THROW(ConfigError, "{} {} the {} {}: writing there would delete it; give {} a folder that is no input and "
+      DPT_THROW(ConfigError, "{} {} the {} {}: writing there would delete it; give {} a path that is no input and "
                 "holds none (nothing was touched)", where, in == p ? "is" : "holds", input_name, input, out_name);
     }
     std::error_code ec;

@@ -601,8 +601,16 @@ void CheckpointManager::check_dir(const std::string& dir) {
 
 LoadedCheckpoint CheckpointManager::load_given(const std::string& path) {
   if (fs::exists(fs::path(path) / "COMPLETE")) return load(path);
+  std::error_code ec;
+  if (fs::exists(path, ec) && !fs::is_directory(path, ec))
+    DPT_THROW(ConfigError, "--checkpoint {}: a file, not a checkpoint: name the checkpoint's folder (step-N/, which "
+              "holds model.safetensors) or the checkpoint directory", path);
   if (!fs::is_directory(path)) DPT_THROW(ConfigError, "--checkpoint {}: no such checkpoint or directory", path);
   std::optional<LoadedCheckpoint> ck = CheckpointManager(path, 1).load_latest();
+  if (!ck && fs::exists(fs::path(path) / "config.json", ec))
+    DPT_THROW(ConfigError, "--checkpoint {}: no complete, valid checkpoint in it; it holds a config.json, as a Hugging "
+              "Face model folder does: such a folder is no dptrain checkpoint (start a run from it with "
+              "model.init_from, or load it with transformers)", path);
   if (!ck) DPT_THROW(ConfigError, "--checkpoint {}: no complete, valid checkpoint in it", path);
   return std::move(*ck);
 }

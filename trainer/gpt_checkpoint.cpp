@@ -291,6 +291,20 @@ SpecialTokens run_special_tokens(const Config& cfg, const data::Tokenizer& token
   return t;
 }
 
+void check_prompt(const GptCheckpoint& ck, std::span<const int32_t> prompt, const std::string& what) {
+  for (const int32_t id : prompt) {
+    if (id >= 0 && id < ck.vocab_size) continue;
+    const std::string piece = ck.tokenizer->decode(std::span(&id, 1));
+    const bool byte = piece.size() == 1 && (piece[0] < 0x20 || piece[0] > 0x7e);  // not printable ASCII
+    const std::string shown =
+        byte ? fmt::format("the byte 0x{:02X}", static_cast<unsigned char>(piece[0])) : fmt::format("'{}'", piece);
+    DPT_THROW(ConfigError, "{}: token {} ({}) is outside the model's vocabulary of {} ids (model.vocab_size), so "
+              "the model never saw it", what, id, shown, ck.vocab_size);
+  }
+}
+
+int64_t sampled_vocab(const GptCheckpoint& ck) { return std::min(ck.tokenizer->vocab_size(), ck.vocab_size); }
+
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {
   return load_gpt_checkpoint(load_saved_run(path, {}), tokenizer_dir, device);
 }
@@ -307,7 +321,10 @@ GptCheckpoint load_gpt_checkpoint(const SavedRun& target, const std::string& tok
     g.tokenizer = run_tokenizer(cfg, ck.path);
     g.tokenizer_from = cfg.data.dir;
   }
-  if (g.tokenizer->vocab_size() > cfg.model.vocab_size) {
+  // Bytes for a model of fewer ids (an ASCII corpus trained with model.vocab_size = 128) are the run's tokenizer: its
+  // shards held no id from vocab_size up (training refuses one), and a prompt holding one is refused (check_prompt).
+  const bool fewer_bytes = tokenizer_dir.empty() && g.tokenizer->name() == "bytes";
+  if (g.tokenizer->vocab_size() > cfg.model.vocab_size && !fewer_bytes) {
     DPT_THROW(ConfigError, "{}: the model's vocab_size is {}, but the tokenizer from {}, {}, has {} ids: not the "
               "tokenizer it was trained with (--tokenizer names its tokenizer.json, or the directory of that tokenizer.json or "
               "vocab.json and merges.txt)",

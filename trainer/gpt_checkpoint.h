@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,6 +51,12 @@ GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& to
 // The same for a checkpoint already loaded, with its config as given (overrides applied: its data.dir is read).
 GptCheckpoint load_gpt_checkpoint(const SavedRun& target, const std::string& tokenizer_dir = "",
                                   Device device = Device::cpu());
+
+// ConfigError when a token of `prompt` (`what`: "generate: the prompt") is outside the model's vocabulary: byte-level
+// tokens for a model of fewer than 256 ids (an ASCII corpus) give a prompt byte from vocab_size up such an id.
+void check_prompt(const GptCheckpoint& ck, std::span<const int32_t> prompt, const std::string& what);
+// The ids sampling draws among (models::SampleOptions::vocab_limit): the tokenizer's and the model's alike.
+int64_t sampled_vocab(const GptCheckpoint& ck);
 
 // `dptrain export-weights`: the model of checkpoint `path` (as load_gpt_checkpoint finds it) written as safetensors
 // in `layout` by its family's export_weights (trainer/model_registry.h; a GPT: models::gpt_export_weights, nanoGPT's

@@ -16,6 +16,7 @@
 #include "core/check.h"
 #include "core/logging.h"
 #include "core/tensor.h"
+#include "data/output_dir.h"
 #include "trainer/report/run_report.h"
 
 namespace dpt::trainer {
@@ -104,11 +105,12 @@ std::string gather_text(const std::string& mine, comm::ProcessGroup& pg) {
   return text;
 }
 
-void check_output_path(const std::string& path) {
+void check_output_path(const std::string& path, const std::string& input) {
   namespace fs = std::filesystem;
   std::error_code ec;
   if (fs::is_directory(path, ec))
     DPT_THROW(ConfigError, "--out {} is a directory: give the path of the file to write", path);
+  data::check_output_apart(path, {input}, data::FolderRead::named_files);  // before path.tmp is made and removed
   if (const fs::path folder = fs::path(path).parent_path(); !folder.empty()) {
     fs::create_directories(folder, ec);
     if (ec) DPT_THROW(ConfigError, "--out {}: cannot create its folder {}: {}", path, folder.string(), ec.message());

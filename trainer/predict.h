@@ -79,8 +79,9 @@ std::string gather_text(const std::string& mine, comm::ProcessGroup& pg);
 void write_file_atomically(const std::string& path, const std::string& text);
 // --out `path`, on rank 0 before anything is computed: not a directory, its folder created if need be (as
 // export-weights creates its --out), and path.tmp, which write_file_atomically writes, creatable (it is created and
-// removed). ConfigError saying why not, so that a bad --out is not found after every prediction is computed.
-void check_output_path(const std::string& path);
+// removed), and neither `path` nor path.tmp the --input file `input` (or a file it holds), which the rename would
+// replace. ConfigError saying why not, so that a bad --out is not found after every prediction is computed.
+void check_output_path(const std::string& path, const std::string& input);
 
 // Lines given with their input index by every rank (each index in [0, n) exactly once over the ranks),
 // concatenated in index order on rank 0 (the others get ""). Collective.

@@ -36,6 +36,11 @@ std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token
 }
 
 PromptFile read_prompts(const std::string& path) {
+  std::error_code ec;  // a wrong --input is the command line's fault (exit 2), as for images
+  if (!std::filesystem::exists(path, ec)) DPT_THROW(ConfigError, "predict: --input {} not found", path);
+  if (std::filesystem::is_directory(path, ec))
+    DPT_THROW(ConfigError, "predict: --input {} is a directory: a GPT's or Llama's prompts are a file (one a line, or "
+              "a .jsonl of {{\"prompt\": ...}} records)", path);
   std::ifstream in(path, std::ios::binary);
   if (!in) DPT_THROW(IoError, "{}: cannot open: {}", path, std::strerror(errno));
   PromptFile f;
@@ -86,14 +91,21 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   for (const std::string& p : prompts) {
     encoded.push_back(tokenizer.encode(p));
     if (ck.special.bos >= 0) encoded.back().insert(encoded.back().begin(), ck.special.bos);  // as the run's documents began (jsonl)
+    check_prompt(ck, encoded.back(), fmt::format("predict: the prompt '{}'", p));
     counts.push_back(encoded.back().size());
   }
+  const auto longer = static_cast<size_t>(std::count_if(
+      counts.begin(), counts.end(), [&](size_t n) { return static_cast<int64_t>(n) > ck.block_size; }));
+  if (longer > 0 && pg.rank() == 0)
+    spdlog::warn("predict: {} of the {} prompts are more tokens than the model's context (block_size {}): their texts "
+                 "continue from their last {} tokens, and the model never sees the ones before", longer,
+                 prompts.size(), ck.block_size, ck.block_size);
   const std::vector<std::vector<size_t>> batches = prompt_batches(counts, ck.block_size, o.batch_size);
   const auto world = static_cast<size_t>(pg.size()), rank = static_cast<size_t>(pg.rank());
   size_t my_prompts = 0;
   for (size_t j = rank; j < batches.size(); j += world) my_prompts += batches[j].size();
   models::SampleOptions sampling = o.sampling;
-  sampling.vocab_limit = tokenizer.vocab_size();
+  sampling.vocab_limit = sampled_vocab(ck);
   if (o.stop_at_eos) sampling.stop_token = ck.special.eos;
   const auto new_tokens = static_cast<size_t>(o.tokens);
   if (rank == 0)
@@ -106,6 +118,7 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
                  sampling.temperature, sampling.top_k, sampling.top_p, o.seed, o.kv_cache ? "" : ", no KV cache",
                  tokenizer.describe());
   std::vector<std::pair<size_t, std::string>> mine;
+  size_t generated = 0;  // the new tokens of this rank's texts (an EOS that ended one included)
   ProgressLine progress(rank == 0, prompts.size() * new_tokens, pg.size(), o.progress_interval_s, "tokens");
   size_t done = 0;  // tokens generated here
   const auto count_tokens = [&](int64_t n) {
@@ -122,6 +135,7 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
       const std::string& prompt = prompts[batches[j][r]];
       const bool eos = sampling.stop_token >= 0 && out[r].size() > encoded[batches[j][r]].size() &&
                        out[r].back() == sampling.stop_token;
+      generated += out[r].size() - encoded[batches[j][r]].size();
       const size_t from = ck.special.bos >= 0 ? 1 : 0;
       const std::string text = tokenizer.decode(std::span(out[r]).subspan(from, out[r].size() - from - (eos ? 1 : 0)));
       mine.emplace_back(batches[j][r], o.format == PredictFormat::jsonl
@@ -131,7 +145,11 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   }
   const std::string text = gather_in_order(mine, prompts.size(), pg);
   if (rank == 0) write_file_atomically(o.out, (o.format == PredictFormat::csv ? "prompt,text\n" : "") + text);
-  return {prompts.size(), 0, seconds_since(start), ck.model->summary(), prompts.size() * new_tokens};
+  // The tokens generated, over the ranks: fewer than --tokens a prompt where texts ended at the EOS.
+  const std::string per_rank = gather_text(fmt::format("{}\n", generated), pg);
+  size_t total = 0;
+  for (size_t at = 0; at < per_rank.size(); at = per_rank.find('\n', at) + 1) total += std::stoull(per_rank.substr(at));
+  return {prompts.size(), 0, seconds_since(start), ck.model->summary(), total};
 }
 
 }  // namespace dpt::trainer

@@ -26,7 +26,8 @@ std::vector<std::vector<size_t>> prompt_batches(const std::vector<size_t>& token
 // fine-tuning records' format, so a prompt may span lines, "Q: ...\nA:"; a "completion" beside it ignored; blank lines
 // skipped; a malformed line a ConfigError naming FILE:LINE). Any other file: one prompt a line (a trailing '\r'
 // removed), lines empty or of white space alone skipped. `skipped` counts the blank lines either way (a prompt of
-// white space alone needs a .jsonl file). IoError when it cannot be read.
+// white space alone needs a .jsonl file). ConfigError when `path` is missing or a directory, IoError when it cannot be
+// read.
 struct PromptFile {
   std::vector<std::string> prompts;
   size_t skipped = 0;

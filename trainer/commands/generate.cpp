@@ -3,7 +3,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <span>
 
 #include "core/check.h"
@@ -25,6 +27,8 @@ void generate_text(const GenerateArgs& args) {
   const SamplingArgs& a = args.sampling;
   const std::optional<DeviceChoice> requested = parse_choice<DeviceChoice>(args.device);
   DPT_CHECK(requested.has_value(), "--device {}", args.device);  // CLI11 let only the choice's words through
+  // Before the checkpoint loads (a large model takes a while): an empty prompt has nowhere to start.
+  if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
   const Device device = choose_device(*requested, 0, cuda::device_count(), cuda::unavailable_reason(), "--device");
   if (device.is_cuda()) cuda::set_device(device.index);
   const GptCheckpoint ck = load_gpt_checkpoint(args.checkpoint, a.tokenizer, device);
@@ -33,17 +37,24 @@ void generate_text(const GenerateArgs& args) {
                ck.model->summary(), ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.top_p, a.seed,
                a.no_kv_cache ? ", no KV cache" : "");
   spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
-  if (tokenizer.name() == "bytes" && ck.vocab_size != 256) {  // byte shards (load_gpt_checkpoint refuses others)
+  if (tokenizer.name() == "bytes" && ck.vocab_size > 256) {  // byte shards (load_gpt_checkpoint refuses others)
     spdlog::info("generate: byte-level tokens for a model of vocab_size {} (its data.dir's shards are bytes_*): ids "
                  "from 256 up are never sampled", ck.vocab_size);
+  } else if (tokenizer.name() == "bytes" && ck.vocab_size < 256) {
+    spdlog::info("generate: byte-level tokens for a model of vocab_size {}: bytes from {} up are never sampled, and "
+                 "refused in the prompt", ck.vocab_size, ck.vocab_size);
   }
-  if (args.prompt.empty()) DPT_THROW(ConfigError, "generate: --prompt must not be empty (it is where the text starts)");
   std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
   if (ck.special.bos >= 0) prompt.insert(prompt.begin(), ck.special.bos);  // the run's documents began with it (jsonl)
+  check_prompt(ck, prompt, "generate: the prompt");
+  if (std::ssize(prompt) > ck.block_size)
+    spdlog::warn("generate: the prompt is {} tokens, more than the model's context (block_size {}): the text continues "
+                 "from its last {} tokens, and the model never sees the first {}", prompt.size(), ck.block_size,
+                 ck.block_size, std::ssize(prompt) - ck.block_size);
   const int32_t eos = a.ignore_eos ? -1 : ck.special.eos;
   auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
                               {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
-                               .vocab_limit = tokenizer.vocab_size(),
+                               .vocab_limit = sampled_vocab(ck),
                                .stop_token = eos},
                               a.seed, /*kv_cache=*/!a.no_kv_cache);
   if (eos >= 0 && out.size() > prompt.size() && out.back() == eos) {
@@ -52,8 +63,13 @@ void generate_text(const GenerateArgs& args) {
     out.pop_back();
   }
   const std::string text = tokenizer.decode(std::span(out).subspan(ck.special.bos >= 0 ? 1 : 0));
+  // A text that does not reach stdout (a full disk, a closed stdout) fails the command rather than exit 0 without it.
+  errno = 0;
   std::fwrite(text.data(), 1, text.size(), stdout);
   std::fputc('\n', stdout);
+  if (std::fflush(stdout) != 0 || std::ferror(stdout))
+    DPT_THROW(IoError, "generate: writing the text to stdout failed: {}",
+              errno != 0 ? std::strerror(errno) : "an error on the stream");
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ int predict_job(const PredictArgs& a) {
           [&](Job& job) {
             const PredictFormat format = parse_predict_format(a.format);
             // A bad --out (a directory, a folder that cannot be made), said before anything is computed.
-            if (job.env.rank == 0) check_output_path(a.out);
+            if (job.env.rank == 0) check_output_path(a.out, a.input);
             const bool prompts = model_card(target->config.model.name).input == ModelInput::tokens;
             PredictSummary s;
             if (prompts) {
@@ -105,7 +105,8 @@ int predict_job(const PredictArgs& a) {
               spdlog::info("predict: wrote {} lines{} to {} in {:.1f} s: {:.1f} {}/s{} on {} rank(s) ({}, step {})",
                            s.inputs, prompts ? "" : fmt::format(" ({} unreadable image(s))", s.errors), a.out, s.seconds,
                            static_cast<double>(s.inputs) / s.seconds, prompts ? "prompts" : "images",
-                           prompts ? fmt::format(", {:.1f} tokens/s", static_cast<double>(s.tokens) / s.seconds) : "",
+                           prompts ? fmt::format(", {} tokens generated, {:.1f} tokens/s", s.tokens,
+                                                     static_cast<double>(s.tokens) / s.seconds) : "",
                            job.env.world_size, target->checkpoint.path, target->checkpoint.state.step);
             return 0;
           },
@@ -150,12 +151,14 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       ->required();
   cmd->add_option("--out", a->out,
                   "the output file (its folder created if need be); written as OUT.tmp, renamed to OUT (replacing it) "
-                  "when complete. Checked before anything is computed: a directory is refused (exit 2)")
+                  "when complete. Checked before anything is computed: a directory, or the --input file itself, is "
+                  "refused (exit 2)")
       ->required();
   cmd->add_option("--batch-size", a->batch_size,
                   "images per forward pass (batches formed over all the images, the last one padded, dealt to the "
                   "ranks in turn); GPT: prompts generated side by side (those of one token length; the KV cache "
-                  "holds 2 x n_layer x batch x block_size x n_embd floats)")
+                  "holds 2 x n_layer x batch x block_size x n_embd floats; a Llama's n_kv_head x head_dim in place "
+                  "of n_embd)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--top-k", a->top_k,

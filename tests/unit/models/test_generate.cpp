@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <numeric>
 
 #include "models/generate.h"
 #include "models/gpt/gpt.h"
@@ -196,4 +197,59 @@ TEST_CASE("sample_token: top_p keeps the nucleus, as Hugging Face's TopPLogitsWa
   CHECK(draw({.top_k = 2, .top_p = 0.6}).size() == 1);
   // Temperature comes first: at 0.1 token 2 holds nearly all the mass, alone in a 0.9 nucleus.
   CHECK(draw({.temperature = 0.1, .top_p = 0.9}).size() == 1);
+}
+
+namespace {
+
+// sample_token as it was written first: one stable sort of every id by descending logit (the order its draws follow).
+int32_t sample_token_by_stable_sort(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng) {
+  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::iota(order.begin(), order.end(), 0);
+  const int64_t k = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+  order.resize(static_cast<size_t>(k));
+  if (k == 1) return order[0];
+  std::vector<double> p(order.size());
+  const double top = logits[order[0]];
+  double sum = 0;
+  for (size_t i = 0; i < order.size(); ++i) sum += p[i] = std::exp((logits[order[i]] - top) / o.temperature);
+  if (o.top_p < 1) {
+    double above = 0;
+    size_t kept = 0;
+    while (kept < p.size() && (kept == 0 || above < o.top_p * sum)) above += p[kept++];
+    p.resize(kept);
+    order.resize(kept);
+    sum = above;
+  }
+  double u = uniform(rng, 0.0f, 1.0f) * sum;
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (u < p[i]) return order[i];
+    u -= p[i];
+  }
+  return order.back();
+}
+
+}  // namespace
+
+TEST_CASE("sample_token draws what one stable sort of every id gives, ties, -0 and -inf included",
+          "[models][generate]") {
+  std::mt19937_64 gen(11);
+  for (int round = 0; round < 60; ++round) {
+    const int64_t vocab = 1 + static_cast<int64_t>(gen() % 700);
+    std::vector<float> logits(static_cast<size_t>(vocab));
+    for (auto& l : logits) {
+      const uint64_t r = gen() % 10;  // many ties: a few values, signed zeros, -inf
+      l = r == 0 ? -0.0f : r == 1 ? 0.0f : r == 2 ? -INFINITY : static_cast<float>(gen() % 7) - 3.0f;
+    }
+    logits[static_cast<size_t>(gen() % static_cast<uint64_t>(vocab))] = 1.0f;  // one finite top at least
+    for (int64_t top_k : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{5}, vocab - 1, vocab, vocab + 3})
+      for (double top_p : {1.0, 0.9, 0.3})
+        for (double temperature : {1.0, 0.5}) {
+          const SampleOptions o{.temperature = temperature, .top_k = std::max<int64_t>(top_k, 0), .top_p = top_p};
+          std::mt19937_64 a(static_cast<uint64_t>(round)), b(static_cast<uint64_t>(round));
+          for (int draw = 0; draw < 5; ++draw)
+            REQUIRE(sample_token(logits.data(), vocab, o, a) ==
+                    sample_token_by_stable_sort(logits.data(), vocab, o, b));
+        }
+  }
 }

@@ -138,7 +138,12 @@ TEST_CASE("prompts files: a line each, blank lines counted, or .jsonl records wh
                       Catch::Contains(dir.file("bad.jsonl") + ":2: a {\"text\": ...} record holds no prompt"));
   std::ofstream(dir.file("broken.jsonl")) << "{\"prompt\": \"a\"\n";
   REQUIRE_THROWS_WITH(read_prompts(dir.file("broken.jsonl")), Catch::Contains("broken.jsonl:1: not JSON"));
-  REQUIRE_THROWS_AS(read_prompts(dir.file("missing.txt")), IoError);
+  // A wrong --input is the command line's mistake (ConfigError: exit 2), as for images.
+  REQUIRE_THROWS_AS(read_prompts(dir.file("missing.txt")), ConfigError);
+  REQUIRE_THROWS_WITH(read_prompts(dir.file("missing.txt")), Catch::Contains("missing.txt not found"));
+  REQUIRE_THROWS_AS(read_prompts(dir.path.string()), ConfigError);
+  REQUIRE_THROWS_WITH(read_prompts(dir.path.string()),
+                      Catch::Contains("is a directory: a GPT's or Llama's prompts are a file"));
 }
 
 TEST_CASE("inputs: a folder's images relative to it, or a list file's lines, sorted", "[predict]") {

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# integration.generate_edges: `dptrain generate` at its edges, on a tiny GPT trained for two steps on byte shards
+# (seconds):
+#  - a text that cannot be written to stdout (a full disk, a closed stdout) fails the command (exit 1, saying why)
+#    instead of exiting 0 without it;
+#  - a prompt longer than the context (block_size 16) is said in a warning (generate, predict), not cut silently;
+#  - predict counts the tokens it generated, not --tokens for every prompt, when texts end at the EOS (a space here,
+#    data.eos_token as an override);
+#  - predict's --out naming its --input (or --input being --out's OUT.tmp) is refused before anything is touched
+#    (the rename would have replaced the prompts with the texts);
+#  - an empty --prompt is refused before the checkpoint is read (a large model's load is not waited for);
+#  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
+#    it is (exit 2), not "no such checkpoint".
+source "$(dirname "$0")/lib/common.bash"
+for i in $(seq 300); do echo "line $i: the quick brown fox jumps over the lazy dog"; done \
+  > "$WORK/corpus.txt"
+"$DPTRAIN" tokenize --input "$WORK/corpus.txt" --out "$WORK/bytes" --val-every 2 > "$WORK/tokenize.log" 2>&1 \
+  || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
+"$DPTRAIN" data.dataset=tokens data.dir="$WORK/bytes" model.name=gpt model.vocab_size=123 model.n_layer=1 \
+  model.n_head=2 model.n_embd=32 model.block_size=16 train.device=cpu train.batch_size=4 train.max_steps=2 \
+  train.epochs=1 data.test_limit=8 checkpoint.dir="$WORK/ck" --resume never > "$WORK/train.log" 2>&1 \
+  || { cat "$WORK/train.log"; fail "training failed"; }
+GEN=("$DPTRAIN" generate --checkpoint "$WORK/ck" --tokens 8 --seed 3)
+
+# stdout that takes nothing: the command fails and says why.
+set +e
+"${GEN[@]}" --prompt "Q: " > /dev/full 2> "$WORK/full.err"
+rc=$?
+set -e
+[ $rc -eq 1 ] || { cat "$WORK/full.err"; fail "generate into a full stdout exited $rc, not 1"; }
+grep -q "generate: writing the text to stdout failed: No space left on device" "$WORK/full.err" \
+  || { cat "$WORK/full.err"; fail "generate into a full stdout did not say why it failed"; }
+set +e
+"${GEN[@]}" --prompt "Q: " >&- 2> "$WORK/closed.err"
+rc=$?
+set -e
+[ $rc -eq 1 ] || { cat "$WORK/closed.err"; fail "generate into a closed stdout exited $rc, not 1"; }
+text=$("${GEN[@]}" --prompt "Q: " 2> "$WORK/gen.err") || { cat "$WORK/gen.err"; fail "generate failed"; }
+[ "${text:0:3}" = "Q: " ] || fail "generate's text does not start with the prompt: '$text'"
+
+# Bytes for a model of 123 ids: the text's, and prompt bytes from 123 up refused, '{' (123, a padded id) as 'é'.
+grep -q "byte-level tokens for a model of vocab_size 123: bytes from 123 up are never sampled" "$WORK/gen.err" \
+  || { cat "$WORK/gen.err"; fail "generate does not say which bytes the model has"; }
+LC_ALL=C.UTF-8 "$PY" -c 'import sys; t = sys.argv[1]; assert all(ord(c) < 123 for c in t), t' "$text" \
+  || fail "generate sampled a byte outside the model's vocabulary: '$text'"
+expect_exit 2 "generate: the prompt: token 123 ('{') is outside the model's vocabulary of 123 ids (model.vocab_size)" \
+  "${GEN[@]}" --prompt "a{"
+expect_exit 2 "generate: the prompt: token 195 (the byte 0xC3) is outside the model's vocabulary of 123 ids" \
+  "${GEN[@]}" --prompt "é"
+printf 'line\nlé\n' > "$WORK/prompts.txt"
+expect_exit 2 "predict: the prompt 'lé': token 195 (the byte 0xC3) is outside the model's vocabulary of 123 ids" \
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/p.jsonl" --tokens 4
+printf 'line\nli\n' > "$WORK/prompts.txt"
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/p.jsonl" --tokens 4 \
+  > "$WORK/p.log" 2>&1 || { cat "$WORK/p.log"; fail "predict of ASCII prompts failed"; }
+[ "$(wc -l < "$WORK/p.jsonl")" = 2 ] || fail "predict wrote $(wc -l < "$WORK/p.jsonl") lines, not 2"
+
+# predict's count of tokens generated: each text's new bytes, and the EOS of each text that ended at one.
+printf 'line\nli\nthe\n' > "$WORK/eos.txt"
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/eos.txt" --out "$WORK/eos.jsonl" --tokens 40 \
+  data.eos_token=" " > "$WORK/eos.log" 2>&1 || { cat "$WORK/eos.log"; fail "predict with an EOS failed"; }
+counted=$(grep -o "[0-9]* tokens generated" "$WORK/eos.log" | cut -d' ' -f1 || true)
+"$PY" - "$WORK/eos.jsonl" "$counted" <<'PYEOF' || fail "predict counted $counted tokens generated"
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1], encoding="utf-8")]
+new = [len(l["text"]) - len(l["prompt"]) for l in lines]
+want = sum(n + (n < 40) for n in new)  # a text shorter than 40 new tokens ended at the EOS, which counts
+assert any(n < 40 for n in new), f"no text ended at the EOS: {new}"
+assert sys.argv[2] and int(sys.argv[2]) == want, f"predict says {sys.argv[2]} tokens generated, the texts hold {want}"
+PYEOF
+
+# A prompt of more tokens than block_size: the model sees its last 16, and a warning says so.
+"${GEN[@]}" --prompt "line 12345678901234567890" > /dev/null 2> "$WORK/long.err" \
+  || { cat "$WORK/long.err"; fail "generate of a long prompt failed"; }
+grep -q "generate: the prompt is 25 tokens, more than the model's context (block_size 16): the text continues from its \
+last 16 tokens, and the model never sees the first 9" "$WORK/long.err" || { cat "$WORK/long.err"; fail "no warning"; }
+printf 'line 12345678901234567890\nline\n' > "$WORK/long.txt"
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/long.txt" --out "$WORK/long.jsonl" --tokens 4 \
+  > "$WORK/long.log" 2>&1 || { cat "$WORK/long.log"; fail "predict of a long prompt failed"; }
+grep -q "predict: 1 of the 2 prompts are more tokens than the model's context (block_size 16)" "$WORK/long.log" \
+  || { cat "$WORK/long.log"; fail "predict did not warn of a prompt longer than the context"; }
+
+# predict --out its own --input, or --input OUT.tmp (made and removed as --out is checked): refused, the prompts kept.
+cp "$WORK/prompts.txt" "$WORK/keep.txt"
+expect_exit 2 "out ./prompts.txt is the --input prompts.txt: writing there would delete it" \
+  bash -c 'cd "$1" && "$2" predict --checkpoint ck --input prompts.txt --out ./prompts.txt --tokens 4' _ "$WORK" \
+  "$DPTRAIN"
+cp "$WORK/prompts.txt" "$WORK/p.jsonl.tmp"
+expect_exit 2 "p.jsonl.tmp (beside --out $WORK/p.jsonl) is the --input $WORK/p.jsonl.tmp" \
+  "$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/p.jsonl.tmp" --out "$WORK/p.jsonl" --tokens 4
+cmp -s "$WORK/prompts.txt" "$WORK/keep.txt" && cmp -s "$WORK/p.jsonl.tmp" "$WORK/keep.txt" \
+  || fail "predict changed its prompts file"
+
+expect_exit 2 "generate: --prompt must not be empty" "$DPTRAIN" generate --checkpoint "$WORK/not-read" --prompt ""
+
+# A checkpoint's file, and a Hugging Face model folder (config.json beside the weights), named as --checkpoint.
+file=$(ls -d "$WORK"/ck/step-*/model.safetensors | head -1)
+expect_exit 2 "checkpoint $file: a file, not a checkpoint: name the checkpoint's folder" \
+  "$DPTRAIN" generate --checkpoint "$file"
+mkdir "$WORK/hf" && cp "$file" "$WORK/hf/" && echo '{"model_type": "gpt2"}' > "$WORK/hf/config.json"
+expect_exit 2 "checkpoint $WORK/hf: no complete, valid checkpoint in it; it holds a config.json, as a Hugging Face" \
+  "$DPTRAIN" generate --checkpoint "$WORK/hf"
+
+echo "PASS: generate's edges"
