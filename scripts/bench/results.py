@@ -10,8 +10,9 @@
                                        date, commit, ...), the steps (TSV: name, PASS/FAIL, seconds, note) and the
                                        rows of the benchmarks, each dptrain row's ratio over its reference's
                                        throughput from the same run (same model, batch and precision)
-  results.py merge RUN.json DOCS.json  put the run first in DOCS.json's "runs" (created when missing), the older
-                                       runs kept; a run of the same commit and date replaces its earlier copy
+  results.py merge RUN.json DOCS.json  put the run into DOCS.json's "runs" (created when missing), newest first by
+                                       date, the other runs kept; a run of the same commit and date replaces its
+                                       earlier copy; a file that is not JSON or not a run record is refused (exit 1)
   results.py tables DOCS.json MD       write the newest run's tables, and a line per older run, into MD between
                                        its <!-- gpu-results:begin --> and <!-- gpu-results:end --> markers; where
                                        a run reran only some steps (its "only" field, gpu-check.sh run --only or
@@ -102,7 +103,13 @@ def make_run(args):
     rows = []
     for f in row_files:
         if os.path.exists(f):
-            rows += [json.loads(line) for line in open(f, encoding="utf-8") if line.strip()]
+            for n, line in enumerate(open(f, encoding="utf-8"), 1):
+                try:
+                    row = json.loads(line) if line.strip() else None
+                except ValueError as e:
+                    sys.exit(f"results.py run: {f}:{n} is not a JSON row: {e}")
+                if row is not None:
+                    rows.append(row)
     run = dict(info)
     run["steps"] = steps
     run["bench"] = with_ratios(rows)
@@ -111,11 +118,59 @@ def make_run(args):
         f.write("\n")
 
 
+def read_json(path, what):
+    """The JSON in path, or exit 1 naming the file and what is wrong (no traceback)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        sys.exit(f"results.py {what}: cannot read {path}: {e.strerror}")
+    except ValueError as e:
+        sys.exit(f"results.py {what}: {path} is not JSON: {e}")
+
+
+def run_problem(run):
+    """What makes run no run record of `results.py run` (None when it is one)."""
+    if not isinstance(run, dict):
+        return f"a JSON {type(run).__name__}, not an object"
+    for key in ("date", "commit", "device"):
+        if not isinstance(run.get(key), str) or not run[key]:
+            return f'no "{key}"'
+    if not isinstance(run.get("steps"), list) or not isinstance(run.get("bench", []), list):
+        return 'no "steps" list'
+    for s in run["steps"]:
+        if not isinstance(s, dict) or not isinstance(s.get("name"), str) or "status" not in s:
+            return f"a step without name and status: {s!r}"
+    for b in run.get("bench", []):
+        if not isinstance(b, dict) or any(k not in b for k in ("model", "program", "mode", "batch", "precision")):
+            return f"a benchmark row without model, program, mode, batch and precision: {b!r}"
+    return None
+
+
+def read_docs(docs_path, what):
+    """DOCS.json's record, {"runs": [...]}, each run checked; an absent file is no run yet."""
+    if not os.path.exists(docs_path):
+        return {"runs": []}
+    docs = read_json(docs_path, what)
+    if not isinstance(docs, dict) or not isinstance(docs.get("runs"), list):
+        sys.exit(f'results.py {what}: {docs_path} has no "runs" list')
+    for i, r in enumerate(docs["runs"]):
+        problem = run_problem(r)
+        if problem:
+            sys.exit(f"results.py {what}: {docs_path}: run {i + 1} is not a run record: {problem}")
+    return docs
+
+
 def merge(run_path, docs_path):
-    run = json.load(open(run_path, encoding="utf-8"))
-    docs = json.load(open(docs_path, encoding="utf-8")) if os.path.exists(docs_path) else {"runs": []}
+    run = read_json(run_path, "merge")
+    problem = run_problem(run)
+    if problem:
+        sys.exit(f"results.py merge: {run_path} is not a run record (results.py run's): {problem}")
+    docs = read_docs(docs_path, "merge")
     key = (run.get("commit"), run.get("date"))
-    docs["runs"] = [run] + [r for r in docs.get("runs", []) if (r.get("commit"), r.get("date")) != key]
+    runs = [run] + [r for r in docs["runs"] if (r.get("commit"), r.get("date")) != key]
+    # Newest first by date (ISO 8601, UTC: the strings sort as the times), whatever order runs are merged in.
+    docs["runs"] = sorted(runs, key=lambda r: r["date"], reverse=True)
     tmp = docs_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(docs, f, indent=1)
@@ -158,7 +213,7 @@ def latest_rows(runs):
 
 
 def tables(docs_path, md_path):
-    runs = json.load(open(docs_path, encoding="utf-8")).get("runs", []) if os.path.exists(docs_path) else []
+    runs = read_docs(docs_path, "tables")["runs"]
     lines = ["Made by `python3 scripts/bench/results.py tables docs/gpu-results.json docs/benchmarks.md` from "
              + (f"[gpu-results.json](gpu-results.json) ({len(runs)} run(s), newest first)." if runs else
                 "`docs/gpu-results.json`, which holds no run yet: **no GPU check run is recorded**.")]
