@@ -1628,8 +1628,12 @@ case ${1:-} in
     setup_libpath
     echo "$DPT_LD"
     ;;
+  -h | --help)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    ;;
   *)
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    [ -z "${1:-}" ] || echo "gpu-check: unknown command '$1'" >&2
     exit 2
     ;;
 esac

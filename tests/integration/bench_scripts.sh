@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# integration.bench_scripts: the command lines of the developer and benchmark scripts that have no test of their own
+# (scripts/fuzz.sh, scripts/same_bytes.sh, scripts/gpu-check.sh, scripts/bench/ab_builds.sh, predict.sh,
+# loader_bench.sh): --help prints the usage and exits 0; a bad argument exits 2 with a usage line before anything is
+# built or run (fuzz.sh configured a clang tree for `--help` and failed on a target named "fuzz_--help"); a folder
+# that is no build is named; a Python without torch is said so up front (not a traceback after the dptrain runs).
+# Seconds: nothing here builds, trains or fuzzes.
+source "$(dirname "$0")/lib/common.bash"
+S=$DPT_SOURCE_DIR/scripts
+
+# help SCRIPT PATTERN: SCRIPT --help exits 0 and prints a line matching PATTERN.
+help() {
+  local out
+  out=$(bash "$1" --help 2>&1) || fail "$1 --help exited $?"
+  <<<"$out" grep -q -- "$2" || { echo "$out"; fail "$1 --help lacks '$2'"; }
+}
+
+help "$S/fuzz.sh" "scripts/fuzz.sh store config"
+help "$S/same_bytes.sh" "scripts/same_bytes.sh /tmp/old/build build"
+help "$S/gpu-check.sh" "scripts/gpu-check.sh run --only STEP"
+help "$S/bench/ab_builds.sh" "ab_builds.sh /tmp/old/build build \[REPEATS (5)\]"
+help "$S/bench/predict.sh" "predict.sh prompts \[PROMPTS"
+help "$S/bench/loader_bench.sh" "loader_bench.sh \[ROUNDS (3)\]"
+
+# fuzz.sh: an unknown target is refused before the fuzz tree is configured.
+DPT_FUZZ_BUILD_DIR=$WORK/fuzz expect_exit 2 "unknown target 'bogus' (targets: store idx config" bash "$S/fuzz.sh" bogus
+[ ! -e "$WORK/fuzz" ] || fail "fuzz.sh configured a tree for an unknown target"
+DPT_FUZZ_BUILD_DIR=$WORK/fuzz expect_exit 2 "unknown target '--short'" bash "$S/fuzz.sh" store --short
+expect_exit 2 "gpu-check: unknown command 'bogus'" bash "$S/gpu-check.sh" bogus
+
+# Two builds: the arguments are checked, a folder without dptrain and dprun named.
+expect_exit 2 "usage: same_bytes.sh BUILD_A BUILD_B" bash "$S/same_bytes.sh"
+expect_exit 2 "same_bytes.sh: $WORK is no build folder" bash "$S/same_bytes.sh" "$WORK" "$DPT_BUILD_DIR"
+expect_exit 2 "ab_builds.sh: $WORK is no build folder" bash "$S/bench/ab_builds.sh" "$DPT_BUILD_DIR" "$WORK"
+expect_exit 2 "usage: ab_builds.sh BUILD_A BUILD_B" bash "$S/bench/ab_builds.sh" "$DPT_BUILD_DIR" "$DPT_BUILD_DIR" x
+
+# predict.sh: numbers only; its reference's Python checked before dptrain runs.
+expect_exit 2 "usage: predict.sh \[IMAGES\]" bash "$S/bench/predict.sh" 100 x
+expect_exit 2 "usage: predict.sh" bash "$S/bench/predict.sh" prompts 4 8 9
+"$PY" -m venv --without-pip "$WORK/venv"  # a Python without torch
+DPT_BUILD_DIR=$DPT_BUILD_DIR PYTHON=$WORK/venv/bin/python expect_exit 1 "cannot import torch, torchvision and PIL" \
+  bash "$S/bench/predict.sh" 10
+BENCH_SKIP_BUILD=1 PYTHON=$WORK/venv/bin/python expect_exit 1 "cannot import numpy, PIL, torch and torchvision" \
+  bash "$S/bench/loader_bench.sh" 1 2
+echo PASS
