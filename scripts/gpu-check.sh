@@ -33,6 +33,8 @@
 #   scripts/gpu-check.sh run --again   THERE, on the same warm machine: the steps of the last run that did not
 #                                  PASS (failed, or SKIPPED (budget)), with the runs their comparisons read.
 #                                  A step the budget left no time for is recorded as SKIPPED (budget), never PASS.
+#                                  Without a GPU (nvidia-smi lists none) run stops before any step and writes no
+#                                  record (GPU_CHECK_ALLOW_NO_GPU=1: run the steps anyway; the GPU steps fail).
 #   scripts/gpu-check.sh resnet-bench   THERE: only the ResNet benchmark (dpt-model-bench against PyTorch,
 #                                  scripts/bench/resnet_bench.sh --gpu) with the bundled programs; its table
 #                                  goes to stdout and $OUT/resnet-bench.md (a few minutes).
@@ -1464,6 +1466,22 @@ summary() {
   log "gpu-check: all ${#STEP_NAMES[@]} steps passed"
 }
 
+# The GPU check needs a GPU: without one every GPU step fails (no regression, no GPU) and the record would hold those
+# FAILs beside the CPU steps' PASSes under the device "no GPU". nvidia-smi names the record's device, so it decides.
+require_gpu() {
+  local smi=no
+  command -v nvidia-smi >/dev/null 2>&1 && smi=yes
+  [ "$smi" = no ] || ! nvidia-smi -L 2>/dev/null | grep -q '^GPU ' || return 0
+  local why="no nvidia-smi here"
+  [ "$smi" = no ] || why="nvidia-smi -L lists no GPU"
+  if [ "${GPU_CHECK_ALLOW_NO_GPU:-0}" = 1 ]; then
+    echo "gpu-check: WARNING: no GPU ($why); GPU_CHECK_ALLOW_NO_GPU=1: the GPU steps will fail" >&2
+    return 0
+  fi
+  die "run: no GPU on this machine ($why): nothing run, no gpu-results.json written. The GPU check runs on a GPU" \
+    "machine (docs/DEVELOPERS.md); GPU_CHECK_ALLOW_NO_GPU=1 runs its steps here anyway (the GPU steps then fail)"
+}
+
 run_all() {
   case ${1:-} in
     --only)
@@ -1475,6 +1493,7 @@ run_all() {
     "") ;;
     *) die "run: unknown option $1 (run, run --only STEP..., run --again)" ;;
   esac
+  require_gpu
   BUDGET=${GPU_CHECK_BUDGET_S:-540}
   START=$(date +%s)
   DEADLINE=$((START + BUDGET))

@@ -12,7 +12,8 @@
                                        throughput from the same run (same model, batch and precision)
   results.py merge RUN.json DOCS.json  put the run into DOCS.json's "runs" (created when missing), newest first by
                                        date, the other runs kept; a run of the same commit and date replaces its
-                                       earlier copy; a file that is not JSON or not a run record is refused (exit 1)
+                                       earlier copy; a file that is not JSON or not a run record, or a run made
+                                       without a GPU (gpu-check.sh's GPU_CHECK_ALLOW_NO_GPU=1), is refused (exit 1)
   results.py tables DOCS.json MD       write the newest run's tables, and a line per older run, into MD between
                                        its <!-- gpu-results:begin --> and <!-- gpu-results:end --> markers; where
                                        a run reran only some steps (its "only" field, gpu-check.sh run --only or
@@ -166,6 +167,9 @@ def merge(run_path, docs_path):
     problem = run_problem(run)
     if problem:
         sys.exit(f"results.py merge: {run_path} is not a run record (results.py run's): {problem}")
+    if run["device"].startswith("no GPU"):
+        sys.exit(f"results.py merge: {run_path} is a run without a GPU ({run['device']}): its GPU steps failed for "
+                 "want of one; not recorded")
     docs = read_docs(docs_path, "merge")
     key = (run.get("commit"), run.get("date"))
     runs = [run] + [r for r in docs["runs"] if (r.get("commit"), r.get("date")) != key]

@@ -3,7 +3,8 @@
 # (scripts/fuzz.sh, scripts/same_bytes.sh, scripts/gpu-check.sh, scripts/bench/ab_builds.sh, predict.sh,
 # loader_bench.sh): --help prints the usage and exits 0; a bad argument exits 2 with a usage line before anything is
 # built or run (fuzz.sh configured a clang tree for `--help` and failed on a target named "fuzz_--help"); a folder
-# that is no build is named; a Python without torch is said so up front (not a traceback after the dptrain runs).
+# that is no build is named; a Python without torch is said so up front (not a traceback after the dptrain runs);
+# gpu-check.sh run on a machine without a GPU says so and records nothing.
 # Seconds: nothing here builds, trains or fuzzes.
 source "$(dirname "$0")/lib/common.bash"
 S=$DPT_SOURCE_DIR/scripts
@@ -27,6 +28,12 @@ DPT_FUZZ_BUILD_DIR=$WORK/fuzz expect_exit 2 "unknown target 'bogus' (targets: st
 [ ! -e "$WORK/fuzz" ] || fail "fuzz.sh configured a tree for an unknown target"
 DPT_FUZZ_BUILD_DIR=$WORK/fuzz expect_exit 2 "unknown target '--short'" bash "$S/fuzz.sh" store --short
 expect_exit 2 "gpu-check: unknown command 'bogus'" bash "$S/gpu-check.sh" bogus
+# gpu-check.sh run without a GPU stops before any step: no FAIL of every GPU step recorded as a GPU check's result.
+if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+  OUT=$WORK/gc expect_exit 1 "run: no GPU on this machine (.*): nothing run, no gpu-results.json written" \
+    bash "$S/gpu-check.sh" run --only unit_gpu
+  [ ! -e "$WORK/gc" ] || fail "gpu-check.sh run without a GPU wrote into \$OUT: $(ls "$WORK/gc")"
+fi
 
 # Two builds: the arguments are checked, a folder without dptrain and dprun named.
 expect_exit 2 "usage: same_bytes.sh BUILD_A BUILD_B" bash "$S/same_bytes.sh"

@@ -78,6 +78,9 @@ expect_exit 1 'nodate.json is not a run record (results.py run.s): no "date"' \
 expect_exit 1 "cannot read $WORK/absent.json" "$PY" "$R" merge "$WORK/absent.json" "$docs"
 expect_exit 1 "bad.json is not JSON" "$PY" "$R" merge "$WORK/run1.json" "$WORK/bad.json"
 expect_exit 1 "bad.json is not JSON" "$PY" "$R" tables "$WORK/bad.json" "$WORK/rows.jsonl"
+# A run made without a GPU (gpu-check.sh run with GPU_CHECK_ALLOW_NO_GPU=1) is no GPU check's record.
+sed 's/"NVIDIA H100 80GB HBM3"/"no GPU (nvidia-smi found none)"/' "$WORK/run1.json" > "$WORK/nogpu.json"
+expect_exit 1 "nogpu.json is a run without a GPU" "$PY" "$R" merge "$WORK/nogpu.json" "$docs"
 cmp -s "$docs" "$WORK/docs_before.json" || fail "merge: a refused run changed $docs"
 
 # ---- tables between the markers; idempotent ----------------------------------------------------------------
