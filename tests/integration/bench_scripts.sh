@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # integration.bench_scripts: the command lines of the developer and benchmark scripts that have no test of their own
 # (scripts/fuzz.sh, scripts/same_bytes.sh, scripts/gpu-check.sh, scripts/bench/ab_builds.sh, predict.sh,
-# loader_bench.sh): --help prints the usage and exits 0; a bad argument exits 2 with a usage line before anything is
-# built or run (fuzz.sh configured a clang tree for `--help` and failed on a target named "fuzz_--help"); a folder
-# that is no build is named; a Python without torch is said so up front (not a traceback after the dptrain runs);
+# loader_bench.sh; gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits 2 with a
+# usage line before anything is built or run (fuzz.sh configured a clang tree for `--help` and failed on a target
+# named "fuzz_--help"); a folder that is no build is named; a Python without torch is said so up front (not a traceback after the dptrain runs);
 # gpu-check.sh run on a machine without a GPU says so and records nothing.
 # Seconds: nothing here builds, trains or fuzzes.
 source "$(dirname "$0")/lib/common.bash"
@@ -34,6 +34,10 @@ if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
     bash "$S/gpu-check.sh" run --only unit_gpu
   [ ! -e "$WORK/gc" ] || fail "gpu-check.sh run without a GPU wrote into \$OUT: $(ls "$WORK/gc")"
 fi
+
+# gpt_bench.sh: a misspelt BENCH_ROWS name ran nothing and reported an empty table with exit 0.
+OUT=$WORK/gb BENCH_SKIP_BUILD=1 BENCH_ROWS="step stpe" expect_exit 2 "BENCH_ROWS: no row 'stpe'" \
+  bash "$S/bench/gpt_bench.sh" --cpu
 
 # Two builds: the arguments are checked, a folder without dptrain and dprun named.
 expect_exit 2 "usage: same_bytes.sh BUILD_A BUILD_B" bash "$S/same_bytes.sh"
