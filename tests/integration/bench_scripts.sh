@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # integration.bench_scripts: the command lines of the developer and benchmark scripts that have no test of their own
-# (scripts/fuzz.sh, scripts/same_bytes.sh, scripts/gpu-check.sh, scripts/bench/ab_builds.sh, predict.sh,
-# loader_bench.sh; gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits 2 with a
+# (scripts/fuzz.sh, scripts/fault_inject.sh, scripts/same_bytes.sh, scripts/gpu-check.sh, scripts/bench/ab_builds.sh,
+# predict.sh, loader_bench.sh; gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits 2 with a
 # usage line before anything is built or run (fuzz.sh configured a clang tree for `--help` and failed on a target
 # named "fuzz_--help"); a folder that is no build is named; a Python without torch is said so up front (not a traceback after the dptrain runs);
 # gpu-check.sh run on a machine without a GPU says so and records nothing.
@@ -38,6 +38,12 @@ fi
 # gpt_bench.sh: a misspelt BENCH_ROWS name ran nothing and reported an empty table with exit 0.
 OUT=$WORK/gb BENCH_SKIP_BUILD=1 BENCH_ROWS="step stpe" expect_exit 2 "BENCH_ROWS: no row 'stpe'" \
   bash "$S/bench/gpt_bench.sh" --cpu
+
+# fault_inject.sh: an option without its value said "$2: unbound variable" (exit 1); a seed that is no number
+# seeded $RANDOM with 0 silently.
+help "$S/fault_inject.sh" "Usage: scripts/fault_inject.sh \[--trials N (3)\]"
+expect_exit 2 "fault_inject.sh: --trials needs a value" bash "$S/fault_inject.sh" --trials
+expect_exit 2 "fault_inject.sh: --seed must be a number" bash "$S/fault_inject.sh" --seed abc
 
 # Two builds: the arguments are checked, a folder without dptrain and dprun named.
 expect_exit 2 "usage: same_bytes.sh BUILD_A BUILD_B" bash "$S/same_bytes.sh"
