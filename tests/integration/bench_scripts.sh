@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # integration.bench_scripts: the command lines of the developer and benchmark scripts that have no test of their own
 # (scripts/fuzz.sh, scripts/fault_inject.sh, scripts/same_bytes.sh, scripts/gpu-check.sh, scripts/bench/ab_builds.sh,
-# predict.sh, loader_bench.sh; gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits 2 with a
-# usage line before anything is built or run (fuzz.sh configured a clang tree for `--help` and failed on a target
-# named "fuzz_--help"); a folder that is no build is named; a Python without torch is said so up front (not a traceback after the dptrain runs);
-# gpu-check.sh run on a machine without a GPU says so and records nothing.
+# predict.sh, loader_bench.sh; gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits
+# 2 with a usage line before anything is built or run (fuzz.sh configured a clang tree for `--help` and failed on a
+# target named "fuzz_--help"); a folder that is no build is named; a Python without torch is said so up front (not
+# a traceback after the dptrain runs); gpu-check.sh run on a machine without a GPU says so and records nothing.
 # Seconds: nothing here builds, trains or fuzzes.
 source "$(dirname "$0")/lib/common.bash"
 S=$DPT_SOURCE_DIR/scripts
