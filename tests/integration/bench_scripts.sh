@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # integration.bench_scripts: the command lines of the developer and benchmark scripts that have no test of their own
-# (scripts/fuzz.sh, scripts/fault_inject.sh, scripts/same_bytes.sh, scripts/gpu-check.sh, scripts/bench/ab_builds.sh,
-# predict.sh, loader_bench.sh; gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits
+# (scripts/build.sh, fuzz.sh, fault_inject.sh, same_bytes.sh, gpu-check.sh, scripts/bench/ab_builds.sh, predict.sh,
+# loader_bench.sh; gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits
 # 2 with a usage line before anything is built or run (fuzz.sh configured a clang tree for `--help` and failed on a
 # target named "fuzz_--help"); a folder that is no build is named; a Python without torch is said so up front (not
 # a traceback after the dptrain runs); gpu-check.sh run on a machine without a GPU says so and records nothing.
@@ -44,6 +44,12 @@ OUT=$WORK/gb BENCH_SKIP_BUILD=1 BENCH_ROWS="step stpe" expect_exit 2 "BENCH_ROWS
 help "$S/fault_inject.sh" "Usage: scripts/fault_inject.sh \[--trials N (3)\]"
 expect_exit 2 "fault_inject.sh: --trials needs a value" bash "$S/fault_inject.sh" --trials
 expect_exit 2 "fault_inject.sh: --seed must be a number" bash "$S/fault_inject.sh" --seed abc
+
+# build.sh takes no arguments: `build.sh --target dptrain` built everything, `build.sh --help` too.
+help "$S/build.sh" "DPT_BUILD_DIR (default build), DPT_JOBS"
+DPT_BUILD_DIR=$WORK/nobuild expect_exit 2 "build.sh: no arguments (got '--target dptrain')" \
+  timeout 60 bash "$S/build.sh" --target dptrain
+[ ! -e "$WORK/nobuild" ] || fail "build.sh configured a tree for a command line it refuses"
 
 # Two builds: the arguments are checked, a folder without dptrain and dprun named.
 expect_exit 2 "usage: same_bytes.sh BUILD_A BUILD_B" bash "$S/same_bytes.sh"
