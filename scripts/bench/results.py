@@ -36,7 +36,10 @@ def parse_row(pairs):
         if not sep:
             sys.exit(f"results.py row: '{p}' is not key=value")
         if key in NUMBERS:
-            value = NUMBERS[key](value) if value not in ("", "-", "n/a") else None
+            try:
+                value = NUMBERS[key](value) if value not in ("", "-", "n/a") else None
+            except ValueError:
+                sys.exit(f"results.py row: {key}={value} is not {'an integer' if NUMBERS[key] is int else 'a number'}")
         elif value == "":
             value = None
         row[key] = value
@@ -68,11 +71,19 @@ def with_ratios(rows):
 
 def read_steps(path):
     steps = []
-    for line in open(path, encoding="utf-8"):
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        sys.exit(f"results.py run: cannot read the steps {path}: {e.strerror}")
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        name, status, seconds, note = (line.rstrip("\n").split("\t") + ["", "", ""])[:4]
-        steps.append({"name": name, "status": status, "seconds": float(seconds) if seconds else None, "note": note})
+        name, status, seconds, note = (line.split("\t") + ["", "", ""])[:4]
+        try:
+            seconds = float(seconds) if seconds else None
+        except ValueError:
+            sys.exit(f"results.py run: {path}:{n}: the seconds '{seconds}' are not a number")
+        steps.append({"name": name, "status": status, "seconds": seconds, "note": note})
     return steps
 
 
@@ -276,8 +287,9 @@ def main(argv):
         return 0 if len(argv) >= 2 else 2
     cmd, args = argv[1], argv[2:]
     if cmd == "row" and args:
+        row = parse_row(args[1:])  # checked before the file is touched
         with open(args[0], "a", encoding="utf-8") as f:
-            f.write(json.dumps(parse_row(args[1:])) + "\n")
+            f.write(json.dumps(row) + "\n")
     elif cmd == "run":
         make_run(args)
     elif cmd == "merge" and len(args) == 2:

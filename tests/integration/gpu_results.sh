@@ -30,6 +30,17 @@ rc=$?
 set -e
 [ $rc -ne 0 ] && <<< "$out" grep -q "missing mode, batch, precision, throughput, unit" || fail "an incomplete row was taken: $out"
 [ "$(wc -l < "$rows")" -eq 7 ] || fail "expected 7 rows in $rows, got $(wc -l < "$rows")"
+# A number that is none, a steps file that is absent or malformed: a message, no traceback, nothing written.
+expect_exit 1 "results.py row: batch=x is not an integer" "$PY" "$R" row "$WORK/bad_rows.jsonl" model=m program=p \
+  mode=m batch=x precision=fp32 throughput=1 unit=u
+expect_exit 1 "results.py row: throughput=fast is not a number" "$PY" "$R" row "$WORK/bad_rows.jsonl" model=m \
+  program=p mode=m batch=1 precision=fp32 throughput=fast unit=u
+[ ! -e "$WORK/bad_rows.jsonl" ] || fail "a refused row created $WORK/bad_rows.jsonl"
+printf 'unit_gpu\tPASS\tlong\tnote\n' > "$WORK/bad_steps.tsv"
+expect_exit 1 "bad_steps.tsv:1: the seconds 'long' are not a number" "$PY" "$R" run --out "$WORK/bad_run.json" \
+  --steps "$WORK/bad_steps.tsv"
+expect_exit 1 "cannot read the steps $WORK/absent.tsv" "$PY" "$R" run --out "$WORK/bad_run.json" --steps "$WORK/absent.tsv"
+[ ! -e "$WORK/bad_run.json" ] || fail "a refused run wrote $WORK/bad_run.json"
 
 printf 'unit_gpu\tPASS\t41\tAll tests passed\nbench_gpt\tFAIL\t300\ttimed out\ttab\nunit_core\tPASS\t2\t\n' > "$WORK/steps.tsv"
 "$PY" "$R" run --out "$WORK/run1.json" --steps "$WORK/steps.tsv" --info "device=NVIDIA H100 80GB HBM3" \
