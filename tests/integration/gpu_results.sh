@@ -39,7 +39,8 @@ expect_exit 1 "results.py row: throughput=fast is not a number" "$PY" "$R" row "
 printf 'unit_gpu\tPASS\tlong\tnote\n' > "$WORK/bad_steps.tsv"
 expect_exit 1 "bad_steps.tsv:1: the seconds 'long' are not a number" "$PY" "$R" run --out "$WORK/bad_run.json" \
   --steps "$WORK/bad_steps.tsv"
-expect_exit 1 "cannot read the steps $WORK/absent.tsv" "$PY" "$R" run --out "$WORK/bad_run.json" --steps "$WORK/absent.tsv"
+expect_exit 1 "cannot read the steps $WORK/absent.tsv" "$PY" "$R" run --out "$WORK/bad_run.json" \
+  --steps "$WORK/absent.tsv"
 [ ! -e "$WORK/bad_run.json" ] || fail "a refused run wrote $WORK/bad_run.json"
 
 printf 'unit_gpu\tPASS\t41\tAll tests passed\nbench_gpt\tFAIL\t300\ttimed out\ttab\nunit_core\tPASS\t2\t\n' > "$WORK/steps.tsv"
