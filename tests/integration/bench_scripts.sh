@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # integration.bench_scripts: the command lines of the developer and benchmark scripts that have no test of their own
 # (scripts/build.sh, fuzz.sh, fault_inject.sh, same_bytes.sh, gpu-check.sh, scripts/bench/ab_builds.sh, predict.sh,
-# loader_bench.sh; gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits
-# 2 with a usage line before anything is built or run (fuzz.sh configured a clang tree for `--help` and failed on a
-# target named "fuzz_--help"); a folder that is no build is named; a Python without torch is said so up front (not
-# a traceback after the dptrain runs); gpu-check.sh run on a machine without a GPU says so and records nothing.
+# loader_bench.sh, op_table.py, bias_grad_apart.py, torch_memory.py; gpt_bench.sh's BENCH_ROWS): --help prints the
+# usage and exits 0; a bad argument exits 2 with a usage line before anything is built or run (fuzz.sh configured a
+# clang tree for `--help` and failed on a target named "fuzz_--help"); a folder that is no build is named; a Python
+# without torch is said so up front (not a traceback after the dptrain runs); gpu-check.sh run on a machine without
+# a GPU says so and records nothing.
 # Seconds: nothing here builds, trains or fuzzes.
 source "$(dirname "$0")/lib/common.bash"
 S=$DPT_SOURCE_DIR/scripts
+"$PY" -m venv --without-pip "$WORK/venv"  # a Python without torch
 
 # help SCRIPT PATTERN: SCRIPT --help exits 0 and prints a line matching PATTERN.
 help() {
@@ -51,6 +53,16 @@ DPT_BUILD_DIR=$WORK/nobuild expect_exit 2 "build.sh: no arguments (got '--target
   timeout 60 bash "$S/build.sh" --target dptrain
 [ ! -e "$WORK/nobuild" ] || fail "build.sh configured a tree for a command line it refuses"
 
+# The reports' Python helpers: --help, and an absent file said so (they printed tracebacks: FileNotFoundError
+# '--help'); torch_memory.py under a Python without torch says which Python lacks it.
+for py in op_table.py bias_grad_apart.py; do
+  out=$("$PY" "$S/bench/$py" --help) && <<<"$out" grep -q "$py" || fail "$py --help"
+  expect_exit 1 "$py: cannot read $WORK/absent" "$PY" "$S/bench/$py" "$WORK/absent"
+done
+expect_exit 2 "usage: bias_grad_apart.py \[--bf16\] FILE" "$PY" "$S/bench/bias_grad_apart.py"
+expect_exit 1 "torch_memory.py: $WORK/venv/bin/python cannot import torch" \
+  "$WORK/venv/bin/python" "$S/bench/torch_memory.py" --device cpu
+
 # Two builds: the arguments are checked, a folder without dptrain and dprun named.
 expect_exit 2 "usage: same_bytes.sh BUILD_A BUILD_B" bash "$S/same_bytes.sh"
 expect_exit 2 "same_bytes.sh: $WORK is no build folder" bash "$S/same_bytes.sh" "$WORK" "$DPT_BUILD_DIR"
@@ -60,7 +72,6 @@ expect_exit 2 "usage: ab_builds.sh BUILD_A BUILD_B" bash "$S/bench/ab_builds.sh"
 # predict.sh: numbers only; its reference's Python checked before dptrain runs.
 expect_exit 2 "usage: predict.sh \[IMAGES\]" bash "$S/bench/predict.sh" 100 x
 expect_exit 2 "usage: predict.sh" bash "$S/bench/predict.sh" prompts 4 8 9
-"$PY" -m venv --without-pip "$WORK/venv"  # a Python without torch
 DPT_BUILD_DIR=$DPT_BUILD_DIR PYTHON=$WORK/venv/bin/python expect_exit 1 "cannot import torch, torchvision and PIL" \
   bash "$S/bench/predict.sh" 10
 BENCH_SKIP_BUILD=1 PYTHON=$WORK/venv/bin/python expect_exit 1 "cannot import numpy, PIL, torch and torchvision" \
