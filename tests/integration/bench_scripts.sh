@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # integration.bench_scripts: the command lines of the developer and benchmark scripts that have no test of their own
 # (scripts/build.sh, fuzz.sh, fault_inject.sh, same_bytes.sh, gpu-check.sh, scripts/bench/ab_builds.sh, predict.sh,
-# loader_bench.sh, op_table.py, bias_grad_apart.py, torch_memory.py; gpt_bench.sh's BENCH_ROWS): --help prints the
-# usage and exits 0; a bad argument exits 2 with a usage line before anything is built or run (fuzz.sh configured a
-# clang tree for `--help` and failed on a target named "fuzz_--help"); a folder that is no build is named; a Python
-# without torch is said so up front (not a traceback after the dptrain runs); gpu-check.sh run on a machine without
-# a GPU says so and records nothing.
+# loader_bench.sh, train_bench.sh, gpu_bench.sh, zero.sh, op_table.py, bias_grad_apart.py, torch_memory.py;
+# gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits 2 with a usage line before
+# anything is built or run (fuzz.sh configured a clang tree for `--help` and failed on a target named "fuzz_--help");
+# a folder that is no build is named; a Python without torch is said so up front (not a traceback after the dptrain
+# runs); gpu-check.sh run on a machine without a GPU says so and records nothing.
 # Seconds: nothing here builds, trains or fuzzes.
 source "$(dirname "$0")/lib/common.bash"
 S=$DPT_SOURCE_DIR/scripts
@@ -46,6 +46,16 @@ OUT=$WORK/gb BENCH_SKIP_BUILD=1 BENCH_ROWS="step stpe" expect_exit 2 "BENCH_ROWS
 help "$S/fault_inject.sh" "Usage: scripts/fault_inject.sh \[--trials N (3)\]"
 expect_exit 2 "fault_inject.sh: --trials needs a value" bash "$S/fault_inject.sh" --trials
 expect_exit 2 "fault_inject.sh: --seed must be a number" bash "$S/fault_inject.sh" --seed abc
+
+# train_bench.sh and gpu_bench.sh read the environment only: an argument (`train_bench.sh --help`, `train_bench.sh 5`)
+# was ignored and setup.sh --bench, the build and minutes of runs followed. zero.sh --help was a usage error.
+help "$S/bench/train_bench.sh" "BENCH_REPEATS         runs per configuration"
+help "$S/bench/gpu_bench.sh" "BENCH_BATCHES    default \"64 1024\""
+help "$S/bench/zero.sh" "scripts/bench/zero.sh \[ROUNDS (5)\] \[RANKS (2)\]"
+BENCH_SKIP_SETUP=1 BENCH_SKIP_BUILD=1 expect_exit 2 "train_bench: no arguments (got '5')" \
+  timeout 60 bash "$S/bench/train_bench.sh" 5
+expect_exit 2 "gpu_bench: no arguments (got '--cpu')" timeout 60 bash "$S/bench/gpu_bench.sh" --cpu
+expect_exit 2 "usage: zero.sh \[ROUNDS\] \[RANKS\]" bash "$S/bench/zero.sh" 1 2 3
 
 # build.sh takes no arguments: `build.sh --target dptrain` built everything, `build.sh --help` too.
 help "$S/build.sh" "DPT_BUILD_DIR (default build), DPT_JOBS"
