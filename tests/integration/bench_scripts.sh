@@ -35,6 +35,9 @@ if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   OUT=$WORK/gc expect_exit 1 "run: no GPU on this machine (.*): nothing run, no gpu-results.json written" \
     bash "$S/gpu-check.sh" run --only unit_gpu
   [ ! -e "$WORK/gc" ] || fail "gpu-check.sh run without a GPU wrote into \$OUT: $(ls "$WORK/gc")"
+  OUT=$WORK/gc expect_exit 1 "resnet-bench: no GPU on this machine (.*): no benchmark run" \
+    bash "$S/gpu-check.sh" resnet-bench
+  OUT=$WORK/gc expect_exit 1 "gpt-bench: no GPU on this machine" bash "$S/gpu-check.sh" gpt-bench
 fi
 
 # gpt_bench.sh: a misspelt BENCH_ROWS name ran nothing and reported an empty table with exit 0.
