@@ -199,15 +199,16 @@ CLI::Validator at_least(long long min) {
       },
       fmt::format(">= {}", min));
 }
+// Seconds in (0, 1e7], dptrain's dist.timeout_s range: inf or 1e300 would overflow the milliseconds' int64.
 CLI::Validator positive_seconds() {
   return CLI::Validator(
       [](std::string& s) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(s.c_str(), &end);
         if (end != s.c_str() + s.size()) return {};
-        return v > 0 ? std::string() : fmt::format("must be positive, got {}", s);
+        return v > 0 && v <= 1e7 ? std::string() : fmt::format("must be in (0, 10000000] seconds, got {}", s);
       },
-      "> 0");
+      "(0, 1e7]");
 }
 
 // Parses the command line into `o`; returns the exit code when the program should stop (help, usage error).

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cli_checks.h"
 #include "core/cuda.h"
 #include "data/idx.h"
 #include "data/loader.h"
@@ -126,6 +127,21 @@ int run_config(const std::string& path, const std::vector<std::string>& override
   return 0;
 }
 
+// The options of the mode not chosen would be ignored: refuses them (false, with a message) rather than time
+// something other than what was asked.
+bool other_mode_options_absent(const CLI::App& app, bool with_config) {
+  const std::vector<std::string> other = with_config ? std::vector<std::string>{"--data", "--seed"}
+                                                     : std::vector<std::string>{"--max-batches", "--checksum"};
+  for (const std::string& opt : other) {
+    if (app.count(opt) > 0) {
+      std::fprintf(stderr, "dpt-loader-bench: %s %s\n", opt.c_str(),
+                   with_config ? "is for the Fashion-MNIST mode, not --config (set data.* keys)" : "needs --config");
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -141,18 +157,26 @@ int main(int argc, char** argv) {
   app.add_option("--data", dir, "Fashion-MNIST directory (without --config)")->capture_default_str();
   app.add_option("-c,--config", config, "a dptrain config (TOML): time its training set as the trainer reads it");
   app.add_option("--batch", batch, "examples a batch (default: 1024; with --config, train.batch_size)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::Positive);
   app.add_option("--workers", workers, "the loader's threads (default: 1; with --config, data.workers)")
-      ->check(CLI::PositiveNumber);
+      ->check(cli::Positive);
   app.add_option("--epochs", epochs, "epochs (of each mode; the first is left out of the median when there are more)")
-      ->capture_default_str()->check(CLI::PositiveNumber);
+      ->capture_default_str()->check(cli::Positive);
   app.add_option("--max-batches", max_batches, "with --config: at most this many batches an epoch (0: all)")
-      ->capture_default_str();
+      ->capture_default_str()->check(cli::NonNegative);
   app.add_flag("--checksum", checksum, "with --config: print each epoch's FNV-1a hash of its batches' bytes (a change "
                "that must not alter the data gives the same hashes; the hashing slows the epoch)");
   app.add_option("--seed", seed, "the sampler's seed (without --config; with it, train.seed)")->capture_default_str();
   app.add_option("overrides", overrides, "with --config: dptrain config overrides, key=value (data.dir=DIR ...)");
-  CLI11_PARSE(app, argc, argv);
+  app.footer("Exit status: 0; 1 when the two modes' batches differ or the data cannot be read; 2 for a bad command "
+             "line or config.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // prints help (rc 0) or the error and usage
+    return rc == 0 ? 0 : 2;
+  }
+  if (!other_mode_options_absent(app, !config.empty())) return 2;
   if (config.empty() && !overrides.empty()) {
     std::fprintf(stderr, "dpt-loader-bench: key=value overrides need --config\n");
     return 2;

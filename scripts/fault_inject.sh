@@ -18,6 +18,8 @@ TRIALS=3 KILLS=2 SEED=$$ KEEP=0
 BUILD_DIR=${DPT_BUILD_DIR:-$ROOT/build}
 while [ $# -gt 0 ]; do
   case $1 in
+    --trials | --kills | --seed | --build-dir)
+      [ $# -ge 2 ] || { echo "fault_inject.sh: $1 needs a value (see --help)" >&2; exit 2; } ;;&
     --trials) TRIALS=$2; shift 2 ;;
     --kills) KILLS=$2; shift 2 ;;
     --seed) SEED=$2; shift 2 ;;
@@ -28,6 +30,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [[ $TRIALS =~ ^[0-9]+$ && $TRIALS -ge 1 ]] || { echo "fault_inject.sh: --trials must be >= 1" >&2; exit 2; }
+[[ $SEED =~ ^[0-9]+$ ]] || { echo "fault_inject.sh: --seed must be a number" >&2; exit 2; }
 [[ $KILLS =~ ^[0-9]+$ && $KILLS -ge 1 && $KILLS -le 8 ]] || { echo "fault_inject.sh: --kills must be 1..8" >&2; exit 2; }
 DPRUN=$BUILD_DIR/launcher/dprun
 DPTRAIN=$BUILD_DIR/trainer/dptrain

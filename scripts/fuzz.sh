@@ -14,17 +14,27 @@
 # Reproduce a crash: build-fuzz/tests/fuzz/fuzz_<target> <crash file>
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ALL_TARGETS=(store idx config safetensors torch_file)
 LONG=0
-if [ "${1:-}" = --long ]; then
-  LONG=1
-  shift
-fi
+TARGETS=()
+for a in "$@"; do  # the command line, checked before anything is configured or built
+  case $a in
+    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --long) LONG=1 ;;
+    *)
+      if [[ " ${ALL_TARGETS[*]} " != *" $a "* ]]; then
+        echo "fuzz: unknown target '$a' (targets: ${ALL_TARGETS[*]}; options: --long, --help)" >&2
+        exit 2
+      fi
+      TARGETS+=("$a")
+      ;;
+  esac
+done
 SECONDS_EACH=${FUZZ_SECONDS:-60}
 RUNS=${FUZZ_RUNS:-10000000}
 BUILD_DIR=${DPT_FUZZ_BUILD_DIR:-build-fuzz}
 OUT=${DPT_FUZZ_OUT:-$BUILD_DIR/runs}
-TARGETS=("$@")
-((${#TARGETS[@]})) || TARGETS=(store idx config safetensors torch_file)
+((${#TARGETS[@]})) || TARGETS=("${ALL_TARGETS[@]}")
 
 if ! command -v clang++ >/dev/null; then
   echo "fuzz: clang++ not found: run scripts/setup.sh --tests (it installs Debian's clang and libclang-rt-14-dev)" >&2

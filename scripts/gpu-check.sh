@@ -33,6 +33,9 @@
 #   scripts/gpu-check.sh run --again   THERE, on the same warm machine: the steps of the last run that did not
 #                                  PASS (failed, or SKIPPED (budget)), with the runs their comparisons read.
 #                                  A step the budget left no time for is recorded as SKIPPED (budget), never PASS.
+#                                  Without a GPU (nvidia-smi lists none) run, resnet-bench and gpt-bench stop
+#                                  before any step, and run writes no record (GPU_CHECK_ALLOW_NO_GPU=1: run the
+#                                  steps anyway; the GPU steps fail).
 #   scripts/gpu-check.sh resnet-bench   THERE: only the ResNet benchmark (dpt-model-bench against PyTorch,
 #                                  scripts/bench/resnet_bench.sh --gpu) with the bundled programs; its table
 #                                  goes to stdout and $OUT/resnet-bench.md (a few minutes).
@@ -1464,6 +1467,26 @@ summary() {
   log "gpu-check: all ${#STEP_NAMES[@]} steps passed"
 }
 
+# require_gpu WHAT: the GPU check (run, resnet-bench, gpt-bench) needs a GPU. Without one every GPU step fails (no
+# regression: no GPU) and run's record would hold those FAILs beside the CPU steps' PASSes under the device "no GPU".
+# nvidia-smi names the record's device, so it decides.
+require_gpu() {
+  local why="no nvidia-smi here" gpus
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    gpus=$(nvidia-smi -L 2>&1 || true)  # read whole: grep -q in a pipe could fail it with SIGPIPE under pipefail
+    grep -q '^GPU [0-9]' <<<"$gpus" && return 0
+    why="nvidia-smi -L lists no GPU: $(head -1 <<<"$gpus")"
+  fi
+  if [ "${GPU_CHECK_ALLOW_NO_GPU:-0}" = 1 ]; then
+    echo "gpu-check: WARNING: no GPU ($why); GPU_CHECK_ALLOW_NO_GPU=1: the GPU steps will fail" >&2
+    return 0
+  fi
+  local what="nothing run, no gpu-results.json written"
+  [ "$1" = run ] || what="no benchmark run (its GPU rows could only fail)"
+  die "$1: no GPU on this machine ($why): $what. The GPU check runs on a GPU machine (docs/DEVELOPERS.md);" \
+    "GPU_CHECK_ALLOW_NO_GPU=1 runs it here anyway (the GPU steps then fail)"
+}
+
 run_all() {
   case ${1:-} in
     --only)
@@ -1475,6 +1498,7 @@ run_all() {
     "") ;;
     *) die "run: unknown option $1 (run, run --only STEP..., run --again)" ;;
   esac
+  require_gpu run
   BUDGET=${GPU_CHECK_BUDGET_S:-540}
   START=$(date +%s)
   DEADLINE=$((START + BUDGET))
@@ -1588,6 +1612,7 @@ run_all() {
 
 # Only the ResNet benchmark, with the bundle's programs (no budget: resnet_bench.sh's own per-run timeouts).
 resnet_bench_only() {
+  require_gpu resnet-bench
   unpack_bundle
   setup_libpath
   echo "gpu-check resnet-bench: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi'); bundle $(info_get created), commit $(info_get git_head) (+$(info_get git_changed_files) changed files)"
@@ -1597,6 +1622,7 @@ resnet_bench_only() {
 
 # Only the GPT-2 124M benchmark, with the bundle's programs (no budget: gpt_bench.sh's own per-run timeouts).
 gpt_bench_only() {
+  require_gpu gpt-bench
   unpack_bundle
   setup_libpath
   echo "gpu-check gpt-bench: $(nvidia-smi -L 2>/dev/null | head -1 || echo 'no nvidia-smi'); bundle $(info_get created), commit $(info_get git_head) (+$(info_get git_changed_files) changed files)"
@@ -1628,8 +1654,12 @@ case ${1:-} in
     setup_libpath
     echo "$DPT_LD"
     ;;
+  -h | --help)
+    sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    ;;
   *)
     sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+    [ -z "${1:-}" ] || echo "gpu-check: unknown command '$1'" >&2
     exit 2
     ;;
 esac

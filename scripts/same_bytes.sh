@@ -9,8 +9,21 @@
 #   git worktree add /tmp/old <rev> && (cd /tmp/old && scripts/build.sh)
 #   scripts/same_bytes.sh /tmp/old/build build
 set -uo pipefail
-A=$(cd "${1:?usage: same_bytes.sh BUILD_A BUILD_B}" && pwd)
-B=$(cd "${2:?usage: same_bytes.sh BUILD_A BUILD_B}" && pwd)
+case ${1:-} in
+  -h | --help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+if [ $# -ne 2 ]; then
+  echo "usage: same_bytes.sh BUILD_A BUILD_B (two build folders; see --help)" >&2
+  exit 2
+fi
+for d in "$1" "$2"; do
+  if [ ! -x "$d/trainer/dptrain" ] || [ ! -x "$d/launcher/dprun" ]; then
+    echo "same_bytes.sh: $d is no build folder (no trainer/dptrain and launcher/dprun in it)" >&2
+    exit 2
+  fi
+done
+A=$(cd "$1" && pwd)
+B=$(cd "$2" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 WORK=$(mktemp -d /tmp/dpt_same_bytes.XXXXXX)

@@ -49,14 +49,22 @@ def main():
     bf16 = bool(args) and args[0] == "--bf16"
     if bf16:
         args = args[1:]
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
     if len(args) != 1:
-        sys.exit("usage: bias_grad_apart.py [--bf16] FILE")
+        print("usage: bias_grad_apart.py [--bf16] FILE (see --help)", file=sys.stderr)
+        return 2
     rows = []
-    with open(args[0], errors="replace") as f:
-        for line in f:
-            m = (BF16 if bf16 else LINE).search(line.rstrip("\n"))
-            if m:
-                rows.append(m)
+    try:
+        with open(args[0], errors="replace") as f:
+            for line in f:
+                m = (BF16 if bf16 else LINE).search(line.rstrip("\n"))
+                if m:
+                    rows.append(m)
+    except OSError as e:
+        print(f"bias_grad_apart.py: cannot read {args[0]}: {e.strerror}", file=sys.stderr)
+        return 1
     if not rows:
         what = "float32 plain product weighed against its bf16 product" if bf16 else "the bias gradient apart"
         print(f"bias_grad_apart.py: no weight-gradient line with {what} in {args[0]}", file=sys.stderr)

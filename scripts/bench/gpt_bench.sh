@@ -115,6 +115,11 @@ REPORT=${OUT:+$OUT/gpt-bench.md}
 REPORT=${REPORT:-/tmp/gpt-bench.md}
 RESULTS=${BENCH_RESULTS:-${REPORT%.md}.jsonl}
 read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step fast fasttune fastgraph fastnd loop fastloop eager compile}"
+ALL_ROWS=(step fast fasttune fastgraph fastsep fastnd loop fastloop eager compile)
+for r in "${WANT_ROWS[@]}"; do  # a misspelt row would run nothing and report an empty table
+  [[ " ${ALL_ROWS[*]} " == *" $r "* ]] || { echo "gpt_bench: BENCH_ROWS: no row '$r' (${ALL_ROWS[*]})" >&2; exit 2; }
+done
+((${#WANT_ROWS[@]})) || { echo "gpt_bench: BENCH_ROWS is empty (${ALL_ROWS[*]})" >&2; exit 2; }
 [[ $REPEATS =~ ^[1-9][0-9]*$ ]] || { echo "gpt_bench: BENCH_REPEATS must be a positive integer" >&2; exit 2; }
 mkdir -p "$LOG_DIR" "$(dirname "$REPORT")" "$(dirname "$RESULTS")"
 rm -f "$RESULTS"
@@ -181,7 +186,8 @@ if ((CPU)) && [ -z "$CORETYPE" ]; then
   # The kernels dptrain's programs restart themselves with (nothing when OpenBLAS knows this CPU); PyTorch
   # gets the same, so that neither side runs OpenBLAS's fallback kernels (see resnet_bench.sh).
   CORETYPE=$("${DPT[@]}" "$MODEL_BENCH" --batch 1 --shape 1,1,4 --warmup 0 --steps 1 train.device=cpu \
-    "model.hidden=[4]" 2>&1 >/dev/null | sed -n 's/.*OpenBLAS: \([A-Za-z0-9_]*\) kernels (OPENBLAS_CORETYPE.*/\1/p' | head -1)
+    "model.hidden=[4]" 2>&1 >/dev/null |
+    sed -n 's/.*OpenBLAS: \([A-Za-z0-9_]*\) kernels (OPENBLAS_CORETYPE.*/\1/p' | head -1 || true)  # a failing probe: none
 fi
 THREADS=(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1)
 if ((GPU)); then THREADS=(); fi
@@ -656,7 +662,6 @@ fmt_tps() { if [ -n "$1" ]; then printf "%.0f" "$1"; else echo -; fi; }
 fmt_mfu() { if [ -n "$1" ]; then awk -v m="$1" 'BEGIN { printf "%.1f%%", 100 * m }'; else echo -; fi; }
 ratio() { if [ -n "${1:-}" ] && [ -n "${2:-}" ]; then awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; else echo n/a; fi; }
 declare -A M=() R=() F=()
-ALL_ROWS=(step fast fasttune fastgraph fastsep fastnd loop fastloop eager compile)
 for k in "${ALL_ROWS[@]}"; do
   # shellcheck disable=SC2086 # the collected numbers split on purpose
   { M[$k]=$(median ${MS[$k]:-}); R[$k]=$(median ${TPS[$k]:-}); F[$k]=$(median ${MFU[$k]:-}); }

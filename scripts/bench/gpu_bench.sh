@@ -21,6 +21,14 @@
 # Exit status: 0 when every run gave its number, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+case $# in  # the environment carries the settings; an argument would be ignored
+  0) ;;
+  *)
+    if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; fi
+    echo "gpu_bench: no arguments (got '$*'): the settings are environment variables, see --help" >&2
+    exit 2
+    ;;
+esac
 source scripts/bench/stats.bash  # median
 
 BUNDLE=.gpu-bundle

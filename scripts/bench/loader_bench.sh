@@ -12,6 +12,9 @@
 # BENCH_DIR (the folder; default a temporary one, removed at the end). Exit status: 0 when every run gave its number.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+case ${1:-} in
+  -h | --help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 ROUNDS=${1:-3}
 IMAGES=${2:-200}
 if ! [[ $ROUNDS =~ ^[1-9][0-9]*$ && $IMAGES =~ ^[1-9][0-9]*$ ]]; then
@@ -20,6 +23,11 @@ if ! [[ $ROUNDS =~ ^[1-9][0-9]*$ && $IMAGES =~ ^[1-9][0-9]*$ ]]; then
 fi
 BUILD_DIR=${DPT_BUILD_DIR:-build}
 PYTHON=${PYTHON:-/usr/bin/python3}
+if ! "$PYTHON" -c 'import numpy, PIL, torch, torchvision' 2>/dev/null; then
+  echo "loader_bench.sh: $PYTHON cannot import numpy, PIL, torch and torchvision, the reference's and the folder" \
+    "maker's modules (set PYTHON; here: scripts/setup.sh --bench)" >&2
+  exit 1
+fi
 read -r -a WORKERS <<<"${BENCH_WORKERS:-1 2}"
 if [ "${BENCH_SKIP_BUILD:-0}" != 1 ]; then
   cmake --build "$BUILD_DIR" -j "${DPT_JOBS:-$(nproc)}" --target dpt-loader-bench >/dev/null

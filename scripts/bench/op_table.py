@@ -8,7 +8,13 @@ spend above their floors: what tuning each could win at most. Used by gpt_bench.
 Exit 1 when the JSON has no --kernel-steps rows.
 """
 import json, sys
-j = json.load(open(sys.argv[1]))
+if len(sys.argv) != 2 or sys.argv[1] in ("-h", "--help"):
+    print(__doc__, file=sys.stdout if len(sys.argv) == 2 else sys.stderr)
+    sys.exit(0 if len(sys.argv) == 2 else 2)
+try:
+    j = json.load(open(sys.argv[1]))
+except (OSError, ValueError) as e:
+    sys.exit(f"op_table.py: cannot read {sys.argv[1]} as JSON: {e}")
 rows, span = j.get("kernels") or [], j.get("kernel_total_ms_per_step") or 0.0
 if not rows or span <= 0:
     sys.exit("no --kernel-steps rows in " + sys.argv[1])

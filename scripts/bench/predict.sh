@@ -10,21 +10,47 @@
 # predict` over a file of prompts (a GPT L4 H4 C128 T64 trained 20 steps on Debian's fortunes as bytes; prompts of
 # one length) on 2 ranks, --batch-size 1 against 8, side by side in one run, and how many lines are the same text
 # (a batch's GEMMs may round the logits' last bits otherwise: models/gpt/generate.h).
+#
+# Environment: DPT_BUILD_DIR (default build: dptrain and dprun, built beforehand), PYTHON (the reference's, default
+# /usr/bin/python3: Debian's torch and torchvision). Exit status: 0, 1 when a run failed (its log's end printed),
+# 2 for a bad command line.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+B=${DPT_BUILD_DIR:-build}
+usage() {
+  echo "usage: predict.sh [IMAGES] [BATCH] [SIZE] | predict.sh prompts [PROMPTS] [TOKENS] (see --help)" >&2
+  exit 2
+}
+case ${1:-} in
+  -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  prompts) (($# <= 3)) || usage; NUMBERS=("${@:2}") ;;
+  *) (($# <= 3)) || usage; NUMBERS=("$@") ;;
+esac
+for n in "${NUMBERS[@]}"; do [[ $n =~ ^[1-9][0-9]*$ ]] || usage; done
+for p in "$B/trainer/dptrain" "$B/launcher/dprun"; do
+  [ -x "$p" ] || { echo "predict.sh: no $p (build first, or set DPT_BUILD_DIR)" >&2; exit 1; }
+done
+# must LOG COMMAND...: runs COMMAND into LOG; when it fails, says so with the log's end (the work folder goes at exit).
+must() {
+  local log=$1
+  shift
+  "$@" >"$log" 2>&1 && return 0
+  { echo "predict.sh: failed: $*"; echo "its log ends:"; tail -8 "$log"; } >&2
+  exit 1
+}
 if [ "${1:-}" = prompts ]; then
   PROMPTS=${2:-64} TOKENS=${3:-100}
   WORK=$(mktemp -d /tmp/dpt_bench_prompts.XXXXXX)
   trap 'rm -rf "$WORK"' EXIT
   export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-  build/trainer/dptrain tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1
-  build/trainer/dptrain data.dataset=tokens data.dir="$WORK/fort" model.name=gpt model.n_layer=4 model.n_head=4 \
-    model.n_embd=128 model.block_size=64 train.max_steps=20 train.batch_size=8 train.optimizer=adamw train.lr=1e-3 \
-    data.test_limit=8 checkpoint.dir="$WORK/ck" --resume never > "$WORK/train.log" 2>&1
+  must "$WORK/tokenize.log" "$B/trainer/dptrain" tokenize --input /usr/share/games/fortunes --out "$WORK/fort"
+  must "$WORK/train.log" "$B/trainer/dptrain" data.dataset=tokens data.dir="$WORK/fort" model.name=gpt \
+    model.n_layer=4 model.n_head=4 model.n_embd=128 model.block_size=64 train.max_steps=20 train.batch_size=8 \
+    train.optimizer=adamw train.lr=1e-3 data.test_limit=8 checkpoint.dir="$WORK/ck" --resume never
   for i in $(seq 1 "$PROMPTS"); do printf 'Prompt %04d: ' "$i"; echo; done > "$WORK/prompts.txt"
   rate() {  # generated tokens/s of predict at batch size $1 (its summary line: start to the file written)
-    build/launcher/dprun --nproc-per-node 2 -- build/trainer/dptrain predict --checkpoint "$WORK/ck" \
-      --input "$WORK/prompts.txt" --out "$WORK/b$1.jsonl" --batch-size "$1" --tokens "$TOKENS" > "$WORK/b$1.log" 2>&1
+    must "$WORK/b$1.log" "$B/launcher/dprun" --nproc-per-node 2 -- "$B/trainer/dptrain" predict \
+      --checkpoint "$WORK/ck" --input "$WORK/prompts.txt" --out "$WORK/b$1.jsonl" --batch-size "$1" --tokens "$TOKENS"
     sed -n 's/.*prompts\/s, \([0-9.]*\) tokens\/s.*/\1/p' "$WORK/b$1.log"
   }
   r1=$(rate 1) r8=$(rate 8)
@@ -37,21 +63,23 @@ if [ "${1:-}" = prompts ]; then
   exit 0
 fi
 IMAGES=${1:-1000} BATCH=${2:-64} SIZE=${3:-64}
-B=build
-PY=/usr/bin/python3
+PY=${PYTHON:-/usr/bin/python3}
+"$PY" -c 'import torch, torchvision, PIL' 2>/dev/null ||
+  { echo "predict.sh: $PY cannot import torch, torchvision and PIL (scripts/setup.sh --bench)" >&2; exit 1; }
 WORK=$(mktemp -d /tmp/dpt_bench_predict.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 DPT_SOURCE_DIR=$PWD
 
-$B/trainer/dptrain export-images --out "$WORK/fm" --limit "$IMAGES" > "$WORK/export.log" 2>&1
+must "$WORK/export.log" "$B/trainer/dptrain" export-images --out "$WORK/fm" --limit "$IMAGES"
 # A resnet18 checkpoint for the folder (one step: the weights need not be good to be timed).
-$B/trainer/dptrain model.name=resnet model.depth=18 data.dataset=imagefolder data.dir="$WORK/fm" data.channels=1 \
-  data.image_size="$SIZE" data.resize="$SIZE" data.augment=none "data.mean=[0.286]" "data.std=[0.353]" \
-  train.max_steps=1 train.batch_size=8 data.test_limit=8 checkpoint.dir="$WORK/ck" --resume never > "$WORK/train.log" 2>&1
+must "$WORK/train.log" "$B/trainer/dptrain" model.name=resnet model.depth=18 data.dataset=imagefolder \
+  data.dir="$WORK/fm" data.channels=1 data.image_size="$SIZE" data.resize="$SIZE" data.augment=none \
+  "data.mean=[0.286]" "data.std=[0.353]" train.max_steps=1 train.batch_size=8 data.test_limit=8 \
+  checkpoint.dir="$WORK/ck" --resume never
 
 t0=$(date +%s.%N)
-$B/launcher/dprun --nproc-per-node 2 -- $B/trainer/dptrain predict --checkpoint "$WORK/ck" --input "$WORK/fm/val" \
-  --out "$WORK/dpt.jsonl" --batch-size "$BATCH" > "$WORK/dpt.log" 2>&1
+must "$WORK/dpt.log" "$B/launcher/dprun" --nproc-per-node 2 -- "$B/trainer/dptrain" predict --checkpoint "$WORK/ck" \
+  --input "$WORK/fm/val" --out "$WORK/dpt.jsonl" --batch-size "$BATCH"
 t1=$(date +%s.%N)
 
 cat > "$WORK/torch_predict.py" <<'PYEOF'
@@ -84,10 +112,17 @@ open(out, "w").write("\n".join(lines) + "\n")
 PYEOF
 CK=$(ls -d "$WORK"/ck/step-* | tail -1)/model.safetensors
 t2=$(date +%s.%N)
+pids=()
 for r in 0 1; do
-  $PY "$WORK/torch_predict.py" "$WORK/fm/val" "$CK" "$BATCH" "$SIZE" $r 2 "$WORK/torch$r.jsonl" &
+  $PY "$WORK/torch_predict.py" "$WORK/fm/val" "$CK" "$BATCH" "$SIZE" $r 2 "$WORK/torch$r.jsonl" \
+    >"$WORK/torch$r.log" 2>&1 &
+  pids+=($!)
 done
-wait
+for r in 0 1; do
+  wait "${pids[$r]}" && continue
+  { echo "predict.sh: PyTorch's rank $r failed; its log ends:"; tail -8 "$WORK/torch$r.log"; } >&2
+  exit 1
+done
 t3=$(date +%s.%N)
 
 # Correctness in every run: the same top-1 class for (nearly) every image (PIL and dptrain resize alike here:

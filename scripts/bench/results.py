@@ -10,8 +10,10 @@
                                        date, commit, ...), the steps (TSV: name, PASS/FAIL, seconds, note) and the
                                        rows of the benchmarks, each dptrain row's ratio over its reference's
                                        throughput from the same run (same model, batch and precision)
-  results.py merge RUN.json DOCS.json  put the run first in DOCS.json's "runs" (created when missing), the older
-                                       runs kept; a run of the same commit and date replaces its earlier copy
+  results.py merge RUN.json DOCS.json  put the run into DOCS.json's "runs" (created when missing), newest first by
+                                       date, the other runs kept; a run of the same commit and date replaces its
+                                       earlier copy; a file that is not JSON or not a run record, or a run made
+                                       without a GPU (gpu-check.sh's GPU_CHECK_ALLOW_NO_GPU=1), is refused (exit 1)
   results.py tables DOCS.json MD       write the newest run's tables, and a line per older run, into MD between
                                        its <!-- gpu-results:begin --> and <!-- gpu-results:end --> markers; where
                                        a run reran only some steps (its "only" field, gpu-check.sh run --only or
@@ -34,7 +36,10 @@ def parse_row(pairs):
         if not sep:
             sys.exit(f"results.py row: '{p}' is not key=value")
         if key in NUMBERS:
-            value = NUMBERS[key](value) if value not in ("", "-", "n/a") else None
+            try:
+                value = NUMBERS[key](value) if value not in ("", "-", "n/a") else None
+            except ValueError:
+                sys.exit(f"results.py row: {key}={value} is not {'an integer' if NUMBERS[key] is int else 'a number'}")
         elif value == "":
             value = None
         row[key] = value
@@ -66,11 +71,19 @@ def with_ratios(rows):
 
 def read_steps(path):
     steps = []
-    for line in open(path, encoding="utf-8"):
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except OSError as e:
+        sys.exit(f"results.py run: cannot read the steps {path}: {e.strerror}")
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
-        name, status, seconds, note = (line.rstrip("\n").split("\t") + ["", "", ""])[:4]
-        steps.append({"name": name, "status": status, "seconds": float(seconds) if seconds else None, "note": note})
+        name, status, seconds, note = (line.split("\t") + ["", "", ""])[:4]
+        try:
+            seconds = float(seconds) if seconds else None
+        except ValueError:
+            sys.exit(f"results.py run: {path}:{n}: the seconds '{seconds}' are not a number")
+        steps.append({"name": name, "status": status, "seconds": seconds, "note": note})
     return steps
 
 
@@ -102,7 +115,13 @@ def make_run(args):
     rows = []
     for f in row_files:
         if os.path.exists(f):
-            rows += [json.loads(line) for line in open(f, encoding="utf-8") if line.strip()]
+            for n, line in enumerate(open(f, encoding="utf-8"), 1):
+                try:
+                    row = json.loads(line) if line.strip() else None
+                except ValueError as e:
+                    sys.exit(f"results.py run: {f}:{n} is not a JSON row: {e}")
+                if row is not None:
+                    rows.append(row)
     run = dict(info)
     run["steps"] = steps
     run["bench"] = with_ratios(rows)
@@ -111,11 +130,62 @@ def make_run(args):
         f.write("\n")
 
 
+def read_json(path, what):
+    """The JSON in path, or exit 1 naming the file and what is wrong (no traceback)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as e:
+        sys.exit(f"results.py {what}: cannot read {path}: {e.strerror}")
+    except ValueError as e:
+        sys.exit(f"results.py {what}: {path} is not JSON: {e}")
+
+
+def run_problem(run):
+    """What makes run no run record of `results.py run` (None when it is one)."""
+    if not isinstance(run, dict):
+        return f"a JSON {type(run).__name__}, not an object"
+    for key in ("date", "commit", "device"):
+        if not isinstance(run.get(key), str) or not run[key]:
+            return f'no "{key}"'
+    if not isinstance(run.get("steps"), list) or not isinstance(run.get("bench", []), list):
+        return 'no "steps" list'
+    for s in run["steps"]:
+        if not isinstance(s, dict) or not isinstance(s.get("name"), str) or "status" not in s:
+            return f"a step without name and status: {s!r}"
+    for b in run.get("bench", []):
+        if not isinstance(b, dict) or any(k not in b for k in ("model", "program", "mode", "batch", "precision")):
+            return f"a benchmark row without model, program, mode, batch and precision: {b!r}"
+    return None
+
+
+def read_docs(docs_path, what):
+    """DOCS.json's record, {"runs": [...]}, each run checked; an absent file is no run yet."""
+    if not os.path.exists(docs_path):
+        return {"runs": []}
+    docs = read_json(docs_path, what)
+    if not isinstance(docs, dict) or not isinstance(docs.get("runs"), list):
+        sys.exit(f'results.py {what}: {docs_path} has no "runs" list')
+    for i, r in enumerate(docs["runs"]):
+        problem = run_problem(r)
+        if problem:
+            sys.exit(f"results.py {what}: {docs_path}: run {i + 1} is not a run record: {problem}")
+    return docs
+
+
 def merge(run_path, docs_path):
-    run = json.load(open(run_path, encoding="utf-8"))
-    docs = json.load(open(docs_path, encoding="utf-8")) if os.path.exists(docs_path) else {"runs": []}
+    run = read_json(run_path, "merge")
+    problem = run_problem(run)
+    if problem:
+        sys.exit(f"results.py merge: {run_path} is not a run record (results.py run's): {problem}")
+    if run["device"].startswith("no GPU"):
+        sys.exit(f"results.py merge: {run_path} is a run without a GPU ({run['device']}): its GPU steps failed for "
+                 "want of one; not recorded")
+    docs = read_docs(docs_path, "merge")
     key = (run.get("commit"), run.get("date"))
-    docs["runs"] = [run] + [r for r in docs.get("runs", []) if (r.get("commit"), r.get("date")) != key]
+    runs = [run] + [r for r in docs["runs"] if (r.get("commit"), r.get("date")) != key]
+    # Newest first by date (ISO 8601, UTC: the strings sort as the times), whatever order runs are merged in.
+    docs["runs"] = sorted(runs, key=lambda r: r["date"], reverse=True)
     tmp = docs_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(docs, f, indent=1)
@@ -158,7 +228,7 @@ def latest_rows(runs):
 
 
 def tables(docs_path, md_path):
-    runs = json.load(open(docs_path, encoding="utf-8")).get("runs", []) if os.path.exists(docs_path) else []
+    runs = read_docs(docs_path, "tables")["runs"]
     lines = ["Made by `python3 scripts/bench/results.py tables docs/gpu-results.json docs/benchmarks.md` from "
              + (f"[gpu-results.json](gpu-results.json) ({len(runs)} run(s), newest first)." if runs else
                 "`docs/gpu-results.json`, which holds no run yet: **no GPU check run is recorded**.")]
@@ -217,8 +287,9 @@ def main(argv):
         return 0 if len(argv) >= 2 else 2
     cmd, args = argv[1], argv[2:]
     if cmd == "row" and args:
+        row = parse_row(args[1:])  # checked before the file is touched
         with open(args[0], "a", encoding="utf-8") as f:
-            f.write(json.dumps(parse_row(args[1:])) + "\n")
+            f.write(json.dumps(row) + "\n")
     elif cmd == "run":
         make_run(args)
     elif cmd == "merge" and len(args) == 2:

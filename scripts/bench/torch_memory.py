@@ -20,10 +20,15 @@ With --device cpu it runs the same steps and prints param_count and param_bytes 
 """
 import argparse
 import json
+import sys
 
-import torch
-import torch.nn.functional as F
-from torch import nn
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+except ImportError as e:
+    sys.exit(f"torch_memory.py: {sys.executable} cannot import torch ({e}): run it with the Python that has "
+             "PyTorch (gpu-check.sh: $PYTHON; here: /usr/bin/python3 after scripts/setup.sh --bench)")
 
 
 class Mlp(nn.Module):

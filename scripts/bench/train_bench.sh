@@ -32,6 +32,14 @@
 # Exit status: 0 when every run gave its numbers, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+case $# in  # the environment carries the settings; an argument would be ignored (and setup, build and runs follow)
+  0) ;;
+  *)
+    if [ "$1" = -h ] || [ "$1" = --help ]; then sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0; fi
+    echo "train_bench: no arguments (got '$*'): the settings are environment variables, see --help" >&2
+    exit 2
+    ;;
+esac
 
 REPEATS=${BENCH_REPEATS:-3}
 RUN_TIMEOUT=${BENCH_RUN_TIMEOUT_S:-120}

@@ -23,6 +23,10 @@
 # Exit status: 0 when every run gave its number, 1 otherwise.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+case ${1:-} in
+  -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+esac
+(($# <= 2)) || { echo "usage: zero.sh [ROUNDS] [RANKS] (see --help)" >&2; exit 2; }
 ROUNDS=${1:-5}
 RANKS=${2:-2}
 STEPS=${BENCH_STEPS:-200}

@@ -61,6 +61,10 @@ expect_exit 2 "minbytes: must be at least 1, got 0" "$PERF" -b 0
 expect_exit 2 "minbytes 2048 is larger than --maxbytes 1024" "$PERF" -b 2K -e 1K
 expect_exit 2 "stepfactor" "$PERF" -f 1
 expect_exit 2 "backend: tcp not in" "$PERF" --backend tcp
+# A timeout is in (0, 1e7] seconds, dist.timeout_s's range: inf was taken and overflowed its milliseconds.
+expect_exit 2 "timeout-s: must be in (0, 10000000\] seconds, got inf" "$PERF" --timeout-s inf
+expect_exit 2 "timeout-s: must be in (0, 10000000\] seconds, got 1e300" "$PERF" --timeout-s 1e300
+expect_exit 2 "timeout-s: must be in (0, 10000000\] seconds, got 0" "$PERF" --timeout-s 0
 # An op the backend cannot do: every rank fails with the backend's UnsupportedError, and so does the job.
 expect_exit 1 "backend gloo does not support allreduce with op avg on int32 tensors" \
   "$DPRUN" --nproc-per-node 2 -- "$PERF" --backend gloo -d int32 --op avg -b 8 -e 64

@@ -3,9 +3,9 @@
 # scripts/bench/results.py: rows appended as JSON lines (an empty throughput is null), one run's record (steps from
 # a TSV, the device facts, each dptrain row's ratio over its reference's throughput of the same model, batch and
 # precision: checked against the closed-form quotient), merged into a gpu-results.json newest first (the same run
-# merged again replaces itself), the tables written between a Markdown file's markers (the newest run's rows, a line
-# per older run; writing them twice changes nothing). Then a real benchmark, scripts/bench/gpt_bench.sh --cpu at a
-# tiny shape, writes its rows in that shape.
+# merged again replaces itself, an older one goes in by its date, malformed files are refused), the tables written
+# between a Markdown file's markers (the newest run's rows, a line per older run; writing them twice changes
+# nothing). Then a real benchmark, scripts/bench/gpt_bench.sh --cpu at a tiny shape, writes its rows in that shape.
 source "$(dirname "$0")/lib/common.bash"
 R=$DPT_SOURCE_DIR/scripts/bench/results.py
 
@@ -30,6 +30,18 @@ rc=$?
 set -e
 [ $rc -ne 0 ] && <<< "$out" grep -q "missing mode, batch, precision, throughput, unit" || fail "an incomplete row was taken: $out"
 [ "$(wc -l < "$rows")" -eq 7 ] || fail "expected 7 rows in $rows, got $(wc -l < "$rows")"
+# A number that is none, a steps file that is absent or malformed: a message, no traceback, nothing written.
+expect_exit 1 "results.py row: batch=x is not an integer" "$PY" "$R" row "$WORK/bad_rows.jsonl" model=m program=p \
+  mode=m batch=x precision=fp32 throughput=1 unit=u
+expect_exit 1 "results.py row: throughput=fast is not a number" "$PY" "$R" row "$WORK/bad_rows.jsonl" model=m \
+  program=p mode=m batch=1 precision=fp32 throughput=fast unit=u
+[ ! -e "$WORK/bad_rows.jsonl" ] || fail "a refused row created $WORK/bad_rows.jsonl"
+printf 'unit_gpu\tPASS\tlong\tnote\n' > "$WORK/bad_steps.tsv"
+expect_exit 1 "bad_steps.tsv:1: the seconds 'long' are not a number" "$PY" "$R" run --out "$WORK/bad_run.json" \
+  --steps "$WORK/bad_steps.tsv"
+expect_exit 1 "cannot read the steps $WORK/absent.tsv" "$PY" "$R" run --out "$WORK/bad_run.json" \
+  --steps "$WORK/absent.tsv"
+[ ! -e "$WORK/bad_run.json" ] || fail "a refused run wrote $WORK/bad_run.json"
 
 printf 'unit_gpu\tPASS\t41\tAll tests passed\nbench_gpt\tFAIL\t300\ttimed out\ttab\nunit_core\tPASS\t2\t\n' > "$WORK/steps.tsv"
 "$PY" "$R" run --out "$WORK/run1.json" --steps "$WORK/steps.tsv" --info "device=NVIDIA H100 80GB HBM3" \
@@ -58,6 +70,30 @@ sed -e 's/2026-11-25T10:00:00Z/2026-11-26T09:00:00Z/' -e 's/aaaaaaaaaaaaaaaa/bbb
 "$PY" "$R" merge "$WORK/run2.json" "$docs"
 "$PY" -c 'import json, sys; c = [r["commit"] for r in json.load(open(sys.argv[1]))["runs"]]; assert c == ["bbbbbbbbbbbbbbbb", "aaaaaaaaaaaaaaaa"], c' \
   "$docs" || fail "merge: expected the two runs newest first, once each"
+# An older run merged last takes its place by date (the tables call the first run the newest).
+sed -e 's/2026-11-25T10:00:00Z/2026-11-24T08:00:00Z/' -e 's/aaaaaaaaaaaaaaaa/0000000000000000/' \
+  "$WORK/run1.json" > "$WORK/run0.json"
+cp "$docs" "$WORK/docs_older.json"
+"$PY" "$R" merge "$WORK/run0.json" "$WORK/docs_older.json"
+"$PY" -c 'import json, sys; assert [r["commit"][0] for r in json.load(open(sys.argv[1]))["runs"]] == list("ba0")' \
+  "$WORK/docs_older.json" || fail "merge: an older run merged last is not last"
+# Malformed input is refused with a message, the record untouched: not JSON, not an object, a run without its date.
+cp "$docs" "$WORK/docs_before.json"
+echo 'not json' > "$WORK/bad.json"
+echo '[1, 2]' > "$WORK/list.json"
+"$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); del r["date"]; json.dump(r, open(sys.argv[2], "w"))' \
+  "$WORK/run1.json" "$WORK/nodate.json"
+expect_exit 1 "bad.json is not JSON" "$PY" "$R" merge "$WORK/bad.json" "$docs"
+expect_exit 1 "list.json is not a run record (results.py run's): a JSON list" "$PY" "$R" merge "$WORK/list.json" "$docs"
+expect_exit 1 'nodate.json is not a run record (results.py run.s): no "date"' \
+  "$PY" "$R" merge "$WORK/nodate.json" "$docs"
+expect_exit 1 "cannot read $WORK/absent.json" "$PY" "$R" merge "$WORK/absent.json" "$docs"
+expect_exit 1 "bad.json is not JSON" "$PY" "$R" merge "$WORK/run1.json" "$WORK/bad.json"
+expect_exit 1 "bad.json is not JSON" "$PY" "$R" tables "$WORK/bad.json" "$WORK/rows.jsonl"
+# A run made without a GPU (gpu-check.sh run with GPU_CHECK_ALLOW_NO_GPU=1) is no GPU check's record.
+sed 's/"NVIDIA H100 80GB HBM3"/"no GPU (nvidia-smi found none)"/' "$WORK/run1.json" > "$WORK/nogpu.json"
+expect_exit 1 "nogpu.json is a run without a GPU" "$PY" "$R" merge "$WORK/nogpu.json" "$docs"
+cmp -s "$docs" "$WORK/docs_before.json" || fail "merge: a refused run changed $docs"
 
 # ---- tables between the markers; idempotent ----------------------------------------------------------------
 md=$WORK/benchmarks.md
