@@ -187,7 +187,8 @@ if ((CPU)) && [ -z "$CORETYPE" ]; then
   # gets the same, so that neither side runs OpenBLAS's fallback kernels (see resnet_bench.sh).
   CORETYPE=$("${DPT[@]}" "$MODEL_BENCH" --batch 1 --shape 1,1,4 --warmup 0 --steps 1 train.device=cpu \
     "model.hidden=[4]" 2>&1 >/dev/null |
-    sed -n 's/.*OpenBLAS: \([A-Za-z0-9_]*\) kernels (OPENBLAS_CORETYPE.*/\1/p' | head -1 || true)  # a failing probe: none
+    sed -n 's/.*OpenBLAS: \([A-Za-z0-9_]*\) kernels (OPENBLAS_CORETYPE.*/\1/p' | head -1 ||
+    true)  # a failing probe: none
 fi
 THREADS=(OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 MKL_NUM_THREADS=1)
 if ((GPU)); then THREADS=(); fi

@@ -293,7 +293,8 @@ if ((CPU)) && [ -z "$CORETYPE" ]; then
   # The kernels dptrain's programs restart themselves with (nothing when OpenBLAS knows this CPU).
   CORETYPE=$("${DPT[@]}" "$MODEL_BENCH" --batch 1 --shape 1,1,4 --warmup 0 --steps 1 train.device=cpu \
     "model.hidden=[4]" 2>&1 >/dev/null |
-    sed -n 's/.*OpenBLAS: \([A-Za-z0-9_]*\) kernels (OPENBLAS_CORETYPE.*/\1/p' | head -1 || true)  # a failing probe: none
+    sed -n 's/.*OpenBLAS: \([A-Za-z0-9_]*\) kernels (OPENBLAS_CORETYPE.*/\1/p' | head -1 ||
+    true)  # a failing probe: none
 fi
 
 gpu=""

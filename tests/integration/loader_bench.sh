@@ -38,7 +38,8 @@ expect_exit 2 "epochs: 'x' is not a number" "$BENCH" --epochs x
 expect_exit 2 "not expected: --bogus" "$BENCH" --bogus
 expect_exit 2 "max-batches needs --config" "$BENCH" --max-batches 3
 expect_exit 2 "checksum needs --config" "$BENCH" --checksum
-expect_exit 2 "seed is for the Fashion-MNIST mode" "$BENCH" --config "$DPT_SOURCE_DIR/configs/imagefolder_resnet34.toml" \
+expect_exit 2 "seed is for the Fashion-MNIST mode" \
+  "$BENCH" --config "$DPT_SOURCE_DIR/configs/imagefolder_resnet34.toml" \
   --seed 3
 # --config: the training set of a dptrain config.
 "$PY" "$DPT_SOURCE_DIR/tests/support/python/make_jpeg_folder.py" "$WORK/jpegs" 20

@@ -251,7 +251,8 @@ grep -q 'exit 3 after its timed steps' "$WORK/afterwards.log" ||
 # dpt-model-bench (the stand-in would hold it 300 s where the environment does not set it).
 printf '#!/usr/bin/env bash\nexec sleep 300\n' > "$WORK/slow-bench"
 chmod +x "$WORK/slow-bench"
-env OUT="$WORK/cut" OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 BENCH_ROWS=fastnd BENCH_RUN_TIMEOUT_S=120 \
+env OUT="$WORK/cut" OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}" BENCH_SKIP_BUILD=1 BENCH_PRECISION=bf16 \
+  BENCH_ROWS=fastnd BENCH_RUN_TIMEOUT_S=120 \
   BENCH_DEADLINE="$(($(date +%s) + 30))" MODEL_BENCH="$WORK/slow-bench" DPT_BUILD_DIR="$DPT_BUILD_DIR" \
   bash "$DPT_SOURCE_DIR/scripts/bench/gpt_bench.sh" --cpu > "$WORK/cut.log" 2>&1 \
   || { cat "$WORK/cut.log"; fail "gpt_bench.sh: an A/B row the deadline cut short failed the script"; }
