@@ -9,7 +9,8 @@
 #  - sbatch --wait of scripts/slurm/dprun.sbatch (dprun once per node) trains;
 #  - scancel --signal=USR1 of a dptrain.sbatch job mid-run: the ranks checkpoint and exit 75, the script
 #    requeues the job, Slurm runs it again, and it resumes and finishes bitwise equal to an uninterrupted run;
-#  - srun --mpi=pmix with dist.backend=mpi: Open MPI started by Slurm's PMIx.
+#  - srun --mpi=pmix with dist.backend=mpi: Open MPI started by Slurm's PMIx;
+#  - dptrain run in an sbatch --ntasks=2 script without srun: one process, with a warning saying so.
 # Skipped (exit 77, with the reason) only when the daemons cannot start on this machine.
 source "$(dirname "$0")/lib/common.bash"
 cd "$DPT_SOURCE_DIR"
@@ -93,6 +94,16 @@ grep -q "resum.*step-00000010" "$WORK/srun2.log" || { cat "$WORK/srun2.log"; fai
   > "$WORK/dprun.log" 2>&1 || { cat "$WORK/dprun.log"; fail "the reference dprun run failed"; }
 "$PY" "$CKPT_PY" compare "$WORK/srun/step-00000020" "$WORK/dprun/step-00000020" 0 \
   || fail "srun with a resume differs from an uninterrupted dprun run"
+
+# ---- dptrain in the batch script itself, without srun ------------------------------------------------------------
+# The batch script has SLURM_PROCID=0 and SLURM_NTASKS=2 but no step id: dptrain there is one process (and says
+# so), not rank 0 of 2 waiting dist.timeout_s for a rank 1 that nobody started.
+sbatch --wait --ntasks=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/batch-%j.out" --export=ALL \
+  --wrap="$DPTRAIN ${RUN[*]} train.max_steps=2 dist.timeout_s=20 checkpoint.dir=$WORK/batch" > /dev/null 2>&1 \
+  || { cat "$WORK"/batch-*.out; fail "dptrain in an sbatch --ntasks=2 script without srun failed"; }
+grep -q "1 rank(s) via none" "$WORK"/batch-*.out || { cat "$WORK"/batch-*.out; fail "the batch script was not one process"; }
+grep -q "SLURM_NTASKS=2 but this process is not one of the job's tasks" "$WORK"/batch-*.out \
+  || { cat "$WORK"/batch-*.out; fail "no warning that the batch script runs alone"; }
 
 # ---- sbatch: the two example scripts ----------------------------------------------------------------------------
 # 2 tasks of 1 "GPU" each on this node (the script's 8 per node would need 8 CPU slots here).
