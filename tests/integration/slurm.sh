@@ -130,14 +130,17 @@ grep -q "done: 6 steps" "$WORK"/dplogs/node-*.log || { cat "$WORK"/dplogs/*; fai
 
 # ---- preemption: scancel --signal=USR1 mid-run -----------------------------------------------------------------
 # The ranks stop after the same step, rank 0 checkpoints, srun exits 75, dptrain.sbatch requeues the job, Slurm
-# starts it again, it resumes from that step and finishes bitwise equal to an uninterrupted run.
+# starts it again, it resumes from that step and finishes bitwise equal to an uninterrupted run. With --resume never:
+# the requeue is an attempt of the same job (SLURM_RESTART_COUNT, the same job id), which goes on from its own
+# checkpoint (it once deleted it and started over: the script's rendezvous token, the job's identity then, is new
+# in each attempt).
 PRE=(train.device=cpu data.train_limit=1200 data.test_limit=200 train.epochs=8 train.batch_size=16
      train.progress_interval_s=0.001 checkpoint.every_epochs=100)
 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${PRE[@]}" checkpoint.dir="$WORK/pre-ref" > "$WORK/pre-ref.log" 2>&1 \
   || { cat "$WORK/pre-ref.log"; fail "the preemption reference run failed"; }
 job=$(sbatch --parsable --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/pre-%j.out" \
   --export=ALL,DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/prelogs" scripts/slurm/dptrain.sbatch "${PRE[@]}" \
-  checkpoint.dir="$WORK/pre") || fail "sbatch of the preemption job failed"
+  checkpoint.dir="$WORK/pre" --resume never) || fail "sbatch of the preemption job failed"
 for _ in $(seq 600); do grep -qE "epoch [2-8]/8 step" "$WORK/prelogs/rank-0.log" 2>/dev/null && break; sleep 0.1; done
 grep -qE "epoch [2-8]/8 step" "$WORK/prelogs/rank-0.log" || { cat "$WORK"/pre-*.out "$WORK"/prelogs/*; fail "the preemption job never reached epoch 2"; }
 t0=$EPOCHREALTIME
@@ -163,6 +166,8 @@ show() {
 PS=$(grep -oE 'stopping for SIGUSR1 at step [0-9]+' "$WORK/prelogs/rank-0.log" | grep -oE '[0-9]+$')
 [ -n "$PS" ] || { show; fail "no 'stopping for SIGUSR1' in rank 0's log"; }
 grep -q "requeueing job $job" "$WORK"/pre-*.out || { show; fail "dptrain.sbatch did not requeue on exit 75"; }
+grep -q "exiting with 75 (a requeue of Slurm job $job, or a new job" "$WORK/prelogs/rank-0.log" \
+  || { show; fail "the stop line does not say that a requeue resumes"; }
 scontrol show job "$job" | grep -q 'Restarts=1' || { show; fail "the job did not run twice"; }
 grep -q "resumed from .*step-$(printf %08d "$PS") (step $PS," "$WORK/prelogs/rank-0.log" || { show; fail "the requeued job did not resume from step $PS"; }
 "$PY" "$CKPT_PY" compare "$WORK/pre-ref/step-00000304" "$WORK/pre/step-00000304" 0 \
