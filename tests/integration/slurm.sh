@@ -10,7 +10,8 @@
 #  - scancel --signal=USR1 of a dptrain.sbatch job mid-run: the ranks checkpoint and exit 75, the script
 #    requeues the job, Slurm runs it again, and it resumes and finishes bitwise equal to an uninterrupted run;
 #  - srun --mpi=pmix with dist.backend=mpi: Open MPI started by Slurm's PMIx;
-#  - dptrain run in an sbatch --ntasks=2 script without srun: one process, with a warning saying so.
+#  - dptrain run in an sbatch --ntasks=2 script without srun: one process, with a warning saying so;
+#  - two concurrent sruns of one job given one checkpoint.dir: the second is refused (exit 2).
 # Skipped (exit 77, with the reason) only when the daemons cannot start on this machine.
 source "$(dirname "$0")/lib/common.bash"
 cd "$DPT_SOURCE_DIR"
@@ -95,15 +96,42 @@ grep -q "resum.*step-00000010" "$WORK/srun2.log" || { cat "$WORK/srun2.log"; fai
 "$PY" "$CKPT_PY" compare "$WORK/srun/step-00000020" "$WORK/dprun/step-00000020" 0 \
   || fail "srun with a resume differs from an uninterrupted dprun run"
 
+# sbatch_wait ARGS...: sbatch ARGS and wait for the job's end, looking every 0.2 s (sbatch --wait looks about every
+# 10 s); its status is the job's exit code.
+sbatch_wait() {
+  local job state
+  job=$(sbatch --parsable "$@") || return 1
+  for _ in $(seq 600); do
+    state=$(scontrol show job "$job" 2>/dev/null | grep -oE 'JobState=[A-Z_]+' | cut -d= -f2)
+    case $state in COMPLETED) return 0 ;; FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 1 ;; esac
+    sleep 0.2
+  done
+  return 1
+}
+
 # ---- dptrain in the batch script itself, without srun ------------------------------------------------------------
 # The batch script has SLURM_PROCID=0 and SLURM_NTASKS=2 but no step id: dptrain there is one process (and says
 # so), not rank 0 of 2 waiting dist.timeout_s for a rank 1 that nobody started.
-sbatch --wait --ntasks=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/batch-%j.out" --export=ALL \
+sbatch_wait --ntasks=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/batch-%j.out" --export=ALL \
   --wrap="$DPTRAIN ${RUN[*]} train.max_steps=2 dist.timeout_s=20 checkpoint.dir=$WORK/batch" > /dev/null 2>&1 \
   || { cat "$WORK"/batch-*.out; fail "dptrain in an sbatch --ntasks=2 script without srun failed"; }
 grep -q "1 rank(s) via none" "$WORK"/batch-*.out || { cat "$WORK"/batch-*.out; fail "the batch script was not one process"; }
 grep -q "SLURM_NTASKS=2 but this process is not one of the job's tasks" "$WORK"/batch-*.out \
   || { cat "$WORK"/batch-*.out; fail "no warning that the batch script runs alone"; }
+
+# ---- two sruns of one job in one checkpoint.dir: the second is refused -----------------------------------------
+# They are one Slurm job but two runs (steps 0 and 1): the lock tells them apart by the step. (With the job id alone,
+# the second took the first for an earlier attempt of itself and trained on beside it.)
+cat > "$WORK/two_steps.sh" <<EOF
+#!/bin/bash
+srun --overlap -n1 "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two & sleep 0.3
+srun --overlap -n1 "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two & wait -n; a=\$?; wait -n; b=\$?
+echo "exit codes: \$a \$b"
+EOF
+sbatch_wait --ntasks=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/two-%j.out" --export=ALL \
+  "$WORK/two_steps.sh" > /dev/null 2>&1 || true
+grep -qE "exit codes: (0 2|2 0)" "$WORK"/two-*.out && grep -q "checkpoint.dir $WORK/two is in use by another run" \
+  "$WORK"/two-*.out || { cat "$WORK"/two-*.out; fail "two sruns of one job shared a checkpoint.dir"; }
 
 # ---- sbatch: the two example scripts ----------------------------------------------------------------------------
 # 2 tasks of 1 "GPU" each on this node (the script's 8 per node would need 8 CPU slots here).

@@ -23,13 +23,16 @@ struct TrainArgs {
   std::shared_ptr<bool> print_config;
 };
 
-// The launcher's job, the same in every attempt of it (RunOptions::job): Slurm's job id (kept by a requeue, which
-// reruns the batch script: the token that dptrain.sbatch and dprun.sbatch make up is a new one in each attempt, and
-// a requeued --resume never once took the preempted attempt's checkpoints for another job's, deleted them and
-// started over), dprun's per-job token (a secret: only its FNV-1a 64 hash is kept), torchrun's run id; empty under
-// a launcher that names none.
+// The launcher's job, the same in every attempt of it (RunOptions::job): Slurm's job id and step (both kept by a
+// requeue, which reruns the batch script and its sruns in order: the token that dptrain.sbatch and dprun.sbatch make
+// up is a new one in each attempt, and a requeued --resume never once took the preempted attempt's checkpoints for
+// another job's, deleted them and started over; the step tells two sruns of one job apart), dprun's per-job token (a
+// secret: only its FNV-1a 64 hash is kept), torchrun's run id; empty under a launcher that names none.
 std::string job_identity(const comm::DistEnv& env) {
-  if (const char* id = std::getenv("SLURM_JOB_ID"); id && *id) return fmt::format("slurm-{}", id);
+  if (const char* id = std::getenv("SLURM_JOB_ID"); id && *id) {
+    const char* step = std::getenv("SLURM_STEP_ID");
+    return step && *step ? fmt::format("slurm-{}.{}", id, step) : fmt::format("slurm-{}", id);
+  }
   if (!env.store_token.empty()) {
     uint64_t h = 1469598103934665603ull;
     for (const unsigned char c : env.store_token) h = (h ^ c) * 1099511628211ull;
