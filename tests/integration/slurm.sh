@@ -115,7 +115,8 @@ sbatch_wait() {
 sbatch_wait --ntasks=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/batch-%j.out" --export=ALL \
   --wrap="$DPTRAIN ${RUN[*]} train.max_steps=2 dist.timeout_s=20 checkpoint.dir=$WORK/batch" > /dev/null 2>&1 \
   || { cat "$WORK"/batch-*.out; fail "dptrain in an sbatch --ntasks=2 script without srun failed"; }
-grep -q "1 rank(s) via none" "$WORK"/batch-*.out || { cat "$WORK"/batch-*.out; fail "the batch script was not one process"; }
+grep -q "1 rank(s) via none" "$WORK"/batch-*.out \
+  || { cat "$WORK"/batch-*.out; fail "the batch script was not one process"; }
 grep -q "SLURM_NTASKS=2 but this process is not one of the job's tasks" "$WORK"/batch-*.out \
   || { cat "$WORK"/batch-*.out; fail "no warning that the batch script runs alone"; }
 
