@@ -167,10 +167,12 @@ DistEnv detect_slurm(const EnvMap& env) {
   d.node_rank = optional_int(env, "SLURM_NODEID").value_or(0);
   if (d.node_rank < 0) DPT_THROW(ConfigError, "environment variable SLURM_NODEID={} is negative", d.node_rank);
 
-  // Tasks on this node: "2(x3),1" lists them per node, so pick this node's entry.
-  const char* local_var = "SLURM_NTASKS_PER_NODE";
+  // Tasks on this node: "2(x3),1" lists them per node, so pick this node's entry. The step's own layout first:
+  // SLURM_NTASKS_PER_NODE is the job's request (sbatch --ntasks-per-node=8), which an srun --ntasks=1 in that job
+  // inherits unchanged; read first, it once failed such a step ("SLURM_NTASKS_PER_NODE=8 is out of range 1..1").
+  const char* local_var = "SLURM_STEP_TASKS_PER_NODE";
   d.local_world_size = 1;
-  for (const char* name : {"SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"}) {
     if (const std::string* v = find(env, name)) {
       auto counts = expand_tasks_per_node(name, *v);
       size_t node = static_cast<size_t>(d.node_rank);

@@ -225,9 +225,18 @@ TEST_CASE("detect_env: Slurm variables", "[env]") {
   e["SLURM_PROCID"] = "2";
   e["SLURM_LOCALID"] = "2";
   CHECK(detect_env(e).local_world_size == 3);
-  // SLURM_NTASKS_PER_NODE comes first.
+  // The step's layout comes first: SLURM_NTASKS_PER_NODE is the job's request, inherited by every step.
   e["SLURM_NTASKS_PER_NODE"] = "4";
+  CHECK(detect_env(e).local_world_size == 3);
+  e.erase("SLURM_STEP_TASKS_PER_NODE");
   CHECK(detect_env(e).local_world_size == 4);
+  // Recorded: srun --ntasks=1 in an sbatch --ntasks-per-node=2 job (Slurm 22.05), once refused with
+  // "SLURM_NTASKS_PER_NODE=2 is out of range 1..1".
+  EnvMap one = {{"SLURM_PROCID", "0"},           {"SLURM_NTASKS", "1"},          {"SLURM_LOCALID", "0"},
+                {"SLURM_NODEID", "0"},           {"SLURM_STEP_ID", "0"},         {"SLURM_NTASKS_PER_NODE", "2"},
+                {"SLURM_STEP_TASKS_PER_NODE", "1"}, {"SLURM_TASKS_PER_NODE", "1"}, {"SLURM_JOB_ID", "25"}};
+  CHECK(detect_env(one).world_size == 1);
+  CHECK(detect_env(one).local_world_size == 1);
 }
 
 TEST_CASE("detect_env: nothing set means a single process", "[env]") {
