@@ -11,7 +11,8 @@
 #    requeues the job, Slurm runs it again, and it resumes and finishes bitwise equal to an uninterrupted run;
 #  - srun --mpi=pmix with dist.backend=mpi: Open MPI started by Slurm's PMIx;
 #  - dptrain run in an sbatch --ntasks=2 script without srun: one process, with a warning saying so;
-#  - two concurrent sruns of one job given one checkpoint.dir: the second is refused (exit 2).
+#  - two concurrent sruns of one job given one checkpoint.dir: the second is refused (exit 2);
+#  - both batch scripts submitted from another folder without DPTRAIN/DPRUN: an error naming the program.
 # Skipped (exit 77, with the reason) only when the daemons cannot start on this machine.
 source "$(dirname "$0")/lib/common.bash"
 cd "$DPT_SOURCE_DIR"
@@ -133,6 +134,18 @@ sbatch_wait --ntasks=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WO
   "$WORK/two_steps.sh" > /dev/null 2>&1 || true
 grep -qE "exit codes: (0 2|2 0)" "$WORK"/two-*.out && grep -q "checkpoint.dir $WORK/two is in use by another run" \
   "$WORK"/two-*.out || { cat "$WORK"/two-*.out; fail "two sruns of one job shared a checkpoint.dir"; }
+
+# ---- the batch scripts submitted from another folder, DPTRAIN unset: they say why at once -----------------------
+# (They once started srun, whose tasks failed with "execve(): build/trainer/dptrain: No such file" in their logs.)
+for script in dptrain dprun; do
+  size=(--ntasks-per-node=1 --cpus-per-task=1)
+  [ $script = dprun ] && size=(--gpus-per-node=1 --cpus-per-task=1)
+  sbatch_wait "${size[@]}" --chdir="$WORK" --output="$WORK/elsewhere-$script-%j.out" \
+    --export=ALL,DPTRAIN=,DPRUN= "$DPT_SOURCE_DIR/scripts/slurm/$script.sbatch" > /dev/null 2>&1 \
+    && fail "$script.sbatch without its programs succeeded"
+  grep -q "$script.sbatch: DP[A-Z]*=build/.*: no such program (in $WORK): submit from the dptrain checkout" \
+    "$WORK"/elsewhere-$script-*.out || { cat "$WORK"/elsewhere-$script-*.out; fail "$script.sbatch: no clear error"; }
+done
 
 # ---- sbatch: the two example scripts ----------------------------------------------------------------------------
 # 2 tasks of 1 "GPU" each on this node (the script's 8 per node would need 8 CPU slots here).
