@@ -12,7 +12,8 @@
 #  - srun --mpi=pmix with dist.backend=mpi: Open MPI started by Slurm's PMIx;
 #  - dptrain run in an sbatch --ntasks=2 script without srun: one process, with a warning saying so;
 #  - two concurrent sruns of one job given one checkpoint.dir: the second is refused (exit 2);
-#  - both batch scripts submitted from another folder without DPTRAIN/DPRUN: an error naming the program.
+#  - both batch scripts submitted from another folder without DPTRAIN/DPRUN: an error naming the program;
+#  - dptrain.sbatch with rank 1 failing at the rendezvous (rank 0 stopped there exits 75): a failure, no requeue.
 # Skipped (exit 77, with the reason) only when the daemons cannot start on this machine.
 source "$(dirname "$0")/lib/common.bash"
 cd "$DPT_SOURCE_DIR"
@@ -162,6 +163,24 @@ if sbatch --wait --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR"
   fail "a job whose dptrain failed made sbatch --wait succeed"
 fi
 grep -q "unknown config key 'train.nonsense'" "$WORK"/badlogs/rank-*.log || fail "the failed job's logs lack the error"
+# Rank 1 fails before the rendezvous (an override only it gets): Slurm stops rank 0 with SIGTERM there, rank 0 exits
+# 75, and srun exits with the highest code, 75: the script once requeued this failure as a preemption, again and
+# again. The failing rank's reason (DPT_REASON_FILE) tells it apart: the job fails, naming it, without a requeue.
+printf '#!/bin/bash\n[ "$SLURM_PROCID" = 1 ] && set -- "$@" train.nonsense=1\nexec %q "$@"\n' "$DPTRAIN" \
+  > "$WORK/rank1_bad"
+chmod +x "$WORK/rank1_bad"
+job=$(sbatch --parsable --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/r1-%j.out" \
+  --export=ALL,DPTRAIN="$WORK/rank1_bad",DPT_LOG_DIR="$WORK/r1logs" scripts/slurm/dptrain.sbatch "${RUN[@]}" \
+  checkpoint.dir="$WORK/r1") || fail "sbatch of the rank-1 failure failed"
+for _ in $(seq 300); do
+  info=$(scontrol show job "$job" 2>/dev/null)
+  grep -qE 'JobState=(COMPLETED|FAILED|CANCELLED)|Restarts=[1-9]' <<< "$info" && break
+  sleep 0.2
+done
+grep -q 'JobState=FAILED' <<< "$info" && grep -q 'Restarts=0' <<< "$info" \
+  || { cat "$WORK"/r1-*.out; scancel "$job"; fail "a rank's failure at the rendezvous: not a failed job ($info)"; }
+grep -q "dptrain: rank 1: unknown config key 'train.nonsense'.*a failure, not requeued" "$WORK"/r1-*.out \
+  || { cat "$WORK"/r1-*.out; fail "the job's output does not name the failed rank"; }
 sbatch --wait --gpus-per-node=2 --cpus-per-task=2 --chdir="$DPT_SOURCE_DIR" --output="$WORK/dp-%j.out" \
   --export=ALL,DPRUN="$DPRUN",DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/dplogs",DPRUN_ARGS="--max-restarts 1 --grace-period 2" \
   scripts/slurm/dprun.sbatch "${RUN[@]}" \
