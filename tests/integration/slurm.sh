@@ -136,6 +136,17 @@ sbatch_wait --ntasks=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WO
 grep -qE "exit codes: (0 2|2 0)" "$WORK"/two-*.out && grep -q "checkpoint.dir $WORK/two is in use by another run" \
   "$WORK"/two-*.out || { cat "$WORK"/two-*.out; fail "two sruns of one job shared a checkpoint.dir"; }
 
+# Two dpruns in one salloc shell (no step: each dprun's own token names its job) are two jobs too.
+cat > "$WORK/two_dpruns.sh" <<EOF
+#!/bin/bash
+"$DPRUN" -- "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two_dp > "$WORK/dp1.log" 2>&1 & sleep 0.3
+"$DPRUN" -- "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two_dp > "$WORK/dp2.log" 2>&1
+echo \$? > "$WORK/dp2.rc"; wait
+EOF
+salloc -n2 bash "$WORK/two_dpruns.sh" > /dev/null 2>&1
+[ "$(cat "$WORK/dp2.rc")" = 2 ] && grep -q "checkpoint.dir $WORK/two_dp is in use by another run" "$WORK/dp2.log" \
+  || { cat "$WORK/dp1.log" "$WORK/dp2.log"; fail "two dpruns in one salloc shell shared a checkpoint.dir"; }
+
 # ---- the batch scripts submitted from another folder, DPTRAIN unset: they say why at once -----------------------
 # (They once started srun, whose tasks failed with "execve(): build/trainer/dptrain: No such file" in their logs.)
 for script in dptrain dprun; do

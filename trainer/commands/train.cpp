@@ -23,22 +23,24 @@ struct TrainArgs {
   std::shared_ptr<bool> print_config;
 };
 
-// The launcher's job, the same in every attempt of it (RunOptions::job): Slurm's job id and step (both kept by a
-// requeue, which reruns the batch script and its sruns in order: the token that dptrain.sbatch and dprun.sbatch make
-// up is a new one in each attempt, and a requeued --resume never once took the preempted attempt's checkpoints for
-// another job's, deleted them and started over; the step tells two sruns of one job apart), dprun's per-job token (a
-// secret: only its FNV-1a 64 hash is kept), torchrun's run id; empty under a launcher that names none.
+// The launcher's job, the same in every attempt of it (RunOptions::job). In a task of an srun step: Slurm's job id
+// and step, both kept by a requeue, which reruns the batch script and its sruns in order (the token that
+// dptrain.sbatch and dprun.sbatch make up is a new one in each attempt: a requeued --resume never once took the
+// preempted attempt's checkpoints for another job's, deleted them and started over); the step tells two sruns of
+// one job apart. Elsewhere: dprun's per-job token (a secret: only its FNV-1a 64 hash is kept), so that two dpruns
+// in one batch script or salloc shell are two jobs; else torchrun's run id, else Slurm's job id (dptrain in the
+// batch script itself); empty under a launcher that names none.
 std::string job_identity(const comm::DistEnv& env) {
-  if (const char* id = std::getenv("SLURM_JOB_ID"); id && *id) {
-    const char* step = std::getenv("SLURM_STEP_ID");
-    return step && *step ? fmt::format("slurm-{}.{}", id, step) : fmt::format("slurm-{}", id);
-  }
+  const char* slurm_job = std::getenv("SLURM_JOB_ID");
+  const char* step = std::getenv("SLURM_STEP_ID");
+  if (slurm_job && *slurm_job && step && *step) return fmt::format("slurm-{}.{}", slurm_job, step);
   if (!env.store_token.empty()) {
     uint64_t h = 1469598103934665603ull;
     for (const unsigned char c : env.store_token) h = (h ^ c) * 1099511628211ull;
     return fmt::format("dprun-{:016x}", h);
   }
-  if (const char* id = std::getenv("TORCHELASTIC_RUN_ID"); id && *id) return fmt::format("torchrun-{}", id);
+  for (const auto& [var, name] : {std::pair{"TORCHELASTIC_RUN_ID", "torchrun"}, std::pair{"SLURM_JOB_ID", "slurm"}})
+    if (const char* id = std::getenv(var); id && *id) return fmt::format("{}-{}", name, id);
   return {};
 }
 
