@@ -167,10 +167,12 @@ DistEnv detect_slurm(const EnvMap& env) {
   d.node_rank = optional_int(env, "SLURM_NODEID").value_or(0);
   if (d.node_rank < 0) DPT_THROW(ConfigError, "environment variable SLURM_NODEID={} is negative", d.node_rank);
 
-  // Tasks on this node: "2(x3),1" lists them per node, so pick this node's entry.
-  const char* local_var = "SLURM_NTASKS_PER_NODE";
+  // Tasks on this node: "2(x3),1" lists them per node, so pick this node's entry. The step's own layout first:
+  // SLURM_NTASKS_PER_NODE is the job's request (sbatch --ntasks-per-node=8), which an srun --ntasks=1 in that job
+  // inherits unchanged; read first, it once failed such a step ("SLURM_NTASKS_PER_NODE=8 is out of range 1..1").
+  const char* local_var = "SLURM_STEP_TASKS_PER_NODE";
   d.local_world_size = 1;
-  for (const char* name : {"SLURM_NTASKS_PER_NODE", "SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"}) {
+  for (const char* name : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"}) {
     if (const std::string* v = find(env, name)) {
       auto counts = expand_tasks_per_node(name, *v);
       size_t node = static_cast<size_t>(d.node_rank);
@@ -209,6 +211,19 @@ DistEnv detect_slurm(const EnvMap& env) {
   return d;
 }
 
+// A task of a job step, started by srun: SLURM_PROCID and SLURM_NTASKS with the step's id (SLURM_STEP_ID; older
+// Slurm: SLURM_STEPID). Slurm's batch script has the first two as well (SLURM_PROCID=0, SLURM_NTASKS = the job's
+// tasks) but no step id: it is one process, and taking it for rank 0 of SLURM_NTASKS once left it waiting at the
+// rendezvous for ranks that nobody started, until dist.timeout_s.
+bool slurm_task(const EnvMap& env) {
+  return has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS") &&
+         (has(env, "SLURM_STEP_ID") || has(env, "SLURM_STEPID"));
+}
+
+bool slurm_batch_script(const EnvMap& env) {
+  return has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS") && !slurm_task(env);
+}
+
 // RANK and WORLD_SIZE that dprun (DPT_LAUNCHER=dprun) or torchrun's agent (TORCHELASTIC_RUN_ID) set: such a
 // launcher may run inside mpirun or srun (scripts/slurm/dprun.sbatch: one dprun per node), and its numbering is
 // the job's. Others were set by hand, or left over in the shell.
@@ -229,7 +244,7 @@ DistEnv against_outer_launcher(const EnvMap& env, const DistEnv& hand) {
     rank_var = "OMPI_COMM_WORLD_RANK";
     world_var = "OMPI_COMM_WORLD_SIZE";
     local_var = "OMPI_COMM_WORLD_LOCAL_RANK";
-  } else if (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS")) {
+  } else if (slurm_task(env)) {
     outer = detect_slurm(env);
     name = "Slurm";
     rank_var = "SLURM_PROCID";
@@ -349,7 +364,7 @@ DistEnv detect_env(const EnvMap& env) {
   DistEnv d;
   // One of the two alone would once start a single process training alone ("1 rank(s) via none"). Under mpirun or
   // srun a lone leftover that agrees with their placement is let be; one that disagrees is named.
-  const bool outer = has(env, "OMPI_COMM_WORLD_SIZE") || (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS"));
+  const bool outer = has(env, "OMPI_COMM_WORLD_SIZE") || slurm_task(env);
   for (const auto& [set, unset] : {std::pair{"WORLD_SIZE", "RANK"}, std::pair{"RANK", "WORLD_SIZE"}}) {
     if (!has(env, set) || has(env, unset)) continue;
     if (outer) {
@@ -370,9 +385,15 @@ DistEnv detect_env(const EnvMap& env) {
     if (!set_by_launcher(env)) d = against_outer_launcher(env, d);
   } else if (has(env, "OMPI_COMM_WORLD_SIZE")) {
     d = detect_openmpi(env);
-  } else if (has(env, "SLURM_PROCID") && has(env, "SLURM_NTASKS")) {
+  } else if (slurm_task(env)) {
     d = detect_slurm(env);
-  } else {  // a single process started by hand
+  } else {  // a single process started by hand (or in Slurm's batch script)
+    if (slurm_batch_script(env) && *find(env, "SLURM_NTASKS") != "1") {
+      d.warning = fmt::format("SLURM_NTASKS={} but this process is not one of the job's tasks (no SLURM_STEP_ID: "
+                              "Slurm's batch script): it runs alone, as a single process. To run one rank per task, "
+                              "start it with srun, as scripts/slurm/dptrain.sbatch does",
+                              *find(env, "SLURM_NTASKS"));
+    }
     d.launcher = Launcher::None;
     read_master(env, d, kDefaultMasterAddr);
     d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);

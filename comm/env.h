@@ -31,6 +31,9 @@ struct DistEnv {
   // DPT_STORE_TOKEN (empty when unset), whatever the launcher: the job's rendezvous token, which rank 0's
   // TcpStore asks of every client. A secret: never log or print it.
   std::string store_token;
+  // Something about the placement the user should hear (rank 0 logs it as a warning), e.g. Slurm's batch script
+  // run as a single process although the job has several tasks. Empty when there is nothing to say.
+  std::string warning;
 };
 
 using EnvMap = std::map<std::string, std::string>;
@@ -39,7 +42,8 @@ using EnvMap = std::map<std::string, std::string>;
 // (e.g. RANK >= WORLD_SIZE, a non-numeric port, WORLD_SIZE without RANK), naming the variable. RANK and WORLD_SIZE
 // come first when dprun (DPT_LAUNCHER=dprun) or torchrun (TORCHELASTIC_RUN_ID) set them, even inside mpirun or
 // srun; set otherwise (by hand, or left over) next to OMPI_COMM_WORLD_* or SLURM_*, they must agree with those
-// (then the launcher is that one) or ConfigError names both.
+// (then the launcher is that one) or ConfigError names both. SLURM_* count only in a task that srun started (with
+// SLURM_STEP_ID): Slurm's batch script has SLURM_PROCID=0 and SLURM_NTASKS too, but is one process.
 DistEnv detect_env(const EnvMap& env);
 // The current process's environment.
 EnvMap process_env();

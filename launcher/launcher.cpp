@@ -28,6 +28,28 @@ constexpr int kMaxPort = 65535;
 constexpr int kMaxRestarts = 1000000;  // a bound that no sane job reaches, so a typo cannot mean "forever"
 }  // namespace
 
+void check_not_one_of_many(const Options& opts, const std::function<const char*(const char*)>& getenv) {
+  if (opts.nnodes > 1) return;  // one dprun per node, as asked
+  auto count = [&](const char* name) {
+    const char* v = getenv(name);
+    int n = 0;
+    if (v) std::from_chars(v, v + std::strlen(v), n);
+    return n;
+  };
+  if (getenv("SLURM_STEP_ID") && count("SLURM_NTASKS") > 1) {
+    DPT_THROW(ConfigError, "dprun runs as one of the {} tasks of a Slurm step (SLURM_NTASKS), but with --nnodes 1 "
+              "each task would start a job of its own. Start one dprun per node (srun --ntasks-per-node=1) with "
+              "--nnodes \"$SLURM_NNODES\" --node-rank \"$SLURM_NODEID\" and --master-addr (as "
+              "scripts/slurm/dprun.sbatch does), or start the ranks with srun alone, without dprun",
+              count("SLURM_NTASKS"));
+  }
+  if (count("OMPI_COMM_WORLD_SIZE") > 1) {
+    DPT_THROW(ConfigError, "dprun runs as one of the {} processes of mpirun (OMPI_COMM_WORLD_SIZE), but with --nnodes "
+              "1 each would start a job of its own. Start one dprun per node with --nnodes, --node-rank and "
+              "--master-addr, or start the ranks with mpirun alone, without dprun", count("OMPI_COMM_WORLD_SIZE"));
+  }
+}
+
 void validate(const Options& opts) {
   if (opts.nproc_per_node < 1) {
     DPT_THROW(ConfigError, "--nproc-per-node must be at least 1 (got {})", opts.nproc_per_node);

@@ -9,6 +9,7 @@
 // on a command line (other users can read those in /proc), never in dprun's messages.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -50,6 +51,12 @@ using Environment = std::map<std::string, std::string>;
 
 // Throws ConfigError with a one-line message naming the option when the options cannot describe a job.
 void validate(const Options& opts);
+
+// dprun started as one of several tasks of srun (SLURM_STEP_ID with SLURM_NTASKS > 1) or mpirun
+// (OMPI_COMM_WORLD_SIZE > 1) but with --nnodes 1: every task would start a job of its own, each rank 0 of a world
+// of --nproc-per-node, on one checkpoint.dir. Throws ConfigError saying so and how to run one dprun per node.
+// `getenv`: the environment to look in (std::getenv in dprun).
+void check_not_one_of_many(const Options& opts, const std::function<const char*(const char*)>& getenv);
 
 // --nnodes: "N", or "MIN:MAX" (elastic). Sets opts.nnodes (N or MAX) and opts.min_nnodes (MIN; unset for "N").
 // Throws ConfigError naming the text when it is neither.

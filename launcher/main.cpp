@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -230,6 +231,7 @@ int main(int argc, char** argv) {
 
   try {
     dpt::launcher::validate(opts);
+    dpt::launcher::check_not_one_of_many(opts, [](const char* name) { return std::getenv(name); });
   } catch (const dpt::ConfigError& e) {
     return usage_error(e.what());
   }

@@ -17,13 +17,14 @@ struct RunOptions {
   // the checkpoints already in checkpoint.dir once the first of this run's is written; any other value: the path of
   // one checkpoint to continue from, or of a checkpoint directory (its newest valid checkpoint).
   std::string resume = "auto";
-  // The launcher's restart count (DPT_RESTART_COUNT, torchrun's TORCHELASTIC_RESTART_COUNT): on a restart (> 0)
+  // The launcher's restart count (DPT_RESTART_COUNT, torchrun's TORCHELASTIC_RESTART_COUNT; else a Slurm requeue's
+  // SLURM_RESTART_COUNT): on a restart (> 0)
   // --resume never and PATH applied to the job's first attempt; the attempt goes on from the job's own newest
   // checkpoint in checkpoint.dir instead (never: as auto; PATH: the newer of PATH and that one), so a restart keeps
   // the failed attempt's progress.
   int restart = 0;
-  // The launcher's job, the same in all its attempts (train.cpp's job_identity: dprun's job token hashed, torchrun's
-  // run id, Slurm's job id; empty when none): saved in every checkpoint, so a restart knows its job's own.
+  // The launcher's job, the same in all its attempts (train.cpp's job_identity: Slurm's job id, dprun's job token
+  // hashed, torchrun's run id; empty when none): saved in every checkpoint, so a restart knows its job's own.
   std::string job;
   // Where this rank trains (choose_device()); a CUDA device must be current already.
   Device device = Device::cpu();

@@ -96,12 +96,12 @@ echo "ok: --log-dir"
 DPTRAIN=$DPT_BUILD_DIR/trainer/dptrain
 TINY=(--config "$DPT_SOURCE_DIR/configs/fmnist_mlp.toml" data.train_limit=256 data.test_limit=64 train.max_steps=2
       train.progress_interval_s=1000)
-SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0 SLURM_JOB_ID=4321 RANK=7 WORLD_SIZE=9 \
+SLURM_PROCID=0 SLURM_NTASKS=1 SLURM_LOCALID=0 SLURM_JOB_ID=4321 SLURM_STEP_ID=0 RANK=7 WORLD_SIZE=9 \
   run --nproc-per-node 2 -- "$DPTRAIN" "${TINY[@]}" checkpoint.dir="$WORK/ckpt_nested"
 [ "$RC" = 0 ] || fail "dprun inside srun: exit $RC"
 grep -q "dptrain: 2 rank(s) via dprun" "$WORK/out" "$WORK/err" || fail "dprun inside srun: not 2 ranks via dprun"
-SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=0 RANK=0 WORLD_SIZE=1 timeout -k 5 60 "$DPTRAIN" "${TINY[@]}" \
-  checkpoint.dir="$WORK/ckpt_leftover" >"$WORK/out" 2>"$WORK/err" </dev/null
+SLURM_PROCID=1 SLURM_NTASKS=2 SLURM_LOCALID=0 SLURM_STEP_ID=0 RANK=0 WORLD_SIZE=1 \
+  timeout -k 5 60 "$DPTRAIN" "${TINY[@]}" checkpoint.dir="$WORK/ckpt_leftover" >"$WORK/out" 2>"$WORK/err" </dev/null
 RC=$?
 [ "$RC" = 2 ] || fail "RANK/WORLD_SIZE against SLURM_*: exit $RC, expected 2"
 grep -q "RANK=0, WORLD_SIZE=1 .* but SLURM_PROCID=1, SLURM_NTASKS=2 (set by Slurm)" "$WORK/err" \

@@ -9,7 +9,11 @@
 #  - sbatch --wait of scripts/slurm/dprun.sbatch (dprun once per node) trains;
 #  - scancel --signal=USR1 of a dptrain.sbatch job mid-run: the ranks checkpoint and exit 75, the script
 #    requeues the job, Slurm runs it again, and it resumes and finishes bitwise equal to an uninterrupted run;
-#  - srun --mpi=pmix with dist.backend=mpi: Open MPI started by Slurm's PMIx.
+#  - srun --mpi=pmix with dist.backend=mpi: Open MPI started by Slurm's PMIx;
+#  - dptrain run in an sbatch --ntasks=2 script without srun: one process, with a warning saying so;
+#  - two concurrent sruns of one job given one checkpoint.dir: the second is refused (exit 2);
+#  - both batch scripts submitted from another folder without DPTRAIN/DPRUN: an error naming the program;
+#  - dptrain.sbatch with rank 1 failing at the rendezvous (rank 0 stopped there exits 75): a failure, no requeue.
 # Skipped (exit 77, with the reason) only when the daemons cannot start on this machine.
 source "$(dirname "$0")/lib/common.bash"
 cd "$DPT_SOURCE_DIR"
@@ -94,6 +98,68 @@ grep -q "resum.*step-00000010" "$WORK/srun2.log" || { cat "$WORK/srun2.log"; fai
 "$PY" "$CKPT_PY" compare "$WORK/srun/step-00000020" "$WORK/dprun/step-00000020" 0 \
   || fail "srun with a resume differs from an uninterrupted dprun run"
 
+# sbatch_wait ARGS...: sbatch ARGS and wait for the job's end, looking every 0.2 s (sbatch --wait looks about every
+# 10 s); its status is the job's exit code.
+sbatch_wait() {
+  local job state
+  job=$(sbatch --parsable "$@") || return 1
+  for _ in $(seq 600); do
+    state=$(scontrol show job "$job" 2>/dev/null | grep -oE 'JobState=[A-Z_]+' | cut -d= -f2)
+    case $state in COMPLETED) return 0 ;; FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 1 ;; esac
+    sleep 0.2
+  done
+  return 1
+}
+
+# ---- dptrain in the batch script itself, without srun ------------------------------------------------------------
+# The batch script has SLURM_PROCID=0 and SLURM_NTASKS=2 but no step id: dptrain there is one process (and says
+# so), not rank 0 of 2 waiting dist.timeout_s for a rank 1 that nobody started.
+sbatch_wait --ntasks=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/batch-%j.out" --export=ALL \
+  --wrap="$DPTRAIN ${RUN[*]} train.max_steps=2 dist.timeout_s=20 checkpoint.dir=$WORK/batch" > /dev/null 2>&1 \
+  || { cat "$WORK"/batch-*.out; fail "dptrain in an sbatch --ntasks=2 script without srun failed"; }
+grep -q "1 rank(s) via none" "$WORK"/batch-*.out \
+  || { cat "$WORK"/batch-*.out; fail "the batch script was not one process"; }
+grep -q "SLURM_NTASKS=2 but this process is not one of the job's tasks" "$WORK"/batch-*.out \
+  || { cat "$WORK"/batch-*.out; fail "no warning that the batch script runs alone"; }
+
+# ---- two sruns of one job in one checkpoint.dir: the second is refused -----------------------------------------
+# They are one Slurm job but two runs (steps 0 and 1): the lock tells them apart by the step. (With the job id alone,
+# the second took the first for an earlier attempt of itself and trained on beside it.)
+cat > "$WORK/two_steps.sh" <<EOF
+#!/bin/bash
+srun --overlap -n1 "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two & sleep 0.3
+srun --overlap -n1 "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two & wait -n; a=\$?; wait -n; b=\$?
+echo "exit codes: \$a \$b"
+EOF
+sbatch_wait --ntasks=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/two-%j.out" --export=ALL \
+  "$WORK/two_steps.sh" > /dev/null 2>&1 || true
+grep -qE "exit codes: (0 2|2 0)" "$WORK"/two-*.out && grep -q "checkpoint.dir $WORK/two is in use by another run" \
+  "$WORK"/two-*.out || { cat "$WORK"/two-*.out; fail "two sruns of one job shared a checkpoint.dir"; }
+
+# Two dpruns in one salloc shell (no step: each dprun's own token names its job) are two jobs too.
+cat > "$WORK/two_dpruns.sh" <<EOF
+#!/bin/bash
+"$DPRUN" -- "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two_dp > "$WORK/dp1.log" 2>&1 & sleep 0.3
+"$DPRUN" -- "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two_dp > "$WORK/dp2.log" 2>&1 &
+wait -n; a=\$?; wait -n; b=\$?; echo "exit codes: \$a \$b" > "$WORK/dp.rc"
+EOF
+salloc -n2 bash "$WORK/two_dpruns.sh" > /dev/null 2>&1
+# Whichever takes the lock first trains; the other is refused.
+grep -qE "exit codes: (0 2|2 0)" "$WORK/dp.rc" && cat "$WORK"/dp[12].log | grep -q "$WORK/two_dp is in use" \
+  || { cat "$WORK/dp.rc" "$WORK"/dp[12].log; fail "two dpruns in one salloc shell shared a checkpoint.dir"; }
+
+# ---- the batch scripts submitted from another folder, DPTRAIN unset: they say why at once -----------------------
+# (They once started srun, whose tasks failed with "execve(): build/trainer/dptrain: No such file" in their logs.)
+for script in dptrain dprun; do
+  size=(--ntasks-per-node=1 --cpus-per-task=1)
+  [ $script = dprun ] && size=(--gpus-per-node=1 --cpus-per-task=1)
+  sbatch_wait "${size[@]}" --chdir="$WORK" --output="$WORK/elsewhere-$script-%j.out" \
+    --export=ALL,DPTRAIN=,DPRUN= "$DPT_SOURCE_DIR/scripts/slurm/$script.sbatch" > /dev/null 2>&1 \
+    && fail "$script.sbatch without its programs succeeded"
+  grep -q "$script.sbatch: DP[A-Z]*=build/.*: no such program (in $WORK): submit from the dptrain checkout" \
+    "$WORK"/elsewhere-$script-*.out || { cat "$WORK"/elsewhere-$script-*.out; fail "$script.sbatch: no clear error"; }
+done
+
 # ---- sbatch: the two example scripts ----------------------------------------------------------------------------
 # 2 tasks of 1 "GPU" each on this node (the script's 8 per node would need 8 CPU slots here).
 sbatch --wait --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/sb-%j.out" \
@@ -109,6 +175,24 @@ if sbatch --wait --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR"
   fail "a job whose dptrain failed made sbatch --wait succeed"
 fi
 grep -q "unknown config key 'train.nonsense'" "$WORK"/badlogs/rank-*.log || fail "the failed job's logs lack the error"
+# Rank 1 fails before the rendezvous (an override only it gets): Slurm stops rank 0 with SIGTERM there, rank 0 exits
+# 75, and srun exits with the highest code, 75: the script once requeued this failure as a preemption, again and
+# again. The failing rank's reason (DPT_REASON_FILE) tells it apart: the job fails, naming it, without a requeue.
+printf '#!/bin/bash\n[ "$SLURM_PROCID" = 1 ] && set -- "$@" train.nonsense=1\nexec %q "$@"\n' "$DPTRAIN" \
+  > "$WORK/rank1_bad"
+chmod +x "$WORK/rank1_bad"
+job=$(sbatch --parsable --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/r1-%j.out" \
+  --export=ALL,DPTRAIN="$WORK/rank1_bad",DPT_LOG_DIR="$WORK/r1logs" scripts/slurm/dptrain.sbatch "${RUN[@]}" \
+  checkpoint.dir="$WORK/r1") || fail "sbatch of the rank-1 failure failed"
+for _ in $(seq 300); do
+  info=$(scontrol show job "$job" 2>/dev/null)
+  grep -qE 'JobState=(COMPLETED|FAILED|CANCELLED)|Restarts=[1-9]' <<< "$info" && break
+  sleep 0.2
+done
+grep -q 'JobState=FAILED' <<< "$info" && grep -q 'Restarts=0' <<< "$info" \
+  || { cat "$WORK"/r1-*.out; scancel "$job"; fail "a rank's failure at the rendezvous: not a failed job ($info)"; }
+grep -q "dptrain: rank 1: unknown config key 'train.nonsense'.*a failure, not requeued" "$WORK"/r1-*.out \
+  || { cat "$WORK"/r1-*.out; fail "the job's output does not name the failed rank"; }
 sbatch --wait --gpus-per-node=2 --cpus-per-task=2 --chdir="$DPT_SOURCE_DIR" --output="$WORK/dp-%j.out" \
   --export=ALL,DPRUN="$DPRUN",DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/dplogs",DPRUN_ARGS="--max-restarts 1 --grace-period 2" \
   scripts/slurm/dprun.sbatch "${RUN[@]}" \
@@ -119,14 +203,17 @@ grep -q "done: 6 steps" "$WORK"/dplogs/node-*.log || { cat "$WORK"/dplogs/*; fai
 
 # ---- preemption: scancel --signal=USR1 mid-run -----------------------------------------------------------------
 # The ranks stop after the same step, rank 0 checkpoints, srun exits 75, dptrain.sbatch requeues the job, Slurm
-# starts it again, it resumes from that step and finishes bitwise equal to an uninterrupted run.
+# starts it again, it resumes from that step and finishes bitwise equal to an uninterrupted run. With --resume never:
+# the requeue is an attempt of the same job (SLURM_RESTART_COUNT, the same job id), which goes on from its own
+# checkpoint (it once deleted it and started over: the script's rendezvous token, the job's identity then, is new
+# in each attempt).
 PRE=(train.device=cpu data.train_limit=1200 data.test_limit=200 train.epochs=8 train.batch_size=16
      train.progress_interval_s=0.001 checkpoint.every_epochs=100)
 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${PRE[@]}" checkpoint.dir="$WORK/pre-ref" > "$WORK/pre-ref.log" 2>&1 \
   || { cat "$WORK/pre-ref.log"; fail "the preemption reference run failed"; }
 job=$(sbatch --parsable --ntasks-per-node=2 --cpus-per-task=1 --chdir="$DPT_SOURCE_DIR" --output="$WORK/pre-%j.out" \
   --export=ALL,DPTRAIN="$DPTRAIN",DPT_LOG_DIR="$WORK/prelogs" scripts/slurm/dptrain.sbatch "${PRE[@]}" \
-  checkpoint.dir="$WORK/pre") || fail "sbatch of the preemption job failed"
+  checkpoint.dir="$WORK/pre" --resume never) || fail "sbatch of the preemption job failed"
 for _ in $(seq 600); do grep -qE "epoch [2-8]/8 step" "$WORK/prelogs/rank-0.log" 2>/dev/null && break; sleep 0.1; done
 grep -qE "epoch [2-8]/8 step" "$WORK/prelogs/rank-0.log" || { cat "$WORK"/pre-*.out "$WORK"/prelogs/*; fail "the preemption job never reached epoch 2"; }
 t0=$EPOCHREALTIME
@@ -152,6 +239,8 @@ show() {
 PS=$(grep -oE 'stopping for SIGUSR1 at step [0-9]+' "$WORK/prelogs/rank-0.log" | grep -oE '[0-9]+$')
 [ -n "$PS" ] || { show; fail "no 'stopping for SIGUSR1' in rank 0's log"; }
 grep -q "requeueing job $job" "$WORK"/pre-*.out || { show; fail "dptrain.sbatch did not requeue on exit 75"; }
+grep -q "exiting with 75 (a requeue of Slurm job $job, or a new job" "$WORK/prelogs/rank-0.log" \
+  || { show; fail "the stop line does not say that a requeue resumes"; }
 scontrol show job "$job" | grep -q 'Restarts=1' || { show; fail "the job did not run twice"; }
 grep -q "resumed from .*step-$(printf %08d "$PS") (step $PS," "$WORK/prelogs/rank-0.log" || { show; fail "the requeued job did not resume from step $PS"; }
 "$PY" "$CKPT_PY" compare "$WORK/pre-ref/step-00000304" "$WORK/pre/step-00000304" 0 \

@@ -96,6 +96,7 @@ int run_job(const JobSpec& spec) {
     if (env.rank == 0)
       spdlog::info("{}: {} rank(s) via {}; config {} (hash {}):\n{}", spec.name, env.world_size,
                    comm::launcher_name(env.launcher), origin, config_hash(cfg), to_toml(cfg));
+    if (env.rank == 0 && !env.warning.empty()) spdlog::warn("{}", env.warning);
     if (env.rank == 0 && spec.warn_unread_keys)
       for (const std::string& line : unread_keys(cfg)) spdlog::warn("config: {}", line);
     const Device device = choose_and_set_device(cfg, env);

@@ -23,9 +23,17 @@ struct TrainArgs {
   std::shared_ptr<bool> print_config;
 };
 
-// The launcher's job, the same in every attempt of it (RunOptions::job): dprun's per-job token (a secret: only its
-// FNV-1a 64 hash is kept), torchrun's run id, Slurm's job id; empty under a launcher that names none.
+// The launcher's job, the same in every attempt of it (RunOptions::job). In a task of an srun step: Slurm's job id
+// and step, both kept by a requeue, which reruns the batch script and its sruns in order (the token that
+// dptrain.sbatch and dprun.sbatch make up is a new one in each attempt: a requeued --resume never once took the
+// preempted attempt's checkpoints for another job's, deleted them and started over); the step tells two sruns of
+// one job apart. Elsewhere: dprun's per-job token (a secret: only its FNV-1a 64 hash is kept), so that two dpruns
+// in one batch script or salloc shell are two jobs; else torchrun's run id, else Slurm's job id (dptrain in the
+// batch script itself); empty under a launcher that names none.
 std::string job_identity(const comm::DistEnv& env) {
+  const char* slurm_job = std::getenv("SLURM_JOB_ID");
+  const char* step = std::getenv("SLURM_STEP_ID");
+  if (slurm_job && *slurm_job && step && *step) return fmt::format("slurm-{}.{}", slurm_job, step);
   if (!env.store_token.empty()) {
     uint64_t h = 1469598103934665603ull;
     for (const unsigned char c : env.store_token) h = (h ^ c) * 1099511628211ull;
@@ -34,6 +42,18 @@ std::string job_identity(const comm::DistEnv& env) {
   for (const auto& [var, name] : {std::pair{"TORCHELASTIC_RUN_ID", "torchrun"}, std::pair{"SLURM_JOB_ID", "slurm"}})
     if (const char* id = std::getenv(var); id && *id) return fmt::format("{}-{}", name, id);
   return {};
+}
+
+// Which attempt of the job this is (RunOptions::restart): the launcher's restart count, else Slurm's
+// (SLURM_RESTART_COUNT: a requeue by scontrol, by the batch scripts after a preemption, or by --requeue after a node
+// failure), whose --resume never or PATH were the first attempt's too. The same on every rank.
+int attempt(const comm::DistEnv& env) {
+  if (env.restart_count > 0) return env.restart_count;
+  const char* slurm = std::getenv("SLURM_RESTART_COUNT");
+  if (!slurm || !*slurm) return 0;
+  char* end = nullptr;
+  const long n = std::strtol(slurm, &end, 10);
+  return *end == '\0' && n > 0 && n < 1000000 ? static_cast<int>(n) : 0;
 }
 
 int train_job(const TrainArgs& a) {
@@ -57,7 +77,7 @@ int train_job(const TrainArgs& a) {
             // A --resume PATH that is no directory, said before the data and the model are built (the trainer
             // checks it too, as late as that); a restart may go on from the job's own checkpoints instead.
             std::error_code ec;
-            if (a.resume != "auto" && a.resume != "never" && job.env.restart_count == 0 &&
+            if (a.resume != "auto" && a.resume != "never" && attempt(job.env) == 0 &&
                 !std::filesystem::is_directory(a.resume, ec))
               DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never, or the "
                         "path of a step-N checkpoint or of a checkpoint directory){}", a.resume,
@@ -68,7 +88,7 @@ int train_job(const TrainArgs& a) {
             RunResult result;
             try {
               result = train(job.config,
-                             {.resume = a.resume, .restart = job.env.restart_count, .job = job_identity(job.env),
+                             {.resume = a.resume, .restart = attempt(job.env), .job = job_identity(job.env),
                               .device = job.device},
                              *job.pg);
             } catch (const StoppedBeforeTraining& e) {  // a wait at start-up gave up on a stop signal
@@ -83,10 +103,14 @@ int train_job(const TrainArgs& a) {
               job.pg.reset();
               // --resume never or PATH would apply again to a rerun of this very command (a launcher's restart
               // excepted: it goes on from the job's own newest checkpoint); --resume auto goes on from the newest.
-              const std::string how = a.resume == "auto" || job.env.restart_count > 0
-                                          ? "the same command resumes"
-                                          : fmt::format("the same command with --resume auto (not --resume {}, which "
-                                                        "a rerun would apply again) resumes", a.resume);
+              const char* slurm_job = std::getenv("SLURM_JOB_ID");
+              const std::string how =
+                  a.resume == "auto" || attempt(job.env) > 0 ? "the same command resumes"
+                  : slurm_job && *slurm_job
+                      ? fmt::format("a requeue of Slurm job {}, or a new job of the same command with --resume auto "
+                                    "(not --resume {}, which it would apply again), resumes", slurm_job, a.resume)
+                      : fmt::format("the same command with --resume auto (not --resume {}, which a rerun would apply "
+                                    "again) resumes", a.resume);
               if (lead && result.failed_checkpoint_step == result.steps)
                 spdlog::warn("preempted at step {}, whose checkpoint was not written ({}); exiting with {}: {} from "
                              "the newest checkpoint: {}",

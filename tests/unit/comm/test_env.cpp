@@ -28,7 +28,7 @@ EnvMap slurm_env() {
   return {{"SLURM_PROCID", "3"},      {"SLURM_NTASKS", "8"},  {"SLURM_LOCALID", "1"},
           {"SLURM_NODEID", "1"},      {"SLURM_STEP_NODELIST", "node[01-03,07]"},
           {"SLURM_JOB_NODELIST", "other[1-9]"}, {"SLURM_STEP_TASKS_PER_NODE", "2(x4)"},
-          {"SLURM_JOB_ID", "1234"}};
+          {"SLURM_JOB_ID", "1234"},   {"SLURM_STEP_ID", "0"}};
 }
 }  // namespace
 
@@ -225,9 +225,18 @@ TEST_CASE("detect_env: Slurm variables", "[env]") {
   e["SLURM_PROCID"] = "2";
   e["SLURM_LOCALID"] = "2";
   CHECK(detect_env(e).local_world_size == 3);
-  // SLURM_NTASKS_PER_NODE comes first.
+  // The step's layout comes first: SLURM_NTASKS_PER_NODE is the job's request, inherited by every step.
   e["SLURM_NTASKS_PER_NODE"] = "4";
+  CHECK(detect_env(e).local_world_size == 3);
+  e.erase("SLURM_STEP_TASKS_PER_NODE");
   CHECK(detect_env(e).local_world_size == 4);
+  // Recorded: srun --ntasks=1 in an sbatch --ntasks-per-node=2 job (Slurm 22.05), once refused with
+  // "SLURM_NTASKS_PER_NODE=2 is out of range 1..1".
+  EnvMap one = {{"SLURM_PROCID", "0"},           {"SLURM_NTASKS", "1"},          {"SLURM_LOCALID", "0"},
+                {"SLURM_NODEID", "0"},           {"SLURM_STEP_ID", "0"},         {"SLURM_NTASKS_PER_NODE", "2"},
+                {"SLURM_STEP_TASKS_PER_NODE", "1"}, {"SLURM_TASKS_PER_NODE", "1"}, {"SLURM_JOB_ID", "25"}};
+  CHECK(detect_env(one).world_size == 1);
+  CHECK(detect_env(one).local_world_size == 1);
 }
 
 TEST_CASE("detect_env: nothing set means a single process", "[env]") {
@@ -240,6 +249,34 @@ TEST_CASE("detect_env: nothing set means a single process", "[env]") {
   CHECK_FALSE(d.mpi_available);
   // Slurm needs both variables; one alone is not a Slurm task.
   CHECK(detect_env({{"SLURM_PROCID", "0"}}).launcher == Launcher::None);
+}
+
+TEST_CASE("detect_env: Slurm's batch script is one process, not rank 0 of the job's tasks", "[env]") {
+  // Recorded in an sbatch --ntasks=2 script (Slurm 22.05): SLURM_PROCID and SLURM_NTASKS, but no step id. dptrain
+  // run there without srun once took itself for rank 0 of 2 and waited dist.timeout_s for a rank 1 never started.
+  EnvMap b = {{"SLURM_JOB_ID", "2"}, {"SLURM_JOB_NODELIST", "vm"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"},
+              {"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}, {"SLURM_TASKS_PER_NODE", "2"}};
+  DistEnv d = detect_env(b);
+  CHECK(d.launcher == Launcher::None);
+  CHECK(d.world_size == 1);
+  CHECK(d.rank == 0);
+  CHECK_THAT(d.warning, Contains("SLURM_NTASKS=2 but this process is not one of the job's tasks") &&
+                            Contains("start it with srun"));
+  b["SLURM_NTASKS"] = "1";  // a one-task job: nothing to say
+  CHECK(detect_env(b).world_size == 1);
+  CHECK(detect_env(b).warning.empty());
+  // srun's tasks have the step id (older Slurm: SLURM_STEPID too).
+  b["SLURM_NTASKS"] = "2";
+  b["SLURM_STEPID"] = "0";
+  CHECK(detect_env(b).launcher == Launcher::Slurm);
+  CHECK(detect_env(b).world_size == 2);
+  CHECK(detect_env(b).warning.empty());
+  // RANK and WORLD_SIZE set by hand in the batch script are not checked against it.
+  b.erase("SLURM_STEPID");
+  b["RANK"] = "0";
+  b["WORLD_SIZE"] = "1";
+  CHECK(detect_env(b).world_size == 1);
+  CHECK(detect_env(slurm_env()).warning.empty());
 }
 
 TEST_CASE("detect_env: DPT_STORE_TOKEN is the rendezvous token under every launcher, empty when unset", "[env]") {

@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
+#include <string>
+
 #include "core/check.h"
 #include "launcher/launcher.h"
 
@@ -159,6 +162,36 @@ TEST_CASE("rendezvous token: the user's, else a fresh random one on one node, el
                                Catch::Contains("export DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom"));
     }
   }
+}
+
+TEST_CASE("dprun as one of several srun or mpirun tasks needs --nnodes", "[launcher]") {
+  // srun --ntasks=2 dprun --nproc-per-node 1 once started two jobs of one rank each, both rank 0 on one
+  // checkpoint.dir (Slurm 22.05, one node).
+  std::map<std::string, std::string> env;
+  auto lookup = [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  auto refused = [&](const Options& o, const std::string& needle) {
+    try {
+      check_not_one_of_many(o, lookup);
+      FAIL("check_not_one_of_many did not throw; expected: " << needle);
+    } catch (const ConfigError& e) {
+      REQUIRE_THAT(e.what(), Catch::Contains(needle));
+    }
+  };
+  REQUIRE_NOTHROW(check_not_one_of_many(single(2), lookup));  // no launcher around it
+  env = {{"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "1"}};
+  refused(single(1), "one of the 2 tasks of a Slurm step (SLURM_NTASKS), but with --nnodes 1");
+  REQUIRE_NOTHROW(check_not_one_of_many(multi(1, 2, 1), lookup));  // one dprun per node, as dprun.sbatch runs it
+  env["SLURM_NTASKS"] = std::string("1");  // srun --ntasks=1 dprun
+  REQUIRE_NOTHROW(check_not_one_of_many(single(2), lookup));
+  env = {{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "0"}};  // the batch script: one process, not a task
+  REQUIRE_NOTHROW(check_not_one_of_many(single(2), lookup));
+  env = {{"OMPI_COMM_WORLD_SIZE", "3"}, {"OMPI_COMM_WORLD_RANK", "0"}};
+  refused(single(1), "one of the 3 processes of mpirun");
+  env["OMPI_COMM_WORLD_SIZE"] = std::string("1");
+  REQUIRE_NOTHROW(check_not_one_of_many(single(2), lookup));
 }
 
 TEST_CASE("validation: clear one-line errors naming the option", "[launcher]") {
