@@ -360,10 +360,12 @@ std::vector<Field> run_fields() {
   return {
       field("dist.backend", &C::dist, &DistConfig::backend, "auto (nccl with a GPU per rank, else mpi under mpirun, else gloo) | gloo | mpi | nccl", one_of({"auto", "gloo", "mpi", "nccl"})),
       field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", Check<double>([](const double& v) {
-              return v > 0 && v <= 1e7 ? "" : std::string("must be in (0, 10000000] seconds");
+              // Kept in whole milliseconds: a value under one would be a timeout of 0 ms, every connection failing.
+              return v >= 1e-3 && v <= 1e7 ? "" : std::string("must be in [0.001, 10000000] seconds");
             })),
       field("dist.bucket_cap_mb", &C::dist, &DistConfig::bucket_cap_mb, "gradient bucket size in MB (reverse parameter order; the first bucket at most 1 MB)", Check<double>([](const double& v) {
-              return v > 0 && v <= 1e6 ? "" : std::string("must be in (0, 1000000] MB");
+              // Kept in whole bytes (MB x 2^20): a value under one byte would be a cap of 0 bytes.
+              return v >= 1e-6 && v <= 1e6 ? "" : std::string("must be in [0.000001, 1000000] MB");
             })),
       field("dist.overlap", &C::dist, &DistConfig::overlap, "auto (true when the model trains on a GPU, false on the CPU) | true: all-reduce each bucket as soon as backward has produced it | false: one all-reduce after backward (faster on the CPU: no core is idle for the overlap; docs/data-parallel.md)", one_of({"auto", "true", "false"})),
       field("dist.broadcast_buffers", &C::dist, &DistConfig::broadcast_buffers, "broadcast rank 0's buffers (BatchNorm running statistics) to every rank at the start of each step, as DDP's broadcast_buffers (evaluation uses rank 0's, the saved ones, either way)"),

@@ -132,6 +132,19 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   REQUIRE_THROWS_AS(load_config("/nonexistent/x.toml", {}), ConfigError);
 }
 
+TEST_CASE("dist.timeout_s and dist.bucket_cap_mb: a value that rounds to zero milliseconds or bytes is refused",
+          "[config]") {
+  // The timeout is kept in whole milliseconds and the bucket cap in bytes: dist.timeout_s = 0.0001 once made every
+  // connection fail "after 0 ms", and dist.bucket_cap_mb = 1e-9 stopped the run with an internal check (exit 1).
+  REQUIRE_THROWS_WITH(load_config("", {"dist.timeout_s=0.0001"}),
+                      Catch::Contains("dist.timeout_s = 0.0001: must be in [0.001, 10000000] seconds"));
+  REQUIRE_THROWS_WITH(load_config("", {"dist.bucket_cap_mb=1e-9"}),
+                      Catch::Contains("dist.bucket_cap_mb = 1e-09: must be in [0.000001, 1000000] MB"));
+  REQUIRE(load_config("", {"dist.timeout_s=0.001", "dist.bucket_cap_mb=0.000001"}).dist.timeout_s == 0.001);
+  REQUIRE_THROWS_WITH(load_config("", {"dist.timeout_s=1e8"}), Catch::Contains("dist.timeout_s"));
+  REQUIRE_THROWS_WITH(load_config("", {"dist.bucket_cap_mb=0"}), Catch::Contains("dist.bucket_cap_mb"));
+}
+
 TEST_CASE("choices are parsed once into enums, printed as their words, and a word they lack is named", "[config]") {
   const Config c = load_config("", {"train.optimizer=adamw", "train.schedule=step", "train.weight_decay_params=auto",
                                     "dist.grad_dtype=bf16", "checkpoint.on_error=warn"});
