@@ -252,6 +252,12 @@ TEST_CASE("train.global_batch_size: the micro-batch and accumulation per world s
   CHECK(same(global_batch_geometry(48, 16, 2), G{12, 2}));  // 24 per rank: 2 x 12, not 16 + 8
   CHECK(same(global_batch_geometry(48, 5, 1), G{4, 12}));   // 48 = 12 x 4: the fewest micro-batches of at most 5
   CHECK(same(global_batch_geometry(7, 3, 1), G{1, 7}));     // a prime: micro-batches of 1
+  // Found in at most sqrt(per rank) trials: counting the accumulation steps up one by one, 2^63 - 1 (7^2 x 73 x 127 x
+  // 337 x 92737 x 649657) took about 2^60 of them, and a large prime as many as itself.
+  CHECK(same(global_batch_geometry(INT64_MAX, 8, 1), G{7, INT64_MAX / 7}));
+  CHECK(same(global_batch_geometry(INT64_MAX, INT64_MAX / 7 - 1, 1), G{INT64_MAX / 49, 49}));
+  CHECK(same(global_batch_geometry(1000000007, 1000, 1), G{1, 1000000007}));  // a prime
+  CHECK(same(global_batch_geometry(2 * 1000000007LL, 1000000008, 2), G{1000000007, 1}));
   for (int world = 1; world <= 8; ++world) {
     for (int64_t global : {8, 24, 96, 120}) {
       for (int64_t cap : {1, 5, 16, 1000}) {
