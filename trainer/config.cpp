@@ -265,7 +265,7 @@ std::vector<Field> train_fields() {
       field("train.warmup_steps", &C::train, &TrainConfig::warmup_steps, "linear warm-up from 0, in optimizer steps (instead of warmup_epochs)", at_least<int64_t>(0)),
       field("train.step_size", &C::train, &TrainConfig::step_size, "epochs between decays (schedule = step)", at_least<int64_t>(1)),
       field("train.gamma", &C::train, &TrainConfig::gamma, "decay factor (schedule = step)", positive()),
-      field("train.min_lr", &C::train, &TrainConfig::min_lr, "final learning rate (schedule = cosine)", at_least(0.0)),
+      field("train.min_lr", &C::train, &TrainConfig::min_lr, "final learning rate (schedule = cosine; at most train.lr)", at_least(0.0)),
       field("train.seed", &C::train, &TrainConfig::seed, "seed of the initialisation and of the data order", at_least<int64_t>(0)),
       field("train.drop_last", &C::train, &TrainConfig::drop_last, "drop the tail instead of padding shards, and the last partial batch"),
       field("train.max_steps", &C::train, &TrainConfig::max_steps, "stop after this many optimizer steps (0: no limit)", at_least<int64_t>(0)),
@@ -531,6 +531,10 @@ void validate(const Config& c, const std::string& file, const std::vector<std::s
   if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
     DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
               source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
+  if (c.train.schedule == ScheduleKind::cosine && c.train.min_lr > c.train.lr)
+    DPT_THROW(ConfigError, "{}train.min_lr = {} is above train.lr = {}: the cosine schedule goes from train.lr down to "
+              "train.min_lr, and would raise the learning rate instead; set train.min_lr <= train.lr",
+              source.empty() ? "" : source + ": ", Kind<double>::show(c.train.min_lr), Kind<double>::show(c.train.lr));
   if (c.train.global_batch_size > 0 && c.train.accum_steps != 1)
     DPT_THROW(ConfigError, "{}train.global_batch_size = {} with train.accum_steps = {}: with a global batch the "
               "accumulation steps are derived per world size (train.batch_size is the largest micro-batch); leave "

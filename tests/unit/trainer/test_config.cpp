@@ -239,6 +239,12 @@ TEST_CASE("learning-rate schedules", "[config]") {
   REQUIRE(lr_at(t, 100, 10, 100) == Approx(0.1));
   REQUIRE_THROWS_WITH(parse_config("", "t", {"train.warmup_steps=4", "train.warmup_epochs=1"}),
                       Catch::Contains("not both"));
+  // The cosine decays to train.min_lr: one above train.lr (train.min_lr = 1.0 with train.lr = 0.01) once trained
+  // with a learning rate rising 100-fold. Refused, naming both; equal is a constant; other schedules do not read it.
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"train.lr=0.01", "train.min_lr=1.0"}),
+                      Catch::Contains("train.min_lr = 1.0 is above train.lr = 0.01"));
+  REQUIRE(parse_config("", "t", {"train.lr=0.01", "train.min_lr=0.01"}).train.min_lr == 0.01);
+  REQUIRE(parse_config("", "t", {"train.lr=0.01", "train.min_lr=1.0", "train.schedule=step"}).train.min_lr == 1.0);
 }
 
 TEST_CASE("train.global_batch_size: the micro-batch and accumulation per world size", "[config]") {
