@@ -429,8 +429,19 @@ size_t edit_distance(std::string_view a, std::string_view b) {
     size_t d = edit_distance(key, f.key);
     if (d < best_d) best_d = d, best = &f;
   }
-  DPT_THROW(ConfigError, "{}unknown config key '{}'{}; valid keys: {}", where, key,
-            best ? fmt::format(" (did you mean '{}'?)", best->key) : "", fmt::join(keys, ", "));
+  // A key of that name in another section (lr, epochs, model.seed: Hugging Face's and nanoGPT's flat names, or the
+  // wrong section) is what was meant, rather than the key fewest edits away (model.stem for model.seed).
+  std::vector<std::string> same_name;
+  const std::string name = key.substr(key.rfind('.') + 1);
+  for (const std::string& k : keys)
+    if (k.substr(k.find('.') + 1) == name) same_name.push_back("'" + k + "'");
+  std::string hint;
+  if (same_name.size() == 1) hint = fmt::format(" (did you mean {}?)", same_name.front());
+  else if (!same_name.empty())
+    hint = fmt::format(" (did you mean {} or {}?)", fmt::join(same_name.begin(), same_name.end() - 1, ", "),
+                       same_name.back());
+  else if (best) hint = fmt::format(" (did you mean '{}'?)", best->key);
+  DPT_THROW(ConfigError, "{}unknown config key '{}'{}; valid keys: {}", where, key, hint, fmt::join(keys, ", "));
 }
 
 void set_field(Config& c, const Field& f, const toml::node& n, const std::string& where) {

@@ -103,6 +103,14 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   // Three edits away is still suggested (three extra letters); a key no field is close to gets no suggestion.
   REQUIRE_THROWS_WITH(load_config("", {"train.lrxyz=0.1"}), Catch::Contains("did you mean 'train.lr'"));
   REQUIRE_THROWS_WITH(load_config("", {"train.l=0.1"}), Catch::Contains("did you mean 'train.lr'"));
+  // A key without its section (Hugging Face's and nanoGPT's flat names), or in the wrong one, is far from every key
+  // in edits: the keys of that name are suggested instead.
+  REQUIRE_THROWS_WITH(load_config("", {"epochs=3"}), Catch::Contains("(did you mean 'train.epochs'?)"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("g.toml", "lr = 0.1\n"), {}), Catch::Contains("did you mean 'train.lr'"));
+  REQUIRE_THROWS_WITH(load_config("", {"model.seed=3"}), Catch::Contains("did you mean 'train.seed'"));
+  REQUIRE_THROWS_WITH(load_config("", {"dir=x"}),
+                      Catch::Contains("(did you mean 'data.dir', 'checkpoint.dir' or 'log.dir'?)"));
+  REQUIRE_THROWS_WITH(load_config("", {"learning_rate=0.1"}), !Catch::Contains("did you mean"));
   REQUIRE_THROWS_WITH(load_config("", {std::string(5000, 'x') + "=1"}),
                       Catch::Contains("unknown config key 'xxx") && !Catch::Contains("did you mean"));
   REQUIRE_THROWS_WITH(load_config(write_temp("c.toml", "[train]\nbatchsize = 3\n"), {}),
