@@ -81,9 +81,10 @@ cmp -s "$WORK/effective.toml" "$WORK/again.toml" ||
 # it is not.
 syn=(data.dataset=synthetic data.synthetic_train_size=64 data.synthetic_test_size=8 model.hidden=[8] train.batch_size=8
      train.epochs=1 --resume never checkpoint.dir="$WORK/warmup")
-out=$("$DPTRAIN" "${syn[@]}" train.warmup_steps=100 train.max_steps=2 2>&1) || { echo "$out"; fail "warm-up run failed"; }
-<<< "$out" grep -q "the warm-up (train.warmup_steps = 100) is longer than the run's 2 optimizer steps: the learning rate \
-never reaches train.lr = 0.05" || { echo "$out"; fail "a warm-up longer than the run was not said"; }
+out=$("$DPTRAIN" "${syn[@]}" train.warmup_steps=100 train.max_steps=2 2>&1) ||
+  { echo "$out"; fail "warm-up run failed"; }
+<<< "$out" grep -q "the warm-up (train.warmup_steps = 100) is longer than the run's 2 optimizer steps: the \
+learning rate never reaches train.lr = 0.05" || { echo "$out"; fail "a warm-up longer than the run was not said"; }
 out=$("$DPTRAIN" "${syn[@]}" train.warmup_epochs=0.5 2>&1) || { echo "$out"; fail "warm-up run failed"; }
 ! <<< "$out" grep -q "warm-up" || { echo "$out"; fail "a warm-up within the run was warned of"; }
 echo "PASS"
