@@ -25,6 +25,7 @@
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
+#include "trainer/config_check.h"
 #include "trainer/datasets.h"
 #include "trainer/dir_lock.h"
 #include "trainer/evaluate.h"
@@ -441,9 +442,15 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
       spdlog::warn("the global batch is now {} examples per optimizer step (it was {}): the steps, the learning-rate "
                    "schedule and the loss curve change with it; train.global_batch_size keeps it whatever the world "
                    "size", step_samples, start_.step_samples);
-    if (start_.config_hash != config_hash(user_cfg_))
-      spdlog::warn("the config differs from the checkpoint's (hash {} vs {}); continuing with the new one",
-                   config_hash(user_cfg_), start_.config_hash);
+    if (start_.config_hash != config_hash(user_cfg_)) {
+      // Which keys, not only the hashes: a resume that forgot an override of the first run's says which.
+      std::vector<std::string> changed = config_changes(to_toml(user_cfg_), start_.config_toml, "the checkpoint");
+      const size_t listed = std::min<size_t>(changed.size(), 12);
+      spdlog::warn("the config differs from the checkpoint's (hash {} vs {}){}{}{}; continuing with the new one",
+                   config_hash(user_cfg_), start_.config_hash, listed > 0 ? ": " : "",
+                   fmt::join(changed.begin(), changed.begin() + static_cast<std::ptrdiff_t>(listed), ", "),
+                   changed.size() > listed ? fmt::format(" and {} more", changed.size() - listed) : "");
+    }
   }
 }
 

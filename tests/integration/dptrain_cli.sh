@@ -87,4 +87,12 @@ out=$("$DPTRAIN" "${syn[@]}" train.warmup_steps=100 train.max_steps=2 2>&1) ||
 learning rate never reaches train.lr = 0.05" || { echo "$out"; fail "a warm-up longer than the run was not said"; }
 out=$("$DPTRAIN" "${syn[@]}" train.warmup_epochs=0.5 2>&1) || { echo "$out"; fail "warm-up run failed"; }
 ! <<< "$out" grep -q "warm-up" || { echo "$out"; fail "a warm-up within the run was warned of"; }
+# A resume with another config goes on with it, and says which keys changed (it once gave only the two hashes).
+resume=(data.dataset=synthetic data.synthetic_train_size=64 data.synthetic_test_size=8 model.hidden=[8]
+        train.batch_size=8 checkpoint.dir="$WORK/changed")
+"$DPTRAIN" "${resume[@]}" train.epochs=1 > "$WORK/changed.log" 2>&1 || { cat "$WORK/changed.log"; fail "first run"; }
+out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.lr=0.1 2>&1) || { echo "$out"; fail "resume failed"; }
+<<< "$out" grep -q "the config differs from the checkpoint's (hash [0-9a-f]* vs [0-9a-f]*): train.epochs = 2 (the \
+checkpoint: 1), train.lr = 0.1 (the checkpoint: 0.05); continuing with the new one" ||
+  { echo "$out"; fail "a resume with another config did not name the keys that changed"; }
 echo "PASS"
