@@ -46,6 +46,12 @@ expect_exit 2 "log.dir = $WORK/ckfile is not a directory" "$DPTRAIN" --config "$
 expect_exit 2 "log.dir = $WORK/ckfile/sub: cannot create it" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" \
   checkpoint.dir="$WORK/ck_ok/c" log.dir="$WORK/ckfile/sub"
 
+# A global batch that does not divide among the ranks is refused before checkpoint.dir is created.
+expect_exit 2 "train.global_batch_size = 33 does not divide among 2 ranks; the nearest that do are 32 and 34" \
+  "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" data.dataset=synthetic model.hidden=[8] train.global_batch_size=33 \
+  checkpoint.dir="$WORK/gbs/ck"
+[ ! -e "$WORK/gbs" ] || fail "a refused train.global_batch_size left $WORK/gbs behind"
+
 # A data.dir that holds no data set is the config's error, exit 2, for every data set that reads a folder (as for
 # Fashion-MNIST above).
 expect_exit 2 "image folder $WORK/nothing not found" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" \
