@@ -645,6 +645,8 @@ std::vector<std::string> unread_keys(const Config& c) {
        c.data.dataset == DatasetKind::imagefolder, "data.dataset = imagefolder", data_now},
       {{"data.synthetic_train_size", "data.synthetic_test_size", "data.synthetic_shape"},
        c.data.dataset == DatasetKind::synthetic, "data.dataset = synthetic", data_now},
+      {{"data.augment"}, c.data.dataset == DatasetKind::fashion_mnist || c.data.dataset == DatasetKind::imagefolder,
+       "data.dataset = fashion-mnist or imagefolder", data_now},
       {{"data.padding"}, c.data.augment == "crop_flip", "data.augment = crop_flip", "data.augment = " + c.data.augment},
       {{"model.hidden"}, is_model({"mlp"}), "model.name = mlp", model_now},
       {{"model.depth", "model.blocks", "model.block", "model.widths", "model.stem", "model.sync_bn"},

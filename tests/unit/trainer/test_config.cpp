@@ -49,10 +49,12 @@ TEST_CASE("unread_keys: a key set that the model, data set, optimizer or schedul
   const Config gpt = parse_config("", "t", {"model.name=gpt", "data.dataset=tokens", "model.n_kv_head=4",
                                             "data.eos_token=e", "train.optimizer=adamw", "train.momentum=0.5",
                                             "train.beta1=0.8", "train.schedule=constant", "train.min_lr=0.001",
-                                            "model.n_layer=2", "model.hidden=[8]"});
+                                            "model.n_layer=2", "model.hidden=[8]", "data.augment=crop_flip"});
   CHECK(unread_keys(gpt) ==
         std::vector<std::string>{
             "data.eos_token = 'e' is not read: it applies to data.dataset = jsonl (data.dataset = tokens)",
+            "data.augment = 'crop_flip' is not read: it applies to data.dataset = fashion-mnist or imagefolder "
+            "(data.dataset = tokens)",
             "model.hidden = [8] is not read: it applies to model.name = mlp (model.name = gpt)",
             "model.n_kv_head = 4 is not read: it applies to model.name = llama (model.name = gpt)",
             "train.momentum = 0.5 is not read: it applies to train.optimizer = sgd (train.optimizer = adamw)",
