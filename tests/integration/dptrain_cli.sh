@@ -52,6 +52,13 @@ expect_exit 2 "train.global_batch_size = 33 does not divide among 2 ranks; the n
   checkpoint.dir="$WORK/gbs/ck"
 [ ! -e "$WORK/gbs" ] || fail "a refused train.global_batch_size left $WORK/gbs behind"
 
+# A dist.interface (or GLOO_SOCKET_IFNAME) this host lacks is refused, also in a one-node job, which listens on loopback
+# whatever it names (a misspelt name once passed there, to fail only on two nodes).
+expect_exit 2 "dist.interface = nope0: this host has no network interface nope0 (it has: lo" \
+  "$DPTRAIN" data.dataset=synthetic model.hidden=[8] dist.interface=nope0 checkpoint.dir="$WORK/iface"
+GLOO_SOCKET_IFNAME=nope1 expect_exit 2 "GLOO_SOCKET_IFNAME = nope1: this host has no network interface nope1" \
+  "$DPTRAIN" data.dataset=synthetic model.hidden=[8] checkpoint.dir="$WORK/iface"
+
 # A data.dir that holds no data set is the config's error, exit 2, for every data set that reads a folder (as for
 # Fashion-MNIST above).
 expect_exit 2 "image folder $WORK/nothing not found" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" \
