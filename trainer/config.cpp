@@ -254,7 +254,7 @@ std::vector<Field> train_fields() {
       field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw"),
       field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
-      field("train.nesterov", &C::train, &TrainConfig::nesterov, "SGD Nesterov momentum"),
+      field("train.nesterov", &C::train, &TrainConfig::nesterov, "SGD Nesterov momentum (needs train.momentum > 0)"),
       field("train.weight_decay", &C::train, &TrainConfig::weight_decay, "L2 penalty (SGD) or decoupled decay (AdamW)", at_least(0.0)),
       field("train.weight_decay_params", &C::train, &TrainConfig::weight_decay_params, "which parameters train.weight_decay applies to: all | matrices (those of 2 or more dimensions: weights and embeddings, not biases or normalisation gains, as nanoGPT) | auto (matrices for gpt, all otherwise, as PyTorch's optimizers)"),
       field("train.beta1", &C::train, &TrainConfig::beta1, "AdamW beta1", in_range(0.0, 1.0)),
@@ -542,6 +542,10 @@ void validate(const Config& c, const std::string& file, const std::vector<std::s
   if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
     DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
               source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
+  if (c.train.optimizer == OptimizerKind::sgd && c.train.nesterov && c.train.momentum == 0)
+    DPT_THROW(ConfigError, "{}train.nesterov = true needs train.momentum > 0 (it is 0.0): Nesterov's look-ahead is "
+              "along the momentum, and without one it would be plain SGD (torch.optim.SGD refuses it too)",
+              source.empty() ? "" : source + ": ");
   if (c.train.schedule == ScheduleKind::cosine && c.train.min_lr > c.train.lr)
     DPT_THROW(ConfigError, "{}train.min_lr = {} is above train.lr = {}: the cosine schedule goes from train.lr down to "
               "train.min_lr, and would raise the learning rate instead; set train.min_lr <= train.lr",

@@ -74,13 +74,13 @@ TEST_CASE("unread_keys: a key set that the model, data set, optimizer or schedul
 TEST_CASE("file values and key=value overrides, in that order", "[config]") {
   auto path = write_temp("a.toml", "[train]\nlr = 0.2\nepochs = 3\n[model]\nhidden = [64]\n");
   Config c = load_config(path, {"train.lr=0.5", "dist.backend=gloo", "model.hidden=[32, 16]", "train.nesterov=true",
-                                "train.momentum=0"});
+                                "train.weight_decay=1"});
   REQUIRE(c.train.lr == 0.5);
   REQUIRE(c.train.epochs == 3);
   REQUIRE(c.dist.backend == "gloo");
   REQUIRE(c.model.hidden == std::vector<int64_t>{32, 16});
   REQUIRE(c.train.nesterov);
-  REQUIRE(c.train.momentum == 0.0);  // an integer is accepted for a float key
+  REQUIRE(c.train.weight_decay == 1.0);  // an integer is accepted for a float key
   REQUIRE(load_config("", {"checkpoint.dir=\"/tmp/x y\""}).checkpoint.dir == "/tmp/x y");
   REQUIRE(load_config("", {"checkpoint.dir=runs/a"}).checkpoint.dir == "runs/a");
   // Dotted keys in the file work like sections.
@@ -255,6 +255,11 @@ TEST_CASE("learning-rate schedules", "[config]") {
                       Catch::Contains("train.min_lr = 1.0 is above train.lr = 0.01"));
   REQUIRE(parse_config("", "t", {"train.lr=0.01", "train.min_lr=0.01"}).train.min_lr == 0.01);
   REQUIRE(parse_config("", "t", {"train.lr=0.01", "train.min_lr=1.0", "train.schedule=step"}).train.min_lr == 1.0);
+  // SGD's Nesterov momentum without a momentum is plain SGD: refused, as torch.optim.SGD does (once accepted silently).
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"train.nesterov=true", "train.momentum=0"}),
+                      Catch::Contains("train.nesterov = true needs train.momentum > 0"));
+  REQUIRE(parse_config("", "t", {"train.nesterov=true", "train.momentum=0.5"}).train.nesterov);
+  REQUIRE(parse_config("", "t", {"train.nesterov=false", "train.momentum=0"}).train.momentum == 0);
 }
 
 TEST_CASE("train.global_batch_size: the micro-batch and accumulation per world size", "[config]") {
