@@ -335,7 +335,7 @@ std::vector<Field> model_fields() {
       field("model.block_size", &C::model, &ModelConfig::block_size, "gpt, llama: tokens per training window (the context length; a gpt's rows of transformer.wpe)", at_least<int64_t>(1)),
       field("model.recompute", &C::model, &ModelConfig::recompute, "gpt: recompute the attention probabilities and GELU outputs in backward instead of keeping them per layer (less memory, a little more compute)"),
       field("model.n_kv_head", &C::model, &ModelConfig::n_kv_head, "llama: key/value heads (grouped-query attention: model.n_head must be a multiple); 0: model.n_head (multi-head)", at_least<int64_t>(0)),
-      field("model.head_dim", &C::model, &ModelConfig::head_dim, "llama: width of each attention head (even); 0: model.n_embd / model.n_head", at_least<int64_t>(0)),
+      field("model.head_dim", &C::model, &ModelConfig::head_dim, "llama: width of each attention head (even); 0: model.n_embd / model.n_head", Check<int64_t>([](const int64_t& v) { return v == 0 || (v >= 2 && v % 2 == 0) ? "" : std::string("must be 0 or an even number (the rotary embeddings rotate pairs)"); })),
       field("model.intermediate_size", &C::model, &ModelConfig::intermediate_size, "llama: the SwiGLU MLP's width; 0: 8/3 model.n_embd rounded up to a multiple of 64 (Llama's sizing)", at_least<int64_t>(0)),
       field("model.rms_norm_eps", &C::model, &ModelConfig::rms_norm_eps, "llama: RMSNorm's epsilon", Check<double>([](const double& v) { return v > 0 && v < 1 ? "" : std::string("must be in (0, 1)"); })),
       field("model.rope_theta", &C::model, &ModelConfig::rope_theta, "llama: the rotary embeddings' base (Llama 2: 10000, Llama 3: 500000)", Check<double>([](const double& v) { return v > 0 ? "" : std::string("must be positive"); })),
@@ -542,6 +542,10 @@ void validate(const Config& c, const std::string& file, const std::vector<std::s
   if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
     DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
               source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
+  if (c.model.rope_scaling == "llama3" && !(c.model.rope_low_freq_factor < c.model.rope_high_freq_factor))
+    DPT_THROW(ConfigError, "{}model.rope_low_freq_factor = {} and model.rope_high_freq_factor = {}: Llama 3's rope "
+              "scaling needs low < high", source.empty() ? "" : source + ": ",
+              Kind<double>::show(c.model.rope_low_freq_factor), Kind<double>::show(c.model.rope_high_freq_factor));
   if (c.train.optimizer == OptimizerKind::sgd && c.train.nesterov && c.train.momentum == 0)
     DPT_THROW(ConfigError, "{}train.nesterov = true needs train.momentum > 0 (it is 0.0): Nesterov's look-ahead is "
               "along the momentum, and without one it would be plain SGD (torch.optim.SGD refuses it too)",

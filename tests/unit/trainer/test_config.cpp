@@ -262,6 +262,16 @@ TEST_CASE("learning-rate schedules", "[config]") {
   REQUIRE(parse_config("", "t", {"train.nesterov=false", "train.momentum=0"}).train.momentum == 0);
 }
 
+TEST_CASE("the llama's head_dim and rope frequency factors are refused by the config, naming the key", "[config]") {
+  // The llama's keys the rotary embeddings check, refused here naming the key (they were refused later by the model,
+  // "rotary embeddings need an even head_dim, got 3", without it).
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"model.head_dim=3"}),
+                      Catch::Contains("model.head_dim = 3: must be 0 or an even"));
+  REQUIRE(parse_config("", "t", {"model.head_dim=64"}).model.head_dim == 64);
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"model.rope_scaling=llama3", "model.rope_high_freq_factor=0.5"}),
+                      Catch::Contains("model.rope_low_freq_factor = 1.0 and model.rope_high_freq_factor = 0.5"));
+}
+
 TEST_CASE("train.global_batch_size: the micro-batch and accumulation per world size", "[config]") {
   using G = StepGeometry;
   auto same = [](G a, G b) { return a.micro_batch == b.micro_batch && a.accum_steps == b.accum_steps; };
