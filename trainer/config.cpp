@@ -192,6 +192,10 @@ Field field(std::string key, S Config::*section, T S::*member, std::string help,
       }
       c.*section.*member = static_cast<T>(it - names.begin());
     } else {
+      // A TOML boolean reads as the word for a key that takes words (dist.overlap = false), not for a free string:
+      // checkpoint.dir = true in a file once wrote checkpoints to a folder named "true".
+      if constexpr (std::is_same_v<T, std::string>)
+        if (n.is_boolean() && (!check || check(std::string("\x01")).empty())) return false;
       auto v = Kind<T>::read(n);
       if (!v) return false;
       c.*section.*member = std::move(*v);

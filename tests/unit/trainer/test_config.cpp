@@ -96,6 +96,14 @@ TEST_CASE("dist.overlap: auto by default, true and false as TOML booleans or wor
   REQUIRE_THROWS_WITH(load_config("", {"dist.overlap=sometimes"}),
                       Catch::Contains("must be one of: auto, true, false"));
   REQUIRE_THROWS_WITH(load_config("", {"dist.overlap=1"}), Catch::Contains("dist.overlap"));
+  // Only where the key takes words: a path given a TOML boolean in a file is a wrong type, not the folder "true"; on
+  // the command line a bare word is a string (checkpoint.dir=true: the folder true).
+  REQUIRE_THROWS_WITH(load_config(write_temp("h.toml", "[checkpoint]\ndir = true\n"), {}),
+                      Catch::Contains("checkpoint.dir: expected string, got boolean true"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("i.toml", "[model]\ninit_from = false\n"), {}),
+                      Catch::Contains("model.init_from: expected string, got boolean false"));
+  REQUIRE(load_config("", {"checkpoint.dir=true"}).checkpoint.dir == "true");
+  REQUIRE(load_config(write_temp("j.toml", "[dist]\noverlap = true\n"), {}).dist.overlap == "true");
 }
 
 TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[config]") {
