@@ -3,6 +3,7 @@
 // travel through a store client of their own (MPI: a diagnostics store that rank 0 serves).
 #include "comm/init.h"
 
+#include <net/if.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -235,6 +236,20 @@ std::unique_ptr<ProcessGroup> init_nccl(const DistEnv& env, const InitOptions& o
 }
 #endif
 
+// The interface Gloo is told to listen on must exist on this host. A one-node job listens on loopback whatever it
+// names (gloo_bind), so a misspelt dist.interface went unnoticed there, to fail only once the job ran on two nodes.
+void check_interface(const std::string& list, const std::string& from) {
+  const std::string name = list.substr(0, list.find(','));  // GLOO_SOCKET_IFNAME may list several; Gloo takes one
+  if (name.empty() || ::if_nametoindex(name.c_str()) != 0) return;
+  std::vector<std::string> names;
+  if (struct if_nameindex* all = ::if_nameindex()) {
+    for (const struct if_nameindex* i = all; i->if_index != 0; ++i) names.emplace_back(i->if_name);
+    ::if_freenameindex(all);
+  }
+  DPT_THROW(ConfigError, "{} = {}: this host has no network interface {} (it has: {})", from, list, name,
+            fmt::join(names, ", "));
+}
+
 // `trace` gets the store the group's hang reports meet in.
 std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, const DistEnv& env,
                                                 const InitOptions& opts, TracedGroupOptions& trace) {
@@ -247,8 +262,6 @@ std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, cons
   }
   // gloo. A single process needs no server (and no port): the job store is then in-process.
   // Keys of an earlier attempt of a restarted job stay away from this one's.
-  auto prefixed = std::make_shared<PrefixStore>(fmt::format("dpt/restart{}/gloo", env.restart_count),
-                                                job_store(env, opts.timeout));
   GlooOptions go;
   go.timeout = opts.timeout;
   go.master_addr = env.master_addr;
@@ -256,6 +269,9 @@ std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, cons
     go.iface = opts.interface;
   else if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"))
     go.iface = iface;
+  check_interface(go.iface, opts.interface.empty() ? "GLOO_SOCKET_IFNAME" : "dist.interface");
+  auto prefixed = std::make_shared<PrefixStore>(fmt::format("dpt/restart{}/gloo", env.restart_count),
+                                                job_store(env, opts.timeout));
   // The constructor ends with a barrier: every rank is connected, so rank 0's store server (kept alive by the
   // group) is no longer needed by anyone's rendezvous.
   auto pg = std::make_unique<GlooProcessGroup>(prefixed, env.rank, env.world_size, go);

@@ -23,7 +23,7 @@ Batch allocate_batch(size_t size, size_t feature_count, size_t capacity, bool pi
 }
 
 void Loader::recycle(Batch&& batch) {
-  if (!batch.features_buffer.defined() || batch.features_buffer.dim(0) != static_cast<int64_t>(opts_.batch_size))
+  if (!batch.features_buffer.defined() || batch.features_buffer.dim(0) != static_cast<int64_t>(capacity_))
     return;
   std::lock_guard<std::mutex> lock(mu_);
   if (free_.size() < opts_.prefetch + 4) free_.push_back(std::move(batch));
@@ -35,6 +35,7 @@ Loader::Loader(const Dataset& dataset, std::vector<size_t> indices, LoaderOption
   if (opts_.prefetch == 0) DPT_THROW(ConfigError, "loader: prefetch must be >= 1, got 0");
   if (opts_.workers == 0) DPT_THROW(ConfigError, "loader: workers must be >= 1, got 0");
   const size_t n = indices_.size();
+  capacity_ = std::max<size_t>(1, std::min(opts_.batch_size, n));
   num_batches_ = opts_.drop_last ? n / opts_.batch_size : (n + opts_.batch_size - 1) / opts_.batch_size;
   if (start_batch_ > num_batches_) {
     DPT_THROW(ConfigError, "loader: cannot resume at batch {} of an epoch of {} batches ({} examples, batch size {})",
@@ -176,7 +177,7 @@ void Loader::produce() {
         batch.labels = batch.labels_buffer.view(0, {static_cast<int64_t>(size)});
         batch.size = size;
       } else {
-        batch = allocate_batch(size, dataset_.feature_count(), opts_.batch_size, opts_.pin_memory);
+        batch = allocate_batch(size, dataset_.feature_count(), capacity_, opts_.pin_memory);
       }
       batch.index = b;
       if (!fill(batch, b)) break;

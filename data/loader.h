@@ -95,6 +95,9 @@ class Loader {
   const Dataset& dataset_;
   std::vector<size_t> indices_;
   LoaderOptions opts_;
+  // Rows of each batch buffer: opts_.batch_size, or the examples there are when fewer (a batch size past the data
+  // set's, train.eval_batch_size = 1000 over 64 test examples, allocates no rows that can never be filled).
+  size_t capacity_ = 0;
   size_t num_batches_ = 0;
   size_t start_batch_ = 0;
   int device_ = -1;  // pin_memory on a GPU: the CUDA device the producer thread allocates for

@@ -226,6 +226,9 @@ int main(int argc, char** argv) {
   } catch (const dpt::ConfigError& e) {
     return usage_error(e.what());
   }
+  // An empty --log-dir (an unset variable in a script: --log-dir "$LOGS") once printed to the console as if absent.
+  if (app.count("--log-dir") > 0 && opts.log_dir.empty())
+    return usage_error("--log-dir must not be empty (leave it out to print the ranks' output with [rank R] prefixes)");
   if (raw.addr_opt->count() > 0) opts.master_addr = raw.master_addr;
   if (raw.port_opt->count() > 0) opts.master_port = raw.master_port;
 

@@ -192,6 +192,10 @@ Field field(std::string key, S Config::*section, T S::*member, std::string help,
       }
       c.*section.*member = static_cast<T>(it - names.begin());
     } else {
+      // A TOML boolean reads as the word for a key that takes words (dist.overlap = false), not for a free string:
+      // checkpoint.dir = true in a file once wrote checkpoints to a folder named "true".
+      if constexpr (std::is_same_v<T, std::string>)
+        if (n.is_boolean() && (!check || check(std::string("\x01")).empty())) return false;
       auto v = Kind<T>::read(n);
       if (!v) return false;
       c.*section.*member = std::move(*v);
@@ -254,7 +258,7 @@ std::vector<Field> train_fields() {
       field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw"),
       field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
-      field("train.nesterov", &C::train, &TrainConfig::nesterov, "SGD Nesterov momentum"),
+      field("train.nesterov", &C::train, &TrainConfig::nesterov, "SGD Nesterov momentum (needs train.momentum > 0)"),
       field("train.weight_decay", &C::train, &TrainConfig::weight_decay, "L2 penalty (SGD) or decoupled decay (AdamW)", at_least(0.0)),
       field("train.weight_decay_params", &C::train, &TrainConfig::weight_decay_params, "which parameters train.weight_decay applies to: all | matrices (those of 2 or more dimensions: weights and embeddings, not biases or normalisation gains, as nanoGPT) | auto (matrices for gpt, all otherwise, as PyTorch's optimizers)"),
       field("train.beta1", &C::train, &TrainConfig::beta1, "AdamW beta1", in_range(0.0, 1.0)),
@@ -265,7 +269,7 @@ std::vector<Field> train_fields() {
       field("train.warmup_steps", &C::train, &TrainConfig::warmup_steps, "linear warm-up from 0, in optimizer steps (instead of warmup_epochs)", at_least<int64_t>(0)),
       field("train.step_size", &C::train, &TrainConfig::step_size, "epochs between decays (schedule = step)", at_least<int64_t>(1)),
       field("train.gamma", &C::train, &TrainConfig::gamma, "decay factor (schedule = step)", positive()),
-      field("train.min_lr", &C::train, &TrainConfig::min_lr, "final learning rate (schedule = cosine)", at_least(0.0)),
+      field("train.min_lr", &C::train, &TrainConfig::min_lr, "final learning rate (schedule = cosine; at most train.lr)", at_least(0.0)),
       field("train.seed", &C::train, &TrainConfig::seed, "seed of the initialisation and of the data order", at_least<int64_t>(0)),
       field("train.drop_last", &C::train, &TrainConfig::drop_last, "drop the tail instead of padding shards, and the last partial batch"),
       field("train.max_steps", &C::train, &TrainConfig::max_steps, "stop after this many optimizer steps (0: no limit)", at_least<int64_t>(0)),
@@ -335,7 +339,7 @@ std::vector<Field> model_fields() {
       field("model.block_size", &C::model, &ModelConfig::block_size, "gpt, llama: tokens per training window (the context length; a gpt's rows of transformer.wpe)", at_least<int64_t>(1)),
       field("model.recompute", &C::model, &ModelConfig::recompute, "gpt: recompute the attention probabilities and GELU outputs in backward instead of keeping them per layer (less memory, a little more compute)"),
       field("model.n_kv_head", &C::model, &ModelConfig::n_kv_head, "llama: key/value heads (grouped-query attention: model.n_head must be a multiple); 0: model.n_head (multi-head)", at_least<int64_t>(0)),
-      field("model.head_dim", &C::model, &ModelConfig::head_dim, "llama: width of each attention head (even); 0: model.n_embd / model.n_head", at_least<int64_t>(0)),
+      field("model.head_dim", &C::model, &ModelConfig::head_dim, "llama: width of each attention head (even); 0: model.n_embd / model.n_head", Check<int64_t>([](const int64_t& v) { return v == 0 || (v >= 2 && v % 2 == 0) ? "" : std::string("must be 0 or an even number (the rotary embeddings rotate pairs)"); })),
       field("model.intermediate_size", &C::model, &ModelConfig::intermediate_size, "llama: the SwiGLU MLP's width; 0: 8/3 model.n_embd rounded up to a multiple of 64 (Llama's sizing)", at_least<int64_t>(0)),
       field("model.rms_norm_eps", &C::model, &ModelConfig::rms_norm_eps, "llama: RMSNorm's epsilon", Check<double>([](const double& v) { return v > 0 && v < 1 ? "" : std::string("must be in (0, 1)"); })),
       field("model.rope_theta", &C::model, &ModelConfig::rope_theta, "llama: the rotary embeddings' base (Llama 2: 10000, Llama 3: 500000)", Check<double>([](const double& v) { return v > 0 ? "" : std::string("must be positive"); })),
@@ -360,17 +364,19 @@ std::vector<Field> run_fields() {
   return {
       field("dist.backend", &C::dist, &DistConfig::backend, "auto (nccl with a GPU per rank, else mpi under mpirun, else gloo) | gloo | mpi | nccl", one_of({"auto", "gloo", "mpi", "nccl"})),
       field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", Check<double>([](const double& v) {
-              return v > 0 && v <= 1e7 ? "" : std::string("must be in (0, 10000000] seconds");
+              // Kept in whole milliseconds: a value under one would be a timeout of 0 ms, every connection failing.
+              return v >= 1e-3 && v <= 1e7 ? "" : std::string("must be in [0.001, 10000000] seconds");
             })),
       field("dist.bucket_cap_mb", &C::dist, &DistConfig::bucket_cap_mb, "gradient bucket size in MB (reverse parameter order; the first bucket at most 1 MB)", Check<double>([](const double& v) {
-              return v > 0 && v <= 1e6 ? "" : std::string("must be in (0, 1000000] MB");
+              // Kept in whole bytes (MB x 2^20): a value under one byte would be a cap of 0 bytes.
+              return v >= 1e-6 && v <= 1e6 ? "" : std::string("must be in [0.000001, 1000000] MB");
             })),
       field("dist.overlap", &C::dist, &DistConfig::overlap, "auto (true when the model trains on a GPU, false on the CPU) | true: all-reduce each bucket as soon as backward has produced it | false: one all-reduce after backward (faster on the CPU: no core is idle for the overlap; docs/data-parallel.md)", one_of({"auto", "true", "false"})),
       field("dist.broadcast_buffers", &C::dist, &DistConfig::broadcast_buffers, "broadcast rank 0's buffers (BatchNorm running statistics) to every rank at the start of each step, as DDP's broadcast_buffers (evaluation uses rank 0's, the saved ones, either way)"),
       field("dist.grad_dtype", &C::dist, &DistConfig::grad_dtype, "fp32 | bf16: what the gradient all-reduce carries. bf16 (PyTorch DDP's bf16_compress_hook): each bucket is divided by the world size and rounded to bfloat16 (nearest even), summed in bfloat16 (each addition in fp32, rounded back), and widened back to fp32: half the bytes on the wire, gradients good to about 3 significant digits (relative 2^-8 per rounding). Parameters, optimizer state and everything else stay fp32. Every backend (gloo, mpi, nccl). With one rank nothing is all-reduced, so it has no effect"),
       field("dist.zero", &C::dist, &DistConfig::zero, "0 | 1 | 2 | 3: sharded data parallelism (ZeRO). 0: DDP, every rank holds the whole optimizer state and gradients. 1 (stage 1): each rank holds the optimizer state of 1/N of the parameters: every gradient bucket is reduce-scattered (not all-reduced) during backward, each rank updates its shard, and the parameters are all-gathered after the step; AdamW's 8 bytes per parameter become 8/N. 2 (stage 2): also the gradients: a rank keeps only its shard's averaged gradients (4/N bytes per parameter), each bucket's full gradients being held only from the moment backward reaches it to its reduce-scatter (with train.accum_steps > 1, over the whole accumulation, as FSDP's no_sync). 3 (stage 3, FSDP's full shard): also the parameters: a rank keeps only its shard (4/N bytes per parameter); each gradient bucket's parameters are all-gathered just before the first module using them runs forward, and again before backward, the next bucket's gather prefetched while the current one computes, and released once their modules are done; checkpoints, the start's broadcast and the replica check gather the whole model for a moment. Stages 1 to 3 compute the same numbers, bit for bit (DDP's too on 2 ranks; on more, within float32 rounding: the additions run in another order). Checkpoints hold the optimizer state as one file per rank and load at any world size and dist.zero. With one rank nothing is sharded (the same numbers as 0), though a combination refused with a stage (train.bf16_activations with 3) stays refused", Check<int64_t>([](const int64_t& v) {
         return v >= 0 && v <= 3 ? "" : std::string("must be 0, 1, 2 or 3"); })),
-      field("dist.interface", &C::dist, &DistConfig::interface, "gloo: the network interface each rank listens on (e.g. eth0, ib0), the same name on every node; empty (the default): the interface whose address routes to MASTER_ADDR (loopback for a one-node job). GLOO_SOCKET_IFNAME in the environment does the same and is used when this is empty"),
+      field("dist.interface", &C::dist, &DistConfig::interface, "gloo: the network interface each rank listens on (e.g. eth0, ib0), the same name on every node; empty (the default): the interface whose address routes to MASTER_ADDR (loopback for a one-node job, whatever this names). GLOO_SOCKET_IFNAME in the environment does the same and is used when this is empty. A name this host lacks is an error (exit 2)"),
       field("checkpoint.dir", &C::checkpoint, &CheckpointConfig::dir, "where rank 0 writes checkpoints (step-NNNNNNNN/)", Check<std::string>([](const std::string& s) { return s.empty() ? "must not be empty" : ""; })),
       field("checkpoint.keep", &C::checkpoint, &CheckpointConfig::keep, "keep the newest K checkpoints", at_least<int64_t>(1)),
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: at no epoch end but the last: the run's last epoch always ends with one)", at_least<int64_t>(0)),
@@ -427,8 +433,19 @@ size_t edit_distance(std::string_view a, std::string_view b) {
     size_t d = edit_distance(key, f.key);
     if (d < best_d) best_d = d, best = &f;
   }
-  DPT_THROW(ConfigError, "{}unknown config key '{}'{}; valid keys: {}", where, key,
-            best ? fmt::format(" (did you mean '{}'?)", best->key) : "", fmt::join(keys, ", "));
+  // A key of that name in another section (lr, epochs, model.seed: Hugging Face's and nanoGPT's flat names, or the
+  // wrong section) is what was meant, rather than the key fewest edits away (model.stem for model.seed).
+  std::vector<std::string> same_name;
+  const std::string name = key.substr(key.rfind('.') + 1);
+  for (const std::string& k : keys)
+    if (k.substr(k.find('.') + 1) == name) same_name.push_back("'" + k + "'");
+  std::string hint;
+  if (same_name.size() == 1) hint = fmt::format(" (did you mean {}?)", same_name.front());
+  else if (!same_name.empty())
+    hint = fmt::format(" (did you mean {} or {}?)", fmt::join(same_name.begin(), same_name.end() - 1, ", "),
+                       same_name.back());
+  else if (best) hint = fmt::format(" (did you mean '{}'?)", best->key);
+  DPT_THROW(ConfigError, "{}unknown config key '{}'{}; valid keys: {}", where, key, hint, fmt::join(keys, ", "));
 }
 
 void set_field(Config& c, const Field& f, const toml::node& n, const std::string& where) {
@@ -529,6 +546,18 @@ void validate(const Config& c, const std::string& file, const std::vector<std::s
   if (c.train.warmup_epochs > 0 && c.train.warmup_steps > 0)
     DPT_THROW(ConfigError, "{}train.warmup_epochs = {} and train.warmup_steps = {}: give the warm-up one way, not both",
               source.empty() ? "" : source + ": ", c.train.warmup_epochs, c.train.warmup_steps);
+  if (c.model.rope_scaling == "llama3" && !(c.model.rope_low_freq_factor < c.model.rope_high_freq_factor))
+    DPT_THROW(ConfigError, "{}model.rope_low_freq_factor = {} and model.rope_high_freq_factor = {}: Llama 3's rope "
+              "scaling needs low < high", source.empty() ? "" : source + ": ",
+              Kind<double>::show(c.model.rope_low_freq_factor), Kind<double>::show(c.model.rope_high_freq_factor));
+  if (c.train.optimizer == OptimizerKind::sgd && c.train.nesterov && c.train.momentum == 0)
+    DPT_THROW(ConfigError, "{}train.nesterov = true needs train.momentum > 0 (it is 0.0): Nesterov's look-ahead is "
+              "along the momentum, and without one it would be plain SGD (torch.optim.SGD refuses it too)",
+              source.empty() ? "" : source + ": ");
+  if (c.train.schedule == ScheduleKind::cosine && c.train.min_lr > c.train.lr)
+    DPT_THROW(ConfigError, "{}train.min_lr = {} is above train.lr = {}: the cosine schedule goes from train.lr down to "
+              "train.min_lr, and would raise the learning rate instead; set train.min_lr <= train.lr",
+              source.empty() ? "" : source + ": ", Kind<double>::show(c.train.min_lr), Kind<double>::show(c.train.lr));
   if (c.train.global_batch_size > 0 && c.train.accum_steps != 1)
     DPT_THROW(ConfigError, "{}train.global_batch_size = {} with train.accum_steps = {}: with a global batch the "
               "accumulation steps are derived per world size (train.batch_size is the largest micro-batch); leave "
@@ -628,6 +657,8 @@ std::vector<std::string> unread_keys(const Config& c) {
        c.data.dataset == DatasetKind::imagefolder, "data.dataset = imagefolder", data_now},
       {{"data.synthetic_train_size", "data.synthetic_test_size", "data.synthetic_shape"},
        c.data.dataset == DatasetKind::synthetic, "data.dataset = synthetic", data_now},
+      {{"data.augment"}, c.data.dataset == DatasetKind::fashion_mnist || c.data.dataset == DatasetKind::imagefolder,
+       "data.dataset = fashion-mnist or imagefolder", data_now},
       {{"data.padding"}, c.data.augment == "crop_flip", "data.augment = crop_flip", "data.augment = " + c.data.augment},
       {{"model.hidden"}, is_model({"mlp"}), "model.name = mlp", model_now},
       {{"model.depth", "model.blocks", "model.block", "model.widths", "model.stem", "model.sync_bn"},

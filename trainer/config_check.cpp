@@ -85,26 +85,31 @@ void check_same_config(const Config& cfg, comm::ProcessGroup& pg) {
   detail::check_same_texts(to_toml(cfg), binary_version(), pg);
 }
 
-namespace detail {
-
-std::vector<std::string> config_differences(const std::string& theirs, const std::string& base_toml, int base) {
-  const auto mine = flatten(theirs);
-  const auto ref = flatten(base_toml);
+std::vector<std::string> config_changes(const std::string& now, const std::string& before,
+                                        const std::string& before_name) {
+  const auto mine = flatten(now);
+  const auto ref = flatten(before);
   std::map<std::string, std::string> ref_values(ref.begin(), ref.end());
   std::map<std::string, std::string> mine_values(mine.begin(), mine.end());
   std::vector<std::string> out;
   for (const auto& [key, value] : mine) {
     auto it = ref_values.find(key);
     if (it == ref_values.end()) {
-      out.push_back(fmt::format("{} = {} (rank {}: not set)", key, value, base));
+      out.push_back(fmt::format("{} = {} ({}: not set)", key, value, before_name));
     } else if (it->second != value) {
-      out.push_back(fmt::format("{} = {} (rank {}: {})", key, value, base, it->second));
+      out.push_back(fmt::format("{} = {} ({}: {})", key, value, before_name, it->second));
     }
   }
   for (const auto& [key, value] : ref) {
-    if (!mine_values.count(key)) out.push_back(fmt::format("{} not set (rank {}: {})", key, base, value));
+    if (!mine_values.count(key)) out.push_back(fmt::format("{} not set ({}: {})", key, before_name, value));
   }
   return out;
+}
+
+namespace detail {
+
+std::vector<std::string> config_differences(const std::string& theirs, const std::string& base_toml, int base) {
+  return config_changes(theirs, base_toml, fmt::format("rank {}", base));
 }
 
 void check_same_texts(const std::string& config_toml, const std::string& version, comm::ProcessGroup& pg) {

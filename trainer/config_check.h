@@ -25,6 +25,12 @@ std::string binary_version();
 // Host tensors only (int64 all-reduce, uint8 broadcast): every backend takes those (nccl through the device).
 void check_same_config(const Config& cfg, comm::ProcessGroup& pg);
 
+// "train.lr = 0.2 (the checkpoint: 0.1)": each key whose value differs between two to_toml texts, `now`'s then
+// `before`'s, which `before_name` names. In `now`'s order, then the keys only `before` has ("... not set (NAME: 3)").
+// The rank check below says these, and a resume from a checkpoint of another config.
+std::vector<std::string> config_changes(const std::string& now, const std::string& before,
+                                        const std::string& before_name);
+
 namespace detail {
 
 // check_same_config on given texts: what it runs on to_toml(cfg) and binary_version() (for the tests).

@@ -34,9 +34,20 @@ StepGeometry global_batch_geometry(int64_t global_batch, int64_t max_micro_batch
               global_batch, world, below > 0 ? fmt::format("{} and {}", below, above) : std::to_string(above));
   }
   const int64_t per_rank = global_batch / world;
-  int64_t accum = (per_rank + max_micro_batch - 1) / max_micro_batch;
-  while (per_rank % accum != 0) ++accum;  // ends at per_rank (micro-batches of 1) at the latest
-  return {.micro_batch = per_rank / accum, .accum_steps = accum};
+  // The micro-batch: per_rank's largest divisor of at most max_micro_batch. Counting the accumulation steps up one by
+  // one from the fewest that fit took up to per_rank trials (train.global_batch_size = 2^63 - 1 never started).
+  // Instead: the steps a counted up only while the micro-batch per_rank / a stays above sqrt(per_rank), then the
+  // micro-batch counted down from min(max_micro_batch, sqrt(per_rank)): at most sqrt(per_rank) and, but for a
+  // max_micro_batch of sqrt(per_rank) or more, about max_micro_batch trials.
+  auto root = static_cast<int64_t>(std::sqrt(static_cast<double>(per_rank)));
+  while (root > 1 && root > per_rank / root) --root;
+  while (root + 1 <= per_rank / (root + 1)) ++root;
+  int64_t micro = 0;
+  for (int64_t a = per_rank / max_micro_batch + (per_rank % max_micro_batch != 0); a <= root && micro == 0; ++a)
+    if (per_rank % a == 0) micro = per_rank / a;
+  for (int64_t m = std::min(max_micro_batch, root); micro == 0; --m)  // ends at 1 at the latest
+    if (per_rank % m == 0) micro = m;
+  return {.micro_batch = micro, .accum_steps = per_rank / micro};
 }
 
 TrainConfig with_step_geometry(TrainConfig t, int world) {

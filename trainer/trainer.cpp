@@ -25,6 +25,7 @@
 #include "models/model.h"
 #include "trainer/build_model.h"
 #include "trainer/checkpoint.h"
+#include "trainer/config_check.h"
 #include "trainer/datasets.h"
 #include "trainer/dir_lock.h"
 #include "trainer/evaluate.h"
@@ -441,9 +442,15 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
       spdlog::warn("the global batch is now {} examples per optimizer step (it was {}): the steps, the learning-rate "
                    "schedule and the loss curve change with it; train.global_batch_size keeps it whatever the world "
                    "size", step_samples, start_.step_samples);
-    if (start_.config_hash != config_hash(user_cfg_))
-      spdlog::warn("the config differs from the checkpoint's (hash {} vs {}); continuing with the new one",
-                   config_hash(user_cfg_), start_.config_hash);
+    if (start_.config_hash != config_hash(user_cfg_)) {
+      // Which keys, not only the hashes: a resume that forgot an override of the first run's says which.
+      std::vector<std::string> changed = config_changes(to_toml(user_cfg_), start_.config_toml, "the checkpoint");
+      const size_t listed = std::min<size_t>(changed.size(), 12);
+      spdlog::warn("the config differs from the checkpoint's (hash {} vs {}){}{}{}; continuing with the new one",
+                   config_hash(user_cfg_), start_.config_hash, listed > 0 ? ": " : "",
+                   fmt::join(changed.begin(), changed.begin() + static_cast<std::ptrdiff_t>(listed), ", "),
+                   changed.size() > listed ? fmt::format(" and {} more", changed.size() - listed) : "");
+    }
   }
 }
 
@@ -507,6 +514,16 @@ void Trainer::prepare_steps() {
   // train.max_steps counts the steps taken; after a resume at another geometry those and the schedule's position
   // differ by a constant (the position it resumed at less the steps done).
   if (t_.max_steps > 0) total_steps_ = std::min(total_steps_, t_.max_steps + (resumed_at - start_.step));
+  // A warm-up longer than the run (a longer run's train.warmup_epochs, a short train.max_steps trial): the learning
+  // rate never reaches train.lr. Said, not refused: a run may be meant to stop early and go on later.
+  const double warmup = t_.warmup_steps > 0 ? static_cast<double>(t_.warmup_steps)
+                                            : t_.warmup_epochs * static_cast<double>(steps_per_epoch_);
+  if (lead_ && warmup > static_cast<double>(total_steps_) && total_steps_ > resumed_at)
+    spdlog::warn("the warm-up ({}) is longer than the run's {} optimizer steps: the learning rate never reaches "
+                 "train.lr = {} (at most {:.4g}, at the last step)",
+                 t_.warmup_steps > 0 ? fmt::format("train.warmup_steps = {}", t_.warmup_steps)
+                                     : fmt::format("train.warmup_epochs = {:g}: {:g} steps", t_.warmup_epochs, warmup),
+                 total_steps_, t_.lr, lr_at(t_, total_steps_ - 1, steps_per_epoch_, total_steps_));
 
   ctx_.phase = "setting up training (the data loader)";
   feeder_ = std::make_unique<Feeder>(device_, stream_);

@@ -36,6 +36,7 @@ expect_usage_error "--nnodes 2 needs --master-addr" --nnodes 2 --node-rank 1 -- 
 expect_usage_error "--master-port must be in 1..65535 (got 0)" --master-port 0 -- true
 expect_usage_error "--master-port must be in 1..65535 (got 65536)" --master-port 65536 -- true
 expect_usage_error "--grace-period" --grace-period -1 -- true
+expect_usage_error "--log-dir must not be empty" --log-dir "" -- true
 echo "ok: usage errors"
 
 # torchrun's spellings work; the program's own options after -- are left alone.

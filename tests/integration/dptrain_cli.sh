@@ -46,6 +46,19 @@ expect_exit 2 "log.dir = $WORK/ckfile is not a directory" "$DPTRAIN" --config "$
 expect_exit 2 "log.dir = $WORK/ckfile/sub: cannot create it" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" \
   checkpoint.dir="$WORK/ck_ok/c" log.dir="$WORK/ckfile/sub"
 
+# A global batch that does not divide among the ranks is refused before checkpoint.dir is created.
+expect_exit 2 "train.global_batch_size = 33 does not divide among 2 ranks; the nearest that do are 32 and 34" \
+  "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" data.dataset=synthetic model.hidden=[8] train.global_batch_size=33 \
+  checkpoint.dir="$WORK/gbs/ck"
+[ ! -e "$WORK/gbs" ] || fail "a refused train.global_batch_size left $WORK/gbs behind"
+
+# A dist.interface (or GLOO_SOCKET_IFNAME) this host lacks is refused, also in a one-node job, which listens on loopback
+# whatever it names (a misspelt name once passed there, to fail only on two nodes).
+expect_exit 2 "dist.interface = nope0: this host has no network interface nope0 (it has: lo" \
+  "$DPTRAIN" data.dataset=synthetic model.hidden=[8] dist.interface=nope0 checkpoint.dir="$WORK/iface"
+GLOO_SOCKET_IFNAME=nope1 expect_exit 2 "GLOO_SOCKET_IFNAME = nope1: this host has no network interface nope1" \
+  "$DPTRAIN" data.dataset=synthetic model.hidden=[8] checkpoint.dir="$WORK/iface"
+
 # A data.dir that holds no data set is the config's error, exit 2, for every data set that reads a folder (as for
 # Fashion-MNIST above).
 expect_exit 2 "image folder $WORK/nothing not found" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/nothing" \
@@ -70,4 +83,29 @@ fi
 toml=$("$DPTRAIN" --config "$CONFIG" --print-config train.lr=0.125 model.hidden=[64])
 <<< "$toml" grep -q "^lr = 0.125$" || fail "--print-config lacks the override"
 <<< "$toml" grep -q "^hidden = \[64\]$" || fail "--print-config lacks model.hidden"
+# Its stdout is the TOML alone: `--print-config > FILE` reads back as a --config file and prints the same text (the
+# OpenBLAS note logged at start-up once went to stdout too, and FILE failed to parse at its first line).
+"$DPTRAIN" --config "$CONFIG" --print-config train.lr=0.125 > "$WORK/effective.toml" 2>/dev/null
+"$DPTRAIN" --config "$WORK/effective.toml" --print-config > "$WORK/again.toml" 2> "$WORK/again.err" ||
+  { cat "$WORK/again.err"; fail "--print-config's output does not read back as a config file"; }
+cmp -s "$WORK/effective.toml" "$WORK/again.toml" ||
+  { diff "$WORK/effective.toml" "$WORK/again.toml"; fail "--print-config's output reads back as another config"; }
+# A warm-up longer than the run is said at the start (the learning rate never reaches train.lr); one that ends within
+# it is not.
+syn=(data.dataset=synthetic data.synthetic_train_size=64 data.synthetic_test_size=8 model.hidden=[8] train.batch_size=8
+     train.epochs=1 --resume never checkpoint.dir="$WORK/warmup")
+out=$("$DPTRAIN" "${syn[@]}" train.warmup_steps=100 train.max_steps=2 2>&1) ||
+  { echo "$out"; fail "warm-up run failed"; }
+<<< "$out" grep -q "the warm-up (train.warmup_steps = 100) is longer than the run's 2 optimizer steps: the \
+learning rate never reaches train.lr = 0.05" || { echo "$out"; fail "a warm-up longer than the run was not said"; }
+out=$("$DPTRAIN" "${syn[@]}" train.warmup_epochs=0.5 2>&1) || { echo "$out"; fail "warm-up run failed"; }
+! <<< "$out" grep -q "warm-up" || { echo "$out"; fail "a warm-up within the run was warned of"; }
+# A resume with another config goes on with it, and says which keys changed (it once gave only the two hashes).
+resume=(data.dataset=synthetic data.synthetic_train_size=64 data.synthetic_test_size=8 model.hidden=[8]
+        train.batch_size=8 checkpoint.dir="$WORK/changed")
+"$DPTRAIN" "${resume[@]}" train.epochs=1 > "$WORK/changed.log" 2>&1 || { cat "$WORK/changed.log"; fail "first run"; }
+out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.lr=0.1 2>&1) || { echo "$out"; fail "resume failed"; }
+<<< "$out" grep -q "the config differs from the checkpoint's (hash [0-9a-f]* vs [0-9a-f]*): train.epochs = 2 (the \
+checkpoint: 1), train.lr = 0.1 (the checkpoint: 0.05); continuing with the new one" ||
+  { echo "$out"; fail "a resume with another config did not name the keys that changed"; }
 echo "PASS"

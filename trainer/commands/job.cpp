@@ -1,6 +1,7 @@
 // trainer/commands/job.cpp: a rank of a job (trainer/commands/job.h).
 #include "trainer/commands/job.h"
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -60,6 +61,9 @@ Device choose_and_set_device(const Config& cfg, const comm::DistEnv& env) {
 }  // namespace
 
 int run_job(const JobSpec& spec) {
+  // --print-config: stdout holds the TOML alone, so that `dptrain --print-config > run.toml` reads back with --config;
+  // every log line (the OpenBLAS note below, a warning, the error that refuses the config) goes to stderr.
+  if (spec.print_config) spdlog::set_default_logger(spdlog::stderr_color_mt("dptrain-print-config"));
   comm::DistEnv env;
   try {
     env = comm::detect_env(comm::process_env());

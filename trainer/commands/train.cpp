@@ -10,6 +10,7 @@
 #include "trainer/commands/job.h"
 #include "trainer/model_registry.h"
 #include "trainer/preemption.h"
+#include "trainer/schedule.h"
 #include "trainer/report/metrics.h"
 #include "trainer/trainer.h"
 
@@ -82,6 +83,8 @@ int train_job(const TrainArgs& a) {
               DPT_THROW(ConfigError, "--resume {}: no such checkpoint directory (--resume takes auto, never, or the "
                         "path of a step-N checkpoint or of a checkpoint directory){}", a.resume,
                         ec ? ": " + ec.message() : std::string());
+            // A train.global_batch_size that does not divide among the ranks: refused before checkpoint.dir is made.
+            (void)with_step_geometry(job.config.train, job.env.world_size);
             // An unusable checkpoint.dir (a file, a read-only folder): said now, not at the first checkpoint.
             if (lead) CheckpointManager::check_dir(job.config.checkpoint.dir);
             if (lead) check_metrics_dir(job.config);  // the same for the metrics file's folder

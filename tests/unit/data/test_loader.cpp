@@ -422,6 +422,26 @@ TEST_CASE("recycled batches are refilled in place, partial last batches included
   REQUIRE(buffers.size() <= 3);
 }
 
+TEST_CASE("a batch size past the examples allocates only their rows", "[data][loader]") {
+  // train.eval_batch_size = 2^60 over 8 test examples once asked for 16 million TiB ("out of host memory"), and the
+  // default 1000 over a few test examples for rows never filled.
+  SyntheticDataset ds(37, 5, 4, 7);
+  std::vector<size_t> order = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3};
+  for (const size_t batch_size : {size_t{1} << 60, size_t{1000}, size_t{10}}) {
+    Loader loader(ds, order, {.batch_size = batch_size, .drop_last = false, .prefetch = 2});
+    REQUIRE(loader.num_batches() == 1);
+    auto batch = loader.next();
+    REQUIRE(batch);
+    REQUIRE(batch->size == order.size());
+    REQUIRE(batch->features_buffer.dim(0) == static_cast<int64_t>(order.size()));
+    std::vector<float> expect(5);
+    for (size_t k = 0; k < order.size(); ++k)
+      REQUIRE(batch->labels.data<int32_t>()[k] == ds.get(order[k], expect.data()));
+    loader.recycle(std::move(*batch));
+    REQUIRE(!loader.next());
+  }
+}
+
 TEST_CASE("a label outside 0..classes-1 is an IoError naming the example, on every device", "[data][loader]") {
   // kLeftOut (-1, an example the data set leaves out: an evaluation's image that could not be decoded) passes, the
   // loss kernels' kIgnoreLabel.

@@ -49,10 +49,12 @@ TEST_CASE("unread_keys: a key set that the model, data set, optimizer or schedul
   const Config gpt = parse_config("", "t", {"model.name=gpt", "data.dataset=tokens", "model.n_kv_head=4",
                                             "data.eos_token=e", "train.optimizer=adamw", "train.momentum=0.5",
                                             "train.beta1=0.8", "train.schedule=constant", "train.min_lr=0.001",
-                                            "model.n_layer=2", "model.hidden=[8]"});
+                                            "model.n_layer=2", "model.hidden=[8]", "data.augment=crop_flip"});
   CHECK(unread_keys(gpt) ==
         std::vector<std::string>{
             "data.eos_token = 'e' is not read: it applies to data.dataset = jsonl (data.dataset = tokens)",
+            "data.augment = 'crop_flip' is not read: it applies to data.dataset = fashion-mnist or imagefolder "
+            "(data.dataset = tokens)",
             "model.hidden = [8] is not read: it applies to model.name = mlp (model.name = gpt)",
             "model.n_kv_head = 4 is not read: it applies to model.name = llama (model.name = gpt)",
             "train.momentum = 0.5 is not read: it applies to train.optimizer = sgd (train.optimizer = adamw)",
@@ -72,13 +74,13 @@ TEST_CASE("unread_keys: a key set that the model, data set, optimizer or schedul
 TEST_CASE("file values and key=value overrides, in that order", "[config]") {
   auto path = write_temp("a.toml", "[train]\nlr = 0.2\nepochs = 3\n[model]\nhidden = [64]\n");
   Config c = load_config(path, {"train.lr=0.5", "dist.backend=gloo", "model.hidden=[32, 16]", "train.nesterov=true",
-                                "train.momentum=0"});
+                                "train.weight_decay=1"});
   REQUIRE(c.train.lr == 0.5);
   REQUIRE(c.train.epochs == 3);
   REQUIRE(c.dist.backend == "gloo");
   REQUIRE(c.model.hidden == std::vector<int64_t>{32, 16});
   REQUIRE(c.train.nesterov);
-  REQUIRE(c.train.momentum == 0.0);  // an integer is accepted for a float key
+  REQUIRE(c.train.weight_decay == 1.0);  // an integer is accepted for a float key
   REQUIRE(load_config("", {"checkpoint.dir=\"/tmp/x y\""}).checkpoint.dir == "/tmp/x y");
   REQUIRE(load_config("", {"checkpoint.dir=runs/a"}).checkpoint.dir == "runs/a");
   // Dotted keys in the file work like sections.
@@ -94,6 +96,14 @@ TEST_CASE("dist.overlap: auto by default, true and false as TOML booleans or wor
   REQUIRE_THROWS_WITH(load_config("", {"dist.overlap=sometimes"}),
                       Catch::Contains("must be one of: auto, true, false"));
   REQUIRE_THROWS_WITH(load_config("", {"dist.overlap=1"}), Catch::Contains("dist.overlap"));
+  // Only where the key takes words: a path given a TOML boolean in a file is a wrong type, not the folder "true"; on
+  // the command line a bare word is a string (checkpoint.dir=true: the folder true).
+  REQUIRE_THROWS_WITH(load_config(write_temp("h.toml", "[checkpoint]\ndir = true\n"), {}),
+                      Catch::Contains("checkpoint.dir: expected string, got boolean true"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("i.toml", "[model]\ninit_from = false\n"), {}),
+                      Catch::Contains("model.init_from: expected string, got boolean false"));
+  REQUIRE(load_config("", {"checkpoint.dir=true"}).checkpoint.dir == "true");
+  REQUIRE(load_config(write_temp("j.toml", "[dist]\noverlap = true\n"), {}).dist.overlap == "true");
 }
 
 TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[config]") {
@@ -103,6 +113,14 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   // Three edits away is still suggested (three extra letters); a key no field is close to gets no suggestion.
   REQUIRE_THROWS_WITH(load_config("", {"train.lrxyz=0.1"}), Catch::Contains("did you mean 'train.lr'"));
   REQUIRE_THROWS_WITH(load_config("", {"train.l=0.1"}), Catch::Contains("did you mean 'train.lr'"));
+  // A key without its section (Hugging Face's and nanoGPT's flat names), or in the wrong one, is far from every key
+  // in edits: the keys of that name are suggested instead.
+  REQUIRE_THROWS_WITH(load_config("", {"epochs=3"}), Catch::Contains("(did you mean 'train.epochs'?)"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("g.toml", "lr = 0.1\n"), {}), Catch::Contains("did you mean 'train.lr'"));
+  REQUIRE_THROWS_WITH(load_config("", {"model.seed=3"}), Catch::Contains("did you mean 'train.seed'"));
+  REQUIRE_THROWS_WITH(load_config("", {"dir=x"}),
+                      Catch::Contains("(did you mean 'data.dir', 'checkpoint.dir' or 'log.dir'?)"));
+  REQUIRE_THROWS_WITH(load_config("", {"learning_rate=0.1"}), !Catch::Contains("did you mean"));
   REQUIRE_THROWS_WITH(load_config("", {std::string(5000, 'x') + "=1"}),
                       Catch::Contains("unknown config key 'xxx") && !Catch::Contains("did you mean"));
   REQUIRE_THROWS_WITH(load_config(write_temp("c.toml", "[train]\nbatchsize = 3\n"), {}),
@@ -130,6 +148,19 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
                       Catch::StartsWith(ok_file + " with the command line's overrides: train.warmup_epochs = 1"));
   REQUIRE_THROWS_WITH(load_config(write_temp("d.toml", "[train\nlr=1"), {}), Catch::Contains("dpt_test_d.toml:1"));
   REQUIRE_THROWS_AS(load_config("/nonexistent/x.toml", {}), ConfigError);
+}
+
+TEST_CASE("dist.timeout_s and dist.bucket_cap_mb: a value that rounds to zero milliseconds or bytes is refused",
+          "[config]") {
+  // The timeout is kept in whole milliseconds and the bucket cap in bytes: dist.timeout_s = 0.0001 once made every
+  // connection fail "after 0 ms", and dist.bucket_cap_mb = 1e-9 stopped the run with an internal check (exit 1).
+  REQUIRE_THROWS_WITH(load_config("", {"dist.timeout_s=0.0001"}),
+                      Catch::Contains("dist.timeout_s = 0.0001: must be in [0.001, 10000000] seconds"));
+  REQUIRE_THROWS_WITH(load_config("", {"dist.bucket_cap_mb=1e-9"}),
+                      Catch::Contains("dist.bucket_cap_mb = 1e-09: must be in [0.000001, 1000000] MB"));
+  REQUIRE(load_config("", {"dist.timeout_s=0.001", "dist.bucket_cap_mb=0.000001"}).dist.timeout_s == 0.001);
+  REQUIRE_THROWS_WITH(load_config("", {"dist.timeout_s=1e8"}), Catch::Contains("dist.timeout_s"));
+  REQUIRE_THROWS_WITH(load_config("", {"dist.bucket_cap_mb=0"}), Catch::Contains("dist.bucket_cap_mb"));
 }
 
 TEST_CASE("choices are parsed once into enums, printed as their words, and a word they lack is named", "[config]") {
@@ -226,6 +257,27 @@ TEST_CASE("learning-rate schedules", "[config]") {
   REQUIRE(lr_at(t, 100, 10, 100) == Approx(0.1));
   REQUIRE_THROWS_WITH(parse_config("", "t", {"train.warmup_steps=4", "train.warmup_epochs=1"}),
                       Catch::Contains("not both"));
+  // The cosine decays to train.min_lr: one above train.lr (train.min_lr = 1.0 with train.lr = 0.01) once trained
+  // with a learning rate rising 100-fold. Refused, naming both; equal is a constant; other schedules do not read it.
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"train.lr=0.01", "train.min_lr=1.0"}),
+                      Catch::Contains("train.min_lr = 1.0 is above train.lr = 0.01"));
+  REQUIRE(parse_config("", "t", {"train.lr=0.01", "train.min_lr=0.01"}).train.min_lr == 0.01);
+  REQUIRE(parse_config("", "t", {"train.lr=0.01", "train.min_lr=1.0", "train.schedule=step"}).train.min_lr == 1.0);
+  // SGD's Nesterov momentum without a momentum is plain SGD: refused, as torch.optim.SGD does (once accepted silently).
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"train.nesterov=true", "train.momentum=0"}),
+                      Catch::Contains("train.nesterov = true needs train.momentum > 0"));
+  REQUIRE(parse_config("", "t", {"train.nesterov=true", "train.momentum=0.5"}).train.nesterov);
+  REQUIRE(parse_config("", "t", {"train.nesterov=false", "train.momentum=0"}).train.momentum == 0);
+}
+
+TEST_CASE("the llama's head_dim and rope frequency factors are refused by the config, naming the key", "[config]") {
+  // The llama's keys the rotary embeddings check, refused here naming the key (they were refused later by the model,
+  // "rotary embeddings need an even head_dim, got 3", without it).
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"model.head_dim=3"}),
+                      Catch::Contains("model.head_dim = 3: must be 0 or an even"));
+  REQUIRE(parse_config("", "t", {"model.head_dim=64"}).model.head_dim == 64);
+  REQUIRE_THROWS_WITH(parse_config("", "t", {"model.rope_scaling=llama3", "model.rope_high_freq_factor=0.5"}),
+                      Catch::Contains("model.rope_low_freq_factor = 1.0 and model.rope_high_freq_factor = 0.5"));
 }
 
 TEST_CASE("train.global_batch_size: the micro-batch and accumulation per world size", "[config]") {
@@ -239,6 +291,12 @@ TEST_CASE("train.global_batch_size: the micro-batch and accumulation per world s
   CHECK(same(global_batch_geometry(48, 16, 2), G{12, 2}));  // 24 per rank: 2 x 12, not 16 + 8
   CHECK(same(global_batch_geometry(48, 5, 1), G{4, 12}));   // 48 = 12 x 4: the fewest micro-batches of at most 5
   CHECK(same(global_batch_geometry(7, 3, 1), G{1, 7}));     // a prime: micro-batches of 1
+  // Found in at most sqrt(per rank) trials: counting the accumulation steps up one by one, 2^63 - 1 (7^2 x 73 x 127 x
+  // 337 x 92737 x 649657) took about 2^60 of them, and a large prime as many as itself.
+  CHECK(same(global_batch_geometry(INT64_MAX, 8, 1), G{7, INT64_MAX / 7}));
+  CHECK(same(global_batch_geometry(INT64_MAX, INT64_MAX / 7 - 1, 1), G{INT64_MAX / 49, 49}));
+  CHECK(same(global_batch_geometry(1000000007, 1000, 1), G{1, 1000000007}));  // a prime
+  CHECK(same(global_batch_geometry(2 * 1000000007LL, 1000000008, 2), G{1000000007, 1}));
   for (int world = 1; world <= 8; ++world) {
     for (int64_t global : {8, 24, 96, 120}) {
       for (int64_t cap : {1, 5, 16, 1000}) {
