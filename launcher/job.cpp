@@ -80,11 +80,11 @@ int Job::run() {
   announce();
   open_stdin();
   make_reason_dir();
-  if (!elastic_) return run_attempts();
+  if (!elastic_) return ended(run_attempts());
   try {
     connect_rendezvous();
-    if (std::optional<int> ended = enter_round(rdzv_->is_master() ? 0 : rdzv_->current_round(), 0)) return *ended;
-    return run_attempts();
+    if (std::optional<int> end = enter_round(rdzv_->is_master() ? 0 : rdzv_->current_round(), 0)) return ended(*end);
+    return ended(run_attempts());
   } catch (const CommError& e) {
     if (rdzv_ && rdzv_->is_master()) throw;
     // Node 0 hosts the rendezvous and rank 0: without it there is no job (the ranks are SIGKILLed on the way out).

@@ -113,6 +113,11 @@ class Job {
   // after the name and signal of a rank killed by one, which could leave none); the file is removed so that a
   // restart starts without one.
   void print_reason();
+  // The job's end, `code`: when it is a failure (neither 0 nor kPreemptedCode) and dprun itself was given a
+  // DPT_REASON_FILE (a batch script's, as scripts/slurm/dprun.sbatch gives each node's dprun), "node N: <reason>"
+  // goes there, first writer wins: srun reports the highest exit code, and a node whose ranks stopped for the
+  // others' teardown exits 75, which alone would read as a preemption. Returns `code`.
+  int ended(int code);
   // A rank exited kPreemptedCode: it stopped for a stop signal, after all ranks agreed on the step and rank 0's
   // checkpoint was written (dptrain), so the others are about to do the same; or alone, before the ranks could
   // agree (at the rendezvous: dptrain's RendezvousStopWatch), so the others would wait for it. Not a failure (no
@@ -169,6 +174,7 @@ class Job {
   OutputSink stdout_, stderr_;
   Fd devnull_;
   std::string reason_dir_;  // DPT_REASON_FILE's directory; empty: none (make_reason_dir)
+  std::string last_reason_;  // the last failed attempt's reason line (print_reason), for ended()
   std::vector<Rank> ranks_;
   Phase phase_ = Phase::kRunning;
   JobClock::time_point deadline_{};

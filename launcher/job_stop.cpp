@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/logging.h"
 
 namespace dpt::launcher {
 
@@ -78,8 +79,21 @@ void Job::print_reason() {
     // A rank's own failure names it (a signal it could not report), else the line written is the reason.
     const std::string reason = failed_rank_ ? failure_reason(*failed_rank_, failed_status_, line) : line;
     if (!reason.empty()) note("reason: " + reason);
+    // For ended(): the reason, else the failed rank and how it ended (a rank that wrote nothing and was not killed).
+    last_reason_ = !reason.empty() || !failed_rank_
+                       ? reason
+                       : fmt::format("rank {} {}", *failed_rank_, failed_status_.describe());
   }
   ::unlink(path.c_str());
+}
+
+int Job::ended(int code) {
+  if (code == 0 || code == kPreemptedCode) return code;
+  const auto outer = inherited_.find("DPT_REASON_FILE");
+  if (outer == inherited_.end() || outer->second.empty()) return code;
+  const std::string why = last_reason_.empty() ? fmt::format("dprun exited {}", code) : last_reason_;
+  write_reason_once(outer->second, fmt::format("node {}: {}", opts_.node_rank, why));
+  return code;
 }
 
 void Job::on_preempted_exit(const Rank& r) {

@@ -44,7 +44,9 @@ constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   DPT_REASON_FILE          a file in dprun's private temporary directory: the first rank to fail
                            writes one line there (dptrain: its error, or a hang naming the stuck
                            rank), and dprun prints it once as "dprun: reason: ..." after the teardown
-                           (a rank killed by a signal, which cannot write, is named there first)
+                           (a rank killed by a signal, which cannot write, is named there first).
+                           dprun's own DPT_REASON_FILE, if it has one (scripts/slurm/dprun.sbatch's),
+                           gets "node N: <the reason>" when the job fails (not on exit 0 or 75)
 Standard input of every rank is /dev/null. torchrun's spellings (--nproc_per_node ...) work too.
 
 Rendezvous token: rank 0's store admits only processes presenting the job's DPT_STORE_TOKEN, so a rank

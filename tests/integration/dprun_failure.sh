@@ -154,4 +154,22 @@ grep -qx '\[rank 0\] rank done' "$WORK/err" || fail "leftover flood: the rank's 
 sleep 0.3  # the SIGTERM to the leftover is asynchronous
 no_flooders "leftover flood"
 echo "ok: a leftover child flooding the pipe does not hold dprun up ($TOOK s)"
+# 9. dprun given a DPT_REASON_FILE of its own (dprun.sbatch gives one to each node's dprun): a failed job writes
+#    "node N: <its reason>" there, first writer wins; a job that ends well, or stopped for preemption (75), writes
+#    nothing: srun reports the highest code of all nodes, and 75 with a reason there is a failure, not requeued.
+OUTER=$WORK/outer-reason
+rm -f "$OUTER"
+DPT_REASON_FILE=$OUTER run --nproc-per-node 2 -- sh -c '[ "$RANK" = 1 ] && { sleep 0.3; exit 4; }; exec sleep $SLEEP_FOR'
+[ "$RC" = 4 ] || fail "outer reason: dprun exited $RC, expected 4"
+grep -qx 'node 0: rank 1 exited with code 4' "$OUTER" ||
+  fail "outer reason: no 'node 0: rank 1 ...' line in DPT_REASON_FILE: $(cat "$OUTER" 2>&1)"
+echo "first" > "$OUTER"
+DPT_REASON_FILE=$OUTER run --nproc-per-node 1 -- sh -c 'exit 5'
+[ "$RC" = 5 ] && [ "$(cat "$OUTER")" = first ] || fail "outer reason: the first line was not kept (rc $RC)"
+rm -f "$OUTER"
+DPT_REASON_FILE=$OUTER run --nproc-per-node 2 -- sh -c 'exit 0'
+[ "$RC" = 0 ] && [ ! -e "$OUTER" ] || fail "outer reason: a job that ended well wrote one (rc $RC)"
+DPT_REASON_FILE=$OUTER run --nproc-per-node 2 -- sh -c 'exit 75'
+[ "$RC" = 75 ] && [ ! -e "$OUTER" ] || fail "outer reason: a preempted job (75) wrote one (rc $RC)"
+echo "ok: dprun's own DPT_REASON_FILE gets the node's failure, not a success or a preemption"
 echo "PASS"
