@@ -763,8 +763,13 @@ Progress Trainer::progress(Epoch& ep, int64_t next_batch) {
   int64_t run_left = epoch_left + (t_.epochs - ep.index - 1) * spe_;
   if (t_.max_steps > 0) run_left = std::min(run_left, (t_.max_steps - step_) * K_);
   const int64_t evals_left = t_.max_steps > 0 && step_ + epoch_left / K_ >= t_.max_steps ? 1 : t_.epochs - ep.index;
-  const auto [loss_sum, counted] = ep.loss_and_count();
+  // Resumed mid-epoch: the epoch's steps before the checkpoint count too (as in the epoch's train_loss), so the
+  // running mean goes on where the interrupted run left it.
+  auto [loss_sum, counted] = ep.loss_and_count();
+  loss_sum += ep.carried_loss;
+  counted += ep.carried_count;
   return {.step = step_, .epoch = ep.index, .batch = next_batch, .batches = ep.end_batch,
+          .epoch_step = (next_batch + K_ - 1) / K_, .epoch_steps = (ep.end_batch + K_ - 1) / K_,
           .loss = counted > 0 ? loss_sum / counted : 0.0, .lr = ep.lr,
           .grad_norm = t_.clip_grad_norm > 0 ? ep.grad_norm : -1.0, .rows = ep.seen, .elapsed_s = elapsed,
           .eta = estimate_eta(next_batch - ep.first_batch, elapsed, epoch_left, run_left, evals_left, last_eval_s_)};
