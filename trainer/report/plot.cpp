@@ -420,8 +420,11 @@ PlotReport plot_run(const PlotRequest& req) {
     DPT_THROW(ConfigError, "plot: {} is empty: {}; it gets its first record after train.progress_interval_s or at "
               "the end of the first epoch", rep.metrics, writer);
   if (c.records == 0)
-    DPT_THROW(ConfigError, "plot: {} holds no progress or epoch records ({} malformed lines, the first line {}; {} "
-              "records of other kinds): {}", rep.metrics, c.malformed, c.first_malformed, c.other_kinds, writer);
+    DPT_THROW(ConfigError, "plot: {} holds no progress or epoch records ({} record(s) of other kinds{}): {}",
+              rep.metrics, c.other_kinds,
+              c.malformed > 0 ? fmt::format(", {} malformed line(s), the first: line {}", c.malformed, c.first_malformed)
+                              : std::string(),
+              writer);
   rep.records = c.records;
   rep.malformed = c.malformed;
   rep.first_malformed = c.first_malformed;

@@ -221,7 +221,16 @@ TEST_CASE("plot_run: a missing or empty metrics file is a usage error naming the
     plot_run({.run = run});
     FAIL("no error for a file without progress or epoch records");
   } catch (const dpt::ConfigError& e) {
-    CHECK_THAT(e.what(), Catch::Contains("no progress or epoch records") && Catch::Contains("1 malformed"));
+    CHECK_THAT(e.what(), Catch::Contains("no progress or epoch records") &&
+                             Catch::Contains("1 malformed line(s), the first: line 1"));
+  }
+  { std::ofstream(dir.path / "metrics.jsonl") << "{\"kind\":\"memory\",\"step\":1}\n"; }
+  try {
+    plot_run({.run = run});
+    FAIL("no error for a file holding only a memory record");
+  } catch (const dpt::ConfigError& e) {  // no "0 malformed lines, the first line 0"
+    CHECK_THAT(e.what(), Catch::Contains("(1 record(s) of other kinds)"));
+    CHECK_THAT(e.what(), !Catch::Contains("malformed"));
   }
 
   { std::ofstream(dir.path / "metrics.jsonl") << kImageRun; }
