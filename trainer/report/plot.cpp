@@ -402,6 +402,25 @@ std::string plot_title(const std::string& name, const RunCurves& c) {
   return t;
 }
 
+// Whether paths `a` and `b` name one file: the same file when both exist (links, "./x"), else the same absolute path.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
+  return fs::absolute(a, ec).lexically_normal() == fs::absolute(b, ec).lexically_normal();
+}
+
+// --out and --script are written over: neither may name the metrics file they are drawn from (a run's record, which
+// a run may still be writing), nor each other. Before anything is written.
+void refuse_overwriting(const std::string& metrics, const std::string& out, const std::string& script) {
+  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--out", out}, {"--script", script}}) {
+    if (!path.empty() && (same_file(path, metrics) || same_file(path + ".tmp", metrics)))
+      DPT_THROW(ConfigError, "plot: {} {} would write over the metrics file {} it draws from; name another file",
+                option, path, metrics);
+  }
+  if (!script.empty() && (same_file(script, out) || same_file(script, out + ".tmp")))
+    DPT_THROW(ConfigError, "plot: --script {} is the PNG's path ({}); name another file", script, out);
+}
+
 }  // namespace
 
 PlotReport plot_run(const PlotRequest& req) {
@@ -431,6 +450,7 @@ PlotReport plot_run(const PlotRequest& req) {
 
   const fs::path folder = fs::absolute(fs::path(rep.metrics)).lexically_normal().parent_path();
   rep.out = req.out.empty() ? (fs::path(rep.metrics).parent_path() / "curves.png").string() : req.out;
+  refuse_overwriting(rep.metrics, rep.out, req.script);
   const fs::path out_parent = fs::absolute(rep.out).parent_path();
   fs::create_directories(out_parent, ec);
   if (ec)
