@@ -410,7 +410,7 @@ bool same_file(const std::string& a, const std::string& b) {
 }
 
 // --out and --script are written over: neither may name the metrics file they are drawn from (a run's record, which
-// a run may still be writing), nor each other. Before anything is written.
+// a run may still be writing), nor each other, nor a directory. Before anything is written.
 void refuse_overwriting(const std::string& metrics, const std::string& out, const std::string& script) {
   for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--out", out}, {"--script", script}}) {
     if (!path.empty() && (same_file(path, metrics) || same_file(path + ".tmp", metrics)))
@@ -419,6 +419,12 @@ void refuse_overwriting(const std::string& metrics, const std::string& out, cons
   }
   if (!script.empty() && (same_file(script, out) || same_file(script, out + ".tmp")))
     DPT_THROW(ConfigError, "plot: --script {} is the PNG's path ({}); name another file", script, out);
+  std::error_code ec;
+  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--out", out}, {"--script", script}}) {
+    if (!path.empty() && fs::is_directory(path, ec))
+      DPT_THROW(ConfigError, "plot: {} {} is a directory; name the file to write in it ({})", option, path,
+                (fs::path(path) / (std::string(option) == "--out" ? "curves.png" : "curves.gp")).string());
+  }
 }
 
 }  // namespace
@@ -482,7 +488,11 @@ PlotReport plot_run(const PlotRequest& req) {
               made ? "" : ", writing no PNG", rep.out, out.empty() ? "(no output)" : out);
   }
   fs::rename(tmp, rep.out, ec);
-  if (ec) DPT_THROW(IoError, "plot: cannot rename {} to {}: {}", tmp, rep.out, ec.message());
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);  // no OUT.tmp left behind
+    DPT_THROW(IoError, "plot: cannot rename {} to {}: {}", tmp, rep.out, ec.message());
+  }
   rep.gnuplot_output = r.output;
   return rep;
 }

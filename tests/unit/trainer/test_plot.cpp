@@ -254,14 +254,15 @@ TEST_CASE("plot_run: a missing or empty metrics file is a usage error naming the
     const std::vector<PlotRequest> bad = {{.run = run, .out = metrics}, {.run = run, .out = dotted},
                                           {.run = metrics, .script = metrics},
                                           {.run = run, .out = (dir.path / "x.png").string(),
-                                           .script = (dir.path / "x.png").string()}};
+                                           .script = (dir.path / "x.png").string()},
+                                          {.run = run, .out = dir.path.string()}};
     for (const PlotRequest& req : bad) {
       try {
         plot_run(req);
         FAIL("no error for --out " + req.out + " --script " + req.script);
       } catch (const dpt::ConfigError& e) {
         CHECK_THAT(e.what(), Catch::Contains("would write over the metrics file") ||
-                                 Catch::Contains("is the PNG's path"));
+                                 Catch::Contains("is the PNG's path") || Catch::Contains("is a directory"));
       }
     }
     std::ifstream in(metrics);
@@ -269,6 +270,7 @@ TEST_CASE("plot_run: a missing or empty metrics file is a usage error naming the
     text << in.rdbuf();
     CHECK(text.str() == kImageRun);
     CHECK_FALSE(fs::exists(dir.path / "x.png"));
+    CHECK_FALSE(fs::exists(dir.path.string() + ".tmp"));  // --out DIR: no DIR.tmp beside it
   }
   {
     // A "gnuplot" that fails: its output is in the error, and no PNG (nor PNG.tmp) is left.
