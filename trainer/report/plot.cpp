@@ -447,8 +447,9 @@ PlotReport plot_run(const PlotRequest& req) {
   if (c.records == 0)
     DPT_THROW(ConfigError, "plot: {} holds no progress or epoch records ({} record(s) of other kinds{}): {}",
               rep.metrics, c.other_kinds,
-              c.malformed > 0 ? fmt::format(", {} malformed line(s), the first: line {}", c.malformed, c.first_malformed)
-                              : std::string(),
+              c.malformed > 0
+                  ? fmt::format(", {} malformed line(s), the first: line {}", c.malformed, c.first_malformed)
+                  : std::string(),
               writer);
   rep.records = c.records;
   rep.malformed = c.malformed;
