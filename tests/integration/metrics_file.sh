@@ -39,7 +39,7 @@ for row in re.findall(r"^\| (`.+?) \| (.+?) \|", section, re.M):
         where[k] = KINDS if "all" in words else words & KINDS
 check = {"integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
          "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-         "string": lambda v: isinstance(v, str)}
+         "string": lambda v: isinstance(v, str), "boolean": lambda v: isinstance(v, bool)}
 for base in ("integer", "number"):
     check[base + " array"] = lambda v, f=check[base]: isinstance(v, list) and len(v) == 2 and all(map(f, v))
 

@@ -164,6 +164,8 @@ for at in 20 15; do
   records=$(grep '"kind":"epoch"' "$WORK/one_$at/log2/metrics.jsonl" | grep -c '"evaluated_after_resume":true')
   [ "$after/$records" = "$([ "$at" = 20 ] && echo 1/1 || echo 0/0)" ] ||
     fail "resumed after step $at: 'evaluated after the resume' lines/records $after/$records"
+  grep -q '^| `evaluated_after_resume` | epoch' "$DPT_SOURCE_DIR/docs/watching.md" ||
+    fail "the epoch record's evaluated_after_resume is not in docs/watching.md's table of the metrics file's keys"
   [ "$(epoch_line "$WORK/one_$at.resume.log" 2)" = "$(epoch_line "$WORK/one_ref.log" 2)" ] ||
     fail "resumed after step $at: epoch 2's line differs from the reference's"
   "$PY" "$CKPT_PY" compare "$WORK/one_ref/step-00000040" "$WORK/one_$at/step-00000040" 0 >/dev/null ||

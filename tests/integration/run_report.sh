@@ -4,7 +4,8 @@
 # records; the memory report after the first step gives the model's parameter, gradient and optimizer bytes
 # from its parameter count (a closed form for the MLP); progress lines carry the epoch's percentage and an ETA,
 # one live line ('\r') when dprun's stdout is a terminal and plain lines otherwise; an allocation that fails
-# (DPT_DEBUG_MEMORY_LIMIT) ends the job with a message naming the phase, the sizes and what to lower.
+# (DPT_DEBUG_MEMORY_LIMIT) ends the job with a message naming the phase, the sizes and what to lower; under gradient
+# accumulation the progress line counts optimizer steps, and a mid-epoch resume keeps the epoch's running loss.
 source "$(dirname "$0")/lib/common.bash"
 RUN=(--config "$CONFIG" data.train_limit=2000 data.test_limit=200 train.batch_size=32 model.hidden=[256])
 # 784*256+256 + 256*10+10 parameters: 203530, 4 bytes each.
@@ -78,14 +79,34 @@ PY
 grep -Eq "\] epoch 1/1 step [0-9]+/32 \([0-9]+%\)" "$WORK/b.log" && fail "progress lines despite progress_interval_s=1000"
 
 # 4. Out of memory: training fits in 3.6 MB of tensors (about 3.2 MB at its peak), evaluation's batch of 1000 images
-# (3.1 MB) does not. 2000 test images, 1000 a rank: a batch buffer holds no more rows than there are examples.
+# (3.1 MB) does not. 2000 test images, 1000 per rank: the loader's buffers hold only the examples there are.
 set +e
-DPT_DEBUG_MEMORY_LIMIT=3600000 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${RUN[@]}" data.test_limit=2000 \
-  train.epochs=1 checkpoint.dir="$WORK/d/checkpoints" > "$WORK/d.log" 2>&1
+DPT_DEBUG_MEMORY_LIMIT=3600000 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${RUN[@]}" train.epochs=1 \
+  data.test_limit=2000 checkpoint.dir="$WORK/d/checkpoints" > "$WORK/d.log" 2>&1
 rc=$?
 set -e
 [ $rc = 1 ] || { cat "$WORK/d.log"; fail "out of memory: dprun exited $rc, expected 1"; }
 grep -Eq "dprun: reason: rank [01]: out of memory on cpu: cannot allocate 2.99 MiB .* while evaluating after epoch 1 \(train.eval_batch_size 1000\)\. This rank's tensors: parameters 795 KiB, gradients 795 KiB, optimizer state 795 KiB, activations [0-9.]+ KiB .* lower train.batch_size \(now 32.* or train.eval_batch_size \(now 1000\)" "$WORK/d.log" \
   || { cat "$WORK/d.log"; fail "the out-of-memory reason does not name the phase, the sizes and what to lower"; }
 no_processes_left "$WORK"
+
+# 5. Progress lines under gradient accumulation count optimizer steps, as the records do (the micro-batches in
+# brackets), and a run resumed mid-epoch goes on with the epoch's running loss where the interrupted run left it:
+# 1 rank, 1000 examples in 63 micro-batches of 16, 2 a step: 32 steps; a checkpoint at step 10, a failure at 15.
+ACC=("${RUN[@]}" data.train_limit=1000 model.hidden=[32] train.epochs=1 train.batch_size=16 train.accum_steps=2
+     train.progress_interval_s=0.000001 checkpoint.every_steps=10 checkpoint.dir="$WORK/e/checkpoints")
+DPT_DEBUG_FAIL_AT_STEP=15 "$DPTRAIN" "${ACC[@]}" > "$WORK/e1.log" 2>&1 && { cat "$WORK/e1.log"; fail "no failure"; }
+"$DPTRAIN" "${ACC[@]}" > "$WORK/e2.log" 2>&1 || { cat "$WORK/e2.log"; fail "the resumed run failed"; }
+grep -q "resumed from .*step-00000010" "$WORK/e2.log" || { cat "$WORK/e2.log"; fail "no resume from step 10"; }
+grep -q "epoch 1/1 step 5/32 (batch 10/63, 16%) loss" "$WORK/e1.log" \
+  || { grep "epoch 1/1 step" "$WORK/e1.log"; fail "under accumulation the progress line counts no optimizer steps"; }
+grep -q '"batch":10,"batches":63,.*"step":5,' "$WORK/e/metrics.jsonl" || fail "no record of step 5 at batch 10"
+before=$(grep -oP "epoch 1/1 step 11/32 \(batch 22/63, 35%\) loss \K[0-9.]+" "$WORK/e1.log")
+after=$(grep -oP "epoch 1/1 step 11/32 \(batch 22/63, 35%\) loss \K[0-9.]+" "$WORK/e2.log")
+[ -n "$before" ] && [ "$before" = "$after" ] \
+  || fail "step 11's running loss: $before before the failure, $after after the resume (the epoch's steps 1-10 lost)"
+last=$(grep -oP "epoch 1/1 step 32/32 .* loss \K[0-9.]+" "$WORK/e2.log")
+epoch=$(grep -oP "epoch 1/1 loss \K[0-9.]+" "$WORK/e2.log")
+[ -n "$last" ] && [ "$last" = "$epoch" ] || fail "the last progress loss $last is not the epoch's $epoch"
+echo "ok: progress under accumulation and after a mid-epoch resume"
 echo "ok: run report"

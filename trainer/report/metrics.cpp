@@ -46,13 +46,28 @@ void check_metrics_dir(const Config& cfg) {
 namespace {
 
 // Keeps the lines of `path` whose record's step is at most `last_step` (lines that do not parse are kept: they
-// are not ours to judge). Rewritten through PATH.tmp and a rename, so a crash leaves the old file or the new one.
+// are not ours to judge), less an unfinished last line (no newline: the earlier run stopped while writing it, and
+// this run's first record would be appended to it, both lost). Rewritten through PATH.tmp and a rename, so a crash
+// leaves the old file or the new one.
 void drop_records_after(const std::string& path, int64_t last_step) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return;  // no file yet
-  std::string kept, line;
+  std::stringstream all;
+  all << in.rdbuf();
+  const std::string text = all.str();
+  std::string kept;
   bool dropped = false;
-  while (std::getline(in, line)) {
+  size_t begin = 0;
+  while (begin < text.size()) {
+    const size_t end = text.find('\n', begin);
+    if (end == std::string::npos) {
+      spdlog::warn("metrics: {} ends in an unfinished line ({} bytes: the run that wrote it stopped while writing "
+                   "it); dropped", path, text.size() - begin);
+      dropped = true;
+      break;
+    }
+    const std::string line = text.substr(begin, end - begin);
+    begin = end + 1;
     const auto r = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
     if (r.is_object() && r.contains("step") && r["step"].is_number_integer() && r["step"].get<int64_t>() > last_step) {
       dropped = true;

@@ -3,6 +3,7 @@
 // `tail -f` and pandas.read_json(lines=True) both work while the run goes on. A resumed run appends to the same
 // file; its step numbers continue. Records of steps after the one a run starts from (those a crashed or preempted
 // run wrote after its last checkpoint) are dropped when the run writes its first record, so each step appears once,
+// and so is an unfinished last line (a run killed while writing it),
 // as the curves will show it; a run that starts afresh keeps an earlier run's file as metrics.jsonl.N (the first
 // free N) then and begins a new one. Nothing is touched before that first record: a run that fails at start-up
 // leaves the file as it was (sibling checkpoint.dirs share it). Every key is listed in docs/watching.md ("Metrics

@@ -402,6 +402,31 @@ std::string plot_title(const std::string& name, const RunCurves& c) {
   return t;
 }
 
+// Whether paths `a` and `b` name one file: the same file when both exist (links, "./x"), else the same absolute path.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec) && !ec;
+  return fs::absolute(a, ec).lexically_normal() == fs::absolute(b, ec).lexically_normal();
+}
+
+// --out and --script are written over: neither may name the metrics file they are drawn from (a run's record, which
+// a run may still be writing), nor each other, nor a directory. Before anything is written.
+void refuse_overwriting(const std::string& metrics, const std::string& out, const std::string& script) {
+  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--out", out}, {"--script", script}}) {
+    if (!path.empty() && (same_file(path, metrics) || same_file(path + ".tmp", metrics)))
+      DPT_THROW(ConfigError, "plot: {} {} would write over the metrics file {} it draws from; name another file",
+                option, path, metrics);
+  }
+  if (!script.empty() && (same_file(script, out) || same_file(script, out + ".tmp")))
+    DPT_THROW(ConfigError, "plot: --script {} is the PNG's path ({}); name another file", script, out);
+  std::error_code ec;
+  for (const auto& [option, path] : {std::pair<const char*, const std::string&>{"--out", out}, {"--script", script}}) {
+    if (!path.empty() && fs::is_directory(path, ec))
+      DPT_THROW(ConfigError, "plot: {} {} is a directory; name the file to write in it ({})", option, path,
+                (fs::path(path) / (std::string(option) == "--out" ? "curves.png" : "curves.gp")).string());
+  }
+}
+
 }  // namespace
 
 PlotReport plot_run(const PlotRequest& req) {
@@ -420,14 +445,19 @@ PlotReport plot_run(const PlotRequest& req) {
     DPT_THROW(ConfigError, "plot: {} is empty: {}; it gets its first record after train.progress_interval_s or at "
               "the end of the first epoch", rep.metrics, writer);
   if (c.records == 0)
-    DPT_THROW(ConfigError, "plot: {} holds no progress or epoch records ({} malformed lines, the first line {}; {} "
-              "records of other kinds): {}", rep.metrics, c.malformed, c.first_malformed, c.other_kinds, writer);
+    DPT_THROW(ConfigError, "plot: {} holds no progress or epoch records ({} record(s) of other kinds{}): {}",
+              rep.metrics, c.other_kinds,
+              c.malformed > 0
+                  ? fmt::format(", {} malformed line(s), the first: line {}", c.malformed, c.first_malformed)
+                  : std::string(),
+              writer);
   rep.records = c.records;
   rep.malformed = c.malformed;
   rep.first_malformed = c.first_malformed;
 
   const fs::path folder = fs::absolute(fs::path(rep.metrics)).lexically_normal().parent_path();
   rep.out = req.out.empty() ? (fs::path(rep.metrics).parent_path() / "curves.png").string() : req.out;
+  refuse_overwriting(rep.metrics, rep.out, req.script);
   const fs::path out_parent = fs::absolute(rep.out).parent_path();
   fs::create_directories(out_parent, ec);
   if (ec)
@@ -459,7 +489,11 @@ PlotReport plot_run(const PlotRequest& req) {
               made ? "" : ", writing no PNG", rep.out, out.empty() ? "(no output)" : out);
   }
   fs::rename(tmp, rep.out, ec);
-  if (ec) DPT_THROW(IoError, "plot: cannot rename {} to {}: {}", tmp, rep.out, ec.message());
+  if (ec) {
+    std::error_code ignored;
+    fs::remove(tmp, ignored);  // no OUT.tmp left behind
+    DPT_THROW(IoError, "plot: cannot rename {} to {}: {}", tmp, rep.out, ec.message());
+  }
   rep.gnuplot_output = r.output;
   return rep;
 }

@@ -69,9 +69,15 @@ void Reporter::progress(const Progress& p) {
   const double rate = static_cast<double>(p.rows) * pg_.size() / p.elapsed_s;
   const double epoch_pct = 100.0 * static_cast<double>(p.batch) / static_cast<double>(p.batches);
   const MemoryFigures mem = cfg_.log.memory ? memory_now() : MemoryFigures{};
+  // The optimizer steps of the epoch, as the records' step counts them; under gradient accumulation the
+  // micro-batches too (the records' batch and batches).
+  const std::string where = p.epoch_steps > 0 && p.epoch_steps != p.batches
+                                ? fmt::format("step {}/{} (batch {}/{}, {:.0f}%)", p.epoch_step, p.epoch_steps, p.batch,
+                                              p.batches, epoch_pct)
+                                : fmt::format("step {}/{} ({:.0f}%)", p.batch, p.batches, epoch_pct);
   const std::string line = fmt::format(
-      "epoch {}/{} step {}/{} ({:.0f}%) loss {:.4f} lr {:.4g}{}{} {}/s {:.0f}{} eta {} (run {}){}", p.epoch + 1,
-      t.epochs, p.batch, p.batches, epoch_pct, p.loss, p.lr,
+      "epoch {}/{} {} loss {:.4f} lr {:.4g}{}{} {}/s {:.0f}{} eta {} (run {}){}", p.epoch + 1, t.epochs, where,
+      p.loss, p.lr,
       t.clip_grad_norm > 0 ? fmt::format(" grad_norm {:.4g}", p.grad_norm) : "",
       scaler_.enabled() ? fmt::format(" loss_scale {:g} skipped {}", scaler_.scale(), scaler_.skipped()) : "",
       setup_.unit, rate, mfu_text(rate), format_duration(p.eta.epoch_s), format_duration(p.eta.run_s),

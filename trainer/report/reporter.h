@@ -41,6 +41,7 @@ struct Progress {
   int64_t step = 0;
   int64_t epoch = 0;  // 0-based
   int64_t batch = 0, batches = 0;  // batches done in the epoch, of
+  int64_t epoch_step = 0, epoch_steps = 0;  // optimizer steps done in the epoch, of (with train.accum_steps: fewer)
   double loss = 0, lr = 0;
   double grad_norm = -1;  // with train.clip_grad_norm; -1: not clipping
   int64_t rows = 0;       // rows this rank trained this epoch

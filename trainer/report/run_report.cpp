@@ -29,6 +29,28 @@ Eta estimate_eta(int64_t done, double elapsed_s, int64_t epoch_left, int64_t run
               static_cast<double>(std::max<int64_t>(evals_left, 0)) * std::max(eval_s, 0.0)};
 }
 
+WorkLeft work_left(int64_t step, int64_t epoch, int64_t epochs, int64_t next_batch, int64_t end_batch,
+                   int64_t later_batches, int64_t k, int64_t max_steps) {
+  k = std::max<int64_t>(k, 1);
+  auto steps_of = [k](int64_t batches) { return (std::max<int64_t>(batches, 0) + k - 1) / k; };
+  WorkLeft w;
+  w.epoch_batches = std::max<int64_t>(end_batch - next_batch, 0);
+  w.run_batches = w.epoch_batches + std::max<int64_t>(epochs - epoch - 1, 0) * later_batches;
+  w.evaluations = std::max<int64_t>(epochs - epoch, 0);
+  if (max_steps <= 0) return w;
+  const int64_t steps_left = std::max<int64_t>(max_steps - step, 0);
+  // The steps left after this epoch's, and the epochs they reach into: each ends with an evaluation, and so
+  // does the stop at max_steps.
+  const int64_t after = steps_left - steps_of(w.epoch_batches), later_steps = steps_of(later_batches);
+  if (after <= 0)
+    w.evaluations = std::min<int64_t>(w.evaluations, 1);
+  else if (later_steps > 0)
+    w.evaluations = std::min(w.evaluations, 1 + (after + later_steps - 1) / later_steps);
+  w.run_batches = std::min(w.run_batches, steps_left * k);
+  w.epoch_batches = std::min(w.epoch_batches, w.run_batches);
+  return w;
+}
+
 std::optional<Straggler> find_straggler(const std::vector<RankTiming>& ranks, double threshold, double min_lost_s) {
   if (ranks.size() < 2) return std::nullopt;
   size_t slow = 0;

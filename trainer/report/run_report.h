@@ -26,6 +26,16 @@ struct Eta {
 Eta estimate_eta(int64_t done, double elapsed_s, int64_t epoch_left, int64_t run_left, int64_t evals_left,
                  double eval_s);
 
+// What is left of the run after batch `next_batch` of `end_batch` (per rank) of epoch `epoch` (0-based) of
+// `epochs`, `step` optimizer steps done, `k` micro-batches a step, `later_batches` in each later epoch: the batches
+// left in this epoch and in the run, and the evaluations (one per epoch end) still to come. train.max_steps
+// (`max_steps` > 0) caps all three: the run, and so this epoch, ends at its step, after one last evaluation.
+struct WorkLeft {
+  int64_t epoch_batches = 0, run_batches = 0, evaluations = 0;
+};
+WorkLeft work_left(int64_t step, int64_t epoch, int64_t epochs, int64_t next_batch, int64_t end_batch,
+                   int64_t later_batches, int64_t k, int64_t max_steps);
+
 // One rank's epoch: time computing (forward, backward, optimizer), waiting for data, and waiting in the
 // gradient all-reduce beyond what backward hid, over `steps` optimizer steps.
 struct RankTiming {

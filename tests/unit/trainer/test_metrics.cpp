@@ -72,6 +72,26 @@ TEST_CASE("MetricsLog keeps the records up to the start step and appends, a fres
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("MetricsLog: a resumed run drops the unfinished last line a killed run left, not its own first record",
+          "[trainer][metrics]") {
+  const auto dir = std::filesystem::temp_directory_path() / "dpt_test_metrics_torn";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  // A run killed (or out of disk) in the middle of writing its record of step 25, after its checkpoint of step 20.
+  std::ofstream(dir / "metrics.jsonl") << "{\"kind\":\"progress\",\"step\":10}\n{\"kind\":\"progress\",\"step\":20}\n"
+                                          "{\"kind\":\"progress\",\"st";
+  {
+    MetricsLog log(dir.string(), 20, false);
+    log.write({{"kind", "memory"}, {"step", 21}});
+  }
+  std::ifstream in(dir / "metrics.jsonl");
+  std::stringstream s;
+  s << in.rdbuf();
+  REQUIRE(s.str() == "{\"kind\":\"progress\",\"step\":10}\n{\"kind\":\"progress\",\"step\":20}\n"
+                     "{\"kind\":\"memory\",\"step\":21}\n");
+  std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("MetricsLog: sibling runs never rename, append to or cut each other's metrics file", "[trainer][metrics]") {
   namespace fs = std::filesystem;
   const fs::path run = fs::temp_directory_path() / "dpt_test_metrics_siblings";

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <vector>
 
 #include "core/check.h"
 #include "tests/support/temp_dir.h"
@@ -221,7 +222,16 @@ TEST_CASE("plot_run: a missing or empty metrics file is a usage error naming the
     plot_run({.run = run});
     FAIL("no error for a file without progress or epoch records");
   } catch (const dpt::ConfigError& e) {
-    CHECK_THAT(e.what(), Catch::Contains("no progress or epoch records") && Catch::Contains("1 malformed"));
+    CHECK_THAT(e.what(), Catch::Contains("no progress or epoch records") &&
+                             Catch::Contains("1 malformed line(s), the first: line 1"));
+  }
+  { std::ofstream(dir.path / "metrics.jsonl") << "{\"kind\":\"memory\",\"step\":1}\n"; }
+  try {
+    plot_run({.run = run});
+    FAIL("no error for a file holding only a memory record");
+  } catch (const dpt::ConfigError& e) {  // no "0 malformed lines, the first line 0"
+    CHECK_THAT(e.what(), Catch::Contains("(1 record(s) of other kinds)"));
+    CHECK_THAT(e.what(), !Catch::Contains("malformed"));
   }
 
   { std::ofstream(dir.path / "metrics.jsonl") << kImageRun; }
@@ -235,6 +245,32 @@ TEST_CASE("plot_run: a missing or empty metrics file is a usage error naming the
     } catch (const dpt::Error& e) {
       CHECK_THAT(e.what(), Catch::Contains("not found") && Catch::Contains("gnuplot-nox"));
     }
+  }
+  {
+    // --out or --script naming the metrics file (or each other) is refused before anything is written: the run's
+    // record is not replaced by a PNG or a script.
+    const std::string metrics = (dir.path / "metrics.jsonl").string();
+    const std::string dotted = (dir.path / "." / "metrics.jsonl").string();
+    const std::vector<PlotRequest> bad = {{.run = run, .out = metrics}, {.run = run, .out = dotted},
+                                          {.run = metrics, .script = metrics},
+                                          {.run = run, .out = (dir.path / "x.png").string(),
+                                           .script = (dir.path / "x.png").string()},
+                                          {.run = run, .out = dir.path.string()}};
+    for (const PlotRequest& req : bad) {
+      try {
+        plot_run(req);
+        FAIL("no error for --out " + req.out + " --script " + req.script);
+      } catch (const dpt::ConfigError& e) {
+        CHECK_THAT(e.what(), Catch::Contains("would write over the metrics file") ||
+                                 Catch::Contains("is the PNG's path") || Catch::Contains("is a directory"));
+      }
+    }
+    std::ifstream in(metrics);
+    std::stringstream text;
+    text << in.rdbuf();
+    CHECK(text.str() == kImageRun);
+    CHECK_FALSE(fs::exists(dir.path / "x.png"));
+    CHECK_FALSE(fs::exists(dir.path.string() + ".tmp"));  // --out DIR: no DIR.tmp beside it
   }
   {
     // A "gnuplot" that fails: its output is in the error, and no PNG (nor PNG.tmp) is left.

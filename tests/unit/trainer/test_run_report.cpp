@@ -30,6 +30,33 @@ TEST_CASE("estimate_eta extrapolates this epoch's pace", "[trainer][report]") {
   REQUIRE(estimate_eta(10, 1.0, 0, 0, 0, 2.0).run_s == Approx(0.0));  // the last batch
 }
 
+TEST_CASE("work_left: what train.max_steps leaves of the epoch, the run and its evaluations", "[trainer][report]") {
+  // 10 epochs of 32 batches, no accumulation, 10 steps done: without max_steps the whole of it.
+  WorkLeft w = work_left(10, 0, 10, 10, 32, 32, 1, 0);
+  REQUIRE(w.epoch_batches == 22);
+  REQUIRE(w.run_batches == 22 + 9 * 32);
+  REQUIRE(w.evaluations == 10);
+  // max_steps = 100: epochs end at steps 32, 64 and 96, the stop at 100 evaluates once more: 4, not 10.
+  w = work_left(10, 0, 10, 10, 32, 32, 1, 100);
+  REQUIRE(w.run_batches == 90);
+  REQUIRE(w.epoch_batches == 22);
+  REQUIRE(w.evaluations == 4);
+  // max_steps inside this epoch: the epoch ends there too (not at its last batch), after one evaluation. 1134
+  // batches, 2 a step, 20 steps done of max_steps = 30: 20 batches left, in the epoch as in the run.
+  w = work_left(20, 0, 5, 40, 1134, 1134, 2, 30);
+  REQUIRE(w.run_batches == 20);
+  REQUIRE(w.epoch_batches == 20);
+  REQUIRE(w.evaluations == 1);
+  // Exactly at an epoch's end: that epoch's evaluation is the last one.
+  w = work_left(0, 0, 10, 0, 32, 32, 1, 32);
+  REQUIRE(w.evaluations == 1);
+  // The last epoch, max_steps beyond the run: the epochs decide.
+  w = work_left(300, 9, 10, 12, 32, 32, 1, 1000);
+  REQUIRE(w.epoch_batches == 20);
+  REQUIRE(w.run_batches == 20);
+  REQUIRE(w.evaluations == 1);
+}
+
 TEST_CASE("find_straggler names the slowest rank past 10% over the others' median", "[trainer][report]") {
   auto rank = [](double compute, double wait, int64_t steps) {
     return RankTiming{.compute_s = compute, .data_wait_s = wait, .comm_s = 0, .steps = steps};
