@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "dpt_build_id.h"  // DPT_VERSION, DPT_BUILD_ID: --version (cmake/build_id.cmake)
 #include "launcher/launcher.h"
 
 namespace {
@@ -155,6 +156,8 @@ void add_options(CLI::App& app, Options& opts, RawOptions& raw) {
   app.formatter(formatter);
   app.footer(kFooter);
   app.allow_extras();  // leftovers are reported by main, with a hint where the program goes
+  app.set_version_flag("--version", fmt::format("dprun {} built {}", DPT_VERSION, DPT_BUILD_ID),
+                       "print dprun's version and build (its commit)");
   app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node (default 1)")->type_name("N");
   app.add_option("--nnodes", raw.nnodes,
                  "nodes in the job, each running a dprun (default 1); MIN:MAX:\n"
@@ -213,7 +216,7 @@ int main(int argc, char** argv) {
   try {
     std::reverse(ours.begin(), ours.end());  // CLI11 takes a vector in reverse order
     app.parse(ours);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return usage_error(e.what());

@@ -4,7 +4,9 @@
 // commands decide how the process dies: an error is logged with the rank and the process exits non-zero at once,
 // so the launcher (dprun, mpirun, srun) tears the job down.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -15,6 +17,7 @@
 
 #include "models/kernels/cpu/cpu_info.h"
 #include "trainer/commands/commands.h"
+#include "trainer/config_check.h"
 #include "trainer/preemption.h"
 
 namespace {
@@ -42,6 +45,52 @@ void hold_stop_signals_at_load(int, char**, char**) { dpt::trainer::hold_stop_si
 [[gnu::section(".preinit_array"), gnu::used]] void (*const hold_at_load)(int, char**, char**) =
     hold_stop_signals_at_load;
 
+// Levenshtein distance, for the nearest subcommand to a misspelt one.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// A first word that is no option, no key=value override and no subcommand is a misspelt subcommand: `dptrain evall
+// --checkpoint C` once said "The following argument was not expected: --checkpoint", `dptrain traim` "override 'traim'
+// is not key=value". Said as such (exit 2), with the nearest subcommand and the list; "" when the word is fine.
+std::string unknown_command(int argc, char** argv, const std::vector<dpt::trainer::commands::Command>& commands) {
+  if (argc < 2) return "";
+  const std::string word = argv[1];
+  if (word.empty() || word.starts_with("-") || word.find('=') != std::string::npos) return "";
+  if (word.ends_with(".toml")) {  // nanoGPT's `train.py config/x.py`
+    return fmt::format("dptrain: '{}': a config file goes after --config (dptrain --config {} [key=value ...])", word,
+                       word);
+  }
+  std::vector<std::string> names;
+  std::string nearest;
+  size_t nearest_d = 3;  // suggest only close names
+  for (const auto& c : commands) {
+    if (c.app->get_parent() == nullptr) continue;  // train: the root itself
+    const std::string& name = c.app->get_name();
+    if (name == word) return "";
+    names.push_back(name);
+    const size_t d = edit_distance(word, name);
+    if (d < nearest_d) nearest_d = d, nearest = name;
+  }
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  if (word == "run" || word == "fit" || edit_distance(word, "train") < nearest_d) {  // train, traim, trian
+    return fmt::format("dptrain: '{}' is not a subcommand: dptrain trains when given none (dptrain --config C.toml "
+                       "[key=value ...]); the subcommands: {}", word, list);
+  }
+  return fmt::format("dptrain: unknown subcommand '{}'{}; the subcommands: {}; training takes none, and its overrides "
+                     "are key=value (dptrain --help)", word,
+                     nearest.empty() ? "" : fmt::format(" (did you mean '{}'?)", nearest), list);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,12 +114,19 @@ int main(int argc, char** argv) {
       "Exit codes: 0 done, 1 failed, 2 bad command line or config, 3 hang (a collective outlived dist.timeout_s; the\n"
       "message names the stuck rank), 75 preempted (checkpoint written; or stopped before the first step: before the\n"
       "ranks met, or while waiting for data.dir's lock held by another job: nothing to write)."};
+  // The version and the commit it was built from (`git describe --always --dirty` at build time), as the ranks'
+  // same-binary check compares them.
+  app.set_version_flag("--version", dpt::trainer::binary_version(), "print dptrain's version and build (its commit)");
   auto print_config = std::make_shared<bool>(false);
   const std::vector<Command> commands = {  // in the order --help lists them
       add_train(app, print_config), add_export_images(app), add_tokenize(app), add_generate(app),
       add_export_weights(app),      add_eval(app, print_config), add_predict(app, print_config), add_plot(app),
       add_config_reference(app),
   };
+  if (const std::string unknown = unknown_command(argc, argv, commands); !unknown.empty()) {
+    std::cerr << unknown << "\n";
+    return kExitUsage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -11,6 +11,15 @@ for word in --nproc-per-node --nnodes --node-rank --master-addr --master-port --
   grep -q -- "$word" "$WORK/out" || fail "--help does not mention $word"
 done
 echo "ok: --help"
+# --version names the build: the project's version and the commit it was built from, as dptrain's does.
+run --version
+[ "$RC" = 0 ] || fail "--version exited $RC"
+grep -qE '^dprun [0-9]+\.[0-9]+\.[0-9]+ built [0-9a-zA-Z._-]+$' "$WORK/out" ||
+  { cat "$WORK/out" "$WORK/err"; fail "--version"; }
+if commit=$(git -C "$DPT_SOURCE_DIR" describe --always 2>/dev/null); then
+  grep -qF " built $commit" "$WORK/out" || { cat "$WORK/out"; fail "--version does not name the commit $commit"; }
+fi
+echo "ok: --version"
 
 # expect_usage_error NEEDLE ARGS...: exit 2, "dprun: error: ...NEEDLE..." and the usage line on stderr.
 expect_usage_error() {

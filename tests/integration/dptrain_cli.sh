@@ -9,6 +9,20 @@ for key in train.epochs train.batch_size train.lr train.seed model.hidden dist.b
   <<< "$help" grep -q "$key" || fail "--help does not list $key"
 done
 
+# --version names the build: the project's version and the commit it was built from (`git describe` at build time: once
+# taken when cmake configured the build, it named an old commit after a pull and a rebuild).
+version=$("$DPTRAIN" --version 2>/dev/null) || fail "--version exited non-zero"
+[[ $version =~ ^dptrain\ [0-9]+\.[0-9]+\.[0-9]+\ built\ [0-9a-zA-Z._-]+$ ]] || fail "--version printed '$version'"
+if commit=$(git -C "$DPT_SOURCE_DIR" describe --always 2>/dev/null); then
+  [[ $version == *" built $commit"* ]] || fail "--version '$version' does not name the commit $commit"
+fi
+# A misspelt subcommand is said as such, with the nearest one (once: CLI11's "The following argument was not
+# expected: --checkpoint", or "override 'x' is not key=value"); "train" and a config file as a bare word say how.
+expect_exit 2 "unknown subcommand 'evall' (did you mean 'eval'?); the subcommands: export-images, tokenize" \
+  "$DPTRAIN" evall --checkpoint "$WORK/none"
+expect_exit 2 "unknown subcommand 'xyzzy'; the subcommands:" "$DPTRAIN" xyzzy
+expect_exit 2 "'train' is not a subcommand: dptrain trains when given none" "$DPTRAIN" train --config "$CONFIG"
+expect_exit 2 "a config file goes after --config (dptrain --config $CONFIG" "$DPTRAIN" "$CONFIG"
 expect_exit 2 "did you mean 'train.lr'" "$DPTRAIN" --config "$CONFIG" train.lrr=0.1
 expect_exit 2 "train.epochs: expected integer" "$DPTRAIN" --config "$CONFIG" train.epochs=two
 expect_exit 2 "must be one of: auto, gloo, mpi, nccl" "$DPTRAIN" --config "$CONFIG" dist.backend=tcp
