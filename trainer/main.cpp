@@ -91,6 +91,24 @@ std::string unknown_command(int argc, char** argv, const std::vector<dpt::traine
                      nearest.empty() ? "" : fmt::format(" (did you mean '{}'?)", nearest), list);
 }
 
+// nanoGPT's `--batch_size=32` and Hugging Face's `--learning_rate 3e-5`: an override written as an option, which CLI11
+// calls only "not expected". The hint for the first such word its message names; "" when there is none.
+std::string dashed_override_hint(int argc, char** argv, const std::string& message) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (!arg.starts_with("--") || arg.size() < 3 || message.find(arg) == std::string::npos) continue;
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const std::string value = eq == std::string::npos ? "VALUE" : arg.substr(eq + 1);
+    if (key.find('.') != std::string::npos) {
+      return fmt::format("dptrain: config overrides take no dashes and one '=': write {}={}", key, value);
+    }
+    return fmt::format("dptrain: if {} is meant as a config key: overrides are section.key=value, without dashes "
+                       "(train.lr=0.1); dptrain --help lists the keys", arg.substr(0, eq));
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -131,7 +149,9 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // prints help (rc 0) or the error and usage
-    return rc == 0 ? 0 : kExitUsage;
+    if (rc == 0) return 0;
+    if (const std::string hint = dashed_override_hint(argc, argv, e.what()); !hint.empty()) std::cerr << hint << "\n";
+    return kExitUsage;
   }
   for (const Command& c : commands) {
     if (c.app == &app || !c.app->parsed()) continue;

@@ -23,6 +23,11 @@ expect_exit 2 "unknown subcommand 'evall' (did you mean 'eval'?); the subcommand
 expect_exit 2 "unknown subcommand 'xyzzy'; the subcommands:" "$DPTRAIN" xyzzy
 expect_exit 2 "'train' is not a subcommand: dptrain trains when given none" "$DPTRAIN" train --config "$CONFIG"
 expect_exit 2 "a config file goes after --config (dptrain --config $CONFIG" "$DPTRAIN" "$CONFIG"
+# An override written as an option (nanoGPT's --batch_size=32, Hugging Face's --learning_rate) says how to write it.
+expect_exit 2 "config overrides take no dashes and one '=': write train.lr=0.1" \
+  "$DPTRAIN" --config "$CONFIG" --train.lr=0.1
+expect_exit 2 "if --learning_rate is meant as a config key: overrides are section.key=value, without dashes" \
+  "$DPTRAIN" --config "$CONFIG" --learning_rate 3e-5
 expect_exit 2 "did you mean 'train.lr'" "$DPTRAIN" --config "$CONFIG" train.lrr=0.1
 expect_exit 2 "train.epochs: expected integer" "$DPTRAIN" --config "$CONFIG" train.epochs=two
 expect_exit 2 "must be one of: auto, gloo, mpi, nccl" "$DPTRAIN" --config "$CONFIG" dist.backend=tcp
