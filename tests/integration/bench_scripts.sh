@@ -95,6 +95,9 @@ BENCH_SKIP_BUILD=1 PYTHON=$WORK/venv/bin/python expect_exit 1 "cannot import num
 # says what to do and exits 1, rather than ending on apt's last line. Shims on PATH stand in for dpkg-query (one
 # package missing), apt-get (failing) and sudo, so nothing is installed and no network is asked.
 help "$S/setup.sh" "usage: .*setup.sh \[--tests\] \[--bench\]"
+# run.sh's and test.sh's --help are their own, at once: not every rank's dptrain --help (or ctest's) after a build.
+help "$S/run.sh" "^Usage: scripts/run.sh \[key=value ...\]"
+help "$S/test.sh" "^Usage: scripts/test.sh \[CTEST_ARGS ...\]"
 mkdir -p "$WORK/shims"
 printf '#!/bin/sh\nfor a; do last=$a; done\n[ "$last" = fortunes ] && exit 1\nexec /usr/bin/dpkg-query "$@"\n' \
   > "$WORK/shims/dpkg-query"
