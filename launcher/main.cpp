@@ -147,6 +147,7 @@ struct RawOptions {
   int master_port = 0;
   CLI::Option* addr_opt = nullptr;
   CLI::Option* port_opt = nullptr;
+  bool standalone = false;
 };
 
 // dprun's options, their help as --help prints it.
@@ -158,6 +159,9 @@ void add_options(CLI::App& app, Options& opts, RawOptions& raw) {
   app.allow_extras();  // leftovers are reported by main, with a hint where the program goes
   app.set_version_flag("--version", fmt::format("dprun {} built {}", DPT_VERSION, DPT_BUILD_ID),
                        "print dprun's version and build (its commit)");
+  // torchrun --standalone (nanoGPT's README: `torchrun --standalone --nproc_per_node=8 train.py`): one node with its
+  // rendezvous on this host, which is what dprun does without --nnodes.
+  app.add_flag("--standalone", raw.standalone, "torchrun's: one node, rendezvous on this host (dprun's default)");
   app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node (default 1)")->type_name("N");
   app.add_option("--nnodes", raw.nnodes,
                  "nodes in the job, each running a dprun (default 1); MIN:MAX:\n"
@@ -226,6 +230,8 @@ int main(int argc, char** argv) {
     if (extras[0].starts_with("-")) return usage_error(fmt::format("unknown option {}", extras[0]));
     return usage_error(fmt::format("unexpected argument '{}': options go before '--', the program after it", extras[0]));
   }
+  if (raw.standalone && raw.nnodes != "1")
+    return usage_error(fmt::format("--standalone is one node: leave out --nnodes {}", raw.nnodes));
   try {
     dpt::launcher::parse_nnodes(raw.nnodes, opts);
   } catch (const dpt::ConfigError& e) {

@@ -52,5 +52,10 @@ echo "ok: usage errors"
 run --nproc_per_node=2 --master_port 29561 -- sh -c 'echo "$WORLD_SIZE $MASTER_PORT $*"' prog --help -- x
 [ "$RC" = 0 ] || fail "torchrun spellings: exited $RC"
 [ "$(grep -c '^\[rank [01]\] 2 29561 --help -- x$' "$WORK/out")" = 2 ] || fail "torchrun spellings or program arguments"
-echo "ok: --nproc_per_node, arguments after --"
+# torchrun's --standalone (nanoGPT's README writes it) is one node on this host: dprun's default, so accepted.
+run --standalone --nproc_per_node=2 -- sh -c 'echo "$WORLD_SIZE $MASTER_ADDR"'
+[ "$RC" = 0 ] || { cat "$WORK/err"; fail "--standalone: exited $RC"; }
+[ "$(grep -c '^\[rank [01]\] 2 127.0.0.1$' "$WORK/out")" = 2 ] || fail "--standalone: not 2 ranks on this host"
+expect_usage_error "--standalone is one node: leave out --nnodes 2" --standalone --nnodes 2 --master-addr x -- true
+echo "ok: --nproc_per_node, --standalone, arguments after --"
 echo "PASS"
