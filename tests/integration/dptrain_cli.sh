@@ -84,6 +84,11 @@ expect_exit 2 "image folder $WORK/nothing not found" "$DPTRAIN" --config "$CONFI
   data.dataset=imagefolder data.image_size=8 data.resize=0
 expect_exit 2 "token shards: $WORK/nothing is not a directory" "$DPTRAIN" data.dataset=tokens data.dir="$WORK/nothing" \
   model.name=gpt
+# ... and says how to make them, and where a relative data.dir was looked for (gpt_tiny.toml's runs/fortunes, run
+# from another folder than the repository's, or before `dptrain tokenize`).
+(cd "$WORK" && expect_exit 2 "token shards: runs/fortunes is not a directory (from $WORK) (looking for .*); write \
+the shards with \`dptrain tokenize --input TEXT --out runs/fortunes\`" "$DPTRAIN" --config \
+  "$DPT_SOURCE_DIR/configs/gpt_tiny.toml" checkpoint.dir="$WORK/gpt")
 expect_exit 2 "$WORK/ckfile is not a directory" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/ckfile" \
   data.dataset=imagefolder data.image_size=8 data.resize=0
 
