@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cli_checks.h"
 #include "dpt_build_id.h"  // DPT_VERSION, DPT_BUILD_ID: --version (cmake/build_id.cmake)
 #include "launcher/launcher.h"
 
@@ -227,7 +228,18 @@ int main(int argc, char** argv) {
   }
   std::vector<std::string> extras = app.remaining();
   if (!extras.empty()) {
-    if (extras[0].starts_with("-")) return usage_error(fmt::format("unknown option {}", extras[0]));
+    if (extras[0].starts_with("-")) {
+      // The nearest of dprun's options (--nproc for --nproc-per-node, --max-restart), as dptrain's keys get.
+      std::vector<std::string> names;
+      for (const CLI::Option* o : app.get_options())
+        for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
+      const std::string word = extras[0].substr(0, extras[0].find('='));
+      std::string nearest = dpt::cli::nearest_name(word, names, 4);
+      for (const std::string& n : names)  // a prefix (--nproc, --master) is what was meant before any near name
+        if (nearest.empty() && word.size() >= 4 && n.starts_with(word)) nearest = n;
+      return usage_error(fmt::format("unknown option {}{}", extras[0],
+                                     nearest.empty() ? "" : fmt::format(" (did you mean {}?)", nearest)));
+    }
     return usage_error(fmt::format("unexpected argument '{}': options go before '--', the program after it", extras[0]));
   }
   if (raw.standalone && raw.nnodes != "1")

@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "core/cli_checks.h"
 #include "models/kernels/cpu/cpu_info.h"
 #include "trainer/commands/commands.h"
 #include "trainer/config_check.h"
@@ -45,19 +46,6 @@ void hold_stop_signals_at_load(int, char**, char**) { dpt::trainer::hold_stop_si
 [[gnu::section(".preinit_array"), gnu::used]] void (*const hold_at_load)(int, char**, char**) =
     hold_stop_signals_at_load;
 
-// Levenshtein distance, for the nearest subcommand to a misspelt one.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
 // A first word that is no option, no key=value override and no subcommand is a misspelt subcommand: `dptrain evall
 // --checkpoint C` once said "The following argument was not expected: --checkpoint", `dptrain traim` "override 'traim'
 // is not key=value". Said as such (exit 2), with the nearest subcommand and the list; "" when the word is fine.
@@ -70,19 +58,16 @@ std::string unknown_command(int argc, char** argv, const std::vector<dpt::traine
                        word);
   }
   std::vector<std::string> names;
-  std::string nearest;
-  size_t nearest_d = 3;  // suggest only close names
   for (const auto& c : commands) {
     if (c.app->get_parent() == nullptr) continue;  // train: the root itself
-    const std::string& name = c.app->get_name();
-    if (name == word) return "";
-    names.push_back(name);
-    const size_t d = edit_distance(word, name);
-    if (d < nearest_d) nearest_d = d, nearest = name;
+    if (c.app->get_name() == word) return "";
+    names.push_back(c.app->get_name());
   }
+  std::string nearest = dpt::cli::nearest_name(word, names);
   std::string list;
   for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
-  if (word == "run" || word == "fit" || edit_distance(word, "train") < nearest_d) {  // train, traim, trian
+  const size_t nearest_d = nearest.empty() ? 3 : dpt::cli::edit_distance(word, nearest);
+  if (word == "run" || word == "fit" || dpt::cli::edit_distance(word, "train") < nearest_d) {  // train, traim
     return fmt::format("dptrain: '{}' is not a subcommand: dptrain trains when given none (dptrain --config C.toml "
                        "[key=value ...]); the subcommands: {}", word, list);
   }

@@ -37,6 +37,8 @@ expect_usage_error "no program to run" --nproc-per-node 2
 expect_usage_error "no program to run" --nproc-per-node 2 --
 expect_usage_error "unexpected argument 'true'" --nproc-per-node 2 true
 expect_usage_error "unknown option --bogus" --bogus -- true
+expect_usage_error "unknown option --nproc (did you mean --nproc-per-node?)" --nproc 2 -- true
+expect_usage_error "unknown option --max-restart (did you mean --max-restarts?)" --max-restart 2 -- true
 expect_usage_error "--nproc-per-node must be at least 1 (got 0)" --nproc-per-node 0 -- true
 expect_usage_error "nproc-per-node" --nproc-per-node two -- true
 expect_usage_error "--node-rank must be in 0..1 with --nnodes 2 (got 2)" --nnodes 2 --node-rank 2 --master-addr 10.0.0.1 -- true
