@@ -32,6 +32,9 @@ class GzReader {
   explicit GzReader(const std::string& path) : path_(path) {
     std::error_code ec;
     auto status = fs::status(path, ec);
+    // Only a file that is not there is "not found"; any other failure (a folder on the way that may not be
+    // searched: Permission denied; a symbolic link loop) is named as it is.
+    if (ec && status.type() != fs::file_type::not_found) fail(path, fmt::format("cannot read: {}", ec.message()));
     if (!fs::exists(status)) fail(path, "file not found");
     if (fs::is_directory(status)) fail(path, "is a directory, expected an IDX file");
     errno = 0;
@@ -253,14 +256,26 @@ std::unique_ptr<ImageClassDataset> load_fashion_mnist(const std::string& dir, bo
   constexpr const char* kInstallHint = "install it with `apt-get install dataset-fashion-mnist` (or run scripts/setup.sh)";
   constexpr int kClasses = 10;
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) {
+  // Not there: how to install it. There but unreadable (a folder that may not be searched): that error, not
+  // "not found".
+  const fs::file_status dir_status = fs::status(dir, ec);
+  if (ec && dir_status.type() != fs::file_type::not_found) {
+    DPT_THROW(IoError, "Fashion-MNIST directory {}: cannot read: {} (check its permissions)", dir, ec.message());
+  }
+  if (!fs::is_directory(dir_status)) {
     DPT_THROW(ConfigError, "Fashion-MNIST directory {} not found: {}", dir, kInstallHint);
   }
   const std::string split = train ? "train" : "t10k";
   const std::string images = (fs::path(dir) / (split + "-images-idx3-ubyte.gz")).string();
   const std::string labels = (fs::path(dir) / (split + "-labels-idx1-ubyte.gz")).string();
   for (const std::string& file : {images, labels}) {
-    if (!fs::exists(file, ec)) DPT_THROW(IoError, "{}: file not found; Fashion-MNIST is incomplete: {}", file, kInstallHint);
+    const fs::file_status status = fs::status(file, ec);
+    if (ec && status.type() != fs::file_type::not_found) {
+      DPT_THROW(IoError, "{}: cannot read: {} (check the permissions of the file and of {})", file, ec.message(), dir);
+    }
+    if (!fs::exists(status)) {
+      DPT_THROW(IoError, "{}: file not found; Fashion-MNIST is incomplete: {}", file, kInstallHint);
+    }
   }
   auto dataset = load_idx_dataset(images, labels, train ? "fashion-mnist/train" : "fashion-mnist/test",
                                   kFashionMnistMean, kFashionMnistStd, limit);

@@ -410,7 +410,14 @@ std::vector<std::string> find_token_shards(const std::string& dir, const std::st
     DPT_THROW(ConfigError, "token shards: split '{}' must be one non-empty word without '_'", split);
   }
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) DPT_THROW(ConfigError, "token shards: {} is not a directory (looking for {})", dir, pattern);
+  if (!fs::is_directory(dir, ec)) {
+    // What to do about it: where a relative folder was looked for (configs/gpt_tiny.toml's runs/fortunes is the
+    // repository's only when run from it), and the command that writes shards.
+    std::error_code cwd_ec;
+    const std::string cwd = fs::path(dir).is_relative() ? fs::current_path(cwd_ec).string() : "";
+    DPT_THROW(ConfigError, "token shards: {} is not a directory{} (looking for {}); write the shards with `dptrain "
+              "tokenize --input TEXT --out {}`", dir, cwd.empty() ? "" : fmt::format(" (from {})", cwd), pattern, dir);
+  }
   std::vector<std::string> names;
   // The listing's own error code, apart from each entry's: a dangling link (is_regular_file fails with
   // ENOENT) is just not a shard, and must not read as a failure to list the directory.

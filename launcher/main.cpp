@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "core/check.h"
+#include "core/cli_checks.h"
+#include "dpt_build_id.h"  // DPT_VERSION, DPT_BUILD_ID: --version (cmake/build_id.cmake)
 #include "launcher/launcher.h"
 
 namespace {
@@ -146,6 +148,7 @@ struct RawOptions {
   int master_port = 0;
   CLI::Option* addr_opt = nullptr;
   CLI::Option* port_opt = nullptr;
+  bool standalone = false;
 };
 
 // dprun's options, their help as --help prints it.
@@ -155,6 +158,11 @@ void add_options(CLI::App& app, Options& opts, RawOptions& raw) {
   app.formatter(formatter);
   app.footer(kFooter);
   app.allow_extras();  // leftovers are reported by main, with a hint where the program goes
+  app.set_version_flag("--version", fmt::format("dprun {} built {}", DPT_VERSION, DPT_BUILD_ID),
+                       "print dprun's version and build (its commit)");
+  // torchrun --standalone (nanoGPT's README: `torchrun --standalone --nproc_per_node=8 train.py`): one node with its
+  // rendezvous on this host, which is what dprun does without --nnodes.
+  app.add_flag("--standalone", raw.standalone, "torchrun's: one node, rendezvous on this host (dprun's default)");
   app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node (default 1)")->type_name("N");
   app.add_option("--nnodes", raw.nnodes,
                  "nodes in the job, each running a dprun (default 1); MIN:MAX:\n"
@@ -213,16 +221,29 @@ int main(int argc, char** argv) {
   try {
     std::reverse(ours.begin(), ours.end());  // CLI11 takes a vector in reverse order
     app.parse(ours);
-  } catch (const CLI::CallForHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     return usage_error(e.what());
   }
   std::vector<std::string> extras = app.remaining();
   if (!extras.empty()) {
-    if (extras[0].starts_with("-")) return usage_error(fmt::format("unknown option {}", extras[0]));
+    if (extras[0].starts_with("-")) {
+      // The nearest of dprun's options (--nproc for --nproc-per-node, --max-restart), as dptrain's keys get.
+      std::vector<std::string> names;
+      for (const CLI::Option* o : app.get_options())
+        for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
+      const std::string word = extras[0].substr(0, extras[0].find('='));
+      std::string nearest = dpt::cli::nearest_name(word, names, 4);
+      for (const std::string& n : names)  // a prefix (--nproc, --master) is what was meant before any near name
+        if (nearest.empty() && word.size() >= 4 && n.starts_with(word)) nearest = n;
+      return usage_error(fmt::format("unknown option {}{}", extras[0],
+                                     nearest.empty() ? "" : fmt::format(" (did you mean {}?)", nearest)));
+    }
     return usage_error(fmt::format("unexpected argument '{}': options go before '--', the program after it", extras[0]));
   }
+  if (raw.standalone && raw.nnodes != "1")
+    return usage_error(fmt::format("--standalone is one node: leave out --nnodes {}", raw.nnodes));
   try {
     dpt::launcher::parse_nnodes(raw.nnodes, opts);
   } catch (const dpt::ConfigError& e) {

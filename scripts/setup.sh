@@ -71,6 +71,20 @@ TEST_PKGS=(
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
+# An install that cannot happen says what to do, instead of ending on apt's or pip's last line (or "sudo: command not
+# found") with no word from setup. $1: what failed; the rest: the packages.
+install_failed() {
+  local what=$1
+  shift
+  echo "setup: error: $what could not install $* (no network, no apt source or proxy that serves Debian 12, or" \
+    "not allowed to). Fix that and run this again, or install them yourself: apt-get install $*" >&2
+  exit 1
+}
+need_root() {
+  [ -z "$SUDO" ] || command -v sudo >/dev/null 2>&1 ||
+    { echo "setup: error: $* missing, and installing needs root: run this as root, or install sudo" >&2; exit 1; }
+}
+
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -78,9 +92,11 @@ done
 
 if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
+  need_root "${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  $SUDO apt-get update -qq
-  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  $SUDO apt-get update -qq || install_failed "apt-get update" "${missing[@]}"
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null ||
+    install_failed "apt-get install" "${missing[@]}"
 else
   echo "setup: all packages present"
 fi
@@ -98,13 +114,20 @@ if [ -x /usr/local/cuda/bin/nvcc ] || command -v nvcc >/dev/null 2>&1; then
     echo "setup: cuDNN frontend $CUDNN_FE_VERSION headers present ($CUDNN_FE_DIR/include)"
   else
     dpkg-query -W -f='${Status}' python3-venv 2>/dev/null | grep -q "install ok installed" || {
-      $SUDO apt-get update -qq
-      $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+      need_root python3-venv
+      $SUDO apt-get update -qq || install_failed "apt-get update" python3-venv
+      $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3-venv >/dev/null ||
+        install_failed "apt-get install" python3-venv
     }
+    need_root "the cuDNN frontend's headers ($CUDNN_FE_DIR)"
     [ -x "$CUDNN_FE_VENV/bin/pip" ] || $SUDO /usr/bin/python3 -m venv "$CUDNN_FE_VENV"
     echo "setup: installing PyPI nvidia-cudnn-frontend==$CUDNN_FE_VERSION's headers into $CUDNN_FE_DIR"
     $SUDO "$CUDNN_FE_VENV/bin/pip" install --quiet --disable-pip-version-check --no-deps \
-      --target "$CUDNN_FE_DIR" "nvidia-cudnn-frontend==$CUDNN_FE_VERSION"
+      --target "$CUDNN_FE_DIR" "nvidia-cudnn-frontend==$CUDNN_FE_VERSION" || {
+      echo "setup: error: pip could not fetch nvidia-cudnn-frontend==$CUDNN_FE_VERSION from PyPI (no network or" \
+        "no pip index?): fix that and run this again, or unpack that wheel into $CUDNN_FE_DIR yourself" >&2
+      exit 1
+    }
     [ -f "$CUDNN_FE_DIR/include/cudnn_frontend.h" ] ||
       { echo "setup: error: $CUDNN_FE_DIR/include/cudnn_frontend.h missing after pip install" >&2; exit 1; }
   fi
@@ -125,6 +148,7 @@ TEST_VENV=/opt/dptrain/test-venv  # tests/integration/tensorboard.sh and hf_from
 VENV_PKGS=("tensorboard tensorboard==2.21.0" "transformers transformers==4.45.2")  # "module requirement"
 if [ ! -x "$TEST_VENV/bin/python" ]; then
   echo "setup: creating the test venv $TEST_VENV (tests only)"
+  need_root "the test venv $TEST_VENV"
   $SUDO /usr/bin/python3 -m venv --system-site-packages "$TEST_VENV"
 fi
 for p in "${VENV_PKGS[@]}"; do
@@ -134,6 +158,10 @@ for p in "${VENV_PKGS[@]}"; do
     echo "setup: $TEST_VENV has $module ($requirement)"
   else
     echo "setup: installing PyPI $requirement into $TEST_VENV (tests only)"
-    $SUDO "$TEST_VENV/bin/pip" install --quiet --disable-pip-version-check "$requirement"
+    $SUDO "$TEST_VENV/bin/pip" install --quiet --disable-pip-version-check "$requirement" || {
+      echo "setup: error: pip could not install $requirement into $TEST_VENV (no network or no pip index?): fix" \
+        "that and run this again" >&2
+      exit 1
+    }
   fi
 done

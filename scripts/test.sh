@@ -2,8 +2,11 @@
 # The test command: installs what is missing, the test-only tools included (scripts/setup.sh --tests), builds,
 # runs every test through ctest. Idempotent. .ci/run calls exactly this. Extra arguments go to ctest
 # (e.g. scripts/test.sh -R unit.data).
+# Usage: scripts/test.sh [CTEST_ARGS ...]   (none: every test, then the CPU-only build's; docs/testing.md)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# --help is this script's, not ctest's after an install and a build.
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; exit 0; fi
 bash scripts/setup.sh --tests
 bash scripts/build.sh
 BUILD_DIR=${DPT_BUILD_DIR:-build}

@@ -13,13 +13,7 @@
 
 #include "core/check.h"
 
-// Set for this file by trainer/CMakeLists.txt.
-#ifndef DPT_VERSION
-#define DPT_VERSION "unknown"
-#endif
-#ifndef DPT_BUILD_ID
-#define DPT_BUILD_ID "unknown"
-#endif
+#include "dpt_build_id.h"  // DPT_VERSION, DPT_BUILD_ID: written at build time by cmake/build_id.cmake
 
 namespace dpt::trainer {
 

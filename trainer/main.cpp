@@ -4,7 +4,9 @@
 // commands decide how the process dies: an error is logged with the rank and the process exits non-zero at once,
 // so the launcher (dprun, mpirun, srun) tears the job down.
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -13,8 +15,10 @@
 
 #include <unistd.h>
 
+#include "core/cli_checks.h"
 #include "models/kernels/cpu/cpu_info.h"
 #include "trainer/commands/commands.h"
+#include "trainer/config_check.h"
 #include "trainer/preemption.h"
 
 namespace {
@@ -42,6 +46,54 @@ void hold_stop_signals_at_load(int, char**, char**) { dpt::trainer::hold_stop_si
 [[gnu::section(".preinit_array"), gnu::used]] void (*const hold_at_load)(int, char**, char**) =
     hold_stop_signals_at_load;
 
+// A first word that is no option, no key=value override and no subcommand is a misspelt subcommand: `dptrain evall
+// --checkpoint C` once said "The following argument was not expected: --checkpoint", `dptrain traim` "override 'traim'
+// is not key=value". Said as such (exit 2), with the nearest subcommand and the list; "" when the word is fine.
+std::string unknown_command(int argc, char** argv, const std::vector<dpt::trainer::commands::Command>& commands) {
+  if (argc < 2) return "";
+  const std::string word = argv[1];
+  if (word.empty() || word.starts_with("-") || word.find('=') != std::string::npos) return "";
+  if (word.ends_with(".toml")) {  // nanoGPT's `train.py config/x.py`
+    return fmt::format("dptrain: '{}': a config file goes after --config (dptrain --config {} [key=value ...])", word,
+                       word);
+  }
+  std::vector<std::string> names;
+  for (const auto& c : commands) {
+    if (c.app->get_parent() == nullptr) continue;  // train: the root itself
+    if (c.app->get_name() == word) return "";
+    names.push_back(c.app->get_name());
+  }
+  std::string nearest = dpt::cli::nearest_name(word, names);
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  const size_t nearest_d = nearest.empty() ? 3 : dpt::cli::edit_distance(word, nearest);
+  if (word == "run" || word == "fit" || dpt::cli::edit_distance(word, "train") < nearest_d) {  // train, traim
+    return fmt::format("dptrain: '{}' is not a subcommand: dptrain trains when given none (dptrain --config C.toml "
+                       "[key=value ...]); the subcommands: {}", word, list);
+  }
+  return fmt::format("dptrain: unknown subcommand '{}'{}; the subcommands: {}; training takes none, and its overrides "
+                     "are key=value (dptrain --help)", word,
+                     nearest.empty() ? "" : fmt::format(" (did you mean '{}'?)", nearest), list);
+}
+
+// nanoGPT's `--batch_size=32` and Hugging Face's `--learning_rate 3e-5`: an override written as an option, which CLI11
+// calls only "not expected". The hint for the first such word its message names; "" when there is none.
+std::string dashed_override_hint(int argc, char** argv, const std::string& message) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (!arg.starts_with("--") || arg.size() < 3 || message.find(arg) == std::string::npos) continue;
+    const size_t eq = arg.find('=');
+    const std::string key = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    const std::string value = eq == std::string::npos ? "VALUE" : arg.substr(eq + 1);
+    if (key.find('.') != std::string::npos) {
+      return fmt::format("dptrain: config overrides take no dashes and one '=': write {}={}", key, value);
+    }
+    return fmt::format("dptrain: if {} is meant as a config key: overrides are section.key=value, without dashes "
+                       "(train.lr=0.1); dptrain --help lists the keys", arg.substr(0, eq));
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -65,17 +117,26 @@ int main(int argc, char** argv) {
       "Exit codes: 0 done, 1 failed, 2 bad command line or config, 3 hang (a collective outlived dist.timeout_s; the\n"
       "message names the stuck rank), 75 preempted (checkpoint written; or stopped before the first step: before the\n"
       "ranks met, or while waiting for data.dir's lock held by another job: nothing to write)."};
+  // The version and the commit it was built from (`git describe --always --dirty` at build time), as the ranks'
+  // same-binary check compares them.
+  app.set_version_flag("--version", dpt::trainer::binary_version(), "print dptrain's version and build (its commit)");
   auto print_config = std::make_shared<bool>(false);
   const std::vector<Command> commands = {  // in the order --help lists them
       add_train(app, print_config), add_export_images(app), add_tokenize(app), add_generate(app),
       add_export_weights(app),      add_eval(app, print_config), add_predict(app, print_config), add_plot(app),
       add_config_reference(app),
   };
+  if (const std::string unknown = unknown_command(argc, argv, commands); !unknown.empty()) {
+    std::cerr << unknown << "\n";
+    return kExitUsage;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // prints help (rc 0) or the error and usage
-    return rc == 0 ? 0 : kExitUsage;
+    if (rc == 0) return 0;
+    if (const std::string hint = dashed_override_hint(argc, argv, e.what()); !hint.empty()) std::cerr << hint << "\n";
+    return kExitUsage;
   }
   for (const Command& c : commands) {
     if (c.app == &app || !c.app->parsed()) continue;

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # integration.bench_scripts: the command lines of the developer and benchmark scripts that have no test of their own
-# (scripts/build.sh, fuzz.sh, fault_inject.sh, same_bytes.sh, gpu-check.sh, scripts/bench/ab_builds.sh, predict.sh,
-# loader_bench.sh, train_bench.sh, gpu_bench.sh, zero.sh, op_table.py, bias_grad_apart.py, torch_memory.py;
+# (scripts/build.sh, setup.sh, fuzz.sh, fault_inject.sh, same_bytes.sh, gpu-check.sh, scripts/bench/ab_builds.sh,
+# predict.sh, loader_bench.sh, train_bench.sh, gpu_bench.sh, zero.sh, op_table.py, bias_grad_apart.py, torch_memory.py;
 # gpt_bench.sh's BENCH_ROWS): --help prints the usage and exits 0; a bad argument exits 2 with a usage line before
 # anything is built or run (fuzz.sh configured a clang tree for `--help` and failed on a target named "fuzz_--help");
 # a folder that is no build is named; a Python without torch is said so up front (not a traceback after the dptrain
-# runs); gpu-check.sh run on a machine without a GPU says so and records nothing.
+# runs); gpu-check.sh run on a machine without a GPU says so and records nothing; setup.sh without a network says
+# what to do.
 # Seconds: nothing here builds, trains or fuzzes.
 source "$(dirname "$0")/lib/common.bash"
 S=$DPT_SOURCE_DIR/scripts
@@ -89,4 +90,23 @@ DPT_BUILD_DIR=$DPT_BUILD_DIR PYTHON=$WORK/venv/bin/python expect_exit 1 "cannot 
   bash "$S/bench/predict.sh" 10
 BENCH_SKIP_BUILD=1 PYTHON=$WORK/venv/bin/python expect_exit 1 "cannot import numpy, PIL, torch and torchvision" \
   bash "$S/bench/loader_bench.sh" 1 2
+
+# setup.sh, the first thing scripts/run.sh and test.sh run: an install that cannot happen (no network: apt-get fails)
+# says what to do and exits 1, rather than ending on apt's last line. Shims on PATH stand in for dpkg-query (one
+# package missing), apt-get (failing) and sudo, so nothing is installed and no network is asked.
+help "$S/setup.sh" "usage: .*setup.sh \[--tests\] \[--bench\]"
+# run.sh's and test.sh's --help are their own, at once: not every rank's dptrain --help (or ctest's) after a build.
+help "$S/run.sh" "^Usage: scripts/run.sh \[key=value ...\]"
+help "$S/test.sh" "^Usage: scripts/test.sh \[CTEST_ARGS ...\]"
+mkdir -p "$WORK/shims"
+printf '#!/bin/sh\nfor a; do last=$a; done\n[ "$last" = fortunes ] && exit 1\nexec /usr/bin/dpkg-query "$@"\n' \
+  > "$WORK/shims/dpkg-query"
+printf '#!/bin/sh\necho "E: Could not resolve deb.debian.org" >&2\nexit 100\n' > "$WORK/shims/apt-get"
+printf '#!/bin/sh\nexec "$@"\n' > "$WORK/shims/sudo"
+chmod +x "$WORK/shims/"*
+PATH=$WORK/shims:$PATH expect_exit 1 "setup: error: apt-get update could not install fortunes (no network, .*install \
+them yourself: apt-get install fortunes" bash "$S/setup.sh"
+printf '#!/bin/sh\n[ "$1" = update ] && exit 0\necho "E: Unable to locate package fortunes" >&2\nexit 100\n' \
+  > "$WORK/shims/apt-get"  # apt-get update without a network warns and exits 0; the install fails
+PATH=$WORK/shims:$PATH expect_exit 1 "setup: error: apt-get install could not install fortunes" bash "$S/setup.sh"
 echo PASS

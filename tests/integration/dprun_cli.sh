@@ -11,6 +11,15 @@ for word in --nproc-per-node --nnodes --node-rank --master-addr --master-port --
   grep -q -- "$word" "$WORK/out" || fail "--help does not mention $word"
 done
 echo "ok: --help"
+# --version names the build: the project's version and the commit it was built from, as dptrain's does.
+run --version
+[ "$RC" = 0 ] || fail "--version exited $RC"
+grep -qE '^dprun [0-9]+\.[0-9]+\.[0-9]+ built [0-9a-zA-Z._-]+$' "$WORK/out" ||
+  { cat "$WORK/out" "$WORK/err"; fail "--version"; }
+if commit=$(git -C "$DPT_SOURCE_DIR" describe --always 2>/dev/null); then
+  grep -qF " built $commit" "$WORK/out" || { cat "$WORK/out"; fail "--version does not name the commit $commit"; }
+fi
+echo "ok: --version"
 
 # expect_usage_error NEEDLE ARGS...: exit 2, "dprun: error: ...NEEDLE..." and the usage line on stderr.
 expect_usage_error() {
@@ -28,6 +37,8 @@ expect_usage_error "no program to run" --nproc-per-node 2
 expect_usage_error "no program to run" --nproc-per-node 2 --
 expect_usage_error "unexpected argument 'true'" --nproc-per-node 2 true
 expect_usage_error "unknown option --bogus" --bogus -- true
+expect_usage_error "unknown option --nproc (did you mean --nproc-per-node?)" --nproc 2 -- true
+expect_usage_error "unknown option --max-restart (did you mean --max-restarts?)" --max-restart 2 -- true
 expect_usage_error "--nproc-per-node must be at least 1 (got 0)" --nproc-per-node 0 -- true
 expect_usage_error "nproc-per-node" --nproc-per-node two -- true
 expect_usage_error "--node-rank must be in 0..1 with --nnodes 2 (got 2)" --nnodes 2 --node-rank 2 --master-addr 10.0.0.1 -- true
@@ -43,5 +54,10 @@ echo "ok: usage errors"
 run --nproc_per_node=2 --master_port 29561 -- sh -c 'echo "$WORLD_SIZE $MASTER_PORT $*"' prog --help -- x
 [ "$RC" = 0 ] || fail "torchrun spellings: exited $RC"
 [ "$(grep -c '^\[rank [01]\] 2 29561 --help -- x$' "$WORK/out")" = 2 ] || fail "torchrun spellings or program arguments"
-echo "ok: --nproc_per_node, arguments after --"
+# torchrun's --standalone (nanoGPT's README writes it) is one node on this host: dprun's default, so accepted.
+run --standalone --nproc_per_node=2 -- sh -c 'echo "$WORLD_SIZE $MASTER_ADDR"'
+[ "$RC" = 0 ] || { cat "$WORK/err"; fail "--standalone: exited $RC"; }
+[ "$(grep -c '^\[rank [01]\] 2 127.0.0.1$' "$WORK/out")" = 2 ] || fail "--standalone: not 2 ranks on this host"
+expect_usage_error "--standalone is one node: leave out --nnodes 2" --standalone --nnodes 2 --master-addr x -- true
+echo "ok: --nproc_per_node, --standalone, arguments after --"
 echo "PASS"

@@ -9,6 +9,25 @@ for key in train.epochs train.batch_size train.lr train.seed model.hidden dist.b
   <<< "$help" grep -q "$key" || fail "--help does not list $key"
 done
 
+# --version names the build: the project's version and the commit it was built from (`git describe` at build time: once
+# taken when cmake configured the build, it named an old commit after a pull and a rebuild).
+version=$("$DPTRAIN" --version 2>/dev/null) || fail "--version exited non-zero"
+[[ $version =~ ^dptrain\ [0-9]+\.[0-9]+\.[0-9]+\ built\ [0-9a-zA-Z._-]+$ ]] || fail "--version printed '$version'"
+if commit=$(git -C "$DPT_SOURCE_DIR" describe --always 2>/dev/null); then
+  [[ $version == *" built $commit"* ]] || fail "--version '$version' does not name the commit $commit"
+fi
+# A misspelt subcommand is said as such, with the nearest one (once: CLI11's "The following argument was not
+# expected: --checkpoint", or "override 'x' is not key=value"); "train" and a config file as a bare word say how.
+expect_exit 2 "unknown subcommand 'evall' (did you mean 'eval'?); the subcommands: export-images, tokenize" \
+  "$DPTRAIN" evall --checkpoint "$WORK/none"
+expect_exit 2 "unknown subcommand 'xyzzy'; the subcommands:" "$DPTRAIN" xyzzy
+expect_exit 2 "'train' is not a subcommand: dptrain trains when given none" "$DPTRAIN" train --config "$CONFIG"
+expect_exit 2 "a config file goes after --config (dptrain --config $CONFIG" "$DPTRAIN" "$CONFIG"
+# An override written as an option (nanoGPT's --batch_size=32, Hugging Face's --learning_rate) says how to write it.
+expect_exit 2 "config overrides take no dashes and one '=': write train.lr=0.1" \
+  "$DPTRAIN" --config "$CONFIG" --train.lr=0.1
+expect_exit 2 "if --learning_rate is meant as a config key: overrides are section.key=value, without dashes" \
+  "$DPTRAIN" --config "$CONFIG" --learning_rate 3e-5
 expect_exit 2 "did you mean 'train.lr'" "$DPTRAIN" --config "$CONFIG" train.lrr=0.1
 expect_exit 2 "train.epochs: expected integer" "$DPTRAIN" --config "$CONFIG" train.epochs=two
 expect_exit 2 "must be one of: auto, gloo, mpi, nccl" "$DPTRAIN" --config "$CONFIG" dist.backend=tcp
@@ -65,6 +84,11 @@ expect_exit 2 "image folder $WORK/nothing not found" "$DPTRAIN" --config "$CONFI
   data.dataset=imagefolder data.image_size=8 data.resize=0
 expect_exit 2 "token shards: $WORK/nothing is not a directory" "$DPTRAIN" data.dataset=tokens data.dir="$WORK/nothing" \
   model.name=gpt
+# ... and says how to make them, and where a relative data.dir was looked for (gpt_tiny.toml's runs/fortunes, run
+# from another folder than the repository's, or before `dptrain tokenize`).
+(cd "$WORK" && expect_exit 2 "token shards: runs/fortunes is not a directory (from $WORK) (looking for .*); write \
+the shards with \`dptrain tokenize --input TEXT --out runs/fortunes\`" "$DPTRAIN" --config \
+  "$DPT_SOURCE_DIR/configs/gpt_tiny.toml" checkpoint.dir="$WORK/gpt")
 expect_exit 2 "$WORK/ckfile is not a directory" "$DPTRAIN" --config "$CONFIG" data.dir="$WORK/ckfile" \
   data.dataset=imagefolder data.image_size=8 data.resize=0
 
@@ -108,4 +132,9 @@ out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.lr=0.1 2>&1) || { echo "$ou
 <<< "$out" grep -q "the config differs from the checkpoint's (hash [0-9a-f]* vs [0-9a-f]*): train.epochs = 2 (the \
 checkpoint: 1), train.lr = 0.1 (the checkpoint: 0.05); continuing with the new one" ||
   { echo "$out"; fail "a resume with another config did not name the keys that changed"; }
+# A resume of a run already done trains nothing, and says how to train more or afresh.
+out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.lr=0.1 2>&1) || { echo "$out"; fail "resume of a done run failed"; }
+<<< "$out" grep -q "training already complete at step 16 (all 2 epoch(s) done): .*; to train more, raise \
+train.epochs (the run goes on from here), or start afresh with --resume never" ||
+  { echo "$out"; fail "a resume of a finished run did not say how to train more"; }
 echo "PASS"

@@ -202,11 +202,13 @@ void Reporter::finished(const RunResult& r) {
   const TrainConfig& t = cfg_.train;
   // Not setup_.start_epoch: a mid-epoch checkpoint's, whose rest of the epoch may have made no full batch (drop_last
   // on more ranks) and so no epoch line, while no epoch is left.
-  const std::string why = t.max_steps > 0 && r.steps >= t.max_steps
-                              ? fmt::format("train.max_steps = {} already reached", t.max_steps)
-                              : fmt::format("all {} epoch(s) done", t.epochs);
-  spdlog::info("training already complete at step {} ({}): test_loss {:.4f} test_acc {:.4f}", r.steps, why,
-               r.final_test_loss, r.final_test_acc);
+  const bool by_steps = t.max_steps > 0 && r.steps >= t.max_steps;
+  const std::string why = by_steps ? fmt::format("train.max_steps = {} already reached", t.max_steps)
+                                   : fmt::format("all {} epoch(s) done", t.epochs);
+  // What to do instead: a first-day user ran the README's command after scripts/run.sh had trained to the end.
+  spdlog::info("training already complete at step {} ({}): test_loss {:.4f} test_acc {:.4f}; to train more, raise {} "
+               "(the run goes on from here), or start afresh with --resume never (or another checkpoint.dir)",
+               r.steps, why, r.final_test_loss, r.final_test_acc, by_steps ? "train.max_steps" : "train.epochs");
 }
 
 // This rank's memory now (the model's state is model_memory_'s already): the training device's tensors, the host

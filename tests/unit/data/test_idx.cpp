@@ -144,6 +144,10 @@ TEST_CASE("malformed IDX files give IoErrors naming the file and the problem", "
 
   require_io_error(dir.file("nothing-here.gz"), "file not found");
   require_io_error(dir.path.string(), "is a directory");
+  // There but unreadable is not "not found": the error itself (a symbolic link loop here; a folder on the way that
+  // may not be searched gives Permission denied, which root's tests cannot make).
+  fs::create_symlink("loop.gz", dir.file("loop.gz"));
+  require_io_error(dir.file("loop.gz"), "cannot read: Too many levels of symbolic links");
 }
 
 TEST_CASE("load_idx_dataset checks that images and labels belong together", "[data][idx]") {
@@ -208,6 +212,16 @@ TEST_CASE("load_fashion_mnist names the directory and how to install it", "[data
   REQUIRE_THROWS_WITH(load_fashion_mnist(empty.path.string(), false),
                       Catch::Contains("t10k-images-idx3-ubyte.gz: file not found") &&
                           Catch::Contains("apt-get install dataset-fashion-mnist"));
+  // A file or folder that is there but cannot be read (Permission denied for a user; a symbolic link loop here) is
+  // named with its error, not called missing with an install hint that would not help.
+  fs::create_symlink("t10k-images-idx3-ubyte.gz", empty.file("t10k-images-idx3-ubyte.gz"));
+  REQUIRE_THROWS_WITH(load_fashion_mnist(empty.path.string(), false),
+                      Catch::Contains("t10k-images-idx3-ubyte.gz: cannot read: Too many levels of symbolic links") &&
+                          !Catch::Contains("not found") && Catch::Contains("permissions"));
+  fs::create_symlink("looped", empty.file("looped"));
+  REQUIRE_THROWS_AS(load_fashion_mnist(empty.file("looped"), false), IoError);
+  REQUIRE_THROWS_WITH(load_fashion_mnist(empty.file("looped"), false),
+                      Catch::Contains("looped: cannot read: Too many levels") && !Catch::Contains("not found"));
 }
 
 TEST_CASE("the real Fashion-MNIST loads, with the pixel statistics we normalise by", "[data][idx][fashion]") {
