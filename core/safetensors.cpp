@@ -187,11 +187,21 @@ SafetensorsFile read_safetensors(const std::string& path) {
   } catch (const json::exception& e) {
     DPT_THROW(CheckpointError, "{}: malformed header: {}", path, e.what());
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < entries.size(); ++i)
-    if (entries[i].begin < entries[i - 1].end)
-      DPT_THROW(CheckpointError, "{}: tensors {} and {} overlap", path, entries[i - 1].nt.name, entries[i].nt.name);
-  for (auto& e : entries) out.tensors.push_back(std::move(e.nt));  // in file order
+  // In file order: by offset, an empty tensor first where it shares its offset with another (safetensors' writer puts
+  // an empty F32 tensor at the offset where the next dtype's tensors begin). An empty range overlaps nothing.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  uint64_t end = 0;
+  const std::string* last = nullptr;
+  for (const auto& e : entries) {
+    if (e.begin == e.end) continue;
+    if (last && e.begin < end)
+      DPT_THROW(CheckpointError, "{}: tensors {} and {} overlap", path, *last, e.nt.name);
+    end = e.end;
+    last = &e.nt.name;
+  }
+  for (auto& e : entries) out.tensors.push_back(std::move(e.nt));
   return out;
 }
 
