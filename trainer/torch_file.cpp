@@ -44,6 +44,16 @@ int allowed_global(std::string_view module, std::string_view name) {
   return -1;
 }
 
+// A global that is a model's class (torch.nn's, torchvision's, transformers', or the script's own __main__): the file
+// is torch.save(model), the whole module pickled. What to save instead.
+std::string whole_module_hint(std::string_view module) {
+  for (std::string_view m : {"__main__", "torch.nn.", "torchvision.", "transformers.", "timm."})
+    if (module == m || module.starts_with(m))
+      return "; it looks like a whole model saved with torch.save(model): save its weights with "
+             "torch.save(model.state_dict(), PATH)";
+  return "";
+}
+
 struct Obj {
   enum class Kind { None, Bool, Int, Float, Str, Bytes, Tuple, List, Dict, Global, Storage, Tensor };
   Kind kind = Kind::None;
@@ -322,8 +332,8 @@ class Unpickler {
     const int code = allowed_global(module, name);
     if (code < 0)
       bad(fmt::format("it names the global {}.{}, which a state dict saved by torch.save does not use: refused (no "
-                      "code from the file runs; dptrain reads tensors, OrderedDict and the storage types only)",
-                      module, name));
+                      "code from the file runs; dptrain reads tensors, OrderedDict and the storage types only){}",
+                      module, name, whole_module_hint(module)));
     Obj* o = make_int(Kind::Global, code);
     o->s = module + "." + name;
     return o;

@@ -145,6 +145,15 @@ TEST_CASE("globals and opcodes a state dict does not use are refused, naming the
     INFO("opcode " << static_cast<int>(static_cast<uint8_t>(op[0])));
     CHECK_THROWS_WITH(unpickle(p.b), Catch::Contains("which torch.save of a state dict does not write"));
   }
+  // torch.save(model): the whole module pickled, its class the first global. The refusal says what to save instead.
+  for (const auto& [module, name] : {std::pair{"torch.nn.modules.container", "Sequential"}, {"__main__", "Net"},
+                                     {"transformers.models.gpt2.modeling_gpt2", "GPT2LMHeadModel"}}) {
+    Pickle whole;
+    whole.global(module, name).op(")\x81.");
+    CHECK_THROWS_WITH(unpickle(whole.b), Catch::Contains(std::string("names the global ") + module + "." + name) &&
+                                             Catch::Contains("torch.save(model.state_dict(), PATH)"));
+  }
+  CHECK_THROWS_WITH(unpickle(sys.b), !Catch::Contains("torch.save(model)"));  // os.system is no model's class
   Pickle storage_call;  // a storage type is a global, not something to call
   storage_call.global("torch", "FloatStorage").op(")R.");
   CHECK_THROWS_WITH(unpickle(storage_call.b), Catch::Contains("torch.FloatStorage called"));
