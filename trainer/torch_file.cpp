@@ -585,9 +585,14 @@ SafetensorsFile read_torch_zip(const uint8_t* data, size_t size, const std::stri
   zip_t* archive = zip_open_from_source(source, ZIP_RDONLY, &error);
   if (!archive) {
     const std::string why = zip_error_strerror(&error);
+    // A zip's start (PK\3\4) without its end (the central directory, which torch.save writes last): cut short.
+    const bool cut = zip_error_code_zip(&error) == ZIP_ER_NOZIP && looks_like_zip(data, size);
     zip_source_free(source);
     zip_error_fini(&error);
-    DPT_THROW(CheckpointError, "{}: not a readable zip archive ({})", where, why);
+    DPT_THROW(CheckpointError, "{}: not a readable zip archive ({}){}", where, why,
+              cut ? ": it starts as one but its end (the central directory) is missing: truncated (a copy or "
+                    "download cut short?)"
+                  : "");
   }
   std::unique_ptr<zip_t, void (*)(zip_t*)> closer(archive, [](zip_t* a) { zip_discard(a); });
   zip_error_fini(&error);

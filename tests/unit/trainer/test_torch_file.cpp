@@ -242,6 +242,24 @@ TEST_CASE("views copied over and over are refused, and a safetensors header of 6
   CHECK(read.tensors[0].tensor.data<float>()[1] == -2.0f);
 }
 
+TEST_CASE("a torch.save file cut short is refused as truncated, not as no zip at all", "[torch_file]") {
+  // The fuzz seed torch.save's layout (tests/fuzz/make_corpus.py): a zip whose central directory comes last.
+  std::FILE* f = std::fopen(DPT_SOURCE_DIR "/tests/fuzz/corpus/torch_file/state_dict.pth", "rb");
+  REQUIRE(f);
+  std::vector<uint8_t> bytes(1 << 16);
+  bytes.resize(std::fread(bytes.data(), 1, bytes.size(), f));
+  std::fclose(f);
+  REQUIRE(looks_like_zip(bytes.data(), bytes.size()));
+  REQUIRE(read_torch_zip(bytes.data(), bytes.size(), "whole.pth").tensors.size() > 0);
+  for (const size_t keep : {bytes.size() - 1, bytes.size() - 22, bytes.size() / 2, size_t{64}}) {
+    INFO("the first " << keep << " of " << bytes.size() << " bytes");
+    CHECK_THROWS_WITH(read_torch_zip(bytes.data(), keep, "cut.pth"),
+                      Catch::Contains("cut.pth") && Catch::Contains("truncated"));
+  }
+  const uint8_t not_zip[] = {'n', 'o', 't', ' ', 'a', ' ', 'z', 'i', 'p', '!'};  // no zip's start: no such claim
+  CHECK_THROWS_WITH(read_torch_zip(not_zip, sizeof(not_zip), "other"), !Catch::Contains("truncated"));
+}
+
 TEST_CASE("half_to_float: every half, against the closed form", "[torch_file]") {
   for (uint32_t h = 0; h < 65536; ++h) {
     const int sign = (h >> 15) ? -1 : 1, exp = (h >> 10) & 31, mant = h & 1023;
