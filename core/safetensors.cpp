@@ -192,15 +192,23 @@ SafetensorsFile read_safetensors(const std::string& path) {
   std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
     return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
   });
+  // The tensors' bytes must tile the data exactly, as the format (and its reference reader) requires: bytes that no
+  // tensor owns mean the header does not describe this file (a file cut and padded, two files joined).
   uint64_t end = 0;
   const std::string* last = nullptr;
   for (const auto& e : entries) {
     if (e.begin == e.end) continue;
     if (last && e.begin < end)
       DPT_THROW(CheckpointError, "{}: tensors {} and {} overlap", path, *last, e.nt.name);
+    if (e.begin > end)
+      DPT_THROW(CheckpointError, "{}: data bytes [{}, {}) belong to no tensor (before {}): the header does not "
+                "describe this file (corrupted?)", path, end, e.begin, e.nt.name);
     end = e.end;
     last = &e.nt.name;
   }
+  if (end != data_size)
+    DPT_THROW(CheckpointError, "{}: {} data bytes after the last tensor's: the header does not describe this file "
+              "(two files joined, or corrupted?)", path, data_size - end);
   for (auto& e : entries) out.tensors.push_back(std::move(e.nt));
   return out;
 }

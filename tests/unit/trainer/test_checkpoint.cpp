@@ -410,6 +410,29 @@ TEST_CASE("safetensors: an empty tensor at the offset of another's bytes is no o
                       Catch::Contains("tensors a and b overlap"));
 }
 
+TEST_CASE("safetensors: data bytes no tensor owns (a hole, a tail) are refused, as safetensors' reader does",
+          "[checkpoint]") {
+  // safetensors.safe_open (0.8) refuses both ("invalid offset for tensor `w`", "incomplete metadata, file not fully
+  // covered"); dptrain read them as if the header described the file.
+  const fs::path dir = fresh_dir("st_untiled");
+  const auto write = [&](const std::string& header, const std::string& body) {
+    std::ofstream f(dir / "u.safetensors", std::ios::binary | std::ios::trunc);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << body;
+  };
+  const std::string path = (dir / "u.safetensors").string();
+  write(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, '\0'));
+  REQUIRE_THROWS_WITH(read_safetensors(path),
+                      Catch::Contains("data bytes [0, 4) belong to no tensor (before w)"));
+  write(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(12, '\0'));
+  REQUIRE_THROWS_WITH(read_safetensors(path), Catch::Contains("8 data bytes after the last tensor's"));
+  write(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+        R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+        std::string(4, '\0'));
+  REQUIRE(read_safetensors(path).tensors.size() == 2);  // tiled: an empty tensor at the end owns nothing
+}
+
 TEST_CASE("every safetensors file says {\"format\": \"pt\"}, which transformers' from_pretrained requires", "[checkpoint]") {
   test::TempDir dir("st_format");
   const std::vector<NamedTensor> ts = {{"w", filled({2}, 1)}};
