@@ -552,8 +552,10 @@ SafetensorsFile unpickle_state_dict(const uint8_t* pkl, size_t size, const Stora
   const Obj* top = vm.run();
   std::string why;
   const Obj* dict = tensor_dict(top, &why);
-  if (!dict && top->kind == Kind::Dict) {  // a training checkpoint: {'model': state_dict, 'optimizer': ..., ...}
-    for (const char* inner : {"state_dict", "model"}) {
+  // A training checkpoint: {'model': state_dict, 'optimizer': ..., ...}, or as PyTorch's tutorial on saving a
+  // general checkpoint writes it, {'epoch': ..., 'model_state_dict': ..., 'optimizer_state_dict': ..., 'loss': ...}.
+  if (!dict && top->kind == Kind::Dict) {
+    for (const char* inner : {"state_dict", "model", "model_state_dict"}) {
       auto it = top->index.find(inner);
       std::string ignored;
       if (it != top->index.end() && (dict = tensor_dict(top->dict[it->second].second, &ignored))) break;
@@ -561,7 +563,7 @@ SafetensorsFile unpickle_state_dict(const uint8_t* pkl, size_t size, const Stora
   }
   if (!dict)
     DPT_THROW(CheckpointError, "{}: {}: dptrain reads a state dict (torch.save(model.state_dict(), PATH)), or one "
-              "under 'state_dict' or 'model'", where, why);
+              "under 'state_dict', 'model' or 'model_state_dict'", where, why);
   SafetensorsFile out;
   for (const auto& [k, v] : dict->dict) out.tensors.push_back({k->s, v->tensor});
   return out;

@@ -117,6 +117,16 @@ TEST_CASE("a training checkpoint's 'model' is the state dict, other tops are ref
   CHECK(f.tensors[0].tensor.dtype() == DType::F32);  // float16 widened
   CHECK(f.tensors[0].tensor.data<float>()[1] == -2.0f);
 
+  // PyTorch's tutorial's general checkpoint: {'epoch': 3, 'model_state_dict': {...}, 'loss': 0.5}.
+  Pickle tutorial;
+  tutorial.op("}").op("(").str("epoch").i(3).str("model_state_dict").op("}").op("(").str("b");
+  tutorial.tensor("0", "HalfStorage", 2, 0, {2}, {1}).op("u").str("loss");
+  tutorial.op(raw("G\x3f\xe0\x00\x00\x00\x00\x00\x00")).op("u.");  // BINFLOAT 0.5
+  const auto t = unpickle(tutorial.b, {{"0", bytes}});
+  REQUIRE(t.tensors.size() == 1);
+  CHECK(t.tensors[0].name == "b");
+  CHECK(t.tensors[0].tensor.data<float>()[0] == 1.0f);
+
   Pickle notdict;
   notdict.op("]").str("x").op("a.");
   CHECK_THROWS_WITH(unpickle(notdict.b), Catch::Contains("holds a list, not a dict of tensors"));
