@@ -362,7 +362,8 @@ void Model::load_state(const std::function<const Tensor*(const std::string&)>& f
     const Tensor* src = find(nt.name);
     if (!src) DPT_THROW(CheckpointError, "{}: no tensor named {} (this model: {})", source, nt.name, summary());
     if (nt.tensor.dtype() == DType::I64) {  // a counter: any one-element integer or float tensor
-      DPT_CHECK(src->numel() == 1, "{}: {} has shape {}, expected one element", source, nt.name, src->shape_str());
+      if (src->numel() != 1)  // a file's fault, not dptrain's: a CheckpointError, as the other checks here
+        DPT_THROW(CheckpointError, "{}: {} has shape {}, expected one element", source, nt.name, src->shape_str());
       counts[nt.name] = counter_value(src->to(Device::cpu()), nt.name, source);
       continue;
     }

@@ -385,6 +385,9 @@ TEST_CASE("load_state: a missing key or a wrong shape names the key and changes 
     REQUIRE_THROWS_WITH(b->load_state(find, "file"), Catch::Contains(counter));
     REQUIRE(std::equal(before.begin(), before.end(), b->params().data<float>()));
   }
+  by_name[counter] = Tensor::zeros({2}, DType::I64);  // two counts: the file's error, not an internal check's
+  REQUIRE_THROWS_AS(b->load_state(find, "file"), CheckpointError);
+  REQUIRE_THROWS_WITH(b->load_state(find, "file"), Catch::Contains(counter + " has shape [2], expected one element"));
   by_name[counter] = one(DType::F32, 3);  // a float holding a count loads, as torch's copy_ converts it
   b->load_state(find, "file");
   bool found = false;
