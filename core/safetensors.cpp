@@ -54,6 +54,38 @@ void write_all(int fd, const void* data, size_t bytes, const std::string& path) 
   }
 }
 
+// A tensor's byte range in the data, as the header gives it.
+struct Entry {
+  uint64_t begin, end;
+  NamedTensor nt;
+};
+
+// Sorts `entries` into file order and checks that their bytes tile the data, throwing CheckpointError otherwise.
+void check_tiling(std::vector<Entry>& entries, uint64_t data_size, const std::string& path) {
+  // In file order: by offset, an empty tensor first where it shares its offset with another (safetensors' writer puts
+  // an empty F32 tensor at the offset where the next dtype's tensors begin). An empty range overlaps nothing.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return a.begin != b.begin ? a.begin < b.begin : a.end < b.end;
+  });
+  // The tensors' bytes must tile the data exactly, as the format (and its reference reader) requires: bytes that no
+  // tensor owns mean the header does not describe this file (a file cut and padded, two files joined).
+  uint64_t end = 0;
+  const std::string* last = nullptr;
+  for (const auto& e : entries) {
+    if (e.begin == e.end) continue;
+    if (last && e.begin < end)
+      DPT_THROW(CheckpointError, "{}: tensors {} and {} overlap", path, *last, e.nt.name);
+    if (e.begin > end)
+      DPT_THROW(CheckpointError, "{}: data bytes [{}, {}) belong to no tensor (before {}): the header does not "
+                "describe this file (corrupted?)", path, end, e.begin, e.nt.name);
+    end = e.end;
+    last = &e.nt.name;
+  }
+  if (end != data_size)
+    DPT_THROW(CheckpointError, "{}: {} data bytes after the last tensor's: the header does not describe this file "
+              "(two files joined, or corrupted?)", path, data_size - end);
+}
+
 }  // namespace
 
 uint32_t crc32_of(const void* data, size_t bytes) {
@@ -131,7 +163,6 @@ SafetensorsFile read_safetensors(const std::string& path) {
   SafetensorsFile out;
   const uint64_t data_size = size - 8 - hlen;
   const char* data = bytes.data() + 8 + hlen;
-  struct Entry { uint64_t begin, end; NamedTensor nt; };
   std::vector<Entry> entries;
   try {
     if (header.contains("__metadata__"))
@@ -187,11 +218,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
   } catch (const json::exception& e) {
     DPT_THROW(CheckpointError, "{}: malformed header: {}", path, e.what());
   }
-  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) { return a.begin < b.begin; });
-  for (size_t i = 1; i < entries.size(); ++i)
-    if (entries[i].begin < entries[i - 1].end)
-      DPT_THROW(CheckpointError, "{}: tensors {} and {} overlap", path, entries[i - 1].nt.name, entries[i].nt.name);
-  for (auto& e : entries) out.tensors.push_back(std::move(e.nt));  // in file order
+  check_tiling(entries, data_size, path);
+  for (auto& e : entries) out.tensors.push_back(std::move(e.nt));
   return out;
 }
 

@@ -28,7 +28,8 @@ struct SafetensorsFile {
 };
 
 // Reads and validates: header size within the file, valid JSON, known dtypes, shapes matching byte ranges,
-// ranges inside the data and not overlapping, every tensor's CRC32 (when present). Throws CheckpointError
+// ranges tiling the data (no overlap, no byte that no tensor owns, as the format requires), every tensor's CRC32
+// (when present). Throws CheckpointError
 // naming the file and what is wrong. F16 tensors (fp16 weights) come back as float32, exactly.
 SafetensorsFile read_safetensors(const std::string& path);
 

@@ -2,6 +2,8 @@
 #include "models/model.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 
 #include "core/bfloat16_convert.h"
 #include "models/kernels/factory.h"
@@ -334,14 +336,35 @@ std::vector<NamedTensor> Model::state() const {
   return out;
 }
 
+namespace {
+// A counter's value (BatchNorm's num_batches_tracked) from a one-element host tensor: an integer, or a float holding
+// one (a float NaN or one past int64 was undefined to convert). CheckpointError naming it otherwise.
+int64_t counter_value(const Tensor& host, const std::string& name, const std::string& source) {
+  double v = 0;
+  switch (host.dtype()) {
+    case DType::I64: return host.data<int64_t>()[0];
+    case DType::I32: return host.data<int32_t>()[0];
+    case DType::F32: v = host.data<float>()[0]; break;
+    case DType::F64: v = host.data<double>()[0]; break;
+    default: DPT_THROW(CheckpointError, "{}: {} is {}, expected an integer", source, name, dtype_name(host.dtype()));
+  }
+  if (!(std::fabs(v) < 9.2e18) || v != std::floor(v))
+    DPT_THROW(CheckpointError, "{}: {} is {}, expected a count (a whole number within int64)", source, name, v);
+  return static_cast<int64_t>(v);
+}
+}  // namespace
+
 void Model::load_state(const std::function<const Tensor*(const std::string&)>& find, const std::string& source) {
   params_written();
   std::vector<std::pair<Tensor, const Tensor*>> copies;
+  std::map<std::string, int64_t> counts;  // the counters' values, read (and checked) before anything changes
   for (const NamedTensor& nt : state()) {
     const Tensor* src = find(nt.name);
     if (!src) DPT_THROW(CheckpointError, "{}: no tensor named {} (this model: {})", source, nt.name, summary());
     if (nt.tensor.dtype() == DType::I64) {  // a counter: any one-element integer or float tensor
-      DPT_CHECK(src->numel() == 1, "{}: {} has shape {}, expected one element", source, nt.name, src->shape_str());
+      if (src->numel() != 1)  // a file's fault, not dptrain's: a CheckpointError, as the other checks here
+        DPT_THROW(CheckpointError, "{}: {} has shape {}, expected one element", source, nt.name, src->shape_str());
+      counts[nt.name] = counter_value(src->to(Device::cpu()), nt.name, source);
       continue;
     }
     if (src->shape() != nt.tensor.shape() || src->dtype() != nt.tensor.dtype())
@@ -351,16 +374,7 @@ void Model::load_state(const std::function<const Tensor*(const std::string&)>& f
   }
   // Everything checked: only now change the model, so a failed load leaves it as it was.
   for (auto& [dst, src] : copies) dst.copy_from(*src);
-  for (auto& [name, value] : counters_) {
-    const Tensor host = find(name)->to(Device::cpu());
-    switch (host.dtype()) {
-      case DType::I64: *value = host.data<int64_t>()[0]; break;
-      case DType::I32: *value = host.data<int32_t>()[0]; break;
-      case DType::F32: *value = static_cast<int64_t>(host.data<float>()[0]); break;
-      case DType::F64: *value = static_cast<int64_t>(host.data<double>()[0]); break;
-      default: DPT_THROW(CheckpointError, "{}: {} is {}, expected an integer", source, name, dtype_name(host.dtype()));
-    }
-  }
+  for (auto& [name, value] : counters_) *value = counts.at(name);
 }
 
 std::unique_ptr<Model> make_mlp(int64_t in_features, const std::vector<int64_t>& hidden, int64_t classes,

@@ -44,6 +44,16 @@ int allowed_global(std::string_view module, std::string_view name) {
   return -1;
 }
 
+// A global that is a model's class (torch.nn's, torchvision's, transformers', or the script's own __main__): the file
+// is torch.save(model), the whole module pickled. What to save instead.
+std::string whole_module_hint(std::string_view module) {
+  for (std::string_view m : {"__main__", "torch.nn.", "torchvision.", "transformers.", "timm."})
+    if (module == m || module.starts_with(m))
+      return "; it looks like a whole model saved with torch.save(model): save its weights with "
+             "torch.save(model.state_dict(), PATH)";
+  return "";
+}
+
 struct Obj {
   enum class Kind { None, Bool, Int, Float, Str, Bytes, Tuple, List, Dict, Global, Storage, Tensor };
   Kind kind = Kind::None;
@@ -322,8 +332,8 @@ class Unpickler {
     const int code = allowed_global(module, name);
     if (code < 0)
       bad(fmt::format("it names the global {}.{}, which a state dict saved by torch.save does not use: refused (no "
-                      "code from the file runs; dptrain reads tensors, OrderedDict and the storage types only)",
-                      module, name));
+                      "code from the file runs; dptrain reads tensors, OrderedDict and the storage types only){}",
+                      module, name, whole_module_hint(module)));
     Obj* o = make_int(Kind::Global, code);
     o->s = module + "." + name;
     return o;
@@ -542,8 +552,10 @@ SafetensorsFile unpickle_state_dict(const uint8_t* pkl, size_t size, const Stora
   const Obj* top = vm.run();
   std::string why;
   const Obj* dict = tensor_dict(top, &why);
-  if (!dict && top->kind == Kind::Dict) {  // a training checkpoint: {'model': state_dict, 'optimizer': ..., ...}
-    for (const char* inner : {"state_dict", "model"}) {
+  // A training checkpoint: {'model': state_dict, 'optimizer': ..., ...}, or as PyTorch's tutorial on saving a
+  // general checkpoint writes it, {'epoch': ..., 'model_state_dict': ..., 'optimizer_state_dict': ..., 'loss': ...}.
+  if (!dict && top->kind == Kind::Dict) {
+    for (const char* inner : {"state_dict", "model", "model_state_dict"}) {
       auto it = top->index.find(inner);
       std::string ignored;
       if (it != top->index.end() && (dict = tensor_dict(top->dict[it->second].second, &ignored))) break;
@@ -551,7 +563,7 @@ SafetensorsFile unpickle_state_dict(const uint8_t* pkl, size_t size, const Stora
   }
   if (!dict)
     DPT_THROW(CheckpointError, "{}: {}: dptrain reads a state dict (torch.save(model.state_dict(), PATH)), or one "
-              "under 'state_dict' or 'model'", where, why);
+              "under 'state_dict', 'model' or 'model_state_dict'", where, why);
   SafetensorsFile out;
   for (const auto& [k, v] : dict->dict) out.tensors.push_back({k->s, v->tensor});
   return out;
@@ -575,9 +587,14 @@ SafetensorsFile read_torch_zip(const uint8_t* data, size_t size, const std::stri
   zip_t* archive = zip_open_from_source(source, ZIP_RDONLY, &error);
   if (!archive) {
     const std::string why = zip_error_strerror(&error);
+    // A zip's start (PK\3\4) without its end (the central directory, which torch.save writes last): cut short.
+    const bool cut = zip_error_code_zip(&error) == ZIP_ER_NOZIP && looks_like_zip(data, size);
     zip_source_free(source);
     zip_error_fini(&error);
-    DPT_THROW(CheckpointError, "{}: not a readable zip archive ({})", where, why);
+    DPT_THROW(CheckpointError, "{}: not a readable zip archive ({}){}", where, why,
+              cut ? ": it starts as one but its end (the central directory) is missing: truncated (a copy or "
+                    "download cut short?)"
+                  : "");
   }
   std::unique_ptr<zip_t, void (*)(zip_t*)> closer(archive, [](zip_t* a) { zip_discard(a); });
   zip_error_fini(&error);

@@ -37,8 +37,8 @@ bool looks_like_zip(const uint8_t* data, size_t size);
 bool looks_like_legacy_torch(const uint8_t* data, size_t size);
 
 // A state dict from torch.save's zip format: names -> tensors in file order (SafetensorsFile, its metadata empty).
-// The top-level object must be a dict of tensors, or hold one under 'state_dict' or 'model' (a training checkpoint's
-// layout). Throws CheckpointError naming `where` and the problem.
+// The top-level object must be a dict of tensors, or hold one under 'state_dict', 'model' or 'model_state_dict'
+// (PyTorch's tutorial's): a training checkpoint's layout. Throws CheckpointError naming `where` and the problem.
 SafetensorsFile read_torch_zip(const uint8_t* data, size_t size, const std::string& where);
 SafetensorsFile read_torch_file(const std::string& path);
 

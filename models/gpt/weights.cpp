@@ -19,6 +19,14 @@ bool is_conv1d_weight(const std::string& name) {
          ends_with(name, ".mlp.c_fc.weight") || ends_with(name, ".mlp.c_proj.weight");
 }
 
+// A Conv1D weight's shape in Hugging Face's layout, [in, out], for a GPT n_embd wide (an MLP 4 n_embd wide).
+std::vector<int64_t> conv1d_shape(const std::string& name, int64_t n_embd) {
+  if (ends_with(name, ".attn.c_attn.weight")) return {n_embd, 3 * n_embd};
+  if (ends_with(name, ".attn.c_proj.weight")) return {n_embd, n_embd};
+  if (ends_with(name, ".mlp.c_fc.weight")) return {n_embd, 4 * n_embd};
+  return {4 * n_embd, n_embd};  // .mlp.c_proj.weight
+}
+
 // A 2-D float32 tensor transposed, on the host.
 Tensor transposed(const Tensor& t) {
   const Tensor src = t.to(Device::cpu());
@@ -82,7 +90,12 @@ std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tens
     }
     const bool f32_matrix = nt.tensor.ndim() == 2 && nt.tensor.dtype() == DType::F32;
     if (hf && is_conv1d_weight(name)) {
-      DPT_CHECK(f32_matrix, "{}: {} is {} {}", path, nt.name, dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
+      // Checked in the file's terms (Conv1D's [in, out]), before the transpose would make the shape dptrain's.
+      const std::vector<int64_t> want = conv1d_shape(name, n_embd);
+      if (!f32_matrix || nt.tensor.shape() != want)
+        DPT_THROW(ConfigError, "model.init_from {}: {} is {} {}, this model expects float32 [{}] (Hugging Face's "
+                  "Conv1D layout, [in, out])", path, nt.name, dtype_name(nt.tensor.dtype()), nt.tensor.shape_str(),
+                  fmt::join(want, ", "));
       out.push_back({name, transposed(nt.tensor)});
     } else if (name == "transformer.wte.weight" && f32_matrix && nt.tensor.dim(0) != o.vocab_size &&
                nt.tensor.dim(0) != models::padded_vocab(o)) {

@@ -76,6 +76,8 @@ put("safetensors", "two", safetensors([("w", "F32", [2, 2], struct.pack("<4f", 1
 put("safetensors", "nocrc", safetensors([("b", "BF16", [3], b"\x80\x3f\x00\x40\x40\x40"),
                                          ("u", "U8", [0], b"")], crc=False))
 put("safetensors", "f16", safetensors([("h", "F16", [2, 2], struct.pack("<4H", 0x3C00, 0xC100, 0x7BFF, 0x0001))]))
+# An empty tensor at the offset where another's bytes begin, as safetensors' writer puts an empty F32 before BF16.
+put("safetensors", "empty_at_offset", safetensors([("z", "F32", [0], b""), ("a", "BF16", [2], b"\x80\x3f\x00\x40")]))
 
 
 # torch.save's format (trainer/torch_file.h): data.pkl, a protocol-2 pickle of an OrderedDict whose tensors are

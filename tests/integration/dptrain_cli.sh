@@ -42,6 +42,9 @@ expect_exit 2 "data.mean = \[nan, 0.0, 0.0\]: values must be finite numbers" \
 printf '[train]\nlr = +inf\n' > "$WORK/inf.toml"
 expect_exit 2 "train.lr = inf: must be a finite number" "$DPTRAIN" --config "$WORK/inf.toml" --print-config
 expect_exit 2 "data.workers = 100000: must be in \[1, 1024\]" "$DPTRAIN" --print-config data.workers=100000
+# export-weights writes safetensors: an --out named as a PyTorch file (it made a folder of that name) is refused.
+expect_exit 2 "out.pth names a PyTorch file, but export-weights writes safetensors only" \
+  "$DPTRAIN" export-weights --checkpoint "$WORK/none" --out "$WORK/out.pth"
 # Training's options written before a subcommand would be dropped: refused, naming them, before anything runs.
 sub_args=(--checkpoint "$WORK/none" --input "$WORK/none" --out "$WORK/none")
 expect_exit 2 "key=value overrides before the subcommand 'eval' would be ignored" \

@@ -73,8 +73,20 @@ Command add_export_weights(CLI::App& root) {
                   "path ending in .safetensors: that one file, the weights alone. Each file is written whole "
                   "(FILE.tmp, then renamed); into a folder holding an earlier export, its config.json goes before "
                   "any weights change and the new one comes last, so an export stopped midway leaves no config.json "
-                  "(refused by from_pretrained), never new weights under an earlier model's config")
-      ->required();
+                  "(refused by from_pretrained), never new weights under an earlier model's config. A name ending in "
+                  ".pth, .pt, .bin or .ckpt (PyTorch's formats, which this does not write) is refused")
+      ->required()
+      ->check(CLI::Validator(
+          [](std::string& out) -> std::string {
+            const std::string_view name = std::string_view(out).substr(out.find_last_of('/') + 1);
+            for (std::string_view ext : {".pth", ".pt", ".bin", ".ckpt"})
+              if (name.size() > ext.size() && name.ends_with(ext))
+                return fmt::format("{} names a PyTorch file, but export-weights writes safetensors only: a folder "
+                                   "(for from_pretrained) or a path ending in .safetensors (for "
+                                   "safetensors.torch.load_file)", out);
+            return "";
+          },
+          "", "not .pth/.pt/.bin/.ckpt"));
   cmd->add_option("--max-shard-size", a->max_shard_size,
                   "in a folder, weights larger than this go into shards model-0000I-of-0000N.safetensors with "
                   "model.safetensors.index.json, as save_pretrained's max_shard_size (decimal KB, MB, GB; binary KiB, "

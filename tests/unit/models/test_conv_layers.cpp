@@ -367,6 +367,34 @@ TEST_CASE("load_state: a missing key or a wrong shape names the key and changes 
   REQUIRE_THROWS_WITH(b->load_state(find, "file"), Catch::Contains("fc.weight"));
   REQUIRE(std::equal(before.begin(), before.end(), b->params().data<float>()));
   by_name["fc.weight"] = state[state.size() - 2].tensor;
+  // A counter (num_batches_tracked) that is no count: a bool (uint8), a float NaN, a float past int64. It was read
+  // after the weights had been copied (a bool: an error with the model half loaded; the floats: undefined
+  // conversions); now it is refused, naming it, and nothing changes.
+  const std::string counter = "layer1.0.bn1.num_batches_tracked";
+  REQUIRE(by_name.count(counter));
+  const Tensor good_counter = by_name[counter];
+  const auto one = [](DType dtype, double v) {
+    Tensor t = Tensor::empty({}, dtype);
+    if (dtype == DType::U8) t.data<uint8_t>()[0] = static_cast<uint8_t>(v);
+    if (dtype == DType::F32) t.data<float>()[0] = static_cast<float>(v);
+    return t;
+  };
+  for (const Tensor& bad : {one(DType::U8, 1), one(DType::F32, std::nan("")), one(DType::F32, 1e30),
+                            one(DType::F32, 2.5)}) {
+    by_name[counter] = bad;
+    REQUIRE_THROWS_WITH(b->load_state(find, "file"), Catch::Contains(counter));
+    REQUIRE(std::equal(before.begin(), before.end(), b->params().data<float>()));
+  }
+  by_name[counter] = Tensor::zeros({2}, DType::I64);  // two counts: the file's error, not an internal check's
+  REQUIRE_THROWS_AS(b->load_state(find, "file"), CheckpointError);
+  REQUIRE_THROWS_WITH(b->load_state(find, "file"), Catch::Contains(counter + " has shape [2], expected one element"));
+  by_name[counter] = one(DType::F32, 3);  // a float holding a count loads, as torch's copy_ converts it
+  b->load_state(find, "file");
+  bool found = false;
+  for (const auto& nt : b->state())
+    if (nt.name == counter) found = nt.tensor.data<int64_t>()[0] == 3;
+  REQUIRE(found);
+  by_name[counter] = good_counter;
   b->load_state(find, "file");
   REQUIRE(std::equal(a->params().data<float>(), a->params().data<float>() + a->num_params(), b->params().data<float>()));
 }

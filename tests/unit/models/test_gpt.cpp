@@ -542,6 +542,33 @@ TEST_CASE("GPT: weights of a longer context load cropped to block_size (nanoGPT'
   CHECK(layout == "nanoGPT layout");
 }
 
+TEST_CASE("GPT: a Hugging Face Conv1D weight of another shape is refused in the file's names and [in, out] shape",
+          "[models][gpt]") {
+  const GptOptions o = tiny();  // n_embd 8
+  const int64_t c = o.n_embd;
+  std::mt19937_64 rng(5);
+  std::string layout;
+  // Layer 0's c_attn as Hugging Face's [in, out] makes the file Hugging Face's layout.
+  const auto with = [&](const std::string& name, const Tensor& t) {
+    return std::vector<NamedTensor>{{"h.0.attn.c_attn.weight", random_tensor({c, 3 * c}, rng)}, {name, t}};
+  };
+  const auto ok = gpt_import_weights(with("h.0.mlp.c_fc.weight", random_tensor({c, 4 * c}, rng)), "f", o, &layout);
+  CHECK(layout == "Hugging Face layout");
+  REQUIRE(ok[1].name == "transformer.h.0.mlp.c_fc.weight");
+  CHECK(ok[1].tensor.shape() == std::vector<int64_t>{4 * c, c});  // nn.Linear's [out, in]
+  // Another width: the file's name and shape, and the shape it should have, not the transposed ones ([100, 8]).
+  CHECK_THROWS_WITH(gpt_import_weights(with("h.0.mlp.c_fc.weight", random_tensor({c, 100}, rng)), "f", o, &layout),
+                    Catch::Contains("f: h.0.mlp.c_fc.weight is float32 [8, 100], this model expects float32 [8, 32]"));
+  CHECK_THROWS_WITH(gpt_import_weights(with("h.0.mlp.c_proj.weight", random_tensor({c, 4 * c}, rng)), "f", o,
+                                       &layout),
+                    Catch::Contains("h.0.mlp.c_proj.weight is float32 [8, 32], this model expects float32 [32, 8]"));
+  // Not a matrix: a config error naming it (it was an internal check's failure, exit 1).
+  CHECK_THROWS_AS(gpt_import_weights(with("h.0.attn.c_proj.weight", random_tensor({c}, rng)), "f", o, &layout),
+                  ConfigError);
+  CHECK_THROWS_WITH(gpt_import_weights(with("h.0.attn.c_proj.weight", random_tensor({c}, rng)), "f", o, &layout),
+                    Catch::Contains("h.0.attn.c_proj.weight is float32 [8], this model expects float32 [8, 8]"));
+}
+
 TEST_CASE("GPT: a token embedding of another vocabulary is refused in vocab_size's terms, not the padded shape's",
           "[models][gpt]") {
   GptOptions o = tiny();

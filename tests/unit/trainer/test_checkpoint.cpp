@@ -382,6 +382,57 @@ TEST_CASE("safetensors: F16 tensors (fp16 weights) read as float32, exactly, the
   }
 }
 
+TEST_CASE("safetensors: an empty tensor at the offset of another's bytes is no overlap, as safetensors writes it",
+          "[checkpoint]") {
+  // safetensors.torch.save_file({"z": torch.zeros(0), "a": torch.ones(4, dtype=torch.bfloat16)}) writes these offsets
+  // (F32 before BF16, so the empty z sits where a begins): it was refused as "tensors a and z overlap".
+  const fs::path dir = fresh_dir("st_empty_offset");
+  const auto write = [&](const std::string& header, const std::string& body) {
+    std::ofstream f(dir / "e.safetensors", std::ios::binary | std::ios::trunc);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << body;
+  };
+  const std::string ones(4 * 2, '\x80');
+  write(R"({"z":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+        R"("a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]}})",
+        ones);
+  const SafetensorsFile file = read_safetensors((dir / "e.safetensors").string());
+  REQUIRE(file.tensors.size() == 2);
+  REQUIRE(file.tensors[0].name == "z");  // file order: the empty one first at its offset
+  REQUIRE(file.find("z")->numel() == 0);
+  REQUIRE(file.find("a")->shape() == std::vector<int64_t>{4});
+  // Two tensors whose bytes overlap are still refused.
+  write(R"({"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,8]},)"
+        R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[6,10]}})",
+        ones + "ab");
+  REQUIRE_THROWS_WITH(read_safetensors((dir / "e.safetensors").string()),
+                      Catch::Contains("tensors a and b overlap"));
+}
+
+TEST_CASE("safetensors: data bytes no tensor owns (a hole, a tail) are refused, as safetensors' reader does",
+          "[checkpoint]") {
+  // safetensors.safe_open (0.8) refuses both ("invalid offset for tensor `w`", "incomplete metadata, file not fully
+  // covered"); dptrain read them as if the header described the file.
+  const fs::path dir = fresh_dir("st_untiled");
+  const auto write = [&](const std::string& header, const std::string& body) {
+    std::ofstream f(dir / "u.safetensors", std::ios::binary | std::ios::trunc);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << body;
+  };
+  const std::string path = (dir / "u.safetensors").string();
+  write(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, '\0'));
+  REQUIRE_THROWS_WITH(read_safetensors(path),
+                      Catch::Contains("data bytes [0, 4) belong to no tensor (before w)"));
+  write(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(12, '\0'));
+  REQUIRE_THROWS_WITH(read_safetensors(path), Catch::Contains("8 data bytes after the last tensor's"));
+  write(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+        R"("e":{"dtype":"F32","shape":[0],"data_offsets":[4,4]}})",
+        std::string(4, '\0'));
+  REQUIRE(read_safetensors(path).tensors.size() == 2);  // tiled: an empty tensor at the end owns nothing
+}
+
 TEST_CASE("every safetensors file says {\"format\": \"pt\"}, which transformers' from_pretrained requires", "[checkpoint]") {
   test::TempDir dir("st_format");
   const std::vector<NamedTensor> ts = {{"w", filled({2}, 1)}};

@@ -117,6 +117,16 @@ TEST_CASE("a training checkpoint's 'model' is the state dict, other tops are ref
   CHECK(f.tensors[0].tensor.dtype() == DType::F32);  // float16 widened
   CHECK(f.tensors[0].tensor.data<float>()[1] == -2.0f);
 
+  // PyTorch's tutorial's general checkpoint: {'epoch': 3, 'model_state_dict': {...}, 'loss': 0.5}.
+  Pickle tutorial;
+  tutorial.op("}").op("(").str("epoch").i(3).str("model_state_dict").op("}").op("(").str("b");
+  tutorial.tensor("0", "HalfStorage", 2, 0, {2}, {1}).op("u").str("loss");
+  tutorial.op(raw("G\x3f\xe0\x00\x00\x00\x00\x00\x00")).op("u.");  // BINFLOAT 0.5
+  const auto t = unpickle(tutorial.b, {{"0", bytes}});
+  REQUIRE(t.tensors.size() == 1);
+  CHECK(t.tensors[0].name == "b");
+  CHECK(t.tensors[0].tensor.data<float>()[0] == 1.0f);
+
   Pickle notdict;
   notdict.op("]").str("x").op("a.");
   CHECK_THROWS_WITH(unpickle(notdict.b), Catch::Contains("holds a list, not a dict of tensors"));
@@ -145,6 +155,15 @@ TEST_CASE("globals and opcodes a state dict does not use are refused, naming the
     INFO("opcode " << static_cast<int>(static_cast<uint8_t>(op[0])));
     CHECK_THROWS_WITH(unpickle(p.b), Catch::Contains("which torch.save of a state dict does not write"));
   }
+  // torch.save(model): the whole module pickled, its class the first global. The refusal says what to save instead.
+  for (const auto& [module, name] : {std::pair{"torch.nn.modules.container", "Sequential"}, {"__main__", "Net"},
+                                     {"transformers.models.gpt2.modeling_gpt2", "GPT2LMHeadModel"}}) {
+    Pickle whole;
+    whole.global(module, name).op(")\x81.");
+    CHECK_THROWS_WITH(unpickle(whole.b), Catch::Contains(std::string("names the global ") + module + "." + name) &&
+                                             Catch::Contains("torch.save(model.state_dict(), PATH)"));
+  }
+  CHECK_THROWS_WITH(unpickle(sys.b), !Catch::Contains("torch.save(model)"));  // os.system is no model's class
   Pickle storage_call;  // a storage type is a global, not something to call
   storage_call.global("torch", "FloatStorage").op(")R.");
   CHECK_THROWS_WITH(unpickle(storage_call.b), Catch::Contains("torch.FloatStorage called"));
@@ -231,6 +250,24 @@ TEST_CASE("views copied over and over are refused, and a safetensors header of 6
   std::remove(path.c_str());
   REQUIRE(read.tensors.size() == 1);
   CHECK(read.tensors[0].tensor.data<float>()[1] == -2.0f);
+}
+
+TEST_CASE("a torch.save file cut short is refused as truncated, not as no zip at all", "[torch_file]") {
+  // The fuzz seed torch.save's layout (tests/fuzz/make_corpus.py): a zip whose central directory comes last.
+  std::FILE* f = std::fopen(DPT_SOURCE_DIR "/tests/fuzz/corpus/torch_file/state_dict.pth", "rb");
+  REQUIRE(f);
+  std::vector<uint8_t> bytes(1 << 16);
+  bytes.resize(std::fread(bytes.data(), 1, bytes.size(), f));
+  std::fclose(f);
+  REQUIRE(looks_like_zip(bytes.data(), bytes.size()));
+  REQUIRE(read_torch_zip(bytes.data(), bytes.size(), "whole.pth").tensors.size() > 0);
+  for (const size_t keep : {bytes.size() - 1, bytes.size() - 22, bytes.size() / 2, size_t{64}}) {
+    INFO("the first " << keep << " of " << bytes.size() << " bytes");
+    CHECK_THROWS_WITH(read_torch_zip(bytes.data(), keep, "cut.pth"),
+                      Catch::Contains("cut.pth") && Catch::Contains("truncated"));
+  }
+  const uint8_t not_zip[] = {'n', 'o', 't', ' ', 'a', ' ', 'z', 'i', 'p', '!'};  // no zip's start: no such claim
+  CHECK_THROWS_WITH(read_torch_zip(not_zip, sizeof(not_zip), "other"), !Catch::Contains("truncated"));
 }
 
 TEST_CASE("half_to_float: every half, against the closed form", "[torch_file]") {
