@@ -159,7 +159,8 @@ echo "ok: a leftover child flooding the pipe does not hold dprun up ($TOOK s)"
 #    nothing: srun reports the highest code of all nodes, and 75 with a reason there is a failure, not requeued.
 OUTER=$WORK/outer-reason
 rm -f "$OUTER"
-DPT_REASON_FILE=$OUTER run --nproc-per-node 2 -- sh -c '[ "$RANK" = 1 ] && { sleep 0.3; exit 4; }; exec sleep $SLEEP_FOR'
+DPT_REASON_FILE=$OUTER run --nproc-per-node 2 -- \
+  sh -c '[ "$RANK" = 1 ] && { sleep 0.3; exit 4; }; exec sleep $SLEEP_FOR'
 [ "$RC" = 4 ] || fail "outer reason: dprun exited $RC, expected 4"
 grep -qx 'node 0: rank 1 exited with code 4' "$OUTER" ||
   fail "outer reason: no 'node 0: rank 1 ...' line in DPT_REASON_FILE: $(cat "$OUTER" 2>&1)"

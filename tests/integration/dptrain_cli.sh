@@ -136,7 +136,8 @@ out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.lr=0.1 2>&1) || { echo "$ou
 checkpoint: 1), train.lr = 0.1 (the checkpoint: 0.05); continuing with the new one" ||
   { echo "$out"; fail "a resume with another config did not name the keys that changed"; }
 # A resume of a run already done trains nothing, and says how to train more or afresh.
-out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.lr=0.1 2>&1) || { echo "$out"; fail "resume of a done run failed"; }
+out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.lr=0.1 2>&1) ||
+  { echo "$out"; fail "resume of a done run failed"; }
 <<< "$out" grep -q "training already complete at step 16 (all 2 epoch(s) done): .*; to train more, raise \
 train.epochs (the run goes on from here), or start afresh with --resume never" ||
   { echo "$out"; fail "a resume of a finished run did not say how to train more"; }
