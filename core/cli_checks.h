@@ -12,6 +12,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/edit_distance.h"
+
 namespace dpt::cli {
 
 namespace detail {
@@ -45,18 +47,7 @@ inline const CLI::Validator Fraction = CLI::Validator(
     },
     "(0, 1]");
 
-// Levenshtein distance: the nearest name to a misspelt subcommand or option.
-inline size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
+using dpt::edit_distance;  // the nearest name to a misspelt subcommand or option
 
 // The name among `names` fewest edits from `word`, if fewer than `limit`; else "".
 inline std::string nearest_name(const std::string& word, const std::vector<std::string>& names, size_t limit = 3) {

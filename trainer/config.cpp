@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "core/check.h"
+#include "core/edit_distance.h"
 #include "trainer/model_registry.h"
 
 namespace dpt::trainer {
@@ -406,18 +407,6 @@ const Field* find_field(std::string_view key) {
   for (const auto& f : schema())
     if (f.key == key) return &f;
   return nullptr;
-}
-
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 [[noreturn]] void unknown_key(const std::string& key, const std::string& where) {
