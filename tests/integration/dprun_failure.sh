@@ -170,7 +170,8 @@ DPT_REASON_FILE=$OUTER run --nproc-per-node 1 -- sh -c 'exit 5'
 rm -f "$OUTER"
 DPT_REASON_FILE=$OUTER run --nproc-per-node 2 -- sh -c 'exit 0'
 [ "$RC" = 0 ] && [ ! -e "$OUTER" ] || fail "outer reason: a job that ended well wrote one (rc $RC)"
-DPT_REASON_FILE=$OUTER run --nproc-per-node 2 -- sh -c 'exit 75'
+# (One rank: with two, the first 75 makes dprun SIGTERM the other, which may die of it before its own exit 75.)
+DPT_REASON_FILE=$OUTER run --nproc-per-node 1 -- sh -c 'exit 75'
 [ "$RC" = 75 ] && [ ! -e "$OUTER" ] || fail "outer reason: a preempted job (75) wrote one (rc $RC)"
 echo "ok: dprun's own DPT_REASON_FILE gets the node's failure, not a success or a preemption"
 echo "PASS"
