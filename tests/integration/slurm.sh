@@ -124,9 +124,11 @@ grep -q "SLURM_NTASKS=2 but this process is not one of the job's tasks" "$WORK"/
 
 # ---- two sruns of one job in one checkpoint.dir: the second is refused -----------------------------------------
 # They are one Slurm job but two runs (steps 0 and 1): the lock tells them apart by the step. (With the job id alone,
-# the second took the first for an earlier attempt of itself and trained on beside it.)
+# the second took the first for an earlier attempt of itself and trained on beside it.) Each step slowed 100 ms: the
+# first run still holds the lock when the second starts (unslowed, its 40 steps took 0.2 s and it was done).
 cat > "$WORK/two_steps.sh" <<EOF
 #!/bin/bash
+export DPT_DEBUG_SLOW_RANK=0 DPT_DEBUG_SLOW_MS=100
 srun --overlap -n1 "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two & sleep 0.3
 srun --overlap -n1 "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two & wait -n; a=\$?; wait -n; b=\$?
 echo "exit codes: \$a \$b"
