@@ -141,6 +141,7 @@ grep -qE "exit codes: (0 2|2 0)" "$WORK"/two-*.out && grep -q "checkpoint.dir $W
 # Two dpruns in one salloc shell (no step: each dprun's own token names its job) are two jobs too.
 cat > "$WORK/two_dpruns.sh" <<EOF
 #!/bin/bash
+export DPT_DEBUG_SLOW_RANK=0 DPT_DEBUG_SLOW_MS=100  # as above: the first still trains when the second starts
 "$DPRUN" -- "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two_dp > "$WORK/dp1.log" 2>&1 & sleep 0.3
 "$DPRUN" -- "$DPTRAIN" ${RUN[*]} train.max_steps=40 checkpoint.dir=$WORK/two_dp > "$WORK/dp2.log" 2>&1 &
 wait -n; a=\$?; wait -n; b=\$?; echo "exit codes: \$a \$b" > "$WORK/dp.rc"
