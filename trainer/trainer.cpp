@@ -664,10 +664,11 @@ bool Trainer::update(Epoch& ep) {
     scale_grads(1.0 / scaler_.scale());
     const double ss = dp_->sum_squares(k);  // host sync
     apply = scaler_.update(/*found_inf=*/!std::isfinite(ss));
-    if (apply && t_.clip_grad_norm > 0) {  // as torch.nn.utils.clip_grad_norm_
-      const double coef = models::elementwise::clip_coefficient(ss, t_.clip_grad_norm);
+    if (t_.clip_grad_norm > 0) {  // as torch.nn.utils.clip_grad_norm_
+      // A skipped step's too (inf or NaN, as clip_grad_norm_ returns it; fabs: "nan", not "-nan", in the log).
+      ep.grad_norm = std::sqrt(std::fabs(ss));
+      const double coef = apply ? models::elementwise::clip_coefficient(ss, t_.clip_grad_norm) : 1.0;
       if (coef < 1.0) scale_grads(coef);
-      ep.grad_norm = std::sqrt(ss);
     }
   }
   if (apply) optimizer_->step(ep.lr, clip_ss, t_.clip_grad_norm);

@@ -3,6 +3,8 @@
 #  - fp16 loss scaling: a step whose gradients overflow (an inf injected into rank 0's loss gradient at step
 #    3) is skipped on every rank: the parameters and optimizer state after step 3 equal those after step 2 of
 #    a run without it; the scale halves (65536 -> 32768) and lives in the checkpoint; a resumed run keeps it;
+#    the skipped step's grad_norm (clipping on, at a norm never reached) is its own, not finite, as
+#    clip_grad_norm_ returns it, not the step before's;
 #  - bf16 and fp16 change the arithmetic (the parameters differ from fp32's after 30 steps) but not the
 #    training (every parameter stays within 0.05 of fp32's).
 source "$(dirname "$0")/lib/common.bash"
@@ -19,9 +21,12 @@ state() {  # state CKPT_DIR KEY: a field of the checkpoint's training state
   "$PY" -c 'import json, sys; print(json.load(open(sys.argv[1] + "/state.json"))[sys.argv[2]])' "$1" "$2"
 }
 
-run fp16_2 2 train.precision=fp16 --resume never
-DPT_DEBUG_INF_AT_STEP=3 run fp16_skip 3 train.precision=fp16 --resume never
+CLIP=train.clip_grad_norm=1000  # never clips these gradients: the parameters are those of no clipping
+run fp16_2 2 train.precision=fp16 $CLIP --resume never
+DPT_DEBUG_INF_AT_STEP=3 run fp16_skip 3 train.precision=fp16 $CLIP --resume never
 grep -q "step 3/38 .*loss_scale 32768 skipped 1" "$WORK/fp16_skip.log" || { grep "step 3/" "$WORK/fp16_skip.log"; fail "step 3 was not reported skipped with the scale halved"; }
+grep -qE "step 3/38 .*grad_norm (inf|nan) " "$WORK/fp16_skip.log" \
+  || { grep "step [23]/" "$WORK/fp16_skip.log"; fail "the skipped step's grad_norm is not its own (inf/NaN)"; }
 "$PY" "$CKPT_PY" compare "$WORK/fp16_2/step-00000002" "$WORK/fp16_skip/step-00000003" 0 \
   || fail "the skipped step changed the parameters"
 "$PY" "$CKPT_PY" compare_file "$WORK/fp16_2/step-00000002/optimizer.safetensors" \
@@ -30,7 +35,7 @@ ck=$WORK/fp16_skip/step-00000003
 [ "$(state "$ck" loss_scale)" = 32768.0 ] || fail "loss_scale in the checkpoint: $(state "$ck" loss_scale)"
 [ "$(state "$ck" skipped_steps)" = 1 ] || fail "skipped_steps in the checkpoint: $(state "$ck" skipped_steps)"
 [ "$(state "$ck" optimizer_steps)" = 2 ] || fail "optimizer_steps in the checkpoint: $(state "$ck" optimizer_steps)"
-run fp16_skip 4 train.precision=fp16
+run fp16_skip 4 train.precision=fp16 $CLIP
 grep -q "resumed from .*step-00000003" "$WORK/fp16_skip.log" || fail "did not resume"
 grep -q "step 4/38 .*loss_scale 32768 skipped 1" "$WORK/fp16_skip.log" || { grep "step 4/" "$WORK/fp16_skip.log"; fail "the resumed run lost the loss scale"; }
 # Without loss scaling (fp32) the same injected inf is not caught by a scale: the parameters become NaN, and the
