@@ -30,10 +30,10 @@
 #                                  is set); /tmp/gpu-check/ when OUT is unset.
 #   scripts/gpu-check.sh run --only STEP...   THERE: only the steps whose names match these shell patterns
 #                                  ('bench_*'); a comparison step needs the runs it compares named too.
-#   scripts/gpu-check.sh run --list [--only STEP... | --again]   HERE or THERE: print the steps such a run would run, one
-#                                  a line, in its order, and run nothing (no GPU needed; the unit test steps as the
-#                                  unpacked bundle has them, else as DPT_BUILD_DIR/tests has them). --again reads the
-#                                  last run's table in GPU_CHECK_STATE_DIR (default /tmp/gpu-check-state).
+#   scripts/gpu-check.sh run --list [--only STEP... | --again]   HERE or THERE: print the steps such a run would
+#                                  run, one a line, in its order, and run nothing (no GPU needed; the unit test
+#                                  steps as the unpacked bundle has them, else as DPT_BUILD_DIR/tests has them).
+#                                  --again reads the last run's table in GPU_CHECK_STATE_DIR (/tmp/gpu-check-state).
 #   scripts/gpu-check.sh run --again   THERE, on the same warm machine: the steps of the last run that did not
 #                                  PASS (failed, or SKIPPED (budget)), with the runs their comparisons read.
 #                                  A step the budget left no time for is recorded as SKIPPED (budget), never PASS.
