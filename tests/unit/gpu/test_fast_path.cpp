@@ -186,11 +186,12 @@ TEST_CASE("cuda matmul_bf16 weight gradients keep D's row stride", "[gpu][fastpa
   INFO("D: " << dd << "\nbias_grad: " << dg);
   CHECK(dd.bad == 0);
   CHECK(dg.bad == 0);
-  bool padding_kept = true;  // columns N..ldd of every row: d0's bits
-  for (int64_t i = 0; i < M; ++i)
-    padding_kept &= std::memcmp(got.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N,
-                                static_cast<size_t>(ldd - N) * sizeof(float)) == 0;
-  CHECK(padding_kept);
+  std::string padding_changed;  // columns N..ldd of every row: d0's bits (else the first row that lost them)
+  for (int64_t i = 0; i < M && padding_changed.empty(); ++i)
+    padding_changed = bits_differ(fmt::format("D's padding columns {}..{} of row {}", N, ldd, i),
+                                  got.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N,
+                                  static_cast<size_t>(ldd - N) * sizeof(float), DType::F32);
+  CHECK(padding_changed == "");
 }
 
 // dpt-model-bench --lt-sweep: every cuBLASLt plan made so far timed with its heuristic's first candidates on scratch
@@ -400,14 +401,17 @@ void check_weight_gradient(std::mt19937& rng, int64_t M, int64_t N, int64_t K, M
   const double abs = via_bf16 ? 4.0 * kBf16Step * std::sqrt(static_cast<double>(K)) : err;
   const Tensor got_rows = to_host(d_gpu);
   Tensor got = Tensor::empty({M, N}, DType::F32), want = Tensor::empty({M, N}, DType::F32);
-  bool padding_kept = true;  // columns N..ldd of every row: d0's bits (NaN where fresh)
+  std::string padding_changed;  // columns N..ldd of every row: d0's bits (NaN where fresh; else the first row not)
   const auto row_bytes = static_cast<size_t>(N) * sizeof(float), pad_bytes = static_cast<size_t>(ldd - N) * 4;
   for (int64_t i = 0; i < M; ++i) {
     std::memcpy(got.data<float>() + i * N, got_rows.data<float>() + i * ldd, row_bytes);
     std::memcpy(want.data<float>() + i * N, d_cpu.data<float>() + i * ldd, row_bytes);
-    padding_kept &= std::memcmp(got_rows.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N, pad_bytes) == 0;
+    if (padding_changed.empty())
+      padding_changed = bits_differ(fmt::format("D's padding columns {}..{} of row {}", N, ldd, i),
+                                    got_rows.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N, pad_bytes,
+                                    DType::F32);
   }
-  CHECK(padding_kept);
+  CHECK(padding_changed == "");
   const Diff dd = compare(got, want, abs, via_bf16 ? 0.0 : 1e-6);
   INFO("D: " << dd);
   CHECK(dd.bad == 0);
