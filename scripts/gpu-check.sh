@@ -30,6 +30,10 @@
 #                                  is set); /tmp/gpu-check/ when OUT is unset.
 #   scripts/gpu-check.sh run --only STEP...   THERE: only the steps whose names match these shell patterns
 #                                  ('bench_*'); a comparison step needs the runs it compares named too.
+#   scripts/gpu-check.sh run --list [--only STEP... | --again]   HERE or THERE: print the steps such a run would
+#                                  run, one a line, in its order, and run nothing (no GPU needed; the unit test
+#                                  steps as the unpacked bundle has them, else as DPT_BUILD_DIR/tests has them).
+#                                  --again reads the last run's table in GPU_CHECK_STATE_DIR (/tmp/gpu-check-state).
 #   scripts/gpu-check.sh run --again   THERE, on the same warm machine: the steps of the last run that did not
 #                                  PASS (failed, or SKIPPED (budget)), with the runs their comparisons read.
 #                                  A step the budget left no time for is recorded as SKIPPED (budget), never PASS.
@@ -470,8 +474,9 @@ run_timed() {
 # --again) those of the last run on this machine that did not PASS, with the runs a comparison reads
 # (again_groups). Every run leaves its step table in STATE_DIR for --again (the machine stays warm between calls
 # for a short while, and $OUT is emptied before each).
-STATE_DIR=/tmp/gpu-check-state
+STATE_DIR=${GPU_CHECK_STATE_DIR:-/tmp/gpu-check-state}
 ONLY=()
+LIST_ONLY=0  # run --list: run_step prints the selected steps' names instead of running them
 selected() {
   ((${#ONLY[@]})) || return 0
   local p
@@ -544,7 +549,7 @@ background_body() {
 }
 start_background() {  # NAME FUNCTION [ARGS...]
   local name=$1
-  selected "$name" || return 0
+  ((LIST_ONLY == 0)) && selected "$name" || return 0
   : >"$STEP_DIR/$name.log"
   rm -f "$STEP_DIR/$name.background" "$STEP_DIR/$name.background.tmp"
   background_body "$@" &
@@ -555,6 +560,7 @@ start_background() {  # NAME FUNCTION [ARGS...]
 # (passed_in_this_run) must be in its lane, after it; a comparison of two lanes' runs stays in the foreground.
 start_lane() {
   local spec words names=() n
+  ((LIST_ONLY == 0)) || return 0
   for spec in "$@"; do
     read -ra words <<<"$spec"
     selected "${words[0]}" && names+=("${words[0]}")
@@ -607,6 +613,11 @@ run_step() {
   local name=$1 fn=$2 start result took
   shift 2
   selected "$name" || return 0
+  if ((LIST_ONLY)); then
+    echo "$name"
+    STEP_NAMES+=("$name")
+    return 0
+  fi
   local logfile=$STEP_DIR/$name.log
   NOTE=""
   RUN_STATUS=""
@@ -1494,6 +1505,10 @@ require_gpu() {
 }
 
 run_all() {
+  if [ "${1:-}" = --list ]; then
+    LIST_ONLY=1
+    shift
+  fi
   case ${1:-} in
     --only)
       shift
@@ -1502,8 +1517,12 @@ run_all() {
       ;;
     --again) ;;  # select_again, once the log is open
     "") ;;
-    *) die "run: unknown option $1 (run, run --only STEP..., run --again)" ;;
+    *) die "run: unknown option $1 (run, run --only STEP..., run --again, run --list ...)" ;;
   esac
+  if ((LIST_ONLY)); then
+    list_steps "$@"
+    return
+  fi
   require_gpu run
   BUDGET=${GPU_CHECK_BUDGET_S:-540}
   START=$(date +%s)
@@ -1521,6 +1540,22 @@ run_all() {
   ((${#ONLY[@]} == 0)) || log "steps: only those matching ${ONLY[*]}"
   trap remove_links EXIT
   make_compat_links
+  run_steps
+  summary
+}
+
+# run --list: the steps run_steps would run, by name, one a line on stdout (what --again selects on stderr); nothing
+# run, no bundle unpacked, no log written.
+list_steps() {
+  log() { printf '%s\n' "$*" >&2; }
+  B_BIN=$BUNDLE/bin
+  [ -d "$B_BIN" ] || B_BIN=${DPT_BUILD_DIR:-build}/tests
+  [ "${1:-}" != --again ] || select_again
+  run_steps
+}
+
+# Every step in its order: the background and lane steps started first, then each waited for (run_step) at its place.
+run_steps() {
 
   # Beside the GPU steps (start_background): the CPU halves, then the CPU unit tests that start no network or
   # processes (unit_comm and unit_launcher run in the foreground, after the GPU steps, before the benchmarks).
@@ -1603,6 +1638,7 @@ run_all() {
     [ -x "$B_BIN/$t" ] && units+=("$t")
   done
   for t in "$B_BIN"/unit_*; do  # any other unit test program, in name order
+    [ -f "$t" ] && [ -x "$t" ] || continue  # (run --list from a build tree: its CMake files too)
     t=$(basename "$t")
     [[ $t == unit_gpu || " ${units[*]} " == *" $t "* ]] || units+=("$t")
   done
@@ -1613,7 +1649,6 @@ run_all() {
   run_step bench step_bench
   run_step bench_resnet step_bench_resnet
   ((${#STEP_NAMES[@]})) || die "run: no step matches ${ONLY[*]} (the step names are in docs/DEVELOPERS.md)"
-  summary
 }
 
 # Only the ResNet benchmark, with the bundle's programs (no budget: resnet_bench.sh's own per-run timeouts).

@@ -41,6 +41,31 @@ if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
   OUT=$WORK/gc expect_exit 1 "gpt-bench: no GPU on this machine" bash "$S/gpu-check.sh" gpt-bench
 fi
 
+# gpu-check.sh run --list: which steps a run, a run --only and a run --again would run, without a GPU. Every step
+# a comparison or a later step reads (again_groups) must be a step, or --again would never rerun it; --again reruns
+# what did not PASS (SKIPPED (budget) too) with the runs it reads, in the run's order.
+all=$(DPT_BUILD_DIR=$DPT_BUILD_DIR bash "$S/gpu-check.sh" run --list) || fail "gpu-check.sh run --list failed"
+[ "$(head -1 <<<"$all")" = unit_gpu ] || { echo "$all"; fail "run --list: unit_gpu is not the first step"; }
+[ "$(tail -1 <<<"$all")" = bench_resnet ] || { echo "$all"; fail "run --list: bench_resnet is not the last step"; }
+[ -z "$(sort <<<"$all" | uniq -d)" ] || fail "run --list names a step twice: $(sort <<<"$all" | uniq -d)"
+grep -q "_include-.*cmake" <<<"$all" && fail "run --list takes a CMake file for a unit test program"
+for g in $(sed -n "/^  cat <<'GROUPS'/,/^GROUPS/p" "$S/gpu-check.sh" | sed '1d;$d'); do
+  grep -qxF "$g" <<<"$all" || fail "gpu-check.sh's again_groups name $g, which is no step"
+done
+only=$(bash "$S/gpu-check.sh" run --list --only 'bench*' sanitize_fastpath | tr '\n' ' ')
+[ "$only" = "sanitize_fastpath bench_gpt bench bench_resnet " ] || fail "run --list --only selected: $only"
+expect_exit 1 "run: no step matches nosuch" bash "$S/gpu-check.sh" run --list --only nosuch
+mkdir -p "$WORK/gcstate"
+printf '%s\t%s\t1\t\n' unit_gpu PASS compare_gpt_bf16act_gpu_cpu FAIL bench_gpt "SKIPPED (budget)" train_cpu_gpt PASS \
+  equiv_cuda_gloo_2rank_zero3 FAIL generate_gpu_cpu FAIL predict_gpu_cpu FAIL >"$WORK/gcstate/steps.tsv"
+again=$(GPU_CHECK_STATE_DIR=$WORK/gcstate bash "$S/gpu-check.sh" run --list --again 2>/dev/null | tr '\n' ' ')
+want="equiv_cuda_1rank_b128 equiv_cuda_gloo_2rank equiv_cuda_gloo_2rank_zero1 equiv_cuda_gloo_2rank_zero2"
+want+=" equiv_cuda_gloo_2rank_zero3 train_cuda_resnet_fp32 predict_gpu_cpu train_cuda_gpt train_cpu_gpt"
+want+=" compare_gpt_gpu_cpu generate_gpu_cpu train_cuda_gpt_bf16act train_cpu_gpt_bf16act compare_gpt_bf16act_gpu_cpu"
+want+=" bench_gpt "
+[ "$again" = "$want" ] || fail "run --list --again selected: $again (want: $want)"
+GPU_CHECK_STATE_DIR=$WORK/none expect_exit 1 "run --again: no earlier run's" bash "$S/gpu-check.sh" run --list --again
+
 # gpt_bench.sh: a misspelt BENCH_ROWS name ran nothing and reported an empty table with exit 0.
 OUT=$WORK/gb BENCH_SKIP_BUILD=1 BENCH_ROWS="step stpe" expect_exit 2 "BENCH_ROWS: no row 'stpe'" \
   bash "$S/bench/gpt_bench.sh" --cpu

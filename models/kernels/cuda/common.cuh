@@ -13,6 +13,7 @@
 
 #include "models/kernels/cuda/launch.h"
 #include "models/kernels/row_runs.h"
+#include "models/kernels/smem_limits.h"
 
 namespace dpt::models::cuda_launch {
 namespace {
@@ -386,6 +387,25 @@ cudaError_t resident_blocks(K* kernel, size_t smem, int64_t& out) {
   out = static_cast<int64_t>(sms) * per_sm;
   known.emplace(key, out);
   return cudaSuccess;
+}
+
+// Lets `kernel` launch with `smem` bytes of dynamic shared memory on the current device: past the default 48 KB,
+// cudaFuncSetAttribute(MaxDynamicSharedMemorySize) once per device, kernel and larger size (SmemLimits: the limit
+// only rises), not before every launch. Mutex-guarded: ranks on threads share the process.
+template <class K>
+cudaError_t allow_dynamic_smem(K* kernel, size_t smem) {
+  if (smem <= SmemLimits::kDefaultBytes) return cudaSuccess;
+  static std::mutex mutex;
+  static SmemLimits limits;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  const void* key = reinterpret_cast<const void*>(kernel);
+  const std::lock_guard<std::mutex> lock(mutex);
+  if (!limits.needs_raise(device, key, smem)) return cudaSuccess;
+  const cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e == cudaSuccess) limits.raised(device, key, smem);
+  return e;
 }
 
 // The fused norm backwards' runs over `rows` rows (row_runs.h): kLnRowsPerBlock rows a run at least, at most the

@@ -270,15 +270,12 @@ __global__ void __launch_bounds__(kThreads, 3)
   write_warp_column_sums<2>(warp_sums, C, split, splits, partials);
 }
 
-// The fused backward's shared memory asked for where past the default 48 KB (64 KB at 1024 columns; a host call,
-// so only where needed), then its runs over `rows` (norm_backward_runs: one wave of the blocks the GPU holds).
+// The fused backward's shared memory allowed where past the default 48 KB (64 KB at 1024 columns; allow_dynamic_smem:
+// the host call once per device, kernel and larger size, not per launch), then its runs over `rows`
+// (norm_backward_runs: one wave of the blocks the GPU holds).
 template <class K>
 cudaError_t layernorm_backward_rows_ready(K* kernel, size_t smem, int64_t rows, int64_t& runs) {
-  if (smem > 48 * 1024)
-    if (const cudaError_t a =
-            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-        a != cudaSuccess)
-      return a;
+  if (const cudaError_t a = allow_dynamic_smem(kernel, smem); a != cudaSuccess) return a;
   return norm_backward_runs(kernel, smem, rows, runs);
 }
 

@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
+#include <sstream>
 
 #include "models/kernels/factory.h"
 
@@ -81,6 +83,74 @@ std::ostream& operator<<(std::ostream& os, const Diff& d) {
   if (d.bad) os << fmt::format(" (first at {}: got {}, want {})", d.first_bad, d.got_first_bad, d.want_first_bad);
   return os << fmt::format(", non-finite {}, max |diff| {} (worst: index {} at {:.3g} of the tolerance), relative L2 {}",
                            d.nonfinite, d.max_abs, d.worst, d.max_ratio, d.rel_l2);
+}
+
+namespace {
+// Element i of a buffer of `dtype` as a double (U8/I32/I64 exactly as integers).
+double element(const void* p, size_t i, DType dtype) {
+  switch (dtype) {
+    case DType::F32: {
+      float v;
+      std::memcpy(&v, static_cast<const char*>(p) + i * 4, 4);
+      return v;
+    }
+    case DType::F64: {
+      double v;
+      std::memcpy(&v, static_cast<const char*>(p) + i * 8, 8);
+      return v;
+    }
+    case DType::BF16: {
+      BFloat16 v;
+      std::memcpy(&v, static_cast<const char*>(p) + i * 2, 2);
+      return to_float(v);
+    }
+    case DType::I32: {
+      int32_t v;
+      std::memcpy(&v, static_cast<const char*>(p) + i * 4, 4);
+      return v;
+    }
+    case DType::I64: {
+      int64_t v;
+      std::memcpy(&v, static_cast<const char*>(p) + i * 8, 8);
+      return static_cast<double>(v);
+    }
+    case DType::U8: return static_cast<const unsigned char*>(p)[i];
+  }
+  return 0.0;
+}
+}  // namespace
+
+std::string bits_differ(std::string_view name, const void* got, const void* want, size_t bytes, DType dtype) {
+  if (std::memcmp(got, want, bytes) == 0) return "";
+  const size_t size = dtype_size(dtype), n = bytes / size;
+  const bool floating = dtype == DType::F32 || dtype == DType::F64 || dtype == DType::BF16;
+  size_t differ = 0, first = 0, worst = 0;
+  double worst_err = -1.0;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(static_cast<const char*>(got) + i * size, static_cast<const char*>(want) + i * size, size) == 0)
+      continue;
+    if (differ++ == 0) first = i;
+    const double g = element(got, i, dtype), w = element(want, i, dtype);
+    const double e = std::isnan(g - w) ? std::numeric_limits<double>::infinity() : std::abs(g - w);
+    if (e > worst_err) {
+      worst_err = e;
+      worst = i;
+    }
+  }
+  std::string out = fmt::format("{}: {} of {} {} elements differ in their bits; first at index {}: got {}, want {}",
+                                name, differ, n, dtype_name(dtype), first, element(got, first, dtype),
+                                element(want, first, dtype));
+  if (floating)
+    out += fmt::format("; worst at index {}: got {}, want {} (|diff| {})", worst, element(got, worst, dtype),
+                       element(want, worst, dtype), worst_err);
+  return out;
+}
+
+std::string named_diff(std::string_view name, const Diff& d) {
+  if (d.bad == 0) return "";
+  std::ostringstream os;
+  os << name << ": " << d;
+  return os.str();
 }
 
 double rel_err(double got, double want) {

@@ -12,6 +12,8 @@
 #include <cstring>
 #include <ostream>
 #include <random>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include <limits>
@@ -75,6 +77,20 @@ inline Diff compare(const Tensor& got, const Tensor& want, double abs = 0.0, dou
   return compare(got.data<float>(), want.data<float>(), got.numel(), abs, rel);
 }
 std::ostream& operator<<(std::ostream& os, const Diff& d);
+
+// Bitwise equality with a message that says where it fails: "" when the `bytes` at got and want are the same, else
+// `name`, how many of the elements (dtype's: F32, F64, BF16, I32, I64, U8) differ, the first such index and, for the
+// floating types, the index of the largest |got - want| (a NaN on either side counts as largest), each with both
+// values. Use as CHECK(bits_differ("dgamma", got, want) == ""): Catch prints the message on failure.
+std::string bits_differ(std::string_view name, const void* got, const void* want, size_t bytes, DType dtype);
+inline std::string bits_differ(std::string_view name, const Tensor& got, const Tensor& want) {
+  DPT_CHECK(got.device().is_cpu() && want.device().is_cpu(), "bits_differ: host tensors");
+  DPT_CHECK(got.dtype() == want.dtype() && got.bytes() == want.bytes(), "bits_differ: {} of the same dtype and size",
+            name);
+  return bits_differ(name, got.raw(), want.raw(), got.bytes(), got.dtype());
+}
+// A Diff with its tensor's name, for CHECK(named_diff("dx", d) == ""): "" when d has no bad element, else `name: d`.
+std::string named_diff(std::string_view name, const Diff& d);
 
 // |got - want| / |want| for doubles, |got - want| when want is 0.
 double rel_err(double got, double want);

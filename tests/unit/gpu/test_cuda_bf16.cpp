@@ -63,13 +63,19 @@ TEST_CASE("cuda to_bfloat16 and from_bfloat16 give the CPU loops' bits", "[gpu][
         if (s) stream.synchronize();
         const Tensor got = to_host(db);
         const Tensor wide = to_host(back);
-        size_t bad = 0;
+        size_t bad = 0, first_bad = n;
         for (size_t i = 0; i < n; ++i) {
           const BFloat16 w = want.data<BFloat16>()[i];
           const bool nan = std::isnan(to_float(w));
+          const size_t before = bad;
           bad += nan ? !std::isnan(to_float(got.data<BFloat16>()[i])) : got.data<BFloat16>()[i].bits != w.bits;
           bad += nan ? !std::isnan(wide.data<float>()[i]) : wide.data<float>()[i] != to_float(w);
+          if (bad != before && first_bad == n) first_bad = i;
         }
+        INFO("to_bfloat16 and back: first bad at index "
+             << first_bad << ": bf16 " << (first_bad < n ? to_float(got.data<BFloat16>()[first_bad]) : 0) << " widened "
+             << (first_bad < n ? wide.data<float>()[first_bad] : 0) << ", want "
+             << (first_bad < n ? to_float(want.data<BFloat16>()[first_bad]) : 0));
         CHECK(bad == 0);
       }
     }
@@ -82,9 +88,7 @@ TEST_CASE("nccl, one rank: bfloat16 sum on device tensors, avg refused", "[gpu][
   Tensor d = to_device(host);
   pg.allreduce(d, {.op = ReduceOp::Sum})->wait();
   const Tensor back = to_host(d);
-  size_t bad = 0;
-  for (size_t i = 0; i < host.numel(); ++i) bad += back.data<BFloat16>()[i].bits != host.data<BFloat16>()[i].bits;
-  CHECK(bad == 0);
+  CHECK(bits_differ("allreduce sum, bf16", back, host) == "");
   CHECK_THROWS_AS(pg.allreduce(d, {.op = ReduceOp::Avg}), UnsupportedError);
 }
 

@@ -57,18 +57,18 @@ TEST_CASE("nccl, one rank: collectives on device tensors", "[gpu][nccl]") {
     for (ReduceOp op : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
       Tensor d = to_device(host);
       pg->allreduce(d, {.op = op})->wait();
-      auto diff = compare(to_host(d), host);  // one rank: every op is the identity
-      REQUIRE(diff.bad == 0);
+      // one rank: every op is the identity
+      REQUIRE(named_diff(fmt::format("allreduce {}", reduce_op_name(op)), compare(to_host(d), host)) == "");
     }
     Tensor b = to_device(host);
     pg->broadcast(b, {.root = 0})->wait();
-    REQUIRE(compare(to_host(b), host).bad == 0);
+    REQUIRE(named_diff("broadcast", compare(to_host(b), host)) == "");
     Tensor out = nan_on_device({static_cast<int64_t>(n)});
     pg->allgather(to_device(host), out)->wait();
-    REQUIRE(compare(to_host(out), host).bad == 0);
+    REQUIRE(named_diff("allgather", compare(to_host(out), host)) == "");
     Tensor rs = nan_on_device({static_cast<int64_t>(n)});
     pg->reduce_scatter(to_device(host), rs, {.op = ReduceOp::Sum})->wait();
-    REQUIRE(compare(to_host(rs), host).bad == 0);
+    REQUIRE(named_diff("reduce_scatter", compare(to_host(rs), host)) == "");
   }
   pg->barrier()->wait();
 }
@@ -95,7 +95,7 @@ TEST_CASE("nccl, one rank: in-place allgather on a stream, inside a flat buffer"
     back.copy_from(flat, stream.get());
     stream.synchronize();
     REQUIRE(work->completed());
-    REQUIRE(compare(back, want).bad == 0);
+    REQUIRE(named_diff("allgathered bucket", compare(back, want)) == "");
   }
 }
 
@@ -131,7 +131,7 @@ TEST_CASE("nccl: host tensors go through the device, block() orders a stream wit
   back.copy_from(d, stream.get());
   stream.synchronize();
   REQUIRE(work->completed());
-  REQUIRE(compare(back, host).bad == 0);
+  REQUIRE(named_diff("allreduce on a stream", compare(back, host)) == "");
 }
 
 TEST_CASE("nccl refuses tensors of another device and integer averages", "[gpu][nccl]") {

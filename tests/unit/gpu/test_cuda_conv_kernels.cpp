@@ -143,7 +143,7 @@ void check_conv_fp32(const ConvShape& cs, const ConvData& in) {
     });
     const Tensor got = to_host(y);
     const Diff d = compare(got.data<float>(), want.data<float>(), ny, 0.0, 1e-5, scale.data());
-    INFO(d);
+    INFO("y: " << d);
     REQUIRE(d.nonfinite == 0);
     REQUIRE(d.bad == 0);
   }
@@ -159,7 +159,7 @@ void check_conv_fp32(const ConvShape& cs, const ConvData& in) {
     });
     const Tensor got = to_host(dx);
     const Diff d = compare(got.data<float>(), want.data<float>(), nx, 0.0, 1e-5, scale.data());
-    INFO(d);
+    INFO("dx: " << d);
     REQUIRE(d.nonfinite == 0);
     REQUIRE(d.bad == 0);
   }
@@ -176,9 +176,9 @@ void check_conv_fp32(const ConvShape& cs, const ConvData& in) {
     });
     const Tensor got = to_host(dw);
     const Diff d = compare(got.data<float>(), want.data<float>(), nw, 0.0, 1e-5, scale.data());
-    INFO(d);
+    INFO("dw: " << d);
     REQUIRE(d.bad == 0);
-    if (cs.n == 0) REQUIRE(compare(got, in.dw0).bad == 0);  // an empty batch adds nothing
+    if (cs.n == 0) REQUIRE(named_diff("dw, empty batch", compare(got, in.dw0)) == "");  // an empty batch adds nothing
   }
 }
 
@@ -250,9 +250,9 @@ TEST_CASE("cuda conv2d after train.autotune's sweep: the algorithms switched sti
       gpu_kernels().conv2d_backward_data(dy.data<float>(), w.data<float>(), dx[run].data<float>(), cs);
       gpu_kernels().conv2d_backward_weight(dy.data<float>(), x.data<float>(), dw[run].data<float>(), cs);
     }
-    REQUIRE(bytes_differ<float>(to_host(y[0]), to_host(y[1])) == 0);
-    REQUIRE(bytes_differ<float>(to_host(dx[0]), to_host(dx[1])) == 0);
-    REQUIRE(bytes_differ<float>(to_host(dw[0]), to_host(dw[1])) == 0);
+    REQUIRE(bits_differ("y, rerun", to_host(y[0]), to_host(y[1])) == "");
+    REQUIRE(bits_differ("dx, rerun", to_host(dx[0]), to_host(dx[1])) == "");
+    REQUIRE(bits_differ("dw, rerun", to_host(dw[0]), to_host(dw[1])) == "");
   }
 }
 
@@ -275,9 +275,9 @@ TEST_CASE("cuda conv2d is bitwise deterministic across calls and interleaved sha
     Tensor yb = nan_on_device({b.n, b.k, b.p, b.q});  // another shape in between
     gpu_kernels().conv2d_forward(xb.data<float>(), wb.data<float>(), yb.data<float>(), b);
   }
-  REQUIRE(bytes_differ<float>(to_host(y[0]), to_host(y[1])) == 0);
-  REQUIRE(bytes_differ<float>(to_host(dx[0]), to_host(dx[1])) == 0);
-  REQUIRE(bytes_differ<float>(to_host(dw[0]), to_host(dw[1])) == 0);
+  REQUIRE(bits_differ("y, rerun", to_host(y[0]), to_host(y[1])) == "");
+  REQUIRE(bits_differ("dx, rerun", to_host(dx[0]), to_host(dx[1])) == "");
+  REQUIRE(bits_differ("dw, rerun", to_host(dw[0]), to_host(dw[1])) == "");
 }
 
 TEST_CASE("cuda conv2d rejects a shape whose p, q do not follow from the rest", "[gpu][kernels]") {
@@ -305,8 +305,8 @@ namespace {
 // output (n >= 100 values): ||gpu - cpu|| / ||cpu|| < u (the output rounding alone gives ~0.4 u), and
 // ||gpu - fp32|| / ||fp32|| > u / 8 (rounding the operands gives ~0.6 u; float32 operands would give ~1e-7), where
 // there is arithmetic to round (`rounds`: not for dw over an empty batch, which must stay dw0 exactly).
-void check_low_precision(const Tensor& got, const Tensor& want, const Tensor& want32, const std::vector<double>& m,
-                         const std::vector<double>& s, Precision p, bool rounds = true) {
+void check_low_precision(const char* name, const Tensor& got, const Tensor& want, const Tensor& want32,
+                         const std::vector<double>& m, const std::vector<double>& s, Precision p, bool rounds = true) {
   const size_t n = got.numel();
   REQUIRE(want.numel() == n);
   REQUIRE(want32.numel() == n);
@@ -314,13 +314,13 @@ void check_low_precision(const Tensor& got, const Tensor& want, const Tensor& wa
   std::vector<double> scale(n);  // rel_out * scale_i is the tolerance above
   for (size_t i = 0; i < n; ++i) scale[i] = m[i] + (u / 4 / rel_out) * s[i];
   const Diff d = compare(got.data<float>(), want.data<float>(), n, 0.0, rel_out, scale.data());
-  INFO(d);
+  INFO(name << ": " << d);
   REQUIRE(d.nonfinite == 0);
   REQUIRE(d.bad == 0);
   if (n >= 100 && rounds) {
     REQUIRE(d.rel_l2 < u);
     const Diff d32 = compare(got, want32);
-    INFO("against float32: " << d32);
+    INFO(name << " against float32: " << d32);
     REQUIRE(d32.rel_l2 > u / 8);
   }
 }
@@ -362,7 +362,7 @@ TEST_CASE("cuda conv2d in bf16 and fp16 matches the CPU in the same precision", 
     for_each_conv_term(cs, [&](int64_t yi, int64_t xi, int64_t wi) {
       scale[static_cast<size_t>(yi)] += std::abs(static_cast<double>(in.x.data<float>()[xi]) * in.w.data<float>()[wi]);
     });
-    check_low_precision(got, want, want32, abs_values(want), scale, prec);
+    check_low_precision("y", got, want, want32, abs_values(want), scale, prec);
   }
   SECTION("backward data (overwrites dx)") {
     Tensor want32 = Tensor::empty({cs.n, cs.c, cs.h, cs.w}), want = Tensor::empty({cs.n, cs.c, cs.h, cs.w});
@@ -379,7 +379,7 @@ TEST_CASE("cuda conv2d in bf16 and fp16 matches the CPU in the same precision", 
     for_each_conv_term(cs, [&](int64_t yi, int64_t xi, int64_t wi) {
       scale[static_cast<size_t>(xi)] += std::abs(static_cast<double>(in.dy.data<float>()[yi]) * in.w.data<float>()[wi]);
     });
-    check_low_precision(got, want, want32, abs_values(want), scale, prec);
+    check_low_precision("dx", got, want, want32, abs_values(want), scale, prec);
   }
   SECTION("backward weight (accumulates into dw)") {
     Tensor want32 = copy_to(in.dw0, Device::cpu()), want = copy_to(in.dw0, Device::cpu());
@@ -400,8 +400,8 @@ TEST_CASE("cuda conv2d in bf16 and fp16 matches the CPU in the same precision", 
     for_each_conv_term(cs, [&](int64_t yi, int64_t xi, int64_t wi) {
       scale[static_cast<size_t>(wi)] += std::abs(static_cast<double>(in.dy.data<float>()[yi]) * in.x.data<float>()[xi]);
     });
-    check_low_precision(got, want, want32, grad, scale, prec, cs.n > 0);
-    if (cs.n == 0) REQUIRE(compare(got, in.dw0).bad == 0);  // an empty batch adds nothing
+    check_low_precision("dw", got, want, want32, grad, scale, prec, cs.n > 0);
+    if (cs.n == 0) REQUIRE(named_diff("dw, empty batch", compare(got, in.dw0)) == "");  // an empty batch adds nothing
   }
 }
 
@@ -429,9 +429,9 @@ TEST_CASE("cuda conv2d keeps one plan per precision: each precision's bits are r
   const Results f32a = run(Precision::F32), bf16a = run(Precision::BF16), f16a = run(Precision::F16);
   const Results f32b = run(Precision::F32), bf16b = run(Precision::BF16), f16b = run(Precision::F16);
   for (const auto& [first, second] : {std::pair{&f32a, &f32b}, std::pair{&bf16a, &bf16b}, std::pair{&f16a, &f16b}}) {
-    REQUIRE(bytes_differ<float>(first->y, second->y) == 0);
-    REQUIRE(bytes_differ<float>(first->dx, second->dx) == 0);
-    REQUIRE(bytes_differ<float>(first->dw, second->dw) == 0);
+    REQUIRE(bits_differ("y, around the other precisions", first->y, second->y) == "");
+    REQUIRE(bits_differ("dx, around the other precisions", first->dx, second->dx) == "");
+    REQUIRE(bits_differ("dw, around the other precisions", first->dw, second->dw) == "");
   }
   for (const Results* low : {&bf16a, &f16a}) {
     REQUIRE(bytes_differ<float>(low->y, f32a.y) > 0);
@@ -608,7 +608,7 @@ TEST_CASE("cuda bn_forward_eval matches the CPU", "[gpu][kernels]") {
   }
   const Tensor got = to_host(d_y);
   const Diff d = compare(got.data<float>(), y.data<float>(), y.numel(), 0.0, 1e-5, scale.data());
-  INFO(d);
+  INFO("y: " << d);
   REQUIRE(d.bad == 0);
 }
 
@@ -711,7 +711,7 @@ TEST_CASE("cuda bn_backward_data matches the CPU", "[gpu][kernels]") {
   }
   const Tensor got = to_host(d_dx);
   const Diff d = compare(got.data<float>(), want.data<float>(), want.numel(), 0.0, 1e-5, scale.data());
-  INFO(d);
+  INFO("dx: " << d);
   REQUIRE(d.bad == 0);
 }
 
@@ -734,8 +734,10 @@ TEST_CASE("cuda bn_stats and bn_backward_reduce are bitwise deterministic", "[gp
     stats[run] = host_doubles(s);
     grads[run] = host_doubles(g);
   }
-  REQUIRE(std::memcmp(stats[0].data(), stats[1].data(), nsums * sizeof(double)) == 0);
-  REQUIRE(std::memcmp(grads[0].data(), grads[1].data(), nsums * sizeof(double)) == 0);
+  REQUIRE(bits_differ("bn_stats sums, rerun", stats[0].data(), stats[1].data(), nsums * sizeof(double),
+                      DType::F64) == "");
+  REQUIRE(bits_differ("bn_backward_reduce sums, rerun", grads[0].data(), grads[1].data(), nsums * sizeof(double),
+                      DType::F64) == "");
 }
 
 // ---- relu, add -----------------------------------------------------------------------------------------------
@@ -758,11 +760,11 @@ TEST_CASE("cuda relu and add (+relu) match the CPU exactly, also in place", "[gp
     Tensor y = nan_on_device({len});
     gpu_kernels().relu(da.data<float>(), y.data<float>(), n);
     const Diff d = compare(to_host(y), want);
-    INFO(d);
+    INFO("relu y: " << d);
     REQUIRE(d.bad == 0);
     Tensor inplace = to_device(a);
     gpu_kernels().relu(inplace.data<float>(), inplace.data<float>(), n);
-    REQUIRE(compare(to_host(inplace), want).bad == 0);
+    REQUIRE(named_diff("relu y in place", compare(to_host(inplace), want)) == "");
   }
   SECTION("add") {
     const bool relu = GENERATE(false, true);
@@ -772,13 +774,13 @@ TEST_CASE("cuda relu and add (+relu) match the CPU exactly, also in place", "[gp
     Tensor y = nan_on_device({len});
     gpu_kernels().add(da.data<float>(), db.data<float>(), y.data<float>(), n, relu);
     const Diff d = compare(to_host(y), want);
-    INFO(d);
+    INFO("add y: " << d);
     REQUIRE(d.bad == 0);
     Tensor ya = to_device(a), yb = to_device(b);
     gpu_kernels().add(ya.data<float>(), db.data<float>(), ya.data<float>(), n, relu);  // y == a
     gpu_kernels().add(da.data<float>(), yb.data<float>(), yb.data<float>(), n, relu);  // y == b
-    REQUIRE(compare(to_host(ya), want).bad == 0);
-    REQUIRE(compare(to_host(yb), want).bad == 0);
+    REQUIRE(named_diff("add y in place over a", compare(to_host(ya), want)) == "");
+    REQUIRE(named_diff("add y in place over b", compare(to_host(yb), want)) == "");
   }
 }
 
@@ -827,12 +829,12 @@ TEST_CASE("cuda maxpool2d_forward matches the CPU exactly: values, argmax, ties,
   Tensor arg = to_device(arg0);
   gpu_kernels().maxpool2d_forward(dx.data<float>(), y.data<float>(), arg.data<int32_t>(), ps);
   const Tensor got_y = to_host(y), got_arg = to_host(arg);
-  REQUIRE(bytes_differ<int32_t>(got_arg, want_arg) == 0);
+  REQUIRE(bits_differ("argmax", got_arg, want_arg) == "");
   if (inputs == 2) {
-    REQUIRE(bytes_differ<float>(got_y, want_y) == 0);
+    REQUIRE(bits_differ("y", got_y, want_y) == "");
   } else {
     const Diff d = compare(got_y, want_y);
-    INFO(d);
+    INFO("y: " << d);
     REQUIRE(d.bad == 0);
   }
 }
@@ -858,7 +860,7 @@ TEST_CASE("cuda maxpool2d_backward matches the CPU exactly, overlapping windows 
   Tensor dx = nan_on_device({ps.n, ps.c, ps.h, ps.w});
   gpu_kernels().maxpool2d_backward(d_dy.data<float>(), d_arg.data<int32_t>(), dx.data<float>(), ps);
   const Diff d = compare(to_host(dx), want);
-  INFO(d);
+  INFO("dx: " << d);
   REQUIRE(d.bad == 0);
 }
 

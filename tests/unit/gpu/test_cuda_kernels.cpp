@@ -102,7 +102,7 @@ TEST_CASE("cuda gemm matches the CPU gemm for all transposes and odd shapes, alp
 
   const std::vector<double> scale = gemm_error_scale(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   const Diff d = compare(got.data<float>(), want.data<float>(), got.numel(), 0.0, 1e-5, scale.data());
-  INFO(d);
+  INFO("C: " << d);
   REQUIRE(d.nonfinite == 0);
   REQUIRE(d.bad == 0);
   if (M * N > 1) REQUIRE(d.rel_l2 < 1e-5);
@@ -151,7 +151,7 @@ TEST_CASE("cuda gemm honours lda/ldb/ldc longer than the rows, and beta = 0 igno
   // Tolerances as in the test above.
   const std::vector<double> scale = gemm_error_scale(ta, tb, M, N, K, 0.7f, A, lda, B, ldb, beta, C, ldc);
   const Diff d = compare(g.data(), w.data(), g.size(), 0.0, 1e-5, scale.data());
-  INFO(d);
+  INFO("C: " << d);
   REQUIRE(d.nonfinite == 0);
   REQUIRE(d.bad == 0);
   REQUIRE(d.rel_l2 < 1e-5);
@@ -163,7 +163,7 @@ TEST_CASE("cuda gemm with M = 0 or N = 0 is a no-op", "[gpu][kernels]") {
   gpu_kernels().gemm(false, false, 0, 2, 2, 1.0f, A.data<float>(), 2, B.data<float>(), 2, 0.0f, C.data<float>(), 2);
   gpu_kernels().gemm(false, false, 2, 0, 2, 1.0f, A.data<float>(), 2, B.data<float>(), 1, 0.0f, C.data<float>(), 1);
   const Diff d = compare(to_host(C), filled({4}, 5.0f));
-  INFO(d);
+  INFO("C: " << d);
   REQUIRE(d.bad == 0);
 }
 
@@ -227,7 +227,7 @@ TEST_CASE("cuda gemm in bf16 and fp16 matches the CPU gemm in the same precision
   REQUIRE(pad_changed == 0);
   const std::vector<double> scale = gemm_error_scale(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
   const Diff d = compare(g.data(), w.data(), g.size(), 0.0, 1e-4, scale.data());
-  INFO(d);
+  INFO("C: " << d);
   REQUIRE(d.nonfinite == 0);
   REQUIRE(d.bad == 0);
   if (M * N > 1) REQUIRE(d.rel_l2 < 1e-4);
@@ -272,7 +272,7 @@ TEST_CASE("cuda set_precision round trip: it reads back, and F32 after bf16 and 
   const Tensor got = to_host(dC);
   const std::vector<double> scale = gemm_error_scale(false, false, M, N, K, 1.0f, A, K, B, N, 0.5f, C, N);
   const Diff d = compare(got.data<float>(), want.data<float>(), got.numel(), 0.0, 1e-5, scale.data());
-  INFO(d);
+  INFO("C: " << d);
   REQUIRE(d.bad == 0);
   REQUIRE(d.rel_l2 < 1e-5);
 }
@@ -296,15 +296,15 @@ TEST_CASE("cuda bias_act matches the CPU exactly, with and without relu, out of 
     Tensor dy = nan_on_device({rows, cols});
     gpu_kernels().bias_act(dx.data<float>(), dbias.data<float>(), dy.data<float>(), rows, cols, relu);
     const Diff d = compare(to_host(dy), want);
-    INFO(d);
+    INFO("y: " << d);
     REQUIRE(d.bad == 0);
     // The input is untouched.
-    REQUIRE(compare(to_host(dx), x).bad == 0);
+    REQUIRE(named_diff("x, the input left unchanged", compare(to_host(dx), x)) == "");
   }
   SECTION("in place (x == y)") {
     gpu_kernels().bias_act(dx.data<float>(), dbias.data<float>(), dx.data<float>(), rows, cols, relu);
     const Diff d = compare(to_host(dx), want);
-    INFO(d);
+    INFO("y (in place over x): " << d);
     REQUIRE(d.bad == 0);
   }
 }
@@ -335,7 +335,7 @@ TEST_CASE("cuda bias_grad_accumulate adds the column sums into db like the CPU",
     }
     const Tensor got = to_host(ddb);
     const Diff d = compare(got.data<float>(), want.data<float>(), got.numel(), 0.0, 1e-6, scale.data());
-    INFO(d);
+    INFO("db: " << d);
     REQUIRE(d.bad == 0);
   }
   SECTION("multiples of 1/16: exact in any order") {
@@ -346,7 +346,7 @@ TEST_CASE("cuda bias_grad_accumulate adds the column sums into db like the CPU",
     Tensor ddb = to_device(db0);
     gpu_kernels().bias_grad_accumulate(ddy.data<float>(), ddb.data<float>(), rows, cols);
     const Diff d = compare(to_host(ddb), want);
-    INFO(d);
+    INFO("db: " << d);
     REQUIRE(d.bad == 0);
   }
 }
@@ -369,13 +369,13 @@ TEST_CASE("cuda relu_backward matches the CPU exactly, also with dx aliasing dy"
     Tensor dx = nan_on_device({len});
     gpu_kernels().relu_backward(dev_y.data<float>(), dev_dy.data<float>(), dx.data<float>(), n);
     const Diff d = compare(to_host(dx), want);
-    INFO(d);
+    INFO("dx: " << d);
     REQUIRE(d.bad == 0);
   }
   SECTION("in place: dx == dy") {
     gpu_kernels().relu_backward(dev_y.data<float>(), dev_dy.data<float>(), dev_dy.data<float>(), n);
     const Diff d = compare(to_host(dev_dy), want);
-    INFO(d);
+    INFO("dx (in place over dy): " << d);
     REQUIRE(d.bad == 0);
   }
 }
@@ -537,7 +537,7 @@ TEST_CASE("cuda scale matches the CPU exactly (one rounded product per element)"
   Tensor dx = to_device(x);
   gpu_kernels().scale(dx.data<float>(), n, 0.37f);
   const Diff d = compare(to_host(dx), want);
-  INFO(d);
+  INFO("x scaled in place: " << d);
   REQUIRE(d.bad == 0);
 }
 
@@ -611,9 +611,9 @@ TEST_CASE("cuda softmax_xent, bias_grad_accumulate and sum_squares are bitwise d
                    stats[run].data<double>());
   }
   const Tensor s0 = to_host(stats[0]), s1 = to_host(stats[1]);
-  REQUIRE(std::memcmp(s0.raw(), s1.raw(), s0.bytes()) == 0);
+  REQUIRE(bits_differ("softmax_xent stats, rerun", s0, s1) == "");
   const Tensor d0 = to_host(dlogits[0]), d1 = to_host(dlogits[1]);
-  REQUIRE(std::memcmp(d0.raw(), d1.raw(), d0.bytes()) == 0);
+  REQUIRE(bits_differ("softmax_xent dlogits, rerun", d0, d1) == "");
 
   const int64_t grad_rows = 1000, grad_cols = 512;
   const Tensor dy = to_device(random_floats({grad_rows, grad_cols}, rng));
@@ -621,7 +621,7 @@ TEST_CASE("cuda softmax_xent, bias_grad_accumulate and sum_squares are bitwise d
   Tensor db[2] = {to_device(db0), to_device(db0)};
   for (Tensor& t : db) k.bias_grad_accumulate(dy.data<float>(), t.data<float>(), grad_rows, grad_cols);
   const Tensor b0 = to_host(db[0]), b1 = to_host(db[1]);
-  REQUIRE(std::memcmp(b0.raw(), b1.raw(), b0.bytes()) == 0);
+  REQUIRE(bits_differ("bias gradient, rerun", b0, b1) == "");
 
   const Tensor x = to_device(random_floats({(1 << 20) + 3}, rng));
   const double first = k.sum_squares(x.data<float>(), x.numel());

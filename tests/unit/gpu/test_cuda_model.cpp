@@ -66,7 +66,7 @@ TEST_CASE("an MLP moved to cuda reproduces the CPU's logits, loss, gradients and
   REQUIRE(gpu_model->num_params() == n);
   {
     const Tensor moved = to_host(gpu_model->params());  // the move copied the parameters bit for bit
-    REQUIRE(std::memcmp(moved.raw(), cpu_model->params().raw(), moved.bytes()) == 0);
+    REQUIRE(bits_differ("params moved to the GPU", moved, cpu_model->params()) == "");
   }
 
   std::mt19937 rng(23);

@@ -105,8 +105,9 @@ TEST_CASE("cuda zero_ on a stream zeroes exactly the tensor's elements, also of 
     Tensor back = host_dest(src, true);
     back.copy_from(dev, stream.get());
     stream.synchronize();
-    REQUIRE(compare(back, filled({total}, 0.0f)).bad == 0);
-    REQUIRE(compare(to_host(Tensor::zeros({total}, DType::F32, gpu())), filled({total}, 0.0f)).bad == 0);
+    REQUIRE(named_diff("zero_ on a stream", compare(back, filled({total}, 0.0f))) == "");
+    const Tensor zeros = to_host(Tensor::zeros({total}, DType::F32, gpu()));
+    REQUIRE(named_diff("Tensor::zeros", compare(zeros, filled({total}, 0.0f))) == "");
   }
 }
 
@@ -145,7 +146,7 @@ TEST_CASE("cuda Event orders work across streams without a host synchronisation"
   back.copy_from(dev, b.get());
   b.synchronize();
   REQUIRE(done.query());  // what b waited for has completed
-  REQUIRE(compare(back, filled({n}, 0.0f)).bad == 0);
+  REQUIRE(named_diff("zero_ across streams", compare(back, filled({n}, 0.0f))) == "");
 }
 
 TEST_CASE("Storage from the memory pool: stream-ordered, reused without growing, freed the way it came",

@@ -186,11 +186,12 @@ TEST_CASE("cuda matmul_bf16 weight gradients keep D's row stride", "[gpu][fastpa
   INFO("D: " << dd << "\nbias_grad: " << dg);
   CHECK(dd.bad == 0);
   CHECK(dg.bad == 0);
-  bool padding_kept = true;  // columns N..ldd of every row: d0's bits
-  for (int64_t i = 0; i < M; ++i)
-    padding_kept &= std::memcmp(got.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N,
-                                static_cast<size_t>(ldd - N) * sizeof(float)) == 0;
-  CHECK(padding_kept);
+  std::string padding_changed;  // columns N..ldd of every row: d0's bits (else the first row that lost them)
+  for (int64_t i = 0; i < M && padding_changed.empty(); ++i)
+    padding_changed = bits_differ(fmt::format("D's padding columns {}..{} of row {}", N, ldd, i),
+                                  got.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N,
+                                  static_cast<size_t>(ldd - N) * sizeof(float), DType::F32);
+  CHECK(padding_changed == "");
 }
 
 // dpt-model-bench --lt-sweep: every cuBLASLt plan made so far timed with its heuristic's first candidates on scratch
@@ -400,14 +401,17 @@ void check_weight_gradient(std::mt19937& rng, int64_t M, int64_t N, int64_t K, M
   const double abs = via_bf16 ? 4.0 * kBf16Step * std::sqrt(static_cast<double>(K)) : err;
   const Tensor got_rows = to_host(d_gpu);
   Tensor got = Tensor::empty({M, N}, DType::F32), want = Tensor::empty({M, N}, DType::F32);
-  bool padding_kept = true;  // columns N..ldd of every row: d0's bits (NaN where fresh)
+  std::string padding_changed;  // columns N..ldd of every row: d0's bits (NaN where fresh; else the first row not)
   const auto row_bytes = static_cast<size_t>(N) * sizeof(float), pad_bytes = static_cast<size_t>(ldd - N) * 4;
   for (int64_t i = 0; i < M; ++i) {
     std::memcpy(got.data<float>() + i * N, got_rows.data<float>() + i * ldd, row_bytes);
     std::memcpy(want.data<float>() + i * N, d_cpu.data<float>() + i * ldd, row_bytes);
-    padding_kept &= std::memcmp(got_rows.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N, pad_bytes) == 0;
+    if (padding_changed.empty())
+      padding_changed = bits_differ(fmt::format("D's padding columns {}..{} of row {}", N, ldd, i),
+                                    got_rows.data<float>() + i * ldd + N, d0.data<float>() + i * ldd + N, pad_bytes,
+                                    DType::F32);
   }
-  CHECK(padding_kept);
+  CHECK(padding_changed == "");
   const Diff dd = compare(got, want, abs, via_bf16 ? 0.0 : 1e-6);
   INFO("D: " << dd);
   CHECK(dd.bad == 0);
@@ -545,7 +549,7 @@ TEST_CASE("cuda bias gradient column sums: eight columns a load give the one-col
       INFO("eight columns a load: " << d8 << "\none column: " << d1);
       CHECK(d8.bad == 0);
       CHECK(d1.bad == 0);
-      CHECK(std::memcmp(h8.raw(), h1.raw(), h8.bytes()) == 0);
+      CHECK(bits_differ("bias gradient, eight columns a load against one", h8, h1) == "");
     }
 }
 
@@ -604,7 +608,7 @@ TEST_CASE("cuda attention (cuDNN fused flash attention) matches the CPU, forward
     gpu_kernels().attention_backward(dqkv_dev.data<BFloat16>(), out_gpu.data<BFloat16>(), ddout.data<BFloat16>(),
                                      stats_gpu.data<float>(), dqkv_gpu.data<BFloat16>(), s);
     const Tensor second = to_host(dqkv_gpu);
-    CHECK(std::memcmp(first.raw(), second.raw(), first.bytes()) == 0);
+    CHECK(bits_differ("dqkv, second deterministic backward", first, second) == "");
   }
 #if DPT_HAVE_CUDNN_FRONTEND
   // Each graph built names the plan cuDNN chose (dpt-model-bench prints them with cuBLASLt's).
@@ -656,7 +660,7 @@ TEST_CASE("cuDNN attention sweep times each graph's plans, and an adopted plan s
     CHECK(d_out.bad == 0);
     CHECK(d_dqkv.bad == 0);
     CHECK(d_dqkv.rel_l2 < 0.01);
-    CHECK(std::memcmp(first.raw(), second.raw(), first.bytes()) == 0);
+    CHECK(bits_differ("dqkv, second deterministic backward after the sweep", first, second) == "");
   };
   check_gpu("before the sweep");
   // This shape's graphs alone (the earlier cases' 18 would each build up to 4 plans a sweep, and a build may compile
@@ -918,10 +922,12 @@ TEST_CASE("cuda adamw_fused matches the CPU and writes the bf16 copy of its own 
                             vb.data<float>() + 1, n, ap, dev_edges, edge_list.size(), nullptr, 0.0);
   for (const auto& [a, b] : {std::pair{&pa, &pb}, std::pair{&ma, &mb}, std::pair{&va, &vb}}) {
     const Tensor ha = to_host(*a), hb = to_host(*b);
-    CHECK(std::memcmp(ha.raw(), hb.data<float>() + 1, ha.bytes()) == 0);
+    CHECK(bits_differ("adamw state, offset by one element", ha.raw(), hb.data<float>() + 1, ha.bytes(),
+                      DType::F32) == "");
   }
   const Tensor h16a = to_host(p16a), h16b = to_host(p16b);
-  CHECK(std::memcmp(h16a.raw(), h16b.data<BFloat16>() + 1, h16a.bytes()) == 0);
+  CHECK(bits_differ("bf16 parameter copy, offset by one element", h16a.raw(), h16b.data<BFloat16>() + 1, h16a.bytes(),
+                    DType::BF16) == "");
 }
 
 TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "[gpu][fastpath]") {
@@ -969,18 +975,18 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
                                             gdg2.data<float>(), gdb2.data<float>(), rows, C, nullptr);
       const Tensor a = to_host(gdg), b = to_host(gdg2), c = to_host(gdb), d = to_host(gdb2);
       const Tensor e = to_host(gdx), f = to_host(gdx2);
-      CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
-      CHECK(std::memcmp(c.raw(), d.raw(), c.bytes()) == 0);
-      CHECK(std::memcmp(e.raw(), f.raw(), e.bytes()) == 0);
+      CHECK(bits_differ("dgamma, rerun", a, b) == "");
+      CHECK(bits_differ("dbeta, rerun", c, d) == "");
+      CHECK(bits_differ("dx, rerun", e, f) == "");
       // dx over dy (each row read before it is written): the same dx and sums again.
       Tensor inplace = to_device(dy), gdg3 = to_device(dg0), gdb3 = to_device(db0);
       gpu_kernels().layernorm_backward_bf16(inplace.data<BFloat16>(), gx.data<BFloat16>(), ggamma.data<float>(),
                                             gmean.data<float>(), grstd.data<float>(), inplace.data<BFloat16>(),
                                             gdg3.data<float>(), gdb3.data<float>(), rows, C, nullptr);
       const Tensor g = to_host(inplace), h = to_host(gdg3), i = to_host(gdb3);
-      CHECK(std::memcmp(e.raw(), g.raw(), e.bytes()) == 0);
-      CHECK(std::memcmp(a.raw(), h.raw(), a.bytes()) == 0);
-      CHECK(std::memcmp(c.raw(), i.raw(), c.bytes()) == 0);
+      CHECK(bits_differ("dx in place over dy", e, g) == "");
+      CHECK(bits_differ("dgamma, dx in place over dy", a, h) == "");
+      CHECK(bits_differ("dbeta, dx in place over dy", c, i) == "");
     }
     {  // The residual add before the norm (add_layernorm_forward_bf16, fused where the rows are held in registers): the
        // sum the CPU's add_bf16 bits; sum, y and the statistics the GPU's two calls' bits; then in place over the first
@@ -1001,23 +1007,23 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       gpu_kernels().layernorm_forward_bf16(gsum3.data<BFloat16>(), ggamma.data<float>(), gbeta.data<float>(),
                                            gy3.data<BFloat16>(), gm3.data<float>(), gr3.data<float>(), rows, C, 1e-5f);
       const Tensor hsum = to_host(gsum), hy2 = to_host(gy2), hm2 = to_host(gm2), hr2 = to_host(gr2);
-      CHECK(std::memcmp(hsum.raw(), sum.raw(), sum.bytes()) == 0);
-      CHECK(std::memcmp(hsum.raw(), to_host(gsum3).raw(), sum.bytes()) == 0);
-      CHECK(std::memcmp(hy2.raw(), to_host(gy3).raw(), hy2.bytes()) == 0);
-      CHECK(std::memcmp(hm2.raw(), to_host(gm3).raw(), hm2.bytes()) == 0);
-      CHECK(std::memcmp(hr2.raw(), to_host(gr3).raw(), hr2.bytes()) == 0);
+      CHECK(bits_differ("fused add: sum against the CPU add_bf16", hsum, sum) == "");
+      CHECK(bits_differ("fused add: sum against add_bf16 on the GPU", hsum, to_host(gsum3)) == "");
+      CHECK(bits_differ("fused add: y against the two calls", hy2, to_host(gy3)) == "");
+      CHECK(bits_differ("fused add: mean against the two calls", hm2, to_host(gm3)) == "");
+      CHECK(bits_differ("fused add: rstd against the two calls", hr2, to_host(gr3)) == "");
       Tensor gy4 = to_device(bf16_nan({rows, C})), gm4 = nan_on_device({rows}), gr4 = nan_on_device({rows});
       gpu_kernels().add_layernorm_forward_bf16(ga.data<BFloat16>(), gb.data<BFloat16>(), ga.data<BFloat16>(),
                                                ggamma.data<float>(), gbeta.data<float>(), gy4.data<BFloat16>(),
                                                gm4.data<float>(), gr4.data<float>(), rows, C, 1e-5f);
-      CHECK(std::memcmp(to_host(ga).raw(), sum.raw(), sum.bytes()) == 0);
-      CHECK(std::memcmp(to_host(gy4).raw(), hy2.raw(), hy2.bytes()) == 0);
+      CHECK(bits_differ("fused add in place over the first summand: sum", to_host(ga), sum) == "");
+      CHECK(bits_differ("fused add in place over the first summand: y", to_host(gy4), hy2) == "");
       Tensor gb5 = to_device(b), gy5 = to_device(bf16_nan({rows, C}));  // in place over the second summand
       gpu_kernels().add_layernorm_forward_bf16(gx.data<BFloat16>(), gb5.data<BFloat16>(), gb5.data<BFloat16>(),
                                                ggamma.data<float>(), gbeta.data<float>(), gy5.data<BFloat16>(),
                                                gm4.data<float>(), gr4.data<float>(), rows, C, 1e-5f);
-      CHECK(std::memcmp(to_host(gb5).raw(), sum.raw(), sum.bytes()) == 0);
-      CHECK(std::memcmp(to_host(gy5).raw(), hy2.raw(), hy2.bytes()) == 0);
+      CHECK(bits_differ("fused add in place over the second summand: sum", to_host(gb5), sum) == "");
+      CHECK(bits_differ("fused add in place over the second summand: y", to_host(gy5), hy2) == "");
       // Every row one element into its buffer (2-byte aligned: the add, then the norm one column at a time): the
       // sum's bits, y as the CPU's norm of that sum.
       Tensor ga1 = shifted_on_device(x), gb1 = shifted_on_device(b), gs1 = shifted_on_device(bf16_nan({rows, C}));
@@ -1029,7 +1035,7 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       Tensor ysum = bf16_nan({rows, C}), m5 = filled({rows}, kNaN), r5 = filled({rows}, kNaN);
       cpu_kernels().layernorm_forward_bf16(sum.data<BFloat16>(), gamma.data<float>(), beta.data<float>(),
                                            ysum.data<BFloat16>(), m5.data<float>(), r5.data<float>(), rows, C, 1e-5f);
-      CHECK(std::memcmp(shifted_back(gs1, {rows, C}).raw(), sum.raw(), sum.bytes()) == 0);
+      CHECK(bits_differ("fused add, rows 2-byte aligned: sum", shifted_back(gs1, {rows, C}), sum) == "");
       const Diff u_y = compare_bf16(shifted_back(gy1, {rows, C}), ysum, 1e-6, kBf16Step);
       INFO("unaligned add then norm, y: " << u_y);
       CHECK(u_y.bad == 0);
@@ -1096,9 +1102,11 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
       const Tensor a = to_host(gdxr), b = to_host(ginplace);
       INFO("dx + residual: " << r_dx);
       CHECK(r_dx.bad == 0);
-      CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
-      for (const Tensor* t : {&gdgr, &gdg4}) CHECK(std::memcmp(to_host(*t).raw(), to_host(gdg).raw(), C * 4) == 0);
-      for (const Tensor* t : {&gdbr, &gdb4}) CHECK(std::memcmp(to_host(*t).raw(), to_host(gdb).raw(), C * 4) == 0);
+      CHECK(bits_differ("dx + residual in place over the residual", a, b) == "");
+      for (const Tensor* t : {&gdgr, &gdg4})
+        CHECK(bits_differ("dgamma with a residual", to_host(*t).raw(), to_host(gdg).raw(), C * 4, DType::F32) == "");
+      for (const Tensor* t : {&gdbr, &gdb4})
+        CHECK(bits_differ("dbeta with a residual", to_host(*t).raw(), to_host(gdb).raw(), C * 4, DType::F32) == "");
     }
     // The element-wise pair: one float operation and one rounding each: the same bits.
     const size_t n = static_cast<size_t>(rows * C);
@@ -1121,8 +1129,11 @@ TEST_CASE("cuda bf16 LayerNorm, residual add and GELU backward match the CPU", "
     const Tensor h_sum = to_host(gsum), h_sum1 = to_host(gsum1), h_gelu = to_host(gdgelu), h_gelu1 = to_host(gdgelu1);
     CHECK(std::isnan(to_float(h_sum1.data<BFloat16>()[0])));
     CHECK(std::isnan(to_float(h_gelu1.data<BFloat16>()[0])));
-    CHECK(std::memcmp(h_sum1.data<BFloat16>() + 1, h_sum.data<BFloat16>() + 1, (n - 1) * sizeof(BFloat16)) == 0);
-    CHECK(std::memcmp(h_gelu1.data<BFloat16>() + 1, h_gelu.data<BFloat16>() + 1, (n - 1) * sizeof(BFloat16)) == 0);
+    const size_t tail = (n - 1) * sizeof(BFloat16);
+    CHECK(bits_differ("add_bf16, 2-byte aligned", h_sum1.data<BFloat16>() + 1, h_sum.data<BFloat16>() + 1, tail,
+                      DType::BF16) == "");
+    CHECK(bits_differ("gelu_backward_bf16, 2-byte aligned", h_gelu1.data<BFloat16>() + 1, h_gelu.data<BFloat16>() + 1,
+                      tail, DType::BF16) == "");
   }
 }
 
@@ -1229,9 +1240,9 @@ TEST_CASE("cuda fused norm backwards share more rows than one wave of 32-row run
           first_dg = hdg;
           first_db = hdb;
         } else {
-          CHECK(std::memcmp(hdx.raw(), first_dx.raw(), hdx.bytes()) == 0);
-          CHECK(std::memcmp(hdg.raw(), first_dg.raw(), hdg.bytes()) == 0);
-          CHECK(std::memcmp(hdb.raw(), first_db.raw(), hdb.bytes()) == 0);
+          CHECK(bits_differ("LayerNorm dx, repeat", hdx, first_dx) == "");
+          CHECK(bits_differ("LayerNorm dgamma, repeat", hdg, first_dg) == "");
+          CHECK(bits_differ("LayerNorm dbeta, repeat", hdb, first_db) == "");
         }
       }
       Tensor ry = bf16_nan({rows, C}), rrstd = filled({rows}, kNaN);
@@ -1256,8 +1267,8 @@ TEST_CASE("cuda fused norm backwards share more rows than one wave of 32-row run
           first_dx = hdx;
           first_dg = hdg;
         } else {
-          CHECK(std::memcmp(hdx.raw(), first_dx.raw(), hdx.bytes()) == 0);
-          CHECK(std::memcmp(hdg.raw(), first_dg.raw(), hdg.bytes()) == 0);
+          CHECK(bits_differ("RMSNorm dx, repeat", hdx, first_dx) == "");
+          CHECK(bits_differ("RMSNorm dgamma, repeat", hdg, first_dg) == "");
         }
       }
     }
@@ -1443,11 +1454,11 @@ TEST_CASE("a GPT and a Llama on cuda hand the residual stream from block to bloc
         CHECK(adds[0] == kept);  // the hand-off ran: no residual add of its own in the step
         CHECK(adds[1] > kept);
       }
-      CHECK(std::memcmp(stats[0].raw(), stats[1].raw(), stats[0].bytes()) == 0);
-      CHECK(std::memcmp(logits[0].raw(), logits[1].raw(), logits[0].bytes()) == 0);
-      CHECK(std::memcmp(grads[0].raw(), grads[1].raw(), grads[0].bytes()) == 0);
+      CHECK(bits_differ("loss stats, hand-off against own adds", stats[0], stats[1]) == "");
+      CHECK(bits_differ("logits, hand-off against own adds", logits[0], logits[1]) == "");
+      CHECK(bits_differ("grads, hand-off against own adds", grads[0], grads[1]) == "");
       REQUIRE(eval[0].bytes() == eval[1].bytes());
-      CHECK(std::memcmp(eval[0].raw(), eval[1].raw(), eval[0].bytes()) == 0);
+      CHECK(bits_differ("evaluation logits, hand-off against own adds", eval[0], eval[1]) == "");
     }
   };
   SECTION("gpt") {
@@ -1568,8 +1579,8 @@ TEST_CASE("a GPT step on cuda through TimedKernels gives the plain set's bits an
       grads[i++] = to_host(m->grads());
     }
     timed.collect();
-    CHECK(std::memcmp(logits[0].raw(), logits[1].raw(), logits[0].bytes()) == 0);
-    CHECK(std::memcmp(grads[0].raw(), grads[1].raw(), grads[0].bytes()) == 0);
+    CHECK(bits_differ("logits, timed against plain", logits[0], logits[1]) == "");
+    CHECK(bits_differ("grads, timed against plain", grads[0], grads[1]) == "");
   }
   timed_model->set_kernels(gpu_kernels());
   const auto rows = timed.rows();
@@ -1682,10 +1693,10 @@ TEST_CASE("a GPT and a Llama step on cuda captured as one CUDA graph and launche
       CAPTURE(i);
       CHECK(std::isfinite(want.losses[i]));
       CHECK(got.losses[i] == want.losses[i]);
-      CHECK(std::memcmp(got.params[i].raw(), want.params[i].raw(), want.params[i].bytes()) == 0);
+      CHECK(bits_differ("params after the step, graph against eager", got.params[i], want.params[i]) == "");
     }
     CHECK(std::memcmp(want.params[3].raw(), want.params[2].raw(), want.params[2].bytes()) != 0);  // the steps moved
-    CHECK(std::memcmp(got.grads.raw(), want.grads.raw(), want.grads.bytes()) == 0);
+    CHECK(bits_differ("grads, graph against eager", got.grads, want.grads) == "");
   };
   SECTION("gpt") {
     auto [eager, graphed] = gpu_twins(make_gpt, tiny_gpt(2));

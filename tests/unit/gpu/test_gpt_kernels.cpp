@@ -29,15 +29,6 @@ using namespace dpt::gpu_test;
 
 namespace {
 
-// Elements whose bits differ (NaN payloads included): for the operations that are exact by construction.
-size_t floats_differ(const Tensor& got, const Tensor& want) {
-  REQUIRE(got.numel() == want.numel());
-  size_t bad = 0;
-  for (size_t i = 0; i < got.numel(); ++i)
-    bad += std::memcmp(got.data<float>() + i, want.data<float>() + i, sizeof(float)) != 0;
-  return bad;
-}
-
 Tensor random_tokens(int64_t rows, int64_t vocab, std::mt19937& rng) {
   Tensor t = Tensor::empty({rows}, DType::I32);
   std::uniform_int_distribution<int32_t> dist(0, static_cast<int32_t>(vocab - 1));
@@ -170,7 +161,7 @@ TEST_CASE("cuda gemm_strided_batched matches the CPU loop over gemm, fp32 and bf
   const std::vector<double> scale = batched_error_scale(ta, tb, M, N, K, batch, alpha, A, la, B, lb, beta, C, lc);
   const double tol = p == Precision::F32 ? 1e-5 : 1e-4;
   const Diff d = compare(g.data(), w.data(), g.size(), 0.0, tol, scale.data());
-  INFO(d);
+  INFO("C: " << d);
   REQUIRE(d.nonfinite == 0);
   REQUIRE(d.bad == 0);
   if (M * N > 1) REQUIRE(d.rel_l2 < tol);
@@ -192,7 +183,7 @@ TEST_CASE("cuda gemm_strided_batched with batch 0, M = 0 or N = 0 is a no-op", "
   k.gemm_strided_batched(false, false, 2, 0, 2, 1.0f, A.data<float>(), 2, 0, B.data<float>(), 1, 0, 0.0f,
                          C.data<float>(), 1, 0, 3);
   const Diff d = compare(to_host(C), filled({4}, 5.0f));
-  INFO(d);
+  INFO("C: " << d);
   REQUIRE(d.bad == 0);
 }
 
@@ -213,7 +204,7 @@ TEST_CASE("cuda embedding_forward is the CPU's bit for bit", "[gpu][kernels][gpt
   Tensor y = nan_on_device({rows, C});
   gpu_kernels().embedding_forward(dtok.data<int32_t>(), dwte.data<float>(), dwpe.data<float>(), y.data<float>(), rows,
                                   T, C, vocab);
-  REQUIRE(floats_differ(to_host(y), want) == 0);
+  REQUIRE(bits_differ("embedding y", to_host(y), want) == "");
 }
 
 // The CPU throws; the GPU cannot, so it writes NaN over the whole row of each bad token (-1 and vocab here) and the
@@ -276,10 +267,10 @@ TEST_CASE("cuda embedding_backward accumulates the CPU's sums bit for bit, repea
     got_te[run] = to_host(te);
     got_pe[run] = to_host(pe);
   }
-  REQUIRE(floats_differ(got_te[0], want_te) == 0);
-  REQUIRE(floats_differ(got_pe[0], want_pe) == 0);
-  REQUIRE(floats_differ(got_te[1], got_te[0]) == 0);
-  REQUIRE(floats_differ(got_pe[1], got_pe[0]) == 0);
+  REQUIRE(bits_differ("dwte", got_te[0], want_te) == "");
+  REQUIRE(bits_differ("dwpe", got_pe[0], want_pe) == "");
+  REQUIRE(bits_differ("dwte, rerun", got_te[1], got_te[0]) == "");
+  REQUIRE(bits_differ("dwpe, rerun", got_pe[1], got_pe[0]) == "");
 }
 
 // A token outside [0, vocab) (whose row forward made NaN) adds nothing to dwte, but its row still goes to dwpe. Multiples of
@@ -303,8 +294,8 @@ TEST_CASE("cuda embedding_backward skips a negative token and one past the vocab
   Tensor te = to_device(dwte0), pe = to_device(dwpe0);
   gpu_kernels().embedding_backward(dtok.data<int32_t>(), ddy.data<float>(), te.data<float>(), pe.data<float>(), rows, T,
                                    C, vocab);
-  REQUIRE(floats_differ(to_host(te), want_te) == 0);
-  REQUIRE(floats_differ(to_host(pe), want_pe) == 0);
+  REQUIRE(bits_differ("dwte", to_host(te), want_te) == "");
+  REQUIRE(bits_differ("dwpe", to_host(pe), want_pe) == "");
 }
 
 // ---- LayerNorm -----------------------------------------------------------------------------------------------
@@ -446,16 +437,16 @@ TEST_CASE("cuda layernorm_backward matches the CPU: dx, and dgamma dbeta accumul
   const Diff ddb = compare(got_db.data<float>(), want_db.data<float>(), got_db.numel(), 0.0, 2e-6, sdb.data());
   INFO("dbeta: " << ddb);
   REQUIRE(ddb.bad == 0);
-  REQUIRE(floats_differ(got_db, want_db) == 0);  // exact: multiples of 1/16
+  REQUIRE(bits_differ("dbeta", got_db, want_db) == "");  // exact: multiples of 1/16
 
   // dx written over dy itself.
   Tensor in_place = to_device(dy), dg = to_device(dgamma0), db = to_device(dbeta0);
   gpu_kernels().layernorm_backward(in_place.data<float>(), d_x.data<float>(), d_gamma.data<float>(),
                                    d_mean.data<float>(), d_rstd.data<float>(), in_place.data<float>(), dg.data<float>(),
                                    db.data<float>(), rows, C);
-  REQUIRE(floats_differ(to_host(in_place), got_dx) == 0);
-  REQUIRE(floats_differ(to_host(dg), got_dg) == 0);
-  REQUIRE(floats_differ(to_host(db), got_db) == 0);
+  REQUIRE(bits_differ("dx in place over dy", to_host(in_place), got_dx) == "");
+  REQUIRE(bits_differ("dgamma, dx in place", to_host(dg), got_dg) == "");
+  REQUIRE(bits_differ("dbeta, dx in place", to_host(db), got_db) == "");
 }
 
 // ---- GELU ----------------------------------------------------------------------------------------------------
@@ -494,8 +485,8 @@ TEST_CASE("cuda gelu_forward and gelu_backward match the CPU, also in place", "[
   Tensor x_in_place = to_device(x), dy_in_place = to_device(dy);
   gpu_kernels().gelu_backward(d_x.data<float>(), dy_in_place.data<float>(), dy_in_place.data<float>(), n);
   gpu_kernels().gelu_forward(x_in_place.data<float>(), x_in_place.data<float>(), n);
-  REQUIRE(floats_differ(to_host(x_in_place), got_y) == 0);
-  REQUIRE(floats_differ(to_host(dy_in_place), got_dx) == 0);
+  REQUIRE(bits_differ("gelu y in place", to_host(x_in_place), got_y) == "");
+  REQUIRE(bits_differ("gelu dx in place", to_host(dy_in_place), got_dx) == "");
 }
 
 // ---- causal softmax ------------------------------------------------------------------------------------------
@@ -553,7 +544,7 @@ TEST_CASE("cuda causal_softmax_forward matches the CPU, square and with fewer ro
   REQUIRE(masked_not_zero(want, count, rows, cols) == 0);
   REQUIRE(masked_not_zero(got, count, rows, cols) == 0);
   const Diff d = compare(got, want, 1e-30, 4e-6);
-  INFO(d);
+  INFO("softmax y: " << d);
   REQUIRE(d.bad == 0);
 }
 
@@ -593,7 +584,7 @@ TEST_CASE("cuda causal_softmax_backward matches the CPU", "[gpu][kernels][gpt]")
       es[static_cast<size_t>(row * T + j)] = std::abs(double{scale} * pr[j]) * (std::abs(double{dr[j]}) + dot_abs);
   }
   const Diff d = compare(got.data<float>(), want.data<float>(), got.numel(), 0.0, 4e-6, es.data());
-  INFO(d);
+  INFO("softmax dx: " << d);
   REQUIRE(d.bad == 0);
   if (T == 1)
     for (int64_t m = 0; m < count; ++m) REQUIRE(got.data<float>()[m] == 0.0f);
@@ -627,7 +618,10 @@ TEST_CASE("cuda layernorm and causal softmax are bitwise deterministic", "[gpu][
     s[run] = to_device(scores);
     k.causal_softmax_forward(s[run].data<float>(), 4, 64, 64, 0.125f);
   }
-  for (const Tensor* t : {y, dx, dg, db, mean, rstd, s}) REQUIRE(floats_differ(to_host(t[0]), to_host(t[1])) == 0);
+  const char* names[] = {"y", "dx", "dgamma", "dbeta", "mean", "rstd", "softmax"};
+  int which = 0;
+  for (const Tensor* t : {y, dx, dg, db, mean, rstd, s})
+    REQUIRE(bits_differ(fmt::format("{}, rerun", names[which++]), to_host(t[0]), to_host(t[1])) == "");
 }
 
 // ---- the whole model -----------------------------------------------------------------------------------------

@@ -155,22 +155,22 @@ TEST_CASE("cuda bf16 RMSNorm, SwiGLU and rope match the CPU's", "[gpu][llama][fa
       gpu_kernels().rmsnorm_forward_bf16(gsum3.data<BFloat16>(), ggamma.data<float>(), gy3.data<BFloat16>(),
                                          grstd3.data<float>(), rows, C, 1e-5f);
       const Tensor hsum = to_host(gsum), hy2 = to_host(gy2), hr2 = to_host(grstd2);
-      CHECK(std::memcmp(hsum.raw(), sum.raw(), sum.bytes()) == 0);
-      CHECK(std::memcmp(hsum.raw(), to_host(gsum3).raw(), sum.bytes()) == 0);
-      CHECK(std::memcmp(hy2.raw(), to_host(gy3).raw(), hy2.bytes()) == 0);
-      CHECK(std::memcmp(hr2.raw(), to_host(grstd3).raw(), hr2.bytes()) == 0);
+      CHECK(bits_differ("fused add: sum against the CPU add_bf16", hsum, sum) == "");
+      CHECK(bits_differ("fused add: sum against add_bf16 on the GPU", hsum, to_host(gsum3)) == "");
+      CHECK(bits_differ("fused add: y against the two calls", hy2, to_host(gy3)) == "");
+      CHECK(bits_differ("fused add: rstd against the two calls", hr2, to_host(grstd3)) == "");
       Tensor gy4 = to_device(bf16_nan({rows, C})), grstd4 = nan_on_device({rows});
       gpu_kernels().add_rmsnorm_forward_bf16(ga.data<BFloat16>(), gb.data<BFloat16>(), ga.data<BFloat16>(),
                                              ggamma.data<float>(), gy4.data<BFloat16>(), grstd4.data<float>(), rows, C,
                                              1e-5f);
-      CHECK(std::memcmp(to_host(ga).raw(), sum.raw(), sum.bytes()) == 0);
-      CHECK(std::memcmp(to_host(gy4).raw(), hy2.raw(), hy2.bytes()) == 0);
+      CHECK(bits_differ("fused add in place over the first summand: sum", to_host(ga), sum) == "");
+      CHECK(bits_differ("fused add in place over the first summand: y", to_host(gy4), hy2) == "");
       Tensor gb5 = to_device(b), gy5 = to_device(bf16_nan({rows, C}));  // in place over the second summand
       gpu_kernels().add_rmsnorm_forward_bf16(gx.data<BFloat16>(), gb5.data<BFloat16>(), gb5.data<BFloat16>(),
                                              ggamma.data<float>(), gy5.data<BFloat16>(), grstd4.data<float>(), rows, C,
                                              1e-5f);
-      CHECK(std::memcmp(to_host(gb5).raw(), sum.raw(), sum.bytes()) == 0);
-      CHECK(std::memcmp(to_host(gy5).raw(), hy2.raw(), hy2.bytes()) == 0);
+      CHECK(bits_differ("fused add in place over the second summand: sum", to_host(gb5), sum) == "");
+      CHECK(bits_differ("fused add in place over the second summand: y", to_host(gy5), hy2) == "");
       // Every row one element into its buffer (the add, then the norm one column at a time): the sum's bits, y as
       // the CPU's norm of that sum.
       Tensor ga1 = shifted_on_device(x), gb1 = shifted_on_device(b), gs1 = shifted_on_device(bf16_nan({rows, C}));
@@ -181,7 +181,7 @@ TEST_CASE("cuda bf16 RMSNorm, SwiGLU and rope match the CPU's", "[gpu][llama][fa
       Tensor ysum = bf16_nan({rows, C}), r5 = filled({rows}, kNaN);
       cpu_kernels().rmsnorm_forward_bf16(sum.data<BFloat16>(), gamma.data<float>(), ysum.data<BFloat16>(),
                                          r5.data<float>(), rows, C, 1e-5f);
-      CHECK(std::memcmp(shifted_back(gs1, {rows, C}).raw(), sum.raw(), sum.bytes()) == 0);
+      CHECK(bits_differ("fused add, rows 2-byte aligned: sum", shifted_back(gs1, {rows, C}), sum) == "");
       const Diff u_y = compare_bf16(shifted_back(gy1, {rows, C}), ysum, 1e-6, kBf16Step);
       INFO("unaligned add then norm, y: " << u_y);
       CHECK(u_y.bad == 0);
@@ -205,9 +205,9 @@ TEST_CASE("cuda bf16 RMSNorm, SwiGLU and rope match the CPU's", "[gpu][llama][fa
                                         grstd.data<float>(), ginplace.data<BFloat16>(), gdg2.data<float>(), rows, C,
                                         ginplace.data<BFloat16>());
     const Tensor a = to_host(gdxr), b = to_host(ginplace), c = to_host(gdgr), d = to_host(gdg2), e = to_host(gdg);
-    CHECK(std::memcmp(a.raw(), b.raw(), a.bytes()) == 0);
-    CHECK(std::memcmp(c.raw(), e.raw(), c.bytes()) == 0);
-    CHECK(std::memcmp(d.raw(), e.raw(), d.bytes()) == 0);
+    CHECK(bits_differ("dx + residual in place over the residual", a, b) == "");
+    CHECK(bits_differ("dgamma with a residual", c, e) == "");
+    CHECK(bits_differ("dgamma with a residual in place", d, e) == "");
   }
   // SwiGLU, the backward in place over its inputs as the fast path runs it.
   const int64_t n = 100003;

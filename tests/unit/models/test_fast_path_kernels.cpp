@@ -18,6 +18,7 @@
 #include "models/kernels/elementwise.h"
 #include "models/kernels/factory.h"
 #include "models/kernels/row_runs.h"
+#include "models/kernels/smem_limits.h"
 
 using namespace dpt;
 using namespace dpt::models;
@@ -713,6 +714,25 @@ TEST_CASE("row_runs and run_begin: the fused norm backwards' runs, one wave at m
   const int64_t huge = int64_t{1} << 62;
   CHECK(run_begin(999, 1000, huge) == 999 * (huge / 1000) + std::min<int64_t>(999, huge % 1000));
   CHECK(run_begin(1000, 1000, huge) == huge);
+}
+
+TEST_CASE("SmemLimits: a kernel's shared memory limit raised once per device and larger size, never lowered",
+          "[fastpath]") {
+  // The fused LayerNorm backward's two column-sum arrays take 64 bytes a column: 49664 at 776 columns (the first past
+  // the default 48 KB), 51200 at 800, 65536 at 1024. Before, each launch past 48 KB called cudaFuncSetAttribute.
+  int k1 = 0, k2 = 0;  // two kernels' addresses
+  SmemLimits limits;
+  CHECK_FALSE(limits.needs_raise(0, &k1, 768 * 64));  // 49152: the default's
+  CHECK(limits.needs_raise(0, &k1, 776 * 64));
+  limits.raised(0, &k1, 1024 * 64);
+  CHECK_FALSE(limits.needs_raise(0, &k1, 1024 * 64));  // the next launches at 1024 columns: nothing to ask
+  CHECK_FALSE(limits.needs_raise(0, &k1, 800 * 64));   // a smaller size keeps the larger limit
+  limits.raised(0, &k1, 800 * 64);                      // (were it lowered, 1024 columns would fail to launch)
+  CHECK_FALSE(limits.needs_raise(0, &k1, 1024 * 64));
+  CHECK(limits.needs_raise(0, &k1, 1024 * 64 + 16));  // larger than raised: again
+  CHECK(limits.needs_raise(1, &k1, 800 * 64));        // per device: another GPU's context knows nothing of it
+  CHECK(limits.needs_raise(0, &k2, 800 * 64));        // per kernel
+  CHECK_FALSE(limits.needs_raise(1, &k2, SmemLimits::kDefaultBytes));
 }
 
 TEST_CASE("the bf16 LayerNorm, residual add and GELU backward: the float32 kernels on widened values, rounded once",
