@@ -145,7 +145,7 @@ class Job {
   // `expected` of them, have read its end, for at most `limit`: the store must outlive their last request.
   void linger(int round, int self_joined, int expected, JobClock::duration limit);
   // This node's outcome in the store, once per round: the first failure's text is what every node prints.
-  void report_failure_once(int code, const std::string& what, bool by_signal = false);
+  void report_failure_once(int code, const std::string& what, bool by_signal = false, bool stop = false);
   // Every node but the master: counts up its keep-alive, every keep_alive_every_ (called on every wake-up of its
   // waits and of the ranks' watch).
   void keep_alive();
@@ -188,6 +188,9 @@ class Job {
   bool preempting_ = false;      // the stop under way is for preemption (SIGUSR1/SIGTERM, or a rank exited 75)
   bool preempted_exit_ = false;  // a rank exited kPreemptedCode
   bool exec_failed_ = false;     // the program could not be started: a restart would fail the same way
+  // Elastic: this node's ranks are being stopped for another node's failure (check_other_nodes), not for a
+  // preemption: a rank that answers that SIGTERM with exit 75 (dptrain at the rendezvous) was not preempted.
+  bool stopping_for_failure_ = false;
   Placement placement_;          // this attempt's ranks in the world (a round's, when elastic)
   // Elastic jobs: the store (hosted here on node 0), the rendezvous over it, the round running, and whether this
   // node's outcome of it is published; failure_: what ended the attempt, as every node prints it.

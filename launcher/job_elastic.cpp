@@ -122,10 +122,10 @@ void Job::linger(int round, int self_joined, int expected, JobClock::duration li
   }, limit);
 }
 
-void Job::report_failure_once(int code, const std::string& what, bool by_signal) {
+void Job::report_failure_once(int code, const std::string& what, bool by_signal, bool stop) {
   if (!elastic_ || !rdzv_ || reported_) return;
   reported_ = true;
-  rdzv_->report_failure(plan_.round, code, what, by_signal);
+  rdzv_->report_failure(plan_.round, code, what, by_signal, stop);
 }
 
 void Job::keep_alive() {
@@ -153,6 +153,11 @@ void Job::check_other_nodes() {
   std::optional<std::pair<int, std::string>> f = rdzv_->failure(plan_.round);
   if (!f) return;
   failure_ = f->second;
+  // Another node's preemption (its dprun's stop signal, its ranks' exit 75) stops this node's ranks for it too: they
+  // agree on the stop and exit 75, as that node's do. Any other failure is one here too, whatever this node's ranks
+  // exit with: one still at the rendezvous answers the SIGTERM below with 75 at once (it once made this dprun end
+  // the job with 75, "the ranks stopped for preemption", instead of restarting; a batch script requeued it).
+  stopping_for_failure_ = f->first != kPreemptedCode && !rdzv_->stopped(plan_.round);
   note(fmt::format("{}: stopping this node's ranks", failure_));
   report_failure_once(f->first, failure_);
   exit_code_ = f->first;
