@@ -159,6 +159,9 @@ class Job {
   // After an elastic attempt: node 0 ends the job or every node joins the next round. Returns the exit code,
   // or nullopt when this node runs the next attempt.
   std::optional<int> after_elastic_attempt();
+  // The failure of `round` as every node names it (Rendezvous::failure); on a node but the master, nullopt when the
+  // master has ended the job and is gone.
+  std::optional<std::pair<int, std::string>> round_failure(int round);
   // Node 0's last duty: wait (up to --rdzv-timeout) until every node of `round` has reported its outcome, end
   // round + 1 for whoever joins it (nodes that failed and rejoin, late nodes), and wait for their goodbyes.
   void finish_as_master(int round, int code, const std::string& why);
@@ -198,6 +201,7 @@ class Job {
   std::unique_ptr<Rendezvous> rdzv_;
   RoundPlan plan_;
   bool reported_ = false;
+  bool master_gone_ = false;  // node 0's store went away after this node reported its end (keep_alive, round_failure)
   std::string failure_;
   JobClock::time_point next_check_{}, next_keep_alive_{}, next_watch_{};
 };

@@ -127,7 +127,8 @@ void Job::settle_preemption() {
                        "code {}", kPreemptedCode));
     else
       note(fmt::format("every rank exited 0 after {}, which ended the round on every node; exit code {}",
-                       signal_name(received_signal_), kPreemptedCode));
+                       received_signal_ != 0 ? signal_name(received_signal_) : "another node's stop",
+                       kPreemptedCode));
   } else if (!bad) {
     // Every rank exited 0 after the stop signal: the job completed (it was ending, or the program finished its
     // work): nothing to resume, nothing to requeue. It once exited 128 + N, as if a rank had been killed.
