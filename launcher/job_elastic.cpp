@@ -185,7 +185,8 @@ std::optional<std::pair<int, std::string>> Job::round_failure(int round) {
       master_gone_ = true;
     }
   }
-  note("node 0's dprun has ended the job and left; this node's own end stands");
+  note("node 0's rendezvous is gone (its dprun ends the job once every node has reported); this node's own end "
+       "stands");
   return std::nullopt;
 }
 
