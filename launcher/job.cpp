@@ -114,7 +114,7 @@ int Job::run_attempts() {
 
 void Job::reset_attempt() {
   ranks_.clear();
-  preempting_ = preempted_exit_ = false;
+  preempting_ = preempted_exit_ = stopping_for_failure_ = false;
   phase_ = Phase::kRunning;
   exit_code_ = 0;
   failed_rank_.reset();

@@ -145,7 +145,7 @@ class Job {
   // `expected` of them, have read its end, for at most `limit`: the store must outlive their last request.
   void linger(int round, int self_joined, int expected, JobClock::duration limit);
   // This node's outcome in the store, once per round: the first failure's text is what every node prints.
-  void report_failure_once(int code, const std::string& what, bool by_signal = false);
+  void report_failure_once(int code, const std::string& what, bool by_signal = false, bool stop = false);
   // Every node but the master: counts up its keep-alive, every keep_alive_every_ (called on every wake-up of its
   // waits and of the ranks' watch).
   void keep_alive();
@@ -159,6 +159,9 @@ class Job {
   // After an elastic attempt: node 0 ends the job or every node joins the next round. Returns the exit code,
   // or nullopt when this node runs the next attempt.
   std::optional<int> after_elastic_attempt();
+  // The failure of `round` as every node names it (Rendezvous::failure); on a node but the master, nullopt when the
+  // master has ended the job and is gone.
+  std::optional<std::pair<int, std::string>> round_failure(int round);
   // Node 0's last duty: wait (up to --rdzv-timeout) until every node of `round` has reported its outcome, end
   // round + 1 for whoever joins it (nodes that failed and rejoin, late nodes), and wait for their goodbyes.
   void finish_as_master(int round, int code, const std::string& why);
@@ -188,6 +191,9 @@ class Job {
   bool preempting_ = false;      // the stop under way is for preemption (SIGUSR1/SIGTERM, or a rank exited 75)
   bool preempted_exit_ = false;  // a rank exited kPreemptedCode
   bool exec_failed_ = false;     // the program could not be started: a restart would fail the same way
+  // Elastic: this node's ranks are being stopped for another node's failure (check_other_nodes), not for a
+  // preemption: a rank that answers that SIGTERM with exit 75 (dptrain at the rendezvous) was not preempted.
+  bool stopping_for_failure_ = false;
   Placement placement_;          // this attempt's ranks in the world (a round's, when elastic)
   // Elastic jobs: the store (hosted here on node 0), the rendezvous over it, the round running, and whether this
   // node's outcome of it is published; failure_: what ended the attempt, as every node prints it.
@@ -195,6 +201,7 @@ class Job {
   std::unique_ptr<Rendezvous> rdzv_;
   RoundPlan plan_;
   bool reported_ = false;
+  bool master_gone_ = false;  // node 0's store went away after this node reported its end (keep_alive, round_failure)
   std::string failure_;
   JobClock::time_point next_check_{}, next_keep_alive_{}, next_watch_{};
 };

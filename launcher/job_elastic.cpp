@@ -122,16 +122,21 @@ void Job::linger(int round, int self_joined, int expected, JobClock::duration li
   }, limit);
 }
 
-void Job::report_failure_once(int code, const std::string& what, bool by_signal) {
+void Job::report_failure_once(int code, const std::string& what, bool by_signal, bool stop) {
   if (!elastic_ || !rdzv_ || reported_) return;
   reported_ = true;
-  rdzv_->report_failure(plan_.round, code, what, by_signal);
+  rdzv_->report_failure(plan_.round, code, what, by_signal, stop);
 }
 
 void Job::keep_alive() {
-  if (!rdzv_ || rdzv_->is_master() || JobClock::now() < next_keep_alive_) return;
+  if (!rdzv_ || rdzv_->is_master() || master_gone_ || JobClock::now() < next_keep_alive_) return;
   next_keep_alive_ = JobClock::now() + keep_alive_every_;
-  rdzv_->keep_alive();
+  try {
+    rdzv_->keep_alive();
+  } catch (const CommError&) {
+    if (!reported_) throw;
+    master_gone_ = true;  // it ended the job after this node's report (round_failure)
+  }
 }
 
 void Job::watch_keep_alives() {
@@ -153,10 +158,36 @@ void Job::check_other_nodes() {
   std::optional<std::pair<int, std::string>> f = rdzv_->failure(plan_.round);
   if (!f) return;
   failure_ = f->second;
+  // Another node's preemption (its dprun's stop signal, its ranks' exit 75) stops this node's ranks for it too: they
+  // agree on the stop and exit 75, as that node's do. Any other failure is one here too, whatever this node's ranks
+  // exit with: one still at the rendezvous answers the SIGTERM below with 75 at once (it once made this dprun end
+  // the job with 75, "the ranks stopped for preemption", instead of restarting; a batch script requeued it).
+  stopping_for_failure_ = f->first != kPreemptedCode && !rdzv_->stopped(plan_.round);
+  // A preemption's stop gives the ranks --stop-timeout to reach the step and checkpoint it, as a stop signal to this
+  // dprun does (it once gave them --grace-period: rank 0 was SIGKILLed before its checkpoint, the other node's ranks
+  // failed, and this node restarted the job alone), and a stop signal to this dprun that follows is forwarded.
+  preempting_ = !stopping_for_failure_;
   note(fmt::format("{}: stopping this node's ranks", failure_));
   report_failure_once(f->first, failure_);
   exit_code_ = f->first;
   begin_stop(SIGTERM, "stopping the other ranks", /*always_note=*/false);
+}
+
+std::optional<std::pair<int, std::string>> Job::round_failure(int round) {
+  // Node 0 ends the job once every node has reported, and this one reported when its end began (a stop signal, a
+  // failure), before its ranks were down: node 0 may be gone by now. This node's own end then stands (it once
+  // exited 1, "lost the rendezvous at node 0", after a stop signal). Joining another round would fail, as it should.
+  if (!master_gone_) {
+    try {
+      return rdzv_->failure(round);
+    } catch (const CommError&) {
+      if (rdzv_->is_master() || !reported_) throw;
+      master_gone_ = true;
+    }
+  }
+  note("node 0's rendezvous is gone (its dprun ends the job once every node has reported); this node's own end "
+       "stands");
+  return std::nullopt;
 }
 
 std::optional<int> Job::after_elastic_attempt() {
@@ -171,7 +202,7 @@ std::optional<int> Job::after_elastic_attempt() {
   report_failure_once(exit_code_, failure_);
   // Every node names the round's failure alike: the rank killed by a signal, wherever it was (Rendezvous::failure),
   // and ends with its exit code, unless this node's own end says more (a stop signal, preemption, no program).
-  if (std::optional<std::pair<int, std::string>> f = rdzv_->failure(round)) {
+  if (std::optional<std::pair<int, std::string>> f = round_failure(round)) {
     failure_ = f->second;
     if (!stop_requested_ && !exec_failed_ && exit_code_ != kPreemptedCode) exit_code_ = f->first;
   }

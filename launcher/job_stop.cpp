@@ -22,7 +22,7 @@ void Job::on_stop_signal(int sig) {
     exit_code_ = 128 + sig;
     if (elastic_) {
       failure_ = fmt::format("{}: its dprun received {}", describe(rdzv_->self()), signal_name(sig));
-      report_failure_once(exit_code_, failure_);
+      report_failure_once(exit_code_, failure_, /*by_signal=*/false, /*stop=*/true);
     }
     preempting_ = is_preemption(sig);
     begin_stop(sig, fmt::format("received {}", signal_name(sig)), /*always_note=*/true);
@@ -97,6 +97,7 @@ int Job::ended(int code) {
 }
 
 void Job::on_preempted_exit(const Rank& r) {
+  if (stopping_for_failure_ && !stop_requested_) return;  // it answers the teardown for another node's failure
   preempted_exit_ = true;
   if (phase_ != Phase::kRunning) return;
   // The others are told too, as if dprun had received SIGTERM itself. Ranks that agreed on the stop are exiting 75
@@ -126,7 +127,8 @@ void Job::settle_preemption() {
                        "code {}", kPreemptedCode));
     else
       note(fmt::format("every rank exited 0 after {}, which ended the round on every node; exit code {}",
-                       signal_name(received_signal_), kPreemptedCode));
+                       received_signal_ != 0 ? signal_name(received_signal_) : "another node's stop",
+                       kPreemptedCode));
   } else if (!bad) {
     // Every rank exited 0 after the stop signal: the job completed (it was ending, or the program finished its
     // work): nothing to resume, nothing to requeue. It once exited 128 + N, as if a rank had been killed.

@@ -178,8 +178,9 @@ void Rendezvous::end(int round, int code, const std::string& message) {
   close(plan);
 }
 
-void Rendezvous::report_failure(int round, int code, const std::string& what, bool by_signal) {
+void Rendezvous::report_failure(int round, int code, const std::string& what, bool by_signal, bool stop) {
   store_.add(key(round, fmt::format("reported/{}", self_.node_rank)), 1);
+  if (stop) store_.add(key(round, "stopped"), 1);  // before "failed" counts: a reader that sees it sees this
   // The first to count writes the text; a reader that sees the count waits the moment until it is there. A
   // signal's text is written before "failed" counts this report, so a reader that sees "signaled" finds it.
   const std::string text = fmt::format("{} {}", code, what);
@@ -229,6 +230,7 @@ std::optional<std::pair<int, std::string>> Rendezvous::failure(int round) {
 
 int Rendezvous::reports(int round) { return static_cast<int>(counter(key(round, "reports"))); }
 int Rendezvous::failures(int round) { return static_cast<int>(counter(key(round, "failed"))); }
+bool Rendezvous::stopped(int round) { return counter(key(round, "stopped")) > 0; }
 void Rendezvous::bye(int round) { store_.add(key(round, "bye"), 1); }
 int Rendezvous::byes(int round) { return static_cast<int>(counter(key(round, "bye"))); }
 int Rendezvous::joined_count(int round) { return static_cast<int>(counter(key(round, "joined"))); }

@@ -91,8 +91,9 @@ class Rendezvous {
   void end(int round, int code, const std::string& message);
 
   // This node's attempt in `round` failed (exit `code`; `what` says how; `by_signal`: a rank was killed by a
-  // signal) or finished. Call one of them once per node and round.
-  void report_failure(int round, int code, const std::string& what, bool by_signal = false);
+  // signal; `stop`: its dprun was told to stop, which every node's ranks stop for) or finished. Call one of them
+  // once per node and round.
+  void report_failure(int round, int code, const std::string& what, bool by_signal = false, bool stop = false);
   void report_done(int round);
   // The failure of `round` as every node names it: its exit code and text; nullopt when none was reported.
   // A rank killed by a signal (kill -9, the OOM killer) is the cause, and its peers' failures on other nodes
@@ -102,6 +103,8 @@ class Rendezvous {
   // Nodes that have reported (failed or done) in `round`, and those that reported a failure.
   int reports(int round);
   int failures(int round);
+  // Whether a node reported `round`'s end as its dprun's stop signal (report_failure's `stop`).
+  bool stopped(int round);
   // After reading an ended round's plan, a node says goodbye, so that the master knows it may stop serving.
   void bye(int round);
   int byes(int round);

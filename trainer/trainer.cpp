@@ -563,18 +563,26 @@ void Trainer::train_epoch(int64_t epoch) {
   const int64_t batches = batches_for(indices.size());
   indices.resize(std::min(indices.size(), static_cast<size_t>(batches * t_.batch_size)));  // whole steps only
   ds_.train->set_epoch(epoch);  // the epoch's random transforms
-  if (batches == 0) {  // resumed where drop_last leaves no full batch (or step) of the epoch at this geometry
-    if (lead_)
-      spdlog::info("epoch {}: its {} examples left make no full {} at {} rank(s) x batch {} (train.drop_last): on to "
-                   "the next epoch", epoch + 1, static_cast<int64_t>(ds_.train->size()) - sample0,
-                   t_.global_batch_size > 0 ? "step" : "batch", world_, t_.batch_size);
-    return;
-  }
   Epoch ep{.index = epoch, .first_batch = first_batch, .end_batch = first_batch + batches, .sample0 = sample0,
            .first_step = step_, .stats = Tensor::zeros({3}, DType::F64, device_),
            .carried_loss = sample0 > 0 ? start_.epoch_loss_sum : 0.0,
            .carried_count = sample0 > 0 ? start_.epoch_loss_count : 0.0,
            .grad_ss = Tensor::zeros({1}, DType::F64, device_)};
+  if (batches == 0) {  // resumed where drop_last leaves no full batch (or step) of the epoch at this geometry
+    if (lead_)
+      spdlog::info("epoch {}: its {} examples left make no full {} at {} rank(s) x batch {} (train.drop_last): the "
+                   "epoch ends with the steps before the checkpoint", epoch + 1,
+                   static_cast<int64_t>(ds_.train->size()) - sample0, t_.global_batch_size > 0 ? "step" : "batch",
+                   world_, t_.batch_size);
+    // It ends all the same, as an uninterrupted epoch does: its line (the training figures the checkpoint carried,
+    // the learning rate of its last step), its evaluation, its checkpoint.
+    ep.lr = lr_at(t_, std::max<int64_t>(epoch * steps_per_epoch_ + first_batch / K_ - 1, 0), steps_per_epoch_,
+                  total_steps_);
+    timer_->reset();
+    reporter_->epoch_started();
+    end_epoch(ep);
+    return;
+  }
   if (faults_.logs_samples()) ep.indices = indices;
   data::Loader loader(*ds_.train, std::move(indices), loader_options_);
   ep.loader = &loader;

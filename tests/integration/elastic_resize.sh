@@ -15,6 +15,10 @@
 #     and a ReLU that flips on such a difference later moves the weights more (7.5e-8 at the end observed on
 #     2026-11-26 with OpenBLAS's SkylakeX kernels, 2.4e-4 on 2026-11-28 with its Haswell kernels): tolerance 1e-2
 #     there, which a lost step, a wrong learning rate or a lost momentum would still exceed.
+#  3. A failure on node 1 (a bad override) while node 0's rank waits at the rendezvous restarts both nodes, up to
+#     --max-restarts, then both exit with its code: not 75, as if preempted.
+#  4. SIGTERM to node 1's dprun alone (a node preempted) ends the job on both nodes with 75 after a checkpoint, even
+#     when node 1's rank exits after node 0's dprun has ended the job.
 source "$(dirname "$0")/lib/common.bash"
 SAMPLES_PY=$DPT_SOURCE_DIR/tests/support/python/samples.py
 export DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
@@ -24,13 +28,15 @@ PORT=$((29600 + RANDOM % 300))
 
 # node NAME NODE_RANK [TRAIN OVERRIDES...]: a dprun node in the background (pid in P0 or P1), its output in
 # NAME.NODE_RANK.log, checkpoints in $WORK/NAME, the sample record in $WORK/NAME.samples. Rank 0 is a straggler
-# (60 ms a step) so that the kills land mid-epoch.
+# (60 ms a step, or SLOW_MS) so that the kills land mid-epoch. With WRAP set, the node's rank is
+# `sh -c "$WRAP" wrap dptrain ...`.
 node() {
   local name=$1 n=$2
   shift 2
-  DPT_DEBUG_SAMPLE_LOG="$WORK/$name.samples" DPT_DEBUG_SLOW_RANK=0 DPT_DEBUG_SLOW_MS=60 \
+  DPT_DEBUG_SAMPLE_LOG="$WORK/$name.samples" DPT_DEBUG_SLOW_RANK=0 DPT_DEBUG_SLOW_MS="${SLOW_MS:-60}" \
     "$DPRUN" --nnodes 1:2 --nproc-per-node 1 --node-rank "$n" --master-addr 127.0.0.1 --master-port "$PORT" \
-    --max-restarts 3 --rdzv-timeout 5 --grace-period 2 -- "${TRAIN[@]}" checkpoint.dir="$WORK/$name" "$@" \
+    --max-restarts 3 --rdzv-timeout 5 --grace-period 2 -- ${WRAP:+sh -c "$WRAP" wrap} "${TRAIN[@]}" \
+    checkpoint.dir="$WORK/$name" "$@" \
     > "$WORK/$name.$n.log" 2>&1 &
   eval "P$n=$!"
 }
@@ -110,4 +116,53 @@ echo -n "grow vs an uninterrupted 2-rank run: "
 "$PY" "$CKPT_PY" compare "$WORK/ref/step-00000096" "$WORK/grow/step-00000096" 1e-2 ||
   fail "grow: the final weights are far from an uninterrupted 2-rank run's"
 echo "ok: grow: node 1 joined mid-epoch at round 1; the final weights are the resize by hand's, and near an uninterrupted run's"
+
+# 3. A failure on node 1 while node 0's rank is still at the rendezvous (node 1's rank refuses its override): node 0's
+#    rank answers dprun's SIGTERM there with 75 at once, which is no preemption: node 0's dprun restarts like node 1's,
+#    and after the restarts both exit with the failure's code 2. (Node 0 once ended the job with 75, "the ranks
+#    stopped for preemption": a batch script would requeue it.)
+node badarg 0
+node badarg 1 train.epochs=zz
+for p in "$P0" "$P1"; do
+  t0=$SECONDS
+  while kill -0 "$p" 2>/dev/null; do
+    [ $((SECONDS - t0)) -gt 120 ] && { cat "$WORK"/badarg.*.log; fail "badarg: still running after 120 s"; }
+    sleep 0.2
+  done
+done
+for n in 0 1; do
+  rc=0
+  wait "$(eval echo "\$P$n")" || rc=$?
+  [ "$rc" = 2 ] || { cat "$WORK/badarg.$n.log"; fail "badarg: node $n exited $rc, not 2"; }
+  grep -q "rank 1 failed (exit code 2); all 3 restarts used, giving up" "$WORK/badarg.$n.log" ||
+    { cat "$WORK/badarg.$n.log"; fail "badarg: node $n did not restart until the restarts were used"; }
+done
+! grep -q "stopped for preemption" "$WORK/badarg.0.log" || fail "badarg: node 0 took the failure for a preemption"
+no_processes_left "$WORK/badarg"
+echo "ok: badarg: node 1's failure while node 0's rank was at the rendezvous restarted both, then ended both with 2"
+
+# 4. SIGTERM to node 1's dprun alone: every rank checkpoints and exits 75, and so does every dprun. Rank 0 takes 3 s a
+#    step, so it reaches the step boundary where the ranks agree on the stop after node 0's --grace-period (2 s): node
+#    0's dprun must give its ranks --stop-timeout, as for a stop signal of its own (it once SIGKILLed rank 0 after the
+#    grace period: no checkpoint, node 1's rank failed, node 0 restarted alone). Node 1's rank is 1 s slower to exit
+#    than node 0's (a wrapper), so that node 0's dprun, which ends the job once every node has reported (node 1 did
+#    when the signal came), is gone when node 1's reads the round's end (node 1's dprun then exited 1, "lost the
+#    rendezvous at node 0": a batch script would not requeue the preempted job).
+SLOW_MS=3000 node stop1 0 checkpoint.every_steps=1
+SLOW_MS=3000 WRAP='trap : TERM USR1; "$@"; rc=$?; sleep 1; exit $rc' node stop1 1 checkpoint.every_steps=1
+wait_file "$WORK/stop1/step-00000001/COMPLETE" "stop1"
+kill -TERM "$P1"
+for n in 0 1; do
+  p=$(eval echo "\$P$n") t0=$SECONDS rc=0
+  while kill -0 "$p" 2>/dev/null; do
+    [ $((SECONDS - t0)) -gt 60 ] && { cat "$WORK"/stop1.*.log; fail "stop1: node $n still running after 60 s"; }
+    sleep 0.2
+  done
+  wait "$p" || rc=$?
+  [ "$rc" = 75 ] || { cat "$WORK/stop1.$n.log"; fail "stop1: node $n exited $rc, not 75"; }
+done
+grep -q "preempted: checkpoint of step 2 written; exiting with 75" "$WORK/stop1.0.log" ||
+  { cat "$WORK/stop1.0.log"; fail "stop1: no checkpoint at the stop"; }
+no_processes_left "$WORK/stop1"
+echo "ok: stop1: SIGTERM to node 1's dprun: a checkpoint, and every dprun exits 75"
 echo PASS

@@ -12,7 +12,9 @@
 #  3. without train.global_batch_size the per-rank batch stays, the log says the global batch changed, and the
 #     weights differ from the uninterrupted run's (the control: the comparisons above can fail);
 #  4. refusals that lose nothing: a global batch that does not divide among the ranks names the nearest that do; a
-#     mid-epoch checkpoint resumed with another seed names the data order. The checkpoint is still there afterwards.
+#     mid-epoch checkpoint resumed with another seed names the data order. The checkpoint is still there afterwards;
+#  5. a resume where drop_last leaves the epoch no full batch at the new size still ends that epoch: its line, its
+#     evaluation (it once went on to the next epoch without them).
 source "$(dirname "$0")/lib/common.bash"
 SAMPLES_PY=$DPT_SOURCE_DIR/tests/support/python/samples.py
 BASE=(--config "$CONFIG" data.train_limit=1536 data.test_limit=128 train.epochs=2 train.batch_size=32
@@ -99,5 +101,16 @@ expect_exit 2 "stopped mid-epoch (640 of the epoch's examples consumed) with see
   "$DPRUN" --nproc-per-node 1 -- "$DPTRAIN" "${BASE[@]}" "${G64[@]}" train.seed=7 checkpoint.dir="$WORK/seed" \
   --resume "$(at shrink 10)"
 [ -f "$(at shrink 10)/COMPLETE" ] && [ -f "$(at shrink 48)/COMPLETE" ] || fail "a refusal removed a checkpoint"
+
+# 5. drop_last leaves the resumed epoch no full batch at the new size (2 x 32 for 20 steps: 256 left, 85 a rank at
+#    3 x 96): the epoch still ends, with its line (the checkpoint's training loss) and evaluation, then the next.
+DPT_DEBUG_FAIL_AT_STEP=20 run dltail 2 train.drop_last=true && fail "dltail: no failure at step 20"
+run dltail 3 train.drop_last=true train.batch_size=96 || { cat "$WORK/dltail.log"; fail "dltail: the resume failed"; }
+grep -q "epoch 1: its 256 examples left make no full batch at 3 rank(s) x batch 96 (train.drop_last)" \
+  "$WORK/dltail.log" || { cat "$WORK/dltail.log"; fail "dltail: no line saying epoch 1 has no full batch left"; }
+grep -qP "epoch 1/2 loss [0-9.]+ test_loss" "$WORK/dltail.log" ||
+  { cat "$WORK/dltail.log"; fail "dltail: epoch 1 ended without its line (loss, evaluation)"; }
+[ -f "$(at dltail 25)/COMPLETE" ] || { ls "$WORK/dltail"; fail "dltail: no final checkpoint at step 25 (20 + 5)"; }
+
 no_processes_left "$WORK"
 echo PASS

@@ -125,6 +125,13 @@ TEST_CASE("Rendezvous: nodes join, the master closes, a failure is seen by all, 
   b.report_failure(5, 137, "node 1: rank 2 failed (killed by SIGKILL)", /*by_signal=*/true);
   CHECK(master.failure(5)->first == 137);
   CHECK(master.failure(5)->second == "node 1: rank 2 failed (killed by SIGKILL)");
+  // A node whose dprun was told to stop marks the round so: the others stop their ranks as for a preemption, not a
+  // failure. A failure does not.
+  CHECK_FALSE(master.stopped(0));
+  CHECK_FALSE(master.stopped(5));
+  b.report_failure(6, 138, "node 1: its dprun received SIGUSR1", /*by_signal=*/false, /*stop=*/true);
+  CHECK(master.stopped(6));
+  CHECK(master.failure(6)->first == 138);
 
   // Round 1: the master joins first (and makes it current); it ends the job; b reads the end and says bye.
   master.join(1);
