@@ -249,6 +249,12 @@ TEST_CASE("learning-rate schedules", "[config]") {
   REQUIRE(lr_at(t, 0, 10, 100) == Approx(0.1));  // (0 + 1) / 10 of the peak
   REQUIRE(lr_at(t, 9, 10, 100) == Approx(1.0));
   REQUIRE(lr_at(t, 10, 10, 100) == Approx(1.0));  // cosine starts after the warm-up
+  // A fractional warm-up (half an epoch of 5 steps: 2.5 steps) rises to the peak, never above it.
+  t.warmup_epochs = 0.5;
+  REQUIRE(lr_at(t, 0, 5, 100) == Approx(0.4));
+  REQUIRE(lr_at(t, 1, 5, 100) == Approx(0.8));
+  REQUIRE(lr_at(t, 2, 5, 100) == 1.0);
+  for (int64_t s = 0; s <= 100; ++s) REQUIRE(lr_at(t, s, 5, 100) <= 1.0);
   t.warmup_epochs = 0;
   t.warmup_steps = 4;  // in steps, whatever the epoch length
   REQUIRE(lr_at(t, 0, 10, 100) == Approx(0.25));
