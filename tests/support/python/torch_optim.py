@@ -42,7 +42,8 @@ def schedule(opt, cfg, total):
     w = int(cfg.get("train.warmup_steps", 0))
     kind = cfg.get("train.schedule", "cosine")
     if kind == "cosine":
-        main = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - w, eta_min=float(cfg.get("train.min_lr", 0)))
+        min_lr = float(cfg.get("train.min_lr", 0))
+        main = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total - w, eta_min=min_lr)
     elif kind == "constant":
         main = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     else:
