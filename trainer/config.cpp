@@ -670,6 +670,7 @@ std::vector<std::string> unread_keys(const Config& c) {
        fmt::format("train.schedule = {}", choice_name(c.train.schedule))},
       {{"train.min_lr"}, c.train.schedule == ScheduleKind::cosine, "train.schedule = cosine",
        fmt::format("train.schedule = {}", choice_name(c.train.schedule))},
+      {{"train.weight_decay_params"}, c.train.weight_decay > 0, "train.weight_decay > 0", "train.weight_decay = 0"},
   };
   static const Config defaults;
   std::vector<std::string> out;

@@ -69,6 +69,11 @@ TEST_CASE("unread_keys: a key set that the model, data set, optimizer or schedul
         std::vector<std::string>{
             "data.image_size = 64 is not read: it applies to data.dataset = imagefolder (data.dataset = fashion-mnist)",
             "data.padding = 4 is not read: it applies to data.augment = crop_flip (data.augment = none)"});
+  // Which parameters decay, without a weight decay: nothing reads it.
+  CHECK(unread_keys(parse_config("", "t", {"train.weight_decay_params=matrices"})) ==
+        std::vector<std::string>{"train.weight_decay_params = 'matrices' is not read: it applies to train.weight_decay "
+                                 "> 0 (train.weight_decay = 0)"});
+  CHECK(unread_keys(parse_config("", "t", {"train.weight_decay_params=matrices", "train.weight_decay=0.1"})).empty());
 }
 
 TEST_CASE("file values and key=value overrides, in that order", "[config]") {
