@@ -260,6 +260,8 @@ TEST_CASE("learning-rate schedules", "[config]") {
   REQUIRE(lr_at(t, 1, 5, 100) == Approx(0.8));
   REQUIRE(lr_at(t, 2, 5, 100) == 1.0);
   for (int64_t s = 0; s <= 100; ++s) REQUIRE(lr_at(t, s, 5, 100) <= 1.0);
+  t.warmup_epochs = 0.1;  // half a step: its one step at the peak (it was twice the peak)
+  REQUIRE(lr_at(t, 0, 5, 100) == 1.0);
   t.warmup_epochs = 0;
   t.warmup_steps = 4;  // in steps, whatever the epoch length
   REQUIRE(lr_at(t, 0, 10, 100) == Approx(0.25));
