@@ -313,7 +313,7 @@ class SoftmaxCrossEntropy {
   // The training step's form: no host synchronisation. `stats` (F64 [3], on the logits' device) gets
   // stats[0] += summed loss, stats[1] += correct predictions, stats[2] += the targets counted (rows not labelled
   // kIgnoreLabel: a masked token's row adds nothing). With backward, grad() is d(mean loss)/d(logits) times
-  // grad_scale (gradient accumulation's 1 / micro-batches, fp16's loss scale). bf16 logits (the transformer fast
+  // grad_scale (gradient accumulation's share of the step's rows, fp16's loss scale). bf16 logits (the transformer fast
   // path: a Gpt's or a Llama's with bf16 activations) go through the fused classifier, which overwrites them in place with that
   // gradient: grad() is then the logits tensor itself.
   void accumulate(const Tensor& logits, const Tensor& labels, Kernels& k, Tensor& stats, bool backward,

@@ -261,7 +261,7 @@ std::vector<Field> train_fields() {
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
       field("train.nesterov", &C::train, &TrainConfig::nesterov, "SGD Nesterov momentum (needs train.momentum > 0)"),
       field("train.weight_decay", &C::train, &TrainConfig::weight_decay, "L2 penalty (SGD) or decoupled decay (AdamW)", at_least(0.0)),
-      field("train.weight_decay_params", &C::train, &TrainConfig::weight_decay_params, "which parameters train.weight_decay applies to: all | matrices (those of 2 or more dimensions: weights and embeddings, not biases or normalisation gains, as nanoGPT) | auto (matrices for gpt, all otherwise, as PyTorch's optimizers)"),
+      field("train.weight_decay_params", &C::train, &TrainConfig::weight_decay_params, weight_decay_params_help()),
       field("train.beta1", &C::train, &TrainConfig::beta1, "AdamW beta1", in_range(0.0, 1.0)),
       field("train.beta2", &C::train, &TrainConfig::beta2, "AdamW beta2", in_range(0.0, 1.0)),
       field("train.eps", &C::train, &TrainConfig::eps, "AdamW epsilon", positive()),
@@ -670,6 +670,7 @@ std::vector<std::string> unread_keys(const Config& c) {
        fmt::format("train.schedule = {}", choice_name(c.train.schedule))},
       {{"train.min_lr"}, c.train.schedule == ScheduleKind::cosine, "train.schedule = cosine",
        fmt::format("train.schedule = {}", choice_name(c.train.schedule))},
+      {{"train.weight_decay_params"}, c.train.weight_decay > 0, "train.weight_decay > 0", "train.weight_decay = 0"},
   };
   static const Config defaults;
   std::vector<std::string> out;

@@ -103,6 +103,16 @@ inline std::string model_name_help() {
   return fmt::format("{}", fmt::join(parts, " | "));
 }
 
+// train.weight_decay_params' help: what auto means, from the cards (the families that decay matrices only).
+inline std::string weight_decay_params_help() {
+  std::vector<std::string> matrices;
+  for (const ModelCard& c : kModelCards)
+    if (c.decay_matrices_only) matrices.emplace_back(c.name);
+  return fmt::format("which parameters train.weight_decay applies to: all | matrices (those of 2 or more dimensions: "
+                     "weights and embeddings, not biases or normalisation gains, as nanoGPT) | auto (matrices for {}, "
+                     "all otherwise, as PyTorch's optimizers)", fmt::join(matrices, " and "));
+}
+
 // export-weights: a model's weights for another program.
 struct ExportedWeights {
   std::vector<NamedTensor> tensors;  // host, float32, named and shaped as the layout has them

@@ -12,7 +12,10 @@ namespace dpt::trainer {
 double lr_at(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch, int64_t total_steps) {
   const double warmup = cfg.warmup_steps > 0 ? static_cast<double>(cfg.warmup_steps)
                                               : cfg.warmup_epochs * static_cast<double>(steps_per_epoch);
-  if (warmup > 0 && static_cast<double>(step) < warmup) return cfg.lr * static_cast<double>(step + 1) / warmup;
+  // (step + 1) / warmup, at most 1: a fractional warm-up (train.warmup_epochs = 0.5 of 5 steps: 2.5) would otherwise
+  // give its last step (step 2: 3 / 2.5) a learning rate above the peak.
+  if (warmup > 0 && static_cast<double>(step) < warmup)
+    return cfg.lr * std::min(1.0, static_cast<double>(step + 1) / warmup);
   if (cfg.schedule == ScheduleKind::step) {
     const int64_t epoch = steps_per_epoch > 0 ? step / steps_per_epoch : 0;
     return cfg.lr * std::pow(cfg.gamma, static_cast<double>(epoch / cfg.step_size));

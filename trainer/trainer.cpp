@@ -75,6 +75,7 @@ struct Epoch {
   int64_t index = 0;        // 0-based
   int64_t first_batch = 0;  // > 0 when it resumes mid-epoch: a multiple of the accumulation steps
   int64_t end_batch = 0;    // the epoch's batches, per rank
+  int64_t last_rows = 0;    // the rows of its last batch (train.batch_size, or fewer: the partial one)
   int64_t sample0 = 0;      // the examples of the epoch's order consumed before first_batch (by the whole job)
   int64_t first_step = 0;   // the optimizer steps done when it began
   std::vector<size_t> indices;  // this rank's examples from first_batch on, kept for DPT_DEBUG_SAMPLE_LOG only
@@ -139,7 +140,7 @@ class Trainer {
   void train_epoch(int64_t epoch);
   bool train_batch(Epoch& ep, const data::Batch& batch);  // true: the run stops here
   void begin_step(Epoch& ep, int64_t batch);
-  void forward_backward(Epoch& ep, const data::Batch& batch, int64_t micro_batches, bool first_micro, bool last_micro);
+  void forward_backward(Epoch& ep, const data::Batch& batch, int64_t group_rows, bool first_micro, bool last_micro);
   bool update(Epoch& ep);  // false: fp16 skipped the step
   bool after_step(Epoch& ep, int64_t next_batch);  // true: the run stops here
   int64_t batches_for(size_t samples) const;       // a rank's batches in `samples` examples of an epoch
@@ -563,8 +564,9 @@ void Trainer::train_epoch(int64_t epoch) {
   const int64_t batches = batches_for(indices.size());
   indices.resize(std::min(indices.size(), static_cast<size_t>(batches * t_.batch_size)));  // whole steps only
   ds_.train->set_epoch(epoch);  // the epoch's random transforms
-  Epoch ep{.index = epoch, .first_batch = first_batch, .end_batch = first_batch + batches, .sample0 = sample0,
-           .first_step = step_, .stats = Tensor::zeros({3}, DType::F64, device_),
+  Epoch ep{.index = epoch, .first_batch = first_batch, .end_batch = first_batch + batches,
+           .last_rows = batches > 0 ? static_cast<int64_t>(indices.size()) - (batches - 1) * t_.batch_size : 0,
+           .sample0 = sample0, .first_step = step_, .stats = Tensor::zeros({3}, DType::F64, device_),
            .carried_loss = sample0 > 0 ? start_.epoch_loss_sum : 0.0,
            .carried_count = sample0 > 0 ? start_.epoch_loss_count : 0.0,
            .grad_ss = Tensor::zeros({1}, DType::F64, device_)};
@@ -608,7 +610,10 @@ bool Trainer::train_batch(Epoch& ep, const data::Batch& batch) {
   const int64_t group_size = std::min(K_, ep.end_batch - group_first);
   const bool last_micro = b == group_first + group_size - 1;
   if (b == group_first) begin_step(ep, b);
-  forward_backward(ep, batch, group_size, b == group_first, last_micro);
+  // The step's rows: group_size full micro-batches, less what the epoch's last one lacks when it is in this group.
+  const int64_t group_rows = group_size * t_.batch_size -
+                             (group_first + group_size == ep.end_batch ? t_.batch_size - ep.last_rows : 0);
+  forward_backward(ep, batch, group_rows, b == group_first, last_micro);
   if (!ep.indices.empty())  // DPT_DEBUG_SAMPLE_LOG: which examples this micro-batch trained
     faults_.samples_trained(start_.step, step_ + 1, ep.index, world_,
                             ep.indices.data() + batch.index * static_cast<size_t>(t_.batch_size), batch.size);
@@ -641,12 +646,15 @@ void Trainer::begin_step(Epoch& ep, int64_t batch) {
   if (sync_buffers_) pg_.broadcast(model_->buffers(), {.root = 0, .stream = stream_, .what = "buffers"})->block(stream_);
 }
 
-void Trainer::forward_backward(Epoch& ep, const data::Batch& batch, int64_t micro_batches, bool first_micro,
+void Trainer::forward_backward(Epoch& ep, const data::Batch& batch, int64_t group_rows, bool first_micro,
                                bool last_micro) {
   task_->prepare(batch);
-  // Each micro-batch's loss is a mean over its batch; the step's is the mean over all of them. fp16: times the loss
-  // scale, so small gradients survive fp16's range.
-  const double grad_factor = scaler_.scale() / static_cast<double>(micro_batches);
+  // Each micro-batch's loss is a mean over its batch; the step's is the mean over all the step's rows (`group_rows`),
+  // so each micro-batch weighs its rows' share: an epoch's last, partial micro-batch beside full ones too, as one
+  // batch of them all (for full ones the factor is 1/K exactly). fp16: times the loss scale, so small gradients
+  // survive fp16's range.
+  const double grad_factor =
+      scaler_.scale() * static_cast<double>(batch.size) / static_cast<double>(group_rows);
   loss_.accumulate(model_->forward(task_->input()), task_->targets(), model_->kernels(), ep.stats, /*backward=*/true,
                    grad_factor);
   faults_.loss_grad_ready(step_ + 1, first_micro, loss_.grad(), stream_);

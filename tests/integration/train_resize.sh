@@ -6,7 +6,8 @@
 #  1. train.global_batch_size = 64 (train.batch_size 32: 2 ranks x 32, or 1 rank x 2 micro-batches of 32):
 #     2 -> 1 ranks and 1 -> 2 ranks mid-epoch end with the weights of an uninterrupted 2-rank run within rounding
 #     (the same examples in the same steps; only the split of the reduction differs: max |a-b| 3.7e-8 observed on
-#     this 2-core VM, 2026-11-26; tolerance 1e-6), and the same from ZeRO stage 1, 2 and 3 checkpoints;
+#     this 2-core VM, 2026-11-26; tolerance 1e-6), and the same from ZeRO stage 1, 2 and 3 checkpoints, and with a
+#     partial last step;
 #  2. every example of every epoch trained exactly once across the resize (DPT_DEBUG_SAMPLE_LOG's record, checked by
 #     tests/support/python/samples.py), also without train.global_batch_size and resizing twice (2 -> 3 -> 1);
 #  3. without train.global_batch_size the per-rank batch stays, the log says the global batch changed, and the
@@ -73,6 +74,21 @@ for z in 1 2 3; do
 done
 resize zero3grow 1 2 "${G64[@]}" dist.zero=3
 same ref zero3grow 48 1e-6
+# A partial last step: 232 examples, per rank 32 + 32 | 32 + 20 (steps of 128 and 104), resized 2 -> 1 after step 1;
+# the one rank's 32 + 32 + 32 + 8 weigh their rows' shares as the two ranks' 32 + 20 did (once each micro-batch
+# weighed 1/4 and 1/2: 3e-3 off).
+TAIL=(--config "$CONFIG" data.train_limit=232 data.test_limit=64 model.hidden=[16] train.batch_size=32
+      train.global_batch_size=128 train.epochs=2 train.progress_interval_s=1000 dist.backend=gloo
+      checkpoint.every_steps=1 checkpoint.keep=20)
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${TAIL[@]}" checkpoint.dir="$WORK/tail_ref" > "$WORK/tail_ref.log" 2>&1 ||
+  { cat "$WORK/tail_ref.log"; fail "tail_ref failed"; }
+if DPT_DEBUG_FAIL_AT_STEP=1 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" "${TAIL[@]}" checkpoint.dir="$WORK/tail" \
+  > "$WORK/tail.log" 2>&1; then cat "$WORK/tail.log"; fail "tail: the failure did not happen"; fi
+"$DPRUN" --nproc-per-node 1 -- "$DPTRAIN" "${TAIL[@]}" checkpoint.dir="$WORK/tail" >> "$WORK/tail.log" 2>&1 ||
+  { cat "$WORK/tail.log"; fail "tail: the resume at 1 rank failed"; }
+grep -q "resumed from .*step-00000001 (step 1, epoch 1, batch 2)" "$WORK/tail.log" ||
+  { cat "$WORK/tail.log"; fail "tail: did not resume from step 1"; }
+same tail_ref tail 4 1e-6
 
 # 2, 3. The per-rank batch kept: the global batch halves, the steps of the epoch's rest double.
 resize halve 2 1

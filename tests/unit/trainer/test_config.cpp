@@ -69,6 +69,11 @@ TEST_CASE("unread_keys: a key set that the model, data set, optimizer or schedul
         std::vector<std::string>{
             "data.image_size = 64 is not read: it applies to data.dataset = imagefolder (data.dataset = fashion-mnist)",
             "data.padding = 4 is not read: it applies to data.augment = crop_flip (data.augment = none)"});
+  // Which parameters decay, without a weight decay: nothing reads it.
+  CHECK(unread_keys(parse_config("", "t", {"train.weight_decay_params=matrices"})) ==
+        std::vector<std::string>{"train.weight_decay_params = 'matrices' is not read: it applies to train.weight_decay "
+                                 "> 0 (train.weight_decay = 0)"});
+  CHECK(unread_keys(parse_config("", "t", {"train.weight_decay_params=matrices", "train.weight_decay=0.1"})).empty());
 }
 
 TEST_CASE("file values and key=value overrides, in that order", "[config]") {
@@ -249,6 +254,14 @@ TEST_CASE("learning-rate schedules", "[config]") {
   REQUIRE(lr_at(t, 0, 10, 100) == Approx(0.1));  // (0 + 1) / 10 of the peak
   REQUIRE(lr_at(t, 9, 10, 100) == Approx(1.0));
   REQUIRE(lr_at(t, 10, 10, 100) == Approx(1.0));  // cosine starts after the warm-up
+  // A fractional warm-up (half an epoch of 5 steps: 2.5 steps) rises to the peak, never above it.
+  t.warmup_epochs = 0.5;
+  REQUIRE(lr_at(t, 0, 5, 100) == Approx(0.4));
+  REQUIRE(lr_at(t, 1, 5, 100) == Approx(0.8));
+  REQUIRE(lr_at(t, 2, 5, 100) == 1.0);
+  for (int64_t s = 0; s <= 100; ++s) REQUIRE(lr_at(t, s, 5, 100) <= 1.0);
+  t.warmup_epochs = 0.1;  // half a step: its one step at the peak (it was twice the peak)
+  REQUIRE(lr_at(t, 0, 5, 100) == 1.0);
   t.warmup_epochs = 0;
   t.warmup_steps = 4;  // in steps, whatever the epoch length
   REQUIRE(lr_at(t, 0, 10, 100) == Approx(0.25));

@@ -22,6 +22,9 @@ TEST_CASE("model families: names, help and lookup", "[trainer][registry]") {
                                       "kernels passed their tests on an H200) | llama (Hugging Face's "
                                       "LlamaForCausalLM"));
   for (const std::string& name : model_names()) CHECK(model_family(name).name == name);
+  // train.weight_decay_params' help names the families whose auto grouping decays matrices only (it once said gpt
+  // alone, while the llama's auto decayed matrices only too).
+  CHECK_THAT(config_keys_help(), Catch::Contains("auto (matrices for gpt and llama, all otherwise"));
   CHECK_THROWS_WITH(model_family("mamba"), Catch::Contains("model.name = 'mamba': must be one of: mlp, resnet, gpt, llama"));
   CHECK_THROWS_AS(model_family("mamba"), ConfigError);
   CHECK_THROWS_WITH(parse_config("[model]\nname = \"mamba\"\n", "t.toml"), Catch::Contains("must be one of: mlp, resnet, gpt, llama"));
