@@ -54,9 +54,14 @@ int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o,
   if (o.vocab_limit > 0) vocab = std::min(vocab, o.vocab_limit);
   DPT_CHECK(vocab > 0 && o.temperature > 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1,
             "sampling: vocab {}, temperature {}, top_k {}, top_p {}", vocab, o.temperature, o.top_k, o.top_p);
-  const int64_t k = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
+  int64_t k = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
   std::vector<int32_t> order = most_likely(logits, vocab, k);
   if (k == 1) return order[0];
+  if (k < vocab) {  // every token tied with the k-th stays, as TopKLogitsWarper removes only those below it
+    const float kth = logits[order.back()];
+    const auto tied = std::count_if(logits, logits + vocab, [&](float l) { return l >= kth; });
+    if (tied > k) order = most_likely(logits, vocab, k = tied);
+  }
   std::vector<double> p(order.size());
   const double top = logits[order[0]];
   double sum = 0;
