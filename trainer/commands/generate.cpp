@@ -12,6 +12,7 @@
 #include "core/cuda.h"
 #include "trainer/commands/commands.h"
 #include "trainer/gpt_checkpoint.h"
+#include "trainer/predict.h"
 #include "trainer/trainer.h"
 
 namespace dpt::trainer::commands {
@@ -62,7 +63,9 @@ void generate_text(const GenerateArgs& args) {
                  eos, out.size() - prompt.size());
     out.pop_back();
   }
-  const std::string text = tokenizer.decode(std::span(out).subspan(ck.special.bos >= 0 ? 1 : 0));
+  // Bytes that are no UTF-8 (a character cut by --tokens, a byte model's stray byte) as U+FFFD, as predict writes them
+  // and transformers' decode() gives them: the text is valid UTF-8.
+  const std::string text = valid_utf8(tokenizer.decode(std::span(out).subspan(ck.special.bos >= 0 ? 1 : 0)));
   // A text that does not reach stdout (a full disk, a closed stdout) fails the command rather than exit 0 without it.
   errno = 0;
   std::fwrite(text.data(), 1, text.size(), stdout);
