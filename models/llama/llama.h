@@ -216,7 +216,7 @@ class Llama final : public Module, public KvCachedLm {
   explicit Llama(const LlamaOptions& o);
   std::string kind() const override;
   const LlamaOptions& options() const { return o_; }
-  void begin_kv_cache(int64_t batch, Device device) override;
+  void begin_kv_cache(int64_t batch, Device device, int64_t positions = 0) override;
   void end_kv_cache() override;
   int64_t kv_cache_len() const override { return cache_ ? cache_->len : 0; }
   // LlamaModel::set_residual_hand_off.

@@ -157,8 +157,9 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
   cmd->add_option("--batch-size", a->batch_size,
                   "images per forward pass (batches formed over all the images, the last one padded, dealt to the "
                   "ranks in turn); GPT: prompts generated side by side (those of one token length; the KV cache "
-                  "holds 2 x n_layer x batch x block_size x n_embd floats; a Llama's n_kv_head x head_dim in place "
-                  "of n_embd)")
+                  "holds 2 x n_layer x batch x positions x n_embd floats, positions the prompts' window and --tokens "
+                  "up to block_size (a Llama: up to max_position_embeddings, with n_kv_head x head_dim in place of "
+                  "n_embd)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--top-k", a->top_k,
