@@ -135,7 +135,11 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // prints help (rc 0) or the error and usage
     if (rc == 0) return 0;
-    if (const std::string hint = dashed_override_hint(argc, argv, e.what()); !hint.empty()) std::cerr << hint << "\n";
+    // Only for words no option took (an option's refused value, --temperature 0, is that option's).
+    if (const std::string hint = dynamic_cast<const CLI::ExtrasError*>(&e) ? dashed_override_hint(argc, argv, e.what())
+                                                                          : "";
+        !hint.empty())
+      std::cerr << hint << "\n";
     return kExitUsage;
   }
   for (const Command& c : commands) {

@@ -9,6 +9,8 @@
 #  - predict's --out naming its --input (or --input being --out's OUT.tmp) is refused before anything is touched
 #    (the rename would have replaced the prompts with the texts);
 #  - an empty --prompt is refused before the checkpoint is read (a large model's load is not waited for);
+#  - --temperature 0 is refused saying that greedy decoding is --top-k 1 (and not as a config key written as an
+#    option);
 #  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
 #    it is (exit 2), not "no such checkpoint".
 source "$(dirname "$0")/lib/common.bash"
@@ -92,6 +94,16 @@ cmp -s "$WORK/prompts.txt" "$WORK/keep.txt" && cmp -s "$WORK/p.jsonl.tmp" "$WORK
   || fail "predict changed its prompts file"
 
 expect_exit 2 "generate: --prompt must not be empty" "$DPTRAIN" generate --checkpoint "$WORK/not-read" --prompt ""
+# --temperature 0 (greedy in llama.cpp or OpenAI's API) is refused pointing at greedy decoding, and not taken for a
+# config override written with dashes (it said "if --temperature is meant as a config key").
+for cmd in generate predict; do
+  top_k=--top-k args=()
+  [ $cmd = predict ] && top_k=--sample-top-k args=(--input x --out y)
+  if out=$("$DPTRAIN" $cmd --checkpoint "$WORK/ck" "${args[@]}" --temperature 0 2>&1); then fail "temperature 0"; fi
+  grep -q "^--temperature: must be > 0 (got 0): greedy decoding (temperature 0 elsewhere, transformers' do_sample=False) \
+is $top_k 1" <<<"$out" || fail "$cmd --temperature 0: $out"
+  ! grep -q "config key" <<<"$out" || fail "$cmd --temperature 0 read as a config key: $out"
+done
 
 # A checkpoint's file, and a Hugging Face model folder (config.json beside the weights), named as --checkpoint.
 file=$(ls -d "$WORK"/ck/step-*/model.safetensors | head -1)
