@@ -88,8 +88,9 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
   cmd.add_option("--temperature", s.temperature, prefix + "divides the logits: below 1 sharper, above 1 flatter")
       ->check(temperature)
       ->capture_default_str();
-  cmd.add_option(top_k_flag, s.top_k, prefix + "sample among the k most likely tokens only (0: all; 1: greedy)" +
-                                          (top_k_flag == "--top-k" ? "" : ": generate's --top-k"))
+  cmd.add_option(top_k_flag, s.top_k,
+                 prefix + "sample among the k most likely tokens only, and any tied with the k-th as in transformers "
+                          "(0: all; 1: greedy)" + (top_k_flag == "--top-k" ? "" : ": generate's --top-k"))
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   cmd.add_option(top_p_flag, s.top_p,
