@@ -210,7 +210,8 @@ class LlamaModel final : public Module {
 };
 
 // LlamaForCausalLM: model, then logits = norm output x lm_head^T (or embed_tokens^T when tied). Generation with a KV
-// cache (KvCachedLm): 2 x n_layer x batch x max_positions x n_kv_head x head_dim floats on `device`.
+// cache (KvCachedLm): 2 x n_layer x batch x positions x n_kv_head x head_dim floats on `device` (positions:
+// max_positions unless fewer are asked for).
 class Llama final : public Module, public KvCachedLm {
  public:
   explicit Llama(const LlamaOptions& o);
