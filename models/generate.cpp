@@ -54,9 +54,14 @@ int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o,
   if (o.vocab_limit > 0) vocab = std::min(vocab, o.vocab_limit);
   DPT_CHECK(vocab > 0 && o.temperature > 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1,
             "sampling: vocab {}, temperature {}, top_k {}, top_p {}", vocab, o.temperature, o.top_k, o.top_p);
-  const int64_t k = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
+  int64_t k = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
   std::vector<int32_t> order = most_likely(logits, vocab, k);
   if (k == 1) return order[0];
+  if (k < vocab) {  // every token tied with the k-th stays, as TopKLogitsWarper removes only those below it
+    const float kth = logits[order.back()];
+    const auto tied = std::count_if(logits, logits + vocab, [&](float l) { return l >= kth; });
+    if (tied > k) order = most_likely(logits, vocab, k = tied);
+  }
   std::vector<double> p(order.size());
   const double top = logits[order[0]];
   double sum = 0;
@@ -125,7 +130,11 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
       prompts[i].push_back(sample_token(last.data<float>(), vocab, o, rngs[i]));
     }
   };
-  if (kv_cache) gpt->begin_kv_cache(rows, model.device());
+  // The cache holds what the text will reach, the window and the new tokens, up to block_size (a long-context model's
+  // short text keeps a small cache); it restarts at block_size only, which a smaller one never reaches.
+  const size_t window = std::min(prompts[0].size(), bs);
+  const auto positions = static_cast<int64_t>(std::min(bs, window + static_cast<size_t>(count)));
+  if (kv_cache) gpt->begin_kv_cache(rows, model.device(), positions);
   size_t unfed = 0;  // tokens at the end of every sequence not in the cache yet (while it holds some)
   // A sequence that sampled the stop token steps on with the others (they share the windows and the cache); what it
   // samples after it is cut off below.
@@ -139,7 +148,7 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
       size_t t = std::min(end, bs);  // the sliding window
       if (kv_cache && gpt->kv_cache_len() > 0) {
         if (static_cast<size_t>(gpt->kv_cache_len()) + unfed > bs) {
-          gpt->begin_kv_cache(rows, model.device());  // full: again from the last half window
+          gpt->begin_kv_cache(rows, model.device(), positions);  // full: again from the last half window
           t = std::min(end, static_cast<size_t>(std::max<int64_t>(block_size / 2, 1)));
         } else {
           t = unfed;

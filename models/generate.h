@@ -27,10 +27,11 @@ struct SampleOptions {
   int32_t stop_token = -1;   // a sequence ends with this token once it samples it (the tokenizer's EOS); -1: none
 };
 
-// One token drawn from softmax(logits / temperature) restricted to the top_k largest logits (ties broken by
-// the lower index), then to the nucleus: the most likely of those while the mass of the ones above them is below
-// top_p (the token that reaches top_p included; at least one), as Hugging Face's TopPLogitsWarper after its
-// TopKLogitsWarper. top_k = 1 is argmax.
+// One token drawn from softmax(logits / temperature) restricted to the top_k largest logits and every logit equal to
+// the k-th (so more than k where they tie, as Hugging Face's TopKLogitsWarper keeps them), in descending order, ties
+// by the lower index, then to the nucleus: the most likely of those while the mass of the ones above them is below
+// top_p (the token that reaches top_p included; at least one), as its TopPLogitsWarper after the TopKLogitsWarper.
+// top_k = 1 is argmax (greedy, as generate(do_sample=False): the lower index on a tie).
 int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng);
 
 // `count` new tokens after `prompt` (at least one token), from `model` (a GPT or a Llama with this block_size, on any

@@ -33,12 +33,14 @@ struct KvCache {
 // A model root that generates with a KV cache. After begin_kv_cache, each forward (in evaluation mode) takes only the
 // next tokens [batch, t] of the sequences, which continue the cached positions, and returns their logits; a step
 // then costs one position's work instead of the whole window's. A sequence cannot grow past the model's longest
-// (ConfigError); begin_kv_cache again starts an empty cache; end_kv_cache frees it and returns to whole-sequence
-// forwards.
+// (ConfigError), nor past the `positions` begin_kv_cache was given (the cache's rows, sized by its caller to what
+// the generation needs, so a short text of a long-context model keeps a small cache: an internal check);
+// begin_kv_cache again starts an empty cache; end_kv_cache frees it and returns to whole-sequence forwards.
 class KvCachedLm {
  public:
   virtual ~KvCachedLm() = default;
-  virtual void begin_kv_cache(int64_t batch, Device device) = 0;
+  // positions: the cache's rows, at most the model's longest sequence; 0: that longest.
+  virtual void begin_kv_cache(int64_t batch, Device device, int64_t positions = 0) = 0;
   virtual void end_kv_cache() = 0;
   virtual int64_t kv_cache_len() const = 0;
 };

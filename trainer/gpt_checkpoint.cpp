@@ -55,11 +55,13 @@ void require_generating(const SavedRun& target, const char* who) {
   }
 }
 
-// The checkpoint's model on `device`.
-std::unique_ptr<models::Model> model_of(const SavedRun& target, Device device) {
+// The checkpoint's model on `device`, for sequences of `positions` tokens (0: model.block_size; more, for a family
+// whose positions go past it: its weights do not depend on that).
+std::unique_ptr<models::Model> model_of(const SavedRun& target, Device device, int64_t positions = 0) {
   const LoadedCheckpoint& ck = target.checkpoint;
-  const Config& cfg = target.config;
-  auto model = build_model(cfg.model, {cfg.model.block_size + 1}, cfg.model.vocab_size, device);
+  ModelConfig m = target.config.model;
+  if (positions > 0) m.block_size = positions;
+  auto model = build_model(m, {m.block_size + 1}, m.vocab_size, device);
   model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);
   return model;
 }
@@ -303,6 +305,16 @@ void check_prompt(const GptCheckpoint& ck, std::span<const int32_t> prompt, cons
   }
 }
 
+std::string past_context_note(const GptCheckpoint& ck, bool kv_cache) {
+  const std::string context = fmt::format("the model's context ({} {})", ck.context_key, ck.block_size);
+  if (!kv_cache)
+    return fmt::format("past {} each new token sees the last {} tokens (a sliding window, --no-kv-cache)", context,
+                       ck.block_size);
+  return fmt::format("past {} the KV cache starts again from the last {} tokens whenever it is full, so a new token "
+                     "sees between {} and {} tokens before it", context, std::max<int64_t>(ck.block_size / 2, 1),
+                     std::max<int64_t>(ck.block_size / 2, 1), ck.block_size);
+}
+
 int64_t sampled_vocab(const GptCheckpoint& ck) { return std::min(ck.tokenizer->vocab_size(), ck.vocab_size); }
 
 GptCheckpoint load_gpt_checkpoint(const std::string& path, const std::string& tokenizer_dir, Device device) {
@@ -331,8 +343,16 @@ GptCheckpoint load_gpt_checkpoint(const SavedRun& target, const std::string& tok
               ck.path, cfg.model.vocab_size, g.tokenizer_from, g.tokenizer->describe(), g.tokenizer->vocab_size());
   }
   g.special = run_special_tokens(cfg, *g.tokenizer);
-  g.model = model_of(target, device);
-  g.block_size = cfg.model.block_size;
+  // A Llama generates over all the positions it was made for (max_position_embeddings, as transformers' generate()
+  // does), which a fine-tune's training window (model.block_size) may be shorter than.
+  const ModelConfig& m = cfg.model;
+  if (model_card(m.name).generates_past_block_size && m.max_position_embeddings > m.block_size) {
+    g.block_size = m.max_position_embeddings;
+    g.context_key = "max_position_embeddings";
+  } else {
+    g.block_size = m.block_size;
+  }
+  g.model = model_of(target, device, g.block_size);
   g.vocab_size = cfg.model.vocab_size;
   g.from = ck.path;
   return g;

@@ -29,7 +29,9 @@ struct SpecialTokens {
 
 struct GptCheckpoint {
   std::unique_ptr<models::Model> model;
-  int64_t block_size = 0;
+  int64_t block_size = 0;                     // the context generation uses: the model's block_size, or a
+                                              // Llama's max_position_embeddings where longer
+  std::string context_key = "block_size";     // the config key of that context, as messages name it
   int64_t vocab_size = 0;                     // the model's (model.vocab_size)
   std::string from;                           // the checkpoint loaded
   std::unique_ptr<data::Tokenizer> tokenizer;
@@ -55,6 +57,11 @@ GptCheckpoint load_gpt_checkpoint(const SavedRun& target, const std::string& tok
 // ConfigError when a token of `prompt` (`what`: "generate: the prompt") is outside the model's vocabulary: byte-level
 // tokens for a model of fewer than 256 ids (an ASCII corpus) give a prompt byte from vocab_size up such an id.
 void check_prompt(const GptCheckpoint& ck, std::span<const int32_t> prompt, const std::string& what);
+// What happens to a text that goes past the model's context (ck.block_size positions: its window of the prompt and
+// the new tokens): "when the KV cache is full it starts again from the last N / 2 tokens ...", or the sliding window
+// without the cache. Said by `generate` and `predict` when a text will go past it (transformers' generate() of a
+// Llama would go on with every token in view).
+std::string past_context_note(const GptCheckpoint& ck, bool kv_cache);
 // The ids sampling draws among (models::SampleOptions::vocab_limit): the tokenizer's and the model's alike.
 int64_t sampled_vocab(const GptCheckpoint& ck);
 

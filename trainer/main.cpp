@@ -94,6 +94,44 @@ std::string dashed_override_hint(int argc, char** argv, const std::string& messa
   return "";
 }
 
+// A subcommand's option misspelt, or written as another tool writes it (transformers' --max_new_tokens, --top_k): the
+// subcommand's option meant, for the first such word of CLI11's message. "" when argv[1] is no subcommand or none
+// is near; a subcommand that takes no overrides (generate, tokenize, ...) says so rather than leave it to
+// dashed_override_hint, whose "config key" it would not read.
+std::string option_hint(int argc, char** argv, const std::vector<dpt::trainer::commands::Command>& commands,
+                        const std::string& message) {
+  if (argc < 2) return "";
+  const auto sub = std::find_if(commands.begin(), commands.end(), [&](const auto& c) {
+    return c.app->get_parent() != nullptr && c.app->get_name() == argv[1];
+  });
+  if (sub == commands.end()) return "";
+  const CLI::App& app = *sub->app;
+  std::vector<std::string> names;
+  for (const CLI::Option* o : app.get_options())
+    if (!o->get_lnames().empty()) names.push_back(o->get_lnames().front());
+  auto has = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (!arg.starts_with("--") || arg.size() < 3 || message.find(arg) == std::string::npos) continue;
+    std::string word = arg.substr(2, arg.find('=') == std::string::npos ? std::string::npos : arg.find('=') - 2);
+    std::replace(word.begin(), word.end(), '_', '-');
+    std::string meant;
+    if (has(word)) meant = word;                                              // --top_k: --top-k
+    else if (has("sample-" + word)) meant = "sample-" + word;                 // predict's --top-p: --sample-top-p
+    else if (has("tokens") && word.find("tokens") != std::string::npos) meant = "tokens";  // --max-new-tokens
+    else meant = dpt::cli::nearest_name(word, names);
+    const std::string head = fmt::format("dptrain {}: no option {}", app.get_name(), arg.substr(0, arg.find('=')));
+    if (word == "do-sample" && has("temperature"))
+      return fmt::format("{}: it samples unless --{} 1 (greedy, transformers' do_sample=False)", head,
+                         has("sample-top-k") ? "sample-top-k" : "top-k");
+    if (!meant.empty()) return fmt::format("{}: did you mean --{}? (dptrain {} --help)", head, meant, app.get_name());
+    if (app.get_option_no_throw("overrides") != nullptr) return "";  // eval, predict: maybe a config key
+    return fmt::format("{}; it takes no config overrides (dptrain {} --help lists its options)", head,
+                       app.get_name());
+  }
+  return "";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -135,7 +173,12 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // prints help (rc 0) or the error and usage
     if (rc == 0) return 0;
-    if (const std::string hint = dashed_override_hint(argc, argv, e.what()); !hint.empty()) std::cerr << hint << "\n";
+    // Only for words no option took (an option's refused value, --temperature 0, is that option's).
+    if (dynamic_cast<const CLI::ExtrasError*>(&e)) {
+      std::string hint = option_hint(argc, argv, commands, e.what());
+      if (hint.empty()) hint = dashed_override_hint(argc, argv, e.what());
+      if (!hint.empty()) std::cerr << hint << "\n";
+    }
     return kExitUsage;
   }
   for (const Command& c : commands) {

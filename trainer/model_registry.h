@@ -47,6 +47,9 @@ struct ModelCard {
   bool generates = false;
   // train.bf16_activations: its modules run the transformer fast path (Module::supports_bf16_activations).
   bool bf16_activations = false;
+  // Its positions reach model.max_position_embeddings (RoPE), which may exceed the training window model.block_size:
+  // `generate` and `predict` then run over that longer context, as transformers' generate() does.
+  bool generates_past_block_size = false;
 };
 
 // Every family, in the order model.name's help lists them; each has its functions in model_registry.cpp.
@@ -66,7 +69,8 @@ inline constexpr std::array<ModelCard, 4> kModelCards{{
      .input = ModelInput::tokens,
      .decay_matrices_only = true,
      .generates = true,
-     .bf16_activations = true},
+     .bf16_activations = true,
+     .generates_past_block_size = true},
 }};
 
 // The names, and the names of the families that train on `input`, as a config's help and errors list them:

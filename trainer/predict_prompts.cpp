@@ -97,9 +97,16 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   const auto longer = static_cast<size_t>(std::count_if(
       counts.begin(), counts.end(), [&](size_t n) { return static_cast<int64_t>(n) > ck.block_size; }));
   if (longer > 0 && pg.rank() == 0)
-    spdlog::warn("predict: {} of the {} prompts are more tokens than the model's context (block_size {}): their texts "
+    spdlog::warn("predict: {} of the {} prompts are more tokens than the model's context ({} {}): their texts "
                  "continue from their last {} tokens, and the model never sees the ones before", longer,
-                 prompts.size(), ck.block_size, ck.block_size);
+                 prompts.size(), ck.context_key, ck.block_size, ck.block_size);
+  // The positions a text runs over: its window and all but its last new token (generate's).
+  const auto past = static_cast<size_t>(std::count_if(counts.begin(), counts.end(), [&](size_t n) {
+    return std::min<int64_t>(static_cast<int64_t>(n), ck.block_size) + o.tokens - 1 > ck.block_size;
+  }));
+  if (past > 0 && pg.rank() == 0)
+    spdlog::info("predict: {} of the {} prompts with {} new tokens each run over more positions than the context: {}",
+                 past, prompts.size(), o.tokens, past_context_note(ck, o.kv_cache));
   const std::vector<std::vector<size_t>> batches = prompt_batches(counts, ck.block_size, o.batch_size);
   const auto world = static_cast<size_t>(pg.size()), rank = static_cast<size_t>(pg.rank());
   size_t my_prompts = 0;

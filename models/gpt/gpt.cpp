@@ -384,8 +384,10 @@ Gpt::Gpt(const GptOptions& o) : o_(o), scratch_(std::make_unique<GptScratch>()) 
 
 std::string Gpt::kind() const { return fmt::format("Gpt({})", transformer_->kind()); }
 
-void Gpt::begin_kv_cache(int64_t batch, Device device) {
-  cache_ = KvCache::make(o_.n_layer, batch, o_.block_size, o_.n_embd, device);
+void Gpt::begin_kv_cache(int64_t batch, Device device, int64_t positions) {
+  DPT_CHECK(positions >= 0 && positions <= o_.block_size, "KV cache of {} positions for block_size {}", positions,
+            o_.block_size);
+  cache_ = KvCache::make(o_.n_layer, batch, positions > 0 ? positions : o_.block_size, o_.n_embd, device);
   transformer_->use_cache(cache_.get());
 }
 

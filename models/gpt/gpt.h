@@ -190,10 +190,11 @@ class Gpt final : public Module, public KvCachedLm {
 
   // Generation with a KV cache. After begin_kv_cache, each forward (in evaluation mode) takes only the next
   // tokens [batch, t] of the sequences, which continue the cached positions, and returns their logits; the
-  // keys and values of every layer are kept (2 x n_layer x batch x block_size x n_embd floats on `device`),
+  // keys and values of every layer are kept (2 x n_layer x batch x positions x n_embd floats on `device`,
+  // positions block_size unless fewer are asked for),
   // so a step costs one position's work instead of the whole window's. A sequence cannot grow past
   // block_size (ConfigError); end_kv_cache frees the cache and returns to whole-sequence forwards.
-  void begin_kv_cache(int64_t batch, Device device) override;
+  void begin_kv_cache(int64_t batch, Device device, int64_t positions = 0) override;
   void end_kv_cache() override;
   int64_t kv_cache_len() const override { return cache_ ? cache_->len : 0; }
   // GptTransformer::set_residual_hand_off.

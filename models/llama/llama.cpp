@@ -542,8 +542,11 @@ std::string Llama::kind() const {
   return fmt::format("Llama({}, {} head)", model_->kind(), o_.tie_embeddings ? "tied" : "untied");
 }
 
-void Llama::begin_kv_cache(int64_t batch, Device device) {
-  cache_ = KvCache::make(o_.n_layer, batch, o_.max_positions, o_.n_kv_head * o_.head_dim, device);
+void Llama::begin_kv_cache(int64_t batch, Device device, int64_t positions) {
+  DPT_CHECK(positions >= 0 && positions <= o_.max_positions, "KV cache of {} positions for a llama of {}", positions,
+            o_.max_positions);
+  cache_ = KvCache::make(o_.n_layer, batch, positions > 0 ? positions : o_.max_positions, o_.n_kv_head * o_.head_dim,
+                         device);
   model_->use_cache(cache_.get());
 }
 

@@ -210,13 +210,14 @@ class LlamaModel final : public Module {
 };
 
 // LlamaForCausalLM: model, then logits = norm output x lm_head^T (or embed_tokens^T when tied). Generation with a KV
-// cache (KvCachedLm): 2 x n_layer x batch x max_positions x n_kv_head x head_dim floats on `device`.
+// cache (KvCachedLm): 2 x n_layer x batch x positions x n_kv_head x head_dim floats on `device` (positions:
+// max_positions unless fewer are asked for).
 class Llama final : public Module, public KvCachedLm {
  public:
   explicit Llama(const LlamaOptions& o);
   std::string kind() const override;
   const LlamaOptions& options() const { return o_; }
-  void begin_kv_cache(int64_t batch, Device device) override;
+  void begin_kv_cache(int64_t batch, Device device, int64_t positions = 0) override;
   void end_kv_cache() override;
   int64_t kv_cache_len() const override { return cache_ ? cache_->len : 0; }
   // LlamaModel::set_residual_hand_off.

@@ -9,6 +9,8 @@
 #  - predict's --out naming its --input (or --input being --out's OUT.tmp) is refused before anything is touched
 #    (the rename would have replaced the prompts with the texts);
 #  - an empty --prompt is refused before the checkpoint is read (a large model's load is not waited for);
+#  - --temperature 0 is refused saying that greedy decoding is --top-k 1 (and not as a config key written as an
+#    option); transformers' option names and misspelt options get the option meant;
 #  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
 #    it is (exit 2), not "no such checkpoint".
 source "$(dirname "$0")/lib/common.bash"
@@ -92,6 +94,27 @@ cmp -s "$WORK/prompts.txt" "$WORK/keep.txt" && cmp -s "$WORK/p.jsonl.tmp" "$WORK
   || fail "predict changed its prompts file"
 
 expect_exit 2 "generate: --prompt must not be empty" "$DPTRAIN" generate --checkpoint "$WORK/not-read" --prompt ""
+# --temperature 0 (greedy in llama.cpp or OpenAI's API) is refused pointing at greedy decoding, and not taken for a
+# config override written with dashes (it said "if --temperature is meant as a config key").
+for cmd in generate predict; do
+  top_k=--top-k args=()
+  [ $cmd = predict ] && top_k=--sample-top-k args=(--input x --out y)
+  if out=$("$DPTRAIN" $cmd --checkpoint "$WORK/ck" "${args[@]}" --temperature 0 2>&1); then fail "temperature 0"; fi
+  grep -q "^--temperature: must be > 0 (got 0): greedy decoding (temperature 0 elsewhere, transformers' \
+do_sample=False) is $top_k 1" <<<"$out" || fail "$cmd --temperature 0: $out"
+  ! grep -q "config key" <<<"$out" || fail "$cmd --temperature 0 read as a config key: $out"
+done
+# transformers' names, and misspelt options, get the option meant (they were told of config keys, which generate
+# takes none of).
+expect_exit 2 "dptrain generate: no option --max_new_tokens: did you mean --tokens?" \
+  "$DPTRAIN" generate --checkpoint "$WORK/ck" --max_new_tokens=5
+expect_exit 2 "dptrain generate: no option --top_k: did you mean --top-k?" "$DPTRAIN" generate --checkpoint x --top_k 5
+expect_exit 2 "dptrain generate: no option --do_sample: it samples unless --top-k 1 (greedy" \
+  "$DPTRAIN" generate --checkpoint x --do_sample
+expect_exit 2 "dptrain generate: no option --nonsense; it takes no config overrides" \
+  "$DPTRAIN" generate --checkpoint x --nonsense
+expect_exit 2 "dptrain predict: no option --top-p: did you mean --sample-top-p?" \
+  "$DPTRAIN" predict --checkpoint x --input x --out y --top-p 0.9
 
 # A checkpoint's file, and a Hugging Face model folder (config.json beside the weights), named as --checkpoint.
 file=$(ls -d "$WORK"/ck/step-*/model.safetensors | head -1)

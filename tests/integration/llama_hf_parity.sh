@@ -14,7 +14,8 @@
 #    logits in transformers (and other ones without it);
 #  - a folder whose tied head differs from its embedding, and a config.json key dptrain does not know, are errors
 #    naming them; the Qwen2 folder under model.name = gpt is refused saying model.name = llama;
-#  - greedy generation from the fine-tuned checkpoint (with the KV cache and without) equals transformers' generate();
+#  - greedy generation from the fine-tuned checkpoint (with the KV cache and without) equals transformers' generate(),
+#    also past a training window (model.block_size) shorter than config.json's max_position_embeddings;
 #  - llm.c's uint32 token shards (its Llama 3 form) with ids past 65535 train a llama of that vocabulary.
 # Skipped (exit 77, saying why) when the venv lacks transformers 4.45 or later (Llama 3's rope scaling).
 source "$(dirname "$0")/lib/common.bash"
@@ -147,19 +148,42 @@ PYEOF
 "$DPTRAIN" generate --checkpoint "$WORK/one" --prompt "The " --tokens 12 --top-k 1 --no-kv-cache > "$WORK/gen_window.txt" \
   2>> "$WORK/gen.log" || { cat "$WORK/gen.log"; fail "generate --no-kv-cache failed"; }
 cmp "$WORK/gen_cache.txt" "$WORK/gen_window.txt" || fail "greedy text with and without the KV cache differs"
-"$HF_PY" - "$WORK/export" "$WORK/gen_cache.txt" <<'PYEOF' || fail "greedy generation differs from transformers'"
+hf_greedy() {  # hf_greedy FOLDER TEXT_FILE NEW_TOKENS: TEXT_FILE is transformers' greedy text after "The "
+  "$HF_PY" - "$@" <<'PYEOF'
 import sys, warnings
 import torch, transformers
 warnings.filterwarnings("ignore")
 model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
 prompt = torch.tensor([list(b"The ")])
-out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=12, do_sample=False,
-                     pad_token_id=0)
-want = bytes(out[0].tolist())
-got = open(sys.argv[2], "rb").read().rstrip(b"\n")
-print(f"greedy: dptrain {got!r}, transformers {want!r}")
+out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=int(sys.argv[3]),
+                     do_sample=False, pad_token_id=0)
+want = bytes(out[0].tolist()).decode("utf-8", errors="replace")  # bytes that are no UTF-8 as U+FFFD, as dptrain's
+got = open(sys.argv[2], encoding="utf-8", newline="").read()[:-1]  # strict; one newline after the text
+print(f"greedy, {sys.argv[3]} tokens: dptrain {got!r}, transformers {want!r}")
 sys.exit(0 if got == want else 1)
 PYEOF
+}
+hf_greedy "$WORK/export" "$WORK/gen_cache.txt" 12 || fail "greedy generation differs from transformers'"
+# A window (model.block_size 16) shorter than the positions the model was made for (config.json's
+# max_position_embeddings, 64 here): generation goes on over all 64 with every token in view, as transformers'
+# generate() does (it restarted the KV cache at 16 from the last 8 tokens), with the KV cache and without, and says
+# what happens past 64.
+cp -r "$WORK/qwen2_bf16/model" "$WORK/qwen2_long"
+"$PY" -c 'import json, sys; c = json.load(open(sys.argv[1])); c["max_position_embeddings"] = 64
+json.dump(c, open(sys.argv[1], "w"))' "$WORK/qwen2_long/config.json"
+"$DPTRAIN" "${FT[@]}" model.init_from="$WORK/qwen2_long" train.max_steps=2 train.batch_size=8 \
+  checkpoint.dir="$WORK/long" > "$WORK/long.log" 2>&1 || { cat "$WORK/long.log"; fail "training the long Qwen2"; }
+"$DPTRAIN" export-weights --checkpoint "$WORK/long" --out "$WORK/export_long" > "$WORK/export_long.log" 2>&1 \
+  || { cat "$WORK/export_long.log"; fail "export-weights of the 64-position Qwen2 failed"; }
+for c in "" --no-kv-cache; do
+  "$DPTRAIN" generate --checkpoint "$WORK/long" --prompt "The " --tokens 40 --top-k 1 $c > "$WORK/gen_long$c.txt" \
+    2> "$WORK/gen_long.log" || { cat "$WORK/gen_long.log"; fail "generate $c from the 64-position Qwen2 failed"; }
+  hf_greedy "$WORK/export_long" "$WORK/gen_long$c.txt" 40 || fail "greedy text $c past block_size is not transformers'"
+done
+"$DPTRAIN" generate --checkpoint "$WORK/long" --prompt "The " --tokens 70 --top-k 1 >/dev/null 2> "$WORK/gen_long.log" \
+  || { cat "$WORK/gen_long.log"; fail "generate past max_position_embeddings failed"; }
+grep -q "70 tokens after a window of 4 run over 73 positions: past the model's context (max_position_embeddings 64) \
+the KV cache starts again from the last 32 tokens" "$WORK/gen_long.log" || { cat "$WORK/gen_long.log"; fail "unsaid"; }
 
 # The same folder exported again whole: one model.safetensors, and nothing left of the shards for from_pretrained to
 # find first.

@@ -142,4 +142,17 @@ lines = [json.loads(l) for l in open(sys.argv[2], encoding="utf-8")]
 assert [(r["prompt"], r["text"]) for r in rows] == [(l["prompt"], l["text"]) for l in lines], (rows, lines)
 assert rows[0]["prompt"] == "caf\u00e9 \ufffd x" and rows[1]["prompt"] == "ok \ufffd", rows
 EOF
+# generate writes them so too (it printed them raw): its stdout is strict UTF-8, predict's text for the prompt (alone
+# in its batch), and with --tokens 0 the prompt cut inside a character ends in U+FFFD.
+for n in 20 0; do
+  "$DPTRAIN" generate --checkpoint "$WORK/ck" --prompt $'ok \xe2\x82' --tokens $n > "$WORK/bad_gen$n.txt" \
+    2> "$WORK/bad_gen.log" || { cat "$WORK/bad_gen.log"; fail "generate of a prompt cut inside a character failed"; }
+done
+$PY - "$WORK/bad_gen20.txt" "$WORK/bad_gen0.txt" "$WORK/bad_utf8.jsonl" <<'EOF' || fail "generate's invalid UTF-8"
+import json, sys
+texts = [open(f, encoding="utf-8", newline="").read() for f in sys.argv[1:3]]  # strict
+lines = [json.loads(l) for l in open(sys.argv[3], encoding="utf-8")]
+assert texts[0] == lines[1]["text"] + "\n", (texts[0], lines[1])
+assert texts[1] == "ok \ufffd\n", texts[1]
+EOF
 echo "PASS: prompts: generate's text for each, in input order, the same file on 1, 2 and 3 ranks"

@@ -76,11 +76,21 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
   cmd.add_option("--tokens", s.tokens, prefix + "new tokens to sample" + (prefix.empty() ? "" : " per prompt"))
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 20))
       ->capture_default_str();
+  // Temperature 0 is greedy elsewhere (llama.cpp, OpenAI's API); transformers refuses it too, pointing at greedy.
+  const CLI::Validator temperature(
+      [top_k_flag](std::string& v) {
+        std::string error = dpt::cli::Positive(v);
+        if (!error.empty() && std::strtod(v.c_str(), nullptr) == 0)
+          error += ": greedy decoding (temperature 0 elsewhere, transformers' do_sample=False) is " + top_k_flag + " 1";
+        return error;
+      },
+      "POSITIVE");
   cmd.add_option("--temperature", s.temperature, prefix + "divides the logits: below 1 sharper, above 1 flatter")
-      ->check(dpt::cli::Positive)
+      ->check(temperature)
       ->capture_default_str();
-  cmd.add_option(top_k_flag, s.top_k, prefix + "sample among the k most likely tokens only (0: all; 1: greedy)" +
-                                          (top_k_flag == "--top-k" ? "" : ": generate's --top-k"))
+  cmd.add_option(top_k_flag, s.top_k,
+                 prefix + "sample among the k most likely tokens only, and any tied with the k-th as in transformers "
+                          "(0: all; 1: greedy)" + (top_k_flag == "--top-k" ? "" : ": generate's --top-k"))
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
   cmd.add_option(top_p_flag, s.top_p,

@@ -12,6 +12,7 @@
 #include "core/cuda.h"
 #include "trainer/commands/commands.h"
 #include "trainer/gpt_checkpoint.h"
+#include "trainer/predict.h"
 #include "trainer/trainer.h"
 
 namespace dpt::trainer::commands {
@@ -48,9 +49,15 @@ void generate_text(const GenerateArgs& args) {
   if (ck.special.bos >= 0) prompt.insert(prompt.begin(), ck.special.bos);  // the run's documents began with it (jsonl)
   check_prompt(ck, prompt, "generate: the prompt");
   if (std::ssize(prompt) > ck.block_size)
-    spdlog::warn("generate: the prompt is {} tokens, more than the model's context (block_size {}): the text continues "
-                 "from its last {} tokens, and the model never sees the first {}", prompt.size(), ck.block_size,
-                 ck.block_size, std::ssize(prompt) - ck.block_size);
+    spdlog::warn("generate: the prompt is {} tokens, more than the model's context ({} {}): the text continues "
+                 "from its last {} tokens, and the model never sees the first {}", prompt.size(), ck.context_key,
+                 ck.block_size, ck.block_size, std::ssize(prompt) - ck.block_size);
+  // The last token sampled is never fed: the window and all but one new token are the positions the model runs over.
+  if (const int64_t positions = std::min<int64_t>(std::ssize(prompt), ck.block_size) + a.tokens - 1;
+      positions > ck.block_size)
+    spdlog::info("generate: {} tokens after a window of {} run over {} positions: {}", a.tokens,
+                 std::min<int64_t>(std::ssize(prompt), ck.block_size), positions,
+                 past_context_note(ck, !a.no_kv_cache));
   const int32_t eos = a.ignore_eos ? -1 : ck.special.eos;
   auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
                               {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
@@ -62,7 +69,9 @@ void generate_text(const GenerateArgs& args) {
                  eos, out.size() - prompt.size());
     out.pop_back();
   }
-  const std::string text = tokenizer.decode(std::span(out).subspan(ck.special.bos >= 0 ? 1 : 0));
+  // Bytes that are no UTF-8 (a character cut by --tokens, a byte model's stray byte) as U+FFFD, as predict writes them
+  // and transformers' decode() gives them: the text is valid UTF-8.
+  const std::string text = valid_utf8(tokenizer.decode(std::span(out).subspan(ck.special.bos >= 0 ? 1 : 0)));
   // A text that does not reach stdout (a full disk, a closed stdout) fails the command rather than exit 0 without it.
   errno = 0;
   std::fwrite(text.data(), 1, text.size(), stdout);

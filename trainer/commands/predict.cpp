@@ -128,7 +128,8 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "says how many); trains nothing. With a GPT or Llama checkpoint --input is a text file of prompts, one a line, "
       "or a .jsonl file of {\"prompt\": ...} records (the fine-tuning format: a prompt may span lines), "
       "and each line of OUT is {\"prompt\": P, \"text\": T}, T what `dptrain generate` prints for P with the same options and seed; "
-      "prompts of one token length (past the block size: as the block size) are generated --batch-size at a time with "
+      "prompts of one token length (past the context, the block size or a Llama's max_position_embeddings: as the "
+      "context) are generated --batch-size at a time with "
       "one KV cache, the batches dealt to the ranks in turn (a batch's products may round the logits' last bits "
       "otherwise, which rarely turns a draw; --batch-size 1: exactly generate's text)");
   cmd->footer(
@@ -157,8 +158,9 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
   cmd->add_option("--batch-size", a->batch_size,
                   "images per forward pass (batches formed over all the images, the last one padded, dealt to the "
                   "ranks in turn); GPT: prompts generated side by side (those of one token length; the KV cache "
-                  "holds 2 x n_layer x batch x block_size x n_embd floats; a Llama's n_kv_head x head_dim in place "
-                  "of n_embd)")
+                  "holds 2 x n_layer x batch x positions x n_embd floats, positions the prompts' window and --tokens "
+                  "up to block_size (a Llama: up to max_position_embeddings, with n_kv_head x head_dim in place of "
+                  "n_embd)")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20))
       ->capture_default_str();
   cmd->add_option("--top-k", a->top_k,

@@ -199,16 +199,46 @@ TEST_CASE("sample_token: top_p keeps the nucleus, as Hugging Face's TopPLogitsWa
   CHECK(draw({.temperature = 0.1, .top_p = 0.9}).size() == 1);
 }
 
+TEST_CASE("sample_token: top_k keeps every token tied with the k-th, as transformers' TopKLogitsWarper",
+          "[models][generate]") {
+  // TopKLogitsWarper(2) on [1, 3, 2, 2, 2, 0] removes the scores below the 2nd largest, 2: it keeps 1, 2, 3 and 4.
+  const std::vector<float> logits{1.0f, 3.0f, 2.0f, 2.0f, 2.0f, 0.0f};
+  std::mt19937_64 rng(5);
+  std::map<int32_t, int> seen;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++seen[sample_token(logits.data(), 6, {.top_k = 2}, rng)];
+  REQUIRE(seen.size() == 4);
+  REQUIRE(!seen.contains(0));
+  REQUIRE(!seen.contains(5));
+  const double z = std::exp(3.0) + 3 * std::exp(2.0);
+  CHECK(seen[1] / double(n) == Approx(std::exp(3.0) / z).margin(0.015));
+  for (int32_t id : {2, 3, 4}) CHECK(seen[id] / double(n) == Approx(std::exp(2.0) / z).margin(0.015));
+  // top_k = 3 reaches the same tie; top_k = 5 has no tie at its 5th (0 is alone below): all but token 5.
+  seen.clear();
+  for (int i = 0; i < 2000; ++i) ++seen[sample_token(logits.data(), 6, {.top_k = 3}, rng)];
+  REQUIRE(seen.size() == 4);
+  seen.clear();
+  for (int i = 0; i < 4000; ++i) ++seen[sample_token(logits.data(), 6, {.temperature = 3.0, .top_k = 5}, rng)];
+  REQUIRE(seen.size() == 5);
+  REQUIRE(!seen.contains(5));
+  // top_k = 1 stays greedy (generate(do_sample=False)): the lower index of a tie for the largest.
+  const std::vector<float> twin{2.0f, 5.0f, 5.0f};
+  for (int i = 0; i < 20; ++i) REQUIRE(sample_token(twin.data(), 3, {.top_k = 1}, rng) == 1);
+}
+
 namespace {
 
-// sample_token as it was written first: one stable sort of every id by descending logit (the order its draws follow).
+// sample_token as it was written first: one stable sort of every id by descending logit (the order its draws follow);
+// top_k keeps the ties of the k-th too.
 int32_t sample_token_by_stable_sort(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng) {
   std::vector<int32_t> order(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
   const int64_t k = o.top_k == 0 ? vocab : std::min(o.top_k, vocab);
   std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  order.resize(static_cast<size_t>(k));
   if (k == 1) return order[0];
+  size_t kept = static_cast<size_t>(k);  // and every logit equal to the k-th (TopKLogitsWarper's ties)
+  while (kept < order.size() && logits[order[kept]] == logits[order[static_cast<size_t>(k) - 1]]) ++kept;
+  order.resize(kept);
   std::vector<double> p(order.size());
   const double top = logits[order[0]];
   double sum = 0;
