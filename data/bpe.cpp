@@ -421,7 +421,8 @@ void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
               "and ByteLevel (use_regex false)", where, pt->dump().substr(0, 200));
   }
   regex_ = std::make_unique<Regex>(pattern, where);
-  known_pattern_ = pattern == kGpt2Pattern || pattern == kLlama3Pattern || pattern == kQwen2Pattern;
+  gpt2_pattern_ = pattern == kGpt2Pattern;
+  known_pattern_ = gpt2_pattern_ || pattern == kLlama3Pattern || pattern == kQwen2Pattern;
 }
 
 void Gpt2Bpe::read_hf_added_tokens(const nlohmann::json& j) {
@@ -452,6 +453,7 @@ void Gpt2Bpe::read_hf_added_tokens(const nlohmann::json& j) {
     id_bytes_[i] = content;  // an added token decodes to its text as it is
     added_.emplace_back(content, static_cast<int32_t>(id));
     added_newline_ |= content.find('\n') != std::string::npos;
+    added_space_ |= content.find(' ') != std::string::npos;
   }
 }
 
@@ -704,7 +706,9 @@ std::string Gpt2Bpe::decode(std::span<const int32_t> ids) const {
 }
 
 size_t Gpt2Bpe::safe_cut(std::string_view text) const {
-  if (hf_) {
+  // GPT-2's pattern (a tokenizer.json's too) takes the rule below, never a cut after a '\n': there its \s+(?!\S)
+  // would end the first piece on a whitespace run ("\n\n", " \n") that the whole text splits in two.
+  if (hf_ && !gpt2_pattern_) {
     if (added_newline_ || !known_pattern_) return 0;
     for (size_t i = text.size(); i-- > 1;) {
       const char c = text[i];
@@ -712,6 +716,7 @@ size_t Gpt2Bpe::safe_cut(std::string_view text) const {
     }
     return 0;
   }
+  if (added_newline_ || added_space_) return 0;  // an added token could span the cut
   for (size_t i = text.size(); i-- > 1;) {
     if ((text[i] == ' ' || text[i] == '\n') && text[i - 1] >= '!' && text[i - 1] <= '~') return i;
   }

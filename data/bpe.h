@@ -78,10 +78,10 @@ class Gpt2Bpe final : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
   std::string name() const override { return hf_ ? "bpe" : "gpt2"; }
   std::string describe() const override;
-  // GPT-2's files: before a ' ' or '\n' that follows a printable ASCII character: no pre-token spans that point,
-  // and what comes after it cannot change the pre-tokens before it. A tokenizer.json: between a '\n' and an ASCII
-  // letter (GPT-2's, Llama 3's and Qwen2's patterns all end a pre-token there); 0, no cut, for another pattern or
-  // when an added token holds a '\n'.
+  // GPT-2's pattern (its files, or a tokenizer.json's ByteLevel): before a ' ' or '\n' that follows a printable ASCII
+  // character: no pre-token spans that point, and what comes after it cannot change the pre-tokens before it (0 when
+  // an added token holds a ' ' or '\n'). Llama 3's and Qwen2's patterns: between a '\n' and an ASCII letter (0 when
+  // an added token holds a '\n'). 0, no cut, for another pattern.
   size_t safe_cut(std::string_view text) const override;
   // Copies the two files, as they are, to DIR/vocab.json and DIR/merges.txt (or tokenizer.json to
   // DIR/tokenizer.json).
@@ -143,7 +143,9 @@ class Gpt2Bpe final : public Tokenizer {
   std::unordered_map<std::string, int32_t> word_id_;
   std::vector<std::pair<std::string, int32_t>> added_;
   bool added_newline_ = false;
+  bool added_space_ = false;
   bool known_pattern_ = false;  // GPT-2's, Llama 3's or Qwen2's pattern: safe_cut's rule holds
+  bool gpt2_pattern_ = false;   // a tokenizer.json's pattern is GPT-2's: safe_cut takes GPT-2's rule
   std::filesystem::path config_path_;  // tokenizer_config.json beside tokenizer.json, when there is one
   std::optional<int32_t> eos_, bos_;
 };

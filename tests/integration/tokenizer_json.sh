@@ -4,7 +4,8 @@
 #  - three tokenizers trained by `tokenizers` (tests/support/python/hf_tokenizers.py) in the GPT-2, Llama 3 (Split
 #    pattern, ignore_merges, special tokens) and Qwen2 (its pattern, the NFC normalizer) styles;
 #  - `dptrain tokenize --tokenizer` on all of Debian's fortunes plus 2.4 MB of multilingual text with special tokens
-#    inside it (so that a file is read in several chunks, cut where the tokenizer allows): every token equal to
+#    inside it (so that a file is read in several chunks, cut where the tokenizer allows; blank runs before a
+#    newline and a word, where GPT-2's pattern must not be cut): every token equal to
 #    tokenizers' encode(add_special_tokens=False) of each file, tokenizer.json copied beside the shards;
 #  - an added token with an id past 65535: uint32 shards (llm.c's Llama 3 form), still equal;
 #  - what dptrain does not read is refused by name, nothing written: a normalizer other than NFC, a Unigram model,
@@ -26,7 +27,8 @@ text = ("Naïve café owners don't re-use 12,345 € — they'll say «ça va?»
         "<|endoftext|>A new document<|im_start|>user\nhi<|im_end|><|begin_of_text|>Hello<|eot_id|>\n"
         "tabs\tand\u00a0nbsp\u2003em\u3000ideo  spaces   \n\n\n"
         "ｆｕｌｌｗｉｄｔｈ Ελληνικά кириллица עברית العربية e\u0301 combining\n"
-        "'s 't 're 've 'm 'll 'd ''QUOTED'' X'S   trailing   1234567 numbers 42\n") * 4000
+        "'s 't 're 've 'm 'll 'd ''QUOTED'' X'S   trailing   1234567 numbers 42\n"
+        "a line with a trailing blank \nthen\n\nParagraphs\t\nand CRLF\r\nCRLF\r\n\r\nEnd\n") * 4000
 open(sys.argv[1], "w", encoding="utf-8", newline="").write(text)
 EOF
 mapfile -t FILES < <(find "$FORTUNES" -type f ! -name "*.dat" | LC_ALL=C sort)
