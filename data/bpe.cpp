@@ -170,6 +170,48 @@ std::string nfc(std::string_view text) {
   return out;
 }
 
+// Unicode's White_Space characters, as a character class's items: what \s is to Python's regex module (encoder.py)
+// and to `tokenizers` (Oniguruma). PCRE2's \s (UCP) also takes U+180E, a format character since Unicode 6.3, which
+// would split Mongolian words where they do not.
+constexpr const char* kWhiteSpaceItems = R"(\t-\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F})"
+                                         R"(\x{205F}\x{3000})";
+
+// `pattern` with \s and \S spelled as Unicode's White_Space (above); as it is when it holds what this scan does not
+// follow (\Q...\E, or \S inside a character class, which no item list can say).
+std::string with_white_space(const std::string& pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[++i];
+      if (e == 'Q' || (e == 'S' && in_class)) return pattern;
+      if (e == 's') {
+        out += in_class ? std::string(kWhiteSpaceItems) : fmt::format("[{}]", kWhiteSpaceItems);
+      } else if (e == 'S') {
+        out += fmt::format("[^{}]", kWhiteSpaceItems);
+      } else {
+        out += {c, e};
+      }
+      continue;
+    }
+    out += c;
+    if (!in_class && c == '[') {
+      in_class = true;
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];  // a leading ']' is literal
+    } else if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i + 2);  // a POSIX class, [:alpha:]
+      if (end == std::string::npos) return pattern;
+      out.append(pattern, i + 1, end + 2 - (i + 1));
+      i = end + 1;
+    } else if (in_class && c == ']') {
+      in_class = false;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Gpt2Bpe::Regex {
@@ -178,10 +220,14 @@ struct Gpt2Bpe::Regex {
   explicit Regex(const std::string& pattern = kGpt2Pattern, const std::string& where = "") {
     int err = 0;
     PCRE2_SIZE offset = 0;
-    // UTF: the pattern and the text are UTF-8; UCP: \s is Unicode's white space, as in Python's regex module;
-    // MATCH_INVALID_UTF: bytes that are not valid UTF-8 match nothing instead of failing the whole match.
-    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
+    // UTF: the pattern and the text are UTF-8; UCP: \p{L}, \p{N} are Unicode's, and \s too where with_white_space
+    // leaves it; MATCH_INVALID_UTF: bytes that are not valid UTF-8 match nothing instead of failing the whole match.
+    // A pattern whose respelling does not compile is compiled as it is (its error's offset is then the user's).
+    for (const std::string& p : {with_white_space(pattern), pattern}) {
+      code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(),
+                           PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
+      if (code != nullptr) break;
+    }
     if (code == nullptr && where.empty()) {
       DPT_THROW(InternalError, "PCRE2 refuses GPT-2's pattern at offset {}: {}", offset, pcre2_message(err));
     }

@@ -9,9 +9,11 @@
 //  3. repeatedly merge the adjacent pair of lowest rank (its line in merges.txt), every occurrence left to
 //     right, until no adjacent pair has a rank;
 //  4. each symbol's id is vocab.json's.
-// \p{L}, \p{N} and \s come from PCRE2's Unicode tables (Debian 12's PCRE2 10.42: Unicode 14), encoder.py's from
+// \p{L} and \p{N} come from PCRE2's Unicode tables (Debian 12's PCRE2 10.42: Unicode 14), encoder.py's from
 // Python's regex module: characters added to Unicode later may split differently (tests/integration/
-// tokenize_bpe.sh finds the two identical on all of fortunes and on text in a dozen scripts).
+// tokenize_bpe.sh finds the two identical on all of fortunes and on text in a dozen scripts). \s (and \S) is
+// Unicode's White_Space, spelled out as a character class before PCRE2 compiles the pattern: PCRE2's own \s also
+// takes U+180E (MONGOLIAN VOWEL SEPARATOR), which Python's regex and `tokenizers` do not.
 // Invalid UTF-8 (beyond GPT-2, which encodes text, not bytes): a run of bytes that are not valid UTF-8 matches
 // no part of the pattern, so it is a pre-token of its own; every byte is encoded, so decode(encode(s)) == s.
 //

@@ -720,3 +720,29 @@ TEST_CASE("tokenizer.json with GPT-2's pre-tokenizer is cut only where the piece
   }));
   REQUIRE(spaced.safe_cut("x \nab") == 0);
 }
+
+TEST_CASE("GPT-2's pre-tokenizer takes \\s as Unicode's White_Space, without U+180E, as encoder.py and tokenizers do",
+          "[data][bpe]") {
+  // U+180E (MONGOLIAN VOWEL SEPARATOR) is a format character, not white space, since Unicode 6.3: Python's regex and
+  // tokenizers keep it with the punctuation around it; PCRE2's \s alone took it for a space.
+  const TinyBpe t(kMerges);
+  const Gpt2Bpe bpe = t.load();
+  const std::string mvs = "\xE1\xA0\x8E";
+  REQUIRE(bpe.pre_tokenize("!" + mvs + "x") == std::vector<std::string_view>{"!" + mvs, "x"});
+  REQUIRE(bpe.pre_tokenize(mvs + "!?") == std::vector<std::string_view>{mvs + "!?"});
+  // The white space itself is unchanged: tab to CR, NEL, NBSP, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F,
+  // U+205F, U+3000; a zero-width space (U+200B) or a BOM (U+FEFF) is none.
+  for (const std::string ws : {"\t", "\x0B", "\x0C", "\r", "\xC2\x85", "\xC2\xA0", "\xE1\x9A\x80", "\xE2\x80\x8A",
+                               "\xE2\x80\xA8", "\xE2\x80\xAF", "\xE2\x81\x9F", "\xE3\x80\x80"}) {
+    INFO(ws);
+    REQUIRE(bpe.pre_tokenize("a" + ws + ws + "b") == std::vector<std::string_view>{"a", ws, ws, "b"});
+  }
+  REQUIRE(bpe.pre_tokenize("a\xE2\x80\x8B\xEF\xBB\xBF b") ==
+          std::vector<std::string_view>{"a", "\xE2\x80\x8B\xEF\xBB\xBF", " b"});
+  // A tokenizer.json's Split pattern too, \s inside a class and \S included.
+  test::TempDir dir;
+  const Gpt2Bpe llama(hand_tokenizer(dir, false));
+  REQUIRE(llama.pre_tokenize("!" + mvs + "x") == std::vector<std::string_view>{"!" + mvs, "x"});
+  REQUIRE(llama.pre_tokenize(mvs + "!?") == std::vector<std::string_view>{mvs + "!?"});
+  REQUIRE(llama.pre_tokenize("a\t\t\nb") == std::vector<std::string_view>{"a", "\t\t\n", "b"});
+}
