@@ -444,14 +444,25 @@ void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
     const nlohmann::json* r = field(b, "use_regex");
     return !r || !r->is_boolean() || r->get<bool>();
   };
+  // The steps: the pre-tokenizer, or a Sequence's; a first Digits step (SmolLM's) isolates digits before the rest.
+  std::vector<nlohmann::json> steps{*pt};
+  if (type_of(*pt) == "Sequence" && field(*pt, "pretokenizers") && (*pt)["pretokenizers"].is_array()) {
+    steps.clear();
+    for (const nlohmann::json& step : (*pt)["pretokenizers"]) steps.push_back(step);
+  }
+  if (!steps.empty() && type_of(steps[0]) == "Digits") {
+    const nlohmann::json* individual = field(steps[0], "individual_digits");
+    // tokenizers' Digits: each digit alone (individual_digits), else each run of them; Rust's is_numeric, \p{N}.
+    digits_regex_ = std::make_unique<Regex>(individual && *individual == true ? R"(\p{N})" : R"(\p{N}+)", where);
+    steps.erase(steps.begin());
+  }
   std::string pattern;
-  if (type_of(*pt) == "ByteLevel") {
-    if (!byte_level(*pt)) DPT_THROW(ConfigError, "{}: pre_tokenizer ByteLevel without its regex and no Split", where);
+  if (steps.size() == 1 && type_of(steps[0]) == "ByteLevel") {
+    if (!byte_level(steps[0]))
+      DPT_THROW(ConfigError, "{}: pre_tokenizer ByteLevel without its regex and no Split", where);
     pattern = kGpt2Pattern;
-  } else if (type_of(*pt) == "Sequence" && field(*pt, "pretokenizers") && (*pt)["pretokenizers"].is_array() &&
-             (*pt)["pretokenizers"].size() == 2 && type_of((*pt)["pretokenizers"][0]) == "Split" &&
-             type_of((*pt)["pretokenizers"][1]) == "ByteLevel") {
-    const nlohmann::json& split = (*pt)["pretokenizers"][0];
+  } else if (steps.size() == 2 && type_of(steps[0]) == "Split" && type_of(steps[1]) == "ByteLevel") {
+    const nlohmann::json& split = steps[0];
     const nlohmann::json* regex = field(split, "pattern");
     const nlohmann::json* behavior = field(split, "behavior");
     const nlohmann::json* invert = field(split, "invert");
@@ -459,12 +470,12 @@ void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
         *behavior != "Isolated" || (invert && *invert != false))
       DPT_THROW(ConfigError, "{}: pre_tokenizer Split {}: dptrain reads a Regex pattern, behavior Isolated, not "
                 "inverted", where, split.dump());
-    if (byte_level((*pt)["pretokenizers"][1]))
+    if (byte_level(steps[1]))
       DPT_THROW(ConfigError, "{}: a Split followed by ByteLevel with use_regex = true: not read by dptrain", where);
     pattern = (*regex)["Regex"].get<std::string>();
   } else {
     DPT_THROW(ConfigError, "{}: pre_tokenizer {}: dptrain reads ByteLevel, or a Sequence of Split (Regex, Isolated) "
-              "and ByteLevel (use_regex false)", where, pt->dump().substr(0, 200));
+              "and ByteLevel (use_regex false), either after a Digits step or not", where, pt->dump().substr(0, 200));
   }
   regex_ = std::make_unique<Regex>(pattern, where);
   gpt2_pattern_ = pattern == kGpt2Pattern;
@@ -613,27 +624,42 @@ void Gpt2Bpe::set_merges(const std::vector<std::pair<std::string, std::string>>&
 
 std::string Gpt2Bpe::describe() const {
   if (hf_)
-    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens{})", json_path_.string(),
-                       vocab_size(), merge_lines_, added_.size(), nfc_ ? ", NFC" : "");
+    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens{}{})", json_path_.string(),
+                       vocab_size(), merge_lines_, added_.size(), nfc_ ? ", NFC" : "", digits_regex_ ? ", digits" : "");
   return fmt::format("GPT-2 BPE (vocab {}, {} merges)", vocab_size(), merge_lines_);
 }
 
 std::vector<std::string_view> Gpt2Bpe::pre_tokenize(std::string_view text) const {
+  if (!digits_regex_) return pre_tokenize_with(*regex_, text);
+  // tokenizers' Digits first: the digits (or runs of them) are pre-tokens, the pattern splits the text between.
   std::vector<std::string_view> words;
-  MatchData m(regex_->code);
+  size_t pos = 0;
+  for (const std::string_view digits : pre_tokenize_with(*digits_regex_, text, /*matches_only=*/true)) {
+    const auto at = static_cast<size_t>(digits.data() - text.data());
+    for (const std::string_view w : pre_tokenize_with(*regex_, text.substr(pos, at - pos))) words.push_back(w);
+    words.push_back(digits);
+    pos = at + digits.size();
+  }
+  for (const std::string_view w : pre_tokenize_with(*regex_, text.substr(pos))) words.push_back(w);
+  return words;
+}
+
+std::vector<std::string_view> Gpt2Bpe::pre_tokenize_with(const Regex& regex, std::string_view text, bool matches_only) {
+  std::vector<std::string_view> words;
+  MatchData m(regex.code);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;
   while (pos < text.size()) {
-    const int rc = pcre2_match(regex_->code, subject, text.size(), pos, 0, m.md, nullptr);
+    const int rc = pcre2_match(regex.code, subject, text.size(), pos, 0, m.md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) DPT_THROW(InternalError, "PCRE2 failed at byte {} of {}: {}", pos, text.size(), pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.md);
     DPT_CHECK(ov[0] >= pos && ov[1] > ov[0], "an empty or backward pre-token [{}, {}) after byte {}", ov[0], ov[1], pos);
-    if (ov[0] > pos) words.push_back(text.substr(pos, ov[0] - pos));  // bytes that are not valid UTF-8
+    if (ov[0] > pos && !matches_only) words.push_back(text.substr(pos, ov[0] - pos));  // not valid UTF-8, or unmatched
     words.push_back(text.substr(ov[0], ov[1] - ov[0]));
     pos = ov[1];
   }
-  if (pos < text.size()) words.push_back(text.substr(pos));
+  if (pos < text.size() && !matches_only) words.push_back(text.substr(pos));
   return words;
 }
 

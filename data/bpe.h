@@ -36,8 +36,10 @@
 // (GPT-2's, Llama 3's, Qwen2's, SmolLM's): model.type BPE with its vocab and merges (strings "a b" or pairs [a, b]) and
 // ignore_merges (a pre-token that is a vocabulary token whole is that token, before any merge: Llama 3's); the
 // pre-tokenizer ByteLevel (GPT-2's pattern), or a Sequence of Split(Regex, Isolated) and ByteLevel without its own
-// regex (the Split's pattern instead: Llama 3's, Qwen2's); added_tokens (<|begin_of_text|>, <|endoftext|>, ...),
-// which the text is split on first (leftmost, the longest at one place), each its own id, as `tokenizers` encodes;
+// regex (the Split's pattern instead: Llama 3's, Qwen2's), either after a Digits step (SmolLM's: each \p{N}, or each
+// run of them with individual_digits false, a pre-token; the pattern splits the text between) or not; added_tokens
+// (<|begin_of_text|>, <|endoftext|>, ...), which the text is split on first (leftmost, the longest at one place),
+// each its own id, as `tokenizers` encodes;
 // the normalizer NFC (Qwen2's), applied to the text between the added tokens (utf8proc; bytes that are not valid
 // UTF-8 are left as they are, so decode(encode(x)) is NFC(x) there). Refused by name: another normalizer, another
 // model type (WordPiece, Unigram: SentencePiece's), another pre-tokenizer or decoder, byte_fallback, dropout, an
@@ -118,6 +120,11 @@ class Gpt2Bpe final : public Tokenizer {
   // bos_ from the post-processor's template, then tokenizer_config.json beside the tokenizer.json (if any) and the
   // <|endoftext|> default for eos_.
   void read_hf_special_tokens(const nlohmann::json& j);
+  // The pieces of `text` as `regex` cuts it: its matches, and between them the bytes it cannot match (not valid UTF-8)
+  // unless matches_only.
+  struct Regex;                            // a compiled PCRE2 pattern
+  static std::vector<std::string_view> pre_tokenize_with(const Regex& regex, std::string_view text,
+                                                         bool matches_only = false);
   // Appends the ids of a stretch of text without added tokens.
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
   // Appends the ids of one pre-token.
@@ -134,8 +141,8 @@ class Gpt2Bpe final : public Tokenizer {
   std::vector<int32_t> symbol_id_;         // symbol -> vocab id, -1 when vocab.json lacks it
   std::unordered_map<uint64_t, Merge> merges_;  // pair_key(left, right) -> rank and result
   size_t merge_lines_ = 0;
-  struct Regex;                            // the compiled PCRE2 pattern
-  std::unique_ptr<Regex> regex_;
+  std::unique_ptr<Regex> regex_;          // the pre-tokenizer's pattern
+  std::unique_ptr<Regex> digits_regex_;   // a Digits step before it: \p{N} or \p{N}+; null without one
   // tokenizer.json's: where from, its pre-tokenizer pattern, ignore_merges and the whole-word ids it uses, the
   // added tokens (text, id) the input is split on first.
   bool hf_ = false;

@@ -746,3 +746,39 @@ TEST_CASE("GPT-2's pre-tokenizer takes \\s as Unicode's White_Space, without U+1
   REQUIRE(llama.pre_tokenize(mvs + "!?") == std::vector<std::string_view>{mvs + "!?"});
   REQUIRE(llama.pre_tokenize("a\t\t\nb") == std::vector<std::string_view>{"a", "\t\t\n", "b"});
 }
+
+TEST_CASE("tokenizer.json: a Digits step before ByteLevel (SmolLM's) isolates digits as tokenizers does",
+          "[data][bpe]") {
+  // SmolLM's pre-tokenizer: Sequence [Digits (individual_digits), ByteLevel (GPT-2's regex)]. The pieces below are
+  // what tokenizers 0.20's pre_tokenize_str gives for the same text (the byte symbols read back as bytes).
+  test::TempDir dir;
+  const auto digits = [&](bool individual) {
+    return hand_tokenizer(dir, false, [individual](nlohmann::json& j) {
+      j["pre_tokenizer"] = {{"type", "Sequence"},
+                            {"pretokenizers",
+                             {{{"type", "Digits"}, {"individual_digits", individual}},
+                              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}}};
+    });
+  };
+  const std::string text = "a  12 x\xD9\xA3" "4 1\n\n2 !3";  // U+0663, an Arabic-Indic three
+  const Gpt2Bpe each(digits(true));
+  REQUIRE_THAT(each.describe(), Catch::Contains(", digits)"));
+  REQUIRE(each.pre_tokenize(text) == std::vector<std::string_view>{"a", "  ", "1", "2", " x", "\xD9\xA3", "4", " ", "1",
+                                                                   "\n\n", "2", " !", "3"});
+  const Gpt2Bpe runs(digits(false));
+  REQUIRE(runs.pre_tokenize(text) == std::vector<std::string_view>{"a", "  ", "12", " x", "\xD9\xA3" "4", " ", "1",
+                                                                   "\n\n", "2", " !", "3"});
+  REQUIRE(each.decode(each.encode(text + "\xFF" "9<|eot|>")) == text + "\xFF" "9<|eot|>");
+  REQUIRE(each.encode("hello 7") == std::vector<int32_t>{258, 'o', ' ', '7'});
+  // Cut where the pieces encode as the whole.
+  std::mt19937 rng(13);
+  for (int i = 0; i < 300; ++i) {
+    const std::string s = random_bytes(rng, rng() % 60, "ab 12\n\n!.");
+    INFO("text " << i << ": '" << s << "'");
+    const size_t cut = each.safe_cut(s.substr(0, rng() % (s.size() + 1)));
+    std::vector<int32_t> pieces = each.encode(std::string_view(s).substr(0, cut));
+    const std::vector<int32_t> rest = each.encode(std::string_view(s).substr(cut));
+    pieces.insert(pieces.end(), rest.begin(), rest.end());
+    REQUIRE(pieces == each.encode(s));
+  }
+}
