@@ -648,18 +648,26 @@ std::vector<std::string_view> Gpt2Bpe::pre_tokenize_with(const Regex& regex, std
   std::vector<std::string_view> words;
   MatchData m(regex.code);
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t pos = 0;
+  size_t pos = 0;   // where the next search starts
+  size_t done = 0;  // the end of the last piece
   while (pos < text.size()) {
     const int rc = pcre2_match(regex.code, subject, text.size(), pos, 0, m.md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) DPT_THROW(InternalError, "PCRE2 failed at byte {} of {}: {}", pos, text.size(), pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.md);
-    DPT_CHECK(ov[0] >= pos && ov[1] > ov[0], "an empty or backward pre-token [{}, {}) after byte {}", ov[0], ov[1], pos);
-    if (ov[0] > pos && !matches_only) words.push_back(text.substr(pos, ov[0] - pos));  // not valid UTF-8, or unmatched
+    DPT_CHECK(ov[0] >= pos && ov[1] >= ov[0], "a backward pre-token [{}, {}) after byte {}", ov[0], ov[1], pos);
+    if (ov[1] == ov[0]) {  // an empty match (a tokenizer.json's pattern may allow one), as tokenizers' Oniguruma:
+      if (ov[0] >= text.size()) break;  // no piece, but the end of the unmatched text before it; search again a
+      if (ov[0] > done && !matches_only) words.push_back(text.substr(done, ov[0] - done));  // character on
+      done = ov[0];
+      pos = ov[0] + std::max<size_t>(1, valid_utf8_at(text, ov[0]));
+      continue;
+    }
+    if (ov[0] > done && !matches_only) words.push_back(text.substr(done, ov[0] - done));  // not UTF-8, or unmatched
     words.push_back(text.substr(ov[0], ov[1] - ov[0]));
-    pos = ov[1];
+    pos = done = ov[1];
   }
-  if (pos < text.size() && !matches_only) words.push_back(text.substr(pos));
+  if (done < text.size() && !matches_only) words.push_back(text.substr(done));
   return words;
 }
 

@@ -782,3 +782,18 @@ TEST_CASE("tokenizer.json: a Digits step before ByteLevel (SmolLM's) isolates di
     REQUIRE(pieces == each.encode(s));
   }
 }
+
+TEST_CASE("tokenizer.json: a Split pattern that can match empty text splits as tokenizers does", "[data][bpe]") {
+  // tokenizers (Oniguruma) takes an empty match for no piece, but for the end of the unmatched text before it, and
+  // searches again a character on; the text between the matches is a piece of its own (Isolated). The pieces are
+  // tokenizers 0.20's pre_tokenize_str for this pattern (the one-byte pieces then merge nothing but "he").
+  test::TempDir dir;
+  const Gpt2Bpe t(hand_tokenizer(dir, false, [](nlohmann::json& j) {
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[a-z]*";
+  }));
+  REQUIRE(t.pre_tokenize("ab 1cd!") == std::vector<std::string_view>{"ab", " ", "1", "cd", "!"});
+  REQUIRE(t.pre_tokenize("\xC3\xA9x\xFF") == std::vector<std::string_view>{"\xC3\xA9", "x", "\xFF"});
+  REQUIRE(t.pre_tokenize("") == std::vector<std::string_view>{});
+  REQUIRE(t.encode("hello, he") == std::vector<int32_t>{258, 'o', ',', ' ', 256});
+  REQUIRE(t.decode(t.encode("ab\n\xFF 12x")) == "ab\n\xFF 12x");
+}
