@@ -177,8 +177,14 @@ constexpr const char* kWhiteSpaceItems = R"(\t-\r\x{20}\x{85}\x{A0}\x{1680}\x{20
                                          R"(\x{205F}\x{3000})";
 
 // `pattern` with \s and \S spelled as Unicode's White_Space (above); as it is when it holds what this scan does not
-// follow (\Q...\E, or \S inside a character class, which no item list can say).
+// follow (\Q...\E, \S inside a character class, which no item list can say, or an extended-mode flag, (?x), whose
+// comments may hold a '[').
 std::string with_white_space(const std::string& pattern) {
+  constexpr const char* kFlags = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ^-";  // as in (?i-x:...)
+  for (size_t at = pattern.find("(?"); at != std::string::npos; at = pattern.find("(?", at + 2)) {
+    const size_t end = std::min(pattern.find_first_not_of(kFlags, at + 2), pattern.size());
+    if (pattern.substr(at + 2, end - (at + 2)).find('x') != std::string::npos) return pattern;
+  }
   std::string out;
   bool in_class = false;
   for (size_t i = 0; i < pattern.size(); ++i) {

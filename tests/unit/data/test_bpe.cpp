@@ -745,6 +745,11 @@ TEST_CASE("GPT-2's pre-tokenizer takes \\s as Unicode's White_Space, without U+1
   REQUIRE(llama.pre_tokenize("!" + mvs + "x") == std::vector<std::string_view>{"!" + mvs, "x"});
   REQUIRE(llama.pre_tokenize(mvs + "!?") == std::vector<std::string_view>{mvs + "!?"});
   REQUIRE(llama.pre_tokenize("a\t\t\nb") == std::vector<std::string_view>{"a", "\t\t\n", "b"});
+  // An extended-mode pattern is compiled as it is (its comments may hold a '['): \s is then PCRE2's own.
+  const Gpt2Bpe extended(hand_tokenizer(dir, false, [](nlohmann::json& j) {
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?x) \\p{L}+ # a word [\n| \\s+ | .";
+  }));
+  REQUIRE(extended.pre_tokenize("ab  c!") == std::vector<std::string_view>{"ab", "  ", "c", "!"});
 }
 
 TEST_CASE("tokenizer.json: a Digits step before ByteLevel (SmolLM's) isolates digits as tokenizers does",
