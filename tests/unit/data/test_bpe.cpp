@@ -721,7 +721,7 @@ TEST_CASE("tokenizer.json with GPT-2's pre-tokenizer is cut only where the piece
   REQUIRE(spaced.safe_cut("x \nab") == 0);
 }
 
-TEST_CASE("GPT-2's pre-tokenizer takes \\s as Unicode's White_Space, without U+180E, as encoder.py and tokenizers do",
+TEST_CASE("GPT-2's pre-tokenizer takes white space as Unicode's White_Space without U+180E as encoder.py does",
           "[data][bpe]") {
   // U+180E (MONGOLIAN VOWEL SEPARATOR) is a format character, not white space, since Unicode 6.3: Python's regex and
   // tokenizers keep it with the punctuation around it; PCRE2's \s alone took it for a space.
