@@ -170,6 +170,54 @@ std::string nfc(std::string_view text) {
   return out;
 }
 
+// Unicode's White_Space characters, as a character class's items: what \s is to Python's regex module (encoder.py)
+// and to `tokenizers` (Oniguruma). PCRE2's \s (UCP) also takes U+180E, a format character since Unicode 6.3, which
+// would split Mongolian words where they do not.
+constexpr const char* kWhiteSpaceItems = R"(\t-\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F})"
+                                         R"(\x{205F}\x{3000})";
+
+// `pattern` with \s and \S spelled as Unicode's White_Space (above); as it is when it holds what this scan does not
+// follow (\Q...\E, \S inside a character class, which no item list can say, or an extended-mode flag, (?x), whose
+// comments may hold a '[').
+std::string with_white_space(const std::string& pattern) {
+  constexpr const char* kFlags = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ^-";  // as in (?i-x:...)
+  for (size_t at = pattern.find("(?"); at != std::string::npos; at = pattern.find("(?", at + 2)) {
+    const size_t end = std::min(pattern.find_first_not_of(kFlags, at + 2), pattern.size());
+    if (pattern.substr(at + 2, end - (at + 2)).find('x') != std::string::npos) return pattern;
+  }
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[++i];
+      if (e == 'Q' || (e == 'S' && in_class)) return pattern;
+      if (e == 's') {
+        out += in_class ? std::string(kWhiteSpaceItems) : fmt::format("[{}]", kWhiteSpaceItems);
+      } else if (e == 'S') {
+        out += fmt::format("[^{}]", kWhiteSpaceItems);
+      } else {
+        out += {c, e};
+      }
+      continue;
+    }
+    out += c;
+    if (!in_class && c == '[') {
+      in_class = true;
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];  // a leading ']' is literal
+    } else if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {
+      const size_t end = pattern.find(":]", i + 2);  // a POSIX class, [:alpha:]
+      if (end == std::string::npos) return pattern;
+      out.append(pattern, i + 1, end + 2 - (i + 1));
+      i = end + 1;
+    } else if (in_class && c == ']') {
+      in_class = false;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 struct Gpt2Bpe::Regex {
@@ -178,10 +226,14 @@ struct Gpt2Bpe::Regex {
   explicit Regex(const std::string& pattern = kGpt2Pattern, const std::string& where = "") {
     int err = 0;
     PCRE2_SIZE offset = 0;
-    // UTF: the pattern and the text are UTF-8; UCP: \s is Unicode's white space, as in Python's regex module;
-    // MATCH_INVALID_UTF: bytes that are not valid UTF-8 match nothing instead of failing the whole match.
-    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
+    // UTF: the pattern and the text are UTF-8; UCP: \p{L}, \p{N} are Unicode's, and \s too where with_white_space
+    // leaves it; MATCH_INVALID_UTF: bytes that are not valid UTF-8 match nothing instead of failing the whole match.
+    // A pattern whose respelling does not compile is compiled as it is (its error's offset is then the user's).
+    for (const std::string& p : {with_white_space(pattern), pattern}) {
+      code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(p.data()), p.size(),
+                           PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &err, &offset, nullptr);
+      if (code != nullptr) break;
+    }
     if (code == nullptr && where.empty()) {
       DPT_THROW(InternalError, "PCRE2 refuses GPT-2's pattern at offset {}: {}", offset, pcre2_message(err));
     }
@@ -398,14 +450,25 @@ void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
     const nlohmann::json* r = field(b, "use_regex");
     return !r || !r->is_boolean() || r->get<bool>();
   };
+  // The steps: the pre-tokenizer, or a Sequence's; a first Digits step (SmolLM's) isolates digits before the rest.
+  std::vector<nlohmann::json> steps{*pt};
+  if (type_of(*pt) == "Sequence" && field(*pt, "pretokenizers") && (*pt)["pretokenizers"].is_array()) {
+    steps.clear();
+    for (const nlohmann::json& step : (*pt)["pretokenizers"]) steps.push_back(step);
+  }
+  if (!steps.empty() && type_of(steps[0]) == "Digits") {
+    const nlohmann::json* individual = field(steps[0], "individual_digits");
+    // tokenizers' Digits: each digit alone (individual_digits), else each run of them; Rust's is_numeric, \p{N}.
+    digits_regex_ = std::make_unique<Regex>(individual && *individual == true ? R"(\p{N})" : R"(\p{N}+)", where);
+    steps.erase(steps.begin());
+  }
   std::string pattern;
-  if (type_of(*pt) == "ByteLevel") {
-    if (!byte_level(*pt)) DPT_THROW(ConfigError, "{}: pre_tokenizer ByteLevel without its regex and no Split", where);
+  if (steps.size() == 1 && type_of(steps[0]) == "ByteLevel") {
+    if (!byte_level(steps[0]))
+      DPT_THROW(ConfigError, "{}: pre_tokenizer ByteLevel without its regex and no Split", where);
     pattern = kGpt2Pattern;
-  } else if (type_of(*pt) == "Sequence" && field(*pt, "pretokenizers") && (*pt)["pretokenizers"].is_array() &&
-             (*pt)["pretokenizers"].size() == 2 && type_of((*pt)["pretokenizers"][0]) == "Split" &&
-             type_of((*pt)["pretokenizers"][1]) == "ByteLevel") {
-    const nlohmann::json& split = (*pt)["pretokenizers"][0];
+  } else if (steps.size() == 2 && type_of(steps[0]) == "Split" && type_of(steps[1]) == "ByteLevel") {
+    const nlohmann::json& split = steps[0];
     const nlohmann::json* regex = field(split, "pattern");
     const nlohmann::json* behavior = field(split, "behavior");
     const nlohmann::json* invert = field(split, "invert");
@@ -413,15 +476,16 @@ void Gpt2Bpe::read_hf_pre_tokenizer(const nlohmann::json& j) {
         *behavior != "Isolated" || (invert && *invert != false))
       DPT_THROW(ConfigError, "{}: pre_tokenizer Split {}: dptrain reads a Regex pattern, behavior Isolated, not "
                 "inverted", where, split.dump());
-    if (byte_level((*pt)["pretokenizers"][1]))
+    if (byte_level(steps[1]))
       DPT_THROW(ConfigError, "{}: a Split followed by ByteLevel with use_regex = true: not read by dptrain", where);
     pattern = (*regex)["Regex"].get<std::string>();
   } else {
     DPT_THROW(ConfigError, "{}: pre_tokenizer {}: dptrain reads ByteLevel, or a Sequence of Split (Regex, Isolated) "
-              "and ByteLevel (use_regex false)", where, pt->dump().substr(0, 200));
+              "and ByteLevel (use_regex false), either after a Digits step or not", where, pt->dump().substr(0, 200));
   }
   regex_ = std::make_unique<Regex>(pattern, where);
-  known_pattern_ = pattern == kGpt2Pattern || pattern == kLlama3Pattern || pattern == kQwen2Pattern;
+  gpt2_pattern_ = pattern == kGpt2Pattern;
+  known_pattern_ = gpt2_pattern_ || pattern == kLlama3Pattern || pattern == kQwen2Pattern;
 }
 
 void Gpt2Bpe::read_hf_added_tokens(const nlohmann::json& j) {
@@ -452,6 +516,7 @@ void Gpt2Bpe::read_hf_added_tokens(const nlohmann::json& j) {
     id_bytes_[i] = content;  // an added token decodes to its text as it is
     added_.emplace_back(content, static_cast<int32_t>(id));
     added_newline_ |= content.find('\n') != std::string::npos;
+    added_space_ |= content.find(' ') != std::string::npos;
   }
 }
 
@@ -565,27 +630,50 @@ void Gpt2Bpe::set_merges(const std::vector<std::pair<std::string, std::string>>&
 
 std::string Gpt2Bpe::describe() const {
   if (hf_)
-    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens{})", json_path_.string(),
-                       vocab_size(), merge_lines_, added_.size(), nfc_ ? ", NFC" : "");
+    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens{}{})", json_path_.string(),
+                       vocab_size(), merge_lines_, added_.size(), nfc_ ? ", NFC" : "", digits_regex_ ? ", digits" : "");
   return fmt::format("GPT-2 BPE (vocab {}, {} merges)", vocab_size(), merge_lines_);
 }
 
 std::vector<std::string_view> Gpt2Bpe::pre_tokenize(std::string_view text) const {
+  if (!digits_regex_) return pre_tokenize_with(*regex_, text);
+  // tokenizers' Digits first: the digits (or runs of them) are pre-tokens, the pattern splits the text between.
   std::vector<std::string_view> words;
-  MatchData m(regex_->code);
-  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   size_t pos = 0;
+  for (const std::string_view digits : pre_tokenize_with(*digits_regex_, text, /*matches_only=*/true)) {
+    const auto at = static_cast<size_t>(digits.data() - text.data());
+    for (const std::string_view w : pre_tokenize_with(*regex_, text.substr(pos, at - pos))) words.push_back(w);
+    words.push_back(digits);
+    pos = at + digits.size();
+  }
+  for (const std::string_view w : pre_tokenize_with(*regex_, text.substr(pos))) words.push_back(w);
+  return words;
+}
+
+std::vector<std::string_view> Gpt2Bpe::pre_tokenize_with(const Regex& regex, std::string_view text, bool matches_only) {
+  std::vector<std::string_view> words;
+  MatchData m(regex.code);
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+  size_t pos = 0;   // where the next search starts
+  size_t done = 0;  // the end of the last piece
   while (pos < text.size()) {
-    const int rc = pcre2_match(regex_->code, subject, text.size(), pos, 0, m.md, nullptr);
+    const int rc = pcre2_match(regex.code, subject, text.size(), pos, 0, m.md, nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) DPT_THROW(InternalError, "PCRE2 failed at byte {} of {}: {}", pos, text.size(), pcre2_message(rc));
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(m.md);
-    DPT_CHECK(ov[0] >= pos && ov[1] > ov[0], "an empty or backward pre-token [{}, {}) after byte {}", ov[0], ov[1], pos);
-    if (ov[0] > pos) words.push_back(text.substr(pos, ov[0] - pos));  // bytes that are not valid UTF-8
+    DPT_CHECK(ov[0] >= pos && ov[1] >= ov[0], "a backward pre-token [{}, {}) after byte {}", ov[0], ov[1], pos);
+    if (ov[1] == ov[0]) {  // an empty match (a tokenizer.json's pattern may allow one), as tokenizers' Oniguruma:
+      if (ov[0] >= text.size()) break;  // no piece, but the end of the unmatched text before it; search again a
+      if (ov[0] > done && !matches_only) words.push_back(text.substr(done, ov[0] - done));  // character on
+      done = ov[0];
+      pos = ov[0] + std::max<size_t>(1, valid_utf8_at(text, ov[0]));
+      continue;
+    }
+    if (ov[0] > done && !matches_only) words.push_back(text.substr(done, ov[0] - done));  // not UTF-8, or unmatched
     words.push_back(text.substr(ov[0], ov[1] - ov[0]));
-    pos = ov[1];
+    pos = done = ov[1];
   }
-  if (pos < text.size()) words.push_back(text.substr(pos));
+  if (done < text.size() && !matches_only) words.push_back(text.substr(done));
   return words;
 }
 
@@ -704,7 +792,9 @@ std::string Gpt2Bpe::decode(std::span<const int32_t> ids) const {
 }
 
 size_t Gpt2Bpe::safe_cut(std::string_view text) const {
-  if (hf_) {
+  // GPT-2's pattern (a tokenizer.json's too) takes the rule below, never a cut after a '\n': there its \s+(?!\S)
+  // would end the first piece on a whitespace run ("\n\n", " \n") that the whole text splits in two.
+  if (hf_ && !gpt2_pattern_) {
     if (added_newline_ || !known_pattern_) return 0;
     for (size_t i = text.size(); i-- > 1;) {
       const char c = text[i];
@@ -712,6 +802,7 @@ size_t Gpt2Bpe::safe_cut(std::string_view text) const {
     }
     return 0;
   }
+  if (added_newline_ || added_space_) return 0;  // an added token could span the cut
   for (size_t i = text.size(); i-- > 1;) {
     if ((text[i] == ' ' || text[i] == '\n') && text[i - 1] >= '!' && text[i - 1] <= '~') return i;
   }

@@ -9,9 +9,11 @@
 //  3. repeatedly merge the adjacent pair of lowest rank (its line in merges.txt), every occurrence left to
 //     right, until no adjacent pair has a rank;
 //  4. each symbol's id is vocab.json's.
-// \p{L}, \p{N} and \s come from PCRE2's Unicode tables (Debian 12's PCRE2 10.42: Unicode 14), encoder.py's from
+// \p{L} and \p{N} come from PCRE2's Unicode tables (Debian 12's PCRE2 10.42: Unicode 14), encoder.py's from
 // Python's regex module: characters added to Unicode later may split differently (tests/integration/
-// tokenize_bpe.sh finds the two identical on all of fortunes and on text in a dozen scripts).
+// tokenize_bpe.sh finds the two identical on all of fortunes and on text in a dozen scripts). \s (and \S) is
+// Unicode's White_Space, spelled out as a character class before PCRE2 compiles the pattern: PCRE2's own \s also
+// takes U+180E (MONGOLIAN VOWEL SEPARATOR), which Python's regex and `tokenizers` do not.
 // Invalid UTF-8 (beyond GPT-2, which encodes text, not bytes): a run of bytes that are not valid UTF-8 matches
 // no part of the pattern, so it is a pre-token of its own; every byte is encoded, so decode(encode(s)) == s.
 //
@@ -34,8 +36,10 @@
 // (GPT-2's, Llama 3's, Qwen2's, SmolLM's): model.type BPE with its vocab and merges (strings "a b" or pairs [a, b]) and
 // ignore_merges (a pre-token that is a vocabulary token whole is that token, before any merge: Llama 3's); the
 // pre-tokenizer ByteLevel (GPT-2's pattern), or a Sequence of Split(Regex, Isolated) and ByteLevel without its own
-// regex (the Split's pattern instead: Llama 3's, Qwen2's); added_tokens (<|begin_of_text|>, <|endoftext|>, ...),
-// which the text is split on first (leftmost, the longest at one place), each its own id, as `tokenizers` encodes;
+// regex (the Split's pattern instead: Llama 3's, Qwen2's), either after a Digits step (SmolLM's: each \p{N}, or each
+// run of them with individual_digits false, a pre-token; the pattern splits the text between) or not; added_tokens
+// (<|begin_of_text|>, <|endoftext|>, ...), which the text is split on first (leftmost, the longest at one place),
+// each its own id, as `tokenizers` encodes;
 // the normalizer NFC (Qwen2's), applied to the text between the added tokens (utf8proc; bytes that are not valid
 // UTF-8 are left as they are, so decode(encode(x)) is NFC(x) there). Refused by name: another normalizer, another
 // model type (WordPiece, Unigram: SentencePiece's), another pre-tokenizer or decoder, byte_fallback, dropout, an
@@ -78,10 +82,10 @@ class Gpt2Bpe final : public Tokenizer {
   int64_t vocab_size() const override { return static_cast<int64_t>(id_bytes_.size()); }
   std::string name() const override { return hf_ ? "bpe" : "gpt2"; }
   std::string describe() const override;
-  // GPT-2's files: before a ' ' or '\n' that follows a printable ASCII character: no pre-token spans that point,
-  // and what comes after it cannot change the pre-tokens before it. A tokenizer.json: between a '\n' and an ASCII
-  // letter (GPT-2's, Llama 3's and Qwen2's patterns all end a pre-token there); 0, no cut, for another pattern or
-  // when an added token holds a '\n'.
+  // GPT-2's pattern (its files, or a tokenizer.json's ByteLevel): before a ' ' or '\n' that follows a printable ASCII
+  // character: no pre-token spans that point, and what comes after it cannot change the pre-tokens before it (0 when
+  // an added token holds a ' ' or '\n'). Llama 3's and Qwen2's patterns: between a '\n' and an ASCII letter (0 when
+  // an added token holds a '\n'). 0, no cut, for another pattern.
   size_t safe_cut(std::string_view text) const override;
   // Copies the two files, as they are, to DIR/vocab.json and DIR/merges.txt (or tokenizer.json to
   // DIR/tokenizer.json).
@@ -116,6 +120,11 @@ class Gpt2Bpe final : public Tokenizer {
   // bos_ from the post-processor's template, then tokenizer_config.json beside the tokenizer.json (if any) and the
   // <|endoftext|> default for eos_.
   void read_hf_special_tokens(const nlohmann::json& j);
+  // The pieces of `text` as `regex` cuts it: its matches, and between them the bytes it cannot match (not valid UTF-8)
+  // unless matches_only.
+  struct Regex;                            // a compiled PCRE2 pattern
+  static std::vector<std::string_view> pre_tokenize_with(const Regex& regex, std::string_view text,
+                                                         bool matches_only = false);
   // Appends the ids of a stretch of text without added tokens.
   void encode_plain(std::string_view text, std::vector<int32_t>& out) const;
   // Appends the ids of one pre-token.
@@ -132,8 +141,8 @@ class Gpt2Bpe final : public Tokenizer {
   std::vector<int32_t> symbol_id_;         // symbol -> vocab id, -1 when vocab.json lacks it
   std::unordered_map<uint64_t, Merge> merges_;  // pair_key(left, right) -> rank and result
   size_t merge_lines_ = 0;
-  struct Regex;                            // the compiled PCRE2 pattern
-  std::unique_ptr<Regex> regex_;
+  std::unique_ptr<Regex> regex_;          // the pre-tokenizer's pattern
+  std::unique_ptr<Regex> digits_regex_;   // a Digits step before it: \p{N} or \p{N}+; null without one
   // tokenizer.json's: where from, its pre-tokenizer pattern, ignore_merges and the whole-word ids it uses, the
   // added tokens (text, id) the input is split on first.
   bool hf_ = false;
@@ -143,7 +152,9 @@ class Gpt2Bpe final : public Tokenizer {
   std::unordered_map<std::string, int32_t> word_id_;
   std::vector<std::pair<std::string, int32_t>> added_;
   bool added_newline_ = false;
+  bool added_space_ = false;
   bool known_pattern_ = false;  // GPT-2's, Llama 3's or Qwen2's pattern: safe_cut's rule holds
+  bool gpt2_pattern_ = false;   // a tokenizer.json's pattern is GPT-2's: safe_cut takes GPT-2's rule
   std::filesystem::path config_path_;  // tokenizer_config.json beside tokenizer.json, when there is one
   std::optional<int32_t> eos_, bos_;
 };

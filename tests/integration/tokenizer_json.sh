@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # integration.tokenizer_json (issue 35): Hugging Face tokenizer.json byte-level BPE (data/bpe.h) against the `tokenizers`
 # library itself (PyPI, in the test venv with transformers):
-#  - three tokenizers trained by `tokenizers` (tests/support/python/hf_tokenizers.py) in the GPT-2, Llama 3 (Split
-#    pattern, ignore_merges, special tokens) and Qwen2 (its pattern, the NFC normalizer) styles;
+#  - four tokenizers trained by `tokenizers` (tests/support/python/hf_tokenizers.py) in the GPT-2, Llama 3 (Split
+#    pattern, ignore_merges, special tokens), Qwen2 (its pattern, the NFC normalizer) and SmolLM (Digits, then
+#    GPT-2's ByteLevel) styles;
 #  - `dptrain tokenize --tokenizer` on all of Debian's fortunes plus 2.4 MB of multilingual text with special tokens
-#    inside it (so that a file is read in several chunks, cut where the tokenizer allows): every token equal to
+#    inside it (so that a file is read in several chunks, cut where the tokenizer allows; blank runs before a
+#    newline and a word, where GPT-2's pattern must not be cut): every token equal to
 #    tokenizers' encode(add_special_tokens=False) of each file, tokenizer.json copied beside the shards;
 #  - an added token with an id past 65535: uint32 shards (llm.c's Llama 3 form), still equal;
 #  - what dptrain does not read is refused by name, nothing written: a normalizer other than NFC, a Unigram model,
@@ -26,17 +28,19 @@ text = ("Naïve café owners don't re-use 12,345 € — they'll say «ça va?»
         "<|endoftext|>A new document<|im_start|>user\nhi<|im_end|><|begin_of_text|>Hello<|eot_id|>\n"
         "tabs\tand\u00a0nbsp\u2003em\u3000ideo  spaces   \n\n\n"
         "ｆｕｌｌｗｉｄｔｈ Ελληνικά кириллица עברית العربية e\u0301 combining\n"
-        "'s 't 're 've 'm 'll 'd ''QUOTED'' X'S   trailing   1234567 numbers 42\n") * 4000
+        "'s 't 're 've 'm 'll 'd ''QUOTED'' X'S   trailing   1234567 numbers 42\n"
+        "a line with a trailing blank \nthen\n\nParagraphs\t\nand CRLF\r\nCRLF\r\n\r\nEnd\n"
+        "ᠮᠣᠩᠭᠣᠯ\u180eᠪᠢᠴᠢᠭ !\u180e? \u180e\n") * 4000
 open(sys.argv[1], "w", encoding="utf-8", newline="").write(text)
 EOF
 mapfile -t FILES < <(find "$FORTUNES" -type f ! -name "*.dat" | LC_ALL=C sort)
 FILES+=("$WORK/unicode.txt")
-for style in gpt2 llama3 qwen2; do
+for style in gpt2 llama3 qwen2 smollm; do
   "$HF_PY" "$REF" train "$style" "$WORK/$style" "$FORTUNES/computers" "$FORTUNES/science" "$WORK/unicode.txt" \
     || fail "training the $style tokenizer failed"
   out=$("$DPTRAIN" tokenize --input "$FORTUNES" --input "$WORK/unicode.txt" --tokenizer "$WORK/$style" \
     --out "$WORK/out_$style" 2>&1) || { echo "$out"; fail "tokenize --tokenizer ($style) failed"; }
-  grep -q "byte-level BPE from $WORK/$style/tokenizer.json (vocab 900, [0-9]* merges, [0-9] added tokens$([ $style = qwen2 ] && echo ", NFC"))" \
+  grep -q "byte-level BPE from $WORK/$style/tokenizer.json (vocab 900, [0-9]* merges, [0-9] added tokens$([ $style = qwen2 ] && echo ", NFC")$([ $style = smollm ] && echo ", digits"))" \
     <<<"$out" || { echo "$out"; fail "no summary"; }
   [ "$(ls "$WORK/out_$style" | tr '\n' ' ')" = "bpe_train_000000.bin bpe_val_000000.bin tokenizer.json " ] ||
     fail "$WORK/out_$style holds: $(ls "$WORK/out_$style")"

@@ -176,9 +176,9 @@ Command add_tokenize(CLI::App& root) {
   merges->needs(vocab);
   CLI::Option* hf = cmd->add_option(
       "--tokenizer", a->tokenizer,
-      "a Hugging Face tokenizer.json, or a model folder holding one: byte-level BPE (GPT-2's, Llama 3's, Qwen2's "
-      "pre-tokenizers, no normalizer or NFC; its added tokens split out of the text; no BOS is added to text files; "
-      "JSON Lines documents begin with the BOS its template or tokenizer_config.json adds); or a folder with "
+      "a Hugging Face tokenizer.json, or a model folder holding one: byte-level BPE (GPT-2's, Llama 3's, Qwen2's, "
+      "SmolLM's pre-tokenizers, no normalizer or NFC; its added tokens split out of the text; no BOS is added to text "
+      "files; JSON Lines documents begin with the BOS its template or tokenizer_config.json adds); or a folder with "
       "vocab.json and merges.txt");
   hf->excludes(vocab);
   hf->excludes(merges);

@@ -23,6 +23,7 @@ tokenizer.json reader (integration.tokenizer_json).
 
 Styles (the pre-tokenizer patterns are the models' own):
   gpt2     ByteLevel pre-tokenizer (GPT-2's pattern), <|endoftext|>
+  smollm   as gpt2, after a Digits(individual_digits) step (SmolLM's pre-tokenizer)
   llama3   Split(Llama 3's pattern, isolated) then ByteLevel without its regex, ignore_merges, Llama 3's special
            tokens (<|begin_of_text|>, <|end_of_text|>, <|eot_id|>, ...)
   qwen2    the NFC normalizer, Split(Qwen2's pattern) then ByteLevel without its regex, <|endoftext|>, <|im_start|>,
@@ -44,9 +45,12 @@ QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{
 
 
 def train(style, out, files):
-    if style == "gpt2":
+    if style in ("gpt2", "smollm"):
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        if style == "smollm":
+            tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                         pre_tokenizers.ByteLevel(add_prefix_space=False)])
         special = ["<|endoftext|>"]
     elif style in ("llama3", "qwen2"):
         tok = Tokenizer(models.BPE(ignore_merges=style == "llama3"))

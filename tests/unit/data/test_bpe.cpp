@@ -687,3 +687,118 @@ TEST_CASE("tokenizer.json: what dptrain does not read is refused by name", "[dat
   }));
   REQUIRE(gpt2.pre_tokenize("hello world") == std::vector<std::string_view>{"hello", " world"});
 }
+
+TEST_CASE("tokenizer.json with GPT-2's pre-tokenizer is cut only where the pieces encode as the whole", "[data][bpe]") {
+  // GPT-2's \s+(?!\S) splits " \nab" and "\n\nab" into " ", "\n" and "\n", "\n" before the word, but takes the run
+  // whole at the end of a piece: a cut after the '\n' changed the tokens when the vocabulary merges the run.
+  test::TempDir dir;
+  const Gpt2Bpe t(hand_tokenizer(dir, false, [](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+    j["model"]["vocab"]["\xC4\x8A\xC4\x8A"] = 261;  // "\n\n"
+    j["model"]["vocab"]["\xC4\xA0\xC4\x8A"] = 262;  // " \n"
+    j["model"]["merges"].push_back("\xC4\x8A \xC4\x8A");
+    j["model"]["merges"].push_back("\xC4\xA0 \xC4\x8A");
+  }));
+  REQUIRE(t.encode("x \nab") == std::vector<int32_t>{'x', ' ', '\n', 'a', 'b'});
+  REQUIRE(t.encode("x \n") == std::vector<int32_t>{'x', 262});
+  std::mt19937 rng(11);
+  for (int i = 0; i < 400; ++i) {
+    const std::string text = random_bytes(rng, rng() % 60, "ab \n\n\t.<|eot|>");
+    INFO("text " << i << ": '" << text << "'");
+    const size_t cut = t.safe_cut(text.substr(0, rng() % (text.size() + 1)));
+    std::vector<int32_t> pieces = t.encode(std::string_view(text).substr(0, cut));
+    const std::vector<int32_t> rest = t.encode(std::string_view(text).substr(cut));
+    pieces.insert(pieces.end(), rest.begin(), rest.end());
+    REQUIRE(pieces == t.encode(text));
+  }
+  REQUIRE(t.safe_cut("x \nab") == 1);  // GPT-2's rule: before the blank that follows printable ASCII
+  // An added token holding a space could span such a cut: none then.
+  const Gpt2Bpe spaced(hand_tokenizer(dir, false, [](nlohmann::json& j) {
+    j["pre_tokenizer"] = {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}};
+    j["added_tokens"][0]["content"] = "<| |>";
+    j["model"]["vocab"].erase("<|eot|>");
+  }));
+  REQUIRE(spaced.safe_cut("x \nab") == 0);
+}
+
+TEST_CASE("GPT-2's pre-tokenizer takes white space as Unicode's White_Space without U+180E as encoder.py does",
+          "[data][bpe]") {
+  // U+180E (MONGOLIAN VOWEL SEPARATOR) is a format character, not white space, since Unicode 6.3: Python's regex and
+  // tokenizers keep it with the punctuation around it; PCRE2's \s alone took it for a space.
+  const TinyBpe t(kMerges);
+  const Gpt2Bpe bpe = t.load();
+  const std::string mvs = "\xE1\xA0\x8E";
+  REQUIRE(bpe.pre_tokenize("!" + mvs + "x") == std::vector<std::string_view>{"!" + mvs, "x"});
+  REQUIRE(bpe.pre_tokenize(mvs + "!?") == std::vector<std::string_view>{mvs + "!?"});
+  // The white space itself is unchanged: tab to CR, NEL, NBSP, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F,
+  // U+205F, U+3000; a zero-width space (U+200B) or a BOM (U+FEFF) is none.
+  for (const std::string ws : {"\t", "\x0B", "\x0C", "\r", "\xC2\x85", "\xC2\xA0", "\xE1\x9A\x80", "\xE2\x80\x8A",
+                               "\xE2\x80\xA8", "\xE2\x80\xAF", "\xE2\x81\x9F", "\xE3\x80\x80"}) {
+    INFO(ws);
+    REQUIRE(bpe.pre_tokenize("a" + ws + ws + "b") == std::vector<std::string_view>{"a", ws, ws, "b"});
+  }
+  REQUIRE(bpe.pre_tokenize("a\xE2\x80\x8B\xEF\xBB\xBF b") ==
+          std::vector<std::string_view>{"a", "\xE2\x80\x8B\xEF\xBB\xBF", " b"});
+  // A tokenizer.json's Split pattern too, \s inside a class and \S included.
+  test::TempDir dir;
+  const Gpt2Bpe llama(hand_tokenizer(dir, false));
+  REQUIRE(llama.pre_tokenize("!" + mvs + "x") == std::vector<std::string_view>{"!" + mvs, "x"});
+  REQUIRE(llama.pre_tokenize(mvs + "!?") == std::vector<std::string_view>{mvs + "!?"});
+  REQUIRE(llama.pre_tokenize("a\t\t\nb") == std::vector<std::string_view>{"a", "\t\t\n", "b"});
+  // An extended-mode pattern is compiled as it is (its comments may hold a '['): \s is then PCRE2's own.
+  const Gpt2Bpe extended(hand_tokenizer(dir, false, [](nlohmann::json& j) {
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?x) \\p{L}+ # a word [\n| \\s+ | .";
+  }));
+  REQUIRE(extended.pre_tokenize("ab  c!") == std::vector<std::string_view>{"ab", "  ", "c", "!"});
+}
+
+TEST_CASE("tokenizer.json: a Digits step before ByteLevel (SmolLM's) isolates digits as tokenizers does",
+          "[data][bpe]") {
+  // SmolLM's pre-tokenizer: Sequence [Digits (individual_digits), ByteLevel (GPT-2's regex)]. The pieces below are
+  // what tokenizers 0.20's pre_tokenize_str gives for the same text (the byte symbols read back as bytes).
+  test::TempDir dir;
+  const auto digits = [&](bool individual) {
+    return hand_tokenizer(dir, false, [individual](nlohmann::json& j) {
+      j["pre_tokenizer"] = {{"type", "Sequence"},
+                            {"pretokenizers",
+                             {{{"type", "Digits"}, {"individual_digits", individual}},
+                              {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}}}};
+    });
+  };
+  const std::string text = "a  12 x\xD9\xA3" "4 1\n\n2 !3";  // U+0663, an Arabic-Indic three
+  const Gpt2Bpe each(digits(true));
+  REQUIRE_THAT(each.describe(), Catch::Contains(", digits)"));
+  REQUIRE(each.pre_tokenize(text) == std::vector<std::string_view>{"a", "  ", "1", "2", " x", "\xD9\xA3", "4", " ", "1",
+                                                                   "\n\n", "2", " !", "3"});
+  const Gpt2Bpe runs(digits(false));
+  REQUIRE(runs.pre_tokenize(text) == std::vector<std::string_view>{"a", "  ", "12", " x", "\xD9\xA3" "4", " ", "1",
+                                                                   "\n\n", "2", " !", "3"});
+  REQUIRE(each.decode(each.encode(text + "\xFF" "9<|eot|>")) == text + "\xFF" "9<|eot|>");
+  REQUIRE(each.encode("hello 7") == std::vector<int32_t>{258, 'o', ' ', '7'});
+  // Cut where the pieces encode as the whole.
+  std::mt19937 rng(13);
+  for (int i = 0; i < 300; ++i) {
+    const std::string s = random_bytes(rng, rng() % 60, "ab 12\n\n!.");
+    INFO("text " << i << ": '" << s << "'");
+    const size_t cut = each.safe_cut(s.substr(0, rng() % (s.size() + 1)));
+    std::vector<int32_t> pieces = each.encode(std::string_view(s).substr(0, cut));
+    const std::vector<int32_t> rest = each.encode(std::string_view(s).substr(cut));
+    pieces.insert(pieces.end(), rest.begin(), rest.end());
+    REQUIRE(pieces == each.encode(s));
+  }
+}
+
+TEST_CASE("tokenizer.json: a Split pattern that can match empty text splits as tokenizers does", "[data][bpe]") {
+  // tokenizers (Oniguruma) takes an empty match for no piece, but for the end of the unmatched text before it, and
+  // searches again a character on; the text between the matches is a piece of its own (Isolated). The pieces are
+  // tokenizers 0.20's pre_tokenize_str for this pattern (the one-byte pieces then merge nothing but "he").
+  test::TempDir dir;
+  const Gpt2Bpe t(hand_tokenizer(dir, false, [](nlohmann::json& j) {
+    j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "[a-z]*";
+  }));
+  REQUIRE(t.pre_tokenize("ab 1cd!") == std::vector<std::string_view>{"ab", " ", "1", "cd", "!"});
+  REQUIRE(t.pre_tokenize("\xC3\xA9x\xFF") == std::vector<std::string_view>{"\xC3\xA9", "x", "\xFF"});
+  REQUIRE(t.pre_tokenize("") == std::vector<std::string_view>{});
+  REQUIRE(t.encode("hello, he") == std::vector<int32_t>{258, 'o', ',', ' ', 256});
+  REQUIRE(t.decode(t.encode("ab\n\xFF 12x")) == "ab\n\xFF 12x");
+}
