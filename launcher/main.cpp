@@ -143,6 +143,7 @@ int usage_error(const std::string& msg) {
 // What the command line gives beyond Options' own fields: the words parsed later, and whether an address or port was
 // given at all.
 struct RawOptions {
+  std::string nproc = "1";
   std::string nnodes = "1";
   std::string master_addr;
   int master_port = 0;
@@ -163,7 +164,12 @@ void add_options(CLI::App& app, Options& opts, RawOptions& raw) {
   // torchrun --standalone (nanoGPT's README: `torchrun --standalone --nproc_per_node=8 train.py`): one node with its
   // rendezvous on this host, which is what dprun does without --nnodes.
   app.add_flag("--standalone", raw.standalone, "torchrun's: one node, rendezvous on this host (dprun's default)");
-  app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node (default 1)")->type_name("N");
+  app.add_option("--nproc-per-node", raw.nproc,
+                 "ranks to start on this node (default 1), or torchrun's words:\n"
+                 "auto: one per CUDA GPU visible, else one per CPU; gpu: one\n"
+                 "per GPU (refused without one); cpu: one per CPU (the CPUs\n"
+                 "dprun may run on: its affinity, as taskset sets it)")
+      ->type_name("N|auto|gpu|cpu");
   app.add_option("--nnodes", raw.nnodes,
                  "nodes in the job, each running a dprun (default 1); MIN:MAX:\n"
                  "an elastic job that goes on with at least MIN nodes")
@@ -246,6 +252,12 @@ int main(int argc, char** argv) {
     return usage_error(fmt::format("--standalone is one node: leave out --nnodes {}", raw.nnodes));
   try {
     dpt::launcher::parse_nnodes(raw.nnodes, opts);
+    namespace l = dpt::launcher;
+    const l::NprocChoice nproc = l::parse_nproc_per_node(raw.nproc, l::visible_gpu_count, l::usable_cpu_count);
+    opts.nproc_per_node = nproc.n;
+    if (!nproc.why.empty())
+      fmt::print(stderr, "dprun: --nproc-per-node {}: {} rank{} ({})\n", raw.nproc, nproc.n, nproc.n == 1 ? "" : "s",
+                 nproc.why);
   } catch (const dpt::ConfigError& e) {
     return usage_error(e.what());
   }

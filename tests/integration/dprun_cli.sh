@@ -60,4 +60,19 @@ run --standalone --nproc_per_node=2 -- sh -c 'echo "$WORLD_SIZE $MASTER_ADDR"'
 [ "$(grep -c '^\[rank [01]\] 2 127.0.0.1$' "$WORK/out")" = 2 ] || fail "--standalone: not 2 ranks on this host"
 expect_usage_error "--standalone is one node: leave out --nnodes 2" --standalone --nnodes 2 --master-addr x -- true
 echo "ok: --nproc_per_node, --standalone, arguments after --"
+
+# torchrun's --nproc-per-node words: auto (one per GPU, else one per CPU), cpu, gpu. CUDA_VISIBLE_DEVICES= hides
+# any GPU, so auto and cpu are the CPUs dprun may run on (its affinity; taskset narrows it to one).
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc heeds OMP_NUM_THREADS; dprun does not
+CUDA_VISIBLE_DEVICES= run --nproc_per_node=auto -- sh -c 'echo "$LOCAL_WORLD_SIZE $WORLD_SIZE"'
+[ "$RC" = 0 ] || { cat "$WORK/err"; fail "--nproc-per-node auto: exited $RC"; }
+[ "$(grep -c "^\[rank [0-9]*\] $cpus $cpus\$" "$WORK/out")" = "$cpus" ] ||
+  { cat "$WORK/out" "$WORK/err"; fail "--nproc-per-node auto without a GPU: not $cpus ranks"; }
+grep -q "^dprun: --nproc-per-node auto: $cpus ranks\? (one per CPU: no CUDA GPU visible)" "$WORK/err" ||
+  { cat "$WORK/err"; fail "--nproc-per-node auto: dprun does not say what it counted"; }
+[ "$(taskset -c 0 "$DPRUN" --nproc-per-node cpu -- sh -c 'echo $LOCAL_WORLD_SIZE' 2>/dev/null)" = "[rank 0] 1" ] ||
+  fail "--nproc-per-node cpu under taskset -c 0: not one rank"
+CUDA_VISIBLE_DEVICES= expect_usage_error "--nproc-per-node gpu: no CUDA GPU is visible" --nproc-per-node gpu -- true
+expect_usage_error "auto (one per GPU, else one per CPU), gpu or cpu (got 'cpus')" --nproc-per-node cpus -- true
+echo "ok: --nproc-per-node auto, cpu, gpu"
 echo "PASS"

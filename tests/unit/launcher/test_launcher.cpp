@@ -308,6 +308,30 @@ TEST_CASE("parse_nnodes: N or MIN:MAX, anything else refused naming the text", "
   }
 }
 
+TEST_CASE("parse_nproc_per_node: a number or torchrun's words auto and gpu and cpu", "[launcher]") {
+  auto none = [] { return 0; };
+  auto four_gpus = [] { return 4; };
+  auto six_cpus = [] { return 6; };
+  CHECK(parse_nproc_per_node("3", none, six_cpus).n == 3);
+  CHECK(parse_nproc_per_node("3", none, six_cpus).why.empty());
+  CHECK(parse_nproc_per_node("0", none, six_cpus).n == 0);  // validate() refuses it, naming the option
+  // torchrun: auto is the GPU count with CUDA, else the CPU count; gpu needs a GPU; cpu counts CPUs.
+  CHECK(parse_nproc_per_node("auto", four_gpus, six_cpus).n == 4);
+  CHECK(parse_nproc_per_node("auto", none, six_cpus).n == 6);
+  CHECK_THAT(parse_nproc_per_node("auto", none, six_cpus).why, Catch::Contains("no CUDA GPU visible"));
+  CHECK(parse_nproc_per_node("gpu", four_gpus, six_cpus).n == 4);
+  CHECK(parse_nproc_per_node("cpu", four_gpus, six_cpus).n == 6);
+  CHECK_THROWS_WITH(parse_nproc_per_node("gpu", none, six_cpus), Catch::Contains("gpu: no CUDA GPU is visible"));
+  for (const char* bad : {"", "Auto", "2x", "1.5", "gpus", "-"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse_nproc_per_node(bad, four_gpus, six_cpus),
+                      Catch::Contains(fmt::format("auto (one per GPU, else one per CPU), gpu or cpu (got '{}')", bad)));
+  }
+  // The real counts here: no driver in the test machines means no GPU; at least one CPU.
+  CHECK(visible_gpu_count() >= 0);
+  CHECK(usable_cpu_count() >= 1);
+}
+
 TEST_CASE("rank_environment with an elastic round's placement: its ranks, world size, node index and port", "[launcher]") {
   Options o = resolve(multi(3, 4, 2));  // node 2 of up to 4
   const Placement static_where = static_placement(o);
