@@ -69,7 +69,9 @@ that exited with 127. SIGINT and SIGHUP sent to dprun are forwarded to every ran
 second signal skips the grace period), and dprun exits with 128 + N.
 
 Preemption: SIGUSR1 and SIGTERM sent to dprun (Slurm's --signal=USR1@120, scancel, a spot reclaim) are
-forwarded too, but the ranks get --stop-timeout seconds (default 60) before SIGKILL, and SIGUSR1 again,
+forwarded too (to a rank in its first second that neither blocks nor catches it yet, such as dptrain in
+the dynamic loader, which it would kill: once it does), but the ranks get --stop-timeout seconds (default 60)
+before SIGKILL, and SIGUSR1 again,
 or SIGTERM after SIGUSR1, is forwarded instead of cutting that short (SIGTERM twice, SIGINT or SIGHUP
 still skip the wait): dptrain's ranks agree on the next
 step, rank 0 writes a checkpoint, and each exits 75. A rank that exits 75 on its own (it was signalled
