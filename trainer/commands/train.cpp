@@ -29,8 +29,8 @@ struct TrainArgs {
 // dptrain.sbatch and dprun.sbatch make up is a new one in each attempt: a requeued --resume never once took the
 // preempted attempt's checkpoints for another job's, deleted them and started over); the step tells two sruns of
 // one job apart. Elsewhere: dprun's per-job token (a secret: only its FNV-1a 64 hash is kept), so that two dpruns
-// in one batch script or salloc shell are two jobs; else torchrun's run id, else Slurm's job id (dptrain in the
-// batch script itself); empty under a launcher that names none.
+// in one batch script or salloc shell are two jobs (in a batch script, after Slurm's job id: job_family); else
+// torchrun's run id, else Slurm's job id (dptrain in the batch script itself); empty under a launcher that names none.
 std::string job_identity(const comm::DistEnv& env) {
   const char* slurm_job = std::getenv("SLURM_JOB_ID");
   const char* step = std::getenv("SLURM_STEP_ID");
@@ -38,11 +38,24 @@ std::string job_identity(const comm::DistEnv& env) {
   if (!env.store_token.empty()) {
     uint64_t h = 1469598103934665603ull;
     for (const unsigned char c : env.store_token) h = (h ^ c) * 1099511628211ull;
+    if (slurm_job && *slurm_job) return fmt::format("slurm-{}:dprun-{:016x}", slurm_job, h);
     return fmt::format("dprun-{:016x}", h);
   }
   for (const auto& [var, name] : {std::pair{"TORCHELASTIC_RUN_ID", "torchrun"}, std::pair{"SLURM_JOB_ID", "slurm"}})
     if (const char* id = std::getenv(var); id && *id) return fmt::format("{}-{}", name, id);
   return {};
+}
+
+// RunOptions::job_family: in a requeued attempt (SLURM_RESTART_COUNT > 0) of a batch script that runs dprun itself,
+// without srun, "slurm-ID": dprun makes up a new token in each attempt, so the earlier attempts' checkpoints carry
+// another job_identity (a requeued --resume never once deleted them and started over), but this Slurm job's id.
+std::string job_family() {
+  const char* slurm_job = std::getenv("SLURM_JOB_ID");
+  const char* step = std::getenv("SLURM_STEP_ID");
+  const char* requeues = std::getenv("SLURM_RESTART_COUNT");
+  if (!slurm_job || !*slurm_job || (step && *step) || !requeues || !*requeues || std::string(requeues) == "0")
+    return {};
+  return fmt::format("slurm-{}", slurm_job);
 }
 
 // Which attempt of the job this is (RunOptions::restart): the launcher's restart count, else Slurm's
@@ -92,7 +105,7 @@ int train_job(const TrainArgs& a) {
             try {
               result = train(job.config,
                              {.resume = a.resume, .restart = attempt(job.env), .job = job_identity(job.env),
-                              .device = job.device},
+                              .job_family = job_family(), .device = job.device},
                              *job.pg);
             } catch (const StoppedBeforeTraining& e) {  // a wait at start-up gave up on a stop signal
               job.pg.reset();
