@@ -58,6 +58,16 @@ std::string job_family() {
   return fmt::format("slurm-{}", slurm_job);
 }
 
+// What exit 75 means to the launcher, after "exiting with 75": under torchrun, whose agent counts any non-zero exit as
+// a failure, not a stop (it starts every rank again while --max_restarts allow, else exits 1), so that nobody waits
+// for a requeue on torchrun's exit code. "" elsewhere.
+std::string torchrun_note() {
+  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+  if (!run_id || !*run_id) return "";
+  return "; torchrun counts exit 75 as a failure: it starts the ranks again while --max_restarts allow (they go on "
+         "from the newest checkpoint), else it exits 1, which a script cannot tell from a failure";
+}
+
 // Which attempt of the job this is (RunOptions::restart): the launcher's restart count, else Slurm's
 // (SLURM_RESTART_COUNT: a requeue by scontrol, by the batch scripts after a preemption, or by --requeue after a node
 // failure), whose --resume never or PATH were the first attempt's too. The same on every rank.
@@ -111,7 +121,7 @@ int train_job(const TrainArgs& a) {
               job.pg.reset();
               if (lead)
                 spdlog::warn("stopping before the first step: {}; nothing trained, no checkpoint to write; exiting "
-                             "with {} (the same command starts again)", e.what(), kExitPreempted);
+                             "with {} (the same command starts again){}", e.what(), kExitPreempted, torchrun_note());
               spdlog::default_logger()->flush();
               return kExitPreempted;
             }
@@ -129,11 +139,12 @@ int train_job(const TrainArgs& a) {
                                     "again) resumes", a.resume);
               if (lead && result.failed_checkpoint_step == result.steps)
                 spdlog::warn("preempted at step {}, whose checkpoint was not written ({}); exiting with {}: {} from "
-                             "the newest checkpoint: {}",
-                             result.steps, result.checkpoint_error, kExitPreempted, how, newest_checkpoint(result));
+                             "the newest checkpoint: {}{}",
+                             result.steps, result.checkpoint_error, kExitPreempted, how, newest_checkpoint(result),
+                             torchrun_note());
               else if (lead)
-                spdlog::info("preempted: checkpoint of step {} written; exiting with {} ({} from it)", result.steps,
-                             kExitPreempted, how);
+                spdlog::info("preempted: checkpoint of step {} written; exiting with {} ({} from it){}", result.steps,
+                             kExitPreempted, how, torchrun_note());
               spdlog::default_logger()->flush();
               return kExitPreempted;
             }
