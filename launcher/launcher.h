@@ -94,6 +94,7 @@ struct Placement {
   int world_size = 1;
   int group_rank = 0;   // NODE_RANK, GROUP_RANK: the node's index among the attempt's nodes
   int master_port = 0;  // MASTER_PORT of the ranks
+  int group_world_size = 1;  // GROUP_WORLD_SIZE: the attempt's nodes
 };
 // The placement of a static job (not elastic): from --node-rank, --nnodes and --master-port (resolved).
 Placement static_placement(const Options& opts);

@@ -32,6 +32,9 @@ constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   WORLD_SIZE               nnodes * nproc_per_node (elastic: the ranks of the round's nodes)
   LOCAL_WORLD_SIZE         nproc_per_node
   NODE_RANK, GROUP_RANK    --node-rank (elastic: the node's index in the round)
+  GROUP_WORLD_SIZE         nnodes (elastic: the round's nodes)
+  ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME
+                           RANK, WORLD_SIZE and "default", as torchrun's single role
   MASTER_ADDR, MASTER_PORT --master-addr, --master-port (defaults above; elastic: a port the
                            master node's dprun finds free for each round)
   DPT_RESTART_COUNT        0; k in the k-th restart (--max-restarts; elastic: the round)

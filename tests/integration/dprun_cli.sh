@@ -6,7 +6,8 @@ source "$(dirname "$0")/lib/dprun.bash"
 run --help
 [ "$RC" = 0 ] || fail "--help exited $RC"
 for word in --nproc-per-node --nnodes --node-rank --master-addr --master-port --log-dir --grace-period \
-            RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK MASTER_ADDR MASTER_PORT \
+            RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK \
+            ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT \
             DPT_RESTART_COUNT OMP_NUM_THREADS DPT_RANK_PREFIXED SIGTERM SIGKILL 29500 Examples; do
   grep -q -- "$word" "$WORK/out" || fail "--help does not mention $word"
 done
