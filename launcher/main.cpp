@@ -145,6 +145,23 @@ int usage_error(const std::string& msg) {
   return kUsageExitCode;
 }
 
+// torchrun's options that dprun has not (its underscores already dashes): what to write instead; "" for any other.
+std::string torchrun_hint(const std::string& word) {
+  if (word == "--rdzv-endpoint")
+    return "torchrun's --rdzv-endpoint HOST:PORT is dprun's --master-addr HOST --master-port PORT (node 0's dprun "
+           "hosts the rendezvous there)";
+  if (word == "--rdzv-backend" || word == "--rdzv-id" || word == "--rdzv-conf")
+    return fmt::format("dprun has one rendezvous, hosted by node 0's dprun at --master-addr and --master-port "
+                       "(--rdzv-timeout, --nnodes MIN:MAX): leave torchrun's {} out", word);
+  if (word == "--no-python" || word == "-m" || word == "--module")
+    return "dprun runs the program after '--' as it is (dprun --nproc-per-node 2 -- build/trainer/dptrain ...; a "
+           "Python module: -- python -m MODULE)";
+  for (const char* o : {"--monitor-interval", "--redirects", "--tee", "--role", "--start-method", "--local-addr",
+                        "--max-nodes", "--run-path", "--logs-specs", "--local-ranks-filter"})
+    if (word == o) return fmt::format("torchrun's {} has no counterpart in dprun: leave it out", word);
+  return "";
+}
+
 // What the command line gives beyond Options' own fields: the words parsed later, and whether an address or port was
 // given at all.
 struct RawOptions {
@@ -245,6 +262,8 @@ int main(int argc, char** argv) {
       for (const CLI::Option* o : app.get_options())
         for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
       const std::string word = extras[0].substr(0, extras[0].find('='));
+      if (const std::string hint = torchrun_hint(word); !hint.empty())
+        return usage_error(fmt::format("unknown option {}: {}", word, hint));
       std::string nearest = dpt::cli::nearest_name(word, names, 4);
       for (const std::string& n : names)  // a prefix (--nproc, --master) is what was meant before any near name
         if (nearest.empty() && word.size() >= 4 && n.starts_with(word)) nearest = n;

@@ -39,6 +39,11 @@ expect_usage_error "no program to run" --nproc-per-node 2 --
 expect_usage_error "unexpected argument 'true'" --nproc-per-node 2 true
 expect_usage_error "unknown option --bogus" --bogus -- true
 expect_usage_error "unknown option --nproc (did you mean --nproc-per-node?)" --nproc 2 -- true
+# torchrun's options that dprun has not: what to write instead (the multi-node line of torchrun's docs).
+expect_usage_error "rdzv-endpoint: torchrun's --rdzv-endpoint HOST:PORT is dprun's --master-addr HOST --master-port PORT" \
+  --nnodes 2 --rdzv_endpoint=10.0.0.1:29400 -- true
+expect_usage_error "unknown option --rdzv-backend: dprun has one rendezvous" --rdzv_backend=c10d -- true
+expect_usage_error "unknown option --no-python: dprun runs the program after '--' as it is" --no_python true
 expect_usage_error "unknown option --max-restart (did you mean --max-restarts?)" --max-restart 2 -- true
 expect_usage_error "--nproc-per-node must be at least 1 (got 0)" --nproc-per-node 0 -- true
 expect_usage_error "nproc-per-node" --nproc-per-node two -- true
