@@ -40,7 +40,7 @@ expect_usage_error "unexpected argument 'true'" --nproc-per-node 2 true
 expect_usage_error "unknown option --bogus" --bogus -- true
 expect_usage_error "unknown option --nproc (did you mean --nproc-per-node?)" --nproc 2 -- true
 # torchrun's options that dprun has not: what to write instead (the multi-node line of torchrun's docs).
-expect_usage_error "rdzv-endpoint: torchrun's --rdzv-endpoint HOST:PORT is dprun's --master-addr HOST --master-port PORT" \
+expect_usage_error "rdzv-endpoint: torchrun's --rdzv-endpoint HOST:PORT is dprun's --master-addr HOST --master-port" \
   --nnodes 2 --rdzv_endpoint=10.0.0.1:29400 -- true
 expect_usage_error "unknown option --rdzv-backend: dprun has one rendezvous" --rdzv_backend=c10d -- true
 expect_usage_error "unknown option --no-python: dprun runs the program after '--' as it is" --no_python true
