@@ -161,7 +161,8 @@ TEST_CASE("launch: a rank exiting 75 alone stops the others with SIGTERM -> 75, 
   CHECK(read_file(dir.path / "logs" / "rank_1.log") == "attempt 0\n");
 }
 
-TEST_CASE("signal_handled: blocked or ignored or caught counts and the default action does not", "[launcher][process]") {
+TEST_CASE("signal_handled: blocked or ignored or caught counts and the default action does not",
+          "[launcher][process]") {
   // SIGUSR2 (no handler of Catch's): with its default action here, then blocked; ignored in a child.
   struct sigaction old {};
   REQUIRE(::sigaction(SIGUSR2, nullptr, &old) == 0);
