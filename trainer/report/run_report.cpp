@@ -76,8 +76,8 @@ std::string straggler_warning(const Straggler& s, const RankTiming& slow, int64_
   const char* where = zero == 0   ? "the gradient all-reduce"
                       : zero < 3 ? "the gradient reduce-scatter and parameter all-gather (ZeRO)"
                                  : "the parameter all-gathers and gradient reduce-scatter (ZeRO-3)";
-  return fmt::format("straggler: rank {} took {:.1f} ms per step (compute {:.1f} ms, data wait {:.1f} ms), {:.0f}% more "
-                     "than the other ranks' median {:.1f} ms; they waited {:.1f} s for it in {} this epoch",
+  return fmt::format("straggler: rank {} took {:.1f} ms per step (compute {:.1f} ms, data wait {:.1f} ms), {:.0f}% "
+                     "more than the other ranks' median {:.1f} ms; they waited {:.1f} s for it in {} this epoch",
                      s.rank, 1e3 * slow.step_time_s(), 1e3 * slow.compute_s / steps, 1e3 * slow.data_wait_s / steps,
                      100 * s.lag, 1e3 * s.others_median_s, s.lost_s, where);
 }
