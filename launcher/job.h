@@ -39,6 +39,11 @@ inline constexpr std::chrono::milliseconds kRendezvousPoll{100};
 // node 0 looks at the others'.
 inline constexpr std::chrono::milliseconds kKeepAliveEvery{1000};
 inline constexpr std::chrono::seconds kStoppedLinger{10};
+// A stop signal for preemption (SIGUSR1, SIGTERM) that would reach a rank before it blocks or catches it (the
+// dynamic loader's tens of milliseconds before dptrain's first instruction, which holds them) would kill it: dprun
+// holds it back until the rank does, looking every kStartingPoll, for at most kStartingGrace after the rank started.
+inline constexpr std::chrono::milliseconds kStartingGrace{1000};
+inline constexpr std::chrono::milliseconds kStartingPoll{5};
 
 // dprun's own messages: one line on stderr, best effort.
 void note(std::string_view msg);
@@ -54,6 +59,8 @@ struct Rank {
   bool ended = false;        // seen ended (a zombie until reaped)
   bool reaped = false;
   ExitStatus status;
+  JobClock::time_point started{};
+  std::vector<int> held;     // stop signals held back while it starts (kStartingGrace)
   std::string log_path;      // with --log-dir
   std::unique_ptr<RankStream> out, err;  // without --log-dir
 };
@@ -96,7 +103,11 @@ class Job {
   void fail(const std::vector<Rank*>& failed, const std::vector<std::string>& why);
   void kill_remaining();
   std::vector<int> running_ranks() const;
+  // Sends `sig` to every rank's process group; a preemption's SIGUSR1 or SIGTERM to a rank still starting, which it
+  // does not handle yet, is held back (kStartingGrace) and sent by send_held().
   void signal_all(int sig);
+  // The held signals of ranks that handle them now, or whose kStartingGrace is over; true while some are held.
+  bool send_held();
 
   // ---- stopping (job_stop.cpp): stop signals, preemption, the grace period, the failure's reason
   static bool is_preemption(int sig) { return sig == SIGUSR1 || sig == SIGTERM; }

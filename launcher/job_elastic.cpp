@@ -86,7 +86,8 @@ std::optional<int> Job::enter_round(int round, int own_code) {
     plan_ = *plan;
     watch_.reset();
     restarts_ = round;
-    placement_ = Placement{plan_.first_rank(index), plan_.world_size(), index, plan_.rank_port};
+    placement_ = Placement{plan_.first_rank(index), plan_.world_size(), index, plan_.rank_port,
+                           static_cast<int>(plan_.nodes.size())};
     std::vector<std::string> names;
     for (const NodeInfo& n : plan_.nodes) names.push_back(describe(n));
     note(fmt::format("round {}: {} node{} ({}), world size {}; this node runs ranks {}..{}", round,

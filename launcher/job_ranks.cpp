@@ -13,6 +13,18 @@
 
 namespace dpt::launcher {
 
+namespace {
+// `sig` to rank `r`'s process group, saying so when that fails.
+void send_to(const Rank& r, int sig) {
+  const int err = signal_group(r.pid, sig);
+  // ESRCH: the group is empty. (A group holding only the zombie rank takes the signal without complaint.)
+  if (err != 0 && err != ESRCH) {
+    note(fmt::format("cannot send {} to rank {} (process group {}): {}", signal_name(sig), r.global, r.pid,
+                     std::strerror(err)));
+  }
+}
+}  // namespace
+
 void Job::open_stdin() {
   // Ranks run in their own process groups, in the background of the terminal: one reading the terminal
   // would be stopped by SIGTTIN and hang the job. They read end-of-file instead.
@@ -56,6 +68,7 @@ void Job::start(int local) {
 
   Spawned s = spawn(spec, signals_);
   r.pid = s.pid;
+  r.started = JobClock::now();
   if (!opts_.log_dir.empty()) {
     log.reset();
   } else {
@@ -107,6 +120,10 @@ void Job::monitor() {
     }
     if (elastic_) {  // to look for other nodes' failures, and count up the keep-alive (in a teardown too)
       const int poll_ms = static_cast<int>(kRendezvousPoll.count());
+      timeout_ms = timeout_ms < 0 ? poll_ms : std::min(timeout_ms, poll_ms);
+    }
+    if (send_held()) {  // a rank still starting: look again soon
+      const int poll_ms = static_cast<int>(kStartingPoll.count());
       timeout_ms = timeout_ms < 0 ? poll_ms : std::min(timeout_ms, poll_ms);
     }
     int n = ::poll(fds.data(), fds.size(), timeout_ms);
@@ -190,6 +207,24 @@ void Job::kill_remaining() {
   signal_all(SIGKILL);
 }
 
+bool Job::send_held() {
+  bool holding = false;
+  for (Rank& r : ranks_) {
+    if (r.held.empty()) continue;
+    if (r.ended || r.reaped) {
+      r.held.clear();
+      continue;
+    }
+    if (JobClock::now() - r.started < kStartingGrace && !signal_handled(r.pid, r.held.front())) {
+      holding = true;
+      continue;
+    }
+    for (int sig : r.held) send_to(r, sig);
+    r.held.clear();
+  }
+  return holding;
+}
+
 std::vector<int> Job::running_ranks() const {
   std::vector<int> out;
   for (const Rank& r : ranks_) {
@@ -199,14 +234,16 @@ std::vector<int> Job::running_ranks() const {
 }
 
 void Job::signal_all(int sig) {
-  for (const Rank& r : ranks_) {
+  const bool stop = preempting_ && is_preemption(sig);
+  for (Rank& r : ranks_) {
     if (r.reaped) continue;
-    int err = signal_group(r.pid, sig);
-    // ESRCH: the group is empty. (A group holding only the zombie rank takes the signal without complaint.)
-    if (err != 0 && err != ESRCH) {
-      note(fmt::format("cannot send {} to rank {} (process group {}): {}", signal_name(sig), r.global, r.pid,
-                       std::strerror(err)));
+    if (sig == SIGKILL) r.held.clear();
+    if (stop && !r.ended && (!r.held.empty() || (JobClock::now() - r.started < kStartingGrace &&
+                                                  !signal_handled(r.pid, sig)))) {
+      r.held.push_back(sig);  // in order, after any held before it
+      continue;
     }
+    send_to(r, sig);
   }
 }
 

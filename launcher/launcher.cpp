@@ -116,7 +116,8 @@ void parse_nnodes(const std::string& text, Options& opts) {
 
 Placement static_placement(const Options& opts) {
   DPT_CHECK(opts.master_port.has_value(), "static_placement needs resolved options (call resolve)");
-  return Placement{global_rank(opts, 0), opts.nnodes * opts.nproc_per_node, opts.node_rank, *opts.master_port};
+  return Placement{global_rank(opts, 0), opts.nnodes * opts.nproc_per_node, opts.node_rank, *opts.master_port,
+                   opts.nnodes};
 }
 
 Options resolve(Options opts) {
@@ -145,6 +146,11 @@ Environment rank_environment(const Options& opts, const Placement& where, int lo
   env["LOCAL_WORLD_SIZE"] = std::to_string(opts.nproc_per_node);
   env["NODE_RANK"] = std::to_string(where.group_rank);
   env["GROUP_RANK"] = std::to_string(where.group_rank);  // torchrun's name for the node rank
+  // torchrun's too: the nodes, and the rank and world of the one role dprun has (torchrun's default role's name).
+  env["GROUP_WORLD_SIZE"] = std::to_string(where.group_world_size);
+  env["ROLE_RANK"] = env["RANK"];
+  env["ROLE_WORLD_SIZE"] = env["WORLD_SIZE"];
+  env["ROLE_NAME"] = "default"s;
   env["MASTER_ADDR"] = *opts.master_addr;
   env["MASTER_PORT"] = std::to_string(where.master_port);
   // std::string values ("0"s): assigning a char literal trips GCC 12's false -Wrestrict (GCC PR 105329).

@@ -62,6 +62,22 @@ void check_not_one_of_many(const Options& opts, const std::function<const char*(
 // Throws ConfigError naming the text when it is neither.
 void parse_nnodes(const std::string& text, Options& opts);
 
+// --nproc-per-node: a number, or torchrun's words: auto (one rank per CUDA GPU visible, else one per CPU), gpu (one
+// per GPU; ConfigError without one), cpu (one per CPU). `n`: the ranks; `why`: how a word was counted ("" for a
+// number). `gpus` and `cpus` give the counts (visible_gpu_count, usable_cpu_count in dprun). ConfigError for
+// anything else. A number below 1 is validate()'s to refuse.
+struct NprocChoice {
+  int n = 1;
+  std::string why;
+};
+NprocChoice parse_nproc_per_node(const std::string& text, const std::function<int()>& gpus,
+                                 const std::function<int()>& cpus);
+// The CUDA devices this process may use (CUDA_VISIBLE_DEVICES applies), asked of the driver (libcuda.so.1) in a
+// child process; 0 without a driver or a device.
+int visible_gpu_count();
+// The CPUs this process may run on (its affinity mask: Slurm's and taskset's limits apply).
+int usable_cpu_count();
+
 // The nodes the job needs at least (MIN, or --nnodes).
 inline int min_nodes(const Options& opts) { return opts.min_nnodes.value_or(opts.nnodes); }
 
@@ -78,6 +94,7 @@ struct Placement {
   int world_size = 1;
   int group_rank = 0;   // NODE_RANK, GROUP_RANK: the node's index among the attempt's nodes
   int master_port = 0;  // MASTER_PORT of the ranks
+  int group_world_size = 1;  // GROUP_WORLD_SIZE: the attempt's nodes
 };
 // The placement of a static job (not elastic): from --node-rank, --nnodes and --master-port (resolved).
 Placement static_placement(const Options& opts);

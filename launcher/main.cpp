@@ -32,6 +32,9 @@ constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   WORLD_SIZE               nnodes * nproc_per_node (elastic: the ranks of the round's nodes)
   LOCAL_WORLD_SIZE         nproc_per_node
   NODE_RANK, GROUP_RANK    --node-rank (elastic: the node's index in the round)
+  GROUP_WORLD_SIZE         nnodes (elastic: the round's nodes)
+  ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME
+                           RANK, WORLD_SIZE and "default", as torchrun's single role
   MASTER_ADDR, MASTER_PORT --master-addr, --master-port (defaults above; elastic: a port the
                            master node's dprun finds free for each round)
   DPT_RESTART_COUNT        0; k in the k-th restart (--max-restarts; elastic: the round)
@@ -69,7 +72,9 @@ that exited with 127. SIGINT and SIGHUP sent to dprun are forwarded to every ran
 second signal skips the grace period), and dprun exits with 128 + N.
 
 Preemption: SIGUSR1 and SIGTERM sent to dprun (Slurm's --signal=USR1@120, scancel, a spot reclaim) are
-forwarded too, but the ranks get --stop-timeout seconds (default 60) before SIGKILL, and SIGUSR1 again,
+forwarded too (to a rank in its first second that neither blocks nor catches it yet, such as dptrain in
+the dynamic loader, which it would kill: once it does), but the ranks get --stop-timeout seconds (default 60)
+before SIGKILL, and SIGUSR1 again,
 or SIGTERM after SIGUSR1, is forwarded instead of cutting that short (SIGTERM twice, SIGINT or SIGHUP
 still skip the wait): dptrain's ranks agree on the next
 step, rank 0 writes a checkpoint, and each exits 75. A rank that exits 75 on its own (it was signalled
@@ -140,9 +145,27 @@ int usage_error(const std::string& msg) {
   return kUsageExitCode;
 }
 
+// torchrun's options that dprun has not (its underscores already dashes): what to write instead; "" for any other.
+std::string torchrun_hint(const std::string& word) {
+  if (word == "--rdzv-endpoint")
+    return "torchrun's --rdzv-endpoint HOST:PORT is dprun's --master-addr HOST --master-port PORT (node 0's dprun "
+           "hosts the rendezvous there)";
+  if (word == "--rdzv-backend" || word == "--rdzv-id" || word == "--rdzv-conf")
+    return fmt::format("dprun has one rendezvous, hosted by node 0's dprun at --master-addr and --master-port "
+                       "(--rdzv-timeout, --nnodes MIN:MAX): leave torchrun's {} out", word);
+  if (word == "--no-python" || word == "-m" || word == "--module")
+    return "dprun runs the program after '--' as it is (dprun --nproc-per-node 2 -- build/trainer/dptrain ...; a "
+           "Python module: -- python -m MODULE)";
+  for (const char* o : {"--monitor-interval", "--redirects", "--tee", "--role", "--start-method", "--local-addr",
+                        "--max-nodes", "--run-path", "--logs-specs", "--local-ranks-filter"})
+    if (word == o) return fmt::format("torchrun's {} has no counterpart in dprun: leave it out", word);
+  return "";
+}
+
 // What the command line gives beyond Options' own fields: the words parsed later, and whether an address or port was
 // given at all.
 struct RawOptions {
+  std::string nproc = "1";
   std::string nnodes = "1";
   std::string master_addr;
   int master_port = 0;
@@ -163,7 +186,12 @@ void add_options(CLI::App& app, Options& opts, RawOptions& raw) {
   // torchrun --standalone (nanoGPT's README: `torchrun --standalone --nproc_per_node=8 train.py`): one node with its
   // rendezvous on this host, which is what dprun does without --nnodes.
   app.add_flag("--standalone", raw.standalone, "torchrun's: one node, rendezvous on this host (dprun's default)");
-  app.add_option("--nproc-per-node", opts.nproc_per_node, "ranks to start on this node (default 1)")->type_name("N");
+  app.add_option("--nproc-per-node", raw.nproc,
+                 "ranks to start on this node (default 1), or torchrun's words:\n"
+                 "auto: one per CUDA GPU visible, else one per CPU; gpu: one\n"
+                 "per GPU (refused without one); cpu: one per CPU (the CPUs\n"
+                 "dprun may run on: its affinity, as taskset sets it)")
+      ->type_name("N|auto|gpu|cpu");
   app.add_option("--nnodes", raw.nnodes,
                  "nodes in the job, each running a dprun (default 1); MIN:MAX:\n"
                  "an elastic job that goes on with at least MIN nodes")
@@ -234,6 +262,8 @@ int main(int argc, char** argv) {
       for (const CLI::Option* o : app.get_options())
         for (const std::string& l : o->get_lnames()) names.push_back("--" + l);
       const std::string word = extras[0].substr(0, extras[0].find('='));
+      if (const std::string hint = torchrun_hint(word); !hint.empty())
+        return usage_error(fmt::format("unknown option {}: {}", word, hint));
       std::string nearest = dpt::cli::nearest_name(word, names, 4);
       for (const std::string& n : names)  // a prefix (--nproc, --master) is what was meant before any near name
         if (nearest.empty() && word.size() >= 4 && n.starts_with(word)) nearest = n;
@@ -246,6 +276,12 @@ int main(int argc, char** argv) {
     return usage_error(fmt::format("--standalone is one node: leave out --nnodes {}", raw.nnodes));
   try {
     dpt::launcher::parse_nnodes(raw.nnodes, opts);
+    namespace l = dpt::launcher;
+    const l::NprocChoice nproc = l::parse_nproc_per_node(raw.nproc, l::visible_gpu_count, l::usable_cpu_count);
+    opts.nproc_per_node = nproc.n;
+    if (!nproc.why.empty())
+      fmt::print(stderr, "dprun: --nproc-per-node {}: {} rank{} ({})\n", raw.nproc, nproc.n, nproc.n == 1 ? "" : "s",
+                 nproc.why);
   } catch (const dpt::ConfigError& e) {
     return usage_error(e.what());
   }

@@ -8,7 +8,11 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "core/check.h"
 
@@ -231,6 +235,21 @@ ExitStatus reap(pid_t pid) {
 int signal_group(pid_t pgid, int sig) {
   DPT_CHECK_GT(pgid, 1);  // never kill(0) or kill(-1)
   return ::kill(-pgid, sig) == 0 ? 0 : errno;
+}
+
+bool signal_handled(pid_t pid, int sig) {
+  std::ifstream in(fmt::format("/proc/{}/status", pid));
+  std::string line;
+  int seen = 0;
+  const std::uint64_t bit = std::uint64_t{1} << (sig - 1);
+  while (std::getline(in, line)) {
+    for (const char* field : {"SigBlk:", "SigIgn:", "SigCgt:"}) {
+      if (!line.starts_with(field)) continue;
+      ++seen;
+      if (std::strtoull(line.c_str() + std::strlen(field), nullptr, 16) & bit) return true;
+    }
+  }
+  return seen < 3;  // no such process (or no such fields): nothing to wait for
 }
 
 }  // namespace dpt::launcher

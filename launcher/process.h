@@ -128,4 +128,8 @@ ExitStatus reap(pid_t pid);
 // kill(-pgid, sig). Returns 0, or the errno (ESRCH: the group is empty).
 int signal_group(pid_t pgid, int sig);
 
+// Does process `pid` block, ignore or catch `sig` now (/proc/PID/status: SigBlk, SigIgn, SigCgt)? A process that
+// does none of these dies of it. True when /proc cannot tell (the process is gone): nothing to wait for.
+bool signal_handled(pid_t pid, int sig);
+
 }  // namespace dpt::launcher

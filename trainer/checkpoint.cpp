@@ -521,12 +521,16 @@ std::optional<LoadedCheckpoint> CheckpointManager::load_latest() const {
   return std::nullopt;
 }
 
-std::optional<LoadedCheckpoint> CheckpointManager::load_latest_of_job(const std::string& job) const {
+std::optional<LoadedCheckpoint> CheckpointManager::load_latest_of_job(const std::string& job,
+                                                                     const std::string& family) const {
   auto all = complete();
+  auto ours = [&](const std::string& j) {
+    return j == job || (!family.empty() && (j == family || j.starts_with(family + ":")));
+  };
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     try {
       const fs::path state = fs::path(*it) / kStateFile;
-      if (state_from_json(read_file(state), state.string()).job != job) continue;
+      if (!ours(state_from_json(read_file(state), state.string()).job)) continue;
       return load(*it);
     } catch (const CheckpointError& e) {
       spdlog::warn("skipping invalid checkpoint: {}", e.what());

@@ -112,8 +112,9 @@ class CheckpointManager {
   // The newest checkpoint that loads and validates; invalid ones are skipped with a warning naming what is
   // wrong. nullopt when there is none.
   std::optional<LoadedCheckpoint> load_latest() const;
-  // The newest checkpoint written by `job` (TrainState::job; its state.json read first) that loads and validates.
-  std::optional<LoadedCheckpoint> load_latest_of_job(const std::string& job) const;
+  // The newest checkpoint written by `job` (TrainState::job; its state.json read first) that loads and validates;
+  // with a `family` ("slurm-ID"), also one written by a job "slurm-ID" or "slurm-ID:...".
+  std::optional<LoadedCheckpoint> load_latest_of_job(const std::string& job, const std::string& family = "") const;
   // The complete checkpoint of `step` in dir as it is named there (step-36 or step-00000036), else path_for_step.
   std::string path_of_step(int64_t step) const;
   // Deletes every checkpoint (and leftover temporary directory) in dir but `except` (a path); returns how many

@@ -13,7 +13,10 @@
 #include <string>
 #include <vector>
 
+#include <sys/prctl.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include "core/cli_checks.h"
 #include "models/kernels/cpu/cpu_info.h"
@@ -37,6 +40,19 @@ void reexec_for_fast_blas(char** argv) {
   execv("/proc/self/exe", argv);  // keeps the signal mask: a SIGUSR1 or SIGTERM held so far stays pending
   // execv failed: carry on with the slow kernels (the note below says so).
   unsetenv("OPENBLAS_CORETYPE");
+}
+
+// Under torchrun (TORCHELASTIC_RUN_ID) the agent is this process's parent, and nothing ends the ranks when it dies
+// (kill -9, the OOM killer, SIGUSR1, whose default action ends Python): they once trained on, orphans, for the rest of
+// the run. SIGTERM when it does, as a stop: the ranks checkpoint and exit 75. (dprun asks for SIGKILL itself; Slurm and
+// Open MPI take their tasks down.) A parent gone before the request: SIGTERM now. (The agent may be pid 1 itself: a
+// container's entry point.)
+void stop_with_torchrun_agent() {
+  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+  if (!run_id || !*run_id) return;
+  const pid_t parent = ::getppid();
+  if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) return;
+  if (::getppid() != parent) ::raise(SIGTERM);  // held: a stop (hold_stop_signals)
 }
 
 // Before every shared library's initializer (CUDA's, NCCL's, MPI's, OpenBLAS's: about 100 ms before main() here),
@@ -140,6 +156,7 @@ int main(int argc, char** argv) {
   // with the re-exec below) waits for training's handler, or is released with its default action for the other
   // commands (trainer/preemption.h).
   dpt::trainer::hold_stop_signals();
+  stop_with_torchrun_agent();  // before the re-exec, which keeps it (the same process, the same parent)
   reexec_for_fast_blas(argv);
   CLI::App app{
       "dptrain: data-parallel training, one process per GPU or CPU slot.\n"

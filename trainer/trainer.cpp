@@ -363,7 +363,7 @@ std::optional<LoadedCheckpoint> Trainer::choose_checkpoint(const CheckpointManag
   bool from_dir = opts_.resume == "auto" ||
                   (path_given && std::filesystem::equivalent(opts_.resume, cfg_.checkpoint.dir, same_ec));
   if (lead_) {
-    if (restarted && !opts_.job.empty()) loaded = ckpt.load_latest_of_job(opts_.job);
+    if (restarted && !opts_.job.empty()) loaded = ckpt.load_latest_of_job(opts_.job, opts_.job_family);
     if (loaded) {
       from_dir = true;
       spdlog::info("restart {}: --resume {} applied to the job's first attempt; this one goes on from {}, the job's "

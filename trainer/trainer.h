@@ -26,6 +26,9 @@ struct RunOptions {
   // The launcher's job, the same in all its attempts (train.cpp's job_identity: Slurm's job id, dprun's job token
   // hashed, torchrun's run id; empty when none): saved in every checkpoint, so a restart knows its job's own.
   std::string job;
+  // In a requeued attempt of a Slurm batch script that runs dprun itself ("slurm-ID"; empty elsewhere): a restart's
+  // checkpoints are also those of any job "slurm-ID:..." (the earlier attempts' dpruns, each with its own token).
+  std::string job_family;
   // Where this rank trains (choose_device()); a CUDA device must be current already.
   Device device = Device::cpu();
 };

@@ -6,7 +6,8 @@ source "$(dirname "$0")/lib/dprun.bash"
 run --help
 [ "$RC" = 0 ] || fail "--help exited $RC"
 for word in --nproc-per-node --nnodes --node-rank --master-addr --master-port --log-dir --grace-period \
-            RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK MASTER_ADDR MASTER_PORT \
+            RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE NODE_RANK GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK \
+            ROLE_WORLD_SIZE ROLE_NAME MASTER_ADDR MASTER_PORT \
             DPT_RESTART_COUNT OMP_NUM_THREADS DPT_RANK_PREFIXED SIGTERM SIGKILL 29500 Examples; do
   grep -q -- "$word" "$WORK/out" || fail "--help does not mention $word"
 done
@@ -38,6 +39,11 @@ expect_usage_error "no program to run" --nproc-per-node 2 --
 expect_usage_error "unexpected argument 'true'" --nproc-per-node 2 true
 expect_usage_error "unknown option --bogus" --bogus -- true
 expect_usage_error "unknown option --nproc (did you mean --nproc-per-node?)" --nproc 2 -- true
+# torchrun's options that dprun has not: what to write instead (the multi-node line of torchrun's docs).
+expect_usage_error "rdzv-endpoint: torchrun's --rdzv-endpoint HOST:PORT is dprun's --master-addr HOST --master-port" \
+  --nnodes 2 --rdzv_endpoint=10.0.0.1:29400 -- true
+expect_usage_error "unknown option --rdzv-backend: dprun has one rendezvous" --rdzv_backend=c10d -- true
+expect_usage_error "unknown option --no-python: dprun runs the program after '--' as it is" --no_python true
 expect_usage_error "unknown option --max-restart (did you mean --max-restarts?)" --max-restart 2 -- true
 expect_usage_error "--nproc-per-node must be at least 1 (got 0)" --nproc-per-node 0 -- true
 expect_usage_error "nproc-per-node" --nproc-per-node two -- true
@@ -60,4 +66,19 @@ run --standalone --nproc_per_node=2 -- sh -c 'echo "$WORLD_SIZE $MASTER_ADDR"'
 [ "$(grep -c '^\[rank [01]\] 2 127.0.0.1$' "$WORK/out")" = 2 ] || fail "--standalone: not 2 ranks on this host"
 expect_usage_error "--standalone is one node: leave out --nnodes 2" --standalone --nnodes 2 --master-addr x -- true
 echo "ok: --nproc_per_node, --standalone, arguments after --"
+
+# torchrun's --nproc-per-node words: auto (one per GPU, else one per CPU), cpu, gpu. CUDA_VISIBLE_DEVICES= hides
+# any GPU, so auto and cpu are the CPUs dprun may run on (its affinity; taskset narrows it to one).
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc heeds OMP_NUM_THREADS; dprun does not
+CUDA_VISIBLE_DEVICES= run --nproc_per_node=auto -- sh -c 'echo "$LOCAL_WORLD_SIZE $WORLD_SIZE"'
+[ "$RC" = 0 ] || { cat "$WORK/err"; fail "--nproc-per-node auto: exited $RC"; }
+[ "$(grep -c "^\[rank [0-9]*\] $cpus $cpus\$" "$WORK/out")" = "$cpus" ] ||
+  { cat "$WORK/out" "$WORK/err"; fail "--nproc-per-node auto without a GPU: not $cpus ranks"; }
+grep -q "^dprun: --nproc-per-node auto: $cpus ranks\? (one per CPU: no CUDA GPU visible)" "$WORK/err" ||
+  { cat "$WORK/err"; fail "--nproc-per-node auto: dprun does not say what it counted"; }
+[ "$(taskset -c 0 "$DPRUN" --nproc-per-node cpu -- sh -c 'echo $LOCAL_WORLD_SIZE' 2>/dev/null)" = "[rank 0] 1" ] ||
+  fail "--nproc-per-node cpu under taskset -c 0: not one rank"
+CUDA_VISIBLE_DEVICES= expect_usage_error "--nproc-per-node gpu: no CUDA GPU is visible" --nproc-per-node gpu -- true
+expect_usage_error "auto (one per GPU, else one per CPU), gpu or cpu (got 'cpus')" --nproc-per-node cpus -- true
+echo "ok: --nproc-per-node auto, cpu, gpu"
 echo "PASS"

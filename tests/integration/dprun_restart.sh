@@ -92,6 +92,20 @@ last=$(ls -d "$WORK/ckpt_path"/step-* | tail -1)
 [ "${last##*step-}" -gt 24 ] || { ls "$WORK/ckpt_path"; fail "--resume PATH, restarted: no checkpoint after step 24"; }
 echo "ok: --resume PATH pruned away before a restart: the restart goes on from the job's own step 24 (${TOOK}s)"
 
+# 1e. dprun run by a Slurm batch script itself (SLURM_JOB_ID, no SLURM_STEP_ID: no srun), --resume never, as Slurm
+#     runs it: the first attempt trains to step 8; the requeued one (SLURM_RESTART_COUNT=1, the same job id; dprun
+#     makes up another token) goes on from the job's step 8. It once found no checkpoint "of this job" (the token
+#     named it), deleted step 8 and started over.
+for n in 0 1; do
+  env -u SLURM_STEP_ID SLURM_JOB_ID=98765 SLURM_RESTART_COUNT=$n "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" \
+    --config "$CONFIG" --resume never "${TINY[@]}" train.max_steps=$((8 + 4 * n)) checkpoint.dir="$WORK/ckpt_batch" \
+    > "$WORK/batch$n.log" 2>&1 || { cat "$WORK/batch$n.log"; fail "batch script attempt $n: dprun failed"; }
+done
+grep -q 'restart 1: --resume never applied to the job.s first attempt; this one goes on from .*step-00000008' \
+  "$WORK/batch1.log" || { cat "$WORK/batch1.log"; fail "batch script requeue: did not go on from the job's step 8"; }
+[ -f "$WORK/ckpt_batch/step-00000012/COMPLETE" ] || fail "batch script requeue: no checkpoint at step 12"
+echo "ok: dprun in a Slurm batch script, --resume never: the requeued attempt goes on from the job's step 8"
+
 # 2. Rank 1 fails every time: after 2 restarts dprun gives up with its exit code, naming it.
 run --nproc-per-node 2 --max-restarts 2 --grace-period 1 -- sh -c \
   'echo "attempt $DPT_RESTART_COUNT"; [ "$RANK" = 1 ] && exit 3; exec sleep $SLEEP_FOR'

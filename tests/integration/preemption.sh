@@ -13,7 +13,8 @@
 #     its line first (one rank, the stop injected after a chosen step).
 #  7. A stop before the first step: a rank waiting at the rendezvous (rank 1, rank 0, both ranks under dprun) exits
 #     75 at once, saying so; one rank alone signalled under dprun brings the other along (dprun forwards SIGTERM:
-#     every rank and dprun exit 75 at once); a SIGUSR1 in dptrain's first milliseconds is a stop too (exit 75).
+#     every rank and dprun exit 75 at once); a SIGUSR1 in dptrain's first milliseconds is a stop too (exit 75), and
+#     so is a SIGTERM to dprun as it starts the ranks (dprun holds it back while a rank is in the dynamic loader).
 source "$(dirname "$0")/lib/common.bash"
 set +e
 # 1200 examples / 2 ranks / batch 16 = 38 steps per epoch; 8 epochs = 304 steps, a progress line every step.
@@ -329,5 +330,24 @@ rc=$?
 grep -q "stopped by SIGUSR1 while starting (before the first step" "$WORK/early.log" ||
   { cat "$WORK/early.log"; fail "early signal: no line saying it stopped while starting"; }
 echo "ok: SIGUSR1 in dptrain's first milliseconds -> 75"
+# SIGTERM to dprun before it starts the ranks (as soon as it blocks SIGTERM to read it from its signalfd): it
+# forwards it as they start, the last one still in the dynamic loader, where SIGTERM kills (dprun once exited 143,
+# which no batch script requeues). dprun holds it back until the rank holds it: every rank and dprun exit 75.
+"$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" data.train_limit=256 train.max_steps=2 \
+  checkpoint.dir="$WORK/early_dprun" >"$WORK/early_dprun.log" 2>&1 &
+DP=$!
+held=0
+for _ in $(seq 2000); do
+  blk=$(awk '/^SigBlk:/ { print $2 }' "/proc/$DP/status" 2>/dev/null) || break
+  [ -n "$blk" ] && (( (16#$blk & 0x4000) != 0 )) && { held=1; break; }
+done
+kill -TERM "$DP"
+wait "$DP"
+rc=$?
+[ $held = 1 ] || fail "early SIGTERM to dprun: dprun never blocked SIGTERM"
+[ $rc = 75 ] || { cat "$WORK/early_dprun.log"; fail "SIGTERM to dprun as its ranks start: exit $rc, expected 75"; }
+[ "$(grep -c "stopped by SIGTERM while" "$WORK/early_dprun.log")" = 2 ] ||
+  { cat "$WORK/early_dprun.log"; fail "SIGTERM to dprun as its ranks start: not both ranks stopped for it"; }
+echo "ok: SIGTERM to dprun as its ranks start (in the dynamic loader) -> every rank 75, dprun 75"
 no_processes_left "$WORK"
 echo PASS

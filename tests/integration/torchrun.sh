@@ -78,4 +78,22 @@ echo -n "restart vs agent (uninterrupted): "
   fail "restart: the final weights differ from the uninterrupted run's"
 echo "ok: torchrun --max_restarts 1: a rank killed, the workers restarted, resumed and finished, bitwise as uninterrupted"
 no_processes_left "$WORK"
+
+# 5. torchrun itself killed (kill -9): its ranks get SIGTERM (PR_SET_PDEATHSIG), checkpoint and exit 75; they once
+#    trained on as orphans. Rank 0 says what torchrun makes of a 75 (a failure).
+DPT_DEBUG_SLOW_RANK=1 DPT_DEBUG_SLOW_MS=40 "${TORCHRUN[@]}" --log_dir "$WORK/L5" --nproc_per_node 2 \
+  --master_port $((PORT + 2)) --no_python "${TRAIN[@]}" checkpoint.dir="$WORK/orphan" > "$WORK/orphan.log" 2>&1 &
+TR=$!
+for _ in $(seq 600); do [ -f "$WORK/orphan/step-00000004/COMPLETE" ] && break; sleep 0.1; done
+[ -f "$WORK/orphan/step-00000004/COMPLETE" ] || { cat "$WORK/orphan.log"; fail "orphans: no checkpoint of step 4"; }
+kill -KILL $TR
+wait $TR 2>/dev/null || true  # 137: killed
+for _ in $(seq 100); do pgrep -f "dptrain .*checkpoint.dir=$WORK/orphan" > /dev/null || break; sleep 0.1; done
+left=$(pgrep -af "dptrain .*checkpoint.dir=$WORK/orphan" || true)
+[ -z "$left" ] || fail "orphans: ranks still running 10 s after torchrun was killed: $left"
+out0=$(cat "$WORK"/L5/*/attempt_0/0/std*.log)
+<<< "$out0" grep -q "preempted: checkpoint of step [0-9]* written; exiting with 75 .*torchrun counts exit 75 as" ||
+  { echo "$out0"; fail "orphans: rank 0 did not stop for the SIGTERM with a checkpoint"; }
+echo "ok: torchrun killed with SIGKILL: its ranks checkpointed and exited 75, no orphan"
+no_processes_left "$WORK"
 echo PASS

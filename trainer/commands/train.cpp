@@ -29,8 +29,8 @@ struct TrainArgs {
 // dptrain.sbatch and dprun.sbatch make up is a new one in each attempt: a requeued --resume never once took the
 // preempted attempt's checkpoints for another job's, deleted them and started over); the step tells two sruns of
 // one job apart. Elsewhere: dprun's per-job token (a secret: only its FNV-1a 64 hash is kept), so that two dpruns
-// in one batch script or salloc shell are two jobs; else torchrun's run id, else Slurm's job id (dptrain in the
-// batch script itself); empty under a launcher that names none.
+// in one batch script or salloc shell are two jobs (in a batch script, after Slurm's job id: job_family); else
+// torchrun's run id, else Slurm's job id (dptrain in the batch script itself); empty under a launcher that names none.
 std::string job_identity(const comm::DistEnv& env) {
   const char* slurm_job = std::getenv("SLURM_JOB_ID");
   const char* step = std::getenv("SLURM_STEP_ID");
@@ -38,11 +38,34 @@ std::string job_identity(const comm::DistEnv& env) {
   if (!env.store_token.empty()) {
     uint64_t h = 1469598103934665603ull;
     for (const unsigned char c : env.store_token) h = (h ^ c) * 1099511628211ull;
+    if (slurm_job && *slurm_job) return fmt::format("slurm-{}:dprun-{:016x}", slurm_job, h);
     return fmt::format("dprun-{:016x}", h);
   }
   for (const auto& [var, name] : {std::pair{"TORCHELASTIC_RUN_ID", "torchrun"}, std::pair{"SLURM_JOB_ID", "slurm"}})
     if (const char* id = std::getenv(var); id && *id) return fmt::format("{}-{}", name, id);
   return {};
+}
+
+// RunOptions::job_family: in a requeued attempt (SLURM_RESTART_COUNT > 0) of a batch script that runs dprun itself,
+// without srun, "slurm-ID": dprun makes up a new token in each attempt, so the earlier attempts' checkpoints carry
+// another job_identity (a requeued --resume never once deleted them and started over), but this Slurm job's id.
+std::string job_family() {
+  const char* slurm_job = std::getenv("SLURM_JOB_ID");
+  const char* step = std::getenv("SLURM_STEP_ID");
+  const char* requeues = std::getenv("SLURM_RESTART_COUNT");
+  if (!slurm_job || !*slurm_job || (step && *step) || !requeues || !*requeues || std::string(requeues) == "0")
+    return {};
+  return fmt::format("slurm-{}", slurm_job);
+}
+
+// What exit 75 means to the launcher, after "exiting with 75": under torchrun, whose agent counts any non-zero exit as
+// a failure, not a stop (it starts every rank again while --max_restarts allow, else exits 1), so that nobody waits
+// for a requeue on torchrun's exit code. "" elsewhere.
+std::string torchrun_note() {
+  const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
+  if (!run_id || !*run_id) return "";
+  return "; torchrun counts exit 75 as a failure: it starts the ranks again while --max_restarts allow (they go on "
+         "from the newest checkpoint), else it exits 1, which a script cannot tell from a failure";
 }
 
 // Which attempt of the job this is (RunOptions::restart): the launcher's restart count, else Slurm's
@@ -92,13 +115,13 @@ int train_job(const TrainArgs& a) {
             try {
               result = train(job.config,
                              {.resume = a.resume, .restart = attempt(job.env), .job = job_identity(job.env),
-                              .device = job.device},
+                              .job_family = job_family(), .device = job.device},
                              *job.pg);
             } catch (const StoppedBeforeTraining& e) {  // a wait at start-up gave up on a stop signal
               job.pg.reset();
               if (lead)
                 spdlog::warn("stopping before the first step: {}; nothing trained, no checkpoint to write; exiting "
-                             "with {} (the same command starts again)", e.what(), kExitPreempted);
+                             "with {} (the same command starts again){}", e.what(), kExitPreempted, torchrun_note());
               spdlog::default_logger()->flush();
               return kExitPreempted;
             }
@@ -116,11 +139,12 @@ int train_job(const TrainArgs& a) {
                                     "again) resumes", a.resume);
               if (lead && result.failed_checkpoint_step == result.steps)
                 spdlog::warn("preempted at step {}, whose checkpoint was not written ({}); exiting with {}: {} from "
-                             "the newest checkpoint: {}",
-                             result.steps, result.checkpoint_error, kExitPreempted, how, newest_checkpoint(result));
+                             "the newest checkpoint: {}{}",
+                             result.steps, result.checkpoint_error, kExitPreempted, how, newest_checkpoint(result),
+                             torchrun_note());
               else if (lead)
-                spdlog::info("preempted: checkpoint of step {} written; exiting with {} ({} from it)", result.steps,
-                             kExitPreempted, how);
+                spdlog::info("preempted: checkpoint of step {} written; exiting with {} ({} from it){}", result.steps,
+                             kExitPreempted, how, torchrun_note());
               spdlog::default_logger()->flush();
               return kExitPreempted;
             }

@@ -268,12 +268,7 @@ void Reporter::report_ranks(int64_t step, int64_t epoch) {
   j["rank_tensor_peak_bytes"] = peak;
   if (const auto s = find_straggler(timings)) {
     const RankTiming& slow = timings[static_cast<size_t>(s->rank)];
-    spdlog::warn("straggler: rank {} took {:.1f} ms per step (compute {:.1f} ms, data wait {:.1f} ms), {:.0f}% more "
-                 "than the other ranks' median {:.1f} ms; they waited {:.1f} s for it in the gradient all-reduce "
-                 "this epoch",
-                 s->rank, 1e3 * slow.step_time_s(), 1e3 * slow.compute_s / static_cast<double>(slow.steps),
-                 1e3 * slow.data_wait_s / static_cast<double>(slow.steps), 100 * s->lag, 1e3 * s->others_median_s,
-                 s->lost_s);
+    spdlog::warn("{}", straggler_warning(*s, slow, cfg_.dist.zero));
     j["straggler"] = s->rank;
     j["straggler_lag_pct"] = 100 * s->lag;
   }

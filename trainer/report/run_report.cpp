@@ -69,6 +69,19 @@ std::optional<Straggler> find_straggler(const std::vector<RankTiming>& ranks, do
   return Straggler{static_cast<int>(slow), lag, median, lost};
 }
 
+std::string straggler_warning(const Straggler& s, const RankTiming& slow, int64_t zero) {
+  const double steps = static_cast<double>(std::max<int64_t>(slow.steps, 1));
+  // Under ZeRO the gradients are reduce-scattered and the parameters all-gathered (stage 3: also before forward
+  // and backward): no all-reduce carries them.
+  const char* where = zero == 0   ? "the gradient all-reduce"
+                      : zero < 3 ? "the gradient reduce-scatter and parameter all-gather (ZeRO)"
+                                 : "the parameter all-gathers and gradient reduce-scatter (ZeRO-3)";
+  return fmt::format("straggler: rank {} took {:.1f} ms per step (compute {:.1f} ms, data wait {:.1f} ms), {:.0f}% "
+                     "more than the other ranks' median {:.1f} ms; they waited {:.1f} s for it in {} this epoch",
+                     s.rank, 1e3 * slow.step_time_s(), 1e3 * slow.compute_s / steps, 1e3 * slow.data_wait_s / steps,
+                     100 * s.lag, 1e3 * s.others_median_s, s.lost_s, where);
+}
+
 std::vector<std::vector<double>> gather_per_rank(const std::vector<double>& mine, comm::ProcessGroup& pg,
                                                  const char* what) {
   const size_t n = mine.size(), world = static_cast<size_t>(pg.size());

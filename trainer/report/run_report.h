@@ -58,6 +58,9 @@ struct Straggler {
 };
 std::optional<Straggler> find_straggler(const std::vector<RankTiming>& ranks, double threshold = 0.10,
                                         double min_lost_s = 1.0);
+// Rank 0's warning for straggler `s` (`slow`: its timing), naming the collective the others waited in: the gradient
+// all-reduce under DDP (`zero` 0), the gradient reduce-scatter and parameter all-gather under ZeRO stages 1 to 3.
+std::string straggler_warning(const Straggler& s, const RankTiming& slow, int64_t zero);
 
 // Each rank's `mine` (the same length on every rank), every rank's in rank order: one Sum all-reduce of a slot
 // per rank, so any backend serves it. Collective: every rank calls it at the same point.

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -158,6 +159,39 @@ TEST_CASE("launch: a rank exiting 75 alone stops the others with SIGTERM -> 75, 
   CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(5));
   CHECK(read_file(dir.path / "logs" / "rank_0.log") == "attempt 0\ngot TERM\n");
   CHECK(read_file(dir.path / "logs" / "rank_1.log") == "attempt 0\n");
+}
+
+TEST_CASE("signal_handled: blocked or ignored or caught counts and the default action does not",
+          "[launcher][process]") {
+  // SIGUSR2 (no handler of Catch's): with its default action here, then blocked; ignored in a child.
+  struct sigaction old {};
+  REQUIRE(::sigaction(SIGUSR2, nullptr, &old) == 0);
+  REQUIRE(old.sa_handler == SIG_DFL);
+  const sigset_t now = blocked_now();
+  REQUIRE_FALSE(sigismember(&now, SIGUSR2));
+  CHECK_FALSE(signal_handled(::getpid(), SIGUSR2));  // a process still in the dynamic loader looks like this
+  sigset_t usr2, before;
+  sigemptyset(&usr2);
+  sigaddset(&usr2, SIGUSR2);
+  pthread_sigmask(SIG_BLOCK, &usr2, &before);
+  CHECK(signal_handled(::getpid(), SIGUSR2));
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::signal(SIGUSR2, SIG_IGN);
+    ::pause();
+    ::_exit(0);
+  }
+  bool seen = false;  // once the child has run its first line
+  for (int i = 0; i < 500 && !seen; ++i) {
+    seen = signal_handled(child, SIGUSR2);
+    if (!seen) ::usleep(2000);
+  }
+  CHECK(seen);
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  CHECK(signal_handled(child, SIGUSR2));  // gone: nothing to wait for
 }
 
 TEST_CASE("ExitStatus names exit codes and signals", "[launcher]") {

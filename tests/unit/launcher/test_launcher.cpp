@@ -57,6 +57,10 @@ TEST_CASE("single-node environment: ranks 0..N-1 of N on a port found free", "[l
     CHECK(env.at("LOCAL_WORLD_SIZE") == "3");
     CHECK(env.at("NODE_RANK") == "0");
     CHECK(env.at("GROUP_RANK") == "0");
+    CHECK(env.at("GROUP_WORLD_SIZE") == "1");  // torchrun's: the nodes
+    CHECK(env.at("ROLE_RANK") == std::to_string(local));
+    CHECK(env.at("ROLE_WORLD_SIZE") == "3");
+    CHECK(env.at("ROLE_NAME") == "default");
     CHECK(env.at("MASTER_ADDR") == "127.0.0.1");
     CHECK(env.at("MASTER_PORT") == std::to_string(*o.master_port));
     CHECK(env.at("DPT_RESTART_COUNT") == "0");
@@ -65,7 +69,7 @@ TEST_CASE("single-node environment: ranks 0..N-1 of N on a port found free", "[l
     CHECK(env.at("DPT_RANK_PREFIXED") == "1");
     CHECK(env.at("PATH") == "/usr/bin");  // the rest is inherited
     CHECK(env.at("HOME") == "/root");
-    CHECK(env.size() == inherited.size() + 12);
+    CHECK(env.size() == inherited.size() + 16);
   }
   REQUIRE_THROWS_AS(rank_environment(o, 3, inherited), InternalError);
   REQUIRE_THROWS_AS(rank_environment(o, -1, inherited), InternalError);
@@ -96,6 +100,9 @@ TEST_CASE("multi-node environment: global ranks, world size, node rank and defau
       CHECK(env.at("LOCAL_WORLD_SIZE") == "2");
       CHECK(env.at("NODE_RANK") == std::to_string(node));
       CHECK(env.at("GROUP_RANK") == std::to_string(node));
+      CHECK(env.at("GROUP_WORLD_SIZE") == "3");
+      CHECK(env.at("ROLE_RANK") == env.at("RANK"));
+      CHECK(env.at("ROLE_WORLD_SIZE") == "6");
       CHECK(env.at("MASTER_ADDR") == "10.1.2.3");
       CHECK(env.at("MASTER_PORT") == "29500");
     }
@@ -308,6 +315,30 @@ TEST_CASE("parse_nnodes: N or MIN:MAX, anything else refused naming the text", "
   }
 }
 
+TEST_CASE("parse_nproc_per_node: a number or torchrun's words auto and gpu and cpu", "[launcher]") {
+  auto none = [] { return 0; };
+  auto four_gpus = [] { return 4; };
+  auto six_cpus = [] { return 6; };
+  CHECK(parse_nproc_per_node("3", none, six_cpus).n == 3);
+  CHECK(parse_nproc_per_node("3", none, six_cpus).why.empty());
+  CHECK(parse_nproc_per_node("0", none, six_cpus).n == 0);  // validate() refuses it, naming the option
+  // torchrun: auto is the GPU count with CUDA, else the CPU count; gpu needs a GPU; cpu counts CPUs.
+  CHECK(parse_nproc_per_node("auto", four_gpus, six_cpus).n == 4);
+  CHECK(parse_nproc_per_node("auto", none, six_cpus).n == 6);
+  CHECK_THAT(parse_nproc_per_node("auto", none, six_cpus).why, Catch::Contains("no CUDA GPU visible"));
+  CHECK(parse_nproc_per_node("gpu", four_gpus, six_cpus).n == 4);
+  CHECK(parse_nproc_per_node("cpu", four_gpus, six_cpus).n == 6);
+  CHECK_THROWS_WITH(parse_nproc_per_node("gpu", none, six_cpus), Catch::Contains("gpu: no CUDA GPU is visible"));
+  for (const char* bad : {"", "Auto", "2x", "1.5", "gpus", "-"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(parse_nproc_per_node(bad, four_gpus, six_cpus),
+                      Catch::Contains(fmt::format("auto (one per GPU, else one per CPU), gpu or cpu (got '{}')", bad)));
+  }
+  // The real counts here: no driver in the test machines means no GPU; at least one CPU.
+  CHECK(visible_gpu_count() >= 0);
+  CHECK(usable_cpu_count() >= 1);
+}
+
 TEST_CASE("rank_environment with an elastic round's placement: its ranks, world size, node index and port", "[launcher]") {
   Options o = resolve(multi(3, 4, 2));  // node 2 of up to 4
   const Placement static_where = static_placement(o);
@@ -316,13 +347,16 @@ TEST_CASE("rank_environment with an elastic round's placement: its ranks, world 
   CHECK(static_where.group_rank == 2);
   CHECK(static_where.master_port == kDefaultMultiNodePort);
   // A round of nodes 0 and 2 only: node 2 is the second, its ranks 3..5 of 6, the round's port.
-  const Placement where{3, 6, 1, 41234};
+  CHECK(static_where.group_world_size == 4);
+  const Placement where{3, 6, 1, 41234, 2};
   for (int local = 0; local < 3; ++local) {
     Environment env = rank_environment(o, where, local, {}, 2);
     CHECK(env.at("RANK") == std::to_string(3 + local));
     CHECK(env.at("WORLD_SIZE") == "6");
     CHECK(env.at("NODE_RANK") == "1");
     CHECK(env.at("GROUP_RANK") == "1");
+    CHECK(env.at("GROUP_WORLD_SIZE") == "2");
+    CHECK(env.at("ROLE_WORLD_SIZE") == "6");
     CHECK(env.at("MASTER_PORT") == "41234");
     CHECK(env.at("MASTER_ADDR") == "10.1.2.3");
     CHECK(env.at("DPT_RESTART_COUNT") == "2");

@@ -77,6 +77,21 @@ TEST_CASE("find_straggler names the slowest rank past 10% over the others' media
   REQUIRE(rank(3.0, 1.0, 8).step_time_s() == Approx(0.5));
 }
 
+TEST_CASE("straggler_warning names the collective the other ranks waited in", "[trainer][report]") {
+  const RankTiming slow{.compute_s = 4.0, .data_wait_s = 1.0, .comm_s = 0, .steps = 100};
+  const Straggler s{.rank = 1, .lag = 0.5, .others_median_s = 0.1, .lost_s = 2.5};
+  const std::string ddp = straggler_warning(s, slow, 0);
+  REQUIRE_THAT(ddp, Catch::Matchers::Contains("straggler: rank 1 took 50.0 ms per step (compute 40.0 ms, data wait "
+                                              "10.0 ms), 50% more than the other ranks' median 100.0 ms; they waited "
+                                              "2.5 s for it in the gradient all-reduce this epoch"));
+  // ZeRO reduce-scatters the gradients and all-gathers the parameters: no all-reduce carries them.
+  for (int64_t zero : {1, 2, 3}) {
+    const std::string z = straggler_warning(s, slow, zero);
+    REQUIRE_THAT(z, Catch::Matchers::Contains("reduce-scatter") && Catch::Matchers::Contains("all-gather"));
+    REQUIRE_THAT(z, !Catch::Matchers::Contains("all-reduce"));
+  }
+}
+
 TEST_CASE("out_of_memory_advice names the phase, the sizes and what to lower", "[trainer][report]") {
   MemoryFigures m{.params = 4 << 20, .grads = 4 << 20, .optimizer = 8 << 20, .activations = -1};
   std::string s = out_of_memory_advice("in the first training step (batch 256 per rank)", m, 256, 512, 1, dpt::models::Precision::F32);
