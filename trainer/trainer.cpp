@@ -972,8 +972,9 @@ void Trainer::finish() {
     result_.cuda_graph_captures = step_graph_->captures();
   }
   if (lead_ && step_graph_)
-    spdlog::info("train.cuda_graph: {} step(s) launched from a CUDA graph ({} capture(s), {} nodes), {} eager (each "
-                 "epoch's first, and the first after a checkpoint, train.autotune or a batch of another size)",
+    spdlog::info("train.cuda_graph: {} step(s) launched from a CUDA graph ({} capture(s), {} nodes), {} eager (the "
+                 "first after an epoch's start, a checkpoint or train.autotune, and at a change of batch size or of "
+                 "whether the forward reads the update's bf16 copy)",
                  step_graph_->launches(), step_graph_->captures(), step_graph_->nodes(), step_graph_->eager_steps());
   if (result_.epochs.empty() && !result_.stop_signal) {
     // Nothing left to train (resumed at the end): where the model stands.
