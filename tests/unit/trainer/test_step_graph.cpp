@@ -26,7 +26,8 @@ std::vector<std::string> fast_gpt(std::vector<std::string> more = {}) {
 
 }  // namespace
 
-TEST_CASE("train.cuda_graph: off by default, and the config refuses what a graph cannot replay", "[trainer][cuda_graph]") {
+TEST_CASE("train.cuda_graph: off by default, and the config refuses what a graph cannot replay",
+          "[trainer][cuda_graph]") {
   CHECK(!load_config("", {}).train.cuda_graph);
   CHECK(load_config("", fast_gpt({"train.cuda_graph=true"})).train.cuda_graph);
   CHECK(load_config("", fast_gpt({"train.cuda_graph=true", "model.name=llama"})).train.cuda_graph);
