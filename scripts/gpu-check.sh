@@ -58,8 +58,8 @@
 # Environment: DPT_BUILD_DIR (default build), DPT_SKIP_BUILD=1 (bundle what is built), GPU_CHECK_BUDGET_S
 # (run: seconds for all the steps, default 540; the run ends within ~9.5 minutes, under the device tool's 10-minute
 # limit per command), GPU_CHECK_LOSS_TOL / GPU_CHECK_ACC_TOL (default 0.01), GPU_CHECK_GPT_ROWS (bench_gpt's
-# gpt_bench.sh BENCH_ROWS; default "fast compile eager fastloop fasttune fastgraph": not the float32 activations'
-# step and loop, nor the A/B rows fastnd and fastsep),
+# gpt_bench.sh BENCH_ROWS; default "fast compile eager fastloop fasttune fastgraph fastloopgraph": not the float32
+# activations' step and loop, nor the A/B rows fastnd and fastsep),
 # GPU_CHECK_NO_LINKS=1 (run: make no temporary links, see make_compat_links).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -494,6 +494,7 @@ train_cuda_nccl_1rank train_cpu_1rank compare_gpu_cpu
 train_cuda_gpt train_cpu_gpt compare_gpt_gpu_cpu generate_gpu_cpu
 train_cuda_gpt_bf16act train_cpu_gpt_bf16act compare_gpt_bf16act_gpu_cpu
 train_cuda_gpt_autotune train_cpu_gpt_bf16act compare_gpt_autotune_gpu_cpu
+train_cuda_gpt_bf16act train_cuda_gpt_graph compare_gpt_graph_eager
 train_cuda_llama train_cpu_llama compare_llama_gpu_cpu
 train_cuda_resnet_fp32 predict_gpu_cpu
 equiv_cuda_1rank_b128 equiv_cuda_gloo_2rank equiv_cuda_mpi_2rank
@@ -1221,6 +1222,51 @@ step_train_gpt_autotune() {
 }
 step_train_llama_cpu() { train_lm llama_tiny "$1" cpu gloo 120 "${@:2}"; }
 
+# train.cuda_graph inside dptrain (issue 33; compiled, never run): the fast path's GPT with each step's zero_grad,
+# forward, loss and backward one CUDA graph, otherwise train_cuda_gpt_bf16act's run. PASS when it trains and its log
+# says steps were launched from a graph; compare_gpt_graph_eager then holds it to that run bit for bit.
+step_train_gpt_graph() {
+  local logfile=$1 summary
+  train_gpt "$logfile" cuda nccl 120 train.precision=bf16 train.bf16_activations=true train.cuda_graph=true || return 1
+  summary=$(grep -m1 -o 'train.cuda_graph: [0-9]* step(s) launched.*' "$logfile" || true)
+  if ! grep -q '^train.cuda_graph: [1-9]' <<<"$summary"; then
+    NOTE="no step launched from a CUDA graph (${summary:-no 'train.cuda_graph:' line}); $NOTE"
+    return 1
+  fi
+  NOTE="$NOTE; ${summary:0:160}"
+}
+
+# The graph run against the eager one (train_cuda_gpt_graph, train_cuda_gpt_bf16act: the same config but
+# train.cuda_graph): the loss of every step both printed the same text, and their newest checkpoints'
+# model.safetensors and optimizer.safetensors the same bytes (the parameters and AdamW's state, bit for bit).
+step_compare_gpt_graph_eager() {
+  local logfile=$1 g=train_cuda_gpt_graph e=train_cuda_gpt_bf16act common differ gc ec f
+  passed_in_this_run "$g" && passed_in_this_run "$e" || return 1
+  # The steps both printed (a progress line is due by time: a faster step may skip one): "STEP LOSS_G LOSS_E".
+  common=$(join <(progress_losses "$STEP_DIR/$g.log" | sort -k1,1) <(progress_losses "$STEP_DIR/$e.log" | sort -k1,1) |
+    sort -n)
+  echo "$common" >>"$logfile"
+  differ=$(awk '$2 != $3' <<<"$common")
+  if [ -z "$common" ] || [ -n "$differ" ]; then
+    NOTE="progress losses: $(wc -l <<<"$differ") of $(wc -l <<<"$common") common steps differ (step, graph, eager):"
+    NOTE+=" $(head -1 <<<"$differ")"
+    return 1
+  fi
+  gc=$(find "$WORK/$g" -maxdepth 1 -name 'step-*' -type d | sort | tail -1)
+  ec=$(find "$WORK/$e" -maxdepth 1 -name 'step-*' -type d | sort | tail -1)
+  if [ -z "$gc" ] || [ "$(basename "$gc")" != "$(basename "${ec:-none}")" ]; then
+    NOTE="newest checkpoints: '${gc}' and '${ec}'"
+    return 1
+  fi
+  for f in model.safetensors optimizer.safetensors; do
+    if ! cmp "$gc/$f" "$ec/$f" >>"$logfile" 2>&1; then
+      NOTE="$(basename "$gc")/$f differs between the graph run and the eager one"
+      return 1
+    fi
+  done
+  NOTE="$(wc -l <<<"$common") steps' progress losses and $(basename "$gc")'s parameters and AdamW state: the same bits"
+}
+
 # GPU against CPU for the GPT: the loss at the first and the last step both runs printed, the running training
 # loss of the epoch line and the validation loss within GPU_CHECK_LOSS_TOL, the next-byte accuracy within
 # GPU_CHECK_ACC_TOL. Arguments: the two steps compared (default train_cuda_gpt, train_cpu_gpt) and a factor on
@@ -1286,7 +1332,7 @@ step_bench_gpt() {
   fi
   run_timed "$logfile" "$limit" env OUT="${OUT:-}" MODEL_BENCH="$B_BIN/dpt-model-bench" DPTRAIN="$B_BIN/dptrain" \
     DPRUN="$B_BIN/dprun" DPT_LIB_PATH="$DPT_LD" GPT_CONFIG="$BUNDLE/configs/gpt2_124m.toml" \
-    BENCH_ROWS="${GPU_CHECK_GPT_ROWS:-fast compile eager fastloop fasttune fastgraph}" \
+    BENCH_ROWS="${GPU_CHECK_GPT_ROWS:-fast compile eager fastloop fasttune fastgraph fastloopgraph}" \
     BENCH_LOG_DIR="$STEP_DIR/bench_gpt" BENCH_DEADLINE=$(($(date +%s) + limit - 15)) BENCH_WARMUP=3 BENCH_STEPS=20 \
     BENCH_PHASE_STEPS=3 BENCH_PROFILE_STEPS=3 BENCH_RUN_TIMEOUT_S=180 BENCH_RESULTS="$STEP_DIR/results-gpt.jsonl" \
     bash scripts/bench/gpt_bench.sh --gpu || rc=$?
@@ -1586,7 +1632,8 @@ run_steps() {
     "memory_vs_torch step_memory_vs_torch" "torchrun_2x step_torchrun"
   start_lane "train_cuda_gpt step_train_gpt_gpu" "generate_gpu_cpu step_generate_gpu_cpu" \
     "train_cuda_gpt_bf16act step_train_gpt_gpu train.precision=bf16 train.bf16_activations=true" \
-    "train_cuda_gpt_autotune step_train_gpt_autotune" "train_cuda_llama step_train_llama_gpu" \
+    "train_cuda_gpt_autotune step_train_gpt_autotune" "train_cuda_gpt_graph step_train_gpt_graph" \
+    "train_cuda_llama step_train_llama_gpu" \
     "train_cuda_llama_bf16act step_train_llama_gpu train.precision=bf16 train.bf16_activations=true"
 
   run_step unit_gpu step_unit_gpu
@@ -1621,6 +1668,9 @@ run_steps() {
   run_step compare_gpt_bf16act_gpu_cpu step_compare_gpt train_cuda_gpt_bf16act train_cpu_gpt_bf16act 5
   run_step train_cuda_gpt_autotune step_train_gpt_autotune
   run_step compare_gpt_autotune_gpu_cpu step_compare_gpt train_cuda_gpt_autotune train_cpu_gpt_bf16act 5
+  # train.cuda_graph (compiled, never run): the same run with each step's gradients one CUDA graph, bit for bit.
+  run_step train_cuda_gpt_graph step_train_gpt_graph
+  run_step compare_gpt_graph_eager step_compare_gpt_graph_eager
   # The Llama family (configs/llama_tiny.toml: grouped-query attention, RMSNorm, RoPE, SwiGLU) the same ways: float32
   # activations, then its fast path (q/k/v packed for cuDNN's grouped-query attention, bf16 RMSNorm, SwiGLU, RoPE).
   run_step train_cuda_llama step_train_llama_gpu

@@ -256,6 +256,7 @@ std::vector<Field> train_fields() {
       field("train.deterministic", &C::train, &TrainConfig::deterministic, "on a GPU: true keeps to library algorithms that give the same bits on every run (cuDNN's deterministic attention backward and convolution algorithms); false lets cuDNN take faster ones that add in a varying order (atomics), as PyTorch does by default, so two runs may differ in the last bits. No effect on the CPU (always deterministic) or on the cuBLAS/cuBLASLt matmuls (deterministic either way). Both ran on an H200 (false: the GPT-2 124M step 1% faster)"),
       field("train.autotune", &C::train, &TrainConfig::autotune, "on a GPU: after the first training step, each cuBLASLt matmul plan made so far (the transformer fast path's) is timed on scratch operands with the first 8 algorithms cuBLASLt's heuristic proposes and split-K variants (2-16 parts) of the first three, and one 3% faster than the heuristic's first choice (timed twice) is kept for the rest of the run; a weight gradient's plan is also timed against its bias gradient apart (the plain product, then our column sums instead of cuBLASLt's bias-gradient epilogue: compiled, never run) and switched where that is 3% faster; then each cuDNN fused-attention graph likewise with up to 4 of the plans cuDNN proposes (a deterministic backward's plans are all deterministic); then each convolution's forward, backward-data and backward-filter algorithm against every other one cuDNN has for it that the run may use (deterministic ones unless train.deterministic = false; no TF32 in fp32), as PyTorch's cudnn.benchmark (compiled, never run); the log names each switch. Each algorithm gives the same bits on every call, but which one wins may differ between runs and ranks, so two runs may differ in the last bits. No effect on the CPU. The cuBLASLt part ran on an H200 (dpt-model-bench --lt-tune); the attention part and inside dptrain: compiled, never run"),
       field("train.autotune_bf16_grads", &C::train, &TrainConfig::autotune_bf16_grads, "with train.autotune = true on a GPU's transformer fast path: each weight gradient's product (float32, added into the gradient) is also timed as torch.autocast computes it (the same product rounded to bf16 into scratch, its split-K parts added in any type as cuBLAS may for PyTorch, then added into the float32 gradient) and switched to that where 3% faster (timed twice); a weight with a bias switches only where its bias gradient apart (that product, then our column sums) also beats cuBLASLt's fused bias-gradient epilogue. The log names each switch. The switched gradients carry the bf16 rounding of each product, as PyTorch's under torch.autocast do; the rest of the run's arithmetic is unchanged. Needs train.autotune = true. Compiled, never run on a GPU"),
+      field("train.cuda_graph", &C::train, &TrainConfig::cuda_graph, "on a GPU with the transformer fast path (train.bf16_activations = true) and one rank: each step's zero_grad, forward, loss and backward are captured once as a CUDA graph (after an eager step that makes every allocation) and launched as one unit, so that the step's hundreds of kernels cost one launch; the gradient clipping and the optimizer's update run after it as usual, the learning rate, clip factor and step count from the host. Captured again after anything that may move the step's buffers (an epoch's start and evaluation, train.autotune, a checkpoint, a batch of another size, which runs eagerly). The same losses and parameters, bit for bit, as without it. Refused on the CPU, with more than one rank, with dist.zero > 0 and with gradient accumulation. Compiled, never run on a GPU (docs/gpus.md)"),
       field("train.optimizer", &C::train, &TrainConfig::optimizer, "sgd | adamw"),
       field("train.lr", &C::train, &TrainConfig::lr, "learning rate (the peak, when a schedule is used)", positive()),
       field("train.momentum", &C::train, &TrainConfig::momentum, "SGD momentum", in_range(0.0, 1.0)),
@@ -521,6 +522,22 @@ void apply_override(Config& c, const std::string& item) {
 
 // `source` names where the values came from (the file, "<defaults>"); `overrides` are the command line's key=value
 // overrides applied on top: a key one of them set is the command line's, not the file's.
+// train.cuda_graph = true: what the config alone rules out (the device and the world size are the Trainer's:
+// trainer/step_graph.h).
+void check_cuda_graph_config(const Config& c, const std::string& source) {
+  const std::string where = source.empty() ? "" : source + ": ";
+  if (!c.train.bf16_activations)
+    DPT_THROW(ConfigError, "{}train.cuda_graph = true needs train.bf16_activations = true: a graph replays the "
+              "transformer fast path's step, the one whose capture is tested (model.name = {}, train.precision = bf16)",
+              where, fmt::join(bf16_activation_models(), " or "));
+  if (c.dist.zero != 0)
+    DPT_THROW(ConfigError, "{}train.cuda_graph = true with dist.zero = {}: ZeRO's buckets are allocated and reduced "
+              "inside the step, which a graph cannot replay; use dist.zero = 0", where, c.dist.zero);
+  if (c.train.accum_steps != 1)
+    DPT_THROW(ConfigError, "{}train.cuda_graph = true with train.accum_steps = {}: the graph replays one whole step "
+              "(zero_grad, forward, backward); use train.accum_steps = 1", where, c.train.accum_steps);
+}
+
 void validate(const Config& c, const std::string& file, const std::vector<std::string>& overrides) {
   std::set<std::string> overridden;
   for (const std::string& o : overrides) overridden.insert(o.substr(0, o.find('=')));
@@ -555,6 +572,7 @@ void validate(const Config& c, const std::string& file, const std::vector<std::s
   if (c.train.autotune_bf16_grads && !c.train.autotune)
     DPT_THROW(ConfigError, "{}train.autotune_bf16_grads = true needs train.autotune = true: it widens what the tuning "
               "may switch to", source.empty() ? "" : source + ": ");
+  if (c.train.cuda_graph) check_cuda_graph_config(c, source);
   if (c.train.bf16_activations) {
     const std::string where = source.empty() ? "" : source + ": ";
     if (!model_card(c.model.name).bf16_activations)

@@ -60,6 +60,10 @@ class FaultInjector {
   // The loss gradient of a micro-batch of optimizer step `step` (1-based) is scaled and about to go into backward:
   // DPT_DEBUG_INF_AT_STEP (rank 0's first micro-batch: an inf in its first element, on `stream`).
   void loss_grad_ready(int64_t step, bool first_micro, const Tensor& grad, StreamHandle stream) const;
+  // Whether loss_grad_ready writes into the gradient at this micro-batch (train.cuda_graph runs that step eagerly).
+  bool poisons_loss_grad(int64_t step, bool first_micro) const {
+    return step == f_.inf_step && rank_ == 0 && first_micro;
+  }
   // A step's backward is done, before its gradients are reduced: DPT_DEBUG_SLOW_RANK (a sleep of DPT_DEBUG_SLOW_MS).
   void backward_done() const;
   // Optimizer step `step` is done: DPT_DEBUG_DIVERGE_RANK (after step 1: one parameter nudged; not under ZeRO stage

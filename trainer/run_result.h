@@ -33,6 +33,8 @@ struct RunResult {
   // SIGUSR1 or SIGTERM when the run stopped early for one (trainer/preemption.h): the checkpoint of `steps` is
   // written (under checkpoint.on_error = warn it may have failed: failed_checkpoint_step == steps); 0 otherwise.
   int stop_signal = 0;
+  // train.cuda_graph: the steps launched from a CUDA graph, and the graphs captured (trainer/step_graph.h).
+  int64_t cuda_graph_launches = 0, cuda_graph_captures = 0;
 };
 
 // Rank 0's account of the checkpoint writes that failed under checkpoint.on_error = warn, for the line that ends the

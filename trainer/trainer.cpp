@@ -39,6 +39,7 @@
 #include "trainer/report/reporter.h"
 #include "trainer/report/run_report.h"
 #include "trainer/schedule.h"
+#include "trainer/step_graph.h"
 #include "trainer/step_timer.h"
 #include "trainer/task.h"
 
@@ -107,6 +108,7 @@ class Trainer {
         scaler_(cfg.train.precision == models::Precision::F16) {}
 
   RunResult run() {
+    check_cuda_graph();
     load_data();
     build_model_and_optimizer();
     resume();
@@ -121,6 +123,7 @@ class Trainer {
 
  private:
   // ---- set up
+  void check_cuda_graph();  // train.cuda_graph = true: refused where it cannot apply (ConfigError), else step_graph_
   void load_data();
   void build_model_and_optimizer();
   void build_data_parallel();
@@ -199,6 +202,7 @@ class Trainer {
   models::SoftmaxCrossEntropy loss_;
   std::unique_ptr<Feeder> feeder_;
   std::unique_ptr<StepTimer> timer_;
+  std::unique_ptr<StepGraph> step_graph_;  // train.cuda_graph (trainer/step_graph.h); null without it
   std::unique_ptr<StopAgreement> stop_agreement_;
   std::unique_ptr<Reporter> reporter_;
   // Where the run is. saved_at_: the step of the last checkpoint tried (written, or failed under
@@ -212,6 +216,17 @@ class Trainer {
 };
 
 // ---- set up -------------------------------------------------------------------------------------------------
+
+void Trainer::check_cuda_graph() {
+  if (!t_.cuda_graph) return;
+  const std::string why = cuda_graph_refusal(device_, world_, t_.accum_steps);
+  // train.device = auto without a GPU: why there is none.
+  const std::string none = device_.is_cpu() && t_.device != DeviceChoice::cpu
+                               ? fmt::format(" (no usable GPU: {})", cuda::unavailable_reason())
+                               : "";
+  if (!why.empty()) DPT_THROW(ConfigError, "train.cuda_graph = true: {}{}; set train.cuda_graph = false", why, none);
+  step_graph_ = std::make_unique<StepGraph>();
+}
 
 void Trainer::load_data() {
   ctx_.phase = "preparing the data";
@@ -589,6 +604,7 @@ void Trainer::train_epoch(int64_t epoch) {
   data::Loader loader(*ds_.train, std::move(indices), loader_options_);
   ep.loader = &loader;
   DPT_CHECK_EQ(static_cast<int64_t>(loader.num_batches()), batches);
+  if (step_graph_) step_graph_->invalidate();  // this epoch's loss sums; the evaluation before it
   timer_->reset();
   reporter_->epoch_started();
   while (std::optional<data::Batch> host_batch = loader.next()) {
@@ -641,7 +657,7 @@ void Trainer::begin_step(Epoch& ep, int64_t batch) {
   // The schedule follows the position in this run's epochs, not the raw step count: after a resume at an epoch end
   // with another world size, steps per epoch differ from the checkpoint's run.
   ep.lr = lr_at(t_, ep.index * steps_per_epoch_ + batch / K_, steps_per_epoch_, total_steps_);
-  model_->zero_grad();
+  if (!step_graph_) model_->zero_grad();  // (train.cuda_graph: inside the step's graph, forward_backward)
   // DDP's broadcast_buffers: every rank's forward sees rank 0's BatchNorm running statistics.
   if (sync_buffers_) pg_.broadcast(model_->buffers(), {.root = 0, .stream = stream_, .what = "buffers"})->block(stream_);
 }
@@ -655,11 +671,20 @@ void Trainer::forward_backward(Epoch& ep, const data::Batch& batch, int64_t grou
   // survive fp16's range.
   const double grad_factor =
       scaler_.scale() * static_cast<double>(batch.size) / static_cast<double>(group_rows);
-  loss_.accumulate(model_->forward(task_->input()), task_->targets(), model_->kernels(), ep.stats, /*backward=*/true,
-                   grad_factor);
-  faults_.loss_grad_ready(step_ + 1, first_micro, loss_.grad(), stream_);
-  dp_->begin_backward(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
-  model_->backward(loss_.grad(), [this](size_t first, size_t end) { dp_->grads_ready(first, end); });
+  const auto gradients = [&] {
+    if (step_graph_) model_->zero_grad();  // (else begin_step's)
+    loss_.accumulate(model_->forward(task_->input()), task_->targets(), model_->kernels(), ep.stats,
+                     /*backward=*/true, grad_factor);
+    faults_.loss_grad_ready(step_ + 1, first_micro, loss_.grad(), stream_);
+    dp_->begin_backward(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
+    model_->backward(loss_.grad(), [this](size_t first, size_t end) { dp_->grads_ready(first, end); });
+  };
+  // train.cuda_graph: one rank, one micro-batch a step (check_cuda_graph), so that the host work the graph leaves out
+  // at a launch (zero_grad's and the forward's decisions, the reducer's bookkeeping) is the same every step.
+  if (step_graph_)
+    step_graph_->run(*model_, stream_, task_->rows(), faults_.poisons_loss_grad(step_ + 1, first_micro), gradients);
+  else
+    gradients();
   feeder_->step_done();
   ep.seen += task_->rows();
 }
@@ -702,6 +727,7 @@ bool Trainer::after_step(Epoch& ep, int64_t next_batch) {
     ctx_.memory.params = static_cast<int64_t>(dp_->param_bytes() + dp_->gathered_peak_bytes());
     reporter_->first_step(step_);
     if (t_.autotune) autotune();
+    if (step_graph_) step_graph_->invalidate();  // the adopted plans' workspaces; the memory measured once
   }
   ctx_.phase.clear();  // no formatting on the hot path: where() formats the step only for an error
   ctx_.step = step_ + 1;
@@ -880,6 +906,7 @@ void Trainer::save(int64_t epoch, int64_t next_batch, int64_t samples) {
   const bool sharded = optimizer_->sharded();
   if ((!lead_ && !sharded) || saved_at_ == step_) return;
   saved_at_ = step_;
+  if (step_graph_) step_graph_->invalidate();  // (the writer reads the model; nothing it touches is trusted to stay)
   TrainState st{.step = step_, .epoch = epoch, .batch_in_epoch = next_batch, .samples_in_epoch = samples,
                 .world_size = world_, .batch_size = t_.batch_size, .step_samples = step_samples_, .seed = t_.seed, .dataset_size = static_cast<int64_t>(ds_.train->size()),
                 .drop_last = t_.drop_last, .rng = "", .optimizer_steps = optimizer_->steps(),
@@ -956,6 +983,15 @@ void Trainer::finish() {
   if (lead_ && model_->bf16_activations())  // AdamW writes the copy in its pass (Model::params16_written)
     spdlog::debug("the fast path's bf16 copy of the parameters: rounded by {} training forward(s) in this run; the "
                   "others read the copy the optimizer's update wrote", model_->params16_roundings());
+  if (step_graph_) {
+    result_.cuda_graph_launches = step_graph_->launches();
+    result_.cuda_graph_captures = step_graph_->captures();
+  }
+  if (lead_ && step_graph_)
+    spdlog::info("train.cuda_graph: {} step(s) launched from a CUDA graph ({} capture(s), {} nodes), {} eager (the "
+                 "first after an epoch's start, a checkpoint or train.autotune, and at a change of batch size or of "
+                 "whether the forward reads the update's bf16 copy)",
+                 step_graph_->launches(), step_graph_->captures(), step_graph_->nodes(), step_graph_->eager_steps());
   if (result_.epochs.empty() && !result_.stop_signal) {
     // Nothing left to train (resumed at the end): where the model stands.
     const EvalResult ev = evaluate_saved_model();

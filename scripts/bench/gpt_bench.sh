@@ -12,6 +12,9 @@
 #                   cuBLASLt matmuls with fused epilogues, cuDNN's fused attention, the fused classifier, the fused
 #                   AdamW); bf16 only. Its per-phase split and kernel breakdown as the step row's
 #         fastloop  the loop row with train.bf16_activations = true; bf16 only
+#         fastloopgraph the fastloop row with train.cuda_graph = true: each step's zero_grad, forward, loss and
+#                   backward one CUDA graph inside dptrain's loop (an A/B against fastloop; bf16, GPU only; compiled,
+#                   never run)
 #         fastsep   the fast row with DPT_TUNE_BGRAD=separate: each weight gradient's bias gradient from our column
 #                   sums after the plain product, not cuBLASLt's BGRADB epilogue (an A/B for tuning; bf16 only)
 #         fastnd    the fast row with train.deterministic = false: cuDNN's default (non-deterministic) attention
@@ -54,9 +57,10 @@
 #                               with less than 15 s left is not started), so the report is always written
 #                               (scripts/gpu-check.sh run sets it from its budget). A row left out so is noted
 #                               "not run: out of time" and fails the script, except an A/B row (fasttune,
-#                               fastgraph, fastsep, fastnd: diagnostics of one choice, no target of their own)
+#                               fastgraph, fastloopgraph, fastsep, fastnd: diagnostics of one choice, no target of
+#                               their own)
 #   BENCH_ROWS                  which rows, a subset of "step fast fasttune fastgraph fastsep fastnd loop fastloop
-#                               eager compile"
+#                               fastloopgraph eager compile"
 #                               (default: all; the fast rows only in bf16)
 #   BENCH_PROFILE=0             GPU: no kernel breakdown (nsys / ncu / torch.profiler)
 #   BENCH_TRACE_STEPS           dpt-model-bench --trace-steps, in a run of its own after the fast row: that many
@@ -115,7 +119,7 @@ REPORT=${OUT:+$OUT/gpt-bench.md}
 REPORT=${REPORT:-/tmp/gpt-bench.md}
 RESULTS=${BENCH_RESULTS:-${REPORT%.md}.jsonl}
 read -r -a WANT_ROWS <<<"${BENCH_ROWS:-step fast fasttune fastgraph fastnd loop fastloop eager compile}"
-ALL_ROWS=(step fast fasttune fastgraph fastsep fastnd loop fastloop eager compile)
+ALL_ROWS=(step fast fasttune fastgraph fastsep fastnd loop fastloop fastloopgraph eager compile)
 for r in "${WANT_ROWS[@]}"; do  # a misspelt row would run nothing and report an empty table
   [[ " ${ALL_ROWS[*]} " == *" $r "* ]] || { echo "gpt_bench: BENCH_ROWS: no row '$r' (${ALL_ROWS[*]})" >&2; exit 2; }
 done
@@ -260,7 +264,7 @@ source scripts/bench/stats.bash  # median, run_limit (the timeout of the next ru
 
 # The A/B rows: the fast row again with one tuning choice flipped, compared with it operation by operation; no target
 # is taken from them, so one the deadline leaves out is noted, not failed (a run of one that fails still fails).
-is_ab_row() { [[ " fasttune fastgraph fastsep fastnd " == *" $1 "* ]]; }
+is_ab_row() { [[ " fasttune fastgraph fastloopgraph fastsep fastnd " == *" $1 "* ]]; }
 
 # measure KEY KIND LOG CMD...: KIND json (the command writes $LOG.json) or loop (dptrain's progress lines).
 measure() {
@@ -358,12 +362,16 @@ run_rows() {
       --warmup "$W" --steps "$S" --threads 1 "${prof[@]}" --json "$log.json"
   done
   local row base extra
-  for row in loop fastloop; do
+  for row in loop fastloop fastloopgraph; do
     want "$row" || continue
     base=step extra=()
-    if [ "$row" = fastloop ]; then
+    if [ "$row" != loop ]; then
       [ "$PREC" = bf16 ] || continue
       base=fast extra=(train.bf16_activations=true)
+    fi
+    if [ "$row" = fastloopgraph ]; then
+      ((GPU)) || continue
+      extra+=(train.cuda_graph=true)
     fi
     # A progress line every ~quarter of the timed steps (from the step row's time; each line waits for the
     # device), so the rate comes from a handful of lines.
@@ -655,7 +663,7 @@ cpu_model=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
 torch_version=$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)
 machine=$( ((GPU)) && echo "${gpu:-an unknown GPU}" || echo "$cpu_model ($(nproc) cores), 1 thread per process, OPENBLAS_CORETYPE ${CORETYPE:-unset}")
 echo "gpt_bench: $WHERE rows on $machine; GPT L$L H$H C$C vocab $V, T $T, batch $B, $PREC; warm-up $W + $S timed steps; torch $torch_version ($PY); $REPEATS repeat(s); logs in $LOG_DIR"
-if want loop || want fastloop; then make_shards; fi
+if want loop || want fastloop || want fastloopgraph; then make_shards; fi
 for rep in $(seq 1 "$REPEATS"); do run_rows "$rep"; done
 
 fmt_ms() { if [ -n "$1" ]; then printf "%.2f" "$1"; else echo -; fi; }
@@ -672,6 +680,7 @@ declare -A WHAT=(
   [fast]="dptrain | step, bf16 activations (the transformer fast path)"
   [loop]="dptrain | training loop (dprun + dptrain, 1 rank, $BACKEND, DDP reducer overlap on, token shards through the loader)"
   [fastloop]="dptrain | training loop, bf16 activations"
+  [fastloopgraph]="dptrain | training loop, bf16 activations, each step's gradients one CUDA graph (train.cuda_graph)"
   [fastsep]="dptrain | step, bf16 activations, bias gradients as column sums (DPT_TUNE_BGRAD=separate)"
   [fastnd]="dptrain | step, bf16 activations, train.deterministic = false"
   [fasttune]="dptrain | step, bf16 activations, cuBLASLt plans tuned after the warm-up (--lt-tune 8, as train.autotune with train.autotune_bf16_grads)"
@@ -683,7 +692,7 @@ rows=()
 for k in "${ALL_ROWS[@]}"; do
   want "$k" || continue
   if [[ $k == fast* ]] && [ "$PREC" != bf16 ]; then continue; fi
-  if [ "$k" = fastgraph ] && ((GPU == 0)); then continue; fi
+  if [[ $k == fastgraph || $k == fastloopgraph ]] && ((GPU == 0)); then continue; fi
   cell=$(fmt_tps "${R[$k]}")
   [ -n "${R[$k]}" ] || cell="${NOTE[$k]:-no result}"
   runs=${RUNS[$k]:--}
@@ -695,12 +704,12 @@ done
 model=gpt-L$L-C$C-T$T
 [ "$L/$C/$V/$T" != 12/768/50257/1024 ] || model=gpt2-124m
 declare -A PROGRAM=([step]=dptrain [fast]=dptrain [fasttune]=dptrain [fastgraph]=dptrain [fastsep]=dptrain
-  [fastnd]=dptrain [loop]=dptrain [fastloop]=dptrain
+  [fastnd]=dptrain [loop]=dptrain [fastloop]=dptrain [fastloopgraph]=dptrain
   [eager]=torch-eager [compile]=torch-compile)
 for k in "${ALL_ROWS[@]}"; do
   want "$k" || continue
   if [[ $k == fast* ]] && [ "$PREC" != bf16 ]; then continue; fi
-  if [ "$k" = fastgraph ] && ((GPU == 0)); then continue; fi
+  if [[ $k == fastgraph || $k == fastloopgraph ]] && ((GPU == 0)); then continue; fi
   ref=""
   [ "${PROGRAM[$k]}" != dptrain ] || ref=torch-compile
   "$PY" scripts/bench/results.py row "$RESULTS" "model=$model" "program=${PROGRAM[$k]}" "mode=$k" "batch=$B" \

@@ -12,7 +12,8 @@
 #    rounding;
 #  - a bf16-activation checkpoint resumes, and evaluates (the float32 path) to the run's own loss;
 #  - AdamW's update writes the parameters' bf16 copy: only the first training forward rounds them (SGD: every one);
-#  - what it refuses: another model, another precision, ZeRO stage 3: clear errors, exit 2.
+#  - what it refuses: another model, another precision, ZeRO stage 3: clear errors, exit 2; and train.cuda_graph
+#    where it cannot apply (the CPU, no bf16 activations, ZeRO, gradient accumulation).
 source "$(dirname "$0")/lib/common.bash"
 "$DPTRAIN" tokenize --input /usr/share/games/fortunes --out "$WORK/fort" > "$WORK/tokenize.log" 2>&1 \
   || { cat "$WORK/tokenize.log"; fail "tokenize failed"; }
@@ -109,4 +110,14 @@ expect_exit 2 "train.bf16_activations = true needs train.precision = bf16 (it is
   "$DPTRAIN" "${GPT[@]}" train.bf16_activations=true train.max_steps=1 checkpoint.dir="$WORK/bad"
 expect_exit 2 "with dist.zero = 3" \
   "$DPTRAIN" "${GPT[@]}" "${FAST[@]}" dist.zero=3 train.max_steps=1 checkpoint.dir="$WORK/bad"
+# train.cuda_graph (a GPU step's gradients as one CUDA graph): refused where it cannot apply.
+expect_exit 2 "train.cuda_graph = true: a CUDA graph replays a GPU step, and this run trains on cpu;" \
+  "$DPTRAIN" "${GPT[@]}" "${FAST[@]}" train.cuda_graph=true train.max_steps=1 checkpoint.dir="$WORK/bad"
+expect_exit 2 "train.cuda_graph = true needs train.bf16_activations = true" \
+  "$DPTRAIN" "${GPT[@]}" train.cuda_graph=true train.max_steps=1 checkpoint.dir="$WORK/bad"
+expect_exit 2 "train.cuda_graph = true with dist.zero = 2: ZeRO's buckets" \
+  "$DPTRAIN" "${GPT[@]}" "${FAST[@]}" train.cuda_graph=true dist.zero=2 train.max_steps=1 checkpoint.dir="$WORK/bad"
+expect_exit 2 "train.cuda_graph = true with train.accum_steps = 2" \
+  "$DPTRAIN" "${GPT[@]}" "${FAST[@]}" train.cuda_graph=true train.accum_steps=2 train.max_steps=1 \
+  checkpoint.dir="$WORK/bad"
 echo "PASS"
