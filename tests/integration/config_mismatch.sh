@@ -2,6 +2,9 @@
 # tests/integration/config_mismatch.sh (issue 10): every rank must run the same config. A wrapper adds an override
 # on rank 1 only: under dprun (gloo) and under mpirun (mpi) the job stops before training with exit code 2, and
 # every rank's message names rank 1, the key and both values. Without the extra override the same wrapper trains.
+# The same config over other data: rank 1 reads a copy of an image folder with one image fewer (a stale copy on one
+# node); the job stops before training with exit 2 naming rank 1 and both example counts, where it once trained
+# (the ranks sharding 20 and 19 examples silently) or, with other step counts, hung until dist.timeout_s.
 source "$(dirname "$0")/lib/common.bash"
 RUN=(data.train_limit=1000 data.test_limit=500 train.max_steps=4 train.progress_interval_s=1000)
 
@@ -42,4 +45,20 @@ out=$(timeout 120 "$DPRUN" --nproc-per-node 2 -- "$WORK/wrap.sh" --config "$CONF
   checkpoint.dir="$WORK/c" 2>&1) || { echo "$out"; fail "the same config on both ranks failed"; }
 <<< "$out" grep -q "done: 4 steps" || { echo "$out"; fail "the same config on both ranks did not train"; }
 echo "ok: the same config on both ranks trains"
+
+# 4. The same config, other data: each rank reads images/ in a folder of its own, rank 1's one image short.
+"$DPTRAIN" export-images --out "$WORK/r0/images" --limit 20 >/dev/null
+cp -r "$WORK/r0" "$WORK/r1"
+rm "$(find "$WORK/r1/images/train" -name '*.png' | sort | head -1)"
+printf '#!/bin/sh\ncd "%s/r${RANK:-$OMPI_COMM_WORLD_RANK}" && exec "%s" "$@"\n' "$WORK" "$DPTRAIN" >"$WORK/cd.sh"
+chmod +x "$WORK/cd.sh"
+set +e
+out=$(timeout 120 "$DPRUN" --nproc-per-node 2 -- "$WORK/cd.sh" --config "$CONFIG" "${RUN[@]}" data.dataset=imagefolder \
+  data.dir=images data.image_size=28 train.batch_size=4 dist.timeout_s=5 checkpoint.dir="$WORK/d" 2>&1)
+rc=$?
+set -e
+[ $rc = 2 ] || { echo "$out"; fail "other data on rank 1: exit code $rc, expected 2"; }
+msg="rank 1 reads other data than rank 0 from data.dir 'images': 19 train examples (rank 0: 20)"
+[ "$(grep -cF "$msg" <<< "$out")" -ge 2 ] || { echo "$out"; fail "other data on rank 1: not named on every rank"; }
+echo "ok: dprun, rank 1 with an image fewer: exit 2, named"
 echo PASS
