@@ -4,7 +4,8 @@
 # every rank's message names rank 1, the key and both values. Without the extra override the same wrapper trains.
 # The same config over other data: rank 1 reads a copy of an image folder with one image fewer (a stale copy on one
 # node); the job stops before training with exit 2 naming rank 1 and both example counts, where it once trained
-# (the ranks sharding 20 and 19 examples silently) or, with other step counts, hung until dist.timeout_s.
+# (the ranks sharding 20 and 19 examples silently) or, with other step counts, hung until dist.timeout_s. And two
+# ranks started by hand with other WORLD_SIZEs both exit 2 saying so.
 source "$(dirname "$0")/lib/common.bash"
 RUN=(data.train_limit=1000 data.test_limit=500 train.max_steps=4 train.progress_interval_s=1000)
 
@@ -61,4 +62,24 @@ set -e
 msg="rank 1 reads other data than rank 0 from data.dir 'images': 19 train examples (rank 0: 20)"
 [ "$(grep -cF "$msg" <<< "$out")" -ge 2 ] || { echo "$out"; fail "other data on rank 1: not named on every rank"; }
 echo "ok: dprun, rank 1 with an image fewer: exit 2, named"
+
+# 5. Another WORLD_SIZE on rank 1 (two ranks started by hand; as a node whose dprun has another --nproc-per-node):
+#    rank 1 exits 2 at once naming both sizes, rank 0 exits 2 after dist.timeout_s with the same words. It once
+#    failed a Gloo check ("sizeof(impl_) == bytes.size()") or waited for ranks that did not exist.
+port=$((29500 + RANDOM % 200))
+for r in 0 1; do
+  MASTER_ADDR=127.0.0.1 MASTER_PORT=$port RANK=$r LOCAL_RANK=$r WORLD_SIZE=$((2 + r)) timeout 60 "$DPTRAIN" \
+    --config "$CONFIG" "${RUN[@]}" dist.timeout_s=2 checkpoint.dir="$WORK/e" >"$WORK/ws$r.log" 2>&1 &
+  eval "pid$r=\$!"
+done
+msg="rank 1 has WORLD_SIZE 3 but rank 0 has WORLD_SIZE 2: every rank of a job needs the same world size"
+for r in 0 1; do
+  set +e
+  eval "wait \$pid$r"
+  rc=$?
+  set -e
+  [ $rc = 2 ] || { cat "$WORK/ws$r.log"; fail "WORLD_SIZE 2 and 3: rank $r exited $rc, expected 2"; }
+  grep -qF "$msg" "$WORK/ws$r.log" || { cat "$WORK/ws$r.log"; fail "WORLD_SIZE 2 and 3: rank $r does not say why"; }
+done
+echo "ok: WORLD_SIZE 2 on rank 0, 3 on rank 1: both exit 2, named"
 echo PASS
