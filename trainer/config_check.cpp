@@ -110,6 +110,14 @@ std::vector<std::string> config_changes(const std::string& now, const std::strin
   return out;
 }
 
+void check_same_inputs(const std::vector<std::string>& items, const std::string& noun, const std::string& source,
+                       comm::ProcessGroup& pg) {
+  std::string all;
+  for (const std::string& item : items) all += fmt::format("{}:{}", item.size(), item);  // unambiguous
+  detail::check_same_figures({{noun, static_cast<int64_t>(items.size())},
+                              {noun, std::bit_cast<int64_t>(fnv1a(all)), false}}, source, pg);
+}
+
 namespace detail {
 
 std::vector<std::string> config_differences(const std::string& theirs, const std::string& base_toml, int base) {

@@ -35,6 +35,12 @@ void check_same_config(const Config& cfg, comm::ProcessGroup& pg);
 //   rank 1 reads other data than rank 0 from data.dir 'imgs': 169 train examples (rank 0: 200)
 void check_same_data(const Datasets& ds, const DataConfig& d, comm::ProcessGroup& pg);
 
+// The same for predict's inputs, which every rank lists itself: their count and a hash of them (the image paths, the
+// prompts) against rank 0's, e.g. "rank 1 reads other data than rank 0 from --input imgs: 19 images (rank 0: 20),
+// other images". Else each rank's batches were cut from its own list, and the output mixed the two silently.
+void check_same_inputs(const std::vector<std::string>& items, const std::string& noun, const std::string& source,
+                       comm::ProcessGroup& pg);
+
 // "train.lr = 0.2 (the checkpoint: 0.1)": each key whose value differs between two to_toml texts, `now`'s then
 // `before`'s, which `before_name` names. In `now`'s order, then the keys only `before` has ("... not set (NAME: 3)").
 // The rank check below says these, and a resume from a checkpoint of another config.

@@ -5,7 +5,7 @@
 # The same config over other data: rank 1 reads a copy of an image folder with one image fewer (a stale copy on one
 # node); the job stops before training with exit 2 naming rank 1 and both example counts, where it once trained
 # (the ranks sharding 20 and 19 examples silently) or, with other step counts, hung until dist.timeout_s. And two
-# ranks started by hand with other WORLD_SIZEs both exit 2 saying so.
+# ranks started by hand with other WORLD_SIZEs both exit 2 saying so; predict's --input is checked the same way.
 source "$(dirname "$0")/lib/common.bash"
 RUN=(data.train_limit=1000 data.test_limit=500 train.max_steps=4 train.progress_interval_s=1000)
 
@@ -62,6 +62,16 @@ set -e
 msg="rank 1 reads other data than rank 0 from data.dir 'images': 19 train examples (rank 0: 20)"
 [ "$(grep -cF "$msg" <<< "$out")" -ge 2 ] || { echo "$out"; fail "other data on rank 1: not named on every rank"; }
 echo "ok: dprun, rank 1 with an image fewer: exit 2, named"
+# predict lists its --input on every rank: the same check (it once wrote a file mixing the two lists' batches).
+set +e
+out=$(timeout 120 "$DPRUN" --nproc-per-node 2 -- "$WORK/cd.sh" predict --checkpoint "$WORK/c" --input images/train \
+  --out "$WORK/preds.jsonl" --batch-size 4 2>&1)
+rc=$?
+set -e
+[ $rc = 2 ] && [ ! -e "$WORK/preds.jsonl" ] || { echo "$out"; fail "predict, other images: exit $rc, or a file"; }
+msg="rank 1 reads other data than rank 0 from --input images/train: 19 images (rank 0: 20), other images"
+[ "$(grep -cF "$msg" <<< "$out")" -ge 2 ] || { echo "$out"; fail "predict, other images on rank 1: not named"; }
+echo "ok: predict, rank 1 with an image fewer: exit 2, named"
 
 # 5. Another WORLD_SIZE on rank 1 (two ranks started by hand; as a node whose dprun has another --nproc-per-node):
 #    rank 1 exits 2 at once naming both sizes, rank 0 exits 2 after dist.timeout_s with the same words. It once
