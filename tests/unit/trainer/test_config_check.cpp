@@ -134,7 +134,7 @@ TEST_CASE("check_same_config: another build on a rank is named with both version
 }
 
 // Real data sets (synthetic ones) whose sizes differ on one rank, as a stale copy of data.dir on one node would.
-TEST_CASE("check_same_data: the same data passes; another example count on a rank is named on every rank",
+TEST_CASE("check_same_data: the same data passes, another example count on a rank is named on every rank",
           "[trainer][config][multirank]") {
   auto data_of = [](int rank, int64_t rank1_train) {
     Config c = base_config();
