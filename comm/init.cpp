@@ -88,6 +88,29 @@ std::shared_ptr<Store> agent_store_client(const DistEnv& env, std::chrono::milli
   return std::make_shared<C10dStore>(env.master_addr, env.master_port, timeout, &it->second);
 }
 
+// WORLD_SIZE must be the same on every rank. A node whose dprun had another --nproc-per-node (or a rank started by hand
+// with another WORLD_SIZE) otherwise waited for ranks that do not exist until dist.timeout_s, or failed a Gloo check
+// ("sizeof(impl_) == bytes.size()"). Rank 0 publishes its world size; every other rank compares its own with it and,
+// on a difference, leaves the message in the store (for rank 0, whose rendezvous then fails with it) and throws it.
+constexpr const char* kWorldSize = "world_size/0";
+constexpr const char* kWorldMismatch = "world_size/mismatch";
+constexpr const char* kWorldMismatches = "world_size/mismatches";
+
+void check_world_size(Store& store, const DistEnv& env) {
+  if (env.rank == 0) {
+    store.set(kWorldSize, std::to_string(env.world_size));
+    return;
+  }
+  const std::string theirs = store.get_string(kWorldSize);
+  if (theirs == std::to_string(env.world_size)) return;
+  const std::string msg = fmt::format(
+      "rank {} has WORLD_SIZE {} but rank 0 has WORLD_SIZE {}: every rank of a job needs the same world size (dprun: "
+      "the same --nnodes and --nproc-per-node on every node)", env.rank, env.world_size, theirs);
+  store.set(kWorldMismatch, msg);
+  store.add(kWorldMismatches, 1);
+  DPT_THROW(ConfigError, "{}", msg);
+}
+
 // The job's TcpStore: rank 0 hosts it at MASTER_ADDR:MASTER_PORT; one process needs none. Under torchrun's agent
 // store, that store (dptrain's keys are all under dpt/restartN/).
 std::shared_ptr<Store> job_store(const DistEnv& env, std::chrono::milliseconds timeout) {
@@ -272,9 +295,18 @@ std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, cons
   check_interface(go.iface, opts.interface.empty() ? "GLOO_SOCKET_IFNAME" : "dist.interface");
   auto prefixed = std::make_shared<PrefixStore>(fmt::format("dpt/restart{}/gloo", env.restart_count),
                                                 job_store(env, opts.timeout));
+  if (env.world_size > 1) check_world_size(*prefixed, env);
   // The constructor ends with a barrier: every rank is connected, so rank 0's store server (kept alive by the
   // group) is no longer needed by anyone's rendezvous.
-  auto pg = std::make_unique<GlooProcessGroup>(prefixed, env.rank, env.world_size, go);
+  std::unique_ptr<GlooProcessGroup> pg;
+  try {
+    pg = std::make_unique<GlooProcessGroup>(prefixed, env.rank, env.world_size, go);
+  } catch (const CommError& e) {
+    // Rank 0 waited for ranks that another world size left out: say so rather than only that they never came.
+    if (env.rank == 0 && prefixed->add(kWorldMismatches, 0) > 0)
+      DPT_THROW(ConfigError, "{}; so the rendezvous failed: {}", prefixed->get_string(kWorldMismatch), e.what());
+    throw;
+  }
   trace.report_store = gloo_report_store(env, opts);
   if (env.rank == 0) {
     spdlog::info("process group: gloo, world {}, rendezvous {}:{}{}", env.world_size, env.master_addr,

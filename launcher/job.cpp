@@ -118,6 +118,7 @@ void Job::reset_attempt() {
   phase_ = Phase::kRunning;
   exit_code_ = 0;
   failed_rank_.reset();
+  early_exit_rank_.reset();
   failure_.clear();
   reported_ = false;
 }

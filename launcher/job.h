@@ -197,6 +197,9 @@ class Job {
   int restarts_ = 0;
   std::optional<int> failed_rank_;
   ExitStatus failed_status_;
+  // The first rank that exited 0 while others still ran, before any failure: a rank that thought training was over
+  // (its peers then fail on the closed connection, and the reason names it first).
+  std::optional<int> early_exit_rank_;
   bool stop_requested_ = false;  // dprun received SIGINT, SIGTERM, SIGHUP or SIGUSR1
   int received_signal_ = 0;      // the first stop signal dprun received
   bool preempting_ = false;      // the stop under way is for preemption (SIGUSR1/SIGTERM, or a rank exited 75)

@@ -167,6 +167,15 @@ void Job::check_ranks() {
     ended.push_back(&r);
   }
   std::stable_partition(ended.begin(), ended.end(), [](const Rank* r) { return r->status.signaled; });
+  const bool others_on = !running_ranks().empty() ||
+                        std::any_of(ended.begin(), ended.end(), [](const Rank* r) { return !r->status.ok(); });
+  if (phase_ == Phase::kRunning && !early_exit_rank_ && others_on) {
+    for (const Rank* r : ended) {
+      if (!r->status.ok()) continue;
+      early_exit_rank_ = r->global;
+      break;
+    }
+  }
   std::vector<Rank*> failed;
   std::vector<std::string> why;
   for (Rank* r : ended) {

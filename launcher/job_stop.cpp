@@ -77,7 +77,10 @@ void Job::print_reason() {
   }
   if (exit_code_ != 0) {
     // A rank's own failure names it (a signal it could not report), else the line written is the reason.
-    const std::string reason = failed_rank_ ? failure_reason(*failed_rank_, failed_status_, line) : line;
+    std::string reason = failed_rank_ ? failure_reason(*failed_rank_, failed_status_, line) : line;
+    // A rank that ended with 0 while its peers trained comes first, as a killed one does: their errors follow it.
+    if (failed_rank_ && early_exit_rank_ && !failed_status_.signaled && !reason.empty())
+      reason = fmt::format("rank {} exited 0 before the others had finished; after it, {}", *early_exit_rank_, reason);
     if (!reason.empty()) note("reason: " + reason);
     // For ended(): the reason, else the failed rank and how it ended (a rank that wrote nothing and was not killed).
     last_reason_ = !reason.empty() || !failed_rank_

@@ -365,7 +365,7 @@ std::vector<Field> run_fields() {
   using C = Config;
   return {
       field("dist.backend", &C::dist, &DistConfig::backend, "auto (nccl with a GPU per rank, else mpi under mpirun, else gloo) | gloo | mpi | nccl", one_of({"auto", "gloo", "mpi", "nccl"})),
-      field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds", Check<double>([](const double& v) {
+      field("dist.timeout_s", &C::dist, &DistConfig::timeout_s, "rendezvous and collective timeout, seconds. Longer than any time a rank spends between two collectives, its checkpoint writes included: the other ranks wait for it in the next collective, and past this they stop as for a hang (exit 3) naming it stuck", Check<double>([](const double& v) {
               // Kept in whole milliseconds: a value under one would be a timeout of 0 ms, every connection failing.
               return v >= 1e-3 && v <= 1e7 ? "" : std::string("must be in [0.001, 10000000] seconds");
             })),

@@ -79,6 +79,16 @@ void check_same_config(const Config& cfg, comm::ProcessGroup& pg) {
   detail::check_same_texts(to_toml(cfg), binary_version(), pg);
 }
 
+void check_same_data(const Datasets& ds, const DataConfig& d, comm::ProcessGroup& pg) {
+  std::string names;
+  for (const std::string& c : ds.classes) names += c + '\n';
+  detail::check_same_figures({{"train examples", ds.train ? static_cast<int64_t>(ds.train->size()) : -1},
+                              {"test examples", ds.test ? static_cast<int64_t>(ds.test->size()) : -1},
+                              {"classes", static_cast<int64_t>(ds.classes.size())},
+                              {"class names", std::bit_cast<int64_t>(fnv1a(names)), false}},
+                             fmt::format("data.dir '{}'", d.dir), pg);
+}
+
 std::vector<std::string> config_changes(const std::string& now, const std::string& before,
                                         const std::string& before_name) {
   const auto mine = flatten(now);
@@ -100,10 +110,52 @@ std::vector<std::string> config_changes(const std::string& now, const std::strin
   return out;
 }
 
+void check_same_inputs(const std::vector<std::string>& items, const std::string& noun, const std::string& source,
+                       comm::ProcessGroup& pg) {
+  std::string all;
+  for (const std::string& item : items) all += fmt::format("{}:{}", item.size(), item);  // unambiguous
+  detail::check_same_figures({{noun, static_cast<int64_t>(items.size())},
+                              {noun, std::bit_cast<int64_t>(fnv1a(all)), false}}, source, pg);
+}
+
 namespace detail {
 
 std::vector<std::string> config_differences(const std::string& theirs, const std::string& base_toml, int base) {
   return config_changes(theirs, base_toml, fmt::format("rank {}", base));
+}
+
+void check_same_figures(const std::vector<Figure>& figures, const std::string& source, comm::ProcessGroup& pg) {
+  const int world = pg.size();
+  const auto k = static_cast<int64_t>(figures.size());
+  if (world == 1 || k == 0) return;
+  // As check_same_texts: k slots per rank, zero but for this rank's own, summed.
+  Tensor all = Tensor::zeros({k * world}, DType::I64);
+  int64_t* v = all.data<int64_t>();
+  for (int64_t i = 0; i < k; ++i) v[k * pg.rank() + i] = figures[static_cast<size_t>(i)].value;
+  pg.allreduce(all, {.op = comm::ReduceOp::Sum, .what = "the data sets' sizes"})->wait();
+  std::vector<int> differing;
+  std::vector<std::string> diffs;  // the first differing rank's
+  for (int r = 1; r < world; ++r) {
+    std::vector<std::string> mine;
+    for (int64_t i = 0; i < k; ++i) {
+      const Figure& f = figures[static_cast<size_t>(i)];
+      const int64_t theirs = v[k * r + i], base = v[i];
+      if (theirs == base) continue;
+      mine.push_back(f.shown ? fmt::format("{} {} (rank 0: {})", theirs < 0 ? "no" : std::to_string(theirs), f.name,
+                                           base < 0 ? "none" : std::to_string(base))
+                             : fmt::format("other {}", f.name));
+    }
+    if (mine.empty()) continue;
+    if (differing.empty()) diffs = std::move(mine);
+    differing.push_back(r);
+  }
+  if (differing.empty()) return;
+  const std::string listed = fmt::format("{}", fmt::join(diffs, ", "));
+  DPT_THROW(ConfigError, "{} other data than rank 0 from {}: {}{} (every rank must read the same data set: on "
+            "several nodes, identical copies at the same path)",
+            differing.size() == 1 ? fmt::format("rank {} reads", differing.front())
+                                  : fmt::format("{} read", ranks_phrase(differing)),
+            source, differing.size() == 1 ? "" : fmt::format("rank {}'s: ", differing.front()), listed);
 }
 
 void check_same_texts(const std::string& config_toml, const std::string& version, comm::ProcessGroup& pg) {

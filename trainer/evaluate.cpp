@@ -6,6 +6,7 @@
 #include "data/sampler.h"
 #include "models/layers.h"
 #include "trainer/build_model.h"
+#include "trainer/config_check.h"
 #include "trainer/datasets.h"
 #include "trainer/feeder.h"
 #include "trainer/model_registry.h"
@@ -70,6 +71,7 @@ EvalReport evaluate_checkpoint(const SavedRun& target, comm::ProcessGroup& pg, D
   prepare_data(cfg, pg, /*records_may_be_gone=*/true);
   Datasets ds = make_datasets(cfg.data, cfg.model, static_cast<uint64_t>(cfg.train.seed), Splits::test);
   check_same_classes(ck.path, ck.state.classes, ds.classes);
+  check_same_data(ds, cfg.data, pg);
   const std::vector<int64_t> sample_shape = ds.test->sample_shape();
   auto model = build_model(cfg.model, sample_shape, ds.test->num_classes(), device);
   model->load_state([&](const std::string& name) { return ck.model.find(name); }, ck.path);

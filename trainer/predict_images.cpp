@@ -17,6 +17,7 @@
 #include "data/transforms.h"
 #include "models/model.h"
 #include "trainer/build_model.h"
+#include "trainer/config_check.h"
 #include "trainer/datasets.h"
 
 namespace dpt::trainer {
@@ -224,6 +225,7 @@ PredictSummary predict_images(const SavedRun& target, const PredictOptions& o, c
 
   const ImageInputs in = list_image_inputs(o.input);
   if (in.names.empty()) DPT_THROW(ConfigError, "predict: no images (.png, .jpg, .jpeg) in {}", o.input);
+  check_same_inputs(in.names, "images", "--input " + o.input, pg);
   const size_t n = in.names.size();
   // Whole batches over all the inputs, dealt to the ranks in turn: an image is computed in the same batch at the
   // same row on any number of ranks (predict.h).

@@ -14,6 +14,7 @@
 #include "core/check.h"
 #include "data/jsonl.h"
 #include "trainer/choice.h"
+#include "trainer/config_check.h"
 #include "trainer/gpt_checkpoint.h"
 
 namespace dpt::trainer {
@@ -81,6 +82,7 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   if (prompts.empty())
     DPT_THROW(ConfigError, "predict: no prompts ({}) in {}",
               file.jsonl ? "records with a \"prompt\"" : "non-blank lines", o.input);
+  check_same_inputs(prompts, "prompts", "--input " + o.input, pg);
   if (file.skipped > 0 && pg.rank() == 0)
     spdlog::info("predict: skipped {} blank line{} of {}{}", file.skipped, file.skipped == 1 ? "" : "s", o.input,
                  file.jsonl ? "" : " (white space alone is no prompt there; a .jsonl prompts file, {\"prompt\": ...} "

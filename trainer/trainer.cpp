@@ -232,6 +232,7 @@ void Trainer::load_data() {
   ctx_.phase = "preparing the data";
   prepare_data(cfg_, pg_, /*records_may_be_gone=*/false);
   ds_ = make_datasets(cfg_.data, cfg_.model, static_cast<uint64_t>(t_.seed));
+  check_same_data(ds_, cfg_.data, pg_);  // a stale copy on one node: caught here, not as a hang or silently
   if (lead_)
     spdlog::info("data: {} train / {} test examples ({}), {} per rank per step, {} global{}", ds_.train->size(),
                  ds_.test->size(), ds_.train->name(), t_.batch_size * t_.accum_steps,

@@ -2,7 +2,8 @@
 # tests/integration/dprun_failure.sh: when a rank fails, dprun names it and how it ended (a rank killed by a
 # signal is the job's reason, before the symptom a peer wrote: kill -9 of rank 1), tears the other
 # ranks down (their whole process groups; SIGKILL after the grace period for one that ignores SIGTERM) and
-# exits with the rank's code, also while another rank floods its output. A program that cannot be started is a
+# exits with the rank's code, also while another rank floods its output. A rank that exited 0 while its peers still
+# ran is named before the failure that followed it. A program that cannot be started is a
 # failed rank with code 127.
 source "$(dirname "$0")/lib/dprun.bash"
 
@@ -91,6 +92,19 @@ grep -qx "dprun: reason: rank 1 was killed by signal 9 (SIGKILL); after it, $PEE
   || fail "together: the reason does not name rank 1 and SIGKILL first"
 no_sleepers "together"
 echo "ok: rank 1 killed and rank 0 exited 1, seen at once -> rank 1 is the failure and the reason"
+
+# 2d. Rank 1 exits 0 while rank 0 still runs (a rank that thought training was over): rank 0 then fails on the
+#     closed connection. The reason names rank 1's early exit first, rank 0's symptom after it (it named rank 0's
+#     "connection reset" alone). Then every rank exiting 0, at different times, is a job that ended well: no reason.
+run --nproc-per-node 2 -- sh -c '
+  if [ "$RANK" = 1 ]; then exit 0; fi
+  sleep 0.5; echo "'"$PEER_LINE"'" > "$DPT_REASON_FILE"; exit 1'
+[ "$RC" = 1 ] || fail "early exit 0: dprun exited $RC, expected rank 0's 1"
+grep -qx "dprun: reason: rank 1 exited 0 before the others had finished; after it, $PEER_LINE" "$WORK/err" \
+  || fail "early exit 0: the reason does not name rank 1's exit 0 first, then rank 0's line"
+run --nproc-per-node 2 -- sh -c 'if [ "$RANK" = 1 ]; then exit 0; fi; sleep 0.3'
+[ "$RC" = 0 ] && ! grep -q "reason" "$WORK/err" || fail "ranks ending at different times: rc $RC, or a reason"
+echo "ok: rank 1 exited 0 early, rank 0 failed after it -> the reason names rank 1's exit first"
 
 # 3. A rank that ignores SIGTERM is SIGKILLed once the grace period (1 s) is over.
 run --nproc-per-node 3 --grace-period 1 -- sh -c '

@@ -13,6 +13,7 @@
 #include "core/check.h"
 #include "trainer/config.h"
 #include "trainer/config_check.h"
+#include "trainer/datasets.h"
 
 using namespace dpt;
 using namespace dpt::trainer;
@@ -130,6 +131,47 @@ TEST_CASE("check_same_config: another build on a rank is named with both version
     CHECK_THAT(msg,
                Contains("rank 2 was started with a config that differs from rank 0's: train.lr = 0.5 (rank 0: 0.1)"));
   }
+}
+
+// Real data sets (synthetic ones) whose sizes differ on one rank, as a stale copy of data.dir on one node would.
+TEST_CASE("check_same_data: the same data passes, another example count on a rank is named on every rank",
+          "[trainer][config][multirank]") {
+  auto data_of = [](int rank, int64_t rank1_train) {
+    Config c = base_config();
+    c.data.dataset = DatasetKind::synthetic;
+    c.data.dir = "shared/data";
+    c.data.synthetic_train_size = rank == 1 ? rank1_train : 200;
+    c.data.synthetic_test_size = 50;
+    c.data.synthetic_shape = {4};
+    return std::make_pair(make_datasets(c.data, c.model, 1), c.data);
+  };
+  for (int world : {1, 2, 3}) {
+    INFO("world " << world);
+    auto outcome = run_ranks(world, [&](comm::ProcessGroup& pg) {
+      auto [ds, d] = data_of(pg.rank(), 200);
+      check_same_data(ds, d, pg);
+    });
+    for (const auto& o : outcome) CHECK(o.empty());
+  }
+  auto outcome = run_ranks(3, [&](comm::ProcessGroup& pg) {
+    auto [ds, d] = data_of(pg.rank(), 169);
+    check_same_data(ds, d, pg);
+  });
+  const std::string msg = same_error_everywhere(outcome);
+  CHECK_THAT(msg, Contains("rank 1 reads other data than rank 0 from data.dir 'shared/data': 169 train examples "
+                           "(rank 0: 200) (every rank must read the same data set"));
+  CHECK_THAT(msg, !Contains("test examples"));
+}
+
+TEST_CASE("check_same_figures: several ranks differ, a hash shown as other", "[trainer][config][multirank]") {
+  auto outcome = run_ranks(3, [](comm::ProcessGroup& pg) {
+    const int r = pg.rank();
+    check::check_same_figures({{"train examples", 100}, {"test examples", r == 1 ? -1 : 10},
+                               {"class names", r == 0 ? 7 : 8, false}}, "data.dir 'd'", pg);
+  });
+  const std::string msg = same_error_everywhere(outcome);
+  CHECK_THAT(msg, Contains("ranks 1, 2 read other data than rank 0 from data.dir 'd': rank 1's: no test examples "
+                           "(rank 0: 10), other class names (every rank"));
 }
 
 TEST_CASE("config_differences: changed keys in order, keys only one side has", "[trainer][config]") {
