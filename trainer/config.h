@@ -62,7 +62,8 @@ struct TrainConfig {
   double momentum = 0.9;
   bool nesterov = false;
   double weight_decay = 0.0;
-  DecayParams weight_decay_params = DecayParams::automatic;  // all | matrices (2-D and up) | auto (matrices for gpt, llama)
+  // all | matrices (2-D and up) | auto (matrices for gpt and llama)
+  DecayParams weight_decay_params = DecayParams::automatic;
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;  // adamw
   ScheduleKind schedule = ScheduleKind::cosine;
   double warmup_epochs = 0.0;
