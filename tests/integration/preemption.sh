@@ -313,15 +313,22 @@ one_rank_stops start1 1 start 29580
 one_rank_stops start0 0 start 29581
 one_rank_stops waiting1 1 waiting 29582
 one_rank_stops waiting0 0 waiting 29583
+# blocks PID MASK: polls /proc/PID/status (2000 reads at most) until the signals of MASK are all blocked; 1 if they
+# never were (or the process is gone).
+blocks() {
+  local blk
+  for _ in $(seq 2000); do
+    blk=$(awk '/^SigBlk:/ { print $2 }' "/proc/$1/status" 2>/dev/null) || return 1
+    [ -n "$blk" ] && (( (16#$blk & $2) == $2 )) && return 0
+  done
+  return 1
+}
 # The first milliseconds: SIGUSR1 as soon as /proc/PID/status shows SIGUSR1 and SIGTERM blocked (bits 10 and 15).
 "$DPTRAIN" --config "$CONFIG" data.train_limit=256 train.max_steps=2 checkpoint.dir="$WORK/early" \
   >"$WORK/early.log" 2>&1 &
 pid=$!
 held=0
-for _ in $(seq 2000); do
-  blk=$(awk '/^SigBlk:/ { print $2 }' "/proc/$pid/status" 2>/dev/null) || break
-  [ -n "$blk" ] && (( (16#$blk & 0x4200) == 0x4200 )) && { held=1; break; }
-done
+blocks "$pid" 0x4200 && held=1
 kill -USR1 "$pid"
 wait "$pid"
 rc=$?
@@ -337,10 +344,7 @@ echo "ok: SIGUSR1 in dptrain's first milliseconds -> 75"
   checkpoint.dir="$WORK/early_dprun" >"$WORK/early_dprun.log" 2>&1 &
 DP=$!
 held=0
-for _ in $(seq 2000); do
-  blk=$(awk '/^SigBlk:/ { print $2 }' "/proc/$DP/status" 2>/dev/null) || break
-  [ -n "$blk" ] && (( (16#$blk & 0x4000) != 0 )) && { held=1; break; }
-done
+blocks "$DP" 0x4000 && held=1
 kill -TERM "$DP"
 wait "$DP"
 rc=$?
