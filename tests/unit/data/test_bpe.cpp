@@ -193,6 +193,22 @@ std::string random_bytes(std::mt19937& rng, size_t n, const std::string& alphabe
   return s;
 }
 
+// `texts` random texts over `alphabet`, each cut where safe_cut says in a random prefix of it: encoding up to the cut
+// and then the rest is encoding the whole.
+template <typename Tokenizer>
+void require_safe_cuts(const Tokenizer& t, unsigned seed, int texts, const std::string& alphabet) {
+  std::mt19937 rng(seed);
+  for (int i = 0; i < texts; ++i) {
+    const std::string text = random_bytes(rng, rng() % 60, alphabet);
+    INFO("text " << i << ": '" << text << "'");
+    const size_t cut = t.safe_cut(text.substr(0, rng() % (text.size() + 1)));
+    std::vector<int32_t> pieces = t.encode(std::string_view(text).substr(0, cut));
+    const std::vector<int32_t> rest = t.encode(std::string_view(text).substr(cut));
+    pieces.insert(pieces.end(), rest.begin(), rest.end());
+    REQUIRE(pieces == t.encode(text));
+  }
+}
+
 }  // namespace
 
 TEST_CASE("GPT-2 byte alphabet: printable bytes stand for themselves, the others for U+0100 on", "[data][bpe]") {
@@ -701,16 +717,7 @@ TEST_CASE("tokenizer.json with GPT-2's pre-tokenizer is cut only where the piece
   }));
   REQUIRE(t.encode("x \nab") == std::vector<int32_t>{'x', ' ', '\n', 'a', 'b'});
   REQUIRE(t.encode("x \n") == std::vector<int32_t>{'x', 262});
-  std::mt19937 rng(11);
-  for (int i = 0; i < 400; ++i) {
-    const std::string text = random_bytes(rng, rng() % 60, "ab \n\n\t.<|eot|>");
-    INFO("text " << i << ": '" << text << "'");
-    const size_t cut = t.safe_cut(text.substr(0, rng() % (text.size() + 1)));
-    std::vector<int32_t> pieces = t.encode(std::string_view(text).substr(0, cut));
-    const std::vector<int32_t> rest = t.encode(std::string_view(text).substr(cut));
-    pieces.insert(pieces.end(), rest.begin(), rest.end());
-    REQUIRE(pieces == t.encode(text));
-  }
+  require_safe_cuts(t, 11, 400, "ab \n\n\t.<|eot|>");
   REQUIRE(t.safe_cut("x \nab") == 1);  // GPT-2's rule: before the blank that follows printable ASCII
   // An added token holding a space could span such a cut: none then.
   const Gpt2Bpe spaced(hand_tokenizer(dir, false, [](nlohmann::json& j) {
@@ -776,16 +783,7 @@ TEST_CASE("tokenizer.json: a Digits step before ByteLevel (SmolLM's) isolates di
   REQUIRE(each.decode(each.encode(text + "\xFF" "9<|eot|>")) == text + "\xFF" "9<|eot|>");
   REQUIRE(each.encode("hello 7") == std::vector<int32_t>{258, 'o', ' ', '7'});
   // Cut where the pieces encode as the whole.
-  std::mt19937 rng(13);
-  for (int i = 0; i < 300; ++i) {
-    const std::string s = random_bytes(rng, rng() % 60, "ab 12\n\n!.");
-    INFO("text " << i << ": '" << s << "'");
-    const size_t cut = each.safe_cut(s.substr(0, rng() % (s.size() + 1)));
-    std::vector<int32_t> pieces = each.encode(std::string_view(s).substr(0, cut));
-    const std::vector<int32_t> rest = each.encode(std::string_view(s).substr(cut));
-    pieces.insert(pieces.end(), rest.begin(), rest.end());
-    REQUIRE(pieces == each.encode(s));
-  }
+  require_safe_cuts(each, 13, 300, "ab 12\n\n!.");
 }
 
 TEST_CASE("tokenizer.json: a Split pattern that can match empty text splits as tokenizers does", "[data][bpe]") {

@@ -86,34 +86,22 @@ std::ostream& operator<<(std::ostream& os, const Diff& d) {
 }
 
 namespace {
+// Element i of an array of T at p (any alignment).
+template <typename T>
+T load(const void* p, size_t i) {
+  T v;
+  std::memcpy(&v, static_cast<const char*>(p) + i * sizeof(T), sizeof(T));
+  return v;
+}
+
 // Element i of a buffer of `dtype` as a double (U8/I32/I64 exactly as integers).
 double element(const void* p, size_t i, DType dtype) {
   switch (dtype) {
-    case DType::F32: {
-      float v;
-      std::memcpy(&v, static_cast<const char*>(p) + i * 4, 4);
-      return v;
-    }
-    case DType::F64: {
-      double v;
-      std::memcpy(&v, static_cast<const char*>(p) + i * 8, 8);
-      return v;
-    }
-    case DType::BF16: {
-      BFloat16 v;
-      std::memcpy(&v, static_cast<const char*>(p) + i * 2, 2);
-      return to_float(v);
-    }
-    case DType::I32: {
-      int32_t v;
-      std::memcpy(&v, static_cast<const char*>(p) + i * 4, 4);
-      return v;
-    }
-    case DType::I64: {
-      int64_t v;
-      std::memcpy(&v, static_cast<const char*>(p) + i * 8, 8);
-      return static_cast<double>(v);
-    }
+    case DType::F32: return load<float>(p, i);
+    case DType::F64: return load<double>(p, i);
+    case DType::BF16: return to_float(load<BFloat16>(p, i));
+    case DType::I32: return load<int32_t>(p, i);
+    case DType::I64: return static_cast<double>(load<int64_t>(p, i));
     case DType::U8: return static_cast<const unsigned char*>(p)[i];
   }
   return 0.0;
