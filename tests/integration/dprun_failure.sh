@@ -3,8 +3,8 @@
 # signal is the job's reason, before the symptom a peer wrote: kill -9 of rank 1), tears the other
 # ranks down (their whole process groups; SIGKILL after the grace period for one that ignores SIGTERM) and
 # exits with the rank's code, also while another rank floods its output. A rank that exited 0 while its peers still
-# ran is named before the failure that followed it, and in an elastic job so is a rank killed on another node. A program that cannot be started is a
-# failed rank with code 127.
+# ran is named before the failure that followed it, and in an elastic job so is a rank killed on another node. A
+# program that cannot be started is a failed rank with code 127.
 source "$(dirname "$0")/lib/dprun.bash"
 
 # Ranks flooding their stdout run `exec yes dpt-flood-$SLEEP_FOR`, found by that marker; none may outlive the script.
