@@ -102,7 +102,7 @@ int Job::run_attempts() {
     monitor();
     finish();
     settle_preemption();
-    print_reason();
+    if (!elastic_) print_reason();  // elastic: once the round's failure is known (after_elastic_attempt)
     if (elastic_) {
       if (std::optional<int> code = after_elastic_attempt()) return *code;
       reset_attempt();

@@ -122,8 +122,9 @@ class Job {
   void make_reason_dir();
   // After an attempt has ended: when it failed, "dprun: reason: ...", once: the line a rank left (failure_reason:
   // after the name and signal of a rank killed by one, which could leave none); the file is removed so that a
-  // restart starts without one.
-  void print_reason();
+  // restart starts without one. `first`: what came before this node's failure (elastic: another node's rank killed
+  // by a signal, the round's failure), named ahead of it.
+  void print_reason(const std::string& first = {});
   // The job's end, `code`: when it is a failure (neither 0 nor kPreemptedCode) and dprun itself was given a
   // DPT_REASON_FILE (a batch script's, as scripts/slurm/dprun.sbatch gives each node's dprun), "node N: <reason>"
   // goes there, first writer wins: srun reports the highest exit code, and a node whose ranks stopped for the

@@ -194,6 +194,7 @@ std::optional<std::pair<int, std::string>> Job::round_failure(int round) {
 std::optional<int> Job::after_elastic_attempt() {
   const int round = plan_.round;
   if (exit_code_ == 0) {
+    print_reason();
     reported_ = true;
     rdzv_->report_done(round);
     if (rdzv_->is_master()) finish_as_master(round, 0, "the job finished (node 0's ranks did)");
@@ -203,10 +204,17 @@ std::optional<int> Job::after_elastic_attempt() {
   report_failure_once(exit_code_, failure_);
   // Every node names the round's failure alike: the rank killed by a signal, wherever it was (Rendezvous::failure),
   // and ends with its exit code, unless this node's own end says more (a stop signal, preemption, no program).
+  // The reason line names it first too, when it is another node's (it once gave only this node's rank's error, its
+  // connection to the killed rank reset, as if that were the cause).
+  std::string killed_elsewhere;
   if (std::optional<std::pair<int, std::string>> f = round_failure(round)) {
+    const bool own_killed = failed_rank_ && failed_status_.signaled;
+    const bool elsewhere = !f->second.starts_with(describe(rdzv_->self()) + ": ");
+    if (!own_killed && elsewhere && rdzv_->signaled(round)) killed_elsewhere = f->second;
     failure_ = f->second;
     if (!stop_requested_ && !exec_failed_ && exit_code_ != kPreemptedCode) exit_code_ = f->first;
   }
+  print_reason(killed_elsewhere);
   std::string why;
   if (stop_requested_) why = "dprun was told to stop";
   else if (exec_failed_) why = "the program cannot be started";

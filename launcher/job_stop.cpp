@@ -65,7 +65,7 @@ void Job::make_reason_dir() {
   }
 }
 
-void Job::print_reason() {
+void Job::print_reason(const std::string& first) {
   if (reason_dir_.empty()) return;
   const std::string path = reason_dir_ + "/reason";
   std::string line;
@@ -81,6 +81,7 @@ void Job::print_reason() {
     // A rank that ended with 0 while its peers trained comes first, as a killed one does: their errors follow it.
     if (failed_rank_ && early_exit_rank_ && !failed_status_.signaled && !reason.empty())
       reason = fmt::format("rank {} exited 0 before the others had finished; after it, {}", *early_exit_rank_, reason);
+    if (!first.empty() && !reason.empty()) reason = fmt::format("{}; after it, {}", first, reason);
     if (!reason.empty()) note("reason: " + reason);
     // For ended(): the reason, else the failed rank and how it ended (a rank that wrote nothing and was not killed).
     last_reason_ = !reason.empty() || !failed_rank_

@@ -231,6 +231,7 @@ std::optional<std::pair<int, std::string>> Rendezvous::failure(int round) {
 int Rendezvous::reports(int round) { return static_cast<int>(counter(key(round, "reports"))); }
 int Rendezvous::failures(int round) { return static_cast<int>(counter(key(round, "failed"))); }
 bool Rendezvous::stopped(int round) { return counter(key(round, "stopped")) > 0; }
+bool Rendezvous::signaled(int round) { return counter(key(round, "signaled")) > 0; }
 void Rendezvous::bye(int round) { store_.add(key(round, "bye"), 1); }
 int Rendezvous::byes(int round) { return static_cast<int>(counter(key(round, "bye"))); }
 int Rendezvous::joined_count(int round) { return static_cast<int>(counter(key(round, "joined"))); }

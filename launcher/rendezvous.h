@@ -105,6 +105,8 @@ class Rendezvous {
   int failures(int round);
   // Whether a node reported `round`'s end as its dprun's stop signal (report_failure's `stop`).
   bool stopped(int round);
+  // Whether `round`'s failure (failure()) is a rank killed by a signal.
+  bool signaled(int round);
   // After reading an ended round's plan, a node says goodbye, so that the master knows it may stop serving.
   void bye(int round);
   int byes(int round);

@@ -455,7 +455,9 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
                    start_.world_size != world_ || start_.batch_size != t_.batch_size
                        ? fmt::format(" (another geometry: it was {} x {})", start_.world_size, start_.batch_size)
                        : "");
-    if (start_.step_samples > 0 && start_.step_samples != step_samples)
+    // Not when nothing is left to train (the run already complete): no step is taken at the new size.
+    const bool done = start_.epoch >= t_.epochs || (t_.max_steps > 0 && start_.step >= t_.max_steps);
+    if (!done && start_.step_samples > 0 && start_.step_samples != step_samples)
       spdlog::warn("the global batch is now {} examples per optimizer step (it was {}): the steps, the learning-rate "
                    "schedule and the loss curve change with it; train.global_batch_size keeps it whatever the world "
                    "size", step_samples, start_.step_samples);

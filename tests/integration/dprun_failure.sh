@@ -3,8 +3,8 @@
 # signal is the job's reason, before the symptom a peer wrote: kill -9 of rank 1), tears the other
 # ranks down (their whole process groups; SIGKILL after the grace period for one that ignores SIGTERM) and
 # exits with the rank's code, also while another rank floods its output. A rank that exited 0 while its peers still
-# ran is named before the failure that followed it. A program that cannot be started is a
-# failed rank with code 127.
+# ran is named before the failure that followed it, and in an elastic job so is a rank killed on another node. A
+# program that cannot be started is a failed rank with code 127.
 source "$(dirname "$0")/lib/dprun.bash"
 
 # Ranks flooding their stdout run `exec yes dpt-flood-$SLEEP_FOR`, found by that marker; none may outlive the script.
@@ -105,6 +105,30 @@ grep -qx "dprun: reason: rank 1 exited 0 before the others had finished; after i
 run --nproc-per-node 2 -- sh -c 'if [ "$RANK" = 1 ]; then exit 0; fi; sleep 0.3'
 [ "$RC" = 0 ] && ! grep -q "reason" "$WORK/err" || fail "ranks ending at different times: rc $RC, or a reason"
 echo "ok: rank 1 exited 0 early, rank 0 failed after it -> the reason names rank 1's exit first"
+
+# 2e. Across the nodes of an elastic job (two dprun on this machine, 1 rank each): node 1's rank is killed by SIGKILL,
+#     and node 0's rank, its peer gone, writes its symptom and exits 1 (or on dprun's SIGTERM, when node 0's dprun
+#     learns of the failure first). Node 0's reason names node 1's killed rank first, as the round's failure line
+#     does; it once named rank 0's symptom alone. Both exit 128 + 9.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 5 --grace-period 2)
+DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- \
+  sh -c 'sleep 0.3; touch "$TMPDIR/gone"; kill -KILL $$' >/dev/null 2>"$WORK/node1.err" </dev/null &
+N1=$!
+DPT_STORE_TOKEN=dprun-failure-$$ run "${ELASTIC[@]}" --node-rank 0 -- sh -c '
+  trap "echo \"'"$PEER_LINE"'\" > \"\$DPT_REASON_FILE\"; exit 1" TERM
+  until [ -e "$TMPDIR/gone" ]; do sleep 0.05; done
+  echo "'"$PEER_LINE"'" > "$DPT_REASON_FILE"; exit 1'
+wait "$N1"
+RC1=$?
+[ "$RC" = 137 ] && [ "$RC1" = 137 ] || fail "elastic kill -9: the nodes exited $RC and $RC1, expected 137"
+KILLED='node 1 \(.*\): rank 1 failed \(killed by SIGKILL\)'
+grep -Eq "^dprun: $KILLED; all 0 restarts used, giving up$" "$WORK/err" || fail "elastic kill -9: no failure line"
+grep -Eqx "dprun: reason: $KILLED; after it, $PEER_LINE" "$WORK/err" ||
+  fail "elastic kill -9: node 0's reason does not name node 1's rank 1 and SIGKILL first, then rank 0's line"
+grep -qx "dprun: reason: rank 1 was killed by signal 9 (SIGKILL)" "$WORK/node1.err" ||
+  { cat "$WORK/node1.err"; fail "elastic kill -9: node 1's reason does not name its rank 1"; }
+echo "ok: an elastic job's rank 1 killed on node 1 -> node 0's reason names it first, then rank 0's symptom"
 
 # 3. A rank that ignores SIGTERM is SIGKILLed once the grace period (1 s) is over.
 run --nproc-per-node 3 --grace-period 1 -- sh -c '

@@ -141,4 +141,10 @@ out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.lr=0.1 2>&1) ||
 <<< "$out" grep -q "training already complete at step 16 (all 2 epoch(s) done): .*; to train more, raise \
 train.epochs (the run goes on from here), or start afresh with --resume never" ||
   { echo "$out"; fail "a resume of a finished run did not say how to train more"; }
+# ... and says nothing of a changed global batch: no step is taken at it (it once warned that the steps, schedule and
+# loss curve change).
+out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.batch_size=16 2>&1) ||
+  { echo "$out"; fail "resume of a done run at another batch size failed"; }
+<<< "$out" grep -q "training already complete at step 16" || { echo "$out"; fail "the done run was retrained"; }
+! <<< "$out" grep -q "the global batch is now" || { echo "$out"; fail "a done run's resume warned of its global batch"; }
 echo "PASS"
