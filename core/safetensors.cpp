@@ -43,6 +43,45 @@ std::optional<DType> parse_st_dtype(const std::string& s) {
   return std::nullopt;
 }
 
+// Dtypes read into a wider one, as PyTorch's files read them (trainer/torch_file.cpp): F16 (Hugging Face's fp16
+// weights) as float32, exactly; I16 and I8 as int32; BOOL as uint8 0 or 1 (GPT-2's causal-mask buffers).
+struct Widened {
+  const char* name;
+  uint64_t bytes;  // an element's in the file
+  DType to;
+};
+constexpr Widened kWidened[] = {
+    {"F16", 2, DType::F32}, {"I16", 2, DType::I32}, {"I8", 1, DType::I32}, {"BOOL", 1, DType::U8}};
+
+const Widened* widened(const std::string& dtype) {
+  for (const Widened& w : kWidened)
+    if (dtype == w.name) return &w;
+  return nullptr;
+}
+
+// `t`'s elements from the file's `in`, each `w.bytes` wide.
+void widen(const Widened& w, const char* in, Tensor& t) {
+  const std::string_view name = w.name;
+  const size_t n = t.numel();
+  if (name == "F16") {
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t h;
+      std::memcpy(&h, in + 2 * i, 2);
+      t.data<float>()[i] = half_to_float(h);
+    }
+  } else if (name == "I16") {
+    for (size_t i = 0; i < n; ++i) {
+      int16_t v;
+      std::memcpy(&v, in + 2 * i, 2);
+      t.data<int32_t>()[i] = v;
+    }
+  } else if (name == "I8") {
+    for (size_t i = 0; i < n; ++i) t.data<int32_t>()[i] = static_cast<int8_t>(in[i]);
+  } else {  // BOOL
+    for (size_t i = 0; i < n; ++i) t.data<uint8_t>()[i] = in[i] != 0;
+  }
+}
+
 void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
   const char* p = static_cast<const char*>(data);
   while (bytes > 0) {
@@ -169,10 +208,12 @@ SafetensorsFile read_safetensors(const std::string& path) {
       for (auto& [k, v] : header["__metadata__"].items()) out.metadata[k] = v.get<std::string>();
     for (auto& [name, info] : header.items()) {
       if (name == "__metadata__") continue;
-      // F16 (Hugging Face's fp16 weights) is read as float32, exactly: 2 bytes an element in the file.
-      const bool f16 = info.at("dtype") == "F16";
-      auto dtype = f16 ? std::optional<DType>(DType::F32) : parse_st_dtype(info.at("dtype").get<std::string>());
-      if (!dtype) DPT_THROW(CheckpointError, "{}: tensor {} has unsupported dtype {}", path, name, info.at("dtype").dump());
+      const json& dtype_text = info.at("dtype");
+      const Widened* wide = dtype_text.is_string() ? widened(dtype_text.get<std::string>()) : nullptr;
+      auto dtype = wide ? std::optional<DType>(wide->to) : parse_st_dtype(dtype_text.get<std::string>());
+      if (!dtype)
+        DPT_THROW(CheckpointError, "{}: tensor {} has dtype {}, which dptrain does not read (it reads F32, F16, BF16, "
+                  "F64, I64, I32, I16, I8, U8 and BOOL)", path, name, dtype_text.dump());
       // Integers only: nlohmann reads a number too large for 64 bits as a double, and converting that to an
       // integer is undefined (found by tests/fuzz: a dimension of 2.2e38).
       for (const char* key : {"shape", "data_offsets"}) {
@@ -188,7 +229,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
                   info.at("data_offsets").dump(), data_size);
       // The shape's size, checked before allocating: a hostile shape must neither allocate terabytes nor
       // wrap around to the range's length ([2^32, 2^32] of U8 "fitted" 0 bytes: found by tests/fuzz).
-      uint64_t need = f16 ? 2 : dtype_size(*dtype);
+      uint64_t need = wide ? wide->bytes : dtype_size(*dtype);
       for (int64_t d : shape) {
         if (d < 0 || __builtin_mul_overflow(need, static_cast<uint64_t>(d), &need))
           DPT_THROW(CheckpointError, "{}: tensor {} has an impossible shape {}", path, name, info.at("shape").dump());
@@ -197,12 +238,8 @@ SafetensorsFile read_safetensors(const std::string& path) {
         DPT_THROW(CheckpointError, "{}: tensor {} shape [{}] needs {} bytes, its range holds {}", path, name,
                   fmt::join(shape, ", "), need, offs[1] - offs[0]);
       Tensor t = Tensor::empty(shape, *dtype);
-      if (f16) {
-        for (size_t i = 0; i < t.numel(); ++i) {
-          uint16_t h;
-          std::memcpy(&h, data + offs[0] + 2 * i, 2);
-          t.data<float>()[i] = half_to_float(h);
-        }
+      if (wide) {
+        widen(*wide, data + offs[0], t);
       } else {
         std::memcpy(t.raw(), data + offs[0], t.bytes());
       }

@@ -30,7 +30,9 @@ struct SafetensorsFile {
 // Reads and validates: header size within the file, valid JSON, known dtypes, shapes matching byte ranges,
 // ranges tiling the data (no overlap, no byte that no tensor owns, as the format requires), every tensor's CRC32
 // (when present). Throws CheckpointError
-// naming the file and what is wrong. F16 tensors (fp16 weights) come back as float32, exactly.
+// naming the file and what is wrong, and one naming the tensor, its dtype and the dtypes dptrain reads for any
+// other dtype (U16, F8_E4M3, ...). F16 tensors (fp16 weights) come back as float32, exactly; I8 and I16 as int32;
+// BOOL as uint8 (0 or 1), as PyTorch's files read (a GPT-2 file's causal-mask buffers, which a GPT skips).
 SafetensorsFile read_safetensors(const std::string& path);
 
 uint32_t crc32_of(const void* data, size_t bytes);

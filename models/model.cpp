@@ -354,22 +354,26 @@ int64_t counter_value(const Tensor& host, const std::string& name, const std::st
 }
 }  // namespace
 
-void Model::load_state(const std::function<const Tensor*(const std::string&)>& find, const std::string& source) {
+void Model::load_state(const std::function<const Tensor*(const std::string&)>& find, const std::string& source,
+                       const std::function<std::string(const std::string&)>& shown) {
   params_written();
+  const auto name_of = [&](const std::string& name) { return shown ? shown(name) : name; };
   std::vector<std::pair<Tensor, const Tensor*>> copies;
   std::map<std::string, int64_t> counts;  // the counters' values, read (and checked) before anything changes
   for (const NamedTensor& nt : state()) {
     const Tensor* src = find(nt.name);
-    if (!src) DPT_THROW(CheckpointError, "{}: no tensor named {} (this model: {})", source, nt.name, summary());
+    if (!src)
+      DPT_THROW(CheckpointError, "{}: no tensor named {} (this model: {})", source, name_of(nt.name), summary());
     if (nt.tensor.dtype() == DType::I64) {  // a counter: any one-element integer or float tensor
       if (src->numel() != 1)  // a file's fault, not dptrain's: a CheckpointError, as the other checks here
-        DPT_THROW(CheckpointError, "{}: {} has shape {}, expected one element", source, nt.name, src->shape_str());
-      counts[nt.name] = counter_value(src->to(Device::cpu()), nt.name, source);
+        DPT_THROW(CheckpointError, "{}: {} has shape {}, expected one element", source, name_of(nt.name),
+                  src->shape_str());
+      counts[nt.name] = counter_value(src->to(Device::cpu()), name_of(nt.name), source);
       continue;
     }
     if (src->shape() != nt.tensor.shape() || src->dtype() != nt.tensor.dtype())
-      DPT_THROW(CheckpointError, "{}: {} is {} {}, this model expects {} {}", source, nt.name, dtype_name(src->dtype()),
-                src->shape_str(), dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
+      DPT_THROW(CheckpointError, "{}: {} is {} {}, this model expects {} {}", source, name_of(nt.name),
+                dtype_name(src->dtype()), src->shape_str(), dtype_name(nt.tensor.dtype()), nt.tensor.shape_str());
     copies.emplace_back(nt.tensor, src);
   }
   // Everything checked: only now change the model, so a failed load leaves it as it was.

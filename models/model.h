@@ -141,8 +141,9 @@ class Model {
   std::vector<NamedTensor> state() const;
   // Sets the whole state from `find(name)` (any device; shapes must match exactly; counters from int64 or
   // float tensors of one element). Throws CheckpointError naming `source` and the first key that is
-  // missing or has another shape or dtype.
-  void load_state(const std::function<const Tensor*(const std::string&)>& find, const std::string& source);
+  // missing or has another shape or dtype, as `shown(key)` gives it when set (the file's name for it).
+  void load_state(const std::function<const Tensor*(const std::string&)>& find, const std::string& source,
+                  const std::function<std::string(const std::string&)>& shown = {});
 
  private:
   struct Owner {  // a module owning parameters, buffers or counters

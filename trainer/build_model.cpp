@@ -189,6 +189,8 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
   const auto state = model.state();
   const ModelFamily& family = model_family(m.name);
   std::string layout;
+  std::vector<std::string> file_names;  // as the file names them (wrappers' prefixes removed), for errors
+  for (const auto& nt : file.tensors) file_names.push_back(nt.name);
   if (family.import_weights) file.tensors = family.import_weights(file.tensors, path, m, &layout);
   std::set<std::string> wanted;
   for (const auto& nt : state) wanted.insert(nt.name);
@@ -205,7 +207,8 @@ std::string load_pretrained(models::Model& model, const ModelConfig& m, const st
           auto it = keep.find(name);
           return it != keep.end() ? &it->second : file.find(name);
         },
-        "model.init_from " + path);
+        "model.init_from " + path,
+        [&](const std::string& name) { return family.file_name ? family.file_name(file_names, name) : name; });
   } catch (const CheckpointError& e) {
     DPT_THROW(ConfigError, "{}", e.what());
   }

@@ -264,11 +264,12 @@ ExportedWeights llama_export(const models::Model& model, const ModelConfig& m, s
           .loader = qwen2 ? "Qwen2ForCausalLM.from_pretrained(folder)" : "LlamaForCausalLM.from_pretrained(folder)"};
 }
 
-// The functions of each card of kModelCards, in its order: build, import_weights, flops_per_row, export_weights,
-// resolve.
+// The functions of each card of kModelCards, in its order: build, import_weights, file_name, flops_per_row,
+// export_weights, resolve.
 struct Functions {
   decltype(ModelFamily::build) build;
   decltype(ModelFamily::import_weights) import_weights;
+  decltype(ModelFamily::file_name) file_name;
   decltype(ModelFamily::flops_per_row) flops_per_row;
   decltype(ModelFamily::export_weights) export_weights;
   decltype(ModelFamily::resolve) resolve;
@@ -277,8 +278,8 @@ const std::array<Functions, kModelCards.size()>& functions() {
   static const std::array<Functions, kModelCards.size()> table{{
       {.build = build_mlp},                                                        // mlp
       {.build = build_resnet},                                                     // resnet
-      {.build = build_gpt, .import_weights = gpt_weights, .flops_per_row = gpt_flops, .export_weights = gpt_export,
-       .resolve = resolve_gpt},  // gpt
+      {.build = build_gpt, .import_weights = gpt_weights, .file_name = models::gpt_file_name,
+       .flops_per_row = gpt_flops, .export_weights = gpt_export, .resolve = resolve_gpt},  // gpt
       {.build = build_llama, .import_weights = llama_weights, .flops_per_row = llama_flops,
        .export_weights = llama_export, .resolve = resolve_llama},  // llama
   }};
@@ -293,7 +294,8 @@ const ModelFamily& model_family(std::string_view name) {
     for (size_t i = 0; i < kModelCards.size(); ++i) {
       const Functions& f = functions()[i];
       DPT_CHECK(f.build != nullptr, "model family {} has a card but no build function", kModelCards[i].name);
-      out.push_back({kModelCards[i], f.build, f.import_weights, f.flops_per_row, f.export_weights, f.resolve});
+      out.push_back({kModelCards[i], f.build, f.import_weights, f.file_name, f.flops_per_row, f.export_weights,
+                     f.resolve});
     }
     return out;
   }();

@@ -138,6 +138,9 @@ struct ModelFamily : ModelCard {
   std::function<std::vector<NamedTensor>(const std::vector<NamedTensor>& tensors, const std::string& path,
                                          const ModelConfig& m, std::string* layout)>
       import_weights;
+  // model.init_from's errors: the model's tensor `name` as a file whose tensors are `file_names` (before
+  // import_weights) names it. Empty: the model's own name.
+  std::function<std::string(const std::vector<std::string>& file_names, const std::string& name)> file_name;
   // Training FLOPs (forward and backward) per loss row, for the progress line's MFU. Empty: no estimate.
   std::function<double(const ModelConfig& m)> flops_per_row;
   // export-weights: the model's weights in `layout` (a word of export-weights' --layout; ConfigError for one the

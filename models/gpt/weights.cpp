@@ -46,6 +46,11 @@ Tensor with_rows(const Tensor& t, int64_t rows) {
   return out;
 }
 
+// A name of Hugging Face's GPT2LMHeadModel without its "transformer." prefix, as the hub's files have them.
+bool hf_top_name(const std::string& n) {
+  return n.starts_with("wte.") || n.starts_with("wpe.") || n.starts_with("h.") || n.starts_with("ln_f.");
+}
+
 // The tensor of `tensors` named `name`, or nullptr.
 const Tensor* find(const std::vector<NamedTensor>& tensors, const std::string& name) {
   for (const auto& nt : tensors)
@@ -65,10 +70,7 @@ std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tens
                                             const GptOptions& o, std::string* layout) {
   // Hugging Face's names without the prefix (the hub's files) get it; any other name stays the file's, so that an
   // error names what the file holds.
-  auto full = [](const std::string& n) {
-    const bool hf_top = n.starts_with("wte.") || n.starts_with("wpe.") || n.starts_with("h.") || n.starts_with("ln_f.");
-    return hf_top ? "transformer." + n : n;
-  };
+  auto full = [](const std::string& n) { return hf_top_name(n) ? "transformer." + n : n; };
   for (const auto& nt : tensors)
     if (nt.name == "model.embed_tokens.weight")
       DPT_THROW(ConfigError, "model.init_from {}: {} is the token embedding of a Llama family's model "
@@ -124,6 +126,12 @@ std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tens
                 "its head to the token embedding", path);
   }
   return out;
+}
+
+std::string gpt_file_name(const std::vector<std::string>& file_names, const std::string& name) {
+  const std::string prefix = "transformer.";
+  if (!name.starts_with(prefix) || !std::any_of(file_names.begin(), file_names.end(), hf_top_name)) return name;
+  return fmt::format("{} (dptrain's {})", name.substr(prefix.size()), name);
 }
 
 std::vector<NamedTensor> gpt_export_weights(const Model& model, GptLayout layout) {

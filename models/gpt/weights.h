@@ -32,6 +32,11 @@ GptLayout parse_gpt_layout(const std::string& name);  // "nanogpt" | "hf"; Confi
 std::vector<NamedTensor> gpt_import_weights(const std::vector<NamedTensor>& tensors, const std::string& path,
                                             const GptOptions& o, std::string* layout);
 
+// For model.init_from's errors: this GPT's tensor `name` as a file whose tensors are `file_names` names it, with
+// dptrain's name beside it: "h.0.ln_1.weight (dptrain's transformer.h.0.ln_1.weight)" when the file has the hub's
+// names without "transformer." (wte.weight, h.0.*), else `name` as it is.
+std::string gpt_file_name(const std::vector<std::string>& file_names, const std::string& name);
+
 // A GPT's weights (host tensors, float32) in `layout`, wte cut to the real vocabulary (vocab_size rows): loads
 // into nanoGPT's GPT(strict) or transformers' GPT2LMHeadModel.from_pretrained, and back through
 // gpt_import_weights. ConfigError when `model` is not a GPT.

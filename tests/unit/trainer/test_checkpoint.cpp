@@ -382,6 +382,41 @@ TEST_CASE("safetensors: F16 tensors (fp16 weights) read as float32, exactly, the
   }
 }
 
+TEST_CASE("safetensors: I8 and I16 read as int32 and BOOL as uint8, as PyTorch's files, and other dtypes are refused "
+          "naming the tensor and what dptrain reads", "[checkpoint]") {
+  // A GPT-2 file's causal-mask buffers may be BOOL (h.0.attn.bias): the GPT skips them by name, but the file was
+  // refused for their dtype before any name was looked at.
+  const fs::path dir = fresh_dir("st_small_ints");
+  const auto write = [&](const std::string& header, const std::string& body) {
+    std::ofstream f(dir / "i.safetensors", std::ios::binary | std::ios::trunc);
+    const uint64_t n = header.size();
+    f.write(reinterpret_cast<const char*>(&n), 8);
+    f << header << body;
+  };
+  const int16_t shorts[2] = {-300, 7};
+  const std::string body = std::string("\x01\x00\x02", 3) + std::string("\xfe\x05", 2) +
+                           std::string(reinterpret_cast<const char*>(shorts), 4);
+  write(R"({"h.0.attn.bias":{"dtype":"BOOL","shape":[3],"data_offsets":[0,3]},)"
+        R"("c":{"dtype":"I8","shape":[2],"data_offsets":[3,5]},"s":{"dtype":"I16","shape":[2],"data_offsets":[5,9]}})",
+        body);
+  const SafetensorsFile file = read_safetensors((dir / "i.safetensors").string());
+  const Tensor* mask = file.find("h.0.attn.bias");
+  REQUIRE(mask);
+  REQUIRE(mask->dtype() == DType::U8);
+  CHECK(std::vector<uint8_t>(mask->data<uint8_t>(), mask->data<uint8_t>() + 3) == std::vector<uint8_t>{1, 0, 1});
+  const Tensor* c = file.find("c");
+  REQUIRE((c && c->dtype() == DType::I32));
+  CHECK(c->data<int32_t>()[0] == -2);
+  CHECK(c->data<int32_t>()[1] == 5);
+  const Tensor* s = file.find("s");
+  REQUIRE((s && s->dtype() == DType::I32));
+  CHECK(s->data<int32_t>()[0] == -300);
+  CHECK(s->data<int32_t>()[1] == 7);
+  write(R"({"w":{"dtype":"U16","shape":[2],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  CHECK_THROWS_WITH(read_safetensors((dir / "i.safetensors").string()),
+                    Catch::Contains("tensor w has dtype \"U16\", which dptrain does not read (it reads F32, F16"));
+}
+
 TEST_CASE("safetensors: an empty tensor at the offset of another's bytes is no overlap, as safetensors writes it",
           "[checkpoint]") {
   // safetensors.torch.save_file({"z": torch.zeros(0), "a": torch.ones(4, dtype=torch.bfloat16)}) writes these offsets

@@ -380,3 +380,43 @@ TEST_CASE("gpt: a Hugging Face GPT-2 config.json gives the model.* keys, or none
                       Catch::Contains(fmt::format("{} is GPT-2's token embedding", name)) &&
                       Catch::Contains("set model.name = gpt"));
 }
+
+TEST_CASE("gpt: a Hugging Face GPT-2 file that lacks a tensor or holds a wrong one is told in the file's names",
+          "[trainer][registry][gpt]") {
+  // The hub's gpt2 model.safetensors names its tensors without "transformer." (h.0.ln_1.weight): an error naming
+  // only dptrain's transformer.h.0.ln_1.weight sent the user looking for a name the file never had.
+  const fs::path dir = fresh_dir("gpt_hf_names");
+  ModelConfig m;
+  m.name = "gpt";
+  m.n_layer = 1;
+  m.n_head = 2;
+  m.n_embd = 16;
+  m.vocab_size = 64;
+  m.block_size = 8;
+  const auto model = model_family("gpt").build(m, {m.block_size + 1}, 0, Device::cpu());
+  model->init(3);
+  std::vector<NamedTensor> hf = models::gpt_export_weights(*model, models::GptLayout::HuggingFace);
+  REQUIRE(std::any_of(hf.begin(), hf.end(), [](const NamedTensor& nt) { return nt.name == "h.0.ln_1.weight"; }));
+  const auto path = (dir / "model.safetensors").string();
+  write_safetensors(path, hf);
+  CHECK(load_pretrained(*model, m, path).find("Hugging Face layout") != std::string::npos);
+
+  std::vector<NamedTensor> lacking;
+  for (const auto& nt : hf)
+    if (nt.name != "h.0.ln_1.weight") lacking.push_back(nt);
+  write_safetensors(path, lacking);
+  CHECK_THROWS_WITH(load_pretrained(*model, m, path),
+                    Catch::Contains("no tensor named h.0.ln_1.weight (dptrain's transformer.h.0.ln_1.weight)"));
+  for (auto& nt : hf)
+    if (nt.name == "ln_f.bias") nt.tensor = Tensor::zeros({3});
+  write_safetensors(path, hf);
+  CHECK_THROWS_WITH(load_pretrained(*model, m, path),
+                    Catch::Contains("ln_f.bias (dptrain's transformer.ln_f.bias) is float32 [3]"));
+
+  // nanoGPT's names are dptrain's: said as they are.
+  std::vector<NamedTensor> nano = models::gpt_export_weights(*model, models::GptLayout::NanoGpt);
+  std::erase_if(nano, [](const NamedTensor& nt) { return nt.name == "transformer.h.0.ln_1.weight"; });
+  write_safetensors(path, nano);
+  CHECK_THROWS_WITH(load_pretrained(*model, m, path),
+                    Catch::Contains("no tensor named transformer.h.0.ln_1.weight (this model"));
+}
