@@ -146,5 +146,6 @@ train.epochs (the run goes on from here), or start afresh with --resume never" |
 out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.batch_size=16 2>&1) ||
   { echo "$out"; fail "resume of a done run at another batch size failed"; }
 <<< "$out" grep -q "training already complete at step 16" || { echo "$out"; fail "the done run was retrained"; }
-! <<< "$out" grep -q "the global batch is now" || { echo "$out"; fail "a done run's resume warned of its global batch"; }
+! <<< "$out" grep -q "the global batch is now" ||
+  { echo "$out"; fail "a done run's resume warned of its global batch"; }
 echo "PASS"
