@@ -69,6 +69,14 @@ TrainState state_at(int64_t step) {
   return s;
 }
 
+// A safetensors file as given: the header's length (8 bytes, little-endian), the header, the data bytes.
+void write_raw_safetensors(const fs::path& path, const std::string& header, const std::string& body) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  const uint64_t n = header.size();
+  f.write(reinterpret_cast<const char*>(&n), 8);
+  f << header << body;
+}
+
 }  // namespace
 
 TEST_CASE("safetensors round trip keeps names, shapes, dtypes, values and order", "[checkpoint]") {
@@ -388,10 +396,7 @@ TEST_CASE("safetensors: I8 and I16 read as int32 and BOOL as uint8, as PyTorch's
   // refused for their dtype before any name was looked at.
   const fs::path dir = fresh_dir("st_small_ints");
   const auto write = [&](const std::string& header, const std::string& body) {
-    std::ofstream f(dir / "i.safetensors", std::ios::binary | std::ios::trunc);
-    const uint64_t n = header.size();
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f << header << body;
+    write_raw_safetensors(dir / "i.safetensors", header, body);
   };
   const int16_t shorts[2] = {-300, 7};
   const std::string body = std::string("\x01\x00\x02", 3) + std::string("\xfe\x05", 2) +
@@ -423,10 +428,7 @@ TEST_CASE("safetensors: an empty tensor at the offset of another's bytes is no o
   // (F32 before BF16, so the empty z sits where a begins): it was refused as "tensors a and z overlap".
   const fs::path dir = fresh_dir("st_empty_offset");
   const auto write = [&](const std::string& header, const std::string& body) {
-    std::ofstream f(dir / "e.safetensors", std::ios::binary | std::ios::trunc);
-    const uint64_t n = header.size();
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f << header << body;
+    write_raw_safetensors(dir / "e.safetensors", header, body);
   };
   const std::string ones(4 * 2, '\x80');
   write(R"({"z":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
@@ -451,10 +453,7 @@ TEST_CASE("safetensors: data bytes no tensor owns (a hole, a tail) are refused, 
   // covered"); dptrain read them as if the header described the file.
   const fs::path dir = fresh_dir("st_untiled");
   const auto write = [&](const std::string& header, const std::string& body) {
-    std::ofstream f(dir / "u.safetensors", std::ios::binary | std::ios::trunc);
-    const uint64_t n = header.size();
-    f.write(reinterpret_cast<const char*>(&n), 8);
-    f << header << body;
+    write_raw_safetensors(dir / "u.safetensors", header, body);
   };
   const std::string path = (dir / "u.safetensors").string();
   write(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", std::string(8, '\0'));
