@@ -5,9 +5,11 @@
 #include <array>
 #include <csignal>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <string>
 
 #include <omp.h>
 #include <sys/time.h>
@@ -137,6 +139,21 @@ TEST_CASE("gemm gives the same bits while signals arrive, in both libraries", "[
   models::detail::set_gemm_onednn(true);
   sigaction(SIGALRM, &before, nullptr);
   omp_set_num_threads(threads);
+}
+
+// tests/CMakeLists.txt gives every unit test OPENBLAS_NUM_THREADS=1 and OMP_NUM_THREADS=1. The second once went
+// missing (a CMake list split by catch_discover_tests): oneDNN's eltwise kernels then spun two OpenMP threads in each
+// test, and two finite-difference cases side by side on CI's two cores ran 100x slower, past their timeout.
+TEST_CASE("ctest gives each unit test one thread: OpenBLAS and OpenMP (oneDNN) alike", "[models]") {
+  const char* blas = std::getenv("OPENBLAS_NUM_THREADS");
+  if (!blas || std::string(blas) != "1") {
+    SUCCEED("not run by ctest (OPENBLAS_NUM_THREADS is not 1): nothing to check");
+    return;
+  }
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  REQUIRE(omp != nullptr);
+  CHECK(std::string(omp) == "1");
+  CHECK(omp_get_max_threads() == 1);
 }
 
 TEST_CASE("softmax cross-entropy: closed form for uniform logits and known gradient", "[models]") {
