@@ -206,19 +206,23 @@ std::optional<int> Job::after_elastic_attempt() {
   // and ends with its exit code, unless this node's own end says more (a stop signal, preemption, no program).
   // The reason line names it first too, when it is another node's (it once gave only this node's rank's error, its
   // connection to the killed rank reset, as if that were the cause).
-  std::string killed_elsewhere;
+  std::string cause_elsewhere;
   if (std::optional<std::pair<int, std::string>> f = round_failure(round)) {
     const bool own_killed = failed_rank_ && failed_status_.signaled;
     const bool elsewhere = !f->second.starts_with(describe(rdzv_->self()) + ": ");
-    if (!own_killed && elsewhere && rdzv_->signaled(round)) killed_elsewhere = f->second;
+    if (!own_killed && elsewhere && rdzv_->signaled(round)) cause_elsewhere = f->second;
+    // Another node's rank refused its configuration: its line is the reason here too.
+    if (elsewhere && f->first == kConfigErrorCode && !rdzv_->signaled(round))
+      cause_elsewhere = rdzv_->reason(round);
     failure_ = f->second;
     if (!stop_requested_ && !exec_failed_ && exit_code_ != kPreemptedCode) exit_code_ = f->first;
   }
-  print_reason(killed_elsewhere);
+  print_reason(cause_elsewhere);
   std::string why;
   if (stop_requested_) why = "dprun was told to stop";
   else if (exec_failed_) why = "the program cannot be started";
   else if (exit_code_ == kPreemptedCode) why = "the ranks stopped for preemption";
+  else if (exit_code_ == kConfigErrorCode) why = kConfigErrorWhy;
   if (!why.empty()) {
     note(fmt::format("{}; not restarting: {}", failure_, why));
     if (rdzv_->is_master()) finish_as_master(round, exit_code_, fmt::format("node 0: {}", why));

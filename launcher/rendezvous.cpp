@@ -228,6 +228,14 @@ std::optional<std::pair<int, std::string>> Rendezvous::failure(int round) {
                    sp == std::string::npos ? std::string{} : text.substr(sp + 1)};
 }
 
+void Rendezvous::publish_reason(int round, const std::string& line) {
+  if (store_.add(key(round, "reasons"), 1) == 1) store_.set(key(round, "reason"), line);
+}
+
+std::string Rendezvous::reason(int round) {
+  return counter(key(round, "reasons")) == 0 ? std::string{} : store_.get_string(key(round, "reason"));
+}
+
 int Rendezvous::reports(int round) { return static_cast<int>(counter(key(round, "reports"))); }
 int Rendezvous::failures(int round) { return static_cast<int>(counter(key(round, "failed"))); }
 bool Rendezvous::stopped(int round) { return counter(key(round, "stopped")) > 0; }

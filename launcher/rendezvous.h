@@ -107,6 +107,11 @@ class Rendezvous {
   bool stopped(int round);
   // Whether `round`'s failure (failure()) is a rank killed by a signal.
   bool signaled(int round);
+  // The line a failed rank left (DPT_REASON_FILE), published by its node before its report_failure so that the
+  // other nodes can print it too (a configuration error: every node ends the job with it); the first one stays.
+  // reason(): empty when none was published.
+  void publish_reason(int round, const std::string& line);
+  std::string reason(int round);
   // After reading an ended round's plan, a node says goodbye, so that the master knows it may stop serving.
   void bye(int round);
   int byes(int round);
