@@ -180,6 +180,8 @@ class Job {
   // The failure of `round` as every node names it (Rendezvous::failure); on a node but the master, nullopt when the
   // master has ended the job and is gone.
   std::optional<std::pair<int, std::string>> round_failure(int round);
+  // A node but the master that ends the job after `round` failed: tells node 0 (finish_as_master) not to wait for it.
+  void give_up(int round);
   // Node 0's last duty: wait (up to --rdzv-timeout) until every node of `round` has reported its outcome, end
   // round + 1 for whoever joins it (nodes that failed and rejoin, late nodes), and wait for their goodbyes.
   void finish_as_master(int round, int code, const std::string& why);

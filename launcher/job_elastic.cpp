@@ -207,7 +207,8 @@ std::optional<int> Job::after_elastic_attempt() {
   // The reason line names it first too, when it is another node's (it once gave only this node's rank's error, its
   // connection to the killed rank reset, as if that were the cause).
   std::string cause_elsewhere;
-  if (std::optional<std::pair<int, std::string>> f = round_failure(round)) {
+  std::optional<std::pair<int, std::string>> f = round_failure(round);
+  if (f) {
     const bool own_killed = failed_rank_ && failed_status_.signaled;
     const bool elsewhere = !f->second.starts_with(describe(rdzv_->self()) + ": ");
     if (!own_killed && elsewhere && rdzv_->signaled(round)) cause_elsewhere = f->second;
@@ -223,19 +224,33 @@ std::optional<int> Job::after_elastic_attempt() {
   else if (exec_failed_) why = "the program cannot be started";
   else if (exit_code_ == kPreemptedCode) why = "the ranks stopped for preemption";
   else if (exit_code_ == kConfigErrorCode) why = kConfigErrorWhy;
+  // Node 0 gone after this node's report: it ended the job (restarts used, or a reason of its own to end it, such as a
+  // program it cannot start). Joining the next round would only fail ("lost the rendezvous"; it once did, exit 1).
+  if (!f && why.empty()) why = "node 0 has ended the job";
   if (!why.empty()) {
     note(fmt::format("{}; not restarting: {}", failure_, why));
+    give_up(round);
     if (rdzv_->is_master()) finish_as_master(round, exit_code_, fmt::format("node 0: {}", why));
     return exit_code_;
   }
   if (round == opts_.max_restarts) {
     note(fmt::format("{}; all {} restart{} used, giving up", failure_, opts_.max_restarts,
                      opts_.max_restarts == 1 ? "" : "s"));
+    give_up(round);
     if (rdzv_->is_master()) finish_as_master(round, exit_code_, fmt::format("all {} restarts used", opts_.max_restarts));
     return exit_code_;
   }
   note(fmt::format("{}; restart {} of {}: joining round {}", failure_, round + 1, opts_.max_restarts, round + 1));
   return enter_round(round + 1, exit_code_);
+}
+
+void Job::give_up(int round) {
+  if (rdzv_->is_master() || master_gone_) return;
+  try {
+    rdzv_->bye(round + 1);  // node 0 waits for it, as for the goodbye of a node that rejoins and reads the end
+  } catch (const CommError&) {
+    master_gone_ = true;  // it has stopped waiting: nothing to tell it
+  }
 }
 
 void Job::finish_as_master(int round, int code, const std::string& why) {
@@ -244,9 +259,12 @@ void Job::finish_as_master(int round, int code, const std::string& why) {
   if (rdzv_->reports(round) < nodes) note("waiting for the other nodes to finish");
   (void)wait_for([&] { return rdzv_->reports(round) >= nodes; }, limit);
   rdzv_->end(round + 1, code, why);
-  // The others that failed rejoin unless they gave up too (restarts used up, a stop signal).
-  const bool they_rejoin = code == 0 && round < opts_.max_restarts;
-  linger(round + 1, /*self_joined=*/0, they_rejoin ? rdzv_->failures(round) : 0, limit);
+  // Every other node that failed in `round` and was not declared lost either rejoins (round + 1: it reads the end and
+  // says goodbye) or gives up (give_up: it says goodbye without joining). Wait for each: node 0 once stopped serving
+  // while a node still tearing its ranks down was about to rejoin (one that restarts where node 0 does not: node 0
+  // could not start the program), and that node ended "lost the rendezvous at node 0 ...; requeue the job", exit 1.
+  const int others = rdzv_->failures(round) - (code != 0 ? 1 : 0) - rdzv_->lost(round);
+  linger(round + 1, /*self_joined=*/0, others, limit);
 }
 
 }  // namespace dpt::launcher

@@ -206,6 +206,7 @@ void Rendezvous::declare_lost(int round, const NodeInfo& node, std::chrono::mill
   const std::string what = fmt::format("{}: lost: its dprun sent no keep-alive for {} (--rdzv-timeout)",
                                        describe(node), comm::detail::format_duration(silent));
   store_.add(key(round, fmt::format("reported/{}", node.node_rank)), 1);
+  store_.add(key(round, "lost"), 1);
   if (store_.add(key(round, "failed"), 1) == 1) store_.set(key(round, "failure"), fmt::format("1 {}", what));
   store_.add(key(round, "reports"), 1);
 }
@@ -238,6 +239,7 @@ std::string Rendezvous::reason(int round) {
 
 int Rendezvous::reports(int round) { return static_cast<int>(counter(key(round, "reports"))); }
 int Rendezvous::failures(int round) { return static_cast<int>(counter(key(round, "failed"))); }
+int Rendezvous::lost(int round) { return static_cast<int>(counter(key(round, "lost"))); }
 bool Rendezvous::stopped(int round) { return counter(key(round, "stopped")) > 0; }
 bool Rendezvous::signaled(int round) { return counter(key(round, "signaled")) > 0; }
 void Rendezvous::bye(int round) { store_.add(key(round, "bye"), 1); }

@@ -103,6 +103,8 @@ class Rendezvous {
   // Nodes that have reported (failed or done) in `round`, and those that reported a failure.
   int reports(int round);
   int failures(int round);
+  // Nodes the master declared lost in `round` (counted in failures too).
+  int lost(int round);
   // Whether a node reported `round`'s end as its dprun's stop signal (report_failure's `stop`).
   bool stopped(int round);
   // Whether `round`'s failure (failure()) is a rank killed by a signal.
@@ -112,7 +114,8 @@ class Rendezvous {
   // reason(): empty when none was published.
   void publish_reason(int round, const std::string& line);
   std::string reason(int round);
-  // After reading an ended round's plan, a node says goodbye, so that the master knows it may stop serving.
+  // After reading an ended round's plan, a node says goodbye, so that the master knows it may stop serving; a node
+  // that gives up after a failed round (restarts used, no restart for its reason) says it on the next round.
   void bye(int round);
   int byes(int round);
   int joined_count(int round);
