@@ -193,6 +193,8 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   CHECK(master.reported(3, 1));
   CHECK(master.reports(3) == 2);
   CHECK(master.failures(3) == 1);
+  CHECK(master.lost(3) == 1);  // the master waits for no goodbye from it when it ends the job
+  CHECK(master.lost(4) == 0);
   auto f = c.failure(3);
   REQUIRE(f.has_value());
   CHECK(f->first == 1);
@@ -202,4 +204,16 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   CHECK(b.reported(4, 1));
   master.declare_lost(4, node(2, 1), 3000ms);
   CHECK(master.failure(4)->second == "node 1: rank 2 failed (killed by SIGKILL)");
+}
+
+TEST_CASE("Rendezvous: a failed rank's line published by its node reaches every node, the first one stays", "[launcher][rdzv]") {
+  comm::HashStore store(2s);
+  Rendezvous master(store, node(0, 1));
+  Rendezvous b(store, node(1, 1));
+  CHECK(master.reason(0).empty());
+  b.publish_reason(0, "node 1 (host1 10.0.0.2): rank 1: unknown config key 'train.lrr'");
+  master.publish_reason(0, "node 0 (host0 10.0.0.1): rank 0: a later line");
+  CHECK(master.reason(0) == "node 1 (host1 10.0.0.2): rank 1: unknown config key 'train.lrr'");
+  CHECK(b.reason(0) == master.reason(0));
+  CHECK(b.reason(1).empty());
 }
