@@ -197,6 +197,7 @@ std::optional<int> Job::after_elastic_attempt() {
     print_reason();
     reported_ = true;
     rdzv_->report_done(round);
+    give_up(round);  // not a failure: it only tells node 0 that this node joins no further round
     if (rdzv_->is_master()) finish_as_master(round, 0, "the job finished (node 0's ranks did)");
     return 0;
   }
@@ -226,7 +227,7 @@ std::optional<int> Job::after_elastic_attempt() {
   else if (exit_code_ == kConfigErrorCode) why = kConfigErrorWhy;
   // Node 0 gone after this node's report: it ended the job (restarts used, or a reason of its own to end it, such as a
   // program it cannot start). Joining the next round would only fail ("lost the rendezvous"; it once did, exit 1).
-  if (!f && why.empty()) why = "node 0 has ended the job";
+  if (!f && why.empty() && round < opts_.max_restarts) why = "node 0 has ended the job";
   if (!why.empty()) {
     note(fmt::format("{}; not restarting: {}", failure_, why));
     give_up(round);
@@ -244,10 +245,10 @@ std::optional<int> Job::after_elastic_attempt() {
   return enter_round(round + 1, exit_code_);
 }
 
-void Job::give_up(int round) {
+void Job::give_up(int round) {  // and a node whose ranks finished
   if (rdzv_->is_master() || master_gone_) return;
   try {
-    rdzv_->bye(round + 1);  // node 0 waits for it, as for the goodbye of a node that rejoins and reads the end
+    rdzv_->leave(round + 1);  // node 0 waits for it, as for the goodbye of a node that rejoins and reads the end
   } catch (const CommError&) {
     master_gone_ = true;  // it has stopped waiting: nothing to tell it
   }
@@ -259,12 +260,20 @@ void Job::finish_as_master(int round, int code, const std::string& why) {
   if (rdzv_->reports(round) < nodes) note("waiting for the other nodes to finish");
   (void)wait_for([&] { return rdzv_->reports(round) >= nodes; }, limit);
   rdzv_->end(round + 1, code, why);
-  // Every other node that failed in `round` and was not declared lost either rejoins (round + 1: it reads the end and
-  // says goodbye) or gives up (give_up: it says goodbye without joining). Wait for each: node 0 once stopped serving
-  // while a node still tearing its ranks down was about to rejoin (one that restarts where node 0 does not: node 0
-  // could not start the program), and that node ended "lost the rendezvous at node 0 ...; requeue the job", exit 1.
-  const int others = rdzv_->failures(round) - (code != 0 ? 1 : 0) - rdzv_->lost(round);
-  linger(round + 1, /*self_joined=*/0, others, limit);
+  // Every other node of `round` that reported and was not declared lost leaves round + 1: it rejoins, reads the end
+  // and says goodbye, or it ends without joining (give_up). Wait for each, and for the goodbye of every node that
+  // joined (late ones too). Node 0 once stopped serving while a node still tearing its ranks down was about to rejoin
+  // (one that restarts where node 0 does not: node 0 could not start the program), and that node ended "lost the
+  // rendezvous at node 0 ...; requeue the job", exit 1.
+  std::vector<int> others;
+  for (const NodeInfo& n : plan_.nodes) {
+    const int r = n.node_rank;
+    if (r != rdzv_->self().node_rank && rdzv_->reported(round, r) && !rdzv_->lost(round, r)) others.push_back(r);
+  }
+  (void)wait_for([&] {
+    std::erase_if(others, [&](int r) { return rdzv_->left(round + 1, r); });
+    return others.empty() && rdzv_->byes(round + 1) >= rdzv_->joined_count(round + 1);
+  }, limit);
 }
 
 }  // namespace dpt::launcher

@@ -206,7 +206,7 @@ void Rendezvous::declare_lost(int round, const NodeInfo& node, std::chrono::mill
   const std::string what = fmt::format("{}: lost: its dprun sent no keep-alive for {} (--rdzv-timeout)",
                                        describe(node), comm::detail::format_duration(silent));
   store_.add(key(round, fmt::format("reported/{}", node.node_rank)), 1);
-  store_.add(key(round, "lost"), 1);
+  store_.add(key(round, fmt::format("lost/{}", node.node_rank)), 1);
   if (store_.add(key(round, "failed"), 1) == 1) store_.set(key(round, "failure"), fmt::format("1 {}", what));
   store_.add(key(round, "reports"), 1);
 }
@@ -239,10 +239,15 @@ std::string Rendezvous::reason(int round) {
 
 int Rendezvous::reports(int round) { return static_cast<int>(counter(key(round, "reports"))); }
 int Rendezvous::failures(int round) { return static_cast<int>(counter(key(round, "failed"))); }
-int Rendezvous::lost(int round) { return static_cast<int>(counter(key(round, "lost"))); }
+bool Rendezvous::lost(int round, int node_rank) { return counter(key(round, fmt::format("lost/{}", node_rank))) > 0; }
 bool Rendezvous::stopped(int round) { return counter(key(round, "stopped")) > 0; }
 bool Rendezvous::signaled(int round) { return counter(key(round, "signaled")) > 0; }
-void Rendezvous::bye(int round) { store_.add(key(round, "bye"), 1); }
+void Rendezvous::bye(int round) {
+  leave(round);
+  store_.add(key(round, "bye"), 1);
+}
+void Rendezvous::leave(int round) { store_.add(key(round, fmt::format("left/{}", self_.node_rank)), 1); }
+bool Rendezvous::left(int round, int node_rank) { return counter(key(round, fmt::format("left/{}", node_rank))) > 0; }
 int Rendezvous::byes(int round) { return static_cast<int>(counter(key(round, "bye"))); }
 int Rendezvous::joined_count(int round) { return static_cast<int>(counter(key(round, "joined"))); }
 

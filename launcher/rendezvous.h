@@ -103,8 +103,8 @@ class Rendezvous {
   // Nodes that have reported (failed or done) in `round`, and those that reported a failure.
   int reports(int round);
   int failures(int round);
-  // Nodes the master declared lost in `round` (counted in failures too).
-  int lost(int round);
+  // Whether the master declared `node_rank` lost in `round`.
+  bool lost(int round, int node_rank);
   // Whether a node reported `round`'s end as its dprun's stop signal (report_failure's `stop`).
   bool stopped(int round);
   // Whether `round`'s failure (failure()) is a rank killed by a signal.
@@ -114,10 +114,13 @@ class Rendezvous {
   // reason(): empty when none was published.
   void publish_reason(int round, const std::string& line);
   std::string reason(int round);
-  // After reading an ended round's plan, a node says goodbye, so that the master knows it may stop serving; a node
-  // that gives up after a failed round (restarts used, no restart for its reason) says it on the next round.
+  // After reading an ended round's plan, a node says goodbye, so that the master knows it may stop serving.
   void bye(int round);
   int byes(int round);
+  // A node of round k that ends without joining round k + 1 (its ranks finished, or it gives up: restarts used, no
+  // restart for its reason) leaves it: leave(k + 1). bye(k + 1) leaves it too. left(): whether `node_rank` has.
+  void leave(int round);
+  bool left(int round, int node_rank);
   int joined_count(int round);
   // Whether `node_rank` has reported (failed or done) in `round`.
   bool reported(int round, int node_rank);

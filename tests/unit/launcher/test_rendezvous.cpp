@@ -144,7 +144,12 @@ TEST_CASE("Rendezvous: nodes join, the master closes, a failure is seen by all, 
   CHECK(end->end_code == 3);
   CHECK(end->end_message == "all 0 restarts used");
   CHECK(master.byes(1) == 0);
+  CHECK_FALSE(master.left(1, 1));
   b.bye(1);
+  CHECK(master.byes(1) == 1);
+  CHECK(master.left(1, 1));  // a goodbye leaves the round; leave() alone (a node that gives up) does not count a bye
+  late.leave(1);
+  CHECK(master.left(1, 2));
   CHECK(master.byes(1) == 1);
   CHECK(master.joined_count(1) == 2);
   // Round 0's done reports count with the failures.
@@ -193,8 +198,9 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   CHECK(master.reported(3, 1));
   CHECK(master.reports(3) == 2);
   CHECK(master.failures(3) == 1);
-  CHECK(master.lost(3) == 1);  // the master waits for no goodbye from it when it ends the job
-  CHECK(master.lost(4) == 0);
+  CHECK(master.lost(3, 1));  // the master waits for no goodbye from it when it ends the job
+  CHECK_FALSE(master.lost(3, 2));
+  CHECK_FALSE(master.lost(4, 1));
   auto f = c.failure(3);
   REQUIRE(f.has_value());
   CHECK(f->first == 1);
