@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/net.h"
+#include "launcher/launcher.h"  // kConfigErrorCode
 
 namespace dpt::launcher {
 
@@ -185,6 +186,8 @@ void Rendezvous::report_failure(int round, int code, const std::string& what, bo
   // signal's text is written before "failed" counts this report, so a reader that sees "signaled" finds it.
   const std::string text = fmt::format("{} {}", code, what);
   if (by_signal && store_.add(key(round, "signaled"), 1) == 1) store_.set(key(round, "failure_signaled"), text);
+  if (!by_signal && code == kConfigErrorCode && store_.add(key(round, "config"), 1) == 1)
+    store_.set(key(round, "failure_config"), text);
   if (store_.add(key(round, "failed"), 1) == 1) store_.set(key(round, "failure"), text);
   store_.add(key(round, "reports"), 1);
 }
@@ -223,7 +226,9 @@ bool KeepAliveWatch::stale(int node_rank, int64_t count, Clock::time_point now) 
 std::optional<std::pair<int, std::string>> Rendezvous::failure(int round) {
   if (counter(key(round, "failed")) == 0) return std::nullopt;
   const bool signaled = counter(key(round, "signaled")) > 0;
-  const std::string text = store_.get_string(key(round, signaled ? "failure_signaled" : "failure"));
+  const bool config = !signaled && counter(key(round, "config")) > 0;
+  const std::string text =
+      store_.get_string(key(round, signaled ? "failure_signaled" : config ? "failure_config" : "failure"));
   const auto sp = text.find(' ');
   return std::pair{to_int(std::string_view(text).substr(0, sp), "exit code"),
                    sp == std::string::npos ? std::string{} : text.substr(sp + 1)};

@@ -98,7 +98,8 @@ class Rendezvous {
   // The failure of `round` as every node names it: its exit code and text; nullopt when none was reported.
   // A rank killed by a signal (kill -9, the OOM killer) is the cause, and its peers' failures on other nodes
   // (a connection reset) only symptoms, whichever node reported first: the first report of a rank killed by a
-  // signal wins, else the first report.
+  // signal wins, else the first configuration error (exit kConfigErrorCode: its peers' connection reset may be
+  // reported first, and would restart the job), else the first report.
   std::optional<std::pair<int, std::string>> failure(int round);
   // Nodes that have reported (failed or done) in `round`, and those that reported a failure.
   int reports(int round);

@@ -205,6 +205,14 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   REQUIRE(f.has_value());
   CHECK(f->first == 1);
   CHECK(f->second == "node 1 (host1 10.0.0.2): lost: its dprun sent no keep-alive for 3 s (--rdzv-timeout)");
+  // A configuration error (exit 2) is the round's failure even when a peer's symptom was reported first; a rank
+  // killed by a signal still comes before it.
+  b.report_failure(5, 1, "node 1: rank 2 failed (exit code 1)");
+  c.report_failure(5, 2, "node 2: rank 3 failed (exit code 2)");
+  CHECK(master.failure(5)->second == "node 2: rank 3 failed (exit code 2)");
+  CHECK(master.failure(5)->first == 2);
+  master.report_failure(5, 137, "node 0: rank 0 failed (killed by SIGKILL)", /*by_signal=*/true);
+  CHECK(b.failure(5)->first == 137);
   // A failure reported first stays the round's.
   b.report_failure(4, 137, "node 1: rank 2 failed (killed by SIGKILL)");
   CHECK(b.reported(4, 1));
