@@ -273,8 +273,8 @@ std::unique_ptr<ImageClassDataset> load_fashion_mnist(const std::string& dir, bo
     if (ec && status.type() != fs::file_type::not_found) {
       DPT_THROW(IoError, "{}: cannot read: {} (check the permissions of the file and of {})", file, ec.message(), dir);
     }
-    if (!fs::exists(status)) {
-      DPT_THROW(IoError, "{}: file not found; Fashion-MNIST is incomplete: {}", file, kInstallHint);
+    if (!fs::exists(status)) {  // a configuration error (exit 2), as a missing directory is: no retry finds it
+      DPT_THROW(ConfigError, "{}: file not found; Fashion-MNIST is incomplete: {}", file, kInstallHint);
     }
   }
   auto dataset = load_idx_dataset(images, labels, train ? "fashion-mnist/train" : "fashion-mnist/test",

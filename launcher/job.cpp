@@ -142,6 +142,10 @@ bool Job::restart() {
     note(fmt::format("{}; not restarting: the program cannot be started", failure));
     return false;
   }
+  if (is_config_error(failed_status_)) {
+    note(fmt::format("{}; not restarting: {}", failure, kConfigErrorWhy));
+    return false;
+  }
   if (restarts_ == opts_.max_restarts) {
     note(fmt::format("{}; all {} restart{} used, giving up", failure, opts_.max_restarts,
                      opts_.max_restarts == 1 ? "" : "s"));

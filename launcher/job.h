@@ -51,6 +51,10 @@ void note(std::string_view msg);
 std::string brief(const ExitStatus& st);
 // "rank 1", "ranks 0, 2".
 std::string join_ranks(const std::vector<int>& ranks);
+// A rank that exited kConfigErrorCode refused its configuration: no restart (plain or elastic) can help.
+inline bool is_config_error(const ExitStatus& st) { return !st.signaled && st.code == kConfigErrorCode; }
+inline constexpr const char* kConfigErrorWhy =
+    "exit code 2 is a configuration error (dptrain: a bad option, config or data), which a restart would meet again";
 
 struct Rank {
   int local = 0;
@@ -125,6 +129,8 @@ class Job {
   // restart starts without one. `first`: what came before this node's failure (elastic: another node's rank killed
   // by a signal, the round's failure), named ahead of it.
   void print_reason(const std::string& first = {});
+  // The line a rank left in DPT_REASON_FILE so far (empty: none).
+  std::string reason_line() const;
   // The job's end, `code`: when it is a failure (neither 0 nor kPreemptedCode) and dprun itself was given a
   // DPT_REASON_FILE (a batch script's, as scripts/slurm/dprun.sbatch gives each node's dprun), "node N: <reason>"
   // goes there, first writer wins: srun reports the highest exit code, and a node whose ranks stopped for the
@@ -174,6 +180,8 @@ class Job {
   // The failure of `round` as every node names it (Rendezvous::failure); on a node but the master, nullopt when the
   // master has ended the job and is gone.
   std::optional<std::pair<int, std::string>> round_failure(int round);
+  // A node but the master that ends the job after `round` failed: tells node 0 (finish_as_master) not to wait for it.
+  void give_up(int round);
   // Node 0's last duty: wait (up to --rdzv-timeout) until every node of `round` has reported its outcome, end
   // round + 1 for whoever joins it (nodes that failed and rejoin, late nodes), and wait for their goodbyes.
   void finish_as_master(int round, int code, const std::string& why);

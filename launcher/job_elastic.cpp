@@ -197,6 +197,7 @@ std::optional<int> Job::after_elastic_attempt() {
     print_reason();
     reported_ = true;
     rdzv_->report_done(round);
+    give_up(round);  // not a failure: it only tells node 0 that this node joins no further round
     if (rdzv_->is_master()) finish_as_master(round, 0, "the job finished (node 0's ranks did)");
     return 0;
   }
@@ -206,32 +207,51 @@ std::optional<int> Job::after_elastic_attempt() {
   // and ends with its exit code, unless this node's own end says more (a stop signal, preemption, no program).
   // The reason line names it first too, when it is another node's (it once gave only this node's rank's error, its
   // connection to the killed rank reset, as if that were the cause).
-  std::string killed_elsewhere;
-  if (std::optional<std::pair<int, std::string>> f = round_failure(round)) {
+  std::string cause_elsewhere;
+  std::optional<std::pair<int, std::string>> f = round_failure(round);
+  if (f) {
     const bool own_killed = failed_rank_ && failed_status_.signaled;
     const bool elsewhere = !f->second.starts_with(describe(rdzv_->self()) + ": ");
-    if (!own_killed && elsewhere && rdzv_->signaled(round)) killed_elsewhere = f->second;
+    if (!own_killed && elsewhere && rdzv_->signaled(round)) cause_elsewhere = f->second;
+    // Another node's rank refused its configuration: its line is the reason here too.
+    if (elsewhere && f->first == kConfigErrorCode && !rdzv_->signaled(round))
+      cause_elsewhere = rdzv_->reason(round);
     failure_ = f->second;
     if (!stop_requested_ && !exec_failed_ && exit_code_ != kPreemptedCode) exit_code_ = f->first;
   }
-  print_reason(killed_elsewhere);
+  print_reason(cause_elsewhere);
   std::string why;
   if (stop_requested_) why = "dprun was told to stop";
   else if (exec_failed_) why = "the program cannot be started";
   else if (exit_code_ == kPreemptedCode) why = "the ranks stopped for preemption";
+  else if (exit_code_ == kConfigErrorCode) why = kConfigErrorWhy;
+  // Node 0 gone after this node's report: it ended the job (restarts used, or a reason of its own to end it, such as a
+  // program it cannot start). Joining the next round would only fail ("lost the rendezvous"; it once did, exit 1).
+  if (!f && why.empty() && round < opts_.max_restarts) why = "node 0 has ended the job";
   if (!why.empty()) {
     note(fmt::format("{}; not restarting: {}", failure_, why));
+    give_up(round);
     if (rdzv_->is_master()) finish_as_master(round, exit_code_, fmt::format("node 0: {}", why));
     return exit_code_;
   }
   if (round == opts_.max_restarts) {
     note(fmt::format("{}; all {} restart{} used, giving up", failure_, opts_.max_restarts,
                      opts_.max_restarts == 1 ? "" : "s"));
+    give_up(round);
     if (rdzv_->is_master()) finish_as_master(round, exit_code_, fmt::format("all {} restarts used", opts_.max_restarts));
     return exit_code_;
   }
   note(fmt::format("{}; restart {} of {}: joining round {}", failure_, round + 1, opts_.max_restarts, round + 1));
   return enter_round(round + 1, exit_code_);
+}
+
+void Job::give_up(int round) {  // and a node whose ranks finished
+  if (rdzv_->is_master() || master_gone_) return;
+  try {
+    rdzv_->leave(round + 1);  // node 0 waits for it, as for the goodbye of a node that rejoins and reads the end
+  } catch (const CommError&) {
+    master_gone_ = true;  // it has stopped waiting: nothing to tell it
+  }
 }
 
 void Job::finish_as_master(int round, int code, const std::string& why) {
@@ -240,9 +260,20 @@ void Job::finish_as_master(int round, int code, const std::string& why) {
   if (rdzv_->reports(round) < nodes) note("waiting for the other nodes to finish");
   (void)wait_for([&] { return rdzv_->reports(round) >= nodes; }, limit);
   rdzv_->end(round + 1, code, why);
-  // The others that failed rejoin unless they gave up too (restarts used up, a stop signal).
-  const bool they_rejoin = code == 0 && round < opts_.max_restarts;
-  linger(round + 1, /*self_joined=*/0, they_rejoin ? rdzv_->failures(round) : 0, limit);
+  // Every other node of `round` that reported and was not declared lost leaves round + 1: it rejoins, reads the end
+  // and says goodbye, or it ends without joining (give_up). Wait for each, and for the goodbye of every node that
+  // joined (late ones too). Node 0 once stopped serving while a node still tearing its ranks down was about to rejoin
+  // (one that restarts where node 0 does not: node 0 could not start the program), and that node ended "lost the
+  // rendezvous at node 0 ...; requeue the job", exit 1.
+  std::vector<int> others;
+  for (const NodeInfo& n : plan_.nodes) {
+    const int r = n.node_rank;
+    if (r != rdzv_->self().node_rank && rdzv_->reported(round, r) && !rdzv_->lost(round, r)) others.push_back(r);
+  }
+  (void)wait_for([&] {
+    std::erase_if(others, [&](int r) { return rdzv_->left(round + 1, r); });
+    return others.empty() && rdzv_->byes(round + 1) >= rdzv_->joined_count(round + 1);
+  }, limit);
 }
 
 }  // namespace dpt::launcher

@@ -167,6 +167,9 @@ void Job::check_ranks() {
     ended.push_back(&r);
   }
   std::stable_partition(ended.begin(), ended.end(), [](const Rank* r) { return r->status.signaled; });
+  // Then a rank that refused its configuration: its peers' errors (the connection it closed) follow from it.
+  std::stable_partition(std::find_if(ended.begin(), ended.end(), [](const Rank* r) { return !r->status.signaled; }),
+                        ended.end(), [](const Rank* r) { return is_config_error(r->status); });
   const bool others_on = !running_ranks().empty() ||
                         std::any_of(ended.begin(), ended.end(), [](const Rank* r) { return !r->status.ok(); });
   if (phase_ == Phase::kRunning && !early_exit_rank_ && others_on) {
@@ -205,6 +208,12 @@ void Job::fail(const std::vector<Rank*>& failed, const std::vector<std::string>&
   failed_status_ = failed.front()->status;
   failure_ = fmt::format("{}: rank {} failed ({})", elastic_ ? describe(rdzv_->self()) : "this node", *failed_rank_,
                          brief(failed_status_));
+  // A configuration error ends the job on every node: the others print the rank's line too (it wrote it before
+  // it exited, so it is there now).
+  if (elastic_ && rdzv_ && !reported_ && is_config_error(failed_status_)) {
+    if (const std::string line = reason_line(); !line.empty())
+      rdzv_->publish_reason(plan_.round, fmt::format("{}: {}", describe(rdzv_->self()), line));
+  }
   report_failure_once(exit_code_, failure_, failed_status_.signaled);
   begin_stop(SIGTERM, "stopping the other ranks", /*always_note=*/false);
 }

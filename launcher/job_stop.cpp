@@ -65,23 +65,30 @@ void Job::make_reason_dir() {
   }
 }
 
-void Job::print_reason(const std::string& first) {
-  if (reason_dir_.empty()) return;
-  const std::string path = reason_dir_ + "/reason";
+std::string Job::reason_line() const {
   std::string line;
+  if (reason_dir_.empty()) return line;
+  const std::string path = reason_dir_ + "/reason";
   if (Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC)); fd.get() >= 0) {
     char buf[4096];
     const ssize_t n = ::read(fd.get(), buf, sizeof(buf));
     if (n > 0) line.assign(buf, static_cast<std::size_t>(n));
     line = line.substr(0, line.find('\n'));
   }
+  return line;
+}
+
+void Job::print_reason(const std::string& first) {
+  if (reason_dir_.empty()) return;
+  const std::string path = reason_dir_ + "/reason";
+  const std::string line = reason_line();
   if (exit_code_ != 0) {
     // A rank's own failure names it (a signal it could not report), else the line written is the reason.
     std::string reason = failed_rank_ ? failure_reason(*failed_rank_, failed_status_, line) : line;
     // A rank that ended with 0 while its peers trained comes first, as a killed one does: their errors follow it.
     if (failed_rank_ && early_exit_rank_ && !failed_status_.signaled && !reason.empty())
       reason = fmt::format("rank {} exited 0 before the others had finished; after it, {}", *early_exit_rank_, reason);
-    if (!first.empty() && !reason.empty()) reason = fmt::format("{}; after it, {}", first, reason);
+    if (!first.empty()) reason = reason.empty() ? first : fmt::format("{}; after it, {}", first, reason);
     if (!reason.empty()) note("reason: " + reason);
     // For ended(): the reason, else the failed rank and how it ended (a rank that wrote nothing and was not killed).
     last_reason_ = !reason.empty() || !failed_rank_

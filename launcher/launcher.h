@@ -26,6 +26,9 @@ inline constexpr double kDefaultGracePeriodS = 5.0;  // SIGTERM -> SIGKILL
 inline constexpr double kDefaultStopTimeoutS = 60.0;  // SIGUSR1/SIGTERM to dprun -> SIGKILL: time to checkpoint
 inline constexpr double kDefaultRdzvTimeoutS = 300.0;  // elastic: how long a round waits for MAX nodes
 inline constexpr int kPreemptedCode = 75;            // a rank that stopped for a stop signal, checkpoint written
+// A rank that refused its configuration (dptrain: a bad option, config key or value, missing data; also the usual
+// command-line error of other programs: argparse, getopt): a restart would meet it again, so it ends the job.
+inline constexpr int kConfigErrorCode = 2;
 
 // What the user asked for. Fields left unset are chosen by resolve().
 struct Options {

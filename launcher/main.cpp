@@ -91,8 +91,10 @@ rank again with DPT_RESTART_COUNT=k, the same MASTER_ADDR and MASTER_PORT (a por
 replaced by a new free one if something else has taken it meanwhile). With --log-dir, the new attempt's
 output is appended to each rank's log. A program resumes from its own checkpoints (dptrain does: with
 --resume auto, and on a restart also with --resume never or PATH, which apply to the first attempt). There is no restart after SIGINT, SIGTERM, SIGHUP or SIGUSR1 to dprun (even during a
-teardown), after a preemption (exit 75) or when the program cannot be started; after the N-th restart
-fails, dprun exits as without restarts.
+teardown), after a preemption (exit 75), when the program cannot be started, or after a configuration
+error: a rank that exits 2 (dptrain: a bad option, config key or value, missing data; the usual code of a
+command-line error elsewhere too) would meet it again, so dprun prints its message and exits 2 at once
+(torchrun restarts it); after the N-th restart fails, dprun exits as without restarts.
 
 Elastic jobs (--nnodes MIN:MAX, or --nnodes M with --max-restarts): node 0's dprun (--node-rank 0, at
 --master-addr) hosts the rendezvous at --master-port; every node's dprun, with the same options and
@@ -100,7 +102,8 @@ DPT_STORE_TOKEN, joins it in rounds. A round closes when MAX nodes have joined, 
 node 0 joined with at least MIN; its ranks are numbered node after node in --node-rank order (node 0
 first, so rank 0 is on the master node). A failure on any node (a rank exits non-zero or is killed by a
 signal) is published there: every node tears its ranks down and joins the next round, and the ranks
-start again with DPT_RESTART_COUNT = the round (up to --max-restarts rounds after the first). A node not
+start again with DPT_RESTART_COUNT = the round (up to --max-restarts rounds after the first; a
+configuration error, exit 2, ends the job on every node, with the rank's message). A node not
 back within --rdzv-timeout is left out while at least MIN nodes remain; with fewer, the job ends with a
 message naming the missing node. A node that starts late joins the next round (after the next failure),
 up to MAX: the running nodes do not restart to admit it (dptrain then resumes at the new world size

@@ -15,6 +15,7 @@
 
 #include "core/check.h"
 #include "core/net.h"
+#include "launcher/launcher.h"  // kConfigErrorCode
 
 namespace dpt::launcher {
 
@@ -185,6 +186,8 @@ void Rendezvous::report_failure(int round, int code, const std::string& what, bo
   // signal's text is written before "failed" counts this report, so a reader that sees "signaled" finds it.
   const std::string text = fmt::format("{} {}", code, what);
   if (by_signal && store_.add(key(round, "signaled"), 1) == 1) store_.set(key(round, "failure_signaled"), text);
+  if (!by_signal && code == kConfigErrorCode && store_.add(key(round, "config"), 1) == 1)
+    store_.set(key(round, "failure_config"), text);
   if (store_.add(key(round, "failed"), 1) == 1) store_.set(key(round, "failure"), text);
   store_.add(key(round, "reports"), 1);
 }
@@ -206,6 +209,7 @@ void Rendezvous::declare_lost(int round, const NodeInfo& node, std::chrono::mill
   const std::string what = fmt::format("{}: lost: its dprun sent no keep-alive for {} (--rdzv-timeout)",
                                        describe(node), comm::detail::format_duration(silent));
   store_.add(key(round, fmt::format("reported/{}", node.node_rank)), 1);
+  store_.add(key(round, fmt::format("lost/{}", node.node_rank)), 1);
   if (store_.add(key(round, "failed"), 1) == 1) store_.set(key(round, "failure"), fmt::format("1 {}", what));
   store_.add(key(round, "reports"), 1);
 }
@@ -222,17 +226,33 @@ bool KeepAliveWatch::stale(int node_rank, int64_t count, Clock::time_point now) 
 std::optional<std::pair<int, std::string>> Rendezvous::failure(int round) {
   if (counter(key(round, "failed")) == 0) return std::nullopt;
   const bool signaled = counter(key(round, "signaled")) > 0;
-  const std::string text = store_.get_string(key(round, signaled ? "failure_signaled" : "failure"));
+  const bool config = !signaled && counter(key(round, "config")) > 0;
+  const std::string text =
+      store_.get_string(key(round, signaled ? "failure_signaled" : config ? "failure_config" : "failure"));
   const auto sp = text.find(' ');
   return std::pair{to_int(std::string_view(text).substr(0, sp), "exit code"),
                    sp == std::string::npos ? std::string{} : text.substr(sp + 1)};
 }
 
+void Rendezvous::publish_reason(int round, const std::string& line) {
+  if (store_.add(key(round, "reasons"), 1) == 1) store_.set(key(round, "reason"), line);
+}
+
+std::string Rendezvous::reason(int round) {
+  return counter(key(round, "reasons")) == 0 ? std::string{} : store_.get_string(key(round, "reason"));
+}
+
 int Rendezvous::reports(int round) { return static_cast<int>(counter(key(round, "reports"))); }
 int Rendezvous::failures(int round) { return static_cast<int>(counter(key(round, "failed"))); }
+bool Rendezvous::lost(int round, int node_rank) { return counter(key(round, fmt::format("lost/{}", node_rank))) > 0; }
 bool Rendezvous::stopped(int round) { return counter(key(round, "stopped")) > 0; }
 bool Rendezvous::signaled(int round) { return counter(key(round, "signaled")) > 0; }
-void Rendezvous::bye(int round) { store_.add(key(round, "bye"), 1); }
+void Rendezvous::bye(int round) {
+  leave(round);
+  store_.add(key(round, "bye"), 1);
+}
+void Rendezvous::leave(int round) { store_.add(key(round, fmt::format("left/{}", self_.node_rank)), 1); }
+bool Rendezvous::left(int round, int node_rank) { return counter(key(round, fmt::format("left/{}", node_rank))) > 0; }
 int Rendezvous::byes(int round) { return static_cast<int>(counter(key(round, "bye"))); }
 int Rendezvous::joined_count(int round) { return static_cast<int>(counter(key(round, "joined"))); }
 

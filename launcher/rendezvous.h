@@ -98,18 +98,30 @@ class Rendezvous {
   // The failure of `round` as every node names it: its exit code and text; nullopt when none was reported.
   // A rank killed by a signal (kill -9, the OOM killer) is the cause, and its peers' failures on other nodes
   // (a connection reset) only symptoms, whichever node reported first: the first report of a rank killed by a
-  // signal wins, else the first report.
+  // signal wins, else the first configuration error (exit kConfigErrorCode: its peers' connection reset may be
+  // reported first, and would restart the job), else the first report.
   std::optional<std::pair<int, std::string>> failure(int round);
   // Nodes that have reported (failed or done) in `round`, and those that reported a failure.
   int reports(int round);
   int failures(int round);
+  // Whether the master declared `node_rank` lost in `round`.
+  bool lost(int round, int node_rank);
   // Whether a node reported `round`'s end as its dprun's stop signal (report_failure's `stop`).
   bool stopped(int round);
   // Whether `round`'s failure (failure()) is a rank killed by a signal.
   bool signaled(int round);
+  // The line a failed rank left (DPT_REASON_FILE), published by its node before its report_failure so that the
+  // other nodes can print it too (a configuration error: every node ends the job with it); the first one stays.
+  // reason(): empty when none was published.
+  void publish_reason(int round, const std::string& line);
+  std::string reason(int round);
   // After reading an ended round's plan, a node says goodbye, so that the master knows it may stop serving.
   void bye(int round);
   int byes(int round);
+  // A node of round k that ends without joining round k + 1 (its ranks finished, or it gives up: restarts used, no
+  // restart for its reason) leaves it: leave(k + 1). bye(k + 1) leaves it too. left(): whether `node_rank` has.
+  void leave(int round);
+  bool left(int round, int node_rank);
   int joined_count(int round);
   // Whether `node_rank` has reported (failed or done) in `round`.
   bool reported(int round, int node_rank);

@@ -169,9 +169,10 @@ int main(int argc, char** argv) {
       "the current step, rank 0 writes a checkpoint, and every rank exits with 75; the same command resumes (with\n"
       "--resume auto, the default). Before the ranks have met (starting, waiting for the rendezvous) a rank stops at\n"
       "once and exits 75 too: nothing lost.\n"
-      "Exit codes: 0 done, 1 failed, 2 bad command line or config, 3 hang (a collective outlived dist.timeout_s; the\n"
-      "message names the stuck rank), 75 preempted (checkpoint written; or stopped before the first step: before the\n"
-      "ranks met, or while waiting for data.dir's lock held by another job: nothing to write)."};
+      "Exit codes: 0 done, 1 failed, 2 bad command line, config or data (a missing data file too: dprun does not\n"
+      "restart it), 3 hang (a collective outlived dist.timeout_s; the message names the stuck rank), 75 preempted\n"
+      "(checkpoint written; or stopped before the first step: before the ranks met, or while waiting for data.dir's\n"
+      "lock held by another job: nothing to write)."};
   // The version and the commit it was built from (`git describe --always --dirty` at build time), as the ranks'
   // same-binary check compares them.
   app.set_version_flag("--version", dpt::trainer::binary_version(), "print dptrain's version and build (its commit)");

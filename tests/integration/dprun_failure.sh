@@ -130,6 +130,29 @@ grep -qx "dprun: reason: rank 1 was killed by signal 9 (SIGKILL)" "$WORK/node1.e
   { cat "$WORK/node1.err"; fail "elastic kill -9: node 1's reason does not name its rank 1"; }
 echo "ok: an elastic job's rank 1 killed on node 1 -> node 0's reason names it first, then rank 0's symptom"
 
+# 2f. Node 0 ends an elastic job that node 1 would restart: node 0 cannot start the program (./rank exists on node 1
+#     only), and node 1's rank takes a second to stop. Node 0 waits for node 1 to rejoin and read the end, so node 1
+#     ends with node 0's reason and code 127; it once found node 0 gone and ended "lost the rendezvous", exit 1.
+mkdir -p "$WORK/n0" "$WORK/n1"
+printf '#!/bin/sh\ntrap "sleep 1; exit 1" TERM\nsleep %s &\nwait\n' "$SLEEP_FOR" > "$WORK/n1/rank"
+chmod +x "$WORK/n1/rank"
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 5 --grace-period 3 --max-restarts 2)
+(cd "$WORK/n1" && DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- \
+  ./rank >/dev/null 2>"$WORK/node1.err" </dev/null) &
+N1=$!
+cd "$WORK/n0"
+DPT_STORE_TOKEN=dprun-failure-$$ run "${ELASTIC[@]}" --node-rank 0 -- ./rank
+cd - >/dev/null
+wait "$N1"
+RC1=$?
+[ "$RC" = 127 ] && [ "$RC1" = 127 ] ||
+  { cat "$WORK/node1.err"; fail "node 0 ends: the nodes exited $RC and $RC1, expected 127"; }
+grep -q '^dprun: the job ends: node 0: the program cannot be started$' "$WORK/node1.err" ||
+  { cat "$WORK/node1.err"; fail "node 0 ends: node 1 does not end with node 0's reason"; }
+no_sleepers "node 0 ends"
+echo "ok: node 0 cannot start the program -> node 1 (restarting) ends with node 0's reason and code 127"
+
 # 3. A rank that ignores SIGTERM is SIGKILLed once the grace period (1 s) is over.
 run --nproc-per-node 3 --grace-period 1 -- sh -c '
   case $RANK in

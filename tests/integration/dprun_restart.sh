@@ -2,7 +2,8 @@
 # tests/integration/dprun_restart.sh: dprun --max-restarts. A trainer rank that fails once is restarted with
 # DPT_RESTART_COUNT=1 and the job finishes from its checkpoint; restarts run out -> the failed rank's code;
 # SIGTERM to dprun, while running or during a teardown, ends the job without a restart and leaves no process;
-# a bad --nnodes range is refused; and 3 trials of scripts/fault_inject.sh (random SIGKILLs) end bitwise equal to an
+# a configuration error (exit 2) is not restarted, by one node or an elastic job's two; a bad --nnodes range is
+# refused; and 3 trials of scripts/fault_inject.sh (random SIGKILLs) end bitwise equal to an
 # uninterrupted run.
 source "$(dirname "$0")/lib/dprun.bash"
 DPTRAIN=$DPT_BUILD_DIR/trainer/dptrain
@@ -117,6 +118,46 @@ grep -q '^\[rank 1\] attempt 2$' "$WORK/out" || fail "restarts used up: the last
 sleep 0.3
 [ "$(sleepers)" = 0 ] || fail "restarts used up: ranks left behind"
 echo "ok: restarts used up -> exit 3, rank 1 named"
+
+# 2b. A configuration error (dptrain exits 2: an unknown config key) is not restarted: a restart would meet it again.
+#     dprun prints the rank's message, says why it does not restart, and exits 2 after the first attempt.
+run --nproc-per-node 2 --max-restarts 3 --grace-period 2 -- "$DPTRAIN" --config "$CONFIG" "${TINY[@]}" train.lrr=0.1 \
+  checkpoint.dir="$WORK/ckpt_cfg"
+[ "$RC" = 2 ] || fail "config error: dprun exited $RC, expected 2"
+grep -Eq "^dprun: reason: rank [01]: unknown config key 'train.lrr'" "$WORK/err" || fail "config error: no reason line"
+grep -Eq '^dprun: rank [01] failed \(exit code 2\); not restarting: exit code 2 is a configuration error' "$WORK/err" ||
+  fail "config error: no line saying that a configuration error is not restarted"
+grep -q 'restart [0-9] of' "$WORK/err" && fail "config error: dprun restarted the job"
+echo "ok: a configuration error (exit 2) ends the job at once, without a restart"
+
+# 2c. The same in an elastic job of two nodes on this machine (1 rank each, in their own working directories): node 1's
+#     relative data.dir holds an incomplete Fashion-MNIST (no test files), so its rank exits 2. Neither node restarts;
+#     both exit 2, and node 0 prints node 1's rank's message. (Before, dptrain exited 1 there and both nodes restarted.)
+mkdir -p "$WORK/node0" "$WORK/node1/fm"
+ln -s /usr/share/datasets/fashion-mnist "$WORK/node0/fm"
+cp /usr/share/datasets/fashion-mnist/train-* "$WORK/node1/fm/"
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 5 --grace-period 2 --max-restarts 3)
+ETRAIN=("$DPTRAIN" --config "$CONFIG" "${TINY[@]}" data.dir=fm checkpoint.dir="$WORK/ckpt_ecfg")
+(cd "$WORK/node1" && DPT_STORE_TOKEN=restart-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- \
+  "${ETRAIN[@]}" >/dev/null 2>"$WORK/node1.err" </dev/null) &
+N1=$!
+cd "$WORK/node0"
+DPT_STORE_TOKEN=restart-$$ run "${ELASTIC[@]}" --node-rank 0 -- "${ETRAIN[@]}"
+cd - >/dev/null
+wait "$N1"
+RC1=$?
+[ "$RC" = 2 ] && [ "$RC1" = 2 ] ||
+  { cat "$WORK/node1.err"; fail "elastic config error: the nodes exited $RC and $RC1, expected 2"; }
+NOT_RESTARTED='^dprun: node 1 \(.*\): rank 1 failed \(exit code 2\); not restarting: exit code 2 is a configuration'
+for f in "$WORK/err" "$WORK/node1.err"; do
+  grep -Eq "$NOT_RESTARTED" "$f" ||
+    { cat "$f"; fail "elastic config error: $f has no line saying that node 1's configuration error is not restarted"; }
+  grep -q 'joining round 1' "$f" && { cat "$f"; fail "elastic config error: $f: the job restarted"; }
+done
+grep -Eq '^dprun: reason: node 1 \(.*\): rank 1: fm/t10k-images-idx3-ubyte.gz: file not found' "$WORK/err" ||
+  fail "elastic config error: node 0 does not print node 1's rank's message"
+echo "ok: an elastic job: node 1's rank refuses its data (exit 2) -> both nodes end with exit 2, no restart"
 
 # 3. SIGTERM to dprun while the ranks run: forwarded, exit 143, no restart, nothing left.
 start_dprun --nproc-per-node 2 --max-restarts 3 -- sh -c 'exec sleep $SLEEP_FOR'

@@ -209,6 +209,8 @@ TEST_CASE("load_fashion_mnist names the directory and how to install it", "[data
   REQUIRE_THROWS_WITH(load_fashion_mnist("/nonexistent/fashion", true),
                       Catch::Contains("/nonexistent/fashion") && Catch::Contains("apt-get install dataset-fashion-mnist"));
   TempDir empty;
+  // A file missing is a configuration error too (dptrain exits 2, which dprun does not restart).
+  REQUIRE_THROWS_AS(load_fashion_mnist(empty.path.string(), false), ConfigError);
   REQUIRE_THROWS_WITH(load_fashion_mnist(empty.path.string(), false),
                       Catch::Contains("t10k-images-idx3-ubyte.gz: file not found") &&
                           Catch::Contains("apt-get install dataset-fashion-mnist"));

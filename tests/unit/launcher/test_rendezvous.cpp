@@ -144,7 +144,12 @@ TEST_CASE("Rendezvous: nodes join, the master closes, a failure is seen by all, 
   CHECK(end->end_code == 3);
   CHECK(end->end_message == "all 0 restarts used");
   CHECK(master.byes(1) == 0);
+  CHECK_FALSE(master.left(1, 1));
   b.bye(1);
+  CHECK(master.byes(1) == 1);
+  CHECK(master.left(1, 1));  // a goodbye leaves the round; leave() alone (a node that gives up) does not count a bye
+  late.leave(1);
+  CHECK(master.left(1, 2));
   CHECK(master.byes(1) == 1);
   CHECK(master.joined_count(1) == 2);
   // Round 0's done reports count with the failures.
@@ -193,13 +198,36 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   CHECK(master.reported(3, 1));
   CHECK(master.reports(3) == 2);
   CHECK(master.failures(3) == 1);
+  CHECK(master.lost(3, 1));  // the master waits for no goodbye from it when it ends the job
+  CHECK_FALSE(master.lost(3, 2));
+  CHECK_FALSE(master.lost(4, 1));
   auto f = c.failure(3);
   REQUIRE(f.has_value());
   CHECK(f->first == 1);
   CHECK(f->second == "node 1 (host1 10.0.0.2): lost: its dprun sent no keep-alive for 3 s (--rdzv-timeout)");
+  // A configuration error (exit 2) is the round's failure even when a peer's symptom was reported first; a rank
+  // killed by a signal still comes before it.
+  b.report_failure(5, 1, "node 1: rank 2 failed (exit code 1)");
+  c.report_failure(5, 2, "node 2: rank 3 failed (exit code 2)");
+  CHECK(master.failure(5)->second == "node 2: rank 3 failed (exit code 2)");
+  CHECK(master.failure(5)->first == 2);
+  master.report_failure(5, 137, "node 0: rank 0 failed (killed by SIGKILL)", /*by_signal=*/true);
+  CHECK(b.failure(5)->first == 137);
   // A failure reported first stays the round's.
   b.report_failure(4, 137, "node 1: rank 2 failed (killed by SIGKILL)");
   CHECK(b.reported(4, 1));
   master.declare_lost(4, node(2, 1), 3000ms);
   CHECK(master.failure(4)->second == "node 1: rank 2 failed (killed by SIGKILL)");
+}
+
+TEST_CASE("Rendezvous: a failed rank's line published by its node reaches every node, the first one stays", "[launcher][rdzv]") {
+  comm::HashStore store(2s);
+  Rendezvous master(store, node(0, 1));
+  Rendezvous b(store, node(1, 1));
+  CHECK(master.reason(0).empty());
+  b.publish_reason(0, "node 1 (host1 10.0.0.2): rank 1: unknown config key 'train.lrr'");
+  master.publish_reason(0, "node 0 (host0 10.0.0.1): rank 0: a later line");
+  CHECK(master.reason(0) == "node 1 (host1 10.0.0.2): rank 1: unknown config key 'train.lrr'");
+  CHECK(b.reason(0) == master.reason(0));
+  CHECK(b.reason(1).empty());
 }
