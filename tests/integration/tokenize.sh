@@ -158,6 +158,22 @@ for n in 2:2nd 3:3rd 4:4th 11:11th 12:12th 13:13th 21:21st 22:22nd 101:101st 111
   expect_exit 2 "tokenize: 4 bytes (4 tokens) make 1 block of 4096 tokens and every ${n#*:} block is validation" \
     "$DPTRAIN" tokenize --input "$WORK/tiny.txt" --out "$WORK/bad" --val-every "${n%%:*}"
 done
+# ... with the fix that works: one block needs more text (no --val-every, at least 2, helps: it once said "lower
+# --val-every" at 2 too); 3 blocks under --val-every 10 need --val-every 3 or lower.
+expect_exit 2 "too little text for both splits (give more than 4096 tokens of text: a block for each split)$" \
+  "$DPTRAIN" tokenize --input "$WORK/tiny.txt" --out "$WORK/bad" --val-every 2
+head -c 9000 /dev/zero | tr '\0' 'x' > "$WORK/three_blocks.txt"
+expect_exit 2 "make 3 blocks of 4096 tokens and every 10th block is validation: too little text for both splits \
+(--val-every 3 or lower, or give more text)$" "$DPTRAIN" tokenize --input "$WORK/three_blocks.txt" --out "$WORK/bad"
+# JSON Lines the same way, counted in documents.
+echo '{"text": "one"}' > "$WORK/one_record.jsonl"
+expect_exit 2 "1 document, and every 2nd goes to validation: too few for both splits (give at least 2 records: a \
+document for each split)$" \
+  "$DPTRAIN" tokenize --input "$WORK/one_record.jsonl" --out "$WORK/bad" --eos-token $'\n' --val-every 2
+head -3 "$WORK/mixed/meta.jsonl" > "$WORK/three_records.jsonl"
+expect_exit 2 "3 documents, and every 10th goes to validation: too few for both splits (--val-every / data.val_every \
+3 or lower, or give more records)$" \
+  "$DPTRAIN" tokenize --input "$WORK/three_records.jsonl" --out "$WORK/bad" --eos-token $'\n'
 expect_exit 2 "no text in" "$DPTRAIN" tokenize --input "$IN/b/image.bin" --out "$WORK/bad"
 expect_exit 2 "\-\-input is required" "$DPTRAIN" tokenize --out "$WORK/bad"
 expect_exit 2 "\-\-out is required" "$DPTRAIN" tokenize --input "$IN"
