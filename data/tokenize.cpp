@@ -207,7 +207,17 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
   TokenizeSummary summary;
   summary.tokenizer = tokenizer.describe();
   std::vector<std::string> links;
-  const std::vector<std::string> files = collect_files(opts.inputs, links);
+  // Each file once, by its canonical path (as collect_jsonl_files): a file given twice, or alone and inside a
+  // directory given, was read twice, its blocks in both splits (the val split holding text the model trained on).
+  std::vector<std::string> files;
+  std::set<fs::path> seen;
+  for (const std::string& f : collect_files(opts.inputs, links)) {
+    std::error_code ec;
+    if (seen.insert(fs::weakly_canonical(f, ec)).second)
+      files.push_back(f);
+    else
+      ++summary.repeated;
+  }
   summary.skipped_links = links.size();
   // A *.dat file named as an input is read: only those found in a folder are taken for fortune's index files.
   std::set<std::string> named;

@@ -91,6 +91,14 @@ check_shards "$WORK/dat" 10 "$WORK/corpus.dat"
 out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$WORK/two" --val-every 3 2>&1) ||
   { echo "$out"; fail "tokenize with two inputs failed"; }
 check_shards "$WORK/two" 3 "$IN/b/three.txt" "$IN/a/one.txt"
+# A file named twice, or alone and inside a folder given (the link given as itself too: the same file), is read
+# once, with a warning: it was read again, its blocks in both splits (val holding text the model trained on).
+out=$("$DPTRAIN" tokenize --input "$IN/a/one.txt" --input "$IN" --input "$IN/b/link.txt" --input "$IN/a/one.txt" \
+  --out "$WORK/twice" 2>&1) || { echo "$out"; fail "tokenize with repeated inputs failed"; }
+<<< "$out" grep -q "tokenize: 3 files, $BYTES bytes" || { echo "$out"; fail "a repeated input was read again"; }
+<<< "$out" grep -q "\[warning\] tokenize: 3 files named more than once by --input .*: read once" ||
+  { echo "$out"; fail "no warning of the repeated inputs"; }
+check_shards "$WORK/twice" 10 "$IN/a/one.txt" "$IN/b/deep/two" "$IN/b/three.txt"
 
 # 3. A non-empty OUT is refused (exit 2) and left as it was; --force replaces it.
 touch "$OUT/marker"
