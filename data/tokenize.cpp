@@ -207,7 +207,17 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
   TokenizeSummary summary;
   summary.tokenizer = tokenizer.describe();
   std::vector<std::string> links;
-  const std::vector<std::string> files = collect_files(opts.inputs, links);
+  // Each file once, by its canonical path (as collect_jsonl_files): a file given twice, or alone and inside a
+  // directory given, was read twice, its blocks in both splits (the val split holding text the model trained on).
+  std::vector<std::string> files;
+  std::set<fs::path> seen;
+  for (const std::string& f : collect_files(opts.inputs, links)) {
+    std::error_code ec;
+    if (seen.insert(fs::weakly_canonical(f, ec)).second)
+      files.push_back(f);
+    else
+      ++summary.repeated;
+  }
   summary.skipped_links = links.size();
   // A *.dat file named as an input is read: only those found in a folder are taken for fortune's index files.
   std::set<std::string> named;
@@ -282,11 +292,16 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
     }
     if (summary.train_tokens == 0 || summary.val_tokens == 0) {
       const uint64_t blocks = block + (in_block > 0 ? 1 : 0);
+      // Val gets a block once there are --val-every of them; below 2 no --val-every (at least 2) can help.
+      const std::string fix =
+          blocks < 2 ? fmt::format("give more than {} of text: a block for each split", counted(opts.block_tokens,
+                                                                                                 "token"))
+                     : fmt::format("--val-every {} or lower, or give more text", blocks);
       DPT_THROW(ConfigError,
                 "tokenize: {} ({}) make {} of {} and every {} block is validation: too little text for both splits "
-                "(lower --val-every, or give more text)",
+                "({})",
                 counted(summary.bytes, "byte"), counted(summary.train_tokens + summary.val_tokens, "token"),
-                counted(blocks, "block"), counted(opts.block_tokens, "token"), ordinal(opts.val_every));
+                counted(blocks, "block"), counted(opts.block_tokens, "token"), ordinal(opts.val_every), fix);
     }
     tokenizer.save(out.staging());
   } catch (const fs::filesystem_error& e) {
@@ -488,10 +503,12 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
                 summary.bad_lines > 0
                     ? fmt::format(", {} skipped", counted(summary.bad_lines, "malformed line"))
                     : "");
-    if (summary.train_documents == 0 || summary.val_documents == 0)
-      DPT_THROW(ConfigError, "tokenize: {}, and every {} goes to validation: too few for both splits (lower "
-                "--val-every / data.val_every, or give more records)", counted(documents, "document"),
-                ordinal(opts.val_every));
+    if (summary.train_documents == 0 || summary.val_documents == 0)  // as for text: one document no N can split
+      DPT_THROW(ConfigError, "tokenize: {}, and every {} goes to validation: too few for both splits ({})",
+                counted(documents, "document"), ordinal(opts.val_every),
+                documents < 2 ? std::string("give at least 2 records: a document for each split")
+                              : fmt::format("--val-every / data.val_every {} or lower, or give more records",
+                                            documents));
     write_jsonl_source(out.staging(), request, summary);
     tokenizer.save(out.staging());
   } catch (const fs::filesystem_error& e) {

@@ -42,6 +42,7 @@ struct TokenizeSummary {
   size_t skipped_dat = 0;       // *.dat files skipped
   size_t skipped_binary = 0;    // files with a NUL byte skipped
   size_t skipped_links = 0;     // symlinks met inside input directories, not followed
+  size_t repeated = 0;          // files met again (given twice, or alone and in a directory given): read once
   uint64_t bytes = 0;           // input bytes tokenized
   std::string tokenizer;        // the tokenizer's describe()
   uint64_t train_tokens = 0, val_tokens = 0;

@@ -103,6 +103,10 @@ if ! nvidia-smi -L >/dev/null 2>&1; then
   expect_exit 2 "dist.backend = nccl needs a GPU\|backend nccl needs CUDA" "$DPTRAIN" "${small[@]}" dist.backend=nccl
   out=$("$DPTRAIN" "${small[@]}" train.max_steps=2 2>&1) || { echo "$out"; fail "auto device run failed"; }
   [ "$(echo "$out" | grep -c "no GPU (.*): training on the CPU")" -eq 1 ] || { echo "$out"; fail "auto without a GPU: expected one warning"; }
+  # eval trains nothing, and says so (it once said "training on the CPU" too; predict shares the words).
+  out=$("$DPTRAIN" eval --checkpoint "$WORK/dev" 2>&1) || { echo "$out"; fail "eval of the auto device run failed"; }
+  [ "$(echo "$out" | grep -c "no GPU (.*): running on the CPU")" -eq 1 ] && ! <<< "$out" grep -q "training on the" \
+    || { echo "$out"; fail "eval without a GPU: expected one warning, not saying training"; }
   out=$("$DPTRAIN" "${small[@]}" train.max_steps=2 train.device=cpu 2>&1) || { echo "$out"; fail "cpu run failed"; }
   ! <<< "$out" grep -q "no GPU" || { echo "$out"; fail "train.device = cpu should not warn"; }
 fi

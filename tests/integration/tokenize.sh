@@ -91,6 +91,14 @@ check_shards "$WORK/dat" 10 "$WORK/corpus.dat"
 out=$("$DPTRAIN" tokenize --input "$IN/b/three.txt" --input "$IN/a" --out "$WORK/two" --val-every 3 2>&1) ||
   { echo "$out"; fail "tokenize with two inputs failed"; }
 check_shards "$WORK/two" 3 "$IN/b/three.txt" "$IN/a/one.txt"
+# A file named twice, or alone and inside a folder given (the link given as itself too: the same file), is read
+# once, with a warning: it was read again, its blocks in both splits (val holding text the model trained on).
+out=$("$DPTRAIN" tokenize --input "$IN/a/one.txt" --input "$IN" --input "$IN/b/link.txt" --input "$IN/a/one.txt" \
+  --out "$WORK/twice" 2>&1) || { echo "$out"; fail "tokenize with repeated inputs failed"; }
+<<< "$out" grep -q "tokenize: 3 files, $BYTES bytes" || { echo "$out"; fail "a repeated input was read again"; }
+<<< "$out" grep -q "\[warning\] tokenize: 3 files named more than once by --input .*: read once" ||
+  { echo "$out"; fail "no warning of the repeated inputs"; }
+check_shards "$WORK/twice" 10 "$IN/a/one.txt" "$IN/b/deep/two" "$IN/b/three.txt"
 
 # 3. A non-empty OUT is refused (exit 2) and left as it was; --force replaces it.
 touch "$OUT/marker"
@@ -158,6 +166,22 @@ for n in 2:2nd 3:3rd 4:4th 11:11th 12:12th 13:13th 21:21st 22:22nd 101:101st 111
   expect_exit 2 "tokenize: 4 bytes (4 tokens) make 1 block of 4096 tokens and every ${n#*:} block is validation" \
     "$DPTRAIN" tokenize --input "$WORK/tiny.txt" --out "$WORK/bad" --val-every "${n%%:*}"
 done
+# ... with the fix that works: one block needs more text (no --val-every, at least 2, helps: it once said "lower
+# --val-every" at 2 too); 3 blocks under --val-every 10 need --val-every 3 or lower.
+expect_exit 2 "too little text for both splits (give more than 4096 tokens of text: a block for each split)$" \
+  "$DPTRAIN" tokenize --input "$WORK/tiny.txt" --out "$WORK/bad" --val-every 2
+head -c 9000 /dev/zero | tr '\0' 'x' > "$WORK/three_blocks.txt"
+expect_exit 2 "make 3 blocks of 4096 tokens and every 10th block is validation: too little text for both splits \
+(--val-every 3 or lower, or give more text)$" "$DPTRAIN" tokenize --input "$WORK/three_blocks.txt" --out "$WORK/bad"
+# JSON Lines the same way, counted in documents.
+echo '{"text": "one"}' > "$WORK/one_record.jsonl"
+expect_exit 2 "1 document, and every 2nd goes to validation: too few for both splits (give at least 2 records: a \
+document for each split)$" \
+  "$DPTRAIN" tokenize --input "$WORK/one_record.jsonl" --out "$WORK/bad" --eos-token $'\n' --val-every 2
+head -3 "$WORK/mixed/meta.jsonl" > "$WORK/three_records.jsonl"
+expect_exit 2 "3 documents, and every 10th goes to validation: too few for both splits (--val-every / data.val_every \
+3 or lower, or give more records)$" \
+  "$DPTRAIN" tokenize --input "$WORK/three_records.jsonl" --out "$WORK/bad" --eos-token $'\n'
 expect_exit 2 "no text in" "$DPTRAIN" tokenize --input "$IN/b/image.bin" --out "$WORK/bad"
 expect_exit 2 "\-\-input is required" "$DPTRAIN" tokenize --out "$WORK/bad"
 expect_exit 2 "\-\-out is required" "$DPTRAIN" tokenize --input "$IN"

@@ -32,14 +32,15 @@ void log_blas_kernels() {
                  models::blas_core(), better, better);
 }
 
-Device choose_and_set_device(const Config& cfg, const comm::DistEnv& env) {
+// `doing`: what runs there, for the warning without a GPU ("training"; eval and predict train nothing).
+Device choose_and_set_device(const Config& cfg, const comm::DistEnv& env, std::string_view doing) {
   const Device device =
       choose_device(cfg.train.device, env.local_rank, cuda::device_count(), cuda::unavailable_reason());
   if (device.is_cuda()) {
     cuda::set_device(device.index);
     spdlog::info("device {}: {}", device.str(), cuda::device_description(device.index));
   } else if (cfg.train.device == DeviceChoice::automatic && env.rank == 0) {
-    spdlog::warn("no GPU ({}): training on the CPU", cuda::unavailable_reason());
+    spdlog::warn("no GPU ({}): {} on the CPU", cuda::unavailable_reason(), doing);
   }
   // Rank 0's thread counts: a product's or convolution's last bits can change with them (cpu_info.h).
   if (device.is_cpu() && env.rank == 0) spdlog::info("device cpu: {} (rank 0)", models::describe_cpu_threads());
@@ -103,7 +104,7 @@ int run_job(const JobSpec& spec) {
     if (env.rank == 0 && !env.warning.empty()) spdlog::warn("{}", env.warning);
     if (env.rank == 0 && spec.warn_unread_keys)
       for (const std::string& line : unread_keys(cfg)) spdlog::warn("config: {}", line);
-    const Device device = choose_and_set_device(cfg, env);
+    const Device device = choose_and_set_device(cfg, env, spec.name == "dptrain" ? "training" : "running");
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
     std::optional<RendezvousStopWatch> watch;
     if (waiting_for_peers) watch.emplace([&env](int sig) { exit_stopped_before_training(sig, env); });

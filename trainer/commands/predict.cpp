@@ -140,7 +140,7 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "Options by checkpoint: images: --top-k, --skip-bad; GPT or Llama: --tokens, --temperature, --sample-top-k, "
       "--sample-top-p, --seed, --no-kv-cache, --ignore-eos, --tokenizer; both: --batch-size, --precision, --format. An option of the "
       "other kind is refused (exit 2).\n"
-      "Example: dprun --nproc-per-node 2 -- dptrain predict --checkpoint runs/fmnist/checkpoints --input "
+      "Example: dprun --nproc-per-node 2 -- dptrain predict --checkpoint runs/fmnist_mlp/checkpoints --input "
       "/tmp/fmnist-images/val --out preds.jsonl");
   add_checkpoint_option(*cmd, a->checkpoint);
   cmd->add_option("--input", a->input,

@@ -127,6 +127,9 @@ int tokenize(const TokenizeArgs& a) {
                                             skipped, s.skipped_dat, s.skipped_binary));
     if (s.skipped_links != 0)
       spdlog::info("tokenize: did not follow {} symlinks inside the input directories", s.skipped_links);
+    if (s.repeated != 0)
+      spdlog::warn("tokenize: {} file{} named more than once by --input (twice, or alone and inside a folder given): "
+                   "read once", s.repeated, s.repeated == 1 ? "" : "s");
     spdlog::info("tokenize: wrote {} train tokens ({} shards) + {} val tokens ({} shards), {}, to {} in {:.2f} s",
                  s.train_tokens, s.train_shards.size(), s.val_tokens, s.val_shards.size(), s.tokenizer, s.out_dir,
                  seconds);
@@ -149,7 +152,8 @@ Command add_tokenize(CLI::App& root) {
   cmd->footer(
       "The inputs are read in order (a directory: its regular files recursively, sorted by path, symlinks inside it\n"
       "not followed: give a link itself as --input; *.dat files found in a folder and files with a NUL byte\n"
-      "skipped) and cut into blocks of 4096 tokens; every Nth block goes to val, the rest to train.\n"
+      "skipped; a file given twice, or alone and inside a folder given, read once) and cut into blocks of 4096\n"
+      "tokens; every Nth block goes to val, the rest to train.\n"
       "Shards hold at most 100M tokens each. With GPT-2 BPE each file is encoded on its own. OUT may not\n"
       "lie inside an input folder (a later run would read it): write it beside the corpus.\n"
       "JSON Lines (inputs named *.jsonl or directories of them only, or --format jsonl; a directory: its *.jsonl\n"

@@ -113,13 +113,13 @@ std::vector<std::string> DataParallel::setup_lines() const {
   std::vector<std::string> lines;
   const int world = pg_.size();
   if (world > 1)
-    lines.push_back(fmt::format("reducer: {} bucket(s) of gradients{}, {}", buckets_.size(),
-                                opts_.overlap ? " all-reduced during backward" : ", all-reduced after backward",
+    lines.push_back(fmt::format("reducer: {} bucket(s) of gradients{} {} {} backward, {}", buckets_.size(),
+                                opts_.overlap ? "" : ",", bucket_collective(), opts_.overlap ? "during" : "after",
                                 bucket_summary(buckets_)));
   if (codec_.compressed())
-    lines.push_back(world > 1 ? fmt::format("reducer: gradients all-reduced in bf16 (dist.grad_dtype = bf16): divided "
+    lines.push_back(world > 1 ? fmt::format("reducer: gradients {} in bf16 (dist.grad_dtype = bf16): divided "
                                             "by the {} ranks, rounded to bfloat16, summed in bfloat16, widened back to "
-                                            "fp32; half the bytes of fp32", world)
+                                            "fp32; half the bytes of fp32", bucket_collective(), world)
                               : "reducer: dist.grad_dtype = bf16 has no effect with one rank (nothing is all-reduced)");
   return lines;
 }

@@ -133,6 +133,8 @@ class DataParallel {
   virtual void settle(size_t bucket) = 0;
   // dist.overlap = false: every bucket's gradients reduced now, after backward.
   virtual void reduce_after_backward() = 0;
+  // How a bucket's gradients cross the ranks, as setup_lines() says it: DDP all-reduces them, ZeRO reduce-scatters.
+  virtual const char* bucket_collective() const { return "all-reduced"; }
   // The label of a bucket's all-reduce (AllreduceOptions::what): "bucket N", as hang reports name it.
   static std::string bucket_label(size_t bucket);
 

@@ -56,6 +56,7 @@ class Zero : public DataParallel {
   std::vector<std::shared_ptr<comm::Work>> reduce(size_t bucket) override;
   void settle(size_t bucket) override;
   void reduce_after_backward() override;
+  const char* bucket_collective() const override { return "reduce-scattered"; }
   void hold_bucket(size_t bucket);
   void drop_bucket(size_t bucket);  // releases the bucket's gradients and wire buffer
   // The global sum of squares: one partial sum per piece of owned() (0 for remainders on ranks other than 0), the

@@ -76,6 +76,35 @@ TEST_CASE("unread_keys: a key set that the model, data set, optimizer or schedul
   CHECK(unread_keys(parse_config("", "t", {"train.weight_decay_params=matrices", "train.weight_decay=0.1"})).empty());
 }
 
+// Keys of the run's own family that another of its keys switches off: model.depth under model.blocks, model.block
+// without them (the depth's preset chooses it), Llama 3's rope factors without rope_scaling = llama3. They were read
+// by nothing and said nothing.
+TEST_CASE("unread_keys: a family's key that another of its keys switches off is named", "[config]") {
+  CHECK(unread_keys(parse_config("", "t", {"model.name=resnet", "model.blocks=[1, 1]", "model.widths=[8, 16]",
+                                           "model.depth=50", "model.block=bottleneck"})) ==
+        std::vector<std::string>{"model.depth = 50 is not read: it applies to model.blocks = [] (the stages from "
+                                 "depth) (model.blocks sets them)"});
+  CHECK(unread_keys(parse_config("", "t", {"model.name=resnet", "model.depth=50", "model.block=bottleneck"})) ==
+        std::vector<std::string>{"model.block = 'bottleneck' is not read: it applies to model.blocks = [...] "
+                                 "(model.blocks = []: model.depth chooses the block)"});
+  CHECK(unread_keys(parse_config("", "t", {"model.name=resnet", "model.depth=34"})).empty());
+  const std::vector<std::string> llama = {"model.name=llama", "data.dataset=tokens", "model.rope_factor=32.0",
+                                          "model.rope_original_max_positions=4096"};
+  CHECK(unread_keys(parse_config("", "t", llama)) ==
+        std::vector<std::string>{
+            "model.rope_factor = 32.0 is not read: it applies to model.rope_scaling = llama3 (model.rope_scaling = '')",
+            "model.rope_original_max_positions = 4096 is not read: it applies to model.rope_scaling = llama3 "
+            "(model.rope_scaling = '')"});
+  std::vector<std::string> llama3 = llama;
+  llama3.push_back("model.rope_scaling=llama3");
+  CHECK(unread_keys(parse_config("", "t", llama3)).empty());
+  // Another family's run names them once, as that family's keys.
+  CHECK(unread_keys(parse_config("", "t", {"model.rope_factor=32.0", "model.block=bottleneck"})) ==
+        std::vector<std::string>{
+            "model.block = 'bottleneck' is not read: it applies to model.name = resnet (model.name = mlp)",
+            "model.rope_factor = 32.0 is not read: it applies to model.name = llama (model.name = mlp)"});
+}
+
 TEST_CASE("file values and key=value overrides, in that order", "[config]") {
   auto path = write_temp("a.toml", "[train]\nlr = 0.2\nepochs = 3\n[model]\nhidden = [64]\n");
   Config c = load_config(path, {"train.lr=0.5", "dist.backend=gloo", "model.hidden=[32, 16]", "train.nesterov=true",

@@ -433,6 +433,37 @@ TEST_CASE("make_data_parallel: DDP for stage 0 or one rank, ZeRO for stages 1 an
   CHECK_THROWS_AS(trainer::make_data_parallel(one, *model, nullptr, {.zero = 4}), InternalError);
 }
 
+// The "reducer:" lines name the collective that carries the buckets: ZeRO's reduce-scatter, not an all-reduce (they
+// once said "all-reduced" under every stage, beside the "zero:" line's "reduce-scattered").
+TEST_CASE("setup_lines: DDP's buckets all-reduced and ZeRO's reduce-scattered", "[parallel][multirank]") {
+  std::mutex mu;
+  std::vector<std::string> lines;  // rank 0's, per stage and wire type: its lines joined
+  std::string errors = run_gloo_ranks(2, [&](comm::ProcessGroup& pg) {
+    for (int zero = 0; zero <= 3; ++zero)
+      for (const bool overlap : {false, true})
+        for (const DType wire : {DType::F32, DType::BF16}) {
+          auto model = models::make_mlp(5, {7}, 3);
+          const auto dp =
+              trainer::make_data_parallel(pg, *model, nullptr, {.overlap = overlap, .grad_dtype = wire, .zero = zero});
+          std::string joined;
+          for (const std::string& l : dp->setup_lines()) joined += l + "\n";
+          std::lock_guard lock(mu);
+          if (pg.rank() == 0) lines.push_back(joined);
+        }
+  });
+  REQUIRE(errors == "");
+  REQUIRE(lines.size() == 16);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const bool ddp = i < 4, overlap = (i / 2) % 2 == 1, bf16 = i % 2 == 1;
+    INFO(lines[i]);
+    const std::string verb = ddp ? "all-reduced" : "reduce-scattered";
+    CHECK(lines[i].find(fmt::format("bucket(s) of gradients{} {} {} backward", overlap ? "" : ",", verb,
+                                    overlap ? "during" : "after")) != std::string::npos);
+    CHECK((lines[i].find(fmt::format("reducer: gradients {} in bf16", verb)) != std::string::npos) == bf16);
+    if (!ddp) CHECK(lines[i].find("all-reduced") == std::string::npos);
+  }
+}
+
 TEST_CASE("DataParallel zero = 1 on one rank is DDP", "[parallel][zero]") {
   auto store = std::make_shared<comm::HashStore>(std::chrono::seconds(5));
   comm::GlooProcessGroup pg(store, 0, 1);
