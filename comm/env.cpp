@@ -2,6 +2,7 @@
 // environment, and expand_hostlist for Slurm's compressed node lists.
 #include "comm/env.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <optional>
@@ -438,6 +439,28 @@ std::vector<std::string> expand_hostlist(const std::string& expr) {
   }
   if (depth != 0) bad_hostlist(expr, "'[' without ']'");
   return out;
+}
+
+int cpu_threads_per_rank(int local_ranks, int cpus_in_mask, int cpus_per_task) {
+  const int cpus = std::max(1, cpus_in_mask);
+  if (cpus_per_task > 0) return std::min(cpus_per_task, cpus);
+  return std::max(1, cpus / std::max(1, local_ranks));
+}
+
+CpuThreads choose_cpu_threads(const DistEnv& d, const EnvMap& env, int cpus_in_mask) {
+  CpuThreads t;
+  if (d.local_world_size <= 1) return t;
+  int per_task = 0;
+  if (d.launcher == Launcher::Slurm) {
+    const std::string* v = find(env, "SLURM_CPUS_PER_TASK");
+    if (v) std::from_chars(v->data(), v->data() + v->size(), per_task);  // malformed: 0, none
+  }
+  t.per_rank = cpu_threads_per_rank(d.local_world_size, cpus_in_mask, per_task);
+  if (t.per_rank >= cpus_in_mask) return t;
+  if (!has(env, "OMP_NUM_THREADS")) t.openmp = t.per_rank;
+  if (!has(env, "OMP_NUM_THREADS") && !has(env, "OPENBLAS_NUM_THREADS") && !has(env, "GOTO_NUM_THREADS"))
+    t.openblas = t.per_rank;
+  return t;
 }
 
 }  // namespace dpt::comm
