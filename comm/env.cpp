@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "core/check.h"
+#include "core/thread_env.h"
 
 extern char** environ;  // POSIX: the process environment
 
@@ -457,8 +458,14 @@ CpuThreads choose_cpu_threads(const DistEnv& d, const EnvMap& env, int cpus_in_m
   }
   t.per_rank = cpu_threads_per_rank(d.local_world_size, cpus_in_mask, per_task);
   if (t.per_rank >= cpus_in_mask) return t;
-  if (!has(env, "OMP_NUM_THREADS")) t.openmp = t.per_rank;
-  if (!has(env, "OMP_NUM_THREADS") && !has(env, "OPENBLAS_NUM_THREADS") && !has(env, "GOTO_NUM_THREADS"))
+  // Set the way each library reads it: an OMP_NUM_THREADS='' or 'abc' they ignore, and start a thread per CPU.
+  const std::string* omp = find(env, "OMP_NUM_THREADS");
+  if (!omp || !omp_num_threads_valid(*omp)) t.openmp = t.per_rank;
+  auto blas_set = [&](const char* name) {
+    const std::string* v = find(env, name);
+    return v && blas_num_threads_set(*v);
+  };
+  if (!blas_set("OPENBLAS_NUM_THREADS") && !blas_set("GOTO_NUM_THREADS") && !blas_set("OMP_NUM_THREADS"))
     t.openblas = t.per_rank;
   return t;
 }

@@ -59,7 +59,8 @@ int cpu_threads_per_rank(int local_ranks, int cpus_in_mask, int cpus_per_task = 
 
 // What a rank sets: a count for OpenMP and one for OpenBLAS, 0 where the library is left as it is: a single rank on
 // its host, a count not below the mask's CPUs (what the library starts anyway), or a variable the library reads set
-// by the user (OMP_NUM_THREADS for OpenMP; OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS for OpenBLAS).
+// by the user (OMP_NUM_THREADS for OpenMP; OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS for OpenBLAS),
+// with a value the library takes (core/thread_env.h: libgomp ignores OMP_NUM_THREADS='' or 'abc').
 struct CpuThreads {
   int openmp = 0;
   int openblas = 0;

@@ -45,11 +45,16 @@ void limit_cpu_threads(const comm::DistEnv& env) {
   const int cpus = CPU_COUNT(&mask);
   const comm::CpuThreads t = comm::choose_cpu_threads(env, comm::process_env(), cpus);
   if (!models::limit_cpu_threads(t.openmp, t.openblas) || env.rank != 0) return;
-  // Anything lowered means OMP_NUM_THREADS is unset, so OpenMP was; OpenBLAS too unless OPENBLAS_NUM_THREADS is set.
-  std::cerr << fmt::format("dptrain: {} ranks share this host and OMP_NUM_THREADS is unset: {} run {} thread{} per "
-                           "rank (each may run on {} CPUs), so that the ranks do not overload the machine; set "
-                           "OMP_NUM_THREADS yourself to tune it\n",
-                           env.local_world_size, t.openblas > 0 ? "OpenMP (oneDNN) and OpenBLAS" : "OpenMP (oneDNN)",
+  // Anything lowered means OMP_NUM_THREADS is unset or ignored, so OpenMP was; OpenBLAS too unless
+  // OPENBLAS_NUM_THREADS is set.
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const std::string why = omp ? fmt::format("OMP_NUM_THREADS='{}' is no thread count (OpenMP ignores it)", omp)
+                              : "OMP_NUM_THREADS is unset";
+  std::cerr << fmt::format("dptrain: {} ranks share this host and {}: {} run {} thread{} per rank (each may run on "
+                           "{} CPUs), so that the ranks do not overload the machine; set OMP_NUM_THREADS yourself to "
+                           "tune it\n",
+                           env.local_world_size, why,
+                           t.openblas > 0 ? "OpenMP (oneDNN) and OpenBLAS" : "OpenMP (oneDNN)",
                            t.per_rank, t.per_rank == 1 ? "" : "s", cpus);
 }
 

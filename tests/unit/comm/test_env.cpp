@@ -4,6 +4,7 @@
 
 #include "comm/env.h"
 #include "core/check.h"
+#include "core/thread_env.h"
 
 using namespace dpt;
 using namespace dpt::comm;
@@ -410,6 +411,21 @@ TEST_CASE("choose_cpu_threads: only ranks sharing a host, only where no variable
     CHECK(t.openblas == 0);
   }
 
+  for (const char* ignored : {"", "abc", "0"}) {  // libgomp and OpenBLAS ignore these: as if unset
+    INFO("OMP_NUM_THREADS='" << ignored << "'");
+    EnvMap bad = mpi;
+    bad["OMP_NUM_THREADS"] = ignored;
+    t = choose(bad, 16);
+    CHECK(t.openmp == 8);
+    CHECK(t.openblas == 8);
+    bad["OPENBLAS_NUM_THREADS"] = ignored;
+    CHECK(choose(bad, 16).openblas == 8);
+  }
+  omp["OMP_NUM_THREADS"] = "4,2";  // a nesting list: libgomp takes it, OpenBLAS its first number
+  t = choose(omp, 16);
+  CHECK(t.openmp == 0);
+  CHECK(t.openblas == 0);
+
   EnvMap alone = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
                   {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}};  // one rank per node: the host is its own
   t = choose(alone, 16);
@@ -435,4 +451,24 @@ TEST_CASE("choose_cpu_threads: only ranks sharing a host, only where no variable
   CHECK(choose(dprun, 64).openmp == 0);
   dprun.erase("OMP_NUM_THREADS");  // dprun's variables set some other way: 4 ranks per node
   CHECK(choose(dprun, 64).openmp == 16);
+}
+
+TEST_CASE("thread_env: OMP_NUM_THREADS as libgomp reads it, the BLAS variables as OpenBLAS does", "[env]") {
+  // As libgomp 12 took them (a 2-CPU machine: omp_get_max_threads() after each, and its "Invalid value" warning).
+  for (const char* good : {"1", "8", " 4 ", "4,2", "16, 2", "007", "+3", "1, +3"}) {
+    INFO(good);
+    CHECK(omp_num_threads_valid(good));
+  }
+  for (const char* bad : {"", " ", "0", "00", "+0", "abc", "4x", "-2", "-1", "2,", ",2", "2,,4", "0,2", "2 3"}) {
+    INFO(bad);
+    CHECK_FALSE(omp_num_threads_valid(bad));
+  }
+  for (const char* set : {"1", " 4", "4x", "+3", "4,2"}) {  // atoi's leading number
+    INFO(set);
+    CHECK(blas_num_threads_set(set));
+  }
+  for (const char* unset : {"", "0", "abc", "-2", " "}) {
+    INFO(unset);
+    CHECK_FALSE(blas_num_threads_set(unset));
+  }
 }
