@@ -442,13 +442,16 @@ std::vector<std::string> expand_hostlist(const std::string& expr) {
   return out;
 }
 
-int cpu_threads_per_rank(int local_ranks, int cpus_in_mask, int cpus_per_task) {
+int cpu_threads_per_rank(int local_ranks, int cpus_in_mask, int launcher_cpus, int cpus_per_task) {
   const int cpus = std::max(1, cpus_in_mask);
   if (cpus_per_task > 0) return std::min(cpus_per_task, cpus);
-  return std::max(1, cpus / std::max(1, local_ranks));
+  const int64_t ranks = std::max(1, local_ranks);
+  const int64_t host = std::max(cpus, launcher_cpus);
+  const int64_t sharing = std::clamp<int64_t>((ranks * cpus + host - 1) / host, 1, ranks);  // ranks in this mask
+  return std::max(1, static_cast<int>(cpus / sharing));
 }
 
-CpuThreads choose_cpu_threads(const DistEnv& d, const EnvMap& env, int cpus_in_mask) {
+CpuThreads choose_cpu_threads(const DistEnv& d, const EnvMap& env, int cpus_in_mask, int launcher_cpus) {
   CpuThreads t;
   if (d.local_world_size <= 1) return t;
   int per_task = 0;
@@ -456,7 +459,7 @@ CpuThreads choose_cpu_threads(const DistEnv& d, const EnvMap& env, int cpus_in_m
     const std::string* v = find(env, "SLURM_CPUS_PER_TASK");
     if (v) std::from_chars(v->data(), v->data() + v->size(), per_task);  // malformed: 0, none
   }
-  t.per_rank = cpu_threads_per_rank(d.local_world_size, cpus_in_mask, per_task);
+  t.per_rank = cpu_threads_per_rank(d.local_world_size, cpus_in_mask, launcher_cpus, per_task);
   if (t.per_rank >= cpus_in_mask) return t;
   // Set the way each library reads it: an OMP_NUM_THREADS='' or 'abc' they ignore, and start a thread per CPU.
   const std::string* omp = find(env, "OMP_NUM_THREADS");

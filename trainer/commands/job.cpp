@@ -11,6 +11,7 @@
 #include <optional>
 
 #include <sched.h>
+#include <unistd.h>
 
 #include "comm/init.h"
 #include "core/check.h"
@@ -38,12 +39,17 @@ void log_blas_kernels() {
 // of one's own; dprun and torchrun set OMP_NUM_THREADS=1): each would run one OpenMP and one OpenBLAS thread per CPU
 // of its affinity mask, and the host's ranks together many times its CPUs. Each rank lowers the counts itself, as
 // comm::choose_cpu_threads says, and rank 0 says so on stderr, as torchrun says it sets OMP_NUM_THREADS.
+// A mask narrower than the launcher's (the parent: mpirun's, orted's, slurmstepd's) is a binding, which
+// choose_cpu_threads takes as the launcher's CPUs dealt out among the ranks.
 void limit_cpu_threads(const comm::DistEnv& env) {
-  cpu_set_t mask;
-  CPU_ZERO(&mask);
-  if (::sched_getaffinity(0, sizeof(mask), &mask) != 0) return;
-  const int cpus = CPU_COUNT(&mask);
-  const comm::CpuThreads t = comm::choose_cpu_threads(env, comm::process_env(), cpus);
+  auto cpus_of = [](pid_t pid) {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    return ::sched_getaffinity(pid, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  };
+  const int cpus = cpus_of(0);
+  if (cpus == 0) return;
+  const comm::CpuThreads t = comm::choose_cpu_threads(env, comm::process_env(), cpus, cpus_of(::getppid()));
   if (!models::limit_cpu_threads(t.openmp, t.openblas) || env.rank != 0) return;
   // Anything lowered means OMP_NUM_THREADS is unset or ignored, so OpenMP was; OpenBLAS too unless
   // OPENBLAS_NUM_THREADS is set.

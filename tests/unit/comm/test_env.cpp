@@ -372,28 +372,39 @@ TEST_CASE("expand_hostlist", "[env]") {
   CHECK_THROWS_WITH(expand_hostlist("node[01-03"), Contains("node[01-03") && Contains("'[' without ']'"));
 }
 
-TEST_CASE("cpu_threads_per_rank: the mask's CPUs shared by the host's ranks, Slurm's --cpus-per-task as given",
+TEST_CASE("cpu_threads_per_rank: the mask's CPUs shared by the ranks in it, Slurm's --cpus-per-task as given",
           "[env]") {
   CHECK(cpu_threads_per_rank(2, 2) == 1);    // mpirun --bind-to none -np 2 on 2 CPUs
   CHECK(cpu_threads_per_rank(2, 64) == 32);
+  CHECK(cpu_threads_per_rank(2, 64, 64) == 32);  // the launcher's mask too: unbound
   CHECK(cpu_threads_per_rank(3, 8) == 2);    // rounded down: never more threads than CPUs
   CHECK(cpu_threads_per_rank(8, 4) == 1);    // more ranks than CPUs: at least 1
-  CHECK(cpu_threads_per_rank(2, 1) == 1);    // bound to one CPU (mpirun's default for -np 2): 1
+  CHECK(cpu_threads_per_rank(2, 1, 2) == 1);  // bound to one CPU (mpirun's default for -np 2): 1
   CHECK(cpu_threads_per_rank(1, 16) == 16);
-  CHECK(cpu_threads_per_rank(8, 64, 4) == 4);  // srun -c 4: the task's 4 CPUs
-  CHECK(cpu_threads_per_rank(8, 2, 4) == 2);   // but no more than the mask has
+  CHECK(cpu_threads_per_rank(4, 8, 16) == 4);   // mpirun --bind-to socket: 2 sockets of 8, 2 ranks in each
+  CHECK(cpu_threads_per_rank(2, 4, 16) == 4);   // --map-by ...:PE=4: each rank its own 4 CPUs
+  CHECK(cpu_threads_per_rank(8, 8, 16) == 2);   // 4 ranks in each half
+  CHECK(cpu_threads_per_rank(3, 8, 16) == 4);   // uneven: 2 in the fuller mask
+  CHECK(cpu_threads_per_rank(2, 4, 2) == 2);    // a parent narrower than the rank: unbound, as without it
+  CHECK(cpu_threads_per_rank(8, 64, 0, 4) == 4);  // srun -c 4: the task's 4 CPUs
+  CHECK(cpu_threads_per_rank(8, 2, 0, 4) == 2);   // but no more than the mask has
   CHECK(cpu_threads_per_rank(2, 0) == 1);
 }
 
 TEST_CASE("choose_cpu_threads: only ranks sharing a host, only where no variable chose", "[env]") {
   EnvMap mpi = {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
                 {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
-  auto choose = [](const EnvMap& e, int cpus) { return choose_cpu_threads(detect_env(e), e, cpus); };
+  auto choose = [](const EnvMap& e, int cpus, int launcher_cpus = 0) {
+    return choose_cpu_threads(detect_env(e), e, cpus, launcher_cpus);
+  };
   CpuThreads t = choose(mpi, 16);  // mpirun --bind-to none -np 2 on 16 CPUs
   CHECK(t.openmp == 8);
   CHECK(t.openblas == 8);
   CHECK(t.per_rank == 8);
-  t = choose(mpi, 1);  // mpirun's default binding: one core each, the libraries start 1 anyway
+  t = choose(mpi, 1, 16);  // mpirun's default binding: one core each, the libraries start 1 anyway
+  CHECK(t.openmp == 0);
+  CHECK(t.openblas == 0);
+  t = choose(mpi, 8, 16);  // bound to half the host each: all of it
   CHECK(t.openmp == 0);
   CHECK(t.openblas == 0);
 
