@@ -2,12 +2,14 @@
 // environment, and expand_hostlist for Slurm's compressed node lists.
 #include "comm/env.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdint>
 #include <optional>
 #include <utility>
 
 #include "core/check.h"
+#include "core/thread_env.h"
 
 extern char** environ;  // POSIX: the process environment
 
@@ -438,6 +440,37 @@ std::vector<std::string> expand_hostlist(const std::string& expr) {
   }
   if (depth != 0) bad_hostlist(expr, "'[' without ']'");
   return out;
+}
+
+int cpu_threads_per_rank(int local_ranks, int cpus_in_mask, int launcher_cpus, int cpus_per_task) {
+  const int cpus = std::max(1, cpus_in_mask);
+  if (cpus_per_task > 0) return std::min(cpus_per_task, cpus);
+  const int64_t ranks = std::max(1, local_ranks);
+  const int64_t host = std::max(cpus, launcher_cpus);
+  const int64_t sharing = std::clamp<int64_t>((ranks * cpus + host - 1) / host, 1, ranks);  // ranks in this mask
+  return std::max(1, static_cast<int>(cpus / sharing));
+}
+
+CpuThreads choose_cpu_threads(const DistEnv& d, const EnvMap& env, int cpus_in_mask, int launcher_cpus) {
+  CpuThreads t;
+  if (d.local_world_size <= 1) return t;
+  int per_task = 0;
+  if (d.launcher == Launcher::Slurm) {
+    const std::string* v = find(env, "SLURM_CPUS_PER_TASK");
+    if (v) std::from_chars(v->data(), v->data() + v->size(), per_task);  // malformed: 0, none
+  }
+  t.per_rank = cpu_threads_per_rank(d.local_world_size, cpus_in_mask, launcher_cpus, per_task);
+  if (t.per_rank >= cpus_in_mask) return t;
+  // Set the way each library reads it: an OMP_NUM_THREADS='' or 'abc' they ignore, and start a thread per CPU.
+  const std::string* omp = find(env, "OMP_NUM_THREADS");
+  if (!omp || !omp_num_threads_valid(*omp)) t.openmp = t.per_rank;
+  auto blas_set = [&](const char* name) {
+    const std::string* v = find(env, name);
+    return v && blas_num_threads_set(*v);
+  };
+  if (!blas_set("OPENBLAS_NUM_THREADS") && !blas_set("GOTO_NUM_THREADS") && !blas_set("OMP_NUM_THREADS"))
+    t.openblas = t.per_rank;
+  return t;
 }
 
 }  // namespace dpt::comm

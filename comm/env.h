@@ -48,6 +48,28 @@ DistEnv detect_env(const EnvMap& env);
 // The current process's environment.
 EnvMap process_env();
 
+// How many threads each CPU library of a rank (OpenMP, which oneDNN runs on; OpenBLAS) should run when no variable
+// chose: left alone, both start one per CPU in the rank's affinity mask, so `local_ranks` ranks of one host started
+// unbound (mpirun --bind-to none, srun without CPU binding, a script) run local_ranks x CPUs threads, which spin at
+// their barriers: 2 ranks on 2 CPUs trained 3x slower. Slurm's --cpus-per-task (`cpus_per_task` > 0, from
+// SLURM_CPUS_PER_TASK) is the task's own CPUs: that many, at most the mask's. Otherwise the mask's CPUs shared by
+// the ranks that share the mask: all the host's where the mask is the launcher's (`launcher_cpus`, the CPUs in the
+// parent process's mask; 0: unknown, the same), else as many as spreading the host's ranks evenly over the
+// launcher's CPUs puts in one mask (mpirun --bind-to socket: 4 ranks on 2 sockets of 8 CPUs, 2 a socket, 4 threads
+// each; --map-by ...:PE=4 or srun's binding: the rank's own CPUs). At least 1; a rank bound to one CPU keeps 1.
+int cpu_threads_per_rank(int local_ranks, int cpus_in_mask, int launcher_cpus = 0, int cpus_per_task = 0);
+
+// What a rank sets: a count for OpenMP and one for OpenBLAS, 0 where the library is left as it is: a single rank on
+// its host, a count not below the mask's CPUs (what the library starts anyway), or a variable the library reads set
+// by the user (OMP_NUM_THREADS for OpenMP; OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS or OMP_NUM_THREADS for OpenBLAS),
+// with a value the library takes (core/thread_env.h: libgomp ignores OMP_NUM_THREADS='' or 'abc').
+struct CpuThreads {
+  int openmp = 0;
+  int openblas = 0;
+  int per_rank = 0;  // cpu_threads_per_rank's answer, for the note
+};
+CpuThreads choose_cpu_threads(const DistEnv& d, const EnvMap& env, int cpus_in_mask, int launcher_cpus = 0);
+
 // Expands a Slurm hostlist expression: "node[01-03,07],gpu5" -> node01 node02 node03 node07 gpu5.
 std::vector<std::string> expand_hostlist(const std::string& expr);
 

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "core/check.h"
+#include "core/thread_env.h"
 
 namespace dpt::launcher {
 
@@ -216,6 +217,10 @@ int launch(const Options& given) {
   if (!inherited.contains("OMP_NUM_THREADS")) {
     note("setting OMP_NUM_THREADS=1 for every rank, so that the ranks do not overload the machine; set it "
          "yourself to tune it");
+  } else if (!omp_num_threads_valid(inherited.at("OMP_NUM_THREADS"))) {
+    note(fmt::format("OMP_NUM_THREADS='{}' is no thread count (OpenMP would ignore it and start a thread per CPU in "
+                     "every rank): setting OMP_NUM_THREADS=1 for every rank instead",
+                     inherited.at("OMP_NUM_THREADS")));
   }
   if (opts.nnodes > 1 && is_loopback(*opts.master_addr)) {
     note(fmt::format("warning: --master-addr {} is a loopback address: the other nodes cannot reach it unless "

@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "core/check.h"
+#include "core/thread_env.h"
 #include "launcher/process.h"
 
 extern char** environ;
@@ -161,8 +162,9 @@ Environment rank_environment(const Options& opts, const Placement& where, int lo
   // Through the environment only: a command line is world-readable in /proc/PID/cmdline, the environment is not.
   if (!opts.store_token.empty()) env["DPT_STORE_TOKEN"] = opts.store_token;
   // N ranks each starting one OpenMP thread per core would oversubscribe the machine N times (torchrun does
-  // the same); a value the user set is theirs.
-  env.try_emplace("OMP_NUM_THREADS", "1"s);
+  // the same); a value the user set is theirs, unless OpenMP would ignore it ('', 'abc', '0': core/thread_env.h).
+  if (auto omp = env.find("OMP_NUM_THREADS"); omp == env.end() || !omp_num_threads_valid(omp->second))
+    env["OMP_NUM_THREADS"] = "1"s;
   // With prefixes, the trainer leaves the rank out of its own log lines; with log files it must keep it.
   if (opts.log_dir.empty()) {
     env["DPT_RANK_PREFIXED"] = "1"s;

@@ -40,7 +40,8 @@ constexpr const char* kFooter = R"(Environment of each rank: dprun's own, plus
   DPT_RESTART_COUNT        0; k in the k-th restart (--max-restarts; elastic: the round)
   DPT_LAUNCHER             dprun: the variables above are dprun's (dptrain then takes them over
                            OMPI_COMM_WORLD_* or SLURM_* inherited from an mpirun or srun around dprun)
-  OMP_NUM_THREADS          1, unless it is set already (dprun says so on stderr when it sets it)
+  OMP_NUM_THREADS          1, unless it is set already to a count OpenMP takes ('', 'abc' or '0' it
+                           ignores); dprun says so on stderr when it sets it
   DPT_RANK_PREFIXED        1 when dprun prefixes the output (no --log-dir)
   DPT_LIVE_LINE            1 when dprun prefixes the output and its stdout is a terminal: rank 0
                            shows its progress as one line redrawn in place (unless already set)

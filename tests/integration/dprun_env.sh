@@ -39,7 +39,7 @@ bad=$(awk '{ r = substr($0, 7, 1); body = substr($0, 10); rest = body; gsub(r, "
 [ "$bad" = 0 ] || fail "interleaving: $bad mixed or cut lines"
 echo "ok: 900 long lines, none mixed"
 
-# 3. OMP_NUM_THREADS: 1 when unset (said once on stderr), the user's value otherwise.
+# 3. OMP_NUM_THREADS: 1 when unset or one OpenMP ignores (said once on stderr), the user's value otherwise.
 timeout -k 5 60 env -u OMP_NUM_THREADS "$DPRUN" --nproc-per-node 2 -- sh -c 'echo "omp=$OMP_NUM_THREADS"' \
   >"$WORK/out" 2>"$WORK/err" </dev/null
 [ $? = 0 ] || fail "omp unset: dprun failed"
@@ -49,6 +49,11 @@ OMP_NUM_THREADS=4 run --nproc-per-node 2 -- sh -c 'echo "omp=$OMP_NUM_THREADS"'
 [ "$RC" = 0 ] || fail "omp=4: dprun failed"
 [ "$(grep -c '^\[rank [01]\] omp=4$' "$WORK/out")" = 2 ] || fail "omp=4: the user's value was not kept"
 grep -q OMP_NUM_THREADS "$WORK/err" && fail "omp=4: dprun should not mention OMP_NUM_THREADS"
+# One OpenMP ignores ('' from `export OMP_NUM_THREADS=$UNSET_VAR`): it started a thread per CPU in every rank.
+OMP_NUM_THREADS= run --nproc-per-node 2 -- sh -c 'echo "omp=$OMP_NUM_THREADS"'
+[ "$RC" = 0 ] || fail "omp='': dprun failed"
+[ "$(grep -c '^\[rank [01]\] omp=1$' "$WORK/out")" = 2 ] || fail "omp='': ranks did not get OMP_NUM_THREADS=1"
+[ "$(grep -c "OMP_NUM_THREADS='' is no thread count" "$WORK/err")" = 1 ] || fail "omp='': dprun should say so once"
 echo "ok: OMP_NUM_THREADS"
 
 # 4. A node of a two-node job (both "nodes" on this machine): global ranks 2, 3 of 4; the given port.

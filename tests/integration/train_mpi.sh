@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # mpirun -np 2 dptrain trains: the backend resolves to mpi by itself, the run learns, and its parameters
-# match the same run's over gloo under dprun.
+# match the same run's over gloo under dprun; ranks started without OMP_NUM_THREADS share the CPUs.
 source "$(dirname "$0")/lib/common.bash"
 COMMON=(data.train_limit=2000 data.test_limit=1000 train.max_steps=40 train.progress_interval_s=1000)
 
@@ -10,6 +10,29 @@ echo "$out"
 <<< "$out" grep -qi "process group: mpi" || fail "auto did not pick the mpi backend under mpirun"
 acc=$(metric test_acc "$out")
 float_ge "$acc" 0.5 || fail "test_acc $acc after 40 steps"
+
+# Ranks started with no thread count (mpirun --bind-to none, OMP_NUM_THREADS unset, which ctest sets): each would
+# run one OpenMP and one OpenBLAS thread per CPU, the two ranks twice the CPUs (3x slower on two cores). Each rank takes
+# its share of the CPUs and rank 0 says so, once, on stderr; an explicit OMP_NUM_THREADS wins, and nothing is said.
+cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)
+share=$((cpus / 2 > 0 ? cpus / 2 : 1))
+TINY=(data.train_limit=256 data.test_limit=64 train.max_steps=2 train.progress_interval_s=1000)
+env -u OMP_NUM_THREADS -u OPENBLAS_NUM_THREADS "${MPIRUN[@]}" -np 2 "$DPTRAIN" --config "$CONFIG" "${TINY[@]}" \
+  checkpoint.dir="$WORK/threads" > "$WORK/threads.out" 2> "$WORK/threads.err" \
+  || { cat "$WORK/threads.out" "$WORK/threads.err"; fail "run with OMP_NUM_THREADS unset failed"; }
+grep -q "threads: OpenBLAS $share, oneDNN $share (rank 0)" "$WORK/threads.out" \
+  || { grep "threads:" "$WORK/threads.out"; fail "OMP_NUM_THREADS unset, 2 ranks on $cpus CPUs: not $share each"; }
+notes=$(grep -c "2 ranks share this host and OMP_NUM_THREADS is unset: OpenMP (oneDNN) and OpenBLAS run $share thread" \
+        "$WORK/threads.err" || true)
+want=$([ "$cpus" -gt 1 ] && echo 1 || echo 0)
+[ "$notes" = "$want" ] || { cat "$WORK/threads.err"; fail "thread note: $notes lines, expected $want"; }
+env -u OPENBLAS_NUM_THREADS OMP_NUM_THREADS=2 "${MPIRUN[@]}" -np 2 "$DPTRAIN" --config "$CONFIG" "${TINY[@]}" \
+  checkpoint.dir="$WORK/threads2" > "$WORK/threads2.out" 2> "$WORK/threads2.err" \
+  || { cat "$WORK/threads2.out" "$WORK/threads2.err"; fail "run with OMP_NUM_THREADS=2 failed"; }
+grep -q "threads: OpenBLAS [0-9]*, oneDNN 2 (rank 0)" "$WORK/threads2.out" \
+  || { grep "threads:" "$WORK/threads2.out"; fail "OMP_NUM_THREADS=2 was not kept"; }
+grep -q "share this host" "$WORK/threads2.err" && fail "OMP_NUM_THREADS=2: no note expected"
+echo "ok: threads per rank without OMP_NUM_THREADS ($share of $cpus CPUs each); OMP_NUM_THREADS=2 kept"
 
 # RANK/WORLD_SIZE left over in the shell once made both processes train alone, on one checkpoint directory: now each
 # refuses (exit 2), naming both sources; leftovers that agree with mpirun's are fine, and the run is mpirun's.

@@ -10,6 +10,9 @@
 #include <iostream>
 #include <optional>
 
+#include <sched.h>
+#include <unistd.h>
+
 #include "comm/init.h"
 #include "core/check.h"
 #include "core/cuda.h"
@@ -30,6 +33,35 @@ void log_blas_kernels() {
   else if (const std::string better = models::blas_core_upgrade(); !better.empty())
     spdlog::warn("OpenBLAS runs {} kernels on a CPU that supports {}: set OPENBLAS_CORETYPE={} for faster GEMMs",
                  models::blas_core(), better, better);
+}
+
+// Ranks that share a host, started with no thread count (mpirun --bind-to none, srun without CPU binding, a script
+// of one's own; dprun and torchrun set OMP_NUM_THREADS=1): each would run one OpenMP and one OpenBLAS thread per CPU
+// of its affinity mask, and the host's ranks together many times its CPUs. Each rank lowers the counts itself, as
+// comm::choose_cpu_threads says, and rank 0 says so on stderr, as torchrun says it sets OMP_NUM_THREADS.
+// A mask narrower than the launcher's (the parent: mpirun's, orted's, slurmstepd's) is a binding, which
+// choose_cpu_threads takes as the launcher's CPUs dealt out among the ranks.
+void limit_cpu_threads(const comm::DistEnv& env) {
+  auto cpus_of = [](pid_t pid) {
+    cpu_set_t mask;
+    CPU_ZERO(&mask);
+    return ::sched_getaffinity(pid, sizeof(mask), &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  };
+  const int cpus = cpus_of(0);
+  if (cpus == 0) return;
+  const comm::CpuThreads t = comm::choose_cpu_threads(env, comm::process_env(), cpus, cpus_of(::getppid()));
+  if (!models::limit_cpu_threads(t.openmp, t.openblas) || env.rank != 0) return;
+  // Anything lowered means OMP_NUM_THREADS is unset or ignored, so OpenMP was; OpenBLAS too unless
+  // OPENBLAS_NUM_THREADS is set.
+  const char* omp = std::getenv("OMP_NUM_THREADS");
+  const std::string why = omp ? fmt::format("OMP_NUM_THREADS='{}' is no thread count (OpenMP ignores it)", omp)
+                              : "OMP_NUM_THREADS is unset";
+  std::cerr << fmt::format("dptrain: {} ranks share this host and {}: {} run {} thread{} per rank (each may run on "
+                           "{} CPUs), so that the ranks do not overload the machine; set OMP_NUM_THREADS yourself to "
+                           "tune it\n",
+                           env.local_world_size, why,
+                           t.openblas > 0 ? "OpenMP (oneDNN) and OpenBLAS" : "OpenMP (oneDNN)",
+                           t.per_rank, t.per_rank == 1 ? "" : "s", cpus);
 }
 
 // `doing`: what runs there, for the warning without a GPU ("training"; eval and predict train nothing).
@@ -70,6 +102,7 @@ int run_job(const JobSpec& spec) {
     env = comm::detect_env(comm::process_env());
     init_logging(env.rank, env.world_size);
     if (env.rank == 0) log_blas_kernels();
+    limit_cpu_threads(env);
   } catch (const Error& e) {
     std::cerr << "dptrain: " << e.what() << "\n";
     return kExitUsage;

@@ -24,9 +24,15 @@ std::string blas_core_upgrade();
 std::string describe_cpu_arithmetic(Precision p);
 
 // "threads: OpenBLAS 1, oneDNN 1": how many threads each CPU library splits a product or a convolution over
-// (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, else every core). The split can change the last bits of a result, so
-// runs that must give the same bytes need the same counts (dprun sets OMP_NUM_THREADS=1 unless the user set it).
+// (OPENBLAS_NUM_THREADS / OMP_NUM_THREADS, else every CPU it may run on, or its share of them: limit_cpu_threads).
+// The split can change the last bits of a result, so runs that must give the same bytes need the same counts (dprun
+// sets OMP_NUM_THREADS=1 unless the user set it).
 std::string describe_cpu_threads();
+
+// Lowers OpenMP's thread count (oneDNN's; for the calling thread, which runs the kernels) to `openmp` and
+// OpenBLAS's to `openblas`, each only where it is positive and below the library's own count; before either library
+// first runs (comm::choose_cpu_threads decides). Returns whether a count changed.
+bool limit_cpu_threads(int openmp, int openblas);
 
 // Which library runs the float32 matrix products, and with what kernels: "oneDNN's sgemm (avx512_core; ...)" or
 // "OpenBLAS (Haswell kernels; ...)" (gemm.cpp's choice).

@@ -4,6 +4,7 @@
 #include "models/kernels/cpu/cpu_kernels.h"
 
 #include <cblas.h>
+#include <omp.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include <cmath>
@@ -56,6 +57,19 @@ std::string describe_cpu_arithmetic(Precision p) {
 
 std::string describe_cpu_threads() {
   return fmt::format("threads: OpenBLAS {}, oneDNN {}", openblas_get_num_threads(), onednn::max_threads());
+}
+
+bool limit_cpu_threads(int openmp, int openblas) {
+  bool changed = false;
+  if (openmp > 0 && openmp < omp_get_max_threads()) {
+    omp_set_num_threads(openmp);
+    changed = true;
+  }
+  if (openblas > 0 && openblas < openblas_get_num_threads()) {
+    openblas_set_num_threads(openblas);
+    changed = true;
+  }
+  return changed;
 }
 
 // Without the library call the

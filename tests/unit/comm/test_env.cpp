@@ -4,6 +4,7 @@
 
 #include "comm/env.h"
 #include "core/check.h"
+#include "core/thread_env.h"
 
 using namespace dpt;
 using namespace dpt::comm;
@@ -369,4 +370,116 @@ TEST_CASE("expand_hostlist", "[env]") {
     CHECK_THROWS_AS(expand_hostlist(bad), ConfigError);
   }
   CHECK_THROWS_WITH(expand_hostlist("node[01-03"), Contains("node[01-03") && Contains("'[' without ']'"));
+}
+
+TEST_CASE("cpu_threads_per_rank: the mask's CPUs shared by the ranks in it, Slurm's --cpus-per-task as given",
+          "[env]") {
+  CHECK(cpu_threads_per_rank(2, 2) == 1);    // mpirun --bind-to none -np 2 on 2 CPUs
+  CHECK(cpu_threads_per_rank(2, 64) == 32);
+  CHECK(cpu_threads_per_rank(2, 64, 64) == 32);  // the launcher's mask too: unbound
+  CHECK(cpu_threads_per_rank(3, 8) == 2);    // rounded down: never more threads than CPUs
+  CHECK(cpu_threads_per_rank(8, 4) == 1);    // more ranks than CPUs: at least 1
+  CHECK(cpu_threads_per_rank(2, 1, 2) == 1);  // bound to one CPU (mpirun's default for -np 2): 1
+  CHECK(cpu_threads_per_rank(1, 16) == 16);
+  CHECK(cpu_threads_per_rank(4, 8, 16) == 4);   // mpirun --bind-to socket: 2 sockets of 8, 2 ranks in each
+  CHECK(cpu_threads_per_rank(2, 4, 16) == 4);   // --map-by ...:PE=4: each rank its own 4 CPUs
+  CHECK(cpu_threads_per_rank(8, 8, 16) == 2);   // 4 ranks in each half
+  CHECK(cpu_threads_per_rank(3, 8, 16) == 4);   // uneven: 2 in the fuller mask
+  CHECK(cpu_threads_per_rank(2, 4, 2) == 2);    // a parent narrower than the rank: unbound, as without it
+  CHECK(cpu_threads_per_rank(8, 64, 0, 4) == 4);  // srun -c 4: the task's 4 CPUs
+  CHECK(cpu_threads_per_rank(8, 2, 0, 4) == 2);   // but no more than the mask has
+  CHECK(cpu_threads_per_rank(2, 0) == 1);
+}
+
+TEST_CASE("choose_cpu_threads: only ranks sharing a host, only where no variable chose", "[env]") {
+  EnvMap mpi = {{"OMPI_COMM_WORLD_RANK", "0"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                {"OMPI_COMM_WORLD_LOCAL_SIZE", "2"}};
+  auto choose = [](const EnvMap& e, int cpus, int launcher_cpus = 0) {
+    return choose_cpu_threads(detect_env(e), e, cpus, launcher_cpus);
+  };
+  CpuThreads t = choose(mpi, 16);  // mpirun --bind-to none -np 2 on 16 CPUs
+  CHECK(t.openmp == 8);
+  CHECK(t.openblas == 8);
+  CHECK(t.per_rank == 8);
+  t = choose(mpi, 1, 16);  // mpirun's default binding: one core each, the libraries start 1 anyway
+  CHECK(t.openmp == 0);
+  CHECK(t.openblas == 0);
+  t = choose(mpi, 8, 16);  // bound to half the host each: all of it
+  CHECK(t.openmp == 0);
+  CHECK(t.openblas == 0);
+
+  EnvMap omp = mpi;  // the user's OMP_NUM_THREADS always wins, for both (OpenBLAS reads it too)
+  omp["OMP_NUM_THREADS"] = "4";
+  t = choose(omp, 16);
+  CHECK(t.openmp == 0);
+  CHECK(t.openblas == 0);
+  for (const char* blas_var : {"OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS"}) {
+    INFO(blas_var);
+    EnvMap blas = mpi;
+    blas[blas_var] = "3";
+    t = choose(blas, 16);
+    CHECK(t.openmp == 8);
+    CHECK(t.openblas == 0);
+  }
+
+  for (const char* ignored : {"", "abc", "0"}) {  // libgomp and OpenBLAS ignore these: as if unset
+    INFO("OMP_NUM_THREADS='" << ignored << "'");
+    EnvMap bad = mpi;
+    bad["OMP_NUM_THREADS"] = ignored;
+    t = choose(bad, 16);
+    CHECK(t.openmp == 8);
+    CHECK(t.openblas == 8);
+    bad["OPENBLAS_NUM_THREADS"] = ignored;
+    CHECK(choose(bad, 16).openblas == 8);
+  }
+  omp["OMP_NUM_THREADS"] = "4,2";  // a nesting list: libgomp takes it, OpenBLAS its first number
+  t = choose(omp, 16);
+  CHECK(t.openmp == 0);
+  CHECK(t.openblas == 0);
+
+  EnvMap alone = {{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_LOCAL_RANK", "0"},
+                  {"OMPI_COMM_WORLD_LOCAL_SIZE", "1"}};  // one rank per node: the host is its own
+  t = choose(alone, 16);
+  CHECK(t.openmp == 0);
+  CHECK(t.openblas == 0);
+  t = choose({}, 16);  // a single process started by hand
+  CHECK(t.openmp == 0);
+  CHECK(t.openblas == 0);
+
+  EnvMap slurm = slurm_env();  // 2 tasks per node
+  t = choose(slurm, 64);
+  CHECK(t.openmp == 32);
+  slurm["SLURM_CPUS_PER_TASK"] = "4";
+  t = choose(slurm, 64);
+  CHECK(t.openmp == 4);
+  CHECK(t.openblas == 4);
+  t = choose(slurm, 4);  // bound to its 4 CPUs: the libraries start 4 anyway
+  CHECK(t.openmp == 0);
+  slurm["SLURM_CPUS_PER_TASK"] = "four";  // malformed: as if unset
+  CHECK(choose(slurm, 64).openmp == 32);
+
+  EnvMap dprun = dprun_env();  // dprun sets OMP_NUM_THREADS=1 (the user's, if set)
+  CHECK(choose(dprun, 64).openmp == 0);
+  dprun.erase("OMP_NUM_THREADS");  // dprun's variables set some other way: 4 ranks per node
+  CHECK(choose(dprun, 64).openmp == 16);
+}
+
+TEST_CASE("thread_env: OMP_NUM_THREADS as libgomp reads it, the BLAS variables as OpenBLAS does", "[env]") {
+  // As libgomp 12 took them (a 2-CPU machine: omp_get_max_threads() after each, and its "Invalid value" warning).
+  for (const char* good : {"1", "8", " 4 ", "4,2", "16, 2", "007", "+3", "1, +3"}) {
+    INFO(good);
+    CHECK(omp_num_threads_valid(good));
+  }
+  for (const char* bad : {"", " ", "0", "00", "+0", "abc", "4x", "-2", "-1", "2,", ",2", "2,,4", "0,2", "2 3"}) {
+    INFO(bad);
+    CHECK_FALSE(omp_num_threads_valid(bad));
+  }
+  for (const char* set : {"1", " 4", "4x", "+3", "4,2"}) {  // atoi's leading number
+    INFO(set);
+    CHECK(blas_num_threads_set(set));
+  }
+  for (const char* unset : {"", "0", "abc", "-2", " "}) {
+    INFO(unset);
+    CHECK_FALSE(blas_num_threads_set(unset));
+  }
 }

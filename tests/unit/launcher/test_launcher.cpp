@@ -129,6 +129,19 @@ TEST_CASE("environment: a user's OMP_NUM_THREADS is kept, log files mean no DPT_
   CHECK(env.at("OMP_NUM_THREADS") == "8");
 }
 
+TEST_CASE("environment: an OMP_NUM_THREADS that OpenMP would ignore becomes 1", "[launcher]") {
+  const Options o = resolve(single(2));
+  // libgomp ignores these (with a warning) and starts a thread per CPU in every rank: as if unset.
+  for (const char* bad : {"", " ", "0", "abc", "4x", "-2", "2,", ",2", "2,,4", "0,2"}) {
+    INFO("OMP_NUM_THREADS='" << bad << "'");
+    CHECK(rank_environment(o, 0, {{"OMP_NUM_THREADS", bad}}).at("OMP_NUM_THREADS") == "1");
+  }
+  for (const char* good : {"1", "8", " 4 ", "4,2", "16, 2", "007"}) {
+    INFO("OMP_NUM_THREADS='" << good << "'");
+    CHECK(rank_environment(o, 0, {{"OMP_NUM_THREADS", good}}).at("OMP_NUM_THREADS") == good);
+  }
+}
+
 TEST_CASE("rendezvous token: every rank gets DPT_STORE_TOKEN, the same in every restart", "[launcher]") {
   Options o = resolve(single(3));
   o.store_token = "0123456789abcdef0123456789abcdef";
