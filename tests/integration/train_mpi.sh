@@ -27,6 +27,16 @@ out=$(RANK=0 WORLD_SIZE=1 "${MPIRUN[@]}" -np 1 "$DPTRAIN" --config "$CONFIG" dat
 <<< "$out" grep -q "1 rank(s) via openmpi" || { echo "$out"; fail "agreeing RANK/WORLD_SIZE: not mpirun's run"; }
 echo "ok: leftover RANK/WORLD_SIZE under mpirun refused; agreeing ones run as mpirun's"
 
+# One rank given another dist.backend (an override for that rank only) once waited dist.timeout_s, rank 1 in
+# MPI_Init and rank 0 at a TcpStore nobody came to, and then said only that. The ranks compare their backends
+# through MPI first: every rank exits 2 at once naming both.
+mixed=(data.train_limit=256 data.test_limit=64 train.max_steps=2 dist.timeout_s=60 checkpoint.dir="$WORK/mixed")
+expect_exit 2 "the ranks chose different process-group backends (rank 0: gloo; rank 1: mpi (dist.backend = auto))" \
+  "${MPIRUN[@]}" -np 1 "$DPTRAIN" --config "$CONFIG" "${mixed[@]}" dist.backend=gloo \
+  : -np 1 "$DPTRAIN" --config "$CONFIG" "${mixed[@]}"
+[ -e "$WORK/mixed" ] && fail "mixed backends: it trained"
+echo "ok: a rank with another dist.backend under mpirun: exit 2 at once, naming both"
+
 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/gloo" \
   > "$WORK/gloo.log" 2>&1 || { cat "$WORK/gloo.log"; fail "gloo run failed"; }
 "$PY" "$CKPT_PY" compare "$WORK/mpi/step-00000040" "$WORK/gloo/step-00000040" 2e-5 || fail "mpi and gloo runs differ"
