@@ -37,21 +37,28 @@ expect_exit 2 "the ranks chose different process-group backends (rank 0: gloo; r
 [ -e "$WORK/mixed" ] && fail "mixed backends: it trained"
 echo "ok: a rank with another dist.backend under mpirun: exit 2 at once, naming both"
 
-# mpirun killed with SIGKILL: its gloo ranks (which hold no connection to it) once trained on as orphans. They get
-# SIGTERM as their parent dies (PR_SET_PDEATHSIG), checkpoint the step and exit.
-"${MPIRUN[@]}" -np 2 "$DPTRAIN" --config "$CONFIG" data.train_limit=2000 data.test_limit=500 train.epochs=1000 \
-  train.progress_interval_s=1000 checkpoint.every_epochs=0 dist.backend=gloo checkpoint.dir="$WORK/orphan" \
-  > "$WORK/orphan.log" 2>&1 &
-mpirun_pid=$!
-wait_log "$WORK/orphan.log" "memory per rank"
-kill -9 "$mpirun_pid"
-for _ in $(seq 300); do
-  pgrep -f "$WORK/orphan" > /dev/null || break
-  sleep 0.1
-done
-no_processes_left "$WORK/orphan"
-compgen -G "$WORK/orphan/step-*" > /dev/null || fail "mpirun killed: no checkpoint of the step the ranks stopped at"
-echo "ok: mpirun killed with SIGKILL: its ranks checkpointed and exited"
+# mpirun killed with SIGKILL: its gloo ranks (which hold no connection to it) once trained on as orphans, and so did a
+# dprun that mpirun started (one per node) with its ranks. They get SIGTERM as their parent dies (PR_SET_PDEATHSIG),
+# checkpoint the step and exit. orphan_check NAME PROGRAM...: PROGRAM under mpirun -np N, its checkpoints in $WORK/NAME.
+LONG=(data.train_limit=2000 data.test_limit=500 train.epochs=1000 train.progress_interval_s=1000
+      checkpoint.every_epochs=0)
+orphan_check() {
+  local name=$1
+  shift
+  "${MPIRUN[@]}" "$@" checkpoint.dir="$WORK/$name" > "$WORK/$name.log" 2>&1 &
+  local mpirun_pid=$!
+  wait_log "$WORK/$name.log" "memory per rank"
+  kill -9 "$mpirun_pid"
+  for _ in $(seq 300); do
+    pgrep -f "$WORK/$name" > /dev/null || break
+    sleep 0.1
+  done
+  no_processes_left "$WORK/$name"
+  compgen -G "$WORK/$name/step-*" > /dev/null || fail "$name: mpirun killed: no checkpoint of the step they stopped at"
+  echo "ok: $name: mpirun killed with SIGKILL: its processes checkpointed and exited"
+}
+orphan_check orphan_gloo -np 2 "$DPTRAIN" --config "$CONFIG" "${LONG[@]}" dist.backend=gloo
+orphan_check orphan_dprun -np 1 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${LONG[@]}"
 
 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/gloo" \
   > "$WORK/gloo.log" 2>&1 || { cat "$WORK/gloo.log"; fail "gloo run failed"; }
