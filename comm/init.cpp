@@ -233,7 +233,7 @@ std::string backend_phrase(const std::string& choice) {
                                                     : fmt::format("{} (dist.backend = {})", resolved, requested);
 }
 
-// Under mpirun (or srun with PMI), a rank whose backend differed from its peers' (dist.backend given to some ranks
+// Under mpirun, a rank whose backend differed from its peers' (dist.backend given to some ranks
 // only, or auto finding a GPU on some ranks only) once waited until dist.timeout_s: in MPI_Init, which waits for
 // every rank, or at a TcpStore the mpi ranks never came to, and then said only that. Every rank can start MPI
 // whatever it chose, so the ranks first compare their choices there: on a difference every rank throws the same
@@ -374,10 +374,12 @@ std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, const InitO
   const std::string backend = resolve_backend(opts.backend, env, opts.device, cuda::device_count());
   DPT_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "rank {} of {}", env.rank,
             env.world_size);
-  // Under mpirun, the backends compared first (through MPI, which every rank there can start); gloo then needs MPI no
-  // more, and it is finalised at once, on every rank together. (A process whose MPI was finalised already: skipped.)
+  // Under mpirun, the backends compared first (through MPI, which every rank mpirun started can start); gloo then
+  // needs MPI no more, and it is finalised at once, on every rank together. Not under srun with PMI: an Open MPI
+  // built without that PMI's support aborts in MPI_Init, and gloo ranks there never started MPI. (A process whose MPI
+  // was finalised already: skipped.)
   std::unique_ptr<MpiProcessGroup> agreement;
-  if (env.mpi_available && env.world_size > 1 && !MpiProcessGroup::finalized())
+  if (env.launcher == Launcher::OpenMPI && env.world_size > 1 && !MpiProcessGroup::finalized())
     agreement = agree_on_backend(backend, opts.backend, env);
   if (backend == "gloo") agreement.reset();
   TracedGroupOptions trace;
