@@ -266,6 +266,8 @@ std::unique_ptr<MpiProcessGroup> agree_on_backend(const std::string& backend, co
                                 ranks.size() > kListed ? fmt::format(" and {} more", ranks.size() - kListed) : "",
                                 backend_phrase(choice)));
   }
+  // Every rank is here and throws: MPI can be shut down in order, rather than warned about (a failing rank's skip).
+  mpi.reset();
   DPT_THROW(ConfigError, "the ranks chose different process-group backends ({}): every rank of a job needs the same "
             "one; give every rank the same dist.backend (or the same GPUs visible, for auto)", fmt::join(parts, "; "));
 }
