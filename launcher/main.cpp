@@ -69,6 +69,8 @@ Output: without --log-dir each line a rank writes to stdout (stderr) is printed 
 without prefixes. dprun's own messages go to stderr and start with "dprun: ".
 
 Teardown: each rank runs in its own process group and is SIGKILLed if dprun dies, even by kill -9.
+A dprun started by mpirun (OMPI_COMM_WORLD_SIZE set) takes mpirun's death (or its orted's) as SIGUSR1:
+the ranks checkpoint and exit 75 (below) rather than train on as orphans.
 When a rank exits non-zero or is killed by a signal, dprun names it, sends SIGTERM to every rank's
 process group, SIGKILL after --grace-period seconds to any rank still running, and exits with that
 rank's exit code (128 + N when killed by signal N). A program that cannot be started counts as a rank
