@@ -225,6 +225,53 @@ std::shared_ptr<Store> mpi_report_store(ProcessGroup& mpi, const DistEnv& env, c
   return report_client(env, so);
 }
 
+// "mpi", or "mpi (dist.backend = auto)" when the request named none.
+std::string backend_phrase(const std::string& choice) {
+  const size_t nl = choice.find('\n');
+  const std::string resolved = choice.substr(0, nl), requested = nl == std::string::npos ? "" : choice.substr(nl + 1);
+  return requested.empty() || requested == resolved ? resolved
+                                                    : fmt::format("{} (dist.backend = {})", resolved, requested);
+}
+
+// Under mpirun, a rank whose backend differed from its peers' (dist.backend given to some ranks
+// only, or auto finding a GPU on some ranks only) once waited until dist.timeout_s: in MPI_Init, which waits for
+// every rank, or at a TcpStore the mpi ranks never came to, and then said only that. Every rank can start MPI
+// whatever it chose, so the ranks first compare their choices there: on a difference every rank throws the same
+// ConfigError, naming the ranks and their choices. Returns the MPI group, to keep until the real group exists.
+std::unique_ptr<MpiProcessGroup> agree_on_backend(const std::string& backend, const std::string& requested,
+                                                  const DistEnv& env) {
+  auto mpi = std::make_unique<MpiProcessGroup>(&env);
+  constexpr int64_t kSlot = 64;
+  std::string lowered = requested;
+  std::transform(lowered.begin(), lowered.end(), lowered.begin(), [](unsigned char c) { return std::tolower(c); });
+  const std::string mine = (backend + "\n" + lowered).substr(0, kSlot - 1);
+  Tensor one = Tensor::zeros({kSlot}, DType::U8);
+  std::memcpy(one.data<uint8_t>(), mine.data(), mine.size());
+  Tensor all = Tensor::zeros({kSlot * env.world_size}, DType::U8);
+  mpi->allgather(one, all)->wait();
+  std::vector<std::pair<std::string, std::vector<int>>> choices;  // in the order of their first rank
+  for (int r = 0; r < env.world_size; ++r) {
+    const auto* p = reinterpret_cast<const char*>(all.data<uint8_t>() + kSlot * r);
+    const std::string choice(p, strnlen(p, kSlot));
+    auto it = std::find_if(choices.begin(), choices.end(), [&](const auto& c) { return c.first == choice; });
+    if (it == choices.end()) it = choices.insert(choices.end(), {choice, {}});
+    it->second.push_back(r);
+  }
+  if (choices.size() == 1) return mpi;
+  std::vector<std::string> parts;
+  for (const auto& [choice, ranks] : choices) {
+    constexpr size_t kListed = 8;
+    std::vector<int> head(ranks.begin(), ranks.begin() + static_cast<long>(std::min(ranks.size(), kListed)));
+    parts.push_back(fmt::format("{} {}{}: {}", ranks.size() == 1 ? "rank" : "ranks", fmt::join(head, ", "),
+                                ranks.size() > kListed ? fmt::format(" and {} more", ranks.size() - kListed) : "",
+                                backend_phrase(choice)));
+  }
+  // Every rank is here and throws: MPI can be shut down in order, rather than warned about (a failing rank's skip).
+  mpi.reset();
+  DPT_THROW(ConfigError, "the ranks chose different process-group backends ({}): every rank of a job needs the same "
+            "one; give every rank the same dist.backend (or the same GPUs visible, for auto)", fmt::join(parts, "; "));
+}
+
 #ifdef DPT_WITH_CUDA
 std::unique_ptr<ProcessGroup> init_nccl(const DistEnv& env, const InitOptions& opts) {
   // Rank 0 makes the communicator's id; the others get it through the store, or by MPI under mpirun.
@@ -329,6 +376,14 @@ std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, const InitO
   const std::string backend = resolve_backend(opts.backend, env, opts.device, cuda::device_count());
   DPT_CHECK(env.world_size >= 1 && env.rank >= 0 && env.rank < env.world_size, "rank {} of {}", env.rank,
             env.world_size);
+  // Under mpirun, the backends compared first (through MPI, which every rank mpirun started can start); gloo then
+  // needs MPI no more, and it is finalised at once, on every rank together. Not under srun with PMI: an Open MPI
+  // built without that PMI's support aborts in MPI_Init, and gloo ranks there never started MPI. (A process whose MPI
+  // was finalised already: skipped.)
+  std::unique_ptr<MpiProcessGroup> agreement;
+  if (env.launcher == Launcher::OpenMPI && env.world_size > 1 && !MpiProcessGroup::finalized())
+    agreement = agree_on_backend(backend, opts.backend, env);
+  if (backend == "gloo") agreement.reset();
   TracedGroupOptions trace;
   trace.timeout = opts.timeout;
   trace.on_hang = opts.on_fatal;

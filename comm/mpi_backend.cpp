@@ -155,6 +155,12 @@ std::unique_ptr<MpiProcessGroup::Impl> MpiProcessGroup::start(const DistEnv* exp
   return impl;
 }
 
+bool MpiProcessGroup::finalized() {
+  int done = 0;
+  DPT_MPI_CHECK(MPI_Finalized(&done));
+  return done != 0;
+}
+
 MpiProcessGroup::MpiProcessGroup(const DistEnv* expected) : MpiProcessGroup(start(expected)) {}
 
 MpiProcessGroup::MpiProcessGroup(std::unique_ptr<Impl> impl)

@@ -24,6 +24,8 @@ class MpiProcessGroup : public ProcessGroup {
   // naming both otherwise: e.g. the mpi backend under a launcher that is not mpirun).
   explicit MpiProcessGroup(const DistEnv* expected = nullptr);
   ~MpiProcessGroup() override;
+  // Whether MPI was finalised in this process already (it cannot start again).
+  static bool finalized();
 
   std::string backend() const override { return "mpi"; }
   std::shared_ptr<Work> allreduce(Tensor& tensor, const AllreduceOptions& opts = {}) override;

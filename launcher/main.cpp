@@ -3,7 +3,11 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -66,6 +70,8 @@ Output: without --log-dir each line a rank writes to stdout (stderr) is printed 
 without prefixes. dprun's own messages go to stderr and start with "dprun: ".
 
 Teardown: each rank runs in its own process group and is SIGKILLed if dprun dies, even by kill -9.
+A dprun started by mpirun (OMPI_COMM_WORLD_SIZE set) takes mpirun's death (or its orted's) as SIGUSR1:
+the ranks checkpoint and exit 75 (below) rather than train on as orphans.
 When a rank exits non-zero or is killed by a signal, dprun names it, sends SIGTERM to every rank's
 process group, SIGKILL after --grace-period seconds to any rank still running, and exits with that
 rank's exit code (128 + N when killed by signal N). A program that cannot be started counts as a rank
@@ -229,6 +235,21 @@ void add_options(CLI::App& app, Options& opts, RawOptions& raw) {
       ->type_name("SEC");
 }
 
+// dprun started by mpirun (one per node, --nnodes N): mpirun, or its orted on another node, is the parent, and when it
+// died (kill -9, the OOM killer) dprun and its ranks trained on as orphans; a dprun is no MPI process that Open MPI
+// could take down. SIGUSR1 when the parent dies, a preemption as SIGUSR1 to dprun: the ranks checkpoint and exit 75.
+// SIGUSR1 and not SIGTERM: the kernel sends the signal again each time dprun is handed to another parent thread as a
+// multithreaded mpirun dies, and a second SIGTERM means "now" to dprun (SIGKILL, no checkpoint), where SIGUSR1 again
+// is forwarded and changes nothing. (srun takes its tasks down itself.) Asked before launch() takes the signals
+// through its signalfd; a parent gone already: SIGUSR1 now, which ends dprun before it starts anything.
+void stop_with_mpirun() {
+  const char* mpi_world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (!mpi_world || !*mpi_world) return;
+  const pid_t parent = ::getppid();
+  if (::prctl(PR_SET_PDEATHSIG, SIGUSR1) != 0) return;
+  if (::getppid() != parent) ::raise(SIGUSR1);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -301,6 +322,7 @@ int main(int argc, char** argv) {
   } catch (const dpt::ConfigError& e) {
     return usage_error(e.what());
   }
+  stop_with_mpirun();
   try {
     return dpt::launcher::launch(opts);
   } catch (const dpt::ConfigError& e) {

@@ -44,12 +44,18 @@ void reexec_for_fast_blas(char** argv) {
 
 // Under torchrun (TORCHELASTIC_RUN_ID) the agent is this process's parent, and nothing ends the ranks when it dies
 // (kill -9, the OOM killer, SIGUSR1, whose default action ends Python): they once trained on, orphans, for the rest of
-// the run. SIGTERM when it does, as a stop: the ranks checkpoint and exit 75. (dprun asks for SIGKILL itself; Slurm and
-// Open MPI take their tasks down.) A parent gone before the request: SIGTERM now. (The agent may be pid 1 itself: a
-// container's entry point.)
-void stop_with_torchrun_agent() {
+// the run. Under Open MPI's mpirun (OMPI_COMM_WORLD_SIZE, unless a dprun that mpirun started is the launcher) the
+// parent is mpirun, or its orted on other nodes: killed with SIGKILL, it left dist.backend = gloo ranks training on
+// too (mpi ranks lost its connection and died without a checkpoint). SIGTERM when the parent dies, as a stop: the
+// ranks checkpoint and exit 75. (dprun asks for SIGKILL itself; Slurm takes its tasks down.) A parent gone before the
+// request: SIGTERM now. (The parent may be pid 1 itself: a container's entry point.)
+void stop_with_launcher() {
   const char* run_id = std::getenv("TORCHELASTIC_RUN_ID");
-  if (!run_id || !*run_id) return;
+  const char* mpi_world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  const char* launcher = std::getenv("DPT_LAUNCHER");
+  const bool torchrun = run_id && *run_id;
+  const bool mpirun = mpi_world && *mpi_world && !(launcher && std::string(launcher) == "dprun");
+  if (!torchrun && !mpirun) return;
   const pid_t parent = ::getppid();
   if (::prctl(PR_SET_PDEATHSIG, SIGTERM) != 0) return;
   if (::getppid() != parent) ::raise(SIGTERM);  // held: a stop (hold_stop_signals)
@@ -156,7 +162,7 @@ int main(int argc, char** argv) {
   // with the re-exec below) waits for training's handler, or is released with its default action for the other
   // commands (trainer/preemption.h).
   dpt::trainer::hold_stop_signals();
-  stop_with_torchrun_agent();  // before the re-exec, which keeps it (the same process, the same parent)
+  stop_with_launcher();  // before the re-exec, which keeps it (the same process, the same parent)
   reexec_for_fast_blas(argv);
   CLI::App app{
       "dptrain: data-parallel training, one process per GPU or CPU slot.\n"

@@ -50,6 +50,39 @@ out=$(RANK=0 WORLD_SIZE=1 "${MPIRUN[@]}" -np 1 "$DPTRAIN" --config "$CONFIG" dat
 <<< "$out" grep -q "1 rank(s) via openmpi" || { echo "$out"; fail "agreeing RANK/WORLD_SIZE: not mpirun's run"; }
 echo "ok: leftover RANK/WORLD_SIZE under mpirun refused; agreeing ones run as mpirun's"
 
+# One rank given another dist.backend (an override for that rank only) once waited dist.timeout_s, rank 1 in
+# MPI_Init and rank 0 at a TcpStore nobody came to, and then said only that. The ranks compare their backends
+# through MPI first: every rank exits 2 at once naming both.
+mixed=(data.train_limit=256 data.test_limit=64 train.max_steps=2 dist.timeout_s=60 checkpoint.dir="$WORK/mixed")
+expect_exit 2 "the ranks chose different process-group backends (rank 0: gloo; rank 1: mpi (dist.backend = auto))" \
+  "${MPIRUN[@]}" -np 1 "$DPTRAIN" --config "$CONFIG" "${mixed[@]}" dist.backend=gloo \
+  : -np 1 "$DPTRAIN" --config "$CONFIG" "${mixed[@]}"
+[ -e "$WORK/mixed" ] && fail "mixed backends: it trained"
+echo "ok: a rank with another dist.backend under mpirun: exit 2 at once, naming both"
+
+# mpirun killed with SIGKILL: its gloo ranks (which hold no connection to it) once trained on as orphans, and so did a
+# dprun that mpirun started (one per node) with its ranks. They get SIGTERM as their parent dies (PR_SET_PDEATHSIG),
+# checkpoint the step and exit. orphan_check NAME PROGRAM...: PROGRAM under mpirun -np N, its checkpoints in $WORK/NAME.
+LONG=(data.train_limit=2000 data.test_limit=500 train.epochs=1000 train.progress_interval_s=1000
+      checkpoint.every_epochs=0)
+orphan_check() {
+  local name=$1
+  shift
+  "${MPIRUN[@]}" "$@" checkpoint.dir="$WORK/$name" > "$WORK/$name.log" 2>&1 &
+  local mpirun_pid=$!
+  wait_log "$WORK/$name.log" "memory per rank"
+  kill -9 "$mpirun_pid"
+  for _ in $(seq 300); do
+    pgrep -f "$WORK/$name" > /dev/null || break
+    sleep 0.1
+  done
+  no_processes_left "$WORK/$name"
+  compgen -G "$WORK/$name/step-*" > /dev/null || fail "$name: mpirun killed: no checkpoint of the step they stopped at"
+  echo "ok: $name: mpirun killed with SIGKILL: its processes checkpointed and exited"
+}
+orphan_check orphan_gloo -np 2 "$DPTRAIN" --config "$CONFIG" "${LONG[@]}" dist.backend=gloo
+orphan_check orphan_dprun -np 1 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${LONG[@]}"
+
 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/gloo" \
   > "$WORK/gloo.log" 2>&1 || { cat "$WORK/gloo.log"; fail "gloo run failed"; }
 "$PY" "$CKPT_PY" compare "$WORK/mpi/step-00000040" "$WORK/gloo/step-00000040" 2e-5 || fail "mpi and gloo runs differ"

@@ -2,7 +2,8 @@
 // checks that backend "auto" resolves to mpi, runs every collective against closed-form values (reduce_scatter's in
 // tests/support/reduce_scatter_checks.h, ZeRO's in-place allgather in tests/support/allgather_checks.h), then builds
 // a gloo group in the same processes (rendezvous port chosen by rank 0, broadcast over MPI) and checks that the two
-// backends agree. Exits non-zero on any failure, printing what differed.
+// backends agree; and that ranks asking for different backends (rank 1 gloo, the others auto: mpi) fail at once, every
+// rank with the same ConfigError naming them. Exits non-zero on any failure, printing what differed.
 
 #include <cstdio>
 #include <cstdlib>
@@ -187,6 +188,23 @@ void check_agreement(ProcessGroup& a, ProcessGroup& b) {
   }
 }
 
+// Rank 1 asks for gloo, the others for auto (mpi under mpirun): they once waited, rank 1 at a TcpStore nobody hosted
+// and the others in MPI, until the timeout. Now every rank throws the same ConfigError at once.
+void check_backend_mismatch(const DistEnv& env) {
+  const std::string want = env.world_size == 2
+                               ? "(rank 0: mpi (dist.backend = auto); rank 1: gloo)"
+                               : "(ranks 0, 2: mpi (dist.backend = auto); rank 1: gloo)";
+  try {
+    auto pg = init_process_group(env, {env.rank == 1 ? "gloo" : "auto", std::chrono::seconds(60)});
+    fail("ranks with backends gloo and mpi built a group: {}", pg->backend());
+  } catch (const ConfigError& e) {
+    if (std::string(e.what()).find(want) == std::string::npos)
+      fail("backend mismatch: '{}' lacks '{}'", e.what(), want);
+  } catch (const std::exception& e) {
+    fail("backend mismatch: not a ConfigError: {}", e.what());
+  }
+}
+
 int run() {
   const DistEnv env = test::mpi::start();
   if (!env.mpi_available) fail("mpi_available is false under mpirun");
@@ -198,6 +216,7 @@ int run() {
     fail("mpi group is rank {} of {}, the environment says {} of {}", mpi->rank(), mpi->size(), env.rank, env.world_size);
   }
   check_collectives(*mpi);
+  check_backend_mismatch(env);
 
   auto gloo = test::mpi::gloo_beside(*mpi, env);
   if (gloo->backend() != "gloo") fail("init_process_group(gloo) built backend {}", gloo->backend());
