@@ -50,6 +50,19 @@ std::vector<int32_t> most_likely(const float* logits, int64_t vocab, int64_t k) 
 
 }  // namespace
 
+void apply_repetition_penalty(float* logits, int64_t vocab, std::span<const int32_t> seen, double penalty) {
+  DPT_CHECK(penalty > 0 && std::isfinite(penalty), "repetition_penalty {}: must be > 0", penalty);
+  if (penalty == 1) return;
+  const auto p = static_cast<float>(penalty);
+  std::vector<bool> done(static_cast<size_t>(std::max<int64_t>(vocab, 0)), false);
+  for (const int32_t id : seen) {
+    if (id < 0 || id >= vocab || done[static_cast<size_t>(id)]) continue;
+    done[static_cast<size_t>(id)] = true;
+    float& l = logits[id];
+    l = l < 0 ? l * p : l / p;
+  }
+}
+
 int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng) {
   if (o.vocab_limit > 0) vocab = std::min(vocab, o.vocab_limit);
   DPT_CHECK(vocab > 0 && o.temperature > 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1,
@@ -82,6 +95,22 @@ int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o,
   return order.back();  // u landed on the rounding at the very end
 }
 
+namespace {
+
+// The token sampled from one sequence's row of logits, after the repetition penalty over its text where there is one
+// (on a copy in `scratch`: the row is the model's output).
+int32_t next_token(const float* row, int64_t vocab, std::span<const int32_t> text, const SampleOptions& o,
+                   std::mt19937_64& rng, std::vector<float>& scratch) {
+  if (o.repetition_penalty != 1) {
+    scratch.assign(row, row + vocab);
+    apply_repetition_penalty(scratch.data(), vocab, text, o.repetition_penalty);
+    row = scratch.data();
+  }
+  return sample_token(row, vocab, o, rng);
+}
+
+}  // namespace
+
 std::vector<int32_t> generate(Model& model, int64_t block_size, std::vector<int32_t> prompt, int64_t count,
                               const SampleOptions& o, uint64_t seed, bool kv_cache) {
   std::vector<std::vector<int32_t>> prompts;
@@ -111,6 +140,10 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
   // Feeds the last t tokens of every sequence ([batch, t]) and appends to each the token sampled from the logits
   // of its last position: row (i + 1) t - 1 of [batch t, vocab].
   Tensor x, last;
+  std::vector<float> scratch;
+  const auto draw = [&](const float* row, int64_t vocab, size_t i) {
+    return next_token(row, vocab, prompts[i], o, rngs[i], scratch);
+  };
   auto step = [&](size_t t) {
     const auto tt = static_cast<int64_t>(t);
     x = Tensor::empty({rows, tt}, DType::I32);
@@ -121,13 +154,13 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
     if (t == 1) {  // every row is a last one: one copy
       last = logits.to(Device::cpu());  // waits for the stream
       for (size_t i = 0; i < batch; ++i)
-        prompts[i].push_back(sample_token(last.data<float>() + static_cast<int64_t>(i) * vocab, vocab, o, rngs[i]));
+        prompts[i].push_back(draw(last.data<float>() + static_cast<int64_t>(i) * vocab, vocab, i));
       return;
     }
     for (size_t i = 0; i < batch; ++i) {
       const auto row = static_cast<int64_t>(i + 1) * tt - 1;
       last = logits.view(static_cast<size_t>(row * vocab), {vocab}).to(Device::cpu());
-      prompts[i].push_back(sample_token(last.data<float>(), vocab, o, rngs[i]));
+      prompts[i].push_back(draw(last.data<float>(), vocab, i));
     }
   };
   // The cache holds what the text will reach, the window and the new tokens, up to block_size (a long-context model's

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "models/model.h"
@@ -25,7 +26,16 @@ struct SampleOptions {
   int64_t vocab_limit = 0;   // sample among ids below this only (0: all): the tokenizer's vocabulary, when the
                              // model's is larger (padded)
   int32_t stop_token = -1;   // a sequence ends with this token once it samples it (the tokenizer's EOS); -1: none
+  double repetition_penalty = 1.0;  // > 0; generate_batch applies it (apply_repetition_penalty) before the above;
+                                    // 1: off
 };
+
+// Hugging Face's RepetitionPenaltyLogitsProcessor: the logit of every id in `seen` (each id once, however often it
+// occurs; ids outside [0, vocab) ignored) divided by `penalty` where it is positive (0 stays 0), multiplied by it where
+// negative, in float as transformers computes it; a penalty above 1 makes every token already in the text less likely.
+// generate_batch applies it to each sequence's logits, its whole text (the prompt included) as `seen`, before
+// temperature, top-k and top-p, as transformers' generate(repetition_penalty=...) does.
+void apply_repetition_penalty(float* logits, int64_t vocab, std::span<const int32_t> seen, double penalty);
 
 // One token drawn from softmax(logits / temperature) restricted to the top_k largest logits and every logit equal to
 // the k-th (so more than k where they tie, as Hugging Face's TopKLogitsWarper keeps them), in descending order, ties

@@ -120,11 +120,14 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   if (rank == 0)
     spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "
                  "window together); {} from {} on {}, {} products{}; {} tokens each, temperature {}, top_k {}, "
-                 "top_p {}, seed {}{}; tokenizer {}",
+                 "top_p {}, {}seed {}{}; tokenizer {}",
                  prompts.size(), o.input, world, batches.size(), o.batch_size, ck.model->summary(), ck.from,
                  device.str(), o.precision ? choice_name(*o.precision) : "fp32",
                  o.precision ? " (as asked)" : " (generate's; --precision sets them)", o.tokens,
-                 sampling.temperature, sampling.top_k, sampling.top_p, o.seed, o.kv_cache ? "" : ", no KV cache",
+                 sampling.temperature, sampling.top_k, sampling.top_p,
+                 sampling.repetition_penalty != 1
+                     ? fmt::format("repetition_penalty {}, ", sampling.repetition_penalty) : "", o.seed,
+                 o.kv_cache ? "" : ", no KV cache",
                  tokenizer.describe());
   std::vector<std::pair<size_t, std::string>> mine;
   size_t generated = 0;  // the new tokens of this rank's texts (an EOS that ended one included)

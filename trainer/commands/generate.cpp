@@ -34,8 +34,9 @@ void generate_text(const GenerateArgs& args) {
   if (device.is_cuda()) cuda::set_device(device.index);
   const GptCheckpoint ck = load_gpt_checkpoint(args.checkpoint, a.tokenizer, device);
   const data::Tokenizer& tokenizer = *ck.tokenizer;
-  spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, top_p {}, seed {}{}",
-               ck.model->summary(), ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.top_p, a.seed,
+  spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, top_p {}, {}seed {}{}",
+               ck.model->summary(), ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.top_p,
+               a.repetition_penalty != 1 ? fmt::format("repetition_penalty {}, ", a.repetition_penalty) : "", a.seed,
                a.no_kv_cache ? ", no KV cache" : "");
   spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
   if (tokenizer.name() == "bytes" && ck.vocab_size > 256) {  // byte shards (load_gpt_checkpoint refuses others)
@@ -62,7 +63,7 @@ void generate_text(const GenerateArgs& args) {
   auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
                               {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
                                .vocab_limit = sampled_vocab(ck),
-                               .stop_token = eos},
+                               .stop_token = eos, .repetition_penalty = a.repetition_penalty},
                               a.seed, /*kv_cache=*/!a.no_kv_cache);
   if (eos >= 0 && out.size() > prompt.size() && out.back() == eos) {
     spdlog::info("generate: the end-of-text token (id {}) after {} new tokens: the text ends there (--ignore-eos goes on)",

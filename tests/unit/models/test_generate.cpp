@@ -283,3 +283,65 @@ TEST_CASE("sample_token draws what one stable sort of every id gives, ties, -0 a
         }
   }
 }
+
+TEST_CASE("apply_repetition_penalty: transformers' RepetitionPenaltyLogitsProcessor on the ids seen", "[models][generate]") {
+  // Positive logits divided, negative multiplied, 0 kept; each id once however often it occurs; ids outside the
+  // vocabulary ignored; the others untouched.
+  std::vector<float> logits{2.0f, -2.0f, 0.0f, 3.0f, -1.0f};
+  const std::vector<int32_t> seen{0, 1, 2, 0, 0, 1, 7, -1};
+  apply_repetition_penalty(logits.data(), 5, seen, 2.0);
+  REQUIRE(logits == std::vector<float>{1.0f, -4.0f, 0.0f, 3.0f, -1.0f});
+  // Below 1 it favours them: 1 / 0.5 and -4 * 0.5.
+  apply_repetition_penalty(logits.data(), 5, seen, 0.5);
+  REQUIRE(logits == std::vector<float>{2.0f, -2.0f, 0.0f, 3.0f, -1.0f});
+  // In float, as torch computes score / penalty and score * penalty on float32 scores.
+  std::vector<float> odd{0.7f, -0.3f};
+  apply_repetition_penalty(odd.data(), 2, std::vector<int32_t>{0, 1}, 1.3);
+  REQUIRE(odd == std::vector<float>{0.7f / 1.3f, -0.3f * 1.3f});
+  std::vector<float> same = logits;
+  apply_repetition_penalty(same.data(), 5, seen, 1.0);  // 1: off
+  REQUIRE(same == logits);
+  REQUIRE_THROWS_WITH(apply_repetition_penalty(same.data(), 5, seen, 0.0), Catch::Contains("must be > 0"));
+  REQUIRE_THROWS_WITH(apply_repetition_penalty(same.data(), 5, seen, -1.5), Catch::Contains("must be > 0"));
+}
+
+TEST_CASE("generate_batch: repetition_penalty penalizes each sequence's own text, prompt included, before sampling",
+          "[models][generate]") {
+  models::GptOptions o{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 20, .block_size = 8};
+  auto model = models::make_gpt(o);
+  model->init(13);
+  const std::vector<std::vector<int32_t>> prompts{{3, 4, 5}, {9, 9, 1}};
+  // The reference: the sliding window's logits, the penalty over the whole sequence, argmax (lower id on a tie).
+  const double penalty = 3.0;
+  const auto reference = [&](std::vector<int32_t> seq, int64_t count) {
+    model->set_training(false);
+    for (int64_t n = 0; n < count; ++n) {
+      const auto t = static_cast<int64_t>(std::min<size_t>(seq.size(), static_cast<size_t>(o.block_size)));
+      Tensor x = Tensor::empty({1, t}, DType::I32);
+      std::copy(seq.end() - t, seq.end(), x.data<int32_t>());
+      const Tensor& logits = model->forward(x);
+      const int64_t vocab = logits.dim(1);  // the model's, padded
+      std::vector<float> row(logits.data<float>() + (t - 1) * vocab, logits.data<float>() + t * vocab);
+      for (int32_t id = 0; id < vocab; ++id)
+        if (std::find(seq.begin(), seq.end(), id) != seq.end()) row[id] = row[id] < 0 ? row[id] * 3.0f : row[id] / 3.0f;
+      seq.push_back(static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+    }
+    return seq;
+  };
+  const SampleOptions greedy{.top_k = 1, .repetition_penalty = penalty};
+  for (bool kv_cache : {true, false}) {
+    CAPTURE(kv_cache);
+    // 5 new tokens: within the block, where the cache and the window give the same logits.
+    const auto got = generate_batch(*model, o.block_size, prompts, 5, greedy, {1, 2}, kv_cache);
+    for (size_t i = 0; i < prompts.size(); ++i) REQUIRE(got[i] == reference(prompts[i], 5));
+  }
+  // The penalty changes this text (so the comparisons above can tell).
+  const auto plain = generate(*model, o.block_size, prompts[0], 5, {.top_k = 1}, 1);
+  REQUIRE(plain != generate(*model, o.block_size, prompts[0], 5, greedy, 1));
+  // Sampled: the same seed, the same text; a penalty refused before any token is drawn.
+  const SampleOptions sampled{.temperature = 0.7, .repetition_penalty = 1.5};
+  REQUIRE(generate(*model, o.block_size, prompts[1], 12, sampled, 4) ==
+          generate(*model, o.block_size, prompts[1], 12, sampled, 4));
+  REQUIRE_THROWS_WITH(generate(*model, o.block_size, prompts[1], 3, {.repetition_penalty = 0}, 4),
+                      Catch::Contains("repetition_penalty 0: must be > 0"));
+}
