@@ -6,6 +6,8 @@
 #include <cstring>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "models/kv_cache.h"
 #include "models/module.h"
 
@@ -63,6 +65,25 @@ void apply_repetition_penalty(float* logits, int64_t vocab, std::span<const int3
   }
 }
 
+void ban_repeated_ngrams(float* logits, int64_t vocab, std::span<const int32_t> seen, int64_t ngram) {
+  DPT_CHECK(ngram >= 0, "no_repeat_ngram_size {}: must be >= 0", ngram);
+  const auto n = static_cast<size_t>(ngram);
+  if (n == 0 || seen.size() + 1 < n) return;
+  const std::span<const int32_t> prefix = seen.last(n - 1);  // what the next token would follow
+  for (size_t j = 0; j + n <= seen.size(); ++j)
+    if (std::equal(prefix.begin(), prefix.end(), seen.begin() + static_cast<std::ptrdiff_t>(j))) {
+      const int32_t id = seen[j + n - 1];
+      if (id >= 0 && id < vocab) logits[id] = -INFINITY;
+    }
+}
+
+std::string penalties_str(const SampleOptions& o) {
+  std::string s;
+  if (o.repetition_penalty != 1) s += fmt::format("repetition_penalty {}, ", o.repetition_penalty);
+  if (o.no_repeat_ngram_size != 0) s += fmt::format("no_repeat_ngram_size {}, ", o.no_repeat_ngram_size);
+  return s;
+}
+
 int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o, std::mt19937_64& rng) {
   if (o.vocab_limit > 0) vocab = std::min(vocab, o.vocab_limit);
   DPT_CHECK(vocab > 0 && o.temperature > 0 && o.top_k >= 0 && o.top_p > 0 && o.top_p <= 1,
@@ -77,6 +98,14 @@ int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o,
   }
   std::vector<double> p(order.size());
   const double top = logits[order[0]];
+  // All -inf (no_repeat_ngram_size banned every token), or a model's inf or NaN: no distribution to draw from, where
+  // the draw below would return the last token in silence (torch.multinomial refuses such probabilities too).
+  if (top == -INFINITY && o.no_repeat_ngram_size > 0)
+    DPT_THROW(ConfigError, "sampling: every token is banned (no_repeat_ngram_size {}: every n-gram it could end is "
+              "in the text already): nothing to draw from; a larger no_repeat_ngram_size, or fewer tokens",
+              o.no_repeat_ngram_size);
+  if (!std::isfinite(top))
+    DPT_THROW(Error, "sampling: the model's largest logit is {}: no distribution to draw from", top);
   double sum = 0;
   for (size_t i = 0; i < order.size(); ++i) sum += p[i] = std::exp((logits[order[i]] - top) / o.temperature);
   if (o.top_p < 1) {  // the nucleus: a token stays while the mass above it is below top_p
@@ -101,9 +130,10 @@ namespace {
 // (on a copy in `scratch`: the row is the model's output).
 int32_t next_token(const float* row, int64_t vocab, std::span<const int32_t> text, const SampleOptions& o,
                    std::mt19937_64& rng, std::vector<float>& scratch) {
-  if (o.repetition_penalty != 1) {
+  if (o.repetition_penalty != 1 || o.no_repeat_ngram_size != 0) {
     scratch.assign(row, row + vocab);
     apply_repetition_penalty(scratch.data(), vocab, text, o.repetition_penalty);
+    ban_repeated_ngrams(scratch.data(), vocab, text, o.no_repeat_ngram_size);
     row = scratch.data();
   }
   return sample_token(row, vocab, o, rng);

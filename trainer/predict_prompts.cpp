@@ -125,8 +125,7 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
                  device.str(), o.precision ? choice_name(*o.precision) : "fp32",
                  o.precision ? " (as asked)" : " (generate's; --precision sets them)", o.tokens,
                  sampling.temperature, sampling.top_k, sampling.top_p,
-                 sampling.repetition_penalty != 1
-                     ? fmt::format("repetition_penalty {}, ", sampling.repetition_penalty) : "", o.seed,
+                 models::penalties_str(sampling), o.seed,
                  o.kv_cache ? "" : ", no KV cache",
                  tokenizer.describe());
   std::vector<std::pair<size_t, std::string>> mine;

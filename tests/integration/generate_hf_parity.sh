@@ -7,12 +7,16 @@
 #    included, has its logit divided by the penalty when positive, multiplied when negative, before sampling) gives
 #    generate(do_sample=False, repetition_penalty=...)'s token ids for 40 new tokens, with the KV cache and without,
 #    on both models; without the penalty the two differ (so the test can tell);
-#  - predict takes the same option and writes generate's text; a penalty <= 0 is refused by name (exit 2) by both.
+#  - --no-repeat-ngram-size N (transformers' no_repeat_ngram_size: a token that would repeat an N-gram of the text
+#    is never drawn), alone and with the penalty, the same;
+#  - predict takes the same options and writes generate's text; a penalty <= 0, or a negative N, is refused by name
+#    (exit 2); sampling with every token banned is refused naming the option (exit 2).
 # Skipped (exit 77, saying why) when the venv lacks transformers.
 source "$(dirname "$0")/lib/common.bash"
 HF_PY=/opt/dptrain/test-venv/bin/python  # scripts/setup.sh --tests names the same venv
 "$HF_PY" -c "import transformers" 2>/dev/null ||
-  { echo "SKIP: no Hugging Face transformers in the test venv ($HF_PY); scripts/setup.sh --tests installs it"; exit 77; }
+  { echo "SKIP: no Hugging Face transformers in the test venv ($HF_PY): scripts/setup.sh --tests installs it"
+    exit 77; }
 
 "$HF_PY" - "$WORK" <<'PYEOF' || fail "making the models"
 import os, sys
@@ -38,14 +42,17 @@ for m in gpt2 llama; do
     model.block_size=64 train.device=cpu train.epochs=1 train.batch_size=2 train.optimizer=sgd train.lr=1e-30 \
     train.max_steps=1 data.test_limit=2 train.progress_interval_s=1000 checkpoint.dir="$WORK/ck_$m" --resume never \
     > "$WORK/train_$m.log" 2>&1 || { cat "$WORK/train_$m.log"; fail "the run from the $m folder failed"; }
-  for penalty in 1 1.3; do
+  for case in "plain:" "penalty:--repetition-penalty 1.3" "ngram:--no-repeat-ngram-size 2" \
+              "both:--repetition-penalty 1.3 --no-repeat-ngram-size 3"; do
     for c in "" --no-kv-cache; do
-      "$DPTRAIN" generate --checkpoint "$WORK/ck_$m" --prompt "The " --tokens 40 --top-k 1 \
-        --repetition-penalty $penalty $c > "$WORK/gen_${m}_${penalty}$c.txt" 2> "$WORK/gen.log" \
-        || { cat "$WORK/gen.log"; fail "generate $m --repetition-penalty $penalty $c failed"; }
+      # shellcheck disable=SC2086  # the case's options, split
+      "$DPTRAIN" generate --checkpoint "$WORK/ck_$m" --prompt "The " --tokens 40 --top-k 1 ${case#*:} $c \
+        > "$WORK/gen_${m}_${case%%:*}$c.txt" 2> "$WORK/gen.log" \
+        || { cat "$WORK/gen.log"; fail "generate $m ${case#*:} $c failed"; }
     done
   done
-  grep -q "repetition_penalty 1.3, seed" "$WORK/gen.log" || { cat "$WORK/gen.log"; fail "the log lacks the penalty"; }
+  grep -q "top_p 1, repetition_penalty 1.3, no_repeat_ngram_size 3, seed" "$WORK/gen.log" \
+    || { cat "$WORK/gen.log"; fail "the log lacks the penalties"; }
 done
 
 "$HF_PY" - "$WORK" <<'PYEOF' || fail "greedy generation differs from transformers'"
@@ -58,34 +65,42 @@ prompt = torch.tensor([list(b"The ")])
 for m in ("gpt2", "llama"):
     model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(d, m), torch_dtype=torch.float32)
     texts = {}
-    for penalty in ("1", "1.3"):
+    for case, kwargs in (("plain", {}), ("penalty", dict(repetition_penalty=1.3)),
+                         ("ngram", dict(no_repeat_ngram_size=2)),
+                         ("both", dict(repetition_penalty=1.3, no_repeat_ngram_size=3))):
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False,
-                             repetition_penalty=float(penalty), pad_token_id=0)
-        want = out[0].tolist()
+                             pad_token_id=0, **kwargs)
+        want = texts[case] = out[0].tolist()
         for c in ("", "--no-kv-cache"):
-            with open(os.path.join(d, f"gen_{m}_{penalty}{c}.txt"), "rb") as f:
+            with open(os.path.join(d, f"gen_{m}_{case}{c}.txt"), "rb") as f:
                 got = list(f.read()[:-1])  # one newline after the text
             same = got == want
             ok &= same
-            texts[penalty] = want
-            print(f"{'ok ' if same else 'BAD'} {m} repetition_penalty {penalty} {c or 'KV cache'}: dptrain "
-                  f"{bytes(got)!r}, transformers {bytes(want)!r}")
-    if texts["1"] == texts["1.3"]:
-        print(f"BAD {m}: the penalty changed nothing, so the comparison cannot tell")
-        ok = False
+            print(f"{'ok ' if same else 'BAD'} {m} {kwargs} {c or 'KV cache'}: dptrain {bytes(got)!r}, "
+                  f"transformers {bytes(want)!r}")
+        if case != "plain" and want == texts["plain"]:
+            print(f"BAD {m} {kwargs}: changed nothing, so the comparison cannot tell")
+            ok = False
 sys.exit(0 if ok else 1)
 PYEOF
 
 # predict: the same option, generate's text; a penalty <= 0 refused by name, by both commands.
 printf 'The \n' > "$WORK/prompts.txt"
 "$DPTRAIN" predict --checkpoint "$WORK/ck_llama" --input "$WORK/prompts.txt" --out "$WORK/p.jsonl" --tokens 40 \
-  --sample-top-k 1 --repetition-penalty 1.3 > "$WORK/predict.log" 2>&1 || { cat "$WORK/predict.log"; fail "predict"; }
-"$PY" - "$WORK/p.jsonl" "$WORK/gen_llama_1.3.txt" <<'PYEOF' || fail "predict's text is not generate's"
+  --sample-top-k 1 --repetition-penalty 1.3 --no-repeat-ngram-size 3 > "$WORK/predict.log" 2>&1 \
+  || { cat "$WORK/predict.log"; fail "predict"; }
+"$PY" - "$WORK/p.jsonl" "$WORK/gen_llama_both.txt" <<'PYEOF' || fail "predict's text is not generate's"
 import json, sys
 line = json.loads(open(sys.argv[1], encoding="utf-8").read())
 want = open(sys.argv[2], encoding="utf-8", newline="").read()[:-1]
 assert line["text"] == want, (line, want)
 PYEOF
+expect_exit 2 "^--no-repeat-ngram-size: must be >= 0 (got -1)" \
+  "$DPTRAIN" generate --checkpoint "$WORK/ck_gpt2" --no-repeat-ngram-size=-1
+# Sampling with every token banned (1-grams over 128 ids, 130 new tokens): refused naming the option, not the last id
+# drawn in silence.
+expect_exit 2 "every token is banned (no_repeat_ngram_size 1" \
+  "$DPTRAIN" generate --checkpoint "$WORK/ck_gpt2" --no-repeat-ngram-size 1 --tokens 130
 for p in 0 -1; do
   expect_exit 2 "^--repetition-penalty: must be > 0 (got $p)" \
     "$DPTRAIN" generate --checkpoint "$WORK/ck_gpt2" --repetition-penalty=$p
@@ -94,4 +109,5 @@ for p in 0 -1; do
     --repetition-penalty=$p
 done
 
-echo "PASS: greedy text with and without repetition_penalty equals transformers' generate() (GPT-2, Llama; KV cache and not)"
+echo "PASS: greedy text with repetition_penalty, no_repeat_ngram_size, both and neither equals transformers' \
+generate() (GPT-2, Llama; KV cache and not)"

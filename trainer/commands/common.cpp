@@ -105,6 +105,11 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
                           "Hugging Face's repetition_penalty (1: off; above 1 repeats less; > 0)")
       ->check(dpt::cli::Positive)
       ->capture_default_str();
+  cmd.add_option("--no-repeat-ngram-size", s.no_repeat_ngram_size,
+                 prefix + "never sample a token that would repeat an N-gram already in the text (the prompt's too), "
+                          "as Hugging Face's no_repeat_ngram_size (0: off)")
+      ->check(dpt::cli::NonNegative)
+      ->capture_default_str();
   cmd.add_option("--seed", s.seed, prefix + seed_help + " (a whole number in [0, 2^64 - 1])")
       ->check(whole_number())
       ->capture_default_str();

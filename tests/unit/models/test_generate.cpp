@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <numeric>
 
 #include "models/generate.h"
@@ -284,7 +285,8 @@ TEST_CASE("sample_token draws what one stable sort of every id gives, ties, -0 a
   }
 }
 
-TEST_CASE("apply_repetition_penalty: transformers' RepetitionPenaltyLogitsProcessor on the ids seen", "[models][generate]") {
+TEST_CASE("apply_repetition_penalty: transformers' RepetitionPenaltyLogitsProcessor on the ids seen",
+          "[models][generate]") {
   // Positive logits divided, negative multiplied, 0 kept; each id once however often it occurs; ids outside the
   // vocabulary ignored; the others untouched.
   std::vector<float> logits{2.0f, -2.0f, 0.0f, 3.0f, -1.0f};
@@ -344,4 +346,63 @@ TEST_CASE("generate_batch: repetition_penalty penalizes each sequence's own text
           generate(*model, o.block_size, prompts[1], 12, sampled, 4));
   REQUIRE_THROWS_WITH(generate(*model, o.block_size, prompts[1], 3, {.repetition_penalty = 0}, 4),
                       Catch::Contains("repetition_penalty 0: must be > 0"));
+}
+
+TEST_CASE("ban_repeated_ngrams: transformers' NoRepeatNGramLogitsProcessor on the text so far", "[models][generate]") {
+  const auto banned = [](std::vector<int32_t> seen, int64_t n, int64_t vocab = 6) {
+    std::vector<float> logits(static_cast<size_t>(vocab), 1.0f);
+    ban_repeated_ngrams(logits.data(), vocab, seen, n);
+    std::vector<int32_t> ids;
+    for (int32_t i = 0; i < vocab; ++i)
+      if (logits[i] == -INFINITY) ids.push_back(i);
+      else REQUIRE(logits[i] == 1.0f);
+    return ids;
+  };
+  // 2-grams: the text ends in 1; 1 was followed by 2 and by 4 before: both banned.
+  REQUIRE(banned({1, 2, 3, 1, 4, 1}, 2) == std::vector<int32_t>{2, 4});
+  // 3-grams: "1 2" was followed by 3 once; "2 1" (the end of {.., 2, 1}) by nothing.
+  REQUIRE(banned({1, 2, 3, 1, 2}, 3) == std::vector<int32_t>{3});
+  REQUIRE(banned({1, 2, 3, 2, 1}, 3).empty());
+  // 1-grams: every token of the text; 0: off; a text too short for an n-gram bans nothing (n - 1 tokens included).
+  REQUIRE(banned({5, 0, 5}, 1) == std::vector<int32_t>{0, 5});
+  REQUIRE(banned({1, 1, 1}, 0).empty());
+  REQUIRE(banned({1, 1}, 3).empty());
+  REQUIRE(banned({1, 1, 1}, 3) == std::vector<int32_t>{1});
+  // Ids outside the vocabulary (the model's, when the text holds others) are skipped.
+  REQUIRE(banned({7, 7, 7}, 2, 6).empty());
+  std::vector<float> one{1.0f};
+  REQUIRE_THROWS_WITH(ban_repeated_ngrams(one.data(), 1, std::vector<int32_t>{0}, -1), Catch::Contains(">= 0"));
+}
+
+TEST_CASE("generate_batch: no_repeat_ngram_size never repeats an n-gram, and refuses to sample when all are banned",
+          "[models][generate]") {
+  models::GptOptions o{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 6, .block_size = 32};
+  auto model = models::make_gpt(o);
+  model->init(13);
+  const std::vector<int32_t> prompt{3, 4, 3};
+  for (bool kv_cache : {true, false})
+    for (const SampleOptions& s : {SampleOptions{.top_k = 1, .vocab_limit = 6, .no_repeat_ngram_size = 2},
+                                   SampleOptions{.temperature = 2.0, .vocab_limit = 6, .no_repeat_ngram_size = 2}}) {
+      CAPTURE(kv_cache, s.top_k);
+      // 6 ids make 36 2-grams: 20 new tokens can avoid every repeat (and without the ban greedy text repeats).
+      const auto got = generate(*model, o.block_size, prompt, 20, s, 3, kv_cache);
+      REQUIRE(got.size() == 23);
+      std::set<std::pair<int32_t, int32_t>> pairs;
+      for (size_t i = 0; i + 1 < got.size(); ++i) REQUIRE(pairs.insert({got[i], got[i + 1]}).second);
+    }
+  const auto plain = generate(*model, o.block_size, prompt, 20, {.top_k = 1, .vocab_limit = 6}, 3);
+  std::set<std::pair<int32_t, int32_t>> pairs;
+  bool repeats = false;
+  for (size_t i = 0; i + 1 < plain.size(); ++i) repeats |= !pairs.insert({plain[i], plain[i + 1]}).second;
+  REQUIRE(repeats);
+  // 1-grams over 6 ids: after the prompt's 2 distinct ids, 4 new tokens use up the vocabulary. Greedy then takes id 0
+  // (torch's argmax of all -inf); sampling is refused, naming the option, instead of drawing the last id in silence.
+  const SampleOptions once{.temperature = 1.0, .vocab_limit = 6, .no_repeat_ngram_size = 1};
+  REQUIRE(generate(*model, o.block_size, prompt, 4, once, 3).size() == 7);
+  REQUIRE_THROWS_WITH(generate(*model, o.block_size, prompt, 5, once, 3),
+                      Catch::Contains("every token is banned (no_repeat_ngram_size 1"));
+  auto greedy_once = once;
+  greedy_once.top_k = 1;
+  REQUIRE(generate(*model, o.block_size, prompt, 5, greedy_once, 3).back() == 0);
+  REQUIRE(dynamic_cast<models::Gpt&>(model->root()).kv_cache_len() == 0);  // the cache ended with the error
 }
