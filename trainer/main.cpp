@@ -139,8 +139,8 @@ std::string option_hint(int argc, char** argv, const std::vector<dpt::trainer::c
     else meant = dpt::cli::nearest_name(word, names);
     const std::string head = fmt::format("dptrain {}: no option {}", app.get_name(), arg.substr(0, arg.find('=')));
     if (word.starts_with("min") && word.find("tokens") != std::string::npos && has("tokens"))
-      return fmt::format("{}: there is no minimum length: --tokens is the most new tokens, and a text ends early only at "
-                         "the tokenizer's end-of-text token, which --ignore-eos samples past", head);
+      return fmt::format("{}: there is no minimum length: --tokens is the most new tokens, and a text ends early "
+                         "only at the tokenizer's end-of-text token, which --ignore-eos samples past", head);
     if (word == "do-sample" && has("temperature"))
       return fmt::format("{}: it samples unless --{} 1 (greedy, transformers' do_sample=False)", head,
                          has("sample-top-k") ? "sample-top-k" : "top-k");
