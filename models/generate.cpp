@@ -81,6 +81,7 @@ std::string penalties_str(const SampleOptions& o) {
   std::string s;
   if (o.repetition_penalty != 1) s += fmt::format("repetition_penalty {}, ", o.repetition_penalty);
   if (o.no_repeat_ngram_size != 0) s += fmt::format("no_repeat_ngram_size {}, ", o.no_repeat_ngram_size);
+  if (o.min_new_tokens != 0) s += fmt::format("min_new_tokens {}, ", o.min_new_tokens);
   return s;
 }
 
@@ -126,14 +127,17 @@ int32_t sample_token(const float* logits, int64_t vocab, const SampleOptions& o,
 
 namespace {
 
-// The token sampled from one sequence's row of logits, after the repetition penalty over its text where there is one
-// (on a copy in `scratch`: the row is the model's output).
-int32_t next_token(const float* row, int64_t vocab, std::span<const int32_t> text, const SampleOptions& o,
-                   std::mt19937_64& rng, std::vector<float>& scratch) {
-  if (o.repetition_penalty != 1 || o.no_repeat_ngram_size != 0) {
+// The token sampled from one sequence's row of logits, after the repetition penalty and the n-gram ban over its text
+// where they are on, and with the stop token banned while fewer than min_new_tokens (`made`) are new (on a copy in
+// `scratch`: the row is the model's output).
+int32_t next_token(const float* row, int64_t vocab, std::span<const int32_t> text, int64_t made,
+                   const SampleOptions& o, std::mt19937_64& rng, std::vector<float>& scratch) {
+  const bool early = o.stop_token >= 0 && o.stop_token < vocab && made < o.min_new_tokens;
+  if (o.repetition_penalty != 1 || o.no_repeat_ngram_size != 0 || early) {
     scratch.assign(row, row + vocab);
     apply_repetition_penalty(scratch.data(), vocab, text, o.repetition_penalty);
     ban_repeated_ngrams(scratch.data(), vocab, text, o.no_repeat_ngram_size);
+    if (early) scratch[static_cast<size_t>(o.stop_token)] = -INFINITY;  // MinNewTokensLengthLogitsProcessor's
     row = scratch.data();
   }
   return sample_token(row, vocab, o, rng);
@@ -153,8 +157,9 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
                                                  const SampleOptions& o, const std::vector<uint64_t>& seeds,
                                                  bool kv_cache, const GenerateProgress& progress) {
   const size_t batch = prompts.size();
-  DPT_CHECK(batch >= 1 && seeds.size() == batch && count >= 0 && block_size >= 1,
-            "generate: {} prompts, {} seeds, {} new tokens, block_size {}", batch, seeds.size(), count, block_size);
+  DPT_CHECK(batch >= 1 && seeds.size() == batch && count >= 0 && block_size >= 1 && o.min_new_tokens >= 0,
+            "generate: {} prompts, {} seeds, {} new tokens, block_size {}, min_new_tokens {}", batch, seeds.size(),
+            count, block_size, o.min_new_tokens);
   const auto bs = static_cast<size_t>(block_size);
   // Every sequence's window min(size, block_size) is the same: the min of it with any cut at most block_size is
   // then the same too, so sequence 0's sizes stand for all.
@@ -171,8 +176,11 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
   // of its last position: row (i + 1) t - 1 of [batch t, vocab].
   Tensor x, last;
   std::vector<float> scratch;
+  std::vector<size_t> starts;  // each prompt's length: where its new tokens start
+  for (const auto& p : prompts) starts.push_back(p.size());
   const auto draw = [&](const float* row, int64_t vocab, size_t i) {
-    return next_token(row, vocab, prompts[i], o, rngs[i], scratch);
+    const auto made = static_cast<int64_t>(prompts[i].size() - starts[i]);
+    return next_token(row, vocab, prompts[i], made, o, rngs[i], scratch);
   };
   auto step = [&](size_t t) {
     const auto tt = static_cast<int64_t>(t);
@@ -201,8 +209,6 @@ std::vector<std::vector<int32_t>> generate_batch(Model& model, int64_t block_siz
   size_t unfed = 0;  // tokens at the end of every sequence not in the cache yet (while it holds some)
   // A sequence that sampled the stop token steps on with the others (they share the windows and the cache); what it
   // samples after it is cut off below.
-  std::vector<size_t> starts;
-  for (const auto& p : prompts) starts.push_back(p.size());
   std::vector<bool> stopped(batch, false);
   size_t running = batch;
   try {

@@ -31,6 +31,8 @@ struct SampleOptions {
                                     // 1: off
   int64_t no_repeat_ngram_size = 0;  // >= 0; generate_batch bans the tokens that would repeat an n-gram of the text
                                      // (ban_repeated_ngrams) before the above; 0: off
+  int64_t min_new_tokens = 0;  // >= 0; generate_batch never samples stop_token as one of a sequence's first
+                               // min_new_tokens new tokens (transformers' min_new_tokens); 0: off
 };
 
 // Hugging Face's RepetitionPenaltyLogitsProcessor: the logit of every id in `seen` (each id once, however often it
@@ -47,7 +49,7 @@ void apply_repetition_penalty(float* logits, int64_t vocab, std::span<const int3
 // bans every token, greedy decoding takes id 0, as torch's argmax of all -inf does, and sampling is refused.
 void ban_repeated_ngrams(float* logits, int64_t vocab, std::span<const int32_t> seen, int64_t ngram);
 
-// "repetition_penalty P, no_repeat_ngram_size N, " for those of `o` that are on (for the logs); "" for none.
+// "repetition_penalty P, no_repeat_ngram_size N, min_new_tokens M, " for those of `o` that are on (for the logs); "" for none.
 std::string penalties_str(const SampleOptions& o);
 
 // One token drawn from softmax(logits / temperature) restricted to the top_k largest logits and every logit equal to

@@ -134,13 +134,11 @@ std::string option_hint(int argc, char** argv, const std::vector<dpt::trainer::c
     std::string meant;
     if (has(word)) meant = word;                                              // --top_k: --top-k
     else if (has("sample-" + word)) meant = "sample-" + word;                 // predict's --top-p: --sample-top-p
-    else if (has("tokens") && word.find("tokens") != std::string::npos && !word.starts_with("min"))
-      meant = "tokens";  // --max-new-tokens (not --min-new-tokens: --tokens is no minimum)
+    else if (has("min-new-tokens") && word.find("tokens") != std::string::npos && word.starts_with("min"))
+      meant = "min-new-tokens";  // --min-tokens: the least, never --tokens (the most)
+    else if (has("tokens") && word.find("tokens") != std::string::npos) meant = "tokens";  // --max-new-tokens
     else meant = dpt::cli::nearest_name(word, names);
     const std::string head = fmt::format("dptrain {}: no option {}", app.get_name(), arg.substr(0, arg.find('=')));
-    if (word.starts_with("min") && word.find("tokens") != std::string::npos && has("tokens"))
-      return fmt::format("{}: there is no minimum length: --tokens is the most new tokens, and a text ends early "
-                         "only at the tokenizer's end-of-text token, which --ignore-eos samples past", head);
     if (word == "do-sample" && has("temperature"))
       return fmt::format("{}: it samples unless --{} 1 (greedy, transformers' do_sample=False)", head,
                          has("sample-top-k") ? "sample-top-k" : "top-k");

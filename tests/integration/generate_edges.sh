@@ -10,8 +10,8 @@
 #    (the rename would have replaced the prompts with the texts);
 #  - an empty --prompt is refused before the checkpoint is read (a large model's load is not waited for);
 #  - --temperature 0 is refused saying that greedy decoding is --top-k 1 (and not as a config key written as an
-#    option); transformers' option names and misspelt options get the option meant, and its min_new_tokens is told
-#    there is no minimum (not pointed at --tokens, the most);
+#    option); transformers' option names and misspelt options get the option meant (a minimum of tokens
+#    --min-new-tokens, not --tokens, the most);
 #  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
 #    it is (exit 2), not "no such checkpoint".
 source "$(dirname "$0")/lib/common.bash"
@@ -110,11 +110,11 @@ done
 expect_exit 2 "dptrain generate: no option --max_new_tokens: did you mean --tokens?" \
   "$DPTRAIN" generate --checkpoint "$WORK/ck" --max_new_tokens=5
 expect_exit 2 "dptrain generate: no option --top_k: did you mean --top-k?" "$DPTRAIN" generate --checkpoint x --top_k 5
-# transformers' min_new_tokens is no --tokens (it was "did you mean --tokens?", the most new tokens, not the least).
-expect_exit 2 "dptrain generate: no option --min_new_tokens: there is no minimum length: --tokens is the most" \
+# A minimum of tokens is --min-new-tokens, never --tokens (it was "did you mean --tokens?": the most, not the least).
+expect_exit 2 "dptrain generate: no option --min_new_tokens: did you mean --min-new-tokens?" \
   "$DPTRAIN" generate --checkpoint x --min_new_tokens=5
-expect_exit 2 "dptrain predict: no option --min-new-tokens: there is no minimum length" \
-  "$DPTRAIN" predict --checkpoint x --input x --out y --min-new-tokens 5
+expect_exit 2 "dptrain predict: no option --min-tokens: did you mean --min-new-tokens?" \
+  "$DPTRAIN" predict --checkpoint x --input x --out y --min-tokens 5
 expect_exit 2 "dptrain generate: no option --repetition_penalty: did you mean --repetition-penalty?" \
   "$DPTRAIN" generate --checkpoint x --repetition_penalty 1.2
 expect_exit 2 "dptrain generate: no option --do_sample: it samples unless --top-k 1 (greedy" \

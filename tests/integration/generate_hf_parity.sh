@@ -9,6 +9,8 @@
 #    on both models; without the penalty the two differ (so the test can tell);
 #  - --no-repeat-ngram-size N (transformers' no_repeat_ngram_size: a token that would repeat an N-gram of the text
 #    is never drawn), alone and with the penalty, the same;
+#  - --min-new-tokens N (transformers' min_new_tokens): the end-of-text token (predict's data.eos_token) is never
+#    drawn before N new tokens, the same texts as generate(eos_token_id=..., min_new_tokens=N);
 #  - predict takes the same options and writes generate's text; a penalty <= 0, or a negative N, is refused by name
 #    (exit 2); sampling with every token banned is refused naming the option (exit 2).
 # Skipped (exit 77, saying why) when the venv lacks transformers.
@@ -84,8 +86,40 @@ for m in ("gpt2", "llama"):
 sys.exit(0 if ok else 1)
 PYEOF
 
-# predict: the same option, generate's text; a penalty <= 0 refused by name, by both commands.
 printf 'The \n' > "$WORK/prompts.txt"
+# --min-new-tokens (transformers' min_new_tokens): the end-of-text token (data.eos_token, predict's override: here the
+# first token greedy decoding takes, so that it would end the text at once) is not drawn before that many new tokens;
+# the texts, ended at it or not, equal generate(eos_token_id=..., min_new_tokens=...)'s.
+for m in gpt2 llama; do
+  eos=$(head -c 5 "$WORK/gen_${m}_plain.txt" | tail -c 1)
+  for k in 0 6; do
+    "$DPTRAIN" predict --checkpoint "$WORK/ck_$m" --input "$WORK/prompts.txt" --out "$WORK/min_${m}_$k.jsonl" \
+      --tokens 40 --sample-top-k 1 --min-new-tokens $k data.eos_token="$eos" > "$WORK/min.log" 2>&1 \
+      || { cat "$WORK/min.log"; fail "predict --min-new-tokens $k"; }
+  done
+  grep -q "min_new_tokens 6, seed" "$WORK/min.log" || { cat "$WORK/min.log"; fail "the log lacks min_new_tokens"; }
+  "$HF_PY" - "$WORK" "$m" "$eos" <<'PYEOF' || fail "--min-new-tokens differs from transformers' min_new_tokens"
+import json, os, sys, warnings
+import torch, transformers
+warnings.filterwarnings("ignore")
+d, m, eos = sys.argv[1], sys.argv[2], ord(sys.argv[3])
+model = transformers.AutoModelForCausalLM.from_pretrained(os.path.join(d, m), torch_dtype=torch.float32)
+prompt = torch.tensor([list(b"The ")])
+ok = True
+for k in (0, 6):
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40, do_sample=False,
+                         pad_token_id=0, eos_token_id=eos, min_new_tokens=k)[0].tolist()
+    want = bytes(out[:-1] if out[-1] == eos else out)  # dptrain leaves the end-of-text token out of the text
+    got = json.loads(open(os.path.join(d, f"min_{m}_{k}.jsonl")).read())["text"].encode()
+    same = got == want and (k == 0) == (len(want) == 4)  # 0: ended at once; 6: at 6 new tokens or more
+    ok &= same
+    print(f"{'ok ' if same else 'BAD'} {m} min_new_tokens {k}, eos {chr(eos)!r}: dptrain {got!r}, "
+          f"transformers {want!r}")
+sys.exit(0 if ok else 1)
+PYEOF
+done
+
+# predict: the same option, generate's text; a penalty <= 0 refused by name, by both commands.
 "$DPTRAIN" predict --checkpoint "$WORK/ck_llama" --input "$WORK/prompts.txt" --out "$WORK/p.jsonl" --tokens 40 \
   --sample-top-k 1 --repetition-penalty 1.3 --no-repeat-ngram-size 3 > "$WORK/predict.log" 2>&1 \
   || { cat "$WORK/predict.log"; fail "predict"; }

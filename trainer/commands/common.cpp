@@ -110,6 +110,11 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
                           "as Hugging Face's no_repeat_ngram_size (0: off)")
       ->check(dpt::cli::NonNegative)
       ->capture_default_str();
+  cmd.add_option("--min-new-tokens", s.min_new_tokens,
+                 prefix + "never end a text at the tokenizer's end-of-text token before this many new tokens (its "
+                          "logit -inf until then), as Hugging Face's min_new_tokens (0: off)")
+      ->check(dpt::cli::NonNegative)
+      ->capture_default_str();
   cmd.add_option("--seed", s.seed, prefix + seed_help + " (a whole number in [0, 2^64 - 1])")
       ->check(whole_number())
       ->capture_default_str();

@@ -38,7 +38,8 @@ void generate_text(const GenerateArgs& args) {
                                        .vocab_limit = sampled_vocab(ck),
                                        .stop_token = a.ignore_eos ? -1 : ck.special.eos,
                                        .repetition_penalty = a.repetition_penalty,
-                                       .no_repeat_ngram_size = a.no_repeat_ngram_size};
+                                       .no_repeat_ngram_size = a.no_repeat_ngram_size,
+                                       .min_new_tokens = a.min_new_tokens};
   spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, top_p {}, {}seed {}{}",
                ck.model->summary(), ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.top_p,
                models::penalties_str(sampling), a.seed, a.no_kv_cache ? ", no KV cache" : "");

@@ -406,3 +406,33 @@ TEST_CASE("generate_batch: no_repeat_ngram_size never repeats an n-gram, and ref
   REQUIRE(generate(*model, o.block_size, prompt, 5, greedy_once, 3).back() == 0);
   REQUIRE(dynamic_cast<models::Gpt&>(model->root()).kv_cache_len() == 0);  // the cache ended with the error
 }
+
+TEST_CASE("generate_batch: min_new_tokens keeps the stop token out of each sequence's first new tokens",
+          "[models][generate]") {
+  models::GptOptions o{.n_layer = 1, .n_head = 2, .n_embd = 16, .vocab_size = 12, .block_size = 16};
+  auto model = models::make_gpt(o);
+  model->init(4);
+  const std::vector<std::vector<int32_t>> prompts{{5, 6, 7}, {1, 2, 3}};
+  // The stop token: sequence 0's first greedy token, so that without a minimum it ends at once.
+  const int32_t stop = generate(*model, o.block_size, prompts[0], 1, {.top_k = 1}, 1)[3];
+  SampleOptions s{.top_k = 1, .stop_token = stop};
+  REQUIRE(generate_batch(*model, o.block_size, prompts, 10, s, {1, 2})[0].size() == 4);
+  for (const SampleOptions& base : {s, SampleOptions{.temperature = 1.5, .stop_token = stop}})
+    for (bool kv_cache : {true, false}) {
+      SampleOptions at_least = base;
+      at_least.min_new_tokens = 4;
+      const auto got = generate_batch(*model, o.block_size, prompts, 10, at_least, {1, 2}, kv_cache);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(kv_cache, base.top_k, i);
+        REQUIRE(got[i].size() >= 7);  // 4 new tokens at least, none of them the stop token
+        REQUIRE(std::find(got[i].begin() + 3, got[i].begin() + 7, stop) == got[i].begin() + 7);
+        // After them it may end the text again: at its first stop token, if any.
+        const auto at = std::find(got[i].begin() + 7, got[i].end(), stop);
+        REQUIRE((at == got[i].end() ? got[i].size() == 13 : at + 1 == got[i].end()));
+      }
+    }
+  // No stop token: nothing to keep out.
+  REQUIRE(generate(*model, o.block_size, prompts[0], 6, {.top_k = 1, .min_new_tokens = 3}, 1) ==
+          generate(*model, o.block_size, prompts[0], 6, {.top_k = 1}, 1));
+  REQUIRE_THROWS(generate(*model, o.block_size, prompts[0], 6, {.top_k = 1, .min_new_tokens = -1}, 1));
+}
