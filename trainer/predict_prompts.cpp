@@ -116,6 +116,10 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   models::SampleOptions sampling = o.sampling;
   sampling.vocab_limit = sampled_vocab(ck);
   if (o.stop_at_eos) sampling.stop_token = ck.special.eos;
+  if (sampling.min_new_tokens > 0 && sampling.stop_token < 0 && pg.rank() == 0)
+    spdlog::warn("predict: --min-new-tokens {} does nothing: {}", sampling.min_new_tokens,
+                 o.stop_at_eos ? "the tokenizer has no end-of-text token to keep out (bytes; data.eos_token names one)"
+                               : "--ignore-eos samples past the end-of-text token anyway");
   const auto new_tokens = static_cast<size_t>(o.tokens);
   if (rank == 0)
     spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "

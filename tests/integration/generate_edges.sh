@@ -4,6 +4,7 @@
 #  - a text that cannot be written to stdout (a full disk, a closed stdout) fails the command (exit 1, saying why)
 #    instead of exiting 0 without it;
 #  - a prompt longer than the context (block_size 16) is said in a warning (generate, predict), not cut silently;
+#  - --min-new-tokens without an end-of-text token to keep out (bytes, --ignore-eos) is said in a warning;
 #  - predict counts the tokens it generated, not --tokens for every prompt, when texts end at the EOS (a space here,
 #    data.eos_token as an override);
 #  - predict's --out naming its --input (or --input being --out's OUT.tmp) is refused before anything is touched
@@ -40,6 +41,16 @@ set -e
 [ $rc -eq 1 ] || { cat "$WORK/closed.err"; fail "generate into a closed stdout exited $rc, not 1"; }
 text=$("${GEN[@]}" --prompt "Q: " 2> "$WORK/gen.err") || { cat "$WORK/gen.err"; fail "generate failed"; }
 [ "${text:0:3}" = "Q: " ] || fail "generate's text does not start with the prompt: '$text'"
+
+# --min-new-tokens where there is no end-of-text token (bytes), or with --ignore-eos: a warning, not silence.
+"${GEN[@]}" --prompt "Q: " --min-new-tokens 3 > /dev/null 2> "$WORK/min.err" || { cat "$WORK/min.err"; fail "min"; }
+grep -q "generate: --min-new-tokens 3 does nothing: the tokenizer has no end-of-text token" "$WORK/min.err" \
+  || { cat "$WORK/min.err"; fail "no warning that --min-new-tokens does nothing without an end-of-text token"; }
+printf 'line\n' > "$WORK/min.txt"
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/min.txt" --out "$WORK/min.jsonl" --tokens 4 \
+  --min-new-tokens 2 --ignore-eos data.eos_token=" " > "$WORK/min.log" 2>&1 || { cat "$WORK/min.log"; fail "min"; }
+grep -q "predict: --min-new-tokens 2 does nothing: --ignore-eos samples past" "$WORK/min.log" \
+  || { cat "$WORK/min.log"; fail "predict: no warning that --min-new-tokens does nothing with --ignore-eos"; }
 
 # Bytes for a model of 123 ids: the text's, and prompt bytes from 123 up refused, '{' (123, a padded id) as 'é'.
 grep -q "byte-level tokens for a model of vocab_size 123: bytes from 123 up are never sampled" "$WORK/gen.err" \

@@ -44,6 +44,10 @@ void generate_text(const GenerateArgs& args) {
                ck.model->summary(), ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.top_p,
                models::penalties_str(sampling), a.seed, a.no_kv_cache ? ", no KV cache" : "");
   spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
+  if (a.min_new_tokens > 0 && sampling.stop_token < 0)
+    spdlog::warn("generate: --min-new-tokens {} does nothing: {}", a.min_new_tokens,
+                 a.ignore_eos ? "--ignore-eos samples past the end-of-text token anyway"
+                              : "the tokenizer has no end-of-text token to keep out (bytes)");
   if (tokenizer.name() == "bytes" && ck.vocab_size > 256) {  // byte shards (load_gpt_checkpoint refuses others)
     spdlog::info("generate: byte-level tokens for a model of vocab_size {} (its data.dir's shards are bytes_*): ids "
                  "from 256 up are never sampled", ck.vocab_size);
