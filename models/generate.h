@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "models/model.h"
@@ -25,7 +27,30 @@ struct SampleOptions {
   int64_t vocab_limit = 0;   // sample among ids below this only (0: all): the tokenizer's vocabulary, when the
                              // model's is larger (padded)
   int32_t stop_token = -1;   // a sequence ends with this token once it samples it (the tokenizer's EOS); -1: none
+  double repetition_penalty = 1.0;  // > 0; generate_batch applies it (apply_repetition_penalty) before the above;
+                                    // 1: off
+  int64_t no_repeat_ngram_size = 0;  // >= 0; generate_batch bans the tokens that would repeat an n-gram of the text
+                                     // (ban_repeated_ngrams) before the above; 0: off
+  int64_t min_new_tokens = 0;  // >= 0; generate_batch never samples stop_token as one of a sequence's first
+                               // min_new_tokens new tokens (transformers' min_new_tokens); 0: off
 };
+
+// Hugging Face's RepetitionPenaltyLogitsProcessor: the logit of every id in `seen` (each id once, however often it
+// occurs; ids outside [0, vocab) ignored) divided by `penalty` where it is positive (0 stays 0), multiplied by it where
+// negative, in float as transformers computes it; a penalty above 1 makes every token already in the text less likely.
+// generate_batch applies it to each sequence's logits, its whole text (the prompt included) as `seen`, before
+// temperature, top-k and top-p, as transformers' generate(repetition_penalty=...) does.
+void apply_repetition_penalty(float* logits, int64_t vocab, std::span<const int32_t> seen, double penalty);
+
+// Hugging Face's NoRepeatNGramLogitsProcessor: the logit of every token that would end an n-gram (n = `ngram`) already
+// in `seen` set to -inf: wherever the last n - 1 tokens of `seen` occur in it followed by a token, that token (n = 1:
+// every token of `seen`); nothing while `seen` has fewer than n - 1 tokens, or for ngram = 0. generate_batch applies it
+// as the repetition penalty (the whole text, before sampling), as generate(no_repeat_ngram_size=...) does; where it
+// bans every token, greedy decoding takes id 0, as torch's argmax of all -inf does, and sampling is refused.
+void ban_repeated_ngrams(float* logits, int64_t vocab, std::span<const int32_t> seen, int64_t ngram);
+
+// "repetition_penalty P, no_repeat_ngram_size N, min_new_tokens M, " for those of `o` that are on (for the logs); "" for none.
+std::string penalties_str(const SampleOptions& o);
 
 // One token drawn from softmax(logits / temperature) restricted to the top_k largest logits and every logit equal to
 // the k-th (so more than k where they tie, as Hugging Face's TopKLogitsWarper keeps them), in descending order, ties

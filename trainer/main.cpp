@@ -140,6 +140,8 @@ std::string option_hint(int argc, char** argv, const std::vector<dpt::trainer::c
     std::string meant;
     if (has(word)) meant = word;                                              // --top_k: --top-k
     else if (has("sample-" + word)) meant = "sample-" + word;                 // predict's --top-p: --sample-top-p
+    else if (has("min-new-tokens") && word.find("tokens") != std::string::npos && word.starts_with("min"))
+      meant = "min-new-tokens";  // --min-tokens: the least, never --tokens (the most)
     else if (has("tokens") && word.find("tokens") != std::string::npos) meant = "tokens";  // --max-new-tokens
     else meant = dpt::cli::nearest_name(word, names);
     const std::string head = fmt::format("dptrain {}: no option {}", app.get_name(), arg.substr(0, arg.find('=')));

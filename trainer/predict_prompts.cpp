@@ -116,15 +116,21 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
   models::SampleOptions sampling = o.sampling;
   sampling.vocab_limit = sampled_vocab(ck);
   if (o.stop_at_eos) sampling.stop_token = ck.special.eos;
+  if (sampling.min_new_tokens > 0 && sampling.stop_token < 0 && pg.rank() == 0)
+    spdlog::warn("predict: --min-new-tokens {} does nothing: {}", sampling.min_new_tokens,
+                 o.stop_at_eos ? "the tokenizer has no end-of-text token to keep out (bytes; data.eos_token names one)"
+                               : "--ignore-eos samples past the end-of-text token anyway");
   const auto new_tokens = static_cast<size_t>(o.tokens);
   if (rank == 0)
     spdlog::info("predict: {} prompts in {} on {} rank(s), {} batches of up to {} (prompts of one length in the "
                  "window together); {} from {} on {}, {} products{}; {} tokens each, temperature {}, top_k {}, "
-                 "top_p {}, seed {}{}; tokenizer {}",
+                 "top_p {}, {}seed {}{}; tokenizer {}",
                  prompts.size(), o.input, world, batches.size(), o.batch_size, ck.model->summary(), ck.from,
                  device.str(), o.precision ? choice_name(*o.precision) : "fp32",
                  o.precision ? " (as asked)" : " (generate's; --precision sets them)", o.tokens,
-                 sampling.temperature, sampling.top_k, sampling.top_p, o.seed, o.kv_cache ? "" : ", no KV cache",
+                 sampling.temperature, sampling.top_k, sampling.top_p,
+                 models::penalties_str(sampling), o.seed,
+                 o.kv_cache ? "" : ", no KV cache",
                  tokenizer.describe());
   std::vector<std::pair<size_t, std::string>> mine;
   size_t generated = 0;  // the new tokens of this rank's texts (an EOS that ended one included)

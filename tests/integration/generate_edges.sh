@@ -4,13 +4,15 @@
 #  - a text that cannot be written to stdout (a full disk, a closed stdout) fails the command (exit 1, saying why)
 #    instead of exiting 0 without it;
 #  - a prompt longer than the context (block_size 16) is said in a warning (generate, predict), not cut silently;
+#  - --min-new-tokens without an end-of-text token to keep out (bytes, --ignore-eos) is said in a warning;
 #  - predict counts the tokens it generated, not --tokens for every prompt, when texts end at the EOS (a space here,
 #    data.eos_token as an override);
 #  - predict's --out naming its --input (or --input being --out's OUT.tmp) is refused before anything is touched
 #    (the rename would have replaced the prompts with the texts);
 #  - an empty --prompt is refused before the checkpoint is read (a large model's load is not waited for);
 #  - --temperature 0 is refused saying that greedy decoding is --top-k 1 (and not as a config key written as an
-#    option); transformers' option names and misspelt options get the option meant;
+#    option); transformers' option names and misspelt options get the option meant (a minimum of tokens
+#    --min-new-tokens, not --tokens, the most);
 #  - --checkpoint naming a checkpoint's model.safetensors, or a Hugging Face model folder, is refused saying what
 #    it is (exit 2), not "no such checkpoint".
 source "$(dirname "$0")/lib/common.bash"
@@ -39,6 +41,16 @@ set -e
 [ $rc -eq 1 ] || { cat "$WORK/closed.err"; fail "generate into a closed stdout exited $rc, not 1"; }
 text=$("${GEN[@]}" --prompt "Q: " 2> "$WORK/gen.err") || { cat "$WORK/gen.err"; fail "generate failed"; }
 [ "${text:0:3}" = "Q: " ] || fail "generate's text does not start with the prompt: '$text'"
+
+# --min-new-tokens where there is no end-of-text token (bytes), or with --ignore-eos: a warning, not silence.
+"${GEN[@]}" --prompt "Q: " --min-new-tokens 3 > /dev/null 2> "$WORK/min.err" || { cat "$WORK/min.err"; fail "min"; }
+grep -q "generate: --min-new-tokens 3 does nothing: the tokenizer has no end-of-text token" "$WORK/min.err" \
+  || { cat "$WORK/min.err"; fail "no warning that --min-new-tokens does nothing without an end-of-text token"; }
+printf 'line\n' > "$WORK/min.txt"
+"$DPTRAIN" predict --checkpoint "$WORK/ck" --input "$WORK/min.txt" --out "$WORK/min.jsonl" --tokens 4 \
+  --min-new-tokens 2 --ignore-eos data.eos_token=" " > "$WORK/min.log" 2>&1 || { cat "$WORK/min.log"; fail "min"; }
+grep -q "predict: --min-new-tokens 2 does nothing: --ignore-eos samples past" "$WORK/min.log" \
+  || { cat "$WORK/min.log"; fail "predict: no warning that --min-new-tokens does nothing with --ignore-eos"; }
 
 # Bytes for a model of 123 ids: the text's, and prompt bytes from 123 up refused, '{' (123, a padded id) as 'é'.
 grep -q "byte-level tokens for a model of vocab_size 123: bytes from 123 up are never sampled" "$WORK/gen.err" \
@@ -109,6 +121,13 @@ done
 expect_exit 2 "dptrain generate: no option --max_new_tokens: did you mean --tokens?" \
   "$DPTRAIN" generate --checkpoint "$WORK/ck" --max_new_tokens=5
 expect_exit 2 "dptrain generate: no option --top_k: did you mean --top-k?" "$DPTRAIN" generate --checkpoint x --top_k 5
+# A minimum of tokens is --min-new-tokens, never --tokens (it was "did you mean --tokens?": the most, not the least).
+expect_exit 2 "dptrain generate: no option --min_new_tokens: did you mean --min-new-tokens?" \
+  "$DPTRAIN" generate --checkpoint x --min_new_tokens=5
+expect_exit 2 "dptrain predict: no option --min-tokens: did you mean --min-new-tokens?" \
+  "$DPTRAIN" predict --checkpoint x --input x --out y --min-tokens 5
+expect_exit 2 "dptrain generate: no option --repetition_penalty: did you mean --repetition-penalty?" \
+  "$DPTRAIN" generate --checkpoint x --repetition_penalty 1.2
 expect_exit 2 "dptrain generate: no option --do_sample: it samples unless --top-k 1 (greedy" \
   "$DPTRAIN" generate --checkpoint x --do_sample
 expect_exit 2 "dptrain generate: no option --nonsense; it takes no config overrides" \

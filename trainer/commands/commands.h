@@ -60,7 +60,8 @@ void add_force_flag(CLI::App& cmd, bool& force);
 
 // Sampling text from a GPT (generate, and predict with a file of prompts), one set of options so that the two
 // commands give the same text for the same flags: --tokens, --temperature, the top-k option (`top_k_flag`:
-// generate's --top-k, predict's --sample-top-k, its --top-k being the classes per image), --seed (`seed_help`),
+// generate's --top-k, predict's --sample-top-k, its --top-k being the classes per image), the top-p option,
+// --repetition-penalty, --no-repeat-ngram-size, --min-new-tokens, --seed (`seed_help`),
 // --no-kv-cache and --tokenizer. `prefix` begins each help text (predict's "GPT: ").
 struct SamplingArgs {
   std::string tokenizer;  // a directory with vocab.json + merges.txt; empty: the checkpoint's data.dir
@@ -68,6 +69,9 @@ struct SamplingArgs {
   double temperature = 1.0;
   int64_t top_k = 0;
   double top_p = 1.0;
+  double repetition_penalty = 1.0;  // transformers' repetition_penalty: 1 off
+  int64_t no_repeat_ngram_size = 0;  // transformers' no_repeat_ngram_size: 0 off
+  int64_t min_new_tokens = 0;        // transformers' min_new_tokens: 0 off
   uint64_t seed = 42;
   bool no_kv_cache = false;
   bool ignore_eos = false;  // sample past the tokenizer's end-of-text token

@@ -99,6 +99,22 @@ void add_sampling_options(CLI::App& cmd, SamplingArgs& s, const std::string& top
                      (top_p_flag == "--top-p" ? "" : ": generate's --top-p"))
       ->check(dpt::cli::Fraction)
       ->capture_default_str();
+  cmd.add_option("--repetition-penalty", s.repetition_penalty,
+                 prefix + "divides the logit of every token already in the text (the prompt's too) where it is "
+                          "positive and multiplies it where negative, before --temperature, top-k and top-p, as "
+                          "Hugging Face's repetition_penalty (1: off; above 1 repeats less; > 0)")
+      ->check(dpt::cli::Positive)
+      ->capture_default_str();
+  cmd.add_option("--no-repeat-ngram-size", s.no_repeat_ngram_size,
+                 prefix + "never sample a token that would repeat an N-gram already in the text (the prompt's too), "
+                          "as Hugging Face's no_repeat_ngram_size (0: off)")
+      ->check(dpt::cli::NonNegative)
+      ->capture_default_str();
+  cmd.add_option("--min-new-tokens", s.min_new_tokens,
+                 prefix + "never end a text at the tokenizer's end-of-text token before this many new tokens (its "
+                          "logit -inf until then), as Hugging Face's min_new_tokens (0: off)")
+      ->check(dpt::cli::NonNegative)
+      ->capture_default_str();
   cmd.add_option("--seed", s.seed, prefix + seed_help + " (a whole number in [0, 2^64 - 1])")
       ->check(whole_number())
       ->capture_default_str();

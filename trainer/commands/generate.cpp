@@ -34,10 +34,20 @@ void generate_text(const GenerateArgs& args) {
   if (device.is_cuda()) cuda::set_device(device.index);
   const GptCheckpoint ck = load_gpt_checkpoint(args.checkpoint, a.tokenizer, device);
   const data::Tokenizer& tokenizer = *ck.tokenizer;
-  spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, top_p {}, seed {}{}",
-               ck.model->summary(), ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.top_p, a.seed,
-               a.no_kv_cache ? ", no KV cache" : "");
+  const models::SampleOptions sampling{.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
+                                       .vocab_limit = sampled_vocab(ck),
+                                       .stop_token = a.ignore_eos ? -1 : ck.special.eos,
+                                       .repetition_penalty = a.repetition_penalty,
+                                       .no_repeat_ngram_size = a.no_repeat_ngram_size,
+                                       .min_new_tokens = a.min_new_tokens};
+  spdlog::info("generate: {} from {} on {}; {} tokens, temperature {}, top_k {}, top_p {}, {}seed {}{}",
+               ck.model->summary(), ck.from, device.str(), a.tokens, a.temperature, a.top_k, a.top_p,
+               models::penalties_str(sampling), a.seed, a.no_kv_cache ? ", no KV cache" : "");
   spdlog::info("generate: tokenizer {} from {}", tokenizer.describe(), ck.tokenizer_from);
+  if (a.min_new_tokens > 0 && sampling.stop_token < 0)
+    spdlog::warn("generate: --min-new-tokens {} does nothing: {}", a.min_new_tokens,
+                 a.ignore_eos ? "--ignore-eos samples past the end-of-text token anyway"
+                              : "the tokenizer has no end-of-text token to keep out (bytes)");
   if (tokenizer.name() == "bytes" && ck.vocab_size > 256) {  // byte shards (load_gpt_checkpoint refuses others)
     spdlog::info("generate: byte-level tokens for a model of vocab_size {} (its data.dir's shards are bytes_*): ids "
                  "from 256 up are never sampled", ck.vocab_size);
@@ -58,13 +68,9 @@ void generate_text(const GenerateArgs& args) {
     spdlog::info("generate: {} tokens after a window of {} run over {} positions: {}", a.tokens,
                  std::min<int64_t>(std::ssize(prompt), ck.block_size), positions,
                  past_context_note(ck, !a.no_kv_cache));
-  const int32_t eos = a.ignore_eos ? -1 : ck.special.eos;
-  auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens,
-                              {.temperature = a.temperature, .top_k = a.top_k, .top_p = a.top_p,
-                               .vocab_limit = sampled_vocab(ck),
-                               .stop_token = eos},
-                              a.seed, /*kv_cache=*/!a.no_kv_cache);
-  if (eos >= 0 && out.size() > prompt.size() && out.back() == eos) {
+  auto out = models::generate(*ck.model, ck.block_size, prompt, a.tokens, sampling, a.seed,
+                              /*kv_cache=*/!a.no_kv_cache);
+  if (const int32_t eos = sampling.stop_token; eos >= 0 && out.size() > prompt.size() && out.back() == eos) {
     spdlog::info("generate: the end-of-text token (id {}) after {} new tokens: the text ends there (--ignore-eos goes on)",
                  eos, out.size() - prompt.size());
     out.pop_back();

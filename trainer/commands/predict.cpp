@@ -32,7 +32,9 @@ struct PredictArgs {
 // The options that apply to one kind of checkpoint only: given with the other kind, they would be accepted and
 // ignored, so they are refused.
 constexpr const char* kImageOptions[] = {"--top-k", "--skip-bad"};
-constexpr const char* kPromptOptions[] = {"--tokens", "--temperature", "--sample-top-k", "--sample-top-p", "--seed",
+constexpr const char* kPromptOptions[] = {"--tokens", "--temperature", "--sample-top-k", "--sample-top-p",
+                                          "--repetition-penalty", "--no-repeat-ngram-size",
+                                          "--min-new-tokens", "--seed",
                                           "--no-kv-cache", "--ignore-eos", "--tokenizer"};
 
 // ConfigError naming an option given that `target`'s checkpoint does not use, and the one meant where there is one.
@@ -87,7 +89,10 @@ int predict_job(const PredictArgs& a) {
             if (prompts) {
               const SamplingArgs& g = a.sampling;
               const PromptOptions o{.input = a.input, .out = a.out, .tokenizer = g.tokenizer, .tokens = g.tokens,
-                                    .sampling = {.temperature = g.temperature, .top_k = g.top_k, .top_p = g.top_p},
+                                    .sampling = {.temperature = g.temperature, .top_k = g.top_k, .top_p = g.top_p,
+                                                 .repetition_penalty = g.repetition_penalty,
+                                                 .no_repeat_ngram_size = g.no_repeat_ngram_size,
+                                                 .min_new_tokens = g.min_new_tokens},
                                     .stop_at_eos = !g.ignore_eos,
                                     .seed = g.seed, .kv_cache = !g.no_kv_cache, .batch_size = a.batch_size,
                                     .format = format,

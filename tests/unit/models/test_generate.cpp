@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <numeric>
 
 #include "models/generate.h"
@@ -282,4 +283,156 @@ TEST_CASE("sample_token draws what one stable sort of every id gives, ties, -0 a
                     sample_token_by_stable_sort(logits.data(), vocab, o, b));
         }
   }
+}
+
+TEST_CASE("apply_repetition_penalty: transformers' RepetitionPenaltyLogitsProcessor on the ids seen",
+          "[models][generate]") {
+  // Positive logits divided, negative multiplied, 0 kept; each id once however often it occurs; ids outside the
+  // vocabulary ignored; the others untouched.
+  std::vector<float> logits{2.0f, -2.0f, 0.0f, 3.0f, -1.0f};
+  const std::vector<int32_t> seen{0, 1, 2, 0, 0, 1, 7, -1};
+  apply_repetition_penalty(logits.data(), 5, seen, 2.0);
+  REQUIRE(logits == std::vector<float>{1.0f, -4.0f, 0.0f, 3.0f, -1.0f});
+  // Below 1 it favours them: 1 / 0.5 and -4 * 0.5.
+  apply_repetition_penalty(logits.data(), 5, seen, 0.5);
+  REQUIRE(logits == std::vector<float>{2.0f, -2.0f, 0.0f, 3.0f, -1.0f});
+  // In float, as torch computes score / penalty and score * penalty on float32 scores.
+  std::vector<float> odd{0.7f, -0.3f};
+  apply_repetition_penalty(odd.data(), 2, std::vector<int32_t>{0, 1}, 1.3);
+  REQUIRE(odd == std::vector<float>{0.7f / 1.3f, -0.3f * 1.3f});
+  std::vector<float> same = logits;
+  apply_repetition_penalty(same.data(), 5, seen, 1.0);  // 1: off
+  REQUIRE(same == logits);
+  REQUIRE_THROWS_WITH(apply_repetition_penalty(same.data(), 5, seen, 0.0), Catch::Contains("must be > 0"));
+  REQUIRE_THROWS_WITH(apply_repetition_penalty(same.data(), 5, seen, -1.5), Catch::Contains("must be > 0"));
+}
+
+TEST_CASE("generate_batch: repetition_penalty penalizes each sequence's own text, prompt included, before sampling",
+          "[models][generate]") {
+  models::GptOptions o{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 20, .block_size = 8};
+  auto model = models::make_gpt(o);
+  model->init(13);
+  const std::vector<std::vector<int32_t>> prompts{{3, 4, 5}, {9, 9, 1}};
+  // The reference: the sliding window's logits, the penalty over the whole sequence, argmax (lower id on a tie).
+  const double penalty = 3.0;
+  const auto reference = [&](std::vector<int32_t> seq, int64_t count) {
+    model->set_training(false);
+    for (int64_t n = 0; n < count; ++n) {
+      const auto t = static_cast<int64_t>(std::min<size_t>(seq.size(), static_cast<size_t>(o.block_size)));
+      Tensor x = Tensor::empty({1, t}, DType::I32);
+      std::copy(seq.end() - t, seq.end(), x.data<int32_t>());
+      const Tensor& logits = model->forward(x);
+      const int64_t vocab = logits.dim(1);  // the model's, padded
+      std::vector<float> row(logits.data<float>() + (t - 1) * vocab, logits.data<float>() + t * vocab);
+      for (int32_t id = 0; id < vocab; ++id)
+        if (std::find(seq.begin(), seq.end(), id) != seq.end()) row[id] = row[id] < 0 ? row[id] * 3.0f : row[id] / 3.0f;
+      seq.push_back(static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+    }
+    return seq;
+  };
+  const SampleOptions greedy{.top_k = 1, .repetition_penalty = penalty};
+  for (bool kv_cache : {true, false}) {
+    CAPTURE(kv_cache);
+    // 5 new tokens: within the block, where the cache and the window give the same logits.
+    const auto got = generate_batch(*model, o.block_size, prompts, 5, greedy, {1, 2}, kv_cache);
+    for (size_t i = 0; i < prompts.size(); ++i) REQUIRE(got[i] == reference(prompts[i], 5));
+  }
+  // The penalty changes this text (so the comparisons above can tell).
+  const auto plain = generate(*model, o.block_size, prompts[0], 5, {.top_k = 1}, 1);
+  REQUIRE(plain != generate(*model, o.block_size, prompts[0], 5, greedy, 1));
+  // Sampled: the same seed, the same text; a penalty refused before any token is drawn.
+  const SampleOptions sampled{.temperature = 0.7, .repetition_penalty = 1.5};
+  REQUIRE(generate(*model, o.block_size, prompts[1], 12, sampled, 4) ==
+          generate(*model, o.block_size, prompts[1], 12, sampled, 4));
+  REQUIRE_THROWS_WITH(generate(*model, o.block_size, prompts[1], 3, {.repetition_penalty = 0}, 4),
+                      Catch::Contains("repetition_penalty 0: must be > 0"));
+}
+
+TEST_CASE("ban_repeated_ngrams: transformers' NoRepeatNGramLogitsProcessor on the text so far", "[models][generate]") {
+  const auto banned = [](std::vector<int32_t> seen, int64_t n, int64_t vocab = 6) {
+    std::vector<float> logits(static_cast<size_t>(vocab), 1.0f);
+    ban_repeated_ngrams(logits.data(), vocab, seen, n);
+    std::vector<int32_t> ids;
+    for (int32_t i = 0; i < vocab; ++i)
+      if (logits[i] == -INFINITY) ids.push_back(i);
+      else REQUIRE(logits[i] == 1.0f);
+    return ids;
+  };
+  // 2-grams: the text ends in 1; 1 was followed by 2 and by 4 before: both banned.
+  REQUIRE(banned({1, 2, 3, 1, 4, 1}, 2) == std::vector<int32_t>{2, 4});
+  // 3-grams: "1 2" was followed by 3 once; "2 1" (the end of {.., 2, 1}) by nothing.
+  REQUIRE(banned({1, 2, 3, 1, 2}, 3) == std::vector<int32_t>{3});
+  REQUIRE(banned({1, 2, 3, 2, 1}, 3).empty());
+  // 1-grams: every token of the text; 0: off; a text too short for an n-gram bans nothing (n - 1 tokens included).
+  REQUIRE(banned({5, 0, 5}, 1) == std::vector<int32_t>{0, 5});
+  REQUIRE(banned({1, 1, 1}, 0).empty());
+  REQUIRE(banned({1, 1}, 3).empty());
+  REQUIRE(banned({1, 1, 1}, 3) == std::vector<int32_t>{1});
+  // Ids outside the vocabulary (the model's, when the text holds others) are skipped.
+  REQUIRE(banned({7, 7, 7}, 2, 6).empty());
+  std::vector<float> one{1.0f};
+  REQUIRE_THROWS_WITH(ban_repeated_ngrams(one.data(), 1, std::vector<int32_t>{0}, -1), Catch::Contains(">= 0"));
+}
+
+TEST_CASE("generate_batch: no_repeat_ngram_size never repeats an n-gram, and refuses to sample when all are banned",
+          "[models][generate]") {
+  models::GptOptions o{.n_layer = 2, .n_head = 2, .n_embd = 16, .vocab_size = 6, .block_size = 32};
+  auto model = models::make_gpt(o);
+  model->init(13);
+  const std::vector<int32_t> prompt{3, 4, 3};
+  for (bool kv_cache : {true, false})
+    for (const SampleOptions& s : {SampleOptions{.top_k = 1, .vocab_limit = 6, .no_repeat_ngram_size = 2},
+                                   SampleOptions{.temperature = 2.0, .vocab_limit = 6, .no_repeat_ngram_size = 2}}) {
+      CAPTURE(kv_cache, s.top_k);
+      // 6 ids make 36 2-grams: 20 new tokens can avoid every repeat (and without the ban greedy text repeats).
+      const auto got = generate(*model, o.block_size, prompt, 20, s, 3, kv_cache);
+      REQUIRE(got.size() == 23);
+      std::set<std::pair<int32_t, int32_t>> pairs;
+      for (size_t i = 0; i + 1 < got.size(); ++i) REQUIRE(pairs.insert({got[i], got[i + 1]}).second);
+    }
+  const auto plain = generate(*model, o.block_size, prompt, 20, {.top_k = 1, .vocab_limit = 6}, 3);
+  std::set<std::pair<int32_t, int32_t>> pairs;
+  bool repeats = false;
+  for (size_t i = 0; i + 1 < plain.size(); ++i) repeats |= !pairs.insert({plain[i], plain[i + 1]}).second;
+  REQUIRE(repeats);
+  // 1-grams over 6 ids: after the prompt's 2 distinct ids, 4 new tokens use up the vocabulary. Greedy then takes id 0
+  // (torch's argmax of all -inf); sampling is refused, naming the option, instead of drawing the last id in silence.
+  const SampleOptions once{.temperature = 1.0, .vocab_limit = 6, .no_repeat_ngram_size = 1};
+  REQUIRE(generate(*model, o.block_size, prompt, 4, once, 3).size() == 7);
+  REQUIRE_THROWS_WITH(generate(*model, o.block_size, prompt, 5, once, 3),
+                      Catch::Contains("every token is banned (no_repeat_ngram_size 1"));
+  auto greedy_once = once;
+  greedy_once.top_k = 1;
+  REQUIRE(generate(*model, o.block_size, prompt, 5, greedy_once, 3).back() == 0);
+  REQUIRE(dynamic_cast<models::Gpt&>(model->root()).kv_cache_len() == 0);  // the cache ended with the error
+}
+
+TEST_CASE("generate_batch: min_new_tokens keeps the stop token out of each sequence's first new tokens",
+          "[models][generate]") {
+  models::GptOptions o{.n_layer = 1, .n_head = 2, .n_embd = 16, .vocab_size = 12, .block_size = 16};
+  auto model = models::make_gpt(o);
+  model->init(4);
+  const std::vector<std::vector<int32_t>> prompts{{5, 6, 7}, {1, 2, 3}};
+  // The stop token: sequence 0's first greedy token, so that without a minimum it ends at once.
+  const int32_t stop = generate(*model, o.block_size, prompts[0], 1, {.top_k = 1}, 1)[3];
+  SampleOptions s{.top_k = 1, .stop_token = stop};
+  REQUIRE(generate_batch(*model, o.block_size, prompts, 10, s, {1, 2})[0].size() == 4);
+  for (const SampleOptions& base : {s, SampleOptions{.temperature = 1.5, .stop_token = stop}})
+    for (bool kv_cache : {true, false}) {
+      SampleOptions at_least = base;
+      at_least.min_new_tokens = 4;
+      const auto got = generate_batch(*model, o.block_size, prompts, 10, at_least, {1, 2}, kv_cache);
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        CAPTURE(kv_cache, base.top_k, i);
+        REQUIRE(got[i].size() >= 7);  // 4 new tokens at least, none of them the stop token
+        REQUIRE(std::find(got[i].begin() + 3, got[i].begin() + 7, stop) == got[i].begin() + 7);
+        // After them it may end the text again: at its first stop token, if any.
+        const auto at = std::find(got[i].begin() + 7, got[i].end(), stop);
+        REQUIRE((at == got[i].end() ? got[i].size() == 13 : at + 1 == got[i].end()));
+      }
+    }
+  // No stop token: nothing to keep out.
+  REQUIRE(generate(*model, o.block_size, prompts[0], 6, {.top_k = 1, .min_new_tokens = 3}, 1) ==
+          generate(*model, o.block_size, prompts[0], 6, {.top_k = 1}, 1));
+  REQUIRE_THROWS(generate(*model, o.block_size, prompts[0], 6, {.top_k = 1, .min_new_tokens = -1}, 1));
 }
