@@ -47,9 +47,10 @@
 // why; the run's numbers stand.
 //
 // --cuda-graph (GPU): the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured
-// after the warm-up (and --lt-tune), the optimizer's update launched after it as in the other steps: what a graph
-// saves in launches and gaps between kernels against the same step launched call by call (gpt_bench.sh's fastgraph
-// row). Only for the transformer fast path (train.bf16_activations), the one path whose capture the tests check. A
+// after the warm-up (and --lt-tune), and with AdamW its fused update too (the learning rate and bias corrections
+// copied to the device before each launch: trainer::Optimizer::stage), so one launch is the whole step; SGD's update
+// is launched after it as in the other steps: what a graph saves in launches and gaps between kernels against the
+// same step launched call by call (gpt_bench.sh's fastgraph row). Only for the transformer fast path (train.bf16_activations), the one path whose capture the tests check. A
 // call of the step that cannot be captured fails the run (a checked call naming itself).
 //
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
@@ -544,20 +545,24 @@ std::vector<std::string> library_lines(models::Kernels& k, int candidates, std::
   }
 }
 
-// --cuda-graph: a step's zeroing, forward, loss and backward (`gradients`) captured once, after one more eager `step`
-// (whatever the warm-up's last plans, --lt-tune's, allocate on first use is made before the capture, which takes
-// every buffer at the address it has then), and launched as one unit each step, the update after it.
+// --cuda-graph: a step's zeroing, forward, loss and backward (`gradients`; with AdamW its update too, reading the
+// constants `stage` copies to the device before each launch: trainer::Optimizer::stage) captured once, after one more
+// eager `step` (whatever the warm-up's last plans, --lt-tune's, allocate on first use is made before the capture,
+// which takes every buffer at the address it has then), and launched as one unit each step, `update` after it (the
+// host's part of a staged update, or SGD's whole update).
 class StepGraph {
  public:
   void capture(models::Model& model, StreamHandle stream, const std::function<void()>& step,
-               const std::function<void()>& gradients) {
+               const std::function<void()>& gradients, std::function<void()> stage, const char* what) {
     step();
+    stage_ = std::move(stage);
+    if (stage_) stage_();
     reads_copy_ = model.params16_current();  // what the forward decides while captured, fixed in the graph
     graph_ = cuda::Graph::capture(stream, gradients);
     // Capturing ran nothing, but the captured forward marked the copy used (Model::forward): the warm-up update's
     // copy is still what the first launch reads.
     if (reads_copy_) model.params16_written();
-    spdlog::info("CUDA graph: a step's zeroing, forward, loss and backward captured: {} nodes", graph_.nodes());
+    spdlog::info("CUDA graph: a step's {} captured: {} nodes", what, graph_.nodes());
   }
   // One step from the graph, then `update`. The graph holds the forward's choice made while capturing, so a graph
   // that reads the bf16 copy of the parameters must find one the last update wrote before every launch (then used
@@ -565,6 +570,7 @@ class StepGraph {
   void step(models::Model& model, StreamHandle stream, const std::function<void()>& update) const {
     DPT_CHECK(!reads_copy_ || model.params16_current(), "--cuda-graph: the captured forward reads the bf16 copy of "
               "the parameters, and the last update did not write it");
+    if (stage_) stage_();  // this step's constants, on the stream before the launch
     graph_.launch(stream);
     if (reads_copy_) model.params_written();
     update();
@@ -574,6 +580,7 @@ class StepGraph {
 
  private:
   cuda::Graph graph_;
+  std::function<void()> stage_;  // empty: the update is not in the graph
   bool reads_copy_ = false;  // the captured forward reads the update's bf16 copy (no rounding pass)
 };
 
@@ -654,9 +661,23 @@ Result run(const Options& o, const trainer::Config& cfg) {
     if (!o.cuda_graph) step(nullptr);  // (--cuda-graph's capture runs one itself)
   }
   StepGraph graph;
-  const auto update = [&] { optimizer.step(lr); };
+  // --cuda-graph with AdamW: its update in the graph too (as train.cuda_graph's), the constants staged per launch.
+  const bool staged = o.cuda_graph && optimizer.can_stage();
+  const auto update = [&] {
+    if (staged)
+      optimizer.staged_done();
+    else
+      optimizer.step(lr);
+  };
   if (o.cuda_graph) {
-    graph.capture(*model, stream, [&] { step(nullptr); }, [&] { gradients(nullptr); });
+    graph.capture(
+        *model, stream, [&] { step(nullptr); },
+        [&] {
+          gradients(nullptr);
+          if (staged) optimizer.step_staged(nullptr, 0.0);
+        },
+        staged ? std::function<void()>([&] { optimizer.stage(lr, stream); }) : std::function<void()>(),
+        staged ? "zeroing, forward, loss, backward and AdamW" : "zeroing, forward, loss and backward");
     r.graph_nodes = graph.nodes();
     graph.step(*model, stream, update);  // once before the clock (capturing ran nothing)
   }
@@ -841,7 +862,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       ->capture_default_str();
   app.add_flag("--cuda-graph", o.cuda_graph,
                "the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured after "
-               "the warm-up (and --lt-tune); the optimizer's update launched after it (GPU)");
+               "the warm-up (and --lt-tune), with AdamW its update too (its lr and step copied to the device before "
+               "each launch); SGD's update launched after it (GPU)");
   app.add_option("--json", o.json_path, "also write the result to this file as JSON");
   app.add_option("overrides", o.overrides,
                  "dptrain config overrides, key=value: model.name=resnet model.depth=18 train.device=cuda "

@@ -12,9 +12,9 @@
 #                   cuBLASLt matmuls with fused epilogues, cuDNN's fused attention, the fused classifier, the fused
 #                   AdamW); bf16 only. Its per-phase split and kernel breakdown as the step row's
 #         fastloop  the loop row with train.bf16_activations = true; bf16 only
-#         fastloopgraph the fastloop row with train.cuda_graph = true: each step's zero_grad, forward, loss and
-#                   backward one CUDA graph inside dptrain's loop (an A/B against fastloop; bf16, GPU only; compiled,
-#                   never run)
+#         fastloopgraph the fastloop row with train.cuda_graph = true: each step's zero_grad, forward, loss,
+#                   backward, clipping and AdamW one CUDA graph inside dptrain's loop (an A/B against fastloop; bf16,
+#                   GPU only; compiled, never run)
 #         fastsep   the fast row with DPT_TUNE_BGRAD=separate: each weight gradient's bias gradient from our column
 #                   sums after the plain product, not cuBLASLt's BGRADB epilogue (an A/B for tuning; bf16 only)
 #         fastnd    the fast row with train.deterministic = false: cuDNN's default (non-deterministic) attention
