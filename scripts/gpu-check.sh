@@ -1673,7 +1673,7 @@ run_steps() {
   run_step compare_gpt_bf16act_gpu_cpu step_compare_gpt train_cuda_gpt_bf16act train_cpu_gpt_bf16act 5
   run_step train_cuda_gpt_autotune step_train_gpt_autotune
   run_step compare_gpt_autotune_gpu_cpu step_compare_gpt train_cuda_gpt_autotune train_cpu_gpt_bf16act 5
-  # train.cuda_graph (compiled, never run): the same run with each step's gradients one CUDA graph, bit for bit.
+  # train.cuda_graph (compiled, never run): the same run, each step (with clipping, AdamW) one CUDA graph, bit for bit.
   run_step train_cuda_gpt_graph step_train_gpt_graph
   run_step compare_gpt_graph_eager step_compare_gpt_graph_eager
   # The Llama family (configs/llama_tiny.toml: grouped-query attention, RMSNorm, RoPE, SwiGLU) the same ways: float32
