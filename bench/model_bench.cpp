@@ -47,9 +47,10 @@
 // why; the run's numbers stand.
 //
 // --cuda-graph (GPU): the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured
-// after the warm-up (and --lt-tune), the optimizer's update launched after it as in the other steps: what a graph
-// saves in launches and gaps between kernels against the same step launched call by call (gpt_bench.sh's fastgraph
-// row). Only for the transformer fast path (train.bf16_activations), the one path whose capture the tests check. A
+// after the warm-up (and --lt-tune), and with AdamW its fused update too (the learning rate and bias corrections
+// copied to the device before each launch: trainer::Optimizer::stage), so one launch is the whole step; SGD's update
+// is launched after it as in the other steps: what a graph saves in launches and gaps between kernels against the
+// same step launched call by call (gpt_bench.sh's fastgraph row). Only for the transformer fast path (train.bf16_activations), the one path whose capture the tests check. A
 // call of the step that cannot be captured fails the run (a checked call naming itself).
 //
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
@@ -544,35 +545,51 @@ std::vector<std::string> library_lines(models::Kernels& k, int candidates, std::
   }
 }
 
-// --cuda-graph: a step's zeroing, forward, loss and backward (`gradients`) captured once, after one more eager `step`
-// (whatever the warm-up's last plans, --lt-tune's, allocate on first use is made before the capture, which takes
-// every buffer at the address it has then), and launched as one unit each step, the update after it.
+// --cuda-graph: a step's zeroing, forward, loss and backward (`gradients`; with AdamW the optimizer's update too,
+// reading the constants Optimizer::stage copies to the device before each launch) captured once, after one more
+// eager `step` (whatever the warm-up's last plans, --lt-tune's, allocate on first use is made before the capture,
+// which takes every buffer at the address it has then), and launched as one unit each step; SGD's update after it.
 class StepGraph {
  public:
+  StepGraph(trainer::Optimizer& optimizer, double lr, bool graph)
+      : optimizer_(optimizer), lr_(lr), staged_(graph && optimizer.can_stage()) {}
   void capture(models::Model& model, StreamHandle stream, const std::function<void()>& step,
                const std::function<void()>& gradients) {
     step();
+    if (staged_) optimizer_.stage(lr_, stream);  // (the block exists before the capture takes its address)
     reads_copy_ = model.params16_current();  // what the forward decides while captured, fixed in the graph
-    graph_ = cuda::Graph::capture(stream, gradients);
+    graph_ = cuda::Graph::capture(stream, [&] {
+      gradients();
+      if (staged_) optimizer_.step_staged(nullptr, 0.0);
+    });
     // Capturing ran nothing, but the captured forward marked the copy used (Model::forward): the warm-up update's
     // copy is still what the first launch reads.
     if (reads_copy_) model.params16_written();
-    spdlog::info("CUDA graph: a step's zeroing, forward, loss and backward captured: {} nodes", graph_.nodes());
+    spdlog::info("CUDA graph: a step's zeroing, forward, loss and backward{} captured: {} nodes",
+                 staged_ ? " and AdamW's update" : "", graph_.nodes());
   }
-  // One step from the graph, then `update`. The graph holds the forward's choice made while capturing, so a graph
-  // that reads the bf16 copy of the parameters must find one the last update wrote before every launch (then used
-  // up, as the forward would: params_written).
-  void step(models::Model& model, StreamHandle stream, const std::function<void()>& update) const {
+  // One step from the graph (with AdamW: its constants staged first), then the update's host part (SGD: the whole
+  // update). The graph holds the forward's choice made while capturing, so a graph that reads the bf16 copy of the
+  // parameters must find one the last update wrote before every launch (then used up, as the forward would:
+  // params_written).
+  void step(models::Model& model, StreamHandle stream) {
     DPT_CHECK(!reads_copy_ || model.params16_current(), "--cuda-graph: the captured forward reads the bf16 copy of "
               "the parameters, and the last update did not write it");
+    if (staged_) optimizer_.stage(lr_, stream);
     graph_.launch(stream);
     if (reads_copy_) model.params_written();
-    update();
+    if (staged_)
+      optimizer_.staged_done();
+    else
+      optimizer_.step(lr_);
   }
   bool defined() const { return graph_.defined(); }
   size_t nodes() const { return graph_.nodes(); }
 
  private:
+  trainer::Optimizer& optimizer_;
+  double lr_;
+  bool staged_;  // AdamW: the update is in the graph
   cuda::Graph graph_;
   bool reads_copy_ = false;  // the captured forward reads the update's bf16 copy (no rounding pass)
 };
@@ -653,18 +670,17 @@ Result run(const Options& o, const trainer::Config& cfg) {
     // workspace, a bf16 scratch) is not timed, as PyTorch's cudnn.benchmark rows' warm-up makes theirs.
     if (!o.cuda_graph) step(nullptr);  // (--cuda-graph's capture runs one itself)
   }
-  StepGraph graph;
-  const auto update = [&] { optimizer.step(lr); };
+  StepGraph graph(optimizer, lr, o.cuda_graph);
   if (o.cuda_graph) {
     graph.capture(*model, stream, [&] { step(nullptr); }, [&] { gradients(nullptr); });
     r.graph_nodes = graph.nodes();
-    graph.step(*model, stream, update);  // once before the clock (capturing ran nothing)
+    graph.step(*model, stream);  // once before the clock (capturing ran nothing)
   }
   stats.zero_(stream);
   const double seconds = time_steps(
       [&] {
         if (graph.defined())
-          graph.step(*model, stream, update);
+          graph.step(*model, stream);
         else
           step(nullptr);
       },
@@ -841,7 +857,8 @@ std::optional<int> parse_options(int argc, char** argv, Options& o) {
       ->capture_default_str();
   app.add_flag("--cuda-graph", o.cuda_graph,
                "the timed steps replay one CUDA graph of a step's zeroing, forward, loss and backward, captured after "
-               "the warm-up (and --lt-tune); the optimizer's update launched after it (GPU)");
+               "the warm-up (and --lt-tune), with AdamW its update too (its lr and step copied to the device before "
+               "each launch); SGD's update launched after it (GPU)");
   app.add_option("--json", o.json_path, "also write the result to this file as JSON");
   app.add_option("overrides", o.overrides,
                  "dptrain config overrides, key=value: model.name=resnet model.depth=18 train.device=cuda "
@@ -929,8 +946,9 @@ int main(int argc, char** argv) {
     fmt::print("# warmup {} steps, timed {} steps ({})\n", o.warmup, o.steps,
                r.device.starts_with("cuda") ? "CUDA events on the compute stream" : "steady_clock");
     if (o.cuda_graph)
-      fmt::print("# CUDA graph: each timed step one launch of a graph of {} nodes (zeroing, forward, loss, backward, "
-                 "captured after the warm-up), then the optimizer's update\n", r.graph_nodes);
+      fmt::print("# CUDA graph: each timed step one launch of a graph of {} nodes (zeroing, forward, loss, backward "
+                 "and AdamW's update, its lr and step staged before the launch; SGD's update after it; captured after "
+                 "the warm-up)\n", r.graph_nodes);
     if (o.phase_steps > 0) {
       double total = 0;
       for (double ms : r.phase_ms) total += ms;

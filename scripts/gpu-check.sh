@@ -1223,14 +1223,19 @@ step_train_gpt_autotune() {
 step_train_llama_cpu() { train_lm llama_tiny "$1" cpu gloo 120 "${@:2}"; }
 
 # train.cuda_graph inside dptrain (issue 33; compiled, never run): the fast path's GPT with each step's zero_grad,
-# forward, loss and backward one CUDA graph, otherwise train_cuda_gpt_bf16act's run. PASS when it trains and its log
-# says steps were launched from a graph; compare_gpt_graph_eager then holds it to that run bit for bit.
+# forward, loss, backward, gradient clipping and AdamW one CUDA graph (the lr and step staged before each launch),
+# otherwise train_cuda_gpt_bf16act's run. PASS when it trains and its log says steps were launched from a graph with
+# the update inside; compare_gpt_graph_eager then holds it to that run bit for bit.
 step_train_gpt_graph() {
   local logfile=$1 summary
   train_gpt "$logfile" cuda nccl 120 train.precision=bf16 train.bf16_activations=true train.cuda_graph=true || return 1
   summary=$(grep -m1 -o 'train.cuda_graph: [0-9]* step(s) launched.*' "$logfile" || true)
   if ! grep -q '^train.cuda_graph: [1-9]' <<<"$summary"; then
     NOTE="no step launched from a CUDA graph (${summary:-no 'train.cuda_graph:' line}); $NOTE"
+    return 1
+  fi
+  if ! grep -q 'the clipping and AdamW inside' <<<"$summary"; then
+    NOTE="the optimizer's update ran outside the graph: ${summary:0:160}"
     return 1
   fi
   NOTE="$NOTE; ${summary:0:160}"
@@ -1668,7 +1673,7 @@ run_steps() {
   run_step compare_gpt_bf16act_gpu_cpu step_compare_gpt train_cuda_gpt_bf16act train_cpu_gpt_bf16act 5
   run_step train_cuda_gpt_autotune step_train_gpt_autotune
   run_step compare_gpt_autotune_gpu_cpu step_compare_gpt train_cuda_gpt_autotune train_cpu_gpt_bf16act 5
-  # train.cuda_graph (compiled, never run): the same run with each step's gradients one CUDA graph, bit for bit.
+  # train.cuda_graph (compiled, never run): the same run, each step (with clipping, AdamW) one CUDA graph, bit for bit.
   run_step train_cuda_gpt_graph step_train_gpt_graph
   run_step compare_gpt_graph_eager step_compare_gpt_graph_eager
   # The Llama family (configs/llama_tiny.toml: grouped-query attention, RMSNorm, RoPE, SwiGLU) the same ways: float32

@@ -56,7 +56,7 @@ struct TrainConfig {
   bool deterministic = true;  // GPU: only library algorithms that give the same bits on every run (Kernels::set_deterministic)
   bool autotune = false;  // GPU: after the first step, each cuBLASLt plan timed with its candidates, the fastest kept
   bool autotune_bf16_grads = false;  // with autotune: weight gradients may switch to bf16 products (torch.autocast's)
-  bool cuda_graph = false;  // GPU fast path, 1 rank: each step's zero_grad, forward, loss, backward as one CUDA graph
+  bool cuda_graph = false;  // GPU fast path, 1 rank: each step (AdamW: its clip and update too) as one CUDA graph
   OptimizerKind optimizer = OptimizerKind::sgd;
   double lr = 0.05;
   double momentum = 0.9;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "models/kernels/elementwise.h"
 
@@ -87,13 +88,8 @@ void Optimizer::step(double lr, const double* grad_ss, double max_norm) {
   if (cfg_.optimizer == OptimizerKind::adamw) {
     // The fast path's bf16 copy, written in the same pass (the next training forward then skips its rounding
     // pass): where this update covers the whole flat buffer. A sharded update's pieces would leave the others' stale.
-    BFloat16* params16 = sharded_ || shard_params_.defined() ? nullptr : model_.params16_data();
-    const models::AdamWParams ap{.lr = static_cast<float>(lr),
-                                 .beta1 = static_cast<float>(cfg_.beta1),
-                                 .beta2 = static_cast<float>(cfg_.beta2),
-                                 .eps = static_cast<float>(cfg_.eps),
-                                 .weight_decay = static_cast<float>(cfg_.weight_decay),
-                                 .step = steps_ + 1};
+    BFloat16* params16 = this->params16();
+    const models::AdamWParams ap = adamw_params(lr);
     for (const Piece& pc : pieces_) {
       models::AdamWParams pp = ap;
       const uint64_t* edges = nullptr;
@@ -122,6 +118,79 @@ void Optimizer::step(double lr, const double* grad_ss, double max_norm) {
     k.sgd_update(param_at(r.offset, r.at), grad_at(r.offset, r.at),
                  slots_.empty() ? nullptr : slots_[0].second.data<float>() + r.at, r.count, sp);
   }
+  ++steps_;
+}
+
+models::AdamWParams Optimizer::adamw_params(double lr) const {
+  return {.lr = static_cast<float>(lr),
+          .beta1 = static_cast<float>(cfg_.beta1),
+          .beta2 = static_cast<float>(cfg_.beta2),
+          .eps = static_cast<float>(cfg_.eps),
+          .weight_decay = static_cast<float>(cfg_.weight_decay),
+          .step = steps_ + 1};
+}
+
+BFloat16* Optimizer::params16() const {
+  return sharded_ || shard_params_.defined() ? nullptr : model_.params16_data();
+}
+
+bool Optimizer::can_stage() const {
+  return cfg_.optimizer == OptimizerKind::adamw && !sharded_ && !shard_params_.defined() && !shard_grads_.defined();
+}
+
+void Optimizer::stage(double lr, StreamHandle stream) {
+  DPT_CHECK(can_stage(), "Optimizer::stage: only AdamW over the whole parameter buffer");
+  using models::elementwise::AdamWSteps;
+  static_assert(sizeof(AdamWSteps) % sizeof(float) == 0 && alignof(AdamWSteps) <= alignof(float));
+  constexpr int64_t kFloats = sizeof(AdamWSteps) / sizeof(float);
+  const auto block_floats = static_cast<int64_t>(pieces_.size()) * kFloats;
+  const models::AdamWParams ap = adamw_params(lr);
+  staged_.clear();
+  for (const Piece& pc : pieces_) {  // step()'s constants, piece by piece
+    models::AdamWParams pp = ap;
+    if (!pc.all_decay && pc.n_edges == 0) pp.weight_decay = 0.0f;
+    staged_.push_back(models::elementwise::adamw_steps(pp));
+  }
+  const size_t bytes = staged_.size() * sizeof(AdamWSteps);
+  if (!staged_block_.defined()) staged_block_ = Tensor::zeros({block_floats}, DType::F32, model_.device());
+  if (!model_.device().is_cuda()) {
+    std::memcpy(staged_block_.raw(), staged_.data(), bytes);
+    return;
+  }
+  if (!staged_pinned_.defined()) {
+    staged_pinned_ = Tensor::empty_pinned({static_cast<int64_t>(kStageSlots) * block_floats}, DType::F32);
+    for (size_t i = 0; i < kStageSlots; ++i) staged_copied_.push_back(std::make_unique<cuda::Event>());
+  }
+  const size_t slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % kStageSlots;
+  // The slot's last copy was enqueued kStageSlots steps ago (the step timer keeps the host within two steps of the
+  // device): done by now, so this returns at once.
+  staged_copied_[slot]->synchronize();
+  void* src = staged_pinned_.data<float>() + static_cast<int64_t>(slot) * block_floats;
+  std::memcpy(src, staged_.data(), bytes);
+  cuda::memcpy(staged_block_.raw(), src, bytes, stream);
+  staged_copied_[slot]->record(stream);
+}
+
+void Optimizer::step_staged(const double* grad_ss, double max_norm) {
+  DPT_CHECK(!staged_.empty() && staged_block_.defined(), "Optimizer::step_staged before stage()");
+  auto& k = model_.kernels();
+  float* params = model_.params().data<float>();
+  const float* grads = model_.grads().data<float>();
+  BFloat16* params16 = this->params16();
+  const auto* block = static_cast<const models::elementwise::AdamWSteps*>(staged_block_.raw());
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const Piece& pc = pieces_[i];
+    const uint64_t* edges =
+        pc.all_decay || pc.n_edges == 0 ? nullptr : reinterpret_cast<const uint64_t*>(pc.decay_edges.raw());
+    k.adamw_fused_staged(params + pc.offset, params16 ? params16 + pc.offset : nullptr, grads + pc.offset,
+                         slots_[0].second.data<float>() + pc.at, slots_[1].second.data<float>() + pc.at, pc.count,
+                         block + i, edges, pc.n_edges, grad_ss, max_norm);
+  }
+}
+
+void Optimizer::staged_done() {
+  if (params16()) model_.params16_written();
   ++steps_;
 }
 

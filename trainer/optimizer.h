@@ -8,8 +8,12 @@
 // shard() hands the checkpoint that state with its pieces.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "core/cuda.h"
+#include "models/kernels/elementwise.h"
 
 #include "models/model.h"
 #include "trainer/config.h"
@@ -32,6 +36,23 @@ class Optimizer {
   // launch for the whole model under DDP, the weight decay per element from its ranges); SGD clips the gradients
   // in place first. Either gives the bits of clip_by_norm and then the per-run update.
   void step(double lr, const double* grad_ss = nullptr, double max_norm = 0.0);
+
+  // The same update in three parts, so that a CUDA graph can replay its device work with each step's learning rate
+  // and step count (train.cuda_graph): AdamW over the whole buffer only (can_stage: one rank, no ZeRO).
+  //  - stage(lr, stream): the host computes the next step's constants exactly as step() does
+  //    (elementwise::adamw_steps for `lr` and step steps() + 1, one set a piece: the scalar block) and enqueues their
+  //    copy into the block on the model's device on `stream` (from pinned host memory; on the CPU, written directly);
+  //  - step_staged(grad_ss, max_norm): the update's kernels, reading the block when they run
+  //    (Kernels::adamw_fused_staged): what a graph captures; no host state changes;
+  //  - staged_done(): the host's part, once for each update that ran: the step count, the bf16 copy's state.
+  // stage, step_staged, staged_done give step(lr, grad_ss, max_norm)'s bits.
+  bool can_stage() const;
+  void stage(double lr, StreamHandle stream);
+  void step_staged(const double* grad_ss, double max_norm);
+  void staged_done();
+  // The block's host image as the last stage() wrote it (a set per piece), and its device copy (tests).
+  const std::vector<models::elementwise::AdamWSteps>& staged() const { return staged_; }
+  const Tensor& staged_block() const { return staged_block_; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
   // Per-parameter views of the state buffers, for checkpoints (empty for plain SGD without momentum). Only when
@@ -65,6 +86,15 @@ class Optimizer {
     bool all_decay = false;
   };
   std::vector<Piece> pieces_;
+  models::AdamWParams adamw_params(double lr) const;  // step()'s, for step steps_ + 1
+  BFloat16* params16() const;                       // where the update writes the bf16 copy (null: nowhere)
+  // stage()'s block: its host image, its copy on the model's device, and on a GPU a ring of pinned host slots the
+  // copies come from, each reused only once its last copy has run (its event).
+  static constexpr size_t kStageSlots = 4;
+  std::vector<models::elementwise::AdamWSteps> staged_;
+  Tensor staged_block_, staged_pinned_;
+  std::vector<std::unique_ptr<cuda::Event>> staged_copied_;
+  size_t next_slot_ = 0;
 };
 
 

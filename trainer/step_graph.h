@@ -1,9 +1,13 @@
 // trainer/step_graph.h: train.cuda_graph: a training step's zero_grad, forward, loss and backward captured once as a
 // CUDA graph (cuda::Graph) and launched as one unit at the next steps, so that the fast path's hundreds of kernels a
-// step cost one launch. What stays outside the graph, launched as usual after it: the gradient clipping and the
-// optimizer's update, whose per-step scalars (the learning rate, AdamW's step count for its bias corrections, the
-// clip factor) the host passes as kernel arguments; and, before it, the batch's split into the task's token buffers
-// (Task::prepare: the feeder's two device slots alternate, the task's buffers stay put).
+// step cost one launch. With AdamW (the Trainer's `work`) the graph also holds the gradient clipping's sum of squares
+// and the fused update: the clip factor is computed on the device from that sum (elementwise::clip_factor) and the
+// update reads its per-step constants (the learning rate and AdamW's bias corrections for the step count, computed on
+// the host as an eager step's: elementwise::adamw_steps) from a small device block that Optimizer::stage copies from
+// pinned host memory on the stream before each launch, so one launch is the whole step with no host synchronisation.
+// SGD's update (its first-step flag and learning rate are kernel arguments) runs after the launch, as without a
+// graph. Outside the graph, before it: the batch's split into the task's token buffers (Task::prepare: the feeder's
+// two device slots alternate, the task's buffers stay put).
 //
 // A graph replays the addresses and the host's decisions it saw while captured (core/cuda.h), so:
 //  - it is captured only after an eager step of the same batch size whose forward made the same choice about the

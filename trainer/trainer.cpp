@@ -145,6 +145,7 @@ class Trainer {
   void begin_step(Epoch& ep, int64_t batch);
   void forward_backward(Epoch& ep, const data::Batch& batch, int64_t group_rows, bool first_micro, bool last_micro);
   bool update(Epoch& ep);  // false: fp16 skipped the step
+  void update_staged(Epoch& ep);  // train.cuda_graph with AdamW: update()'s device work, in the step's graph
   bool after_step(Epoch& ep, int64_t next_batch);  // true: the run stops here
   int64_t batches_for(size_t samples) const;       // a rank's batches in `samples` examples of an epoch
   int64_t samples_at(const Epoch& ep, int64_t next_batch) const;  // the epoch's examples the job has consumed
@@ -203,6 +204,9 @@ class Trainer {
   std::unique_ptr<Feeder> feeder_;
   std::unique_ptr<StepTimer> timer_;
   std::unique_ptr<StepGraph> step_graph_;  // train.cuda_graph (trainer/step_graph.h); null without it
+  // train.cuda_graph with AdamW: the clipping's sum of squares and the update are in the step's graph too, their
+  // per-step constants staged (Optimizer::stage) before each step; else (SGD) they run after it, as without a graph.
+  bool graph_update_ = false;
   std::unique_ptr<StopAgreement> stop_agreement_;
   std::unique_ptr<Reporter> reporter_;
   // Where the run is. saved_at_: the step of the last checkpoint tried (written, or failed under
@@ -287,6 +291,7 @@ void Trainer::build_model_and_optimizer() {
   ctx_.phase = "allocating the optimizer state";
   optimizer_ = std::make_unique<Optimizer>(t_, *model_, decay_matrices_only, dp_->owned(), dp_->shard_grads(),
                                            dp_->shard_params());
+  graph_update_ = step_graph_ && optimizer_->can_stage() && !scaler_.enabled();
   ctx_.memory.optimizer = static_cast<int64_t>(optimizer_->state_bytes());
   if (lead_)
     for (const std::string& line : dp_->shard_lines(optimizer_->state_bytes(), t_.accum_steps)) spdlog::info("{}", line);
@@ -681,19 +686,40 @@ void Trainer::forward_backward(Epoch& ep, const data::Batch& batch, int64_t grou
     faults_.loss_grad_ready(step_ + 1, first_micro, loss_.grad(), stream_);
     dp_->begin_backward(/*sync=*/last_micro);  // the first K-1 micro-batches only accumulate
     model_->backward(loss_.grad(), [this](size_t first, size_t end) { dp_->grads_ready(first, end); });
+    if (graph_update_) update_staged(ep);  // (one rank: finish_backward has nothing to do)
   };
   // train.cuda_graph: one rank, one micro-batch a step (check_cuda_graph), so that the host work the graph leaves out
-  // at a launch (zero_grad's and the forward's decisions, the reducer's bookkeeping) is the same every step.
-  if (step_graph_)
+  // at a launch (zero_grad's and the forward's decisions, the reducer's bookkeeping) is the same every step. With
+  // AdamW the update is in the graph too: this step's learning rate and step count staged on the stream before it.
+  if (step_graph_) {
+    if (graph_update_) optimizer_->stage(ep.lr, stream_);
     step_graph_->run(*model_, stream_, task_->rows(), faults_.poisons_loss_grad(step_ + 1, first_micro), gradients);
-  else
+    if (graph_update_) {
+      optimizer_->staged_done();  // after run()'s params_written(): the update wrote the bf16 copy
+      ep.grad_ss_fresh = t_.clip_grad_norm > 0;
+    }
+  } else {
     gradients();
+  }
   feeder_->step_done();
   ep.seen += task_->rows();
 }
 
+// train.cuda_graph with AdamW: update()'s clipping and update as device work only (captured in the step's graph),
+// reading the constants Optimizer::stage wrote: the same bits as update().
+void Trainer::update_staged(Epoch& ep) {
+  const double* clip_ss = nullptr;
+  if (t_.clip_grad_norm > 0) {
+    dp_->sum_squares_to(model_->kernels(), ep.grad_ss);
+    clip_ss = ep.grad_ss.data<double>();
+  }
+  optimizer_->step_staged(clip_ss, t_.clip_grad_norm);
+}
+
 // The averaged gradients (this rank's pieces under ZeRO): clipped, unscaled (fp16, which may skip the step), applied.
+// (train.cuda_graph with AdamW: done by the step's graph, update_staged.)
 bool Trainer::update(Epoch& ep) {
+  if (graph_update_) return true;
   auto& k = model_->kernels();
   auto scale_grads = [&](double alpha) {  // this rank's averaged gradients (all of them, or its ZeRO pieces)
     dp_->for_each_owned([&](float* g, size_t n) { k.scale(g, n, static_cast<float>(alpha)); });
@@ -991,10 +1017,13 @@ void Trainer::finish() {
     result_.cuda_graph_captures = step_graph_->captures();
   }
   if (lead_ && step_graph_)
-    spdlog::info("train.cuda_graph: {} step(s) launched from a CUDA graph ({} capture(s), {} nodes), {} eager (the "
-                 "first after an epoch's start, a checkpoint or train.autotune, and at a change of batch size or of "
-                 "whether the forward reads the update's bf16 copy)",
-                 step_graph_->launches(), step_graph_->captures(), step_graph_->nodes(), step_graph_->eager_steps());
+    spdlog::info("train.cuda_graph: {} step(s) launched from a CUDA graph ({} capture(s), {} nodes; {}), {} eager "
+                 "(the first after an epoch's start, a checkpoint or train.autotune, and at a change of batch size or "
+                 "of whether the forward reads the update's bf16 copy)",
+                 step_graph_->launches(), step_graph_->captures(), step_graph_->nodes(),
+                 graph_update_ ? "the clipping and AdamW inside, their lr and step staged per launch"
+                               : "the optimizer's update after each launch",
+                 step_graph_->eager_steps());
   if (result_.epochs.empty() && !result_.stop_signal) {
     // Nothing left to train (resumed at the end): where the model stands.
     const EvalResult ev = evaluate_saved_model();

@@ -85,6 +85,10 @@ void Kernels::adamw_fused(float*, BFloat16*, const float*, float*, float*, size_
                           const uint64_t*, size_t, const double*, double) {
   no_kernel(*this, "adamw_fused");
 }
+void Kernels::adamw_fused_staged(float*, BFloat16*, const float*, float*, float*, size_t,
+                                 const elementwise::AdamWSteps*, const uint64_t*, size_t, const double*, double) {
+  no_kernel(*this, "adamw_fused_staged");
+}
 
 void Kernels::layernorm_forward_bf16(const BFloat16*, const float*, const float*, BFloat16*, float*, float*, int64_t,
                                      int64_t, float) {

@@ -20,6 +20,10 @@
 
 namespace dpt::models {
 
+namespace elementwise {
+struct AdamWSteps;  // elementwise.h
+}
+
 // The pointers of a bf16 matmul (MatmulShape says which are used): A and B bf16; D bf16 or float32.
 struct MatmulOperands {
   const BFloat16* a = nullptr;
@@ -267,6 +271,13 @@ class Kernels {
   virtual void adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
                            const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges, const double* grad_ss,
                            double max_norm);
+  // adamw_fused with its per-step constants read from the kernel set's memory when the update runs, not passed by
+  // value: `steps` (device memory on a GPU) holds elementwise::adamw_steps(p) for the step, which the host writes there
+  // before the work runs (trainer::Optimizer::stage), so that a CUDA graph that captured this call replays the next
+  // step's learning rate and bias corrections. The same arithmetic on the same constants: the same bits.
+  virtual void adamw_fused_staged(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                                  const elementwise::AdamWSteps* steps, const uint64_t* decay_edges, size_t n_edges,
+                                  const double* grad_ss, double max_norm);
   // LayerNorm on bf16 activations (x, y, dy, dx): layernorm_forward / layernorm_backward's arithmetic on the widened
   // values, each output rounded once; gamma, beta, mean, rstd and the parameter gradients float32. The backward's
   // `residual` (null: none): the gradient of a residual stream around the norm, added to dx in float32 before its one

@@ -449,6 +449,14 @@ void TimedKernels::adamw_fused(float* param, BFloat16* param16, const float* gra
         mem((param16 ? 30.0 : 28.0) * n),
         [&] { inner_.adamw_fused(param, param16, grad, m, v, n, p, decay_edges, n_edges, grad_ss, max_norm); });
 }
+void TimedKernels::adamw_fused_staged(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                                      const elementwise::AdamWSteps* steps, const uint64_t* decay_edges,
+                                      size_t n_edges, const double* grad_ss, double max_norm) {
+  timed("adamw_fused", count(n) + (param16 ? ", bf16 copy" : "") + (grad_ss ? ", clip" : "") + ", staged",
+        mem((param16 ? 30.0 : 28.0) * n), [&] {
+          inner_.adamw_fused_staged(param, param16, grad, m, v, n, steps, decay_edges, n_edges, grad_ss, max_norm);
+        });
+}
 void TimedKernels::layernorm_forward_bf16(const BFloat16* x, const float* gamma, const float* beta, BFloat16* y,
                                           float* mean, float* rstd, int64_t rows, int64_t C, float eps) {
   timed("layernorm_forward_bf16", rows_cols(rows, C),

@@ -12,9 +12,9 @@
 #                   cuBLASLt matmuls with fused epilogues, cuDNN's fused attention, the fused classifier, the fused
 #                   AdamW); bf16 only. Its per-phase split and kernel breakdown as the step row's
 #         fastloop  the loop row with train.bf16_activations = true; bf16 only
-#         fastloopgraph the fastloop row with train.cuda_graph = true: each step's zero_grad, forward, loss and
-#                   backward one CUDA graph inside dptrain's loop (an A/B against fastloop; bf16, GPU only; compiled,
-#                   never run)
+#         fastloopgraph the fastloop row with train.cuda_graph = true: each step's zero_grad, forward, loss,
+#                   backward, clipping and AdamW one CUDA graph inside dptrain's loop (an A/B against fastloop; bf16,
+#                   GPU only; compiled, never run)
 #         fastsep   the fast row with DPT_TUNE_BGRAD=separate: each weight gradient's bias gradient from our column
 #                   sums after the plain product, not cuBLASLt's BGRADB epilogue (an A/B for tuning; bf16 only)
 #         fastnd    the fast row with train.deterministic = false: cuDNN's default (non-deterministic) attention
@@ -23,8 +23,9 @@
 #                   plan's fastest of 8 candidates kept when 3% faster; with train.autotune_bf16_grads, each float32
 #                   weight gradient's product may switch to torch.autocast's bf16 one; an A/B; bf16 only)
 #         fastgraph the fast row with --cuda-graph: each timed step one launch of a CUDA graph of the step's zeroing,
-#                   forward, loss and backward (captured after the warm-up), then the optimizer's update: what a
-#                   graph saves in launches and gaps between kernels (an A/B; bf16, GPU only)
+#                   forward, loss, backward and AdamW's update (captured after the warm-up; the lr and step staged
+#                   before each launch): what a graph saves in launches and gaps between kernels (an A/B; bf16, GPU
+#                   only)
 #         loop      dprun --nproc-per-node 1 -- dptrain (the product): token shards through the loader, pinned
 #                   host-to-device copies, the NCCL process group and the DDP reducer with overlap on (a single
 #                   rank has nothing to all-reduce: the reducer is idle), the LR schedule; timed from the
@@ -680,11 +681,11 @@ declare -A WHAT=(
   [fast]="dptrain | step, bf16 activations (the transformer fast path)"
   [loop]="dptrain | training loop (dprun + dptrain, 1 rank, $BACKEND, DDP reducer overlap on, token shards through the loader)"
   [fastloop]="dptrain | training loop, bf16 activations"
-  [fastloopgraph]="dptrain | training loop, bf16 activations, each step's gradients one CUDA graph (train.cuda_graph)"
+  [fastloopgraph]="dptrain | training loop, bf16 activations, each step with AdamW one CUDA graph (train.cuda_graph)"
   [fastsep]="dptrain | step, bf16 activations, bias gradients as column sums (DPT_TUNE_BGRAD=separate)"
   [fastnd]="dptrain | step, bf16 activations, train.deterministic = false"
   [fasttune]="dptrain | step, bf16 activations, cuBLASLt plans tuned after the warm-up (--lt-tune 8, as train.autotune with train.autotune_bf16_grads)"
-  [fastgraph]="dptrain | step, bf16 activations, zeroing, forward, loss and backward one CUDA graph (--cuda-graph)"
+  [fastgraph]="dptrain | step, bf16 activations, the whole step with AdamW one CUDA graph (--cuda-graph)"
   [eager]="PyTorch $torch_version | eager"
   [compile]="PyTorch $torch_version | torch.compile"
 )

@@ -4,8 +4,8 @@
 # every case (two cases of one name, or a bad tag, make it refuse the whole run, which would fail unit_gpu and
 # sanitize_fastpath in a window), and gpu-check.sh's filters select what they are meant to: sanitize_fastpath's the
 # fast path's kernels and library calls (the bf16 weight gradients' widening and tuning among them) and the Llama's
-# (its whole-model case too), not the GPT's whole-model cases nor the trainer's train.cuda_graph case; nccl_watchdog's
-# its one hidden case, which a plain run leaves out.
+# (its whole-model case too), not the GPT's whole-model cases nor the train.cuda_graph cases (the trainer's, the staged
+# AdamW's), which the plain run takes; nccl_watchdog's its one hidden case, which a plain run leaves out.
 source "$(dirname "$0")/lib/common.bash"
 GPU=$DPT_BUILD_DIR/tests/unit_gpu
 if [ ! -x "$GPU" ]; then
@@ -38,6 +38,11 @@ done
 graph_case="dptrain's GPT fast path with train.cuda_graph gives the eager run's losses and checkpoint bit for bit"
 ! grep -qxF "$graph_case" <<<"$sanitized" || fail "sanitize_fastpath's filter takes the trainer's cuda_graph case"
 grep -qxF "$graph_case" <<<"$all" || fail "unit_gpu lacks the trainer's train.cuda_graph case"
+# train.cuda_graph's update inside the graph (the lr and step staged per launch) against the eager steps: in the plain
+# run, as the other [cuda_graph] model case, not under memcheck.
+staged_case="a GPT step with clipping and AdamW in one CUDA graph, lr staged per launch, gives the eager steps' bits"
+grep -qxF "$staged_case" <<<"$all" || fail "unit_gpu lacks the staged AdamW [cuda_graph] case"
+! grep -qxF "$staged_case" <<<"$sanitized" || fail "sanitize_fastpath's filter takes the staged AdamW graph case"
 
 watchdog=$("$GPU" --list-test-names-only '[nccl_watchdog]')
 [ "$(grep -c . <<<"$watchdog")" = 1 ] || { echo "$watchdog"; fail "[nccl_watchdog] selects other than one case"; }

@@ -43,11 +43,12 @@ void CpuKernels::adamw_update(float* param, const float* grad, float* m, float* 
   for (size_t i = 0; i < n; ++i) elementwise::adamw(param[i], grad[i], m[i], v[i], s);
 }
 
-void CpuKernels::adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
-                             const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges,
-                             const double* grad_ss, double max_norm) {
-  DPT_CHECK(n_edges % 2 == 0 && (decay_edges || n_edges == 0), "adamw_fused: {} decay range edges", n_edges);
-  const elementwise::AdamWSteps st = elementwise::adamw_steps(p);
+namespace {
+
+// adamw_fused's pass with its constants `st` (from the host, or read from the staged block: the same loop).
+void adamw_fused_pass(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                      const elementwise::AdamWSteps& st, const uint64_t* decay_edges, size_t n_edges,
+                      const double* grad_ss, double max_norm) {
   const float f = elementwise::clip_factor(grad_ss, max_norm);
   // Run by run between the decay ranges' edges, so that each run's loop has one set of constants and vectorises
   // (the same per-element arithmetic: the same bits as one element at a time).
@@ -65,6 +66,23 @@ void CpuKernels::adamw_fused(float* param, BFloat16* param16, const float* grad,
       for (size_t i = i0; i < end; ++i) param16[i] = to_bfloat16(param[i]);
     i0 = end;
   }
+}
+
+}  // namespace
+
+void CpuKernels::adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                             const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges,
+                             const double* grad_ss, double max_norm) {
+  DPT_CHECK(n_edges % 2 == 0 && (decay_edges || n_edges == 0), "adamw_fused: {} decay range edges", n_edges);
+  adamw_fused_pass(param, param16, grad, m, v, n, elementwise::adamw_steps(p), decay_edges, n_edges, grad_ss, max_norm);
+}
+
+void CpuKernels::adamw_fused_staged(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                                    const elementwise::AdamWSteps* steps, const uint64_t* decay_edges, size_t n_edges,
+                                    const double* grad_ss, double max_norm) {
+  DPT_CHECK(n_edges % 2 == 0 && (decay_edges || n_edges == 0), "adamw_fused: {} decay range edges", n_edges);
+  DPT_CHECK(steps != nullptr, "adamw_fused_staged: no staged constants");
+  adamw_fused_pass(param, param16, grad, m, v, n, *steps, decay_edges, n_edges, grad_ss, max_norm);
 }
 
 }  // namespace dpt::models

@@ -235,6 +235,9 @@ class CudaKernels final : public Kernels {
   void adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
                    const AdamWParams& p, const uint64_t* decay_edges, size_t n_edges, const double* grad_ss,
                    double max_norm) override;
+  void adamw_fused_staged(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                          const elementwise::AdamWSteps* steps, const uint64_t* decay_edges, size_t n_edges,
+                          const double* grad_ss, double max_norm) override;
   // layernorm.cpp, elementwise.cpp
   void add_layernorm_forward_bf16(const BFloat16* a, const BFloat16* b, BFloat16* sum, const float* gamma,
                                   const float* beta, BFloat16* y, float* mean, float* rstd, int64_t rows, int64_t C,

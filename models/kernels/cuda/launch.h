@@ -249,10 +249,12 @@ cudaError_t classifier_bf16(BFloat16* logits, const int32_t* labels, int64_t row
 // The fused AdamW (optimizer.cu): one grid-stride launch over n elements; each thread reads the clip factor from
 // *grad_ss (elementwise::clip_factor) and its element's weight decay from the sorted range edges (device memory;
 // null: every element decays), then elementwise::adamw, then param16[i] = bf16(param[i]) when param16 is non-null.
+// `staged` (device memory; null: with_decay and without_decay as given): the two sets of constants read from there
+// when the kernel runs, in place of the arguments (Kernels::adamw_fused_staged).
 cudaError_t adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
                         elementwise::AdamWStep with_decay, elementwise::AdamWStep without_decay,
-                        const uint64_t* decay_edges, size_t n_edges, const double* grad_ss, double max_norm,
-                        cudaStream_t s);
+                        const elementwise::AdamWSteps* staged, const uint64_t* decay_edges, size_t n_edges,
+                        const double* grad_ss, double max_norm, cudaStream_t s);
 // What cuBLASLt's epilogues do, for shapes where cuBLASLt offers no algorithm with them (matmul.cu): from the
 // float32 product acc [M, N] (packed), pre = acc[i, j] + bias[j] in float32; d[i, j] = bf16(pre) (row stride ldd), or
 // with gelu aux[i, j] (row stride N) = bf16(pre) when aux is non-null and d[i, j] = bf16(gelu(pre)): one rounding,

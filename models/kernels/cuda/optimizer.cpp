@@ -20,8 +20,17 @@ void CudaKernels::adamw_fused(float* param, BFloat16* param16, const float* grad
                               const double* grad_ss, double max_norm) {
   DPT_CHECK(n_edges % 2 == 0 && (decay_edges || n_edges == 0), "adamw_fused: {} decay range edges", n_edges);
   const elementwise::AdamWSteps st = elementwise::adamw_steps(p);
-  DPT_CUDA_CHECK(cuda_launch::adamw_fused(param, param16, grad, m, v, n, st.with_decay, st.without_decay, decay_edges,
-                                          n_edges, grad_ss, max_norm, stream()));
+  DPT_CUDA_CHECK(cuda_launch::adamw_fused(param, param16, grad, m, v, n, st.with_decay, st.without_decay, nullptr,
+                                          decay_edges, n_edges, grad_ss, max_norm, stream()));
+}
+
+void CudaKernels::adamw_fused_staged(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
+                                     const elementwise::AdamWSteps* steps, const uint64_t* decay_edges, size_t n_edges,
+                                     const double* grad_ss, double max_norm) {
+  DPT_CHECK(n_edges % 2 == 0 && (decay_edges || n_edges == 0), "adamw_fused: {} decay range edges", n_edges);
+  DPT_CHECK(steps != nullptr, "adamw_fused_staged: no staged constants");
+  DPT_CUDA_CHECK(cuda_launch::adamw_fused(param, param16, grad, m, v, n, {}, {}, steps, decay_edges, n_edges, grad_ss,
+                                          max_norm, stream()));
 }
 
 }  // namespace dpt::models

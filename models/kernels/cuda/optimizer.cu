@@ -47,11 +47,16 @@ union Bf16x4 {
 
 // vec: the first n / 4 * 4 elements four at a time (16-byte loads and stores of param, grad, m and v, an 8-byte store
 // of param16; the decay flag searched once where no range edge falls inside the four), the rest one at a time. The
-// same per-element arithmetic either way: the same bits.
+// same per-element arithmetic either way: the same bits. `staged` (device memory; null: the arguments' constants):
+// the step's constants as the host wrote them before the launch (a CUDA graph's replay reads the step's own).
 __global__ void adamw_fused_kernel(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
                                    elementwise::AdamWStep with, elementwise::AdamWStep without,
-                                   const uint64_t* edges, size_t n_edges, const double* grad_ss, double max_norm,
-                                   bool vec) {
+                                   const elementwise::AdamWSteps* staged, const uint64_t* edges, size_t n_edges,
+                                   const double* grad_ss, double max_norm, bool vec) {
+  if (staged) {
+    with = staged->with_decay;
+    without = staged->without_decay;
+  }
   const float f = elementwise::clip_factor(grad_ss, max_norm);
   const size_t first = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x;
@@ -91,13 +96,13 @@ __global__ void adamw_fused_kernel(float* param, BFloat16* param16, const float*
 
 cudaError_t adamw_fused(float* param, BFloat16* param16, const float* grad, float* m, float* v, size_t n,
                         elementwise::AdamWStep with_decay, elementwise::AdamWStep without_decay,
-                        const uint64_t* decay_edges, size_t n_edges, const double* grad_ss, double max_norm,
-                        cudaStream_t s) {
+                        const elementwise::AdamWSteps* staged, const uint64_t* decay_edges, size_t n_edges,
+                        const double* grad_ss, double max_norm, cudaStream_t s) {
   if (n == 0) return cudaSuccess;
   const auto a8 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 8 == 0; };
   const bool vec = aligned16(param, grad, m, v) && (param16 == nullptr || a8(param16));
   adamw_fused_kernel<<<blocks_for(vec ? (n + 3) / 4 : n), kThreads, 0, s>>>(
-      param, param16, grad, m, v, n, with_decay, without_decay, decay_edges, n_edges, grad_ss, max_norm, vec);
+      param, param16, grad, m, v, n, with_decay, without_decay, staged, decay_edges, n_edges, grad_ss, max_norm, vec);
   return cudaGetLastError();
 }
 

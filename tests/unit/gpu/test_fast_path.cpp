@@ -33,6 +33,8 @@
 #include "models/kernels/timed_kernels.h"
 #include "models/layers.h"
 #include "models/model.h"
+#include "trainer/optimizer.h"
+#include "trainer/schedule.h"
 
 using namespace dpt;
 using namespace dpt::models;
@@ -1706,4 +1708,116 @@ TEST_CASE("a GPT and a Llama step on cuda captured as one CUDA graph and launche
     auto [eager, graphed] = gpu_twins(make_llama, tiny_llama(2));
     check(*eager, *graphed, 300, "llama");
   }
+}
+
+namespace {
+
+// train.cuda_graph's whole step with AdamW: six steps of zero_grad, forward, loss, backward, the clipping's sum of
+// squares and the fused AdamW, with the schedule's learning rate changing every step (a warm-up of 3, then cosine) and
+// the clipping acting. Eagerly: Optimizer::step with the host's constants. Graphed: each step's constants staged
+// (Optimizer::stage: copied from pinned memory on the stream), the first two steps run eagerly through the staged
+// kernels, the third captured with its update and launched, the rest launches: each launch reads its own step's
+// learning rate and bias corrections from the device.
+struct SixSteps {
+  std::vector<double> losses, norms;
+  std::vector<Tensor> params;
+  Tensor exp_avg, exp_avg_sq;
+  size_t nodes = 0;
+  int64_t steps = 0;
+};
+
+SixSteps six_steps(Model& model, const Tensor& tokens, const Tensor& labels, bool graph) {
+  constexpr int64_t kSteps = 6;
+  model.set_bf16_activations(true);
+  Kernels& k = model.kernels();
+  const StreamHandle s = k.stream();
+  trainer::TrainConfig t;
+  t.optimizer = trainer::OptimizerKind::adamw;
+  t.lr = 1e-2;
+  t.min_lr = 1e-3;
+  t.warmup_steps = 3;
+  t.beta2 = 0.95;
+  t.weight_decay = 0.1;
+  const double max_norm = 0.05;
+  trainer::Optimizer opt(t, model, /*decay_matrices_only=*/true);
+  REQUIRE(opt.can_stage());
+  Tensor ss = to_device(Tensor::zeros({1}, DType::F64)), stats = to_device(Tensor::zeros({3}, DType::F64));
+  SoftmaxCrossEntropy loss;
+  const auto gradients = [&] {
+    model.zero_grad();
+    loss.accumulate(model.forward(tokens), labels, k, stats, /*backward=*/true, 1.0);
+    model.backward(loss.grad());
+  };
+  const auto sum_squares = [&] {
+    k.sum_squares_to(model.grads().data<float>(), model.num_params(), ss.data<double>());
+  };
+  const auto staged_step = [&] {
+    gradients();
+    sum_squares();
+    opt.step_staged(ss.data<double>(), max_norm);
+  };
+  SixSteps out;
+  cuda::Graph g;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    const double lr = trainer::lr_at(t, step - 1, kSteps, kSteps);
+    stats.zero_(s);
+    if (!graph) {
+      gradients();
+      sum_squares();
+      opt.step(lr, ss.data<double>(), max_norm);
+    } else {
+      opt.stage(lr, s);
+      if (step == 3) {
+        CHECK(model.params16_current());  // the graph's forward reads the copy the update writes
+        g = cuda::Graph::capture(s, staged_step);
+        model.params16_written();  // capturing ran nothing: the copy is still the one the first launch reads
+        out.nodes = g.nodes();
+      }
+      if (g.defined()) {
+        g.launch(s);
+        model.params_written();  // as trainer::StepGraph: the forward used the copy
+      } else {
+        staged_step();
+      }
+      opt.staged_done();
+    }
+    out.losses.push_back(to_host(stats).data<double>()[0]);
+    out.norms.push_back(std::sqrt(to_host(ss).data<double>()[0]));
+    out.params.push_back(to_host(std::as_const(model).params()));  // the const one: the copy stays current
+  }
+  const trainer::OptimizerShard st = opt.shard();
+  out.exp_avg = to_host(st.slots.at(0).tensor);
+  out.exp_avg_sq = to_host(st.slots.at(1).tensor);
+  out.steps = opt.steps();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a GPT step with clipping and AdamW in one CUDA graph, lr staged per launch, gives the eager steps' bits",
+          "[gpu][fastpath][model][cuda_graph][optimizer]") {
+  auto [eager, graphed] = gpu_twins(make_gpt, tiny_gpt(2));
+  std::mt19937 rng(29);
+  Tensor tokens = Tensor::empty({4, 64}, DType::I32), labels = Tensor::empty({256}, DType::I32);
+  for (size_t i = 0; i < tokens.numel(); ++i) tokens.data<int32_t>()[i] = static_cast<int32_t>(rng() % 300);
+  for (size_t i = 0; i < labels.numel(); ++i) labels.data<int32_t>()[i] = static_cast<int32_t>(rng() % 300);
+  const Tensor d_tokens = to_device(tokens), d_labels = to_device(labels);
+  const SixSteps want = six_steps(*eager, d_tokens, d_labels, false);
+  const SixSteps got = six_steps(*graphed, d_tokens, d_labels, true);
+  std::printf("cuda_graph: the GPT step with clipping and AdamW captured as %zu nodes\n", got.nodes);
+  std::fflush(stdout);
+  CHECK(got.nodes > 0);
+  CHECK(got.steps == 6);
+  CHECK(want.steps == 6);
+  for (size_t i = 0; i < want.losses.size(); ++i) {
+    CAPTURE(i);
+    CHECK(std::isfinite(want.losses[i]));
+    CHECK(want.norms[i] > 0.05);  // the clipping acted at every step
+    CHECK(got.losses[i] == want.losses[i]);
+    CHECK(got.norms[i] == want.norms[i]);
+    CHECK(bits_differ("params after the step, graph against eager", got.params[i], want.params[i]) == "");
+    if (i > 0) CHECK(std::memcmp(want.params[i].raw(), want.params[i - 1].raw(), want.params[i].bytes()) != 0);
+  }
+  CHECK(bits_differ("exp_avg, graph against eager", got.exp_avg, want.exp_avg) == "");
+  CHECK(bits_differ("exp_avg_sq, graph against eager", got.exp_avg_sq, want.exp_avg_sq) == "");
 }

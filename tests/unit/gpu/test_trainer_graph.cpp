@@ -42,7 +42,8 @@ struct Trained {
 };
 
 // 2 epochs of 42 windows at batch 4: 10 full steps and a short one each, a checkpoint every 7 steps, AdamW with
-// clipping and a warm-up (the learning rate changes every step: the update stays outside the graph).
+// clipping and a warm-up (the learning rate changes every step: the graph's update reads it, and the step count for
+// the bias corrections, from the block staged before each launch).
 Trained train_run(const std::string& data_dir, const std::string& ckpt_dir, bool graph) {
   const trainer::Config cfg = trainer::load_config(
       "", {"model.name=gpt", "model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.block_size=32",

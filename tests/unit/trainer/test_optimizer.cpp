@@ -11,6 +11,7 @@
 #include "../models/model_testing.h"
 #include "models/gpt/gpt.h"
 #include "trainer/optimizer.h"
+#include "trainer/schedule.h"
 
 using namespace dpt;
 using namespace dpt::trainer;
@@ -197,4 +198,78 @@ TEST_CASE("a sharded or SGD update leaves the fast path's bf16 copy to the forwa
     CHECK(g.model->params16_roundings() == before + 2);
     CHECK(g.stale() == 0);
   }
+}
+
+// train.cuda_graph's update: the constants staged (Optimizer::stage) and read by the kernels when they run, against
+// step(): the same bits, step after step, with the schedule's changing learning rate and the clipping active.
+TEST_CASE("AdamW staged for a CUDA graph gives step()'s bits with a changing lr and clipping",
+          "[trainer][optimizer][bf16act][cuda_graph]") {
+  TrainConfig t;
+  t.optimizer = OptimizerKind::adamw;
+  t.lr = 3e-2;
+  t.weight_decay = 0.1;
+  t.warmup_steps = 2;
+  t.min_lr = 1e-3;
+  FastGpt eager, staged;
+  Optimizer a(t, *eager.model, /*decay_matrices_only=*/true), b(t, *staged.model, true);
+  REQUIRE(b.can_stage());
+  Tensor ss_a = Tensor::zeros({1}, DType::F64), ss_b = Tensor::zeros({1}, DType::F64);
+  const double max_norm = 0.05;
+  constexpr int64_t kSteps = 5;
+  std::vector<double> lrs;
+  for (int64_t step = 1; step <= kSteps; ++step) {
+    CAPTURE(step);
+    const double lr = lr_at(t, step - 1, kSteps, kSteps);  // the Trainer's schedule: warm-up, then cosine
+    lrs.push_back(lr);
+    (void)test::lm_step(*eager.model, eager.tokens, eager.targets);
+    (void)test::lm_step(*staged.model, staged.tokens, staged.targets);
+    eager.model->kernels().sum_squares_to(eager.model->grads().data<float>(), eager.model->num_params(),
+                                          ss_a.data<double>());
+    staged.model->kernels().sum_squares_to(staged.model->grads().data<float>(), staged.model->num_params(),
+                                           ss_b.data<double>());
+    REQUIRE(ss_a.data<double>()[0] == ss_b.data<double>()[0]);
+    CHECK(models::elementwise::clip_factor(ss_a.data<double>(), max_norm) < 1.0f);  // the clipping acts
+    a.step(lr, ss_a.data<double>(), max_norm);
+    b.stage(lr, nullptr);
+    // The block: step()'s constants for this lr and step count, with and without the decay, as the kernels read it.
+    models::AdamWParams want{.lr = static_cast<float>(lr), .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f,
+                             .weight_decay = 0.1f, .step = step};
+    const models::elementwise::AdamWSteps ws = models::elementwise::adamw_steps(want);
+    REQUIRE(b.staged().size() == 1);  // one piece: the whole buffer
+    CHECK(std::memcmp(&b.staged()[0], &ws, sizeof ws) == 0);
+    REQUIRE(b.staged_block().bytes() == sizeof ws);
+    CHECK(std::memcmp(b.staged_block().raw(), &ws, sizeof ws) == 0);
+    CHECK(b.staged()[0].with_decay.decay == 1.0f - want.lr * 0.1f);
+    CHECK(b.staged()[0].without_decay.decay == 1.0f);
+    CHECK(b.steps() == step - 1);  // staging counts nothing
+    b.step_staged(ss_b.data<double>(), max_norm);
+    CHECK(b.steps() == step - 1);  // nor does the device work (a graph's launch runs it without the host)
+    b.staged_done();
+    CHECK(b.steps() == step);
+    CHECK(staged.model->params16_current());
+    CHECK(staged.stale() == 0);
+    const models::Model &em = *eager.model, &sm = *staged.model;
+    REQUIRE(std::memcmp(em.params().raw(), sm.params().raw(), em.params().bytes()) == 0);
+    REQUIRE(std::memcmp(em.params16().raw(), sm.params16().raw(), em.params16().bytes()) == 0);
+    const OptimizerShard sa = a.shard(), sb = b.shard();
+    for (size_t i = 0; i < sa.slots.size(); ++i)
+      REQUIRE(std::memcmp(sa.slots[i].tensor.raw(), sb.slots[i].tensor.raw(), sa.slots[i].tensor.bytes()) == 0);
+  }
+  CHECK(lrs[0] < lrs[1]);  // warming up
+  CHECK(lrs[4] < lrs[2]);  // decaying
+}
+
+TEST_CASE("only AdamW over the whole buffer stages its update", "[trainer][optimizer][cuda_graph]") {
+  TrainConfig t;
+  t.optimizer = OptimizerKind::sgd;
+  FastGpt g;
+  const size_t n = g.model->num_params();
+  CHECK_FALSE(Optimizer(t, *g.model).can_stage());
+  t.optimizer = OptimizerKind::adamw;
+  CHECK(Optimizer(t, *g.model).can_stage());
+  Optimizer pieces(t, *g.model, true, {{0, n / 2}, {n / 2, n - n / 2}});
+  CHECK_FALSE(pieces.can_stage());
+  CHECK_THROWS_WITH(pieces.stage(1e-3, nullptr), Catch::Contains("only AdamW over the whole parameter buffer"));
+  Optimizer whole(t, *g.model);
+  CHECK_THROWS_WITH(whole.step_staged(nullptr, 0.0), Catch::Contains("before stage()"));
 }
