@@ -50,8 +50,9 @@
 // after the warm-up (and --lt-tune), and with AdamW its fused update too (the learning rate and bias corrections
 // copied to the device before each launch: trainer::Optimizer::stage), so one launch is the whole step; SGD's update
 // is launched after it as in the other steps: what a graph saves in launches and gaps between kernels against the
-// same step launched call by call (gpt_bench.sh's fastgraph row). Only for the transformer fast path (train.bf16_activations), the one path whose capture the tests check. A
-// call of the step that cannot be captured fails the run (a checked call naming itself).
+// same step launched call by call (gpt_bench.sh's fastgraph row). Only for the transformer fast path
+// (train.bf16_activations), the one path whose capture the tests check. A call of the step that cannot be captured
+// fails the run (a checked call naming itself).
 //
 // stdout carries only the table (logs go to stderr); --json FILE writes the result for scripts.
 #include <CLI/CLI.hpp>

@@ -8,8 +8,8 @@
 namespace dpt {
 
 // libgomp's reading of OMP_NUM_THREADS: positive integers separated by commas ("4", "4,2": the nesting levels'),
-// with blanks around them and an optional '+'. Anything else ("", "0", "abc", "4x") it ignores with "libgomp: Invalid value for
-// environment variable OMP_NUM_THREADS" and starts one thread per CPU, as if the variable were unset.
+// with blanks around them and an optional '+'. Anything else ("", "0", "abc", "4x") it ignores with "libgomp:
+// Invalid value for environment variable OMP_NUM_THREADS" and starts one thread per CPU, as if the variable were unset.
 inline bool omp_num_threads_valid(std::string_view v) {
   size_t i = 0;
   auto blanks = [&] {

@@ -5,8 +5,8 @@
 // The contract with the ranks is torchrun's (DESIGN.md, "Environment contract"): RANK, LOCAL_RANK, WORLD_SIZE,
 // LOCAL_WORLD_SIZE, NODE_RANK (alias GROUP_RANK), MASTER_ADDR, MASTER_PORT, DPT_RESTART_COUNT, and
 // OMP_NUM_THREADS=1 unless the user set it (to a value OpenMP takes); and DPT_STORE_TOKEN, the job's rendezvous
-// token (job_store_token), which rank 0's store asks of every process that connects. The token travels only in the environment: never
-// on a command line (other users can read those in /proc), never in dprun's messages.
+// token (job_store_token), which rank 0's store asks of every process that connects. The token travels only in the
+// environment: never on a command line (other users can read those in /proc), never in dprun's messages.
 #pragma once
 
 #include <functional>

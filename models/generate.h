@@ -49,7 +49,8 @@ void apply_repetition_penalty(float* logits, int64_t vocab, std::span<const int3
 // bans every token, greedy decoding takes id 0, as torch's argmax of all -inf does, and sampling is refused.
 void ban_repeated_ngrams(float* logits, int64_t vocab, std::span<const int32_t> seen, int64_t ngram);
 
-// "repetition_penalty P, no_repeat_ngram_size N, min_new_tokens M, " for those of `o` that are on (for the logs); "" for none.
+// "repetition_penalty P, no_repeat_ngram_size N, min_new_tokens M, " for those of `o` that are on (for the logs); ""
+// for none.
 std::string penalties_str(const SampleOptions& o);
 
 // One token drawn from softmax(logits / temperature) restricted to the top_k largest logits and every logit equal to

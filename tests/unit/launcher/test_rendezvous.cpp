@@ -220,7 +220,8 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   CHECK(master.failure(4)->second == "node 1: rank 2 failed (killed by SIGKILL)");
 }
 
-TEST_CASE("Rendezvous: a failed rank's line published by its node reaches every node, the first one stays", "[launcher][rdzv]") {
+TEST_CASE("Rendezvous: a failed rank's line published by its node reaches every node, the first one stays",
+          "[launcher][rdzv]") {
   comm::HashStore store(2s);
   Rendezvous master(store, node(0, 1));
   Rendezvous b(store, node(1, 1));
