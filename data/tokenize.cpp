@@ -197,6 +197,34 @@ std::string checked_shard_name(const std::vector<std::string>& inputs, const std
   return name;
 }
 
+// Each file once, by its canonical path (as collect_jsonl_files), `repeated` counting the others: a file given twice,
+// or alone and inside a directory given, was read twice, its blocks in both splits (the val split holding text the
+// model trained on).
+std::vector<std::string> each_once(const std::vector<std::string>& found, size_t& repeated) {
+  std::vector<std::string> files;
+  std::set<fs::path> seen;
+  for (const std::string& f : found) {
+    std::error_code ec;
+    if (seen.insert(fs::weakly_canonical(f, ec)).second)
+      files.push_back(f);
+    else
+      ++repeated;
+  }
+  return files;
+}
+
+// The error of a corpus that leaves a split empty: `blocks` of opts.block_tokens (the last one partial), with the fix
+// that works. Val gets a block once there are --val-every of them; below 2 no --val-every (at least 2) can help.
+[[noreturn]] void too_little_text(const TokenizeOptions& opts, const TokenizeSummary& summary, uint64_t blocks) {
+  const std::string fix =
+      blocks < 2 ? fmt::format("give more than {} of text: a block for each split", counted(opts.block_tokens, "token"))
+                 : fmt::format("--val-every {} or lower, or give more text", blocks);
+  DPT_THROW(ConfigError,
+            "tokenize: {} ({}) make {} of {} and every {} block is validation: too little text for both splits ({})",
+            counted(summary.bytes, "byte"), counted(summary.train_tokens + summary.val_tokens, "token"),
+            counted(blocks, "block"), counted(opts.block_tokens, "token"), ordinal(opts.val_every), fix);
+}
+
 }  // namespace
 
 TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
@@ -207,17 +235,7 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
   TokenizeSummary summary;
   summary.tokenizer = tokenizer.describe();
   std::vector<std::string> links;
-  // Each file once, by its canonical path (as collect_jsonl_files): a file given twice, or alone and inside a
-  // directory given, was read twice, its blocks in both splits (the val split holding text the model trained on).
-  std::vector<std::string> files;
-  std::set<fs::path> seen;
-  for (const std::string& f : collect_files(opts.inputs, links)) {
-    std::error_code ec;
-    if (seen.insert(fs::weakly_canonical(f, ec)).second)
-      files.push_back(f);
-    else
-      ++summary.repeated;
-  }
+  const std::vector<std::string> files = each_once(collect_files(opts.inputs, links), summary.repeated);
   summary.skipped_links = links.size();
   // A *.dat file named as an input is read: only those found in a folder are taken for fortune's index files.
   std::set<std::string> named;
@@ -290,19 +308,8 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
                                             summary.skipped_dat, summary.skipped_binary),
                 skipped_links_note(links));
     }
-    if (summary.train_tokens == 0 || summary.val_tokens == 0) {
-      const uint64_t blocks = block + (in_block > 0 ? 1 : 0);
-      // Val gets a block once there are --val-every of them; below 2 no --val-every (at least 2) can help.
-      const std::string fix =
-          blocks < 2 ? fmt::format("give more than {} of text: a block for each split", counted(opts.block_tokens,
-                                                                                                 "token"))
-                     : fmt::format("--val-every {} or lower, or give more text", blocks);
-      DPT_THROW(ConfigError,
-                "tokenize: {} ({}) make {} of {} and every {} block is validation: too little text for both splits "
-                "({})",
-                counted(summary.bytes, "byte"), counted(summary.train_tokens + summary.val_tokens, "token"),
-                counted(blocks, "block"), counted(opts.block_tokens, "token"), ordinal(opts.val_every), fix);
-    }
+    if (summary.train_tokens == 0 || summary.val_tokens == 0)
+      too_little_text(opts, summary, block + (in_block > 0 ? 1 : 0));
     tokenizer.save(out.staging());
   } catch (const fs::filesystem_error& e) {
     DPT_THROW(IoError, "tokenize to {}: {}", out.path().string(), e.what());
