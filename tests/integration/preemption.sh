@@ -323,15 +323,19 @@ blocks() {
   done
   return 1
 }
+# signal_when_blocked PID MASK SIG: sends SIG to PID as soon as it blocks MASK (blocks), then waits for it; sets held
+# (1: it blocked them) and rc (its exit code).
+signal_when_blocked() {
+  held=0
+  blocks "$1" "$2" && held=1
+  kill "-$3" "$1"
+  wait "$1"
+  rc=$?
+}
 # The first milliseconds: SIGUSR1 as soon as /proc/PID/status shows SIGUSR1 and SIGTERM blocked (bits 10 and 15).
 "$DPTRAIN" --config "$CONFIG" data.train_limit=256 train.max_steps=2 checkpoint.dir="$WORK/early" \
   >"$WORK/early.log" 2>&1 &
-pid=$!
-held=0
-blocks "$pid" 0x4200 && held=1
-kill -USR1 "$pid"
-wait "$pid"
-rc=$?
+signal_when_blocked $! 0x4200 USR1
 [ $held = 1 ] || fail "early signal: dptrain never held SIGUSR1 and SIGTERM"
 [ $rc = 75 ] || { cat "$WORK/early.log"; fail "SIGUSR1 in dptrain's first milliseconds: exit $rc, expected 75"; }
 grep -q "stopped by SIGUSR1 while starting (before the first step" "$WORK/early.log" ||
@@ -342,12 +346,7 @@ echo "ok: SIGUSR1 in dptrain's first milliseconds -> 75"
 # which no batch script requeues). dprun holds it back until the rank holds it: every rank and dprun exit 75.
 "$DPRUN" --nproc-per-node 2 -- "$DPTRAIN" --config "$CONFIG" data.train_limit=256 train.max_steps=2 \
   checkpoint.dir="$WORK/early_dprun" >"$WORK/early_dprun.log" 2>&1 &
-DP=$!
-held=0
-blocks "$DP" 0x4000 && held=1
-kill -TERM "$DP"
-wait "$DP"
-rc=$?
+signal_when_blocked $! 0x4000 TERM
 [ $held = 1 ] || fail "early SIGTERM to dprun: dprun never blocked SIGTERM"
 [ $rc = 75 ] || { cat "$WORK/early_dprun.log"; fail "SIGTERM to dprun as its ranks start: exit $rc, expected 75"; }
 [ "$(grep -c "stopped by SIGTERM while" "$WORK/early_dprun.log")" = 2 ] ||
