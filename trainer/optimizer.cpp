@@ -90,19 +90,10 @@ void Optimizer::step(double lr, const double* grad_ss, double max_norm) {
     // pass): where this update covers the whole flat buffer. A sharded update's pieces would leave the others' stale.
     BFloat16* params16 = this->params16();
     const models::AdamWParams ap = adamw_params(lr);
-    for (const Piece& pc : pieces_) {
-      models::AdamWParams pp = ap;
-      const uint64_t* edges = nullptr;
-      if (!pc.all_decay) {
-        if (pc.n_edges == 0)
-          pp.weight_decay = 0.0f;  // nothing in this piece decays
-        else
-          edges = reinterpret_cast<const uint64_t*>(pc.decay_edges.raw());
-      }
+    for (const Piece& pc : pieces_)
       k.adamw_fused(param_at(pc.offset, pc.at), params16 ? params16 + pc.offset : nullptr, grad_at(pc.offset, pc.at),
-                    slots_[0].second.data<float>() + pc.at, slots_[1].second.data<float>() + pc.at, pc.count, pp,
-                    edges, pc.n_edges, grad_ss, max_norm);
-    }
+                    slots_[0].second.data<float>() + pc.at, slots_[1].second.data<float>() + pc.at, pc.count,
+                    pc.adamw(ap), pc.edges(), pc.n_edges, grad_ss, max_norm);
     if (params16) model_.params16_written();
     ++steps_;
     return;
@@ -146,11 +137,7 @@ void Optimizer::stage(double lr, StreamHandle stream) {
   const auto block_floats = static_cast<int64_t>(pieces_.size()) * kFloats;
   const models::AdamWParams ap = adamw_params(lr);
   staged_.clear();
-  for (const Piece& pc : pieces_) {  // step()'s constants, piece by piece
-    models::AdamWParams pp = ap;
-    if (!pc.all_decay && pc.n_edges == 0) pp.weight_decay = 0.0f;
-    staged_.push_back(models::elementwise::adamw_steps(pp));
-  }
+  for (const Piece& pc : pieces_) staged_.push_back(models::elementwise::adamw_steps(pc.adamw(ap)));  // step()'s
   const size_t bytes = staged_.size() * sizeof(AdamWSteps);
   if (!staged_block_.defined()) staged_block_ = Tensor::zeros({block_floats}, DType::F32, model_.device());
   if (!model_.device().is_cuda()) {
@@ -181,11 +168,9 @@ void Optimizer::step_staged(const double* grad_ss, double max_norm) {
   const auto* block = static_cast<const models::elementwise::AdamWSteps*>(staged_block_.raw());
   for (size_t i = 0; i < pieces_.size(); ++i) {
     const Piece& pc = pieces_[i];
-    const uint64_t* edges =
-        pc.all_decay || pc.n_edges == 0 ? nullptr : reinterpret_cast<const uint64_t*>(pc.decay_edges.raw());
     k.adamw_fused_staged(params + pc.offset, params16 ? params16 + pc.offset : nullptr, grads + pc.offset,
                          slots_[0].second.data<float>() + pc.at, slots_[1].second.data<float>() + pc.at, pc.count,
-                         block + i, edges, pc.n_edges, grad_ss, max_norm);
+                         block + i, pc.edges(), pc.n_edges, grad_ss, max_norm);
   }
 }
 

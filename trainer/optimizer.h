@@ -84,6 +84,15 @@ class Optimizer {
     Tensor decay_edges;  // I64 [2 x ranges]
     size_t n_edges = 0;
     bool all_decay = false;
+    // AdamW over the piece: its decay edges (null: every element decays, or none), and `ap` with no weight decay
+    // where nothing in it decays.
+    const uint64_t* edges() const {
+      return all_decay || n_edges == 0 ? nullptr : reinterpret_cast<const uint64_t*>(decay_edges.raw());
+    }
+    models::AdamWParams adamw(models::AdamWParams ap) const {
+      if (!all_decay && n_edges == 0) ap.weight_decay = 0.0f;
+      return ap;
+    }
   };
   std::vector<Piece> pieces_;
   models::AdamWParams adamw_params(double lr) const;  // step()'s, for step steps_ + 1
