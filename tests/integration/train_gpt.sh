@@ -30,6 +30,14 @@ PYEOF
   || { cat "$WORK/learn.log"; fail "the GPT run failed"; }
 grep -q "model: gpt L2 H2 C64 V256 T32" "$WORK/learn.log" || { cat "$WORK/learn.log"; fail "no GPT model line"; }
 grep -q "tokens/s" "$WORK/learn.log" || fail "the progress lines do not count tokens"
+# gpu-check.sh's comparisons read a run's progress lines with its progress_losses: it must read each of them (it
+# once wanted "loss" straight after "step N/M", found none once the percentage came between, and the GPU window's
+# graph-against-eager step had nothing to compare).
+eval "$(sed -n '/^progress_losses() {/,/^}/p' "$DPT_SOURCE_DIR/scripts/gpu-check.sh")"
+printed=$(grep -cE 'step [0-9]+/[0-9]+ .*loss [0-9]' "$WORK/learn.log" || true)
+read_back=$(progress_losses "$WORK/learn.log" | awk 'NF == 2 && $1 ~ /^[0-9]+$/ && $2 ~ /^[0-9.]+$/' | wc -l)
+((printed >= 1 && read_back == printed)) ||
+  fail "gpu-check.sh's progress_losses read $read_back of the run's $printed progress lines"
 loss=$(grep -o "test_loss [0-9.]*" "$WORK/learn.log" | tail -1 | cut -d' ' -f2)
 echo "validation loss $loss nats/byte after 600 steps; unigram entropy $entropy"
 awk -v l="$loss" -v h="$entropy" 'BEGIN { exit !(l < h - 0.5) }' \
