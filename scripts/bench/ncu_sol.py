@@ -19,13 +19,16 @@ PERCENTS = ("Memory Throughput", "DRAM Throughput", "Compute (SM) Throughput")
 def short_name(name):
     """'void dpt::models::cuda_launch::(anonymous namespace)::ln_fwd<dpt::BFloat16, 8>(const ...)' -> 'ln_fwd<...>'."""
     name = re.sub(r"^void\s+", "", name.strip())
+    # An anonymous namespace: '(anonymous namespace)::' in older ncu, '<unnamed>::' in ncu 2025.3 (not a template's
+    # brackets: read as one, every kernel of ours in one became a row named '<...>').
+    name = re.sub(r"\(anonymous namespace\)::|<unnamed>::", "", name)
     depth, cut = 0, len(name)
     for i, ch in enumerate(name):  # the first '(' outside template brackets ends the name
         if ch == "<":
             depth += 1
         elif ch == ">":
             depth -= 1
-        elif ch == "(" and depth == 0 and not name.startswith("(anonymous", i):
+        elif ch == "(" and depth == 0:
             cut = i
             break
     name = name[:cut]

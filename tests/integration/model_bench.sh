@@ -308,6 +308,18 @@ CL='void dpt::models::cuda_launch::classifier_kernel(dpt::BFloat16 *, const int 
 grep -qxF '| `classifier_kernel` | 1 | 1200.0 | 96.8 | 45.5 | - | - |' "$WORK/sol.md" || { cat "$WORK/sol.md"; fail "ncu_sol.py: classifier row"; }
 grep -qxF '| `layernorm_forward_kernel<...>` | 2 | 40.0 | 3.2 | 65.0 | 60.0 | 25.0 |' "$WORK/sol.md" \
   || { cat "$WORK/sol.md"; fail "ncu_sol.py: layernorm row"; }
+# ncu 2025.3 (the H200 window's) writes an anonymous namespace '<unnamed>::': no template's brackets.
+"$PY" - "$DPT_SOURCE_DIR/scripts/bench" <<'PYEOF' || fail "ncu_sol.py: short names under '<unnamed>::'"
+import sys
+sys.path.insert(0, sys.argv[1])
+from ncu_sol import short_name
+for full, want in [("models::<unnamed>::adamw_fused_kernel(float *, BFloat16 *, unsigned long)", "adamw_fused_kernel"),
+                   ("void models::<unnamed>::layernorm_forward_rows_kernel<3, 0>(const BFloat16 *, long)",
+                    "layernorm_forward_rows_kernel<...>"),
+                   ("void dpt::(anonymous namespace)::f<int>(const T1 *)", "f<...>")]:
+    got = short_name(full)
+    assert got == want, (full, got, want)
+PYEOF
 expect_exit 1 "no ncu CSV header" "$PY" "$DPT_SOURCE_DIR/scripts/bench/ncu_sol.py" /dev/null 1
 # bias_grad_apart.py, the GPU report's table of weight gradients fused against their bias gradient apart, on the
 # sweep's lines as dpt-model-bench prints them (--lt-sweep: "# ", --lt-tune: "# tune: "; gpt_bench's "- "): one row
