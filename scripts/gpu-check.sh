@@ -1223,10 +1223,10 @@ step_train_gpt_autotune() {
 }
 step_train_llama_cpu() { train_lm llama_tiny "$1" cpu gloo 120 "${@:2}"; }
 
-# train.cuda_graph inside dptrain (issue 33; compiled, never run): the fast path's GPT with each step's zero_grad,
-# forward, loss, backward, gradient clipping and AdamW one CUDA graph (the lr and step staged before each launch),
-# otherwise train_cuda_gpt_bf16act's run. PASS when it trains and its log says steps were launched from a graph with
-# the update inside; compare_gpt_graph_eager then holds it to that run bit for bit.
+# train.cuda_graph inside dptrain (issue 33; ran on the H200 on 2026-11-29): the fast path's GPT with each step's
+# zero_grad, forward, loss, backward, gradient clipping and AdamW one CUDA graph (the lr and step staged before each
+# launch), otherwise train_cuda_gpt_bf16act's run. PASS when it trains and its log says steps were launched from a
+# graph with the update inside; compare_gpt_graph_eager then holds it to that run bit for bit.
 step_train_gpt_graph() {
   local logfile=$1 summary
   train_gpt "$logfile" cuda nccl 120 train.precision=bf16 train.bf16_activations=true train.cuda_graph=true || return 1
@@ -1329,7 +1329,7 @@ step_compare_gpt() {
 # leave out the float32 activations' step and loop (`step`, `loop`: 25 and 24 s on the H200, their numbers unchanged
 # since the first window; GPU_CHECK_GPT_ROWS adds them back): in the third window of 2026-11-27 the run had 145 s and
 # the last row, `fastnd`, found its deadline passed. `fastnd` (measured in two windows: about 1%) has made way for
-# `fastgraph`, the step as one CUDA graph (compiled, never run).
+# `fastgraph`, the step as one CUDA graph (ran on 2026-11-29).
 step_bench_gpt() {
   local logfile=$1 rc=0 left limit
   left=$((DEADLINE - $(date +%s) - 20))
@@ -1678,7 +1678,7 @@ run_steps() {
   run_step compare_gpt_bf16act_gpu_cpu step_compare_gpt train_cuda_gpt_bf16act train_cpu_gpt_bf16act 5
   run_step train_cuda_gpt_autotune step_train_gpt_autotune
   run_step compare_gpt_autotune_gpu_cpu step_compare_gpt train_cuda_gpt_autotune train_cpu_gpt_bf16act 5
-  # train.cuda_graph (compiled, never run): the same run, each step (with clipping, AdamW) one CUDA graph, bit for bit.
+  # train.cuda_graph (ran on 2026-11-29): the same run, each step (with clipping, AdamW) one CUDA graph, bit for bit.
   run_step train_cuda_gpt_graph step_train_gpt_graph
   run_step compare_gpt_graph_eager step_compare_gpt_graph_eager
   # The Llama family (configs/llama_tiny.toml: grouped-query attention, RMSNorm, RoPE, SwiGLU) the same ways: float32

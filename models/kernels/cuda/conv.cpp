@@ -1,7 +1,7 @@
 // models/kernels/cuda/conv.cpp: the convolutions through cuDNN 9 (its legacy cudnnConvolution* API), when the build
 // found it (DPT_HAVE_CUDNN): one plan (descriptors and the algorithm of each direction) per shape and precision,
 // deterministic algorithms only, strict FP32 by default (no TF32). train.autotune times each plan's directions with
-// the other algorithms it may run and keeps a faster one (sweep_conv_plans: compiled, never run on a GPU). Without
+// the other algorithms it may run and keeps a faster one (sweep_conv_plans; ran on an H200 on 2026-11-29). Without
 // cuDNN the convolutions throw UnsupportedError naming it.
 #include "models/kernels/cuda/cuda_kernels.h"
 

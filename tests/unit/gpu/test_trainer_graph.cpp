@@ -2,7 +2,7 @@
 // of a Gloo group sharing the GPU): the same run with and without the step graph gives the same epoch losses, the
 // same validation loss and the same checkpoint bytes (parameters and AdamW's state), bit for bit, while the graph run
 // did launch graphs, captured again after each thing that drops one (an epoch's start, a checkpoint, a short last
-// batch run eagerly). Compiled, never run on a GPU until the next window.
+// batch run eagerly). Ran, and passed, on an H200 on 2026-11-29.
 #include <catch2/catch.hpp>
 
 #include <cmath>
