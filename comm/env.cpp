@@ -53,6 +53,8 @@ std::optional<int> optional_int(const EnvMap& env, const std::string& name) {
 void read_master(const EnvMap& env, DistEnv& d, const std::string& default_addr, int default_port = kDefaultMasterPort) {
   const std::string* addr = find(env, "MASTER_ADDR");
   d.master_addr = addr ? *addr : default_addr;
+  d.master_addr_set = addr != nullptr;
+  d.master_port_set = has(env, "MASTER_PORT");
   if (d.master_addr.empty()) DPT_THROW(ConfigError, "environment variable MASTER_ADDR is set but empty");
   d.master_port = optional_int(env, "MASTER_PORT").value_or(default_port);
   if (d.master_port < 1 || d.master_port > 65535) {

@@ -22,6 +22,10 @@ struct DistEnv {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // Whether MASTER_ADDR / MASTER_PORT were set in the environment, rather than defaulted (under mpirun, rank 0 then
+  // chooses them and tells the other ranks by MPI: init_process_group).
+  bool master_addr_set = false;
+  bool master_port_set = false;
   int restart_count = 0;  // DPT_RESTART_COUNT (torchrun: TORCHELASTIC_RESTART_COUNT)
   // torchrun's agent hosts the job's store, a c10d TCPStore at MASTER_ADDR:MASTER_PORT, and says so
   // (TORCHELASTIC_USE_AGENT_STORE=True): the ranks join it as clients (comm/c10d_store.h) instead of rank 0

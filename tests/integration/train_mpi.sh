@@ -60,6 +60,26 @@ expect_exit 2 "the ranks chose different process-group backends (rank 0: gloo; r
 [ -e "$WORK/mixed" ] && fail "mixed backends: it trained"
 echo "ok: a rank with another dist.backend under mpirun: exit 2 at once, naming both"
 
+# Gloo under mpirun with MASTER_ADDR and MASTER_PORT unset: rank 0 hosts the store at once, on a free port (every rank
+# on one host: at 127.0.0.1), and sends its address and port to the others by MPI; the others once looked for it at
+# the default 127.0.0.1:29500, which on another host is their own loopback (integration.two_hosts runs two hosts).
+# The run trains only if rank 1 used rank 0's port, which no default gives. MASTER_PORT, when set, is kept.
+TINY_GLOO=("${TINY[@]}" dist.backend=gloo dist.timeout_s=60)
+env -u MASTER_ADDR -u MASTER_PORT "${MPIRUN[@]}" -np 2 "$DPTRAIN" --config "$CONFIG" "${TINY_GLOO[@]}" \
+  checkpoint.dir="$WORK/chosen" > "$WORK/chosen.log" 2>&1 || { cat "$WORK/chosen.log"; fail "no MASTER_*: failed"; }
+said="and sent that to every rank by MPI \(address: all 2 ranks run on rank 0's host, as MASTER_ADDR is unset; port: a \
+free one, as MASTER_PORT is unset\)"
+port=$(grep -oP "rank 0 hosts the store at 127\.0\.0\.1:\K[0-9]+(?= $said)" "$WORK/chosen.log") \
+  || { cat "$WORK/chosen.log"; fail "gloo, no MASTER_*: rank 0 did not say where it hosts the store"; }
+[ "$port" != 29500 ] || fail "gloo, no MASTER_*: the default port, not a free one"
+grep -q "process group: gloo, world 2, rendezvous 127.0.0.1:$port$" "$WORK/chosen.log" || fail "not rendezvous at $port"
+free=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+env -u MASTER_ADDR MASTER_PORT="$free" "${MPIRUN[@]}" -np 2 "$DPTRAIN" --config "$CONFIG" "${TINY_GLOO[@]}" \
+  checkpoint.dir="$WORK/given" > "$WORK/given.log" 2>&1 || { cat "$WORK/given.log"; fail "gloo, MASTER_PORT: failed"; }
+grep -q "rank 0 hosts the store at 127.0.0.1:$free and sent .*; port: MASTER_PORT)" "$WORK/given.log" \
+  || { cat "$WORK/given.log"; fail "gloo, MASTER_PORT=$free: not kept"; }
+echo "ok: gloo under mpirun without MASTER_ADDR/MASTER_PORT: rank 0's address and free port $port, sent by MPI"
+
 # mpirun killed with SIGKILL: its gloo ranks (which hold no connection to it) once trained on as orphans, and so did a
 # dprun that mpirun started (one per node) with its ranks. They get SIGTERM as their parent dies (PR_SET_PDEATHSIG),
 # checkpoint the step and exit. orphan_check NAME PROGRAM...: PROGRAM under mpirun -np N, its checkpoints in $WORK/NAME.

@@ -170,17 +170,25 @@ TEST_CASE("detect_env: Open MPI variables", "[env]") {
   CHECK(d.mpi_available);
   CHECK(d.master_addr == "127.0.0.1");
   CHECK(d.master_port == 29500);
+  // Defaults, not set: under mpirun rank 0 then chooses both and sends them by MPI (init_process_group).
+  CHECK_FALSE(d.master_addr_set);
+  CHECK_FALSE(d.master_port_set);
 
   EnvMap e = ompi_env();
   e["OMPI_COMM_WORLD_RANK"] = "0";
   e["OMPI_COMM_WORLD_LOCAL_RANK"] = "0";
   e["OMPI_COMM_WORLD_NODE_RANK"] = "0";
   e["MASTER_ADDR"] = "head";
+  DistEnv addr_only = detect_env(e);
+  CHECK(addr_only.master_addr_set);
+  CHECK_FALSE(addr_only.master_port_set);
   e["MASTER_PORT"] = "31000";
   DistEnv r0 = detect_env(e);
   CHECK(r0.node_rank == 0);
   CHECK(r0.master_addr == "head");
   CHECK(r0.master_port == 31000);
+  CHECK(r0.master_addr_set);
+  CHECK(r0.master_port_set);
 }
 
 TEST_CASE("detect_env: Slurm variables", "[env]") {
