@@ -80,6 +80,20 @@ grep -q "rank 0 hosts the store at 127.0.0.1:$free and sent .*; port: MASTER_POR
   || { cat "$WORK/given.log"; fail "gloo, MASTER_PORT=$free: not kept"; }
 echo "ok: gloo under mpirun without MASTER_ADDR/MASTER_PORT: rank 0's address and free port $port, sent by MPI"
 
+# dprun under mpirun, one per "node", with --nnodes 2 but no --node-rank (mpirun gives every process the same words):
+# each once took node rank 0, both rank 0 of 2, and they waited for a rank 1 until dist.timeout_s. Each takes its
+# OMPI_COMM_WORLD_RANK now, and says so.
+free=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n') timeout 120 "${MPIRUN[@]}" -np 2 "$DPRUN" --nnodes 2 \
+  --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$free" -- "$DPTRAIN" --config "$CONFIG" "${TINY_GLOO[@]}" \
+  checkpoint.dir="$WORK/dprun_nodes" > "$WORK/dprun_nodes.log" 2>&1 \
+  || { cat "$WORK/dprun_nodes.log"; fail "mpirun -np 2 dprun --nnodes 2 without --node-rank failed"; }
+for n in 0 1; do
+  grep -q "^dprun: --node-rank $n from OMPI_COMM_WORLD_RANK" "$WORK/dprun_nodes.log" \
+    || { cat "$WORK/dprun_nodes.log"; fail "dprun under mpirun: no node $n from OMPI_COMM_WORLD_RANK"; }
+done
+echo "ok: mpirun -np 2 dprun --nnodes 2 without --node-rank: node ranks from OMPI_COMM_WORLD_RANK"
+
 # mpirun killed with SIGKILL: its gloo ranks (which hold no connection to it) once trained on as orphans, and so did a
 # dprun that mpirun started (one per node) with its ranks. They get SIGTERM as their parent dies (PR_SET_PDEATHSIG),
 # checkpoint the step and exit. orphan_check NAME PROGRAM...: PROGRAM under mpirun -np N, its checkpoints in $WORK/NAME.

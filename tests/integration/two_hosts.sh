@@ -84,6 +84,15 @@ EOF
   grep -q "process group: gloo, world 2, rendezvous $AA:" "$WORK/mpi_gloo.log" || fail "mpirun, gloo: not at $AA"
   mpirun_two_hosts mpi_mpi dist.backend=mpi
   grep -q "no store for hang reports" "$WORK/mpi_mpi.log" && { cat "$WORK/mpi_mpi.log"; fail "mpi: no report store"; }
+  # One dprun per host under mpirun, no --node-rank: each takes its OMPI_COMM_WORLD_RANK (it once took 0 on both).
+  timeout 120 ip netns exec "$NA" "${MPIRUN[@]}" --mca plm_rsh_agent "$WORK/rsh_agent.sh" -H "$AA:1,$AB:1" -np 2 \
+    -x OMP_NUM_THREADS -x OPENBLAS_NUM_THREADS -x DPT_STORE_TOKEN "$DPRUN" --nnodes 2 --nproc-per-node 1 \
+    --master-addr "$AA" --master-port 29512 -- "$DPTRAIN" "${RUN[@]}" dist.timeout_s=20 \
+    checkpoint.dir="$WORK/mpi_dprun" >"$WORK/mpi_dprun.log" 2>&1 \
+    || { cat "$WORK/mpi_dprun.log"; fail "mpirun of one dprun per host without --node-rank failed"; }
+  "$PY" "$CKPT_PY" compare "$WORK/one/$FINAL" "$WORK/mpi_dprun/$FINAL" 0 >/dev/null ||
+    fail "mpirun of one dprun per host differs from one host's 2-rank run"
+  echo "ok: mpirun of one dprun per host, --nnodes 2 without --node-rank: bitwise one host's 2-rank run"
   echo "ok: mpirun across two hosts without MASTER_ADDR/MASTER_PORT: gloo at rank 0's $AA, sent by MPI; mpi too"
 fi
 no_processes_left "$WORK"
