@@ -215,6 +215,31 @@ DistEnv detect_slurm(const EnvMap& env) {
   return d;
 }
 
+// A process of MPICH's, Intel MPI's or MVAPICH's mpiexec (Hydra): PMI_RANK and PMI_SIZE, its local rank and count in
+// MPI_LOCALRANKID and MPI_LOCALNRANKS. Each once trained alone as a single process ("1 rank(s) via none"), where
+// another one's checkpoint.dir lock did not stop it first.
+DistEnv detect_hydra(const EnvMap& env) {
+  DistEnv d;
+  d.launcher = Launcher::Hydra;
+  d.rank = require_int(env, "PMI_RANK");
+  d.world_size = require_int(env, "PMI_SIZE");
+  d.local_rank = optional_int(env, "MPI_LOCALRANKID").value_or(d.rank);
+  d.local_world_size = optional_int(env, "MPI_LOCALNRANKS").value_or(d.world_size);
+  if (d.local_world_size > 0) d.node_rank = d.rank / d.local_world_size;
+  read_master(env, d, kDefaultMasterAddr);
+  d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
+  validate(d, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+  if (!d.master_addr_set && d.local_world_size < d.world_size) {
+    DPT_THROW(ConfigError, "mpiexec (PMI_SIZE={}) placed ranks on several hosts (MPI_LOCALNRANKS={}) and MASTER_ADDR is "
+              "unset: rank 0's store would be looked for at 127.0.0.1, each host's own. Set MASTER_ADDR to rank 0's "
+              "host for every rank (mpiexec -genv MASTER_ADDR node01), or launch with dprun, Open MPI's mpirun or srun",
+              d.world_size, d.local_world_size);
+  }
+  return d;
+}
+
+bool hydra_task(const EnvMap& env) { return has(env, "PMI_RANK") && has(env, "PMI_SIZE"); }
+
 // A task of a job step, started by srun: SLURM_PROCID and SLURM_NTASKS with the step's id (SLURM_STEP_ID; older
 // Slurm: SLURM_STEPID). Slurm's batch script has the first two as well (SLURM_PROCID=0, SLURM_NTASKS = the job's
 // tasks) but no step id: it is one process, and taking it for rank 0 of SLURM_NTASKS once left it waiting at the
@@ -360,6 +385,7 @@ const char* launcher_name(Launcher l) {
     case Launcher::Torchrun: return "torchrun";
     case Launcher::OpenMPI: return "openmpi";
     case Launcher::Slurm: return "slurm";
+    case Launcher::Hydra: return "hydra";
   }
   return "?";
 }
@@ -391,6 +417,8 @@ DistEnv detect_env(const EnvMap& env) {
     d = detect_openmpi(env);
   } else if (slurm_task(env)) {
     d = detect_slurm(env);
+  } else if (hydra_task(env)) {
+    d = detect_hydra(env);
   } else {  // a single process started by hand (or in Slurm's batch script)
     if (slurm_batch_script(env) && *find(env, "SLURM_NTASKS") != "1") {
       d.warning = fmt::format("SLURM_NTASKS={} but this process is not one of the job's tasks (no SLURM_STEP_ID: "

@@ -94,6 +94,23 @@ for n in 0 1; do
 done
 echo "ok: mpirun -np 2 dprun --nnodes 2 without --node-rank: node ranks from OMPI_COMM_WORLD_RANK"
 
+# MPICH's, Intel MPI's or MVAPICH's mpiexec (Hydra; not installed here, so its variables are set as it sets them):
+# each process once trained alone, "1 rank(s) via none", the second stopped only by the first's checkpoint.dir lock.
+# They are ranks of one gloo job now; on several hosts without MASTER_ADDR, exit 2 saying to set it.
+free=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+pids=()
+for r in 0 1; do
+  env -u MASTER_ADDR PMI_RANK=$r PMI_SIZE=2 MPI_LOCALRANKID=$r MPI_LOCALNRANKS=2 MASTER_PORT="$free" "$DPTRAIN" \
+    --config "$CONFIG" "${TINY[@]}" dist.timeout_s=60 checkpoint.dir="$WORK/hydra" > "$WORK/hydra.$r.log" 2>&1 &
+  pids+=($!)
+done
+wait "${pids[0]}" && wait "${pids[1]}" || { cat "$WORK"/hydra.*.log; fail "Hydra's variables: a rank failed"; }
+grep -q "2 rank(s) via hydra" "$WORK/hydra.0.log" || { cat "$WORK/hydra.0.log"; fail "Hydra's variables: not 2 ranks"; }
+expect_exit 2 "mpiexec (PMI_SIZE=2) placed ranks on several hosts (MPI_LOCALNRANKS=1) and MASTER_ADDR is unset" \
+  env -u MASTER_ADDR PMI_RANK=0 PMI_SIZE=2 MPI_LOCALRANKID=0 MPI_LOCALNRANKS=1 "$DPTRAIN" --config "$CONFIG" \
+  "${TINY[@]}" checkpoint.dir="$WORK/hydra2"
+echo "ok: Hydra's PMI_RANK/PMI_SIZE: 2 ranks of one job; on several hosts without MASTER_ADDR, exit 2"
+
 # mpirun killed with SIGKILL: its gloo ranks (which hold no connection to it) once trained on as orphans, and so did a
 # dprun that mpirun started (one per node) with its ranks. They get SIGTERM as their parent dies (PR_SET_PDEATHSIG),
 # checkpoint the step and exit. orphan_check NAME PROGRAM...: PROGRAM under mpirun -np N, its checkpoints in $WORK/NAME.

@@ -248,6 +248,35 @@ TEST_CASE("detect_env: Slurm variables", "[env]") {
   CHECK(detect_env(one).local_world_size == 1);
 }
 
+TEST_CASE("detect_env: MPICH's or Intel MPI's mpiexec (Hydra)", "[env]") {
+  // Each process once trained alone ("1 rank(s) via none"), one of them stopped only by the other's checkpoint.dir lock.
+  EnvMap e{{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}};
+  DistEnv d = detect_env(e);
+  CHECK(d.launcher == Launcher::Hydra);
+  CHECK(std::string(launcher_name(d.launcher)) == "hydra");
+  CHECK(d.rank == 1);
+  CHECK(d.world_size == 2);
+  CHECK(d.local_rank == 1);
+  CHECK(d.local_world_size == 2);
+  CHECK_FALSE(d.mpi_available);  // this build's MPI is Open MPI's: gloo
+  CHECK(d.master_addr == "127.0.0.1");
+  // On several hosts: no address to give rank 0's store, so MASTER_ADDR is needed, not a wait until dist.timeout_s.
+  e["MPI_LOCALNRANKS"] = "1";
+  e["MPI_LOCALRANKID"] = "0";
+  CHECK_THROWS_WITH(detect_env(e), Contains("placed ranks on several hosts (MPI_LOCALNRANKS=1)") &&
+                                       Contains("mpiexec -genv MASTER_ADDR"));
+  e["MASTER_ADDR"] = "node01";
+  CHECK(detect_env(e).master_addr == "node01");
+  CHECK(detect_env(e).node_rank == 1);
+  e["PMI_RANK"] = "2";
+  CHECK_THROWS_WITH(detect_env(e), Contains("PMI_RANK=2 is out of range for PMI_SIZE=2"));
+  // srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE too: Slurm's task.
+  EnvMap s = slurm_env();
+  s["PMI_RANK"] = "3";
+  s["PMI_SIZE"] = "8";
+  CHECK(detect_env(s).launcher == Launcher::Slurm);
+}
+
 TEST_CASE("detect_env: nothing set means a single process", "[env]") {
   DistEnv d = detect_env({{"HOME", "/root"}, {"PATH", "/usr/bin"}});
   CHECK(d.launcher == Launcher::None);
