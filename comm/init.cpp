@@ -310,6 +310,22 @@ std::shared_ptr<Store> mpi_report_store(ProcessGroup& mpi, const DistEnv& env, c
   return report_client(env, so);
 }
 
+// MASTER_ADDR=localhost or 127.0.0.1 (a torchrun habit: `export MASTER_ADDR=localhost`) where the ranks span hosts:
+// every other host's ranks would look for the store at their own loopback until dist.timeout_s. ConfigError.
+void check_reachable_master(const DistEnv& env) {
+  if (!env.master_addr_set || env.local_world_size >= env.world_size) return;
+  in_addr a4{};
+  in6_addr a6{};
+  const std::string& m = env.master_addr;
+  const bool loop = m == "localhost" || (::inet_pton(AF_INET, m.c_str(), &a4) == 1 && loopback(a4)) ||
+                    (::inet_pton(AF_INET6, m.c_str(), &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6));
+  if (!loop) return;
+  DPT_THROW(ConfigError, "MASTER_ADDR={} is a loopback address, but mpirun placed the {} ranks on several hosts "
+            "(OMPI_COMM_WORLD_LOCAL_SIZE={}): the other hosts' ranks would look for rank 0's store at their own. "
+            "Unset MASTER_ADDR (rank 0 then sends its address to every rank by MPI), or set one every host reaches",
+            m, env.world_size, env.local_world_size);
+}
+
 // Gloo under mpirun: with MASTER_ADDR unset, the default 127.0.0.1 once left every rank on another host looking for
 // the store at its own loopback until dist.timeout_s (and with MASTER_PORT unset two jobs on one host met at 29500).
 // Rank 0 hosts the store now, at MASTER_PORT or else a free port, and sends its address (MASTER_ADDR or else
@@ -325,6 +341,7 @@ std::shared_ptr<Store> store_by_mpi(ProcessGroup& mpi, DistEnv& env, const InitO
     try {
       const ChosenAddress where = env.master_addr_set ? ChosenAddress{env.master_addr, "MASTER_ADDR"}
                                                       : rank0_address(env, iface);
+      check_reachable_master(env);
       TcpStoreOptions so;
       so.host = "127.0.0.1";  // rank 0's own client; the server listens on every interface
       so.port = env.master_port_set ? env.master_port : 0;
@@ -339,7 +356,7 @@ std::shared_ptr<Store> store_by_mpi(ProcessGroup& mpi, DistEnv& env, const InitO
                    env.master_port_set ? "MASTER_PORT" : "a free one, as MASTER_PORT is unset");
     } catch (const std::exception& e) {
       failed = std::current_exception();
-      line = fmt::format("!{}", e.what());
+      line = fmt::format("{}{}", dynamic_cast<const ConfigError*>(&e) ? '?' : '!', e.what());
     }
     line.resize(std::min<size_t>(line.size(), msg.numel() - 1));
     std::memcpy(msg.data<uint8_t>(), line.data(), line.size());
@@ -347,6 +364,7 @@ std::shared_ptr<Store> store_by_mpi(ProcessGroup& mpi, DistEnv& env, const InitO
   mpi.broadcast(msg)->wait();  // every rank takes part, whatever rank 0 managed
   if (failed) std::rethrow_exception(failed);
   const std::string line(reinterpret_cast<const char*>(msg.data<uint8_t>()));
+  if (line.starts_with('?')) DPT_THROW(ConfigError, "{} (rank 0's finding)", line.substr(1));
   if (line.starts_with('!')) DPT_THROW(CommError, "rank 0 could not host the job's store: {}", line.substr(1));
   const size_t nl = line.find('\n');
   DPT_CHECK(nl != std::string::npos, "store address from rank 0: '{}'", line);

@@ -93,7 +93,14 @@ EOF
   "$PY" "$CKPT_PY" compare "$WORK/one/$FINAL" "$WORK/mpi_dprun/$FINAL" 0 >/dev/null ||
     fail "mpirun of one dprun per host differs from one host's 2-rank run"
   echo "ok: mpirun of one dprun per host, --nnodes 2 without --node-rank: bitwise one host's 2-rank run"
-  echo "ok: mpirun across two hosts without MASTER_ADDR/MASTER_PORT: gloo at rank 0's $AA, sent by MPI; mpi too"
+  # MASTER_ADDR=localhost left from a torchrun habit, ranks on two hosts: exit 2 at once on every rank, naming it (rank
+  # 1 once looked for the store at its own loopback until dist.timeout_s).
+  expect_exit 2 "MASTER_ADDR=localhost is a loopback address, but mpirun placed the 2 ranks on several hosts" \
+    env MASTER_ADDR=localhost timeout 120 ip netns exec "$NA" "${MPIRUN[@]}" --mca plm_rsh_agent "$WORK/rsh_agent.sh" \
+    -H "$AA:1,$AB:1" -np 2 -x MASTER_ADDR "$DPTRAIN" "${RUN[@]}" dist.timeout_s=60 checkpoint.dir="$WORK/mpi_lo"
+  set +e  # expect_exit leaves set -e on; netns.bash's exit trap needs it off
+  echo "ok: mpirun across two hosts without MASTER_ADDR/MASTER_PORT: gloo at rank 0's $AA, sent by MPI; mpi too;"
+  echo "ok: MASTER_ADDR=localhost across two hosts: exit 2 at once"
 fi
 no_processes_left "$WORK"
 echo PASS
