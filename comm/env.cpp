@@ -62,6 +62,20 @@ void read_master(const EnvMap& env, DistEnv& d, const std::string& default_addr,
   }
 }
 
+// MASTER_ADDR=localhost, or a 127.x.x.x or ::1 address (`export MASTER_ADDR=localhost`, a torchrun habit), where the
+// launcher placed the ranks on several hosts: every other host's ranks would look for rank 0's store at their own
+// loopback until dist.timeout_s. ConfigError naming it and `how` to do without it.
+void refuse_loopback_master(const DistEnv& d, const char* launcher, const char* local_var, const char* how) {
+  if (!d.master_addr_set || d.local_world_size >= d.world_size) return;
+  const std::string& m = d.master_addr;
+  const bool loop = m == "localhost" || m == "::1" ||
+                    (m.rfind("127.", 0) == 0 && m.find_first_not_of("0123456789.") == std::string::npos);
+  if (!loop) return;
+  DPT_THROW(ConfigError, "MASTER_ADDR={} is a loopback address, but {} placed the {} ranks on several hosts ({} on "
+            "this one: {}): the other hosts' ranks would look for rank 0's store at their own. {}", m, launcher,
+            d.world_size, d.local_world_size, local_var, how);
+}
+
 // "2(x3),1" -> 2 2 2 1: Slurm's per-node task counts (SLURM_STEP_TASKS_PER_NODE and friends).
 std::vector<int> expand_tasks_per_node(const std::string& name, const std::string& text) {
   std::vector<int> out;
@@ -212,6 +226,9 @@ DistEnv detect_slurm(const EnvMap& env) {
   // srun starts MPI programs only with a PMI plugin (--mpi=pmix or pmi2), which sets these.
   d.mpi_available = has(env, "PMIX_RANK") || has(env, "PMI_RANK");
   validate(d, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", local_var);
+  refuse_loopback_master(d, "srun", local_var,
+                         "Unset MASTER_ADDR (the first host of the step's node list is the default), or set one every "
+                         "host reaches");
   return d;
 }
 
@@ -229,9 +246,10 @@ DistEnv detect_hydra(const EnvMap& env) {
   read_master(env, d, kDefaultMasterAddr);
   d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
   validate(d, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+  refuse_loopback_master(d, "mpiexec", "MPI_LOCALNRANKS", "Set MASTER_ADDR to rank 0's host, one every host reaches");
   if (!d.master_addr_set && d.local_world_size < d.world_size) {
-    DPT_THROW(ConfigError, "mpiexec (PMI_SIZE={}) placed ranks on several hosts (MPI_LOCALNRANKS={}) and MASTER_ADDR is "
-              "unset: rank 0's store would be looked for at 127.0.0.1, each host's own. Set MASTER_ADDR to rank 0's "
+    DPT_THROW(ConfigError, "mpiexec (PMI_SIZE={}) placed ranks on several hosts (MPI_LOCALNRANKS={}) and MASTER_ADDR "
+              "is unset: rank 0's store would be looked for at 127.0.0.1, each host's own. Set MASTER_ADDR to rank 0's "
               "host for every rank (mpiexec -genv MASTER_ADDR node01), or launch with dprun, Open MPI's mpirun or srun",
               d.world_size, d.local_world_size);
   }

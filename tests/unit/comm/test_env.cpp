@@ -209,6 +209,17 @@ TEST_CASE("detect_env: Slurm variables", "[env]") {
   j["MASTER_PORT"] = "29999";
   CHECK(detect_env(j).master_port == 29999);
 
+  // MASTER_ADDR=localhost or 127.0.0.1 across nodes: refused, not a wait until dist.timeout_s on the other nodes.
+  for (const char* lo : {"localhost", "127.0.0.1", "::1"}) {
+    j = slurm_env();
+    j["MASTER_ADDR"] = lo;
+    CHECK_THROWS_WITH(detect_env(j), Contains(fmt::format("MASTER_ADDR={} is a loopback address, but srun placed "
+                                                          "the 8 ranks on several hosts (2 on this one: "
+                                                          "SLURM_STEP_TASKS_PER_NODE)", lo)));
+  }
+  j["MASTER_ADDR"] = "127.0.0.1.example";  // a name, not an address
+  CHECK(detect_env(j).master_addr == "127.0.0.1.example");
+
   EnvMap e = slurm_env();
   e.erase("SLURM_STEP_NODELIST");
   CHECK(detect_env(e).master_addr == "other1");
@@ -249,7 +260,7 @@ TEST_CASE("detect_env: Slurm variables", "[env]") {
 }
 
 TEST_CASE("detect_env: MPICH's or Intel MPI's mpiexec (Hydra)", "[env]") {
-  // Each process once trained alone ("1 rank(s) via none"), one of them stopped only by the other's checkpoint.dir lock.
+  // Each process once trained alone ("1 rank(s) via none"), one stopped only by the other's checkpoint.dir lock.
   EnvMap e{{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}};
   DistEnv d = detect_env(e);
   CHECK(d.launcher == Launcher::Hydra);
@@ -265,6 +276,9 @@ TEST_CASE("detect_env: MPICH's or Intel MPI's mpiexec (Hydra)", "[env]") {
   e["MPI_LOCALRANKID"] = "0";
   CHECK_THROWS_WITH(detect_env(e), Contains("placed ranks on several hosts (MPI_LOCALNRANKS=1)") &&
                                        Contains("mpiexec -genv MASTER_ADDR"));
+  e["MASTER_ADDR"] = "localhost";  // a torchrun habit: the other host's ranks would wait at their own loopback
+  CHECK_THROWS_WITH(detect_env(e), Contains("MASTER_ADDR=localhost is a loopback address, but mpiexec placed the 2 "
+                                            "ranks on several hosts (1 on this one: MPI_LOCALNRANKS)"));
   e["MASTER_ADDR"] = "node01";
   CHECK(detect_env(e).master_addr == "node01");
   CHECK(detect_env(e).node_rank == 1);
