@@ -226,9 +226,10 @@ DistEnv detect_slurm(const EnvMap& env) {
   // srun starts MPI programs only with a PMI plugin (--mpi=pmix or pmi2), which sets these.
   d.mpi_available = has(env, "PMIX_RANK") || has(env, "PMI_RANK");
   validate(d, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", local_var);
-  refuse_loopback_master(d, "srun", local_var,
-                         "Unset MASTER_ADDR (the first host of the step's node list is the default), or set one every "
-                         "host reaches");
+  if (has(env, local_var))  // the placement known, not 1 a node for want of it
+    refuse_loopback_master(d, "srun", local_var,
+                           "Unset MASTER_ADDR (the first host of the step's node list is the default), or set one "
+                           "every host reaches");
   return d;
 }
 

@@ -219,6 +219,10 @@ TEST_CASE("detect_env: Slurm variables", "[env]") {
   }
   j["MASTER_ADDR"] = "127.0.0.1.example";  // a name, not an address
   CHECK(detect_env(j).master_addr == "127.0.0.1.example");
+  j["MASTER_ADDR"] = "127.0.0.1";
+  j.erase("SLURM_STEP_TASKS_PER_NODE");  // no tasks-per-node variable: the placement unknown, nothing refused
+  j["SLURM_LOCALID"] = "0";
+  CHECK(detect_env(j).master_addr == "127.0.0.1");
 
   EnvMap e = slurm_env();
   e.erase("SLURM_STEP_NODELIST");
