@@ -98,7 +98,7 @@ EOF
   expect_exit 2 "MASTER_ADDR=localhost is a loopback address, but mpirun placed the 2 ranks on several hosts" \
     env MASTER_ADDR=localhost timeout 120 ip netns exec "$NA" "${MPIRUN[@]}" --mca plm_rsh_agent "$WORK/rsh_agent.sh" \
     -H "$AA:1,$AB:1" -np 2 -x MASTER_ADDR "$DPTRAIN" "${RUN[@]}" dist.timeout_s=60 checkpoint.dir="$WORK/mpi_lo"
-  set +e  # expect_exit leaves set -e on; netns.bash's exit trap needs it off
+  set +e  # expect_exit leaves set -e on; the rest of this script expects it off
   echo "ok: mpirun across two hosts without MASTER_ADDR/MASTER_PORT: gloo at rank 0's $AA, sent by MPI; mpi too;"
   echo "ok: MASTER_ADDR=localhost across two hosts: exit 2 at once"
 fi
