@@ -53,11 +53,27 @@ std::optional<int> optional_int(const EnvMap& env, const std::string& name) {
 void read_master(const EnvMap& env, DistEnv& d, const std::string& default_addr, int default_port = kDefaultMasterPort) {
   const std::string* addr = find(env, "MASTER_ADDR");
   d.master_addr = addr ? *addr : default_addr;
+  d.master_addr_set = addr != nullptr;
+  d.master_port_set = has(env, "MASTER_PORT");
   if (d.master_addr.empty()) DPT_THROW(ConfigError, "environment variable MASTER_ADDR is set but empty");
   d.master_port = optional_int(env, "MASTER_PORT").value_or(default_port);
   if (d.master_port < 1 || d.master_port > 65535) {
     DPT_THROW(ConfigError, "environment variable MASTER_PORT={} is out of range 1..65535", d.master_port);
   }
+}
+
+// MASTER_ADDR=localhost, or a 127.x.x.x or ::1 address (`export MASTER_ADDR=localhost`, a torchrun habit), where the
+// launcher placed the ranks on several hosts: every other host's ranks would look for rank 0's store at their own
+// loopback until dist.timeout_s. ConfigError naming it and `how` to do without it.
+void refuse_loopback_master(const DistEnv& d, const char* launcher, const char* local_var, const char* how) {
+  if (!d.master_addr_set || d.local_world_size >= d.world_size) return;
+  const std::string& m = d.master_addr;
+  const bool loop = m == "localhost" || m == "::1" ||
+                    (m.rfind("127.", 0) == 0 && m.find_first_not_of("0123456789.") == std::string::npos);
+  if (!loop) return;
+  DPT_THROW(ConfigError, "MASTER_ADDR={} is a loopback address, but {} placed the {} ranks on several hosts ({} on "
+            "this one: {}): the other hosts' ranks would look for rank 0's store at their own. {}", m, launcher,
+            d.world_size, d.local_world_size, local_var, how);
 }
 
 // "2(x3),1" -> 2 2 2 1: Slurm's per-node task counts (SLURM_STEP_TASKS_PER_NODE and friends).
@@ -210,8 +226,38 @@ DistEnv detect_slurm(const EnvMap& env) {
   // srun starts MPI programs only with a PMI plugin (--mpi=pmix or pmi2), which sets these.
   d.mpi_available = has(env, "PMIX_RANK") || has(env, "PMI_RANK");
   validate(d, "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", local_var);
+  if (has(env, local_var))  // the placement known, not 1 a node for want of it
+    refuse_loopback_master(d, "srun", local_var,
+                           "Unset MASTER_ADDR (the first host of the step's node list is the default), or set one "
+                           "every host reaches");
   return d;
 }
+
+// A process of MPICH's, Intel MPI's or MVAPICH's mpiexec (Hydra): PMI_RANK and PMI_SIZE, its local rank and count in
+// MPI_LOCALRANKID and MPI_LOCALNRANKS. Each once trained alone as a single process ("1 rank(s) via none"), where
+// another one's checkpoint.dir lock did not stop it first.
+DistEnv detect_hydra(const EnvMap& env) {
+  DistEnv d;
+  d.launcher = Launcher::Hydra;
+  d.rank = require_int(env, "PMI_RANK");
+  d.world_size = require_int(env, "PMI_SIZE");
+  d.local_rank = optional_int(env, "MPI_LOCALRANKID").value_or(d.rank);
+  d.local_world_size = optional_int(env, "MPI_LOCALNRANKS").value_or(d.world_size);
+  if (d.local_world_size > 0) d.node_rank = d.rank / d.local_world_size;
+  read_master(env, d, kDefaultMasterAddr);
+  d.restart_count = optional_int(env, "DPT_RESTART_COUNT").value_or(0);
+  validate(d, "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS");
+  refuse_loopback_master(d, "mpiexec", "MPI_LOCALNRANKS", "Set MASTER_ADDR to rank 0's host, one every host reaches");
+  if (!d.master_addr_set && d.local_world_size < d.world_size) {
+    DPT_THROW(ConfigError, "mpiexec (PMI_SIZE={}) placed ranks on several hosts (MPI_LOCALNRANKS={}) and MASTER_ADDR "
+              "is unset: rank 0's store would be looked for at 127.0.0.1, each host's own. Set MASTER_ADDR to rank 0's "
+              "host for every rank (mpiexec -genv MASTER_ADDR node01), or launch with dprun, Open MPI's mpirun or srun",
+              d.world_size, d.local_world_size);
+  }
+  return d;
+}
+
+bool hydra_task(const EnvMap& env) { return has(env, "PMI_RANK") && has(env, "PMI_SIZE"); }
 
 // A task of a job step, started by srun: SLURM_PROCID and SLURM_NTASKS with the step's id (SLURM_STEP_ID; older
 // Slurm: SLURM_STEPID). Slurm's batch script has the first two as well (SLURM_PROCID=0, SLURM_NTASKS = the job's
@@ -358,6 +404,7 @@ const char* launcher_name(Launcher l) {
     case Launcher::Torchrun: return "torchrun";
     case Launcher::OpenMPI: return "openmpi";
     case Launcher::Slurm: return "slurm";
+    case Launcher::Hydra: return "hydra";
   }
   return "?";
 }
@@ -389,6 +436,8 @@ DistEnv detect_env(const EnvMap& env) {
     d = detect_openmpi(env);
   } else if (slurm_task(env)) {
     d = detect_slurm(env);
+  } else if (hydra_task(env)) {
+    d = detect_hydra(env);
   } else {  // a single process started by hand (or in Slurm's batch script)
     if (slurm_batch_script(env) && *find(env, "SLURM_NTASKS") != "1") {
       d.warning = fmt::format("SLURM_NTASKS={} but this process is not one of the job's tasks (no SLURM_STEP_ID: "

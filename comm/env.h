@@ -9,8 +9,10 @@
 namespace dpt::comm {
 
 // None: a single process started by hand. Torchrun: dprun's variables (which are torchrun's), set by torchrun's
-// elastic agent (TORCHELASTIC_RUN_ID is set).
-enum class Launcher { None, Dprun, Torchrun, OpenMPI, Slurm };
+// elastic agent (TORCHELASTIC_RUN_ID is set). Hydra: the mpiexec (or mpirun) of MPICH, Intel MPI or MVAPICH, whose
+// PMI_RANK/PMI_SIZE and MPI_LOCALRANKID/MPI_LOCALNRANKS place the process; this build's MPI (Open MPI's) cannot
+// start under it, so its ranks use gloo.
+enum class Launcher { None, Dprun, Torchrun, OpenMPI, Slurm, Hydra };
 const char* launcher_name(Launcher l);
 
 struct DistEnv {
@@ -22,6 +24,10 @@ struct DistEnv {
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
   int master_port = 29500;
+  // Whether MASTER_ADDR / MASTER_PORT were set in the environment, rather than defaulted (under mpirun, rank 0 then
+  // chooses them and tells the other ranks by MPI: init_process_group).
+  bool master_addr_set = false;
+  bool master_port_set = false;
   int restart_count = 0;  // DPT_RESTART_COUNT (torchrun: TORCHELASTIC_RESTART_COUNT)
   // torchrun's agent hosts the job's store, a c10d TCPStore at MASTER_ADDR:MASTER_PORT, and says so
   // (TORCHELASTIC_USE_AGENT_STORE=True): the ranks join it as clients (comm/c10d_store.h) instead of rank 0
@@ -43,7 +49,9 @@ using EnvMap = std::map<std::string, std::string>;
 // come first when dprun (DPT_LAUNCHER=dprun) or torchrun (TORCHELASTIC_RUN_ID) set them, even inside mpirun or
 // srun; set otherwise (by hand, or left over) next to OMPI_COMM_WORLD_* or SLURM_*, they must agree with those
 // (then the launcher is that one) or ConfigError names both. SLURM_* count only in a task that srun started (with
-// SLURM_STEP_ID): Slurm's batch script has SLURM_PROCID=0 and SLURM_NTASKS too, but is one process.
+// SLURM_STEP_ID): Slurm's batch script has SLURM_PROCID=0 and SLURM_NTASKS too, but is one process. Hydra's variables
+// count after all those; its ranks on several hosts need MASTER_ADDR (ConfigError otherwise: it has no address for
+// rank 0 to give, and the 127.0.0.1 default would leave the other hosts' ranks waiting until dist.timeout_s).
 DistEnv detect_env(const EnvMap& env);
 // The current process's environment.
 EnvMap process_env();

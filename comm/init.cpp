@@ -3,17 +3,25 @@
 // travel through a store client of their own (MPI: a diagnostics store that rank 0 serves).
 #include "comm/init.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <net/if.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
+#include <sstream>
 
 #include <spdlog/spdlog.h>
 
@@ -50,6 +58,88 @@ std::string resolve_backend(const std::string& requested, const DistEnv& env, De
     return name;
   }
   DPT_THROW(ConfigError, "unknown backend '{}'; valid: auto, gloo, mpi, nccl", requested);
+}
+
+namespace {
+
+bool loopback(const in_addr& a) { return (ntohl(a.s_addr) >> 24) == 127; }
+
+std::string address_text(const in_addr& a) {
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &a, text, sizeof(text));
+  return text;
+}
+
+// The first IPv4 address of interface `name` ("" for none); with `name` empty, of the first interface that is up and
+// not loopback, whose name goes to `*found`.
+std::string interface_address(const std::string& name, std::string* found = nullptr) {
+  struct ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return "";
+  std::string out;
+  for (const struct ifaddrs* i = all; i != nullptr && out.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    const in_addr a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
+    if (name.empty() ? ((i->ifa_flags & IFF_UP) == 0 || (i->ifa_flags & IFF_LOOPBACK) != 0 || loopback(a))
+                     : name != i->ifa_name)
+      continue;
+    out = address_text(a);
+    if (found) *found = i->ifa_name;
+  }
+  ::freeifaddrs(all);
+  return out;
+}
+
+// The first IPv4 address `host` resolves to that is not loopback; "" for none.
+std::string resolve_not_loopback(const std::string& host) {
+  struct addrinfo hints {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  struct addrinfo* res = nullptr;
+  if (host.empty() || ::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return "";
+  std::string out;
+  for (const struct addrinfo* r = res; r != nullptr && out.empty(); r = r->ai_next) {
+    const in_addr a = reinterpret_cast<const sockaddr_in*>(r->ai_addr)->sin_addr;
+    if (!loopback(a)) out = address_text(a);
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+// The interface of the IPv4 default route (/proc/net/route), "" for none.
+std::string default_route_interface() {
+  std::ifstream routes("/proc/net/route");
+  std::string line;
+  std::getline(routes, line);  // the header
+  while (std::getline(routes, line)) {
+    std::istringstream fields(line);
+    std::string iface, destination;
+    if (fields >> iface >> destination && destination == "00000000") return iface;
+  }
+  return "";
+}
+
+}  // namespace
+
+ChosenAddress rank0_address(const DistEnv& env, const std::string& iface) {
+  if (env.local_world_size >= env.world_size)
+    return {"127.0.0.1", fmt::format("all {} ranks run on rank 0's host", env.world_size)};
+  const std::string named = iface.substr(0, iface.find(','));
+  if (!named.empty()) {
+    if (std::string a = interface_address(named); !a.empty())
+      return {a, fmt::format("the address of interface {} (dist.interface or GLOO_SOCKET_IFNAME)", named)};
+  }
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0) name[0] = 0;
+  if (std::string a = resolve_not_loopback(name); !a.empty())
+    return {a, fmt::format("what rank 0's host name {} resolves to", name)};
+  if (const std::string route = default_route_interface(); !route.empty()) {
+    if (std::string a = interface_address(route); !a.empty() && a.rfind("127.", 0) != 0)
+      return {a, fmt::format("the address of {}, the interface of rank 0's default route", route)};
+  }
+  std::string first;
+  if (std::string a = interface_address("", &first); !a.empty())
+    return {a, fmt::format("the address of {}, rank 0's first interface that is up and not loopback", first)};
+  return {name[0] ? name : "127.0.0.1", "rank 0's host name: its host has no IPv4 address but loopback"};
 }
 
 namespace {
@@ -168,8 +258,9 @@ std::shared_ptr<Store> gloo_report_store(const DistEnv& env, const InitOptions& 
 }
 
 // MPI has no store: rank 0 serves one for the hang reports alone, on a free port, and tells the others where (and
-// its token) by MPI broadcast. Its address: MASTER_ADDR when the launcher set one, 127.0.0.1 when every rank is on
-// this host, else rank 0's host name. The server lives as long as the returned store (rank 0's holds it).
+// its token) by MPI broadcast. Its address: MASTER_ADDR when set, else rank0_address (its host name once, which
+// may resolve to loopback, where no other host finds it: their report client then waited up to dist.timeout_s).
+// The server lives as long as the returned store (rank 0's holds it).
 std::shared_ptr<Store> mpi_report_store(ProcessGroup& mpi, const DistEnv& env, const InitOptions& opts) {
   if (env.world_size == 1) return nullptr;
   Tensor msg = Tensor::zeros({1024}, DType::U8);
@@ -177,13 +268,7 @@ std::shared_ptr<Store> mpi_report_store(ProcessGroup& mpi, const DistEnv& env, c
   if (env.rank == 0) {
     std::string line;
     try {
-      std::string host = "127.0.0.1";
-      if (const char* addr = std::getenv("MASTER_ADDR"); addr && *addr) {
-        host = addr;
-      } else if (env.local_world_size != env.world_size) {
-        char name[256] = {};
-        if (::gethostname(name, sizeof(name) - 1) == 0 && name[0]) host = name;
-      }
+      const std::string host = env.master_addr_set ? env.master_addr : rank0_address(env, "").addr;
       std::string token = env.store_token;
       if (token.empty()) {  // keep strangers out of it all the same
         std::random_device rd;
@@ -223,6 +308,69 @@ std::shared_ptr<Store> mpi_report_store(ProcessGroup& mpi, const DistEnv& env, c
   so.timeout = report_connect_timeout(opts.timeout);
   so.token = line.substr(b + 1);
   return report_client(env, so);
+}
+
+// MASTER_ADDR=localhost or 127.0.0.1 (a torchrun habit: `export MASTER_ADDR=localhost`) where the ranks span hosts:
+// every other host's ranks would look for the store at their own loopback until dist.timeout_s. ConfigError.
+void check_reachable_master(const DistEnv& env) {
+  if (!env.master_addr_set || env.local_world_size >= env.world_size) return;
+  in_addr a4{};
+  in6_addr a6{};
+  const std::string& m = env.master_addr;
+  const bool loop = m == "localhost" || (::inet_pton(AF_INET, m.c_str(), &a4) == 1 && loopback(a4)) ||
+                    (::inet_pton(AF_INET6, m.c_str(), &a6) == 1 && IN6_IS_ADDR_LOOPBACK(&a6));
+  if (!loop) return;
+  DPT_THROW(ConfigError, "MASTER_ADDR={} is a loopback address, but mpirun placed the {} ranks on several hosts "
+            "(OMPI_COMM_WORLD_LOCAL_SIZE={}): the other hosts' ranks would look for rank 0's store at their own. "
+            "Unset MASTER_ADDR (rank 0 then sends its address to every rank by MPI), or set one every host reaches",
+            m, env.world_size, env.local_world_size);
+}
+
+// Gloo under mpirun: with MASTER_ADDR unset, the default 127.0.0.1 once left every rank on another host looking for
+// the store at its own loopback until dist.timeout_s (and with MASTER_PORT unset two jobs on one host met at 29500).
+// Rank 0 hosts the store now, at MASTER_PORT or else a free port, and sends its address (MASTER_ADDR or else
+// rank0_address) and port, or why it could not host it, to every rank by MPI; `env` gets them (rank 0's word
+// wins). Returns rank 0's store (null on the other ranks), for the job's store.
+std::shared_ptr<Store> store_by_mpi(ProcessGroup& mpi, DistEnv& env, const InitOptions& opts,
+                                    const std::string& iface) {
+  Tensor msg = Tensor::zeros({1024}, DType::U8);
+  std::shared_ptr<TcpStore> store;
+  std::exception_ptr failed;
+  if (env.rank == 0) {
+    std::string line;
+    try {
+      const ChosenAddress where = env.master_addr_set ? ChosenAddress{env.master_addr, "MASTER_ADDR"}
+                                                      : rank0_address(env, iface);
+      check_reachable_master(env);
+      TcpStoreOptions so;
+      so.host = "127.0.0.1";  // rank 0's own client; the server listens on every interface
+      so.port = env.master_port_set ? env.master_port : 0;
+      so.is_server = true;
+      so.timeout = opts.timeout;
+      so.token = env.store_token;
+      store = std::make_shared<TcpStore>(so);
+      line = fmt::format("{}\n{}", where.addr, store->port());
+      spdlog::info("rendezvous under mpirun: rank 0 hosts the store at {}:{} and sent that to every rank by MPI "
+                   "(address: {}; port: {})", where.addr, store->port(),
+                   env.master_addr_set ? "MASTER_ADDR" : where.why + ", as MASTER_ADDR is unset",
+                   env.master_port_set ? "MASTER_PORT" : "a free one, as MASTER_PORT is unset");
+    } catch (const std::exception& e) {
+      failed = std::current_exception();
+      line = fmt::format("{}{}", dynamic_cast<const ConfigError*>(&e) ? '?' : '!', e.what());
+    }
+    line.resize(std::min<size_t>(line.size(), msg.numel() - 1));
+    std::memcpy(msg.data<uint8_t>(), line.data(), line.size());
+  }
+  mpi.broadcast(msg)->wait();  // every rank takes part, whatever rank 0 managed
+  if (failed) std::rethrow_exception(failed);
+  const std::string line(reinterpret_cast<const char*>(msg.data<uint8_t>()));
+  if (line.starts_with('?')) DPT_THROW(ConfigError, "{} (rank 0's finding)", line.substr(1));
+  if (line.starts_with('!')) DPT_THROW(CommError, "rank 0 could not host the job's store: {}", line.substr(1));
+  const size_t nl = line.find('\n');
+  DPT_CHECK(nl != std::string::npos, "store address from rank 0: '{}'", line);
+  env.master_addr = line.substr(0, nl);
+  env.master_port = std::stoi(line.substr(nl + 1));
+  return store;
 }
 
 // "mpi", or "mpi (dist.backend = auto)" when the request named none.
@@ -321,8 +469,17 @@ void check_interface(const std::string& list, const std::string& from) {
 }
 
 // `trace` gets the store the group's hang reports meet in.
+// The interface Gloo listens on: dist.interface, else GLOO_SOCKET_IFNAME, else none (found from the route).
+std::string gloo_interface(const InitOptions& opts) {
+  if (!opts.interface.empty()) return opts.interface;
+  const char* iface = std::getenv("GLOO_SOCKET_IFNAME");
+  return iface ? iface : "";
+}
+
+// `hosted`: the job's store when store_by_mpi made it already (rank 0 under mpirun), else null.
 std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, const DistEnv& env,
-                                                const InitOptions& opts, TracedGroupOptions& trace) {
+                                                const InitOptions& opts, TracedGroupOptions& trace,
+                                                std::shared_ptr<Store> hosted) {
   trace.store_host = 0;
   if (backend == "mpi") {
     auto pg = std::make_unique<MpiProcessGroup>(&env);
@@ -335,13 +492,10 @@ std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, cons
   GlooOptions go;
   go.timeout = opts.timeout;
   go.master_addr = env.master_addr;
-  if (!opts.interface.empty())
-    go.iface = opts.interface;
-  else if (const char* iface = std::getenv("GLOO_SOCKET_IFNAME"))
-    go.iface = iface;
+  go.iface = gloo_interface(opts);
   check_interface(go.iface, opts.interface.empty() ? "GLOO_SOCKET_IFNAME" : "dist.interface");
   auto prefixed = std::make_shared<PrefixStore>(fmt::format("dpt/restart{}/gloo", env.restart_count),
-                                                job_store(env, opts.timeout));
+                                                hosted ? hosted : job_store(env, opts.timeout));
   if (env.world_size > 1) check_world_size(*prefixed, env);
   // The constructor ends with a barrier: every rank is connected, so rank 0's store server (kept alive by the
   // group) is no longer needed by anyone's rendezvous.
@@ -383,6 +537,11 @@ std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, const InitO
   std::unique_ptr<MpiProcessGroup> agreement;
   if (env.launcher == Launcher::OpenMPI && env.world_size > 1 && !MpiProcessGroup::finalized())
     agreement = agree_on_backend(backend, opts.backend, env);
+  // Every gloo rank under mpirun takes rank 0's word for the store's address (store_by_mpi), whatever its own
+  // environment says: all of them or none take part in the broadcast.
+  DistEnv placed = env;
+  std::shared_ptr<Store> hosted;
+  if (agreement && backend == "gloo") hosted = store_by_mpi(*agreement, placed, opts, gloo_interface(opts));
   if (backend == "gloo") agreement.reset();
   TracedGroupOptions trace;
   trace.timeout = opts.timeout;
@@ -402,7 +561,7 @@ std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, const InitO
     return std::make_unique<TracedGroup>(init_nccl(env, o), std::move(trace));
   }
 #endif
-  auto pg = init_host_backend(backend, env, opts, trace);
+  auto pg = init_host_backend(backend, placed, opts, trace, std::move(hosted));
   if (!opts.device.is_cuda()) return std::make_unique<TracedGroup>(std::move(pg), std::move(trace));
   if (env.rank == 0)
     spdlog::info("process group: {} stages GPU tensors through pinned host memory{}", backend,

@@ -31,8 +31,20 @@ struct InitOptions {
 std::string resolve_backend(const std::string& requested, const DistEnv& env, Device device = Device::cpu(),
                             int device_count = 0);
 
+// Where rank 0 hosts the job's store when no MASTER_ADDR says (under mpirun, which sets none): 127.0.0.1 when every
+// rank is on rank 0's host (its local world size is the world size); else the address of `iface` (dist.interface or
+// GLOO_SOCKET_IFNAME; the first name of a list) when it has an IPv4 one; else what this host's name resolves to, when
+// that is not loopback (Debian maps it to 127.0.1.1); else the address of the interface of the default route; else
+// the first address of an interface that is up and not loopback; else the host name. `why` says which, for the log.
+struct ChosenAddress {
+  std::string addr;
+  std::string why;
+};
+ChosenAddress rank0_address(const DistEnv& env, const std::string& iface);
+
 // Rendezvous (through a TcpStore hosted by rank 0 for gloo and nccl, MPI_Init for mpi; under mpirun, nccl
-// passes its unique id by MPI broadcast) and build the group.
+// passes its unique id by MPI broadcast; for gloo, rank 0 hosts the store at MASTER_ADDR or else rank0_address, on
+// MASTER_PORT or else a free port, and sends the address and port to every rank by MPI) and build the group.
 // Throws ConfigError for an unknown backend name (listing the valid ones) and CommError/TimeoutError when
 // peers cannot be reached, naming the address.
 std::unique_ptr<ProcessGroup> init_process_group(const DistEnv& env, const InitOptions& opts = {});

@@ -51,6 +51,37 @@ void check_not_one_of_many(const Options& opts, const std::function<const char*(
   }
 }
 
+std::string node_rank_from_launcher(Options& opts, bool node_rank_given,
+                                    const std::function<const char*(const char*)>& getenv) {
+  if (node_rank_given || opts.nnodes <= 1) return "";
+  auto count = [&](const char* name, int fallback) {
+    const char* v = getenv(name);
+    int n = fallback;
+    if (v && std::from_chars(v, v + std::strlen(v), n).ec != std::errc{}) n = fallback;
+    return n;
+  };
+  const char *rank_var = nullptr, *size_var = nullptr, *who = nullptr;
+  if (count("OMPI_COMM_WORLD_SIZE", 0) > 1) {
+    rank_var = "OMPI_COMM_WORLD_RANK", size_var = "OMPI_COMM_WORLD_SIZE", who = "processes of mpirun";
+  } else if (getenv("SLURM_STEP_ID") && count("SLURM_NTASKS", 0) > 1) {
+    rank_var = "SLURM_PROCID", size_var = "SLURM_NTASKS", who = "tasks of a Slurm step";
+  } else {
+    return "";
+  }
+  const int tasks = count(size_var, 0), index = count(rank_var, -1);
+  const std::string nnodes = opts.min_nnodes ? fmt::format("{}:{}", *opts.min_nnodes, opts.nnodes)
+                                             : std::to_string(opts.nnodes);
+  if (tasks > opts.nnodes) {
+    DPT_THROW(ConfigError, "dprun runs as one of the {} {} ({}), but --nnodes {} allows {} nodes: start one dprun per "
+              "node (mpirun: -H host1:1,host2:1 or --map-by ppr:1:node; srun: --ntasks-per-node=1)", tasks, who,
+              size_var, nnodes, opts.nnodes);
+  }
+  if (index < 0 || index >= tasks) DPT_THROW(ConfigError, "{} is missing or not in 0..{}", rank_var, tasks - 1);
+  opts.node_rank = index;
+  return fmt::format("--node-rank {} from {} (one dprun per node, as one of the {} {}; --node-rank overrides it)",
+                     index, rank_var, tasks, who);
+}
+
 void validate(const Options& opts) {
   if (opts.nproc_per_node < 1) {
     DPT_THROW(ConfigError, "--nproc-per-node must be at least 1 (got {})", opts.nproc_per_node);

@@ -61,6 +61,14 @@ void validate(const Options& opts);
 // `getenv`: the environment to look in (std::getenv in dprun).
 void check_not_one_of_many(const Options& opts, const std::function<const char*(const char*)>& getenv);
 
+// dprun started as one of several tasks of mpirun (OMPI_COMM_WORLD_SIZE > 1) or of an srun step (SLURM_STEP_ID with
+// SLURM_NTASKS > 1) with --nnodes > 1 but no --node-rank (`node_rank_given` false): every task once took the default 0,
+// each acting as node 0 with rank 0, and they waited for the others' ranks until dist.timeout_s. The task's index
+// (OMPI_COMM_WORLD_RANK, SLURM_PROCID) is then its node rank, as one dprun per node numbered by the launcher; more
+// tasks than --nnodes is a ConfigError naming both. Returns what it did, for dprun to say ("" when nothing).
+std::string node_rank_from_launcher(Options& opts, bool node_rank_given,
+                                    const std::function<const char*(const char*)>& getenv);
+
 // --nnodes: "N", or "MIN:MAX" (elastic). Sets opts.nnodes (N or MAX) and opts.min_nnodes (MIN; unset for "N").
 // Throws ConfigError naming the text when it is neither.
 void parse_nnodes(const std::string& text, Options& opts);

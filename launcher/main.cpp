@@ -206,7 +206,11 @@ void add_options(CLI::App& app, Options& opts, RawOptions& raw) {
                  "nodes in the job, each running a dprun (default 1); MIN:MAX:\n"
                  "an elastic job that goes on with at least MIN nodes")
       ->type_name("M|MIN:MAX");
-  app.add_option("--node-rank", opts.node_rank, "this node's index, 0 .. M-1 (default 0)")->type_name("R");
+  app.add_option("--node-rank", opts.node_rank,
+                 "this node's index, 0 .. M-1 (default 0; one of several\n"
+                 "mpirun processes or srun tasks: its OMPI_COMM_WORLD_RANK\n"
+                 "or SLURM_PROCID)")
+      ->type_name("R");
   raw.addr_opt = app.add_option("--master-addr", raw.master_addr,
                                 "address of node 0, reachable from every node\n"
                                 "(default 127.0.0.1; required with --nnodes > 1)")
@@ -317,6 +321,9 @@ int main(int argc, char** argv) {
   if (raw.port_opt->count() > 0) opts.master_port = raw.master_port;
 
   try {
+    auto env = [](const char* name) -> const char* { return std::getenv(name); };
+    const std::string derived = dpt::launcher::node_rank_from_launcher(opts, app.count("--node-rank") > 0, env);
+    if (!derived.empty()) fmt::print(stderr, "dprun: {}\n", derived);
     dpt::launcher::validate(opts);
     dpt::launcher::check_not_one_of_many(opts, [](const char* name) { return std::getenv(name); });
   } catch (const dpt::ConfigError& e) {

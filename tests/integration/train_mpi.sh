@@ -60,6 +60,57 @@ expect_exit 2 "the ranks chose different process-group backends (rank 0: gloo; r
 [ -e "$WORK/mixed" ] && fail "mixed backends: it trained"
 echo "ok: a rank with another dist.backend under mpirun: exit 2 at once, naming both"
 
+# Gloo under mpirun with MASTER_ADDR and MASTER_PORT unset: rank 0 hosts the store at once, on a free port (every rank
+# on one host: at 127.0.0.1), and sends its address and port to the others by MPI; the others once looked for it at
+# the default 127.0.0.1:29500, which on another host is their own loopback (integration.two_hosts runs two hosts).
+# The run trains only if rank 1 used rank 0's port, which no default gives. MASTER_PORT, when set, is kept.
+TINY_GLOO=("${TINY[@]}" dist.backend=gloo dist.timeout_s=60)
+env -u MASTER_ADDR -u MASTER_PORT "${MPIRUN[@]}" -np 2 "$DPTRAIN" --config "$CONFIG" "${TINY_GLOO[@]}" \
+  checkpoint.dir="$WORK/chosen" > "$WORK/chosen.log" 2>&1 || { cat "$WORK/chosen.log"; fail "no MASTER_*: failed"; }
+said="and sent that to every rank by MPI \(address: all 2 ranks run on rank 0's host, as MASTER_ADDR is unset; port: a \
+free one, as MASTER_PORT is unset\)"
+port=$(grep -oP "rank 0 hosts the store at 127\.0\.0\.1:\K[0-9]+(?= $said)" "$WORK/chosen.log") \
+  || { cat "$WORK/chosen.log"; fail "gloo, no MASTER_*: rank 0 did not say where it hosts the store"; }
+[ "$port" != 29500 ] || fail "gloo, no MASTER_*: the default port, not a free one"
+grep -q "process group: gloo, world 2, rendezvous 127.0.0.1:$port$" "$WORK/chosen.log" || fail "not rendezvous at $port"
+free=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+env -u MASTER_ADDR MASTER_PORT="$free" "${MPIRUN[@]}" -np 2 "$DPTRAIN" --config "$CONFIG" "${TINY_GLOO[@]}" \
+  checkpoint.dir="$WORK/given" > "$WORK/given.log" 2>&1 || { cat "$WORK/given.log"; fail "gloo, MASTER_PORT: failed"; }
+grep -q "rank 0 hosts the store at 127.0.0.1:$free and sent .*; port: MASTER_PORT)" "$WORK/given.log" \
+  || { cat "$WORK/given.log"; fail "gloo, MASTER_PORT=$free: not kept"; }
+echo "ok: gloo under mpirun without MASTER_ADDR/MASTER_PORT: rank 0's address and free port $port, sent by MPI"
+
+# dprun under mpirun, one per "node", with --nnodes 2 but no --node-rank (mpirun gives every process the same words):
+# each once took node rank 0, both rank 0 of 2, and they waited for a rank 1 until dist.timeout_s. Each takes its
+# OMPI_COMM_WORLD_RANK now, and says so.
+free=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+DPT_STORE_TOKEN=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n') timeout 120 "${MPIRUN[@]}" -np 2 "$DPRUN" --nnodes 2 \
+  --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$free" -- "$DPTRAIN" --config "$CONFIG" "${TINY_GLOO[@]}" \
+  checkpoint.dir="$WORK/dprun_nodes" > "$WORK/dprun_nodes.log" 2>&1 \
+  || { cat "$WORK/dprun_nodes.log"; fail "mpirun -np 2 dprun --nnodes 2 without --node-rank failed"; }
+for n in 0 1; do
+  grep -q "^dprun: --node-rank $n from OMPI_COMM_WORLD_RANK" "$WORK/dprun_nodes.log" \
+    || { cat "$WORK/dprun_nodes.log"; fail "dprun under mpirun: no node $n from OMPI_COMM_WORLD_RANK"; }
+done
+echo "ok: mpirun -np 2 dprun --nnodes 2 without --node-rank: node ranks from OMPI_COMM_WORLD_RANK"
+
+# MPICH's, Intel MPI's or MVAPICH's mpiexec (Hydra; not installed here, so its variables are set as it sets them):
+# each process once trained alone, "1 rank(s) via none", the second stopped only by the first's checkpoint.dir lock.
+# They are ranks of one gloo job now; on several hosts without MASTER_ADDR, exit 2 saying to set it.
+free=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')
+pids=()
+for r in 0 1; do
+  env -u MASTER_ADDR PMI_RANK=$r PMI_SIZE=2 MPI_LOCALRANKID=$r MPI_LOCALNRANKS=2 MASTER_PORT="$free" "$DPTRAIN" \
+    --config "$CONFIG" "${TINY[@]}" dist.timeout_s=60 checkpoint.dir="$WORK/hydra" > "$WORK/hydra.$r.log" 2>&1 &
+  pids+=($!)
+done
+wait "${pids[0]}" && wait "${pids[1]}" || { cat "$WORK"/hydra.*.log; fail "Hydra's variables: a rank failed"; }
+grep -q "2 rank(s) via hydra" "$WORK/hydra.0.log" || { cat "$WORK/hydra.0.log"; fail "Hydra's variables: not 2 ranks"; }
+expect_exit 2 "mpiexec (PMI_SIZE=2) placed ranks on several hosts (MPI_LOCALNRANKS=1) and MASTER_ADDR is unset" \
+  env -u MASTER_ADDR PMI_RANK=0 PMI_SIZE=2 MPI_LOCALRANKID=0 MPI_LOCALNRANKS=1 "$DPTRAIN" --config "$CONFIG" \
+  "${TINY[@]}" checkpoint.dir="$WORK/hydra2"
+echo "ok: Hydra's PMI_RANK/PMI_SIZE: 2 ranks of one job; on several hosts without MASTER_ADDR, exit 2"
+
 # mpirun killed with SIGKILL: its gloo ranks (which hold no connection to it) once trained on as orphans, and so did a
 # dprun that mpirun started (one per node) with its ranks. They get SIGTERM as their parent dies (PR_SET_PDEATHSIG),
 # checkpoint the step and exit. orphan_check NAME PROGRAM...: PROGRAM under mpirun -np N, its checkpoints in $WORK/NAME.

@@ -170,17 +170,25 @@ TEST_CASE("detect_env: Open MPI variables", "[env]") {
   CHECK(d.mpi_available);
   CHECK(d.master_addr == "127.0.0.1");
   CHECK(d.master_port == 29500);
+  // Defaults, not set: under mpirun rank 0 then chooses both and sends them by MPI (init_process_group).
+  CHECK_FALSE(d.master_addr_set);
+  CHECK_FALSE(d.master_port_set);
 
   EnvMap e = ompi_env();
   e["OMPI_COMM_WORLD_RANK"] = "0";
   e["OMPI_COMM_WORLD_LOCAL_RANK"] = "0";
   e["OMPI_COMM_WORLD_NODE_RANK"] = "0";
   e["MASTER_ADDR"] = "head";
+  DistEnv addr_only = detect_env(e);
+  CHECK(addr_only.master_addr_set);
+  CHECK_FALSE(addr_only.master_port_set);
   e["MASTER_PORT"] = "31000";
   DistEnv r0 = detect_env(e);
   CHECK(r0.node_rank == 0);
   CHECK(r0.master_addr == "head");
   CHECK(r0.master_port == 31000);
+  CHECK(r0.master_addr_set);
+  CHECK(r0.master_port_set);
 }
 
 TEST_CASE("detect_env: Slurm variables", "[env]") {
@@ -200,6 +208,21 @@ TEST_CASE("detect_env: Slurm variables", "[env]") {
   CHECK(detect_env(j).master_port == 20000 + 3456);  // derived from the job id: jobs on one node differ
   j["MASTER_PORT"] = "29999";
   CHECK(detect_env(j).master_port == 29999);
+
+  // MASTER_ADDR=localhost or 127.0.0.1 across nodes: refused, not a wait until dist.timeout_s on the other nodes.
+  for (const char* lo : {"localhost", "127.0.0.1", "::1"}) {
+    j = slurm_env();
+    j["MASTER_ADDR"] = lo;
+    CHECK_THROWS_WITH(detect_env(j), Contains(fmt::format("MASTER_ADDR={} is a loopback address, but srun placed "
+                                                          "the 8 ranks on several hosts (2 on this one: "
+                                                          "SLURM_STEP_TASKS_PER_NODE)", lo)));
+  }
+  j["MASTER_ADDR"] = "127.0.0.1.example";  // a name, not an address
+  CHECK(detect_env(j).master_addr == "127.0.0.1.example");
+  j["MASTER_ADDR"] = "127.0.0.1";
+  j.erase("SLURM_STEP_TASKS_PER_NODE");  // no tasks-per-node variable: the placement unknown, nothing refused
+  j["SLURM_LOCALID"] = "0";
+  CHECK(detect_env(j).master_addr == "127.0.0.1");
 
   EnvMap e = slurm_env();
   e.erase("SLURM_STEP_NODELIST");
@@ -238,6 +261,38 @@ TEST_CASE("detect_env: Slurm variables", "[env]") {
                 {"SLURM_STEP_TASKS_PER_NODE", "1"}, {"SLURM_TASKS_PER_NODE", "1"}, {"SLURM_JOB_ID", "25"}};
   CHECK(detect_env(one).world_size == 1);
   CHECK(detect_env(one).local_world_size == 1);
+}
+
+TEST_CASE("detect_env: MPICH's or Intel MPI's mpiexec (Hydra)", "[env]") {
+  // Each process once trained alone ("1 rank(s) via none"), one stopped only by the other's checkpoint.dir lock.
+  EnvMap e{{"PMI_RANK", "1"}, {"PMI_SIZE", "2"}, {"MPI_LOCALRANKID", "1"}, {"MPI_LOCALNRANKS", "2"}};
+  DistEnv d = detect_env(e);
+  CHECK(d.launcher == Launcher::Hydra);
+  CHECK(std::string(launcher_name(d.launcher)) == "hydra");
+  CHECK(d.rank == 1);
+  CHECK(d.world_size == 2);
+  CHECK(d.local_rank == 1);
+  CHECK(d.local_world_size == 2);
+  CHECK_FALSE(d.mpi_available);  // this build's MPI is Open MPI's: gloo
+  CHECK(d.master_addr == "127.0.0.1");
+  // On several hosts: no address to give rank 0's store, so MASTER_ADDR is needed, not a wait until dist.timeout_s.
+  e["MPI_LOCALNRANKS"] = "1";
+  e["MPI_LOCALRANKID"] = "0";
+  CHECK_THROWS_WITH(detect_env(e), Contains("placed ranks on several hosts (MPI_LOCALNRANKS=1)") &&
+                                       Contains("mpiexec -genv MASTER_ADDR"));
+  e["MASTER_ADDR"] = "localhost";  // a torchrun habit: the other host's ranks would wait at their own loopback
+  CHECK_THROWS_WITH(detect_env(e), Contains("MASTER_ADDR=localhost is a loopback address, but mpiexec placed the 2 "
+                                            "ranks on several hosts (1 on this one: MPI_LOCALNRANKS)"));
+  e["MASTER_ADDR"] = "node01";
+  CHECK(detect_env(e).master_addr == "node01");
+  CHECK(detect_env(e).node_rank == 1);
+  e["PMI_RANK"] = "2";
+  CHECK_THROWS_WITH(detect_env(e), Contains("PMI_RANK=2 is out of range for PMI_SIZE=2"));
+  // srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE too: Slurm's task.
+  EnvMap s = slurm_env();
+  s["PMI_RANK"] = "3";
+  s["PMI_SIZE"] = "8";
+  CHECK(detect_env(s).launcher == Launcher::Slurm);
 }
 
 TEST_CASE("detect_env: nothing set means a single process", "[env]") {

@@ -37,6 +37,24 @@ TEST_CASE("resolve_backend", "[init]") {
   }
 }
 
+TEST_CASE("rank0_address: where rank 0 hosts the store when no MASTER_ADDR says", "[init]") {
+  DistEnv one_host;  // under mpirun, every rank on rank 0's host: loopback, whatever interface is named
+  one_host.world_size = one_host.local_world_size = 4;
+  CHECK(rank0_address(one_host, "").addr == "127.0.0.1");
+  CHECK(rank0_address(one_host, "lo").why == "all 4 ranks run on rank 0's host");
+  DistEnv two_hosts = one_host;
+  two_hosts.local_world_size = 2;
+  const ChosenAddress named = rank0_address(two_hosts, "lo,eth9");  // the first name of GLOO_SOCKET_IFNAME's list
+  CHECK(named.addr == "127.0.0.1");
+  CHECK(named.why == "the address of interface lo (dist.interface or GLOO_SOCKET_IFNAME)");
+  // Unnamed: an address other hosts can reach when this host has one (the host name's, the default route's, or the
+  // first interface's that is up), never the 127.0.0.1 default that sent them to their own loopback.
+  const ChosenAddress found = rank0_address(two_hosts, "");
+  CHECK_FALSE(found.addr.empty());
+  CHECK_FALSE(found.why.empty());
+  if (!found.why.starts_with("rank 0's host name: ")) CHECK_FALSE(found.addr.starts_with("127."));
+}
+
 TEST_CASE("init_process_group: a single process needs no server", "[init]") {
   DistEnv env;  // launcher None, world 1
   env.master_port = 1;  // nothing may listen (or connect) there: a single process uses an in-process store

@@ -214,6 +214,37 @@ TEST_CASE("dprun as one of several srun or mpirun tasks needs --nnodes", "[launc
   REQUIRE_NOTHROW(check_not_one_of_many(single(2), lookup));
 }
 
+TEST_CASE("dprun as one of several mpirun or srun tasks: its node rank is the task's index", "[launcher]") {
+  // mpirun -H a:1,b:1 dprun --nnodes 2 ... once made both dprun node 0, rank 0 of a world of 2: each waited for a
+  // rank 1 until dist.timeout_s.
+  std::map<std::string, std::string> env;
+  auto lookup = [&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  };
+  Options o = multi(1, 2, 0);
+  env = {{"OMPI_COMM_WORLD_SIZE", "2"}, {"OMPI_COMM_WORLD_RANK", "1"}};
+  CHECK_THAT(node_rank_from_launcher(o, false, lookup), Catch::Contains("--node-rank 1 from OMPI_COMM_WORLD_RANK"));
+  CHECK(o.node_rank == 1);
+  o = multi(1, 2, 0);  // given on the command line: kept
+  CHECK(node_rank_from_launcher(o, true, lookup).empty());
+  CHECK(o.node_rank == 0);
+  o = multi(1, 1, 0);  // one node: check_not_one_of_many's refusal, not a node rank
+  CHECK(node_rank_from_launcher(o, false, lookup).empty());
+  env = {{"SLURM_STEP_ID", "0"}, {"SLURM_NTASKS", "3"}, {"SLURM_PROCID", "2"}};
+  o = multi(1, 3, 0);
+  o.min_nnodes = 2;  // elastic: MAX counts
+  CHECK_THAT(node_rank_from_launcher(o, false, lookup), Catch::Contains("--node-rank 2 from SLURM_PROCID"));
+  CHECK(o.node_rank == 2);
+  o = multi(1, 2, 0);
+  CHECK_THROWS_WITH(node_rank_from_launcher(o, false, lookup),
+                    Catch::Contains("one of the 3 tasks of a Slurm step (SLURM_NTASKS), but --nnodes 2 allows 2 nodes"));
+  env = {{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "1"}};  // Slurm's batch script, no step: one process
+  o = multi(1, 2, 0);
+  CHECK(node_rank_from_launcher(o, false, lookup).empty());
+  CHECK(o.node_rank == 0);
+}
+
 TEST_CASE("validation: clear one-line errors naming the option", "[launcher]") {
   REQUIRE_NOTHROW(validate(single(1)));
   REQUIRE_NOTHROW(validate(multi(4, 2, 1)));
