@@ -39,6 +39,8 @@ inline constexpr std::chrono::milliseconds kRendezvousPoll{100};
 // node 0 looks at the others'.
 inline constexpr std::chrono::milliseconds kKeepAliveEvery{1000};
 inline constexpr std::chrono::seconds kStoppedLinger{10};
+// The longest a node whose ranks failed waits for the others' reports, to name one whose ranks had all exited 0.
+inline constexpr std::chrono::seconds kFinishedReportWait{2};
 // A stop signal for preemption (SIGUSR1, SIGTERM) that would reach a rank before it blocks or catches it (the
 // dynamic loader's tens of milliseconds before dptrain's first instruction, which holds them) would kill it: dprun
 // holds it back until the rank does, looking every kStartingPoll, for at most kStartingGrace after the rank started.
@@ -180,6 +182,10 @@ class Job {
   // The failure of `round` as every node names it (Rendezvous::failure); on a node but the master, nullopt when the
   // master has ended the job and is gone.
   std::optional<std::pair<int, std::string>> round_failure(int round);
+  // After this node's attempt of `round` failed: the other nodes whose ranks had all exited 0 ("node 1 (...): its
+  // rank 1 exited 0 before the others had finished"), waiting up to kFinishedReportWait for their reports; empty:
+  // none.
+  std::string finished_early(int round);
   // A node but the master that ends the job after `round` failed: tells node 0 (finish_as_master) not to wait for it.
   void give_up(int round);
   // Node 0's last duty: wait (up to --rdzv-timeout) until every node of `round` has reported its outcome, end

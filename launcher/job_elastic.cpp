@@ -153,7 +153,10 @@ void Job::watch_keep_alives() {
 }
 
 void Job::check_other_nodes() {
-  if (JobClock::now() < next_check_) return;
+  // Every rank here has ended (this very wake-up): the attempt's outcome is theirs. Ranks that all exited 0 are this
+  // node's report of done even when another node's failure came in the same moment (they once became a failure here,
+  // its symptom, and whether they did depended on timing).
+  if (all_ended() || JobClock::now() < next_check_) return;
   next_check_ = JobClock::now() + kRendezvousPoll;
   watch_keep_alives();
   std::optional<std::pair<int, std::string>> f = rdzv_->failure(plan_.round);
@@ -216,6 +219,10 @@ std::optional<int> Job::after_elastic_attempt() {
     // Another node's rank refused its configuration: its line is the reason here too.
     if (elsewhere && f->first == kConfigErrorCode && !rdzv_->signaled(round))
       cause_elsewhere = rdzv_->reason(round);
+    // Another node whose ranks all exited 0 while these still ran: they thought training was over, and the
+    // failures here (their peers gone) follow from it, as from a rank of this node that exits 0 early.
+    if (!own_killed && cause_elsewhere.empty() && !stop_requested_ && exit_code_ != kPreemptedCode)
+      cause_elsewhere = finished_early(round);
     failure_ = f->second;
     if (!stop_requested_ && !exec_failed_ && exit_code_ != kPreemptedCode) exit_code_ = f->first;
   }
@@ -243,6 +250,24 @@ std::optional<int> Job::after_elastic_attempt() {
   }
   note(fmt::format("{}; restart {} of {}: joining round {}", failure_, round + 1, opts_.max_restarts, round + 1));
   return enter_round(round + 1, exit_code_);
+}
+
+std::string Job::finished_early(int round) {
+  if (master_gone_) return {};
+  const int nodes = static_cast<int>(plan_.nodes.size());
+  // A node that finished reports it once its ranks are reaped, maybe a moment after this node's failure: wait for it.
+  (void)wait_for([&] { return rdzv_->reports(round) >= nodes; },
+                 std::min<JobClock::duration>(rdzv_timeout_, kFinishedReportWait));
+  std::vector<std::string> early;
+  for (int i = 0; i < nodes; ++i) {
+    const NodeInfo& n = plan_.nodes[static_cast<std::size_t>(i)];
+    if (n.node_rank == rdzv_->self().node_rank || !rdzv_->done(round, n.node_rank)) continue;
+    std::vector<int> ranks(static_cast<std::size_t>(n.nproc));
+    for (int k = 0; k < n.nproc; ++k) ranks[static_cast<std::size_t>(k)] = plan_.first_rank(i) + k;
+    early.push_back(fmt::format("{}: its {} exited 0", describe(n), join_ranks(ranks)));
+  }
+  if (early.empty()) return {};
+  return fmt::format("{} before the others had finished", fmt::join(early, ", "));
 }
 
 void Job::give_up(int round) {  // and a node whose ranks finished

@@ -193,12 +193,18 @@ void Rendezvous::report_failure(int round, int code, const std::string& what, bo
 }
 
 void Rendezvous::report_done(int round) {
+  // Before "reported": a reader that sees the report sees this.
+  store_.add(key(round, fmt::format("done/{}", self_.node_rank)), 1);
   store_.add(key(round, fmt::format("reported/{}", self_.node_rank)), 1);
   store_.add(key(round, "reports"), 1);
 }
 
 bool Rendezvous::reported(int round, int node_rank) {
   return counter(key(round, fmt::format("reported/{}", node_rank))) > 0;
+}
+
+bool Rendezvous::done(int round, int node_rank) {
+  return counter(key(round, fmt::format("done/{}", node_rank))) > 0;
 }
 
 void Rendezvous::keep_alive() { store_.add(fmt::format("rdzv/alive/{}", self_.node_rank), 1); }

@@ -123,8 +123,10 @@ class Rendezvous {
   void leave(int round);
   bool left(int round, int node_rank);
   int joined_count(int round);
-  // Whether `node_rank` has reported (failed or done) in `round`.
+  // Whether `node_rank` has reported (failed or done) in `round`, and whether it reported done (report_done: its
+  // ranks all exited 0).
   bool reported(int round, int node_rank);
+  bool done(int round, int node_rank);
 
   // Keep-alives: each node but the master counts up its own; the master reads the others'.
   void keep_alive();

@@ -3,7 +3,8 @@
 # signal is the job's reason, before the symptom a peer wrote: kill -9 of rank 1), tears the other
 # ranks down (their whole process groups; SIGKILL after the grace period for one that ignores SIGTERM) and
 # exits with the rank's code, also while another rank floods its output. A rank that exited 0 while its peers still
-# ran is named before the failure that followed it, and in an elastic job so is a rank killed on another node. A
+# ran is named before the failure that followed it, and in an elastic job so are a rank killed on another node and
+# another node whose ranks all exited 0. A
 # program that cannot be started is a failed rank with code 127.
 source "$(dirname "$0")/lib/dprun.bash"
 
@@ -129,6 +130,25 @@ grep -Eqx "dprun: reason: $KILLED; after it, $PEER_LINE" "$WORK/err" ||
 grep -qx "dprun: reason: rank 1 was killed by signal 9 (SIGKILL)" "$WORK/node1.err" ||
   { cat "$WORK/node1.err"; fail "elastic kill -9: node 1's reason does not name its rank 1"; }
 echo "ok: an elastic job's rank 1 killed on node 1 -> node 0's reason names it first, then rank 0's symptom"
+
+# 2e'. The same with node 1's ranks all exiting 0 early (they thought training was over), then node 0's rank failing
+#     for its lost peer: node 0's reason names node 1 and its rank's exit 0 first; it once gave rank 0's symptom alone.
+#     Node 1 exits 0 (its ranks finished), node 0 with its rank's 1.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 5 --grace-period 2)
+rm -f "$TMPDIR/gone"
+DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- \
+  sh -c 'sleep 0.3; touch "$TMPDIR/gone"; exit 0' >/dev/null 2>"$WORK/node1.err" </dev/null &
+N1=$!
+DPT_STORE_TOKEN=dprun-failure-$$ run "${ELASTIC[@]}" --node-rank 0 -- sh -c '
+  until [ -e "$TMPDIR/gone" ]; do sleep 0.05; done
+  echo "'"$PEER_LINE"'" > "$DPT_REASON_FILE"; exit 1'
+wait "$N1"
+RC1=$?
+[ "$RC" = 1 ] && [ "$RC1" = 0 ] || fail "elastic early exit 0: the nodes exited $RC and $RC1, expected 1 and 0"
+grep -Eqx "dprun: reason: node 1 \(.*\): its rank 1 exited 0 before the others had finished; after it, $PEER_LINE" \
+  "$WORK/err" || fail "elastic early exit 0: node 0's reason does not name node 1's rank 1 and its exit 0 first"
+echo "ok: an elastic job's node 1 ranks exit 0 early -> node 0's reason names node 1 and them first"
 
 # 2f. Node 0 ends an elastic job that node 1 would restart: node 0 cannot start the program (./rank exists on node 1
 #     only), and node 1's rank takes a second to stop. Node 0 waits for node 1 to rejoin and read the end, so node 1

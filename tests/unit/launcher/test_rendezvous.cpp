@@ -194,8 +194,10 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   c.report_done(3);
   CHECK(master.reported(3, 2));
   CHECK_FALSE(master.reported(3, 1));
+  CHECK(master.done(3, 2));  // its ranks all exited 0 (a node that failed, or was lost, is not done)
   master.declare_lost(3, node(1, 1), 3000ms);
   CHECK(master.reported(3, 1));
+  CHECK_FALSE(master.done(3, 1));
   CHECK(master.reports(3) == 2);
   CHECK(master.failures(3) == 1);
   CHECK(master.lost(3, 1));  // the master waits for no goodbye from it when it ends the job
@@ -216,6 +218,7 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   // A failure reported first stays the round's.
   b.report_failure(4, 137, "node 1: rank 2 failed (killed by SIGKILL)");
   CHECK(b.reported(4, 1));
+  CHECK_FALSE(b.done(4, 1));
   master.declare_lost(4, node(2, 1), 3000ms);
   CHECK(master.failure(4)->second == "node 1: rank 2 failed (killed by SIGKILL)");
 }
