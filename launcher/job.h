@@ -90,6 +90,8 @@ class Job {
   // dprun was not told to stop, restarts are left) and returns true; otherwise returns false.
   bool restart();
   void announce();
+  // Elastic jobs with --log-dir: this node's folder for this run of dprun (log_run_dir_), made and announced.
+  void make_elastic_log_dir();
   void finish();
 
   // ---- the ranks (job_ranks.cpp): start them, relay their output, watch them end, fail the attempt
@@ -203,6 +205,7 @@ class Job {
   OutputSink stdout_, stderr_;
   Fd devnull_;
   std::string reason_dir_;  // DPT_REASON_FILE's directory; empty: none (make_reason_dir)
+  std::string log_run_dir_;  // elastic jobs with --log-dir: --log-dir/node<N>_<UTC time>_<random>, one per run of dprun
   std::string last_reason_;  // the last failed attempt's reason line (print_reason), for ended()
   std::vector<Rank> ranks_;
   Phase phase_ = Phase::kRunning;

@@ -90,10 +90,11 @@ std::optional<int> Job::enter_round(int round, int own_code) {
                            static_cast<int>(plan_.nodes.size())};
     std::vector<std::string> names;
     for (const NodeInfo& n : plan_.nodes) names.push_back(describe(n));
-    note(fmt::format("round {}: {} node{} ({}), world size {}; this node runs ranks {}..{}", round,
+    note(fmt::format("round {}: {} node{} ({}), world size {}; this node runs ranks {}..{}{}", round,
                      plan_.nodes.size(), plan_.nodes.size() == 1 ? "" : "s", fmt::join(names, ", "),
                      placement_.world_size, placement_.first_rank,
-                     placement_.first_rank + opts_.nproc_per_node - 1));
+                     placement_.first_rank + opts_.nproc_per_node - 1,
+                     log_run_dir_.empty() ? "" : fmt::format(", logs in {}/attempt_{}", log_run_dir_, round)));
     return std::nullopt;
   }
 }
