@@ -85,6 +85,7 @@ int Job::run() {
   if (!elastic_) return ended(run_attempts());
   try {
     connect_rendezvous();
+    if (stop_requested_) return ended(128 + received_signal_);  // a stop signal while it looked at node 0's store
     if (std::optional<int> end = enter_round(rdzv_->is_master() ? 0 : rdzv_->current_round(), 0)) return ended(*end);
     return ended(run_attempts());
   } catch (const CommError& e) {

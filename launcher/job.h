@@ -39,6 +39,8 @@ inline constexpr std::chrono::milliseconds kRendezvousPoll{100};
 // node 0 looks at the others'.
 inline constexpr std::chrono::milliseconds kKeepAliveEvery{1000};
 inline constexpr std::chrono::seconds kStoppedLinger{10};
+// The longest a node but the master waits, once connected, for node 0's mark on the store (Rendezvous::mark_elastic).
+inline constexpr std::chrono::seconds kMarkWait{5};
 // The longest a node whose ranks failed waits for the others' reports, to name one whose ranks had all exited 0.
 inline constexpr std::chrono::seconds kFinishedReportWait{2};
 // A stop signal for preemption (SIGUSR1, SIGTERM) that would reach a rank before it blocks or catches it (the

@@ -28,6 +28,21 @@ void Job::connect_rendezvous() {
     name += (name.empty() ? "" : " ") + addr;
   }
   rdzv_ = std::make_unique<Rendezvous>(*store_, NodeInfo{opts_.node_rank, opts_.nproc_per_node, name});
+  if (rdzv_->is_master()) {
+    rdzv_->mark_elastic();
+    return;
+  }
+  // Node 0 marks its store at once: a store without the mark for a while is a plain job's rank 0's (node 0's dprun
+  // was given other --nnodes or --max-restarts). This dprun once joined rounds in it, and ended 300 s later when
+  // rank 0 gave up, "lost the rendezvous at node 0".
+  if (!wait_for([&] { return rdzv_->marked_elastic(); }, std::min<JobClock::duration>(rdzv_timeout_, kMarkWait))) {
+    if (stop_requested_) return;  // Job::run ends the job
+    DPT_THROW(ConfigError,
+              "{}:{} is not an elastic dprun job's rendezvous: a store answers there with this job's token, but not "
+              "node 0's dprun's (it runs a job that is not elastic: its rank 0 serves that port). Give every node's "
+              "dprun the same --nnodes and --max-restarts",
+              *opts_.master_addr, *opts_.master_port);
+  }
 }
 
 bool Job::wait_for(const std::function<bool()>& done, std::optional<JobClock::duration> limit) {
@@ -100,6 +115,16 @@ std::optional<int> Job::enter_round(int round, int own_code) {
 }
 
 std::optional<RoundPlan> Job::master_close(int round, bool timed_out) {
+  // A rank of a node started as a plain job came to this store instead of its rank 0's: that node will not join.
+  if (std::string stray = rdzv_->not_elastic(); !stray.empty()) {
+    RoundPlan plan;
+    plan.round = round;
+    plan.ended = true;
+    plan.end_code = kConfigErrorCode;
+    plan.end_message = fmt::format("a node started as a job that is not elastic came to this rendezvous: {}", stray);
+    rdzv_->close(plan);
+    return plan;
+  }
   RoundDecision d = decide_round(rdzv_->joined(round), min_nodes(opts_), opts_.nnodes, timed_out,
                                  std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_),
                                  plan_.nodes, round);

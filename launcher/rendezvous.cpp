@@ -203,6 +203,12 @@ bool Rendezvous::reported(int round, int node_rank) {
   return counter(key(round, fmt::format("reported/{}", node_rank))) > 0;
 }
 
+void Rendezvous::mark_elastic() { store_.add(comm::kElasticRendezvousKey, 1); }
+bool Rendezvous::marked_elastic() { return counter(comm::kElasticRendezvousKey) > 0; }
+std::string Rendezvous::not_elastic() {
+  return counter(comm::kNotElasticCount) == 0 ? std::string{} : store_.get_string(comm::kNotElasticKey);
+}
+
 bool Rendezvous::done(int round, int node_rank) {
   return counter(key(round, fmt::format("done/{}", node_rank))) > 0;
 }

@@ -128,6 +128,13 @@ class Rendezvous {
   bool reported(int round, int node_rank);
   bool done(int round, int node_rank);
 
+  // Master: marks the store as an elastic job's rendezvous (comm::kElasticRendezvousKey), first thing. Other nodes:
+  // whether it is marked so (a plain job's rank 0 serves no such key), and the message a rank of a node started as a
+  // plain job left when it came here instead of to its rank 0 (comm::kNotElasticKey; empty: none).
+  void mark_elastic();
+  bool marked_elastic();
+  std::string not_elastic();
+
   // Keep-alives: each node but the master counts up its own; the master reads the others'.
   void keep_alive();
   int64_t keep_alives(int node_rank);
