@@ -89,7 +89,9 @@ int Job::run() {
     if (std::optional<int> end = enter_round(rdzv_->is_master() ? 0 : rdzv_->current_round(), 0)) return ended(*end);
     return ended(run_attempts());
   } catch (const CommError& e) {
-    if (rdzv_ && rdzv_->is_master()) throw;
+    // Node 0's own errors are its own (one that cannot host the store, its port taken, was once "lost the
+    // rendezvous at node 0 ...; requeue the job").
+    if (opts_.node_rank == 0) throw;
     // Node 0 hosts the rendezvous and rank 0: without it there is no job (the ranks are SIGKILLed on the way out).
     DPT_THROW(CommError,
               "lost the rendezvous at node 0 ({}:{}): {}. An elastic job cannot go on without its master node "

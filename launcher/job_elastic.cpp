@@ -20,7 +20,13 @@ void Job::connect_rendezvous() {
   so.is_server = opts_.node_rank == 0;
   so.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_);
   so.token = opts_.store_token;
-  store_ = std::make_unique<comm::TcpStore>(so);
+  try {
+    store_ = std::make_unique<comm::TcpStore>(so);
+  } catch (const CommError& e) {
+    if (!so.is_server) throw;
+    DPT_THROW(CommError, "node 0 cannot host the job's rendezvous: {} (is node 0's dprun running already? One dprun "
+                         "per node, each with its own --node-rank)", e.what());
+  }
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   std::string name = host;
@@ -67,7 +73,7 @@ bool Job::wait_for(const std::function<bool()>& done, std::optional<JobClock::du
 
 std::optional<int> Job::enter_round(int round, int own_code) {
   for (;; ++round) {
-    rdzv_->join(round);
+    const int slot = rdzv_->join(round);
     const JobClock::time_point joined_at = JobClock::now();
     std::optional<RoundPlan> plan;
     const bool closed = wait_for([&] {
@@ -91,7 +97,14 @@ std::optional<int> Job::enter_round(int round, int own_code) {
       }
       return own_code != 0 ? own_code : plan->end_code;
     }
-    const int index = plan->index_of(opts_.node_rank);
+    const int index = plan->index_of(opts_.node_rank, slot);
+    if (const int other = plan->index_of(opts_.node_rank); index < 0 && other >= 0) {
+      // Another dprun runs the round as this --node-rank: it once ran this node's ranks a second time (two rank 1s).
+      note(fmt::format("round {} runs another dprun as node {} ({}): waiting for the next round, which a node's "
+                       "second dprun joins only if the first is gone (two dprun with one --node-rank end the job)",
+                       round, opts_.node_rank, plan->nodes[static_cast<std::size_t>(other)].name));
+      continue;
+    }
     if (index < 0) {
       note(fmt::format("round {} began with {} nodes, without this one: waiting for the next round (after a "
                        "failure), which takes up to {} nodes",

@@ -34,6 +34,7 @@ struct NodeInfo {
   int node_rank = 0;  // --node-rank: the node's identity for the whole job; 0 is the master
   int nproc = 1;      // ranks it runs
   std::string name;   // host name and address toward the master, for messages ("hostB 10.0.0.2")
+  int slot = 0;       // its place in the order the round's nodes joined (1, 2, ...; 0: unknown): which dprun it is
 };
 
 // "node 1 (hostB 10.0.0.2)".
@@ -48,8 +49,10 @@ struct RoundPlan {
   int rank_port = 0;             // MASTER_PORT of this round's ranks (rank 0 hosts their store there)
   std::vector<NodeInfo> nodes;   // in node-rank order; the master first
 
-  // This node's index in `nodes`, or -1 when it came too late for this round.
-  int index_of(int node_rank) const;
+  // This node's index in `nodes`, or -1 when it came too late for this round. With `slot` (the one join() gave this
+  // dprun), -1 also when another dprun runs the round as `node_rank` (--node-rank given twice, or a node's dprun
+  // started again while the round still counts its first one).
+  int index_of(int node_rank, int slot = 0) const;
   int world_size() const;
   int first_rank(int index) const;  // global rank of the first rank of nodes[index]
 };
@@ -79,8 +82,9 @@ class Rendezvous {
 
   // The newest round the master has opened (0 before it opened any): where a node that starts late joins.
   int current_round();
-  // Takes a slot in `round` and writes this node's record. The master also makes `round` the current one.
-  void join(int round);
+  // Takes a slot in `round` and writes this node's record; returns the slot. The master also makes `round` the
+  // current one.
+  int join(int round);
   // The plan once the master has closed `round`; nullopt while it is open.
   std::optional<RoundPlan> closed(int round);
   // Master: the nodes that have joined `round` so far, in the order they joined.

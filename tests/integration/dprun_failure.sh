@@ -5,7 +5,7 @@
 # exits with the rank's code, also while another rank floods its output. A rank that exited 0 while its peers still
 # ran is named before the failure that followed it, and in an elastic job so are a rank killed on another node and
 # another node whose ranks all exited 0. A
-# program that cannot be started is a failed rank with code 127.
+# program that cannot be started is a failed rank with code 127. A node started twice is named.
 source "$(dirname "$0")/lib/dprun.bash"
 
 # Ranks flooding their stdout run `exec yes dpt-flood-$SLEEP_FOR`, found by that marker; none may outlive the script.
@@ -172,6 +172,41 @@ grep -q '^dprun: the job ends: node 0: the program cannot be started$' "$WORK/no
   { cat "$WORK/node1.err"; fail "node 0 ends: node 1 does not end with node 0's reason"; }
 no_sleepers "node 0 ends"
 echo "ok: node 0 cannot start the program -> node 1 (restarting) ends with node 0's reason and code 127"
+
+# 2g. A node started twice in an elastic job. A second dprun of node 1 that comes while round 0 runs waits for the next
+#     round, saying why; it once found node 1 in round 0's plan and ran rank 1 a second time. A second dprun of node 0
+#     cannot host the rendezvous and says so (exit 1); it once said "lost the rendezvous at node 0 ...; requeue the
+#     job". The job itself goes on and finishes (exit 0), with one rank 0 and one rank 1.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 5 --grace-period 2 --max-restarts 1)
+# wait_for_line PATTERN FILE: up to 10 s.
+wait_for_line() { for _ in $(seq 200); do grep -q -- "$1" "$2" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+RANKS='echo "$RANK" >> "$TMPDIR/ranks"; until [ -e "$TMPDIR/end" ]; do sleep 0.05; done'
+rm -f "$TMPDIR/ranks" "$TMPDIR/end"
+for n in 0 1; do
+  DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank $n -- sh -c "$RANKS" \
+    >/dev/null 2>"$WORK/node$n.err" </dev/null &
+  eval "N$n=\$!"
+done
+wait_for_line "round 0: 2 nodes" "$WORK/node1.err" || { cat "$WORK/node1.err"; fail "twice: round 0 did not begin"; }
+DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- sh -c "$RANKS" \
+  >/dev/null 2>"$WORK/node1b.err" </dev/null &
+N1B=$!
+DPT_STORE_TOKEN=dprun-failure-$$ run "${ELASTIC[@]}" --node-rank 0 -- sh -c "$RANKS"
+wait_for_line "round 0 runs another dprun as node 1 (.*): waiting for the next round" "$WORK/node1b.err"
+found=$?
+touch "$TMPDIR/end"
+wait "$N0"; RC0=$?
+wait "$N1"; RC1=$?
+wait "$N1B"
+[ "$found" = 0 ] || { cat "$WORK/node1b.err"; fail "twice: node 1's second dprun does not say it waits"; }
+[ "$(sort "$TMPDIR/ranks" | tr '\n' ' ')" = "0 1 " ] ||
+  { cat "$TMPDIR/ranks"; fail "twice: not one rank 0 and one rank 1"; }
+[ "$RC" = 1 ] && grep -q "node 0 cannot host the job's rendezvous: .*is node 0's dprun running already?" "$WORK/err" ||
+  fail "twice: node 0's second dprun exited $RC, or does not say why"
+grep -q "lost the rendezvous" "$WORK/err" && fail "twice: node 0's second dprun says it lost node 0"
+[ "$RC0" = 0 ] && [ "$RC1" = 0 ] || fail "twice: the job's nodes exited $RC0 and $RC1"
+echo "ok: a node started twice: node 1's second dprun waits for the next round, node 0's says why it cannot host"
 
 # 3. A rank that ignores SIGTERM is SIGKILLed once the grace period (1 s) is over.
 run --nproc-per-node 3 --grace-period 1 -- sh -c '

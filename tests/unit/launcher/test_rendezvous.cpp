@@ -32,6 +32,13 @@ TEST_CASE("RoundPlan: ranks numbered node after node, encode and decode give it 
   CHECK(back.nodes[1].node_rank == 2);
   CHECK(back.nodes[1].nproc == 3);
   CHECK(back.nodes[1].name == "host2 10.0.0.3");
+  // Which dprun runs each node (its join slot) travels with the plan: another dprun of node 2 is not in it.
+  plan.nodes[1].slot = 3;
+  back = decode_plan(4, encode_plan(plan));
+  CHECK(back.nodes[1].slot == 3);
+  CHECK(back.index_of(2, 3) == 1);
+  CHECK(back.index_of(2, 4) == -1);
+  CHECK(back.index_of(2) == 1);
 
   RoundPlan end;
   end.ended = true;
@@ -93,6 +100,8 @@ TEST_CASE("Rendezvous: nodes join, the master closes, a failure is seen by all, 
   std::vector<NodeInfo> joined = master.joined(0);
   REQUIRE(joined.size() == 2);
   CHECK(joined[0].node_rank == 1);  // in the order they joined
+  CHECK(joined[0].slot == 1);
+  CHECK(joined[1].slot == 2);
   RoundDecision d = decide_round(joined, 1, 2, false, 1s, {}, 0);
   REQUIRE(d.kind == RoundDecision::Kind::kRun);
   RoundPlan plan;
