@@ -258,6 +258,8 @@ std::optional<int> Job::after_elastic_attempt() {
     // Another node's rank refused its configuration: its line is the reason here too.
     if (elsewhere && f->first == kConfigErrorCode && !rdzv_->signaled(round))
       cause_elsewhere = rdzv_->reason(round);
+    // Another node's dprun was told to stop: its ranks went first, and this node's failed after them (a peer gone).
+    if (!own_killed && cause_elsewhere.empty() && elsewhere && rdzv_->stopped(round)) cause_elsewhere = f->second;
     // Another node whose ranks all exited 0 while these still ran: they thought training was over, and the
     // failures here (their peers gone) follow from it, as from a rank of this node that exits 0 early.
     if (!own_killed && cause_elsewhere.empty() && !stop_requested_ && exit_code_ != kPreemptedCode)
@@ -271,6 +273,10 @@ std::optional<int> Job::after_elastic_attempt() {
   else if (exec_failed_) why = "the program cannot be started";
   else if (exit_code_ == kPreemptedCode) why = "the ranks stopped for preemption";
   else if (exit_code_ == kConfigErrorCode) why = kConfigErrorWhy;
+  // A stop signal to any node's dprun (Ctrl-C there) ends the job on every node. When this node's ranks did not exit 0
+  // or 75 for it (a rank that failed on its peer, gone first; a program that dies of the SIGTERM), this node once
+  // restarted the job without that node and trained on.
+  else if (f && rdzv_->stopped(round)) why = "a node's dprun was told to stop, which ends the job on every node";
   // Node 0 gone after this node's report: it ended the job (restarts used, or a reason of its own to end it, such as a
   // program it cannot start). Joining the next round would only fail ("lost the rendezvous"; it once did, exit 1).
   if (!f && why.empty() && round < opts_.max_restarts) why = "node 0 has ended the job";
