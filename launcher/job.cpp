@@ -91,7 +91,7 @@ int Job::run() {
   } catch (const CommError& e) {
     // Node 0's own errors are its own (one that cannot host the store, its port taken, was once "lost the
     // rendezvous at node 0 ...; requeue the job").
-    if (opts_.node_rank == 0) throw;
+    if (opts_.node_rank == 0 || !store_) throw;  // or it never joined: connect_rendezvous says why
     // Node 0 hosts the rendezvous and rank 0: without it there is no job (the ranks are SIGKILLed on the way out).
     DPT_THROW(CommError,
               "lost the rendezvous at node 0 ({}:{}): {}. An elastic job cannot go on without its master node "

@@ -23,7 +23,11 @@ void Job::connect_rendezvous() {
   try {
     store_ = std::make_unique<comm::TcpStore>(so);
   } catch (const CommError& e) {
-    if (!so.is_server) throw;
+    // Not "lost the rendezvous at node 0 ...; requeue the job" (Job::run): this node never had it.
+    if (!so.is_server)
+      DPT_THROW(CommError, "cannot join the job's rendezvous at {}:{}, which node 0's dprun hosts: {} (is node 0's "
+                           "dprun running, given this --master-port, and the same DPT_STORE_TOKEN as this node?)",
+                so.host, so.port, e.what());
     DPT_THROW(CommError, "node 0 cannot host the job's rendezvous: {} (is node 0's dprun running already? One dprun "
                          "per node, each with its own --node-rank)", e.what());
   }

@@ -208,6 +208,23 @@ grep -q "lost the rendezvous" "$WORK/err" && fail "twice: node 0's second dprun 
 [ "$RC0" = 0 ] && [ "$RC1" = 0 ] || fail "twice: the job's nodes exited $RC0 and $RC1"
 echo "ok: a node started twice: node 1's second dprun waits for the next round, node 0's says why it cannot host"
 
+# 2h. A node that cannot join at all, another DPT_STORE_TOKEN than node 0's or a --master-port where nothing listens,
+#     says so; it once said "lost the rendezvous at node 0 ...; requeue the job", as if node 0 had gone.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --rdzv-timeout 1 --grace-period 2)
+port=$((29900 + RANDOM % 90))
+DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --master-port $port --node-rank 0 -- \
+  sleep 3 >/dev/null 2>"$WORK/node0.err" </dev/null &
+N0=$!
+sleep 0.5
+DPT_STORE_TOKEN=another-$$ run "${ELASTIC[@]}" --master-port $port --node-rank 1 -- true
+[ "$RC" = 1 ] && grep -q "cannot join the job's rendezvous at 127.0.0.1:$port, .*token (DPT_STORE_TOKEN) differs" \
+  "$WORK/err" && ! grep -q "lost the rendezvous" "$WORK/err" || fail "another token: exit $RC, or not said"
+DPT_STORE_TOKEN=dprun-failure-$$ run "${ELASTIC[@]}" --master-port $((port + 100)) --node-rank 1 -- true
+[ "$RC" = 1 ] && grep -q "cannot join the job's rendezvous at 127.0.0.1:$((port + 100)), .*could not reach" "$WORK/err" &&
+  ! grep -q "lost the rendezvous" "$WORK/err" || fail "no node 0 at the port: exit $RC, or not said"
+wait "$N0" || { cat "$WORK/node0.err"; fail "cannot join: node 0 did not finish alone"; }
+echo "ok: a node that cannot join (another token, no node 0 at the port) says so, not 'lost the rendezvous'"
+
 # 3. A rank that ignores SIGTERM is SIGKILLed once the grace period (1 s) is over.
 run --nproc-per-node 3 --grace-period 1 -- sh -c '
   case $RANK in
