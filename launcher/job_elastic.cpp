@@ -89,6 +89,12 @@ std::optional<int> Job::enter_round(int round, int own_code) {
       if (rdzv_->is_master()) {
         rdzv_->end(round, code, fmt::format("node 0's dprun received {}", signal_name(received_signal_)));
         linger(round, /*self_joined=*/1, 0, kStoppedLinger);
+      } else {
+        // It once stayed counted: the next round ran with it, its ranks never came, and the round failed on them.
+        try {
+          rdzv_->withdraw(round, slot);
+        } catch (const CommError&) {  // node 0 gone: nobody to tell
+        }
       }
       return own_code != 0 ? own_code : code;
     }

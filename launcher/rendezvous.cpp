@@ -170,10 +170,16 @@ std::vector<NodeInfo> Rendezvous::joined(int round) {
   std::vector<NodeInfo> nodes;
   // A node sets its record right after taking its slot: get() waits the moment between.
   for (int64_t slot = 1; slot <= n; ++slot) {
+    if (counter(key(round, fmt::format("withdrawn/{}", slot))) > 0) continue;
     nodes.push_back(decode_node(store_.get_string(key(round, fmt::format("node/{}", slot)))));
     nodes.back().slot = static_cast<int>(slot);
   }
   return nodes;
+}
+
+void Rendezvous::withdraw(int round, int slot) {
+  store_.add(key(round, fmt::format("withdrawn/{}", slot)), 1);
+  bye(round);
 }
 
 void Rendezvous::close(const RoundPlan& plan) {

@@ -87,8 +87,11 @@ class Rendezvous {
   int join(int round);
   // The plan once the master has closed `round`; nullopt while it is open.
   std::optional<RoundPlan> closed(int round);
-  // Master: the nodes that have joined `round` so far, in the order they joined.
+  // Master: the nodes that have joined `round` so far, in the order they joined, less those withdrawn.
   std::vector<NodeInfo> joined(int round);
+  // A node that stops while it waits for `round` to close (a stop signal) takes back its slot, so that the master
+  // does not close the round with it (its ranks would never come), and says goodbye.
+  void withdraw(int round, int slot);
   // Master: writes the plan of `round` (plan.round) and closes it.
   void close(const RoundPlan& plan);
   // Master: closes `round` with the job's end: every node that joins it learns `code` and `message`.

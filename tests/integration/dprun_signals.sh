@@ -143,4 +143,29 @@ grep -q "its dprun received SIGINT; not restarting: a node's dprun was told to s
 grep -q "joining round 1" "$WORK"/node?.err && fail "elastic SIGINT on node 1: the job restarted"
 wait_for 0 "elastic SIGINT: ranks left"
 echo "ok: SIGINT to one node's dprun of an elastic job ends it on both nodes (130), no restart"
+
+# 8. SIGINT to a node's dprun while it waits for the next round (it came late): it leaves the rendezvous, and the
+#    next round, after node 0's rank fails, runs node 0 alone. It once stayed counted: round 1 ran with it at world
+#    size 2, and node 0's ranks would wait for its ranks, which never came.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 1 --grace-period 2 --max-restarts 1)
+rm -f "$TMPDIR/go"
+DPT_STORE_TOKEN=dprun-signals-$$ "$DPRUN" "${ELASTIC[@]}" --node-rank 0 -- sh -c 'echo "world $WORLD_SIZE"
+  [ "$DPT_RESTART_COUNT" = 0 ] || exit 0; until [ -e "$TMPDIR/go" ]; do sleep 0.05; done; exit 3' \
+  >"$WORK/node0.out" 2>"$WORK/node0.err" </dev/null &
+N0=$!
+for _ in $(seq 200); do grep -q "round 0: 1 node" "$WORK/node0.err" && break; sleep 0.05; done
+set -m
+DPT_STORE_TOKEN=dprun-signals-$$ "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- true >/dev/null 2>"$WORK/node1.err" </dev/null &
+N1=$!
+set +m
+for _ in $(seq 200); do grep -q "waiting for the next round" "$WORK/node1.err" && break; sleep 0.05; done
+kill -INT "$N1"
+wait "$N1"; RC1=$?
+touch "$TMPDIR/go"
+wait "$N0"; RC0=$?
+[ "$RC1" = 130 ] && [ "$RC0" = 0 ] || { cat "$WORK"/node?.err; fail "SIGINT while waiting: the nodes exited $RC0, $RC1"; }
+grep -q "round 1: 1 node (node 0 " "$WORK/node0.err" && [ "$(tail -n 1 "$WORK/node0.out")" = "[rank 0] world 1" ] ||
+  { cat "$WORK/node0.err"; fail "SIGINT while waiting: round 1 did not run node 0 alone"; }
+echo "ok: SIGINT to a node waiting for the next round: it leaves, and the next round runs without it"
 echo "PASS"

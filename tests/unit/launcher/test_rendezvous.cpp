@@ -102,6 +102,16 @@ TEST_CASE("Rendezvous: nodes join, the master closes, a failure is seen by all, 
   CHECK(joined[0].node_rank == 1);  // in the order they joined
   CHECK(joined[0].slot == 1);
   CHECK(joined[1].slot == 2);
+  {  // A node that takes its slot back (stopped while it waited) is no longer among those joined.
+    comm::HashStore other(2s);
+    Rendezvous m(other, node(0));
+    Rendezvous quitter(other, node(1));
+    m.join(0);
+    quitter.withdraw(0, quitter.join(0));
+    REQUIRE(m.joined(0).size() == 1);
+    CHECK(m.joined(0)[0].node_rank == 0);
+    CHECK(m.byes(0) == 1);
+  }
   RoundDecision d = decide_round(joined, 1, 2, false, 1s, {}, 0);
   REQUIRE(d.kind == RoundDecision::Kind::kRun);
   RoundPlan plan;
