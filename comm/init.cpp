@@ -212,7 +212,16 @@ std::shared_ptr<Store> job_store(const DistEnv& env, std::chrono::milliseconds t
   so.is_server = env.rank == 0;
   so.timeout = timeout;
   so.token = env.store_token;  // DPT_STORE_TOKEN: clients without it are turned away
-  return std::make_shared<TcpStore>(so);
+  auto store = std::make_shared<TcpStore>(so);
+  if (!so.is_server && store->add(kElasticRendezvousKey, 0) > 0) {  // comm/store.h
+    const std::string msg = fmt::format(
+        "MASTER_ADDR:MASTER_PORT ({}:{}) is the rendezvous of an elastic dprun job (node 0's dprun was started with "
+        "--nnodes MIN:MAX or --max-restarts), not rank 0's store: this rank's node was started as a job that is not "
+        "elastic. Give every node's dprun the same --nnodes and --max-restarts", so.host, so.port);
+    if (store->add(kNotElasticCount, 1) == 1) store->set(kNotElasticKey, fmt::format("rank {}: {}", env.rank, msg));
+    DPT_THROW(ConfigError, "{}", msg);
+  }
+  return store;
 }
 
 // Hang reports (comm/traced_group.h) go through a store client of their own, whose requests time out quickly:

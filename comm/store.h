@@ -18,6 +18,16 @@ namespace dpt::comm {
 
 inline constexpr std::chrono::milliseconds kDefaultStoreTimeout = std::chrono::seconds(300);
 
+// An elastic dprun job's rendezvous store (launcher/rendezvous.h), which node 0's dprun hosts at --master-port, holds
+// this counter at 1 from its start; rank 0's store (at a plain job's MASTER_PORT) never does. A rank of a node
+// started as a plain job that finds it there, and a node's elastic dprun that does not, were given other --nnodes or
+// --max-restarts than node 0's dprun: both once waited their whole timeout (300 s) and then blamed something else.
+// The rank leaves its message under kNotElasticKey (the first one stays; kNotElasticCount counts them), which node 0's
+// dprun ends the job with.
+inline constexpr const char* kElasticRendezvousKey = "rdzv/elastic";
+inline constexpr const char* kNotElasticKey = "rdzv/not_elastic";
+inline constexpr const char* kNotElasticCount = "rdzv/not_elastic_count";
+
 class Store {
  public:
   // timeout: how long get() and wait(keys) wait for a key; negative waits forever.

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 
 #include "core/check.h"
@@ -84,10 +85,13 @@ int Job::run() {
   if (!elastic_) return ended(run_attempts());
   try {
     connect_rendezvous();
+    if (stop_requested_) return ended(128 + received_signal_);  // a stop signal while it looked at node 0's store
     if (std::optional<int> end = enter_round(rdzv_->is_master() ? 0 : rdzv_->current_round(), 0)) return ended(*end);
     return ended(run_attempts());
   } catch (const CommError& e) {
-    if (rdzv_ && rdzv_->is_master()) throw;
+    // Node 0's own errors are its own (one that cannot host the store, its port taken, was once "lost the
+    // rendezvous at node 0 ...; requeue the job").
+    if (opts_.node_rank == 0 || !store_) throw;  // or it never joined: connect_rendezvous says why
     // Node 0 hosts the rendezvous and rank 0: without it there is no job (the ranks are SIGKILLed on the way out).
     DPT_THROW(CommError,
               "lost the rendezvous at node 0 ({}:{}): {}. An elastic job cannot go on without its master node "
@@ -187,9 +191,31 @@ void Job::announce() {
     std::error_code ec;
     std::filesystem::create_directories(opts_.log_dir, ec);
     if (ec) DPT_THROW(IoError, "cannot create --log-dir {}: {}", opts_.log_dir, ec.message());
-    note(fmt::format("writing each rank's stdout and stderr to {}/rank_{}.log{}", opts_.log_dir, first,
-                     first == last ? "" : fmt::format(" .. rank_{}.log", last)));
+    if (elastic_) {
+      make_elastic_log_dir();
+    } else {
+      note(fmt::format("writing each rank's stdout and stderr to {}/rank_{}.log{}", opts_.log_dir, first,
+                       first == last ? "" : fmt::format(" .. rank_{}.log", last)));
+    }
   }
+}
+
+void Job::make_elastic_log_dir() {
+  // As torchrun's agent does (<log_dir>/<run id>_<random>/attempt_<k>/): a folder of this node's own for this run of
+  // dprun, then one per round. A round's rank numbers are another round's on another node (a node joining late, a
+  // node left out), and an earlier job may have left logs under the same --log-dir: one file each appended to
+  // mixed them.
+  const std::time_t now = std::time(nullptr);
+  std::tm utc{};
+  char stamp[32] = {};
+  if (::gmtime_r(&now, &utc)) std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &utc);
+  std::string path = fmt::format("{}/node{}_{}_XXXXXX", opts_.log_dir, opts_.node_rank, stamp);
+  if (!::mkdtemp(path.data())) DPT_THROW(IoError, "cannot create a folder in --log-dir {}: {}", opts_.log_dir,
+                                         std::strerror(errno));
+  log_run_dir_ = path;
+  note(fmt::format("writing each rank's stdout and stderr to {}/attempt_K/rank_R.log, a folder per round K "
+                   "(DPT_RESTART_COUNT), R the rank's number in that round",
+                   log_run_dir_));
 }
 
 void Job::finish() {

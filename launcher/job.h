@@ -39,6 +39,10 @@ inline constexpr std::chrono::milliseconds kRendezvousPoll{100};
 // node 0 looks at the others'.
 inline constexpr std::chrono::milliseconds kKeepAliveEvery{1000};
 inline constexpr std::chrono::seconds kStoppedLinger{10};
+// The longest a node but the master waits, once connected, for node 0's mark on the store (Rendezvous::mark_elastic).
+inline constexpr std::chrono::seconds kMarkWait{5};
+// The longest a node whose ranks failed waits for the others' reports, to name one whose ranks had all exited 0.
+inline constexpr std::chrono::seconds kFinishedReportWait{2};
 // A stop signal for preemption (SIGUSR1, SIGTERM) that would reach a rank before it blocks or catches it (the
 // dynamic loader's tens of milliseconds before dptrain's first instruction, which holds them) would kill it: dprun
 // holds it back until the rank does, looking every kStartingPoll, for at most kStartingGrace after the rank started.
@@ -88,6 +92,8 @@ class Job {
   // dprun was not told to stop, restarts are left) and returns true; otherwise returns false.
   bool restart();
   void announce();
+  // Elastic jobs with --log-dir: this node's folder for this run of dprun (log_run_dir_), made and announced.
+  void make_elastic_log_dir();
   void finish();
 
   // ---- the ranks (job_ranks.cpp): start them, relay their output, watch them end, fail the attempt
@@ -180,6 +186,10 @@ class Job {
   // The failure of `round` as every node names it (Rendezvous::failure); on a node but the master, nullopt when the
   // master has ended the job and is gone.
   std::optional<std::pair<int, std::string>> round_failure(int round);
+  // After this node's attempt of `round` failed: the other nodes whose ranks had all exited 0 ("node 1 (...): its
+  // rank 1 exited 0 before the others had finished"), waiting up to kFinishedReportWait for their reports; empty:
+  // none.
+  std::string finished_early(int round);
   // A node but the master that ends the job after `round` failed: tells node 0 (finish_as_master) not to wait for it.
   void give_up(int round);
   // Node 0's last duty: wait (up to --rdzv-timeout) until every node of `round` has reported its outcome, end
@@ -197,6 +207,7 @@ class Job {
   OutputSink stdout_, stderr_;
   Fd devnull_;
   std::string reason_dir_;  // DPT_REASON_FILE's directory; empty: none (make_reason_dir)
+  std::string log_run_dir_;  // elastic jobs with --log-dir: --log-dir/node<N>_<UTC time>_<random>, one per run of dprun
   std::string last_reason_;  // the last failed attempt's reason line (print_reason), for ended()
   std::vector<Rank> ranks_;
   Phase phase_ = Phase::kRunning;

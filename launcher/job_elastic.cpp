@@ -20,7 +20,17 @@ void Job::connect_rendezvous() {
   so.is_server = opts_.node_rank == 0;
   so.timeout = std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_);
   so.token = opts_.store_token;
-  store_ = std::make_unique<comm::TcpStore>(so);
+  try {
+    store_ = std::make_unique<comm::TcpStore>(so);
+  } catch (const CommError& e) {
+    // Not "lost the rendezvous at node 0 ...; requeue the job" (Job::run): this node never had it.
+    if (!so.is_server)
+      DPT_THROW(CommError, "cannot join the job's rendezvous at {}:{}, which node 0's dprun hosts: {} (is node 0's "
+                           "dprun running, given this --master-port, and the same DPT_STORE_TOKEN as this node?)",
+                so.host, so.port, e.what());
+    DPT_THROW(CommError, "node 0 cannot host the job's rendezvous: {} (is node 0's dprun running already? One dprun "
+                         "per node, each with its own --node-rank)", e.what());
+  }
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) host[0] = '\0';
   std::string name = host;
@@ -28,6 +38,21 @@ void Job::connect_rendezvous() {
     name += (name.empty() ? "" : " ") + addr;
   }
   rdzv_ = std::make_unique<Rendezvous>(*store_, NodeInfo{opts_.node_rank, opts_.nproc_per_node, name});
+  if (rdzv_->is_master()) {
+    rdzv_->mark_elastic();
+    return;
+  }
+  // Node 0 marks its store at once: a store without the mark for a while is a plain job's rank 0's (node 0's dprun
+  // was given other --nnodes or --max-restarts). This dprun once joined rounds in it, and ended 300 s later when
+  // rank 0 gave up, "lost the rendezvous at node 0".
+  if (!wait_for([&] { return rdzv_->marked_elastic(); }, std::min<JobClock::duration>(rdzv_timeout_, kMarkWait))) {
+    if (stop_requested_) return;  // Job::run ends the job
+    DPT_THROW(ConfigError,
+              "{}:{} is not an elastic dprun job's rendezvous: a store answers there with this job's token, but not "
+              "node 0's dprun's (it runs a job that is not elastic: its rank 0 serves that port). Give every node's "
+              "dprun the same --nnodes and --max-restarts",
+              *opts_.master_addr, *opts_.master_port);
+  }
 }
 
 bool Job::wait_for(const std::function<bool()>& done, std::optional<JobClock::duration> limit) {
@@ -52,7 +77,7 @@ bool Job::wait_for(const std::function<bool()>& done, std::optional<JobClock::du
 
 std::optional<int> Job::enter_round(int round, int own_code) {
   for (;; ++round) {
-    rdzv_->join(round);
+    const int slot = rdzv_->join(round);
     const JobClock::time_point joined_at = JobClock::now();
     std::optional<RoundPlan> plan;
     const bool closed = wait_for([&] {
@@ -64,6 +89,12 @@ std::optional<int> Job::enter_round(int round, int own_code) {
       if (rdzv_->is_master()) {
         rdzv_->end(round, code, fmt::format("node 0's dprun received {}", signal_name(received_signal_)));
         linger(round, /*self_joined=*/1, 0, kStoppedLinger);
+      } else {
+        // It once stayed counted: the next round ran with it, its ranks never came, and the round failed on them.
+        try {
+          rdzv_->withdraw(round, slot);
+        } catch (const CommError&) {  // node 0 gone: nobody to tell
+        }
       }
       return own_code != 0 ? own_code : code;
     }
@@ -76,7 +107,14 @@ std::optional<int> Job::enter_round(int round, int own_code) {
       }
       return own_code != 0 ? own_code : plan->end_code;
     }
-    const int index = plan->index_of(opts_.node_rank);
+    const int index = plan->index_of(opts_.node_rank, slot);
+    if (const int other = plan->index_of(opts_.node_rank); index < 0 && other >= 0) {
+      // Another dprun runs the round as this --node-rank: it once ran this node's ranks a second time (two rank 1s).
+      note(fmt::format("round {} runs another dprun as node {} ({}): waiting for the next round, which a node's "
+                       "second dprun joins only if the first is gone (two dprun with one --node-rank end the job)",
+                       round, opts_.node_rank, plan->nodes[static_cast<std::size_t>(other)].name));
+      continue;
+    }
     if (index < 0) {
       note(fmt::format("round {} began with {} nodes, without this one: waiting for the next round (after a "
                        "failure), which takes up to {} nodes",
@@ -90,15 +128,26 @@ std::optional<int> Job::enter_round(int round, int own_code) {
                            static_cast<int>(plan_.nodes.size())};
     std::vector<std::string> names;
     for (const NodeInfo& n : plan_.nodes) names.push_back(describe(n));
-    note(fmt::format("round {}: {} node{} ({}), world size {}; this node runs ranks {}..{}", round,
+    note(fmt::format("round {}: {} node{} ({}), world size {}; this node runs ranks {}..{}{}", round,
                      plan_.nodes.size(), plan_.nodes.size() == 1 ? "" : "s", fmt::join(names, ", "),
                      placement_.world_size, placement_.first_rank,
-                     placement_.first_rank + opts_.nproc_per_node - 1));
+                     placement_.first_rank + opts_.nproc_per_node - 1,
+                     log_run_dir_.empty() ? "" : fmt::format(", logs in {}/attempt_{}", log_run_dir_, round)));
     return std::nullopt;
   }
 }
 
 std::optional<RoundPlan> Job::master_close(int round, bool timed_out) {
+  // A rank of a node started as a plain job came to this store instead of its rank 0's: that node will not join.
+  if (std::string stray = rdzv_->not_elastic(); !stray.empty()) {
+    RoundPlan plan;
+    plan.round = round;
+    plan.ended = true;
+    plan.end_code = kConfigErrorCode;
+    plan.end_message = fmt::format("a node started as a job that is not elastic came to this rendezvous: {}", stray);
+    rdzv_->close(plan);
+    return plan;
+  }
   RoundDecision d = decide_round(rdzv_->joined(round), min_nodes(opts_), opts_.nnodes, timed_out,
                                  std::chrono::duration_cast<std::chrono::milliseconds>(rdzv_timeout_),
                                  plan_.nodes, round);
@@ -153,7 +202,10 @@ void Job::watch_keep_alives() {
 }
 
 void Job::check_other_nodes() {
-  if (JobClock::now() < next_check_) return;
+  // Every rank here has ended (this very wake-up): the attempt's outcome is theirs. Ranks that all exited 0 are this
+  // node's report of done even when another node's failure came in the same moment (they once became a failure here,
+  // its symptom, and whether they did depended on timing).
+  if (all_ended() || JobClock::now() < next_check_) return;
   next_check_ = JobClock::now() + kRendezvousPoll;
   watch_keep_alives();
   std::optional<std::pair<int, std::string>> f = rdzv_->failure(plan_.round);
@@ -216,6 +268,12 @@ std::optional<int> Job::after_elastic_attempt() {
     // Another node's rank refused its configuration: its line is the reason here too.
     if (elsewhere && f->first == kConfigErrorCode && !rdzv_->signaled(round))
       cause_elsewhere = rdzv_->reason(round);
+    // Another node's dprun was told to stop: its ranks went first, and this node's failed after them (a peer gone).
+    if (!own_killed && cause_elsewhere.empty() && elsewhere && rdzv_->stopped(round)) cause_elsewhere = f->second;
+    // Another node whose ranks all exited 0 while these still ran: they thought training was over, and the
+    // failures here (their peers gone) follow from it, as from a rank of this node that exits 0 early.
+    if (!own_killed && cause_elsewhere.empty() && !stop_requested_ && exit_code_ != kPreemptedCode)
+      cause_elsewhere = finished_early(round);
     failure_ = f->second;
     if (!stop_requested_ && !exec_failed_ && exit_code_ != kPreemptedCode) exit_code_ = f->first;
   }
@@ -225,6 +283,10 @@ std::optional<int> Job::after_elastic_attempt() {
   else if (exec_failed_) why = "the program cannot be started";
   else if (exit_code_ == kPreemptedCode) why = "the ranks stopped for preemption";
   else if (exit_code_ == kConfigErrorCode) why = kConfigErrorWhy;
+  // A stop signal to any node's dprun (Ctrl-C there) ends the job on every node. When this node's ranks did not exit 0
+  // or 75 for it (a rank that failed on its peer, gone first; a program that dies of the SIGTERM), this node once
+  // restarted the job without that node and trained on.
+  else if (f && rdzv_->stopped(round)) why = "a node's dprun was told to stop, which ends the job on every node";
   // Node 0 gone after this node's report: it ended the job (restarts used, or a reason of its own to end it, such as a
   // program it cannot start). Joining the next round would only fail ("lost the rendezvous"; it once did, exit 1).
   if (!f && why.empty() && round < opts_.max_restarts) why = "node 0 has ended the job";
@@ -243,6 +305,24 @@ std::optional<int> Job::after_elastic_attempt() {
   }
   note(fmt::format("{}; restart {} of {}: joining round {}", failure_, round + 1, opts_.max_restarts, round + 1));
   return enter_round(round + 1, exit_code_);
+}
+
+std::string Job::finished_early(int round) {
+  if (master_gone_) return {};
+  const int nodes = static_cast<int>(plan_.nodes.size());
+  // A node that finished reports it once its ranks are reaped, maybe a moment after this node's failure: wait for it.
+  (void)wait_for([&] { return rdzv_->reports(round) >= nodes; },
+                 std::min<JobClock::duration>(rdzv_timeout_, kFinishedReportWait));
+  std::vector<std::string> early;
+  for (int i = 0; i < nodes; ++i) {
+    const NodeInfo& n = plan_.nodes[static_cast<std::size_t>(i)];
+    if (n.node_rank == rdzv_->self().node_rank || !rdzv_->done(round, n.node_rank)) continue;
+    std::vector<int> ranks(static_cast<std::size_t>(n.nproc));
+    for (int k = 0; k < n.nproc; ++k) ranks[static_cast<std::size_t>(k)] = plan_.first_rank(i) + k;
+    early.push_back(fmt::format("{}: its {} exited 0", describe(n), join_ranks(ranks)));
+  }
+  if (early.empty()) return {};
+  return fmt::format("{} before the others had finished", fmt::join(early, ", "));
 }
 
 void Job::give_up(int round) {  // and a node whose ranks finished

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -49,12 +50,16 @@ void Job::start(int local) {
   Fd log;
   Pipe out, err;
   if (!opts_.log_dir.empty()) {
-    r.log_path = fmt::format("{}/rank_{}.log", opts_.log_dir, r.global);
+    // Elastic: a folder per round (make_elastic_log_dir), each file written by one rank of one round only.
+    const std::string dir = elastic_ ? fmt::format("{}/attempt_{}", log_run_dir_, restarts_) : opts_.log_dir;
+    if (elastic_ && local == 0 && ::mkdir(dir.c_str(), 0755) != 0 && errno != EEXIST)
+      DPT_THROW(IoError, "cannot create {}: {}", dir, std::strerror(errno));
+    r.log_path = fmt::format("{}/rank_{}.log", dir, r.global);
     // A restarted rank's output goes after the earlier attempts', below a line that says so.
-    const int mode = restarts_ == 0 ? O_TRUNC : O_APPEND;
+    const int mode = restarts_ == 0 || elastic_ ? O_TRUNC : O_APPEND;
     log = Fd(::open(r.log_path.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644));
     if (log.get() < 0) DPT_THROW(IoError, "cannot open {}: {}", r.log_path, std::strerror(errno));
-    if (restarts_ > 0) {
+    if (restarts_ > 0 && !elastic_) {
       (void)write_fully(log.get(), fmt::format("dprun: restart {} of {} (DPT_RESTART_COUNT={})\n", restarts_,
                                                opts_.max_restarts, restarts_));
     }

@@ -67,7 +67,9 @@ would make another): export the same one on every node first, or dprun refuses t
 
 Output: without --log-dir each line a rank writes to stdout (stderr) is printed on dprun's stdout
 (stderr) as "[rank R] line"; with --log-dir, rank R's stdout and stderr both go to DIR/rank_R.log,
-without prefixes. dprun's own messages go to stderr and start with "dprun: ".
+without prefixes (an elastic job's, as torchrun's, to DIR/nodeN_<UTC time>_<random>/attempt_K/rank_R.log:
+a folder per node and run of dprun, and one per round K). dprun's own messages go to stderr and start
+with "dprun: ".
 
 Teardown: each rank runs in its own process group and is SIGKILLed if dprun dies, even by kill -9.
 A dprun started by mpirun (OMPI_COMM_WORLD_SIZE set) takes mpirun's death (or its orted's) as SIGUSR1:
@@ -220,7 +222,8 @@ void add_options(CLI::App& app, Options& opts, RawOptions& raw) {
                                 "port found free on 127.0.0.1; 29500 with --nnodes > 1)")
                      ->type_name("PORT");
   app.add_option("--log-dir", opts.log_dir, "write rank R's output to DIR/rank_R.log (DIR is created)\n"
-                                            "instead of printing it with [rank R] prefixes")
+                                            "instead of printing it with [rank R] prefixes (elastic:\n"
+                                            "DIR/nodeN_TIME_RANDOM/attempt_K/rank_R.log, K the round)")
       ->type_name("DIR");
   app.add_option("--grace-period", opts.grace_period_s, "seconds from SIGTERM to SIGKILL at teardown (default 5)")
       ->type_name("SEC");

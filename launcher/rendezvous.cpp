@@ -50,9 +50,10 @@ std::string describe(const NodeInfo& node) {
                            : fmt::format("node {} ({})", node.node_rank, node.name);
 }
 
-int RoundPlan::index_of(int node_rank) const {
+int RoundPlan::index_of(int node_rank, int slot) const {
   for (std::size_t i = 0; i < nodes.size(); ++i) {
-    if (nodes[i].node_rank == node_rank) return static_cast<int>(i);
+    if (nodes[i].node_rank != node_rank) continue;
+    return slot == 0 || nodes[i].slot == 0 || nodes[i].slot == slot ? static_cast<int>(i) : -1;
   }
   return -1;
 }
@@ -65,13 +66,13 @@ int RoundPlan::first_rank(int index) const {
   return r;
 }
 
-// "run PORT" and a line per node, or "end CODE" and the message.
+// "run PORT" and a line per node ("SLOT " and its record), or "end CODE" and the message.
 std::string encode_plan(const RoundPlan& plan) {
   if (plan.ended) return fmt::format("end {}\n{}", plan.end_code, plan.end_message);
   std::string text = fmt::format("run {}", plan.rank_port);
   for (const NodeInfo& n : plan.nodes) {
     text += '\n';  // appended apart: "\n" + string trips GCC 12's false -Wrestrict (GCC PR 105329)
-    text += encode_node(n);
+    text += fmt::format("{} {}", n.slot, encode_node(n));
   }
   return text;
 }
@@ -91,7 +92,13 @@ RoundPlan decode_plan(int round, const std::string& text) {
   if (!head.starts_with("run ")) DPT_THROW(CommError, "rendezvous store: round {}'s plan '{}' is malformed", round, head);
   plan.rank_port = to_int(head.substr(4), "port");
   std::istringstream lines{std::string(rest)};
-  for (std::string line; std::getline(lines, line);) plan.nodes.push_back(decode_node(line));
+  for (std::string line; std::getline(lines, line);) {
+    const auto sp = line.find(' ');
+    if (sp == std::string::npos) DPT_THROW(CommError, "rendezvous store: '{}' is not a plan's node line", line);
+    NodeInfo n = decode_node(std::string_view(line).substr(sp + 1));
+    n.slot = to_int(std::string_view(line).substr(0, sp), "slot");
+    plan.nodes.push_back(std::move(n));
+  }
   if (plan.nodes.empty()) DPT_THROW(CommError, "rendezvous store: round {}'s plan names no node", round);
   return plan;
 }
@@ -143,13 +150,14 @@ Rendezvous::Rendezvous(comm::Store& store, NodeInfo self) : store_(store), self_
 
 int Rendezvous::current_round() { return static_cast<int>(counter("rdzv/round")); }
 
-void Rendezvous::join(int round) {
+int Rendezvous::join(int round) {
   if (is_master()) {
     const int64_t now = counter("rdzv/round");
     if (round > now) store_.add("rdzv/round", round - now);  // only the master writes it
   }
   const int64_t slot = store_.add(key(round, "joined"), 1);
   store_.set(key(round, fmt::format("node/{}", slot)), encode_node(self_));
+  return static_cast<int>(slot);
 }
 
 std::optional<RoundPlan> Rendezvous::closed(int round) {
@@ -161,8 +169,17 @@ std::vector<NodeInfo> Rendezvous::joined(int round) {
   const int64_t n = counter(key(round, "joined"));
   std::vector<NodeInfo> nodes;
   // A node sets its record right after taking its slot: get() waits the moment between.
-  for (int64_t slot = 1; slot <= n; ++slot) nodes.push_back(decode_node(store_.get_string(key(round, fmt::format("node/{}", slot)))));
+  for (int64_t slot = 1; slot <= n; ++slot) {
+    if (counter(key(round, fmt::format("withdrawn/{}", slot))) > 0) continue;
+    nodes.push_back(decode_node(store_.get_string(key(round, fmt::format("node/{}", slot)))));
+    nodes.back().slot = static_cast<int>(slot);
+  }
   return nodes;
+}
+
+void Rendezvous::withdraw(int round, int slot) {
+  store_.add(key(round, fmt::format("withdrawn/{}", slot)), 1);
+  bye(round);
 }
 
 void Rendezvous::close(const RoundPlan& plan) {
@@ -193,12 +210,24 @@ void Rendezvous::report_failure(int round, int code, const std::string& what, bo
 }
 
 void Rendezvous::report_done(int round) {
+  // Before "reported": a reader that sees the report sees this.
+  store_.add(key(round, fmt::format("done/{}", self_.node_rank)), 1);
   store_.add(key(round, fmt::format("reported/{}", self_.node_rank)), 1);
   store_.add(key(round, "reports"), 1);
 }
 
 bool Rendezvous::reported(int round, int node_rank) {
   return counter(key(round, fmt::format("reported/{}", node_rank))) > 0;
+}
+
+void Rendezvous::mark_elastic() { store_.add(comm::kElasticRendezvousKey, 1); }
+bool Rendezvous::marked_elastic() { return counter(comm::kElasticRendezvousKey) > 0; }
+std::string Rendezvous::not_elastic() {
+  return counter(comm::kNotElasticCount) == 0 ? std::string{} : store_.get_string(comm::kNotElasticKey);
+}
+
+bool Rendezvous::done(int round, int node_rank) {
+  return counter(key(round, fmt::format("done/{}", node_rank))) > 0;
 }
 
 void Rendezvous::keep_alive() { store_.add(fmt::format("rdzv/alive/{}", self_.node_rank), 1); }

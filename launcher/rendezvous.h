@@ -34,6 +34,7 @@ struct NodeInfo {
   int node_rank = 0;  // --node-rank: the node's identity for the whole job; 0 is the master
   int nproc = 1;      // ranks it runs
   std::string name;   // host name and address toward the master, for messages ("hostB 10.0.0.2")
+  int slot = 0;       // its place in the order the round's nodes joined (1, 2, ...; 0: unknown): which dprun it is
 };
 
 // "node 1 (hostB 10.0.0.2)".
@@ -48,8 +49,10 @@ struct RoundPlan {
   int rank_port = 0;             // MASTER_PORT of this round's ranks (rank 0 hosts their store there)
   std::vector<NodeInfo> nodes;   // in node-rank order; the master first
 
-  // This node's index in `nodes`, or -1 when it came too late for this round.
-  int index_of(int node_rank) const;
+  // This node's index in `nodes`, or -1 when it came too late for this round. With `slot` (the one join() gave this
+  // dprun), -1 also when another dprun runs the round as `node_rank` (--node-rank given twice, or a node's dprun
+  // started again while the round still counts its first one).
+  int index_of(int node_rank, int slot = 0) const;
   int world_size() const;
   int first_rank(int index) const;  // global rank of the first rank of nodes[index]
 };
@@ -79,12 +82,16 @@ class Rendezvous {
 
   // The newest round the master has opened (0 before it opened any): where a node that starts late joins.
   int current_round();
-  // Takes a slot in `round` and writes this node's record. The master also makes `round` the current one.
-  void join(int round);
+  // Takes a slot in `round` and writes this node's record; returns the slot. The master also makes `round` the
+  // current one.
+  int join(int round);
   // The plan once the master has closed `round`; nullopt while it is open.
   std::optional<RoundPlan> closed(int round);
-  // Master: the nodes that have joined `round` so far, in the order they joined.
+  // Master: the nodes that have joined `round` so far, in the order they joined, less those withdrawn.
   std::vector<NodeInfo> joined(int round);
+  // A node that stops while it waits for `round` to close (a stop signal) takes back its slot, so that the master
+  // does not close the round with it (its ranks would never come), and says goodbye.
+  void withdraw(int round, int slot);
   // Master: writes the plan of `round` (plan.round) and closes it.
   void close(const RoundPlan& plan);
   // Master: closes `round` with the job's end: every node that joins it learns `code` and `message`.
@@ -123,8 +130,17 @@ class Rendezvous {
   void leave(int round);
   bool left(int round, int node_rank);
   int joined_count(int round);
-  // Whether `node_rank` has reported (failed or done) in `round`.
+  // Whether `node_rank` has reported (failed or done) in `round`, and whether it reported done (report_done: its
+  // ranks all exited 0).
   bool reported(int round, int node_rank);
+  bool done(int round, int node_rank);
+
+  // Master: marks the store as an elastic job's rendezvous (comm::kElasticRendezvousKey), first thing. Other nodes:
+  // whether it is marked so (a plain job's rank 0 serves no such key), and the message a rank of a node started as a
+  // plain job left when it came here instead of to its rank 0 (comm::kNotElasticKey; empty: none).
+  void mark_elastic();
+  bool marked_elastic();
+  std::string not_elastic();
 
   // Keep-alives: each node but the master counts up its own; the master reads the others'.
   void keep_alive();

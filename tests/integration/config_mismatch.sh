@@ -5,7 +5,8 @@
 # The same config over other data: rank 1 reads a copy of an image folder with one image fewer (a stale copy on one
 # node); the job stops before training with exit 2 naming rank 1 and both example counts, where it once trained
 # (the ranks sharding 20 and 19 examples silently) or, with other step counts, hung until dist.timeout_s. And two
-# ranks started by hand with other WORLD_SIZEs both exit 2 saying so; predict's --input is checked the same way.
+# ranks started by hand with other WORLD_SIZEs both exit 2 saying so; predict's --input is checked the same way. Two
+# dprun nodes, one elastic and one not, exit 2 at once saying so.
 source "$(dirname "$0")/lib/common.bash"
 RUN=(data.train_limit=1000 data.test_limit=500 train.max_steps=4 train.progress_interval_s=1000)
 
@@ -92,4 +93,45 @@ for r in 0 1; do
   grep -qF "$msg" "$WORK/ws$r.log" || { cat "$WORK/ws$r.log"; fail "WORLD_SIZE 2 and 3: rank $r does not say why"; }
 done
 echo "ok: WORLD_SIZE 2 on rank 0, 3 on rank 1: both exit 2, named"
+
+# 6. Two dprun "nodes" on this machine, one of them given --max-restarts (an elastic job) and the other not. Node 0
+#    elastic: node 1's rank finds node 0's rendezvous where its rank 0's store should be, and both nodes exit 2 at
+#    once, naming the mistake. Node 0 plain: node 1's dprun finds no elastic rendezvous at node 0's port (its rank 0's
+#    store answers there) and exits 2 saying so. Both once waited 300 s (dist.timeout_s, --rdzv-timeout) and then
+#    blamed a missing rank or a lost node 0.
+export DPT_STORE_TOKEN=mismatch-$$
+node() {  # node NODE_RANK [DPRUN OPTIONS...]: a dprun node, 1 rank, its output in $WORK/node<N>.log
+  local n=$1
+  shift
+  timeout 60 "$DPRUN" --nnodes 2 --node-rank "$n" --nproc-per-node 1 --master-addr 127.0.0.1 --master-port "$port" \
+    --rdzv-timeout 30 --grace-period 1 "$@" -- "$DPTRAIN" --config "$CONFIG" "${RUN[@]}" dist.timeout_s=30 \
+    checkpoint.dir="$WORK/n$n" >"$WORK/node$n.log" 2>&1
+}
+plain="this rank's node was started as a job that is not elastic. Give every node's dprun the same --nnodes and"
+port=$((29700 + RANDOM % 200))
+set +e
+node 0 --max-restarts 1 &
+pid0=$!
+node 1
+rc1=$?
+wait $pid0
+rc0=$?
+set -e
+[ $rc0 = 2 ] && [ $rc1 = 2 ] || { cat "$WORK"/node?.log; fail "elastic node 0, plain node 1: exited $rc0 and $rc1"; }
+grep -qF "$plain" "$WORK/node1.log" || { cat "$WORK/node1.log"; fail "plain node 1 does not say why"; }
+grep -q "^dprun: the job ends: a node started as a job that is not elastic came to this rendezvous: rank 1: .*$plain" \
+  "$WORK/node0.log" || { cat "$WORK/node0.log"; fail "elastic node 0 does not say why"; }
+port=$((29700 + RANDOM % 200))
+set +e
+node 0 &
+pid0=$!
+node 1 --max-restarts 1
+rc1=$?
+kill -TERM $pid0
+wait $pid0
+set -e
+[ $rc1 = 2 ] || { cat "$WORK/node1.log"; fail "plain node 0, elastic node 1: node 1 exited $rc1"; }
+grep -qF "is not an elastic dprun job's rendezvous: a store answers there with this job's token, but not node 0's" \
+  "$WORK/node1.log" || { cat "$WORK/node1.log"; fail "elastic node 1 does not say why"; }
+echo "ok: one node elastic, the other not: exit 2 at once, naming the mistake"
 echo PASS

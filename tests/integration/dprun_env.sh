@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # tests/integration/dprun_env.sh: dprun gives every rank its torchrun variables, relays output with
-# "[rank R] " prefixes (whole lines, unfinished last lines too), or writes rank_R.log files with --log-dir.
+# "[rank R] " prefixes (whole lines, unfinished last lines too), or writes rank_R.log files with --log-dir (an
+# elastic job's in a folder per node and run of dprun, and per round).
 source "$(dirname "$0")/lib/dprun.bash"
 
 # 1. Three ranks print their variables; output lines carry their rank's prefix.
@@ -94,6 +95,48 @@ for r in 0 1 2; do
 done
 [ "$(ls "$WORK/logs/run1" | wc -l)" = 3 ] || fail "log-dir: expected exactly 3 files"
 echo "ok: --log-dir"
+
+# 6b. An elastic job's --log-dir (two dprun nodes on this machine, 1 rank each): as torchrun's, a folder per node and
+#     run of dprun (nodeN_<UTC time>_<random>), then one per round (attempt_K). Node 0 runs round 0 alone; node 1
+#     starts late and waits; node 0's rank fails, and round 1 runs both. An earlier job's rank_1.log in the same
+#     folder stays as it was: node 1's late rank once appended round 1's output to it (or to round 0's rank 1 of
+#     another node), below a "restart 1 of 1" line, mixing runs in one file.
+L="$WORK/logs/elastic"
+mkdir -p "$L"
+echo "an earlier job's line" > "$L/rank_1.log"
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 1 --grace-period 2 --max-restarts 1 --log-dir "$L")
+SAY='echo "rank $RANK of $WORLD_SIZE, round $DPT_RESTART_COUNT"'
+DPT_STORE_TOKEN=dprun-env-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank 0 -- sh -c "$SAY"'
+  [ "$DPT_RESTART_COUNT" = 0 ] || exit 0
+  until grep -q "began with" "$TMPDIR/node1.err" 2>/dev/null; do sleep 0.05; done; exit 3' \
+  >/dev/null 2>"$WORK/node0.err" </dev/null &
+N0=$!
+until grep -q "^dprun: round 0: 1 node" "$WORK/node0.err" 2>/dev/null; do
+  kill -0 $N0 2>/dev/null || { cat "$WORK/node0.err"; fail "elastic log-dir: node 0 ended before round 0"; }
+  sleep 0.05
+done
+DPT_STORE_TOKEN=dprun-env-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- sh -c "$SAY" \
+  >/dev/null 2>"$WORK/node1.err" </dev/null
+RC1=$?
+wait $N0
+RC0=$?
+[ "$RC0" = 0 ] && [ "$RC1" = 0 ] ||
+  { cat "$WORK/node0.err" "$WORK/node1.err"; fail "elastic log-dir: the nodes exited $RC0 and $RC1"; }
+[ "$(cat "$L/rank_1.log")" = "an earlier job's line" ] || fail "elastic log-dir: an earlier job's log changed"
+n0=$(ls -d "$L"/node0_* | head -1)
+n1=$(ls -d "$L"/node1_* | head -1)
+[ -d "$n0" ] && [ -d "$n1" ] && [ "$(ls "$L" | wc -l)" = 3 ] ||
+  { ls -R "$L"; fail "elastic log-dir: not one folder per node"; }
+[ "$(cat "$n0/attempt_0/rank_0.log")" = "rank 0 of 1, round 0" ] &&
+  [ "$(cat "$n0/attempt_1/rank_0.log")" = "rank 0 of 2, round 1" ] &&
+  [ "$(cat "$n1/attempt_1/rank_1.log")" = "rank 1 of 2, round 1" ] &&
+  [ "$(find "$L" -type f | wc -l)" = 4 ] || { ls -R "$L"; fail "elastic log-dir: not one file per round and rank"; }
+grep -q "round 1: 2 nodes .*, logs in $n1/attempt_1$" "$WORK/node1.err" ||
+  { cat "$WORK/node1.err"; fail "elastic log-dir: node 1 does not say where its logs are"; }
+grep -q "see $n0/attempt_0/rank_0.log" "$WORK/node0.err" ||
+  { cat "$WORK/node0.err"; fail "elastic log-dir: node 0's failure line names no log"; }
+echo "ok: an elastic job's --log-dir: a folder per node and run, one per round"
 
 # 7. dprun inside srun (scripts/slurm/dprun.sbatch: one dprun task per node), with RANK/WORLD_SIZE left over in its
 # own environment too: the ranks are dprun's (DPT_LAUNCHER=dprun), not Slurm's task nor the leftovers. Then the same

@@ -3,8 +3,9 @@
 # signal is the job's reason, before the symptom a peer wrote: kill -9 of rank 1), tears the other
 # ranks down (their whole process groups; SIGKILL after the grace period for one that ignores SIGTERM) and
 # exits with the rank's code, also while another rank floods its output. A rank that exited 0 while its peers still
-# ran is named before the failure that followed it, and in an elastic job so is a rank killed on another node. A
-# program that cannot be started is a failed rank with code 127.
+# ran is named before the failure that followed it, and in an elastic job so are a rank killed on another node and
+# another node whose ranks all exited 0. A
+# program that cannot be started is a failed rank with code 127. A node started twice is named.
 source "$(dirname "$0")/lib/dprun.bash"
 
 # Ranks flooding their stdout run `exec yes dpt-flood-$SLEEP_FOR`, found by that marker; none may outlive the script.
@@ -130,6 +131,25 @@ grep -qx "dprun: reason: rank 1 was killed by signal 9 (SIGKILL)" "$WORK/node1.e
   { cat "$WORK/node1.err"; fail "elastic kill -9: node 1's reason does not name its rank 1"; }
 echo "ok: an elastic job's rank 1 killed on node 1 -> node 0's reason names it first, then rank 0's symptom"
 
+# 2e'. The same with node 1's ranks all exiting 0 early (they thought training was over), then node 0's rank failing
+#     for its lost peer: node 0's reason names node 1 and its rank's exit 0 first; it once gave rank 0's symptom alone.
+#     Node 1 exits 0 (its ranks finished), node 0 with its rank's 1.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 5 --grace-period 2)
+rm -f "$TMPDIR/gone"
+DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- \
+  sh -c 'sleep 0.3; touch "$TMPDIR/gone"; exit 0' >/dev/null 2>"$WORK/node1.err" </dev/null &
+N1=$!
+DPT_STORE_TOKEN=dprun-failure-$$ run "${ELASTIC[@]}" --node-rank 0 -- sh -c '
+  until [ -e "$TMPDIR/gone" ]; do sleep 0.05; done
+  echo "'"$PEER_LINE"'" > "$DPT_REASON_FILE"; exit 1'
+wait "$N1"
+RC1=$?
+[ "$RC" = 1 ] && [ "$RC1" = 0 ] || fail "elastic early exit 0: the nodes exited $RC and $RC1, expected 1 and 0"
+grep -Eqx "dprun: reason: node 1 \(.*\): its rank 1 exited 0 before the others had finished; after it, $PEER_LINE" \
+  "$WORK/err" || fail "elastic early exit 0: node 0's reason does not name node 1's rank 1 and its exit 0 first"
+echo "ok: an elastic job's node 1 ranks exit 0 early -> node 0's reason names node 1 and them first"
+
 # 2f. Node 0 ends an elastic job that node 1 would restart: node 0 cannot start the program (./rank exists on node 1
 #     only), and node 1's rank takes a second to stop. Node 0 waits for node 1 to rejoin and read the end, so node 1
 #     ends with node 0's reason and code 127; it once found node 0 gone and ended "lost the rendezvous", exit 1.
@@ -152,6 +172,58 @@ grep -q '^dprun: the job ends: node 0: the program cannot be started$' "$WORK/no
   { cat "$WORK/node1.err"; fail "node 0 ends: node 1 does not end with node 0's reason"; }
 no_sleepers "node 0 ends"
 echo "ok: node 0 cannot start the program -> node 1 (restarting) ends with node 0's reason and code 127"
+
+# 2g. A node started twice in an elastic job. A second dprun of node 1 that comes while round 0 runs waits for the next
+#     round, saying why; it once found node 1 in round 0's plan and ran rank 1 a second time. A second dprun of node 0
+#     cannot host the rendezvous and says so (exit 1); it once said "lost the rendezvous at node 0 ...; requeue the
+#     job". The job itself goes on and finishes (exit 0), with one rank 0 and one rank 1.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 5 --grace-period 2 --max-restarts 1)
+# wait_for_line PATTERN FILE: up to 10 s.
+wait_for_line() { for _ in $(seq 200); do grep -q -- "$1" "$2" 2>/dev/null && return 0; sleep 0.05; done; return 1; }
+RANKS='echo "$RANK" >> "$TMPDIR/ranks"; until [ -e "$TMPDIR/end" ]; do sleep 0.05; done'
+rm -f "$TMPDIR/ranks" "$TMPDIR/end"
+for n in 0 1; do
+  DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank $n -- sh -c "$RANKS" \
+    >/dev/null 2>"$WORK/node$n.err" </dev/null &
+  eval "N$n=\$!"
+done
+wait_for_line "round 0: 2 nodes" "$WORK/node1.err" || { cat "$WORK/node1.err"; fail "twice: round 0 did not begin"; }
+DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- sh -c "$RANKS" \
+  >/dev/null 2>"$WORK/node1b.err" </dev/null &
+N1B=$!
+DPT_STORE_TOKEN=dprun-failure-$$ run "${ELASTIC[@]}" --node-rank 0 -- sh -c "$RANKS"
+wait_for_line "round 0 runs another dprun as node 1 (.*): waiting for the next round" "$WORK/node1b.err"
+found=$?
+touch "$TMPDIR/end"
+wait "$N0"; RC0=$?
+wait "$N1"; RC1=$?
+wait "$N1B"
+[ "$found" = 0 ] || { cat "$WORK/node1b.err"; fail "twice: node 1's second dprun does not say it waits"; }
+[ "$(sort "$TMPDIR/ranks" | tr '\n' ' ')" = "0 1 " ] ||
+  { cat "$TMPDIR/ranks"; fail "twice: not one rank 0 and one rank 1"; }
+[ "$RC" = 1 ] && grep -q "node 0 cannot host the job's rendezvous: .*is node 0's dprun running already?" "$WORK/err" ||
+  fail "twice: node 0's second dprun exited $RC, or does not say why"
+grep -q "lost the rendezvous" "$WORK/err" && fail "twice: node 0's second dprun says it lost node 0"
+[ "$RC0" = 0 ] && [ "$RC1" = 0 ] || fail "twice: the job's nodes exited $RC0 and $RC1"
+echo "ok: a node started twice: node 1's second dprun waits for the next round, node 0's says why it cannot host"
+
+# 2h. A node that cannot join at all, another DPT_STORE_TOKEN than node 0's or a --master-port where nothing listens,
+#     says so; it once said "lost the rendezvous at node 0 ...; requeue the job", as if node 0 had gone.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --rdzv-timeout 1 --grace-period 2)
+port=$((29900 + RANDOM % 90))
+DPT_STORE_TOKEN=dprun-failure-$$ timeout -k 5 60 "$DPRUN" "${ELASTIC[@]}" --master-port $port --node-rank 0 -- \
+  sleep 3 >/dev/null 2>"$WORK/node0.err" </dev/null &
+N0=$!
+sleep 0.5
+DPT_STORE_TOKEN=another-$$ run "${ELASTIC[@]}" --master-port $port --node-rank 1 -- true
+[ "$RC" = 1 ] && grep -q "cannot join the job's rendezvous at 127.0.0.1:$port, .*token (DPT_STORE_TOKEN) differs" \
+  "$WORK/err" && ! grep -q "lost the rendezvous" "$WORK/err" || fail "another token: exit $RC, or not said"
+DPT_STORE_TOKEN=dprun-failure-$$ run "${ELASTIC[@]}" --master-port $((port + 100)) --node-rank 1 -- true
+[ "$RC" = 1 ] && grep -q "cannot join the job's rendezvous at 127.0.0.1:$((port + 100)), .*could not reach" "$WORK/err" &&
+  ! grep -q "lost the rendezvous" "$WORK/err" || fail "no node 0 at the port: exit $RC, or not said"
+wait "$N0" || { cat "$WORK/node0.err"; fail "cannot join: node 0 did not finish alone"; }
+echo "ok: a node that cannot join (another token, no node 0 at the port) says so, not 'lost the rendezvous'"
 
 # 3. A rank that ignores SIGTERM is SIGKILLed once the grace period (1 s) is over.
 run --nproc-per-node 3 --grace-period 1 -- sh -c '

@@ -2,7 +2,8 @@
 # tests/integration/dprun_signals.sh: SIGTERM and SIGINT sent to dprun reach every rank and dprun exits
 # 128 + signal; a second one skips the grace period; a rank flooding its output does not delay them; SIGKILL
 # of dprun still takes the ranks with it (PR_SET_PDEATHSIG), leaving no orphan; ranks that all exit 0 after
-# SIGUSR1 or SIGTERM make dprun exit 0 (the job completed).
+# SIGUSR1 or SIGTERM make dprun exit 0 (the job completed); SIGINT to one node's dprun ends an elastic job on every
+# node.
 source "$(dirname "$0")/lib/dprun.bash"
 
 sleepers() { pgrep -f "sleep $SLEEP_FOR" | wc -l; }
@@ -110,4 +111,61 @@ wait_exit "SIGUSR1, exits 75 and 0"
 [ "$RC" = 75 ] || fail "SIGUSR1, rank 0 exits 75 and rank 1 0: dprun exited $RC, expected 75"
 wait_for 0 "SIGUSR1, exits 75 and 0: leftovers"
 echo "ok: after SIGUSR1/SIGTERM, ranks exiting 0 -> 0; 75 and 0 -> 75"
+
+# 7. Ctrl-C (SIGINT) to one node's dprun of an elastic job (two on this machine, 1 rank each, restarts left): it ends
+#    the job on both nodes, 130 each, no restart and no rank left, even though node 0's rank dies of the SIGTERM it is
+#    stopped with (not 0 or 75). Node 0 once restarted the job without node 1 and trained on alone.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 5 --grace-period 2 --max-restarts 2)
+set -m
+for n in 0 1; do
+  DPT_STORE_TOKEN=dprun-signals-$$ "$DPRUN" "${ELASTIC[@]}" --node-rank $n -- sh -c 'exec sleep $SLEEP_FOR' \
+    >/dev/null 2>"$WORK/node$n.err" </dev/null &
+  eval "N$n=\$!"
+done
+set +m
+wait_for 2 "elastic SIGINT"
+kill -INT "$N1"
+for _ in $(seq 150); do
+  kill -0 "$N0" 2>/dev/null || kill -0 "$N1" 2>/dev/null || break
+  sleep 0.1
+done
+kill -0 "$N0" 2>/dev/null &&
+  { kill -KILL "$N0"; cat "$WORK/node0.err"; fail "elastic SIGINT: node 0 still runs after 15 s"; }
+kill -0 "$N1" 2>/dev/null &&
+  { kill -KILL "$N1"; cat "$WORK/node1.err"; fail "elastic SIGINT: node 1 still runs after 15 s"; }
+wait "$N0"; RC0=$?
+wait "$N1"; RC1=$?
+[ "$RC0" = 130 ] && [ "$RC1" = 130 ] ||
+  { cat "$WORK"/node?.err; fail "elastic SIGINT on node 1: the nodes exited $RC0 and $RC1, expected 130"; }
+grep -q "its dprun received SIGINT; not restarting: a node's dprun was told to stop" "$WORK/node0.err" ||
+  { cat "$WORK/node0.err"; fail "elastic SIGINT on node 1: node 0 does not say why it does not restart"; }
+grep -q "joining round 1" "$WORK"/node?.err && fail "elastic SIGINT on node 1: the job restarted"
+wait_for 0 "elastic SIGINT: ranks left"
+echo "ok: SIGINT to one node's dprun of an elastic job ends it on both nodes (130), no restart"
+
+# 8. SIGINT to a node's dprun while it waits for the next round (it came late): it leaves the rendezvous, and the
+#    next round, after node 0's rank fails, runs node 0 alone. It once stayed counted: round 1 ran with it at world
+#    size 2, and node 0's ranks would wait for its ranks, which never came.
+ELASTIC=(--nnodes 1:2 --nproc-per-node 1 --master-addr 127.0.0.1 --master-port $((29900 + RANDOM % 90))
+         --rdzv-timeout 1 --grace-period 2 --max-restarts 1)
+rm -f "$TMPDIR/go"
+DPT_STORE_TOKEN=dprun-signals-$$ "$DPRUN" "${ELASTIC[@]}" --node-rank 0 -- sh -c 'echo "world $WORLD_SIZE"
+  [ "$DPT_RESTART_COUNT" = 0 ] || exit 0; until [ -e "$TMPDIR/go" ]; do sleep 0.05; done; exit 3' \
+  >"$WORK/node0.out" 2>"$WORK/node0.err" </dev/null &
+N0=$!
+for _ in $(seq 200); do grep -q "round 0: 1 node" "$WORK/node0.err" && break; sleep 0.05; done
+set -m
+DPT_STORE_TOKEN=dprun-signals-$$ "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- true >/dev/null 2>"$WORK/node1.err" </dev/null &
+N1=$!
+set +m
+for _ in $(seq 200); do grep -q "waiting for the next round" "$WORK/node1.err" && break; sleep 0.05; done
+kill -INT "$N1"
+wait "$N1"; RC1=$?
+touch "$TMPDIR/go"
+wait "$N0"; RC0=$?
+[ "$RC1" = 130 ] && [ "$RC0" = 0 ] || { cat "$WORK"/node?.err; fail "SIGINT while waiting: the nodes exited $RC0, $RC1"; }
+grep -q "round 1: 1 node (node 0 " "$WORK/node0.err" && [ "$(tail -n 1 "$WORK/node0.out")" = "[rank 0] world 1" ] ||
+  { cat "$WORK/node0.err"; fail "SIGINT while waiting: round 1 did not run node 0 alone"; }
+echo "ok: SIGINT to a node waiting for the next round: it leaves, and the next round runs without it"
 echo "PASS"

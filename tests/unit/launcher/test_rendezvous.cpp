@@ -32,6 +32,13 @@ TEST_CASE("RoundPlan: ranks numbered node after node, encode and decode give it 
   CHECK(back.nodes[1].node_rank == 2);
   CHECK(back.nodes[1].nproc == 3);
   CHECK(back.nodes[1].name == "host2 10.0.0.3");
+  // Which dprun runs each node (its join slot) travels with the plan: another dprun of node 2 is not in it.
+  plan.nodes[1].slot = 3;
+  back = decode_plan(4, encode_plan(plan));
+  CHECK(back.nodes[1].slot == 3);
+  CHECK(back.index_of(2, 3) == 1);
+  CHECK(back.index_of(2, 4) == -1);
+  CHECK(back.index_of(2) == 1);
 
   RoundPlan end;
   end.ended = true;
@@ -93,6 +100,18 @@ TEST_CASE("Rendezvous: nodes join, the master closes, a failure is seen by all, 
   std::vector<NodeInfo> joined = master.joined(0);
   REQUIRE(joined.size() == 2);
   CHECK(joined[0].node_rank == 1);  // in the order they joined
+  CHECK(joined[0].slot == 1);
+  CHECK(joined[1].slot == 2);
+  {  // A node that takes its slot back (stopped while it waited) is no longer among those joined.
+    comm::HashStore other(2s);
+    Rendezvous m(other, node(0));
+    Rendezvous quitter(other, node(1));
+    m.join(0);
+    quitter.withdraw(0, quitter.join(0));
+    REQUIRE(m.joined(0).size() == 1);
+    CHECK(m.joined(0)[0].node_rank == 0);
+    CHECK(m.byes(0) == 1);
+  }
   RoundDecision d = decide_round(joined, 1, 2, false, 1s, {}, 0);
   REQUIRE(d.kind == RoundDecision::Kind::kRun);
   RoundPlan plan;
@@ -194,8 +213,10 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   c.report_done(3);
   CHECK(master.reported(3, 2));
   CHECK_FALSE(master.reported(3, 1));
+  CHECK(master.done(3, 2));  // its ranks all exited 0 (a node that failed, or was lost, is not done)
   master.declare_lost(3, node(1, 1), 3000ms);
   CHECK(master.reported(3, 1));
+  CHECK_FALSE(master.done(3, 1));
   CHECK(master.reports(3) == 2);
   CHECK(master.failures(3) == 1);
   CHECK(master.lost(3, 1));  // the master waits for no goodbye from it when it ends the job
@@ -216,6 +237,7 @@ TEST_CASE("Rendezvous: keep-alives count per node, a lost node is the round's fa
   // A failure reported first stays the round's.
   b.report_failure(4, 137, "node 1: rank 2 failed (killed by SIGKILL)");
   CHECK(b.reported(4, 1));
+  CHECK_FALSE(b.done(4, 1));
   master.declare_lost(4, node(2, 1), 3000ms);
   CHECK(master.failure(4)->second == "node 1: rank 2 failed (killed by SIGKILL)");
 }
