@@ -220,7 +220,8 @@ DPT_STORE_TOKEN=another-$$ run "${ELASTIC[@]}" --master-port $port --node-rank 1
 [ "$RC" = 1 ] && grep -q "cannot join the job's rendezvous at 127.0.0.1:$port, .*token (DPT_STORE_TOKEN) differs" \
   "$WORK/err" && ! grep -q "lost the rendezvous" "$WORK/err" || fail "another token: exit $RC, or not said"
 DPT_STORE_TOKEN=dprun-failure-$$ run "${ELASTIC[@]}" --master-port $((port + 100)) --node-rank 1 -- true
-[ "$RC" = 1 ] && grep -q "cannot join the job's rendezvous at 127.0.0.1:$((port + 100)), .*could not reach" "$WORK/err" &&
+[ "$RC" = 1 ] &&
+  grep -q "cannot join the job's rendezvous at 127.0.0.1:$((port + 100)), .*could not reach" "$WORK/err" &&
   ! grep -q "lost the rendezvous" "$WORK/err" || fail "no node 0 at the port: exit $RC, or not said"
 wait "$N0" || { cat "$WORK/node0.err"; fail "cannot join: node 0 did not finish alone"; }
 echo "ok: a node that cannot join (another token, no node 0 at the port) says so, not 'lost the rendezvous'"

@@ -156,7 +156,8 @@ DPT_STORE_TOKEN=dprun-signals-$$ "$DPRUN" "${ELASTIC[@]}" --node-rank 0 -- sh -c
 N0=$!
 for _ in $(seq 200); do grep -q "round 0: 1 node" "$WORK/node0.err" && break; sleep 0.05; done
 set -m
-DPT_STORE_TOKEN=dprun-signals-$$ "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- true >/dev/null 2>"$WORK/node1.err" </dev/null &
+DPT_STORE_TOKEN=dprun-signals-$$ "$DPRUN" "${ELASTIC[@]}" --node-rank 1 -- true \
+  >/dev/null 2>"$WORK/node1.err" </dev/null &
 N1=$!
 set +m
 for _ in $(seq 200); do grep -q "waiting for the next round" "$WORK/node1.err" && break; sleep 0.05; done
@@ -164,7 +165,8 @@ kill -INT "$N1"
 wait "$N1"; RC1=$?
 touch "$TMPDIR/go"
 wait "$N0"; RC0=$?
-[ "$RC1" = 130 ] && [ "$RC0" = 0 ] || { cat "$WORK"/node?.err; fail "SIGINT while waiting: the nodes exited $RC0, $RC1"; }
+[ "$RC1" = 130 ] && [ "$RC0" = 0 ] ||
+  { cat "$WORK"/node?.err; fail "SIGINT while waiting: the nodes exited $RC0, $RC1"; }
 grep -q "round 1: 1 node (node 0 " "$WORK/node0.err" && [ "$(tail -n 1 "$WORK/node0.out")" = "[rank 0] world 1" ] ||
   { cat "$WORK/node0.err"; fail "SIGINT while waiting: round 1 did not run node 0 alone"; }
 echo "ok: SIGINT to a node waiting for the next round: it leaves, and the next round runs without it"

@@ -237,8 +237,9 @@ TEST_CASE("dprun as one of several mpirun or srun tasks: its node rank is the ta
   CHECK_THAT(node_rank_from_launcher(o, false, lookup), Catch::Contains("--node-rank 2 from SLURM_PROCID"));
   CHECK(o.node_rank == 2);
   o = multi(1, 2, 0);
-  CHECK_THROWS_WITH(node_rank_from_launcher(o, false, lookup),
-                    Catch::Contains("one of the 3 tasks of a Slurm step (SLURM_NTASKS), but --nnodes 2 allows 2 nodes"));
+  CHECK_THROWS_WITH(
+      node_rank_from_launcher(o, false, lookup),
+      Catch::Contains("one of the 3 tasks of a Slurm step (SLURM_NTASKS), but --nnodes 2 allows 2 nodes"));
   env = {{"SLURM_NTASKS", "2"}, {"SLURM_PROCID", "1"}};  // Slurm's batch script, no step: one process
   o = multi(1, 2, 0);
   CHECK(node_rank_from_launcher(o, false, lookup).empty());
