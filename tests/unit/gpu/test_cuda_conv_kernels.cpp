@@ -465,7 +465,9 @@ struct BnCase {
 };
 // BatchNorm1d (hw 1), one channel, 7x7 and 7x9 planes, and per-channel counts of 80000 and 200006 values, which
 // the GPU cuts into several runs (kBnValuesPerSplit = 16384) summed by different blocks.
-const BnCase kBnCases[] = {{1, 1, 1}, {3, 5, 1}, {3, 5, 49}, {1, 5, 63}, {4, 3, 20000}, {2, 3, 100003}};
+// The last four: ResNet-34's planes at 224 px (56^2 ... 7^2 positions, 64 ... 512 channels), a few images each.
+const BnCase kBnCases[] = {{1, 1, 1},       {3, 5, 1},        {3, 5, 49},      {1, 5, 63},     {4, 3, 20000},
+                           {2, 3, 100003},  {2, 64, 3136},    {3, 128, 784},   {4, 256, 196},  {5, 512, 49}};
 
 std::vector<double> host_doubles(const Tensor& device_tensor) {
   const Tensor h = to_host(device_tensor);
@@ -491,7 +493,8 @@ std::vector<double> per_channel_abs_sum(const BnShape& bs, F f) {
 // that every value is counted once. sums start as NaN (overwritten).
 TEST_CASE("cuda bn_stats matches the CPU: per-channel sums of x and x^2, and the count", "[gpu][kernels]") {
   const BnCase bc = GENERATE(values<BnCase>({{1, 1, 1}, {3, 5, 1}, {3, 5, 49}, {1, 5, 63}, {4, 3, 20000},
-                                             {2, 3, 100003}, {0, 5, 49}}));
+                                             {2, 3, 100003}, {0, 5, 49}, {2, 64, 3136}, {3, 128, 784},
+                                             {4, 256, 196}, {5, 512, 49}}));
   const bool exact = GENERATE(false, true);
   const BnShape bs{.n = bc.n, .c = bc.c, .hw = bc.hw};
   CAPTURE(bs.n, bs.c, bs.hw, exact);
@@ -617,7 +620,8 @@ TEST_CASE("cuda bn_forward_eval matches the CPU", "[gpu][kernels]") {
 // float: 1e-6 of |start| + sum|terms|. The sums start as NaN. An empty batch leaves sums 0 and adds 0.
 TEST_CASE("cuda bn_backward_reduce matches the CPU: sums, dgamma and dbeta accumulate", "[gpu][kernels]") {
   const BnCase bc = GENERATE(values<BnCase>({{1, 1, 1}, {3, 5, 1}, {3, 5, 49}, {1, 5, 63}, {4, 3, 20000},
-                                             {2, 3, 100003}, {0, 5, 49}}));
+                                             {2, 3, 100003}, {0, 5, 49}, {2, 64, 3136}, {3, 128, 784},
+                                             {4, 256, 196}, {5, 512, 49}}));
   const BnShape bs{.n = bc.n, .c = bc.c, .hw = bc.hw};
   CAPTURE(bs.n, bs.c, bs.hw);
   std::mt19937 rng(34);
@@ -799,7 +803,9 @@ PoolShape pool_shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kernel,
 std::vector<PoolShape> pool_cases() {
   return {pool_shape(1, 1, 1, 1, 1, 1, 0),  pool_shape(3, 5, 9, 7, 2, 2, 0),  pool_shape(3, 5, 9, 7, 3, 2, 1),
           pool_shape(1, 1, 8, 8, 3, 1, 1),  pool_shape(3, 5, 10, 11, 3, 3, 1), pool_shape(2, 3, 7, 7, 7, 1, 3),
-          pool_shape(0, 5, 9, 7, 3, 2, 1)};
+          pool_shape(0, 5, 9, 7, 3, 2, 1),
+          // ResNet's stem (3/2 pad 1 on 112^2, 64 channels) and an odd-sized plane with the same window.
+          pool_shape(2, 64, 112, 112, 3, 2, 1), pool_shape(3, 4, 57, 55, 3, 2, 1)};
 }
 
 }  // namespace
@@ -809,7 +815,7 @@ std::vector<PoolShape> pool_cases() {
 // with NaNs (a NaN wins, and the same NaN on both sides). y and argmax start as NaN and -7.
 TEST_CASE("cuda maxpool2d_forward matches the CPU exactly: values, argmax, ties, NaN", "[gpu][kernels]") {
   const std::vector<PoolShape> cases = pool_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 7)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 9)));
   REQUIRE(which < cases.size());
   const PoolShape ps = cases[which];
   const int inputs = GENERATE(0, 1, 2);  // random, coarse (ties), coarse with NaNs
@@ -844,7 +850,7 @@ TEST_CASE("cuda maxpool2d_forward matches the CPU exactly: values, argmax, ties,
 // element the argmax of several overlapping windows. dx starts as NaN (elements no window took must become 0).
 TEST_CASE("cuda maxpool2d_backward matches the CPU exactly, overlapping windows included", "[gpu][kernels]") {
   const std::vector<PoolShape> cases = pool_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 7)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 9)));
   REQUIRE(which < cases.size());
   const PoolShape ps = cases[which];
   CAPTURE(ps.n, ps.c, ps.h, ps.w, ps.kernel, ps.stride, ps.pad);
