@@ -280,9 +280,11 @@ class CudaKernels final : public Kernels {
   cudnnHandle_t cudnn();
   ConvPlan& plan_for(const ConvShape& cs);
   void* workspace(size_t bytes);
-  const void* conv_in(const float* p, size_t count, int slot);
+  // A convolution operand as `batch` matrices of rows x cols floats (NCHW: N, C, H*W; KCRS: K, C, R*S); with
+  // nhwc, the 16-bit copies are each matrix transposed (NHWC, KRSC).
+  const void* conv_in(const float* p, int64_t batch, int64_t rows, int64_t cols, bool nhwc, int slot);
   void* conv_out(float* p, size_t count, int slot);
-  void conv_finish(const void* out, float* p, size_t count, bool accumulate);
+  void conv_finish(const void* out, float* p, int64_t batch, int64_t rows, int64_t cols, bool nhwc, bool accumulate);
 #else
   [[noreturn]] static void no_cudnn();
 #endif

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -107,6 +108,12 @@ std::vector<ConvShape> conv_cases() {
       conv_shape(2, 3, 7, 8, 4, 3, 1, 1, 1),      // a 3x1 kernel (r != s)
       conv_shape(2, 16, 14, 14, 32, 3, 3, 1, 1),  // more channels
       conv_shape(0, 5, 9, 7, 4, 3, 3, 1, 1),      // an empty batch
+      // Channel counts that are multiples of 8: in bf16 / fp16 these plans run NHWC (conv.cpp, conv_nhwc), the
+      // operands transposed in 32x32 tiles on their way into and out of 16-bit scratch.
+      conv_shape(3, 8, 9, 7, 8, 3, 3, 1, 1),       // the smallest: every tile partly filled
+      conv_shape(2, 64, 14, 14, 64, 3, 3, 1, 1),   // a ResNet basic block's 3x3
+      conv_shape(2, 64, 15, 15, 128, 3, 3, 2, 1),  // its downsampling 3x3/2, an odd plane
+      conv_shape(2, 64, 14, 14, 128, 1, 1, 2, 0),  // and its 1x1/2 shortcut
   };
 }
 
@@ -190,7 +197,7 @@ CudaKernels& cuda_set() { return dynamic_cast<CudaKernels&>(gpu_kernels()); }
 // against the CPU (check_conv_fp32).
 TEST_CASE("cuda conv2d forward, backward data and backward weight match the CPU", "[gpu][kernels]") {
   const std::vector<ConvShape> cases = conv_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 11)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 15)));
   // train.deterministic = false: cuDNN's first algorithm whatever its determinism, within the same bounds.
   const bool deterministic = GENERATE(true, false);
   REQUIRE(which < cases.size());
@@ -338,7 +345,7 @@ std::vector<double> abs_values(const Tensor& t) {
 TEST_CASE("cuda conv2d in bf16 and fp16 matches the CPU in the same precision", "[gpu][kernels]") {
   const Precision prec = GENERATE(Precision::BF16, Precision::F16);
   const std::vector<ConvShape> cases = conv_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 11)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 15)));
   REQUIRE(which < cases.size());
   const ConvShape cs = cases[which];
   INFO(precision_name(prec) << ": " << str(cs));
@@ -438,6 +445,42 @@ TEST_CASE("cuda conv2d keeps one plan per precision: each precision's bits are r
     REQUIRE(bytes_differ<float>(low->dx, f32a.dx) > 0);
     REQUIRE(bytes_differ<float>(low->dw, f32a.dw) > 0);
   }
+}
+
+// Which plans run NHWC (the sweep's lines name it): 16-bit ones whose channel counts are multiples of 8, not fp32
+// ones nor the stem's 3 channels, and none made while DPT_CONV_NCHW=1 is set. Each plan's results match the CPU in
+// the test above; here the switch itself.
+TEST_CASE("cuda conv2d runs NHWC for 16-bit plans with channels in multiples of 8, NCHW under DPT_CONV_NCHW=1",
+          "[gpu][kernels]") {
+  const auto layout = [](const ConvShape& cs, Precision p) {
+    const ScopedPrecision scope(p);
+    std::mt19937 rng(26);
+    const ConvData in = conv_data(cs, rng);
+    const Tensor x = to_device(in.x), w = to_device(in.w);
+    Tensor y = nan_on_device({cs.n, cs.k, cs.p, cs.q});
+    gpu_kernels().conv2d_forward(x.data<float>(), w.data<float>(), y.data<float>(), cs);
+    const std::array<ConvShape, 1> only{cs};
+    // A line per direction chosen: an NHWC plan chooses all three when made, an NCHW one only the forward run here.
+    return cuda_set().sweep_conv_plans(1, std::nullopt, only);
+  };
+  const auto nhwc_lines = [](const std::vector<std::string>& lines) {
+    return std::ranges::count_if(lines, [](const std::string& l) { return l.find(", NHWC") != std::string::npos; });
+  };
+  ::unsetenv("DPT_CONV_NCHW");
+  const std::vector<std::string> bf16 = layout(conv_shape(2, 16, 6, 6, 24, 3, 3, 1, 1), Precision::BF16);
+  for (const std::string& l : bf16) UNSCOPED_INFO(l);
+  REQUIRE(bf16.size() == 3);
+  REQUIRE(nhwc_lines(bf16) == 3);
+  REQUIRE(nhwc_lines(layout(conv_shape(2, 16, 6, 6, 24, 3, 3, 1, 1), Precision::F16)) == 3);
+  REQUIRE(nhwc_lines(layout(conv_shape(2, 16, 6, 6, 24, 3, 3, 1, 1), Precision::F32)) == 0);
+  REQUIRE(nhwc_lines(layout(conv_shape(2, 3, 12, 12, 16, 7, 7, 2, 3), Precision::BF16)) == 0);
+  ::setenv("DPT_CONV_NCHW", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("DPT_CONV_NCHW"); }
+  } unset;
+  const std::vector<std::string> forced = layout(conv_shape(3, 16, 6, 6, 24, 3, 3, 1, 1), Precision::BF16);
+  REQUIRE(forced.size() == 1);
+  REQUIRE(nhwc_lines(forced) == 0);
 }
 
 #else
