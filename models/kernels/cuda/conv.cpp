@@ -450,40 +450,66 @@ void CudaKernels::conv2d_forward(const float* x, const float* w, float* y, const
   conv_finish(yout, y, cs.n, cs.k, cs.p * cs.q, nhwc, false);
 }
 
+void CudaKernels::run_backward_data(ConvPlan& plan, const void* dyin, const void* win, float* dx,
+                                    const ConvShape& cs) {
+  const auto& ch = plan.backward_data(cudnn());
+  void* ws = workspace(ch.workspace);
+  void* dxout = conv_out(dx, x_count(cs), 2);
+  const float alpha = 1.0f, beta = 0.0f;  // dx overwritten
+  DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn(), &alpha, plan.w(), win, plan.y(), dyin, plan.conv(), ch.algo,
+                                               ws, ch.workspace, &beta, plan.x(), dxout));
+  conv_finish(dxout, dx, cs.n, cs.c, cs.h * cs.w, plan.nhwc(), false);
+}
+
+void CudaKernels::run_backward_filter(ConvPlan& plan, const void* xin, const void* dyin, float* dw,
+                                      const ConvShape& cs) {
+  const auto& ch = plan.backward_filter(cudnn());
+  void* ws = workspace(ch.workspace);
+  void* dwout = conv_out(dw, w_count(cs), 2);
+  // dw accumulates: cuDNN adds into it (beta 1) in F32; in BF16 / F16 cuDNN overwrites the 16-bit scratch and
+  // conv_finish adds that into dw in float32 (beta 1 would round dw itself to 16 bits).
+  const float alpha = 1.0f, beta = precision_ == Precision::F32 ? 1.0f : 0.0f;
+  DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn(), &alpha, plan.x(), xin, plan.y(), dyin, plan.conv(),
+                                                 ch.algo, ws, ch.workspace, &beta, plan.w(), dwout));
+  conv_finish(dwout, dw, cs.k, cs.c, cs.r * cs.s, plan.nhwc(), true);
+}
+
 void CudaKernels::conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) {
   check_conv_shape(cs);
   if (cs.n == 0) return;
   ConvPlan& plan = plan_for(cs);
-  const auto& ch = plan.backward_data(cudnn());
-  void* ws = workspace(ch.workspace);
-  const size_t nx = x_count(cs);
-  const bool nhwc = plan.nhwc();
-  const void* dyin = conv_in(dy, cs.n, cs.k, cs.p * cs.q, nhwc, 0);
-  const void* win = conv_in(w, cs.k, cs.c, cs.r * cs.s, nhwc, 1);
-  void* dxout = conv_out(dx, nx, 2);
-  const float alpha = 1.0f, beta = 0.0f;  // dx overwritten
-  DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn(), &alpha, plan.w(), win, plan.y(), dyin, plan.conv(), ch.algo,
-                                               ws, ch.workspace, &beta, plan.x(), dxout));
-  conv_finish(dxout, dx, cs.n, cs.c, cs.h * cs.w, nhwc, false);
+  const void* dyin = conv_in(dy, cs.n, cs.k, cs.p * cs.q, plan.nhwc(), 0);
+  const void* win = conv_in(w, cs.k, cs.c, cs.r * cs.s, plan.nhwc(), 1);
+  run_backward_data(plan, dyin, win, dx, cs);
 }
 
 void CudaKernels::conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) {
   check_conv_shape(cs);
   if (cs.n == 0) return;  // nothing to accumulate
   ConvPlan& plan = plan_for(cs);
-  const auto& ch = plan.backward_filter(cudnn());
-  void* ws = workspace(ch.workspace);
-  const size_t nw = w_count(cs);
-  const bool nhwc = plan.nhwc();
-  const void* xin = conv_in(x, cs.n, cs.c, cs.h * cs.w, nhwc, 0);
-  const void* dyin = conv_in(dy, cs.n, cs.k, cs.p * cs.q, nhwc, 1);
-  void* dwout = conv_out(dw, nw, 2);
-  // dw accumulates: cuDNN adds into it (beta 1) in F32; in BF16 / F16 cuDNN overwrites the 16-bit scratch and
-  // conv_finish adds that into dw in float32 (beta 1 would round dw itself to 16 bits).
-  const float alpha = 1.0f, beta = precision_ == Precision::F32 ? 1.0f : 0.0f;
-  DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn(), &alpha, plan.x(), xin, plan.y(), dyin, plan.conv(),
-                                                 ch.algo, ws, ch.workspace, &beta, plan.w(), dwout));
-  conv_finish(dwout, dw, cs.k, cs.c, cs.r * cs.s, nhwc, true);
+  const void* xin = conv_in(x, cs.n, cs.c, cs.h * cs.w, plan.nhwc(), 0);
+  const void* dyin = conv_in(dy, cs.n, cs.k, cs.p * cs.q, plan.nhwc(), 1);
+  run_backward_filter(plan, xin, dyin, dw, cs);
+}
+
+// Both directions with dy rounded (and transposed) once, in scratch slot 1, which neither direction's other operand
+// nor output uses: x goes to slot 0, then w over it (the stream runs the filter call, which reads x, first), the
+// outputs to slot 2. The same algorithms and operands as the two calls: the same bits. In F32 nothing is shared.
+void CudaKernels::conv2d_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                                  const ConvShape& cs) {
+  if (precision_ == Precision::F32) {
+    Kernels::conv2d_backward(dy, x, w, dx, dw, cs);
+    return;
+  }
+  check_conv_shape(cs);
+  if (cs.n == 0) return;  // dw gets nothing; dx [0, c, h, w] has no elements
+  ConvPlan& plan = plan_for(cs);
+  const void* dyin = conv_in(dy, cs.n, cs.k, cs.p * cs.q, plan.nhwc(), 1);
+  const void* xin = conv_in(x, cs.n, cs.c, cs.h * cs.w, plan.nhwc(), 0);
+  run_backward_filter(plan, xin, dyin, dw, cs);
+  if (!dx) return;
+  const void* win = conv_in(w, cs.k, cs.c, cs.r * cs.s, plan.nhwc(), 0);
+  run_backward_data(plan, dyin, win, dx, cs);
 }
 
 // The cuDNN handle, made on first use: loading cuDNN takes a while and a model without convolutions never
@@ -593,6 +619,10 @@ void CudaKernels::conv2d_forward(const float*, const float*, float*, const ConvS
 void CudaKernels::conv2d_backward_data(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
 
 void CudaKernels::conv2d_backward_weight(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
+
+void CudaKernels::conv2d_backward(const float*, const float*, const float*, float*, float*, const ConvShape&) {
+  no_cudnn();
+}
 
 std::vector<std::string> CudaKernels::sweep_conv_plans(int, std::optional<double>, std::span<const ConvShape>) {
   return {};

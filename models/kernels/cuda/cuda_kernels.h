@@ -146,6 +146,8 @@ class CudaKernels final : public Kernels {
   void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) override;
   void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) override;
   void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) override;
+  void conv2d_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                       const ConvShape& cs) override;
   // batchnorm.cpp
   void bn_stats(const float* x, const BnShape& bs, double* sums) override;
   void bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums, const BnShape& bs,
@@ -284,6 +286,9 @@ class CudaKernels final : public Kernels {
   // nhwc, the 16-bit copies are each matrix transposed (NHWC, KRSC).
   const void* conv_in(const float* p, int64_t batch, int64_t rows, int64_t cols, bool nhwc, int slot);
   void* conv_out(float* p, size_t count, int slot);
+  // One direction on operands already in cuDNN's type and layout (conv_in), the output through conv_out/conv_finish.
+  void run_backward_filter(ConvPlan& plan, const void* xin, const void* dyin, float* dw, const ConvShape& cs);
+  void run_backward_data(ConvPlan& plan, const void* dyin, const void* win, float* dx, const ConvShape& cs);
   void conv_finish(const void* out, float* p, int64_t batch, int64_t rows, int64_t cols, bool nhwc, bool accumulate);
 #else
   [[noreturn]] static void no_cudnn();

@@ -483,6 +483,33 @@ TEST_CASE("cuda conv2d runs NHWC for 16-bit plans with channels in multiples of 
   REQUIRE(nhwc_lines(forced) == 0);
 }
 
+// conv2d_backward (Conv2d's backward: dw accumulates, then dx) rounds dy once in bf16 / fp16 and shares it between
+// the two directions: the same algorithms on the same operands, so the bits of the two separate calls, in every
+// precision, NHWC and NCHW plans (64 and 5 channels), and with dx null (dw alone). dx starts as NaN, dw random.
+TEST_CASE("cuda conv2d_backward gives the bits of backward weight then backward data", "[gpu][kernels]") {
+  const Precision prec = GENERATE(Precision::F32, Precision::BF16, Precision::F16);
+  const ConvShape cs = GENERATE(conv_shape(2, 64, 14, 14, 64, 3, 3, 1, 1), conv_shape(3, 5, 11, 9, 7, 3, 3, 2, 1));
+  const bool with_dx = GENERATE(true, false);
+  INFO(precision_name(prec) << ": " << str(cs) << (with_dx ? "" : ", dw alone"));
+  const ScopedPrecision scope(prec);
+  std::mt19937 rng(27);
+  const ConvData in = conv_data(cs, rng);
+  const Tensor x = to_device(in.x), w = to_device(in.w), dy = to_device(in.dy);
+  Tensor dx_apart = nan_on_device({cs.n, cs.c, cs.h, cs.w}), dw_apart = to_device(in.dw0);
+  gpu_kernels().conv2d_backward_weight(dy.data<float>(), x.data<float>(), dw_apart.data<float>(), cs);
+  gpu_kernels().conv2d_backward_data(dy.data<float>(), w.data<float>(), dx_apart.data<float>(), cs);
+  Tensor dx = nan_on_device({cs.n, cs.c, cs.h, cs.w}), dw = to_device(in.dw0);
+  gpu_kernels().conv2d_backward(dy.data<float>(), x.data<float>(), w.data<float>(),
+                                with_dx ? dx.data<float>() : nullptr, dw.data<float>(), cs);
+  REQUIRE(bits_differ("dw, one call against two", to_host(dw), to_host(dw_apart)) == "");
+  if (with_dx) {
+    REQUIRE(bits_differ("dx, one call against two", to_host(dx), to_host(dx_apart)) == "");
+  } else {
+    const Tensor untouched = to_host(dx);  // still NaN: dx was not asked for
+    for (size_t i = 0; i < untouched.numel(); ++i) REQUIRE(std::isnan(untouched.data<float>()[i]));
+  }
+}
+
 #else
 
 TEST_CASE("cuda conv2d without cuDNN: an UnsupportedError that names cuDNN", "[gpu][kernels]") {
@@ -494,6 +521,9 @@ TEST_CASE("cuda conv2d without cuDNN: an UnsupportedError that names cuDNN", "[g
   REQUIRE_THROWS_AS(gpu_kernels().conv2d_backward_data(y.data<float>(), w.data<float>(), y.data<float>(), cs),
                     UnsupportedError);
   REQUIRE_THROWS_AS(gpu_kernels().conv2d_backward_weight(y.data<float>(), x.data<float>(), y.data<float>(), cs),
+                    UnsupportedError);
+  REQUIRE_THROWS_AS(gpu_kernels().conv2d_backward(y.data<float>(), x.data<float>(), w.data<float>(), nullptr,
+                                                  y.data<float>(), cs),
                     UnsupportedError);
 }
 
