@@ -283,13 +283,15 @@ class CudaKernels final : public Kernels {
   ConvPlan& plan_for(const ConvShape& cs);
   void* workspace(size_t bytes);
   // A convolution operand as `batch` matrices of rows x cols floats (NCHW: N, C, H*W; KCRS: K, C, R*S); with
-  // nhwc, the 16-bit copies are each matrix transposed (NHWC, KRSC).
-  const void* conv_in(const float* p, int64_t batch, int64_t rows, int64_t cols, bool nhwc, int slot);
+  // nhwc_rows > 0 (an NHWC plan's), the 16-bit copies are each matrix transposed (NHWC, KRSC), its rows zero-padded
+  // to nhwc_rows.
+  const void* conv_in(const float* p, int64_t batch, int64_t rows, int64_t cols, int64_t nhwc_rows, int slot);
   void* conv_out(float* p, size_t count, int slot);
   // One direction on operands already in cuDNN's type and layout (conv_in), the output through conv_out/conv_finish.
   void run_backward_filter(ConvPlan& plan, const void* xin, const void* dyin, float* dw, const ConvShape& cs);
   void run_backward_data(ConvPlan& plan, const void* dyin, const void* win, float* dx, const ConvShape& cs);
-  void conv_finish(const void* out, float* p, int64_t batch, int64_t rows, int64_t cols, bool nhwc, bool accumulate);
+  void conv_finish(const void* out, float* p, int64_t batch, int64_t rows, int64_t cols, int64_t nhwc_rows,
+                   bool accumulate);
 #else
   [[noreturn]] static void no_cudnn();
 #endif

@@ -155,14 +155,15 @@ constexpr int kTile = 32, kTileRows = 8;  // a 32x32 tile per block of 32x8 thre
 
 // Block (x, y) of matrix b, for b = blockIdx.z, blockIdx.z + gridDim.z, ...: rows r0 .. r0 + 31 and columns
 // c0 .. c0 + 31 of src (rows x cols, float) read along the columns into the tile, then written along the rows as
-// columns of dst (cols x rows, narrow).
+// columns of dst (cols x padded, narrow; zeros past row `rows`).
 template <class T>
-__global__ void narrow_transposed_kernel(const float* src, int64_t batch, int64_t rows, int64_t cols, T* dst) {
+__global__ void narrow_transposed_kernel(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t padded,
+                                         T* dst) {
   __shared__ float tile[kTile][kTile + 1];  // +1: the column reads hit 32 different banks
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
     const float* in = src + b * rows * cols;
-    T* out = dst + b * rows * cols;
+    T* out = dst + b * padded * cols;
     for (int j = threadIdx.y; j < kTile; j += kTileRows) {
       const int64_t r = r0 + j, c = c0 + threadIdx.x;
       if (r < rows && c < cols) tile[j][threadIdx.x] = in[r * cols + c];
@@ -170,24 +171,25 @@ __global__ void narrow_transposed_kernel(const float* src, int64_t batch, int64_
     __syncthreads();
     for (int j = threadIdx.y; j < kTile; j += kTileRows) {
       const int64_t c = c0 + j, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) out[c * rows + r] = to_narrow<T>(tile[threadIdx.x][j]);
+      if (r < padded && c < cols) out[c * padded + r] = to_narrow<T>(r < rows ? tile[threadIdx.x][j] : 0.0f);
     }
     __syncthreads();  // the tile is rewritten for the next b
   }
 }
 
-// The inverse: src (cols x rows, narrow) read along the rows, dst (rows x cols, float) written along the columns.
+// The inverse: src (cols x padded, narrow) read along the rows (the first `rows` of each), dst (rows x cols,
+// float) written along the columns.
 template <class T>
-__global__ void widen_transposed_kernel(const T* src, int64_t batch, int64_t rows, int64_t cols, float* dst,
-                                        bool accumulate) {
+__global__ void widen_transposed_kernel(const T* src, int64_t padded, int64_t batch, int64_t rows, int64_t cols,
+                                        float* dst, bool accumulate) {
   __shared__ float tile[kTile][kTile + 1];
   const int64_t r0 = static_cast<int64_t>(blockIdx.y) * kTile, c0 = static_cast<int64_t>(blockIdx.x) * kTile;
   for (int64_t b = blockIdx.z; b < batch; b += gridDim.z) {
-    const T* in = src + b * rows * cols;
+    const T* in = src + b * padded * cols;
     float* out = dst + b * rows * cols;
     for (int j = threadIdx.y; j < kTile; j += kTileRows) {
       const int64_t c = c0 + j, r = r0 + threadIdx.x;
-      if (r < rows && c < cols) tile[threadIdx.x][j] = to_float(in[c * rows + r]);
+      if (r < rows && c < cols) tile[threadIdx.x][j] = to_float(in[c * padded + r]);
     }
     __syncthreads();
     for (int j = threadIdx.y; j < kTile; j += kTileRows) {
@@ -212,32 +214,32 @@ bool transpose_grid(int64_t batch, int64_t rows, int64_t cols, dim3& grid) {
 
 }  // namespace
 
-cudaError_t narrow_transposed(const float* src, int64_t batch, int64_t rows, int64_t cols, void* dst, Precision p,
-                              cudaStream_t s) {
-  if (p == Precision::F32 || batch < 0 || rows < 0 || cols < 0) return cudaErrorInvalidValue;
-  if (batch == 0 || rows == 0 || cols == 0) return cudaSuccess;
+cudaError_t narrow_transposed(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t padded, void* dst,
+                              Precision p, cudaStream_t s) {
+  if (p == Precision::F32 || batch < 0 || rows < 0 || cols < 0 || padded < rows) return cudaErrorInvalidValue;
+  if (batch == 0 || padded == 0 || cols == 0) return cudaSuccess;
   dim3 grid;
-  if (!transpose_grid(batch, rows, cols, grid)) return cudaErrorInvalidValue;
+  if (!transpose_grid(batch, padded, cols, grid)) return cudaErrorInvalidValue;
   const dim3 block(kTile, kTileRows);
   if (p == Precision::BF16)
-    narrow_transposed_kernel<<<grid, block, 0, s>>>(src, batch, rows, cols, static_cast<__nv_bfloat16*>(dst));
+    narrow_transposed_kernel<<<grid, block, 0, s>>>(src, batch, rows, cols, padded, static_cast<__nv_bfloat16*>(dst));
   else
-    narrow_transposed_kernel<<<grid, block, 0, s>>>(src, batch, rows, cols, static_cast<__half*>(dst));
+    narrow_transposed_kernel<<<grid, block, 0, s>>>(src, batch, rows, cols, padded, static_cast<__half*>(dst));
   return cudaGetLastError();
 }
 
-cudaError_t widen_transposed(const void* src, float* dst, int64_t batch, int64_t rows, int64_t cols, Precision p,
-                             bool accumulate, cudaStream_t s) {
-  if (p == Precision::F32 || batch < 0 || rows < 0 || cols < 0) return cudaErrorInvalidValue;
+cudaError_t widen_transposed(const void* src, int64_t padded, float* dst, int64_t batch, int64_t rows, int64_t cols,
+                             Precision p, bool accumulate, cudaStream_t s) {
+  if (p == Precision::F32 || batch < 0 || rows < 0 || cols < 0 || padded < rows) return cudaErrorInvalidValue;
   if (batch == 0 || rows == 0 || cols == 0) return cudaSuccess;
   dim3 grid;
   if (!transpose_grid(batch, rows, cols, grid)) return cudaErrorInvalidValue;
   const dim3 block(kTile, kTileRows);
   if (p == Precision::BF16)
-    widen_transposed_kernel<<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(src), batch, rows, cols, dst,
-                                                   accumulate);
+    widen_transposed_kernel<<<grid, block, 0, s>>>(static_cast<const __nv_bfloat16*>(src), padded, batch, rows, cols,
+                                                   dst, accumulate);
   else
-    widen_transposed_kernel<<<grid, block, 0, s>>>(static_cast<const __half*>(src), batch, rows, cols, dst,
+    widen_transposed_kernel<<<grid, block, 0, s>>>(static_cast<const __half*>(src), padded, batch, rows, cols, dst,
                                                    accumulate);
   return cudaGetLastError();
 }

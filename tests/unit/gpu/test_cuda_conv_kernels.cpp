@@ -114,6 +114,7 @@ std::vector<ConvShape> conv_cases() {
       conv_shape(2, 64, 14, 14, 64, 3, 3, 1, 1),   // a ResNet basic block's 3x3
       conv_shape(2, 64, 15, 15, 128, 3, 3, 2, 1),  // its downsampling 3x3/2, an odd plane
       conv_shape(2, 64, 14, 14, 128, 1, 1, 2, 0),  // and its 1x1/2 shortcut
+      conv_shape(2, 3, 23, 19, 16, 7, 7, 2, 3),    // a stem of 3 channels, given to cuDNN as 8 (zero-padded)
   };
 }
 
@@ -197,7 +198,7 @@ CudaKernels& cuda_set() { return dynamic_cast<CudaKernels&>(gpu_kernels()); }
 // against the CPU (check_conv_fp32).
 TEST_CASE("cuda conv2d forward, backward data and backward weight match the CPU", "[gpu][kernels]") {
   const std::vector<ConvShape> cases = conv_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 15)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 16)));
   // train.deterministic = false: cuDNN's first algorithm whatever its determinism, within the same bounds.
   const bool deterministic = GENERATE(true, false);
   REQUIRE(which < cases.size());
@@ -345,7 +346,7 @@ std::vector<double> abs_values(const Tensor& t) {
 TEST_CASE("cuda conv2d in bf16 and fp16 matches the CPU in the same precision", "[gpu][kernels]") {
   const Precision prec = GENERATE(Precision::BF16, Precision::F16);
   const std::vector<ConvShape> cases = conv_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 15)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 16)));
   REQUIRE(which < cases.size());
   const ConvShape cs = cases[which];
   INFO(precision_name(prec) << ": " << str(cs));
@@ -447,8 +448,9 @@ TEST_CASE("cuda conv2d keeps one plan per precision: each precision's bits are r
   }
 }
 
-// Which plans run NHWC (the sweep's lines name it): 16-bit ones whose channel counts are multiples of 8, not fp32
-// ones nor the stem's 3 channels, and none made while DPT_CONV_NCHW=1 is set. Each plan's results match the CPU in
+// Which plans run NHWC (the sweep's lines name it): 16-bit ones whose channel counts are multiples of 8, or whose
+// input has fewer than 8 (the stem's 3, zero-padded to 8) and output a multiple of 8; not fp32 ones, not 5 -> 7
+// channels, and none made while DPT_CONV_NCHW=1 is set. Each plan's results match the CPU in
 // the test above; here the switch itself.
 TEST_CASE("cuda conv2d runs NHWC for 16-bit plans with channels in multiples of 8, NCHW under DPT_CONV_NCHW=1",
           "[gpu][kernels]") {
@@ -473,7 +475,14 @@ TEST_CASE("cuda conv2d runs NHWC for 16-bit plans with channels in multiples of 
   REQUIRE(nhwc_lines(bf16) == 3);
   REQUIRE(nhwc_lines(layout(conv_shape(2, 16, 6, 6, 24, 3, 3, 1, 1), Precision::F16)) == 3);
   REQUIRE(nhwc_lines(layout(conv_shape(2, 16, 6, 6, 24, 3, 3, 1, 1), Precision::F32)) == 0);
-  REQUIRE(nhwc_lines(layout(conv_shape(2, 3, 12, 12, 16, 7, 7, 2, 3), Precision::BF16)) == 0);
+  REQUIRE(nhwc_lines(layout(conv_shape(3, 5, 11, 9, 7, 3, 3, 1, 1), Precision::BF16)) == 0);
+  const std::vector<std::string> stem = layout(conv_shape(2, 3, 12, 12, 16, 7, 7, 2, 3), Precision::BF16);
+  REQUIRE(nhwc_lines(stem) == 3);
+  for (const std::string& l : stem) {
+    INFO(l);
+    REQUIRE(l.find("x [2, 8, 12, 12] w [16, 8, 7, 7]") != std::string::npos);
+    REQUIRE(l.find("(3 channels, zero-padded)") != std::string::npos);
+  }
   ::setenv("DPT_CONV_NCHW", "1", 1);
   struct Unset {
     ~Unset() { ::unsetenv("DPT_CONV_NCHW"); }
