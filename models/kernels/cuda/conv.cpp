@@ -2,9 +2,9 @@
 // found it (DPT_HAVE_CUDNN): one plan (descriptors and the algorithm of each direction) per shape and precision,
 // deterministic algorithms only, strict FP32 by default (no TF32). In BF16 / FP16 cuDNN runs in NHWC where both
 // channel counts are multiples of 8, or the input's is under 8 (zero-padded to 8; conv_nhwc_channels): the rounding
-// into 16-bit scratch transposes too (compiled, never run on a GPU). train.autotune times each plan's directions with the other algorithms it may run and keeps a
-// faster one (sweep_conv_plans: compiled, never run on a GPU). Without cuDNN the convolutions throw
-// UnsupportedError naming it.
+// into 16-bit scratch transposes too (compiled, never run on a GPU). train.autotune times each plan's directions
+// with the other algorithms it may run and keeps a faster one (sweep_conv_plans: compiled, never run on a GPU).
+// Without cuDNN the convolutions throw UnsupportedError naming it.
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include <algorithm>
