@@ -233,11 +233,11 @@ const Tensor& Conv2d::run_forward(const Tensor& x, Kernels& k) {
 
 const Tensor& Conv2d::run_backward(const Tensor& dy, Kernels& k) {
   DPT_CHECK(dy.shape() == y_.shape(), "{} backward got {}, forward gave {}", kind(), dy.shape_str(), y_.shape_str());
-  k.conv2d_backward_weight(dy.data<float>(), x_.data<float>(), dw_.data<float>(), cs_);
-  if (!needs_input_grad_) return none_;
-  ensure_shape(dx_, x_.shape(), dy.device());
-  k.conv2d_backward_data(dy.data<float>(), w_.data<float>(), dx_.data<float>(), cs_);
-  return dx_;
+  if (needs_input_grad_) ensure_shape(dx_, x_.shape(), dy.device());
+  // dw accumulates, then dx (when wanted) is overwritten: one call, so that a kernel set may share dy's rounding.
+  k.conv2d_backward(dy.data<float>(), x_.data<float>(), w_.data<float>(),
+                    needs_input_grad_ ? dx_.data<float>() : nullptr, dw_.data<float>(), cs_);
+  return needs_input_grad_ ? dx_ : none_;
 }
 
 // ---- BatchNorm2d ----------------------------------------------------------------------------------------

@@ -119,6 +119,14 @@ class Kernels {
   virtual void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) = 0;
   // dw [k, c, r, s] accumulates d(loss)/dw.
   virtual void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) = 0;
+  // Both backward directions of one convolution, as Conv2d's backward runs them: dw accumulates (backward weight),
+  // then dx is overwritten (backward data) unless dx is null. A kernel set may share work between the two (the CUDA
+  // set rounds dy into 16-bit scratch once in bf16 / fp16); by default, the two calls in that order.
+  virtual void conv2d_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                               const ConvShape& cs) {
+    conv2d_backward_weight(dy, x, dw, cs);
+    if (dx) conv2d_backward_data(dy, w, dx, cs);
+  }
 
   // Batch normalisation, split where SyncBatchNorm all-reduces (as PyTorch's batch_norm_stats /
   // batch_norm_elemt / batch_norm_backward_reduce / batch_norm_backward_elemt), so BatchNorm and

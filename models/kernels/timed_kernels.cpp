@@ -258,6 +258,18 @@ void TimedKernels::conv2d_backward_weight(const float* dy, const float* x, float
   timed("conv2d_backward_weight", conv(cs) + in(inner_.precision()), conv_work(cs, inner_.precision(), true),
         [&] { inner_.conv2d_backward_weight(dy, x, dw, cs); });
 }
+// Both directions in one call (Conv2d's backward): the weight gradient's work, and with dx the data gradient's
+// products and its dx and w (dy is read once).
+void TimedKernels::conv2d_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                                   const ConvShape& cs) {
+  Work work = conv_work(cs, inner_.precision(), true);
+  if (dx) {
+    work.flops *= 2;
+    work.bytes += 4.0 * (1.0 * cs.n * cs.c * cs.h * cs.w + 1.0 * cs.k * cs.c * cs.r * cs.s);
+  }
+  timed("conv2d_backward", conv(cs) + in(inner_.precision()) + (dx ? "" : ", dw alone"), work,
+        [&] { inner_.conv2d_backward(dy, x, w, dx, dw, cs); });
+}
 void TimedKernels::bn_stats(const float* x, const BnShape& bs, double* sums) {
   timed("bn_stats", bn(bs), mem(4.0 * bn_elems(bs)), [&] { inner_.bn_stats(x, bs, sums); });
 }

@@ -112,6 +112,8 @@ class TimedKernels final : public Kernels {
   void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) override;
   void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) override;
   void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) override;
+  void conv2d_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                       const ConvShape& cs) override;
   void bn_stats(const float* x, const BnShape& bs, double* sums) override;
   void bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums, const BnShape& bs,
                         float eps, float momentum, float* running_mean, float* running_var, float* save_mean,

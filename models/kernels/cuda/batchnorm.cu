@@ -18,9 +18,10 @@ __device__ BnRun bn_run(int64_t count, int64_t splits, int64_t split) {
   return {begin, begin + len < count ? begin + len : count};
 }
 
-// Where value i of channel ch sits in x [n, c, hw].
-__device__ int64_t bn_offset(int64_t i, int64_t ch, int64_t c, int64_t hw) {
-  const int64_t img = i / hw;
+// Where value i of channel ch sits in x [n, c, hw]; div_hw divides by hw.
+template <class Div>
+__device__ __forceinline__ int64_t bn_offset(int64_t i, int64_t ch, int64_t c, int64_t hw, Div div_hw) {
+  const int64_t img = div_hw(i);
   return (img * c + ch) * hw + (i - img * hw);
 }
 
@@ -48,14 +49,17 @@ __global__ void bn_finish_sums_kernel(const double* partials, int64_t c, int64_t
 // One thread per channel: enough blocks of kThreads (bounded by blocks_for's cap; the kernels stride).
 unsigned int channel_blocks(int64_t c) { return blocks_for(static_cast<size_t>(c)); }
 size_t bn_total(const BnShape& bs) { return static_cast<size_t>(bs.n * bs.c * bs.hw); }
+// Whether every index of x fits Div32 (then the kernels divide by hw and c with it).
+bool bn_div32(const BnShape& bs) { return div32_fits(bs.n * bs.c * bs.hw); }
 
 // grid (c, splits): partials[(ch * splits + split) * 2 + {0, 1}] = the run's sum of x and of x^2.
-__global__ void bn_stats_partials_kernel(const float* x, BnShape bs, int64_t splits, double* partials) {
+template <class Div>
+__global__ void bn_stats_partials_kernel(const float* x, BnShape bs, int64_t splits, double* partials, Div div_hw) {
   const int64_t ch = blockIdx.x, split = blockIdx.y;
   const BnRun run = bn_run(bs.n * bs.hw, splits, split);
   double a = 0.0, b = 0.0;
   for (int64_t i = run.begin + threadIdx.x; i < run.end; i += kThreads) {
-    const double v = x[bn_offset(i, ch, bs.c, bs.hw)];
+    const double v = x[bn_offset(i, ch, bs.c, bs.hw, div_hw)];
     a += v;
     b += v * v;
   }
@@ -72,7 +76,10 @@ cudaError_t bn_stats(const float* x, const BnShape& bs, double* partials, double
   const int64_t splits = bn_splits(bs);
   if (bs.c > 0) {
     const dim3 grid(static_cast<unsigned int>(bs.c), static_cast<unsigned int>(splits));
-    bn_stats_partials_kernel<<<grid, kThreads, 0, s>>>(x, bs, splits, partials);
+    if (bn_div32(bs))
+      bn_stats_partials_kernel<<<grid, kThreads, 0, s>>>(x, bs, splits, partials, Div32(bs.hw));
+    else
+      bn_stats_partials_kernel<<<grid, kThreads, 0, s>>>(x, bs, splits, partials, Div64(bs.hw));
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   bn_finish_sums_kernel<<<channel_blocks(bs.c), kThreads, 0, s>>>(partials, bs.c, splits,
@@ -101,14 +108,32 @@ __global__ void bn_train_channels_kernel(const float* gamma, const float* beta, 
   }
 }
 
+// The channel of element i of x [n, c, hw]: (i / hw) % c, with div_hw and div_c dividing by hw and c.
+template <class Div>
+__device__ __forceinline__ int64_t bn_channel(int64_t i, int64_t c, Div div_hw, Div div_c) {
+  const int64_t row = div_hw(i);  // image * c + channel
+  return row - div_c(row) * c;
+}
+
 // y = x * coef[2ch] + coef[2ch + 1] over x [n, c, hw].
-__global__ void bn_scale_shift_kernel(const float* x, const float* coef, size_t total, int64_t c, int64_t hw,
-                                      float* y) {
+template <class Div>
+__global__ void bn_scale_shift_kernel(const float* x, const float* coef, size_t total, int64_t c, Div div_hw,
+                                      Div div_c, float* y) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int64_t ch = static_cast<int64_t>(i) / hw % c;
+    const int64_t ch = bn_channel(static_cast<int64_t>(i), c, div_hw, div_c);
     y[i] = x[i] * coef[2 * ch] + coef[2 * ch + 1];
   }
+}
+
+// bn_scale_shift_kernel over x [n, c, hw], with Div32 where the indices allow.
+cudaError_t bn_scale_shift(const float* x, const float* coef, const BnShape& bs, float* y, cudaStream_t s) {
+  const size_t total = bn_total(bs);
+  if (bn_div32(bs))
+    bn_scale_shift_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, coef, total, bs.c, Div32(bs.hw), Div32(bs.c), y);
+  else
+    bn_scale_shift_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, coef, total, bs.c, Div64(bs.hw), Div64(bs.c), y);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -123,8 +148,7 @@ cudaError_t bn_forward_train(const float* x, const float* gamma, const float* be
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const size_t total = bn_total(bs);
   if (total == 0) return cudaSuccess;
-  bn_scale_shift_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, coef, total, bs.c, bs.hw, y);
-  return cudaGetLastError();
+  return bn_scale_shift(x, coef, bs, y, s);
 }
 
 namespace {
@@ -150,21 +174,22 @@ cudaError_t bn_forward_eval(const float* x, const float* gamma, const float* bet
   bn_eval_channels_kernel<<<channel_blocks(bs.c), kThreads, 0, s>>>(gamma, beta, running_mean, running_var, bs.c,
                                                                      eps, coef);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  bn_scale_shift_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, coef, total, bs.c, bs.hw, y);
-  return cudaGetLastError();
+  return bn_scale_shift(x, coef, bs, y, s);
 }
 
 namespace {
 
 // grid (c, splits): the run's sum of dy and of dy (x - mean) invstd (in double, as the CPU set).
+template <class Div>
 __global__ void bn_backward_partials_kernel(const float* dy, const float* x, const float* save_mean,
-                                            const float* save_invstd, BnShape bs, int64_t splits, double* partials) {
+                                            const float* save_invstd, BnShape bs, int64_t splits, double* partials,
+                                            Div div_hw) {
   const int64_t ch = blockIdx.x, split = blockIdx.y;
   const BnRun run = bn_run(bs.n * bs.hw, splits, split);
   const double mean = save_mean[ch], invstd = save_invstd[ch];
   double a = 0.0, b = 0.0;
   for (int64_t i = run.begin + threadIdx.x; i < run.end; i += kThreads) {
-    const int64_t at = bn_offset(i, ch, bs.c, bs.hw);
+    const int64_t at = bn_offset(i, ch, bs.c, bs.hw, div_hw);
     const double g = dy[at];
     a += g;
     b += g * (x[at] - mean) * invstd;
@@ -184,7 +209,12 @@ cudaError_t bn_backward_reduce(const float* dy, const float* x, const float* sav
   const int64_t splits = bn_splits(bs);
   if (bs.c > 0) {
     const dim3 grid(static_cast<unsigned int>(bs.c), static_cast<unsigned int>(splits));
-    bn_backward_partials_kernel<<<grid, kThreads, 0, s>>>(dy, x, save_mean, save_invstd, bs, splits, partials);
+    if (bn_div32(bs))
+      bn_backward_partials_kernel<<<grid, kThreads, 0, s>>>(dy, x, save_mean, save_invstd, bs, splits, partials,
+                                                            Div32(bs.hw));
+    else
+      bn_backward_partials_kernel<<<grid, kThreads, 0, s>>>(dy, x, save_mean, save_invstd, bs, splits, partials,
+                                                            Div64(bs.hw));
     if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   }
   bn_finish_sums_kernel<<<channel_blocks(bs.c), kThreads, 0, s>>>(partials, bs.c, splits,
@@ -207,11 +237,12 @@ __global__ void bn_backward_channels_kernel(const float* gamma, const float* sav
   }
 }
 
+template <class Div>
 __global__ void bn_backward_data_kernel(const float* dy, const float* x, const float* coef, size_t total, int64_t c,
-                                        int64_t hw, float* dx) {
+                                        Div div_hw, Div div_c, float* dx) {
   for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int64_t ch = static_cast<int64_t>(i) / hw % c;
+    const int64_t ch = bn_channel(static_cast<int64_t>(i), c, div_hw, div_c);
     const elementwise::BnBackward k{coef[3 * ch], coef[3 * ch + 1], coef[3 * ch + 2]};
     dx[i] = elementwise::bn_backward(dy[i], x[i], k);
   }
@@ -227,7 +258,12 @@ cudaError_t bn_backward_data(const float* dy, const float* x, const float* gamma
   bn_backward_channels_kernel<<<channel_blocks(bs.c), kThreads, 0, s>>>(gamma, save_mean, save_invstd, sums, bs.c,
                                                                          coef);
   if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  bn_backward_data_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, x, coef, total, bs.c, bs.hw, dx);
+  if (bn_div32(bs))
+    bn_backward_data_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, x, coef, total, bs.c, Div32(bs.hw),
+                                                                    Div32(bs.c), dx);
+  else
+    bn_backward_data_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, x, coef, total, bs.c, Div64(bs.hw),
+                                                                    Div64(bs.c), dx);
   return cudaGetLastError();
 }
 

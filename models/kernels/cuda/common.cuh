@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "models/kernels/cuda/launch.h"
+#include "models/kernels/fast_divmod.h"
 #include "models/kernels/row_runs.h"
 #include "models/kernels/smem_limits.h"
 
@@ -25,6 +26,23 @@ inline unsigned int blocks_for(size_t n) {
   const size_t b = (n + kThreads - 1) / kThreads;
   return static_cast<unsigned int>(b < 65535 ? (b == 0 ? 1 : b) : 65535);
 }
+
+// The index divisions of the element-wise and reduction kernels (flat index -> image, channel, row, column), as a
+// template argument: Div32 (FastDivmod: a multiply-high and a shift) where every numerator is at most
+// kFastDivmodMax, else Div64 (the plain 64-bit '/', a long software routine on the GPU). Both give n / d exactly,
+// so the kernels' results do not depend on which one ran.
+struct Div64 {
+  int64_t d;
+  explicit Div64(int64_t divisor) : d(divisor) {}
+  __device__ __forceinline__ int64_t operator()(int64_t n) const { return n / d; }
+};
+struct Div32 {
+  FastDivmod f;
+  explicit Div32(int64_t divisor) : f(divisor) {}
+  __device__ __forceinline__ int64_t operator()(int64_t n) const { return f.div(static_cast<uint32_t>(n)); }
+};
+// Whether Div32 may divide numerators up to `largest`.
+inline bool div32_fits(int64_t largest) { return largest <= kFastDivmodMax; }
 
 // Adds a and b over the threads of the block in a fixed tree (the same pairs whatever the scheduling); every
 // thread gets the totals. Every thread of the block must call it.

@@ -1,15 +1,21 @@
 // models/kernels/cuda/conv.cpp: the convolutions through cuDNN 9 (its legacy cudnnConvolution* API), when the build
 // found it (DPT_HAVE_CUDNN): one plan (descriptors and the algorithm of each direction) per shape and precision,
-// deterministic algorithms only, strict FP32 by default (no TF32). train.autotune times each plan's directions with
-// the other algorithms it may run and keeps a faster one (sweep_conv_plans; ran on an H200 on 2026-11-29). Without
-// cuDNN the convolutions throw UnsupportedError naming it.
+// deterministic algorithms only, strict FP32 by default (no TF32). In BF16 / FP16 cuDNN runs in NHWC where both
+// channel counts are multiples of 8, or the input's is under 8 (zero-padded to 8; conv_nhwc_channels): the rounding
+// into 16-bit scratch transposes too (compiled, never run on a GPU). train.autotune times each plan's directions
+// with the other algorithms it may run and keeps a faster one (sweep_conv_plans; ran on an H200 on 2026-11-29, in
+// NCHW). Without cuDNN the convolutions throw UnsupportedError naming it.
 #include "models/kernels/cuda/cuda_kernels.h"
 
 #include <algorithm>
 #include <array>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <memory>
+#include <string_view>
+
+#include <spdlog/spdlog.h>
 
 #include "core/cuda_check.h"
 #include "models/kernels/cuda/launch.h"
@@ -60,6 +66,22 @@ cudnnDataType_t cudnn_type(Precision p) {
   return p == Precision::BF16 ? CUDNN_DATA_BFLOAT16 : p == Precision::F16 ? CUDNN_DATA_HALF : CUDNN_DATA_FLOAT;
 }
 
+// Whether a 16-bit plan runs cuDNN in NHWC (KRSC filters), and with how many input channels: where both channel
+// counts are multiples of 8, or the output's is and the input has fewer than 8 (the stem's 3: given to cuDNN as 8,
+// the others zero in x and w, so they add exact zeros to y and their dx and dw are dropped), cuDNN's
+// tensor-core kernels take NHWC natively, while for NCHW they are slower or transpose internally (PyTorch runs its
+// ResNets channels_last for that; its convert_conv2d_weight_memory_format says NHWC pays "even in cases where we
+// have to apply permutation to input tensors"). The model's tensors stay NCHW float32: the rounding into 16-bit
+// scratch, which every 16-bit convolution pays anyway, transposes on the way (precision.cu, narrow_transposed) and
+// the widening back transposes again. FP32 stays NCHW (bit for bit as before), and so do other channel counts.
+// DPT_CONV_NCHW=1 in the environment (read when a plan is made) keeps every plan NCHW. 0: NCHW.
+int64_t conv_nhwc_channels(const ConvShape& cs, Precision p) {
+  if (p == Precision::F32 || cs.k % 8 != 0 || (cs.c % 8 != 0 && cs.c > 8)) return 0;
+  const char* env = std::getenv("DPT_CONV_NCHW");
+  if (env != nullptr && *env != '\0' && std::string_view(env) != "0") return 0;
+  return cs.c % 8 == 0 ? cs.c : 8;
+}
+
 ConvKey conv_key(const ConvShape& cs, Precision p, bool deterministic) {
   return {cs.n, cs.c, cs.h, cs.w, cs.k, cs.r, cs.s, cs.stride, cs.pad, p, deterministic};
 }
@@ -101,8 +123,9 @@ std::string algo_name(cudnnConvolutionBwdFilterAlgo_t a) {
 // welcome (they multiply the 16-bit operands exactly and accumulate in float32).
 class ConvPlan {
  public:
-  ConvPlan(const ConvShape& cs, Precision precision, bool deterministic)
-      : cs_(cs), precision_(precision), deterministic_(deterministic) {
+  // `cs` as cuDNN sees it (an NHWC plan's input channels possibly padded: the layer's own count is c_real).
+  ConvPlan(const ConvShape& cs, Precision precision, bool deterministic, bool nhwc, int64_t c_real)
+      : cs_(cs), precision_(precision), deterministic_(deterministic), nhwc_(nhwc), c_real_(c_real) {
     constexpr int64_t kMax = std::numeric_limits<int>::max();
     DPT_CHECK(cs.n * cs.c * cs.h * cs.w <= kMax && cs.n * cs.k * cs.p * cs.q <= kMax &&
                   cs.k * cs.c * cs.r * cs.s <= kMax,
@@ -113,9 +136,11 @@ class ConvPlan {
     DPT_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w_));
     DPT_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv_));
     const cudnnDataType_t type = cudnn_type(precision);
-    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, CUDNN_TENSOR_NCHW, type, i(cs.n), i(cs.c), i(cs.h), i(cs.w)));
-    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, CUDNN_TENSOR_NCHW, type, i(cs.n), i(cs.k), i(cs.p), i(cs.q)));
-    DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, type, CUDNN_TENSOR_NCHW, i(cs.k), i(cs.c), i(cs.r), i(cs.s)));
+    const cudnnTensorFormat_t format = nhwc ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;  // the dims stay n, c, h, w
+    DPT_CHECK(!nhwc || precision != Precision::F32, "NHWC convolution plans are for bf16 / fp16 only");
+    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_, format, type, i(cs.n), i(cs.c), i(cs.h), i(cs.w)));
+    DPT_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y_, format, type, i(cs.n), i(cs.k), i(cs.p), i(cs.q)));
+    DPT_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w_, type, format, i(cs.k), i(cs.c), i(cs.r), i(cs.s)));
     // Cross-correlation (no kernel flip), as PyTorch's Conv2d and the CPU set; float32 arithmetic in every precision.
     DPT_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(conv_, i(cs.pad), i(cs.pad), i(cs.stride), i(cs.stride), 1, 1,
                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
@@ -188,6 +213,14 @@ class ConvPlan {
   cudnnTensorDescriptor_t y() const { return y_; }
   cudnnFilterDescriptor_t w() const { return w_; }
   cudnnConvolutionDescriptor_t conv() const { return conv_; }
+  // Whether x, y (NHWC) and w (KRSC) are channels-last in cuDNN's view (the 16-bit scratch is transposed to match).
+  bool nhwc() const { return nhwc_; }
+  // The shape cuDNN runs (input channels padded where c_real was fewer than 8).
+  const ConvShape& shape() const { return cs_; }
+  // The row counts of an operand's 16-bit copy for conv_in / conv_finish: the (padded) input channels and the output
+  // channels in NHWC, 0 (no transpose) in NCHW.
+  int64_t nhwc_c() const { return nhwc_ ? cs_.c : 0; }
+  int64_t nhwc_k() const { return nhwc_ ? cs_.k : 0; }
 
   // train.autotune (CudaKernels::sweep_conv_plans): each direction chosen so far, timed on scratch operands of this
   // plan's shape and type (no tensor of a model is touched) with every other algorithm of cuDNN's ranking that
@@ -208,7 +241,8 @@ class ConvPlan {
   std::string describe() const {
     return fmt::format("x [{}, {}, {}, {}] w [{}, {}, {}, {}] stride {} pad {}, {}{}", cs_.n, cs_.c, cs_.h, cs_.w,
                        cs_.k, cs_.c, cs_.r, cs_.s, cs_.stride, cs_.pad, precision_name(precision_),
-                       deterministic_ ? ", deterministic" : "");
+                       deterministic_ ? ", deterministic" : "") + (nhwc_ ? ", NHWC" : "") +
+           (c_real_ != cs_.c ? fmt::format(" ({} channels, zero-padded)", c_real_) : "");
   }
 
   // Whether an algorithm's math type suits this plan's precision: in FP32 no tensor cores (they would mean TF32)
@@ -246,6 +280,8 @@ class ConvPlan {
   ConvShape cs_;
   Precision precision_;
   bool deterministic_;
+  bool nhwc_;
+  int64_t c_real_;
 
   cudnnTensorDescriptor_t x_ = nullptr, y_ = nullptr;
   cudnnFilterDescriptor_t w_ = nullptr;
@@ -415,48 +451,75 @@ void CudaKernels::conv2d_forward(const float* x, const float* w, float* y, const
   ConvPlan& plan = plan_for(cs);
   const auto& ch = plan.forward(cudnn());
   void* ws = workspace(ch.workspace);
-  const size_t nx = x_count(cs), nw = w_count(cs), ny = y_count(cs);
-  const void* xin = conv_in(x, nx, 0);
-  const void* win = conv_in(w, nw, 1);
-  void* yout = conv_out(y, ny, 2);
+  const void* xin = conv_in(x, cs.n, cs.c, cs.h * cs.w, plan.nhwc_c(), 0);
+  const void* win = conv_in(w, cs.k, cs.c, cs.r * cs.s, plan.nhwc_c(), 1);
+  void* yout = conv_out(y, y_count(cs), 2);
   const float alpha = 1.0f, beta = 0.0f;  // beta 0: y is not read (it may hold NaN)
   DPT_CUDNN_CHECK(cudnnConvolutionForward(cudnn(), &alpha, plan.x(), xin, plan.w(), win, plan.conv(), ch.algo, ws,
                                           ch.workspace, &beta, plan.y(), yout));
-  conv_finish(yout, y, ny, false);
+  conv_finish(yout, y, cs.n, cs.k, cs.p * cs.q, plan.nhwc_k(), false);
+}
+
+void CudaKernels::run_backward_data(ConvPlan& plan, const void* dyin, const void* win, float* dx,
+                                    const ConvShape& cs) {
+  const auto& ch = plan.backward_data(cudnn());
+  void* ws = workspace(ch.workspace);
+  void* dxout = conv_out(dx, x_count(plan.shape()), 2);
+  const float alpha = 1.0f, beta = 0.0f;  // dx overwritten
+  DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn(), &alpha, plan.w(), win, plan.y(), dyin, plan.conv(), ch.algo,
+                                               ws, ch.workspace, &beta, plan.x(), dxout));
+  conv_finish(dxout, dx, cs.n, cs.c, cs.h * cs.w, plan.nhwc_c(), false);
+}
+
+void CudaKernels::run_backward_filter(ConvPlan& plan, const void* xin, const void* dyin, float* dw,
+                                      const ConvShape& cs) {
+  const auto& ch = plan.backward_filter(cudnn());
+  void* ws = workspace(ch.workspace);
+  void* dwout = conv_out(dw, w_count(plan.shape()), 2);
+  // dw accumulates: cuDNN adds into it (beta 1) in F32; in BF16 / F16 cuDNN overwrites the 16-bit scratch and
+  // conv_finish adds that into dw in float32 (beta 1 would round dw itself to 16 bits).
+  const float alpha = 1.0f, beta = precision_ == Precision::F32 ? 1.0f : 0.0f;
+  DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn(), &alpha, plan.x(), xin, plan.y(), dyin, plan.conv(),
+                                                 ch.algo, ws, ch.workspace, &beta, plan.w(), dwout));
+  conv_finish(dwout, dw, cs.k, cs.c, cs.r * cs.s, plan.nhwc_c(), true);
 }
 
 void CudaKernels::conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) {
   check_conv_shape(cs);
   if (cs.n == 0) return;
   ConvPlan& plan = plan_for(cs);
-  const auto& ch = plan.backward_data(cudnn());
-  void* ws = workspace(ch.workspace);
-  const size_t nx = x_count(cs), nw = w_count(cs), ny = y_count(cs);
-  const void* dyin = conv_in(dy, ny, 0);
-  const void* win = conv_in(w, nw, 1);
-  void* dxout = conv_out(dx, nx, 2);
-  const float alpha = 1.0f, beta = 0.0f;  // dx overwritten
-  DPT_CUDNN_CHECK(cudnnConvolutionBackwardData(cudnn(), &alpha, plan.w(), win, plan.y(), dyin, plan.conv(), ch.algo,
-                                               ws, ch.workspace, &beta, plan.x(), dxout));
-  conv_finish(dxout, dx, nx, false);
+  const void* dyin = conv_in(dy, cs.n, cs.k, cs.p * cs.q, plan.nhwc_k(), 0);
+  const void* win = conv_in(w, cs.k, cs.c, cs.r * cs.s, plan.nhwc_c(), 1);
+  run_backward_data(plan, dyin, win, dx, cs);
 }
 
 void CudaKernels::conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) {
   check_conv_shape(cs);
   if (cs.n == 0) return;  // nothing to accumulate
   ConvPlan& plan = plan_for(cs);
-  const auto& ch = plan.backward_filter(cudnn());
-  void* ws = workspace(ch.workspace);
-  const size_t nx = x_count(cs), nw = w_count(cs), ny = y_count(cs);
-  const void* xin = conv_in(x, nx, 0);
-  const void* dyin = conv_in(dy, ny, 1);
-  void* dwout = conv_out(dw, nw, 2);
-  // dw accumulates: cuDNN adds into it (beta 1) in F32; in BF16 / F16 cuDNN overwrites the 16-bit scratch and
-  // conv_finish adds that into dw in float32 (beta 1 would round dw itself to 16 bits).
-  const float alpha = 1.0f, beta = precision_ == Precision::F32 ? 1.0f : 0.0f;
-  DPT_CUDNN_CHECK(cudnnConvolutionBackwardFilter(cudnn(), &alpha, plan.x(), xin, plan.y(), dyin, plan.conv(),
-                                                 ch.algo, ws, ch.workspace, &beta, plan.w(), dwout));
-  conv_finish(dwout, dw, nw, true);
+  const void* xin = conv_in(x, cs.n, cs.c, cs.h * cs.w, plan.nhwc_c(), 0);
+  const void* dyin = conv_in(dy, cs.n, cs.k, cs.p * cs.q, plan.nhwc_k(), 1);
+  run_backward_filter(plan, xin, dyin, dw, cs);
+}
+
+// Both directions with dy rounded (and transposed) once, in scratch slot 1, which neither direction's other operand
+// nor output uses: x goes to slot 0, then w over it (the stream runs the filter call, which reads x, first), the
+// outputs to slot 2. The same algorithms and operands as the two calls: the same bits. In F32 nothing is shared.
+void CudaKernels::conv2d_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                                  const ConvShape& cs) {
+  if (precision_ == Precision::F32) {
+    Kernels::conv2d_backward(dy, x, w, dx, dw, cs);
+    return;
+  }
+  check_conv_shape(cs);
+  if (cs.n == 0) return;  // dw gets nothing; dx [0, c, h, w] has no elements
+  ConvPlan& plan = plan_for(cs);
+  const void* dyin = conv_in(dy, cs.n, cs.k, cs.p * cs.q, plan.nhwc_k(), 1);
+  const void* xin = conv_in(x, cs.n, cs.c, cs.h * cs.w, plan.nhwc_c(), 0);
+  run_backward_filter(plan, xin, dyin, dw, cs);
+  if (!dx) return;
+  const void* win = conv_in(w, cs.k, cs.c, cs.r * cs.s, plan.nhwc_c(), 0);
+  run_backward_data(plan, dyin, win, dx, cs);
 }
 
 // The cuDNN handle, made on first use: loading cuDNN takes a while and a model without convolutions never
@@ -470,12 +533,29 @@ cudnnHandle_t CudaKernels::cudnn() {
   return cudnn_;
 }
 
-// One plan per shape and precision seen (a run has a handful: each layer's, and the last, smaller batch's).
+// One plan per shape and precision seen (a run has a handful: each layer's, and the last, smaller batch's). An NHWC
+// plan (conv_nhwc_channels) chooses the algorithms of all three directions at once; where cuDNN offers none for one
+// of them in NHWC, the plan is made NCHW instead (choosing lazily, as before).
 ConvPlan& CudaKernels::plan_for(const ConvShape& cs) {
   auto [it, added] = plans_.try_emplace(conv_key(cs, precision_, deterministic_));
   if (added) {
     try {
-      it->second.reset(new ConvPlan(cs, precision_, deterministic_));  // the deleter is ConvPlanDeleter, not std::default_delete
+      if (const int64_t channels = conv_nhwc_channels(cs, precision_); channels > 0) {
+        try {
+          ConvShape padded = cs;
+          padded.c = channels;
+          it->second.reset(new ConvPlan(padded, precision_, deterministic_, true, cs.c));  // deleter: ConvPlanDeleter
+          (void)it->second->forward(cudnn());
+          (void)it->second->backward_data(cudnn());
+          (void)it->second->backward_filter(cudnn());
+        } catch (const std::exception& ex) {
+          spdlog::warn("cuDNN: no NHWC {} algorithm for convolution x [{}, {}, {}, {}] w [{}, {}, {}, {}] ({}); this "
+                       "shape runs NCHW", precision_name(precision_), cs.n, cs.c, cs.h, cs.w, cs.k, cs.c, cs.r, cs.s,
+                       ex.what());
+          it->second.reset();
+        }
+      }
+      if (!it->second) it->second.reset(new ConvPlan(cs, precision_, deterministic_, false, cs.c));
     } catch (...) {
       plans_.erase(it);
       throw;
@@ -514,11 +594,19 @@ void* CudaKernels::workspace(size_t bytes) {
   return workspace_.raw();
 }
 
-// A convolution input as cuDNN reads it in this precision: `p` itself in F32, else its `count` values rounded
-// into 16-bit scratch `slot`.
-const void* CudaKernels::conv_in(const float* p, size_t count, int slot) {
+// A convolution input as cuDNN reads it in this precision: `p` itself in F32, else its values rounded into 16-bit
+// scratch `slot`, each of its `batch` rows x cols matrices transposed (and its rows zero-padded to nhwc_rows) when
+// nhwc_rows > 0.
+const void* CudaKernels::conv_in(const float* p, int64_t batch, int64_t rows, int64_t cols, int64_t nhwc_rows,
+                                 int slot) {
   if (precision_ == Precision::F32) return p;
-  return narrowed(p, 1, static_cast<int64_t>(count), static_cast<int64_t>(count), slot);
+  if (nhwc_rows == 0) {
+    const int64_t count = batch * rows * cols;
+    return narrowed(p, 1, count, count, slot);
+  }
+  void* dst = narrow_scratch(slot, static_cast<size_t>(batch * nhwc_rows * cols));
+  DPT_CUDA_CHECK(cuda_launch::narrow_transposed(p, batch, rows, cols, nhwc_rows, dst, precision_, stream()));
+  return dst;
 }
 
 // Where cuDNN writes a convolution output: `p` itself in F32, else 16-bit scratch `slot` of `count` values.
@@ -527,10 +615,18 @@ void* CudaKernels::conv_out(float* p, size_t count, int slot) {
   return narrow_scratch(slot, count);
 }
 
-// The 16-bit output widened into `p` (added to it when accumulate); nothing in F32 (cuDNN wrote `p`).
-void CudaKernels::conv_finish(const void* out, float* p, size_t count, bool accumulate) {
+// The 16-bit output widened into `p` (added to it when accumulate), its `batch` matrices transposed back from
+// cols x nhwc_rows (the first `rows` of them) to rows x cols when nhwc_rows > 0; nothing in F32 (cuDNN wrote `p`).
+void CudaKernels::conv_finish(const void* out, float* p, int64_t batch, int64_t rows, int64_t cols, int64_t nhwc_rows,
+                              bool accumulate) {
   if (precision_ == Precision::F32) return;
-  DPT_CUDA_CHECK(cuda_launch::widen(out, p, count, precision_, accumulate, stream()));
+  if (nhwc_rows > 0) {
+    DPT_CUDA_CHECK(cuda_launch::widen_transposed(out, nhwc_rows, p, batch, rows, cols, precision_, accumulate,
+                                                 stream()));
+    return;
+  }
+  DPT_CUDA_CHECK(cuda_launch::widen(out, p, static_cast<size_t>(batch * rows * cols), precision_, accumulate,
+                                    stream()));
 }
 
 #else
@@ -540,6 +636,10 @@ void CudaKernels::conv2d_forward(const float*, const float*, float*, const ConvS
 void CudaKernels::conv2d_backward_data(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
 
 void CudaKernels::conv2d_backward_weight(const float*, const float*, float*, const ConvShape&) { no_cudnn(); }
+
+void CudaKernels::conv2d_backward(const float*, const float*, const float*, float*, float*, const ConvShape&) {
+  no_cudnn();
+}
 
 std::vector<std::string> CudaKernels::sweep_conv_plans(int, std::optional<double>, std::span<const ConvShape>) {
   return {};

@@ -146,6 +146,8 @@ class CudaKernels final : public Kernels {
   void conv2d_forward(const float* x, const float* w, float* y, const ConvShape& cs) override;
   void conv2d_backward_data(const float* dy, const float* w, float* dx, const ConvShape& cs) override;
   void conv2d_backward_weight(const float* dy, const float* x, float* dw, const ConvShape& cs) override;
+  void conv2d_backward(const float* dy, const float* x, const float* w, float* dx, float* dw,
+                       const ConvShape& cs) override;
   // batchnorm.cpp
   void bn_stats(const float* x, const BnShape& bs, double* sums) override;
   void bn_forward_train(const float* x, const float* gamma, const float* beta, const double* sums, const BnShape& bs,
@@ -280,9 +282,16 @@ class CudaKernels final : public Kernels {
   cudnnHandle_t cudnn();
   ConvPlan& plan_for(const ConvShape& cs);
   void* workspace(size_t bytes);
-  const void* conv_in(const float* p, size_t count, int slot);
+  // A convolution operand as `batch` matrices of rows x cols floats (NCHW: N, C, H*W; KCRS: K, C, R*S); with
+  // nhwc_rows > 0 (an NHWC plan's), the 16-bit copies are each matrix transposed (NHWC, KRSC), its rows zero-padded
+  // to nhwc_rows.
+  const void* conv_in(const float* p, int64_t batch, int64_t rows, int64_t cols, int64_t nhwc_rows, int slot);
   void* conv_out(float* p, size_t count, int slot);
-  void conv_finish(const void* out, float* p, size_t count, bool accumulate);
+  // One direction on operands already in cuDNN's type and layout (conv_in), the output through conv_out/conv_finish.
+  void run_backward_filter(ConvPlan& plan, const void* xin, const void* dyin, float* dw, const ConvShape& cs);
+  void run_backward_data(ConvPlan& plan, const void* dyin, const void* win, float* dx, const ConvShape& cs);
+  void conv_finish(const void* out, float* p, int64_t batch, int64_t rows, int64_t cols, int64_t nhwc_rows,
+                   bool accumulate);
 #else
   [[noreturn]] static void no_cudnn();
 #endif

@@ -68,6 +68,16 @@ inline constexpr size_t kNarrowBytes = 2;
 cudaError_t narrow(const float* src, int64_t rows, int64_t cols, int64_t ld, void* dst, Precision p, cudaStream_t s);
 // dst[i] = float(src[i]) for i < n (exact), or dst[i] += float(src[i]) when accumulate.
 cudaError_t widen(const void* src, float* dst, size_t n, Precision p, bool accumulate, cudaStream_t s);
+// The 16-bit convolutions' layout change, fused into the rounding: src is `batch` float matrices of rows x cols
+// (NCHW: rows = C, cols = H*W; a filter KCRS: batch K, rows C, cols R*S), dst the same values rounded as narrow(),
+// each matrix transposed (NHWC / KRSC: cols x rows). widen_transposed is the way back: src `batch` 16-bit matrices
+// of cols x rows, dst the float32 rows x cols (added into dst when accumulate). Both through 32x32 tiles in
+// shared memory, so that reads and writes stay coalesced. `padded` (>= rows) is the 16-bit side's row count: dst's
+// rows rows .. padded - 1 are written as zeros, src's are skipped (a 3-channel stem given to cuDNN as 8 channels).
+cudaError_t narrow_transposed(const float* src, int64_t batch, int64_t rows, int64_t cols, int64_t padded, void* dst,
+                              Precision p, cudaStream_t s);
+cudaError_t widen_transposed(const void* src, int64_t padded, float* dst, int64_t batch, int64_t rows, int64_t cols,
+                             Precision p, bool accumulate, cudaStream_t s);
 // The operands of a strided batched GEMM: matrix m of `batch` (rows x cols floats, row stride ld) starts at
 // src + m * stride (any stride >= 0: matrices may be interleaved, as the heads within one row of q, k and v, or
 // repeated with stride 0). dst gets them packed (rows x cols each, matrix m at m * rows * cols), rounded as narrow().

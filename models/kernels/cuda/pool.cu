@@ -1,18 +1,23 @@
 // models/kernels/cuda/pool.cu: max pooling (with its argmax, and a gather backward that needs no atomics) and
 // global average pooling; each kernel followed by its launcher.
+#include <algorithm>
+
 #include "models/kernels/cuda/common.cuh"
 
 namespace dpt::models::cuda_launch {
 
 namespace {
 
-// One thread per output [n, c, p, q]: its window, r then s.
-__global__ void maxpool_forward_kernel(const float* x, float* y, int32_t* argmax, PoolShape ps, size_t total) {
+// One thread per output [n, c, p, q]: its window, r then s. `div_q` and `div_p` divide by ps.q and ps.p.
+template <class Div>
+__global__ void maxpool_forward_kernel(const float* x, float* y, int32_t* argmax, PoolShape ps, size_t total,
+                                       Div div_q, Div div_p) {
   for (size_t o = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; o < total;
        o += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int64_t q = static_cast<int64_t>(o) % ps.q;
-    const int64_t p = static_cast<int64_t>(o) / ps.q % ps.p;
-    const int64_t plane = static_cast<int64_t>(o) / (ps.p * ps.q);
+    const int64_t row = div_q(static_cast<int64_t>(o));  // plane * p + p
+    const int64_t q = static_cast<int64_t>(o) - row * ps.q;
+    const int64_t plane = div_p(row);
+    const int64_t p = row - plane * ps.p;
     const float* in = x + plane * ps.h * ps.w;
     int32_t at;
     const float best = elementwise::maxpool_window(in, ps, p, q, at);
@@ -26,34 +31,43 @@ __global__ void maxpool_forward_kernel(const float* x, float* y, int32_t* argmax
 cudaError_t maxpool2d_forward(const float* x, float* y, int32_t* argmax, const PoolShape& ps, cudaStream_t s) {
   const size_t total = static_cast<size_t>(ps.n * ps.c * ps.p * ps.q);
   if (total == 0) return cudaSuccess;
-  maxpool_forward_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, argmax, ps, total);
+  if (div32_fits(static_cast<int64_t>(total)))
+    maxpool_forward_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, argmax, ps, total, Div32(ps.q), Div32(ps.p));
+  else
+    maxpool_forward_kernel<<<blocks_for(total), kThreads, 0, s>>>(x, y, argmax, ps, total, Div64(ps.q), Div64(ps.p));
   return cudaGetLastError();
 }
 
 namespace {
 
-// The windows that contain input row (or column) i: outputs lo..hi (empty when lo > hi).
-__device__ void windows_over(int64_t i, int64_t kernel, int64_t stride, int64_t pad, int64_t outs, int64_t& lo,
-                             int64_t& hi) {
+// The windows that contain input row (or column) i: outputs lo..hi (empty when lo > hi). div_stride divides by
+// `stride`.
+template <class Div>
+__device__ void windows_over(int64_t i, int64_t kernel, int64_t stride, int64_t pad, int64_t outs, Div div_stride,
+                             int64_t& lo, int64_t& hi) {
   // o*stride - pad <= i <= o*stride - pad + kernel - 1
   const int64_t first = i + pad - kernel + 1;  // o*stride >= first
-  lo = first <= 0 ? 0 : (first + stride - 1) / stride;
-  hi = (i + pad) / stride;
+  lo = first <= 0 ? 0 : div_stride(first + stride - 1);
+  hi = div_stride(i + pad);
   if (hi > outs - 1) hi = outs - 1;
 }
 
-// One thread per input element [n, c, h, w]: the sum, in (p, q) order, of the dy whose argmax it is.
+// One thread per input element [n, c, h, w]: the sum, in (p, q) order, of the dy whose argmax it is (a gather:
+// no atomics, and the CPU's order of additions). `div_w`, `div_h` and `div_stride` divide by ps.w, ps.h and
+// ps.stride.
+template <class Div>
 __global__ void maxpool_backward_kernel(const float* dy, const int32_t* argmax, float* dx, PoolShape ps,
-                                        size_t total) {
+                                        size_t total, Div div_w, Div div_h, Div div_stride) {
   for (size_t e = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; e < total;
        e += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    const int64_t w = static_cast<int64_t>(e) % ps.w;
-    const int64_t h = static_cast<int64_t>(e) / ps.w % ps.h;
-    const int64_t plane = static_cast<int64_t>(e) / (ps.h * ps.w);
+    const int64_t row = div_w(static_cast<int64_t>(e));  // plane * h + h
+    const int64_t w = static_cast<int64_t>(e) - row * ps.w;
+    const int64_t plane = div_h(row);
+    const int64_t h = row - plane * ps.h;
     const auto self = static_cast<int32_t>(h * ps.w + w);
     int64_t p_lo, p_hi, q_lo, q_hi;
-    windows_over(h, ps.kernel, ps.stride, ps.pad, ps.p, p_lo, p_hi);
-    windows_over(w, ps.kernel, ps.stride, ps.pad, ps.q, q_lo, q_hi);
+    windows_over(h, ps.kernel, ps.stride, ps.pad, ps.p, div_stride, p_lo, p_hi);
+    windows_over(w, ps.kernel, ps.stride, ps.pad, ps.q, div_stride, q_lo, q_hi);
     const int64_t base = plane * ps.p * ps.q;
     float acc = 0.0f;
     for (int64_t p = p_lo; p <= p_hi; ++p)
@@ -69,7 +83,13 @@ cudaError_t maxpool2d_backward(const float* dy, const int32_t* argmax, float* dx
                                cudaStream_t s) {
   const size_t total = static_cast<size_t>(ps.n * ps.c * ps.h * ps.w);
   if (total == 0) return cudaSuccess;
-  maxpool_backward_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, argmax, dx, ps, total);
+  // The stride's numerators reach h + pad + stride (or w's): within Div32's range whenever the total is.
+  if (div32_fits(static_cast<int64_t>(total)) && div32_fits(std::max(ps.h, ps.w) + ps.pad + ps.stride))
+    maxpool_backward_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, argmax, dx, ps, total, Div32(ps.w),
+                                                                    Div32(ps.h), Div32(ps.stride));
+  else
+    maxpool_backward_kernel<<<blocks_for(total), kThreads, 0, s>>>(dy, argmax, dx, ps, total, Div64(ps.w),
+                                                                    Div64(ps.h), Div64(ps.stride));
   return cudaGetLastError();
 }
 

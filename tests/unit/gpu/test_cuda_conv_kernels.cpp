@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -107,6 +108,13 @@ std::vector<ConvShape> conv_cases() {
       conv_shape(2, 3, 7, 8, 4, 3, 1, 1, 1),      // a 3x1 kernel (r != s)
       conv_shape(2, 16, 14, 14, 32, 3, 3, 1, 1),  // more channels
       conv_shape(0, 5, 9, 7, 4, 3, 3, 1, 1),      // an empty batch
+      // Channel counts that are multiples of 8: in bf16 / fp16 these plans run NHWC (conv.cpp, conv_nhwc), the
+      // operands transposed in 32x32 tiles on their way into and out of 16-bit scratch.
+      conv_shape(3, 8, 9, 7, 8, 3, 3, 1, 1),       // the smallest: every tile partly filled
+      conv_shape(2, 64, 14, 14, 64, 3, 3, 1, 1),   // a ResNet basic block's 3x3
+      conv_shape(2, 64, 15, 15, 128, 3, 3, 2, 1),  // its downsampling 3x3/2, an odd plane
+      conv_shape(2, 64, 14, 14, 128, 1, 1, 2, 0),  // and its 1x1/2 shortcut
+      conv_shape(2, 3, 23, 19, 16, 7, 7, 2, 3),    // a stem of 3 channels, given to cuDNN as 8 (zero-padded)
   };
 }
 
@@ -190,7 +198,7 @@ CudaKernels& cuda_set() { return dynamic_cast<CudaKernels&>(gpu_kernels()); }
 // against the CPU (check_conv_fp32).
 TEST_CASE("cuda conv2d forward, backward data and backward weight match the CPU", "[gpu][kernels]") {
   const std::vector<ConvShape> cases = conv_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 11)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 16)));
   // train.deterministic = false: cuDNN's first algorithm whatever its determinism, within the same bounds.
   const bool deterministic = GENERATE(true, false);
   REQUIRE(which < cases.size());
@@ -338,7 +346,7 @@ std::vector<double> abs_values(const Tensor& t) {
 TEST_CASE("cuda conv2d in bf16 and fp16 matches the CPU in the same precision", "[gpu][kernels]") {
   const Precision prec = GENERATE(Precision::BF16, Precision::F16);
   const std::vector<ConvShape> cases = conv_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 11)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 16)));
   REQUIRE(which < cases.size());
   const ConvShape cs = cases[which];
   INFO(precision_name(prec) << ": " << str(cs));
@@ -440,6 +448,77 @@ TEST_CASE("cuda conv2d keeps one plan per precision: each precision's bits are r
   }
 }
 
+// Which plans run NHWC (the sweep's lines name it): 16-bit ones whose channel counts are multiples of 8, or whose
+// input has fewer than 8 (the stem's 3, zero-padded to 8) and output a multiple of 8; not fp32 ones, not 5 -> 7
+// channels, and none made while DPT_CONV_NCHW=1 is set. Each plan's results match the CPU in
+// the test above; here the switch itself.
+TEST_CASE("cuda conv2d runs NHWC for 16-bit plans with channels in multiples of 8, NCHW under DPT_CONV_NCHW=1",
+          "[gpu][kernels]") {
+  const auto layout = [](const ConvShape& cs, Precision p) {
+    const ScopedPrecision scope(p);
+    std::mt19937 rng(26);
+    const ConvData in = conv_data(cs, rng);
+    const Tensor x = to_device(in.x), w = to_device(in.w);
+    Tensor y = nan_on_device({cs.n, cs.k, cs.p, cs.q});
+    gpu_kernels().conv2d_forward(x.data<float>(), w.data<float>(), y.data<float>(), cs);
+    const std::array<ConvShape, 1> only{cs};
+    // A line per direction chosen: an NHWC plan chooses all three when made, an NCHW one only the forward run here.
+    return cuda_set().sweep_conv_plans(1, std::nullopt, only);
+  };
+  const auto nhwc_lines = [](const std::vector<std::string>& lines) {
+    return std::ranges::count_if(lines, [](const std::string& l) { return l.find(", NHWC") != std::string::npos; });
+  };
+  ::unsetenv("DPT_CONV_NCHW");
+  const std::vector<std::string> bf16 = layout(conv_shape(2, 16, 6, 6, 24, 3, 3, 1, 1), Precision::BF16);
+  for (const std::string& l : bf16) UNSCOPED_INFO(l);
+  REQUIRE(bf16.size() == 3);
+  REQUIRE(nhwc_lines(bf16) == 3);
+  REQUIRE(nhwc_lines(layout(conv_shape(2, 16, 6, 6, 24, 3, 3, 1, 1), Precision::F16)) == 3);
+  REQUIRE(nhwc_lines(layout(conv_shape(2, 16, 6, 6, 24, 3, 3, 1, 1), Precision::F32)) == 0);
+  REQUIRE(nhwc_lines(layout(conv_shape(3, 5, 11, 9, 7, 3, 3, 1, 1), Precision::BF16)) == 0);
+  const std::vector<std::string> stem = layout(conv_shape(2, 3, 12, 12, 16, 7, 7, 2, 3), Precision::BF16);
+  REQUIRE(nhwc_lines(stem) == 3);
+  for (const std::string& l : stem) {
+    INFO(l);
+    REQUIRE(l.find("x [2, 8, 12, 12] w [16, 8, 7, 7]") != std::string::npos);
+    REQUIRE(l.find("(3 channels, zero-padded)") != std::string::npos);
+  }
+  ::setenv("DPT_CONV_NCHW", "1", 1);
+  struct Unset {
+    ~Unset() { ::unsetenv("DPT_CONV_NCHW"); }
+  } unset;
+  const std::vector<std::string> forced = layout(conv_shape(3, 16, 6, 6, 24, 3, 3, 1, 1), Precision::BF16);
+  REQUIRE(forced.size() == 1);
+  REQUIRE(nhwc_lines(forced) == 0);
+}
+
+// conv2d_backward (Conv2d's backward: dw accumulates, then dx) rounds dy once in bf16 / fp16 and shares it between
+// the two directions: the same algorithms on the same operands, so the bits of the two separate calls, in every
+// precision, NHWC and NCHW plans (64 and 5 channels), and with dx null (dw alone). dx starts as NaN, dw random.
+TEST_CASE("cuda conv2d_backward gives the bits of backward weight then backward data", "[gpu][kernels]") {
+  const Precision prec = GENERATE(Precision::F32, Precision::BF16, Precision::F16);
+  const ConvShape cs = GENERATE(conv_shape(2, 64, 14, 14, 64, 3, 3, 1, 1), conv_shape(3, 5, 11, 9, 7, 3, 3, 2, 1));
+  const bool with_dx = GENERATE(true, false);
+  INFO(precision_name(prec) << ": " << str(cs) << (with_dx ? "" : ", dw alone"));
+  const ScopedPrecision scope(prec);
+  std::mt19937 rng(27);
+  const ConvData in = conv_data(cs, rng);
+  const Tensor x = to_device(in.x), w = to_device(in.w), dy = to_device(in.dy);
+  Tensor dx_apart = nan_on_device({cs.n, cs.c, cs.h, cs.w}), dw_apart = to_device(in.dw0);
+  gpu_kernels().conv2d_backward_weight(dy.data<float>(), x.data<float>(), dw_apart.data<float>(), cs);
+  gpu_kernels().conv2d_backward_data(dy.data<float>(), w.data<float>(), dx_apart.data<float>(), cs);
+  Tensor dx = nan_on_device({cs.n, cs.c, cs.h, cs.w}), dw = to_device(in.dw0);
+  gpu_kernels().conv2d_backward(dy.data<float>(), x.data<float>(), w.data<float>(),
+                                with_dx ? dx.data<float>() : nullptr, dw.data<float>(), cs);
+  REQUIRE(bits_differ("dw, one call against two", to_host(dw), to_host(dw_apart)) == "");
+  if (with_dx) {
+    REQUIRE(bits_differ("dx, one call against two", to_host(dx), to_host(dx_apart)) == "");
+  } else {
+    const Tensor untouched = to_host(dx);  // still NaN: dx was not asked for
+    for (size_t i = 0; i < untouched.numel(); ++i) REQUIRE(std::isnan(untouched.data<float>()[i]));
+  }
+}
+
 #else
 
 TEST_CASE("cuda conv2d without cuDNN: an UnsupportedError that names cuDNN", "[gpu][kernels]") {
@@ -451,6 +530,9 @@ TEST_CASE("cuda conv2d without cuDNN: an UnsupportedError that names cuDNN", "[g
   REQUIRE_THROWS_AS(gpu_kernels().conv2d_backward_data(y.data<float>(), w.data<float>(), y.data<float>(), cs),
                     UnsupportedError);
   REQUIRE_THROWS_AS(gpu_kernels().conv2d_backward_weight(y.data<float>(), x.data<float>(), y.data<float>(), cs),
+                    UnsupportedError);
+  REQUIRE_THROWS_AS(gpu_kernels().conv2d_backward(y.data<float>(), x.data<float>(), w.data<float>(), nullptr,
+                                                  y.data<float>(), cs),
                     UnsupportedError);
 }
 
@@ -465,7 +547,9 @@ struct BnCase {
 };
 // BatchNorm1d (hw 1), one channel, 7x7 and 7x9 planes, and per-channel counts of 80000 and 200006 values, which
 // the GPU cuts into several runs (kBnValuesPerSplit = 16384) summed by different blocks.
-const BnCase kBnCases[] = {{1, 1, 1}, {3, 5, 1}, {3, 5, 49}, {1, 5, 63}, {4, 3, 20000}, {2, 3, 100003}};
+// The last four: ResNet-34's planes at 224 px (56^2 ... 7^2 positions, 64 ... 512 channels), a few images each.
+const BnCase kBnCases[] = {{1, 1, 1},       {3, 5, 1},        {3, 5, 49},      {1, 5, 63},     {4, 3, 20000},
+                           {2, 3, 100003},  {2, 64, 3136},    {3, 128, 784},   {4, 256, 196},  {5, 512, 49}};
 
 std::vector<double> host_doubles(const Tensor& device_tensor) {
   const Tensor h = to_host(device_tensor);
@@ -491,7 +575,8 @@ std::vector<double> per_channel_abs_sum(const BnShape& bs, F f) {
 // that every value is counted once. sums start as NaN (overwritten).
 TEST_CASE("cuda bn_stats matches the CPU: per-channel sums of x and x^2, and the count", "[gpu][kernels]") {
   const BnCase bc = GENERATE(values<BnCase>({{1, 1, 1}, {3, 5, 1}, {3, 5, 49}, {1, 5, 63}, {4, 3, 20000},
-                                             {2, 3, 100003}, {0, 5, 49}}));
+                                             {2, 3, 100003}, {0, 5, 49}, {2, 64, 3136}, {3, 128, 784},
+                                             {4, 256, 196}, {5, 512, 49}}));
   const bool exact = GENERATE(false, true);
   const BnShape bs{.n = bc.n, .c = bc.c, .hw = bc.hw};
   CAPTURE(bs.n, bs.c, bs.hw, exact);
@@ -617,7 +702,8 @@ TEST_CASE("cuda bn_forward_eval matches the CPU", "[gpu][kernels]") {
 // float: 1e-6 of |start| + sum|terms|. The sums start as NaN. An empty batch leaves sums 0 and adds 0.
 TEST_CASE("cuda bn_backward_reduce matches the CPU: sums, dgamma and dbeta accumulate", "[gpu][kernels]") {
   const BnCase bc = GENERATE(values<BnCase>({{1, 1, 1}, {3, 5, 1}, {3, 5, 49}, {1, 5, 63}, {4, 3, 20000},
-                                             {2, 3, 100003}, {0, 5, 49}}));
+                                             {2, 3, 100003}, {0, 5, 49}, {2, 64, 3136}, {3, 128, 784},
+                                             {4, 256, 196}, {5, 512, 49}}));
   const BnShape bs{.n = bc.n, .c = bc.c, .hw = bc.hw};
   CAPTURE(bs.n, bs.c, bs.hw);
   std::mt19937 rng(34);
@@ -799,7 +885,9 @@ PoolShape pool_shape(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kernel,
 std::vector<PoolShape> pool_cases() {
   return {pool_shape(1, 1, 1, 1, 1, 1, 0),  pool_shape(3, 5, 9, 7, 2, 2, 0),  pool_shape(3, 5, 9, 7, 3, 2, 1),
           pool_shape(1, 1, 8, 8, 3, 1, 1),  pool_shape(3, 5, 10, 11, 3, 3, 1), pool_shape(2, 3, 7, 7, 7, 1, 3),
-          pool_shape(0, 5, 9, 7, 3, 2, 1)};
+          pool_shape(0, 5, 9, 7, 3, 2, 1),
+          // ResNet's stem (3/2 pad 1 on 112^2, 64 channels) and an odd-sized plane with the same window.
+          pool_shape(2, 64, 112, 112, 3, 2, 1), pool_shape(3, 4, 57, 55, 3, 2, 1)};
 }
 
 }  // namespace
@@ -809,7 +897,7 @@ std::vector<PoolShape> pool_cases() {
 // with NaNs (a NaN wins, and the same NaN on both sides). y and argmax start as NaN and -7.
 TEST_CASE("cuda maxpool2d_forward matches the CPU exactly: values, argmax, ties, NaN", "[gpu][kernels]") {
   const std::vector<PoolShape> cases = pool_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 7)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 9)));
   REQUIRE(which < cases.size());
   const PoolShape ps = cases[which];
   const int inputs = GENERATE(0, 1, 2);  // random, coarse (ties), coarse with NaNs
@@ -844,7 +932,7 @@ TEST_CASE("cuda maxpool2d_forward matches the CPU exactly: values, argmax, ties,
 // element the argmax of several overlapping windows. dx starts as NaN (elements no window took must become 0).
 TEST_CASE("cuda maxpool2d_backward matches the CPU exactly, overlapping windows included", "[gpu][kernels]") {
   const std::vector<PoolShape> cases = pool_cases();
-  const auto which = static_cast<size_t>(GENERATE(range(0, 7)));
+  const auto which = static_cast<size_t>(GENERATE(range(0, 9)));
   REQUIRE(which < cases.size());
   const PoolShape ps = cases[which];
   CAPTURE(ps.n, ps.c, ps.h, ps.w, ps.kernel, ps.stride, ps.pad);

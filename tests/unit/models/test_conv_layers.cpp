@@ -23,6 +23,35 @@ using dpt::test::random_tensor;
 using dpt::test::check_gradients;
 using dpt::test::wrap;
 
+// Kernels::conv2d_backward (what Conv2d's backward calls, so that the CUDA set can round dy once): by default the
+// weight gradient accumulated, then the data gradient, bit for bit as the two calls; dx null: dw alone.
+TEST_CASE("conv2d_backward is backward weight then backward data, dx null leaving only dw", "[models][conv]") {
+  std::mt19937_64 rng(5);
+  Kernels& k = kernels_for(Device::cpu());
+  ConvShape cs{.n = 2, .c = 3, .h = 7, .w = 6, .k = 4, .r = 3, .s = 3, .stride = 2, .pad = 1};
+  REQUIRE(conv_output_size(cs));
+  const Tensor x = random_tensor({cs.n, cs.c, cs.h, cs.w}, rng), w = random_tensor({cs.k, cs.c, cs.r, cs.s}, rng);
+  const Tensor dy = random_tensor({cs.n, cs.k, cs.p, cs.q}, rng), dw0 = random_tensor({cs.k, cs.c, cs.r, cs.s}, rng);
+  Tensor dx_apart = Tensor::empty(x.shape()), dw_apart = Tensor::empty(w.shape());
+  dw_apart.copy_from(dw0);
+  k.conv2d_backward_weight(dy.data<float>(), x.data<float>(), dw_apart.data<float>(), cs);
+  k.conv2d_backward_data(dy.data<float>(), w.data<float>(), dx_apart.data<float>(), cs);
+  for (const bool with_dx : {true, false}) {
+    INFO(with_dx);
+    Tensor dx = Tensor::empty(x.shape()), dw = Tensor::empty(w.shape());
+    for (size_t i = 0; i < dx.numel(); ++i) dx.data<float>()[i] = 7.0f;
+    dw.copy_from(dw0);
+    k.conv2d_backward(dy.data<float>(), x.data<float>(), w.data<float>(), with_dx ? dx.data<float>() : nullptr,
+                      dw.data<float>(), cs);
+    REQUIRE(std::memcmp(dw.data<float>(), dw_apart.data<float>(), dw.bytes()) == 0);
+    if (with_dx) {
+      REQUIRE(std::memcmp(dx.data<float>(), dx_apart.data<float>(), dx.bytes()) == 0);
+    } else {
+      for (size_t i = 0; i < dx.numel(); ++i) REQUIRE(dx.data<float>()[i] == 7.0f);
+    }
+  }
+}
+
 TEST_CASE("conv2d forward matches a naive loop (stride, padding, rectangular input, 1x1)", "[models][conv]") {
   std::mt19937_64 rng(1);
   Kernels& k = kernels_for(Device::cpu());
