@@ -477,7 +477,6 @@ void check_interface(const std::string& list, const std::string& from) {
             fmt::join(names, ", "));
 }
 
-// `trace` gets the store the group's hang reports meet in.
 // The interface Gloo listens on: dist.interface, else GLOO_SOCKET_IFNAME, else none (found from the route).
 std::string gloo_interface(const InitOptions& opts) {
   if (!opts.interface.empty()) return opts.interface;
@@ -485,7 +484,8 @@ std::string gloo_interface(const InitOptions& opts) {
   return iface ? iface : "";
 }
 
-// `hosted`: the job's store when store_by_mpi made it already (rank 0 under mpirun), else null.
+// `trace` gets the store the group's hang reports meet in. `hosted`: the job's store when store_by_mpi made it
+// already (rank 0 under mpirun), else null.
 std::unique_ptr<ProcessGroup> init_host_backend(const std::string& backend, const DistEnv& env,
                                                 const InitOptions& opts, TracedGroupOptions& trace,
                                                 std::shared_ptr<Store> hosted) {
