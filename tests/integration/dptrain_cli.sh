@@ -131,6 +131,13 @@ out=$("$DPTRAIN" "${syn[@]}" train.warmup_steps=100 train.max_steps=2 2>&1) ||
 learning rate never reaches train.lr = 0.05" || { echo "$out"; fail "a warm-up longer than the run was not said"; }
 out=$("$DPTRAIN" "${syn[@]}" train.warmup_epochs=0.5 2>&1) || { echo "$out"; fail "warm-up run failed"; }
 ! <<< "$out" grep -q "warm-up" || { echo "$out"; fail "a warm-up within the run was warned of"; }
+# Training by steps with train.epochs as large as it goes: the schedule ends at train.max_steps as with any other
+# epoch count (the steps of all the epochs, a product that wrapped to a negative count, once gave the cosine
+# schedule its end from step 1: lr 0).
+lr_of() { "$DPTRAIN" "${syn[@]}" train.max_steps=3 "$@" 2>&1 | sed -n 's/.*epoch 1\/[0-9]* .* lr \([^ ]*\) .*/\1/p'; }
+lr_some=$(lr_of train.epochs=2) lr_max=$(lr_of train.epochs=9223372036854775807)
+[[ -n $lr_some && $lr_max == "$lr_some" ]] ||
+  fail "train.epochs = 2^63 - 1 with train.max_steps = 3 ended at lr '$lr_max', train.epochs = 2 at '$lr_some'"
 # A resume with another config goes on with it, and says which keys changed (it once gave only the two hashes).
 resume=(data.dataset=synthetic data.synthetic_train_size=64 data.synthetic_test_size=8 model.hidden=[8]
         train.batch_size=8 checkpoint.dir="$WORK/changed")

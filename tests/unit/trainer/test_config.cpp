@@ -263,6 +263,18 @@ TEST_CASE("the effective config round-trips through TOML and hashes stably", "[c
   REQUIRE_THAT(config_keys_help(), Catch::Contains("train.batch_size") && Catch::Contains("PER RANK"));
 }
 
+TEST_CASE("run_steps: the steps of all the epochs saturate rather than wrap", "[config]") {
+  REQUIRE(run_steps(4, 10) == 40);
+  REQUIRE(run_steps(0, INT64_MAX) == 0);
+  // train.epochs = 2^63 - 1 (training by train.max_steps): the product once wrapped to -4, and the cosine schedule,
+  // its end taken as before step 1, ran at min_lr.
+  REQUIRE(run_steps(4, INT64_MAX) == INT64_MAX);
+  REQUIRE(run_steps(INT64_MAX / 2, 3) == INT64_MAX);
+  TrainConfig t;
+  t.lr = 1.0;
+  REQUIRE(lr_at(t, 1, 4, std::min<int64_t>(run_steps(4, INT64_MAX), 3)) == Approx(lr_at(t, 1, 4, 3)));
+}
+
 TEST_CASE("learning-rate schedules", "[config]") {
   TrainConfig t;
   t.lr = 1.0;
