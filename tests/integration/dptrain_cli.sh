@@ -16,6 +16,14 @@ version=$("$DPTRAIN" --version 2>/dev/null) || fail "--version exited non-zero"
 if commit=$(git -C "$DPT_SOURCE_DIR" describe --always 2>/dev/null); then
   [[ $version == *" built $commit"* ]] || fail "--version '$version' does not name the commit $commit"
 fi
+# predict --help's "Options by checkpoint" names every option but the four all its runs need (it once left out
+# --repetition-penalty, --no-repeat-ngram-size and --min-new-tokens, which an image checkpoint refuses).
+predict_help=$("$DPTRAIN" predict --help)
+by_kind=$(<<< "$predict_help" grep "^Options by checkpoint: ") || fail "predict --help has no 'Options by checkpoint'"
+for opt in $(<<< "$predict_help" sed -n 's/^  \(--[a-z-]*\).*/\1/p'); do
+  case $opt in --checkpoint | --input | --out | --print-config) continue ;; esac
+  [[ $by_kind =~ [\ ]$opt[,.\;] ]] || fail "predict --help's '$by_kind' does not name $opt"
+done
 # A misspelt subcommand is said as such, with the nearest one (once: CLI11's "The following argument was not
 # expected: --checkpoint", or "override 'x' is not key=value"); "train" and a config file as a bare word say how.
 expect_exit 2 "unknown subcommand 'evall' (did you mean 'eval'?); the subcommands: export-images, tokenize" \

@@ -142,9 +142,10 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "[{\"index\": 3, \"class\": \"3_dress\", \"prob\": 0.912345}, ...]} (the path relative to a folder --input, "
       "the class names the checkpoint was trained with, probabilities with 6 decimals); an unreadable image with "
       "--skip-bad: {\"path\": ..., \"error\": ...}.\n"
-      "Options by checkpoint: images: --top-k, --skip-bad; GPT or Llama: --tokens, --temperature, --sample-top-k, "
-      "--sample-top-p, --seed, --no-kv-cache, --ignore-eos, --tokenizer; both: --batch-size, --precision, --format. An option of the "
-      "other kind is refused (exit 2).\n"
+      // Listed from the tables check_options refuses by (a hand-written list once left out three of the GPT's).
+      "Options by checkpoint: images: " + fmt::format("{}", fmt::join(kImageOptions, ", ")) + "; GPT or Llama: " +
+      fmt::format("{}", fmt::join(kPromptOptions, ", ")) + "; both: --batch-size, --precision, --format. An option of "
+      "the other kind is refused (exit 2).\n"
       "Example: dprun --nproc-per-node 2 -- dptrain predict --checkpoint runs/fmnist_mlp/checkpoints --input "
       "/tmp/fmnist-images/val --out preds.jsonl");
   add_checkpoint_option(*cmd, a->checkpoint);
