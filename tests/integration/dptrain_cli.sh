@@ -167,4 +167,18 @@ out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.batch_size=16 2>&1) ||
 <<< "$out" grep -q "training already complete at step 16" || { echo "$out"; fail "the done run was retrained"; }
 ! <<< "$out" grep -q "the global batch is now" ||
   { echo "$out"; fail "a done run's resume warned of its global batch"; }
+# eval and predict take --print-config after their name too (it once read as a misspelt config key there): the
+# checkpoint's config with the overrides, and nothing run.
+toml=$("$DPTRAIN" eval --checkpoint "$WORK/changed" --print-config train.eval_batch_size=7 2>/dev/null) ||
+  fail "eval --print-config failed"
+<<< "$toml" grep -q "^eval_batch_size = 7$" || { echo "$toml"; fail "eval --print-config lacks the override"; }
+toml=$("$DPTRAIN" predict --checkpoint "$WORK/changed" --input "$WORK/none" --out "$WORK/p.jsonl" --print-config \
+  2>/dev/null) || fail "predict --print-config failed"
+<<< "$toml" grep -q "^hidden = \[8\]$" || { echo "$toml"; fail "predict --print-config printed no config"; }
+# An override of eval's (or predict's) that the checkpoint's model does not read is warned of, as training's keys are
+# (it was once taken without a word); the checkpoint's own keys are not.
+out=$("$DPTRAIN" eval --checkpoint "$WORK/changed" model.n_kv_head=2 2>&1) || { echo "$out"; fail "eval failed"; }
+<<< "$out" grep -q "override model.n_kv_head=2: model.n_kv_head = 2 is not read: it applies to model.name = llama \
+(model.name = mlp)" || { echo "$out"; fail "eval did not warn of an override its model does not read"; }
+[ "$(<<< "$out" grep -c "is not read")" -eq 1 ] || { echo "$out"; fail "eval warned of more than its override"; }
 echo "PASS"
