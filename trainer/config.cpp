@@ -493,6 +493,21 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// Why an override's value that TOML refused is not what the key takes, for the values people write for it elsewhere
+// (Python's .1, 1. and True, an array of bare words); "" for any other.
+std::string override_value_hint(const std::string& type, const std::string& value) {
+  const auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+  const std::string v = !value.empty() && (value[0] == '+' || value[0] == '-') ? value.substr(1) : value;
+  const size_t dot = v.find('.');
+  if ((type == "float" || type == "integer") && dot != std::string::npos &&
+      (dot == 0 || dot + 1 == v.size() || !digit(v[dot - 1]) || !digit(v[dot + 1])))
+    return " (a TOML number has digits on both sides of its point: 0.1, 1.0)";
+  if (type == "boolean" && (value == "True" || value == "False" || value == "TRUE" || value == "FALSE" ||
+                            value == "yes" || value == "no" || value == "on" || value == "off"))
+    return " (a TOML boolean: true or false)";
+  return "";
+}
+
 void apply_override(Config& c, const std::string& item) {
   auto eq = item.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -509,6 +524,10 @@ void apply_override(Config& c, const std::string& item) {
     parsed = false;
   }
   const bool strings = f->type == std::string(Kind<std::vector<std::string>>::name);
+  // An array of bare words (data.jsonl=[a.jsonl,b.jsonl]) is no TOML, and was once taken as one file of that name.
+  if (strings && !parsed && value.starts_with('[') && value.ends_with(']'))
+    DPT_THROW(ConfigError, "{}{}: {} is not a TOML array: its strings need quotes ('{}=[\"a.jsonl\", \"b.jsonl\"]'), "
+              "or give one file or folder as a bare word", where, f->key, value, f->key);
   if ((f->type == std::string(Kind<std::string>::name) && (!parsed || !t["v"].is_string())) ||
       (strings && (!parsed || !(t["v"].is_string() || t["v"].is_array())))) {
     // Bare words are strings: dist.backend=gloo; for an array of strings, one: data.jsonl=train.jsonl.
@@ -516,7 +535,9 @@ void apply_override(Config& c, const std::string& item) {
     set_field(c, *f, toml::value<std::string>(value), where);
     return;
   }
-  if (!parsed) DPT_THROW(ConfigError, "{}{}: expected {}, got '{}'", where, f->key, f->type, value);
+  if (!parsed)
+    DPT_THROW(ConfigError, "{}{}: expected {}, got '{}'{}", where, f->key, f->type, value,
+              override_value_hint(f->type, value));
   set_field(c, *f, *t.get("v"), where);
 }
 

@@ -162,6 +162,20 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   REQUIRE_THROWS_WITH(load_config("", {"train.epochs=2.5"}), Catch::Contains("train.epochs: expected integer, got float 2.5"));
   REQUIRE_THROWS_WITH(load_config("", {"train.lr=fast"}), Catch::Contains("train.lr: expected float, got 'fast'"));
   REQUIRE_THROWS_WITH(load_config("", {"model.hidden=[1.5]"}), Catch::Contains("expected array of integers"));
+  // Values written as Python writes them say what TOML takes instead (they once said only "expected float").
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr=.1"}),
+                      Catch::Contains("train.lr: expected float, got '.1' (a TOML number has digits on both sides"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr=1."}), Catch::Contains("digits on both sides of its point"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr=-.5"}), Catch::Contains("digits on both sides of its point"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.nesterov=True"}),
+                      Catch::Contains("train.nesterov: expected boolean, got 'True' (a TOML boolean: true or false)"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr=fast"}), !Catch::Contains("(a TOML"));
+  // An array of bare words was once one file named "[a.jsonl,b.jsonl]"; quoted, it is two.
+  REQUIRE_THROWS_WITH(load_config("", {"data.jsonl=[a.jsonl,b.jsonl]"}),
+                      Catch::Contains("data.jsonl: [a.jsonl,b.jsonl] is not a TOML array: its strings need quotes"));
+  REQUIRE(parse_config("", "t", {"data.jsonl=[\"a.jsonl\", \"b.jsonl\"]"}).data.jsonl ==
+          std::vector<std::string>{"a.jsonl", "b.jsonl"});
+  REQUIRE(parse_config("", "t", {"data.jsonl=a.jsonl"}).data.jsonl == std::vector<std::string>{"a.jsonl"});
   // Arrays and tables in the message are printed element by element (toml++'s formatter is undefined for a float
   // under 0.1 in an array and for INT64_MIN: fuzz_config found it).
   REQUIRE_THROWS_WITH(load_config("", {"model.hidden=[828, 28e-80]"}),
