@@ -384,7 +384,7 @@ std::vector<Field> run_fields() {
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: at no epoch end but the last: the run's last epoch always ends with one)", at_least<int64_t>(0)),
       field("checkpoint.every_steps", &C::checkpoint, &CheckpointConfig::every_steps, "also write one every N optimizer steps (0: off)", at_least<int64_t>(0)),
       field("checkpoint.on_error", &C::checkpoint, &CheckpointConfig::on_error, "what a checkpoint write that fails (a full disk, permissions; weights that are no longer finite: a diverged run) does; its temporary folder is removed either way. stop: the run fails with the error (exit 1). warn: a warning naming the step and the cause, and training goes on; the previous checkpoint stays the newest (none is pruned for the failed one), the failures are counted in the metrics file (checkpoint_failures) and in the line that ends the run, which says when the newest checkpoint is older than the run's end. Under dist.zero every rank takes the same decision"),
-      field("log.level", &C::log, &LogConfig::level, "trace | debug | info | warn | error", one_of({"trace", "debug", "info", "warn", "error"})),
+      field("log.level", &C::log, &LogConfig::level, "trace | debug | info | warn | error; DPT_LOG_LEVEL in the environment, where set, takes precedence over it (a switch for debugging a run without editing its config)", one_of({"trace", "debug", "info", "warn", "error"})),
       field("log.dir", &C::log, &LogConfig::dir, "where rank 0 appends metrics.jsonl, one JSON object per progress line and per epoch (docs/watching.md: Metrics file); empty (the default): the folder that holds checkpoint.dir"),
       field("log.tensorboard", &C::log, &LogConfig::tensorboard, "rank 0 also writes the metrics.jsonl records as TensorBoard event files (events.out.tfevents.*) in the same folder, one scalar \"<kind>/<key>\" per number (docs/watching.md: TensorBoard); `tensorboard --logdir` that folder"),
       field("log.memory", &C::log, &LogConfig::memory, "every progress line (and progress record) also shows memory: dptrain's tensors on the training device now and at peak, host RSS, and a GPU's used memory; without it they come once per epoch"),
@@ -831,7 +831,9 @@ std::string config_reference_markdown() {
       "its hash: a rank started with another config stops the job before the first step. A key set to another value\n"
       "than its default that the run's model, data set, optimizer or schedule does not read (`train.momentum` with\n"
       "`train.optimizer = adamw`, `model.n_kv_head` with `model.name = gpt`) is named in a warning at the start.\n"
-      "Defaults are shown as TOML values.\n"
+      "Defaults are shown as TOML values. A relative path (`data.dir`, `data.jsonl`, `data.tokenizer`,\n"
+      "`checkpoint.dir`, `log.dir`, `model.init_from`, `model.hf_config`) is taken from the current directory, where\n"
+      "dptrain runs (as every rank does), not from the folder of the config file that names it.\n"
       "\n";
   out += fmt::format("Sections: {}.\n", fmt::join(links, ", "));
   for (const auto& sec : sections) {
