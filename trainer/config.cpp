@@ -313,8 +313,16 @@ std::vector<Field> data_fields() {
       field("data.synthetic_train_size", &C::data, &DataConfig::synthetic_train_size, "training examples (dataset = synthetic)", at_least<int64_t>(1)),
       field("data.synthetic_test_size", &C::data, &DataConfig::synthetic_test_size, "test examples (dataset = synthetic)", at_least<int64_t>(1)),
       field("data.synthetic_shape", &C::data, &DataConfig::synthetic_shape, "one example's shape (dataset = synthetic): [features], or [channels, height, width] for images", Check<std::vector<int64_t>>([](const std::vector<int64_t>& v) {
-              return (v.size() == 1 || v.size() == 3) && std::all_of(v.begin(), v.end(), [](int64_t d) { return d >= 1; })
-                         ? "" : std::string("must be [F] or [C, H, W], every value >= 1");
+              const bool positive = std::all_of(v.begin(), v.end(), [](int64_t d) { return d >= 1; });
+              if (!(v.size() == 1 || v.size() == 3) || !positive)
+                return std::string("must be [F] or [C, H, W], every value >= 1");
+              // Its product is the features of an example: [16, 2^60 + 1, 1] once wrapped to 16 and trained an MLP
+              // of 16 inputs without a word, [4, 2^31, 2^31] to 0 ("features must be >= 1").
+              int64_t features = 1;
+              for (int64_t d : v)
+                if (__builtin_mul_overflow(features, d, &features) || features > (int64_t{1} << 32))
+                  return std::string("its product, the features of one example, must be at most 2^32 (4294967296)");
+              return std::string();
             })),
   };
 }

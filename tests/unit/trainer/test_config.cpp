@@ -162,6 +162,12 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   REQUIRE_THROWS_WITH(load_config("", {"train.epochs=2.5"}), Catch::Contains("train.epochs: expected integer, got float 2.5"));
   REQUIRE_THROWS_WITH(load_config("", {"train.lr=fast"}), Catch::Contains("train.lr: expected float, got 'fast'"));
   REQUIRE_THROWS_WITH(load_config("", {"model.hidden=[1.5]"}), Catch::Contains("expected array of integers"));
+  // data.synthetic_shape's product is an example's features: one that wrapped once trained on a bogus shape.
+  REQUIRE_THROWS_WITH(load_config("", {"data.synthetic_shape=[16, 1152921504606846977, 1]"}),
+                      Catch::Contains("data.synthetic_shape = [16, 1152921504606846977, 1]: its product, the"));
+  REQUIRE_THROWS_WITH(load_config("", {"data.synthetic_shape=[4, 2147483648, 2147483648]"}),
+                      Catch::Contains("must be at most 2^32"));
+  REQUIRE(load_config("", {"data.synthetic_shape=[1, 65536, 65536]"}).data.synthetic_shape.size() == 3);
   // Values written as Python writes them say what TOML takes instead (they once said only "expected float").
   REQUIRE_THROWS_WITH(load_config("", {"train.lr=.1"}),
                       Catch::Contains("train.lr: expected float, got '.1' (a TOML number has digits on both sides"));
