@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <regex>
 
 #include "core/check.h"
 #include "trainer/config.h"
@@ -33,6 +35,20 @@ TEST_CASE("the shipped configs parse", "[config]") {
   for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/configs")) {
     INFO(e.path());
     REQUIRE_NOTHROW(load_config(e.path().string(), {}));
+  }
+  // A comment's `see FILE ("TEXT")` names text that FILE holds (llama_tiny.toml once sent readers to a README section
+  // that does not exist).
+  const std::regex see(R"re(see ([A-Za-z0-9_./-]+\.md) \("([^"]+)"\))re");
+  for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/configs")) {
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), see); it != std::sregex_iterator(); ++it) {
+      INFO(e.path() << ": " << it->str());
+      std::ifstream doc(source_dir() + "/" + (*it)[1].str());
+      REQUIRE(doc.good());
+      const std::string body((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
+      CHECK(body.find((*it)[2].str()) != std::string::npos);
+    }
   }
   Config c = load_config(source_dir() + "/configs/fmnist_mlp.toml", {});
   REQUIRE(c.model.hidden == std::vector<int64_t>{512, 512});
