@@ -452,7 +452,7 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
   if (lead_) {
     spdlog::info("resumed from {} (step {}, epoch {}, batch {})", loaded.path, start_.step, start_.epoch + 1,
                  start_.batch_in_epoch);
-    const int64_t step_samples = t_.batch_size * t_.accum_steps * world_;
+    const int64_t step_samples = samples_per_step(t_.batch_size, t_.accum_steps, world_);
     if (start_.samples_in_epoch > 0)
       spdlog::info("resumed mid-epoch: {} of epoch {}'s {} examples done; the {} left go on in its order, dealt to "
                    "{} rank(s) x batch {}{}", start_.samples_in_epoch, start_.epoch + 1, examples,
@@ -517,7 +517,7 @@ void Trainer::prepare_steps() {
                      .prefetch = static_cast<size_t>(cfg_.data.prefetch), .pin_memory = device_.is_cuda(),
                      .workers = static_cast<size_t>(cfg_.data.workers)};
   K_ = t_.accum_steps;
-  step_samples_ = t_.batch_size * K_ * world_;
+  step_samples_ = samples_per_step(t_.batch_size, K_, world_);
   const size_t per_rank = sampler_->num_samples();
   spe_ = batches_for(per_rank);
   if (spe_ == 0)

@@ -146,6 +146,9 @@ lr_of() { "$DPTRAIN" "${syn[@]}" train.max_steps=3 "$@" 2>&1 | sed -n 's/.*epoch
 lr_some=$(lr_of train.epochs=2) lr_max=$(lr_of train.epochs=9223372036854775807)
 [[ -n $lr_some && $lr_max == "$lr_some" ]] ||
   fail "train.epochs = 2^63 - 1 with train.max_steps = 3 ended at lr '$lr_max', train.epochs = 2 at '$lr_some'"
+# So with train.accum_steps as large as it goes: the examples of a step once wrapped to 0 and the run died of SIGFPE.
+out=$("$DPTRAIN" "${syn[@]}" train.accum_steps=4611686018427387904 2>&1) ||
+  { echo "$out"; fail "train.accum_steps = 2^62 failed"; }
 # A resume with another config goes on with it, and says which keys changed (it once gave only the two hashes).
 resume=(data.dataset=synthetic data.synthetic_train_size=64 data.synthetic_test_size=8 model.hidden=[8]
         train.batch_size=8 checkpoint.dir="$WORK/changed")

@@ -309,6 +309,10 @@ TEST_CASE("run_steps: the steps of all the epochs saturate rather than wrap", "[
   TrainConfig t;
   t.lr = 1.0;
   REQUIRE(lr_at(t, 1, 4, std::min<int64_t>(run_steps(4, INT64_MAX), 3)) == Approx(lr_at(t, 1, 4, 3)));
+  // The examples of a step: train.accum_steps = 2^62 x batch 16 once wrapped to 0, a division by zero (SIGFPE).
+  REQUIRE(samples_per_step(16, 4, 2) == 128);
+  REQUIRE(samples_per_step(16, int64_t{1} << 62, 1) == INT64_MAX);
+  REQUIRE(samples_per_step(int64_t{1} << 62, 1, 4) == INT64_MAX);
 }
 
 TEST_CASE("learning-rate schedules", "[config]") {
