@@ -437,8 +437,22 @@ const Field* find_field(std::string_view key) {
   const std::string name = key.substr(key.rfind('.') + 1);
   for (const std::string& k : keys)
     if (k.substr(k.find('.') + 1) == name) same_name.push_back("'" + k + "'");
+  // Names other trainers give these keys (Hugging Face's TrainingArguments, nanoGPT's train.py), far from ours in
+  // edits: learning_rate=3e-5 once got no hint at all.
+  static const std::vector<std::pair<std::string, std::string>> elsewhere = {
+      {"learning_rate", "train.lr"}, {"num_train_epochs", "train.epochs"}, {"max_iters", "train.max_steps"},
+      {"per_device_train_batch_size", "train.batch_size"}, {"gradient_accumulation_steps", "train.accum_steps"},
+      {"max_grad_norm", "train.clip_grad_norm"}, {"grad_clip", "train.clip_grad_norm"},
+      {"warmup_iters", "train.warmup_steps"}, {"lr_scheduler_type", "train.schedule"}, {"adam_beta1", "train.beta1"},
+      {"adam_beta2", "train.beta2"}, {"adam_epsilon", "train.eps"},
+      {"per_device_eval_batch_size", "train.eval_batch_size"}, {"output_dir", "checkpoint.dir"}, {"out_dir", "checkpoint.dir"}, {"save_total_limit", "checkpoint.keep"},
+      {"save_steps", "checkpoint.every_steps"}, {"num_hidden_layers", "model.n_layer"},
+      {"num_attention_heads", "model.n_head"}, {"hidden_size", "model.n_embd"}};
   std::string hint;
-  if (same_name.size() == 1) hint = fmt::format(" (did you mean {}?)", same_name.front());
+  const auto alias = std::find_if(elsewhere.begin(), elsewhere.end(), [&](const auto& a) { return a.first == name; });
+  if (same_name.empty() && alias != elsewhere.end())
+    hint = fmt::format(" (did you mean '{}'? {} is another trainer's name for it)", alias->second, name);
+  else if (same_name.size() == 1) hint = fmt::format(" (did you mean {}?)", same_name.front());
   else if (!same_name.empty())
     hint = fmt::format(" (did you mean {} or {}?)", fmt::join(same_name.begin(), same_name.end() - 1, ", "),
                        same_name.back());

@@ -170,7 +170,15 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   REQUIRE_THROWS_WITH(load_config("", {"model.seed=3"}), Catch::Contains("did you mean 'train.seed'"));
   REQUIRE_THROWS_WITH(load_config("", {"dir=x"}),
                       Catch::Contains("(did you mean 'data.dir', 'checkpoint.dir' or 'log.dir'?)"));
-  REQUIRE_THROWS_WITH(load_config("", {"learning_rate=0.1"}), !Catch::Contains("did you mean"));
+  // Other trainers' names for a key (Hugging Face's, nanoGPT's) name ours (learning_rate once got no hint at all);
+  // a name that is neither gets none.
+  REQUIRE_THROWS_WITH(load_config("", {"learning_rate=0.1"}),
+                      Catch::Contains("(did you mean 'train.lr'? learning_rate is another trainer's name for it)"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.gradient_accumulation_steps=4"}),
+                      Catch::Contains("did you mean 'train.accum_steps'?"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("h.toml", "[train]\nmax_iters = 600000\n"), {}),
+                      Catch::Contains("did you mean 'train.max_steps'?"));
+  REQUIRE_THROWS_WITH(load_config("", {"frobnicate=0.1"}), !Catch::Contains("did you mean"));
   REQUIRE_THROWS_WITH(load_config("", {std::string(5000, 'x') + "=1"}),
                       Catch::Contains("unknown config key 'xxx") && !Catch::Contains("did you mean"));
   REQUIRE_THROWS_WITH(load_config(write_temp("c.toml", "[train]\nbatchsize = 3\n"), {}),
