@@ -100,17 +100,32 @@ size_t numel_of(const std::vector<int64_t>& shape) {
   size_t n = 1;
   for (int64_t d : shape) {
     DPT_CHECK_GE(d, 0);
-    n *= static_cast<size_t>(d);
+    // A product that wrapped (a config's model.intermediate_size = 2^63 - 1) once made a small buffer for a huge
+    // shape, and the process died writing past it (SIGSEGV).
+    if (__builtin_mul_overflow(n, static_cast<size_t>(d), &n) || n > static_cast<size_t>(INT64_MAX))
+      DPT_THROW(OutOfMemoryError, "cannot allocate a tensor of shape [{}]: more elements than an address space holds",
+                fmt::join(shape, ", "));
   }
   return n;
 }
 
+namespace {
+size_t bytes_of(const std::vector<int64_t>& shape, size_t numel, DType dtype) {
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(numel, dtype_size(dtype), &bytes) || bytes > static_cast<size_t>(INT64_MAX) / 2)
+    DPT_THROW(OutOfMemoryError, "cannot allocate a tensor of shape [{}]: more bytes than an address space holds",
+              fmt::join(shape, ", "));
+  return bytes;
+}
+}  // namespace
+
 Tensor Tensor::empty(std::vector<int64_t> shape, DType dtype, Device device) {
   Tensor t;
   t.numel_ = numel_of(shape);
+  const size_t bytes = bytes_of(shape, t.numel_, dtype);
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(t.numel_ * dtype_size(dtype), device);
+  t.storage_ = std::make_shared<Storage>(bytes, device);
   return t;
 }
 
@@ -123,9 +138,10 @@ Tensor Tensor::zeros(std::vector<int64_t> shape, DType dtype, Device device) {
 Tensor Tensor::empty_pinned(std::vector<int64_t> shape, DType dtype) {
   Tensor t;
   t.numel_ = numel_of(shape);
+  const size_t bytes = bytes_of(shape, t.numel_, dtype);
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(t.numel_ * dtype_size(dtype), Device::cpu(), cuda::device_count() > 0);
+  t.storage_ = std::make_shared<Storage>(bytes, Device::cpu(), cuda::device_count() > 0);
   return t;
 }
 

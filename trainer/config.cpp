@@ -313,8 +313,16 @@ std::vector<Field> data_fields() {
       field("data.synthetic_train_size", &C::data, &DataConfig::synthetic_train_size, "training examples (dataset = synthetic)", at_least<int64_t>(1)),
       field("data.synthetic_test_size", &C::data, &DataConfig::synthetic_test_size, "test examples (dataset = synthetic)", at_least<int64_t>(1)),
       field("data.synthetic_shape", &C::data, &DataConfig::synthetic_shape, "one example's shape (dataset = synthetic): [features], or [channels, height, width] for images", Check<std::vector<int64_t>>([](const std::vector<int64_t>& v) {
-              return (v.size() == 1 || v.size() == 3) && std::all_of(v.begin(), v.end(), [](int64_t d) { return d >= 1; })
-                         ? "" : std::string("must be [F] or [C, H, W], every value >= 1");
+              const bool positive = std::all_of(v.begin(), v.end(), [](int64_t d) { return d >= 1; });
+              if (!(v.size() == 1 || v.size() == 3) || !positive)
+                return std::string("must be [F] or [C, H, W], every value >= 1");
+              // Its product is the features of an example: [16, 2^60 + 1, 1] once wrapped to 16 and trained an MLP
+              // of 16 inputs without a word, [4, 2^31, 2^31] to 0 ("features must be >= 1").
+              int64_t features = 1;
+              for (int64_t d : v)
+                if (__builtin_mul_overflow(features, d, &features) || features > (int64_t{1} << 32))
+                  return std::string("its product, the features of one example, must be at most 2^32 (4294967296)");
+              return std::string();
             })),
   };
 }
@@ -384,7 +392,7 @@ std::vector<Field> run_fields() {
       field("checkpoint.every_epochs", &C::checkpoint, &CheckpointConfig::every_epochs, "write one every N epochs (0: at no epoch end but the last: the run's last epoch always ends with one)", at_least<int64_t>(0)),
       field("checkpoint.every_steps", &C::checkpoint, &CheckpointConfig::every_steps, "also write one every N optimizer steps (0: off)", at_least<int64_t>(0)),
       field("checkpoint.on_error", &C::checkpoint, &CheckpointConfig::on_error, "what a checkpoint write that fails (a full disk, permissions; weights that are no longer finite: a diverged run) does; its temporary folder is removed either way. stop: the run fails with the error (exit 1). warn: a warning naming the step and the cause, and training goes on; the previous checkpoint stays the newest (none is pruned for the failed one), the failures are counted in the metrics file (checkpoint_failures) and in the line that ends the run, which says when the newest checkpoint is older than the run's end. Under dist.zero every rank takes the same decision"),
-      field("log.level", &C::log, &LogConfig::level, "trace | debug | info | warn | error", one_of({"trace", "debug", "info", "warn", "error"})),
+      field("log.level", &C::log, &LogConfig::level, "trace | debug | info | warn | error; DPT_LOG_LEVEL in the environment, where set, takes precedence over it (a switch for debugging a run without editing its config)", one_of({"trace", "debug", "info", "warn", "error"})),
       field("log.dir", &C::log, &LogConfig::dir, "where rank 0 appends metrics.jsonl, one JSON object per progress line and per epoch (docs/watching.md: Metrics file); empty (the default): the folder that holds checkpoint.dir"),
       field("log.tensorboard", &C::log, &LogConfig::tensorboard, "rank 0 also writes the metrics.jsonl records as TensorBoard event files (events.out.tfevents.*) in the same folder, one scalar \"<kind>/<key>\" per number (docs/watching.md: TensorBoard); `tensorboard --logdir` that folder"),
       field("log.memory", &C::log, &LogConfig::memory, "every progress line (and progress record) also shows memory: dptrain's tensors on the training device now and at peak, host RSS, and a GPU's used memory; without it they come once per epoch"),
@@ -429,8 +437,22 @@ const Field* find_field(std::string_view key) {
   const std::string name = key.substr(key.rfind('.') + 1);
   for (const std::string& k : keys)
     if (k.substr(k.find('.') + 1) == name) same_name.push_back("'" + k + "'");
+  // Names other trainers give these keys (Hugging Face's TrainingArguments, nanoGPT's train.py), far from ours in
+  // edits: learning_rate=3e-5 once got no hint at all.
+  static const std::vector<std::pair<std::string, std::string>> elsewhere = {
+      {"learning_rate", "train.lr"}, {"num_train_epochs", "train.epochs"}, {"max_iters", "train.max_steps"},
+      {"per_device_train_batch_size", "train.batch_size"}, {"gradient_accumulation_steps", "train.accum_steps"},
+      {"max_grad_norm", "train.clip_grad_norm"}, {"grad_clip", "train.clip_grad_norm"},
+      {"warmup_iters", "train.warmup_steps"}, {"lr_scheduler_type", "train.schedule"}, {"adam_beta1", "train.beta1"},
+      {"adam_beta2", "train.beta2"}, {"adam_epsilon", "train.eps"},
+      {"per_device_eval_batch_size", "train.eval_batch_size"}, {"output_dir", "checkpoint.dir"}, {"out_dir", "checkpoint.dir"}, {"save_total_limit", "checkpoint.keep"},
+      {"save_steps", "checkpoint.every_steps"}, {"num_hidden_layers", "model.n_layer"},
+      {"num_attention_heads", "model.n_head"}, {"hidden_size", "model.n_embd"}};
   std::string hint;
-  if (same_name.size() == 1) hint = fmt::format(" (did you mean {}?)", same_name.front());
+  const auto alias = std::find_if(elsewhere.begin(), elsewhere.end(), [&](const auto& a) { return a.first == name; });
+  if (same_name.empty() && alias != elsewhere.end())
+    hint = fmt::format(" (did you mean '{}'? {} is another trainer's name for it)", alias->second, name);
+  else if (same_name.size() == 1) hint = fmt::format(" (did you mean {}?)", same_name.front());
   else if (!same_name.empty())
     hint = fmt::format(" (did you mean {} or {}?)", fmt::join(same_name.begin(), same_name.end() - 1, ", "),
                        same_name.back());
@@ -493,6 +515,21 @@ bool valid_utf8(const std::string& s) {
   return true;
 }
 
+// Why an override's value that TOML refused is not what the key takes, for the values people write for it elsewhere
+// (Python's .1, 1. and True, an array of bare words); "" for any other.
+std::string override_value_hint(const std::string& type, const std::string& value) {
+  const auto digit = [](char ch) { return ch >= '0' && ch <= '9'; };
+  const std::string v = !value.empty() && (value[0] == '+' || value[0] == '-') ? value.substr(1) : value;
+  const size_t dot = v.find('.');
+  if ((type == "float" || type == "integer") && dot != std::string::npos &&
+      (dot == 0 || dot + 1 == v.size() || !digit(v[dot - 1]) || !digit(v[dot + 1])))
+    return " (a TOML number has digits on both sides of its point: 0.1, 1.0)";
+  if (type == "boolean" && (value == "True" || value == "False" || value == "TRUE" || value == "FALSE" ||
+                            value == "yes" || value == "no" || value == "on" || value == "off"))
+    return " (a TOML boolean: true or false)";
+  return "";
+}
+
 void apply_override(Config& c, const std::string& item) {
   auto eq = item.find('=');
   if (eq == std::string::npos || eq == 0)
@@ -509,6 +546,10 @@ void apply_override(Config& c, const std::string& item) {
     parsed = false;
   }
   const bool strings = f->type == std::string(Kind<std::vector<std::string>>::name);
+  // An array of bare words (data.jsonl=[a.jsonl,b.jsonl]) is no TOML, and was once taken as one file of that name.
+  if (strings && !parsed && value.starts_with('[') && value.ends_with(']'))
+    DPT_THROW(ConfigError, "{}{}: {} is not a TOML array: its strings need quotes ('{}=[\"a.jsonl\", \"b.jsonl\"]'), "
+              "or give one file or folder as a bare word", where, f->key, value, f->key);
   if ((f->type == std::string(Kind<std::string>::name) && (!parsed || !t["v"].is_string())) ||
       (strings && (!parsed || !(t["v"].is_string() || t["v"].is_array())))) {
     // Bare words are strings: dist.backend=gloo; for an array of strings, one: data.jsonl=train.jsonl.
@@ -516,7 +557,9 @@ void apply_override(Config& c, const std::string& item) {
     set_field(c, *f, toml::value<std::string>(value), where);
     return;
   }
-  if (!parsed) DPT_THROW(ConfigError, "{}{}: expected {}, got '{}'", where, f->key, f->type, value);
+  if (!parsed)
+    DPT_THROW(ConfigError, "{}{}: expected {}, got '{}'{}", where, f->key, f->type, value,
+              override_value_hint(f->type, value));
   set_field(c, *f, *t.get("v"), where);
 }
 
@@ -810,7 +853,9 @@ std::string config_reference_markdown() {
       "its hash: a rank started with another config stops the job before the first step. A key set to another value\n"
       "than its default that the run's model, data set, optimizer or schedule does not read (`train.momentum` with\n"
       "`train.optimizer = adamw`, `model.n_kv_head` with `model.name = gpt`) is named in a warning at the start.\n"
-      "Defaults are shown as TOML values.\n"
+      "Defaults are shown as TOML values. A relative path (`data.dir`, `data.jsonl`, `data.tokenizer`,\n"
+      "`checkpoint.dir`, `log.dir`, `model.init_from`, `model.hf_config`) is taken from the current directory, where\n"
+      "dptrain runs (as every rank does), not from the folder of the config file that names it.\n"
       "\n";
   out += fmt::format("Sections: {}.\n", fmt::join(links, ", "));
   for (const auto& sec : sections) {

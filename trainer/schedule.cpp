@@ -28,6 +28,19 @@ double lr_at(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch, int6
   return cfg.lr;  // constant
 }
 
+int64_t run_steps(int64_t steps_per_epoch, int64_t epochs) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(steps_per_epoch, epochs, &out)) return INT64_MAX;
+  return out;
+}
+
+int64_t samples_per_step(int64_t batch_size, int64_t accum_steps, int world) {
+  int64_t out = 0;
+  if (__builtin_mul_overflow(batch_size, accum_steps, &out) || __builtin_mul_overflow(out, int64_t{world}, &out))
+    return INT64_MAX;
+  return out;
+}
+
 StepGeometry global_batch_geometry(int64_t global_batch, int64_t max_micro_batch, int world) {
   DPT_CHECK(global_batch >= 1 && max_micro_batch >= 1 && world >= 1, "bad geometry {} {} {}", global_batch,
             max_micro_batch, world);

@@ -13,6 +13,15 @@ namespace dpt::trainer {
 // min_lr at `total_steps`.
 double lr_at(const TrainConfig& cfg, int64_t step, int64_t steps_per_epoch, int64_t total_steps);
 
+// The optimizer steps of `epochs` epochs of `steps_per_epoch`, saturated at INT64_MAX: train.epochs takes any int64,
+// and a product that wrapped (train.epochs = 2^63 - 1 with train.max_steps, "train by steps") once went negative and
+// ran the cosine schedule at min_lr from the first step.
+int64_t run_steps(int64_t steps_per_epoch, int64_t epochs);
+
+// The examples one optimizer step takes over all ranks (batch x accumulation steps x ranks), saturated at INT64_MAX
+// as run_steps: train.accum_steps = 2^62 once wrapped it to 0, and the run died on a division by it (SIGFPE).
+int64_t samples_per_step(int64_t batch_size, int64_t accum_steps, int world);
+
 // train.global_batch_size: `global_batch` samples per optimizer step whatever the world size, as a per-rank
 // micro-batch times accumulation steps: the fewest micro-batches (accum_steps) that fit train.batch_size
 // (`max_micro_batch`), each rank taking global_batch / world samples per step. ConfigError when global_batch does not

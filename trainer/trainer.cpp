@@ -452,7 +452,7 @@ void Trainer::restore(const LoadedCheckpoint& loaded) {
   if (lead_) {
     spdlog::info("resumed from {} (step {}, epoch {}, batch {})", loaded.path, start_.step, start_.epoch + 1,
                  start_.batch_in_epoch);
-    const int64_t step_samples = t_.batch_size * t_.accum_steps * world_;
+    const int64_t step_samples = samples_per_step(t_.batch_size, t_.accum_steps, world_);
     if (start_.samples_in_epoch > 0)
       spdlog::info("resumed mid-epoch: {} of epoch {}'s {} examples done; the {} left go on in its order, dealt to "
                    "{} rank(s) x batch {}{}", start_.samples_in_epoch, start_.epoch + 1, examples,
@@ -517,7 +517,7 @@ void Trainer::prepare_steps() {
                      .prefetch = static_cast<size_t>(cfg_.data.prefetch), .pin_memory = device_.is_cuda(),
                      .workers = static_cast<size_t>(cfg_.data.workers)};
   K_ = t_.accum_steps;
-  step_samples_ = t_.batch_size * K_ * world_;
+  step_samples_ = samples_per_step(t_.batch_size, K_, world_);
   const size_t per_rank = sampler_->num_samples();
   spe_ = batches_for(per_rank);
   if (spe_ == 0)
@@ -527,7 +527,7 @@ void Trainer::prepare_steps() {
   steps_per_epoch_ = (spe_ + K_ - 1) / K_;
   // The schedule's position: epoch x steps_per_epoch_ + the epoch's steps so far, in this run's geometry (an epoch
   // resumed mid-way counts its consumed examples as steps of this geometry's global batch). It ends at total_steps_.
-  total_steps_ = steps_per_epoch_ * t_.epochs;
+  total_steps_ = run_steps(steps_per_epoch_, t_.epochs);
   const int64_t resumed_at = start_.epoch * steps_per_epoch_ + std::max<int64_t>(start_.samples_in_epoch, 0) / step_samples_;
   if (start_.samples_in_epoch > 0 && start_.epoch == t_.epochs - 1) {
     // Resumed in the last epoch, perhaps at another geometry: the run ends after its remaining examples' steps (as
@@ -537,7 +537,9 @@ void Trainer::prepare_steps() {
   }
   // train.max_steps counts the steps taken; after a resume at another geometry those and the schedule's position
   // differ by a constant (the position it resumed at less the steps done).
-  if (t_.max_steps > 0) total_steps_ = std::min(total_steps_, t_.max_steps + (resumed_at - start_.step));
+  int64_t max_total = 0;
+  if (t_.max_steps > 0 && !__builtin_add_overflow(t_.max_steps, resumed_at - start_.step, &max_total))
+    total_steps_ = std::min(total_steps_, max_total);
   // A warm-up longer than the run (a longer run's train.warmup_epochs, a short train.max_steps trial): the learning
   // rate never reaches train.lr. Said, not refused: a run may be meant to stop early and go on later.
   const double warmup = t_.warmup_steps > 0 ? static_cast<double>(t_.warmup_steps)

@@ -16,6 +16,14 @@ version=$("$DPTRAIN" --version 2>/dev/null) || fail "--version exited non-zero"
 if commit=$(git -C "$DPT_SOURCE_DIR" describe --always 2>/dev/null); then
   [[ $version == *" built $commit"* ]] || fail "--version '$version' does not name the commit $commit"
 fi
+# predict --help's "Options by checkpoint" names every option but the four all its runs need (it once left out
+# --repetition-penalty, --no-repeat-ngram-size and --min-new-tokens, which an image checkpoint refuses).
+predict_help=$("$DPTRAIN" predict --help)
+by_kind=$(<<< "$predict_help" grep "^Options by checkpoint: ") || fail "predict --help has no 'Options by checkpoint'"
+for opt in $(<<< "$predict_help" sed -n 's/^  \(--[a-z-]*\).*/\1/p'); do
+  case $opt in --checkpoint | --input | --out | --print-config) continue ;; esac
+  [[ $by_kind =~ [\ ]$opt[,.\;] ]] || fail "predict --help's '$by_kind' does not name $opt"
+done
 # A misspelt subcommand is said as such, with the nearest one (once: CLI11's "The following argument was not
 # expected: --checkpoint", or "override 'x' is not key=value"); "train" and a config file as a bare word say how.
 expect_exit 2 "unknown subcommand 'evall' (did you mean 'eval'?); the subcommands: export-images, tokenize" \
@@ -131,6 +139,16 @@ out=$("$DPTRAIN" "${syn[@]}" train.warmup_steps=100 train.max_steps=2 2>&1) ||
 learning rate never reaches train.lr = 0.05" || { echo "$out"; fail "a warm-up longer than the run was not said"; }
 out=$("$DPTRAIN" "${syn[@]}" train.warmup_epochs=0.5 2>&1) || { echo "$out"; fail "warm-up run failed"; }
 ! <<< "$out" grep -q "warm-up" || { echo "$out"; fail "a warm-up within the run was warned of"; }
+# Training by steps with train.epochs as large as it goes: the schedule ends at train.max_steps as with any other
+# epoch count (the steps of all the epochs, a product that wrapped to a negative count, once gave the cosine
+# schedule its end from step 1: lr 0).
+lr_of() { "$DPTRAIN" "${syn[@]}" train.max_steps=3 "$@" 2>&1 | sed -n 's/.*epoch 1\/[0-9]* .* lr \([^ ]*\) .*/\1/p'; }
+lr_some=$(lr_of train.epochs=2) lr_max=$(lr_of train.epochs=9223372036854775807)
+[[ -n $lr_some && $lr_max == "$lr_some" ]] ||
+  fail "train.epochs = 2^63 - 1 with train.max_steps = 3 ended at lr '$lr_max', train.epochs = 2 at '$lr_some'"
+# So with train.accum_steps as large as it goes: the examples of a step once wrapped to 0 and the run died of SIGFPE.
+out=$("$DPTRAIN" "${syn[@]}" train.accum_steps=4611686018427387904 2>&1) ||
+  { echo "$out"; fail "train.accum_steps = 2^62 failed"; }
 # A resume with another config goes on with it, and says which keys changed (it once gave only the two hashes).
 resume=(data.dataset=synthetic data.synthetic_train_size=64 data.synthetic_test_size=8 model.hidden=[8]
         train.batch_size=8 checkpoint.dir="$WORK/changed")
@@ -152,4 +170,18 @@ out=$("$DPTRAIN" "${resume[@]}" train.epochs=2 train.batch_size=16 2>&1) ||
 <<< "$out" grep -q "training already complete at step 16" || { echo "$out"; fail "the done run was retrained"; }
 ! <<< "$out" grep -q "the global batch is now" ||
   { echo "$out"; fail "a done run's resume warned of its global batch"; }
+# eval and predict take --print-config after their name too (it once read as a misspelt config key there): the
+# checkpoint's config with the overrides, and nothing run.
+toml=$("$DPTRAIN" eval --checkpoint "$WORK/changed" --print-config train.eval_batch_size=7 2>/dev/null) ||
+  fail "eval --print-config failed"
+<<< "$toml" grep -q "^eval_batch_size = 7$" || { echo "$toml"; fail "eval --print-config lacks the override"; }
+toml=$("$DPTRAIN" predict --checkpoint "$WORK/changed" --input "$WORK/none" --out "$WORK/p.jsonl" --print-config \
+  2>/dev/null) || fail "predict --print-config failed"
+<<< "$toml" grep -q "^hidden = \[8\]$" || { echo "$toml"; fail "predict --print-config printed no config"; }
+# An override of eval's (or predict's) that the checkpoint's model does not read is warned of, as training's keys are
+# (it was once taken without a word); the checkpoint's own keys are not.
+out=$("$DPTRAIN" eval --checkpoint "$WORK/changed" model.n_kv_head=2 2>&1) || { echo "$out"; fail "eval failed"; }
+<<< "$out" grep -q "override model.n_kv_head=2: model.n_kv_head = 2 is not read: it applies to model.name = llama \
+(model.name = mlp)" || { echo "$out"; fail "eval did not warn of an override its model does not read"; }
+[ "$(<<< "$out" grep -c "is not read")" -eq 1 ] || { echo "$out"; fail "eval warned of more than its override"; }
 echo "PASS"

@@ -24,11 +24,11 @@ struct Command {
 };
 
 // train (no subcommand, commands/train.cpp): the root's own options: --config, --resume, --print-config, overrides.
-// `print_config` is the root's --print-config, which eval honours too.
+// `print_config` is the root's --print-config, which eval and predict honour too, and take after their name as well.
 Command add_train(CLI::App& root, std::shared_ptr<bool> print_config);
-Command add_eval(CLI::App& root, std::shared_ptr<const bool> print_config);  // commands/eval.cpp
+Command add_eval(CLI::App& root, std::shared_ptr<bool> print_config);  // commands/eval.cpp
 Command add_generate(CLI::App& root);                                          // commands/generate.cpp
-Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config);  // commands/predict.cpp
+Command add_predict(CLI::App& root, std::shared_ptr<bool> print_config);  // commands/predict.cpp
 Command add_tokenize(CLI::App& root);                                          // commands/tokenize.cpp
 Command add_export_images(CLI::App& root);                                     // commands/export_images.cpp
 Command add_export_weights(CLI::App& root);                                    // commands/export_weights.cpp
@@ -57,6 +57,9 @@ int run_writer(const char* name, const std::string& out, bool force, const std::
 void add_checkpoint_option(CLI::App& cmd, std::string& path);
 void add_out_dir_option(CLI::App& cmd, std::string& out);
 void add_force_flag(CLI::App& cmd, bool& force);
+// eval's and predict's --print-config: the checkpoint's config with the overrides as TOML, then exit (the root's
+// --print-config before the subcommand sets the same flag; after it, it once read as a misspelt config key).
+void add_print_config_flag(CLI::App& cmd, bool& print_config);
 
 // Sampling text from a GPT (generate, and predict with a file of prompts), one set of options so that the two
 // commands give the same text for the same flags: --tokens, --temperature, the top-k option (`top_k_flag`:

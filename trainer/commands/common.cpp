@@ -61,6 +61,11 @@ void add_checkpoint_option(CLI::App& cmd, std::string& path) {
       ->required();
 }
 
+void add_print_config_flag(CLI::App& cmd, bool& print_config) {
+  cmd.add_flag("--print-config", print_config,
+               "print the effective config (the checkpoint's, with the overrides) as TOML and exit");
+}
+
 void add_out_dir_option(CLI::App& cmd, std::string& out) {
   cmd.add_option("--out", out,
                  "output directory (never an input nor a folder holding one); written as OUT.tmp, renamed to OUT when "

@@ -23,6 +23,7 @@ int eval_job(const EvalArgs& a) {
   return run_job({
       .name = "dptrain eval",
       .print_config = *a.print_config,
+      .overrides = a.overrides,
       .load_config =
           [&](std::string& origin) {
             target = load_saved_run(a.checkpoint, a.overrides);
@@ -45,9 +46,9 @@ int eval_job(const EvalArgs& a) {
 
 }  // namespace
 
-Command add_eval(CLI::App& root, std::shared_ptr<const bool> print_config) {
+Command add_eval(CLI::App& root, std::shared_ptr<bool> print_config) {
   auto a = std::make_shared<EvalArgs>();
-  a->print_config = std::move(print_config);
+  a->print_config = print_config;
   CLI::App* cmd = root.add_subcommand(
       "eval", "evaluate a checkpoint on its test split (a GPT: the val shards) on every rank of the job, each its "
               "exact share: loss (and perplexity for a GPT) and accuracy; trains nothing");
@@ -55,6 +56,7 @@ Command add_eval(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "Start it as training starts (dprun, mpirun, srun); the result does not depend on the number of ranks.\n"
       "Example: dprun --nproc-per-node 2 -- dptrain eval --checkpoint runs/gpt_tiny/checkpoints data.dir=runs/fortunes");
   add_checkpoint_option(*cmd, a->checkpoint);
+  add_print_config_flag(*cmd, *print_config);
   cmd->add_option("overrides", a->overrides,
                   "overrides of the checkpoint's config, key=value (e.g. data.dir=... train.eval_batch_size=64)");
   return {cmd, [a] { return eval_job(*a); }};

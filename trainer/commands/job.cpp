@@ -137,6 +137,10 @@ int run_job(const JobSpec& spec) {
     if (env.rank == 0 && !env.warning.empty()) spdlog::warn("{}", env.warning);
     if (env.rank == 0 && spec.warn_unread_keys)
       for (const std::string& line : unread_keys(cfg)) spdlog::warn("config: {}", line);
+    if (env.rank == 0 && !spec.warn_unread_keys)
+      for (const std::string& line : unread_keys(cfg))
+        for (const std::string& o : spec.overrides)
+          if (line.starts_with(o.substr(0, o.find('=')) + " = ")) spdlog::warn("override {}: {}", o, line);
     const Device device = choose_and_set_device(cfg, env, spec.name == "dptrain" ? "training" : "running");
     const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(cfg.dist.timeout_s * 1000));
     std::optional<RendezvousStopWatch> watch;

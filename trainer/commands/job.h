@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "comm/env.h"
 #include "comm/process_group.h"
@@ -27,6 +28,9 @@ struct JobSpec {
   bool stop_handlers = false;  // SIGUSR1 and SIGTERM stop a run cleanly (trainer/preemption.h)
   bool warn_unread_keys = false;  // rank 0 warns of keys set that nothing reads (unread_keys): training's own config
   bool print_config = false;   // print the effective config as TOML and exit
+  // eval's and predict's key=value overrides of a checkpoint's config: rank 0 warns of those among unread_keys (a
+  // model.hidden for a GPT's checkpoint was once taken without a word), not of the checkpoint's own keys.
+  std::vector<std::string> overrides;
   // The config, and where it came from for the header line; ConfigError ends the rank with kExitUsage.
   std::function<Config(std::string& origin)> load_config;
   // The work, on every rank; returns the exit code.

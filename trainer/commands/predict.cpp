@@ -70,6 +70,7 @@ int predict_job(const PredictArgs& a) {
   return run_job({
       .name = "dptrain predict",
       .print_config = *a.print_config,
+      .overrides = a.overrides,
       .load_config =
           [&](std::string& origin) {
             std::vector<std::string> overrides = a.overrides;
@@ -120,9 +121,9 @@ int predict_job(const PredictArgs& a) {
 
 }  // namespace
 
-Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
+Command add_predict(CLI::App& root, std::shared_ptr<bool> print_config) {
   auto a = std::make_shared<PredictArgs>();
-  a->print_config = std::move(print_config);
+  a->print_config = print_config;
   CLI::App* cmd = root.add_subcommand(
       "predict",
       "predict the classes of many images with a checkpoint's classifier on every rank of the job, the sorted inputs "
@@ -142,12 +143,14 @@ Command add_predict(CLI::App& root, std::shared_ptr<const bool> print_config) {
       "[{\"index\": 3, \"class\": \"3_dress\", \"prob\": 0.912345}, ...]} (the path relative to a folder --input, "
       "the class names the checkpoint was trained with, probabilities with 6 decimals); an unreadable image with "
       "--skip-bad: {\"path\": ..., \"error\": ...}.\n"
-      "Options by checkpoint: images: --top-k, --skip-bad; GPT or Llama: --tokens, --temperature, --sample-top-k, "
-      "--sample-top-p, --seed, --no-kv-cache, --ignore-eos, --tokenizer; both: --batch-size, --precision, --format. An option of the "
-      "other kind is refused (exit 2).\n"
+      // Listed from the tables check_options refuses by (a hand-written list once left out three of the GPT's).
+      "Options by checkpoint: images: " + fmt::format("{}", fmt::join(kImageOptions, ", ")) + "; GPT or Llama: " +
+      fmt::format("{}", fmt::join(kPromptOptions, ", ")) + "; both: --batch-size, --precision, --format. An option of "
+      "the other kind is refused (exit 2).\n"
       "Example: dprun --nproc-per-node 2 -- dptrain predict --checkpoint runs/fmnist_mlp/checkpoints --input "
       "/tmp/fmnist-images/val --out preds.jsonl");
   add_checkpoint_option(*cmd, a->checkpoint);
+  add_print_config_flag(*cmd, *print_config);
   cmd->add_option("--input", a->input,
                   "a folder of images (recursively: .png, .jpg, .jpeg in any case), one image (so named, or a file "
                   "starting as a PNG or JPEG does) or a list file (one path a line, relative to the working directory; "

@@ -35,7 +35,11 @@ WorkLeft work_left(int64_t step, int64_t epoch, int64_t epochs, int64_t next_bat
   auto steps_of = [k](int64_t batches) { return (std::max<int64_t>(batches, 0) + k - 1) / k; };
   WorkLeft w;
   w.epoch_batches = std::max<int64_t>(end_batch - next_batch, 0);
-  w.run_batches = w.epoch_batches + std::max<int64_t>(epochs - epoch - 1, 0) * later_batches;
+  // Saturated: train.epochs takes any int64 (2^63 - 1 with train.max_steps once wrapped to a negative count).
+  int64_t later = 0;
+  if (__builtin_mul_overflow(std::max<int64_t>(epochs - epoch - 1, 0), std::max<int64_t>(later_batches, 0), &later) ||
+      __builtin_add_overflow(w.epoch_batches, later, &w.run_batches))
+    w.run_batches = INT64_MAX;
   w.evaluations = std::max<int64_t>(epochs - epoch, 0);
   if (max_steps <= 0) return w;
   const int64_t steps_left = std::max<int64_t>(max_steps - step, 0);
@@ -46,7 +50,9 @@ WorkLeft work_left(int64_t step, int64_t epoch, int64_t epochs, int64_t next_bat
     w.evaluations = std::min<int64_t>(w.evaluations, 1);
   else if (later_steps > 0)
     w.evaluations = std::min(w.evaluations, 1 + (after + later_steps - 1) / later_steps);
-  w.run_batches = std::min(w.run_batches, steps_left * k);
+  int64_t max_batches = 0;
+  if (__builtin_mul_overflow(steps_left, k, &max_batches)) max_batches = INT64_MAX;
+  w.run_batches = std::min(w.run_batches, max_batches);
   w.epoch_batches = std::min(w.epoch_batches, w.run_batches);
   return w;
 }

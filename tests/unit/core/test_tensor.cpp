@@ -32,3 +32,15 @@ TEST_CASE("DPT_CHECK_EQ reports both values and the location", "[core]") {
   }
   REQUIRE_THROWS_WITH([&] { DPT_CHECK(a > b, "a={}", a); }(), Catch::Contains("a > b: a=3"));
 }
+
+TEST_CASE("a shape whose element or byte count overflows is refused, not allocated small", "[core]") {
+  // llama's model.intermediate_size = 2^63 - 1 made an MLP weight of [2^63 - 1, 128], whose count wrapped: a small
+  // buffer, then SIGSEGV writing past it.
+  REQUIRE_THROWS_AS(Tensor::empty({INT64_MAX, 128}, DType::F32, Device::cpu()), OutOfMemoryError);
+  REQUIRE_THROWS_WITH(Tensor::empty({int64_t{1} << 62, 4}, DType::F32, Device::cpu()),
+                      Catch::Contains("cannot allocate a tensor of shape [4611686018427387904, 4]"));
+  REQUIRE_THROWS_AS(Tensor::zeros({int64_t{1} << 61, 2}, DType::F32, Device::cpu()), OutOfMemoryError);  // bytes
+  REQUIRE_THROWS_AS(Tensor::empty({int64_t{1} << 32, int64_t{1} << 32, 2}, DType::F32, Device::cpu()),
+                    OutOfMemoryError);  // 2^65 wraps to 0 elements
+  REQUIRE(Tensor::empty({0, INT64_MAX}, DType::F32, Device::cpu()).numel() == 0);
+}

@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <regex>
 
 #include "core/check.h"
 #include "trainer/config.h"
@@ -33,6 +35,20 @@ TEST_CASE("the shipped configs parse", "[config]") {
   for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/configs")) {
     INFO(e.path());
     REQUIRE_NOTHROW(load_config(e.path().string(), {}));
+  }
+  // A comment's `see FILE ("TEXT")` names text that FILE holds (llama_tiny.toml once sent readers to a README section
+  // that does not exist).
+  const std::regex see(R"re(see ([A-Za-z0-9_./-]+\.md) \("([^"]+)"\))re");
+  for (const auto& e : std::filesystem::directory_iterator(source_dir() + "/configs")) {
+    std::ifstream in(e.path());
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), see); it != std::sregex_iterator(); ++it) {
+      INFO(e.path() << ": " << it->str());
+      std::ifstream doc(source_dir() + "/" + (*it)[1].str());
+      REQUIRE(doc.good());
+      const std::string body((std::istreambuf_iterator<char>(doc)), std::istreambuf_iterator<char>());
+      CHECK(body.find((*it)[2].str()) != std::string::npos);
+    }
   }
   Config c = load_config(source_dir() + "/configs/fmnist_mlp.toml", {});
   REQUIRE(c.model.hidden == std::vector<int64_t>{512, 512});
@@ -154,7 +170,15 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   REQUIRE_THROWS_WITH(load_config("", {"model.seed=3"}), Catch::Contains("did you mean 'train.seed'"));
   REQUIRE_THROWS_WITH(load_config("", {"dir=x"}),
                       Catch::Contains("(did you mean 'data.dir', 'checkpoint.dir' or 'log.dir'?)"));
-  REQUIRE_THROWS_WITH(load_config("", {"learning_rate=0.1"}), !Catch::Contains("did you mean"));
+  // Other trainers' names for a key (Hugging Face's, nanoGPT's) name ours (learning_rate once got no hint at all);
+  // a name that is neither gets none.
+  REQUIRE_THROWS_WITH(load_config("", {"learning_rate=0.1"}),
+                      Catch::Contains("(did you mean 'train.lr'? learning_rate is another trainer's name for it)"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.gradient_accumulation_steps=4"}),
+                      Catch::Contains("did you mean 'train.accum_steps'?"));
+  REQUIRE_THROWS_WITH(load_config(write_temp("h.toml", "[train]\nmax_iters = 600000\n"), {}),
+                      Catch::Contains("did you mean 'train.max_steps'?"));
+  REQUIRE_THROWS_WITH(load_config("", {"frobnicate=0.1"}), !Catch::Contains("did you mean"));
   REQUIRE_THROWS_WITH(load_config("", {std::string(5000, 'x') + "=1"}),
                       Catch::Contains("unknown config key 'xxx") && !Catch::Contains("did you mean"));
   REQUIRE_THROWS_WITH(load_config(write_temp("c.toml", "[train]\nbatchsize = 3\n"), {}),
@@ -162,6 +186,26 @@ TEST_CASE("unknown keys and wrong types are errors that say what is valid", "[co
   REQUIRE_THROWS_WITH(load_config("", {"train.epochs=2.5"}), Catch::Contains("train.epochs: expected integer, got float 2.5"));
   REQUIRE_THROWS_WITH(load_config("", {"train.lr=fast"}), Catch::Contains("train.lr: expected float, got 'fast'"));
   REQUIRE_THROWS_WITH(load_config("", {"model.hidden=[1.5]"}), Catch::Contains("expected array of integers"));
+  // data.synthetic_shape's product is an example's features: one that wrapped once trained on a bogus shape.
+  REQUIRE_THROWS_WITH(load_config("", {"data.synthetic_shape=[16, 1152921504606846977, 1]"}),
+                      Catch::Contains("data.synthetic_shape = [16, 1152921504606846977, 1]: its product, the"));
+  REQUIRE_THROWS_WITH(load_config("", {"data.synthetic_shape=[4, 2147483648, 2147483648]"}),
+                      Catch::Contains("must be at most 2^32"));
+  REQUIRE(load_config("", {"data.synthetic_shape=[1, 65536, 65536]"}).data.synthetic_shape.size() == 3);
+  // Values written as Python writes them say what TOML takes instead (they once said only "expected float").
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr=.1"}),
+                      Catch::Contains("train.lr: expected float, got '.1' (a TOML number has digits on both sides"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr=1."}), Catch::Contains("digits on both sides of its point"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr=-.5"}), Catch::Contains("digits on both sides of its point"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.nesterov=True"}),
+                      Catch::Contains("train.nesterov: expected boolean, got 'True' (a TOML boolean: true or false)"));
+  REQUIRE_THROWS_WITH(load_config("", {"train.lr=fast"}), !Catch::Contains("(a TOML"));
+  // An array of bare words was once one file named "[a.jsonl,b.jsonl]"; quoted, it is two.
+  REQUIRE_THROWS_WITH(load_config("", {"data.jsonl=[a.jsonl,b.jsonl]"}),
+                      Catch::Contains("data.jsonl: [a.jsonl,b.jsonl] is not a TOML array: its strings need quotes"));
+  REQUIRE(parse_config("", "t", {"data.jsonl=[\"a.jsonl\", \"b.jsonl\"]"}).data.jsonl ==
+          std::vector<std::string>{"a.jsonl", "b.jsonl"});
+  REQUIRE(parse_config("", "t", {"data.jsonl=a.jsonl"}).data.jsonl == std::vector<std::string>{"a.jsonl"});
   // Arrays and tables in the message are printed element by element (toml++'s formatter is undefined for a float
   // under 0.1 in an array and for INT64_MIN: fuzz_config found it).
   REQUIRE_THROWS_WITH(load_config("", {"model.hidden=[828, 28e-80]"}),
@@ -261,6 +305,22 @@ TEST_CASE("the effective config round-trips through TOML and hashes stably", "[c
   REQUIRE(config_hash(c) != config_hash(Config{}));
   REQUIRE(back.checkpoint.dir == "a\"b");
   REQUIRE_THAT(config_keys_help(), Catch::Contains("train.batch_size") && Catch::Contains("PER RANK"));
+}
+
+TEST_CASE("run_steps: the steps of all the epochs saturate rather than wrap", "[config]") {
+  REQUIRE(run_steps(4, 10) == 40);
+  REQUIRE(run_steps(0, INT64_MAX) == 0);
+  // train.epochs = 2^63 - 1 (training by train.max_steps): the product once wrapped to -4, and the cosine schedule,
+  // its end taken as before step 1, ran at min_lr.
+  REQUIRE(run_steps(4, INT64_MAX) == INT64_MAX);
+  REQUIRE(run_steps(INT64_MAX / 2, 3) == INT64_MAX);
+  TrainConfig t;
+  t.lr = 1.0;
+  REQUIRE(lr_at(t, 1, 4, std::min<int64_t>(run_steps(4, INT64_MAX), 3)) == Approx(lr_at(t, 1, 4, 3)));
+  // The examples of a step: train.accum_steps = 2^62 x batch 16 once wrapped to 0, a division by zero (SIGFPE).
+  REQUIRE(samples_per_step(16, 4, 2) == 128);
+  REQUIRE(samples_per_step(16, int64_t{1} << 62, 1) == INT64_MAX);
+  REQUIRE(samples_per_step(int64_t{1} << 62, 1, 4) == INT64_MAX);
 }
 
 TEST_CASE("learning-rate schedules", "[config]") {

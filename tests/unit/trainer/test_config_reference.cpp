@@ -79,6 +79,11 @@ TEST_CASE("the configuration reference has a table per section and a row for eve
   }
   CHECK(rows == keys.size());
   CHECK(md.find("| `train.device` | string | `'auto'` | auto (cuda:LOCAL_RANK") != std::string::npos);
+  // What else decides a key's effect, said where the keys are (neither was written anywhere): relative paths are the
+  // current directory's, and DPT_LOG_LEVEL overrules log.level.
+  CHECK(md.find("A relative path (`data.dir`") != std::string::npos);
+  CHECK(md.find("is taken from the current directory, where\ndptrain runs") != std::string::npos);
+  CHECK(md.find("DPT_LOG_LEVEL in the environment, where set, takes precedence over it") != std::string::npos);
 }
 
 TEST_CASE("docs/configuration.md is what `dptrain config-reference` prints", "[config]") {

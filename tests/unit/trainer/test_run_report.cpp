@@ -55,6 +55,16 @@ TEST_CASE("work_left: what train.max_steps leaves of the epoch, the run and its 
   REQUIRE(w.epoch_batches == 20);
   REQUIRE(w.run_batches == 20);
   REQUIRE(w.evaluations == 1);
+  // train.epochs = 2^63 - 1: the run's batches saturate (they once wrapped negative, an ETA of nothing left), and
+  // train.max_steps = 3 leaves its 3 batches.
+  const int64_t huge = std::numeric_limits<int64_t>::max();
+  w = work_left(0, 0, huge, 0, 4, 4, 1, 0);
+  REQUIRE(w.run_batches == huge);
+  w = work_left(0, 0, huge, 0, 4, 4, 1, 3);
+  REQUIRE(w.run_batches == 3);
+  REQUIRE(w.epoch_batches == 3);
+  w = work_left(0, 0, 2, 0, 4, 4, 2, huge);  // max_steps x accumulation past int64: the epochs decide
+  REQUIRE(w.run_batches == 8);
 }
 
 TEST_CASE("find_straggler names the slowest rank past 10% over the others' median", "[trainer][report]") {
