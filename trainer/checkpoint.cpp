@@ -570,6 +570,28 @@ size_t CheckpointManager::set_aside_after(int64_t step, const std::string& reaso
   return n;
 }
 
+std::vector<std::string> CheckpointManager::remove_leftovers() const {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return removed;
+  const bool has_complete = !complete().empty();  // .old-step-N only once this run's (or a later one's) is there
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool tmp = name.starts_with(".tmp-") && step_of(name.substr(5));
+    const bool old = has_complete && name.starts_with(".old-") && step_of(name.substr(5));
+    std::error_code ec2;
+    if ((!tmp && !old) || !e.is_directory(ec2)) continue;
+    fs::remove_all(e.path(), ec2);
+    if (ec2)
+      spdlog::warn("cannot remove {}, left by a run killed while it wrote a checkpoint: {}", e.path().string(),
+                   ec2.message());
+    else
+      removed.push_back(name);
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
+
 size_t CheckpointManager::remove_all(const std::string& except) const {
   size_t n = 0;
   std::error_code ec;

@@ -328,6 +328,15 @@ void Trainer::resume() {
   if (lead_) dir_lock_.emplace(cfg_.checkpoint.dir, opts_.job);
   ckpt_ = std::make_unique<CheckpointManager>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
   faults_.checkpoints_opened(*ckpt_);
+  // A write killed midway (kill -9, a launcher gone) left its temporary folder, as big as a checkpoint, which nothing
+  // else removes unless that very step is written again; this run holds the directory, so none is under way.
+  if (lead_ && dir_lock_->held())
+    for (const std::string& name : ckpt_->remove_leftovers())
+      spdlog::warn("removed {}/{}: {}", cfg_.checkpoint.dir, name,
+                   name.starts_with(".tmp-") ? "the temporary folder of a checkpoint write that did not finish (a run "
+                                               "killed while writing it); it was never a checkpoint"
+                                             : "an earlier run's checkpoint that --resume never replaced, left when "
+                                               "that run was killed before it had deleted it");
   std::optional<LoadedCheckpoint> loaded = choose_checkpoint(*ckpt_);
   if (loaded) restore(*loaded);  // a checkpoint this run cannot continue from throws here, with nothing moved
   // Checkpoints newer than the one we continue from (invalid ones skipped by auto, or those of the run that --resume
