@@ -626,8 +626,20 @@ void CheckpointManager::check_dir(const std::string& dir) {
 }
 
 LoadedCheckpoint CheckpointManager::load_given(const std::string& path) {
-  if (fs::exists(fs::path(path) / "COMPLETE")) return load(path);
   std::error_code ec;
+  // One checkpoint: a folder holding COMPLETE, or a step-N folder without it (a write that did not finish: said so,
+  // not "no complete, valid checkpoint in it"). Invalid, it is a bad --checkpoint (exit 2) for every command.
+  fs::path p(path);
+  if (!p.has_filename()) p = p.parent_path();  // step-N/
+  if (fs::exists(p / kCompleteFile, ec) || (step_of(p.filename().string()) && fs::is_directory(p, ec))) {
+    try {
+      return load(path);
+    } catch (const CheckpointError& e) {
+      const std::string parent = p.has_parent_path() ? p.parent_path().string() : std::string(".");
+      DPT_THROW(ConfigError, "--checkpoint {}: not a valid checkpoint: {} (--checkpoint {}, the checkpoint "
+                "directory, takes its newest valid one)", path, e.what(), parent);
+    }
+  }
   if (fs::exists(path, ec) && !fs::is_directory(path, ec))
     DPT_THROW(ConfigError, "--checkpoint {}: a file, not a checkpoint: name the checkpoint's folder (step-N/, which "
               "holds model.safetensors) or the checkpoint directory", path);

@@ -151,8 +151,9 @@ class CheckpointManager {
 
   // Loads and validates one checkpoint directory; throws CheckpointError naming the file and the problem.
   static LoadedCheckpoint load(const std::string& path);
-  // What a user's --checkpoint PATH means: the checkpoint PATH (one holding COMPLETE), or else the newest
-  // valid checkpoint in the checkpoint directory PATH. ConfigError when there is neither.
+  // What a user's --checkpoint PATH means: the checkpoint PATH (one holding COMPLETE, or a step-N folder), or else
+  // the newest valid checkpoint in the checkpoint directory PATH. ConfigError when there is neither, or when the
+  // checkpoint PATH is invalid (damaged, or a step-N whose write did not finish: load's reason).
   static LoadedCheckpoint load_given(const std::string& path);
 
  private:
