@@ -338,7 +338,17 @@ void Trainer::resume() {
                                              : "an earlier run's checkpoint that --resume never replaced, left when "
                                                "that run was killed before it had deleted it");
   std::optional<LoadedCheckpoint> loaded = choose_checkpoint(*ckpt_);
-  if (loaded) restore(*loaded);  // a checkpoint this run cannot continue from throws here, with nothing moved
+  if (loaded) {
+    try {
+      restore(*loaded);  // a checkpoint this run cannot continue from throws here, with nothing moved
+    } catch (const CheckpointError& e) {
+      // Another model or optimizer than the checkpoint's: a config error that every restart would meet again (exit
+      // 2: dprun --max-restarts does not restart it; as exit 1 it once restarted, failing the same way each time).
+      DPT_THROW(ConfigError, "{}: this run's model or optimizer config cannot continue from it. Give it the "
+                "checkpoint's settings (its state.json holds its config), or start afresh in another checkpoint.dir "
+                "(or with --resume never, which deletes these checkpoints once this run's first is written)", e.what());
+    }
+  }
   // Checkpoints newer than the one we continue from (invalid ones skipped by auto, or those of the run that --resume
   // PATH abandons) must neither be loaded by a later --resume auto nor outrank the new run's checkpoints when
   // pruning: keep them, under another name. Only once the chosen one has loaded.

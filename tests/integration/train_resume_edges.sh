@@ -17,10 +17,26 @@ for s in 19 38 57; do
 done
 
 # 1b. --resume PATH of a checkpoint this model cannot load (another hidden width) fails before anything in
-#     checkpoint.dir is moved: step 57 stays where a later --resume auto finds it.
+#     checkpoint.dir is moved: step 57 stays where a later --resume auto finds it. A config error, exit 2: under
+#     dprun --max-restarts (another optimizer here) it is not restarted (exit 1 once restarted it, to fail again).
+set +e
 out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" "model.hidden=[24]" checkpoint.dir="$WORK/a" \
-  --resume "$WORK/a/step-00000019" 2>&1) && { echo "$out"; fail "a checkpoint of another model loaded"; }
+  --resume "$WORK/a/step-00000019" 2>&1)
+rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "$out"; fail "a checkpoint of another model: exit $rc, expected 2"; }
 echo "$out" | tail -2
+<<< "$out" grep -q "model.safetensors has 6 tensors, this model has 4 (model config changed?): this run's model" \
+  || { echo "$out"; fail "a checkpoint of another model: not said"; }
+set +e
+out=$("$DPRUN" --nproc-per-node 2 --max-restarts 1 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" \
+  train.optimizer=adamw checkpoint.dir="$WORK/a" 2>&1)
+rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "$out"; fail "another optimizer under dprun --max-restarts: exit $rc, expected 2"; }
+! <<< "$out" grep -q "restart 1 of 1" || { echo "$out"; fail "another optimizer: dprun restarted it"; }
+<<< "$out" grep -q "optimizer.safetensors has 6 tensors, this run expects 12 .*: this run's model or optimizer config" \
+  || { echo "$out"; fail "another optimizer: not said"; }
 [ -f "$WORK/a/step-00000057/COMPLETE" ] && ! ls -d "$WORK/a"/abandoned-* 2>/dev/null \
   || { ls "$WORK/a"; fail "a failed --resume PATH moved the run's checkpoints aside"; }
 
