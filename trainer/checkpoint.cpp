@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <zlib.h>
 
 #include "comm/process_group.h"
 #include "core/check.h"
@@ -58,9 +59,20 @@ void write_file_synced(const fs::path& p, const std::string& content) {
   fsync_path(p);
 }
 
+// Read in pieces: a file read whole (a std::string of it) once took its size in host memory on top of the tensors
+// being saved, a model's size more at each checkpoint (a host that fits the run could be killed writing one).
 uint32_t file_crc32(const fs::path& p) {
-  std::string s = read_file(p);
-  return crc32_of(s.data(), s.size());
+  std::ifstream in(p, std::ios::binary);
+  if (!in) DPT_THROW(CheckpointError, "{}: missing or unreadable", p.string());
+  std::vector<char> buf(size_t{1} << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize n = in.gcount();
+    if (n > 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
+  }
+  if (in.bad()) DPT_THROW(CheckpointError, "{}: read error: {}", p.string(), std::strerror(errno));
+  return static_cast<uint32_t>(crc);
 }
 
 std::string crc_text(uint32_t crc) { return fmt::format("{:08x}", crc); }
