@@ -367,14 +367,20 @@ LoadedCheckpoint Trainer::load_resume_path(const std::string& path) const {
     if (!dir.complete().empty()) {
       std::optional<LoadedCheckpoint> newest = dir.load_latest();
       if (!newest)
-        DPT_THROW(CheckpointError, "--resume {}: a checkpoint directory whose checkpoints are all invalid (the "
+        DPT_THROW(ConfigError, "--resume {}: a checkpoint directory whose checkpoints are all invalid (the "
                   "warnings above say why)", path);
       spdlog::info("--resume {}: a checkpoint directory; continuing from its newest valid checkpoint, {}", path,
                    newest->path);
       return std::move(*newest);
     }
   }
-  return CheckpointManager::load(path);
+  try {
+    return CheckpointManager::load(path);
+  } catch (const CheckpointError& e) {
+    // A bad command line (exit 2), which a restart would meet again: as exit 1, dprun --max-restarts restarted it.
+    DPT_THROW(ConfigError, "--resume {}: not a valid checkpoint: {} (--resume with its checkpoint directory takes the "
+              "newest valid one there)", path, e.what());
+  }
 }
 
 // On the other ranks: the checkpoint of `step` that load_resume_path chose.

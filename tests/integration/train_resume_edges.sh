@@ -37,6 +37,18 @@ set -e
 ! <<< "$out" grep -q "restart 1 of 1" || { echo "$out"; fail "another optimizer: dprun restarted it"; }
 <<< "$out" grep -q "optimizer.safetensors has 6 tensors, this run expects 12 .*: this run's model or optimizer config" \
   || { echo "$out"; fail "another optimizer: not said"; }
+# A damaged --resume PATH (one bit of its weights flipped) is a bad command line too: exit 2 (it was 1).
+mkdir "$WORK/dmg" && cp -r "$WORK/a/step-00000019" "$WORK/dmg/"
+"$PY" - "$WORK/dmg/step-00000019/model.safetensors" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(5000)
+    b = f.read(1)
+    f.seek(5000)
+    f.write(bytes([b[0] ^ 1]))
+PY
+expect_exit 2 "resume $WORK/dmg/step-00000019: not a valid checkpoint: .*model.safetensors: CRC32 .* corrupted" \
+  "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/dmgck" --resume "$WORK/dmg/step-00000019"
 [ -f "$WORK/a/step-00000057/COMPLETE" ] && ! ls -d "$WORK/a"/abandoned-* 2>/dev/null \
   || { ls "$WORK/a"; fail "a failed --resume PATH moved the run's checkpoints aside"; }
 
