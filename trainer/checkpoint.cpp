@@ -14,6 +14,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
+#include <zlib.h>
 
 #include "comm/process_group.h"
 #include "core/check.h"
@@ -58,9 +59,20 @@ void write_file_synced(const fs::path& p, const std::string& content) {
   fsync_path(p);
 }
 
+// Read in pieces: a file read whole (a std::string of it) once took its size in host memory on top of the tensors
+// being saved, a model's size more at each checkpoint (a host that fits the run could be killed writing one).
 uint32_t file_crc32(const fs::path& p) {
-  std::string s = read_file(p);
-  return crc32_of(s.data(), s.size());
+  std::ifstream in(p, std::ios::binary);
+  if (!in) DPT_THROW(CheckpointError, "{}: missing or unreadable", p.string());
+  std::vector<char> buf(size_t{1} << 20);
+  uLong crc = crc32(0L, Z_NULL, 0);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize n = in.gcount();
+    if (n > 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
+  }
+  if (in.bad()) DPT_THROW(CheckpointError, "{}: read error: {}", p.string(), std::strerror(errno));
+  return static_cast<uint32_t>(crc);
 }
 
 std::string crc_text(uint32_t crc) { return fmt::format("{:08x}", crc); }
@@ -570,6 +582,28 @@ size_t CheckpointManager::set_aside_after(int64_t step, const std::string& reaso
   return n;
 }
 
+std::vector<std::string> CheckpointManager::remove_leftovers() const {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec)) return removed;
+  const bool has_complete = !complete().empty();  // .old-step-N only once this run's (or a later one's) is there
+  for (const auto& e : fs::directory_iterator(dir_, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool tmp = name.starts_with(".tmp-") && step_of(name.substr(5));
+    const bool old = has_complete && name.starts_with(".old-") && step_of(name.substr(5));
+    std::error_code ec2;
+    if ((!tmp && !old) || !e.is_directory(ec2)) continue;
+    fs::remove_all(e.path(), ec2);
+    if (ec2)
+      spdlog::warn("cannot remove {}, left by a run killed while it wrote a checkpoint: {}", e.path().string(),
+                   ec2.message());
+    else
+      removed.push_back(name);
+  }
+  std::sort(removed.begin(), removed.end());
+  return removed;
+}
+
 size_t CheckpointManager::remove_all(const std::string& except) const {
   size_t n = 0;
   std::error_code ec;
@@ -604,8 +638,20 @@ void CheckpointManager::check_dir(const std::string& dir) {
 }
 
 LoadedCheckpoint CheckpointManager::load_given(const std::string& path) {
-  if (fs::exists(fs::path(path) / "COMPLETE")) return load(path);
   std::error_code ec;
+  // One checkpoint: a folder holding COMPLETE, or a step-N folder without it (a write that did not finish: said so,
+  // not "no complete, valid checkpoint in it"). Invalid, it is a bad --checkpoint (exit 2) for every command.
+  fs::path p(path);
+  if (!p.has_filename()) p = p.parent_path();  // step-N/
+  if (fs::exists(p / kCompleteFile, ec) || (step_of(p.filename().string()) && fs::is_directory(p, ec))) {
+    try {
+      return load(path);
+    } catch (const CheckpointError& e) {
+      const std::string parent = p.has_parent_path() ? p.parent_path().string() : std::string(".");
+      DPT_THROW(ConfigError, "--checkpoint {}: not a valid checkpoint: {} (--checkpoint {}, the checkpoint "
+                "directory, takes its newest valid one)", path, e.what(), parent);
+    }
+  }
   if (fs::exists(path, ec) && !fs::is_directory(path, ec))
     DPT_THROW(ConfigError, "--checkpoint {}: a file, not a checkpoint: name the checkpoint's folder (step-N/, which "
               "holds model.safetensors) or the checkpoint directory", path);

@@ -117,6 +117,12 @@ class CheckpointManager {
   std::optional<LoadedCheckpoint> load_latest_of_job(const std::string& job, const std::string& family = "") const;
   // The complete checkpoint of `step` in dir as it is named there (step-36 or step-00000036), else path_for_step.
   std::string path_of_step(int64_t step) const;
+  // What a run killed while writing left (kill -9, the OOM killer, a launcher that died), which nothing else removes
+  // but a later write of that very step (or --resume never): the temporary directories (.tmp-step-N) of writes that
+  // never finished, and, once a complete checkpoint is in dir, the earlier run's checkpoints that a --resume never
+  // run had hidden (.old-step-N) but not yet deleted. Removed; their names returned, sorted. Only by the run that
+  // holds the directory's lock (dir_lock.h), at start, when no write is under way.
+  std::vector<std::string> remove_leftovers() const;
   // Deletes every checkpoint (and leftover temporary directory) in dir but `except` (a path); returns how many
   // checkpoints were removed.
   size_t remove_all(const std::string& except = {}) const;
@@ -145,8 +151,9 @@ class CheckpointManager {
 
   // Loads and validates one checkpoint directory; throws CheckpointError naming the file and the problem.
   static LoadedCheckpoint load(const std::string& path);
-  // What a user's --checkpoint PATH means: the checkpoint PATH (one holding COMPLETE), or else the newest
-  // valid checkpoint in the checkpoint directory PATH. ConfigError when there is neither.
+  // What a user's --checkpoint PATH means: the checkpoint PATH (one holding COMPLETE, or a step-N folder), or else
+  // the newest valid checkpoint in the checkpoint directory PATH. ConfigError when there is neither, or when the
+  // checkpoint PATH is invalid (damaged, or a step-N whose write did not finish: load's reason).
   static LoadedCheckpoint load_given(const std::string& path);
 
  private:

@@ -328,8 +328,27 @@ void Trainer::resume() {
   if (lead_) dir_lock_.emplace(cfg_.checkpoint.dir, opts_.job);
   ckpt_ = std::make_unique<CheckpointManager>(cfg_.checkpoint.dir, cfg_.checkpoint.keep);
   faults_.checkpoints_opened(*ckpt_);
+  // A write killed midway (kill -9, a launcher gone) left its temporary folder, as big as a checkpoint, which nothing
+  // else removes unless that very step is written again; this run holds the directory, so none is under way.
+  if (lead_ && dir_lock_->held())
+    for (const std::string& name : ckpt_->remove_leftovers())
+      spdlog::warn("removed {}/{}: {}", cfg_.checkpoint.dir, name,
+                   name.starts_with(".tmp-") ? "the temporary folder of a checkpoint write that did not finish (a run "
+                                               "killed while writing it); it was never a checkpoint"
+                                             : "an earlier run's checkpoint that --resume never replaced, left when "
+                                               "that run was killed before it had deleted it");
   std::optional<LoadedCheckpoint> loaded = choose_checkpoint(*ckpt_);
-  if (loaded) restore(*loaded);  // a checkpoint this run cannot continue from throws here, with nothing moved
+  if (loaded) {
+    try {
+      restore(*loaded);  // a checkpoint this run cannot continue from throws here, with nothing moved
+    } catch (const CheckpointError& e) {
+      // Another model or optimizer than the checkpoint's: a config error that every restart would meet again (exit
+      // 2: dprun --max-restarts does not restart it; as exit 1 it once restarted, failing the same way each time).
+      DPT_THROW(ConfigError, "{}: this run's model or optimizer config cannot continue from it. Give it the "
+                "checkpoint's settings (its state.json holds its config), or start afresh in another checkpoint.dir "
+                "(or with --resume never, which deletes these checkpoints once this run's first is written)", e.what());
+    }
+  }
   // Checkpoints newer than the one we continue from (invalid ones skipped by auto, or those of the run that --resume
   // PATH abandons) must neither be loaded by a later --resume auto nor outrank the new run's checkpoints when
   // pruning: keep them, under another name. Only once the chosen one has loaded.
@@ -348,14 +367,20 @@ LoadedCheckpoint Trainer::load_resume_path(const std::string& path) const {
     if (!dir.complete().empty()) {
       std::optional<LoadedCheckpoint> newest = dir.load_latest();
       if (!newest)
-        DPT_THROW(CheckpointError, "--resume {}: a checkpoint directory whose checkpoints are all invalid (the "
+        DPT_THROW(ConfigError, "--resume {}: a checkpoint directory whose checkpoints are all invalid (the "
                   "warnings above say why)", path);
       spdlog::info("--resume {}: a checkpoint directory; continuing from its newest valid checkpoint, {}", path,
                    newest->path);
       return std::move(*newest);
     }
   }
-  return CheckpointManager::load(path);
+  try {
+    return CheckpointManager::load(path);
+  } catch (const CheckpointError& e) {
+    // A bad command line (exit 2), which a restart would meet again: as exit 1, dprun --max-restarts restarted it.
+    DPT_THROW(ConfigError, "--resume {}: not a valid checkpoint: {} (--resume with its checkpoint directory takes the "
+              "newest valid one there)", path, e.what());
+  }
 }
 
 // On the other ranks: the checkpoint of `step` that load_resume_path chose.

@@ -143,4 +143,28 @@ mkdir "$WORK/hf" && cp "$file" "$WORK/hf/" && echo '{"model_type": "gpt2"}' > "$
 expect_exit 2 "checkpoint $WORK/hf: no complete, valid checkpoint in it; it holds a config.json, as a Hugging Face" \
   "$DPTRAIN" generate --checkpoint "$WORK/hf"
 
+# A damaged checkpoint named as --checkpoint (a byte of its weights flipped), and a step-N whose write did not finish
+# (no COMPLETE): a bad --checkpoint, exit 2, for every command (generate and export-weights once exited 1, and the
+# unfinished one was "no complete, valid checkpoint in it"), saying what is wrong with it.
+step=$(basename "$(dirname "$file")")
+bad=$WORK/bad/$step unfinished=$WORK/unfinished/$step
+mkdir "$WORK/bad" "$WORK/unfinished"
+cp -r "$WORK/ck/$step" "$bad" && cp -r "$WORK/ck/$step" "$unfinished" && rm "$unfinished/COMPLETE"
+"$PY" - "$bad/model.safetensors" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:  # one bit of a weight flipped
+    f.seek(4000)
+    b = f.read(1)
+    f.seek(4000)
+    f.write(bytes([b[0] ^ 1]))
+PY
+for cmd in "generate --prompt Q" "export-weights --out $WORK/exported" "eval"; do
+  # shellcheck disable=SC2086 # the command and its options, split
+  expect_exit 2 "checkpoint $bad: not a valid checkpoint: .*model.safetensors: CRC32 .* truncated or corrupted" \
+    "$DPTRAIN" $cmd --checkpoint "$bad"
+  # shellcheck disable=SC2086
+  expect_exit 2 "checkpoint $unfinished: not a valid checkpoint: .*not marked COMPLETE (its write was interrupted)" \
+    "$DPTRAIN" $cmd --checkpoint "$unfinished"
+done
+
 echo "PASS: generate's edges"

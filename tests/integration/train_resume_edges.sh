@@ -2,7 +2,8 @@
 # Resume edge cases: checkpoints every N steps also at epoch ends; continuing from an older checkpoint on
 # another world size (the schedule follows the new run's epochs; the abandoned run's newer checkpoints are
 # set aside, not loaded later); rerunning a run that reached train.max_steps trains nothing; --resume never deletes
-# the earlier checkpoints only once its first own one is written.
+# the earlier checkpoints only once its first own one is written; what a run killed while writing leaves is removed by
+# the next.
 source "$(dirname "$0")/lib/common.bash"
 COMMON=(data.train_limit=1200 data.test_limit=500 train.epochs=3 train.batch_size=32 checkpoint.keep=5
         train.progress_interval_s=1000)
@@ -16,10 +17,38 @@ for s in 19 38 57; do
 done
 
 # 1b. --resume PATH of a checkpoint this model cannot load (another hidden width) fails before anything in
-#     checkpoint.dir is moved: step 57 stays where a later --resume auto finds it.
+#     checkpoint.dir is moved: step 57 stays where a later --resume auto finds it. A config error, exit 2: under
+#     dprun --max-restarts (another optimizer here) it is not restarted (exit 1 once restarted it, to fail again).
+set +e
 out=$("$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" "model.hidden=[24]" checkpoint.dir="$WORK/a" \
-  --resume "$WORK/a/step-00000019" 2>&1) && { echo "$out"; fail "a checkpoint of another model loaded"; }
+  --resume "$WORK/a/step-00000019" 2>&1)
+rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "$out"; fail "a checkpoint of another model: exit $rc, expected 2"; }
 echo "$out" | tail -2
+<<< "$out" grep -q "model.safetensors has 6 tensors, this model has 4 (model config changed?): this run's model" \
+  || { echo "$out"; fail "a checkpoint of another model: not said"; }
+set +e
+out=$("$DPRUN" --nproc-per-node 2 --max-restarts 1 -- "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" \
+  train.optimizer=adamw checkpoint.dir="$WORK/a" 2>&1)
+rc=$?
+set -e
+[ $rc -eq 2 ] || { echo "$out"; fail "another optimizer under dprun --max-restarts: exit $rc, expected 2"; }
+! <<< "$out" grep -q "restart 1 of 1" || { echo "$out"; fail "another optimizer: dprun restarted it"; }
+<<< "$out" grep -q "optimizer.safetensors has 6 tensors, this run expects 12 .*: this run's model or optimizer config" \
+  || { echo "$out"; fail "another optimizer: not said"; }
+# A damaged --resume PATH (one bit of its weights flipped) is a bad command line too: exit 2 (it was 1).
+mkdir "$WORK/dmg" && cp -r "$WORK/a/step-00000019" "$WORK/dmg/"
+"$PY" - "$WORK/dmg/step-00000019/model.safetensors" <<'PY'
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(5000)
+    b = f.read(1)
+    f.seek(5000)
+    f.write(bytes([b[0] ^ 1]))
+PY
+expect_exit 2 "resume $WORK/dmg/step-00000019: not a valid checkpoint: .*model.safetensors: CRC32 .* corrupted" \
+  "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.dir="$WORK/dmgck" --resume "$WORK/dmg/step-00000019"
 [ -f "$WORK/a/step-00000057/COMPLETE" ] && ! ls -d "$WORK/a"/abandoned-* 2>/dev/null \
   || { ls "$WORK/a"; fail "a failed --resume PATH moved the run's checkpoints aside"; }
 
@@ -78,7 +107,7 @@ killed_at() {
     && { cat "$WORK/$1.log"; fail "$1: the run was not killed"; }
   out=$("$DPTRAIN" --config "$CONFIG" "${SHORT[@]}" train.max_steps=3 train.lr=0.01 checkpoint.dir="$WORK/$1" 2>&1) \
     || { echo "$out"; fail "$1: the --resume auto run after the kill failed"; }
-  ! <<< "$out" grep -q "step-00000007\|step-00000006" \
+  ! <<< "$out" grep -v "removed .*/\.old-step-" | grep -q "step-00000007\|step-00000006" \
     || { echo "$out"; fail "$1: --resume auto took the earlier run's"; }
 }
 # Killed as the new step 3 is renamed into place: the earlier run's are hidden already, so auto starts afresh.
@@ -86,4 +115,22 @@ killed_at rename "$WORK/rename/.tmp-step-00000003" rename,renameat,renameat2
 # Killed while the earlier run's step 6 is deleted: the new step 3 is in place, and auto continues from it.
 killed_at unlink "$WORK/unlink/.old-step-00000006" unlink,unlinkat,rmdir
 <<< "$out" grep -q "train.max_steps = 3 already reached" || { echo "$out"; fail "unlink: not continued from step 3"; }
+# ... and the earlier run's checkpoints that the kill left hidden are deleted by that next run (they once stayed).
+! ls -d "$WORK/unlink"/.old-* 2> /dev/null || fail "unlink: the earlier run's hidden checkpoints were left"
+<<< "$out" grep -q "removed $WORK/unlink/.old-step-00000006: an earlier run's checkpoint that --resume never replaced" \
+  || { echo "$out"; fail "unlink: the removal of the earlier run's hidden checkpoints was not said"; }
+
+# 6. A run SIGKILLed while it writes a checkpoint (as it creates step 4's optimizer file) leaves its temporary folder,
+#    model and state in it; the next run, whose checkpoints are other steps (3, 6), removes it: it once stayed for
+#    good, a checkpoint's size on the disk each time.
+strace -f -o /dev/null -P "$WORK/t/.tmp-step-00000004/optimizer.safetensors" -e trace=open,openat,creat \
+  -e inject=open,openat,creat:signal=KILL "$DPTRAIN" --config "$CONFIG" "${COMMON[@]}" checkpoint.every_steps=2 \
+  train.max_steps=6 checkpoint.dir="$WORK/t" > "$WORK/t.log" 2>&1 && { cat "$WORK/t.log"; fail "t: not killed"; }
+[ -f "$WORK/t/.tmp-step-00000004/model.safetensors" ] || { ls -aR "$WORK/t"; fail "t: killed elsewhere"; }
+out=$("$DPTRAIN" --config "$CONFIG" "${SHORT[@]}" train.max_steps=3 checkpoint.dir="$WORK/t" 2>&1) \
+  || { echo "$out"; fail "t: the run after the kill failed"; }
+<<< "$out" grep -q "removed $WORK/t/.tmp-step-00000004: the temporary folder of a checkpoint write that did not" \
+  || { echo "$out"; fail "t: the removal of the killed write's folder was not said"; }
+[ "$(ls -A "$WORK/t" | tr '\n' ' ')" = ".lock step-00000002 step-00000003 " ] \
+  || { ls -A "$WORK/t"; fail "t: expected .lock, step 2 and step 3 alone"; }
 echo "PASS"
