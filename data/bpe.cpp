@@ -630,9 +630,21 @@ void Gpt2Bpe::set_merges(const std::vector<std::pair<std::string, std::string>>&
 
 std::string Gpt2Bpe::describe() const {
   if (hf_)
-    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens{}{})", json_path_.string(),
-                       vocab_size(), merge_lines_, added_.size(), nfc_ ? ", NFC" : "", digits_regex_ ? ", digits" : "");
+    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens{}{}{})", json_path_.string(),
+                       vocab_size(), merge_lines_, added_.size(), nfc_ ? ", NFC" : "", digits_regex_ ? ", digits" : "",
+                       missing_bytes());
   return fmt::format("GPT-2 BPE (vocab {}, {} merges)", vocab_size(), merge_lines_);
+}
+
+std::string Gpt2Bpe::missing_bytes() const {
+  std::vector<std::string> hex;
+  for (int b = 0; b < 256; ++b)
+    if (symbol_id_[static_cast<size_t>(b)] < 0) hex.push_back(fmt::format("{:02X}", b));
+  if (hex.empty()) return "";
+  const size_t shown = std::min<size_t>(hex.size(), 24);
+  return fmt::format(", no token for {} byte{} (0x{}{})", hex.size(), hex.size() == 1 ? "" : "s",
+                     fmt::join(hex.begin(), hex.begin() + static_cast<ptrdiff_t>(shown), " "),
+                     shown < hex.size() ? " ..." : "");
 }
 
 std::vector<std::string_view> Gpt2Bpe::pre_tokenize(std::string_view text) const {
@@ -691,10 +703,21 @@ void Gpt2Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) cons
       return;
     }
   }
-  const auto n = static_cast<int32_t>(word.size());
-  std::vector<int32_t> sym(word.size()), next(word.size()), prev(word.size());
+  std::vector<int32_t> sym;
+  sym.reserve(word.size());
+  for (const char c : word) {
+    const auto b = static_cast<uint8_t>(c);
+    // A byte the vocabulary has no token for (SmolLM2's lacks 21 of the 256): tokenizers' BPE without an unk_token
+    // leaves it out before any merge, so its neighbours may merge; GPT-2's files (encoder.py) fail on it below.
+    if (hf_ && symbol_id_[b] < 0) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    sym.push_back(b);
+  }
+  const auto n = static_cast<int32_t>(sym.size());
+  std::vector<int32_t> next(sym.size()), prev(sym.size());
   for (int32_t i = 0; i < n; ++i) {
-    sym[i] = static_cast<uint8_t>(word[i]);
     next[i] = i + 1;
     prev[i] = i - 1;
   }

@@ -122,6 +122,7 @@ void log_jsonl_summary(const data::JsonlSummary& s, double seconds) {
                s.bytes / 1e6, s.text_documents + s.prompt_documents, s.text_documents, s.prompt_documents,
                s.bad_lines == 0 ? std::string() : fmt::format("; skipped {} malformed lines", s.bad_lines));
   for (const std::string& bad : s.bad_line_examples) spdlog::warn("tokenize: skipped {}", bad);
+  data::warn_dropped_bytes(s.dropped_bytes, s.dropped_examples, s.tokenizer);
   spdlog::info("tokenize: each document is {}its text (or prompt, then completion), then EOS = id {}; {}",
                s.bos >= 0 ? fmt::format("BOS = id {}, then ", s.bos) : "", s.eos, s.tokenizer);
   spdlog::info("tokenize: wrote train {} documents, {} tokens ({} trained) in {} shards; val {} documents, {} tokens "

@@ -637,6 +637,38 @@ TEST_CASE("tokenizer.json: byte-level BPE with ignore_merges and added tokens, w
   REQUIRE(load_tokenizer(out.path)->encode("hello") == std::vector<int32_t>{259});
 }
 
+TEST_CASE("tokenizer.json: a byte the vocabulary lacks is left out before the merges, as tokenizers does",
+          "[data][bpe]") {
+  // tokenizers' BPE without an unk_token skips a character it has no token for, and its neighbours then merge
+  // (SmolLM2's vocabulary lacks 21 of the 256 bytes). dptrain threw instead, stopping a whole corpus at one character.
+  test::TempDir dir;
+  const Gpt2Bpe t(hand_tokenizer(dir, /*ignore_merges=*/false, [](nlohmann::json& j) {
+    j["model"]["vocab"].erase(Gpt2Bpe::byte_symbol(0xC3));  // "\xC3\xA9" is e acute
+    j["model"]["vocab"].erase(Gpt2Bpe::byte_symbol(0xA9));
+  }));
+  REQUIRE_THAT(t.describe(), Catch::Contains("no token for 2 bytes (0xA9 C3)"));
+  REQUIRE(t.dropped_bytes() == 0);
+  REQUIRE(t.encode("h\xC3\xA9" "ello") == std::vector<int32_t>{258, 'o'});  // h e l l o: he + ll, then hell
+  REQUIRE(t.dropped_bytes() == 2);
+  REQUIRE(t.encode("\xA9<|eot|>\xC3") == std::vector<int32_t>{300});
+  REQUIRE(t.dropped_bytes() == 4);
+  // tokenize_text counts them and names the file; the shards hold what is left.
+  write_text(dir.file("in/a.txt"), "he\xA9llo\n");
+  write_text(dir.file("in/b.txt"), "hello\n");
+  TokenizeOptions o;
+  o.inputs = {dir.file("in/a.txt"), dir.file("in/b.txt")};
+  o.out_dir = (dir.path / "out").string();
+  o.val_every = 2;
+  o.block_tokens = 1;
+  const TokenizeSummary s = tokenize_text(o, t);
+  REQUIRE(s.dropped_bytes == 1);
+  REQUIRE(s.dropped_examples == std::vector<std::string>{dir.file("in/a.txt") + ": 1 byte"});
+  REQUIRE(s.train_tokens + s.val_tokens == 7);  // he ll o \n (the pattern cuts at the invalid byte), hell o \n
+  // GPT-2's vocab.json and merges.txt fail on such a byte, as encoder.py does (checked above).
+  const Gpt2Bpe full(hand_tokenizer(dir, false));
+  REQUIRE(full.describe().find("no token for") == std::string::npos);
+}
+
 TEST_CASE("tokenizer.json: another file named in its place is said to be none, with what to give", "[data][bpe]") {
   test::TempDir dir;
   const TinyBpe good(kMerges);
