@@ -34,13 +34,11 @@
 namespace dpt::trainer {
 namespace {
 
-// The first `limit` examples of an evenly strided pass over `d` (image folders are sorted by class: every
-// class keeps its share).
+// `limit` examples spread evenly over `d` (image folders are sorted by class: every class keeps its share).
 std::unique_ptr<data::Dataset> limited(std::unique_ptr<data::Dataset> d, int64_t limit) {
   if (limit <= 0 || static_cast<size_t>(limit) >= d->size()) return d;
-  const size_t stride = d->size() / static_cast<size_t>(limit);
-  return std::make_unique<data::Subset>(std::shared_ptr<data::Dataset>(std::move(d)), 0, static_cast<size_t>(limit),
-                                        stride);
+  return std::make_unique<data::Subset>(std::shared_ptr<data::Dataset>(std::move(d)), static_cast<size_t>(limit),
+                                        data::Subset::Spread{});
 }
 
 }  // namespace
