@@ -122,8 +122,8 @@ void warn_other_formats(const std::string& root, const std::vector<fs::path>& ot
   for (const auto& [ext, n] : per_ext) counts.push_back(fmt::format("{} {}", n, ext));
   spdlog::warn("{}: left out {} file{} that torchvision's ImageFolder reads but dptrain does not decode ({}; the "
                "first: {}): dptrain reads PNG and JPEG only, so its examples and their indices differ from "
-               "torchvision's; convert them to PNG to train on them", root, others.size(), others.size() == 1 ? "" : "s",
-               fmt::join(counts, ", "), others.front().string());
+               "torchvision's; convert them to PNG to train on them", root, others.size(),
+               others.size() == 1 ? "" : "s", fmt::join(counts, ", "), others.front().string());
 }
 
 }  // namespace

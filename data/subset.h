@@ -1,5 +1,5 @@
-// data/subset.h: Subset: evenly strided examples of another dataset (by default a contiguous range), or a number of them
-// spread evenly over it, as a Dataset. Used to
+// data/subset.h: Subset: evenly strided examples of another dataset (by default a contiguous range), or a number of
+// them spread evenly over it, as a Dataset. Used to
 // split one synthetic dataset into disjoint train and test parts that share its labelling function, and, spread, for
 // data.train_limit / test_limit on image folders (whose examples are sorted by class: a prefix would hold
 // only the first classes).
