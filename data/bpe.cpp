@@ -311,6 +311,18 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
   if (!field(j, "model"))
     DPT_THROW(ConfigError, "{}: not a tokenizer.json (it has no \"model\"){}; {}", where, looks_like(j),
               kNotTokenizerJsonFix);
+  // The model first, then the normalizer: another model type (BERT's WordPiece, T5's Unigram) or SentencePiece-style
+  // BPE (Llama 2's, Mistral's: byte_fallback) is what stands in the way, not the normalizer these tokenizers also have.
+  const nlohmann::json* model = field(j, "model");
+  if (!model || type_of(*model) != "BPE")
+    DPT_THROW(ConfigError, "{}: model type {}: dptrain reads byte-level BPE tokenizers (model.type BPE), not "
+              "WordPiece or Unigram (SentencePiece's)", where, model ? type_of(*model) : "missing");
+  if (const nlohmann::json* v = field(*model, "byte_fallback"); v && v->is_boolean() && v->get<bool>())
+    DPT_THROW(ConfigError, "{}: model.byte_fallback = true (SentencePiece-style BPE with byte tokens, as Llama 2's and "
+              "Mistral's): not read by dptrain, which reads byte-level BPE (GPT-2's, Llama 3's, Qwen2's, SmolLM's)",
+              where);
+  for (const char* key : {"dropout", "unk_token"})
+    if (field(*model, key)) DPT_THROW(ConfigError, "{}: model.{} = {}: not read by dptrain", where, key, (*model)[key].dump());
   const nlohmann::json* n = field(j, "normalizer");
   // A Sequence of none is no normalizer, and a Sequence of one is that one (tokenizers' own behaviour).
   if (n && type_of(*n) == "Sequence") {
@@ -323,17 +335,9 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
                 "with NFC (Qwen2's)", where, type_of(*n));
     nfc_ = true;  // utf8proc's
   }
-  const nlohmann::json* model = field(j, "model");
-  if (!model || type_of(*model) != "BPE")
-    DPT_THROW(ConfigError, "{}: model type {}: dptrain reads byte-level BPE tokenizers (model.type BPE), not "
-              "WordPiece or Unigram (SentencePiece's)", where, model ? type_of(*model) : "missing");
-  for (const char* key : {"dropout", "unk_token"})
-    if (field(*model, key)) DPT_THROW(ConfigError, "{}: model.{} = {}: not read by dptrain", where, key, (*model)[key].dump());
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (const nlohmann::json* v = field(*model, key); v && !(v->is_string() && v->get<std::string>().empty()))
       DPT_THROW(ConfigError, "{}: model.{} = {}: not byte-level BPE as dptrain reads it", where, key, v->dump());
-  if (const nlohmann::json* v = field(*model, "byte_fallback"); v && v->is_boolean() && v->get<bool>())
-    DPT_THROW(ConfigError, "{}: model.byte_fallback = true (SentencePiece-style byte tokens): not read by dptrain", where);
   if (const nlohmann::json* d = field(j, "decoder"); d && type_of(*d) != "ByteLevel")
     DPT_THROW(ConfigError, "{}: decoder {}: dptrain decodes byte-level BPE (decoder ByteLevel)", where, type_of(*d));
   read_hf_pre_tokenizer(j);

@@ -701,6 +701,17 @@ TEST_CASE("tokenizer.json: what dptrain does not read is refused by name", "[dat
   refused([](nlohmann::json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "normalizer Lowercase");
   refused([](nlohmann::json& j) { j["model"]["type"] = "WordPiece"; }, "model type WordPiece");
   refused([](nlohmann::json& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback = true");
+  // Another model's tokenizer is refused for what it is, not for the normalizer it also has (BERT's WordPiece with
+  // BertNormalizer; Llama 2's SentencePiece-style BPE: byte_fallback, an unk_token, a Prepend/Replace normalizer).
+  refused([](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "BertNormalizer"}};
+    j["model"]["type"] = "WordPiece";
+  }, "model type WordPiece");
+  refused([](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}}, {{"type", "Replace"}}}}};
+    j["model"]["byte_fallback"] = true;
+    j["model"]["unk_token"] = "<unk>";
+  }, "byte_fallback = true (SentencePiece-style BPE with byte tokens, as Llama 2's");
   refused([](nlohmann::json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout = 0.1");
   refused([](nlohmann::json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, "continuing_subword_prefix");
   refused([](nlohmann::json& j) { j["decoder"] = {{"type", "Metaspace"}}; }, "decoder Metaspace");
