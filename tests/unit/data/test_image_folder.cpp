@@ -5,6 +5,7 @@
 #include <png.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <atomic>
 #include <csetjmp>
@@ -259,6 +260,42 @@ TEST_CASE("damaged, empty and foreign files are IoErrors naming the file", "[dat
   REQUIRE(ds.get(0, x.data()) == 0);
   require_io_error([&] { ds.get(1, x.data()); }, {"a/1.jpg", "Premature end of JPEG file"});
   require_io_error([&] { ds.get(2, x.data()); }, {"b/0.png", "not a PNG or JPEG file"});
+}
+
+TEST_CASE("huge images: decoded up to PIL's decompression-bomb limit in pixels, refused past it", "[data][image]") {
+  TempDir dir;
+  // 9500 x 9500 grey read as RGB: 90 M pixels, 271 M samples, which the old limit of 2^28 samples refused where PIL
+  // reads it (it warns past 89.5 M pixels and refuses past twice that).
+  const std::string big = dir.file("big.png");
+  write_png(big, flat(9500, 9500, {7}).view());
+  const Image im = read_image(big, 3);
+  REQUIRE(im.width == 9500);
+  REQUIRE(im.channels == 3);
+  REQUIRE(im.at(9499, 9499, 2) == 7);
+  // A header claiming 13400 x 13400 (179.6 M pixels, past PIL's 178956970): refused before anything is allocated.
+  const std::string bomb = dir.file("bomb.png");
+  write_png(bomb, flat(2, 2, {7}).view());
+  {
+    std::fstream f(bomb, std::ios::in | std::ios::out | std::ios::binary);
+    unsigned char ihdr[17];  // "IHDR" + its 13 bytes, at offset 12; the CRC follows
+    f.seekg(12);
+    f.read(reinterpret_cast<char*>(ihdr), 17);
+    for (int k : {4, 8}) {  // width, then height: big-endian
+      ihdr[k] = 0;
+      ihdr[k + 1] = 0;
+      ihdr[k + 2] = 13400 >> 8;
+      ihdr[k + 3] = 13400 & 0xFF;
+    }
+    const uLong crc = crc32(crc32(0, nullptr, 0), ihdr, 17);
+    const unsigned char be[4] = {static_cast<unsigned char>(crc >> 24), static_cast<unsigned char>(crc >> 16),
+                                 static_cast<unsigned char>(crc >> 8), static_cast<unsigned char>(crc)};
+    f.seekp(12);
+    f.write(reinterpret_cast<const char*>(ihdr), 17);
+    f.write(reinterpret_cast<const char*>(be), 4);
+  }
+  REQUIRE(read_image_header(bomb).width == 13400);
+  require_io_error([&] { read_image(bomb, 3); }, {bomb, "image too large: 13400 x 13400 pixels, more than the "
+                                                        "178956970 that PIL refuses too"});
 }
 
 TEST_CASE("image folder: classes in byte-wise sorted order, files sorted by name", "[data][image_folder]") {
