@@ -122,7 +122,7 @@ void warn_other_formats(const std::string& root, const std::vector<fs::path>& ot
   for (const auto& [ext, n] : per_ext) counts.push_back(fmt::format("{} {}", n, ext));
   spdlog::warn("{}: left out {} file{} that torchvision's ImageFolder reads but dptrain does not decode ({}; the "
                "first: {}): dptrain reads PNG and JPEG only, so its examples and their indices differ from "
-               "torchvision's; convert them to PNG to train on them", root, others.size(),
+               "torchvision's; convert them to PNG to use them", root, others.size(),
                others.size() == 1 ? "" : "s", fmt::join(counts, ", "), others.front().string());
 }
 
@@ -162,7 +162,9 @@ std::vector<std::string> list_class_folders(const std::string& dir, const std::s
 
 std::vector<std::string> list_image_files(const std::string& dir) {
   std::vector<std::string> names;
-  for (const fs::path& p : walk_images(dir)) names.push_back(p.lexically_relative(dir).string());
+  std::vector<fs::path> others;
+  for (const fs::path& p : walk_images(dir, &others)) names.push_back(p.lexically_relative(dir).string());
+  warn_other_formats(dir, others);
   std::sort(names.begin(), names.end());
   return names;
 }
