@@ -359,7 +359,8 @@ TEST_CASE("list_image_files: every image below a folder, relative paths sorted b
     test::LogCapture log;
     REQUIRE(list_image_files(dir.file("in")) ==
             std::vector<std::string>{"B/x/y/0.Png", "a.png", "a/10.jpeg", "a/9.png", "a/Z.JPG", "b.png"});
-    REQUIRE(log.count("left out 1 file that torchvision's ImageFolder reads but dptrain does not decode (1 .webp") == 1);
+    REQUIRE(log.count("left out 1 file that torchvision's ImageFolder reads but dptrain does not decode "
+                      "(1 .webp") == 1);
   }
   // A link whose image is gone is listed: reading it names it (or --skip-bad leaves it out, warning).
   fs::create_symlink(dir.file("gone.png"), dir.file("in/c.png"));
