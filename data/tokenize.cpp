@@ -230,6 +230,16 @@ std::vector<std::string> each_once(const std::vector<std::string>& found, size_t
 
 namespace {
 
+// tokenizer.encode(text), a ConfigError it throws (GPT-2's vocab.json without a byte's token) naming `where` (the input
+// file, or FILE:LINE) first: the message named only the vocabulary, not which of a corpus's files holds the text.
+std::vector<int32_t> encode_in(const Tokenizer& tokenizer, std::string_view text, const std::string& where) {
+  try {
+    return tokenizer.encode(text);
+  } catch (const ConfigError& e) {
+    DPT_THROW(ConfigError, "tokenize: {}: {}", where, e.what());
+  }
+}
+
 // Adds the bytes the tokenizer has left out since `seen` (no token for them) to `total`, naming the first five places:
 // FILE, or FILE:LINE when line > 0.
 void note_dropped(const Tokenizer& tokenizer, uint64_t& seen, uint64_t& total, std::vector<std::string>& examples,
@@ -312,12 +322,12 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
           const size_t from = no_cut > 0 ? no_cut - 1 : 0;
           size_t cut = tokenizer.safe_cut(std::string_view(pending).substr(from));
           cut = cut > 0 ? cut + from : 0;
-          route(tokenizer.encode(std::string_view(pending).substr(0, cut)));
+          route(encode_in(tokenizer, std::string_view(pending).substr(0, cut), path));
           pending.erase(0, cut);
           no_cut = cut > 0 ? 0 : pending.size();
           return true;
         });
-        route(tokenizer.encode(pending));
+        route(encode_in(tokenizer, pending, path));
         note_dropped(tokenizer, dropped_seen, summary.dropped_bytes, summary.dropped_examples, path);
       }
       if (opts.progress) opts.progress(i + 1, files.size(), summary.bytes);
@@ -510,8 +520,9 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
         tokens.clear();
         trained.clear();
         if (summary.bos >= 0) add(std::span(&summary.bos, 1), 0);
-        if (record->prompt) add(tokenizer.encode(*record->prompt), 0);
-        add(tokenizer.encode(record->text), 1);
+        const std::string where = fmt::format("{}:{}", path, line_no);
+        if (record->prompt) add(encode_in(tokenizer, *record->prompt, where), 0);
+        add(encode_in(tokenizer, record->text, where), 1);
         add(std::span(&summary.eos, 1), 1);
         note_dropped(tokenizer, dropped_seen, summary.dropped_bytes, summary.dropped_examples, path, line_no);
         ++(record->prompt ? summary.prompt_documents : summary.text_documents);

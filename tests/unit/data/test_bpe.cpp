@@ -377,6 +377,15 @@ TEST_CASE("GPT-2 BPE tolerates what encoder.py tolerates and names what it would
     const Gpt2Bpe bpe = t.load();
     REQUIRE(bpe.encode("ab") == ids({256}));
     REQUIRE_THROWS_WITH(bpe.encode("az"), Catch::Contains("no token \"z\"") && Catch::Contains("byte alphabet"));
+    // tokenize names the input file that holds it (the message named only vocab.json: which of a corpus's files?).
+    test::TempDir dir;
+    write_text(dir.file("a.txt"), "ab ab\n");
+    write_text(dir.file("b.txt"), "ab az\n");
+    TokenizeOptions o;
+    o.inputs = {dir.file("a.txt"), dir.file("b.txt")};
+    o.out_dir = (dir.path / "out").string();
+    REQUIRE_THROWS_WITH(tokenize_text(o, bpe), Catch::Contains("tokenize: " + dir.file("b.txt") + ": ") &&
+                                                   Catch::Contains("no token \"z\""));
   }
   SECTION("a token outside the byte alphabet decodes to its own UTF-8") {
     const TinyBpe t({"a b"}, {"\u2581x", "<pad>"});  // 257, 258
