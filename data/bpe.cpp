@@ -311,6 +311,18 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
   if (!field(j, "model"))
     DPT_THROW(ConfigError, "{}: not a tokenizer.json (it has no \"model\"){}; {}", where, looks_like(j),
               kNotTokenizerJsonFix);
+  // The model first, then the normalizer: another model type (BERT's WordPiece, T5's Unigram) or SentencePiece-style
+  // BPE (Llama 2's, Mistral's: byte_fallback) is what stands in the way, not the normalizer these tokenizers also have.
+  const nlohmann::json* model = field(j, "model");
+  if (!model || type_of(*model) != "BPE")
+    DPT_THROW(ConfigError, "{}: model type {}: dptrain reads byte-level BPE tokenizers (model.type BPE), not "
+              "WordPiece or Unigram (SentencePiece's)", where, model ? type_of(*model) : "missing");
+  if (const nlohmann::json* v = field(*model, "byte_fallback"); v && v->is_boolean() && v->get<bool>())
+    DPT_THROW(ConfigError, "{}: model.byte_fallback = true (SentencePiece-style BPE with byte tokens, as Llama 2's and "
+              "Mistral's): not read by dptrain, which reads byte-level BPE (GPT-2's, Llama 3's, Qwen2's, SmolLM's)",
+              where);
+  for (const char* key : {"dropout", "unk_token"})
+    if (field(*model, key)) DPT_THROW(ConfigError, "{}: model.{} = {}: not read by dptrain", where, key, (*model)[key].dump());
   const nlohmann::json* n = field(j, "normalizer");
   // A Sequence of none is no normalizer, and a Sequence of one is that one (tokenizers' own behaviour).
   if (n && type_of(*n) == "Sequence") {
@@ -323,17 +335,9 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
                 "with NFC (Qwen2's)", where, type_of(*n));
     nfc_ = true;  // utf8proc's
   }
-  const nlohmann::json* model = field(j, "model");
-  if (!model || type_of(*model) != "BPE")
-    DPT_THROW(ConfigError, "{}: model type {}: dptrain reads byte-level BPE tokenizers (model.type BPE), not "
-              "WordPiece or Unigram (SentencePiece's)", where, model ? type_of(*model) : "missing");
-  for (const char* key : {"dropout", "unk_token"})
-    if (field(*model, key)) DPT_THROW(ConfigError, "{}: model.{} = {}: not read by dptrain", where, key, (*model)[key].dump());
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (const nlohmann::json* v = field(*model, key); v && !(v->is_string() && v->get<std::string>().empty()))
       DPT_THROW(ConfigError, "{}: model.{} = {}: not byte-level BPE as dptrain reads it", where, key, v->dump());
-  if (const nlohmann::json* v = field(*model, "byte_fallback"); v && v->is_boolean() && v->get<bool>())
-    DPT_THROW(ConfigError, "{}: model.byte_fallback = true (SentencePiece-style byte tokens): not read by dptrain", where);
   if (const nlohmann::json* d = field(j, "decoder"); d && type_of(*d) != "ByteLevel")
     DPT_THROW(ConfigError, "{}: decoder {}: dptrain decodes byte-level BPE (decoder ByteLevel)", where, type_of(*d));
   read_hf_pre_tokenizer(j);
@@ -630,9 +634,21 @@ void Gpt2Bpe::set_merges(const std::vector<std::pair<std::string, std::string>>&
 
 std::string Gpt2Bpe::describe() const {
   if (hf_)
-    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens{}{})", json_path_.string(),
-                       vocab_size(), merge_lines_, added_.size(), nfc_ ? ", NFC" : "", digits_regex_ ? ", digits" : "");
+    return fmt::format("byte-level BPE from {} (vocab {}, {} merges, {} added tokens{}{}{})", json_path_.string(),
+                       vocab_size(), merge_lines_, added_.size(), nfc_ ? ", NFC" : "", digits_regex_ ? ", digits" : "",
+                       missing_bytes());
   return fmt::format("GPT-2 BPE (vocab {}, {} merges)", vocab_size(), merge_lines_);
+}
+
+std::string Gpt2Bpe::missing_bytes() const {
+  std::vector<std::string> hex;
+  for (int b = 0; b < 256; ++b)
+    if (symbol_id_[static_cast<size_t>(b)] < 0) hex.push_back(fmt::format("{:02X}", b));
+  if (hex.empty()) return "";
+  const size_t shown = std::min<size_t>(hex.size(), 24);
+  return fmt::format(", no token for {} byte{} (0x{}{})", hex.size(), hex.size() == 1 ? "" : "s",
+                     fmt::join(hex.begin(), hex.begin() + static_cast<ptrdiff_t>(shown), " "),
+                     shown < hex.size() ? " ..." : "");
 }
 
 std::vector<std::string_view> Gpt2Bpe::pre_tokenize(std::string_view text) const {
@@ -691,10 +707,21 @@ void Gpt2Bpe::encode_word(std::string_view word, std::vector<int32_t>& out) cons
       return;
     }
   }
-  const auto n = static_cast<int32_t>(word.size());
-  std::vector<int32_t> sym(word.size()), next(word.size()), prev(word.size());
+  std::vector<int32_t> sym;
+  sym.reserve(word.size());
+  for (const char c : word) {
+    const auto b = static_cast<uint8_t>(c);
+    // A byte the vocabulary has no token for (SmolLM2's lacks 21 of the 256): tokenizers' BPE without an unk_token
+    // leaves it out before any merge, so its neighbours may merge; GPT-2's files (encoder.py) fail on it below.
+    if (hf_ && symbol_id_[b] < 0) {
+      dropped_.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    }
+    sym.push_back(b);
+  }
+  const auto n = static_cast<int32_t>(sym.size());
+  std::vector<int32_t> next(sym.size()), prev(sym.size());
   for (int32_t i = 0; i < n; ++i) {
-    sym[i] = static_cast<uint8_t>(word[i]);
     next[i] = i + 1;
     prev[i] = i - 1;
   }

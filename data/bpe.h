@@ -44,8 +44,12 @@
 // UTF-8 are left as they are, so decode(encode(x)) is NFC(x) there). Refused by name: another normalizer, another
 // model type (WordPiece, Unigram: SentencePiece's), another pre-tokenizer or decoder, byte_fallback, dropout, an
 // unk_token, a continuing_subword_prefix or end_of_word_suffix, add_prefix_space, and added tokens with lstrip,
-// rstrip or single_word. The post-processor (a BOS template) is not applied: encode() is `tokenizers`'
-// encode(text, add_special_tokens=False); bos_id() says which token its template puts first.
+// rstrip or single_word. A byte whose symbol the vocabulary lacks (reported for SmolLM2's: 21 of the 256 bytes, so
+// some characters past U+FFFF encode to nothing in tokenizers) is left out before the merges, as tokenizers' BPE
+// without an unk_token leaves it out (its neighbours may then merge), and counted (dropped_bytes()); GPT-2's
+// vocab.json and merges.txt (encoder.py's KeyError) fail on it instead. The post-processor (a BOS template) is not
+// applied: encode() is `tokenizers`' encode(text, add_special_tokens=False); bos_id() says which token its template
+// puts first.
 // Special tokens: a tokenizer_config.json beside the tokenizer.json (as Hugging Face model folders have it) gives
 // eos_token and bos_token (a string, or an object with its "content") and add_bos_token (true: bos_id() is its
 // bos_token; false: none, whatever the template says); a token it names that the tokenizer lacks is a ConfigError
@@ -53,6 +57,7 @@
 // SmolLM's); GPT-2's vocab.json has it too. save() copies tokenizer_config.json with tokenizer.json.
 #pragma once
 
+#include <atomic>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -94,6 +99,10 @@ class Gpt2Bpe final : public Tokenizer {
   std::optional<int32_t> token_id(std::string_view token) const override;
   std::optional<int32_t> eos_id() const override { return eos_; }
   std::optional<int32_t> bos_id() const override { return bos_; }
+  uint64_t dropped_bytes() const override { return dropped_.load(std::memory_order_relaxed); }
+  // The bytes the vocabulary has no token for, ", no token for 2 bytes (0xF5 F6)" (24 listed at most), as describe()
+  // ends; "" when it has all 256.
+  std::string missing_bytes() const;
 
   // The pre-tokens of `text` (step 1 above), as views into it; together they are the whole text.
   std::vector<std::string_view> pre_tokenize(std::string_view text) const;
@@ -157,6 +166,7 @@ class Gpt2Bpe final : public Tokenizer {
   bool gpt2_pattern_ = false;   // a tokenizer.json's pattern is GPT-2's: safe_cut takes GPT-2's rule
   std::filesystem::path config_path_;  // tokenizer_config.json beside tokenizer.json, when there is one
   std::optional<int32_t> eos_, bos_;
+  mutable std::atomic<uint64_t> dropped_{0};  // bytes encode() left out: no token for them (tokenizer.json only)
 };
 
 }  // namespace dpt::data

@@ -7,6 +7,7 @@
 #include <cctype>
 #include <filesystem>
 #include <iterator>
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -16,6 +17,13 @@ namespace dpt::data {
 namespace {
 
 namespace fs = std::filesystem;
+
+std::string lower_extension(const fs::path& p) {
+  std::string ext = p.extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return ext;
+}
 
 constexpr const char* kExtensions = "*.png, *.jpg, *.jpeg (any case)";
 constexpr unsigned kMaxScanThreads = 8;  // header checks are I/O bound: a few threads hide the latency
@@ -30,7 +38,9 @@ std::string expected_layout(const std::string& dir, const std::string& split) {
 // a warning naming it. A link whose target is gone is listed too, as torchvision lists it: an image that cannot be
 // read is an error naming it (or left out under skip_bad_images), never silently one example fewer. Paths as the
 // walk reaches them (through the links).
-std::vector<fs::path> walk_images(const fs::path& dir) {
+// Files in torchvision's other IMG_EXTENSIONS (.bmp, .ppm, .pgm, .tif, .tiff, .webp), which its ImageFolder lists and
+// dptrain does not decode go to `others` when given.
+std::vector<fs::path> walk_images(const fs::path& dir, std::vector<fs::path>* others = nullptr) {
   std::vector<fs::path> found;
   try {
     // inside[d]: the canonical path of the folder whose entries are at depth d (inside[0]: dir itself); above: dir's
@@ -55,7 +65,11 @@ std::vector<fs::path> walk_images(const fs::path& dir) {
         continue;
       }
       const bool dangling = e.is_symlink() && !e.exists();
-      if ((e.is_regular_file() || dangling) && is_image_name(e.path())) found.push_back(e.path());
+      if (!e.is_regular_file() && !dangling) continue;
+      if (is_image_name(e.path()))
+        found.push_back(e.path());
+      else if (others && is_torchvision_only_image_name(e.path()))
+        others->push_back(e.path());
     }
   } catch (const fs::filesystem_error& e) {
     DPT_THROW(IoError, "{}: cannot list the images: {}{}", dir.string(), e.code().message(),
@@ -65,9 +79,9 @@ std::vector<fs::path> walk_images(const fs::path& dir) {
 }
 
 // The image files below a class folder, as torchvision orders them: sorted by (folder, name), byte-wise.
-std::vector<std::string> list_images(const fs::path& class_dir) {
+std::vector<std::string> list_images(const fs::path& class_dir, std::vector<fs::path>* others) {
   std::vector<std::pair<std::string, std::string>> found;  // (folder relative to class_dir, file name)
-  for (const fs::path& p : walk_images(class_dir))
+  for (const fs::path& p : walk_images(class_dir, others))
     found.emplace_back(p.parent_path().lexically_relative(class_dir).string(), p.filename().string());
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
@@ -99,13 +113,31 @@ std::vector<std::string> check_headers(const std::vector<std::string>& paths) {
   return errors;
 }
 
+// Warns that `others` (torchvision_only_image names) were left out, with a count per extension and the first one.
+void warn_other_formats(const std::string& root, const std::vector<fs::path>& others) {
+  if (others.empty()) return;
+  std::map<std::string, size_t> per_ext;
+  for (const fs::path& p : others) ++per_ext[lower_extension(p)];
+  std::vector<std::string> counts;
+  for (const auto& [ext, n] : per_ext) counts.push_back(fmt::format("{} {}", n, ext));
+  spdlog::warn("{}: left out {} file{} that torchvision's ImageFolder reads but dptrain does not decode ({}; the "
+               "first: {}): dptrain reads PNG and JPEG only, so its examples and their indices differ from "
+               "torchvision's; convert them to PNG to use them", root, others.size(),
+               others.size() == 1 ? "" : "s", fmt::join(counts, ", "), others.front().string());
+}
+
 }  // namespace
 
 bool is_image_name(const fs::path& p) {
-  std::string ext = p.extension().string();
-  std::transform(ext.begin(), ext.end(), ext.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string ext = lower_extension(p);
   return ext == ".png" || ext == ".jpg" || ext == ".jpeg";
+}
+
+bool is_torchvision_only_image_name(const fs::path& p) {
+  const std::string ext = lower_extension(p);
+  for (const char* e : {".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp"})
+    if (ext == e) return true;
+  return false;
 }
 
 std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split) {
@@ -130,7 +162,9 @@ std::vector<std::string> list_class_folders(const std::string& dir, const std::s
 
 std::vector<std::string> list_image_files(const std::string& dir) {
   std::vector<std::string> names;
-  for (const fs::path& p : walk_images(dir)) names.push_back(p.lexically_relative(dir).string());
+  std::vector<fs::path> others;
+  for (const fs::path& p : walk_images(dir, &others)) names.push_back(p.lexically_relative(dir).string());
+  warn_other_formats(dir, others);
   std::sort(names.begin(), names.end());
   return names;
 }
@@ -149,12 +183,15 @@ ImageFolderDataset::ImageFolderDataset(const std::string& dir, const std::string
 
   std::vector<std::string> paths;
   std::vector<int32_t> labels;
+  std::vector<fs::path> others;  // torchvision's other image formats
   for (size_t c = 0; c < classes_.size(); ++c) {
-    for (std::string& p : list_images(fs::path(root_) / classes_[c])) {
+    for (std::string& p : list_images(fs::path(root_) / classes_[c], &others)) {
       paths.push_back(std::move(p));
       labels.push_back(static_cast<int32_t>(c));
     }
   }
+  other_formats_ = others.size();
+  warn_other_formats(root_, others);
   if (skip_bad_images_) {
     const std::vector<std::string> errors = check_headers(paths);
     for (size_t i = 0; i < paths.size(); ++i) {

@@ -7,7 +7,9 @@
 //   - a class's images are the files below its folder (sub-folders included, and links to folders followed, as
 //     os.walk(followlinks=True); a link to a folder it is inside, which os.walk would follow until the path grew
 //     too long, is left out with a warning) whose extension is .png, .jpg or .jpeg in any case, sorted by
-//     (folder, file name) byte-wise, their paths through the links; other files are ignored;
+//     (folder, file name) byte-wise, their paths through the links; other files are ignored, but those that
+//     torchvision's ImageFolder reads and dptrain does not decode (.bmp, .ppm, .pgm, .tif, .tiff, .webp) are counted
+//     and named in a warning: they make torchvision's examples and indices differ from dptrain's;
 //   - a class folder without images is an error naming it, as torchvision's "Found no valid file for the
 //     classes ...".
 // Images are decoded inside get() (data/image_io.h), then transformed (data/transforms.h) into
@@ -81,6 +83,8 @@ class ImageFolderDataset : public Dataset {
   // Example `index`'s pixels, decoded to transform.channels channels, before any transform.
   Image read(size_t index) const;
   size_t skipped_at_scan() const { return skipped_at_scan_; }  // files left out by the header check
+  // Files left out because their extension is one of torchvision's other image formats (a warning says so).
+  size_t other_formats() const { return other_formats_; }
   const Transform& transform() const { return transform_; }
 
  private:
@@ -92,6 +96,7 @@ class ImageFolderDataset : public Dataset {
   bool skip_bad_images_ = false;
   BadImage bad_image_ = BadImage::substitute;
   size_t skipped_at_scan_ = 0;
+  size_t other_formats_ = 0;
   std::atomic<int64_t> epoch_{0};
   mutable std::mutex bad_mu_;
   mutable std::unordered_set<size_t> bad_;  // examples whose decoding failed (skip_bad_images), warned once
@@ -99,6 +104,9 @@ class ImageFolderDataset : public Dataset {
 
 // Whether a file name is an image's by its extension, as the folders are listed: .png, .jpg or .jpeg in any case.
 bool is_image_name(const std::filesystem::path& path);
+// Whether its extension is one of the image formats torchvision's ImageFolder also reads and dptrain does not decode:
+// .bmp, .ppm, .pgm, .tif, .tiff, .webp in any case.
+bool is_torchvision_only_image_name(const std::filesystem::path& path);
 
 // The class folder names of dir/split, byte-wise sorted (the class order). IoError when it is missing.
 std::vector<std::string> list_class_folders(const std::string& dir, const std::string& split);

@@ -26,9 +26,11 @@
 namespace dpt::data {
 namespace {
 
-// Refuse images whose pixels would take more than this many samples (a decompression bomb, or a damaged
-// header claiming 65500 x 65500): 2^28 samples is 256 MiB, ten times a large photograph.
-constexpr uint64_t kMaxSamples = uint64_t{1} << 28;
+// Refuse images of more pixels than this (a decompression bomb, or a damaged header claiming 65500 x 65500): PIL's
+// Image.open refuses them too (DecompressionBombError past 2 * Image.MAX_IMAGE_PIXELS, 2 * 89478485), so torchvision's
+// loader reads every image dptrain reads. An RGB one of that size takes 512 MiB. (The limit was 2^28 samples: RGB
+// images of 89.5 to 179 M pixels, which PIL reads with a warning, stopped a run.)
+constexpr uint64_t kMaxPixels = 2 * uint64_t{89478485};
 constexpr size_t kMessageBytes = 256;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) { DPT_THROW(IoError, "{}: {}", path, what); }
@@ -61,13 +63,16 @@ void close_written(FilePtr file, const std::string& path) {
   }
 }
 
-// Resizes `pixels` to `count`; false instead of throwing (called between setjmp and the library's cleanup).
-bool try_resize(std::vector<uint8_t>& pixels, uint64_t count, char* message) {
-  if (count > kMaxSamples) {
-    std::snprintf(message, kMessageBytes, "image too large: %llu samples, at most %llu are decoded",
-                  static_cast<unsigned long long>(count), static_cast<unsigned long long>(kMaxSamples));
+// Resizes `pixels` to width x height x channels; false instead of throwing (called between setjmp and the library's
+// cleanup).
+bool try_resize(std::vector<uint8_t>& pixels, uint64_t width, uint64_t height, uint64_t channels, char* message) {
+  if (width * height > kMaxPixels) {  // each side below 2^31: no overflow
+    std::snprintf(message, kMessageBytes, "image too large: %llu x %llu pixels, more than the %llu that PIL refuses "
+                  "too (a decompression bomb)", static_cast<unsigned long long>(width),
+                  static_cast<unsigned long long>(height), static_cast<unsigned long long>(kMaxPixels));
     return false;
   }
+  const uint64_t count = width * height * channels;
   try {
     pixels.resize(static_cast<size_t>(count));
   } catch (const std::bad_alloc&) {
@@ -163,7 +168,8 @@ bool jpeg_decode(FILE* file, int channels, bool header_only, Image* out, ImageHe
     out->width = cinfo.output_width;
     out->channels = cmyk ? channels : cinfo.output_components;
     const uint64_t row_bytes = uint64_t{cinfo.output_width} * static_cast<uint64_t>(out->channels);
-    if (!try_resize(out->pixels, row_bytes * cinfo.output_height, err->message)) {
+    if (!try_resize(out->pixels, cinfo.output_width, cinfo.output_height, static_cast<uint64_t>(out->channels),
+                    err->message)) {
       jpeg_destroy_decompress(&cinfo);
       return false;
     }
@@ -280,7 +286,7 @@ bool png_decode(FILE* file, int channels, bool header_only, Image* out, ImageHea
       png_destroy_read_struct(&png, &info, nullptr);
       return false;
     }
-    if (!try_resize(out->pixels, row_bytes * height, err->message)) {
+    if (!try_resize(out->pixels, width, height, static_cast<uint64_t>(out->channels), err->message)) {
       png_destroy_read_struct(&png, &info, nullptr);
       return false;
     }

@@ -1,5 +1,6 @@
-// data/subset.h: Subset: evenly strided examples of another dataset (by default a contiguous range), as a Dataset. Used to
-// split one synthetic dataset into disjoint train and test parts that share its labelling function, and, strided, for
+// data/subset.h: Subset: evenly strided examples of another dataset (by default a contiguous range), or a number of
+// them spread evenly over it, as a Dataset. Used to
+// split one synthetic dataset into disjoint train and test parts that share its labelling function, and, spread, for
 // data.train_limit / test_limit on image folders (whose examples are sorted by class: a prefix would hold
 // only the first classes).
 #pragma once
@@ -19,6 +20,14 @@ class Subset final : public Dataset {
     DPT_CHECK_GE(stride_, 1u);
     if (size_ > 0) DPT_CHECK_LT(begin_ + (size_ - 1) * stride_, base_->size());
   }
+  // `size` examples spread evenly over the whole of `base` (size <= base->size()): example i is base's
+  // floor(i * base->size() / size), so a sorted base (an image folder's classes) keeps every part's share where an
+  // integer stride of base->size() / size would take a prefix (1000 examples, size 600: stride 1, the first 600).
+  struct Spread {};
+  Subset(std::shared_ptr<Dataset> base, size_t size, Spread) : base_(std::move(base)), begin_(0), size_(size) {
+    DPT_CHECK_LE(size_, base_->size());
+    spread_of_ = base_->size();
+  }
   size_t size() const override { return size_; }
   size_t feature_count() const override { return base_->feature_count(); }
   int num_classes() const override { return base_->num_classes(); }
@@ -27,15 +36,21 @@ class Subset final : public Dataset {
   void set_epoch(int64_t epoch) override { base_->set_epoch(epoch); }
   int32_t get(size_t index, float* features) const override {
     DPT_CHECK_LT(index, size_);
-    return base_->get(begin_ + index * stride_, features);
+    return base_->get(base_index(index), features);
   }
   void prefetch(size_t index) const override {
-    if (index < size_) base_->prefetch(begin_ + index * stride_);
+    if (index < size_) base_->prefetch(base_index(index));
+  }
+  // The base's example that example `index` is.
+  size_t base_index(size_t index) const {
+    if (spread_of_ == 0) return begin_ + index * stride_;
+    return static_cast<size_t>(static_cast<unsigned __int128>(index) * spread_of_ / size_);
   }
 
  private:
   std::shared_ptr<Dataset> base_;
-  size_t begin_, size_, stride_;
+  size_t begin_, size_, stride_ = 1;
+  size_t spread_of_ = 0;  // Spread: the base's size; 0: begin + index * stride
 };
 
 }  // namespace dpt::data

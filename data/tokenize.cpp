@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
 
 #include "core/check.h"
 #include "data/jsonl.h"
@@ -227,12 +228,48 @@ std::vector<std::string> each_once(const std::vector<std::string>& found, size_t
 
 }  // namespace
 
+namespace {
+
+// tokenizer.encode(text), a ConfigError it throws (GPT-2's vocab.json without a byte's token) naming `where` (the input
+// file, or FILE:LINE) first: the message named only the vocabulary, not which of a corpus's files holds the text.
+std::vector<int32_t> encode_in(const Tokenizer& tokenizer, std::string_view text, const std::string& where) {
+  try {
+    return tokenizer.encode(text);
+  } catch (const ConfigError& e) {
+    DPT_THROW(ConfigError, "tokenize: {}: {}", where, e.what());
+  }
+}
+
+// Adds the bytes the tokenizer has left out since `seen` (no token for them) to `total`, naming the first five places:
+// FILE, or FILE:LINE when line > 0.
+void note_dropped(const Tokenizer& tokenizer, uint64_t& seen, uint64_t& total, std::vector<std::string>& examples,
+                  const std::string& path, size_t line = 0) {
+  const uint64_t now = tokenizer.dropped_bytes();
+  if (now == seen) return;
+  const uint64_t n = now - seen;
+  if (examples.size() < 5)
+    examples.push_back(fmt::format("{}{}: {} byte{}", path, line > 0 ? fmt::format(":{}", line) : "", n,
+                                   n == 1 ? "" : "s"));
+  total += n;
+  seen = now;
+}
+
+}  // namespace
+
+void warn_dropped_bytes(uint64_t dropped, const std::vector<std::string>& examples, const std::string& tokenizer) {
+  if (dropped == 0) return;
+  spdlog::warn("tokenize: left out {} input byte{} that the vocabulary has no token for ({}), as Hugging Face "
+               "tokenizers' encode() leaves them out: the text decodes without them; in {}{}", dropped,
+               dropped == 1 ? "" : "s", tokenizer, fmt::join(examples, ", "), examples.size() == 5 ? ", ..." : "");
+}
+
 TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& tokenizer) {
   if (opts.block_tokens < 1) DPT_THROW(ConfigError, "tokenize: block_tokens must be >= 1");
   const std::string name = checked_shard_name(opts.inputs, opts.out_dir, opts.name, opts.val_every, opts.shard_tokens,
                                               tokenizer, "block");
 
   TokenizeSummary summary;
+  uint64_t dropped_seen = tokenizer.dropped_bytes();
   summary.tokenizer = tokenizer.describe();
   std::vector<std::string> links;
   const std::vector<std::string> files = each_once(collect_files(opts.inputs, links), summary.repeated);
@@ -285,12 +322,13 @@ TokenizeSummary tokenize_text(const TokenizeOptions& opts, const Tokenizer& toke
           const size_t from = no_cut > 0 ? no_cut - 1 : 0;
           size_t cut = tokenizer.safe_cut(std::string_view(pending).substr(from));
           cut = cut > 0 ? cut + from : 0;
-          route(tokenizer.encode(std::string_view(pending).substr(0, cut)));
+          route(encode_in(tokenizer, std::string_view(pending).substr(0, cut), path));
           pending.erase(0, cut);
           no_cut = cut > 0 ? 0 : pending.size();
           return true;
         });
-        route(tokenizer.encode(pending));
+        route(encode_in(tokenizer, pending, path));
+        note_dropped(tokenizer, dropped_seen, summary.dropped_bytes, summary.dropped_examples, path);
       }
       if (opts.progress) opts.progress(i + 1, files.size(), summary.bytes);
     }
@@ -444,6 +482,7 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
   const std::string name = checked_shard_name(opts.inputs, opts.out_dir, opts.name, opts.val_every, opts.shard_tokens,
                                               tokenizer, "document");
   JsonlSummary summary;
+  uint64_t dropped_seen = tokenizer.dropped_bytes();
   summary.tokenizer = tokenizer.describe();
   summary.eos = jsonl_eos(opts, tokenizer);
   summary.bos = tokenizer.bos_id().value_or(-1);
@@ -481,9 +520,11 @@ JsonlSummary tokenize_jsonl(const JsonlOptions& opts, const Tokenizer& tokenizer
         tokens.clear();
         trained.clear();
         if (summary.bos >= 0) add(std::span(&summary.bos, 1), 0);
-        if (record->prompt) add(tokenizer.encode(*record->prompt), 0);
-        add(tokenizer.encode(record->text), 1);
+        const std::string where = fmt::format("{}:{}", path, line_no);
+        if (record->prompt) add(encode_in(tokenizer, *record->prompt, where), 0);
+        add(encode_in(tokenizer, record->text, where), 1);
         add(std::span(&summary.eos, 1), 1);
+        note_dropped(tokenizer, dropped_seen, summary.dropped_bytes, summary.dropped_examples, path, line_no);
         ++(record->prompt ? summary.prompt_documents : summary.text_documents);
         const bool to_val = documents % opts.val_every == opts.val_every - 1;
         (to_val ? val : train).append(tokens, trained);

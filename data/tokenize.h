@@ -47,7 +47,15 @@ struct TokenizeSummary {
   std::string tokenizer;        // the tokenizer's describe()
   uint64_t train_tokens = 0, val_tokens = 0;
   std::vector<std::string> train_shards, val_shards;  // file names inside out_dir
+  // Bytes left out because the tokenizer has no token for them (Tokenizer::dropped_bytes), and the first five files
+  // holding any ("FILE: N bytes").
+  uint64_t dropped_bytes = 0;
+  std::vector<std::string> dropped_examples;
 };
+
+// Warns (spdlog) that `dropped` input bytes had no token in the tokenizer described and were left out, naming the
+// places `examples` holds; nothing when dropped is 0.
+void warn_dropped_bytes(uint64_t dropped, const std::vector<std::string>& examples, const std::string& tokenizer);
 
 // ConfigError for bad options, a tokenizer with more ids than token shards carry, missing inputs, an input that
 // yields no text, a corpus too small for one block in each split, a non-empty OUT without force, or an OUT that is an
@@ -102,6 +110,8 @@ struct JsonlSummary {
   uint64_t train_tokens = 0, val_tokens = 0;
   uint64_t train_trained = 0, val_trained = 0;  // tokens whose mask bit is 1
   std::vector<std::string> train_shards, val_shards;  // file names inside out_dir (each with its .mask)
+  uint64_t dropped_bytes = 0;                  // as TokenizeSummary's
+  std::vector<std::string> dropped_examples;   // the first five records: "FILE:LINE: N bytes"
 };
 
 // ConfigError for bad options, a tokenizer without an end-of-text token (and no eos_token), an eos_token that is

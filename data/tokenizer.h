@@ -25,7 +25,7 @@ class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
 
-  // Any bytes (valid UTF-8 or not) to ids; decode(encode(text)) == text.
+  // Any bytes (valid UTF-8 or not) to ids; decode(encode(text)) == text (but dropped_bytes() below).
   virtual std::vector<int32_t> encode(std::string_view text) const = 0;
   // Ids to bytes (a token may end inside a UTF-8 character). An id outside [0, vocab_size()) is a ConfigError.
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
@@ -54,6 +54,10 @@ class Tokenizer {
   // template starting with one, Llama 3's <|begin_of_text|>; tokenizer_config.json's add_bos_token with its
   // bos_token). encode() never adds it; fine-tuning data puts it before each document.
   virtual std::optional<int32_t> bos_id() const { return std::nullopt; }
+  // How many input bytes encode() has left out so far, because the vocabulary has no token for them (a
+  // tokenizer.json's BPE that lacks some bytes, as Hugging Face's tokenizers leaves them out): then
+  // decode(encode(text)) != text. 0 for bytes and GPT-2's files.
+  virtual uint64_t dropped_bytes() const { return 0; }
 };
 
 class ByteTokenizer final : public Tokenizer {

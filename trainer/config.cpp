@@ -307,7 +307,7 @@ std::vector<Field> data_fields() {
             })),
       field("data.skip_bad_images", &C::data, &DataConfig::skip_bad_images, "imagefolder: skip an unreadable or corrupt image with a warning (false: stop with an error naming it)"),
       field("data.workers", &C::data, &DataConfig::workers, "threads reading, decoding and transforming examples for the loader (at most 1024)", Check<int64_t>([](const int64_t& v) { return v >= 1 && v <= 1024 ? "" : std::string("must be in [1, 1024] (threads of one process)"); })),
-      field("data.train_limit", &C::data, &DataConfig::train_limit, "use only N training examples (0: all): Fashion-MNIST's first N; for image folders and token shards N spread evenly over the set (every (size / N)-th, so each class of a folder keeps its share)", at_least<int64_t>(0)),
+      field("data.train_limit", &C::data, &DataConfig::train_limit, "use only N training examples (0: all): Fashion-MNIST's first N; for image folders and token shards N spread evenly over the set (example floor(i * size / N) for i < N, so each class of a folder keeps its share)", at_least<int64_t>(0)),
       field("data.test_limit", &C::data, &DataConfig::test_limit, "use only N test examples (0: all), chosen as data.train_limit chooses them", at_least<int64_t>(0)),
       field("data.prefetch", &C::data, &DataConfig::prefetch, "batches the loader thread prepares ahead", at_least<int64_t>(1)),
       field("data.synthetic_train_size", &C::data, &DataConfig::synthetic_train_size, "training examples (dataset = synthetic)", at_least<int64_t>(1)),

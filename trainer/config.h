@@ -96,7 +96,7 @@ struct DataConfig {
   std::vector<double> std = {0.229, 0.224, 0.225};
   bool skip_bad_images = false;  // imagefolder: skip unreadable images with a warning instead of failing
   int64_t workers = 1;        // threads decoding and transforming examples for the loader
-  int64_t train_limit = 0;  // use only the first N training examples (0: all)
+  int64_t train_limit = 0;  // use only N training examples (0: all): Fashion-MNIST's first N, others spread evenly
   int64_t test_limit = 0;
   int64_t prefetch = 4;     // batches the loader prepares ahead
   int64_t synthetic_train_size = 8192;

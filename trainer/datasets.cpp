@@ -34,13 +34,11 @@
 namespace dpt::trainer {
 namespace {
 
-// The first `limit` examples of an evenly strided pass over `d` (image folders are sorted by class: every
-// class keeps its share).
+// `limit` examples spread evenly over `d` (image folders are sorted by class: every class keeps its share).
 std::unique_ptr<data::Dataset> limited(std::unique_ptr<data::Dataset> d, int64_t limit) {
   if (limit <= 0 || static_cast<size_t>(limit) >= d->size()) return d;
-  const size_t stride = d->size() / static_cast<size_t>(limit);
-  return std::make_unique<data::Subset>(std::shared_ptr<data::Dataset>(std::move(d)), 0, static_cast<size_t>(limit),
-                                        stride);
+  return std::make_unique<data::Subset>(std::shared_ptr<data::Dataset>(std::move(d)), static_cast<size_t>(limit),
+                                        data::Subset::Spread{});
 }
 
 }  // namespace
@@ -122,6 +120,7 @@ void log_jsonl_summary(const data::JsonlSummary& s, double seconds) {
                s.bytes / 1e6, s.text_documents + s.prompt_documents, s.text_documents, s.prompt_documents,
                s.bad_lines == 0 ? std::string() : fmt::format("; skipped {} malformed lines", s.bad_lines));
   for (const std::string& bad : s.bad_line_examples) spdlog::warn("tokenize: skipped {}", bad);
+  data::warn_dropped_bytes(s.dropped_bytes, s.dropped_examples, s.tokenizer);
   spdlog::info("tokenize: each document is {}its text (or prompt, then completion), then EOS = id {}; {}",
                s.bos >= 0 ? fmt::format("BOS = id {}, then ", s.bos) : "", s.eos, s.tokenizer);
   spdlog::info("tokenize: wrote train {} documents, {} tokens ({} trained) in {} shards; val {} documents, {} tokens "

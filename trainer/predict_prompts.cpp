@@ -96,6 +96,9 @@ PredictSummary predict_prompts(const SavedRun& target, const PromptOptions& o, c
     check_prompt(ck, encoded.back(), fmt::format("predict: the prompt '{}'", p));
     counts.push_back(encoded.back().size());
   }
+  if (const uint64_t dropped = tokenizer.dropped_bytes(); dropped > 0 && pg.rank() == 0)
+    spdlog::warn("predict: left out {} byte{} of the prompts that the vocabulary has no token for, as Hugging Face "
+                 "tokenizers leaves them out", dropped, dropped == 1 ? "" : "s");
   const auto longer = static_cast<size_t>(std::count_if(
       counts.begin(), counts.end(), [&](size_t n) { return static_cast<int64_t>(n) > ck.block_size; }));
   if (longer > 0 && pg.rank() == 0)

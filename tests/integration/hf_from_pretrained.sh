@@ -100,15 +100,15 @@ wrong = {k: (config.get(k, "<missing>"), v) for k, v in expected.items() if conf
 assert not wrong, f"config.json: (has, expected): {wrong}"
 
 # The validation windows as dptrain makes them (data/token_shards.h, llm.c's loader): block + 1 tokens starting
-# every block tokens inside a shard, never across two; data.test_limit = N of them spread over all: every
-# (count / N)-th from the first (trainer/datasets.cpp).
+# every block tokens inside a shard, never across two; data.test_limit = N of them spread over all: window
+# floor(i * count / N) for i < N (trainer/datasets.cpp).
 def val_windows(block):
     rows = []
     for shard in sorted(glob.glob(os.path.join(data_dir, "*_val_*.bin"))):
         tokens = np.fromfile(shard, dtype=np.uint16)[512:].astype(np.int64)  # past the 1024-byte header
         rows += [tokens[s:s + block + 1] for s in range(0, len(tokens) - block, block)]
     assert len(rows) > windows, len(rows)
-    batch = torch.from_numpy(np.stack(rows[::len(rows) // windows][:windows]))
+    batch = torch.from_numpy(np.stack([rows[i * len(rows) // windows] for i in range(windows)]))
     assert batch.shape == (windows, block + 1), batch.shape
     return batch
 batch = val_windows(block)

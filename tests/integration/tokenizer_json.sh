@@ -11,6 +11,8 @@
 #  - an added token with an id past 65535: uint32 shards (llm.c's Llama 3 form), still equal;
 #  - what dptrain does not read is refused by name, nothing written: a normalizer other than NFC, a Unigram model,
 #    an added token with lstrip;
+#  - a vocabulary that lacks some bytes (as SmolLM2's lacks 21): tokens equal tokenizers', the bytes left out named
+#    in a warning (tokenize and generate's prompt);
 #  - a llama trained on the shards, and `dptrain generate --tokenizer` naming the tokenizer.json's folder.
 # Skipped (exit 77, saying why) when the venv lacks tokenizers.
 source "$(dirname "$0")/lib/common.bash"
@@ -68,6 +70,17 @@ head -c 4 "$WORK/out_wide/bpe_train_000000.bin" | od -An -tu4 | grep -q 20240801
 "$HF_PY" "$REF" check "$WORK/wide/tokenizer.json" "$WORK/out_wide" 4096 2 "$WORK/wide/text.txt" \
   || fail "the uint32 shards differ from tokenizers'"
 
+# A vocabulary that lacks some bytes (SmolLM2's lacks 21): tokenizers leaves them out of the text (their neighbours
+# then merge), and so does dptrain, saying how many and where (it stopped the corpus at the first one).
+"$HF_PY" "$REF" train smollm_gaps "$WORK/gaps" "$FORTUNES/computers" > /dev/null || fail "training smollm_gaps failed"
+out=$("$DPTRAIN" tokenize --input "$FORTUNES/science" --input "$WORK/unicode.txt" --tokenizer "$WORK/gaps" \
+  --out "$WORK/out_gaps" 2>&1) || { echo "$out"; fail "tokenize with a vocabulary lacking bytes failed"; }
+grep -q "left out [0-9]* input bytes that the vocabulary has no token for .*no token for [0-9]* bytes (0x00 .*; in \
+$WORK/unicode.txt: [0-9]* bytes" <<<"$out" || { echo "$out"; fail "no warning of the bytes left out"; }
+grep -q "science: " <<<"$out" && { echo "$out"; fail "science, whose bytes all have tokens, named"; }
+"$HF_PY" "$REF" check "$WORK/gaps/tokenizer.json" "$WORK/out_gaps" 4096 10 "$FORTUNES/science" "$WORK/unicode.txt" \
+  || fail "dptrain's tokens differ from tokenizers' where the vocabulary lacks bytes"
+
 # Refused by name, nothing written.
 refuse() {  # refuse NAME PATTERN PYTHON-EDIT: the qwen2 tokenizer.json edited by PYTHON-EDIT (on t) is refused
   mkdir -p "$WORK/bad_$1"
@@ -88,4 +101,13 @@ expect_exit 2 "excludes" "$DPTRAIN" tokenize --input "$FORTUNES/art" --tokenizer
   train.batch_size=8 train.optimizer=adamw train.lr=3e-3 data.test_limit=64 train.progress_interval_s=1000 \
   checkpoint.dir="$WORK/ck" --resume never > "$WORK/train.log" 2>&1 || { cat "$WORK/train.log"; fail "training failed"; }
 grep -q "done: 20 steps" "$WORK/train.log" || { cat "$WORK/train.log"; fail "no 20 steps"; }
+out=$("$DPTRAIN" generate --checkpoint "$WORK/ck" --tokenizer "$WORK/llama3" --prompt "Hello" --tokens 4 2>&1) ||
+  { echo "$out"; fail "generate --tokenizer failed"; }
+grep -q "tokenizer byte-level BPE from $WORK/llama3/tokenizer.json" <<<"$out" ||
+  { echo "$out"; fail "not its tokenizer"; }
+# A prompt byte the vocabulary lacks is left out with a warning (the gaps tokenizer has no token for 🙂's bytes).
+out=$("$DPTRAIN" generate --checkpoint "$WORK/ck" --tokenizer "$WORK/gaps" --prompt $'Hi \U0001F642' --tokens 4 2>&1) ||
+  { echo "$out"; fail "generate with a vocabulary lacking bytes failed"; }
+grep -q "left out [1-4] bytes\? of the prompt that the vocabulary has no token for" <<<"$out" ||
+  { echo "$out"; fail "no warning of the prompt's bytes left out"; }
 echo "PASS: tokenizer.json (GPT-2, Llama 3, Qwen2 styles) encodes as tokenizers does, uint32 past 65535, refusals named"

@@ -56,6 +56,9 @@ void generate_text(const GenerateArgs& args) {
                  "refused in the prompt", ck.vocab_size, ck.vocab_size);
   }
   std::vector<int32_t> prompt = tokenizer.encode(args.prompt);
+  if (const uint64_t dropped = tokenizer.dropped_bytes(); dropped > 0)
+    spdlog::warn("generate: left out {} byte{} of the prompt that the vocabulary has no token for, as Hugging Face "
+                 "tokenizers leaves them out", dropped, dropped == 1 ? "" : "s");
   if (ck.special.bos >= 0) prompt.insert(prompt.begin(), ck.special.bos);  // the run's documents began with it (jsonl)
   check_prompt(ck, prompt, "generate: the prompt");
   if (std::ssize(prompt) > ck.block_size)

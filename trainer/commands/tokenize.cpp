@@ -130,6 +130,7 @@ int tokenize(const TokenizeArgs& a) {
     if (s.repeated != 0)
       spdlog::warn("tokenize: {} file{} named more than once by --input (twice, or alone and inside a folder given): "
                    "read once", s.repeated, s.repeated == 1 ? "" : "s");
+    data::warn_dropped_bytes(s.dropped_bytes, s.dropped_examples, s.tokenizer);
     spdlog::info("tokenize: wrote {} train tokens ({} shards) + {} val tokens ({} shards), {}, to {} in {:.2f} s",
                  s.train_tokens, s.train_shards.size(), s.val_tokens, s.val_shards.size(), s.tokenizer, s.out_dir,
                  seconds);

@@ -377,6 +377,15 @@ TEST_CASE("GPT-2 BPE tolerates what encoder.py tolerates and names what it would
     const Gpt2Bpe bpe = t.load();
     REQUIRE(bpe.encode("ab") == ids({256}));
     REQUIRE_THROWS_WITH(bpe.encode("az"), Catch::Contains("no token \"z\"") && Catch::Contains("byte alphabet"));
+    // tokenize names the input file that holds it (the message named only vocab.json: which of a corpus's files?).
+    test::TempDir dir;
+    write_text(dir.file("a.txt"), "ab ab\n");
+    write_text(dir.file("b.txt"), "ab az\n");
+    TokenizeOptions o;
+    o.inputs = {dir.file("a.txt"), dir.file("b.txt")};
+    o.out_dir = (dir.path / "out").string();
+    REQUIRE_THROWS_WITH(tokenize_text(o, bpe), Catch::Contains("tokenize: " + dir.file("b.txt") + ": ") &&
+                                                   Catch::Contains("no token \"z\""));
   }
   SECTION("a token outside the byte alphabet decodes to its own UTF-8") {
     const TinyBpe t({"a b"}, {"\u2581x", "<pad>"});  // 257, 258
@@ -637,6 +646,38 @@ TEST_CASE("tokenizer.json: byte-level BPE with ignore_merges and added tokens, w
   REQUIRE(load_tokenizer(out.path)->encode("hello") == std::vector<int32_t>{259});
 }
 
+TEST_CASE("tokenizer.json: a byte the vocabulary lacks is left out before the merges, as tokenizers does",
+          "[data][bpe]") {
+  // tokenizers' BPE without an unk_token skips a character it has no token for, and its neighbours then merge
+  // (SmolLM2's vocabulary lacks 21 of the 256 bytes). dptrain threw instead, stopping a whole corpus at one character.
+  test::TempDir dir;
+  const Gpt2Bpe t(hand_tokenizer(dir, /*ignore_merges=*/false, [](nlohmann::json& j) {
+    j["model"]["vocab"].erase(Gpt2Bpe::byte_symbol(0xC3));  // "\xC3\xA9" is e acute
+    j["model"]["vocab"].erase(Gpt2Bpe::byte_symbol(0xA9));
+  }));
+  REQUIRE_THAT(t.describe(), Catch::Contains("no token for 2 bytes (0xA9 C3)"));
+  REQUIRE(t.dropped_bytes() == 0);
+  REQUIRE(t.encode("h\xC3\xA9" "ello") == std::vector<int32_t>{258, 'o'});  // h e l l o: he + ll, then hell
+  REQUIRE(t.dropped_bytes() == 2);
+  REQUIRE(t.encode("\xA9<|eot|>\xC3") == std::vector<int32_t>{300});
+  REQUIRE(t.dropped_bytes() == 4);
+  // tokenize_text counts them and names the file; the shards hold what is left.
+  write_text(dir.file("in/a.txt"), "he\xA9llo\n");
+  write_text(dir.file("in/b.txt"), "hello\n");
+  TokenizeOptions o;
+  o.inputs = {dir.file("in/a.txt"), dir.file("in/b.txt")};
+  o.out_dir = (dir.path / "out").string();
+  o.val_every = 2;
+  o.block_tokens = 1;
+  const TokenizeSummary s = tokenize_text(o, t);
+  REQUIRE(s.dropped_bytes == 1);
+  REQUIRE(s.dropped_examples == std::vector<std::string>{dir.file("in/a.txt") + ": 1 byte"});
+  REQUIRE(s.train_tokens + s.val_tokens == 7);  // he ll o \n (the pattern cuts at the invalid byte), hell o \n
+  // GPT-2's vocab.json and merges.txt fail on such a byte, as encoder.py does (checked above).
+  const Gpt2Bpe full(hand_tokenizer(dir, false));
+  REQUIRE(full.describe().find("no token for") == std::string::npos);
+}
+
 TEST_CASE("tokenizer.json: another file named in its place is said to be none, with what to give", "[data][bpe]") {
   test::TempDir dir;
   const TinyBpe good(kMerges);
@@ -669,6 +710,17 @@ TEST_CASE("tokenizer.json: what dptrain does not read is refused by name", "[dat
   refused([](nlohmann::json& j) { j["normalizer"] = {{"type", "Lowercase"}}; }, "normalizer Lowercase");
   refused([](nlohmann::json& j) { j["model"]["type"] = "WordPiece"; }, "model type WordPiece");
   refused([](nlohmann::json& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback = true");
+  // Another model's tokenizer is refused for what it is, not for the normalizer it also has (BERT's WordPiece with
+  // BertNormalizer; Llama 2's SentencePiece-style BPE: byte_fallback, an unk_token, a Prepend/Replace normalizer).
+  refused([](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "BertNormalizer"}};
+    j["model"]["type"] = "WordPiece";
+  }, "model type WordPiece");
+  refused([](nlohmann::json& j) {
+    j["normalizer"] = {{"type", "Sequence"}, {"normalizers", {{{"type", "Prepend"}}, {{"type", "Replace"}}}}};
+    j["model"]["byte_fallback"] = true;
+    j["model"]["unk_token"] = "<unk>";
+  }, "byte_fallback = true (SentencePiece-style BPE with byte tokens, as Llama 2's");
   refused([](nlohmann::json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout = 0.1");
   refused([](nlohmann::json& j) { j["model"]["continuing_subword_prefix"] = "##"; }, "continuing_subword_prefix");
   refused([](nlohmann::json& j) { j["decoder"] = {{"type", "Metaspace"}}; }, "decoder Metaspace");

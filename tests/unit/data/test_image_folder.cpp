@@ -5,6 +5,7 @@
 #include <png.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <atomic>
 #include <csetjmp>
@@ -261,6 +262,42 @@ TEST_CASE("damaged, empty and foreign files are IoErrors naming the file", "[dat
   require_io_error([&] { ds.get(2, x.data()); }, {"b/0.png", "not a PNG or JPEG file"});
 }
 
+TEST_CASE("huge images: decoded up to PIL's decompression-bomb limit in pixels, refused past it", "[data][image]") {
+  TempDir dir;
+  // 9500 x 9500 grey read as RGB: 90 M pixels, 271 M samples, which the old limit of 2^28 samples refused where PIL
+  // reads it (it warns past 89.5 M pixels and refuses past twice that).
+  const std::string big = dir.file("big.png");
+  write_png(big, flat(9500, 9500, {7}).view());
+  const Image im = read_image(big, 3);
+  REQUIRE(im.width == 9500);
+  REQUIRE(im.channels == 3);
+  REQUIRE(im.at(9499, 9499, 2) == 7);
+  // A header claiming 13400 x 13400 (179.6 M pixels, past PIL's 178956970): refused before anything is allocated.
+  const std::string bomb = dir.file("bomb.png");
+  write_png(bomb, flat(2, 2, {7}).view());
+  {
+    std::fstream f(bomb, std::ios::in | std::ios::out | std::ios::binary);
+    unsigned char ihdr[17];  // "IHDR" + its 13 bytes, at offset 12; the CRC follows
+    f.seekg(12);
+    f.read(reinterpret_cast<char*>(ihdr), 17);
+    for (int k : {4, 8}) {  // width, then height: big-endian
+      ihdr[k] = 0;
+      ihdr[k + 1] = 0;
+      ihdr[k + 2] = 13400 >> 8;
+      ihdr[k + 3] = 13400 & 0xFF;
+    }
+    const uLong crc = crc32(crc32(0, nullptr, 0), ihdr, 17);
+    const unsigned char be[4] = {static_cast<unsigned char>(crc >> 24), static_cast<unsigned char>(crc >> 16),
+                                 static_cast<unsigned char>(crc >> 8), static_cast<unsigned char>(crc)};
+    f.seekp(12);
+    f.write(reinterpret_cast<const char*>(ihdr), 17);
+    f.write(reinterpret_cast<const char*>(be), 4);
+  }
+  REQUIRE(read_image_header(bomb).width == 13400);
+  require_io_error([&] { read_image(bomb, 3); }, {bomb, "image too large: 13400 x 13400 pixels, more than the "
+                                                        "178956970 that PIL refuses too"});
+}
+
 TEST_CASE("image folder: classes in byte-wise sorted order, files sorted by name", "[data][image_folder]") {
   TempDir dir;
   // Created in an order unlike the sorted one; sorted byte-wise: "10" < "9" < "B" < "a_10" < "a_2" < "b".
@@ -277,7 +314,14 @@ TEST_CASE("image folder: classes in byte-wise sorted order, files sorted by name
     write_bytes(dir.file(cls + "c.gif"), "ignored");
     write_bytes(dir.file(cls + "png"), "ignored: no extension");
   }
+  // Formats torchvision's ImageFolder reads and dptrain does not: left out, counted (and warned about), where they
+  // went unmentioned while torchvision's indices came out different.
+  write_bytes(dir.file("data/train/b/x.WEBP"), "RIFF");
+  write_bytes(dir.file("data/train/9/sub/y.bmp"), "BM");
   ImageFolderDataset ds(dir.file("data"), "train", plain(4, 1));
+  REQUIRE(ds.other_formats() == 2);
+  REQUIRE(is_torchvision_only_image_name("a.TIFF"));
+  REQUIRE_FALSE(is_torchvision_only_image_name("c.gif"));
   REQUIRE(ds.class_names() == sorted);
   REQUIRE(ds.num_classes() == 6);
   REQUIRE(ds.size() == 24);
@@ -309,9 +353,15 @@ TEST_CASE("list_image_files: every image below a folder, relative paths sorted b
   write_bytes(dir.file("in/notes.txt"), "ignored");
   write_bytes(dir.file("in/a/c.gif"), "ignored");
   write_bytes(dir.file("in/png"), "ignored: no extension");
+  write_bytes(dir.file("in/a/d.webp"), "RIFF");  // left out, but named in a warning (predict went without a word)
   // Byte-wise: '/' (0x2f) < '.' is false ('.' is 0x2e), so "a.png" < "a/..."; upper case before lower case.
-  REQUIRE(list_image_files(dir.file("in")) ==
-          std::vector<std::string>{"B/x/y/0.Png", "a.png", "a/10.jpeg", "a/9.png", "a/Z.JPG", "b.png"});
+  {
+    test::LogCapture log;
+    REQUIRE(list_image_files(dir.file("in")) ==
+            std::vector<std::string>{"B/x/y/0.Png", "a.png", "a/10.jpeg", "a/9.png", "a/Z.JPG", "b.png"});
+    REQUIRE(log.count("left out 1 file that torchvision's ImageFolder reads but dptrain does not decode "
+                      "(1 .webp") == 1);
+  }
   // A link whose image is gone is listed: reading it names it (or --skip-bad leaves it out, warning).
   fs::create_symlink(dir.file("gone.png"), dir.file("in/c.png"));
   REQUIRE(list_image_files(dir.file("in")).back() == "c.png");

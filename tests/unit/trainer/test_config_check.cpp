@@ -14,6 +14,9 @@
 #include "trainer/config.h"
 #include "trainer/config_check.h"
 #include "trainer/datasets.h"
+#include "data/dataset.h"
+#include "data/image_io.h"
+#include "tests/support/temp_dir.h"
 
 using namespace dpt;
 using namespace dpt::trainer;
@@ -190,4 +193,39 @@ TEST_CASE("binary_version names dptrain, its version and its build", "[trainer][
   const std::string v = binary_version();
   CHECK_THAT(v, Catch::StartsWith("dptrain ") && Contains(" built "));
   CHECK(v.size() > std::string("dptrain 0.1.0 built ").size());
+}
+
+TEST_CASE("make_datasets: data.train_limit and test_limit spread over every class of an image folder",
+          "[trainer][data]") {
+  // 2 classes of 5 images each, sorted by class. A limit of 6 took the first 6 (an integer stride of 10 / 6 = 1):
+  // 5 of class a and 1 of class b, where the docs promise every class its share.
+  test::TempDir dir;
+  data::Image im;
+  im.height = im.width = 2;
+  im.channels = 1;
+  im.pixels.assign(4, 100);
+  for (const char* split : {"train", "val"})
+    for (const char* cls : {"a", "b"})
+      for (int i = 0; i < 5; ++i) data::write_png(dir.file(fmt::format("{}/{}/{}.png", split, cls, i)), im.view());
+  Config c;
+  c.data.dataset = DatasetKind::imagefolder;
+  c.data.dir = dir.path.string();
+  c.data.image_size = 2;
+  c.data.resize = 2;
+  c.data.channels = 1;
+  c.data.mean = {0.5};
+  c.data.std = {0.5};
+  c.data.train_limit = 6;
+  c.data.test_limit = 4;
+  const Datasets ds = make_datasets(c.data, c.model, 1);
+  auto per_class = [](const data::Dataset& d) {
+    std::vector<size_t> count(2, 0);
+    std::vector<float> x(d.feature_count());
+    for (size_t i = 0; i < d.size(); ++i) ++count[static_cast<size_t>(d.get(i, x.data()))];
+    return count;
+  };
+  REQUIRE(ds.train->size() == 6);
+  REQUIRE(per_class(*ds.train) == std::vector<size_t>{3, 3});
+  REQUIRE(ds.test->size() == 4);
+  REQUIRE(per_class(*ds.test) == std::vector<size_t>{2, 2});
 }
