@@ -44,7 +44,8 @@ class Subset final : public Dataset {
   // The base's example that example `index` is.
   size_t base_index(size_t index) const {
     if (spread_of_ == 0) return begin_ + index * stride_;
-    return static_cast<size_t>(static_cast<unsigned __int128>(index) * spread_of_ / size_);
+    __extension__ using Wide = unsigned __int128;  // index * base size may pass 2^64; __extension__: no -Wpedantic
+    return static_cast<size_t>(static_cast<Wide>(index) * spread_of_ / size_);
   }
 
  private:
