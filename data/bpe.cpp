@@ -322,7 +322,8 @@ Gpt2Bpe::Gpt2Bpe(const fs::path& tokenizer_json)
               "Mistral's): not read by dptrain, which reads byte-level BPE (GPT-2's, Llama 3's, Qwen2's, SmolLM's)",
               where);
   for (const char* key : {"dropout", "unk_token"})
-    if (field(*model, key)) DPT_THROW(ConfigError, "{}: model.{} = {}: not read by dptrain", where, key, (*model)[key].dump());
+    if (field(*model, key))
+      DPT_THROW(ConfigError, "{}: model.{} = {}: not read by dptrain", where, key, (*model)[key].dump());
   const nlohmann::json* n = field(j, "normalizer");
   // A Sequence of none is no normalizer, and a Sequence of one is that one (tokenizers' own behaviour).
   if (n && type_of(*n) == "Sequence") {

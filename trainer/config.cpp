@@ -445,7 +445,8 @@ const Field* find_field(std::string_view key) {
       {"max_grad_norm", "train.clip_grad_norm"}, {"grad_clip", "train.clip_grad_norm"},
       {"warmup_iters", "train.warmup_steps"}, {"lr_scheduler_type", "train.schedule"}, {"adam_beta1", "train.beta1"},
       {"adam_beta2", "train.beta2"}, {"adam_epsilon", "train.eps"},
-      {"per_device_eval_batch_size", "train.eval_batch_size"}, {"output_dir", "checkpoint.dir"}, {"out_dir", "checkpoint.dir"}, {"save_total_limit", "checkpoint.keep"},
+      {"per_device_eval_batch_size", "train.eval_batch_size"}, {"output_dir", "checkpoint.dir"},
+      {"out_dir", "checkpoint.dir"}, {"save_total_limit", "checkpoint.keep"},
       {"save_steps", "checkpoint.every_steps"}, {"num_hidden_layers", "model.n_layer"},
       {"num_attention_heads", "model.n_head"}, {"hidden_size", "model.n_embd"}};
   std::string hint;
