@@ -127,8 +127,8 @@ void check_tiling(std::vector<Entry>& entries, uint64_t data_size, const std::st
 
 }  // namespace
 
-uint32_t crc32_of(const void* data, size_t bytes) {
-  uLong crc = crc32(0L, Z_NULL, 0);
+uint32_t crc32_of(const void* data, size_t bytes, uint32_t start) {
+  uLong crc = start;
   const Bytef* p = static_cast<const Bytef*>(data);
   while (bytes > 0) {  // zlib takes uInt lengths
     uInt chunk = static_cast<uInt>(std::min<size_t>(bytes, 1u << 30));

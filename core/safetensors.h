@@ -35,6 +35,7 @@ struct SafetensorsFile {
 // BOOL as uint8 (0 or 1), as PyTorch's files read (a GPT-2 file's causal-mask buffers, which a GPT skips).
 SafetensorsFile read_safetensors(const std::string& path);
 
-uint32_t crc32_of(const void* data, size_t bytes);
+// zlib's CRC-32 of `bytes` at `data`; `crc`: the CRC of what came before (0 for none), to take one in pieces.
+uint32_t crc32_of(const void* data, size_t bytes, uint32_t crc = 0);
 
 }  // namespace dpt

@@ -14,7 +14,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
-#include <zlib.h>
 
 #include "comm/process_group.h"
 #include "core/check.h"
@@ -65,14 +64,14 @@ uint32_t file_crc32(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) DPT_THROW(CheckpointError, "{}: missing or unreadable", p.string());
   std::vector<char> buf(size_t{1} << 20);
-  uLong crc = crc32(0L, Z_NULL, 0);
+  uint32_t crc = 0;
   while (in) {
     in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
     const std::streamsize n = in.gcount();
-    if (n > 0) crc = crc32(crc, reinterpret_cast<const Bytef*>(buf.data()), static_cast<uInt>(n));
+    if (n > 0) crc = crc32_of(buf.data(), static_cast<size_t>(n), crc);
   }
   if (in.bad()) DPT_THROW(CheckpointError, "{}: read error: {}", p.string(), std::strerror(errno));
-  return static_cast<uint32_t>(crc);
+  return crc;
 }
 
 std::string crc_text(uint32_t crc) { return fmt::format("{:08x}", crc); }
